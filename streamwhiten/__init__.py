@@ -1,0 +1,16 @@
+"""streamwhiten: streaming BERT-whitening for embedding collections larger than memory.
+
+``import streamwhiten`` stays light: the estimator (which pulls in numba) is imported on first use.
+"""
+
+__version__ = "0.1.0"
+
+__all__ = ["Whitener", "__version__"]
+
+
+def __getattr__(name):
+    if name == "Whitener":
+        from .whitener import Whitener
+
+        return Whitener
+    raise AttributeError(f"module 'streamwhiten' has no attribute {name!r}")

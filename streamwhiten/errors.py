@@ -1,0 +1,70 @@
+"""One exception family for streamwhiten; each kind carries the exit code the CLI uses.
+
+Library code raises these; only ``cli.py`` turns them into a one-line message and an exit code.
+"""
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_BAD_INPUT = 2
+EXIT_NOTHING_TO_DO = 3
+EXIT_IO = 74  # sysexits EX_IOERR: disk full, unwritable output
+EXIT_LOCKED = 75  # sysexits EX_TEMPFAIL: another run of the same job holds the lock
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell convention
+
+
+class StreamwhitenError(Exception):
+    """Base class: a failure the user can act on, reported as one line."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class BadInputError(StreamwhitenError, ValueError):
+    """The data, a parameter or a path given by the user is unusable."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class NonFiniteError(BadInputError):
+    """A row holds NaN or Inf; ``row`` is its index where known."""
+
+    def __init__(self, message, row=None):
+        super().__init__(message)
+        self.row = row
+
+
+class ModelFileError(BadInputError):
+    """A model or checkpoint file is missing, corrupt, truncated or of an incompatible version."""
+
+
+class OutputExistsError(BadInputError):
+    """The output path exists and ``overwrite`` was not given."""
+
+
+class NotFittedError(StreamwhitenError, AttributeError):
+    """The estimator was used before it saw any data."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class NothingToDoError(StreamwhitenError):
+    """Everything is already up to date."""
+
+    exit_code = EXIT_NOTHING_TO_DO
+
+
+class LockedError(StreamwhitenError):
+    """Another run of the same job is in progress."""
+
+    exit_code = EXIT_LOCKED
+
+
+class StoreIOError(StreamwhitenError, OSError):
+    """Reading or writing a store failed (disk full, permission, I/O error)."""
+
+    exit_code = EXIT_IO
+
+
+class InterruptedRunError(StreamwhitenError):
+    """The run was stopped by a signal after saving what it had."""
+
+    exit_code = EXIT_INTERRUPTED

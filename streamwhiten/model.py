@@ -1,0 +1,356 @@
+"""Finalize streaming statistics into a whitening model, and the pickle-free model file.
+
+``finalize`` turns a :class:`~streamwhiten.stats.Moments` state into ``Sigma_beta = U Lambda U^T``
+(eigenvalues descending, each eigenvector's largest-magnitude entry made positive so the result is
+deterministic) and the transform ``y = (x - beta*mu) U_k (Lambda_k + eps)^(-gamma/2)``. The model file
+is an ``.npz`` of plain arrays (readable with numpy alone, ``allow_pickle=False``) with a format
+version and a SHA-256 of its contents, so a changed or truncated file is refused rather than used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import zipfile
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import __version__
+from .errors import BadInputError, ModelFileError, StreamwhitenError
+from .stats import Moments, covariance
+
+FORMAT_NAME = "streamwhiten-model"
+FORMAT_VERSION = 1
+#: Default regulariser, relative to the largest eigenvalue: ``eps_ = eps * lambda_1`` is added to every
+#: eigenvalue before the power ``-gamma/2``, so directions of zero variance are scaled by at most
+#: ``(eps * lambda_1)^(-gamma/2)`` instead of dividing by zero.
+DEFAULT_EPS = 1e-6
+
+
+def check_params(beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, variance=None, n_features=None) -> None:
+    """Raise :class:`BadInputError` for a hyper-parameter outside its range."""
+    for name, value in (("beta", beta), ("gamma", gamma)):
+        if not isinstance(value, (int, float, np.number)) or not 0.0 <= float(value) <= 1.0:
+            raise BadInputError(f"{name} must be a number in [0, 1], got {value!r}")
+    if not isinstance(eps, (int, float, np.number)) or not (math.isfinite(eps) and eps > 0):
+        raise BadInputError(f"eps must be a positive finite number, got {eps!r}")
+    if n_components is not None and variance is not None:
+        raise BadInputError("give n_components (k) or variance, not both")
+    if n_components is not None:
+        if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) or n_components < 1:
+            raise BadInputError(f"n_components (k) must be an integer >= 1, got {n_components!r}")
+        if n_features is not None and n_components > n_features:
+            raise BadInputError(f"n_components (k) = {n_components} exceeds the data width d = {n_features}")
+    if variance is not None:
+        if not isinstance(variance, (int, float, np.number)) or not 0.0 < float(variance) <= 1.0:
+            raise BadInputError(f"variance must be a fraction in (0, 1], got {variance!r}")
+
+
+def eigendecomposition(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Eigenvalues (descending, clipped at 0) and eigenvectors (columns, deterministic signs)."""
+    try:
+        eigvals, eigvecs = np.linalg.eigh(matrix)
+    except np.linalg.LinAlgError as exc:
+        raise StreamwhitenError(f"the eigensolver failed on the covariance matrix: {exc}") from exc
+    eigvals = np.maximum(eigvals[::-1], 0.0)
+    eigvecs = np.ascontiguousarray(eigvecs[:, ::-1])
+    pivots = np.argmax(np.abs(eigvecs), axis=0)
+    signs = np.sign(eigvecs[pivots, np.arange(eigvecs.shape[1])])
+    signs[signs == 0] = 1.0
+    eigvecs *= signs
+    return eigvals, eigvecs
+
+
+def components_for_variance(eigvals: np.ndarray, variance: float) -> int:
+    """Smallest k whose leading eigenvalues explain at least ``variance`` of the total."""
+    total = float(eigvals.sum())
+    if total <= 0.0:
+        return int(eigvals.size)
+    cumulative = np.cumsum(eigvals) / total
+    return int(min(eigvals.size, np.searchsorted(cumulative, variance - 1e-12) + 1))
+
+
+def effective_dimension(eigvals: np.ndarray) -> float:
+    """``exp(entropy)`` of the normalised eigenvalues: how many directions carry the variance."""
+    total = float(eigvals.sum())
+    if total <= 0.0:
+        return 0.0
+    p = eigvals[eigvals > 0] / total
+    return float(np.exp(-(p * np.log(p)).sum()))
+
+
+@dataclass(frozen=True)
+class WhiteningModel:
+    """A finalized transform plus the statistics it came from (so it can be re-finalized)."""
+
+    state: Moments
+    beta: float
+    gamma: float
+    eps: float
+    n_components: int
+    variance: float | None
+    eigvals: np.ndarray
+    eigvecs: np.ndarray
+    eps_value: float
+    sources: list = field(default_factory=list)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def n_features(self) -> int:
+        return self.state.n_features
+
+    @property
+    def n_rows(self) -> int:
+        return self.state.n_rows
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.state.mean
+
+    @property
+    def explained_variance_ratio(self) -> np.ndarray:
+        total = float(self.eigvals.sum())
+        return self.eigvals / total if total > 0 else np.zeros_like(self.eigvals)
+
+    @property
+    def effective_dimension(self) -> float:
+        return effective_dimension(self.eigvals)
+
+    def scales(self) -> np.ndarray:
+        """``(Lambda_k + eps_)^(-gamma/2)`` for the kept components."""
+        return (self.eigvals[: self.n_components] + self.eps_value) ** (-self.gamma / 2.0)
+
+    def projection(self, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+        """``(W, shift)`` with ``y = (x - shift) @ W``: ``W = U_k diag(scales)``, ``shift = beta * mu``."""
+        weights = self.eigvecs[:, : self.n_components] * self.scales()
+        return np.ascontiguousarray(weights, dtype=dtype), (self.beta * self.state.mean)
+
+    def transform(self, rows, normalize: bool = False, dtype=None) -> np.ndarray:
+        """Whiten ``rows`` (one vector or a 2-D array); float32/float16 input is computed in float32."""
+        rows = np.asarray(rows)
+        single = rows.ndim == 1
+        if single:
+            rows = rows[None, :]
+        if rows.ndim != 2 or rows.dtype.kind not in "fiu":
+            raise BadInputError(f"expected numeric rows, got shape {rows.shape} and dtype {rows.dtype}")
+        if rows.shape[1] != self.n_features:
+            raise BadInputError(f"the model expects {self.n_features} features, got {rows.shape[1]}")
+        work = np.float64 if rows.dtype == np.float64 or rows.dtype.kind in "iu" else np.float32
+        weights, shift = self.projection(work)
+        out = project(rows, weights, shift, normalize, dtype)
+        return out[0] if single else out
+
+    def with_params(self, **changes) -> "WhiteningModel":
+        """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data."""
+        params = dict(beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance)
+        if "n_components" in changes and changes["n_components"] is not None:
+            params["variance"] = None
+        if "variance" in changes and changes["variance"] is not None:
+            params["n_components"] = None
+        params.update(changes)
+        if params["beta"] == self.beta and params["eps"] == self.eps:
+            # Sigma_beta is unchanged: reuse the eigendecomposition.
+            return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info)
+        return finalize(self.state, sources=self.sources, info=self.info, **params)
+
+    def summary(self) -> dict:
+        """Parameters and spectrum summary as plain JSON-able values."""
+        eigvals = self.eigvals
+        ratio = self.explained_variance_ratio
+        return {
+            "n_rows": self.n_rows,
+            "n_features": self.n_features,
+            "n_components": self.n_components,
+            "beta": self.beta,
+            "gamma": self.gamma,
+            "eps": self.eps,
+            "eps_value": self.eps_value,
+            "variance": self.variance,
+            "explained_variance": float(ratio[: self.n_components].sum()),
+            "effective_dimension": self.effective_dimension,
+            "eigval_max": float(eigvals[0]),
+            "eigval_min": float(eigvals[-1]),
+            "condition_number": float(eigvals[0] / eigvals[-1]) if eigvals[-1] > 0 else math.inf,
+            "components_for_variance": {str(v): components_for_variance(eigvals, v) for v in (0.5, 0.9, 0.95, 0.99)},
+            "sources": self.sources,
+            "info": self.info,
+        }
+
+
+def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False) -> np.ndarray:
+    """``(rows - shift) @ weights`` in ``weights``' dtype, rows optionally scaled to unit L2 norm.
+
+    Centring happens before the product (never ``rows @ W - shift @ W``, which cancels when the mean
+    is large). With ``overwrite_input`` a C-contiguous ``rows`` of the working dtype is centred in place.
+    """
+    from . import _kernels
+
+    work = weights.dtype
+    rows = np.ascontiguousarray(rows)
+    if rows.dtype.kind in "iu" or rows.dtype == np.float16:
+        rows, overwrite_input = rows.astype(work), True
+    inplace = overwrite_input and rows.dtype == work and rows.flags.writeable
+    centred = _kernels.center_into(rows, shift, rows if inplace else np.empty(rows.shape, dtype=work))
+    out = centred @ weights
+    if normalize:
+        norms = np.sqrt(np.einsum("ij,ij->i", out, out, dtype=np.float64))
+        out /= np.where(norms > 0, norms, 1.0).astype(work)[:, None]
+    if dtype is not None:
+        out = out.astype(dtype, copy=False)
+    return out
+
+
+def _select(state, params, eigvals, eigvecs, sources, info) -> WhiteningModel:
+    n_features = state.n_features
+    check_params(n_features=n_features, **params)
+    if params["variance"] is not None:
+        k = components_for_variance(eigvals, float(params["variance"]))
+    else:
+        k = int(params["n_components"] or n_features)
+    top = float(eigvals[0]) if eigvals.size else 0.0
+    eps_value = float(params["eps"]) * top if top > 0 else float(params["eps"])
+    return WhiteningModel(
+        state=state, beta=float(params["beta"]), gamma=float(params["gamma"]), eps=float(params["eps"]),
+        n_components=k, variance=None if params["variance"] is None else float(params["variance"]),
+        eigvals=eigvals, eigvecs=eigvecs, eps_value=eps_value, sources=list(sources or []), info=dict(info or {}),
+    )
+
+
+def finalize(
+    state: Moments, beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, variance=None, sources=None, info=None
+) -> WhiteningModel:
+    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring."""
+    params = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
+    check_params(n_features=state.n_features, **params)
+    if state.n_rows < 2:
+        raise BadInputError(f"at least 2 rows are needed to fit, got {state.n_rows}")
+    eigvals, eigvecs = eigendecomposition(covariance(state, float(beta)))
+    return _select(state, params, eigvals, eigvecs, sources, info)
+
+
+# ------------------------------------------------------------------------------------------ model file
+
+_FLOAT_KEYS = ("beta", "gamma", "eps", "eps_value", "variance")
+
+
+def _arrays(model: WhiteningModel) -> dict:
+    return {
+        "format": np.array(FORMAT_NAME),
+        "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
+        "package_version": np.array(__version__),
+        "n_rows": np.array(model.n_rows, dtype=np.int64),
+        "mean": model.state.mean,
+        "scatter": model.state.scatter,
+        "beta": np.array(model.beta),
+        "gamma": np.array(model.gamma),
+        "eps": np.array(model.eps),
+        "eps_value": np.array(model.eps_value),
+        "variance": np.array(np.nan if model.variance is None else model.variance),
+        "n_components": np.array(model.n_components, dtype=np.int64),
+        "n_features": np.array(model.n_features, dtype=np.int64),
+        "eigvals": model.eigvals,
+        "eigvecs": model.eigvecs,
+        "sources_json": np.array(json.dumps(model.sources, sort_keys=True)),
+        "info_json": np.array(json.dumps(model.info, sort_keys=True)),
+    }
+
+
+def _checksum(arrays: dict) -> str:
+    digest = hashlib.sha256()
+    for key in sorted(arrays):
+        value = np.ascontiguousarray(arrays[key])
+        digest.update(key.encode())
+        digest.update(str(value.dtype).encode() + str(value.shape).encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
+def model_checksum(model: WhiteningModel) -> str:
+    return _checksum(_arrays(model))
+
+
+def write_npz_atomic(path: str, arrays: dict) -> None:
+    """Write ``arrays`` to ``path`` via a temporary file, fsync and rename: never a half-written file."""
+    path = os.fspath(path)
+    temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(temp, "wb") as handle:
+            np.savez(handle, **arrays)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+
+
+def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
+    """Save ``model`` to ``path`` (an ``.npz``); returns the content checksum."""
+    from .errors import OutputExistsError
+
+    if not overwrite and os.path.exists(path):
+        raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
+    arrays = _arrays(model)
+    checksum = _checksum(arrays)
+    arrays["checksum"] = np.array(checksum)
+    write_npz_atomic(path, arrays)
+    return checksum
+
+
+def read_npz(path: str, what: str = "model file") -> dict:
+    """All arrays of an ``.npz`` written by us, or :class:`ModelFileError` if it cannot be read whole."""
+    if not os.path.exists(path):
+        raise ModelFileError(f"{path}: {what} not found")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
+        raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
+    checksum = arrays.pop("checksum", None)
+    if checksum is None or str(checksum) != _checksum(arrays):
+        raise ModelFileError(f"{path}: {what} failed its checksum: it was changed or damaged after it was written")
+    return arrays
+
+
+def load_model(path: str) -> WhiteningModel:
+    """Load and validate a model file written by :func:`save_model`."""
+    arrays = read_npz(path)
+    if str(arrays.get("format", "")) != FORMAT_NAME:
+        raise ModelFileError(f"{path}: not a streamwhiten model file")
+    version = int(arrays.get("format_version", -1))
+    if version != FORMAT_VERSION:
+        raise ModelFileError(
+            f"{path}: model format version {version} is not supported by streamwhiten {__version__} "
+            f"(which reads version {FORMAT_VERSION}); refit or use a matching release"
+        )
+    try:
+        d = int(arrays["n_features"])
+        state = Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])
+        floats = {key: float(arrays[key]) for key in _FLOAT_KEYS}
+        k = int(arrays["n_components"])
+        eigvals, eigvecs = arrays["eigvals"], arrays["eigvecs"]
+        sources = json.loads(str(arrays["sources_json"]))
+        info = json.loads(str(arrays["info_json"]))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ModelFileError(f"{path}: model file is incomplete ({exc})") from exc
+    shapes_ok = (
+        state.mean.shape == (d,) and state.scatter.shape == (d, d) and eigvals.shape == (d,)
+        and eigvecs.shape == (d, d) and 1 <= k <= d and state.n_rows >= 2
+    )
+    if not shapes_ok:
+        raise ModelFileError(f"{path}: model file arrays have inconsistent shapes")
+    variance = None if math.isnan(floats["variance"]) else floats["variance"]
+    return WhiteningModel(
+        state=state, beta=floats["beta"], gamma=floats["gamma"], eps=floats["eps"], n_components=k,
+        variance=variance, eigvals=eigvals, eigvecs=eigvecs, eps_value=floats["eps_value"], sources=sources, info=info,
+    )
+
+
+__all__ = [
+    "WhiteningModel", "finalize", "project", "save_model", "load_model", "check_params", "eigendecomposition",
+    "components_for_variance", "effective_dimension", "model_checksum", "DEFAULT_EPS",
+]

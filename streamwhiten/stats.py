@@ -1,0 +1,147 @@
+"""Streaming first and second moments: the state and three pure functions.
+
+The state is ``(n_rows, mean, scatter)`` with ``scatter = sum_i (x_i - mean)^T (x_i - mean)``, all in
+float64. ``chunk_moments`` computes it for one chunk (centred on the chunk's own mean, never as
+``E[xx^T] - mu mu^T``), ``merge`` combines two states exactly (Chan, Golub & LeVeque pairwise update),
+``covariance`` gives ``Sigma_beta`` in closed form. No I/O happens here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _kernels
+from .errors import BadInputError, NonFiniteError
+
+#: Rows per BLAS call when the scatter is accumulated in float32. Each sub-block's float32 product is
+#: added into a float64 total, which keeps the float32 rounding error near 1e-7 relative however long
+#: the chunk is, at full BLAS speed.
+GEMM_ROWS = 8192
+
+PRECISIONS = ("auto", "float32", "float64")
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Count, mean and centred scatter of the rows seen so far (float64)."""
+
+    n_rows: int
+    mean: np.ndarray
+    scatter: np.ndarray
+
+    @property
+    def n_features(self) -> int:
+        return int(self.mean.shape[0])
+
+    @classmethod
+    def empty(cls, n_features: int) -> "Moments":
+        return cls(0, np.zeros(n_features), np.zeros((n_features, n_features)))
+
+    def __eq__(self, other):  # exact, bit-for-bit equality
+        if not isinstance(other, Moments):
+            return NotImplemented
+        return (
+            self.n_rows == other.n_rows
+            and np.array_equal(self.mean, other.mean)
+            and np.array_equal(self.scatter, other.scatter)
+        )
+
+    __hash__ = None
+
+
+def working_dtype(input_dtype, precision: str = "auto") -> np.dtype:
+    """The dtype the scatter product runs in: float64 input or ``precision='float64'`` give float64."""
+    if precision not in PRECISIONS:
+        raise BadInputError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "float64" or (precision == "auto" and np.dtype(input_dtype) == np.float64):
+        return np.dtype(np.float64)
+    return np.dtype(np.float32)
+
+
+def _as_kernel_input(chunk: np.ndarray) -> np.ndarray:
+    chunk = np.asarray(chunk)
+    if chunk.ndim != 2:
+        raise BadInputError(f"expected a 2-D array of rows, got {chunk.ndim}-D with shape {chunk.shape}")
+    if chunk.dtype.kind != "f":
+        raise BadInputError(f"expected floating-point rows, got dtype {chunk.dtype}")
+    if chunk.dtype == np.float16:  # numba has no float16 arithmetic
+        chunk = chunk.astype(np.float32)
+    return np.ascontiguousarray(chunk)
+
+
+def drop_nonfinite(chunk: np.ndarray) -> tuple[np.ndarray, int]:
+    """``chunk`` without its rows holding NaN or Inf, and how many were dropped."""
+    chunk = _as_kernel_input(chunk)
+    mask = _kernels.finite_row_mask(chunk)
+    n_dropped = int(mask.size - np.count_nonzero(mask))
+    return (chunk if n_dropped == 0 else chunk[mask]), n_dropped
+
+
+def chunk_moments(
+    chunk, precision: str = "auto", workspace: np.ndarray | None = None, overwrite_input: bool = False
+) -> Moments:
+    """Moments of one chunk of rows, centred on the chunk's own float64 mean.
+
+    Raises :class:`NonFiniteError` (with ``.row``, the index inside the chunk) on the first row that
+    holds NaN or Inf. ``workspace`` is an optional C-contiguous buffer of at least the chunk's shape in
+    the working dtype, reused across calls to avoid one allocation per chunk; with
+    ``overwrite_input=True`` a chunk already in the working dtype is centred in place instead.
+    """
+    chunk = _as_kernel_input(chunk)
+    n_rows, n_features = chunk.shape
+    if n_rows == 0:
+        return Moments.empty(n_features)
+    sums, bad_row = _kernels.column_sums(chunk)
+    if bad_row >= 0:
+        raise NonFiniteError(f"row {bad_row} holds NaN or Inf", row=bad_row)
+    mean = sums / n_rows
+    dtype = working_dtype(chunk.dtype, precision)
+    if overwrite_input and chunk.dtype == dtype and chunk.flags.writeable:
+        workspace = chunk
+    elif (
+        workspace is None
+        or workspace.dtype != dtype
+        or workspace.shape[0] < n_rows
+        or workspace.shape[1] != n_features
+    ):
+        workspace = np.empty((n_rows, n_features), dtype=dtype)
+    centred = _kernels.center_into(chunk, mean, workspace)
+    if dtype == np.float64:
+        scatter = centred.T @ centred
+    else:
+        scatter = np.zeros((n_features, n_features))
+        for start in range(0, n_rows, GEMM_ROWS):
+            block = centred[start : start + GEMM_ROWS]
+            scatter += block.T @ block
+    return Moments(n_rows, mean, scatter)
+
+
+def merge(a: Moments, b: Moments) -> Moments:
+    """Exact pairwise merge of two states (Chan et al.); order-independent up to rounding."""
+    if a.n_features != b.n_features:
+        raise BadInputError(f"cannot merge statistics of width {a.n_features} and {b.n_features}")
+    if b.n_rows == 0:
+        return a
+    if a.n_rows == 0:
+        return b
+    n_rows = a.n_rows + b.n_rows
+    delta = b.mean - a.mean
+    mean = a.mean + delta * (b.n_rows / n_rows)
+    weight = a.n_rows * b.n_rows / n_rows
+    scatter = _kernels.merged_scatter(a.scatter, b.scatter, delta, weight)
+    return Moments(n_rows, mean, scatter)
+
+
+def update(state: Moments, chunk, precision: str = "auto", **options) -> Moments:
+    """``merge(state, chunk_moments(chunk))``: fold one more chunk into the state."""
+    return merge(state, chunk_moments(chunk, precision, **options))
+
+
+def covariance(state: Moments, beta: float = 1.0) -> np.ndarray:
+    """``Sigma_beta = scatter / n + (1 - beta)^2 mean^T mean``: the second moment about ``beta * mean``."""
+    if state.n_rows < 1:
+        raise BadInputError("no rows were seen: cannot form a covariance")
+    shift = (1.0 - beta) ** 2
+    return state.scatter / state.n_rows + shift * np.outer(state.mean, state.mean)

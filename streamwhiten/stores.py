@@ -1,0 +1,428 @@
+"""Embedding stores: open a source from a spec, read row blocks, fingerprint; write a sink safely.
+
+The only module that imports h5py and zarr. A *spec* names a 2-D array of rows:
+
+- ``file.h5:/group/dataset`` or ``file.h5`` with ``dataset="/group/dataset"`` (HDF5),
+- ``dir.zarr`` (an array at the root), ``dir.zarr:/group/array`` or ``dir.zarr/group/array`` (Zarr v2 or v3),
+- ``file.npy`` (a NumPy array, memory-mapped).
+
+A file with exactly one 2-D dataset needs no dataset name. Sinks are written under a hidden temporary
+name beside the target and renamed into place only when complete, so an interrupted or failed write
+never leaves something that looks finished, and nothing that existed is touched before that rename.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+
+import h5py
+import numpy as np
+import zarr
+
+from .errors import BadInputError, OutputExistsError, StoreIOError
+
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+ZARR_SUFFIX = ".zarr"
+#: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
+#: full speed, small enough that a couple of blocks in flight stay well inside memory.
+DEFAULT_BLOCK_BYTES = 64 << 20
+#: Target bytes of one chunk of an output array.
+OUTPUT_CHUNK_BYTES = 4 << 20
+#: Rows hashed at each sampled position of a fingerprint.
+FINGERPRINT_ROWS = 64
+
+
+def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
+    """Split ``path:inner`` into ``(path, inner)``; an explicit ``dataset`` wins over the suffix."""
+    spec = os.fspath(spec)
+    path, inner = spec, None
+    if not os.path.exists(spec) and ":" in spec:
+        head, _, tail = spec.rpartition(":")
+        if head:
+            path, inner = head, tail
+    if dataset is not None:
+        inner = dataset
+    if inner is not None:
+        inner = inner.strip("/") or None
+    return path, inner
+
+
+def _store_kind(path: str) -> str:
+    if os.path.isdir(path):
+        return "zarr"
+    if path.endswith(".npy"):
+        return "npy"
+    if path.lower().endswith(HDF5_SUFFIXES) or h5py.is_hdf5(path):
+        return "hdf5"
+    raise BadInputError(f"{path}: not an HDF5 file, a Zarr store or a .npy file")
+
+
+def _check_array(label: str, shape, dtype, min_rows: int) -> None:
+    if len(shape) != 2:
+        raise BadInputError(f"{label}: expected a 2-D array (rows x features), got {len(shape)}-D shape {tuple(shape)}")
+    if np.dtype(dtype).kind != "f" or np.dtype(dtype).itemsize not in (2, 4, 8):
+        raise BadInputError(f"{label}: expected float16, float32 or float64 values, got dtype {np.dtype(dtype)}")
+    if shape[1] < 1:
+        raise BadInputError(f"{label}: has no columns")
+    if shape[0] < min_rows:
+        raise BadInputError(f"{label}: has {shape[0]} row(s); at least {min_rows} are needed")
+
+
+class Source:
+    """A read-only 2-D array of rows in a store; iterate it with :meth:`blocks` and :meth:`read`."""
+
+    kind = "?"
+
+    def __init__(self, path: str, dataset: str | None, array, chunk_rows: int | None):
+        self.path = path
+        self.dataset = dataset
+        self._array = array
+        self.shape = tuple(int(s) for s in array.shape)
+        self.dtype = np.dtype(array.dtype)
+        #: rows per chunk of the store itself (None for a contiguous layout)
+        self.chunk_rows = chunk_rows
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}:/{self.dataset}" if self.dataset else self.path
+
+    @property
+    def n_rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.shape[1]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as a new C-contiguous array in the store's dtype."""
+        try:
+            return np.ascontiguousarray(self._array[start:stop])
+        except (OSError, ValueError, RuntimeError, KeyError) as exc:
+            raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {exc}") from exc
+
+    def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
+        """Rows per block: a whole number of store chunks, about ``target_bytes`` in all."""
+        row_bytes = max(1, self.n_features * self.dtype.itemsize)
+        base = self.chunk_rows or 1
+        return base * max(1, target_bytes // (base * row_bytes))
+
+    def blocks(self, block_rows: int | None = None, start: int = 0, stop: int | None = None):
+        """``(start, stop)`` row ranges covering ``[start, stop)``, aligned to multiples of ``block_rows``."""
+        block_rows = int(block_rows or self.default_block_rows())
+        if block_rows < 1:
+            raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
+        stop = self.n_rows if stop is None else stop
+        while start < stop:
+            end = min(stop, (start // block_rows + 1) * block_rows)
+            yield start, end
+            start = end
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class HDF5Source(Source):
+    kind = "hdf5"
+
+    def __init__(self, path, dataset):
+        try:
+            self._file = h5py.File(path, "r")
+        except OSError as exc:
+            raise BadInputError(f"{path}: cannot open as HDF5 ({exc})") from exc
+        try:
+            dataset = dataset or self._only_dataset(path)
+            node = self._file.get(dataset)
+            if not isinstance(node, h5py.Dataset):
+                what = "is a group, not a dataset" if node is not None else "does not exist"
+                raise BadInputError(f"{path}: dataset /{dataset} {what}")
+            chunks = node.chunks
+            super().__init__(path, dataset, node, chunks[0] if chunks else None)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _only_dataset(self, path):
+        found = []
+        self._file.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and obj.ndim == 2 else None)
+        if len(found) == 1:
+            return found[0]
+        listing = ", ".join("/" + name for name in found[:10]) or "none"
+        raise BadInputError(f"{path}: name a dataset (file.h5:/dataset or --dataset); 2-D datasets found: {listing}")
+
+    def read(self, start, stop):
+        out = np.empty((stop - start, self.n_features), dtype=self.dtype)
+        try:
+            if stop > start:
+                self._array.read_direct(out, np.s_[start:stop], np.s_[0 : stop - start])
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {exc}") from exc
+        return out
+
+    def close(self):
+        if self._file.id.valid:
+            self._file.close()
+
+
+class ZarrSource(Source):
+    kind = "zarr"
+
+    def __init__(self, path, dataset):
+        try:
+            node = zarr.open(store=path, mode="r", path=dataset or "")
+        except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as exc:
+            where = f"array /{dataset}" if dataset else "array"
+            raise BadInputError(f"{path}: no Zarr {where} found ({exc.__class__.__name__})") from exc
+        if isinstance(node, zarr.Group):
+            arrays = [name for name, arr in node.arrays() if arr.ndim == 2]
+            if len(arrays) != 1:
+                listing = ", ".join("/" + name for name in arrays[:10]) or "none"
+                raise BadInputError(f"{path}: name an array (dir.zarr:/array or --dataset); 2-D arrays found: {listing}")
+            dataset = ((dataset or "") + "/" + arrays[0]).strip("/")
+            node = node[arrays[0]]
+        super().__init__(path, dataset, node, int(node.chunks[0]) if node.ndim >= 1 else None)
+
+
+class NpySource(Source):
+    kind = "npy"
+
+    def __init__(self, path, dataset):
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise BadInputError(f"{path}: cannot read as .npy ({exc})") from exc
+        super().__init__(path, None, array, None)
+
+
+def open_source(spec: str, dataset: str | None = None, min_rows: int = 1) -> Source:
+    """Open ``spec`` read-only and check it is a 2-D float array with at least ``min_rows`` rows."""
+    if isinstance(spec, Source):
+        return spec
+    path, inner = split_spec(spec, dataset)
+    if not os.path.exists(path):
+        raise BadInputError(f"{path}: no such file or directory")
+    kind = _store_kind(path)
+    source = {"hdf5": HDF5Source, "zarr": ZarrSource, "npy": NpySource}[kind](path, inner)
+    try:
+        _check_array(source.label, source.shape, source.dtype, min_rows)
+    except BaseException:
+        source.close()
+        raise
+    return source
+
+
+def fingerprint(source: Source, n_rows: int | None = None) -> dict:
+    """Identity of the first ``n_rows`` rows of ``source`` (all by default), cheap to compute.
+
+    Hashes a few sampled row ranges (start, quartiles, end) rather than the whole store, so an
+    append-only store still matches the fingerprint of its earlier prefix.
+    """
+    n_rows = source.n_rows if n_rows is None else int(n_rows)
+    digest = hashlib.sha256()
+    width = min(FINGERPRINT_ROWS, n_rows)
+    starts = sorted({0, n_rows // 4, n_rows // 2, (3 * n_rows) // 4, max(0, n_rows - width)})
+    for start in starts:
+        stop = min(n_rows, start + width)
+        digest.update(np.ascontiguousarray(source.read(start, stop)).tobytes())
+    return {
+        "path": os.path.abspath(source.path),
+        "dataset": source.dataset or "",
+        "n_rows": n_rows,
+        "n_features": source.n_features,
+        "dtype": str(source.dtype),
+        "chunk_rows": source.chunk_rows or 0,
+        "sha256_sampled": digest.hexdigest(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------- sinks
+
+
+def output_kind(path: str) -> str:
+    if path.rstrip("/").endswith(ZARR_SUFFIX):
+        return "zarr"
+    if path.lower().endswith(HDF5_SUFFIXES):
+        return "hdf5"
+    raise BadInputError(f"{path}: output must end in .zarr or one of {', '.join(HDF5_SUFFIXES)}")
+
+
+def partial_path(path: str) -> str:
+    """The hidden temporary name a sink is written under before it is renamed to ``path``."""
+    head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
+    return os.path.join(head, f".{tail}.partial")
+
+
+def output_chunk_rows(n_features: int, dtype, n_rows: int) -> int:
+    return int(max(1, min(n_rows, OUTPUT_CHUNK_BYTES // (n_features * np.dtype(dtype).itemsize))))
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def _fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class Sink:
+    """A new 2-D array being written under a temporary name; :meth:`commit` renames it into place."""
+
+    path: str
+    dataset: str | None
+    kind: str
+    partial: str
+    shape: tuple
+    dtype: np.dtype
+    chunk_rows: int
+    _array: object = None
+    _file: object = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}:/{self.dataset}" if self.dataset else self.path
+
+    def write(self, start: int, block: np.ndarray) -> None:
+        try:
+            self._array[start : start + block.shape[0]] = block
+        except OSError as exc:
+            raise StoreIOError(f"{self.label}: cannot write rows {start}..{start + block.shape[0] - 1}: {exc}") from exc
+
+    def _close(self) -> None:
+        if self._file is not None and self._file.id.valid:
+            self._file.flush()
+            self._file.close()
+
+    def commit(self, overwrite: bool = False) -> None:
+        """Mark complete, flush, and rename into place (replacing an old output only if ``overwrite``)."""
+        try:
+            self._array.attrs["complete"] = True
+            self._close()
+            if self.kind == "hdf5":
+                with open(self.partial, "rb+") as handle:
+                    os.fsync(handle.fileno())
+            final = os.path.abspath(self.path.rstrip("/"))
+            if os.path.lexists(final):
+                if not overwrite:
+                    raise OutputExistsError(f"{self.path}: already exists (pass --overwrite to replace it)")
+                if os.path.isdir(final) and not os.path.islink(final):
+                    # A directory cannot be replaced atomically: move the old one aside first.
+                    old = final + f".old-{os.getpid()}"
+                    os.rename(final, old)
+                    os.rename(self.partial, final)
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    os.replace(self.partial, final)
+            else:
+                os.rename(self.partial, final)
+            _fsync_dir(os.path.dirname(final))
+        except OSError as exc:
+            raise StoreIOError(f"{self.path}: cannot finish writing: {exc}") from exc
+
+    def abort(self) -> None:
+        """Remove the temporary output; the target path is left as it was."""
+        try:
+            self._close()
+        except Exception:
+            pass
+        _remove(self.partial)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()
+
+
+def create_sink(
+    spec: str,
+    n_rows: int,
+    n_features: int,
+    dtype="float32",
+    attrs: dict | None = None,
+    overwrite: bool = False,
+    zarr_format: int = 3,
+    chunk_rows: int | None = None,
+) -> Sink:
+    """Start writing a new ``n_rows x n_features`` array at ``spec`` under a temporary name."""
+    path, dataset = split_spec(spec)
+    kind = output_kind(path)
+    if os.path.lexists(path) and not overwrite:
+        raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(parent):
+        raise BadInputError(f"{path}: directory {parent} does not exist")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float16, np.float32, np.float64):
+        raise BadInputError(f"output dtype must be float16, float32 or float64, got {dtype}")
+    chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
+    partial = partial_path(path)
+    _remove(partial)
+    attrs = dict(attrs or {}, complete=False)
+    try:
+        if kind == "hdf5":
+            dataset = dataset or "embeddings"
+            handle = h5py.File(partial, "w")
+            array = handle.create_dataset(dataset, shape=(n_rows, n_features), dtype=dtype, chunks=(chunk_rows, n_features))
+            array.attrs.update({key: _hdf5_attr(value) for key, value in attrs.items()})
+            return Sink(path, dataset, kind, partial, (n_rows, n_features), dtype, chunk_rows, array, handle)
+        if dataset:
+            root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
+            array = root.create_array(dataset, shape=(n_rows, n_features), chunks=(chunk_rows, n_features), dtype=dtype, compressors=None)
+        else:
+            array = zarr.create_array(
+                store=partial, shape=(n_rows, n_features), chunks=(chunk_rows, n_features), dtype=dtype,
+                compressors=None, zarr_format=zarr_format,
+            )
+        array.attrs.update(attrs)
+        return Sink(path, dataset, kind, partial, (n_rows, n_features), dtype, chunk_rows, array, None)
+    except OSError as exc:
+        _remove(partial)
+        raise StoreIOError(f"{path}: cannot create output: {exc}") from exc
+
+
+def _hdf5_attr(value):
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)
+    return value
+
+
+def read_attrs(spec: str) -> dict:
+    """The attributes of the array named by ``spec`` (for tests and ``info``)."""
+    source = open_source(spec, min_rows=0)
+    try:
+        return dict(source._array.attrs)
+    finally:
+        source.close()
+
+
+def same_file(a: str, b: str) -> bool:
+    """True when two paths name the same file or directory (or one lies inside the other)."""
+    a, b = os.path.realpath(a.rstrip("/")), os.path.realpath(b.rstrip("/"))
+    return a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep)
+
