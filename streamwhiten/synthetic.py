@@ -1,0 +1,78 @@
+"""Deterministic anisotropic embeddings, generated block by block, for the demo, tests and benchmarks.
+
+Rows look like sentence embeddings from a BERT-like model: a large common mean, a few dominant
+directions and a long tail of small ones (``x = mu + z diag(s) R`` with a decaying spectrum ``s`` and a
+random rotation ``R``). Rows are generated in fixed blocks of ``GENERATOR_BLOCK`` rows, each seeded from
+``(seed, block index)``, so any reader or writer chunking sees the same values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GENERATOR_BLOCK = 8192
+
+
+def _basis(n_features: int, seed: int):
+    rng = np.random.default_rng([seed, 0])
+    rotation, _ = np.linalg.qr(rng.standard_normal((n_features, n_features)))
+    spectrum = 1.0 / (1.0 + np.arange(n_features)) ** 0.8
+    mean = rng.standard_normal(n_features) * 2.0
+    return mean, spectrum[:, None] * rotation.T
+
+
+def generate_rows(n_rows: int, n_features: int, seed: int = 0, dtype="float32", start: int = 0, stop: int | None = None):
+    """Rows ``[start, stop)`` of the deterministic data set ``(n_rows, n_features, seed)``."""
+    stop = n_rows if stop is None else min(stop, n_rows)
+    mean, mixing = _basis(n_features, seed)
+    out = np.empty((max(0, stop - start), n_features), dtype=dtype)
+    first = start // GENERATOR_BLOCK
+    for block in range(first, (stop - 1) // GENERATOR_BLOCK + 1 if stop > start else first):
+        lo = block * GENERATOR_BLOCK
+        rows = min(GENERATOR_BLOCK, n_rows - lo)
+        z = np.random.default_rng([seed, 1, block]).standard_normal((rows, n_features))
+        values = mean + z @ mixing
+        a, b = max(start, lo), min(stop, lo + rows)
+        out[a - start : b - start] = values[a - lo : b - lo]
+    return out
+
+
+def write_store(
+    path: str, n_rows: int, n_features: int, seed: int = 0, dtype="float32", chunk_rows: int = 8192,
+    dataset: str = "embeddings", compressor: str | None = None, zarr_format: int = 3, progress=None,
+) -> str:
+    """Write the data set to an HDF5 file (``.h5``) or a Zarr store (``.zarr``); returns its spec."""
+    import h5py
+    import zarr
+
+    chunk_rows = min(chunk_rows, n_rows)
+    if path.rstrip("/").endswith(".zarr"):
+        compressors = None
+        if compressor:
+            from zarr.codecs import BloscCodec
+
+            compressors = [BloscCodec(cname=compressor, clevel=3, shuffle="shuffle")] if zarr_format == 3 else None
+            if zarr_format == 2:
+                from numcodecs import Blosc
+
+                compressors = [Blosc(cname=compressor, clevel=3, shuffle=Blosc.SHUFFLE)]
+        array = zarr.create_array(
+            store=path, shape=(n_rows, n_features), chunks=(chunk_rows, n_features), dtype=dtype,
+            compressors=compressors, zarr_format=zarr_format, overwrite=True,
+        )
+        spec, handle = path, None
+    else:
+        handle = h5py.File(path, "w")
+        array = handle.create_dataset(dataset, shape=(n_rows, n_features), dtype=dtype, chunks=(chunk_rows, n_features))
+        spec = f"{path}:/{dataset}"
+    try:
+        step = max(chunk_rows, (64 << 20) // (n_features * np.dtype(dtype).itemsize) // chunk_rows * chunk_rows)
+        for start in range(0, n_rows, step):
+            stop = min(n_rows, start + step)
+            array[start:stop] = generate_rows(n_rows, n_features, seed, dtype, start, stop)
+            if progress is not None:
+                progress(stop, n_rows)
+    finally:
+        if handle is not None:
+            handle.close()
+    return spec
