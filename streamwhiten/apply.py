@@ -73,6 +73,8 @@ def apply_model(
                             row=bad,
                         )
                     n_nonfinite += int(finite.size - finite.sum())
+                    rows = rows.copy() if not rows.flags.writeable else rows
+                    rows[~finite] = 0  # keeps NaN out of the product; those output rows become NaN below
                 out = project(rows, weights, shift, normalize, sink.dtype, overwrite_input=True)
                 if not finite.all():
                     out[~finite] = np.nan

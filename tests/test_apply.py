@@ -1,0 +1,89 @@
+"""The chunked applier: round trips between stores, attributes, completeness."""
+
+import os
+
+import numpy as np
+import pytest
+
+from streamwhiten import Whitener
+from streamwhiten.apply import apply_model
+from streamwhiten.errors import BadInputError, NonFiniteError, OutputExistsError
+from streamwhiten.stores import open_source, partial_path, read_attrs
+
+from conftest import anisotropic, write_h5, write_zarr
+
+
+@pytest.fixture
+def rows():
+    return anisotropic(1500, 16, seed=11).astype(np.float32)
+
+
+@pytest.fixture
+def model(rows):
+    return Whitener(beta=1.0, gamma=1.0, n_components=6).fit(rows).model_
+
+
+def read_all(spec):
+    with open_source(spec) as source:
+        return source.read(0, source.n_rows)
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_hdf5_to_zarr_and_zarr_to_hdf5_equal_in_memory_transform(tmp_path, rows, model, normalize):
+    expected = model.transform(rows, normalize=normalize)
+    h5_in = write_h5(tmp_path / "in.h5", rows, chunk_rows=200)
+    zarr_in = write_zarr(tmp_path / "in.zarr", rows, chunk_rows=300)
+    apply_model(model, h5_in, str(tmp_path / "out.zarr"), normalize=normalize, block_rows=350)
+    apply_model(model, zarr_in, str(tmp_path / "out.h5:/vectors"), normalize=normalize)
+    for out in (str(tmp_path / "out.zarr"), str(tmp_path / "out.h5:/vectors")):
+        got = read_all(out)
+        assert got.dtype == np.float32 and got.shape == (1500, 6)
+        np.testing.assert_array_equal(got, expected)
+    if normalize:
+        np.testing.assert_allclose(np.linalg.norm(expected, axis=1), 1.0, rtol=1e-5)
+
+
+def test_attributes_float16_and_zarr_v2(tmp_path, rows, model):
+    spec = write_h5(tmp_path / "in.h5", rows)
+    out = str(tmp_path / "out.zarr")
+    summary = apply_model(model, spec, out, dtype="float16", zarr_format=2)
+    attrs = read_attrs(out)
+    assert attrs["complete"] is True and attrs["n_components"] == 6 and attrs["beta"] == 1.0
+    assert attrs["normalized"] is False and len(attrs["model_checksum"]) == 64
+    got = read_all(out)
+    assert got.dtype == np.float16 and summary["n_rows"] == 1500
+    np.testing.assert_allclose(got, model.transform(rows), rtol=2e-3, atol=2e-3)
+
+
+def test_refuses_to_overwrite_and_leaves_nothing_on_error(tmp_path, rows, model):
+    spec = write_h5(tmp_path / "in.h5", rows)
+    out = str(tmp_path / "out.h5")
+    apply_model(model, spec, out)
+    before = read_all(out)
+    with pytest.raises(OutputExistsError, match="--overwrite"):
+        apply_model(model, spec, out)
+    bad = rows.copy()
+    bad[1234, 5] = np.nan
+    bad_spec = write_h5(tmp_path / "bad.h5", bad, chunk_rows=100)
+    with pytest.raises(NonFiniteError, match=r"bad.h5:/emb: row 1234 holds NaN or Inf"):
+        apply_model(model, bad_spec, out, overwrite=True)
+    np.testing.assert_array_equal(read_all(out), before)  # the old output survived
+    assert not os.path.exists(partial_path(out))
+    with pytest.raises(BadInputError, match="replace the input"):
+        apply_model(model, spec, str(tmp_path / "in.h5"), overwrite=True)
+
+
+def test_skip_nonfinite_writes_nan_rows(tmp_path, rows, model):
+    bad = rows.copy()
+    bad[[3, 700]] = np.inf
+    summary = apply_model(model, write_h5(tmp_path / "bad.h5", bad), str(tmp_path / "o.zarr"), skip_nonfinite=True)
+    got = read_all(str(tmp_path / "o.zarr"))
+    assert summary["n_nonfinite_rows"] == 2
+    assert np.isnan(got[[3, 700]]).all() and np.isfinite(np.delete(got, [3, 700], axis=0)).all()
+
+
+def test_width_mismatch(tmp_path, model):
+    spec = write_h5(tmp_path / "narrow.h5", anisotropic(20, 5).astype(np.float32))
+    with pytest.raises(BadInputError, match="narrow.h5:/emb: has 5 columns but the model was fitted on 16"):
+        apply_model(model, spec, str(tmp_path / "o.h5"))
+    assert os.listdir(tmp_path) == ["narrow.h5"]

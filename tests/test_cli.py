@@ -1,0 +1,200 @@
+"""The command line: every bad input from the engine issue gets one clear line and a non-zero exit."""
+
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+import zarr
+
+from streamwhiten.errors import EXIT_BAD_INPUT
+
+from conftest import anisotropic, run_subprocess, write_h5, write_zarr
+
+
+@pytest.fixture
+def store(tmp_path):
+    return write_h5(tmp_path / "in.h5", anisotropic(600, 10, seed=3).astype(np.float32), chunk_rows=64)
+
+
+@pytest.fixture
+def model_path(tmp_path, store, run_cli):
+    path = str(tmp_path / "model.npz")
+    code, _, err = run_cli("fit", store, "-o", path, "-q")
+    assert code == 0, err
+    return path
+
+
+def one_line_error(err: str, *fragments: str) -> None:
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("streamwhiten: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], err
+
+
+def test_fit_apply_info_happy_path(tmp_path, store, model_path, run_cli):
+    code, out, _ = run_cli("info", model_path)
+    assert code == 0 and "D_eff" in out and "600 rows" in out
+    code, out, _ = run_cli("info", model_path, "--json")
+    summary = json.loads(out)
+    assert summary["n_rows"] == 600 and summary["n_features"] == 10 and summary["effective_dimension"] > 1
+    code, out, err = run_cli("apply", model_path, store, "-o", tmp_path / "out.zarr", "-k", "4", "--normalize", "--json")
+    assert code == 0, err
+    assert json.loads(out)["n_components"] == 4
+    assert zarr.open_array(str(tmp_path / "out.zarr"), mode="r").shape == (600, 4)
+
+
+def test_fit_with_variance_and_glob(tmp_path, run_cli):
+    for day in range(3):
+        write_h5(tmp_path / f"day-{day}.h5", anisotropic(100, 6, seed=day).astype(np.float32))
+    code, out, err = run_cli("fit", str(tmp_path / "day-*.h5"), "-o", tmp_path / "m.npz", "--variance", "0.9", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["n_rows"] == 300 and summary["explained_variance"] >= 0.9
+
+
+def test_missing_file_and_dataset(tmp_path, store, run_cli):
+    code, _, err = run_cli("fit", tmp_path / "nope.h5", "-o", tmp_path / "m.npz")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "nope.h5", "no such file")
+    code, _, err = run_cli("fit", store.replace(":/emb", ":/missing"), "-o", tmp_path / "m.npz")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "in.h5", "/missing does not exist")
+    code, _, err = run_cli("fit", tmp_path / "nope.zarr", "-o", tmp_path / "m.npz")
+    assert code == EXIT_BAD_INPUT
+    assert not os.path.exists(tmp_path / "m.npz")
+
+
+@pytest.mark.parametrize("shape, dtype, fragment", [
+    ((50,), "f4", "expected a 2-D array"),
+    ((5, 4, 3), "f4", "3-D"),
+    ((50, 4), "i4", "dtype int32"),
+    ((50, 4), "S8", "dtype |S8"),
+    ((0, 4), "f4", "has 0 row(s)"),
+    ((1, 4), "f4", "has 1 row(s)"),
+])
+def test_unusable_arrays(tmp_path, run_cli, shape, dtype, fragment):
+    with h5py.File(tmp_path / "bad.h5", "w") as handle:
+        handle.create_dataset("x", shape=shape, dtype=dtype)
+    code, _, err = run_cli("fit", f"{tmp_path}/bad.h5:/x", "-o", tmp_path / "m.npz")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "bad.h5:/x", fragment)
+    assert not os.path.exists(tmp_path / "m.npz")
+
+
+def test_unusable_zarr_array(tmp_path, run_cli):
+    zarr.create_array(store=str(tmp_path / "ints.zarr"), shape=(10, 3), chunks=(5, 3), dtype="i8")
+    code, _, err = run_cli("fit", tmp_path / "ints.zarr", "-o", tmp_path / "m.npz")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "ints.zarr", "dtype int64")
+
+
+def test_nonfinite_rows(tmp_path, run_cli):
+    rows = anisotropic(300, 5).astype(np.float32)
+    rows[[123, 200]] = [np.nan] * 5
+    rows[250, 1] = np.inf
+    spec = write_h5(tmp_path / "nan.h5", rows, chunk_rows=50)
+    code, _, err = run_cli("fit", spec, "-o", tmp_path / "m.npz")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "nan.h5:/emb", "row 123 holds NaN or Inf", "--skip-nonfinite")
+    assert not os.path.exists(tmp_path / "m.npz")
+    code, out, err = run_cli("fit", spec, "-o", tmp_path / "m.npz", "--skip-nonfinite", "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["n_rows"] == 297 and summary["info"]["n_skipped_nonfinite"] == 3
+
+
+def test_apply_to_data_of_another_width(tmp_path, model_path, run_cli):
+    narrow = write_zarr(tmp_path / "narrow.zarr", anisotropic(40, 7).astype(np.float32))
+    code, _, err = run_cli("apply", model_path, narrow, "-o", tmp_path / "o.h5")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "narrow.zarr", "7 columns", "fitted on 10")
+    assert not os.path.exists(tmp_path / "o.h5")
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["-k", "11"], "exceeds the data width d = 10"),
+    (["-k", "0"], "must be an integer >= 1"),
+    (["--beta", "1.5"], "beta must be a number in [0, 1]"),
+    (["--gamma", "-0.5"], "gamma must be a number in [0, 1]"),
+    (["--variance", "0"], "variance must be a fraction"),
+    (["--precision", "float16"], "Invalid value for '--precision'"),
+])
+def test_bad_parameters(tmp_path, store, run_cli, args, fragment):
+    code, _, err = run_cli("fit", store, "-o", tmp_path / "m.npz", *args)
+    assert code == EXIT_BAD_INPUT
+    assert fragment in err
+    assert not os.path.exists(tmp_path / "m.npz")
+
+
+def test_bad_parameters_on_apply(tmp_path, store, model_path, run_cli):
+    code, _, err = run_cli("apply", model_path, store, "-o", tmp_path / "o.h5", "-k", "20")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "exceeds the data width d = 10")
+    assert not os.path.exists(tmp_path / "o.h5")
+
+
+def test_corrupt_truncated_and_foreign_model_files(tmp_path, store, model_path, run_cli):
+    raw = open(model_path, "rb").read()
+    cases = {
+        "truncated.npz": raw[: len(raw) // 2],
+        "flipped.npz": raw[:1000] + bytes([raw[1000] ^ 0xFF]) + raw[1001:],
+        "empty.npz": b"",
+        "text.npz": b"not a model",
+    }
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        for command in (["info", tmp_path / name], ["apply", tmp_path / name, store, "-o", tmp_path / "o.h5"]):
+            code, _, err = run_cli(*command)
+            assert code == EXIT_BAD_INPUT, (name, err)
+            one_line_error(err, name)
+    code, _, err = run_cli("info", tmp_path / "absent.npz")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "absent.npz", "not found")
+    assert not os.path.exists(tmp_path / "o.h5")
+
+
+def test_existing_outputs_are_never_replaced_without_overwrite(tmp_path, store, model_path, run_cli):
+    before = open(model_path, "rb").read()
+    code, _, err = run_cli("fit", store, "-o", model_path, "--beta", "0")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "model.npz", "already exists", "--overwrite")
+    assert open(model_path, "rb").read() == before
+    out = tmp_path / "o.h5"
+    assert run_cli("apply", model_path, store, "-o", out)[0] == 0
+    stamp = os.stat(out).st_mtime_ns
+    code, _, err = run_cli("apply", model_path, store, "-o", out)
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "o.h5", "already exists")
+    assert os.stat(out).st_mtime_ns == stamp
+    assert run_cli("apply", model_path, store, "-o", out, "--overwrite", "-k", "3")[0] == 0
+    with h5py.File(out) as handle:
+        assert handle["embeddings"].shape == (600, 3)
+
+
+def test_usage_errors_exit_non_zero(run_cli):
+    code, _, err = run_cli("fit")
+    assert code == 2 and "Missing argument" in err
+    code, _, err = run_cli("bogus")
+    assert code == 2
+
+
+def test_real_process_exit_codes(tmp_path, store):
+    ok = run_subprocess("fit", store, "-o", tmp_path / "m.npz")
+    assert ok.returncode == 0, ok.stderr
+    assert "fitted 600 rows" in ok.stdout and ok.stderr == ""  # no progress bar off a terminal
+    bad = run_subprocess("fit", tmp_path / "missing.h5", "-o", tmp_path / "m2.npz")
+    assert bad.returncode == EXIT_BAD_INPUT
+    assert bad.stderr.strip().count("\n") == 0 and "missing.h5" in bad.stderr
+
+
+def test_demo_runs(run_cli, tmp_path):
+    code, out, err = run_cli("demo", "--rows", "30000", "--dim", "32", "-k", "8", "--dir", tmp_path, "--json")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["n_chunks"] > 1
+    assert summary["identity_error"] < 1e-2  # the whitened output has identity covariance
+    assert abs(summary["mean_cosine_whitened"]) < 0.1 < summary["mean_cosine_raw"]
+    assert sorted(os.listdir(tmp_path)) == ["demo-embeddings.h5", "demo-model.npz", "demo-whitened.zarr"]

@@ -1,0 +1,35 @@
+"""A fit streams: its peak memory does not grow with the number of rows."""
+
+import tracemalloc
+
+from streamwhiten.fit import fit_sources
+from streamwhiten.synthetic import write_store
+
+CHUNK_ROWS, N_FEATURES = 4096, 64
+CHUNK_BYTES = CHUNK_ROWS * N_FEATURES * 4
+
+
+def peak_bytes_of_fit(spec):
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        result = fit_sources(spec, block_rows=CHUNK_ROWS)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return result, peak
+
+
+def test_peak_memory_is_bounded_and_independent_of_rows(tmp_path):
+    small = write_store(str(tmp_path / "small.h5"), 20 * CHUNK_ROWS, N_FEATURES, chunk_rows=CHUNK_ROWS)
+    large = write_store(str(tmp_path / "large.zarr"), 80 * CHUNK_ROWS, N_FEATURES, chunk_rows=CHUNK_ROWS)
+    fit_sources(small, block_rows=CHUNK_ROWS)  # compile kernels outside the measurement
+    small_result, small_peak = peak_bytes_of_fit(small)
+    large_result, large_peak = peak_bytes_of_fit(large)
+    assert large_result.state.n_rows == 80 * CHUNK_ROWS  # every row was read
+    store_bytes = 80 * CHUNK_BYTES
+    # block being reduced + block being prefetched + one in the queue + a few d x d float64 matrices
+    budget = 4 * CHUNK_BYTES + 8 * N_FEATURES * N_FEATURES * 8 + (1 << 20)
+    assert large_peak < budget, (large_peak, budget)
+    assert large_peak < store_bytes / 10
+    assert large_peak < 1.5 * small_peak + (1 << 20)

@@ -1,0 +1,208 @@
+"""Finalizer, transform and model file against the formulas, numpy and scikit-learn."""
+
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+from streamwhiten import stats
+from streamwhiten.errors import BadInputError, ModelFileError
+from streamwhiten.model import (
+    components_for_variance, effective_dimension, finalize, load_model, save_model,
+)
+
+from conftest import anisotropic
+
+
+def state_of(rows):
+    return stats.chunk_moments(rows)
+
+
+def cosines(rows):
+    unit = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    return unit @ unit.T
+
+
+def test_full_whitening_gives_identity_covariance_and_zero_mean():
+    rows = anisotropic(2000, 10, seed=1)
+    model = finalize(state_of(rows), beta=1.0, gamma=1.0, eps=1e-12)
+    out = model.transform(rows)
+    np.testing.assert_allclose(out.mean(0), 0.0, atol=1e-10)
+    np.testing.assert_allclose(np.cov(out, rowvar=False, bias=True), np.eye(10), atol=1e-8)
+
+
+def test_formula_with_partial_beta_gamma_and_truncation():
+    rows = anisotropic(500, 8, seed=2)
+    beta, gamma, k, eps = 0.5, 0.75, 5, 1e-3
+    model = finalize(state_of(rows), beta=beta, gamma=gamma, n_components=k, eps=eps)
+    centred = rows - beta * rows.mean(0)
+    eigvals, eigvecs = np.linalg.eigh(centred.T @ centred / rows.shape[0])
+    order = np.argsort(eigvals)[::-1]
+    eigvals, eigvecs = eigvals[order], eigvecs[:, order]
+    expected = centred @ eigvecs[:, :k] * (eigvals[:k] + eps * eigvals[0]) ** (-gamma / 2)
+    out = model.transform(rows)
+    signs = np.sign((out * expected).sum(0))  # eigenvectors are defined up to sign
+    np.testing.assert_allclose(out * signs, expected, rtol=1e-9, atol=1e-9)
+    assert model.eps_value == pytest.approx(eps * eigvals[0])
+
+
+def test_rotation_preserves_every_cosine():
+    rows = anisotropic(300, 9, seed=3)
+    model = finalize(state_of(rows), beta=0.0, gamma=0.0)
+    np.testing.assert_allclose(cosines(model.transform(rows)), cosines(rows), atol=1e-12)
+
+
+def test_matches_sklearn_pca_whiten():
+    sklearn = pytest.importorskip("sklearn.decomposition")
+    rows = anisotropic(800, 7, seed=4)
+    n = rows.shape[0]
+    pca = sklearn.PCA(whiten=True, svd_solver="full").fit(rows)
+    model = finalize(state_of(rows), beta=1.0, gamma=1.0, eps=1e-14)
+    ours = model.transform(rows)
+    theirs = pca.transform(rows) * np.sqrt(n / (n - 1))  # sklearn divides by n - 1
+    signs = np.sign((ours * theirs).sum(0))
+    np.testing.assert_allclose(ours * signs, theirs, rtol=1e-7, atol=1e-7)
+    np.testing.assert_allclose(model.eigvals, pca.explained_variance_ * (n - 1) / n, rtol=1e-10)
+
+
+def test_eigvals_descending_and_signs_deterministic():
+    rows = anisotropic(400, 6, seed=5)
+    model = finalize(state_of(rows))
+    assert np.all(np.diff(model.eigvals) <= 0)
+    pivots = np.argmax(np.abs(model.eigvecs), axis=0)
+    assert np.all(model.eigvecs[pivots, np.arange(6)] > 0)
+    again = finalize(state_of(rows[::-1].copy()))
+    np.testing.assert_allclose(again.eigvecs, model.eigvecs, atol=1e-10)
+
+
+def test_rank_deficient_and_constant_data_never_give_nan():
+    rng = np.random.default_rng(6)
+    low_rank = rng.standard_normal((200, 2)) @ rng.standard_normal((2, 8))
+    low_rank[:, 3] = 5.0  # a constant column
+    for rows in (low_rank, np.ones((10, 4))):
+        for gamma in (0.5, 1.0):
+            model = finalize(state_of(rows), beta=1.0, gamma=gamma)
+            out = model.transform(rows)
+            assert np.all(np.isfinite(out)) and np.all(np.isfinite(model.scales()))
+
+
+def test_variance_threshold_and_effective_dimension():
+    eigvals = np.array([4.0, 3.0, 2.0, 1.0])
+    assert components_for_variance(eigvals, 0.4) == 1
+    assert components_for_variance(eigvals, 0.7) == 2
+    assert components_for_variance(eigvals, 0.71) == 3
+    assert components_for_variance(eigvals, 1.0) == 4
+    assert effective_dimension(np.ones(5)) == pytest.approx(5.0)
+    assert effective_dimension(np.array([1.0, 0, 0])) == pytest.approx(1.0)
+    rows = anisotropic(500, 10, seed=7)
+    model = finalize(state_of(rows), variance=0.9)
+    ratio = np.cumsum(model.eigvals) / model.eigvals.sum()
+    assert ratio[model.n_components - 1] >= 0.9 > ratio[model.n_components - 2]
+
+
+def test_with_params_equals_fresh_finalize():
+    rows = anisotropic(300, 6, seed=8)
+    state = state_of(rows)
+    base = finalize(state, beta=1.0, gamma=1.0)
+    for change in (dict(gamma=0.3, n_components=3), dict(beta=0.2), dict(variance=0.8)):
+        fresh = finalize(state, **dict(dict(beta=1.0, gamma=1.0), **change))
+        np.testing.assert_allclose(base.with_params(**change).transform(rows), fresh.transform(rows), atol=1e-12)
+
+
+@pytest.mark.parametrize("params, message", [
+    (dict(beta=1.5), "beta must be"), (dict(gamma=-0.1), "gamma must be"), (dict(n_components=0), "k"),
+    (dict(n_components=7), "exceeds the data width"), (dict(eps=0.0), "eps must be"),
+    (dict(variance=1.2), "variance"), (dict(n_components=2, variance=0.5), "not both"),
+])
+def test_bad_parameters(params, message):
+    with pytest.raises(BadInputError, match=message):
+        finalize(state_of(anisotropic(50, 6)), **params)
+
+
+def test_transform_single_vector_and_width_check():
+    rows = anisotropic(100, 5, seed=9)
+    model = finalize(state_of(rows), n_components=3)
+    np.testing.assert_allclose(model.transform(rows[7]), model.transform(rows)[7], atol=1e-12)
+    with pytest.raises(BadInputError, match="expects 5 features"):
+        model.transform(np.zeros((2, 4)))
+
+
+def test_model_file_round_trip(tmp_path):
+    rows = anisotropic(200, 6, seed=10)
+    model = finalize(state_of(rows), beta=0.5, gamma=0.5, n_components=4, sources=[{"path": "x"}], info={"a": 1})
+    path = str(tmp_path / "m.npz")
+    save_model(model, path)
+    loaded = load_model(path)
+    assert loaded.state == model.state
+    assert (loaded.beta, loaded.gamma, loaded.n_components, loaded.eps) == (0.5, 0.5, 4, model.eps)
+    assert loaded.sources == [{"path": "x"}] and loaded.info == {"a": 1}
+    np.testing.assert_array_equal(loaded.transform(rows), model.transform(rows))
+    # readable with numpy alone, no pickle
+    with np.load(path, allow_pickle=False) as data:
+        assert {"mean", "scatter", "eigvals", "eigvecs", "beta", "gamma", "eps", "n_components", "format_version"} <= set(data.files)
+
+
+def _rewrite(path, **changes):
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files}
+    arrays.update(changes)
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+
+
+def test_damaged_model_files_are_refused(tmp_path):
+    model = finalize(state_of(anisotropic(100, 4)))
+    path = str(tmp_path / "m.npz")
+    save_model(model, path)
+    raw = open(path, "rb").read()
+
+    open(path, "wb").write(raw[: len(raw) // 2])
+    with pytest.raises(ModelFileError, match="corrupt or truncated"):
+        load_model(path)
+
+    flipped = bytearray(raw)
+    flipped[len(raw) // 3] ^= 0xFF
+    open(path, "wb").write(bytes(flipped))
+    with pytest.raises(ModelFileError):
+        load_model(path)
+
+    open(path, "wb").write(raw)
+    _rewrite(path, beta=np.array(0.25))  # changed after writing: the checksum no longer matches
+    with pytest.raises(ModelFileError, match="checksum"):
+        load_model(path)
+
+    with pytest.raises(ModelFileError, match="not found"):
+        load_model(str(tmp_path / "missing.npz"))
+
+
+def test_incompatible_version_is_refused(tmp_path):
+    from streamwhiten import model as model_module
+
+    path = str(tmp_path / "m.npz")
+    save_model(finalize(state_of(anisotropic(100, 4))), path)
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files if key != "checksum"}
+    arrays["format_version"] = np.array(99, dtype=np.int64)
+    arrays["checksum"] = np.array(model_module._checksum(arrays))
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+    with pytest.raises(ModelFileError, match="version 99"):
+        load_model(path)
+
+
+def test_save_is_atomic_and_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    path = str(tmp_path / "m.npz")
+    model = finalize(state_of(anisotropic(100, 4)))
+    save_model(model, path)
+    before = open(path, "rb").read()
+
+    def broken(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", broken)
+    with pytest.raises(OSError):
+        save_model(finalize(state_of(anisotropic(100, 4, seed=3))), path)
+    assert open(path, "rb").read() == before
+    assert os.listdir(tmp_path) == ["m.npz"]
+    assert zipfile.is_zipfile(path)

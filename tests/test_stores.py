@@ -1,0 +1,96 @@
+"""Store specs, chunked reading, fingerprints and the temp-then-rename sink."""
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+import zarr
+
+from streamwhiten.errors import BadInputError, OutputExistsError
+from streamwhiten.stores import create_sink, fingerprint, open_source, partial_path, split_spec
+
+from conftest import anisotropic, write_h5, write_zarr
+
+
+def test_split_spec():
+    assert split_spec("a.h5:/g/ds") == ("a.h5", "g/ds")
+    assert split_spec("a.h5", "/x") == ("a.h5", "x")
+    assert split_spec("dir.zarr") == ("dir.zarr", None)
+    assert split_spec("dir.zarr:/arr") == ("dir.zarr", "arr")
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_zarr_v2_and_v3_read_in_store_chunks(tmp_path, zarr_format):
+    rows = anisotropic(1000, 4).astype(np.float32)
+    spec = write_zarr(tmp_path / "a.zarr", rows, chunk_rows=96, zarr_format=zarr_format)
+    with open_source(spec) as source:
+        assert source.chunk_rows == 96 and source.shape == (1000, 4)
+        blocks = list(source.blocks())
+        assert all(start % 96 == 0 for start, _ in blocks)
+        assert blocks[-1][1] == 1000
+        np.testing.assert_array_equal(np.vstack([source.read(a, b) for a, b in blocks]), rows)
+        assert [b for b in source.blocks(100)][:2] == [(0, 100), (100, 200)]
+
+
+def test_hdf5_group_paths_and_single_dataset_detection(tmp_path):
+    rows = anisotropic(50, 3)
+    with h5py.File(tmp_path / "g.h5", "w") as handle:
+        handle.create_dataset("grp/emb", data=rows)
+        handle.create_dataset("ids", data=np.arange(50))
+    with open_source(f"{tmp_path}/g.h5") as source:  # the only 2-D dataset is found by itself
+        assert source.dataset == "grp/emb"
+    with open_source(f"{tmp_path}/g.h5:/grp/emb") as source:
+        np.testing.assert_array_equal(source.read(10, 20), rows[10:20])
+    with pytest.raises(BadInputError, match="dataset /grp does not exist|is a group"):
+        open_source(f"{tmp_path}/g.h5:/grp")
+    with pytest.raises(BadInputError, match="/nope does not exist"):
+        open_source(f"{tmp_path}/g.h5:/nope")
+
+
+def test_zarr_group_array_paths(tmp_path):
+    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    group.create_array("vectors", shape=(20, 3), chunks=(8, 3), dtype="f4")[...] = np.ones((20, 3))
+    for spec in (f"{tmp_path}/g.zarr", f"{tmp_path}/g.zarr:/vectors", f"{tmp_path}/g.zarr/vectors"):
+        with open_source(spec) as source:
+            assert source.shape == (20, 3)
+
+
+def test_npy_source(tmp_path):
+    rows = anisotropic(30, 3)
+    np.save(tmp_path / "x.npy", rows)
+    with open_source(str(tmp_path / "x.npy")) as source:
+        np.testing.assert_array_equal(source.read(0, 30), rows)
+
+
+def test_fingerprint_is_stable_for_an_appended_prefix(tmp_path):
+    rows = anisotropic(500, 4)
+    spec_old = write_h5(tmp_path / "a.h5", rows[:300])
+    spec_new = write_h5(tmp_path / "b.h5", rows)
+    with open_source(spec_old) as old, open_source(spec_new) as new:
+        before = fingerprint(old)
+        assert fingerprint(new, 300)["sha256_sampled"] == before["sha256_sampled"]
+        assert fingerprint(new)["sha256_sampled"] != before["sha256_sampled"]
+    changed = rows.copy()
+    changed[299] += 1
+    with open_source(write_h5(tmp_path / "c.h5", changed)) as edited:
+        assert fingerprint(edited, 300)["sha256_sampled"] != before["sha256_sampled"]
+
+
+@pytest.mark.parametrize("name", ["out.h5", "out.zarr"])
+def test_sink_appears_only_when_committed(tmp_path, name):
+    target = str(tmp_path / name)
+    sink = create_sink(target, 10, 3, "float32")
+    sink.write(0, np.ones((10, 3), np.float32))
+    assert not os.path.exists(target) and os.path.exists(partial_path(target))
+    sink.commit()
+    assert os.path.exists(target) and not os.path.exists(partial_path(target))
+    with open_source(target) as source:
+        np.testing.assert_array_equal(source.read(0, 10), np.ones((10, 3)))
+    with pytest.raises(OutputExistsError):
+        create_sink(target, 10, 3)
+    aborted = create_sink(target, 10, 3, overwrite=True)
+    aborted.abort()
+    assert not os.path.exists(partial_path(target))
+    with open_source(target) as source:  # the old output is untouched
+        assert source.shape == (10, 3)
