@@ -1,18 +1,24 @@
-"""The chunked applier: stream rows through a model and write the reduced vectors to a new store."""
+"""The chunked applier: stream rows through a model and write the reduced vectors to a new store.
+
+The output is written under a temporary name and renamed only once complete. After every block the
+rows written so far are made durable and recorded in a progress file beside the partial output, so an
+interrupted run (signal, crash, SIGKILL) resumes at the first unfinished block and produces exactly
+the output an uninterrupted run would have.
+"""
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable
 
 import numpy as np
 
-from . import _kernels
-from .errors import BadInputError, NonFiniteError
+from . import __version__, _kernels
+from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError
 from .fit import prefetch, read_blocks
 from .model import WhiteningModel, model_checksum, project
-from .stores import create_sink, open_source, same_file, split_spec
-from . import __version__
+from .stores import create_sink, fingerprint, open_source, output_chunk_rows, resume_sink, same_file, split_spec
 
 
 def apply_model(
@@ -27,12 +33,15 @@ def apply_model(
     skip_nonfinite: bool = False,
     zarr_format: int = 3,
     progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    resume: bool = True,
 ) -> dict:
     """Write ``transform(rows)`` for every row of ``input_spec`` to ``output_spec``; returns a summary.
 
-    The output is written under a temporary name and renamed only once complete. Rows holding NaN or
-    Inf stop the run with an error naming the row, unless ``skip_nonfinite``: then their output rows
-    are NaN (row alignment with the input is kept) and they are counted.
+    Rows holding NaN or Inf stop the run with an error naming the row, unless ``skip_nonfinite``: then
+    their output rows are NaN (row alignment with the input is kept) and they are counted. With
+    ``resume`` (the default) the partial output of an interrupted run of the same job is continued;
+    otherwise it is discarded.
     """
     began = time.perf_counter()
     source = open_source(input_spec, dataset, min_rows=1)
@@ -44,26 +53,35 @@ def apply_model(
         out_path, _ = split_spec(output_spec)
         if same_file(out_path, source.path):
             raise BadInputError(f"{out_path}: the output would replace the input; choose another path")
+        if os.path.lexists(out_path) and not overwrite:
+            raise OutputExistsError(f"{out_path}: already exists (pass --overwrite to replace it)")
         work = np.float64 if source.dtype == np.float64 else np.float32
         weights, shift = model.projection(work)
-        attrs = {
-            "streamwhiten_version": __version__,
-            "source": source.label,
-            "model_checksum": model_checksum(model),
-            "beta": model.beta,
-            "gamma": model.gamma,
-            "eps": model.eps,
-            "eps_value": model.eps_value,
-            "n_components": model.n_components,
-            "normalized": bool(normalize),
+        checksum = model_checksum(model)
+        if block_rows is not None and int(block_rows) < 1:
+            raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
+        chunk_rows = output_chunk_rows(model.n_components, dtype, source.n_rows)
+        # By default, whole output chunks per block, so no output chunk is written twice.
+        rows_per_block = int(block_rows or max(chunk_rows, source.default_block_rows() // chunk_rows * chunk_rows))
+        # What must match for a partial output to be continued rather than started over.
+        job = {
+            "model_checksum": checksum, "source": fingerprint(source), "output": os.path.abspath(out_path),
+            "normalize": bool(normalize), "dtype": str(np.dtype(dtype)), "zarr_format": int(zarr_format),
+            "block_rows": rows_per_block, "skip_nonfinite": bool(skip_nonfinite),
         }
-        sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format)
-        n_nonfinite = 0
+        sink, start, n_nonfinite = resume_sink(output_spec, job) if resume else (None, 0, 0)
+        resumed_at = start
+        if sink is None:
+            attrs = {
+                "streamwhiten_version": __version__, "source": source.label, "model_checksum": checksum,
+                "beta": model.beta, "gamma": model.gamma, "eps": model.eps, "eps_value": model.eps_value,
+                "n_components": model.n_components, "normalized": bool(normalize),
+                "source_sha256": job["source"]["sha256_sampled"],
+            }
+            sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
+                               chunk_rows)
         with sink:
-            rows_per_block = block_rows or source.default_block_rows()
-            # Whole output chunks per block, so no output chunk is written twice.
-            rows_per_block = max(sink.chunk_rows, rows_per_block // sink.chunk_rows * sink.chunk_rows)
-            for begin, rows in prefetch(read_blocks(source, rows_per_block)):
+            for begin, rows in prefetch(read_blocks(source, rows_per_block, start)):
                 finite = _kernels.finite_row_mask(rows if rows.dtype != np.float16 else rows.astype(np.float32))
                 if not finite.all():
                     if not skip_nonfinite:
@@ -73,14 +91,20 @@ def apply_model(
                             row=bad,
                         )
                     n_nonfinite += int(finite.size - finite.sum())
-                    rows = rows.copy() if not rows.flags.writeable else rows
                     rows[~finite] = 0  # keeps NaN out of the product; those output rows become NaN below
                 out = project(rows, weights, shift, normalize, sink.dtype, overwrite_input=True)
                 if not finite.all():
                     out[~finite] = np.nan
                 sink.write(begin, out)
+                end = begin + rows.shape[0]
+                if end < source.n_rows:
+                    sink.save_progress(job, end, n_nonfinite)
                 if progress is not None:
-                    progress(begin + rows.shape[0], source.n_rows)
+                    progress(end, source.n_rows)
+                if should_stop is not None and should_stop() and end < source.n_rows:
+                    raise InterruptedRunError(
+                        f"interrupted after {end:,} of {source.n_rows:,} rows; run the same apply again to resume"
+                    )
             sink._array.attrs["n_nonfinite_rows"] = n_nonfinite
             sink.commit(overwrite)
         seconds = time.perf_counter() - began
@@ -88,12 +112,13 @@ def apply_model(
             "input": source.label,
             "output": sink.label,
             "n_rows": source.n_rows,
+            "resumed_at_row": resumed_at,
             "n_components": model.n_components,
             "dtype": str(sink.dtype),
             "normalized": bool(normalize),
             "n_nonfinite_rows": n_nonfinite,
             "seconds": seconds,
-            "rows_per_second": source.n_rows / seconds if seconds > 0 else None,
+            "rows_per_second": (source.n_rows - resumed_at) / seconds if seconds > 0 else None,
         }
     finally:
         source.close()

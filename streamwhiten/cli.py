@@ -6,8 +6,8 @@ is reported here as one line on stderr (``streamwhiten: error: ...``).
 
 from __future__ import annotations
 
-import glob
 import json
+import logging
 import math
 import os
 import sys
@@ -17,8 +17,9 @@ from contextlib import contextmanager
 import click
 
 from . import __version__
+from .stores import expand_specs
 from .errors import (
-    EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_IO, BadInputError, OutputExistsError, StreamwhitenError,
+    EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_IO, BadInputError, NothingToDoError, OutputExistsError, StreamwhitenError,
 )
 
 PRECISION = click.Choice(["auto", "float32", "float64"])
@@ -68,22 +69,6 @@ def progress_bar(description: str, quiet: bool):
         bar.close()
 
 
-def expand_inputs(inputs) -> list[str]:
-    """Expand glob patterns (``'shards/day-*.h5'``) that name no file literally, sorted for a stable order."""
-    expanded: list[str] = []
-    for spec in inputs:
-        path = spec.rpartition(":")[0] if ":" in spec and not os.path.exists(spec) else spec
-        suffix = spec[len(path):] if path != spec else ""
-        if any(ch in path for ch in "*?[") and not os.path.exists(path):
-            matches = sorted(glob.glob(path))
-            if not matches:
-                raise BadInputError(f"{path}: the pattern matches no file")
-            expanded.extend(match + suffix for match in matches)
-        else:
-            expanded.append(spec)
-    return expanded
-
-
 def _model_params(beta, gamma, n_components, variance, eps) -> dict:
     params = {}
     for name, value in (("beta", beta), ("gamma", gamma), ("n_components", n_components), ("variance", variance), ("eps", eps)):
@@ -121,44 +106,100 @@ def cli():
     """Fit and apply whitening transforms to embedding stores larger than memory."""
 
 
+@contextmanager
+def stop_on_signals():
+    """Turn the first SIGINT/SIGTERM into a request to stop at the next block boundary.
+
+    The library then saves its progress (checkpoint or partial output) and raises an interruption; a
+    second signal stops at once.
+    """
+    import signal
+    import threading
+
+    requested = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield requested.is_set
+        return
+
+    def handler(signum, frame):
+        if requested.is_set():
+            raise KeyboardInterrupt
+        requested.set()
+        click.echo(f"streamwhiten: {signal.Signals(signum).name} received, saving progress before stopping", err=True)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requested.is_set
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("-o", "--output", "model_path", required=True, help="Model file to write (.npz).")
+@click.option("-o", "--output", "model_path", default=None, help="Model file to write (.npz); default with --update: that model.")
 @click.option("--dataset", default=None, help="Dataset/array inside each input (else file.h5:/dataset).")
 @model_options
 @click.option("--precision", type=PRECISION, default="auto", show_default=True, help="Arithmetic of the scatter product.")
 @click.option("--chunk-rows", type=int, default=None, help="Rows per block read (default: whole store chunks, ~64 MiB).")
 @click.option("--skip-nonfinite", is_flag=True, help="Skip and count rows holding NaN/Inf instead of failing.")
+@click.option("--update", "update", default=None, metavar="MODEL",
+              help="Fold only rows appended since MODEL was fitted (and new inputs) into its statistics.")
+@click.option("--checkpoint", default=None, help="Checkpoint file (default: .MODEL.checkpoint beside the model).")
+@click.option("--checkpoint-every", type=int, default=20, show_default=True, help="Checkpoint every N blocks.")
+@click.option("--checkpoint-seconds", type=float, default=60.0, show_default=True, help="... or every T seconds.")
+@click.option("--resume", is_flag=True, help="Require a checkpoint to resume from (a matching one is used anyway).")
+@click.option("--restart", is_flag=True, help="Discard an existing checkpoint and start over.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file.")
 @common_quiet
 @common_json
 def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, precision, chunk_rows,
-        skip_nonfinite, overwrite, quiet, as_json):
-    """Fit a whitening model on one or more stores (HDF5, Zarr, .npy; globs allowed) in one pass."""
-    from .fit import fit_sources
-    from .model import check_params, finalize, save_model
+        skip_nonfinite, update, checkpoint, checkpoint_every, checkpoint_seconds, resume, restart, overwrite, quiet,
+        as_json):
+    """Fit a whitening model on one or more stores (HDF5, Zarr, .npy; globs allowed) in one pass.
+
+    Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
+    """
+    from .fit import remove_checkpoint
+    from .jobs import fit_job
+    from .model import check_params, save_model
 
     params = _model_params(beta, gamma, n_components, variance, eps)
     check_params(**params)
-    if os.path.exists(model_path) and not overwrite:
+    if model_path is None:
+        if update is None:
+            raise BadInputError("give the model file to write with -o/--output")
+        model_path = update
+    elif os.path.exists(model_path) and not overwrite and not (update and same_path(update, model_path)):
         raise OutputExistsError(f"{model_path}: already exists (pass --overwrite to replace it)")
     began = time.perf_counter()
-    with progress_bar("fit", quiet) as progress:
-        result = fit_sources(expand_inputs(inputs), dataset, precision, skip_nonfinite, chunk_rows, progress)
-    model = finalize(result.state, sources=result.sources, info={"n_skipped_nonfinite": result.n_skipped}, **params)
+    with progress_bar("fit", quiet) as progress, stop_on_signals() as should_stop:
+        model, job, resumed, checkpoint = fit_job(
+            expand_specs(inputs), model_path, dataset, params, precision, chunk_rows, skip_nonfinite, update,
+            checkpoint, checkpoint_every, checkpoint_seconds, restart, resume, progress, should_stop,
+        )
     checksum = save_model(model, model_path)
+    remove_checkpoint(checkpoint)
     seconds = time.perf_counter() - began
-    summary = dict(model.summary(), model=model_path, checksum=checksum, seconds=seconds,
-                   read_seconds=result.seconds, rows_per_second=result.rows_per_second)
+    rows_read = job.rows_done
+    summary = dict(model.summary(), model=model_path, checksum=checksum, seconds=seconds, rows_read=rows_read,
+                   resumed=resumed, updated=update is not None,
+                   rows_per_second=rows_read / job.seconds if job.seconds > 0 else None)
     summary.pop("sources")
+    what = f"updated {update} with {rows_read:,} new rows" if update else f"fitted {model.n_rows:,} rows"
     _emit(as_json, summary, [
-        f"fitted {model.n_rows:,} rows x {model.n_features} features from {len(result.sources)} source(s) "
-        f"in {result.seconds:.2f} s ({_fmt_rate(model.n_rows, result.seconds)})"
-        + (f"; skipped {result.n_skipped:,} non-finite rows" if result.n_skipped else ""),
+        f"{what} x {model.n_features} features from {len(job.cursors)} source(s) "
+        f"in {job.seconds:.2f} s ({_fmt_rate(rows_read, job.seconds)})"
+        + (" (resumed)" if resumed else "")
+        + (f"; skipped {job.n_skipped:,} non-finite rows" if job.n_skipped else ""),
         f"beta={model.beta:g} gamma={model.gamma:g} k={model.n_components} "
         f"(explained variance {summary['explained_variance']:.4f}), D_eff={model.effective_dimension:.1f}",
         f"wrote {model_path}",
     ])
+
+
+def same_path(a: str, b: str) -> bool:
+    return os.path.abspath(a) == os.path.abspath(b)
 
 
 @cli.command()
@@ -172,12 +213,16 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @click.option("--chunk-rows", type=int, default=None, help="Rows per block read.")
 @click.option("--zarr-format", type=click.Choice(["2", "3"]), default="3", show_default=True)
 @click.option("--skip-nonfinite", is_flag=True, help="Write NaN for input rows holding NaN/Inf instead of failing.")
+@click.option("--restart", is_flag=True, help="Discard the partial output of an interrupted run instead of resuming it.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
 @common_quiet
 @common_json
 def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_components, variance, eps, normalize, dtype,
-          chunk_rows, zarr_format, skip_nonfinite, overwrite, quiet, as_json):
-    """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store."""
+          chunk_rows, zarr_format, skip_nonfinite, restart, overwrite, quiet, as_json):
+    """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store.
+
+    An interrupted run leaves a hidden partial output that the same command resumes.
+    """
     from .apply import apply_model
     from .model import load_model
 
@@ -185,9 +230,9 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params:
         model = model.with_params(**params)
-    with progress_bar("apply", quiet) as progress:
+    with progress_bar("apply", quiet) as progress, stop_on_signals() as should_stop:
         summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
-                              skip_nonfinite, int(zarr_format), progress)
+                              skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart)
     _emit(as_json, summary, [
         f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
         f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "
@@ -267,12 +312,48 @@ def _run_demo(run_demo, directory, rows, dim, k, chunk_rows, seed, quiet):
         return run_demo(directory, rows, dim, k, chunk_rows, seed, progress)
 
 
+@cli.command()
+@click.argument("job_file")
+@click.option("--log-file", default=None, help="Also append timestamped log lines to this file.")
+@common_quiet
+@common_json
+def run(job_file, log_file, quiet, as_json):
+    """Run a batch job (job.toml): fit or update, finalize, apply; each step skipped when up to date.
+
+    Exit codes: 0 done, 3 nothing to do, 2 bad input, 75 another run holds the lock, 130 interrupted.
+    """
+    from .jobs import run_job_file
+
+    if log_file:
+        handler = logging.FileHandler(log_file)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE))
+        logging.getLogger("streamwhiten").addHandler(handler)
+    with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
+        summary = run_job_file(job_file, progress, should_stop)
+    _emit(as_json, summary, [f"job {summary['job']}: " + "; ".join(summary["steps"])])
+
+
 # ------------------------------------------------------------------------------------------ entry point
+
+LOG_FORMAT = "%(asctime)s streamwhiten: %(message)s"
+LOG_DATE = "%Y-%m-%dT%H:%M:%S%z"
+
+
+def _configure_logging() -> None:
+    logger = logging.getLogger("streamwhiten")
+    if not any(getattr(h, "_streamwhiten", False) for h in logger.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE))
+        handler._streamwhiten = True
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
 
 
 def main(argv=None) -> int:
     """Run the CLI; map every failure to one line on stderr and an exit code."""
     debug = bool(os.environ.get("STREAMWHITEN_DEBUG"))
+    _configure_logging()
     try:
         cli.main(args=argv, prog_name="streamwhiten", standalone_mode=False)
         return 0
@@ -284,6 +365,9 @@ def main(argv=None) -> int:
     except click.exceptions.Abort:
         click.echo("streamwhiten: interrupted", err=True)
         return EXIT_INTERRUPTED
+    except NothingToDoError as exc:
+        click.echo(f"streamwhiten: {exc}", err=True)
+        return exc.exit_code
     except StreamwhitenError as exc:
         if debug:
             raise

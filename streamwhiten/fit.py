@@ -1,27 +1,39 @@
 """The fit loop: stream row blocks from one or more sources into a :class:`~streamwhiten.stats.Moments`.
 
-A reader thread fetches the next block while the current one is centred and multiplied (numba
-kernels and BLAS release the GIL), so reading hides behind the arithmetic. Blocks are folded in a
-fixed order (source by source, block by block), so the same inputs and block size always give the
-same bits.
+A fit is a *job*: a starting state (empty, or a saved model's for an incremental update) and one cursor
+per source saying which rows the job reads and how far it got. Blocks are aligned to multiples of a
+fixed ``block_rows`` and folded in a fixed order (source by source, block by block), so the same job
+always gives the same bits, and a job resumed from a checkpoint gives exactly the bits of one that
+never stopped. Checkpoints (state + cursors) are written atomically with a checksum.
+
+A reader thread fetches the next block while the current one is centred and multiplied (numba kernels
+and BLAS release the GIL), so reading hides behind the arithmetic.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from . import stats
-from .errors import BadInputError, NonFiniteError
+from ._npz import read_npz, write_npz_atomic
+from .errors import (
+    BadInputError, InterruptedRunError, ModelFileError, NonFiniteError, NothingToDoError, StoreIOError,
+)
 from .stores import Source, fingerprint, open_source
 
 #: ``progress(rows_done, rows_total)``, called after every block.
 ProgressCallback = Callable[[int, int], None]
+
+CHECKPOINT_FORMAT = "streamwhiten-checkpoint"
+CHECKPOINT_VERSION = 1
 
 _DONE = object()
 
@@ -71,6 +83,61 @@ def read_blocks(source: Source, block_rows: int | None = None, start: int = 0, s
         yield begin, source.read(begin, end)
 
 
+# ---------------------------------------------------------------------------------------------- the job
+
+
+@dataclass
+class Cursor:
+    """One source's part of a job: rows ``[start, stop)``, done up to ``next_row``."""
+
+    spec: str
+    fingerprint: dict
+    start: int
+    stop: int
+    next_row: int
+    n_skipped: int = 0
+
+    @property
+    def done(self) -> bool:
+        return self.next_row >= self.stop
+
+
+@dataclass
+class FitJob:
+    """A fit in progress: the state so far and where each source stands."""
+
+    state: stats.Moments
+    cursors: list
+    block_rows: int
+    precision: str = "auto"
+    skip_nonfinite: bool = False
+    base_rows: int = 0  # rows already in the state when the job was planned (an update's model)
+    kept_sources: list = field(default_factory=list)  # sources in an updated model not read again
+    seconds: float = 0.0
+    n_blocks: int = 0
+
+    @property
+    def n_skipped(self) -> int:
+        return sum(cursor.n_skipped for cursor in self.cursors)
+
+    @property
+    def rows_total(self) -> int:
+        return sum(cursor.stop - cursor.start for cursor in self.cursors)
+
+    @property
+    def rows_done(self) -> int:
+        return sum(cursor.next_row - cursor.start for cursor in self.cursors)
+
+    @property
+    def done(self) -> bool:
+        return all(cursor.done for cursor in self.cursors)
+
+    @property
+    def sources(self) -> list:
+        """Fingerprints of every source, as recorded in the model."""
+        return [cursor.fingerprint for cursor in self.cursors]
+
+
 @dataclass
 class FitResult:
     """What a fit produced: the state plus what it read."""
@@ -80,17 +147,22 @@ class FitResult:
     sources: list = field(default_factory=list)
     n_blocks: int = 0
     seconds: float = 0.0
+    rows_read: int = 0
 
     @property
     def rows_per_second(self) -> float:
-        return self.state.n_rows / self.seconds if self.seconds > 0 else float("nan")
+        return self.rows_read / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _as_list(specs) -> list:
+    if isinstance(specs, (str, Source)) or hasattr(specs, "__fspath__"):
+        return [specs]
+    return list(specs)
 
 
 def open_sources(specs, dataset: str | None = None) -> list[Source]:
     """Open every spec and check they share one width; a single source needs at least 2 rows."""
-    if isinstance(specs, (str, Source)) or hasattr(specs, "__fspath__"):
-        specs = [specs]
-    specs = list(specs)
+    specs = _as_list(specs)
     if not specs:
         raise BadInputError("no input given")
     min_rows = 2 if len(specs) == 1 else 1
@@ -110,36 +182,201 @@ def open_sources(specs, dataset: str | None = None) -> list[Source]:
     return sources
 
 
-def accumulate_source(
-    state: stats.Moments,
-    source: Source,
-    precision: str = "auto",
-    skip_nonfinite: bool = False,
-    block_rows: int | None = None,
-    start: int = 0,
-    stop: int | None = None,
-    on_block: Callable[[stats.Moments, int, int], None] | None = None,
-) -> tuple[stats.Moments, int]:
-    """Fold rows ``[start, stop)`` of ``source`` into ``state``; returns the new state and rows skipped.
+def _block_rows(sources: list[Source], block_rows: int | None) -> int:
+    if block_rows is not None:
+        if int(block_rows) < 1:
+            raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
+        return int(block_rows)
+    return max(source.default_block_rows() for source in sources)
 
-    ``on_block(state, block_stop, n_skipped)`` is called after each block (progress, checkpoints).
+
+def plan_fit(specs, dataset=None, precision="auto", skip_nonfinite=False, block_rows=None) -> FitJob:
+    """A job reading every row of every source, from an empty state."""
+    stats.working_dtype(np.float32, precision)  # validate before any reading
+    sources = open_sources(specs, dataset)
+    try:
+        cursors = [Cursor(s.label, fingerprint(s), 0, s.n_rows, 0) for s in sources]
+        return FitJob(stats.Moments.empty(sources[0].n_features), cursors, _block_rows(sources, block_rows),
+                      precision, bool(skip_nonfinite))
+    finally:
+        for source in sources:
+            source.close()
+
+
+def _same_source(recorded: dict, current: dict) -> bool:
+    return recorded["path"] == current["path"] and recorded.get("dataset", "") == current.get("dataset", "")
+
+
+def _check_prefix(source: Source, recorded: dict) -> None:
+    """Refuse a source whose first ``recorded['n_rows']`` rows are not the ones recorded."""
+    if source.n_rows < recorded["n_rows"]:
+        raise BadInputError(
+            f"{source.label}: has {source.n_rows} rows but {recorded['n_rows']} were recorded; the source was "
+            "changed, not appended to (start over with a full fit)"
+        )
+    now = fingerprint(source, recorded["n_rows"])
+    for key in ("n_features", "dtype", "sha256_sampled"):
+        if now[key] != recorded[key]:
+            raise BadInputError(
+                f"{source.label}: its first {recorded['n_rows']} rows differ from the recorded ones ({key} changed); "
+                "only appended rows can be added (start over with a full fit)"
+            )
+
+
+def plan_update(model_state, recorded_sources: list, specs, dataset=None, precision="auto", skip_nonfinite=False,
+                block_rows=None) -> FitJob:
+    """A job folding only the rows added since ``recorded_sources`` were read into ``model_state``.
+
+    A source recorded before must have kept its rows (append-only); a new source is read whole.
+    Raises :class:`NothingToDoError` when there is nothing new.
     """
-    n_skipped = 0
-    for begin, rows in prefetch(read_blocks(source, block_rows, start, stop)):
-        end = begin + rows.shape[0]
-        if skip_nonfinite:
-            rows, dropped = stats.drop_nonfinite(rows)
-            n_skipped += dropped
-        try:
-            state = stats.update(state, rows, precision, overwrite_input=True)
-        except NonFiniteError as exc:
-            raise NonFiniteError(
-                f"{source.label}: row {begin + exc.row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
-                row=begin + exc.row,
-            ) from None
-        if on_block is not None:
-            on_block(state, end, n_skipped)
-    return state, n_skipped
+    sources = open_sources(specs, dataset)
+    try:
+        cursors = []
+        for source in sources:
+            current = fingerprint(source)
+            recorded = next((r for r in recorded_sources if _same_source(r, current)), None)
+            if recorded is None:
+                cursors.append(Cursor(source.label, current, 0, source.n_rows, 0))
+                continue
+            if source.n_features != model_state.n_features:
+                raise BadInputError(f"{source.label}: has {source.n_features} columns but the model has {model_state.n_features}")
+            _check_prefix(source, recorded)
+            cursors.append(Cursor(source.label, current, recorded["n_rows"], source.n_rows, recorded["n_rows"]))
+        if sources[0].n_features != model_state.n_features:
+            raise BadInputError(f"{sources[0].label}: has {sources[0].n_features} columns but the model has {model_state.n_features}")
+        kept = [r for r in recorded_sources if not any(_same_source(r, c.fingerprint) for c in cursors)]
+        job = FitJob(model_state, cursors, _block_rows(sources, block_rows), precision, bool(skip_nonfinite),
+                     base_rows=model_state.n_rows, kept_sources=kept)
+        if job.rows_total == 0:
+            raise NothingToDoError("nothing to do: no rows were added since the model was fitted")
+        return job
+    finally:
+        for source in sources:
+            source.close()
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+
+
+def save_checkpoint(job: FitJob, path: str) -> None:
+    """Write the job's state and cursors atomically (temp file, fsync, rename) with a checksum."""
+    meta = {
+        "cursors": [asdict(cursor) for cursor in job.cursors],
+        "block_rows": job.block_rows,
+        "precision": job.precision,
+        "skip_nonfinite": job.skip_nonfinite,
+        "base_rows": job.base_rows,
+        "kept_sources": job.kept_sources,
+    }
+    arrays = {
+        "format": np.array(CHECKPOINT_FORMAT),
+        "format_version": np.array(CHECKPOINT_VERSION, dtype=np.int64),
+        "n_rows": np.array(job.state.n_rows, dtype=np.int64),
+        "mean": job.state.mean,
+        "scatter": job.state.scatter,
+        "meta_json": np.array(json.dumps(meta, sort_keys=True)),
+    }
+    try:
+        write_npz_atomic(path, arrays)
+    except OSError as exc:
+        kept = "the previous checkpoint is kept" if os.path.exists(path) else "no checkpoint was written"
+        raise StoreIOError(f"{path}: cannot write checkpoint ({exc.strerror or exc}); {kept}") from exc
+
+
+def load_checkpoint(path: str) -> FitJob:
+    """Read a checkpoint; a damaged one raises :class:`ModelFileError` telling how to start over."""
+    hint = "; delete it or pass --restart to start the fit over"
+    try:
+        arrays = read_npz(path, what="checkpoint")
+    except ModelFileError as exc:
+        raise ModelFileError(f"{exc}{hint}") from None
+    if str(arrays.get("format", "")) != CHECKPOINT_FORMAT or int(arrays.get("format_version", -1)) != CHECKPOINT_VERSION:
+        raise ModelFileError(f"{path}: not a checkpoint of this streamwhiten version{hint}")
+    meta = json.loads(str(arrays["meta_json"]))
+    state = stats.Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])
+    return FitJob(state, [Cursor(**cursor) for cursor in meta["cursors"]], int(meta["block_rows"]),
+                  meta["precision"], bool(meta["skip_nonfinite"]), int(meta["base_rows"]), meta["kept_sources"])
+
+
+def check_resumable(job: FitJob, planned: FitJob, checkpoint_path: str) -> None:
+    """Refuse to resume ``job`` (from a checkpoint) for other sources, options, or changed data."""
+    hint = f"; pass --restart to discard {checkpoint_path} and start over"
+    if [c.spec for c in job.cursors] != [c.spec for c in planned.cursors]:
+        raise BadInputError(f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in job.cursors)}){hint}")
+    if (job.precision, job.skip_nonfinite) != (planned.precision, planned.skip_nonfinite):
+        raise BadInputError(f"{checkpoint_path}: checkpoint was made with other options (precision, skip-nonfinite){hint}")
+    for cursor in job.cursors:
+        with open_source(cursor.spec) as source:
+            try:
+                _check_prefix(source, cursor.fingerprint)
+            except BadInputError as exc:
+                raise BadInputError(f"{exc} (refusing to resume from {checkpoint_path})") from None
+
+
+# --------------------------------------------------------------------------------------------- running
+
+
+def run_job(
+    job: FitJob,
+    progress: ProgressCallback | None = None,
+    checkpoint_path: str | None = None,
+    checkpoint_blocks: int | None = None,
+    checkpoint_seconds: float | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> FitJob:
+    """Fold every remaining block of ``job`` into its state; returns the finished job.
+
+    With ``checkpoint_path``, a checkpoint is written every ``checkpoint_blocks`` blocks or
+    ``checkpoint_seconds`` seconds, whichever comes first. When ``should_stop()`` turns true (a signal),
+    a final checkpoint is written and :class:`InterruptedRunError` raised.
+    """
+    began = time.perf_counter()
+    last_checkpoint = began
+    blocks_since = 0
+    total = job.rows_total
+
+    def checkpoint_due() -> bool:
+        if checkpoint_path is None:
+            return False
+        if checkpoint_blocks and blocks_since >= checkpoint_blocks:
+            return True
+        return bool(checkpoint_seconds) and time.perf_counter() - last_checkpoint >= checkpoint_seconds
+
+    for cursor in job.cursors:
+        if cursor.done:
+            continue
+        with open_source(cursor.spec) as source:
+            for begin, rows in prefetch(read_blocks(source, job.block_rows, cursor.next_row, cursor.stop)):
+                end = begin + rows.shape[0]
+                if job.skip_nonfinite:
+                    rows, dropped = stats.drop_nonfinite(rows)
+                    cursor.n_skipped += dropped
+                try:
+                    job.state = stats.update(job.state, rows, job.precision, overwrite_input=True)
+                except NonFiniteError as exc:
+                    raise NonFiniteError(
+                        f"{source.label}: row {begin + exc.row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
+                        row=begin + exc.row,
+                    ) from None
+                cursor.next_row = end
+                job.n_blocks += 1
+                blocks_since += 1
+                if progress is not None:
+                    progress(job.rows_done, total)
+                stopping = should_stop is not None and should_stop()
+                if checkpoint_path is not None and (stopping or checkpoint_due()):
+                    save_checkpoint(job, checkpoint_path)
+                    last_checkpoint, blocks_since = time.perf_counter(), 0
+                if stopping:
+                    where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
+                    raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
+    job.seconds += time.perf_counter() - began
+    if job.state.n_rows < 2:
+        raise BadInputError(
+            f"only {job.state.n_rows} finite row(s) in {', '.join(c.spec for c in job.cursors)}; at least 2 are needed"
+        )
+    return job
 
 
 def fit_sources(
@@ -150,33 +387,11 @@ def fit_sources(
     block_rows: int | None = None,
     progress: ProgressCallback | None = None,
 ) -> FitResult:
-    """One pass over every source, in order; returns the merged statistics."""
-    stats.working_dtype(np.float32, precision)  # validate before any reading
-    sources = open_sources(specs, dataset)
-    try:
-        total = sum(source.n_rows for source in sources)
-        state = stats.Moments.empty(sources[0].n_features)
-        n_skipped, n_blocks, done = 0, 0, 0
-        began = time.perf_counter()
-        fingerprints = []
-        for source in sources:
-            fingerprints.append(fingerprint(source))
-            offset = done
+    """One uninterrupted pass over every source, in order; returns the merged statistics."""
+    job = run_job(plan_fit(specs, dataset, precision, skip_nonfinite, block_rows), progress)
+    return FitResult(job.state, job.n_skipped, job.sources, job.n_blocks, job.seconds, job.rows_done)
 
-            def on_block(_state, block_stop, _skipped, offset=offset):
-                nonlocal n_blocks
-                n_blocks += 1
-                if progress is not None:
-                    progress(offset + block_stop, total)
 
-            state, skipped = accumulate_source(state, source, precision, skip_nonfinite, block_rows, on_block=on_block)
-            n_skipped += skipped
-            done += source.n_rows
-        if state.n_rows < 2:
-            raise BadInputError(
-                f"only {state.n_rows} finite row(s) in {', '.join(s.label for s in sources)}; at least 2 are needed"
-            )
-        return FitResult(state, n_skipped, fingerprints, n_blocks, time.perf_counter() - began)
-    finally:
-        for source in sources:
-            source.close()
+def remove_checkpoint(path: str | None) -> None:
+    if path and os.path.exists(path):
+        os.remove(path)

@@ -9,16 +9,15 @@ version and a SHA-256 of its contents, so a changed or truncated file is refused
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
-import zipfile
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import __version__
+from ._npz import checksum, read_npz, write_npz_atomic
 from .errors import BadInputError, ModelFileError, StreamwhitenError
 from .stats import Moments, covariance
 
@@ -258,34 +257,8 @@ def _arrays(model: WhiteningModel) -> dict:
     }
 
 
-def _checksum(arrays: dict) -> str:
-    digest = hashlib.sha256()
-    for key in sorted(arrays):
-        value = np.ascontiguousarray(arrays[key])
-        digest.update(key.encode())
-        digest.update(str(value.dtype).encode() + str(value.shape).encode())
-        digest.update(value.tobytes())
-    return digest.hexdigest()
-
-
 def model_checksum(model: WhiteningModel) -> str:
-    return _checksum(_arrays(model))
-
-
-def write_npz_atomic(path: str, arrays: dict) -> None:
-    """Write ``arrays`` to ``path`` via a temporary file, fsync and rename: never a half-written file."""
-    path = os.fspath(path)
-    temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "wb") as handle:
-            np.savez(handle, **arrays)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
+    return checksum(_arrays(model))
 
 
 def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
@@ -294,26 +267,7 @@ def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
 
     if not overwrite and os.path.exists(path):
         raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
-    arrays = _arrays(model)
-    checksum = _checksum(arrays)
-    arrays["checksum"] = np.array(checksum)
-    write_npz_atomic(path, arrays)
-    return checksum
-
-
-def read_npz(path: str, what: str = "model file") -> dict:
-    """All arrays of an ``.npz`` written by us, or :class:`ModelFileError` if it cannot be read whole."""
-    if not os.path.exists(path):
-        raise ModelFileError(f"{path}: {what} not found")
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {key: data[key] for key in data.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
-        raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
-    checksum = arrays.pop("checksum", None)
-    if checksum is None or str(checksum) != _checksum(arrays):
-        raise ModelFileError(f"{path}: {what} failed its checksum: it was changed or damaged after it was written")
-    return arrays
+    return write_npz_atomic(path, _arrays(model))
 
 
 def load_model(path: str) -> WhiteningModel:

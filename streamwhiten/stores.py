@@ -13,6 +13,7 @@ never leaves something that looks finished, and nothing that existed is touched 
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -23,7 +24,7 @@ import h5py
 import numpy as np
 import zarr
 
-from .errors import BadInputError, OutputExistsError, StoreIOError
+from .errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 ZARR_SUFFIX = ".zarr"
@@ -49,6 +50,21 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
     if inner is not None:
         inner = inner.strip("/") or None
     return path, inner
+
+
+def expand_specs(specs) -> list[str]:
+    """Expand glob patterns (``'shards/day-*.h5:/emb'``) that name no file literally, sorted for a stable order."""
+    expanded: list[str] = []
+    for spec in specs:
+        path, inner = split_spec(spec)
+        if any(ch in path for ch in "*?[") and not os.path.exists(path):
+            matches = sorted(glob.glob(path))
+            if not matches:
+                raise BadInputError(f"{path}: the pattern matches no file")
+            expanded.extend(match + (f":/{inner}" if inner else "") for match in matches)
+        else:
+            expanded.append(spec)
+    return expanded
 
 
 def _store_kind(path: str) -> str:
@@ -304,6 +320,26 @@ class Sink:
     def label(self) -> str:
         return f"{self.path}:/{self.dataset}" if self.dataset else self.path
 
+    @property
+    def progress_path(self) -> str:
+        """Sidecar JSON beside the partial output: how many rows are safely written, and for which job."""
+        return self.partial + ".progress.json"
+
+    def save_progress(self, job: dict, rows_done: int, n_nonfinite: int = 0) -> None:
+        """Make rows ``[0, rows_done)`` durable, then record that atomically (for a later resume)."""
+        try:
+            if self._file is not None:
+                self._file.flush()
+                os.fsync(self._file.id.get_vfd_handle())
+            temp = self.progress_path + ".tmp"
+            with open(temp, "w") as handle:
+                json.dump(dict(job, rows_done=int(rows_done), n_nonfinite=int(n_nonfinite)), handle, sort_keys=True)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temp, self.progress_path)
+        except OSError as exc:
+            raise StoreIOError(f"{self.path}: cannot record progress: {exc}") from exc
+
     def write(self, start: int, block: np.ndarray) -> None:
         try:
             self._array[start : start + block.shape[0]] = block
@@ -338,6 +374,7 @@ class Sink:
             else:
                 os.rename(self.partial, final)
             _fsync_dir(os.path.dirname(final))
+            _remove(self.progress_path)
         except OSError as exc:
             raise StoreIOError(f"{self.path}: cannot finish writing: {exc}") from exc
 
@@ -348,12 +385,21 @@ class Sink:
         except Exception:
             pass
         _remove(self.partial)
+        _remove(self.progress_path)
+
+    def suspend(self) -> None:
+        """Close, keeping the partial output and its progress record for a later resume."""
+        self._close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
+        if exc_type is None:
+            return
+        if issubclass(exc_type, (KeyboardInterrupt, InterruptedRunError)):
+            self.suspend()
+        else:
             self.abort()
 
 
@@ -402,6 +448,43 @@ def create_sink(
     except OSError as exc:
         _remove(partial)
         raise StoreIOError(f"{path}: cannot create output: {exc}") from exc
+
+
+def resume_sink(spec: str, job: dict) -> tuple[Sink | None, int, int]:
+    """Reopen the partial output of an interrupted run of the same ``job``; ``(sink, rows_done, n_nonfinite)``.
+
+    Returns ``(None, 0, 0)`` when there is nothing to resume, or when the partial output belongs to another
+    job or cannot be opened (then it is removed, so the caller starts over).
+    """
+    path, dataset = split_spec(spec)
+    partial = partial_path(path)
+    progress = partial + ".progress.json"
+    try:
+        with open(progress) as handle:
+            recorded = json.load(handle)
+    except (OSError, ValueError):
+        recorded = None
+    counts = [int(recorded.pop(key, 0)) for key in ("rows_done", "n_nonfinite")] if isinstance(recorded, dict) else [0, 0]
+    if recorded != job or not os.path.exists(partial):
+        _remove(partial)
+        _remove(progress)
+        return None, 0, 0
+    kind = output_kind(path)
+    try:
+        if kind == "hdf5":
+            handle = h5py.File(partial, "r+")
+            array = handle[dataset or "embeddings"]
+        else:
+            handle = None
+            array = zarr.open_array(store=partial, path=dataset or "", mode="r+")
+        shape = tuple(int(n) for n in array.shape)
+        sink = Sink(path, dataset or ("embeddings" if kind == "hdf5" else None), kind, partial, shape,
+                    np.dtype(array.dtype), int(array.chunks[0]), array, handle)
+    except (OSError, KeyError, ValueError, zarr.errors.BaseZarrError):
+        _remove(partial)
+        _remove(progress)
+        return None, 0, 0
+    return sink, counts[0], counts[1]
 
 
 def _hdf5_attr(value):

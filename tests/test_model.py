@@ -177,14 +177,14 @@ def test_damaged_model_files_are_refused(tmp_path):
 
 
 def test_incompatible_version_is_refused(tmp_path):
-    from streamwhiten import model as model_module
+    from streamwhiten._npz import checksum
 
     path = str(tmp_path / "m.npz")
     save_model(finalize(state_of(anisotropic(100, 4))), path)
     with np.load(path, allow_pickle=False) as data:
         arrays = {key: data[key] for key in data.files if key != "checksum"}
     arrays["format_version"] = np.array(99, dtype=np.int64)
-    arrays["checksum"] = np.array(model_module._checksum(arrays))
+    arrays["checksum"] = np.array(checksum(arrays))
     with open(path, "wb") as handle:
         np.savez(handle, **arrays)
     with pytest.raises(ModelFileError, match="version 99"):

@@ -1,0 +1,64 @@
+"""Checksummed ``.npz`` files written atomically: the container of model files and checkpoints.
+
+Plain arrays only (``allow_pickle=False``), a SHA-256 over every array's name, dtype, shape and bytes
+stored beside them, and write-to-temp + fsync + rename, so a reader sees the old file or the whole new
+one, and a truncated or altered file is detected instead of used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import zipfile
+
+import numpy as np
+
+from .errors import ModelFileError
+
+
+def checksum(arrays: dict) -> str:
+    """SHA-256 over the arrays in name order (names, dtypes, shapes and bytes)."""
+    digest = hashlib.sha256()
+    for key in sorted(arrays):
+        value = np.ascontiguousarray(arrays[key])
+        digest.update(key.encode())
+        digest.update(str(value.dtype).encode() + str(value.shape).encode())
+        digest.update(value.tobytes())
+    return digest.hexdigest()
+
+
+def write_npz_atomic(path: str, arrays: dict) -> str:
+    """Write ``arrays`` plus their checksum to ``path`` via temp file, fsync and rename; returns the checksum.
+
+    On any failure (disk full included) the temporary file is removed and ``path`` keeps its old content.
+    """
+    path = os.fspath(path)
+    digest = checksum(arrays)
+    temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(temp, "wb") as handle:
+            np.savez(handle, **arrays, checksum=np.array(digest))
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise
+    return digest
+
+
+def read_npz(path: str, what: str = "model file") -> dict:
+    """All arrays of a file written by :func:`write_npz_atomic`, or :class:`ModelFileError`."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise ModelFileError(f"{path}: {what} not found")
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {key: data[key] for key in data.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
+        raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
+    stored = arrays.pop("checksum", None)
+    if stored is None or str(stored) != checksum(arrays):
+        raise ModelFileError(f"{path}: {what} failed its checksum: it was changed or damaged after it was written")
+    return arrays
