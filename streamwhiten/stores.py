@@ -27,6 +27,8 @@ import zarr
 from .errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+# HDF5 outputs are opened without a chunk cache (rdcc_nbytes=0): every write is whole chunks, and
+# with no dirty chunks held in memory a file whose write failed (disk full) can still be closed.
 ZARR_SUFFIX = ".zarr"
 #: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
 #: full speed, small enough that a couple of blocks in flight stay well inside memory.
@@ -427,11 +429,14 @@ def create_sink(
     chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
     partial = partial_path(path)
     _remove(partial)
+    needed, free = n_rows * n_features * dtype.itemsize, shutil.disk_usage(parent).free
+    if needed > free:
+        raise StoreIOError(f"{path}: the output needs about {needed / 1e6:,.1f} MB but only {free / 1e6:,.1f} MB are free in {parent}")
     attrs = dict(attrs or {}, complete=False)
     try:
         if kind == "hdf5":
             dataset = dataset or "embeddings"
-            handle = h5py.File(partial, "w")
+            handle = h5py.File(partial, "w", rdcc_nbytes=0)
             array = handle.create_dataset(dataset, shape=(n_rows, n_features), dtype=dtype, chunks=(chunk_rows, n_features))
             array.attrs.update({key: _hdf5_attr(value) for key, value in attrs.items()})
             return Sink(path, dataset, kind, partial, (n_rows, n_features), dtype, chunk_rows, array, handle)
@@ -472,7 +477,7 @@ def resume_sink(spec: str, job: dict) -> tuple[Sink | None, int, int]:
     kind = output_kind(path)
     try:
         if kind == "hdf5":
-            handle = h5py.File(partial, "r+")
+            handle = h5py.File(partial, "r+", rdcc_nbytes=0)
             array = handle[dataset or "embeddings"]
         else:
             handle = None

@@ -1,0 +1,336 @@
+"""Resumable fits and applies: real SIGKILLs, damaged checkpoints, changed and appended sources,
+locks, and a full disk."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pytest
+
+from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, EXIT_LOCKED, EXIT_NOTHING_TO_DO, StoreIOError
+from streamwhiten.fit import load_checkpoint, plan_fit, run_job, save_checkpoint
+from streamwhiten.jobs import default_checkpoint
+from streamwhiten.model import load_model
+from streamwhiten.stores import open_source, partial_path
+from streamwhiten.synthetic import write_store
+
+from conftest import REPO, run_subprocess, write_h5
+
+N_ROWS, N_FEATURES, BLOCK = 60_000, 48, 300
+
+
+def spawn(*args):
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.Popen([sys.executable, "-m", "streamwhiten", *map(str, args)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def statistics(path):
+    with np.load(path, allow_pickle=False) as data:
+        return {key: data[key].tobytes() for key in ("n_rows", "mean", "scatter", "eigvals", "eigvecs", "sources_json")}
+
+
+def rows_done_of_checkpoint(path):
+    try:
+        return load_checkpoint(path).rows_done
+    except Exception:
+        return -1
+
+
+def rows_done_of_partial(output):
+    import json
+
+    try:
+        with open(partial_path(output) + ".progress.json") as handle:
+            return json.load(handle)["rows_done"]
+    except Exception:
+        return -1
+
+
+def kill_when(process, progress, target, timeout=60.0):
+    """SIGKILL ``process`` once ``progress()`` reaches ``target`` (or it exits by itself); True if killed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        if progress() >= target:
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            return True
+        time.sleep(0.002)
+    process.kill()
+    raise AssertionError("the process made no progress")
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("resume")
+    return write_store(str(directory / "big.h5"), N_ROWS, N_FEATURES, seed=5, chunk_rows=BLOCK)
+
+
+def test_fit_killed_anywhere_resumes_to_identical_statistics(tmp_path, store):
+    fit_args = ["--chunk-rows", BLOCK, "--checkpoint-every", 1, "-q"]
+    reference = tmp_path / "reference.npz"
+    assert run_subprocess("fit", store, "-o", reference, *fit_args).returncode == 0
+    expected = statistics(reference)
+    rng = np.random.default_rng(2026)
+    killed_mid_run = 0
+    for target in sorted(rng.integers(BLOCK, N_ROWS - BLOCK, size=5)):
+        model = tmp_path / f"model-{target}.npz"
+        checkpoint = default_checkpoint(str(model))
+        process = spawn("fit", store, "-o", model, *fit_args)
+        if kill_when(process, lambda: rows_done_of_checkpoint(checkpoint), target):
+            killed_mid_run += 1
+            assert not model.exists() and os.path.exists(checkpoint)
+        resumed = run_subprocess("fit", store, "-o", model, *fit_args)
+        assert resumed.returncode == 0, resumed.stderr
+        assert statistics(model) == expected, f"resumed after a kill at row {target} differs"
+        assert not os.path.exists(checkpoint)
+    assert killed_mid_run >= 3
+
+
+def test_apply_killed_anywhere_resumes_to_identical_output(tmp_path, store):
+    model = tmp_path / "m.npz"
+    assert run_subprocess("fit", store, "-o", model, "-k", 16, "-q").returncode == 0
+    apply_args = ["--chunk-rows", BLOCK, "--normalize", "-q"]
+    for name in ("reference.zarr", "reference.h5"):
+        assert run_subprocess("apply", model, store, "-o", tmp_path / name, *apply_args).returncode == 0
+    rng = np.random.default_rng(7)
+    killed_mid_run = 0
+    for i, target in enumerate(sorted(rng.integers(BLOCK, N_ROWS - BLOCK, size=5))):
+        suffix = ".zarr" if i % 2 == 0 else ".h5"
+        output = str(tmp_path / f"out-{target}{suffix}")
+        process = spawn("apply", model, store, "-o", output, *apply_args)
+        if kill_when(process, lambda: rows_done_of_partial(output), target):
+            killed_mid_run += 1
+            assert not os.path.exists(output)  # nothing that looks finished
+        resumed = run_subprocess("apply", model, store, "-o", output, *apply_args)
+        assert resumed.returncode == 0, resumed.stderr
+        with open_source(output) as got, open_source(str(tmp_path / f"reference{suffix}")) as want:
+            np.testing.assert_array_equal(got.read(0, N_ROWS), want.read(0, N_ROWS))
+        assert not os.path.exists(partial_path(output))
+    assert killed_mid_run >= 3
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signals_write_a_final_checkpoint(tmp_path, store, signum):
+    model = tmp_path / "m.npz"
+    checkpoint = default_checkpoint(str(model))
+    process = spawn("fit", store, "-o", model, "--chunk-rows", BLOCK, "--checkpoint-every", 20)
+    deadline = time.monotonic() + 60
+    while rows_done_of_checkpoint(checkpoint) <= 0:  # the handlers are installed before the first block
+        assert process.poll() is None and time.monotonic() < deadline, "the fit never started"
+        time.sleep(0.002)
+    process.send_signal(signum)
+    _, err = process.communicate(timeout=60)
+    if process.returncode == 0:
+        pytest.skip("the fit finished before the signal arrived")
+    assert process.returncode == EXIT_INTERRUPTED, err
+    assert "saving progress" in err and "progress saved to" in err
+    saved = load_checkpoint(checkpoint).rows_done
+    assert 0 < saved < N_ROWS and saved % BLOCK == 0
+    assert run_subprocess("fit", store, "-o", model, "--chunk-rows", BLOCK).returncode == 0
+    assert load_model(str(model)).n_rows == N_ROWS
+
+
+def test_damaged_checkpoints_are_refused(tmp_path, store):
+    model = str(tmp_path / "m.npz")
+    checkpoint = default_checkpoint(model)
+    job = plan_fit(store, block_rows=BLOCK)
+    job.cursors[0].stop = 3 * BLOCK  # run three blocks only, then checkpoint
+    run_job(job)
+    job.cursors[0].stop = N_ROWS
+    save_checkpoint(job, checkpoint)
+    raw = open(checkpoint, "rb").read()
+    for damaged in (raw[: len(raw) - 100], raw[:2000] + bytes([raw[2000] ^ 0x01]) + raw[2001:]):
+        open(checkpoint, "wb").write(damaged)
+        result = run_subprocess("fit", store, "-o", model)
+        assert result.returncode == EXIT_BAD_INPUT
+        assert "checkpoint" in result.stderr and "--restart" in result.stderr
+        assert not os.path.exists(model)
+        assert open(checkpoint, "rb").read() == damaged  # never silently replaced or used
+    fresh = run_subprocess("fit", store, "-o", model, "--restart")
+    assert fresh.returncode == 0, fresh.stderr
+    assert not os.path.exists(checkpoint) and load_model(model).n_rows == N_ROWS
+
+
+def test_resume_against_a_modified_source_is_refused(tmp_path):
+    rows = np.random.default_rng(1).standard_normal((3000, 6)).astype(np.float32)
+    spec = write_h5(tmp_path / "s.h5", rows, chunk_rows=100)
+    model = str(tmp_path / "m.npz")
+    job = plan_fit(spec, block_rows=100)
+    job.cursors[0].stop = 1000
+    run_job(job)
+    job.cursors[0].stop = 3000
+    save_checkpoint(job, default_checkpoint(model))
+    rows[500] += 1.0  # an already-read row changes (in a sampled position: the middle of the prefix)
+    rows[0] += 1.0
+    write_h5(tmp_path / "s.h5", rows, chunk_rows=100)
+    result = run_subprocess("fit", spec, "-o", model)
+    assert result.returncode == EXIT_BAD_INPUT
+    assert "s.h5:/emb" in result.stderr and "refusing to resume" in result.stderr
+
+
+def test_update_with_appended_rows_equals_full_refit(tmp_path, run_cli):
+    rng = np.random.default_rng(3)
+    rows = 5.0 + rng.standard_normal((5000, 8)) @ rng.standard_normal((8, 8))
+    first = write_h5(tmp_path / "grow.h5", rows[:3000], chunk_rows=128)
+    other = write_h5(tmp_path / "other.h5", rows[:700] * 0.5, chunk_rows=128)
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", first, other, "-o", model, "-k", 4, "-q")[0] == 0
+    # the store grows (same earlier rows), and a brand-new shard appears
+    write_h5(tmp_path / "grow.h5", rows, chunk_rows=128)
+    new = write_h5(tmp_path / "new.h5", rows[:400] - 1.0, chunk_rows=128)
+    code, out, err = run_cli("fit", first, other, new, "--update", model, "--json", "-q")
+    assert code == 0, err
+    assert '"rows_read": 2400' in out  # 2000 appended + 400 new; nothing re-read
+    full = tmp_path / "full.npz"
+    assert run_cli("fit", first, other, new, "-o", full, "-k", 4, "-q")[0] == 0
+    updated, refit = load_model(str(model)), load_model(str(full))
+    assert updated.n_rows == refit.n_rows == 5000 + 700 + 400 and updated.n_components == 4
+    rel = np.linalg.norm(updated.state.scatter - refit.state.scatter) / np.linalg.norm(refit.state.scatter)
+    assert rel <= 1e-12
+    np.testing.assert_allclose(updated.state.mean, refit.state.mean, rtol=1e-12)
+    # nothing new: a distinct exit code, the model untouched
+    before = open(model, "rb").read()
+    code, _, err = run_cli("fit", first, other, new, "--update", model)
+    assert code == EXIT_NOTHING_TO_DO and "nothing to do" in err
+    assert open(model, "rb").read() == before
+    # an edited (not appended) source is refused
+    edited = rows.copy()
+    edited[0] += 1
+    write_h5(tmp_path / "grow.h5", edited, chunk_rows=128)
+    code, _, err = run_cli("fit", first, "--update", model)
+    assert code == EXIT_BAD_INPUT and "grow.h5:/emb" in err and "differ from the recorded" in err
+
+
+def write_job(directory, store, apply=True):
+    job = directory / "job.toml"
+    text = f'name = "nightly"\n[input]\npaths = ["{store}"]\n[model]\npath = "model.npz"\nn_components = 8\n'
+    if apply:
+        text += '[apply]\noutput = "out-{stem}.zarr"\nnormalize = true\n'
+    job.write_text(text)
+    return job
+
+
+def test_run_job_steps_and_exit_codes(tmp_path, store):
+    job = write_job(tmp_path, store)
+    first = run_subprocess("run", job)
+    assert first.returncode == 0, first.stderr
+    assert (tmp_path / "model.npz").exists() and (tmp_path / "out-big.zarr").exists()
+    assert "T" in first.stderr.splitlines()[0][:20]  # timestamped log lines
+    again = run_subprocess("run", job)
+    assert again.returncode == EXIT_NOTHING_TO_DO, again.stderr
+    (tmp_path / "job.toml").write_text(job.read_text().replace("n_components = 8", "n_components = 6"))
+    refinalized = run_subprocess("run", job, "--json")
+    assert refinalized.returncode == 0 and '"finalize"' in refinalized.stdout
+    with open_source(str(tmp_path / "out-big.zarr")) as out:
+        assert out.n_features == 6
+    (tmp_path / "job.toml").write_text("[input]\npaths = []\n")
+    bad = run_subprocess("run", job)
+    assert bad.returncode == EXIT_BAD_INPUT and "job.toml" in bad.stderr
+
+
+def test_two_concurrent_runs_one_waits_out(tmp_path, store):
+    job = write_job(tmp_path, store)
+    first = spawn("run", job)
+    lock = tmp_path / ".nightly.lock"
+    deadline = time.monotonic() + 30
+    while not (lock.exists() and lock.read_text().strip() == str(first.pid)):
+        assert time.monotonic() < deadline and first.poll() is None, "the first run never took the lock"
+        time.sleep(0.005)
+    os.kill(first.pid, signal.SIGSTOP)  # hold the first run inside its locked section
+    try:
+        second = run_subprocess("run", job)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    _, first_err = first.communicate(timeout=120)
+    assert second.returncode == EXIT_LOCKED
+    assert "another run of this job is in progress" in second.stderr and str(first.pid) in second.stderr
+    assert first.returncode == 0, first_err
+
+
+@contextmanager
+def tiny_filesystem(path, size_kb):
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root); the patched-writer test covers this case")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def test_full_disk_during_checkpoint_keeps_the_previous_one(tmp_path, store):
+    with tiny_filesystem(tmp_path / "small", 128) as small:
+        model = small / "m.npz"
+        checkpoint = default_checkpoint(str(model))
+        # room for one checkpoint (~19 KiB), not for a second one written beside it before the rename
+        (small / "filler").write_bytes(b"\0" * (128 - 40) * 1024)
+        result = run_subprocess("fit", store, "-o", model, "--chunk-rows", BLOCK, "--checkpoint-every", 1)
+        assert result.returncode == EXIT_IO, result.stderr
+        assert "cannot write checkpoint" in result.stderr and "previous checkpoint is kept" in result.stderr
+        assert 0 < load_checkpoint(checkpoint).rows_done < N_ROWS  # still valid, still usable
+        assert not model.exists()
+        assert sorted(os.listdir(small)) == sorted(["filler", os.path.basename(checkpoint)])
+
+
+def test_full_disk_during_output_leaves_old_output_and_no_partial(tmp_path, store):
+    with tiny_filesystem(tmp_path / "small", 1024) as small:
+        model = tmp_path / "m.npz"
+        assert run_subprocess("fit", store, "-o", model, "-k", 2).returncode == 0
+        output = small / "out.h5"
+        small_input = write_h5(tmp_path / "small-in.h5", np.ones((10, N_FEATURES), np.float32))
+        assert run_subprocess("apply", model, small_input, "-o", output).returncode == 0
+        before = output.read_bytes()
+        result = run_subprocess("apply", model, store, "-o", output, "--overwrite", "-k", 40)
+        assert result.returncode == EXIT_IO, result.stderr
+        assert output.read_bytes() == before
+        assert os.listdir(small) == ["out.h5"]
+
+
+def test_output_write_failure_midway_removes_the_partial_output(tmp_path, store, monkeypatch, run_cli):
+    from streamwhiten import stores
+
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", store, "-o", model, "-k", 4, "-q")[0] == 0
+    real = stores.Sink.write
+    calls = {"n": 0}
+
+    def failing(self, start, block):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise stores.StoreIOError(f"{self.label}: cannot write rows {start}..: [Errno 28] No space left on device")
+        return real(self, start, block)
+
+    monkeypatch.setattr(stores.Sink, "write", failing)
+    for name in ("out.h5", "out.zarr"):
+        calls["n"] = 0
+        code, _, err = run_cli("apply", model, store, "-o", tmp_path / name, "--chunk-rows", BLOCK)
+        assert code == EXIT_IO and "No space left on device" in err
+        assert not os.path.exists(tmp_path / name) and not os.path.exists(partial_path(str(tmp_path / name)))
+
+
+def test_checkpoint_write_failure_is_reported_and_old_checkpoint_kept(tmp_path, store, monkeypatch):
+    from streamwhiten import _npz
+
+    checkpoint = str(tmp_path / "c.ckpt")
+    calls = {"n": 0}
+    real = _npz.np.savez
+
+    def failing(handle, **arrays):
+        calls["n"] += 1
+        if calls["n"] >= 3:
+            raise OSError(28, "No space left on device")
+        return real(handle, **arrays)
+
+    monkeypatch.setattr(_npz.np, "savez", failing)
+    with pytest.raises(StoreIOError, match="previous checkpoint is kept"):
+        run_job(plan_fit(store, block_rows=BLOCK), checkpoint_path=checkpoint, checkpoint_blocks=1)
+    assert load_checkpoint(checkpoint).rows_done == 2 * BLOCK
+    assert os.listdir(tmp_path) == ["c.ckpt"]
