@@ -267,6 +267,87 @@ def _run_demo(run_demo, directory, rows, dim, k, chunk_rows, seed, quiet):
         return run_demo(directory, rows, dim, k, chunk_rows, seed, progress)
 
 
+# ---- evaluation and tuning (issue 5)
+
+
+def _pair_options(required: bool, prefix: str = "pairs", scores: str = "scores", what: str = "labelled pairs"):
+    """``--<prefix>-a/--<prefix>-b/--<scores>``: two aligned vector stores and their gold scores."""
+    names = (f"{prefix}_a", f"{prefix}_b", scores.replace("-", "_"))
+
+    def decorate(func):
+        for flag, name, text in reversed([
+            (f"--{prefix}-a", names[0], f"Vectors A of the {what} (file.h5:/dataset, dir.zarr, file.npy)."),
+            (f"--{prefix}-b", names[1], f"Vectors B of the {what}, row-aligned with A."),
+            (f"--{scores}", names[2], f"Gold score of each of the {what} (a 1-D dataset or .npy)."),
+        ]):
+            func = click.option(flag, name, required=required, default=None, metavar="SPEC", help=text)(func)
+        return func
+
+    return decorate
+
+
+def _open_pairs_given(a, b, scores, flags: str):
+    """Open a pair set when all three specs are given; ``None`` when none is; an error when only some are."""
+    from .evaluate import open_pairs
+
+    given = [spec is not None for spec in (a, b, scores)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise BadInputError(f"give all three of {flags}, or none")
+    return open_pairs(a, b, scores)
+
+
+def _fmt_scores(scores: dict) -> str:
+    return f"Spearman x100 {scores['spearman']:6.2f}   Pearson x100 {scores['pearson']:6.2f}"
+
+
+def _fmt_setting(row: dict) -> str:
+    text = f"beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']}"
+    if row.get("variance") is not None:
+        text += f" ({row['variance']:.0%} variance)"
+    return text
+
+
+@cli.command(name="eval")
+@click.argument("model_path", required=False)
+@_pair_options(required=True)
+@model_options
+@click.option("--chunk-rows", type=int, default=None, help="Pairs per block read (default: about 16 MiB of vectors).")
+@common_quiet
+@common_json
+def eval_(model_path, pairs_a, pairs_b, scores, beta, gamma, n_components, variance, eps, chunk_rows, quiet, as_json):
+    """Score cosine similarity of labelled pairs: Spearman and Pearson (x100), raw and whitened by MODEL_PATH.
+
+    Without MODEL_PATH only the raw vectors are scored. The model options override the model's own
+    setting for this evaluation (the model file is not changed).
+    """
+    from .evaluate import evaluate_pairs, open_pairs
+    from .model import load_model
+
+    params = _model_params(beta, gamma, n_components, variance, eps)
+    if params and model_path is None:
+        raise BadInputError(f"--{next(iter(params)).replace('_', '-')} and the other model options need a MODEL")
+    model = load_model(model_path) if model_path else None
+    if model is not None and params:
+        model = model.with_params(**params)
+    with open_pairs(pairs_a, pairs_b, scores) as pairs:
+        with progress_bar("eval", quiet) as progress:
+            result = evaluate_pairs(pairs, model, chunk_rows, progress)
+    summary = dict(result, model=model_path)
+    described = result["pairs"]
+    lines = [
+        f"pairs     {described['n_pairs']:,} pairs of {described['n_features']}-d vectors "
+        f"(A {described['a']}, B {described['b']}, scores {described['scores']})",
+        f"raw       {_fmt_scores(result['raw'])}",
+    ]
+    if result["whitened"] is not None:
+        white = result["whitened"]
+        delta = white["spearman"] - result["raw"]["spearman"]
+        lines.append(f"whitened  {_fmt_scores(white)}   {_fmt_setting(white)}  (Spearman {delta:+.2f} vs raw)")
+    _emit(as_json, summary, lines)
+
+
 # ------------------------------------------------------------------------------------------ entry point
 
 
