@@ -348,6 +348,130 @@ def eval_(model_path, pairs_a, pairs_b, scores, beta, gamma, n_components, varia
     _emit(as_json, summary, lines)
 
 
+def _number_list(text, name: str, cast=float, n_features: int | None = None):
+    """``None`` for an option not given; else the comma-separated numbers (``d`` = the data width for k)."""
+    if text is None:
+        return None
+    values = []
+    for item in text.replace(" ", ",").split(","):
+        if not item:
+            continue
+        if cast is int and item == "d" and n_features is not None:
+            values.append(n_features)
+            continue
+        try:
+            values.append(cast(item))
+        except ValueError:
+            raise BadInputError(f"--{name}: {item!r} is not {'an integer' if cast is int else 'a number'}") from None
+    return values
+
+
+def _tune_table_lines(result) -> list[str]:
+    """The grid as one line per (beta, gamma) with one column per k choice; the best cell starred."""
+    table, best, metric = result["table"], result["best"], result["metric"]
+    labels = list(dict.fromkeys(row["k_label"] for row in table))
+    fractions = [label for label in labels if label.endswith("%")]
+    width = 7
+    head = " beta gamma |" + "".join(f"{label:>{width + 1}}" for label in labels)
+    lines = [f"{metric.capitalize()} x100 by setting (columns: k; a percentage is the fewest components "
+             f"explaining that much variance):", head, "-" * len(head)]
+    rows: dict = {}
+    for row in table:
+        rows.setdefault((row["beta"], row["gamma"]), {})[row["k_label"]] = row
+    for (beta, gamma), cells in rows.items():
+        text = f"{beta:5g} {gamma:5g} |"
+        for label in labels:
+            row = cells.get(label)
+            mark = "*" if row is best else " "
+            text += f"{row[metric]:{width}.2f}{mark}" if row is not None else " " * (width + 1)
+        if fractions:
+            text += "   k=" + "/".join(str(cells[label]["k"]) for label in fractions if label in cells)
+        lines.append(text)
+    return lines
+
+
+@cli.command()
+@click.argument("model_path")
+@_pair_options(required=True, what="validation pairs")
+@_pair_options(required=False, prefix="test", scores="test-scores", what="test pairs (scored once, after the choice)")
+@click.option("--betas", default=None, metavar="LIST", help="Betas to try, comma-separated [default: 0,0.25,0.5,0.75,1].")
+@click.option("--gammas", default=None, metavar="LIST", help="Gammas to try [default: 0,0.25,0.5,0.75,1].")
+@click.option("--ks", default=None, metavar="LIST",
+              help="Component counts k to try; 'd' is the full width [default: d and the powers of two from 8 below it].")
+@click.option("--variances", default=None, metavar="LIST",
+              help="Explained-variance fractions to try as k [default: 0.9,0.95,0.99; '' for none].")
+@click.option("--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True)
+@click.option("--tolerance", type=float, default=0.0, show_default=True,
+              help="Prefer the smallest k scoring within this many points (x100) of the best.")
+@click.option("--eps", type=float, default=None, help="Regulariser relative to the largest eigenvalue (default: the model's).")
+@click.option("-o", "--output", "output_path", default=None, help="Write the tuned model to this new file.")
+@click.option("--in-place", is_flag=True, help="Write the chosen setting into MODEL_PATH itself.")
+@click.option("--overwrite", is_flag=True, help="Let -o replace an existing file.")
+@click.option("--chunk-rows", type=int, default=None, help="Pairs per block read.")
+@common_quiet
+@common_json
+def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, betas, gammas, ks, variances, metric,
+         tolerance, eps, output_path, in_place, overwrite, chunk_rows, quiet, as_json):
+    """Choose beta, gamma and k for MODEL_PATH on labelled validation pairs, by grid search.
+
+    The model's saved statistics give Sigma_beta for every beta in closed form, so the fitting data is
+    not read again: each beta costs one eigendecomposition, shared by all its gammas and ks, and the
+    pairs are read once. Prints the whole table and the best setting; with -o or --in-place the chosen
+    setting is saved so that `apply` uses it. Give --test-a/--test-b/--test-scores to score the choice
+    on pairs it was not chosen on.
+    """
+    from .model import load_model, save_model
+    from .tune import tune as run_tune
+
+    if output_path and in_place:
+        raise BadInputError("give -o/--output or --in-place, not both")
+    if output_path and os.path.exists(output_path) and not overwrite:
+        raise OutputExistsError(f"{output_path}: already exists (pass --overwrite to replace it)")
+    model = load_model(model_path)
+    d = model.n_features
+    grid = dict(
+        betas=_number_list(betas, "betas"), gammas=_number_list(gammas, "gammas"),
+        ks=_number_list(ks, "ks", int, d), variances=_number_list(variances, "variances"),
+        metric=metric, tolerance=tolerance, eps=eps,
+    )
+    from .evaluate import open_pairs
+
+    with open_pairs(pairs_a, pairs_b, scores) as pairs:
+        test_pairs = _open_pairs_given(test_a, test_b, test_scores, "--test-a, --test-b and --test-scores")
+        try:
+            with progress_bar("tune", quiet) as progress:
+                chosen, summary = run_tune(model, pairs, test_pairs, chunk_rows, progress, **grid)
+        finally:
+            if test_pairs is not None:
+                test_pairs.close()
+    target = model_path if in_place else output_path
+    if target:
+        summary["checksum"] = save_model(chosen, target, overwrite=bool(in_place or overwrite))
+    summary["model"] = model_path
+    summary["written"] = target
+    best, raw = summary["best"], summary["raw"]
+    name = metric.capitalize()
+    lines = [
+        f"validation {summary['pairs']['n_pairs']:,} pairs of {d}-d vectors; {len(summary['table'])} settings "
+        f"from the saved statistics of {model.n_rows:,} rows (no pass over the fitting data)",
+        *_tune_table_lines(summary),
+        f"raw        {_fmt_scores(raw)}",
+        f"best       {_fmt_scores(best)}   {_fmt_setting(best)}  ({name} {best[metric] - raw[metric]:+.2f} vs raw)",
+    ]
+    if summary["test"] is not None:
+        test = summary["test"]
+        lines.append(
+            f"test       {test['pairs']['n_pairs']:,} pairs: raw {name} x100 {test['raw'][metric]:.2f}, "
+            f"chosen {test['chosen'][metric]:.2f} ({test['chosen'][metric] - test['raw'][metric]:+.2f})"
+        )
+    if target:
+        lines.append(f"wrote      {target} (beta={chosen.beta:g} gamma={chosen.gamma:g} k={chosen.n_components}); "
+                     f"`apply` now uses this setting")
+    else:
+        lines.append("model not changed (pass -o NEW or --in-place to save the chosen setting)")
+    _emit(as_json, summary, lines)
+
+
 # ------------------------------------------------------------------------------------------ entry point
 
 
