@@ -472,6 +472,56 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
     _emit(as_json, summary, lines)
 
 
+@cli.command()
+@click.argument("model_path")
+@_pair_options(required=False, what="labelled pairs (optional: adds the heat maps and k curves)")
+@click.option("-o", "--output", "output_path", required=True,
+              help="report.html (one page), report.png (one image) or a directory (one PNG per figure).")
+@click.option("--betas", default=None, metavar="LIST", help="Betas of the heat maps [default: 0,0.25,0.5,0.75,1].")
+@click.option("--gammas", default=None, metavar="LIST", help="Gammas of the heat maps [default: 0,0.25,0.5,0.75,1].")
+@click.option("--ks", default=None, metavar="LIST", help="k of each heat map; 'd' is the full width [default: d and powers of two].")
+@click.option("--variances", default=None, metavar="LIST", help="Explained-variance fractions as k [default: 0.9,0.95,0.99].")
+@click.option("--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True)
+@click.option("--title", default=None, help="Title of the HTML page.")
+@click.option("--overwrite", is_flag=True, help="Replace existing report files.")
+@click.option("--chunk-rows", type=int, default=None, help="Pairs per block read.")
+@common_quiet
+@common_json
+def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks, variances, metric, title, overwrite,
+           chunk_rows, quiet, as_json):
+    """Draw MODEL_PATH's eigenvalue spectrum and explained variance; with pairs, how the score depends on beta, gamma, k.
+
+    Needs matplotlib (pip install 'streamwhiten[report]'); renders without a display.
+    """
+    from .model import load_model
+    from .report import check_output, collect, write_report
+
+    with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))
+    check_output(output_path, with_pairs, overwrite)
+    model = load_model(model_path)
+    d = model.n_features
+    grid = dict(betas=_number_list(betas, "betas"), gammas=_number_list(gammas, "gammas"),
+                ks=_number_list(ks, "ks", int, d), variances=_number_list(variances, "variances"), metric=metric)
+    pairs = _open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
+    try:
+        with progress_bar("report", quiet) as progress:
+            data = collect(model, pairs, block_rows=chunk_rows, progress=progress, **grid)
+    finally:
+        if pairs is not None:
+            pairs.close()
+    written = write_report(data, output_path, overwrite, title)
+    summary = {"model": model_path, "files": written, "effective_dimension": model.effective_dimension,
+               "raw": None, "best": None}
+    lines = [f"D_eff      {model.effective_dimension:.1f} of d={d}"]
+    if data.grid is not None:
+        summary["raw"], summary["best"] = data.grid.raw, data.grid.best
+        best = data.grid.best
+        lines.append(f"raw        {_fmt_scores(data.grid.raw)}")
+        lines.append(f"best       {_fmt_scores(best)}   {_fmt_setting(best)}")
+    lines += [f"wrote      {path}" for path in written]
+    _emit(as_json, summary, lines)
+
+
 # ------------------------------------------------------------------------------------------ entry point
 
 
