@@ -393,7 +393,7 @@ def _tune_table_lines(result) -> list[str]:
 @cli.command()
 @click.argument("model_path")
 @_pair_options(required=True, what="validation pairs")
-@_pair_options(required=False, prefix="test", scores="test-scores", what="test pairs (scored once, after the choice)")
+@_pair_options(required=False, prefix="test", scores="test-scores", what="held-out test pairs")
 @click.option("--betas", default=None, metavar="LIST", help="Betas to try, comma-separated [default: 0,0.25,0.5,0.75,1].")
 @click.option("--gammas", default=None, metavar="LIST", help="Gammas to try [default: 0,0.25,0.5,0.75,1].")
 @click.option("--ks", default=None, metavar="LIST",
@@ -418,8 +418,9 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
     not read again: each beta costs one eigendecomposition, shared by all its gammas and ks, and the
     pairs are read once. Prints the whole table and the best setting; with -o or --in-place the chosen
     setting is saved so that `apply` uses it. Give --test-a/--test-b/--test-scores to score the choice
-    on pairs it was not chosen on.
+    once, after it is made, on pairs it was not chosen on (next to raw on the same pairs).
     """
+    from .evaluate import open_pairs
     from .model import load_model, save_model
     from .tune import tune as run_tune
 
@@ -434,8 +435,6 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
         ks=_number_list(ks, "ks", int, d), variances=_number_list(variances, "variances"),
         metric=metric, tolerance=tolerance, eps=eps,
     )
-    from .evaluate import open_pairs
-
     with open_pairs(pairs_a, pairs_b, scores) as pairs:
         test_pairs = _open_pairs_given(test_a, test_b, test_scores, "--test-a, --test-b and --test-scores")
         try:
@@ -456,7 +455,9 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
         f"from the saved statistics of {model.n_rows:,} rows (no pass over the fitting data)",
         *_tune_table_lines(summary),
         f"raw        {_fmt_scores(raw)}",
-        f"best       {_fmt_scores(best)}   {_fmt_setting(best)}  ({name} {best[metric] - raw[metric]:+.2f} vs raw)",
+        f"{'best' if not tolerance else 'chosen':<10} {_fmt_scores(best)}   {_fmt_setting(best)}  "
+        f"({name} {best[metric] - raw[metric]:+.2f} vs raw"
+        + (f"; smallest k within {tolerance:g} of the top score)" if tolerance else ")"),
     ]
     if summary["test"] is not None:
         test = summary["test"]
