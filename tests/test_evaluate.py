@@ -143,6 +143,24 @@ def test_read_vector_finds_the_only_1d_dataset_and_names_choices(tmp_path):
         read_vector(path + ":/m")
 
 
+def test_read_vector_from_zarr_group_and_integer_scores(tmp_path):
+    store = str(tmp_path / "s.zarr")
+    group = zarr.open_group(store=store, mode="w")
+    group.create_array("gold", data=np.array([3, 1, 2], dtype=np.int16))
+    group.create_array("vectors", data=np.zeros((3, 2), dtype=np.float32))
+    values, label = read_vector(store)  # the group's only 1-D array is found
+    assert values.dtype == np.float64 and values.tolist() == [3.0, 1.0, 2.0] and label.endswith(":/gold")
+    with pytest.raises(BadInputError, match="dataset /nope does not exist"):
+        read_vector(_h5_with_vector(tmp_path) + ":/nope")
+
+
+def _h5_with_vector(tmp_path):
+    path = str(tmp_path / "v.h5")
+    with h5py.File(path, "w") as handle:
+        handle["v"] = np.arange(3.0)
+    return path
+
+
 @pytest.mark.parametrize(
     "case, message",
     [

@@ -11,7 +11,7 @@ import pytest
 from scipy import stats as sps
 
 from streamwhiten.cli import main
-from streamwhiten.errors import BadInputError, OutputExistsError
+from streamwhiten.errors import BadInputError
 from streamwhiten.evaluate import cosine_rows, open_pairs
 from streamwhiten.fit import fit_sources
 from streamwhiten.model import finalize, load_model, save_model
