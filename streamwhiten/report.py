@@ -28,6 +28,8 @@ from .tune import DEFAULT_VARIANCES, TuneResult, default_ks, grid_search
 FIGURE_FILES = {"spectrum": "spectrum.png", "variance": "variance.png", "k_curve": "k_curve.png",
                 "heatmaps": "heatmaps.png"}
 SEED_SETTINGS = ((1.0, "beta=gamma=1", "#c0392b"), (0.0, "beta=gamma=0", "#2471a3"))
+#: Eigenvalues below this fraction of the largest are drawn as absent (float64 rounding noise).
+NUMERICAL_ZERO = 1e-12
 
 
 @dataclass
@@ -97,7 +99,8 @@ def draw_spectrum(ax, data: ReportData) -> None:
     model = data.model
     eigvals = model.eigvals
     index = np.arange(1, eigvals.size + 1)
-    positive = eigvals > 0
+    # Below this, an eigenvalue is rounding noise of the float64 eigensolver: counted, not drawn.
+    positive = eigvals > NUMERICAL_ZERO * (eigvals[0] if eigvals.size and eigvals[0] > 0 else 1.0)
     ax.semilogy(index[positive], eigvals[positive], color="#1f4e79", lw=1.6, label="eigenvalue $\\lambda_i$")
     if model.eps_value > 0:
         ax.axhline(model.eps_value, color="#7f7f7f", ls=":", lw=1.2,
@@ -106,7 +109,8 @@ def draw_spectrum(ax, data: ReportData) -> None:
                label=f"D_eff = {model.effective_dimension:.1f}")
     zeros = int((~positive).sum())
     title = f"Eigenvalue spectrum of $\\Sigma_\\beta$ ($\\beta$={model.beta:g}, d={model.n_features})"
-    ax.set_title(title + (f"\n{zeros} zero eigenvalue(s) not drawn" if zeros else ""))
+    ax.set_title(title + (f"\n{zeros} eigenvalue(s) numerically zero (< {NUMERICAL_ZERO:g} x largest), not drawn"
+                          if zeros else ""))
     ax.set_xlabel("component i (descending eigenvalue)")
     ax.set_ylabel("eigenvalue (log scale)")
     ax.set_xlim(0.5, eigvals.size + 0.5)
@@ -121,8 +125,10 @@ def draw_variance(ax, data: ReportData) -> None:
     k_axis = np.arange(1, ratio.size + 1)
     ax.plot(k_axis, ratio, color="#1f4e79", lw=1.6, label="explained variance of the first k")
     ladder = sorted({k for label, k in data.k_marks if not label.endswith("%")})
-    for k in ladder:  # fixed k: a dot, labelled above-left (the curve rises to the right)
+    for k in ladder:  # fixed k: a dot, labelled above-left (the curve rises to the right); k=d is 100%
         ax.plot(k, ratio[k - 1], "o", ms=5, color="#2e86c1", zorder=3)
+        if k == model.n_features:
+            continue
         ax.annotate(f"k={k}: {ratio[k - 1]:.1%}", (k, ratio[k - 1]), textcoords="offset points", xytext=(-4, 5),
                     ha="right", fontsize=7, color="#1b4f72")
     fractions = [(label, k) for label, k in data.k_marks if label.endswith("%")]
