@@ -333,6 +333,262 @@ def run(job_file, log_file, quiet, as_json):
     _emit(as_json, summary, [f"job {summary['job']}: " + "; ".join(summary["steps"])])
 
 
+# ---- evaluation and tuning (issue 5)
+
+
+def _pair_options(required: bool, prefix: str = "pairs", scores: str = "scores", what: str = "labelled pairs"):
+    """``--<prefix>-a/--<prefix>-b/--<scores>``: two aligned vector stores and their gold scores."""
+    names = (f"{prefix}_a", f"{prefix}_b", scores.replace("-", "_"))
+
+    def decorate(func):
+        for flag, name, text in reversed([
+            (f"--{prefix}-a", names[0], f"Vectors A of the {what} (file.h5:/dataset, dir.zarr, file.npy)."),
+            (f"--{prefix}-b", names[1], f"Vectors B of the {what}, row-aligned with A."),
+            (f"--{scores}", names[2], f"Gold score of each of the {what} (a 1-D dataset or .npy)."),
+        ]):
+            func = click.option(flag, name, required=required, default=None, metavar="SPEC", help=text)(func)
+        return func
+
+    return decorate
+
+
+def _open_pairs_given(a, b, scores, flags: str):
+    """Open a pair set when all three specs are given; ``None`` when none is; an error when only some are."""
+    from .evaluate import open_pairs
+
+    given = [spec is not None for spec in (a, b, scores)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise BadInputError(f"give all three of {flags}, or none")
+    return open_pairs(a, b, scores)
+
+
+def _fmt_scores(scores: dict) -> str:
+    return f"Spearman x100 {scores['spearman']:6.2f}   Pearson x100 {scores['pearson']:6.2f}"
+
+
+def _fmt_setting(row: dict) -> str:
+    text = f"beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']}"
+    if row.get("variance") is not None:
+        text += f" ({row['variance']:.0%} variance)"
+    return text
+
+
+@cli.command(name="eval")
+@click.argument("model_path", required=False)
+@_pair_options(required=True)
+@model_options
+@click.option("--chunk-rows", type=int, default=None, help="Pairs per block read (default: about 16 MiB of vectors).")
+@common_quiet
+@common_json
+def eval_(model_path, pairs_a, pairs_b, scores, beta, gamma, n_components, variance, eps, chunk_rows, quiet, as_json):
+    """Score cosine similarity of labelled pairs: Spearman and Pearson (x100), raw and whitened by MODEL_PATH.
+
+    Without MODEL_PATH only the raw vectors are scored. The model options override the model's own
+    setting for this evaluation (the model file is not changed).
+    """
+    from .evaluate import evaluate_pairs, open_pairs
+    from .model import load_model
+
+    params = _model_params(beta, gamma, n_components, variance, eps)
+    if params and model_path is None:
+        raise BadInputError(f"--{next(iter(params)).replace('_', '-')} and the other model options need a MODEL")
+    model = load_model(model_path) if model_path else None
+    if model is not None and params:
+        model = model.with_params(**params)
+    with open_pairs(pairs_a, pairs_b, scores) as pairs:
+        with progress_bar("eval", quiet) as progress:
+            result = evaluate_pairs(pairs, model, chunk_rows, progress)
+    summary = dict(result, model=model_path)
+    described = result["pairs"]
+    lines = [
+        f"pairs     {described['n_pairs']:,} pairs of {described['n_features']}-d vectors "
+        f"(A {described['a']}, B {described['b']}, scores {described['scores']})",
+        f"raw       {_fmt_scores(result['raw'])}",
+    ]
+    if result["whitened"] is not None:
+        white = result["whitened"]
+        delta = white["spearman"] - result["raw"]["spearman"]
+        lines.append(f"whitened  {_fmt_scores(white)}   {_fmt_setting(white)}  (Spearman {delta:+.2f} vs raw)")
+    _emit(as_json, summary, lines)
+
+
+def _number_list(text, name: str, cast=float, n_features: int | None = None):
+    """``None`` for an option not given; else the comma-separated numbers (``d`` = the data width for k)."""
+    if text is None:
+        return None
+    values = []
+    for item in text.replace(" ", ",").split(","):
+        if not item:
+            continue
+        if cast is int and item == "d" and n_features is not None:
+            values.append(n_features)
+            continue
+        try:
+            values.append(cast(item))
+        except ValueError:
+            raise BadInputError(f"--{name}: {item!r} is not {'an integer' if cast is int else 'a number'}") from None
+    return values
+
+
+def _tune_table_lines(result) -> list[str]:
+    """The grid as one line per (beta, gamma) with one column per k choice; the best cell starred."""
+    table, best, metric = result["table"], result["best"], result["metric"]
+    labels = list(dict.fromkeys(row["k_label"] for row in table))
+    fractions = [label for label in labels if label.endswith("%")]
+    width = 7
+    head = " beta gamma |" + "".join(f"{label:>{width + 1}}" for label in labels)
+    lines = [f"{metric.capitalize()} x100 by setting (columns: k; a percentage is the fewest components "
+             f"explaining that much variance):", head, "-" * len(head)]
+    rows: dict = {}
+    for row in table:
+        rows.setdefault((row["beta"], row["gamma"]), {})[row["k_label"]] = row
+    for (beta, gamma), cells in rows.items():
+        text = f"{beta:5g} {gamma:5g} |"
+        for label in labels:
+            row = cells.get(label)
+            mark = "*" if row is best else " "
+            text += f"{row[metric]:{width}.2f}{mark}" if row is not None else " " * (width + 1)
+        if fractions:
+            text += "   k=" + "/".join(str(cells[label]["k"]) for label in fractions if label in cells)
+        lines.append(text)
+    return lines
+
+
+@cli.command()
+@click.argument("model_path")
+@_pair_options(required=True, what="validation pairs")
+@_pair_options(required=False, prefix="test", scores="test-scores", what="held-out test pairs")
+@click.option("--betas", default=None, metavar="LIST", help="Betas to try, comma-separated [default: 0,0.25,0.5,0.75,1].")
+@click.option("--gammas", default=None, metavar="LIST", help="Gammas to try [default: 0,0.25,0.5,0.75,1].")
+@click.option("--ks", default=None, metavar="LIST",
+              help="Component counts k to try; 'd' is the full width [default: d and the powers of two from 8 below it].")
+@click.option("--variances", default=None, metavar="LIST",
+              help="Explained-variance fractions to try as k [default: 0.9,0.95,0.99; '' for none].")
+@click.option("--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True)
+@click.option("--tolerance", type=float, default=0.0, show_default=True,
+              help="Prefer the smallest k scoring within this many points (x100) of the best.")
+@click.option("--eps", type=float, default=None, help="Regulariser relative to the largest eigenvalue (default: the model's).")
+@click.option("-o", "--output", "output_path", default=None, help="Write the tuned model to this new file.")
+@click.option("--in-place", is_flag=True, help="Write the chosen setting into MODEL_PATH itself.")
+@click.option("--overwrite", is_flag=True, help="Let -o replace an existing file.")
+@click.option("--chunk-rows", type=int, default=None, help="Pairs per block read.")
+@common_quiet
+@common_json
+def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, betas, gammas, ks, variances, metric,
+         tolerance, eps, output_path, in_place, overwrite, chunk_rows, quiet, as_json):
+    """Choose beta, gamma and k for MODEL_PATH on labelled validation pairs, by grid search.
+
+    The model's saved statistics give Sigma_beta for every beta in closed form, so the fitting data is
+    not read again: each beta costs one eigendecomposition, shared by all its gammas and ks, and the
+    pairs are read once. Prints the whole table and the best setting; with -o or --in-place the chosen
+    setting is saved so that `apply` uses it. Give --test-a/--test-b/--test-scores to score the choice
+    once, after it is made, on pairs it was not chosen on (next to raw on the same pairs).
+    """
+    from .evaluate import open_pairs
+    from .model import load_model, save_model
+    from .tune import tune as run_tune
+
+    if output_path and in_place:
+        raise BadInputError("give -o/--output or --in-place, not both")
+    if output_path and os.path.exists(output_path) and not overwrite:
+        raise OutputExistsError(f"{output_path}: already exists (pass --overwrite to replace it)")
+    model = load_model(model_path)
+    d = model.n_features
+    grid = dict(
+        betas=_number_list(betas, "betas"), gammas=_number_list(gammas, "gammas"),
+        ks=_number_list(ks, "ks", int, d), variances=_number_list(variances, "variances"),
+        metric=metric, tolerance=tolerance, eps=eps,
+    )
+    with open_pairs(pairs_a, pairs_b, scores) as pairs:
+        test_pairs = _open_pairs_given(test_a, test_b, test_scores, "--test-a, --test-b and --test-scores")
+        try:
+            with progress_bar("tune", quiet) as progress:
+                chosen, summary = run_tune(model, pairs, test_pairs, chunk_rows, progress, **grid)
+        finally:
+            if test_pairs is not None:
+                test_pairs.close()
+    target = model_path if in_place else output_path
+    if target:
+        summary["checksum"] = save_model(chosen, target, overwrite=bool(in_place or overwrite))
+    summary["model"] = model_path
+    summary["written"] = target
+    best, raw = summary["best"], summary["raw"]
+    name = metric.capitalize()
+    lines = [
+        f"validation {summary['pairs']['n_pairs']:,} pairs of {d}-d vectors; {len(summary['table'])} settings "
+        f"from the saved statistics of {model.n_rows:,} rows (no pass over the fitting data)",
+        *_tune_table_lines(summary),
+        f"raw        {_fmt_scores(raw)}",
+        f"{'best' if not tolerance else 'chosen':<10} {_fmt_scores(best)}   {_fmt_setting(best)}  "
+        f"({name} {best[metric] - raw[metric]:+.2f} vs raw"
+        + (f"; smallest k within {tolerance:g} of the top score)" if tolerance else ")"),
+    ]
+    if summary["test"] is not None:
+        test = summary["test"]
+        lines.append(
+            f"test       {test['pairs']['n_pairs']:,} pairs: raw {name} x100 {test['raw'][metric]:.2f}, "
+            f"chosen {test['chosen'][metric]:.2f} ({test['chosen'][metric] - test['raw'][metric]:+.2f})"
+        )
+    if target:
+        lines.append(f"wrote      {target} (beta={chosen.beta:g} gamma={chosen.gamma:g} k={chosen.n_components}); "
+                     f"`apply` now uses this setting")
+    else:
+        lines.append("model not changed (pass -o NEW or --in-place to save the chosen setting)")
+    _emit(as_json, summary, lines)
+
+
+@cli.command()
+@click.argument("model_path")
+@_pair_options(required=False, what="labelled pairs (optional: adds the heat maps and k curves)")
+@click.option("-o", "--output", "output_path", required=True,
+              help="report.html (one page), report.png (one image) or a directory (one PNG per figure).")
+@click.option("--betas", default=None, metavar="LIST", help="Betas of the heat maps [default: 0,0.25,0.5,0.75,1].")
+@click.option("--gammas", default=None, metavar="LIST", help="Gammas of the heat maps [default: 0,0.25,0.5,0.75,1].")
+@click.option("--ks", default=None, metavar="LIST", help="k of each heat map; 'd' is the full width [default: d and powers of two].")
+@click.option("--variances", default=None, metavar="LIST", help="Explained-variance fractions as k [default: 0.9,0.95,0.99].")
+@click.option("--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True)
+@click.option("--title", default=None, help="Title of the HTML page.")
+@click.option("--overwrite", is_flag=True, help="Replace existing report files.")
+@click.option("--chunk-rows", type=int, default=None, help="Pairs per block read.")
+@common_quiet
+@common_json
+def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks, variances, metric, title, overwrite,
+           chunk_rows, quiet, as_json):
+    """Draw MODEL_PATH's eigenvalue spectrum and explained variance; with pairs, how the score depends on beta, gamma, k.
+
+    Needs matplotlib (pip install 'streamwhiten[report]'); renders without a display.
+    """
+    from .model import load_model
+    from .report import check_output, collect, write_report
+
+    with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))
+    check_output(output_path, with_pairs, overwrite)
+    model = load_model(model_path)
+    d = model.n_features
+    grid = dict(betas=_number_list(betas, "betas"), gammas=_number_list(gammas, "gammas"),
+                ks=_number_list(ks, "ks", int, d), variances=_number_list(variances, "variances"), metric=metric)
+    pairs = _open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
+    try:
+        with progress_bar("report", quiet) as progress:
+            data = collect(model, pairs, block_rows=chunk_rows, progress=progress, **grid)
+    finally:
+        if pairs is not None:
+            pairs.close()
+    written = write_report(data, output_path, overwrite, title)
+    summary = {"model": model_path, "files": written, "effective_dimension": model.effective_dimension,
+               "raw": None, "best": None}
+    lines = [f"D_eff      {model.effective_dimension:.1f} of d={d}"]
+    if data.grid is not None:
+        summary["raw"], summary["best"] = data.grid.raw, data.grid.best
+        best = data.grid.best
+        lines.append(f"raw        {_fmt_scores(data.grid.raw)}")
+        lines.append(f"best       {_fmt_scores(best)}   {_fmt_setting(best)}")
+    lines += [f"wrote      {path}" for path in written]
+    _emit(as_json, summary, lines)
+
+
 # ------------------------------------------------------------------------------------------ entry point
 
 LOG_FORMAT = "%(asctime)s streamwhiten: %(message)s"

@@ -6,7 +6,8 @@ The only module that imports h5py and zarr. A *spec* names a 2-D array of rows:
 - ``dir.zarr`` (an array at the root), ``dir.zarr:/group/array`` or ``dir.zarr/group/array`` (Zarr v2 or v3),
 - ``file.npy`` (a NumPy array, memory-mapped).
 
-A file with exactly one 2-D dataset needs no dataset name. Sinks are written under a hidden temporary
+A file with exactly one 2-D dataset needs no dataset name. ``read_vector`` reads a small 1-D array
+(gold scores of labelled pairs) whole, from the same kinds of spec. Sinks are written under a hidden temporary
 name beside the target and renamed into place only when complete, so an interrupted or failed write
 never leaves something that looks finished, and nothing that existed is touched before that rename.
 """
@@ -237,6 +238,67 @@ def open_source(spec: str, dataset: str | None = None, min_rows: int = 1) -> Sou
         source.close()
         raise
     return source
+
+
+def read_vector(spec: str, dataset: str | None = None, min_length: int = 1) -> tuple[np.ndarray, str]:
+    """A whole 1-D numeric array (e.g. gold scores) as float64, and its label.
+
+    ``spec`` is ``file.h5:/dataset``, ``dir.zarr[:/array]`` or ``file.npy``; a file holding exactly one
+    1-D array needs no name. An ``(n, 1)`` column is accepted and flattened.
+    """
+    path, inner = split_spec(spec, dataset)
+    if not os.path.exists(path):
+        raise BadInputError(f"{path}: no such file or directory")
+    kind = _store_kind(path)
+    label = f"{path}:/{inner}" if inner else path
+    try:
+        if kind == "npy":
+            values = np.load(path, allow_pickle=False)
+        elif kind == "hdf5":
+            try:
+                handle = h5py.File(path, "r")
+            except OSError as exc:
+                raise BadInputError(f"{path}: cannot open as HDF5 ({exc})") from exc
+            with handle:
+                if inner is None:
+                    found = []
+                    handle.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and obj.ndim == 1 else None)
+                    if len(found) != 1:
+                        listing = ", ".join("/" + name for name in found[:10]) or "none"
+                        raise BadInputError(f"{path}: name a dataset (file.h5:/dataset); 1-D datasets found: {listing}")
+                    inner, label = found[0], f"{path}:/{found[0]}"
+                node = handle.get(inner)
+                if not isinstance(node, h5py.Dataset):
+                    what = "is a group, not a dataset" if node is not None else "does not exist"
+                    raise BadInputError(f"{path}: dataset /{inner} {what}")
+                values = node[()]
+        else:
+            try:
+                node = zarr.open(store=path, mode="r", path=inner or "")
+            except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as exc:
+                raise BadInputError(f"{label}: no Zarr array found ({exc.__class__.__name__})") from exc
+            if isinstance(node, zarr.Group):
+                arrays = [name for name, arr in node.arrays() if arr.ndim == 1]
+                if len(arrays) != 1:
+                    listing = ", ".join("/" + name for name in arrays[:10]) or "none"
+                    raise BadInputError(f"{path}: name an array (dir.zarr:/array); 1-D arrays found: {listing}")
+                inner = ((inner or "") + "/" + arrays[0]).strip("/")
+                label, node = f"{path}:/{inner}", node[arrays[0]]
+            values = node[...]
+    except (OSError, RuntimeError) as exc:
+        raise StoreIOError(f"{label}: cannot read: {exc}") from exc
+    except ValueError as exc:
+        raise BadInputError(f"{label}: cannot read ({exc})") from exc
+    values = np.asarray(values)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.ndim != 1:
+        raise BadInputError(f"{label}: expected a 1-D array, got shape {values.shape}")
+    if values.dtype.kind not in "fiub":
+        raise BadInputError(f"{label}: expected numbers, got dtype {values.dtype}")
+    if values.shape[0] < min_length:
+        raise BadInputError(f"{label}: has {values.shape[0]} value(s); at least {min_length} are needed")
+    return values.astype(np.float64), label
 
 
 def fingerprint(source: Source, n_rows: int | None = None) -> dict:

@@ -1,0 +1,237 @@
+"""Scores on labelled pairs: cosine similarity of aligned vectors against gold scores.
+
+A :class:`PairSet` is two aligned stores of vectors A and B (row ``i`` of A pairs with row ``i`` of B)
+and a 1-D array of gold scores. The vectors are streamed in blocks; only the per-pair cosines (one
+float64 per pair and setting) are held. Rank correlation is Spearman's rho with average ranks for ties,
+reported x100 like the literature. Nothing here assumes a particular embedding model or pooling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import numpy as np
+
+from .errors import BadInputError, NonFiniteError
+from .model import WhiteningModel, project
+from .stores import Source, open_source, read_vector
+
+#: Bytes of one block of pair vectors (A or B) read at a time.
+PAIR_BLOCK_BYTES = 16 << 20
+#: A correlation needs at least this many pairs.
+MIN_PAIRS = 3
+METRICS = ("spearman", "pearson")
+
+
+# --------------------------------------------------------------------------------------- correlations
+
+
+def rankdata(values) -> np.ndarray:
+    """Ranks 1..n of ``values`` (float64), ties given the average of the ranks they span."""
+    values = np.asarray(values)
+    if values.ndim != 1:
+        raise BadInputError(f"expected a 1-D array, got shape {values.shape}")
+    n = values.shape[0]
+    order = np.argsort(values, kind="mergesort")
+    ordered = values[order]
+    # Start index of each run of equal values in sorted order.
+    starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+    ends = np.append(starts[1:], n)  # exclusive
+    run_rank = (starts + ends + 1) / 2.0  # mean of the 1-based ranks starts+1 .. ends
+    ranks = np.empty(n, dtype=np.float64)
+    ranks[order] = np.repeat(run_rank, ends - starts)
+    return ranks
+
+
+def pearson(x, y) -> float:
+    """Pearson's r of two equal-length 1-D arrays in float64; NaN when either is constant."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.ndim != 1 or x.shape != y.shape:
+        raise BadInputError(f"expected two 1-D arrays of one length, got shapes {x.shape} and {y.shape}")
+    if x.shape[0] < 2:
+        return math.nan
+    xc = x - x.mean()
+    yc = y - y.mean()
+    # Scale first so that sums of squares cannot overflow or underflow.
+    xs, ys = np.abs(xc).max(), np.abs(yc).max()
+    if xs == 0 or ys == 0:
+        return math.nan
+    xc, yc = xc / xs, yc / ys
+    r = float(xc @ yc / math.sqrt(float(xc @ xc) * float(yc @ yc)))
+    return max(-1.0, min(1.0, r))
+
+
+def spearman(x, y) -> float:
+    """Spearman's rho: Pearson's r of the average ranks; NaN when either input is constant."""
+    return pearson(rankdata(x), rankdata(y))
+
+
+def correlations(cosines, scores) -> dict:
+    """``{"spearman": rho*100, "pearson": r*100}`` of cosines against gold scores."""
+    return {"spearman": 100.0 * spearman(cosines, scores), "pearson": 100.0 * pearson(cosines, scores)}
+
+
+def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine of two equal-shape 2-D arrays in float64; 0 where either row is all zeros."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    dots = np.einsum("ij,ij->i", a, b)
+    norms = np.sqrt(np.einsum("ij,ij->i", a, a) * np.einsum("ij,ij->i", b, b))
+    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+
+
+# ------------------------------------------------------------------------------------------ pair sets
+
+
+@dataclass
+class PairSet:
+    """Two aligned vector stores and their gold scores, opened and checked; close when done."""
+
+    a: Source
+    b: Source
+    scores: np.ndarray
+    scores_label: str
+
+    @property
+    def n_pairs(self) -> int:
+        return self.a.n_rows
+
+    @property
+    def n_features(self) -> int:
+        return self.a.n_features
+
+    @property
+    def label(self) -> str:
+        return f"A={self.a.label}, B={self.b.label}, scores={self.scores_label}"
+
+    def describe(self) -> dict:
+        return {"a": self.a.label, "b": self.b.label, "scores": self.scores_label,
+                "n_pairs": self.n_pairs, "n_features": self.n_features}
+
+    def check_width(self, n_features: int, what: str = "the model") -> None:
+        if self.n_features != n_features:
+            raise BadInputError(
+                f"{self.a.label}: pair vectors have {self.n_features} columns but {what} expects {n_features}"
+            )
+
+    def default_block_rows(self) -> int:
+        itemsize = max(self.a.dtype.itemsize, 8)  # blocks are worked on in float64
+        return max(1, PAIR_BLOCK_BYTES // (self.n_features * itemsize))
+
+    def blocks(self, block_rows: int | None = None) -> Iterator[tuple[int, np.ndarray, np.ndarray]]:
+        """``(start, a_rows, b_rows)`` in float64, block by block; raises on a row holding NaN or Inf."""
+        block_rows = int(block_rows or self.default_block_rows())
+        for start, stop in self.a.blocks(block_rows):
+            rows = []
+            for source in (self.a, self.b):
+                block = source.read(start, stop).astype(np.float64)
+                finite = np.isfinite(block).all(axis=1)
+                if not finite.all():
+                    bad = start + int(np.argmin(finite))
+                    raise NonFiniteError(f"{source.label}: row {bad} holds NaN or Inf", row=bad)
+                rows.append(block)
+            yield start, rows[0], rows[1]
+
+    def close(self) -> None:
+        self.a.close()
+        self.b.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_pairs(a_spec, b_spec, scores_spec) -> PairSet:
+    """Open and check labelled pairs: A and B of one shape, finite scores of the same length."""
+    scores, scores_label = read_vector(scores_spec)
+    bad = np.flatnonzero(~np.isfinite(scores))
+    if bad.size:
+        what = "NaN" if np.isnan(scores[bad[0]]) else "infinite"
+        raise BadInputError(f"{scores_label}: score {bad[0]} is {what} ({bad.size} non-finite score(s) in all)")
+    a = open_source(a_spec, min_rows=MIN_PAIRS)
+    try:
+        b = open_source(b_spec, min_rows=MIN_PAIRS)
+    except BaseException:
+        a.close()
+        raise
+    try:
+        if a.n_rows != b.n_rows:
+            raise BadInputError(
+                f"pair stores differ in length: {a.label} has {a.n_rows} rows but {b.label} has {b.n_rows}"
+            )
+        if a.n_features != b.n_features:
+            raise BadInputError(
+                f"pair stores differ in width: {a.label} has {a.n_features} columns but {b.label} has {b.n_features}"
+            )
+        if scores.shape[0] != a.n_rows:
+            raise BadInputError(f"{scores_label}: has {scores.shape[0]} scores but there are {a.n_rows} pairs")
+        if np.all(scores == scores[0]):
+            raise BadInputError(f"{scores_label}: every score is {scores[0]:g}; a correlation needs them to vary")
+    except BaseException:
+        a.close()
+        b.close()
+        raise
+    return PairSet(a, b, scores, scores_label)
+
+
+# ---------------------------------------------------------------------------------------- evaluation
+
+
+def pair_cosines(
+    pairs: PairSet,
+    models: dict | None = None,
+    block_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Cosines of every pair, raw (key ``"raw"``) and under each ``models`` entry, in one pass over the pairs.
+
+    ``models`` maps a name to a :class:`WhiteningModel`; the transform is computed in float64.
+    """
+    models = dict(models or {})
+    projections = {}
+    for name, model in models.items():
+        pairs.check_width(model.n_features)
+        projections[name] = model.projection(np.float64)
+    out = {name: np.empty(pairs.n_pairs) for name in ["raw", *projections]}
+    for start, a, b in pairs.blocks(block_rows):
+        stop = start + a.shape[0]
+        out["raw"][start:stop] = cosine_rows(a, b)
+        for name, (weights, shift) in projections.items():
+            out[name][start:stop] = cosine_rows(project(a, weights, shift), project(b, weights, shift))
+        if progress is not None:
+            progress(stop, pairs.n_pairs)
+    return out
+
+
+def describe_model(model: WhiteningModel) -> dict:
+    """The transform parameters of ``model`` as plain values."""
+    return {"beta": model.beta, "gamma": model.gamma, "k": model.n_components, "eps": model.eps,
+            "variance": model.variance}
+
+
+def evaluate_pairs(
+    pairs: PairSet,
+    model: WhiteningModel | None = None,
+    block_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Spearman and Pearson (x100) of raw cosines and, given a model, of whitened cosines.
+
+    Returns ``{"pairs": ..., "raw": {"spearman", "pearson"}, "whitened": {..., "beta", "gamma", "k"} | None}``.
+    """
+    cosines = pair_cosines(pairs, {"whitened": model} if model is not None else None, block_rows, progress)
+    result = {"pairs": pairs.describe(), "raw": correlations(cosines["raw"], pairs.scores), "whitened": None}
+    if model is not None:
+        result["whitened"] = dict(correlations(cosines["whitened"], pairs.scores), **describe_model(model))
+    return result
+
+
+__all__ = [
+    "PairSet", "open_pairs", "rankdata", "pearson", "spearman", "correlations", "cosine_rows", "pair_cosines",
+    "evaluate_pairs", "METRICS",
+]

@@ -1,0 +1,409 @@
+"""Pictures of a model and of its tuning: spectrum, explained variance, Spearman heat maps and k curves.
+
+matplotlib (the optional ``[report]`` extra) is imported inside the functions that draw. Figures are
+built with the object-oriented ``Figure`` API on the Agg canvas, never through ``pyplot``, so reports
+render headless (CI, servers) and never change the backend of a program that imports streamwhiten.
+
+Outputs: ``report.html`` (one self-contained page, PNGs embedded as base64), ``report.png`` (every
+panel on one image) or a directory (one PNG per figure).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .errors import BadInputError, OutputExistsError, StoreIOError
+from .evaluate import PairSet
+from .model import WhiteningModel, components_for_variance
+from .tune import DEFAULT_VARIANCES, TuneResult, default_ks, grid_search
+
+#: Files written when the output is a directory.
+FIGURE_FILES = {"spectrum": "spectrum.png", "variance": "variance.png", "k_curve": "k_curve.png",
+                "heatmaps": "heatmaps.png"}
+SEED_SETTINGS = ((1.0, "beta=gamma=1", "#c0392b"), (0.0, "beta=gamma=0", "#2471a3"))
+#: Eigenvalues below this fraction of the largest are drawn as absent (float64 rounding noise).
+NUMERICAL_ZERO = 1e-12
+
+
+@dataclass
+class ReportData:
+    """Everything the pictures show, computed once."""
+
+    model: WhiteningModel
+    k_marks: list  # (label, k) at the model's beta: the k ladder and the variance thresholds
+    grid: TuneResult | None = None
+    curves: dict | None = None  # beta (= gamma) -> list of (k, score) for the seed settings
+    metric: str = "spearman"
+
+    @property
+    def raw(self) -> float | None:
+        return None if self.grid is None else self.grid.raw[self.metric]
+
+
+def collect(
+    model: WhiteningModel,
+    pairs: PairSet | None = None,
+    betas=None,
+    gammas=None,
+    ks=None,
+    variances=None,
+    metric: str = "spearman",
+    block_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ReportData:
+    """Compute what the report shows; with ``pairs``, score the tuning grid and the seed k curves."""
+    d = model.n_features
+    ladder = default_ks(d) if ks is None else list(ks)
+    fractions = list(DEFAULT_VARIANCES if variances is None else variances)
+    k_marks = [(f"k={k}", int(k)) for k in ladder]
+    k_marks += [(f"{v:.0%}", components_for_variance(model.eigvals, float(v))) for v in fractions]
+    data = ReportData(model, k_marks, metric=metric)
+    if pairs is None:
+        return data
+    data.grid = grid_search(model, pairs, betas, gammas, ks, variances, metric, block_rows=block_rows,
+                            progress=progress)
+    dense = sorted({int(round(k)) for k in np.geomspace(1, d, min(d, 40))} | {int(k) for k in ladder})
+    curve = grid_search(model, pairs, [0.0, 1.0], [0.0, 1.0], dense, [], metric, block_rows=block_rows)
+    data.curves = {
+        beta: [(row["k"], row[metric]) for row in curve.table if row["beta"] == beta and row["gamma"] == beta]
+        for beta, _, _ in SEED_SETTINGS
+    }
+    return data
+
+
+# ------------------------------------------------------------------------------------------- drawing
+
+
+def _matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+        from matplotlib.figure import Figure
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise BadInputError("reports need matplotlib: pip install 'streamwhiten[report]'") from exc
+    return Figure
+
+
+def _metric_name(data: ReportData) -> str:
+    return f"{data.metric.capitalize()} x100"
+
+
+def draw_spectrum(ax, data: ReportData) -> None:
+    """Eigenvalues of Sigma_beta on a log scale, the eps floor and D_eff."""
+    model = data.model
+    eigvals = model.eigvals
+    index = np.arange(1, eigvals.size + 1)
+    # Below this, an eigenvalue is rounding noise of the float64 eigensolver: counted, not drawn.
+    positive = eigvals > NUMERICAL_ZERO * (eigvals[0] if eigvals.size and eigvals[0] > 0 else 1.0)
+    ax.semilogy(index[positive], eigvals[positive], color="#1f4e79", lw=1.6, label="eigenvalue $\\lambda_i$")
+    if model.eps_value > 0:
+        ax.axhline(model.eps_value, color="#7f7f7f", ls=":", lw=1.2,
+                   label=f"eps floor {model.eps_value:.2g} (added before the power)")
+    ax.axvline(model.effective_dimension, color="#8e44ad", ls="--", lw=1.2,
+               label=f"D_eff = {model.effective_dimension:.1f}")
+    zeros = int((~positive).sum())
+    title = f"Eigenvalue spectrum of $\\Sigma_\\beta$ ($\\beta$={model.beta:g}, d={model.n_features})"
+    ax.set_title(title + (f"\n{zeros} eigenvalue(s) numerically zero (< {NUMERICAL_ZERO:g} x largest), not drawn"
+                          if zeros else ""))
+    ax.set_xlabel("component i (descending eigenvalue)")
+    ax.set_ylabel("eigenvalue (log scale)")
+    ax.set_xlim(0.5, eigvals.size + 0.5)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="upper right", fontsize=8)
+
+
+def draw_variance(ax, data: ReportData) -> None:
+    """Cumulative explained variance against k, with the k choices marked."""
+    model = data.model
+    ratio = np.cumsum(model.explained_variance_ratio)
+    k_axis = np.arange(1, ratio.size + 1)
+    ax.plot(k_axis, ratio, color="#1f4e79", lw=1.6, label="explained variance of the first k")
+    ladder = sorted({k for label, k in data.k_marks if not label.endswith("%")})
+    for k in ladder:  # fixed k: a dot, labelled above-left (the curve rises to the right); k=d is 100%
+        ax.plot(k, ratio[k - 1], "o", ms=5, color="#2e86c1", zorder=3)
+        if k == model.n_features:
+            continue
+        ax.annotate(f"k={k}: {ratio[k - 1]:.1%}", (k, ratio[k - 1]), textcoords="offset points", xytext=(-4, 5),
+                    ha="right", fontsize=7, color="#1b4f72")
+    fractions = [(label, k) for label, k in data.k_marks if label.endswith("%")]
+    for label, k in fractions:  # a variance threshold: a dotted guide from the left edge to its k
+        level = float(label.rstrip("%")) / 100.0
+        ax.plot([1, k], [level, level], ls=":", lw=1.0, color="#e67e22",
+                label="explained-variance thresholds" if (label, k) == fractions[0] else None)
+        ax.plot([k, k], [0, ratio[k - 1]], ls=":", lw=1.0, color="#e67e22")
+        ax.plot(k, ratio[k - 1], "o", ms=5, color="#e67e22", zorder=3)
+        ax.text(1.1, level, f"{label} → k={k}", fontsize=7, color="#a04000", va="bottom")
+    ax.plot(model.n_components, ratio[model.n_components - 1], "*", ms=13, color="#c0392b", zorder=4,
+            label=f"model's k = {model.n_components}")
+    ax.axvline(model.effective_dimension, color="#8e44ad", ls="--", lw=1.2,
+               label=f"D_eff = {model.effective_dimension:.1f}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(1, model.n_features * 1.15)
+    ax.set_title("Cumulative explained variance, with the k choices")
+    ax.set_xlabel("kept components k (log scale)")
+    ax.set_ylabel("fraction of the variance explained")
+    ax.set_ylim(0, 1.08)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+
+
+def draw_k_curve(ax, data: ReportData) -> None:
+    """Score against k for the seed settings beta=gamma=1 and beta=gamma=0, with the raw baseline."""
+    name = _metric_name(data)
+    for beta, label, color in SEED_SETTINGS:
+        points = data.curves[beta]
+        ax.plot([k for k, _ in points], [s for _, s in points], "o-", ms=3, lw=1.5, color=color, label=label)
+    ax.axhline(data.raw, color="black", ls="--", lw=1.2, label=f"raw vectors: {data.raw:.2f}")
+    best = data.grid.best
+    ax.plot(best["k"], best[data.metric], "*", ms=14, color="#27ae60", zorder=4,
+            label=f"best: beta={best['beta']:g} gamma={best['gamma']:g} k={best['k']}: {best[data.metric]:.2f}")
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"{name} against k for the seed settings")
+    ax.set_xlabel("kept components k (log scale)")
+    ax.set_ylabel(f"{name} on the pairs")
+    everything = [s for points in data.curves.values() for _, s in points if np.isfinite(s)] + [data.raw]
+    top = max(everything + [best[data.metric]])
+    low = max(min(everything), top - 25.0)  # keep the interesting band readable; lower points fall off
+    ax.set_ylim(low - 0.5, top + 0.5)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+
+
+def draw_heatmaps(figure, data: ReportData) -> None:
+    """One heat map of the score over (beta, gamma) per k choice; white is the raw score."""
+    from matplotlib.colors import TwoSlopeNorm
+
+    grid, metric = data.grid, data.metric
+    betas = list(dict.fromkeys(row["beta"] for row in grid.table))
+    gammas = list(dict.fromkeys(row["gamma"] for row in grid.table))
+    labels = list(dict.fromkeys(row["k_label"] for row in grid.table))
+    values = np.array([row[metric] for row in grid.table], dtype=np.float64)
+    finite = values[np.isfinite(values)]
+    raw = data.raw
+    norm = TwoSlopeNorm(vcenter=raw, vmin=min(finite.min(), raw - 0.05), vmax=max(finite.max(), raw + 0.05))
+    n_cols = min(5, len(labels))
+    n_rows = -(-len(labels) // n_cols)
+    axes = np.atleast_1d(figure.subplots(n_rows, n_cols, squeeze=False)).ravel()
+    image = None
+    for ax, label in zip(axes, labels):
+        cells = {(row["beta"], row["gamma"]): row for row in grid.table if row["k_label"] == label}
+        matrix = np.array([[cells[(b, g)][metric] for g in gammas] for b in betas])
+        image = ax.imshow(matrix, cmap="RdBu", norm=norm, aspect="auto", origin="lower")
+        for i, beta in enumerate(betas):
+            for j, gamma in enumerate(gammas):
+                row = cells[(beta, gamma)]
+                value = row[metric]
+                shade = norm(value) if np.isfinite(value) else 0.5
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if abs(shade - 0.5) > 0.35 else "black",
+                        fontweight="bold" if row is grid.best else "normal")
+                if row is grid.best:
+                    ax.add_patch(_outline(i, j))
+        ks = sorted({row["k"] for row in cells.values()})
+        title = f"k = {label}" if not label.endswith("%") else (
+            f"{label} variance (k = {ks[0]}" + (f"..{ks[-1]})" if len(ks) > 1 else ")"))
+        ax.set_title(title, fontsize=10)
+        ax.set_xticks(range(len(gammas)), [f"{g:g}" for g in gammas], fontsize=8)
+        ax.set_yticks(range(len(betas)), [f"{b:g}" for b in betas], fontsize=8)
+        ax.set_xlabel("gamma", fontsize=8)
+        ax.set_ylabel("beta", fontsize=8)
+    for ax in axes[len(labels):]:
+        ax.set_visible(False)
+    bar = figure.colorbar(image, ax=list(axes[: len(labels)]), shrink=0.9, pad=0.02)
+    bar.set_label(f"{_metric_name(data)}  (white = raw {raw:.2f}; blue beats raw, red loses)")
+    best = grid.best
+    figure.suptitle(
+        f"{_metric_name(data)} over (beta, gamma) for each k; boxed: best, beta={best['beta']:g} "
+        f"gamma={best['gamma']:g} k={best['k']} ({best[metric]:.2f} vs raw {raw:.2f})", fontsize=12)
+
+
+def _outline(i, j):
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#27ae60", lw=2.5)
+
+
+def figures(data: ReportData) -> dict:
+    """The report's figures by name (``spectrum``, ``variance``, and with pairs ``k_curve``, ``heatmaps``)."""
+    Figure = _matplotlib()
+    out = {}
+    for name, draw in (("spectrum", draw_spectrum), ("variance", draw_variance)):
+        figure = Figure(figsize=(8, 5), layout="constrained")
+        draw(figure.add_subplot(), data)
+        out[name] = figure
+    if data.grid is not None:
+        figure = Figure(figsize=(8, 5), layout="constrained")
+        draw_k_curve(figure.add_subplot(), data)
+        out["k_curve"] = figure
+        n_panels = len({row["k_label"] for row in data.grid.table})
+        n_rows = -(-n_panels // min(5, n_panels))
+        figure = Figure(figsize=(3.2 * min(5, n_panels) + 1.5, 2.9 * n_rows + 0.8), layout="constrained")
+        draw_heatmaps(figure, data)
+        out["heatmaps"] = figure
+    return out
+
+
+def dashboard(data: ReportData):
+    """Every panel on one figure: spectrum, variance and k curve on top, the heat maps below."""
+    Figure = _matplotlib()
+    n_panels = len({row["k_label"] for row in data.grid.table}) if data.grid is not None else 0
+    heat_rows = -(-n_panels // min(5, n_panels)) if n_panels else 0
+    width = max(18.0, 3.2 * min(5, n_panels) + 1.5) if n_panels else 13.0
+    figure = Figure(figsize=(width, 5.2 + 2.9 * heat_rows + (0.8 if heat_rows else 0)), layout="constrained")
+    if heat_rows:
+        top, bottom = figure.subfigures(2, 1, height_ratios=[5.2, 2.9 * heat_rows + 0.8])
+    else:
+        top, bottom = figure, None
+    axes = top.subplots(1, 3 if data.grid is not None else 2)
+    draw_spectrum(axes[0], data)
+    draw_variance(axes[1], data)
+    if data.grid is not None:
+        draw_k_curve(axes[2], data)
+        draw_heatmaps(bottom, data)
+    return figure
+
+
+def png_bytes(figure, dpi: int = 110) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi)
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------------------------- writing
+
+
+def output_kind(path: str) -> str:
+    """``html``, ``png`` (one image) or ``dir`` (one PNG per figure), from the output path."""
+    lower = os.fspath(path).lower()
+    if lower.endswith((".html", ".htm")):
+        return "html"
+    if lower.endswith(".png"):
+        return "png"
+    if (os.path.splitext(lower.rstrip("/"))[1] or os.path.exists(path)) and not os.path.isdir(path):
+        raise BadInputError(f"{path}: a report is .html, .png or a directory")
+    return "dir"
+
+
+def _write_bytes(path: str, payload: bytes) -> None:
+    temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
+    try:
+        with open(temp, "wb") as handle:
+            handle.write(payload)
+        os.replace(temp, path)
+    except OSError as exc:
+        if os.path.exists(temp):
+            os.remove(temp)
+        raise StoreIOError(f"{path}: cannot write the report: {exc}") from exc
+
+
+def planned_files(path: str, with_pairs: bool) -> list:
+    """The files :func:`write_report` will write for ``path``."""
+    kind = output_kind(path)
+    if kind != "dir":
+        return [path]
+    names = [key for key in FIGURE_FILES if with_pairs or key in ("spectrum", "variance")]
+    return [os.path.join(path, FIGURE_FILES[name]) for name in names]
+
+
+def check_output(path: str, with_pairs: bool, overwrite: bool = False) -> None:
+    """Raise before any work if the report would replace a file without ``overwrite``."""
+    parent = os.path.dirname(os.path.abspath(path.rstrip("/"))) if output_kind(path) != "dir" else None
+    if parent is not None and not os.path.isdir(parent):
+        raise BadInputError(f"{path}: directory {parent} does not exist")
+    for target in planned_files(path, with_pairs):
+        if os.path.exists(target) and not overwrite:
+            raise OutputExistsError(f"{target}: already exists (pass --overwrite to replace it)")
+
+
+def write_report(data: ReportData, path: str, overwrite: bool = False, title: str | None = None) -> list:
+    """Write the report to ``path`` (``.html``, ``.png`` or a directory); returns the files written."""
+    check_output(path, data.grid is not None, overwrite)
+    kind = output_kind(path)
+    if kind == "png":
+        _write_bytes(path, png_bytes(dashboard(data)))
+        return [path]
+    drawn = figures(data)
+    if kind == "dir":
+        os.makedirs(path, exist_ok=True)
+        written = []
+        for name, figure in drawn.items():
+            target = os.path.join(path, FIGURE_FILES[name])
+            _write_bytes(target, png_bytes(figure))
+            written.append(target)
+        return written
+    _write_bytes(path, render_html(data, {name: png_bytes(fig) for name, fig in drawn.items()}, title).encode())
+    return [path]
+
+
+def _table(rows) -> str:
+    body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
+    return f"<table class='kv'>{body}</table>"
+
+
+def render_html(data: ReportData, images: dict, title: str | None = None) -> str:
+    """One self-contained page: summaries, the figures (base64 PNGs), the full grid."""
+    model = data.model
+    summary = model.summary()
+    title = title or "streamwhiten report"
+    spectrum_rows = [
+        ("fitted on", f"{model.n_rows:,} rows x {model.n_features} features"),
+        ("transform", f"beta={model.beta:g}, gamma={model.gamma:g}, k={model.n_components}, eps={model.eps:g} "
+                      f"(absolute {model.eps_value:.3g})"),
+        ("explained variance by k", f"{summary['explained_variance']:.4f}"),
+        ("effective dimension D_eff", f"{model.effective_dimension:.1f} (exp of the entropy of the normalised eigenvalues)"),
+        ("k for 90% / 95% / 99% variance", " / ".join(str(summary["components_for_variance"][v]) for v in ("0.9", "0.95", "0.99"))),
+        ("condition number", f"{summary['condition_number']:.4g}"),
+    ]
+    parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Model</h2>", _table(spectrum_rows)]
+
+    def image(name, caption):
+        encoded = base64.b64encode(images[name]).decode("ascii")
+        return (f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'>"
+                f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+
+    parts.append(image("spectrum", "Eigenvalues of Sigma_beta (log scale): a fast decay means few directions "
+                                   "carry most of the variance."))
+    parts.append(image("variance", "Cumulative explained variance: how much each k choice keeps."))
+    if data.grid is not None:
+        grid, metric, name = data.grid, data.metric, _metric_name(data)
+        best = grid.best
+        seeds = {(row["beta"], row["gamma"], row["k"]): row for row in grid.table}
+        rows = [("pairs", f"{grid.pairs['n_pairs']:,} (A {grid.pairs['a']}, B {grid.pairs['b']}, "
+                          f"scores {grid.pairs['scores']})"),
+                (f"raw {name}", f"{grid.raw[metric]:.2f}"),
+                (f"best {name}", f"{best[metric]:.2f} at beta={best['beta']:g}, gamma={best['gamma']:g}, "
+                                  f"k={best['k']} ({best[metric] - grid.raw[metric]:+.2f} vs raw)")]
+        for beta, label, _ in SEED_SETTINGS:
+            row = seeds.get((beta, beta, model.n_features))
+            if row is not None:
+                rows.append((f"{label}, full d", f"{row[metric]:.2f}"))
+        parts += ["<h2>Scores on labelled pairs</h2>", _table(rows),
+                  image("k_curve", f"{name} against k for beta=gamma=1 and beta=gamma=0; dashed: the raw vectors."),
+                  image("heatmaps", f"{name} over (beta, gamma), one map per k; white is the raw score, "
+                                    "blue beats it, red loses; the box marks the best setting.")]
+        header = "".join(f"<th>{h}</th>" for h in ("beta", "gamma", "k", "k choice", "Spearman x100", "Pearson x100"))
+        body = "".join(
+            f"<tr{' class=best' if row is best else ''}><td>{row['beta']:g}</td><td>{row['gamma']:g}</td>"
+            f"<td>{row['k']}</td><td>{html.escape(row['k_label'])}</td><td>{row['spearman']:.2f}</td>"
+            f"<td>{row['pearson']:.2f}</td></tr>"
+            for row in grid.table
+        )
+        parts.append(f"<details><summary>All {len(grid.table)} settings</summary>"
+                     f"<table class='grid'><tr>{header}</tr>{body}</table></details>")
+    style = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}"
+             "img{max-width:100%}figure{margin:1.5em 0}figcaption{color:#555;font-size:90%}"
+             "table{border-collapse:collapse;margin:0.5em 0}th,td{padding:2px 10px;text-align:left}"
+             "table.grid td{text-align:right}tr.best{background:#d5f5e3;font-weight:bold}"
+             "table.kv th{color:#555;font-weight:normal}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+__all__ = ["ReportData", "collect", "figures", "dashboard", "write_report", "render_html", "check_output",
+           "output_kind", "planned_files"]

@@ -1,0 +1,232 @@
+"""The one-pass grid: choose beta, gamma and k for a fitted model from labelled pairs.
+
+The model file keeps the fitting statistics ``(n, mu, M)``, so ``Sigma_beta = M/n + (1-beta)^2 mu mu^T``
+is available for every beta in closed form: the fitting data is never read again. Each beta costs one
+eigendecomposition ``Sigma_beta = U Lambda U^T``; gamma and k then only reweight and truncate the same
+rotated pair vectors ``y = (x - beta*mu) U``. The cosine of a pair under ``(gamma, k)`` is
+
+    sum_{j<k} ya_j yb_j w_j / sqrt(sum_{j<k} ya_j^2 w_j * sum_{j<k} yb_j^2 w_j),  w = (Lambda + eps_)^(-gamma),
+
+so every (gamma, k) of one beta comes from three small matrix products per block of pairs, and the
+pairs are read once for the whole grid.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+import numpy as np
+
+from .errors import BadInputError
+from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
+from .model import WhiteningModel, check_params, components_for_variance
+
+DEFAULT_BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0)
+DEFAULT_VARIANCES = (0.9, 0.95, 0.99)
+
+
+def default_ks(n_features: int) -> list[int]:
+    """``d`` and the powers of two below it, descending (from 8 up when d > 16, else from 1)."""
+    low = 8 if n_features > 16 else 1
+    ks = {n_features}
+    power = low
+    while power < n_features:
+        ks.add(power)
+        power *= 2
+    return sorted(ks, reverse=True)
+
+
+@dataclass(frozen=True)
+class KChoice:
+    """One k of the grid: a fixed number of components, or a fraction of explained variance."""
+
+    n_components: int | None = None
+    variance: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.n_components}" if self.variance is None else f"{self.variance:.0%}"
+
+    def resolve(self, eigvals: np.ndarray) -> int:
+        if self.variance is None:
+            return int(self.n_components)
+        return components_for_variance(eigvals, self.variance)
+
+
+def make_grid(n_features: int, betas=None, gammas=None, ks=None, variances=None) -> tuple[list, list, list]:
+    """Checked ``(betas, gammas, k_choices)``; ``None`` means the default, an empty list means none."""
+    betas = list(DEFAULT_BETAS if betas is None else betas)
+    gammas = list(DEFAULT_GAMMAS if gammas is None else gammas)
+    ks = list(default_ks(n_features) if ks is None else ks)
+    variances = list(DEFAULT_VARIANCES if variances is None else variances)
+    if not betas:
+        raise BadInputError("the grid is empty: give at least one beta")
+    if not gammas:
+        raise BadInputError("the grid is empty: give at least one gamma")
+    if not ks and not variances:
+        raise BadInputError("the grid is empty: give at least one k or explained-variance fraction")
+    for beta in betas:
+        check_params(beta=beta)
+    for gamma in gammas:
+        check_params(gamma=gamma)
+    for k in ks:
+        check_params(n_components=k, n_features=n_features)
+    for variance in variances:
+        check_params(variance=variance)
+    unique = lambda values: list(dict.fromkeys(values))  # noqa: E731 - keep the order given
+    choices = [KChoice(n_components=int(k)) for k in unique(ks)]
+    choices += [KChoice(variance=float(v)) for v in unique(variances)]
+    return [float(b) for b in unique(betas)], [float(g) for g in unique(gammas)], choices
+
+
+def decompose(model: WhiteningModel, beta: float, eps: float | None = None) -> WhiteningModel:
+    """``model`` re-finalized at ``beta`` (gamma 1, all components) from its saved statistics."""
+    eps = model.eps if eps is None else eps
+    return model.with_params(beta=beta, gamma=1.0, eps=eps, n_components=model.n_features)
+
+
+@dataclass
+class TuneResult:
+    """The scored grid: ``table`` rows in grid order, the chosen ``best`` row, and the raw baseline."""
+
+    table: list
+    best: dict
+    raw: dict
+    metric: str
+    pairs: dict
+    bases: dict = field(repr=False)
+    tolerance: float = 0.0
+
+    def model_for(self, row: dict) -> WhiteningModel:
+        """The model of one table row (shares its beta's eigendecomposition)."""
+        base = self.bases[row["beta"]]
+        if row["variance"] is not None:
+            return base.with_params(gamma=row["gamma"], variance=row["variance"])
+        return base.with_params(gamma=row["gamma"], n_components=row["k"])
+
+    def chosen_model(self) -> WhiteningModel:
+        return self.model_for(self.best)
+
+    def summary(self) -> dict:
+        return {"metric": self.metric, "tolerance": self.tolerance, "raw": self.raw, "best": self.best,
+                "table": self.table, "pairs": self.pairs}
+
+
+def grid_search(
+    model: WhiteningModel,
+    pairs: PairSet,
+    betas=None,
+    gammas=None,
+    ks=None,
+    variances=None,
+    metric: str = "spearman",
+    tolerance: float = 0.0,
+    eps: float | None = None,
+    block_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> TuneResult:
+    """Score every (beta, gamma, k) of the grid on ``pairs`` and choose the best by ``metric``.
+
+    The best row has the highest score; with ``tolerance`` > 0 (score points x100), the smallest k whose
+    score is within ``tolerance`` of the highest is chosen instead. Ties go to the smaller k, then to
+    the earlier row. Only the saved statistics of ``model`` are used, never the fitting data.
+    """
+    if metric not in METRICS:
+        raise BadInputError(f"metric must be one of {METRICS}, got {metric!r}")
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+        raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
+    if eps is not None:
+        check_params(eps=eps)
+    pairs.check_width(model.n_features)
+    d = model.n_features
+    betas, gammas, choices = make_grid(d, betas, gammas, ks, variances)
+
+    bases, plans, settings = {}, [], []
+    for beta in betas:
+        base = decompose(model, beta, eps)
+        bases[beta] = base
+        resolved = [(choice, choice.resolve(base.eigvals)) for choice in choices]
+        columns = []
+        for gamma in gammas:
+            weights = (base.eigvals + base.eps_value) ** (-gamma)
+            for choice, k in resolved:
+                column = np.zeros(d)
+                column[:k] = weights[:k]
+                columns.append(column)
+                settings.append({"beta": beta, "gamma": gamma, "k": k, "k_label": choice.label,
+                                 "variance": choice.variance})
+        plans.append((beta * base.mean, base.eigvecs, np.stack(columns, axis=1)))
+
+    n_pairs = pairs.n_pairs
+    cosines = np.empty((len(settings), n_pairs))
+    raw = np.empty(n_pairs)
+    for start, a, b in pairs.blocks(block_rows):
+        stop = start + a.shape[0]
+        raw[start:stop] = cosine_rows(a, b)
+        row = 0
+        for shift, eigvecs, columns in plans:
+            ya, yb = (a - shift) @ eigvecs, (b - shift) @ eigvecs
+            dots = (ya * yb) @ columns
+            norms = np.sqrt(((ya * ya) @ columns) * ((yb * yb) @ columns))
+            block = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+            cosines[row : row + columns.shape[1], start:stop] = block.T
+            row += columns.shape[1]
+        if progress is not None:
+            progress(stop, n_pairs)
+
+    table = [dict(setting, **correlations(values, pairs.scores)) for setting, values in zip(settings, cosines)]
+    best = choose(table, metric, tolerance)
+    return TuneResult(table, best, correlations(raw, pairs.scores), metric, pairs.describe(), bases, float(tolerance))
+
+
+def choose(table: list, metric: str = "spearman", tolerance: float = 0.0) -> dict:
+    """The best row of ``table`` by ``metric`` (NaN counts as worst); see :func:`grid_search`."""
+    scores = np.array([row[metric] for row in table], dtype=np.float64)
+    scores = np.where(np.isnan(scores), -np.inf, scores)
+    if not np.isfinite(scores).any():
+        raise BadInputError(f"no setting of the grid gives a finite {metric} score (are all cosines equal?)")
+    top = scores.max()
+    eligible = [i for i in range(len(table)) if scores[i] >= top - tolerance]
+    best = min(eligible, key=lambda i: (table[i]["k"], -scores[i], i))
+    return table[best]
+
+
+def tune(
+    model: WhiteningModel,
+    pairs: PairSet,
+    test_pairs: PairSet | None = None,
+    block_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    **grid,
+) -> tuple[WhiteningModel, dict]:
+    """Run :func:`grid_search` and return the chosen model (with a record in ``info["tuned"]``) and a summary.
+
+    With ``test_pairs`` the chosen setting is also scored on that separate set, next to raw, so the
+    choice is not judged on the pairs that made it.
+    """
+    result = grid_search(model, pairs, block_rows=block_rows, progress=progress, **grid)
+    chosen = result.chosen_model()
+    summary = result.summary()
+    summary["test"] = None
+    if test_pairs is not None:
+        scored = evaluate_pairs(test_pairs, chosen, block_rows)
+        summary["test"] = {"pairs": scored["pairs"], "raw": scored["raw"], "chosen": scored["whitened"]}
+    record = {
+        "metric": result.metric,
+        "tolerance": result.tolerance,
+        "setting": describe_model(chosen),
+        "validation": {"pairs": result.pairs, "raw": result.raw,
+                       "chosen": {key: result.best[key] for key in ("spearman", "pearson")}},
+        "test": summary["test"],
+        "grid_size": len(result.table),
+    }
+    chosen = replace(chosen, info=dict(chosen.info, tuned=record))
+    summary["chosen"] = describe_model(chosen)
+    return chosen, summary
+
+
+__all__ = ["grid_search", "tune", "choose", "decompose", "make_grid", "default_ks", "TuneResult", "KChoice",
+           "DEFAULT_BETAS", "DEFAULT_GAMMAS", "DEFAULT_VARIANCES"]

@@ -1,0 +1,148 @@
+"""Reports: the pictures render headless, to HTML, one PNG or a directory, and refuse to overwrite."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from matplotlib.image import imread  # noqa: E402
+
+from streamwhiten.cli import main  # noqa: E402
+from streamwhiten.errors import BadInputError, OutputExistsError  # noqa: E402
+from streamwhiten.evaluate import open_pairs  # noqa: E402
+from streamwhiten.fit import fit_sources  # noqa: E402
+from streamwhiten.model import finalize, save_model  # noqa: E402
+from streamwhiten.report import collect, write_report  # noqa: E402
+from streamwhiten.tune import grid_search  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def setup(tmp_path):
+    """A small fitted model and labelled pairs where whitening helps."""
+    rng = np.random.default_rng(0)
+    n, d = 300, 12
+    rho = rng.uniform(0, 1, n)
+    za = rng.standard_normal((n, d - 2))
+    zb = rho[:, None] * za + np.sqrt(1 - rho[:, None] ** 2) * rng.standard_normal((n, d - 2))
+    a = np.hstack([6 * rng.standard_normal((n, 2)), za]) + 3.0
+    b = np.hstack([6 * rng.standard_normal((n, 2)), zb]) + 3.0
+    path = str(tmp_path / "pairs.h5")
+    with h5py.File(path, "w") as handle:
+        handle["a"], handle["b"], handle["score"] = a.astype(np.float32), b.astype(np.float32), rho
+    specs = (f"{path}:/a", f"{path}:/b", f"{path}:/score")
+    model = finalize(fit_sources([specs[0], specs[1]]).state)
+    model_path = str(tmp_path / "m.npz")
+    save_model(model, model_path)
+    return model, model_path, specs
+
+
+def assert_real_image(payload: bytes, min_side=200):
+    """A decodable PNG of a reasonable size that is not one flat colour."""
+    assert payload[:8] == PNG_MAGIC
+    pixels = imread(io.BytesIO(payload), format="png")
+    assert min(pixels.shape[:2]) >= min_side
+    assert pixels[..., :3].std() > 0.05
+
+
+def test_html_report_embeds_every_figure(setup, tmp_path):
+    model, _, specs = setup
+    with open_pairs(*specs) as pairs:
+        data = collect(model, pairs)
+    out = str(tmp_path / "report.html")
+    assert write_report(data, out) == [out]
+    text = open(out, encoding="utf-8").read()
+    images = re.findall(r"data:image/png;base64,([A-Za-z0-9+/=]+)", text)
+    assert len(images) == 4
+    for encoded in images:
+        assert_real_image(base64.b64decode(encoded))
+    assert "raw Spearman x100" in text and f"All {len(data.grid.table)} settings" in text
+
+
+def test_png_dashboard_and_directory(setup, tmp_path):
+    model, _, specs = setup
+    with open_pairs(*specs) as pairs:
+        data = collect(model, pairs, betas=[0, 1], gammas=[0, 0.5, 1], ks=[12, 4], variances=[0.9])
+    png = str(tmp_path / "report.png")
+    write_report(data, png)
+    assert_real_image(open(png, "rb").read(), min_side=800)
+    written = write_report(data, str(tmp_path / "figs"))
+    assert sorted(os.path.basename(p) for p in written) == ["heatmaps.png", "k_curve.png", "spectrum.png", "variance.png"]
+    for path in written:
+        assert_real_image(open(path, "rb").read())
+
+
+def test_curves_are_the_seed_settings_of_the_grid(setup):
+    model, _, specs = setup
+    with open_pairs(*specs) as pairs:
+        data = collect(model, pairs, variances=[])
+        reference = grid_search(model, pairs, betas=[0, 1], gammas=[0, 1], ks=[12, 3], variances=[])
+    for row in reference.table:
+        if row["beta"] == row["gamma"]:
+            assert dict(data.curves[row["beta"]])[row["k"]] == pytest.approx(row["spearman"], abs=1e-12)
+    ks = [k for k, _ in data.curves[1.0]]
+    assert ks == sorted(ks) and ks[0] == 1 and ks[-1] == model.n_features
+
+
+def test_report_without_pairs_draws_the_spectrum_only(setup, tmp_path):
+    model, _, _ = setup
+    written = write_report(collect(model), str(tmp_path / "figs"))
+    assert sorted(os.path.basename(p) for p in written) == ["spectrum.png", "variance.png"]
+    png = str(tmp_path / "one.png")
+    write_report(collect(model), png)
+    assert_real_image(open(png, "rb").read())
+
+
+def test_report_refuses_to_overwrite_and_odd_suffixes(setup, tmp_path):
+    model, _, _ = setup
+    out = str(tmp_path / "r.png")
+    write_report(collect(model), out)
+    with pytest.raises(OutputExistsError, match="already exists"):
+        write_report(collect(model), out)
+    write_report(collect(model), out, overwrite=True)
+    with pytest.raises(BadInputError, match=r"a report is .html, .png or a directory"):
+        write_report(collect(model), str(tmp_path / "r.pdf"))
+
+
+def test_cli_report_runs_headless_without_pyplot(setup, tmp_path):
+    """In a fresh interpreter with no display and a GUI backend requested: still renders, never loads pyplot."""
+    _, model_path, specs = setup
+    out = str(tmp_path / "r.html")
+    code = (
+        "import sys; from streamwhiten.cli import main; "
+        f"rc = main(['report', {model_path!r}, '--pairs-a', {specs[0]!r}, '--pairs-b', {specs[1]!r}, "
+        f"'--scores', {specs[2]!r}, '-o', {out!r}, '--json', '--betas', '0,1', '--gammas', '0,1']); "
+        "assert 'matplotlib.pyplot' not in sys.modules, 'pyplot was imported'; sys.exit(rc)"
+    )
+    env = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "WAYLAND_DISPLAY")}
+    env["MPLBACKEND"] = "TkAgg"
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["files"] == [out] and os.path.getsize(out) > 10_000
+    assert summary["best"]["spearman"] >= summary["raw"]["spearman"]
+
+
+def test_cli_report_errors(setup, tmp_path, capsys):
+    _, model_path, specs = setup
+    out = str(tmp_path / "r.png")
+    assert main(["report", model_path, "--pairs-a", specs[0], "-o", out]) == 2
+    assert "give all three of --pairs-a, --pairs-b and --scores, or none" in capsys.readouterr().err
+    assert main(["report", model_path, "-o", out, "-q"]) == 0
+    capsys.readouterr()
+    assert main(["report", model_path, "-o", out]) == 2
+    assert "already exists (pass --overwrite" in capsys.readouterr().err
