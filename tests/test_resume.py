@@ -334,3 +334,19 @@ def test_checkpoint_write_failure_is_reported_and_old_checkpoint_kept(tmp_path, 
         run_job(plan_fit(store, block_rows=BLOCK), checkpoint_path=checkpoint, checkpoint_blocks=1)
     assert load_checkpoint(checkpoint).rows_done == 2 * BLOCK
     assert os.listdir(tmp_path) == ["c.ckpt"]
+
+
+def test_nightly_script_runs_the_job_and_treats_nothing_to_do_as_success(tmp_path, store):
+    job = write_job(tmp_path, store, apply=False)
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "streamwhiten").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m streamwhiten "$@"\n')
+    (shim / "streamwhiten").chmod(0o755)
+    env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
+               STREAMWHITEN_VENV=str(tmp_path / "no-venv"))
+    script = str(REPO / "scripts" / "nightly.sh")
+    first = subprocess.run(["bash", script, str(job)], capture_output=True, text=True, env=env)
+    assert first.returncode == 0 and "nightly: done" in first.stdout, first.stderr
+    second = subprocess.run(["bash", script, str(job)], capture_output=True, text=True, env=env)
+    assert second.returncode == 0 and "nothing new to do" in second.stdout
+    assert "model.npz is up to date" in (tmp_path / "nightly.log").read_text()
