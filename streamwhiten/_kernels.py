@@ -8,31 +8,9 @@ import numba
 import numpy as np
 
 _JIT = dict(nogil=True, cache=True)
-
-
-@numba.njit(**_JIT)
-def column_sums(block):
-    """Column sums of ``block`` in float64 and the index of its first non-finite row (-1 if none).
-
-    Sums are accumulated per row group and then added, which keeps the rounding error of the
-    mean small for long chunks whose mean is far from zero.
-    """
-    n_rows, n_cols = block.shape
-    total = np.zeros(n_cols, dtype=np.float64)
-    partial = np.zeros(n_cols, dtype=np.float64)
-    for i in range(n_rows):
-        for j in range(n_cols):
-            value = np.float64(block[i, j])
-            if not np.isfinite(value):
-                return total, i
-            partial[j] += value
-        if (i & 255) == 255:
-            for j in range(n_cols):
-                total[j] += partial[j]
-                partial[j] = 0.0
-    for j in range(n_cols):
-        total[j] += partial[j]
-    return total, -1
+#: Row groups of the parallel centring pass. Fixed (not the thread count), so the float64 sums, and
+#: therefore every result, are the same bits on any machine and any number of threads.
+ROW_GROUPS = 16
 
 
 @numba.njit(**_JIT)
@@ -43,6 +21,41 @@ def center_into(block, mean, out):
         for j in range(n_cols):
             out[i, j] = np.float64(block[i, j]) - mean[j]
     return out[:n_rows]
+
+
+@numba.njit(parallel=True, **_JIT)
+def center_and_sum(block, shift, out):
+    """``out[:n] = block - shift`` (cast to ``out``'s dtype) in one pass, with the float64 column sums
+    of the values written and the index of the first non-finite row (-1 if none).
+
+    The sums are of the rounded values actually stored in ``out``, so ``sum (c - cbar)(c - cbar)^T =
+    C^T C - n cbar cbar^T`` holds exactly for the centred rows ``c``; with ``shift`` near the mean,
+    ``cbar`` is small and the correction cancels nothing. ``out`` may be ``block`` itself.
+    """
+    n_rows, n_cols = block.shape
+    partial = np.zeros((ROW_GROUPS, n_cols), dtype=np.float64)
+    first_bad = np.full(ROW_GROUPS, -1, dtype=np.int64)
+    per_group = (n_rows + ROW_GROUPS - 1) // ROW_GROUPS
+    for group in numba.prange(ROW_GROUPS):
+        lo = group * per_group
+        hi = min(n_rows, lo + per_group)
+        sums = partial[group]
+        for i in range(lo, hi):
+            for j in range(n_cols):
+                value = np.float64(block[i, j])
+                if not np.isfinite(value):
+                    first_bad[group] = i
+                    break
+                out[i, j] = value - shift[j]
+                sums[j] += np.float64(out[i, j])
+            if first_bad[group] >= 0:
+                break
+    total = np.zeros(n_cols, dtype=np.float64)
+    for group in range(ROW_GROUPS):
+        if first_bad[group] >= 0:
+            return total, first_bad[group]
+        total += partial[group]
+    return total, -1
 
 
 @numba.njit(**_JIT)

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import __version__, _kernels
 from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError
-from .fit import prefetch, read_blocks
+from .fit import read_blocks
 from .model import WhiteningModel, model_checksum, project
 from .stores import create_sink, fingerprint, open_source, output_chunk_rows, resume_sink, same_file, split_spec
 
@@ -81,7 +81,7 @@ def apply_model(
             sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
                                chunk_rows)
         with sink:
-            for begin, rows in prefetch(read_blocks(source, rows_per_block, start)):
+            for begin, rows in read_blocks(source, rows_per_block, start):
                 finite = _kernels.finite_row_mask(rows if rows.dtype != np.float16 else rows.astype(np.float32))
                 if not finite.all():
                     if not skip_nonfinite:

@@ -35,28 +35,32 @@ ProgressCallback = Callable[[int, int], None]
 CHECKPOINT_FORMAT = "streamwhiten-checkpoint"
 CHECKPOINT_VERSION = 1
 
-_DONE = object()
-
 
 def prefetch(items: Iterable, depth: int = 1) -> Iterator:
-    """Yield ``items`` while a background thread produces up to ``depth`` ahead; re-raises its errors."""
+    """Yield ``items`` while a background thread produces up to ``depth`` ahead; re-raises its errors.
+
+    Closing the generator early (an error or an interruption in the consumer) stops the thread.
+    """
     slots: queue.Queue = queue.Queue(maxsize=max(1, depth))
     stop = threading.Event()
+
+    def put(message) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(message, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def produce():
         try:
             for item in items:
-                while not stop.is_set():
-                    try:
-                        slots.put(("item", item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
+                if not put(("item", item)):
                     return
-            slots.put(("done", _DONE))
+            put(("done", None))
         except BaseException as exc:  # handed to the consumer, raised there
-            slots.put(("error", exc))
+            put(("error", exc))
 
     thread = threading.Thread(target=produce, name="streamwhiten-reader", daemon=True)
     thread.start()
@@ -70,17 +74,49 @@ def prefetch(items: Iterable, depth: int = 1) -> Iterator:
             yield item
     finally:
         stop.set()
-        while thread.is_alive():
-            try:
-                slots.get_nowait()
-            except queue.Empty:
-                thread.join(timeout=0.05)
+        thread.join()
 
 
-def read_blocks(source: Source, block_rows: int | None = None, start: int = 0, stop: int | None = None) -> Iterator:
-    """``(start, rows)`` for consecutive blocks of ``source``."""
-    for begin, end in source.blocks(block_rows, start, stop):
-        yield begin, source.read(begin, end)
+def read_blocks(source: Source, block_rows: int | None = None, start: int = 0, stop: int | None = None,
+                n_buffers: int = 2) -> Iterator:
+    """``(start, rows)`` for consecutive blocks of ``source``, read ahead by a thread into reused buffers.
+
+    ``n_buffers`` buffers of ``block_rows`` rows are allocated once: while the caller works on one block
+    (it may modify it in place), the next is read into the other. A yielded array is valid only until
+    the next iteration. Memory is ``n_buffers`` blocks, however long the source.
+    """
+    block_rows = int(block_rows or source.default_block_rows())
+    ranges = list(source.blocks(block_rows, start, stop))
+    if not ranges:
+        return
+    rows = min(block_rows, max(end - begin for begin, end in ranges))
+    buffers = [np.empty((rows, source.n_features), dtype=source.dtype) for _ in range(min(n_buffers, len(ranges)))]
+    free: queue.Queue = queue.Queue()
+    for index in range(len(buffers)):
+        free.put(index)
+    stop_event = threading.Event()
+
+    def fill():
+        for begin, end in ranges:
+            index = free.get()
+            if stop_event.is_set():
+                return
+            yield begin, index, source.read_into(begin, end, buffers[index])
+
+    blocks = prefetch(fill(), depth=len(buffers))
+    held = None
+    try:
+        for begin, index, block in blocks:
+            if held is not None:
+                free.put(held)
+            held = index
+            yield begin, block
+    finally:
+        # Release a reader waiting for a free buffer first, then stop and join it.
+        stop_event.set()
+        for _ in buffers:
+            free.put(0)
+        blocks.close()
 
 
 # ---------------------------------------------------------------------------------------------- the job
@@ -347,7 +383,7 @@ def run_job(
         if cursor.done:
             continue
         with open_source(cursor.spec) as source:
-            for begin, rows in prefetch(read_blocks(source, job.block_rows, cursor.next_row, cursor.stop)):
+            for begin, rows in read_blocks(source, job.block_rows, cursor.next_row, cursor.stop):
                 end = begin + rows.shape[0]
                 if job.skip_nonfinite:
                     rows, dropped = stats.drop_nonfinite(rows)

@@ -79,10 +79,19 @@ def drop_nonfinite(chunk: np.ndarray) -> tuple[np.ndarray, int]:
     return (chunk if n_dropped == 0 else chunk[mask]), n_dropped
 
 
+#: Rows sampled (evenly spaced) to estimate a chunk's mean before centring it.
+SHIFT_SAMPLE_ROWS = 256
+
+
 def chunk_moments(
     chunk, precision: str = "auto", workspace: np.ndarray | None = None, overwrite_input: bool = False
 ) -> Moments:
-    """Moments of one chunk of rows, centred on the chunk's own float64 mean.
+    """Moments of one chunk of rows, in one pass over the data plus the scatter product.
+
+    Rows are centred on a float64 estimate of the chunk mean (from a few sampled rows), the exact
+    float64 sums of the centred values are taken in the same pass, and the scatter about the true
+    chunk mean follows as ``C^T C - n cbar cbar^T``: ``cbar`` is tiny, so nothing cancels, and
+    ``E[xx^T] - mu mu^T`` is never formed.
 
     Raises :class:`NonFiniteError` (with ``.row``, the index inside the chunk) on the first row that
     holds NaN or Inf. ``workspace`` is an optional C-contiguous buffer of at least the chunk's shape in
@@ -93,11 +102,11 @@ def chunk_moments(
     n_rows, n_features = chunk.shape
     if n_rows == 0:
         return Moments.empty(n_features)
-    sums, bad_row = _kernels.column_sums(chunk)
-    if bad_row >= 0:
-        raise NonFiniteError(f"row {bad_row} holds NaN or Inf", row=bad_row)
-    mean = sums / n_rows
     dtype = working_dtype(chunk.dtype, precision)
+    sample = chunk[:: max(1, n_rows // SHIFT_SAMPLE_ROWS)].astype(np.float64)
+    shift = sample.mean(axis=0)
+    if not np.all(np.isfinite(shift)):
+        shift = np.zeros(n_features)  # the pass below finds and reports the bad row
     if overwrite_input and chunk.dtype == dtype and chunk.flags.writeable:
         workspace = chunk
     elif (
@@ -107,7 +116,10 @@ def chunk_moments(
         or workspace.shape[1] != n_features
     ):
         workspace = np.empty((n_rows, n_features), dtype=dtype)
-    centred = _kernels.center_into(chunk, mean, workspace)
+    sums, bad_row = _kernels.center_and_sum(chunk, shift, workspace)
+    if bad_row >= 0:
+        raise NonFiniteError(f"row {bad_row} holds NaN or Inf", row=bad_row)
+    centred = workspace[:n_rows]
     if dtype == np.float64:
         scatter = centred.T @ centred
     else:
@@ -115,7 +127,9 @@ def chunk_moments(
         for start in range(0, n_rows, GEMM_ROWS):
             block = centred[start : start + GEMM_ROWS]
             scatter += block.T @ block
-    return Moments(n_rows, mean, scatter)
+    offset = sums / n_rows  # mean of the centred rows: small
+    scatter -= n_rows * np.outer(offset, offset)
+    return Moments(n_rows, shift + offset, scatter)
 
 
 def merge(a: Moments, b: Moments) -> Moments:

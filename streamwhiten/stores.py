@@ -124,6 +124,12 @@ class Source:
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
             raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {exc}") from exc
 
+    def read_into(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``."""
+        view = out[: stop - start]
+        view[...] = self.read(start, stop)
+        return view
+
     def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
         """Rows per block: a whole number of store chunks, about ``target_bytes`` in all."""
         row_bytes = max(1, self.n_features * self.dtype.itemsize)
@@ -180,13 +186,15 @@ class HDF5Source(Source):
         raise BadInputError(f"{path}: name a dataset (file.h5:/dataset or --dataset); 2-D datasets found: {listing}")
 
     def read(self, start, stop):
-        out = np.empty((stop - start, self.n_features), dtype=self.dtype)
+        return self.read_into(start, stop, np.empty((stop - start, self.n_features), dtype=self.dtype))
+
+    def read_into(self, start, stop, out):
         try:
             if stop > start:
                 self._array.read_direct(out, np.s_[start:stop], np.s_[0 : stop - start])
         except (OSError, ValueError, RuntimeError) as exc:
             raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {exc}") from exc
-        return out
+        return out[: stop - start]
 
     def close(self):
         if self._file.id.valid:
