@@ -53,7 +53,7 @@ def test_fit_is_bit_reproducible_and_independent_of_block_alignment_up_to_roundi
     first, second = fit_sources(spec, block_rows=300), fit_sources(spec, block_rows=300)
     assert first.state == second.state  # bit for bit
     other = fit_sources(spec, block_rows=700)
-    np.testing.assert_allclose(other.state.scatter, first.state.scatter, rtol=1e-9)
+    np.testing.assert_allclose(other.state.scatter, first.state.scatter, rtol=1e-6)  # float32 products
     job = plan_fit(spec, block_rows=300)
     job.cursors[0].stop = 1200  # a partial job continued later gives the same bits
     run_job(job)
