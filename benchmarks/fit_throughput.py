@@ -1,0 +1,241 @@
+"""Fit throughput against the hardware limit and peer tools, measured side by side in one run.
+
+Reference ("the limit"): bare numpy float32 ``X.T @ X`` over the same chunks held in memory. The
+streamwhiten fit reads the same rows from HDF5, uncompressed Zarr and blosc/zstd Zarr stores (warm page
+cache) and must stay within 0.85x of it. Peers on the same in-memory data: ``np.cov`` (how the
+reference BERT-whitening code does it, and the float64 two-pass reference for accuracy), scikit-learn
+``IncrementalPCA(256, whiten=True).partial_fit`` with 8k batches, and faiss ``PCAMatrix(d, 256, -0.5)``.
+Also: scaling in rows and in d, finalize time at d = 4096, and the first-call (numba compile) time,
+which is excluded from every throughput figure.
+
+    python benchmarks/fit_throughput.py             # the full run (several minutes)
+    python benchmarks/fit_throughput.py --quick     # a tiny smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+from _common import (
+    best_time, print_table, read_all, run_child, save_results, warm_page_cache, write_tiled_store,
+)
+
+TARGET_VS_BLAS = 0.85
+
+
+def compile_times() -> dict:
+    """Seconds of the first chunk_moments call in a fresh process: true compile, then from numba's cache."""
+    code = (
+        "import time, numpy as np\nfrom streamwhiten import stats\n"
+        "x = np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32)\n"
+        "t = time.perf_counter(); stats.chunk_moments(x); first = time.perf_counter() - t\n"
+        "t = time.perf_counter(); stats.chunk_moments(x); second = time.perf_counter() - t\n"
+        "RESULT = {'first_call_s': first, 'second_call_s': second}\n"
+    )
+    empty_cache = tempfile.mkdtemp(prefix="numba-cache-")
+    try:
+        cold = run_child(code, env={"NUMBA_CACHE_DIR": empty_cache})
+        cached = run_child(code, env={"NUMBA_CACHE_DIR": empty_cache})
+    finally:
+        shutil.rmtree(empty_cache, ignore_errors=True)
+    return {"compile_s": cold["first_call_s"], "cache_load_s": cached["first_call_s"],
+            "warm_call_s": cold["second_call_s"]}
+
+
+def bare_blas(chunks: list[np.ndarray], repeats: int) -> float:
+    def run():
+        for chunk in chunks:
+            chunk.T @ chunk
+
+    return best_time(run, repeats)
+
+
+def fit_seconds(spec, repeats: int, **options) -> tuple[float, object]:
+    from streamwhiten.fit import fit_sources
+
+    holder = {}
+
+    def run():
+        holder["result"] = fit_sources(spec, **options)
+
+    return best_time(run, repeats), holder["result"]
+
+
+def limit_table(directory, dims, n_chunks, chunk_rows, repeats) -> list[dict]:
+    """Target 1: fit from each store kind vs bare float32 X.T @ X on the same chunks in memory."""
+    rows_out = []
+    for d in dims:
+        n_rows = n_chunks * chunk_rows
+        specs = {
+            "hdf5": write_tiled_store(os.path.join(directory, f"d{d}.h5"), n_rows, d, chunk_rows),
+            "zarr": write_tiled_store(os.path.join(directory, f"d{d}.zarr"), n_rows, d, chunk_rows),
+            "zarr-zstd": write_tiled_store(os.path.join(directory, f"d{d}-zstd.zarr"), n_rows, d, chunk_rows, "zstd"),
+        }
+        data = read_all(specs["hdf5"])
+        chunks = [np.ascontiguousarray(data[i : i + chunk_rows]) for i in range(0, n_rows, chunk_rows)]
+        del data
+        blas = n_rows / bare_blas(chunks, repeats)
+        del chunks
+        row = {"d": d, "rows": n_rows, "blas_rows_s": blas}
+        for kind, spec in specs.items():
+            warm_page_cache(spec.split(":")[0])
+            seconds, result = fit_seconds(spec, repeats)
+            row[f"{kind}_rows_s"] = n_rows / seconds
+            row[f"{kind}_ratio"] = n_rows / seconds / blas
+        from streamwhiten.model import finalize
+
+        row["finalize_s"] = best_time(lambda: finalize(result.state, n_components=min(256, d)), 1)
+        row["meets_0.85"] = min(row["hdf5_ratio"], row["zarr_ratio"]) >= TARGET_VS_BLAS
+        rows_out.append(row)
+        for spec in specs.values():
+            path = spec.split(":")[0]
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+    return rows_out
+
+
+def peers_table(directory, d, n_rows, chunk_rows, ipca_rows, repeats) -> dict:
+    """Target 2: peers on the same data in the same run, and accuracy against float64 two-pass."""
+    from streamwhiten import Whitener
+    from streamwhiten.model import finalize
+
+    spec = write_tiled_store(os.path.join(directory, "peers.h5"), n_rows, d, chunk_rows)
+    data = read_all(spec)
+    warm_page_cache(spec.split(":")[0])
+    out = {"d": d, "rows": n_rows}
+
+    reference = {}
+    cov_seconds = best_time(lambda: reference.__setitem__("cov", np.cov(data, rowvar=False, bias=True)), 1)
+    out["np_cov_rows_s"] = n_rows / cov_seconds
+    norm = np.linalg.norm(reference["cov"])
+
+    k = min(256, d)
+    fitted = {}
+
+    def ours(precision):
+        result = fit_seconds(spec, 1, precision=precision)[1]
+        fitted[precision] = finalize(result.state, n_components=k)
+
+    for precision in ("auto", "float64"):
+        seconds = best_time(lambda: ours(precision), repeats)
+        from streamwhiten.stats import covariance
+
+        error = np.linalg.norm(covariance(fitted[precision].state) - reference["cov"]) / norm
+        out[f"streamwhiten_{precision}_rows_s"] = n_rows / seconds
+        out[f"streamwhiten_{precision}_rel_error"] = float(error)
+    out["streamwhiten_in_memory_rows_s"] = n_rows / best_time(lambda: Whitener(n_components=k).fit(data), repeats)
+    try:
+        from sklearn.decomposition import IncrementalPCA
+
+        subset = data[:ipca_rows]
+
+        def ipca():
+            model = IncrementalPCA(n_components=k, whiten=True)
+            for start in range(0, subset.shape[0], 8192):
+                model.partial_fit(subset[start : start + 8192])
+
+        out["sklearn_ipca_rows_s"] = subset.shape[0] / best_time(ipca, 1)
+    except ImportError:
+        out["sklearn_ipca_rows_s"] = None
+    try:
+        import faiss
+
+        def train():
+            pca = faiss.PCAMatrix(d, k, -0.5)
+            pca.train(data)
+
+        out["faiss_pca_rows_s"] = n_rows / best_time(train, repeats)
+    except ImportError:
+        out["faiss_pca_rows_s"] = None
+    ours_rate = out["streamwhiten_auto_rows_s"]
+    for peer, target in (("np_cov", 3.0), ("sklearn_ipca", 20.0), ("faiss_pca", 1.2)):
+        rate = out[f"{peer}_rows_s"]
+        out[f"vs_{peer}"] = None if rate is None else ours_rate / rate
+        out[f"vs_{peer}_target"] = target
+    out["accuracy_ok"] = out["streamwhiten_auto_rel_error"] <= 1e-6 and out["streamwhiten_float64_rel_error"] <= 1e-12
+    os.remove(spec.split(":")[0])
+    return out
+
+
+def scaling_tables(directory, row_sizes, dims_rows, repeats, finalize_d) -> dict:
+    """Target 5: rows/s at several sizes (linear) and several widths (quadratic), finalize at large d."""
+    from streamwhiten.model import finalize
+
+    by_rows = []
+    for n_rows in row_sizes:
+        spec = write_tiled_store(os.path.join(directory, "rows.h5"), n_rows, 768, min(65536, n_rows))
+        warm_page_cache(spec.split(":")[0])
+        seconds, _ = fit_seconds(spec, repeats)
+        by_rows.append({"d": 768, "rows": n_rows, "seconds": seconds, "rows_s": n_rows / seconds})
+        os.remove(spec.split(":")[0])
+    by_dim = []
+    for d, n_rows in dims_rows:
+        spec = write_tiled_store(os.path.join(directory, "dims.h5"), n_rows, d, min(65536, n_rows))
+        warm_page_cache(spec.split(":")[0])
+        seconds, result = fit_seconds(spec, repeats)
+        entry = {"d": d, "rows": n_rows, "rows_s": n_rows / seconds, "ns_per_row_per_d2": seconds / n_rows / d**2 * 1e9}
+        if d == finalize_d:
+            entry["finalize_s"] = best_time(lambda: finalize(result.state, n_components=min(256, d)), 1)
+        by_dim.append(entry)
+        os.remove(spec.split(":")[0])
+    return {"by_rows": by_rows, "by_dim": by_dim}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of every section")
+    parser.add_argument("--dims", type=int, nargs="+", default=[384, 768, 1024], help="widths for the limit table")
+    parser.add_argument("--chunks", type=int, default=6, help="chunks per store in the limit table")
+    parser.add_argument("--chunk-rows", type=int, default=65536, help="rows per store chunk")
+    parser.add_argument("--repeats", type=int, default=2, help="timed repeats (the best is kept)")
+    parser.add_argument("--workdir", default=None, help="where stores are written (default: a temporary directory)")
+    parser.add_argument("--results", default=None, help="directory for the JSON result (default: benchmarks/results)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.dims, args.chunks, args.chunk_rows, args.repeats = [64], 3, 4096, 1
+        peers = dict(d=64, n_rows=8192, chunk_rows=4096, ipca_rows=4096)
+        scaling = dict(row_sizes=[4096, 8192], dims_rows=[(32, 4096), (64, 4096)], finalize_d=64)
+    else:
+        peers = dict(d=768, n_rows=4 * args.chunk_rows, chunk_rows=args.chunk_rows, ipca_rows=32768)
+        scaling = dict(row_sizes=[65536, 131072, 262144, 524288],
+                       dims_rows=[(384, 131072), (768, 65536), (1024, 65536), (2048, 32768), (4096, 16384)],
+                       finalize_d=4096)
+
+    directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-bench-")
+    os.makedirs(directory, exist_ok=True)
+    try:
+        from streamwhiten import stats
+
+        stats.chunk_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
+        compile_info = compile_times()
+        print(f"numba: first call {compile_info['compile_s']:.2f} s compiling, {compile_info['cache_load_s']:.2f} s "
+              f"from cache (excluded from all throughput figures)")
+        limit = limit_table(directory, args.dims, args.chunks, args.chunk_rows, args.repeats)
+        print_table(f"fit vs bare float32 X.T @ X on the same chunks (target >= {TARGET_VS_BLAS}x)", limit,
+                    ["d", "rows", "blas_rows_s", "hdf5_rows_s", "hdf5_ratio", "zarr_rows_s", "zarr_ratio",
+                     "zarr-zstd_rows_s", "zarr-zstd_ratio", "finalize_s", "meets_0.85"])
+        peer = peers_table(directory, repeats=args.repeats, **peers)
+        print_table("fit (HDF5 store, end to end with finalize) vs peers on the same data", [peer],
+                    ["d", "rows", "streamwhiten_auto_rows_s", "streamwhiten_float64_rows_s", "streamwhiten_in_memory_rows_s",
+                     "np_cov_rows_s", "sklearn_ipca_rows_s", "faiss_pca_rows_s"])
+        print_table("ratios (targets: np.cov 3x, IncrementalPCA 20x, faiss 1.2x) and accuracy vs float64 two-pass",
+                    [peer], ["vs_np_cov", "vs_sklearn_ipca", "vs_faiss_pca", "streamwhiten_auto_rel_error",
+                             "streamwhiten_float64_rel_error", "accuracy_ok"])
+        scale = scaling_tables(directory, repeats=args.repeats, **scaling)
+        print_table("scaling in rows (d = 768): rows/s should stay flat", scale["by_rows"], ["d", "rows", "seconds", "rows_s"])
+        print_table("scaling in d: ns per row per d^2 should stay flat (quadratic cost)", scale["by_dim"],
+                    ["d", "rows", "rows_s", "ns_per_row_per_d2", "finalize_s"])
+        save_results("fit_throughput", {"compile": compile_info, "limit": limit, "peers": peer, "scaling": scale,
+                                        "args": vars(args)}, args.results)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
