@@ -110,6 +110,27 @@ def open_sources(specs, dataset: str | None = None) -> list[Source]:
     return sources
 
 
+def block_moments(
+    rows: np.ndarray, begin: int, label: str, precision: str = "auto", skip_nonfinite: bool = False,
+    overwrite_input: bool = False,
+) -> tuple[stats.Moments, int]:
+    """Moments of one block read at row ``begin`` of ``label``, and how many of its rows were skipped.
+
+    The per-block step of every engine. A row holding NaN or Inf raises :class:`NonFiniteError`
+    naming ``label`` and the row, unless ``skip_nonfinite`` (then it is dropped and counted).
+    """
+    n_skipped = 0
+    if skip_nonfinite:
+        rows, n_skipped = stats.drop_nonfinite(rows)
+    try:
+        return stats.chunk_moments(rows, precision, overwrite_input=overwrite_input), n_skipped
+    except NonFiniteError as exc:
+        raise NonFiniteError(
+            f"{label}: row {begin + exc.row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
+            row=begin + exc.row,
+        ) from None
+
+
 def accumulate_source(
     state: stats.Moments,
     source: Source,
@@ -127,19 +148,20 @@ def accumulate_source(
     n_skipped = 0
     for begin, rows in prefetch(read_blocks(source, block_rows, start, stop)):
         end = begin + rows.shape[0]
-        if skip_nonfinite:
-            rows, dropped = stats.drop_nonfinite(rows)
-            n_skipped += dropped
-        try:
-            state = stats.update(state, rows, precision, overwrite_input=True)
-        except NonFiniteError as exc:
-            raise NonFiniteError(
-                f"{source.label}: row {begin + exc.row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
-                row=begin + exc.row,
-            ) from None
+        chunk, skipped = block_moments(rows, begin, source.label, precision, skip_nonfinite, overwrite_input=True)
+        state = stats.merge(state, chunk)
+        n_skipped += skipped
         if on_block is not None:
             on_block(state, end, n_skipped)
     return state, n_skipped
+
+
+def check_enough_rows(state: stats.Moments, sources) -> None:
+    """A fit needs at least two finite rows in all."""
+    if state.n_rows < 2:
+        raise BadInputError(
+            f"only {state.n_rows} finite row(s) in {', '.join(s.label for s in sources)}; at least 2 are needed"
+        )
 
 
 def fit_sources(
@@ -172,10 +194,7 @@ def fit_sources(
             state, skipped = accumulate_source(state, source, precision, skip_nonfinite, block_rows, on_block=on_block)
             n_skipped += skipped
             done += source.n_rows
-        if state.n_rows < 2:
-            raise BadInputError(
-                f"only {state.n_rows} finite row(s) in {', '.join(s.label for s in sources)}; at least 2 are needed"
-            )
+        check_enough_rows(state, sources)
         return FitResult(state, n_skipped, fingerprints, n_blocks, time.perf_counter() - began)
     finally:
         for source in sources:
