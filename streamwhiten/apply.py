@@ -48,12 +48,14 @@ def aligned_block_rows(block_rows: int | None, source, sink_chunk_rows: int) -> 
 
 
 def transform_block(
-    rows: np.ndarray, begin: int, weights, shift, normalize: bool, dtype, skip_nonfinite: bool, label: str
+    rows: np.ndarray, begin: int, weights, shift, normalize: bool, dtype, skip_nonfinite: bool, label: str,
+    overwrite_input: bool = True,
 ) -> tuple[np.ndarray, int]:
     """Whiten one block read at row ``begin``; returns the output rows and how many were non-finite.
 
     A row holding NaN or Inf raises :class:`NonFiniteError` naming ``label`` and the row, unless
-    ``skip_nonfinite``: then its output row is NaN and it is counted.
+    ``skip_nonfinite``: then its output row is NaN and it is counted. With ``overwrite_input`` the
+    block may be centred in place.
     """
     finite = _kernels.finite_row_mask(rows if rows.dtype != np.float16 else rows.astype(np.float32))
     n_nonfinite = int(finite.size - finite.sum())
@@ -63,7 +65,7 @@ def transform_block(
             f"{label}: row {bad} holds NaN or Inf (pass --skip-nonfinite to write NaN rows for such input)",
             row=bad,
         )
-    out = project(rows, weights, shift, normalize, dtype, overwrite_input=True)
+    out = project(rows, weights, shift, normalize, dtype, overwrite_input=overwrite_input)
     if n_nonfinite:
         out[~finite] = np.nan
     return out, n_nonfinite
