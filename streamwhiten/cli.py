@@ -112,6 +112,26 @@ def model_options(func):
     return func
 
 
+def engine_options(func):
+    for option in reversed([
+        click.option("--engine", type=click.Choice(["serial", "dask"]), default="serial", show_default=True,
+                     help="serial: this process; dask: a Dask cluster (needs streamwhiten[dask]), see docs/dask.md."),
+        click.option("--scheduler", default=None, metavar="ADDRESS",
+                     help="With --engine dask: the scheduler to use, e.g. tcp://host:8786 (default: a local cluster)."),
+        click.option("--workers", type=click.IntRange(min=1), default=None,
+                     help="With --engine dask and no --scheduler: processes of the local cluster (default: one per core)."),
+    ]):
+        func = option(func)
+    return func
+
+
+def _check_engine(engine: str, scheduler, workers) -> None:
+    if engine != "dask" and (scheduler or workers is not None):
+        raise BadInputError("--scheduler and --workers need --engine dask")
+    if scheduler and workers is not None:
+        raise BadInputError("--workers sizes a local cluster; it cannot be combined with --scheduler")
+
+
 # ------------------------------------------------------------------------------------------ commands
 
 
@@ -130,25 +150,33 @@ def cli():
 @click.option("--chunk-rows", type=int, default=None, help="Rows per block read (default: whole store chunks, ~64 MiB).")
 @click.option("--skip-nonfinite", is_flag=True, help="Skip and count rows holding NaN/Inf instead of failing.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file.")
+@engine_options
 @common_quiet
 @common_json
 def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, precision, chunk_rows,
-        skip_nonfinite, overwrite, quiet, as_json):
+        skip_nonfinite, overwrite, engine, scheduler, workers, quiet, as_json):
     """Fit a whitening model on one or more stores (HDF5, Zarr, .npy; globs allowed) in one pass."""
     from .fit import fit_sources
     from .model import check_params, finalize, save_model
 
+    _check_engine(engine, scheduler, workers)
     params = _model_params(beta, gamma, n_components, variance, eps)
     check_params(**params)
     if os.path.exists(model_path) and not overwrite:
         raise OutputExistsError(f"{model_path}: already exists (pass --overwrite to replace it)")
     began = time.perf_counter()
-    with progress_bar("fit", quiet) as progress:
-        result = fit_sources(expand_inputs(inputs), dataset, precision, skip_nonfinite, chunk_rows, progress)
+    with progress_bar("fit", quiet or engine == "dask") as progress:
+        if engine == "dask":
+            from .distributed import fit_dask
+
+            result = fit_dask(expand_inputs(inputs), dataset, precision, skip_nonfinite, chunk_rows,
+                              scheduler=scheduler, n_workers=workers)
+        else:
+            result = fit_sources(expand_inputs(inputs), dataset, precision, skip_nonfinite, chunk_rows, progress)
     model = finalize(result.state, sources=result.sources, info={"n_skipped_nonfinite": result.n_skipped}, **params)
     checksum = save_model(model, model_path)
     seconds = time.perf_counter() - began
-    summary = dict(model.summary(), model=model_path, checksum=checksum, seconds=seconds,
+    summary = dict(model.summary(), model=model_path, checksum=checksum, seconds=seconds, engine=engine,
                    read_seconds=result.seconds, rows_per_second=result.rows_per_second)
     summary.pop("sources")
     _emit(as_json, summary, [
@@ -173,21 +201,30 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @click.option("--zarr-format", type=click.Choice(["2", "3"]), default="3", show_default=True)
 @click.option("--skip-nonfinite", is_flag=True, help="Write NaN for input rows holding NaN/Inf instead of failing.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+@engine_options
 @common_quiet
 @common_json
 def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_components, variance, eps, normalize, dtype,
-          chunk_rows, zarr_format, skip_nonfinite, overwrite, quiet, as_json):
+          chunk_rows, zarr_format, skip_nonfinite, overwrite, engine, scheduler, workers, quiet, as_json):
     """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store."""
     from .apply import apply_model
     from .model import load_model
 
+    _check_engine(engine, scheduler, workers)
     model = load_model(model_path)
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params:
         model = model.with_params(**params)
     with progress_bar("apply", quiet) as progress:
-        summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
-                              skip_nonfinite, int(zarr_format), progress)
+        if engine == "dask":
+            from .distributed import apply_dask
+
+            summary = apply_dask(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
+                                 skip_nonfinite, int(zarr_format), scheduler=scheduler, n_workers=workers,
+                                 progress=progress)
+        else:
+            summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
+                                  skip_nonfinite, int(zarr_format), progress)
     _emit(as_json, summary, [
         f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
         f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "
