@@ -127,31 +127,32 @@ def _rows_array(array):
     return array
 
 
-def _source_array(source, block_rows: int):
-    """A lazy dask array of ``source`` in blocks of ``block_rows`` full rows, read on the workers."""
-    import dask.array as da
-
-    return da.from_array(
-        source.lazy(), chunks=(block_rows, source.n_features), name=False, meta=np.empty((0, 0), source.dtype)
-    )
-
-
-def _blocks(array):
-    """``(first row, delayed block)`` for each row block of a dask array whose blocks span all columns."""
-    offsets = np.concatenate([[0], np.cumsum(array.chunks[0])]).astype(np.int64)
-    return [(int(offsets[i]), block) for i, block in enumerate(array.to_delayed().ravel())]
-
-
 def _block_tasks(array, label: str, precision: str, skip_nonfinite: bool) -> list:
     """The *chunk* step: one delayed ``block_moments`` per row block of ``array``, in row order.
 
-    A block is never centred in place (``overwrite_input=False``): it may be data dask keeps for
-    another attempt of the task.
+    A block is never centred in place: it may be a view of the caller's data, or data dask keeps.
     """
     import dask
 
     task = dask.delayed(block_moments, pure=True)
-    return [task(block, begin, label, precision, skip_nonfinite) for begin, block in _blocks(array)]
+    offsets = np.concatenate([[0], np.cumsum(array.chunks[0])]).astype(np.int64)
+    blocks = array.to_delayed().ravel()
+    return [task(block, int(begin), label, precision, skip_nonfinite) for begin, block in zip(offsets, blocks)]
+
+
+def _read_block_moments(rows, begin: int, stop: int, precision: str, skip_nonfinite: bool) -> tuple:
+    """The *chunk* step for a store: read rows ``[begin, stop)`` in the task and fold them; the block
+    is this task's own, so it is centred in place, as in the serial engine."""
+    return block_moments(rows[begin:stop], begin, rows.label, precision, skip_nonfinite, overwrite_input=True)
+
+
+def _store_tasks(source, block_rows: int | None, precision: str, skip_nonfinite: bool) -> list:
+    """One delayed read-and-fold per block of ``source``, in the serial engine's block layout."""
+    import dask
+
+    task = dask.delayed(_read_block_moments, pure=False)
+    rows = dask.delayed(source.lazy(), pure=True)  # shipped once per worker, not once per task
+    return [task(rows, begin, stop, precision, skip_nonfinite) for begin, stop in source.blocks(block_rows)]
 
 
 def _merge_parts(*parts: tuple) -> tuple:
@@ -219,12 +220,7 @@ def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_no
     sources = open_sources(specs, dataset)
     try:
         fingerprints = [fingerprint(source) for source in sources]
-        parts = []
-        for source in sources:
-            rows = int(block_rows or source.default_block_rows())
-            if rows < 1:
-                raise BadInputError(f"chunk rows must be at least 1, got {rows}")
-            parts += _block_tasks(_source_array(source, rows), source.label, precision, skip_nonfinite)
+        parts = [task for source in sources for task in _store_tasks(source, block_rows, precision, skip_nonfinite)]
         n_rows = sum(source.n_rows for source in sources)
     finally:
         for source in sources:
@@ -240,11 +236,10 @@ def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_no
 # --------------------------------------------------------------------------------------------- apply
 
 
-def _transform_and_write(rows, begin, projection, normalize, dtype, skip_nonfinite, label, writer) -> tuple:
+def _transform_and_write(rows, begin, stop, projection, normalize, dtype, skip_nonfinite, writer) -> tuple:
+    """Read rows ``[begin, stop)``, whiten them (in place: the block is this task's own) and write them."""
     weights, shift = projection
-    out, n_nonfinite = transform_block(
-        rows, begin, weights, shift, normalize, dtype, skip_nonfinite, label, overwrite_input=False
-    )
+    out, n_nonfinite = transform_block(rows[begin:stop], begin, weights, shift, normalize, dtype, skip_nonfinite, rows.label)
     writer(begin, out)
     return begin, out.shape[0], n_nonfinite
 
@@ -302,12 +297,13 @@ def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, 
             )
             with sink:
                 rows_per_block = aligned_block_rows(block_rows, source, sink.chunk_rows)
+                rows = dask.delayed(source.lazy(), pure=True)
                 projection = dask.delayed(model.projection(work), pure=True)
-                writer = sink.region_writer()
-                task = dask.delayed(_transform_and_write, pure=True)
+                writer = dask.delayed(sink.region_writer(), pure=True)
+                task = dask.delayed(_transform_and_write, pure=False)
                 futures = active.compute([
-                    task(block, begin, projection, normalize, sink.dtype, skip_nonfinite, source.label, writer)
-                    for begin, block in _blocks(_source_array(source, rows_per_block))
+                    task(rows, begin, stop, projection, normalize, sink.dtype, skip_nonfinite, writer)
+                    for begin, stop in source.blocks(rows_per_block)
                 ])
                 written, n_written, n_nonfinite = set(), 0, 0
                 try:
