@@ -6,9 +6,10 @@ Writes a synthetic float32 store, then fits it with
 - Dask with a LocalCluster of 1 worker process, of 2 worker processes, and of 1 process with 2 threads
   (each Dask worker thread runs BLAS on one thread, as Dask's worker processes do by default),
 
-each after one untimed warm-up fit (worker start-up, imports, loading the cached numba kernels), and
-reports rows/s of the best of ``--repeats`` fits, the cluster start-up time separately, and the largest
-relative difference of the statistics from the serial engine's. With ``--scheduler ADDRESS`` the Dask
+each after one untimed warm-up fit (worker start-up, imports, loading the cached numba kernels); then
+the engines take turns for ``--repeats`` rounds, so a shifting load on a shared machine falls on all
+alike. It reports rows/s of each engine's best fit (and the median time), the cluster start-up time
+separately, and the largest relative difference of the statistics from the serial engine's. With ``--scheduler ADDRESS`` the Dask
 runs use that cluster instead (put the store on storage all workers see with ``--dir``).
 
     python benchmarks/dask_scaling.py --quick
@@ -51,9 +52,12 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("--quick", action="store_true", help="A few seconds: 20,000 x 32 rows, one timed fit each.")
-    parser.add_argument("--rows", type=int, default=None, help="Rows of the store (default 400,000; quick 20,000).")
+    parser.add_argument("--rows", type=int, default=None, help="Rows of the store (default 1,000,000; quick 20,000).")
     parser.add_argument("--dim", type=int, default=None, help="Width d (default 256; quick 32).")
-    parser.add_argument("--chunk-rows", type=int, default=None, help="Rows per store chunk and per task (default 8192; quick 2000).")
+    parser.add_argument("--chunk-rows", type=int, default=None, help="Rows per store chunk (default 8192; quick 2000).")
+    parser.add_argument("--block-rows", type=int, default=None,
+                        help="Rows per block read, i.e. per Dask task (default: the engines' own, whole chunks of ~64 MiB; "
+                             "quick: one chunk).")
     parser.add_argument("--format", choices=["zarr", "hdf5"], default="zarr", help="Store format (default zarr).")
     parser.add_argument("--precision", choices=["auto", "float32", "float64"], default="auto",
                         help="Arithmetic of the scatter product (default auto: float32 for this float32 store).")
@@ -63,10 +67,11 @@ def parse_args(argv=None):
     parser.add_argument("--out", default=None, help="JSON report path (default benchmarks/results/dask_scaling-<time>.json).")
     args = parser.parse_args(argv)
     quick = args.quick
-    args.rows = args.rows or (20_000 if quick else 400_000)
+    args.rows = args.rows or (20_000 if quick else 1_000_000)
     args.dim = args.dim or (32 if quick else 256)
     args.chunk_rows = args.chunk_rows or (2000 if quick else 8192)
     args.repeats = args.repeats or (1 if quick else 3)
+    args.block_rows = args.block_rows or (args.chunk_rows if quick else None)
     return args
 
 
@@ -75,17 +80,6 @@ def rel_diff(state, reference) -> float:
         float(np.max(np.abs(state.mean - reference.mean)) / np.max(np.abs(reference.mean))),
         float(np.max(np.abs(state.scatter - reference.scatter)) / np.max(np.abs(reference.scatter))),
     )
-
-
-def best_time(fit, repeats: int):
-    """One warm-up fit, then the fastest of ``repeats``; returns (seconds, the last result)."""
-    result = fit()
-    times = []
-    for _ in range(repeats):
-        began = time.perf_counter()
-        result = fit()
-        times.append(time.perf_counter() - began)
-    return min(times), result
 
 
 def run(args) -> dict:
@@ -97,28 +91,44 @@ def run(args) -> dict:
         began = time.perf_counter()
         spec = write_store(path, args.rows, args.dim, chunk_rows=args.chunk_rows, dataset="embeddings")
         generate_seconds = time.perf_counter() - began
-        runs = []
-
-        seconds, serial = best_time(
-            lambda: fit_sources(spec, precision=args.precision, block_rows=args.chunk_rows), args.repeats
-        )
-        runs.append(dict(engine="serial", processes=1, threads=1, startup_seconds=0.0, seconds=seconds,
-                         rows_per_second=args.rows / seconds, max_rel_diff_vs_serial=0.0))
-
-        configs = [(f"dask at {args.scheduler}", True, None, None)] if args.scheduler else LOCAL_CONFIGS
-        for name, processes, workers, threads in configs:
-            began = time.perf_counter()
-            with sd.dask_client(args.scheduler, workers, processes=processes, threads_per_worker=threads or 1) as client:
-                startup = time.perf_counter() - began
+        load_before = os.getloadavg()
+        engines = [dict(engine="serial", processes=1, threads=1, startup_seconds=0.0, limit=contextlib.nullcontext,
+                        fit=lambda: fit_sources(spec, precision=args.precision, block_rows=args.block_rows))]
+        with contextlib.ExitStack() as clusters:
+            configs = [(f"dask at {args.scheduler}", True, None, None)] if args.scheduler else LOCAL_CONFIGS
+            for name, processes, workers, threads in configs:
+                began = time.perf_counter()
+                client = clusters.enter_context(
+                    sd.dask_client(args.scheduler, workers, processes=processes, threads_per_worker=threads or 1)
+                )
                 nthreads = client.nthreads()  # {worker: threads}
-                # Threads share this process's BLAS pool: one BLAS thread each, as in a worker process.
-                with _one_blas_thread() if not processes else contextlib.nullcontext():
-                    seconds, result = best_time(
-                        lambda: sd.fit_dask(spec, precision=args.precision, block_rows=args.chunk_rows, client=client),
-                        args.repeats,
-                    )
-            runs.append(dict(engine=name, processes=len(nthreads) if processes else 1, threads=sum(nthreads.values()),
-                             startup_seconds=startup, seconds=seconds, rows_per_second=args.rows / seconds,
+                engines.append(dict(
+                    engine=name, processes=len(nthreads) if processes else 1, threads=sum(nthreads.values()),
+                    startup_seconds=time.perf_counter() - began,
+                    # Threads share this process's BLAS pool: one BLAS thread each, as in a worker process.
+                    limit=contextlib.nullcontext if processes else _one_blas_thread,
+                    fit=lambda client=client: sd.fit_dask(spec, precision=args.precision, block_rows=args.block_rows,
+                                                          client=client),
+                ))
+            # One untimed warm-up each (imports, cached kernels), then the engines take turns, so a change
+            # in the load of a shared machine falls on all of them alike.
+            for engine in engines:
+                with engine["limit"]():
+                    engine["result"] = engine["fit"]()
+                engine["times"] = []
+            for _ in range(args.repeats):
+                for engine in engines:
+                    with engine["limit"]():
+                        began = time.perf_counter()
+                        engine["result"] = engine["fit"]()
+                        engine["times"].append(time.perf_counter() - began)
+        serial = engines[0]["result"]
+        runs = []
+        for engine in engines:
+            result, times = engine.pop("result"), engine.pop("times")
+            del engine["fit"], engine["limit"]
+            runs.append(dict(engine, seconds=min(times), median_seconds=float(np.median(times)),
+                             rows_per_second=args.rows / min(times), blocks=result.n_blocks,
                              max_rel_diff_vs_serial=rel_diff(result.state, serial.state)))
         for entry in runs:
             entry["speedup_vs_serial"] = entry["rows_per_second"] / runs[0]["rows_per_second"]
@@ -126,10 +136,11 @@ def run(args) -> dict:
             "benchmark": "dask_scaling",
             "when": datetime.datetime.now().isoformat(timespec="seconds"),
             "machine": _machine(),
-            "params": {key: getattr(args, key) for key in ("rows", "dim", "chunk_rows", "format", "precision", "repeats",
-                                                           "scheduler", "quick")},
+            "params": {key: getattr(args, key) for key in ("rows", "dim", "chunk_rows", "block_rows", "format", "precision",
+                                                           "repeats", "scheduler", "quick")},
             "store_bytes": args.rows * args.dim * 4,
             "generate_seconds": generate_seconds,
+            "load_average_before": load_before,
             "runs": runs,
         }
     finally:
@@ -170,21 +181,29 @@ def _machine() -> dict:
     return info
 
 
+COLUMNS = [  # (heading, width, format of the value)
+    ("engine", -22, "{engine}"), ("processes", 10, "{processes}"), ("threads", 9, "{threads}"),
+    ("start-up s", 12, "{startup_seconds:.2f}"), ("fit s", 9, "{seconds:.3f}"), ("median s", 10, "{median_seconds:.3f}"),
+    ("rows/s", 14, "{rows_per_second:,.0f}"), ("x serial", 10, "{speedup_vs_serial:.2f}"),
+    ("max rel diff", 14, "{max_rel_diff_vs_serial:.1e}"),
+]
+
+
 def table(report: dict) -> str:
     params = report["params"]
     lines = [
         f"fit of {params['rows']:,} x {params['dim']} float32 rows ({report['store_bytes'] / 2**20:,.0f} MiB, "
-        f"{params['format']}, chunks of {params['chunk_rows']} rows, precision {params['precision']}) "
-        f"on {report['machine']['cpus']} cores; best of {params['repeats']} after a warm-up",
-        f"{'engine':<22}{'processes':>10}{'threads':>9}{'start-up s':>12}{'fit s':>9}{'rows/s':>14}{'x serial':>10}"
-        f"{'max rel diff':>14}",
+        f"{params['format']}, chunks of {params['chunk_rows']} rows, {report['runs'][0]['blocks']} blocks, "
+        f"precision {params['precision']}) on {report['machine']['cpus']} cores "
+        f"(load average before: {report['load_average_before'][0]:.1f}); "
+        f"best of {params['repeats']} interleaved rounds after a warm-up",
+        "".join(f"{heading:>{width}}" if width > 0 else f"{heading:<{-width}}" for heading, width, _ in COLUMNS),
     ]
-    for run_ in report["runs"]:
-        lines.append(
-            f"{run_['engine']:<22}{run_['processes']:>10}{run_['threads']:>9}{run_['startup_seconds']:>12.2f}"
-            f"{run_['seconds']:>9.3f}{run_['rows_per_second']:>14,.0f}{run_['speedup_vs_serial']:>10.2f}"
-            f"{run_['max_rel_diff_vs_serial']:>14.1e}"
-        )
+    for entry in report["runs"]:
+        cells = (fmt.format(**entry) for _, _, fmt in COLUMNS)
+        lines.append("".join(
+            f"{cell:>{width}}" if width > 0 else f"{cell:<{-width}}" for cell, (_, width, _) in zip(cells, COLUMNS)
+        ))
     return "\n".join(lines)
 
 
