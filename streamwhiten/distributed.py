@@ -285,6 +285,8 @@ def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, 
             f"{out_path}: the dask engine writes Zarr only (an output ending in .zarr); "
             "HDF5 cannot take writes from several processes"
         )
+    if output_chunk_rows is not None and (isinstance(output_chunk_rows, bool) or output_chunk_rows < 1):
+        raise BadInputError(f"output chunk rows must be at least 1, got {output_chunk_rows!r}")
     began = time.perf_counter()
     source = open_source(input_spec, dataset, min_rows=1)
     try:

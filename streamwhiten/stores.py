@@ -214,8 +214,8 @@ class LazyRows:
 
     Open file handles cannot travel to another process (h5py's cannot be pickled at all), so the
     Dask engine hands workers this object instead: each read opens the store by path, checks it
-    still has the shape seen when the job was planned, reads and closes. It has the ``shape``,
-    ``dtype``, ``ndim`` and ``__getitem__`` that ``dask.array.from_array`` needs.
+    still has the shape seen when the job was planned, reads and closes. It also has the ``shape``,
+    ``dtype``, ``ndim`` and ``__getitem__`` of an array, so ``dask.array.from_array`` can wrap it.
     """
 
     path: str
@@ -425,7 +425,7 @@ class ZarrRegionWriter:
         try:
             array = zarr.open_array(store=self.partial, path=self.dataset or "", mode="r+")
             array[start:stop] = block
-        except (OSError, FileNotFoundError, zarr.errors.BaseZarrError) as exc:
+        except (OSError, zarr.errors.BaseZarrError) as exc:
             raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {exc}") from exc
 
 
