@@ -21,6 +21,74 @@ from .model import WhiteningModel, model_checksum, project
 from .stores import create_sink, fingerprint, open_source, output_chunk_rows, resume_sink, same_file, split_spec
 
 
+def check_output(model: WhiteningModel, source, output_spec: str) -> None:
+    """Refuse an input of the wrong width, or an output that would replace the input."""
+    if source.n_features != model.n_features:
+        raise BadInputError(
+            f"{source.label}: has {source.n_features} columns but the model was fitted on {model.n_features}"
+        )
+    out_path, _ = split_spec(output_spec)
+    if same_file(out_path, source.path):
+        raise BadInputError(f"{out_path}: the output would replace the input; choose another path")
+
+
+def output_attrs(model: WhiteningModel, source, normalize: bool, source_sha256: str | None = None) -> dict:
+    """The attributes recorded on an output array: where it came from and which transform made it."""
+    attrs = {
+        "streamwhiten_version": __version__, "source": source.label, "model_checksum": model_checksum(model),
+        "beta": model.beta, "gamma": model.gamma, "eps": model.eps, "eps_value": model.eps_value,
+        "n_components": model.n_components, "normalized": bool(normalize),
+    }
+    if source_sha256 is not None:
+        attrs["source_sha256"] = source_sha256
+    return attrs
+
+
+def aligned_block_rows(block_rows: int | None, source, sink_chunk_rows: int) -> int:
+    """Rows per block rounded to whole output chunks, so no output chunk is written by two blocks."""
+    rows_per_block = block_rows or source.default_block_rows()
+    return max(sink_chunk_rows, rows_per_block // sink_chunk_rows * sink_chunk_rows)
+
+
+def transform_block(
+    rows: np.ndarray, begin: int, weights, shift, normalize: bool, dtype, skip_nonfinite: bool, label: str,
+    overwrite_input: bool = True,
+) -> tuple[np.ndarray, int]:
+    """Whiten one block read at row ``begin``; returns the output rows and how many were non-finite.
+
+    A row holding NaN or Inf raises :class:`NonFiniteError` naming ``label`` and the row, unless
+    ``skip_nonfinite``: then its output row is NaN and it is counted. With ``overwrite_input`` the
+    block may be centred in place.
+    """
+    finite = _kernels.finite_row_mask(rows if rows.dtype != np.float16 else rows.astype(np.float32))
+    n_nonfinite = int(finite.size - finite.sum())
+    if n_nonfinite:
+        if not skip_nonfinite:
+            bad = begin + int(np.argmin(finite))
+            raise NonFiniteError(
+                f"{label}: row {bad} holds NaN or Inf (pass --skip-nonfinite to write NaN rows for such input)",
+                row=bad,
+            )
+        if not (overwrite_input and rows.flags.writeable):
+            rows = rows.copy()
+        rows[~finite] = 0  # keeps NaN out of the product; those output rows become NaN below
+    out = project(rows, weights, shift, normalize, dtype, overwrite_input=overwrite_input)
+    if n_nonfinite:
+        out[~finite] = np.nan
+    return out, n_nonfinite
+
+
+def summary(model: WhiteningModel, source, sink, normalize: bool, n_nonfinite: int, seconds: float,
+            resumed_at_row: int = 0) -> dict:
+    """What an apply run reports."""
+    return {
+        "input": source.label, "output": sink.label, "n_rows": source.n_rows, "resumed_at_row": resumed_at_row,
+        "n_components": model.n_components, "dtype": str(sink.dtype), "normalized": bool(normalize),
+        "n_nonfinite_rows": n_nonfinite, "seconds": seconds,
+        "rows_per_second": (source.n_rows - resumed_at_row) / seconds if seconds > 0 else None,
+    }
+
+
 def apply_model(
     model: WhiteningModel,
     input_spec,
@@ -46,13 +114,8 @@ def apply_model(
     began = time.perf_counter()
     source = open_source(input_spec, dataset, min_rows=1)
     try:
-        if source.n_features != model.n_features:
-            raise BadInputError(
-                f"{source.label}: has {source.n_features} columns but the model was fitted on {model.n_features}"
-            )
+        check_output(model, source, output_spec)
         out_path, _ = split_spec(output_spec)
-        if same_file(out_path, source.path):
-            raise BadInputError(f"{out_path}: the output would replace the input; choose another path")
         if os.path.lexists(out_path) and not overwrite:
             raise OutputExistsError(f"{out_path}: already exists (pass --overwrite to replace it)")
         work = np.float64 if source.dtype == np.float64 else np.float32
@@ -61,8 +124,7 @@ def apply_model(
         if block_rows is not None and int(block_rows) < 1:
             raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
         chunk_rows = output_chunk_rows(model.n_components, dtype, source.n_rows)
-        # By default, whole output chunks per block, so no output chunk is written twice.
-        rows_per_block = int(block_rows or max(chunk_rows, source.default_block_rows() // chunk_rows * chunk_rows))
+        rows_per_block = int(block_rows) if block_rows else aligned_block_rows(None, source, chunk_rows)
         # What must match for a partial output to be continued rather than started over.
         job = {
             "model_checksum": checksum, "source": fingerprint(source), "output": os.path.abspath(out_path),
@@ -72,29 +134,14 @@ def apply_model(
         sink, start, n_nonfinite = resume_sink(output_spec, job) if resume else (None, 0, 0)
         resumed_at = start
         if sink is None:
-            attrs = {
-                "streamwhiten_version": __version__, "source": source.label, "model_checksum": checksum,
-                "beta": model.beta, "gamma": model.gamma, "eps": model.eps, "eps_value": model.eps_value,
-                "n_components": model.n_components, "normalized": bool(normalize),
-                "source_sha256": job["source"]["sha256_sampled"],
-            }
+            attrs = output_attrs(model, source, normalize, job["source"]["sha256_sampled"])
             sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
                                chunk_rows)
         with sink:
             for begin, rows in read_blocks(source, rows_per_block, start):
-                finite = _kernels.finite_row_mask(rows if rows.dtype != np.float16 else rows.astype(np.float32))
-                if not finite.all():
-                    if not skip_nonfinite:
-                        bad = begin + int(np.argmin(finite))
-                        raise NonFiniteError(
-                            f"{source.label}: row {bad} holds NaN or Inf (pass --skip-nonfinite to write NaN rows for such input)",
-                            row=bad,
-                        )
-                    n_nonfinite += int(finite.size - finite.sum())
-                    rows[~finite] = 0  # keeps NaN out of the product; those output rows become NaN below
-                out = project(rows, weights, shift, normalize, sink.dtype, overwrite_input=True)
-                if not finite.all():
-                    out[~finite] = np.nan
+                out, nonfinite = transform_block(rows, begin, weights, shift, normalize, sink.dtype, skip_nonfinite,
+                                                 source.label)
+                n_nonfinite += nonfinite
                 sink.write(begin, out)
                 end = begin + rows.shape[0]
                 if end < source.n_rows:
@@ -107,18 +154,6 @@ def apply_model(
                     )
             sink._array.attrs["n_nonfinite_rows"] = n_nonfinite
             sink.commit(overwrite)
-        seconds = time.perf_counter() - began
-        return {
-            "input": source.label,
-            "output": sink.label,
-            "n_rows": source.n_rows,
-            "resumed_at_row": resumed_at,
-            "n_components": model.n_components,
-            "dtype": str(sink.dtype),
-            "normalized": bool(normalize),
-            "n_nonfinite_rows": n_nonfinite,
-            "seconds": seconds,
-            "rows_per_second": (source.n_rows - resumed_at) / seconds if seconds > 0 else None,
-        }
+        return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)
     finally:
         source.close()

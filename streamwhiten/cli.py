@@ -97,6 +97,26 @@ def model_options(func):
     return func
 
 
+def engine_options(func):
+    for option in reversed([
+        click.option("--engine", type=click.Choice(["serial", "dask"]), default="serial", show_default=True,
+                     help="serial: this process; dask: a Dask cluster (needs streamwhiten[dask]), see docs/dask.md."),
+        click.option("--scheduler", default=None, metavar="ADDRESS",
+                     help="With --engine dask: the scheduler to use, e.g. tcp://host:8786 (default: a local cluster)."),
+        click.option("--workers", type=click.IntRange(min=1), default=None,
+                     help="With --engine dask and no --scheduler: processes of the local cluster (default: one per core)."),
+    ]):
+        func = option(func)
+    return func
+
+
+def _check_engine(engine: str, scheduler, workers) -> None:
+    if engine != "dask" and (scheduler or workers is not None):
+        raise BadInputError("--scheduler and --workers need --engine dask")
+    if scheduler and workers is not None:
+        raise BadInputError("--workers sizes a local cluster; it cannot be combined with --scheduler")
+
+
 # ------------------------------------------------------------------------------------------ commands
 
 
@@ -151,11 +171,12 @@ def stop_on_signals():
 @click.option("--resume", is_flag=True, help="Require a checkpoint to resume from (a matching one is used anyway).")
 @click.option("--restart", is_flag=True, help="Discard an existing checkpoint and start over.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file.")
+@engine_options
 @common_quiet
 @common_json
 def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, precision, chunk_rows,
-        skip_nonfinite, update, checkpoint, checkpoint_every, checkpoint_seconds, resume, restart, overwrite, quiet,
-        as_json):
+        skip_nonfinite, update, checkpoint, checkpoint_every, checkpoint_seconds, resume, restart, overwrite,
+        engine, scheduler, workers, quiet, as_json):
     """Fit a whitening model on one or more stores (HDF5, Zarr, .npy; globs allowed) in one pass.
 
     Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
@@ -164,6 +185,9 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
     from .jobs import fit_job
     from .model import check_params, save_model
 
+    _check_engine(engine, scheduler, workers)
+    if engine == "dask" and (update or resume):
+        raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
     params = _model_params(beta, gamma, n_components, variance, eps)
     check_params(**params)
     if model_path is None:
@@ -173,25 +197,35 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
     elif os.path.exists(model_path) and not overwrite and not (update and same_path(update, model_path)):
         raise OutputExistsError(f"{model_path}: already exists (pass --overwrite to replace it)")
     began = time.perf_counter()
-    with progress_bar("fit", quiet) as progress, stop_on_signals() as should_stop:
-        model, job, resumed, checkpoint = fit_job(
-            expand_specs(inputs), model_path, dataset, params, precision, chunk_rows, skip_nonfinite, update,
-            checkpoint, checkpoint_every, checkpoint_seconds, restart, resume, progress, should_stop,
-        )
+    if engine == "dask":
+        from .distributed import fit_dask
+        from .model import finalize
+
+        result = fit_dask(expand_specs(inputs), dataset, precision, skip_nonfinite, chunk_rows,
+                          scheduler=scheduler, n_workers=workers)
+        model = finalize(result.state, sources=result.sources, info={"n_skipped_nonfinite": result.n_skipped}, **params)
+        resumed, checkpoint, n_sources = False, None, len(result.sources)
+        rows_read, read_seconds, n_skipped = result.state.n_rows, result.seconds, result.n_skipped
+    else:
+        with progress_bar("fit", quiet) as progress, stop_on_signals() as should_stop:
+            model, job, resumed, checkpoint = fit_job(
+                expand_specs(inputs), model_path, dataset, params, precision, chunk_rows, skip_nonfinite, update,
+                checkpoint, checkpoint_every, checkpoint_seconds, restart, resume, progress, should_stop,
+            )
+        n_sources, rows_read, read_seconds, n_skipped = len(job.cursors), job.rows_done, job.seconds, job.n_skipped
     checksum = save_model(model, model_path)
     remove_checkpoint(checkpoint)
     seconds = time.perf_counter() - began
-    rows_read = job.rows_done
     summary = dict(model.summary(), model=model_path, checksum=checksum, seconds=seconds, rows_read=rows_read,
-                   resumed=resumed, updated=update is not None,
-                   rows_per_second=rows_read / job.seconds if job.seconds > 0 else None)
+                   resumed=resumed, updated=update is not None, engine=engine,
+                   rows_per_second=rows_read / read_seconds if read_seconds > 0 else None)
     summary.pop("sources")
     what = f"updated {update} with {rows_read:,} new rows" if update else f"fitted {model.n_rows:,} rows"
     _emit(as_json, summary, [
-        f"{what} x {model.n_features} features from {len(job.cursors)} source(s) "
-        f"in {job.seconds:.2f} s ({_fmt_rate(rows_read, job.seconds)})"
+        f"{what} x {model.n_features} features from {n_sources} source(s) "
+        f"in {read_seconds:.2f} s ({_fmt_rate(rows_read, read_seconds)})"
         + (" (resumed)" if resumed else "")
-        + (f"; skipped {job.n_skipped:,} non-finite rows" if job.n_skipped else ""),
+        + (f"; skipped {n_skipped:,} non-finite rows" if n_skipped else ""),
         f"beta={model.beta:g} gamma={model.gamma:g} k={model.n_components} "
         f"(explained variance {summary['explained_variance']:.4f}), D_eff={model.effective_dimension:.1f}",
         f"wrote {model_path}",
@@ -215,10 +249,11 @@ def same_path(a: str, b: str) -> bool:
 @click.option("--skip-nonfinite", is_flag=True, help="Write NaN for input rows holding NaN/Inf instead of failing.")
 @click.option("--restart", is_flag=True, help="Discard the partial output of an interrupted run instead of resuming it.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+@engine_options
 @common_quiet
 @common_json
 def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_components, variance, eps, normalize, dtype,
-          chunk_rows, zarr_format, skip_nonfinite, restart, overwrite, quiet, as_json):
+          chunk_rows, zarr_format, skip_nonfinite, restart, overwrite, engine, scheduler, workers, quiet, as_json):
     """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store.
 
     An interrupted run leaves a hidden partial output that the same command resumes.
@@ -226,13 +261,21 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
     from .apply import apply_model
     from .model import load_model
 
+    _check_engine(engine, scheduler, workers)
     model = load_model(model_path)
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params:
         model = model.with_params(**params)
     with progress_bar("apply", quiet) as progress, stop_on_signals() as should_stop:
-        summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
-                              skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart)
+        if engine == "dask":
+            from .distributed import apply_dask
+
+            summary = apply_dask(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
+                                 skip_nonfinite, int(zarr_format), scheduler=scheduler, n_workers=workers,
+                                 progress=progress)
+        else:
+            summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
+                                  skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart)
     _emit(as_json, summary, [
         f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
         f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "

@@ -7,6 +7,7 @@ EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
 EXIT_NOTHING_TO_DO = 3
+EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the Dask cluster cannot be reached or lost its workers
 EXIT_IO = 74  # sysexits EX_IOERR: disk full, unwritable output
 EXIT_LOCKED = 75  # sysexits EX_TEMPFAIL: another run of the same job holds the lock
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell convention
@@ -68,3 +69,9 @@ class InterruptedRunError(StreamwhitenError):
     """The run was stopped by a signal after saving what it had."""
 
     exit_code = EXIT_INTERRUPTED
+
+
+class ClusterError(StreamwhitenError):
+    """The Dask scheduler cannot be reached, or its workers kept dying: no result was produced."""
+
+    exit_code = EXIT_UNAVAILABLE

@@ -183,11 +183,12 @@ class FitResult:
     sources: list = field(default_factory=list)
     n_blocks: int = 0
     seconds: float = 0.0
-    rows_read: int = 0
+    rows_read: int | None = None  # default: every row counted or skipped
 
     @property
     def rows_per_second(self) -> float:
-        return self.rows_read / self.seconds if self.seconds > 0 else float("nan")
+        rows = self.state.n_rows + self.n_skipped if self.rows_read is None else self.rows_read
+        return rows / self.seconds if self.seconds > 0 else float("nan")
 
 
 def _as_list(specs) -> list:
@@ -216,6 +217,35 @@ def open_sources(specs, dataset: str | None = None) -> list[Source]:
             source.close()
         raise
     return sources
+
+
+def block_moments(
+    rows: np.ndarray, begin: int, label: str, precision: str = "auto", skip_nonfinite: bool = False,
+    overwrite_input: bool = False,
+) -> tuple[stats.Moments, int]:
+    """Moments of one block read at row ``begin`` of ``label``, and how many of its rows were skipped.
+
+    The per-block step of every engine (serial, resumed, Dask). A row holding NaN or Inf raises
+    :class:`NonFiniteError` naming ``label`` and the row, unless ``skip_nonfinite`` (then it is dropped
+    and counted).
+    """
+    n_skipped = 0
+    if skip_nonfinite:
+        rows, n_skipped = stats.drop_nonfinite(rows)
+    try:
+        return stats.chunk_moments(rows, precision, overwrite_input=overwrite_input), n_skipped
+    except NonFiniteError as exc:
+        raise NonFiniteError(
+            f"{label}: row {begin + exc.row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
+            row=begin + exc.row,
+        ) from None
+
+
+def check_enough_rows(state: stats.Moments, sources) -> None:
+    """A fit needs at least two finite rows in all; ``sources`` are anything with a ``label`` or ``spec``."""
+    if state.n_rows < 2:
+        names = ", ".join(getattr(s, "label", None) or getattr(s, "spec", "?") for s in sources)
+        raise BadInputError(f"only {state.n_rows} finite row(s) in {names}; at least 2 are needed")
 
 
 def _block_rows(sources: list[Source], block_rows: int | None) -> int:
@@ -385,16 +415,10 @@ def run_job(
         with open_source(cursor.spec) as source:
             for begin, rows in read_blocks(source, job.block_rows, cursor.next_row, cursor.stop):
                 end = begin + rows.shape[0]
-                if job.skip_nonfinite:
-                    rows, dropped = stats.drop_nonfinite(rows)
-                    cursor.n_skipped += dropped
-                try:
-                    job.state = stats.update(job.state, rows, job.precision, overwrite_input=True)
-                except NonFiniteError as exc:
-                    raise NonFiniteError(
-                        f"{source.label}: row {begin + exc.row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
-                        row=begin + exc.row,
-                    ) from None
+                moments, skipped = block_moments(rows, begin, source.label, job.precision, job.skip_nonfinite,
+                                                 overwrite_input=True)
+                job.state = stats.merge(job.state, moments)
+                cursor.n_skipped += skipped
                 cursor.next_row = end
                 job.n_blocks += 1
                 blocks_since += 1
@@ -408,10 +432,7 @@ def run_job(
                     where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
                     raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
     job.seconds += time.perf_counter() - began
-    if job.state.n_rows < 2:
-        raise BadInputError(
-            f"only {job.state.n_rows} finite row(s) in {', '.join(c.spec for c in job.cursors)}; at least 2 are needed"
-        )
+    check_enough_rows(job.state, job.cursors)
     return job
 
 

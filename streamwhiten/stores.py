@@ -147,6 +147,10 @@ class Source:
             yield start, end
             start = end
 
+    def lazy(self) -> "LazyRows":
+        """A picklable reader of this source's rows for other processes (see :class:`LazyRows`)."""
+        return LazyRows(os.path.abspath(self.path), self.dataset, self.shape, self.dtype, self.label)
+
     def close(self) -> None:
         pass
 
@@ -229,6 +233,41 @@ class NpySource(Source):
         except (OSError, ValueError) as exc:
             raise BadInputError(f"{path}: cannot read as .npy ({exc})") from exc
         super().__init__(path, None, array, None)
+
+
+@dataclass(frozen=True)
+class LazyRows:
+    """A picklable stand-in for a source's rows that opens the store only when a slice is read.
+
+    Open file handles cannot travel to another process (h5py's cannot be pickled at all), so the
+    Dask engine hands workers this object instead: each read opens the store by path, checks it
+    still has the shape seen when the job was planned, reads and closes. It also has the ``shape``,
+    ``dtype``, ``ndim`` and ``__getitem__`` of an array, so ``dask.array.from_array`` can wrap it.
+    """
+
+    path: str
+    dataset: str | None
+    shape: tuple
+    dtype: np.dtype
+    label: str
+
+    ndim = 2
+
+    def __getitem__(self, key) -> np.ndarray:
+        key = key if isinstance(key, tuple) else (key,)
+        rows = key[0] if key else slice(None)
+        columns = key[1] if len(key) > 1 else slice(None)
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise BadInputError(f"{self.label}: only contiguous row ranges can be read, got {rows!r}")
+        start, stop, _ = rows.indices(self.shape[0])
+        stop = max(start, stop)
+        with open_source(self.path, self.dataset, min_rows=0) as source:
+            if source.shape != self.shape:
+                raise StoreIOError(
+                    f"{self.label}: changed while being read (shape {source.shape}, was {self.shape})"
+                )
+            block = source.read(start, stop)
+        return block if columns == slice(None) else np.ascontiguousarray(block[:, columns])
 
 
 def open_source(spec: str, dataset: str | None = None, min_rows: int = 1) -> Source:
@@ -418,6 +457,12 @@ class Sink:
         except OSError as exc:
             raise StoreIOError(f"{self.label}: cannot write rows {start}..{start + block.shape[0] - 1}: {exc}") from exc
 
+    def region_writer(self) -> "ZarrRegionWriter":
+        """A picklable writer of whole-chunk row ranges of this (Zarr) sink, for worker processes."""
+        if self.kind != "zarr":
+            raise BadInputError(f"{self.path}: only a Zarr output can be written by several processes at once")
+        return ZarrRegionWriter(self.partial, self.dataset, self.shape, self.chunk_rows, self.label)
+
     def _close(self) -> None:
         if self._file is not None and self._file.id.valid:
             self._file.flush()
@@ -473,6 +518,33 @@ class Sink:
             self.suspend()
         else:
             self.abort()
+
+
+@dataclass(frozen=True)
+class ZarrRegionWriter:
+    """Writes row ranges into a Zarr sink still under its temporary name, from any process.
+
+    Every range must cover whole output chunks (the last one may end at the last row), so no chunk
+    file is ever written by two tasks and concurrent writers need no lock.
+    """
+
+    partial: str
+    dataset: str | None
+    shape: tuple
+    chunk_rows: int
+    label: str
+
+    def __call__(self, start: int, block: np.ndarray) -> None:
+        stop = start + block.shape[0]
+        if start % self.chunk_rows or (stop % self.chunk_rows and stop != self.shape[0]) or stop > self.shape[0]:
+            raise BadInputError(
+                f"{self.label}: rows {start}..{stop - 1} are not aligned to output chunks of {self.chunk_rows} rows"
+            )
+        try:
+            array = zarr.open_array(store=self.partial, path=self.dataset or "", mode="r+")
+            array[start:stop] = block
+        except (OSError, zarr.errors.BaseZarrError) as exc:
+            raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {exc}") from exc
 
 
 def create_sink(

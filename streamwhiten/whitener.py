@@ -142,10 +142,10 @@ class Whitener:
             )
             self.state_, self.n_skipped_, self.sources_ = result.state, result.n_skipped, result.sources
         elif _is_dask_array(X):
-            from .distributed import dask_moments
+            from .distributed import fit_dask_array
 
-            self.state_ = dask_moments(X, precision=self.precision)
-            self.n_skipped_, self.sources_ = 0, []
+            result = fit_dask_array(X, precision=self.precision, skip_nonfinite=self.skip_nonfinite)
+            self.state_, self.n_skipped_, self.sources_ = result.state, result.n_skipped, []
         else:
             self.partial_fit(X)
         if self.state_.n_rows < 2:
@@ -226,7 +226,13 @@ class Whitener:
 
     # -- using it ------------------------------------------------------------------------------------
     def transform(self, X, normalize: bool = False) -> np.ndarray:
-        """Whiten rows (or a single vector); output float64 for float64 input, float32 otherwise."""
+        """Whiten rows (or a single vector); output float64 for float64 input, float32 otherwise.
+
+        A dask array gives a lazy dask array, transformed block by block when computed."""
+        if _is_dask_array(X):
+            from .distributed import transform_dask
+
+            return transform_dask(self._finalized(), X, normalize=normalize)
         return self._finalized().transform(X, normalize=normalize)
 
     def save(self, path) -> str:

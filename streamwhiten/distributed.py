@@ -1,0 +1,342 @@
+"""The Dask engine: the serial engine's per-block step and merge, run as a tree reduction on a cluster.
+
+It is dask's chunk/combine/aggregate reduction, spelled out with ``dask.delayed`` so the tree is ours:
+*chunk* is one task per block of rows (spanning all columns) running :func:`~streamwhiten.fit.block_moments`,
+the serial engine's own accumulator (same jitted kernels, same NaN/Inf errors); *combine* merges
+groups of ``split_every`` consecutive states left to right with :func:`~streamwhiten.stats.merge`, level
+by level, so the tree's shape depends only on the block layout; *aggregate* is the root, one small
+state the driver finalizes. Whichever workers run the tasks, in whatever order, the same blocks give
+the same bits. Stores are read on the workers (by path, see
+:class:`~streamwhiten.stores.LazyRows`); the transform writes whole Zarr chunks from the workers under
+the temporary name and the driver renames the finished store, as the serial applier does.
+
+dask and distributed are optional (``pip install 'streamwhiten[dask]'``) and imported only inside the
+functions here, so ``import streamwhiten`` and the serial engine never need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+
+import numpy as np
+
+from . import stats
+from .apply import aligned_block_rows, check_output, output_attrs, summary, transform_block
+from .errors import BadInputError, ClusterError
+from .fit import FitResult, block_moments, check_enough_rows, open_sources
+from .stores import create_sink, fingerprint, open_source, output_kind, split_spec
+
+#: States merged by one task of the reduction tree (dask's ``split_every``).
+SPLIT_EVERY = 8
+#: Seconds to wait for a scheduler given by address before giving up.
+CONNECT_TIMEOUT = 30
+#: Seconds to wait, after a failed transform, for its still-running write tasks before cleaning up.
+CANCEL_TIMEOUT = 60
+
+_INSTALL_HINT = "the dask engine needs the optional extra: pip install 'streamwhiten[dask]'"
+
+
+def _require(module: str):
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise BadInputError(f"{_INSTALL_HINT} ({exc})") from exc
+
+
+# ------------------------------------------------------------------------------------------- cluster
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str | None = None, n_workers: int | None = None, processes: bool = True,
+                threads_per_worker: int = 1, client=None):
+    """A ``distributed.Client``: ``client`` itself, one connected to ``scheduler`` (an address such as
+    ``tcp://host:8786``), or one on a new ``LocalCluster`` of ``n_workers`` (default: one per core)
+    processes (or threads with ``processes=False``), closed on exit."""
+    if client is not None:
+        yield client
+        return
+    distributed = _require("distributed")
+    if scheduler:
+        try:
+            connected = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT, set_as_default=False)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ClusterError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from exc
+        with connected:
+            yield connected
+        return
+    n_workers = (os.cpu_count() or 1) if n_workers is None else n_workers
+    if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
+        raise BadInputError(f"workers must be an integer >= 1, got {n_workers!r}")
+    with distributed.LocalCluster(
+        n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
+        dashboard_address=":0", silence_logs=logging.CRITICAL,  # task errors reach the caller as exceptions
+    ) as cluster, distributed.Client(cluster, set_as_default=False) as local:
+        yield local
+
+
+@contextlib.contextmanager
+def _cluster_errors(what: str):
+    """A worker that kept dying while running a task becomes a :class:`ClusterError`: dask retries a
+    lost task on another worker (``distributed.scheduler.allowed-failures`` times) before giving up."""
+    try:
+        killed = _require("distributed").KilledWorker
+    except BadInputError:  # plain dask schedulers cannot lose a worker
+        killed = ()
+    try:
+        yield
+    except killed as exc:
+        raise ClusterError(
+            f"{what} was abandoned: workers running task {exc.task!r} died {exc.allowed_failures + 1} time(s), "
+            f"the last {exc.last_worker.address}; check the Dask workers' memory limits and logs"
+        ) from None
+
+
+def _compute(graph, client, what: str):
+    """Compute ``graph`` on ``client`` or, without one, on dask's current scheduler."""
+    import dask
+
+    with _cluster_errors(what):
+        if client is not None:
+            return client.compute(graph).result()
+        return dask.compute(graph)[0]
+
+
+# ----------------------------------------------------------------------------------------------- fit
+
+
+def _rows_array(array):
+    """``array`` as a 2-D floating dask array whose every block spans all columns."""
+    import dask.array as da
+
+    array = da.asarray(array)
+    if array.ndim != 2:
+        raise BadInputError(f"expected a 2-D dask array (rows x features), got shape {array.shape}")
+    if any(np.isnan(size) for size in array.chunks[0]):
+        raise BadInputError("the dask array has unknown chunk sizes: call array.compute_chunk_sizes() first")
+    if array.dtype.kind in "iub":
+        array = array.astype(np.float64)
+    if array.dtype.kind != "f":
+        raise BadInputError(f"expected floating-point rows, got dtype {array.dtype}")
+    if array.numblocks[1] > 1:
+        array = array.rechunk({1: -1})
+    return array
+
+
+def _block_tasks(array, label: str, precision: str, skip_nonfinite: bool) -> list:
+    """The *chunk* step: one delayed ``block_moments`` per row block of ``array``, in row order.
+
+    A block is never centred in place: it may be a view of the caller's data, or data dask keeps.
+    """
+    import dask
+
+    task = dask.delayed(block_moments, pure=True)
+    offsets = np.concatenate([[0], np.cumsum(array.chunks[0])]).astype(np.int64)
+    blocks = array.to_delayed().ravel()
+    return [task(block, int(begin), label, precision, skip_nonfinite) for begin, block in zip(offsets, blocks)]
+
+
+def _read_block_moments(rows, begin: int, stop: int, precision: str, skip_nonfinite: bool) -> tuple:
+    """The *chunk* step for a store: read rows ``[begin, stop)`` in the task and fold them; the block
+    is this task's own, so it is centred in place, as in the serial engine."""
+    return block_moments(rows[begin:stop], begin, rows.label, precision, skip_nonfinite, overwrite_input=True)
+
+
+def _store_tasks(source, block_rows: int | None, precision: str, skip_nonfinite: bool) -> list:
+    """One delayed read-and-fold per block of ``source``, in the serial engine's block layout."""
+    import dask
+
+    task = dask.delayed(_read_block_moments, pure=False)
+    rows = dask.delayed(source.lazy(), pure=True)  # shipped once per worker, not once per task
+    return [task(rows, begin, stop, precision, skip_nonfinite) for begin, stop in source.blocks(block_rows)]
+
+
+def _merge_parts(*parts: tuple) -> tuple:
+    """The *combine* step: ``(state, n_skipped)`` pairs merged left to right with :func:`stats.merge`."""
+    state, n_skipped = parts[0]
+    for other, skipped in parts[1:]:
+        state = stats.merge(state, other)
+        n_skipped += skipped
+    return state, n_skipped
+
+
+def _tree(parts: list, split_every: int):
+    """The reduction tree over ``parts``: its shape depends only on ``len(parts)`` and ``split_every``."""
+    import dask
+
+    if isinstance(split_every, bool) or not isinstance(split_every, int) or split_every < 2:
+        raise BadInputError(f"split_every must be an integer >= 2, got {split_every!r}")
+    task = dask.delayed(_merge_parts, pure=True)
+    while len(parts) > 1:
+        parts = [task(*parts[i : i + split_every]) for i in range(0, len(parts), split_every)]
+    return parts[0]
+
+
+def _reduce(parts: list, n_rows: int, client, split_every: int) -> tuple[stats.Moments, int]:
+    state, n_skipped = _compute(_tree(parts, split_every), client, "the fit")
+    if state.n_rows + n_skipped != n_rows:  # a lost or repeated block would show here
+        raise ClusterError(
+            f"the fit counted {state.n_rows + n_skipped} rows of {n_rows}; the statistics were discarded"
+        )
+    return state, n_skipped
+
+
+def fit_dask_array(array, precision: str = "auto", skip_nonfinite: bool = False, client=None,
+                   split_every: int = SPLIT_EVERY, label: str = "dask array") -> FitResult:
+    """Statistics of every row of a dask array; computed on ``client`` or dask's current scheduler.
+
+    Rows holding NaN or Inf raise :class:`~streamwhiten.errors.NonFiniteError` naming the row,
+    unless ``skip_nonfinite`` (then they are counted in ``n_skipped``).
+    """
+    _require("dask.array")
+    stats.working_dtype(np.float32, precision)
+    array = _rows_array(array)
+    parts = _block_tasks(array, label, precision, skip_nonfinite)
+    began = time.perf_counter()
+    state, n_skipped = _reduce(parts, int(array.shape[0]), client, split_every)
+    return FitResult(state, n_skipped, [], len(parts), time.perf_counter() - began)
+
+
+def dask_moments(array, precision: str = "auto", client=None, split_every: int = SPLIT_EVERY) -> stats.Moments:
+    """``Moments`` of every row of a dask array, as a tree reduction of per-block states."""
+    return fit_dask_array(array, precision, client=client, split_every=split_every).state
+
+
+def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_nonfinite: bool = False,
+             block_rows: int | None = None, scheduler: str | None = None, n_workers: int | None = None,
+             client=None, split_every: int = SPLIT_EVERY) -> FitResult:
+    """:func:`~streamwhiten.fit.fit_sources` on a Dask cluster: the stores are checked and fingerprinted
+    here, their blocks read and reduced on the workers (so every worker must see the same paths).
+
+    With the same ``block_rows`` the per-block states are bit-for-bit those of the serial engine;
+    only the order of the float64 merges differs.
+    """
+    _require("dask.array")
+    stats.working_dtype(np.float32, precision)
+    sources = open_sources(specs, dataset)
+    try:
+        fingerprints = [fingerprint(source) for source in sources]
+        parts = [task for source in sources for task in _store_tasks(source, block_rows, precision, skip_nonfinite)]
+        n_rows = sum(source.n_rows for source in sources)
+    finally:
+        for source in sources:
+            source.close()
+    with dask_client(scheduler, n_workers, client=client) as active:
+        began = time.perf_counter()
+        state, n_skipped = _reduce(parts, n_rows, active, split_every)
+        seconds = time.perf_counter() - began
+    check_enough_rows(state, sources)
+    return FitResult(state, n_skipped, fingerprints, len(parts), seconds)
+
+
+# --------------------------------------------------------------------------------------------- apply
+
+
+def _transform_and_write(rows, begin, stop, projection, normalize, dtype, skip_nonfinite, writer) -> tuple:
+    """Read rows ``[begin, stop)``, whiten them (in place: the block is this task's own) and write them."""
+    weights, shift = projection
+    out, n_nonfinite = transform_block(rows[begin:stop], begin, weights, shift, normalize, dtype, skip_nonfinite, rows.label)
+    writer(begin, out)
+    return begin, out.shape[0], n_nonfinite
+
+
+def _running_keys(dask_worker) -> list:
+    """Keys of the tasks whose code is still running on this worker (even if no longer wanted)."""
+    running = ("executing", "long-running", "cancelled", "resumed")
+    return [str(key) for key, task in dask_worker.state.tasks.items() if task.state in running]
+
+
+def _stop_tasks(client, futures, timeout: float) -> None:
+    """Cancel ``futures`` and wait (up to ``timeout`` s) until none of them is still running."""
+    keys = {str(future.key) for future in futures}
+    try:
+        client.cancel(futures)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not keys & set().union(*client.run(_running_keys).values()):
+                return
+            time.sleep(0.1)
+    except Exception:  # the cluster is gone, so nothing of it can still be writing
+        return
+
+
+def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, normalize: bool = False,
+               dtype="float32", block_rows: int | None = None, overwrite: bool = False,
+               skip_nonfinite: bool = False, zarr_format: int = 3, scheduler: str | None = None,
+               n_workers: int | None = None, client=None, progress=None,
+               output_chunk_rows: int | None = None) -> dict:
+    """:func:`~streamwhiten.apply.apply_model` on a Dask cluster, writing a Zarr store.
+
+    Workers read their blocks, transform them and write whole output chunks into the store under its
+    temporary name; the driver marks it complete and renames it only after every block is written.
+    On a failure the tasks still running are waited for, then the temporary store is removed; an
+    existing output is never touched. ``progress(rows_done, rows_total)`` is called as blocks finish.
+    ``output_chunk_rows`` sets the rows per output chunk (default: about 4 MiB per chunk).
+    """
+    dask = _require("dask")
+    distributed = _require("distributed")
+    out_path, _ = split_spec(output_spec)
+    if output_kind(out_path) != "zarr":
+        raise BadInputError(
+            f"{out_path}: the dask engine writes Zarr only (an output ending in .zarr); "
+            "HDF5 cannot take writes from several processes"
+        )
+    if output_chunk_rows is not None and (isinstance(output_chunk_rows, bool) or output_chunk_rows < 1):
+        raise BadInputError(f"output chunk rows must be at least 1, got {output_chunk_rows!r}")
+    began = time.perf_counter()
+    source = open_source(input_spec, dataset, min_rows=1)
+    try:
+        check_output(model, source, output_spec)
+        work = np.float64 if source.dtype == np.float64 else np.float32
+        attrs = output_attrs(model, source, normalize, fingerprint(source)["sha256_sampled"])
+        with dask_client(scheduler, n_workers, client=client) as active:
+            sink = create_sink(
+                output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format, output_chunk_rows
+            )
+            with sink:
+                rows_per_block = aligned_block_rows(block_rows, source, sink.chunk_rows)
+                rows = dask.delayed(source.lazy(), pure=True)
+                projection = dask.delayed(model.projection(work), pure=True)
+                writer = dask.delayed(sink.region_writer(), pure=True)
+                task = dask.delayed(_transform_and_write, pure=False)
+                futures = active.compute([
+                    task(rows, begin, stop, projection, normalize, sink.dtype, skip_nonfinite, writer)
+                    for begin, stop in source.blocks(rows_per_block)
+                ])
+                written, n_written, n_nonfinite = set(), 0, 0
+                try:
+                    with _cluster_errors("the transform"):
+                        done = distributed.as_completed(futures, loop=active.loop, with_results=True)
+                        for _, (begin, rows, nonfinite) in done:
+                            written.add(begin)
+                            n_written += rows
+                            n_nonfinite += nonfinite
+                            if progress is not None:
+                                progress(n_written, source.n_rows)
+                except BaseException:
+                    # Running tasks cannot be interrupted: wait for them before the temporary store
+                    # is removed, so none writes into it afterwards.
+                    _stop_tasks(active, futures, CANCEL_TIMEOUT)
+                    raise
+                if n_written != source.n_rows or len(written) != len(futures):
+                    raise ClusterError(f"the transform wrote {n_written} rows of {source.n_rows}; output discarded")
+                sink._array.attrs["n_nonfinite_rows"] = n_nonfinite
+                sink.commit(overwrite)
+        return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began)
+    finally:
+        source.close()
+
+
+def transform_dask(model, array, normalize: bool = False):
+    """A lazy dask array of ``model.transform`` applied block by block to the rows of ``array``."""
+    array = _rows_array(array)
+    if array.shape[1] != model.n_features:
+        raise BadInputError(f"the model expects {model.n_features} features, got {array.shape[1]}")
+    work = np.float64 if array.dtype == np.float64 else np.float32
+    return array.map_blocks(
+        model.transform, normalize=normalize, dtype=work, chunks=(array.chunks[0], (model.n_components,)),
+    )

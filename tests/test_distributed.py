@@ -1,0 +1,409 @@
+"""The Dask engine against independent references: numpy float64 two-pass moments and the serial engine.
+
+One module-wide LocalCluster of 2 worker processes serves most tests; the worker-kill test starts its
+own. Float32 arithmetic (``precision="auto"`` on float32 data) is compared with the serial engine at
+the same block layout and one BLAS thread, as on the workers: OpenBLAS's float32 products differ
+with the thread count itself (about 1e-10 relative here), which no engine can remove. Float64
+arithmetic is compared across any layout.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+da = pytest.importorskip("dask.array")
+distributed = pytest.importorskip("distributed")
+
+import dask  # noqa: E402
+import h5py  # noqa: E402
+from threadpoolctl import threadpool_limits  # noqa: E402
+
+from streamwhiten import distributed as sd  # noqa: E402
+from streamwhiten.apply import apply_model  # noqa: E402
+from streamwhiten.cli import main  # noqa: E402
+from streamwhiten.errors import BadInputError, ClusterError, NonFiniteError, OutputExistsError, StoreIOError  # noqa: E402
+from streamwhiten.fit import fit_sources  # noqa: E402
+from streamwhiten.model import finalize, load_model  # noqa: E402
+from streamwhiten.stores import open_source, partial_path, read_attrs  # noqa: E402
+from streamwhiten.synthetic import generate_rows, write_store  # noqa: E402
+from streamwhiten.whitener import Whitener  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOL = 1e-12
+
+
+def rel(a, b) -> float:
+    return float(np.max(np.abs(np.asarray(a) - np.asarray(b))) / np.max(np.abs(b)))
+
+
+def two_pass(rows):
+    """Mean and centred scatter in float64, the textbook way."""
+    rows = np.asarray(rows, dtype=np.float64)
+    mean = rows.mean(axis=0)
+    centred = rows - mean
+    return mean, centred.T @ centred
+
+
+def assert_moments_close(state, mean, scatter, n_rows, tol=TOL):
+    assert state.n_rows == n_rows
+    assert rel(state.mean, mean) <= tol
+    assert rel(state.scatter, scatter) <= tol
+
+
+def serial_one_thread(*args, **kwargs):
+    """The serial engine with one BLAS thread, the arithmetic each Dask worker process runs."""
+    with threadpool_limits(1):
+        return fit_sources(*args, **kwargs)
+
+
+def read_all(spec):
+    with open_source(spec) as source:
+        return source.read(0, source.n_rows)
+
+
+@pytest.fixture(scope="module")
+def client():
+    with sd.dask_client(n_workers=2) as active:
+        yield active
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stores")
+    h5 = write_store(str(root / "a.h5"), 10_000, 24, seed=0, chunk_rows=1000)
+    zr = write_store(str(root / "b.zarr"), 7_000, 24, seed=1, chunk_rows=512)
+    nan = str(root / "nan.h5")
+    write_store(nan, 6_000, 24, seed=2, chunk_rows=500)
+    with h5py.File(nan, "r+") as handle:
+        handle["embeddings"][1234, 3] = np.nan
+        handle["embeddings"][5678, 0] = np.inf
+    return SimpleNamespace(root=root, h5=h5, zarr=zr, nan=nan + ":/embeddings")
+
+
+@pytest.fixture(scope="module")
+def data64():
+    rng = np.random.default_rng(7)
+    return rng.standard_normal((5_000, 12)) @ rng.standard_normal((12, 12)) + 40.0
+
+
+# ------------------------------------------------------------------------------------ core install
+
+
+def test_core_install_needs_no_dask(tmp_path):
+    """With dask unimportable, the package, the serial engine and the CLI work; --engine dask explains."""
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((50, 4)))
+    code = f"""
+import sys
+sys.modules.update(dask=None, distributed=None)
+import numpy as np
+import streamwhiten, streamwhiten.cli, streamwhiten.fit, streamwhiten.apply, streamwhiten.distributed
+from streamwhiten.whitener import Whitener
+Whitener().fit(np.load({str(tmp_path / 'x.npy')!r}))
+from streamwhiten.cli import main
+assert main(['fit', {str(tmp_path / 'x.npy')!r}, '-o', {str(tmp_path / 'm.npz')!r}, '-q']) == 0
+sys.exit(main(['fit', {str(tmp_path / 'x.npy')!r}, '-o', {str(tmp_path / 'd.npz')!r}, '--engine', 'dask']))
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'streamwhiten[dask]'" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert (tmp_path / "m.npz").exists() and not (tmp_path / "d.npz").exists()
+
+
+# ----------------------------------------------------------------------------------- dask arrays
+
+
+@pytest.mark.parametrize("chunks", [(1000, 12), (3333, 12), ((1, 999, 2500, 1500), (12,)), (1000, 5)],
+                         ids=["1000", "3333", "uneven", "split-columns"])
+def test_dask_moments_match_references(client, data64, chunks):
+    array = da.from_array(data64, chunks=chunks)
+    state = sd.dask_moments(array, client=client)
+    mean, scatter = two_pass(data64)
+    assert_moments_close(state, mean, scatter, data64.shape[0])
+    serial = Whitener().fit(data64).state_  # the single-process engine on the same rows
+    assert_moments_close(state, serial.mean, serial.scatter, serial.n_rows)
+
+
+def test_dask_moments_do_not_depend_on_workers_or_scheduling(client, data64):
+    """The merge tree is fixed by the block layout, so 2 processes, 1 thread and 2 threads agree bit for bit."""
+    array = da.from_array(data64, chunks=(700, 12))
+    on_cluster = sd.dask_moments(array, client=client)
+    with threadpool_limits(1):
+        for scheduler in ("synchronous", "threads"):
+            with dask.config.set(scheduler=scheduler):
+                assert sd.dask_moments(array) == on_cluster
+    # Another tree shape may round differently, but stays within the bound.
+    assert_moments_close(sd.dask_moments(array, client=client, split_every=2), on_cluster.mean, on_cluster.scatter,
+                         on_cluster.n_rows)
+
+
+def test_dask_array_input_checks(data64):
+    with pytest.raises(BadInputError, match="2-D"):
+        sd.dask_moments(da.ones(10, chunks=5))
+    with pytest.raises(BadInputError, match="unknown chunk sizes"):
+        array = da.from_array(data64, chunks=(1000, 12))
+        sd.dask_moments(array[array[:, 0] > 0])
+    ints = da.from_array(np.arange(40).reshape(10, 4), chunks=(3, 4))
+    mean, scatter = two_pass(np.arange(40).reshape(10, 4))
+    with dask.config.set(scheduler="synchronous"):
+        assert_moments_close(sd.dask_moments(ints), mean, scatter, 10)
+
+
+def test_whitener_fits_and_transforms_dask_arrays(client, data64):
+    array = da.from_array(data64, chunks=(1200, 12))
+    with dask.config.set(scheduler=client.get):
+        fitted = Whitener(n_components=5).fit(array)
+        lazy = fitted.transform(array, normalize=True)
+        assert isinstance(lazy, da.Array) and lazy.shape == (5_000, 5)
+        out = lazy.compute()
+    reference = Whitener(n_components=5).fit(data64)
+    assert rel(fitted.eigvals_, reference.eigvals_) <= TOL
+    assert rel(fitted.mean_, reference.mean_) <= TOL
+    np.testing.assert_allclose(out, reference.transform(data64, normalize=True), rtol=1e-9, atol=1e-12)
+
+
+def test_whitener_dask_nonfinite(client, data64):
+    rows = data64.copy()
+    rows[[10, 4321]] = np.nan
+    array = da.from_array(rows, chunks=(1000, 12))
+    with dask.config.set(scheduler=client.get):
+        with pytest.raises(NonFiniteError, match="dask array: row (10|4321) holds NaN or Inf"):
+            Whitener().fit(array)
+        fitted = Whitener(skip_nonfinite=True).fit(array)
+    assert fitted.n_skipped_ == 2
+    mean, scatter = two_pass(np.delete(rows, [10, 4321], axis=0))
+    assert_moments_close(fitted.state_, mean, scatter, 4_998)
+
+
+# ---------------------------------------------------------------------------------------- stores
+
+
+@pytest.mark.parametrize("block_rows", [1000, 3333])
+def test_fit_dask_on_stores_matches_serial_engine(client, stores, block_rows):
+    specs = [stores.h5, stores.zarr]
+    result = sd.fit_dask(specs, block_rows=block_rows, client=client)
+    serial = serial_one_thread(specs, block_rows=block_rows)
+    assert_moments_close(result.state, serial.state.mean, serial.state.scatter, 17_000)
+    assert result.sources == serial.sources
+    assert result.n_blocks == serial.n_blocks and result.n_skipped == 0
+    rows = np.concatenate([generate_rows(10_000, 24, 0), generate_rows(7_000, 24, 1)])
+    mean, scatter = two_pass(rows)
+    assert_moments_close(result.state, mean, scatter, 17_000, tol=1e-6)  # float32 products: ~1e-7
+
+
+def test_fit_dask_float64_any_layout(client, stores):
+    """Float64 arithmetic: the serial engine at one block size, Dask at another, within 1e-12."""
+    serial = fit_sources([stores.h5, stores.zarr], precision="float64", block_rows=1000)
+    for block_rows in (777, 3333):
+        result = sd.fit_dask([stores.h5, stores.zarr], precision="float64", block_rows=block_rows, client=client)
+        assert_moments_close(result.state, serial.state.mean, serial.state.scatter, 17_000)
+
+
+def test_fit_dask_nonfinite_rows(client, stores):
+    # Blocks run in parallel and the first failure stops the fit: it names one of the two bad rows.
+    with pytest.raises(NonFiniteError, match=r"nan.h5:/embeddings: row (1234|5678) holds NaN or Inf") as caught:
+        sd.fit_dask(stores.nan, block_rows=1000, client=client)
+    assert f"row {caught.value.row} " in str(caught.value)
+    result = sd.fit_dask(stores.nan, block_rows=1000, client=client, skip_nonfinite=True)
+    serial = serial_one_thread(stores.nan, block_rows=1000, skip_nonfinite=True)
+    assert result.n_skipped == serial.n_skipped == 2
+    assert_moments_close(result.state, serial.state.mean, serial.state.scatter, 5_998)
+
+
+def test_fit_dask_bad_inputs(client, stores, tmp_path):
+    with pytest.raises(BadInputError, match="no such file"):
+        sd.fit_dask(str(tmp_path / "missing.h5"), client=client)
+    narrow = write_store(str(tmp_path / "narrow.h5"), 100, 8)
+    with pytest.raises(BadInputError, match="columns"):
+        sd.fit_dask([stores.h5, narrow], client=client)
+    with pytest.raises(BadInputError, match="precision"):
+        sd.fit_dask(stores.h5, precision="float16", client=client)
+
+
+def test_lazy_rows_reopen_and_notice_a_changed_store(tmp_path):
+    import pickle
+
+    spec = write_store(str(tmp_path / "c.h5"), 300, 6, chunk_rows=100)
+    with open_source(spec) as source:
+        lazy = pickle.loads(pickle.dumps(source.lazy()))
+        np.testing.assert_array_equal(lazy[10:20, 0:6], source.read(10, 20))
+    write_store(str(tmp_path / "c.h5"), 200, 6, chunk_rows=100)
+    with pytest.raises(StoreIOError, match="changed while being read"):
+        lazy[0:10]
+
+
+# ----------------------------------------------------------------------------------------- apply
+
+
+@pytest.fixture(scope="module")
+def model(stores):
+    return finalize(fit_sources([stores.h5, stores.zarr]).state, n_components=10)
+
+
+def test_apply_dask_matches_serial_applier(client, stores, model, tmp_path):
+    out, ref = str(tmp_path / "out.zarr"), str(tmp_path / "ref.zarr")
+    done = []
+    summary = sd.apply_dask(model, stores.h5, out, normalize=True, block_rows=2000, client=client,
+                            output_chunk_rows=1000, progress=lambda rows, total: done.append((rows, total)))
+    apply_model(model, stores.h5, ref, normalize=True)
+    np.testing.assert_allclose(read_all(out), read_all(ref), rtol=1e-5, atol=1e-6)
+    assert read_attrs(out) == read_attrs(ref)
+    assert read_attrs(out)["complete"] is True
+    assert summary["n_rows"] == 10_000 and summary["n_nonfinite_rows"] == 0
+    assert done[-1] == (10_000, 10_000) and len(done) == 5
+    assert not os.path.exists(partial_path(out))
+
+
+def test_apply_dask_skip_nonfinite_writes_nan_rows(client, stores, model, tmp_path):
+    out = str(tmp_path / "nan.zarr")
+    summary = sd.apply_dask(model, stores.nan, out, skip_nonfinite=True, block_rows=1000, client=client,
+                            output_chunk_rows=1000)
+    rows = read_all(out)
+    assert summary["n_nonfinite_rows"] == 2 and read_attrs(out)["n_nonfinite_rows"] == 2
+    assert np.isnan(rows[[1234, 5678]]).all() and np.isfinite(np.delete(rows, [1234, 5678], axis=0)).all()
+
+
+def test_apply_dask_failure_leaves_old_output_and_no_partial(client, stores, model, tmp_path):
+    out = str(tmp_path / "kept.zarr")
+    sd.apply_dask(model, stores.h5, out, client=client)
+    before = read_all(out)
+    with pytest.raises(OutputExistsError):
+        sd.apply_dask(model, stores.h5, out, client=client)
+    with pytest.raises(NonFiniteError, match="nan.h5:/embeddings: row (1234|5678)"):
+        sd.apply_dask(model, stores.nan, out, overwrite=True, block_rows=500, client=client, output_chunk_rows=500)
+    np.testing.assert_array_equal(read_all(out), before)
+    assert not os.path.exists(partial_path(out))
+    fresh = str(tmp_path / "fresh.zarr")
+    with pytest.raises(NonFiniteError):
+        sd.apply_dask(model, stores.nan, fresh, block_rows=500, client=client, output_chunk_rows=500)
+    assert not os.path.exists(fresh) and not os.path.exists(partial_path(fresh))
+
+
+def test_apply_dask_refuses_hdf5_output(client, stores, model, tmp_path):
+    with pytest.raises(BadInputError, match="writes Zarr only"):
+        sd.apply_dask(model, stores.h5, str(tmp_path / "out.h5"), client=client)
+    assert os.listdir(tmp_path) == []
+
+
+def test_region_writer_refuses_unaligned_rows(tmp_path):
+    from streamwhiten.stores import create_sink
+
+    with create_sink(str(tmp_path / "w.zarr"), 100, 3, chunk_rows=10) as sink:
+        writer = sink.region_writer()
+        writer(90, np.ones((10, 3), np.float32))
+        with pytest.raises(BadInputError, match="not aligned"):
+            writer(5, np.ones((10, 3), np.float32))
+        sink.abort()
+
+
+# ------------------------------------------------------------------------------- cluster failures
+
+
+def test_killed_worker_becomes_a_cluster_error():
+    with pytest.raises(ClusterError, match="running task 'block-1' died 4 time.*tcp://10.0.0.1:1234"):
+        with sd._cluster_errors("the fit"):
+            raise distributed.KilledWorker("block-1", SimpleNamespace(address="tcp://10.0.0.1:1234"), 3)
+
+
+def test_unreachable_scheduler_is_a_cluster_error(stores, monkeypatch):
+    monkeypatch.setattr(sd, "CONNECT_TIMEOUT", 1)
+    with pytest.raises(ClusterError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:1"):
+        sd.fit_dask(stores.h5, scheduler="tcp://127.0.0.1:1")
+
+
+@pytest.mark.parametrize("retries", [3, 0], ids=["dask-default-retries", "no-retries"])
+def test_worker_killed_mid_fit_gives_the_right_model_or_a_clear_error(data64, retries):
+    """SIGKILL one of two worker processes while the fit runs: dask reruns its lost tasks on the other
+    worker (up to ``allowed-failures`` times); with no retries allowed the fit must fail clearly."""
+
+    def slow(block):  # a local function travels to the workers by value
+        time.sleep(0.1)
+        return block
+
+    array = da.from_array(data64, chunks=(125, 12)).map_blocks(slow, dtype=data64.dtype)  # 40 blocks
+    mean, scatter = two_pass(data64)
+    with dask.config.set({"distributed.scheduler.allowed-failures": retries}), \
+            sd.dask_client(n_workers=2) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(sd.fit_dask_array, array, client=client)
+        deadline = time.monotonic() + 20
+        while not any(client.processing().values()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        assert not running.done()
+        victim = sorted(client.run(os.getpid).values())[0]
+        os.kill(victim, signal.SIGKILL)
+        try:
+            result = running.result(timeout=60)
+        except ClusterError as exc:  # a clear error is acceptable; a wrong model is not
+            assert "the fit was abandoned: workers running task" in str(exc)
+            print(f"outcome with {retries} retries: {exc}")
+            return
+    assert retries > 0, "a worker died while running a task, yet the fit without retries returned"
+    print(f"outcome with {retries} retries: correct statistics after the kill, {result.n_blocks} blocks")
+    assert result.n_skipped == 0
+    assert_moments_close(result.state, mean, scatter, data64.shape[0])
+
+
+# ------------------------------------------------------------------------------------------- CLI
+
+
+def test_cli_fit_and_apply_with_dask(client, stores, tmp_path, capsys):
+    address = client.scheduler.address
+    serial, dask_model = str(tmp_path / "serial.npz"), str(tmp_path / "dask.npz")
+    common = [stores.h5, stores.zarr, "--precision", "float64", "-k", "6", "-q"]
+    assert main(["fit", *common, "-o", serial, "--chunk-rows", "1000"]) == 0
+    capsys.readouterr()
+    assert main(["fit", *common, "-o", dask_model, "--chunk-rows", "3333", "--engine", "dask",
+                 "--scheduler", address, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["engine"] == "dask" and summary["n_rows"] == 17_000
+    a, b = load_model(serial), load_model(dask_model)
+    assert_moments_close(b.state, a.state.mean, a.state.scatter, a.n_rows)
+    assert rel(b.eigvals, a.eigvals) <= TOL and b.sources == a.sources
+
+    out = str(tmp_path / "white.zarr")
+    assert main(["apply", dask_model, stores.h5, "-o", out, "--engine", "dask", "--scheduler", address, "-q"]) == 0
+    np.testing.assert_allclose(read_all(out), load_model(dask_model).transform(read_all(stores.h5)), rtol=1e-5, atol=1e-5)
+
+
+def test_cli_dask_local_cluster_and_errors(stores, tmp_path, capsys):
+    model_path = str(tmp_path / "m.npz")
+    assert main(["fit", stores.h5, "-o", model_path, "--engine", "dask", "--workers", "1", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["apply", model_path, stores.h5, "-o", str(tmp_path / "o.h5"), "--engine", "dask", "--workers", "1"]) == 2
+    assert main(["fit", stores.h5, "-o", str(tmp_path / "x.npz"), "--workers", "2"]) == 2
+    assert main(["fit", stores.h5, "-o", str(tmp_path / "x.npz"), "--engine", "dask", "--workers", "2",
+                 "--scheduler", "tcp://127.0.0.1:1"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(line.startswith("streamwhiten: error: ") for line in errors)
+    assert "o.h5: the dask engine writes Zarr only" in errors[0]
+    assert sorted(os.listdir(tmp_path)) == ["m.npz"]
+
+
+# ------------------------------------------------------------------------------------- benchmark
+
+
+def test_benchmark_quick_runs(tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "dask_scaling.py"), "--quick", "--precision", "float64",
+         "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=240,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    engines = {run["engine"] for run in report["runs"]}
+    assert engines == {"serial", "dask 1 process", "dask 2 processes", "dask 2 threads"}
+    assert all(run["rows_per_second"] > 0 for run in report["runs"])
+    assert all(run["max_rel_diff_vs_serial"] <= TOL for run in report["runs"])
+    assert "rows/s" in done.stdout
