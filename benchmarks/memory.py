@@ -1,0 +1,99 @@
+"""Peak memory of a fit does not grow with the number of rows: stores of 1x, 4x, 16x the same size.
+
+Each fit runs in a fresh process that reports its own peak RSS (``ru_maxrss``). The bound it must stay
+under is: the interpreter with streamwhiten imported, its kernels loaded and a tiny fit done (measured
+in the same run) + 16 MiB of allocator and thread warm-up + two read blocks (the one being reduced and
+the one being read ahead) + a few d x d float64 matrices.
+Run once with a store larger than this machine's memory (``--size-gb 32``) for the out-of-core figure.
+
+    python benchmarks/memory.py                    # 0.5, 2 and 8 GB stores at d = 768
+    python benchmarks/memory.py --size-gb 32       # larger than RAM: rows/s and peak RSS
+    python benchmarks/memory.py --quick            # a tiny smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+from _common import print_table, run_child, save_results, write_tiled_store
+
+D_BY_D_MATRICES = 6  # state scatter, chunk scatter, merged scatter, outer product, covariance, eigvecs
+WARMUP_MIB = 16  # allocator arenas and thread stacks touched in the first blocks (flat afterwards)
+
+
+def baseline_mib(directory: str, n_features: int) -> float:
+    """Peak RSS of a fit over a one-chunk store of 64 rows: interpreter, imports, kernels, reader thread."""
+    spec = write_tiled_store(os.path.join(directory, "baseline.h5"), 64, n_features, 64)
+    code = (
+        "import numpy as np\nfrom streamwhiten.fit import fit_sources\n"
+        f"fit_sources({spec!r})\nRESULT = {{}}\n"
+    )
+    return run_child(code)["peak_rss_mib"]
+
+
+def fit_in_child(spec: str, block_rows: int | None) -> dict:
+    code = (
+        "import time, numpy as np\nfrom streamwhiten import stats\nfrom streamwhiten.fit import fit_sources\n"
+        "stats.chunk_moments(np.ones((4, 4), np.float32))\n"
+        f"t = time.perf_counter(); result = fit_sources({spec!r}, block_rows={block_rows!r})\n"
+        "seconds = time.perf_counter() - t\n"
+        "RESULT = {'rows': result.state.n_rows, 'seconds': seconds, 'rows_s': result.state.n_rows / seconds}\n"
+    )
+    return run_child(code)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-gb", type=float, nargs="+", default=[0.5, 2.0, 8.0], help="store sizes to fit")
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--chunk-rows", type=int, default=65536, help="rows per store chunk (and read block)")
+    parser.add_argument("--workdir", default=None, help="where the stores go (needs the space; default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep the generated stores")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--results", default=None, help="directory for the JSON result (default: benchmarks/results)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.size_gb, args.dim, args.chunk_rows = [0.002, 0.008], 64, 1024
+    directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-mem-")
+    os.makedirs(directory, exist_ok=True)
+    row_bytes = args.dim * 4
+    block_bytes = args.chunk_rows * row_bytes
+    base = baseline_mib(directory, args.dim)
+    bound = base + WARMUP_MIB + (2 * block_bytes + D_BY_D_MATRICES * args.dim**2 * 8) / 2**20
+    print(f"baseline (interpreter + imports + kernels + a tiny fit): {base:,.0f} MiB; bound = baseline + "
+          f"{WARMUP_MIB} MiB warm-up + 2 blocks of {block_bytes / 2**20:,.0f} MiB + {D_BY_D_MATRICES} d x d float64 "
+          f"= {bound:,.0f} MiB")
+    rows_out = []
+    try:
+        for size in args.size_gb:
+            n_rows = max(args.chunk_rows, int(size * 1e9 / row_bytes) // args.chunk_rows * args.chunk_rows)
+            path = os.path.join(directory, f"store-{size:g}gb.h5")
+            began = time.perf_counter()
+            spec = write_tiled_store(path, n_rows, args.dim, args.chunk_rows)
+            written = time.perf_counter() - began
+            result = fit_in_child(spec, args.chunk_rows)
+            rows_out.append({
+                "size_gb": n_rows * row_bytes / 1e9, "rows": n_rows, "write_s": written, "fit_s": result["seconds"],
+                "rows_s": result["rows_s"], "peak_rss_mib": result["peak_rss_mib"], "bound_mib": bound,
+                "within_bound": result["peak_rss_mib"] <= bound,
+            })
+            print(f"  {rows_out[-1]['size_gb']:.2f} GB: {result['rows_s']:,.0f} rows/s, peak RSS {result['peak_rss_mib']:,.0f} MiB")
+            if not args.keep:
+                os.remove(path)
+    finally:
+        if args.workdir is None and not args.keep:
+            shutil.rmtree(directory, ignore_errors=True)
+    print_table(f"fit peak RSS by store size (d = {args.dim}, blocks of {args.chunk_rows} rows)", rows_out,
+                ["size_gb", "rows", "fit_s", "rows_s", "peak_rss_mib", "bound_mib", "within_bound"])
+    growth = rows_out[-1]["peak_rss_mib"] - rows_out[0]["peak_rss_mib"]
+    print(f"peak RSS grew by {growth:,.0f} MiB from the smallest to the largest store "
+          f"({rows_out[-1]['rows'] / rows_out[0]['rows']:.0f}x the rows)")
+    save_results("memory", {"baseline_mib": base, "bound_mib": bound, "rows": rows_out, "args": vars(args)}, args.results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,29 @@
+"""The benchmark scripts run end to end on tiny sizes (``--quick``); no timing is asserted here."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+SCRIPTS = ["fit_throughput.py", "apply_throughput.py", "memory.py"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_benchmark_quick_run_writes_json(tmp_path, script):
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--quick", "--results", str(tmp_path)],
+                            capture_output=True, text=True, cwd=REPO / "benchmarks", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = list(tmp_path.glob("*.json"))
+    assert len(files) == 1
+    payload = json.loads(files[0].read_text())
+    assert payload["machine"]["cpus"] >= 1 and payload["command"].startswith(script)
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_benchmark_help(script):
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--help"], capture_output=True,
+                            text=True, cwd=REPO / "benchmarks")
+    assert result.returncode == 0 and "--quick" in result.stdout
