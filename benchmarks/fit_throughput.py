@@ -18,7 +18,6 @@ import argparse
 import os
 import shutil
 import tempfile
-import time
 
 import numpy as np
 

@@ -16,9 +16,10 @@ import numpy as np
 
 from . import __version__, _kernels
 from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError
-from .fit import read_blocks
 from .model import WhiteningModel, model_checksum, project
-from .stores import create_sink, fingerprint, open_source, output_chunk_rows, resume_sink, same_file, split_spec
+from .stores import (
+    create_sink, fingerprint, open_source, output_chunk_rows, read_blocks, resume_sink, same_file, split_spec,
+)
 
 
 def check_output(model: WhiteningModel, source, output_spec: str) -> None:

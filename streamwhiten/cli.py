@@ -304,7 +304,7 @@ def info(model_path, as_json):
         f"(absolute {model.eps_value:.3g})" + (f" variance>={model.variance:g}" if model.variance else ""),
         f"spectrum   largest {top}; smallest {eigvals[-1]:.4g}; condition number {summary['condition_number']:.4g}",
         f"explained  {summary['explained_variance']:.4f} of the variance by the k kept components",
-        f"k for      " + ", ".join(f"{float(v):.0%}: {k}" for v, k in ladder.items()),
+        "k for      " + ", ".join(f"{float(v):.0%}: {k}" for v, k in ladder.items()),
         f"D_eff      {summary['effective_dimension']:.1f} (exp of the entropy of the normalised eigenvalues)",
     ]
     for source in model.sources:

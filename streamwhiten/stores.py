@@ -18,12 +18,18 @@ import glob
 import hashlib
 import json
 import os
+import queue
 import shutil
+import threading
 from dataclasses import dataclass
+from typing import Iterable, Iterator
 
 import h5py
 import numpy as np
 import zarr
+from zarr.core.buffer import default_buffer_prototype
+
+_ND_BUFFER = default_buffer_prototype().nd_buffer
 
 from .errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
 
@@ -46,7 +52,11 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
     path, inner = spec, None
     if not os.path.exists(spec) and ":" in spec:
         head, _, tail = spec.rpartition(":")
-        if head:
+        # ``a:b`` names an array inside a store only when that is unambiguous: the inner part starts
+        # with "/", or the head is an existing path or has a store suffix; otherwise ':' is part of a
+        # file name (e.g. a timestamp).
+        suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, ".npy")
+        if head and (tail.startswith("/") or os.path.exists(head) or head.rstrip("/").lower().endswith(suffixes)):
             path, inner = head, tail
     if dataset is not None:
         inner = dataset
@@ -215,7 +225,8 @@ class ZarrSource(Source):
             where = f"array /{dataset}" if dataset else "array"
             raise BadInputError(f"{path}: no Zarr {where} found ({exc.__class__.__name__})") from exc
         if isinstance(node, zarr.Group):
-            arrays = [name for name, arr in node.arrays() if arr.ndim == 2]
+            arrays = sorted(name for name, member in node.members(max_depth=None)
+                            if isinstance(member, zarr.Array) and member.ndim == 2)
             if len(arrays) != 1:
                 listing = ", ".join("/" + name for name in arrays[:10]) or "none"
                 raise BadInputError(f"{path}: name an array (dir.zarr:/array or --dataset); 2-D arrays found: {listing}")
@@ -223,15 +234,28 @@ class ZarrSource(Source):
             node = node[arrays[0]]
         super().__init__(path, dataset, node, int(node.chunks[0]) if node.ndim >= 1 else None)
 
+    def read_into(self, start, stop, out):
+        view = out[: stop - start]
+        try:
+            # Decode straight into the caller's buffer: one copy fewer than reading then copying.
+            self._array.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
+        except (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarrError) as exc:
+            raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {exc}") from exc
+        return view
+
 
 class NpySource(Source):
     kind = "npy"
 
     def __init__(self, path, dataset):
+        if dataset:
+            raise BadInputError(f"{path}: a .npy file holds one array; drop the dataset name ':{dataset}'")
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise BadInputError(f"{path}: cannot read as .npy ({exc})") from exc
+        if not isinstance(array, np.ndarray):
+            raise BadInputError(f"{path}: is not a .npy array file (an .npz archive?)")
         super().__init__(path, None, array, None)
 
 
@@ -362,7 +386,7 @@ def fingerprint(source: Source, n_rows: int | None = None) -> dict:
         stop = min(n_rows, start + width)
         digest.update(np.ascontiguousarray(source.read(start, stop)).tobytes())
     return {
-        "path": os.path.abspath(source.path),
+        "path": os.path.realpath(source.path),
         "dataset": source.dataset or "",
         "n_rows": n_rows,
         "n_features": source.n_features,
@@ -370,6 +394,92 @@ def fingerprint(source: Source, n_rows: int | None = None) -> dict:
         "chunk_rows": source.chunk_rows or 0,
         "sha256_sampled": digest.hexdigest(),
     }
+
+
+# ------------------------------------------------------------------------------------------- reading
+
+
+def prefetch(items: Iterable, depth: int = 1) -> Iterator:
+    """Yield ``items`` while a background thread produces up to ``depth`` ahead; re-raises its errors.
+
+    Closing the generator early (an error or an interruption in the consumer) stops the thread.
+    """
+    slots: queue.Queue = queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+
+    def put(message) -> bool:
+        while not stop.is_set():
+            try:
+                slots.put(message, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce():
+        try:
+            for item in items:
+                if not put(("item", item)):
+                    return
+            put(("done", None))
+        except BaseException as exc:  # handed to the consumer, raised there
+            put(("error", exc))
+
+    thread = threading.Thread(target=produce, name="streamwhiten-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            kind, item = slots.get()
+            if kind == "done":
+                return
+            if kind == "error":
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def read_blocks(source: Source, block_rows: int | None = None, start: int = 0, stop: int | None = None,
+                n_buffers: int = 2) -> Iterator:
+    """``(start, rows)`` for consecutive blocks of ``source``, read ahead by a thread into reused buffers.
+
+    ``n_buffers`` buffers of ``block_rows`` rows are allocated once: while the caller works on one block
+    (it may modify it in place), the next is read into the other. A yielded array is valid only until
+    the next iteration. Memory is ``n_buffers`` blocks, however long the source.
+    """
+    block_rows = int(block_rows or source.default_block_rows())
+    ranges = list(source.blocks(block_rows, start, stop))
+    if not ranges:
+        return
+    rows = min(block_rows, max(end - begin for begin, end in ranges))
+    buffers = [np.empty((rows, source.n_features), dtype=source.dtype) for _ in range(min(n_buffers, len(ranges)))]
+    free: queue.Queue = queue.Queue()
+    for index in range(len(buffers)):
+        free.put(index)
+    stop_event = threading.Event()
+
+    def fill():
+        for begin, end in ranges:
+            index = free.get()
+            if stop_event.is_set():
+                return
+            yield begin, index, source.read_into(begin, end, buffers[index])
+
+    blocks = prefetch(fill(), depth=len(buffers))
+    held = None
+    try:
+        for begin, index, block in blocks:
+            if held is not None:
+                free.put(held)
+            held = index
+            yield begin, block
+    finally:
+        # Release a reader waiting for a free buffer first, then stop and join it.
+        stop_event.set()
+        for _ in buffers:
+            free.put(0)
+        blocks.close()
 
 
 # ----------------------------------------------------------------------------------------------- sinks
@@ -571,6 +681,7 @@ def create_sink(
     chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
     partial = partial_path(path)
     _remove(partial)
+    _remove(partial + ".progress.json")  # a record of an earlier partial must never describe this one
     needed, free = n_rows * n_features * dtype.itemsize, shutil.disk_usage(parent).free
     if needed > free:
         raise StoreIOError(f"{path}: the output needs about {needed / 1e6:,.1f} MB but only {free / 1e6:,.1f} MB are free in {parent}")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from streamwhiten.errors import StoreIOError
-from streamwhiten.fit import fit_sources, plan_fit, read_blocks, run_job
+from streamwhiten.fit import fit_sources, plan_fit, run_job
+from streamwhiten.stores import read_blocks
 from streamwhiten.stores import open_source
 
 from conftest import anisotropic, write_h5, write_zarr
