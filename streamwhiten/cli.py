@@ -17,7 +17,7 @@ from contextlib import contextmanager
 import click
 
 from . import __version__
-from .stores import expand_specs
+from .stores import expand_specs, same_file
 from .errors import (
     EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_IO, BadInputError, NothingToDoError, OutputExistsError, StreamwhitenError,
 )
@@ -194,7 +194,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
         if update is None:
             raise BadInputError("give the model file to write with -o/--output")
         model_path = update
-    elif os.path.exists(model_path) and not overwrite and not (update and same_path(update, model_path)):
+    elif os.path.exists(model_path) and not overwrite and not (update and same_file(update, model_path)):
         raise OutputExistsError(f"{model_path}: already exists (pass --overwrite to replace it)")
     began = time.perf_counter()
     if engine == "dask":
@@ -230,10 +230,6 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
         f"(explained variance {summary['explained_variance']:.4f}), D_eff={model.effective_dimension:.1f}",
         f"wrote {model_path}",
     ])
-
-
-def same_path(a: str, b: str) -> bool:
-    return os.path.abspath(a) == os.path.abspath(b)
 
 
 @cli.command()
@@ -358,9 +354,10 @@ def _run_demo(run_demo, directory, rows, dim, k, chunk_rows, seed, quiet):
 @cli.command()
 @click.argument("job_file")
 @click.option("--log-file", default=None, help="Also append timestamped log lines to this file.")
+@click.option("--restart", is_flag=True, help="Discard the checkpoint of an interrupted run instead of finishing it.")
 @common_quiet
 @common_json
-def run(job_file, log_file, quiet, as_json):
+def run(job_file, log_file, restart, quiet, as_json):
     """Run a batch job (job.toml): fit or update, finalize, apply; each step skipped when up to date.
 
     Exit codes: 0 done, 3 nothing to do, 2 bad input, 75 another run holds the lock, 130 interrupted.
@@ -372,7 +369,7 @@ def run(job_file, log_file, quiet, as_json):
         handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE))
         logging.getLogger("streamwhiten").addHandler(handler)
     with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
-        summary = run_job_file(job_file, progress, should_stop)
+        summary = run_job_file(job_file, progress, should_stop, restart)
     _emit(as_json, summary, [f"job {summary['job']}: " + "; ".join(summary["steps"])])
 
 

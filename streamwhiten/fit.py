@@ -119,9 +119,14 @@ def open_sources(specs, dataset: str | None = None) -> list[Source]:
         raise BadInputError("no input given")
     min_rows = 2 if len(specs) == 1 else 1
     sources: list[Source] = []
+    seen: dict = {}
     try:
         for spec in specs:
             sources.append(open_source(spec, dataset, min_rows=min_rows))
+            key = (os.path.realpath(sources[-1].path), sources[-1].dataset or "")
+            if key in seen:
+                raise BadInputError(f"{sources[-1].label}: given twice (also as {seen[key]}); each input is read once")
+            seen[key] = sources[-1].label
             if sources[-1].n_features != sources[0].n_features:
                 raise BadInputError(
                     f"{sources[-1].label}: has {sources[-1].n_features} columns but "
@@ -204,6 +209,23 @@ def _check_prefix(source: Source, recorded: dict) -> None:
             )
 
 
+def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> None:
+    """Refuse a 'new' source whose rows are those of a recorded source that was not given (moved or
+    copied): reading it again would count its rows twice."""
+    given = {os.path.realpath(s.path) for s in sources}
+    for recorded in recorded_sources:
+        if recorded["path"] in given or recorded["n_rows"] > source.n_rows:
+            continue
+        if recorded["n_features"] != source.n_features or recorded["dtype"] != str(source.dtype):
+            continue
+        if fingerprint(source, recorded["n_rows"])["sha256_sampled"] == recorded["sha256_sampled"]:
+            raise BadInputError(
+                f"{source.label}: starts with the same rows as {recorded['path']}, which the model has already "
+                "read; it looks moved or copied, and reading it again would count those rows twice "
+                "(give the original path, or refit from scratch)"
+            )
+
+
 def plan_update(model_state, recorded_sources: list, specs, dataset=None, precision="auto", skip_nonfinite=False,
                 block_rows=None) -> FitJob:
     """A job folding only the rows added since ``recorded_sources`` were read into ``model_state``.
@@ -213,19 +235,18 @@ def plan_update(model_state, recorded_sources: list, specs, dataset=None, precis
     """
     sources = open_sources(specs, dataset)
     try:
+        if sources[0].n_features != model_state.n_features:
+            raise BadInputError(f"{sources[0].label}: has {sources[0].n_features} columns but the model has {model_state.n_features}")
         cursors = []
         for source in sources:
             current = fingerprint(source)
             recorded = next((r for r in recorded_sources if _same_source(r, current)), None)
             if recorded is None:
+                _refuse_if_moved(source, recorded_sources, sources)
                 cursors.append(Cursor(source.label, current, 0, source.n_rows, 0))
                 continue
-            if source.n_features != model_state.n_features:
-                raise BadInputError(f"{source.label}: has {source.n_features} columns but the model has {model_state.n_features}")
             _check_prefix(source, recorded)
             cursors.append(Cursor(source.label, current, recorded["n_rows"], source.n_rows, recorded["n_rows"]))
-        if sources[0].n_features != model_state.n_features:
-            raise BadInputError(f"{sources[0].label}: has {sources[0].n_features} columns but the model has {model_state.n_features}")
         kept = [r for r in recorded_sources if not any(_same_source(r, c.fingerprint) for c in cursors)]
         job = FitJob(model_state, cursors, _block_rows(sources, block_rows), precision, bool(skip_nonfinite),
                      base_rows=model_state.n_rows, kept_sources=kept)
@@ -287,6 +308,11 @@ def check_resumable(job: FitJob, planned: FitJob, checkpoint_path: str) -> None:
         raise BadInputError(f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in job.cursors)}){hint}")
     if (job.precision, job.skip_nonfinite) != (planned.precision, planned.skip_nonfinite):
         raise BadInputError(f"{checkpoint_path}: checkpoint was made with other options (precision, skip-nonfinite){hint}")
+    check_sources_unchanged(job, checkpoint_path)
+
+
+def check_sources_unchanged(job: FitJob, checkpoint_path: str) -> None:
+    """Refuse a checkpointed job whose sources no longer start with the rows it recorded."""
     for cursor in job.cursors:
         with open_source(cursor.spec) as source:
             try:
@@ -339,7 +365,7 @@ def run_job(
                 blocks_since += 1
                 if progress is not None:
                     progress(job.rows_done, total)
-                stopping = should_stop is not None and should_stop()
+                stopping = should_stop is not None and should_stop() and not job.done
                 if checkpoint_path is not None and (stopping or checkpoint_due()):
                     save_checkpoint(job, checkpoint_path)
                     last_checkpoint, blocks_since = time.perf_counter(), 0

@@ -20,6 +20,13 @@ from .errors import BadInputError, LockedError, NothingToDoError
 log = logging.getLogger("streamwhiten")
 
 
+def check_writable_dir(path: str, what: str) -> None:
+    """Fail before any work when the directory that will receive ``path`` does not exist."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise BadInputError(f"{path}: the directory {parent} for the {what} does not exist")
+
+
 def default_checkpoint(model_path: str) -> str:
     """``.MODEL.checkpoint`` beside the model file."""
     head, tail = os.path.split(os.path.abspath(model_path))
@@ -35,7 +42,9 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     checkpoint. ``update`` names a saved model whose statistics are extended with appended rows only.
     """
     from .fit import check_resumable, load_checkpoint, plan_fit, plan_update, run_job
-    from .model import finalize, load_model
+    from .model import check_params, finalize, load_model
+
+    check_writable_dir(model_path, "model file")
 
     params = dict(params or {})
     if update is not None:
@@ -52,6 +61,7 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     else:
         planned = plan_fit(inputs, dataset, precision, skip_nonfinite, chunk_rows)
         skipped_before = 0
+    check_params(n_features=planned.state.n_features, **params)  # k > d is caught before the pass
     checkpoint = checkpoint or default_checkpoint(model_path)
     resumed = False
     if os.path.exists(checkpoint) and not restart:
@@ -94,12 +104,15 @@ def job_lock(path: str):
         handle.close()
 
 
-_KNOWN = {
-    "": {"name", "input", "model", "apply"},
-    "input": {"paths", "dataset"},
-    "model": {"path", "beta", "gamma", "n_components", "variance", "eps", "precision", "chunk_rows", "skip_nonfinite",
-              "checkpoint_every", "checkpoint_seconds"},
-    "apply": {"output", "normalize", "dtype", "zarr_format", "chunk_rows", "skip_nonfinite"},
+#: Keys a job file may hold, with the type each value must have.
+_KEYS = {
+    "": {"name": str, "input": dict, "model": dict, "apply": dict},
+    "input": {"paths": (list, str), "dataset": str},
+    "model": {"path": str, "beta": (int, float), "gamma": (int, float), "n_components": int, "variance": (int, float),
+              "eps": (int, float), "precision": str, "chunk_rows": int, "skip_nonfinite": bool,
+              "checkpoint_every": int, "checkpoint_seconds": (int, float)},
+    "apply": {"output": str, "normalize": bool, "dtype": str, "zarr_format": int, "chunk_rows": int,
+              "skip_nonfinite": bool},
 }
 
 
@@ -117,7 +130,9 @@ class JobSpec:
 
     @property
     def lock_path(self) -> str:
-        return os.path.join(os.path.dirname(self.model_path), f".{self.name}.lock")
+        """One lock per model file: two job files keeping the same model never run at once."""
+        head, tail = os.path.split(self.model_path)
+        return os.path.join(head, f".{tail}.lock")
 
 
 def read_job_file(path: str) -> JobSpec:
@@ -133,14 +148,18 @@ def read_job_file(path: str) -> JobSpec:
         raise BadInputError(f"{path}: job file not found") from None
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise BadInputError(f"{path}: not a valid TOML job file ({exc})") from None
-    for section, allowed in _KNOWN.items():
+    for section, allowed in _KEYS.items():
         table = data if section == "" else data.get(section, {})
-        if not isinstance(table, dict):
-            raise BadInputError(f"{path}: [{section}] must be a table")
-        unknown = set(table) - allowed
+        where = f"[{section}]" if section else "the top level"
+        unknown = set(table) - set(allowed)
         if unknown:
-            where = f"[{section}]" if section else "the top level"
             raise BadInputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} in {where}")
+        for key, kind in allowed.items():
+            value = table.get(key)
+            wrong_bool = isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
+            if value is not None and (wrong_bool or not isinstance(value, kind)):
+                names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+                raise BadInputError(f"{path}: {key} in {where} must be of type {names}, got {value!r}")
     base = os.path.dirname(os.path.abspath(path))
     absolute = lambda p: p if os.path.isabs(p) else os.path.join(base, p)  # noqa: E731
     inputs = data.get("input", {}).get("paths")
@@ -169,25 +188,108 @@ def _output_for(template: str, input_spec: str, job_name: str) -> str:
     return template.format(stem=stem, name=job_name)
 
 
-def run_job_file(path: str, progress=None, should_stop=None) -> dict:
+def _finish_pending(spec: JobSpec, checkpoint: str, params: dict, progress, should_stop) -> bool:
+    """Complete a fit or update a killed run left in ``checkpoint`` and save the model; True if it did.
+
+    A checkpoint is self-contained (its state and the rows each source still owes), so it is finished
+    as it was planned, whatever inputs appeared since; those are picked up by the next update. A
+    checkpoint that does not belong to the current model (or whose sources changed) is discarded.
+    """
+    from .errors import ModelFileError
+    from .fit import check_sources_unchanged, load_checkpoint, remove_checkpoint, run_job
+    from .model import finalize, load_model, save_model
+
+    try:
+        job = load_checkpoint(checkpoint)
+    except ModelFileError as exc:
+        raise BadInputError(f"{exc}") from None  # the message says how to start over (run --restart)
+    previous = load_model(spec.model_path) if os.path.exists(spec.model_path) else None
+    model_rows = previous.n_rows if previous is not None else 0
+    belongs = job.base_rows == model_rows or (job.done and job.state.n_rows == model_rows)
+    try:
+        if not belongs:
+            raise BadInputError("it was made for another version of the model")
+        check_sources_unchanged(job, checkpoint)
+    except BadInputError as exc:
+        log.warning("job %s: discarding checkpoint %s: %s", spec.name, checkpoint, exc)
+        remove_checkpoint(checkpoint)
+        return False
+    log.info("job %s: finishing the interrupted run in %s (%s of %s rows done)", spec.name, checkpoint,
+             f"{job.rows_done:,}", f"{job.rows_total:,}")
+    fit_options = {k: spec.model[k] for k in ("checkpoint_every", "checkpoint_seconds") if k in spec.model}
+    job = run_job(job, progress, checkpoint, fit_options.get("checkpoint_every", 20),
+                  fit_options.get("checkpoint_seconds", 60.0), should_stop)
+    params = _effective_params(params, previous)
+    skipped = (int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and job.base_rows else 0)
+    model = finalize(job.state, sources=job.sources + job.kept_sources,
+                     info={"n_skipped_nonfinite": skipped + job.n_skipped}, **params)
+    save_model(model, spec.model_path)
+    remove_checkpoint(checkpoint)
+    return True
+
+
+def _effective_params(params: dict, previous) -> dict:
+    """The job's parameters, falling back to the saved model's for those the job leaves out."""
+    params = dict(params)
+    if previous is not None:
+        for name in ("beta", "gamma", "eps"):
+            params.setdefault(name, getattr(previous, name))
+        if "n_components" not in params and "variance" not in params:
+            if previous.variance is not None:
+                params["variance"] = previous.variance
+            else:
+                params["n_components"] = previous.n_components
+    return params
+
+
+def _output_is_current(output: str, checksum: str, source_sha: str, normalize: bool, dtype: str) -> bool:
+    from .stores import open_source, split_spec
+
+    if not os.path.exists(split_spec(output)[0]):
+        return False
+    try:
+        with open_source(output, min_rows=0) as existing:
+            attrs, stored_dtype = dict(existing._array.attrs), str(existing.dtype)
+    except Exception:  # an unreadable old output is simply rewritten
+        return False
+    return (attrs.get("model_checksum") == checksum and attrs.get("source_sha256") == source_sha
+            and bool(attrs.get("normalized")) == bool(normalize) and stored_dtype == dtype)
+
+
+def run_job_file(path: str, progress=None, should_stop=None, restart: bool = False) -> dict:
     """Run a job file: fit or update, finalize, apply; each step skipped when already up to date.
 
+    A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead.
     Returns a summary with ``steps`` (what ran). Raises :class:`NothingToDoError` when nothing ran.
     """
     from .apply import apply_model
     from .fit import remove_checkpoint
     from .model import check_params, load_model, model_checksum, save_model
-    from .stores import expand_specs, fingerprint, open_source, read_attrs, split_spec
+    from .stores import expand_specs, fingerprint, open_source
 
     spec = read_job_file(path)
     fit_options = {key: spec.model[key] for key in ("precision", "chunk_rows", "skip_nonfinite",
                                                     "checkpoint_every", "checkpoint_seconds") if key in spec.model}
     params = {key: spec.model[key] for key in ("beta", "gamma", "n_components", "variance", "eps") if key in spec.model}
     check_params(**params)
+    os.makedirs(os.path.dirname(spec.model_path), exist_ok=True)
     steps = []
     with job_lock(spec.lock_path):
         log.info("job %s: lock %s taken", spec.name, spec.lock_path)
         inputs = expand_specs(spec.inputs)
+        outputs = {}
+        if spec.apply is not None:
+            for input_spec in inputs:
+                output = _output_for(spec.apply["output"], input_spec, spec.name)
+                if output in outputs.values():
+                    raise BadInputError(f"{spec.path}: [apply] output '{spec.apply['output']}' names {output} for two "
+                                        "inputs; use a template that tells them apart (e.g. with {stem})")
+                outputs[input_spec] = output
+        checkpoint = default_checkpoint(spec.model_path)
+        if restart:
+            remove_checkpoint(checkpoint)
+        elif os.path.exists(checkpoint) and _finish_pending(spec, checkpoint, params, progress, should_stop):
+            steps.append("resume")
         exists = os.path.exists(spec.model_path)
         try:
             model, job, resumed, checkpoint = fit_job(
@@ -196,8 +298,8 @@ def run_job_file(path: str, progress=None, should_stop=None) -> dict:
             save_model(model, spec.model_path)
             remove_checkpoint(checkpoint)
             steps.append("update" if exists else "fit")
-            log.info("job %s: %s %s with %s rows%s", spec.name, "updated" if exists else "fitted", spec.model_path,
-                     f"{job.rows_done:,}", " (resumed)" if resumed else "")
+            log.info("job %s: %s %s with %s rows", spec.name, "updated" if exists else "fitted", spec.model_path,
+                     f"{job.rows_done:,}")
         except NothingToDoError:
             model = load_model(spec.model_path)
             log.info("job %s: model %s is up to date with its inputs", spec.name, spec.model_path)
@@ -212,19 +314,15 @@ def run_job_file(path: str, progress=None, should_stop=None) -> dict:
             options = {key: spec.apply[key] for key in ("normalize", "dtype", "zarr_format", "skip_nonfinite") if key in spec.apply}
             if "chunk_rows" in spec.apply:
                 options["block_rows"] = spec.apply["chunk_rows"]
-            for input_spec in inputs:
-                output = _output_for(spec.apply["output"], input_spec, spec.name)
+            for input_spec, output in outputs.items():
                 with open_source(input_spec, spec.dataset) as source:
                     source_sha = fingerprint(source)["sha256_sampled"]
                     label = source.label
-                if os.path.exists(split_spec(output)[0]):
-                    try:
-                        attrs = read_attrs(output)
-                    except Exception:  # an unreadable old output is simply rewritten
-                        attrs = {}
-                    if attrs.get("model_checksum") == checksum and attrs.get("source_sha256") == source_sha:
-                        log.info("job %s: %s is up to date", spec.name, output)
-                        continue
+                if _output_is_current(output, checksum, source_sha, options.get("normalize", False),
+                                      options.get("dtype", "float32")):
+                    log.info("job %s: %s is up to date", spec.name, output)
+                    continue
+                os.makedirs(os.path.dirname(os.path.abspath(output.split(".zarr:")[0])), exist_ok=True)
                 summary = apply_model(model, input_spec, output, spec.dataset, overwrite=True, progress=progress,
                                       should_stop=should_stop, **options)
                 steps.append(f"apply {label} -> {output}")

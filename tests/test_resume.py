@@ -238,7 +238,7 @@ def test_run_job_steps_and_exit_codes(tmp_path, store):
 def test_two_concurrent_runs_one_waits_out(tmp_path, store):
     job = write_job(tmp_path, store)
     first = spawn("run", job)
-    lock = tmp_path / ".nightly.lock"
+    lock = tmp_path / ".model.npz.lock"  # one lock per model file
     deadline = time.monotonic() + 30
     while not (lock.exists() and lock.read_text().strip() == str(first.pid)):
         assert time.monotonic() < deadline and first.poll() is None, "the first run never took the lock"
@@ -350,3 +350,114 @@ def test_nightly_script_runs_the_job_and_treats_nothing_to_do_as_success(tmp_pat
     second = subprocess.run(["bash", script, str(job)], capture_output=True, text=True, env=env)
     assert second.returncode == 0 and "nothing new to do" in second.stdout
     assert "model.npz is up to date" in (tmp_path / "nightly.log").read_text()
+
+
+# ---- regressions from review: each reproduces a reported failure
+
+
+def test_restart_interrupted_before_its_first_block_is_not_resumed_with_the_old_record(tmp_path, run_cli):
+    from streamwhiten.apply import apply_model
+    from streamwhiten.errors import InterruptedRunError
+    from streamwhiten.stores import create_sink
+
+    rows = np.random.default_rng(4).standard_normal((4000, 8)).astype(np.float32)
+    spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=500)
+    model_path = tmp_path / "m.npz"
+    assert run_cli("fit", spec, "-o", model_path, "-q")[0] == 0
+    model = load_model(str(model_path))
+    output = str(tmp_path / "out.h5")
+    with pytest.raises(InterruptedRunError):
+        apply_model(model, spec, output, block_rows=500, should_stop=lambda: True)
+    assert rows_done_of_partial(output) == 500
+    # `apply --restart` killed inside its first block: a fresh partial exists, nothing written yet
+    create_sink(output, 4000, model.n_components, chunk_rows=500).suspend()
+    summary = apply_model(model, spec, output, block_rows=500)
+    assert summary["resumed_at_row"] == 0
+    with open_source(output) as out:  # every row written by this run, none left as fill value
+        np.testing.assert_allclose(out.read(0, 4000), model.transform(rows), rtol=1e-5, atol=1e-6)
+
+
+def test_the_same_rows_are_never_counted_twice(tmp_path, run_cli):
+    rows = np.random.default_rng(5).standard_normal((500, 4))
+    data = tmp_path / "data"
+    data.mkdir()
+    spec = write_h5(data / "f.h5", rows)
+    os.symlink(data, tmp_path / "link")
+    code, _, err = run_cli("fit", spec, spec, "-o", tmp_path / "twice.npz")
+    assert code == EXIT_BAD_INPUT and "given twice" in err
+    code, _, err = run_cli("fit", str(data / "*.h5:/emb"), f"{tmp_path}/link/f.h5:/emb", "-o", tmp_path / "t.npz")
+    assert code == EXIT_BAD_INPUT and "given twice" in err
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", f"{tmp_path}/link/f.h5:/emb", "-o", model)[0] == 0
+    code, _, err = run_cli("fit", spec, "--update", model)  # the same file by its real path: nothing new
+    assert code == EXIT_NOTHING_TO_DO, err
+    moved = tmp_path / "moved.h5"
+    os.rename(data / "f.h5", moved)
+    code, _, err = run_cli("fit", f"{moved}:/emb", "--update", model)
+    assert code == EXIT_BAD_INPUT and "moved or copied" in err
+    assert load_model(str(model)).n_rows == 500
+
+
+def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_path):
+    from streamwhiten.jobs import run_job_file
+
+    rng = np.random.default_rng(6)
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    parts = [rng.standard_normal((3000, 6)) + i for i in range(3)]
+    write_h5(shards / "day-0.h5", parts[0], chunk_rows=100)
+    job = tmp_path / "job.toml"
+    job.write_text(f'[input]\npaths = ["{shards}/day-*.h5"]\n[model]\npath = "model.npz"\nchunk_rows = 100\n'
+                   'checkpoint_every = 1\n')
+    run_job_file(str(job))
+    write_h5(shards / "day-1.h5", parts[1], chunk_rows=100)
+    calls = {"n": 0}
+
+    def stop_soon():
+        calls["n"] += 1
+        return calls["n"] >= 5
+
+    from streamwhiten.errors import InterruptedRunError
+
+    with pytest.raises(InterruptedRunError):
+        run_job_file(str(job), should_stop=stop_soon)
+    write_h5(shards / "day-2.h5", parts[2], chunk_rows=100)  # a new shard arrives before the next run
+    summary = run_job_file(str(job))
+    assert summary["steps"][:2] == ["resume", "update"]
+    model = load_model(str(tmp_path / "model.npz"))
+    everything = np.vstack(parts)
+    assert model.n_rows == 9000
+    np.testing.assert_allclose(model.state.scatter / model.n_rows, np.cov(everything, rowvar=False, bias=True), rtol=1e-10)
+    assert not os.path.exists(default_checkpoint(str(tmp_path / "model.npz")))
+
+
+def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_outputs(tmp_path, store):
+    from streamwhiten.errors import BadInputError
+    from streamwhiten.jobs import run_job_file
+
+    job = write_job(tmp_path, store)
+    run_job_file(str(job))
+    job.write_text(job.read_text().replace("normalize = true", 'normalize = false\ndtype = "float16"'))
+    summary = run_job_file(str(job))
+    assert any(step.startswith("apply") for step in summary["steps"])
+    with open_source(str(tmp_path / "out-big.zarr")) as out:
+        assert out.dtype == np.float16
+    other = tmp_path / "other"
+    other.mkdir()
+    write_h5(other / "big.h5", np.ones((10, N_FEATURES), np.float32))
+    job.write_text(job.read_text().replace(f'paths = ["{store}"]', f'paths = ["{store}", "{other}/big.h5"]'))
+    with pytest.raises(BadInputError, match="for two inputs"):
+        run_job_file(str(job))
+
+
+@pytest.mark.parametrize("line, fragment", [
+    ("chunk_rows = \"big\"", "chunk_rows in [model] must be of type int"),
+    ("skip_nonfinite = \"no\"", "skip_nonfinite in [model] must be of type bool"),
+    ("checkpoint_every = 1.5", "checkpoint_every in [model] must be of type int"),
+    ("n_components = true", "n_components in [model] must be of type int"),
+])
+def test_job_file_values_are_type_checked(tmp_path, line, fragment):
+    job = tmp_path / "job.toml"
+    job.write_text(f'[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n{line}\n')
+    result = run_subprocess("run", job)
+    assert result.returncode == EXIT_BAD_INPUT and fragment in result.stderr
