@@ -19,7 +19,8 @@ log=${STREAMWHITEN_LOG:-$(dirname "$job")/nightly.log}
 # shellcheck disable=SC1091
 [ -f "$venv/bin/activate" ] && . "$venv/bin/activate"
 
-streamwhiten run "$job" --quiet --log-file "$log"
+# Timestamped progress lines and the one-line error (if any) both go to the log.
+streamwhiten run "$job" --quiet 2>>"$log"
 status=$?
 case $status in
   0)   echo "$(date -Is) nightly: done" ;;

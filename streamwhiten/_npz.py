@@ -48,16 +48,40 @@ def write_npz_atomic(path: str, arrays: dict) -> str:
     return digest
 
 
-def read_npz(path: str, what: str = "model file") -> dict:
-    """All arrays of a file written by :func:`write_npz_atomic`, or :class:`ModelFileError`."""
+#: What each ``format`` value is, for messages about a file given in the wrong place.
+KNOWN_FORMATS = {"streamwhiten-model": "a streamwhiten model file", "streamwhiten-checkpoint": "a fit checkpoint"}
+
+
+def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
+    """All arrays of a file written by :func:`write_npz_atomic`, or :class:`ModelFileError`.
+
+    Checked in the order that gives the clearest message: readable at all, of the expected kind and
+    version, then intact (checksum).
+    """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise ModelFileError(f"{path}: {what} not found")
     try:
-        with np.load(path, allow_pickle=False) as data:
+        data = np.load(path, allow_pickle=False)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
+        raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ModelFileError(f"{path}: is a plain .npy array, not {KNOWN_FORMATS.get(expected_format, what)}")
+    try:
+        with data:
             arrays = {key: data[key] for key in data.files}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
         raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
+    found = str(arrays.get("format", ""))
+    if found != expected_format:
+        kind = KNOWN_FORMATS.get(found, "not written by streamwhiten")
+        raise ModelFileError(f"{path}: expected {KNOWN_FORMATS.get(expected_format, what)}, but this file is {kind}")
+    found_version = int(arrays.get("format_version", -1))
+    if found_version != version:
+        raise ModelFileError(
+            f"{path}: {what} format version {found_version} is not supported (this streamwhiten reads version "
+            f"{version}); refit, or use the streamwhiten release that wrote it"
+        )
     stored = arrays.pop("checksum", None)
     if stored is None or str(stored) != checksum(arrays):
         raise ModelFileError(f"{path}: {what} failed its checksum: it was changed or damaged after it was written")

@@ -125,7 +125,9 @@ def apply_model(
         if block_rows is not None and int(block_rows) < 1:
             raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
         chunk_rows = output_chunk_rows(model.n_components, dtype, source.n_rows)
-        rows_per_block = int(block_rows) if block_rows else aligned_block_rows(None, source, chunk_rows)
+        if block_rows:  # the user's block size wins: output chunks no larger, so blocks stay aligned
+            chunk_rows = min(chunk_rows, int(block_rows))
+        rows_per_block = aligned_block_rows(block_rows, source, chunk_rows)
         # What must match for a partial output to be continued rather than started over.
         job = {
             "model_checksum": checksum, "source": fingerprint(source), "output": os.path.abspath(out_path),

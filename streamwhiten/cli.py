@@ -30,18 +30,23 @@ PRECISION = click.Choice(["auto", "float32", "float64"])
 
 def _emit(ctx_json: bool, summary: dict, lines: list[str]) -> None:
     if ctx_json:
-        click.echo(json.dumps(summary, indent=2, sort_keys=True, default=_jsonable))
+        click.echo(json.dumps(_strict_json(summary), indent=2, sort_keys=True, allow_nan=False))
     else:
         for line in lines:
             click.echo(line)
 
 
-def _jsonable(value):
+def _strict_json(value):
+    """Plain JSON values: arrays become lists, and NaN/Infinity (not valid JSON) become null."""
+    if isinstance(value, dict):
+        return {str(k): _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
     if hasattr(value, "tolist"):
-        return value.tolist()
+        return _strict_json(value.tolist())
     if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    raise TypeError(f"not JSON-serialisable: {type(value)}")
+        return None
+    return value
 
 
 @contextmanager
@@ -656,7 +661,8 @@ def main(argv=None) -> int:
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
-        exc.show()
+        hint = " (see --help)" if isinstance(exc, click.UsageError) else ""
+        click.echo(f"streamwhiten: error: {exc.format_message()}{hint}", err=True)
         return exc.exit_code
     except click.exceptions.Abort:
         click.echo("streamwhiten: interrupted", err=True)

@@ -290,11 +290,9 @@ def load_checkpoint(path: str) -> FitJob:
     """Read a checkpoint; a damaged one raises :class:`ModelFileError` telling how to start over."""
     hint = "; delete it or pass --restart to start the fit over"
     try:
-        arrays = read_npz(path, what="checkpoint")
+        arrays = read_npz(path, "checkpoint", CHECKPOINT_FORMAT, CHECKPOINT_VERSION)
     except ModelFileError as exc:
         raise ModelFileError(f"{exc}{hint}") from None
-    if str(arrays.get("format", "")) != CHECKPOINT_FORMAT or int(arrays.get("format_version", -1)) != CHECKPOINT_VERSION:
-        raise ModelFileError(f"{path}: not a checkpoint of this streamwhiten version{hint}")
     meta = json.loads(str(arrays["meta_json"]))
     state = stats.Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])
     return FitJob(state, [Cursor(**cursor) for cursor in meta["cursors"]], int(meta["block_rows"]),

@@ -226,7 +226,11 @@ def finalize(
     check_params(n_features=state.n_features, **params)
     if state.n_rows < 2:
         raise BadInputError(f"at least 2 rows are needed to fit, got {state.n_rows}")
-    eigvals, eigvecs = eigendecomposition(covariance(state, float(beta)))
+    sigma = covariance(state, float(beta))
+    if not np.all(np.isfinite(sigma)):
+        raise BadInputError("the covariance overflowed (values too large for float32 products); "
+                            "fit again with --precision float64")
+    eigvals, eigvecs = eigendecomposition(sigma)
     return _select(state, params, eigvals, eigvecs, sources, info)
 
 
@@ -272,15 +276,7 @@ def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
 
 def load_model(path: str) -> WhiteningModel:
     """Load and validate a model file written by :func:`save_model`."""
-    arrays = read_npz(path)
-    if str(arrays.get("format", "")) != FORMAT_NAME:
-        raise ModelFileError(f"{path}: not a streamwhiten model file")
-    version = int(arrays.get("format_version", -1))
-    if version != FORMAT_VERSION:
-        raise ModelFileError(
-            f"{path}: model format version {version} is not supported by streamwhiten {__version__} "
-            f"(which reads version {FORMAT_VERSION}); refit or use a matching release"
-        )
+    arrays = read_npz(path, "model file", FORMAT_NAME, FORMAT_VERSION)
     try:
         d = int(arrays["n_features"])
         state = Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])

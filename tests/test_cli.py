@@ -198,3 +198,30 @@ def test_demo_runs(run_cli, tmp_path):
     assert summary["identity_error"] < 1e-2  # the whitened output has identity covariance
     assert abs(summary["mean_cosine_whitened"]) < 0.1 < summary["mean_cosine_raw"]
     assert sorted(os.listdir(tmp_path)) == ["demo-embeddings.h5", "demo-model.npz", "demo-whitened.zarr"]
+
+
+def test_json_is_strict_and_foreign_files_are_named(tmp_path, run_cli):
+    rows = np.full((20, 5), 3.0)  # identical rows: every eigenvalue is 0, the condition number infinite
+    model = tmp_path / "const.npz"
+    assert run_cli("fit", write_h5(tmp_path / "c.h5", rows), "-o", model, "-q")[0] == 0
+    code, out, _ = run_cli("info", model, "--json")
+    assert code == 0 and "Infinity" not in out and json.loads(out)["condition_number"] is None
+    np.save(tmp_path / "plain.npy", np.zeros(3))
+    np.savez(tmp_path / "foreign.npz", a=np.zeros(3))
+    for name, fragment in (("plain.npy", "plain .npy array"), ("foreign.npz", "not written by streamwhiten")):
+        code, _, err = run_cli("info", tmp_path / name)
+        assert code == EXIT_BAD_INPUT
+        one_line_error(err, name, fragment)
+
+
+def test_colons_in_file_names_are_not_dataset_separators(tmp_path, store, model_path, run_cli):
+    out = tmp_path / "run-2024-01-01T00:00.h5"
+    code, _, err = run_cli("apply", model_path, store, "-o", out)
+    assert code == 0, err
+    assert out.exists()
+
+
+def test_usage_errors_are_one_line(run_cli):
+    code, _, err = run_cli("fit")
+    assert code == 2
+    one_line_error(err, "Missing argument", "--help")
