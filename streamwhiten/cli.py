@@ -17,7 +17,6 @@ from contextlib import contextmanager
 import click
 
 from . import __version__
-from .stores import expand_specs, same_file
 from .errors import (
     EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_IO, BadInputError, NothingToDoError, OutputExistsError, StreamwhitenError,
 )
@@ -189,6 +188,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
     from .fit import remove_checkpoint
     from .jobs import fit_job
     from .model import check_params, save_model
+    from .stores import expand_specs, same_file
 
     _check_engine(engine, scheduler, workers)
     if engine == "dask" and (update or resume):

@@ -49,13 +49,7 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     params = dict(params or {})
     if update is not None:
         previous = load_model(update)
-        for name in ("beta", "gamma", "eps"):
-            params.setdefault(name, getattr(previous, name))
-        if "n_components" not in params and "variance" not in params:
-            if previous.variance is not None:
-                params["variance"] = previous.variance
-            else:
-                params["n_components"] = previous.n_components
+        params = _effective_params(params, previous)
         planned = plan_update(previous.state, previous.sources, inputs, dataset, precision, skip_nonfinite, chunk_rows)
         skipped_before = int(previous.info.get("n_skipped_nonfinite", 0))
     else:

@@ -148,7 +148,7 @@ class Source:
 
     def blocks(self, block_rows: int | None = None, start: int = 0, stop: int | None = None):
         """``(start, stop)`` row ranges covering ``[start, stop)``, aligned to multiples of ``block_rows``."""
-        block_rows = int(block_rows or self.default_block_rows())
+        block_rows = int(self.default_block_rows() if block_rows is None else block_rows)
         if block_rows < 1:
             raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
         stop = self.n_rows if stop is None else stop

@@ -39,40 +39,22 @@ def generate_rows(n_rows: int, n_features: int, seed: int = 0, dtype="float32", 
 
 def write_store(
     path: str, n_rows: int, n_features: int, seed: int = 0, dtype="float32", chunk_rows: int = 8192,
-    dataset: str = "embeddings", compressor: str | None = None, zarr_format: int = 3, progress=None,
+    dataset: str = "embeddings", zarr_format: int = 3, progress=None,
 ) -> str:
-    """Write the data set to an HDF5 file (``.h5``) or a Zarr store (``.zarr``); returns its spec."""
-    import h5py
-    import zarr
+    """Write the data set to an HDF5 file (``.h5``) or a Zarr store (``.zarr``), replacing any old one;
+    returns its spec. Written like every streamwhiten output: under a temporary name, renamed when complete.
+    """
+    from .stores import create_sink, output_kind
 
     chunk_rows = min(chunk_rows, n_rows)
-    if path.rstrip("/").endswith(".zarr"):
-        compressors = None
-        if compressor:
-            from zarr.codecs import BloscCodec
-
-            compressors = [BloscCodec(cname=compressor, clevel=3, shuffle="shuffle")] if zarr_format == 3 else None
-            if zarr_format == 2:
-                from numcodecs import Blosc
-
-                compressors = [Blosc(cname=compressor, clevel=3, shuffle=Blosc.SHUFFLE)]
-        array = zarr.create_array(
-            store=path, shape=(n_rows, n_features), chunks=(chunk_rows, n_features), dtype=dtype,
-            compressors=compressors, zarr_format=zarr_format, overwrite=True,
-        )
-        spec, handle = path, None
-    else:
-        handle = h5py.File(path, "w")
-        array = handle.create_dataset(dataset, shape=(n_rows, n_features), dtype=dtype, chunks=(chunk_rows, n_features))
-        spec = f"{path}:/{dataset}"
-    try:
+    spec = f"{path}:/{dataset}" if output_kind(path) == "hdf5" else path
+    sink = create_sink(spec, n_rows, n_features, dtype, overwrite=True, zarr_format=zarr_format, chunk_rows=chunk_rows)
+    with sink:
         step = max(chunk_rows, (64 << 20) // (n_features * np.dtype(dtype).itemsize) // chunk_rows * chunk_rows)
         for start in range(0, n_rows, step):
             stop = min(n_rows, start + step)
-            array[start:stop] = generate_rows(n_rows, n_features, seed, dtype, start, stop)
+            sink.write(start, generate_rows(n_rows, n_features, seed, dtype, start, stop))
             if progress is not None:
                 progress(stop, n_rows)
-    finally:
-        if handle is not None:
-            handle.close()
+        sink.commit(overwrite=True)
     return spec

@@ -148,9 +148,7 @@ class Whitener:
             self.state_, self.n_skipped_, self.sources_ = result.state, result.n_skipped, []
         else:
             self.partial_fit(X)
-        if self.state_.n_rows < 2:
-            raise BadInputError(f"at least 2 rows are needed to fit, got {self.state_.n_rows}")
-        self._finalized()
+        self._finalized()  # validates (at least 2 rows, k <= d) and caches the model
         return self
 
     def fit_transform(self, X, y=None, normalize=False):
