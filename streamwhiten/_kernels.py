@@ -25,16 +25,18 @@ def center_into(block, mean, out):
 
 @numba.njit(parallel=True, **_JIT)
 def center_and_sum(block, shift, out):
-    """``out[:n] = block - shift`` (cast to ``out``'s dtype) in one pass, with the float64 column sums
-    of the values written and the index of the first non-finite row (-1 if none).
+    """``out[:n] = block - shift`` (cast to ``out``'s dtype) in one pass, and the float64 column sums
+    of the values written.
 
     The sums are of the rounded values actually stored in ``out``, so ``sum (c - cbar)(c - cbar)^T =
     C^T C - n cbar cbar^T`` holds exactly for the centred rows ``c``; with ``shift`` near the mean,
     ``cbar`` is small and the correction cancels nothing. ``out`` may be ``block`` itself.
+
+    The loop has no branch, so it vectorises: a NaN or Inf anywhere makes its column sum non-finite
+    (finite float16/32 values cannot overflow a float64 sum), which the caller checks once.
     """
     n_rows, n_cols = block.shape
     partial = np.zeros((ROW_GROUPS, n_cols), dtype=np.float64)
-    first_bad = np.full(ROW_GROUPS, -1, dtype=np.int64)
     per_group = (n_rows + ROW_GROUPS - 1) // ROW_GROUPS
     for group in numba.prange(ROW_GROUPS):
         lo = group * per_group
@@ -42,20 +44,13 @@ def center_and_sum(block, shift, out):
         sums = partial[group]
         for i in range(lo, hi):
             for j in range(n_cols):
-                value = np.float64(block[i, j])
-                if not np.isfinite(value):
-                    first_bad[group] = i
-                    break
-                out[i, j] = value - shift[j]
-                sums[j] += np.float64(out[i, j])
-            if first_bad[group] >= 0:
-                break
+                centred = out.dtype.type(np.float64(block[i, j]) - shift[j])
+                out[i, j] = centred
+                sums[j] += np.float64(centred)
     total = np.zeros(n_cols, dtype=np.float64)
     for group in range(ROW_GROUPS):
-        if first_bad[group] >= 0:
-            return total, first_bad[group]
         total += partial[group]
-    return total, -1
+    return total
 
 
 @numba.njit(**_JIT)
