@@ -104,13 +104,15 @@ def apply_model(
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     resume: bool = True,
+    progress_seconds: float = 10.0,
 ) -> dict:
     """Write ``transform(rows)`` for every row of ``input_spec`` to ``output_spec``; returns a summary.
 
     Rows holding NaN or Inf stop the run with an error naming the row, unless ``skip_nonfinite``: then
     their output rows are NaN (row alignment with the input is kept) and they are counted. With
     ``resume`` (the default) the partial output of an interrupted run of the same job is continued;
-    otherwise it is discarded.
+    otherwise it is discarded. The rows written are made durable and recorded for a resume every
+    ``progress_seconds`` (0: after every block) and when stopped by ``should_stop``.
     """
     began = time.perf_counter()
     source = open_source(input_spec, dataset, min_rows=1)
@@ -140,6 +142,7 @@ def apply_model(
             attrs = output_attrs(model, source, normalize, job["source"]["sha256_sampled"])
             sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
                                chunk_rows)
+        last_record = time.perf_counter()
         with sink:
             for begin, rows in read_blocks(source, rows_per_block, start):
                 out, nonfinite = transform_block(rows, begin, weights, shift, normalize, sink.dtype, skip_nonfinite,
@@ -147,11 +150,13 @@ def apply_model(
                 n_nonfinite += nonfinite
                 sink.write(begin, out)
                 end = begin + rows.shape[0]
-                if end < source.n_rows:
-                    sink.save_progress(job, end, n_nonfinite)
+                stopping = should_stop is not None and should_stop() and end < source.n_rows
+                if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
+                    sink.save_progress(job, end, n_nonfinite)  # fsyncs the output first: costly, so not every block
+                    last_record = time.perf_counter()
                 if progress is not None:
                     progress(end, source.n_rows)
-                if should_stop is not None and should_stop() and end < source.n_rows:
+                if stopping:
                     raise InterruptedRunError(
                         f"interrupted after {end:,} of {source.n_rows:,} rows; run the same apply again to resume"
                     )

@@ -249,12 +249,15 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @click.option("--zarr-format", type=click.Choice(["2", "3"]), default="3", show_default=True)
 @click.option("--skip-nonfinite", is_flag=True, help="Write NaN for input rows holding NaN/Inf instead of failing.")
 @click.option("--restart", is_flag=True, help="Discard the partial output of an interrupted run instead of resuming it.")
+@click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=10.0, show_default=True,
+              help="Make the rows written durable and record them for a resume every T seconds (0: every block).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
 @engine_options
 @common_quiet
 @common_json
 def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_components, variance, eps, normalize, dtype,
-          chunk_rows, zarr_format, skip_nonfinite, restart, overwrite, engine, scheduler, workers, quiet, as_json):
+          chunk_rows, zarr_format, skip_nonfinite, restart, checkpoint_seconds, overwrite, engine, scheduler, workers,
+          quiet, as_json):
     """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store.
 
     An interrupted run leaves a hidden partial output that the same command resumes.
@@ -276,7 +279,8 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
                                  progress=progress)
         else:
             summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
-                                  skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart)
+                                  skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart,
+                                  progress_seconds=checkpoint_seconds)
     _emit(as_json, summary, [
         f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
         f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "

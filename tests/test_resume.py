@@ -96,7 +96,7 @@ def test_fit_killed_anywhere_resumes_to_identical_statistics(tmp_path, store):
 def test_apply_killed_anywhere_resumes_to_identical_output(tmp_path, store):
     model = tmp_path / "m.npz"
     assert run_subprocess("fit", store, "-o", model, "-k", 16, "-q").returncode == 0
-    apply_args = ["--chunk-rows", BLOCK, "--normalize", "-q"]
+    apply_args = ["--chunk-rows", BLOCK, "--normalize", "--checkpoint-seconds", 0, "-q"]
     for name in ("reference.zarr", "reference.h5"):
         assert run_subprocess("apply", model, store, "-o", tmp_path / name, *apply_args).returncode == 0
     rng = np.random.default_rng(7)
@@ -367,7 +367,7 @@ def test_restart_interrupted_before_its_first_block_is_not_resumed_with_the_old_
     model = load_model(str(model_path))
     output = str(tmp_path / "out.h5")
     with pytest.raises(InterruptedRunError):
-        apply_model(model, spec, output, block_rows=500, should_stop=lambda: True)
+        apply_model(model, spec, output, block_rows=500, should_stop=lambda: True, progress_seconds=0)
     assert rows_done_of_partial(output) == 500
     # `apply --restart` killed inside its first block: a fresh partial exists, nothing written yet
     create_sink(output, 4000, model.n_components, chunk_rows=500).suspend()

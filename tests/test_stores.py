@@ -94,3 +94,39 @@ def test_sink_appears_only_when_committed(tmp_path, name):
     assert not os.path.exists(partial_path(target))
     with open_source(target) as source:  # the old output is untouched
         assert source.shape == (10, 3)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_raw_zarr_chunks_are_read_directly_and_match_zarr(tmp_path, zarr_format):
+    rows = anisotropic(1000, 6).astype(np.float32)
+    spec = write_zarr(tmp_path / "raw.zarr", rows, chunk_rows=96, zarr_format=zarr_format)
+    with open_source(spec) as source:
+        assert source._raw_root is not None  # the fast path is taken for uncompressed chunks
+        buffer = np.empty((400, 6), np.float32)
+        for start, stop in [(0, 1000), (5, 7), (90, 200), (950, 1000), (0, 96)]:
+            out = np.empty((stop - start, 6), np.float32)
+            np.testing.assert_array_equal(source.read_into(start, stop, out), rows[start:stop])
+        np.testing.assert_array_equal(source.read_into(100, 500, buffer), rows[100:500])
+    key = zarr.open_array(spec, mode="r").metadata.encode_chunk_key((3, 0))
+    os.remove(os.path.join(spec, key))  # a missing chunk reads as the fill value, as zarr does
+    with open_source(spec) as source:
+        np.testing.assert_array_equal(source.read(0, 1000), zarr.open_array(spec, mode="r")[:])
+    chunk = os.path.join(spec, zarr.open_array(spec, mode="r").metadata.encode_chunk_key((1, 0)))
+    with open(chunk, "r+b") as handle:
+        handle.truncate(100)
+    from streamwhiten.errors import StoreIOError
+
+    with open_source(spec) as source, pytest.raises(StoreIOError, match="truncated"):
+        source.read(96, 192)
+
+
+def test_compressed_zarr_falls_back_to_zarr_decoding(tmp_path):
+    from zarr.codecs import BloscCodec
+
+    rows = anisotropic(500, 4).astype(np.float32)
+    array = zarr.create_array(store=str(tmp_path / "c.zarr"), shape=rows.shape, chunks=(64, 4), dtype="f4",
+                              compressors=[BloscCodec(cname="zstd")])
+    array[...] = rows
+    with open_source(str(tmp_path / "c.zarr")) as source:
+        assert source._raw_root is None
+        np.testing.assert_array_equal(source.read(10, 300), rows[10:300])
