@@ -6,7 +6,7 @@ in the same run) + 16 MiB of allocator and thread warm-up + two read blocks (the
 the one being read ahead) + a few d x d float64 matrices.
 Run once with a store larger than this machine's memory (``--size-gb 32``) for the out-of-core figure.
 
-    python benchmarks/memory.py                    # 0.5, 2 and 8 GB stores at d = 768
+    python benchmarks/memory.py                    # 1x, 4x, 16x a 0.6 GB store (up to 9.7 GB), d = 768
     python benchmarks/memory.py --size-gb 32       # larger than RAM: rows/s and peak RSS
     python benchmarks/memory.py --quick            # a tiny smoke run
 """
@@ -48,7 +48,10 @@ def fit_in_child(spec: str, block_rows: int | None) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size-gb", type=float, nargs="+", default=[0.5, 2.0, 8.0], help="store sizes to fit")
+    parser.add_argument("--base-gb", type=float, default=0.5, help="size of the smallest store (rounded up to whole chunks)")
+    parser.add_argument("--multiples", type=int, nargs="+", default=[1, 4, 16], help="store sizes as multiples of the base")
+    parser.add_argument("--size-gb", type=float, default=None,
+                        help="instead: one store of this size (e.g. 32, larger than this machine's memory)")
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--chunk-rows", type=int, default=65536, help="rows per store chunk (and read block)")
     parser.add_argument("--workdir", default=None, help="where the stores go (needs the space; default: a temp dir)")
@@ -57,7 +60,7 @@ def main(argv=None):
     parser.add_argument("--results", default=None, help="directory for the JSON result (default: benchmarks/results)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.size_gb, args.dim, args.chunk_rows = [0.002, 0.008], 64, 1024
+        args.base_gb, args.multiples, args.dim, args.chunk_rows = 0.002, [1, 4], 64, 1024
     directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-mem-")
     os.makedirs(directory, exist_ok=True)
     row_bytes = args.dim * 4
@@ -69,15 +72,17 @@ def main(argv=None):
           f"= {bound:,.0f} MiB")
     rows_out = []
     try:
-        for size in args.size_gb:
-            n_rows = max(args.chunk_rows, int(size * 1e9 / row_bytes) // args.chunk_rows * args.chunk_rows)
-            path = os.path.join(directory, f"store-{size:g}gb.h5")
+        chunks = -(-int((args.size_gb or args.base_gb) * 1e9 / row_bytes) // args.chunk_rows)  # rounded up
+        multiples = [1] if args.size_gb else args.multiples
+        for multiple in multiples:
+            n_rows = chunks * multiple * args.chunk_rows
+            path = os.path.join(directory, f"store-{multiple}x.h5")
             began = time.perf_counter()
             spec = write_tiled_store(path, n_rows, args.dim, args.chunk_rows)
             written = time.perf_counter() - began
             result = fit_in_child(spec, args.chunk_rows)
             rows_out.append({
-                "size_gb": n_rows * row_bytes / 1e9, "rows": n_rows, "write_s": written, "fit_s": result["seconds"],
+                "multiple": multiple, "size_gb": n_rows * row_bytes / 1e9, "rows": n_rows, "write_s": written, "fit_s": result["seconds"],
                 "rows_s": result["rows_s"], "peak_rss_mib": result["peak_rss_mib"], "bound_mib": bound,
                 "within_bound": result["peak_rss_mib"] <= bound,
             })
@@ -88,7 +93,7 @@ def main(argv=None):
         if args.workdir is None and not args.keep:
             shutil.rmtree(directory, ignore_errors=True)
     print_table(f"fit peak RSS by store size (d = {args.dim}, blocks of {args.chunk_rows} rows)", rows_out,
-                ["size_gb", "rows", "fit_s", "rows_s", "peak_rss_mib", "bound_mib", "within_bound"])
+                ["multiple", "size_gb", "rows", "write_s", "fit_s", "rows_s", "peak_rss_mib", "bound_mib", "within_bound"])
     growth = rows_out[-1]["peak_rss_mib"] - rows_out[0]["peak_rss_mib"]
     print(f"peak RSS grew by {growth:,.0f} MiB from the smallest to the largest store "
           f"({rows_out[-1]['rows'] / rows_out[0]['rows']:.0f}x the rows)")

@@ -14,9 +14,9 @@ from typing import Callable
 
 import numpy as np
 
-from . import __version__, _kernels
+from . import __version__
 from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError
-from .model import WhiteningModel, model_checksum, project
+from .model import WhiteningModel, model_checksum, project_checked
 from .stores import (
     create_sink, fingerprint, open_source, output_chunk_rows, read_blocks, resume_sink, same_file, split_spec,
 )
@@ -61,22 +61,15 @@ def transform_block(
     ``skip_nonfinite``: then its output row is NaN and it is counted. With ``overwrite_input`` the
     block may be centred in place.
     """
-    finite = _kernels.finite_row_mask(rows if rows.dtype != np.float16 else rows.astype(np.float32))
-    n_nonfinite = int(finite.size - finite.sum())
-    if n_nonfinite:
-        if not skip_nonfinite:
-            bad = begin + int(np.argmin(finite))
-            raise NonFiniteError(
-                f"{label}: row {bad} holds NaN or Inf (pass --skip-nonfinite to write NaN rows for such input)",
-                row=bad,
-            )
-        if not (overwrite_input and rows.flags.writeable):
-            rows = rows.copy()
-        rows[~finite] = 0  # keeps NaN out of the product; those output rows become NaN below
-    out = project(rows, weights, shift, normalize, dtype, overwrite_input=overwrite_input)
-    if n_nonfinite:
-        out[~finite] = np.nan
-    return out, n_nonfinite
+    out, finite = project_checked(rows, weights, shift, normalize, dtype, overwrite_input=overwrite_input)
+    if finite is None:
+        return out, 0
+    if not skip_nonfinite:
+        bad = begin + int(np.argmin(finite))
+        raise NonFiniteError(
+            f"{label}: row {bad} holds NaN or Inf (pass --skip-nonfinite to write NaN rows for such input)", row=bad
+        )
+    return out, int(finite.size - np.count_nonzero(finite))
 
 
 def summary(model: WhiteningModel, source, sink, normalize: bool, n_nonfinite: int, seconds: float,

@@ -185,6 +185,15 @@ def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=F
     Centring happens before the product (never ``rows @ W - shift @ W``, which cancels when the mean
     is large). With ``overwrite_input`` a C-contiguous ``rows`` of the working dtype is centred in place.
     """
+    return project_checked(rows, weights, shift, normalize, dtype, overwrite_input)[0]
+
+
+def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False):
+    """:func:`project`, plus a mask of the finite input rows, or None when every row is finite.
+
+    The parallel centring pass returns column sums, which are finite exactly when every value is:
+    finiteness costs nothing unless a bad row is present, and only then are the rows scanned.
+    """
     from . import _kernels
 
     work = weights.dtype
@@ -192,14 +201,21 @@ def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=F
     if rows.dtype.kind in "iu" or rows.dtype == np.float16:
         rows, overwrite_input = rows.astype(work), True
     inplace = overwrite_input and rows.dtype == work and rows.flags.writeable
-    centred = _kernels.center_into(rows, shift, rows if inplace else np.empty(rows.shape, dtype=work))
+    centred = rows if inplace else np.empty(rows.shape, dtype=work)
+    sums = _kernels.center_and_sum(rows, np.asarray(shift, dtype=np.float64), centred)
+    finite = None
+    if not np.all(np.isfinite(sums)):
+        finite = _kernels.finite_row_mask(centred)  # NaN/Inf survive the centring
+        centred[~finite] = 0  # keeps NaN out of the product; those output rows are set to NaN below
     out = centred @ weights
     if normalize:
-        norms = np.sqrt(np.einsum("ij,ij->i", out, out, dtype=np.float64))
-        out /= np.where(norms > 0, norms, 1.0).astype(work)[:, None]
+        norms = np.sqrt(np.einsum("ij,ij->i", out, out))
+        out /= np.where(norms > 0, norms, 1)[:, None]
+    if finite is not None:
+        out[~finite] = np.nan
     if dtype is not None:
         out = out.astype(dtype, copy=False)
-    return out
+    return out, finite
 
 
 def _select(state, params, eigvals, eigvecs, sources, info) -> WhiteningModel:
@@ -301,6 +317,6 @@ def load_model(path: str) -> WhiteningModel:
 
 
 __all__ = [
-    "WhiteningModel", "finalize", "project", "save_model", "load_model", "check_params", "eigendecomposition",
+    "WhiteningModel", "finalize", "project", "project_checked", "save_model", "load_model", "check_params", "eigendecomposition",
     "components_for_variance", "effective_dimension", "model_checksum", "DEFAULT_EPS",
 ]

@@ -235,22 +235,7 @@ class ZarrSource(Source):
         self._raw_root = self._raw_chunk_root()
 
     def _raw_chunk_root(self) -> str | None:
-        """The directory of the chunk files when each one holds its rows as raw native-endian C-order
-        bytes (an uncompressed, unsharded local array with whole rows per chunk), else None."""
-        array = self._array
-        if type(array.store).__name__ != "LocalStore" or array.ndim != 2 or array.chunks[1] != self.n_features:
-            return None
-        metadata = array.metadata
-        if metadata.zarr_format == 3:
-            codecs = metadata.codecs
-            if len(codecs) != 1 or type(codecs[0]).__name__ != "BytesCodec":
-                return None
-            endian = getattr(codecs[0], "endian", None)
-            if endian is not None and getattr(endian, "value", endian) != sys.byteorder:
-                return None
-        elif metadata.compressor is not None or metadata.filters or metadata.order != "C" or not self.dtype.isnative:
-            return None
-        return os.path.join(str(array.store.root), array.path)
+        return raw_chunk_root(self._array)
 
     def read_into(self, start, stop, out):
         view = out[: stop - start]
@@ -276,6 +261,24 @@ class ZarrSource(Source):
             except OSError as exc:
                 raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {exc}") from exc
         return view
+
+
+def raw_chunk_root(array) -> str | None:
+    """The directory of a Zarr array's chunk files when each one holds its rows as raw native-endian
+    C-order bytes (an uncompressed, unsharded local 2-D array with whole rows per chunk), else None."""
+    if type(array.store).__name__ != "LocalStore" or array.ndim != 2 or array.chunks[1] != array.shape[1]:
+        return None
+    metadata = array.metadata
+    if metadata.zarr_format == 3:
+        codecs = metadata.codecs
+        if len(codecs) != 1 or type(codecs[0]).__name__ != "BytesCodec":
+            return None
+        endian = getattr(codecs[0], "endian", None)
+        if endian is not None and getattr(endian, "value", endian) != sys.byteorder:
+            return None
+    elif metadata.compressor is not None or metadata.filters or metadata.order != "C" or not np.dtype(array.dtype).isnative:
+        return None
+    return os.path.join(str(array.store.root), array.path)
 
 
 def _read_exactly(handle, buffer: memoryview, path: str) -> None:
@@ -605,10 +608,31 @@ class Sink:
             raise StoreIOError(f"{self.path}: cannot record progress: {exc}") from exc
 
     def write(self, start: int, block: np.ndarray) -> None:
+        stop = start + block.shape[0]
         try:
-            self._array[start : start + block.shape[0]] = block
+            root = raw_chunk_root(self._array) if self.kind == "zarr" else None
+            if root is None:
+                self._array[start:stop] = block
+                return
+            # Our own uncompressed Zarr output: whole chunks are written as raw chunk files, skipping
+            # zarr's encode pipeline (several copies); a partly covered chunk goes through zarr.
+            rows = self.chunk_rows
+            for index in range(start // rows, (stop - 1) // rows + 1):
+                lo, hi = index * rows, min((index + 1) * rows, self.shape[0])
+                if lo < start or hi > stop:
+                    a, b = max(lo, start), min(hi, stop)
+                    self._array[a:b] = block[a - start : b - start]
+                    continue
+                data = np.ascontiguousarray(block[lo - start : hi - start], dtype=self.dtype)
+                path = os.path.join(root, self._array.metadata.encode_chunk_key((index, 0)))
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "wb") as handle:
+                    handle.write(memoryview(data).cast("B"))
+                    if hi - lo < rows:  # an edge chunk is stored at full size, padded with the fill value
+                        pad = np.full((rows - (hi - lo), self.shape[1]), self._array.metadata.fill_value or 0, self.dtype)
+                        handle.write(memoryview(pad).cast("B"))
         except OSError as exc:
-            raise StoreIOError(f"{self.label}: cannot write rows {start}..{start + block.shape[0] - 1}: {exc}") from exc
+            raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {exc}") from exc
 
     def region_writer(self) -> "ZarrRegionWriter":
         """A picklable writer of whole-chunk row ranges of this (Zarr) sink, for worker processes."""
