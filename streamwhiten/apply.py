@@ -1,9 +1,9 @@
 """The chunked applier: stream rows through a model and write the reduced vectors to a new store.
 
-The output is written under a temporary name and renamed only once complete. After every block the
-rows written so far are made durable and recorded in a progress file beside the partial output, so an
-interrupted run (signal, crash, SIGKILL) resumes at the first unfinished block and produces exactly
-the output an uninterrupted run would have.
+The output is written under a temporary name and renamed only once complete. Every few seconds (and
+when stopped by a signal) the rows written so far are made durable and recorded in a progress file
+beside the partial output, so an interrupted run (signal, crash, SIGKILL) resumes at the first
+unrecorded block and produces exactly the output an uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -33,10 +33,12 @@ def check_output(model: WhiteningModel, source, output_spec: str) -> None:
         raise BadInputError(f"{out_path}: the output would replace the input; choose another path")
 
 
-def output_attrs(model: WhiteningModel, source, normalize: bool, source_sha256: str | None = None) -> dict:
+def output_attrs(model: WhiteningModel, source, normalize: bool, source_sha256: str | None = None,
+                 checksum: str | None = None) -> dict:
     """The attributes recorded on an output array: where it came from and which transform made it."""
     attrs = {
-        "streamwhiten_version": __version__, "source": source.label, "model_checksum": model_checksum(model),
+        "streamwhiten_version": __version__, "source": source.label,
+        "model_checksum": checksum or model_checksum(model),
         "beta": model.beta, "gamma": model.gamma, "eps": model.eps, "eps_value": model.eps_value,
         "n_components": model.n_components, "normalized": bool(normalize),
     }
@@ -132,7 +134,7 @@ def apply_model(
         sink, start, n_nonfinite = resume_sink(output_spec, job) if resume else (None, 0, 0)
         resumed_at = start
         if sink is None:
-            attrs = output_attrs(model, source, normalize, job["source"]["sha256_sampled"])
+            attrs = output_attrs(model, source, normalize, job["source"]["sha256_sampled"], checksum)
             sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
                                chunk_rows)
         last_record = time.perf_counter()
