@@ -341,6 +341,7 @@ def demo(rows, dim, n_components, chunk_rows, workdir, seed, quiet, as_json):
         summary = _run_demo(run_demo, workdir, rows, dim, n_components, chunk_rows, seed, quiet)
     t = summary["seconds"]
     _emit(as_json, summary, [
+        f"0. numba kernels compiled (first run) or loaded from cache  [{t['compile']:.2f} s]",
         f"1. generated {summary['rows']:,} x {summary['dim']} float32 anisotropic embeddings "
         f"({summary['n_chunks']} chunks of {chunk_rows} rows) in {summary['input']}  [{t['generate']:.2f} s]",
         f"2. fitted in one streaming pass: {_fmt_rate(summary['rows'], t['fit'])}, "
