@@ -506,17 +506,30 @@ def _tune_table_lines(result) -> list[str]:
     return lines
 
 
+def grid_options(purpose: str):
+    """``--betas/--gammas/--ks/--variances/--metric``: the (beta, gamma, k) grid shared by tune and report."""
+    def decorate(func):
+        for option in reversed([
+            click.option("--betas", default=None, metavar="LIST",
+                         help=f"Betas {purpose}, comma-separated [default: 0,0.25,0.5,0.75,1]."),
+            click.option("--gammas", default=None, metavar="LIST", help=f"Gammas {purpose} [default: 0,0.25,0.5,0.75,1]."),
+            click.option("--ks", default=None, metavar="LIST",
+                         help=f"Component counts k {purpose}; 'd' is the full width "
+                              "[default: d and the powers of two from 8 below it]."),
+            click.option("--variances", default=None, metavar="LIST",
+                         help=f"Explained-variance fractions {purpose}, each as a k [default: 0.9,0.95,0.99; '' for none]."),
+            click.option("--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True),
+        ]):
+            func = option(func)
+        return func
+    return decorate
+
+
 @cli.command()
 @click.argument("model_path")
 @_pair_options(required=True, what="validation pairs")
 @_pair_options(required=False, prefix="test", scores="test-scores", what="held-out test pairs")
-@click.option("--betas", default=None, metavar="LIST", help="Betas to try, comma-separated [default: 0,0.25,0.5,0.75,1].")
-@click.option("--gammas", default=None, metavar="LIST", help="Gammas to try [default: 0,0.25,0.5,0.75,1].")
-@click.option("--ks", default=None, metavar="LIST",
-              help="Component counts k to try; 'd' is the full width [default: d and the powers of two from 8 below it].")
-@click.option("--variances", default=None, metavar="LIST",
-              help="Explained-variance fractions to try as k [default: 0.9,0.95,0.99; '' for none].")
-@click.option("--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True)
+@grid_options("to try")
 @click.option("--tolerance", type=float, default=0.0, show_default=True,
               help="Prefer the smallest k scoring within this many points (x100) of the best.")
 @click.option("--eps", type=float, default=None, help="Regulariser relative to the largest eigenvalue (default: the model's).")
@@ -594,11 +607,7 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
 @_pair_options(required=False, what="labelled pairs (optional: adds the heat maps and k curves)")
 @click.option("-o", "--output", "output_path", required=True,
               help="report.html (one page), report.png (one image) or a directory (one PNG per figure).")
-@click.option("--betas", default=None, metavar="LIST", help="Betas of the heat maps [default: 0,0.25,0.5,0.75,1].")
-@click.option("--gammas", default=None, metavar="LIST", help="Gammas of the heat maps [default: 0,0.25,0.5,0.75,1].")
-@click.option("--ks", default=None, metavar="LIST", help="k of each heat map; 'd' is the full width [default: d and powers of two].")
-@click.option("--variances", default=None, metavar="LIST", help="Explained-variance fractions as k [default: 0.9,0.95,0.99].")
-@click.option("--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True)
+@grid_options("of the heat maps")
 @click.option("--title", default=None, help="Title of the HTML page.")
 @click.option("--overwrite", is_flag=True, help="Replace existing report files.")
 @click.option("--chunk-rows", type=int, default=None, help="Pairs per block read.")
