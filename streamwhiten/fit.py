@@ -113,11 +113,15 @@ def _as_list(specs) -> list:
 
 
 def open_sources(specs, dataset: str | None = None) -> list[Source]:
-    """Open every spec and check they share one width; a single source needs at least 2 rows."""
+    """Open every spec and check they share one width.
+
+    A single source needs at least 2 rows; among several, an empty one (a shard not yet written, say) is
+    allowed: it adds no rows, is recorded with its fingerprint, and an update reads it once it grows.
+    """
     specs = _as_list(specs)
     if not specs:
         raise BadInputError("no input given")
-    min_rows = 2 if len(specs) == 1 else 1
+    min_rows = 2 if len(specs) == 1 else 0
     sources: list[Source] = []
     seen: dict = {}
     try:

@@ -461,3 +461,23 @@ def test_job_file_values_are_type_checked(tmp_path, line, fragment):
     job.write_text(f'[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n{line}\n')
     result = run_subprocess("run", job)
     assert result.returncode == EXIT_BAD_INPUT and fragment in result.stderr
+
+
+def test_an_empty_shard_among_several_is_recorded_and_read_once_it_grows(tmp_path, run_cli):
+    rng = np.random.default_rng(8)
+    full, later = rng.standard_normal((400, 5)), rng.standard_normal((300, 5)) + 2
+    a = write_h5(tmp_path / "a.h5", full)
+    b = write_h5(tmp_path / "b.h5", np.empty((0, 5)))
+    model = tmp_path / "m.npz"
+    code, out, err = run_cli("fit", a, b, "-o", model, "--json", "-q")
+    assert code == 0, err
+    assert load_model(str(model)).n_rows == 400
+    write_h5(tmp_path / "b.h5", later)
+    assert run_cli("fit", a, b, "--update", model, "-q")[0] == 0
+    updated = load_model(str(model))
+    assert updated.n_rows == 700
+    np.testing.assert_allclose(updated.state.scatter / 700, np.cov(np.vstack([full, later]), rowvar=False, bias=True),
+                               rtol=1e-10)
+    alone = write_h5(tmp_path / "e.h5", np.empty((0, 5)))  # on its own, an empty store is still refused
+    code, _, err = run_cli("fit", alone, "-o", tmp_path / "e.npz")
+    assert code == EXIT_BAD_INPUT and "has 0 row(s)" in err
