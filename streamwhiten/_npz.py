@@ -63,7 +63,9 @@ def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
         raise ModelFileError(f"{path}: {what} not found")
     try:
         data = np.load(path, allow_pickle=False)
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
+    except ValueError:  # numpy's message talks about pickles; the point is that this is no .npz archive
+        raise ModelFileError(f"{path}: is not {KNOWN_FORMATS.get(expected_format, what)} (not an .npz archive)") from None
+    except (zipfile.BadZipFile, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
         raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise ModelFileError(f"{path}: is a plain .npy array, not {KNOWN_FORMATS.get(expected_format, what)}")
@@ -76,7 +78,10 @@ def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
     if found != expected_format:
         kind = KNOWN_FORMATS.get(found, "not written by streamwhiten")
         raise ModelFileError(f"{path}: expected {KNOWN_FORMATS.get(expected_format, what)}, but this file is {kind}")
-    found_version = int(arrays.get("format_version", -1))
+    try:
+        found_version = int(arrays.get("format_version", -1))
+    except (TypeError, ValueError):
+        found_version = -1
     if found_version != version:
         raise ModelFileError(
             f"{path}: {what} format version {found_version} is not supported (this streamwhiten reads version "

@@ -147,7 +147,7 @@ def apply_model(
                 end = begin + rows.shape[0]
                 stopping = should_stop is not None and should_stop() and end < source.n_rows
                 if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
-                    sink.save_progress(job, end, n_nonfinite)  # fsyncs the output first: costly, so not every block
+                    sink.save_progress(job, end, n_nonfinite)  # fsyncs what was written first: costly, so not every block
                     last_record = time.perf_counter()
                 if progress is not None:
                     progress(end, source.n_rows)

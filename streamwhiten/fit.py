@@ -127,7 +127,7 @@ def open_sources(specs, dataset: str | None = None) -> list[Source]:
     try:
         for spec in specs:
             sources.append(open_source(spec, dataset, min_rows=min_rows))
-            key = (os.path.realpath(sources[-1].path), sources[-1].dataset or "")
+            key = sources[-1].identity
             if key in seen:
                 raise BadInputError(f"{sources[-1].label}: given twice (also as {seen[key]}); each input is read once")
             seen[key] = sources[-1].label
@@ -216,10 +216,10 @@ def _check_prefix(source: Source, recorded: dict) -> None:
 def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> None:
     """Refuse a 'new' source whose rows are those of a recorded source that was not given (moved or
     copied): reading it again would count its rows twice."""
-    given = {os.path.realpath(s.path) for s in sources}
+    given = {s.identity[0] for s in sources}
     for recorded in recorded_sources:
-        if recorded["path"] in given or recorded["n_rows"] > source.n_rows:
-            continue
+        if recorded["path"] in given or recorded["n_rows"] == 0 or recorded["n_rows"] > source.n_rows:
+            continue  # an empty recorded source shares its (empty) prefix with everything
         if recorded["n_features"] != source.n_features or recorded["dtype"] != str(source.dtype):
             continue
         if fingerprint(source, recorded["n_rows"])["sha256_sampled"] == recorded["sha256_sampled"]:

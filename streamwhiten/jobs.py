@@ -15,6 +15,8 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from .errors import BadInputError, LockedError, NothingToDoError
 
 log = logging.getLogger("streamwhiten")
@@ -171,6 +173,8 @@ def read_job_file(path: str) -> JobSpec:
     if apply is not None:
         if "output" not in apply:
             raise BadInputError(f"{path}: [apply] output is required, e.g. 'reduced/{{stem}}.zarr'")
+        if apply.get("dtype", "float32") not in ("float32", "float16"):
+            raise BadInputError(f"{path}: dtype in [apply] must be \"float32\" or \"float16\", got {apply['dtype']!r}")
         apply = dict(apply, output=absolute(apply["output"]))
     name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
     return JobSpec(path, name, [absolute(p) for p in inputs], data.get("input", {}).get("dataset"),
@@ -185,7 +189,7 @@ def _output_for(template: str, input_spec: str, job_name: str) -> str:
     return template.format(stem=stem, name=job_name)
 
 
-def _finish_pending(spec: JobSpec, checkpoint: str, params: dict, progress, should_stop) -> bool:
+def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, progress, should_stop) -> bool:
     """Complete a fit or update a killed run left in ``checkpoint`` and save the model; True if it did.
 
     A checkpoint is self-contained (its state and the rows each source still owes), so it is finished
@@ -202,10 +206,19 @@ def _finish_pending(spec: JobSpec, checkpoint: str, params: dict, progress, shou
         raise BadInputError(f"{exc}") from None  # the message says how to start over (run --restart)
     previous = load_model(spec.model_path) if os.path.exists(spec.model_path) else None
     model_rows = previous.n_rows if previous is not None else 0
-    belongs = job.base_rows == model_rows or (job.done and job.state.n_rows == model_rows)
+    if job.done and job.state.n_rows == model_rows and job.base_rows != model_rows:
+        # killed after saving the model, before removing the checkpoint: the model already holds it
+        remove_checkpoint(checkpoint)
+        return False
     try:
-        if not belongs:
+        if job.base_rows != model_rows:
             raise BadInputError("it was made for another version of the model")
+        wanted = {_identity(spec_) for spec_ in inputs}
+        if any(_identity(cursor.spec) not in wanted for cursor in job.cursors):
+            raise BadInputError("it reads inputs this job no longer lists")
+        options = (spec.model.get("precision", "auto"), bool(spec.model.get("skip_nonfinite", False)))
+        if (job.precision, job.skip_nonfinite) != options:
+            raise BadInputError("it was made with other options (precision, skip_nonfinite)")
         check_sources_unchanged(job, checkpoint)
     except BadInputError as exc:
         log.warning("job %s: discarding checkpoint %s: %s", spec.name, checkpoint, exc)
@@ -223,6 +236,13 @@ def _finish_pending(spec: JobSpec, checkpoint: str, params: dict, progress, shou
     save_model(model, spec.model_path)
     remove_checkpoint(checkpoint)
     return True
+
+
+def _identity(spec: str) -> tuple:
+    from .stores import open_source
+
+    with open_source(spec, min_rows=0) as source:
+        return source.identity
 
 
 def _effective_params(params: dict, previous) -> dict:
@@ -250,7 +270,7 @@ def _output_is_current(output: str, checksum: str, source_sha: str, normalize: b
     except Exception:  # an unreadable old output is simply rewritten
         return False
     return (attrs.get("model_checksum") == checksum and attrs.get("source_sha256") == source_sha
-            and bool(attrs.get("normalized")) == bool(normalize) and stored_dtype == dtype)
+            and bool(attrs.get("normalized")) == bool(normalize) and np.dtype(stored_dtype) == np.dtype(dtype))
 
 
 def run_job_file(path: str, progress=None, should_stop=None, restart: bool = False) -> dict:
@@ -262,7 +282,7 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
     from .apply import apply_model
     from .fit import remove_checkpoint
     from .model import check_params, load_model, model_checksum, save_model
-    from .stores import expand_specs, fingerprint, open_source
+    from .stores import expand_specs, fingerprint, open_source, split_spec
 
     spec = read_job_file(path)
     fit_options = {key: spec.model[key] for key in ("precision", "chunk_rows", "skip_nonfinite",
@@ -274,18 +294,20 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
     with job_lock(spec.lock_path):
         log.info("job %s: lock %s taken", spec.name, spec.lock_path)
         inputs = expand_specs(spec.inputs)
-        outputs = {}
+        outputs, stores_used = {}, {}
         if spec.apply is not None:
             for input_spec in inputs:
                 output = _output_for(spec.apply["output"], input_spec, spec.name)
-                if output in outputs.values():
-                    raise BadInputError(f"{spec.path}: [apply] output '{spec.apply['output']}' names {output} for two "
-                                        "inputs; use a template that tells them apart (e.g. with {stem})")
+                store = os.path.realpath(split_spec(output)[0])  # each output is a whole file or store
+                if store in stores_used:
+                    raise BadInputError(f"{spec.path}: [apply] output '{spec.apply['output']}' puts two inputs in "
+                                        f"{store}; each input needs its own file or store (e.g. 'out/{{stem}}.zarr')")
+                stores_used[store] = input_spec
                 outputs[input_spec] = output
         checkpoint = default_checkpoint(spec.model_path)
         if restart:
             remove_checkpoint(checkpoint)
-        elif os.path.exists(checkpoint) and _finish_pending(spec, checkpoint, params, progress, should_stop):
+        elif os.path.exists(checkpoint) and _finish_pending(spec, inputs, checkpoint, params, progress, should_stop):
             steps.append("resume")
         exists = os.path.exists(spec.model_path)
         try:
@@ -319,7 +341,7 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
                                       options.get("dtype", "float32")):
                     log.info("job %s: %s is up to date", spec.name, output)
                     continue
-                os.makedirs(os.path.dirname(os.path.abspath(output.split(".zarr:")[0])), exist_ok=True)
+                os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
                 summary = apply_model(model, input_spec, output, spec.dataset, overwrite=True, progress=progress,
                                       should_stop=should_stop, **options)
                 steps.append(f"apply {label} -> {output}")

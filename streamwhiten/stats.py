@@ -117,17 +117,29 @@ def chunk_moments(
     ):
         workspace = np.empty((n_rows, n_features), dtype=dtype)
     sums = _kernels.center_and_sum(chunk, shift, workspace)
-    if not np.all(np.isfinite(sums)):  # rare: find the first bad row (NaN/Inf survive the centring)
-        bad_row = int(np.argmin(_kernels.finite_row_mask(workspace[:n_rows])))
+    if not np.all(np.isfinite(sums)):  # rare: a NaN/Inf row (they survive the centring), or overflow
+        finite = _kernels.finite_row_mask(chunk if workspace is not chunk else workspace[:n_rows])
+        if finite.all():
+            raise BadInputError(
+                "values too large for the arithmetic (their sums or centred values overflow)"
+                + ("; fit with --precision float64" if dtype == np.float32 else "")
+            )
+        bad_row = int(np.argmin(finite))
         raise NonFiniteError(f"row {bad_row} holds NaN or Inf", row=bad_row)
     centred = workspace[:n_rows]
-    if dtype == np.float64:
-        scatter = centred.T @ centred
-    else:
-        scatter = np.zeros((n_features, n_features))
-        for start in range(0, n_rows, GEMM_ROWS):
-            block = centred[start : start + GEMM_ROWS]
-            scatter += block.T @ block
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked just below
+        if dtype == np.float64:
+            scatter = centred.T @ centred
+        else:
+            scatter = np.zeros((n_features, n_features))
+            for start in range(0, n_rows, GEMM_ROWS):
+                block = centred[start : start + GEMM_ROWS]
+                scatter += block.T @ block
+    if not np.all(np.isfinite(np.diagonal(scatter))):  # any overflow reaches the diagonal (sums of squares)
+        raise BadInputError(
+            "values too large for the arithmetic (their products overflow)"
+            + ("; fit with --precision float64" if dtype == np.float32 else "")
+        )
     offset = sums / n_rows  # mean of the centred rows: small
     scatter -= n_rows * np.outer(offset, offset)
     return Moments(n_rows, shift + offset, scatter)

@@ -22,7 +22,7 @@ import queue
 import shutil
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 import h5py
@@ -119,6 +119,13 @@ class Source:
     @property
     def label(self) -> str:
         return f"{self.path}:/{self.dataset}" if self.dataset else self.path
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        """``(real path, dataset)`` naming the array the same way however the spec spelled it."""
+        if self.kind == "zarr":  # dir.zarr:/a and dir.zarr/a are the same array directory
+            return os.path.realpath(os.path.join(self.path, self.dataset or "")), ""
+        return os.path.realpath(self.path), self.dataset or ""
 
     @property
     def n_rows(self) -> int:
@@ -247,6 +254,8 @@ class ZarrSource(Source):
             return view
         # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
         # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
+        if not 0 <= start <= stop <= self.n_rows:
+            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
         rows, row_bytes = self.chunk_rows, self.n_features * self.dtype.itemsize
         for index in range(start // rows, (stop - 1) // rows + 1):
             lo, hi = max(start, index * rows), min(stop, (index + 1) * rows)
@@ -431,9 +440,10 @@ def fingerprint(source: Source, n_rows: int | None = None) -> dict:
     for start in starts:
         stop = min(n_rows, start + width)
         digest.update(np.ascontiguousarray(source.read(start, stop)).tobytes())
+    path, dataset = source.identity
     return {
-        "path": os.path.realpath(source.path),
-        "dataset": source.dataset or "",
+        "path": path,
+        "dataset": dataset,
         "n_rows": n_rows,
         "n_features": source.n_features,
         "dtype": str(source.dtype),
@@ -582,6 +592,7 @@ class Sink:
     chunk_rows: int
     _array: object = None
     _file: object = None
+    _unsynced: set = field(default_factory=set)  # Zarr chunk files written since they were last fsynced
 
     @property
     def label(self) -> str:
@@ -592,12 +603,28 @@ class Sink:
         """Sidecar JSON beside the partial output: how many rows are safely written, and for which job."""
         return self.partial + ".progress.json"
 
+    def _sync(self) -> None:
+        """fsync what was written: the HDF5 file, or the Zarr chunk files written since the last sync."""
+        if self._file is not None:
+            self._file.flush()
+            os.fsync(self._file.id.get_vfd_handle())
+        root = raw_chunk_root(self._array) if self.kind == "zarr" else None
+        if root is not None and self._unsynced:
+            directories = set()
+            for index in sorted(self._unsynced):
+                path = os.path.join(root, self._array.metadata.encode_chunk_key((index, 0)))
+                if os.path.exists(path):
+                    with open(path, "rb") as handle:
+                        os.fsync(handle.fileno())
+                    directories.add(os.path.dirname(path))
+            for directory in directories:
+                _fsync_dir(directory)
+            self._unsynced.clear()
+
     def save_progress(self, job: dict, rows_done: int, n_nonfinite: int = 0) -> None:
         """Make rows ``[0, rows_done)`` durable, then record that atomically (for a later resume)."""
         try:
-            if self._file is not None:
-                self._file.flush()
-                os.fsync(self._file.id.get_vfd_handle())
+            self._sync()
             temp = self.progress_path + ".tmp"
             with open(temp, "w") as handle:
                 json.dump(dict(job, rows_done=int(rows_done), n_nonfinite=int(n_nonfinite)), handle, sort_keys=True)
@@ -614,6 +641,7 @@ class Sink:
             if root is None:
                 self._array[start:stop] = block
                 return
+            self._unsynced.update(range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1))
             # Our own uncompressed Zarr output: whole chunks are written as raw chunk files, skipping
             # zarr's encode pipeline (several copies); a partly covered chunk goes through zarr.
             rows = self.chunk_rows
@@ -649,10 +677,18 @@ class Sink:
         """Mark complete, flush, and rename into place (replacing an old output only if ``overwrite``)."""
         try:
             self._array.attrs["complete"] = True
+            self._sync()
             self._close()
             if self.kind == "hdf5":
                 with open(self.partial, "rb+") as handle:
                     os.fsync(handle.fileno())
+            else:
+                for directory, _, files in os.walk(self.partial):  # metadata files and every directory
+                    for name in files:
+                        if name.startswith("zarr.json") or name.startswith(".z"):
+                            with open(os.path.join(directory, name), "rb") as handle:
+                                os.fsync(handle.fileno())
+                    _fsync_dir(directory)
             final = os.path.abspath(self.path.rstrip("/"))
             if os.path.lexists(final):
                 if not overwrite:

@@ -206,3 +206,21 @@ def test_save_is_atomic_and_keeps_old_file_on_failure(tmp_path, monkeypatch):
     assert open(path, "rb").read() == before
     assert os.listdir(tmp_path) == ["m.npz"]
     assert zipfile.is_zipfile(path)
+
+
+def test_malformed_version_fields_are_model_file_errors(tmp_path):
+    from streamwhiten._npz import checksum
+
+    path = str(tmp_path / "m.npz")
+    save_model(finalize(state_of(anisotropic(50, 3))), path)
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files if key != "checksum"}
+    arrays["format_version"] = np.array("v2")
+    arrays["checksum"] = np.array(checksum(arrays))
+    with open(path, "wb") as handle:
+        np.savez(handle, **arrays)
+    with pytest.raises(ModelFileError, match="version -1 is not supported"):
+        load_model(path)
+    open(path, "wb").write(b"plain text, not a model")
+    with pytest.raises(ModelFileError, match="not an .npz archive"):
+        load_model(path)

@@ -2,6 +2,7 @@
 locks, and a full disk."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -446,7 +447,7 @@ def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_ou
     other.mkdir()
     write_h5(other / "big.h5", np.ones((10, N_FEATURES), np.float32))
     job.write_text(job.read_text().replace(f'paths = ["{store}"]', f'paths = ["{store}", "{other}/big.h5"]'))
-    with pytest.raises(BadInputError, match="for two inputs"):
+    with pytest.raises(BadInputError, match="puts two inputs in"):
         run_job_file(str(job))
 
 
@@ -481,3 +482,76 @@ def test_an_empty_shard_among_several_is_recorded_and_read_once_it_grows(tmp_pat
     alone = write_h5(tmp_path / "e.h5", np.empty((0, 5)))  # on its own, an empty store is still refused
     code, _, err = run_cli("fit", alone, "-o", tmp_path / "e.npz")
     assert code == EXIT_BAD_INPUT and "has 0 row(s)" in err
+
+
+# ---- regressions from the second review
+
+
+def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_directories(tmp_path):
+    from streamwhiten.errors import BadInputError
+    from streamwhiten.jobs import run_job_file
+
+    rng = np.random.default_rng(9)
+    for name in ("a", "b"):
+        write_h5(tmp_path / f"{name}.h5", rng.standard_normal((200, 4)))
+    job = tmp_path / "job.toml"
+    base = f'[input]\npaths = ["{tmp_path}/*.h5"]\n[model]\npath = "m.npz"\n[apply]\n'
+    job.write_text(base + 'output = "out/all.zarr:/{stem}"\n')
+    with pytest.raises(BadInputError, match="puts two inputs in"):
+        run_job_file(str(job))
+    job.write_text(base + 'output = "out/{stem}.h5:/emb"\ndtype = "f4"\n')
+    with pytest.raises(BadInputError, match='dtype in \\[apply\\] must be "float32" or "float16"'):
+        run_job_file(str(job))
+    job.write_text(base + 'output = "out/{stem}.h5:/emb"\n')
+    run_job_file(str(job))
+    assert sorted(os.listdir(tmp_path / "out")) == ["a.h5", "b.h5"]
+
+
+def test_a_pending_checkpoint_for_inputs_the_job_dropped_is_discarded(tmp_path):
+    from streamwhiten.errors import InterruptedRunError
+    from streamwhiten.jobs import run_job_file
+
+    rng = np.random.default_rng(10)
+    a = write_h5(tmp_path / "a.h5", rng.standard_normal((3000, 4)), chunk_rows=100)
+    b = write_h5(tmp_path / "b.h5", rng.standard_normal((3000, 4)) + 1, chunk_rows=100)
+    job = tmp_path / "job.toml"
+    text = '[input]\npaths = [{}]\n[model]\npath = "m.npz"\nchunk_rows = 100\ncheckpoint_every = 1\n'
+    job.write_text(text.format(f'"{a.split(":")[0]}", "{b.split(":")[0]}"'))
+    calls = {"n": 0}
+    with pytest.raises(InterruptedRunError):
+        run_job_file(str(job), should_stop=lambda: calls.__setitem__("n", calls["n"] + 1) or calls["n"] >= 3)
+    job.write_text(text.format(f'"{b.split(":")[0]}"'))  # the job now reads b only
+    summary = run_job_file(str(job))
+    assert summary["steps"] == ["fit"]
+    model = load_model(str(tmp_path / "m.npz"))
+    assert model.n_rows == 3000 and [s["path"] for s in model.sources] == [os.path.realpath(b.split(":")[0])]
+
+
+def test_zarr_outputs_are_fsynced_before_progress_is_recorded_and_at_commit(tmp_path, monkeypatch):
+    from streamwhiten import stores
+
+    synced = []
+    real = os.fsync
+    monkeypatch.setattr(stores.os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    target = str(tmp_path / "o.zarr")
+    sink = stores.create_sink(target, 300, 4, chunk_rows=100)
+    sink.write(0, np.ones((200, 4), np.float32))
+    sink.save_progress({"job": 1}, 200)
+    chunk_files = [path for path in synced if re.search(r"/c/\d+/0$", path)]
+    assert len(chunk_files) == 2 and all(".o.zarr.partial" in path for path in chunk_files)
+    synced.clear()
+    sink.write(200, np.ones((100, 4), np.float32))
+    sink.commit()
+    assert any(path.endswith("/c/2/0") for path in synced) and any(path.endswith("zarr.json") for path in synced)
+
+
+def test_an_empty_recorded_shard_does_not_make_new_shards_look_moved(tmp_path, run_cli):
+    rng = np.random.default_rng(11)
+    a = write_h5(tmp_path / "a.h5", rng.standard_normal((40, 3)))
+    e = write_h5(tmp_path / "e.h5", np.empty((0, 3)))
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", a, e, "-o", model, "-q")[0] == 0
+    b = write_h5(tmp_path / "b.h5", rng.standard_normal((30, 3)))
+    code, _, err = run_cli("fit", a, b, "--update", model, "-q")
+    assert code == 0, err
+    assert load_model(str(model)).n_rows == 70

@@ -122,3 +122,13 @@ def test_any_chunking_in_any_order_gives_the_same_state(n_rows, n_features, cuts
         assert state.n_rows == n_rows
         np.testing.assert_allclose(state.mean, rows.mean(0), rtol=1e-12, atol=1e-12 * 50)
         np.testing.assert_allclose(stats.covariance(state), reference, rtol=1e-9, atol=1e-11 * np.abs(reference).max())
+
+
+def test_overflow_is_reported_as_such_not_as_nan():
+    huge = np.array([[3e38], [-3e38], [-3e38], [3e38]], dtype=np.float32)
+    with pytest.raises(BadInputError, match="too large") as info:
+        stats.chunk_moments(huge)
+    assert not isinstance(info.value, NonFiniteError) and "--precision float64" in str(info.value)
+    rows = np.array([[1.5e308, 0.0], [-1.5e308, 1.0], [1.5e308, 2.0]])
+    with pytest.raises(BadInputError, match="too large"):
+        stats.chunk_moments(rows)

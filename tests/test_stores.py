@@ -142,3 +142,22 @@ def test_raw_zarr_sink_writes_what_zarr_reads(tmp_path, zarr_format):
     sink.write(250, rows[250:1000])  # starts mid-chunk, ends with the padded edge chunk
     sink.commit()
     np.testing.assert_array_equal(zarr.open_array(target, mode="r")[:], rows)
+
+
+def test_one_zarr_array_spelled_two_ways_is_one_source(tmp_path):
+    from streamwhiten.fit import plan_fit
+
+    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    group.create_array("emb", shape=(50, 3), chunks=(10, 3), dtype="f4")[...] = np.ones((50, 3))
+    with pytest.raises(BadInputError, match="given twice"):
+        plan_fit([f"{tmp_path}/s.zarr:/emb", f"{tmp_path}/s.zarr/emb"])
+    with open_source(f"{tmp_path}/s.zarr:/emb") as a, open_source(f"{tmp_path}/s.zarr/emb") as b:
+        assert fingerprint(a) == fingerprint(b)
+
+
+def test_raw_zarr_reads_past_the_end_fail_like_zarr(tmp_path):
+    from streamwhiten.errors import StoreIOError
+
+    spec = write_zarr(tmp_path / "a.zarr", np.ones((10, 2), np.float32), chunk_rows=4)
+    with open_source(spec) as source, pytest.raises(StoreIOError, match="outside its 10 rows"):
+        source.read(8, 12)
