@@ -4,7 +4,7 @@ Reference, measured in the same run on the same chunks already in memory: ``(X -
 followed by writing the result with h5py (or zarr) in the same output chunking. streamwhiten's apply
 additionally reads the input store (warm page cache), checks for non-finite rows, L2-normalises and
 records progress, and must stay within 0.8x of that reference (k = 256, float32 output). A second
-reference also fsyncs the HDF5 output, as streamwhiten does before renaming it into place.
+reference also fsyncs what it wrote, as streamwhiten does before renaming an output into place.
 
     python benchmarks/apply_throughput.py
     python benchmarks/apply_throughput.py --quick
@@ -44,8 +44,10 @@ def reference_seconds(chunks, weights, shift, path, kind, chunk_rows, repeats, d
             start += chunk.shape[0]
         if handle is not None:
             handle.close()
-            if durable:  # what streamwhiten does before renaming an HDF5 output into place
-                with open(path, "rb+") as raw:
+        if durable:  # what streamwhiten does before renaming an output into place
+            files = [path] if kind == "hdf5" else [os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs]
+            for name in files:
+                with open(name, "rb") as raw:
                     os.fsync(raw.fileno())
         shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
@@ -101,8 +103,8 @@ def main(argv=None):
         print_table(f"apply (k = {args.k}, L2-normalised, float32) vs (X - m) @ W + the same write (target >= {TARGET}x)",
                     rows_out, ["output", "rows", "d", "k", "reference_rows_s", "apply_rows_s", "ratio", "meets_0.8",
                                "reference_fsync_rows_s", "ratio_vs_fsync"])
-        print("(reference_fsync: the same reference, also fsyncing an HDF5 output as streamwhiten does before it "
-              "renames the finished file into place; Zarr chunk files are not fsynced by either)")
+        print("(reference_fsync: the same reference, also fsyncing what it wrote, as streamwhiten does before it "
+              "renames a finished output into place)")
         save_results("apply_throughput", {"rows": rows_out, "args": vars(args)}, args.results)
     finally:
         if args.workdir is None:
