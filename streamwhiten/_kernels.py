@@ -13,16 +13,6 @@ _JIT = dict(nogil=True, cache=True)
 ROW_GROUPS = 16
 
 
-@numba.njit(**_JIT)
-def center_into(block, mean, out):
-    """``out[:n] = block - mean`` with ``mean`` in float64, cast to ``out``'s dtype; returns ``out[:n]``."""
-    n_rows, n_cols = block.shape
-    for i in range(n_rows):
-        for j in range(n_cols):
-            out[i, j] = np.float64(block[i, j]) - mean[j]
-    return out[:n_rows]
-
-
 @numba.njit(parallel=True, **_JIT)
 def center_and_sum(block, shift, out):
     """``out[:n] = block - shift`` (cast to ``out``'s dtype) in one pass, and the float64 column sums

@@ -205,7 +205,7 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
     sums = _kernels.center_and_sum(rows, np.asarray(shift, dtype=np.float64), centred)
     finite = None
     if not np.all(np.isfinite(sums)):
-        finite = _kernels.finite_row_mask(rows if centred is not rows else centred)  # NaN/Inf survive the centring
+        finite = _kernels.finite_row_mask(rows)  # centred in place or not, NaN/Inf rows stay non-finite
         if finite.all():  # finite input whose centred values or sums overflowed
             raise BadInputError(f"values too large for {np.dtype(work).name} arithmetic (they overflow when centred)")
         centred[~finite] = 0  # keeps NaN out of the product; those output rows are set to NaN below

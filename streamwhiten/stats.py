@@ -118,12 +118,9 @@ def chunk_moments(
         workspace = np.empty((n_rows, n_features), dtype=dtype)
     sums = _kernels.center_and_sum(chunk, shift, workspace)
     if not np.all(np.isfinite(sums)):  # rare: a NaN/Inf row (they survive the centring), or overflow
-        finite = _kernels.finite_row_mask(chunk if workspace is not chunk else workspace[:n_rows])
+        finite = _kernels.finite_row_mask(chunk)  # centred in place or not, NaN/Inf rows stay non-finite
         if finite.all():
-            raise BadInputError(
-                "values too large for the arithmetic (their sums or centred values overflow)"
-                + ("; fit with --precision float64" if dtype == np.float32 else "")
-            )
+            raise _overflow(dtype, "their sums or centred values")
         bad_row = int(np.argmin(finite))
         raise NonFiniteError(f"row {bad_row} holds NaN or Inf", row=bad_row)
     centred = workspace[:n_rows]
@@ -136,13 +133,15 @@ def chunk_moments(
                 block = centred[start : start + GEMM_ROWS]
                 scatter += block.T @ block
     if not np.all(np.isfinite(np.diagonal(scatter))):  # any overflow reaches the diagonal (sums of squares)
-        raise BadInputError(
-            "values too large for the arithmetic (their products overflow)"
-            + ("; fit with --precision float64" if dtype == np.float32 else "")
-        )
+        raise _overflow(dtype, "their products")
     offset = sums / n_rows  # mean of the centred rows: small
     scatter -= n_rows * np.outer(offset, offset)
     return Moments(n_rows, shift + offset, scatter)
+
+
+def _overflow(dtype, what: str) -> BadInputError:
+    hint = "; fit with --precision float64" if dtype == np.float32 else ""
+    return BadInputError(f"values too large for the arithmetic ({what} overflow){hint}")
 
 
 def merge(a: Moments, b: Moments) -> Moments:
