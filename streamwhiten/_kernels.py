@@ -1,19 +1,20 @@
 """Numba-jitted hot loops. The only module that imports numba.
 
-Every kernel is ``nogil`` so the prefetching reader thread runs while a chunk is being centred, and
-``cache=True`` so the compile cost (a few seconds) is paid once per machine, not once per run.
+Every kernel is single-threaded and ``nogil``: parallelism comes from worker threads each working on
+its own block (see ``_threads``), not from threads inside a kernel, which would compete with BLAS for
+the cores. ``cache=True`` so the compile cost (a few seconds) is paid once per machine, not per run.
 """
 
 import numba
 import numpy as np
 
 _JIT = dict(nogil=True, cache=True)
-#: Row groups of the parallel centring pass. Fixed (not the thread count), so the float64 sums, and
-#: therefore every result, are the same bits on any machine and any number of threads.
+#: Row groups of the centring pass, each summed on its own before the groups are added in order: a
+#: fixed partition, so the float64 sums (and every result) never depend on how the work is scheduled.
 ROW_GROUPS = 16
 
 
-@numba.njit(parallel=True, **_JIT)
+@numba.njit(**_JIT)
 def center_and_sum(block, shift, out):
     """``out[:n] = block - shift`` (cast to ``out``'s dtype) in one pass, and the float64 column sums
     of the values written.
@@ -28,7 +29,7 @@ def center_and_sum(block, shift, out):
     n_rows, n_cols = block.shape
     partial = np.zeros((ROW_GROUPS, n_cols), dtype=np.float64)
     per_group = (n_rows + ROW_GROUPS - 1) // ROW_GROUPS
-    for group in numba.prange(ROW_GROUPS):
+    for group in range(ROW_GROUPS):
         lo = group * per_group
         hi = min(n_rows, lo + per_group)
         sums = partial[group]

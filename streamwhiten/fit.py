@@ -25,7 +25,8 @@ from ._npz import read_npz, write_npz_atomic
 from .errors import (
     BadInputError, InterruptedRunError, ModelFileError, NonFiniteError, NothingToDoError, StoreIOError,
 )
-from .stores import Source, fingerprint, open_source, read_blocks
+from ._threads import PerThread, blas_threads, blas_threads_per_worker, ordered_map, resolve_threads
+from .stores import Source, fingerprint, open_source
 
 #: ``progress(rows_done, rows_total)``, called after every block.
 ProgressCallback = Callable[[int, int], None]
@@ -163,6 +164,43 @@ def block_moments(
             f"{label}: row {begin + exc.row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
             row=begin + exc.row,
         ) from None
+
+
+def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precision: str = "auto",
+               skip_nonfinite: bool = False, threads: int | None = None) -> tuple[stats.Moments, int]:
+    """Fold an in-memory array into ``state`` block by block, as a store is folded (same blocks, same
+    threads, same bits); returns the new state and how many rows were skipped.
+
+    A row holding NaN or Inf raises :class:`NonFiniteError` with its index in ``rows``.
+    """
+    threads = resolve_threads(threads)
+    workspaces = PerThread(dict)
+
+    def moments(begin):
+        block = rows[begin : begin + block_rows]
+        n_skipped = 0
+        if skip_nonfinite:
+            block, n_skipped = stats.drop_nonfinite(block)
+        per_dtype = workspaces.get()
+        dtype = stats.working_dtype(block.dtype, precision)
+        if dtype not in per_dtype:
+            per_dtype[dtype] = np.empty((min(block_rows, rows.shape[0]), rows.shape[1]), dtype=dtype)
+        try:
+            return stats.chunk_moments(block, precision, workspace=per_dtype[dtype]), n_skipped
+        except NonFiniteError as exc:
+            row = begin + exc.row
+            raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)", row=row) from None
+
+    n_skipped = 0
+    results = ordered_map(moments, ((begin,) for begin in range(0, rows.shape[0], block_rows)), threads)
+    try:
+        with blas_threads(blas_threads_per_worker(threads) if threads > 1 else None):
+            for block_state, skipped in results:
+                state = stats.merge(state, block_state)
+                n_skipped += skipped
+    finally:
+        results.close()
+    return state, n_skipped
 
 
 def check_enough_rows(state: stats.Moments, sources) -> None:
@@ -326,6 +364,32 @@ def check_sources_unchanged(job: FitJob, checkpoint_path: str) -> None:
 # --------------------------------------------------------------------------------------------- running
 
 
+def _block_tasks(job: FitJob, opened: list):
+    """One task per remaining block of ``job``, source by source; opens each source as it is reached
+    (appending it to ``opened``) and gives every worker thread one reused buffer per dtype."""
+    rows_left = job.rows_total - job.rows_done
+    buffers = PerThread(dict)
+    for index, cursor in enumerate(job.cursors):
+        if cursor.done:
+            continue
+        source = open_source(cursor.spec)
+        opened.append(source)
+        shape = (max(1, min(job.block_rows, rows_left)), source.n_features)
+        for begin, end in source.blocks(job.block_rows, cursor.next_row, cursor.stop):
+            yield index, begin, end, source, buffers, shape, job.precision, job.skip_nonfinite
+
+
+def _read_block_moments(index, begin, end, source, buffers, shape, precision, skip_nonfinite) -> tuple:
+    """The work of one block in a worker thread: read it into this thread's buffer, then its moments."""
+    per_dtype = buffers.get()
+    buffer = per_dtype.get(source.dtype)
+    if buffer is None:
+        buffer = per_dtype[source.dtype] = np.empty(shape, dtype=source.dtype)
+    rows = source.read_into(begin, end, buffer)
+    moments, skipped = block_moments(rows, begin, source.label, precision, skip_nonfinite, overwrite_input=True)
+    return index, begin, end, moments, skipped, source
+
+
 def run_job(
     job: FitJob,
     progress: ProgressCallback | None = None,
@@ -333,12 +397,14 @@ def run_job(
     checkpoint_blocks: int | None = None,
     checkpoint_seconds: float | None = None,
     should_stop: Callable[[], bool] | None = None,
+    threads: int | None = None,
 ) -> FitJob:
     """Fold every remaining block of ``job`` into its state; returns the finished job.
 
     With ``checkpoint_path``, a checkpoint is written every ``checkpoint_blocks`` blocks or
     ``checkpoint_seconds`` seconds, whichever comes first. When ``should_stop()`` turns true (a signal),
-    a final checkpoint is written and :class:`InterruptedRunError` raised.
+    a final checkpoint is written and :class:`InterruptedRunError` raised. ``threads`` worker threads
+    (default: one per core, at most four) each read and reduce whole blocks, folded in block order.
     """
     began = time.perf_counter()
     last_checkpoint = began
@@ -352,17 +418,18 @@ def run_job(
             return True
         return bool(checkpoint_seconds) and time.perf_counter() - last_checkpoint >= checkpoint_seconds
 
-    for cursor in job.cursors:
-        if cursor.done:
-            continue
-        with open_source(cursor.spec) as source:
-            for begin, rows in read_blocks(source, job.block_rows, cursor.next_row, cursor.stop):
-                end = begin + rows.shape[0]
-                moments, skipped = block_moments(rows, begin, source.label, job.precision, job.skip_nonfinite,
-                                                 overwrite_input=True)
+    threads = resolve_threads(threads)
+    opened: list[Source] = []
+    results = ordered_map(_read_block_moments, _block_tasks(job, opened), threads)
+    try:
+        with blas_threads(blas_threads_per_worker(threads) if threads > 1 else None):
+            for index, begin, end, moments, skipped, source in results:
+                cursor = job.cursors[index]
                 job.state = stats.merge(job.state, moments)
                 cursor.n_skipped += skipped
                 cursor.next_row = end
+                if end == cursor.stop:
+                    source.close()
                 job.n_blocks += 1
                 blocks_since += 1
                 if progress is not None:
@@ -374,6 +441,10 @@ def run_job(
                 if stopping:
                     where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
                     raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
+    finally:
+        results.close()  # stops the workers before their sources are closed
+        for source in opened:
+            source.close()
     job.seconds += time.perf_counter() - began
     check_enough_rows(job.state, job.cursors)
     return job
@@ -386,9 +457,10 @@ def fit_sources(
     skip_nonfinite: bool = False,
     block_rows: int | None = None,
     progress: ProgressCallback | None = None,
+    threads: int | None = None,
 ) -> FitResult:
     """One uninterrupted pass over every source, in order; returns the merged statistics."""
-    job = run_job(plan_fit(specs, dataset, precision, skip_nonfinite, block_rows), progress)
+    job = run_job(plan_fit(specs, dataset, precision, skip_nonfinite, block_rows), progress, threads=threads)
     return FitResult(job.state, job.n_skipped, job.sources, job.n_blocks, job.seconds, job.rows_done)
 
 

@@ -7,6 +7,7 @@ import os
 import numpy as np
 
 from . import stats
+from ._threads import resolve_threads
 from .errors import BadInputError, NotFittedError
 from .model import DEFAULT_EPS, WhiteningModel, check_params, finalize, load_model, save_model
 
@@ -50,17 +51,22 @@ class Whitener:
     skip_nonfinite : bool
         Skip (and count) rows with NaN/Inf instead of raising.
     chunk_rows : int, optional
-        Rows per block read from a store (default: whole store chunks, about 64 MiB).
+        Rows per block read from a store (default: whole store chunks, about 64 MiB) or taken from an
+        in-memory array (default 65536).
+    n_jobs : int, optional
+        Worker threads, each reducing whole blocks (default: one per core, at most four). Memory is
+        about one block per thread; the same ``n_jobs`` and ``chunk_rows`` give the same bits.
 
     Changing ``beta``, ``gamma``, ``n_components``, ``variance`` or ``eps`` after fitting (``set_params``)
     re-finalizes from the saved statistics without another pass over the data.
     """
 
-    _param_names = ("beta", "gamma", "n_components", "variance", "eps", "precision", "skip_nonfinite", "chunk_rows")
+    _param_names = ("beta", "gamma", "n_components", "variance", "eps", "precision", "skip_nonfinite", "chunk_rows",
+                    "n_jobs")
 
     def __init__(
         self, beta=1.0, gamma=1.0, n_components=None, variance=None, eps=DEFAULT_EPS,
-        precision="auto", skip_nonfinite=False, chunk_rows=None,
+        precision="auto", skip_nonfinite=False, chunk_rows=None, n_jobs=None,
     ):
         self.beta = beta
         self.gamma = gamma
@@ -70,6 +76,7 @@ class Whitener:
         self.precision = precision
         self.skip_nonfinite = skip_nonfinite
         self.chunk_rows = chunk_rows
+        self.n_jobs = n_jobs
 
     # -- scikit-learn protocol ------------------------------------------------------------------------
     def get_params(self, deep=True) -> dict:
@@ -89,6 +96,9 @@ class Whitener:
     def _check_params(self, n_features=None):
         check_params(self.beta, self.gamma, self.eps, self.n_components, self.variance, n_features)
         stats.working_dtype(np.float32, self.precision)
+        resolve_threads(self.n_jobs)
+        if self.chunk_rows is not None and (isinstance(self.chunk_rows, bool) or int(self.chunk_rows) < 1):
+            raise BadInputError(f"chunk_rows must be at least 1, got {self.chunk_rows!r}")
 
     # -- fitting -------------------------------------------------------------------------------------
     def _reset(self):
@@ -108,20 +118,11 @@ class Whitener:
         state = getattr(self, "state_", None) or stats.Moments.empty(rows.shape[1])
         if rows.shape[1] != state.n_features:
             raise BadInputError(f"expected {state.n_features} features as in earlier batches, got {rows.shape[1]}")
-        n_skipped = getattr(self, "n_skipped_", 0)
-        chunk_rows = self.chunk_rows or IN_MEMORY_CHUNK_ROWS
-        for start in range(0, rows.shape[0], chunk_rows):
-            block = rows[start : start + chunk_rows]
-            if self.skip_nonfinite:
-                block, dropped = stats.drop_nonfinite(block)
-                n_skipped += dropped
-            try:
-                state = stats.update(state, block, self.precision)
-            except stats.NonFiniteError as exc:
-                raise stats.NonFiniteError(
-                    f"row {start + exc.row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)",
-                    row=start + exc.row,
-                ) from None
+        from .fit import fold_array
+
+        state, n_skipped = fold_array(state, rows, int(self.chunk_rows or IN_MEMORY_CHUNK_ROWS), self.precision,
+                                      self.skip_nonfinite, self.n_jobs)
+        n_skipped += getattr(self, "n_skipped_", 0)
         self.state_ = state
         self.n_skipped_ = n_skipped
         self.sources_ = getattr(self, "sources_", [])
@@ -138,7 +139,7 @@ class Whitener:
 
             result = fit_sources(
                 X, dataset=dataset, precision=self.precision, skip_nonfinite=self.skip_nonfinite,
-                block_rows=self.chunk_rows, progress=progress,
+                block_rows=self.chunk_rows, progress=progress, threads=self.n_jobs,
             )
             self.state_, self.n_skipped_, self.sources_ = result.state, result.n_skipped, result.sources
         elif _is_dask_array(X):
