@@ -34,10 +34,11 @@ def available_cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def resolve_threads(threads: int | None) -> int:
-    """Worker threads to use: ``threads``, or by default one per core up to :data:`MAX_DEFAULT_THREADS`."""
+def resolve_threads(threads: int | None, default: int | None = None) -> int:
+    """Worker threads to use: ``threads``; if None, ``default``, or else one per core up to
+    :data:`MAX_DEFAULT_THREADS`."""
     if threads is None:
-        return min(MAX_DEFAULT_THREADS, available_cores())
+        return default or min(MAX_DEFAULT_THREADS, available_cores())
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
         raise BadInputError(f"threads must be a whole number of at least 1, got {threads!r}")
     return int(threads)
@@ -107,3 +108,23 @@ class PerThread:
         if value is None:
             value = self._local.value = self._factory()
         return value
+
+
+class BufferPool:
+    """Reusable arrays of one shape and dtype, handed from thread to thread: ``take`` one (a new one
+    only when none is free), ``give_back`` it when done. Holds at most as many as were in use at once."""
+
+    def __init__(self, shape, dtype):
+        self._shape, self._dtype = tuple(shape), np.dtype(dtype)
+        self._free: deque = deque()
+        self._lock = threading.Lock()
+
+    def take(self) -> np.ndarray:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return np.empty(self._shape, dtype=self._dtype)
+
+    def give_back(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(buffer)

@@ -15,11 +15,16 @@ from typing import Callable
 import numpy as np
 
 from . import __version__
+from ._threads import BufferPool, PerThread, blas_threads, blas_threads_per_worker, ordered_map, resolve_threads
 from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError
 from .model import WhiteningModel, model_checksum, project_checked
 from .stores import (
-    create_sink, fingerprint, open_source, output_chunk_rows, read_blocks, resume_sink, same_file, split_spec,
+    create_sink, fingerprint, open_source, output_chunk_rows, resume_sink, same_file, split_spec,
 )
+
+
+#: Worker threads of :func:`apply_model` when none are given.
+APPLY_DEFAULT_THREADS = 1
 
 
 def check_output(model: WhiteningModel, source, output_spec: str) -> None:
@@ -55,15 +60,16 @@ def aligned_block_rows(block_rows: int | None, source, sink_chunk_rows: int) -> 
 
 def transform_block(
     rows: np.ndarray, begin: int, weights, shift, normalize: bool, dtype, skip_nonfinite: bool, label: str,
-    overwrite_input: bool = True,
+    overwrite_input: bool = True, out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
     """Whiten one block read at row ``begin``; returns the output rows and how many were non-finite.
 
     A row holding NaN or Inf raises :class:`NonFiniteError` naming ``label`` and the row, unless
     ``skip_nonfinite``: then its output row is NaN and it is counted. With ``overwrite_input`` the
-    block may be centred in place.
+    block may be centred in place; ``out`` is an optional buffer for the product (see
+    :func:`~streamwhiten.model.project_checked`).
     """
-    out, finite = project_checked(rows, weights, shift, normalize, dtype, overwrite_input=overwrite_input)
+    out, finite = project_checked(rows, weights, shift, normalize, dtype, overwrite_input=overwrite_input, out=out)
     if finite is None:
         return out, 0
     if not skip_nonfinite:
@@ -100,6 +106,7 @@ def apply_model(
     should_stop: Callable[[], bool] | None = None,
     resume: bool = True,
     progress_seconds: float = 10.0,
+    threads: int | None = None,
 ) -> dict:
     """Write ``transform(rows)`` for every row of ``input_spec`` to ``output_spec``; returns a summary.
 
@@ -108,8 +115,14 @@ def apply_model(
     ``resume`` (the default) the partial output of an interrupted run of the same job is continued;
     otherwise it is discarded. The rows written are made durable and recorded for a resume every
     ``progress_seconds`` (0: after every block) and when stopped by ``should_stop``.
+
+    ``threads`` worker threads each read and transform whole blocks, which this thread writes in row
+    order. The default, 1, does everything in this thread with multi-threaded BLAS: the product
+    ``(X - m) W`` moves much data per flop, and concurrent blocks were measured to slow each other down
+    on a 2-core machine (see the README's performance section); more threads can pay on more cores.
     """
     began = time.perf_counter()
+    threads = resolve_threads(threads, default=APPLY_DEFAULT_THREADS)
     source = open_source(input_spec, dataset, min_rows=1)
     try:
         check_output(model, source, output_spec)
@@ -138,23 +151,37 @@ def apply_model(
             sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
                                chunk_rows)
         last_record = time.perf_counter()
+        block_shape = (min(rows_per_block, source.n_rows), source.n_features)
+        inputs = PerThread(lambda: np.empty(block_shape, source.dtype))
+        outputs = BufferPool((block_shape[0], model.n_components), work)  # back in the pool once written
+
+        def whiten(begin, end):  # in a worker thread: read into its buffer, centre there, project
+            rows = source.read_into(begin, end, inputs.get())
+            product = outputs.take()
+            out, nonfinite = transform_block(rows, begin, weights, shift, normalize, sink.dtype, skip_nonfinite,
+                                             source.label, overwrite_input=True, out=product)
+            return begin, end, out, nonfinite, product
+
         with sink:
-            for begin, rows in read_blocks(source, rows_per_block, start):
-                out, nonfinite = transform_block(rows, begin, weights, shift, normalize, sink.dtype, skip_nonfinite,
-                                                 source.label)
-                n_nonfinite += nonfinite
-                sink.write(begin, out)
-                end = begin + rows.shape[0]
-                stopping = should_stop is not None and should_stop() and end < source.n_rows
-                if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
-                    sink.save_progress(job, end, n_nonfinite)  # fsyncs what was written first: costly, so not every block
-                    last_record = time.perf_counter()
-                if progress is not None:
-                    progress(end, source.n_rows)
-                if stopping:
-                    raise InterruptedRunError(
-                        f"interrupted after {end:,} of {source.n_rows:,} rows; run the same apply again to resume"
-                    )
+            results = ordered_map(whiten, source.blocks(rows_per_block, start), threads)
+            try:
+                with blas_threads(blas_threads_per_worker(threads) if threads > 1 else None):
+                    for begin, end, out, nonfinite, product in results:  # written in row order by this thread
+                        n_nonfinite += nonfinite
+                        sink.write(begin, out)
+                        outputs.give_back(product)
+                        stopping = should_stop is not None and should_stop() and end < source.n_rows
+                        if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
+                            sink.save_progress(job, end, n_nonfinite)  # fsyncs what was written: costly, not every block
+                            last_record = time.perf_counter()
+                        if progress is not None:
+                            progress(end, source.n_rows)
+                        if stopping:
+                            raise InterruptedRunError(
+                                f"interrupted after {end:,} of {source.n_rows:,} rows; run the same apply again to resume"
+                            )
+            finally:
+                results.close()
             sink._array.attrs["n_nonfinite_rows"] = n_nonfinite
             sink.commit(overwrite)
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)

@@ -109,14 +109,19 @@ def engine_options(func):
                      help="With --engine dask: the scheduler to use, e.g. tcp://host:8786 (default: a local cluster)."),
         click.option("--workers", type=click.IntRange(min=1), default=None,
                      help="With --engine dask and no --scheduler: processes of the local cluster (default: one per core)."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="Serial engine: worker threads, each doing whole blocks (fit default: one per core, at most "
+                          "4; apply default: 1). Memory is about one block per thread."),
     ]):
         func = option(func)
     return func
 
 
-def _check_engine(engine: str, scheduler, workers) -> None:
+def _check_engine(engine: str, scheduler, workers, threads=None) -> None:
     if engine != "dask" and (scheduler or workers is not None):
         raise BadInputError("--scheduler and --workers need --engine dask")
+    if engine == "dask" and threads is not None:
+        raise BadInputError("--threads is for the serial engine; with --engine dask, use --workers")
     if scheduler and workers is not None:
         raise BadInputError("--workers sizes a local cluster; it cannot be combined with --scheduler")
 
@@ -180,7 +185,7 @@ def stop_on_signals():
 @common_json
 def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, precision, chunk_rows,
         skip_nonfinite, update, checkpoint, checkpoint_every, checkpoint_seconds, resume, restart, overwrite,
-        engine, scheduler, workers, quiet, as_json):
+        engine, scheduler, workers, threads, quiet, as_json):
     """Fit a whitening model on one or more stores (HDF5, Zarr, .npy; globs allowed) in one pass.
 
     Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
@@ -190,7 +195,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
     from .model import check_params, save_model
     from .stores import expand_specs, same_file
 
-    _check_engine(engine, scheduler, workers)
+    _check_engine(engine, scheduler, workers, threads)
     if engine == "dask" and (update or resume):
         raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
     params = _model_params(beta, gamma, n_components, variance, eps)
@@ -215,7 +220,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
         with progress_bar("fit", quiet) as progress, stop_on_signals() as should_stop:
             model, job, resumed, checkpoint = fit_job(
                 expand_specs(inputs), model_path, dataset, params, precision, chunk_rows, skip_nonfinite, update,
-                checkpoint, checkpoint_every, checkpoint_seconds, restart, resume, progress, should_stop,
+                checkpoint, checkpoint_every, checkpoint_seconds, restart, resume, progress, should_stop, threads,
             )
         n_sources, rows_read, read_seconds, n_skipped = len(job.cursors), job.rows_done, job.seconds, job.n_skipped
     checksum = save_model(model, model_path)
@@ -257,7 +262,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @common_json
 def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_components, variance, eps, normalize, dtype,
           chunk_rows, zarr_format, skip_nonfinite, restart, checkpoint_seconds, overwrite, engine, scheduler, workers,
-          quiet, as_json):
+          threads, quiet, as_json):
     """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store.
 
     An interrupted run leaves a hidden partial output that the same command resumes.
@@ -265,7 +270,7 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
     from .apply import apply_model
     from .model import load_model
 
-    _check_engine(engine, scheduler, workers)
+    _check_engine(engine, scheduler, workers, threads)
     model = load_model(model_path)
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params:
@@ -280,7 +285,7 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
         else:
             summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
                                   skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart,
-                                  progress_seconds=checkpoint_seconds)
+                                  progress_seconds=checkpoint_seconds, threads=threads)
     _emit(as_json, summary, [
         f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
         f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "

@@ -6,8 +6,9 @@ fixed ``block_rows`` and folded in a fixed order (source by source, block by blo
 always gives the same bits, and a job resumed from a checkpoint gives exactly the bits of one that
 never stopped. Checkpoints (state + cursors) are written atomically with a checksum.
 
-Blocks come from :func:`~streamwhiten.stores.read_blocks`, whose reader thread fetches the next block
-while the current one is centred and multiplied (numba kernels and BLAS release the GIL).
+Each block is read, centred and multiplied by one of a few worker threads (see ``_threads``), with one
+reused buffer per thread, while the others work on the next blocks; this thread folds the results in
+block order.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ def default_checkpoint(model_path: str) -> str:
 
 def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chunk_rows=None, skip_nonfinite=False,
             update=None, checkpoint=None, checkpoint_every=20, checkpoint_seconds=60.0, restart=False,
-            resume=False, progress=None, should_stop=None):
+            resume=False, progress=None, should_stop=None, threads=None):
     """Plan (or update), resume from a matching checkpoint, run and finalize a fit.
 
     Returns ``(model, job, resumed, checkpoint_path)``; the caller saves the model and then removes the
@@ -74,7 +74,7 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
         raise BadInputError(f"{checkpoint}: no checkpoint to resume from")
     else:
         job = planned
-    job = run_job(job, progress, checkpoint, checkpoint_every, checkpoint_seconds, should_stop)
+    job = run_job(job, progress, checkpoint, checkpoint_every, checkpoint_seconds, should_stop, threads)
     info = {"n_skipped_nonfinite": skipped_before + job.n_skipped}
     model = finalize(job.state, sources=job.sources + job.kept_sources, info=info, **params)
     return model, job, resumed, checkpoint
@@ -109,9 +109,9 @@ _KEYS = {
     "input": {"paths": (list, str), "dataset": str},
     "model": {"path": str, "beta": (int, float), "gamma": (int, float), "n_components": int, "variance": (int, float),
               "eps": (int, float), "precision": str, "chunk_rows": int, "skip_nonfinite": bool,
-              "checkpoint_every": int, "checkpoint_seconds": (int, float)},
+              "checkpoint_every": int, "checkpoint_seconds": (int, float), "threads": int},
     "apply": {"output": str, "normalize": bool, "dtype": str, "zarr_format": int, "chunk_rows": int,
-              "skip_nonfinite": bool},
+              "skip_nonfinite": bool, "threads": int},
 }
 
 
@@ -159,6 +159,8 @@ def read_job_file(path: str) -> JobSpec:
             if value is not None and (wrong_bool or not isinstance(value, kind)):
                 names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
                 raise BadInputError(f"{path}: {key} in {where} must be of type {names}, got {value!r}")
+        if table.get("threads") is not None and table["threads"] < 1:
+            raise BadInputError(f"{path}: threads in {where} must be a whole number of at least 1, got {table['threads']}")
     base = os.path.dirname(os.path.abspath(path))
     absolute = lambda p: p if os.path.isabs(p) else os.path.join(base, p)  # noqa: E731
     inputs = data.get("input", {}).get("paths")
@@ -228,7 +230,7 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
              f"{job.rows_done:,}", f"{job.rows_total:,}")
     fit_options = {k: spec.model[k] for k in ("checkpoint_every", "checkpoint_seconds") if k in spec.model}
     job = run_job(job, progress, checkpoint, fit_options.get("checkpoint_every", 20),
-                  fit_options.get("checkpoint_seconds", 60.0), should_stop)
+                  fit_options.get("checkpoint_seconds", 60.0), should_stop, spec.model.get("threads"))
     params = _effective_params(params, previous)
     skipped = (int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and job.base_rows else 0)
     model = finalize(job.state, sources=job.sources + job.kept_sources,
@@ -286,7 +288,8 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
 
     spec = read_job_file(path)
     fit_options = {key: spec.model[key] for key in ("precision", "chunk_rows", "skip_nonfinite",
-                                                    "checkpoint_every", "checkpoint_seconds") if key in spec.model}
+                                                    "checkpoint_every", "checkpoint_seconds", "threads")
+                   if key in spec.model}
     params = {key: spec.model[key] for key in ("beta", "gamma", "n_components", "variance", "eps") if key in spec.model}
     check_params(**params)
     os.makedirs(os.path.dirname(spec.model_path), exist_ok=True)
@@ -330,7 +333,8 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
             model = wanted
         if spec.apply is not None:
             checksum = model_checksum(model)
-            options = {key: spec.apply[key] for key in ("normalize", "dtype", "zarr_format", "skip_nonfinite") if key in spec.apply}
+            options = {key: spec.apply[key] for key in ("normalize", "dtype", "zarr_format", "skip_nonfinite", "threads")
+                       if key in spec.apply}
             if "chunk_rows" in spec.apply:
                 options["block_rows"] = spec.apply["chunk_rows"]
             for input_spec, output in outputs.items():

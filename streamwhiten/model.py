@@ -188,11 +188,13 @@ def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=F
     return project_checked(rows, weights, shift, normalize, dtype, overwrite_input)[0]
 
 
-def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False):
+def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False, out=None):
     """:func:`project`, plus a mask of the finite input rows, or None when every row is finite.
 
-    The parallel centring pass returns column sums, which are finite exactly when every value is:
-    finiteness costs nothing unless a bad row is present, and only then are the rows scanned.
+    The centring pass returns column sums, which are finite exactly when every value is: finiteness
+    costs nothing unless a bad row is present, and only then are the rows scanned. ``out``, a
+    C-contiguous buffer of at least ``len(rows)`` rows of ``weights``' shape and dtype, receives the
+    product instead of a new array (the result is then a view of it, unless ``dtype`` converts it).
     """
     from . import _kernels
 
@@ -209,7 +211,10 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
         if finite.all():  # finite input whose centred values or sums overflowed
             raise BadInputError(f"values too large for {np.dtype(work).name} arithmetic (they overflow when centred)")
         centred[~finite] = 0  # keeps NaN out of the product; those output rows are set to NaN below
-    out = centred @ weights
+    if out is None:
+        out = centred @ weights
+    else:
+        out = np.matmul(centred, weights, out=out[: centred.shape[0]])
     if normalize:
         norms = np.sqrt(np.einsum("ij,ij->i", out, out))
         out /= np.where(norms > 0, norms, 1)[:, None]

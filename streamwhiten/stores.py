@@ -18,12 +18,9 @@ import glob
 import hashlib
 import json
 import os
-import queue
 import shutil
 import sys
-import threading
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import h5py
 import numpy as np
@@ -450,92 +447,6 @@ def fingerprint(source: Source, n_rows: int | None = None) -> dict:
         "chunk_rows": source.chunk_rows or 0,
         "sha256_sampled": digest.hexdigest(),
     }
-
-
-# ------------------------------------------------------------------------------------------- reading
-
-
-def prefetch(items: Iterable, depth: int = 1) -> Iterator:
-    """Yield ``items`` while a background thread produces up to ``depth`` ahead; re-raises its errors.
-
-    Closing the generator early (an error or an interruption in the consumer) stops the thread.
-    """
-    slots: queue.Queue = queue.Queue(maxsize=max(1, depth))
-    stop = threading.Event()
-
-    def put(message) -> bool:
-        while not stop.is_set():
-            try:
-                slots.put(message, timeout=0.05)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def produce():
-        try:
-            for item in items:
-                if not put(("item", item)):
-                    return
-            put(("done", None))
-        except BaseException as exc:  # handed to the consumer, raised there
-            put(("error", exc))
-
-    thread = threading.Thread(target=produce, name="streamwhiten-reader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            kind, item = slots.get()
-            if kind == "done":
-                return
-            if kind == "error":
-                raise item
-            yield item
-    finally:
-        stop.set()
-        thread.join()
-
-
-def read_blocks(source: Source, block_rows: int | None = None, start: int = 0, stop: int | None = None,
-                n_buffers: int = 2) -> Iterator:
-    """``(start, rows)`` for consecutive blocks of ``source``, read ahead by a thread into reused buffers.
-
-    ``n_buffers`` buffers of ``block_rows`` rows are allocated once: while the caller works on one block
-    (it may modify it in place), the next is read into the other. A yielded array is valid only until
-    the next iteration. Memory is ``n_buffers`` blocks, however long the source.
-    """
-    block_rows = int(block_rows or source.default_block_rows())
-    ranges = list(source.blocks(block_rows, start, stop))
-    if not ranges:
-        return
-    rows = min(block_rows, max(end - begin for begin, end in ranges))
-    buffers = [np.empty((rows, source.n_features), dtype=source.dtype) for _ in range(min(n_buffers, len(ranges)))]
-    free: queue.Queue = queue.Queue()
-    for index in range(len(buffers)):
-        free.put(index)
-    stop_event = threading.Event()
-
-    def fill():
-        for begin, end in ranges:
-            index = free.get()
-            if stop_event.is_set():
-                return
-            yield begin, index, source.read_into(begin, end, buffers[index])
-
-    blocks = prefetch(fill(), depth=len(buffers))
-    held = None
-    try:
-        for begin, index, block in blocks:
-            if held is not None:
-                free.put(held)
-            held = index
-            yield begin, block
-    finally:
-        # Release a reader waiting for a free buffer first, then stop and join it.
-        stop_event.set()
-        for _ in buffers:
-            free.put(0)
-        blocks.close()
 
 
 # ----------------------------------------------------------------------------------------------- sinks

@@ -87,3 +87,34 @@ def test_width_mismatch(tmp_path, model):
     with pytest.raises(BadInputError, match="narrow.h5:/emb: has 5 columns but the model was fitted on 16"):
         apply_model(model, spec, str(tmp_path / "o.h5"))
     assert os.listdir(tmp_path) == ["narrow.h5"]
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_worker_threads_write_every_block_in_order(tmp_path, rows, model, threads):
+    spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=100)
+    expected = model.transform(rows, normalize=True)
+    for out in (str(tmp_path / "out.zarr"), str(tmp_path / "out.h5")):
+        summary = apply_model(model, spec, out, normalize=True, block_rows=100, threads=threads)
+        assert summary["n_rows"] == 1500
+        np.testing.assert_allclose(read_all(out), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_worker_threads_name_the_first_bad_row(tmp_path, rows, model):
+    bad = rows.copy()
+    bad[1234, 3] = np.inf
+    bad[1400, 0] = np.nan
+    spec = write_h5(tmp_path / "in.h5", bad, chunk_rows=100)
+    with pytest.raises(NonFiniteError, match="row 1234"):
+        apply_model(model, spec, str(tmp_path / "out.h5"), block_rows=100, threads=3)
+    assert not os.path.exists(tmp_path / "out.h5") and not os.path.exists(partial_path(str(tmp_path / "out.h5")))
+    summary = apply_model(model, spec, str(tmp_path / "out.h5"), block_rows=100, threads=3, skip_nonfinite=True)
+    got = read_all(str(tmp_path / "out.h5"))
+    assert summary["n_nonfinite_rows"] == 2
+    assert np.isnan(got[[1234, 1400]]).all() and np.isfinite(np.delete(got, [1234, 1400], axis=0)).all()
+
+
+def test_bad_thread_count_is_refused_before_any_output(tmp_path, rows, model):
+    spec = write_h5(tmp_path / "in.h5", rows)
+    with pytest.raises(BadInputError, match="threads"):
+        apply_model(model, spec, str(tmp_path / "out.h5"), threads=0)
+    assert sorted(os.listdir(tmp_path)) == ["in.h5"]

@@ -225,3 +225,24 @@ def test_usage_errors_are_one_line(run_cli):
     code, _, err = run_cli("fit")
     assert code == 2
     one_line_error(err, "Missing argument", "--help")
+
+
+def test_threads_option(tmp_path, store, run_cli):
+    from streamwhiten.model import load_model
+
+    models = {}
+    for threads in (1, 3):
+        path = str(tmp_path / f"model{threads}.npz")
+        code, _, err = run_cli("fit", store, "-o", path, "--chunk-rows", "64", "--threads", threads, "-q")
+        assert code == 0, err
+        models[threads] = load_model(path)
+        code, _, err = run_cli("apply", path, store, "-o", tmp_path / f"out{threads}.h5", "--threads", threads, "-q")
+        assert code == 0, err
+    np.testing.assert_allclose(models[3].state.scatter, models[1].state.scatter, rtol=1e-6, atol=1e-9)
+    with h5py.File(tmp_path / "out1.h5") as one, h5py.File(tmp_path / "out3.h5") as three:
+        np.testing.assert_allclose(three["embeddings"][:], one["embeddings"][:], rtol=1e-4, atol=1e-5)
+    code, _, err = run_cli("fit", store, "-o", tmp_path / "m.npz", "--threads", "0")
+    assert code == EXIT_BAD_INPUT and "--threads" in err
+    code, _, err = run_cli("fit", store, "-o", tmp_path / "m.npz", "--threads", "2", "--engine", "dask")
+    one_line_error(err, "--threads is for the serial engine")
+    assert code == EXIT_BAD_INPUT

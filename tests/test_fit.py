@@ -1,4 +1,4 @@
-"""The prefetching block reader and the fit loop."""
+"""The fit loop: worker threads, block order, reproducibility."""
 
 import threading
 
@@ -7,45 +7,52 @@ import pytest
 
 from streamwhiten.errors import StoreIOError
 from streamwhiten.fit import fit_sources, plan_fit, run_job
-from streamwhiten.stores import read_blocks
-from streamwhiten.stores import open_source
 
 from conftest import anisotropic, write_h5, write_zarr
 
 
-def test_blocks_cover_the_source_with_two_reused_buffers(tmp_path):
+def test_worker_threads_reuse_one_buffer_each_and_cover_every_row(tmp_path, monkeypatch):
+    from streamwhiten.stores import HDF5Source, ZarrSource
+
     rows = anisotropic(1000, 5).astype(np.float32)
+    buffers, ranges = set(), []
+    for cls in (HDF5Source, ZarrSource):
+        real = cls.read_into
+
+        def recording(self, start, stop, out, real=real):
+            if out.shape[0] == 128:  # a block buffer (fingerprints read small samples too)
+                buffers.add(out.__array_interface__["data"][0])
+                ranges.append((start, stop))
+            return real(self, start, stop, out)
+
+        monkeypatch.setattr(cls, "read_into", recording)
     for spec in (write_h5(tmp_path / "a.h5", rows, chunk_rows=64), write_zarr(tmp_path / "a.zarr", rows, 64)):
-        with open_source(spec) as source:
-            seen, buffers = [], set()
-            for begin, block in read_blocks(source, 128, start=100):
-                seen.append(block.copy())
-                buffers.add(block.__array_interface__["data"][0])
-                block[...] = -1  # the consumer may scribble on its block
-            np.testing.assert_array_equal(np.vstack(seen), rows[100:])
-            assert len(buffers) == 2
+        buffers.clear(), ranges.clear()
+        result = fit_sources(spec, block_rows=128, threads=3)
+        assert sorted(ranges) == [(b, min(b + 128, 1000)) for b in range(0, 1000, 128)]
+        assert len(buffers) <= 3
+        np.testing.assert_allclose(result.state.mean, rows.astype(np.float64).mean(axis=0), rtol=1e-6)
 
 
-def test_stopping_early_or_failing_reads_never_hang(tmp_path):
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_failing_read_stops_the_fit_and_leaves_no_worker_behind(tmp_path, monkeypatch, threads):
+    from streamwhiten.stores import HDF5Source
+
     spec = write_h5(tmp_path / "a.h5", anisotropic(2000, 4).astype(np.float32), chunk_rows=50)
-    with open_source(spec) as source:
-        for _, _ in read_blocks(source, 50):
-            break
-        assert not any(t.name == "streamwhiten-reader" and t.is_alive() for t in threading.enumerate())
+    calls = {"n": 0}
+    real = HDF5Source.read_into
 
-        calls = {"n": 0}
-        real = source.read_into
+    def failing(self, start, stop, out):
+        calls["n"] += 1
+        if calls["n"] == 5:
+            raise StoreIOError("simulated read failure")
+        return real(self, start, stop, out)
 
-        def failing(start, stop, out):
-            calls["n"] += 1
-            if calls["n"] == 5:
-                raise StoreIOError("simulated read failure")
-            return real(start, stop, out)
-
-        source.read_into = failing
-        with pytest.raises(StoreIOError, match="simulated"):
-            for _ in read_blocks(source, 50):
-                pass
+    monkeypatch.setattr(HDF5Source, "read_into", failing)
+    with pytest.raises(StoreIOError, match="simulated"):
+        fit_sources(spec, block_rows=50, threads=threads)
+    assert calls["n"] < 10
+    assert not any(t.name.startswith("streamwhiten-worker") and t.is_alive() for t in threading.enumerate())
 
 
 def test_fit_is_bit_reproducible_and_independent_of_block_alignment_up_to_rounding(tmp_path):

@@ -456,6 +456,7 @@ def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_ou
     ("skip_nonfinite = \"no\"", "skip_nonfinite in [model] must be of type bool"),
     ("checkpoint_every = 1.5", "checkpoint_every in [model] must be of type int"),
     ("n_components = true", "n_components in [model] must be of type int"),
+    ("threads = 0", "threads in [model] must be a whole number of at least 1"),
 ])
 def test_job_file_values_are_type_checked(tmp_path, line, fragment):
     job = tmp_path / "job.toml"
@@ -555,3 +556,22 @@ def test_an_empty_recorded_shard_does_not_make_new_shards_look_moved(tmp_path, r
     code, _, err = run_cli("fit", a, b, "--update", model, "-q")
     assert code == 0, err
     assert load_model(str(model)).n_rows == 70
+
+
+def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatch):
+    import streamwhiten.apply
+    import streamwhiten.fit
+    from streamwhiten.jobs import run_job_file
+
+    asked = []
+    for module in (streamwhiten.fit, streamwhiten.apply):
+        real = module.resolve_threads
+        monkeypatch.setattr(module, "resolve_threads", lambda n, *a, real=real, name=module.__name__, **k:
+                            asked.append((name, n)) or real(n, *a, **k))
+    job = write_job(tmp_path, store)
+    job.write_text(job.read_text().replace("n_components = 8\n", "n_components = 8\nthreads = 3\n") + "threads = 2\n")
+    summary = run_job_file(str(job))
+    assert "apply" in " ".join(summary["steps"])
+    assert ("streamwhiten.fit", 3) in asked and ("streamwhiten.apply", 2) in asked
+    with open_source(str(tmp_path / "out-big.zarr")) as out:
+        assert out.n_features == 8 and out.n_rows > 0

@@ -114,3 +114,13 @@ def test_a_nonfinite_row_is_reported_at_its_index_with_many_threads():
         fold_array(stats.Moments.empty(4), rows, 1000, threads=3)
     state, skipped = fold_array(stats.Moments.empty(4), rows, 1000, skip_nonfinite=True, threads=3)
     assert skipped == 1 and state.n_rows == 9999
+
+
+def test_buffer_pool_reuses_what_is_given_back():
+    from streamwhiten._threads import BufferPool
+
+    pool = BufferPool((4, 3), np.float32)
+    first, second = pool.take(), pool.take()
+    assert first is not second and first.shape == (4, 3) and first.dtype == np.float32
+    pool.give_back(first)
+    assert pool.take() is first
