@@ -47,6 +47,26 @@ def machine() -> dict:
     return info
 
 
+def interleaved_times(functions: dict, rounds: int) -> dict:
+    """Seconds of each run of each function, run in turn for ``rounds`` rounds (A B C, B C A, C A B, ...).
+
+    Interleaving puts a reference and the thing compared with it under the same passing load, and
+    rotating the order gives none of them a fixed place (what runs just after a multi-threaded BLAS call
+    was measured to be slower on this machine). The fastest run of each, the least disturbed, is what
+    ratios are taken from.
+    """
+    times = {name: [] for name in functions}
+    names = list(functions)
+    for round_index in range(max(1, rounds)):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            function = functions[name]
+            start = time.perf_counter()
+            function()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
 def best_time(fn, repeats: int = 3) -> float:
     """Fastest of ``repeats`` runs of ``fn()``, in seconds (the least disturbed by other load)."""
     best = float("inf")

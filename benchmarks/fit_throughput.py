@@ -2,7 +2,10 @@
 
 Reference ("the limit"): bare numpy float32 ``X.T @ X`` over the same chunks held in memory. The
 streamwhiten fit reads the same rows from HDF5, uncompressed Zarr and blosc/zstd Zarr stores (warm page
-cache) and must stay within 0.85x of it. Peers on the same in-memory data: ``np.cov`` (how the
+cache) and must stay within 0.85x of it. The references and the fits run in turn for ``--repeats``
+rounds; ratios are of the fastest run of each (the median of the per-round ratios is reported too). A
+second reference spreads the same products over one single-threaded BLAS call per core, which is how
+the fit runs them, so the cost of reading and centring can be read off on its own. Peers on the same in-memory data: ``np.cov`` (how the
 reference BERT-whitening code does it, and the float64 two-pass reference for accuracy), scikit-learn
 ``IncrementalPCA(256, whiten=True).partial_fit`` with 8k batches, and faiss ``PCAMatrix(d, 256, -0.5)``.
 Also: scaling in rows and in d, finalize time at d = 4096, and the first-call (numba compile) time,
@@ -22,7 +25,8 @@ import tempfile
 import numpy as np
 
 from _common import (
-    best_time, print_table, read_all, run_child, save_results, warm_page_cache, write_tiled_store,
+    best_time, interleaved_times, print_table, read_all, run_child, save_results, warm_page_cache,
+    write_tiled_store,
 )
 
 TARGET_VS_BLAS = 0.85
@@ -47,27 +51,49 @@ def compile_times() -> dict:
             "warm_call_s": cold["second_call_s"]}
 
 
-def bare_blas(chunks: list[np.ndarray], repeats: int) -> float:
-    def run():
+def bare_products(chunks: list[np.ndarray]) -> dict:
+    """The two in-memory references: numpy's ``X.T @ X`` per chunk with its default (all-core) BLAS, and
+    the same products spread over one thread per core with single-threaded BLAS, as the fit runs them."""
+    from streamwhiten._threads import available_cores, blas_threads, ordered_map
+
+    def default_blas():
         for chunk in chunks:
             chunk.T @ chunk
 
-    return best_time(run, repeats)
+    def one_thread_per_core():
+        with blas_threads(1):
+            for _ in ordered_map(lambda chunk: chunk.T @ chunk, ((chunk,) for chunk in chunks), available_cores()):
+                pass
+
+    return {"blas": default_blas, "blas_per_core": one_thread_per_core}
+
+
+def ratios(times: dict, name: str, reference: str) -> tuple[float, float]:
+    """Best-of ratio (reference's fastest run over ``name``'s) and the median of the per-round ratios."""
+    best = min(times[reference]) / min(times[name])
+    per_round = [r / t for r, t in zip(times[reference], times[name])]
+    return best, float(np.median(per_round))
+
+
+def fit_runner(spec, holder: dict, key: str, **options):
+    from streamwhiten.fit import fit_sources
+
+    def run():
+        holder[key] = fit_sources(spec, **options)
+
+    return run
 
 
 def fit_seconds(spec, repeats: int, **options) -> tuple[float, object]:
-    from streamwhiten.fit import fit_sources
-
     holder = {}
-
-    def run():
-        holder["result"] = fit_sources(spec, **options)
-
-    return best_time(run, repeats), holder["result"]
+    return best_time(fit_runner(spec, holder, "result", **options), repeats), holder["result"]
 
 
 def limit_table(directory, dims, n_chunks, chunk_rows, repeats) -> list[dict]:
-    """Target 1: fit from each store kind vs bare float32 X.T @ X on the same chunks in memory."""
+    """Target 1: fit from each store kind vs bare float32 X.T @ X on the same chunks in memory, all
+    run in turn ``repeats`` times (interleaved, so they share whatever load the machine has)."""
+    from streamwhiten.model import finalize
+
     rows_out = []
     for d in dims:
         n_rows = n_chunks * chunk_rows
@@ -79,18 +105,21 @@ def limit_table(directory, dims, n_chunks, chunk_rows, repeats) -> list[dict]:
         data = read_all(specs["hdf5"])
         chunks = [np.ascontiguousarray(data[i : i + chunk_rows]) for i in range(0, n_rows, chunk_rows)]
         del data
-        blas = n_rows / bare_blas(chunks, repeats)
-        del chunks
-        row = {"d": d, "rows": n_rows, "blas_rows_s": blas}
+        functions, fitted = bare_products(chunks), {}
         for kind, spec in specs.items():
             warm_page_cache(spec.split(":")[0])
-            seconds, result = fit_seconds(spec, repeats)
-            row[f"{kind}_rows_s"] = n_rows / seconds
-            row[f"{kind}_ratio"] = n_rows / seconds / blas
-        from streamwhiten.model import finalize
-
-        row["finalize_s"] = best_time(lambda: finalize(result.state, n_components=min(256, d)), 1)
+            functions[kind] = fit_runner(spec, fitted, kind)
+        times = interleaved_times(functions, repeats)
+        del chunks
+        row = {"d": d, "rows": n_rows, "blas_rows_s": n_rows / min(times["blas"]),
+               "blas_per_core_rows_s": n_rows / min(times["blas_per_core"])}
+        for kind in specs:
+            row[f"{kind}_rows_s"] = n_rows / min(times[kind])
+            row[f"{kind}_ratio"], row[f"{kind}_ratio_median"] = ratios(times, kind, "blas")
+            row[f"{kind}_ratio_vs_per_core"] = ratios(times, kind, "blas_per_core")[0]
+        row["finalize_s"] = best_time(lambda: finalize(fitted["hdf5"].state, n_components=min(256, d)), 1)
         row["meets_0.85"] = min(row["hdf5_ratio"], row["zarr_ratio"]) >= TARGET_VS_BLAS
+        row["times_s"] = times
         rows_out.append(row)
         for spec in specs.values():
             path = spec.split(":")[0]
@@ -99,35 +128,53 @@ def limit_table(directory, dims, n_chunks, chunk_rows, repeats) -> list[dict]:
 
 
 def peers_table(directory, d, n_rows, chunk_rows, ipca_rows, repeats) -> dict:
-    """Target 2: peers on the same data in the same run, and accuracy against float64 two-pass."""
+    """Target 2: peers on the same data in the same run (interleaved), and accuracy against float64
+    two-pass."""
     from streamwhiten import Whitener
     from streamwhiten.model import finalize
+    from streamwhiten.stats import covariance
 
     spec = write_tiled_store(os.path.join(directory, "peers.h5"), n_rows, d, chunk_rows)
     data = read_all(spec)
     warm_page_cache(spec.split(":")[0])
     out = {"d": d, "rows": n_rows}
-
-    reference = {}
-    cov_seconds = best_time(lambda: reference.__setitem__("cov", np.cov(data, rowvar=False, bias=True)), 1)
-    out["np_cov_rows_s"] = n_rows / cov_seconds
-    norm = np.linalg.norm(reference["cov"])
-
     k = min(256, d)
-    fitted = {}
+    held = {}
 
     def ours(precision):
-        result = fit_seconds(spec, 1, precision=precision)[1]
-        fitted[precision] = finalize(result.state, n_components=k)
+        def run():  # end to end from the store, finalize included
+            held[precision] = finalize(fit_sources_for(precision), n_components=k)
 
+        def fit_sources_for(precision):
+            from streamwhiten.fit import fit_sources
+
+            return fit_sources(spec, precision=precision).state
+
+        return run
+
+    functions = {
+        "np_cov": lambda: held.__setitem__("cov", np.cov(data, rowvar=False, bias=True)),
+        "streamwhiten_auto": ours("auto"),
+        "streamwhiten_float64": ours("float64"),
+        "streamwhiten_in_memory": lambda: Whitener(n_components=k).fit(data),
+    }
+    try:
+        import faiss
+
+        def train():
+            pca = faiss.PCAMatrix(d, k, -0.5)
+            pca.train(data)
+
+        functions["faiss_pca"] = train
+    except ImportError:
+        out["faiss_pca_rows_s"] = None
+    times = interleaved_times(functions, repeats)
+    for name in functions:
+        out[f"{name}_rows_s"] = n_rows / min(times[name])
+    norm = np.linalg.norm(held["cov"])
     for precision in ("auto", "float64"):
-        seconds = best_time(lambda: ours(precision), repeats)
-        from streamwhiten.stats import covariance
-
-        error = np.linalg.norm(covariance(fitted[precision].state) - reference["cov"]) / norm
-        out[f"streamwhiten_{precision}_rows_s"] = n_rows / seconds
+        error = np.linalg.norm(covariance(held[precision].state) - held["cov"]) / norm
         out[f"streamwhiten_{precision}_rel_error"] = float(error)
-    out["streamwhiten_in_memory_rows_s"] = n_rows / best_time(lambda: Whitener(n_components=k).fit(data), repeats)
     try:
         from sklearn.decomposition import IncrementalPCA
 
@@ -141,22 +188,13 @@ def peers_table(directory, d, n_rows, chunk_rows, ipca_rows, repeats) -> dict:
         out["sklearn_ipca_rows_s"] = subset.shape[0] / best_time(ipca, 1)
     except ImportError:
         out["sklearn_ipca_rows_s"] = None
-    try:
-        import faiss
-
-        def train():
-            pca = faiss.PCAMatrix(d, k, -0.5)
-            pca.train(data)
-
-        out["faiss_pca_rows_s"] = n_rows / best_time(train, repeats)
-    except ImportError:
-        out["faiss_pca_rows_s"] = None
     ours_rate = out["streamwhiten_auto_rows_s"]
     for peer, target in (("np_cov", 3.0), ("sklearn_ipca", 20.0), ("faiss_pca", 1.2)):
         rate = out[f"{peer}_rows_s"]
         out[f"vs_{peer}"] = None if rate is None else ours_rate / rate
         out[f"vs_{peer}_target"] = target
     out["accuracy_ok"] = out["streamwhiten_auto_rel_error"] <= 1e-6 and out["streamwhiten_float64_rel_error"] <= 1e-12
+    out["times_s"] = times
     os.remove(spec.split(":")[0])
     return out
 
@@ -173,8 +211,8 @@ def scaling_tables(directory, row_sizes, dims_rows, repeats, finalize_d) -> dict
         by_rows.append({"d": 768, "rows": n_rows, "seconds": seconds, "rows_s": n_rows / seconds})
         os.remove(spec.split(":")[0])
     by_dim = []
-    for d, n_rows in dims_rows:
-        spec = write_tiled_store(os.path.join(directory, "dims.h5"), n_rows, d, min(65536, n_rows))
+    for d, n_rows in dims_rows:  # four chunks each, so every worker thread has blocks to reduce
+        spec = write_tiled_store(os.path.join(directory, "dims.h5"), n_rows, d, max(1, n_rows // 4))
         warm_page_cache(spec.split(":")[0])
         seconds, result = fit_seconds(spec, repeats)
         entry = {"d": d, "rows": n_rows, "rows_s": n_rows / seconds, "ns_per_row_per_d2": seconds / n_rows / d**2 * 1e9}
@@ -189,9 +227,10 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run of every section")
     parser.add_argument("--dims", type=int, nargs="+", default=[384, 768, 1024], help="widths for the limit table")
-    parser.add_argument("--chunks", type=int, default=6, help="chunks per store in the limit table")
+    parser.add_argument("--chunks", type=int, default=8, help="chunks per store in the limit table")
     parser.add_argument("--chunk-rows", type=int, default=65536, help="rows per store chunk")
-    parser.add_argument("--repeats", type=int, default=2, help="timed repeats (the best is kept)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved rounds of every timed run (the best of each is kept)")
     parser.add_argument("--workdir", default=None, help="where stores are written (default: a temporary directory)")
     parser.add_argument("--results", default=None, help="directory for the JSON result (default: benchmarks/results)")
     args = parser.parse_args(argv)
@@ -201,8 +240,8 @@ def main(argv=None):
         scaling = dict(row_sizes=[4096, 8192], dims_rows=[(32, 4096), (64, 4096)], finalize_d=64)
     else:
         peers = dict(d=768, n_rows=4 * args.chunk_rows, chunk_rows=args.chunk_rows, ipca_rows=32768)
-        scaling = dict(row_sizes=[65536, 131072, 262144, 524288],
-                       dims_rows=[(384, 131072), (768, 65536), (1024, 65536), (2048, 32768), (4096, 16384)],
+        scaling = dict(row_sizes=[131072, 262144, 524288, 1048576],
+                       dims_rows=[(384, 262144), (768, 131072), (1024, 131072), (2048, 65536), (4096, 32768)],
                        finalize_d=4096)
 
     directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-bench-")
@@ -215,9 +254,14 @@ def main(argv=None):
         print(f"numba: first call {compile_info['compile_s']:.2f} s compiling, {compile_info['cache_load_s']:.2f} s "
               f"from cache (excluded from all throughput figures)")
         limit = limit_table(directory, args.dims, args.chunks, args.chunk_rows, args.repeats)
-        print_table(f"fit vs bare float32 X.T @ X on the same chunks (target >= {TARGET_VS_BLAS}x)", limit,
-                    ["d", "rows", "blas_rows_s", "hdf5_rows_s", "hdf5_ratio", "zarr_rows_s", "zarr_ratio",
-                     "zarr-zstd_rows_s", "zarr-zstd_ratio", "finalize_s", "meets_0.85"])
+        print_table(f"fit vs bare float32 X.T @ X on the same chunks (target >= {TARGET_VS_BLAS}x; best of "
+                    f"{args.repeats} interleaved rounds, median of the per-round ratios in parentheses)", limit,
+                    ["d", "rows", "blas_rows_s", "hdf5_rows_s", "hdf5_ratio", "hdf5_ratio_median", "zarr_rows_s",
+                     "zarr_ratio", "zarr_ratio_median", "zarr-zstd_rows_s", "zarr-zstd_ratio", "meets_0.85"])
+        print_table("the same fits against the products spread as the fit spreads them (one single-threaded BLAS "
+                    "call per core), and finalize", limit,
+                    ["d", "blas_per_core_rows_s", "hdf5_ratio_vs_per_core", "zarr_ratio_vs_per_core",
+                     "zarr-zstd_ratio_vs_per_core", "finalize_s"])
         peer = peers_table(directory, repeats=args.repeats, **peers)
         print_table("fit (HDF5 store, end to end with finalize) vs peers on the same data", [peer],
                     ["d", "rows", "streamwhiten_auto_rows_s", "streamwhiten_float64_rows_s", "streamwhiten_in_memory_rows_s",

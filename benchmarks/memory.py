@@ -2,8 +2,9 @@
 
 Each fit runs in a fresh process that reports its own peak RSS (``ru_maxrss``). The bound it must stay
 under is: the interpreter with streamwhiten imported, its kernels loaded and a tiny fit done (measured
-in the same run) + 16 MiB of allocator and thread warm-up + two read blocks (the one being reduced and
-the one being read ahead) + a few d x d float64 matrices.
+in the same run) + 16 MiB of allocator and thread warm-up + one block per worker thread (each reads a
+block into its own buffer and reduces it there; two on this 2-core machine) + a few d x d float64
+matrices per thread (the blocks' scatters in flight) and for the state.
 Run once with a store larger than this machine's memory (``--size-gb 32``) for the out-of-core figure.
 
     python benchmarks/memory.py                    # 1x, 4x, 16x a 0.6 GB store (up to 9.7 GB), d = 768
@@ -21,7 +22,8 @@ import time
 
 from _common import print_table, run_child, save_results, write_tiled_store
 
-D_BY_D_MATRICES = 6  # state scatter, chunk scatter, merged scatter, outer product, covariance, eigvecs
+D_BY_D_PER_THREAD = 2  # a block's scatter in flight, and its float32 product
+D_BY_D_MATRICES = 6  # state scatter, merged scatter, one more result in flight, outer product, covariance, eigvecs
 WARMUP_MIB = 16  # allocator arenas and thread stacks touched in the first blocks (flat afterwards)
 
 
@@ -65,11 +67,15 @@ def main(argv=None):
     os.makedirs(directory, exist_ok=True)
     row_bytes = args.dim * 4
     block_bytes = args.chunk_rows * row_bytes
+    from streamwhiten._threads import resolve_threads
+
+    threads = resolve_threads(None)
     base = baseline_mib(directory, args.dim)
-    bound = base + WARMUP_MIB + (2 * block_bytes + D_BY_D_MATRICES * args.dim**2 * 8) / 2**20
+    matrices = D_BY_D_MATRICES + D_BY_D_PER_THREAD * threads
+    bound = base + WARMUP_MIB + (threads * block_bytes + matrices * args.dim**2 * 8) / 2**20
     print(f"baseline (interpreter + imports + kernels + a tiny fit): {base:,.0f} MiB; bound = baseline + "
-          f"{WARMUP_MIB} MiB warm-up + 2 blocks of {block_bytes / 2**20:,.0f} MiB + {D_BY_D_MATRICES} d x d float64 "
-          f"= {bound:,.0f} MiB")
+          f"{WARMUP_MIB} MiB warm-up + {threads} blocks of {block_bytes / 2**20:,.0f} MiB (one per worker thread) "
+          f"+ {matrices} d x d float64 = {bound:,.0f} MiB")
     rows_out = []
     try:
         chunks = -(-int((args.size_gb or args.base_gb) * 1e9 / row_bytes) // args.chunk_rows)  # rounded up
@@ -97,7 +103,8 @@ def main(argv=None):
     growth = rows_out[-1]["peak_rss_mib"] - rows_out[0]["peak_rss_mib"]
     print(f"peak RSS grew by {growth:,.0f} MiB from the smallest to the largest store "
           f"({rows_out[-1]['rows'] / rows_out[0]['rows']:.0f}x the rows)")
-    save_results("memory", {"baseline_mib": base, "bound_mib": bound, "rows": rows_out, "args": vars(args)}, args.results)
+    save_results("memory", {"baseline_mib": base, "bound_mib": bound, "threads": threads, "rows": rows_out,
+                            "args": vars(args)}, args.results)
 
 
 if __name__ == "__main__":

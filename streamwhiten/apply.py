@@ -162,8 +162,10 @@ def apply_model(
                                              source.label, overwrite_input=True, out=product)
             return begin, end, out, nonfinite, product
 
+        blocks = list(source.blocks(rows_per_block, start))
+        threads = min(threads, max(1, len(blocks)))  # fewer blocks than threads: more BLAS threads each
         with sink:
-            results = ordered_map(whiten, source.blocks(rows_per_block, start), threads)
+            results = ordered_map(whiten, blocks, threads)
             try:
                 with blas_threads(blas_threads_per_worker(threads) if threads > 1 else None):
                     for begin, end, out, nonfinite, product in results:  # written in row order by this thread

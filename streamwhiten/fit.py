@@ -86,6 +86,12 @@ class FitJob:
         return all(cursor.done for cursor in self.cursors)
 
     @property
+    def blocks_left(self) -> int:
+        """Blocks still to read: ``Source.blocks`` aligns them to multiples of ``block_rows``."""
+        return sum(max(0, (c.stop - 1) // self.block_rows - c.next_row // self.block_rows + 1)
+                   for c in self.cursors if not c.done)
+
+    @property
     def sources(self) -> list:
         """Fingerprints of every source, as recorded in the model."""
         return [cursor.fingerprint for cursor in self.cursors]
@@ -174,7 +180,7 @@ def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precisio
 
     A row holding NaN or Inf raises :class:`NonFiniteError` with its index in ``rows``.
     """
-    threads = resolve_threads(threads)
+    threads = min(resolve_threads(threads), max(1, -(-rows.shape[0] // block_rows)))
     workspaces = PerThread(dict)
 
     def moments(begin):
@@ -419,7 +425,8 @@ def run_job(
             return True
         return bool(checkpoint_seconds) and time.perf_counter() - last_checkpoint >= checkpoint_seconds
 
-    threads = resolve_threads(threads)
+    # Fewer blocks than threads: use fewer workers, each with more BLAS threads.
+    threads = min(resolve_threads(threads), max(1, job.blocks_left))
     opened: list[Source] = []
     results = ordered_map(_read_block_moments, _block_tasks(job, opened), threads)
     try:
