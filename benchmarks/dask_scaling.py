@@ -2,7 +2,7 @@
 
 Writes a synthetic float32 store, then fits it with
 
-- the serial engine (one process; its reader thread and BLAS threads as users get them),
+- the serial engine (one process; its worker threads and BLAS threads as users get them),
 - Dask with a LocalCluster of 1 worker process, of 2 worker processes, and of 1 process with 2 threads
   (each Dask worker thread runs BLAS on one thread, as Dask's worker processes do by default),
 

@@ -54,16 +54,15 @@ def compile_times() -> dict:
 def bare_products(chunks: list[np.ndarray]) -> dict:
     """The two in-memory references: numpy's ``X.T @ X`` per chunk with its default (all-core) BLAS, and
     the same products spread over one thread per core with single-threaded BLAS, as the fit runs them."""
-    from streamwhiten._threads import available_cores, blas_threads, ordered_map
+    from streamwhiten._threads import available_cores, ordered_map
 
     def default_blas():
         for chunk in chunks:
             chunk.T @ chunk
 
     def one_thread_per_core():
-        with blas_threads(1):
-            for _ in ordered_map(lambda chunk: chunk.T @ chunk, ((chunk,) for chunk in chunks), available_cores()):
-                pass
+        for _ in ordered_map(lambda chunk: chunk.T @ chunk, ((chunk,) for chunk in chunks), available_cores(), 1):
+            pass
 
     return {"blas": default_blas, "blas_per_core": one_thread_per_core}
 

@@ -27,21 +27,29 @@ MAX_DEFAULT_THREADS = 4
 
 
 def available_cores() -> int:
-    """Cores this process may run on (its CPU affinity where the platform reports it)."""
+    """Cores this process may use: its CPU affinity, capped by a cgroup (container) CPU quota."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
-        return max(1, os.cpu_count() or 1)
+        cores = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max") as handle:  # cgroup v2: "QUOTA PERIOD" or "max PERIOD"
+            quota, period = handle.read().split()[:2]
+        if quota != "max":
+            cores = min(cores, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, cores)
 
 
 def resolve_threads(threads: int | None, default: int | None = None) -> int:
-    """Worker threads to use: ``threads``; if None, ``default``, or else one per core up to
-    :data:`MAX_DEFAULT_THREADS`."""
+    """Worker threads to use: ``threads`` (-1: one per core); if None, ``default``, or else one per
+    core up to :data:`MAX_DEFAULT_THREADS`."""
     if threads is None:
         return default or min(MAX_DEFAULT_THREADS, available_cores())
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 1:
-        raise BadInputError(f"threads must be a whole number of at least 1, got {threads!r}")
-    return int(threads)
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or (threads < 1 and threads != -1):
+        raise BadInputError(f"threads must be a whole number of at least 1 (or -1 for one per core), got {threads!r}")
+    return available_cores() if threads == -1 else int(threads)
 
 
 def blas_threads_per_worker(threads: int) -> int:
@@ -49,10 +57,24 @@ def blas_threads_per_worker(threads: int) -> int:
     return max(1, available_cores() // max(1, threads))
 
 
+def worker_blas_threads(workers: int) -> int | None:
+    """The BLAS limit for ``workers`` worker threads: None (BLAS's own default) for a single one."""
+    return blas_threads_per_worker(workers) if workers > 1 else None
+
+
+_LIMIT_LOCK = threading.Lock()
+_LIMIT = {"depth": 0, "context": None}
+
+
 @contextlib.contextmanager
 def blas_threads(n_threads: int | None):
     """Limit BLAS (OpenBLAS, MKL, BLIS) to ``n_threads`` per call for the duration; None, or no
-    threadpoolctl, leaves it alone. The limit is process-wide, so it is set only around the work."""
+    threadpoolctl, leaves it alone.
+
+    For pthreads-based BLAS the limit is process-wide: it holds for every thread of the process while
+    any such block is active, and only the outermost of overlapping blocks (from several threads) sets
+    and restores it. OpenMP-based BLAS counts per thread: see :func:`limit_this_thread`.
+    """
     if n_threads is None:
         yield
         return
@@ -61,39 +83,77 @@ def blas_threads(n_threads: int | None):
     except ImportError:  # pragma: no cover - threadpoolctl is a dependency
         yield
         return
-    with threadpool_limits(limits=max(1, n_threads), user_api="blas"):
+    with _LIMIT_LOCK:
+        if _LIMIT["depth"] == 0:
+            _LIMIT["context"] = threadpool_limits(limits=max(1, n_threads), user_api="blas")
+        _LIMIT["depth"] += 1
+    try:
         yield
+    finally:
+        with _LIMIT_LOCK:
+            _LIMIT["depth"] -= 1
+            if _LIMIT["depth"] == 0:
+                _LIMIT.pop("context").restore_original_limits()
+                _LIMIT["context"] = None
 
 
-def ordered_map(function: Callable, items: Iterable, threads: int) -> Iterator:
+def limit_this_thread(n_threads: int) -> None:
+    """Limit BLAS in the calling (worker) thread; needed where the limit is per thread (OpenMP)."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover
+        return
+    threadpool_limits(limits=max(1, n_threads), user_api="blas")  # lasts as long as the worker thread
+
+
+def ordered_map(function: Callable, items: Iterable, threads: int, blas_per_thread: int | None = None) -> Iterator:
     """``function(*item)`` for each item, computed by ``threads`` worker threads, yielded in item order.
 
     At most ``threads + 1`` items are in flight, so memory stays bounded however many items there are.
-    With one thread everything runs in the calling thread. Closing the generator early (an error or
-    an interruption in the consumer) cancels what has not started and waits for what has.
+    With one thread everything runs in the calling thread. ``blas_per_thread`` limits BLAS in every
+    worker (and, for process-wide BLAS limits, in the process) until the workers are done. An error
+    raised by ``items`` itself surfaces only after the results of the items before it, so errors come
+    in item order. Closing the generator early (an error or an interruption in the consumer) cancels
+    what has not started and waits for what has.
     """
     if threads <= 1:
-        for item in items:
-            yield function(*item)
+        with blas_threads(blas_per_thread):
+            for item in items:
+                yield function(*item)
         return
     items = iter(items)
-    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="streamwhiten-worker")
+    initializer = None if blas_per_thread is None else (lambda: limit_this_thread(blas_per_thread))
     pending: deque = deque()
-    try:
-        for item in items:
-            pending.append(pool.submit(function, *item))
-            if len(pending) > threads:
-                break
-        while pending:
-            result = pending.popleft().result()
-            for item in items:
-                pending.append(pool.submit(function, *item))
-                break
-            yield result
-    finally:
-        for future in pending:
-            future.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
+    failure: list = []
+
+    def submit_next(pool) -> None:
+        if failure:
+            return
+        try:
+            item = next(items)
+        except StopIteration:
+            return
+        except Exception as exc:  # raised once the results before it are out
+            failure.append(exc)
+            return
+        pending.append(pool.submit(function, *item))
+
+    with blas_threads(blas_per_thread):
+        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="streamwhiten-worker",
+                                  initializer=initializer)
+        try:
+            for _ in range(threads + 1):
+                submit_next(pool)
+            while pending:
+                result = pending.popleft().result()
+                submit_next(pool)
+                yield result
+            if failure:
+                raise failure[0]
+        finally:
+            for future in pending:
+                future.cancel()
+            pool.shutdown(wait=True, cancel_futures=True)
 
 
 class PerThread:

@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from . import __version__
-from ._threads import BufferPool, PerThread, blas_threads, blas_threads_per_worker, ordered_map, resolve_threads
+from ._threads import BufferPool, PerThread, ordered_map, resolve_threads, worker_blas_threads
 from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError
 from .model import WhiteningModel, model_checksum, project_checked
 from .stores import (
@@ -143,6 +143,7 @@ def apply_model(
             "model_checksum": checksum, "source": fingerprint(source), "output": os.path.abspath(out_path),
             "normalize": bool(normalize), "dtype": str(np.dtype(dtype)), "zarr_format": int(zarr_format),
             "block_rows": rows_per_block, "skip_nonfinite": bool(skip_nonfinite),
+            "threads": threads,  # BLAS rounding can depend on its threads per call: a resume must match
         }
         sink, start, n_nonfinite = resume_sink(output_spec, job) if resume else (None, 0, 0)
         resumed_at = start
@@ -162,26 +163,25 @@ def apply_model(
                                              source.label, overwrite_input=True, out=product)
             return begin, end, out, nonfinite, product
 
-        blocks = list(source.blocks(rows_per_block, start))
-        threads = min(threads, max(1, len(blocks)))  # fewer blocks than threads: more BLAS threads each
+        # Fewer blocks in the whole input than threads: fewer workers, each with more BLAS threads.
+        workers = min(threads, max(1, len(list(source.blocks(rows_per_block, 0)))))
         with sink:
-            results = ordered_map(whiten, blocks, threads)
+            results = ordered_map(whiten, source.blocks(rows_per_block, start), workers, worker_blas_threads(workers))
             try:
-                with blas_threads(blas_threads_per_worker(threads) if threads > 1 else None):
-                    for begin, end, out, nonfinite, product in results:  # written in row order by this thread
-                        n_nonfinite += nonfinite
-                        sink.write(begin, out)
-                        outputs.give_back(product)
-                        stopping = should_stop is not None and should_stop() and end < source.n_rows
-                        if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
-                            sink.save_progress(job, end, n_nonfinite)  # fsyncs what was written: costly, not every block
-                            last_record = time.perf_counter()
-                        if progress is not None:
-                            progress(end, source.n_rows)
-                        if stopping:
-                            raise InterruptedRunError(
-                                f"interrupted after {end:,} of {source.n_rows:,} rows; run the same apply again to resume"
-                            )
+                for begin, end, out, nonfinite, product in results:  # written in row order by this thread
+                    n_nonfinite += nonfinite
+                    sink.write(begin, out)
+                    outputs.give_back(product)
+                    stopping = should_stop is not None and should_stop() and end < source.n_rows
+                    if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
+                        sink.save_progress(job, end, n_nonfinite)  # fsyncs what was written: costly, not every block
+                        last_record = time.perf_counter()
+                    if progress is not None:
+                        progress(end, source.n_rows)
+                    if stopping:
+                        raise InterruptedRunError(
+                            f"interrupted after {end:,} of {source.n_rows:,} rows; run the same apply again to resume"
+                        )
             finally:
                 results.close()
             sink._array.attrs["n_nonfinite_rows"] = n_nonfinite

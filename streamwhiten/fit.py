@@ -26,7 +26,7 @@ from ._npz import read_npz, write_npz_atomic
 from .errors import (
     BadInputError, InterruptedRunError, ModelFileError, NonFiniteError, NothingToDoError, StoreIOError,
 )
-from ._threads import PerThread, blas_threads, blas_threads_per_worker, ordered_map, resolve_threads
+from ._threads import PerThread, ordered_map, resolve_threads, worker_blas_threads
 from .stores import Source, fingerprint, open_source
 
 #: ``progress(rows_done, rows_total)``, called after every block.
@@ -68,6 +68,7 @@ class FitJob:
     kept_sources: list = field(default_factory=list)  # sources in an updated model not read again
     seconds: float = 0.0
     n_blocks: int = 0
+    threads: int = 0  # worker threads, fixed when the job first runs (0: not yet)
 
     @property
     def n_skipped(self) -> int:
@@ -86,10 +87,10 @@ class FitJob:
         return all(cursor.done for cursor in self.cursors)
 
     @property
-    def blocks_left(self) -> int:
-        """Blocks still to read: ``Source.blocks`` aligns them to multiples of ``block_rows``."""
-        return sum(max(0, (c.stop - 1) // self.block_rows - c.next_row // self.block_rows + 1)
-                   for c in self.cursors if not c.done)
+    def blocks_total(self) -> int:
+        """Blocks of the whole job, done or not: ``Source.blocks`` aligns them to multiples of ``block_rows``."""
+        return sum(max(0, (c.stop - 1) // self.block_rows - c.start // self.block_rows + 1)
+                   for c in self.cursors if c.stop > c.start)
 
     @property
     def sources(self) -> list:
@@ -199,12 +200,12 @@ def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precisio
             raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)", row=row) from None
 
     n_skipped = 0
-    results = ordered_map(moments, ((begin,) for begin in range(0, rows.shape[0], block_rows)), threads)
+    results = ordered_map(moments, ((begin,) for begin in range(0, rows.shape[0], block_rows)), threads,
+                          worker_blas_threads(threads))
     try:
-        with blas_threads(blas_threads_per_worker(threads) if threads > 1 else None):
-            for block_state, skipped in results:
-                state = stats.merge(state, block_state)
-                n_skipped += skipped
+        for block_state, skipped in results:
+            state = stats.merge(state, block_state)
+            n_skipped += skipped
     finally:
         results.close()
     return state, n_skipped
@@ -319,6 +320,7 @@ def save_checkpoint(job: FitJob, path: str) -> None:
         "skip_nonfinite": job.skip_nonfinite,
         "base_rows": job.base_rows,
         "kept_sources": job.kept_sources,
+        "threads": job.threads,
     }
     arrays = {
         "format": np.array(CHECKPOINT_FORMAT),
@@ -345,7 +347,8 @@ def load_checkpoint(path: str) -> FitJob:
     meta = json.loads(str(arrays["meta_json"]))
     state = stats.Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])
     return FitJob(state, [Cursor(**cursor) for cursor in meta["cursors"]], int(meta["block_rows"]),
-                  meta["precision"], bool(meta["skip_nonfinite"]), int(meta["base_rows"]), meta["kept_sources"])
+                  meta["precision"], bool(meta["skip_nonfinite"]), int(meta["base_rows"]), meta["kept_sources"],
+                  threads=int(meta.get("threads", 0)))
 
 
 def check_resumable(job: FitJob, planned: FitJob, checkpoint_path: str) -> None:
@@ -373,25 +376,29 @@ def check_sources_unchanged(job: FitJob, checkpoint_path: str) -> None:
 
 def _block_tasks(job: FitJob, opened: list):
     """One task per remaining block of ``job``, source by source; opens each source as it is reached
-    (appending it to ``opened``) and gives every worker thread one reused buffer per dtype."""
-    rows_left = job.rows_total - job.rows_done
-    buffers = PerThread(dict)
+    (appending it to ``opened``). Every worker thread gets one reused byte buffer, large enough for a
+    block of the widest dtype among the sources, and reads each source's blocks into it as that dtype."""
+    remaining = [cursor for cursor in job.cursors if not cursor.done]
+    itemsize = max((np.dtype(c.fingerprint.get("dtype", "float64")).itemsize for c in remaining), default=8)
+    n_features = remaining[0].fingerprint.get("n_features", 0) if remaining else 0
+    rows = max(1, min(job.block_rows, job.rows_total - job.rows_done))
+    buffers = PerThread(lambda: np.empty(rows * max(1, n_features) * itemsize, dtype=np.uint8))
     for index, cursor in enumerate(job.cursors):
         if cursor.done:
             continue
         source = open_source(cursor.spec)
         opened.append(source)
-        shape = (max(1, min(job.block_rows, rows_left)), source.n_features)
         for begin, end in source.blocks(job.block_rows, cursor.next_row, cursor.stop):
-            yield index, begin, end, source, buffers, shape, job.precision, job.skip_nonfinite
+            yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite
 
 
-def _read_block_moments(index, begin, end, source, buffers, shape, precision, skip_nonfinite) -> tuple:
+def _read_block_moments(index, begin, end, source, buffers, precision, skip_nonfinite) -> tuple:
     """The work of one block in a worker thread: read it into this thread's buffer, then its moments."""
-    per_dtype = buffers.get()
-    buffer = per_dtype.get(source.dtype)
-    if buffer is None:
-        buffer = per_dtype[source.dtype] = np.empty(shape, dtype=source.dtype)
+    raw = buffers.get()
+    n_bytes = (end - begin) * source.n_features * source.dtype.itemsize
+    if n_bytes > raw.size:  # pragma: no cover - the buffer is sized for the widest block of the job
+        raw = np.empty(n_bytes, dtype=np.uint8)
+    buffer = raw[:n_bytes].view(source.dtype).reshape(end - begin, source.n_features)
     rows = source.read_into(begin, end, buffer)
     moments, skipped = block_moments(rows, begin, source.label, precision, skip_nonfinite, overwrite_input=True)
     return index, begin, end, moments, skipped, source
@@ -411,7 +418,8 @@ def run_job(
     With ``checkpoint_path``, a checkpoint is written every ``checkpoint_blocks`` blocks or
     ``checkpoint_seconds`` seconds, whichever comes first. When ``should_stop()`` turns true (a signal),
     a final checkpoint is written and :class:`InterruptedRunError` raised. ``threads`` worker threads
-    (default: one per core, at most four) each read and reduce whole blocks, folded in block order.
+    (default: one per core, at most four) each read and reduce whole blocks, folded in block order; a
+    job resumed from a checkpoint keeps the thread count it was started with (``job.threads``).
     """
     began = time.perf_counter()
     last_checkpoint = began
@@ -425,30 +433,32 @@ def run_job(
             return True
         return bool(checkpoint_seconds) and time.perf_counter() - last_checkpoint >= checkpoint_seconds
 
-    # Fewer blocks than threads: use fewer workers, each with more BLAS threads.
-    threads = min(resolve_threads(threads), max(1, job.blocks_left))
+    # A job keeps its thread count across resumes: BLAS rounding can depend on its threads per call.
+    job.threads = job.threads or resolve_threads(threads)
+    # Fewer blocks in the whole job than threads: fewer workers, each with more BLAS threads.
+    workers = min(job.threads, max(1, job.blocks_total))
     opened: list[Source] = []
-    results = ordered_map(_read_block_moments, _block_tasks(job, opened), threads)
+    results = ordered_map(_read_block_moments, _block_tasks(job, opened), workers, worker_blas_threads(workers))
     try:
-        with blas_threads(blas_threads_per_worker(threads) if threads > 1 else None):
-            for index, begin, end, moments, skipped, source in results:
-                cursor = job.cursors[index]
-                job.state = stats.merge(job.state, moments)
-                cursor.n_skipped += skipped
-                cursor.next_row = end
-                if end == cursor.stop:
-                    source.close()
-                job.n_blocks += 1
-                blocks_since += 1
-                if progress is not None:
-                    progress(job.rows_done, total)
-                stopping = should_stop is not None and should_stop() and not job.done
-                if checkpoint_path is not None and (stopping or checkpoint_due()):
-                    save_checkpoint(job, checkpoint_path)
-                    last_checkpoint, blocks_since = time.perf_counter(), 0
-                if stopping:
-                    where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
-                    raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
+        for index, begin, end, moments, skipped, source in results:
+            cursor = job.cursors[index]
+            job.state = stats.merge(job.state, moments)
+            cursor.n_skipped += skipped
+            cursor.next_row = end
+            if end == cursor.stop:
+                source.close()
+                opened.remove(source)
+            job.n_blocks += 1
+            blocks_since += 1
+            if progress is not None:
+                progress(job.rows_done, total)
+            stopping = should_stop is not None and should_stop() and not job.done
+            if checkpoint_path is not None and (stopping or checkpoint_due()):
+                save_checkpoint(job, checkpoint_path)
+                last_checkpoint, blocks_since = time.perf_counter(), 0
+            if stopping:
+                where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
+                raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
     finally:
         results.close()  # stops the workers before their sources are closed
         for source in opened:

@@ -66,6 +66,9 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
         if chunk_rows is not None and int(chunk_rows) != job.block_rows:
             log.info("resuming with the checkpoint's %s rows per block (not %s), so the result is the same bits",
                      job.block_rows, chunk_rows)
+        if threads is not None and job.threads and int(threads) != job.threads:
+            log.info("resuming with the checkpoint's %s threads (not %s), so the result is the same bits",
+                     job.threads, threads)
         if job.base_rows != planned.base_rows:
             raise BadInputError(f"{checkpoint}: checkpoint is for another starting model; pass --restart to start over")
         resumed = True

@@ -54,8 +54,9 @@ class Whitener:
         Rows per block read from a store (default: whole store chunks, about 64 MiB) or taken from an
         in-memory array (default 65536).
     n_jobs : int, optional
-        Worker threads, each reducing whole blocks (default: one per core, at most four). Memory is
-        about one block per thread; the same ``n_jobs`` and ``chunk_rows`` give the same bits.
+        Worker threads, each reducing whole blocks (default: one per core, at most four; -1: one per
+        core). Memory is about one block per thread; the same ``n_jobs`` and ``chunk_rows`` on the same
+        machine give the same bits (float32 BLAS rounding can depend on its threads per call).
 
     Changing ``beta``, ``gamma``, ``n_components``, ``variance`` or ``eps`` after fitting (``set_params``)
     re-finalizes from the saved statistics without another pass over the data.

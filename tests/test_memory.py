@@ -5,7 +5,7 @@ import tracemalloc
 from streamwhiten.fit import fit_sources
 from streamwhiten.synthetic import write_store
 
-CHUNK_ROWS, N_FEATURES = 4096, 64
+CHUNK_ROWS, N_FEATURES, THREADS = 4096, 64, 2
 CHUNK_BYTES = CHUNK_ROWS * N_FEATURES * 4
 
 
@@ -13,7 +13,7 @@ def peak_bytes_of_fit(spec):
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
-        result = fit_sources(spec, block_rows=CHUNK_ROWS)
+        result = fit_sources(spec, block_rows=CHUNK_ROWS, threads=THREADS)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -28,8 +28,9 @@ def test_peak_memory_is_bounded_and_independent_of_rows(tmp_path):
     large_result, large_peak = peak_bytes_of_fit(large)
     assert large_result.state.n_rows == 80 * CHUNK_ROWS  # every row was read
     store_bytes = 80 * CHUNK_BYTES
-    # block being reduced + block being prefetched + one in the queue + a few d x d float64 matrices
-    budget = 4 * CHUNK_BYTES + 8 * N_FEATURES * N_FEATURES * 8 + (1 << 20)
+    # one block per worker thread + a few d x d float64 matrices per thread (results in flight) and for
+    # the state, + 1 MiB of slack
+    budget = THREADS * CHUNK_BYTES + (6 + 2 * THREADS) * N_FEATURES * N_FEATURES * 8 + (1 << 20)
     assert large_peak < budget, (large_peak, budget)
     assert large_peak < store_bytes / 10
     assert large_peak < 1.5 * small_peak + (1 << 20)

@@ -12,7 +12,10 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, EXIT_LOCKED, EXIT_NOTHING_TO_DO, StoreIOError
+from streamwhiten.apply import apply_model
+from streamwhiten.errors import (
+    EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, EXIT_LOCKED, EXIT_NOTHING_TO_DO, InterruptedRunError, StoreIOError,
+)
 from streamwhiten.fit import load_checkpoint, plan_fit, run_job, save_checkpoint
 from streamwhiten.jobs import default_checkpoint
 from streamwhiten.model import load_model
@@ -575,3 +578,37 @@ def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatc
     assert ("streamwhiten.fit", 3) in asked and ("streamwhiten.apply", 2) in asked
     with open_source(str(tmp_path / "out-big.zarr")) as out:
         assert out.n_features == 8 and out.n_rows > 0
+
+
+def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_path):
+    """Blocks big enough for BLAS to use several threads: a resume with fewer blocks left than worker
+    threads must still run them as the uninterrupted run did (same workers, same BLAS threads)."""
+    from streamwhiten.model import finalize
+
+    rows = (np.random.default_rng(21).standard_normal((20000, 64)) * 3 + 7).astype(np.float32)
+    spec = write_h5(tmp_path / "big.h5", rows, chunk_rows=5000)
+    whole = run_job(plan_fit(spec, block_rows=5000), threads=2).state
+    checkpoint = str(tmp_path / "fit.checkpoint")
+    calls = {"n": 0}
+
+    def stop_after_three():
+        calls["n"] += 1
+        return calls["n"] >= 3
+
+    with pytest.raises(InterruptedRunError):
+        run_job(plan_fit(spec, block_rows=5000), checkpoint_path=checkpoint, should_stop=stop_after_three, threads=2)
+    job = load_checkpoint(checkpoint)
+    assert job.threads == 2 and job.rows_done == 15000
+    assert run_job(job, threads=1).state == whole  # the checkpoint's thread count wins
+
+    model = finalize(whole, n_components=32)
+    output = str(tmp_path / "out.h5")
+    reference = str(tmp_path / "reference.h5")
+    apply_model(model, spec, reference, block_rows=5000, threads=2)
+    calls["n"] = 0
+    with pytest.raises(InterruptedRunError):
+        apply_model(model, spec, output, block_rows=5000, threads=2, should_stop=stop_after_three, progress_seconds=0)
+    summary = apply_model(model, spec, output, block_rows=5000, threads=2)
+    assert summary["resumed_at_row"] == 15000
+    with open_source(output) as got, open_source(reference) as expected:
+        np.testing.assert_array_equal(got.read(0, 20000), expected.read(0, 20000))

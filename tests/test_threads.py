@@ -64,12 +64,62 @@ def test_closing_the_consumer_early_stops_the_workers():
     assert not [t for t in threading.enumerate() if t.name.startswith("streamwhiten-worker")]
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, "2", True])
 def test_thread_counts_are_validated(bad):
     with pytest.raises(BadInputError, match="threads"):
         resolve_threads(bad)
     with pytest.raises(BadInputError, match="threads"):
         Whitener(n_jobs=bad).fit(np.ones((4, 2)))
+
+
+def test_minus_one_means_one_thread_per_core():
+    from streamwhiten._threads import available_cores
+
+    assert resolve_threads(-1) == available_cores() >= 1
+    assert Whitener(n_jobs=-1).fit(np.random.default_rng(0).standard_normal((50, 3))).n_samples_seen_ == 50
+
+
+def test_an_error_from_the_items_comes_after_the_results_before_it():
+    def items():
+        for i in range(10):
+            if i == 6:
+                raise OSError("cannot open item 6")
+            yield (i,)
+
+    seen = []
+    with pytest.raises(OSError, match="item 6"):
+        for value in ordered_map(lambda i: i, items(), 3):
+            seen.append(value)
+    assert seen == [0, 1, 2, 3, 4, 5]
+
+
+def test_overlapping_blas_limits_restore_the_original_once():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def counts():
+        return [pool["num_threads"] for pool in threadpoolctl.threadpool_info() if pool["user_api"] == "blas"]
+
+    before = counts()
+    outer = blas_threads(1)
+    outer.__enter__()
+    inner = blas_threads(1)
+    inner.__enter__()
+    outer.__exit__(None, None, None)  # the first one out (another thread, say) must not restore yet
+    assert set(counts()) <= {1}
+    inner.__exit__(None, None, None)
+    assert counts() == before
+
+
+def test_workers_run_blas_with_the_limit_and_it_is_lifted_after():
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+
+    def blas_counts(_):
+        return [pool["num_threads"] for pool in threadpoolctl.threadpool_info() if pool["user_api"] == "blas"]
+
+    before = blas_counts(None)
+    seen = list(ordered_map(blas_counts, ((i,) for i in range(6)), 2, 1))
+    assert all(set(counts) <= {1} for counts in seen)
+    assert blas_counts(None) == before
 
 
 def test_blas_limit_is_restored():
@@ -124,3 +174,20 @@ def test_buffer_pool_reuses_what_is_given_back():
     assert first is not second and first.shape == (4, 3) and first.dtype == np.float32
     pool.give_back(first)
     assert pool.take() is first
+
+
+def test_sources_of_different_dtypes_in_one_fit(tmp_path):
+    import h5py
+
+    rng = np.random.default_rng(5)
+    parts = [rng.standard_normal((700, 6)).astype(dtype) + 2 for dtype in (np.float16, np.float64, np.float32)]
+    specs = []
+    for index, part in enumerate(parts):
+        path = tmp_path / f"part{index}.h5"
+        with h5py.File(path, "w") as handle:
+            handle.create_dataset("x", data=part, chunks=(100, 6))
+        specs.append(f"{path}:/x")
+    state = fit_sources(specs, block_rows=200, threads=2).state
+    rows = np.vstack([part.astype(np.float64) for part in parts])
+    np.testing.assert_allclose(state.mean, rows.mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(state.scatter / state.n_rows, np.cov(rows, rowvar=False, bias=True), rtol=1e-5, atol=1e-6)
