@@ -93,7 +93,7 @@ def blas_threads(n_threads: int | None):
         with _LIMIT_LOCK:
             _LIMIT["depth"] -= 1
             if _LIMIT["depth"] == 0:
-                _LIMIT.pop("context").restore_original_limits()
+                _LIMIT["context"].restore_original_limits()
                 _LIMIT["context"] = None
 
 

@@ -164,7 +164,7 @@ def apply_model(
             return begin, end, out, nonfinite, product
 
         # Fewer blocks in the whole input than threads: fewer workers, each with more BLAS threads.
-        workers = min(threads, max(1, len(list(source.blocks(rows_per_block, 0)))))
+        workers = min(threads, max(1, source.n_blocks(rows_per_block)))
         with sink:
             results = ordered_map(whiten, source.blocks(rows_per_block, start), workers, worker_blas_threads(workers))
             try:

@@ -27,7 +27,7 @@ from .errors import (
     BadInputError, InterruptedRunError, ModelFileError, NonFiniteError, NothingToDoError, StoreIOError,
 )
 from ._threads import PerThread, ordered_map, resolve_threads, worker_blas_threads
-from .stores import Source, fingerprint, open_source
+from .stores import Source, count_blocks, fingerprint, open_source
 
 #: ``progress(rows_done, rows_total)``, called after every block.
 ProgressCallback = Callable[[int, int], None]
@@ -88,9 +88,8 @@ class FitJob:
 
     @property
     def blocks_total(self) -> int:
-        """Blocks of the whole job, done or not: ``Source.blocks`` aligns them to multiples of ``block_rows``."""
-        return sum(max(0, (c.stop - 1) // self.block_rows - c.start // self.block_rows + 1)
-                   for c in self.cursors if c.stop > c.start)
+        """Blocks of the whole job, done or not."""
+        return sum(count_blocks(c.start, c.stop, self.block_rows) for c in self.cursors)
 
     @property
     def sources(self) -> list:
@@ -182,19 +181,16 @@ def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precisio
     A row holding NaN or Inf raises :class:`NonFiniteError` with its index in ``rows``.
     """
     threads = min(resolve_threads(threads), max(1, -(-rows.shape[0] // block_rows)))
-    workspaces = PerThread(dict)
+    dtype = stats.working_dtype(rows.dtype, precision)
+    workspaces = PerThread(lambda: np.empty((min(block_rows, rows.shape[0]), rows.shape[1]), dtype=dtype))
 
     def moments(begin):
         block = rows[begin : begin + block_rows]
         n_skipped = 0
         if skip_nonfinite:
             block, n_skipped = stats.drop_nonfinite(block)
-        per_dtype = workspaces.get()
-        dtype = stats.working_dtype(block.dtype, precision)
-        if dtype not in per_dtype:
-            per_dtype[dtype] = np.empty((min(block_rows, rows.shape[0]), rows.shape[1]), dtype=dtype)
         try:
-            return stats.chunk_moments(block, precision, workspace=per_dtype[dtype]), n_skipped
+            return stats.chunk_moments(block, precision, workspace=workspaces.get()), n_skipped
         except NonFiniteError as exc:
             row = begin + exc.row
             raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)", row=row) from None
@@ -379,10 +375,11 @@ def _block_tasks(job: FitJob, opened: list):
     (appending it to ``opened``). Every worker thread gets one reused byte buffer, large enough for a
     block of the widest dtype among the sources, and reads each source's blocks into it as that dtype."""
     remaining = [cursor for cursor in job.cursors if not cursor.done]
-    itemsize = max((np.dtype(c.fingerprint.get("dtype", "float64")).itemsize for c in remaining), default=8)
-    n_features = remaining[0].fingerprint.get("n_features", 0) if remaining else 0
+    if not remaining:
+        return
+    itemsize = max(np.dtype(c.fingerprint["dtype"]).itemsize for c in remaining)
     rows = max(1, min(job.block_rows, job.rows_total - job.rows_done))
-    buffers = PerThread(lambda: np.empty(rows * max(1, n_features) * itemsize, dtype=np.uint8))
+    buffers = PerThread(lambda: np.empty(rows * remaining[0].fingerprint["n_features"] * itemsize, dtype=np.uint8))
     for index, cursor in enumerate(job.cursors):
         if cursor.done:
             continue
@@ -394,11 +391,8 @@ def _block_tasks(job: FitJob, opened: list):
 
 def _read_block_moments(index, begin, end, source, buffers, precision, skip_nonfinite) -> tuple:
     """The work of one block in a worker thread: read it into this thread's buffer, then its moments."""
-    raw = buffers.get()
     n_bytes = (end - begin) * source.n_features * source.dtype.itemsize
-    if n_bytes > raw.size:  # pragma: no cover - the buffer is sized for the widest block of the job
-        raw = np.empty(n_bytes, dtype=np.uint8)
-    buffer = raw[:n_bytes].view(source.dtype).reshape(end - begin, source.n_features)
+    buffer = buffers.get()[:n_bytes].view(source.dtype).reshape(end - begin, source.n_features)
     rows = source.read_into(begin, end, buffer)
     moments, skipped = block_moments(rows, begin, source.label, precision, skip_nonfinite, overwrite_input=True)
     return index, begin, end, moments, skipped, source

@@ -99,6 +99,11 @@ def _check_array(label: str, shape, dtype, min_rows: int) -> None:
         raise BadInputError(f"{label}: has {shape[0]} row(s); at least {min_rows} are needed")
 
 
+def count_blocks(start: int, stop: int, block_rows: int) -> int:
+    """Ranges in ``[start, stop)`` when cut at multiples of ``block_rows`` (as :meth:`Source.blocks` does)."""
+    return max(0, (stop - 1) // block_rows - start // block_rows + 1) if stop > start else 0
+
+
 class Source:
     """A read-only 2-D array of rows in a store; iterate it with :meth:`blocks` and :meth:`read`."""
 
@@ -161,6 +166,10 @@ class Source:
             end = min(stop, (start // block_rows + 1) * block_rows)
             yield start, end
             start = end
+
+    def n_blocks(self, block_rows: int, start: int = 0, stop: int | None = None) -> int:
+        """How many ranges :meth:`blocks` yields for the same arguments."""
+        return count_blocks(start, self.n_rows if stop is None else stop, block_rows)
 
     def lazy(self) -> "LazyRows":
         """A picklable reader of this source's rows for other processes (see :class:`LazyRows`)."""
