@@ -191,10 +191,12 @@ def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=F
 def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False, out=None):
     """:func:`project`, plus a mask of the finite input rows, or None when every row is finite.
 
-    The centring pass returns column sums, which are finite exactly when every value is: finiteness
-    costs nothing unless a bad row is present, and only then are the rows scanned. ``out``, a
-    C-contiguous buffer of at least ``len(rows)`` rows of ``weights``' shape and dtype, receives the
-    product instead of a new array (the result is then a view of it, unless ``dtype`` converts it).
+    A NaN or Inf input value makes every value of its output row non-finite (``inf * 0`` is NaN), and
+    finite input whose output is finite needs no scan: finiteness is checked on the ``k``-wide output
+    (its row norms or sums, a pass over the much smaller product), and only when that finds a
+    non-finite row are the input rows scanned. ``out``, a C-contiguous buffer of at least ``len(rows)``
+    rows of ``weights``' shape and dtype, receives the product instead of a new array (the result is
+    then a view of it, unless ``dtype`` converts it).
     """
     from . import _kernels
 
@@ -204,20 +206,23 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
         rows, overwrite_input = rows.astype(work), True
     inplace = overwrite_input and rows.dtype == work and rows.flags.writeable
     centred = rows if inplace else np.empty(rows.shape, dtype=work)
-    sums = _kernels.center_and_sum(rows, np.asarray(shift, dtype=np.float64), centred)
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite rows are found and reported below
+        np.subtract(rows, np.asarray(shift, dtype=work), out=centred)
+        if out is None:
+            out = centred @ weights
+        else:
+            out = np.matmul(centred, weights, out=out[: centred.shape[0]])
+        # Row norms when normalising (needed anyway), else row sums: either is non-finite for a row that is.
+        check = np.sqrt(np.einsum("ij,ij->i", out, out)) if normalize else out.sum(axis=1)
     finite = None
-    if not np.all(np.isfinite(sums)):
+    if not np.isfinite(check).all():
         finite = _kernels.finite_row_mask(rows)  # centred in place or not, NaN/Inf rows stay non-finite
-        if finite.all():  # finite input whose centred values or sums overflowed
-            raise BadInputError(f"values too large for {np.dtype(work).name} arithmetic (they overflow when centred)")
-        centred[~finite] = 0  # keeps NaN out of the product; those output rows are set to NaN below
-    if out is None:
-        out = centred @ weights
-    else:
-        out = np.matmul(centred, weights, out=out[: centred.shape[0]])
+        if np.any(finite & ~np.isfinite(check)):  # finite input whose centred values or products overflowed
+            raise BadInputError(f"values too large for {np.dtype(work).name} arithmetic (they overflow when whitened)")
+        if normalize:
+            check[~finite] = 1
     if normalize:
-        norms = np.sqrt(np.einsum("ij,ij->i", out, out))
-        out /= np.where(norms > 0, norms, 1)[:, None]
+        out /= np.where(check > 0, check, 1)[:, None]
     if finite is not None:
         out[~finite] = np.nan
     if dtype is not None:

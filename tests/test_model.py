@@ -128,6 +128,36 @@ def test_transform_single_vector_and_width_check():
         model.transform(np.zeros((2, 4)))
 
 
+@pytest.mark.parametrize("normalize", [False, True])
+def test_project_checked_marks_nonfinite_rows_and_leaves_the_others_exact(normalize):
+    from streamwhiten.model import project_checked
+
+    rows = anisotropic(50, 6, seed=9).astype(np.float32) + 4
+    model = finalize(state_of(rows.astype(np.float64)), n_components=4)
+    weights, shift = model.projection(np.float32)
+    bad = rows.copy()
+    bad[3, 2], bad[7, 0], bad[8, 5], bad[8, 1] = np.nan, np.inf, np.inf, -np.inf
+    with np.errstate(all="raise"):  # no warning escapes for non-finite input
+        out, finite = project_checked(bad, weights, shift, normalize=normalize)
+    expected = (rows.astype(np.float64) - shift) @ weights.astype(np.float64)
+    if normalize:
+        expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    assert np.flatnonzero(~finite).tolist() == [3, 7, 8]
+    assert np.isnan(out[[3, 7, 8]]).all()
+    keep = np.setdiff1d(np.arange(50), [3, 7, 8])
+    np.testing.assert_allclose(out[keep], expected[keep], rtol=1e-4, atol=1e-5)
+    clean, none = project_checked(rows, weights, shift, normalize=normalize)
+    assert none is None and np.isfinite(clean).all()
+
+
+def test_project_overflow_is_reported_as_such_not_as_nan():
+    rows = anisotropic(40, 3, seed=10)
+    model = finalize(state_of(rows), gamma=0.0)
+    huge = np.array([[3e38, -3e38, 3e38]], dtype=np.float32)  # finite, but centring or the product overflows
+    with pytest.raises(BadInputError, match="too large"):
+        model.transform(huge)
+
+
 def test_model_file_round_trip(tmp_path):
     rows = anisotropic(200, 6, seed=10)
     model = finalize(state_of(rows), beta=0.5, gamma=0.5, n_components=4, sources=[{"path": "x"}], info={"a": 1})
