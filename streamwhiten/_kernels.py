@@ -24,20 +24,26 @@ def center_and_sum(block, shift, out):
     ``cbar`` is small and the correction cancels nothing. ``out`` may be ``block`` itself.
 
     The loop has no branch, so it vectorises: a NaN or Inf anywhere makes its column sum non-finite
-    (finite float16/32 values cannot overflow a float64 sum), which the caller checks once.
+    (finite float16/32 values cannot overflow a float64 sum), which the caller checks once. Each row is
+    centred into a small private buffer first: with ``out`` the same array as ``block`` the compiler
+    could not vectorise a loop that reads and writes it (3x slower), and the extra copy costs little.
     """
     n_rows, n_cols = block.shape
     partial = np.zeros((ROW_GROUPS, n_cols), dtype=np.float64)
+    row = np.empty(n_cols, dtype=out.dtype)
     per_group = (n_rows + ROW_GROUPS - 1) // ROW_GROUPS
     for group in range(ROW_GROUPS):
         lo = group * per_group
         hi = min(n_rows, lo + per_group)
         sums = partial[group]
         for i in range(lo, hi):
+            source = block[i]
             for j in range(n_cols):
-                centred = out.dtype.type(np.float64(block[i, j]) - shift[j])
-                out[i, j] = centred
-                sums[j] += np.float64(centred)
+                row[j] = out.dtype.type(np.float64(source[j]) - shift[j])
+            target = out[i]
+            for j in range(n_cols):
+                target[j] = row[j]
+                sums[j] += np.float64(row[j])
     total = np.zeros(n_cols, dtype=np.float64)
     for group in range(ROW_GROUPS):
         total += partial[group]
