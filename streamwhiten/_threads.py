@@ -171,11 +171,12 @@ class PerThread:
 
 
 class BufferPool:
-    """Reusable arrays of one shape and dtype, handed from thread to thread: ``take`` one (a new one
-    only when none is free), ``give_back`` it when done. Holds at most as many as were in use at once."""
+    """Reusable arrays of one shape and dtype, handed from thread to thread: ``take`` one (a new one,
+    from ``allocate(shape, dtype)``, only when none is free), ``give_back`` it when done. Holds at most
+    as many as were in use at once."""
 
-    def __init__(self, shape, dtype):
-        self._shape, self._dtype = tuple(shape), np.dtype(dtype)
+    def __init__(self, shape, dtype, allocate=np.empty):
+        self._shape, self._dtype, self._allocate = tuple(shape), np.dtype(dtype), allocate
         self._free: deque = deque()
         self._lock = threading.Lock()
 
@@ -183,7 +184,7 @@ class BufferPool:
         with self._lock:
             if self._free:
                 return self._free.pop()
-        return np.empty(self._shape, dtype=self._dtype)
+        return self._allocate(self._shape, self._dtype)
 
     def give_back(self, buffer: np.ndarray) -> None:
         with self._lock:

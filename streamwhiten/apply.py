@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
@@ -19,7 +21,7 @@ from ._threads import BufferPool, PerThread, ordered_map, resolve_threads, worke
 from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError
 from .model import WhiteningModel, model_checksum, project_checked
 from .stores import (
-    create_sink, fingerprint, open_source, output_chunk_rows, resume_sink, same_file, split_spec,
+    create_sink, fingerprint, open_source, output_buffer, output_chunk_rows, resume_sink, same_file, split_spec,
 )
 
 
@@ -107,6 +109,7 @@ def apply_model(
     resume: bool = True,
     progress_seconds: float = 10.0,
     threads: int | None = None,
+    direct_io: bool = True,
 ) -> dict:
     """Write ``transform(rows)`` for every row of ``input_spec`` to ``output_spec``; returns a summary.
 
@@ -116,10 +119,12 @@ def apply_model(
     otherwise it is discarded. The rows written are made durable and recorded for a resume every
     ``progress_seconds`` (0: after every block) and when stopped by ``should_stop``.
 
-    ``threads`` worker threads each read and transform whole blocks, which this thread writes in row
-    order. The default, 1, does everything in this thread with multi-threaded BLAS: the product
-    ``(X - m) W`` moves much data per flop, and concurrent blocks were measured to slow each other down
-    on a 2-core machine (see the README's performance section); more threads can pay on more cores.
+    ``threads`` worker threads each read and transform whole blocks, which a writer thread writes in
+    row order while the next block is computed. The default, 1, computes in this thread with
+    multi-threaded BLAS: concurrent blocks were measured to slow each other down on a 2-core machine
+    (see the README's performance section); more threads can pay on more cores. With ``direct_io``
+    whole output chunks are written around the page cache (``O_DIRECT``), which uses no CPU and so
+    overlaps with the computation; ``False`` leaves the output in the page cache instead.
     """
     began = time.perf_counter()
     threads = resolve_threads(threads, default=APPLY_DEFAULT_THREADS)
@@ -145,35 +150,55 @@ def apply_model(
             "block_rows": rows_per_block, "skip_nonfinite": bool(skip_nonfinite),
             "threads": threads,  # BLAS rounding can depend on its threads per call: a resume must match
         }
-        sink, start, n_nonfinite = resume_sink(output_spec, job) if resume else (None, 0, 0)
+        sink, start, n_nonfinite = resume_sink(output_spec, job, direct_io) if resume else (None, 0, 0)
         resumed_at = start
         if sink is None:
             attrs = output_attrs(model, source, normalize, job["source"]["sha256_sampled"], checksum)
             sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
-                               chunk_rows)
+                               chunk_rows, direct_io)
         last_record = time.perf_counter()
         block_shape = (min(rows_per_block, source.n_rows), source.n_features)
         inputs = PerThread(lambda: np.empty(block_shape, source.dtype))
-        outputs = BufferPool((block_shape[0], model.n_components), work)  # back in the pool once written
+        # Output buffers go back to their pool once written; aligned, so whole chunks can be written directly.
+        products = BufferPool((block_shape[0], model.n_components), work, output_buffer)
+        converted = None if sink.dtype == work else BufferPool((block_shape[0], model.n_components), sink.dtype,
+                                                                output_buffer)
 
         def whiten(begin, end):  # in a worker thread: read into its buffer, centre there, project
             rows = source.read_into(begin, end, inputs.get())
-            product = outputs.take()
-            out, nonfinite = transform_block(rows, begin, weights, shift, normalize, sink.dtype, skip_nonfinite,
+            product = products.take()
+            out, nonfinite = transform_block(rows, begin, weights, shift, normalize, None, skip_nonfinite,
                                              source.label, overwrite_input=True, out=product)
-            return begin, end, out, nonfinite, product
+            if converted is None:
+                return begin, end, out, nonfinite, lambda: products.give_back(product)
+            buffer = converted.take()
+            final = buffer[: out.shape[0]]
+            np.copyto(final, out, casting="same_kind")
+            products.give_back(product)
+            return begin, end, final, nonfinite, lambda: converted.give_back(buffer)
+
+        def write(begin, out, release):  # in the writer thread
+            sink.write(begin, out)
+            release()
+
+        pending = deque()
+
+        def finish_writes(keep: int = 0) -> None:  # wait until at most ``keep`` writes are queued; errors surface here
+            while len(pending) > keep:
+                pending.popleft().result()
 
         # Fewer blocks in the whole input than threads: fewer workers, each with more BLAS threads.
         workers = min(threads, max(1, source.n_blocks(rows_per_block)))
-        with sink:
+        with sink, ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-write") as writer:
             results = ordered_map(whiten, source.blocks(rows_per_block, start), workers, worker_blas_threads(workers))
             try:
-                for begin, end, out, nonfinite, product in results:  # written in row order by this thread
+                for begin, end, out, nonfinite, release in results:  # written in row order by the writer thread
                     n_nonfinite += nonfinite
-                    sink.write(begin, out)
-                    outputs.give_back(product)
+                    finish_writes(keep=1)  # at most one block written behind the one being computed
+                    pending.append(writer.submit(write, begin, out, release))
                     stopping = should_stop is not None and should_stop() and end < source.n_rows
                     if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
+                        finish_writes()
                         sink.save_progress(job, end, n_nonfinite)  # fsyncs what was written: costly, not every block
                         last_record = time.perf_counter()
                     if progress is not None:
@@ -182,6 +207,7 @@ def apply_model(
                         raise InterruptedRunError(
                             f"interrupted after {end:,} of {source.n_rows:,} rows; run the same apply again to resume"
                         )
+                finish_writes()
             finally:
                 results.close()
             sink._array.attrs["n_nonfinite_rows"] = n_nonfinite

@@ -114,7 +114,7 @@ _KEYS = {
               "eps": (int, float), "precision": str, "chunk_rows": int, "skip_nonfinite": bool,
               "checkpoint_every": int, "checkpoint_seconds": (int, float), "threads": int},
     "apply": {"output": str, "normalize": bool, "dtype": str, "zarr_format": int, "chunk_rows": int,
-              "skip_nonfinite": bool, "threads": int},
+              "skip_nonfinite": bool, "threads": int, "direct_io": bool},
 }
 
 
@@ -336,8 +336,8 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
             model = wanted
         if spec.apply is not None:
             checksum = model_checksum(model)
-            options = {key: spec.apply[key] for key in ("normalize", "dtype", "zarr_format", "skip_nonfinite", "threads")
-                       if key in spec.apply}
+            options = {key: spec.apply[key] for key in ("normalize", "dtype", "zarr_format", "skip_nonfinite", "threads",
+                                                        "direct_io") if key in spec.apply}
             if "chunk_rows" in spec.apply:
                 options["block_rows"] = spec.apply["chunk_rows"]
             for input_spec, output in outputs.items():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -29,6 +30,7 @@ from zarr.core.buffer import default_buffer_prototype
 
 _ND_BUFFER = default_buffer_prototype().nd_buffer
 
+from ._direct_io import ALIGNMENT, ChunkFile, aligned_empty
 from .errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
@@ -475,8 +477,21 @@ def partial_path(path: str) -> str:
     return os.path.join(head, f".{tail}.partial")
 
 
+def output_buffer(shape, dtype) -> np.ndarray:
+    """An empty array that :meth:`Sink.write` can write whole chunks from without a copy (aligned for
+    direct writes)."""
+    return aligned_empty(shape, dtype)
+
+
 def output_chunk_rows(n_features: int, dtype, n_rows: int) -> int:
-    return int(max(1, min(n_rows, OUTPUT_CHUNK_BYTES // (n_features * np.dtype(dtype).itemsize))))
+    """Rows per output chunk: about :data:`OUTPUT_CHUNK_BYTES`, and a whole number of
+    :data:`ALIGNMENT` blocks where that is possible, so whole chunks can be written directly."""
+    row_bytes = n_features * np.dtype(dtype).itemsize
+    rows = max(1, min(n_rows, OUTPUT_CHUNK_BYTES // row_bytes))
+    step = ALIGNMENT // math.gcd(ALIGNMENT, row_bytes)
+    if step <= rows < n_rows:
+        rows -= rows % step
+    return int(rows)
 
 
 def _remove(path: str) -> None:
@@ -513,6 +528,8 @@ class Sink:
     _array: object = None
     _file: object = None
     _unsynced: set = field(default_factory=set)  # Zarr chunk files written since they were last fsynced
+    direct_io: bool = True  # whole chunks written around the page cache (see _direct_io)
+    _chunk_file: ChunkFile | None = None  # HDF5: our own descriptor for writing chunk data in place
 
     @property
     def label(self) -> str:
@@ -555,32 +572,48 @@ class Sink:
             raise StoreIOError(f"{self.path}: cannot record progress: {exc}") from exc
 
     def write(self, start: int, block: np.ndarray) -> None:
+        """Write ``block`` at row ``start``. Every output chunk it covers whole is written as raw bytes
+        (uncompressed, so the stored chunk is exactly the rows), directly where aligned; a partly
+        covered or edge chunk goes through h5py or zarr."""
         stop = start + block.shape[0]
         try:
             root = raw_chunk_root(self._array) if self.kind == "zarr" else None
-            if root is None:
+            if self.kind == "zarr" and root is None:
                 self._array[start:stop] = block
                 return
-            self._unsynced.update(range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1))
-            # Our own uncompressed Zarr output: whole chunks are written as raw chunk files, skipping
-            # zarr's encode pipeline (several copies); a partly covered chunk goes through zarr.
+            if root is not None:
+                self._unsynced.update(range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1))
             rows = self.chunk_rows
             for index in range(start // rows, (stop - 1) // rows + 1):
                 lo, hi = index * rows, min((index + 1) * rows, self.shape[0])
-                if lo < start or hi > stop:
-                    a, b = max(lo, start), min(hi, stop)
-                    self._array[a:b] = block[a - start : b - start]
-                    continue
-                data = np.ascontiguousarray(block[lo - start : hi - start], dtype=self.dtype)
-                path = os.path.join(root, self._array.metadata.encode_chunk_key((index, 0)))
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                with open(path, "wb") as handle:
-                    handle.write(memoryview(data).cast("B"))
-                    if hi - lo < rows:  # an edge chunk is stored at full size, padded with the fill value
-                        pad = np.full((rows - (hi - lo), self.shape[1]), self._array.metadata.fill_value or 0, self.dtype)
-                        handle.write(memoryview(pad).cast("B"))
+                a, b = max(lo, start), min(hi, stop)
+                data = np.ascontiguousarray(block[a - start : b - start], dtype=self.dtype)
+                if (a, b) != (lo, hi):
+                    self._array[a:b] = data
+                elif root is not None:
+                    self._write_zarr_chunk(root, index, data)
+                else:
+                    self._write_hdf5_chunk(lo, data)
         except OSError as exc:
             raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {exc}") from exc
+
+    def _write_hdf5_chunk(self, lo: int, data: np.ndarray) -> None:
+        info = self._array.id.get_chunk_info_by_coord((lo, 0)) if self._chunk_file is not None else None
+        if info is None or info.byte_offset is None or info.filter_mask or info.size != data.nbytes \
+                or data.shape[0] != self.chunk_rows:
+            self._array[lo : lo + data.shape[0]] = data  # not allocated in place (or an edge chunk)
+        else:
+            self._chunk_file.write_at(info.byte_offset, data)
+
+    def _write_zarr_chunk(self, root: str, index: int, data: np.ndarray) -> None:
+        path = os.path.join(root, self._array.metadata.encode_chunk_key((index, 0)))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with ChunkFile(path, create=True, direct=self.direct_io) as chunk_file:
+            chunk_file.write_at(0, data)
+            if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
+                pad = np.full((self.chunk_rows - data.shape[0], self.shape[1]), self._array.metadata.fill_value or 0,
+                              self.dtype)
+                chunk_file.write_at(data.nbytes, pad)
 
     def region_writer(self) -> "ZarrRegionWriter":
         """A picklable writer of whole-chunk row ranges of this (Zarr) sink, for worker processes."""
@@ -588,7 +621,19 @@ class Sink:
             raise BadInputError(f"{self.path}: only a Zarr output can be written by several processes at once")
         return ZarrRegionWriter(self.partial, self.dataset, self.shape, self.chunk_rows, self.label)
 
+    def _open_chunk_file(self) -> None:
+        """HDF5: a descriptor of our own for writing chunk data in place (h5py has already flushed the
+        file's metadata). The file is extended to HDF5's allocated end first, so that a run killed
+        before HDF5 closes it still leaves a file HDF5 can open (it refuses one shorter than that)."""
+        end = self._file.id.get_filesize()
+        if os.path.getsize(self.partial) < end:
+            os.truncate(self.partial, end)
+        self._chunk_file = ChunkFile(self.partial, direct=self.direct_io)
+
     def _close(self) -> None:
+        if self._chunk_file is not None:
+            self._chunk_file.close()
+            self._chunk_file = None
         if self._file is not None and self._file.id.valid:
             self._file.flush()
             self._file.close()
@@ -689,8 +734,12 @@ def create_sink(
     overwrite: bool = False,
     zarr_format: int = 3,
     chunk_rows: int | None = None,
+    direct_io: bool = True,
 ) -> Sink:
-    """Start writing a new ``n_rows x n_features`` array at ``spec`` under a temporary name."""
+    """Start writing a new ``n_rows x n_features`` array at ``spec`` under a temporary name.
+
+    With ``direct_io``, whole aligned chunks are written around the page cache (see ``_direct_io``).
+    """
     path, dataset = split_spec(spec)
     kind = output_kind(path)
     if os.path.lexists(path) and not overwrite:
@@ -712,10 +761,18 @@ def create_sink(
     try:
         if kind == "hdf5":
             dataset = dataset or "embeddings"
-            handle = h5py.File(partial, "w", rdcc_nbytes=0)
-            array = handle.create_dataset(dataset, shape=(n_rows, n_features), dtype=dtype, chunks=(chunk_rows, n_features))
+            # Chunks allocated up front (never filled), each at an aligned offset: their data can then
+            # be written in place through our own descriptor.
+            handle = h5py.File(partial, "w", rdcc_nbytes=0, alignment_threshold=ALIGNMENT, alignment_interval=ALIGNMENT)
+            layout = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            layout.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+            array = handle.create_dataset(dataset, shape=(n_rows, n_features), dtype=dtype, chunks=(chunk_rows, n_features),
+                                          dcpl=layout, fill_time="never")
             array.attrs.update({key: _hdf5_attr(value) for key, value in attrs.items()})
-            return Sink(path, dataset, kind, partial, (n_rows, n_features), dtype, chunk_rows, array, handle)
+            handle.flush()
+            sink = Sink(path, dataset, kind, partial, (n_rows, n_features), dtype, chunk_rows, array, handle, direct_io=direct_io)
+            sink._open_chunk_file()
+            return sink
         if dataset:
             root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
             array = root.create_array(dataset, shape=(n_rows, n_features), chunks=(chunk_rows, n_features), dtype=dtype, compressors=None)
@@ -725,13 +782,13 @@ def create_sink(
                 compressors=None, zarr_format=zarr_format,
             )
         array.attrs.update(attrs)
-        return Sink(path, dataset, kind, partial, (n_rows, n_features), dtype, chunk_rows, array, None)
+        return Sink(path, dataset, kind, partial, (n_rows, n_features), dtype, chunk_rows, array, None, direct_io=direct_io)
     except OSError as exc:
         _remove(partial)
         raise StoreIOError(f"{path}: cannot create output: {exc}") from exc
 
 
-def resume_sink(spec: str, job: dict) -> tuple[Sink | None, int, int]:
+def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | None, int, int]:
     """Reopen the partial output of an interrupted run of the same ``job``; ``(sink, rows_done, n_nonfinite)``.
 
     Returns ``(None, 0, 0)`` when there is nothing to resume, or when the partial output belongs to another
@@ -760,7 +817,9 @@ def resume_sink(spec: str, job: dict) -> tuple[Sink | None, int, int]:
             array = zarr.open_array(store=partial, path=dataset or "", mode="r+")
         shape = tuple(int(n) for n in array.shape)
         sink = Sink(path, dataset or ("embeddings" if kind == "hdf5" else None), kind, partial, shape,
-                    np.dtype(array.dtype), int(array.chunks[0]), array, handle)
+                    np.dtype(array.dtype), int(array.chunks[0]), array, handle, direct_io=direct_io)
+        if kind == "hdf5":
+            sink._open_chunk_file()
     except (OSError, KeyError, ValueError, zarr.errors.BaseZarrError):
         _remove(partial)
         _remove(progress)

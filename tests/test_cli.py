@@ -227,6 +227,21 @@ def test_usage_errors_are_one_line(run_cli):
     one_line_error(err, "Missing argument", "--help")
 
 
+@pytest.mark.parametrize("flag,direct", [([], True), (["--no-direct-io"], False)])
+def test_direct_io_option_reaches_the_output_writer(tmp_path, store, run_cli, monkeypatch, flag, direct):
+    import streamwhiten.stores
+
+    asked = []
+    real = streamwhiten.stores.ChunkFile
+    monkeypatch.setattr(streamwhiten.stores, "ChunkFile", lambda *a, **k: asked.append(k.get("direct")) or real(*a, **k))
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", store, "-o", model, "-k", 4, "-q")[0] == 0
+    for output in ("out.h5", "out.zarr"):
+        code, _, err = run_cli("apply", model, store, "-o", tmp_path / output, "-q", *flag)
+        assert code == 0, err
+    assert len(asked) >= 2 and set(asked) == {direct}
+
+
 def test_threads_option(tmp_path, store, run_cli):
     from streamwhiten.model import load_model
 

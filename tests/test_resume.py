@@ -1,6 +1,7 @@
 """Resumable fits and applies: real SIGKILLs, damaged checkpoints, changed and appended sources,
 locks, and a full disk."""
 
+import json
 import os
 import re
 import signal
@@ -14,7 +15,8 @@ import pytest
 
 from streamwhiten.apply import apply_model
 from streamwhiten.errors import (
-    EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, EXIT_LOCKED, EXIT_NOTHING_TO_DO, InterruptedRunError, StoreIOError,
+    EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, EXIT_LOCKED, EXIT_NOTHING_TO_DO, BadInputError, InterruptedRunError,
+    StoreIOError,
 )
 from streamwhiten.fit import load_checkpoint, plan_fit, run_job, save_checkpoint
 from streamwhiten.jobs import default_checkpoint
@@ -100,20 +102,24 @@ def test_fit_killed_anywhere_resumes_to_identical_statistics(tmp_path, store):
 def test_apply_killed_anywhere_resumes_to_identical_output(tmp_path, store):
     model = tmp_path / "m.npz"
     assert run_subprocess("fit", store, "-o", model, "-k", 16, "-q").returncode == 0
-    apply_args = ["--chunk-rows", BLOCK, "--normalize", "--checkpoint-seconds", 0, "-q"]
+    # 256 rows of 16 float32 are 16 KiB: whole chunks are written around the page cache (O_DIRECT)
+    apply_args = ["--chunk-rows", 256, "--normalize", "--checkpoint-seconds", 0, "-q"]
     for name in ("reference.zarr", "reference.h5"):
         assert run_subprocess("apply", model, store, "-o", tmp_path / name, *apply_args).returncode == 0
     rng = np.random.default_rng(7)
     killed_mid_run = 0
-    for i, target in enumerate(sorted(rng.integers(BLOCK, N_ROWS - BLOCK, size=5))):
+    for i, target in enumerate(sorted(rng.integers(256, N_ROWS - 256, size=5))):
         suffix = ".zarr" if i % 2 == 0 else ".h5"
         output = str(tmp_path / f"out-{target}{suffix}")
         process = spawn("apply", model, store, "-o", output, *apply_args)
-        if kill_when(process, lambda: rows_done_of_partial(output), target):
+        killed = kill_when(process, lambda: rows_done_of_partial(output), target)
+        if killed:
             killed_mid_run += 1
             assert not os.path.exists(output)  # nothing that looks finished
-        resumed = run_subprocess("apply", model, store, "-o", output, *apply_args)
+        resumed = run_subprocess("apply", model, store, "-o", output, *apply_args, "--json")
         assert resumed.returncode == 0, resumed.stderr
+        if killed:  # continued from its progress record, not started over
+            assert json.loads(resumed.stdout)["resumed_at_row"] >= target
         with open_source(output) as got, open_source(str(tmp_path / f"reference{suffix}")) as want:
             np.testing.assert_array_equal(got.read(0, N_ROWS), want.read(0, N_ROWS))
         assert not os.path.exists(partial_path(output))
@@ -578,6 +584,22 @@ def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatc
     assert ("streamwhiten.fit", 3) in asked and ("streamwhiten.apply", 2) in asked
     with open_source(str(tmp_path / "out-big.zarr")) as out:
         assert out.n_features == 8 and out.n_rows > 0
+
+
+def test_job_file_direct_io_reaches_the_output_writer(tmp_path, store, monkeypatch):
+    import streamwhiten.stores
+    from streamwhiten.jobs import run_job_file
+
+    asked = []
+    real = streamwhiten.stores.ChunkFile
+    monkeypatch.setattr(streamwhiten.stores, "ChunkFile", lambda *a, **k: asked.append(k.get("direct")) or real(*a, **k))
+    job = write_job(tmp_path, store)
+    job.write_text(job.read_text() + "direct_io = false\n")
+    run_job_file(str(job))
+    assert asked and set(asked) == {False}
+    job.write_text(job.read_text().replace("direct_io = false", 'direct_io = "no"'))
+    with pytest.raises(BadInputError, match="direct_io"):
+        run_job_file(str(job))
 
 
 def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_path):

@@ -1,0 +1,108 @@
+"""Positional file writes that bypass the page cache (``O_DIRECT``), for the chunk data of outputs.
+
+A buffered write copies every byte into newly allocated page-cache pages and leaves them dirty
+until the final fsync writes them out. For outputs of many gigabytes that copy, and first touching
+that much cache (slow on virtual machines whose free memory goes back to the host), were measured to
+cost more than computing the rows. With ``O_DIRECT`` the device reads the bytes straight from the
+caller's buffer, using no CPU, so a writer thread overlaps the write with the next block's product,
+and the final fsync has almost nothing left to do. The output is then not in the page cache, which
+for a corpus larger than memory also leaves the cached input alone.
+
+``O_DIRECT`` needs the buffer address, the file offset and the length to be multiples of the device's
+logical block size (:data:`ALIGNMENT` covers every common device). Anything else, a platform without
+``O_DIRECT``, or a file system that refuses it gets an ordinary buffered write: same bytes, same file.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import numpy as np
+
+#: Alignment of address, offset and length that a direct write needs (a multiple of every common
+#: logical block size, 512 or 4096 bytes).
+ALIGNMENT = 4096
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose data starts at a multiple of :data:`ALIGNMENT` bytes."""
+    dtype = np.dtype(dtype)
+    n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n_bytes + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start : start + n_bytes].view(dtype).reshape(shape)
+
+
+def direct_writable(offset: int, data: np.ndarray) -> bool:
+    """True when ``data`` written at ``offset`` meets the alignment a direct write needs."""
+    return bool(
+        _O_DIRECT and data.flags.c_contiguous and offset % ALIGNMENT == 0
+        and data.nbytes % ALIGNMENT == 0 and data.ctypes.data % ALIGNMENT == 0
+    )
+
+
+def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
+    while view.nbytes:
+        written = os.pwrite(fd, view, offset)
+        if written <= 0:
+            raise OSError(errno.EIO, "the write made no progress")
+        view, offset = view[written:], offset + written
+
+
+class ChunkFile:
+    """One file written at byte offsets: directly where aligned and allowed, buffered otherwise.
+
+    ``create`` makes (or truncates) the file; otherwise it must exist. ``direct=False`` writes
+    everything buffered. Both descriptors name the same inode, so :meth:`sync` makes every write
+    durable.
+    """
+
+    def __init__(self, path: str, create: bool = False, direct: bool = True):
+        self.path = path
+        self._fd = os.open(path, os.O_WRONLY | ((os.O_CREAT | os.O_TRUNC) if create else 0), 0o666)
+        self._direct_fd = None
+        if direct and _O_DIRECT:
+            try:
+                self._direct_fd = os.open(path, os.O_WRONLY | _O_DIRECT)
+            except OSError:  # a file system without O_DIRECT (older tmpfs, some FUSE mounts)
+                self._direct_fd = None
+
+    @property
+    def direct(self) -> bool:
+        """Whether aligned writes still go around the page cache."""
+        return self._direct_fd is not None
+
+    def write_at(self, offset: int, data: np.ndarray) -> None:
+        """Write the bytes of the C-contiguous array ``data`` at byte ``offset``."""
+        view = memoryview(data).cast("B")
+        if self._direct_fd is not None and direct_writable(offset, data):
+            try:
+                _pwrite_all(self._direct_fd, view, offset)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self._close_direct()  # refused after all (an unusual block size): buffered from now on
+        _pwrite_all(self._fd, view, offset)
+
+    def sync(self) -> None:
+        os.fsync(self._fd)
+
+    def _close_direct(self) -> None:
+        if self._direct_fd is not None:
+            os.close(self._direct_fd)
+            self._direct_fd = None
+
+    def close(self) -> None:
+        self._close_direct()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
