@@ -18,8 +18,8 @@ import numpy as np
 
 from . import __version__
 from ._threads import BufferPool, PerThread, ordered_map, resolve_threads, worker_blas_threads
-from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError
-from .model import WhiteningModel, model_checksum, project_checked
+from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError, ValuesTooLargeError
+from .model import WhiteningModel, cast_checked, model_checksum, project_checked
 from .stores import (
     create_sink, fingerprint, open_source, output_buffer, output_chunk_rows, resume_sink, same_file, split_spec,
 )
@@ -62,16 +62,32 @@ def aligned_block_rows(block_rows: int | None, source, sink_chunk_rows: int) -> 
 
 def transform_block(
     rows: np.ndarray, begin: int, weights, shift, normalize: bool, dtype, skip_nonfinite: bool, label: str,
-    overwrite_input: bool = True, out: np.ndarray | None = None,
+    overwrite_input: bool = True, out: np.ndarray | None = None, reread: Callable[[], np.ndarray] | None = None,
+    into: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
     """Whiten one block read at row ``begin``; returns the output rows and how many were non-finite.
 
     A row holding NaN or Inf raises :class:`NonFiniteError` naming ``label`` and the row, unless
-    ``skip_nonfinite``: then its output row is NaN and it is counted. With ``overwrite_input`` the
-    block may be centred in place; ``out`` is an optional buffer for the product (see
-    :func:`~streamwhiten.model.project_checked`).
+    ``skip_nonfinite``: then its output row is NaN and it is counted. Finite values that overflow
+    (when centred, whitened or cast to ``dtype``) raise :class:`ValuesTooLargeError` naming the row.
+    With ``overwrite_input`` the block may be centred in place; ``reread()`` then returns the block as
+    stored, read again only when some rows came out non-finite, to tell NaN/Inf input from overflow.
+    ``out`` is an optional buffer for the product (see :func:`~streamwhiten.model.project_checked`),
+    ``into`` one for the cast to ``dtype``.
     """
-    out, finite = project_checked(rows, weights, shift, normalize, dtype, overwrite_input=overwrite_input, out=out)
+    try:
+        out, finite = project_checked(rows, weights, shift, normalize, None, overwrite_input=overwrite_input, out=out)
+        if finite is not None and overwrite_input and reread is not None:
+            stored = np.asarray(reread())
+            overflowed = ~finite & np.isfinite(stored).all(axis=1)
+            if overflowed.any():
+                raise ValuesTooLargeError(f"values too large for {weights.dtype.name} (they overflow when centred)",
+                                          row=int(np.argmax(overflowed)))
+        if dtype is not None and np.dtype(dtype) != out.dtype:
+            out = cast_checked(out, dtype, into)
+    except ValuesTooLargeError as exc:
+        row = None if exc.row is None else begin + exc.row
+        raise ValuesTooLargeError(exc.detail, row=row, label=label) from None
     if finite is None:
         return out, 0
     if not skip_nonfinite:
@@ -80,6 +96,16 @@ def transform_block(
             f"{label}: row {bad} holds NaN or Inf (pass --skip-nonfinite to write NaN rows for such input)", row=bad
         )
     return out, int(finite.size - np.count_nonzero(finite))
+
+
+def _join(writer: ThreadPoolExecutor) -> None:
+    """Wait for the writer thread to finish, even through another Ctrl-C (its writes take milliseconds)."""
+    while True:
+        try:
+            writer.shutdown(wait=True)
+            return
+        except KeyboardInterrupt:
+            continue
 
 
 def summary(model: WhiteningModel, source, sink, normalize: bool, n_nonfinite: int, seconds: float,
@@ -140,7 +166,8 @@ def apply_model(
         if block_rows is not None and int(block_rows) < 1:
             raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
         chunk_rows = output_chunk_rows(model.n_components, dtype, source.n_rows)
-        if block_rows:  # the user's block size wins: output chunks no larger, so blocks stay aligned
+        if block_rows:  # the user's block size wins: output chunks no larger, so blocks stay aligned (with
+            # the input's chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered
             chunk_rows = min(chunk_rows, int(block_rows))
         rows_per_block = aligned_block_rows(block_rows, source, chunk_rows)
         # What must match for a partial output to be continued rather than started over.
@@ -167,15 +194,14 @@ def apply_model(
         def whiten(begin, end):  # in a worker thread: read into its buffer, centre there, project
             rows = source.read_into(begin, end, inputs.get())
             product = products.take()
-            out, nonfinite = transform_block(rows, begin, weights, shift, normalize, None, skip_nonfinite,
-                                             source.label, overwrite_input=True, out=product)
-            if converted is None:
+            buffer = None if converted is None else converted.take()
+            out, nonfinite = transform_block(rows, begin, weights, shift, normalize, sink.dtype, skip_nonfinite,
+                                             source.label, overwrite_input=True, out=product,
+                                             reread=lambda: source.read(begin, end), into=buffer)
+            if buffer is None:
                 return begin, end, out, nonfinite, lambda: products.give_back(product)
-            buffer = converted.take()
-            final = buffer[: out.shape[0]]
-            np.copyto(final, out, casting="same_kind")
             products.give_back(product)
-            return begin, end, final, nonfinite, lambda: converted.give_back(buffer)
+            return begin, end, out, nonfinite, lambda: converted.give_back(buffer)
 
         def write(begin, out, release):  # in the writer thread
             sink.write(begin, out)
@@ -183,18 +209,19 @@ def apply_model(
 
         pending = deque()
 
-        def finish_writes(keep: int = 0) -> None:  # wait until at most ``keep`` writes are queued; errors surface here
+        def finish_writes(keep: int = 0) -> None:  # until at most ``keep`` writes are unfinished; errors surface here
             while len(pending) > keep:
                 pending.popleft().result()
 
         # Fewer blocks in the whole input than threads: fewer workers, each with more BLAS threads.
         workers = min(threads, max(1, source.n_blocks(rows_per_block)))
-        with sink, ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-write") as writer:
+        with sink:
+            writer = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-write")
             results = ordered_map(whiten, source.blocks(rows_per_block, start), workers, worker_blas_threads(workers))
             try:
                 for begin, end, out, nonfinite, release in results:  # written in row order by the writer thread
                     n_nonfinite += nonfinite
-                    finish_writes(keep=1)  # at most one block written behind the one being computed
+                    finish_writes(keep=1)  # the previous block may still be in writing while this one is queued
                     pending.append(writer.submit(write, begin, out, release))
                     stopping = should_stop is not None and should_stop() and end < source.n_rows
                     if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
@@ -210,6 +237,7 @@ def apply_model(
                 finish_writes()
             finally:
                 results.close()
+                _join(writer)  # no write may still be running when the sink is closed, committed or removed
             sink._array.attrs["n_nonfinite_rows"] = n_nonfinite
             sink.commit(overwrite)
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)

@@ -257,10 +257,10 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Make the rows written durable and record them for a resume every T seconds (0: every block).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
-@click.option("--direct-io/--no-direct-io", default=True, show_default=True,
-              help="Write whole output chunks around the page cache (O_DIRECT, where the file system allows it): "
-                   "no CPU spent copying, and the cached input is left alone. --no-direct-io leaves the output "
-                   "in the page cache, e.g. for a program that reads it right after.")
+@click.option("--direct-io/--no-direct-io", default=None,
+              help="Serial engine: write whole output chunks around the page cache (O_DIRECT, where the file system "
+                   "allows it; the default): no CPU spent copying, and the cached input is left alone. "
+                   "--no-direct-io leaves the output in the page cache, e.g. for a program that reads it right after.")
 @engine_options
 @common_quiet
 @common_json
@@ -275,6 +275,8 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
     from .model import load_model
 
     _check_engine(engine, scheduler, workers, threads)
+    if engine == "dask" and direct_io is not None:
+        raise BadInputError("--direct-io/--no-direct-io is for the serial engine (Dask workers write through zarr)")
     model = load_model(model_path)
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params:
@@ -289,7 +291,8 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
         else:
             summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
                                   skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart,
-                                  progress_seconds=checkpoint_seconds, threads=threads, direct_io=direct_io)
+                                  progress_seconds=checkpoint_seconds, threads=threads,
+                                  direct_io=direct_io is not False)
     _emit(as_json, summary, [
         f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
         f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "

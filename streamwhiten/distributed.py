@@ -239,7 +239,8 @@ def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_no
 def _transform_and_write(rows, begin, stop, projection, normalize, dtype, skip_nonfinite, writer) -> tuple:
     """Read rows ``[begin, stop)``, whiten them (in place: the block is this task's own) and write them."""
     weights, shift = projection
-    out, n_nonfinite = transform_block(rows[begin:stop], begin, weights, shift, normalize, dtype, skip_nonfinite, rows.label)
+    out, n_nonfinite = transform_block(rows[begin:stop], begin, weights, shift, normalize, dtype, skip_nonfinite,
+                                       rows.label, reread=lambda: rows[begin:stop])
     writer(begin, out)
     return begin, out.shape[0], n_nonfinite
 

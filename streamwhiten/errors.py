@@ -33,6 +33,16 @@ class NonFiniteError(BadInputError):
         self.row = row
 
 
+class ValuesTooLargeError(BadInputError):
+    """Finite values overflow the arithmetic (when centred, whitened or cast); ``row`` is the first
+    such row where known, ``detail`` the message without the row."""
+
+    def __init__(self, detail, row=None, label=None):
+        where = f"row {row}: " if row is not None else ""
+        super().__init__(f"{label}: {where}{detail}" if label else f"{where}{detail}")
+        self.detail, self.row = detail, row
+
+
 class ModelFileError(BadInputError):
     """A model or checkpoint file is missing, corrupt, truncated or of an incompatible version."""
 

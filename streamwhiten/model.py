@@ -18,7 +18,7 @@ import numpy as np
 
 from . import __version__
 from ._npz import checksum, read_npz, write_npz_atomic
-from .errors import BadInputError, ModelFileError, StreamwhitenError
+from .errors import BadInputError, ModelFileError, StreamwhitenError, ValuesTooLargeError
 from .stats import Moments, covariance
 
 FORMAT_NAME = "streamwhiten-model"
@@ -189,14 +189,16 @@ def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=F
 
 
 def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False, out=None):
-    """:func:`project`, plus a mask of the finite input rows, or None when every row is finite.
+    """:func:`project`, plus a mask of the rows taken as finite input, or None when every row is.
 
-    A NaN or Inf input value makes every value of its output row non-finite (``inf * 0`` is NaN), and
-    finite input whose output is finite needs no scan: finiteness is checked on the ``k``-wide output
-    (its row norms or sums, a pass over the much smaller product), and only when that finds a
-    non-finite row are the input rows scanned. ``out``, a C-contiguous buffer of at least ``len(rows)``
-    rows of ``weights``' shape and dtype, receives the product instead of a new array (the result is
-    then a view of it, unless ``dtype`` converts it).
+    The centring pass returns column sums, which are finite exactly when every centred value is:
+    finiteness costs nothing unless a bad row is present, and only then are the rows scanned. Rows
+    centred in place are scanned after centring, where a finite value that overflowed looks like Inf;
+    a caller holding the input can tell the two apart (see ``apply``). Otherwise a finite row that
+    overflows when centred, whitened or cast to ``dtype`` raises :class:`ValuesTooLargeError` with its
+    index. ``out``, a C-contiguous buffer of at least ``len(rows)`` rows of ``weights``' shape and
+    dtype, receives the product instead of a new array (the result is then a view of it, unless
+    ``dtype`` converts it).
     """
     from . import _kernels
 
@@ -206,28 +208,60 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
         rows, overwrite_input = rows.astype(work), True
     inplace = overwrite_input and rows.dtype == work and rows.flags.writeable
     centred = rows if inplace else np.empty(rows.shape, dtype=work)
-    with np.errstate(invalid="ignore", over="ignore"):  # non-finite rows are found and reported below
-        np.subtract(rows, np.asarray(shift, dtype=work), out=centred)
+    sums = _kernels.center_and_sum(rows, np.asarray(shift, dtype=np.float64), centred)
+    finite = None
+    if not np.all(np.isfinite(sums)):
+        finite = _kernels.finite_row_mask(centred)
+        if not inplace:
+            _raise_if_overflowed(~finite & _kernels.finite_row_mask(rows), work, "centred")
+        if finite.all():  # float64 input whose column sums overflowed
+            raise ValuesTooLargeError(f"values too large for {np.dtype(work).name} arithmetic (their sums overflow)")
+        centred[~finite] = 0  # keeps NaN out of the product; those output rows are set to NaN below
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked just below
         if out is None:
             out = centred @ weights
         else:
             out = np.matmul(centred, weights, out=out[: centred.shape[0]])
-        # Row norms when normalising (needed anyway), else row sums: either is non-finite for a row that is.
+        # Row norms when normalising (needed anyway), else row sums: non-finite for any row that is.
         check = np.sqrt(np.einsum("ij,ij->i", out, out)) if normalize else out.sum(axis=1)
-    finite = None
-    if not np.isfinite(check).all():
-        finite = _kernels.finite_row_mask(rows)  # centred in place or not, NaN/Inf rows stay non-finite
-        if np.any(finite & ~np.isfinite(check)):  # finite input whose centred values or products overflowed
-            raise BadInputError(f"values too large for {np.dtype(work).name} arithmetic (they overflow when whitened)")
-        if normalize:
-            check[~finite] = 1
+    if not np.all(np.isfinite(check)):  # rare: an output row overflowed (or only its norm or sum did)
+        row_finite = np.isfinite(out).all(axis=1)
+        _raise_if_overflowed(~row_finite, work, "whitened")
+        if normalize:  # finite rows whose float32 norm overflowed: normalise them in float64
+            redo = ~np.isfinite(check)
+            wide = out[redo].astype(np.float64)
+            out[redo] = wide / np.linalg.norm(wide, axis=1, keepdims=True)
+            check[redo] = 1
     if normalize:
         out /= np.where(check > 0, check, 1)[:, None]
     if finite is not None:
         out[~finite] = np.nan
-    if dtype is not None:
-        out = out.astype(dtype, copy=False)
+    if dtype is not None and np.dtype(dtype) != out.dtype:
+        out = cast_checked(out, dtype)
     return out, finite
+
+
+def cast_checked(values: np.ndarray, dtype, into: np.ndarray | None = None) -> np.ndarray:
+    """``values`` cast to ``dtype`` (into ``into``'s first rows if given); raises
+    :class:`ValuesTooLargeError` naming the first row whose finite values do not fit."""
+    target = np.empty(values.shape, dtype) if into is None else into[: values.shape[0]]
+    with np.errstate(over="ignore"):
+        np.copyto(target, values, casting="same_kind")
+    if np.dtype(dtype).itemsize < values.dtype.itemsize:
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = target.sum(axis=1, dtype=np.float32)
+        if not np.all(np.isfinite(sums)):
+            lost = ~np.isfinite(target).all(axis=1) & np.isfinite(values).all(axis=1)
+            _raise_if_overflowed(lost, np.dtype(dtype), "cast", f"; the largest {np.dtype(dtype).name} is "
+                                 f"{float(np.finfo(dtype).max):g}, write float32")
+    return target
+
+
+def _raise_if_overflowed(overflowed: np.ndarray, dtype, when: str, hint: str = "") -> None:
+    """Raise :class:`ValuesTooLargeError` for the first row marked in ``overflowed``, if any."""
+    if np.any(overflowed):
+        raise ValuesTooLargeError(f"values too large for {np.dtype(dtype).name} (they overflow when {when}){hint}",
+                                  row=int(np.argmax(overflowed)))
 
 
 def _select(state, params, eigvals, eigvecs, sources, info) -> WhiteningModel:

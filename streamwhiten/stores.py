@@ -483,15 +483,18 @@ def output_buffer(shape, dtype) -> np.ndarray:
     return aligned_empty(shape, dtype)
 
 
+def aligned_chunk_rows(rows: int, n_features: int, dtype) -> int:
+    """``rows`` rounded down so that a chunk is a whole number of :data:`ALIGNMENT` blocks (which
+    can be written directly), unless that would leave none."""
+    step = ALIGNMENT // math.gcd(ALIGNMENT, n_features * np.dtype(dtype).itemsize)
+    return int(rows - rows % step if rows >= step else rows)
+
+
 def output_chunk_rows(n_features: int, dtype, n_rows: int) -> int:
-    """Rows per output chunk: about :data:`OUTPUT_CHUNK_BYTES`, and a whole number of
-    :data:`ALIGNMENT` blocks where that is possible, so whole chunks can be written directly."""
-    row_bytes = n_features * np.dtype(dtype).itemsize
-    rows = max(1, min(n_rows, OUTPUT_CHUNK_BYTES // row_bytes))
-    step = ALIGNMENT // math.gcd(ALIGNMENT, row_bytes)
-    if step <= rows < n_rows:
-        rows -= rows % step
-    return int(rows)
+    """Rows per output chunk: about :data:`OUTPUT_CHUNK_BYTES`, and whole :data:`ALIGNMENT` blocks
+    where possible (all rows in one chunk when they fit)."""
+    rows = max(1, min(n_rows, OUTPUT_CHUNK_BYTES // (n_features * np.dtype(dtype).itemsize)))
+    return rows if rows == n_rows else aligned_chunk_rows(rows, n_features, dtype)
 
 
 def _remove(path: str) -> None:
@@ -622,12 +625,9 @@ class Sink:
         return ZarrRegionWriter(self.partial, self.dataset, self.shape, self.chunk_rows, self.label)
 
     def _open_chunk_file(self) -> None:
-        """HDF5: a descriptor of our own for writing chunk data in place (h5py has already flushed the
-        file's metadata). The file is extended to HDF5's allocated end first, so that a run killed
-        before HDF5 closes it still leaves a file HDF5 can open (it refuses one shorter than that)."""
-        end = self._file.id.get_filesize()
-        if os.path.getsize(self.partial) < end:
-            os.truncate(self.partial, end)
+        """HDF5: a descriptor of our own for writing chunk data in place. The file's metadata has been
+        flushed by then, which also extends the file to its allocated end, so a run killed before HDF5
+        closes it still leaves a file HDF5 can open and resume."""
         self._chunk_file = ChunkFile(self.partial, direct=self.direct_io)
 
     def _close(self) -> None:
@@ -757,7 +757,9 @@ def create_sink(
     needed, free = n_rows * n_features * dtype.itemsize, shutil.disk_usage(parent).free
     if needed > free:
         raise StoreIOError(f"{path}: the output needs about {needed / 1e6:,.1f} MB but only {free / 1e6:,.1f} MB are free in {parent}")
-    attrs = dict(attrs or {}, complete=False)
+    # Every attribute exists from the start (commit only changes values), so a resumed HDF5 output's
+    # metadata is laid out as an uninterrupted run's and the two files are byte for byte the same.
+    attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
     try:
         if kind == "hdf5":
             dataset = dataset or "embeddings"
@@ -771,7 +773,11 @@ def create_sink(
             array.attrs.update({key: _hdf5_attr(value) for key, value in attrs.items()})
             handle.flush()
             sink = Sink(path, dataset, kind, partial, (n_rows, n_features), dtype, chunk_rows, array, handle, direct_io=direct_io)
-            sink._open_chunk_file()
+            try:
+                sink._open_chunk_file()
+            except OSError:
+                handle.close()
+                raise
             return sink
         if dataset:
             root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
@@ -808,6 +814,7 @@ def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | No
         _remove(progress)
         return None, 0, 0
     kind = output_kind(path)
+    handle = None
     try:
         if kind == "hdf5":
             handle = h5py.File(partial, "r+", rdcc_nbytes=0)
@@ -821,6 +828,8 @@ def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | No
         if kind == "hdf5":
             sink._open_chunk_file()
     except (OSError, KeyError, ValueError, zarr.errors.BaseZarrError):
+        if handle is not None:
+            handle.close()
         _remove(partial)
         _remove(progress)
         return None, 0, 0

@@ -82,6 +82,38 @@ def test_skip_nonfinite_writes_nan_rows(tmp_path, rows, model):
     assert np.isnan(got[[3, 700]]).all() and np.isfinite(np.delete(got, [3, 700], axis=0)).all()
 
 
+@pytest.mark.parametrize("skip_nonfinite", [False, True])
+def test_values_that_overflow_when_centred_in_place_are_not_taken_for_nan(tmp_path, skip_nonfinite):
+    """apply centres each block in place; a finite value that overflows there must be reported as too
+    large (naming the file and row), never written as a NaN row."""
+    from streamwhiten import stats
+    from streamwhiten.errors import ValuesTooLargeError
+    from streamwhiten.model import finalize
+
+    state = stats.Moments(100, np.full(3, -2e38), np.diag([100.0, 50.0, 10.0]))
+    model = finalize(state, beta=1.0, gamma=0.0)
+    data = np.zeros((500, 3), dtype=np.float32)
+    data[321, 1] = 2e38  # finite; 2e38 - (-2e38) is not
+    data[400, 0] = np.nan
+    spec = write_h5(tmp_path / "big.h5", data, chunk_rows=100)
+    with pytest.raises(ValuesTooLargeError, match=r"big.h5:/emb: row 321: values too large for float32") as info:
+        apply_model(model, spec, str(tmp_path / "o.h5"), skip_nonfinite=skip_nonfinite, block_rows=200)
+    assert info.value.row == 321
+    assert sorted(os.listdir(tmp_path)) == ["big.h5"]
+
+
+def test_float16_output_refuses_values_that_do_not_fit(tmp_path, rows, model):
+    from streamwhiten.errors import ValuesTooLargeError
+
+    big = rows * np.float32(1e5)  # whitened values stay small: a rotation keeps the scale
+    rotation = model.with_params(beta=0.0, gamma=0.0)
+    spec = write_h5(tmp_path / "in.h5", big)
+    with pytest.raises(ValuesTooLargeError, match=r"in.h5:/emb: row \d+: .*float16.*write float32"):
+        apply_model(rotation, spec, str(tmp_path / "o.h5"), dtype="float16")
+    assert sorted(os.listdir(tmp_path)) == ["in.h5"]
+    apply_model(rotation, spec, str(tmp_path / "o.h5"), dtype="float32")
+
+
 def test_width_mismatch(tmp_path, model):
     spec = write_h5(tmp_path / "narrow.h5", anisotropic(20, 5).astype(np.float32))
     with pytest.raises(BadInputError, match="narrow.h5:/emb: has 5 columns but the model was fitted on 16"):

@@ -240,6 +240,8 @@ def test_direct_io_option_reaches_the_output_writer(tmp_path, store, run_cli, mo
         code, _, err = run_cli("apply", model, store, "-o", tmp_path / output, "-q", *flag)
         assert code == 0, err
     assert len(asked) >= 2 and set(asked) == {direct}
+    code, _, err = run_cli("apply", model, store, "-o", tmp_path / "d.zarr", "--engine", "dask", *(flag or ["--direct-io"]))
+    assert code == 2 and "--direct-io/--no-direct-io is for the serial engine" in err
 
 
 def test_threads_option(tmp_path, store, run_cli):

@@ -10,7 +10,7 @@ import pytest
 from streamwhiten import Whitener, _direct_io
 from streamwhiten._direct_io import ALIGNMENT, ChunkFile, aligned_empty, direct_writable
 from streamwhiten.apply import apply_model
-from streamwhiten.stores import OUTPUT_CHUNK_BYTES, open_source, output_chunk_rows, read_attrs
+from streamwhiten.stores import OUTPUT_CHUNK_BYTES, aligned_chunk_rows, open_source, output_chunk_rows, read_attrs
 
 from conftest import anisotropic, write_h5, write_zarr
 
@@ -175,7 +175,6 @@ def test_outputs_written_directly_equal_buffered_ones_and_the_transform(tmp_path
     assert read_attrs(direct)["complete"]
 
 
-@needs_o_direct
 def test_hdf5_output_written_in_place_is_a_valid_file_readable_by_h5py(tmp_path, rows):
     model = Whitener(n_components=16).fit(rows).model_
     source = write_zarr(tmp_path / "in.zarr", rows, chunk_rows=2048)
@@ -186,3 +185,11 @@ def test_hdf5_output_written_in_place_is_a_valid_file_readable_by_h5py(tmp_path,
         assert vectors.shape == (5000, 16) and vectors.chunks == (2048, 16)
         np.testing.assert_allclose(vectors[:], model.transform(rows.astype(np.float64)), rtol=1e-4, atol=1e-5)
         assert vectors.attrs["complete"]
+
+
+def test_chunk_rows_are_rounded_to_whole_alignment_blocks_when_possible():
+    assert aligned_chunk_rows(1000, 16, np.float32) == 960  # 64-byte rows: multiples of 64 rows
+    assert aligned_chunk_rows(300, 16, np.float32) == 256
+    assert aligned_chunk_rows(40, 16, np.float32) == 40  # fewer than one alignment block: kept
+    assert aligned_chunk_rows(1000, 100, np.float32) == 768  # 400-byte rows: multiples of 256 rows
+    assert aligned_chunk_rows(4096, 256, np.float32) == 4096

@@ -150,12 +150,59 @@ def test_project_checked_marks_nonfinite_rows_and_leaves_the_others_exact(normal
     assert none is None and np.isfinite(clean).all()
 
 
-def test_project_overflow_is_reported_as_such_not_as_nan():
+@pytest.mark.parametrize("normalize", [False, True])
+def test_float32_transform_of_rows_with_a_large_mean_keeps_float32_accuracy(normalize):
+    """Centring before the product must not lose the low-variance directions when the mean is large
+    against the spread (the anisotropy whitening exists for)."""
+    rng = np.random.default_rng(12)
+    rows = (100.0 + 0.01 * rng.standard_normal((400, 8)) * np.linspace(0.2, 2, 8)).astype(np.float32)
+    model = finalize(state_of(rows.astype(np.float64)), n_components=6)
+    expected = model.transform(rows.astype(np.float64), normalize=normalize)
+    for overwrite in (False, True):
+        weights, shift = model.projection(np.float32)
+        from streamwhiten.model import project
+
+        got = project(rows.copy(), weights, shift, normalize=normalize, overwrite_input=overwrite)
+        scale = np.abs(expected).max()
+        assert np.abs(got - expected).max() <= 2e-5 * scale
+
+
+def test_project_overflow_is_reported_as_such_with_its_row():
+    from streamwhiten.errors import ValuesTooLargeError
+
     rows = anisotropic(40, 3, seed=10)
     model = finalize(state_of(rows), gamma=0.0)
-    huge = np.array([[3e38, -3e38, 3e38]], dtype=np.float32)  # finite, but centring or the product overflows
-    with pytest.raises(BadInputError, match="too large"):
+    huge = np.zeros((4, 3), dtype=np.float32)
+    huge[2] = [3e38, -3e38, 3e38]  # finite, but centring or the product overflows
+    with pytest.raises(ValuesTooLargeError, match="row 2: values too large") as info:
         model.transform(huge)
+    assert info.value.row == 2
+    rotation = finalize(state_of(rows), beta=0.0, gamma=0.0)
+    wide = np.zeros((3, 3), dtype=np.float32)
+    wide[1] = 1.5e38 * rotation.eigvecs.sum(axis=1)  # rotates to 1.5e38 three times: fits, its row sum does not
+    np.testing.assert_allclose(rotation.transform(wide)[1], wide[1].astype(np.float64) @ rotation.eigvecs, rtol=1e-5)
+
+
+def test_normalising_rows_whose_float32_norm_overflows():
+    rows = anisotropic(40, 3, seed=10)
+    rotation = finalize(state_of(rows), beta=0.0, gamma=0.0)
+    big = np.array([[1e20, 2e20, -1e20], [1.0, 2.0, 3.0]], dtype=np.float32)  # squares overflow float32
+    out = rotation.transform(big, normalize=True)
+    expected = big.astype(np.float64) @ rotation.eigvecs
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_casting_to_float16_refuses_values_that_do_not_fit():
+    from streamwhiten.errors import ValuesTooLargeError
+
+    rows = anisotropic(40, 3, seed=10)
+    rotation = finalize(state_of(rows), beta=0.0, gamma=0.0)
+    data = np.zeros((5, 3), dtype=np.float32)
+    data[3] = [1e5, 0, 0]
+    with pytest.raises(ValuesTooLargeError, match="row 3: .*float16.*write float32"):
+        rotation.transform(data, dtype=np.float16)
+    assert rotation.transform(data[:3], dtype=np.float16).dtype == np.float16
 
 
 def test_model_file_round_trip(tmp_path):
