@@ -5,14 +5,15 @@ streamwhiten fit reads the same rows from HDF5, uncompressed Zarr and blosc/zstd
 cache) and must stay within 0.85x of it. The references and the fits run in turn for ``--repeats``
 rounds; ratios are of the fastest run of each (the median of the per-round ratios is reported too). A
 second reference spreads the same products over one single-threaded BLAS call per core, which is how
-the fit runs them, so the cost of reading and centring can be read off on its own. Peers on the same in-memory data: ``np.cov`` (how the
-reference BERT-whitening code does it, and the float64 two-pass reference for accuracy), scikit-learn
-``IncrementalPCA(256, whiten=True).partial_fit`` with 8k batches, and faiss ``PCAMatrix(d, 256, -0.5)``.
-Also: scaling in rows and in d, finalize time at d = 4096, and the first-call (numba compile) time,
-which is excluded from every throughput figure.
+the fit runs them, so the cost of reading and centring can be read off on its own. Peers on the same in-memory data
+(``--peer-chunks`` chunks): ``np.cov`` (how the reference BERT-whitening code does it, and the float64
+two-pass reference for accuracy), scikit-learn ``IncrementalPCA(256, whiten=True).partial_fit`` with 8k
+batches, and faiss ``PCAMatrix(d, 256, -0.5)``. Also: scaling in rows and in d, finalize time at
+d = 4096, and the first-call (numba compile) time, which is excluded from every throughput figure.
 
-    python benchmarks/fit_throughput.py             # the full run (several minutes)
-    python benchmarks/fit_throughput.py --quick     # a tiny smoke run
+    python benchmarks/fit_throughput.py                     # the full run (about 15 minutes)
+    python benchmarks/fit_throughput.py --sections peers    # one table only
+    python benchmarks/fit_throughput.py --quick             # a tiny smoke run
 """
 
 from __future__ import annotations
@@ -192,6 +193,8 @@ def peers_table(directory, d, n_rows, chunk_rows, ipca_rows, repeats) -> dict:
         rate = out[f"{peer}_rows_s"]
         out[f"vs_{peer}"] = None if rate is None else ours_rate / rate
         out[f"vs_{peer}_target"] = target
+    per_round = [cov / fit for cov, fit in zip(times["np_cov"], times["streamwhiten_auto"])]
+    out["vs_np_cov_median"] = float(np.median(per_round))
     out["accuracy_ok"] = out["streamwhiten_auto_rel_error"] <= 1e-6 and out["streamwhiten_float64_rel_error"] <= 1e-12
     out["times_s"] = times
     os.remove(spec.split(":")[0])
@@ -230,6 +233,9 @@ def main(argv=None):
     parser.add_argument("--chunk-rows", type=int, default=65536, help="rows per store chunk")
     parser.add_argument("--repeats", type=int, default=3,
                         help="interleaved rounds of every timed run (the best of each is kept)")
+    parser.add_argument("--peer-chunks", type=int, default=8, help="chunks of the store the peers are compared on")
+    parser.add_argument("--sections", nargs="+", choices=["limit", "peers", "scaling"], default=["limit", "peers", "scaling"],
+                        help="which tables to measure (default: all)")
     parser.add_argument("--workdir", default=None, help="where stores are written (default: a temporary directory)")
     parser.add_argument("--results", default=None, help="directory for the JSON result (default: benchmarks/results)")
     args = parser.parse_args(argv)
@@ -238,7 +244,7 @@ def main(argv=None):
         peers = dict(d=64, n_rows=8192, chunk_rows=4096, ipca_rows=4096)
         scaling = dict(row_sizes=[4096, 8192], dims_rows=[(32, 4096), (64, 4096)], finalize_d=64)
     else:
-        peers = dict(d=768, n_rows=4 * args.chunk_rows, chunk_rows=args.chunk_rows, ipca_rows=32768)
+        peers = dict(d=768, n_rows=args.peer_chunks * args.chunk_rows, chunk_rows=args.chunk_rows, ipca_rows=32768)
         scaling = dict(row_sizes=[131072, 262144, 524288, 1048576],
                        dims_rows=[(384, 262144), (768, 131072), (1024, 131072), (2048, 65536), (4096, 32768)],
                        finalize_d=4096)
@@ -252,26 +258,33 @@ def main(argv=None):
         compile_info = compile_times()
         print(f"numba: first call {compile_info['compile_s']:.2f} s compiling, {compile_info['cache_load_s']:.2f} s "
               f"from cache (excluded from all throughput figures)")
-        limit = limit_table(directory, args.dims, args.chunks, args.chunk_rows, args.repeats)
-        print_table(f"fit vs bare float32 X.T @ X on the same chunks (target >= {TARGET_VS_BLAS}x; best of "
-                    f"{args.repeats} interleaved rounds, median of the per-round ratios in parentheses)", limit,
-                    ["d", "rows", "blas_rows_s", "hdf5_rows_s", "hdf5_ratio", "hdf5_ratio_median", "zarr_rows_s",
-                     "zarr_ratio", "zarr_ratio_median", "zarr-zstd_rows_s", "zarr-zstd_ratio", "meets_0.85"])
-        print_table("the same fits against the products spread as the fit spreads them (one single-threaded BLAS "
-                    "call per core), and finalize", limit,
-                    ["d", "blas_per_core_rows_s", "hdf5_ratio_vs_per_core", "zarr_ratio_vs_per_core",
-                     "zarr-zstd_ratio_vs_per_core", "finalize_s"])
-        peer = peers_table(directory, repeats=args.repeats, **peers)
-        print_table("fit (HDF5 store, end to end with finalize) vs peers on the same data", [peer],
-                    ["d", "rows", "streamwhiten_auto_rows_s", "streamwhiten_float64_rows_s", "streamwhiten_in_memory_rows_s",
-                     "np_cov_rows_s", "sklearn_ipca_rows_s", "faiss_pca_rows_s"])
-        print_table("ratios (targets: np.cov 3x, IncrementalPCA 20x, faiss 1.2x) and accuracy vs float64 two-pass",
-                    [peer], ["vs_np_cov", "vs_sklearn_ipca", "vs_faiss_pca", "streamwhiten_auto_rel_error",
-                             "streamwhiten_float64_rel_error", "accuracy_ok"])
-        scale = scaling_tables(directory, repeats=args.repeats, **scaling)
-        print_table("scaling in rows (d = 768): rows/s should stay flat", scale["by_rows"], ["d", "rows", "seconds", "rows_s"])
-        print_table("scaling in d: ns per row per d^2 should stay flat (quadratic cost)", scale["by_dim"],
-                    ["d", "rows", "rows_s", "ns_per_row_per_d2", "finalize_s"])
+        limit = peer = scale = None
+        if "limit" in args.sections:
+            limit = limit_table(directory, args.dims, args.chunks, args.chunk_rows, args.repeats)
+            print_table(f"fit vs bare float32 X.T @ X on the same chunks (target >= {TARGET_VS_BLAS}x; best of "
+                        f"{args.repeats} interleaved rounds, median of the per-round ratios in parentheses)", limit,
+                        ["d", "rows", "blas_rows_s", "hdf5_rows_s", "hdf5_ratio", "hdf5_ratio_median", "zarr_rows_s",
+                         "zarr_ratio", "zarr_ratio_median", "zarr-zstd_rows_s", "zarr-zstd_ratio", "meets_0.85"])
+            print_table("the same fits against the products spread as the fit spreads them (one single-threaded BLAS "
+                        "call per core), and finalize", limit,
+                        ["d", "blas_per_core_rows_s", "hdf5_ratio_vs_per_core", "zarr_ratio_vs_per_core",
+                         "zarr-zstd_ratio_vs_per_core", "finalize_s"])
+        if "peers" in args.sections:
+            peer = peers_table(directory, repeats=args.repeats, **peers)
+            print_table(f"fit (HDF5 store, end to end with finalize) vs peers on the same data (best of {args.repeats} "
+                        "interleaved rounds)", [peer],
+                        ["d", "rows", "streamwhiten_auto_rows_s", "streamwhiten_float64_rows_s",
+                         "streamwhiten_in_memory_rows_s", "np_cov_rows_s", "sklearn_ipca_rows_s", "faiss_pca_rows_s"])
+            print_table("ratios (targets: np.cov 3x, IncrementalPCA 20x, faiss 1.2x; median of the per-round ratio "
+                        "to np.cov beside it) and accuracy vs float64 two-pass",
+                        [peer], ["vs_np_cov", "vs_np_cov_median", "vs_sklearn_ipca", "vs_faiss_pca",
+                                 "streamwhiten_auto_rel_error", "streamwhiten_float64_rel_error", "accuracy_ok"])
+        if "scaling" in args.sections:
+            scale = scaling_tables(directory, repeats=args.repeats, **scaling)
+            print_table("scaling in rows (d = 768): rows/s should stay flat", scale["by_rows"],
+                        ["d", "rows", "seconds", "rows_s"])
+            print_table("scaling in d: ns per row per d^2 should stay flat (quadratic cost)", scale["by_dim"],
+                        ["d", "rows", "rows_s", "ns_per_row_per_d2", "finalize_s"])
         save_results("fit_throughput", {"compile": compile_info, "limit": limit, "peers": peer, "scaling": scale,
                                         "args": vars(args)}, args.results)
     finally:
