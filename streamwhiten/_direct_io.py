@@ -55,12 +55,11 @@ class ChunkFile:
     """One file written at byte offsets: directly where aligned and allowed, buffered otherwise.
 
     ``create`` makes (or truncates) the file; otherwise it must exist. ``direct=False`` writes
-    everything buffered. Both descriptors name the same inode, so :meth:`sync` makes every write
-    durable.
+    everything buffered. Both descriptors name the same inode, so an fsync of the file through any
+    descriptor makes every write durable.
     """
 
     def __init__(self, path: str, create: bool = False, direct: bool = True):
-        self.path = path
         self._fd = os.open(path, os.O_WRONLY | ((os.O_CREAT | os.O_TRUNC) if create else 0), 0o666)
         self._direct_fd = None
         if direct and _O_DIRECT:
@@ -86,9 +85,6 @@ class ChunkFile:
                     raise
                 self._close_direct()  # refused after all (an unusual block size): buffered from now on
         _pwrite_all(self._fd, view, offset)
-
-    def sync(self) -> None:
-        os.fsync(self._fd)
 
     def _close_direct(self) -> None:
         if self._direct_fd is not None:

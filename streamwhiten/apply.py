@@ -19,7 +19,7 @@ import numpy as np
 from . import __version__
 from ._threads import BufferPool, PerThread, ordered_map, resolve_threads, worker_blas_threads
 from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError, ValuesTooLargeError
-from .model import WhiteningModel, cast_checked, model_checksum, project_checked
+from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
 from .stores import (
     create_sink, fingerprint, open_source, output_buffer, output_chunk_rows, resume_sink, same_file, split_spec,
 )
@@ -79,10 +79,7 @@ def transform_block(
         out, finite = project_checked(rows, weights, shift, normalize, None, overwrite_input=overwrite_input, out=out)
         if finite is not None and overwrite_input and reread is not None:
             stored = np.asarray(reread())
-            overflowed = ~finite & np.isfinite(stored).all(axis=1)
-            if overflowed.any():
-                raise ValuesTooLargeError(f"values too large for {weights.dtype.name} (they overflow when centred)",
-                                          row=int(np.argmax(overflowed)))
+            raise_if_overflowed(~finite & np.isfinite(stored).all(axis=1), weights.dtype, "centred")
         if dtype is not None and np.dtype(dtype) != out.dtype:
             out = cast_checked(out, dtype, into)
     except ValuesTooLargeError as exc:

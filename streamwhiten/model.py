@@ -213,7 +213,7 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
     if not np.all(np.isfinite(sums)):
         finite = _kernels.finite_row_mask(centred)
         if not inplace:
-            _raise_if_overflowed(~finite & _kernels.finite_row_mask(rows), work, "centred")
+            raise_if_overflowed(~finite & _kernels.finite_row_mask(rows), work, "centred")
         if finite.all():  # float64 input whose column sums overflowed
             raise ValuesTooLargeError(f"values too large for {np.dtype(work).name} arithmetic (their sums overflow)")
         centred[~finite] = 0  # keeps NaN out of the product; those output rows are set to NaN below
@@ -226,7 +226,7 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
         check = np.sqrt(np.einsum("ij,ij->i", out, out)) if normalize else out.sum(axis=1)
     if not np.all(np.isfinite(check)):  # rare: an output row overflowed (or only its norm or sum did)
         row_finite = np.isfinite(out).all(axis=1)
-        _raise_if_overflowed(~row_finite, work, "whitened")
+        raise_if_overflowed(~row_finite, work, "whitened")
         if normalize:  # finite rows whose float32 norm overflowed: normalise them in float64
             redo = ~np.isfinite(check)
             wide = out[redo].astype(np.float64)
@@ -252,12 +252,12 @@ def cast_checked(values: np.ndarray, dtype, into: np.ndarray | None = None) -> n
             sums = target.sum(axis=1, dtype=np.float32)
         if not np.all(np.isfinite(sums)):
             lost = ~np.isfinite(target).all(axis=1) & np.isfinite(values).all(axis=1)
-            _raise_if_overflowed(lost, np.dtype(dtype), "cast", f"; the largest {np.dtype(dtype).name} is "
+            raise_if_overflowed(lost, np.dtype(dtype), "cast", f"; the largest {np.dtype(dtype).name} is "
                                  f"{float(np.finfo(dtype).max):g}, write float32")
     return target
 
 
-def _raise_if_overflowed(overflowed: np.ndarray, dtype, when: str, hint: str = "") -> None:
+def raise_if_overflowed(overflowed: np.ndarray, dtype, when: str, hint: str = "") -> None:
     """Raise :class:`ValuesTooLargeError` for the first row marked in ``overflowed``, if any."""
     if np.any(overflowed):
         raise ValuesTooLargeError(f"values too large for {np.dtype(dtype).name} (they overflow when {when}){hint}",

@@ -602,9 +602,8 @@ class Sink:
 
     def _write_hdf5_chunk(self, lo: int, data: np.ndarray) -> None:
         info = self._array.id.get_chunk_info_by_coord((lo, 0)) if self._chunk_file is not None else None
-        if info is None or info.byte_offset is None or info.filter_mask or info.size != data.nbytes \
-                or data.shape[0] != self.chunk_rows:
-            self._array[lo : lo + data.shape[0]] = data  # not allocated in place (or an edge chunk)
+        if info is None or info.byte_offset is None or info.filter_mask or info.size != data.nbytes:
+            self._array[lo : lo + data.shape[0]] = data  # not allocated in place, or an edge chunk (stored full size)
         else:
             self._chunk_file.write_at(info.byte_offset, data)
 

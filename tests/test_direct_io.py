@@ -74,7 +74,6 @@ def test_chunk_file_writes_aligned_data_directly_and_the_rest_buffered(tmp_path,
         assert handle.direct
         handle.write_at(2 * ALIGNMENT, aligned)
         handle.write_at(100, odd)
-        handle.sync()
     assert record_writes == [(True, 2 * ALIGNMENT, ALIGNMENT), (False, 100, 40)]
     data = np.fromfile(path, dtype=np.uint8)
     assert data.size == 3 * ALIGNMENT
