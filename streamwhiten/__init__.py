@@ -5,7 +5,7 @@
 
 __version__ = "0.1.0"
 
-__all__ = ["Whitener", "__version__"]
+__all__ = ["Whitener", "release_buffers", "__version__"]
 
 
 def __getattr__(name):
@@ -13,4 +13,8 @@ def __getattr__(name):
         from .whitener import Whitener
 
         return Whitener
+    if name == "release_buffers":
+        from ._buffers import release_buffers
+
+        return release_buffers
     raise AttributeError(f"module 'streamwhiten' has no attribute {name!r}")

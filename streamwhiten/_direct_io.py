@@ -20,19 +20,9 @@ import os
 
 import numpy as np
 
-#: Alignment of address, offset and length that a direct write needs (a multiple of every common
-#: logical block size, 512 or 4096 bytes).
-ALIGNMENT = 4096
+from ._buffers import ALIGNMENT
+
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-
-
-def aligned_empty(shape, dtype) -> np.ndarray:
-    """``np.empty(shape, dtype)`` whose data starts at a multiple of :data:`ALIGNMENT` bytes."""
-    dtype = np.dtype(dtype)
-    n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(n_bytes + ALIGNMENT, dtype=np.uint8)
-    start = -raw.ctypes.data % ALIGNMENT
-    return raw[start : start + n_bytes].view(dtype).reshape(shape)
 
 
 def direct_writable(offset: int, data: np.ndarray) -> bool:

@@ -154,38 +154,3 @@ def ordered_map(function: Callable, items: Iterable, threads: int, blas_per_thre
             for future in pending:
                 future.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
-
-
-class PerThread:
-    """A lazily created object per worker thread (a reusable block buffer, say)."""
-
-    def __init__(self, factory: Callable[[], object]):
-        self._factory = factory
-        self._local = threading.local()
-
-    def get(self):
-        value = getattr(self._local, "value", None)
-        if value is None:
-            value = self._local.value = self._factory()
-        return value
-
-
-class BufferPool:
-    """Reusable arrays of one shape and dtype, handed from thread to thread: ``take`` one (a new one,
-    from ``allocate(shape, dtype)``, only when none is free), ``give_back`` it when done. Holds at most
-    as many as were in use at once."""
-
-    def __init__(self, shape, dtype, allocate=np.empty):
-        self._shape, self._dtype, self._allocate = tuple(shape), np.dtype(dtype), allocate
-        self._free: deque = deque()
-        self._lock = threading.Lock()
-
-    def take(self) -> np.ndarray:
-        with self._lock:
-            if self._free:
-                return self._free.pop()
-        return self._allocate(self._shape, self._dtype)
-
-    def give_back(self, buffer: np.ndarray) -> None:
-        with self._lock:
-            self._free.append(buffer)

@@ -17,11 +17,12 @@ from typing import Callable
 import numpy as np
 
 from . import __version__
-from ._threads import BufferPool, PerThread, ordered_map, resolve_threads, worker_blas_threads
+from ._buffers import BufferPool, PerThread
+from ._threads import ordered_map, resolve_threads, worker_blas_threads
 from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError, ValuesTooLargeError
 from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
 from .stores import (
-    create_sink, fingerprint, open_source, output_buffer, output_chunk_rows, resume_sink, same_file, split_spec,
+    create_sink, fingerprint, open_source, output_chunk_rows, resume_sink, same_file, split_spec,
 )
 
 
@@ -182,11 +183,10 @@ def apply_model(
                                chunk_rows, direct_io)
         last_record = time.perf_counter()
         block_shape = (min(rows_per_block, source.n_rows), source.n_features)
-        inputs = PerThread(lambda: np.empty(block_shape, source.dtype))
+        inputs = PerThread(block_shape, source.dtype)
         # Output buffers go back to their pool once written; aligned, so whole chunks can be written directly.
-        products = BufferPool((block_shape[0], model.n_components), work, output_buffer)
-        converted = None if sink.dtype == work else BufferPool((block_shape[0], model.n_components), sink.dtype,
-                                                                output_buffer)
+        products = BufferPool((block_shape[0], model.n_components), work)
+        converted = None if sink.dtype == work else BufferPool((block_shape[0], model.n_components), sink.dtype)
 
         def whiten(begin, end):  # in a worker thread: read into its buffer, centre there, project
             rows = source.read_into(begin, end, inputs.get())
@@ -235,6 +235,9 @@ def apply_model(
             finally:
                 results.close()
                 _join(writer)  # no write may still be running when the sink is closed, committed or removed
+                for buffers in (inputs, products, converted):  # nothing reads or writes them any more
+                    if buffers is not None:
+                        buffers.release()
             sink._array.attrs["n_nonfinite_rows"] = n_nonfinite
             sink.commit(overwrite)
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)

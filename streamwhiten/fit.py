@@ -26,7 +26,8 @@ from ._npz import read_npz, write_npz_atomic
 from .errors import (
     BadInputError, InterruptedRunError, ModelFileError, NonFiniteError, NothingToDoError, StoreIOError,
 )
-from ._threads import PerThread, ordered_map, resolve_threads, worker_blas_threads
+from ._buffers import PerThread
+from ._threads import ordered_map, resolve_threads, worker_blas_threads
 from .stores import Source, count_blocks, fingerprint, open_source
 
 #: ``progress(rows_done, rows_total)``, called after every block.
@@ -182,7 +183,7 @@ def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precisio
     """
     threads = min(resolve_threads(threads), max(1, -(-rows.shape[0] // block_rows)))
     dtype = stats.working_dtype(rows.dtype, precision)
-    workspaces = PerThread(lambda: np.empty((min(block_rows, rows.shape[0]), rows.shape[1]), dtype=dtype))
+    workspaces = PerThread((min(block_rows, rows.shape[0]), rows.shape[1]), dtype)
 
     def moments(begin):
         block = rows[begin : begin + block_rows]
@@ -204,6 +205,7 @@ def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precisio
             n_skipped += skipped
     finally:
         results.close()
+        workspaces.release()
     return state, n_skipped
 
 
@@ -370,16 +372,18 @@ def check_sources_unchanged(job: FitJob, checkpoint_path: str) -> None:
 # --------------------------------------------------------------------------------------------- running
 
 
-def _block_tasks(job: FitJob, opened: list):
-    """One task per remaining block of ``job``, source by source; opens each source as it is reached
-    (appending it to ``opened``). Every worker thread gets one reused byte buffer, large enough for a
-    block of the widest dtype among the sources, and reads each source's blocks into it as that dtype."""
-    remaining = [cursor for cursor in job.cursors if not cursor.done]
-    if not remaining:
-        return
+def _block_buffers(job: FitJob) -> PerThread:
+    """One reused byte buffer per worker thread, large enough for a block of the widest dtype among the
+    sources still to read; each source's blocks are read into it as that source's dtype."""
+    remaining = [cursor for cursor in job.cursors if not cursor.done] or job.cursors
     itemsize = max(np.dtype(c.fingerprint["dtype"]).itemsize for c in remaining)
     rows = max(1, min(job.block_rows, job.rows_total - job.rows_done))
-    buffers = PerThread(lambda: np.empty(rows * remaining[0].fingerprint["n_features"] * itemsize, dtype=np.uint8))
+    return PerThread((rows * remaining[0].fingerprint["n_features"] * itemsize,), np.uint8)
+
+
+def _block_tasks(job: FitJob, opened: list, buffers: PerThread):
+    """One task per remaining block of ``job``, source by source; opens each source as it is reached
+    (appending it to ``opened``)."""
     for index, cursor in enumerate(job.cursors):
         if cursor.done:
             continue
@@ -432,7 +436,9 @@ def run_job(
     # Fewer blocks in the whole job than threads: fewer workers, each with more BLAS threads.
     workers = min(job.threads, max(1, job.blocks_total))
     opened: list[Source] = []
-    results = ordered_map(_read_block_moments, _block_tasks(job, opened), workers, worker_blas_threads(workers))
+    buffers = _block_buffers(job)
+    results = ordered_map(_read_block_moments, _block_tasks(job, opened, buffers), workers,
+                          worker_blas_threads(workers))
     try:
         for index, begin, end, moments, skipped, source in results:
             cursor = job.cursors[index]
@@ -454,7 +460,8 @@ def run_job(
                 where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
                 raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
     finally:
-        results.close()  # stops the workers before their sources are closed
+        results.close()  # stops the workers before their sources are closed and their buffers kept
+        buffers.release()
         for source in opened:
             source.close()
     job.seconds += time.perf_counter() - began

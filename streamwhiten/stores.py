@@ -30,7 +30,8 @@ from zarr.core.buffer import default_buffer_prototype
 
 _ND_BUFFER = default_buffer_prototype().nd_buffer
 
-from ._direct_io import ALIGNMENT, ChunkFile, aligned_empty
+from ._buffers import ALIGNMENT
+from ._direct_io import ChunkFile
 from .errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
@@ -475,12 +476,6 @@ def partial_path(path: str) -> str:
     """The hidden temporary name a sink is written under before it is renamed to ``path``."""
     head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
     return os.path.join(head, f".{tail}.partial")
-
-
-def output_buffer(shape, dtype) -> np.ndarray:
-    """An empty array that :meth:`Sink.write` can write whole chunks from without a copy (aligned for
-    direct writes)."""
-    return aligned_empty(shape, dtype)
 
 
 def aligned_chunk_rows(rows: int, n_features: int, dtype) -> int:

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from streamwhiten import Whitener, _direct_io
-from streamwhiten._direct_io import ALIGNMENT, ChunkFile, aligned_empty, direct_writable
+from streamwhiten._buffers import ALIGNMENT, take as aligned_empty
+from streamwhiten._direct_io import ChunkFile, direct_writable
 from streamwhiten.apply import apply_model
 from streamwhiten.stores import OUTPUT_CHUNK_BYTES, aligned_chunk_rows, open_source, output_chunk_rows, read_attrs
 

@@ -166,16 +166,6 @@ def test_a_nonfinite_row_is_reported_at_its_index_with_many_threads():
     assert skipped == 1 and state.n_rows == 9999
 
 
-def test_buffer_pool_reuses_what_is_given_back():
-    from streamwhiten._threads import BufferPool
-
-    pool = BufferPool((4, 3), np.float32)
-    first, second = pool.take(), pool.take()
-    assert first is not second and first.shape == (4, 3) and first.dtype == np.float32
-    pool.give_back(first)
-    assert pool.take() is first
-
-
 def test_sources_of_different_dtypes_in_one_fit(tmp_path):
     import h5py
 
