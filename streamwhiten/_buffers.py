@@ -9,11 +9,13 @@ BLAS libraries keep their work areas. The cache holds only buffers given back, s
 than the most any run had in use at once; :func:`release_buffers` returns them to the system.
 
 A buffer is handed back only once nothing can touch it any more (its workers and writer have
-stopped), and never escapes to the caller: results are always copied out of it.
+stopped; see :func:`kept_for_next_run`), and never escapes to the caller: results are always copied
+out of it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 
@@ -99,26 +101,53 @@ def give_back(array: np.ndarray) -> None:
 
 
 def release_buffers() -> int:
-    """Free the scratch buffers kept for later runs; returns how many bytes were held."""
+    """Free the scratch buffers kept for later runs; returns their size in bytes."""
     return _CACHE.release()
 
 
 def cached_bytes() -> int:
-    """Bytes held in scratch buffers kept for later runs."""
+    """Size in bytes of the scratch buffers kept for later runs."""
     return _CACHE.cached_bytes()
+
+
+@contextlib.contextmanager
+def kept_for_next_run(*holders):
+    """Hand the buffers of ``holders`` (:class:`PerThread`, :class:`BufferPool` or None) back to the
+    cache when the block ends, normally or by an ordinary error, after which every thread that used
+    them has been joined. After a KeyboardInterrupt or SystemExit that may not hold (a second Ctrl-C
+    cuts short the wait for the workers; zarr's own I/O thread may still be decoding into a block),
+    so then they are left to the garbage collector, never reused while something might write them.
+    """
+    try:
+        yield
+    except Exception:
+        _release(holders)
+        raise
+    else:
+        _release(holders)
+
+
+def _release(holders) -> None:
+    for holder in holders:
+        if holder is not None:
+            holder.release()
 
 
 class PerThread:
     """One scratch buffer of ``shape`` and ``dtype`` per thread that asks (a worker's block buffer),
-    taken from the cache on first use; :meth:`release` hands them all back once the workers stopped."""
+    taken from the cache on first use; :meth:`release` hands them all back once the workers stopped,
+    after which :meth:`get` refuses."""
 
     def __init__(self, shape, dtype):
         self._shape, self._dtype = tuple(shape), np.dtype(dtype)
         self._local = threading.local()
         self._taken: list[np.ndarray] = []
         self._lock = threading.Lock()
+        self._released = False
 
     def get(self) -> np.ndarray:
+        if self._released:
+            raise RuntimeError("a block buffer was asked for after its run ended")
         buffer = getattr(self._local, "buffer", None)
         if buffer is None:
             buffer = self._local.buffer = take(self._shape, self._dtype)
@@ -128,7 +157,7 @@ class PerThread:
 
     def release(self) -> None:
         with self._lock:
-            taken, self._taken = self._taken, []
+            taken, self._taken, self._released = self._taken, [], True
         for buffer in taken:
             give_back(buffer)
 

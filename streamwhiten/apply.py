@@ -17,7 +17,7 @@ from typing import Callable
 import numpy as np
 
 from . import __version__
-from ._buffers import BufferPool, PerThread
+from ._buffers import BufferPool, PerThread, kept_for_next_run
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError, ValuesTooLargeError
 from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
@@ -212,7 +212,7 @@ def apply_model(
 
         # Fewer blocks in the whole input than threads: fewer workers, each with more BLAS threads.
         workers = min(threads, max(1, source.n_blocks(rows_per_block)))
-        with sink:
+        with sink, kept_for_next_run(inputs, products, converted):  # after the writer and workers stopped
             writer = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-write")
             results = ordered_map(whiten, source.blocks(rows_per_block, start), workers, worker_blas_threads(workers))
             try:
@@ -235,9 +235,6 @@ def apply_model(
             finally:
                 results.close()
                 _join(writer)  # no write may still be running when the sink is closed, committed or removed
-                for buffers in (inputs, products, converted):  # nothing reads or writes them any more
-                    if buffers is not None:
-                        buffers.release()
             sink._array.attrs["n_nonfinite_rows"] = n_nonfinite
             sink.commit(overwrite)
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)

@@ -26,7 +26,7 @@ from ._npz import read_npz, write_npz_atomic
 from .errors import (
     BadInputError, InterruptedRunError, ModelFileError, NonFiniteError, NothingToDoError, StoreIOError,
 )
-from ._buffers import PerThread
+from ._buffers import PerThread, kept_for_next_run
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 from .stores import Source, count_blocks, fingerprint, open_source
 
@@ -197,15 +197,15 @@ def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precisio
             raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)", row=row) from None
 
     n_skipped = 0
-    results = ordered_map(moments, ((begin,) for begin in range(0, rows.shape[0], block_rows)), threads,
-                          worker_blas_threads(threads))
-    try:
-        for block_state, skipped in results:
-            state = stats.merge(state, block_state)
-            n_skipped += skipped
-    finally:
-        results.close()
-        workspaces.release()
+    with kept_for_next_run(workspaces):
+        results = ordered_map(moments, ((begin,) for begin in range(0, rows.shape[0], block_rows)), threads,
+                              worker_blas_threads(threads))
+        try:
+            for block_state, skipped in results:
+                state = stats.merge(state, block_state)
+                n_skipped += skipped
+        finally:
+            results.close()
     return state, n_skipped
 
 
@@ -437,33 +437,33 @@ def run_job(
     workers = min(job.threads, max(1, job.blocks_total))
     opened: list[Source] = []
     buffers = _block_buffers(job)
-    results = ordered_map(_read_block_moments, _block_tasks(job, opened, buffers), workers,
-                          worker_blas_threads(workers))
-    try:
-        for index, begin, end, moments, skipped, source in results:
-            cursor = job.cursors[index]
-            job.state = stats.merge(job.state, moments)
-            cursor.n_skipped += skipped
-            cursor.next_row = end
-            if end == cursor.stop:
+    with kept_for_next_run(buffers):  # once the workers have stopped
+        results = ordered_map(_read_block_moments, _block_tasks(job, opened, buffers), workers,
+                              worker_blas_threads(workers))
+        try:
+            for index, begin, end, moments, skipped, source in results:
+                cursor = job.cursors[index]
+                job.state = stats.merge(job.state, moments)
+                cursor.n_skipped += skipped
+                cursor.next_row = end
+                if end == cursor.stop:
+                    source.close()
+                    opened.remove(source)
+                job.n_blocks += 1
+                blocks_since += 1
+                if progress is not None:
+                    progress(job.rows_done, total)
+                stopping = should_stop is not None and should_stop() and not job.done
+                if checkpoint_path is not None and (stopping or checkpoint_due()):
+                    save_checkpoint(job, checkpoint_path)
+                    last_checkpoint, blocks_since = time.perf_counter(), 0
+                if stopping:
+                    where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
+                    raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
+        finally:
+            results.close()  # stops the workers before their sources are closed
+            for source in opened:
                 source.close()
-                opened.remove(source)
-            job.n_blocks += 1
-            blocks_since += 1
-            if progress is not None:
-                progress(job.rows_done, total)
-            stopping = should_stop is not None and should_stop() and not job.done
-            if checkpoint_path is not None and (stopping or checkpoint_due()):
-                save_checkpoint(job, checkpoint_path)
-                last_checkpoint, blocks_since = time.perf_counter(), 0
-            if stopping:
-                where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
-                raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
-    finally:
-        results.close()  # stops the workers before their sources are closed and their buffers kept
-        buffers.release()
-        for source in opened:
-            source.close()
     job.seconds += time.perf_counter() - began
     check_enough_rows(job.state, job.cursors)
     return job

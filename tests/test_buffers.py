@@ -10,6 +10,18 @@ from streamwhiten import _buffers
 from streamwhiten._buffers import ALIGNMENT, BufferPool, PerThread
 
 
+def count_allocations(monkeypatch) -> list:
+    """Sizes of the new buffers allocated from now on."""
+    allocations, allocate = [], _buffers._allocate
+
+    def counting(n_bytes):
+        allocations.append(n_bytes)
+        return allocate(n_bytes)
+
+    monkeypatch.setattr(_buffers, "_allocate", counting)
+    return allocations
+
+
 @pytest.fixture(autouse=True)
 def empty_cache():
     _buffers.release_buffers()
@@ -78,6 +90,8 @@ def test_per_thread_buffers_are_one_per_thread_and_released_together():
     assert seen[0].base is not mine.base
     buffers.release()
     assert _buffers.cached_bytes() == 2 * 48
+    with pytest.raises(RuntimeError, match="after its run ended"):
+        buffers.get()  # the buffer now belongs to the cache
 
 
 def test_buffer_pool_reuses_what_is_given_back_and_keeps_only_free_ones():
@@ -91,7 +105,7 @@ def test_buffer_pool_reuses_what_is_given_back_and_keeps_only_free_ones():
     assert _buffers.cached_bytes() == 48
 
 
-def test_fits_and_applies_reuse_the_buffers_of_the_run_before(tmp_path):
+def test_fits_and_applies_reuse_the_buffers_of_the_run_before(tmp_path, monkeypatch):
     from conftest import anisotropic, write_h5
     from streamwhiten import Whitener
     from streamwhiten.apply import apply_model
@@ -105,11 +119,47 @@ def test_fits_and_applies_reuse_the_buffers_of_the_run_before(tmp_path):
     block = 1000 * 16 * 4
     first = fit_sources(spec, block_rows=1000, threads=2).state
     assert block <= _buffers.cached_bytes() <= 2 * block  # a block buffer per worker that ran, kept
+    allocations = count_allocations(monkeypatch)
     for _ in range(3):  # reused, not added to: the cache never holds more than one run had in use
         assert fit_sources(spec, block_rows=1000, threads=2).state == first  # same bits from reused memory
         assert block <= _buffers.cached_bytes() <= 2 * block
+    assert len(allocations) <= 1  # at most a second worker's buffer, if only one worker ran the first time
     apply_model(model, spec, str(tmp_path / "y.h5:/y"), block_rows=1000, threads=2)
     with h5py.File(tmp_path / "y.h5") as handle:
         np.testing.assert_allclose(handle["y"][:], expected, rtol=1e-5, atol=1e-6)
     # input blocks (one per worker) and output blocks (1000 x 8 float32, in flight between threads)
     assert block <= _buffers.cached_bytes() <= 2 * block + 6 * 32000
+
+
+def test_an_error_mid_run_keeps_the_buffers_and_an_interrupt_drops_them(tmp_path, monkeypatch):
+    from conftest import anisotropic, write_h5
+    from streamwhiten import stores
+    from streamwhiten.errors import NonFiniteError
+    from streamwhiten.fit import fit_sources
+
+    rows = anisotropic(4000, 8).astype(np.float32)
+    clean = write_h5(tmp_path / "clean.h5", rows, chunk_rows=500)
+    bad_rows = rows.copy()
+    bad_rows[2500, 3] = np.nan
+    bad = write_h5(tmp_path / "bad.h5", bad_rows, chunk_rows=500)
+    reference = fit_sources(clean, block_rows=1000, threads=2).state
+    _buffers.release_buffers()
+    with pytest.raises(NonFiniteError, match="row 2500"):  # an ordinary error: the workers were joined
+        fit_sources(bad, block_rows=1000, threads=2)
+    assert _buffers.cached_bytes() > 0
+    assert fit_sources(clean, block_rows=1000, threads=2).state == reference
+
+    read_into = stores.HDF5Source.read_into
+
+    def interrupted(self, start, stop, out):
+        if start >= 2000:
+            raise KeyboardInterrupt  # as a Ctrl-C that cut short the wait for the workers would
+        return read_into(self, start, stop, out)
+
+    _buffers.release_buffers()
+    monkeypatch.setattr(stores.HDF5Source, "read_into", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        fit_sources(clean, block_rows=1000, threads=1)
+    assert _buffers.cached_bytes() == 0  # something might still write them: not kept
+    monkeypatch.setattr(stores.HDF5Source, "read_into", read_into)
+    assert fit_sources(clean, block_rows=1000, threads=2).state == reference

@@ -46,15 +46,6 @@ def record_writes(monkeypatch):
     return writes
 
 
-@pytest.mark.parametrize("shape,dtype", [((3, 5), np.float32), ((1000, 7), np.float16), ((4, 4096), np.float64), ((0, 3), np.float32)])
-def test_aligned_empty_is_aligned_and_usable(shape, dtype):
-    array = aligned_empty(shape, dtype)
-    assert array.shape == shape and array.dtype == dtype and array.flags.c_contiguous and array.flags.writeable
-    assert array.size == 0 or array.ctypes.data % ALIGNMENT == 0
-    array[...] = 1
-    assert (array == 1).all()
-
-
 def test_direct_writable_needs_address_offset_and_length_aligned():
     block = aligned_empty((2, 1024), np.float32)  # 8 KiB
     assert direct_writable(0, block) == hasattr(os, "O_DIRECT")

@@ -2,6 +2,7 @@
 
 import tracemalloc
 
+from streamwhiten import release_buffers
 from streamwhiten.fit import fit_sources
 from streamwhiten.synthetic import write_store
 
@@ -10,6 +11,7 @@ CHUNK_BYTES = CHUNK_ROWS * N_FEATURES * 4
 
 
 def peak_bytes_of_fit(spec):
+    release_buffers()  # count the block buffers: new ones, not those a fit before this one kept
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()
