@@ -91,7 +91,9 @@ def main(argv=None):
         shift = shift.astype(np.float32)
         out_chunk_rows = output_chunk_rows(args.k, np.float32, n_rows)
         warm_page_cache(spec.split(":")[0])
-        apply_model(model, spec, os.path.join(directory, "warmup.zarr"), normalize=True)  # kernels compiled
+        warmup = os.path.join(directory, "warmup.zarr")
+        apply_model(model, spec, warmup, normalize=True, overwrite=True)  # kernels compiled
+        shutil.rmtree(warmup)
         rows_out = []
         for kind, name in (("hdf5", "out.h5"), ("zarr", "out.zarr")):
             target = os.path.join(directory, name)
