@@ -154,19 +154,19 @@ def open_sources(specs, dataset: str | None = None) -> list[Source]:
 
 def block_moments(
     rows: np.ndarray, begin: int, label: str, precision: str = "auto", skip_nonfinite: bool = False,
-    overwrite_input: bool = False,
+    overwrite_input: bool = False, workspace: np.ndarray | None = None,
 ) -> tuple[stats.Moments, int]:
     """Moments of one block read at row ``begin`` of ``label``, and how many of its rows were skipped.
 
     The per-block step of every engine (serial, resumed, Dask). A row holding NaN or Inf raises
     :class:`NonFiniteError` naming ``label`` and the row, unless ``skip_nonfinite`` (then it is dropped
-    and counted).
+    and counted). ``overwrite_input`` and ``workspace`` are passed to :func:`stats.chunk_moments`.
     """
     n_skipped = 0
     if skip_nonfinite:
         rows, n_skipped = stats.drop_nonfinite(rows)
     try:
-        return stats.chunk_moments(rows, precision, overwrite_input=overwrite_input), n_skipped
+        return stats.chunk_moments(rows, precision, workspace, overwrite_input), n_skipped
     except NonFiniteError as exc:
         raise NonFiniteError(
             f"{label}: row {begin + exc.row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
@@ -372,16 +372,25 @@ def check_sources_unchanged(job: FitJob, checkpoint_path: str) -> None:
 # --------------------------------------------------------------------------------------------- running
 
 
-def _block_buffers(job: FitJob) -> PerThread:
-    """One reused byte buffer per worker thread, large enough for a block of the widest dtype among the
-    sources still to read; each source's blocks are read into it as that source's dtype."""
+def _block_buffers(job: FitJob) -> tuple[PerThread, PerThread]:
+    """Two reused byte buffers per worker thread: one large enough for a block of the widest dtype among
+    the sources still to read, which each source's blocks are read into as that source's dtype; and one
+    for a block in float64, taken only where rows are centred into another dtype than they were read in
+    (float32 rows with ``precision='float64'``)."""
     remaining = [cursor for cursor in job.cursors if not cursor.done] or job.cursors
     itemsize = max(np.dtype(c.fingerprint["dtype"]).itemsize for c in remaining)
     rows = max(1, min(job.block_rows, job.rows_total - job.rows_done))
-    return PerThread((rows * remaining[0].fingerprint["n_features"] * itemsize,), np.uint8)
+    n_features = remaining[0].fingerprint["n_features"]
+    return PerThread((rows * n_features * itemsize,), np.uint8), PerThread((rows * n_features * 8,), np.uint8)
 
 
-def _block_tasks(job: FitJob, opened: list, buffers: PerThread):
+def _as_block(buffer: np.ndarray, n_rows: int, n_features: int, dtype) -> np.ndarray:
+    """The first bytes of a byte ``buffer`` as an ``n_rows x n_features`` array of ``dtype``."""
+    dtype = np.dtype(dtype)
+    return buffer[: n_rows * n_features * dtype.itemsize].view(dtype).reshape(n_rows, n_features)
+
+
+def _block_tasks(job: FitJob, opened: list, buffers: tuple):
     """One task per remaining block of ``job``, source by source; opens each source as it is reached
     (appending it to ``opened``)."""
     for index, cursor in enumerate(job.cursors):
@@ -394,11 +403,15 @@ def _block_tasks(job: FitJob, opened: list, buffers: PerThread):
 
 
 def _read_block_moments(index, begin, end, source, buffers, precision, skip_nonfinite) -> tuple:
-    """The work of one block in a worker thread: read it into this thread's buffer, then its moments."""
-    n_bytes = (end - begin) * source.n_features * source.dtype.itemsize
-    buffer = buffers.get()[:n_bytes].view(source.dtype).reshape(end - begin, source.n_features)
-    rows = source.read_into(begin, end, buffer)
-    moments, skipped = block_moments(rows, begin, source.label, precision, skip_nonfinite, overwrite_input=True)
+    """The work of one block in a worker thread: read it into this thread's buffer, then its moments
+    (centred in that buffer, or in this thread's second one when the working dtype differs)."""
+    reads, workspaces = buffers
+    rows = source.read_into(begin, end, _as_block(reads.get(), end - begin, source.n_features, source.dtype))
+    work = stats.working_dtype(source.dtype, precision)
+    workspace = None
+    if work != source.dtype and source.dtype != np.float16:  # float16 is widened in a copy of its own
+        workspace = _as_block(workspaces.get(), end - begin, source.n_features, work)
+    moments, skipped = block_moments(rows, begin, source.label, precision, skip_nonfinite, True, workspace)
     return index, begin, end, moments, skipped, source
 
 
@@ -437,7 +450,7 @@ def run_job(
     workers = min(job.threads, max(1, job.blocks_total))
     opened: list[Source] = []
     buffers = _block_buffers(job)
-    with kept_for_next_run(buffers):  # once the workers have stopped
+    with kept_for_next_run(*buffers):  # once the workers have stopped
         results = ordered_map(_read_block_moments, _block_tasks(job, opened, buffers), workers,
                               worker_blas_threads(workers))
         try:
