@@ -27,3 +27,13 @@ def test_benchmark_help(script):
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--help"], capture_output=True,
                             text=True, cwd=REPO / "benchmarks")
     assert result.returncode == 0 and "--quick" in result.stdout
+
+
+@pytest.mark.parametrize("script", ["fit_throughput.py", "apply_throughput.py"])
+def test_benchmark_reruns_in_the_same_workdir(tmp_path, script):
+    """What a run leaves in ``--workdir`` does not stop the next run there."""
+    for _ in range(2):
+        result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--quick", "--workdir",
+                                 str(tmp_path / "work"), "--results", str(tmp_path)],
+                                capture_output=True, text=True, cwd=REPO / "benchmarks", timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
