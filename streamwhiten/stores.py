@@ -117,7 +117,9 @@ class Source:
         self.dataset = dataset
         self._array = array
         self.shape = tuple(int(s) for s in array.shape)
-        self.dtype = np.dtype(array.dtype)
+        # Rows are read in native byte order (h5py, zarr and numpy convert a big-endian store as they
+        # read), which is what the kernels and BLAS work on.
+        self.dtype = np.dtype(array.dtype).newbyteorder("=")
         #: rows per chunk of the store itself (None for a contiguous layout)
         self.chunk_rows = chunk_rows
 

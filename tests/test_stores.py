@@ -161,3 +161,26 @@ def test_raw_zarr_reads_past_the_end_fail_like_zarr(tmp_path):
     spec = write_zarr(tmp_path / "a.zarr", np.ones((10, 2), np.float32), chunk_rows=4)
     with open_source(spec) as source, pytest.raises(StoreIOError, match="outside its 10 rows"):
         source.read(8, 12)
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(">f8", 1e-12), (">f4", 1e-5)])
+@pytest.mark.parametrize("kind", ["h5", "npy"])
+def test_big_endian_stores_are_read_in_native_order(tmp_path, dtype, tolerance, kind):
+    import h5py
+
+    from streamwhiten.fit import fit_sources
+
+    rows = anisotropic(600, 5) + 3
+    if kind == "h5":
+        with h5py.File(tmp_path / "be.h5", "w") as handle:
+            handle.create_dataset("x", data=rows.astype(dtype), chunks=(100, 5))
+        spec = f"{tmp_path / 'be.h5'}:/x"
+    else:
+        np.save(tmp_path / "be.npy", rows.astype(dtype))
+        spec = str(tmp_path / "be.npy")
+    with open_source(spec) as source:
+        assert source.dtype.isnative and source.dtype.itemsize == np.dtype(dtype).itemsize
+        np.testing.assert_array_equal(source.read(10, 20), rows[10:20].astype(dtype))
+    state = fit_sources(spec, block_rows=200).state  # big-endian float64 keeps float64 products
+    reference = np.cov(rows.astype(dtype).astype(np.float64), rowvar=False, bias=True)
+    np.testing.assert_allclose(state.scatter / state.n_rows, reference, rtol=tolerance, atol=tolerance)
