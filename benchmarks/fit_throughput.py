@@ -2,16 +2,18 @@
 
 Reference ("the limit"): bare numpy float32 ``X.T @ X`` over the same chunks held in memory. The
 streamwhiten fit reads the same rows from HDF5, uncompressed Zarr and blosc/zstd Zarr stores (warm page
-cache) and must stay within 0.85x of it. The references and the fits run in turn for ``--repeats``
-rounds; ratios are of the fastest run of each (the median of the per-round ratios is reported too). A
-second reference spreads the same products over one single-threaded BLAS call per core, which is how
-the fit runs them, so the cost of reading and centring can be read off on its own. Peers on the same in-memory data
-(``--peer-chunks`` chunks): ``np.cov`` (how the reference BERT-whitening code does it, and the float64
-two-pass reference for accuracy), scikit-learn ``IncrementalPCA(256, whiten=True).partial_fit`` with 8k
-batches, and faiss ``PCAMatrix(d, 256, -0.5)``. Also: scaling in rows and in d, finalize time at
-d = 4096, and the first-call (numba compile) time, which is excluded from every throughput figure. A
-fit keeps its block buffers for the next one in the process (see ``streamwhiten._buffers``), so the
-timed fits after the first reuse them; what new buffers add to a process's first fit is reported too.
+cache); from HDF5 and uncompressed Zarr it must reach 0.85x of it (compressed Zarr is reported). The
+references and the fits run in turn for ``--repeats`` rounds; ratios are of the fastest run of each (the
+median of the per-round ratios is reported too). A second reference spreads the same products over one
+single-threaded BLAS call per core, which is how the fit runs them, so the cost of reading and centring
+can be read off on its own. Peers on the same in-memory data (``--peer-chunks`` chunks): ``np.cov`` (how
+the reference BERT-whitening code does it, and the float64 two-pass reference for accuracy),
+scikit-learn ``IncrementalPCA(256, whiten=True).partial_fit`` with 8k batches (one run on the first
+32,768 rows: it is slow), and faiss ``PCAMatrix(d, 256, -0.5)``. Also: scaling in rows and in d,
+finalize time at d = 4096, and the first-call (numba compile) time, which is excluded from every
+throughput figure. A fit keeps its block buffers for the next one in the process (see
+``streamwhiten._buffers``), so the timed fits after the first reuse them; what new buffers add to a
+process's first fit is reported too.
 
     python benchmarks/fit_throughput.py                     # the full run (about 15 minutes)
     python benchmarks/fit_throughput.py --sections peers    # one table only
@@ -87,8 +89,9 @@ def fit_runner(spec, holder: dict, key: str, **options):
 
 
 def new_buffers_cost(run, warm_seconds: float) -> float:
-    """Extra seconds of a fit whose block buffers are new (a process's first fit) over the fastest fit
-    that reused the buffers of the one before: what allocating and first touching them costs."""
+    """Extra seconds of one fit whose block buffers are new (after ``release_buffers()``, as in a
+    process's first fit) over the fastest fit that reused them: roughly what allocating and first
+    touching them costs (a single run, so it carries that run's noise)."""
     from streamwhiten import release_buffers
 
     release_buffers()

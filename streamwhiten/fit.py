@@ -6,9 +6,9 @@ fixed ``block_rows`` and folded in a fixed order (source by source, block by blo
 always gives the same bits, and a job resumed from a checkpoint gives exactly the bits of one that
 never stopped. Checkpoints (state + cursors) are written atomically with a checksum.
 
-Each block is read, centred and multiplied by one of a few worker threads (see ``_threads``), with one
-reused buffer per thread, while the others work on the next blocks; this thread folds the results in
-block order.
+Each block is read, centred and multiplied by one of a few worker threads (see ``_threads``), with
+reused buffers per thread (see ``_buffers``), while the others work on the next blocks; this thread
+folds the results in block order.
 """
 
 from __future__ import annotations

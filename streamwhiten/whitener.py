@@ -55,7 +55,8 @@ class Whitener:
         in-memory array (default 65536).
     n_jobs : int, optional
         Worker threads, each reducing whole blocks (default: one per core, at most four; -1: one per
-        core). Memory is about one block per thread; the same ``n_jobs`` and ``chunk_rows`` on the same
+        core). Memory is about one block per thread, kept for the next fit in the process until
+        ``streamwhiten.release_buffers()``; the same ``n_jobs`` and ``chunk_rows`` on the same
         machine give the same bits (float32 BLAS rounding can depend on its threads per call).
 
     Changing ``beta``, ``gamma``, ``n_components``, ``variance`` or ``eps`` after fitting (``set_params``)
