@@ -34,12 +34,16 @@ def _capacity(owner: np.ndarray) -> int:
     return owner.nbytes - ALIGNMENT
 
 
-def _aligned(owner: np.ndarray, shape, dtype) -> np.ndarray:
-    """``owner``'s bytes from its first aligned address, as an array of ``shape`` and ``dtype``."""
+def as_array(buffer: np.ndarray, shape, dtype) -> np.ndarray:
+    """The first bytes of a byte ``buffer`` as an array of ``shape`` and ``dtype`` (a view, no copy)."""
     dtype = np.dtype(dtype)
     n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    start = -owner.ctypes.data % ALIGNMENT
-    return owner[start : start + n_bytes].view(dtype).reshape(shape)
+    return buffer[:n_bytes].view(dtype).reshape(shape)
+
+
+def _aligned(owner: np.ndarray, shape, dtype) -> np.ndarray:
+    """``owner``'s bytes from its first aligned address, as an array of ``shape`` and ``dtype``."""
+    return as_array(owner[-owner.ctypes.data % ALIGNMENT :], shape, dtype)
 
 
 class _Cache:
@@ -71,8 +75,8 @@ class _Cache:
 
     def give_back(self, array: np.ndarray) -> None:
         with self._lock:
-            owner = self._lent.pop(id(array.base), None)
-            if owner is not None and owner is array.base:
+            owner = self._lent.pop(id(array.base), None)  # alive, so its id is its own
+            if owner is not None:
                 self._free.append(owner)
 
     def release(self) -> int:

@@ -26,7 +26,7 @@ from ._npz import read_npz, write_npz_atomic
 from .errors import (
     BadInputError, InterruptedRunError, ModelFileError, NonFiniteError, NothingToDoError, StoreIOError,
 )
-from ._buffers import PerThread, kept_for_next_run
+from ._buffers import PerThread, as_array, kept_for_next_run
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 from .stores import Source, count_blocks, fingerprint, open_source
 
@@ -384,12 +384,6 @@ def _block_buffers(job: FitJob) -> tuple[PerThread, PerThread]:
     return PerThread((rows * n_features * itemsize,), np.uint8), PerThread((rows * n_features * 8,), np.uint8)
 
 
-def _as_block(buffer: np.ndarray, n_rows: int, n_features: int, dtype) -> np.ndarray:
-    """The first bytes of a byte ``buffer`` as an ``n_rows x n_features`` array of ``dtype``."""
-    dtype = np.dtype(dtype)
-    return buffer[: n_rows * n_features * dtype.itemsize].view(dtype).reshape(n_rows, n_features)
-
-
 def _block_tasks(job: FitJob, opened: list, buffers: tuple):
     """One task per remaining block of ``job``, source by source; opens each source as it is reached
     (appending it to ``opened``)."""
@@ -406,11 +400,12 @@ def _read_block_moments(index, begin, end, source, buffers, precision, skip_nonf
     """The work of one block in a worker thread: read it into this thread's buffer, then its moments
     (centred in that buffer, or in this thread's second one when the working dtype differs)."""
     reads, workspaces = buffers
-    rows = source.read_into(begin, end, _as_block(reads.get(), end - begin, source.n_features, source.dtype))
+    shape = (end - begin, source.n_features)
+    rows = source.read_into(begin, end, as_array(reads.get(), shape, source.dtype))
     work = stats.working_dtype(source.dtype, precision)
     workspace = None
     if work != source.dtype and source.dtype != np.float16:  # float16 is widened in a copy of its own
-        workspace = _as_block(workspaces.get(), end - begin, source.n_features, work)
+        workspace = as_array(workspaces.get(), shape, work)
     moments, skipped = block_moments(rows, begin, source.label, precision, skip_nonfinite, True, workspace)
     return index, begin, end, moments, skipped, source
 
