@@ -1,5 +1,20 @@
+"""``python -m streamwhiten`` and the ``streamwhiten`` command.
+
+The signal handlers go in before the CLI and its libraries are imported, so a SIGINT/SIGTERM that
+arrives while the program starts ends it cleanly (exit 130, one line) instead of half-way.
+"""
+
 import sys
 
-from .cli import main
 
-sys.exit(main())
+def main() -> int:
+    from . import _interrupt
+
+    _interrupt.install()
+    from .cli import main as cli_main
+
+    return cli_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

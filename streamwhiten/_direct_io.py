@@ -76,6 +76,10 @@ class ChunkFile:
                 self._close_direct()  # refused after all (an unusual block size): buffered from now on
         _pwrite_all(self._fd, view, offset)
 
+    def fsync(self) -> None:
+        """Make every write so far durable (both descriptors name the same inode)."""
+        os.fsync(self._fd)
+
     def _close_direct(self) -> None:
         if self._direct_fd is not None:
             os.close(self._direct_fd)

@@ -13,6 +13,7 @@ import zipfile
 
 import numpy as np
 
+from ._durable import write_file_atomic
 from .errors import ModelFileError
 
 
@@ -27,24 +28,15 @@ def checksum(arrays: dict) -> str:
     return digest.hexdigest()
 
 
-def write_npz_atomic(path: str, arrays: dict) -> str:
-    """Write ``arrays`` plus their checksum to ``path`` via temp file, fsync and rename; returns the checksum.
+def write_npz_atomic(path: str, arrays: dict, what: str = "file") -> str:
+    """Write ``arrays`` plus their checksum to ``path`` durably (see :func:`write_file_atomic`); returns the checksum.
 
-    On any failure (disk full included) the temporary file is removed and ``path`` keeps its old content.
+    On any failure (disk full included) the temporary file is removed, ``path`` keeps its old content,
+    and :class:`~streamwhiten.errors.StoreIOError` names ``path``. Leftovers of killed writers of the
+    same path are removed first.
     """
-    path = os.fspath(path)
     digest = checksum(arrays)
-    temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "wb") as handle:
-            np.savez(handle, **arrays, checksum=np.array(digest))
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise
+    write_file_atomic(path, lambda handle: np.savez(handle, **arrays, checksum=np.array(digest)), what)
     return digest
 
 

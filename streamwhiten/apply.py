@@ -19,10 +19,12 @@ import numpy as np
 from . import __version__
 from ._buffers import BufferPool, PerThread, kept_for_next_run
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
-from .errors import BadInputError, InterruptedRunError, NonFiniteError, OutputExistsError, ValuesTooLargeError
+from .errors import (
+    BadInputError, InterruptedRunError, NonFiniteError, NothingToDoError, OutputExistsError, ValuesTooLargeError,
+)
 from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
 from .stores import (
-    create_sink, fingerprint, open_source, output_chunk_rows, resume_sink, same_file, split_spec,
+    create_sink, fingerprint, open_source, output_chunk_rows, read_attrs, refuse_input_overlap, resume_sink, split_spec,
 )
 
 
@@ -36,9 +38,23 @@ def check_output(model: WhiteningModel, source, output_spec: str) -> None:
         raise BadInputError(
             f"{source.label}: has {source.n_features} columns but the model was fitted on {model.n_features}"
         )
-    out_path, _ = split_spec(output_spec)
-    if same_file(out_path, source.path):
-        raise BadInputError(f"{out_path}: the output would replace the input; choose another path")
+    refuse_input_overlap({output_spec: "output"}, [source.path])
+
+
+def output_is_current(output_spec: str, checksum: str, source_sha256: str, normalize: bool, dtype) -> bool:
+    """Whether ``output_spec`` is a complete output of the same model (checksum, hence parameters),
+    input rows (sampled fingerprint), normalisation and dtype: then writing it again changes nothing."""
+    if not os.path.exists(split_spec(output_spec)[0]):
+        return False
+    try:
+        attrs = read_attrs(output_spec)
+        with open_source(output_spec, min_rows=0) as existing:
+            stored_dtype = existing.dtype
+    except Exception:  # an unreadable old output is simply rewritten
+        return False
+    return (attrs.get("complete") in (True, 1) and attrs.get("model_checksum") == checksum
+            and attrs.get("source_sha256") == source_sha256 and bool(attrs.get("normalized")) == bool(normalize)
+            and np.dtype(stored_dtype) == np.dtype(dtype))
 
 
 def output_attrs(model: WhiteningModel, source, normalize: bool, source_sha256: str | None = None,
@@ -134,6 +150,7 @@ def apply_model(
     progress_seconds: float = 10.0,
     threads: int | None = None,
     direct_io: bool = True,
+    fill_missing_chunks: bool = False,
 ) -> dict:
     """Write ``transform(rows)`` for every row of ``input_spec`` to ``output_spec``; returns a summary.
 
@@ -152,15 +169,20 @@ def apply_model(
     """
     began = time.perf_counter()
     threads = resolve_threads(threads, default=APPLY_DEFAULT_THREADS)
-    source = open_source(input_spec, dataset, min_rows=1)
+    source = open_source(input_spec, dataset, min_rows=1, fill_missing_chunks=fill_missing_chunks)
     try:
         check_output(model, source, output_spec)
         out_path, _ = split_spec(output_spec)
+        checksum = model_checksum(model)
+        source_print = fingerprint(source)
+        source_sha256 = source_print["sha256_sampled"]
         if os.path.lexists(out_path) and not overwrite:
+            if output_is_current(output_spec, checksum, source_sha256, normalize, dtype):
+                raise NothingToDoError(f"nothing to do: {out_path} is up to date (written by this model, with the same "
+                                       "settings, from the same input)")
             raise OutputExistsError(f"{out_path}: already exists (pass --overwrite to replace it)")
         work = np.float64 if source.dtype == np.float64 else np.float32
         weights, shift = model.projection(work)
-        checksum = model_checksum(model)
         if block_rows is not None and int(block_rows) < 1:
             raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
         chunk_rows = output_chunk_rows(model.n_components, dtype, source.n_rows)
@@ -170,7 +192,7 @@ def apply_model(
         rows_per_block = aligned_block_rows(block_rows, source, chunk_rows)
         # What must match for a partial output to be continued rather than started over.
         job = {
-            "model_checksum": checksum, "source": fingerprint(source), "output": os.path.abspath(out_path),
+            "model_checksum": checksum, "source": source_print, "output": os.path.abspath(out_path),
             "normalize": bool(normalize), "dtype": str(np.dtype(dtype)), "zarr_format": int(zarr_format),
             "block_rows": rows_per_block, "skip_nonfinite": bool(skip_nonfinite),
             "threads": threads,  # BLAS rounding can depend on its threads per call: a resume must match
@@ -178,7 +200,7 @@ def apply_model(
         sink, start, n_nonfinite = resume_sink(output_spec, job, direct_io) if resume else (None, 0, 0)
         resumed_at = start
         if sink is None:
-            attrs = output_attrs(model, source, normalize, job["source"]["sha256_sampled"], checksum)
+            attrs = output_attrs(model, source, normalize, source_sha256, checksum)
             sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
                                chunk_rows, direct_io)
         last_record = time.perf_counter()
@@ -235,8 +257,7 @@ def apply_model(
             finally:
                 results.close()
                 _join(writer)  # no write may still be running when the sink is closed, committed or removed
-            sink._array.attrs["n_nonfinite_rows"] = n_nonfinite
-            sink.commit(overwrite)
+            sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite})
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)
     finally:
         source.close()

@@ -16,9 +16,10 @@ from contextlib import contextmanager
 
 import click
 
-from . import __version__
+from . import __version__, _interrupt
 from .errors import (
-    EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_IO, BadInputError, NothingToDoError, OutputExistsError, StreamwhitenError,
+    EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_IO, BadInputError, InterruptedRunError, NothingToDoError, OutputExistsError,
+    StoreIOError, StreamwhitenError,
 )
 
 PRECISION = click.Choice(["auto", "float32", "float64"])
@@ -28,11 +29,13 @@ PRECISION = click.Choice(["auto", "float32", "float64"])
 
 
 def _emit(ctx_json: bool, summary: dict, lines: list[str]) -> None:
-    if ctx_json:
-        click.echo(json.dumps(_strict_json(summary), indent=2, sort_keys=True, allow_nan=False))
-    else:
-        for line in lines:
-            click.echo(line)
+    text = json.dumps(_strict_json(summary), indent=2, sort_keys=True, allow_nan=False) if ctx_json else "\n".join(lines)
+    try:
+        click.echo(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        raise StoreIOError(f"standard output: cannot write the summary: {exc.strerror or exc} "
+                           "(the command itself completed)") from exc
 
 
 def _strict_json(value):
@@ -135,33 +138,17 @@ def cli():
     """Fit and apply whitening transforms to embedding stores larger than memory."""
 
 
-@contextmanager
 def stop_on_signals():
-    """Turn the first SIGINT/SIGTERM into a request to stop at the next block boundary.
+    """The first SIGINT/SIGTERM asks the library to stop at its next safe point (between blocks,
+    before a save), where it saves its progress and raises an interruption; a second one stops at once.
+    Yields ``should_stop``."""
+    return _interrupt.deferred()
 
-    The library then saves its progress (checkpoint or partial output) and raises an interruption; a
-    second signal stops at once.
-    """
-    import signal
-    import threading
 
-    requested = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        yield requested.is_set
-        return
-
-    def handler(signum, frame):
-        if requested.is_set():
-            raise KeyboardInterrupt
-        requested.set()
-        click.echo(f"streamwhiten: {signal.Signals(signum).name} received, saving progress before stopping", err=True)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield requested.is_set
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+fill_missing_option = click.option(
+    "--fill-missing-chunks", is_flag=True,
+    help="Read chunks missing from an input store (Zarr) or never written (HDF5) as the array's fill value. "
+         "Without it such a store is refused: a hole is usually a damaged or half-copied store.")
 
 
 @cli.command()
@@ -175,25 +162,27 @@ def stop_on_signals():
 @click.option("--update", "update", default=None, metavar="MODEL",
               help="Fold only rows appended since MODEL was fitted (and new inputs) into its statistics.")
 @click.option("--checkpoint", default=None, help="Checkpoint file (default: .MODEL.checkpoint beside the model).")
-@click.option("--checkpoint-every", type=int, default=20, show_default=True, help="Checkpoint every N blocks.")
-@click.option("--checkpoint-seconds", type=float, default=60.0, show_default=True, help="... or every T seconds.")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Checkpoint every N blocks.")
+@click.option("--checkpoint-seconds", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
+              help="... or every T seconds.")
 @click.option("--resume", is_flag=True, help="Require a checkpoint to resume from (a matching one is used anyway).")
 @click.option("--restart", is_flag=True, help="Discard an existing checkpoint and start over.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file.")
+@fill_missing_option
 @engine_options
 @common_quiet
 @common_json
 def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, precision, chunk_rows,
         skip_nonfinite, update, checkpoint, checkpoint_every, checkpoint_seconds, resume, restart, overwrite,
-        engine, scheduler, workers, threads, quiet, as_json):
+        fill_missing_chunks, engine, scheduler, workers, threads, quiet, as_json):
     """Fit a whitening model on one or more stores (HDF5, Zarr, .npy; globs allowed) in one pass.
 
     Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
     """
-    from .fit import remove_checkpoint
-    from .jobs import fit_job
+    from .jobs import default_checkpoint, fit_job, save_fitted
     from .model import check_params, save_model
-    from .stores import expand_specs, same_file
+    from .stores import expand_specs, refuse_input_overlap, same_file
 
     _check_engine(engine, scheduler, workers, threads)
     if engine == "dask" and (update or resume):
@@ -204,27 +193,31 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
         if update is None:
             raise BadInputError("give the model file to write with -o/--output")
         model_path = update
-    elif os.path.exists(model_path) and not overwrite and not (update and same_file(update, model_path)):
+    specs = expand_specs(inputs)
+    refuse_input_overlap({model_path: "model file", checkpoint or default_checkpoint(model_path): "checkpoint"}, specs)
+    if os.path.exists(model_path) and not overwrite and not (update and same_file(update, model_path)):
         raise OutputExistsError(f"{model_path}: already exists (pass --overwrite to replace it)")
     began = time.perf_counter()
     if engine == "dask":
         from .distributed import fit_dask
         from .model import finalize
 
-        result = fit_dask(expand_specs(inputs), dataset, precision, skip_nonfinite, chunk_rows,
-                          scheduler=scheduler, n_workers=workers)
+        result = fit_dask(specs, dataset, precision, skip_nonfinite, chunk_rows, scheduler=scheduler,
+                          n_workers=workers, fill_missing_chunks=fill_missing_chunks)
         model = finalize(result.state, sources=result.sources, info={"n_skipped_nonfinite": result.n_skipped}, **params)
-        resumed, checkpoint, n_sources = False, None, len(result.sources)
+        resumed, n_sources = False, len(result.sources)
         rows_read, read_seconds, n_skipped = result.state.n_rows, result.seconds, result.n_skipped
+        with stop_on_signals():  # a signal during the save lets it finish (the file is whole or absent)
+            checksum = save_model(model, model_path)
     else:
         with progress_bar("fit", quiet) as progress, stop_on_signals() as should_stop:
             model, job, resumed, checkpoint = fit_job(
-                expand_specs(inputs), model_path, dataset, params, precision, chunk_rows, skip_nonfinite, update,
+                specs, model_path, dataset, params, precision, chunk_rows, skip_nonfinite, update,
                 checkpoint, checkpoint_every, checkpoint_seconds, restart, resume, progress, should_stop, threads,
+                fill_missing_chunks,
             )
+            checksum = save_fitted(model, job, model_path, checkpoint, should_stop)
         n_sources, rows_read, read_seconds, n_skipped = len(job.cursors), job.rows_done, job.seconds, job.n_skipped
-    checksum = save_model(model, model_path)
-    remove_checkpoint(checkpoint)
     seconds = time.perf_counter() - began
     summary = dict(model.summary(), model=model_path, checksum=checksum, seconds=seconds, rows_read=rows_read,
                    resumed=resumed, updated=update is not None, engine=engine,
@@ -256,7 +249,8 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @click.option("--restart", is_flag=True, help="Discard the partial output of an interrupted run instead of resuming it.")
 @click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=10.0, show_default=True,
               help="Make the rows written durable and record them for a resume every T seconds (0: every block).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output (one that is up to date is kept: exit 3).")
+@fill_missing_option
 @click.option("--direct-io/--no-direct-io", default=None,
               help="Serial engine: write whole output chunks around the page cache (O_DIRECT, where the file system "
                    "allows it; the default): no CPU spent copying, and the cached input is left alone. "
@@ -265,16 +259,18 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @common_quiet
 @common_json
 def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_components, variance, eps, normalize, dtype,
-          chunk_rows, zarr_format, skip_nonfinite, restart, checkpoint_seconds, overwrite, direct_io, engine, scheduler,
-          workers, threads, quiet, as_json):
+          chunk_rows, zarr_format, skip_nonfinite, restart, checkpoint_seconds, overwrite, fill_missing_chunks, direct_io,
+          engine, scheduler, workers, threads, quiet, as_json):
     """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store.
 
     An interrupted run leaves a hidden partial output that the same command resumes.
     """
     from .apply import apply_model
     from .model import load_model
+    from .stores import refuse_input_overlap
 
     _check_engine(engine, scheduler, workers, threads)
+    refuse_input_overlap({output_spec: "output"}, [input_spec, model_path])
     if engine == "dask" and direct_io is not None:
         raise BadInputError("--direct-io/--no-direct-io is for the serial engine (Dask workers write through zarr)")
     model = load_model(model_path)
@@ -287,12 +283,12 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
 
             summary = apply_dask(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
                                  skip_nonfinite, int(zarr_format), scheduler=scheduler, n_workers=workers,
-                                 progress=progress)
+                                 progress=progress, fill_missing_chunks=fill_missing_chunks)
         else:
             summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
                                   skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart,
                                   progress_seconds=checkpoint_seconds, threads=threads,
-                                  direct_io=direct_io is not False)
+                                  direct_io=direct_io is not False, fill_missing_chunks=fill_missing_chunks)
     _emit(as_json, summary, [
         f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
         f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "
@@ -382,12 +378,19 @@ def _run_demo(run_demo, directory, rows, dim, k, chunk_rows, seed, quiet):
 def run(job_file, log_file, restart, quiet, as_json):
     """Run a batch job (job.toml): fit or update, finalize, apply; each step skipped when up to date.
 
-    Exit codes: 0 done, 3 nothing to do, 2 bad input, 75 another run holds the lock, 130 interrupted.
+    Exit codes: 0 done, 3 nothing to do, 2 bad input, 74 I/O error (disk full: the previous checkpoint or
+    output is kept), 75 another run holds the lock, 130 interrupted.
     """
-    from .jobs import run_job_file
+    from .jobs import read_job_file, run_job_file
+    from .stores import expand_specs, refuse_input_overlap
 
+    logging.getLogger("streamwhiten").setLevel(logging.INFO)
     if log_file:
-        handler = logging.FileHandler(log_file)
+        refuse_input_overlap({log_file: "log file"}, [job_file, *expand_specs(read_job_file(job_file).inputs)])
+        try:
+            handler = _LogFileHandler(log_file)
+        except OSError as exc:
+            raise StoreIOError(f"{log_file}: cannot open the log file: {exc.strerror or exc}") from exc
         handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE))
         logging.getLogger("streamwhiten").addHandler(handler)
     with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
@@ -662,6 +665,15 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks,
 
 # ------------------------------------------------------------------------------------------ entry point
 
+class _LogFileHandler(logging.FileHandler):
+    """A log file whose write errors (disk full) stop the run with one line naming the file, rather
+    than logging's traceback on stderr."""
+
+    def handleError(self, record):
+        exc = sys.exc_info()[1]
+        raise StoreIOError(f"{self.baseFilename}: cannot write the log file: {getattr(exc, 'strerror', None) or exc}")
+
+
 LOG_FORMAT = "%(asctime)s streamwhiten: %(message)s"
 LOG_DATE = "%Y-%m-%dT%H:%M:%S%z"
 
@@ -673,48 +685,77 @@ def _configure_logging() -> None:
         handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE))
         handler._streamwhiten = True
         logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    # Progress notes are for `run`, whose timestamped log is its record; other commands print a summary
+    # on stdout, so their stderr holds nothing but a failure.
+    logger.setLevel(logging.WARNING)
     logger.propagate = False
+    logging.raiseExceptions = False  # stderr that cannot be written: no traceback about it on stderr
 
 
 def main(argv=None) -> int:
     """Run the CLI; map every failure to one line on stderr and an exit code."""
-    debug = bool(os.environ.get("STREAMWHITEN_DEBUG"))
-    _configure_logging()
+    installed = _interrupt.install()  # already done by the entry point, except when called in-process
     try:
+        return _main(argv)
+    finally:
+        if installed:
+            _interrupt.uninstall()
+
+
+def _main(argv) -> int:
+    debug = bool(os.environ.get("STREAMWHITEN_DEBUG"))
+    try:
+        _configure_logging()
+        if _interrupt.requested.is_set():  # a signal while the program was starting
+            raise KeyboardInterrupt
+        _interrupt.start_immediate()
         cli.main(args=argv, prog_name="streamwhiten", standalone_mode=False)
+        _interrupt.hold()
+        if _interrupt.requested.is_set():
+            click.echo(f"streamwhiten: {_interrupt.signal_name()} received as the command finished; "
+                       "what it wrote is complete", err=True)
+            return EXIT_INTERRUPTED
         return 0
-    except click.exceptions.Exit as exc:
+    except BaseException as exc:  # noqa: B036 - every way out is one line and an exit code
+        _interrupt.hold()  # a further signal must not interrupt the report
+        return _report(exc, debug)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The message of ``exc`` on one line (some libraries' messages span several)."""
+    return " ".join(str(exc).split())
+
+
+def _report(exc: BaseException, debug: bool) -> int:
+    """The one line on stderr for ``exc``, and its exit code."""
+    if isinstance(exc, click.exceptions.Exit):
         return exc.exit_code
-    except click.ClickException as exc:
+    if isinstance(exc, click.ClickException):
         hint = " (see --help)" if isinstance(exc, click.UsageError) else ""
         click.echo(f"streamwhiten: error: {exc.format_message()}{hint}", err=True)
         return exc.exit_code
-    except click.exceptions.Abort:
-        click.echo("streamwhiten: interrupted", err=True)
+    if isinstance(exc, (click.exceptions.Abort, KeyboardInterrupt)):
+        click.echo(f"streamwhiten: interrupted by {_interrupt.signal_name()}", err=True)
         return EXIT_INTERRUPTED
-    except NothingToDoError as exc:
-        click.echo(f"streamwhiten: {exc}", err=True)
+    if isinstance(exc, NothingToDoError):
+        click.echo(f"streamwhiten: {_one_line(exc)}", err=True)
         return exc.exit_code
-    except StreamwhitenError as exc:
-        if debug:
-            raise
-        click.echo(f"streamwhiten: error: {exc}", err=True)
+    if isinstance(exc, InterruptedRunError):
+        click.echo(f"streamwhiten: stopped by {_interrupt.signal_name()}: {_one_line(exc)}", err=True)
         return exc.exit_code
-    except KeyboardInterrupt:
-        click.echo("streamwhiten: interrupted", err=True)
-        return EXIT_INTERRUPTED
-    except OSError as exc:
-        if debug:
-            raise
-        click.echo(f"streamwhiten: error: {exc}", err=True)
+    if debug and isinstance(exc, Exception):
+        raise exc
+    if isinstance(exc, StreamwhitenError):
+        click.echo(f"streamwhiten: error: {_one_line(exc)}", err=True)
+        return exc.exit_code
+    if isinstance(exc, OSError):
+        click.echo(f"streamwhiten: error: {_one_line(exc)}", err=True)
         return EXIT_IO
-    except Exception as exc:  # a bug: still one line, with a hint how to see more
-        if debug:
-            raise
-        click.echo(f"streamwhiten: internal error: {exc.__class__.__name__}: {exc} "
+    if isinstance(exc, Exception):  # a bug: still one line, with a hint how to see more
+        click.echo(f"streamwhiten: internal error: {exc.__class__.__name__}: {_one_line(exc)} "
                    f"(set STREAMWHITEN_DEBUG=1 for the traceback)", err=True)
         return EXIT_INTERNAL
+    raise exc  # SystemExit and the like
 
 
 if __name__ == "__main__":  # pragma: no cover

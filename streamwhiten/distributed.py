@@ -25,8 +25,9 @@ import numpy as np
 
 from . import stats
 from .apply import aligned_block_rows, check_output, output_attrs, summary, transform_block
-from .errors import BadInputError, ClusterError
+from .errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
 from .fit import FitResult, block_moments, check_enough_rows, open_sources
+from .model import float_dtype
 from .stores import create_sink, fingerprint, open_source, output_kind, split_spec
 
 #: States merged by one task of the reduction tree (dask's ``split_every``).
@@ -194,7 +195,7 @@ def fit_dask_array(array, precision: str = "auto", skip_nonfinite: bool = False,
     """
     _require("dask.array")
     stats.working_dtype(np.float32, precision)
-    array = _rows_array(array)
+    array = _rows_array(_native_floats(array))
     parts = _block_tasks(array, label, precision, skip_nonfinite)
     began = time.perf_counter()
     state, n_skipped = _reduce(parts, int(array.shape[0]), client, split_every)
@@ -208,7 +209,7 @@ def dask_moments(array, precision: str = "auto", client=None, split_every: int =
 
 def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_nonfinite: bool = False,
              block_rows: int | None = None, scheduler: str | None = None, n_workers: int | None = None,
-             client=None, split_every: int = SPLIT_EVERY) -> FitResult:
+             client=None, split_every: int = SPLIT_EVERY, fill_missing_chunks: bool = False) -> FitResult:
     """:func:`~streamwhiten.fit.fit_sources` on a Dask cluster: the stores are checked and fingerprinted
     here, their blocks read and reduced on the workers (so every worker must see the same paths).
 
@@ -217,7 +218,7 @@ def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_no
     """
     _require("dask.array")
     stats.working_dtype(np.float32, precision)
-    sources = open_sources(specs, dataset)
+    sources = open_sources(specs, dataset, fill_missing_chunks)
     try:
         fingerprints = [fingerprint(source) for source in sources]
         parts = [task for source in sources for task in _store_tasks(source, block_rows, precision, skip_nonfinite)]
@@ -269,7 +270,7 @@ def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, 
                dtype="float32", block_rows: int | None = None, overwrite: bool = False,
                skip_nonfinite: bool = False, zarr_format: int = 3, scheduler: str | None = None,
                n_workers: int | None = None, client=None, progress=None,
-               output_chunk_rows: int | None = None) -> dict:
+               output_chunk_rows: int | None = None, fill_missing_chunks: bool = False) -> dict:
     """:func:`~streamwhiten.apply.apply_model` on a Dask cluster, writing a Zarr store.
 
     Workers read their blocks, transform them and write whole output chunks into the store under its
@@ -289,7 +290,7 @@ def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, 
     if output_chunk_rows is not None and (isinstance(output_chunk_rows, bool) or output_chunk_rows < 1):
         raise BadInputError(f"output chunk rows must be at least 1, got {output_chunk_rows!r}")
     began = time.perf_counter()
-    source = open_source(input_spec, dataset, min_rows=1)
+    source = open_source(input_spec, dataset, min_rows=1, fill_missing_chunks=fill_missing_chunks)
     try:
         check_output(model, source, output_spec)
         work = np.float64 if source.dtype == np.float64 else np.float32
@@ -325,19 +326,44 @@ def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, 
                     raise
                 if n_written != source.n_rows or len(written) != len(futures):
                     raise ClusterError(f"the transform wrote {n_written} rows of {source.n_rows}; output discarded")
-                sink._array.attrs["n_nonfinite_rows"] = n_nonfinite
-                sink.commit(overwrite)
+                sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite})
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began)
     finally:
         source.close()
 
 
-def transform_dask(model, array, normalize: bool = False):
-    """A lazy dask array of ``model.transform`` applied block by block to the rows of ``array``."""
-    array = _rows_array(array)
+def transform_dask(model, array, normalize: bool = False, skip_nonfinite: bool = False):
+    """A lazy dask array of ``model.transform`` applied block by block to the rows of ``array``.
+
+    When computed, a row holding NaN or Inf raises :class:`NonFiniteError` naming its row in ``array``,
+    unless ``skip_nonfinite`` (its output row is then NaN).
+    """
+    _require("dask.array")
+    array = _rows_array(_native_floats(array))
     if array.shape[1] != model.n_features:
         raise BadInputError(f"the model expects {model.n_features} features, got {array.shape[1]}")
     work = np.float64 if array.dtype == np.float64 else np.float32
-    return array.map_blocks(
-        model.transform, normalize=normalize, dtype=work, chunks=(array.chunks[0], (model.n_components,)),
-    )
+
+    def whiten(rows, block_info=None):
+        begin = block_info[0]["array-location"][0][0] if block_info else 0
+        try:
+            return model.transform(rows, normalize=normalize, skip_nonfinite=skip_nonfinite)
+        except NonFiniteError as exc:  # name the row in the whole array, not in the block
+            row = begin + exc.row
+            raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such "
+                                 "input)", row=row) from None
+        except ValuesTooLargeError as exc:
+            raise ValuesTooLargeError(exc.detail, row=None if exc.row is None else begin + exc.row) from None
+
+    return array.map_blocks(whiten, dtype=work, chunks=(array.chunks[0], (model.n_components,)),
+                            meta=np.empty((0, 0), dtype=work))
+
+
+def _native_floats(array):
+    """``array`` as a dask array of float16, float32 or float64 in native byte order; other dtypes
+    raise :class:`BadInputError` before any task runs."""
+    import dask.array as da
+
+    array = da.asarray(array)
+    native = float_dtype(array.dtype)
+    return array if array.dtype == native else array.astype(native)

@@ -43,6 +43,18 @@ class ValuesTooLargeError(BadInputError):
         self.detail, self.row = detail, row
 
 
+class CorruptStoreError(BadInputError):
+    """A store's data is damaged: a chunk that cannot be decoded, a truncated chunk or file."""
+
+
+class MissingChunkError(CorruptStoreError):
+    """A chunk of a store is missing (a store with a hole); ``rows`` is the range it covers where known."""
+
+    def __init__(self, message, rows=None):
+        super().__init__(message)
+        self.rows = rows
+
+
 class ModelFileError(BadInputError):
     """A model or checkpoint file is missing, corrupt, truncated or of an incompatible version."""
 

@@ -70,6 +70,7 @@ class FitJob:
     seconds: float = 0.0
     n_blocks: int = 0
     threads: int = 0  # worker threads, fixed when the job first runs (0: not yet)
+    fill_missing_chunks: bool = False  # read chunks missing from a store as its fill value
 
     @property
     def n_skipped(self) -> int:
@@ -121,7 +122,7 @@ def _as_list(specs) -> list:
     return list(specs)
 
 
-def open_sources(specs, dataset: str | None = None) -> list[Source]:
+def open_sources(specs, dataset: str | None = None, fill_missing_chunks: bool = False) -> list[Source]:
     """Open every spec and check they share one width.
 
     A single source needs at least 2 rows; among several, an empty one (a shard not yet written, say) is
@@ -135,7 +136,7 @@ def open_sources(specs, dataset: str | None = None) -> list[Source]:
     seen: dict = {}
     try:
         for spec in specs:
-            sources.append(open_source(spec, dataset, min_rows=min_rows))
+            sources.append(open_source(spec, dataset, min_rows=min_rows, fill_missing_chunks=fill_missing_chunks))
             key = sources[-1].identity
             if key in seen:
                 raise BadInputError(f"{sources[-1].label}: given twice (also as {seen[key]}); each input is read once")
@@ -224,14 +225,15 @@ def _block_rows(sources: list[Source], block_rows: int | None) -> int:
     return max(source.default_block_rows() for source in sources)
 
 
-def plan_fit(specs, dataset=None, precision="auto", skip_nonfinite=False, block_rows=None) -> FitJob:
+def plan_fit(specs, dataset=None, precision="auto", skip_nonfinite=False, block_rows=None,
+             fill_missing_chunks=False) -> FitJob:
     """A job reading every row of every source, from an empty state."""
     stats.working_dtype(np.float32, precision)  # validate before any reading
-    sources = open_sources(specs, dataset)
+    sources = open_sources(specs, dataset, fill_missing_chunks)
     try:
         cursors = [Cursor(s.label, fingerprint(s), 0, s.n_rows, 0) for s in sources]
         return FitJob(stats.Moments.empty(sources[0].n_features), cursors, _block_rows(sources, block_rows),
-                      precision, bool(skip_nonfinite))
+                      precision, bool(skip_nonfinite), fill_missing_chunks=bool(fill_missing_chunks))
     finally:
         for source in sources:
             source.close()
@@ -275,13 +277,13 @@ def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> N
 
 
 def plan_update(model_state, recorded_sources: list, specs, dataset=None, precision="auto", skip_nonfinite=False,
-                block_rows=None) -> FitJob:
+                block_rows=None, fill_missing_chunks=False) -> FitJob:
     """A job folding only the rows added since ``recorded_sources`` were read into ``model_state``.
 
     A source recorded before must have kept its rows (append-only); a new source is read whole.
     Raises :class:`NothingToDoError` when there is nothing new.
     """
-    sources = open_sources(specs, dataset)
+    sources = open_sources(specs, dataset, fill_missing_chunks)
     try:
         if sources[0].n_features != model_state.n_features:
             raise BadInputError(f"{sources[0].label}: has {sources[0].n_features} columns but the model has {model_state.n_features}")
@@ -296,8 +298,14 @@ def plan_update(model_state, recorded_sources: list, specs, dataset=None, precis
             _check_prefix(source, recorded)
             cursors.append(Cursor(source.label, current, recorded["n_rows"], source.n_rows, recorded["n_rows"]))
         kept = [r for r in recorded_sources if not any(_same_source(r, c.fingerprint) for c in cursors)]
+        for recorded in kept:
+            if not os.path.exists(recorded["path"]):
+                where = recorded["path"] + (f":/{recorded['dataset']}" if recorded.get("dataset") else "")
+                raise BadInputError(
+                    f"{where}: recorded in the model ({recorded['n_rows']:,} rows) but deleted since; an update "
+                    "cannot take rows out of the statistics (restore it, or refit from scratch without --update)")
         job = FitJob(model_state, cursors, _block_rows(sources, block_rows), precision, bool(skip_nonfinite),
-                     base_rows=model_state.n_rows, kept_sources=kept)
+                     base_rows=model_state.n_rows, kept_sources=kept, fill_missing_chunks=bool(fill_missing_chunks))
         if job.rows_total == 0:
             raise NothingToDoError("nothing to do: no rows were added since the model was fitted")
         return job
@@ -319,6 +327,7 @@ def save_checkpoint(job: FitJob, path: str) -> None:
         "base_rows": job.base_rows,
         "kept_sources": job.kept_sources,
         "threads": job.threads,
+        "fill_missing_chunks": job.fill_missing_chunks,
     }
     arrays = {
         "format": np.array(CHECKPOINT_FORMAT),
@@ -328,11 +337,7 @@ def save_checkpoint(job: FitJob, path: str) -> None:
         "scatter": job.state.scatter,
         "meta_json": np.array(json.dumps(meta, sort_keys=True)),
     }
-    try:
-        write_npz_atomic(path, arrays)
-    except OSError as exc:
-        kept = "the previous checkpoint is kept" if os.path.exists(path) else "no checkpoint was written"
-        raise StoreIOError(f"{path}: cannot write checkpoint ({exc.strerror or exc}); {kept}") from exc
+    write_npz_atomic(path, arrays, "checkpoint")
 
 
 def load_checkpoint(path: str) -> FitJob:
@@ -346,7 +351,7 @@ def load_checkpoint(path: str) -> FitJob:
     state = stats.Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])
     return FitJob(state, [Cursor(**cursor) for cursor in meta["cursors"]], int(meta["block_rows"]),
                   meta["precision"], bool(meta["skip_nonfinite"]), int(meta["base_rows"]), meta["kept_sources"],
-                  threads=int(meta.get("threads", 0)))
+                  threads=int(meta.get("threads", 0)), fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)))
 
 
 def check_resumable(job: FitJob, planned: FitJob, checkpoint_path: str) -> None:
@@ -354,15 +359,17 @@ def check_resumable(job: FitJob, planned: FitJob, checkpoint_path: str) -> None:
     hint = f"; pass --restart to discard {checkpoint_path} and start over"
     if [c.spec for c in job.cursors] != [c.spec for c in planned.cursors]:
         raise BadInputError(f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in job.cursors)}){hint}")
-    if (job.precision, job.skip_nonfinite) != (planned.precision, planned.skip_nonfinite):
-        raise BadInputError(f"{checkpoint_path}: checkpoint was made with other options (precision, skip-nonfinite){hint}")
+    if ((job.precision, job.skip_nonfinite, job.fill_missing_chunks)
+            != (planned.precision, planned.skip_nonfinite, planned.fill_missing_chunks)):
+        raise BadInputError(f"{checkpoint_path}: checkpoint was made with other options (precision, skip-nonfinite, "
+                            f"fill-missing-chunks){hint}")
     check_sources_unchanged(job, checkpoint_path)
 
 
 def check_sources_unchanged(job: FitJob, checkpoint_path: str) -> None:
     """Refuse a checkpointed job whose sources no longer start with the rows it recorded."""
     for cursor in job.cursors:
-        with open_source(cursor.spec) as source:
+        with open_source(cursor.spec, fill_missing_chunks=job.fill_missing_chunks) as source:
             try:
                 _check_prefix(source, cursor.fingerprint)
             except BadInputError as exc:
@@ -390,7 +397,7 @@ def _block_tasks(job: FitJob, opened: list, buffers: tuple):
     for index, cursor in enumerate(job.cursors):
         if cursor.done:
             continue
-        source = open_source(cursor.spec)
+        source = open_source(cursor.spec, fill_missing_chunks=job.fill_missing_chunks)
         opened.append(source)
         for begin, end in source.blocks(job.block_rows, cursor.next_row, cursor.stop):
             yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite
@@ -485,12 +492,18 @@ def fit_sources(
     block_rows: int | None = None,
     progress: ProgressCallback | None = None,
     threads: int | None = None,
+    fill_missing_chunks: bool = False,
 ) -> FitResult:
     """One uninterrupted pass over every source, in order; returns the merged statistics."""
-    job = run_job(plan_fit(specs, dataset, precision, skip_nonfinite, block_rows), progress, threads=threads)
+    job = run_job(plan_fit(specs, dataset, precision, skip_nonfinite, block_rows, fill_missing_chunks), progress,
+                  threads=threads)
     return FitResult(job.state, job.n_skipped, job.sources, job.n_blocks, job.seconds, job.rows_done)
 
 
 def remove_checkpoint(path: str | None) -> None:
+    """Remove a checkpoint once its model is saved (or to start over)."""
     if path and os.path.exists(path):
-        os.remove(path)
+        try:
+            os.remove(path)
+        except OSError as exc:
+            raise StoreIOError(f"{path}: cannot remove the checkpoint: {exc.strerror or exc}") from exc

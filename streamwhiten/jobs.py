@@ -11,13 +11,14 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import string
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import BadInputError, LockedError, NothingToDoError
+from .errors import BadInputError, InterruptedRunError, LockedError, NothingToDoError, StoreIOError
 
 log = logging.getLogger("streamwhiten")
 
@@ -35,9 +36,19 @@ def default_checkpoint(model_path: str) -> str:
     return os.path.join(head, f".{tail}.checkpoint")
 
 
+def _check_checkpoint_options(checkpoint_every, checkpoint_seconds) -> None:
+    """Raise :class:`BadInputError` for a checkpoint interval that makes no sense (``chunk_rows`` is
+    checked where the blocks are planned)."""
+    every, seconds = checkpoint_every, checkpoint_seconds
+    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
+        raise BadInputError(f"checkpoint_every must be a whole number of at least 1, got {every!r}")
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float, np.integer, np.floating)) or not seconds > 0:
+        raise BadInputError(f"checkpoint_seconds must be a number of seconds above 0, got {seconds!r}")
+
+
 def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chunk_rows=None, skip_nonfinite=False,
             update=None, checkpoint=None, checkpoint_every=20, checkpoint_seconds=60.0, restart=False,
-            resume=False, progress=None, should_stop=None, threads=None):
+            resume=False, progress=None, should_stop=None, threads=None, fill_missing_chunks=False):
     """Plan (or update), resume from a matching checkpoint, run and finalize a fit.
 
     Returns ``(model, job, resumed, checkpoint_path)``; the caller saves the model and then removes the
@@ -45,17 +56,21 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     """
     from .fit import check_resumable, load_checkpoint, plan_fit, plan_update, run_job
     from .model import check_params, finalize, load_model
+    from .stores import refuse_input_overlap
 
+    _check_checkpoint_options(checkpoint_every, checkpoint_seconds)
     check_writable_dir(model_path, "model file")
+    refuse_input_overlap({model_path: "model file", checkpoint or default_checkpoint(model_path): "checkpoint"}, inputs)
 
     params = dict(params or {})
     if update is not None:
         previous = load_model(update)
         params = _effective_params(params, previous)
-        planned = plan_update(previous.state, previous.sources, inputs, dataset, precision, skip_nonfinite, chunk_rows)
+        planned = plan_update(previous.state, previous.sources, inputs, dataset, precision, skip_nonfinite, chunk_rows,
+                              fill_missing_chunks)
         skipped_before = int(previous.info.get("n_skipped_nonfinite", 0))
     else:
-        planned = plan_fit(inputs, dataset, precision, skip_nonfinite, chunk_rows)
+        planned = plan_fit(inputs, dataset, precision, skip_nonfinite, chunk_rows, fill_missing_chunks)
         skipped_before = 0
     check_params(n_features=planned.state.n_features, **params)  # k > d is caught before the pass
     checkpoint = checkpoint or default_checkpoint(model_path)
@@ -83,13 +98,35 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     return model, job, resumed, checkpoint
 
 
+def save_fitted(model, job, model_path: str, checkpoint: str, should_stop=None) -> str:
+    """Save the model of a finished fit, then remove its checkpoint; returns the model's checksum.
+
+    When a stop was asked for (a signal during the fit's last block or its finalize), the finished
+    job is checkpointed instead and :class:`InterruptedRunError` raised: the next run only finalizes
+    and saves. A signal during the save itself lets the save finish (the file is whole or absent).
+    """
+    from .fit import remove_checkpoint, save_checkpoint
+    from .model import save_model
+
+    if should_stop is not None and should_stop():
+        save_checkpoint(job, checkpoint)
+        raise InterruptedRunError(f"interrupted before the model was saved; the finished fit is in {checkpoint} "
+                                  "(run the same command again to save it)")
+    checksum = save_model(model, model_path)
+    remove_checkpoint(checkpoint)
+    return checksum
+
+
 # ------------------------------------------------------------------------------------------- job files
 
 
 @contextmanager
 def job_lock(path: str):
     """Hold an exclusive lock on ``path`` (released by the OS even if the process is killed)."""
-    handle = open(path, "a+")
+    try:
+        handle = open(path, "a+")
+    except OSError as exc:
+        raise StoreIOError(f"{path}: cannot open the lock file: {exc.strerror or exc}") from exc
     try:
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -97,19 +134,25 @@ def job_lock(path: str):
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
             raise LockedError(f"{path}: another run of this job is in progress (pid {holder}); not starting a second one") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(str(os.getpid()))
-        handle.flush()
+        try:
+            handle.seek(0)
+            handle.truncate()
+            handle.write(str(os.getpid()))
+            handle.flush()
+        except OSError as exc:
+            raise StoreIOError(f"{path}: cannot write the lock file: {exc.strerror or exc}") from exc
         yield
     finally:
-        handle.close()
+        try:
+            handle.close()
+        except OSError:
+            pass  # the pid written into it is informative only; the lock goes with the descriptor
 
 
 #: Keys a job file may hold, with the type each value must have.
 _KEYS = {
     "": {"name": str, "input": dict, "model": dict, "apply": dict},
-    "input": {"paths": (list, str), "dataset": str},
+    "input": {"paths": (list, str), "dataset": str, "fill_missing_chunks": bool},
     "model": {"path": str, "beta": (int, float), "gamma": (int, float), "n_components": int, "variance": (int, float),
               "eps": (int, float), "precision": str, "chunk_rows": int, "skip_nonfinite": bool,
               "checkpoint_every": int, "checkpoint_seconds": (int, float), "threads": int},
@@ -129,6 +172,7 @@ class JobSpec:
     model_path: str
     model: dict = field(default_factory=dict)
     apply: dict | None = None
+    fill_missing_chunks: bool = False
 
     @property
     def lock_path(self) -> str:
@@ -162,8 +206,12 @@ def read_job_file(path: str) -> JobSpec:
             if value is not None and (wrong_bool or not isinstance(value, kind)):
                 names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
                 raise BadInputError(f"{path}: {key} in {where} must be of type {names}, got {value!r}")
-        if table.get("threads") is not None and table["threads"] < 1:
-            raise BadInputError(f"{path}: threads in {where} must be a whole number of at least 1, got {table['threads']}")
+        for key in ("threads", "chunk_rows", "checkpoint_every"):
+            if table.get(key) is not None and table[key] < 1:
+                raise BadInputError(f"{path}: {key} in {where} must be a whole number of at least 1, got {table[key]}")
+        if table.get("checkpoint_seconds") is not None and not table["checkpoint_seconds"] > 0:
+            raise BadInputError(f"{path}: checkpoint_seconds in {where} must be a number of seconds above 0, "
+                                f"got {table['checkpoint_seconds']}")
     base = os.path.dirname(os.path.abspath(path))
     absolute = lambda p: p if os.path.isabs(p) else os.path.join(base, p)  # noqa: E731
     inputs = data.get("input", {}).get("paths")
@@ -178,12 +226,43 @@ def read_job_file(path: str) -> JobSpec:
     if apply is not None:
         if "output" not in apply:
             raise BadInputError(f"{path}: [apply] output is required, e.g. 'reduced/{{stem}}.zarr'")
+        _check_output_template(path, apply["output"])
         if apply.get("dtype", "float32") not in ("float32", "float16"):
             raise BadInputError(f"{path}: dtype in [apply] must be \"float32\" or \"float16\", got {apply['dtype']!r}")
         apply = dict(apply, output=absolute(apply["output"]))
     name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
     return JobSpec(path, name, [absolute(p) for p in inputs], data.get("input", {}).get("dataset"),
-                   absolute(model.pop("path")), model, apply)
+                   absolute(model.pop("path")), model, apply, bool(data.get("input", {}).get("fill_missing_chunks")))
+
+
+#: The fields an ``[apply] output`` template may use.
+OUTPUT_FIELDS = "{stem} (the input's file name without extension) and {name} (the job's name)"
+
+
+def _check_output_template(path: str, template: str) -> None:
+    """Refuse an ``[apply] output`` template that :func:`_output_for` could not fill, naming the bad field."""
+    where = f"{path}: output in [apply] ({template!r})"
+
+    def fields(text):
+        for _, name, spec, _ in string.Formatter().parse(text):
+            if name is not None:
+                yield name
+                yield from fields(spec)  # a field nested in a format spec, as in {stem:{width}}
+
+    try:
+        names = list(fields(template))
+    except ValueError as exc:  # unbalanced braces
+        raise BadInputError(f"{where}: not a valid template ({exc}; write a literal brace as {{{{ or }}}}); "
+                            f"the fields are {OUTPUT_FIELDS}") from None
+    for name in names:
+        if name == "" or name.isdigit():
+            raise BadInputError(f"{where}: positional field {{{name}}} is not allowed; the fields are {OUTPUT_FIELDS}")
+        if name not in ("stem", "name"):
+            raise BadInputError(f"{where}: unknown field {{{name}}}; the fields are {OUTPUT_FIELDS}")
+    try:
+        template.format(stem="stem", name="name")
+    except ValueError as exc:  # a format spec or conversion that does not apply to a string
+        raise BadInputError(f"{where}: cannot be filled in ({exc}); the fields are {OUTPUT_FIELDS}") from None
 
 
 def _output_for(template: str, input_spec: str, job_name: str) -> str:
@@ -203,7 +282,7 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
     """
     from .errors import ModelFileError
     from .fit import check_sources_unchanged, load_checkpoint, remove_checkpoint, run_job
-    from .model import finalize, load_model, save_model
+    from .model import finalize, load_model
 
     try:
         job = load_checkpoint(checkpoint)
@@ -221,9 +300,10 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
         wanted = {_identity(spec_) for spec_ in inputs}
         if any(_identity(cursor.spec) not in wanted for cursor in job.cursors):
             raise BadInputError("it reads inputs this job no longer lists")
-        options = (spec.model.get("precision", "auto"), bool(spec.model.get("skip_nonfinite", False)))
-        if (job.precision, job.skip_nonfinite) != options:
-            raise BadInputError("it was made with other options (precision, skip_nonfinite)")
+        options = (spec.model.get("precision", "auto"), bool(spec.model.get("skip_nonfinite", False)),
+                   spec.fill_missing_chunks)
+        if (job.precision, job.skip_nonfinite, job.fill_missing_chunks) != options:
+            raise BadInputError("it was made with other options (precision, skip_nonfinite, fill_missing_chunks)")
         check_sources_unchanged(job, checkpoint)
     except BadInputError as exc:
         log.warning("job %s: discarding checkpoint %s: %s", spec.name, checkpoint, exc)
@@ -238,8 +318,7 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
     skipped = (int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and job.base_rows else 0)
     model = finalize(job.state, sources=job.sources + job.kept_sources,
                      info={"n_skipped_nonfinite": skipped + job.n_skipped}, **params)
-    save_model(model, spec.model_path)
-    remove_checkpoint(checkpoint)
+    save_fitted(model, job, spec.model_path, checkpoint, should_stop)
     return True
 
 
@@ -264,30 +343,16 @@ def _effective_params(params: dict, previous) -> dict:
     return params
 
 
-def _output_is_current(output: str, checksum: str, source_sha: str, normalize: bool, dtype: str) -> bool:
-    from .stores import open_source, split_spec
-
-    if not os.path.exists(split_spec(output)[0]):
-        return False
-    try:
-        with open_source(output, min_rows=0) as existing:
-            attrs, stored_dtype = dict(existing._array.attrs), str(existing.dtype)
-    except Exception:  # an unreadable old output is simply rewritten
-        return False
-    return (attrs.get("model_checksum") == checksum and attrs.get("source_sha256") == source_sha
-            and bool(attrs.get("normalized")) == bool(normalize) and np.dtype(stored_dtype) == np.dtype(dtype))
-
-
 def run_job_file(path: str, progress=None, should_stop=None, restart: bool = False) -> dict:
     """Run a job file: fit or update, finalize, apply; each step skipped when already up to date.
 
     A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead.
     Returns a summary with ``steps`` (what ran). Raises :class:`NothingToDoError` when nothing ran.
     """
-    from .apply import apply_model
+    from .apply import apply_model, output_is_current
     from .fit import remove_checkpoint
     from .model import check_params, load_model, model_checksum, save_model
-    from .stores import expand_specs, fingerprint, open_source, split_spec
+    from .stores import expand_specs, fingerprint, open_source, refuse_input_overlap, split_spec
 
     spec = read_job_file(path)
     fit_options = {key: spec.model[key] for key in ("precision", "chunk_rows", "skip_nonfinite",
@@ -311,6 +376,9 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
                 stores_used[store] = input_spec
                 outputs[input_spec] = output
         checkpoint = default_checkpoint(spec.model_path)
+        refuse_input_overlap({spec.model_path: "model file", checkpoint: "checkpoint", spec.lock_path: "lock file",
+                              **{output: "[apply] output" for output in outputs.values()}}, [spec.path, *inputs])
+        refuse_input_overlap({output: "[apply] output" for output in outputs.values()}, [spec.model_path])
         if restart:
             remove_checkpoint(checkpoint)
         elif os.path.exists(checkpoint) and _finish_pending(spec, inputs, checkpoint, params, progress, should_stop):
@@ -319,9 +387,9 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
         try:
             model, job, resumed, checkpoint = fit_job(
                 inputs, spec.model_path, spec.dataset, params, update=spec.model_path if exists else None,
-                progress=progress, should_stop=should_stop, **fit_options)
-            save_model(model, spec.model_path)
-            remove_checkpoint(checkpoint)
+                progress=progress, should_stop=should_stop, fill_missing_chunks=spec.fill_missing_chunks,
+                **fit_options)
+            save_fitted(model, job, spec.model_path, checkpoint, should_stop)
             steps.append("update" if exists else "fit")
             log.info("job %s: %s %s with %s rows", spec.name, "updated" if exists else "fitted", spec.model_path,
                      f"{job.rows_done:,}")
@@ -341,16 +409,16 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
             if "chunk_rows" in spec.apply:
                 options["block_rows"] = spec.apply["chunk_rows"]
             for input_spec, output in outputs.items():
-                with open_source(input_spec, spec.dataset) as source:
+                with open_source(input_spec, spec.dataset, fill_missing_chunks=spec.fill_missing_chunks) as source:
                     source_sha = fingerprint(source)["sha256_sampled"]
                     label = source.label
-                if _output_is_current(output, checksum, source_sha, options.get("normalize", False),
-                                      options.get("dtype", "float32")):
+                if output_is_current(output, checksum, source_sha, options.get("normalize", False),
+                                     options.get("dtype", "float32")):
                     log.info("job %s: %s is up to date", spec.name, output)
                     continue
                 os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
                 summary = apply_model(model, input_spec, output, spec.dataset, overwrite=True, progress=progress,
-                                      should_stop=should_stop, **options)
+                                      should_stop=should_stop, fill_missing_chunks=spec.fill_missing_chunks, **options)
                 steps.append(f"apply {label} -> {output}")
                 log.info("job %s: wrote %s (%s rows%s)", spec.name, summary["output"], f"{summary['n_rows']:,}",
                          f", resumed at row {summary['resumed_at_row']:,}" if summary["resumed_at_row"] else "")

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import __version__
 from ._npz import checksum, read_npz, write_npz_atomic
-from .errors import BadInputError, ModelFileError, StreamwhitenError, ValuesTooLargeError
+from .errors import BadInputError, ModelFileError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
 from .stats import Moments, covariance
 
 FORMAT_NAME = "streamwhiten-model"
@@ -46,6 +46,23 @@ def check_params(beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, varian
     if variance is not None:
         if not isinstance(variance, (int, float, np.number)) or not 0.0 < float(variance) <= 1.0:
             raise BadInputError(f"variance must be a fraction in (0, 1], got {variance!r}")
+
+
+def float_dtype(dtype) -> np.dtype:
+    """``dtype`` in native byte order; :class:`BadInputError` unless it is float16, float32 or float64."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
+        raise BadInputError(f"expected float16, float32 or float64 values, got dtype {dtype} "
+                            "(convert with .astype(np.float32))")
+    return dtype.newbyteorder("=")
+
+
+def float_rows(rows) -> np.ndarray:
+    """``rows`` as an array of float16, float32 or float64 in native byte order (copied only to swap
+    bytes); integer, bool, complex and object arrays raise :class:`BadInputError`."""
+    rows = np.asarray(rows)
+    native = float_dtype(rows.dtype)
+    return rows if rows.dtype == native else rows.astype(native)
 
 
 def eigendecomposition(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -127,19 +144,32 @@ class WhiteningModel:
         weights = self.eigvecs[:, : self.n_components] * self.scales()
         return np.ascontiguousarray(weights, dtype=dtype), (self.beta * self.state.mean)
 
-    def transform(self, rows, normalize: bool = False, dtype=None) -> np.ndarray:
-        """Whiten ``rows`` (one vector or a 2-D array); float32/float16 input is computed in float32."""
-        rows = np.asarray(rows)
+    def transform(self, rows, normalize: bool = False, dtype=None, skip_nonfinite: bool = False) -> np.ndarray:
+        """Whiten ``rows`` (one vector or a 2-D array of floats); float32/float16 input is computed in float32.
+
+        A row holding NaN or Inf raises :class:`NonFiniteError` naming the first one, unless
+        ``skip_nonfinite``: its output row is then NaN. Finite values that overflow raise
+        :class:`ValuesTooLargeError`.
+        """
+        rows = float_rows(rows)
         single = rows.ndim == 1
         if single:
             rows = rows[None, :]
-        if rows.ndim != 2 or rows.dtype.kind not in "fiu":
-            raise BadInputError(f"expected numeric rows, got shape {rows.shape} and dtype {rows.dtype}")
+        if rows.ndim != 2:
+            raise BadInputError(f"expected one vector or a 2-D array (rows x features), got shape {rows.shape}")
         if rows.shape[1] != self.n_features:
             raise BadInputError(f"the model expects {self.n_features} features, got {rows.shape[1]}")
-        work = np.float64 if rows.dtype == np.float64 or rows.dtype.kind in "iu" else np.float32
+        work = np.float64 if rows.dtype == np.float64 else np.float32
         weights, shift = self.projection(work)
-        out = project(rows, weights, shift, normalize, dtype)
+        out, finite = project_checked(rows, weights, shift, normalize, dtype)
+        if finite is not None:
+            nonfinite = ~np.isfinite(rows).all(axis=1)
+            # float16 rows are centred in place as float32, where an overflow looks like Inf
+            raise_if_overflowed(~finite & ~nonfinite, work, "centred")
+            if not skip_nonfinite:
+                row = int(np.argmax(nonfinite))
+                raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows "
+                                     "for such input)", row=row)
         return out[0] if single else out
 
     def with_params(self, **changes) -> "WhiteningModel":
@@ -333,7 +363,7 @@ def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
 
     if not overwrite and os.path.exists(path):
         raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
-    return write_npz_atomic(path, _arrays(model))
+    return write_npz_atomic(path, _arrays(model), "model file")
 
 
 def load_model(path: str) -> WhiteningModel:
@@ -364,5 +394,5 @@ def load_model(path: str) -> WhiteningModel:
 
 __all__ = [
     "WhiteningModel", "finalize", "project", "project_checked", "save_model", "load_model", "check_params", "eigendecomposition",
-    "components_for_variance", "effective_dimension", "model_checksum", "DEFAULT_EPS",
+    "components_for_variance", "effective_dimension", "model_checksum", "float_dtype", "float_rows", "DEFAULT_EPS",
 ]

@@ -19,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -32,7 +33,10 @@ _ND_BUFFER = default_buffer_prototype().nd_buffer
 
 from ._buffers import ALIGNMENT
 from ._direct_io import ChunkFile
-from .errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
+from ._durable import fsync_dir, remove_stale_temps, temp_path, write_file_atomic
+from .errors import (
+    BadInputError, CorruptStoreError, InterruptedRunError, MissingChunkError, OutputExistsError, StoreIOError,
+)
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 # HDF5 outputs are opened without a chunk cache (rdcc_nbytes=0): every write is whole chunks, and
@@ -102,6 +106,24 @@ def _check_array(label: str, shape, dtype, min_rows: int) -> None:
         raise BadInputError(f"{label}: has {shape[0]} row(s); at least {min_rows} are needed")
 
 
+_FILL_HINT = (" (pass --fill-missing-chunks, or fill_missing_chunks=True, to read unwritten chunks as the fill value)")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__
+
+
+def _hdf5_unallocated(node) -> bool:
+    """Whether some of an HDF5 dataset's data was never written (chunks or storage not allocated)."""
+    if node.size == 0:
+        return False
+    if node.chunks is None:
+        return node.id.get_storage_size() == 0 and node.id.get_offset() is None
+    expected = math.prod(-(-n // c) for n, c in zip(node.shape, node.chunks))
+    return node.id.get_num_chunks() < expected
+
+
 def count_blocks(start: int, stop: int, block_rows: int) -> int:
     """Ranges in ``[start, stop)`` when cut at multiples of ``block_rows`` (as :meth:`Source.blocks` does)."""
     return max(0, (stop - 1) // block_rows - start // block_rows + 1) if stop > start else 0
@@ -116,6 +138,8 @@ class Source:
         self.path = path
         self.dataset = dataset
         self._array = array
+        #: read chunks missing from the store as the array's fill value instead of refusing them
+        self.fill_missing_chunks = False
         self.shape = tuple(int(s) for s in array.shape)
         # Rows are read in native byte order (h5py, zarr and numpy convert a big-endian store as they
         # read), which is what the kernels and BLAS work on.
@@ -152,7 +176,7 @@ class Source:
         try:
             view[...] = self._array[start:stop]
         except (OSError, ValueError, RuntimeError, KeyError) as exc:
-            raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {exc}") from exc
+            raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {_io_error(exc)}") from exc
         return view
 
     def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
@@ -178,7 +202,8 @@ class Source:
 
     def lazy(self) -> "LazyRows":
         """A picklable reader of this source's rows for other processes (see :class:`LazyRows`)."""
-        return LazyRows(os.path.abspath(self.path), self.dataset, self.shape, self.dtype, self.label)
+        return LazyRows(os.path.abspath(self.path), self.dataset, self.shape, self.dtype, self.label,
+                        self.fill_missing_chunks)
 
     def close(self) -> None:
         pass
@@ -206,6 +231,7 @@ class HDF5Source(Source):
                 raise BadInputError(f"{path}: dataset /{dataset} {what}")
             chunks = node.chunks
             super().__init__(path, dataset, node, chunks[0] if chunks else None)
+            self._sparse = _hdf5_unallocated(node)
         except BaseException:
             self._file.close()
             raise
@@ -219,12 +245,35 @@ class HDF5Source(Source):
         raise BadInputError(f"{path}: name a dataset (file.h5:/dataset or --dataset); 2-D datasets found: {listing}")
 
     def read_into(self, start, stop, out):
+        if self._sparse and not self.fill_missing_chunks and stop > start:
+            self._refuse_unwritten(start, stop)
         try:
             if stop > start:
                 self._array.read_direct(out, np.s_[start:stop], np.s_[0 : stop - start])
         except (OSError, ValueError, RuntimeError) as exc:
-            raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {exc}") from exc
+            # HDF5 reports a failed system call with its errno; anything else (a checksum or filter
+            # failure, an address past the end of a truncated file) is damaged data.
+            failed = re.search(r"errno = (\d+)", str(exc))
+            if failed and int(failed.group(1)):
+                raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {_io_error(exc)}") from exc
+            raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be read, the file is damaged or "
+                                    f"truncated ({_first_line(exc)})") from exc
         return out[: stop - start]
+
+    def _refuse_unwritten(self, start, stop):
+        """Refuse rows whose chunk was never written (HDF5 would read it as the fill value)."""
+        node = self._array
+        if node.chunks is None:
+            raise MissingChunkError(f"{self.label}: its data was never written (no storage is allocated){_FILL_HINT}")
+        rows, columns = node.chunks
+        for index in range(start // rows, (stop - 1) // rows + 1):
+            for column in range(0, self.n_features, columns):
+                info = node.id.get_chunk_info_by_coord((index * rows, column))
+                if info is None or info.byte_offset is None:
+                    lo, hi = index * rows, min((index + 1) * rows, self.n_rows)
+                    raise MissingChunkError(
+                        f"{self.label}: rows {lo}..{hi - 1} were never written (their chunk is not in the file): the "
+                        f"dataset is incomplete{_FILL_HINT}", rows=(lo, hi))
 
     def close(self):
         if self._file.id.valid:
@@ -249,8 +298,9 @@ class ZarrSource(Source):
             dataset = ((dataset or "") + "/" + arrays[0]).strip("/")
             node = node[arrays[0]]
         super().__init__(path, dataset, node, int(node.chunks[0]) if node.ndim >= 1 else None)
-
         self._raw_root = self._raw_chunk_root()
+        # The grid chunk keys are made on: shards where the array is sharded, else its chunks.
+        self._grid = tuple(int(n) for n in (getattr(node, "shards", None) or node.chunks))
 
     def _raw_chunk_root(self) -> str | None:
         return raw_chunk_root(self._array)
@@ -258,10 +308,16 @@ class ZarrSource(Source):
     def read_into(self, start, stop, out):
         view = out[: stop - start]
         if self._raw_root is None:
+            if not self.fill_missing_chunks and stop > start:
+                self._refuse_missing(start, stop)
             try:  # zarr decodes straight into the caller's buffer
-                self._array.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
-            except (OSError, ValueError, RuntimeError, KeyError, zarr.errors.BaseZarrError) as exc:
-                raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {exc}") from exc
+                with np.errstate(all="ignore"):
+                    self._array.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
+            except OSError as exc:
+                raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {_io_error(exc)}") from exc
+            except Exception as exc:  # a codec failing on the bytes it was given: the chunk is damaged
+                raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
+                                        f"({exc.__class__.__name__}: {_first_line(exc)})") from exc
             return view
         # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
         # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
@@ -274,13 +330,48 @@ class ZarrSource(Source):
             path = os.path.join(self._raw_root, self._array.metadata.encode_chunk_key((index, 0)))
             try:
                 with open(path, "rb", buffering=0) as handle:
+                    size = os.fstat(handle.fileno()).st_size
+                    if size != rows * row_bytes:
+                        raise CorruptStoreError(
+                            f"{self.label}: chunk {self._chunk_key(index)} (rows {index * rows}..{min(self.n_rows, (index + 1) * rows) - 1}) "
+                            f"has {size} bytes, not {rows * row_bytes}: it is truncated or damaged")
                     handle.seek((lo - index * rows) * row_bytes)
                     _read_exactly(handle, memoryview(target).cast("B"), path)
-            except FileNotFoundError:  # a chunk never written holds the fill value
+            except FileNotFoundError:
+                if not self.fill_missing_chunks:
+                    self._raise_missing(index)
                 target[...] = self._array.metadata.fill_value or 0
             except OSError as exc:
-                raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {exc}") from exc
+                raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {_io_error(exc)}") from exc
         return view
+
+    def _chunk_key(self, index: int, column: int = 0) -> str:
+        return self._array.metadata.encode_chunk_key((index, column))
+
+    def _raise_missing(self, index: int, column: int = 0):
+        rows = self._grid[0]
+        lo, hi = index * rows, min((index + 1) * rows, self.n_rows)
+        fill = self._array.metadata.fill_value
+        raise MissingChunkError(
+            f"{self.label}: chunk {self._chunk_key(index, column)} (rows {lo}..{hi - 1}) is missing: the store is "
+            f"incomplete or damaged (if it was written leaving out chunks that hold only the fill value {fill}, pass "
+            "--fill-missing-chunks, or fill_missing_chunks=True, to read them as that value)", rows=(lo, hi))
+
+    def _refuse_missing(self, start, stop):
+        """Refuse rows whose chunk (or shard) is not in the store (zarr would read it as the fill value)."""
+        rows, columns = self._grid
+        for index in range(start // rows, (stop - 1) // rows + 1):
+            for column in range(-(-self.n_features // columns)):
+                if not self._chunk_exists(self._chunk_key(index, column)):
+                    self._raise_missing(index, column)
+
+    def _chunk_exists(self, key: str) -> bool:
+        store = self._array.store
+        if isinstance(store, zarr.storage.LocalStore):
+            return os.path.exists(os.path.join(str(store.root), self._array.path, key))
+        from zarr.core.sync import sync
+
+        return bool(sync(store.exists(f"{self._array.path}/{key}".lstrip("/"))))
 
 
 def raw_chunk_root(array) -> str | None:
@@ -306,7 +397,7 @@ def _read_exactly(handle, buffer: memoryview, path: str) -> None:
     while done < len(buffer):
         count = handle.readinto(buffer[done:])
         if not count:
-            raise StoreIOError(f"{path}: chunk file is truncated ({done} of {len(buffer)} bytes)")
+            raise CorruptStoreError(f"{path}: chunk file is truncated ({done} of {len(buffer)} bytes)")
         done += count
 
 
@@ -319,10 +410,24 @@ class NpySource(Source):
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
+            if "mmap length is greater than file size" in str(exc):
+                raise CorruptStoreError(f"{path}: the file is truncated (shorter than its header says)") from exc
             raise BadInputError(f"{path}: cannot read as .npy ({exc})") from exc
         if not isinstance(array, np.ndarray):
             raise BadInputError(f"{path}: is not a .npy array file (an .npz archive?)")
         super().__init__(path, None, array, None)
+        self._file_bytes = int(getattr(array, "offset", 0)) + array.nbytes
+
+    def read_into(self, start, stop, out):
+        # Reading a memory map past the end of a file that shrank would kill the process (SIGBUS).
+        try:
+            size = os.stat(self.path).st_size
+        except OSError as exc:
+            raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {_io_error(exc)}") from exc
+        if size < self._file_bytes:
+            raise CorruptStoreError(f"{self.label}: the file shrank to {size} bytes while being read (its header says "
+                                    f"{self._file_bytes}): it is being rewritten or was truncated")
+        return super().read_into(start, stop, out)
 
 
 @dataclass(frozen=True)
@@ -340,6 +445,7 @@ class LazyRows:
     shape: tuple
     dtype: np.dtype
     label: str
+    fill_missing_chunks: bool = False
 
     ndim = 2
 
@@ -351,7 +457,7 @@ class LazyRows:
             raise BadInputError(f"{self.label}: only contiguous row ranges can be read, got {rows!r}")
         start, stop, _ = rows.indices(self.shape[0])
         stop = max(start, stop)
-        with open_source(self.path, self.dataset, min_rows=0) as source:
+        with open_source(self.path, self.dataset, min_rows=0, fill_missing_chunks=self.fill_missing_chunks) as source:
             if source.shape != self.shape:
                 raise StoreIOError(
                     f"{self.label}: changed while being read (shape {source.shape}, was {self.shape})"
@@ -360,8 +466,12 @@ class LazyRows:
         return block if columns == slice(None) else np.ascontiguousarray(block[:, columns])
 
 
-def open_source(spec: str, dataset: str | None = None, min_rows: int = 1) -> Source:
-    """Open ``spec`` read-only and check it is a 2-D float array with at least ``min_rows`` rows."""
+def open_source(spec: str, dataset: str | None = None, min_rows: int = 1, fill_missing_chunks: bool = False) -> Source:
+    """Open ``spec`` read-only and check it is a 2-D float array with at least ``min_rows`` rows.
+
+    A chunk missing from the store (Zarr) or never written (HDF5) is refused when read, naming the
+    rows it covers, unless ``fill_missing_chunks``: then it reads as the array's fill value.
+    """
     if isinstance(spec, Source):
         return spec
     path, inner = split_spec(spec, dataset)
@@ -369,6 +479,7 @@ def open_source(spec: str, dataset: str | None = None, min_rows: int = 1) -> Sou
         raise BadInputError(f"{path}: no such file or directory")
     kind = _store_kind(path)
     source = {"hdf5": HDF5Source, "zarr": ZarrSource, "npy": NpySource}[kind](path, inner)
+    source.fill_missing_chunks = bool(fill_missing_chunks)
     try:
         _check_array(source.label, source.shape, source.dtype, min_rows)
     except BaseException:
@@ -423,7 +534,7 @@ def read_vector(spec: str, dataset: str | None = None, min_length: int = 1) -> t
                 label, node = f"{path}:/{inner}", node[arrays[0]]
             values = node[...]
     except (OSError, RuntimeError) as exc:
-        raise StoreIOError(f"{label}: cannot read: {exc}") from exc
+        raise StoreIOError(f"{label}: cannot read: {_io_error(exc)}") from exc
     except ValueError as exc:
         raise BadInputError(f"{label}: cannot read ({exc})") from exc
     values = np.asarray(values)
@@ -501,22 +612,28 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def _io_error(exc: BaseException) -> str:
+    """An OS or HDF5 error as a short one-line reason (without a second copy of the path).
+
+    HDF5 reports a failed system call inside a long multi-line message; its ``error message = '...'``
+    part is the reason (e.g. "No space left on device").
+    """
+    if getattr(exc, "strerror", None):
+        return exc.strerror
+    failed = re.search(r"error message = '([^']*)'", str(exc))
+    return failed.group(1) if failed else _first_line(exc)
 
 
 @dataclass
 class Sink:
-    """A new 2-D array being written under a temporary name; :meth:`commit` renames it into place."""
+    """A new 2-D array being written under a temporary name; :meth:`commit` renames it into place.
+
+    Chunk data is written as raw bytes through a descriptor of our own (Zarr: one chunk file per
+    chunk; HDF5: chunks allocated up front, written in place). HDF5's library is used only to lay out
+    the file before any data is written and to set the attributes at the end, each time on a handle
+    that is closed right after, so a failed data write (disk full) never leaves the library holding a
+    half-written file it would flush or crash on later.
+    """
 
     path: str
     dataset: str | None
@@ -525,11 +642,11 @@ class Sink:
     shape: tuple
     dtype: np.dtype
     chunk_rows: int
-    _array: object = None
-    _file: object = None
+    _array: object = None  # Zarr: the array being written
     _unsynced: set = field(default_factory=set)  # Zarr chunk files written since they were last fsynced
     direct_io: bool = True  # whole chunks written around the page cache (see _direct_io)
     _chunk_file: ChunkFile | None = None  # HDF5: our own descriptor for writing chunk data in place
+    _offsets: list | None = None  # HDF5: byte offset of each chunk in the file
 
     @property
     def label(self) -> str:
@@ -542,10 +659,11 @@ class Sink:
 
     def _sync(self) -> None:
         """fsync what was written: the HDF5 file, or the Zarr chunk files written since the last sync."""
-        if self._file is not None:
-            self._file.flush()
-            os.fsync(self._file.id.get_vfd_handle())
-        root = raw_chunk_root(self._array) if self.kind == "zarr" else None
+        if self.kind == "hdf5":
+            if self._chunk_file is not None:
+                self._chunk_file.fsync()
+            return
+        root = raw_chunk_root(self._array)
         if root is not None and self._unsynced:
             directories = set()
             for index in sorted(self._unsynced):
@@ -555,64 +673,66 @@ class Sink:
                         os.fsync(handle.fileno())
                     directories.add(os.path.dirname(path))
             for directory in directories:
-                _fsync_dir(directory)
+                fsync_dir(directory)
             self._unsynced.clear()
 
     def save_progress(self, job: dict, rows_done: int, n_nonfinite: int = 0) -> None:
         """Make rows ``[0, rows_done)`` durable, then record that atomically (for a later resume)."""
         try:
             self._sync()
-            temp = self.progress_path + ".tmp"
-            with open(temp, "w") as handle:
-                json.dump(dict(job, rows_done=int(rows_done), n_nonfinite=int(n_nonfinite)), handle, sort_keys=True)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, self.progress_path)
         except OSError as exc:
-            raise StoreIOError(f"{self.path}: cannot record progress: {exc}") from exc
+            raise StoreIOError(f"{self.path}: cannot make the rows written durable: {_io_error(exc)}") from exc
+        record = dict(job, rows_done=int(rows_done), n_nonfinite=int(n_nonfinite))
+        write_file_atomic(self.progress_path, lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
+                          "progress record")
 
     def write(self, start: int, block: np.ndarray) -> None:
         """Write ``block`` at row ``start``. Every output chunk it covers whole is written as raw bytes
-        (uncompressed, so the stored chunk is exactly the rows), directly where aligned; a partly
-        covered or edge chunk goes through h5py or zarr."""
+        (uncompressed, so the stored chunk is exactly the rows), directly where aligned."""
         stop = start + block.shape[0]
         try:
-            root = raw_chunk_root(self._array) if self.kind == "zarr" else None
-            if self.kind == "zarr" and root is None:
-                self._array[start:stop] = block
-                return
-            if root is not None:
-                self._unsynced.update(range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1))
-            rows = self.chunk_rows
-            for index in range(start // rows, (stop - 1) // rows + 1):
-                lo, hi = index * rows, min((index + 1) * rows, self.shape[0])
-                a, b = max(lo, start), min(hi, stop)
-                data = np.ascontiguousarray(block[a - start : b - start], dtype=self.dtype)
-                if (a, b) != (lo, hi):
-                    self._array[a:b] = data
-                elif root is not None:
-                    self._write_zarr_chunk(root, index, data)
-                else:
-                    self._write_hdf5_chunk(lo, data)
+            if self.kind == "hdf5":
+                self._write_hdf5(start, block)
+            else:
+                self._write_zarr(start, block)
         except OSError as exc:
-            raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {exc}") from exc
+            raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {_io_error(exc)}") from exc
 
-    def _write_hdf5_chunk(self, lo: int, data: np.ndarray) -> None:
-        info = self._array.id.get_chunk_info_by_coord((lo, 0)) if self._chunk_file is not None else None
-        if info is None or info.byte_offset is None or info.filter_mask or info.size != data.nbytes:
-            self._array[lo : lo + data.shape[0]] = data  # not allocated in place, or an edge chunk (stored full size)
-        else:
-            self._chunk_file.write_at(info.byte_offset, data)
+    def _covered(self, start: int, block: np.ndarray):
+        """``(chunk index, first row of the chunk, rows a..b it gets, their data)`` for each chunk ``block`` touches."""
+        stop, rows = start + block.shape[0], self.chunk_rows
+        for index in range(start // rows, (stop - 1) // rows + 1):
+            lo, hi = index * rows, min((index + 1) * rows, self.shape[0])
+            a, b = max(lo, start), min(hi, stop)
+            yield index, lo, hi, a, b, np.ascontiguousarray(block[a - start : b - start], dtype=self.dtype)
 
-    def _write_zarr_chunk(self, root: str, index: int, data: np.ndarray) -> None:
-        path = os.path.join(root, self._array.metadata.encode_chunk_key((index, 0)))
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with ChunkFile(path, create=True, direct=self.direct_io) as chunk_file:
-            chunk_file.write_at(0, data)
-            if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
-                pad = np.full((self.chunk_rows - data.shape[0], self.shape[1]), self._array.metadata.fill_value or 0,
-                              self.dtype)
-                chunk_file.write_at(data.nbytes, pad)
+    def _write_hdf5(self, start: int, block: np.ndarray) -> None:
+        row_bytes = self.shape[1] * self.dtype.itemsize
+        for index, lo, hi, a, b, data in self._covered(start, block):
+            if b == self.shape[0] and hi - lo < self.chunk_rows:  # the edge chunk is stored at full size
+                padded = np.zeros((self.chunk_rows - (a - lo), self.shape[1]), self.dtype)
+                padded[: b - a] = data
+                data = padded
+            self._chunk_file.write_at(self._offsets[index] + (a - lo) * row_bytes, data)
+
+    def _write_zarr(self, start: int, block: np.ndarray) -> None:
+        root = raw_chunk_root(self._array)
+        if root is None:
+            self._array[start : start + block.shape[0]] = block
+            return
+        for index, lo, hi, a, b, data in self._covered(start, block):
+            if (a, b) != (lo, hi):
+                self._array[a:b] = data
+                continue
+            self._unsynced.add(index)
+            path = os.path.join(root, self._array.metadata.encode_chunk_key((index, 0)))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with ChunkFile(path, create=True, direct=self.direct_io) as chunk_file:
+                chunk_file.write_at(0, data)
+                if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
+                    pad = np.full((self.chunk_rows - data.shape[0], self.shape[1]),
+                                  self._array.metadata.fill_value or 0, self.dtype)
+                    chunk_file.write_at(data.nbytes, pad)
 
     def region_writer(self) -> "ZarrRegionWriter":
         """A picklable writer of whole-chunk row ranges of this (Zarr) sink, for worker processes."""
@@ -620,43 +740,39 @@ class Sink:
             raise BadInputError(f"{self.path}: only a Zarr output can be written by several processes at once")
         return ZarrRegionWriter(self.partial, self.dataset, self.shape, self.chunk_rows, self.label)
 
-    def _open_chunk_file(self) -> None:
-        """HDF5: a descriptor of our own for writing chunk data in place. The file's metadata has been
-        flushed by then, which also extends the file to its allocated end, so a run killed before HDF5
-        closes it still leaves a file HDF5 can open and resume."""
-        self._chunk_file = ChunkFile(self.partial, direct=self.direct_io)
-
     def _close(self) -> None:
         if self._chunk_file is not None:
             self._chunk_file.close()
             self._chunk_file = None
-        if self._file is not None and self._file.id.valid:
-            self._file.flush()
-            self._file.close()
 
-    def commit(self, overwrite: bool = False) -> None:
-        """Mark complete, flush, and rename into place (replacing an old output only if ``overwrite``)."""
+    def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
+        """Set ``attrs`` and ``complete = True``, make everything durable, and rename into place
+        (replacing an old output only if ``overwrite``)."""
+        attrs = dict(attrs or {}, complete=True)
         try:
-            self._array.attrs["complete"] = True
-            self._sync()
-            self._close()
             if self.kind == "hdf5":
+                self._sync()
+                self._close()
+                _set_hdf5_attrs(self.partial, self.dataset, attrs)
                 with open(self.partial, "rb+") as handle:
                     os.fsync(handle.fileno())
             else:
+                self._array.attrs.update(attrs)
+                self._sync()
                 for directory, _, files in os.walk(self.partial):  # metadata files and every directory
                     for name in files:
                         if name.startswith("zarr.json") or name.startswith(".z"):
                             with open(os.path.join(directory, name), "rb") as handle:
                                 os.fsync(handle.fileno())
-                    _fsync_dir(directory)
+                    fsync_dir(directory)
             final = os.path.abspath(self.path.rstrip("/"))
             if os.path.lexists(final):
                 if not overwrite:
                     raise OutputExistsError(f"{self.path}: already exists (pass --overwrite to replace it)")
                 if os.path.isdir(final) and not os.path.islink(final):
-                    # A directory cannot be replaced atomically: move the old one aside first.
-                    old = final + f".old-{os.getpid()}"
+                    # A directory cannot be replaced atomically: move the old one aside first (a later
+                    # run puts it back if this one dies before the new one is in place).
+                    old = temp_path(final, "old")
                     os.rename(final, old)
                     os.rename(self.partial, final)
                     shutil.rmtree(old, ignore_errors=True)
@@ -664,10 +780,10 @@ class Sink:
                     os.replace(self.partial, final)
             else:
                 os.rename(self.partial, final)
-            _fsync_dir(os.path.dirname(final))
+            fsync_dir(os.path.dirname(final))
             _remove(self.progress_path)
-        except OSError as exc:
-            raise StoreIOError(f"{self.path}: cannot finish writing: {exc}") from exc
+        except (OSError, RuntimeError) as exc:
+            raise StoreIOError(f"{self.path}: cannot finish writing: {_io_error(exc)}") from exc
 
     def abort(self) -> None:
         """Remove the temporary output; the target path is left as it was."""
@@ -694,6 +810,37 @@ class Sink:
             self.abort()
 
 
+def _close_quietly(handle) -> None:
+    try:
+        if handle is not None and handle.id.valid:
+            handle.close()
+    except Exception:
+        pass
+
+
+def _set_hdf5_attrs(path: str, dataset: str, attrs: dict) -> None:
+    handle = h5py.File(path, "r+", rdcc_nbytes=0)
+    try:
+        handle[dataset].attrs.update({key: _hdf5_attr(value) for key, value in attrs.items()})
+        handle.flush()
+    except BaseException:
+        _close_quietly(handle)
+        raise
+    handle.close()
+
+
+def _hdf5_chunk_offsets(array, chunk_rows: int) -> list:
+    """Byte offset in the file of each (row) chunk of an HDF5 dataset whose chunks are all allocated."""
+    offsets = [None] * -(-array.shape[0] // chunk_rows)
+    for i in range(array.id.get_num_chunks()):
+        info = array.id.get_chunk_info(i)
+        if info.filter_mask == 0 and info.chunk_offset[0] % chunk_rows == 0:
+            offsets[info.chunk_offset[0] // chunk_rows] = info.byte_offset
+    if any(offset is None for offset in offsets):
+        raise OSError(f"{offsets.count(None)} of its {len(offsets)} chunks are not allocated")
+    return offsets
+
+
 @dataclass(frozen=True)
 class ZarrRegionWriter:
     """Writes row ranges into a Zarr sink still under its temporary name, from any process.
@@ -718,7 +865,7 @@ class ZarrRegionWriter:
             array = zarr.open_array(store=self.partial, path=self.dataset or "", mode="r+")
             array[start:stop] = block
         except (OSError, zarr.errors.BaseZarrError) as exc:
-            raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {exc}") from exc
+            raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {_io_error(exc)}") from exc
 
 
 def create_sink(
@@ -748,46 +895,50 @@ def create_sink(
         raise BadInputError(f"output dtype must be float16, float32 or float64, got {dtype}")
     chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
     partial = partial_path(path)
-    _remove(partial)
-    _remove(partial + ".progress.json")  # a record of an earlier partial must never describe this one
+    try:
+        remove_stale_temps(path)
+        _remove(partial)
+        _remove(partial + ".progress.json")  # a record of an earlier partial must never describe this one
+        remove_stale_temps(partial + ".progress.json")
+    except OSError as exc:
+        raise StoreIOError(f"{partial}: cannot remove the partial output of an earlier run: {_io_error(exc)}") from exc
     needed, free = n_rows * n_features * dtype.itemsize, shutil.disk_usage(parent).free
     if needed > free:
         raise StoreIOError(f"{path}: the output needs about {needed / 1e6:,.1f} MB but only {free / 1e6:,.1f} MB are free in {parent}")
     # Every attribute exists from the start (commit only changes values), so a resumed HDF5 output's
     # metadata is laid out as an uninterrupted run's and the two files are byte for byte the same.
     attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
+    shape = (n_rows, n_features)
+    handle = None
     try:
         if kind == "hdf5":
             dataset = dataset or "embeddings"
-            # Chunks allocated up front (never filled), each at an aligned offset: their data can then
-            # be written in place through our own descriptor.
+            # Chunks allocated up front (never filled), each at an aligned offset: their data is then
+            # written in place through our own descriptor, and the library's handle is closed first.
             handle = h5py.File(partial, "w", rdcc_nbytes=0, alignment_threshold=ALIGNMENT, alignment_interval=ALIGNMENT)
             layout = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
             layout.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-            array = handle.create_dataset(dataset, shape=(n_rows, n_features), dtype=dtype, chunks=(chunk_rows, n_features),
+            array = handle.create_dataset(dataset, shape=shape, dtype=dtype, chunks=(chunk_rows, n_features),
                                           dcpl=layout, fill_time="never")
             array.attrs.update({key: _hdf5_attr(value) for key, value in attrs.items()})
             handle.flush()
-            sink = Sink(path, dataset, kind, partial, (n_rows, n_features), dtype, chunk_rows, array, handle, direct_io=direct_io)
-            try:
-                sink._open_chunk_file()
-            except OSError:
-                handle.close()
-                raise
-            return sink
+            offsets = _hdf5_chunk_offsets(array, chunk_rows)
+            handle.close()
+            handle = None
+            return Sink(path, dataset, kind, partial, shape, dtype, chunk_rows, direct_io=direct_io,
+                        _chunk_file=ChunkFile(partial, direct=direct_io), _offsets=offsets)
         if dataset:
             root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
-            array = root.create_array(dataset, shape=(n_rows, n_features), chunks=(chunk_rows, n_features), dtype=dtype, compressors=None)
+            array = root.create_array(dataset, shape=shape, chunks=(chunk_rows, n_features), dtype=dtype, compressors=None)
         else:
-            array = zarr.create_array(
-                store=partial, shape=(n_rows, n_features), chunks=(chunk_rows, n_features), dtype=dtype,
-                compressors=None, zarr_format=zarr_format,
-            )
+            array = zarr.create_array(store=partial, shape=shape, chunks=(chunk_rows, n_features), dtype=dtype,
+                                      compressors=None, zarr_format=zarr_format)
         array.attrs.update(attrs)
-        return Sink(path, dataset, kind, partial, (n_rows, n_features), dtype, chunk_rows, array, None, direct_io=direct_io)
-    except OSError as exc:
+        return Sink(path, dataset, kind, partial, shape, dtype, chunk_rows, array, direct_io=direct_io)
+    except (OSError, RuntimeError, zarr.errors.BaseZarrError) as exc:
+        _close_quietly(handle)
         _remove(partial)
-        raise StoreIOError(f"{path}: cannot create output: {exc}") from exc
+        raise StoreIOError(f"{path}: cannot create output: {_io_error(exc)}") from exc
 
 
 def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | None, int, int]:
@@ -799,6 +950,8 @@ def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | No
     path, dataset = split_spec(spec)
     partial = partial_path(path)
     progress = partial + ".progress.json"
+    remove_stale_temps(path)
+    remove_stale_temps(progress)
     try:
         with open(progress) as handle:
             recorded = json.load(handle)
@@ -810,26 +963,23 @@ def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | No
         _remove(progress)
         return None, 0, 0
     kind = output_kind(path)
-    handle = None
     try:
         if kind == "hdf5":
-            handle = h5py.File(partial, "r+", rdcc_nbytes=0)
-            array = handle[dataset or "embeddings"]
-        else:
-            handle = None
-            array = zarr.open_array(store=partial, path=dataset or "", mode="r+")
+            dataset = dataset or "embeddings"
+            with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
+                array = handle[dataset]
+                shape, dtype, chunk_rows = tuple(int(n) for n in array.shape), np.dtype(array.dtype), int(array.chunks[0])
+                offsets = _hdf5_chunk_offsets(array, chunk_rows)
+            return Sink(path, dataset, kind, partial, shape, dtype, chunk_rows, direct_io=direct_io,
+                        _chunk_file=ChunkFile(partial, direct=direct_io), _offsets=offsets), counts[0], counts[1]
+        array = zarr.open_array(store=partial, path=dataset or "", mode="r+")
         shape = tuple(int(n) for n in array.shape)
-        sink = Sink(path, dataset or ("embeddings" if kind == "hdf5" else None), kind, partial, shape,
-                    np.dtype(array.dtype), int(array.chunks[0]), array, handle, direct_io=direct_io)
-        if kind == "hdf5":
-            sink._open_chunk_file()
-    except (OSError, KeyError, ValueError, zarr.errors.BaseZarrError):
-        if handle is not None:
-            handle.close()
+        return (Sink(path, dataset, kind, partial, shape, np.dtype(array.dtype), int(array.chunks[0]), array,
+                     direct_io=direct_io), counts[0], counts[1])
+    except (OSError, KeyError, ValueError, TypeError, RuntimeError, zarr.errors.BaseZarrError):
         _remove(partial)
         _remove(progress)
         return None, 0, 0
-    return sink, counts[0], counts[1]
 
 
 def _hdf5_attr(value):
@@ -854,3 +1004,28 @@ def same_file(a: str, b: str) -> bool:
     a, b = os.path.realpath(a.rstrip("/")), os.path.realpath(b.rstrip("/"))
     return a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep)
 
+
+
+def _same_inode(a: str, b: str) -> bool:
+    try:
+        first, second = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
+
+
+def refuse_input_overlap(outputs: dict, inputs) -> None:
+    """Refuse, before anything is written, an output that would replace or write into an input.
+
+    ``outputs`` maps each output path (or spec) to what it is ("model file", ...); ``inputs`` are the
+    specs or paths read. An output is refused when it is an input, resolves to one (symlinks), lies
+    inside one or holds one (directory stores), or is a hard link of one, whatever ``overwrite`` says.
+    """
+    input_paths = [split_spec(os.fspath(spec))[0] for spec in inputs if spec is not None]
+    for output, what in outputs.items():
+        if output is None:
+            continue
+        out_path = split_spec(os.fspath(output))[0]
+        for in_path in input_paths:
+            if same_file(out_path, in_path) or _same_inode(out_path, in_path):
+                raise BadInputError(f"{out_path}: the {what} would overwrite the input {in_path}; choose another path")

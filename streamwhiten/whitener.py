@@ -9,7 +9,7 @@ import numpy as np
 from . import stats
 from ._threads import resolve_threads
 from .errors import BadInputError, NotFittedError
-from .model import DEFAULT_EPS, WhiteningModel, check_params, finalize, load_model, save_model
+from .model import DEFAULT_EPS, WhiteningModel, check_params, finalize, float_rows, load_model, save_model
 
 #: Rows per chunk when an in-memory array is fitted (bounds the float32 workspace).
 IN_MEMORY_CHUNK_ROWS = 65536
@@ -49,7 +49,8 @@ class Whitener:
         Arithmetic of the scatter product: "auto" is float64 for float64 input, float32 otherwise
         (about 1e-7 relative error, twice as fast). Means and merges are always float64.
     skip_nonfinite : bool
-        Skip (and count) rows with NaN/Inf instead of raising.
+        ``fit`` skips (and counts) rows with NaN/Inf and ``transform`` returns NaN rows for them,
+        instead of raising :class:`~streamwhiten.errors.NonFiniteError`.
     chunk_rows : int, optional
         Rows per block read from a store (default: whole store chunks, about 64 MiB) or taken from an
         in-memory array (default 65536).
@@ -58,17 +59,21 @@ class Whitener:
         core). Memory is about one block per thread, kept for the next fit in the process until
         ``streamwhiten.release_buffers()``; the same ``n_jobs`` and ``chunk_rows`` on the same
         machine give the same bits (float32 BLAS rounding can depend on its threads per call).
+    fill_missing_chunks : bool
+        Read chunks missing from a Zarr store (or never written in an HDF5 dataset) as the array's
+        fill value. By default such a store is refused with an error naming the rows: a hole in an
+        embedding store is almost always damage, not data.
 
     Changing ``beta``, ``gamma``, ``n_components``, ``variance`` or ``eps`` after fitting (``set_params``)
     re-finalizes from the saved statistics without another pass over the data.
     """
 
     _param_names = ("beta", "gamma", "n_components", "variance", "eps", "precision", "skip_nonfinite", "chunk_rows",
-                    "n_jobs")
+                    "n_jobs", "fill_missing_chunks")
 
     def __init__(
         self, beta=1.0, gamma=1.0, n_components=None, variance=None, eps=DEFAULT_EPS,
-        precision="auto", skip_nonfinite=False, chunk_rows=None, n_jobs=None,
+        precision="auto", skip_nonfinite=False, chunk_rows=None, n_jobs=None, fill_missing_chunks=False,
     ):
         self.beta = beta
         self.gamma = gamma
@@ -79,6 +84,7 @@ class Whitener:
         self.skip_nonfinite = skip_nonfinite
         self.chunk_rows = chunk_rows
         self.n_jobs = n_jobs
+        self.fill_missing_chunks = fill_missing_chunks
 
     # -- scikit-learn protocol ------------------------------------------------------------------------
     def get_params(self, deep=True) -> dict:
@@ -108,15 +114,11 @@ class Whitener:
             self.__dict__.pop(name, None)
 
     def partial_fit(self, X, y=None) -> "Whitener":
-        """Fold one in-memory batch of rows into the statistics."""
+        """Fold one in-memory batch of rows (float16, float32 or float64) into the statistics."""
         self._check_params()
-        rows = np.asarray(X)
+        rows = float_rows(X)
         if rows.ndim != 2:
             raise BadInputError(f"expected a 2-D array (rows x features), got shape {rows.shape}")
-        if rows.dtype.kind in "iub":
-            rows = rows.astype(np.float64)
-        if rows.dtype.kind != "f":
-            raise BadInputError(f"expected floating-point rows, got dtype {rows.dtype}")
         state = getattr(self, "state_", None) or stats.Moments.empty(rows.shape[1])
         if rows.shape[1] != state.n_features:
             raise BadInputError(f"expected {state.n_features} features as in earlier batches, got {rows.shape[1]}")
@@ -142,6 +144,7 @@ class Whitener:
             result = fit_sources(
                 X, dataset=dataset, precision=self.precision, skip_nonfinite=self.skip_nonfinite,
                 block_rows=self.chunk_rows, progress=progress, threads=self.n_jobs,
+                fill_missing_chunks=self.fill_missing_chunks,
             )
             self.state_, self.n_skipped_, self.sources_ = result.state, result.n_skipped, result.sources
         elif _is_dask_array(X):
@@ -229,12 +232,14 @@ class Whitener:
     def transform(self, X, normalize: bool = False) -> np.ndarray:
         """Whiten rows (or a single vector); output float64 for float64 input, float32 otherwise.
 
-        A dask array gives a lazy dask array, transformed block by block when computed."""
+        A row holding NaN or Inf raises :class:`~streamwhiten.errors.NonFiniteError`, unless
+        ``skip_nonfinite``: its output row is then NaN. A dask array gives a lazy dask array,
+        transformed block by block when computed."""
         if _is_dask_array(X):
             from .distributed import transform_dask
 
-            return transform_dask(self._finalized(), X, normalize=normalize)
-        return self._finalized().transform(X, normalize=normalize)
+            return transform_dask(self._finalized(), X, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
+        return self._finalized().transform(X, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
 
     def save(self, path) -> str:
         """Write the model file (pickle-free ``.npz``); returns its content checksum."""

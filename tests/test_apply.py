@@ -7,7 +7,7 @@ import pytest
 
 from streamwhiten import Whitener
 from streamwhiten.apply import apply_model
-from streamwhiten.errors import BadInputError, NonFiniteError, OutputExistsError
+from streamwhiten.errors import BadInputError, NonFiniteError, NothingToDoError, OutputExistsError
 from streamwhiten.stores import open_source, partial_path, read_attrs
 
 from conftest import anisotropic, write_h5, write_zarr
@@ -60,8 +60,10 @@ def test_refuses_to_overwrite_and_leaves_nothing_on_error(tmp_path, rows, model)
     out = str(tmp_path / "out.h5")
     apply_model(model, spec, out)
     before = read_all(out)
-    with pytest.raises(OutputExistsError, match="--overwrite"):
+    with pytest.raises(NothingToDoError, match="up to date"):  # the same model, settings and input
         apply_model(model, spec, out)
+    with pytest.raises(OutputExistsError, match="--overwrite"):  # another setting
+        apply_model(model, spec, out, normalize=True)
     bad = rows.copy()
     bad[1234, 5] = np.nan
     bad_spec = write_h5(tmp_path / "bad.h5", bad, chunk_rows=100)
@@ -69,8 +71,12 @@ def test_refuses_to_overwrite_and_leaves_nothing_on_error(tmp_path, rows, model)
         apply_model(model, bad_spec, out, overwrite=True)
     np.testing.assert_array_equal(read_all(out), before)  # the old output survived
     assert not os.path.exists(partial_path(out))
-    with pytest.raises(BadInputError, match="replace the input"):
+    with pytest.raises(BadInputError, match="would overwrite the input"):
         apply_model(model, spec, str(tmp_path / "in.h5"), overwrite=True)
+    os.link(tmp_path / "in.h5", tmp_path / "hardlink.h5")
+    with pytest.raises(BadInputError, match="would overwrite the input"):
+        apply_model(model, spec, str(tmp_path / "hardlink.h5"), overwrite=True)
+    np.testing.assert_array_equal(read_all(spec), rows)
 
 
 def test_skip_nonfinite_writes_nan_rows(tmp_path, rows, model):

@@ -165,9 +165,12 @@ def test_existing_outputs_are_never_replaced_without_overwrite(tmp_path, store, 
     out = tmp_path / "o.h5"
     assert run_cli("apply", model_path, store, "-o", out)[0] == 0
     stamp = os.stat(out).st_mtime_ns
-    code, _, err = run_cli("apply", model_path, store, "-o", out)
+    code, _, err = run_cli("apply", model_path, store, "-o", out, "-k", "4")  # another setting: not replaced
     assert code == EXIT_BAD_INPUT
     one_line_error(err, "o.h5", "already exists")
+    assert os.stat(out).st_mtime_ns == stamp
+    code, _, err = run_cli("apply", model_path, store, "-o", out)  # the same command again: up to date
+    assert code == 3 and err.count("\n") == 1 and "up to date" in err
     assert os.stat(out).st_mtime_ns == stamp
     assert run_cli("apply", model_path, store, "-o", out, "--overwrite", "-k", "3")[0] == 0
     with h5py.File(out) as handle:
@@ -263,3 +266,50 @@ def test_threads_option(tmp_path, store, run_cli):
     code, _, err = run_cli("fit", store, "-o", tmp_path / "m.npz", "--threads", "2", "--engine", "dask")
     one_line_error(err, "--threads is for the serial engine")
     assert code == EXIT_BAD_INPUT
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--checkpoint-every", "0"], "Invalid value for '--checkpoint-every': 0 is not in the range x>=1"),
+    (["--checkpoint-every", "-3"], "Invalid value for '--checkpoint-every': -3 is not in the range x>=1"),
+    (["--checkpoint-seconds", "0"], "Invalid value for '--checkpoint-seconds': 0.0 is not in the range x>0"),
+    (["--checkpoint-seconds", "-1"], "Invalid value for '--checkpoint-seconds': -1.0 is not in the range x>0"),
+])
+def test_fit_refuses_checkpoint_intervals_below_one(tmp_path, store, args, fragment):
+    result = run_subprocess("fit", store, "-o", tmp_path / "m.npz", *args)
+    assert result.returncode == EXIT_BAD_INPUT
+    one_line_error(result.stderr, fragment, "(see --help)")
+    assert not os.path.exists(tmp_path / "m.npz")
+
+
+def test_checkpoint_interval_limits_that_stay_allowed(tmp_path, store, model_path, run_cli):
+    code, _, err = run_cli("fit", store, "-o", tmp_path / "m.npz", "--checkpoint-every", "1",
+                           "--checkpoint-seconds", "0.001", "-q")
+    assert code == 0, err
+    # apply: 0 seconds means a progress record after every block
+    code, _, err = run_cli("apply", model_path, store, "-o", tmp_path / "o.zarr", "--checkpoint-seconds", "0", "-q")
+    assert code == 0, err
+
+
+def test_fit_job_refuses_nonsense_checkpoint_intervals_from_python(tmp_path, store):
+    from streamwhiten.errors import BadInputError
+    from streamwhiten.jobs import fit_job
+
+    for kwargs, fragment in [({"checkpoint_every": 0}, "checkpoint_every must be a whole number of at least 1"),
+                             ({"checkpoint_every": 2.5}, "checkpoint_every must be a whole number of at least 1"),
+                             ({"checkpoint_every": True}, "checkpoint_every must be a whole number of at least 1"),
+                             ({"checkpoint_seconds": 0}, "checkpoint_seconds must be a number of seconds above 0"),
+                             ({"checkpoint_seconds": -1.0}, "checkpoint_seconds must be a number of seconds above 0"),
+                             ({"checkpoint_seconds": float("nan")}, "checkpoint_seconds must be a number of seconds"),
+                             ({"checkpoint_seconds": "60"}, "checkpoint_seconds must be a number of seconds above 0")]:
+        with pytest.raises(BadInputError, match=fragment):
+            fit_job([store], str(tmp_path / "m.npz"), **kwargs)
+    assert os.listdir(tmp_path) == ["in.h5"]  # refused before any checkpoint or model was written
+
+
+def test_run_help_lists_every_exit_code_of_run(run_cli):
+    code, out, _ = run_cli("run", "--help")
+    assert code == 0
+    text = " ".join(out.split())
+    for fragment in ("0 done", "3 nothing to do", "2 bad input", "74 I/O error", "75 another run holds the lock",
+                     "130 interrupted"):
+        assert fragment in text

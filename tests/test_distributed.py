@@ -154,9 +154,13 @@ def test_dask_array_input_checks(data64):
         array = da.from_array(data64, chunks=(1000, 12))
         sd.dask_moments(array[array[:, 0] > 0])
     ints = da.from_array(np.arange(40).reshape(10, 4), chunks=(3, 4))
-    mean, scatter = two_pass(np.arange(40).reshape(10, 4))
+    with pytest.raises(BadInputError, match=r"expected float16, float32 or float64 values, got dtype int64 "
+                                            r"\(convert with \.astype\(np\.float32\)\)"):
+        sd.dask_moments(ints)  # floats only, as for in-memory arrays and stores
+    swapped = da.from_array(np.arange(40.0).reshape(10, 4).astype(">f8"), chunks=(3, 4))
+    mean, scatter = two_pass(np.arange(40.0).reshape(10, 4))
     with dask.config.set(scheduler="synchronous"):
-        assert_moments_close(sd.dask_moments(ints), mean, scatter, 10)
+        assert_moments_close(sd.dask_moments(swapped), mean, scatter, 10)
 
 
 def test_whitener_fits_and_transforms_dask_arrays(client, data64):
@@ -183,6 +187,29 @@ def test_whitener_dask_nonfinite(client, data64):
     assert fitted.n_skipped_ == 2
     mean, scatter = two_pass(np.delete(rows, [10, 4321], axis=0))
     assert_moments_close(fitted.state_, mean, scatter, 4_998)
+
+
+
+def test_whitener_dask_transform_names_nonfinite_rows_and_refuses_ints(client, data64):
+    rows = data64.copy()
+    rows[[2500, 4321]] = np.nan
+    fitted = Whitener(n_components=5).fit(data64)
+    lazy = fitted.transform(da.from_array(rows, chunks=(1000, 12)))
+    with dask.config.set(scheduler=client.get):
+        with pytest.raises(NonFiniteError, match=r"^row (2500|4321) holds NaN or Inf \(use skip_nonfinite=True"):
+            lazy.compute()  # the row in the whole array, not in its block
+        out = fitted.set_params(skip_nonfinite=True).transform(da.from_array(rows, chunks=(1000, 12))).compute()
+    assert np.isnan(out[[2500, 4321]]).all()
+    keep = np.delete(np.arange(5_000), [2500, 4321])
+    np.testing.assert_allclose(out[keep], fitted.transform(data64)[keep], rtol=1e-12, atol=1e-12)
+    ints = da.from_array(np.arange(120).reshape(10, 12), chunks=(5, 12))
+    for call in (Whitener().fit, fitted.transform):
+        with pytest.raises(BadInputError, match="expected float16, float32 or float64 values, got dtype int64"):
+            call(ints)
+    swapped = da.from_array(data64.astype(">f8"), chunks=(1000, 12))
+    with dask.config.set(scheduler="synchronous"):
+        np.testing.assert_allclose(fitted.transform(swapped).compute(), fitted.transform(data64),
+                                   rtol=1e-12, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------- stores

@@ -183,6 +183,22 @@ def test_project_overflow_is_reported_as_such_with_its_row():
     np.testing.assert_allclose(rotation.transform(wide)[1], wide[1].astype(np.float64) @ rotation.eigvecs, rtol=1e-5)
 
 
+def test_transform_tells_overflow_from_nan_input_even_with_skip_nonfinite():
+    """float16 rows are centred in place in float32, where an overflow looks like Inf: it must still
+    raise ValuesTooLargeError, not NonFiniteError or a silent NaN row."""
+    from streamwhiten.errors import NonFiniteError, ValuesTooLargeError
+
+    rows = 1e39 + 1e37 * anisotropic(40, 3, seed=10)  # a mean beyond float32
+    model = finalize(state_of(rows))
+    data = np.ones((4, 3), dtype=np.float16)
+    data[1, 2] = np.nan
+    for skip in (False, True):
+        with pytest.raises(ValuesTooLargeError, match="row 0: values too large for float32 .*centred"):
+            model.transform(data, skip_nonfinite=skip)
+    with pytest.raises(NonFiniteError, match="row 1 holds NaN or Inf"):
+        model.transform(data.astype(np.float64))
+
+
 def test_normalising_rows_whose_float32_norm_overflows():
     rows = anisotropic(40, 3, seed=10)
     rotation = finalize(state_of(rows), beta=0.0, gamma=0.0)

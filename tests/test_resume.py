@@ -152,7 +152,7 @@ def test_signals_write_a_final_checkpoint(tmp_path, store, signum):
     if process.returncode == 0:
         pytest.skip("the fit finished before the signal arrived")
     assert process.returncode == EXIT_INTERRUPTED, err
-    assert "saving progress" in err and "progress saved to" in err
+    assert err.count("\n") == 1 and "stopped by SIG" in err and "progress saved to" in err  # one line
     saved = load_checkpoint(checkpoint).rows_done
     assert 0 < saved < N_ROWS and saved % BLOCK == 0
     assert run_subprocess("fit", store, "-o", model, "--chunk-rows", BLOCK).returncode == 0
@@ -228,6 +228,28 @@ def test_update_with_appended_rows_equals_full_refit(tmp_path, run_cli):
     write_h5(tmp_path / "grow.h5", edited, chunk_rows=128)
     code, _, err = run_cli("fit", first, "--update", model)
     assert code == EXIT_BAD_INPUT and "grow.h5:/emb" in err and "differ from the recorded" in err
+
+
+@pytest.mark.parametrize("precision, bound", [("auto", 1e-6), ("float64", 1e-14)])
+def test_update_of_a_float32_store_matches_a_full_refit_to_the_documented_tolerance(tmp_path, run_cli, precision,
+                                                                                    bound):
+    """README: 1e-16 to 3e-15 with float64 products, 4e-8 to 2.5e-7 with the default float32 ones."""
+    rng = np.random.default_rng(11)
+    rows = (3.0 + rng.standard_normal((30_000, 64)) @ (rng.standard_normal((64, 64)) / np.arange(1, 65)[:, None]))
+    rows = rows.astype(np.float32)
+    store = write_h5(tmp_path / "s.h5", rows[:18_000], chunk_rows=1000)
+    model, full = tmp_path / "m.npz", tmp_path / "full.npz"
+    assert run_cli("fit", store, "-o", model, "--precision", precision, "-q")[0] == 0
+    write_h5(tmp_path / "s.h5", rows, chunk_rows=1000)
+    assert run_cli("fit", store, "--update", model, "--precision", precision, "-q")[0] == 0
+    assert run_cli("fit", store, "-o", full, "--precision", precision, "-q")[0] == 0
+    updated, refit = load_model(str(model)), load_model(str(full))
+    assert updated.n_rows == refit.n_rows == 30_000
+    rel = np.linalg.norm(updated.state.scatter - refit.state.scatter) / np.linalg.norm(refit.state.scatter)
+    assert rel <= bound
+    exact = np.cov(rows.astype(np.float64), rowvar=False, bias=True) * 30_000
+    refit_error = np.linalg.norm(refit.state.scatter - exact) / np.linalg.norm(exact)
+    assert rel <= 10 * max(refit_error, 1e-16)  # no further from the refit than rounding puts the refit from exact
 
 
 def write_job(directory, store, apply=True):
@@ -478,6 +500,11 @@ def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_ou
     ("checkpoint_every = 1.5", "checkpoint_every in [model] must be of type int"),
     ("n_components = true", "n_components in [model] must be of type int"),
     ("threads = 0", "threads in [model] must be a whole number of at least 1"),
+    ("checkpoint_every = 0", "checkpoint_every in [model] must be a whole number of at least 1, got 0"),
+    ("checkpoint_seconds = 0", "checkpoint_seconds in [model] must be a number of seconds above 0, got 0"),
+    ("checkpoint_seconds = -1.5", "checkpoint_seconds in [model] must be a number of seconds above 0, got -1.5"),
+    ("checkpoint_seconds = nan", "checkpoint_seconds in [model] must be a number of seconds above 0, got nan"),
+    ("chunk_rows = 0", "chunk_rows in [model] must be a whole number of at least 1, got 0"),
 ])
 def test_job_file_values_are_type_checked(tmp_path, line, fragment):
     job = tmp_path / "job.toml"
@@ -646,3 +673,47 @@ def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_
     assert summary["resumed_at_row"] == 15000
     with open_source(output) as got, open_source(reference) as expected:
         np.testing.assert_array_equal(got.read(0, 20000), expected.read(0, 20000))
+
+
+def test_job_file_apply_chunk_rows_below_one_is_refused(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n[apply]\noutput = "o/{stem}.zarr"\n'
+                   'chunk_rows = -2\n')
+    result = run_subprocess("run", job)
+    assert result.returncode == EXIT_BAD_INPUT, result.stderr
+    assert result.stderr.count("\n") == 1
+    assert "job.toml: chunk_rows in [apply] must be a whole number of at least 1, got -2" in result.stderr
+
+
+FIELDS = "the fields are {stem} (the input's file name without extension) and {name} (the job's name)"
+
+
+@pytest.mark.parametrize("template, fragment", [
+    ("o/{foo}.zarr", "unknown field {foo}"),
+    ("o/{}.zarr", "positional field {} is not allowed"),
+    ("o/{0}.zarr", "positional field {0} is not allowed"),
+    ("o/{stem.upper}.zarr", "unknown field {stem.upper}"),
+    ("o/{stem:{width}}.zarr", "unknown field {width}"),
+    ("o/{stem:x}.zarr", "cannot be filled in (Unknown format code 'x' for object of type 'str')"),
+    ("o/{stem!z}.zarr", "cannot be filled in (Unknown conversion specifier z)"),
+    ("o/{stem.zarr", "not a valid template (expected '}' before end of string; write a literal brace as {{ or }})"),
+    ("o/stem}.zarr", "not a valid template (Single '}' encountered in format string;"),
+])
+def test_job_file_output_templates_with_unusable_fields_are_refused(tmp_path, store, template, fragment):
+    job = tmp_path / "job.toml"
+    job.write_text(f'[input]\npaths = ["{store}"]\n[model]\npath = "m.npz"\n[apply]\noutput = "{template}"\n')
+    result = run_subprocess("run", job)
+    assert result.returncode == EXIT_BAD_INPUT, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("streamwhiten: error: "), result.stderr
+    assert f"{job}: output in [apply] ({template!r}): {fragment}" in lines[0] and FIELDS in lines[0]
+    assert not (tmp_path / "m.npz").exists() and not (tmp_path / "o").exists()  # refused before any work
+
+
+def test_job_file_output_template_with_both_fields_and_literal_braces(tmp_path, store):
+    job = tmp_path / "job.toml"
+    job.write_text(f'name = "nightly"\n[input]\npaths = ["{store}"]\n[model]\npath = "m.npz"\nn_components = 4\n'
+                   '[apply]\noutput = "o/{name}-{{x}}-{stem}.zarr"\n')
+    result = run_subprocess("run", job)
+    assert result.returncode == 0, result.stderr
+    assert os.listdir(tmp_path / "o") == ["nightly-{x}-big.zarr"]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import zarr
 
-from streamwhiten.errors import BadInputError, OutputExistsError
+from streamwhiten.errors import BadInputError, CorruptStoreError, MissingChunkError, OutputExistsError
 from streamwhiten.stores import create_sink, fingerprint, open_source, partial_path, split_spec
 
 from conftest import anisotropic, write_h5, write_zarr
@@ -108,15 +108,16 @@ def test_raw_zarr_chunks_are_read_directly_and_match_zarr(tmp_path, zarr_format)
             np.testing.assert_array_equal(source.read_into(start, stop, out), rows[start:stop])
         np.testing.assert_array_equal(source.read_into(100, 500, buffer), rows[100:500])
     key = zarr.open_array(spec, mode="r").metadata.encode_chunk_key((3, 0))
-    os.remove(os.path.join(spec, key))  # a missing chunk reads as the fill value, as zarr does
-    with open_source(spec) as source:
+    os.remove(os.path.join(spec, key))  # a hole in the store is refused, naming the rows it covers ...
+    with open_source(spec) as source, pytest.raises(MissingChunkError, match=r"is missing") as caught:
+        source.read(0, 1000)
+    assert caught.value.rows == (288, 384) and "rows 288..383" in str(caught.value)
+    with open_source(spec, fill_missing_chunks=True) as source:  # ... or, when asked, read as zarr does
         np.testing.assert_array_equal(source.read(0, 1000), zarr.open_array(spec, mode="r")[:])
     chunk = os.path.join(spec, zarr.open_array(spec, mode="r").metadata.encode_chunk_key((1, 0)))
     with open(chunk, "r+b") as handle:
         handle.truncate(100)
-    from streamwhiten.errors import StoreIOError
-
-    with open_source(spec) as source, pytest.raises(StoreIOError, match="truncated"):
+    with open_source(spec) as source, pytest.raises(CorruptStoreError, match="truncated"):
         source.read(96, 192)
 
 

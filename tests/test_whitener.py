@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from streamwhiten import Whitener
-from streamwhiten.errors import BadInputError, NotFittedError
+from streamwhiten.errors import BadInputError, NonFiniteError, NotFittedError
 
 from conftest import anisotropic, write_h5, write_zarr
 
@@ -84,3 +84,65 @@ def test_fitted_attributes_and_errors():
     assert fitted.eigvals_.shape == (3,) and fitted.components_.shape == (2, 3)
     assert fitted.explained_variance_ratio_.shape == (2,) and fitted.eps_ > 0
     assert fitted.n_features_in_ == 3 and fitted.effective_dimension_ > 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_byte_swapped_arrays_give_the_results_of_native_ones(dtype):
+    rows = anisotropic(300, 6, seed=11).astype(dtype)
+    swapped = rows.astype(rows.dtype.newbyteorder())
+    assert not swapped.dtype.isnative and np.array_equal(swapped, rows)
+    native, other = Whitener(n_components=4).fit(rows), Whitener(n_components=4).fit(swapped)
+    for name in ("mean", "scatter"):
+        assert getattr(other.state_, name).tobytes() == getattr(native.state_, name).tobytes()
+    expected = native.transform(rows)
+    np.testing.assert_array_equal(other.transform(swapped), expected)
+    np.testing.assert_array_equal(Whitener(n_components=4).fit_transform(swapped), expected)
+    np.testing.assert_array_equal(native.model_.transform(swapped[7]), native.model_.transform(rows[7]))
+    batched = Whitener(n_components=4).partial_fit(swapped[:120]).partial_fit(swapped[120:])
+    reference = Whitener(n_components=4).partial_fit(rows[:120]).partial_fit(rows[120:])
+    assert batched.state_.scatter.tobytes() == reference.state_.scatter.tobytes()
+
+
+@pytest.mark.parametrize("values", [
+    np.arange(40).reshape(10, 4), np.arange(40, dtype=np.uint8).reshape(10, 4), np.ones((10, 4), dtype=bool),
+    np.ones((10, 4), dtype=complex), np.ones((10, 4), dtype=object), np.arange(40).reshape(10, 4).astype(">i4"),
+], ids=["int64", "uint8", "bool", "complex", "object", "big-endian-int"])
+def test_only_float16_32_64_arrays_are_accepted(values):
+    fitted = Whitener().fit(anisotropic(50, 4))
+    before = fitted.state_
+    message = (rf"^expected float16, float32 or float64 values, got dtype {np.dtype(values.dtype)} "
+               r"\(convert with \.astype\(np\.float32\)\)$")
+    for call in (Whitener().fit, Whitener().partial_fit, Whitener().fit_transform, fitted.transform,
+                 fitted.model_.transform, fitted.partial_fit, lambda x: fitted.transform(x[0])):
+        with pytest.raises(BadInputError, match=message):
+            call(values)
+    assert fitted.state_ is before  # a refused batch folds nothing
+    with pytest.raises(BadInputError, match="got dtype int64"):
+        Whitener().fit([[1, 2], [3, 4], [5, 7]])  # lists of Python ints too
+
+
+def test_transform_raises_on_nan_or_inf_rows_unless_skip_nonfinite():
+    rows = anisotropic(60, 4, seed=12)
+    bad = rows.copy()
+    bad[5, 1], bad[9, 0] = np.nan, -np.inf
+    message = r"^row 5 holds NaN or Inf \(use skip_nonfinite=True to write NaN rows for such input\)$"
+    strict = Whitener(n_components=3).fit(rows)
+    for data in (bad, bad.astype(np.float32), bad.astype(np.float16)):
+        for call in (strict.transform, lambda x: strict.transform(x, normalize=True), strict.model_.transform):
+            with pytest.raises(NonFiniteError, match=message) as info:
+                call(data)
+            assert info.value.row == 5
+    with pytest.raises(NonFiniteError, match="^row 0 holds NaN or Inf"):
+        strict.transform(bad[9])  # a single vector
+    with pytest.raises(NonFiniteError, match="^row 5 holds NaN or Inf"):
+        Whitener().fit_transform(bad)  # refused by the fit already
+    keep = np.setdiff1d(np.arange(60), [5, 9])
+    lenient = Whitener(n_components=3, skip_nonfinite=True).fit(rows)
+    for normalize in (False, True):
+        out = lenient.transform(bad, normalize=normalize)
+        assert np.isnan(out[[5, 9]]).all() and np.isfinite(out[keep]).all()
+        np.testing.assert_allclose(out[keep], strict.transform(rows[keep], normalize=normalize), rtol=1e-12, atol=1e-12)
+    assert np.isnan(lenient.transform(bad[5])).all()
+    assert np.isnan(strict.model_.transform(bad, skip_nonfinite=True)[[5, 9]]).all()
+    skipped = Whitener(skip_nonfinite=True).fit_transform(bad)  # rows 5 and 9 are skipped by the fit, NaN out
+    assert np.isnan(skipped[[5, 9]]).all() and np.isfinite(skipped[keep]).all()
