@@ -570,6 +570,11 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
 
     if output_path and in_place:
         raise BadInputError("give -o/--output or --in-place, not both")
+    if output_path:
+        from .stores import refuse_input_overlap
+
+        refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"},
+                             [model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores])
     if output_path and os.path.exists(output_path) and not overwrite:
         raise OutputExistsError(f"{output_path}: already exists (pass --overwrite to replace it)")
     model = load_model(model_path)
@@ -637,6 +642,9 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks,
     from .model import load_model
     from .report import check_output, collect, write_report
 
+    from .stores import refuse_input_overlap
+
+    refuse_input_overlap({output_path: "report"}, [model_path, pairs_a, pairs_b, scores], nested=False)
     with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))
     check_output(output_path, with_pairs, overwrite)
     model = load_model(model_path)

@@ -1014,12 +1014,13 @@ def _same_inode(a: str, b: str) -> bool:
     return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
 
-def refuse_input_overlap(outputs: dict, inputs) -> None:
+def refuse_input_overlap(outputs: dict, inputs, nested: bool = True) -> None:
     """Refuse, before anything is written, an output that would replace or write into an input.
 
     ``outputs`` maps each output path (or spec) to what it is ("model file", ...); ``inputs`` are the
     specs or paths read. An output is refused when it is an input, resolves to one (symlinks), lies
-    inside one or holds one (directory stores), or is a hard link of one, whatever ``overwrite`` says.
+    inside one or holds one (directory stores, unless ``nested`` is false: an output directory that
+    only receives new files), or is a hard link of one, whatever ``overwrite`` says.
     """
     input_paths = [split_spec(os.fspath(spec))[0] for spec in inputs if spec is not None]
     for output, what in outputs.items():
@@ -1027,5 +1028,6 @@ def refuse_input_overlap(outputs: dict, inputs) -> None:
             continue
         out_path = split_spec(os.fspath(output))[0]
         for in_path in input_paths:
-            if same_file(out_path, in_path) or _same_inode(out_path, in_path):
+            same = same_file(out_path, in_path) if nested else os.path.realpath(out_path) == os.path.realpath(in_path)
+            if same or _same_inode(out_path, in_path):
                 raise BadInputError(f"{out_path}: the {what} would overwrite the input {in_path}; choose another path")

@@ -1,0 +1,229 @@
+"""Nothing lost, nothing silently wrong: inputs are never written over, holes in a store are refused,
+deleted shards are not kept silently, renames are durable, and leftovers of killed runs are cleaned up.
+
+Fault injection (strace) lives in test_faults.py, damaged stores in test_corrupt.py."""
+
+import os
+import shutil
+import textwrap
+
+import numpy as np
+import pytest
+import zarr
+
+import streamwhiten._durable as durable
+from streamwhiten.errors import MissingChunkError, StoreIOError
+from streamwhiten.fit import remove_checkpoint
+from streamwhiten.model import load_model
+
+from conftest import anisotropic, run_subprocess, write_h5, write_zarr
+
+
+def one_line(err: str, *fragments: str) -> str:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    for fragment in fragments:
+        assert fragment in lines[0], err
+    return lines[0]
+
+
+@pytest.fixture
+def rows():
+    return anisotropic(1200, 8, seed=3).astype(np.float32)
+
+
+def digest(path):
+    if os.path.isdir(path):
+        return sorted((name, open(os.path.join(root, name), "rb").read())
+                      for root, _, names in os.walk(path) for name in names)
+    return open(path, "rb").read()
+
+
+@pytest.mark.parametrize("kind", ["h5", "npy", "zarr"])
+def test_fit_never_writes_its_model_over_an_input(tmp_path, rows, run_cli, kind):
+    if kind == "h5":
+        spec = write_h5(tmp_path / "x.h5", rows)
+        target = tmp_path / "x.h5"
+    elif kind == "npy":
+        np.save(tmp_path / "x.npy", rows)
+        spec = target = tmp_path / "x.npy"
+    else:
+        spec = target = write_zarr(tmp_path / "x.zarr", rows)
+    before = digest(str(target))
+    code, _, err = run_cli("fit", spec, "-o", target, "--overwrite")
+    assert code == 2
+    one_line(err, "would overwrite the input")
+    link = tmp_path / f"link.{kind}"
+    os.symlink(target, link)
+    code, _, err = run_cli("fit", spec, "-o", link, "--overwrite")  # resolves to the input
+    assert code == 2
+    one_line(err, "would overwrite the input")
+    if kind != "zarr":
+        os.link(target, tmp_path / f"hard.{kind}")
+        code, _, err = run_cli("fit", spec, "-o", tmp_path / f"hard.{kind}", "--overwrite")  # the same inode
+        assert code == 2
+        one_line(err, "would overwrite the input")
+    else:
+        code, _, err = run_cli("fit", spec, "-o", tmp_path / "x.zarr" / "model.npz")  # inside the input store
+        assert code == 2
+        one_line(err, "would overwrite the input")
+    code, _, err = run_cli("fit", spec, "-o", tmp_path / "m.npz", "--checkpoint", target)
+    assert code == 2
+    one_line(err, "checkpoint would overwrite the input")
+    assert digest(str(target)) == before
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".npz") or name.startswith(".")]
+
+
+def test_apply_tune_report_and_run_never_write_over_an_input(tmp_path, rows, run_cli):
+    spec = write_h5(tmp_path / "x.h5", rows)
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", spec, "-o", model)[0] == 0
+    before = {name: digest(str(tmp_path / name)) for name in ("x.h5", "m.npz")}
+    code, _, err = run_cli("apply", model, spec, "-o", tmp_path / "x.h5:/y", "--overwrite")
+    assert code == 2
+    one_line(err, "output would overwrite the input")
+    np.save(tmp_path / "a.npy", rows[:100])
+    np.save(tmp_path / "b.npy", rows[100:200])
+    np.save(tmp_path / "s.npy", np.arange(100, dtype=np.float64))
+    pairs = ["--pairs-a", tmp_path / "a.npy", "--pairs-b", tmp_path / "b.npy", "--scores", tmp_path / "s.npy"]
+    before.update({name: digest(str(tmp_path / name)) for name in ("a.npy", "b.npy", "s.npy")})
+    code, _, err = run_cli("tune", model, *pairs, "-o", tmp_path / "s.npy", "--overwrite")
+    assert code == 2
+    one_line(err, "would overwrite the input")
+    code, _, err = run_cli("tune", model, *pairs, "-o", model, "--overwrite")  # --in-place says so explicitly
+    assert code == 2
+    one_line(err, "would overwrite the input")
+    code, _, err = run_cli("report", model, "-o", tmp_path / "m.npz", "--overwrite")
+    assert code == 2
+    job = tmp_path / "job.toml"
+    job.write_text(textwrap.dedent(f"""
+        [input]
+        paths = ["{tmp_path / 'x.h5'}"]
+        [model]
+        path = "{tmp_path / 'j.npz'}"
+        [apply]
+        output = "{tmp_path}/{{stem}}.h5"
+    """))
+    code, _, err = run_cli("run", job)
+    assert code == 2
+    one_line(err, "[apply] output would overwrite the input", "x.h5")
+    code, _, err = run_cli("run", job, "--log-file", tmp_path / "x.h5")
+    assert code == 2
+    one_line(err, "log file would overwrite the input")
+    assert {name: digest(str(tmp_path / name)) for name in before} == before
+    assert not os.path.exists(tmp_path / "j.npz")
+
+
+def test_update_refuses_a_recorded_shard_that_was_deleted(tmp_path, rows, run_cli):
+    shards = [write_h5(tmp_path / f"day-{i}.h5", rows[i * 400:(i + 1) * 400]) for i in range(3)]
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", str(tmp_path / "day-*.h5:/emb"), "-o", model)[0] == 0
+    before = open(model, "rb").read()
+    os.remove(tmp_path / "day-1.h5")
+    code, _, err = run_cli("fit", str(tmp_path / "day-*.h5:/emb"), "--update", model)
+    assert code == 2
+    one_line(err, "day-1.h5", "deleted", "400 rows", "refit from scratch")
+    assert open(model, "rb").read() == before
+    # A shard that still exists but is not named this time is kept, as before.
+    write_h5(tmp_path / "day-1.h5", rows[400:800])
+    write_h5(tmp_path / "day-3.h5", anisotropic(100, 8, seed=9).astype(np.float32))
+    code, _, err = run_cli("fit", shards[0], str(tmp_path / "day-3.h5:/emb"), "--update", model)
+    assert code == 0, err
+    assert load_model(str(model)).n_rows == 1300
+
+
+def test_dask_engine_refuses_a_missing_chunk(tmp_path, rows):
+    pytest.importorskip("distributed")
+    from streamwhiten.distributed import fit_dask
+
+    spec = write_zarr(tmp_path / "z.zarr", rows, chunk_rows=100)
+    os.remove(os.path.join(spec, zarr.open_array(spec, mode="r").metadata.encode_chunk_key((4, 0))))
+    with pytest.raises(MissingChunkError, match=r"rows 400\.\.499"):
+        fit_dask(spec, block_rows=300, n_workers=1)
+    result = fit_dask(spec, block_rows=300, n_workers=1, fill_missing_chunks=True)
+    assert result.state.n_rows == 1200
+
+
+def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, monkeypatch):
+    """A rename is durable only once its directory is fsynced: model, checkpoint, progress record, output."""
+    from streamwhiten.apply import apply_model
+    from streamwhiten.fit import plan_fit, run_job, save_checkpoint
+    from streamwhiten.model import finalize, save_model
+
+    events = []
+    real_replace, real_rename, real_fsync_dir = os.replace, os.rename, durable.fsync_dir
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", os.path.basename(b))), real_replace(a, b)))
+    monkeypatch.setattr(os, "rename", lambda a, b: (events.append(("rename", os.path.basename(b))), real_rename(a, b)))
+
+    def fsync_dir(path):
+        events.append(("fsync_dir", os.path.abspath(path)))
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(durable, "fsync_dir", fsync_dir)
+    import streamwhiten.stores as stores
+
+    monkeypatch.setattr(stores, "fsync_dir", fsync_dir)
+    spec = write_h5(tmp_path / "x.h5", rows)
+    job = run_job(plan_fit(spec, block_rows=300))
+    save_checkpoint(job, str(tmp_path / "c.ckpt"))
+    save_model(finalize(job.state), str(tmp_path / "m.npz"))
+    apply_model(finalize(job.state), spec, str(tmp_path / "o.h5"), block_rows=300, progress_seconds=0)
+    renamed = [i for i, event in enumerate(events) if event[0] == "rename"]
+    assert {events[i][1] for i in renamed} >= {"c.ckpt", "m.npz", ".o.h5.partial.progress.json", "o.h5"}
+    for i in renamed:  # every rename is followed by an fsync of the directory it happened in
+        assert events[i + 1] == ("fsync_dir", str(tmp_path)), events
+
+
+def test_leftovers_of_killed_writers_are_removed_by_the_next_one(tmp_path, rows, run_cli):
+    spec = write_h5(tmp_path / "x.h5", rows)
+    dead = 2 ** 22 + 12345  # above pid_max's default: no such process
+    while True:
+        try:
+            os.kill(dead, 0)
+            dead += 1
+        except ProcessLookupError:
+            break
+        except PermissionError:
+            dead += 1
+    stale = [tmp_path / f".m.npz.tmp-{dead}", tmp_path / f"..m.npz.checkpoint.tmp-{dead}",
+             tmp_path / f"..o.zarr.partial.progress.json.tmp-{dead}"]
+    for path in stale:
+        path.write_bytes(b"x" * 1000)
+    alive = tmp_path / f".m.npz.tmp-{os.getppid()}"  # a writer still running: left alone
+    alive.write_bytes(b"y")
+    assert run_cli("fit", spec, "-o", tmp_path / "m.npz", "--chunk-rows", "300", "--checkpoint-every", "1")[0] == 0
+    assert run_cli("apply", tmp_path / "m.npz", spec, "-o", tmp_path / "o.zarr")[0] == 0
+    assert not any(path.exists() for path in stale)
+    assert alive.exists()
+
+
+def test_a_directory_output_moved_aside_by_a_killed_run_is_put_back(tmp_path, rows):
+    out = tmp_path / "o.zarr"
+    write_zarr(out, rows)
+    aside = tmp_path / ".o.zarr.old-999999999"
+    os.rename(out, aside)  # killed between moving the old output aside and renaming the new one in
+    durable.remove_stale_temps(str(out))
+    assert out.exists() and not aside.exists()
+    np.testing.assert_array_equal(zarr.open_array(str(out), mode="r")[:], rows)
+
+
+def test_lock_and_log_file_errors_name_the_file(tmp_path, rows):
+    spec = write_h5(tmp_path / "x.h5", rows)
+    job = tmp_path / "job.toml"
+    job.write_text(f'[input]\npaths = ["{tmp_path / "x.h5"}"]\n[model]\npath = "{tmp_path / "m" / "m.npz"}"\n')
+    (tmp_path / "m").mkdir()
+    os.mkdir(tmp_path / "m" / ".m.npz.lock")  # a lock path that cannot be opened as a file
+    result = run_subprocess("run", job)
+    assert result.returncode == 74
+    one_line(result.stderr, ".m.npz.lock", "lock file")
+    shutil.rmtree(tmp_path / "m" / ".m.npz.lock")
+    result = run_subprocess("run", job, "--log-file", tmp_path / "no-such-dir" / "log.txt")
+    assert result.returncode == 74
+    one_line(result.stderr, "log.txt", "cannot open the log file")
+
+
+def test_remove_checkpoint_failure_names_it(tmp_path):
+    path = tmp_path / "c.ckpt"
+    path.mkdir()  # os.remove cannot remove a directory
+    with pytest.raises(StoreIOError, match="c.ckpt: cannot remove the checkpoint"):
+        remove_checkpoint(str(path))
