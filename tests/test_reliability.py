@@ -227,3 +227,38 @@ def test_remove_checkpoint_failure_names_it(tmp_path):
     path.mkdir()  # os.remove cannot remove a directory
     with pytest.raises(StoreIOError, match="c.ckpt: cannot remove the checkpoint"):
         remove_checkpoint(str(path))
+
+
+def _flip_a_byte_in_the_middle(path, offset_fraction=0.5):
+    size = os.path.getsize(path)
+    with open(path, "r+b") as handle:
+        handle.seek(int(size * offset_fraction))
+        byte = handle.read(1)
+        handle.seek(-1, os.SEEK_CUR)
+        handle.write(bytes([byte[0] ^ 0x10]))
+
+
+def test_checksum_codecs_turn_finite_garbage_into_a_clear_error(tmp_path, rows, run_cli):
+    """What the README recommends for uncompressed stores: HDF5 fletcher32 and Zarr crc32c are verified
+    on read, and a mismatch is damaged data (exit 2), not rows used silently."""
+    import h5py
+    from zarr.codecs import Crc32cCodec
+
+    with h5py.File(tmp_path / "f.h5", "w") as handle:
+        handle.create_dataset("emb", data=rows, chunks=(200, 8), fletcher32=True)
+        offset = handle["emb"].id.get_chunk_info(3).byte_offset
+    with open(tmp_path / "f.h5", "r+b") as handle:
+        handle.seek(offset + 100)
+        handle.write(b"\x00\x01\x02\x03")  # finite bytes: undetectable without the checksum
+    code, _, err = run_cli("fit", tmp_path / "f.h5:/emb", "-o", tmp_path / "m1.npz")
+    assert code == 2
+    one_line(err, "f.h5:/emb", "damaged")
+    array = zarr.create_array(store=str(tmp_path / "c.zarr"), shape=rows.shape, chunks=(200, 8), dtype=rows.dtype,
+                              compressors=[Crc32cCodec()])  # uncompressed bytes plus a checksum
+    array[...] = rows
+    chunk = tmp_path / "c.zarr" / "c" / "3" / "0"
+    _flip_a_byte_in_the_middle(chunk)
+    code, _, err = run_cli("fit", tmp_path / "c.zarr", "-o", tmp_path / "m2.npz")
+    assert code == 2
+    one_line(err, "c.zarr", "damaged")
+    assert not (tmp_path / "m1.npz").exists() and not (tmp_path / "m2.npz").exists()
