@@ -56,11 +56,14 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     """
     from .fit import check_resumable, load_checkpoint, plan_fit, plan_update, run_job
     from .model import check_params, finalize, load_model
+    from ._durable import remove_stale_temps
     from .stores import refuse_input_overlap
 
     _check_checkpoint_options(checkpoint_every, checkpoint_seconds)
     check_writable_dir(model_path, "model file")
     refuse_input_overlap({model_path: "model file", checkpoint or default_checkpoint(model_path): "checkpoint"}, inputs)
+    for path in (model_path, checkpoint or default_checkpoint(model_path)):
+        remove_stale_temps(path)  # what killed runs of this fit left behind
 
     params = dict(params or {})
     if update is not None:
