@@ -41,7 +41,8 @@ def write_npz_atomic(path: str, arrays: dict, what: str = "file") -> str:
 
 
 #: What each ``format`` value is, for messages about a file given in the wrong place.
-KNOWN_FORMATS = {"streamwhiten-model": "a streamwhiten model file", "streamwhiten-checkpoint": "a fit checkpoint"}
+KNOWN_FORMATS = {"streamwhiten-model": "a streamwhiten model file", "streamwhiten-checkpoint": "a fit checkpoint",
+                 "streamwhiten-affine": "an exported affine map (streamwhiten export)"}
 
 
 def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:

@@ -326,6 +326,73 @@ def info(model_path, as_json):
     _emit(as_json, summary, lines)
 
 
+#: The formats of ``export`` (streamwhiten.export.FORMATS, not imported here to keep the CLI's start light).
+EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx")
+
+
+@cli.command(name="export")
+@click.argument("model_path")
+@click.option("-o", "--output", "output_path", required=True,
+              help="File to write (.npz, .safetensors, .onnx, .faiss), or a directory for sentence-transformers.")
+@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default=None,
+              help="Output format (default: from the extension of -o, else sentence-transformers with --append-to).")
+@model_options
+@click.option("--normalize", is_flag=True, help="Follow the map by L2 normalisation (as apply --normalize).")
+@click.option("--append-to", default=None, metavar="ST_MODEL_DIR",
+              help="sentence-transformers: write a copy of this local model with the whitening modules appended.")
+@click.option("--index", "index_factory", default=None, metavar="FACTORY",
+              help="faiss: write an empty IndexPreTransform around this index_factory index (e.g. Flat, HNSW32).")
+@click.option("--metric", type=click.Choice(["ip", "l2"]), default=None,
+              help="faiss --index: its metric [default: ip with --normalize, else l2].")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+@common_json
+def export_(model_path, output_path, fmt, beta, gamma, n_components, variance, eps, normalize, append_to,
+            index_factory, metric, overwrite, as_json):
+    """Write MODEL_PATH's whitening, y = x A + b (+ L2 normalisation), where queries are embedded.
+
+    Formats: npz (plain arrays A, b, mean; streamwhiten.serving or numpy alone), safetensors (an
+    nn.Linear state dict), sentence-transformers (Dense + Normalize modules, or with --append-to a
+    whitened copy of a local model), faiss (a LinearTransform, or with --index an empty index that
+    whitens what it is given), onnx (MatMul + Add, dynamic batch). Queries whitened this way meet a
+    corpus whitened by `apply` with the same model and settings. See docs/serving.md.
+    """
+    from dataclasses import replace
+
+    from .export import check_available, check_options, export, format_for
+    from .model import check_params, load_model
+    from .serving import file_checksum
+    from .stores import refuse_input_overlap
+
+    fmt = format_for(output_path, fmt, append_to)
+    check_options(fmt, normalize, append_to, index_factory, metric)
+    params = _model_params(beta, gamma, n_components, variance, eps)
+    check_params(**params)
+    refuse_input_overlap({output_path: "export"}, [model_path, append_to])
+    if os.path.lexists(output_path) and not overwrite:
+        raise OutputExistsError(f"{output_path}: already exists (pass --overwrite to replace it)")
+    check_available(fmt)
+    model = load_model(model_path)
+    affine = model.as_affine(normalize=normalize, **params)
+    stored = file_checksum(model_path)
+    if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)
+        affine = replace(affine, model_checksum=stored)
+    summary = export(affine, output_path, fmt, overwrite=overwrite, append_to=append_to, index=index_factory,
+                     metric=metric)
+    summary["model"] = model_path
+    what = {"faiss": f"faiss {summary.get('faiss')}", "sentence-transformers": "sentence-transformers modules "
+            + ", ".join(summary.get("modules") or [])}.get(fmt, fmt)
+    lines = [
+        f"wrote {output_path} ({what}{' appended to ' + append_to if append_to else ''})",
+        f"map   y = x A + b{' then L2 normalisation' if affine.normalize else ''}: {affine.n_features} -> "
+        f"{affine.n_components} dimensions, beta={affine.beta:g} gamma={affine.gamma:g} eps={affine.eps:g}",
+        f"from  {model_path} (checksum {affine.model_checksum[:16]})",
+    ]
+    if summary.get("needs_training"):
+        lines.append(f"note  the {index_factory} index needs training before add: index.train(vectors) whitens "
+                     "them first")
+    _emit(as_json, summary, lines)
+
+
 @cli.command()
 @click.option("--rows", type=int, default=100_000, show_default=True, help="Rows of the generated store.")
 @click.option("--dim", type=int, default=256, show_default=True, help="Width d of the generated store.")

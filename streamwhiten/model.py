@@ -172,6 +172,31 @@ class WhiteningModel:
                                      "for such input)", row=row)
         return out[0] if single else out
 
+    def as_affine(self, beta=None, gamma=None, n_components=None, variance=None, eps=None, normalize=False):
+        """The transform as the affine map ``y = x A + b``, for serving and export.
+
+        Parameters
+        ----------
+        beta, gamma, n_components, variance, eps : optional
+            Another setting than the model's, re-finalized from the saved statistics (as :meth:`with_params`).
+        normalize : bool
+            Follow the map by L2 normalisation.
+
+        Returns
+        -------
+        streamwhiten.serving.AffineMap
+            ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``, the setting and this
+            model's checksum; its ``transform`` gives the vectors :meth:`transform` gives.
+        """
+        from .serving import AffineMap
+
+        given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
+        changes = {name: value for name, value in given.items() if value is not None}
+        model = self.with_params(**changes) if changes else self
+        return AffineMap.from_eigh(model.eigvals, model.eigvecs, model.mean, model.beta, model.gamma, model.eps,
+                                   model.eps_value, model.n_components, model.variance, normalize,
+                                   model_checksum(self))
+
     def with_params(self, **changes) -> "WhiteningModel":
         """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data."""
         params = dict(beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance)

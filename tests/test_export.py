@@ -1,0 +1,406 @@
+"""``streamwhiten export``: every format reloaded with its own library's loader and compared with
+``Whitener.transform`` on the same rows, for beta, gamma in {0, 0.5, 1}, k < d and k = d, with and without
+L2 normalisation; and the bad inputs (wrong width, unknown format, existing output) as one-line exit-2 errors.
+
+The rows have a moderate spectrum (1 to 1/16 in variance) and mean: a format that only has ``x A + b``
+rounds ``x A`` in float32 before ``b`` is added, an error that grows with ``|mu A| / |y|``; here it stays
+well below the 1e-6 (relative to the largest output, or absolute for unit vectors) asserted, so a
+wrong map cannot pass as rounding.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from streamwhiten import Whitener, serving
+from streamwhiten.errors import EXIT_BAD_INPUT
+
+from conftest import write_h5
+
+D, SMALL_K = 16, 6
+SETTINGS = [(beta, gamma, k, normalize) for beta in (0.0, 0.5, 1.0) for gamma in (0.0, 0.5, 1.0)
+            for k in (SMALL_K, D) for normalize in (False, True)]
+
+
+def gentle_rows(n_rows, n_features=D, seed=0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    rotation, _ = np.linalg.qr(rng.standard_normal((n_features, n_features)))
+    scales = np.linspace(1.0, 0.25, n_features)
+    return ((rng.standard_normal((n_rows, n_features)) * scales) @ rotation.T
+            + 0.5 * rng.standard_normal(n_features)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return gentle_rows(600)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory, rows):
+    path = tmp_path_factory.mktemp("export") / "model.npz"
+    Whitener().fit(rows).save(path)
+    return str(path)
+
+
+def reference(model_path, rows, beta, gamma, k, normalize):
+    return Whitener.load(model_path).set_params(beta=beta, gamma=gamma, n_components=k).transform(rows, normalize=normalize)
+
+
+def assert_close(got, want):
+    got = np.asarray(got)
+    assert got.shape == want.shape and got.dtype == np.float32
+    error = np.abs(got - want).max()
+    assert error <= 1e-6 * max(1.0, np.abs(want).max()), error
+
+
+def setting_args(beta, gamma, k, normalize):
+    return ["--beta", beta, "--gamma", gamma, "-k", k] + (["--normalize"] if normalize else [])
+
+
+def export_ok(run_cli, *args):
+    code, out, err = run_cli("export", *args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def one_line_error(err, *fragments):
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith("streamwhiten: error: "), err
+    for fragment in fragments:
+        assert fragment in lines[0], err
+
+
+def leftovers(directory):
+    return sorted(name for name in os.listdir(directory) if name.startswith("."))
+
+
+def normalized(y):
+    norms = np.linalg.norm(y, axis=1, keepdims=True)
+    return y / np.where(norms > 0, norms, 1)
+
+
+def need(module, extra):
+    """The module, or a skip naming the extra that installs it."""
+    return pytest.importorskip(module, reason=f"{module} is not installed: pip install 'streamwhiten[{extra}]'")
+
+
+def test_cli_and_library_list_the_same_formats():
+    from streamwhiten.cli import EXPORT_FORMATS
+    from streamwhiten.export import FORMATS
+
+    assert EXPORT_FORMATS == FORMATS
+
+
+# ------------------------------------------------------------------------------------------ each format
+
+
+def test_npz_with_numpy_alone_and_the_serving_path(tmp_path, model_path, rows, run_cli):
+    for i, (beta, gamma, k, normalize) in enumerate(SETTINGS):
+        path = tmp_path / f"map{i}.npz"
+        summary = export_ok(run_cli, model_path, "-o", path, *setting_args(beta, gamma, k, normalize))
+        want = reference(model_path, rows, beta, gamma, k, normalize)
+        with np.load(path, allow_pickle=False) as data:  # numpy alone
+            A, b = data["A"], data["b"]
+            assert A.shape == (D, k) and b.shape == (k,) and data["mean"].shape == (D,)
+            assert (float(data["beta"]), float(data["gamma"]), int(data["n_components"]), bool(data["normalize"])) \
+                == (beta, gamma, k, normalize)
+            assert str(data["model_checksum"]) == serving.file_checksum(model_path) == summary["model_checksum"]
+        y = rows @ A.astype(np.float32) + b.astype(np.float32)
+        assert_close(normalized(y) if normalize else y, want)
+        whiten = serving.load(path)  # the stored flag is the default
+        assert whiten.normalize == normalize
+        assert_close(whiten.transform(rows), want)
+        assert_close(whiten.transform(rows[7]), want[7])
+
+
+def test_safetensors_into_torch_nn_linear(tmp_path, model_path, rows, run_cli):
+    torch = need("torch", "torch")
+    safetensors_torch = need("safetensors.torch", "torch")
+    from safetensors import safe_open
+
+    for i, (beta, gamma, k, normalize) in enumerate(SETTINGS):
+        path = tmp_path / f"linear{i}.safetensors"
+        export_ok(run_cli, model_path, "-o", path, *setting_args(beta, gamma, k, normalize))
+        layer = torch.nn.Linear(D, k)
+        layer.load_state_dict(safetensors_torch.load_file(str(path)), strict=True)
+        with torch.no_grad():
+            y = layer(torch.from_numpy(rows))
+            if normalize:
+                y = torch.nn.functional.normalize(y, dim=1)
+        assert_close(y.numpy(), reference(model_path, rows, beta, gamma, k, normalize))
+        with safe_open(str(path), framework="np") as handle:
+            meta = handle.metadata()
+        assert meta["model_checksum"] == serving.file_checksum(model_path)
+        assert (float(meta["beta"]), float(meta["gamma"]), int(meta["n_components"]), meta["normalize"]) == \
+            (beta, gamma, k, "true" if normalize else "false")
+
+
+def test_onnx_in_onnxruntime(tmp_path, model_path, rows, run_cli):
+    onnx = need("onnx", "onnx")
+    ort = need("onnxruntime", "onnx")
+    for i, (beta, gamma, k, normalize) in enumerate(SETTINGS):
+        path = tmp_path / f"whiten{i}.onnx"
+        summary = export_ok(run_cli, model_path, "-o", path, *setting_args(beta, gamma, k, normalize))
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        want = reference(model_path, rows, beta, gamma, k, normalize)
+        assert_close(session.run(["y"], {"x": rows})[0], want)
+        assert_close(session.run(["y"], {"x": rows[4:5]})[0], want[4:5])  # the batch axis is dynamic
+        model = onnx.load(str(path))
+        assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [summary["opset"]] == [21]
+        assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+        meta = {prop.key: prop.value for prop in model.metadata_props}
+        assert meta["model_checksum"] == serving.file_checksum(model_path) and float(meta["gamma"]) == gamma
+
+
+def test_faiss_transform_and_index(tmp_path, model_path, rows, run_cli):
+    faiss = need("faiss", "faiss")
+    for i, (beta, gamma, k, normalize) in enumerate(SETTINGS):
+        want = reference(model_path, rows, beta, gamma, k, normalize)
+        if not normalize:
+            path = tmp_path / f"transform{i}.faiss"
+            export_ok(run_cli, model_path, "-o", path, *setting_args(beta, gamma, k, normalize))
+            transform = faiss.read_VectorTransform(str(path))
+            assert (transform.d_in, transform.d_out) == (D, k)
+            assert_close(transform.apply(rows), want)
+        path = tmp_path / f"index{i}.faiss"
+        summary = export_ok(run_cli, model_path, "-o", path, "--index", "Flat", *setting_args(beta, gamma, k, normalize))
+        assert summary["metric"] == ("ip" if normalize else "l2") and not summary["needs_training"]
+        index = faiss.read_index(str(path))
+        assert index.d == D and index.ntotal == 0 and index.is_trained
+        index.add(rows)
+        _, found = index.search(rows, 1)
+        assert np.array_equal(found[:, 0], np.arange(len(rows)))  # self-search: top-1 is the row itself
+        stored = faiss.downcast_index(faiss.downcast_index(index).index).reconstruct_n(0, len(rows))
+        assert_close(stored, want)
+
+
+def test_faiss_hnsw_index_and_an_index_that_needs_training(tmp_path, model_path, rows, run_cli):
+    faiss = need("faiss", "faiss")
+    export_ok(run_cli, model_path, "-o", tmp_path / "hnsw.faiss", "--index", "HNSW16", "--normalize", "-k", SMALL_K)
+    index = faiss.read_index(str(tmp_path / "hnsw.faiss"))
+    index.add(rows)
+    _, found = index.search(rows, 1)
+    assert (found[:, 0] == np.arange(len(rows))).mean() > 0.99
+    summary = export_ok(run_cli, model_path, "-o", tmp_path / "ivf.faiss", "--index", "IVF4,Flat", "--metric", "ip",
+                        "--normalize")
+    assert summary["needs_training"] and summary["metric"] == "ip"
+    index = faiss.read_index(str(tmp_path / "ivf.faiss"))
+    index.train(rows)  # trains the IVF on whitened vectors; the whitening itself is already trained
+    index.add(rows)
+    assert index.ntotal == len(rows)
+    code, _, err = run_cli("export", model_path, "-o", tmp_path / "bad.faiss", "--index", "NoSuchIndex")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "--index 'NoSuchIndex'")
+    assert not os.path.exists(tmp_path / "bad.faiss") and leftovers(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def st_model(tmp_path_factory):
+    """A local sentence-transformers model built here, no network: a word-level tokenizer and a StaticEmbedding."""
+    need("sentence_transformers", "sentence-transformers")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import StaticEmbedding
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]"] + [f"w{i}" for i in range(60)]
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    embedding = StaticEmbedding(tokenizer, embedding_weights=gentle_rows(len(words), seed=5))
+    directory = tmp_path_factory.mktemp("st") / "base-model"
+    SentenceTransformer(modules=[embedding], device="cpu").save(str(directory))
+    rng = np.random.default_rng(6)
+    texts = [" ".join(f"w{j}" for j in rng.integers(0, 60, rng.integers(1, 8))) for _ in range(500)]
+    model = SentenceTransformer(str(directory), device="cpu", local_files_only=True)
+    vectors = model.encode(texts, convert_to_numpy=True)
+    model_file = directory.parent / "st-model.npz"
+    Whitener().fit(vectors).save(model_file)
+    return str(directory), texts, vectors, str(model_file)
+
+
+def test_sentence_transformers_append_to_a_local_model(tmp_path, st_model, run_cli):
+    from sentence_transformers import SentenceTransformer
+
+    base, texts, vectors, model_file = st_model
+    before = {name: open(os.path.join(base, name), "rb").read() for name in os.listdir(base) if os.path.isfile(os.path.join(base, name))}
+    for i, (beta, gamma, k, normalize) in enumerate(SETTINGS):
+        path = tmp_path / f"whitened{i}"
+        summary = export_ok(run_cli, model_file, "-o", path, "--append-to", base, *setting_args(beta, gamma, k, normalize))
+        assert summary["format"] == "sentence-transformers" and summary["modules"][0] == "1_Dense"
+        model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
+        assert model.get_embedding_dimension() == k
+        got = model.encode(texts, convert_to_numpy=True)
+        assert_close(got, reference(model_file, vectors, beta, gamma, k, normalize))
+        meta = json.loads((path / "1_Dense" / "streamwhiten.json").read_text())
+        assert meta["model_checksum"] == serving.file_checksum(model_file) and meta["n_components"] == k
+    after = {name: open(os.path.join(base, name), "rb").read() for name in before}
+    assert after == before and leftovers(tmp_path) == []
+
+
+def test_sentence_transformers_modules_alone(tmp_path, model_path, rows, run_cli):
+    need("sentence_transformers", "sentence-transformers")
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense
+
+    for beta, gamma, k, normalize in [(1.0, 1.0, SMALL_K, True), (0.5, 0.0, D, False)]:
+        path = tmp_path / f"modules-{k}-{normalize}"
+        export_ok(run_cli, model_path, "-o", path, "--format", "sentence-transformers",
+                  *setting_args(beta, gamma, k, normalize))
+        want = reference(model_path, rows, beta, gamma, k, normalize)
+        pipeline = SentenceTransformer(str(path), device="cpu", local_files_only=True)  # Dense (+ Normalize) only
+        with torch.no_grad():
+            got = pipeline.forward({"sentence_embedding": torch.from_numpy(rows)})["sentence_embedding"]
+        assert_close(got.numpy(), want)
+        dense = Dense.load(str(path / "0_Dense"))
+        with torch.no_grad():
+            got = dense({"sentence_embedding": torch.from_numpy(rows)})["sentence_embedding"]
+        assert_close(got.numpy(), reference(model_path, rows, beta, gamma, k, False))
+
+
+def test_torch_linear_helper(model_path, rows):
+    torch = need("torch", "torch")
+    from streamwhiten.export import torch_linear
+    from streamwhiten.model import load_model
+
+    layer = torch_linear(load_model(model_path).as_affine(n_components=SMALL_K))
+    with torch.no_grad():
+        assert_close(layer(torch.from_numpy(rows)).numpy(), reference(model_path, rows, 1.0, 1.0, SMALL_K, False))
+
+
+# ------------------------------------------------------------------------------------------ corpus meets queries
+
+
+def test_a_corpus_applied_offline_meets_queries_whitened_online(tmp_path, model_path, rows, run_cli):
+    """`apply` on the corpus and the exported maps on the same rows as queries give the same vectors."""
+    ort = need("onnxruntime", "onnx")
+    corpus = write_h5(tmp_path / "corpus.h5", rows, chunk_rows=128)
+    code, _, err = run_cli("apply", model_path, corpus, "-o", f"{tmp_path / 'white.h5'}:/vectors", "-k", SMALL_K,
+                           "--normalize", "-q")
+    assert code == 0, err
+    import h5py
+
+    with h5py.File(tmp_path / "white.h5", "r") as handle:
+        applied = handle["vectors"][...]
+    export_ok(run_cli, model_path, "-o", tmp_path / "q.onnx", "-k", SMALL_K, "--normalize")
+    export_ok(run_cli, model_path, "-o", tmp_path / "q.npz", "-k", SMALL_K, "--normalize")
+    queries = rows[::7]
+    via_onnx = ort.InferenceSession(str(tmp_path / "q.onnx")).run(["y"], {"x": queries})[0]
+    via_numpy = serving.load(tmp_path / "q.npz").transform(queries)
+    assert_close(via_onnx, applied[::7])
+    assert_close(via_numpy, applied[::7])
+    best = np.argmax(via_numpy @ applied.T, axis=1)  # each query finds itself in the corpus
+    assert np.array_equal(best, np.arange(0, len(rows), 7))
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+
+def test_append_to_a_model_of_another_width_is_refused(tmp_path, st_model, run_cli):
+    base = st_model[0]
+    other = tmp_path / "other.npz"
+    Whitener().fit(gentle_rows(200, n_features=12)).save(other)
+    code, _, err = run_cli("export", other, "-o", tmp_path / "out", "--append-to", base)
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, base, "16-d vectors", "12-d")
+    assert not os.path.exists(tmp_path / "out") and leftovers(tmp_path) == []
+
+
+def test_unknown_format_is_refused(tmp_path, model_path, run_cli):
+    code, _, err = run_cli("export", model_path, "-o", tmp_path / "map.bin")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "map.bin", "cannot tell the export format", "--format")
+    code, _, err = run_cli("export", model_path, "-o", tmp_path / "map.npz", "--format", "tflite")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "tflite")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("name,extra", [("map.npz", []), ("map.onnx", []), ("map.safetensors", []), ("map.faiss", []),
+                                        ("modules", ["--format", "sentence-transformers"])])
+def test_existing_output_needs_overwrite(tmp_path, model_path, run_cli, name, extra):
+    need(*{"map.onnx": ("onnx", "onnx"), "map.safetensors": ("safetensors", "torch"), "map.faiss": ("faiss", "faiss"),
+           "modules": ("sentence_transformers", "sentence-transformers")}.get(name, ("numpy", "")))
+    target = tmp_path / name
+    if name == "modules":
+        target.mkdir()
+        (target / "keep.txt").write_text("old")
+    else:
+        target.write_text("old")
+    code, _, err = run_cli("export", model_path, "-o", target, *extra)
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, str(target), "already exists (pass --overwrite to replace it)")
+    assert (target / "keep.txt" if name == "modules" else target).read_text() == "old"
+    code, _, err = run_cli("export", model_path, "-o", target, *extra, "--overwrite")
+    assert code == 0, err
+    assert not (target / "keep.txt").exists() if name == "modules" else target.read_bytes() != b"old"
+    assert leftovers(tmp_path) == []
+
+
+def test_output_over_the_model_is_refused(model_path, run_cli):
+    before = open(model_path, "rb").read()
+    code, _, err = run_cli("export", model_path, "-o", model_path, "--overwrite")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "would overwrite the input")
+    assert open(model_path, "rb").read() == before
+
+
+def test_output_inside_the_model_appended_to_is_refused(st_model, run_cli):
+    base, _, _, model_file = st_model
+    code, _, err = run_cli("export", model_file, "-o", os.path.join(base, "inner"), "--append-to", base)
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "would overwrite the input")
+    assert not os.path.exists(os.path.join(base, "inner"))
+
+
+def test_options_of_other_formats_are_refused(tmp_path, model_path, run_cli):
+    for args, fragment in [
+        (["-o", tmp_path / "m.npz", "--index", "Flat"], "--index and --metric are for the faiss format"),
+        (["-o", tmp_path / "m.onnx", "--append-to", tmp_path], "--append-to is for the sentence-transformers format"),
+        (["-o", tmp_path / "m.faiss", "--normalize"], "add --index"),
+        (["-o", tmp_path / "m.npz", "-k", "17"], "exceeds the data width d = 16"),
+        (["-o", tmp_path / "m.npz", "--gamma", "2"], "gamma must be a number in [0, 1]"),
+    ]:
+        code, _, err = run_cli("export", model_path, *args)
+        assert code == EXIT_BAD_INPUT, args
+        one_line_error(err, fragment)
+    assert os.listdir(tmp_path) == []
+
+
+def test_missing_library_names_the_pip_install(tmp_path, model_path, run_cli, monkeypatch):
+    for module, extra, name in [("onnx", "onnx", "m.onnx"), ("faiss", "faiss", "m.faiss"),
+                                ("safetensors.numpy", "torch", "m.safetensors")]:
+        monkeypatch.setitem(__import__("sys").modules, module, None)  # `import module` now raises ImportError
+        code, _, err = run_cli("export", model_path, "-o", tmp_path / name)
+        assert code == EXIT_BAD_INPUT
+        one_line_error(err, f"pip install 'streamwhiten[{extra}]'")
+    monkeypatch.setitem(__import__("sys").modules, "sentence_transformers", None)
+    code, _, err = run_cli("export", model_path, "-o", tmp_path / "st", "--format", "sentence-transformers")
+    one_line_error(err, "needs sentence-transformers: pip install 'streamwhiten[sentence-transformers]'")
+    assert code == EXIT_BAD_INPUT and os.listdir(tmp_path) == []
+
+
+def test_damaged_model_is_refused(tmp_path, model_path, run_cli):
+    raw = open(model_path, "rb").read()
+    (tmp_path / "cut.npz").write_bytes(raw[: len(raw) // 3])
+    code, _, err = run_cli("export", tmp_path / "cut.npz", "-o", tmp_path / "map.npz")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "cut.npz")
+    assert not os.path.exists(tmp_path / "map.npz")
+
+
+def test_a_failure_while_copying_leaves_nothing(tmp_path, st_model, run_cli):
+    """A file of the model that cannot be copied (a dangling link) fails the export after the temporary
+    directory was started: exit 74, one line, no output and no temporary directory left."""
+    base, _, _, model_file = st_model
+    damaged = tmp_path / "damaged-model"
+    import shutil
+
+    shutil.copytree(base, damaged)
+    os.symlink(tmp_path / "nowhere", damaged / "broken-link")
+    out = tmp_path / "out"
+    code, _, err = run_cli("export", model_file, "-o", out, "--append-to", damaged)
+    assert code == 74
+    one_line_error(err, str(out), "broken-link", "nothing was written")
+    assert not os.path.exists(out) and leftovers(tmp_path) == []

@@ -1,0 +1,195 @@
+"""The numpy-only serving path and ``WhiteningModel.as_affine``, against ``Whitener.transform`` and the formulas."""
+
+import json
+import subprocess
+import sys
+import zipfile
+
+import numpy as np
+import pytest
+
+from streamwhiten import Whitener, serving
+from streamwhiten.errors import BadInputError, ModelFileError, NonFiniteError
+from streamwhiten.model import FORMAT_NAME, FORMAT_VERSION, load_model
+
+from conftest import REPO, anisotropic
+
+SETTINGS = [(beta, gamma, k) for beta in (0.0, 0.5, 1.0) for gamma in (0.0, 0.5, 1.0) for k in (5, 12)]
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return anisotropic(800, 12, seed=4).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory, rows):
+    path = tmp_path_factory.mktemp("serving") / "model.npz"
+    Whitener(n_components=7).fit(rows).save(path)
+    return str(path)
+
+
+def saved_with(model_file, tmp_path, **params) -> str:
+    path = tmp_path / "setting.npz"
+    Whitener.load(model_file).set_params(**params).save(path)
+    return str(path)
+
+
+def test_import_pulls_in_neither_numba_nor_storage_libraries(model_file):
+    code = (
+        "import sys, json, numpy as np\n"
+        "from streamwhiten import serving\n"
+        f"m = serving.load({model_file!r})\n"
+        "m.transform(np.ones(12, dtype=np.float32))\n"
+        "print(json.dumps(sorted(name for name in sys.modules if name.split('.')[0] in "
+        "('numba', 'h5py', 'zarr', 'torch', 'scipy') or name in ('streamwhiten.model', 'streamwhiten.stats', "
+        "'streamwhiten._kernels', 'streamwhiten.stores'))))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []
+
+
+def test_constants_match_the_model_file():
+    assert (serving.MODEL_FORMAT, serving.MODEL_VERSION) == (FORMAT_NAME, FORMAT_VERSION)
+
+
+@pytest.mark.parametrize("beta,gamma,k", SETTINGS)
+def test_model_file_gives_the_vectors_of_whitener_transform(model_file, tmp_path, rows, beta, gamma, k):
+    path = saved_with(model_file, tmp_path, beta=beta, gamma=gamma, n_components=k)
+    reference = Whitener.load(path)
+    whiten = serving.load(path)
+    assert (whiten.n_features, whiten.n_components) == (12, k)
+    for normalize in (False, True):
+        want = reference.transform(rows, normalize=normalize)
+        got = whiten.transform(rows, normalize=normalize)
+        assert got.dtype == np.float32 and got.shape == (800, k)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * max(1.0, np.abs(want).max()))
+        np.testing.assert_allclose(whiten(rows[3], normalize=normalize), want[3], rtol=0,
+                                   atol=1e-6 * max(1.0, np.abs(want).max()))
+        wide = rows.astype(np.float64)
+        got64 = whiten.transform(wide, normalize=normalize)
+        assert got64.dtype == np.float64
+        np.testing.assert_allclose(got64, reference.transform(wide, normalize=normalize), rtol=0, atol=1e-12)
+
+
+def test_map_is_bit_identical_to_the_projection(model_file):
+    model = load_model(model_file)
+    whiten = serving.load(model_file)
+    weights, shift = model.projection()
+    assert np.array_equal(whiten.A, weights) and np.array_equal(whiten.shift, shift)
+    np.testing.assert_array_equal(whiten.b, -(shift @ weights))
+    assert whiten.model_checksum == serving.file_checksum(model_file) and len(whiten.model_checksum) == 64
+
+
+@pytest.mark.parametrize("beta,gamma,k", [(1.0, 1.0, 12), (0.5, 0.5, 5), (0.0, 0.0, 3), (0.25, 1.0, 7)])
+def test_as_affine_against_the_formula(tmp_path, beta, gamma, k):
+    """A A^T = U_k (Lambda_k + eps_)^(-gamma) U_k^T (free of eigenvector signs), b = -(beta mu) A."""
+    x = anisotropic(800, 12, seed=4)  # float64: the fit's products are float64 too
+    model_file = str(tmp_path / "model64.npz")
+    Whitener(n_components=7).fit(x).save(model_file)
+    model = load_model(model_file)
+    affine = model.as_affine(beta=beta, gamma=gamma, n_components=k, eps=1e-4)
+    mu = x.mean(axis=0)
+    centred = x - beta * mu
+    eigvals, eigvecs = np.linalg.eigh(centred.T @ centred / len(x))
+    eigvals, eigvecs = eigvals[::-1], eigvecs[:, ::-1]
+    scaled = eigvecs[:, :k] * (eigvals[:k] + 1e-4 * eigvals[0]) ** (-gamma / 2)
+    np.testing.assert_allclose(affine.A @ affine.A.T, scaled @ scaled.T, rtol=1e-6, atol=1e-6 * np.abs(scaled).max() ** 2)
+    np.testing.assert_allclose(affine.b, -(beta * mu) @ affine.A, rtol=1e-9, atol=1e-9)
+    assert (affine.beta, affine.gamma, affine.n_components, affine.eps, affine.normalize) == (beta, gamma, k, 1e-4, False)
+    assert affine.model_checksum == serving.file_checksum(model_file)
+    # the map computes what the model computes at that setting
+    want = model.with_params(beta=beta, gamma=gamma, n_components=k, eps=1e-4).transform(x, normalize=True)
+    np.testing.assert_allclose(affine.transform(x, normalize=True), want, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(x @ affine.A + affine.b, model.with_params(beta=beta, gamma=gamma, n_components=k,
+                               eps=1e-4).transform(x), rtol=0, atol=1e-9)
+
+
+def test_as_affine_by_variance_and_normalize(model_file):
+    model = load_model(model_file)
+    affine = model.as_affine(variance=0.9, normalize=True)
+    assert affine.variance == 0.9 and affine.n_components == model.with_params(variance=0.9).n_components
+    y = affine.transform(anisotropic(20, 12, seed=9))
+    np.testing.assert_allclose(np.linalg.norm(y, axis=1), 1.0, atol=1e-12)
+    with pytest.raises(BadInputError, match="exceeds"):
+        model.as_affine(n_components=13)
+
+
+def test_float16_input_and_zero_rows(model_file, rows):
+    whiten = serving.load(model_file, normalize=True)
+    half = rows[:10].astype(np.float16)
+    want = Whitener.load(model_file).transform(half, normalize=True)
+    got = whiten.transform(half)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    zero = serving.AffineMap.from_eigh(np.ones(3), np.eye(3), np.zeros(3), 1.0, 1.0, 1e-6, 1e-6, 3, normalize=True)
+    assert np.array_equal(zero.transform(np.zeros((2, 3))), np.zeros((2, 3)))
+
+
+def test_torch_tensors_keep_their_dtype_and_device(model_file, rows):
+    torch = pytest.importorskip("torch", reason="torch is not installed: pip install 'streamwhiten[torch]'")
+    whiten = serving.load(model_file)
+    reference = Whitener.load(model_file)
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    for device in devices:
+        for dtype, tol in ((torch.float32, 2e-6), (torch.float64, 1e-12)):
+            x = torch.as_tensor(rows, device=device).to(dtype)
+            for normalize in (False, True):
+                y = whiten.transform(x, normalize=normalize)
+                assert isinstance(y, torch.Tensor) and y.dtype == dtype and y.device.type == device
+                want = reference.transform(rows.astype(np.float64), normalize=normalize)
+                np.testing.assert_allclose(y.cpu().numpy(), want, rtol=0, atol=tol * max(1.0, np.abs(want).max()))
+            assert whiten(x[0]).shape == (7,)
+    with pytest.raises(BadInputError, match="floating-point"):
+        whiten.transform(torch.ones((2, 12), dtype=torch.int64))
+    with pytest.raises(NonFiniteError, match="row 1"):
+        whiten.transform(torch.tensor([[0.0] * 12, [float("nan")] * 12]))
+
+
+def test_bad_input_is_refused(model_file):
+    whiten = serving.load(model_file)
+    with pytest.raises(BadInputError, match="expects 12 features, got 11"):
+        whiten.transform(np.zeros((2, 11), dtype=np.float32))
+    with pytest.raises(BadInputError, match="dtype int64"):
+        whiten.transform(np.zeros((2, 12), dtype=np.int64))
+    with pytest.raises(BadInputError, match="2-D"):
+        whiten.transform(np.zeros((2, 3, 12), dtype=np.float32))
+    rows = np.zeros((4, 12), dtype=np.float32)
+    rows[2, 5] = np.inf
+    with pytest.raises(NonFiniteError, match="row 2 holds NaN or Inf"):
+        whiten.transform(rows)
+
+
+def test_damaged_missing_and_foreign_files_are_refused(model_file, tmp_path):
+    with pytest.raises(ModelFileError, match="not found"):
+        serving.load(tmp_path / "missing.npz")
+    data = dict(np.load(model_file))
+    data["mean"] = data["mean"] + 1.0  # altered after it was written: checksum fails
+    np.savez(tmp_path / "altered.npz", **data)
+    with pytest.raises(ModelFileError, match="checksum"):
+        serving.load(tmp_path / "altered.npz")
+    raw = open(model_file, "rb").read()
+    (tmp_path / "truncated.npz").write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(ModelFileError, match="truncated.npz"):
+        serving.load(tmp_path / "truncated.npz")
+    np.savez(tmp_path / "foreign.npz", A=np.eye(3))
+    with pytest.raises(ModelFileError, match="not written by streamwhiten"):
+        serving.load(tmp_path / "foreign.npz")
+    with zipfile.ZipFile(tmp_path / "empty.npz", "w"):
+        pass
+    with pytest.raises(ModelFileError):
+        serving.load(tmp_path / "empty.npz")
+
+
+def test_cold_start_benchmark_quick_run(tmp_path):
+    """benchmarks/serving_cold_start.py runs end to end on a tiny model (no timing asserted here)."""
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "serving_cold_start.py"), "--quick",
+                             "--results", str(tmp_path)], capture_output=True, text=True, cwd=REPO / "benchmarks",
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (path,) = tmp_path.glob("serving_cold_start-*.json")
+    payload = json.loads(path.read_text())
+    rows = {row["variant"]: row for row in payload["table"]}
+    assert rows["serving (model file)"]["numba_imported"] == "no" and rows["full (Whitener)"]["numba_imported"] == "yes"
