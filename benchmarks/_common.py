@@ -125,7 +125,7 @@ def write_tiled_store(path: str, n_rows: int, n_features: int, chunk_rows: int, 
 
 
 def read_all(spec: str) -> np.ndarray:
-    from streamwhiten.stores import open_source
+    from streamwhiten.io import open_source
 
     with open_source(spec) as source:
         return source.read(0, source.n_rows)

@@ -76,7 +76,7 @@ def main(argv=None):
     from streamwhiten.apply import apply_model
     from streamwhiten.fit import fit_sources
     from streamwhiten.model import finalize
-    from streamwhiten.stores import output_chunk_rows
+    from streamwhiten.io import output_chunk_rows
 
     directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-apply-")
     os.makedirs(directory, exist_ok=True)

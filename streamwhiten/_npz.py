@@ -13,7 +13,7 @@ import zipfile
 
 import numpy as np
 
-from ._durable import write_file_atomic
+from .io.durable import write_file_atomic
 from .errors import ModelFileError
 
 

@@ -23,7 +23,7 @@ from .errors import (
     BadInputError, InterruptedRunError, NonFiniteError, NothingToDoError, OutputExistsError, ValuesTooLargeError,
 )
 from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
-from .stores import (
+from .io import (
     create_sink, fingerprint, open_source, output_chunk_rows, read_attrs, refuse_input_overlap, resume_sink, split_spec,
 )
 

@@ -182,7 +182,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
     """
     from .jobs import default_checkpoint, fit_job, save_fitted
     from .model import check_params, save_model
-    from .stores import expand_specs, refuse_input_overlap, same_file
+    from .io import expand_specs, refuse_input_overlap, same_file
 
     _check_engine(engine, scheduler, workers, threads)
     if engine == "dask" and (update or resume):
@@ -267,7 +267,7 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
     """
     from .apply import apply_model
     from .model import load_model
-    from .stores import refuse_input_overlap
+    from .io import refuse_input_overlap
 
     _check_engine(engine, scheduler, workers, threads)
     refuse_input_overlap({output_spec: "output"}, [input_spec, model_path])
@@ -449,7 +449,7 @@ def run(job_file, log_file, restart, quiet, as_json):
     output is kept), 75 another run holds the lock, 130 interrupted.
     """
     from .jobs import read_job_file, run_job_file
-    from .stores import expand_specs, refuse_input_overlap
+    from .io import expand_specs, refuse_input_overlap
 
     logging.getLogger("streamwhiten").setLevel(logging.INFO)
     if log_file:
@@ -638,7 +638,7 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
     if output_path and in_place:
         raise BadInputError("give -o/--output or --in-place, not both")
     if output_path:
-        from .stores import refuse_input_overlap
+        from .io import refuse_input_overlap
 
         refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"},
                              [model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores])
@@ -709,7 +709,7 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks,
     from .model import load_model
     from .report import check_output, collect, write_report
 
-    from .stores import refuse_input_overlap
+    from .io import refuse_input_overlap
 
     refuse_input_overlap({output_path: "report"}, [model_path, pairs_a, pairs_b, scores], nested=False)
     with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))

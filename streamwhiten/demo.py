@@ -11,7 +11,7 @@ from .apply import apply_model
 from .fit import fit_sources
 from .model import finalize, save_model
 from .stats import Moments, chunk_moments, covariance, update
-from .stores import open_source
+from .io import open_source
 from .synthetic import write_store
 
 

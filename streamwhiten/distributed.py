@@ -7,7 +7,7 @@ groups of ``split_every`` consecutive states left to right with :func:`~streamwh
 by level, so the tree's shape depends only on the block layout; *aggregate* is the root, one small
 state the driver finalizes. Whichever workers run the tasks, in whatever order, the same blocks give
 the same bits. Stores are read on the workers (by path, see
-:class:`~streamwhiten.stores.LazyRows`); the transform writes whole Zarr chunks from the workers under
+:class:`~streamwhiten.io.LazyRows`); the transform writes whole Zarr chunks from the workers under
 the temporary name and the driver renames the finished store, as the serial applier does.
 
 dask and distributed are optional (``pip install 'streamwhiten[dask]'``) and imported only inside the
@@ -28,7 +28,7 @@ from .apply import aligned_block_rows, check_output, output_attrs, summary, tran
 from .errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
 from .fit import FitResult, block_moments, check_enough_rows, open_sources
 from .model import float_dtype
-from .stores import create_sink, fingerprint, open_source, output_kind, split_spec
+from .io import create_sink, fingerprint, open_source, output_kind, split_spec
 
 #: States merged by one task of the reduction tree (dask's ``split_every``).
 SPLIT_EVERY = 8

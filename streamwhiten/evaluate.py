@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import BadInputError, NonFiniteError
 from .model import WhiteningModel, project
-from .stores import Source, open_source, read_vector
+from .io import Source, open_source, read_vector
 
 #: Bytes of one block of pair vectors (A or B) read at a time.
 PAIR_BLOCK_BYTES = 16 << 20

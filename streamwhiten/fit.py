@@ -28,7 +28,7 @@ from .errors import (
 )
 from ._buffers import PerThread, as_array, kept_for_next_run
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
-from .stores import Source, count_blocks, fingerprint, open_source
+from .io import Source, count_blocks, fingerprint, open_source
 
 #: ``progress(rows_done, rows_total)``, called after every block.
 ProgressCallback = Callable[[int, int], None]

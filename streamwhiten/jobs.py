@@ -56,8 +56,8 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     """
     from .fit import check_resumable, load_checkpoint, plan_fit, plan_update, run_job
     from .model import check_params, finalize, load_model
-    from ._durable import remove_stale_temps
-    from .stores import refuse_input_overlap
+    from .io.durable import remove_stale_temps
+    from .io import refuse_input_overlap
 
     _check_checkpoint_options(checkpoint_every, checkpoint_seconds)
     check_writable_dir(model_path, "model file")
@@ -269,7 +269,7 @@ def _check_output_template(path: str, template: str) -> None:
 
 
 def _output_for(template: str, input_spec: str, job_name: str) -> str:
-    from .stores import split_spec
+    from .io import split_spec
 
     path, _ = split_spec(input_spec)
     stem = os.path.splitext(os.path.basename(path.rstrip("/")))[0]
@@ -326,7 +326,7 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
 
 
 def _identity(spec: str) -> tuple:
-    from .stores import open_source
+    from .io import open_source
 
     with open_source(spec, min_rows=0) as source:
         return source.identity
@@ -355,7 +355,7 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
     from .apply import apply_model, output_is_current
     from .fit import remove_checkpoint
     from .model import check_params, load_model, model_checksum, save_model
-    from .stores import expand_specs, fingerprint, open_source, refuse_input_overlap, split_spec
+    from .io import expand_specs, fingerprint, open_source, refuse_input_overlap, split_spec
 
     spec = read_job_file(path)
     fit_options = {key: spec.model[key] for key in ("precision", "chunk_rows", "skip_nonfinite",

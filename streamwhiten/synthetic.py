@@ -44,7 +44,7 @@ def write_store(
     """Write the data set to an HDF5 file (``.h5``) or a Zarr store (``.zarr``), replacing any old one;
     returns its spec. Written like every streamwhiten output: under a temporary name, renamed when complete.
     """
-    from .stores import create_sink, output_kind
+    from .io import create_sink, output_kind
 
     chunk_rows = min(chunk_rows, n_rows)
     spec = f"{path}:/{dataset}" if output_kind(path) == "hdf5" else path

@@ -20,7 +20,7 @@ def _is_store_spec(data) -> bool:
         return True
     if isinstance(data, (list, tuple)) and data and all(isinstance(item, (str, os.PathLike)) for item in data):
         return True
-    from .stores import Source
+    from .io import Source
 
     return isinstance(data, Source)
 

@@ -8,7 +8,7 @@ import pytest
 from streamwhiten import Whitener
 from streamwhiten.apply import apply_model
 from streamwhiten.errors import BadInputError, NonFiniteError, NothingToDoError, OutputExistsError
-from streamwhiten.stores import open_source, partial_path, read_attrs
+from streamwhiten.io import open_source, partial_path, read_attrs
 
 from conftest import anisotropic, write_h5, write_zarr
 

@@ -133,7 +133,7 @@ def test_fits_and_applies_reuse_the_buffers_of_the_run_before(tmp_path, monkeypa
 
 def test_an_error_mid_run_keeps_the_buffers_and_an_interrupt_drops_them(tmp_path, monkeypatch):
     from conftest import anisotropic, write_h5
-    from streamwhiten import stores
+    from streamwhiten.io.hdf5 import HDF5Source
     from streamwhiten.errors import NonFiniteError
     from streamwhiten.fit import fit_sources
 
@@ -149,7 +149,7 @@ def test_an_error_mid_run_keeps_the_buffers_and_an_interrupt_drops_them(tmp_path
     assert _buffers.cached_bytes() > 0
     assert fit_sources(clean, block_rows=1000, threads=2).state == reference
 
-    read_into = stores.HDF5Source.read_into
+    read_into = HDF5Source.read_into
 
     def interrupted(self, start, stop, out):
         if start >= 2000:
@@ -157,9 +157,9 @@ def test_an_error_mid_run_keeps_the_buffers_and_an_interrupt_drops_them(tmp_path
         return read_into(self, start, stop, out)
 
     _buffers.release_buffers()
-    monkeypatch.setattr(stores.HDF5Source, "read_into", interrupted)
+    monkeypatch.setattr(HDF5Source, "read_into", interrupted)
     with pytest.raises(KeyboardInterrupt):
         fit_sources(clean, block_rows=1000, threads=1)
     assert _buffers.cached_bytes() == 0  # something might still write them: not kept
-    monkeypatch.setattr(stores.HDF5Source, "read_into", read_into)
+    monkeypatch.setattr(HDF5Source, "read_into", read_into)
     assert fit_sources(clean, block_rows=1000, threads=2).state == reference

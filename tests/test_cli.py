@@ -232,11 +232,13 @@ def test_usage_errors_are_one_line(run_cli):
 
 @pytest.mark.parametrize("flag,direct", [([], True), (["--no-direct-io"], False)])
 def test_direct_io_option_reaches_the_output_writer(tmp_path, store, run_cli, monkeypatch, flag, direct):
-    import streamwhiten.stores
+    import streamwhiten.io.hdf5
+    import streamwhiten.io.zarr
 
     asked = []
-    real = streamwhiten.stores.ChunkFile
-    monkeypatch.setattr(streamwhiten.stores, "ChunkFile", lambda *a, **k: asked.append(k.get("direct")) or real(*a, **k))
+    for backend in (streamwhiten.io.hdf5, streamwhiten.io.zarr):  # every writer of output chunks
+        real = backend.ChunkFile
+        monkeypatch.setattr(backend, "ChunkFile", lambda *a, real=real, **k: asked.append(k.get("direct")) or real(*a, **k))
     model = tmp_path / "m.npz"
     assert run_cli("fit", store, "-o", model, "-k", 4, "-q")[0] == 0
     for output in ("out.h5", "out.zarr"):

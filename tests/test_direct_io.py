@@ -7,11 +7,12 @@ import h5py
 import numpy as np
 import pytest
 
-from streamwhiten import Whitener, _direct_io
+from streamwhiten import Whitener
+from streamwhiten.io import direct as _direct_io
 from streamwhiten._buffers import ALIGNMENT, take as aligned_empty
-from streamwhiten._direct_io import ChunkFile, direct_writable
+from streamwhiten.io.direct import ChunkFile, direct_writable
 from streamwhiten.apply import apply_model
-from streamwhiten.stores import OUTPUT_CHUNK_BYTES, aligned_chunk_rows, open_source, output_chunk_rows, read_attrs
+from streamwhiten.io import OUTPUT_CHUNK_BYTES, aligned_chunk_rows, open_source, output_chunk_rows, read_attrs
 
 from conftest import anisotropic, write_h5, write_zarr
 

@@ -34,7 +34,7 @@ from streamwhiten.cli import main  # noqa: E402
 from streamwhiten.errors import BadInputError, ClusterError, NonFiniteError, OutputExistsError, StoreIOError  # noqa: E402
 from streamwhiten.fit import fit_sources  # noqa: E402
 from streamwhiten.model import finalize, load_model  # noqa: E402
-from streamwhiten.stores import open_source, partial_path, read_attrs  # noqa: E402
+from streamwhiten.io import open_source, partial_path, read_attrs  # noqa: E402
 from streamwhiten.synthetic import generate_rows, write_store  # noqa: E402
 from streamwhiten.whitener import Whitener  # noqa: E402
 
@@ -323,7 +323,7 @@ def test_apply_dask_refuses_hdf5_output(client, stores, model, tmp_path):
 
 
 def test_region_writer_refuses_unaligned_rows(tmp_path):
-    from streamwhiten.stores import create_sink
+    from streamwhiten.io import create_sink
 
     with create_sink(str(tmp_path / "w.zarr"), 100, 3, chunk_rows=10) as sink:
         writer = sink.region_writer()

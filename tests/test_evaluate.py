@@ -20,7 +20,7 @@ from streamwhiten.evaluate import (
 )
 from streamwhiten.fit import fit_sources
 from streamwhiten.model import finalize, save_model
-from streamwhiten.stores import read_vector
+from streamwhiten.io import read_vector
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STSB = os.environ.get("STREAMWHITEN_STSB", os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))

@@ -12,7 +12,8 @@ from conftest import anisotropic, write_h5, write_zarr
 
 
 def test_worker_threads_reuse_one_buffer_each_and_cover_every_row(tmp_path, monkeypatch):
-    from streamwhiten.stores import HDF5Source, ZarrSource
+    from streamwhiten.io.hdf5 import HDF5Source
+    from streamwhiten.io.zarr import ZarrSource
 
     rows = anisotropic(1000, 5).astype(np.float32)
     buffers, ranges = set(), []
@@ -36,7 +37,7 @@ def test_worker_threads_reuse_one_buffer_each_and_cover_every_row(tmp_path, monk
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_a_failing_read_stops_the_fit_and_leaves_no_worker_behind(tmp_path, monkeypatch, threads):
-    from streamwhiten.stores import HDF5Source
+    from streamwhiten.io.hdf5 import HDF5Source
 
     spec = write_h5(tmp_path / "a.h5", anisotropic(2000, 4).astype(np.float32), chunk_rows=50)
     calls = {"n": 0}

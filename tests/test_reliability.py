@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
-import streamwhiten._durable as durable
+import streamwhiten.io.durable as durable
 from streamwhiten.errors import MissingChunkError, StoreIOError
 from streamwhiten.fit import remove_checkpoint
 from streamwhiten.model import load_model
@@ -160,9 +160,6 @@ def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, mon
         real_fsync_dir(path)
 
     monkeypatch.setattr(durable, "fsync_dir", fsync_dir)
-    import streamwhiten.stores as stores
-
-    monkeypatch.setattr(stores, "fsync_dir", fsync_dir)
     spec = write_h5(tmp_path / "x.h5", rows)
     job = run_job(plan_fit(spec, block_rows=300))
     save_checkpoint(job, str(tmp_path / "c.ckpt"))

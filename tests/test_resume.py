@@ -21,7 +21,7 @@ from streamwhiten.errors import (
 from streamwhiten.fit import load_checkpoint, plan_fit, run_job, save_checkpoint
 from streamwhiten.jobs import default_checkpoint
 from streamwhiten.model import load_model
-from streamwhiten.stores import open_source, partial_path
+from streamwhiten.io import open_source, partial_path
 from streamwhiten.synthetic import write_store
 
 from conftest import REPO, run_subprocess, write_h5
@@ -339,20 +339,20 @@ def test_full_disk_during_output_leaves_old_output_and_no_partial(tmp_path, stor
 
 
 def test_output_write_failure_midway_removes_the_partial_output(tmp_path, store, monkeypatch, run_cli):
-    from streamwhiten import stores
+    from streamwhiten.io.base import Sink
 
     model = tmp_path / "m.npz"
     assert run_cli("fit", store, "-o", model, "-k", 4, "-q")[0] == 0
-    real = stores.Sink.write
+    real = Sink.write
     calls = {"n": 0}
 
     def failing(self, start, block):
         calls["n"] += 1
         if calls["n"] == 3:
-            raise stores.StoreIOError(f"{self.label}: cannot write rows {start}..: [Errno 28] No space left on device")
+            raise StoreIOError(f"{self.label}: cannot write rows {start}..: [Errno 28] No space left on device")
         return real(self, start, block)
 
-    monkeypatch.setattr(stores.Sink, "write", failing)
+    monkeypatch.setattr(Sink, "write", failing)
     for name in ("out.h5", "out.zarr"):
         calls["n"] = 0
         code, _, err = run_cli("apply", model, store, "-o", tmp_path / name, "--chunk-rows", BLOCK)
@@ -402,7 +402,7 @@ def test_nightly_script_runs_the_job_and_treats_nothing_to_do_as_success(tmp_pat
 def test_restart_interrupted_before_its_first_block_is_not_resumed_with_the_old_record(tmp_path, run_cli):
     from streamwhiten.apply import apply_model
     from streamwhiten.errors import InterruptedRunError
-    from streamwhiten.stores import create_sink
+    from streamwhiten.io import create_sink
 
     rows = np.random.default_rng(4).standard_normal((4000, 8)).astype(np.float32)
     spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=500)
@@ -577,13 +577,13 @@ def test_a_pending_checkpoint_for_inputs_the_job_dropped_is_discarded(tmp_path):
 
 
 def test_zarr_outputs_are_fsynced_before_progress_is_recorded_and_at_commit(tmp_path, monkeypatch):
-    from streamwhiten import stores
+    from streamwhiten.io import create_sink
 
     synced = []
     real = os.fsync
-    monkeypatch.setattr(stores.os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
     target = str(tmp_path / "o.zarr")
-    sink = stores.create_sink(target, 300, 4, chunk_rows=100)
+    sink = create_sink(target, 300, 4, chunk_rows=100)
     sink.write(0, np.ones((200, 4), np.float32))
     sink.save_progress({"job": 1}, 200)
     chunk_files = [path for path in synced if re.search(r"/c/\d+/0$", path)]
@@ -626,12 +626,14 @@ def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatc
 
 
 def test_job_file_direct_io_reaches_the_output_writer(tmp_path, store, monkeypatch):
-    import streamwhiten.stores
+    import streamwhiten.io.hdf5
+    import streamwhiten.io.zarr
     from streamwhiten.jobs import run_job_file
 
     asked = []
-    real = streamwhiten.stores.ChunkFile
-    monkeypatch.setattr(streamwhiten.stores, "ChunkFile", lambda *a, **k: asked.append(k.get("direct")) or real(*a, **k))
+    for backend in (streamwhiten.io.hdf5, streamwhiten.io.zarr):  # every writer of output chunks
+        real = backend.ChunkFile
+        monkeypatch.setattr(backend, "ChunkFile", lambda *a, real=real, **k: asked.append(k.get("direct")) or real(*a, **k))
     job = write_job(tmp_path, store)
     job.write_text(job.read_text() + "direct_io = false\n")
     run_job_file(str(job))

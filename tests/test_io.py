@@ -8,7 +8,7 @@ import pytest
 import zarr
 
 from streamwhiten.errors import BadInputError, CorruptStoreError, MissingChunkError, OutputExistsError
-from streamwhiten.stores import create_sink, fingerprint, open_source, partial_path, split_spec
+from streamwhiten.io import create_sink, fingerprint, open_source, partial_path, split_spec
 
 from conftest import anisotropic, write_h5, write_zarr
 
@@ -101,7 +101,7 @@ def test_raw_zarr_chunks_are_read_directly_and_match_zarr(tmp_path, zarr_format)
     rows = anisotropic(1000, 6).astype(np.float32)
     spec = write_zarr(tmp_path / "raw.zarr", rows, chunk_rows=96, zarr_format=zarr_format)
     with open_source(spec) as source:
-        assert source._raw_root is not None  # the fast path is taken for uncompressed chunks
+        assert source.raw_root is not None  # the fast path is taken for uncompressed chunks
         buffer = np.empty((400, 6), np.float32)
         for start, stop in [(0, 1000), (5, 7), (90, 200), (950, 1000), (0, 96)]:
             out = np.empty((stop - start, 6), np.float32)
@@ -129,7 +129,7 @@ def test_compressed_zarr_falls_back_to_zarr_decoding(tmp_path):
                               compressors=[BloscCodec(cname="zstd")])
     array[...] = rows
     with open_source(str(tmp_path / "c.zarr")) as source:
-        assert source._raw_root is None
+        assert source.raw_root is None
         np.testing.assert_array_equal(source.read(10, 300), rows[10:300])
 
 

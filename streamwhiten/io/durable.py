@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 
-from .errors import StoreIOError
+from ..errors import StoreIOError
 
 
 def fsync_dir(path: str) -> None:

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from ._buffers import ALIGNMENT
+from .._buffers import ALIGNMENT
 
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 

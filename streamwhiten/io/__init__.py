@@ -1,0 +1,186 @@
+"""Reading and writing embedding stores: specs, one module per backend, durable writes.
+
+``spec`` parses what the user names and decides which backend reads or writes it; ``base`` defines the
+interface every backend implements (a :class:`Source` of rows, a :class:`Sink` for outputs, the
+fingerprint); ``hdf5``, ``zarr`` and ``npy`` are the backends, each the only importer of its library,
+imported only when a store of its kind is opened; ``durable`` and ``direct`` make writes safe and fast.
+The functions here are what the rest of the package uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+
+import numpy as np
+
+from ..errors import BadInputError, OutputExistsError, StoreIOError
+from .base import (
+    DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OUTPUT_CHUNK_BYTES, LazyRows, Sink, Source, aligned_chunk_rows, check_array,
+    count_blocks, fingerprint, io_error, output_chunk_rows, remove,
+)
+from .durable import remove_stale_temps
+from .spec import (
+    HDF5_SUFFIXES, ZARR_SUFFIX, expand_specs, input_kind, output_kind, partial_path, refuse_input_overlap, same_file,
+    split_spec,
+)
+
+_SOURCES = {"hdf5": ("hdf5", "HDF5Source"), "zarr": ("zarr", "ZarrSource"), "npy": ("npy", "NpySource")}
+_SINKS = {"hdf5": ("hdf5", "HDF5Sink"), "zarr": ("zarr", "ZarrSink")}
+
+
+def backend(kind: str):
+    """The module of a backend, imported on first use (so ``import streamwhiten`` stays light)."""
+    return importlib.import_module(f"{__name__}.{kind}")
+
+
+def _backend_class(table: dict, kind: str):
+    module, name = table[kind]
+    return getattr(backend(module), name)
+
+
+def open_source(spec: str, dataset: str | None = None, min_rows: int = 1, fill_missing_chunks: bool = False) -> Source:
+    """Open ``spec`` read-only and check it is a 2-D float array with at least ``min_rows`` rows.
+
+    A chunk missing from the store (Zarr) or never written (HDF5) is refused when read, naming the
+    rows it covers, unless ``fill_missing_chunks``: then it reads as the array's fill value.
+    """
+    if isinstance(spec, Source):
+        return spec
+    path, inner = split_spec(spec, dataset)
+    if not os.path.exists(path):
+        raise BadInputError(f"{path}: no such file or directory")
+    source = _backend_class(_SOURCES, input_kind(path))(path, inner)
+    source.fill_missing_chunks = bool(fill_missing_chunks)
+    try:
+        check_array(source.label, source.shape, source.dtype, min_rows)
+    except BaseException:
+        source.close()
+        raise
+    return source
+
+
+def read_vector(spec: str, dataset: str | None = None, min_length: int = 1) -> tuple[np.ndarray, str]:
+    """A whole 1-D numeric array (e.g. gold scores) as float64, and its label.
+
+    ``spec`` is ``file.h5:/dataset``, ``dir.zarr[:/array]`` or ``file.npy``; a file holding exactly one
+    1-D array needs no name. An ``(n, 1)`` column is accepted and flattened.
+    """
+    path, inner = split_spec(spec, dataset)
+    if not os.path.exists(path):
+        raise BadInputError(f"{path}: no such file or directory")
+    label = f"{path}:/{inner}" if inner else path
+    try:
+        values, label = backend(input_kind(path)).read_vector(path, inner)
+    except (OSError, RuntimeError) as exc:
+        raise StoreIOError(f"{label}: cannot read: {io_error(exc)}") from exc
+    except ValueError as exc:
+        raise BadInputError(f"{label}: cannot read ({exc})") from exc
+    values = np.asarray(values)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.ndim != 1:
+        raise BadInputError(f"{label}: expected a 1-D array, got shape {values.shape}")
+    if values.dtype.kind not in "fiub":
+        raise BadInputError(f"{label}: expected numbers, got dtype {values.dtype}")
+    if values.shape[0] < min_length:
+        raise BadInputError(f"{label}: has {values.shape[0]} value(s); at least {min_length} are needed")
+    return values.astype(np.float64), label
+
+
+def read_attrs(spec: str) -> dict:
+    """The attributes of the array named by ``spec`` (for tests and ``info``)."""
+    with open_source(spec, min_rows=0) as source:
+        return source.attrs()
+
+
+def create_sink(
+    spec: str,
+    n_rows: int,
+    n_features: int,
+    dtype="float32",
+    attrs: dict | None = None,
+    overwrite: bool = False,
+    zarr_format: int = 3,
+    chunk_rows: int | None = None,
+    direct_io: bool = True,
+) -> Sink:
+    """Start writing a new ``n_rows x n_features`` array at ``spec`` under a temporary name.
+
+    With ``direct_io``, whole aligned chunks are written around the page cache (see ``direct``).
+    Every attribute exists from the start (commit only changes values), so a resumed HDF5 output's
+    metadata is laid out as an uninterrupted run's and the two files are byte for byte the same.
+    """
+    path, dataset = split_spec(spec)
+    kind = output_kind(path)
+    if os.path.lexists(path) and not overwrite:
+        raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(parent):
+        raise BadInputError(f"{path}: directory {parent} does not exist")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float16, np.float32, np.float64):
+        raise BadInputError(f"output dtype must be float16, float32 or float64, got {dtype}")
+    chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
+    partial = partial_path(path)
+    try:
+        remove_stale_temps(path)
+        remove(partial)
+        remove(partial + ".progress.json")  # a record of an earlier partial must never describe this one
+        remove_stale_temps(partial + ".progress.json")
+    except OSError as exc:
+        raise StoreIOError(f"{partial}: cannot remove the partial output of an earlier run: {io_error(exc)}") from exc
+    needed, free = n_rows * n_features * dtype.itemsize, shutil.disk_usage(parent).free
+    if needed > free:
+        raise StoreIOError(f"{path}: the output needs about {needed / 1e6:,.1f} MB but only {free / 1e6:,.1f} MB are free in {parent}")
+    attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
+    sink_class = _backend_class(_SINKS, kind)
+    try:
+        return sink_class.create(path, dataset, partial, (n_rows, n_features), dtype, chunk_rows, attrs,
+                                 direct_io=direct_io, zarr_format=zarr_format)
+    except Exception as exc:
+        remove(partial)
+        if isinstance(exc, (OSError, RuntimeError)) or exc.__class__.__module__.startswith("zarr"):
+            raise StoreIOError(f"{path}: cannot create output: {io_error(exc)}") from exc
+        raise
+
+
+def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | None, int, int]:
+    """Reopen the partial output of an interrupted run of the same ``job``; ``(sink, rows_done, n_nonfinite)``.
+
+    Returns ``(None, 0, 0)`` when there is nothing to resume, or when the partial output belongs to another
+    job or cannot be opened (then it is removed, so the caller starts over).
+    """
+    import json
+
+    path, dataset = split_spec(spec)
+    partial = partial_path(path)
+    progress = partial + ".progress.json"
+    remove_stale_temps(path)
+    remove_stale_temps(progress)
+    try:
+        with open(progress) as handle:
+            recorded = json.load(handle)
+    except (OSError, ValueError):
+        recorded = None
+    counts = [int(recorded.pop(key, 0)) for key in ("rows_done", "n_nonfinite")] if isinstance(recorded, dict) else [0, 0]
+    if recorded != job or not os.path.exists(partial):
+        remove(partial)
+        remove(progress)
+        return None, 0, 0
+    try:
+        sink = _backend_class(_SINKS, output_kind(path)).resume(path, dataset, partial, direct_io=direct_io)
+    except Exception:  # unreadable: start over (it was only ever a temporary file)
+        remove(partial)
+        remove(progress)
+        return None, 0, 0
+    return sink, counts[0], counts[1]
+
+
+__all__ = [
+    "DEFAULT_BLOCK_BYTES", "FINGERPRINT_ROWS", "HDF5_SUFFIXES", "OUTPUT_CHUNK_BYTES", "ZARR_SUFFIX", "LazyRows",
+    "Sink", "Source", "aligned_chunk_rows", "backend", "count_blocks", "create_sink", "expand_specs", "fingerprint",
+    "open_source", "output_chunk_rows", "output_kind", "partial_path", "read_attrs", "read_vector",
+    "refuse_input_overlap", "resume_sink", "same_file", "split_spec",
+]

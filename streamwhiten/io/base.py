@@ -1,0 +1,371 @@
+"""The interface every backend implements: a :class:`Source` of rows and a :class:`Sink` for outputs.
+
+A source is a read-only 2-D array of rows: its shape and dtype, its natural block layout (the store's
+chunk rows), rows read into a caller's buffer, a cheap fingerprint, and its attributes. A sink is a new
+2-D array written under a hidden temporary name and renamed into place only when complete, so an
+interrupted or failed write never leaves something that looks finished, and nothing that existed is
+touched before that rename. Backends subclass both; nothing here imports a storage library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._buffers import ALIGNMENT
+from ..errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
+from . import durable
+
+#: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
+#: full speed, small enough that a couple of blocks in flight stay well inside memory.
+DEFAULT_BLOCK_BYTES = 64 << 20
+#: Target bytes of one chunk of an output array.
+OUTPUT_CHUNK_BYTES = 4 << 20
+#: Rows hashed at each sampled position of a fingerprint.
+FINGERPRINT_ROWS = 64
+#: How to read past a hole, for the messages that refuse one.
+FILL_HINT = " (pass --fill-missing-chunks, or fill_missing_chunks=True, to read unwritten chunks as the fill value)"
+
+
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__
+
+
+def io_error(exc: BaseException) -> str:
+    """An OS or storage-library error as a short one-line reason (without a second copy of the path).
+
+    HDF5 reports a failed system call inside a long multi-line message; its ``error message = '...'``
+    part is the reason (e.g. "No space left on device").
+    """
+    import re
+
+    if getattr(exc, "strerror", None):
+        return exc.strerror
+    failed = re.search(r"error message = '([^']*)'", str(exc))
+    return failed.group(1) if failed else first_line(exc)
+
+
+def remove(path: str) -> None:
+    """Remove a file or a directory tree, if it exists."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def check_array(label: str, shape, dtype, min_rows: int) -> None:
+    """Refuse anything but a 2-D float16/32/64 array with at least ``min_rows`` rows."""
+    if len(shape) != 2:
+        raise BadInputError(f"{label}: expected a 2-D array (rows x features), got {len(shape)}-D shape {tuple(shape)}")
+    if np.dtype(dtype).kind != "f" or np.dtype(dtype).itemsize not in (2, 4, 8):
+        raise BadInputError(f"{label}: expected float16, float32 or float64 values, got dtype {np.dtype(dtype)}")
+    if shape[1] < 1:
+        raise BadInputError(f"{label}: has no columns")
+    if shape[0] < min_rows:
+        raise BadInputError(f"{label}: has {shape[0]} row(s); at least {min_rows} are needed")
+
+
+def count_blocks(start: int, stop: int, block_rows: int) -> int:
+    """Ranges in ``[start, stop)`` when cut at multiples of ``block_rows`` (as :meth:`Source.blocks` does)."""
+    return max(0, (stop - 1) // block_rows - start // block_rows + 1) if stop > start else 0
+
+
+# --------------------------------------------------------------------------------------------- sources
+
+
+class Source:
+    """A read-only 2-D array of rows in a store; iterate it with :meth:`blocks` and :meth:`read_into`.
+
+    Backends set ``path``, ``dataset``, ``shape``, ``dtype`` (native byte order: the storage library
+    converts a big-endian store as it reads) and ``chunk_rows`` (rows per store chunk, None for a
+    contiguous layout), and implement :meth:`read_into`, :meth:`attrs` and :meth:`close`.
+    """
+
+    kind = "?"
+
+    def __init__(self, path: str, dataset: str | None, shape, dtype, chunk_rows: int | None):
+        self.path = path
+        self.dataset = dataset
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype).newbyteorder("=")
+        self.chunk_rows = chunk_rows
+        #: read chunks missing from the store as the array's fill value instead of refusing them
+        self.fill_missing_chunks = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}:/{self.dataset}" if self.dataset else self.path
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        """``(real path, dataset)`` naming the array the same way however the spec spelled it."""
+        return os.path.realpath(self.path), self.dataset or ""
+
+    @property
+    def n_rows(self) -> int:
+        return self.shape[0]
+
+    @property
+    def n_features(self) -> int:
+        return self.shape[1]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        """Rows ``[start, stop)`` as a new C-contiguous array in the store's dtype."""
+        return self.read_into(start, stop, np.empty((max(0, stop - start), self.n_features), dtype=self.dtype))
+
+    def read_into(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``."""
+        raise NotImplementedError
+
+    def attrs(self) -> dict:
+        """The array's attributes (an output's record of the model that wrote it, for instance)."""
+        return {}
+
+    def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
+        """Rows per block: a whole number of store chunks, about ``target_bytes`` in all."""
+        row_bytes = max(1, self.n_features * self.dtype.itemsize)
+        base = self.chunk_rows or 1
+        return base * max(1, target_bytes // (base * row_bytes))
+
+    def blocks(self, block_rows: int | None = None, start: int = 0, stop: int | None = None):
+        """``(start, stop)`` row ranges covering ``[start, stop)``, aligned to multiples of ``block_rows``."""
+        block_rows = int(self.default_block_rows() if block_rows is None else block_rows)
+        if block_rows < 1:
+            raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
+        stop = self.n_rows if stop is None else stop
+        while start < stop:
+            end = min(stop, (start // block_rows + 1) * block_rows)
+            yield start, end
+            start = end
+
+    def n_blocks(self, block_rows: int, start: int = 0, stop: int | None = None) -> int:
+        """How many ranges :meth:`blocks` yields for the same arguments."""
+        return count_blocks(start, self.n_rows if stop is None else stop, block_rows)
+
+    def lazy(self) -> "LazyRows":
+        """A picklable reader of this source's rows for other processes (see :class:`LazyRows`)."""
+        return LazyRows(os.path.abspath(self.path), self.dataset, self.shape, self.dtype, self.label,
+                        self.fill_missing_chunks)
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@dataclass(frozen=True)
+class LazyRows:
+    """A picklable stand-in for a source's rows that opens the store only when a slice is read.
+
+    Open file handles cannot travel to another process (h5py's cannot be pickled at all), so the
+    Dask engine hands workers this object instead: each read opens the store by path, checks it
+    still has the shape seen when the job was planned, reads and closes. It also has the ``shape``,
+    ``dtype``, ``ndim`` and ``__getitem__`` of an array, so ``dask.array.from_array`` can wrap it.
+    """
+
+    path: str
+    dataset: str | None
+    shape: tuple
+    dtype: np.dtype
+    label: str
+    fill_missing_chunks: bool = False
+
+    ndim = 2
+
+    def __getitem__(self, key) -> np.ndarray:
+        from . import open_source
+
+        key = key if isinstance(key, tuple) else (key,)
+        rows = key[0] if key else slice(None)
+        columns = key[1] if len(key) > 1 else slice(None)
+        if not isinstance(rows, slice) or rows.step not in (None, 1):
+            raise BadInputError(f"{self.label}: only contiguous row ranges can be read, got {rows!r}")
+        start, stop, _ = rows.indices(self.shape[0])
+        stop = max(start, stop)
+        with open_source(self.path, self.dataset, min_rows=0, fill_missing_chunks=self.fill_missing_chunks) as source:
+            if source.shape != self.shape:
+                raise StoreIOError(
+                    f"{self.label}: changed while being read (shape {source.shape}, was {self.shape})"
+                )
+            block = source.read(start, stop)
+        return block if columns == slice(None) else np.ascontiguousarray(block[:, columns])
+
+
+def fingerprint(source: Source, n_rows: int | None = None) -> dict:
+    """Identity of the first ``n_rows`` rows of ``source`` (all by default), cheap to compute.
+
+    Hashes a few sampled row ranges (start, quartiles, end) rather than the whole store, so an
+    append-only store still matches the fingerprint of its earlier prefix.
+    """
+    n_rows = source.n_rows if n_rows is None else int(n_rows)
+    digest = hashlib.sha256()
+    width = min(FINGERPRINT_ROWS, n_rows)
+    starts = sorted({0, n_rows // 4, n_rows // 2, (3 * n_rows) // 4, max(0, n_rows - width)})
+    for start in starts:
+        stop = min(n_rows, start + width)
+        digest.update(np.ascontiguousarray(source.read(start, stop)).tobytes())
+    path, dataset = source.identity
+    return {
+        "path": path,
+        "dataset": dataset,
+        "n_rows": n_rows,
+        "n_features": source.n_features,
+        "dtype": str(source.dtype),
+        "chunk_rows": source.chunk_rows or 0,
+        "sha256_sampled": digest.hexdigest(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------- sinks
+
+
+def aligned_chunk_rows(rows: int, n_features: int, dtype) -> int:
+    """``rows`` rounded down so that a chunk is a whole number of :data:`ALIGNMENT` blocks (which
+    can be written directly), unless that would leave none."""
+    step = ALIGNMENT // math.gcd(ALIGNMENT, n_features * np.dtype(dtype).itemsize)
+    return int(rows - rows % step if rows >= step else rows)
+
+
+def output_chunk_rows(n_features: int, dtype, n_rows: int) -> int:
+    """Rows per output chunk: about :data:`OUTPUT_CHUNK_BYTES`, and whole :data:`ALIGNMENT` blocks
+    where possible (all rows in one chunk when they fit)."""
+    rows = max(1, min(n_rows, OUTPUT_CHUNK_BYTES // (n_features * np.dtype(dtype).itemsize)))
+    return rows if rows == n_rows else aligned_chunk_rows(rows, n_features, dtype)
+
+
+class Sink:
+    """A new 2-D array being written under the temporary name ``partial``; :meth:`commit` renames it
+    to ``path`` once complete.
+
+    Every backend writes chunk data as raw bytes through a descriptor of its own (see ``direct``);
+    subclasses implement :meth:`_write`, :meth:`_sync` (make every write so far durable), :meth:`_finish`
+    (set the final attributes and make the whole store durable) and :meth:`_close`.
+    """
+
+    kind = "?"
+
+    def __init__(self, path: str, dataset: str | None, partial: str, shape, dtype, chunk_rows: int,
+                 direct_io: bool = True):
+        self.path = path
+        self.dataset = dataset
+        self.partial = partial
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.chunk_rows = int(chunk_rows)
+        #: whole chunks are written around the page cache (see ``direct``)
+        self.direct_io = direct_io
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}:/{self.dataset}" if self.dataset else self.path
+
+    @property
+    def progress_path(self) -> str:
+        """Sidecar JSON beside the partial output: how many rows are safely written, and for which job."""
+        return self.partial + ".progress.json"
+
+    def covered(self, start: int, block: np.ndarray):
+        """``(chunk index, first row of the chunk, its end, rows a..b it gets, their data)`` for each
+        chunk ``block`` (written at row ``start``) touches."""
+        stop, rows = start + block.shape[0], self.chunk_rows
+        for index in range(start // rows, (stop - 1) // rows + 1):
+            lo, hi = index * rows, min((index + 1) * rows, self.shape[0])
+            a, b = max(lo, start), min(hi, stop)
+            yield index, lo, hi, a, b, np.ascontiguousarray(block[a - start : b - start], dtype=self.dtype)
+
+    def write(self, start: int, block: np.ndarray) -> None:
+        """Write ``block`` at row ``start``: every output chunk it covers whole as raw bytes (uncompressed,
+        so the stored chunk is exactly the rows), directly where aligned."""
+        try:
+            self._write(start, block)
+        except OSError as exc:
+            stop = start + block.shape[0]
+            raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {io_error(exc)}") from exc
+
+    def save_progress(self, job: dict, rows_done: int, n_nonfinite: int = 0) -> None:
+        """Make rows ``[0, rows_done)`` durable, then record that atomically (for a later resume)."""
+        try:
+            self._sync()
+        except OSError as exc:
+            raise StoreIOError(f"{self.path}: cannot make the rows written durable: {io_error(exc)}") from exc
+        record = dict(job, rows_done=int(rows_done), n_nonfinite=int(n_nonfinite))
+        durable.write_file_atomic(self.progress_path,
+                                  lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
+                                  "progress record")
+
+    def region_writer(self):
+        """A picklable writer of whole-chunk row ranges, for worker processes (Zarr only)."""
+        raise BadInputError(f"{self.path}: only a Zarr output can be written by several processes at once")
+
+    def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
+        """Set ``attrs`` and ``complete = True``, make everything durable, and rename into place
+        (replacing an old output only if ``overwrite``)."""
+        try:
+            self._finish(dict(attrs or {}, complete=True))
+            final = os.path.abspath(self.path.rstrip("/"))
+            if os.path.lexists(final):
+                if not overwrite:
+                    raise OutputExistsError(f"{self.path}: already exists (pass --overwrite to replace it)")
+                if os.path.isdir(final) and not os.path.islink(final):
+                    # A directory cannot be replaced atomically: move the old one aside first (a later
+                    # run puts it back if this one dies before the new one is in place).
+                    old = durable.temp_path(final, "old")
+                    os.rename(final, old)
+                    os.rename(self.partial, final)
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    os.replace(self.partial, final)
+            else:
+                os.rename(self.partial, final)
+            durable.fsync_dir(os.path.dirname(final))
+            remove(self.progress_path)
+        except (OSError, RuntimeError) as exc:
+            raise StoreIOError(f"{self.path}: cannot finish writing: {io_error(exc)}") from exc
+
+    def abort(self) -> None:
+        """Remove the temporary output; the target path is left as it was."""
+        try:
+            self._close()
+        except Exception:
+            pass
+        remove(self.partial)
+        remove(self.progress_path)
+
+    def suspend(self) -> None:
+        """Close, keeping the partial output and its progress record for a later resume."""
+        self._close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            return
+        if issubclass(exc_type, (KeyboardInterrupt, InterruptedRunError)):
+            self.suspend()
+        else:
+            self.abort()
+
+    # -- what each backend does
+    def _write(self, start: int, block: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def _sync(self) -> None:
+        raise NotImplementedError
+
+    def _finish(self, attrs: dict) -> None:
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        pass

@@ -1,0 +1,230 @@
+"""HDF5 through h5py: a source of rows, a sink that writes chunk data through its own descriptor, and
+1-D arrays (gold scores). The only module that imports h5py (besides ``spec.input_kind``'s signature check).
+
+A sink's file is laid out by HDF5 with every chunk allocated up front at an aligned offset and never
+filled; then the library's handle is closed, the rows are written in place through a descriptor of
+our own, and at the end a fresh handle sets the attributes and is closed at once. So a failed data
+write (disk full) never leaves HDF5 holding a half-flushed file it would report or crash on later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+import h5py
+import numpy as np
+
+from .._buffers import ALIGNMENT
+from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
+from .base import FILL_HINT, Sink, Source, first_line, io_error
+from .direct import ChunkFile
+
+
+def _unallocated(node) -> bool:
+    """Whether some of a dataset's data was never written (chunks or storage not allocated)."""
+    if node.size == 0:
+        return False
+    if node.chunks is None:
+        return node.id.get_storage_size() == 0 and node.id.get_offset() is None
+    expected = math.prod(-(-n // c) for n, c in zip(node.shape, node.chunks))
+    return node.id.get_num_chunks() < expected
+
+
+class HDF5Source(Source):
+    kind = "hdf5"
+
+    def __init__(self, path, dataset):
+        try:
+            self._file = h5py.File(path, "r")
+        except OSError as exc:
+            raise BadInputError(f"{path}: cannot open as HDF5 ({exc})") from exc
+        try:
+            dataset = dataset or self._only_dataset(path)
+            node = self._file.get(dataset)
+            if not isinstance(node, h5py.Dataset):
+                what = "is a group, not a dataset" if node is not None else "does not exist"
+                raise BadInputError(f"{path}: dataset /{dataset} {what}")
+            self._node = node
+            super().__init__(path, dataset, node.shape, node.dtype, node.chunks[0] if node.chunks else None)
+            self._sparse = _unallocated(node)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def _only_dataset(self, path):
+        found = []
+        self._file.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and obj.ndim == 2 else None)
+        if len(found) == 1:
+            return found[0]
+        listing = ", ".join("/" + name for name in found[:10]) or "none"
+        raise BadInputError(f"{path}: name a dataset (file.h5:/dataset or --dataset); 2-D datasets found: {listing}")
+
+    def read_into(self, start, stop, out):
+        if self._sparse and not self.fill_missing_chunks and stop > start:
+            self._refuse_unwritten(start, stop)
+        try:
+            if stop > start:
+                self._node.read_direct(out, np.s_[start:stop], np.s_[0 : stop - start])
+        except (OSError, ValueError, RuntimeError) as exc:
+            # HDF5 reports a failed system call with its errno; anything else (a checksum or filter
+            # failure, an address past the end of a truncated file) is damaged data.
+            failed = re.search(r"errno = (\d+)", str(exc))
+            if failed and int(failed.group(1)):
+                raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
+            raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be read, the file is damaged or "
+                                    f"truncated ({first_line(exc)})") from exc
+        return out[: stop - start]
+
+    def _refuse_unwritten(self, start, stop):
+        """Refuse rows whose chunk was never written (HDF5 would read it as the fill value)."""
+        node = self._node
+        if node.chunks is None:
+            raise MissingChunkError(f"{self.label}: its data was never written (no storage is allocated){FILL_HINT}")
+        rows, columns = node.chunks
+        for index in range(start // rows, (stop - 1) // rows + 1):
+            for column in range(0, self.n_features, columns):
+                info = node.id.get_chunk_info_by_coord((index * rows, column))
+                if info is None or info.byte_offset is None:
+                    lo, hi = index * rows, min((index + 1) * rows, self.n_rows)
+                    raise MissingChunkError(
+                        f"{self.label}: rows {lo}..{hi - 1} were never written (their chunk is not in the file): the "
+                        f"dataset is incomplete{FILL_HINT}", rows=(lo, hi))
+
+    def attrs(self) -> dict:
+        return dict(self._node.attrs)
+
+    def close(self):
+        if self._file.id.valid:
+            self._file.close()
+
+
+def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+    """The 1-D dataset ``inner`` (or the file's only one), whole, and its label."""
+    try:
+        handle = h5py.File(path, "r")
+    except OSError as exc:
+        raise BadInputError(f"{path}: cannot open as HDF5 ({exc})") from exc
+    with handle:
+        if inner is None:
+            found = []
+            handle.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and obj.ndim == 1 else None)
+            if len(found) != 1:
+                listing = ", ".join("/" + name for name in found[:10]) or "none"
+                raise BadInputError(f"{path}: name a dataset (file.h5:/dataset); 1-D datasets found: {listing}")
+            inner = found[0]
+        node = handle.get(inner)
+        if not isinstance(node, h5py.Dataset):
+            what = "is a group, not a dataset" if node is not None else "does not exist"
+            raise BadInputError(f"{path}: dataset /{inner} {what}")
+        return node[()], f"{path}:/{inner}"
+
+
+# ----------------------------------------------------------------------------------------------- sink
+
+
+def _attr(value):
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple, dict)):
+        return json.dumps(value)
+    return value
+
+
+def _close_quietly(handle) -> None:
+    try:
+        if handle is not None and handle.id.valid:
+            handle.close()
+    except Exception:
+        pass
+
+
+def _chunk_offsets(array, chunk_rows: int) -> list:
+    """Byte offset in the file of each (row) chunk of a dataset whose chunks are all allocated."""
+    offsets = [None] * -(-array.shape[0] // chunk_rows)
+    for i in range(array.id.get_num_chunks()):
+        info = array.id.get_chunk_info(i)
+        if info.filter_mask == 0 and info.chunk_offset[0] % chunk_rows == 0:
+            offsets[info.chunk_offset[0] // chunk_rows] = info.byte_offset
+    if any(offset is None for offset in offsets):
+        raise OSError(f"{offsets.count(None)} of its {len(offsets)} chunks are not allocated")
+    return offsets
+
+
+class HDF5Sink(Sink):
+    """An HDF5 output: chunk data written in place through :attr:`chunk_file` at :attr:`offsets`."""
+
+    kind = "hdf5"
+    default_dataset = "embeddings"
+
+    def __init__(self, path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io=True):
+        super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
+        #: byte offset of each chunk in the file
+        self.offsets = offsets
+        #: our own descriptor for writing chunk data in place
+        self.chunk_file: ChunkFile | None = ChunkFile(partial, direct=direct_io)
+
+    @classmethod
+    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, **_) -> "HDF5Sink":
+        """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle."""
+        dataset = dataset or cls.default_dataset
+        handle = None
+        try:
+            handle = h5py.File(partial, "w", rdcc_nbytes=0, alignment_threshold=ALIGNMENT, alignment_interval=ALIGNMENT)
+            layout = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+            layout.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+            array = handle.create_dataset(dataset, shape=shape, dtype=dtype, chunks=(chunk_rows, shape[1]),
+                                          dcpl=layout, fill_time="never")
+            array.attrs.update({key: _attr(value) for key, value in attrs.items()})
+            handle.flush()
+            offsets = _chunk_offsets(array, chunk_rows)
+            handle.close()
+            handle = None
+        except (OSError, RuntimeError):
+            _close_quietly(handle)
+            raise
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
+
+    @classmethod
+    def resume(cls, path, dataset, partial, direct_io=True) -> "HDF5Sink":
+        """Reopen the partial output of an interrupted run (read-only, to find its layout)."""
+        dataset = dataset or cls.default_dataset
+        with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
+            array = handle[dataset]
+            shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
+            offsets = _chunk_offsets(array, chunk_rows)
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
+
+    def _write(self, start, block):
+        row_bytes = self.shape[1] * self.dtype.itemsize
+        for index, lo, hi, a, b, data in self.covered(start, block):
+            if b == self.shape[0] and hi - lo < self.chunk_rows:  # the edge chunk is stored at full size
+                padded = np.zeros((self.chunk_rows - (a - lo), self.shape[1]), self.dtype)
+                padded[: b - a] = data
+                data = padded
+            self.chunk_file.write_at(self.offsets[index] + (a - lo) * row_bytes, data)
+
+    def _sync(self):
+        if self.chunk_file is not None:
+            self.chunk_file.fsync()
+
+    def _finish(self, attrs):
+        self._sync()
+        self._close()
+        handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)
+        try:
+            handle[self.dataset].attrs.update({key: _attr(value) for key, value in attrs.items()})
+            handle.flush()
+        except BaseException:
+            _close_quietly(handle)
+            raise
+        handle.close()
+        with open(self.partial, "rb+") as file:
+            os.fsync(file.fileno())
+
+    def _close(self):
+        if self.chunk_file is not None:
+            self.chunk_file.close()
+            self.chunk_file = None

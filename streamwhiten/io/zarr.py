@@ -1,0 +1,275 @@
+"""Zarr (v2 and v3) through zarr-python 3: a source of rows, a sink, 1-D arrays, and the writer Dask
+workers use. The only module that imports zarr.
+
+Uncompressed chunks of a local store hold exactly their rows' bytes, so they are read straight into
+the caller's buffer and written as raw chunk files (around the page cache where aligned); anything
+else goes through zarr's codec pipeline. A chunk missing from the store is refused, not read as the
+fill value, unless the source's ``fill_missing_chunks`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import zarr
+from zarr.buffer import default_buffer_prototype
+from zarr.codecs import BytesCodec
+from zarr.storage import LocalStore
+
+from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
+from . import durable
+from .base import Sink, Source, first_line, io_error
+from .direct import ChunkFile
+
+_ND_BUFFER = default_buffer_prototype().nd_buffer
+
+
+def raw_chunk_root(array) -> str | None:
+    """The directory of a Zarr array's chunk files when each one holds its rows as raw native-endian
+    C-order bytes (an uncompressed, unsharded local 2-D array with whole rows per chunk), else None."""
+    if not isinstance(array.store, LocalStore) or array.ndim != 2 or array.chunks[1] != array.shape[1]:
+        return None
+    metadata = array.metadata
+    if metadata.zarr_format == 3:
+        codecs = metadata.codecs
+        if len(codecs) != 1 or not isinstance(codecs[0], BytesCodec):
+            return None
+        endian = codecs[0].endian
+        if endian is not None and endian.value != sys.byteorder:
+            return None
+    elif metadata.compressor is not None or metadata.filters or metadata.order != "C" or not np.dtype(array.dtype).isnative:
+        return None
+    return os.path.join(str(array.store.root), array.path)
+
+
+def _read_exactly(handle, buffer: memoryview, path: str) -> None:
+    done = 0
+    while done < len(buffer):
+        count = handle.readinto(buffer[done:])
+        if not count:
+            raise CorruptStoreError(f"{path}: chunk file is truncated ({done} of {len(buffer)} bytes)")
+        done += count
+
+
+def _open_node(path: str, inner: str | None, ndim: int, what: str):
+    """The array ``inner`` of the store at ``path`` (or its only ``ndim``-D array), and its path in the store."""
+    try:
+        node = zarr.open(store=path, mode="r", path=inner or "")
+    except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as exc:
+        where = f"array /{inner}" if inner else "array"
+        raise BadInputError(f"{path}: no Zarr {where} found ({exc.__class__.__name__})") from exc
+    if isinstance(node, zarr.Group):
+        arrays = sorted(name for name, member in node.members(max_depth=None)
+                        if isinstance(member, zarr.Array) and member.ndim == ndim)
+        if len(arrays) != 1:
+            listing = ", ".join("/" + name for name in arrays[:10]) or "none"
+            raise BadInputError(f"{path}: name an array (dir.zarr:/array{what}); {ndim}-D arrays found: {listing}")
+        inner = ((inner or "") + "/" + arrays[0]).strip("/")
+        node = node[arrays[0]]
+    return node, inner
+
+
+class ZarrSource(Source):
+    kind = "zarr"
+
+    def __init__(self, path, dataset):
+        node, dataset = _open_node(path, dataset, 2, " or --dataset")
+        self._node = node
+        super().__init__(path, dataset, node.shape, node.dtype, int(node.chunks[0]) if node.ndim >= 1 else None)
+        #: where uncompressed chunk files are read straight from (None: through zarr)
+        self.raw_root = raw_chunk_root(node)
+        # The grid chunk keys are made on: shards where the array is sharded, else its chunks.
+        self._grid = tuple(int(n) for n in (getattr(node, "shards", None) or node.chunks))
+
+    @property
+    def identity(self) -> tuple[str, str]:
+        # dir.zarr:/a and dir.zarr/a are the same array directory
+        return os.path.realpath(os.path.join(self.path, self.dataset or "")), ""
+
+    def attrs(self) -> dict:
+        return dict(self._node.attrs)
+
+    def read_into(self, start, stop, out):
+        view = out[: stop - start]
+        if self.raw_root is None:
+            if not self.fill_missing_chunks and stop > start:
+                self._refuse_missing(start, stop)
+            try:  # zarr decodes straight into the caller's buffer
+                with np.errstate(all="ignore"):
+                    self._node.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
+            except OSError as exc:
+                raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
+            except Exception as exc:  # a codec failing on the bytes it was given: the chunk is damaged
+                raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
+                                        f"({exc.__class__.__name__}: {first_line(exc)})") from exc
+            return view
+        # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
+        # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
+        if not 0 <= start <= stop <= self.n_rows:
+            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
+        rows, row_bytes = self.chunk_rows, self.n_features * self.dtype.itemsize
+        for index in range(start // rows, (stop - 1) // rows + 1):
+            lo, hi = max(start, index * rows), min(stop, (index + 1) * rows)
+            target = view[lo - start : hi - start]
+            path = os.path.join(self.raw_root, self._chunk_key(index))
+            try:
+                with open(path, "rb", buffering=0) as handle:
+                    size = os.fstat(handle.fileno()).st_size
+                    if size != rows * row_bytes:
+                        first, last = index * rows, min(self.n_rows, (index + 1) * rows) - 1
+                        raise CorruptStoreError(
+                            f"{self.label}: chunk {self._chunk_key(index)} (rows {first}..{last}) has {size} bytes, "
+                            f"not {rows * row_bytes}: it is truncated or damaged")
+                    handle.seek((lo - index * rows) * row_bytes)
+                    _read_exactly(handle, memoryview(target).cast("B"), path)
+            except FileNotFoundError:
+                if not self.fill_missing_chunks:
+                    self._raise_missing(index)
+                target[...] = self._node.metadata.fill_value or 0
+            except OSError as exc:
+                raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
+        return view
+
+    def _chunk_key(self, index: int, column: int = 0) -> str:
+        return self._node.metadata.encode_chunk_key((index, column))
+
+    def _raise_missing(self, index: int, column: int = 0):
+        rows = self._grid[0]
+        lo, hi = index * rows, min((index + 1) * rows, self.n_rows)
+        fill = self._node.metadata.fill_value
+        raise MissingChunkError(
+            f"{self.label}: chunk {self._chunk_key(index, column)} (rows {lo}..{hi - 1}) is missing: the store is "
+            f"incomplete or damaged (if it was written leaving out chunks that hold only the fill value {fill}, pass "
+            "--fill-missing-chunks, or fill_missing_chunks=True, to read them as that value)", rows=(lo, hi))
+
+    def _refuse_missing(self, start, stop):
+        """Refuse rows whose chunk (or shard) is not in the store (zarr would read it as the fill value)."""
+        rows, columns = self._grid
+        for index in range(start // rows, (stop - 1) // rows + 1):
+            for column in range(-(-self.n_features // columns)):
+                if not self._chunk_exists(self._chunk_key(index, column)):
+                    self._raise_missing(index, column)
+
+    def _chunk_exists(self, key: str) -> bool:
+        store = self._node.store
+        if isinstance(store, LocalStore):
+            return os.path.exists(os.path.join(str(store.root), self._node.path, key))
+        from zarr.core.sync import sync
+
+        return bool(sync(store.exists(f"{self._node.path}/{key}".lstrip("/"))))
+
+
+def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+    """The 1-D array ``inner`` (or the store's only one), whole, and its label."""
+    node, inner = _open_node(path, inner, 1, "")
+    return node[...], (f"{path}:/{inner}" if inner else path)
+
+
+# ----------------------------------------------------------------------------------------------- sink
+
+
+class ZarrSink(Sink):
+    """A Zarr output: uncompressed chunks written as raw chunk files (zarr writes the metadata)."""
+
+    kind = "zarr"
+
+    def __init__(self, path, dataset, partial, array, direct_io=True):
+        super().__init__(path, dataset, partial, array.shape, array.dtype, int(array.chunks[0]), direct_io)
+        #: the array being written (under its temporary name)
+        self.array = array
+        self._unsynced: set = set()  # chunk files written since they were last fsynced
+
+    @classmethod
+    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, zarr_format=3,
+               **_) -> "ZarrSink":
+        if dataset:
+            root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
+            array = root.create_array(dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype, compressors=None)
+        else:
+            array = zarr.create_array(store=partial, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
+                                      compressors=None, zarr_format=zarr_format)
+        array.attrs.update(attrs)
+        return cls(path, dataset, partial, array, direct_io)
+
+    @classmethod
+    def resume(cls, path, dataset, partial, direct_io=True) -> "ZarrSink":
+        return cls(path, dataset, partial, zarr.open_array(store=partial, path=dataset or "", mode="r+"), direct_io)
+
+    def _write(self, start, block):
+        root = raw_chunk_root(self.array)
+        if root is None:
+            self.array[start : start + block.shape[0]] = block
+            return
+        for index, lo, hi, a, b, data in self.covered(start, block):
+            if (a, b) != (lo, hi):
+                self.array[a:b] = data
+                continue
+            self._unsynced.add(index)
+            path = os.path.join(root, self.array.metadata.encode_chunk_key((index, 0)))
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with ChunkFile(path, create=True, direct=self.direct_io) as chunk_file:
+                chunk_file.write_at(0, data)
+                if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
+                    pad = np.full((self.chunk_rows - data.shape[0], self.shape[1]),
+                                  self.array.metadata.fill_value or 0, self.dtype)
+                    chunk_file.write_at(data.nbytes, pad)
+
+    def _sync(self):
+        """fsync the chunk files written since the last sync, and their directories."""
+        root = raw_chunk_root(self.array)
+        if root is None or not self._unsynced:
+            return
+        directories = set()
+        for index in sorted(self._unsynced):
+            path = os.path.join(root, self.array.metadata.encode_chunk_key((index, 0)))
+            if os.path.exists(path):
+                with open(path, "rb") as handle:
+                    os.fsync(handle.fileno())
+                directories.add(os.path.dirname(path))
+        for directory in directories:
+            durable.fsync_dir(directory)
+        self._unsynced.clear()
+
+    def _finish(self, attrs):
+        self.array.attrs.update(attrs)
+        self._sync()
+        for directory, _, files in os.walk(self.partial):  # metadata files and every directory
+            for name in files:
+                if name.startswith("zarr.json") or name.startswith(".z"):
+                    with open(os.path.join(directory, name), "rb") as handle:
+                        os.fsync(handle.fileno())
+            durable.fsync_dir(directory)
+
+    def region_writer(self) -> "ZarrRegionWriter":
+        """A picklable writer of whole-chunk row ranges of this sink, for worker processes."""
+        return ZarrRegionWriter(self.partial, self.dataset, self.shape, self.chunk_rows, self.label)
+
+
+@dataclass(frozen=True)
+class ZarrRegionWriter:
+    """Writes row ranges into a Zarr sink still under its temporary name, from any process.
+
+    Every range must cover whole output chunks (the last one may end at the last row), so no chunk
+    file is ever written by two tasks and concurrent writers need no lock.
+    """
+
+    partial: str
+    dataset: str | None
+    shape: tuple
+    chunk_rows: int
+    label: str
+
+    def __call__(self, start: int, block: np.ndarray) -> None:
+        stop = start + block.shape[0]
+        if start % self.chunk_rows or (stop % self.chunk_rows and stop != self.shape[0]) or stop > self.shape[0]:
+            raise BadInputError(
+                f"{self.label}: rows {start}..{stop - 1} are not aligned to output chunks of {self.chunk_rows} rows"
+            )
+        try:
+            array = zarr.open_array(store=self.partial, path=self.dataset or "", mode="r+")
+            array[start:stop] = block
+        except (OSError, zarr.errors.BaseZarrError) as exc:
+            raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {io_error(exc)}") from exc
