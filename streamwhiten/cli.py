@@ -361,7 +361,7 @@ def export_(model_path, output_path, fmt, beta, gamma, n_components, variance, e
     from .export import check_available, check_options, export, format_for
     from .model import check_params, load_model
     from .serving import file_checksum
-    from .stores import refuse_input_overlap
+    from .io import refuse_input_overlap
 
     fmt = format_for(output_path, fmt, append_to)
     check_options(fmt, normalize, append_to, index_factory, metric)

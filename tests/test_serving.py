@@ -43,7 +43,7 @@ def test_import_pulls_in_neither_numba_nor_storage_libraries(model_file):
         "m.transform(np.ones(12, dtype=np.float32))\n"
         "print(json.dumps(sorted(name for name in sys.modules if name.split('.')[0] in "
         "('numba', 'h5py', 'zarr', 'torch', 'scipy') or name in ('streamwhiten.model', 'streamwhiten.stats', "
-        "'streamwhiten._kernels', 'streamwhiten.stores'))))\n"
+        "'streamwhiten._kernels', 'streamwhiten.io.hdf5', 'streamwhiten.io.zarr'))))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                             env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
