@@ -180,7 +180,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 
     Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
     """
-    from .jobs import default_checkpoint, fit_job, save_fitted
+    from .jobs import default_checkpoint, fit_job, model_is_current, save_fitted
     from .model import check_params, save_model
     from .io import expand_specs, refuse_input_overlap, same_file
 
@@ -196,6 +196,9 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
     specs = expand_specs(inputs)
     refuse_input_overlap({model_path: "model file", checkpoint or default_checkpoint(model_path): "checkpoint"}, specs)
     if os.path.exists(model_path) and not overwrite and not (update and same_file(update, model_path)):
+        if update is None and model_is_current(model_path, specs, dataset, params, precision, skip_nonfinite,
+                                               fill_missing_chunks):
+            raise NothingToDoError(f"nothing to do: {model_path} was fitted on these inputs with these settings")
         raise OutputExistsError(f"{model_path}: already exists (pass --overwrite to replace it)")
     began = time.perf_counter()
     if engine == "dask":
@@ -204,7 +207,8 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 
         result = fit_dask(specs, dataset, precision, skip_nonfinite, chunk_rows, scheduler=scheduler,
                           n_workers=workers, fill_missing_chunks=fill_missing_chunks)
-        model = finalize(result.state, sources=result.sources, info={"n_skipped_nonfinite": result.n_skipped}, **params)
+        info = {"n_skipped_nonfinite": result.n_skipped, "precision": precision, "skip_nonfinite": bool(skip_nonfinite)}
+        model = finalize(result.state, sources=result.sources, info=info, **params)
         resumed, n_sources = False, len(result.sources)
         rows_read, read_seconds, n_skipped = result.state.n_rows, result.seconds, result.n_skipped
         with stop_on_signals():  # a signal during the save lets it finish (the file is whole or absent)
@@ -765,6 +769,9 @@ def _configure_logging() -> None:
     logger.setLevel(logging.WARNING)
     logger.propagate = False
     logging.raiseExceptions = False  # stderr that cannot be written: no traceback about it on stderr
+    # After a store failed to decode, zarr's pending read tasks are reported as destroyed when the
+    # process exits: noise after the one line that said what went wrong.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
 def main(argv=None) -> int:
@@ -784,7 +791,9 @@ def _main(argv) -> int:
         if _interrupt.requested.is_set():  # a signal while the program was starting
             raise KeyboardInterrupt
         _interrupt.start_immediate()
-        cli.main(args=argv, prog_name="streamwhiten", standalone_mode=False)
+        # cli.main() would print an empty line on stderr before turning an interruption into Abort.
+        with cli.make_context("streamwhiten", list(sys.argv[1:] if argv is None else argv)) as ctx:
+            cli.invoke(ctx)
         _interrupt.hold()
         if _interrupt.requested.is_set():
             click.echo(f"streamwhiten: {_interrupt.signal_name()} received as the command finished; "

@@ -96,9 +96,42 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     else:
         job = planned
     job = run_job(job, progress, checkpoint, checkpoint_every, checkpoint_seconds, should_stop, threads)
-    info = {"n_skipped_nonfinite": skipped_before + job.n_skipped}
+    info = fit_info(job, skipped_before + job.n_skipped)
     model = finalize(job.state, sources=job.sources + job.kept_sources, info=info, **params)
     return model, job, resumed, checkpoint
+
+
+def fit_info(job, n_skipped: int) -> dict:
+    """What a model records of the fit that made it, besides its sources: enough to tell whether a
+    later fit of the same inputs with the same options would give the same model."""
+    return {"n_skipped_nonfinite": int(n_skipped), "precision": job.precision,
+            "skip_nonfinite": bool(job.skip_nonfinite)}
+
+
+def model_is_current(model_path: str, inputs, dataset=None, params=None, precision="auto", skip_nonfinite=False,
+                     fill_missing_chunks=False) -> bool:
+    """Whether ``model_path`` holds the model a fit of ``inputs`` with these options would write: the
+    same sources (fingerprints), precision, NaN handling and parameters. Then there is nothing to do."""
+    from .errors import ModelFileError
+    from .fit import open_sources
+    from .io import fingerprint
+    from .model import load_model, model_checksum
+
+    try:
+        model = load_model(model_path)
+    except ModelFileError:
+        return False
+    if (model.info.get("precision"), model.info.get("skip_nonfinite")) != (precision, bool(skip_nonfinite)):
+        return False
+    sources = open_sources(inputs, dataset, fill_missing_chunks)
+    try:
+        if [fingerprint(source) for source in sources] != model.sources:
+            return False
+    finally:
+        for source in sources:
+            source.close()
+    wanted = model.with_params(**params) if params else model
+    return model_checksum(wanted) == model_checksum(model)
 
 
 def save_fitted(model, job, model_path: str, checkpoint: str, should_stop=None) -> str:
@@ -320,7 +353,7 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
     params = _effective_params(params, previous)
     skipped = (int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and job.base_rows else 0)
     model = finalize(job.state, sources=job.sources + job.kept_sources,
-                     info={"n_skipped_nonfinite": skipped + job.n_skipped}, **params)
+                     info=fit_info(job, skipped + job.n_skipped), **params)
     save_fitted(model, job, spec.model_path, checkpoint, should_stop)
     return True
 

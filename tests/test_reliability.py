@@ -259,3 +259,23 @@ def test_checksum_codecs_turn_finite_garbage_into_a_clear_error(tmp_path, rows, 
     assert code == 2
     one_line(err, "c.zarr", "damaged")
     assert not (tmp_path / "m1.npz").exists() and not (tmp_path / "m2.npz").exists()
+
+
+def test_rerunning_a_finished_fit_is_nothing_to_do(tmp_path, rows, run_cli):
+    """A fit whose model was saved (then, say, its summary could not be printed, or a signal came as
+    it finished) is done: the same command again exits 3; other inputs or settings still need --overwrite."""
+    spec = write_h5(tmp_path / "x.h5", rows)
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", spec, "-o", model, "-k", "4")[0] == 0
+    before = open(model, "rb").read()
+    code, _, err = run_cli("fit", spec, "-o", model, "-k", "4")
+    assert code == 3
+    one_line(err, "nothing to do", "m.npz")
+    for other in (["-k", "5"], ["-k", "4", "--precision", "float64"], ["-k", "4", "--skip-nonfinite"]):
+        code, _, err = run_cli("fit", spec, "-o", model, *other)
+        assert code == 2
+        one_line(err, "already exists")
+    write_h5(tmp_path / "y.h5", rows[::-1].copy())
+    code, _, err = run_cli("fit", str(tmp_path / "y.h5:/emb"), "-o", model, "-k", "4")
+    assert code == 2
+    assert open(model, "rb").read() == before

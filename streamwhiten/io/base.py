@@ -322,7 +322,11 @@ class Sink:
                     # run puts it back if this one dies before the new one is in place).
                     old = durable.temp_path(final, "old")
                     os.rename(final, old)
-                    os.rename(self.partial, final)
+                    try:
+                        os.rename(self.partial, final)
+                    except BaseException:
+                        os.rename(old, final)  # the old output stays where it was
+                        raise
                     shutil.rmtree(old, ignore_errors=True)
                 else:
                     os.replace(self.partial, final)
