@@ -15,6 +15,7 @@ Only this module and ``cli`` touch signal handlers; the library sees a ``should_
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from contextlib import contextmanager
 
@@ -46,7 +47,21 @@ def install() -> bool:
     received.clear()
     _state["mode"] = _STARTUP
     _state["previous"] = {sig: signal.signal(sig, _handler) for sig in _SIGNALS}
+    if not getattr(sys.unraisablehook, "_streamwhiten", False):
+        sys.unraisablehook = _quiet_unraisable(sys.unraisablehook)
     return True
+
+
+def _quiet_unraisable(previous):
+    """A signal's KeyboardInterrupt that lands in a callback Python cannot raise from (a weakref's, a
+    destructor's) is only recorded: the stop was already requested, and the traceback would be noise."""
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        previous(unraisable)
+
+    hook._streamwhiten = True
+    return hook
 
 
 def uninstall() -> None:

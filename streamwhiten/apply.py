@@ -24,7 +24,8 @@ from .errors import (
 )
 from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
 from .io import (
-    create_sink, fingerprint, open_source, output_chunk_rows, read_attrs, refuse_input_overlap, resume_sink, split_spec,
+    create_sink, fingerprint, open_source, output_chunk_rows, output_kind, read_attrs, refuse_input_overlap, resume_sink,
+    split_spec,
 )
 
 
@@ -41,9 +42,19 @@ def check_output(model: WhiteningModel, source, output_spec: str) -> None:
     refuse_input_overlap({output_spec: "output"}, [source.path])
 
 
-def output_is_current(output_spec: str, checksum: str, source_sha256: str, normalize: bool, dtype) -> bool:
+def recorded_options(output_spec: str, skip_nonfinite: bool, fill_missing_chunks: bool, zarr_format: int) -> dict:
+    """The options an output records because they change what is written (or whether it can be)."""
+    options = {"skip_nonfinite": bool(skip_nonfinite), "fill_missing_chunks": bool(fill_missing_chunks)}
+    if output_kind(split_spec(output_spec)[0]) == "zarr":
+        options["zarr_format"] = int(zarr_format)
+    return options
+
+
+def output_is_current(output_spec: str, checksum: str, source_sha256: str, normalize: bool, dtype,
+                      options: dict | None = None) -> bool:
     """Whether ``output_spec`` is a complete output of the same model (checksum, hence parameters),
-    input rows (sampled fingerprint), normalisation and dtype: then writing it again changes nothing."""
+    input rows (sampled fingerprint), normalisation, dtype and ``options`` (see :func:`recorded_options`):
+    then writing it again changes nothing."""
     if not os.path.exists(split_spec(output_spec)[0]):
         return False
     try:
@@ -54,12 +65,14 @@ def output_is_current(output_spec: str, checksum: str, source_sha256: str, norma
         return False
     return (attrs.get("complete") in (True, 1) and attrs.get("model_checksum") == checksum
             and attrs.get("source_sha256") == source_sha256 and bool(attrs.get("normalized")) == bool(normalize)
-            and np.dtype(stored_dtype) == np.dtype(dtype))
+            and np.dtype(stored_dtype) == np.dtype(dtype)
+            and all(key in attrs and attrs[key] == value for key, value in (options or {}).items()))
 
 
 def output_attrs(model: WhiteningModel, source, normalize: bool, source_sha256: str | None = None,
-                 checksum: str | None = None) -> dict:
-    """The attributes recorded on an output array: where it came from and which transform made it."""
+                 checksum: str | None = None, options: dict | None = None) -> dict:
+    """The attributes recorded on an output array: where it came from, which transform made it and the
+    ``options`` it was written with."""
     attrs = {
         "streamwhiten_version": __version__, "source": source.label,
         "model_checksum": checksum or model_checksum(model),
@@ -68,6 +81,7 @@ def output_attrs(model: WhiteningModel, source, normalize: bool, source_sha256: 
     }
     if source_sha256 is not None:
         attrs["source_sha256"] = source_sha256
+    attrs.update(options or {})
     return attrs
 
 
@@ -174,10 +188,11 @@ def apply_model(
         check_output(model, source, output_spec)
         out_path, _ = split_spec(output_spec)
         checksum = model_checksum(model)
+        options = recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format)
         source_print = fingerprint(source)
         source_sha256 = source_print["sha256_sampled"]
         if os.path.lexists(out_path) and not overwrite:
-            if output_is_current(output_spec, checksum, source_sha256, normalize, dtype):
+            if output_is_current(output_spec, checksum, source_sha256, normalize, dtype, options):
                 raise NothingToDoError(f"nothing to do: {out_path} is up to date (written by this model, with the same "
                                        "settings, from the same input)")
             raise OutputExistsError(f"{out_path}: already exists (pass --overwrite to replace it)")
@@ -200,7 +215,7 @@ def apply_model(
         sink, start, n_nonfinite = resume_sink(output_spec, job, direct_io) if resume else (None, 0, 0)
         resumed_at = start
         if sink is None:
-            attrs = output_attrs(model, source, normalize, source_sha256, checksum)
+            attrs = output_attrs(model, source, normalize, source_sha256, checksum, options)
             sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
                                chunk_rows, direct_io)
         last_record = time.perf_counter()

@@ -12,6 +12,7 @@ import math
 import os
 import sys
 import time
+import contextlib
 from contextlib import contextmanager
 
 import click
@@ -182,7 +183,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
     """
     from .jobs import default_checkpoint, fit_job, model_is_current, save_fitted
     from .model import check_params, save_model
-    from .io import expand_specs, refuse_input_overlap, same_file
+    from .io import expand_specs, refuse_input_overlap, refuse_shared_outputs, same_file
 
     _check_engine(engine, scheduler, workers, threads)
     if engine == "dask" and (update or resume):
@@ -195,6 +196,8 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
         model_path = update
     specs = expand_specs(inputs)
     refuse_input_overlap({model_path: "model file", checkpoint or default_checkpoint(model_path): "checkpoint"}, specs)
+    refuse_shared_outputs((model_path, "model file"), (checkpoint or default_checkpoint(model_path), "checkpoint"))
+    refuse_input_overlap({checkpoint or default_checkpoint(model_path): "checkpoint"}, [update])
     if os.path.exists(model_path) and not overwrite and not (update and same_file(update, model_path)):
         if update is None and model_is_current(model_path, specs, dataset, params, precision, skip_nonfinite,
                                                fill_missing_chunks):
@@ -207,7 +210,8 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 
         result = fit_dask(specs, dataset, precision, skip_nonfinite, chunk_rows, scheduler=scheduler,
                           n_workers=workers, fill_missing_chunks=fill_missing_chunks)
-        info = {"n_skipped_nonfinite": result.n_skipped, "precision": precision, "skip_nonfinite": bool(skip_nonfinite)}
+        info = {"n_skipped_nonfinite": result.n_skipped, "precision": precision, "skip_nonfinite": bool(skip_nonfinite),
+                "fill_missing_chunks": bool(fill_missing_chunks)}
         model = finalize(result.state, sources=result.sources, info=info, **params)
         resumed, n_sources = False, len(result.sources)
         rows_read, read_seconds, n_skipped = result.state.n_rows, result.seconds, result.n_skipped
@@ -281,7 +285,9 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params:
         model = model.with_params(**params)
-    with progress_bar("apply", quiet) as progress, stop_on_signals() as should_stop:
+    # The Dask applier cannot stop its tasks at a block boundary: a signal interrupts it at once.
+    signals = stop_on_signals() if engine != "dask" else contextlib.nullcontext(None)
+    with progress_bar("apply", quiet) as progress, signals as should_stop:
         if engine == "dask":
             from .distributed import apply_dask
 
@@ -452,12 +458,15 @@ def run(job_file, log_file, restart, quiet, as_json):
     Exit codes: 0 done, 3 nothing to do, 2 bad input, 74 I/O error (disk full: the previous checkpoint or
     output is kept), 75 another run holds the lock, 130 interrupted.
     """
-    from .jobs import read_job_file, run_job_file
+    from .jobs import default_checkpoint, read_job_file, run_job_file
     from .io import expand_specs, refuse_input_overlap
 
     logging.getLogger("streamwhiten").setLevel(logging.INFO)
     if log_file:
-        refuse_input_overlap({log_file: "log file"}, [job_file, *expand_specs(read_job_file(job_file).inputs)])
+        spec = read_job_file(job_file)
+        refuse_input_overlap({log_file: "log file"}, [job_file, *expand_specs(spec.inputs)])
+        refuse_input_overlap({log_file: "log file"}, [spec.model_path, default_checkpoint(spec.model_path),
+                                                     spec.lock_path], nested=False)
         try:
             handler = _LogFileHandler(log_file)
         except OSError as exc:

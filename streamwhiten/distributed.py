@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from . import stats
-from .apply import aligned_block_rows, check_output, output_attrs, summary, transform_block
+from .apply import aligned_block_rows, check_output, output_attrs, recorded_options, summary, transform_block
 from .errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
 from .fit import FitResult, block_moments, check_enough_rows, open_sources
 from .model import float_dtype
@@ -294,7 +294,8 @@ def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, 
     try:
         check_output(model, source, output_spec)
         work = np.float64 if source.dtype == np.float64 else np.float32
-        attrs = output_attrs(model, source, normalize, fingerprint(source)["sha256_sampled"])
+        attrs = output_attrs(model, source, normalize, fingerprint(source)["sha256_sampled"],
+                             options=recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format))
         with dask_client(scheduler, n_workers, client=client) as active:
             sink = create_sink(
                 output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format, output_chunk_rows

@@ -57,11 +57,13 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     from .fit import check_resumable, load_checkpoint, plan_fit, plan_update, run_job
     from .model import check_params, finalize, load_model
     from .io.durable import remove_stale_temps
-    from .io import refuse_input_overlap
+    from .io import refuse_input_overlap, refuse_shared_outputs
 
     _check_checkpoint_options(checkpoint_every, checkpoint_seconds)
     check_writable_dir(model_path, "model file")
     refuse_input_overlap({model_path: "model file", checkpoint or default_checkpoint(model_path): "checkpoint"}, inputs)
+    refuse_shared_outputs((model_path, "model file"), (checkpoint or default_checkpoint(model_path), "checkpoint"))
+    refuse_input_overlap({checkpoint or default_checkpoint(model_path): "checkpoint"}, [update])
     for path in (model_path, checkpoint or default_checkpoint(model_path)):
         remove_stale_temps(path)  # what killed runs of this fit left behind
 
@@ -105,7 +107,7 @@ def fit_info(job, n_skipped: int) -> dict:
     """What a model records of the fit that made it, besides its sources: enough to tell whether a
     later fit of the same inputs with the same options would give the same model."""
     return {"n_skipped_nonfinite": int(n_skipped), "precision": job.precision,
-            "skip_nonfinite": bool(job.skip_nonfinite)}
+            "skip_nonfinite": bool(job.skip_nonfinite), "fill_missing_chunks": bool(job.fill_missing_chunks)}
 
 
 def model_is_current(model_path: str, inputs, dataset=None, params=None, precision="auto", skip_nonfinite=False,
@@ -121,7 +123,8 @@ def model_is_current(model_path: str, inputs, dataset=None, params=None, precisi
         model = load_model(model_path)
     except ModelFileError:
         return False
-    if (model.info.get("precision"), model.info.get("skip_nonfinite")) != (precision, bool(skip_nonfinite)):
+    recorded = tuple(model.info.get(key) for key in ("precision", "skip_nonfinite", "fill_missing_chunks"))
+    if recorded != (precision, bool(skip_nonfinite), bool(fill_missing_chunks)):
         return False
     sources = open_sources(inputs, dataset, fill_missing_chunks)
     try:
@@ -130,7 +133,11 @@ def model_is_current(model_path: str, inputs, dataset=None, params=None, precisi
     finally:
         for source in sources:
             source.close()
-    wanted = model.with_params(**params) if params else model
+    # A fit writes the defaults for every parameter it is not given.
+    from .model import DEFAULT_EPS
+
+    wanted = model.with_params(**{"beta": 1.0, "gamma": 1.0, "eps": DEFAULT_EPS, "n_components": None,
+                                  "variance": None, **(params or {})})
     return model_checksum(wanted) == model_checksum(model)
 
 
@@ -385,10 +392,10 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
     A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead.
     Returns a summary with ``steps`` (what ran). Raises :class:`NothingToDoError` when nothing ran.
     """
-    from .apply import apply_model, output_is_current
+    from .apply import apply_model, output_is_current, recorded_options
     from .fit import remove_checkpoint
     from .model import check_params, load_model, model_checksum, save_model
-    from .io import expand_specs, fingerprint, open_source, refuse_input_overlap, split_spec
+    from .io import expand_specs, fingerprint, open_source, refuse_input_overlap, refuse_shared_outputs, split_spec
 
     spec = read_job_file(path)
     fit_options = {key: spec.model[key] for key in ("precision", "chunk_rows", "skip_nonfinite",
@@ -414,7 +421,8 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
         checkpoint = default_checkpoint(spec.model_path)
         refuse_input_overlap({spec.model_path: "model file", checkpoint: "checkpoint", spec.lock_path: "lock file",
                               **{output: "[apply] output" for output in outputs.values()}}, [spec.path, *inputs])
-        refuse_input_overlap({output: "[apply] output" for output in outputs.values()}, [spec.model_path])
+        refuse_shared_outputs((spec.model_path, "model file"), (checkpoint, "checkpoint"), (spec.lock_path, "lock file"),
+                              *((output, "[apply] output") for output in outputs.values()))
         if restart:
             remove_checkpoint(checkpoint)
         elif os.path.exists(checkpoint) and _finish_pending(spec, inputs, checkpoint, params, progress, should_stop):
@@ -448,8 +456,10 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
                 with open_source(input_spec, spec.dataset, fill_missing_chunks=spec.fill_missing_chunks) as source:
                     source_sha = fingerprint(source)["sha256_sampled"]
                     label = source.label
+                recorded = recorded_options(output, options.get("skip_nonfinite", False), spec.fill_missing_chunks,
+                                            options.get("zarr_format", 3))
                 if output_is_current(output, checksum, source_sha, options.get("normalize", False),
-                                     options.get("dtype", "float32")):
+                                     options.get("dtype", "float32"), recorded):
                     log.info("job %s: %s is up to date", spec.name, output)
                     continue
                 os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)

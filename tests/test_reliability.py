@@ -279,3 +279,71 @@ def test_rerunning_a_finished_fit_is_nothing_to_do(tmp_path, rows, run_cli):
     code, _, err = run_cli("fit", str(tmp_path / "y.h5:/emb"), "-o", model, "-k", "4")
     assert code == 2
     assert open(model, "rb").read() == before
+
+
+def test_a_fit_without_parameters_is_not_current_for_a_model_fitted_with_them(tmp_path, rows, run_cli):
+    spec = write_h5(tmp_path / "x.h5", rows)
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", spec, "-o", model, "-k", "4")[0] == 0
+    code, _, err = run_cli("fit", spec, "-o", model)  # would write all 8 components: not the same model
+    assert code == 2
+    one_line(err, "already exists")
+
+
+def test_a_checkpoint_path_that_is_the_model_or_the_updated_model_is_refused(tmp_path, rows, run_cli):
+    spec = write_h5(tmp_path / "x.h5", rows)
+    model = tmp_path / "m.npz"
+    code, _, err = run_cli("fit", spec, "-o", model, "--checkpoint", model)
+    assert code == 2
+    one_line(err, "both the model file and the checkpoint")
+    assert not model.exists()
+    assert run_cli("fit", spec, "-o", model)[0] == 0
+    before = open(model, "rb").read()
+    code, _, err = run_cli("fit", spec, "--update", model, "-o", tmp_path / "n.npz", "--checkpoint", model)
+    assert code == 2
+    one_line(err, "checkpoint would overwrite the input")
+    assert open(model, "rb").read() == before
+
+
+def test_apply_options_that_change_the_output_make_it_not_current(tmp_path, rows, run_cli):
+    bad = rows.copy()
+    bad[5] = np.nan
+    spec = write_h5(tmp_path / "x.h5", bad)
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", spec, "-o", model, "--skip-nonfinite")[0] == 0
+    assert run_cli("apply", model, spec, "-o", tmp_path / "o.zarr", "--skip-nonfinite")[0] == 0
+    assert run_cli("apply", model, spec, "-o", tmp_path / "o.zarr", "--skip-nonfinite")[0] == 3
+    code, _, err = run_cli("apply", model, spec, "-o", tmp_path / "o.zarr")  # would refuse the NaN row
+    assert code == 2
+    code, _, err = run_cli("apply", model, spec, "-o", tmp_path / "o.zarr", "--skip-nonfinite", "--zarr-format", "2")
+    assert code == 2
+    one_line(err, "already exists")
+
+
+def test_a_damaged_gzip_zarr_chunk_is_bad_input_not_an_io_error(tmp_path, rows, run_cli):
+    from zarr.codecs import GzipCodec
+
+    array = zarr.create_array(store=str(tmp_path / "g.zarr"), shape=rows.shape, chunks=(200, 8), dtype=rows.dtype,
+                              compressors=[GzipCodec()])
+    array[...] = rows
+    with open(tmp_path / "g.zarr" / "c" / "1" / "0", "r+b") as handle:
+        handle.write(b"garbage!")
+    code, _, err = run_cli("fit", tmp_path / "g.zarr", "-o", tmp_path / "m.npz")
+    assert code == 2
+    one_line(err, "g.zarr", "damaged")
+
+
+def test_a_sink_whose_partial_output_was_replaced_by_another_run_does_not_commit(tmp_path):
+    from streamwhiten.io import create_sink
+
+    target = str(tmp_path / "o.h5")
+    first = create_sink(target, 100, 4, chunk_rows=50)
+    first.write(0, np.ones((100, 4), np.float32))
+    second = create_sink(target, 100, 4, overwrite=True, chunk_rows=50)  # a second run of the same output
+    second.write(0, np.ones((50, 4), np.float32))
+    with pytest.raises(StoreIOError, match="replaced by another run"):
+        first.commit()
+    assert not os.path.exists(target)
+    second.write(50, np.ones((50, 4), np.float32))
+    second.commit()
+    assert os.path.exists(target)

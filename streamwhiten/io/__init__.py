@@ -22,8 +22,8 @@ from .base import (
 )
 from .durable import remove_stale_temps
 from .spec import (
-    HDF5_SUFFIXES, ZARR_SUFFIX, expand_specs, input_kind, output_kind, partial_path, refuse_input_overlap, same_file,
-    split_spec,
+    HDF5_SUFFIXES, ZARR_SUFFIX, expand_specs, input_kind, output_kind, partial_path, refuse_input_overlap,
+    refuse_shared_outputs, same_file, split_spec,
 )
 
 _SOURCES = {"hdf5": ("hdf5", "HDF5Source"), "zarr": ("zarr", "ZarrSource"), "npy": ("npy", "NpySource")}
@@ -182,5 +182,5 @@ __all__ = [
     "DEFAULT_BLOCK_BYTES", "FINGERPRINT_ROWS", "HDF5_SUFFIXES", "OUTPUT_CHUNK_BYTES", "ZARR_SUFFIX", "LazyRows",
     "Sink", "Source", "aligned_chunk_rows", "backend", "count_blocks", "create_sink", "expand_specs", "fingerprint",
     "open_source", "output_chunk_rows", "output_kind", "partial_path", "read_attrs", "read_vector",
-    "refuse_input_overlap", "resume_sink", "same_file", "split_spec",
+    "refuse_input_overlap", "refuse_shared_outputs", "resume_sink", "same_file", "split_spec",
 ]

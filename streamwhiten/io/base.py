@@ -244,6 +244,14 @@ def output_chunk_rows(n_features: int, dtype, n_rows: int) -> int:
     return rows if rows == n_rows else aligned_chunk_rows(rows, n_features, dtype)
 
 
+def _inode(path: str):
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
 class Sink:
     """A new 2-D array being written under the temporary name ``partial``; :meth:`commit` renames it
     to ``path`` once complete.
@@ -265,6 +273,8 @@ class Sink:
         self.chunk_rows = int(chunk_rows)
         #: whole chunks are written around the page cache (see ``direct``)
         self.direct_io = direct_io
+        #: the partial output this sink writes: another run that replaced it must not be committed by this one
+        self.partial_inode = _inode(partial)
 
     @property
     def label(self) -> str:
@@ -312,6 +322,9 @@ class Sink:
         """Set ``attrs`` and ``complete = True``, make everything durable, and rename into place
         (replacing an old output only if ``overwrite``)."""
         try:
+            if _inode(self.partial) != self.partial_inode:
+                raise OSError(f"{self.partial} was replaced by another run writing the same output; "
+                              "this one is not committed")
             self._finish(dict(attrs or {}, complete=True))
             final = os.path.abspath(self.path.rstrip("/"))
             if os.path.lexists(final):

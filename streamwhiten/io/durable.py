@@ -84,12 +84,6 @@ def remove_stale_temps(path: str) -> list[str]:
     return removed
 
 
-def replace_durably(temp: str, path: str) -> None:
-    """Rename ``temp`` (already written and fsynced) to ``path`` and fsync the directory."""
-    os.replace(temp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
-
-
 def write_file_atomic(path: str, write, what: str) -> None:
     """Write ``path`` by calling ``write(handle)`` on a temporary file, fsync, rename, fsync the directory.
 

@@ -96,6 +96,16 @@ def _same_inode(a: str, b: str) -> bool:
     return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
 
+def refuse_shared_outputs(*outputs: tuple) -> None:
+    """Refuse two outputs of one command, given as ``(path, what)`` pairs, that are the same file (one
+    would overwrite or delete the other)."""
+    named = [(split_spec(os.fspath(path))[0], what) for path, what in outputs if path is not None]
+    for i, (first, first_what) in enumerate(named):
+        for second, second_what in named[i + 1:]:
+            if os.path.realpath(first) == os.path.realpath(second) or _same_inode(first, second):
+                raise BadInputError(f"{first}: given as both the {first_what} and the {second_what}; choose another path")
+
+
 def refuse_input_overlap(outputs: dict, inputs, nested: bool = True) -> None:
     """Refuse, before anything is written, an output that would replace or write into an input.
 

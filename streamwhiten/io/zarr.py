@@ -101,7 +101,10 @@ class ZarrSource(Source):
                 with np.errstate(all="ignore"):
                     self._node.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
             except OSError as exc:
-                raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
+                if exc.errno is not None:  # a failed system call; an OSError without one is a codec's (gzip)
+                    raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
+                raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
+                                        f"({exc.__class__.__name__}: {first_line(exc)})") from exc
             except Exception as exc:  # a codec failing on the bytes it was given: the chunk is damaged
                 raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
                                         f"({exc.__class__.__name__}: {first_line(exc)})") from exc
@@ -223,24 +226,29 @@ class ZarrSink(Sink):
         if root is None or not self._unsynced:
             return
         directories = set()
+        top = os.path.abspath(self.partial)
         for index in sorted(self._unsynced):
             path = os.path.join(root, self.array.metadata.encode_chunk_key((index, 0)))
             if os.path.exists(path):
                 with open(path, "rb") as handle:
                     os.fsync(handle.fileno())
-                directories.add(os.path.dirname(path))
-        for directory in directories:
+                directory = os.path.dirname(os.path.abspath(path))
+                while directory.startswith(top):  # new entries all the way up (c/, c/3/, ...)
+                    directories.add(directory)
+                    directory = os.path.dirname(directory)
+        for directory in sorted(directories, reverse=True):
             durable.fsync_dir(directory)
         self._unsynced.clear()
 
     def _finish(self, attrs):
         self.array.attrs.update(attrs)
         self._sync()
-        for directory, _, files in os.walk(self.partial):  # metadata files and every directory
+        # Every file (chunks written through zarr or by other processes were not tracked) and directory;
+        # what was synced already has nothing left to write.
+        for directory, _, files in os.walk(self.partial, topdown=False):
             for name in files:
-                if name.startswith("zarr.json") or name.startswith(".z"):
-                    with open(os.path.join(directory, name), "rb") as handle:
-                        os.fsync(handle.fileno())
+                with open(os.path.join(directory, name), "rb") as handle:
+                    os.fsync(handle.fileno())
             durable.fsync_dir(directory)
 
     def region_writer(self) -> "ZarrRegionWriter":
