@@ -122,7 +122,7 @@ def test_concurrent_reads_of_one_source_from_many_threads(tmp_path, rows, layout
         spec = write_parquet(tmp_path / "a.parquet", data, "fixed", row_group_size=2000)
     if layout == "streamed":  # row groups larger than a block: parts of them come from shared streams
         monkeypatch.setattr(parquet, "MAX_GROUP_BLOCK_BYTES", 1000)
-        monkeypatch.setattr(parquet, "STREAM_BATCH_BYTES", 4096)
+        monkeypatch.setattr(parquet, "BATCH_BYTES", 4096)
     ranges = [(a, min(6000, a + size)) for a in range(0, 6000, 257) for size in (257, 1100)]
     with open_source(spec) as source:
         if layout == "streamed":
