@@ -241,7 +241,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @click.argument("model_path")
 @click.argument("input_spec")
 @click.option("-o", "--output", "output_spec", required=True,
-              help="Output store: out.h5[:/dataset], out.zarr[:/array] or out.parquet[:column].")
+              help="Output store: out.h5[:/dataset], out.zarr[:/array], out.parquet[:column] or out.lance[:column].")
 @click.option("--dataset", default=None, help="Dataset/array inside the input.")
 @model_options
 @click.option("--normalize", is_flag=True, help="Scale every output row to unit L2 norm.")
@@ -255,8 +255,8 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @click.option("--overwrite", is_flag=True, help="Replace an existing output (one that is up to date is kept: exit 3).")
 @fill_missing_option
 @click.option("--keep-columns", default=None, metavar="NAMES",
-              help="Copy these comma-separated input columns (Parquet or Lance input) into the Parquet output, row "
-                   "for row beside the vectors, e.g. --keep-columns id,url.")
+              help="Copy these comma-separated input columns (Parquet or Lance input) into the Parquet or Lance "
+                   "output, row for row beside the vectors, e.g. --keep-columns id,url.")
 @click.option("--direct-io/--no-direct-io", default=None,
               help="Serial engine: write whole output chunks around the page cache (O_DIRECT, where the file system "
                    "allows it; the default): no CPU spent copying, and the cached input is left alone. "

@@ -85,6 +85,40 @@ def test_apply_to_parquet_keeps_ids(tmp_path, rows, run_cli):
     assert code == EXIT_BAD_INPUT and "no column 'ids'" in err and "id (int64)" in err
 
 
+def test_apply_to_lance_output_keeps_ids_and_resumes_after_kill(tmp_path, rows, run_cli):
+    from test_resume import rows_done_of_partial
+
+    data = generate_rows(30_000, 32, seed=6)
+    spec = write_lance(tmp_path / "v.lance", data, rows_per_file=7000)
+    model_path = tmp_path / "m.npz"
+    assert run_cli("fit", spec, "-o", model_path, "-k", 7, "-q")[0] == 0
+    model = load_model(str(model_path))
+    out = tmp_path / "out.lance"
+    args = ["--keep-columns", "id", "--chunk-rows", 300, "--checkpoint-seconds", 0, "-q"]
+    assert run_cli("apply", model_path, spec, "-o", out, *args)[0] == 0
+    table = lance.dataset(str(out)).to_table()
+    assert table.column_names == ["id", "embedding"]
+    np.testing.assert_array_equal(table.column("id").to_numpy(), np.arange(30_000))
+    expected = model.transform(data)
+    np.testing.assert_allclose(np.stack(table.column("embedding").to_numpy(zero_copy_only=False)), expected,
+                               rtol=1e-5, atol=1e-5)  # blocks of 300 rows: BLAS may round otherwise
+    with open_source(str(out)) as written:  # read back by the column it records, with the model's attributes
+        assert written.dataset == "embedding" and written.attrs()["kept_columns"] == ["id"]
+    assert run_cli("apply", model_path, spec, "-o", out, *args)[0] == EXIT_NOTHING_TO_DO
+    killed = 0
+    for target in (2_000, 15_000):
+        output = str(tmp_path / f"out-{target}.lance")
+        process = spawn("apply", model_path, spec, "-o", output, *args)
+        if kill_when(process, lambda: rows_done_of_partial(output), target):
+            killed += 1
+            assert not os.path.exists(output)
+        resumed = run_subprocess("apply", model_path, spec, "-o", output, *args, "--json")
+        assert resumed.returncode == 0, resumed.stderr
+        again = lance.dataset(output).to_table()
+        assert again.equals(table)
+    assert killed >= 1
+
+
 def test_update_after_append_reads_only_new_fragments_and_refuses_changed_ones(tmp_path, rows, run_cli):
     path = tmp_path / "v.lance"
     spec = write_lance(path, rows[:4000])

@@ -206,7 +206,7 @@ def test_keep_columns_errors(shards, rows, tmp_path, run_cli):
     code, _, err = run_cli("apply", model_path, source, "-o", tmp_path / "o.parquet", "--keep-columns", "id,nope")
     assert code == EXIT_BAD_INPUT and "no column 'nope'" in err and "id (int64)" in err and err.count("\n") == 1
     code, _, err = run_cli("apply", model_path, source, "-o", tmp_path / "o.h5", "--keep-columns", "id")
-    assert code == EXIT_BAD_INPUT and "needs a Parquet output" in err
+    assert code == EXIT_BAD_INPUT and "needs a Parquet or Lance output" in err
     h5 = write_h5(tmp_path / "in.h5", rows[:100].astype(np.float32))
     code, _, err = run_cli("apply", model_path, h5, "-o", tmp_path / "p.parquet", "--keep-columns", "id")
     assert code == EXIT_BAD_INPUT and "needs a Parquet or Lance input" in err

@@ -30,7 +30,8 @@ from .spec import (
 
 _SOURCES = {"hdf5": ("hdf5", "HDF5Source"), "zarr": ("zarr", "ZarrSource"), "npy": ("npy", "NpySource"),
             "parquet": ("parquet", "ParquetSource"), "lance": ("lance", "LanceSource")}
-_SINKS = {"hdf5": ("hdf5", "HDF5Sink"), "zarr": ("zarr", "ZarrSink"), "parquet": ("parquet", "ParquetSink")}
+_SINKS = {"hdf5": ("hdf5", "HDF5Sink"), "zarr": ("zarr", "ZarrSink"), "parquet": ("parquet", "ParquetSink"),
+          "lance": ("lance", "LanceSink")}
 #: Backends that need an optional extra: (the library, what it is for, the extra that installs it).
 _EXTRAS = {"parquet": ("pyarrow", "Parquet", "parquet"), "lance": ("pylance", "Lance datasets", "lance")}
 #: Outputs whose blocks are written as row groups or fragments (any size), carrying other columns.
@@ -135,7 +136,7 @@ def create_sink(
     if kind not in _SINKS:
         raise BadInputError(f"{path}: writing {kind} outputs is not supported; write .parquet, .zarr or .h5")
     if columns is not None and len(columns) and kind not in _TABULAR:
-        raise BadInputError(f"{path}: --keep-columns needs a Parquet output (.parquet), not {kind}")
+        raise BadInputError(f"{path}: --keep-columns needs a Parquet or Lance output (.parquet, .lance), not {kind}")
     if os.path.lexists(path) and not overwrite:
         raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
     parent = os.path.dirname(os.path.abspath(path)) or "."

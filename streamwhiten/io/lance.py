@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import os
 import threading
 
 import numpy as np
@@ -26,12 +27,9 @@ import pyarrow as pa
 import lance
 
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
-from ._arrow import choose_column, copy_vectors, describe_columns, list_length, vector_type
+from ._arrow import TableSink, choose_column, copy_vectors, describe_columns, list_length, read_attrs, vector_type
+from . import durable
 from .base import Source, first_line, io_error
-
-#: Key of the schema metadata holding an output's attributes (JSON), as in Parquet outputs.
-ATTRS_KEY = b"streamwhiten"
-
 
 def _lance_error(label: str, what: str, exc: BaseException) -> Exception:
     """A pylance failure as ours: a failed system call is an I/O error, anything else damaged data."""
@@ -50,15 +48,6 @@ def _open(path: str, version=None):
         raise BadInputError(f"{path}: cannot open as a Lance dataset ({first_line(exc)})") from exc
 
 
-def _attrs(schema) -> dict:
-    raw = (schema.metadata or {}).get(ATTRS_KEY)
-    try:
-        attrs = json.loads(raw) if raw is not None else {}
-    except ValueError:
-        return {}
-    return attrs if isinstance(attrs, dict) else {}
-
-
 class LanceSource(Source):
     """The vectors of a list column of one version of a Lance dataset."""
 
@@ -68,7 +57,7 @@ class LanceSource(Source):
     def __init__(self, path, dataset):
         handle = _open(path)
         schema = handle.schema
-        self._attrs = _attrs(schema)
+        self._attrs = read_attrs(schema.metadata)
         column = choose_column(path, schema, dataset, self._attrs.get("column"), "dir.lance:column")
         self._column_label = f"{path}:{column}"
         dtype, width = vector_type(self._column_label, schema.field(column))
@@ -208,3 +197,38 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
         row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
         raise BadInputError(f"{label}: row {row:,} is null")
     return column.to_numpy(), label
+
+
+# ----------------------------------------------------------------------------------------------- sink
+
+
+class LanceSink(TableSink):
+    """A Lance output: the vectors as a ``fixed_size_list`` column (after any columns kept from the
+    input). Blocks are written as Arrow IPC part files; :meth:`commit` writes them into a new dataset
+    in a temporary directory, fsyncs every file in it and renames it into place. The schema metadata
+    holds the model's attributes, as a Parquet output's key-value metadata does. A rerun writes the
+    same rows, not the same bytes (Lance names its data files at random)."""
+
+    kind = "lance"
+    part_suffix = ".arrow"
+
+    def _write_part(self, table, path):
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+
+    def _read_part(self, path):
+        with pa.memory_map(path) as source:
+            return pa.ipc.open_file(source).read_all()
+
+    def _join(self, temp, schema, tables) -> None:
+        batches = (batch for table in tables for batch in table.replace_schema_metadata(schema.metadata).to_batches())
+        reader = pa.RecordBatchReader.from_batches(schema, batches)
+        try:
+            lance.write_dataset(reader, temp, schema=schema, mode="create")
+        except (ValueError, RuntimeError) as exc:
+            raise OSError(first_line(exc)) from exc
+        for directory, _, files in os.walk(temp):
+            for name in files:
+                with open(os.path.join(directory, name), "rb") as handle:
+                    os.fsync(handle.fileno())
+            durable.fsync_dir(directory)

@@ -15,17 +15,16 @@ cannot be told from data.
 Parquet files are never appended to, so a file's fingerprint holds a digest of its footer (row counts,
 row groups, schema, column statistics): an update refuses a file that was rewritten.
 
-The sink writes each block as a part file (one row group) in a hidden ``.NAME.partial`` directory,
-under a temporary name renamed when written; committing streams the parts into one file under a
-temporary name, fsyncs and renames it into place. Its key-value metadata holds the model's attributes
-(``streamwhiten``, JSON), as the array attributes of an HDF5 or Zarr output do.
+The sink (see ``_arrow.TableSink``) writes each block as a part file (one row group) in a hidden
+``.NAME.partial`` directory; committing streams the parts into one file under a temporary name, fsyncs
+and renames it into place. Its key-value metadata holds the model's attributes (``streamwhiten``,
+JSON), as the array attributes of an HDF5 or Zarr output do.
 """
 
 from __future__ import annotations
 
 import bisect
 import hashlib
-import json
 import os
 import threading
 from collections import OrderedDict
@@ -34,14 +33,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..errors import BadInputError, CorruptStoreError, OutputExistsError, StoreIOError
-from . import durable
-from ._arrow import choose_column, copy_vectors, describe_columns, list_length, vector_type
-from .base import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, Sink, Source, first_line, io_error, remove
+from ..errors import BadInputError, CorruptStoreError, StoreIOError
+from ._arrow import TableSink, choose_column, read_attrs, copy_vectors, describe_columns, list_length, vector_type
+from .base import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, Source, first_line, io_error
 from .spec import parquet_files
 
-#: Key of the key-value metadata holding an output's attributes (JSON).
-ATTRS_KEY = b"streamwhiten"
 #: A row group up to this size is read whole as one block; larger ones are read in blocks of about
 #: ``DEFAULT_BLOCK_BYTES`` through a shared stream.
 MAX_GROUP_BLOCK_BYTES = 256 << 20
@@ -52,8 +48,6 @@ BATCH_BYTES = 2 << 20
 MAX_STREAMS = 8
 #: Bytes pyarrow reads at a time from a column chunk (not the whole chunk at once).
 STREAM_BUFFER_BYTES = 1 << 20
-#: Column of an output when its spec names none.
-DEFAULT_COLUMN = "embedding"
 
 
 def _arrow_error(label: str, what: str, exc: BaseException) -> Exception:
@@ -88,17 +82,6 @@ def _footer(path: str) -> tuple[bytes, os.stat_result]:
             raise CorruptStoreError(f"{path}: not a Parquet file, or truncated (no valid footer at its end)")
         handle.seek(stat.st_size - 8 - length)
         return handle.read(length), stat
-
-
-def _read_attrs(metadata) -> dict:
-    raw = (metadata.metadata or {}).get(ATTRS_KEY)
-    if raw is None:
-        return {}
-    try:
-        attrs = json.loads(raw)
-    except ValueError:
-        return {}
-    return attrs if isinstance(attrs, dict) else {}
 
 
 class _Stream:
@@ -160,7 +143,7 @@ class ParquetSource(Source):
             raise CorruptStoreError(f"{path}: not a readable Parquet file ({first_line(exc)})") from exc
         try:
             metadata = handle.metadata
-            self._attrs = _read_attrs(metadata)
+            self._attrs = read_attrs(metadata.metadata)
             schema = handle.schema_arrow
             column = choose_column(path, schema, dataset, self._attrs.get("column"), "file.parquet:column")
             self._column_label = f"{path}:{column}"
@@ -451,141 +434,28 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
 #: fixed so that a rerun writes the same bytes.
 WRITE_OPTIONS = dict(compression="none", use_dictionary=False, write_statistics=True, version="2.6",
                      write_page_checksum=True)
-_SINK_FILE = "sink.json"
-_PART = "part-{:015d}.parquet"
-_ARROW_FLOATS = {np.dtype(np.float16): pa.float16(), np.dtype(np.float32): pa.float32(),
-                 np.dtype(np.float64): pa.float64()}
 
 
-def _encode_schema(schema) -> str:
-    import base64
-
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
-def _decode_schema(text: str):
-    import base64
-
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-
-
-class ParquetSink(Sink):
+class ParquetSink(TableSink):
     """A Parquet output: the vectors as a ``fixed_size_list`` column (after any columns kept from the
     input), one row group per block, written as parts and joined into one file by :meth:`commit`."""
 
     kind = "parquet"
+    part_suffix = ".parquet"
 
-    def __init__(self, path, dataset, partial, shape, dtype, chunk_rows, attrs, columns):
-        super().__init__(path, dataset or DEFAULT_COLUMN, partial, shape, dtype, chunk_rows, direct_io=False)
-        #: attributes recorded in the file's metadata at commit
-        self.attrs = dict(attrs)
-        #: the columns carried from the input, before the vectors
-        self.columns = columns
-        vectors = pa.field(self.dataset, pa.list_(_ARROW_FLOATS[self.dtype], self.shape[1]))
-        self.schema = pa.schema(list(columns) + [vectors])
-        self._unsynced: list = []
-
-    @property
-    def label(self) -> str:
-        return f"{self.path}:{self.dataset}"
-
-    @classmethod
-    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, columns=None, **_) -> "ParquetSink":
-        columns = columns if columns is not None else pa.schema([])
-        column = dataset or DEFAULT_COLUMN
-        if column in columns.names:
-            raise BadInputError(f"{path}: a kept column is named {column!r}, as the vector column is; name the "
-                                f"output's vector column (e.g. {path}:vectors)")
-        os.mkdir(partial)
-        record = {"shape": list(shape), "dtype": str(np.dtype(dtype)), "chunk_rows": int(chunk_rows),
-                  "column": column, "attrs": attrs, "columns": _encode_schema(columns)}
-        durable.write_file_atomic(os.path.join(partial, _SINK_FILE),
-                                  lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
-                                  "output description")
-        return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns)
-
-    @classmethod
-    def resume(cls, path, dataset, partial, **_) -> "ParquetSink":
-        with open(os.path.join(partial, _SINK_FILE)) as handle:
-            record = json.load(handle)
-        if dataset is not None and dataset != record["column"]:
-            raise ValueError("the partial output has another column")
-        for name in os.listdir(partial):  # parts a killed run was writing
-            if name.endswith(".tmp"):
-                os.remove(os.path.join(partial, name))
-        return cls(path, record["column"], partial, record["shape"], record["dtype"], record["chunk_rows"],
-                   record["attrs"], _decode_schema(record["columns"]))
-
-    def _write(self, start, block, columns=None):
-        if (columns is None) != (len(self.columns) == 0):
-            raise AssertionError("the columns to keep must come with every block")
-        block = np.ascontiguousarray(block, dtype=self.dtype)
-        vectors = pa.FixedSizeListArray.from_arrays(pa.array(block.reshape(-1)), self.shape[1])
-        arrays = [columns.column(name) for name in self.columns.names] if columns is not None else []
-        table = pa.Table.from_arrays(arrays + [vectors], schema=self.schema)
-        name = os.path.join(self.partial, _PART.format(start))
+    def _write_part(self, table, path):
         try:
-            pq.write_table(table, name + ".tmp", row_group_size=max(1, block.shape[0]), **WRITE_OPTIONS)
+            pq.write_table(table, path, row_group_size=max(1, table.num_rows), **WRITE_OPTIONS)
         except pa.ArrowException as exc:
             raise OSError(first_line(exc)) from exc
-        os.replace(name + ".tmp", name)
-        self._unsynced.append(name)
 
-    def _sync(self):
-        for name in self._unsynced:
-            with open(name, "rb") as handle:
-                os.fsync(handle.fileno())
-        if self._unsynced:
-            durable.fsync_dir(self.partial)
-        self._unsynced.clear()
+    def _read_part(self, path):
+        return pq.read_table(path)
 
-    def _parts(self) -> list:
-        """``(first row, path)`` of every part, in row order."""
-        parts = []
-        for name in os.listdir(self.partial):
-            if name.startswith("part-") and name.endswith(".parquet"):
-                parts.append((int(name[5:-8]), os.path.join(self.partial, name)))
-        return sorted(parts)
-
-    def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
-        """Join the parts into one file with the final attributes, under a temporary name; fsync it and
-        rename it into place (replacing an old output only if ``overwrite``)."""
-        final = os.path.abspath(self.path)
-        temp = durable.temp_path(final)
-        metadata = {ATTRS_KEY: json.dumps(dict(self.attrs, **(attrs or {}), complete=True, column=self.dataset),
-                                          sort_keys=True, default=str).encode()}
-        try:
-            if os.path.lexists(final) and not overwrite:
-                raise OutputExistsError(f"{self.path}: already exists (pass --overwrite to replace it)")
-            expected = 0
-            with pq.ParquetWriter(temp, self.schema.with_metadata(metadata), **WRITE_OPTIONS) as writer:
-                for start, part in self._parts():
-                    table = pq.read_table(part)
-                    if start != expected or not table.schema.equals(self.schema, check_metadata=False):
-                        raise StoreIOError(f"{self.path}: the partial output {self.partial} is damaged (part {part} "
-                                           f"starts at row {start}, expected {expected}); run again with --restart")
-                    writer.write_table(table, row_group_size=max(1, table.num_rows))
-                    expected += table.num_rows
-            if expected != self.shape[0]:
-                raise StoreIOError(f"{self.path}: the partial output {self.partial} holds {expected} of "
-                                   f"{self.shape[0]} rows; run again with --restart")
-            with open(temp, "rb") as handle:
-                os.fsync(handle.fileno())
-            if os.path.isdir(final) and not os.path.islink(final):
-                old = durable.temp_path(final, "old")
-                os.rename(final, old)
-                os.rename(temp, final)
-                remove(old)
-            else:
-                os.replace(temp, final)
-            durable.fsync_dir(os.path.dirname(final))
-            remove(self.partial)
-            remove(self.progress_path)
-        except (OSError, RuntimeError, pa.ArrowException) as exc:
-            remove(temp)
-            if isinstance(exc, StoreIOError):
-                raise
-            raise StoreIOError(f"{self.path}: cannot finish writing: {io_error(exc)}") from exc
-        except BaseException:
-            remove(temp)
-            raise
+    def _join(self, temp, schema, tables) -> None:
+        """Stream the parts into one file (a row group each) at ``temp`` and fsync it."""
+        with pq.ParquetWriter(temp, schema, **WRITE_OPTIONS) as writer:
+            for table in tables:
+                writer.write_table(table, row_group_size=max(1, table.num_rows))
+        with open(temp, "rb") as handle:
+            os.fsync(handle.fileno())
