@@ -24,7 +24,7 @@ from .errors import (
 )
 from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
 from .io import (
-    create_sink, fingerprint, open_source, output_chunk_rows, output_kind, read_attrs, refuse_input_overlap, resume_sink,
+    create_sink, fingerprint, open_source, output_kind, read_attrs, refuse_input_overlap, resume_sink, sink_chunk_rows,
     split_spec,
 )
 
@@ -51,10 +51,10 @@ def recorded_options(output_spec: str, skip_nonfinite: bool, fill_missing_chunks
 
 
 def output_is_current(output_spec: str, checksum: str, source_sha256: str, normalize: bool, dtype,
-                      options: dict | None = None) -> bool:
+                      options: dict | None = None, keep_columns=None) -> bool:
     """Whether ``output_spec`` is a complete output of the same model (checksum, hence parameters),
-    input rows (sampled fingerprint), normalisation, dtype and ``options`` (see :func:`recorded_options`):
-    then writing it again changes nothing."""
+    input rows (sampled fingerprint), normalisation, dtype, ``options`` (see :func:`recorded_options`)
+    and kept columns: then writing it again changes nothing."""
     if not os.path.exists(split_spec(output_spec)[0]):
         return False
     try:
@@ -66,13 +66,14 @@ def output_is_current(output_spec: str, checksum: str, source_sha256: str, norma
     return (attrs.get("complete") in (True, 1) and attrs.get("model_checksum") == checksum
             and attrs.get("source_sha256") == source_sha256 and bool(attrs.get("normalized")) == bool(normalize)
             and np.dtype(stored_dtype) == np.dtype(dtype)
-            and all(key in attrs and attrs[key] == value for key, value in (options or {}).items()))
+            and all(key in attrs and attrs[key] == value for key, value in (options or {}).items())
+            and list(attrs.get("kept_columns") or []) == list(keep_columns or []))
 
 
 def output_attrs(model: WhiteningModel, source, normalize: bool, source_sha256: str | None = None,
-                 checksum: str | None = None, options: dict | None = None) -> dict:
-    """The attributes recorded on an output array: where it came from, which transform made it and the
-    ``options`` it was written with."""
+                 checksum: str | None = None, options: dict | None = None, keep_columns=None) -> dict:
+    """The attributes recorded on an output array: where it came from, which transform made it, the
+    ``options`` it was written with and the input columns it carries."""
     attrs = {
         "streamwhiten_version": __version__, "source": source.label,
         "model_checksum": checksum or model_checksum(model),
@@ -82,7 +83,21 @@ def output_attrs(model: WhiteningModel, source, normalize: bool, source_sha256: 
     if source_sha256 is not None:
         attrs["source_sha256"] = source_sha256
     attrs.update(options or {})
+    if keep_columns:
+        attrs["kept_columns"] = list(keep_columns)
     return attrs
+
+
+def check_keep_columns(keep_columns) -> list:
+    """The names of ``keep_columns`` (a list, or one comma-separated string), each once."""
+    if keep_columns is None:
+        return []
+    names = keep_columns.split(",") if isinstance(keep_columns, str) else list(keep_columns)
+    names = [str(name).strip() for name in names if str(name).strip()]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise BadInputError(f"--keep-columns names {repeated[0]!r} twice")
+    return names
 
 
 def aligned_block_rows(block_rows: int | None, source, sink_chunk_rows: int) -> int:
@@ -165,8 +180,12 @@ def apply_model(
     threads: int | None = None,
     direct_io: bool = True,
     fill_missing_chunks: bool = False,
+    keep_columns=None,
 ) -> dict:
     """Write ``transform(rows)`` for every row of ``input_spec`` to ``output_spec``; returns a summary.
+
+    ``keep_columns`` (Parquet or Lance input and a Parquet output) names input columns copied into the
+    output row for row, beside the vectors (ids, say).
 
     Rows holding NaN or Inf stop the run with an error naming the row, unless ``skip_nonfinite``: then
     their output rows are NaN (row alignment with the input is kept) and they are counted. With
@@ -183,16 +202,18 @@ def apply_model(
     """
     began = time.perf_counter()
     threads = resolve_threads(threads, default=APPLY_DEFAULT_THREADS)
+    keep_columns = check_keep_columns(keep_columns)
     source = open_source(input_spec, dataset, min_rows=1, fill_missing_chunks=fill_missing_chunks)
     try:
         check_output(model, source, output_spec)
+        kept_schema = source.column_schema(keep_columns) if keep_columns else None
         out_path, _ = split_spec(output_spec)
         checksum = model_checksum(model)
         options = recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format)
         source_print = fingerprint(source)
         source_sha256 = source_print["sha256_sampled"]
         if os.path.lexists(out_path) and not overwrite:
-            if output_is_current(output_spec, checksum, source_sha256, normalize, dtype, options):
+            if output_is_current(output_spec, checksum, source_sha256, normalize, dtype, options, keep_columns):
                 raise NothingToDoError(f"nothing to do: {out_path} is up to date (written by this model, with the same "
                                        "settings, from the same input)")
             raise OutputExistsError(f"{out_path}: already exists (pass --overwrite to replace it)")
@@ -200,10 +221,11 @@ def apply_model(
         weights, shift = model.projection(work)
         if block_rows is not None and int(block_rows) < 1:
             raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
-        chunk_rows = output_chunk_rows(model.n_components, dtype, source.n_rows)
-        if block_rows:  # the user's block size wins: output chunks no larger, so blocks stay aligned (with
-            # the input's chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered
-            chunk_rows = min(chunk_rows, int(block_rows))
+        # The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
+        # chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
+        # output's row groups are the blocks.
+        chunk_rows = sink_chunk_rows(output_spec, model.n_components, dtype, source.n_rows, block_rows,
+                                     source.default_block_rows())
         rows_per_block = aligned_block_rows(block_rows, source, chunk_rows)
         # What must match for a partial output to be continued rather than started over.
         job = {
@@ -212,12 +234,14 @@ def apply_model(
             "block_rows": rows_per_block, "skip_nonfinite": bool(skip_nonfinite),
             "threads": threads,  # BLAS rounding can depend on its threads per call: a resume must match
         }
+        if keep_columns:
+            job["keep_columns"] = keep_columns
         sink, start, n_nonfinite = resume_sink(output_spec, job, direct_io) if resume else (None, 0, 0)
         resumed_at = start
         if sink is None:
-            attrs = output_attrs(model, source, normalize, source_sha256, checksum, options)
+            attrs = output_attrs(model, source, normalize, source_sha256, checksum, options, keep_columns)
             sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
-                               chunk_rows, direct_io)
+                               chunk_rows, direct_io, kept_schema)
         last_record = time.perf_counter()
         block_shape = (min(rows_per_block, source.n_rows), source.n_features)
         inputs = PerThread(block_shape, source.dtype)
@@ -227,18 +251,22 @@ def apply_model(
 
         def whiten(begin, end):  # in a worker thread: read into its buffer, centre there, project
             rows = source.read_into(begin, end, inputs.get())
+            kept = source.read_columns(begin, end, keep_columns) if keep_columns else None
             product = products.take()
             buffer = None if converted is None else converted.take()
             out, nonfinite = transform_block(rows, begin, weights, shift, normalize, sink.dtype, skip_nonfinite,
                                              source.label, overwrite_input=True, out=product,
                                              reread=lambda: source.read(begin, end), into=buffer)
             if buffer is None:
-                return begin, end, out, nonfinite, lambda: products.give_back(product)
+                return begin, end, out, nonfinite, kept, lambda: products.give_back(product)
             products.give_back(product)
-            return begin, end, out, nonfinite, lambda: converted.give_back(buffer)
+            return begin, end, out, nonfinite, kept, lambda: converted.give_back(buffer)
 
-        def write(begin, out, release):  # in the writer thread
-            sink.write(begin, out)
+        def write(begin, out, kept, release):  # in the writer thread
+            if kept is None:
+                sink.write(begin, out)
+            else:
+                sink.write(begin, out, kept)
             release()
 
         pending = deque()
@@ -253,10 +281,10 @@ def apply_model(
             writer = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-write")
             results = ordered_map(whiten, source.blocks(rows_per_block, start), workers, worker_blas_threads(workers))
             try:
-                for begin, end, out, nonfinite, release in results:  # written in row order by the writer thread
+                for begin, end, out, nonfinite, kept, release in results:  # written in row order by the writer
                     n_nonfinite += nonfinite
                     finish_writes(keep=1)  # the previous block may still be in writing while this one is queued
-                    pending.append(writer.submit(write, begin, out, release))
+                    pending.append(writer.submit(write, begin, out, kept, release))
                     stopping = should_stop is not None and should_stop() and end < source.n_rows
                     if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
                         finish_writes()

@@ -155,7 +155,8 @@ fill_missing_option = click.option(
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("-o", "--output", "model_path", default=None, help="Model file to write (.npz); default with --update: that model.")
-@click.option("--dataset", default=None, help="Dataset/array inside each input (else file.h5:/dataset).")
+@click.option("--dataset", default=None,
+              help="Dataset/array/column inside each input (else file.h5:/dataset, file.parquet:column).")
 @model_options
 @click.option("--precision", type=PRECISION, default="auto", show_default=True, help="Arithmetic of the scatter product.")
 @click.option("--chunk-rows", type=int, default=None, help="Rows per block read (default: whole store chunks, ~64 MiB).")
@@ -177,7 +178,8 @@ fill_missing_option = click.option(
 def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, precision, chunk_rows,
         skip_nonfinite, update, checkpoint, checkpoint_every, checkpoint_seconds, resume, restart, overwrite,
         fill_missing_chunks, engine, scheduler, workers, threads, quiet, as_json):
-    """Fit a whitening model on one or more stores (HDF5, Zarr, .npy; globs allowed) in one pass.
+    """Fit a whitening model on one or more stores (HDF5, Zarr, .npy, Parquet, Lance; globs and directories
+    of Parquet shards allowed) in one pass.
 
     Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
     """
@@ -246,7 +248,8 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @cli.command()
 @click.argument("model_path")
 @click.argument("input_spec")
-@click.option("-o", "--output", "output_spec", required=True, help="Output store: out.h5[:/dataset] or out.zarr[:/array].")
+@click.option("-o", "--output", "output_spec", required=True,
+              help="Output store: out.h5[:/dataset], out.zarr[:/array], out.parquet[:column] or out.lance[:column].")
 @click.option("--dataset", default=None, help="Dataset/array inside the input.")
 @model_options
 @click.option("--normalize", is_flag=True, help="Scale every output row to unit L2 norm.")
@@ -259,6 +262,9 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
               help="Make the rows written durable and record them for a resume every T seconds (0: every block).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output (one that is up to date is kept: exit 3).")
 @fill_missing_option
+@click.option("--keep-columns", default=None, metavar="NAMES",
+              help="Copy these comma-separated input columns (Parquet or Lance input) into the Parquet or Lance "
+                   "output, row for row beside the vectors, e.g. --keep-columns id,url.")
 @click.option("--direct-io/--no-direct-io", default=None,
               help="Serial engine: write whole output chunks around the page cache (O_DIRECT, where the file system "
                    "allows it; the default): no CPU spent copying, and the cached input is left alone. "
@@ -267,8 +273,8 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @common_quiet
 @common_json
 def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_components, variance, eps, normalize, dtype,
-          chunk_rows, zarr_format, skip_nonfinite, restart, checkpoint_seconds, overwrite, fill_missing_chunks, direct_io,
-          engine, scheduler, workers, threads, quiet, as_json):
+          chunk_rows, zarr_format, skip_nonfinite, restart, checkpoint_seconds, overwrite, fill_missing_chunks, keep_columns,
+          direct_io, engine, scheduler, workers, threads, quiet, as_json):
     """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store.
 
     An interrupted run leaves a hidden partial output that the same command resumes.
@@ -281,6 +287,8 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
     refuse_input_overlap({output_spec: "output"}, [input_spec, model_path])
     if engine == "dask" and direct_io is not None:
         raise BadInputError("--direct-io/--no-direct-io is for the serial engine (Dask workers write through zarr)")
+    if engine == "dask" and keep_columns:
+        raise BadInputError("--keep-columns is for the serial engine (the Dask engine writes Zarr)")
     model = load_model(model_path)
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params:
@@ -298,7 +306,8 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
             summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
                                   skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart,
                                   progress_seconds=checkpoint_seconds, threads=threads,
-                                  direct_io=direct_io is not False, fill_missing_chunks=fill_missing_chunks)
+                                  direct_io=direct_io is not False, fill_missing_chunks=fill_missing_chunks,
+                                  keep_columns=keep_columns)
     _emit(as_json, summary, [
         f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
         f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "
@@ -487,7 +496,8 @@ def _pair_options(required: bool, prefix: str = "pairs", scores: str = "scores",
 
     def decorate(func):
         for flag, name, text in reversed([
-            (f"--{prefix}-a", names[0], f"Vectors A of the {what} (file.h5:/dataset, dir.zarr, file.npy)."),
+            (f"--{prefix}-a", names[0], f"Vectors A of the {what} (file.h5:/dataset, dir.zarr, file.npy, "
+                                        "file.parquet:column, dir.lance:column)."),
             (f"--{prefix}-b", names[1], f"Vectors B of the {what}, row-aligned with A."),
             (f"--{scores}", names[2], f"Gold score of each of the {what} (a 1-D dataset or .npy)."),
         ]):

@@ -28,7 +28,7 @@ from .errors import (
 )
 from ._buffers import PerThread, as_array, kept_for_next_run
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
-from .io import Source, count_blocks, fingerprint, open_source
+from .io import Source, count_blocks, expand_specs, fingerprint, open_source
 
 #: ``progress(rows_done, rows_total)``, called after every block.
 ProgressCallback = Callable[[int, int], None]
@@ -123,12 +123,13 @@ def _as_list(specs) -> list:
 
 
 def open_sources(specs, dataset: str | None = None, fill_missing_chunks: bool = False) -> list[Source]:
-    """Open every spec and check they share one width.
+    """Open every spec (globs and directories of Parquet shards expanded into their files) and check
+    they share one width.
 
     A single source needs at least 2 rows; among several, an empty one (a shard not yet written, say) is
     allowed: it adds no rows, is recorded with its fingerprint, and an update reads it once it grows.
     """
-    specs = _as_list(specs)
+    specs = expand_specs(_as_list(specs))
     if not specs:
         raise BadInputError("no input given")
     min_rows = 2 if len(specs) == 1 else 0
@@ -251,6 +252,11 @@ def _check_prefix(source: Source, recorded: dict) -> None:
             "changed, not appended to (start over with a full fit)"
         )
     now = fingerprint(source, recorded["n_rows"])
+    if now.get("layout_sha256") != recorded.get("layout_sha256"):
+        raise BadInputError(
+            f"{source.label}: its first {recorded['n_rows']} rows are no longer stored as recorded "
+            f"({source.layout_change}); only appended rows can be added (start over with a full fit)"
+        )
     for key in ("n_features", "dtype", "sha256_sampled"):
         if now[key] != recorded[key]:
             raise BadInputError(

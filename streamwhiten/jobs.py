@@ -200,7 +200,7 @@ _KEYS = {
               "eps": (int, float), "precision": str, "chunk_rows": int, "skip_nonfinite": bool,
               "checkpoint_every": int, "checkpoint_seconds": (int, float), "threads": int},
     "apply": {"output": str, "normalize": bool, "dtype": str, "zarr_format": int, "chunk_rows": int,
-              "skip_nonfinite": bool, "threads": int, "direct_io": bool},
+              "skip_nonfinite": bool, "threads": int, "direct_io": bool, "keep_columns": (list, str)},
 }
 
 
@@ -392,7 +392,7 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
     A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead.
     Returns a summary with ``steps`` (what ran). Raises :class:`NothingToDoError` when nothing ran.
     """
-    from .apply import apply_model, output_is_current, recorded_options
+    from .apply import apply_model, check_keep_columns, output_is_current, recorded_options
     from .fit import remove_checkpoint
     from .model import check_params, load_model, model_checksum, save_model
     from .io import expand_specs, fingerprint, open_source, refuse_input_overlap, refuse_shared_outputs, split_spec
@@ -449,7 +449,7 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
         if spec.apply is not None:
             checksum = model_checksum(model)
             options = {key: spec.apply[key] for key in ("normalize", "dtype", "zarr_format", "skip_nonfinite", "threads",
-                                                        "direct_io") if key in spec.apply}
+                                                        "direct_io", "keep_columns") if key in spec.apply}
             if "chunk_rows" in spec.apply:
                 options["block_rows"] = spec.apply["chunk_rows"]
             for input_spec, output in outputs.items():
@@ -459,7 +459,8 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
                 recorded = recorded_options(output, options.get("skip_nonfinite", False), spec.fill_missing_chunks,
                                             options.get("zarr_format", 3))
                 if output_is_current(output, checksum, source_sha, options.get("normalize", False),
-                                     options.get("dtype", "float32"), recorded):
+                                     options.get("dtype", "float32"), recorded,
+                                     check_keep_columns(options.get("keep_columns"))):
                     log.info("job %s: %s is up to date", spec.name, output)
                     continue
                 os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)

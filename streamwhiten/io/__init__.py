@@ -2,8 +2,10 @@
 
 ``spec`` parses what the user names and decides which backend reads or writes it; ``base`` defines the
 interface every backend implements (a :class:`Source` of rows, a :class:`Sink` for outputs, the
-fingerprint); ``hdf5``, ``zarr`` and ``npy`` are the backends, each the only importer of its library,
-imported only when a store of its kind is opened; ``durable`` and ``direct`` make writes safe and fast.
+fingerprint); ``hdf5``, ``zarr``, ``npy``, ``parquet`` and ``lance`` are the backends, each the only
+importer of its library, imported only when a store of its kind is opened (pyarrow and pylance are
+optional extras; ``_arrow`` holds what the last two share); ``durable`` and ``direct`` make writes safe
+and fast.
 The functions here are what the rest of the package uses.
 """
 
@@ -26,13 +28,27 @@ from .spec import (
     refuse_shared_outputs, same_file, split_spec,
 )
 
-_SOURCES = {"hdf5": ("hdf5", "HDF5Source"), "zarr": ("zarr", "ZarrSource"), "npy": ("npy", "NpySource")}
-_SINKS = {"hdf5": ("hdf5", "HDF5Sink"), "zarr": ("zarr", "ZarrSink")}
+_SOURCES = {"hdf5": ("hdf5", "HDF5Source"), "zarr": ("zarr", "ZarrSource"), "npy": ("npy", "NpySource"),
+            "parquet": ("parquet", "ParquetSource"), "lance": ("lance", "LanceSource")}
+_SINKS = {"hdf5": ("hdf5", "HDF5Sink"), "zarr": ("zarr", "ZarrSink"), "parquet": ("parquet", "ParquetSink"),
+          "lance": ("lance", "LanceSink")}
+#: Backends that need an optional extra: (the library, what it is for, the extra that installs it).
+_EXTRAS = {"parquet": ("pyarrow", "Parquet", "parquet"), "lance": ("pylance", "Lance datasets", "lance")}
+#: Outputs whose blocks are written as row groups or fragments (any size), carrying other columns.
+_TABULAR = ("parquet", "lance")
 
 
 def backend(kind: str):
-    """The module of a backend, imported on first use (so ``import streamwhiten`` stays light)."""
-    return importlib.import_module(f"{__name__}.{kind}")
+    """The module of a backend, imported on first use (so ``import streamwhiten`` stays light); a missing
+    optional extra is one line saying which ``pip install`` brings it."""
+    try:
+        return importlib.import_module(f"{__name__}.{kind}")
+    except ImportError as exc:
+        if kind not in _EXTRAS or (exc.name or "").split(".")[0] not in ("pyarrow", "lance"):
+            raise
+        library, what, extra = _EXTRAS[kind]
+        raise BadInputError(f"reading or writing {what} needs {library}, which is not installed: "
+                            f"pip install 'streamwhiten[{extra}]'") from None
 
 
 def _backend_class(table: dict, kind: str):
@@ -105,15 +121,22 @@ def create_sink(
     zarr_format: int = 3,
     chunk_rows: int | None = None,
     direct_io: bool = True,
+    columns=None,
 ) -> Sink:
     """Start writing a new ``n_rows x n_features`` array at ``spec`` under a temporary name.
 
     With ``direct_io``, whole aligned chunks are written around the page cache (see ``direct``).
     Every attribute exists from the start (commit only changes values), so a resumed HDF5 output's
     metadata is laid out as an uninterrupted run's and the two files are byte for byte the same.
+    ``columns`` (a schema from :meth:`Source.column_schema`) are input columns a Parquet output carries
+    row for row beside the vectors.
     """
     path, dataset = split_spec(spec)
     kind = output_kind(path)
+    if kind not in _SINKS:
+        raise BadInputError(f"{path}: writing {kind} outputs is not supported; write .parquet, .zarr or .h5")
+    if columns is not None and len(columns) and kind not in _TABULAR:
+        raise BadInputError(f"{path}: --keep-columns needs a Parquet or Lance output (.parquet, .lance), not {kind}")
     if os.path.lexists(path) and not overwrite:
         raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
     parent = os.path.dirname(os.path.abspath(path)) or "."
@@ -137,13 +160,28 @@ def create_sink(
     attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
     sink_class = _backend_class(_SINKS, kind)
     try:
+        options = {"columns": columns} if kind in _TABULAR else {}
         return sink_class.create(path, dataset, partial, (n_rows, n_features), dtype, chunk_rows, attrs,
-                                 direct_io=direct_io, zarr_format=zarr_format)
+                                 direct_io=direct_io, zarr_format=zarr_format, **options)
     except Exception as exc:
         remove(partial)
-        if isinstance(exc, (OSError, RuntimeError)) or exc.__class__.__module__.startswith("zarr"):
+        if isinstance(exc, (OSError, RuntimeError)) or exc.__class__.__module__.startswith(("zarr", "pyarrow")):
             raise StoreIOError(f"{path}: cannot create output: {io_error(exc)}") from exc
         raise
+
+
+def sink_chunk_rows(spec: str, n_features: int, dtype, n_rows: int, block_rows: int | None,
+                    source_block_rows: int) -> int:
+    """Rows per output chunk for an output at ``spec`` whose input is read in blocks of ``block_rows``
+    (the user's) or else ``source_block_rows`` (the input's natural blocks).
+
+    HDF5 and Zarr chunks are about :data:`OUTPUT_CHUNK_BYTES` (whole 4 KiB blocks, to be written
+    directly), no larger than the user's block; a Parquet output's row groups are the blocks themselves.
+    """
+    if output_kind(split_spec(spec)[0]) in _TABULAR:
+        return int(block_rows or source_block_rows)
+    rows = output_chunk_rows(n_features, dtype, n_rows)
+    return min(rows, int(block_rows)) if block_rows else rows
 
 
 def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | None, int, int]:
@@ -182,5 +220,5 @@ __all__ = [
     "DEFAULT_BLOCK_BYTES", "FINGERPRINT_ROWS", "HDF5_SUFFIXES", "OUTPUT_CHUNK_BYTES", "ZARR_SUFFIX", "LazyRows",
     "Sink", "Source", "aligned_chunk_rows", "backend", "count_blocks", "create_sink", "expand_specs", "fingerprint",
     "open_source", "output_chunk_rows", "output_kind", "partial_path", "read_attrs", "read_vector",
-    "refuse_input_overlap", "refuse_shared_outputs", "resume_sink", "same_file", "split_spec",
+    "refuse_input_overlap", "refuse_shared_outputs", "resume_sink", "same_file", "sink_chunk_rows", "split_spec",
 ]

@@ -128,6 +128,37 @@ class Source:
         """The array's attributes (an output's record of the model that wrote it, for instance)."""
         return {}
 
+    # -- what a fingerprint records (see :func:`fingerprint`); backends refine these
+    #: why a source whose layout digest changed is refused, for the message
+    layout_change = "the store was rewritten"
+
+    def sample_ranges(self, n_rows: int) -> list:
+        """Row ranges of the first ``n_rows`` whose contents a fingerprint hashes: the first and last
+        :data:`FINGERPRINT_ROWS` rows and three ranges between (start, quartiles, end)."""
+        width = min(FINGERPRINT_ROWS, n_rows)
+        starts = sorted({0, n_rows // 4, n_rows // 2, (3 * n_rows) // 4, max(0, n_rows - width)})
+        return [(start, min(n_rows, start + width)) for start in starts]
+
+    def layout_digest(self, n_rows: int) -> str | None:
+        """A digest of how the first ``n_rows`` rows are stored (a Parquet footer, Lance fragments), for
+        stores whose structure says whether they changed; None where there is none (HDF5, Zarr, npy)."""
+        return None
+
+    def fingerprint_extra(self) -> dict:
+        """More fields a fingerprint records, not compared by an update (a Lance dataset's version)."""
+        return {}
+
+    # -- other columns of the same rows (tabular stores only)
+    def column_schema(self, names: list):
+        """The types of the columns ``names`` (to carry them into an output), checking they exist."""
+        raise BadInputError(f"{self.label}: --keep-columns needs a Parquet or Lance input (a table with other "
+                            f"columns); this is a {self.kind} store")
+
+    def read_columns(self, start: int, stop: int, names: list):
+        """Rows ``[start, stop)`` of the columns ``names``, as a table of the backend's library."""
+        self.column_schema(names)
+        raise NotImplementedError
+
     def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
         """Rows per block: a whole number of store chunks, about ``target_bytes`` in all."""
         row_bytes = max(1, self.n_features * self.dtype.itemsize)
@@ -205,18 +236,17 @@ class LazyRows:
 def fingerprint(source: Source, n_rows: int | None = None) -> dict:
     """Identity of the first ``n_rows`` rows of ``source`` (all by default), cheap to compute.
 
-    Hashes a few sampled row ranges (start, quartiles, end) rather than the whole store, so an
-    append-only store still matches the fingerprint of its earlier prefix.
+    Hashes a few sampled row ranges (:meth:`Source.sample_ranges`: start, quartiles, end) rather than the
+    whole store, so an append-only store still matches the fingerprint of its earlier prefix; where the
+    backend has one, adds a digest of how those rows are stored (``layout_sha256``), which an update
+    compares too.
     """
     n_rows = source.n_rows if n_rows is None else int(n_rows)
     digest = hashlib.sha256()
-    width = min(FINGERPRINT_ROWS, n_rows)
-    starts = sorted({0, n_rows // 4, n_rows // 2, (3 * n_rows) // 4, max(0, n_rows - width)})
-    for start in starts:
-        stop = min(n_rows, start + width)
+    for start, stop in source.sample_ranges(n_rows):
         digest.update(np.ascontiguousarray(source.read(start, stop)).tobytes())
     path, dataset = source.identity
-    return {
+    result = {
         "path": path,
         "dataset": dataset,
         "n_rows": n_rows,
@@ -225,6 +255,11 @@ def fingerprint(source: Source, n_rows: int | None = None) -> dict:
         "chunk_rows": source.chunk_rows or 0,
         "sha256_sampled": digest.hexdigest(),
     }
+    layout = source.layout_digest(n_rows)
+    if layout is not None:
+        result["layout_sha256"] = layout
+    result.update(source.fingerprint_extra())
+    return result
 
 
 # ----------------------------------------------------------------------------------------------- sinks
@@ -294,11 +329,15 @@ class Sink:
             a, b = max(lo, start), min(hi, stop)
             yield index, lo, hi, a, b, np.ascontiguousarray(block[a - start : b - start], dtype=self.dtype)
 
-    def write(self, start: int, block: np.ndarray) -> None:
+    def write(self, start: int, block: np.ndarray, columns=None) -> None:
         """Write ``block`` at row ``start``: every output chunk it covers whole as raw bytes (uncompressed,
-        so the stored chunk is exactly the rows), directly where aligned."""
+        so the stored chunk is exactly the rows), directly where aligned. ``columns`` (tabular sinks
+        only) are other columns of the same rows, carried from the input."""
         try:
-            self._write(start, block)
+            if columns is None:
+                self._write(start, block)
+            else:
+                self._write(start, block, columns)
         except OSError as exc:
             stop = start + block.shape[0]
             raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {io_error(exc)}") from exc

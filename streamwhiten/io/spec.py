@@ -1,9 +1,10 @@
 """Specs: the strings that name an array in a store, globs of them, and the paths outputs may take.
 
 A *spec* is ``file.h5:/group/dataset`` (or ``file.h5`` with a separate dataset name), ``dir.zarr``,
-``dir.zarr:/group/array`` or ``dir.zarr/group/array``, or ``file.npy``. Which backend reads a path is
-decided here from its name (and, for a file of unknown extension, its HDF5 signature), never by the
-backends themselves.
+``dir.zarr:/group/array`` or ``dir.zarr/group/array``, ``file.npy``, ``file.parquet:column`` (a directory
+of Parquet shards is expanded into its files, as a glob is) or ``dir.lance:column``. Which backend reads
+a path is decided here from its name and what a directory holds (and, for a file of unknown extension,
+its HDF5 signature), never by the backends themselves.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from ..errors import BadInputError
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 ZARR_SUFFIX = ".zarr"
 NPY_SUFFIX = ".npy"
+PARQUET_SUFFIX = ".parquet"
+LANCE_SUFFIX = ".lance"
+#: Files whose presence marks a directory as a Zarr store (v3, v2 array, v2 group).
+ZARR_MARKERS = ("zarr.json", ".zarray", ".zgroup")
 
 
 def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
@@ -27,7 +32,7 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
         # ``a:b`` names an array inside a store only when that is unambiguous: the inner part starts
         # with "/", or the head is an existing path or has a store suffix; otherwise ':' is part of a
         # file name (e.g. a timestamp).
-        suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX)
+        suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX)
         if head and (tail.startswith("/") or os.path.exists(head) or head.rstrip("/").lower().endswith(suffixes)):
             path, inner = head, tail
     if dataset is not None:
@@ -38,33 +43,88 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
 
 
 def expand_specs(specs) -> list[str]:
-    """Expand glob patterns (``'shards/day-*.h5:/emb'``) that name no file literally, sorted for a stable order."""
+    """Expand glob patterns (``'shards/day-*.h5:/emb'``) that name no file literally, and directories of
+    Parquet shards (the Hugging Face layout), into their files, sorted for a stable order."""
     expanded: list[str] = []
     for spec in specs:
+        if not isinstance(spec, (str, os.PathLike)):  # an open source, say: nothing to expand
+            expanded.append(spec)
+            continue
+        spec = os.fspath(spec)
         path, inner = split_spec(spec)
+        suffix = f":/{inner}" if inner else ""
         if any(ch in path for ch in "*?[") and not os.path.exists(path):
             matches = sorted(glob.glob(path))
             if not matches:
                 raise BadInputError(f"{path}: the pattern matches no file")
-            expanded.extend(match + (f":/{inner}" if inner else "") for match in matches)
         else:
-            expanded.append(spec)
+            matches = None
+        for match in matches if matches is not None else [path]:
+            if os.path.isdir(match) and input_kind(match) == "parquet":
+                files = parquet_files(match)
+                expanded.extend(name + suffix for name in files)
+            elif matches is not None:
+                expanded.append(match + suffix)
+            else:
+                expanded.append(spec)
     return expanded
 
 
+def parquet_files(directory: str) -> list[str]:
+    """The ``*.parquet`` files under ``directory`` (recursively, sorted by path), leaving out hidden and
+    ``_``-prefixed entries (``_SUCCESS``, ``_metadata``, partial outputs)."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        found.extend(os.path.join(root, name) for name in files
+                     if name.endswith(PARQUET_SUFFIX) and not name.startswith((".", "_")))
+    return sorted(found)
+
+
+def _is_lance(path: str) -> bool:
+    return path.rstrip("/").endswith(LANCE_SUFFIX) or os.path.isdir(os.path.join(path, "_versions"))
+
+
+def _is_zarr(path: str) -> bool:
+    if any(os.path.exists(os.path.join(path, marker)) for marker in ZARR_MARKERS):
+        return True
+    parts = os.path.abspath(path).split(os.sep)
+    return any(part.endswith(ZARR_SUFFIX) for part in parts)
+
+
 def input_kind(path: str) -> str:
-    """The backend that reads the existing ``path``: ``"hdf5"``, ``"zarr"`` or ``"npy"``."""
+    """The backend that reads the existing ``path``: ``"hdf5"``, ``"zarr"``, ``"npy"``, ``"parquet"``
+    (a file, or a directory of Parquet files) or ``"lance"``.
+
+    A directory is a Lance dataset (``.lance``, or a ``_versions`` folder), a Zarr store (its metadata
+    files, or ``.zarr`` in its path), a directory of Parquet shards, or else taken for Zarr (whose
+    reader then says what is missing).
+    """
     if os.path.isdir(path):
+        if _is_lance(path):
+            return "lance"
+        if _is_zarr(path):
+            return "zarr"
+        if parquet_files(path):
+            return "parquet"
         return "zarr"
     if path.endswith(NPY_SUFFIX):
         return "npy"
+    if path.lower().endswith(PARQUET_SUFFIX):
+        return "parquet"
     if path.lower().endswith(HDF5_SUFFIXES):
         return "hdf5"
     import h5py
 
     if h5py.is_hdf5(path):
         return "hdf5"
-    raise BadInputError(f"{path}: not an HDF5 file, a Zarr store or a .npy file")
+    try:
+        with open(path, "rb") as handle:
+            if handle.read(4) == b"PAR1":
+                return "parquet"
+    except OSError:
+        pass
+    raise BadInputError(f"{path}: not an HDF5, Parquet or .npy file, nor a Zarr store or Lance dataset")
 
 
 def output_kind(path: str) -> str:
@@ -73,7 +133,11 @@ def output_kind(path: str) -> str:
         return "zarr"
     if path.lower().endswith(HDF5_SUFFIXES):
         return "hdf5"
-    raise BadInputError(f"{path}: output must end in .zarr or one of {', '.join(HDF5_SUFFIXES)}")
+    if path.lower().endswith(PARQUET_SUFFIX):
+        return "parquet"
+    if path.rstrip("/").endswith(LANCE_SUFFIX):
+        return "lance"
+    raise BadInputError(f"{path}: output must end in .zarr, .parquet, .lance or one of {', '.join(HDF5_SUFFIXES)}")
 
 
 def partial_path(path: str) -> str:

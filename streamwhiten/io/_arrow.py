@@ -1,0 +1,280 @@
+"""Arrow helpers shared by the Parquet and Lance backends (both hand out Arrow arrays): which column
+holds the vectors, its element type and width, the checked copy of Arrow list arrays into a block, and
+:class:`TableSink`, the resumable writer of table outputs both build on.
+
+Imported only by ``parquet`` and ``lance``, after pyarrow is known to be installed.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+
+from ..errors import BadInputError, OutputExistsError, StoreIOError
+from . import durable
+from .base import Sink, io_error, remove
+
+#: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's
+#: attributes as JSON.
+ATTRS_KEY = b"streamwhiten"
+#: Column of an output when its spec names none.
+DEFAULT_COLUMN = "embedding"
+
+#: Arrow element types a vector column may hold, as numpy dtypes.
+FLOAT_TYPES = {pa.float16(): np.dtype(np.float16), pa.float32(): np.dtype(np.float32),
+               pa.float64(): np.dtype(np.float64)}
+#: The column types a vector column may have, for messages.
+VECTOR_TYPES = "list<float16|float32|float64>, large_list<...> or fixed_size_list<...>[d]"
+
+
+def storage_type(arrow_type):
+    """The storage type of an extension type (a fixed-shape tensor, say), else the type itself."""
+    return arrow_type.storage_type if isinstance(arrow_type, pa.ExtensionType) else arrow_type
+
+
+def is_list(arrow_type) -> bool:
+    arrow_type = storage_type(arrow_type)
+    return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type)
+
+
+def describe_columns(schema) -> str:
+    return ", ".join(f"{field.name} ({field.type})" for field in schema) or "none"
+
+
+def choose_column(label: str, schema, column: str | None, preferred: str | None = None, how: str = "") -> str:
+    """The vector column: ``column`` if given (it must exist), else ``preferred`` (the column a
+    streamwhiten output recorded), else the only list column of ``schema``."""
+    names = list(schema.names)
+    if column is not None:
+        if column not in names:
+            raise BadInputError(f"{label}: has no column {column!r}; its columns are {describe_columns(schema)}")
+        return column
+    if preferred is not None and preferred in names:
+        return preferred
+    lists = [field.name for field in schema if is_list(field.type)]
+    if len(lists) == 1:
+        return lists[0]
+    what = "list columns: " + ", ".join(lists) if lists else f"no list column among {describe_columns(schema)}"
+    raise BadInputError(f"{label}: name the column holding the vectors ({how} or --dataset COLUMN); {what}")
+
+
+def vector_type(label: str, field) -> tuple[np.dtype, int | None]:
+    """``(element dtype, width of a fixed_size_list or None)`` of a vector column, or a one-line refusal."""
+    arrow_type = storage_type(field.type)
+    if not is_list(arrow_type):
+        raise BadInputError(f"{label}: column {field.name!r} is {field.type}, not a vector column ({VECTOR_TYPES})")
+    element = arrow_type.value_type
+    if element not in FLOAT_TYPES:
+        raise BadInputError(f"{label}: column {field.name!r} holds {element} values, not float16, float32 or float64 "
+                            f"({field.type}; cast it to a float type first)")
+    width = arrow_type.list_size if pa.types.is_fixed_size_list(arrow_type) else None
+    return FLOAT_TYPES[element], width
+
+
+def _first(mask) -> int:
+    return int(np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False)))[0])
+
+
+def list_length(array, index: int = 0) -> int | None:
+    """Values in entry ``index`` of a list array (None where it is null)."""
+    array = array.storage if isinstance(array, pa.ExtensionArray) else array
+    if not array.is_valid().to_numpy(zero_copy_only=False)[index]:
+        return None
+    if pa.types.is_fixed_size_list(array.type):
+        return array.type.list_size
+    offsets = array.offsets
+    return int(offsets[index + 1].as_py() - offsets[index].as_py())
+
+
+def copy_vectors(array, target: np.ndarray, where) -> None:
+    """Copy the list array ``array`` (one vector per entry) into ``target`` (``len(array) x d``),
+    refusing null vectors, null values and rows of another length; ``where(i)`` names entry ``i`` for
+    the message (file, row group and row)."""
+    array = array.storage if isinstance(array, pa.ExtensionArray) else array
+    n, d = target.shape
+    if len(array) != n:
+        raise AssertionError(f"{len(array)} vectors for {n} rows")
+    if n == 0:
+        return
+    if array.null_count:
+        raise BadInputError(f"{where(_first(array.is_null()))}: null vector")
+    if pa.types.is_fixed_size_list(array.type):
+        if array.type.list_size != d:
+            raise BadInputError(f"{where(0)}: vectors of {array.type.list_size} values, not {d}")
+        values = array.flatten()
+    else:
+        offsets = array.offsets.to_numpy()
+        lengths = np.diff(offsets)
+        if lengths.min() != d or lengths.max() != d:
+            bad = int(np.flatnonzero(lengths != d)[0])
+            raise BadInputError(f"{where(bad)}: has {int(lengths[bad])} values, not {d} as the vectors before it "
+                                "(every vector must have the same length)")
+        values = array.values.slice(int(offsets[0]), n * d)
+    if values.null_count:
+        position = _first(values.is_null())
+        raise BadInputError(f"{where(position // d)}: value {position % d} of the vector is null")
+    flat = values.to_numpy(zero_copy_only=False)
+    np.copyto(target, flat.reshape(n, d), casting="no")
+
+
+def read_attrs(metadata) -> dict:
+    """The attributes a streamwhiten output recorded in ``metadata`` (a dict of bytes), else ``{}``."""
+    raw = (metadata or {}).get(ATTRS_KEY)
+    try:
+        attrs = json.loads(raw) if raw is not None else {}
+    except ValueError:
+        return {}
+    return attrs if isinstance(attrs, dict) else {}
+
+
+# ----------------------------------------------------------------------------------------------- sinks
+
+_SINK_FILE = "sink.json"
+_ARROW_FLOATS = {np.dtype(np.float16): pa.float16(), np.dtype(np.float32): pa.float32(),
+                 np.dtype(np.float64): pa.float64()}
+
+
+def _encode_schema(schema) -> str:
+    return base64.b64encode(schema.serialize().to_pybytes()).decode()
+
+
+def _decode_schema(text: str):
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+class TableSink(Sink):
+    """A table output: the vectors as a ``fixed_size_list<float>[k]`` column after any columns kept
+    from the input, written block by block as part files, joined into the final store at :meth:`commit`.
+
+    The partial output is a hidden directory holding ``sink.json`` (shape, dtype, column, attributes,
+    the kept columns' schema) and one part per block, each written under a temporary name and renamed;
+    parts are fsynced before a progress record claims them, so a resumed run keeps those and rewrites
+    the rest. Backends implement :meth:`_write_part`, :meth:`_read_part` and :meth:`_join` (write the
+    final store at a temporary path from the parts' tables, durably).
+    """
+
+    part_suffix = ".part"
+
+    def __init__(self, path, dataset, partial, shape, dtype, chunk_rows, attrs, columns):
+        super().__init__(path, dataset or DEFAULT_COLUMN, partial, shape, dtype, chunk_rows, direct_io=False)
+        #: attributes recorded in the output's metadata at commit
+        self.attrs = dict(attrs)
+        #: the columns carried from the input, before the vectors
+        self.columns = columns
+        vectors = pa.field(self.dataset, pa.list_(_ARROW_FLOATS[self.dtype], self.shape[1]))
+        self.schema = pa.schema(list(columns) + [vectors])
+        self._unsynced: list = []
+
+    @property
+    def label(self) -> str:
+        return f"{self.path}:{self.dataset}"
+
+    @classmethod
+    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, columns=None, **_):
+        columns = columns if columns is not None else pa.schema([])
+        column = dataset or DEFAULT_COLUMN
+        if column in columns.names:
+            raise BadInputError(f"{path}: a kept column is named {column!r}, as the vector column is; name the "
+                                f"output's vector column (e.g. {path}:vectors)")
+        os.mkdir(partial)
+        record = {"shape": list(shape), "dtype": str(np.dtype(dtype)), "chunk_rows": int(chunk_rows),
+                  "column": column, "attrs": attrs, "columns": _encode_schema(columns)}
+        durable.write_file_atomic(os.path.join(partial, _SINK_FILE),
+                                  lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
+                                  "output description")
+        return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns)
+
+    @classmethod
+    def resume(cls, path, dataset, partial, **_):
+        with open(os.path.join(partial, _SINK_FILE)) as handle:
+            record = json.load(handle)
+        if dataset is not None and dataset != record["column"]:
+            raise ValueError("the partial output has another column")
+        for name in os.listdir(partial):  # parts a killed run was writing
+            if name.endswith(".tmp"):
+                os.remove(os.path.join(partial, name))
+        return cls(path, record["column"], partial, record["shape"], record["dtype"], record["chunk_rows"],
+                   record["attrs"], _decode_schema(record["columns"]))
+
+    def _part_path(self, start: int) -> str:
+        return os.path.join(self.partial, f"part-{start:015d}{self.part_suffix}")
+
+    def _write(self, start, block, columns=None):
+        if (columns is None) != (len(self.columns) == 0):
+            raise AssertionError("the columns to keep must come with every block")
+        block = np.ascontiguousarray(block, dtype=self.dtype)
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(block.reshape(-1)), self.shape[1])
+        arrays = [columns.column(name) for name in self.columns.names] if columns is not None else []
+        table = pa.Table.from_arrays(arrays + [vectors], schema=self.schema)
+        name = self._part_path(start)
+        self._write_part(table, name + ".tmp")
+        os.replace(name + ".tmp", name)
+        self._unsynced.append(name)
+
+    def _sync(self):
+        for name in self._unsynced:
+            with open(name, "rb") as handle:
+                os.fsync(handle.fileno())
+        if self._unsynced:
+            durable.fsync_dir(self.partial)
+        self._unsynced.clear()
+
+    def _tables(self):
+        """The parts' tables in row order, checking that they cover every row exactly once."""
+        parts = sorted((int(name[5:20]), os.path.join(self.partial, name)) for name in os.listdir(self.partial)
+                       if name.startswith("part-") and name.endswith(self.part_suffix))
+        expected = 0
+        for start, part in parts:
+            table = self._read_part(part)
+            if start != expected or not table.schema.equals(self.schema, check_metadata=False):
+                raise StoreIOError(f"{self.path}: the partial output {self.partial} is damaged (part {part} starts at "
+                                   f"row {start}, expected {expected}); run again with --restart")
+            yield table
+            expected += table.num_rows
+        if expected != self.shape[0]:
+            raise StoreIOError(f"{self.path}: the partial output {self.partial} holds {expected} of {self.shape[0]} "
+                               "rows; run again with --restart")
+
+    def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
+        """Join the parts into the final store with the final attributes, under a temporary name, durably,
+        and rename it into place (replacing an old output only if ``overwrite``)."""
+        final = os.path.abspath(self.path.rstrip("/"))
+        temp = durable.temp_path(final)
+        record = dict(self.attrs, **(attrs or {}), complete=True, column=self.dataset)
+        schema = self.schema.with_metadata({ATTRS_KEY: json.dumps(record, sort_keys=True, default=str).encode()})
+        try:
+            if os.path.lexists(final) and not overwrite:
+                raise OutputExistsError(f"{self.path}: already exists (pass --overwrite to replace it)")
+            self._join(temp, schema, self._tables())
+            if os.path.isdir(final) and not os.path.islink(final):  # cannot be replaced atomically: move aside
+                old = durable.temp_path(final, "old")
+                os.rename(final, old)
+                os.rename(temp, final)
+                remove(old)
+            else:
+                os.replace(temp, final)
+            durable.fsync_dir(os.path.dirname(final))
+            remove(self.partial)
+            remove(self.progress_path)
+        except (OSError, RuntimeError, pa.ArrowException) as exc:
+            remove(temp)
+            if isinstance(exc, StoreIOError):
+                raise
+            raise StoreIOError(f"{self.path}: cannot finish writing: {io_error(exc)}") from exc
+        except BaseException:
+            remove(temp)
+            raise
+
+    # -- what each backend does
+    def _write_part(self, table, path: str) -> None:
+        raise NotImplementedError
+
+    def _read_part(self, path: str):
+        raise NotImplementedError
+
+    def _join(self, temp: str, schema, tables) -> None:
+        raise NotImplementedError

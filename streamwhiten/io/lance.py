@@ -1,0 +1,234 @@
+"""Lance datasets through pylance: a source of vectors held in a list column, other columns of the same
+rows, and 1-D columns. The only module that imports lance.
+
+A source reads one version of the dataset (the latest when it is opened), fragment by fragment in the
+dataset's order: a block's rows are read with ``LanceFragment.to_table(offset=..., limit=...)`` in the
+worker thread that asked for them, through a dataset handle of that thread's own. Every vector is
+checked as it is copied: a null vector or value, or a vector of another length, is refused naming the
+dataset, fragment and row.
+
+Appends add fragments after the old ones, so the rows an earlier fit read stay a prefix: a fingerprint
+holds a digest of the fragments that store that prefix (their ids, data files, row counts and deletion
+files) beside sampled rows, so an update reads only new fragments and refuses a dataset whose old
+fragments were changed (rows deleted, compacted, rewritten). The fingerprint also records the version.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import os
+import threading
+
+import numpy as np
+import pyarrow as pa
+
+import lance
+
+from ..errors import BadInputError, CorruptStoreError, StoreIOError
+from ._arrow import TableSink, choose_column, copy_vectors, describe_columns, list_length, read_attrs, vector_type
+from . import durable
+from .base import Source, first_line, io_error
+
+def _lance_error(label: str, what: str, exc: BaseException) -> Exception:
+    """A pylance failure as ours: a failed system call is an I/O error, anything else damaged data."""
+    if isinstance(exc, OSError) and getattr(exc, "errno", None):
+        return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
+    return CorruptStoreError(f"{label}: {what} cannot be read, the dataset is damaged or incomplete "
+                             f"({exc.__class__.__name__}: {first_line(exc)})")
+
+
+def _open(path: str, version=None):
+    try:
+        return lance.dataset(path, version=version)
+    except (OSError, ValueError, RuntimeError) as exc:
+        if isinstance(exc, OSError) and getattr(exc, "errno", None):
+            raise StoreIOError(f"{path}: cannot read: {io_error(exc)}") from exc
+        raise BadInputError(f"{path}: cannot open as a Lance dataset ({first_line(exc)})") from exc
+
+
+class LanceSource(Source):
+    """The vectors of a list column of one version of a Lance dataset."""
+
+    kind = "lance"
+    layout_change = "fragments holding them were changed: rows deleted or updated, or the dataset compacted"
+
+    def __init__(self, path, dataset):
+        handle = _open(path)
+        schema = handle.schema
+        self._attrs = read_attrs(schema.metadata)
+        column = choose_column(path, schema, dataset, self._attrs.get("column"), "dir.lance:column")
+        self._column_label = f"{path}:{column}"
+        dtype, width = vector_type(self._column_label, schema.field(column))
+        self._schema, self.version = schema, handle.version
+        try:
+            fragments = handle.get_fragments()
+            self._fragment_ids = [fragment.fragment_id for fragment in fragments]
+            self._fragment_meta = [fragment.metadata.to_json() for fragment in fragments]
+            counts = [fragment.count_rows() for fragment in fragments]
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise _lance_error(self._column_label, "the fragment list", exc) from exc
+        self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
+        self._local = threading.local()
+        self._local.handle = handle
+        if width is None:
+            width = self._first_width(column)
+        super().__init__(path, column, (self._starts[-1], width), dtype, None)
+
+    def _first_width(self, column) -> int:
+        for index, fragment_id in enumerate(self._fragment_ids):
+            if self._starts[index + 1] == self._starts[index]:
+                continue
+            table = self._fragment_table(index, [column], 0, 1)
+            length = list_length(table.column(0).combine_chunks())
+            where = f"{self._column_label}: fragment {fragment_id}, row {self._starts[index]:,}"
+            if length is None:
+                raise BadInputError(f"{where}: null vector")
+            if length == 0:
+                raise BadInputError(f"{where}: empty vector")
+            return length
+        raise BadInputError(f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
+                            "unknown")
+
+    @property
+    def label(self) -> str:
+        return self._column_label
+
+    def attrs(self) -> dict:
+        return dict(self._attrs)
+
+    # -- fingerprint
+    def layout_digest(self, n_rows: int) -> str:
+        count = bisect.bisect_left(self._starts, n_rows)  # fragments holding rows [0, n_rows)
+        described = [self._fragment_meta[i] for i in range(min(count, len(self._fragment_meta)))]
+        return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
+
+    def fingerprint_extra(self) -> dict:
+        return {"version": int(self.version)}
+
+    # -- reading
+    def _dataset(self):
+        """This thread's own handle on the version opened at the start."""
+        handle = getattr(self._local, "handle", None)
+        if handle is None:
+            handle = self._local.handle = _open(self.path, self.version)
+        return handle
+
+    def _fragment_table(self, index: int, columns: list, offset: int, limit: int):
+        fragment_id = self._fragment_ids[index]
+        try:
+            fragment = self._dataset().get_fragment(fragment_id)
+            if fragment is None:
+                raise CorruptStoreError(f"{self.path}: fragment {fragment_id} is missing from version {self.version}")
+            return fragment.to_table(columns=columns, offset=offset, limit=limit)
+        except (OSError, ValueError, RuntimeError) as exc:
+            if isinstance(exc, (BadInputError, StoreIOError)):
+                raise
+            raise _lance_error(self.label, f"fragment {fragment_id}", exc) from exc
+
+    def _fragments(self, start: int, stop: int):
+        """``(index, a, b)``: the rows ``[a, b)`` of the dataset in each fragment ``[start, stop)`` touches."""
+        index = bisect.bisect_right(self._starts, start) - 1
+        while start < stop:
+            while self._starts[index + 1] <= start:
+                index += 1
+            end = min(stop, self._starts[index + 1])
+            yield index, start, end
+            start, index = end, index + 1
+
+    def read_into(self, start, stop, out):
+        view = out[: stop - start]
+        if not 0 <= start <= stop <= self.n_rows:
+            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
+        for index, a, b in self._fragments(start, stop):
+            first = self._starts[index]
+            table = self._fragment_table(index, [self.dataset], a - first, b - a)
+            done = 0
+            fragment_id = self._fragment_ids[index]
+            for array in table.column(0).chunks:
+                n = len(array)
+                where = (lambda row: lambda i: f"{self.label}: fragment {fragment_id}, row {row + i:,}")(a + done)
+                copy_vectors(array, view[a - start + done : a - start + done + n], where)
+                done += n
+            if done != b - a:
+                raise CorruptStoreError(f"{self.label}: fragment {fragment_id} gave {done} of the {b - a} rows asked "
+                                        f"for from row {a:,}: the dataset is damaged")
+        return view
+
+    # -- other columns of the same rows
+    def column_schema(self, names):
+        missing = [name for name in names if name not in self._schema.names]
+        if missing:
+            raise BadInputError(f"{self.path}: has no column {missing[0]!r} to keep; its columns are "
+                                f"{describe_columns(self._schema)}")
+        return pa.schema([self._schema.field(name) for name in names])
+
+    def read_columns(self, start, stop, names):
+        schema = self.column_schema(names)
+        tables = [self._fragment_table(index, list(names), a - self._starts[index], b - a).cast(schema)
+                  for index, a, b in self._fragments(start, stop)]
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def close(self):
+        self._local = threading.local()
+
+
+def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+    """The numeric column ``inner`` (or the dataset's only numeric column), whole, and its label."""
+    handle = _open(path)
+    schema = handle.schema
+    numeric = [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+               or pa.types.is_boolean(f.type)]
+    if inner is None:
+        if len(numeric) != 1:
+            raise BadInputError(f"{path}: name a column (dir.lance:column); numeric columns: {', '.join(numeric) or 'none'}")
+        inner = numeric[0]
+    label = f"{path}:{inner}"
+    if inner not in schema.names:
+        raise BadInputError(f"{path}: has no column {inner!r}; its columns are {describe_columns(schema)}")
+    if inner not in numeric:
+        raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
+    try:
+        column = handle.to_table(columns=[inner]).column(0)
+    except (OSError, ValueError, RuntimeError) as exc:
+        raise _lance_error(label, "the column", exc) from exc
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise BadInputError(f"{label}: row {row:,} is null")
+    return column.to_numpy(), label
+
+
+# ----------------------------------------------------------------------------------------------- sink
+
+
+class LanceSink(TableSink):
+    """A Lance output: the vectors as a ``fixed_size_list`` column (after any columns kept from the
+    input). Blocks are written as Arrow IPC part files; :meth:`commit` writes them into a new dataset
+    in a temporary directory, fsyncs every file in it and renames it into place. The schema metadata
+    holds the model's attributes, as a Parquet output's key-value metadata does. A rerun writes the
+    same rows, not the same bytes (Lance names its data files at random)."""
+
+    kind = "lance"
+    part_suffix = ".arrow"
+
+    def _write_part(self, table, path):
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+
+    def _read_part(self, path):
+        with pa.memory_map(path) as source:
+            return pa.ipc.open_file(source).read_all()
+
+    def _join(self, temp, schema, tables) -> None:
+        batches = (batch for table in tables for batch in table.replace_schema_metadata(schema.metadata).to_batches())
+        reader = pa.RecordBatchReader.from_batches(schema, batches)
+        try:
+            lance.write_dataset(reader, temp, schema=schema, mode="create")
+        except (ValueError, RuntimeError) as exc:
+            raise OSError(first_line(exc)) from exc
+        for directory, _, files in os.walk(temp):
+            for name in files:
+                with open(os.path.join(directory, name), "rb") as handle:
+                    os.fsync(handle.fileno())
+            durable.fsync_dir(directory)

@@ -1,0 +1,461 @@
+"""Parquet through pyarrow: a source of vectors held in a list column, other columns of the same rows,
+1-D columns (gold scores), and a sink that writes a ``fixed_size_list`` column. The only module that
+imports ``pyarrow.parquet``.
+
+One file is one source (a directory or glob of shards is expanded into its files by ``spec``). Row
+groups are the natural blocks: a block covering whole row groups decodes each in the worker thread
+that asked for it (pyarrow decodes without holding the GIL), through a ``ParquetFile`` of that thread's
+own, in batches of a few MiB copied into the block as they come. A block covering part of a row group
+(row groups larger than a block, or of uneven sizes) reads it from a stream of such batches shared by
+the threads, so each row group is still decoded about once. Every vector is checked as it is copied: a null vector
+or value, or a vector of another length, is refused naming the file, row group and row. Page checksums (CRC-32),
+where the writer stored them, are verified: without them, finite garbage in an uncompressed page
+cannot be told from data.
+
+Parquet files are never appended to, so a file's fingerprint holds a digest of its footer (row counts,
+row groups, schema, column statistics): an update refuses a file that was rewritten.
+
+The sink (see ``_arrow.TableSink``) writes each block as a part file (one row group) in a hidden
+``.NAME.partial`` directory; committing streams the parts into one file under a temporary name, fsyncs
+and renames it into place. Its key-value metadata holds the model's attributes (``streamwhiten``,
+JSON), as the array attributes of an HDF5 or Zarr output do.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import BadInputError, CorruptStoreError, StoreIOError
+from ._arrow import TableSink, choose_column, read_attrs, copy_vectors, describe_columns, list_length, vector_type
+from .base import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, Source, first_line, io_error
+from .spec import parquet_files
+
+#: A row group up to this size is read whole as one block; larger ones are read in blocks of about
+#: ``DEFAULT_BLOCK_BYTES`` through a shared stream.
+MAX_GROUP_BLOCK_BYTES = 256 << 20
+#: Bytes per batch a row group is decoded in (measured fastest on the project's VM: 1 to 4 MiB were
+#: within noise; one allocation per row group of 192 MiB was 2x slower, most of it first touching it).
+BATCH_BYTES = 2 << 20
+#: Streams kept open per source (the least recently used is dropped beyond this).
+MAX_STREAMS = 8
+#: Bytes pyarrow reads at a time from a column chunk (not the whole chunk at once).
+STREAM_BUFFER_BYTES = 1 << 20
+
+
+def _arrow_error(label: str, what: str, exc: BaseException) -> Exception:
+    """A pyarrow failure as ours: a failed system call is an I/O error, anything else damaged data."""
+    if isinstance(exc, OSError) and getattr(exc, "errno", None):
+        return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
+    return CorruptStoreError(f"{label}: {what} cannot be decoded, the file is damaged or truncated "
+                             f"({exc.__class__.__name__}: {first_line(exc)})")
+
+
+def _single_file(path: str) -> str:
+    """``path`` itself, or the only Parquet file in the directory ``path``."""
+    if not os.path.isdir(path):
+        return path
+    files = parquet_files(path)
+    if len(files) == 1:
+        return files[0]
+    raise BadInputError(f"{path}: a directory of {len(files)} Parquet files; fit and run read each file as a source "
+                        f"(this command needs one, e.g. {files[0] if files else 'file.parquet'})")
+
+
+def _footer(path: str) -> tuple[bytes, os.stat_result]:
+    """The raw footer (thrift file metadata) of a Parquet file and the file's stat, checking its magic."""
+    with open(path, "rb") as handle:
+        stat = os.fstat(handle.fileno())
+        if stat.st_size < 12:
+            raise CorruptStoreError(f"{path}: not a Parquet file, or truncated ({stat.st_size} bytes)")
+        handle.seek(stat.st_size - 8)
+        tail = handle.read(8)
+        length = int.from_bytes(tail[:4], "little")
+        if tail[4:] != b"PAR1" or length + 12 > stat.st_size:
+            raise CorruptStoreError(f"{path}: not a Parquet file, or truncated (no valid footer at its end)")
+        handle.seek(stat.st_size - 8 - length)
+        return handle.read(length), stat
+
+
+class _Stream:
+    """Batches of one column of one row group, decoded in order; shared by the threads reading that
+    row group in parts (one at a time, under :attr:`lock`). It owns its file handle."""
+
+    def __init__(self, open_file, group: int, column: str, batch_rows: int):
+        self.lock = threading.Lock()
+        self._open_file, self.group, self.column, self.batch_rows = open_file, group, column, batch_rows
+        self._handle = self._batches = None
+        self.position = 0  # row (in the group) after the last batch taken
+        self.pending = None  # (first row in the group, array) of the batch being consumed
+
+    def restart(self) -> None:
+        self.close()
+        self._handle = self._open_file()
+        self._batches = self._handle.iter_batches(batch_size=self.batch_rows, row_groups=[self.group],
+                                                  columns=[self.column], use_threads=False)
+        self.position, self.pending = 0, None
+
+    def first_available(self) -> int:
+        """The first row (in the group) this stream can still give without starting over; -1 if none."""
+        if self._batches is None:
+            return -1
+        return self.pending[0] if self.pending is not None else self.position
+
+    def next_batch(self) -> None:
+        batch = next(self._batches)
+        self.pending = (self.position, batch.column(0))
+        self.position += batch.num_rows
+
+    def close(self) -> None:
+        handle, self._handle, self._batches, self.pending = self._handle, None, None, None
+        if handle is not None:
+            try:
+                handle.close()
+            except Exception:
+                pass
+
+
+class ParquetSource(Source):
+    """The vectors of a list column of one Parquet file."""
+
+    kind = "parquet"
+    layout_change = ("the Parquet file was rewritten (Parquet files are never appended to: put new rows in new "
+                     "files)")
+
+    def __init__(self, path, dataset):
+        path = _single_file(path)
+        try:
+            footer, stat = _footer(path)
+            handle = pq.ParquetFile(path, pre_buffer=False, buffer_size=STREAM_BUFFER_BYTES,
+                                    page_checksum_verification=True)
+        except (BadInputError, FileNotFoundError, PermissionError):
+            raise
+        except (OSError, pa.ArrowException, ValueError) as exc:
+            if isinstance(exc, OSError) and getattr(exc, "errno", None):
+                raise StoreIOError(f"{path}: cannot read: {io_error(exc)}") from exc
+            raise CorruptStoreError(f"{path}: not a readable Parquet file ({first_line(exc)})") from exc
+        try:
+            metadata = handle.metadata
+            self._attrs = read_attrs(metadata.metadata)
+            schema = handle.schema_arrow
+            column = choose_column(path, schema, dataset, self._attrs.get("column"), "file.parquet:column")
+            self._column_label = f"{path}:{column}"
+            dtype, width = vector_type(self._column_label, schema.field(column))
+            self._schema, self._metadata, self._footer_sha = schema, metadata, hashlib.sha256(footer).hexdigest()
+            self._stat = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            self._group_rows = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
+            self._starts = np.concatenate([[0], np.cumsum(self._group_rows, dtype=np.int64)]).tolist()
+            if width is None:
+                width = self._first_width(handle, column)
+            chunk_rows = self._group_rows[0] if self._group_rows and self._group_rows[0] > 0 else None
+        finally:
+            handle.close()
+        super().__init__(path, column, (self._starts[-1], width), dtype, chunk_rows)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._handles: list = []
+        self._streams: OrderedDict = OrderedDict()
+        self._closed = False
+
+    def _first_width(self, handle, column) -> int:
+        """The length of the first vector (of a list column, whose type does not say)."""
+        for group, rows in enumerate(self._group_rows):
+            if rows == 0:
+                continue
+            where = f"{self._column_label}: row group {group}, row {self._starts[group]:,}"
+            try:
+                batch = next(handle.iter_batches(batch_size=1, row_groups=[group], columns=[column], use_threads=False))
+            except (OSError, pa.ArrowException, StopIteration) as exc:
+                raise _arrow_error(self._column_label, f"row group {group}", exc) from exc
+            length = list_length(batch.column(0))
+            if length is None:
+                raise BadInputError(f"{where}: null vector")
+            if length == 0:
+                raise BadInputError(f"{where}: empty vector")
+            return length
+        raise BadInputError(f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
+                            "unknown (leave empty files out)")
+
+    @property
+    def label(self) -> str:
+        return self._column_label
+
+    def attrs(self) -> dict:
+        return dict(self._attrs)
+
+    def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
+        """Whole row groups (as many as make about ``target_bytes``) when a row group is at most
+        :data:`MAX_GROUP_BLOCK_BYTES`; else blocks of about ``target_bytes``, parts of a row group."""
+        row_bytes = max(1, self.n_features * self.dtype.itemsize)
+        if self.chunk_rows and self.chunk_rows * row_bytes <= MAX_GROUP_BLOCK_BYTES:
+            return super().default_block_rows(target_bytes)
+        return max(1, target_bytes // row_bytes)
+
+    # -- fingerprint: the footer says whether the file is the one recorded; rows are sampled at the start
+    # of row groups, where reading a few costs decoding only a few
+    def layout_digest(self, n_rows: int) -> str:
+        return self._footer_sha
+
+    def sample_ranges(self, n_rows: int) -> list:
+        groups = [g for g, rows in enumerate(self._group_rows) if rows and self._starts[g] < n_rows]
+        if not groups:
+            return []
+        count = len(groups)
+        picks = sorted({groups[0], groups[count // 4], groups[count // 2], groups[(3 * count) // 4], groups[-1]})
+        return [(self._starts[g], min(self._starts[g] + FINGERPRINT_ROWS, self._starts[g + 1], n_rows)) for g in picks]
+
+    # -- reading
+    def _check_unchanged(self) -> None:
+        try:
+            stat = os.stat(self.path)
+        except OSError as exc:
+            raise StoreIOError(f"{self.label}: cannot read: {io_error(exc)}") from exc
+        if (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns) != self._stat:
+            raise CorruptStoreError(f"{self.label}: the file changed while being read (it was replaced or rewritten)")
+
+    def _new_file(self, keep: bool = True):
+        """A new ``ParquetFile`` on the file opened at the start (closed with the source if ``keep``),
+        reading :data:`STREAM_BUFFER_BYTES` at a time."""
+        if self._closed:
+            raise StoreIOError(f"{self.label}: read after the source was closed")
+        self._check_unchanged()
+        try:
+            handle = pq.ParquetFile(self.path, metadata=self._metadata, page_checksum_verification=True,
+                                    pre_buffer=False, buffer_size=STREAM_BUFFER_BYTES)
+        except (OSError, pa.ArrowException) as exc:
+            raise _arrow_error(self.label, "the file", exc) from exc
+        if keep:
+            with self._lock:
+                self._handles.append(handle)
+        return handle
+
+    def _file(self):
+        """This thread's own ``ParquetFile`` (one object is not to be used by several threads at once)."""
+        handle = getattr(self._local, "handle", None)
+        if handle is None:
+            handle = self._local.handle = self._new_file()
+        return handle
+
+    def _where(self, group: int, first_row: int):
+        return lambda i: f"{self.label}: row group {group}, row {first_row + i:,}"
+
+    def _copy(self, arrays, group: int, first_row: int, target: np.ndarray) -> None:
+        """Check and copy the arrays (consecutive rows from ``first_row`` on) into ``target``."""
+        done = 0
+        for array in arrays:
+            n = min(len(array), target.shape[0] - done)
+            if n <= 0:
+                break
+            copy_vectors(array.slice(0, n) if n < len(array) else array, target[done : done + n],
+                         self._where(group, first_row + done))
+            done += n
+        if done != target.shape[0]:
+            raise CorruptStoreError(f"{self.label}: row group {group} holds fewer rows than its metadata says "
+                                    f"({done} of {target.shape[0]} read from row {first_row:,}): the file is damaged")
+
+    def _groups(self, start: int, stop: int):
+        """``(group, a, b)``: the rows ``[a, b)`` of the file in each row group that ``[start, stop)`` touches."""
+        group = bisect.bisect_right(self._starts, start) - 1
+        while start < stop:
+            while self._starts[group + 1] <= start:  # empty row groups
+                group += 1
+            end = min(stop, self._starts[group + 1])
+            yield group, start, end
+            start, group = end, group + 1
+
+    def read_into(self, start, stop, out):
+        view = out[: stop - start]
+        if not 0 <= start <= stop <= self.n_rows:
+            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
+        for group, a, b in self._groups(start, stop):
+            target = view[a - start : b - start]
+            g_lo, g_hi = self._starts[group], self._starts[group + 1]
+            if (a, b) == (g_lo, g_hi):
+                self._read_group(group, target)
+            elif a == g_lo and (b - a) * self.n_features * self.dtype.itemsize <= STREAM_BUFFER_BYTES:
+                self._read_head(group, b - a, target)  # a few rows at its start (a fingerprint's sample)
+            else:
+                self._read_part(group, a - g_lo, b - g_lo, target)
+        return view
+
+    def _batch_rows(self) -> int:
+        return max(1, BATCH_BYTES // (self.n_features * self.dtype.itemsize))
+
+    def _read_group(self, group: int, target: np.ndarray) -> None:
+        """A whole row group, decoded in batches of about :data:`BATCH_BYTES` each copied into place:
+        pyarrow's buffers stay small (reused, not first touched again for every row group) and hot in cache."""
+        first_row, done = self._starts[group], 0
+        try:
+            batches = self._file().iter_batches(batch_size=self._batch_rows(), row_groups=[group],
+                                                columns=[self.dataset], use_threads=False)
+            for batch in batches:
+                n = min(batch.num_rows, target.shape[0] - done)
+                self._copy([batch.column(0)], group, first_row + done, target[done : done + n])
+                done += n
+        except (OSError, pa.ArrowException) as exc:
+            raise _arrow_error(self.label, f"row group {group}", exc) from exc
+        if done != target.shape[0]:
+            raise CorruptStoreError(f"{self.label}: row group {group} holds fewer rows than its metadata says "
+                                    f"({done:,} of {target.shape[0]:,}): the file is damaged")
+
+    def _read_head(self, group: int, rows: int, target: np.ndarray) -> None:
+        try:
+            batches = self._file().iter_batches(batch_size=rows, row_groups=[group], columns=[self.dataset],
+                                                use_threads=False)
+            array = next(batches).column(0)
+        except (OSError, pa.ArrowException, StopIteration) as exc:
+            raise _arrow_error(self.label, f"row group {group}", exc) from exc
+        self._copy([array], group, self._starts[group], target)
+
+    def _stream(self, group: int) -> _Stream:
+        with self._lock:
+            stream = self._streams.get(group)
+            if stream is None:
+                stream = _Stream(lambda: self._new_file(False), group, self.dataset, self._batch_rows())
+                self._streams[group] = stream
+                while len(self._streams) > MAX_STREAMS:
+                    _, evicted = self._streams.popitem(last=False)
+                    if evicted.lock.acquire(blocking=False):  # else a thread still reads it; it goes with it
+                        try:
+                            evicted.close()
+                        finally:
+                            evicted.lock.release()
+            self._streams.move_to_end(group)
+            return stream
+
+    def _read_part(self, group: int, lo: int, hi: int, target: np.ndarray) -> None:
+        """Rows ``[lo, hi)`` of row group ``group`` (counted in the group) from its shared stream."""
+        stream = self._stream(group)
+        first_row = self._starts[group]
+        with stream.lock:
+            try:
+                if not 0 <= stream.first_available() <= lo:
+                    stream.restart()
+                filled = lo
+                while filled < hi:
+                    if stream.pending is None:
+                        stream.next_batch()
+                    p0, array = stream.pending
+                    p1 = p0 + len(array)
+                    if p1 <= filled:
+                        stream.pending = None
+                        continue
+                    b = min(hi, p1)
+                    self._copy([array.slice(filled - p0, b - filled)], group, first_row + filled,
+                               target[filled - lo : b - lo])
+                    filled = b
+                    if b == p1:
+                        stream.pending = None
+            except StopIteration:
+                raise CorruptStoreError(f"{self.label}: row group {group} holds fewer rows than its metadata says "
+                                        f"({stream.position:,} of {self._group_rows[group]:,}): the file is damaged") from None
+            except (OSError, pa.ArrowException) as exc:
+                raise _arrow_error(self.label, f"row group {group}", exc) from exc
+            if stream.pending is None and stream.position >= self._group_rows[group]:
+                stream.close()  # read to its end: nothing more to share
+                with self._lock:
+                    if self._streams.get(group) is stream:
+                        del self._streams[group]
+
+    # -- other columns of the same rows
+    def column_schema(self, names):
+        missing = [name for name in names if name not in self._schema.names]
+        if missing:
+            raise BadInputError(f"{self.path}: has no column {missing[0]!r} to keep; its columns are "
+                                f"{describe_columns(self._schema)}")
+        return pa.schema([self._schema.field(name) for name in names])
+
+    def read_columns(self, start, stop, names):
+        schema = self.column_schema(names)
+        tables = []
+        for group, a, b in self._groups(start, stop):
+            try:
+                table = self._file().read_row_group(group, columns=list(names), use_threads=False)
+            except (OSError, pa.ArrowException) as exc:
+                raise _arrow_error(self.path, f"row group {group}", exc) from exc
+            g_lo = self._starts[group]
+            tables.append(table.slice(a - g_lo, b - a))
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+    def close(self):
+        self._closed = True
+        with self._lock:
+            handles, self._handles = self._handles, []
+            streams, self._streams = list(self._streams.values()), OrderedDict()
+        for stream in streams:
+            with stream.lock:
+                stream.close()
+        for handle in handles:
+            try:
+                handle.close()
+            except Exception:
+                pass
+
+
+def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+    """The numeric column ``inner`` (or the file's only numeric column), whole, and its label."""
+    path = _single_file(path)
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise _arrow_error(path, "the file", exc) from exc
+    numeric = [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
+               or pa.types.is_boolean(f.type)]
+    if inner is None:
+        if len(numeric) != 1:
+            listing = ", ".join(numeric) or "none"
+            raise BadInputError(f"{path}: name a column (file.parquet:column); numeric columns: {listing}")
+        inner = numeric[0]
+    label = f"{path}:{inner}"
+    if inner not in schema.names:
+        raise BadInputError(f"{path}: has no column {inner!r}; its columns are {describe_columns(schema)}")
+    if inner not in numeric:
+        raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
+    try:
+        column = pq.read_table(path, columns=[inner]).column(0)
+    except (OSError, pa.ArrowException) as exc:
+        raise _arrow_error(label, "the column", exc) from exc
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise BadInputError(f"{label}: row {row:,} is null")
+    return column.to_numpy(), label
+
+
+# ----------------------------------------------------------------------------------------------- sink
+
+#: How parts and the final file are written: floats do not compress or repeat, and the settings are
+#: fixed so that a rerun writes the same bytes.
+WRITE_OPTIONS = dict(compression="none", use_dictionary=False, write_statistics=True, version="2.6",
+                     write_page_checksum=True)
+
+
+class ParquetSink(TableSink):
+    """A Parquet output: the vectors as a ``fixed_size_list`` column (after any columns kept from the
+    input), one row group per block, written as parts and joined into one file by :meth:`commit`."""
+
+    kind = "parquet"
+    part_suffix = ".parquet"
+
+    def _write_part(self, table, path):
+        try:
+            pq.write_table(table, path, row_group_size=max(1, table.num_rows), **WRITE_OPTIONS)
+        except pa.ArrowException as exc:
+            raise OSError(first_line(exc)) from exc
+
+    def _read_part(self, path):
+        return pq.read_table(path)
+
+    def _join(self, temp, schema, tables) -> None:
+        """Stream the parts into one file (a row group each) at ``temp`` and fsync it."""
+        with pq.ParquetWriter(temp, schema, **WRITE_OPTIONS) as writer:
+            for table in tables:
+                writer.write_table(table, row_group_size=max(1, table.num_rows))
+        with open(temp, "rb") as handle:
+            os.fsync(handle.fileno())
