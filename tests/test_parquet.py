@@ -110,6 +110,18 @@ def test_reads_every_list_type_and_float_width(tmp_path, rows, kind, dtype):
         np.testing.assert_array_equal(source.read(250, 651), data[250:651])  # parts of three row groups
 
 
+def test_one_dimensional_fixed_shape_tensors_are_vectors(tmp_path, rows):
+    data = rows[:500]
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"t": pa.FixedShapeTensorArray.from_numpy_ndarray(data)}), path, row_group_size=200)
+    with open_source(str(path)) as source:
+        assert source.shape == (500, 24)
+        np.testing.assert_array_equal(source.read(150, 450), data[150:450])
+    pq.write_table(pa.table({"t": pa.FixedShapeTensorArray.from_numpy_ndarray(data.reshape(500, 4, 6))}), path)
+    with pytest.raises(BadInputError, match="not a vector column"):
+        open_source(f"{path}:t")
+
+
 @pytest.mark.parametrize("layout", ["uniform", "uneven", "streamed"])
 def test_concurrent_reads_of_one_source_from_many_threads(tmp_path, rows, layout, monkeypatch):
     """fit reads one Source from several threads at once; any block layout against any row groups."""

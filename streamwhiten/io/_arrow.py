@@ -32,8 +32,12 @@ VECTOR_TYPES = "list<float16|float32|float64>, large_list<...> or fixed_size_lis
 
 
 def storage_type(arrow_type):
-    """The storage type of an extension type (a fixed-shape tensor, say), else the type itself."""
-    return arrow_type.storage_type if isinstance(arrow_type, pa.ExtensionType) else arrow_type
+    """The storage type of an extension type (a 1-D fixed-shape tensor, say), else the type itself."""
+    if isinstance(arrow_type, pa.BaseExtensionType):
+        if len(getattr(arrow_type, "shape", None) or [0]) != 1:
+            return arrow_type  # a tensor of several dimensions per row is not a vector
+        return arrow_type.storage_type
+    return arrow_type
 
 
 def is_list(arrow_type) -> bool:

@@ -42,7 +42,8 @@ from .spec import parquet_files
 #: ``DEFAULT_BLOCK_BYTES`` through a shared stream.
 MAX_GROUP_BLOCK_BYTES = 256 << 20
 #: Bytes per batch a row group is decoded in (measured fastest on the project's VM: 1 to 4 MiB were
-#: within noise; one allocation per row group of 192 MiB was 2x slower, most of it first touching it).
+#: within noise; one read_row_group call per 192 MiB row group was about 2x slower, most of it first
+#: touching the memory it allocates).
 BATCH_BYTES = 2 << 20
 #: Streams kept open per source (the least recently used is dropped beyond this).
 MAX_STREAMS = 8
