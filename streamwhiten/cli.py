@@ -183,9 +183,9 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 
     Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
     """
-    from .jobs import default_checkpoint, fit_job, model_is_current, save_fitted
+    from .jobs import check_fit_paths, fit_job, model_is_current, save_fitted
     from .model import check_params, save_model
-    from .io import expand_specs, refuse_input_overlap, refuse_shared_outputs, same_file
+    from .io import expand_specs, same_file
 
     _check_engine(engine, scheduler, workers, threads)
     if engine == "dask" and (update or resume):
@@ -197,9 +197,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
             raise BadInputError("give the model file to write with -o/--output")
         model_path = update
     specs = expand_specs(inputs)
-    refuse_input_overlap({model_path: "model file", checkpoint or default_checkpoint(model_path): "checkpoint"}, specs)
-    refuse_shared_outputs((model_path, "model file"), (checkpoint or default_checkpoint(model_path), "checkpoint"))
-    refuse_input_overlap({checkpoint or default_checkpoint(model_path): "checkpoint"}, [update])
+    check_fit_paths(specs, model_path, checkpoint, update)  # the Dask engine does not go through fit_job
     if os.path.exists(model_path) and not overwrite and not (update and same_file(update, model_path)):
         if update is None and model_is_current(model_path, specs, dataset, params, precision, skip_nonfinite,
                                                fill_missing_chunks):

@@ -46,6 +46,18 @@ def _check_checkpoint_options(checkpoint_every, checkpoint_seconds) -> None:
         raise BadInputError(f"checkpoint_seconds must be a number of seconds above 0, got {seconds!r}")
 
 
+def check_fit_paths(inputs, model_path: str, checkpoint: str | None = None, update: str | None = None) -> str:
+    """Refuse a model file or checkpoint over an input, over each other, or a checkpoint over the model
+    being updated, before anything is written; returns the checkpoint path (the default one if none)."""
+    from .io import refuse_input_overlap, refuse_shared_outputs
+
+    checkpoint = checkpoint or default_checkpoint(model_path)
+    refuse_input_overlap({model_path: "model file", checkpoint: "checkpoint"}, inputs)
+    refuse_shared_outputs((model_path, "model file"), (checkpoint, "checkpoint"))
+    refuse_input_overlap({checkpoint: "checkpoint"}, [update])
+    return checkpoint
+
+
 def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chunk_rows=None, skip_nonfinite=False,
             update=None, checkpoint=None, checkpoint_every=20, checkpoint_seconds=60.0, restart=False,
             resume=False, progress=None, should_stop=None, threads=None, fill_missing_chunks=False):
@@ -57,14 +69,11 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     from .fit import check_resumable, load_checkpoint, plan_fit, plan_update, run_job
     from .model import check_params, finalize, load_model
     from .io.durable import remove_stale_temps
-    from .io import refuse_input_overlap, refuse_shared_outputs
 
     _check_checkpoint_options(checkpoint_every, checkpoint_seconds)
     check_writable_dir(model_path, "model file")
-    refuse_input_overlap({model_path: "model file", checkpoint or default_checkpoint(model_path): "checkpoint"}, inputs)
-    refuse_shared_outputs((model_path, "model file"), (checkpoint or default_checkpoint(model_path), "checkpoint"))
-    refuse_input_overlap({checkpoint or default_checkpoint(model_path): "checkpoint"}, [update])
-    for path in (model_path, checkpoint or default_checkpoint(model_path)):
+    checkpoint = check_fit_paths(inputs, model_path, checkpoint, update)
+    for path in (model_path, checkpoint):
         remove_stale_temps(path)  # what killed runs of this fit left behind
 
     params = dict(params or {})

@@ -83,15 +83,19 @@ def _first(mask) -> int:
     return int(np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False)))[0])
 
 
-def list_length(array, index: int = 0) -> int | None:
-    """Values in entry ``index`` of a list array (None where it is null)."""
+def vector_length(array, where: str) -> int:
+    """Values in the first entry of a list array: the width of the vectors; a null or empty first
+    vector is refused, with ``where`` (file, row group or fragment, row) naming it."""
     array = array.storage if isinstance(array, pa.ExtensionArray) else array
-    if not array.is_valid().to_numpy(zero_copy_only=False)[index]:
-        return None
+    if not array.is_valid().to_numpy(zero_copy_only=False)[0]:
+        raise BadInputError(f"{where}: null vector")
     if pa.types.is_fixed_size_list(array.type):
-        return array.type.list_size
-    offsets = array.offsets
-    return int(offsets[index + 1].as_py() - offsets[index].as_py())
+        length = array.type.list_size
+    else:
+        length = int(array.offsets[1].as_py() - array.offsets[0].as_py())
+    if length == 0:
+        raise BadInputError(f"{where}: empty vector")
+    return length
 
 
 def copy_vectors(array, target: np.ndarray, where) -> None:

@@ -27,7 +27,7 @@ import pyarrow as pa
 import lance
 
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
-from ._arrow import TableSink, choose_column, copy_vectors, describe_columns, list_length, read_attrs, vector_type
+from ._arrow import TableSink, choose_column, copy_vectors, describe_columns, read_attrs, vector_length, vector_type
 from . import durable
 from .base import Source, first_line, io_error
 
@@ -81,13 +81,8 @@ class LanceSource(Source):
             if self._starts[index + 1] == self._starts[index]:
                 continue
             table = self._fragment_table(index, [column], 0, 1)
-            length = list_length(table.column(0).combine_chunks())
             where = f"{self._column_label}: fragment {fragment_id}, row {self._starts[index]:,}"
-            if length is None:
-                raise BadInputError(f"{where}: null vector")
-            if length == 0:
-                raise BadInputError(f"{where}: empty vector")
-            return length
+            return vector_length(table.column(0).combine_chunks(), where)
         raise BadInputError(f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
                             "unknown")
 

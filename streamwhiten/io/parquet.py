@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
-from ._arrow import TableSink, choose_column, read_attrs, copy_vectors, describe_columns, list_length, vector_type
+from ._arrow import TableSink, choose_column, read_attrs, copy_vectors, describe_columns, vector_length, vector_type
 from .base import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, Source, first_line, io_error
 from .spec import parquet_files
 
@@ -175,12 +175,7 @@ class ParquetSource(Source):
                 batch = next(handle.iter_batches(batch_size=1, row_groups=[group], columns=[column], use_threads=False))
             except (OSError, pa.ArrowException, StopIteration) as exc:
                 raise _arrow_error(self._column_label, f"row group {group}", exc) from exc
-            length = list_length(batch.column(0))
-            if length is None:
-                raise BadInputError(f"{where}: null vector")
-            if length == 0:
-                raise BadInputError(f"{where}: empty vector")
-            return length
+            return vector_length(batch.column(0), where)
         raise BadInputError(f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
                             "unknown (leave empty files out)")
 
