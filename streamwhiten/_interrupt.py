@@ -9,6 +9,11 @@ files behind. Then, per phase:
   progress and stops. A second signal raises ``KeyboardInterrupt`` at once.
 - otherwise: ``KeyboardInterrupt`` at once (a report, an evaluation: nothing to save).
 
+Never inside an import: an exception raised while a module (a C extension above all) is being
+initialised is turned by some libraries into an ``ImportError`` with a traceback, or leaves the
+interpreter to die by SIGINT on exit. A signal that lands in an import is raised as soon as the
+import is over (polled with a short SIGALRM timer where the platform has one).
+
 Only this module and ``cli`` touch signal handlers; the library sees a ``should_stop()`` callable.
 """
 
@@ -25,8 +30,12 @@ requested = threading.Event()
 received: list = []
 
 _STARTUP, _DEFERRED, _IMMEDIATE = "startup", "deferred", "immediate"
-_state = {"mode": _STARTUP, "previous": None}
+_state = {"mode": _STARTUP, "previous": None, "pending": None}
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+#: How often a signal that landed in an import looks again whether the import is over (seconds).
+_RETRY_S = 0.02
 
 
 def _handler(signum, frame):
@@ -36,7 +45,32 @@ def _handler(signum, frame):
         requested.set()
     mode = _state["mode"]
     if mode == _IMMEDIATE or (mode == _DEFERRED and not first):
-        raise KeyboardInterrupt
+        _raise_outside_import(frame)
+
+
+def _raise_outside_import(frame):
+    if _in_import(frame) and hasattr(signal, "setitimer"):
+        _state["pending"] = _state["mode"]
+        signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
+        return
+    _state["pending"] = None
+    raise KeyboardInterrupt
+
+
+def _retry(signum, frame):
+    """SIGALRM: raise the signal that landed in an import once the import is over, if the program is
+    still where it would have raised (a deferred block entered since then stops at its next safe point)."""
+    pending, _state["pending"] = _state["pending"], None
+    if pending is not None and pending == _state["mode"]:
+        _raise_outside_import(frame)
+
+
+def _in_import(frame) -> bool:
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def install() -> bool:
@@ -46,7 +80,10 @@ def install() -> bool:
     requested.clear()
     received.clear()
     _state["mode"] = _STARTUP
+    _state["pending"] = None
     _state["previous"] = {sig: signal.signal(sig, _handler) for sig in _SIGNALS}
+    if hasattr(signal, "SIGALRM"):
+        _state["previous"][signal.SIGALRM] = signal.signal(signal.SIGALRM, _retry)
     if not getattr(sys.unraisablehook, "_streamwhiten", False):
         sys.unraisablehook = _quiet_unraisable(sys.unraisablehook)
     return True
@@ -67,7 +104,10 @@ def _quiet_unraisable(previous):
 def uninstall() -> None:
     """Put back the handlers that were there before :func:`install`."""
     previous = _state["previous"]
+    _state["pending"] = None
     if previous is not None and threading.current_thread() is threading.main_thread():
+        if hasattr(signal, "setitimer"):
+            signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, old in previous.items():
             signal.signal(sig, old)
     _state["previous"] = None

@@ -5,7 +5,10 @@ Fault injection (strace) lives in test_faults.py, damaged stores in test_corrupt
 
 import os
 import shutil
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -347,3 +350,33 @@ def test_a_sink_whose_partial_output_was_replaced_by_another_run_does_not_commit
     second.write(50, np.ones((50, 4), np.float32))
     second.commit()
     assert os.path.exists(target)
+
+
+def test_a_signal_during_an_import_is_raised_after_the_import(tmp_path):
+    """A KeyboardInterrupt raised inside an import breaks the module being imported (numba turned it
+    into an ImportError with a traceback; at other moments the process died by SIGINT, exit -2)."""
+    (tmp_path / "slow_module.py").write_text(textwrap.dedent("""
+        import os, signal, time
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:  # Python code runs, so a handler would run here
+            pass
+        COMPLETE = True
+    """))
+    script = textwrap.dedent("""
+        import sys
+        from streamwhiten import _interrupt
+        _interrupt.install()
+        _interrupt.start_immediate()
+        try:
+            import slow_module
+            import time
+            time.sleep(5)
+            print("not interrupted")
+        except KeyboardInterrupt:
+            print("interrupted after the import:", getattr(sys.modules.get("slow_module"), "COMPLETE", False))
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])]))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "interrupted after the import: True", (done.stdout, done.stderr)
