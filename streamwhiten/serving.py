@@ -211,9 +211,9 @@ def _raise_nonfinite(finite_in, finite_out, dtype) -> None:
         row = int(np.argmax(bad_in))
         raise NonFiniteError(f"row {row} holds NaN or Inf", row=row)
     bad_out = ~np.asarray(finite_out, dtype=bool)
-    row = int(np.argmax(bad_out)) if bad_out.any() else None
     name = getattr(dtype, "name", None) or str(dtype)
-    raise ValuesTooLargeError(f"values too large for {name} (they overflow when whitened)", row=row)
+    raise ValuesTooLargeError(f"values too large for {name} (they overflow when whitened)",
+                              row=int(np.argmax(bad_out)) if bad_out.any() else None)
 
 
 def _is_torch_tensor(x) -> bool:

@@ -48,7 +48,7 @@ class Moments:
             and np.array_equal(self.scatter, other.scatter)
         )
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # mutable arrays inside: unhashable, like ndarray
 
 
 def working_dtype(input_dtype, precision: str = "auto") -> np.dtype:
