@@ -3,8 +3,7 @@
 Every fit and apply works in a few buffers the size of a block (one per worker thread, plus apply's
 outputs in flight). Allocated afresh for each run, they come back as pages the kernel must find and
 zero on first touch; on a virtual machine whose freed memory goes back to the host, that first touch
-was measured at 0.2-0.7 s for one 192 MiB block, whose product takes about 0.37 s. So
-a run hands its buffers back here when it ends and the next run in the process takes them again, as
+can cost as much as the block's product (``benchmarks/memory.py`` measures it). So a run hands its buffers back here when it ends and the next run in the process takes them again, as
 BLAS libraries keep their work areas. The cache holds only buffers given back, so it never holds more
 than the most any run had in use at once; :func:`release_buffers` returns them to the system.
 

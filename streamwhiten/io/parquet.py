@@ -41,9 +41,9 @@ from .spec import parquet_files
 #: A row group up to this size is read whole as one block; larger ones are read in blocks of about
 #: ``DEFAULT_BLOCK_BYTES`` through a shared stream.
 MAX_GROUP_BLOCK_BYTES = 256 << 20
-#: Bytes per batch a row group is decoded in (measured fastest on the project's VM: 1 to 4 MiB were
-#: within noise; one read_row_group call per 192 MiB row group was about 2x slower, most of it first
-#: touching the memory it allocates).
+#: Bytes per batch a row group is decoded in: small batches reuse warm memory, where one
+#: read_row_group call per large row group first touches all it allocates (benchmarks/fit_tables.py
+#: compares the two).
 BATCH_BYTES = 2 << 20
 #: Streams kept open per source (the least recently used is dropped beyond this).
 MAX_STREAMS = 8
