@@ -32,6 +32,7 @@ def test_benchmark_help(script):
     assert result.returncode == 0 and "--quick" in result.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", ["fit_throughput.py", "apply_throughput.py"])
 def test_benchmark_reruns_in_the_same_workdir(tmp_path, script):
     """What a run leaves in ``--workdir`` does not stop the next run there."""

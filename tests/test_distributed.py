@@ -348,6 +348,7 @@ def test_unreachable_scheduler_is_a_cluster_error(stores, monkeypatch):
         sd.fit_dask(stores.h5, scheduler="tcp://127.0.0.1:1")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("retries", [3, 0], ids=["dask-default-retries", "no-retries"])
 def test_worker_killed_mid_fit_gives_the_right_model_or_a_clear_error(data64, retries):
     """SIGKILL one of two worker processes while the fit runs: dask reruns its lost tasks on the other
@@ -420,6 +421,7 @@ def test_cli_dask_local_cluster_and_errors(stores, tmp_path, capsys):
 # ------------------------------------------------------------------------------------- benchmark
 
 
+@pytest.mark.slow
 def test_benchmark_quick_runs(tmp_path):
     out = tmp_path / "bench.json"
     done = subprocess.run(

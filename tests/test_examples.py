@@ -27,6 +27,7 @@ def test_faiss_search_finds_the_numpy_neighbours(tmp_path):
     assert (tmp_path / "corpus.faiss").is_file()
 
 
+@pytest.mark.slow
 def test_nightly_simulation_updates_to_the_fit_at_once(tmp_path):
     done = run_example("nightly/simulate_nights.py", "--nights", "3", "--rows", "2000", "--dim", "96",
                        "--workdir", str(tmp_path), cwd=tmp_path)

@@ -85,6 +85,7 @@ def test_apply_to_parquet_keeps_ids(tmp_path, rows, run_cli):
     assert code == EXIT_BAD_INPUT and "no column 'ids'" in err and "id (int64)" in err
 
 
+@pytest.mark.slow
 def test_apply_to_lance_output_keeps_ids_and_resumes_after_kill(tmp_path, rows, run_cli):
     from test_resume import rows_done_of_partial
 
@@ -146,6 +147,7 @@ def test_update_after_append_reads_only_new_fragments_and_refuses_changed_ones(t
     assert err.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_fit_killed_resumes_bit_identical(tmp_path):
     data = generate_rows(40_000, 32, seed=8)
     spec = write_lance(tmp_path / "big.lance", data, rows_per_file=10_000)

@@ -300,6 +300,7 @@ def test_dask_engine_reads_parquet(shards, rows):
 # ------------------------------------------------------------------------------------- kill -9 resumes
 
 
+@pytest.mark.slow
 def test_fit_and_apply_killed_resume_bit_identical(tmp_path):
     data = generate_rows(48_000, 32, seed=9)
     shards = tmp_path / "shards"

@@ -78,6 +78,7 @@ def store(tmp_path_factory):
     return write_store(str(directory / "big.h5"), N_ROWS, N_FEATURES, seed=5, chunk_rows=BLOCK)
 
 
+@pytest.mark.slow
 def test_fit_killed_anywhere_resumes_to_identical_statistics(tmp_path, store):
     fit_args = ["--chunk-rows", BLOCK, "--checkpoint-every", 1, "-q"]
     reference = tmp_path / "reference.npz"
@@ -99,6 +100,7 @@ def test_fit_killed_anywhere_resumes_to_identical_statistics(tmp_path, store):
     assert killed_mid_run >= 3
 
 
+@pytest.mark.slow
 def test_apply_killed_anywhere_resumes_to_identical_output(tmp_path, store):
     model = tmp_path / "m.npz"
     assert run_subprocess("fit", store, "-o", model, "-k", 16, "-q").returncode == 0
