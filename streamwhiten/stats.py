@@ -14,13 +14,14 @@ import numpy as np
 
 from . import _kernels
 from .errors import BadInputError, NonFiniteError
+from .params import PARAMS, check
 
 #: Rows per BLAS call when the scatter is accumulated in float32. Each sub-block's float32 product is
 #: added into a float64 total, which bounds the float32 rounding error (about 2e-7 relative at this
 #: size) however long the chunk is; smaller sub-blocks are slightly more accurate but measurably slower.
 GEMM_ROWS = 65536
 
-PRECISIONS = ("auto", "float32", "float64")
+PRECISIONS = PARAMS["precision"].choices
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,7 @@ class Moments:
 
 def working_dtype(input_dtype, precision: str = "auto") -> np.dtype:
     """The dtype the scatter product runs in: float64 input or ``precision='float64'`` give float64."""
-    if precision not in PRECISIONS:
-        raise BadInputError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    check("precision", precision)
     if precision == "float64" or (precision == "auto" and np.dtype(input_dtype) == np.float64):
         return np.dtype(np.float64)
     return np.dtype(np.float32)
