@@ -373,7 +373,7 @@ def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
     from .errors import OutputExistsError
 
     if not overwrite and os.path.exists(path):
-        raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
+        raise OutputExistsError.at(path)
     return write_npz_atomic(path, _arrays(model), "model file")
 
 

@@ -18,7 +18,7 @@ from sklearn.utils.validation import validate_data
 
 from . import errors, params, stats
 from .errors import BadInputError
-from .model import WhiteningModel, finalize, float_rows, load_model, save_model
+from .model import WhiteningModel, float_rows, load_model, save_model
 
 #: Rows per block when an in-memory array is fitted (bounds the float32 workspace).
 IN_MEMORY_CHUNK_ROWS = 65536
@@ -214,8 +214,11 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         if cached is not None and cached[1].state is self.state_:
             model = cached[1].with_params(**model_params)
         else:
-            info = {"n_skipped_nonfinite": int(self.n_skipped_)}
-            model = finalize(self.state_, sources=self.sources_, info=info, **model_params)
+            from .fit import FitResult, finalize_fit
+
+            model = finalize_fit(FitResult(self.state_, int(self.n_skipped_), self.sources_, precision=self.precision,
+                                           skip_nonfinite=bool(self.skip_nonfinite),
+                                           fill_missing_chunks=bool(self.fill_missing_chunks)), model_params)
         self._model = (key, model)
         return model
 
