@@ -158,8 +158,13 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         state = stats.Moments.empty(rows.shape[1]) if first else self.state_
         from .fit import fold_array
 
-        state, n_skipped = fold_array(state, rows, int(self.chunk_rows or IN_MEMORY_CHUNK_ROWS), self.precision,
-                                      self.skip_nonfinite, self.n_jobs)
+        try:
+            state, n_skipped = fold_array(state, rows, int(self.chunk_rows or IN_MEMORY_CHUNK_ROWS), self.precision,
+                                          self.skip_nonfinite, self.n_jobs)
+        except BaseException:
+            if first:  # a refused first batch leaves the estimator as unfitted as it was
+                self._reset()
+            raise
         self.n_skipped_ = n_skipped + (0 if first else self.n_skipped_)
         self.state_ = state
         self.sources_ = [] if first else self.sources_

@@ -270,3 +270,15 @@ def test_the_estimator_protocol():
         Whitener().fit(pytest.importorskip("scipy.sparse").csr_matrix(rows))
     with pytest.raises(ValueError, match="X has 4 features, but Whitener is expecting 5 features"):
         fitted.transform(rows[:, :4])
+
+
+def test_a_refused_batch_leaves_no_fitted_attribute_behind():
+    bad = anisotropic(30, 3)
+    bad[4, 1] = np.nan
+    whitener = Whitener()
+    with pytest.raises(NonFiniteError, match="^row 4 holds NaN or Inf"):
+        whitener.partial_fit(bad)
+    assert not any(name.endswith("_") for name in vars(whitener))
+    with pytest.raises(BadInputError, match="at least 2 rows"):
+        whitener.fit(bad[:1])
+    assert not any(name.endswith("_") for name in vars(whitener))
