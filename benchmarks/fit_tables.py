@@ -205,7 +205,7 @@ def main(argv=None):
     try:
         from streamwhiten import stats
 
-        stats.chunk_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
+        stats.block_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         results = measure(directory, args.rows, args.dim, args.group_rows, args.repeats)
         print_table(f"fit on Parquet and Lance vs the library's own read + the bare product, same threads "
                     f"(target >= {TARGET}x; best of {args.repeats} interleaved rounds, median of the per-round ratios "

@@ -38,12 +38,12 @@ TARGET_VS_BLAS = 0.85
 
 
 def compile_times() -> dict:
-    """Seconds of the first chunk_moments call in a fresh process: true compile, then from numba's cache."""
+    """Seconds of the first block_moments call in a fresh process: true compile, then from numba's cache."""
     code = (
         "import time, numpy as np\nfrom streamwhiten import stats\n"
         "x = np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32)\n"
-        "t = time.perf_counter(); stats.chunk_moments(x); first = time.perf_counter() - t\n"
-        "t = time.perf_counter(); stats.chunk_moments(x); second = time.perf_counter() - t\n"
+        "t = time.perf_counter(); stats.block_moments(x); first = time.perf_counter() - t\n"
+        "t = time.perf_counter(); stats.block_moments(x); second = time.perf_counter() - t\n"
         "RESULT = {'first_call_s': first, 'second_call_s': second}\n"
     )
     empty_cache = tempfile.mkdtemp(prefix="numba-cache-")
@@ -269,7 +269,7 @@ def main(argv=None):
     try:
         from streamwhiten import stats
 
-        stats.chunk_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
+        stats.block_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         compile_info = compile_times()
         print(f"numba: first call {compile_info['compile_s']:.2f} s compiling, {compile_info['cache_load_s']:.2f} s "
               f"from cache (excluded from all throughput figures)")

@@ -18,9 +18,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator
 
-import numpy as np
-
-from .errors import BadInputError
+from .params import check
 
 #: Default cap on worker threads: each holds one block buffer, so memory is about ``threads`` blocks.
 MAX_DEFAULT_THREADS = 4
@@ -47,8 +45,7 @@ def resolve_threads(threads: int | None, default: int | None = None) -> int:
     core up to :data:`MAX_DEFAULT_THREADS`."""
     if threads is None:
         return default or min(MAX_DEFAULT_THREADS, available_cores())
-    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or (threads < 1 and threads != -1):
-        raise BadInputError(f"threads must be a whole number of at least 1 (or -1 for one per core), got {threads!r}")
+    check("threads", threads)
     return available_cores() if threads == -1 else int(threads)
 
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import __version__
+from . import __version__, params
 from ._buffers import BufferPool, PerThread, kept_for_next_run
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 from .errors import (
@@ -216,11 +216,10 @@ def apply_model(
             if output_is_current(output_spec, checksum, source_sha256, normalize, dtype, options, keep_columns):
                 raise NothingToDoError(f"nothing to do: {out_path} is up to date (written by this model, with the same "
                                        "settings, from the same input)")
-            raise OutputExistsError(f"{out_path}: already exists (pass --overwrite to replace it)")
+            raise OutputExistsError.at(out_path)
         work = np.float64 if source.dtype == np.float64 else np.float32
         weights, shift = model.projection(work)
-        if block_rows is not None and int(block_rows) < 1:
-            raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
+        params.check("chunk_rows", block_rows)
         # The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
         # chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
         # output's row groups are the blocks.

@@ -22,8 +22,49 @@ from .errors import (
     EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_IO, BadInputError, InterruptedRunError, NothingToDoError, OutputExistsError,
     StoreIOError, StreamwhitenError,
 )
+from .params import PARAMS
 
-PRECISION = click.Choice(["auto", "float32", "float64"])
+
+class SpecType(click.ParamType):
+    """An option whose value is checked against :data:`streamwhiten.params.PARAMS`, as in Python and in
+    job files: ``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2)."""
+
+    def __init__(self, name: str):
+        self.param = PARAMS[name]
+        self.name = self.param.kind.__name__
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and self.param.kind in (int, float):
+            try:
+                value = self.param.kind(value)
+            except ValueError:
+                pass  # refused below, in the parameter's own words
+        try:
+            return self.param.check(value)
+        except BadInputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class SpecChoice(click.Choice):
+    """A parameter with choices (listed in ``--help``), refused in the words of :data:`PARAMS`."""
+
+    def __init__(self, name: str):
+        self.param = PARAMS[name]
+        super().__init__(list(self.param.choices))
+
+    def convert(self, value, param, ctx):
+        try:
+            return self.param.check(value)
+        except BadInputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def spec_type(name: str) -> click.ParamType:
+    """The click type of parameter ``name``, checked against :data:`PARAMS`."""
+    return SpecChoice(name) if PARAMS[name].kind is str else SpecType(name)
+
+
+PRECISION = spec_type("precision")
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -95,11 +136,16 @@ common_json = click.option("--json", "as_json", is_flag=True, help="Print a mach
 
 def model_options(func):
     for option in reversed([
-        click.option("--beta", type=float, default=None, help="Mean removal in [0, 1] (1: centre, 0: rotate about 0)."),
-        click.option("--gamma", type=float, default=None, help="Whitening strength in [0, 1] (1: unit variance, 0: rotation)."),
-        click.option("-k", "--n-components", type=int, default=None, help="Kept dimensions k (default: all)."),
-        click.option("--variance", type=float, default=None, help="Keep the fewest components explaining this fraction, e.g. 0.99."),
-        click.option("--eps", type=float, default=None, help="Regulariser relative to the largest eigenvalue (default 1e-6)."),
+        click.option("--beta", type=spec_type("beta"), default=None,
+                     help="Mean removal in [0, 1] (1: centre, 0: rotate about 0)."),
+        click.option("--gamma", type=spec_type("gamma"), default=None,
+                     help="Whitening strength in [0, 1] (1: unit variance, 0: rotation)."),
+        click.option("-k", "--n-components", type=spec_type("n_components"), default=None,
+                     help="Kept dimensions k (default: all)."),
+        click.option("--variance", type=spec_type("variance"), default=None,
+                     help="Keep the fewest components explaining this fraction, e.g. 0.99."),
+        click.option("--eps", type=spec_type("eps"), default=None,
+                     help=f"Regulariser relative to the largest eigenvalue (default {PARAMS['eps'].default:g})."),
     ]):
         func = option(func)
     return func
@@ -111,9 +157,9 @@ def engine_options(func):
                      help="serial: this process; dask: a Dask cluster (needs streamwhiten[dask]), see docs/dask.md."),
         click.option("--scheduler", default=None, metavar="ADDRESS",
                      help="With --engine dask: the scheduler to use, e.g. tcp://host:8786 (default: a local cluster)."),
-        click.option("--workers", type=click.IntRange(min=1), default=None,
+        click.option("--workers", type=spec_type("workers"), default=None,
                      help="With --engine dask and no --scheduler: processes of the local cluster (default: one per core)."),
-        click.option("--threads", type=click.IntRange(min=1), default=None,
+        click.option("--threads", type=spec_type("threads"), default=None,
                      help="Serial engine: worker threads, each doing whole blocks (fit default: one per core, at most "
                           "4; apply default: 1). Memory is about one block per thread."),
     ]):
@@ -159,15 +205,16 @@ fill_missing_option = click.option(
               help="Dataset/array/column inside each input (else file.h5:/dataset, file.parquet:column).")
 @model_options
 @click.option("--precision", type=PRECISION, default="auto", show_default=True, help="Arithmetic of the scatter product.")
-@click.option("--chunk-rows", type=int, default=None, help="Rows per block read (default: whole store chunks, ~64 MiB).")
+@click.option("--chunk-rows", type=spec_type("chunk_rows"), default=None,
+              help="Rows per block read (default: whole store chunks, ~64 MiB).")
 @click.option("--skip-nonfinite", is_flag=True, help="Skip and count rows holding NaN/Inf instead of failing.")
 @click.option("--update", "update", default=None, metavar="MODEL",
               help="Fold only rows appended since MODEL was fitted (and new inputs) into its statistics.")
 @click.option("--checkpoint", default=None, help="Checkpoint file (default: .MODEL.checkpoint beside the model).")
-@click.option("--checkpoint-every", type=click.IntRange(min=1), default=20, show_default=True,
-              help="Checkpoint every N blocks.")
-@click.option("--checkpoint-seconds", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True,
-              help="... or every T seconds.")
+@click.option("--checkpoint-every", type=spec_type("checkpoint_every"), default=PARAMS["checkpoint_every"].default,
+              show_default=True, help="Checkpoint every N blocks.")
+@click.option("--checkpoint-seconds", type=spec_type("checkpoint_seconds"),
+              default=PARAMS["checkpoint_seconds"].default, show_default=True, help="... or every T seconds.")
 @click.option("--resume", is_flag=True, help="Require a checkpoint to resume from (a matching one is used anyway).")
 @click.option("--restart", is_flag=True, help="Discard an existing checkpoint and start over.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file.")
@@ -183,49 +230,30 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 
     Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
     """
-    from .jobs import check_fit_paths, fit_job, model_is_current, save_fitted
-    from .model import check_params, save_model
-    from .io import expand_specs, same_file
+    from .jobs import fit_job, save_fitted
+    from .io import expand_specs
 
     _check_engine(engine, scheduler, workers, threads)
-    if engine == "dask" and (update or resume):
-        raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
-    params = _model_params(beta, gamma, n_components, variance, eps)
-    check_params(**params)
     if model_path is None:
         if update is None:
             raise BadInputError("give the model file to write with -o/--output")
         model_path = update
-    specs = expand_specs(inputs)
-    check_fit_paths(specs, model_path, checkpoint, update)  # the Dask engine does not go through fit_job
-    if os.path.exists(model_path) and not overwrite and not (update and same_file(update, model_path)):
-        if update is None and model_is_current(model_path, specs, dataset, params, precision, skip_nonfinite,
-                                               fill_missing_chunks):
-            raise NothingToDoError(f"nothing to do: {model_path} was fitted on these inputs with these settings")
-        raise OutputExistsError(f"{model_path}: already exists (pass --overwrite to replace it)")
+    params = _model_params(beta, gamma, n_components, variance, eps)
     began = time.perf_counter()
-    if engine == "dask":
-        from .distributed import fit_dask
-        from .model import finalize
-
-        result = fit_dask(specs, dataset, precision, skip_nonfinite, chunk_rows, scheduler=scheduler,
-                          n_workers=workers, fill_missing_chunks=fill_missing_chunks)
-        info = {"n_skipped_nonfinite": result.n_skipped, "precision": precision, "skip_nonfinite": bool(skip_nonfinite),
-                "fill_missing_chunks": bool(fill_missing_chunks)}
-        model = finalize(result.state, sources=result.sources, info=info, **params)
-        resumed, n_sources = False, len(result.sources)
-        rows_read, read_seconds, n_skipped = result.state.n_rows, result.seconds, result.n_skipped
-        with stop_on_signals():  # a signal during the save lets it finish (the file is whole or absent)
-            checksum = save_model(model, model_path)
-    else:
-        with progress_bar("fit", quiet) as progress, stop_on_signals() as should_stop:
-            model, job, resumed, checkpoint = fit_job(
-                specs, model_path, dataset, params, precision, chunk_rows, skip_nonfinite, update,
-                checkpoint, checkpoint_every, checkpoint_seconds, restart, resume, progress, should_stop, threads,
-                fill_missing_chunks,
-            )
-            checksum = save_fitted(model, job, model_path, checkpoint, should_stop)
-        n_sources, rows_read, read_seconds, n_skipped = len(job.cursors), job.rows_done, job.seconds, job.n_skipped
+    # The serial engine stops at its next block on a signal (checkpointed); a Dask fit cannot, so a
+    # signal stops it at once, and only its save lets a signal wait (the file is whole or absent).
+    signals = stop_on_signals() if engine == "serial" else contextlib.nullcontext(None)
+    with progress_bar("fit", quiet) as progress, signals as should_stop:
+        model, fitted, resumed, checkpoint = fit_job(
+            expand_specs(inputs), model_path, dataset, params, precision, chunk_rows, skip_nonfinite, update,
+            checkpoint, checkpoint_every, checkpoint_seconds, restart, resume, progress, should_stop, threads,
+            fill_missing_chunks, engine=engine, scheduler=scheduler, workers=workers, overwrite=overwrite,
+        )
+        with (contextlib.nullcontext(should_stop) if engine == "serial" else stop_on_signals()) as saving:
+            checksum = save_fitted(model, fitted, model_path, checkpoint, saving)
+    result = fitted.result() if engine == "serial" else fitted
+    n_sources = len(fitted.cursors) if engine == "serial" else len(result.sources)
+    rows_read, read_seconds, n_skipped = result.rows_read, result.seconds, result.n_skipped
     seconds = time.perf_counter() - began
     summary = dict(model.summary(), model=model_path, checksum=checksum, seconds=seconds, rows_read=rows_read,
                    resumed=resumed, updated=update is not None, engine=engine,
@@ -251,12 +279,14 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @click.option("--dataset", default=None, help="Dataset/array inside the input.")
 @model_options
 @click.option("--normalize", is_flag=True, help="Scale every output row to unit L2 norm.")
-@click.option("--dtype", type=click.Choice(["float32", "float16"]), default="float32", show_default=True)
-@click.option("--chunk-rows", type=int, default=None, help="Rows per block read.")
-@click.option("--zarr-format", type=click.Choice(["2", "3"]), default="3", show_default=True)
+@click.option("--dtype", type=spec_type("dtype"), default=PARAMS["dtype"].default, show_default=True)
+@click.option("--chunk-rows", type=spec_type("chunk_rows"), default=None, help="Rows per block read.")
+@click.option("--zarr-format", type=click.Choice([str(v) for v in PARAMS["zarr_format"].choices]),
+              default=str(PARAMS["zarr_format"].default), show_default=True)
 @click.option("--skip-nonfinite", is_flag=True, help="Write NaN for input rows holding NaN/Inf instead of failing.")
 @click.option("--restart", is_flag=True, help="Discard the partial output of an interrupted run instead of resuming it.")
-@click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=10.0, show_default=True,
+@click.option("--checkpoint-seconds", type=spec_type("progress_seconds"), default=PARAMS["progress_seconds"].default,
+              show_default=True,
               help="Make the rows written durable and record them for a resume every T seconds (0: every block).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output (one that is up to date is kept: exit 3).")
 @fill_missing_option
@@ -386,7 +416,7 @@ def export_(model_path, output_path, fmt, beta, gamma, n_components, variance, e
     check_params(**params)
     refuse_input_overlap({output_path: "export"}, [model_path, append_to])
     if os.path.lexists(output_path) and not overwrite:
-        raise OutputExistsError(f"{output_path}: already exists (pass --overwrite to replace it)")
+        raise OutputExistsError.at(output_path)
     check_available(fmt)
     model = load_model(model_path)
     affine = model.as_affine(normalize=normalize, **params)
@@ -532,7 +562,8 @@ def _fmt_setting(row: dict) -> str:
 @click.argument("model_path", required=False)
 @_pair_options(required=True)
 @model_options
-@click.option("--chunk-rows", type=int, default=None, help="Pairs per block read (default: about 16 MiB of vectors).")
+@click.option("--chunk-rows", type=spec_type("chunk_rows"), default=None,
+              help="Pairs per block read (default: about 16 MiB of vectors).")
 @common_quiet
 @common_json
 def eval_(model_path, pairs_a, pairs_b, scores, beta, gamma, n_components, variance, eps, chunk_rows, quiet, as_json):
@@ -639,7 +670,7 @@ def grid_options(purpose: str):
 @click.option("-o", "--output", "output_path", default=None, help="Write the tuned model to this new file.")
 @click.option("--in-place", is_flag=True, help="Write the chosen setting into MODEL_PATH itself.")
 @click.option("--overwrite", is_flag=True, help="Let -o replace an existing file.")
-@click.option("--chunk-rows", type=int, default=None, help="Pairs per block read.")
+@click.option("--chunk-rows", type=spec_type("chunk_rows"), default=None, help="Pairs per block read.")
 @common_quiet
 @common_json
 def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, betas, gammas, ks, variances, metric,
@@ -664,7 +695,7 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
         refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"},
                              [model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores])
     if output_path and os.path.exists(output_path) and not overwrite:
-        raise OutputExistsError(f"{output_path}: already exists (pass --overwrite to replace it)")
+        raise OutputExistsError.at(output_path)
     model = load_model(model_path)
     d = model.n_features
     grid = dict(
@@ -718,7 +749,7 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
 @grid_options("of the heat maps")
 @click.option("--title", default=None, help="Title of the HTML page.")
 @click.option("--overwrite", is_flag=True, help="Replace existing report files.")
-@click.option("--chunk-rows", type=int, default=None, help="Pairs per block read.")
+@click.option("--chunk-rows", type=spec_type("chunk_rows"), default=None, help="Pairs per block read.")
 @common_quiet
 @common_json
 def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks, variances, metric, title, overwrite,

@@ -10,7 +10,7 @@ import numpy as np
 from .apply import apply_model
 from .fit import fit_sources
 from .model import finalize, save_model
-from .stats import Moments, chunk_moments, covariance, update
+from .stats import Moments, block_moments, covariance, update
 from .io import open_source
 from .synthetic import write_store
 
@@ -34,7 +34,7 @@ def run_demo(directory, rows=100_000, dim=256, k=64, chunk_rows=8192, seed=0, pr
         return None if progress is None else (lambda done, total: progress(offset * rows + done, 3 * rows))
 
     start = time.perf_counter()
-    chunk_moments(np.ones((4, 4), np.float32))  # compile the kernels (or load them from cache) once
+    block_moments(np.ones((4, 4), np.float32))  # compile the kernels (or load them from cache) once
     timings["compile"] = time.perf_counter() - start
 
     start = time.perf_counter()

@@ -1,7 +1,7 @@
 """The Dask engine: the serial engine's per-block step and merge, run as a tree reduction on a cluster.
 
 It is dask's chunk/combine/aggregate reduction, spelled out with ``dask.delayed`` so the tree is ours:
-*chunk* is one task per block of rows (spanning all columns) running :func:`~streamwhiten.fit.block_moments`,
+*chunk* is one task per block of rows (spanning all columns) running :func:`~streamwhiten.fit.reduce_block`,
 the serial engine's own accumulator (same jitted kernels, same NaN/Inf errors); *combine* merges
 groups of ``split_every`` consecutive states left to right with :func:`~streamwhiten.stats.merge`, level
 by level, so the tree's shape depends only on the block layout; *aggregate* is the root, one small
@@ -23,10 +23,10 @@ import time
 
 import numpy as np
 
-from . import stats
+from . import params, stats
 from .apply import aligned_block_rows, check_output, output_attrs, recorded_options, summary, transform_block
 from .errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
-from .fit import FitResult, block_moments, check_enough_rows, open_sources
+from .fit import FitResult, check_enough_rows, open_sources, plan_blocks, reduce_block
 from .model import float_dtype
 from .io import create_sink, fingerprint, open_source, output_kind, split_spec
 
@@ -71,8 +71,7 @@ def dask_client(scheduler: str | None = None, n_workers: int | None = None, proc
             yield connected
         return
     n_workers = (os.cpu_count() or 1) if n_workers is None else n_workers
-    if isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1:
-        raise BadInputError(f"workers must be an integer >= 1, got {n_workers!r}")
+    params.check("workers", n_workers)
     with distributed.LocalCluster(
         n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
         dashboard_address=":0", silence_logs=logging.CRITICAL,  # task errors reach the caller as exceptions
@@ -129,13 +128,13 @@ def _rows_array(array):
 
 
 def _block_tasks(array, label: str, precision: str, skip_nonfinite: bool) -> list:
-    """The *chunk* step: one delayed ``block_moments`` per row block of ``array``, in row order.
+    """The *chunk* step: one delayed ``reduce_block`` per row block of ``array``, in row order.
 
     A block is never centred in place: it may be a view of the caller's data, or data dask keeps.
     """
     import dask
 
-    task = dask.delayed(block_moments, pure=True)
+    task = dask.delayed(reduce_block, pure=True)
     offsets = np.concatenate([[0], np.cumsum(array.chunks[0])]).astype(np.int64)
     blocks = array.to_delayed().ravel()
     return [task(block, int(begin), label, precision, skip_nonfinite) for begin, block in zip(offsets, blocks)]
@@ -144,11 +143,12 @@ def _block_tasks(array, label: str, precision: str, skip_nonfinite: bool) -> lis
 def _read_block_moments(rows, begin: int, stop: int, precision: str, skip_nonfinite: bool) -> tuple:
     """The *chunk* step for a store: read rows ``[begin, stop)`` in the task and fold them; the block
     is this task's own, so it is centred in place, as in the serial engine."""
-    return block_moments(rows[begin:stop], begin, rows.label, precision, skip_nonfinite, overwrite_input=True)
+    return reduce_block(rows[begin:stop], begin, rows.label, precision, skip_nonfinite, overwrite_input=True)
 
 
-def _store_tasks(source, block_rows: int | None, precision: str, skip_nonfinite: bool) -> list:
-    """One delayed read-and-fold per block of ``source``, in the serial engine's block layout."""
+def _store_tasks(source, block_rows: int, precision: str, skip_nonfinite: bool) -> list:
+    """One delayed read-and-fold per block of ``source``, cut at multiples of ``block_rows`` (the fit's
+    :func:`~streamwhiten.fit.plan_blocks`, as the serial engine cuts them)."""
     import dask
 
     task = dask.delayed(_read_block_moments, pure=False)
@@ -169,8 +169,7 @@ def _tree(parts: list, split_every: int):
     """The reduction tree over ``parts``: its shape depends only on ``len(parts)`` and ``split_every``."""
     import dask
 
-    if isinstance(split_every, bool) or not isinstance(split_every, int) or split_every < 2:
-        raise BadInputError(f"split_every must be an integer >= 2, got {split_every!r}")
+    params.check("split_every", split_every)
     task = dask.delayed(_merge_parts, pure=True)
     while len(parts) > 1:
         parts = [task(*parts[i : i + split_every]) for i in range(0, len(parts), split_every)]
@@ -194,12 +193,13 @@ def fit_dask_array(array, precision: str = "auto", skip_nonfinite: bool = False,
     unless ``skip_nonfinite`` (then they are counted in ``n_skipped``).
     """
     _require("dask.array")
-    stats.working_dtype(np.float32, precision)
+    params.check("precision", precision)
     array = _rows_array(_native_floats(array))
     parts = _block_tasks(array, label, precision, skip_nonfinite)
     began = time.perf_counter()
     state, n_skipped = _reduce(parts, int(array.shape[0]), client, split_every)
-    return FitResult(state, n_skipped, [], len(parts), time.perf_counter() - began)
+    return FitResult(state, n_skipped, [], len(parts), time.perf_counter() - began, precision=precision,
+                     skip_nonfinite=bool(skip_nonfinite))
 
 
 def dask_moments(array, precision: str = "auto", client=None, split_every: int = SPLIT_EVERY) -> stats.Moments:
@@ -213,14 +213,16 @@ def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_no
     """:func:`~streamwhiten.fit.fit_sources` on a Dask cluster: the stores are checked and fingerprinted
     here, their blocks read and reduced on the workers (so every worker must see the same paths).
 
-    With the same ``block_rows`` the per-block states are bit-for-bit those of the serial engine;
-    only the order of the float64 merges differs.
+    The blocks are the serial engine's (one :func:`~streamwhiten.fit.plan_blocks` for both, given
+    ``block_rows`` or not), so the per-block states are bit-for-bit those of the serial engine; only
+    the order of the float64 merges differs.
     """
     _require("dask.array")
-    stats.working_dtype(np.float32, precision)
+    params.check("precision", precision)
     sources = open_sources(specs, dataset, fill_missing_chunks)
     try:
         fingerprints = [fingerprint(source) for source in sources]
+        block_rows = plan_blocks(sources, block_rows)
         parts = [task for source in sources for task in _store_tasks(source, block_rows, precision, skip_nonfinite)]
         n_rows = sum(source.n_rows for source in sources)
     finally:
@@ -231,7 +233,8 @@ def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_no
         state, n_skipped = _reduce(parts, n_rows, active, split_every)
         seconds = time.perf_counter() - began
     check_enough_rows(state, sources)
-    return FitResult(state, n_skipped, fingerprints, len(parts), seconds)
+    return FitResult(state, n_skipped, fingerprints, len(parts), seconds, n_rows, precision, bool(skip_nonfinite),
+                     bool(fill_missing_chunks))
 
 
 # --------------------------------------------------------------------------------------------- apply
@@ -287,8 +290,7 @@ def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, 
             f"{out_path}: the dask engine writes Zarr only (an output ending in .zarr); "
             "HDF5 cannot take writes from several processes"
         )
-    if output_chunk_rows is not None and (isinstance(output_chunk_rows, bool) or output_chunk_rows < 1):
-        raise BadInputError(f"output chunk rows must be at least 1, got {output_chunk_rows!r}")
+    params.check("output_chunk_rows", output_chunk_rows)
     began = time.perf_counter()
     source = open_source(input_spec, dataset, min_rows=1, fill_missing_chunks=fill_missing_chunks)
     try:

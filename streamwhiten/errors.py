@@ -62,6 +62,11 @@ class ModelFileError(BadInputError):
 class OutputExistsError(BadInputError):
     """The output path exists and ``overwrite`` was not given."""
 
+    @classmethod
+    def at(cls, path) -> "OutputExistsError":
+        """The error for the existing output ``path``: the one place that says how to replace it."""
+        return cls(f"{path}: already exists (pass --overwrite to replace it)")
+
 
 class NotFittedError(StreamwhitenError, AttributeError):
     """The estimator was used before it saw any data."""

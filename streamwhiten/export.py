@@ -126,7 +126,7 @@ def export(affine: AffineMap, path: str, fmt: str | None = None, overwrite: bool
     if not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
     if os.path.lexists(path) and not overwrite:
-        raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
+        raise OutputExistsError.at(path)
     summary = dict(affine.params(), format=fmt, output=path)
     if fmt == "npz":
         summary["checksum"] = write_npz(affine, path)
@@ -412,7 +412,7 @@ def _rename_dir_into_place(temp: str, path: str, overwrite: bool) -> None:
     final = os.path.abspath(path)
     if os.path.lexists(final):
         if not overwrite:
-            raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
+            raise OutputExistsError.at(path)
         # a directory cannot replace anything atomically: move the old output aside first (a later run
         # puts it back if this one dies before the new one is in place)
         old = temp_path(final, "old")

@@ -1,10 +1,13 @@
 """The fit loop: stream row blocks from one or more sources into a :class:`~streamwhiten.stats.Moments`.
 
-A fit is a *job*: a starting state (empty, or a saved model's for an incremental update) and one cursor
-per source saying which rows the job reads and how far it got. Blocks are aligned to multiples of a
-fixed ``block_rows`` and folded in a fixed order (source by source, block by block), so the same job
-always gives the same bits, and a job resumed from a checkpoint gives exactly the bits of one that
-never stopped. Checkpoints (state + cursors) are written atomically with a checksum.
+Words: a store's *chunk* is its storage unit; a *block* is the rows an engine reads, reduces
+(:func:`reduce_block`) and merges, usually whole chunks or row groups. A fit is planned as a
+:class:`FitPlan`: a starting state (empty, or a saved model's for an incremental update) and one cursor
+per source saying which rows it reads and how far it got. :func:`plan_blocks` sets the block size
+once for every engine; blocks are aligned to its multiples and folded in a fixed order (source by
+source, block by block), so the same plan always gives the same bits, and a plan resumed from a
+checkpoint gives exactly the bits of one that never stopped. Checkpoints (state + cursors) are
+written atomically with a checksum. (A *job* is a ``job.toml`` batch run, see ``jobs``.)
 
 Each block is read, centred and multiplied by one of a few worker threads (see ``_threads``), with
 reused buffers per thread (see ``_buffers``), while the others work on the next blocks; this thread
@@ -21,7 +24,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import stats
+from . import params, stats
 from ._npz import read_npz, write_npz_atomic
 from .errors import (
     BadInputError, InterruptedRunError, ModelFileError, NonFiniteError, NothingToDoError, StoreIOError,
@@ -37,12 +40,12 @@ CHECKPOINT_FORMAT = "streamwhiten-checkpoint"
 CHECKPOINT_VERSION = 1
 
 
-# ---------------------------------------------------------------------------------------------- the job
+# --------------------------------------------------------------------------------------------- the plan
 
 
 @dataclass
 class Cursor:
-    """One source's part of a job: rows ``[start, stop)``, done up to ``next_row``."""
+    """One source's part of a fit: rows ``[start, stop)``, done up to ``next_row``."""
 
     spec: str
     fingerprint: dict
@@ -57,19 +60,19 @@ class Cursor:
 
 
 @dataclass
-class FitJob:
-    """A fit in progress: the state so far and where each source stands."""
+class FitPlan:
+    """A fit planned or in progress: the state so far and where each source stands."""
 
     state: stats.Moments
     cursors: list
     block_rows: int
     precision: str = "auto"
     skip_nonfinite: bool = False
-    base_rows: int = 0  # rows already in the state when the job was planned (an update's model)
+    base_rows: int = 0  # rows already in the state when the fit was planned (an update's model)
     kept_sources: list = field(default_factory=list)  # sources in an updated model not read again
     seconds: float = 0.0
     n_blocks: int = 0
-    threads: int = 0  # worker threads, fixed when the job first runs (0: not yet)
+    threads: int = 0  # worker threads, fixed when the plan first runs (0: not yet)
     fill_missing_chunks: bool = False  # read chunks missing from a store as its fill value
 
     @property
@@ -90,18 +93,32 @@ class FitJob:
 
     @property
     def blocks_total(self) -> int:
-        """Blocks of the whole job, done or not."""
+        """Blocks of the whole plan, done or not."""
         return sum(count_blocks(c.start, c.stop, self.block_rows) for c in self.cursors)
 
     @property
     def sources(self) -> list:
-        """Fingerprints of every source, as recorded in the model."""
+        """Fingerprints of every source read, as recorded in the model."""
         return [cursor.fingerprint for cursor in self.cursors]
+
+    @property
+    def options(self) -> tuple:
+        """What changes the statistics besides the rows: ``(precision, skip_nonfinite, fill_missing_chunks)``."""
+        return self.precision, self.skip_nonfinite, self.fill_missing_chunks
+
+    def result(self) -> "FitResult":
+        """What the finished plan produced (sources: those read, then those an update kept)."""
+        return FitResult(self.state, self.n_skipped, self.sources + self.kept_sources, self.n_blocks, self.seconds,
+                         self.rows_done, *self.options)
+
+
+#: The former name of :class:`FitPlan` ("job" now means a ``job.toml`` batch run only).
+FitJob = FitPlan
 
 
 @dataclass
 class FitResult:
-    """What a fit produced: the state plus what it read."""
+    """What a fit produced: the state plus what it read, and the options that shaped the state."""
 
     state: stats.Moments
     n_skipped: int = 0
@@ -109,6 +126,9 @@ class FitResult:
     n_blocks: int = 0
     seconds: float = 0.0
     rows_read: int | None = None  # default: every row counted or skipped
+    precision: str = "auto"
+    skip_nonfinite: bool = False
+    fill_missing_chunks: bool = False
 
     @property
     def rows_per_second(self) -> float:
@@ -154,26 +174,29 @@ def open_sources(specs, dataset: str | None = None, fill_missing_chunks: bool = 
     return sources
 
 
-def block_moments(
-    rows: np.ndarray, begin: int, label: str, precision: str = "auto", skip_nonfinite: bool = False,
+def reduce_block(
+    rows: np.ndarray, begin: int, label: str | None, precision: str = "auto", skip_nonfinite: bool = False,
     overwrite_input: bool = False, workspace: np.ndarray | None = None,
 ) -> tuple[stats.Moments, int]:
     """Moments of one block read at row ``begin`` of ``label``, and how many of its rows were skipped.
 
-    The per-block step of every engine (serial, resumed, Dask). A row holding NaN or Inf raises
-    :class:`NonFiniteError` naming ``label`` and the row, unless ``skip_nonfinite`` (then it is dropped
-    and counted). ``overwrite_input`` and ``workspace`` are passed to :func:`stats.chunk_moments`.
+    The per-block step of every engine (serial, resumed, Dask, in-memory arrays). A row holding NaN or
+    Inf raises :class:`NonFiniteError` naming ``label`` (None: an in-memory array) and the row, unless
+    ``skip_nonfinite`` (then it is dropped and counted). ``overwrite_input`` and ``workspace`` are
+    passed to :func:`stats.block_moments`.
     """
     n_skipped = 0
     if skip_nonfinite:
         rows, n_skipped = stats.drop_nonfinite(rows)
     try:
-        return stats.chunk_moments(rows, precision, workspace, overwrite_input), n_skipped
+        return stats.block_moments(rows, precision, workspace, overwrite_input), n_skipped
     except NonFiniteError as exc:
-        raise NonFiniteError(
-            f"{label}: row {begin + exc.row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
-            row=begin + exc.row,
-        ) from None
+        row = begin + exc.row
+        if label is None:
+            raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)",
+                                 row=row) from None
+        raise NonFiniteError(f"{label}: row {row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
+                             row=row) from None
 
 
 def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precision: str = "auto",
@@ -188,15 +211,8 @@ def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precisio
     workspaces = PerThread((min(block_rows, rows.shape[0]), rows.shape[1]), dtype)
 
     def moments(begin):
-        block = rows[begin : begin + block_rows]
-        n_skipped = 0
-        if skip_nonfinite:
-            block, n_skipped = stats.drop_nonfinite(block)
-        try:
-            return stats.chunk_moments(block, precision, workspace=workspaces.get()), n_skipped
-        except NonFiniteError as exc:
-            row = begin + exc.row
-            raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)", row=row) from None
+        return reduce_block(rows[begin : begin + block_rows], begin, None, precision, skip_nonfinite,
+                            workspace=workspaces.get())
 
     n_skipped = 0
     with kept_for_next_run(workspaces):
@@ -218,23 +234,28 @@ def check_enough_rows(state: stats.Moments, sources) -> None:
         raise BadInputError(f"only {state.n_rows} finite row(s) in {names}; at least 2 are needed")
 
 
-def _block_rows(sources: list[Source], block_rows: int | None) -> int:
+def plan_blocks(sources: list[Source], block_rows: int | None = None) -> int:
+    """The block size of a fit over ``sources``, the same for every engine: ``block_rows`` if given,
+    else the largest natural block among the sources (whole store chunks or row groups, about 64 MiB).
+
+    Every engine (serial, resumed, Dask) cuts each source's rows at multiples of it
+    (:meth:`Source.blocks`), so all of them reduce the same blocks into the same per-block states,
+    with mixed sources too; only the order of the float64 merges can differ.
+    """
     if block_rows is not None:
-        if int(block_rows) < 1:
-            raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
-        return int(block_rows)
+        return int(params.check("chunk_rows", block_rows))
     return max(source.default_block_rows() for source in sources)
 
 
 def plan_fit(specs, dataset=None, precision="auto", skip_nonfinite=False, block_rows=None,
-             fill_missing_chunks=False) -> FitJob:
-    """A job reading every row of every source, from an empty state."""
-    stats.working_dtype(np.float32, precision)  # validate before any reading
+             fill_missing_chunks=False) -> FitPlan:
+    """A plan reading every row of every source, from an empty state."""
+    params.check("precision", precision)  # before any reading
     sources = open_sources(specs, dataset, fill_missing_chunks)
     try:
         cursors = [Cursor(s.label, fingerprint(s), 0, s.n_rows, 0) for s in sources]
-        return FitJob(stats.Moments.empty(sources[0].n_features), cursors, _block_rows(sources, block_rows),
-                      precision, bool(skip_nonfinite), fill_missing_chunks=bool(fill_missing_chunks))
+        return FitPlan(stats.Moments.empty(sources[0].n_features), cursors, plan_blocks(sources, block_rows),
+                       precision, bool(skip_nonfinite), fill_missing_chunks=bool(fill_missing_chunks))
     finally:
         for source in sources:
             source.close()
@@ -283,8 +304,8 @@ def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> N
 
 
 def plan_update(model_state, recorded_sources: list, specs, dataset=None, precision="auto", skip_nonfinite=False,
-                block_rows=None, fill_missing_chunks=False) -> FitJob:
-    """A job folding only the rows added since ``recorded_sources`` were read into ``model_state``.
+                block_rows=None, fill_missing_chunks=False) -> FitPlan:
+    """A plan folding only the rows added since ``recorded_sources`` were read into ``model_state``.
 
     A source recorded before must have kept its rows (append-only); a new source is read whole.
     Raises :class:`NothingToDoError` when there is nothing new.
@@ -310,8 +331,8 @@ def plan_update(model_state, recorded_sources: list, specs, dataset=None, precis
                 raise BadInputError(
                     f"{where}: recorded in the model ({recorded['n_rows']:,} rows) but deleted since; an update "
                     "cannot take rows out of the statistics (restore it, or refit from scratch without --update)")
-        job = FitJob(model_state, cursors, _block_rows(sources, block_rows), precision, bool(skip_nonfinite),
-                     base_rows=model_state.n_rows, kept_sources=kept, fill_missing_chunks=bool(fill_missing_chunks))
+        job = FitPlan(model_state, cursors, plan_blocks(sources, block_rows), precision, bool(skip_nonfinite),
+                      base_rows=model_state.n_rows, kept_sources=kept, fill_missing_chunks=bool(fill_missing_chunks))
         if job.rows_total == 0:
             raise NothingToDoError("nothing to do: no rows were added since the model was fitted")
         return job
@@ -323,8 +344,8 @@ def plan_update(model_state, recorded_sources: list, specs, dataset=None, precis
 # ------------------------------------------------------------------------------------------ checkpoints
 
 
-def save_checkpoint(job: FitJob, path: str) -> None:
-    """Write the job's state and cursors atomically (temp file, fsync, rename) with a checksum."""
+def save_checkpoint(job: FitPlan, path: str) -> None:
+    """Write the plan's state and cursors atomically (temp file, fsync, rename) with a checksum."""
     meta = {
         "cursors": [asdict(cursor) for cursor in job.cursors],
         "block_rows": job.block_rows,
@@ -346,7 +367,7 @@ def save_checkpoint(job: FitJob, path: str) -> None:
     write_npz_atomic(path, arrays, "checkpoint")
 
 
-def load_checkpoint(path: str) -> FitJob:
+def load_checkpoint(path: str) -> FitPlan:
     """Read a checkpoint; a damaged one raises :class:`ModelFileError` telling how to start over."""
     hint = "; delete it or pass --restart to start the fit over"
     try:
@@ -355,24 +376,44 @@ def load_checkpoint(path: str) -> FitJob:
         raise ModelFileError(f"{exc}{hint}") from None
     meta = json.loads(str(arrays["meta_json"]))
     state = stats.Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])
-    return FitJob(state, [Cursor(**cursor) for cursor in meta["cursors"]], int(meta["block_rows"]),
-                  meta["precision"], bool(meta["skip_nonfinite"]), int(meta["base_rows"]), meta["kept_sources"],
-                  threads=int(meta.get("threads", 0)), fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)))
+    return FitPlan(state, [Cursor(**cursor) for cursor in meta["cursors"]], int(meta["block_rows"]),
+                   meta["precision"], bool(meta["skip_nonfinite"]), int(meta["base_rows"]), meta["kept_sources"],
+                   threads=int(meta.get("threads", 0)), fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)))
 
 
-def check_resumable(job: FitJob, planned: FitJob, checkpoint_path: str) -> None:
-    """Refuse to resume ``job`` (from a checkpoint) for other sources, options, or changed data."""
+def check_resumable(job: FitPlan, checkpoint_path: str, options: tuple, base_rows: int, inputs: list,
+                    exact: bool = True) -> None:
+    """Refuse to resume ``job`` (from ``checkpoint_path``) for other inputs, options or starting model,
+    or when its sources changed: :class:`BadInputError` saying which.
+
+    ``options`` is ``(precision, skip_nonfinite, fill_missing_chunks)`` and ``base_rows`` the rows of the
+    model being updated (0 for a fresh fit). ``exact``: ``inputs`` (specs) must be the checkpoint's, in
+    order (a fit); otherwise the checkpoint may read only inputs among them (a ``job.toml`` run, whose
+    new inputs are read by the next update).
+    """
     hint = f"; pass --restart to discard {checkpoint_path} and start over"
-    if [c.spec for c in job.cursors] != [c.spec for c in planned.cursors]:
-        raise BadInputError(f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in job.cursors)}){hint}")
-    if ((job.precision, job.skip_nonfinite, job.fill_missing_chunks)
-            != (planned.precision, planned.skip_nonfinite, planned.fill_missing_chunks)):
+    if exact:
+        other = [c.spec for c in job.cursors] != list(inputs)
+    else:
+        wanted = {_identity(spec) for spec in inputs}
+        other = any(_identity(cursor.spec) not in wanted for cursor in job.cursors)
+    if other:
+        raise BadInputError(f"{checkpoint_path}: checkpoint is for other inputs "
+                            f"({', '.join(c.spec for c in job.cursors)}){hint}")
+    if job.options != tuple(options):
         raise BadInputError(f"{checkpoint_path}: checkpoint was made with other options (precision, skip-nonfinite, "
                             f"fill-missing-chunks){hint}")
+    if job.base_rows != base_rows:
+        raise BadInputError(f"{checkpoint_path}: checkpoint is for another starting model{hint}")
     check_sources_unchanged(job, checkpoint_path)
 
 
-def check_sources_unchanged(job: FitJob, checkpoint_path: str) -> None:
+def _identity(spec: str) -> tuple:
+    with open_source(spec, min_rows=0) as source:
+        return source.identity
+
+
+def check_sources_unchanged(job: FitPlan, checkpoint_path: str) -> None:
     """Refuse a checkpointed job whose sources no longer start with the rows it recorded."""
     for cursor in job.cursors:
         with open_source(cursor.spec, fill_missing_chunks=job.fill_missing_chunks) as source:
@@ -385,7 +426,7 @@ def check_sources_unchanged(job: FitJob, checkpoint_path: str) -> None:
 # --------------------------------------------------------------------------------------------- running
 
 
-def _block_buffers(job: FitJob) -> tuple[PerThread, PerThread]:
+def _block_buffers(job: FitPlan) -> tuple[PerThread, PerThread]:
     """Two reused byte buffers per worker thread: one large enough for a block of the widest dtype among
     the sources still to read, which each source's blocks are read into as that source's dtype; and one
     for a block in float64, taken only where rows are centred into another dtype than they were read in
@@ -397,7 +438,7 @@ def _block_buffers(job: FitJob) -> tuple[PerThread, PerThread]:
     return PerThread((rows * n_features * itemsize,), np.uint8), PerThread((rows * n_features * 8,), np.uint8)
 
 
-def _block_tasks(job: FitJob, opened: list, buffers: tuple):
+def _block_tasks(job: FitPlan, opened: list, buffers: tuple):
     """One task per remaining block of ``job``, source by source; opens each source as it is reached
     (appending it to ``opened``)."""
     for index, cursor in enumerate(job.cursors):
@@ -419,26 +460,26 @@ def _read_block_moments(index, begin, end, source, buffers, precision, skip_nonf
     workspace = None
     if work != source.dtype and source.dtype != np.float16:  # float16 is widened in a copy of its own
         workspace = as_array(workspaces.get(), shape, work)
-    moments, skipped = block_moments(rows, begin, source.label, precision, skip_nonfinite, True, workspace)
+    moments, skipped = reduce_block(rows, begin, source.label, precision, skip_nonfinite, True, workspace)
     return index, begin, end, moments, skipped, source
 
 
-def run_job(
-    job: FitJob,
+def run_plan(
+    job: FitPlan,
     progress: ProgressCallback | None = None,
     checkpoint_path: str | None = None,
     checkpoint_blocks: int | None = None,
     checkpoint_seconds: float | None = None,
     should_stop: Callable[[], bool] | None = None,
     threads: int | None = None,
-) -> FitJob:
-    """Fold every remaining block of ``job`` into its state; returns the finished job.
+) -> FitPlan:
+    """Fold every remaining block of ``job`` (a :class:`FitPlan`) into its state; returns it, finished.
 
     With ``checkpoint_path``, a checkpoint is written every ``checkpoint_blocks`` blocks or
     ``checkpoint_seconds`` seconds, whichever comes first. When ``should_stop()`` turns true (a signal),
     a final checkpoint is written and :class:`InterruptedRunError` raised. ``threads`` worker threads
     (default: one per core, at most four) each read and reduce whole blocks, folded in block order; a
-    job resumed from a checkpoint keeps the thread count it was started with (``job.threads``).
+    plan resumed from a checkpoint keeps the thread count it was started with (``job.threads``).
     """
     began = time.perf_counter()
     last_checkpoint = began
@@ -452,9 +493,9 @@ def run_job(
             return True
         return bool(checkpoint_seconds) and time.perf_counter() - last_checkpoint >= checkpoint_seconds
 
-    # A job keeps its thread count across resumes: BLAS rounding can depend on its threads per call.
+    # A plan keeps its thread count across resumes: BLAS rounding can depend on its threads per call.
     job.threads = job.threads or resolve_threads(threads)
-    # Fewer blocks in the whole job than threads: fewer workers, each with more BLAS threads.
+    # Fewer blocks in the whole plan than threads: fewer workers, each with more BLAS threads.
     workers = min(job.threads, max(1, job.blocks_total))
     opened: list[Source] = []
     buffers = _block_buffers(job)
@@ -501,9 +542,31 @@ def fit_sources(
     fill_missing_chunks: bool = False,
 ) -> FitResult:
     """One uninterrupted pass over every source, in order; returns the merged statistics."""
-    job = run_job(plan_fit(specs, dataset, precision, skip_nonfinite, block_rows, fill_missing_chunks), progress,
-                  threads=threads)
-    return FitResult(job.state, job.n_skipped, job.sources, job.n_blocks, job.seconds, job.rows_done)
+    plan = plan_fit(specs, dataset, precision, skip_nonfinite, block_rows, fill_missing_chunks)
+    return run_plan(plan, progress, threads=threads).result()
+
+
+#: The former name of :func:`run_plan`.
+run_job = run_plan
+
+
+def fit_info(n_skipped: int, precision: str = "auto", skip_nonfinite: bool = False,
+             fill_missing_chunks: bool = False) -> dict:
+    """What a model records of the fit that made it, besides its sources: enough to tell whether a
+    later fit of the same inputs with the same options would give the same model."""
+    return {"n_skipped_nonfinite": int(n_skipped), "precision": precision, "skip_nonfinite": bool(skip_nonfinite),
+            "fill_missing_chunks": bool(fill_missing_chunks)}
+
+
+def finalize_fit(result: FitResult, model_params: dict | None = None, skipped_before: int = 0):
+    """The model of a finished fit (any engine): its state finalized with ``model_params`` (beta, gamma,
+    n_components, variance, eps), recording its sources and :func:`fit_info` (``skipped_before``: rows
+    an updated model had skipped already)."""
+    from .model import finalize
+
+    info = fit_info(skipped_before + result.n_skipped, result.precision, result.skip_nonfinite,
+                    result.fill_missing_chunks)
+    return finalize(result.state, sources=result.sources, info=info, **(model_params or {}))
 
 
 def remove_checkpoint(path: str | None) -> None:

@@ -1,9 +1,11 @@
-"""Whole jobs: a resumable fit or update, and the nightly batch run described by a ``job.toml``.
+"""A whole fit (the one entry point of every engine), and the batch run described by a ``job.toml``.
 
 ``fit_job`` plans a fit (or an incremental update of a saved model), resumes it from a matching
-checkpoint, runs it and finalizes. ``run_job_file`` chains fit/update, finalize and apply, skipping
-each step that is already up to date, under a lock so two runs of the same job never overlap.
-Progress is reported through the ``streamwhiten`` logger; the CLI decides where it goes.
+checkpoint, runs it on the serial or the Dask engine and finalizes. ``run_job_file`` runs a *job* (a
+``job.toml``): fit/update, finalize and apply, skipping each step that is already up to date, under a
+lock so two runs of the same job never overlap. Progress is reported through the ``streamwhiten``
+logger; the CLI decides where it goes. (This module is the job.toml runner; the plan of a single fit
+is ``fit.FitPlan``.)
 """
 
 from __future__ import annotations
@@ -16,8 +18,7 @@ import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import numpy as np
-
+from . import params as _params
 from .errors import BadInputError, InterruptedRunError, LockedError, NothingToDoError, StoreIOError
 
 log = logging.getLogger("streamwhiten")
@@ -36,16 +37,6 @@ def default_checkpoint(model_path: str) -> str:
     return os.path.join(head, f".{tail}.checkpoint")
 
 
-def _check_checkpoint_options(checkpoint_every, checkpoint_seconds) -> None:
-    """Raise :class:`BadInputError` for a checkpoint interval that makes no sense (``chunk_rows`` is
-    checked where the blocks are planned)."""
-    every, seconds = checkpoint_every, checkpoint_seconds
-    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
-        raise BadInputError(f"checkpoint_every must be a whole number of at least 1, got {every!r}")
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float, np.integer, np.floating)) or not seconds > 0:
-        raise BadInputError(f"checkpoint_seconds must be a number of seconds above 0, got {seconds!r}")
-
-
 def check_fit_paths(inputs, model_path: str, checkpoint: str | None = None, update: str | None = None) -> str:
     """Refuse a model file or checkpoint over an input, over each other, or a checkpoint over the model
     being updated, before anything is written; returns the checkpoint path (the default one if none)."""
@@ -58,25 +49,55 @@ def check_fit_paths(inputs, model_path: str, checkpoint: str | None = None, upda
     return checkpoint
 
 
-def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chunk_rows=None, skip_nonfinite=False,
-            update=None, checkpoint=None, checkpoint_every=20, checkpoint_seconds=60.0, restart=False,
-            resume=False, progress=None, should_stop=None, threads=None, fill_missing_chunks=False):
-    """Plan (or update), resume from a matching checkpoint, run and finalize a fit.
+ENGINES = ("serial", "dask")
 
-    Returns ``(model, job, resumed, checkpoint_path)``; the caller saves the model and then removes the
-    checkpoint. ``update`` names a saved model whose statistics are extended with appended rows only.
+
+def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chunk_rows=None, skip_nonfinite=False,
+            update=None, checkpoint=None, checkpoint_every=_params.default("checkpoint_every"),
+            checkpoint_seconds=_params.default("checkpoint_seconds"), restart=False, resume=False, progress=None,
+            should_stop=None, threads=None, fill_missing_chunks=False, *, engine="serial", scheduler=None,
+            workers=None, client=None, overwrite=True):
+    """Plan (or update), resume from a matching checkpoint, run and finalize a fit: the one entry point
+    of every engine.
+
+    ``engine="serial"`` runs in this process, checkpointed and resumable; ``engine="dask"`` runs the
+    same blocks (:func:`~streamwhiten.fit.plan_blocks`) on a Dask cluster (``scheduler``, a local one of
+    ``workers`` processes, or ``client``), not checkpointed, so without ``update`` or ``resume``. With
+    ``overwrite=False`` an existing model file is refused (:class:`OutputExistsError`), or reported
+    (:class:`NothingToDoError`) when it holds what this fit would write.
+
+    Returns ``(model, fitted, resumed, checkpoint_path)``: ``fitted`` is the finished
+    :class:`~streamwhiten.fit.FitPlan` (serial) or :class:`~streamwhiten.fit.FitResult` (Dask); the
+    caller saves the model with :func:`save_fitted`, which also removes the checkpoint. ``update``
+    names a saved model whose statistics are extended with appended rows only.
     """
-    from .fit import check_resumable, load_checkpoint, plan_fit, plan_update, run_job
-    from .model import check_params, finalize, load_model
+    from .fit import check_resumable, finalize_fit, load_checkpoint, plan_fit, plan_update, run_plan
+    from .model import check_params, load_model
     from .io.durable import remove_stale_temps
 
-    _check_checkpoint_options(checkpoint_every, checkpoint_seconds)
+    _params.check("checkpoint_every", checkpoint_every)
+    _params.check("checkpoint_seconds", checkpoint_seconds)
+    if engine not in ENGINES:
+        raise BadInputError(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
+    if engine == "dask" and (update or resume):
+        raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
+    params = dict(params or {})
+    check_params(**params)
     check_writable_dir(model_path, "model file")
     checkpoint = check_fit_paths(inputs, model_path, checkpoint, update)
+    if not overwrite:
+        _refuse_existing_model(inputs, model_path, update, dataset, params, precision, skip_nonfinite,
+                               fill_missing_chunks)
     for path in (model_path, checkpoint):
         remove_stale_temps(path)  # what killed runs of this fit left behind
 
-    params = dict(params or {})
+    if engine == "dask":
+        from .distributed import fit_dask
+
+        result = fit_dask(inputs, dataset, precision, skip_nonfinite, chunk_rows, scheduler=scheduler,
+                          n_workers=workers, client=client, fill_missing_chunks=fill_missing_chunks)
+        return finalize_fit(result, params), result, False, None
+
     if update is not None:
         previous = load_model(update)
         params = _effective_params(params, previous)
@@ -87,36 +108,39 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
         planned = plan_fit(inputs, dataset, precision, skip_nonfinite, chunk_rows, fill_missing_chunks)
         skipped_before = 0
     check_params(n_features=planned.state.n_features, **params)  # k > d is caught before the pass
-    checkpoint = checkpoint or default_checkpoint(model_path)
     resumed = False
     if os.path.exists(checkpoint) and not restart:
         job = load_checkpoint(checkpoint)
-        check_resumable(job, planned, checkpoint)
+        check_resumable(job, checkpoint, planned.options, planned.base_rows, [c.spec for c in planned.cursors])
         if chunk_rows is not None and int(chunk_rows) != job.block_rows:
             log.info("resuming with the checkpoint's %s rows per block (not %s), so the result is the same bits",
                      job.block_rows, chunk_rows)
         if threads is not None and job.threads and int(threads) != job.threads:
             log.info("resuming with the checkpoint's %s threads (not %s), so the result is the same bits",
                      job.threads, threads)
-        if job.base_rows != planned.base_rows:
-            raise BadInputError(f"{checkpoint}: checkpoint is for another starting model; pass --restart to start over")
         resumed = True
         log.info("resuming from %s: %s of %s rows already done", checkpoint, f"{job.rows_done:,}", f"{job.rows_total:,}")
     elif resume:
         raise BadInputError(f"{checkpoint}: no checkpoint to resume from")
     else:
         job = planned
-    job = run_job(job, progress, checkpoint, checkpoint_every, checkpoint_seconds, should_stop, threads)
-    info = fit_info(job, skipped_before + job.n_skipped)
-    model = finalize(job.state, sources=job.sources + job.kept_sources, info=info, **params)
-    return model, job, resumed, checkpoint
+    job = run_plan(job, progress, checkpoint, checkpoint_every, checkpoint_seconds, should_stop, threads)
+    return finalize_fit(job.result(), params, skipped_before), job, resumed, checkpoint
 
 
-def fit_info(job, n_skipped: int) -> dict:
-    """What a model records of the fit that made it, besides its sources: enough to tell whether a
-    later fit of the same inputs with the same options would give the same model."""
-    return {"n_skipped_nonfinite": int(n_skipped), "precision": job.precision,
-            "skip_nonfinite": bool(job.skip_nonfinite), "fill_missing_chunks": bool(job.fill_missing_chunks)}
+def _refuse_existing_model(inputs, model_path, update, dataset, params, precision, skip_nonfinite,
+                           fill_missing_chunks) -> None:
+    """An existing model file is replaced only with ``overwrite`` (or updated in place); one that already
+    holds what this fit would write is nothing to do."""
+    from .errors import OutputExistsError
+    from .io import same_file
+
+    if not os.path.exists(model_path) or (update and same_file(update, model_path)):
+        return
+    if update is None and model_is_current(model_path, inputs, dataset, params, precision, skip_nonfinite,
+                                           fill_missing_chunks):
+        raise NothingToDoError(f"nothing to do: {model_path} was fitted on these inputs with these settings")
+    raise OutputExistsError.at(model_path)
 
 
 def model_is_current(model_path: str, inputs, dataset=None, params=None, precision="auto", skip_nonfinite=False,
@@ -150,17 +174,18 @@ def model_is_current(model_path: str, inputs, dataset=None, params=None, precisi
     return model_checksum(wanted) == model_checksum(model)
 
 
-def save_fitted(model, job, model_path: str, checkpoint: str, should_stop=None) -> str:
+def save_fitted(model, job, model_path: str, checkpoint: str | None, should_stop=None) -> str:
     """Save the model of a finished fit, then remove its checkpoint; returns the model's checksum.
 
     When a stop was asked for (a signal during the fit's last block or its finalize), the finished
-    job is checkpointed instead and :class:`InterruptedRunError` raised: the next run only finalizes
+    plan is checkpointed instead and :class:`InterruptedRunError` raised: the next run only finalizes
     and saves. A signal during the save itself lets the save finish (the file is whole or absent).
+    A fit without a checkpoint (``checkpoint`` None: the Dask engine) is saved whatever ``should_stop`` says.
     """
     from .fit import remove_checkpoint, save_checkpoint
     from .model import save_model
 
-    if should_stop is not None and should_stop():
+    if checkpoint is not None and should_stop is not None and should_stop():
         save_checkpoint(job, checkpoint)
         raise InterruptedRunError(f"interrupted before the model was saved; the finished fit is in {checkpoint} "
                                   "(run the same command again to save it)")
@@ -201,15 +226,18 @@ def job_lock(path: str):
             pass  # the pid written into it is informative only; the lock goes with the descriptor
 
 
-#: Keys a job file may hold, with the type each value must have.
+#: A job-file key whose value is checked against :data:`streamwhiten.params.PARAMS`.
+_PARAM = "parameter"
+#: Keys a job file may hold: the type each value must have, or :data:`_PARAM`.
 _KEYS = {
     "": {"name": str, "input": dict, "model": dict, "apply": dict},
-    "input": {"paths": (list, str), "dataset": str, "fill_missing_chunks": bool},
-    "model": {"path": str, "beta": (int, float), "gamma": (int, float), "n_components": int, "variance": (int, float),
-              "eps": (int, float), "precision": str, "chunk_rows": int, "skip_nonfinite": bool,
-              "checkpoint_every": int, "checkpoint_seconds": (int, float), "threads": int},
-    "apply": {"output": str, "normalize": bool, "dtype": str, "zarr_format": int, "chunk_rows": int,
-              "skip_nonfinite": bool, "threads": int, "direct_io": bool, "keep_columns": (list, str)},
+    "input": {"paths": (list, str), "dataset": str, "fill_missing_chunks": _PARAM},
+    "model": {"path": str, **{name: _PARAM for name in ("beta", "gamma", "n_components", "variance", "eps",
+                                                          "precision", "chunk_rows", "skip_nonfinite",
+                                                          "checkpoint_every", "checkpoint_seconds", "threads")}},
+    "apply": {"output": str, "keep_columns": (list, str),
+              **{name: _PARAM for name in ("normalize", "dtype", "zarr_format", "chunk_rows", "skip_nonfinite",
+                                           "threads", "direct_io")}},
 }
 
 
@@ -254,16 +282,15 @@ def read_job_file(path: str) -> JobSpec:
             raise BadInputError(f"{path}: unknown key(s) {', '.join(sorted(unknown))} in {where}")
         for key, kind in allowed.items():
             value = table.get(key)
+            if value is None:
+                continue
+            if kind is _PARAM:
+                _params.check(key, value, f"{path}: {key} in {where}")
+                continue
             wrong_bool = isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,))
-            if value is not None and (wrong_bool or not isinstance(value, kind)):
+            if wrong_bool or not isinstance(value, kind):
                 names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
                 raise BadInputError(f"{path}: {key} in {where} must be of type {names}, got {value!r}")
-        for key in ("threads", "chunk_rows", "checkpoint_every"):
-            if table.get(key) is not None and table[key] < 1:
-                raise BadInputError(f"{path}: {key} in {where} must be a whole number of at least 1, got {table[key]}")
-        if table.get("checkpoint_seconds") is not None and not table["checkpoint_seconds"] > 0:
-            raise BadInputError(f"{path}: checkpoint_seconds in {where} must be a number of seconds above 0, "
-                                f"got {table['checkpoint_seconds']}")
     base = os.path.dirname(os.path.abspath(path))
     absolute = lambda p: p if os.path.isabs(p) else os.path.join(base, p)  # noqa: E731
     inputs = data.get("input", {}).get("paths")
@@ -279,8 +306,6 @@ def read_job_file(path: str) -> JobSpec:
         if "output" not in apply:
             raise BadInputError(f"{path}: [apply] output is required, e.g. 'reduced/{{stem}}.zarr'")
         _check_output_template(path, apply["output"])
-        if apply.get("dtype", "float32") not in ("float32", "float16"):
-            raise BadInputError(f"{path}: dtype in [apply] must be \"float32\" or \"float16\", got {apply['dtype']!r}")
         apply = dict(apply, output=absolute(apply["output"]))
     name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
     return JobSpec(path, name, [absolute(p) for p in inputs], data.get("input", {}).get("dataset"),
@@ -333,8 +358,8 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
     checkpoint that does not belong to the current model (or whose sources changed) is discarded.
     """
     from .errors import ModelFileError
-    from .fit import check_sources_unchanged, load_checkpoint, remove_checkpoint, run_job
-    from .model import finalize, load_model
+    from .fit import check_resumable, finalize_fit, load_checkpoint, remove_checkpoint, run_plan
+    from .model import load_model
 
     try:
         job = load_checkpoint(checkpoint)
@@ -346,39 +371,23 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
         # killed after saving the model, before removing the checkpoint: the model already holds it
         remove_checkpoint(checkpoint)
         return False
+    options = (spec.model.get("precision", _params.default("precision")),
+               bool(spec.model.get("skip_nonfinite", False)), spec.fill_missing_chunks)
     try:
-        if job.base_rows != model_rows:
-            raise BadInputError("it was made for another version of the model")
-        wanted = {_identity(spec_) for spec_ in inputs}
-        if any(_identity(cursor.spec) not in wanted for cursor in job.cursors):
-            raise BadInputError("it reads inputs this job no longer lists")
-        options = (spec.model.get("precision", "auto"), bool(spec.model.get("skip_nonfinite", False)),
-                   spec.fill_missing_chunks)
-        if (job.precision, job.skip_nonfinite, job.fill_missing_chunks) != options:
-            raise BadInputError("it was made with other options (precision, skip_nonfinite, fill_missing_chunks)")
-        check_sources_unchanged(job, checkpoint)
+        check_resumable(job, checkpoint, options, model_rows, inputs, exact=False)
     except BadInputError as exc:
         log.warning("job %s: discarding checkpoint %s: %s", spec.name, checkpoint, exc)
         remove_checkpoint(checkpoint)
         return False
     log.info("job %s: finishing the interrupted run in %s (%s of %s rows done)", spec.name, checkpoint,
              f"{job.rows_done:,}", f"{job.rows_total:,}")
-    fit_options = {k: spec.model[k] for k in ("checkpoint_every", "checkpoint_seconds") if k in spec.model}
-    job = run_job(job, progress, checkpoint, fit_options.get("checkpoint_every", 20),
-                  fit_options.get("checkpoint_seconds", 60.0), should_stop, spec.model.get("threads"))
-    params = _effective_params(params, previous)
+    job = run_plan(job, progress, checkpoint, spec.model.get("checkpoint_every", _params.default("checkpoint_every")),
+                   spec.model.get("checkpoint_seconds", _params.default("checkpoint_seconds")), should_stop,
+                   spec.model.get("threads"))
     skipped = (int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and job.base_rows else 0)
-    model = finalize(job.state, sources=job.sources + job.kept_sources,
-                     info=fit_info(job, skipped + job.n_skipped), **params)
+    model = finalize_fit(job.result(), _effective_params(params, previous), skipped)
     save_fitted(model, job, spec.model_path, checkpoint, should_stop)
     return True
-
-
-def _identity(spec: str) -> tuple:
-    from .io import open_source
-
-    with open_source(spec, min_rows=0) as source:
-        return source.identity
 
 
 def _effective_params(params: dict, previous) -> dict:

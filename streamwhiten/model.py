@@ -19,33 +19,16 @@ import numpy as np
 from . import __version__
 from ._npz import checksum, read_npz, write_npz_atomic
 from .errors import BadInputError, ModelFileError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
+from .params import DEFAULT_EPS, check_model
 from .stats import Moments, covariance
 
 FORMAT_NAME = "streamwhiten-model"
 FORMAT_VERSION = 1
-#: Default regulariser, relative to the largest eigenvalue: ``eps_ = eps * lambda_1`` is added to every
-#: eigenvalue before the power ``-gamma/2``, so directions of zero variance are scaled by at most
-#: ``(eps * lambda_1)^(-gamma/2)`` instead of dividing by zero.
-DEFAULT_EPS = 1e-6
 
 
 def check_params(beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, variance=None, n_features=None) -> None:
-    """Raise :class:`BadInputError` for a hyper-parameter outside its range."""
-    for name, value in (("beta", beta), ("gamma", gamma)):
-        if not isinstance(value, (int, float, np.number)) or not 0.0 <= float(value) <= 1.0:
-            raise BadInputError(f"{name} must be a number in [0, 1], got {value!r}")
-    if not isinstance(eps, (int, float, np.number)) or not (math.isfinite(eps) and eps > 0):
-        raise BadInputError(f"eps must be a positive finite number, got {eps!r}")
-    if n_components is not None and variance is not None:
-        raise BadInputError("give n_components (k) or variance, not both")
-    if n_components is not None:
-        if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) or n_components < 1:
-            raise BadInputError(f"n_components (k) must be an integer >= 1, got {n_components!r}")
-        if n_features is not None and n_components > n_features:
-            raise BadInputError(f"n_components (k) = {n_components} exceeds the data width d = {n_features}")
-    if variance is not None:
-        if not isinstance(variance, (int, float, np.number)) or not 0.0 < float(variance) <= 1.0:
-            raise BadInputError(f"variance must be a fraction in (0, 1], got {variance!r}")
+    """Raise :class:`BadInputError` for a hyper-parameter outside its range (see :mod:`streamwhiten.params`)."""
+    check_model(beta, gamma, eps, n_components, variance, n_features)
 
 
 def float_dtype(dtype) -> np.dtype:
@@ -60,6 +43,9 @@ def float_dtype(dtype) -> np.dtype:
 def float_rows(rows) -> np.ndarray:
     """``rows`` as an array of float16, float32 or float64 in native byte order (copied only to swap
     bytes); integer, bool, complex and object arrays raise :class:`BadInputError`."""
+    if type(rows).__module__.startswith("scipy.sparse"):
+        raise BadInputError(f"expected a dense array of rows, got a scipy.sparse {type(rows).__name__} "
+                            "(sparse input is not supported; convert with .toarray())")
     rows = np.asarray(rows)
     native = float_dtype(rows.dtype)
     return rows if rows.dtype == native else rows.astype(native)
@@ -342,7 +328,7 @@ def finalize(
     params = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
     check_params(n_features=state.n_features, **params)
     if state.n_rows < 2:
-        raise BadInputError(f"at least 2 rows are needed to fit, got {state.n_rows}")
+        raise BadInputError(f"at least 2 rows are needed to fit, got n_samples = {state.n_rows}")
     sigma = covariance(state, float(beta))
     if not np.all(np.isfinite(sigma)):
         raise BadInputError("the covariance overflowed (values too large for float32 products); "
@@ -387,7 +373,7 @@ def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
     from .errors import OutputExistsError
 
     if not overwrite and os.path.exists(path):
-        raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
+        raise OutputExistsError.at(path)
     return write_npz_atomic(path, _arrays(model), "model file")
 
 

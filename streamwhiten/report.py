@@ -318,7 +318,7 @@ def check_output(path: str, with_pairs: bool, overwrite: bool = False) -> None:
         raise BadInputError(f"{path}: directory {parent} does not exist")
     for target in planned_files(path, with_pairs):
         if os.path.exists(target) and not overwrite:
-            raise OutputExistsError(f"{target}: already exists (pass --overwrite to replace it)")
+            raise OutputExistsError.at(target)
 
 
 def write_report(data: ReportData, path: str, overwrite: bool = False, title: str | None = None) -> list:

@@ -1,7 +1,7 @@
 """Streaming first and second moments: the state and three pure functions.
 
 The state is ``(n_rows, mean, scatter)`` with ``scatter = sum_i (x_i - mean)^T (x_i - mean)``, all in
-float64. ``chunk_moments`` computes it for one chunk (centred on the chunk's own mean, never as
+float64. ``block_moments`` computes it for one block of rows (centred on the block's own mean, never as
 ``E[xx^T] - mu mu^T``), ``merge`` combines two states exactly (Chan, Golub & LeVeque pairwise update),
 ``covariance`` gives ``Sigma_beta`` in closed form. No I/O happens here.
 """
@@ -14,13 +14,14 @@ import numpy as np
 
 from . import _kernels
 from .errors import BadInputError, NonFiniteError
+from .params import PARAMS, check
 
 #: Rows per BLAS call when the scatter is accumulated in float32. Each sub-block's float32 product is
 #: added into a float64 total, which bounds the float32 rounding error (about 2e-7 relative at this
 #: size) however long the chunk is; smaller sub-blocks are slightly more accurate but measurably slower.
 GEMM_ROWS = 65536
 
-PRECISIONS = ("auto", "float32", "float64")
+PRECISIONS = PARAMS["precision"].choices
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,7 @@ class Moments:
 
 def working_dtype(input_dtype, precision: str = "auto") -> np.dtype:
     """The dtype the scatter product runs in: float64 input or ``precision='float64'`` give float64."""
-    if precision not in PRECISIONS:
-        raise BadInputError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    check("precision", precision)
     if precision == "float64" or (precision == "auto" and np.dtype(input_dtype) == np.float64):
         return np.dtype(np.float64)
     return np.dtype(np.float32)
@@ -83,7 +83,7 @@ def drop_nonfinite(chunk: np.ndarray) -> tuple[np.ndarray, int]:
 SHIFT_SAMPLE_ROWS = 256
 
 
-def chunk_moments(
+def block_moments(
     chunk, precision: str = "auto", workspace: np.ndarray | None = None, overwrite_input: bool = False
 ) -> Moments:
     """Moments of one chunk of rows, in one pass over the data plus the scatter product.
@@ -139,6 +139,10 @@ def chunk_moments(
     return Moments(n_rows, shift + offset, scatter)
 
 
+#: The former name of :func:`block_moments` (a store's *chunk* is its storage unit; an engine reads *blocks*).
+chunk_moments = block_moments
+
+
 def _overflow(dtype, what: str) -> BadInputError:
     hint = "; fit with --precision float64" if dtype == np.float32 else ""
     return BadInputError(f"values too large for the arithmetic ({what} overflow){hint}")
@@ -161,8 +165,8 @@ def merge(a: Moments, b: Moments) -> Moments:
 
 
 def update(state: Moments, chunk, precision: str = "auto", **options) -> Moments:
-    """``merge(state, chunk_moments(chunk))``: fold one more chunk into the state."""
-    return merge(state, chunk_moments(chunk, precision, **options))
+    """``merge(state, block_moments(block))``: fold one more block of rows into the state."""
+    return merge(state, block_moments(chunk, precision, **options))
 
 
 def covariance(state: Moments, beta: float = 1.0) -> np.ndarray:

@@ -1,18 +1,33 @@
-"""The scikit-learn-style estimator: ``Whitener().fit(store).transform(rows)``."""
+"""The scikit-learn transformer: ``Whitener().fit(store).transform(rows)``.
+
+A real scikit-learn estimator (``BaseEstimator``, ``TransformerMixin``): ``clone``, ``Pipeline``,
+``GridSearchCV``, ``set_output``, ``get_feature_names_out``, ``check_is_fitted`` and the HTML repr work,
+and ``sklearn.utils.estimator_checks`` passes but for the checks ``tests/test_whitener.py`` lists with
+their reasons. Its parameters are checked against :data:`streamwhiten.params.PARAMS` when it fits, as
+the command line and job files check theirs.
+"""
 
 from __future__ import annotations
 
 import os
 
 import numpy as np
+from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
+from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
+from sklearn.utils.validation import validate_data
 
-from . import stats
-from ._threads import resolve_threads
-from .errors import BadInputError, NotFittedError
-from .model import DEFAULT_EPS, WhiteningModel, check_params, finalize, float_rows, load_model, save_model
+from . import errors, params, stats
+from .errors import BadInputError
+from .model import WhiteningModel, float_rows, load_model, save_model
 
-#: Rows per chunk when an in-memory array is fitted (bounds the float32 workspace).
+#: Rows per block when an in-memory array is fitted (bounds the float32 workspace).
 IN_MEMORY_CHUNK_ROWS = 65536
+
+_D = params.PARAMS  # the defaults below are the declared ones
+
+
+class NotFittedError(errors.NotFittedError, _SklearnNotFittedError):
+    """Raised by an unfitted Whitener: caught as streamwhiten's or as scikit-learn's ``NotFittedError``."""
 
 
 def _is_store_spec(data) -> bool:
@@ -29,7 +44,7 @@ def _is_dask_array(data) -> bool:
     return type(data).__module__.startswith("dask") and hasattr(data, "chunks") and hasattr(data, "dask")
 
 
-class Whitener:
+class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator):
     """Streaming BERT-whitening: ``y = (x - beta*mu) U_k (Lambda_k + eps_)^(-gamma/2)``.
 
     Parameters
@@ -45,12 +60,15 @@ class Whitener:
     eps : float > 0
         Regulariser relative to the largest eigenvalue (``eps_ = eps * lambda_1`` is added to every
         eigenvalue), so rank-deficient data never yields NaN or Inf.
+    normalize : bool
+        ``transform`` scales every output row to unit L2 norm (``transform(X, normalize=...)`` overrides it).
     precision : {"auto", "float32", "float64"}
         Arithmetic of the scatter product: "auto" is float64 for float64 input, float32 otherwise
         (about 1e-7 relative error, twice as fast). Means and merges are always float64.
     skip_nonfinite : bool
         ``fit`` skips (and counts) rows with NaN/Inf and ``transform`` returns NaN rows for them,
-        instead of raising :class:`~streamwhiten.errors.NonFiniteError`.
+        instead of raising :class:`~streamwhiten.errors.NonFiniteError`. The estimator's
+        ``allow_nan`` tag follows it.
     chunk_rows : int, optional
         Rows per block read from a store (default: whole store chunks, about 64 MiB) or taken from an
         in-memory array (default 65536).
@@ -64,22 +82,25 @@ class Whitener:
         fill value. By default such a store is refused with an error naming the rows: a hole in an
         embedding store is almost always damage, not data.
 
+    Parameters are keyword-only. Arrays must hold float16, float32 or float64 values (integer, bool, complex, object and sparse
+    input is refused with :class:`~streamwhiten.errors.BadInputError`, a ``ValueError``).
     Changing ``beta``, ``gamma``, ``n_components``, ``variance`` or ``eps`` after fitting (``set_params``)
     re-finalizes from the saved statistics without another pass over the data.
     """
 
-    _param_names = ("beta", "gamma", "n_components", "variance", "eps", "precision", "skip_nonfinite", "chunk_rows",
-                    "n_jobs", "fill_missing_chunks")
-
     def __init__(
-        self, beta=1.0, gamma=1.0, n_components=None, variance=None, eps=DEFAULT_EPS,
-        precision="auto", skip_nonfinite=False, chunk_rows=None, n_jobs=None, fill_missing_chunks=False,
+        self, *, beta=_D["beta"].default, gamma=_D["gamma"].default, n_components=_D["n_components"].default,
+        variance=_D["variance"].default, eps=_D["eps"].default, normalize=_D["normalize"].default,
+        precision=_D["precision"].default, skip_nonfinite=_D["skip_nonfinite"].default,
+        chunk_rows=_D["chunk_rows"].default, n_jobs=_D["n_jobs"].default,
+        fill_missing_chunks=_D["fill_missing_chunks"].default,
     ):
         self.beta = beta
         self.gamma = gamma
         self.n_components = n_components
         self.variance = variance
         self.eps = eps
+        self.normalize = normalize
         self.precision = precision
         self.skip_nonfinite = skip_nonfinite
         self.chunk_rows = chunk_rows
@@ -87,55 +108,72 @@ class Whitener:
         self.fill_missing_chunks = fill_missing_chunks
 
     # -- scikit-learn protocol ------------------------------------------------------------------------
-    def get_params(self, deep=True) -> dict:
-        return {name: getattr(self, name) for name in self._param_names}
-
     def set_params(self, **params) -> "Whitener":
-        for name, value in params.items():
-            if name not in self._param_names:
-                raise BadInputError(f"unknown parameter {name!r}; valid: {', '.join(self._param_names)}")
-            setattr(self, name, value)
-        return self
+        valid = self.get_params(deep=False)
+        for name in params:
+            if name not in valid:
+                raise BadInputError(f"unknown parameter {name!r} for Whitener; valid: {', '.join(valid)}")
+        return super().set_params(**params)
 
-    def __repr__(self):
-        changed = {k: v for k, v in self.get_params().items() if v != Whitener().get_params()[k]}
-        return f"Whitener({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = bool(self.skip_nonfinite)
+        tags.transformer_tags.preserves_dtype = ["float64", "float32"]  # float16 is computed in float32
+        return tags
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return "state_" in self.__dict__
+
+    @property
+    def _n_features_out(self) -> int:  # for get_feature_names_out: whitener0, whitener1, ...
+        return self.n_components_
 
     def _check_params(self, n_features=None):
-        check_params(self.beta, self.gamma, self.eps, self.n_components, self.variance, n_features)
-        stats.working_dtype(np.float32, self.precision)
-        resolve_threads(self.n_jobs)
-        if self.chunk_rows is not None and (isinstance(self.chunk_rows, bool) or int(self.chunk_rows) < 1):
-            raise BadInputError(f"chunk_rows must be at least 1, got {self.chunk_rows!r}")
+        """Check every parameter against :data:`streamwhiten.params.PARAMS` (done when fitting, not in
+        ``__init__`` or ``set_params``, as scikit-learn expects)."""
+        for name, value in self.get_params(deep=False).items():
+            params.check(name, value)
+        params.check_model(self.beta, self.gamma, self.eps, self.n_components, self.variance, n_features)
+
+    def _rows(self, X, reset: bool) -> np.ndarray:
+        """``X`` as float rows (other dtypes refused); records or checks the feature count and names."""
+        rows = float_rows(X)
+        if rows.ndim != 2:
+            raise BadInputError(f"expected a 2-D array (rows x features), got shape {rows.shape}")
+        if rows.shape[1] == 0:
+            raise BadInputError(f"0 feature(s) (shape={rows.shape}) while a minimum of 1 is required (no columns)")
+        validate_data(self, X, reset=reset, skip_check_array=True)  # n_features_in_, feature_names_in_
+        return rows
 
     # -- fitting -------------------------------------------------------------------------------------
     def _reset(self):
-        for name in ("state_", "sources_", "n_skipped_", "_model"):
+        for name in ("state_", "sources_", "n_skipped_", "n_features_in_", "feature_names_in_", "_model"):
             self.__dict__.pop(name, None)
 
     def partial_fit(self, X, y=None) -> "Whitener":
         """Fold one in-memory batch of rows (float16, float32 or float64) into the statistics."""
         self._check_params()
-        rows = float_rows(X)
-        if rows.ndim != 2:
-            raise BadInputError(f"expected a 2-D array (rows x features), got shape {rows.shape}")
-        state = getattr(self, "state_", None) or stats.Moments.empty(rows.shape[1])
-        if rows.shape[1] != state.n_features:
-            raise BadInputError(f"expected {state.n_features} features as in earlier batches, got {rows.shape[1]}")
+        first = "state_" not in self.__dict__
+        rows = self._rows(X, reset=first)
+        state = stats.Moments.empty(rows.shape[1]) if first else self.state_
         from .fit import fold_array
 
-        state, n_skipped = fold_array(state, rows, int(self.chunk_rows or IN_MEMORY_CHUNK_ROWS), self.precision,
-                                      self.skip_nonfinite, self.n_jobs)
-        n_skipped += getattr(self, "n_skipped_", 0)
+        try:
+            state, n_skipped = fold_array(state, rows, int(self.chunk_rows or IN_MEMORY_CHUNK_ROWS), self.precision,
+                                          self.skip_nonfinite, self.n_jobs)
+        except BaseException:
+            if first:  # a refused first batch leaves the estimator as unfitted as it was
+                self._reset()
+            raise
+        self.n_skipped_ = n_skipped + (0 if first else self.n_skipped_)
         self.state_ = state
-        self.n_skipped_ = n_skipped
-        self.sources_ = getattr(self, "sources_", [])
+        self.sources_ = [] if first else self.sources_
         self.__dict__.pop("_model", None)
         return self
 
     def fit(self, X, y=None, dataset=None, progress=None) -> "Whitener":
-        """Fit on an in-memory array, a store spec (``"file.h5:/ds"``, ``"dir.zarr"``), a list of specs,
-        or a dask array. Statistics are exact whatever the chunking."""
+        """Fit on an in-memory array (or DataFrame), a store spec (``"file.h5:/ds"``, ``"dir.zarr"``), a
+        list of specs, or a dask array. Statistics are exact whatever the chunking."""
         self._check_params()
         self._reset()
         if _is_store_spec(X):
@@ -146,19 +184,26 @@ class Whitener:
                 block_rows=self.chunk_rows, progress=progress, threads=self.n_jobs,
                 fill_missing_chunks=self.fill_missing_chunks,
             )
-            self.state_, self.n_skipped_, self.sources_ = result.state, result.n_skipped, result.sources
         elif _is_dask_array(X):
             from .distributed import fit_dask_array
 
             result = fit_dask_array(X, precision=self.precision, skip_nonfinite=self.skip_nonfinite)
-            self.state_, self.n_skipped_, self.sources_ = result.state, result.n_skipped, []
         else:
             self.partial_fit(X)
-        self._finalized()  # validates (at least 2 rows, k <= d) and caches the model
+            result = None
+        if result is not None:
+            self.state_, self.n_skipped_, self.sources_ = result.state, result.n_skipped, result.sources
+            self.n_features_in_ = result.state.n_features
+        try:
+            self._finalized()  # validates (at least 2 rows, k <= d) and caches the model
+        except BaseException:
+            self._reset()  # a fit that failed leaves the estimator unfitted
+            raise
         return self
 
-    def fit_transform(self, X, y=None, normalize=False):
-        return self.fit(X).transform(X, normalize=normalize)
+    def fit_transform(self, X, y=None, normalize=None, **fit_params):
+        """``fit(X).transform(X)``; for a store spec, use ``fit`` and then transform arrays."""
+        return self.fit(X, y, **fit_params).transform(X, normalize=normalize)
 
     # -- the finalized model -------------------------------------------------------------------------
     def _finalized(self) -> WhiteningModel:
@@ -169,12 +214,16 @@ class Whitener:
         if cached is not None and cached[0] == key and cached[1].state is self.state_:
             return cached[1]
         self._check_params(self.state_.n_features)
-        params = dict(beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance)
+        model_params = dict(beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components,
+                            variance=self.variance)
         if cached is not None and cached[1].state is self.state_:
-            model = cached[1].with_params(**params)
+            model = cached[1].with_params(**model_params)
         else:
-            info = {"n_skipped_nonfinite": int(self.n_skipped_)}
-            model = finalize(self.state_, sources=self.sources_, info=info, **params)
+            from .fit import FitResult, finalize_fit
+
+            model = finalize_fit(FitResult(self.state_, int(self.n_skipped_), self.sources_, precision=self.precision,
+                                           skip_nonfinite=bool(self.skip_nonfinite),
+                                           fill_missing_chunks=bool(self.fill_missing_chunks)), model_params)
         self._model = (key, model)
         return model
 
@@ -185,10 +234,6 @@ class Whitener:
     @property
     def n_samples_seen_(self) -> int:
         return self._finalized().n_rows
-
-    @property
-    def n_features_in_(self) -> int:
-        return self._finalized().n_features
 
     @property
     def mean_(self) -> np.ndarray:
@@ -229,17 +274,25 @@ class Whitener:
         return self._finalized().effective_dimension
 
     # -- using it ------------------------------------------------------------------------------------
-    def transform(self, X, normalize: bool = False) -> np.ndarray:
-        """Whiten rows (or a single vector); output float64 for float64 input, float32 otherwise.
+    def transform(self, X, normalize=None) -> np.ndarray:
+        """Whiten rows (a 2-D array or DataFrame, or a single vector); output float64 for float64
+        input, float32 otherwise. ``normalize`` (default: the ``normalize`` parameter) scales each
+        output row to unit L2 norm.
 
         A row holding NaN or Inf raises :class:`~streamwhiten.errors.NonFiniteError`, unless
         ``skip_nonfinite``: its output row is then NaN. A dask array gives a lazy dask array,
-        transformed block by block when computed."""
+        transformed block by block when computed. A 1-D array is one vector and gives one vector
+        (scikit-learn's convention would refuse it; ``set_output`` containers need 2-D input)."""
+        model = self._finalized()
+        normalize = params.check("normalize", self.normalize if normalize is None else normalize)
         if _is_dask_array(X):
             from .distributed import transform_dask
 
-            return transform_dask(self._finalized(), X, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
-        return self._finalized().transform(X, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
+            return transform_dask(model, X, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
+        rows = float_rows(X)
+        if rows.ndim == 2:
+            validate_data(self, X, reset=False, skip_check_array=True)  # width and feature names as fitted
+        return model.transform(rows, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
 
     def save(self, path) -> str:
         """Write the model file (pickle-free ``.npz``); returns its content checksum."""
@@ -253,10 +306,12 @@ class Whitener:
     @classmethod
     def from_model(cls, model: WhiteningModel) -> "Whitener":
         n_components = None if model.variance is not None else model.n_components
-        whitener = cls(beta=model.beta, gamma=model.gamma, n_components=n_components, variance=model.variance, eps=model.eps)
+        whitener = cls(beta=model.beta, gamma=model.gamma, n_components=n_components, variance=model.variance,
+                       eps=model.eps)
         whitener.state_ = model.state
         whitener.sources_ = model.sources
         whitener.n_skipped_ = int(model.info.get("n_skipped_nonfinite", 0))
+        whitener.n_features_in_ = model.n_features
         key = (whitener.beta, whitener.gamma, whitener.eps, whitener.n_components, whitener.variance)
         whitener._model = (key, model)
         return whitener

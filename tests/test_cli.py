@@ -116,7 +116,7 @@ def test_apply_to_data_of_another_width(tmp_path, model_path, run_cli):
 
 @pytest.mark.parametrize("args, fragment", [
     (["-k", "11"], "exceeds the data width d = 10"),
-    (["-k", "0"], "must be an integer >= 1"),
+    (["-k", "0"], "n_components (k) must be a whole number of at least 1, got 0"),
     (["--beta", "1.5"], "beta must be a number in [0, 1]"),
     (["--gamma", "-0.5"], "gamma must be a number in [0, 1]"),
     (["--variance", "0"], "variance must be a fraction"),
@@ -271,10 +271,15 @@ def test_threads_option(tmp_path, store, run_cli):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--checkpoint-every", "0"], "Invalid value for '--checkpoint-every': 0 is not in the range x>=1"),
-    (["--checkpoint-every", "-3"], "Invalid value for '--checkpoint-every': -3 is not in the range x>=1"),
-    (["--checkpoint-seconds", "0"], "Invalid value for '--checkpoint-seconds': 0.0 is not in the range x>0"),
-    (["--checkpoint-seconds", "-1"], "Invalid value for '--checkpoint-seconds': -1.0 is not in the range x>0"),
+    # the words of streamwhiten.params, as in Python and in job files
+    (["--checkpoint-every", "0"],
+     "Invalid value for '--checkpoint-every': checkpoint_every must be a whole number of at least 1, got 0"),
+    (["--checkpoint-every", "-3"],
+     "Invalid value for '--checkpoint-every': checkpoint_every must be a whole number of at least 1, got -3"),
+    (["--checkpoint-seconds", "0"],
+     "Invalid value for '--checkpoint-seconds': checkpoint_seconds must be a number of seconds above 0, got 0.0"),
+    (["--checkpoint-seconds", "-1"],
+     "Invalid value for '--checkpoint-seconds': checkpoint_seconds must be a number of seconds above 0, got -1.0"),
 ])
 def test_fit_refuses_checkpoint_intervals_below_one(tmp_path, store, args, fragment):
     result = run_subprocess("fit", store, "-o", tmp_path / "m.npz", *args)

@@ -436,3 +436,71 @@ def test_benchmark_quick_runs(tmp_path):
     assert all(run["rows_per_second"] > 0 for run in report["runs"])
     assert all(run["max_rel_diff_vs_serial"] <= TOL for run in report["runs"])
     assert "rows/s" in done.stdout
+
+
+def test_serial_and_dask_reduce_the_same_blocks_of_mixed_sources_without_block_rows(stores, monkeypatch):
+    """One block plan for every engine: with sources of different natural blocks (HDF5 chunks of 1000
+    rows, Zarr chunks of 512) and no block_rows, both engines cut every source at the same rows and
+    reduce each block to the same bits; only the order of the final float64 merges differs."""
+    import streamwhiten.fit as fit_module
+    from streamwhiten.io.base import Source
+
+    natural = Source.default_block_rows
+    # ~64 KiB blocks instead of ~64 MiB, so these small stores have several blocks, of different sizes
+    monkeypatch.setattr(Source, "default_block_rows", lambda self, target_bytes=64 << 10: natural(self, target_bytes))
+    with open_source(stores.h5) as h5, open_source(stores.zarr) as zr:
+        assert (h5.default_block_rows(), zr.default_block_rows()) == (1000, 512)
+
+    def recording(module, into):
+        real = module.reduce_block
+
+        def reduce(rows, begin, label, *args, **kwargs):
+            moments, skipped = real(rows, begin, label, *args, **kwargs)
+            into.append(((label, begin, begin + rows.shape[0]), moments))
+            return moments, skipped
+
+        monkeypatch.setattr(module, "reduce_block", reduce)
+
+    serial_blocks, dask_blocks = [], []
+    recording(fit_module, serial_blocks)
+    recording(sd, dask_blocks)
+    specs = [stores.h5, stores.zarr]
+    with threadpool_limits(1):
+        serial = fit_sources(specs, precision="float64", threads=1)
+        with sd.dask_client(n_workers=1, processes=False) as in_process:  # the patches apply to its tasks
+            result = sd.fit_dask(specs, precision="float64", client=in_process)
+    zarr_label = open_source(stores.zarr).label
+    expected = [(zarr_label, b, min(b + 1000, 7000)) for b in range(0, 7000, 1000)]
+    assert [key for key, _ in serial_blocks if key[0] == zarr_label] == expected  # the largest natural block
+    assert sorted(key for key, _ in dask_blocks) == sorted(key for key, _ in serial_blocks)
+    assert len(serial_blocks) == 17 == result.n_blocks == serial.n_blocks
+    reduced = dict(serial_blocks)
+    for key, moments in dask_blocks:
+        assert moments == reduced[key], key  # bit for bit
+    assert_moments_close(result.state, serial.state.mean, serial.state.scatter, 17_000)
+
+
+def test_fit_job_is_the_one_entry_point_of_both_engines(client, stores, tmp_path):
+    from streamwhiten.errors import NothingToDoError
+    from streamwhiten.jobs import fit_job, save_fitted
+
+    specs = [stores.h5, stores.zarr]
+    params = {"n_components": 10, "beta": 0.5}
+    serial, plan, _, checkpoint = fit_job(specs, str(tmp_path / "s.npz"), params=params, precision="float64")
+    dask_model, result, resumed, no_checkpoint = fit_job(specs, str(tmp_path / "d.npz"), params=params,
+                                                         precision="float64", engine="dask", client=client)
+    assert not resumed and no_checkpoint is None and result.n_blocks == plan.n_blocks
+    assert dask_model.info == serial.info == {"n_skipped_nonfinite": 0, "precision": "float64",
+                                              "skip_nonfinite": False, "fill_missing_chunks": False}
+    assert dask_model.sources == serial.sources and dask_model.n_components == 10 and dask_model.beta == 0.5
+    assert_moments_close(dask_model.state, serial.state.mean, serial.state.scatter, 17_000)
+    save_fitted(dask_model, result, str(tmp_path / "d.npz"), None)
+    for engine in ("serial", "dask"):  # an existing model: nothing to do when current, refused otherwise
+        with pytest.raises(NothingToDoError):
+            fit_job(specs, str(tmp_path / "d.npz"), params=params, precision="float64", engine=engine, client=client,
+                    overwrite=False)
+        with pytest.raises(OutputExistsError, match=r"d.npz: already exists \(pass --overwrite to replace it\)"):
+            fit_job(specs, str(tmp_path / "d.npz"), params={"n_components": 9}, precision="float64", engine=engine,
+                    client=client, overwrite=False)
+    with pytest.raises(BadInputError, match="serial engine only"):
+        fit_job(specs, str(tmp_path / "d.npz"), update=str(tmp_path / "d.npz"), engine="dask", client=client)

@@ -497,10 +497,12 @@ def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_ou
 
 
 @pytest.mark.parametrize("line, fragment", [
-    ("chunk_rows = \"big\"", "chunk_rows in [model] must be of type int"),
-    ("skip_nonfinite = \"no\"", "skip_nonfinite in [model] must be of type bool"),
-    ("checkpoint_every = 1.5", "checkpoint_every in [model] must be of type int"),
-    ("n_components = true", "n_components in [model] must be of type int"),
+    # checked against streamwhiten.params, in the words Python and the command line use
+    ("chunk_rows = \"big\"", "chunk_rows in [model] must be a whole number of at least 1, got 'big'"),
+    ("skip_nonfinite = \"no\"", "skip_nonfinite in [model] must be true or false, got 'no'"),
+    ("checkpoint_every = 1.5", "checkpoint_every in [model] must be a whole number of at least 1, got 1.5"),
+    ("n_components = true", "n_components in [model] must be a whole number of at least 1, got True"),
+    ("precision = \"half\"", "precision in [model] must be one of 'auto', 'float32', 'float64', got 'half'"),
     ("threads = 0", "threads in [model] must be a whole number of at least 1"),
     ("checkpoint_every = 0", "checkpoint_every in [model] must be a whole number of at least 1, got 0"),
     ("checkpoint_seconds = 0", "checkpoint_seconds in [model] must be a number of seconds above 0, got 0"),

@@ -146,3 +146,139 @@ def test_transform_raises_on_nan_or_inf_rows_unless_skip_nonfinite():
     assert np.isnan(strict.model_.transform(bad, skip_nonfinite=True)[[5, 9]]).all()
     skipped = Whitener(skip_nonfinite=True).fit_transform(bad)  # rows 5 and 9 are skipped by the fit, NaN out
     assert np.isnan(skipped[[5, 9]]).all() and np.isfinite(skipped[keep]).all()
+
+
+# ----------------------------------------------------------------------------------- scikit-learn
+
+from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
+
+#: The common checks Whitener fails on purpose, and why. Every other check must pass.
+EXPECTED_FAILED_CHECKS = {
+    # The project's rule: arrays of anything but float16/32/64 are refused (BadInputError, a ValueError,
+    # "convert with .astype(np.float32)"), in Python as on the command line, rather than converted
+    # silently. These checks fit integer (int32, int64) or object arrays and expect them to work.
+    "check_estimators_dtypes": "integer arrays are refused (floats only, as the command line refuses such stores)",
+    "check_dtype_object": "object arrays are refused (floats only), even when they hold floats",
+    # Complex input is refused as every non-float dtype is, with a ValueError naming the dtype; the check
+    # also wants scikit-learn's own words ("Complex data not supported").
+    "check_complex_data": "complex arrays are refused with the dtype message shared by every non-float dtype",
+    # transform(x) of one 1-D vector returns one whitened vector: a deliberate convenience for queries
+    # (the serving path and the model's transform take one vector too); scikit-learn wants a ValueError.
+    "check_fit2d_predict1d": "a 1-D array is transformed as one vector, on purpose",
+}
+
+
+@parametrize_with_checks([Whitener(), Whitener(skip_nonfinite=True)],
+                         expected_failed_checks=lambda estimator: EXPECTED_FAILED_CHECKS)
+def test_scikit_learn_common_checks(estimator, check):
+    check(estimator)
+
+
+def test_the_expected_failures_still_fail_for_their_reason():
+    """The listed checks fail because of the documented behaviour, which the project keeps."""
+    fitted = Whitener().fit(anisotropic(40, 4))
+    with pytest.raises(BadInputError, match="got dtype int64"):
+        Whitener().fit(np.arange(40).reshape(10, 4))
+    with pytest.raises(BadInputError, match="got dtype object"):
+        Whitener().fit(anisotropic(40, 4).astype(object))
+    with pytest.raises(BadInputError, match="got dtype complex128"):
+        Whitener().fit(anisotropic(40, 4).astype(complex))
+    vector = anisotropic(40, 4)[3]
+    np.testing.assert_array_equal(fitted.transform(vector), fitted.transform(vector[None, :])[0])
+
+
+def _whiten_reference(X, k):
+    """Whitening with numpy alone: eigh of the float64 covariance, signs as the model's (each
+    eigenvector's largest-magnitude entry positive), y = (x - mu) U_k (Lambda_k + eps*lambda_1)^(-1/2)."""
+    X = np.asarray(X, dtype=np.float64)
+    mu = X.mean(axis=0)
+    values, vectors = np.linalg.eigh(np.cov(X, rowvar=False, bias=True))
+    values, vectors = values[::-1], vectors[:, ::-1]
+    vectors = vectors * np.sign(vectors[np.argmax(np.abs(vectors), axis=0), np.arange(vectors.shape[1])])
+    return (X - mu) @ vectors[:, :k] / np.sqrt(values[:k] + 1e-6 * values[0])
+
+
+def test_grid_search_over_a_pipeline_with_pandas_output():
+    pd = pytest.importorskip("pandas")
+    from sklearn.base import clone
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import GridSearchCV, StratifiedKFold, cross_val_score
+    from sklearn.pipeline import Pipeline
+
+    rng = np.random.default_rng(19)
+    n, d = 600, 6
+    latent = rng.standard_normal((n, d)) * np.array([8.0, 5.0, 3.0, 2.0, 1.0, 0.05])
+    y = (latent[:, -1] > 0).astype(int)  # the class lives in the direction of least variance
+    X = pd.DataFrame(latent @ np.linalg.qr(rng.standard_normal((d, d)))[0].T + 4.0,
+                     columns=[f"e{i}" for i in range(d)], index=pd.RangeIndex(1000, 1000 + n))
+    pipe = Pipeline([("whiten", Whitener()), ("clf", LogisticRegression())]).set_output(transform="pandas")
+    cv = StratifiedKFold(3, shuffle=True, random_state=0)
+    search = GridSearchCV(pipe, {"whiten__n_components": [1, 3, d], "whiten__gamma": [0.0, 1.0]}, cv=cv)
+    search.fit(X, y)
+    # Only k = d keeps the class's direction; gamma = 1 puts it on the scale of the others.
+    assert search.best_params_ == {"whiten__gamma": 1.0, "whiten__n_components": d}
+    scores = dict(zip(map(str, search.cv_results_["params"]), search.cv_results_["mean_test_score"]))
+    assert search.best_score_ > 0.95 and scores[str({"whiten__gamma": 1.0, "whiten__n_components": 1})] < 0.7
+    # The search's scores are those of scikit-learn's own cross-validation of the same pipeline.
+    by_hand = cross_val_score(clone(pipe).set_params(whiten__n_components=d, whiten__gamma=1.0), X, y, cv=cv)
+    np.testing.assert_allclose(search.best_score_, by_hand.mean(), rtol=1e-12)
+
+    whitener = search.best_estimator_.named_steps["whiten"]
+    assert list(whitener.feature_names_in_) == list(X.columns) and whitener.n_features_in_ == d
+    out = search.best_estimator_[:-1].transform(X)
+    assert isinstance(out, pd.DataFrame)
+    assert list(out.columns) == [f"whitener{i}" for i in range(d)] == list(whitener.get_feature_names_out())
+    assert out.index.equals(X.index)
+    np.testing.assert_allclose(out.to_numpy(), _whiten_reference(X, d), rtol=1e-8, atol=1e-8)
+    with pytest.raises(ValueError, match="feature names should match"):
+        whitener.transform(X.rename(columns={"e0": "other"}))
+
+
+def test_the_estimator_protocol():
+    from sklearn.base import clone
+    from sklearn.exceptions import NotFittedError as SklearnNotFitted
+    from sklearn.utils import get_tags
+    from sklearn.utils.validation import check_is_fitted
+
+    with pytest.raises(TypeError):
+        Whitener(1.0)  # keyword-only parameters
+    with pytest.raises(SklearnNotFitted):
+        check_is_fitted(Whitener())
+    for call in (Whitener().get_feature_names_out, lambda: Whitener().transform(np.ones((2, 2)))):
+        with pytest.raises(SklearnNotFitted):
+            call()
+    with pytest.raises(NotFittedError):  # streamwhiten's, too
+        Whitener().transform(np.ones((2, 2)))
+    assert get_tags(Whitener()).input_tags.allow_nan is False
+    assert get_tags(Whitener(skip_nonfinite=True)).input_tags.allow_nan is True
+    rows = anisotropic(200, 5, seed=3)
+    fitted = Whitener(n_components=3, normalize=True).fit(rows)
+    check_is_fitted(fitted)
+    assert list(fitted.get_feature_names_out()) == ["whitener0", "whitener1", "whitener2"]
+    copy = clone(fitted)
+    assert copy.get_params() == fitted.get_params() and not hasattr(copy, "state_")
+    assert repr(Whitener(beta=0.5, n_components=3)) == "Whitener(beta=0.5, n_components=3)"
+    assert "Whitener" in fitted._repr_html_()
+    out = fitted.transform(rows)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, rtol=1e-12)  # normalize, as a parameter
+    reference = _whiten_reference(rows, 3)
+    np.testing.assert_allclose(fitted.transform(rows, normalize=False), reference, rtol=1e-8, atol=1e-8)
+    np.testing.assert_allclose(out, reference / np.linalg.norm(reference, axis=1, keepdims=True), rtol=1e-8)
+    with pytest.raises(BadInputError, match="0 feature"):
+        Whitener().fit(np.zeros((5, 0)))
+    with pytest.raises(BadInputError, match="sparse"):
+        Whitener().fit(pytest.importorskip("scipy.sparse").csr_matrix(rows))
+    with pytest.raises(ValueError, match="X has 4 features, but Whitener is expecting 5 features"):
+        fitted.transform(rows[:, :4])
+
+
+def test_a_refused_batch_leaves_no_fitted_attribute_behind():
+    bad = anisotropic(30, 3)
+    bad[4, 1] = np.nan
+    whitener = Whitener()
+    with pytest.raises(NonFiniteError, match="^row 4 holds NaN or Inf"):
+        whitener.partial_fit(bad)
+    assert not any(name.endswith("_") for name in vars(whitener))
+    with pytest.raises(BadInputError, match="at least 2 rows"):
+        whitener.fit(bad[:1])
+    assert not any(name.endswith("_") for name in vars(whitener))

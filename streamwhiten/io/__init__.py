@@ -138,7 +138,7 @@ def create_sink(
     if columns is not None and len(columns) and kind not in _TABULAR:
         raise BadInputError(f"{path}: --keep-columns needs a Parquet or Lance output (.parquet, .lance), not {kind}")
     if os.path.lexists(path) and not overwrite:
-        raise OutputExistsError(f"{path}: already exists (pass --overwrite to replace it)")
+        raise OutputExistsError.at(path)
     parent = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")

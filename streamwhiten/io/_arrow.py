@@ -256,7 +256,7 @@ class TableSink(Sink):
         schema = self.schema.with_metadata({ATTRS_KEY: json.dumps(record, sort_keys=True, default=str).encode()})
         try:
             if os.path.lexists(final) and not overwrite:
-                raise OutputExistsError(f"{self.path}: already exists (pass --overwrite to replace it)")
+                raise OutputExistsError.at(self.path)
             self._join(temp, schema, self._tables())
             if os.path.isdir(final) and not os.path.islink(final):  # cannot be replaced atomically: move aside
                 old = durable.temp_path(final, "old")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._buffers import ALIGNMENT
+from .. import params
 from ..errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
 from . import durable
 
@@ -167,9 +168,7 @@ class Source:
 
     def blocks(self, block_rows: int | None = None, start: int = 0, stop: int | None = None):
         """``(start, stop)`` row ranges covering ``[start, stop)``, aligned to multiples of ``block_rows``."""
-        block_rows = int(self.default_block_rows() if block_rows is None else block_rows)
-        if block_rows < 1:
-            raise BadInputError(f"chunk rows must be at least 1, got {block_rows}")
+        block_rows = int(self.default_block_rows() if block_rows is None else params.check("chunk_rows", block_rows))
         stop = self.n_rows if stop is None else stop
         while start < stop:
             end = min(stop, (start // block_rows + 1) * block_rows)
@@ -368,7 +367,7 @@ class Sink:
             final = os.path.abspath(self.path.rstrip("/"))
             if os.path.lexists(final):
                 if not overwrite:
-                    raise OutputExistsError(f"{self.path}: already exists (pass --overwrite to replace it)")
+                    raise OutputExistsError.at(self.path)
                 if os.path.isdir(final) and not os.path.islink(final):
                     # A directory cannot be replaced atomically: move the old one aside first (a later
                     # run puts it back if this one dies before the new one is in place).
