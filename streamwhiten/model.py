@@ -86,7 +86,34 @@ def effective_dimension(eigvals: np.ndarray) -> float:
 
 @dataclass(frozen=True)
 class WhiteningModel:
-    """A finalized transform plus the statistics it came from (so it can be re-finalized)."""
+    """A finalized transform plus the statistics it came from (so it can be re-finalized).
+
+    Examples
+    --------
+    The model a fit produces (``Whitener.model_``, or :func:`load_model` of a saved one):
+
+    >>> import numpy as np
+    >>> from streamwhiten import Whitener
+    >>> rows = np.random.default_rng(0).standard_normal((2000, 6)) * [5, 4, 3, 2, 1, 0.5] + 7.0
+    >>> model = Whitener(n_components=3).fit(rows).model_
+    >>> model.n_rows, model.n_features, model.n_components
+    (2000, 6, 3)
+    >>> model.transform(rows[:4]).shape
+    (4, 3)
+
+    Another setting comes from the saved statistics, with no second pass over the rows:
+
+    >>> rotation = model.with_params(beta=0.0, gamma=0.0, n_components=6)
+    >>> y = rotation.transform(rows[:4])
+    >>> bool(np.allclose(np.linalg.norm(y, axis=1), np.linalg.norm(rows[:4], axis=1)))  # a rotation
+    True
+
+    The same map as ``y = x A + b``, to hand to another system (see ``streamwhiten export``):
+
+    >>> affine = model.as_affine()
+    >>> bool(np.allclose(rows[:4] @ affine.A + affine.b, model.transform(rows[:4])))
+    True
+    """
 
     state: Moments
     beta: float

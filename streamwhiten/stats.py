@@ -4,6 +4,28 @@ The state is ``(n_rows, mean, scatter)`` with ``scatter = sum_i (x_i - mean)^T (
 float64. ``block_moments`` computes it for one block of rows (centred on the block's own mean, never as
 ``E[xx^T] - mu mu^T``), ``merge`` combines two states exactly (Chan, Golub & LeVeque pairwise update),
 ``covariance`` gives ``Sigma_beta`` in closed form. No I/O happens here.
+
+Examples
+--------
+Two blocks reduced apart and merged give the statistics of all the rows (as the engines do, on
+threads, files or workers):
+
+>>> import numpy as np
+>>> from streamwhiten import stats
+>>> rows = np.random.default_rng(0).standard_normal((500, 3)) + 10.0
+>>> merged = stats.merge(stats.block_moments(rows[:200]), stats.block_moments(rows[200:]))
+>>> merged.n_rows
+500
+>>> bool(np.allclose(merged.mean, rows.mean(axis=0)))
+True
+>>> bool(np.allclose(stats.covariance(merged), np.cov(rows, rowvar=False, bias=True)))
+True
+
+``Sigma_beta`` for any ``beta`` follows from the same state, without the rows:
+
+>>> second_moment = rows.T @ rows / len(rows)
+>>> bool(np.allclose(stats.covariance(merged, beta=0.0), second_moment))
+True
 """
 
 from __future__ import annotations

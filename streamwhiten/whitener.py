@@ -86,6 +86,23 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     input is refused with :class:`~streamwhiten.errors.BadInputError`, a ``ValueError``).
     Changing ``beta``, ``gamma``, ``n_components``, ``variance`` or ``eps`` after fitting (``set_params``)
     re-finalizes from the saved statistics without another pass over the data.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from streamwhiten import Whitener
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.standard_normal((5000, 8)) @ rng.standard_normal((8, 8)) + 3.0   # anisotropic, off-centre
+    >>> w = Whitener(n_components=4).fit(X)        # or .fit("corpus.h5:/embeddings"), a list of stores
+    >>> Y = w.transform(X)
+    >>> Y.shape
+    (5000, 4)
+    >>> bool(np.allclose(np.cov(Y, rowvar=False, bias=True), np.eye(4), atol=1e-3))   # whitened
+    True
+    >>> w.get_feature_names_out().tolist()
+    ['whitener0', 'whitener1', 'whitener2', 'whitener3']
+    >>> w.set_params(n_components=2).transform(X).shape   # re-finalized, no second pass
+    (5000, 2)
     """
 
     def __init__(

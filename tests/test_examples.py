@@ -35,3 +35,10 @@ def test_nightly_simulation_updates_to_the_fit_at_once(tmp_path):
     assert done.stdout.count("second run the same night exit 3") == 3
     assert "max |covariance gap| 0.00e+00" in done.stdout
     assert sorted(os.listdir(tmp_path / "reduced")) == ["day-1.zarr", "day-2.zarr", "day-3.zarr"]
+
+
+def test_sklearn_pipeline_whitening_beats_raw_vectors(tmp_path):
+    pytest.importorskip("pandas")
+    done = run_example("sklearn_pipeline.py", cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "'whiten__gamma': 1.0" in done.stdout and "index kept: True" in done.stdout

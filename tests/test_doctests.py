@@ -1,0 +1,20 @@
+"""The Examples in the public docstrings run and print what they say."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["streamwhiten.whitener", "streamwhiten.stats", "streamwhiten.model", "streamwhiten.serving",
+           "streamwhiten.params"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples(name):
+    module = importlib.import_module(name)
+    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
+    assert result.failed == 0, f"{result.failed} of {result.attempted} doctest examples failed in {name}"
+    if name in ("streamwhiten.whitener", "streamwhiten.stats", "streamwhiten.model"):
+        assert result.attempted > 0, f"{name} has no Examples"
