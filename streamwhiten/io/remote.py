@@ -249,6 +249,10 @@ def filesystem_options(url: str) -> dict:
     no listings cache (a store being written must be seen as it is now)."""
     options = storage_options()
     options.setdefault("use_listings_cache", False)
+    if protocol(url) == "s3":
+        # s3fs otherwise asks for an object's size (a HEAD) before every whole-object GET, to split large
+        # ones: that doubles the requests of a chunked store, whose concurrency comes from our threads.
+        options.setdefault("max_concurrency", 1)
     return options
 
 
