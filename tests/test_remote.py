@@ -543,3 +543,36 @@ def test_credentials_never_reach_a_model_checkpoint_output_or_message(tmp_path, 
         assert S3_SECRET.encode() not in content, name
     for text in texts:
         assert S3_SECRET not in text
+
+
+def test_hdf5_lance_and_plain_http_inputs(tmp_path, s3_bucket, s3_server, corpus, run_cli):
+    """HDF5 (read through an fsspec file object), Lance (pylance's own object store) and https-style URLs
+    (fsspec's HTTP file system, range requests; the local server serves objects at http://host/bucket/key)."""
+    from conftest import write_h5
+
+    local_h5 = write_h5(tmp_path / "c.h5", corpus, chunk_rows=500)
+    np.save(tmp_path / "c.npy", corpus)
+    upload(s3_server, tmp_path / "c.h5", f"{s3_bucket}/c.h5")
+    upload(s3_server, tmp_path / "c.npy", f"{s3_bucket}/c.npy")
+    opts = ["--chunk-rows", "500", "--threads", "2", "-q"]
+    assert run_cli("fit", local_h5, "-o", tmp_path / "local.npz", *opts)[0] == 0
+    s3fs_client(s3_server).chmod(f"{s3_bucket[5:]}/c.npy", acl="public-read")  # readable without credentials
+    http = f"{s3_server}/{s3_bucket[5:]}/c.npy"
+    for name, spec in (("h5", f"{s3_bucket}/c.h5:/emb"), ("http", http)):
+        code, _, err = run_cli("fit", spec, "-o", tmp_path / f"{name}.npz", *opts)
+        assert code == 0, err
+        assert statistics(tmp_path / f"{name}.npz") == statistics(tmp_path / "local.npz"), name
+    lance = pytest.importorskip("lance")
+    import pyarrow as pa
+
+    table = pa.table({"vector": pa.FixedSizeListArray.from_arrays(pa.array(corpus.reshape(-1)), corpus.shape[1])})
+    lance.write_dataset(table, str(tmp_path / "c.lance"), max_rows_per_file=1000)
+    upload(s3_server, tmp_path / "c.lance", f"{s3_bucket}/c.lance")
+    assert run_cli("fit", tmp_path / "c.lance", "-o", tmp_path / "local-lance.npz", *opts)[0] == 0
+    code, _, err = run_cli("fit", f"{s3_bucket}/c.lance", "-o", tmp_path / "lance.npz", *opts)
+    assert code == 0, err
+    assert statistics(tmp_path / "lance.npz") == statistics(tmp_path / "local-lance.npz")
+    # a glob over an object prefix names each store once
+    from streamwhiten.io import expand_specs
+
+    assert expand_specs([f"{s3_bucket}/c.*"]) == [f"{s3_bucket}/c.h5", f"{s3_bucket}/c.lance", f"{s3_bucket}/c.npy"]

@@ -281,6 +281,31 @@ def filesystem(url: str):
     return fs, path
 
 
+#: fsspec's names of S3 options, and object_store's (pylance's storage_options) for them.
+_LANCE_NAMES = {"endpoint_url": "aws_endpoint", "key": "aws_access_key_id", "secret": "aws_secret_access_key",
+                "token": "aws_session_token", "region_name": "aws_region"}
+
+
+def lance_options(url: str) -> dict:
+    """The storage options in force as pylance (object_store) spells them: fsspec's S3 names mapped
+    (``endpoint_url`` to ``aws_endpoint``, ...), object_store's own (``aws_*``, ``google_*``, ``azure_*``,
+    ``allow_http``) passed as they are; an ``http://`` endpoint (a local S3-compatible server) allowed."""
+    options = storage_options()
+    flat = dict(options.get("client_kwargs") or {}, **{k: v for k, v in options.items() if k != "client_kwargs"})
+    result = {}
+    for key, value in flat.items():
+        if key in _LANCE_NAMES:
+            result[_LANCE_NAMES[key]] = str(value)
+        elif key.startswith(("aws_", "google_", "azure_", "allow_", "timeout", "connect_timeout")):
+            result[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        elif key == "anon" and value:
+            result["aws_skip_signature"] = "true"
+    endpoint = result.get("aws_endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and endpoint.startswith("http://"):
+        result.setdefault("allow_http", "true")
+    return result
+
+
 def zarr_store(url: str, read_only: bool):
     """A zarr ``FsspecStore`` on the remote ``url`` with the storage options in force."""
     from zarr.storage import FsspecStore

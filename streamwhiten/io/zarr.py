@@ -90,6 +90,7 @@ class ZarrSource(Source):
         self._node = node
         self.remote = remote.is_url(path)
         self._listing = None  # {key in the array: object details} of a remote store, listed once
+        self._listable = self.remote and remote.protocol(path) not in ("http", "https")
         super().__init__(path, dataset, node.shape, node.dtype, int(node.chunks[0]) if node.ndim >= 1 else None)
         #: where uncompressed chunk files are read straight from (None: through zarr)
         self.raw_root = raw_chunk_root(node)
@@ -122,6 +123,9 @@ class ZarrSource(Source):
         unchanged (an update does not compare it: appends change it)."""
         if not self.remote:
             return {}
+        if not self._listable:  # http(s): no listing; the metadata object's version
+            return remote.version(remote.join(self._array_url(), "zarr.json" if self._node.metadata.zarr_format == 3
+                                              else ".zarray"))
         return remote.prefix_version(self._array_url(), {remote.join(self._array_url(), key): item
                                                           for key, item in self._objects().items()})
 
@@ -198,7 +202,7 @@ class ZarrSource(Source):
         store = self._node.store
         if isinstance(store, LocalStore):
             return os.path.exists(os.path.join(str(store.root), self._node.path, key))
-        if self.remote:
+        if self._listable:
             return key in self._objects()
         from zarr.core.sync import sync
 
