@@ -321,10 +321,11 @@ def zarr_store(url: str, read_only: bool):
 
 #: Words of a message that mark a failure as passing: worth another try.
 _TRANSIENT_TEXT = re.compile(
-    r"\b(5\d\d|SlowDown|Throttl\w*|TooManyRequests|RequestTimeout\w*|ServiceUnavailable|InternalError|"
+    r"(\((5\d\d|429)\)|\b(HTTP|status|code)[ =:/]*(5\d\d|429)\b|\b(5\d\d|429),? ?(message=|Server|Service|Internal|"
+    r"Bad|Gateway|Slow|Too)|\b(SlowDown|Throttl\w*|TooManyRequests|RequestTimeout\w*|ServiceUnavailable|InternalError|"
     r"Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time-?out|Connection reset|"
     r"connection (was )?(closed|aborted|lost|refused)|Server disconnected|timed out|Timeout|"
-    r"Broken pipe|EOF occurred|IncompleteRead|Response payload is not completed|Cannot connect)\b",
+    r"Broken pipe|EOF occurred|IncompleteRead|Response payload is not completed|Cannot connect)\b)",
     re.IGNORECASE)
 #: Exception class names that mark a failure as passing (from aiohttp, botocore, urllib3, fsspec, ...).
 _TRANSIENT_NAMES = ("ConnectionError", "ConnectionResetError", "ConnectionAbortedError", "ConnectionRefusedError",
