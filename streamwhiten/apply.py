@@ -24,8 +24,8 @@ from .errors import (
 )
 from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
 from .io import (
-    create_sink, fingerprint, open_source, output_kind, read_attrs, refuse_input_overlap, resume_sink, sink_chunk_rows,
-    split_spec,
+    create_sink, fingerprint, open_source, output_exists, output_kind, read_attrs, refuse_input_overlap, remote,
+    resume_sink, sink_chunk_rows, split_spec,
 )
 
 
@@ -55,7 +55,7 @@ def output_is_current(output_spec: str, checksum: str, source_sha256: str, norma
     """Whether ``output_spec`` is a complete output of the same model (checksum, hence parameters),
     input rows (sampled fingerprint), normalisation, dtype, ``options`` (see :func:`recorded_options`)
     and kept columns: then writing it again changes nothing."""
-    if not os.path.exists(split_spec(output_spec)[0]):
+    if not output_exists(output_spec):
         return False
     try:
         attrs = read_attrs(output_spec)
@@ -201,10 +201,11 @@ def apply_model(
     overlaps with the computation; ``False`` leaves the output in the page cache instead.
     """
     began = time.perf_counter()
-    threads = resolve_threads(threads, default=APPLY_DEFAULT_THREADS)
     keep_columns = check_keep_columns(keep_columns)
     source = open_source(input_spec, dataset, min_rows=1, fill_missing_chunks=fill_missing_chunks)
     try:
+        # A remote input is read by several threads at once (reads wait on the network).
+        threads = resolve_threads(remote.default_threads(threads, [source]), default=APPLY_DEFAULT_THREADS)
         check_output(model, source, output_spec)
         kept_schema = source.column_schema(keep_columns) if keep_columns else None
         out_path, _ = split_spec(output_spec)
@@ -212,7 +213,7 @@ def apply_model(
         options = recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format)
         source_print = fingerprint(source)
         source_sha256 = source_print["sha256_sampled"]
-        if os.path.lexists(out_path) and not overwrite:
+        if output_exists(out_path) and not overwrite:
             if output_is_current(output_spec, checksum, source_sha256, normalize, dtype, options, keep_columns):
                 raise NothingToDoError(f"nothing to do: {out_path} is up to date (written by this model, with the same "
                                        "settings, from the same input)")
@@ -228,7 +229,8 @@ def apply_model(
         rows_per_block = aligned_block_rows(block_rows, source, chunk_rows)
         # What must match for a partial output to be continued rather than started over.
         job = {
-            "model_checksum": checksum, "source": source_print, "output": os.path.abspath(out_path),
+            "model_checksum": checksum, "source": source_print,
+            "output": remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
             "normalize": bool(normalize), "dtype": str(np.dtype(dtype)), "zarr_format": int(zarr_format),
             "block_rows": rows_per_block, "skip_nonfinite": bool(skip_nonfinite),
             "threads": threads,  # BLAS rounding can depend on its threads per call: a resume must match

@@ -192,6 +192,22 @@ def stop_on_signals():
     return _interrupt.deferred()
 
 
+def _set_storage_options(ctx, param, value):
+    if value:
+        from .io import remote
+
+        remote.set_storage_options(remote.options_from(value))
+    return value
+
+
+storage_option = click.option(
+    "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE", expose_value=False,
+    callback=_set_storage_options,
+    help="An option of the file system of s3://, gs://, https:// ... inputs and outputs (repeatable), passed to "
+         "fsspec, e.g. endpoint_url=http://127.0.0.1:9000 or anon=true; values are JSON where they parse. The "
+         "standard environment (AWS_ENDPOINT_URL, AWS_PROFILE, ...) applies too. Never printed or recorded.")
+
+
 fill_missing_option = click.option(
     "--fill-missing-chunks", is_flag=True,
     help="Read chunks missing from an input store (Zarr) or never written (HDF5) as the array's fill value. "
@@ -219,6 +235,7 @@ fill_missing_option = click.option(
 @click.option("--restart", is_flag=True, help="Discard an existing checkpoint and start over.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file.")
 @fill_missing_option
+@storage_option
 @engine_options
 @common_quiet
 @common_json
@@ -297,6 +314,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
               help="Serial engine: write whole output chunks around the page cache (O_DIRECT, where the file system "
                    "allows it; the default): no CPU spent copying, and the cached input is left alone. "
                    "--no-direct-io leaves the output in the page cache, e.g. for a program that reads it right after.")
+@storage_option
 @engine_options
 @common_quiet
 @common_json
@@ -487,6 +505,7 @@ def _run_demo(run_demo, directory, rows, dim, k, chunk_rows, seed, quiet):
 @click.argument("job_file")
 @click.option("--log-file", default=None, help="Also append timestamped log lines to this file.")
 @click.option("--restart", is_flag=True, help="Discard the checkpoint of an interrupted run instead of finishing it.")
+@storage_option
 @common_quiet
 @common_json
 def run(job_file, log_file, restart, quiet, as_json):
@@ -496,12 +515,14 @@ def run(job_file, log_file, restart, quiet, as_json):
     output is kept), 75 another run holds the lock, 130 interrupted.
     """
     from .jobs import default_checkpoint, read_job_file, run_job_file
-    from .io import expand_specs, refuse_input_overlap
+    from .io import expand_specs, refuse_input_overlap, remote
 
     logging.getLogger("streamwhiten").setLevel(logging.INFO)
     if log_file:
         spec = read_job_file(job_file)
-        refuse_input_overlap({log_file: "log file"}, [job_file, *expand_specs(spec.inputs)])
+        with remote.using({**spec.storage, **remote.storage_options()}):
+            inputs = expand_specs(spec.inputs)
+        refuse_input_overlap({log_file: "log file"}, [job_file, *inputs])
         refuse_input_overlap({log_file: "log file"}, [spec.model_path, default_checkpoint(spec.model_path),
                                                      spec.lock_path], nested=False)
         try:
@@ -854,8 +875,10 @@ def _main(argv) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    """The message of ``exc`` on one line (some libraries' messages span several)."""
-    return " ".join(str(exc).split())
+    """The message of ``exc`` on one line (some libraries' messages span several), without secrets."""
+    text = " ".join(str(exc).split())
+    remote = sys.modules.get("streamwhiten.io.remote")  # loaded when a URL or storage option was used
+    return remote.scrub(text) if remote is not None else text
 
 
 def _report(exc: BaseException, debug: bool) -> int:

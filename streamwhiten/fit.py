@@ -31,7 +31,7 @@ from .errors import (
 )
 from ._buffers import PerThread, as_array, kept_for_next_run
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
-from .io import Source, count_blocks, expand_specs, fingerprint, open_source
+from .io import Source, count_blocks, exists, expand_specs, fingerprint, open_source, remote
 
 #: ``progress(rows_done, rows_total)``, called after every block.
 ProgressCallback = Callable[[int, int], None]
@@ -326,7 +326,7 @@ def plan_update(model_state, recorded_sources: list, specs, dataset=None, precis
             cursors.append(Cursor(source.label, current, recorded["n_rows"], source.n_rows, recorded["n_rows"]))
         kept = [r for r in recorded_sources if not any(_same_source(r, c.fingerprint) for c in cursors)]
         for recorded in kept:
-            if not os.path.exists(recorded["path"]):
+            if not exists(recorded["path"]):
                 where = recorded["path"] + (f":/{recorded['dataset']}" if recorded.get("dataset") else "")
                 raise BadInputError(
                     f"{where}: recorded in the model ({recorded['n_rows']:,} rows) but deleted since; an update "
@@ -494,7 +494,8 @@ def run_plan(
         return bool(checkpoint_seconds) and time.perf_counter() - last_checkpoint >= checkpoint_seconds
 
     # A plan keeps its thread count across resumes: BLAS rounding can depend on its threads per call.
-    job.threads = job.threads or resolve_threads(threads)
+    # Remote sources are read by more threads than cores: their reads wait on the network.
+    job.threads = job.threads or resolve_threads(remote.default_threads(threads, [c.spec for c in job.cursors]))
     # Fewer blocks in the whole plan than threads: fewer workers, each with more BLAS threads.
     workers = min(job.threads, max(1, job.blocks_total))
     opened: list[Source] = []

@@ -40,8 +40,12 @@ def default_checkpoint(model_path: str) -> str:
 def check_fit_paths(inputs, model_path: str, checkpoint: str | None = None, update: str | None = None) -> str:
     """Refuse a model file or checkpoint over an input, over each other, or a checkpoint over the model
     being updated, before anything is written; returns the checkpoint path (the default one if none)."""
-    from .io import refuse_input_overlap, refuse_shared_outputs
+    from .io import refuse_input_overlap, refuse_shared_outputs, remote
 
+    for path, what in ((model_path, "model file"), (checkpoint, "checkpoint"), (update, "model to update")):
+        if path is not None and remote.is_remote(os.fspath(path)):
+            raise BadInputError(f"{remote.redact(path)}: the {what} is a local file (inputs and apply outputs may be "
+                                "URLs); give a local path")
     checkpoint = checkpoint or default_checkpoint(model_path)
     refuse_input_overlap({model_path: "model file", checkpoint: "checkpoint"}, inputs)
     refuse_shared_outputs((model_path, "model file"), (checkpoint, "checkpoint"))
@@ -230,7 +234,7 @@ def job_lock(path: str):
 _PARAM = "parameter"
 #: Keys a job file may hold: the type each value must have, or :data:`_PARAM`.
 _KEYS = {
-    "": {"name": str, "input": dict, "model": dict, "apply": dict},
+    "": {"name": str, "input": dict, "model": dict, "apply": dict, "storage": dict},
     "input": {"paths": (list, str), "dataset": str, "fill_missing_chunks": _PARAM},
     "model": {"path": str, **{name: _PARAM for name in ("beta", "gamma", "n_components", "variance", "eps",
                                                           "precision", "chunk_rows", "skip_nonfinite",
@@ -253,6 +257,8 @@ class JobSpec:
     model: dict = field(default_factory=dict)
     apply: dict | None = None
     fill_missing_chunks: bool = False
+    #: storage options for the job's URLs (the ``[storage]`` table), never logged
+    storage: dict = field(default_factory=dict)
 
     @property
     def lock_path(self) -> str:
@@ -275,6 +281,8 @@ def read_job_file(path: str) -> JobSpec:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise BadInputError(f"{path}: not a valid TOML job file ({exc})") from None
     for section, allowed in _KEYS.items():
+        if section == "storage":
+            continue  # free-form: the keyword arguments of the file system
         table = data if section == "" else data.get(section, {})
         where = f"[{section}]" if section else "the top level"
         unknown = set(table) - set(allowed)
@@ -291,8 +299,10 @@ def read_job_file(path: str) -> JobSpec:
             if wrong_bool or not isinstance(value, kind):
                 names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
                 raise BadInputError(f"{path}: {key} in {where} must be of type {names}, got {value!r}")
+    from .io import remote
+
     base = os.path.dirname(os.path.abspath(path))
-    absolute = lambda p: p if os.path.isabs(p) else os.path.join(base, p)  # noqa: E731
+    absolute = lambda p: remote.local_path(p) if os.path.isabs(p) or remote.is_url(p) else os.path.join(base, p)  # noqa: E731
     inputs = data.get("input", {}).get("paths")
     if isinstance(inputs, str):
         inputs = [inputs]
@@ -308,8 +318,12 @@ def read_job_file(path: str) -> JobSpec:
         _check_output_template(path, apply["output"])
         apply = dict(apply, output=absolute(apply["output"]))
     name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
+    storage = remote.options_from(data.get("storage") or {})
+    model_path = absolute(model.pop("path"))
+    if remote.is_url(model_path):
+        raise BadInputError(f"{path}: [model] path must be a local file (inputs and [apply] outputs may be URLs)")
     return JobSpec(path, name, [absolute(p) for p in inputs], data.get("input", {}).get("dataset"),
-                   absolute(model.pop("path")), model, apply, bool(data.get("input", {}).get("fill_missing_chunks")))
+                   model_path, model, apply, bool(data.get("input", {}).get("fill_missing_chunks")), storage)
 
 
 #: The fields an ``[apply] output`` template may use.
@@ -410,12 +424,20 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
     A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead.
     Returns a summary with ``steps`` (what ran). Raises :class:`NothingToDoError` when nothing ran.
     """
+    from .io import remote
+
+    spec = read_job_file(path)
+    # The job's [storage] table, and over it the options given on the command line.
+    with remote.using({**spec.storage, **remote.storage_options()}):
+        return _run_job(spec, progress, should_stop, restart)
+
+
+def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
     from .apply import apply_model, check_keep_columns, output_is_current, recorded_options
     from .fit import remove_checkpoint
     from .model import check_params, load_model, model_checksum, save_model
-    from .io import expand_specs, fingerprint, open_source, refuse_input_overlap, refuse_shared_outputs, split_spec
+    from .io import expand_specs, fingerprint, open_source, refuse_input_overlap, refuse_shared_outputs, remote, split_spec
 
-    spec = read_job_file(path)
     fit_options = {key: spec.model[key] for key in ("precision", "chunk_rows", "skip_nonfinite",
                                                     "checkpoint_every", "checkpoint_seconds", "threads")
                    if key in spec.model}
@@ -430,7 +452,8 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
         if spec.apply is not None:
             for input_spec in inputs:
                 output = _output_for(spec.apply["output"], input_spec, spec.name)
-                store = os.path.realpath(split_spec(output)[0])  # each output is a whole file or store
+                store = split_spec(output)[0]  # each output is a whole file or store
+                store = remote.normalize(store) if remote.is_url(store) else os.path.realpath(store)
                 if store in stores_used:
                     raise BadInputError(f"{spec.path}: [apply] output '{spec.apply['output']}' puts two inputs in "
                                         f"{store}; each input needs its own file or store (e.g. 'out/{{stem}}.zarr')")
@@ -481,7 +504,8 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
                                      check_keep_columns(options.get("keep_columns"))):
                     log.info("job %s: %s is up to date", spec.name, output)
                     continue
-                os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
+                if not remote.is_url(output):
+                    os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
                 summary = apply_model(model, input_spec, output, spec.dataset, overwrite=True, progress=progress,
                                       should_stop=should_stop, fill_missing_chunks=spec.fill_missing_chunks, **options)
                 steps.append(f"apply {label} -> {output}")

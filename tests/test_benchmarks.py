@@ -9,13 +9,15 @@ import pytest
 
 from conftest import REPO
 
-SCRIPTS = ["fit_throughput.py", "apply_throughput.py", "memory.py", "fit_tables.py"]
+SCRIPTS = ["fit_throughput.py", "apply_throughput.py", "memory.py", "fit_tables.py", "fit_remote.py"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_benchmark_quick_run_writes_json(tmp_path, script):
     if script == "fit_tables.py" and not all(importlib.util.find_spec(m) for m in ("pyarrow", "lance")):
         pytest.skip("fit_tables.py needs pyarrow and pylance (pip install 'streamwhiten[lance]')")
+    if script == "fit_remote.py" and not all(importlib.util.find_spec(m) for m in ("moto", "s3fs", "dask")):
+        pytest.skip("fit_remote.py needs moto[server], s3fs and dask (pip install -e '.[test]')")
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--quick", "--results", str(tmp_path)],
                             capture_output=True, text=True, cwd=REPO / "benchmarks", timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -5,7 +5,7 @@ interface every backend implements (a :class:`Source` of rows, a :class:`Sink` f
 fingerprint); ``hdf5``, ``zarr``, ``npy``, ``parquet`` and ``lance`` are the backends, each the only
 importer of its library, imported only when a store of its kind is opened (pyarrow and pylance are
 optional extras; ``_arrow`` holds what the last two share); ``durable`` and ``direct`` make writes safe
-and fast.
+and fast; ``remote`` reaches object storage and other URLs through fsspec (an optional extra too).
 The functions here are what the rest of the package uses.
 """
 
@@ -22,6 +22,7 @@ from .base import (
     DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OUTPUT_CHUNK_BYTES, LazyRows, Sink, Source, aligned_chunk_rows, check_array,
     count_blocks, fingerprint, io_error, output_chunk_rows, remove,
 )
+from . import remote
 from .durable import remove_stale_temps
 from .spec import (
     HDF5_SUFFIXES, ZARR_SUFFIX, expand_specs, input_kind, output_kind, partial_path, refuse_input_overlap,
@@ -36,6 +37,63 @@ _SINKS = {"hdf5": ("hdf5", "HDF5Sink"), "zarr": ("zarr", "ZarrSink"), "parquet":
 _EXTRAS = {"parquet": ("pyarrow", "Parquet", "parquet"), "lance": ("pylance", "Lance datasets", "lance")}
 #: Outputs whose blocks are written as row groups or fragments (any size), carrying other columns.
 _TABULAR = ("parquet", "lance")
+#: Backends that read URLs, and those that write them.
+_REMOTE_SOURCES = ("zarr", "npy", "parquet", "hdf5", "lance")
+_REMOTE_SINKS = {"zarr": ("zarr", "RemoteZarrSink"), "parquet": ("parquet", "ParquetSink")}
+
+
+def exists(path: str) -> bool:
+    """Whether a local path or a URL exists (a file, directory, object or prefix)."""
+    path = remote.local_path(path)
+    return remote.exists(path) if remote.is_url(path) else os.path.lexists(path)
+
+
+def output_exists(spec: str) -> bool:
+    """Whether an output is at ``spec``. A remote Zarr output written in place that is not complete (its
+    ``complete`` attribute false: a run still writing it, or killed) counts as absent, as everywhere here."""
+    path = remote.local_path(split_spec(spec)[0])
+    if not remote.is_url(path):
+        return os.path.lexists(path)
+    if not remote.exists(path):
+        return False
+    if output_kind(path) != "zarr":
+        return True
+    return not _incomplete_zarr(path)
+
+
+def _incomplete_zarr(url: str) -> bool:
+    """Whether the remote Zarr store at ``url`` is an output of ours that is not complete."""
+    import json
+
+    for name in ("zarr.json", ".zattrs"):
+        try:
+            raw = remote.cat(remote.join(url, name))
+        except BadInputError:
+            continue
+        try:
+            attrs = json.loads(raw)
+        except ValueError:
+            return False
+        attrs = attrs.get("attributes", attrs) if name == "zarr.json" else attrs
+        return isinstance(attrs, dict) and "complete" in attrs and "model_checksum" in attrs and not attrs["complete"]
+    return False
+
+
+def _missing_bucket(url: str) -> str:
+    head, rest = remote.split_url(url)
+    root = head + rest.split("/", 1)[0]
+    try:
+        return "" if remote.exists(root) else f" (the bucket {remote.redact(root)} does not exist)"
+    except Exception:
+        return ""
+
+
+def _refuse_incomplete(source: Source) -> None:
+    """An output of ours whose ``complete`` attribute is false is not there yet: refuse to read it."""
+    attrs = source.attrs()
+    if "complete" in attrs and "model_checksum" in attrs and not attrs["complete"]:
+        raise BadInputError(f"{source.label}: an output that is not complete (complete = false): it is being written, "
+                            "or the run writing it was stopped; run that apply again to finish it")
 
 
 def backend(kind: str):
@@ -65,12 +123,17 @@ def open_source(spec: str, dataset: str | None = None, min_rows: int = 1, fill_m
     if isinstance(spec, Source):
         return spec
     path, inner = split_spec(spec, dataset)
-    if not os.path.exists(path):
+    if remote.is_url(path):
+        remote.check_url(path)
+        if not remote.exists(path):
+            raise BadInputError(f"{remote.redact(path)}: no such object or prefix{_missing_bucket(path)}")
+    elif not os.path.exists(path):
         raise BadInputError(f"{path}: no such file or directory")
     source = _backend_class(_SOURCES, input_kind(path))(path, inner)
     source.fill_missing_chunks = bool(fill_missing_chunks)
     try:
         check_array(source.label, source.shape, source.dtype, min_rows)
+        _refuse_incomplete(source)
     except BaseException:
         source.close()
         raise
@@ -84,8 +147,8 @@ def read_vector(spec: str, dataset: str | None = None, min_length: int = 1) -> t
     1-D array needs no name. An ``(n, 1)`` column is accepted and flattened.
     """
     path, inner = split_spec(spec, dataset)
-    if not os.path.exists(path):
-        raise BadInputError(f"{path}: no such file or directory")
+    if not exists(path):
+        raise BadInputError(f"{remote.redact(path)}: no such file or directory")
     label = f"{path}:/{inner}" if inner else path
     try:
         values, label = backend(input_kind(path)).read_vector(path, inner)
@@ -137,6 +200,9 @@ def create_sink(
         raise BadInputError(f"{path}: writing {kind} outputs is not supported; write .parquet, .zarr or .h5")
     if columns is not None and len(columns) and kind not in _TABULAR:
         raise BadInputError(f"{path}: --keep-columns needs a Parquet or Lance output (.parquet, .lance), not {kind}")
+    if remote.is_url(path):
+        return _create_remote_sink(path, dataset, kind, n_rows, n_features, dtype, attrs, overwrite, zarr_format,
+                                   chunk_rows, columns)
     if os.path.lexists(path) and not overwrite:
         raise OutputExistsError.at(path)
     parent = os.path.dirname(os.path.abspath(path)) or "."
@@ -170,6 +236,41 @@ def create_sink(
         raise
 
 
+def _create_remote_sink(path, dataset, kind, n_rows, n_features, dtype, attrs, overwrite, zarr_format, chunk_rows,
+                        columns) -> Sink:
+    """:func:`create_sink` for a URL: Zarr is written in place, its ``complete`` attribute set last; Parquet
+    as part objects beside it, joined into one object that appears only when its upload completes."""
+    remote.check_url(path)
+    if kind not in _REMOTE_SINKS:
+        raise BadInputError(f"{remote.redact(path)}: {kind} outputs cannot be written to object storage; write "
+                            ".zarr or .parquet")
+    if output_exists(path) and not overwrite:
+        raise OutputExistsError(f"{remote.redact(path)}: already exists (pass --overwrite to replace it)")
+    head, rest = remote.split_url(path)
+    root = head + rest.split("/", 1)[0]
+    if not remote.exists(root):
+        raise BadInputError(f"{remote.redact(root)}: no such bucket or container for the output")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float16, np.float32, np.float64):
+        raise BadInputError(f"output dtype must be float16, float32 or float64, got {dtype}")
+    chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
+    partial = partial_path(path)
+    remote.remove(partial, recursive=True)
+    remote.remove(partial + ".progress.json")
+    attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
+    sink_class = _backend_class(_REMOTE_SINKS, kind)
+    options = {"columns": columns} if kind in _TABULAR else {}
+    try:
+        return sink_class.create(path, dataset, partial, (n_rows, n_features), dtype, chunk_rows, attrs,
+                                 direct_io=False, zarr_format=zarr_format, **options)
+    except BadInputError:
+        raise
+    except Exception as exc:
+        if isinstance(exc, StoreIOError):
+            raise
+        raise remote.failure(path, "create the output", exc) from None
+
+
 def sink_chunk_rows(spec: str, n_features: int, dtype, n_rows: int, block_rows: int | None,
                     source_block_rows: int) -> int:
     """Rows per output chunk for an output at ``spec`` whose input is read in blocks of ``block_rows``
@@ -195,6 +296,8 @@ def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | No
     path, dataset = split_spec(spec)
     partial = partial_path(path)
     progress = partial + ".progress.json"
+    if remote.is_url(path):
+        return _resume_remote_sink(path, dataset, partial, progress, job)
     remove_stale_temps(path)
     remove_stale_temps(progress)
     try:
@@ -212,6 +315,36 @@ def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | No
     except Exception:  # unreadable: start over (it was only ever a temporary file)
         remove(partial)
         remove(progress)
+        return None, 0, 0
+    return sink, counts[0], counts[1]
+
+
+def _resume_remote_sink(path, dataset, partial, progress, job) -> tuple[Sink | None, int, int]:
+    """:func:`resume_sink` for a URL. The progress record is an object beside the output (written whole by
+    one PUT), so a killed run is resumed from any machine, a Dask driver's included."""
+    import json
+
+    kind = output_kind(path)
+    if kind not in _REMOTE_SINKS:
+        return None, 0, 0
+    try:
+        recorded = json.loads(remote.cat(progress))
+    except (BadInputError, ValueError):
+        recorded = None
+    counts = [int(recorded.pop(key, 0)) for key in ("rows_done", "n_nonfinite")] if isinstance(recorded, dict) else [0, 0]
+    data = path if kind == "zarr" else partial
+    if recorded != job or not remote.exists(data) or (kind == "zarr" and not _incomplete_zarr(path)):
+        if recorded is not None:
+            remote.remove(progress)
+        remote.remove(partial, recursive=True)
+        return None, 0, 0
+    try:
+        sink = _backend_class(_REMOTE_SINKS, kind).resume(path, dataset, partial, direct_io=False)
+    except StoreIOError:
+        raise
+    except Exception:  # unreadable: start over (it was never complete)
+        remote.remove(progress)
+        remote.remove(partial, recursive=True)
         return None, 0, 0
     return sink, counts[0], counts[1]
 

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import BadInputError, OutputExistsError, StoreIOError
-from . import durable
+from . import durable, remote
 from .base import Sink, io_error, remove
 
 #: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's
@@ -188,9 +188,12 @@ class TableSink(Sink):
         if column in columns.names:
             raise BadInputError(f"{path}: a kept column is named {column!r}, as the vector column is; name the "
                                 f"output's vector column (e.g. {path}:vectors)")
-        os.mkdir(partial)
         record = {"shape": list(shape), "dtype": str(np.dtype(dtype)), "chunk_rows": int(chunk_rows),
                   "column": column, "attrs": attrs, "columns": _encode_schema(columns)}
+        if remote.is_url(partial):  # parts are objects under the partial prefix (any machine can resume them)
+            remote.put_bytes(remote.join(partial, _SINK_FILE), json.dumps(record, sort_keys=True).encode())
+            return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns)
+        os.mkdir(partial)
         durable.write_file_atomic(os.path.join(partial, _SINK_FILE),
                                   lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
                                   "output description")
@@ -198,18 +201,26 @@ class TableSink(Sink):
 
     @classmethod
     def resume(cls, path, dataset, partial, **_):
-        with open(os.path.join(partial, _SINK_FILE)) as handle:
-            record = json.load(handle)
+        if remote.is_url(partial):
+            record = json.loads(remote.cat(remote.join(partial, _SINK_FILE)))
+        else:
+            with open(os.path.join(partial, _SINK_FILE)) as handle:
+                record = json.load(handle)
         if dataset is not None and dataset != record["column"]:
             raise ValueError("the partial output has another column")
-        for name in os.listdir(partial):  # parts a killed run was writing
+        for name in [] if remote.is_url(partial) else os.listdir(partial):  # parts a killed run was writing
             if name.endswith(".tmp"):
                 os.remove(os.path.join(partial, name))
         return cls(path, record["column"], partial, record["shape"], record["dtype"], record["chunk_rows"],
                    record["attrs"], _decode_schema(record["columns"]))
 
+    @property
+    def remote(self) -> bool:
+        return remote.is_url(self.partial)
+
     def _part_path(self, start: int) -> str:
-        return os.path.join(self.partial, f"part-{start:015d}{self.part_suffix}")
+        name = f"part-{start:015d}{self.part_suffix}"
+        return remote.join(self.partial, name) if self.remote else os.path.join(self.partial, name)
 
     def _write(self, start, block, columns=None):
         if (columns is None) != (len(self.columns) == 0):
@@ -219,11 +230,19 @@ class TableSink(Sink):
         arrays = [columns.column(name) for name in self.columns.names] if columns is not None else []
         table = pa.Table.from_arrays(arrays + [vectors], schema=self.schema)
         name = self._part_path(start)
+        if self.remote:  # one PUT: the part is there whole or not at all
+            buffer = pa.BufferOutputStream()
+            self._write_part(table, buffer)
+            data = buffer.getvalue().to_pybytes()
+            remote.retrying(name, "write", remote.put_bytes, name, data)
+            return
         self._write_part(table, name + ".tmp")
         os.replace(name + ".tmp", name)
         self._unsynced.append(name)
 
     def _sync(self):
+        if self.remote:
+            return  # an object is durable once its PUT is acknowledged
         for name in self._unsynced:
             with open(name, "rb") as handle:
                 os.fsync(handle.fileno())
@@ -233,11 +252,15 @@ class TableSink(Sink):
 
     def _tables(self):
         """The parts' tables in row order, checking that they cover every row exactly once."""
-        parts = sorted((int(name[5:20]), os.path.join(self.partial, name)) for name in os.listdir(self.partial)
+        if self.remote:
+            names = [remote.basename(url) for url in remote.find(self.partial)]
+        else:
+            names = os.listdir(self.partial)
+        parts = sorted((int(name[5:20]), self._part_path(int(name[5:20]))) for name in names
                        if name.startswith("part-") and name.endswith(self.part_suffix))
         expected = 0
         for start, part in parts:
-            table = self._read_part(part)
+            table = self._read_remote_part(part) if self.remote else self._read_part(part)
             if start != expected or not table.schema.equals(self.schema, check_metadata=False):
                 raise StoreIOError(f"{self.path}: the partial output {self.partial} is damaged (part {part} starts at "
                                    f"row {start}, expected {expected}); run again with --restart")
@@ -250,10 +273,13 @@ class TableSink(Sink):
     def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
         """Join the parts into the final store with the final attributes, under a temporary name, durably,
         and rename it into place (replacing an old output only if ``overwrite``)."""
-        final = os.path.abspath(self.path.rstrip("/"))
-        temp = durable.temp_path(final)
         record = dict(self.attrs, **(attrs or {}), complete=True, column=self.dataset)
         schema = self.schema.with_metadata({ATTRS_KEY: json.dumps(record, sort_keys=True, default=str).encode()})
+        if self.remote:
+            self._commit_remote(overwrite, schema)
+            return
+        final = os.path.abspath(self.path.rstrip("/"))
+        temp = durable.temp_path(final)
         try:
             if os.path.lexists(final) and not overwrite:
                 raise OutputExistsError.at(self.path)
@@ -276,6 +302,43 @@ class TableSink(Sink):
         except BaseException:
             remove(temp)
             raise
+
+    def _read_remote_part(self, url: str):
+        return self._read_part(pa.BufferReader(remote.cat(url)))
+
+    def _commit_remote(self, overwrite: bool, schema) -> None:
+        """Upload the joined parts as one object: it appears only when the upload completes (one multipart
+        upload, aborted on failure), so it is never seen half-written; then drop the parts and the record."""
+        from . import output_exists
+
+        if output_exists(self.path) and not overwrite:
+            raise OutputExistsError(f"{self.label}: already exists (pass --overwrite to replace it)")
+        remote.retrying(self.path, "upload the output", self._upload, schema)
+        remote.remove(self.partial, recursive=True)
+        remote.remove(self.progress_path)
+
+    def _upload(self, schema) -> None:
+        fs, key = remote.filesystem(self.path)
+        handle = fs.open(key, "wb", block_size=64 << 20)
+        try:
+            self._join(handle, schema, self._tables())
+        except BaseException:
+            discard = getattr(handle, "discard", None)  # abort the multipart upload: nothing becomes visible
+            try:
+                discard() if discard is not None else None
+            except Exception:
+                pass
+            raise
+        handle.close()  # completes the upload: the object appears whole
+
+    def abort(self) -> None:
+        if not self.remote:
+            return super().abort()
+        try:
+            remote.remove(self.partial, recursive=True)
+            remote.remove(self.progress_path)
+        except Exception:  # parts under a hidden prefix never look like an output
+            pass
 
     # -- what each backend does
     def _write_part(self, table, path: str) -> None:

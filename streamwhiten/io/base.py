@@ -21,7 +21,7 @@ import numpy as np
 from .._buffers import ALIGNMENT
 from .. import params
 from ..errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
-from . import durable
+from . import durable, remote
 
 #: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
 #: full speed, small enough that a couple of blocks in flight stay well inside memory.
@@ -90,6 +90,9 @@ class Source:
     """
 
     kind = "?"
+    #: the store is read over the network (a URL): blocks are read by more threads, and never by the raw
+    #: local-chunk fast path
+    remote = False
 
     def __init__(self, path: str, dataset: str | None, shape, dtype, chunk_rows: int | None):
         self.path = path
@@ -102,11 +105,15 @@ class Source:
 
     @property
     def label(self) -> str:
-        return f"{self.path}:/{self.dataset}" if self.dataset else self.path
+        path = remote.redact(self.path)
+        return f"{path}:/{self.dataset}" if self.dataset else path
 
     @property
     def identity(self) -> tuple[str, str]:
-        """``(real path, dataset)`` naming the array the same way however the spec spelled it."""
+        """``(real path, dataset)`` naming the array the same way however the spec spelled it (a URL:
+        its normalised form, without credentials)."""
+        if remote.is_url(self.path):
+            return remote.normalize(self.path), self.dataset or ""
         return os.path.realpath(self.path), self.dataset or ""
 
     @property
@@ -181,8 +188,9 @@ class Source:
 
     def lazy(self) -> "LazyRows":
         """A picklable reader of this source's rows for other processes (see :class:`LazyRows`)."""
-        return LazyRows(os.path.abspath(self.path), self.dataset, self.shape, self.dtype, self.label,
-                        self.fill_missing_chunks)
+        path = self.path if remote.is_url(self.path) else os.path.abspath(self.path)
+        options = remote.storage_options() if remote.is_url(self.path) else None
+        return LazyRows(path, self.dataset, self.shape, self.dtype, self.label, self.fill_missing_chunks, options)
 
     def close(self) -> None:
         pass
@@ -210,8 +218,13 @@ class LazyRows:
     dtype: np.dtype
     label: str
     fill_missing_chunks: bool = False
+    #: the storage options of a URL, for the worker's process (held in memory and in the task graph only)
+    storage_options: dict | None = None
 
     ndim = 2
+
+    def __repr__(self) -> str:  # never show the storage options
+        return f"LazyRows({self.label!r}, shape={self.shape})"
 
     def __getitem__(self, key) -> np.ndarray:
         from . import open_source
@@ -223,13 +236,21 @@ class LazyRows:
             raise BadInputError(f"{self.label}: only contiguous row ranges can be read, got {rows!r}")
         start, stop, _ = rows.indices(self.shape[0])
         stop = max(start, stop)
-        with open_source(self.path, self.dataset, min_rows=0, fill_missing_chunks=self.fill_missing_chunks) as source:
+        options = remote.using(self.storage_options) if self.storage_options is not None else _nothing()
+        with options, open_source(self.path, self.dataset, min_rows=0,
+                                  fill_missing_chunks=self.fill_missing_chunks) as source:
             if source.shape != self.shape:
                 raise StoreIOError(
                     f"{self.label}: changed while being read (shape {source.shape}, was {self.shape})"
                 )
             block = source.read(start, stop)
         return block if columns == slice(None) else np.ascontiguousarray(block[:, columns])
+
+
+def _nothing():
+    import contextlib
+
+    return contextlib.nullcontext()
 
 
 def fingerprint(source: Source, n_rows: int | None = None) -> dict:
@@ -311,13 +332,16 @@ class Sink:
         self.partial_inode = _inode(partial)
 
     @property
-    def label(self) -> str:
-        return f"{self.path}:/{self.dataset}" if self.dataset else self.path
+    def label(self) -> str:  # a URL without credentials
+        path = remote.redact(self.path)
+        return f"{path}:/{self.dataset}" if self.dataset else path
 
     @property
     def progress_path(self) -> str:
         """Sidecar JSON beside the partial output: how many rows are safely written, and for which job."""
-        return self.partial + ".progress.json"
+        from .spec import partial_path
+
+        return partial_path(self.path) + ".progress.json"
 
     def covered(self, start: int, block: np.ndarray):
         """``(chunk index, first row of the chunk, its end, rows a..b it gets, their data)`` for each
@@ -348,6 +372,9 @@ class Sink:
         except OSError as exc:
             raise StoreIOError(f"{self.path}: cannot make the rows written durable: {io_error(exc)}") from exc
         record = dict(job, rows_done=int(rows_done), n_nonfinite=int(n_nonfinite))
+        if remote.is_url(self.progress_path):  # one PUT: the old record or the new one, never a part
+            remote.put_bytes(self.progress_path, json.dumps(record, sort_keys=True).encode())
+            return
         durable.write_file_atomic(self.progress_path,
                                   lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
                                   "progress record")

@@ -5,6 +5,10 @@ A sink's file is laid out by HDF5 with every chunk allocated up front at an alig
 filled; then the library's handle is closed, the rows are written in place through a descriptor of
 our own, and at the end a fresh handle sets the attributes and is closed at once. So a failed data
 write (disk full) never leaves HDF5 holding a half-flushed file it would report or crash on later.
+
+A file named by URL is read (never written) through an fsspec file object: HDF5 asks for small pieces
+(metadata, then each chunk) one at a time, holding the GIL in the file object's callbacks, so it is much
+slower than Zarr, npy or Parquet over the same network (see the README's figures).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import numpy as np
 
 from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
+from . import remote
 from .base import FILL_HINT, Sink, Source, first_line, io_error
 from .direct import ChunkFile
 
@@ -37,10 +42,11 @@ class HDF5Source(Source):
     kind = "hdf5"
 
     def __init__(self, path, dataset):
+        self.remote = remote.is_url(path)
         try:
-            self._file = h5py.File(path, "r")
+            self._file = h5py.File(_remote_file(path) if self.remote else path, "r")
         except OSError as exc:
-            raise BadInputError(f"{path}: cannot open as HDF5 ({exc})") from exc
+            raise BadInputError(f"{remote.redact(path)}: cannot open as HDF5 ({remote.scrub(str(exc))})") from exc
         try:
             dataset = dataset or self._only_dataset(path)
             node = self._file.get(dataset)
@@ -62,7 +68,15 @@ class HDF5Source(Source):
         listing = ", ".join("/" + name for name in found[:10]) or "none"
         raise BadInputError(f"{path}: name a dataset (file.h5:/dataset or --dataset); 2-D datasets found: {listing}")
 
+    def fingerprint_extra(self) -> dict:
+        return remote.version(self.path) if self.remote else {}
+
     def read_into(self, start, stop, out):
+        if self.remote:
+            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out)
+        return self._read_into(start, stop, out)
+
+    def _read_into(self, start, stop, out):
         if self._sparse and not self.fill_missing_chunks and stop > start:
             self._refuse_unwritten(start, stop)
         try:
@@ -101,10 +115,19 @@ class HDF5Source(Source):
             self._file.close()
 
 
+#: Bytes per range request of a remote HDF5 file (read ahead: chunks are mostly read in order).
+REMOTE_READ_BYTES = 4 << 20
+
+
+def _remote_file(url: str):
+    fs, key = remote.filesystem(url)
+    return remote.retrying(url, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead")
+
+
 def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     """The 1-D dataset ``inner`` (or the file's only one), whole, and its label."""
     try:
-        handle = h5py.File(path, "r")
+        handle = h5py.File(_remote_file(path) if remote.is_url(path) else path, "r")
     except OSError as exc:
         raise BadInputError(f"{path}: cannot open as HDF5 ({exc})") from exc
     with handle:

@@ -11,6 +11,10 @@ Appends add fragments after the old ones, so the rows an earlier fit read stay a
 holds a digest of the fragments that store that prefix (their ids, data files, row counts and deletion
 files) beside sampled rows, so an update reads only new fragments and refuses a dataset whose old
 fragments were changed (rows deleted, compacted, rewritten). The fingerprint also records the version.
+
+A dataset named by URL (``s3://``, ``gs://``, ``az://``) is read through pylance's own object store, with
+the storage options in force translated to its names (``remote.lance_options``); writing one is not
+supported (write Parquet or Zarr to object storage).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import lance
 
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ._arrow import TableSink, choose_column, copy_vectors, describe_columns, read_attrs, vector_length, vector_type
-from . import durable
+from . import durable, remote
 from .base import Source, first_line, io_error
 
 def _lance_error(label: str, what: str, exc: BaseException) -> Exception:
@@ -40,6 +44,15 @@ def _lance_error(label: str, what: str, exc: BaseException) -> Exception:
 
 
 def _open(path: str, version=None):
+    if remote.is_url(path):
+        options = remote.lance_options(path)
+        try:
+            return remote.retrying(path, "open", lance.dataset, path, version=version, storage_options=options)
+        except StoreIOError:
+            raise
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise BadInputError(f"{remote.redact(path)}: cannot open as a Lance dataset "
+                                f"({remote.scrub(first_line(exc))})") from None
     try:
         return lance.dataset(path, version=version)
     except (OSError, ValueError, RuntimeError) as exc:
@@ -62,6 +75,7 @@ class LanceSource(Source):
         self._column_label = f"{path}:{column}"
         dtype, width = vector_type(self._column_label, schema.field(column))
         self._schema, self.version = schema, handle.version
+        self.remote = remote.is_url(path)
         try:
             fragments = handle.get_fragments()
             self._fragment_ids = [fragment.fragment_id for fragment in fragments]
@@ -133,6 +147,11 @@ class LanceSource(Source):
             start, index = end, index + 1
 
     def read_into(self, start, stop, out):
+        if self.remote:
+            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out)
+        return self._read_into(start, stop, out)
+
+    def _read_into(self, start, stop, out):
         view = out[: stop - start]
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")

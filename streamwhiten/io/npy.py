@@ -1,4 +1,8 @@
-"""NumPy ``.npy`` files, memory-mapped: a source of rows and 1-D arrays."""
+"""NumPy ``.npy`` files, memory-mapped: a source of rows and 1-D arrays.
+
+A ``.npy`` named by URL is read with range requests: its header once, then each block's bytes, in parts
+fetched concurrently (see ``remote``).
+"""
 
 from __future__ import annotations
 
@@ -7,11 +11,22 @@ import os
 import numpy as np
 
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
+from . import remote
 from .base import Source, io_error
+
+#: Bytes per range request of a remote block: a block of 64 MiB is fetched as 8 requests at once.
+RANGE_BYTES = 8 << 20
+#: Bytes read to find a remote file's header (longer headers are read in a second request).
+HEADER_BYTES = 1 << 16
 
 
 class NpySource(Source):
     kind = "npy"
+
+    def __new__(cls, path, dataset):
+        if cls is NpySource and remote.is_url(path):
+            return super().__new__(RemoteNpySource)
+        return super().__new__(cls)
 
     def __init__(self, path, dataset):
         if dataset:
@@ -45,8 +60,93 @@ class NpySource(Source):
         return view
 
 
+def _header(url: str) -> tuple[tuple, np.dtype, int, int]:
+    """``(shape, dtype, offset of the data, size of the object)`` of a remote ``.npy``."""
+    import io
+
+    where = remote.redact(url)
+    size = remote.version(url)["size"]
+    head = remote.cat(url, 0, min(size, HEADER_BYTES))
+    try:
+        handle = io.BytesIO(head)
+        major, _ = np.lib.format.read_magic(handle)
+        if major == 1:
+            length = int.from_bytes(head[8:10], "little") + 10
+        else:
+            length = int.from_bytes(head[8:12], "little") + 12
+        if length > len(head):
+            head = remote.cat(url, 0, length)
+            handle = io.BytesIO(head)
+            np.lib.format.read_magic(handle)
+        reader = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = reader(handle)
+    except (ValueError, EOFError) as exc:
+        raise BadInputError(f"{where}: cannot read as .npy ({exc})") from None
+    if dtype.hasobject:
+        raise BadInputError(f"{where}: holds Python objects, not numbers")
+    if fortran and len(shape) > 1:
+        raise BadInputError(f"{where}: is stored in Fortran (column) order; rows cannot be read in ranges (save it "
+                            "with np.ascontiguousarray)")
+    offset = handle.tell()
+    if size < offset + int(np.prod(shape)) * dtype.itemsize:
+        raise CorruptStoreError(f"{where}: the file is truncated (shorter than its header says)")
+    return tuple(int(n) for n in shape), dtype, offset, size
+
+
+class RemoteNpySource(NpySource):
+    """A ``.npy`` object read by range requests; each block in :data:`RANGE_BYTES` parts fetched at once."""
+
+    remote = True
+
+    def __init__(self, path, dataset):
+        if dataset:
+            raise BadInputError(f"{remote.redact(path)}: a .npy file holds one array; drop the dataset name ':{dataset}'")
+        shape, dtype, self._offset, self._size = _header(path)
+        self._version = remote.version(path)
+        Source.__init__(self, path, None, shape, dtype, None)
+        self._stored = dtype  # byte order as stored; rows are converted into the native ``dtype``
+
+    def fingerprint_extra(self) -> dict:
+        return dict(self._version)
+
+    def read_into(self, start, stop, out):
+        view = out[: stop - start]
+        if stop <= start:
+            return view
+        if not 0 <= start <= stop <= self.n_rows:
+            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
+        row_bytes = self.n_features * self._stored.itemsize
+        first, last = self._offset + start * row_bytes, self._offset + stop * row_bytes
+        edges = list(range(first, last, RANGE_BYTES)) + [last]
+        fs, key = remote.filesystem(self.path)
+        what = f"read rows {start}..{stop - 1}"
+        parts = remote.retrying(self.path, what, fs.cat_ranges, [key] * (len(edges) - 1), edges[:-1], edges[1:],
+                                on_error="raise")
+        target = view.reshape(-1).view(np.uint8) if self._stored == self.dtype else None
+        done = 0
+        raw = bytearray() if target is None else None
+        for part, (a, b) in zip(parts, zip(edges[:-1], edges[1:])):
+            if isinstance(part, BaseException):
+                raise remote.failure(self.path, what, part)
+            if len(part) != b - a:
+                raise CorruptStoreError(f"{self.label}: the file shrank while being read (rows {start}..{stop - 1} "
+                                        "are past its end): it is being rewritten or was truncated")
+            if target is not None:
+                target[done : done + len(part)] = np.frombuffer(part, np.uint8)
+            else:
+                raw += part
+            done += len(part)
+        if raw is not None:
+            view[...] = np.frombuffer(bytes(raw), self._stored).reshape(view.shape)
+        return view
+
+
 def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     """The whole array of a ``.npy`` file, and its label."""
     if inner:
-        raise BadInputError(f"{path}: a .npy file holds one array; drop the dataset name ':{inner}'")
+        raise BadInputError(f"{remote.redact(path)}: a .npy file holds one array; drop the dataset name ':{inner}'")
+    if remote.is_url(path):
+        shape, dtype, offset, _ = _header(path)
+        raw = remote.cat(path, offset, offset + int(np.prod(shape)) * dtype.itemsize)
+        return np.frombuffer(raw, dtype).reshape(shape).astype(dtype.newbyteorder("=")), remote.redact(path)
     return np.load(path, allow_pickle=False), path

@@ -19,6 +19,12 @@ The sink (see ``_arrow.TableSink``) writes each block as a part file (one row gr
 ``.NAME.partial`` directory; committing streams the parts into one file under a temporary name, fsyncs
 and renames it into place. Its key-value metadata holds the model's attributes (``streamwhiten``,
 JSON), as the array attributes of an HDF5 or Zarr output do.
+
+A file named by URL is read through an fsspec file object per thread (range requests of
+:data:`REMOTE_READ_BYTES`, read ahead); its fingerprint adds the object's size and ETag, and a block read
+from an object that changed meanwhile is refused. A remote output's parts are objects under the hidden
+``.NAME.partial/`` prefix, and the joined file is uploaded as one object (a multipart upload, which
+becomes visible only when it completes).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
+from . import remote
 from ._arrow import TableSink, choose_column, read_attrs, copy_vectors, describe_columns, vector_length, vector_type
 from .base import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, Source, first_line, io_error
 from .spec import parquet_files
@@ -49,6 +56,14 @@ BATCH_BYTES = 2 << 20
 MAX_STREAMS = 8
 #: Bytes pyarrow reads at a time from a column chunk (not the whole chunk at once).
 STREAM_BUFFER_BYTES = 1 << 20
+#: Bytes per range request of a remote file (read ahead as pyarrow goes through a column chunk).
+REMOTE_READ_BYTES = 8 << 20
+
+
+def _open_remote(url: str):
+    """A read-only fsspec file object on the remote ``url``."""
+    fs, key = remote.filesystem(url)
+    return remote.retrying(url, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead")
 
 
 def _arrow_error(label: str, what: str, exc: BaseException) -> Exception:
@@ -61,7 +76,10 @@ def _arrow_error(label: str, what: str, exc: BaseException) -> Exception:
 
 def _single_file(path: str) -> str:
     """``path`` itself, or the only Parquet file in the directory ``path``."""
-    if not os.path.isdir(path):
+    if remote.is_url(path):
+        if path.rstrip("/").lower().endswith(".parquet") or not remote.isdir(path):
+            return path
+    elif not os.path.isdir(path):
         return path
     files = parquet_files(path)
     if len(files) == 1:
@@ -70,8 +88,24 @@ def _single_file(path: str) -> str:
                         f"(this command needs one, e.g. {files[0] if files else 'file.parquet'})")
 
 
+def _remote_footer(url: str) -> tuple[bytes, dict]:
+    """:func:`_footer` of a remote file: two range requests, and its ``{"size", "etag"}``."""
+    where = remote.redact(url)
+    version = remote.version(url)
+    size = version["size"]
+    if size < 12:
+        raise CorruptStoreError(f"{where}: not a Parquet file, or truncated ({size} bytes)")
+    tail = remote.cat(url, size - 8, size)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != b"PAR1" or length + 12 > size:
+        raise CorruptStoreError(f"{where}: not a Parquet file, or truncated (no valid footer at its end)")
+    return remote.cat(url, size - 8 - length, size - 8), version
+
+
 def _footer(path: str) -> tuple[bytes, os.stat_result]:
     """The raw footer (thrift file metadata) of a Parquet file and the file's stat, checking its magic."""
+    if remote.is_url(path):
+        return _remote_footer(path)
     with open(path, "rb") as handle:
         stat = os.fstat(handle.fileno())
         if stat.st_size < 12:
@@ -132,10 +166,11 @@ class ParquetSource(Source):
 
     def __init__(self, path, dataset):
         path = _single_file(path)
+        self.remote = remote.is_url(path)
         try:
             footer, stat = _footer(path)
-            handle = pq.ParquetFile(path, pre_buffer=False, buffer_size=STREAM_BUFFER_BYTES,
-                                    page_checksum_verification=True)
+            handle = pq.ParquetFile(_open_remote(path) if self.remote else path, pre_buffer=False,
+                                    buffer_size=STREAM_BUFFER_BYTES, page_checksum_verification=True)
         except (BadInputError, FileNotFoundError, PermissionError):
             raise
         except (OSError, pa.ArrowException, ValueError) as exc:
@@ -150,7 +185,7 @@ class ParquetSource(Source):
             self._column_label = f"{path}:{column}"
             dtype, width = vector_type(self._column_label, schema.field(column))
             self._schema, self._metadata, self._footer_sha = schema, metadata, hashlib.sha256(footer).hexdigest()
-            self._stat = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            self._stat = stat if self.remote else (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
             self._group_rows = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
             self._starts = np.concatenate([[0], np.cumsum(self._group_rows, dtype=np.int64)]).tolist()
             if width is None:
@@ -199,6 +234,9 @@ class ParquetSource(Source):
     def layout_digest(self, n_rows: int) -> str:
         return self._footer_sha
 
+    def fingerprint_extra(self) -> dict:
+        return dict(self._stat) if self.remote else {}
+
     def sample_ranges(self, n_rows: int) -> list:
         groups = [g for g, rows in enumerate(self._group_rows) if rows and self._starts[g] < n_rows]
         if not groups:
@@ -209,6 +247,10 @@ class ParquetSource(Source):
 
     # -- reading
     def _check_unchanged(self) -> None:
+        if self.remote:
+            if remote.version(self.path) != self._stat:
+                raise CorruptStoreError(f"{self.label}: the object changed while being read (it was replaced)")
+            return
         try:
             stat = os.stat(self.path)
         except OSError as exc:
@@ -223,8 +265,8 @@ class ParquetSource(Source):
             raise StoreIOError(f"{self.label}: read after the source was closed")
         self._check_unchanged()
         try:
-            handle = pq.ParquetFile(self.path, metadata=self._metadata, page_checksum_verification=True,
-                                    pre_buffer=False, buffer_size=STREAM_BUFFER_BYTES)
+            handle = pq.ParquetFile(_open_remote(self.path) if self.remote else self.path, metadata=self._metadata,
+                                    page_checksum_verification=True, pre_buffer=False, buffer_size=STREAM_BUFFER_BYTES)
         except (OSError, pa.ArrowException) as exc:
             raise _arrow_error(self.label, "the file", exc) from exc
         if keep:
@@ -267,6 +309,11 @@ class ParquetSource(Source):
             start, group = end, group + 1
 
     def read_into(self, start, stop, out):
+        if self.remote:
+            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_rows, start, stop, out)
+        return self._read_rows(start, stop, out)
+
+    def _read_rows(self, start, stop, out):
         view = out[: stop - start]
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
@@ -369,6 +416,11 @@ class ParquetSource(Source):
         return pa.schema([self._schema.field(name) for name in names])
 
     def read_columns(self, start, stop, names):
+        if self.remote:
+            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_columns, start, stop, names)
+        return self._read_columns(start, stop, names)
+
+    def _read_columns(self, start, stop, names):
         schema = self.column_schema(names)
         tables = []
         for group, a, b in self._groups(start, stop):
@@ -398,8 +450,9 @@ class ParquetSource(Source):
 def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` (or the file's only numeric column), whole, and its label."""
     path = _single_file(path)
+    where = _open_remote(path) if remote.is_url(path) else path
     try:
-        schema = pq.read_schema(path)
+        schema = pq.read_schema(where)
     except (OSError, pa.ArrowException) as exc:
         raise _arrow_error(path, "the file", exc) from exc
     numeric = [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
@@ -415,7 +468,7 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     if inner not in numeric:
         raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
     try:
-        column = pq.read_table(path, columns=[inner]).column(0)
+        column = pq.read_table(_open_remote(path) if remote.is_url(path) else path, columns=[inner]).column(0)
     except (OSError, pa.ArrowException) as exc:
         raise _arrow_error(label, "the column", exc) from exc
     if column.null_count:
@@ -449,9 +502,12 @@ class ParquetSink(TableSink):
         return pq.read_table(path)
 
     def _join(self, temp, schema, tables) -> None:
-        """Stream the parts into one file (a row group each) at ``temp`` and fsync it."""
+        """Stream the parts into one file (a row group each) at ``temp`` (a path, or a remote file object
+        whose upload the caller completes) and fsync it."""
         with pq.ParquetWriter(temp, schema, **WRITE_OPTIONS) as writer:
             for table in tables:
                 writer.write_table(table, row_group_size=max(1, table.num_rows))
+        if not isinstance(temp, str):
+            return
         with open(temp, "rb") as handle:
             os.fsync(handle.fileno())

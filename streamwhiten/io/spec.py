@@ -5,6 +5,10 @@ A *spec* is ``file.h5:/group/dataset`` (or ``file.h5`` with a separate dataset n
 of Parquet shards is expanded into its files, as a glob is) or ``dir.lance:column``. Which backend reads
 a path is decided here from its name and what a directory holds (and, for a file of unknown extension,
 its HDF5 signature), never by the backends themselves.
+
+Any of these may be a URL (``s3://bucket/corpus.zarr``, ``gs://...``, ``https://...``; see ``remote``):
+its kind is told the same way, from its name, the objects under it or its first bytes; globs are
+expanded over object prefixes. ``file://`` URLs are local paths.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import glob
 import os
 
 from ..errors import BadInputError
+from . import remote
 
 HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
 ZARR_SUFFIX = ".zarr"
@@ -25,9 +30,16 @@ ZARR_MARKERS = ("zarr.json", ".zarray", ".zgroup")
 
 def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
     """Split ``path:inner`` into ``(path, inner)``; an explicit ``dataset`` wins over the suffix."""
-    spec = os.fspath(spec)
+    spec = remote.local_path(os.fspath(spec))
     path, inner = spec, None
-    if not os.path.exists(spec) and ":" in spec:
+    if remote.is_url(spec):
+        scheme, rest = remote.split_url(spec)
+        if ":" in rest:
+            head, _, tail = rest.rpartition(":")
+            suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX)
+            if head and "/" in head and (tail.startswith("/") or head.rstrip("/").lower().endswith(suffixes)):
+                path, inner = scheme + head, tail
+    elif not os.path.exists(spec) and ":" in spec:
         head, _, tail = spec.rpartition(":")
         # ``a:b`` names an array inside a store only when that is unambiguous: the inner part starts
         # with "/", or the head is an existing path or has a store suffix; otherwise ':' is part of a
@@ -50,9 +62,12 @@ def expand_specs(specs) -> list[str]:
         if not isinstance(spec, (str, os.PathLike)):  # an open source, say: nothing to expand
             expanded.append(spec)
             continue
-        spec = os.fspath(spec)
+        spec = remote.local_path(os.fspath(spec))
         path, inner = split_spec(spec)
         suffix = f":/{inner}" if inner else ""
+        if remote.is_url(path):
+            expanded.extend(_expand_url(path, suffix, spec))
+            continue
         if any(ch in path for ch in "*?[") and not os.path.exists(path):
             matches = sorted(glob.glob(path))
             if not matches:
@@ -70,9 +85,41 @@ def expand_specs(specs) -> list[str]:
     return expanded
 
 
+def _expand_url(path: str, suffix: str, spec: str) -> list[str]:
+    """A URL spec expanded as a local one is: a glob over an object prefix, and a prefix of Parquet shards."""
+    if any(ch in remote.split_url(path)[1] for ch in "*?["):
+        matches = remote.glob(path)
+        # a glob matches objects: one whose name marks a store (dir.zarr/zarr.json) stands for the store
+        stores = sorted({_store_root(m) for m in matches})
+        if not stores:
+            raise BadInputError(f"{remote.redact(path)}: the pattern matches no object")
+        result = []
+        for match in stores:
+            result.extend(_expand_url(match, suffix, match + suffix))
+        return result
+    if not any(path.rstrip("/").lower().endswith(s) for s in (ZARR_SUFFIX, LANCE_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX)
+               + HDF5_SUFFIXES) and remote.isdir(path) and input_kind(path) == "parquet":
+        return [name + suffix for name in parquet_files(path)]
+    return [spec]
+
+
+def _store_root(url: str) -> str:
+    """A matched object's store: the ``.zarr`` or ``.lance`` prefix it lies in, else the object itself."""
+    head, rest = remote.split_url(url)
+    parts = rest.split("/")
+    for i, part in enumerate(parts):
+        if part.endswith((ZARR_SUFFIX, LANCE_SUFFIX)):
+            return head + "/".join(parts[: i + 1])
+    return url
+
+
 def parquet_files(directory: str) -> list[str]:
     """The ``*.parquet`` files under ``directory`` (recursively, sorted by path), leaving out hidden and
     ``_``-prefixed entries (``_SUCCESS``, ``_metadata``, partial outputs)."""
+    if remote.is_url(directory):
+        base = directory.rstrip("/")
+        return sorted(url for url in remote.find(base) if url.endswith(PARQUET_SUFFIX)
+                      and not any(part.startswith((".", "_")) for part in url[len(base) + 1:].split("/")))
     found = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
@@ -100,6 +147,8 @@ def input_kind(path: str) -> str:
     files, or ``.zarr`` in its path), a directory of Parquet shards, or else taken for Zarr (whose
     reader then says what is missing).
     """
+    if remote.is_url(path):
+        return _remote_kind(path)
     if os.path.isdir(path):
         if _is_lance(path):
             return "lance"
@@ -127,6 +176,38 @@ def input_kind(path: str) -> str:
     raise BadInputError(f"{path}: not an HDF5, Parquet or .npy file, nor a Zarr store or Lance dataset")
 
 
+def _remote_kind(url: str) -> str:
+    """:func:`input_kind` of a URL: from its name, else the objects under it, else its first bytes."""
+    name = url.rstrip("/")
+    lowered = name.lower()
+    if lowered.endswith(LANCE_SUFFIX):
+        return "lance"
+    if lowered.endswith(NPY_SUFFIX):
+        return "npy"
+    if lowered.endswith(PARQUET_SUFFIX):
+        return "parquet"
+    if lowered.endswith(HDF5_SUFFIXES):
+        return "hdf5"
+    if any(part.endswith(ZARR_SUFFIX) for part in remote.split_url(name)[1].split("/")):
+        return "zarr"
+    if remote.isdir(name):
+        if any(remote.exists(remote.join(name, marker)) for marker in ZARR_MARKERS):
+            return "zarr"
+        if remote.exists(remote.join(name, "_versions")):
+            return "lance"
+        if parquet_files(name):
+            return "parquet"
+        return "zarr"
+    head = remote.cat(name, 0, 8)
+    if head.startswith(b"\x89HDF\r\n\x1a\n"):
+        return "hdf5"
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    if head.startswith(b"\x93NUMPY"):
+        return "npy"
+    raise BadInputError(f"{remote.redact(name)}: not an HDF5, Parquet or .npy file, nor a Zarr store or Lance dataset")
+
+
 def output_kind(path: str) -> str:
     """The backend that writes an output at ``path``, from its name."""
     if path.rstrip("/").endswith(ZARR_SUFFIX):
@@ -142,17 +223,24 @@ def output_kind(path: str) -> str:
 
 def partial_path(path: str) -> str:
     """The hidden temporary name a sink is written under before it is renamed to ``path``."""
+    if remote.is_url(path):
+        return remote.join(remote.parent(path), f".{remote.basename(path)}.partial")
     head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
     return os.path.join(head, f".{tail}.partial")
 
 
 def same_file(a: str, b: str) -> bool:
     """True when two paths name the same file or directory (or one lies inside the other)."""
+    a, b = remote.local_path(a), remote.local_path(b)
+    if remote.is_url(a) or remote.is_url(b):
+        return remote.is_url(a) and remote.is_url(b) and (remote.contains(a, b) or remote.contains(b, a))
     a, b = os.path.realpath(a.rstrip("/")), os.path.realpath(b.rstrip("/"))
     return a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep)
 
 
 def _same_inode(a: str, b: str) -> bool:
+    if remote.is_url(a) or remote.is_url(b):
+        return False
     try:
         first, second = os.stat(a), os.stat(b)
     except OSError:
@@ -166,8 +254,15 @@ def refuse_shared_outputs(*outputs: tuple) -> None:
     named = [(split_spec(os.fspath(path))[0], what) for path, what in outputs if path is not None]
     for i, (first, first_what) in enumerate(named):
         for second, second_what in named[i + 1:]:
-            if os.path.realpath(first) == os.path.realpath(second) or _same_inode(first, second):
+            if _same_location(first, second) or _same_inode(first, second):
                 raise BadInputError(f"{first}: given as both the {first_what} and the {second_what}; choose another path")
+
+
+def _same_location(a: str, b: str) -> bool:
+    a, b = remote.local_path(a), remote.local_path(b)
+    if remote.is_url(a) or remote.is_url(b):
+        return remote.is_url(a) and remote.is_url(b) and remote.normalize(a) == remote.normalize(b)
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def refuse_input_overlap(outputs: dict, inputs, nested: bool = True) -> None:
@@ -184,6 +279,7 @@ def refuse_input_overlap(outputs: dict, inputs, nested: bool = True) -> None:
             continue
         out_path = split_spec(os.fspath(output))[0]
         for in_path in input_paths:
-            same = same_file(out_path, in_path) if nested else os.path.realpath(out_path) == os.path.realpath(in_path)
+            same = same_file(out_path, in_path) if nested else _same_location(out_path, in_path)
             if same or _same_inode(out_path, in_path):
-                raise BadInputError(f"{out_path}: the {what} would overwrite the input {in_path}; choose another path")
+                raise BadInputError(f"{remote.redact(out_path)}: the {what} would overwrite the input "
+                                    f"{remote.redact(in_path)}; choose another path")

@@ -5,6 +5,11 @@ Uncompressed chunks of a local store hold exactly their rows' bytes, so they are
 the caller's buffer and written as raw chunk files (around the page cache where aligned); anything
 else goes through zarr's codec pipeline. A chunk missing from the store is refused, not read as the
 fill value, unless the source's ``fill_missing_chunks`` says otherwise.
+
+A store named by URL is read and written through zarr's ``FsspecStore`` (see ``remote``), never by the raw
+local-chunk path; its chunk listing is taken once, for the missing-chunk check and the fingerprint. A
+remote output is written in place, since an object store cannot rename a prefix: its metadata says
+``complete = false`` until the last chunk is written, and every reader here takes such an output for absent.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from zarr.codecs import BytesCodec
 from zarr.storage import LocalStore
 
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
-from . import durable
+from . import durable, remote
 from .base import Sink, Source, first_line, io_error
 from .direct import ChunkFile
 
@@ -57,16 +62,21 @@ def _read_exactly(handle, buffer: memoryview, path: str) -> None:
 def _open_node(path: str, inner: str | None, ndim: int, what: str):
     """The array ``inner`` of the store at ``path`` (or its only ``ndim``-D array), and its path in the store."""
     try:
-        node = zarr.open(store=path, mode="r", path=inner or "")
+        if remote.is_url(path):
+            store = remote.zarr_store(path, read_only=True)
+            node = remote.retrying(path, "open", zarr.open, store=store, mode="r", path=inner or "")
+        else:
+            node = zarr.open(store=path, mode="r", path=inner or "")
     except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as exc:
         where = f"array /{inner}" if inner else "array"
-        raise BadInputError(f"{path}: no Zarr {where} found ({exc.__class__.__name__})") from exc
+        raise BadInputError(f"{remote.redact(path)}: no Zarr {where} found ({exc.__class__.__name__})") from exc
     if isinstance(node, zarr.Group):
         arrays = sorted(name for name, member in node.members(max_depth=None)
                         if isinstance(member, zarr.Array) and member.ndim == ndim)
         if len(arrays) != 1:
             listing = ", ".join("/" + name for name in arrays[:10]) or "none"
-            raise BadInputError(f"{path}: name an array (dir.zarr:/array{what}); {ndim}-D arrays found: {listing}")
+            raise BadInputError(f"{remote.redact(path)}: name an array (dir.zarr:/array{what}); {ndim}-D arrays found: "
+                                f"{listing}")
         inner = ((inner or "") + "/" + arrays[0]).strip("/")
         node = node[arrays[0]]
     return node, inner
@@ -78,6 +88,9 @@ class ZarrSource(Source):
     def __init__(self, path, dataset):
         node, dataset = _open_node(path, dataset, 2, " or --dataset")
         self._node = node
+        self.remote = remote.is_url(path)
+        self._listing = None  # {key in the array: object details} of a remote store, listed once
+        self._listable = self.remote and remote.protocol(path) not in ("http", "https")
         super().__init__(path, dataset, node.shape, node.dtype, int(node.chunks[0]) if node.ndim >= 1 else None)
         #: where uncompressed chunk files are read straight from (None: through zarr)
         self.raw_root = raw_chunk_root(node)
@@ -87,12 +100,41 @@ class ZarrSource(Source):
     @property
     def identity(self) -> tuple[str, str]:
         # dir.zarr:/a and dir.zarr/a are the same array directory
+        if self.remote:
+            return remote.normalize(remote.join(self.path, self.dataset or "")), ""
         return os.path.realpath(os.path.join(self.path, self.dataset or "")), ""
 
     def attrs(self) -> dict:
         return dict(self._node.attrs)
 
+    def _array_url(self) -> str:
+        return remote.join(self.path, self.dataset or "")
+
+    def _objects(self) -> dict:
+        """``{key under the array: details}`` of a remote store's objects (one listing, then kept)."""
+        if self._listing is None:
+            base = remote.normalize(self._array_url())
+            found = remote.find(self._array_url(), detail=True)
+            self._listing = {remote.normalize(url)[len(base) + 1:]: item for url, item in found.items()}
+        return self._listing
+
+    def fingerprint_extra(self) -> dict:
+        """A remote store's total size and a digest of every object's key, size and ETag: the same store,
+        unchanged (an update does not compare it: appends change it)."""
+        if not self.remote:
+            return {}
+        if not self._listable:  # http(s): no listing; the metadata object's version
+            return remote.version(remote.join(self._array_url(), "zarr.json" if self._node.metadata.zarr_format == 3
+                                              else ".zarray"))
+        return remote.prefix_version(self._array_url(), {remote.join(self._array_url(), key): item
+                                                          for key, item in self._objects().items()})
+
     def read_into(self, start, stop, out):
+        if self.remote:
+            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out)
+        return self._read_into(start, stop, out)
+
+    def _read_into(self, start, stop, out):
         view = out[: stop - start]
         if self.raw_root is None:
             if not self.fill_missing_chunks and stop > start:
@@ -160,6 +202,8 @@ class ZarrSource(Source):
         store = self._node.store
         if isinstance(store, LocalStore):
             return os.path.exists(os.path.join(str(store.root), self._node.path, key))
+        if self._listable:
+            return key in self._objects()
         from zarr.core.sync import sync
 
         return bool(sync(store.exists(f"{self._node.path}/{key}".lstrip("/"))))
@@ -168,7 +212,9 @@ class ZarrSource(Source):
 def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     """The 1-D array ``inner`` (or the store's only one), whole, and its label."""
     node, inner = _open_node(path, inner, 1, "")
-    return node[...], (f"{path}:/{inner}" if inner else path)
+    label = remote.redact(path)
+    values = remote.retrying(path, "read", node.__getitem__, Ellipsis) if remote.is_url(path) else node[...]
+    return values, (f"{label}:/{inner}" if inner else label)
 
 
 # ----------------------------------------------------------------------------------------------- sink
@@ -253,7 +299,8 @@ class ZarrSink(Sink):
 
     def region_writer(self) -> "ZarrRegionWriter":
         """A picklable writer of whole-chunk row ranges of this sink, for worker processes."""
-        return ZarrRegionWriter(self.partial, self.dataset, self.shape, self.chunk_rows, self.label)
+        options = remote.storage_options() if remote.is_url(self.partial) else None
+        return ZarrRegionWriter(self.partial, self.dataset, self.shape, self.chunk_rows, self.label, options)
 
 
 @dataclass(frozen=True)
@@ -269,6 +316,11 @@ class ZarrRegionWriter:
     shape: tuple
     chunk_rows: int
     label: str
+    #: the storage options of a remote output (in memory and in the task graph only)
+    storage_options: dict | None = None
+
+    def __repr__(self) -> str:  # never show the storage options
+        return f"ZarrRegionWriter({self.label!r})"
 
     def __call__(self, start: int, block: np.ndarray) -> None:
         stop = start + block.shape[0]
@@ -276,8 +328,80 @@ class ZarrRegionWriter:
             raise BadInputError(
                 f"{self.label}: rows {start}..{stop - 1} are not aligned to output chunks of {self.chunk_rows} rows"
             )
+        if remote.is_url(self.partial):
+            with remote.using(self.storage_options):
+                array = _open_remote_array(self.partial, self.dataset)
+                remote.retrying(self.partial, f"write rows {start}..{stop - 1}", array.__setitem__,
+                                slice(start, stop), block)
+            return
         try:
             array = zarr.open_array(store=self.partial, path=self.dataset or "", mode="r+")
             array[start:stop] = block
         except (OSError, zarr.errors.BaseZarrError) as exc:
             raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {io_error(exc)}") from exc
+
+
+def _open_remote_array(url: str, dataset: str | None):
+    store = remote.zarr_store(url, read_only=False)
+    return remote.retrying(url, "open the output", zarr.open_array, store=store, path=dataset or "", mode="r+")
+
+
+class RemoteZarrSink(ZarrSink):
+    """A Zarr output on object storage, written in place (a prefix cannot be renamed): the metadata is
+    written first with ``complete = false``, then the chunks (whole ones, each one PUT, retried when the
+    network fails), then the metadata again with ``complete = true``, last. Readers here take an output
+    without it for absent (``io.output_exists``, ``open_source``), and a killed run leaves its progress
+    record as an object beside the output (``.NAME.partial.progress.json``), so any machine resumes it."""
+
+    def __init__(self, path, dataset, partial, array, direct_io=False):
+        super().__init__(path, dataset, path, array, direct_io=False)
+
+    @classmethod
+    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=False, zarr_format=3,
+               **_) -> "RemoteZarrSink":
+        remote.remove(path, recursive=True)  # an earlier run's leftovers (never complete), or the old output
+        store = remote.zarr_store(path, read_only=False)
+
+        def make():
+            if dataset:
+                root = zarr.open_group(store=store, mode="w", zarr_format=zarr_format)
+                array = root.create_array(dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
+                                          compressors=None, attributes=dict(attrs))
+            else:
+                array = zarr.create_array(store=store, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
+                                          compressors=None, zarr_format=zarr_format, attributes=dict(attrs),
+                                          overwrite=True)
+            return array
+
+        return cls(path, dataset, path, remote.retrying(path, "create the output", make))
+
+    @classmethod
+    def resume(cls, path, dataset, partial, direct_io=False) -> "RemoteZarrSink":
+        return cls(path, dataset, path, _open_remote_array(path, dataset))
+
+    def _write(self, start, block):
+        stop = start + block.shape[0]
+        data = np.ascontiguousarray(block, dtype=self.dtype)
+        remote.retrying(self.path, f"write rows {start}..{stop - 1}", self.array.__setitem__, slice(start, stop), data)
+
+    def _sync(self):
+        pass  # an object is durable once its PUT is acknowledged
+
+    def _finish(self, attrs):
+        remote.retrying(self.path, "write its metadata", self.array.attrs.update, attrs)
+
+    def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
+        """Set ``attrs`` and, in the same write of the metadata, ``complete = true``; then drop the record."""
+        self._finish(dict(attrs or {}, complete=True))
+        remote.remove(self.progress_path)
+
+    def abort(self) -> None:
+        try:
+            remote.remove(self.path, recursive=True)
+            remote.remove(self.progress_path)
+        except Exception:  # the network is failing: what is left says complete = false, so it is absent
+            pass
+
+    def region_writer(self) -> "ZarrRegionWriter":
+        return ZarrRegionWriter(self.path, self.dataset, self.shape, self.chunk_rows, self.label,
+                                remote.storage_options())

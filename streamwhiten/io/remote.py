@@ -1,0 +1,539 @@
+"""Object storage and other remote file systems (``s3://``, ``gs://``, ``az://``, ``https://``, ...) through
+fsspec: URLs, storage options, redaction, retries, fingerprints. The only module that imports fsspec.
+
+Configuration is the ecosystem's: the standard environment of each file system (``AWS_ENDPOINT_URL``,
+``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ``GOOGLE_APPLICATION_CREDENTIALS``, ...), fsspec's own config
+(``~/.config/fsspec/*.json``, ``FSSPEC_S3_*`` variables), and storage options given here (the CLI's
+``--storage-option KEY=VALUE``, a job file's ``[storage]`` table, :func:`using` from Python), which are
+passed to the file system as keyword arguments and win over the rest.
+
+Credentials never leave this module in a message, a label or a record: URLs carrying credentials
+(``https://user:password@host/``, presigned query strings) are refused, every message that could quote an
+option's value goes through :func:`scrub`, and sources are recorded by their URL alone.
+
+Reads and writes go through :func:`retrying`: a transient failure (a reset connection, a timeout, a 5xx
+answer, throttling) is retried with exponential backoff; a persistent one is a
+:class:`~streamwhiten.errors.StoreIOError` (exit 74) naming the URL; a missing object or bucket is bad
+input (exit 2), and refused credentials an I/O error saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import random
+import re
+import threading
+import time
+from urllib.parse import urlsplit
+
+from ..errors import BadInputError, StoreIOError
+
+#: ``scheme://`` at the start of a spec.
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
+#: Spellings of one protocol (``s3a://`` is Hadoop's name for S3).
+_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "adl": "az", "http": "http",
+            "https": "https"}
+#: Query parameters that make a URL a credential (presigned S3/GCS URLs, Azure SAS tokens).
+_SIGNED = re.compile(r"(^|&)(x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
+                     r"x-goog-credential|signature|sig|token|access_token|sv)=", re.IGNORECASE)
+#: Storage option names whose values are secrets (never shown, scrubbed from messages).
+_SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|key|sas|auth|session", re.IGNORECASE)
+#: Environment variables whose values are secrets, scrubbed from messages too.
+_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AZURE_STORAGE_KEY",
+               "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY")
+
+#: Attempts of one request beyond the first, and the first wait (doubled each time, with jitter, at most
+#: :data:`MAX_BACKOFF` s). About 10 s of waiting in all before a failure is called persistent.
+RETRIES = int(os.environ.get("STREAMWHITEN_REMOTE_RETRIES", "6"))
+BACKOFF = float(os.environ.get("STREAMWHITEN_REMOTE_BACKOFF", "0.2"))
+MAX_BACKOFF = 4.0
+#: Worker threads a fit or apply reading a remote store starts by default: reads wait on the network,
+#: so several requests are kept in flight (memory stays about one block per thread).
+REMOTE_THREADS = 8
+
+_options: dict = {}
+_options_lock = threading.Lock()
+
+
+# ---------------------------------------------------------------------------------------------- URLs
+
+
+def is_url(spec) -> bool:
+    """Whether ``spec`` names something by URL (``file://`` included)."""
+    return isinstance(spec, str) and _URL.match(spec) is not None
+
+
+def is_remote(spec) -> bool:
+    """Whether ``spec`` is a URL of a remote file system (not ``file://``)."""
+    return is_url(spec) and protocol(spec) != "file"
+
+
+def protocol(url: str) -> str:
+    scheme = _URL.match(url).group(1).lower()
+    return _ALIASES.get(scheme, scheme)
+
+
+def local_path(spec):
+    """A ``file://`` URL as the local path it names; anything else unchanged."""
+    if isinstance(spec, str) and spec[:7].lower() == "file://":
+        rest = spec[7:]
+        if rest.startswith("localhost/"):
+            rest = rest[len("localhost"):]
+        return rest or "/"
+    return spec
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(scheme://, rest)`` of a URL, the scheme as written."""
+    match = _URL.match(url)
+    return url[: match.end()], url[match.end():]
+
+
+def check_url(url: str) -> None:
+    """Refuse a URL that carries credentials: they would end up in labels, models and outputs."""
+    parts = urlsplit(url)
+    if "@" in parts.netloc and protocol(url) not in ("s3", "gs", "az"):
+        raise BadInputError(f"{redact(url)}: the URL holds credentials (user:password@); give them in the "
+                            "environment or with --storage-option instead, so they are never recorded")
+    if parts.query and _SIGNED.search(parts.query):
+        raise BadInputError(f"{redact(url)}: the URL is signed (a presigned or SAS query string is a credential); "
+                            "give credentials in the environment or with --storage-option instead")
+
+
+def redact(url: str) -> str:
+    """``url`` without user information or query string (where credentials could hide)."""
+    if not is_url(url):
+        return url
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1] if protocol(url) not in ("s3", "gs", "az") else parts.netloc
+    return f"{parts.scheme}://{netloc}{parts.path}"
+
+
+def normalize(url: str) -> str:
+    """One spelling of a remote location: canonical scheme, no credentials, no repeated or trailing ``/``,
+    no ``.`` segments; for comparing outputs with inputs and recording sources."""
+    url = redact(url)
+    head, rest = split_url(url)
+    segments = [s for s in rest.split("/") if s not in ("", ".")]
+    resolved: list = []
+    for segment in segments:
+        if segment == ".." and len(resolved) > 1:
+            resolved.pop()
+        elif segment != "..":
+            resolved.append(segment)
+    return f"{protocol(url)}://" + "/".join(resolved)
+
+
+def contains(outer: str, inner: str) -> bool:
+    """Whether the remote location ``inner`` is ``outer`` or lies under it (both normalised)."""
+    a, b = normalize(outer), normalize(inner)
+    return a == b or b.startswith(a + "/")
+
+
+def join(url: str, *names: str) -> str:
+    return "/".join([url.rstrip("/"), *[name.strip("/") for name in names if name]])
+
+
+def parent(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[0]
+
+
+def basename(url: str) -> str:
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+# ----------------------------------------------------------------------------------- storage options
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """``KEY=VALUE`` as ``(key, value)``; the value as JSON where it parses (``true``, ``3``,
+    ``{"a": 1}``), else as a string. The key may be dotted (``client_kwargs.region_name``)."""
+    import json
+
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise BadInputError("--storage-option takes KEY=VALUE (e.g. endpoint_url=http://127.0.0.1:9000)")
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = value
+    return key, parsed
+
+
+def options_from(items) -> dict:
+    """Storage options from ``KEY=VALUE`` strings or a mapping (a job's ``[storage]`` table); dotted keys
+    nest (``client_kwargs.region_name=eu-west-1``)."""
+    result: dict = {}
+    pairs = items.items() if isinstance(items, dict) else (parse_option(item) for item in items or ())
+    for key, value in pairs:
+        target = result
+        parts = str(key).split(".")
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise BadInputError(f"storage option {key}: {part} is given both as a value and as a table")
+        target[parts[-1]] = value
+    return result
+
+
+def storage_options() -> dict:
+    """The storage options in force (a copy)."""
+    with _options_lock:
+        return _deep_copy(_options)
+
+
+def set_storage_options(options: dict | None) -> None:
+    """Use ``options`` for every remote file system opened from now on in this process."""
+    with _options_lock:
+        _options.clear()
+        _options.update(_deep_copy(options or {}))
+    _filesystems.clear()
+
+
+@contextlib.contextmanager
+def using(options: dict | None):
+    """Storage options for the duration (then the previous ones again)."""
+    previous = storage_options()
+    set_storage_options(options)
+    try:
+        yield
+    finally:
+        set_storage_options(previous)
+
+
+def _deep_copy(options: dict) -> dict:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in options.items()}
+
+
+def _secret_values(options=None) -> list[str]:
+    found = []
+
+    def walk(mapping):
+        for key, value in mapping.items():
+            if isinstance(value, dict):
+                walk(value)
+            elif isinstance(value, str) and len(value) >= 4 and _SECRET_NAME.search(str(key)):
+                found.append(value)
+
+    walk(storage_options() if options is None else options)
+    found += [os.environ[name] for name in _SECRET_ENV if len(os.environ.get(name, "")) >= 4]
+    return sorted(set(found), key=len, reverse=True)
+
+
+def scrub(text: str) -> str:
+    """``text`` with every secret value in force (storage options, credential variables) replaced by ``***``."""
+    for secret in _secret_values():
+        text = text.replace(secret, "***")
+    return text
+
+
+# ----------------------------------------------------------------------------------- file systems
+
+_filesystems: dict = {}
+
+
+def _fsspec():
+    try:
+        import fsspec
+    except ImportError:
+        raise BadInputError("reading or writing URLs needs fsspec (and s3fs for s3://, gcsfs for gs://, adlfs for "
+                            "az://): pip install 'streamwhiten[remote]'") from None
+    return fsspec
+
+
+def filesystem_options(url: str) -> dict:
+    """The keyword arguments a file system for ``url`` is made with: the storage options in force, and
+    no listings cache (a store being written must be seen as it is now)."""
+    options = storage_options()
+    options.setdefault("use_listings_cache", False)
+    if protocol(url) == "s3":
+        # s3fs otherwise asks for an object's size (a HEAD) before every whole-object GET, to split large
+        # ones: that doubles the requests of a chunked store, whose concurrency comes from our threads.
+        options.setdefault("max_concurrency", 1)
+    return options
+
+
+def filesystem(url: str):
+    """``(file system, path in it)`` for a remote ``url``, the file system made once per protocol and
+    options (synchronous; zarr makes its own asynchronous one, see :func:`zarr_store`)."""
+    fsspec = _fsspec()
+    check_url(url)
+    name = protocol(url)
+    try:
+        cls = fsspec.get_filesystem_class(name)
+    except (ImportError, ValueError) as exc:
+        hint = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "http": "aiohttp", "https": "aiohttp"}.get(name)
+        extra = f" (pip install {hint})" if hint else ""
+        raise BadInputError(f"{redact(url)}: no file system for {name}:// is installed{extra}: {scrub(str(exc))}") from None
+    key = name
+    fs = _filesystems.get(key)
+    if fs is None:
+        try:
+            fs = fsspec.filesystem(name, **filesystem_options(url))
+        except Exception as exc:
+            raise BadInputError(f"{redact(url)}: cannot set up {name}:// with the storage options given "
+                                f"({exc.__class__.__name__}: {scrub(str(exc))})") from None
+        _filesystems[key] = fs
+    path = cls._strip_protocol(url) if name not in ("http", "https") else redact(url)
+    return fs, path
+
+
+#: fsspec's names of S3 options, and object_store's (pylance's storage_options) for them.
+_LANCE_NAMES = {"endpoint_url": "aws_endpoint", "key": "aws_access_key_id", "secret": "aws_secret_access_key",
+                "token": "aws_session_token", "region_name": "aws_region"}
+
+
+def lance_options(url: str) -> dict:
+    """The storage options in force as pylance (object_store) spells them: fsspec's S3 names mapped
+    (``endpoint_url`` to ``aws_endpoint``, ...), object_store's own (``aws_*``, ``google_*``, ``azure_*``,
+    ``allow_http``) passed as they are; an ``http://`` endpoint (a local S3-compatible server) allowed."""
+    options = storage_options()
+    flat = dict(options.get("client_kwargs") or {}, **{k: v for k, v in options.items() if k != "client_kwargs"})
+    result = {}
+    for key, value in flat.items():
+        if key in _LANCE_NAMES:
+            result[_LANCE_NAMES[key]] = str(value)
+        elif key.startswith(("aws_", "google_", "azure_", "allow_", "timeout", "connect_timeout")):
+            result[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        elif key == "anon" and value:
+            result["aws_skip_signature"] = "true"
+    endpoint = result.get("aws_endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint and endpoint.startswith("http://"):
+        result.setdefault("allow_http", "true")
+    return result
+
+
+def zarr_store(url: str, read_only: bool):
+    """A zarr ``FsspecStore`` on the remote ``url`` with the storage options in force."""
+    from zarr.storage import FsspecStore
+
+    check_url(url)
+    try:
+        return FsspecStore.from_url(url, storage_options=filesystem_options(url), read_only=read_only)
+    except Exception as exc:
+        raise failure(url, "open", exc) from None
+
+
+# ------------------------------------------------------------------------------------ failures
+
+#: Words of a message that mark a failure as passing: worth another try.
+_TRANSIENT_TEXT = re.compile(
+    r"(\((5\d\d|429)\)|\b(HTTP|status|code)[ =:/]*(5\d\d|429)\b|\b(5\d\d|429),? ?(message=|Server|Service|Internal|"
+    r"Bad|Gateway|Slow|Too)|\b(SlowDown|Throttl\w*|TooManyRequests|RequestTimeout\w*|ServiceUnavailable|InternalError|"
+    r"Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time-?out|Connection reset|"
+    r"connection (was )?(closed|aborted|lost|refused)|Server disconnected|timed out|Timeout|"
+    r"Broken pipe|EOF occurred|IncompleteRead|Response payload is not completed|Cannot connect)\b)",
+    re.IGNORECASE)
+#: Exception class names that mark a failure as passing (from aiohttp, botocore, urllib3, fsspec, ...).
+_TRANSIENT_NAMES = ("ConnectionError", "ConnectionResetError", "ConnectionAbortedError", "ConnectionRefusedError",
+                    "BrokenPipeError", "TimeoutError", "ServerDisconnectedError", "ClientOSError",
+                    "ClientPayloadError", "ClientConnectorError", "ServerTimeoutError", "EndpointConnectionError",
+                    "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError", "IncompleteReadError",
+                    "ResponseStreamingError", "FSTimeoutError", "ProtocolError", "IncompleteRead",
+                    "ContentLengthError", "ClientResponseError", "ServerDisconnected")
+_AUTH_TEXT = re.compile(r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|Forbidden|\b403\b|\b401\b|"
+                        r"InvalidToken|ExpiredToken|Unauthori[sz]ed|credentials", re.IGNORECASE)
+_MISSING_TEXT = re.compile(r"NoSuchBucket|NoSuchKey|Not Found|\b404\b|does not exist", re.IGNORECASE)
+
+
+def _chain(exc: BaseException):
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def classify(exc: BaseException) -> str:
+    """``"transient"``, ``"auth"``, ``"missing"`` or ``"other"`` for a failure of a remote call."""
+    chain = list(_chain(exc))
+    for item in chain:
+        if isinstance(item, PermissionError) or _AUTH_TEXT.search(str(item)) and isinstance(item, OSError):
+            return "auth"
+    for item in chain:
+        if isinstance(item, FileNotFoundError):
+            return "missing"
+    for item in chain:
+        names = {cls.__name__ for cls in type(item).__mro__}
+        if names & set(_TRANSIENT_NAMES) or isinstance(item, (ConnectionError, TimeoutError)):
+            return "transient"
+        if isinstance(item, OSError) and item.errno in (104, 110, 111, 32, 103, 113):
+            return "transient"
+        if _TRANSIENT_TEXT.search(str(item)):
+            return "transient"
+    for item in chain:
+        if _MISSING_TEXT.search(str(item)) and isinstance(item, OSError):
+            return "missing"
+    return "other"
+
+
+def is_network_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is the network or the server failing (not the data): never report it as damage."""
+    return classify(exc) != "other"
+
+
+def reason(exc: BaseException) -> str:
+    """A short one-line reason for a remote failure, without secrets."""
+    for item in _chain(exc):
+        text = " ".join(str(item).split())
+        if text:
+            return scrub(f"{item.__class__.__name__}: {text}"[:300])
+    return exc.__class__.__name__
+
+
+def failure(url: str, what: str, exc: BaseException, attempts: int = 1):
+    """The error of ours for a remote call that failed for good."""
+    where = redact(url)
+    kind = classify(exc)
+    if kind == "missing":
+        return BadInputError(f"{where}: no such object, prefix or bucket ({what}: {reason(exc)})")
+    if kind == "auth":
+        return StoreIOError(f"{where}: access denied, check the credentials (environment, profile or "
+                            f"--storage-option) ({what}: {reason(exc)})")
+    tries = f" after {attempts} attempts" if attempts > 1 else ""
+    return StoreIOError(f"{where}: cannot {what}{tries}: {reason(exc)}")
+
+
+#: Counts of retried and of failed calls, for tests and benchmarks.
+stats = {"retries": 0, "failures": 0}
+
+
+def _network_cause(exc: BaseException):
+    """The network failure behind one of our errors that a backend raised ``from`` it (a read it took for
+    damaged data or a disk's failure, as it would be locally), else None."""
+    from ..errors import CorruptStoreError
+
+    cause = exc.__cause__
+    if isinstance(exc, (CorruptStoreError, StoreIOError)) and cause is not None and classify(cause) != "other":
+        return cause
+    return None
+
+
+def retrying(url: str, what: str, call, *args, **kwargs):
+    """``call(*args, **kwargs)``, retried with backoff while it fails transiently; a lasting failure
+    raises :func:`failure`. Our own errors pass through, unless the network's failure is behind them."""
+    from ..errors import StreamwhitenError
+
+    attempt = 0
+    while True:
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:
+            if isinstance(exc, StreamwhitenError):
+                exc = _network_cause(exc)
+                if exc is None:
+                    raise
+            if classify(exc) == "transient" and attempt < RETRIES:
+                stats["retries"] += 1
+                time.sleep(min(MAX_BACKOFF, BACKOFF * 2 ** attempt) * (0.5 + random.random()))
+                attempt += 1
+                continue
+            stats["failures"] += 1
+            raise failure(url, what, exc, attempt + 1) from None
+
+
+# ------------------------------------------------------------------------------- simple operations
+
+
+def info(url: str) -> dict:
+    fs, path = filesystem(url)
+    return retrying(url, "read its metadata", fs.info, path)
+
+
+def exists(url: str) -> bool:
+    fs, path = filesystem(url)
+    return bool(retrying(url, "check whether it exists", fs.exists, path))
+
+
+def isdir(url: str) -> bool:
+    fs, path = filesystem(url)
+    return bool(retrying(url, "check whether it is a prefix", fs.isdir, path))
+
+
+def cat(url: str, start: int | None = None, end: int | None = None) -> bytes:
+    fs, path = filesystem(url)
+    return retrying(url, f"read bytes {start}..{end}", fs.cat_file, path, start=start, end=end)
+
+
+def put_bytes(url: str, data: bytes) -> None:
+    """Write one whole object (a single PUT: readers see the old object or the new one, never a part)."""
+    fs, path = filesystem(url)
+    retrying(url, "write", fs.pipe_file, path, data)
+
+
+def remove(url: str, recursive: bool = False) -> None:
+    """Remove an object, or everything under a prefix; nothing there is fine."""
+    fs, path = filesystem(url)
+
+    def rm():
+        try:
+            fs.rm(path, recursive=recursive)
+        except FileNotFoundError:
+            pass
+
+    retrying(url, "remove", rm)
+
+
+def find(url: str, detail: bool = False):
+    """Every object under the prefix ``url`` (as URLs), or ``{url: info}`` with ``detail``."""
+    fs, path = filesystem(url)
+    found = retrying(url, "list", fs.find, path, detail=True)
+    head = split_url(url)[0]
+    full = {_as_url(head, key, fs): value for key, value in found.items()}
+    return full if detail else sorted(full)
+
+
+def glob(pattern: str) -> list[str]:
+    fs, path = filesystem(pattern)
+    head = split_url(pattern)[0]
+    return sorted(_as_url(head, key, fs) for key in retrying(pattern, "list", fs.glob, path))
+
+
+def _as_url(head: str, key: str, fs) -> str:
+    if "://" in key:
+        return key
+    return head + key.lstrip("/")
+
+
+def etag_of(details: dict) -> str:
+    """The version of an object as its store says it: ETag (S3, Azure), generation or md5 (GCS), else
+    the modification time."""
+    for key in ("ETag", "etag", "generation", "md5Hash", "version_id", "VersionId", "LastModified", "mtime",
+                "last_modified", "updated"):
+        if details.get(key) not in (None, ""):
+            return str(details[key]).strip('"')
+    return ""
+
+
+def version(url: str) -> dict:
+    """``{"size": bytes, "etag": ...}`` of one object."""
+    details = info(url)
+    return {"size": int(details.get("size") or 0), "etag": etag_of(details)}
+
+
+def prefix_version(url: str, details: dict | None = None) -> dict:
+    """``{"size": total bytes, "etag": digest of every object's key, size and ETag}`` of everything under
+    a prefix (a Zarr store): one listing, and it changes when any object does."""
+    details = find(url, detail=True) if details is None else details
+    base = normalize(url)
+    digest = hashlib.sha256()
+    total = 0
+    for key in sorted(details):
+        item = details[key]
+        size = int(item.get("size") or 0)
+        total += size
+        digest.update(f"{normalize(key)[len(base):]}\0{size}\0{etag_of(item)}\n".encode())
+    return {"size": total, "etag": digest.hexdigest()}
+
+
+def default_threads(threads, sources) -> int | None:
+    """``threads`` if given; else :data:`REMOTE_THREADS` when any of ``sources`` is remote (reads wait on
+    the network: several requests in flight), else None (the engine's own default)."""
+    if threads is not None:
+        return threads
+    if any(getattr(source, "remote", False) or (isinstance(source, str) and is_remote(source)) for source in sources):
+        return REMOTE_THREADS
+    return None

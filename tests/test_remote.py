@@ -1,0 +1,578 @@
+"""Stores on object storage, against a real S3-compatible server (moto's server mode on 127.0.0.1, started by
+the ``s3_server`` fixture in conftest): fit, apply, --update, run and Dask from s3:// equal the same work on a
+local copy; kill -9 resumes bit for bit; incomplete outputs are never taken for complete ones; transient
+failures are retried (through a proxy that drops connections) and lasting ones are one line, exit 74;
+credentials never reach a file or a message."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_IO, EXIT_NOTHING_TO_DO
+from streamwhiten.io import open_source, output_exists, read_attrs, remote, split_spec
+
+from conftest import REPO, S3_SECRET, anisotropic, s3fs_client, start_moto, write_zarr
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def upload(endpoint, local, url):
+    fs = s3fs_client(endpoint)
+    key = url[len("s3://"):]
+    if os.path.isdir(local):
+        fs.put(str(local), key, recursive=True)
+    else:
+        fs.put_file(str(local), key)
+    return url
+
+
+def statistics(path):
+    with np.load(path, allow_pickle=False) as data:
+        return {key: data[key].tobytes() for key in ("n_rows", "mean", "scatter", "eigvals", "eigvecs")}
+
+
+def write_parquet(path, data, row_group_rows):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    column = pa.FixedSizeListArray.from_arrays(pa.array(data.reshape(-1)), data.shape[1])
+    table = pa.table({"id": np.arange(data.shape[0]), "embedding": column})
+    pq.write_table(table, path, row_group_size=row_group_rows)
+    return str(path)
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    return anisotropic(3000, 16, seed=7).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------- units
+
+
+def test_url_specs_are_parsed_compared_and_redacted():
+    from streamwhiten.io.spec import partial_path, same_file
+
+    assert split_spec("s3://b/x.h5:/emb") == ("s3://b/x.h5", "emb")
+    assert split_spec("s3://b/corpus.zarr") == ("s3://b/corpus.zarr", None)
+    assert split_spec("s3://b/t.parquet:embedding") == ("s3://b/t.parquet", "embedding")
+    assert split_spec("file:///tmp/x.zarr") == ("/tmp/x.zarr", None)
+    assert partial_path("s3://b/out/w.zarr") == "s3://b/out/.w.zarr.partial"
+    assert same_file("s3://b/a.zarr", "s3a://b//a.zarr/") and same_file("s3://b/a.zarr/x", "s3://b/a.zarr")
+    assert not same_file("s3://b/a.zarr", "s3://b/a.zarr2") and not same_file("s3://b/a.zarr", "/b/a.zarr")
+    assert remote.normalize("s3://b/./x/../y.zarr/") == "s3://b/y.zarr"
+    assert remote.redact("https://me:pw@host/x.npy?X-Amz-Signature=abc") == "https://host/x.npy"
+    from streamwhiten.errors import BadInputError
+
+    with pytest.raises(BadInputError, match="holds credentials") as info:
+        remote.check_url("https://me:hunter22@host/x.npy")
+    assert "hunter22" not in str(info.value)
+    with pytest.raises(BadInputError, match="signed"):
+        remote.check_url("https://host/x.npy?X-Amz-Signature=abc&X-Amz-Credential=k")
+    assert remote.options_from(["anon=false", "client_kwargs.region_name=eu-west-1", "retries=3"]) == {
+        "anon": False, "client_kwargs": {"region_name": "eu-west-1"}, "retries": 3}
+
+
+def test_transient_failures_are_retried_and_lasting_ones_are_one_store_io_error(monkeypatch):
+    from streamwhiten.errors import BadInputError, StoreIOError
+
+    monkeypatch.setattr(remote, "BACKOFF", 0.001)
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return "ok"
+
+    assert remote.retrying("s3://b/x", "read", flaky) == "ok" and len(calls) == 3
+
+    def throttled():
+        raise OSError("An error occurred (SlowDown) when calling the GetObject operation: please reduce rate")
+
+    with pytest.raises(StoreIOError, match=r"s3://b/x: cannot read after \d+ attempts: .*SlowDown"):
+        remote.retrying("s3://b/x", "read", throttled)
+    with pytest.raises(BadInputError, match="no such object"):
+        remote.retrying("s3://b/x", "read", lambda: (_ for _ in ()).throw(FileNotFoundError("b/x")))
+    with pytest.raises(StoreIOError, match="access denied"):
+        remote.retrying("s3://b/x", "read", lambda: (_ for _ in ()).throw(PermissionError("InvalidAccessKeyId")))
+
+
+# --------------------------------------------------------------------------------- fit and apply
+
+
+@pytest.mark.parametrize("kind", ["zarr", "npy", "parquet"])
+def test_fit_from_s3_equals_the_fit_of_a_local_copy(tmp_path, s3_bucket, s3_server, corpus, run_cli, kind):
+    if kind == "zarr":
+        local = write_zarr(tmp_path / "c.zarr", corpus, chunk_rows=250)
+    elif kind == "npy":
+        local = str(tmp_path / "c.npy")
+        np.save(local, corpus)
+    else:
+        pytest.importorskip("pyarrow")
+        local = write_parquet(tmp_path / "c.parquet", corpus, 500)
+    url = upload(s3_server, local, f"{s3_bucket}/{os.path.basename(local)}")
+    common = ["--chunk-rows", "500", "--threads", "2", "-q"]
+    assert run_cli("fit", local, "-o", tmp_path / "local.npz", *common)[0] == 0
+    code, out, err = run_cli("fit", url, "-o", tmp_path / "remote.npz", *common)
+    assert code == 0, err
+    assert statistics(tmp_path / "remote.npz") == statistics(tmp_path / "local.npz")
+    from streamwhiten.model import load_model
+
+    model = load_model(tmp_path / "remote.npz")
+    assert model.sources[0]["path"] == url and model.sources[0]["etag"] and model.sources[0]["size"] > 0
+    # the default (several reads in flight) against the float64 statistics of numpy
+    assert run_cli("fit", url, "-o", tmp_path / "default.npz", "-q")[0] == 0
+    default = load_model(tmp_path / "default.npz")
+    x = corpus.astype(np.float64)
+    np.testing.assert_allclose(default.state.mean, x.mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(default.state.scatter / len(x), np.cov(x.T, bias=True), rtol=1e-5, atol=1e-6)
+    # unchanged inputs: nothing to do; the fingerprint holds the object's ETag and size
+    assert run_cli("fit", url, "-o", tmp_path / "default.npz", "-q")[0] == EXIT_NOTHING_TO_DO
+
+
+def test_apply_from_and_to_s3_equals_apply_of_a_local_copy(tmp_path, s3_bucket, s3_server, corpus, run_cli):
+    pytest.importorskip("pyarrow")
+    local = write_parquet(tmp_path / "c.parquet", corpus, 500)
+    url = upload(s3_server, local, f"{s3_bucket}/in/c.parquet")
+    assert run_cli("fit", local, "-o", tmp_path / "m.npz", "-q", "--chunk-rows", "500")[0] == 0
+    common = ["-k", "8", "--normalize", "-q", "--threads", "1", "--checkpoint-seconds", "0"]
+    assert run_cli("apply", tmp_path / "m.npz", local, "-o", tmp_path / "w.zarr", *common)[0] == 0
+    expected = open_source(str(tmp_path / "w.zarr")).read(0, len(corpus))
+    for out in (f"{s3_bucket}/out/w.zarr", f"{s3_bucket}/out/w.parquet"):
+        code, _, err = run_cli("apply", tmp_path / "m.npz", url, "-o", out, *common,
+                               *(["--keep-columns", "id"] if out.endswith("parquet") else []))
+        assert code == 0, err
+        with open_source(out) as written:
+            np.testing.assert_array_equal(written.read(0, len(corpus)), expected)
+        attrs = read_attrs(out)
+        assert attrs["complete"] is True and attrs["source"] == f"{url}:embedding"
+        # an up-to-date output is left alone; another model's needs --overwrite
+        assert run_cli("apply", tmp_path / "m.npz", url, "-o", out, *common,
+                       *(["--keep-columns", "id"] if out.endswith("parquet") else []))[0] == EXIT_NOTHING_TO_DO
+    fs = s3fs_client(s3_server)
+    # nothing but the outputs is left: no parts, no progress records
+    assert sorted(fs.ls(f"{s3_bucket[5:]}/out")) == [f"{s3_bucket[5:]}/out/w.parquet", f"{s3_bucket[5:]}/out/w.zarr"]
+    import pyarrow.parquet as pq
+
+    with fs.open(f"{s3_bucket[5:]}/out/w.parquet") as handle:
+        table = pq.read_table(handle)
+    assert table.column("id").to_pylist() == list(range(len(corpus)))
+    # an output over its input is refused, whatever --overwrite says
+    code, _, err = run_cli("apply", tmp_path / "m.npz", url, "-o", f"{s3_bucket}/in/c.parquet", "--overwrite", "-q")
+    assert code == EXIT_BAD_INPUT and "would overwrite the input" in err
+
+
+def test_update_from_s3_picks_up_appended_rows_and_new_shards(tmp_path, s3_bucket, s3_server, run_cli):
+    data = anisotropic(4000, 12, seed=3)  # float64: the update equals the refit to rounding of the merge
+    first = write_zarr(tmp_path / "a.zarr", data[:2500], chunk_rows=250)
+    upload(s3_server, first, f"{s3_bucket}/a.zarr")
+    assert run_cli("fit", f"{s3_bucket}/*.zarr", "-o", tmp_path / "m.npz", "-q")[0] == 0
+    # rows appended to the remote store, and a new shard beside it
+    import zarr
+
+    store = remote.zarr_store(f"{s3_bucket}/a.zarr", read_only=False)
+    array = zarr.open_array(store=store, mode="r+")
+    array.resize((3000, 12))
+    array[2500:3000] = data[2500:3000]
+    upload(s3_server, write_zarr(tmp_path / "b.zarr", data[3000:], chunk_rows=250), f"{s3_bucket}/b.zarr")
+    code, out, err = run_cli("fit", f"{s3_bucket}/*.zarr", "--update", tmp_path / "m.npz", "-q")
+    assert code == 0, err
+    assert "1,500 new rows" in out
+    from streamwhiten.model import load_model
+
+    updated = load_model(tmp_path / "m.npz")
+    assert updated.n_rows == 4000
+    np.testing.assert_allclose(updated.state.mean, data.mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(updated.state.scatter, (data - data.mean(0)).T @ (data - data.mean(0)), rtol=1e-11)
+    # a rewritten old row is refused
+    array[0] = data[0] + 1
+    code, _, err = run_cli("fit", f"{s3_bucket}/*.zarr", "--update", tmp_path / "m.npz", "-q")
+    assert code == EXIT_BAD_INPUT and "differ from the recorded ones" in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------------------------------- kill -9
+
+
+def _run(*args, env=None, timeout=300):
+    env = dict(env or os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run([sys.executable, "-m", "streamwhiten", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def _spawn(*args, env=None):
+    return subprocess.Popen([sys.executable, "-m", "streamwhiten", *map(str, args)],
+                            env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _kill_when(process, reached, timeout=60.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            return False
+        if reached():
+            process.send_signal(signal.SIGKILL)
+            process.wait()
+            return True
+        time.sleep(0.005)
+    process.kill()
+    raise AssertionError("no progress")
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_remote_fit_and_a_remote_apply_resume_bit_identically(tmp_path, s3_bucket, s3_server, run_cli):
+    from streamwhiten.fit import load_checkpoint
+    from streamwhiten.jobs import default_checkpoint
+
+    data = anisotropic(6000, 16, seed=11).astype(np.float32)
+    url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=100), f"{s3_bucket}/c.zarr")
+    opts = ["--chunk-rows", "100", "--threads", "2", "-q"]
+    assert run_cli("fit", url, "-o", tmp_path / "whole.npz", *opts)[0] == 0
+    model = tmp_path / "killed.npz"
+    checkpoint = default_checkpoint(str(model))
+
+    def rows_done():
+        try:
+            return load_checkpoint(checkpoint).rows_done
+        except Exception:
+            return -1
+
+    process = _spawn("fit", url, "-o", model, *opts, "--checkpoint-every", "1")
+    killed = _kill_when(process, lambda: rows_done() >= 2000)
+    assert killed and not model.exists() and 0 < rows_done() < 6000
+    code, out, err = run_cli("fit", url, "-o", model, *opts)
+    assert code == 0 and "(resumed)" in out, err
+    assert statistics(model) == statistics(tmp_path / "whole.npz")
+
+    # apply to s3: killed half-way, the output is absent for every reader; a rerun resumes it
+    fs = s3fs_client(s3_server)
+    out = f"{s3_bucket}/out/w.zarr"
+    record = f"{s3_bucket[5:]}/out/.w.zarr.partial.progress.json"
+    apply_opts = ["-k", "8", "--chunk-rows", "100", "--checkpoint-seconds", "0", "--threads", "2", "-q"]
+    assert run_cli("apply", tmp_path / "whole.npz", tmp_path / "c.zarr", "-o", tmp_path / "w.zarr",
+                   *apply_opts)[0] == 0
+
+    def applied():
+        try:
+            return json.loads(fs.cat_file(record))["rows_done"]
+        except Exception:
+            return -1
+
+    process = _spawn("apply", tmp_path / "whole.npz", url, "-o", out, *apply_opts)
+    assert _kill_when(process, lambda: applied() >= 2000)
+    assert fs.exists(f"{s3_bucket[5:]}/out/w.zarr/zarr.json")  # written in place: but not complete
+    assert not output_exists(out)
+    code, _, err = run_cli("fit", out, "-o", tmp_path / "never.npz", "-q")
+    assert code == EXIT_BAD_INPUT and "not complete" in err
+    done_before = applied()
+    code, out_text, err = run_cli("apply", tmp_path / "whole.npz", url, "-o", out, *apply_opts, "--json")
+    assert code == 0, err
+    assert json.loads(out_text)["resumed_at_row"] == done_before > 0
+    with open_source(out) as written, open_source(str(tmp_path / "w.zarr")) as local:
+        assert written.read(0, 6000).tobytes() == local.read(0, 6000).tobytes()
+    assert read_attrs(out)["complete"] is True and not fs.exists(record)
+
+
+@pytest.mark.slow
+def test_a_killed_remote_parquet_output_is_never_visible_and_resumes(tmp_path, s3_bucket, s3_server, run_cli):
+    pytest.importorskip("pyarrow")
+    data = anisotropic(6000, 16, seed=12).astype(np.float32)
+    url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=100), f"{s3_bucket}/c.zarr")
+    assert run_cli("fit", tmp_path / "c.zarr", "-o", tmp_path / "m.npz", "-q")[0] == 0
+    fs = s3fs_client(s3_server)
+    out = f"{s3_bucket}/w.parquet"
+    record = f"{s3_bucket[5:]}/.w.parquet.partial.progress.json"
+    opts = ["-k", "8", "--chunk-rows", "100", "--checkpoint-seconds", "0", "--threads", "2", "-q"]
+
+    def applied():
+        try:
+            return json.loads(fs.cat_file(record))["rows_done"]
+        except Exception:
+            return -1
+
+    process = _spawn("apply", tmp_path / "m.npz", url, "-o", out, *opts)
+    assert _kill_when(process, lambda: applied() >= 3000)
+    assert not fs.exists(out[5:]) and not output_exists(out)
+    code, text, err = run_cli("apply", tmp_path / "m.npz", url, "-o", out, *opts, "--json")
+    assert code == 0 and json.loads(text)["resumed_at_row"] > 0, err
+    assert run_cli("apply", tmp_path / "m.npz", tmp_path / "c.zarr", "-o", tmp_path / "w.parquet", *opts)[0] == 0
+    with open_source(out) as written, open_source(str(tmp_path / "w.parquet")) as local:
+        assert written.read(0, 6000).tobytes() == local.read(0, 6000).tobytes()
+    assert fs.ls(s3_bucket[5:]) == [f"{s3_bucket[5:]}/c.zarr", f"{s3_bucket[5:]}/w.parquet"]
+
+
+# ------------------------------------------------------------------------------- run and Dask
+
+
+def test_run_job_with_s3_inputs_outputs_and_a_storage_table(tmp_path, s3_bucket, s3_server, corpus):
+    upload(s3_server, write_zarr(tmp_path / "a.zarr", corpus[:1500], chunk_rows=250), f"{s3_bucket}/in/a.zarr")
+    upload(s3_server, write_zarr(tmp_path / "b.zarr", corpus[1500:], chunk_rows=250), f"{s3_bucket}/in/b.zarr")
+    job = tmp_path / "job.toml"
+    job.write_text(f'[input]\npaths = ["{s3_bucket}/in/*.zarr"]\n[model]\npath = "m.npz"\n'
+                   f'[apply]\noutput = "{s3_bucket}/out/{{stem}}.zarr"\n'
+                   f'[storage]\nendpoint_url = "{s3_server}"\nsecret = "{S3_SECRET}"\nkey = "sw-test-key"\n')
+    env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_SECRET_ACCESS_KEY": "wrong", "AWS_ACCESS_KEY_ID": "wrong"}
+    result = _run("run", job, env=dict(os.environ, **env))
+    assert result.returncode == 0, result.stderr
+    assert S3_SECRET not in result.stderr + result.stdout
+    result = _run("run", job, env=dict(os.environ, **env))
+    assert result.returncode == EXIT_NOTHING_TO_DO, result.stderr  # the staleness check reads the outputs
+    fs = s3fs_client(s3_server)
+    fs.rm(f"{s3_bucket[5:]}/out/b.zarr/zarr.json")  # an output without its metadata is absent: rewritten
+    result = _run("run", job, env=dict(os.environ, **env))
+    assert result.returncode == 0, result.stderr
+    assert f"{s3_bucket}/out/a.zarr is up to date" in result.stderr and f"wrote {s3_bucket}/out/b.zarr" in result.stderr
+
+
+def test_dask_fit_and_apply_from_s3_equal_the_serial_engine(tmp_path, s3_bucket, s3_server, run_cli):
+    pytest.importorskip("distributed")
+    from streamwhiten.distributed import apply_dask, fit_dask
+    from streamwhiten.fit import fit_sources
+    from streamwhiten.model import load_model
+    from distributed import Client, LocalCluster
+
+    data = anisotropic(4000, 16, seed=5)
+    url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=500), f"{s3_bucket}/c.zarr")
+    # the workers get the storage options from the driver; their environment has no endpoint
+    options = {"endpoint_url": s3_server, "key": "sw-test-key", "secret": S3_SECRET}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}) as cluster, Client(cluster) as client:
+        with remote.using(options):
+            distributed = fit_dask([url], client=client)
+            serial = fit_sources([url])
+            assert run_cli("fit", url, "-o", tmp_path / "m.npz", "-q")[0] == 0
+            apply_dask(load_model(tmp_path / "m.npz"), url, f"{s3_bucket}/w.zarr", client=client, block_rows=500)
+            written = open_source(f"{s3_bucket}/w.zarr").read(0, 4000)
+    np.testing.assert_allclose(distributed.state.scatter, serial.state.scatter, rtol=1e-12)
+    np.testing.assert_allclose(distributed.state.mean, serial.state.mean, rtol=1e-12)
+    assert distributed.state.n_rows == serial.state.n_rows == 4000
+    np.testing.assert_allclose(written, load_model(tmp_path / "m.npz").transform(data).astype(np.float32),
+                               rtol=1e-5, atol=1e-5)
+    assert read_attrs(f"{s3_bucket}/w.zarr")["complete"] is True
+
+
+# ------------------------------------------------------------------------ failures and secrets
+
+
+class DroppingProxy:
+    """A TCP proxy on 127.0.0.1 in front of the server that resets every ``every``-th connection as soon as a
+    request arrives, and cuts every ``every``-th response (offset by one) after a few KiB."""
+
+    def __init__(self, target_port: int, every: int = 3, refuse_all: bool = False):
+        self.target, self.every, self.refuse_all = target_port, every, refuse_all
+        self.server = socket.socket()
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(64)
+        self.port = self.server.getsockname()[1]
+        self.count = 0
+        self.dropped = 0
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def endpoint(self):
+        return f"http://127.0.0.1:{self.port}"
+
+    @staticmethod
+    def _reset(sock):
+        import struct
+
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            sock.close()
+        except OSError:
+            pass
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.count += 1
+                number = self.count
+            threading.Thread(target=self._serve, args=(client, number), daemon=True).start()
+
+    def _serve(self, client, number):
+        if self.refuse_all or number % self.every == 0:
+            try:
+                client.recv(1024)
+            except OSError:
+                pass
+            self.dropped += 1
+            return self._reset(client)
+        upstream = socket.create_connection(("127.0.0.1", self.target))
+        cut = 8192 if number % self.every == 1 and number > 1 else None
+
+        def pump(src, dst, limit):
+            sent = 0
+            try:
+                while True:
+                    data = src.recv(65536)
+                    if not data:
+                        break
+                    if limit is not None and sent + len(data) > limit:
+                        self.dropped += 1
+                        break
+                    dst.sendall(data)
+                    sent += len(data)
+            except OSError:
+                pass
+            for sock in (client, upstream):  # wakes the other direction's thread, which a close would not
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+        other = threading.Thread(target=pump, args=(client, upstream, None), daemon=True)
+        other.start()
+        pump(upstream, client, cut)
+        other.join()
+        client.close()
+        upstream.close()
+
+    def close(self):
+        self.server.close()
+
+
+def test_transient_failures_through_a_dropping_proxy_leave_the_result_unchanged(tmp_path, s3_bucket, s3_server,
+                                                                               run_cli):
+    data = anisotropic(4000, 16, seed=9).astype(np.float32)
+    url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=250), f"{s3_bucket}/c.zarr")
+    opts = ["--chunk-rows", "500", "--threads", "2", "-q"]
+    assert run_cli("fit", url, "-o", tmp_path / "direct.npz", *opts)[0] == 0
+    assert run_cli("apply", tmp_path / "direct.npz", url, "-o", tmp_path / "direct.zarr", "-k", "8", *opts)[0] == 0
+    proxy = DroppingProxy(int(s3_server.rsplit(":", 1)[1]), every=3)
+    try:
+        via = ["--storage-option", f"endpoint_url={proxy.endpoint}"]
+        code, _, err = run_cli("fit", url, "-o", tmp_path / "proxied.npz", *opts, *via)
+        assert code == 0, err
+        code, _, err = run_cli("apply", tmp_path / "direct.npz", url, "-o", f"{s3_bucket}/out.zarr", "-k", "8",
+                               *opts, *via)
+        assert code == 0, err
+    finally:
+        proxy.close()
+        remote.set_storage_options({})
+    assert proxy.dropped >= 3
+    assert statistics(tmp_path / "proxied.npz") == statistics(tmp_path / "direct.npz")
+    with open_source(f"{s3_bucket}/out.zarr") as written, open_source(str(tmp_path / "direct.zarr")) as local:
+        assert written.read(0, 4000).tobytes() == local.read(0, 4000).tobytes()
+
+
+def test_a_lasting_failure_is_exit_74_naming_the_url_and_leaves_nothing_complete(tmp_path, s3_bucket, s3_server):
+    data = anisotropic(2000, 8, seed=2).astype(np.float32)
+    url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=250), f"{s3_bucket}/c.zarr")
+    proxy = DroppingProxy(int(s3_server.rsplit(":", 1)[1]), refuse_all=True)
+    env = dict(os.environ, STREAMWHITEN_REMOTE_RETRIES="2", STREAMWHITEN_REMOTE_BACKOFF="0.01", AWS_MAX_ATTEMPTS="1")
+    try:
+        result = _run("fit", url, "-o", tmp_path / "m.npz", "--storage-option",
+                                f"endpoint_url={proxy.endpoint}", "--storage-option", "retries=1", env=env, timeout=120)
+    finally:
+        proxy.close()
+    assert result.returncode == EXIT_IO, result.stderr
+    assert result.stderr.count("\n") == 1 and url in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "m.npz").exists()
+
+
+def test_wrong_credentials_and_a_missing_bucket_are_one_line_errors(tmp_path, s3_server):
+    # a second server that checks credentials (after its first action, the bucket's creation)
+    import re
+
+    from conftest import _free_port
+
+    port = _free_port()
+    server = start_moto(port, INITIAL_NO_AUTH_ACTION_COUNT="1")
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        import boto3
+
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="guarded")  # the one unchecked action
+        env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, AWS_MAX_ATTEMPTS="1")
+        result = _run("fit", "s3://guarded/c.zarr", "-o", tmp_path / "m.npz", env=env, timeout=120)
+        assert result.returncode == EXIT_IO, result.stderr
+        assert result.stderr.count("\n") == 1 and "s3://guarded/c.zarr" in result.stderr
+        assert re.search("access denied|credentials", result.stderr), result.stderr
+        assert S3_SECRET not in result.stderr
+    finally:
+        server.terminate()
+        server.wait(10)
+    result = _run("fit", "s3://no-such-bucket-sw/c.zarr", "-o", tmp_path / "m.npz", timeout=120)
+    assert result.returncode == EXIT_BAD_INPUT
+    assert result.stderr.strip() == ("streamwhiten: error: s3://no-such-bucket-sw/c.zarr: no such object or prefix "
+                                     "(the bucket s3://no-such-bucket-sw does not exist)")
+
+
+def test_credentials_never_reach_a_model_checkpoint_output_or_message(tmp_path, s3_bucket, s3_server, corpus):
+    url = upload(s3_server, write_zarr(tmp_path / "c.zarr", corpus, chunk_rows=250), f"{s3_bucket}/c.zarr")
+    # credentials given only as storage options (the environment's are wrong)
+    env = dict(os.environ, AWS_SECRET_ACCESS_KEY="wrong-secret", AWS_ACCESS_KEY_ID="wrong")
+    creds = ["--storage-option", f"secret={S3_SECRET}", "--storage-option", "key=sw-test-key"]
+    model = tmp_path / "m.npz"
+    process = _spawn("fit", url, "-o", model, "--chunk-rows", "250", "--checkpoint-every", "1", *creds,
+                     env={"AWS_SECRET_ACCESS_KEY": "wrong-secret", "AWS_ACCESS_KEY_ID": "wrong"})
+    checkpoint = tmp_path / ".m.npz.checkpoint"
+    _kill_when(process, checkpoint.exists)
+    files = {checkpoint: checkpoint.read_bytes()} if checkpoint.exists() else {}
+    texts = [process.stderr.read()]
+    result = _run("fit", url, "-o", model, "--chunk-rows", "250", *creds, env=env)
+    assert result.returncode == 0, result.stderr
+    result2 = _run("apply", model, url, "-o", f"{s3_bucket}/w.zarr", "-k", "4", *creds, env=env)
+    result3 = _run("apply", model, url, "-o", f"{s3_bucket}/w.parquet", "-k", "4", *creds, env=env)
+    bad = _run("fit", f"{s3_bucket}/missing.zarr", "-o", tmp_path / "x.npz", *creds, env=env)
+    assert result2.returncode == result3.returncode == 0 and bad.returncode == EXIT_BAD_INPUT
+    files[model] = model.read_bytes()
+    fs = s3fs_client(s3_server)
+    for key in fs.find(s3_bucket[5:]):
+        if not key.startswith(f"{s3_bucket[5:]}/c.zarr"):
+            files[key] = fs.cat_file(key)
+    texts += [r.stdout + r.stderr for r in (result, result2, result3, bad)]
+    assert any(str(k).endswith("zarr.json") for k in files) and any(str(k).endswith("w.parquet") for k in files)
+    for name, content in files.items():
+        assert S3_SECRET.encode() not in content, name
+    for text in texts:
+        assert S3_SECRET not in text
+
+
+def test_hdf5_lance_and_plain_http_inputs(tmp_path, s3_bucket, s3_server, corpus, run_cli):
+    """HDF5 (read through an fsspec file object), Lance (pylance's own object store) and https-style URLs
+    (fsspec's HTTP file system, range requests; the local server serves objects at http://host/bucket/key)."""
+    from conftest import write_h5
+
+    local_h5 = write_h5(tmp_path / "c.h5", corpus, chunk_rows=500)
+    np.save(tmp_path / "c.npy", corpus)
+    upload(s3_server, tmp_path / "c.h5", f"{s3_bucket}/c.h5")
+    upload(s3_server, tmp_path / "c.npy", f"{s3_bucket}/c.npy")
+    opts = ["--chunk-rows", "500", "--threads", "2", "-q"]
+    assert run_cli("fit", local_h5, "-o", tmp_path / "local.npz", *opts)[0] == 0
+    s3fs_client(s3_server).chmod(f"{s3_bucket[5:]}/c.npy", acl="public-read")  # readable without credentials
+    http = f"{s3_server}/{s3_bucket[5:]}/c.npy"
+    for name, spec in (("h5", f"{s3_bucket}/c.h5:/emb"), ("http", http)):
+        code, _, err = run_cli("fit", spec, "-o", tmp_path / f"{name}.npz", *opts)
+        assert code == 0, err
+        assert statistics(tmp_path / f"{name}.npz") == statistics(tmp_path / "local.npz"), name
+    lance = pytest.importorskip("lance")
+    import pyarrow as pa
+
+    table = pa.table({"vector": pa.FixedSizeListArray.from_arrays(pa.array(corpus.reshape(-1)), corpus.shape[1])})
+    lance.write_dataset(table, str(tmp_path / "c.lance"), max_rows_per_file=1000)
+    upload(s3_server, tmp_path / "c.lance", f"{s3_bucket}/c.lance")
+    assert run_cli("fit", tmp_path / "c.lance", "-o", tmp_path / "local-lance.npz", *opts)[0] == 0
+    code, _, err = run_cli("fit", f"{s3_bucket}/c.lance", "-o", tmp_path / "lance.npz", *opts)
+    assert code == 0, err
+    assert statistics(tmp_path / "lance.npz") == statistics(tmp_path / "local-lance.npz")
+    # a glob over an object prefix names each store once
+    from streamwhiten.io import expand_specs
+
+    assert expand_specs([f"{s3_bucket}/c.*"]) == [f"{s3_bucket}/c.h5", f"{s3_bucket}/c.lance", f"{s3_bucket}/c.npy"]
