@@ -89,6 +89,10 @@ class Source:
     """
 
     kind = "?"
+    #: :meth:`read_into` takes a float32 ``out`` for a float16 store (widening as it reads)
+    widens_float16 = False
+    #: how this backend decodes compressed chunks itself (``codecs.DecodePlan``); None: it does not
+    plan = None
 
     def __init__(self, path: str, dataset: str | None, shape, dtype, chunk_rows: int | None):
         self.path = path
@@ -121,8 +125,15 @@ class Source:
         return self.read_into(start, stop, np.empty((max(0, stop - start), self.n_features), dtype=self.dtype))
 
     def read_into(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-        """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``."""
+        """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``.
+
+        Backends that decode chunks themselves also take ``fetched=``, what :meth:`fetch` returned."""
         raise NotImplementedError
+
+    def fetch(self, start: int, stop: int):
+        """The stored (compressed) bytes behind rows ``[start, stop)``, read ahead of :meth:`read_into`
+        (in another thread, say), or None where the backend has no such split (the default)."""
+        return None
 
     def attrs(self) -> dict:
         """The array's attributes (an output's record of the model that wrote it, for instance)."""

@@ -1,6 +1,10 @@
 """HDF5 through h5py: a source of rows, a sink that writes chunk data through its own descriptor, and
 1-D arrays (gold scores). The only module that imports h5py (besides ``spec.input_kind``'s signature check).
 
+A filtered (compressed) dataset whose filters ``codecs`` knows (deflate, shuffle, fletcher32, and the
+blosc and zstd plugins' filter ids) is read chunk by chunk with ``read_direct_chunk`` and decoded here,
+outside h5py's global lock, so worker threads decode at once; HDF5's own pipeline would serialise them.
+
 A sink's file is laid out by HDF5 with every chunk allocated up front at an aligned offset and never
 filled; then the library's handle is closed, the rows are written in place through a descriptor of
 our own, and at the end a fresh handle sets the attributes and is closed at once. So a failed data
@@ -20,6 +24,7 @@ import numpy as np
 from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from .base import FILL_HINT, Sink, Source, first_line, io_error
+from .codecs import DecodeError, decode_rows, hdf5_plan, widen_in_place
 from .direct import ChunkFile
 
 
@@ -35,6 +40,8 @@ def _unallocated(node) -> bool:
 
 class HDF5Source(Source):
     kind = "hdf5"
+    #: a float16 store can be read into a float32 buffer, widened as it is decoded
+    widens_float16 = True
 
     def __init__(self, path, dataset):
         try:
@@ -50,6 +57,8 @@ class HDF5Source(Source):
             self._node = node
             super().__init__(path, dataset, node.shape, node.dtype, node.chunks[0] if node.chunks else None)
             self._sparse = _unallocated(node)
+            #: how its compressed chunks are decoded here (None: HDF5 reads them)
+            self.plan = hdf5_plan(node)
         except BaseException:
             self._file.close()
             raise
@@ -62,21 +71,69 @@ class HDF5Source(Source):
         listing = ", ".join("/" + name for name in found[:10]) or "none"
         raise BadInputError(f"{path}: name a dataset (file.h5:/dataset or --dataset); 2-D datasets found: {listing}")
 
-    def read_into(self, start, stop, out):
+    def fetch(self, start, stop):
+        """The stored bytes of the chunks rows ``[start, stop)`` touch, for :meth:`read_into` to decode:
+        ``[(chunk index, bytes or None where unwritten and filled, filter mask)]``; None where chunks are
+        not decoded here. The I/O half of a read (``read_direct_chunk``, a copy under h5py's lock),
+        which a caller may run ahead in another thread."""
+        if self.plan is None or stop <= start:
+            return None
+        if not 0 <= start <= stop <= self.n_rows:
+            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
+        if self._sparse and not self.fill_missing_chunks:
+            self._refuse_unwritten(start, stop)
+        rows, fetched = self.chunk_rows, []
+        for index in range(start // rows, (stop - 1) // rows + 1):
+            try:
+                if self._sparse:
+                    info = self._node.id.get_chunk_info_by_coord((index * rows, 0))
+                    if info is None or info.byte_offset is None:
+                        fetched.append((index, None, 0))
+                        continue
+                mask, data = self._node.id.read_direct_chunk((index * rows, 0))
+            except (OSError, ValueError, RuntimeError) as exc:
+                lo, hi = index * rows, min(self.n_rows, (index + 1) * rows)
+                self._raise_read_error(exc, lo, hi)
+            fetched.append((index, data, mask))
+        return fetched
+
+    def read_into(self, start, stop, out, fetched=None):
+        """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
+        ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead."""
+        view = out[: stop - start]
+        if self.plan is not None and stop > start:
+            chunks = fetched if fetched is not None else self.fetch(start, stop)
+            try:
+                return decode_rows(self.plan, chunks, start, stop, view, self.chunk_rows, self._node.fillvalue,
+                                   self._describe)
+            except DecodeError as exc:
+                raise CorruptStoreError(f"{self.label}: {exc}") from None
+        if view.dtype != self.dtype and stop > start:  # float16 rows into a float32 buffer: widened here
+            region = view.reshape(-1).view(np.uint8)
+            self.read_into(start, stop, region[region.size // 2 :].view(self.dtype).reshape(view.shape))
+            widen_in_place(region, view.size)
+            return view
         if self._sparse and not self.fill_missing_chunks and stop > start:
             self._refuse_unwritten(start, stop)
         try:
             if stop > start:
                 self._node.read_direct(out, np.s_[start:stop], np.s_[0 : stop - start])
         except (OSError, ValueError, RuntimeError) as exc:
-            # HDF5 reports a failed system call with its errno; anything else (a checksum or filter
-            # failure, an address past the end of a truncated file) is damaged data.
-            failed = re.search(r"errno = (\d+)", str(exc))
-            if failed and int(failed.group(1)):
-                raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
-            raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be read, the file is damaged or "
-                                    f"truncated ({first_line(exc)})") from exc
-        return out[: stop - start]
+            self._raise_read_error(exc, start, stop)
+        return view
+
+    def _raise_read_error(self, exc, start, stop):
+        # HDF5 reports a failed system call with its errno; anything else (a checksum or filter
+        # failure, an address past the end of a truncated file) is damaged data.
+        failed = re.search(r"errno = (\d+)", str(exc))
+        if failed and int(failed.group(1)):
+            raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
+        raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be read, the file is damaged or "
+                                f"truncated ({first_line(exc)})") from exc
+
+    def _describe(self, index: int) -> str:
+        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        return f"the chunk of rows {lo}..{hi - 1} is damaged and cannot be decoded"
 
     def _refuse_unwritten(self, start, stop):
         """Refuse rows whose chunk was never written (HDF5 would read it as the fill value)."""

@@ -2,9 +2,13 @@
 workers use. The only module that imports zarr.
 
 Uncompressed chunks of a local store hold exactly their rows' bytes, so they are read straight into
-the caller's buffer and written as raw chunk files (around the page cache where aligned); anything
-else goes through zarr's codec pipeline. A chunk missing from the store is refused, not read as the
-fill value, unless the source's ``fill_missing_chunks`` says otherwise.
+the caller's buffer and written as raw chunk files (around the page cache where aligned). Compressed
+chunks of a codec chain ``codecs`` knows (bytes + zstd / blosc / gzip / zlib / lz4 / shuffle / crc32c,
+v2 or v3) are read from their files and decoded here, in the calling thread, straight into the
+caller's buffer; anything else (sharding, transpose, a remote store) goes through zarr's codec
+pipeline. Outputs are written as chunk files by us too, compressed where asked. A chunk missing from
+the store is refused, not read as the fill value, unless the source's ``fill_missing_chunks`` says
+otherwise.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from zarr.storage import LocalStore
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from . import durable
 from .base import Sink, Source, first_line, io_error
+from .codecs import DecodeError, decode_rows, widen_in_place, zarr_plan
 from .direct import ChunkFile
 
 _ND_BUFFER = default_buffer_prototype().nd_buffer
@@ -74,6 +79,8 @@ def _open_node(path: str, inner: str | None, ndim: int, what: str):
 
 class ZarrSource(Source):
     kind = "zarr"
+    #: a float16 store can be read into a float32 buffer, widened as it is decoded
+    widens_float16 = True
 
     def __init__(self, path, dataset):
         node, dataset = _open_node(path, dataset, 2, " or --dataset")
@@ -81,6 +88,11 @@ class ZarrSource(Source):
         super().__init__(path, dataset, node.shape, node.dtype, int(node.chunks[0]) if node.ndim >= 1 else None)
         #: where uncompressed chunk files are read straight from (None: through zarr)
         self.raw_root = raw_chunk_root(node)
+        #: how compressed chunk files are decoded here (None: raw, or through zarr)
+        self.plan = None
+        if self.raw_root is None and isinstance(node.store, LocalStore) and not getattr(node, "shards", None):
+            self.plan = zarr_plan(node)
+        self._chunk_root = os.path.join(str(node.store.root), node.path) if self.plan is not None else None
         # The grid chunk keys are made on: shards where the array is sharded, else its chunks.
         self._grid = tuple(int(n) for n in (getattr(node, "shards", None) or node.chunks))
 
@@ -92,8 +104,47 @@ class ZarrSource(Source):
     def attrs(self) -> dict:
         return dict(self._node.attrs)
 
-    def read_into(self, start, stop, out):
+    def fetch(self, start, stop):
+        """The stored bytes of the chunks rows ``[start, stop)`` touch, for :meth:`read_into` to decode:
+        ``[(chunk index, bytes or None where missing and filled, 0)]``; None where chunks are not
+        decoded here. The I/O half of a read, which a caller may run ahead in another thread."""
+        if self.plan is None or stop <= start:
+            return None
+        self._check_range(start, stop)
+        fetched = []
+        for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
+            path = os.path.join(self._chunk_root, self._chunk_key(index))
+            try:
+                with open(path, "rb") as handle:
+                    fetched.append((index, handle.read(), 0))
+            except FileNotFoundError:
+                if not self.fill_missing_chunks:
+                    self._raise_missing(index)
+                fetched.append((index, None, 0))
+            except OSError as exc:
+                lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+                raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
+        return fetched
+
+    def read_into(self, start, stop, out, fetched=None):
+        """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
+        ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead."""
         view = out[: stop - start]
+        if self.plan is not None and stop > start:
+            chunks = fetched if fetched is not None else self.fetch(start, stop)
+            try:
+                return decode_rows(self.plan, chunks, start, stop, view, self.chunk_rows,
+                                   self._node.metadata.fill_value, self._describe)
+            except DecodeError as exc:
+                raise CorruptStoreError(f"{self.label}: {exc}") from None
+        if view.dtype != self.dtype:  # float16 rows into a float32 buffer
+            if self.raw_root is None:
+                view[...] = self.read(start, stop)
+                return view
+            region = view.reshape(-1).view(np.uint8)
+            self.read_into(start, stop, region[region.size // 2 :].view(self.dtype).reshape(view.shape))
+            widen_in_place(region, view.size)
+            return view
         if self.raw_root is None:
             if not self.fill_missing_chunks and stop > start:
                 self._refuse_missing(start, stop)
@@ -111,8 +162,7 @@ class ZarrSource(Source):
             return view
         # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
         # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
-        if not 0 <= start <= stop <= self.n_rows:
-            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
+        self._check_range(start, stop)
         rows, row_bytes = self.chunk_rows, self.n_features * self.dtype.itemsize
         for index in range(start // rows, (stop - 1) // rows + 1):
             lo, hi = max(start, index * rows), min(stop, (index + 1) * rows)
@@ -135,6 +185,14 @@ class ZarrSource(Source):
             except OSError as exc:
                 raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
         return view
+
+    def _check_range(self, start, stop):
+        if not 0 <= start <= stop <= self.n_rows:
+            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
+
+    def _describe(self, index: int) -> str:
+        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        return f"chunk {self._chunk_key(index)} (rows {lo}..{hi - 1}) is damaged and cannot be decoded"
 
     def _chunk_key(self, index: int, column: int = 0) -> str:
         return self._node.metadata.encode_chunk_key((index, column))
