@@ -209,7 +209,8 @@ _KEYS = {
               "eps": (int, float), "precision": str, "chunk_rows": int, "skip_nonfinite": bool,
               "checkpoint_every": int, "checkpoint_seconds": (int, float), "threads": int},
     "apply": {"output": str, "normalize": bool, "dtype": str, "zarr_format": int, "chunk_rows": int,
-              "skip_nonfinite": bool, "threads": int, "direct_io": bool, "keep_columns": (list, str)},
+              "skip_nonfinite": bool, "threads": int, "direct_io": bool, "keep_columns": (list, str),
+              "compressor": str},
 }
 
 
@@ -281,6 +282,9 @@ def read_job_file(path: str) -> JobSpec:
         _check_output_template(path, apply["output"])
         if apply.get("dtype", "float32") not in ("float32", "float16"):
             raise BadInputError(f"{path}: dtype in [apply] must be \"float32\" or \"float16\", got {apply['dtype']!r}")
+        if apply.get("compressor", "none") not in ("none", "zstd", "blosc", "gzip"):
+            raise BadInputError(f"{path}: compressor in [apply] must be \"none\", \"zstd\", \"blosc\" or \"gzip\", "
+                                f"got {apply['compressor']!r}")
         apply = dict(apply, output=absolute(apply["output"]))
     name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
     return JobSpec(path, name, [absolute(p) for p in inputs], data.get("input", {}).get("dataset"),
@@ -458,7 +462,7 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
         if spec.apply is not None:
             checksum = model_checksum(model)
             options = {key: spec.apply[key] for key in ("normalize", "dtype", "zarr_format", "skip_nonfinite", "threads",
-                                                        "direct_io", "keep_columns") if key in spec.apply}
+                                                        "direct_io", "keep_columns", "compressor") if key in spec.apply}
             if "chunk_rows" in spec.apply:
                 options["block_rows"] = spec.apply["chunk_rows"]
             for input_spec, output in outputs.items():
@@ -466,7 +470,7 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
                     source_sha = fingerprint(source)["sha256_sampled"]
                     label = source.label
                 recorded = recorded_options(output, options.get("skip_nonfinite", False), spec.fill_missing_chunks,
-                                            options.get("zarr_format", 3))
+                                            options.get("zarr_format", 3), options.get("compressor", "none"))
                 if output_is_current(output, checksum, source_sha, options.get("normalize", False),
                                      options.get("dtype", "float32"), recorded,
                                      check_keep_columns(options.get("keep_columns"))):

@@ -376,21 +376,40 @@ def decode_rows(plan: DecodePlan, chunks, start: int, stop: int, out: np.ndarray
 # ----------------------------------------------------------------------------------------------- outputs
 
 
-def encoder(name: str, dtype):
-    """``encode(rows) -> bytes`` for ``--compressor name`` (None for ``none``), and the numcodecs codec
-    that writes the same bytes (for Zarr v2 metadata)."""
-    from numcodecs import GZip, Zstd
-    from numcodecs import Blosc
+def check_compressor(name: str) -> str:
+    """``name`` if it is one of :data:`COMPRESSORS`, else a :class:`ValueError` listing them."""
+    if name not in COMPRESSORS:
+        raise ValueError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {name!r}")
+    return name
 
-    itemsize = np.dtype(dtype).itemsize
-    if name == "none":
-        return None
+
+def numcodecs_codec(name: str, dtype):
+    """The numcodecs codec that ``--compressor name`` writes a chunk with (None for ``none``): zstd at
+    level 3 (zstd's default, which Zarr 3's level 0 means), blosc with lz4 at level 5 and byte shuffle,
+    gzip at level 4."""
+    from numcodecs import Blosc, GZip, Zstd
+
+    check_compressor(name)
     if name == "zstd":
-        codec = Zstd(level=0)
-    elif name == "blosc":
-        codec = Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, typesize=itemsize)
-    elif name == "gzip":
-        codec = GZip(level=4)
-    else:
-        raise ValueError(f"unknown compressor {name!r}; choose one of {', '.join(COMPRESSORS)}")
-    return codec
+        return Zstd(level=3)
+    if name == "blosc":
+        return Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, typesize=np.dtype(dtype).itemsize)
+    if name == "gzip":
+        return GZip(level=4)
+    return None
+
+
+def chunk_encoder(name: str, dtype, layout: str):
+    """``encode(chunk) -> bytes`` for ``--compressor name`` (None for ``none``): a whole chunk (a
+    C-contiguous array) as the ``layout`` ("zarr" or "hdf5") stores it. HDF5's gzip is its deflate filter
+    (a zlib stream) after byte shuffle, as h5py writes ``compression="gzip", shuffle=True``; its zstd and
+    blosc are the registered filters' plain frames."""
+    codec = numcodecs_codec(name, dtype)
+    if codec is None:
+        return None
+    if layout == "hdf5" and name == "gzip":
+        from numcodecs import Shuffle
+
+        shuffle = Shuffle(np.dtype(dtype).itemsize)
+        return lambda chunk: zlib.compress(shuffle.encode(chunk.reshape(-1).view(np.uint8)), 4)
+    return lambda chunk: bytes(codec.encode(chunk.reshape(-1).view(np.uint8)))

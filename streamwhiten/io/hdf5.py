@@ -17,6 +17,8 @@ import json
 import math
 import os
 import re
+import struct
+import zlib
 
 import h5py
 import numpy as np
@@ -24,7 +26,10 @@ import numpy as np
 from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from .base import FILL_HINT, Sink, Source, first_line, io_error
-from .codecs import DecodeError, decode_rows, hdf5_plan, widen_in_place
+from .codecs import (
+    H5Z_BLOSC, H5Z_DEFLATE, H5Z_ZSTD, DecodeError, check_compressor, chunk_encoder, decode_rows, hdf5_plan,
+    widen_in_place,
+)
 from .direct import ChunkFile
 
 
@@ -224,8 +229,13 @@ class HDF5Sink(Sink):
         self.chunk_file: ChunkFile | None = ChunkFile(partial, direct=direct_io)
 
     @classmethod
-    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, **_) -> "HDF5Sink":
-        """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle."""
+    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, compressor="none",
+               **_) -> "HDF5Sink":
+        """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
+        With a ``compressor``, an :class:`HDF5CompressedSink` instead."""
+        if check_compressor(compressor) != "none":
+            return HDF5CompressedSink.create(path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io,
+                                             compressor)
         dataset = dataset or cls.default_dataset
         handle = None
         try:
@@ -248,6 +258,8 @@ class HDF5Sink(Sink):
     def resume(cls, path, dataset, partial, direct_io=True) -> "HDF5Sink":
         """Reopen the partial output of an interrupted run (read-only, to find its layout)."""
         dataset = dataset or cls.default_dataset
+        if os.path.exists(HDF5CompressedSink.spool_path(partial)):
+            return HDF5CompressedSink.resume(path, dataset, partial, direct_io)
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
@@ -285,3 +297,168 @@ class HDF5Sink(Sink):
         if self.chunk_file is not None:
             self.chunk_file.close()
             self.chunk_file = None
+
+
+# ------------------------------------------------------------------------------------- compressed sink
+
+#: A chunk record in the spool: magic, chunk index, stored size, CRC-32 of the stored bytes.
+_RECORD = struct.Struct("<4sIQI")
+_RECORD_MAGIC = b"SWC1"
+
+
+def _filters(compressor: str, dtype, chunk_bytes: int) -> dict:
+    """``create_dataset`` options declaring what :func:`codecs.chunk_encoder` writes for HDF5."""
+    if compressor == "gzip":
+        return {"compression": "gzip", "compression_opts": 4, "shuffle": True}
+    try:
+        import hdf5plugin  # noqa: F401  (registers the blosc and zstd filters with HDF5)
+    except ImportError:
+        raise BadInputError(f"an HDF5 output compressed with {compressor} needs the hdf5plugin package (and so do its "
+                            "readers): pip install hdf5plugin, or use --compressor gzip") from None
+    if compressor == "zstd":
+        return {"compression": H5Z_ZSTD, "compression_opts": (3,)}
+    # blosc's filter parameters: filter and blosc versions, type size, chunk bytes, level, shuffle, lz4
+    return {"compression": H5Z_BLOSC, "compression_opts": (2, 2, np.dtype(dtype).itemsize, chunk_bytes, 5, 1, 1)}
+
+
+class HDF5CompressedSink(Sink):
+    """An HDF5 output whose chunks are compressed here (``--compressor``), in the writer thread.
+
+    Compressed chunks have sizes known only once written, so they cannot go in place into a file laid
+    out ahead. While the run lasts, each is appended to a spool beside the partial output (through our
+    own descriptor, with its index and a CRC-32, fsynced before a progress record claims it); the
+    partial output is an HDF5 file holding the dataset (with its filters declared, no chunk written)
+    and its attributes. :meth:`_finish` copies the spooled chunks into it with ``write_direct_chunk``,
+    in chunk order, so a resumed run writes the same file, and any HDF5 reader with the filters reads
+    it (gzip: every HDF5; zstd and blosc: with the hdf5plugin filters).
+    """
+
+    kind = "hdf5"
+    default_dataset = "embeddings"
+
+    def __init__(self, path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io=True, chunks=0):
+        super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
+        self.compressor = compressor
+        self._encode = chunk_encoder(compressor, dtype, "hdf5")
+        #: chunks spooled so far (they are written in order: the next one's index)
+        self.chunks = chunks
+        self._spool = open(self.spool_path(partial), "ab", buffering=0)
+
+    @staticmethod
+    def spool_path(partial: str) -> str:
+        return partial + ".chunks"
+
+    @classmethod
+    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, compressor="gzip"):
+        dataset = dataset or cls.default_dataset
+        options = _filters(compressor, dtype, chunk_rows * shape[1] * np.dtype(dtype).itemsize)
+        spool = cls.spool_path(partial)
+        if os.path.exists(spool):
+            os.remove(spool)
+        handle = None
+        try:
+            handle = h5py.File(partial, "w", rdcc_nbytes=0)
+            array = handle.create_dataset(dataset, shape=shape, dtype=dtype, chunks=(chunk_rows, shape[1]), **options)
+            array.attrs.update({key: _attr(value) for key, value in attrs.items()})
+            handle.close()
+            handle = None
+        except (OSError, RuntimeError, ValueError):
+            _close_quietly(handle)
+            raise
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io)
+
+    @classmethod
+    def resume(cls, path, dataset, partial, direct_io=True):
+        """Reopen an interrupted run's output: keep the spooled chunks its progress record claims (whole
+        and intact), drop any after them (the resumed run writes those again)."""
+        dataset = dataset or cls.default_dataset
+        with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
+            array = handle[dataset]
+            shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
+            compressor = str(array.attrs.get("compressor", "gzip"))
+        with open(partial + ".progress.json") as record:
+            done = -(-int(json.load(record)["rows_done"]) // chunk_rows)
+        spool = cls.spool_path(partial)
+        kept, end = 0, 0
+        with open(spool, "rb") as handle:
+            for index, offset, size in _records(handle):
+                if index != kept or kept == done:
+                    break
+                kept, end = kept + 1, offset + size
+        if kept != done:
+            raise OSError(f"{spool}: holds {kept} intact chunks, its progress record claims {done}")
+        os.truncate(spool, end)
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, kept)
+
+    def _write(self, start, block):
+        for index, lo, hi, a, b, data in self.covered(start, block):
+            if (a, b) != (lo, hi) or index != self.chunks:
+                raise OSError(f"rows {a}..{b - 1} do not make up chunk {self.chunks} (compressed output chunks are "
+                              "written whole and in order)")
+            if data.shape[0] < self.chunk_rows:  # the edge chunk is stored at full size
+                data = np.concatenate([data, np.zeros((self.chunk_rows - data.shape[0], self.shape[1]), self.dtype)])
+            stored = self._encode(np.ascontiguousarray(data))
+            self._spool.write(_RECORD.pack(_RECORD_MAGIC, index, len(stored), zlib.crc32(stored)) + stored)
+            self.chunks += 1
+
+    def _sync(self):
+        if self._spool is not None:
+            os.fsync(self._spool.fileno())
+
+    def _finish(self, attrs):
+        self._sync()
+        self._close()
+        spool = self.spool_path(self.partial)
+        handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)
+        try:
+            array = handle[self.dataset]
+            with open(spool, "rb") as chunks:
+                count = 0
+                for index, offset, size in _records(chunks):
+                    chunks.seek(offset)
+                    array.id.write_direct_chunk((index * self.chunk_rows, 0), chunks.read(size))
+                    count += 1
+            expected = -(-self.shape[0] // self.chunk_rows)
+            if count != expected:
+                raise OSError(f"{spool}: holds {count} of the output's {expected} chunks")
+            array.attrs.update({key: _attr(value) for key, value in attrs.items()})
+            handle.flush()
+        except BaseException:
+            _close_quietly(handle)
+            raise
+        handle.close()
+        with open(self.partial, "rb+") as file:
+            os.fsync(file.fileno())
+        os.remove(spool)
+
+    def _close(self):
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
+
+    def abort(self):
+        super().abort()
+        try:
+            os.remove(self.spool_path(self.partial))
+        except FileNotFoundError:
+            pass
+
+
+def _records(handle):
+    """``(chunk index, offset of its bytes, size)`` of each whole, intact record of a spool, in order,
+    stopping at the first torn or damaged one; ``handle`` is left after the last one yielded."""
+    position = handle.tell()
+    while True:
+        handle.seek(position)
+        header = handle.read(_RECORD.size)
+        if len(header) < _RECORD.size:
+            return
+        magic, index, size, crc = _RECORD.unpack(header)
+        if magic != _RECORD_MAGIC:
+            return
+        data = handle.read(size)
+        if len(data) < size or zlib.crc32(data) != crc:
+            return
+        yield index, position + _RECORD.size, size
+        position += _RECORD.size + size
+        handle.seek(position)

@@ -26,7 +26,7 @@ from zarr.storage import LocalStore
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from . import durable
 from .base import Sink, Source, first_line, io_error
-from .codecs import DecodeError, decode_rows, widen_in_place, zarr_plan
+from .codecs import DecodeError, check_compressor, chunk_encoder, decode_rows, numcodecs_codec, widen_in_place, zarr_plan
 from .direct import ChunkFile
 
 _ND_BUFFER = default_buffer_prototype().nd_buffer
@@ -232,35 +232,59 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
 # ----------------------------------------------------------------------------------------------- sink
 
 
+def _compressors(name: str, dtype, zarr_format: int):
+    """What zarr is told ``--compressor name`` wrote (the chunks themselves are encoded here)."""
+    if name == "none":
+        return None
+    if zarr_format == 2:
+        return numcodecs_codec(name, dtype)
+    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+    return [{"zstd": lambda: ZstdCodec(level=3), "gzip": lambda: GzipCodec(level=4),
+             "blosc": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="shuffle",
+                                         typesize=np.dtype(dtype).itemsize)}[name]()]
+
+
 class ZarrSink(Sink):
-    """A Zarr output: uncompressed chunks written as raw chunk files (zarr writes the metadata)."""
+    """A Zarr output: chunks written as chunk files by us, raw or compressed here with ``compressor``
+    (zarr writes the metadata, and any chunk a block covers only in part)."""
 
     kind = "zarr"
 
-    def __init__(self, path, dataset, partial, array, direct_io=True):
+    def __init__(self, path, dataset, partial, array, direct_io=True, compressor="none"):
         super().__init__(path, dataset, partial, array.shape, array.dtype, int(array.chunks[0]), direct_io)
         #: the array being written (under its temporary name)
         self.array = array
+        #: ``--compressor``: whole chunks are encoded in the writer thread (None: written raw)
+        self.compressor = check_compressor(compressor)
+        self._encode = chunk_encoder(compressor, array.dtype, "zarr")
+        #: the chunk files' directory where we write them (raw or encoded here), else None
+        self._root = raw_chunk_root(array)
+        if self._encode is not None and isinstance(array.store, LocalStore):
+            self._root = os.path.join(str(array.store.root), array.path)
         self._unsynced: set = set()  # chunk files written since they were last fsynced
 
     @classmethod
     def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, zarr_format=3,
-               **_) -> "ZarrSink":
+               compressor="none", **_) -> "ZarrSink":
+        compressors = _compressors(check_compressor(compressor), dtype, zarr_format)
         if dataset:
             root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
-            array = root.create_array(dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype, compressors=None)
+            array = root.create_array(dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
+                                      compressors=compressors)
         else:
             array = zarr.create_array(store=partial, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
-                                      compressors=None, zarr_format=zarr_format)
+                                      compressors=compressors, zarr_format=zarr_format)
         array.attrs.update(attrs)
-        return cls(path, dataset, partial, array, direct_io)
+        return cls(path, dataset, partial, array, direct_io, compressor)
 
     @classmethod
     def resume(cls, path, dataset, partial, direct_io=True) -> "ZarrSink":
-        return cls(path, dataset, partial, zarr.open_array(store=partial, path=dataset or "", mode="r+"), direct_io)
+        array = zarr.open_array(store=partial, path=dataset or "", mode="r+")
+        return cls(path, dataset, partial, array, direct_io, str(array.attrs.get("compressor", "none")))
 
     def _write(self, start, block):
-        root = raw_chunk_root(self.array)
+        root = self._root
         if root is None:
             self.array[start : start + block.shape[0]] = block
             return
@@ -271,16 +295,23 @@ class ZarrSink(Sink):
             self._unsynced.add(index)
             path = os.path.join(root, self.array.metadata.encode_chunk_key((index, 0)))
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with ChunkFile(path, create=True, direct=self.direct_io) as chunk_file:
+            if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
+                pad = np.full((self.chunk_rows - data.shape[0], self.shape[1]),
+                              self.array.metadata.fill_value or 0, self.dtype)
+                data = np.concatenate([data, pad]) if self._encode is not None else data
+            else:
+                pad = None
+            with ChunkFile(path, create=True, direct=self.direct_io and self._encode is None) as chunk_file:
+                if self._encode is not None:
+                    chunk_file.write_at(0, np.frombuffer(self._encode(data), np.uint8))
+                    continue
                 chunk_file.write_at(0, data)
-                if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
-                    pad = np.full((self.chunk_rows - data.shape[0], self.shape[1]),
-                                  self.array.metadata.fill_value or 0, self.dtype)
+                if pad is not None:
                     chunk_file.write_at(data.nbytes, pad)
 
     def _sync(self):
         """fsync the chunk files written since the last sync, and their directories."""
-        root = raw_chunk_root(self.array)
+        root = self._root
         if root is None or not self._unsynced:
             return
         directories = set()
