@@ -179,7 +179,7 @@ class _Fletcher32(_Step):
         try:
             return _u8(Fletcher32().decode(data))
         except Exception as exc:
-            raise DecodeError(f"fletcher32 checksum mismatch ({exc})") from None
+            raise DecodeError("fletcher32 checksum mismatch") from None
 
 
 # ------------------------------------------------------------------------------------------------ plans

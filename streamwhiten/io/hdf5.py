@@ -448,13 +448,14 @@ def _records(handle):
     """``(chunk index, offset of its bytes, size)`` of each whole, intact record of a spool, in order,
     stopping at the first torn or damaged one; ``handle`` is left after the last one yielded."""
     position = handle.tell()
+    end = os.fstat(handle.fileno()).st_size
     while True:
         handle.seek(position)
         header = handle.read(_RECORD.size)
         if len(header) < _RECORD.size:
             return
         magic, index, size, crc = _RECORD.unpack(header)
-        if magic != _RECORD_MAGIC:
+        if magic != _RECORD_MAGIC or position + _RECORD.size + size > end:
             return
         data = handle.read(size)
         if len(data) < size or zlib.crc32(data) != crc:
