@@ -18,6 +18,7 @@ Chunks are encoded for outputs here too (:func:`encoder`), so that apply compres
 from __future__ import annotations
 
 import sys
+import threading
 import zlib
 
 import numpy as np
@@ -115,22 +116,49 @@ class _LZ4(_Step):
         return _u8(LZ4().decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
 
 
+_LOCAL = threading.local()
+
+
+def _scratch(nbytes: int) -> np.ndarray:
+    """This thread's reused buffer of at least ``nbytes`` (a chunk decoded in two steps passes through it)."""
+    buffer = getattr(_LOCAL, "scratch", None)
+    if buffer is None or buffer.size < nbytes:
+        buffer = _LOCAL.scratch = np.empty(nbytes, np.uint8)
+    return buffer[:nbytes]
+
+
+#: Compressed bytes inflated per call: each call's output is a new bytes object, small enough to come
+#: from memory the allocator reuses (a chunk-sized one would be fresh pages, slow to touch, every time).
+_INFLATE_PIECE = 1 << 20
+
+
 class _Zlib(_Step):
-    """deflate in a zlib (HDF5 ``gzip``, numcodecs ``zlib``) or gzip (Zarr ``gzip``) wrapper."""
+    """deflate in a zlib (HDF5 ``gzip``, numcodecs ``zlib``) or gzip (Zarr ``gzip``) wrapper, inflated
+    piece by piece into the caller's buffer (or this thread's scratch buffer, when a step follows)."""
+
+    into = True
 
     def __init__(self, wbits: int, name: str, bit=None):
         super().__init__(bit)
         self.wbits, self.name = wbits, name
 
     def __call__(self, data, out, nbytes):
+        target = out if out is not None else _scratch(nbytes)
         inflater = zlib.decompressobj(self.wbits)
+        source = memoryview(data)
+        done = 0
         try:
-            result = inflater.decompress(data, nbytes)
+            for start in range(0, len(source), _INFLATE_PIECE):
+                piece = inflater.decompress(source[start : start + _INFLATE_PIECE])
+                if done + len(piece) > nbytes or inflater.unused_data:
+                    raise DecodeError(f"{self.name} stream holds more than the chunk's {nbytes} bytes")
+                target[done : done + len(piece)] = np.frombuffer(piece, np.uint8)
+                done += len(piece)
         except zlib.error as exc:
             raise DecodeError(f"{self.name}: {exc}") from None
-        if not inflater.eof:
-            raise DecodeError(f"{self.name} stream is truncated or holds more than the chunk's {nbytes} bytes")
-        return _u8(result)
+        if not inflater.eof or done != nbytes:
+            raise DecodeError(f"{self.name} stream is truncated ({done} of the chunk's {nbytes} bytes)")
+        return target
 
 
 class _Shuffle(_Step):
@@ -180,6 +208,47 @@ class _Fletcher32(_Step):
             return _u8(Fletcher32().decode(data))
         except Exception as exc:
             raise DecodeError("fletcher32 checksum mismatch") from None
+
+
+# ------------------------------------------------------------------------------------------- fetched bytes
+
+
+class BytesPool:
+    """Reused byte buffers for the stored bytes of a block's chunks, from its fetch until its decode, so
+    that fetching does not touch fresh memory each time; holds no more than were out at once (a few)."""
+
+    def __init__(self):
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray:
+        with self._lock:
+            fitting = [buffer for buffer in self._free if buffer.size >= nbytes]
+            if fitting:
+                buffer = min(fitting, key=lambda b: b.size)
+                self._free = [b for b in self._free if b is not buffer]
+                return buffer
+        return np.empty(nbytes + nbytes // 8, np.uint8)  # room for the next block's bytes to vary a little
+
+    def give_back(self, buffer: np.ndarray) -> None:
+        with self._lock:
+            self._free.append(buffer)
+            if len(self._free) > 8:
+                self._free.remove(min(self._free, key=lambda b: b.size))
+
+
+class Fetched(list):
+    """The stored bytes of a row range's chunks, ``[(chunk index, bytes or None where missing, HDF5
+    filter mask)]``, in one buffer of a :class:`BytesPool` that :meth:`release` hands back."""
+
+    def __init__(self, chunks, pool: BytesPool | None = None, buffer: np.ndarray | None = None):
+        super().__init__(chunks)
+        self._pool, self._buffer = pool, buffer
+
+    def release(self) -> None:
+        if self._pool is not None and self._buffer is not None:
+            self._pool.give_back(self._buffer)
+        self._pool = self._buffer = None
 
 
 # ------------------------------------------------------------------------------------------------ plans

@@ -27,7 +27,7 @@ from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from .base import FILL_HINT, Sink, Source, first_line, io_error
 from .codecs import (
-    H5Z_BLOSC, H5Z_DEFLATE, H5Z_ZSTD, DecodeError, check_compressor, chunk_encoder, decode_rows, hdf5_plan,
+    H5Z_BLOSC, H5Z_DEFLATE, H5Z_ZSTD, BytesPool, DecodeError, Fetched, check_compressor, chunk_encoder, decode_rows, hdf5_plan,
     widen_in_place,
 )
 from .direct import ChunkFile
@@ -64,6 +64,7 @@ class HDF5Source(Source):
             self._sparse = _unallocated(node)
             #: how its compressed chunks are decoded here (None: HDF5 reads them)
             self.plan = hdf5_plan(node)
+            self._pool = BytesPool()
         except BaseException:
             self._file.close()
             raise
@@ -87,20 +88,27 @@ class HDF5Source(Source):
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
         if self._sparse and not self.fill_missing_chunks:
             self._refuse_unwritten(start, stop)
-        rows, fetched = self.chunk_rows, []
+        rows, found = self.chunk_rows, []
         for index in range(start // rows, (stop - 1) // rows + 1):
             try:
-                if self._sparse:
-                    info = self._node.id.get_chunk_info_by_coord((index * rows, 0))
-                    if info is None or info.byte_offset is None:
-                        fetched.append((index, None, 0))
-                        continue
-                mask, data = self._node.id.read_direct_chunk((index * rows, 0))
+                info = self._node.id.get_chunk_info_by_coord((index * rows, 0))
             except (OSError, ValueError, RuntimeError) as exc:
-                lo, hi = index * rows, min(self.n_rows, (index + 1) * rows)
-                self._raise_read_error(exc, lo, hi)
-            fetched.append((index, data, mask))
-        return fetched
+                self._raise_read_error(exc, index * rows, min(self.n_rows, (index + 1) * rows))
+            found.append((index, None if info is None or info.byte_offset is None else info.size))
+        buffer = self._pool.take(sum(size or 0 for _, size in found))
+        chunks, offset = [], 0
+        for index, size in found:
+            if size is None:  # unwritten, and filled (refused above otherwise)
+                chunks.append((index, None, 0))
+                continue
+            view = buffer[offset : offset + size]
+            try:
+                mask, _ = self._node.id.read_direct_chunk((index * rows, 0), out=view)
+            except (OSError, ValueError, RuntimeError) as exc:
+                self._raise_read_error(exc, index * rows, min(self.n_rows, (index + 1) * rows))
+            chunks.append((index, view, mask))
+            offset += size
+        return Fetched(chunks, self._pool, buffer)
 
     def read_into(self, start, stop, out, fetched=None):
         """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
@@ -113,6 +121,8 @@ class HDF5Source(Source):
                                    self._describe)
             except DecodeError as exc:
                 raise CorruptStoreError(f"{self.label}: {exc}") from None
+            finally:
+                chunks.release()
         if view.dtype != self.dtype and stop > start:  # float16 rows into a float32 buffer: widened here
             region = view.reshape(-1).view(np.uint8)
             self.read_into(start, stop, region[region.size // 2 :].view(self.dtype).reshape(view.shape))

@@ -26,7 +26,10 @@ from zarr.storage import LocalStore
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from . import durable
 from .base import Sink, Source, first_line, io_error
-from .codecs import DecodeError, check_compressor, chunk_encoder, decode_rows, numcodecs_codec, widen_in_place, zarr_plan
+from .codecs import (
+    BytesPool, DecodeError, Fetched, check_compressor, chunk_encoder, decode_rows, numcodecs_codec, widen_in_place,
+    zarr_plan,
+)
 from .direct import ChunkFile
 
 _ND_BUFFER = default_buffer_prototype().nd_buffer
@@ -93,6 +96,7 @@ class ZarrSource(Source):
         if self.raw_root is None and isinstance(node.store, LocalStore) and not getattr(node, "shards", None):
             self.plan = zarr_plan(node)
         self._chunk_root = os.path.join(str(node.store.root), node.path) if self.plan is not None else None
+        self._pool = BytesPool()
         # The grid chunk keys are made on: shards where the array is sharded, else its chunks.
         self._grid = tuple(int(n) for n in (getattr(node, "shards", None) or node.chunks))
 
@@ -111,20 +115,45 @@ class ZarrSource(Source):
         if self.plan is None or stop <= start:
             return None
         self._check_range(start, stop)
-        fetched = []
+        files, sizes = [], []
         for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
             path = os.path.join(self._chunk_root, self._chunk_key(index))
             try:
-                with open(path, "rb") as handle:
-                    fetched.append((index, handle.read(), 0))
+                handle = open(path, "rb", buffering=0)
             except FileNotFoundError:
                 if not self.fill_missing_chunks:
+                    for other in files:
+                        other[1] is None or other[1].close()
                     self._raise_missing(index)
-                fetched.append((index, None, 0))
+                handle = None
             except OSError as exc:
-                lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
-                raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
-        return fetched
+                for other in files:
+                    other[1] is None or other[1].close()
+                raise self._read_error(exc, index) from exc
+            files.append((index, handle))
+            sizes.append(0 if handle is None else os.fstat(handle.fileno()).st_size)
+        buffer = self._pool.take(sum(sizes))
+        chunks, offset = [], 0
+        try:
+            for (index, handle), size in zip(files, sizes):
+                if handle is None:
+                    chunks.append((index, None, 0))
+                    continue
+                view = buffer[offset : offset + size]
+                _read_exactly(handle, memoryview(view), os.path.join(self._chunk_root, self._chunk_key(index)))
+                chunks.append((index, view, 0))
+                offset += size
+        except OSError as exc:
+            raise self._read_error(exc, index) from exc
+        finally:
+            for _, handle in files:
+                if handle is not None:
+                    handle.close()
+        return Fetched(chunks, self._pool, buffer)
+
+    def _read_error(self, exc, index) -> StoreIOError:
+        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        return StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}")
 
     def read_into(self, start, stop, out, fetched=None):
         """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
@@ -137,6 +166,8 @@ class ZarrSource(Source):
                                    self._node.metadata.fill_value, self._describe)
             except DecodeError as exc:
                 raise CorruptStoreError(f"{self.label}: {exc}") from None
+            finally:
+                chunks.release()
         if view.dtype != self.dtype:  # float16 rows into a float32 buffer
             if self.raw_root is None:
                 view[...] = self.read(start, stop)
