@@ -308,7 +308,8 @@ def apply_model(
         workers = min(threads, max(1, source.n_blocks(rows_per_block)))
         # Stored (compressed) bytes of the next blocks are fetched ahead by a reader thread: at most the
         # ``workers + 1`` blocks ordered_map has in flight.
-        reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read") if workers > 1 and source.plan else None
+        reader = (ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")
+                  if workers > 1 and source.plan is not None else None)
 
         def tasks():
             for begin, end in source.blocks(rows_per_block, start):

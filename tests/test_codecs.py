@@ -134,11 +134,11 @@ def test_hdf5_chunk_stored_raw_by_an_optional_filter_is_read(tmp_path):
 
 def test_plans_name_their_steps(tmp_path):
     spec = write_zarr_store(tmp_path / "a.zarr", rows_of("<f4"), "v3-gzip-crc32c")
-    assert zarr_plan(zarr.open_array(spec, mode="r")).description == "crc32c <- gzip"
+    assert zarr_plan(zarr.open_array(spec, mode="r")).description == "crc32c -> gzip"
     write_hdf5_store(tmp_path / "b.h5", rows_of(">f4"), "gzip-shuffle-fletcher32")
     with h5py.File(tmp_path / "b.h5", "r") as handle:
         plan = hdf5_plan(handle["emb"])
-    assert plan.description == "fletcher32 <- deflate <- shuffle" and plan.dtype == np.dtype(">f4")
+    assert plan.description == "fletcher32 -> deflate -> shuffle" and plan.dtype == np.dtype(">f4")
     assert plan.nbytes == CHUNK * FEATURES * 4
 
 

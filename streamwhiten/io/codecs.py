@@ -266,7 +266,7 @@ class DecodePlan:
 
     @property
     def description(self) -> str:
-        return " <- ".join(step.name for step in self.steps) or "raw"
+        return " -> ".join(step.name for step in self.steps) or "raw"
 
     def decode_into(self, stored, out: np.ndarray, filter_mask: int = 0) -> np.ndarray:
         """Decode ``stored`` (one chunk's bytes) into ``out`` (a C-contiguous buffer of :attr:`nbytes`
