@@ -115,38 +115,32 @@ class ZarrSource(Source):
         if self.plan is None or stop <= start:
             return None
         self._check_range(start, stop)
-        files, sizes = [], []
-        for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
-            path = os.path.join(self._chunk_root, self._chunk_key(index))
-            try:
-                handle = open(path, "rb", buffering=0)
-            except FileNotFoundError:
-                if not self.fill_missing_chunks:
-                    for other in files:
-                        other[1] is None or other[1].close()
-                    self._raise_missing(index)
-                handle = None
-            except OSError as exc:
-                for other in files:
-                    other[1] is None or other[1].close()
-                raise self._read_error(exc, index) from exc
-            files.append((index, handle))
-            sizes.append(0 if handle is None else os.fstat(handle.fileno()).st_size)
-        buffer = self._pool.take(sum(sizes))
-        chunks, offset = [], 0
+        handles: list = []  # (chunk index, its open file, or None where missing and read as the fill value)
+        index = start // self.chunk_rows
         try:
-            for (index, handle), size in zip(files, sizes):
+            for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
+                try:
+                    handles.append((index, open(os.path.join(self._chunk_root, self._chunk_key(index)), "rb",
+                                                buffering=0)))
+                except FileNotFoundError:
+                    if not self.fill_missing_chunks:
+                        self._raise_missing(index)
+                    handles.append((index, None))
+            sizes = [0 if handle is None else os.fstat(handle.fileno()).st_size for _, handle in handles]
+            buffer = self._pool.take(sum(sizes))
+            chunks, offset = [], 0
+            for (index, handle), size in zip(handles, sizes):
                 if handle is None:
                     chunks.append((index, None, 0))
                     continue
                 view = buffer[offset : offset + size]
-                _read_exactly(handle, memoryview(view), os.path.join(self._chunk_root, self._chunk_key(index)))
+                _read_exactly(handle, memoryview(view), handle.name)
                 chunks.append((index, view, 0))
                 offset += size
         except OSError as exc:
             raise self._read_error(exc, index) from exc
         finally:
-            for _, handle in files:
+            for _, handle in handles:
                 if handle is not None:
                     handle.close()
         return Fetched(chunks, self._pool, buffer)
