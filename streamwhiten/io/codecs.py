@@ -23,6 +23,7 @@ import zlib
 
 import numpy as np
 
+from .. import _buffers
 from .base import first_line
 
 #: ``--compressor`` names, and what each writes (numcodecs settings; Zarr 3's defaults for zstd).
@@ -116,17 +117,6 @@ class _LZ4(_Step):
         return _u8(LZ4().decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
 
 
-_LOCAL = threading.local()
-
-
-def _scratch(nbytes: int) -> np.ndarray:
-    """This thread's reused buffer of at least ``nbytes`` (a chunk decoded in two steps passes through it)."""
-    buffer = getattr(_LOCAL, "scratch", None)
-    if buffer is None or buffer.size < nbytes:
-        buffer = _LOCAL.scratch = np.empty(nbytes, np.uint8)
-    return buffer[:nbytes]
-
-
 #: Compressed bytes inflated per call: each call's output is a new bytes object, small enough to come
 #: from memory the allocator reuses (a chunk-sized one would be fresh pages, slow to touch, every time).
 _INFLATE_PIECE = 1 << 20
@@ -134,7 +124,7 @@ _INFLATE_PIECE = 1 << 20
 
 class _Zlib(_Step):
     """deflate in a zlib (HDF5 ``gzip``, numcodecs ``zlib``) or gzip (Zarr ``gzip``) wrapper, inflated
-    piece by piece into the caller's buffer (or this thread's scratch buffer, when a step follows)."""
+    piece by piece into the buffer it is given."""
 
     into = True
 
@@ -143,7 +133,7 @@ class _Zlib(_Step):
         self.wbits, self.name = wbits, name
 
     def __call__(self, data, out, nbytes):
-        target = out if out is not None else _scratch(nbytes)
+        target = out if out is not None else np.empty(nbytes, np.uint8)
         inflater = zlib.decompressobj(self.wbits)
         source = memoryview(data)
         done = 0
@@ -161,6 +151,26 @@ class _Zlib(_Step):
         return target
 
 
+def unshuffle(data: np.ndarray, out: np.ndarray, itemsize: int) -> None:
+    """Undo a byte shuffle (HDF5's filter, numcodecs' ``Shuffle``): ``data`` holds byte ``k`` of every
+    element in its ``k``-th plane; ``out`` gets the elements (little-endian byte order of the planes).
+
+    Built with numpy in cache-sized pieces (each element assembled by shifts and ors), which releases
+    the GIL as it works; numcodecs' own loop holds it, and would stall the other worker threads.
+    """
+    count = data.size // itemsize
+    planes = data[: count * itemsize].reshape(itemsize, count)
+    wide = out.reshape(-1)[: count * itemsize].view(f"<u{itemsize}")
+    step = 1 << 17
+    for start in range(0, count, step):
+        stop = min(count, start + step)
+        element = wide[start:stop]
+        np.copyto(element, planes[itemsize - 1, start:stop], casting="unsafe")
+        for plane in range(itemsize - 2, -1, -1):
+            np.left_shift(element, 8, out=element)
+            np.bitwise_or(element, planes[plane, start:stop], out=element, casting="unsafe")
+
+
 class _Shuffle(_Step):
     name, into = "shuffle", True
 
@@ -169,13 +179,17 @@ class _Shuffle(_Step):
         self.itemsize = itemsize
 
     def __call__(self, data, out, nbytes):
-        from numcodecs import Shuffle
-
         if data.size != nbytes:
             raise DecodeError(f"{data.size} bytes to unshuffle, the chunk has {nbytes}")
-        if self.itemsize <= 1:
-            return data
-        return _u8(Shuffle(self.itemsize).decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+        if self.itemsize <= 1 or nbytes % self.itemsize or self.itemsize not in (2, 4, 8):
+            if self.itemsize <= 1:
+                return data
+            from numcodecs import Shuffle
+
+            return _u8(Shuffle(self.itemsize).decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+        target = out if out is not None else np.empty(nbytes, np.uint8)
+        unshuffle(data, target, self.itemsize)
+        return target
 
 
 class _Crc32c(_Step):
@@ -213,42 +227,28 @@ class _Fletcher32(_Step):
 # ------------------------------------------------------------------------------------------- fetched bytes
 
 
-class BytesPool:
-    """Reused byte buffers for the stored bytes of a block's chunks, from its fetch until its decode, so
-    that fetching does not touch fresh memory each time; holds no more than were out at once (a few)."""
-
-    def __init__(self):
-        self._free: list[np.ndarray] = []
-        self._lock = threading.Lock()
-
-    def take(self, nbytes: int) -> np.ndarray:
-        with self._lock:
-            fitting = [buffer for buffer in self._free if buffer.size >= nbytes]
-            if fitting:
-                buffer = min(fitting, key=lambda b: b.size)
-                self._free = [b for b in self._free if b is not buffer]
-                return buffer
-        return np.empty(nbytes + nbytes // 8, np.uint8)  # room for the next block's bytes to vary a little
-
-    def give_back(self, buffer: np.ndarray) -> None:
-        with self._lock:
-            self._free.append(buffer)
-            if len(self._free) > 8:
-                self._free.remove(min(self._free, key=lambda b: b.size))
+def fetch_buffer(nbytes: int, block_bytes: int) -> np.ndarray:
+    """A byte buffer for ``nbytes`` of stored chunk bytes, from the buffers kept between runs (see
+    ``_buffers``): fresh memory is slow to touch. Sized to the block's decoded bytes where those are more
+    (as they nearly always are), so every fetch of a run asks for the same size and reuses the same few;
+    hand it back through :meth:`Fetched.release`."""
+    size = max(int(nbytes), int(block_bytes))
+    return _buffers.take((size,), np.uint8)
 
 
 class Fetched(list):
     """The stored bytes of a row range's chunks, ``[(chunk index, bytes or None where missing, HDF5
-    filter mask)]``, in one buffer of a :class:`BytesPool` that :meth:`release` hands back."""
+    filter mask)]``, in one buffer from :func:`fetch_buffer` that :meth:`release` hands back (once
+    decoded: nothing may read them after)."""
 
-    def __init__(self, chunks, pool: BytesPool | None = None, buffer: np.ndarray | None = None):
+    def __init__(self, chunks, buffer: np.ndarray | None = None):
         super().__init__(chunks)
-        self._pool, self._buffer = pool, buffer
+        self._buffer = buffer
 
     def release(self) -> None:
-        if self._pool is not None and self._buffer is not None:
-            self._pool.give_back(self._buffer)
-        self._pool = self._buffer = None
+        if self._buffer is not None:
+            _buffers.give_back(self._buffer)
+        self._buffer = None
 
 
 # ------------------------------------------------------------------------------------------------ plans
@@ -274,12 +274,22 @@ class DecodePlan:
         target = out.reshape(-1).view(np.uint8)
         data = _u8(stored)
         steps = [s for s in self.steps if s.bit is None or not (filter_mask >> s.bit) & 1]
-        for position, step in enumerate(steps):  # only the last step may write the caller's buffer
-            data = step(data, target if step.into and position == len(steps) - 1 else None, self.nbytes)
-        if data.size != self.nbytes:
-            raise DecodeError(f"decoded to {data.size} bytes, the chunk has {self.nbytes}")
-        if not np.shares_memory(data, target):
-            target[...] = data
+        borrowed = []  # chunk-sized buffers between two steps, reused from run to run (see ``_buffers``)
+        try:
+            for position, step in enumerate(steps):  # only the last step writes the caller's buffer
+                into = None
+                if step.into:
+                    into = target if position == len(steps) - 1 else _buffers.take((self.nbytes,), np.uint8)
+                    if into is not target:
+                        borrowed.append(into)
+                data = step(data, into, self.nbytes)
+            if data.size != self.nbytes:
+                raise DecodeError(f"decoded to {data.size} bytes, the chunk has {self.nbytes}")
+            if not np.shares_memory(data, target):
+                target[...] = data
+        finally:
+            for buffer in borrowed:
+                _buffers.give_back(buffer)
         if not self.dtype.isnative and self.dtype.itemsize > 1:
             swapped = target.view(f"u{self.dtype.itemsize}")
             swapped.byteswap(inplace=True)
@@ -433,8 +443,12 @@ def decode_rows(plan: DecodePlan, chunks, start: int, stop: int, out: np.ndarray
                 plan.decode_into(data, region[plan.nbytes :], mask)
                 widen_in_place(region, plan.nbytes // 2)
             else:
-                chunk = plan.decode_into(data, np.empty((chunk_rows, n_features), stored), mask)
-                target[...] = chunk[lo - first : hi - first]
+                chunk = _buffers.take((chunk_rows, n_features), stored)  # reused: fresh memory is slow to touch
+                try:
+                    plan.decode_into(data, chunk, mask)
+                    target[...] = chunk[lo - first : hi - first]
+                finally:
+                    _buffers.give_back(chunk)
         except DecodeError as exc:
             raise DecodeError(f"{describe(index)}: {exc}") from None
         except Exception as exc:  # a codec library failing on the bytes it was given

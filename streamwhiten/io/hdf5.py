@@ -2,7 +2,8 @@
 1-D arrays (gold scores). The only module that imports h5py (besides ``spec.input_kind``'s signature check).
 
 A filtered (compressed) dataset whose filters ``codecs`` knows (deflate, shuffle, fletcher32, and the
-blosc and zstd plugins' filter ids) is read chunk by chunk with ``read_direct_chunk`` and decoded here,
+blosc and zstd plugins' filter ids) is read chunk by chunk (where ``get_chunk_info`` puts each, through a
+descriptor of our own, as ``read_direct_chunk`` would but without holding the GIL) and decoded here,
 outside h5py's global lock, so worker threads decode at once; HDF5's own pipeline would serialise them.
 
 A sink's file is laid out by HDF5 with every chunk allocated up front at an aligned offset and never
@@ -27,7 +28,7 @@ from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from .base import FILL_HINT, Sink, Source, first_line, io_error
 from .codecs import (
-    H5Z_BLOSC, H5Z_DEFLATE, H5Z_ZSTD, BytesPool, DecodeError, Fetched, check_compressor, chunk_encoder, decode_rows, hdf5_plan,
+    H5Z_BLOSC, H5Z_ZSTD, DecodeError, Fetched, check_compressor, chunk_encoder, decode_rows, fetch_buffer, hdf5_plan,
     widen_in_place,
 )
 from .direct import ChunkFile
@@ -64,7 +65,8 @@ class HDF5Source(Source):
             self._sparse = _unallocated(node)
             #: how its compressed chunks are decoded here (None: HDF5 reads them)
             self.plan = hdf5_plan(node)
-            self._pool = BytesPool()
+                #: our own descriptor for reading stored chunks (``get_chunk_info`` gives absolute offsets)
+            self._fd = os.open(path, os.O_RDONLY) if self.plan is not None else None
         except BaseException:
             self._file.close()
             raise
@@ -80,8 +82,8 @@ class HDF5Source(Source):
     def fetch(self, start, stop):
         """The stored bytes of the chunks rows ``[start, stop)`` touch, for :meth:`read_into` to decode:
         ``[(chunk index, bytes or None where unwritten and filled, filter mask)]``; None where chunks are
-        not decoded here. The I/O half of a read (``read_direct_chunk``, a copy under h5py's lock),
-        which a caller may run ahead in another thread."""
+        not decoded here. The I/O half of a read (a copy from the page cache, or disk reads), which a
+        caller may run ahead in another thread."""
         if self.plan is None or stop <= start:
             return None
         if not 0 <= start <= stop <= self.n_rows:
@@ -94,21 +96,30 @@ class HDF5Source(Source):
                 info = self._node.id.get_chunk_info_by_coord((index * rows, 0))
             except (OSError, ValueError, RuntimeError) as exc:
                 self._raise_read_error(exc, index * rows, min(self.n_rows, (index + 1) * rows))
-            found.append((index, None if info is None or info.byte_offset is None else info.size))
-        buffer = self._pool.take(sum(size or 0 for _, size in found))
+            found.append((index, None if info is None or info.byte_offset is None else info))
+        buffer = fetch_buffer(sum(info.size for _, info in found if info is not None),
+                              (stop - start) * self.n_features * self.dtype.itemsize)
         chunks, offset = [], 0
-        for index, size in found:
-            if size is None:  # unwritten, and filled (refused above otherwise)
+        for index, info in found:
+            if info is None:  # unwritten, and filled (refused above otherwise)
                 chunks.append((index, None, 0))
                 continue
-            view = buffer[offset : offset + size]
-            try:
-                mask, _ = self._node.id.read_direct_chunk((index * rows, 0), out=view)
-            except (OSError, ValueError, RuntimeError) as exc:
-                self._raise_read_error(exc, index * rows, min(self.n_rows, (index + 1) * rows))
-            chunks.append((index, view, mask))
-            offset += size
-        return Fetched(chunks, self._pool, buffer)
+            view = buffer[offset : offset + info.size]
+            try:  # through a descriptor of our own: h5py would hold the GIL for the whole copy
+                done = 0
+                while done < info.size:
+                    count = os.preadv(self._fd, [view[done:]], info.byte_offset + done)
+                    if count == 0:
+                        raise CorruptStoreError(
+                            f"{self.label}: rows {index * rows}..{min(self.n_rows, (index + 1) * rows) - 1} cannot be "
+                            f"read, the file is truncated (it ends inside their chunk)")
+                    done += count
+            except OSError as exc:
+                raise StoreIOError(f"{self.label}: cannot read rows {index * rows}.."
+                                   f"{min(self.n_rows, (index + 1) * rows) - 1}: {io_error(exc)}") from exc
+            chunks.append((index, view, info.filter_mask))
+            offset += info.size
+        return Fetched(chunks, buffer)
 
     def read_into(self, start, stop, out, fetched=None):
         """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
@@ -169,6 +180,9 @@ class HDF5Source(Source):
         return dict(self._node.attrs)
 
     def close(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
         if self._file.id.valid:
             self._file.close()
 

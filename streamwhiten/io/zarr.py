@@ -27,7 +27,7 @@ from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreI
 from . import durable
 from .base import Sink, Source, first_line, io_error
 from .codecs import (
-    BytesPool, DecodeError, Fetched, check_compressor, chunk_encoder, decode_rows, numcodecs_codec, widen_in_place,
+    DecodeError, Fetched, check_compressor, chunk_encoder, decode_rows, fetch_buffer, numcodecs_codec, widen_in_place,
     zarr_plan,
 )
 from .direct import ChunkFile
@@ -96,7 +96,6 @@ class ZarrSource(Source):
         if self.raw_root is None and isinstance(node.store, LocalStore) and not getattr(node, "shards", None):
             self.plan = zarr_plan(node)
         self._chunk_root = os.path.join(str(node.store.root), node.path) if self.plan is not None else None
-        self._pool = BytesPool()
         # The grid chunk keys are made on: shards where the array is sharded, else its chunks.
         self._grid = tuple(int(n) for n in (getattr(node, "shards", None) or node.chunks))
 
@@ -127,7 +126,7 @@ class ZarrSource(Source):
                         self._raise_missing(index)
                     handles.append((index, None))
             sizes = [0 if handle is None else os.fstat(handle.fileno()).st_size for _, handle in handles]
-            buffer = self._pool.take(sum(sizes))
+            buffer = fetch_buffer(sum(sizes), (stop - start) * self.n_features * self.dtype.itemsize)
             chunks, offset = [], 0
             for (index, handle), size in zip(handles, sizes):
                 if handle is None:
@@ -143,7 +142,7 @@ class ZarrSource(Source):
             for _, handle in handles:
                 if handle is not None:
                     handle.close()
-        return Fetched(chunks, self._pool, buffer)
+        return Fetched(chunks, buffer)
 
     def _read_error(self, exc, index) -> StoreIOError:
         lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
