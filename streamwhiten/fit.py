@@ -458,10 +458,11 @@ def run_job(
     job resumed from a checkpoint keeps the thread count it was started with (``job.threads``).
 
     Memory: one block buffer per worker (float32 for a float16 store), plus, for stores whose
-    compressed chunks are decoded here, the stored bytes of at most ``workers + 1`` blocks (the blocks
-    in flight: fetched ahead by a reader thread, or being decoded), and a chunk-sized buffer while a
-    chunk the block covers only in part (the store's last) is decoded. So at most about
-    ``workers + (workers + 1) x compression ratio`` blocks, under ``2 x workers + 1`` blocks.
+    compressed chunks are decoded here, the stored bytes of at most ``workers + 1`` blocks (the blocks in
+    flight: fetched ahead by a reader thread, or being decoded), each in a buffer the size of a decoded
+    block, and per worker one chunk-sized buffer while a chain of two decoding steps (deflate, then
+    shuffle) or a chunk the block covers only in part is decoded. So at most ``2 x workers + 1``
+    blocks and ``workers`` chunks; the buffers are kept for the next run (see ``_buffers``).
     """
     began = time.perf_counter()
     last_checkpoint = began

@@ -344,3 +344,12 @@ def test_job_file_compressor(tmp_path, applied):
     job.write_text(job.read_text().replace('"zstd"', '"lzma"'))
     with pytest.raises(BadInputError, match="compressor in \\[apply\\]"):
         load_job(str(job))
+
+
+def test_hdf5_chunks_are_found_past_a_user_block(tmp_path):
+    """Stored chunks are read through our own descriptor at the offsets HDF5 reports: a file with a user
+    block (its data shifted by it) must read the same."""
+    rows = rows_of("<f4")
+    with h5py.File(tmp_path / "u.h5", "w", userblock_size=4096) as handle:
+        handle.create_dataset("emb", data=rows, chunks=(CHUNK, FEATURES), compression="gzip", shuffle=True)
+    check_reads_match(f"{tmp_path / 'u.h5'}:/emb", rows, True)
