@@ -85,29 +85,50 @@ def row_pool(n_features: int, seed: int = 0) -> np.ndarray:
 
 
 def write_tiled_store(path: str, n_rows: int, n_features: int, chunk_rows: int, compressor: str | None = None,
-                      seed: int = 0) -> str:
-    """An ``n_rows x n_features`` float32 store (HDF5 or Zarr by suffix) built from a tiled row pool.
+                      seed: int = 0, codec: str | None = None, dtype="float32") -> str:
+    """An ``n_rows x n_features`` store (HDF5 or Zarr by suffix) built from a tiled row pool.
 
     Each tile gets its own small offset so no two chunks are equal. Generation costs little more than
-    the write, so stores larger than memory are practical.
+    the write, so stores larger than memory are practical. ``compressor`` is a blosc compressor name
+    (Zarr); ``codec`` one of :data:`CODECS` (Zarr 3's default zstd, blosc-lz4 with byte shuffle, HDF5's
+    gzip 4 with shuffle, the blosc and zstd HDF5 plugins, uncompressed); ``dtype`` float32 or float16.
     """
     import h5py
     import zarr
 
     pool = row_pool(n_features, seed)
+    dtype = np.dtype(dtype)
     if path.endswith(".zarr"):
-        compressors = None
+        options = {"compressors": None}
         if compressor:
             from zarr.codecs import BloscCodec
 
-            compressors = [BloscCodec(cname=compressor, clevel=3, shuffle="shuffle")]
+            options = {"compressors": [BloscCodec(cname=compressor, clevel=3, shuffle="shuffle")]}
+        elif codec == "zstd":
+            options = {}  # zarr 3's default: zstd level 0
+        elif codec == "blosc-lz4":
+            from zarr.codecs import BloscCodec
+
+            options = {"compressors": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")]}
+        elif codec not in (None, "none"):
+            raise ValueError(f"no Zarr codec {codec!r} here")
         array = zarr.create_array(store=path, shape=(n_rows, n_features), chunks=(chunk_rows, n_features),
-                                  dtype="float32", compressors=compressors, overwrite=True)
+                                  dtype=dtype, overwrite=True, **options)
         handle, spec = None, path
     else:
+        options = {}
+        if codec == "gzip":
+            options = {"compression": "gzip", "compression_opts": 4, "shuffle": True}
+        elif codec in ("blosc-lz4", "zstd"):
+            import hdf5plugin
+
+            options = dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)
+                           if codec == "blosc-lz4" else hdf5plugin.Zstd())
+        elif codec not in (None, "none"):
+            raise ValueError(f"no HDF5 codec {codec!r} here")
         handle = h5py.File(path, "w")
-        array = handle.create_dataset("embeddings", shape=(n_rows, n_features), dtype="float32",
-                                      chunks=(chunk_rows, n_features))
+        array = handle.create_dataset("embeddings", shape=(n_rows, n_features), dtype=dtype,
+                                      chunks=(chunk_rows, n_features), **options)
         spec = f"{path}:/embeddings"
     try:
         step = chunk_rows * max(1, (256 << 20) // (chunk_rows * n_features * 4))
@@ -117,7 +138,7 @@ def write_tiled_store(path: str, n_rows: int, n_features: int, chunk_rows: int, 
             for offset in range(0, stop - start, pool.shape[0]):
                 rows = min(pool.shape[0], stop - start - offset)
                 block[offset : offset + rows] = pool[:rows] + np.float32(1e-3 * ((start + offset) // pool.shape[0]))
-            array[start:stop] = block[: stop - start]
+            array[start:stop] = block[: stop - start].astype(dtype, copy=False)
     finally:
         if handle is not None:
             handle.close()

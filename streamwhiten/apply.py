@@ -24,13 +24,19 @@ from .errors import (
 )
 from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
 from .io import (
-    create_sink, fingerprint, open_source, output_exists, output_kind, read_attrs, refuse_input_overlap, remote,
-    resume_sink, sink_chunk_rows, split_spec,
+    check_output_compressor, create_sink, fingerprint, open_source, output_exists, output_kind, read_attrs,
+    refuse_input_overlap, remote, resume_sink, sink_chunk_rows, split_spec,
 )
 
 
-#: Worker threads of :func:`apply_model` when none are given.
+#: Worker threads of :func:`apply_model` when none are given, for an input read as stored; an input
+#: whose compressed chunks are decoded here gets one per core (at most four), so cores decode at once.
 APPLY_DEFAULT_THREADS = 1
+
+
+def default_threads(source) -> int:
+    """:func:`apply_model`'s worker threads for ``source`` when none are given."""
+    return resolve_threads(None) if source.plan is not None else APPLY_DEFAULT_THREADS
 
 
 def check_output(model: WhiteningModel, source, output_spec: str) -> None:
@@ -42,11 +48,19 @@ def check_output(model: WhiteningModel, source, output_spec: str) -> None:
     refuse_input_overlap({output_spec: "output"}, [source.path])
 
 
-def recorded_options(output_spec: str, skip_nonfinite: bool, fill_missing_chunks: bool, zarr_format: int) -> dict:
+#: What an output written before an option existed was written with (missing from its attributes).
+_OPTION_DEFAULTS = {"compressor": "none"}
+
+
+def recorded_options(output_spec: str, skip_nonfinite: bool, fill_missing_chunks: bool, zarr_format: int,
+                     compressor: str = "none") -> dict:
     """The options an output records because they change what is written (or whether it can be)."""
     options = {"skip_nonfinite": bool(skip_nonfinite), "fill_missing_chunks": bool(fill_missing_chunks)}
-    if output_kind(split_spec(output_spec)[0]) == "zarr":
+    kind = output_kind(split_spec(output_spec)[0])
+    if kind == "zarr":
         options["zarr_format"] = int(zarr_format)
+    if kind in ("zarr", "hdf5"):
+        options["compressor"] = str(compressor)
     return options
 
 
@@ -66,7 +80,7 @@ def output_is_current(output_spec: str, checksum: str, source_sha256: str, norma
     return (attrs.get("complete") in (True, 1) and attrs.get("model_checksum") == checksum
             and attrs.get("source_sha256") == source_sha256 and bool(attrs.get("normalized")) == bool(normalize)
             and np.dtype(stored_dtype) == np.dtype(dtype)
-            and all(key in attrs and attrs[key] == value for key, value in (options or {}).items())
+            and all(attrs.get(key, _OPTION_DEFAULTS.get(key)) == value for key, value in (options or {}).items())
             and list(attrs.get("kept_columns") or []) == list(keep_columns or []))
 
 
@@ -181,8 +195,13 @@ def apply_model(
     direct_io: bool = True,
     fill_missing_chunks: bool = False,
     keep_columns=None,
+    compressor: str = "none",
 ) -> dict:
     """Write ``transform(rows)`` for every row of ``input_spec`` to ``output_spec``; returns a summary.
+
+    ``compressor`` (``none``, ``zstd``, ``blosc`` or ``gzip``; HDF5 and Zarr outputs) compresses each
+    output chunk in the writer thread, in a form plain zarr or h5py reads (HDF5 zstd and blosc: with the
+    hdf5plugin filters); the output records it, so a rerun with another compressor writes it again.
 
     ``keep_columns`` (Parquet or Lance input and a Parquet output) names input columns copied into the
     output row for row, beside the vectors (ids, say).
@@ -196,21 +215,27 @@ def apply_model(
     ``threads`` worker threads each read and transform whole blocks, which a writer thread writes in
     row order while the next block is computed. The default, 1, computes in this thread with
     multi-threaded BLAS: concurrent blocks were measured to slow each other down on a 2-core machine
-    (see the README's performance section); more threads can pay on more cores. With ``direct_io``
+    (see the README's performance section); more threads can pay on more cores. An input whose
+    compressed chunks are decoded here defaults to one thread per core (at most four), decoding at
+    once, with a reader thread fetching the stored bytes of the next blocks ahead. With ``direct_io``
     whole output chunks are written around the page cache (``O_DIRECT``), which uses no CPU and so
     overlaps with the computation; ``False`` leaves the output in the page cache instead.
     """
     began = time.perf_counter()
+    if threads is not None:
+        resolve_threads(threads)  # a bad value is refused before anything is opened
     keep_columns = check_keep_columns(keep_columns)
+    check_output_compressor(output_spec, compressor)
     source = open_source(input_spec, dataset, min_rows=1, fill_missing_chunks=fill_missing_chunks)
     try:
-        # A remote input is read by several threads at once (reads wait on the network).
-        threads = resolve_threads(remote.default_threads(threads, [source]), default=APPLY_DEFAULT_THREADS)
+        # A remote input is read by several threads at once (reads wait on the network); a compressed one
+        # is decoded by one per core.
+        threads = resolve_threads(remote.default_threads(threads, [source]), default=default_threads(source))
         check_output(model, source, output_spec)
         kept_schema = source.column_schema(keep_columns) if keep_columns else None
         out_path, _ = split_spec(output_spec)
         checksum = model_checksum(model)
-        options = recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format)
+        options = recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format, compressor)
         source_print = fingerprint(source)
         source_sha256 = source_print["sha256_sampled"]
         if output_exists(out_path) and not overwrite:
@@ -235,6 +260,8 @@ def apply_model(
             "block_rows": rows_per_block, "skip_nonfinite": bool(skip_nonfinite),
             "threads": threads,  # BLAS rounding can depend on its threads per call: a resume must match
         }
+        if compressor != "none":
+            job["compressor"] = compressor
         if keep_columns:
             job["keep_columns"] = keep_columns
         sink, start, n_nonfinite = resume_sink(output_spec, job, direct_io) if resume else (None, 0, 0)
@@ -242,7 +269,7 @@ def apply_model(
         if sink is None:
             attrs = output_attrs(model, source, normalize, source_sha256, checksum, options, keep_columns)
             sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
-                               chunk_rows, direct_io, kept_schema)
+                               chunk_rows, direct_io, kept_schema, compressor)
         last_record = time.perf_counter()
         block_shape = (min(rows_per_block, source.n_rows), source.n_features)
         inputs = PerThread(block_shape, source.dtype)
@@ -250,8 +277,11 @@ def apply_model(
         products = BufferPool((block_shape[0], model.n_components), work)
         converted = None if sink.dtype == work else BufferPool((block_shape[0], model.n_components), sink.dtype)
 
-        def whiten(begin, end):  # in a worker thread: read into its buffer, centre there, project
-            rows = source.read_into(begin, end, inputs.get())
+        def whiten(begin, end, fetched=None):  # in a worker thread: read into its buffer, centre there, project
+            if fetched is None:
+                rows = source.read_into(begin, end, inputs.get())
+            else:  # decode the stored bytes fetched ahead
+                rows = source.read_into(begin, end, inputs.get(), fetched=fetched.result())
             kept = source.read_columns(begin, end, keep_columns) if keep_columns else None
             product = products.take()
             buffer = None if converted is None else converted.take()
@@ -278,9 +308,18 @@ def apply_model(
 
         # Fewer blocks in the whole input than threads: fewer workers, each with more BLAS threads.
         workers = min(threads, max(1, source.n_blocks(rows_per_block)))
+        # Stored (compressed) bytes of the next blocks are fetched ahead by a reader thread: at most the
+        # ``workers + 1`` blocks ordered_map has in flight.
+        reader = (ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")
+                  if workers > 1 and source.plan is not None else None)
+
+        def tasks():
+            for begin, end in source.blocks(rows_per_block, start):
+                yield (begin, end) if reader is None else (begin, end, reader.submit(source.fetch, begin, end))
+
         with sink, kept_for_next_run(inputs, products, converted):  # after the writer and workers stopped
             writer = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-write")
-            results = ordered_map(whiten, source.blocks(rows_per_block, start), workers, worker_blas_threads(workers))
+            results = ordered_map(whiten, tasks(), workers, worker_blas_threads(workers))
             try:
                 for begin, end, out, nonfinite, kept, release in results:  # written in row order by the writer
                     n_nonfinite += nonfinite
@@ -300,6 +339,8 @@ def apply_model(
                 finish_writes()
             finally:
                 results.close()
+                if reader is not None:
+                    reader.shutdown(wait=True, cancel_futures=True)
                 _join(writer)  # no write may still be running when the sink is closed, committed or removed
             sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite})
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)

@@ -310,6 +310,10 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @click.option("--keep-columns", default=None, metavar="NAMES",
               help="Copy these comma-separated input columns (Parquet or Lance input) into the Parquet or Lance "
                    "output, row for row beside the vectors, e.g. --keep-columns id,url.")
+@click.option("--compressor", type=click.Choice(["none", "zstd", "blosc", "gzip"]), default="none", show_default=True,
+              help="Serial engine, HDF5 or Zarr output: compress each output chunk in the writer thread (zstd level 3, "
+                   "blosc lz4 level 5 with byte shuffle, or gzip level 4 with shuffle on HDF5), readable by plain zarr "
+                   "and h5py (HDF5 zstd and blosc: with hdf5plugin installed).")
 @click.option("--direct-io/--no-direct-io", default=None,
               help="Serial engine: write whole output chunks around the page cache (O_DIRECT, where the file system "
                    "allows it; the default): no CPU spent copying, and the cached input is left alone. "
@@ -320,7 +324,7 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 @common_json
 def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_components, variance, eps, normalize, dtype,
           chunk_rows, zarr_format, skip_nonfinite, restart, checkpoint_seconds, overwrite, fill_missing_chunks, keep_columns,
-          direct_io, engine, scheduler, workers, threads, quiet, as_json):
+          compressor, direct_io, engine, scheduler, workers, threads, quiet, as_json):
     """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store.
 
     An interrupted run leaves a hidden partial output that the same command resumes.
@@ -335,6 +339,8 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
         raise BadInputError("--direct-io/--no-direct-io is for the serial engine (Dask workers write through zarr)")
     if engine == "dask" and keep_columns:
         raise BadInputError("--keep-columns is for the serial engine (the Dask engine writes Zarr)")
+    if engine == "dask" and compressor != "none":
+        raise BadInputError("--compressor is for the serial engine (the Dask engine writes uncompressed Zarr)")
     model = load_model(model_path)
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params:
@@ -353,7 +359,7 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
                                   skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart,
                                   progress_seconds=checkpoint_seconds, threads=threads,
                                   direct_io=direct_io is not False, fill_missing_chunks=fill_missing_chunks,
-                                  keep_columns=keep_columns)
+                                  keep_columns=keep_columns, compressor=compressor)
     _emit(as_json, summary, [
         f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
         f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "

@@ -11,7 +11,9 @@ written atomically with a checksum. (A *job* is a ``job.toml`` batch run, see ``
 
 Each block is read, centred and multiplied by one of a few worker threads (see ``_threads``), with
 reused buffers per thread (see ``_buffers``), while the others work on the next blocks; this thread
-folds the results in block order.
+folds the results in block order. Where a store's chunks are compressed and decoded by streamwhiten
+(``io.codecs``), a reader thread fetches the stored bytes of the next blocks ahead of the workers, which
+decode them straight into their block buffers (see :func:`run_job` for the memory this takes).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -426,39 +429,53 @@ def check_sources_unchanged(job: FitPlan, checkpoint_path: str) -> None:
 # --------------------------------------------------------------------------------------------- running
 
 
+def _read_dtype(dtype) -> np.dtype:
+    """The dtype a source's blocks are read in: its own, but float32 for float16 (widened as read, where
+    the backend can; see :func:`_read_block_moments`)."""
+    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
+
+
 def _block_buffers(job: FitPlan) -> tuple[PerThread, PerThread]:
     """Two reused byte buffers per worker thread: one large enough for a block of the widest dtype among
-    the sources still to read, which each source's blocks are read into as that source's dtype; and one
-    for a block in float64, taken only where rows are centred into another dtype than they were read in
-    (float32 rows with ``precision='float64'``)."""
+    the sources still to read, which each source's blocks are read into as that source's dtype (float32
+    for float16); and one for a block in float64, taken only where rows are centred into another dtype
+    than they were read in (float32 rows with ``precision='float64'``)."""
     remaining = [cursor for cursor in job.cursors if not cursor.done] or job.cursors
-    itemsize = max(np.dtype(c.fingerprint["dtype"]).itemsize for c in remaining)
+    itemsize = max(_read_dtype(c.fingerprint["dtype"]).itemsize for c in remaining)
     rows = max(1, min(job.block_rows, job.rows_total - job.rows_done))
     n_features = remaining[0].fingerprint["n_features"]
     return PerThread((rows * n_features * itemsize,), np.uint8), PerThread((rows * n_features * 8,), np.uint8)
 
 
-def _block_tasks(job: FitPlan, opened: list, buffers: tuple):
+def _block_tasks(job: FitPlan, opened: list, buffers: tuple, reader: ThreadPoolExecutor | None = None):
     """One task per remaining block of ``job``, source by source; opens each source as it is reached
-    (appending it to ``opened``)."""
+    (appending it to ``opened``). With a ``reader`` thread, a source whose chunks are decoded here has
+    the stored bytes of each block fetched there as soon as its task is made (ahead of the workers)."""
     for index, cursor in enumerate(job.cursors):
         if cursor.done:
             continue
         source = open_source(cursor.spec, fill_missing_chunks=job.fill_missing_chunks)
         opened.append(source)
+        ahead = reader is not None and source.plan is not None
         for begin, end in source.blocks(job.block_rows, cursor.next_row, cursor.stop):
-            yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite
+            fetched = reader.submit(source.fetch, begin, end) if ahead else None
+            yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite, fetched
 
 
-def _read_block_moments(index, begin, end, source, buffers, precision, skip_nonfinite) -> tuple:
-    """The work of one block in a worker thread: read it into this thread's buffer, then its moments
-    (centred in that buffer, or in this thread's second one when the working dtype differs)."""
+def _read_block_moments(index, begin, end, source, buffers, precision, skip_nonfinite, fetched=None) -> tuple:
+    """The work of one block in a worker thread: read it into this thread's buffer (decoding the stored
+    bytes ``fetched`` ahead, where given; widening float16 to float32 where the backend can), then its
+    moments (centred in that buffer, or in this thread's second one when the working dtype differs)."""
     reads, workspaces = buffers
     shape = (end - begin, source.n_features)
-    rows = source.read_into(begin, end, as_array(reads.get(), shape, source.dtype))
-    work = stats.working_dtype(source.dtype, precision)
+    dtype = _read_dtype(source.dtype) if source.widens_float16 else source.dtype
+    if fetched is not None:
+        rows = source.read_into(begin, end, as_array(reads.get(), shape, dtype), fetched=fetched.result())
+    else:
+        rows = source.read_into(begin, end, as_array(reads.get(), shape, dtype))
+    work = stats.working_dtype(rows.dtype, precision)
     workspace = None
-    if work != source.dtype and source.dtype != np.float16:  # float16 is widened in a copy of its own
+    if work != rows.dtype and rows.dtype != np.float16:  # float16 is widened in a copy of its own
         workspace = as_array(workspaces.get(), shape, work)
     moments, skipped = reduce_block(rows, begin, source.label, precision, skip_nonfinite, True, workspace)
     return index, begin, end, moments, skipped, source
@@ -480,6 +497,13 @@ def run_plan(
     a final checkpoint is written and :class:`InterruptedRunError` raised. ``threads`` worker threads
     (default: one per core, at most four) each read and reduce whole blocks, folded in block order; a
     plan resumed from a checkpoint keeps the thread count it was started with (``job.threads``).
+
+    Memory: one block buffer per worker (float32 for a float16 store), plus, for stores whose
+    compressed chunks are decoded here, the stored bytes of at most ``workers + 1`` blocks (the blocks in
+    flight: fetched ahead by a reader thread, or being decoded), each in a buffer the size of a decoded
+    block, and per worker one chunk-sized buffer while a chain of two decoding steps (deflate, then
+    shuffle) or a chunk the block covers only in part is decoded. So at most ``2 x workers + 1``
+    blocks and ``workers`` chunks; the buffers are kept for the next run (see ``_buffers``).
     """
     began = time.perf_counter()
     last_checkpoint = began
@@ -500,8 +524,11 @@ def run_plan(
     workers = min(job.threads, max(1, job.blocks_total))
     opened: list[Source] = []
     buffers = _block_buffers(job)
+    # Fetches stored chunk bytes ahead (I/O, or a copy from the page cache) while the workers decode
+    # and multiply; at most ordered_map's ``workers + 1`` blocks in flight are fetched or held.
+    reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read") if workers > 1 else None
     with kept_for_next_run(*buffers):  # once the workers have stopped
-        results = ordered_map(_read_block_moments, _block_tasks(job, opened, buffers), workers,
+        results = ordered_map(_read_block_moments, _block_tasks(job, opened, buffers, reader), workers,
                               worker_blas_threads(workers))
         try:
             for index, begin, end, moments, skipped, source in results:
@@ -525,6 +552,8 @@ def run_plan(
                     raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
         finally:
             results.close()  # stops the workers before their sources are closed
+            if reader is not None:
+                reader.shutdown(wait=True, cancel_futures=True)
             for source in opened:
                 source.close()
     job.seconds += time.perf_counter() - began

@@ -241,7 +241,7 @@ _KEYS = {
                                                           "checkpoint_every", "checkpoint_seconds", "threads")}},
     "apply": {"output": str, "keep_columns": (list, str),
               **{name: _PARAM for name in ("normalize", "dtype", "zarr_format", "chunk_rows", "skip_nonfinite",
-                                           "threads", "direct_io")}},
+                                           "threads", "direct_io", "compressor")}},
 }
 
 
@@ -490,7 +490,7 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
         if spec.apply is not None:
             checksum = model_checksum(model)
             options = {key: spec.apply[key] for key in ("normalize", "dtype", "zarr_format", "skip_nonfinite", "threads",
-                                                        "direct_io", "keep_columns") if key in spec.apply}
+                                                        "direct_io", "keep_columns", "compressor") if key in spec.apply}
             if "chunk_rows" in spec.apply:
                 options["block_rows"] = spec.apply["chunk_rows"]
             for input_spec, output in outputs.items():
@@ -498,7 +498,7 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
                     source_sha = fingerprint(source)["sha256_sampled"]
                     label = source.label
                 recorded = recorded_options(output, options.get("skip_nonfinite", False), spec.fill_missing_chunks,
-                                            options.get("zarr_format", 3))
+                                            options.get("zarr_format", 3), options.get("compressor", "none"))
                 if output_is_current(output, checksum, source_sha, options.get("normalize", False),
                                      options.get("dtype", "float32"), recorded,
                                      check_keep_columns(options.get("keep_columns"))):

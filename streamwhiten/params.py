@@ -117,6 +117,7 @@ PARAMS: dict[str, Param] = _params(
     Param("dtype", str, "float32", '"float32" or "float16"', choices=("float32", "float16")),
     Param("zarr_format", int, 3, "2 or 3", choices=(2, 3)),
     Param("direct_io", bool, True, "true or false"),
+    Param("compressor", str, "none", '"none", "zstd", "blosc" or "gzip"', choices=("none", "zstd", "blosc", "gzip")),
     Param("output_chunk_rows", int, None, _COUNT, 1, none=True),
     # the Dask engine
     Param("workers", int, None, _COUNT, 1, none=True),

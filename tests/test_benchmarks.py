@@ -43,3 +43,21 @@ def test_benchmark_reruns_in_the_same_workdir(tmp_path, script):
                                  str(tmp_path / "work"), "--results", str(tmp_path)],
                                 capture_output=True, text=True, cwd=REPO / "benchmarks", timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_fit_throughput_compressed_section_smoke(tmp_path):
+    """The compressed-store section (issue #18) runs on tiny stores and records every store's limit,
+    bare product, dask product, fit and apply; no timing is asserted."""
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fit_throughput.py"), "--quick", "--sections",
+                             "compressed", "--results", str(tmp_path)],
+                            capture_output=True, text=True, cwd=REPO / "benchmarks", timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    payload = json.loads(next(tmp_path.glob("*.json")).read_text())
+    rows = payload["compressed"]
+    assert [row["store"] for row in rows] == ["zarr-zstd", "zarr-blosc-lz4", "hdf5-gzip", "hdf5-raw", "zarr-zstd-f16",
+                                              "hdf5-gzip-f16"]
+    for row in rows:
+        for key in ("limit_rows_s", "bare_rows_s", "dask_rows_s", "fit_rows_s", "apply_rows_s", "apply_limit_rows_s"):
+            assert row[key] > 0, (row["store"], key)
+        assert isinstance(row["meets"], bool)
+    assert "compressed stores" in result.stdout

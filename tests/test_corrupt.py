@@ -14,7 +14,10 @@ a copy or an interrupted writer damage them:
 line on stderr naming the store -- and, for a missing chunk, the rows the chunk covers -- with no
 RuntimeWarning or other extra line, and without leaving a model, an output or a hidden partial file.
 Finite garbage inside an *uncompressed* chunk cannot be told from data (there is no checksum), so it is
-not among the cases.
+not among the cases -- except where a checksum guards the chunk (HDF5 fletcher32, Zarr 3 crc32c): there
+a few flipped bits in a chunk ("flipped-bits") must be refused too. Compressed chunks are decoded by
+streamwhiten itself (``io.codecs``), so every codec it decodes is among the kinds: zstd, blosc and gzip
+in Zarr (v2 and v3), deflate + shuffle, fletcher32 and the blosc and zstd plugin filters in HDF5.
 
 A missing Zarr chunk may be read as the array's fill value only when asked: ``--fill-missing-chunks``
 on ``fit``/``apply``, ``Whitener(fill_missing_chunks=True)``.
@@ -39,23 +42,48 @@ BROKEN = 2  # index of the damaged chunk: rows 200..299
 FIRST, LAST = BROKEN * CHUNK, (BROKEN + 1) * CHUNK - 1
 
 #: store kind -> how it is written
+def _zarr3_codecs(name):
+    from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec
+
+    return {"blosc": [BloscCodec(cname="lz4", shuffle="shuffle")], "crc32c": [Crc32cCodec()],
+            "gzip-crc32c": [GzipCodec(level=3), Crc32cCodec()]}[name]
+
+
+def _hdf5_plugin(name):
+    import hdf5plugin
+
+    return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE) if name == "blosc"
+                else hdf5plugin.Zstd())
+
+
 KINDS = {
     "h5": {"format": "hdf5", "compression": None},
     "h5-gzip": {"format": "hdf5", "compression": "gzip"},
+    "h5-gzip-shuffle-fletcher32": {"format": "hdf5", "options": {"compression": "gzip", "shuffle": True,
+                                                                 "fletcher32": True}},
+    "h5-fletcher32": {"format": "hdf5", "options": {"fletcher32": True}},
+    "h5-blosc": {"format": "hdf5", "plugin": "blosc"},
+    "h5-zstd": {"format": "hdf5", "plugin": "zstd"},
     "zarr3": {"format": "zarr", "zarr_format": 3, "compressed": False},
     "zarr3-zstd": {"format": "zarr", "zarr_format": 3, "compressed": True},
+    "zarr3-blosc": {"format": "zarr", "zarr_format": 3, "codecs": "blosc"},
+    "zarr3-crc32c": {"format": "zarr", "zarr_format": 3, "codecs": "crc32c"},
+    "zarr3-gzip-crc32c": {"format": "zarr", "zarr_format": 3, "codecs": "gzip-crc32c"},
     "zarr2": {"format": "zarr", "zarr_format": 2, "compressed": True},  # zarr's default v2 compressor (zstd)
     "zarr2-raw": {"format": "zarr", "zarr_format": 2, "compressed": False},
     "npy": {"format": "npy"},
 }
-COMPRESSED = ["h5-gzip", "zarr3-zstd", "zarr2"]
+COMPRESSED = ["h5-gzip", "h5-gzip-shuffle-fletcher32", "h5-blosc", "h5-zstd", "zarr3-zstd", "zarr3-blosc",
+              "zarr3-gzip-crc32c", "zarr2"]
+CHECKSUMMED = ["h5-fletcher32", "h5-gzip-shuffle-fletcher32", "zarr3-crc32c", "zarr3-gzip-crc32c"]
 CHUNKED = [kind for kind in KINDS if kind != "npy"]
 ZARR = [kind for kind in KINDS if kind.startswith("zarr")]
 
 DAMAGES = {
     "missing-chunk": CHUNKED,
     "truncated-chunk": CHUNKED,
-    "garbage-chunk": COMPRESSED,  # finite garbage in an uncompressed chunk is undetectable (no checksum)
+    "garbage-chunk": COMPRESSED + ["zarr3-crc32c", "h5-fletcher32"],  # finite garbage in an unchecked raw chunk is undetectable
+    "flipped-bits": CHECKSUMMED,  # the chunk still decodes: only its checksum can tell
     "shrunk-file": ["h5", "h5-gzip", "npy"],
 }
 CASES = [(kind, damage) for damage, kinds in DAMAGES.items() for kind in kinds]
@@ -89,15 +117,21 @@ def write_store(directory, kind: str, rows: np.ndarray, skip_chunk: int | None =
         np.save(path, rows)
         return path, path
     if how["format"] == "hdf5":
+        options = (_hdf5_plugin(how["plugin"]) if "plugin" in how
+                   else how.get("options", {"compression": how.get("compression")}))
         with h5py.File(path, "w") as handle:
             dataset = handle.create_dataset("emb", shape=rows.shape, dtype=rows.dtype, chunks=(CHUNK, FEATURES),
-                                            compression=how["compression"])
+                                            **options)
             for index in range(-(-rows.shape[0] // CHUNK)):
                 if index != skip_chunk:
                     dataset[index * CHUNK : (index + 1) * CHUNK] = rows[index * CHUNK : (index + 1) * CHUNK]
         return f"{path}:/emb", path
+    if "codecs" in how:
+        codecs = {"compressors": _zarr3_codecs(how["codecs"])}
+    else:
+        codecs = {} if how["compressed"] else {"compressors": None}
     array = zarr.create_array(store=path, shape=rows.shape, chunks=(CHUNK, FEATURES), dtype=rows.dtype,
-                              zarr_format=how["zarr_format"], **({} if how["compressed"] else {"compressors": None}))
+                              zarr_format=how["zarr_format"], **codecs)
     array[...] = rows
     if skip_chunk is not None:
         os.remove(zarr_chunk_file(path, kind, skip_chunk))
@@ -132,6 +166,16 @@ def damaged_store(directory, kind: str, damage: str, rows: np.ndarray) -> tuple[
     elif damage == "truncated-chunk":  # the file ends inside the chunk's data
         offset, size = hdf5_chunk(path, BROKEN)
         os.truncate(path, offset + size // 2)
+    elif damage == "flipped-bits":  # a few bits in the middle of the chunk: it still decodes, to other values
+        if fmt == "zarr":
+            offset, size, target = 0, os.path.getsize(zarr_chunk_file(path, kind, BROKEN)), zarr_chunk_file(path, kind, BROKEN)
+        else:
+            (offset, size), target = hdf5_chunk(path, BROKEN), path
+        with open(target, "r+b") as handle:
+            handle.seek(offset + size // 2)
+            byte = handle.read(1)
+            handle.seek(offset + size // 2)
+            handle.write(bytes([byte[0] ^ 0x10]))
     elif damage == "garbage-chunk":
         # Random bytes after a header that no codec accepts (zlib: invalid method; zstd: no frame magic).
         if fmt == "zarr":

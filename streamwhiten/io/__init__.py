@@ -185,6 +185,7 @@ def create_sink(
     chunk_rows: int | None = None,
     direct_io: bool = True,
     columns=None,
+    compressor: str = "none",
 ) -> Sink:
     """Start writing a new ``n_rows x n_features`` array at ``spec`` under a temporary name.
 
@@ -192,7 +193,8 @@ def create_sink(
     Every attribute exists from the start (commit only changes values), so a resumed HDF5 output's
     metadata is laid out as an uninterrupted run's and the two files are byte for byte the same.
     ``columns`` (a schema from :meth:`Source.column_schema`) are input columns a Parquet output carries
-    row for row beside the vectors.
+    row for row beside the vectors. ``compressor`` (``codecs.COMPRESSORS``; HDF5 and Zarr outputs)
+    compresses each output chunk in the writer thread.
     """
     path, dataset = split_spec(spec)
     kind = output_kind(path)
@@ -200,7 +202,11 @@ def create_sink(
         raise BadInputError(f"{path}: writing {kind} outputs is not supported; write .parquet, .zarr or .h5")
     if columns is not None and len(columns) and kind not in _TABULAR:
         raise BadInputError(f"{path}: --keep-columns needs a Parquet or Lance output (.parquet, .lance), not {kind}")
+    check_output_compressor(spec, compressor)
     if remote.is_url(path):
+        if compressor != "none":
+            raise BadInputError(f"{remote.redact(path)}: --compressor is not supported for object-storage outputs "
+                                "yet; write it uncompressed, or to a local path")
         return _create_remote_sink(path, dataset, kind, n_rows, n_features, dtype, attrs, overwrite, zarr_format,
                                    chunk_rows, columns)
     if os.path.lexists(path) and not overwrite:
@@ -217,6 +223,7 @@ def create_sink(
         remove_stale_temps(path)
         remove(partial)
         remove(partial + ".progress.json")  # a record of an earlier partial must never describe this one
+        remove(partial + ".chunks")  # an earlier compressed HDF5 output's spool
         remove_stale_temps(partial + ".progress.json")
     except OSError as exc:
         raise StoreIOError(f"{partial}: cannot remove the partial output of an earlier run: {io_error(exc)}") from exc
@@ -226,7 +233,7 @@ def create_sink(
     attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
     sink_class = _backend_class(_SINKS, kind)
     try:
-        options = {"columns": columns} if kind in _TABULAR else {}
+        options = {"columns": columns} if kind in _TABULAR else {"compressor": compressor}
         return sink_class.create(path, dataset, partial, (n_rows, n_features), dtype, chunk_rows, attrs,
                                  direct_io=direct_io, zarr_format=zarr_format, **options)
     except Exception as exc:
@@ -271,6 +278,19 @@ def _create_remote_sink(path, dataset, kind, n_rows, n_features, dtype, attrs, o
         raise remote.failure(path, "create the output", exc) from None
 
 
+def check_output_compressor(spec: str, compressor: str) -> None:
+    """Refuse a ``compressor`` that is not one of ``codecs.COMPRESSORS``, or one for an output that is
+    not HDF5 or Zarr."""
+    from .codecs import COMPRESSORS
+
+    if compressor not in COMPRESSORS:
+        raise BadInputError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {compressor!r}")
+    path = split_spec(spec)[0]
+    if compressor != "none" and output_kind(path) not in ("hdf5", "zarr"):
+        raise BadInputError(f"{path}: --compressor is for HDF5 and Zarr outputs; a {output_kind(path)} output is "
+                            "written uncompressed")
+
+
 def sink_chunk_rows(spec: str, n_features: int, dtype, n_rows: int, block_rows: int | None,
                     source_block_rows: int) -> int:
     """Rows per output chunk for an output at ``spec`` whose input is read in blocks of ``block_rows``
@@ -309,12 +329,14 @@ def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | No
     if recorded != job or not os.path.exists(partial):
         remove(partial)
         remove(progress)
+        remove(partial + ".chunks")
         return None, 0, 0
     try:
         sink = _backend_class(_SINKS, output_kind(path)).resume(path, dataset, partial, direct_io=direct_io)
     except Exception:  # unreadable: start over (it was only ever a temporary file)
         remove(partial)
         remove(progress)
+        remove(partial + ".chunks")
         return None, 0, 0
     return sink, counts[0], counts[1]
 
@@ -351,7 +373,7 @@ def _resume_remote_sink(path, dataset, partial, progress, job) -> tuple[Sink | N
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES", "FINGERPRINT_ROWS", "HDF5_SUFFIXES", "OUTPUT_CHUNK_BYTES", "ZARR_SUFFIX", "LazyRows",
-    "Sink", "Source", "aligned_chunk_rows", "backend", "count_blocks", "create_sink", "expand_specs", "fingerprint",
+    "Sink", "Source", "aligned_chunk_rows", "backend", "check_output_compressor", "count_blocks", "create_sink", "expand_specs", "fingerprint",
     "open_source", "output_chunk_rows", "output_kind", "partial_path", "read_attrs", "read_vector",
     "refuse_input_overlap", "refuse_shared_outputs", "resume_sink", "same_file", "sink_chunk_rows", "split_spec",
 ]

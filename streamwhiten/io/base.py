@@ -93,6 +93,10 @@ class Source:
     #: the store is read over the network (a URL): blocks are read by more threads, and never by the raw
     #: local-chunk fast path
     remote = False
+    #: :meth:`read_into` takes a float32 ``out`` for a float16 store (widening as it reads)
+    widens_float16 = False
+    #: how this backend decodes compressed chunks itself (``codecs.DecodePlan``); None: it does not
+    plan = None
 
     def __init__(self, path: str, dataset: str | None, shape, dtype, chunk_rows: int | None):
         self.path = path
@@ -129,8 +133,15 @@ class Source:
         return self.read_into(start, stop, np.empty((max(0, stop - start), self.n_features), dtype=self.dtype))
 
     def read_into(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-        """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``."""
+        """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``.
+
+        Backends that decode chunks themselves also take ``fetched=``, what :meth:`fetch` returned."""
         raise NotImplementedError
+
+    def fetch(self, start: int, stop: int):
+        """The stored (compressed) bytes behind rows ``[start, stop)``, read ahead of :meth:`read_into`
+        (in another thread, say), or None where the backend has no such split (the default)."""
+        return None
 
     def attrs(self) -> dict:
         """The array's attributes (an output's record of the model that wrote it, for instance)."""
@@ -259,12 +270,26 @@ def fingerprint(source: Source, n_rows: int | None = None) -> dict:
     Hashes a few sampled row ranges (:meth:`Source.sample_ranges`: start, quartiles, end) rather than the
     whole store, so an append-only store still matches the fingerprint of its earlier prefix; where the
     backend has one, adds a digest of how those rows are stored (``layout_sha256``), which an update
-    compares too.
+    compares too. Ranges of a store whose compressed chunks are decoded here are read in parallel (a
+    chunk each, decoded whole).
     """
     n_rows = source.n_rows if n_rows is None else int(n_rows)
     digest = hashlib.sha256()
-    for start, stop in source.sample_ranges(n_rows):
-        digest.update(np.ascontiguousarray(source.read(start, stop)).tobytes())
+    ranges = source.sample_ranges(n_rows)
+    if source.plan is not None and len(ranges) > 1:
+        # Each sampled range costs a whole chunk's decode here: spread them over the cores.
+        from concurrent.futures import ThreadPoolExecutor
+
+        try:
+            cores = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):  # pragma: no cover - not Linux
+            cores = os.cpu_count() or 1
+        with ThreadPoolExecutor(max(1, min(4, cores, len(ranges))), thread_name_prefix="streamwhiten-sample") as pool:
+            samples = list(pool.map(lambda rows: source.read(*rows), ranges))
+    else:
+        samples = (source.read(start, stop) for start, stop in ranges)
+    for rows in samples:
+        digest.update(np.ascontiguousarray(rows).tobytes())
     path, dataset = source.identity
     result = {
         "path": path,

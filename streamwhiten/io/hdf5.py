@@ -1,6 +1,11 @@
 """HDF5 through h5py: a source of rows, a sink that writes chunk data through its own descriptor, and
 1-D arrays (gold scores). The only module that imports h5py (besides ``spec.input_kind``'s signature check).
 
+A filtered (compressed) dataset whose filters ``codecs`` knows (deflate, shuffle, fletcher32, and the
+blosc and zstd plugins' filter ids) is read chunk by chunk (where ``get_chunk_info`` puts each, through a
+descriptor of our own, as ``read_direct_chunk`` would but without holding the GIL) and decoded here,
+outside h5py's global lock, so worker threads decode at once; HDF5's own pipeline would serialise them.
+
 A sink's file is laid out by HDF5 with every chunk allocated up front at an aligned offset and never
 filled; then the library's handle is closed, the rows are written in place through a descriptor of
 our own, and at the end a fresh handle sets the attributes and is closed at once. So a failed data
@@ -17,6 +22,8 @@ import json
 import math
 import os
 import re
+import struct
+import zlib
 
 import h5py
 import numpy as np
@@ -25,6 +32,10 @@ from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from . import remote
 from .base import FILL_HINT, Sink, Source, first_line, io_error
+from .codecs import (
+    H5Z_BLOSC, H5Z_ZSTD, DecodeError, Fetched, check_compressor, chunk_encoder, decode_rows, fetch_buffer, hdf5_plan,
+    widen_in_place,
+)
 from .direct import ChunkFile
 
 
@@ -40,6 +51,8 @@ def _unallocated(node) -> bool:
 
 class HDF5Source(Source):
     kind = "hdf5"
+    #: a float16 store can be read into a float32 buffer, widened as it is decoded
+    widens_float16 = True
 
     def __init__(self, path, dataset):
         self.remote = remote.is_url(path)
@@ -56,6 +69,11 @@ class HDF5Source(Source):
             self._node = node
             super().__init__(path, dataset, node.shape, node.dtype, node.chunks[0] if node.chunks else None)
             self._sparse = _unallocated(node)
+            #: how its compressed chunks are decoded here (None: HDF5 reads them)
+            #: (local files only: a remote one is read through its fsspec file object)
+            self.plan = None if self.remote else hdf5_plan(node)
+            #: our own descriptor for reading stored chunks (``get_chunk_info`` gives absolute offsets)
+            self._fd = os.open(path, os.O_RDONLY) if self.plan is not None else None
         except BaseException:
             self._file.close()
             raise
@@ -71,26 +89,93 @@ class HDF5Source(Source):
     def fingerprint_extra(self) -> dict:
         return remote.version(self.path) if self.remote else {}
 
-    def read_into(self, start, stop, out):
-        if self.remote:
-            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out)
-        return self._read_into(start, stop, out)
+    def fetch(self, start, stop):
+        """The stored bytes of the chunks rows ``[start, stop)`` touch, for :meth:`read_into` to decode:
+        ``[(chunk index, bytes or None where unwritten and filled, filter mask)]``; None where chunks are
+        not decoded here. The I/O half of a read (a copy from the page cache, or disk reads), which a
+        caller may run ahead in another thread."""
+        if self.plan is None or stop <= start:
+            return None
+        if not 0 <= start <= stop <= self.n_rows:
+            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
+        if self._sparse and not self.fill_missing_chunks:
+            self._refuse_unwritten(start, stop)
+        rows, found = self.chunk_rows, []
+        for index in range(start // rows, (stop - 1) // rows + 1):
+            try:
+                info = self._node.id.get_chunk_info_by_coord((index * rows, 0))
+            except (OSError, ValueError, RuntimeError) as exc:
+                self._raise_read_error(exc, index * rows, min(self.n_rows, (index + 1) * rows))
+            found.append((index, None if info is None or info.byte_offset is None else info))
+        buffer = fetch_buffer(sum(info.size for _, info in found if info is not None),
+                              (stop - start) * self.n_features * self.dtype.itemsize)
+        chunks, offset = [], 0
+        for index, info in found:
+            if info is None:  # unwritten, and filled (refused above otherwise)
+                chunks.append((index, None, 0))
+                continue
+            view = buffer[offset : offset + info.size]
+            try:  # through a descriptor of our own: h5py would hold the GIL for the whole copy
+                done = 0
+                while done < info.size:
+                    count = os.preadv(self._fd, [view[done:]], info.byte_offset + done)
+                    if count == 0:
+                        raise CorruptStoreError(
+                            f"{self.label}: rows {index * rows}..{min(self.n_rows, (index + 1) * rows) - 1} cannot be "
+                            f"read, the file is truncated (it ends inside their chunk)")
+                    done += count
+            except OSError as exc:
+                raise StoreIOError(f"{self.label}: cannot read rows {index * rows}.."
+                                   f"{min(self.n_rows, (index + 1) * rows) - 1}: {io_error(exc)}") from exc
+            chunks.append((index, view, info.filter_mask))
+            offset += info.size
+        return Fetched(chunks, buffer)
 
-    def _read_into(self, start, stop, out):
+    def read_into(self, start, stop, out, fetched=None):
+        """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
+        ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead."""
+        if self.remote:
+            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out,
+                                   fetched)
+        return self._read_into(start, stop, out, fetched)
+
+    def _read_into(self, start, stop, out, fetched=None):
+        view = out[: stop - start]
+        if self.plan is not None and stop > start:
+            chunks = fetched if fetched is not None else self.fetch(start, stop)
+            try:
+                return decode_rows(self.plan, chunks, start, stop, view, self.chunk_rows, self._node.fillvalue,
+                                   self._describe)
+            except DecodeError as exc:
+                raise CorruptStoreError(f"{self.label}: {exc}") from None
+            finally:
+                chunks.release()
+        if view.dtype != self.dtype and stop > start:  # float16 rows into a float32 buffer: widened here
+            region = view.reshape(-1).view(np.uint8)
+            self.read_into(start, stop, region[region.size // 2 :].view(self.dtype).reshape(view.shape))
+            widen_in_place(region, view.size)
+            return view
         if self._sparse and not self.fill_missing_chunks and stop > start:
             self._refuse_unwritten(start, stop)
         try:
             if stop > start:
                 self._node.read_direct(out, np.s_[start:stop], np.s_[0 : stop - start])
         except (OSError, ValueError, RuntimeError) as exc:
-            # HDF5 reports a failed system call with its errno; anything else (a checksum or filter
-            # failure, an address past the end of a truncated file) is damaged data.
-            failed = re.search(r"errno = (\d+)", str(exc))
-            if failed and int(failed.group(1)):
-                raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
-            raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be read, the file is damaged or "
-                                    f"truncated ({first_line(exc)})") from exc
-        return out[: stop - start]
+            self._raise_read_error(exc, start, stop)
+        return view
+
+    def _raise_read_error(self, exc, start, stop):
+        # HDF5 reports a failed system call with its errno; anything else (a checksum or filter
+        # failure, an address past the end of a truncated file) is damaged data.
+        failed = re.search(r"errno = (\d+)", str(exc))
+        if failed and int(failed.group(1)):
+            raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
+        raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be read, the file is damaged or "
+                                f"truncated ({first_line(exc)})") from exc
+
+    def _describe(self, index: int) -> str:
+        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        return f"the chunk of rows {lo}..{hi - 1} is damaged and cannot be decoded"
 
     def _refuse_unwritten(self, start, stop):
         """Refuse rows whose chunk was never written (HDF5 would read it as the fill value)."""
@@ -111,6 +196,9 @@ class HDF5Source(Source):
         return dict(self._node.attrs)
 
     def close(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+            self._fd = None
         if self._file.id.valid:
             self._file.close()
 
@@ -190,8 +278,13 @@ class HDF5Sink(Sink):
         self.chunk_file: ChunkFile | None = ChunkFile(partial, direct=direct_io)
 
     @classmethod
-    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, **_) -> "HDF5Sink":
-        """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle."""
+    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, compressor="none",
+               **_) -> "HDF5Sink":
+        """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
+        With a ``compressor``, an :class:`HDF5CompressedSink` instead."""
+        if check_compressor(compressor) != "none":
+            return HDF5CompressedSink.create(path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io,
+                                             compressor)
         dataset = dataset or cls.default_dataset
         handle = None
         try:
@@ -214,6 +307,8 @@ class HDF5Sink(Sink):
     def resume(cls, path, dataset, partial, direct_io=True) -> "HDF5Sink":
         """Reopen the partial output of an interrupted run (read-only, to find its layout)."""
         dataset = dataset or cls.default_dataset
+        if os.path.exists(HDF5CompressedSink.spool_path(partial)):
+            return HDF5CompressedSink.resume(path, dataset, partial, direct_io)
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
@@ -251,3 +346,169 @@ class HDF5Sink(Sink):
         if self.chunk_file is not None:
             self.chunk_file.close()
             self.chunk_file = None
+
+
+# ------------------------------------------------------------------------------------- compressed sink
+
+#: A chunk record in the spool: magic, chunk index, stored size, CRC-32 of the stored bytes.
+_RECORD = struct.Struct("<4sIQI")
+_RECORD_MAGIC = b"SWC1"
+
+
+def _filters(compressor: str, dtype, chunk_bytes: int) -> dict:
+    """``create_dataset`` options declaring what :func:`codecs.chunk_encoder` writes for HDF5."""
+    if compressor == "gzip":
+        return {"compression": "gzip", "compression_opts": 4, "shuffle": True}
+    try:
+        import hdf5plugin  # noqa: F401  (registers the blosc and zstd filters with HDF5)
+    except ImportError:
+        raise BadInputError(f"an HDF5 output compressed with {compressor} needs the hdf5plugin package (and so do its "
+                            "readers): pip install hdf5plugin, or use --compressor gzip") from None
+    if compressor == "zstd":
+        return {"compression": H5Z_ZSTD, "compression_opts": (3,)}
+    # blosc's filter parameters: filter and blosc versions, type size, chunk bytes, level, shuffle, lz4
+    return {"compression": H5Z_BLOSC, "compression_opts": (2, 2, np.dtype(dtype).itemsize, chunk_bytes, 5, 1, 1)}
+
+
+class HDF5CompressedSink(Sink):
+    """An HDF5 output whose chunks are compressed here (``--compressor``), in the writer thread.
+
+    Compressed chunks have sizes known only once written, so they cannot go in place into a file laid
+    out ahead. While the run lasts, each is appended to a spool beside the partial output (through our
+    own descriptor, with its index and a CRC-32, fsynced before a progress record claims it); the
+    partial output is an HDF5 file holding the dataset (with its filters declared, no chunk written)
+    and its attributes. :meth:`_finish` copies the spooled chunks into it with ``write_direct_chunk``,
+    in chunk order, so a resumed run writes the same file, and any HDF5 reader with the filters reads
+    it (gzip: every HDF5; zstd and blosc: with the hdf5plugin filters).
+    """
+
+    kind = "hdf5"
+    default_dataset = "embeddings"
+
+    def __init__(self, path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io=True, chunks=0):
+        super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
+        self.compressor = compressor
+        self._encode = chunk_encoder(compressor, dtype, "hdf5")
+        #: chunks spooled so far (they are written in order: the next one's index)
+        self.chunks = chunks
+        self._spool = open(self.spool_path(partial), "ab", buffering=0)
+
+    @staticmethod
+    def spool_path(partial: str) -> str:
+        return partial + ".chunks"
+
+    @classmethod
+    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, compressor="gzip"):
+        dataset = dataset or cls.default_dataset
+        options = _filters(compressor, dtype, chunk_rows * shape[1] * np.dtype(dtype).itemsize)
+        spool = cls.spool_path(partial)
+        if os.path.exists(spool):
+            os.remove(spool)
+        handle = None
+        try:
+            handle = h5py.File(partial, "w", rdcc_nbytes=0)
+            array = handle.create_dataset(dataset, shape=shape, dtype=dtype, chunks=(chunk_rows, shape[1]), **options)
+            array.attrs.update({key: _attr(value) for key, value in attrs.items()})
+            handle.close()
+            handle = None
+        except (OSError, RuntimeError, ValueError):
+            _close_quietly(handle)
+            raise
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io)
+
+    @classmethod
+    def resume(cls, path, dataset, partial, direct_io=True):
+        """Reopen an interrupted run's output: keep the spooled chunks its progress record claims (whole
+        and intact), drop any after them (the resumed run writes those again)."""
+        dataset = dataset or cls.default_dataset
+        with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
+            array = handle[dataset]
+            shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
+            compressor = str(array.attrs.get("compressor", "gzip"))
+        with open(partial + ".progress.json") as record:
+            done = -(-int(json.load(record)["rows_done"]) // chunk_rows)
+        spool = cls.spool_path(partial)
+        kept, end = 0, 0
+        with open(spool, "rb") as handle:
+            for index, offset, size in _records(handle):
+                if index != kept or kept == done:
+                    break
+                kept, end = kept + 1, offset + size
+        if kept != done:
+            raise OSError(f"{spool}: holds {kept} intact chunks, its progress record claims {done}")
+        os.truncate(spool, end)
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, kept)
+
+    def _write(self, start, block):
+        for index, lo, hi, a, b, data in self.covered(start, block):
+            if (a, b) != (lo, hi) or index != self.chunks:
+                raise OSError(f"rows {a}..{b - 1} do not make up chunk {self.chunks} (compressed output chunks are "
+                              "written whole and in order)")
+            if data.shape[0] < self.chunk_rows:  # the edge chunk is stored at full size
+                data = np.concatenate([data, np.zeros((self.chunk_rows - data.shape[0], self.shape[1]), self.dtype)])
+            stored = self._encode(np.ascontiguousarray(data))
+            self._spool.write(_RECORD.pack(_RECORD_MAGIC, index, len(stored), zlib.crc32(stored)) + stored)
+            self.chunks += 1
+
+    def _sync(self):
+        if self._spool is not None:
+            os.fsync(self._spool.fileno())
+
+    def _finish(self, attrs):
+        self._sync()
+        self._close()
+        spool = self.spool_path(self.partial)
+        handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)
+        try:
+            array = handle[self.dataset]
+            with open(spool, "rb") as chunks:
+                count = 0
+                for index, offset, size in _records(chunks):
+                    chunks.seek(offset)
+                    array.id.write_direct_chunk((index * self.chunk_rows, 0), chunks.read(size))
+                    count += 1
+            expected = -(-self.shape[0] // self.chunk_rows)
+            if count != expected:
+                raise OSError(f"{spool}: holds {count} of the output's {expected} chunks")
+            array.attrs.update({key: _attr(value) for key, value in attrs.items()})
+            handle.flush()
+        except BaseException:
+            _close_quietly(handle)
+            raise
+        handle.close()
+        with open(self.partial, "rb+") as file:
+            os.fsync(file.fileno())
+        os.remove(spool)
+
+    def _close(self):
+        if self._spool is not None:
+            self._spool.close()
+            self._spool = None
+
+    def abort(self):
+        super().abort()
+        try:
+            os.remove(self.spool_path(self.partial))
+        except FileNotFoundError:
+            pass
+
+
+def _records(handle):
+    """``(chunk index, offset of its bytes, size)`` of each whole, intact record of a spool, in order,
+    stopping at the first torn or damaged one; ``handle`` is left after the last one yielded."""
+    position = handle.tell()
+    end = os.fstat(handle.fileno()).st_size
+    while True:
+        handle.seek(position)
+        header = handle.read(_RECORD.size)
+        if len(header) < _RECORD.size:
+            return
+        magic, index, size, crc = _RECORD.unpack(header)
+        if magic != _RECORD_MAGIC or position + _RECORD.size + size > end:
+            return
+        data = handle.read(size)
+        if len(data) < size or zlib.crc32(data) != crc:
+            return
+        yield index, position + _RECORD.size, size
+        position += _RECORD.size + size
+        handle.seek(position)

@@ -2,14 +2,19 @@
 workers use. The only module that imports zarr.
 
 Uncompressed chunks of a local store hold exactly their rows' bytes, so they are read straight into
-the caller's buffer and written as raw chunk files (around the page cache where aligned); anything
-else goes through zarr's codec pipeline. A chunk missing from the store is refused, not read as the
-fill value, unless the source's ``fill_missing_chunks`` says otherwise.
+the caller's buffer and written as raw chunk files (around the page cache where aligned). Compressed
+chunks of a codec chain ``codecs`` knows (bytes + zstd / blosc / gzip / zlib / lz4 / shuffle / crc32c,
+v2 or v3) are read from their files and decoded here, in the calling thread, straight into the
+caller's buffer; anything else (sharding, transpose, a remote store) goes through zarr's codec
+pipeline. Outputs are written as chunk files by us too, compressed where asked. A chunk missing from
+the store is refused, not read as the fill value, unless the source's ``fill_missing_chunks`` says
+otherwise.
 
 A store named by URL is read and written through zarr's ``FsspecStore`` (see ``remote``), never by the raw
-local-chunk path; its chunk listing is taken once, for the missing-chunk check and the fingerprint. A
-remote output is written in place, since an object store cannot rename a prefix: its metadata says
-``complete = false`` until the last chunk is written, and every reader here takes such an output for absent.
+local-chunk path nor decoded here; its chunk listing is taken once, for the missing-chunk check and the
+fingerprint. A remote output is written in place, since an object store cannot rename a prefix: its
+metadata says ``complete = false`` until the last chunk is written, and every reader here takes such an
+output for absent.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ from zarr.storage import LocalStore
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from . import durable, remote
 from .base import Sink, Source, first_line, io_error
+from .codecs import (
+    DecodeError, Fetched, check_compressor, chunk_encoder, decode_rows, fetch_buffer, numcodecs_codec, widen_in_place,
+    zarr_plan,
+)
 from .direct import ChunkFile
 
 _ND_BUFFER = default_buffer_prototype().nd_buffer
@@ -84,6 +93,8 @@ def _open_node(path: str, inner: str | None, ndim: int, what: str):
 
 class ZarrSource(Source):
     kind = "zarr"
+    #: a float16 store can be read into a float32 buffer, widened as it is decoded
+    widens_float16 = True
 
     def __init__(self, path, dataset):
         node, dataset = _open_node(path, dataset, 2, " or --dataset")
@@ -94,6 +105,11 @@ class ZarrSource(Source):
         super().__init__(path, dataset, node.shape, node.dtype, int(node.chunks[0]) if node.ndim >= 1 else None)
         #: where uncompressed chunk files are read straight from (None: through zarr)
         self.raw_root = raw_chunk_root(node)
+        #: how compressed chunk files are decoded here (None: raw, or through zarr)
+        self.plan = None
+        if self.raw_root is None and isinstance(node.store, LocalStore) and not getattr(node, "shards", None):
+            self.plan = zarr_plan(node)
+        self._chunk_root = os.path.join(str(node.store.root), node.path) if self.plan is not None else None
         # The grid chunk keys are made on: shards where the array is sharded, else its chunks.
         self._grid = tuple(int(n) for n in (getattr(node, "shards", None) or node.chunks))
 
@@ -129,13 +145,74 @@ class ZarrSource(Source):
         return remote.prefix_version(self._array_url(), {remote.join(self._array_url(), key): item
                                                           for key, item in self._objects().items()})
 
-    def read_into(self, start, stop, out):
-        if self.remote:
-            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out)
-        return self._read_into(start, stop, out)
+    def fetch(self, start, stop):
+        """The stored bytes of the chunks rows ``[start, stop)`` touch, for :meth:`read_into` to decode:
+        ``[(chunk index, bytes or None where missing and filled, 0)]``; None where chunks are not
+        decoded here. The I/O half of a read, which a caller may run ahead in another thread."""
+        if self.plan is None or stop <= start:
+            return None
+        self._check_range(start, stop)
+        handles: list = []  # (chunk index, its open file, or None where missing and read as the fill value)
+        index = start // self.chunk_rows
+        try:
+            for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
+                try:
+                    handles.append((index, open(os.path.join(self._chunk_root, self._chunk_key(index)), "rb",
+                                                buffering=0)))
+                except FileNotFoundError:
+                    if not self.fill_missing_chunks:
+                        self._raise_missing(index)
+                    handles.append((index, None))
+            sizes = [0 if handle is None else os.fstat(handle.fileno()).st_size for _, handle in handles]
+            buffer = fetch_buffer(sum(sizes), (stop - start) * self.n_features * self.dtype.itemsize)
+            chunks, offset = [], 0
+            for (index, handle), size in zip(handles, sizes):
+                if handle is None:
+                    chunks.append((index, None, 0))
+                    continue
+                view = buffer[offset : offset + size]
+                _read_exactly(handle, memoryview(view), handle.name)
+                chunks.append((index, view, 0))
+                offset += size
+        except OSError as exc:
+            raise self._read_error(exc, index) from exc
+        finally:
+            for _, handle in handles:
+                if handle is not None:
+                    handle.close()
+        return Fetched(chunks, buffer)
 
-    def _read_into(self, start, stop, out):
+    def _read_error(self, exc, index) -> StoreIOError:
+        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        return StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}")
+
+    def read_into(self, start, stop, out, fetched=None):
+        """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
+        ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead."""
+        if self.remote:
+            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out,
+                                   fetched)
+        return self._read_into(start, stop, out, fetched)
+
+    def _read_into(self, start, stop, out, fetched=None):
         view = out[: stop - start]
+        if self.plan is not None and stop > start:
+            chunks = fetched if fetched is not None else self.fetch(start, stop)
+            try:
+                return decode_rows(self.plan, chunks, start, stop, view, self.chunk_rows,
+                                   self._node.metadata.fill_value, self._describe)
+            except DecodeError as exc:
+                raise CorruptStoreError(f"{self.label}: {exc}") from None
+            finally:
+                chunks.release()
+        if view.dtype != self.dtype:  # float16 rows into a float32 buffer
+            if self.raw_root is None:
+                view[...] = self.read(start, stop)
+                return view
+            region = view.reshape(-1).view(np.uint8)
+            self.read_into(start, stop, region[region.size // 2 :].view(self.dtype).reshape(view.shape))
+            widen_in_place(region, view.size)
+            return view
         if self.raw_root is None:
             if not self.fill_missing_chunks and stop > start:
                 self._refuse_missing(start, stop)
@@ -153,8 +230,7 @@ class ZarrSource(Source):
             return view
         # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
         # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
-        if not 0 <= start <= stop <= self.n_rows:
-            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
+        self._check_range(start, stop)
         rows, row_bytes = self.chunk_rows, self.n_features * self.dtype.itemsize
         for index in range(start // rows, (stop - 1) // rows + 1):
             lo, hi = max(start, index * rows), min(stop, (index + 1) * rows)
@@ -177,6 +253,14 @@ class ZarrSource(Source):
             except OSError as exc:
                 raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
         return view
+
+    def _check_range(self, start, stop):
+        if not 0 <= start <= stop <= self.n_rows:
+            raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
+
+    def _describe(self, index: int) -> str:
+        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        return f"chunk {self._chunk_key(index)} (rows {lo}..{hi - 1}) is damaged and cannot be decoded"
 
     def _chunk_key(self, index: int, column: int = 0) -> str:
         return self._node.metadata.encode_chunk_key((index, column))
@@ -220,35 +304,59 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
 # ----------------------------------------------------------------------------------------------- sink
 
 
+def _compressors(name: str, dtype, zarr_format: int):
+    """What zarr is told ``--compressor name`` wrote (the chunks themselves are encoded here)."""
+    if name == "none":
+        return None
+    if zarr_format == 2:
+        return numcodecs_codec(name, dtype)
+    from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
+
+    return [{"zstd": lambda: ZstdCodec(level=3), "gzip": lambda: GzipCodec(level=4),
+             "blosc": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="shuffle",
+                                         typesize=np.dtype(dtype).itemsize)}[name]()]
+
+
 class ZarrSink(Sink):
-    """A Zarr output: uncompressed chunks written as raw chunk files (zarr writes the metadata)."""
+    """A Zarr output: chunks written as chunk files by us, raw or compressed here with ``compressor``
+    (zarr writes the metadata, and any chunk a block covers only in part)."""
 
     kind = "zarr"
 
-    def __init__(self, path, dataset, partial, array, direct_io=True):
+    def __init__(self, path, dataset, partial, array, direct_io=True, compressor="none"):
         super().__init__(path, dataset, partial, array.shape, array.dtype, int(array.chunks[0]), direct_io)
         #: the array being written (under its temporary name)
         self.array = array
+        #: ``--compressor``: whole chunks are encoded in the writer thread (None: written raw)
+        self.compressor = check_compressor(compressor)
+        self._encode = chunk_encoder(compressor, array.dtype, "zarr")
+        #: the chunk files' directory where we write them (raw or encoded here), else None
+        self._root = raw_chunk_root(array)
+        if self._encode is not None and isinstance(array.store, LocalStore):
+            self._root = os.path.join(str(array.store.root), array.path)
         self._unsynced: set = set()  # chunk files written since they were last fsynced
 
     @classmethod
     def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, zarr_format=3,
-               **_) -> "ZarrSink":
+               compressor="none", **_) -> "ZarrSink":
+        compressors = _compressors(check_compressor(compressor), dtype, zarr_format)
         if dataset:
             root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
-            array = root.create_array(dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype, compressors=None)
+            array = root.create_array(dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
+                                      compressors=compressors)
         else:
             array = zarr.create_array(store=partial, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
-                                      compressors=None, zarr_format=zarr_format)
+                                      compressors=compressors, zarr_format=zarr_format)
         array.attrs.update(attrs)
-        return cls(path, dataset, partial, array, direct_io)
+        return cls(path, dataset, partial, array, direct_io, compressor)
 
     @classmethod
     def resume(cls, path, dataset, partial, direct_io=True) -> "ZarrSink":
-        return cls(path, dataset, partial, zarr.open_array(store=partial, path=dataset or "", mode="r+"), direct_io)
+        array = zarr.open_array(store=partial, path=dataset or "", mode="r+")
+        return cls(path, dataset, partial, array, direct_io, str(array.attrs.get("compressor", "none")))
 
     def _write(self, start, block):
-        root = raw_chunk_root(self.array)
+        root = self._root
         if root is None:
             self.array[start : start + block.shape[0]] = block
             return
@@ -259,16 +367,23 @@ class ZarrSink(Sink):
             self._unsynced.add(index)
             path = os.path.join(root, self.array.metadata.encode_chunk_key((index, 0)))
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with ChunkFile(path, create=True, direct=self.direct_io) as chunk_file:
+            if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
+                pad = np.full((self.chunk_rows - data.shape[0], self.shape[1]),
+                              self.array.metadata.fill_value or 0, self.dtype)
+                data = np.concatenate([data, pad]) if self._encode is not None else data
+            else:
+                pad = None
+            with ChunkFile(path, create=True, direct=self.direct_io and self._encode is None) as chunk_file:
+                if self._encode is not None:
+                    chunk_file.write_at(0, np.frombuffer(self._encode(data), np.uint8))
+                    continue
                 chunk_file.write_at(0, data)
-                if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
-                    pad = np.full((self.chunk_rows - data.shape[0], self.shape[1]),
-                                  self.array.metadata.fill_value or 0, self.dtype)
+                if pad is not None:
                     chunk_file.write_at(data.nbytes, pad)
 
     def _sync(self):
         """fsync the chunk files written since the last sync, and their directories."""
-        root = raw_chunk_root(self.array)
+        root = self._root
         if root is None or not self._unsynced:
             return
         directories = set()

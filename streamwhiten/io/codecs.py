@@ -1,0 +1,498 @@
+"""Decode plans: a compressed chunk's stored bytes turned into its rows here, not by zarr or HDF5.
+
+zarr decodes chunks on its own event loop, and h5py runs HDF5's filter pipeline under its global lock;
+either way the worker threads of a fit wait for each other. A :class:`DecodePlan` is read once from a
+Zarr codec chain (:func:`zarr_plan`) or an HDF5 filter pipeline (:func:`hdf5_plan`); it then decodes a
+chunk's stored bytes straight into a caller's buffer in whichever thread calls it, with numcodecs and
+the standard library's zlib, each of which releases the GIL while it works. :func:`decode_rows` puts
+the decoded chunks of a row range into a block (widening float16 to float32 on the way where asked).
+
+Every step checks what it decodes: sizes from the codec's own header against the chunk's, checksums
+(crc32c, fletcher32) against the data, and the decoded length; a failure is a :class:`DecodeError`
+whose message the backend completes with the store and rows. A chain with any other codec (sharding,
+transpose, LZF, ...) has no plan (None): the backend reads it through its library as before.
+
+Chunks are encoded for outputs here too (:func:`encoder`), so that apply compresses in its own threads.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import zlib
+
+import numpy as np
+
+from .. import _buffers
+from .base import first_line
+
+#: ``--compressor`` names, and what each writes (numcodecs settings; Zarr 3's defaults for zstd).
+COMPRESSORS = ("none", "zstd", "blosc", "gzip")
+
+# HDF5 filter ids (H5Zpublic.h and the registered plugin list).
+H5Z_DEFLATE, H5Z_SHUFFLE, H5Z_FLETCHER32, H5Z_BLOSC, H5Z_ZSTD = 1, 2, 3, 32001, 32015
+
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+class DecodeError(ValueError):
+    """A chunk's stored bytes do not decode to the chunk: its message says why, without the store."""
+
+
+# ------------------------------------------------------------------------------------------------ steps
+
+
+def _u8(buffer) -> np.ndarray:
+    return np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) else buffer.reshape(-1).view(np.uint8)
+
+
+def _zstd_content_size(data: np.ndarray) -> int | None:
+    """The decoded size a zstd frame header declares (None where the writer left it out)."""
+    if data.size < 6 or data[:4].tobytes() != _ZSTD_MAGIC:
+        raise DecodeError("not a zstd frame (bad magic number)")
+    descriptor = int(data[4])
+    single_segment = (descriptor >> 5) & 1
+    position = 5 + (0 if single_segment else 1) + (0, 1, 2, 4)[descriptor & 3]
+    size = (1 if single_segment else 0, 2, 4, 8)[descriptor >> 6]
+    if size == 0:
+        return None
+    if data.size < position + size:
+        raise DecodeError("zstd frame header is truncated")
+    value = int.from_bytes(data[position : position + size].tobytes(), "little")
+    return value + 256 if size == 2 else value
+
+
+class _Step:
+    """One codec of a chain, decoding bytes to bytes; ``into`` says whether it can write the caller's
+    buffer itself, ``bit`` is its place in an HDF5 pipeline (a chunk's filter mask may skip it)."""
+
+    name = "?"
+    into = False
+
+    def __init__(self, bit: int | None = None):
+        self.bit = bit
+
+    def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
+        raise NotImplementedError
+
+
+class _Zstd(_Step):
+    name, into = "zstd", True
+
+    def __call__(self, data, out, nbytes):
+        from numcodecs import Zstd
+
+        size = _zstd_content_size(data)
+        if size is None:  # no size in the header: let zstd allocate, then check what came out
+            return _u8(Zstd().decode(data))
+        if size != nbytes:
+            raise DecodeError(f"zstd frame holds {size} bytes, the chunk has {nbytes}")
+        return _u8(Zstd().decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+
+
+class _Blosc(_Step):
+    name, into = "blosc", True
+
+    def __call__(self, data, out, nbytes):
+        from numcodecs import Blosc
+
+        if data.size < 16:
+            raise DecodeError(f"blosc frame of {data.size} bytes is shorter than its header")
+        size, _, stored = (int(v) for v in data[4:16].view("<u4"))
+        if stored != data.size:  # blosc itself would read past the end of a truncated frame
+            raise DecodeError(f"blosc frame says {stored} bytes, {data.size} are stored")
+        if size != nbytes:
+            raise DecodeError(f"blosc frame holds {size} bytes, the chunk has {nbytes}")
+        return _u8(Blosc().decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+
+
+class _LZ4(_Step):
+    name, into = "lz4", True
+
+    def __call__(self, data, out, nbytes):
+        from numcodecs import LZ4
+
+        if data.size < 4 or int(data[:4].view("<u4")[0]) != nbytes:
+            raise DecodeError(f"lz4 frame does not hold the chunk's {nbytes} bytes")
+        return _u8(LZ4().decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+
+
+#: Compressed bytes inflated per call: each call's output is a new bytes object, small enough to come
+#: from memory the allocator reuses (a chunk-sized one would be fresh pages, slow to touch, every time).
+_INFLATE_PIECE = 1 << 20
+
+
+class _Zlib(_Step):
+    """deflate in a zlib (HDF5 ``gzip``, numcodecs ``zlib``) or gzip (Zarr ``gzip``) wrapper, inflated
+    piece by piece into the buffer it is given."""
+
+    into = True
+
+    def __init__(self, wbits: int, name: str, bit=None):
+        super().__init__(bit)
+        self.wbits, self.name = wbits, name
+
+    def __call__(self, data, out, nbytes):
+        target = out if out is not None else np.empty(nbytes, np.uint8)
+        inflater = zlib.decompressobj(self.wbits)
+        source = memoryview(data)
+        done = 0
+        try:
+            for start in range(0, len(source), _INFLATE_PIECE):
+                piece = inflater.decompress(source[start : start + _INFLATE_PIECE])
+                if done + len(piece) > nbytes or inflater.unused_data:
+                    raise DecodeError(f"{self.name} stream holds more than the chunk's {nbytes} bytes")
+                target[done : done + len(piece)] = np.frombuffer(piece, np.uint8)
+                done += len(piece)
+        except zlib.error as exc:
+            raise DecodeError(f"{self.name}: {exc}") from None
+        if not inflater.eof or done != nbytes:
+            raise DecodeError(f"{self.name} stream is truncated ({done} of the chunk's {nbytes} bytes)")
+        return target
+
+
+def unshuffle(data: np.ndarray, out: np.ndarray, itemsize: int) -> None:
+    """Undo a byte shuffle (HDF5's filter, numcodecs' ``Shuffle``): ``data`` holds byte ``k`` of every
+    element in its ``k``-th plane; ``out`` gets the elements (little-endian byte order of the planes).
+
+    Built with numpy in cache-sized pieces (each element assembled by shifts and ors), which releases
+    the GIL as it works; numcodecs' own loop holds it, and would stall the other worker threads.
+    """
+    count = data.size // itemsize
+    planes = data[: count * itemsize].reshape(itemsize, count)
+    wide = out.reshape(-1)[: count * itemsize].view(f"<u{itemsize}")
+    step = 1 << 17
+    for start in range(0, count, step):
+        stop = min(count, start + step)
+        element = wide[start:stop]
+        np.copyto(element, planes[itemsize - 1, start:stop], casting="unsafe")
+        for plane in range(itemsize - 2, -1, -1):
+            np.left_shift(element, 8, out=element)
+            np.bitwise_or(element, planes[plane, start:stop], out=element, casting="unsafe")
+
+
+class _Shuffle(_Step):
+    name, into = "shuffle", True
+
+    def __init__(self, itemsize: int, bit=None):
+        super().__init__(bit)
+        self.itemsize = itemsize
+
+    def __call__(self, data, out, nbytes):
+        if data.size != nbytes:
+            raise DecodeError(f"{data.size} bytes to unshuffle, the chunk has {nbytes}")
+        if self.itemsize <= 1 or nbytes % self.itemsize or self.itemsize not in (2, 4, 8):
+            if self.itemsize <= 1:
+                return data
+            from numcodecs import Shuffle
+
+            return _u8(Shuffle(self.itemsize).decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+        target = out if out is not None else np.empty(nbytes, np.uint8)
+        unshuffle(data, target, self.itemsize)
+        return target
+
+
+class _Crc32c(_Step):
+    """Zarr 3's ``crc32c``: a little-endian CRC-32C of the bytes before it, appended."""
+
+    name = "crc32c"
+
+    def __call__(self, data, out, nbytes):
+        import google_crc32c
+
+        if data.size < 4:
+            raise DecodeError("chunk is shorter than its crc32c checksum")
+        stored = int(data[-4:].view("<u4")[0])
+        if google_crc32c.value(data[:-4]) != stored:
+            raise DecodeError("crc32c checksum mismatch")
+        return data[:-4]
+
+
+class _Fletcher32(_Step):
+    """HDF5's fletcher32 filter (numcodecs implements the same checksum)."""
+
+    name = "fletcher32"
+
+    def __call__(self, data, out, nbytes):
+        from numcodecs.fletcher32 import Fletcher32
+
+        if data.size < 4:
+            raise DecodeError("chunk is shorter than its fletcher32 checksum")
+        try:
+            return _u8(Fletcher32().decode(data))
+        except Exception as exc:
+            raise DecodeError("fletcher32 checksum mismatch") from None
+
+
+# ------------------------------------------------------------------------------------------- fetched bytes
+
+
+def fetch_buffer(nbytes: int, block_bytes: int) -> np.ndarray:
+    """A byte buffer for ``nbytes`` of stored chunk bytes, from the buffers kept between runs (see
+    ``_buffers``): fresh memory is slow to touch. Sized to the block's decoded bytes where those are more
+    (as they nearly always are), so every fetch of a run asks for the same size and reuses the same few;
+    hand it back through :meth:`Fetched.release`."""
+    size = max(int(nbytes), int(block_bytes))
+    return _buffers.take((size,), np.uint8)
+
+
+class Fetched(list):
+    """The stored bytes of a row range's chunks, ``[(chunk index, bytes or None where missing, HDF5
+    filter mask)]``, in one buffer from :func:`fetch_buffer` that :meth:`release` hands back (once
+    decoded: nothing may read them after)."""
+
+    def __init__(self, chunks, buffer: np.ndarray | None = None):
+        super().__init__(chunks)
+        self._buffer = buffer
+
+    def release(self) -> None:
+        if self._buffer is not None:
+            _buffers.give_back(self._buffer)
+        self._buffer = None
+
+
+# ------------------------------------------------------------------------------------------------ plans
+
+
+class DecodePlan:
+    """How one chunk's stored bytes become its ``nbytes`` bytes of rows: ``steps`` run in order (the
+    reverse of the writer's), then a byte swap where the store is not native-endian."""
+
+    def __init__(self, steps: list, nbytes: int, dtype):
+        self.steps = steps
+        self.nbytes = int(nbytes)
+        #: the stored element type (its byte order included)
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def description(self) -> str:
+        return " -> ".join(step.name for step in self.steps) or "raw"
+
+    def decode_into(self, stored, out: np.ndarray, filter_mask: int = 0) -> np.ndarray:
+        """Decode ``stored`` (one chunk's bytes) into ``out`` (a C-contiguous buffer of :attr:`nbytes`
+        bytes, any dtype), native-endian; ``filter_mask`` bit ``i`` set: HDF5 skipped filter ``i``."""
+        target = out.reshape(-1).view(np.uint8)
+        data = _u8(stored)
+        steps = [s for s in self.steps if s.bit is None or not (filter_mask >> s.bit) & 1]
+        borrowed = []  # chunk-sized buffers between two steps, reused from run to run (see ``_buffers``)
+        try:
+            for position, step in enumerate(steps):  # only the last step writes the caller's buffer
+                into = None
+                if step.into:
+                    into = target if position == len(steps) - 1 else _buffers.take((self.nbytes,), np.uint8)
+                    if into is not target:
+                        borrowed.append(into)
+                data = step(data, into, self.nbytes)
+            if data.size != self.nbytes:
+                raise DecodeError(f"decoded to {data.size} bytes, the chunk has {self.nbytes}")
+            if not np.shares_memory(data, target):
+                target[...] = data
+        finally:
+            for buffer in borrowed:
+                _buffers.give_back(buffer)
+        if not self.dtype.isnative and self.dtype.itemsize > 1:
+            swapped = target.view(f"u{self.dtype.itemsize}")
+            swapped.byteswap(inplace=True)
+        return out
+
+
+def _name_config(codec) -> tuple[str, dict]:
+    spec = codec.to_dict() if hasattr(codec, "to_dict") else {}
+    return str(spec.get("name", "")), dict(spec.get("configuration") or {})
+
+
+def zarr_plan(array) -> DecodePlan | None:
+    """The plan for a Zarr array's chunks (whole rows, C order, no sharding), or None to let zarr decode."""
+    metadata = array.metadata
+    if array.ndim != 2 or array.chunks[1] != array.shape[1]:
+        return None
+    dtype = np.dtype(array.dtype)
+    if dtype.kind != "f":
+        return None
+    nbytes = int(np.prod(array.chunks)) * dtype.itemsize
+    steps: list[_Step] = []
+    if metadata.zarr_format == 3:
+        codecs = list(metadata.codecs)
+        if not codecs:
+            return None
+        name, config = _name_config(codecs[0])
+        if name != "bytes":
+            return None  # sharding, transpose, ...
+        endian = config.get("endian", sys.byteorder)
+        dtype = dtype.newbyteorder("<" if endian == "little" else ">")
+        for codec in reversed(codecs[1:]):
+            name, config = _name_config(codec)
+            name = name.removeprefix("numcodecs.")
+            if name == "zstd":
+                steps.append(_Zstd())
+            elif name == "blosc":
+                steps.append(_Blosc())
+            elif name == "gzip":
+                steps.append(_Zlib(31, "gzip"))
+            elif name == "zlib":
+                steps.append(_Zlib(15, "zlib"))
+            elif name == "lz4":
+                steps.append(_LZ4())
+            elif name == "crc32c":
+                steps.append(_Crc32c())
+            elif name == "shuffle":
+                steps.append(_Shuffle(int(config.get("elementsize", 4))))
+            else:
+                return None
+    else:
+        if metadata.order != "C":
+            return None
+        for codec in ([metadata.compressor] if metadata.compressor is not None else []) + list(reversed(metadata.filters or [])):
+            step = _numcodecs_step(codec)
+            if step is None:
+                return None
+            steps.append(step)
+    return DecodePlan(steps, nbytes, dtype)
+
+
+def _numcodecs_step(codec) -> _Step | None:
+    codec_id = getattr(codec, "codec_id", None)
+    if codec_id == "zstd":
+        return _Zstd()
+    if codec_id == "blosc":
+        return _Blosc()
+    if codec_id == "zlib":
+        return _Zlib(15, "zlib")
+    if codec_id == "gzip":
+        return _Zlib(31, "gzip")
+    if codec_id == "lz4":
+        return _LZ4()
+    if codec_id == "shuffle":
+        return _Shuffle(int(codec.elementsize))
+    return None
+
+
+def hdf5_plan(dataset) -> DecodePlan | None:
+    """The plan for an h5py dataset's chunks (whole rows, filters we know), or None to let HDF5 decode.
+
+    An unfiltered dataset has no plan either: HDF5 reads it straight into the caller's buffer.
+    """
+    dtype = np.dtype(dataset.dtype)
+    if dataset.chunks is None or dataset.ndim != 2 or dataset.chunks[1] != dataset.shape[1] or dtype.kind != "f":
+        return None
+    plist = dataset.id.get_create_plist()
+    count = plist.get_nfilters()
+    if count == 0:
+        return None
+    steps: list[_Step] = []
+    for index in range(count):
+        code, _, values, _ = plist.get_filter(index)
+        if code == H5Z_DEFLATE:
+            steps.append(_Zlib(15, "deflate", index))
+        elif code == H5Z_SHUFFLE:
+            steps.append(_Shuffle(int(values[0]) if values else dtype.itemsize, index))
+        elif code == H5Z_FLETCHER32:
+            steps.append(_Fletcher32(index))
+        elif code == H5Z_BLOSC:
+            steps.append(_Blosc(index))
+        elif code == H5Z_ZSTD:
+            steps.append(_Zstd(index))
+        else:
+            return None  # lzf, szip, scaleoffset, nbit, other plugins: HDF5 decodes them
+    steps.reverse()
+    return DecodePlan(steps, int(np.prod(dataset.chunks)) * dtype.itemsize, dtype)
+
+
+# ---------------------------------------------------------------------------------------------- blocks
+
+
+def widen_in_place(region: np.ndarray, n_values: int) -> None:
+    """``region`` holds ``n_values`` float16 values in its second half (bytes ``2n..4n``); make it the
+    same values as float32 (bytes ``0..4n``), in cache-sized pieces and without another buffer.
+
+    Piece by piece from the front: a piece's float32 bytes end at ``4b``, before the float16 bytes of
+    every later piece start (``2n + 2b``), so nothing is overwritten before it is read.
+    """
+    source = region[2 * n_values : 4 * n_values].view(np.float16)
+    target = region[: 4 * n_values].view(np.float32)
+    step = 1 << 16
+    for start in range(0, n_values, step):
+        np.copyto(target[start : start + step], source[start : start + step])
+
+
+def decode_rows(plan: DecodePlan, chunks, start: int, stop: int, out: np.ndarray, chunk_rows: int,
+                fill_value, describe) -> np.ndarray:
+    """Rows ``[start, stop)`` into ``out`` (C-contiguous, the store's dtype or float32 for a float16
+    store) from ``chunks``: ``(index, stored bytes or None for a missing chunk, filter mask)`` for each
+    chunk the rows touch. A chunk the rows cover whole is decoded straight into ``out``; a partial one
+    (the store's last chunk, or a range cut inside a chunk) through a chunk-sized buffer of its own.
+    A chunk that does not decode raises :class:`DecodeError` prefixed with ``describe(index)``.
+    """
+    view = out[: stop - start]
+    n_features = view.shape[1]
+    stored = plan.dtype.newbyteorder("=")
+    widen = view.dtype != stored
+    for index, data, mask in chunks:
+        first = index * chunk_rows
+        lo, hi = max(start, first), min(stop, first + chunk_rows)
+        target = view[lo - start : hi - start]
+        if data is None:
+            target[...] = fill_value or 0
+            continue
+        whole = (lo, hi) == (first, first + chunk_rows)
+        try:
+            if whole and not widen:
+                plan.decode_into(data, target, mask)
+            elif whole:  # decode into the second half of the rows' float32 bytes, then widen in place
+                region = target.reshape(-1).view(np.uint8)
+                plan.decode_into(data, region[plan.nbytes :], mask)
+                widen_in_place(region, plan.nbytes // 2)
+            else:
+                chunk = _buffers.take((chunk_rows, n_features), stored)  # reused: fresh memory is slow to touch
+                try:
+                    plan.decode_into(data, chunk, mask)
+                    target[...] = chunk[lo - first : hi - first]
+                finally:
+                    _buffers.give_back(chunk)
+        except DecodeError as exc:
+            raise DecodeError(f"{describe(index)}: {exc}") from None
+        except Exception as exc:  # a codec library failing on the bytes it was given
+            raise DecodeError(f"{describe(index)}: {exc.__class__.__name__}: {first_line(exc)}") from None
+    return view
+
+
+# ----------------------------------------------------------------------------------------------- outputs
+
+
+def check_compressor(name: str) -> str:
+    """``name`` if it is one of :data:`COMPRESSORS`, else a :class:`ValueError` listing them."""
+    if name not in COMPRESSORS:
+        raise ValueError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {name!r}")
+    return name
+
+
+def numcodecs_codec(name: str, dtype):
+    """The numcodecs codec that ``--compressor name`` writes a chunk with (None for ``none``): zstd at
+    level 3 (zstd's default, which Zarr 3's level 0 means), blosc with lz4 at level 5 and byte shuffle,
+    gzip at level 4."""
+    from numcodecs import Blosc, GZip, Zstd
+
+    check_compressor(name)
+    if name == "zstd":
+        return Zstd(level=3)
+    if name == "blosc":
+        return Blosc(cname="lz4", clevel=5, shuffle=Blosc.SHUFFLE, typesize=np.dtype(dtype).itemsize)
+    if name == "gzip":
+        return GZip(level=4)
+    return None
+
+
+def chunk_encoder(name: str, dtype, layout: str):
+    """``encode(chunk) -> bytes`` for ``--compressor name`` (None for ``none``): a whole chunk (a
+    C-contiguous array) as the ``layout`` ("zarr" or "hdf5") stores it. HDF5's gzip is its deflate filter
+    (a zlib stream) after byte shuffle, as h5py writes ``compression="gzip", shuffle=True``; its zstd and
+    blosc are the registered filters' plain frames."""
+    codec = numcodecs_codec(name, dtype)
+    if codec is None:
+        return None
+    if layout == "hdf5" and name == "gzip":
+        from numcodecs import Shuffle
+
+        shuffle = Shuffle(np.dtype(dtype).itemsize)
+        return lambda chunk: zlib.compress(shuffle.encode(chunk.reshape(-1).view(np.uint8)), 4)
+    return lambda chunk: bytes(codec.encode(chunk.reshape(-1).view(np.uint8)))
