@@ -215,7 +215,7 @@ def apply_model(
     ``threads`` worker threads each read and transform whole blocks, which a writer thread writes in
     row order while the next block is computed. The default, 1, computes in this thread with
     multi-threaded BLAS: concurrent blocks were measured to slow each other down on a 2-core machine
-    (see the README's performance section); more threads can pay on more cores. An input whose
+    (see docs/performance.md); more threads can pay on more cores. An input whose
     compressed chunks are decoded here defaults to one thread per core (at most four), decoding at
     once, with a reader thread fetching the stored bytes of the next blocks ahead. With ``direct_io``
     whole output chunks are written around the page cache (``O_DIRECT``), which uses no CPU and so
