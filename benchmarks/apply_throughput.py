@@ -24,7 +24,6 @@ import tempfile
 import h5py
 import numpy as np
 import zarr
-
 from _common import interleaved_times, print_table, read_all, save_results, warm_page_cache, write_tiled_store
 
 TARGET = 0.8
@@ -75,8 +74,8 @@ def main(argv=None):
         args.dim, args.k, args.chunks, args.chunk_rows, args.repeats = 64, 16, 3, 2048, 1
     from streamwhiten.apply import apply_model
     from streamwhiten.fit import fit_sources
-    from streamwhiten.model import finalize
     from streamwhiten.io import output_chunk_rows
+    from streamwhiten.model import finalize
 
     directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-apply-")
     os.makedirs(directory, exist_ok=True)
@@ -108,7 +107,7 @@ def main(argv=None):
                 "apply": ours,
             }, args.repeats)
             reference, durable, seconds = (min(times[name]) for name in ("reference", "reference_fsync", "apply"))
-            per_round = [r / a for r, a in zip(times["reference"], times["apply"])]
+            per_round = [r / a for r, a in zip(times["reference"], times["apply"], strict=False)]
             rows_out.append({"output": kind, "direct_io": not args.no_direct_io, "rows": n_rows, "d": args.dim, "k": args.k,
                              "reference_rows_s": n_rows / reference, "apply_rows_s": n_rows / seconds,
                              "ratio": reference / seconds, "ratio_median": float(np.median(per_round)),

@@ -202,7 +202,7 @@ def table(report: dict) -> str:
     for entry in report["runs"]:
         cells = (fmt.format(**entry) for _, _, fmt in COLUMNS)
         lines.append("".join(
-            f"{cell:>{width}}" if width > 0 else f"{cell:<{-width}}" for cell, (_, width, _) in zip(cells, COLUMNS)
+            f"{cell:>{width}}" if width > 0 else f"{cell:<{-width}}" for cell, (_, width, _) in zip(cells, COLUMNS, strict=False)
         ))
     return "\n".join(lines)
 

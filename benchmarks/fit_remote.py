@@ -35,7 +35,6 @@ import tempfile
 import time
 
 import numpy as np
-
 from _common import interleaved_times, print_table, row_pool, save_results, warm_page_cache
 
 
@@ -171,7 +170,7 @@ def measure(directory: str, n_rows: int, d: int, chunk_rows: int, repeats: int, 
 
     def ratio(a, b):
         return {"best": best[b] / best[a],
-                "median": float(np.median([tb / ta for ta, tb in zip(times[a], times[b])]))}
+                "median": float(np.median([tb / ta for ta, tb in zip(times[a], times[b], strict=False)]))}
 
     result["ratios"] = {"s3_vs_local": ratio("s3", "local"), "s3_vs_dask": ratio("s3", "dask"),
                         "s3_hdf5_vs_local_hdf5": ratio("s3_hdf5", "local_hdf5"),

@@ -34,7 +34,6 @@ import threading
 import warnings
 
 import numpy as np
-
 from _common import interleaved_times, print_table, row_pool, save_results, warm_page_cache
 
 TARGET = 0.8
@@ -161,7 +160,7 @@ def measure(directory: str, n_rows: int, d: int, group_rows: int, repeats: int) 
         functions = {
             "streamwhiten": lambda: held.__setitem__("fit", fit_sources(path, threads=threads)),
             "read": lambda: run_all(read, tasks, threads),
-            "product": lambda: run_all(lambda block: block.T @ block, [(b,) for b in blocks], threads),
+            "product": lambda blocks=blocks: run_all(lambda block: block.T @ block, [(b,) for b in blocks], threads),
             "pipelined": lambda: run_all(lambda *task: (lambda b: b.T @ b)(read(*task)), tasks, threads),
         }
         if whole_groups is not None:
@@ -169,7 +168,7 @@ def measure(directory: str, n_rows: int, d: int, group_rows: int, repeats: int) 
         times = interleaved_times(functions, repeats)
         release_buffers()
         best = {name: min(values) for name, values in times.items()}
-        reference = [r + p for r, p in zip(times["read"], times["product"])]
+        reference = [r + p for r, p in zip(times["read"], times["product"], strict=False)]
         row = {"store": kind, "rows": n_rows, "d": d, "threads": threads, "block_rows": block_rows,
                "file_mb": sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(path) for f in fs) / 1e6
                if os.path.isdir(path) else os.path.getsize(path) / 1e6}
@@ -178,7 +177,7 @@ def measure(directory: str, n_rows: int, d: int, group_rows: int, repeats: int) 
         row.setdefault("read_row_group_rows_s", None)
         row["reference_rows_s"] = n_rows / (best["read"] + best["product"])
         row["ratio"] = (best["read"] + best["product"]) / best["streamwhiten"]
-        row["ratio_median"] = float(np.median([r / s for r, s in zip(reference, times["streamwhiten"])]))
+        row["ratio_median"] = float(np.median([r / s for r, s in zip(reference, times["streamwhiten"], strict=False)]))
         row["ratio_vs_pipelined"] = best["pipelined"] / best["streamwhiten"]
         row["meets_0.8"] = row["ratio"] >= TARGET
         row["n_rows_fitted"] = int(held["fit"].state.n_rows)

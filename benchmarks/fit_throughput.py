@@ -31,9 +31,14 @@ import shutil
 import tempfile
 
 import numpy as np
-
 from _common import (
-    best_time, interleaved_times, print_table, read_all, run_child, save_results, warm_page_cache,
+    best_time,
+    interleaved_times,
+    print_table,
+    read_all,
+    run_child,
+    save_results,
+    warm_page_cache,
     write_tiled_store,
 )
 
@@ -78,7 +83,7 @@ def bare_products(chunks: list[np.ndarray]) -> dict:
 def ratios(times: dict, name: str, reference: str) -> tuple[float, float]:
     """Best-of ratio (reference's fastest run over ``name``'s) and the median of the per-round ratios."""
     best = min(times[reference]) / min(times[name])
-    per_round = [r / t for r, t in zip(times[reference], times[name])]
+    per_round = [r / t for r, t in zip(times[reference], times[name], strict=False)]
     return best, float(np.median(per_round))
 
 
@@ -211,7 +216,7 @@ def peers_table(directory, d, n_rows, chunk_rows, ipca_rows, repeats) -> dict:
         rate = out[f"{peer}_rows_s"]
         out[f"vs_{peer}"] = None if rate is None else ours_rate / rate
         out[f"vs_{peer}_target"] = target
-    per_round = [cov / fit for cov, fit in zip(times["np_cov"], times["streamwhiten_auto"])]
+    per_round = [cov / fit for cov, fit in zip(times["np_cov"], times["streamwhiten_auto"], strict=False)]
     out["vs_np_cov_median"] = float(np.median(per_round))
     out["accuracy_ok"] = out["streamwhiten_auto_rel_error"] <= 1e-6 and out["streamwhiten_float64_rel_error"] <= 1e-12
     out["times_s"] = times
@@ -403,7 +408,7 @@ def compressed_table(directory, d, n_chunks, chunk_rows, repeats, k, stores=None
     times = interleaved_times(functions, repeats)
     best = {name: min(values) for name, values in times.items()}
     rows_out = []
-    for name, _, codec, dtype, target in stores:
+    for name, _, _codec, dtype, target in stores:
         decode = best[f"{name}:decode_1"]
         limit = cores * n_rows / (decode + best["product_1"])
         apply_limit = cores * n_rows / (decode + best["project_1"])
@@ -418,9 +423,9 @@ def compressed_table(directory, d, n_chunks, chunk_rows, repeats, k, stores=None
         row["fit_vs_bare"] = row["fit_rows_s"] / row["bare_rows_s"]
         row["fit_vs_dask"] = row["fit_rows_s"] / row["dask_rows_s"]
         row["apply_vs_limit"] = row["apply_rows_s"] / apply_limit
-        per_round = [(cores * n_rows / (dec + prod)) for dec, prod in zip(times[f"{name}:decode_1"], times["product_1"])]
+        per_round = [(cores * n_rows / (dec + prod)) for dec, prod in zip(times[f"{name}:decode_1"], times["product_1"], strict=False)]
         row["fit_vs_limit_median"] = float(np.median([n_rows / fit / lim for fit, lim
-                                                      in zip(times[f"{name}:fit"], per_round)]))
+                                                      in zip(times[f"{name}:fit"], per_round, strict=False)]))
         if target == "bare":
             row["target"] = f"fit >= {TARGET_RAW_VS_BARE} bare"
             row["meets"] = row["fit_vs_bare"] >= TARGET_RAW_VS_BARE

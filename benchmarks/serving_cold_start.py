@@ -28,7 +28,6 @@ import tempfile
 import time
 
 import numpy as np
-
 from _common import print_table, run_child, save_results
 
 TARGET_SECONDS = 0.15

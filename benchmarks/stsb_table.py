@@ -70,7 +70,7 @@ def tuned_row(data: str, pooling: str, model) -> dict:
         halves = {}
         for name, index in (("even", np.arange(0, scores.size, 2)), ("odd", np.arange(1, scores.size, 2))):
             paths = [os.path.join(tmp, f"{name}-{part}.npy") for part in ("a", "b", "s")]
-            for path, values in zip(paths, (a[index], b[index], scores[index])):
+            for path, values in zip(paths, (a[index], b[index], scores[index]), strict=False):
                 np.save(path, values)
             halves[name] = paths
         for tune_on, test_on in (("even", "odd"), ("odd", "even")):

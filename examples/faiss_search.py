@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         whiten = load_model(model).as_affine(n_components=args.k, normalize=True)
         scores = whiten.transform(queries) @ whiten.transform(corpus).T
         expected = np.argsort(-scores, axis=1, kind="stable")[:, :10]
-        overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, expected)])
+        overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, expected, strict=False)])
         print(f"{index.ntotal} vectors of {args.dim} dims indexed as {args.k}-dim whitened unit vectors; "
               f"top-10 overlap with the numpy search: {overlap:.3f}")
     return 0 if overlap >= 0.95 else 1

@@ -15,8 +15,8 @@ import contextlib
 import os
 import threading
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator
 
 from .params import check
 

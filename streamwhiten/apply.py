@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import numpy as np
 
@@ -20,14 +20,28 @@ from . import __version__, params
 from ._buffers import BufferPool, PerThread, kept_for_next_run
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 from .errors import (
-    BadInputError, InterruptedRunError, NonFiniteError, NothingToDoError, OutputExistsError, ValuesTooLargeError,
+    BadInputError,
+    InterruptedRunError,
+    NonFiniteError,
+    NothingToDoError,
+    OutputExistsError,
+    ValuesTooLargeError,
+)
+from .io import (
+    check_output_compressor,
+    create_sink,
+    fingerprint,
+    open_source,
+    output_exists,
+    output_kind,
+    read_attrs,
+    refuse_input_overlap,
+    remote,
+    resume_sink,
+    sink_chunk_rows,
+    split_spec,
 )
 from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
-from .io import (
-    check_output_compressor, create_sink, fingerprint, open_source, output_exists, output_kind, read_attrs,
-    refuse_input_overlap, remote, resume_sink, sink_chunk_rows, split_spec,
-)
-
 
 #: Worker threads of :func:`apply_model` when none are given, for an input read as stored; an input
 #: whose compressed chunks are decoded here gets one per core (at most four), so cores decode at once.

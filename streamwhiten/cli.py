@@ -6,21 +6,28 @@ is reported here as one line on stderr (``streamwhiten: error: ...``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import sys
 import time
-import contextlib
 from contextlib import contextmanager
 
 import click
 
 from . import __version__, _interrupt
 from .errors import (
-    EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_IO, BadInputError, InterruptedRunError, NothingToDoError, OutputExistsError,
-    StoreIOError, StreamwhitenError,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_IO,
+    BadInputError,
+    InterruptedRunError,
+    NothingToDoError,
+    OutputExistsError,
+    StoreIOError,
+    StreamwhitenError,
 )
 from .params import PARAMS
 
@@ -247,8 +254,8 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
 
     Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
     """
-    from .jobs import fit_job, save_fitted
     from .io import expand_specs
+    from .jobs import fit_job, save_fitted
 
     _check_engine(engine, scheduler, workers, threads)
     if model_path is None:
@@ -330,8 +337,8 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
     An interrupted run leaves a hidden partial output that the same command resumes.
     """
     from .apply import apply_model
-    from .model import load_model
     from .io import refuse_input_overlap
+    from .model import load_model
 
     _check_engine(engine, scheduler, workers, threads)
     refuse_input_overlap({output_spec: "output"}, [input_spec, model_path])
@@ -430,9 +437,9 @@ def export_(model_path, output_path, fmt, beta, gamma, n_components, variance, e
     from dataclasses import replace
 
     from .export import check_available, check_options, export, format_for
+    from .io import refuse_input_overlap
     from .model import check_params, load_model
     from .serving import file_checksum
-    from .io import refuse_input_overlap
 
     fmt = format_for(output_path, fmt, append_to)
     check_options(fmt, normalize, append_to, index_factory, metric)
@@ -520,8 +527,8 @@ def run(job_file, log_file, restart, quiet, as_json):
     Exit codes: 0 done, 3 nothing to do, 2 bad input, 74 I/O error (disk full: the previous checkpoint or
     output is kept), 75 another run holds the lock, 130 interrupted.
     """
-    from .jobs import default_checkpoint, read_job_file, run_job_file
     from .io import expand_specs, refuse_input_overlap, remote
+    from .jobs import default_checkpoint, read_job_file, run_job_file
 
     logging.getLogger("streamwhiten").setLevel(logging.INFO)
     if log_file:
@@ -785,10 +792,9 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks,
 
     Needs matplotlib (pip install 'streamwhiten[report]'); renders without a display.
     """
+    from .io import refuse_input_overlap
     from .model import load_model
     from .report import check_output, collect, write_report
-
-    from .io import refuse_input_overlap
 
     refuse_input_overlap({output_path: "report"}, [model_path, pairs_a, pairs_b, scores], nested=False)
     with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))

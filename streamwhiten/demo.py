@@ -9,9 +9,9 @@ import numpy as np
 
 from .apply import apply_model
 from .fit import fit_sources
+from .io import open_source
 from .model import finalize, save_model
 from .stats import Moments, block_moments, covariance, update
-from .io import open_source
 from .synthetic import write_store
 
 

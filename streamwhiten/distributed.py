@@ -27,8 +27,8 @@ from . import params, stats
 from .apply import aligned_block_rows, check_output, output_attrs, recorded_options, summary, transform_block
 from .errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
 from .fit import FitResult, check_enough_rows, open_sources, plan_blocks, reduce_block
-from .model import float_dtype
 from .io import create_sink, fingerprint, open_source, output_kind, split_spec
+from .model import float_dtype
 
 #: States merged by one task of the reduction tree (dask's ``split_every``).
 SPLIT_EVERY = 8
@@ -137,7 +137,7 @@ def _block_tasks(array, label: str, precision: str, skip_nonfinite: bool) -> lis
     task = dask.delayed(reduce_block, pure=True)
     offsets = np.concatenate([[0], np.cumsum(array.chunks[0])]).astype(np.int64)
     blocks = array.to_delayed().ravel()
-    return [task(block, int(begin), label, precision, skip_nonfinite) for begin, block in zip(offsets, blocks)]
+    return [task(block, int(begin), label, precision, skip_nonfinite) for begin, block in zip(offsets[:-1], blocks, strict=True)]
 
 
 def _read_block_moments(rows, begin: int, stop: int, precision: str, skip_nonfinite: bool) -> tuple:

@@ -9,14 +9,14 @@ reported x100 like the literature. Nothing here assumes a particular embedding m
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import numpy as np
 
 from .errors import BadInputError, NonFiniteError
-from .model import WhiteningModel, project
 from .io import Source, open_source, read_vector
+from .model import WhiteningModel, project
 
 #: Bytes of one block of pair vectors (A or B) read at a time.
 PAIR_BLOCK_BYTES = 16 << 20

@@ -21,19 +21,24 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Callable
 
 import numpy as np
 
 from . import params, stats
-from ._npz import read_npz, write_npz_atomic
-from .errors import (
-    BadInputError, InterruptedRunError, ModelFileError, NonFiniteError, NothingToDoError, StoreIOError,
-)
 from ._buffers import PerThread, as_array, kept_for_next_run
+from ._npz import read_npz, write_npz_atomic
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
+from .errors import (
+    BadInputError,
+    InterruptedRunError,
+    ModelFileError,
+    NonFiniteError,
+    NothingToDoError,
+    StoreIOError,
+)
 from .io import Source, count_blocks, exists, expand_specs, fingerprint, open_source, remote
 
 #: ``progress(rows_done, rows_total)``, called after every block.
@@ -109,7 +114,7 @@ class FitPlan:
         """What changes the statistics besides the rows: ``(precision, skip_nonfinite, fill_missing_chunks)``."""
         return self.precision, self.skip_nonfinite, self.fill_missing_chunks
 
-    def result(self) -> "FitResult":
+    def result(self) -> FitResult:
         """What the finished plan produced (sources: those read, then those an update kept)."""
         return FitResult(self.state, self.n_skipped, self.sources + self.kept_sources, self.n_blocks, self.seconds,
                          self.rows_done, *self.options)
@@ -531,7 +536,7 @@ def run_plan(
         results = ordered_map(_read_block_moments, _block_tasks(job, opened, buffers, reader), workers,
                               worker_blas_threads(workers))
         try:
-            for index, begin, end, moments, skipped, source in results:
+            for index, _begin, end, moments, skipped, source in results:
                 cursor = job.cursors[index]
                 job.state = stats.merge(job.state, moments)
                 cursor.n_skipped += skipped

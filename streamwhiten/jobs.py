@@ -56,9 +56,13 @@ def check_fit_paths(inputs, model_path: str, checkpoint: str | None = None, upda
 ENGINES = ("serial", "dask")
 
 
+#: fit_job's checkpoint cadence defaults, as declared in ``params``.
+_CHECKPOINT_EVERY = _params.default("checkpoint_every")
+_CHECKPOINT_SECONDS = _params.default("checkpoint_seconds")
+
 def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chunk_rows=None, skip_nonfinite=False,
-            update=None, checkpoint=None, checkpoint_every=_params.default("checkpoint_every"),
-            checkpoint_seconds=_params.default("checkpoint_seconds"), restart=False, resume=False, progress=None,
+            update=None, checkpoint=None, checkpoint_every=_CHECKPOINT_EVERY,
+            checkpoint_seconds=_CHECKPOINT_SECONDS, restart=False, resume=False, progress=None,
             should_stop=None, threads=None, fill_missing_chunks=False, *, engine="serial", scheduler=None,
             workers=None, client=None, overwrite=True):
     """Plan (or update), resume from a matching checkpoint, run and finalize a fit: the one entry point
@@ -76,8 +80,8 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     names a saved model whose statistics are extended with appended rows only.
     """
     from .fit import check_resumable, finalize_fit, load_checkpoint, plan_fit, plan_update, run_plan
-    from .model import check_params, load_model
     from .io.durable import remove_stale_temps
+    from .model import check_params, load_model
 
     _params.check("checkpoint_every", checkpoint_every)
     _params.check("checkpoint_seconds", checkpoint_seconds)
@@ -435,8 +439,16 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
 def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
     from .apply import apply_model, check_keep_columns, output_is_current, recorded_options
     from .fit import remove_checkpoint
+    from .io import (
+        expand_specs,
+        fingerprint,
+        open_source,
+        refuse_input_overlap,
+        refuse_shared_outputs,
+        remote,
+        split_spec,
+    )
     from .model import check_params, load_model, model_checksum, save_model
-    from .io import expand_specs, fingerprint, open_source, refuse_input_overlap, refuse_shared_outputs, remote, split_spec
 
     fit_options = {key: spec.model[key] for key in ("precision", "chunk_rows", "skip_nonfinite",
                                                     "checkpoint_every", "checkpoint_seconds", "threads")

@@ -210,7 +210,7 @@ class WhiteningModel:
                                    model.eps_value, model.n_components, model.variance, normalize,
                                    model_checksum(self))
 
-    def with_params(self, **changes) -> "WhiteningModel":
+    def with_params(self, **changes) -> WhiteningModel:
         """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data."""
         params = dict(beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance)
         if "n_components" in changes and changes["n_components"] is not None:

@@ -14,8 +14,8 @@ import base64
 import html
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -191,7 +191,7 @@ def draw_heatmaps(figure, data: ReportData) -> None:
     n_rows = -(-len(labels) // n_cols)
     axes = np.atleast_1d(figure.subplots(n_rows, n_cols, squeeze=False)).ravel()
     image = None
-    for ax, label in zip(axes, labels):
+    for ax, label in zip(axes, labels, strict=False):
         cells = {(row["beta"], row["gamma"]): row for row in grid.table if row["k_label"] == label}
         matrix = np.array([[cells[(b, g)][metric] for g in gammas] for b in betas])
         image = ax.imshow(matrix, cmap="RdBu", norm=norm, aspect="auto", origin="lower")

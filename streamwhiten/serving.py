@@ -72,7 +72,7 @@ class AffineMap:
 
     @classmethod
     def from_eigh(cls, eigvals, eigvecs, mean, beta, gamma, eps, eps_value, n_components, variance=None,
-                  normalize=False, model_checksum="") -> "AffineMap":
+                  normalize=False, model_checksum="") -> AffineMap:
         """The map of a finalized model: ``A = eigvecs[:, :k] * (eigvals[:k] + eps_value) ** (-gamma / 2)``.
 
         The same arithmetic as ``WhiteningModel.projection``, so ``A`` is bit-identical to its weights.

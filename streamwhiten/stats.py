@@ -59,7 +59,7 @@ class Moments:
         return int(self.mean.shape[0])
 
     @classmethod
-    def empty(cls, n_features: int) -> "Moments":
+    def empty(cls, n_features: int) -> Moments:
         return cls(0, np.zeros(n_features), np.zeros((n_features, n_features)))
 
     def __eq__(self, other):  # exact, bit-for-bit equality

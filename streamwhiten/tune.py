@@ -14,8 +14,8 @@ pairs are read once for the whole grid.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 import numpy as np
 
@@ -177,7 +177,7 @@ def grid_search(
         if progress is not None:
             progress(stop, n_pairs)
 
-    table = [dict(setting, **correlations(values, pairs.scores)) for setting, values in zip(settings, cosines)]
+    table = [dict(setting, **correlations(values, pairs.scores)) for setting, values in zip(settings, cosines, strict=True)]
     best = choose(table, metric, tolerance)
     return TuneResult(table, best, correlations(raw, pairs.scores), metric, pairs.describe(), bases, float(tolerance))
 

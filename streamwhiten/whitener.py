@@ -125,7 +125,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self.fill_missing_chunks = fill_missing_chunks
 
     # -- scikit-learn protocol ------------------------------------------------------------------------
-    def set_params(self, **params) -> "Whitener":
+    def set_params(self, **params) -> Whitener:
         valid = self.get_params(deep=False)
         for name in params:
             if name not in valid:
@@ -167,7 +167,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         for name in ("state_", "sources_", "n_skipped_", "n_features_in_", "feature_names_in_", "_model"):
             self.__dict__.pop(name, None)
 
-    def partial_fit(self, X, y=None) -> "Whitener":
+    def partial_fit(self, X, y=None) -> Whitener:
         """Fold one in-memory batch of rows (float16, float32 or float64) into the statistics."""
         self._check_params()
         first = "state_" not in self.__dict__
@@ -188,7 +188,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self.__dict__.pop("_model", None)
         return self
 
-    def fit(self, X, y=None, dataset=None, progress=None) -> "Whitener":
+    def fit(self, X, y=None, dataset=None, progress=None) -> Whitener:
         """Fit on an in-memory array (or DataFrame), a store spec (``"file.h5:/ds"``, ``"dir.zarr"``), a
         list of specs, or a dask array. Statistics are exact whatever the chunking."""
         self._check_params()
@@ -316,12 +316,12 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         return save_model(self._finalized(), os.fspath(path))
 
     @classmethod
-    def load(cls, path) -> "Whitener":
+    def load(cls, path) -> Whitener:
         model = load_model(os.fspath(path))
         return cls.from_model(model)
 
     @classmethod
-    def from_model(cls, model: WhiteningModel) -> "Whitener":
+    def from_model(cls, model: WhiteningModel) -> Whitener:
         n_components = None if model.variance is not None else model.n_components
         whitener = cls(beta=model.beta, gamma=model.gamma, n_components=n_components, variance=model.variance,
                        eps=model.eps)

@@ -107,7 +107,7 @@ def start_moto(port: int, **env) -> subprocess.Popen:
             return process
         except OSError:
             if process.poll() is not None:
-                raise RuntimeError("moto_server exited at start")
+                raise RuntimeError("moto_server exited at start") from None
             time.sleep(0.1)
     process.kill()
     raise RuntimeError("moto_server did not start")

@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 
 SCRIPTS = ["fit_throughput.py", "apply_throughput.py", "memory.py", "fit_tables.py", "fit_remote.py"]

@@ -107,6 +107,7 @@ def test_buffer_pool_reuses_what_is_given_back_and_keeps_only_free_ones():
 
 def test_fits_and_applies_reuse_the_buffers_of_the_run_before(tmp_path, monkeypatch):
     from conftest import anisotropic, write_h5
+
     from streamwhiten import Whitener
     from streamwhiten.apply import apply_model
     from streamwhiten.fit import fit_sources
@@ -133,9 +134,10 @@ def test_fits_and_applies_reuse_the_buffers_of_the_run_before(tmp_path, monkeypa
 
 def test_an_error_mid_run_keeps_the_buffers_and_an_interrupt_drops_them(tmp_path, monkeypatch):
     from conftest import anisotropic, write_h5
-    from streamwhiten.io.hdf5 import HDF5Source
+
     from streamwhiten.errors import NonFiniteError
     from streamwhiten.fit import fit_sources
+    from streamwhiten.io.hdf5 import HDF5Source
 
     rows = anisotropic(4000, 8).astype(np.float32)
     clean = write_h5(tmp_path / "clean.h5", rows, chunk_rows=500)

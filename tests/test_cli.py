@@ -7,10 +7,9 @@ import h5py
 import numpy as np
 import pytest
 import zarr
+from conftest import anisotropic, run_subprocess, write_h5, write_zarr
 
 from streamwhiten.errors import EXIT_BAD_INPUT
-
-from conftest import anisotropic, run_subprocess, write_h5, write_zarr
 
 
 @pytest.fixture

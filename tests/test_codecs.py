@@ -15,17 +15,16 @@ import subprocess
 import sys
 
 import h5py
-import numpy as np
 import numcodecs
+import numpy as np
 import pytest
 import zarr
+from conftest import anisotropic, run_subprocess
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
 from streamwhiten.errors import BadInputError, MissingChunkError
 from streamwhiten.io import open_source
 from streamwhiten.io.codecs import DecodeError, hdf5_plan, widen_in_place, zarr_plan
-
-from conftest import anisotropic, run_subprocess
 
 ROWS, FEATURES, CHUNK = 1000, 24, 128  # the last chunk holds 104 rows
 DTYPES = ["<f4", ">f4", "<f2", ">f2", "<f8"]

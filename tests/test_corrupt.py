@@ -27,14 +27,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import warnings
 
 import h5py
 import numpy as np
 import pytest
 import zarr
-
 from conftest import anisotropic, run_subprocess
 
 ROWS, FEATURES, CHUNK = 1000, 16, 100

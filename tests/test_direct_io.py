@@ -6,15 +6,15 @@ import os
 import h5py
 import numpy as np
 import pytest
+from conftest import anisotropic, write_h5, write_zarr
 
 from streamwhiten import Whitener
-from streamwhiten.io import direct as _direct_io
-from streamwhiten._buffers import ALIGNMENT, take as aligned_empty
-from streamwhiten.io.direct import ChunkFile, direct_writable
+from streamwhiten._buffers import ALIGNMENT
+from streamwhiten._buffers import take as aligned_empty
 from streamwhiten.apply import apply_model
 from streamwhiten.io import OUTPUT_CHUNK_BYTES, aligned_chunk_rows, open_source, output_chunk_rows, read_attrs
-
-from conftest import anisotropic, write_h5, write_zarr
+from streamwhiten.io import direct as _direct_io
+from streamwhiten.io.direct import ChunkFile, direct_writable
 
 needs_o_direct = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="this platform has no O_DIRECT")
 

@@ -16,11 +16,17 @@ from scipy import stats as sps
 from streamwhiten.cli import main
 from streamwhiten.errors import BadInputError, NonFiniteError
 from streamwhiten.evaluate import (
-    cosine_rows, evaluate_pairs, open_pairs, pair_cosines, pearson, rankdata, spearman,
+    cosine_rows,
+    evaluate_pairs,
+    open_pairs,
+    pair_cosines,
+    pearson,
+    rankdata,
+    spearman,
 )
 from streamwhiten.fit import fit_sources
-from streamwhiten.model import finalize, save_model
 from streamwhiten.io import read_vector
+from streamwhiten.model import finalize, save_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STSB = os.environ.get("STREAMWHITEN_STSB", os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))
@@ -83,7 +89,7 @@ def test_cosine_rows_against_direct_formula_and_zero_rows():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((20, 5)), rng.standard_normal((20, 5))
     a[3] = 0.0
-    expected = [x @ y / (np.linalg.norm(x) * np.linalg.norm(y)) if np.linalg.norm(x) else 0.0 for x, y in zip(a, b)]
+    expected = [x @ y / (np.linalg.norm(x) * np.linalg.norm(y)) if np.linalg.norm(x) else 0.0 for x, y in zip(a, b, strict=False)]
     np.testing.assert_allclose(cosine_rows(a, b), expected, atol=1e-14)
 
 

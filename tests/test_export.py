@@ -13,11 +13,10 @@ import os
 
 import numpy as np
 import pytest
+from conftest import write_h5
 
 from streamwhiten import Whitener, serving
 from streamwhiten.errors import EXIT_BAD_INPUT
-
-from conftest import write_h5
 
 D, SMALL_K = 16, 6
 SETTINGS = [(beta, gamma, k, normalize) for beta in (0.0, 0.5, 1.0) for gamma in (0.0, 0.5, 1.0)

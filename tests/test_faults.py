@@ -75,7 +75,6 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-
 from conftest import REPO, anisotropic, write_h5
 
 # ------------------------------------------------------------------------------------ strace available?
@@ -167,7 +166,7 @@ class Scenario:
     preexisting: str | None = None  # a final output that exists before the command (--overwrite)
     is_run: bool = False
 
-    def args(self, world: "World", work: Path) -> list:
+    def args(self, world: World, work: Path) -> list:
         if self.name.startswith("fit"):
             args = ["fit", world.input, "-o", work / "model.npz", "--chunk-rows", STORE_CHUNK,
                     "--checkpoint-every", 1, "-q"]
@@ -181,7 +180,7 @@ class Scenario:
             args.append("--overwrite")
         return [str(a) for a in args]
 
-    def prepare(self, world: "World", work: Path) -> None:
+    def prepare(self, world: World, work: Path) -> None:
         work.mkdir(parents=True, exist_ok=True)
         if self.is_run:
             (work / "job.toml").write_text(
@@ -671,7 +670,7 @@ def run_case(world: World, case: Case) -> Outcome:
     where = Where(wk, f"{work}.stdout", f"{work}.stderr")
     trace = Path(f"{work}.trace")
     args = scenario.args(world, work)
-    for attempt in range(3):  # should the run not repeat the counting run's calls (not expected): try again
+    for _attempt in range(3):  # should the run not repeat the counting run's calls (not expected): try again
         shutil.rmtree(work, ignore_errors=True)
         scenario.prepare(world, work)
         previous = raw_contents(work / scenario.preexisting) if scenario.preexisting else None

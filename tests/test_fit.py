@@ -4,11 +4,10 @@ import threading
 
 import numpy as np
 import pytest
+from conftest import anisotropic, write_h5, write_zarr
 
 from streamwhiten.errors import StoreIOError
 from streamwhiten.fit import fit_sources, plan_fit, run_job
-
-from conftest import anisotropic, write_h5, write_zarr
 
 
 def test_worker_threads_reuse_one_buffer_each_and_cover_every_row(tmp_path, monkeypatch):

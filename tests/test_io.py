@@ -6,11 +6,10 @@ import h5py
 import numpy as np
 import pytest
 import zarr
+from conftest import anisotropic, write_h5, write_zarr
 
 from streamwhiten.errors import BadInputError, CorruptStoreError, MissingChunkError, OutputExistsError
 from streamwhiten.io import create_sink, fingerprint, open_source, partial_path, split_spec
-
-from conftest import anisotropic, write_h5, write_zarr
 
 
 def test_split_spec():

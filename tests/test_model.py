@@ -5,14 +5,17 @@ import zipfile
 
 import numpy as np
 import pytest
+from conftest import anisotropic
 
 from streamwhiten import stats
 from streamwhiten.errors import BadInputError, ModelFileError
 from streamwhiten.model import (
-    components_for_variance, effective_dimension, finalize, load_model, save_model,
+    components_for_variance,
+    effective_dimension,
+    finalize,
+    load_model,
+    save_model,
 )
-
-from conftest import anisotropic
 
 
 def state_of(rows):

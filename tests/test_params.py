@@ -5,12 +5,11 @@ import inspect
 
 import numpy as np
 import pytest
+from conftest import anisotropic, run_subprocess, write_h5
 
 from streamwhiten import Whitener
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
 from streamwhiten.params import PARAMS, check
-
-from conftest import anisotropic, run_subprocess, write_h5
 
 
 @pytest.mark.parametrize("name, value, flag, toml, message", [

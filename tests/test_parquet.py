@@ -14,16 +14,15 @@ import pytest
 pa = pytest.importorskip("pyarrow", reason="Parquet support needs pyarrow (pip install 'streamwhiten[parquet]')")
 pq = pytest.importorskip("pyarrow.parquet")
 
+from conftest import REPO, run_subprocess, write_h5  # noqa: E402
+from test_resume import kill_when, rows_done_of_checkpoint, rows_done_of_partial, spawn, statistics  # noqa: E402
+
 from streamwhiten import Whitener  # noqa: E402
-from streamwhiten.apply import apply_model  # noqa: E402
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputError  # noqa: E402
 from streamwhiten.io import expand_specs, fingerprint, input_kind, open_source, read_attrs  # noqa: E402
 from streamwhiten.jobs import default_checkpoint  # noqa: E402
 from streamwhiten.model import load_model  # noqa: E402
 from streamwhiten.synthetic import generate_rows  # noqa: E402
-
-from conftest import REPO, anisotropic, run_subprocess, write_h5  # noqa: E402
-from test_resume import kill_when, rows_done_of_checkpoint, rows_done_of_partial, spawn, statistics  # noqa: E402
 
 
 def vectors(rows: np.ndarray, kind: str = "fixed"):
@@ -141,7 +140,7 @@ def test_concurrent_reads_of_one_source_from_many_threads(tmp_path, rows, layout
             assert source.default_block_rows(4096) < 2000 and source.default_block_rows(4096) % 2000
         with ThreadPoolExecutor(4) as pool:
             blocks = list(pool.map(lambda r: source.read(*r), ranges))
-    for (a, b), block in zip(ranges, blocks):
+    for (a, b), block in zip(ranges, blocks, strict=False):
         np.testing.assert_array_equal(block, data[a:b])
 
 

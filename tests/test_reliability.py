@@ -13,13 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zarr
+from conftest import anisotropic, run_subprocess, write_h5, write_zarr
 
 import streamwhiten.io.durable as durable
 from streamwhiten.errors import MissingChunkError, StoreIOError
 from streamwhiten.fit import remove_checkpoint
 from streamwhiten.model import load_model
-
-from conftest import anisotropic, run_subprocess, write_h5, write_zarr
 
 
 def one_line(err: str, *fragments: str) -> str:
@@ -208,7 +207,7 @@ def test_a_directory_output_moved_aside_by_a_killed_run_is_put_back(tmp_path, ro
 
 
 def test_lock_and_log_file_errors_name_the_file(tmp_path, rows):
-    spec = write_h5(tmp_path / "x.h5", rows)
+    write_h5(tmp_path / "x.h5", rows)
     job = tmp_path / "job.toml"
     job.write_text(f'[input]\npaths = ["{tmp_path / "x.h5"}"]\n[model]\npath = "{tmp_path / "m" / "m.npz"}"\n')
     (tmp_path / "m").mkdir()

@@ -17,11 +17,10 @@ import time
 
 import numpy as np
 import pytest
+from conftest import REPO, S3_SECRET, anisotropic, s3fs_client, start_moto, write_zarr
 
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_IO, EXIT_NOTHING_TO_DO
 from streamwhiten.io import open_source, output_exists, read_attrs, remote, split_spec
-
-from conftest import REPO, S3_SECRET, anisotropic, s3fs_client, start_moto, write_zarr
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -336,10 +335,11 @@ def test_run_job_with_s3_inputs_outputs_and_a_storage_table(tmp_path, s3_bucket,
 
 def test_dask_fit_and_apply_from_s3_equal_the_serial_engine(tmp_path, s3_bucket, s3_server, run_cli):
     pytest.importorskip("distributed")
+    from distributed import Client, LocalCluster
+
     from streamwhiten.distributed import apply_dask, fit_dask
     from streamwhiten.fit import fit_sources
     from streamwhiten.model import load_model
-    from distributed import Client, LocalCluster
 
     data = anisotropic(4000, 16, seed=5)
     url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=500), f"{s3_bucket}/c.zarr")

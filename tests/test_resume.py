@@ -12,19 +12,24 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from conftest import REPO, run_subprocess, write_h5
 
 from streamwhiten.apply import apply_model
 from streamwhiten.errors import (
-    EXIT_BAD_INPUT, EXIT_INTERRUPTED, EXIT_IO, EXIT_LOCKED, EXIT_NOTHING_TO_DO, BadInputError, InterruptedRunError,
+    EXIT_BAD_INPUT,
+    EXIT_INTERRUPTED,
+    EXIT_IO,
+    EXIT_LOCKED,
+    EXIT_NOTHING_TO_DO,
+    BadInputError,
+    InterruptedRunError,
     StoreIOError,
 )
 from streamwhiten.fit import load_checkpoint, plan_fit, run_job, save_checkpoint
+from streamwhiten.io import open_source, partial_path
 from streamwhiten.jobs import default_checkpoint
 from streamwhiten.model import load_model
-from streamwhiten.io import open_source, partial_path
 from streamwhiten.synthetic import write_store
-
-from conftest import REPO, run_subprocess, write_h5
 
 N_ROWS, N_FEATURES, BLOCK = 60_000, 48, 300
 

@@ -7,12 +7,11 @@ import zipfile
 
 import numpy as np
 import pytest
+from conftest import REPO, anisotropic
 
 from streamwhiten import Whitener, serving
 from streamwhiten.errors import BadInputError, ModelFileError, NonFiniteError
 from streamwhiten.model import FORMAT_NAME, FORMAT_VERSION, load_model
-
-from conftest import REPO, anisotropic
 
 SETTINGS = [(beta, gamma, k) for beta in (0.0, 0.5, 1.0) for gamma in (0.0, 0.5, 1.0) for k in (5, 12)]
 

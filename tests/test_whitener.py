@@ -4,11 +4,10 @@ import os
 
 import numpy as np
 import pytest
+from conftest import anisotropic, write_h5, write_zarr
 
 from streamwhiten import Whitener
 from streamwhiten.errors import BadInputError, NonFiniteError, NotFittedError
-
-from conftest import anisotropic, write_h5, write_zarr
 
 
 def test_partial_fit_in_batches_equals_fit():
@@ -217,7 +216,7 @@ def test_grid_search_over_a_pipeline_with_pandas_output():
     search.fit(X, y)
     # Only k = d keeps the class's direction; gamma = 1 puts it on the scale of the others.
     assert search.best_params_ == {"whiten__gamma": 1.0, "whiten__n_components": d}
-    scores = dict(zip(map(str, search.cv_results_["params"]), search.cv_results_["mean_test_score"]))
+    scores = dict(zip(map(str, search.cv_results_["params"]), search.cv_results_["mean_test_score"], strict=False))
     assert search.best_score_ > 0.95 and scores[str({"whiten__gamma": 1.0, "whiten__n_components": 1})] < 0.7
     # The search's scores are those of scikit-learn's own cross-validation of the same pipeline.
     by_hand = cross_val_score(clone(pipe).set_params(whiten__n_components=d, whiten__gamma=1.0), X, y, cv=cv)

@@ -18,15 +18,34 @@ import shutil
 import numpy as np
 
 from ..errors import BadInputError, OutputExistsError, StoreIOError
-from .base import (
-    DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OUTPUT_CHUNK_BYTES, LazyRows, Sink, Source, aligned_chunk_rows, check_array,
-    count_blocks, fingerprint, io_error, output_chunk_rows, remove,
-)
 from . import remote
+from .base import (
+    DEFAULT_BLOCK_BYTES,
+    FINGERPRINT_ROWS,
+    OUTPUT_CHUNK_BYTES,
+    LazyRows,
+    Sink,
+    Source,
+    aligned_chunk_rows,
+    check_array,
+    count_blocks,
+    fingerprint,
+    io_error,
+    output_chunk_rows,
+    remove,
+)
 from .durable import remove_stale_temps
 from .spec import (
-    HDF5_SUFFIXES, ZARR_SUFFIX, expand_specs, input_kind, output_kind, partial_path, refuse_input_overlap,
-    refuse_shared_outputs, same_file, split_spec,
+    HDF5_SUFFIXES,
+    ZARR_SUFFIX,
+    expand_specs,
+    input_kind,
+    output_kind,
+    partial_path,
+    refuse_input_overlap,
+    refuse_shared_outputs,
+    same_file,
+    split_spec,
 )
 
 _SOURCES = {"hdf5": ("hdf5", "HDF5Source"), "zarr": ("zarr", "ZarrSource"), "npy": ("npy", "NpySource"),

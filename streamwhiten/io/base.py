@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._buffers import ALIGNMENT
 from .. import params
+from .._buffers import ALIGNMENT
 from ..errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
 from . import durable, remote
 
@@ -197,7 +197,7 @@ class Source:
         """How many ranges :meth:`blocks` yields for the same arguments."""
         return count_blocks(start, self.n_rows if stop is None else stop, block_rows)
 
-    def lazy(self) -> "LazyRows":
+    def lazy(self) -> LazyRows:
         """A picklable reader of this source's rows for other processes (see :class:`LazyRows`)."""
         path = self.path if remote.is_url(self.path) else os.path.abspath(self.path)
         options = remote.storage_options() if remote.is_url(self.path) else None

@@ -18,7 +18,6 @@ Chunks are encoded for outputs here too (:func:`encoder`), so that apply compres
 from __future__ import annotations
 
 import sys
-import threading
 import zlib
 
 import numpy as np
@@ -220,7 +219,7 @@ class _Fletcher32(_Step):
             raise DecodeError("chunk is shorter than its fletcher32 checksum")
         try:
             return _u8(Fletcher32().decode(data))
-        except Exception as exc:
+        except Exception:
             raise DecodeError("fletcher32 checksum mismatch") from None
 
 

@@ -33,7 +33,15 @@ from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreI
 from . import remote
 from .base import FILL_HINT, Sink, Source, first_line, io_error
 from .codecs import (
-    H5Z_BLOSC, H5Z_ZSTD, DecodeError, Fetched, check_compressor, chunk_encoder, decode_rows, fetch_buffer, hdf5_plan,
+    H5Z_BLOSC,
+    H5Z_ZSTD,
+    DecodeError,
+    Fetched,
+    check_compressor,
+    chunk_encoder,
+    decode_rows,
+    fetch_buffer,
+    hdf5_plan,
     widen_in_place,
 )
 from .direct import ChunkFile
@@ -45,7 +53,7 @@ def _unallocated(node) -> bool:
         return False
     if node.chunks is None:
         return node.id.get_storage_size() == 0 and node.id.get_offset() is None
-    expected = math.prod(-(-n // c) for n, c in zip(node.shape, node.chunks))
+    expected = math.prod(-(-n // c) for n, c in zip(node.shape, node.chunks, strict=True))
     return node.id.get_num_chunks() < expected
 
 
@@ -279,7 +287,7 @@ class HDF5Sink(Sink):
 
     @classmethod
     def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, compressor="none",
-               **_) -> "HDF5Sink":
+               **_) -> HDF5Sink:
         """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
         With a ``compressor``, an :class:`HDF5CompressedSink` instead."""
         if check_compressor(compressor) != "none":
@@ -304,7 +312,7 @@ class HDF5Sink(Sink):
         return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=True) -> "HDF5Sink":
+    def resume(cls, path, dataset, partial, direct_io=True) -> HDF5Sink:
         """Reopen the partial output of an interrupted run (read-only, to find its layout)."""
         dataset = dataset or cls.default_dataset
         if os.path.exists(HDF5CompressedSink.spool_path(partial)):

@@ -25,15 +25,15 @@ import json
 import os
 import threading
 
+import lance
 import numpy as np
 import pyarrow as pa
 
-import lance
-
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
-from ._arrow import TableSink, choose_column, copy_vectors, describe_columns, read_attrs, vector_length, vector_type
 from . import durable, remote
+from ._arrow import TableSink, choose_column, copy_vectors, describe_columns, read_attrs, vector_length, vector_type
 from .base import Source, first_line, io_error
+
 
 def _lance_error(label: str, what: str, exc: BaseException) -> Exception:
     """A pylance failure as ours: a failed system call is an I/O error, anything else damaged data."""
@@ -162,7 +162,8 @@ class LanceSource(Source):
             fragment_id = self._fragment_ids[index]
             for array in table.column(0).chunks:
                 n = len(array)
-                where = (lambda row: lambda i: f"{self.label}: fragment {fragment_id}, row {row + i:,}")(a + done)
+                where = (lambda row, fragment: lambda i: f"{self.label}: fragment {fragment}, row {row + i:,}")(
+                    a + done, fragment_id)
                 copy_vectors(array, view[a - start + done : a - start + done + n], where)
                 done += n
             if done != b - a:

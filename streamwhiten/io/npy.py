@@ -125,7 +125,7 @@ class RemoteNpySource(NpySource):
         target = view.reshape(-1).view(np.uint8) if self._stored == self.dtype else None
         done = 0
         raw = bytearray() if target is None else None
-        for part, (a, b) in zip(parts, zip(edges[:-1], edges[1:])):
+        for part, (a, b) in zip(parts, zip(edges[:-1], edges[1:], strict=True), strict=True):
             if isinstance(part, BaseException):
                 raise remote.failure(self.path, what, part)
             if len(part) != b - a:

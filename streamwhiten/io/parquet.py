@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from . import remote
-from ._arrow import TableSink, choose_column, read_attrs, copy_vectors, describe_columns, vector_length, vector_type
+from ._arrow import TableSink, choose_column, copy_vectors, describe_columns, read_attrs, vector_length, vector_type
 from .base import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, Source, first_line, io_error
 from .spec import parquet_files
 

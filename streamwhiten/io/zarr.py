@@ -33,7 +33,14 @@ from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreI
 from . import durable, remote
 from .base import Sink, Source, first_line, io_error
 from .codecs import (
-    DecodeError, Fetched, check_compressor, chunk_encoder, decode_rows, fetch_buffer, numcodecs_codec, widen_in_place,
+    DecodeError,
+    Fetched,
+    check_compressor,
+    chunk_encoder,
+    decode_rows,
+    fetch_buffer,
+    numcodecs_codec,
+    widen_in_place,
     zarr_plan,
 )
 from .direct import ChunkFile
@@ -166,7 +173,7 @@ class ZarrSource(Source):
             sizes = [0 if handle is None else os.fstat(handle.fileno()).st_size for _, handle in handles]
             buffer = fetch_buffer(sum(sizes), (stop - start) * self.n_features * self.dtype.itemsize)
             chunks, offset = [], 0
-            for (index, handle), size in zip(handles, sizes):
+            for (index, handle), size in zip(handles, sizes, strict=True):
                 if handle is None:
                     chunks.append((index, None, 0))
                     continue
@@ -338,7 +345,7 @@ class ZarrSink(Sink):
 
     @classmethod
     def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, zarr_format=3,
-               compressor="none", **_) -> "ZarrSink":
+               compressor="none", **_) -> ZarrSink:
         compressors = _compressors(check_compressor(compressor), dtype, zarr_format)
         if dataset:
             root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
@@ -351,7 +358,7 @@ class ZarrSink(Sink):
         return cls(path, dataset, partial, array, direct_io, compressor)
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=True) -> "ZarrSink":
+    def resume(cls, path, dataset, partial, direct_io=True) -> ZarrSink:
         array = zarr.open_array(store=partial, path=dataset or "", mode="r+")
         return cls(path, dataset, partial, array, direct_io, str(array.attrs.get("compressor", "none")))
 
@@ -412,7 +419,7 @@ class ZarrSink(Sink):
                     os.fsync(handle.fileno())
             durable.fsync_dir(directory)
 
-    def region_writer(self) -> "ZarrRegionWriter":
+    def region_writer(self) -> ZarrRegionWriter:
         """A picklable writer of whole-chunk row ranges of this sink, for worker processes."""
         options = remote.storage_options() if remote.is_url(self.partial) else None
         return ZarrRegionWriter(self.partial, self.dataset, self.shape, self.chunk_rows, self.label, options)
@@ -473,7 +480,7 @@ class RemoteZarrSink(ZarrSink):
 
     @classmethod
     def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=False, zarr_format=3,
-               **_) -> "RemoteZarrSink":
+               **_) -> RemoteZarrSink:
         remote.remove(path, recursive=True)  # an earlier run's leftovers (never complete), or the old output
         store = remote.zarr_store(path, read_only=False)
 
@@ -491,7 +498,7 @@ class RemoteZarrSink(ZarrSink):
         return cls(path, dataset, path, remote.retrying(path, "create the output", make))
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=False) -> "RemoteZarrSink":
+    def resume(cls, path, dataset, partial, direct_io=False) -> RemoteZarrSink:
         return cls(path, dataset, path, _open_remote_array(path, dataset))
 
     def _write(self, start, block):
@@ -517,6 +524,6 @@ class RemoteZarrSink(ZarrSink):
         except Exception:  # the network is failing: what is left says complete = false, so it is absent
             pass
 
-    def region_writer(self) -> "ZarrRegionWriter":
+    def region_writer(self) -> ZarrRegionWriter:
         return ZarrRegionWriter(self.path, self.dataset, self.shape, self.chunk_rows, self.label,
                                 remote.storage_options())
