@@ -169,6 +169,10 @@ def test_apply_from_and_to_s3_equals_apply_of_a_local_copy(tmp_path, s3_bucket, 
     # an output over its input is refused, whatever --overwrite says
     code, _, err = run_cli("apply", tmp_path / "m.npz", url, "-o", f"{s3_bucket}/in/c.parquet", "--overwrite", "-q")
     assert code == EXIT_BAD_INPUT and "would overwrite the input" in err
+    # --compressor is not (yet) written to object storage: refused, not silently ignored
+    code, _, err = run_cli("apply", tmp_path / "m.npz", url, "-o", f"{s3_bucket}/out/z.zarr", "--compressor", "zstd", "-q")
+    assert code == EXIT_BAD_INPUT and "--compressor is not supported for object-storage outputs" in err
+    assert not fs.exists(f"{s3_bucket[5:]}/out/z.zarr")
 
 
 def test_update_from_s3_picks_up_appended_rows_and_new_shards(tmp_path, s3_bucket, s3_server, run_cli):
