@@ -25,8 +25,12 @@ POOL_BLOCK = 8192
 
 def machine() -> dict:
     """What the numbers were measured on."""
-    info = {"python": platform.python_version(), "numpy": np.__version__, "cpus": os.cpu_count(),
-            "platform": platform.platform()}
+    info = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+    }
     try:
         with open("/proc/cpuinfo") as handle:
             info["cpu"] = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
@@ -41,7 +45,9 @@ def machine() -> dict:
     try:
         from threadpoolctl import threadpool_info
 
-        info["blas"] = [{k: pool.get(k) for k in ("internal_api", "version", "num_threads")} for pool in threadpool_info()]
+        info["blas"] = [
+            {k: pool.get(k) for k in ("internal_api", "version", "num_threads")} for pool in threadpool_info()
+        ]
     except ImportError:
         pass
     return info
@@ -84,8 +90,16 @@ def row_pool(n_features: int, seed: int = 0) -> np.ndarray:
     return generate_rows(4 * POOL_BLOCK, n_features, seed=seed)
 
 
-def write_tiled_store(path: str, n_rows: int, n_features: int, chunk_rows: int, compressor: str | None = None,
-                      seed: int = 0, codec: str | None = None, dtype="float32") -> str:
+def write_tiled_store(
+    path: str,
+    n_rows: int,
+    n_features: int,
+    chunk_rows: int,
+    compressor: str | None = None,
+    seed: int = 0,
+    codec: str | None = None,
+    dtype="float32",
+) -> str:
     """An ``n_rows x n_features`` store (HDF5 or Zarr by suffix) built from a tiled row pool.
 
     Each tile gets its own small offset so no two chunks are equal. Generation costs little more than
@@ -112,8 +126,14 @@ def write_tiled_store(path: str, n_rows: int, n_features: int, chunk_rows: int, 
             options = {"compressors": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")]}
         elif codec not in (None, "none"):
             raise ValueError(f"no Zarr codec {codec!r} here")
-        array = zarr.create_array(store=path, shape=(n_rows, n_features), chunks=(chunk_rows, n_features),
-                                  dtype=dtype, overwrite=True, **options)
+        array = zarr.create_array(
+            store=path,
+            shape=(n_rows, n_features),
+            chunks=(chunk_rows, n_features),
+            dtype=dtype,
+            overwrite=True,
+            **options,
+        )
         handle, spec = None, path
     else:
         options = {}
@@ -122,13 +142,17 @@ def write_tiled_store(path: str, n_rows: int, n_features: int, chunk_rows: int, 
         elif codec in ("blosc-lz4", "zstd"):
             import hdf5plugin
 
-            options = dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)
-                           if codec == "blosc-lz4" else hdf5plugin.Zstd())
+            options = dict(
+                hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)
+                if codec == "blosc-lz4"
+                else hdf5plugin.Zstd()
+            )
         elif codec not in (None, "none"):
             raise ValueError(f"no HDF5 codec {codec!r} here")
         handle = h5py.File(path, "w")
-        array = handle.create_dataset("embeddings", shape=(n_rows, n_features), dtype=dtype,
-                                      chunks=(chunk_rows, n_features), **options)
+        array = handle.create_dataset(
+            "embeddings", shape=(n_rows, n_features), dtype=dtype, chunks=(chunk_rows, n_features), **options
+        )
         spec = f"{path}:/embeddings"
     try:
         step = chunk_rows * max(1, (256 << 20) // (chunk_rows * n_features * 4))
@@ -166,9 +190,16 @@ def run_child(code: str, env: dict | None = None) -> dict:
 
     ``peak_rss_mib`` (the child's own ru_maxrss) is added.
     """
-    wrapped = code + "\nimport resource, json as _j\nprint(_j.dumps(dict(RESULT, peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))\n"
-    result = subprocess.run([sys.executable, "-c", wrapped], capture_output=True, text=True,
-                            env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})))
+    wrapped = (
+        code
+        + "\nimport resource, json as _j\nprint(_j.dumps(dict(RESULT, peak_rss_mib=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", wrapped],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})),
+    )
     if result.returncode != 0:
         raise RuntimeError(f"child failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -200,7 +231,9 @@ def save_results(name: str, payload: dict, results_dir: str | None = None) -> Pa
     directory.mkdir(parents=True, exist_ok=True)
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     path = directory / f"{name}-{stamp}.json"
-    payload = dict(payload, date=stamp, machine=machine(), command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]))
+    payload = dict(
+        payload, date=stamp, machine=machine(), command=" ".join([os.path.basename(sys.argv[0])] + sys.argv[1:])
+    )
     path.write_text(json.dumps(payload, indent=2, default=float))
     print(f"\nresults written to {path}")
     return path

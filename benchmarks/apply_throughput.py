@@ -40,8 +40,9 @@ def reference_run(chunks, weights, shift, path, kind, chunk_rows, durable=False)
             out = handle.create_dataset("embeddings", shape=(n_rows, k), dtype="float32", chunks=(chunk_rows, k))
         else:
             handle = None
-            out = zarr.create_array(store=path, shape=(n_rows, k), chunks=(chunk_rows, k), dtype="float32",
-                                    compressors=None, overwrite=True)
+            out = zarr.create_array(
+                store=path, shape=(n_rows, k), chunks=(chunk_rows, k), dtype="float32", compressors=None, overwrite=True
+            )
         start = 0
         for chunk in chunks:
             out[start : start + chunk.shape[0]] = (chunk - shift) @ weights
@@ -101,25 +102,58 @@ def main(argv=None):
                 apply_model(model, spec, target, normalize=True, overwrite=True, direct_io=not args.no_direct_io)
                 shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
 
-            times = interleaved_times({
-                "reference": reference_run(chunks, weights, shift, target, kind, out_chunk_rows),
-                "reference_fsync": reference_run(chunks, weights, shift, target, kind, out_chunk_rows, durable=True),
-                "apply": ours,
-            }, args.repeats)
+            times = interleaved_times(
+                {
+                    "reference": reference_run(chunks, weights, shift, target, kind, out_chunk_rows),
+                    "reference_fsync": reference_run(
+                        chunks, weights, shift, target, kind, out_chunk_rows, durable=True
+                    ),
+                    "apply": ours,
+                },
+                args.repeats,
+            )
             reference, durable, seconds = (min(times[name]) for name in ("reference", "reference_fsync", "apply"))
             per_round = [r / a for r, a in zip(times["reference"], times["apply"], strict=False)]
-            rows_out.append({"output": kind, "direct_io": not args.no_direct_io, "rows": n_rows, "d": args.dim, "k": args.k,
-                             "reference_rows_s": n_rows / reference, "apply_rows_s": n_rows / seconds,
-                             "ratio": reference / seconds, "ratio_median": float(np.median(per_round)),
-                             "meets_0.8": reference / seconds >= TARGET,
-                             "reference_fsync_rows_s": n_rows / durable, "ratio_vs_fsync": durable / seconds,
-                             "times_s": times})
-        print_table(f"apply (k = {args.k}, L2-normalised, float32) vs (X - m) @ W + the same write (target >= {TARGET}x)",
-                    rows_out, ["output", "direct_io", "rows", "d", "k", "reference_rows_s", "apply_rows_s", "ratio", "ratio_median",
-                               "meets_0.8", "reference_fsync_rows_s", "ratio_vs_fsync"])
-        print(f"(best of {args.repeats} interleaved rounds; ratio_median: the median of the per-round ratios. "
-              "reference_fsync: the same reference, also fsyncing what it wrote, as streamwhiten does before it "
-              "renames a finished output into place)")
+            rows_out.append(
+                {
+                    "output": kind,
+                    "direct_io": not args.no_direct_io,
+                    "rows": n_rows,
+                    "d": args.dim,
+                    "k": args.k,
+                    "reference_rows_s": n_rows / reference,
+                    "apply_rows_s": n_rows / seconds,
+                    "ratio": reference / seconds,
+                    "ratio_median": float(np.median(per_round)),
+                    "meets_0.8": reference / seconds >= TARGET,
+                    "reference_fsync_rows_s": n_rows / durable,
+                    "ratio_vs_fsync": durable / seconds,
+                    "times_s": times,
+                }
+            )
+        print_table(
+            f"apply (k = {args.k}, L2-normalised, float32) vs (X - m) @ W + the same write (target >= {TARGET}x)",
+            rows_out,
+            [
+                "output",
+                "direct_io",
+                "rows",
+                "d",
+                "k",
+                "reference_rows_s",
+                "apply_rows_s",
+                "ratio",
+                "ratio_median",
+                "meets_0.8",
+                "reference_fsync_rows_s",
+                "ratio_vs_fsync",
+            ],
+        )
+        print(
+            f"(best of {args.repeats} interleaved rounds; ratio_median: the median of the per-round ratios. "
+            "reference_fsync: the same reference, also fsyncing what it wrote, as streamwhiten does before it "
+            "renames a finished output into place)"
+        )
         save_results("apply_throughput", {"rows": rows_out, "args": vars(args)}, args.results)
     finally:
         if args.workdir is None:

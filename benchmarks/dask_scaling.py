@@ -49,22 +49,39 @@ LOCAL_CONFIGS = [  # (name, processes, workers, threads per worker)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     parser.add_argument("--quick", action="store_true", help="A few seconds: 20,000 x 32 rows, one timed fit each.")
     parser.add_argument("--rows", type=int, default=None, help="Rows of the store (default 1,000,000; quick 20,000).")
     parser.add_argument("--dim", type=int, default=None, help="Width d (default 256; quick 32).")
     parser.add_argument("--chunk-rows", type=int, default=None, help="Rows per store chunk (default 8192; quick 2000).")
-    parser.add_argument("--block-rows", type=int, default=None,
-                        help="Rows per block read, i.e. per Dask task (default: the engines' own, whole chunks of ~64 MiB; "
-                             "quick: one chunk).")
+    parser.add_argument(
+        "--block-rows",
+        type=int,
+        default=None,
+        help="Rows per block read, i.e. per Dask task (default: the engines' own, whole chunks of ~64 MiB; "
+        "quick: one chunk).",
+    )
     parser.add_argument("--format", choices=["zarr", "hdf5"], default="zarr", help="Store format (default zarr).")
-    parser.add_argument("--precision", choices=["auto", "float32", "float64"], default="auto",
-                        help="Arithmetic of the scatter product (default auto: float32 for this float32 store).")
-    parser.add_argument("--repeats", type=int, default=None, help="Timed fits per engine; the best counts (default 3; quick 1).")
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "float32", "float64"],
+        default="auto",
+        help="Arithmetic of the scatter product (default auto: float32 for this float32 store).",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="Timed fits per engine; the best counts (default 3; quick 1)."
+    )
     parser.add_argument("--scheduler", default=None, help="Run the Dask fits on this cluster instead of local ones.")
-    parser.add_argument("--dir", default=None, help="Where to write the store (default: a temporary directory, removed).")
-    parser.add_argument("--out", default=None, help="JSON report path (default benchmarks/results/dask_scaling-<time>.json).")
+    parser.add_argument(
+        "--dir", default=None, help="Where to write the store (default: a temporary directory, removed)."
+    )
+    parser.add_argument(
+        "--out", default=None, help="JSON report path (default benchmarks/results/dask_scaling-<time>.json)."
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     args.rows = args.rows or (20_000 if quick else 1_000_000)
@@ -92,8 +109,16 @@ def run(args) -> dict:
         spec = write_store(path, args.rows, args.dim, chunk_rows=args.chunk_rows, dataset="embeddings")
         generate_seconds = time.perf_counter() - began
         load_before = os.getloadavg()
-        engines = [dict(engine="serial", processes=1, threads=1, startup_seconds=0.0, limit=contextlib.nullcontext,
-                        fit=lambda: fit_sources(spec, precision=args.precision, block_rows=args.block_rows))]
+        engines = [
+            dict(
+                engine="serial",
+                processes=1,
+                threads=1,
+                startup_seconds=0.0,
+                limit=contextlib.nullcontext,
+                fit=lambda: fit_sources(spec, precision=args.precision, block_rows=args.block_rows),
+            )
+        ]
         with contextlib.ExitStack() as clusters:
             configs = [(f"dask at {args.scheduler}", True, None, None)] if args.scheduler else LOCAL_CONFIGS
             for name, processes, workers, threads in configs:
@@ -102,14 +127,19 @@ def run(args) -> dict:
                     sd.dask_client(args.scheduler, workers, processes=processes, threads_per_worker=threads or 1)
                 )
                 nthreads = client.nthreads()  # {worker: threads}
-                engines.append(dict(
-                    engine=name, processes=len(nthreads) if processes else 1, threads=sum(nthreads.values()),
-                    startup_seconds=time.perf_counter() - began,
-                    # Threads share this process's BLAS pool: one BLAS thread each, as in a worker process.
-                    limit=contextlib.nullcontext if processes else _one_blas_thread,
-                    fit=lambda client=client: sd.fit_dask(spec, precision=args.precision, block_rows=args.block_rows,
-                                                          client=client),
-                ))
+                engines.append(
+                    dict(
+                        engine=name,
+                        processes=len(nthreads) if processes else 1,
+                        threads=sum(nthreads.values()),
+                        startup_seconds=time.perf_counter() - began,
+                        # Threads share this process's BLAS pool: one BLAS thread each, as in a worker process.
+                        limit=contextlib.nullcontext if processes else _one_blas_thread,
+                        fit=lambda client=client: sd.fit_dask(
+                            spec, precision=args.precision, block_rows=args.block_rows, client=client
+                        ),
+                    )
+                )
             # One untimed warm-up each (imports, cached kernels), then the engines take turns, so a change
             # in the load of a shared machine falls on all of them alike.
             for engine in engines:
@@ -127,17 +157,36 @@ def run(args) -> dict:
         for engine in engines:
             result, times = engine.pop("result"), engine.pop("times")
             del engine["fit"], engine["limit"]
-            runs.append(dict(engine, seconds=min(times), median_seconds=float(np.median(times)),
-                             rows_per_second=args.rows / min(times), blocks=result.n_blocks,
-                             max_rel_diff_vs_serial=rel_diff(result.state, serial.state)))
+            runs.append(
+                dict(
+                    engine,
+                    seconds=min(times),
+                    median_seconds=float(np.median(times)),
+                    rows_per_second=args.rows / min(times),
+                    blocks=result.n_blocks,
+                    max_rel_diff_vs_serial=rel_diff(result.state, serial.state),
+                )
+            )
         for entry in runs:
             entry["speedup_vs_serial"] = entry["rows_per_second"] / runs[0]["rows_per_second"]
         return {
             "benchmark": "dask_scaling",
             "when": datetime.datetime.now().isoformat(timespec="seconds"),
             "machine": _machine(),
-            "params": {key: getattr(args, key) for key in ("rows", "dim", "chunk_rows", "block_rows", "format", "precision",
-                                                           "repeats", "scheduler", "quick")},
+            "params": {
+                key: getattr(args, key)
+                for key in (
+                    "rows",
+                    "dim",
+                    "chunk_rows",
+                    "block_rows",
+                    "format",
+                    "precision",
+                    "repeats",
+                    "scheduler",
+                    "quick",
+                )
+            },
             "store_bytes": args.rows * args.dim * 4,
             "generate_seconds": generate_seconds,
             "load_average_before": load_before,
@@ -182,9 +231,14 @@ def _machine() -> dict:
 
 
 COLUMNS = [  # (heading, width, format of the value)
-    ("engine", -22, "{engine}"), ("processes", 10, "{processes}"), ("threads", 9, "{threads}"),
-    ("start-up s", 12, "{startup_seconds:.2f}"), ("fit s", 9, "{seconds:.3f}"), ("median s", 10, "{median_seconds:.3f}"),
-    ("rows/s", 14, "{rows_per_second:,.0f}"), ("x serial", 10, "{speedup_vs_serial:.2f}"),
+    ("engine", -22, "{engine}"),
+    ("processes", 10, "{processes}"),
+    ("threads", 9, "{threads}"),
+    ("start-up s", 12, "{startup_seconds:.2f}"),
+    ("fit s", 9, "{seconds:.3f}"),
+    ("median s", 10, "{median_seconds:.3f}"),
+    ("rows/s", 14, "{rows_per_second:,.0f}"),
+    ("x serial", 10, "{speedup_vs_serial:.2f}"),
     ("max rel diff", 14, "{max_rel_diff_vs_serial:.1e}"),
 ]
 
@@ -201,9 +255,12 @@ def table(report: dict) -> str:
     ]
     for entry in report["runs"]:
         cells = (fmt.format(**entry) for _, _, fmt in COLUMNS)
-        lines.append("".join(
-            f"{cell:>{width}}" if width > 0 else f"{cell:<{-width}}" for cell, (_, width, _) in zip(cells, COLUMNS, strict=False)
-        ))
+        lines.append(
+            "".join(
+                f"{cell:>{width}}" if width > 0 else f"{cell:<{-width}}"
+                for cell, (_, width, _) in zip(cells, COLUMNS, strict=False)
+            )
+        )
     return "\n".join(lines)
 
 

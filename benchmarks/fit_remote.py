@@ -45,8 +45,9 @@ def start_server():
         port = sock.getsockname()[1]
     executable = shutil.which("moto_server", path=os.path.dirname(sys.executable)) or shutil.which("moto_server")
     command = [executable] if executable else [sys.executable, "-m", "moto.server"]
-    process = subprocess.Popen(command + ["-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        command + ["-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     for _ in range(300):
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
@@ -54,10 +55,17 @@ def start_server():
         except OSError:
             time.sleep(0.1)
     endpoint = f"http://127.0.0.1:{port}"
-    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench-secret",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint,
-                       "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull,
-                       "AWS_SHARED_CREDENTIALS_FILE": os.devnull})
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench-secret",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "AWS_CONFIG_FILE": os.devnull,
+            "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        }
+    )
     return process, endpoint
 
 
@@ -102,8 +110,9 @@ def write_stores(directory: str, rows: np.ndarray, chunk_rows: int, endpoint: st
 
     local = os.path.join(directory, "rows.zarr")
     shutil.rmtree(local, ignore_errors=True)
-    array = zarr.create_array(store=local, shape=rows.shape, chunks=(chunk_rows, rows.shape[1]), dtype="float32",
-                              compressors=None)
+    array = zarr.create_array(
+        store=local, shape=rows.shape, chunks=(chunk_rows, rows.shape[1]), dtype="float32", compressors=None
+    )
     array[...] = rows
     with h5py.File(os.path.join(directory, "rows.h5"), "w") as handle:
         handle.create_dataset("emb", data=rows, chunks=(chunk_rows, rows.shape[1]))
@@ -113,8 +122,13 @@ def write_stores(directory: str, rows: np.ndarray, chunk_rows: int, endpoint: st
     fs.put(local, "bench/rows.zarr", recursive=True)
     fs.put_file(os.path.join(directory, "rows.h5"), "bench/rows.h5")
     fs.put_file(os.path.join(directory, "rows.npy"), "bench/rows.npy")
-    return {"local": local, "local_hdf5": os.path.join(directory, "rows.h5") + ":/emb", "s3": "s3://bench/rows.zarr",
-            "s3_npy": "s3://bench/rows.npy", "s3_hdf5": "s3://bench/rows.h5:/emb"}
+    return {
+        "local": local,
+        "local_hdf5": os.path.join(directory, "rows.h5") + ":/emb",
+        "s3": "s3://bench/rows.zarr",
+        "s3_npy": "s3://bench/rows.npy",
+        "s3_hdf5": "s3://bench/rows.h5:/emb",
+    }
 
 
 def measure(directory: str, n_rows: int, d: int, chunk_rows: int, repeats: int, endpoint: str) -> dict:
@@ -137,6 +151,7 @@ def measure(directory: str, n_rows: int, d: int, chunk_rows: int, repeats: int, 
             counter.reset()
             held[name] = fit_sources(specs[name])
             requests[name] = (counter.total, counter.peak)
+
         return run
 
     def dask_fit():
@@ -157,24 +172,45 @@ def measure(directory: str, n_rows: int, d: int, chunk_rows: int, repeats: int, 
         assert held[name].state.n_rows == n_rows
         np.testing.assert_allclose(held[name].state.mean, mean, rtol=1e-5, atol=1e-6)
     assert np.array_equal(held["s3"].state.scatter, held["local"].state.scatter) or np.allclose(
-        held["s3"].state.scatter, held["local"].state.scatter, rtol=1e-6)
-    result = {"rows": n_rows, "d": d, "chunk_rows": chunk_rows, "chunk_mib": chunk_rows * d * 4 / 2**20,
-              "store_mib": n_rows * d * 4 / 2**20, "remote_threads": remote.REMOTE_THREADS,
-              "cores": os.cpu_count(), "times_s": times}
+        held["s3"].state.scatter, held["local"].state.scatter, rtol=1e-6
+    )
+    result = {
+        "rows": n_rows,
+        "d": d,
+        "chunk_rows": chunk_rows,
+        "chunk_mib": chunk_rows * d * 4 / 2**20,
+        "store_mib": n_rows * d * 4 / 2**20,
+        "remote_threads": remote.REMOTE_THREADS,
+        "cores": os.cpu_count(),
+        "times_s": times,
+    }
     table = []
     for name in functions:
         total, peak = requests.get(name, (0, 0))
-        table.append({"run": name, "rows_s": n_rows / best[name], "mib_s": n_rows * d * 4 / 2**20 / best[name],
-                      "requests": total or None, "most_in_flight": peak or None})
+        table.append(
+            {
+                "run": name,
+                "rows_s": n_rows / best[name],
+                "mib_s": n_rows * d * 4 / 2**20 / best[name],
+                "requests": total or None,
+                "most_in_flight": peak or None,
+            }
+        )
     result["table"] = table
 
     def ratio(a, b):
-        return {"best": best[b] / best[a],
-                "median": float(np.median([tb / ta for ta, tb in zip(times[a], times[b], strict=False)]))}
+        return {
+            "best": best[b] / best[a],
+            "median": float(np.median([tb / ta for ta, tb in zip(times[a], times[b], strict=False)])),
+        }
 
-    result["ratios"] = {"s3_vs_local": ratio("s3", "local"), "s3_vs_dask": ratio("s3", "dask"),
-                        "s3_hdf5_vs_local_hdf5": ratio("s3_hdf5", "local_hdf5"),
-                        "s3_hdf5_vs_s3_zarr": ratio("s3_hdf5", "s3"), "s3_npy_vs_s3_zarr": ratio("s3_npy", "s3")}
+    result["ratios"] = {
+        "s3_vs_local": ratio("s3", "local"),
+        "s3_vs_dask": ratio("s3", "dask"),
+        "s3_hdf5_vs_local_hdf5": ratio("s3_hdf5", "local_hdf5"),
+        "s3_hdf5_vs_s3_zarr": ratio("s3_hdf5", "s3"),
+        "s3_npy_vs_s3_zarr": ratio("s3_npy", "s3"),
+    }
     return result
 
 
@@ -202,13 +238,21 @@ def main(argv=None):
 
         stats.chunk_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         result = measure(directory, args.rows, args.dim, args.chunk_rows, args.repeats, endpoint)
-        print_table(f"fit from a local S3 server (moto, 127.0.0.1) vs local disk and dask.array.from_zarr + "
-                    f"(x.T @ x).compute(); {args.rows:,} x {args.dim} float32, chunks of {args.chunk_rows:,} rows "
-                    f"({result['chunk_mib']:.1f} MiB); best of {args.repeats} interleaved rounds",
-                    result["table"], ["run", "rows_s", "mib_s", "requests", "most_in_flight"])
-        print_table("ratios (time of the reference / time of the first; median of the per-round ratios beside it)",
-                    [{"ratio": name, "best": value["best"], "median": value["median"]}
-                     for name, value in result["ratios"].items()], ["ratio", "best", "median"])
+        print_table(
+            f"fit from a local S3 server (moto, 127.0.0.1) vs local disk and dask.array.from_zarr + "
+            f"(x.T @ x).compute(); {args.rows:,} x {args.dim} float32, chunks of {args.chunk_rows:,} rows "
+            f"({result['chunk_mib']:.1f} MiB); best of {args.repeats} interleaved rounds",
+            result["table"],
+            ["run", "rows_s", "mib_s", "requests", "most_in_flight"],
+        )
+        print_table(
+            "ratios (time of the reference / time of the first; median of the per-round ratios beside it)",
+            [
+                {"ratio": name, "best": value["best"], "median": value["median"]}
+                for name, value in result["ratios"].items()
+            ],
+            ["ratio", "best", "median"],
+        )
         save_results("fit_remote", {"result": result, "args": vars(args)}, args.results)
     finally:
         server.terminate()

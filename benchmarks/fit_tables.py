@@ -88,8 +88,9 @@ def parquet_reader(path: str, batched: bool = True):
             local.block = np.empty((metadata.row_group(0).num_rows, d), np.float32)
         block, done = local.block[:rows], 0
         if batched:
-            batches = handle.iter_batches(batch_size=max(1, (2 << 20) // (4 * d)), row_groups=[group],
-                                          columns=["embedding"], use_threads=False)
+            batches = handle.iter_batches(
+                batch_size=max(1, (2 << 20) // (4 * d)), row_groups=[group], columns=["embedding"], use_threads=False
+            )
             chunks = (batch.column(0) for batch in batches)
         else:
             chunks = handle.read_row_group(group, columns=["embedding"], use_threads=False).column(0).chunks
@@ -118,8 +119,9 @@ def lance_reader(path: str, block_rows: int, n_rows: int):
             index = int(np.searchsorted(starts, start, side="right") - 1)
             end = min(stop, int(starts[index + 1]))
             fragment = dataset.get_fragment(fragments[index].fragment_id)
-            column = fragment.to_table(columns=["embedding"], offset=start - int(starts[index]),
-                                       limit=end - start).column(0)
+            column = fragment.to_table(
+                columns=["embedding"], offset=start - int(starts[index]), limit=end - start
+            ).column(0)
             parts += [chunk.flatten().to_numpy().reshape(len(chunk), -1) for chunk in column.chunks]
             start = end
         return parts[0] if len(parts) == 1 else np.concatenate(parts)
@@ -155,7 +157,7 @@ def measure(directory: str, n_rows: int, d: int, group_rows: int, repeats: int) 
             read, tasks = parquet_reader(path)
             whole_groups, _ = parquet_reader(path, batched=False)
         blocks = [np.array(read(*task)) for task in tasks]
-        assert sum(b.shape[0] for b in blocks) == n_rows and np.array_equal(blocks[-1], rows[-blocks[-1].shape[0]:])
+        assert sum(b.shape[0] for b in blocks) == n_rows and np.array_equal(blocks[-1], rows[-blocks[-1].shape[0] :])
         held = {}
         functions = {
             "streamwhiten": lambda: held.__setitem__("fit", fit_sources(path, threads=threads)),
@@ -169,9 +171,16 @@ def measure(directory: str, n_rows: int, d: int, group_rows: int, repeats: int) 
         release_buffers()
         best = {name: min(values) for name, values in times.items()}
         reference = [r + p for r, p in zip(times["read"], times["product"], strict=False)]
-        row = {"store": kind, "rows": n_rows, "d": d, "threads": threads, "block_rows": block_rows,
-               "file_mb": sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(path) for f in fs) / 1e6
-               if os.path.isdir(path) else os.path.getsize(path) / 1e6}
+        row = {
+            "store": kind,
+            "rows": n_rows,
+            "d": d,
+            "threads": threads,
+            "block_rows": block_rows,
+            "file_mb": sum(os.path.getsize(os.path.join(dp, f)) for dp, _, fs in os.walk(path) for f in fs) / 1e6
+            if os.path.isdir(path)
+            else os.path.getsize(path) / 1e6,
+        }
         for name in functions:
             row[f"{name}_rows_s"] = n_rows / best[name]
         row.setdefault("read_row_group_rows_s", None)
@@ -206,15 +215,39 @@ def main(argv=None):
 
         stats.block_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         results = measure(directory, args.rows, args.dim, args.group_rows, args.repeats)
-        print_table(f"fit on Parquet and Lance vs the library's own read + the bare product, same threads "
-                    f"(target >= {TARGET}x; best of {args.repeats} interleaved rounds, median of the per-round ratios "
-                    "beside it)", results,
-                    ["store", "rows", "d", "threads", "block_rows", "read_rows_s", "product_rows_s",
-                     "reference_rows_s", "streamwhiten_rows_s", "ratio", "ratio_median", "meets_0.8"])
-        print_table("against the stricter pipelined reference (each thread reads a block and multiplies it, no "
-                    "checks, no centring), reading with one read_row_group call per row group, and file sizes",
-                    results, ["store", "pipelined_rows_s", "streamwhiten_rows_s", "ratio_vs_pipelined",
-                              "read_row_group_rows_s", "file_mb"])
+        print_table(
+            f"fit on Parquet and Lance vs the library's own read + the bare product, same threads "
+            f"(target >= {TARGET}x; best of {args.repeats} interleaved rounds, median of the per-round ratios "
+            "beside it)",
+            results,
+            [
+                "store",
+                "rows",
+                "d",
+                "threads",
+                "block_rows",
+                "read_rows_s",
+                "product_rows_s",
+                "reference_rows_s",
+                "streamwhiten_rows_s",
+                "ratio",
+                "ratio_median",
+                "meets_0.8",
+            ],
+        )
+        print_table(
+            "against the stricter pipelined reference (each thread reads a block and multiplies it, no "
+            "checks, no centring), reading with one read_row_group call per row group, and file sizes",
+            results,
+            [
+                "store",
+                "pipelined_rows_s",
+                "streamwhiten_rows_s",
+                "ratio_vs_pipelined",
+                "read_row_group_rows_s",
+                "file_mb",
+            ],
+        )
         save_results("fit_tables", {"results": results, "args": vars(args)}, args.results)
     finally:
         if args.workdir is None:

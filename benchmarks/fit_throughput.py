@@ -60,8 +60,11 @@ def compile_times() -> dict:
         cached = run_child(code, env={"NUMBA_CACHE_DIR": empty_cache})
     finally:
         shutil.rmtree(empty_cache, ignore_errors=True)
-    return {"compile_s": cold["first_call_s"], "cache_load_s": cached["first_call_s"],
-            "warm_call_s": cold["second_call_s"]}
+    return {
+        "compile_s": cold["first_call_s"],
+        "cache_load_s": cached["first_call_s"],
+        "warm_call_s": cold["second_call_s"],
+    }
 
 
 def bare_products(chunks: list[np.ndarray]) -> dict:
@@ -133,8 +136,12 @@ def limit_table(directory, dims, n_chunks, chunk_rows, repeats) -> list[dict]:
             functions[kind] = fit_runner(spec, fitted, kind)
         times = interleaved_times(functions, repeats)
         del chunks
-        row = {"d": d, "rows": n_rows, "blas_rows_s": n_rows / min(times["blas"]),
-               "blas_per_core_rows_s": n_rows / min(times["blas_per_core"])}
+        row = {
+            "d": d,
+            "rows": n_rows,
+            "blas_rows_s": n_rows / min(times["blas"]),
+            "blas_per_core_rows_s": n_rows / min(times["blas_per_core"]),
+        }
         for kind in specs:
             row[f"{kind}_rows_s"] = n_rows / min(times[kind])
             row[f"{kind}_ratio"], row[f"{kind}_ratio_median"] = ratios(times, kind, "blas")
@@ -361,9 +368,12 @@ def compressed_table(directory, d, n_chunks, chunk_rows, repeats, k, stores=None
     cores = available_cores()
     n_rows = n_chunks * chunk_rows
     stores = [entry for entry in COMPRESSED_STORES if stores is None or entry[0] in stores]
-    specs = {name: write_tiled_store(os.path.join(directory, f"c-{name}{suffix}"), n_rows, d, chunk_rows,
-                                     codec=codec, dtype=dtype)
-             for name, suffix, codec, dtype, _ in stores}
+    specs = {
+        name: write_tiled_store(
+            os.path.join(directory, f"c-{name}{suffix}"), n_rows, d, chunk_rows, codec=codec, dtype=dtype
+        )
+        for name, suffix, codec, dtype, _ in stores
+    }
     reference = write_tiled_store(os.path.join(directory, "c-reference.h5"), n_rows, d, chunk_rows)
     data = read_all(reference)
     chunks = [np.ascontiguousarray(data[i : i + chunk_rows]) for i in range(0, n_rows, chunk_rows)]
@@ -394,7 +404,7 @@ def compressed_table(directory, d, n_chunks, chunk_rows, repeats, k, stores=None
         warm_page_cache(spec.split(":")[0])
         functions[f"{name}:decode_1"] = bare_decoder(spec, chunk_rows)
         functions[f"{name}:dask"] = dask_product(spec, chunk_rows)
-        functions[f"{name}:fit"] = (lambda spec=spec, name=name: passes[name].append(fit_sources(spec).seconds))
+        functions[f"{name}:fit"] = lambda spec=spec, name=name: passes[name].append(fit_sources(spec).seconds)
 
         def apply(spec=spec):
             apply_model(model, spec, out, normalize=True, overwrite=True)
@@ -412,29 +422,44 @@ def compressed_table(directory, d, n_chunks, chunk_rows, repeats, k, stores=None
         decode = best[f"{name}:decode_1"]
         limit = cores * n_rows / (decode + best["product_1"])
         apply_limit = cores * n_rows / (decode + best["project_1"])
-        row = {"store": name, "dtype": dtype, "rows": n_rows, "d": d,
-               "decode_1_rows_s": n_rows / decode, "product_1_rows_s": n_rows / best["product_1"],
-               "limit_rows_s": limit, "bare_rows_s": n_rows / best["bare_product"],
-               "dask_rows_s": n_rows / best[f"{name}:dask"], "fit_rows_s": n_rows / best[f"{name}:fit"],
-               "apply_limit_rows_s": apply_limit, "apply_rows_s": n_rows / best[f"{name}:apply"]}
+        row = {
+            "store": name,
+            "dtype": dtype,
+            "rows": n_rows,
+            "d": d,
+            "decode_1_rows_s": n_rows / decode,
+            "product_1_rows_s": n_rows / best["product_1"],
+            "limit_rows_s": limit,
+            "bare_rows_s": n_rows / best["bare_product"],
+            "dask_rows_s": n_rows / best[f"{name}:dask"],
+            "fit_rows_s": n_rows / best[f"{name}:fit"],
+            "apply_limit_rows_s": apply_limit,
+            "apply_rows_s": n_rows / best[f"{name}:apply"],
+        }
         row["fit_pass_rows_s"] = n_rows / min(passes[name])
         row["fit_vs_limit"] = row["fit_rows_s"] / limit
         row["fit_pass_vs_limit"] = row["fit_pass_rows_s"] / limit
         row["fit_vs_bare"] = row["fit_rows_s"] / row["bare_rows_s"]
         row["fit_vs_dask"] = row["fit_rows_s"] / row["dask_rows_s"]
         row["apply_vs_limit"] = row["apply_rows_s"] / apply_limit
-        per_round = [(cores * n_rows / (dec + prod)) for dec, prod in zip(times[f"{name}:decode_1"], times["product_1"], strict=False)]
-        row["fit_vs_limit_median"] = float(np.median([n_rows / fit / lim for fit, lim
-                                                      in zip(times[f"{name}:fit"], per_round, strict=False)]))
+        per_round = [
+            (cores * n_rows / (dec + prod))
+            for dec, prod in zip(times[f"{name}:decode_1"], times["product_1"], strict=False)
+        ]
+        row["fit_vs_limit_median"] = float(
+            np.median([n_rows / fit / lim for fit, lim in zip(times[f"{name}:fit"], per_round, strict=False)])
+        )
         if target == "bare":
             row["target"] = f"fit >= {TARGET_RAW_VS_BARE} bare"
             row["meets"] = row["fit_vs_bare"] >= TARGET_RAW_VS_BARE
         else:
             row["target"] = f"fit, apply >= {TARGET_VS_LIMIT} limit, fit >= {TARGET_VS_DASK} dask"
-            row["meets"] = (row["fit_vs_limit"] >= TARGET_VS_LIMIT and row["apply_vs_limit"] >= TARGET_VS_LIMIT
-                            and row["fit_vs_dask"] >= TARGET_VS_DASK)
-        row["times_s"] = {key: value for key, value in times.items()
-                          if key.startswith(name + ":") or ":" not in key}
+            row["meets"] = (
+                row["fit_vs_limit"] >= TARGET_VS_LIMIT
+                and row["apply_vs_limit"] >= TARGET_VS_LIMIT
+                and row["fit_vs_dask"] >= TARGET_VS_DASK
+            )
+        row["times_s"] = {key: value for key, value in times.items() if key.startswith(name + ":") or ":" not in key}
         rows_out.append(row)
     for spec in specs.values():
         path = spec.split(":")[0]
@@ -448,15 +473,26 @@ def main(argv=None):
     parser.add_argument("--dims", type=int, nargs="+", default=[384, 768, 1024], help="widths for the limit table")
     parser.add_argument("--chunks", type=int, default=8, help="chunks per store in the limit table")
     parser.add_argument("--chunk-rows", type=int, default=65536, help="rows per store chunk")
-    parser.add_argument("--repeats", type=int, default=3,
-                        help="interleaved rounds of every timed run (the best of each is kept)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="interleaved rounds of every timed run (the best of each is kept)"
+    )
     parser.add_argument("--peer-chunks", type=int, default=8, help="chunks of the store the peers are compared on")
-    parser.add_argument("--sections", nargs="+", choices=["limit", "peers", "scaling", "compressed"],
-                        default=["limit", "peers", "scaling", "compressed"], help="which tables to measure (default: all)")
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        choices=["limit", "peers", "scaling", "compressed"],
+        default=["limit", "peers", "scaling", "compressed"],
+        help="which tables to measure (default: all)",
+    )
     parser.add_argument("--compressed-chunks", type=int, default=6, help="chunks per store in the compressed section")
     parser.add_argument("--compressed-dim", type=int, default=768, help="width of the compressed section's stores")
-    parser.add_argument("--stores", nargs="+", choices=[entry[0] for entry in COMPRESSED_STORES], default=None,
-                        help="the compressed section's stores (default: all)")
+    parser.add_argument(
+        "--stores",
+        nargs="+",
+        choices=[entry[0] for entry in COMPRESSED_STORES],
+        default=None,
+        help="the compressed section's stores (default: all)",
+    )
     parser.add_argument("--workdir", default=None, help="where stores are written (default: a temporary directory)")
     parser.add_argument("--results", default=None, help="directory for the JSON result (default: benchmarks/results)")
     args = parser.parse_args(argv)
@@ -467,9 +503,11 @@ def main(argv=None):
         scaling = dict(row_sizes=[4096, 8192], dims_rows=[(32, 4096), (64, 4096)], finalize_d=64)
     else:
         peers = dict(d=768, n_rows=args.peer_chunks * args.chunk_rows, chunk_rows=args.chunk_rows, ipca_rows=32768)
-        scaling = dict(row_sizes=[131072, 262144, 524288, 1048576],
-                       dims_rows=[(384, 262144), (768, 131072), (1024, 131072), (2048, 65536), (4096, 32768)],
-                       finalize_d=4096)
+        scaling = dict(
+            row_sizes=[131072, 262144, 524288, 1048576],
+            dims_rows=[(384, 262144), (768, 131072), (1024, 131072), (2048, 65536), (4096, 32768)],
+            finalize_d=4096,
+        )
 
     directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-bench-")
     os.makedirs(directory, exist_ok=True)
@@ -478,52 +516,137 @@ def main(argv=None):
 
         stats.block_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         compile_info = compile_times()
-        print(f"numba: first call {compile_info['compile_s']:.2f} s compiling, {compile_info['cache_load_s']:.2f} s "
-              f"from cache (excluded from all throughput figures)")
+        print(
+            f"numba: first call {compile_info['compile_s']:.2f} s compiling, {compile_info['cache_load_s']:.2f} s "
+            f"from cache (excluded from all throughput figures)"
+        )
         limit = peer = scale = compressed = None
         if "limit" in args.sections:
             limit = limit_table(directory, args.dims, args.chunks, args.chunk_rows, args.repeats)
-            print_table(f"fit vs bare float32 X.T @ X on the same chunks (target >= {TARGET_VS_BLAS}x; best of "
-                        f"{args.repeats} interleaved rounds, median of the per-round ratios in parentheses)", limit,
-                        ["d", "rows", "blas_rows_s", "hdf5_rows_s", "hdf5_ratio", "hdf5_ratio_median", "zarr_rows_s",
-                         "zarr_ratio", "zarr_ratio_median", "zarr-zstd_rows_s", "zarr-zstd_ratio", "meets_0.85"])
-            print_table("the same fits against the products spread as the fit spreads them (one single-threaded BLAS "
-                        "call per core), finalize, and what new block buffers add to a process's first fit "
-                        "(later fits reuse them)", limit,
-                        ["d", "blas_per_core_rows_s", "hdf5_ratio_vs_per_core", "zarr_ratio_vs_per_core",
-                         "zarr-zstd_ratio_vs_per_core", "finalize_s", "hdf5_new_buffers_extra_s"])
+            print_table(
+                f"fit vs bare float32 X.T @ X on the same chunks (target >= {TARGET_VS_BLAS}x; best of "
+                f"{args.repeats} interleaved rounds, median of the per-round ratios in parentheses)",
+                limit,
+                [
+                    "d",
+                    "rows",
+                    "blas_rows_s",
+                    "hdf5_rows_s",
+                    "hdf5_ratio",
+                    "hdf5_ratio_median",
+                    "zarr_rows_s",
+                    "zarr_ratio",
+                    "zarr_ratio_median",
+                    "zarr-zstd_rows_s",
+                    "zarr-zstd_ratio",
+                    "meets_0.85",
+                ],
+            )
+            print_table(
+                "the same fits against the products spread as the fit spreads them (one single-threaded BLAS "
+                "call per core), finalize, and what new block buffers add to a process's first fit "
+                "(later fits reuse them)",
+                limit,
+                [
+                    "d",
+                    "blas_per_core_rows_s",
+                    "hdf5_ratio_vs_per_core",
+                    "zarr_ratio_vs_per_core",
+                    "zarr-zstd_ratio_vs_per_core",
+                    "finalize_s",
+                    "hdf5_new_buffers_extra_s",
+                ],
+            )
         if "peers" in args.sections:
             peer = peers_table(directory, repeats=args.repeats, **peers)
-            print_table(f"fit (HDF5 store, end to end with finalize) vs peers on the same data (best of {args.repeats} "
-                        "interleaved rounds)", [peer],
-                        ["d", "rows", "streamwhiten_auto_rows_s", "streamwhiten_float64_rows_s",
-                         "streamwhiten_in_memory_rows_s", "np_cov_rows_s", "sklearn_ipca_rows_s", "faiss_pca_rows_s"])
-            print_table("ratios (targets: np.cov 3x, IncrementalPCA 20x, faiss 1.2x; median of the per-round ratio "
-                        "to np.cov beside it) and accuracy vs float64 two-pass",
-                        [peer], ["vs_np_cov", "vs_np_cov_median", "vs_sklearn_ipca", "vs_faiss_pca",
-                                 "streamwhiten_auto_rel_error", "streamwhiten_float64_rel_error", "accuracy_ok"])
+            print_table(
+                f"fit (HDF5 store, end to end with finalize) vs peers on the same data (best of {args.repeats} "
+                "interleaved rounds)",
+                [peer],
+                [
+                    "d",
+                    "rows",
+                    "streamwhiten_auto_rows_s",
+                    "streamwhiten_float64_rows_s",
+                    "streamwhiten_in_memory_rows_s",
+                    "np_cov_rows_s",
+                    "sklearn_ipca_rows_s",
+                    "faiss_pca_rows_s",
+                ],
+            )
+            print_table(
+                "ratios (targets: np.cov 3x, IncrementalPCA 20x, faiss 1.2x; median of the per-round ratio "
+                "to np.cov beside it) and accuracy vs float64 two-pass",
+                [peer],
+                [
+                    "vs_np_cov",
+                    "vs_np_cov_median",
+                    "vs_sklearn_ipca",
+                    "vs_faiss_pca",
+                    "streamwhiten_auto_rel_error",
+                    "streamwhiten_float64_rel_error",
+                    "accuracy_ok",
+                ],
+            )
         if "scaling" in args.sections:
             scale = scaling_tables(directory, repeats=args.repeats, **scaling)
-            print_table("scaling in rows (d = 768): rows/s should stay flat", scale["by_rows"],
-                        ["d", "rows", "seconds", "rows_s"])
-            print_table("scaling in d: ns per row per d^2 should stay flat (quadratic cost)", scale["by_dim"],
-                        ["d", "rows", "rows_s", "ns_per_row_per_d2", "finalize_s"])
+            print_table(
+                "scaling in rows (d = 768): rows/s should stay flat",
+                scale["by_rows"],
+                ["d", "rows", "seconds", "rows_s"],
+            )
+            print_table(
+                "scaling in d: ns per row per d^2 should stay flat (quadratic cost)",
+                scale["by_dim"],
+                ["d", "rows", "rows_s", "ns_per_row_per_d2", "finalize_s"],
+            )
         if "compressed" in args.sections:
-            compressed = compressed_table(directory, args.compressed_dim, args.compressed_chunks, args.chunk_rows,
-                                          args.repeats, 256, args.stores)
-            print_table(f"compressed stores: fit vs the limit cores / (t_decode_1 + t_product_1) measured on the same "
-                        f"chunks, the bare product and dask's threaded (x.T @ x).compute() (best of {args.repeats} "
-                        "interleaved rounds; median of the per-round ratios to the limit in fit_vs_limit_median)",
-                        compressed, ["store", "dtype", "decode_1_rows_s", "limit_rows_s", "bare_rows_s", "dask_rows_s",
-                                     "fit_rows_s", "fit_vs_limit", "fit_vs_limit_median", "fit_vs_bare", "fit_vs_dask"])
-            print_table("the fit's pass over the blocks alone (FitResult.seconds: without opening the store and "
-                        "fingerprinting it, a fixed cost of up to five chunk decodes)", compressed,
-                        ["store", "fit_pass_rows_s", "fit_pass_vs_limit"])
-            print_table("apply (k = 256, L2-normalised, HDF5 output) on the same stores vs cores / (t_decode_1 + "
-                        "t_project_1), and the targets", compressed,
-                        ["store", "apply_limit_rows_s", "apply_rows_s", "apply_vs_limit", "target", "meets"])
-        save_results("fit_throughput", {"compile": compile_info, "limit": limit, "peers": peer, "scaling": scale,
-                                        "compressed": compressed, "args": vars(args)}, args.results)
+            compressed = compressed_table(
+                directory, args.compressed_dim, args.compressed_chunks, args.chunk_rows, args.repeats, 256, args.stores
+            )
+            print_table(
+                f"compressed stores: fit vs the limit cores / (t_decode_1 + t_product_1) measured on the same "
+                f"chunks, the bare product and dask's threaded (x.T @ x).compute() (best of {args.repeats} "
+                "interleaved rounds; median of the per-round ratios to the limit in fit_vs_limit_median)",
+                compressed,
+                [
+                    "store",
+                    "dtype",
+                    "decode_1_rows_s",
+                    "limit_rows_s",
+                    "bare_rows_s",
+                    "dask_rows_s",
+                    "fit_rows_s",
+                    "fit_vs_limit",
+                    "fit_vs_limit_median",
+                    "fit_vs_bare",
+                    "fit_vs_dask",
+                ],
+            )
+            print_table(
+                "the fit's pass over the blocks alone (FitResult.seconds: without opening the store and "
+                "fingerprinting it, a fixed cost of up to five chunk decodes)",
+                compressed,
+                ["store", "fit_pass_rows_s", "fit_pass_vs_limit"],
+            )
+            print_table(
+                "apply (k = 256, L2-normalised, HDF5 output) on the same stores vs cores / (t_decode_1 + "
+                "t_project_1), and the targets",
+                compressed,
+                ["store", "apply_limit_rows_s", "apply_rows_s", "apply_vs_limit", "target", "meets"],
+            )
+        save_results(
+            "fit_throughput",
+            {
+                "compile": compile_info,
+                "limit": limit,
+                "peers": peer,
+                "scaling": scale,
+                "compressed": compressed,
+                "args": vars(args),
+            },
+            args.results,
+        )
     finally:
         if args.workdir is None:
             shutil.rmtree(directory, ignore_errors=True)

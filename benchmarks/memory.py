@@ -30,10 +30,7 @@ WARMUP_MIB = 16  # allocator arenas and thread stacks touched in the first block
 def baseline_mib(directory: str, n_features: int) -> float:
     """Peak RSS of a fit over a one-chunk store of 64 rows: interpreter, imports, kernels, reader thread."""
     spec = write_tiled_store(os.path.join(directory, "baseline.h5"), 64, n_features, 64)
-    code = (
-        "import numpy as np\nfrom streamwhiten.fit import fit_sources\n"
-        f"fit_sources({spec!r})\nRESULT = {{}}\n"
-    )
+    code = f"import numpy as np\nfrom streamwhiten.fit import fit_sources\nfit_sources({spec!r})\nRESULT = {{}}\n"
     return run_child(code)["peak_rss_mib"]
 
 
@@ -50,10 +47,18 @@ def fit_in_child(spec: str, block_rows: int | None) -> dict:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--base-gb", type=float, default=0.5, help="size of the smallest store (rounded up to whole chunks)")
-    parser.add_argument("--multiples", type=int, nargs="+", default=[1, 4, 16], help="store sizes as multiples of the base")
-    parser.add_argument("--size-gb", type=float, default=None,
-                        help="instead: one store of this size (e.g. 32, larger than this machine's memory)")
+    parser.add_argument(
+        "--base-gb", type=float, default=0.5, help="size of the smallest store (rounded up to whole chunks)"
+    )
+    parser.add_argument(
+        "--multiples", type=int, nargs="+", default=[1, 4, 16], help="store sizes as multiples of the base"
+    )
+    parser.add_argument(
+        "--size-gb",
+        type=float,
+        default=None,
+        help="instead: one store of this size (e.g. 32, larger than this machine's memory)",
+    )
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--chunk-rows", type=int, default=65536, help="rows per store chunk (and read block)")
     parser.add_argument("--workdir", default=None, help="where the stores go (needs the space; default: a temp dir)")
@@ -73,9 +78,11 @@ def main(argv=None):
     base = baseline_mib(directory, args.dim)
     matrices = D_BY_D_MATRICES + D_BY_D_PER_THREAD * threads
     bound = base + WARMUP_MIB + (threads * block_bytes + matrices * args.dim**2 * 8) / 2**20
-    print(f"baseline (interpreter + imports + kernels + a tiny fit): {base:,.0f} MiB; bound = baseline + "
-          f"{WARMUP_MIB} MiB warm-up + {threads} blocks of {block_bytes / 2**20:,.0f} MiB (one per worker thread) "
-          f"+ {matrices} d x d float64 = {bound:,.0f} MiB")
+    print(
+        f"baseline (interpreter + imports + kernels + a tiny fit): {base:,.0f} MiB; bound = baseline + "
+        f"{WARMUP_MIB} MiB warm-up + {threads} blocks of {block_bytes / 2**20:,.0f} MiB (one per worker thread) "
+        f"+ {matrices} d x d float64 = {bound:,.0f} MiB"
+    )
     rows_out = []
     try:
         chunks = -(-int((args.size_gb or args.base_gb) * 1e9 / row_bytes) // args.chunk_rows)  # rounded up
@@ -87,24 +94,42 @@ def main(argv=None):
             spec = write_tiled_store(path, n_rows, args.dim, args.chunk_rows)
             written = time.perf_counter() - began
             result = fit_in_child(spec, args.chunk_rows)
-            rows_out.append({
-                "multiple": multiple, "size_gb": n_rows * row_bytes / 1e9, "rows": n_rows, "write_s": written, "fit_s": result["seconds"],
-                "rows_s": result["rows_s"], "peak_rss_mib": result["peak_rss_mib"], "bound_mib": bound,
-                "within_bound": result["peak_rss_mib"] <= bound,
-            })
-            print(f"  {rows_out[-1]['size_gb']:.2f} GB: {result['rows_s']:,.0f} rows/s, peak RSS {result['peak_rss_mib']:,.0f} MiB")
+            rows_out.append(
+                {
+                    "multiple": multiple,
+                    "size_gb": n_rows * row_bytes / 1e9,
+                    "rows": n_rows,
+                    "write_s": written,
+                    "fit_s": result["seconds"],
+                    "rows_s": result["rows_s"],
+                    "peak_rss_mib": result["peak_rss_mib"],
+                    "bound_mib": bound,
+                    "within_bound": result["peak_rss_mib"] <= bound,
+                }
+            )
+            print(
+                f"  {rows_out[-1]['size_gb']:.2f} GB: {result['rows_s']:,.0f} rows/s, peak RSS {result['peak_rss_mib']:,.0f} MiB"
+            )
             if not args.keep:
                 os.remove(path)
     finally:
         if args.workdir is None and not args.keep:
             shutil.rmtree(directory, ignore_errors=True)
-    print_table(f"fit peak RSS by store size (d = {args.dim}, blocks of {args.chunk_rows} rows)", rows_out,
-                ["multiple", "size_gb", "rows", "write_s", "fit_s", "rows_s", "peak_rss_mib", "bound_mib", "within_bound"])
+    print_table(
+        f"fit peak RSS by store size (d = {args.dim}, blocks of {args.chunk_rows} rows)",
+        rows_out,
+        ["multiple", "size_gb", "rows", "write_s", "fit_s", "rows_s", "peak_rss_mib", "bound_mib", "within_bound"],
+    )
     growth = rows_out[-1]["peak_rss_mib"] - rows_out[0]["peak_rss_mib"]
-    print(f"peak RSS grew by {growth:,.0f} MiB from the smallest to the largest store "
-          f"({rows_out[-1]['rows'] / rows_out[0]['rows']:.0f}x the rows)")
-    save_results("memory", {"baseline_mib": base, "bound_mib": bound, "threads": threads, "rows": rows_out,
-                            "args": vars(args)}, args.results)
+    print(
+        f"peak RSS grew by {growth:,.0f} MiB from the smallest to the largest store "
+        f"({rows_out[-1]['rows'] / rows_out[0]['rows']:.0f}x the rows)"
+    )
+    save_results(
+        "memory",
+        {"baseline_mib": base, "bound_mib": bound, "threads": threads, "rows": rows_out, "args": vars(args)},
+        args.results,
+    )
 
 
 if __name__ == "__main__":

@@ -94,8 +94,13 @@ def build_files(directory: str, n_features: int, k: int, n_rows: int) -> dict:
     write_npz(replace(affine, model_checksum=file_checksum(model)), exported)
     query = os.path.join(directory, "query.npy")
     np.save(query, rows[0])
-    return {"model": model, "map": exported, "query": query,
-            "model_mib": os.path.getsize(model) / 2**20, "map_mib": os.path.getsize(exported) / 2**20}
+    return {
+        "model": model,
+        "map": exported,
+        "query": query,
+        "model_mib": os.path.getsize(model) / 2**20,
+        "map_mib": os.path.getsize(exported) / 2**20,
+    }
 
 
 def main(argv=None):
@@ -137,26 +142,56 @@ def main(argv=None):
     full = best["full (Whitener)"]["total"]
     table = []
     for name, result in best.items():
-        table.append({
-            "variant": name, "total_s": result["total"], "import_s": result["import"], "load_s": result["load"],
-            "transform_s": result["transform"], "process_s": min(r["process"] for r in runs[name]),
-            "median_total_s": float(np.median([r["total"] for r in runs[name]])),
-            "full_over_this": full / result["total"] if result["total"] > 0 else None,
-            "numba_imported": {True: "yes", False: "no"}.get(result.get("numba_imported"), "-"),
-        })
-    print_table(f"cold start: import + load + first transform of one {args.dim}-d query to k = {args.k} "
-                f"(best of {args.repeats} fresh processes; model file {files['model_mib']:.1f} MiB, "
-                f"map {files['map_mib']:.1f} MiB)", table,
-                ["variant", "total_s", "import_s", "load_s", "transform_s", "median_total_s", "process_s",
-                 "full_over_this", "numba_imported"])
+        table.append(
+            {
+                "variant": name,
+                "total_s": result["total"],
+                "import_s": result["import"],
+                "load_s": result["load"],
+                "transform_s": result["transform"],
+                "process_s": min(r["process"] for r in runs[name]),
+                "median_total_s": float(np.median([r["total"] for r in runs[name]])),
+                "full_over_this": full / result["total"] if result["total"] > 0 else None,
+                "numba_imported": {True: "yes", False: "no"}.get(result.get("numba_imported"), "-"),
+            }
+        )
+    print_table(
+        f"cold start: import + load + first transform of one {args.dim}-d query to k = {args.k} "
+        f"(best of {args.repeats} fresh processes; model file {files['model_mib']:.1f} MiB, "
+        f"map {files['map_mib']:.1f} MiB)",
+        table,
+        [
+            "variant",
+            "total_s",
+            "import_s",
+            "load_s",
+            "transform_s",
+            "median_total_s",
+            "process_s",
+            "full_over_this",
+            "numba_imported",
+        ],
+    )
     serving_best = best["serving (model file)"]["total"]
-    print(f"\nserving from the model file: {serving_best:.3f} s (target {TARGET_SECONDS} s: "
-          f"{'met' if serving_best <= TARGET_SECONDS else 'NOT met'}); full path {full:.3f} s, "
-          f"{full / serving_best:.1f}x; numpy import alone {best['numpy alone']['total']:.3f} s")
-    save_results("serving_cold_start", {"dim": args.dim, "k": args.k, "repeats": args.repeats, "target_s": TARGET_SECONDS,
-                                        "files_mib": {"model": files["model_mib"], "map": files["map_mib"]},
-                                        "table": table, "runs": runs, "python": sys.version.split()[0]},
-                 args.results)
+    print(
+        f"\nserving from the model file: {serving_best:.3f} s (target {TARGET_SECONDS} s: "
+        f"{'met' if serving_best <= TARGET_SECONDS else 'NOT met'}); full path {full:.3f} s, "
+        f"{full / serving_best:.1f}x; numpy import alone {best['numpy alone']['total']:.3f} s"
+    )
+    save_results(
+        "serving_cold_start",
+        {
+            "dim": args.dim,
+            "k": args.k,
+            "repeats": args.repeats,
+            "target_s": TARGET_SECONDS,
+            "files_mib": {"model": files["model_mib"], "map": files["map_mib"]},
+            "table": table,
+            "runs": runs,
+            "python": sys.version.split()[0],
+        },
+        args.results,
+    )
 
 
 if __name__ == "__main__":

@@ -48,8 +48,11 @@ def seed_rows(data: str, pooling: str, state) -> list[dict]:
         d = pairs.n_features
         for beta, label in SEEDS:
             base = finalize(state, beta=beta, gamma=beta)
-            models = {("full" if k is None else f"k={k}"): base.with_params(n_components=k or d)
-                      for k in KS if k is None or k <= d}
+            models = {
+                ("full" if k is None else f"k={k}"): base.with_params(n_components=k or d)
+                for k in KS
+                if k is None or k <= d
+            }
             cosines = pair_cosines(pairs, models)
             cells = {name: correlations(values, pairs.scores)["spearman"] for name, values in cosines.items()}
             rows.append({"pooling": pooling, "setting": label, "beta": beta, "gamma": beta, **cells})
@@ -63,8 +66,16 @@ def tuned_row(data: str, pooling: str, model) -> dict:
         result = grid_search(model, pairs)
         a, b, scores = pairs.a.read(0, pairs.n_pairs), pairs.b.read(0, pairs.n_pairs), pairs.scores
     best = result.best
-    row = {"pooling": pooling, "setting": "tuned", "raw": result.raw["spearman"], "beta": best["beta"],
-           "gamma": best["gamma"], "k": best["k"], "tuned": best["spearman"], "grid_size": len(result.table)}
+    row = {
+        "pooling": pooling,
+        "setting": "tuned",
+        "raw": result.raw["spearman"],
+        "beta": best["beta"],
+        "gamma": best["gamma"],
+        "k": best["k"],
+        "tuned": best["spearman"],
+        "grid_size": len(result.table),
+    }
     folds = []
     with tempfile.TemporaryDirectory(prefix="stsb-halves-") as tmp:
         halves = {}
@@ -76,11 +87,19 @@ def tuned_row(data: str, pooling: str, model) -> dict:
         for tune_on, test_on in (("even", "odd"), ("odd", "even")):
             with open_pairs(*halves[tune_on]) as tune_pairs, open_pairs(*halves[test_on]) as test_pairs:
                 chosen = grid_search(model, tune_pairs)
-                test = grid_search(model, test_pairs, [chosen.best["beta"]], [chosen.best["gamma"]],
-                                   [chosen.best["k"]], [])
-            folds.append({"tuned_on": tune_on, "beta": chosen.best["beta"], "gamma": chosen.best["gamma"],
-                          "k": chosen.best["k"], "test_raw": test.raw["spearman"],
-                          "test_tuned": test.table[0]["spearman"]})
+                test = grid_search(
+                    model, test_pairs, [chosen.best["beta"]], [chosen.best["gamma"]], [chosen.best["k"]], []
+                )
+            folds.append(
+                {
+                    "tuned_on": tune_on,
+                    "beta": chosen.best["beta"],
+                    "gamma": chosen.best["gamma"],
+                    "k": chosen.best["k"],
+                    "test_raw": test.raw["spearman"],
+                    "test_tuned": test.table[0]["spearman"],
+                }
+            )
     row["held_out"] = folds
     row["held_out_delta"] = float(np.mean([f["test_tuned"] - f["test_raw"] for f in folds]))
     return row
@@ -91,16 +110,25 @@ def fmt(value) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     parser.add_argument("--data", default=DEFAULT_DATA, help=f"stsb-dev-minilm.h5 (default: {DEFAULT_DATA})")
     parser.add_argument("--quick", action="store_true", help="mean pooling only")
-    parser.add_argument("--results", default=os.path.join(REPO, "benchmarks", "results"),
-                        help="directory for the JSON results (default: benchmarks/results)")
+    parser.add_argument(
+        "--results",
+        default=os.path.join(REPO, "benchmarks", "results"),
+        help="directory for the JSON results (default: benchmarks/results)",
+    )
     args = parser.parse_args(argv)
     if not os.path.exists(args.data):
-        print(f"stsb_table: skipped: STS-B embeddings not found at {args.data} "
-              f"(not in the repository for licence reasons; pass --data PATH)", file=sys.stderr)
+        print(
+            f"stsb_table: skipped: STS-B embeddings not found at {args.data} "
+            f"(not in the repository for licence reasons; pass --data PATH)",
+            file=sys.stderr,
+        )
         return 0
     began = time.perf_counter()
     poolings = POOLINGS[:1] if args.quick else POOLINGS
@@ -115,22 +143,42 @@ def main(argv=None) -> int:
     print(header)
     print("-" * len(header))
     for row in rows:
-        print(f"{row['pooling']:<10} {row['setting']:<14} {fmt(row['raw'])}   {fmt(row.get('full'))}  "
-              f"{fmt(row.get('k=256'))}  {fmt(row.get('k=128'))}  {fmt(row.get('k=64'))}")
+        print(
+            f"{row['pooling']:<10} {row['setting']:<14} {fmt(row['raw'])}   {fmt(row.get('full'))}  "
+            f"{fmt(row.get('k=256'))}  {fmt(row.get('k=128'))}  {fmt(row.get('k=64'))}"
+        )
     print()
     for row in tuned:
-        folds = ", ".join(f"tuned on {f['tuned_on']} half -> beta={f['beta']:g} gamma={f['gamma']:g} k={f['k']}: "
-                          f"{f['test_raw']:.2f} raw -> {f['test_tuned']:.2f}" for f in row["held_out"])
-        print(f"{row['pooling']:<10} tuned: beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']} "
-              f"{row['raw']:.2f} raw -> {row['tuned']:.2f} (in-sample, {row['grid_size']} settings)")
+        folds = ", ".join(
+            f"tuned on {f['tuned_on']} half -> beta={f['beta']:g} gamma={f['gamma']:g} k={f['k']}: "
+            f"{f['test_raw']:.2f} raw -> {f['test_tuned']:.2f}"
+            for f in row["held_out"]
+        )
+        print(
+            f"{row['pooling']:<10} tuned: beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']} "
+            f"{row['raw']:.2f} raw -> {row['tuned']:.2f} (in-sample, {row['grid_size']} settings)"
+        )
         print(f"{'':<10} held out: {folds}; mean change {row['held_out_delta']:+.2f}")
-    bad = [f"{row['pooling']} {row['setting']} {key}" for row in rows for key, value in row.items()
-           if isinstance(value, float) and not math.isfinite(value)]
+    bad = [
+        f"{row['pooling']} {row['setting']} {key}"
+        for row in rows
+        for key, value in row.items()
+        if isinstance(value, float) and not math.isfinite(value)
+    ]
     os.makedirs(args.results, exist_ok=True)
     out = os.path.join(args.results, "stsb_table_quick.json" if args.quick else "stsb_table.json")
     with open(out, "w") as handle:
-        json.dump({"data": os.path.abspath(args.data), "rows": rows, "tuned": tuned, "nonfinite": bad,
-                   "seconds": time.perf_counter() - began}, handle, indent=2)
+        json.dump(
+            {
+                "data": os.path.abspath(args.data),
+                "rows": rows,
+                "tuned": tuned,
+                "nonfinite": bad,
+                "seconds": time.perf_counter() - began,
+            },
+            handle,
+            indent=2,
+        )
     print(f"\nwrote {out} in {time.perf_counter() - began:.1f} s")
     if bad:
         print(f"stsb_table: error: non-finite scores: {', '.join(bad)}", file=sys.stderr)

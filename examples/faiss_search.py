@@ -52,12 +52,13 @@ def main(argv=None) -> int:
         model = os.path.join(work, "model.npz")
         index_path = os.path.join(work, "corpus.faiss")
         streamwhiten("fit", corpus_spec, "-o", model, "--overwrite", "--quiet")
-        streamwhiten("export", model, "-o", index_path, "-k", str(args.k), "--normalize", "--index", "Flat",
-                     "--overwrite")
+        streamwhiten(
+            "export", model, "-o", index_path, "-k", str(args.k), "--normalize", "--index", "Flat", "--overwrite"
+        )
 
-        index = faiss.read_index(index_path)          # IndexPreTransform(whitening, IndexFlatIP)
+        index = faiss.read_index(index_path)  # IndexPreTransform(whitening, IndexFlatIP)
         corpus = generate_rows(args.rows, args.dim, seed=0)
-        index.add(corpus)                             # raw vectors in: the index whitens them
+        index.add(corpus)  # raw vectors in: the index whitens them
         queries = generate_rows(args.queries, args.dim, seed=1)
         _, found = index.search(queries, 10)
 
@@ -66,8 +67,10 @@ def main(argv=None) -> int:
         scores = whiten.transform(queries) @ whiten.transform(corpus).T
         expected = np.argsort(-scores, axis=1, kind="stable")[:, :10]
         overlap = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, expected, strict=False)])
-        print(f"{index.ntotal} vectors of {args.dim} dims indexed as {args.k}-dim whitened unit vectors; "
-              f"top-10 overlap with the numpy search: {overlap:.3f}")
+        print(
+            f"{index.ntotal} vectors of {args.dim} dims indexed as {args.k}-dim whitened unit vectors; "
+            f"top-10 overlap with the numpy search: {overlap:.3f}"
+        )
     return 0 if overlap >= 0.95 else 1
 
 

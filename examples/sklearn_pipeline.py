@@ -23,7 +23,7 @@ def make_embeddings(n_rows: int = 3000, dim: int = 32, seed: int = 0):
     scales = np.geomspace(20.0, 0.2, dim)
     basis, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
     latent = rng.standard_normal((n_rows, dim)) * scales
-    labels = (latent[:, -3] > 0).astype(int)                  # the signal sits in a quiet direction
+    labels = (latent[:, -3] > 0).astype(int)  # the signal sits in a quiet direction
     rows = latent @ basis.T + 50.0 * rng.standard_normal(dim)  # rotated, far from the origin
     return rows.astype(np.float32), labels
 
@@ -50,8 +50,10 @@ def main() -> int:
     whitened = search.best_estimator_[:-1].transform(X_test.head(3))
     print(f"raw vectors:       test accuracy {raw.score(X_test, y_test):.3f}")
     print(f"whitened pipeline: test accuracy {search.score(X_test, y_test):.3f} with {search.best_params_}")
-    print(f"whitened columns:  {list(whitened.columns[:4])} ... ({whitened.shape[1]} in all), index kept: "
-          f"{list(whitened.index) == list(X_test.head(3).index)}")
+    print(
+        f"whitened columns:  {list(whitened.columns[:4])} ... ({whitened.shape[1]} in all), index kept: "
+        f"{list(whitened.index) == list(X_test.head(3).index)}"
+    )
     return 0 if search.score(X_test, y_test) > raw.score(X_test, y_test) + 0.1 else 1
 
 

@@ -92,6 +92,7 @@ def install() -> bool:
 def _quiet_unraisable(previous):
     """A signal's KeyboardInterrupt that lands in a callback Python cannot raise from (a weakref's, a
     destructor's) is only recorded: the stop was already requested, and the traceback would be noise."""
+
     def hook(unraisable):
         if isinstance(unraisable.exc_value, KeyboardInterrupt):
             return

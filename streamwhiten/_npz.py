@@ -41,8 +41,11 @@ def write_npz_atomic(path: str, arrays: dict, what: str = "file") -> str:
 
 
 #: What each ``format`` value is, for messages about a file given in the wrong place.
-KNOWN_FORMATS = {"streamwhiten-model": "a streamwhiten model file", "streamwhiten-checkpoint": "a fit checkpoint",
-                 "streamwhiten-affine": "an exported affine map (streamwhiten export)"}
+KNOWN_FORMATS = {
+    "streamwhiten-model": "a streamwhiten model file",
+    "streamwhiten-checkpoint": "a fit checkpoint",
+    "streamwhiten-affine": "an exported affine map (streamwhiten export)",
+}
 
 
 def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
@@ -57,7 +60,9 @@ def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
     try:
         data = np.load(path, allow_pickle=False)
     except ValueError:  # numpy's message talks about pickles; the point is that this is no .npz archive
-        raise ModelFileError(f"{path}: is not {KNOWN_FORMATS.get(expected_format, what)} (not an .npz archive)") from None
+        raise ModelFileError(
+            f"{path}: is not {KNOWN_FORMATS.get(expected_format, what)} (not an .npz archive)"
+        ) from None
     except (zipfile.BadZipFile, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
         raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
     if not isinstance(data, np.lib.npyio.NpzFile):

@@ -136,8 +136,9 @@ def ordered_map(function: Callable, items: Iterable, threads: int, blas_per_thre
         pending.append(pool.submit(function, *item))
 
     with blas_threads(blas_per_thread):
-        pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="streamwhiten-worker",
-                                  initializer=initializer)
+        pool = ThreadPoolExecutor(
+            max_workers=threads, thread_name_prefix="streamwhiten-worker", initializer=initializer
+        )
         try:
             for _ in range(threads + 1):
                 submit_next(pool)

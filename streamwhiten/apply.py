@@ -66,8 +66,9 @@ def check_output(model: WhiteningModel, source, output_spec: str) -> None:
 _OPTION_DEFAULTS = {"compressor": "none"}
 
 
-def recorded_options(output_spec: str, skip_nonfinite: bool, fill_missing_chunks: bool, zarr_format: int,
-                     compressor: str = "none") -> dict:
+def recorded_options(
+    output_spec: str, skip_nonfinite: bool, fill_missing_chunks: bool, zarr_format: int, compressor: str = "none"
+) -> dict:
     """The options an output records because they change what is written (or whether it can be)."""
     options = {"skip_nonfinite": bool(skip_nonfinite), "fill_missing_chunks": bool(fill_missing_chunks)}
     kind = output_kind(split_spec(output_spec)[0])
@@ -78,8 +79,15 @@ def recorded_options(output_spec: str, skip_nonfinite: bool, fill_missing_chunks
     return options
 
 
-def output_is_current(output_spec: str, checksum: str, source_sha256: str, normalize: bool, dtype,
-                      options: dict | None = None, keep_columns=None) -> bool:
+def output_is_current(
+    output_spec: str,
+    checksum: str,
+    source_sha256: str,
+    normalize: bool,
+    dtype,
+    options: dict | None = None,
+    keep_columns=None,
+) -> bool:
     """Whether ``output_spec`` is a complete output of the same model (checksum, hence parameters),
     input rows (sampled fingerprint), normalisation, dtype, ``options`` (see :func:`recorded_options`)
     and kept columns: then writing it again changes nothing."""
@@ -91,22 +99,38 @@ def output_is_current(output_spec: str, checksum: str, source_sha256: str, norma
             stored_dtype = existing.dtype
     except Exception:  # an unreadable old output is simply rewritten
         return False
-    return (attrs.get("complete") in (True, 1) and attrs.get("model_checksum") == checksum
-            and attrs.get("source_sha256") == source_sha256 and bool(attrs.get("normalized")) == bool(normalize)
-            and np.dtype(stored_dtype) == np.dtype(dtype)
-            and all(attrs.get(key, _OPTION_DEFAULTS.get(key)) == value for key, value in (options or {}).items())
-            and list(attrs.get("kept_columns") or []) == list(keep_columns or []))
+    return (
+        attrs.get("complete") in (True, 1)
+        and attrs.get("model_checksum") == checksum
+        and attrs.get("source_sha256") == source_sha256
+        and bool(attrs.get("normalized")) == bool(normalize)
+        and np.dtype(stored_dtype) == np.dtype(dtype)
+        and all(attrs.get(key, _OPTION_DEFAULTS.get(key)) == value for key, value in (options or {}).items())
+        and list(attrs.get("kept_columns") or []) == list(keep_columns or [])
+    )
 
 
-def output_attrs(model: WhiteningModel, source, normalize: bool, source_sha256: str | None = None,
-                 checksum: str | None = None, options: dict | None = None, keep_columns=None) -> dict:
+def output_attrs(
+    model: WhiteningModel,
+    source,
+    normalize: bool,
+    source_sha256: str | None = None,
+    checksum: str | None = None,
+    options: dict | None = None,
+    keep_columns=None,
+) -> dict:
     """The attributes recorded on an output array: where it came from, which transform made it, the
     ``options`` it was written with and the input columns it carries."""
     attrs = {
-        "streamwhiten_version": __version__, "source": source.label,
+        "streamwhiten_version": __version__,
+        "source": source.label,
         "model_checksum": checksum or model_checksum(model),
-        "beta": model.beta, "gamma": model.gamma, "eps": model.eps, "eps_value": model.eps_value,
-        "n_components": model.n_components, "normalized": bool(normalize),
+        "beta": model.beta,
+        "gamma": model.gamma,
+        "eps": model.eps,
+        "eps_value": model.eps_value,
+        "n_components": model.n_components,
+        "normalized": bool(normalize),
     }
     if source_sha256 is not None:
         attrs["source_sha256"] = source_sha256
@@ -135,8 +159,17 @@ def aligned_block_rows(block_rows: int | None, source, sink_chunk_rows: int) -> 
 
 
 def transform_block(
-    rows: np.ndarray, begin: int, weights, shift, normalize: bool, dtype, skip_nonfinite: bool, label: str,
-    overwrite_input: bool = True, out: np.ndarray | None = None, reread: Callable[[], np.ndarray] | None = None,
+    rows: np.ndarray,
+    begin: int,
+    weights,
+    shift,
+    normalize: bool,
+    dtype,
+    skip_nonfinite: bool,
+    label: str,
+    overwrite_input: bool = True,
+    out: np.ndarray | None = None,
+    reread: Callable[[], np.ndarray] | None = None,
     into: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
     """Whiten one block read at row ``begin``; returns the output rows and how many were non-finite.
@@ -179,13 +212,20 @@ def _join(writer: ThreadPoolExecutor) -> None:
             continue
 
 
-def summary(model: WhiteningModel, source, sink, normalize: bool, n_nonfinite: int, seconds: float,
-            resumed_at_row: int = 0) -> dict:
+def summary(
+    model: WhiteningModel, source, sink, normalize: bool, n_nonfinite: int, seconds: float, resumed_at_row: int = 0
+) -> dict:
     """What an apply run reports."""
     return {
-        "input": source.label, "output": sink.label, "n_rows": source.n_rows, "resumed_at_row": resumed_at_row,
-        "n_components": model.n_components, "dtype": str(sink.dtype), "normalized": bool(normalize),
-        "n_nonfinite_rows": n_nonfinite, "seconds": seconds,
+        "input": source.label,
+        "output": sink.label,
+        "n_rows": source.n_rows,
+        "resumed_at_row": resumed_at_row,
+        "n_components": model.n_components,
+        "dtype": str(sink.dtype),
+        "normalized": bool(normalize),
+        "n_nonfinite_rows": n_nonfinite,
+        "seconds": seconds,
         "rows_per_second": (source.n_rows - resumed_at_row) / seconds if seconds > 0 else None,
     }
 
@@ -254,8 +294,10 @@ def apply_model(
         source_sha256 = source_print["sha256_sampled"]
         if output_exists(out_path) and not overwrite:
             if output_is_current(output_spec, checksum, source_sha256, normalize, dtype, options, keep_columns):
-                raise NothingToDoError(f"nothing to do: {out_path} is up to date (written by this model, with the same "
-                                       "settings, from the same input)")
+                raise NothingToDoError(
+                    f"nothing to do: {out_path} is up to date (written by this model, with the same "
+                    "settings, from the same input)"
+                )
             raise OutputExistsError.at(out_path)
         work = np.float64 if source.dtype == np.float64 else np.float32
         weights, shift = model.projection(work)
@@ -263,15 +305,20 @@ def apply_model(
         # The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
         # chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
         # output's row groups are the blocks.
-        chunk_rows = sink_chunk_rows(output_spec, model.n_components, dtype, source.n_rows, block_rows,
-                                     source.default_block_rows())
+        chunk_rows = sink_chunk_rows(
+            output_spec, model.n_components, dtype, source.n_rows, block_rows, source.default_block_rows()
+        )
         rows_per_block = aligned_block_rows(block_rows, source, chunk_rows)
         # What must match for a partial output to be continued rather than started over.
         job = {
-            "model_checksum": checksum, "source": source_print,
+            "model_checksum": checksum,
+            "source": source_print,
             "output": remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
-            "normalize": bool(normalize), "dtype": str(np.dtype(dtype)), "zarr_format": int(zarr_format),
-            "block_rows": rows_per_block, "skip_nonfinite": bool(skip_nonfinite),
+            "normalize": bool(normalize),
+            "dtype": str(np.dtype(dtype)),
+            "zarr_format": int(zarr_format),
+            "block_rows": rows_per_block,
+            "skip_nonfinite": bool(skip_nonfinite),
             "threads": threads,  # BLAS rounding can depend on its threads per call: a resume must match
         }
         if compressor != "none":
@@ -282,8 +329,19 @@ def apply_model(
         resumed_at = start
         if sink is None:
             attrs = output_attrs(model, source, normalize, source_sha256, checksum, options, keep_columns)
-            sink = create_sink(output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format,
-                               chunk_rows, direct_io, kept_schema, compressor)
+            sink = create_sink(
+                output_spec,
+                source.n_rows,
+                model.n_components,
+                dtype,
+                attrs,
+                overwrite,
+                zarr_format,
+                chunk_rows,
+                direct_io,
+                kept_schema,
+                compressor,
+            )
         last_record = time.perf_counter()
         block_shape = (min(rows_per_block, source.n_rows), source.n_features)
         inputs = PerThread(block_shape, source.dtype)
@@ -299,9 +357,20 @@ def apply_model(
             kept = source.read_columns(begin, end, keep_columns) if keep_columns else None
             product = products.take()
             buffer = None if converted is None else converted.take()
-            out, nonfinite = transform_block(rows, begin, weights, shift, normalize, sink.dtype, skip_nonfinite,
-                                             source.label, overwrite_input=True, out=product,
-                                             reread=lambda: source.read(begin, end), into=buffer)
+            out, nonfinite = transform_block(
+                rows,
+                begin,
+                weights,
+                shift,
+                normalize,
+                sink.dtype,
+                skip_nonfinite,
+                source.label,
+                overwrite_input=True,
+                out=product,
+                reread=lambda: source.read(begin, end),
+                into=buffer,
+            )
             if buffer is None:
                 return begin, end, out, nonfinite, kept, lambda: products.give_back(product)
             products.give_back(product)
@@ -324,8 +393,11 @@ def apply_model(
         workers = min(threads, max(1, source.n_blocks(rows_per_block)))
         # Stored (compressed) bytes of the next blocks are fetched ahead by a reader thread: at most the
         # ``workers + 1`` blocks ordered_map has in flight.
-        reader = (ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")
-                  if workers > 1 and source.plan is not None else None)
+        reader = (
+            ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")
+            if workers > 1 and source.plan is not None
+            else None
+        )
 
         def tasks():
             for begin, end in source.blocks(rows_per_block, start):

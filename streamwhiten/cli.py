@@ -78,13 +78,16 @@ PRECISION = spec_type("precision")
 
 
 def _emit(ctx_json: bool, summary: dict, lines: list[str]) -> None:
-    text = json.dumps(_strict_json(summary), indent=2, sort_keys=True, allow_nan=False) if ctx_json else "\n".join(lines)
+    text = (
+        json.dumps(_strict_json(summary), indent=2, sort_keys=True, allow_nan=False) if ctx_json else "\n".join(lines)
+    )
     try:
         click.echo(text)
         sys.stdout.flush()
     except OSError as exc:
-        raise StoreIOError(f"standard output: cannot write the summary: {exc.strerror or exc} "
-                           "(the command itself completed)") from exc
+        raise StoreIOError(
+            f"standard output: cannot write the summary: {exc.strerror or exc} (the command itself completed)"
+        ) from exc
 
 
 def _strict_json(value):
@@ -127,7 +130,13 @@ def progress_bar(description: str, quiet: bool):
 
 def _model_params(beta, gamma, n_components, variance, eps) -> dict:
     params = {}
-    for name, value in (("beta", beta), ("gamma", gamma), ("n_components", n_components), ("variance", variance), ("eps", eps)):
+    for name, value in (
+        ("beta", beta),
+        ("gamma", gamma),
+        ("n_components", n_components),
+        ("variance", variance),
+        ("eps", eps),
+    ):
         if value is not None:
             params[name] = value
     return params
@@ -142,34 +151,76 @@ common_json = click.option("--json", "as_json", is_flag=True, help="Print a mach
 
 
 def model_options(func):
-    for option in reversed([
-        click.option("--beta", type=spec_type("beta"), default=None,
-                     help="Mean removal in [0, 1] (1: centre, 0: rotate about 0)."),
-        click.option("--gamma", type=spec_type("gamma"), default=None,
-                     help="Whitening strength in [0, 1] (1: unit variance, 0: rotation)."),
-        click.option("-k", "--n-components", type=spec_type("n_components"), default=None,
-                     help="Kept dimensions k (default: all)."),
-        click.option("--variance", type=spec_type("variance"), default=None,
-                     help="Keep the fewest components explaining this fraction, e.g. 0.99."),
-        click.option("--eps", type=spec_type("eps"), default=None,
-                     help=f"Regulariser relative to the largest eigenvalue (default {PARAMS['eps'].default:g})."),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--beta",
+                type=spec_type("beta"),
+                default=None,
+                help="Mean removal in [0, 1] (1: centre, 0: rotate about 0).",
+            ),
+            click.option(
+                "--gamma",
+                type=spec_type("gamma"),
+                default=None,
+                help="Whitening strength in [0, 1] (1: unit variance, 0: rotation).",
+            ),
+            click.option(
+                "-k",
+                "--n-components",
+                type=spec_type("n_components"),
+                default=None,
+                help="Kept dimensions k (default: all).",
+            ),
+            click.option(
+                "--variance",
+                type=spec_type("variance"),
+                default=None,
+                help="Keep the fewest components explaining this fraction, e.g. 0.99.",
+            ),
+            click.option(
+                "--eps",
+                type=spec_type("eps"),
+                default=None,
+                help=f"Regulariser relative to the largest eigenvalue (default {PARAMS['eps'].default:g}).",
+            ),
+        ]
+    ):
         func = option(func)
     return func
 
 
 def engine_options(func):
-    for option in reversed([
-        click.option("--engine", type=click.Choice(["serial", "dask"]), default="serial", show_default=True,
-                     help="serial: this process; dask: a Dask cluster (needs streamwhiten[dask]), see docs/dask.md."),
-        click.option("--scheduler", default=None, metavar="ADDRESS",
-                     help="With --engine dask: the scheduler to use, e.g. tcp://host:8786 (default: a local cluster)."),
-        click.option("--workers", type=spec_type("workers"), default=None,
-                     help="With --engine dask and no --scheduler: processes of the local cluster (default: one per core)."),
-        click.option("--threads", type=spec_type("threads"), default=None,
-                     help="Serial engine: worker threads, each doing whole blocks (fit default: one per core, at most "
-                          "4; apply default: 1). Memory is about one block per thread."),
-    ]):
+    for option in reversed(
+        [
+            click.option(
+                "--engine",
+                type=click.Choice(["serial", "dask"]),
+                default="serial",
+                show_default=True,
+                help="serial: this process; dask: a Dask cluster (needs streamwhiten[dask]), see docs/dask.md.",
+            ),
+            click.option(
+                "--scheduler",
+                default=None,
+                metavar="ADDRESS",
+                help="With --engine dask: the scheduler to use, e.g. tcp://host:8786 (default: a local cluster).",
+            ),
+            click.option(
+                "--workers",
+                type=spec_type("workers"),
+                default=None,
+                help="With --engine dask and no --scheduler: processes of the local cluster (default: one per core).",
+            ),
+            click.option(
+                "--threads",
+                type=spec_type("threads"),
+                default=None,
+                help="Serial engine: worker threads, each doing whole blocks (fit default: one per core, at most "
+                "4; apply default: 1). Memory is about one block per thread.",
+            ),
+        ]
+    ):
         func = option(func)
     return func
 
@@ -208,36 +259,69 @@ def _set_storage_options(ctx, param, value):
 
 
 storage_option = click.option(
-    "--storage-option", "storage_options", multiple=True, metavar="KEY=VALUE", expose_value=False,
+    "--storage-option",
+    "storage_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    expose_value=False,
     callback=_set_storage_options,
     help="An option of the file system of s3://, gs://, https:// ... inputs and outputs (repeatable), passed to "
-         "fsspec, e.g. endpoint_url=http://127.0.0.1:9000 or anon=true; values are JSON where they parse. The "
-         "standard environment (AWS_ENDPOINT_URL, AWS_PROFILE, ...) applies too. Never printed or recorded.")
+    "fsspec, e.g. endpoint_url=http://127.0.0.1:9000 or anon=true; values are JSON where they parse. The "
+    "standard environment (AWS_ENDPOINT_URL, AWS_PROFILE, ...) applies too. Never printed or recorded.",
+)
 
 
 fill_missing_option = click.option(
-    "--fill-missing-chunks", is_flag=True,
+    "--fill-missing-chunks",
+    is_flag=True,
     help="Read chunks missing from an input store (Zarr) or never written (HDF5) as the array's fill value. "
-         "Without it such a store is refused: a hole is usually a damaged or half-copied store.")
+    "Without it such a store is refused: a hole is usually a damaged or half-copied store.",
+)
 
 
 @cli.command()
 @click.argument("inputs", nargs=-1, required=True)
-@click.option("-o", "--output", "model_path", default=None, help="Model file to write (.npz); default with --update: that model.")
-@click.option("--dataset", default=None,
-              help="Dataset/array/column inside each input (else file.h5:/dataset, file.parquet:column).")
+@click.option(
+    "-o", "--output", "model_path", default=None, help="Model file to write (.npz); default with --update: that model."
+)
+@click.option(
+    "--dataset",
+    default=None,
+    help="Dataset/array/column inside each input (else file.h5:/dataset, file.parquet:column).",
+)
 @model_options
-@click.option("--precision", type=PRECISION, default="auto", show_default=True, help="Arithmetic of the scatter product.")
-@click.option("--chunk-rows", type=spec_type("chunk_rows"), default=None,
-              help="Rows per block read (default: whole store chunks, ~64 MiB).")
+@click.option(
+    "--precision", type=PRECISION, default="auto", show_default=True, help="Arithmetic of the scatter product."
+)
+@click.option(
+    "--chunk-rows",
+    type=spec_type("chunk_rows"),
+    default=None,
+    help="Rows per block read (default: whole store chunks, ~64 MiB).",
+)
 @click.option("--skip-nonfinite", is_flag=True, help="Skip and count rows holding NaN/Inf instead of failing.")
-@click.option("--update", "update", default=None, metavar="MODEL",
-              help="Fold only rows appended since MODEL was fitted (and new inputs) into its statistics.")
+@click.option(
+    "--update",
+    "update",
+    default=None,
+    metavar="MODEL",
+    help="Fold only rows appended since MODEL was fitted (and new inputs) into its statistics.",
+)
 @click.option("--checkpoint", default=None, help="Checkpoint file (default: .MODEL.checkpoint beside the model).")
-@click.option("--checkpoint-every", type=spec_type("checkpoint_every"), default=PARAMS["checkpoint_every"].default,
-              show_default=True, help="Checkpoint every N blocks.")
-@click.option("--checkpoint-seconds", type=spec_type("checkpoint_seconds"),
-              default=PARAMS["checkpoint_seconds"].default, show_default=True, help="... or every T seconds.")
+@click.option(
+    "--checkpoint-every",
+    type=spec_type("checkpoint_every"),
+    default=PARAMS["checkpoint_every"].default,
+    show_default=True,
+    help="Checkpoint every N blocks.",
+)
+@click.option(
+    "--checkpoint-seconds",
+    type=spec_type("checkpoint_seconds"),
+    default=PARAMS["checkpoint_seconds"].default,
+    show_default=True,
+    help="... or every T seconds.",
+)
 @click.option("--resume", is_flag=True, help="Require a checkpoint to resume from (a matching one is used anyway).")
 @click.option("--restart", is_flag=True, help="Discard an existing checkpoint and start over.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file.")
@@ -246,9 +330,33 @@ fill_missing_option = click.option(
 @engine_options
 @common_quiet
 @common_json
-def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, precision, chunk_rows,
-        skip_nonfinite, update, checkpoint, checkpoint_every, checkpoint_seconds, resume, restart, overwrite,
-        fill_missing_chunks, engine, scheduler, workers, threads, quiet, as_json):
+def fit(
+    inputs,
+    model_path,
+    dataset,
+    beta,
+    gamma,
+    n_components,
+    variance,
+    eps,
+    precision,
+    chunk_rows,
+    skip_nonfinite,
+    update,
+    checkpoint,
+    checkpoint_every,
+    checkpoint_seconds,
+    resume,
+    restart,
+    overwrite,
+    fill_missing_chunks,
+    engine,
+    scheduler,
+    workers,
+    threads,
+    quiet,
+    as_json,
+):
     """Fit a whitening model on one or more stores (HDF5, Zarr, .npy, Parquet, Lance; globs and directories
     of Parquet shards allowed) in one pass.
 
@@ -269,69 +377,152 @@ def fit(inputs, model_path, dataset, beta, gamma, n_components, variance, eps, p
     signals = stop_on_signals() if engine == "serial" else contextlib.nullcontext(None)
     with progress_bar("fit", quiet) as progress, signals as should_stop:
         model, fitted, resumed, checkpoint = fit_job(
-            expand_specs(inputs), model_path, dataset, params, precision, chunk_rows, skip_nonfinite, update,
-            checkpoint, checkpoint_every, checkpoint_seconds, restart, resume, progress, should_stop, threads,
-            fill_missing_chunks, engine=engine, scheduler=scheduler, workers=workers, overwrite=overwrite,
+            expand_specs(inputs),
+            model_path,
+            dataset,
+            params,
+            precision,
+            chunk_rows,
+            skip_nonfinite,
+            update,
+            checkpoint,
+            checkpoint_every,
+            checkpoint_seconds,
+            restart,
+            resume,
+            progress,
+            should_stop,
+            threads,
+            fill_missing_chunks,
+            engine=engine,
+            scheduler=scheduler,
+            workers=workers,
+            overwrite=overwrite,
         )
-        with (contextlib.nullcontext(should_stop) if engine == "serial" else stop_on_signals()) as saving:
+        with contextlib.nullcontext(should_stop) if engine == "serial" else stop_on_signals() as saving:
             checksum = save_fitted(model, fitted, model_path, checkpoint, saving)
     result = fitted.result() if engine == "serial" else fitted
     n_sources = len(fitted.cursors) if engine == "serial" else len(result.sources)
     rows_read, read_seconds, n_skipped = result.rows_read, result.seconds, result.n_skipped
     seconds = time.perf_counter() - began
-    summary = dict(model.summary(), model=model_path, checksum=checksum, seconds=seconds, rows_read=rows_read,
-                   resumed=resumed, updated=update is not None, engine=engine,
-                   rows_per_second=rows_read / read_seconds if read_seconds > 0 else None)
+    summary = dict(
+        model.summary(),
+        model=model_path,
+        checksum=checksum,
+        seconds=seconds,
+        rows_read=rows_read,
+        resumed=resumed,
+        updated=update is not None,
+        engine=engine,
+        rows_per_second=rows_read / read_seconds if read_seconds > 0 else None,
+    )
     summary.pop("sources")
     what = f"updated {update} with {rows_read:,} new rows" if update else f"fitted {model.n_rows:,} rows"
-    _emit(as_json, summary, [
-        f"{what} x {model.n_features} features from {n_sources} source(s) "
-        f"in {read_seconds:.2f} s ({_fmt_rate(rows_read, read_seconds)})"
-        + (" (resumed)" if resumed else "")
-        + (f"; skipped {n_skipped:,} non-finite rows" if n_skipped else ""),
-        f"beta={model.beta:g} gamma={model.gamma:g} k={model.n_components} "
-        f"(explained variance {summary['explained_variance']:.4f}), D_eff={model.effective_dimension:.1f}",
-        f"wrote {model_path}",
-    ])
+    _emit(
+        as_json,
+        summary,
+        [
+            f"{what} x {model.n_features} features from {n_sources} source(s) "
+            f"in {read_seconds:.2f} s ({_fmt_rate(rows_read, read_seconds)})"
+            + (" (resumed)" if resumed else "")
+            + (f"; skipped {n_skipped:,} non-finite rows" if n_skipped else ""),
+            f"beta={model.beta:g} gamma={model.gamma:g} k={model.n_components} "
+            f"(explained variance {summary['explained_variance']:.4f}), D_eff={model.effective_dimension:.1f}",
+            f"wrote {model_path}",
+        ],
+    )
 
 
 @cli.command()
 @click.argument("model_path")
 @click.argument("input_spec")
-@click.option("-o", "--output", "output_spec", required=True,
-              help="Output store: out.h5[:/dataset], out.zarr[:/array], out.parquet[:column] or out.lance[:column].")
+@click.option(
+    "-o",
+    "--output",
+    "output_spec",
+    required=True,
+    help="Output store: out.h5[:/dataset], out.zarr[:/array], out.parquet[:column] or out.lance[:column].",
+)
 @click.option("--dataset", default=None, help="Dataset/array inside the input.")
 @model_options
 @click.option("--normalize", is_flag=True, help="Scale every output row to unit L2 norm.")
 @click.option("--dtype", type=spec_type("dtype"), default=PARAMS["dtype"].default, show_default=True)
 @click.option("--chunk-rows", type=spec_type("chunk_rows"), default=None, help="Rows per block read.")
-@click.option("--zarr-format", type=click.Choice([str(v) for v in PARAMS["zarr_format"].choices]),
-              default=str(PARAMS["zarr_format"].default), show_default=True)
+@click.option(
+    "--zarr-format",
+    type=click.Choice([str(v) for v in PARAMS["zarr_format"].choices]),
+    default=str(PARAMS["zarr_format"].default),
+    show_default=True,
+)
 @click.option("--skip-nonfinite", is_flag=True, help="Write NaN for input rows holding NaN/Inf instead of failing.")
-@click.option("--restart", is_flag=True, help="Discard the partial output of an interrupted run instead of resuming it.")
-@click.option("--checkpoint-seconds", type=spec_type("progress_seconds"), default=PARAMS["progress_seconds"].default,
-              show_default=True,
-              help="Make the rows written durable and record them for a resume every T seconds (0: every block).")
+@click.option(
+    "--restart", is_flag=True, help="Discard the partial output of an interrupted run instead of resuming it."
+)
+@click.option(
+    "--checkpoint-seconds",
+    type=spec_type("progress_seconds"),
+    default=PARAMS["progress_seconds"].default,
+    show_default=True,
+    help="Make the rows written durable and record them for a resume every T seconds (0: every block).",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing output (one that is up to date is kept: exit 3).")
 @fill_missing_option
-@click.option("--keep-columns", default=None, metavar="NAMES",
-              help="Copy these comma-separated input columns (Parquet or Lance input) into the Parquet or Lance "
-                   "output, row for row beside the vectors, e.g. --keep-columns id,url.")
-@click.option("--compressor", type=click.Choice(["none", "zstd", "blosc", "gzip"]), default="none", show_default=True,
-              help="Serial engine, HDF5 or Zarr output: compress each output chunk in the writer thread (zstd level 3, "
-                   "blosc lz4 level 5 with byte shuffle, or gzip level 4 with shuffle on HDF5), readable by plain zarr "
-                   "and h5py (HDF5 zstd and blosc: with hdf5plugin installed).")
-@click.option("--direct-io/--no-direct-io", default=None,
-              help="Serial engine: write whole output chunks around the page cache (O_DIRECT, where the file system "
-                   "allows it; the default): no CPU spent copying, and the cached input is left alone. "
-                   "--no-direct-io leaves the output in the page cache, e.g. for a program that reads it right after.")
+@click.option(
+    "--keep-columns",
+    default=None,
+    metavar="NAMES",
+    help="Copy these comma-separated input columns (Parquet or Lance input) into the Parquet or Lance "
+    "output, row for row beside the vectors, e.g. --keep-columns id,url.",
+)
+@click.option(
+    "--compressor",
+    type=click.Choice(["none", "zstd", "blosc", "gzip"]),
+    default="none",
+    show_default=True,
+    help="Serial engine, HDF5 or Zarr output: compress each output chunk in the writer thread (zstd level 3, "
+    "blosc lz4 level 5 with byte shuffle, or gzip level 4 with shuffle on HDF5), readable by plain zarr "
+    "and h5py (HDF5 zstd and blosc: with hdf5plugin installed).",
+)
+@click.option(
+    "--direct-io/--no-direct-io",
+    default=None,
+    help="Serial engine: write whole output chunks around the page cache (O_DIRECT, where the file system "
+    "allows it; the default): no CPU spent copying, and the cached input is left alone. "
+    "--no-direct-io leaves the output in the page cache, e.g. for a program that reads it right after.",
+)
 @storage_option
 @engine_options
 @common_quiet
 @common_json
-def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_components, variance, eps, normalize, dtype,
-          chunk_rows, zarr_format, skip_nonfinite, restart, checkpoint_seconds, overwrite, fill_missing_chunks, keep_columns,
-          compressor, direct_io, engine, scheduler, workers, threads, quiet, as_json):
+def apply(
+    model_path,
+    input_spec,
+    output_spec,
+    dataset,
+    beta,
+    gamma,
+    n_components,
+    variance,
+    eps,
+    normalize,
+    dtype,
+    chunk_rows,
+    zarr_format,
+    skip_nonfinite,
+    restart,
+    checkpoint_seconds,
+    overwrite,
+    fill_missing_chunks,
+    keep_columns,
+    compressor,
+    direct_io,
+    engine,
+    scheduler,
+    workers,
+    threads,
+    quiet,
+    as_json,
+):
     """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store.
 
     An interrupted run leaves a hidden partial output that the same command resumes.
@@ -358,21 +549,58 @@ def apply(model_path, input_spec, output_spec, dataset, beta, gamma, n_component
         if engine == "dask":
             from .distributed import apply_dask
 
-            summary = apply_dask(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
-                                 skip_nonfinite, int(zarr_format), scheduler=scheduler, n_workers=workers,
-                                 progress=progress, fill_missing_chunks=fill_missing_chunks)
+            summary = apply_dask(
+                model,
+                input_spec,
+                output_spec,
+                dataset,
+                normalize,
+                dtype,
+                chunk_rows,
+                overwrite,
+                skip_nonfinite,
+                int(zarr_format),
+                scheduler=scheduler,
+                n_workers=workers,
+                progress=progress,
+                fill_missing_chunks=fill_missing_chunks,
+            )
         else:
-            summary = apply_model(model, input_spec, output_spec, dataset, normalize, dtype, chunk_rows, overwrite,
-                                  skip_nonfinite, int(zarr_format), progress, should_stop, resume=not restart,
-                                  progress_seconds=checkpoint_seconds, threads=threads,
-                                  direct_io=direct_io is not False, fill_missing_chunks=fill_missing_chunks,
-                                  keep_columns=keep_columns, compressor=compressor)
-    _emit(as_json, summary, [
-        f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
-        f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "
-        f"({_fmt_rate(summary['n_rows'], summary['seconds'])})"
-        + (f"; {summary['n_nonfinite_rows']:,} non-finite input rows written as NaN" if summary["n_nonfinite_rows"] else ""),
-    ])
+            summary = apply_model(
+                model,
+                input_spec,
+                output_spec,
+                dataset,
+                normalize,
+                dtype,
+                chunk_rows,
+                overwrite,
+                skip_nonfinite,
+                int(zarr_format),
+                progress,
+                should_stop,
+                resume=not restart,
+                progress_seconds=checkpoint_seconds,
+                threads=threads,
+                direct_io=direct_io is not False,
+                fill_missing_chunks=fill_missing_chunks,
+                keep_columns=keep_columns,
+                compressor=compressor,
+            )
+    _emit(
+        as_json,
+        summary,
+        [
+            f"wrote {summary['n_rows']:,} x {summary['n_components']} {summary['dtype']} vectors"
+            f"{' (L2-normalised)' if normalize else ''} to {summary['output']} in {summary['seconds']:.2f} s "
+            f"({_fmt_rate(summary['n_rows'], summary['seconds'])})"
+            + (
+                f"; {summary['n_nonfinite_rows']:,} non-finite input rows written as NaN"
+                if summary["n_nonfinite_rows"]
+                else ""
+            ),
+        ],
+    )
 
 
 @cli.command()
@@ -390,7 +618,11 @@ def info(model_path, as_json):
     lines = [
         f"model      {model_path} (streamwhiten model, d={model.n_features})",
         f"fitted on  {model.n_rows:,} rows"
-        + (f" ({model.info['n_skipped_nonfinite']:,} non-finite skipped)" if model.info.get("n_skipped_nonfinite") else ""),
+        + (
+            f" ({model.info['n_skipped_nonfinite']:,} non-finite skipped)"
+            if model.info.get("n_skipped_nonfinite")
+            else ""
+        ),
         f"transform  beta={model.beta:g} gamma={model.gamma:g} k={model.n_components} eps={model.eps:g} "
         f"(absolute {model.eps_value:.3g})" + (f" variance>={model.variance:g}" if model.variance else ""),
         f"spectrum   largest {top}; smallest {eigvals[-1]:.4g}; condition number {summary['condition_number']:.4g}",
@@ -399,8 +631,10 @@ def info(model_path, as_json):
         f"D_eff      {summary['effective_dimension']:.1f} (exp of the entropy of the normalised eigenvalues)",
     ]
     for source in model.sources:
-        lines.append(f"source     {source['path']}{':/' + source['dataset'] if source['dataset'] else ''} "
-                     f"({source['n_rows']:,} x {source['n_features']} {source['dtype']})")
+        lines.append(
+            f"source     {source['path']}{':/' + source['dataset'] if source['dataset'] else ''} "
+            f"({source['n_rows']:,} x {source['n_features']} {source['dtype']})"
+        )
     _emit(as_json, summary, lines)
 
 
@@ -410,22 +644,59 @@ EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx"
 
 @cli.command(name="export")
 @click.argument("model_path")
-@click.option("-o", "--output", "output_path", required=True,
-              help="File to write (.npz, .safetensors, .onnx, .faiss), or a directory for sentence-transformers.")
-@click.option("--format", "fmt", type=click.Choice(EXPORT_FORMATS), default=None,
-              help="Output format (default: from the extension of -o, else sentence-transformers with --append-to).")
+@click.option(
+    "-o",
+    "--output",
+    "output_path",
+    required=True,
+    help="File to write (.npz, .safetensors, .onnx, .faiss), or a directory for sentence-transformers.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(EXPORT_FORMATS),
+    default=None,
+    help="Output format (default: from the extension of -o, else sentence-transformers with --append-to).",
+)
 @model_options
 @click.option("--normalize", is_flag=True, help="Follow the map by L2 normalisation (as apply --normalize).")
-@click.option("--append-to", default=None, metavar="ST_MODEL_DIR",
-              help="sentence-transformers: write a copy of this local model with the whitening modules appended.")
-@click.option("--index", "index_factory", default=None, metavar="FACTORY",
-              help="faiss: write an empty IndexPreTransform around this index_factory index (e.g. Flat, HNSW32).")
-@click.option("--metric", type=click.Choice(["ip", "l2"]), default=None,
-              help="faiss --index: its metric [default: ip with --normalize, else l2].")
+@click.option(
+    "--append-to",
+    default=None,
+    metavar="ST_MODEL_DIR",
+    help="sentence-transformers: write a copy of this local model with the whitening modules appended.",
+)
+@click.option(
+    "--index",
+    "index_factory",
+    default=None,
+    metavar="FACTORY",
+    help="faiss: write an empty IndexPreTransform around this index_factory index (e.g. Flat, HNSW32).",
+)
+@click.option(
+    "--metric",
+    type=click.Choice(["ip", "l2"]),
+    default=None,
+    help="faiss --index: its metric [default: ip with --normalize, else l2].",
+)
 @click.option("--overwrite", is_flag=True, help="Replace an existing output.")
 @common_json
-def export_(model_path, output_path, fmt, beta, gamma, n_components, variance, eps, normalize, append_to,
-            index_factory, metric, overwrite, as_json):
+def export_(
+    model_path,
+    output_path,
+    fmt,
+    beta,
+    gamma,
+    n_components,
+    variance,
+    eps,
+    normalize,
+    append_to,
+    index_factory,
+    metric,
+    overwrite,
+    as_json,
+):
     """Write MODEL_PATH's whitening, y = x A + b (+ L2 normalisation), where queries are embedded.
 
     Formats: npz (plain arrays A, b, mean; streamwhiten.serving or numpy alone), safetensors (an
@@ -454,11 +725,14 @@ def export_(model_path, output_path, fmt, beta, gamma, n_components, variance, e
     stored = file_checksum(model_path)
     if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)
         affine = replace(affine, model_checksum=stored)
-    summary = export(affine, output_path, fmt, overwrite=overwrite, append_to=append_to, index=index_factory,
-                     metric=metric)
+    summary = export(
+        affine, output_path, fmt, overwrite=overwrite, append_to=append_to, index=index_factory, metric=metric
+    )
     summary["model"] = model_path
-    what = {"faiss": f"faiss {summary.get('faiss')}", "sentence-transformers": "sentence-transformers modules "
-            + ", ".join(summary.get("modules") or [])}.get(fmt, fmt)
+    what = {
+        "faiss": f"faiss {summary.get('faiss')}",
+        "sentence-transformers": "sentence-transformers modules " + ", ".join(summary.get("modules") or []),
+    }.get(fmt, fmt)
     lines = [
         f"wrote {output_path} ({what}{' appended to ' + append_to if append_to else ''})",
         f"map   y = x A + b{' then L2 normalisation' if affine.normalize else ''}: {affine.n_features} -> "
@@ -466,8 +740,9 @@ def export_(model_path, output_path, fmt, beta, gamma, n_components, variance, e
         f"from  {model_path} (checksum {affine.model_checksum[:16]})",
     ]
     if summary.get("needs_training"):
-        lines.append(f"note  the {index_factory} index needs training before add: index.train(vectors) whitens "
-                     "them first")
+        lines.append(
+            f"note  the {index_factory} index needs training before add: index.train(vectors) whitens them first"
+        )
     _emit(as_json, summary, lines)
 
 
@@ -476,7 +751,9 @@ def export_(model_path, output_path, fmt, beta, gamma, n_components, variance, e
 @click.option("--dim", type=int, default=256, show_default=True, help="Width d of the generated store.")
 @click.option("-k", "--n-components", type=int, default=64, show_default=True, help="Kept dimensions.")
 @click.option("--chunk-rows", type=int, default=8192, show_default=True, help="Chunk rows of the generated store.")
-@click.option("--dir", "workdir", default=None, help="Keep the files in this directory (default: a temporary one, removed).")
+@click.option(
+    "--dir", "workdir", default=None, help="Keep the files in this directory (default: a temporary one, removed)."
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @common_quiet
 @common_json
@@ -493,20 +770,24 @@ def demo(rows, dim, n_components, chunk_rows, workdir, seed, quiet, as_json):
         os.makedirs(workdir, exist_ok=True)
         summary = _run_demo(run_demo, workdir, rows, dim, n_components, chunk_rows, seed, quiet)
     t = summary["seconds"]
-    _emit(as_json, summary, [
-        f"0. numba kernels compiled (first run) or loaded from cache  [{t['compile']:.2f} s]",
-        f"1. generated {summary['rows']:,} x {summary['dim']} float32 anisotropic embeddings "
-        f"({summary['n_chunks']} chunks of {chunk_rows} rows) in {summary['input']}  [{t['generate']:.2f} s]",
-        f"2. fitted in one streaming pass: {_fmt_rate(summary['rows'], t['fit'])}, "
-        f"D_eff={summary['effective_dimension']:.1f}, k={summary['k']} keeps "
-        f"{summary['explained_variance']:.1%} of the variance  [{t['fit']:.2f} s]",
-        f"3. applied to {summary['output']}: {summary['rows']:,} x {summary['k']} L2-normalised float32 "
-        f"({_fmt_rate(summary['rows'], t['apply'])})  [{t['apply']:.2f} s]",
-        f"4. checked: mean cosine of random pairs {summary['mean_cosine_raw']:.3f} raw -> "
-        f"{summary['mean_cosine_whitened']:.3f} whitened; output covariance (before normalising) is identity "
-        f"to {summary['identity_error']:.1e}",
-        f"done in {t['total']:.2f} s" + (f"; files kept in {workdir}" if workdir else ""),
-    ])
+    _emit(
+        as_json,
+        summary,
+        [
+            f"0. numba kernels compiled (first run) or loaded from cache  [{t['compile']:.2f} s]",
+            f"1. generated {summary['rows']:,} x {summary['dim']} float32 anisotropic embeddings "
+            f"({summary['n_chunks']} chunks of {chunk_rows} rows) in {summary['input']}  [{t['generate']:.2f} s]",
+            f"2. fitted in one streaming pass: {_fmt_rate(summary['rows'], t['fit'])}, "
+            f"D_eff={summary['effective_dimension']:.1f}, k={summary['k']} keeps "
+            f"{summary['explained_variance']:.1%} of the variance  [{t['fit']:.2f} s]",
+            f"3. applied to {summary['output']}: {summary['rows']:,} x {summary['k']} L2-normalised float32 "
+            f"({_fmt_rate(summary['rows'], t['apply'])})  [{t['apply']:.2f} s]",
+            f"4. checked: mean cosine of random pairs {summary['mean_cosine_raw']:.3f} raw -> "
+            f"{summary['mean_cosine_whitened']:.3f} whitened; output covariance (before normalising) is identity "
+            f"to {summary['identity_error']:.1e}",
+            f"done in {t['total']:.2f} s" + (f"; files kept in {workdir}" if workdir else ""),
+        ],
+    )
 
 
 def _run_demo(run_demo, directory, rows, dim, k, chunk_rows, seed, quiet):
@@ -536,8 +817,9 @@ def run(job_file, log_file, restart, quiet, as_json):
         with remote.using({**spec.storage, **remote.storage_options()}):
             inputs = expand_specs(spec.inputs)
         refuse_input_overlap({log_file: "log file"}, [job_file, *inputs])
-        refuse_input_overlap({log_file: "log file"}, [spec.model_path, default_checkpoint(spec.model_path),
-                                                     spec.lock_path], nested=False)
+        refuse_input_overlap(
+            {log_file: "log file"}, [spec.model_path, default_checkpoint(spec.model_path), spec.lock_path], nested=False
+        )
         try:
             handler = _LogFileHandler(log_file)
         except OSError as exc:
@@ -557,12 +839,18 @@ def _pair_options(required: bool, prefix: str = "pairs", scores: str = "scores",
     names = (f"{prefix}_a", f"{prefix}_b", scores.replace("-", "_"))
 
     def decorate(func):
-        for flag, name, text in reversed([
-            (f"--{prefix}-a", names[0], f"Vectors A of the {what} (file.h5:/dataset, dir.zarr, file.npy, "
-                                        "file.parquet:column, dir.lance:column)."),
-            (f"--{prefix}-b", names[1], f"Vectors B of the {what}, row-aligned with A."),
-            (f"--{scores}", names[2], f"Gold score of each of the {what} (a 1-D dataset or .npy)."),
-        ]):
+        for flag, name, text in reversed(
+            [
+                (
+                    f"--{prefix}-a",
+                    names[0],
+                    f"Vectors A of the {what} (file.h5:/dataset, dir.zarr, file.npy, "
+                    "file.parquet:column, dir.lance:column).",
+                ),
+                (f"--{prefix}-b", names[1], f"Vectors B of the {what}, row-aligned with A."),
+                (f"--{scores}", names[2], f"Gold score of each of the {what} (a 1-D dataset or .npy)."),
+            ]
+        ):
             func = click.option(flag, name, required=required, default=None, metavar="SPEC", help=text)(func)
         return func
 
@@ -596,8 +884,12 @@ def _fmt_setting(row: dict) -> str:
 @click.argument("model_path", required=False)
 @_pair_options(required=True)
 @model_options
-@click.option("--chunk-rows", type=spec_type("chunk_rows"), default=None,
-              help="Pairs per block read (default: about 16 MiB of vectors).")
+@click.option(
+    "--chunk-rows",
+    type=spec_type("chunk_rows"),
+    default=None,
+    help="Pairs per block read (default: about 16 MiB of vectors).",
+)
 @common_quiet
 @common_json
 def eval_(model_path, pairs_a, pairs_b, scores, beta, gamma, n_components, variance, eps, chunk_rows, quiet, as_json):
@@ -657,8 +949,12 @@ def _tune_table_lines(result) -> list[str]:
     fractions = [label for label in labels if label.endswith("%")]
     width = 7
     head = " beta gamma |" + "".join(f"{label:>{width + 1}}" for label in labels)
-    lines = [f"{metric.capitalize()} x100 by setting (columns: k; a percentage is the fewest components "
-             f"explaining that much variance):", head, "-" * len(head)]
+    lines = [
+        f"{metric.capitalize()} x100 by setting (columns: k; a percentage is the fewest components "
+        f"explaining that much variance):",
+        head,
+        "-" * len(head),
+    ]
     rows: dict = {}
     for row in table:
         rows.setdefault((row["beta"], row["gamma"]), {})[row["k_label"]] = row
@@ -676,20 +972,40 @@ def _tune_table_lines(result) -> list[str]:
 
 def grid_options(purpose: str):
     """``--betas/--gammas/--ks/--variances/--metric``: the (beta, gamma, k) grid shared by tune and report."""
+
     def decorate(func):
-        for option in reversed([
-            click.option("--betas", default=None, metavar="LIST",
-                         help=f"Betas {purpose}, comma-separated [default: 0,0.25,0.5,0.75,1]."),
-            click.option("--gammas", default=None, metavar="LIST", help=f"Gammas {purpose} [default: 0,0.25,0.5,0.75,1]."),
-            click.option("--ks", default=None, metavar="LIST",
-                         help=f"Component counts k {purpose}; 'd' is the full width "
-                              "[default: d and the powers of two from 8 below it]."),
-            click.option("--variances", default=None, metavar="LIST",
-                         help=f"Explained-variance fractions {purpose}, each as a k [default: 0.9,0.95,0.99; '' for none]."),
-            click.option("--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True),
-        ]):
+        for option in reversed(
+            [
+                click.option(
+                    "--betas",
+                    default=None,
+                    metavar="LIST",
+                    help=f"Betas {purpose}, comma-separated [default: 0,0.25,0.5,0.75,1].",
+                ),
+                click.option(
+                    "--gammas", default=None, metavar="LIST", help=f"Gammas {purpose} [default: 0,0.25,0.5,0.75,1]."
+                ),
+                click.option(
+                    "--ks",
+                    default=None,
+                    metavar="LIST",
+                    help=f"Component counts k {purpose}; 'd' is the full width "
+                    "[default: d and the powers of two from 8 below it].",
+                ),
+                click.option(
+                    "--variances",
+                    default=None,
+                    metavar="LIST",
+                    help=f"Explained-variance fractions {purpose}, each as a k [default: 0.9,0.95,0.99; '' for none].",
+                ),
+                click.option(
+                    "--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True
+                ),
+            ]
+        ):
             func = option(func)
         return func
+
     return decorate
 
 
@@ -698,17 +1014,44 @@ def grid_options(purpose: str):
 @_pair_options(required=True, what="validation pairs")
 @_pair_options(required=False, prefix="test", scores="test-scores", what="held-out test pairs")
 @grid_options("to try")
-@click.option("--tolerance", type=float, default=0.0, show_default=True,
-              help="Prefer the smallest k scoring within this many points (x100) of the best.")
-@click.option("--eps", type=float, default=None, help="Regulariser relative to the largest eigenvalue (default: the model's).")
+@click.option(
+    "--tolerance",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="Prefer the smallest k scoring within this many points (x100) of the best.",
+)
+@click.option(
+    "--eps", type=float, default=None, help="Regulariser relative to the largest eigenvalue (default: the model's)."
+)
 @click.option("-o", "--output", "output_path", default=None, help="Write the tuned model to this new file.")
 @click.option("--in-place", is_flag=True, help="Write the chosen setting into MODEL_PATH itself.")
 @click.option("--overwrite", is_flag=True, help="Let -o replace an existing file.")
 @click.option("--chunk-rows", type=spec_type("chunk_rows"), default=None, help="Pairs per block read.")
 @common_quiet
 @common_json
-def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, betas, gammas, ks, variances, metric,
-         tolerance, eps, output_path, in_place, overwrite, chunk_rows, quiet, as_json):
+def tune(
+    model_path,
+    pairs_a,
+    pairs_b,
+    scores,
+    test_a,
+    test_b,
+    test_scores,
+    betas,
+    gammas,
+    ks,
+    variances,
+    metric,
+    tolerance,
+    eps,
+    output_path,
+    in_place,
+    overwrite,
+    chunk_rows,
+    quiet,
+    as_json,
+):
     """Choose beta, gamma and k for MODEL_PATH on labelled validation pairs, by grid search.
 
     The model's saved statistics give Sigma_beta for every beta in closed form, so the fitting data is
@@ -726,16 +1069,22 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
     if output_path:
         from .io import refuse_input_overlap
 
-        refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"},
-                             [model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores])
+        refuse_input_overlap(
+            {output_path: "tuned model (use --in-place to update the model itself)"},
+            [model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores],
+        )
     if output_path and os.path.exists(output_path) and not overwrite:
         raise OutputExistsError.at(output_path)
     model = load_model(model_path)
     d = model.n_features
     grid = dict(
-        betas=_number_list(betas, "betas"), gammas=_number_list(gammas, "gammas"),
-        ks=_number_list(ks, "ks", int, d), variances=_number_list(variances, "variances"),
-        metric=metric, tolerance=tolerance, eps=eps,
+        betas=_number_list(betas, "betas"),
+        gammas=_number_list(gammas, "gammas"),
+        ks=_number_list(ks, "ks", int, d),
+        variances=_number_list(variances, "variances"),
+        metric=metric,
+        tolerance=tolerance,
+        eps=eps,
     )
     with open_pairs(pairs_a, pairs_b, scores) as pairs:
         test_pairs = _open_pairs_given(test_a, test_b, test_scores, "--test-a, --test-b and --test-scores")
@@ -768,8 +1117,10 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
             f"chosen {test['chosen'][metric]:.2f} ({test['chosen'][metric] - test['raw'][metric]:+.2f})"
         )
     if target:
-        lines.append(f"wrote      {target} (beta={chosen.beta:g} gamma={chosen.gamma:g} k={chosen.n_components}); "
-                     f"`apply` now uses this setting")
+        lines.append(
+            f"wrote      {target} (beta={chosen.beta:g} gamma={chosen.gamma:g} k={chosen.n_components}); "
+            f"`apply` now uses this setting"
+        )
     else:
         lines.append("model not changed (pass -o NEW or --in-place to save the chosen setting)")
     _emit(as_json, summary, lines)
@@ -778,16 +1129,36 @@ def tune(model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, beta
 @cli.command()
 @click.argument("model_path")
 @_pair_options(required=False, what="labelled pairs (optional: adds the heat maps and k curves)")
-@click.option("-o", "--output", "output_path", required=True,
-              help="report.html (one page), report.png (one image) or a directory (one PNG per figure).")
+@click.option(
+    "-o",
+    "--output",
+    "output_path",
+    required=True,
+    help="report.html (one page), report.png (one image) or a directory (one PNG per figure).",
+)
 @grid_options("of the heat maps")
 @click.option("--title", default=None, help="Title of the HTML page.")
 @click.option("--overwrite", is_flag=True, help="Replace existing report files.")
 @click.option("--chunk-rows", type=spec_type("chunk_rows"), default=None, help="Pairs per block read.")
 @common_quiet
 @common_json
-def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks, variances, metric, title, overwrite,
-           chunk_rows, quiet, as_json):
+def report(
+    model_path,
+    pairs_a,
+    pairs_b,
+    scores,
+    output_path,
+    betas,
+    gammas,
+    ks,
+    variances,
+    metric,
+    title,
+    overwrite,
+    chunk_rows,
+    quiet,
+    as_json,
+):
     """Draw MODEL_PATH's eigenvalue spectrum and explained variance; with pairs, how the score depends on beta, gamma, k.
 
     Needs matplotlib (pip install 'streamwhiten[report]'); renders without a display.
@@ -801,8 +1172,13 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks,
     check_output(output_path, with_pairs, overwrite)
     model = load_model(model_path)
     d = model.n_features
-    grid = dict(betas=_number_list(betas, "betas"), gammas=_number_list(gammas, "gammas"),
-                ks=_number_list(ks, "ks", int, d), variances=_number_list(variances, "variances"), metric=metric)
+    grid = dict(
+        betas=_number_list(betas, "betas"),
+        gammas=_number_list(gammas, "gammas"),
+        ks=_number_list(ks, "ks", int, d),
+        variances=_number_list(variances, "variances"),
+        metric=metric,
+    )
     pairs = _open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
     try:
         with progress_bar("report", quiet) as progress:
@@ -811,8 +1187,13 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks,
         if pairs is not None:
             pairs.close()
     written = write_report(data, output_path, overwrite, title)
-    summary = {"model": model_path, "files": written, "effective_dimension": model.effective_dimension,
-               "raw": None, "best": None}
+    summary = {
+        "model": model_path,
+        "files": written,
+        "effective_dimension": model.effective_dimension,
+        "raw": None,
+        "best": None,
+    }
     lines = [f"D_eff      {model.effective_dimension:.1f} of d={d}"]
     if data.grid is not None:
         summary["raw"], summary["best"] = data.grid.raw, data.grid.best
@@ -824,6 +1205,7 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, betas, gammas, ks,
 
 
 # ------------------------------------------------------------------------------------------ entry point
+
 
 class _LogFileHandler(logging.FileHandler):
     """A log file whose write errors (disk full) stop the run with one line naming the file, rather
@@ -877,8 +1259,10 @@ def _main(argv) -> int:
             cli.invoke(ctx)
         _interrupt.hold()
         if _interrupt.requested.is_set():
-            click.echo(f"streamwhiten: {_interrupt.signal_name()} received as the command finished; "
-                       "what it wrote is complete", err=True)
+            click.echo(
+                f"streamwhiten: {_interrupt.signal_name()} received as the command finished; what it wrote is complete",
+                err=True,
+            )
             return EXIT_INTERRUPTED
         return 0
     except BaseException as exc:  # noqa: B036 - every way out is one line and an exit code
@@ -919,8 +1303,11 @@ def _report(exc: BaseException, debug: bool) -> int:
         click.echo(f"streamwhiten: error: {_one_line(exc)}", err=True)
         return EXIT_IO
     if isinstance(exc, Exception):  # a bug: still one line, with a hint how to see more
-        click.echo(f"streamwhiten: internal error: {exc.__class__.__name__}: {_one_line(exc)} "
-                   f"(set STREAMWHITEN_DEBUG=1 for the traceback)", err=True)
+        click.echo(
+            f"streamwhiten: internal error: {exc.__class__.__name__}: {_one_line(exc)} "
+            f"(set STREAMWHITEN_DEBUG=1 for the traceback)",
+            err=True,
+        )
         return EXIT_INTERNAL
     raise exc  # SystemExit and the like
 

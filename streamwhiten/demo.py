@@ -63,10 +63,17 @@ def run_demo(directory, rows=100_000, dim=256, k=64, chunk_rows=8192, seed=0, pr
     identity_error = float(np.abs(covariance(check) - np.eye(k)).max())
     timings["total"] = time.perf_counter() - began
     return {
-        "input": spec, "output": output_path, "model": model_path, "rows": rows, "dim": dim, "k": k,
-        "n_chunks": -(-rows // chunk_rows), "effective_dimension": model.effective_dimension,
+        "input": spec,
+        "output": output_path,
+        "model": model_path,
+        "rows": rows,
+        "dim": dim,
+        "k": k,
+        "n_chunks": -(-rows // chunk_rows),
+        "effective_dimension": model.effective_dimension,
         "explained_variance": float(model.explained_variance_ratio[:k].sum()),
         "mean_cosine_raw": _mean_pair_cosine(sample, seed),
         "mean_cosine_whitened": _mean_pair_cosine(whitened_sample, seed),
-        "identity_error": identity_error, "seconds": timings,
+        "identity_error": identity_error,
+        "seconds": timings,
     }

@@ -53,8 +53,13 @@ def _require(module: str):
 
 
 @contextlib.contextmanager
-def dask_client(scheduler: str | None = None, n_workers: int | None = None, processes: bool = True,
-                threads_per_worker: int = 1, client=None):
+def dask_client(
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    processes: bool = True,
+    threads_per_worker: int = 1,
+    client=None,
+):
     """A ``distributed.Client``: ``client`` itself, one connected to ``scheduler`` (an address such as
     ``tcp://host:8786``), or one on a new ``LocalCluster`` of ``n_workers`` (default: one per core)
     processes (or threads with ``processes=False``), closed on exit."""
@@ -72,10 +77,16 @@ def dask_client(scheduler: str | None = None, n_workers: int | None = None, proc
         return
     n_workers = (os.cpu_count() or 1) if n_workers is None else n_workers
     params.check("workers", n_workers)
-    with distributed.LocalCluster(
-        n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
-        dashboard_address=":0", silence_logs=logging.CRITICAL,  # task errors reach the caller as exceptions
-    ) as cluster, distributed.Client(cluster, set_as_default=False) as local:
+    with (
+        distributed.LocalCluster(
+            n_workers=n_workers,
+            threads_per_worker=threads_per_worker,
+            processes=processes,
+            dashboard_address=":0",
+            silence_logs=logging.CRITICAL,  # task errors reach the caller as exceptions
+        ) as cluster,
+        distributed.Client(cluster, set_as_default=False) as local,
+    ):
         yield local
 
 
@@ -137,7 +148,10 @@ def _block_tasks(array, label: str, precision: str, skip_nonfinite: bool) -> lis
     task = dask.delayed(reduce_block, pure=True)
     offsets = np.concatenate([[0], np.cumsum(array.chunks[0])]).astype(np.int64)
     blocks = array.to_delayed().ravel()
-    return [task(block, int(begin), label, precision, skip_nonfinite) for begin, block in zip(offsets[:-1], blocks, strict=True)]
+    return [
+        task(block, int(begin), label, precision, skip_nonfinite)
+        for begin, block in zip(offsets[:-1], blocks, strict=True)
+    ]
 
 
 def _read_block_moments(rows, begin: int, stop: int, precision: str, skip_nonfinite: bool) -> tuple:
@@ -185,8 +199,14 @@ def _reduce(parts: list, n_rows: int, client, split_every: int) -> tuple[stats.M
     return state, n_skipped
 
 
-def fit_dask_array(array, precision: str = "auto", skip_nonfinite: bool = False, client=None,
-                   split_every: int = SPLIT_EVERY, label: str = "dask array") -> FitResult:
+def fit_dask_array(
+    array,
+    precision: str = "auto",
+    skip_nonfinite: bool = False,
+    client=None,
+    split_every: int = SPLIT_EVERY,
+    label: str = "dask array",
+) -> FitResult:
     """Statistics of every row of a dask array; computed on ``client`` or dask's current scheduler.
 
     Rows holding NaN or Inf raise :class:`~streamwhiten.errors.NonFiniteError` naming the row,
@@ -198,8 +218,15 @@ def fit_dask_array(array, precision: str = "auto", skip_nonfinite: bool = False,
     parts = _block_tasks(array, label, precision, skip_nonfinite)
     began = time.perf_counter()
     state, n_skipped = _reduce(parts, int(array.shape[0]), client, split_every)
-    return FitResult(state, n_skipped, [], len(parts), time.perf_counter() - began, precision=precision,
-                     skip_nonfinite=bool(skip_nonfinite))
+    return FitResult(
+        state,
+        n_skipped,
+        [],
+        len(parts),
+        time.perf_counter() - began,
+        precision=precision,
+        skip_nonfinite=bool(skip_nonfinite),
+    )
 
 
 def dask_moments(array, precision: str = "auto", client=None, split_every: int = SPLIT_EVERY) -> stats.Moments:
@@ -207,9 +234,18 @@ def dask_moments(array, precision: str = "auto", client=None, split_every: int =
     return fit_dask_array(array, precision, client=client, split_every=split_every).state
 
 
-def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_nonfinite: bool = False,
-             block_rows: int | None = None, scheduler: str | None = None, n_workers: int | None = None,
-             client=None, split_every: int = SPLIT_EVERY, fill_missing_chunks: bool = False) -> FitResult:
+def fit_dask(
+    specs,
+    dataset: str | None = None,
+    precision: str = "auto",
+    skip_nonfinite: bool = False,
+    block_rows: int | None = None,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    client=None,
+    split_every: int = SPLIT_EVERY,
+    fill_missing_chunks: bool = False,
+) -> FitResult:
     """:func:`~streamwhiten.fit.fit_sources` on a Dask cluster: the stores are checked and fingerprinted
     here, their blocks read and reduced on the workers (so every worker must see the same paths).
 
@@ -233,8 +269,17 @@ def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_no
         state, n_skipped = _reduce(parts, n_rows, active, split_every)
         seconds = time.perf_counter() - began
     check_enough_rows(state, sources)
-    return FitResult(state, n_skipped, fingerprints, len(parts), seconds, n_rows, precision, bool(skip_nonfinite),
-                     bool(fill_missing_chunks))
+    return FitResult(
+        state,
+        n_skipped,
+        fingerprints,
+        len(parts),
+        seconds,
+        n_rows,
+        precision,
+        bool(skip_nonfinite),
+        bool(fill_missing_chunks),
+    )
 
 
 # --------------------------------------------------------------------------------------------- apply
@@ -243,8 +288,17 @@ def fit_dask(specs, dataset: str | None = None, precision: str = "auto", skip_no
 def _transform_and_write(rows, begin, stop, projection, normalize, dtype, skip_nonfinite, writer) -> tuple:
     """Read rows ``[begin, stop)``, whiten them (in place: the block is this task's own) and write them."""
     weights, shift = projection
-    out, n_nonfinite = transform_block(rows[begin:stop], begin, weights, shift, normalize, dtype, skip_nonfinite,
-                                       rows.label, reread=lambda: rows[begin:stop])
+    out, n_nonfinite = transform_block(
+        rows[begin:stop],
+        begin,
+        weights,
+        shift,
+        normalize,
+        dtype,
+        skip_nonfinite,
+        rows.label,
+        reread=lambda: rows[begin:stop],
+    )
     writer(begin, out)
     return begin, out.shape[0], n_nonfinite
 
@@ -269,11 +323,24 @@ def _stop_tasks(client, futures, timeout: float) -> None:
         return
 
 
-def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, normalize: bool = False,
-               dtype="float32", block_rows: int | None = None, overwrite: bool = False,
-               skip_nonfinite: bool = False, zarr_format: int = 3, scheduler: str | None = None,
-               n_workers: int | None = None, client=None, progress=None,
-               output_chunk_rows: int | None = None, fill_missing_chunks: bool = False) -> dict:
+def apply_dask(
+    model,
+    input_spec,
+    output_spec: str,
+    dataset: str | None = None,
+    normalize: bool = False,
+    dtype="float32",
+    block_rows: int | None = None,
+    overwrite: bool = False,
+    skip_nonfinite: bool = False,
+    zarr_format: int = 3,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    client=None,
+    progress=None,
+    output_chunk_rows: int | None = None,
+    fill_missing_chunks: bool = False,
+) -> dict:
     """:func:`~streamwhiten.apply.apply_model` on a Dask cluster, writing a Zarr store.
 
     Workers read their blocks, transform them and write whole output chunks into the store under its
@@ -296,8 +363,13 @@ def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, 
     try:
         check_output(model, source, output_spec)
         work = np.float64 if source.dtype == np.float64 else np.float32
-        attrs = output_attrs(model, source, normalize, fingerprint(source)["sha256_sampled"],
-                             options=recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format))
+        attrs = output_attrs(
+            model,
+            source,
+            normalize,
+            fingerprint(source)["sha256_sampled"],
+            options=recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format),
+        )
         with dask_client(scheduler, n_workers, client=client) as active:
             sink = create_sink(
                 output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format, output_chunk_rows
@@ -308,10 +380,12 @@ def apply_dask(model, input_spec, output_spec: str, dataset: str | None = None, 
                 projection = dask.delayed(model.projection(work), pure=True)
                 writer = dask.delayed(sink.region_writer(), pure=True)
                 task = dask.delayed(_transform_and_write, pure=False)
-                futures = active.compute([
-                    task(rows, begin, stop, projection, normalize, sink.dtype, skip_nonfinite, writer)
-                    for begin, stop in source.blocks(rows_per_block)
-                ])
+                futures = active.compute(
+                    [
+                        task(rows, begin, stop, projection, normalize, sink.dtype, skip_nonfinite, writer)
+                        for begin, stop in source.blocks(rows_per_block)
+                    ]
+                )
                 written, n_written, n_nonfinite = set(), 0, 0
                 try:
                     with _cluster_errors("the transform"):
@@ -353,13 +427,15 @@ def transform_dask(model, array, normalize: bool = False, skip_nonfinite: bool =
             return model.transform(rows, normalize=normalize, skip_nonfinite=skip_nonfinite)
         except NonFiniteError as exc:  # name the row in the whole array, not in the block
             row = begin + exc.row
-            raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such "
-                                 "input)", row=row) from None
+            raise NonFiniteError(
+                f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such input)", row=row
+            ) from None
         except ValuesTooLargeError as exc:
             raise ValuesTooLargeError(exc.detail, row=None if exc.row is None else begin + exc.row) from None
 
-    return array.map_blocks(whiten, dtype=work, chunks=(array.chunks[0], (model.n_components,)),
-                            meta=np.empty((0, 0), dtype=work))
+    return array.map_blocks(
+        whiten, dtype=work, chunks=(array.chunks[0], (model.n_components,)), meta=np.empty((0, 0), dtype=work)
+    )
 
 
 def _native_floats(array):

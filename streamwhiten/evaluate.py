@@ -108,8 +108,13 @@ class PairSet:
         return f"A={self.a.label}, B={self.b.label}, scores={self.scores_label}"
 
     def describe(self) -> dict:
-        return {"a": self.a.label, "b": self.b.label, "scores": self.scores_label,
-                "n_pairs": self.n_pairs, "n_features": self.n_features}
+        return {
+            "a": self.a.label,
+            "b": self.b.label,
+            "scores": self.scores_label,
+            "n_pairs": self.n_pairs,
+            "n_features": self.n_features,
+        }
 
     def check_width(self, n_features: int, what: str = "the model") -> None:
         if self.n_features != n_features:
@@ -210,8 +215,13 @@ def pair_cosines(
 
 def describe_model(model: WhiteningModel) -> dict:
     """The transform parameters of ``model`` as plain values."""
-    return {"beta": model.beta, "gamma": model.gamma, "k": model.n_components, "eps": model.eps,
-            "variance": model.variance}
+    return {
+        "beta": model.beta,
+        "gamma": model.gamma,
+        "k": model.n_components,
+        "eps": model.eps,
+        "variance": model.variance,
+    }
 
 
 def evaluate_pairs(
@@ -232,6 +242,14 @@ def evaluate_pairs(
 
 
 __all__ = [
-    "PairSet", "open_pairs", "rankdata", "pearson", "spearman", "correlations", "cosine_rows", "pair_cosines",
-    "evaluate_pairs", "METRICS",
+    "PairSet",
+    "open_pairs",
+    "rankdata",
+    "pearson",
+    "spearman",
+    "correlations",
+    "cosine_rows",
+    "pair_cosines",
+    "evaluate_pairs",
+    "METRICS",
 ]

@@ -43,8 +43,10 @@ ONNX_OPSET = 21
 REQUIREMENTS = {
     "npz": (),
     "safetensors": (("safetensors", "safetensors", "torch"),),
-    "sentence-transformers": (("sentence_transformers", "sentence-transformers", "sentence-transformers"),
-                              ("torch", "torch", "sentence-transformers")),
+    "sentence-transformers": (
+        ("sentence_transformers", "sentence-transformers", "sentence-transformers"),
+        ("torch", "torch", "sentence-transformers"),
+    ),
     "faiss": (("faiss", "faiss-cpu", "faiss"),),
     "onnx": (("onnx", "onnx", "onnx"),),
 }
@@ -74,12 +76,15 @@ def format_for(path: str, fmt: str | None = None, append_to: str | None = None) 
         return EXTENSIONS[extension]
     if append_to is not None:
         return "sentence-transformers"
-    raise BadInputError(f"{path}: cannot tell the export format from the name; end it in "
-                        f"{', '.join(EXTENSIONS)} or pass --format ({', '.join(FORMATS)})")
+    raise BadInputError(
+        f"{path}: cannot tell the export format from the name; end it in "
+        f"{', '.join(EXTENSIONS)} or pass --format ({', '.join(FORMATS)})"
+    )
 
 
-def check_options(fmt: str, normalize: bool = False, append_to: str | None = None, index: str | None = None,
-                  metric: str | None = None) -> None:
+def check_options(
+    fmt: str, normalize: bool = False, append_to: str | None = None, index: str | None = None, metric: str | None = None
+) -> None:
     """Raise :class:`BadInputError` for an option another format than ``fmt`` takes."""
     if append_to is not None and fmt != "sentence-transformers":
         raise BadInputError("--append-to is for the sentence-transformers format")
@@ -88,12 +93,21 @@ def check_options(fmt: str, normalize: bool = False, append_to: str | None = Non
     if metric is not None and index is None:
         raise BadInputError("--metric chooses the metric of --index; give --index too")
     if fmt == "faiss" and normalize and index is None:
-        raise BadInputError("faiss keeps a LinearTransform followed by a NormalizationTransform only inside an index: "
-                            "add --index (e.g. --index Flat) for an IndexPreTransform, or drop --normalize")
+        raise BadInputError(
+            "faiss keeps a LinearTransform followed by a NormalizationTransform only inside an index: "
+            "add --index (e.g. --index Flat) for an IndexPreTransform, or drop --normalize"
+        )
 
 
-def export(affine: AffineMap, path: str, fmt: str | None = None, overwrite: bool = False, append_to: str | None = None,
-           index: str | None = None, metric: str | None = None) -> dict:
+def export(
+    affine: AffineMap,
+    path: str,
+    fmt: str | None = None,
+    overwrite: bool = False,
+    append_to: str | None = None,
+    index: str | None = None,
+    metric: str | None = None,
+) -> dict:
     """Write ``affine`` to ``path`` in ``fmt`` (see the module docstring); returns a summary.
 
     Parameters
@@ -177,8 +191,10 @@ def write_npz(affine: AffineMap, path: str) -> str:
 def safetensors_bytes(affine: AffineMap) -> bytes:
     """``weight`` (k x d) and ``bias`` (k) in float32, the parameters in the header metadata."""
     st_numpy = _require("safetensors.numpy", "safetensors", "torch", "the safetensors export")
-    tensors = {"weight": np.ascontiguousarray(affine.A.T, dtype=np.float32),
-               "bias": np.ascontiguousarray(affine.b, dtype=np.float32)}
+    tensors = {
+        "weight": np.ascontiguousarray(affine.A.T, dtype=np.float32),
+        "bias": np.ascontiguousarray(affine.b, dtype=np.float32),
+    }
     return st_numpy.save(tensors, metadata=dict(affine.metadata(), layout="y = x @ weight.T + bias (torch.nn.Linear)"))
 
 
@@ -207,28 +223,41 @@ def onnx_model(affine: AffineMap):
     from onnx import TensorProto, helper, numpy_helper
 
     d, k = affine.n_features, affine.n_components
-    initializers = [numpy_helper.from_array(np.ascontiguousarray(affine.A, dtype=np.float32), "A"),
-                    numpy_helper.from_array(np.ascontiguousarray(affine.b, dtype=np.float32), "b")]
-    nodes = [helper.make_node("MatMul", ["x", "A"], ["xA"], name="matmul"),
-             helper.make_node("Add", ["xA", "b"], ["affine" if affine.normalize else "y"], name="add")]
+    initializers = [
+        numpy_helper.from_array(np.ascontiguousarray(affine.A, dtype=np.float32), "A"),
+        numpy_helper.from_array(np.ascontiguousarray(affine.b, dtype=np.float32), "b"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "A"], ["xA"], name="matmul"),
+        helper.make_node("Add", ["xA", "b"], ["affine" if affine.normalize else "y"], name="add"),
+    ]
     if affine.normalize:  # y / ||y||, zero rows kept zero (as the engine does)
-        initializers += [numpy_helper.from_array(np.array([-1], dtype=np.int64), "last_axis"),
-                         numpy_helper.from_array(np.array(0, dtype=np.float32), "zero"),
-                         numpy_helper.from_array(np.array(1, dtype=np.float32), "one")]
-        nodes += [helper.make_node("ReduceL2", ["affine", "last_axis"], ["norm"], keepdims=1, name="norm"),
-                  helper.make_node("Greater", ["norm", "zero"], ["positive"], name="positive"),
-                  helper.make_node("Where", ["positive", "norm", "one"], ["divisor"], name="divisor"),
-                  helper.make_node("Div", ["affine", "divisor"], ["y"], name="normalize")]
+        initializers += [
+            numpy_helper.from_array(np.array([-1], dtype=np.int64), "last_axis"),
+            numpy_helper.from_array(np.array(0, dtype=np.float32), "zero"),
+            numpy_helper.from_array(np.array(1, dtype=np.float32), "one"),
+        ]
+        nodes += [
+            helper.make_node("ReduceL2", ["affine", "last_axis"], ["norm"], keepdims=1, name="norm"),
+            helper.make_node("Greater", ["norm", "zero"], ["positive"], name="positive"),
+            helper.make_node("Where", ["positive", "norm", "one"], ["divisor"], name="divisor"),
+            helper.make_node("Div", ["affine", "divisor"], ["y"], name="normalize"),
+        ]
     graph = helper.make_graph(
-        nodes, "streamwhiten_whitening",
+        nodes,
+        "streamwhiten_whitening",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", d])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", k])],
         initializer=initializers,
     )
     opset = [helper.make_opsetid("", ONNX_OPSET)]
-    model = helper.make_model(graph, opset_imports=opset, producer_name="streamwhiten",
-                              producer_version=affine.metadata()["package_version"],
-                              doc_string="BERT-whitening y = x A + b" + (", L2-normalised" if affine.normalize else ""))
+    model = helper.make_model(
+        graph,
+        opset_imports=opset,
+        producer_name="streamwhiten",
+        producer_version=affine.metadata()["package_version"],
+        doc_string="BERT-whitening y = x A + b" + (", L2-normalised" if affine.normalize else ""),
+    )
     model.ir_version = helper.find_min_ir_version_for(opset)
     helper.set_model_props(model, affine.metadata())
     onnx.checker.check_model(model, full_check=True)
@@ -264,8 +293,10 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
     try:
         inner = faiss.index_factory(affine.n_components, factory, code)
     except RuntimeError as exc:
-        raise BadInputError(f"--index {factory!r}: faiss cannot build it for {affine.n_components}-d vectors "
-                            f"({' '.join(str(exc).split())[-200:]})") from exc
+        raise BadInputError(
+            f"--index {factory!r}: faiss cannot build it for {affine.n_components}-d vectors "
+            f"({' '.join(str(exc).split())[-200:]})"
+        ) from exc
     if affine.normalize:
         index = faiss.IndexPreTransform(faiss.NormalizationTransform(affine.n_components, 2.0), inner)
         index.prepend_transform(faiss_transform(affine))
@@ -285,8 +316,13 @@ def write_faiss(affine: AffineMap, path: str, factory: str | None = None, metric
     else:
         index, metric = faiss_index(affine, factory, metric)
         payload = faiss.serialize_index(index).tobytes()
-        info = {"faiss": "IndexPreTransform", "index": factory, "metric": metric, "read_with": "faiss.read_index",
-                "needs_training": not bool(index.is_trained)}
+        info = {
+            "faiss": "IndexPreTransform",
+            "index": factory,
+            "metric": metric,
+            "read_with": "faiss.read_index",
+            "needs_training": not bool(index.is_trained),
+        }
     write_file_atomic(path, lambda handle: handle.write(payload), "faiss export")
     return info
 
@@ -296,7 +332,9 @@ def write_faiss(affine: AffineMap, path: str, factory: str | None = None, metric
 
 def _st_modules():
     _require("torch", "torch", "sentence-transformers", "the sentence-transformers export")
-    _require("sentence_transformers", "sentence-transformers", "sentence-transformers", "the sentence-transformers export")
+    _require(
+        "sentence_transformers", "sentence-transformers", "sentence-transformers", "the sentence-transformers export"
+    )
     try:
         from sentence_transformers.sentence_transformer.modules import Dense, Normalize
     except ImportError:  # releases before 6
@@ -314,8 +352,10 @@ def st_output_dimension(model_dir: str) -> int:
     try:
         model = SentenceTransformer(model_dir, device="cpu", local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever the loader raises, it is this directory's fault
-        raise BadInputError(f"{model_dir}: sentence-transformers cannot load it "
-                            f"({exc.__class__.__name__}: {' '.join(str(exc).split())[:200]})") from exc
+        raise BadInputError(
+            f"{model_dir}: sentence-transformers cannot load it "
+            f"({exc.__class__.__name__}: {' '.join(str(exc).split())[:200]})"
+        ) from exc
     getter = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     width = getter()
     if width is None:  # a module that does not say: measure it
@@ -323,8 +363,9 @@ def st_output_dimension(model_dir: str) -> int:
     return int(width)
 
 
-def write_sentence_transformers(affine: AffineMap, path: str, append_to: str | None = None,
-                                overwrite: bool = False) -> dict:
+def write_sentence_transformers(
+    affine: AffineMap, path: str, append_to: str | None = None, overwrite: bool = False
+) -> dict:
     """Write the Dense (+ Normalize) modules, alone or appended to a copy of ``append_to``; see :func:`export`.
 
     The directory is built under a hidden temporary name beside ``path`` and renamed into place when
@@ -336,8 +377,10 @@ def write_sentence_transformers(affine: AffineMap, path: str, append_to: str | N
     if append_to is not None:
         width = st_output_dimension(append_to)
         if width != affine.n_features:
-            raise BadInputError(f"{append_to}: the sentence-transformers model gives {width}-d vectors, but the "
-                                f"whitening was fitted on {affine.n_features}-d vectors")
+            raise BadInputError(
+                f"{append_to}: the sentence-transformers model gives {width}-d vectors, but the "
+                f"whitening was fitted on {affine.n_features}-d vectors"
+            )
     remove_stale_temps(path)
     temp = temp_path(path)
     try:
@@ -348,9 +391,14 @@ def write_sentence_transformers(affine: AffineMap, path: str, append_to: str | N
         else:
             os.makedirs(temp)
             modules = []
-        dense = Dense(affine.n_features, affine.n_components, bias=True, activation_function=torch.nn.Identity(),
-                      init_weight=torch.from_numpy(np.ascontiguousarray(affine.A.T, dtype=np.float32)),
-                      init_bias=torch.from_numpy(np.ascontiguousarray(affine.b, dtype=np.float32)))
+        dense = Dense(
+            affine.n_features,
+            affine.n_components,
+            bias=True,
+            activation_function=torch.nn.Identity(),
+            init_weight=torch.from_numpy(np.ascontiguousarray(affine.A.T, dtype=np.float32)),
+            init_bias=torch.from_numpy(np.ascontiguousarray(affine.b, dtype=np.float32)),
+        )
         added = [dense] + ([Normalize()] if affine.normalize else [])
         paths = []
         for module in added:
@@ -359,9 +407,14 @@ def write_sentence_transformers(affine: AffineMap, path: str, append_to: str | N
             module.save(os.path.join(temp, entry["path"]))
             modules.append(entry)
             paths.append(entry["path"])
-        metadata = dict(affine.params(), format=MAP_FORMAT, format_version=MAP_VERSION,
-                        package_version=affine.metadata()["package_version"], appended_to=append_to,
-                        layout="Dense: y = x @ linear.weight.T + linear.bias")
+        metadata = dict(
+            affine.params(),
+            format=MAP_FORMAT,
+            format_version=MAP_VERSION,
+            package_version=affine.metadata()["package_version"],
+            appended_to=append_to,
+            layout="Dense: y = x @ linear.weight.T + linear.bias",
+        )
         with open(os.path.join(temp, paths[0], "streamwhiten.json"), "w", encoding="utf8") as handle:
             json.dump(metadata, handle, indent=2, sort_keys=True)
         with open(os.path.join(temp, "modules.json"), "w", encoding="utf8") as handle:
@@ -370,8 +423,9 @@ def write_sentence_transformers(affine: AffineMap, path: str, append_to: str | N
         _rename_dir_into_place(temp, path, overwrite)
     except OSError as exc:
         shutil.rmtree(temp, ignore_errors=True)
-        raise StoreIOError(f"{path}: cannot write the sentence-transformers export: {_os_error(exc)}; "
-                           "nothing was written") from exc
+        raise StoreIOError(
+            f"{path}: cannot write the sentence-transformers export: {_os_error(exc)}; nothing was written"
+        ) from exc
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
@@ -427,6 +481,22 @@ def _rename_dir_into_place(temp: str, path: str, overwrite: bool) -> None:
     fsync_dir(os.path.dirname(final))
 
 
-__all__ = ["FORMATS", "export", "format_for", "check_options", "check_available", "npz_arrays", "write_npz", "safetensors_bytes",
-           "write_safetensors", "torch_linear", "onnx_model", "write_onnx", "faiss_transform", "faiss_index",
-           "write_faiss", "st_output_dimension", "write_sentence_transformers"]
+__all__ = [
+    "FORMATS",
+    "export",
+    "format_for",
+    "check_options",
+    "check_available",
+    "npz_arrays",
+    "write_npz",
+    "safetensors_bytes",
+    "write_safetensors",
+    "torch_linear",
+    "onnx_model",
+    "write_onnx",
+    "faiss_transform",
+    "faiss_index",
+    "write_faiss",
+    "st_output_dimension",
+    "write_sentence_transformers",
+]

@@ -116,8 +116,15 @@ class FitPlan:
 
     def result(self) -> FitResult:
         """What the finished plan produced (sources: those read, then those an update kept)."""
-        return FitResult(self.state, self.n_skipped, self.sources + self.kept_sources, self.n_blocks, self.seconds,
-                         self.rows_done, *self.options)
+        return FitResult(
+            self.state,
+            self.n_skipped,
+            self.sources + self.kept_sources,
+            self.n_blocks,
+            self.seconds,
+            self.rows_done,
+            *self.options,
+        )
 
 
 #: The former name of :class:`FitPlan` ("job" now means a ``job.toml`` batch run only).
@@ -183,8 +190,13 @@ def open_sources(specs, dataset: str | None = None, fill_missing_chunks: bool = 
 
 
 def reduce_block(
-    rows: np.ndarray, begin: int, label: str | None, precision: str = "auto", skip_nonfinite: bool = False,
-    overwrite_input: bool = False, workspace: np.ndarray | None = None,
+    rows: np.ndarray,
+    begin: int,
+    label: str | None,
+    precision: str = "auto",
+    skip_nonfinite: bool = False,
+    overwrite_input: bool = False,
+    workspace: np.ndarray | None = None,
 ) -> tuple[stats.Moments, int]:
     """Moments of one block read at row ``begin`` of ``label``, and how many of its rows were skipped.
 
@@ -201,14 +213,22 @@ def reduce_block(
     except NonFiniteError as exc:
         row = begin + exc.row
         if label is None:
-            raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)",
-                                 row=row) from None
-        raise NonFiniteError(f"{label}: row {row} holds NaN or Inf (skip such rows with --skip-nonfinite)",
-                             row=row) from None
+            raise NonFiniteError(
+                f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)", row=row
+            ) from None
+        raise NonFiniteError(
+            f"{label}: row {row} holds NaN or Inf (skip such rows with --skip-nonfinite)", row=row
+        ) from None
 
 
-def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precision: str = "auto",
-               skip_nonfinite: bool = False, threads: int | None = None) -> tuple[stats.Moments, int]:
+def fold_array(
+    state: stats.Moments,
+    rows: np.ndarray,
+    block_rows: int,
+    precision: str = "auto",
+    skip_nonfinite: bool = False,
+    threads: int | None = None,
+) -> tuple[stats.Moments, int]:
     """Fold an in-memory array into ``state`` block by block, as a store is folded (same blocks, same
     threads, same bits); returns the new state and how many rows were skipped.
 
@@ -219,13 +239,15 @@ def fold_array(state: stats.Moments, rows: np.ndarray, block_rows: int, precisio
     workspaces = PerThread((min(block_rows, rows.shape[0]), rows.shape[1]), dtype)
 
     def moments(begin):
-        return reduce_block(rows[begin : begin + block_rows], begin, None, precision, skip_nonfinite,
-                            workspace=workspaces.get())
+        return reduce_block(
+            rows[begin : begin + block_rows], begin, None, precision, skip_nonfinite, workspace=workspaces.get()
+        )
 
     n_skipped = 0
     with kept_for_next_run(workspaces):
-        results = ordered_map(moments, ((begin,) for begin in range(0, rows.shape[0], block_rows)), threads,
-                              worker_blas_threads(threads))
+        results = ordered_map(
+            moments, ((begin,) for begin in range(0, rows.shape[0], block_rows)), threads, worker_blas_threads(threads)
+        )
         try:
             for block_state, skipped in results:
                 state = stats.merge(state, block_state)
@@ -255,15 +277,22 @@ def plan_blocks(sources: list[Source], block_rows: int | None = None) -> int:
     return max(source.default_block_rows() for source in sources)
 
 
-def plan_fit(specs, dataset=None, precision="auto", skip_nonfinite=False, block_rows=None,
-             fill_missing_chunks=False) -> FitPlan:
+def plan_fit(
+    specs, dataset=None, precision="auto", skip_nonfinite=False, block_rows=None, fill_missing_chunks=False
+) -> FitPlan:
     """A plan reading every row of every source, from an empty state."""
     params.check("precision", precision)  # before any reading
     sources = open_sources(specs, dataset, fill_missing_chunks)
     try:
         cursors = [Cursor(s.label, fingerprint(s), 0, s.n_rows, 0) for s in sources]
-        return FitPlan(stats.Moments.empty(sources[0].n_features), cursors, plan_blocks(sources, block_rows),
-                       precision, bool(skip_nonfinite), fill_missing_chunks=bool(fill_missing_chunks))
+        return FitPlan(
+            stats.Moments.empty(sources[0].n_features),
+            cursors,
+            plan_blocks(sources, block_rows),
+            precision,
+            bool(skip_nonfinite),
+            fill_missing_chunks=bool(fill_missing_chunks),
+        )
     finally:
         for source in sources:
             source.close()
@@ -311,8 +340,16 @@ def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> N
             )
 
 
-def plan_update(model_state, recorded_sources: list, specs, dataset=None, precision="auto", skip_nonfinite=False,
-                block_rows=None, fill_missing_chunks=False) -> FitPlan:
+def plan_update(
+    model_state,
+    recorded_sources: list,
+    specs,
+    dataset=None,
+    precision="auto",
+    skip_nonfinite=False,
+    block_rows=None,
+    fill_missing_chunks=False,
+) -> FitPlan:
     """A plan folding only the rows added since ``recorded_sources`` were read into ``model_state``.
 
     A source recorded before must have kept its rows (append-only); a new source is read whole.
@@ -321,7 +358,9 @@ def plan_update(model_state, recorded_sources: list, specs, dataset=None, precis
     sources = open_sources(specs, dataset, fill_missing_chunks)
     try:
         if sources[0].n_features != model_state.n_features:
-            raise BadInputError(f"{sources[0].label}: has {sources[0].n_features} columns but the model has {model_state.n_features}")
+            raise BadInputError(
+                f"{sources[0].label}: has {sources[0].n_features} columns but the model has {model_state.n_features}"
+            )
         cursors = []
         for source in sources:
             current = fingerprint(source)
@@ -338,9 +377,18 @@ def plan_update(model_state, recorded_sources: list, specs, dataset=None, precis
                 where = recorded["path"] + (f":/{recorded['dataset']}" if recorded.get("dataset") else "")
                 raise BadInputError(
                     f"{where}: recorded in the model ({recorded['n_rows']:,} rows) but deleted since; an update "
-                    "cannot take rows out of the statistics (restore it, or refit from scratch without --update)")
-        job = FitPlan(model_state, cursors, plan_blocks(sources, block_rows), precision, bool(skip_nonfinite),
-                      base_rows=model_state.n_rows, kept_sources=kept, fill_missing_chunks=bool(fill_missing_chunks))
+                    "cannot take rows out of the statistics (restore it, or refit from scratch without --update)"
+                )
+        job = FitPlan(
+            model_state,
+            cursors,
+            plan_blocks(sources, block_rows),
+            precision,
+            bool(skip_nonfinite),
+            base_rows=model_state.n_rows,
+            kept_sources=kept,
+            fill_missing_chunks=bool(fill_missing_chunks),
+        )
         if job.rows_total == 0:
             raise NothingToDoError("nothing to do: no rows were added since the model was fitted")
         return job
@@ -384,13 +432,22 @@ def load_checkpoint(path: str) -> FitPlan:
         raise ModelFileError(f"{exc}{hint}") from None
     meta = json.loads(str(arrays["meta_json"]))
     state = stats.Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])
-    return FitPlan(state, [Cursor(**cursor) for cursor in meta["cursors"]], int(meta["block_rows"]),
-                   meta["precision"], bool(meta["skip_nonfinite"]), int(meta["base_rows"]), meta["kept_sources"],
-                   threads=int(meta.get("threads", 0)), fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)))
+    return FitPlan(
+        state,
+        [Cursor(**cursor) for cursor in meta["cursors"]],
+        int(meta["block_rows"]),
+        meta["precision"],
+        bool(meta["skip_nonfinite"]),
+        int(meta["base_rows"]),
+        meta["kept_sources"],
+        threads=int(meta.get("threads", 0)),
+        fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)),
+    )
 
 
-def check_resumable(job: FitPlan, checkpoint_path: str, options: tuple, base_rows: int, inputs: list,
-                    exact: bool = True) -> None:
+def check_resumable(
+    job: FitPlan, checkpoint_path: str, options: tuple, base_rows: int, inputs: list, exact: bool = True
+) -> None:
     """Refuse to resume ``job`` (from ``checkpoint_path``) for other inputs, options or starting model,
     or when its sources changed: :class:`BadInputError` saying which.
 
@@ -406,11 +463,14 @@ def check_resumable(job: FitPlan, checkpoint_path: str, options: tuple, base_row
         wanted = {_identity(spec) for spec in inputs}
         other = any(_identity(cursor.spec) not in wanted for cursor in job.cursors)
     if other:
-        raise BadInputError(f"{checkpoint_path}: checkpoint is for other inputs "
-                            f"({', '.join(c.spec for c in job.cursors)}){hint}")
+        raise BadInputError(
+            f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in job.cursors)}){hint}"
+        )
     if job.options != tuple(options):
-        raise BadInputError(f"{checkpoint_path}: checkpoint was made with other options (precision, skip-nonfinite, "
-                            f"fill-missing-chunks){hint}")
+        raise BadInputError(
+            f"{checkpoint_path}: checkpoint was made with other options (precision, skip-nonfinite, "
+            f"fill-missing-chunks){hint}"
+        )
     if job.base_rows != base_rows:
         raise BadInputError(f"{checkpoint_path}: checkpoint is for another starting model{hint}")
     check_sources_unchanged(job, checkpoint_path)
@@ -533,8 +593,9 @@ def run_plan(
     # and multiply; at most ordered_map's ``workers + 1`` blocks in flight are fetched or held.
     reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read") if workers > 1 else None
     with kept_for_next_run(*buffers):  # once the workers have stopped
-        results = ordered_map(_read_block_moments, _block_tasks(job, opened, buffers, reader), workers,
-                              worker_blas_threads(workers))
+        results = ordered_map(
+            _read_block_moments, _block_tasks(job, opened, buffers, reader), workers, worker_blas_threads(workers)
+        )
         try:
             for index, _begin, end, moments, skipped, source in results:
                 cursor = job.cursors[index]
@@ -585,12 +646,17 @@ def fit_sources(
 run_job = run_plan
 
 
-def fit_info(n_skipped: int, precision: str = "auto", skip_nonfinite: bool = False,
-             fill_missing_chunks: bool = False) -> dict:
+def fit_info(
+    n_skipped: int, precision: str = "auto", skip_nonfinite: bool = False, fill_missing_chunks: bool = False
+) -> dict:
     """What a model records of the fit that made it, besides its sources: enough to tell whether a
     later fit of the same inputs with the same options would give the same model."""
-    return {"n_skipped_nonfinite": int(n_skipped), "precision": precision, "skip_nonfinite": bool(skip_nonfinite),
-            "fill_missing_chunks": bool(fill_missing_chunks)}
+    return {
+        "n_skipped_nonfinite": int(n_skipped),
+        "precision": precision,
+        "skip_nonfinite": bool(skip_nonfinite),
+        "fill_missing_chunks": bool(fill_missing_chunks),
+    }
 
 
 def finalize_fit(result: FitResult, model_params: dict | None = None, skipped_before: int = 0):
@@ -599,8 +665,9 @@ def finalize_fit(result: FitResult, model_params: dict | None = None, skipped_be
     an updated model had skipped already)."""
     from .model import finalize
 
-    info = fit_info(skipped_before + result.n_skipped, result.precision, result.skip_nonfinite,
-                    result.fill_missing_chunks)
+    info = fit_info(
+        skipped_before + result.n_skipped, result.precision, result.skip_nonfinite, result.fill_missing_chunks
+    )
     return finalize(result.state, sources=result.sources, info=info, **(model_params or {}))
 
 

@@ -44,8 +44,10 @@ def check_fit_paths(inputs, model_path: str, checkpoint: str | None = None, upda
 
     for path, what in ((model_path, "model file"), (checkpoint, "checkpoint"), (update, "model to update")):
         if path is not None and remote.is_remote(os.fspath(path)):
-            raise BadInputError(f"{remote.redact(path)}: the {what} is a local file (inputs and apply outputs may be "
-                                "URLs); give a local path")
+            raise BadInputError(
+                f"{remote.redact(path)}: the {what} is a local file (inputs and apply outputs may be "
+                "URLs); give a local path"
+            )
     checkpoint = checkpoint or default_checkpoint(model_path)
     refuse_input_overlap({model_path: "model file", checkpoint: "checkpoint"}, inputs)
     refuse_shared_outputs((model_path, "model file"), (checkpoint, "checkpoint"))
@@ -60,11 +62,32 @@ ENGINES = ("serial", "dask")
 _CHECKPOINT_EVERY = _params.default("checkpoint_every")
 _CHECKPOINT_SECONDS = _params.default("checkpoint_seconds")
 
-def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chunk_rows=None, skip_nonfinite=False,
-            update=None, checkpoint=None, checkpoint_every=_CHECKPOINT_EVERY,
-            checkpoint_seconds=_CHECKPOINT_SECONDS, restart=False, resume=False, progress=None,
-            should_stop=None, threads=None, fill_missing_chunks=False, *, engine="serial", scheduler=None,
-            workers=None, client=None, overwrite=True):
+
+def fit_job(
+    inputs,
+    model_path,
+    dataset=None,
+    params=None,
+    precision="auto",
+    chunk_rows=None,
+    skip_nonfinite=False,
+    update=None,
+    checkpoint=None,
+    checkpoint_every=_CHECKPOINT_EVERY,
+    checkpoint_seconds=_CHECKPOINT_SECONDS,
+    restart=False,
+    resume=False,
+    progress=None,
+    should_stop=None,
+    threads=None,
+    fill_missing_chunks=False,
+    *,
+    engine="serial",
+    scheduler=None,
+    workers=None,
+    client=None,
+    overwrite=True,
+):
     """Plan (or update), resume from a matching checkpoint, run and finalize a fit: the one entry point
     of every engine.
 
@@ -94,23 +117,41 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     check_writable_dir(model_path, "model file")
     checkpoint = check_fit_paths(inputs, model_path, checkpoint, update)
     if not overwrite:
-        _refuse_existing_model(inputs, model_path, update, dataset, params, precision, skip_nonfinite,
-                               fill_missing_chunks)
+        _refuse_existing_model(
+            inputs, model_path, update, dataset, params, precision, skip_nonfinite, fill_missing_chunks
+        )
     for path in (model_path, checkpoint):
         remove_stale_temps(path)  # what killed runs of this fit left behind
 
     if engine == "dask":
         from .distributed import fit_dask
 
-        result = fit_dask(inputs, dataset, precision, skip_nonfinite, chunk_rows, scheduler=scheduler,
-                          n_workers=workers, client=client, fill_missing_chunks=fill_missing_chunks)
+        result = fit_dask(
+            inputs,
+            dataset,
+            precision,
+            skip_nonfinite,
+            chunk_rows,
+            scheduler=scheduler,
+            n_workers=workers,
+            client=client,
+            fill_missing_chunks=fill_missing_chunks,
+        )
         return finalize_fit(result, params), result, False, None
 
     if update is not None:
         previous = load_model(update)
         params = _effective_params(params, previous)
-        planned = plan_update(previous.state, previous.sources, inputs, dataset, precision, skip_nonfinite, chunk_rows,
-                              fill_missing_chunks)
+        planned = plan_update(
+            previous.state,
+            previous.sources,
+            inputs,
+            dataset,
+            precision,
+            skip_nonfinite,
+            chunk_rows,
+            fill_missing_chunks,
+        )
         skipped_before = int(previous.info.get("n_skipped_nonfinite", 0))
     else:
         planned = plan_fit(inputs, dataset, precision, skip_nonfinite, chunk_rows, fill_missing_chunks)
@@ -121,13 +162,21 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
         job = load_checkpoint(checkpoint)
         check_resumable(job, checkpoint, planned.options, planned.base_rows, [c.spec for c in planned.cursors])
         if chunk_rows is not None and int(chunk_rows) != job.block_rows:
-            log.info("resuming with the checkpoint's %s rows per block (not %s), so the result is the same bits",
-                     job.block_rows, chunk_rows)
+            log.info(
+                "resuming with the checkpoint's %s rows per block (not %s), so the result is the same bits",
+                job.block_rows,
+                chunk_rows,
+            )
         if threads is not None and job.threads and int(threads) != job.threads:
-            log.info("resuming with the checkpoint's %s threads (not %s), so the result is the same bits",
-                     job.threads, threads)
+            log.info(
+                "resuming with the checkpoint's %s threads (not %s), so the result is the same bits",
+                job.threads,
+                threads,
+            )
         resumed = True
-        log.info("resuming from %s: %s of %s rows already done", checkpoint, f"{job.rows_done:,}", f"{job.rows_total:,}")
+        log.info(
+            "resuming from %s: %s of %s rows already done", checkpoint, f"{job.rows_done:,}", f"{job.rows_total:,}"
+        )
     elif resume:
         raise BadInputError(f"{checkpoint}: no checkpoint to resume from")
     else:
@@ -136,8 +185,9 @@ def fit_job(inputs, model_path, dataset=None, params=None, precision="auto", chu
     return finalize_fit(job.result(), params, skipped_before), job, resumed, checkpoint
 
 
-def _refuse_existing_model(inputs, model_path, update, dataset, params, precision, skip_nonfinite,
-                           fill_missing_chunks) -> None:
+def _refuse_existing_model(
+    inputs, model_path, update, dataset, params, precision, skip_nonfinite, fill_missing_chunks
+) -> None:
     """An existing model file is replaced only with ``overwrite`` (or updated in place); one that already
     holds what this fit would write is nothing to do."""
     from .errors import OutputExistsError
@@ -145,14 +195,22 @@ def _refuse_existing_model(inputs, model_path, update, dataset, params, precisio
 
     if not os.path.exists(model_path) or (update and same_file(update, model_path)):
         return
-    if update is None and model_is_current(model_path, inputs, dataset, params, precision, skip_nonfinite,
-                                           fill_missing_chunks):
+    if update is None and model_is_current(
+        model_path, inputs, dataset, params, precision, skip_nonfinite, fill_missing_chunks
+    ):
         raise NothingToDoError(f"nothing to do: {model_path} was fitted on these inputs with these settings")
     raise OutputExistsError.at(model_path)
 
 
-def model_is_current(model_path: str, inputs, dataset=None, params=None, precision="auto", skip_nonfinite=False,
-                     fill_missing_chunks=False) -> bool:
+def model_is_current(
+    model_path: str,
+    inputs,
+    dataset=None,
+    params=None,
+    precision="auto",
+    skip_nonfinite=False,
+    fill_missing_chunks=False,
+) -> bool:
     """Whether ``model_path`` holds the model a fit of ``inputs`` with these options would write: the
     same sources (fingerprints), precision, NaN handling and parameters. Then there is nothing to do."""
     from .errors import ModelFileError
@@ -177,8 +235,9 @@ def model_is_current(model_path: str, inputs, dataset=None, params=None, precisi
     # A fit writes the defaults for every parameter it is not given.
     from .model import DEFAULT_EPS
 
-    wanted = model.with_params(**{"beta": 1.0, "gamma": 1.0, "eps": DEFAULT_EPS, "n_components": None,
-                                  "variance": None, **(params or {})})
+    wanted = model.with_params(
+        **{"beta": 1.0, "gamma": 1.0, "eps": DEFAULT_EPS, "n_components": None, "variance": None, **(params or {})}
+    )
     return model_checksum(wanted) == model_checksum(model)
 
 
@@ -195,8 +254,10 @@ def save_fitted(model, job, model_path: str, checkpoint: str | None, should_stop
 
     if checkpoint is not None and should_stop is not None and should_stop():
         save_checkpoint(job, checkpoint)
-        raise InterruptedRunError(f"interrupted before the model was saved; the finished fit is in {checkpoint} "
-                                  "(run the same command again to save it)")
+        raise InterruptedRunError(
+            f"interrupted before the model was saved; the finished fit is in {checkpoint} "
+            "(run the same command again to save it)"
+        )
     checksum = save_model(model, model_path)
     remove_checkpoint(checkpoint)
     return checksum
@@ -218,7 +279,9 @@ def job_lock(path: str):
         except BlockingIOError:
             handle.seek(0)
             holder = handle.read().strip() or "unknown"
-            raise LockedError(f"{path}: another run of this job is in progress (pid {holder}); not starting a second one") from None
+            raise LockedError(
+                f"{path}: another run of this job is in progress (pid {holder}); not starting a second one"
+            ) from None
         try:
             handle.seek(0)
             handle.truncate()
@@ -240,12 +303,42 @@ _PARAM = "parameter"
 _KEYS = {
     "": {"name": str, "input": dict, "model": dict, "apply": dict, "storage": dict},
     "input": {"paths": (list, str), "dataset": str, "fill_missing_chunks": _PARAM},
-    "model": {"path": str, **{name: _PARAM for name in ("beta", "gamma", "n_components", "variance", "eps",
-                                                          "precision", "chunk_rows", "skip_nonfinite",
-                                                          "checkpoint_every", "checkpoint_seconds", "threads")}},
-    "apply": {"output": str, "keep_columns": (list, str),
-              **{name: _PARAM for name in ("normalize", "dtype", "zarr_format", "chunk_rows", "skip_nonfinite",
-                                           "threads", "direct_io", "compressor")}},
+    "model": {
+        "path": str,
+        **{
+            name: _PARAM
+            for name in (
+                "beta",
+                "gamma",
+                "n_components",
+                "variance",
+                "eps",
+                "precision",
+                "chunk_rows",
+                "skip_nonfinite",
+                "checkpoint_every",
+                "checkpoint_seconds",
+                "threads",
+            )
+        },
+    },
+    "apply": {
+        "output": str,
+        "keep_columns": (list, str),
+        **{
+            name: _PARAM
+            for name in (
+                "normalize",
+                "dtype",
+                "zarr_format",
+                "chunk_rows",
+                "skip_nonfinite",
+                "threads",
+                "direct_io",
+                "compressor",
+            )
+        },
+    },
 }
 
 
@@ -326,8 +419,17 @@ def read_job_file(path: str) -> JobSpec:
     model_path = absolute(model.pop("path"))
     if remote.is_url(model_path):
         raise BadInputError(f"{path}: [model] path must be a local file (inputs and [apply] outputs may be URLs)")
-    return JobSpec(path, name, [absolute(p) for p in inputs], data.get("input", {}).get("dataset"),
-                   model_path, model, apply, bool(data.get("input", {}).get("fill_missing_chunks")), storage)
+    return JobSpec(
+        path,
+        name,
+        [absolute(p) for p in inputs],
+        data.get("input", {}).get("dataset"),
+        model_path,
+        model,
+        apply,
+        bool(data.get("input", {}).get("fill_missing_chunks")),
+        storage,
+    )
 
 
 #: The fields an ``[apply] output`` template may use.
@@ -347,8 +449,10 @@ def _check_output_template(path: str, template: str) -> None:
     try:
         names = list(fields(template))
     except ValueError as exc:  # unbalanced braces
-        raise BadInputError(f"{where}: not a valid template ({exc}; write a literal brace as {{{{ or }}}}); "
-                            f"the fields are {OUTPUT_FIELDS}") from None
+        raise BadInputError(
+            f"{where}: not a valid template ({exc}; write a literal brace as {{{{ or }}}}); "
+            f"the fields are {OUTPUT_FIELDS}"
+        ) from None
     for name in names:
         if name == "" or name.isdigit():
             raise BadInputError(f"{where}: positional field {{{name}}} is not allowed; the fields are {OUTPUT_FIELDS}")
@@ -389,20 +493,34 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
         # killed after saving the model, before removing the checkpoint: the model already holds it
         remove_checkpoint(checkpoint)
         return False
-    options = (spec.model.get("precision", _params.default("precision")),
-               bool(spec.model.get("skip_nonfinite", False)), spec.fill_missing_chunks)
+    options = (
+        spec.model.get("precision", _params.default("precision")),
+        bool(spec.model.get("skip_nonfinite", False)),
+        spec.fill_missing_chunks,
+    )
     try:
         check_resumable(job, checkpoint, options, model_rows, inputs, exact=False)
     except BadInputError as exc:
         log.warning("job %s: discarding checkpoint %s: %s", spec.name, checkpoint, exc)
         remove_checkpoint(checkpoint)
         return False
-    log.info("job %s: finishing the interrupted run in %s (%s of %s rows done)", spec.name, checkpoint,
-             f"{job.rows_done:,}", f"{job.rows_total:,}")
-    job = run_plan(job, progress, checkpoint, spec.model.get("checkpoint_every", _params.default("checkpoint_every")),
-                   spec.model.get("checkpoint_seconds", _params.default("checkpoint_seconds")), should_stop,
-                   spec.model.get("threads"))
-    skipped = (int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and job.base_rows else 0)
+    log.info(
+        "job %s: finishing the interrupted run in %s (%s of %s rows done)",
+        spec.name,
+        checkpoint,
+        f"{job.rows_done:,}",
+        f"{job.rows_total:,}",
+    )
+    job = run_plan(
+        job,
+        progress,
+        checkpoint,
+        spec.model.get("checkpoint_every", _params.default("checkpoint_every")),
+        spec.model.get("checkpoint_seconds", _params.default("checkpoint_seconds")),
+        should_stop,
+        spec.model.get("threads"),
+    )
+    skipped = int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and job.base_rows else 0
     model = finalize_fit(job.result(), _effective_params(params, previous), skipped)
     save_fitted(model, job, spec.model_path, checkpoint, should_stop)
     return True
@@ -450,9 +568,11 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
     )
     from .model import check_params, load_model, model_checksum, save_model
 
-    fit_options = {key: spec.model[key] for key in ("precision", "chunk_rows", "skip_nonfinite",
-                                                    "checkpoint_every", "checkpoint_seconds", "threads")
-                   if key in spec.model}
+    fit_options = {
+        key: spec.model[key]
+        for key in ("precision", "chunk_rows", "skip_nonfinite", "checkpoint_every", "checkpoint_seconds", "threads")
+        if key in spec.model
+    }
     params = {key: spec.model[key] for key in ("beta", "gamma", "n_components", "variance", "eps") if key in spec.model}
     check_params(**params)
     os.makedirs(os.path.dirname(spec.model_path), exist_ok=True)
@@ -467,15 +587,28 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
                 store = split_spec(output)[0]  # each output is a whole file or store
                 store = remote.normalize(store) if remote.is_url(store) else os.path.realpath(store)
                 if store in stores_used:
-                    raise BadInputError(f"{spec.path}: [apply] output '{spec.apply['output']}' puts two inputs in "
-                                        f"{store}; each input needs its own file or store (e.g. 'out/{{stem}}.zarr')")
+                    raise BadInputError(
+                        f"{spec.path}: [apply] output '{spec.apply['output']}' puts two inputs in "
+                        f"{store}; each input needs its own file or store (e.g. 'out/{{stem}}.zarr')"
+                    )
                 stores_used[store] = input_spec
                 outputs[input_spec] = output
         checkpoint = default_checkpoint(spec.model_path)
-        refuse_input_overlap({spec.model_path: "model file", checkpoint: "checkpoint", spec.lock_path: "lock file",
-                              **{output: "[apply] output" for output in outputs.values()}}, [spec.path, *inputs])
-        refuse_shared_outputs((spec.model_path, "model file"), (checkpoint, "checkpoint"), (spec.lock_path, "lock file"),
-                              *((output, "[apply] output") for output in outputs.values()))
+        refuse_input_overlap(
+            {
+                spec.model_path: "model file",
+                checkpoint: "checkpoint",
+                spec.lock_path: "lock file",
+                **{output: "[apply] output" for output in outputs.values()},
+            },
+            [spec.path, *inputs],
+        )
+        refuse_shared_outputs(
+            (spec.model_path, "model file"),
+            (checkpoint, "checkpoint"),
+            (spec.lock_path, "lock file"),
+            *((output, "[apply] output") for output in outputs.values()),
+        )
         if restart:
             remove_checkpoint(checkpoint)
         elif os.path.exists(checkpoint) and _finish_pending(spec, inputs, checkpoint, params, progress, should_stop):
@@ -483,13 +616,25 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
         exists = os.path.exists(spec.model_path)
         try:
             model, job, resumed, checkpoint = fit_job(
-                inputs, spec.model_path, spec.dataset, params, update=spec.model_path if exists else None,
-                progress=progress, should_stop=should_stop, fill_missing_chunks=spec.fill_missing_chunks,
-                **fit_options)
+                inputs,
+                spec.model_path,
+                spec.dataset,
+                params,
+                update=spec.model_path if exists else None,
+                progress=progress,
+                should_stop=should_stop,
+                fill_missing_chunks=spec.fill_missing_chunks,
+                **fit_options,
+            )
             save_fitted(model, job, spec.model_path, checkpoint, should_stop)
             steps.append("update" if exists else "fit")
-            log.info("job %s: %s %s with %s rows", spec.name, "updated" if exists else "fitted", spec.model_path,
-                     f"{job.rows_done:,}")
+            log.info(
+                "job %s: %s %s with %s rows",
+                spec.name,
+                "updated" if exists else "fitted",
+                spec.model_path,
+                f"{job.rows_done:,}",
+            )
         except NothingToDoError:
             model = load_model(spec.model_path)
             log.info("job %s: model %s is up to date with its inputs", spec.name, spec.model_path)
@@ -501,28 +646,65 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
             model = wanted
         if spec.apply is not None:
             checksum = model_checksum(model)
-            options = {key: spec.apply[key] for key in ("normalize", "dtype", "zarr_format", "skip_nonfinite", "threads",
-                                                        "direct_io", "keep_columns", "compressor") if key in spec.apply}
+            options = {
+                key: spec.apply[key]
+                for key in (
+                    "normalize",
+                    "dtype",
+                    "zarr_format",
+                    "skip_nonfinite",
+                    "threads",
+                    "direct_io",
+                    "keep_columns",
+                    "compressor",
+                )
+                if key in spec.apply
+            }
             if "chunk_rows" in spec.apply:
                 options["block_rows"] = spec.apply["chunk_rows"]
             for input_spec, output in outputs.items():
                 with open_source(input_spec, spec.dataset, fill_missing_chunks=spec.fill_missing_chunks) as source:
                     source_sha = fingerprint(source)["sha256_sampled"]
                     label = source.label
-                recorded = recorded_options(output, options.get("skip_nonfinite", False), spec.fill_missing_chunks,
-                                            options.get("zarr_format", 3), options.get("compressor", "none"))
-                if output_is_current(output, checksum, source_sha, options.get("normalize", False),
-                                     options.get("dtype", "float32"), recorded,
-                                     check_keep_columns(options.get("keep_columns"))):
+                recorded = recorded_options(
+                    output,
+                    options.get("skip_nonfinite", False),
+                    spec.fill_missing_chunks,
+                    options.get("zarr_format", 3),
+                    options.get("compressor", "none"),
+                )
+                if output_is_current(
+                    output,
+                    checksum,
+                    source_sha,
+                    options.get("normalize", False),
+                    options.get("dtype", "float32"),
+                    recorded,
+                    check_keep_columns(options.get("keep_columns")),
+                ):
                     log.info("job %s: %s is up to date", spec.name, output)
                     continue
                 if not remote.is_url(output):
                     os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
-                summary = apply_model(model, input_spec, output, spec.dataset, overwrite=True, progress=progress,
-                                      should_stop=should_stop, fill_missing_chunks=spec.fill_missing_chunks, **options)
+                summary = apply_model(
+                    model,
+                    input_spec,
+                    output,
+                    spec.dataset,
+                    overwrite=True,
+                    progress=progress,
+                    should_stop=should_stop,
+                    fill_missing_chunks=spec.fill_missing_chunks,
+                    **options,
+                )
                 steps.append(f"apply {label} -> {output}")
-                log.info("job %s: wrote %s (%s rows%s)", spec.name, summary["output"], f"{summary['n_rows']:,}",
-                         f", resumed at row {summary['resumed_at_row']:,}" if summary["resumed_at_row"] else "")
+                log.info(
+                    "job %s: wrote %s (%s rows%s)",
+                    spec.name,
+                    summary["output"],
+                    f"{summary['n_rows']:,}",
+                    f", resumed at row {summary['resumed_at_row']:,}" if summary["resumed_at_row"] else "",
+                )
     if not steps:
         raise NothingToDoError(f"nothing to do: job {spec.name} is up to date")
     return {"job": spec.name, "model": spec.model_path, "steps": steps}

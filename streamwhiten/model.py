@@ -35,8 +35,9 @@ def float_dtype(dtype) -> np.dtype:
     """``dtype`` in native byte order; :class:`BadInputError` unless it is float16, float32 or float64."""
     dtype = np.dtype(dtype)
     if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
-        raise BadInputError(f"expected float16, float32 or float64 values, got dtype {dtype} "
-                            "(convert with .astype(np.float32))")
+        raise BadInputError(
+            f"expected float16, float32 or float64 values, got dtype {dtype} (convert with .astype(np.float32))"
+        )
     return dtype.newbyteorder("=")
 
 
@@ -44,8 +45,10 @@ def float_rows(rows) -> np.ndarray:
     """``rows`` as an array of float16, float32 or float64 in native byte order (copied only to swap
     bytes); integer, bool, complex and object arrays raise :class:`BadInputError`."""
     if type(rows).__module__.startswith("scipy.sparse"):
-        raise BadInputError(f"expected a dense array of rows, got a scipy.sparse {type(rows).__name__} "
-                            "(sparse input is not supported; convert with .toarray())")
+        raise BadInputError(
+            f"expected a dense array of rows, got a scipy.sparse {type(rows).__name__} "
+            "(sparse input is not supported; convert with .toarray())"
+        )
     rows = np.asarray(rows)
     native = float_dtype(rows.dtype)
     return rows if rows.dtype == native else rows.astype(native)
@@ -181,8 +184,9 @@ class WhiteningModel:
             raise_if_overflowed(~finite & ~nonfinite, work, "centred")
             if not skip_nonfinite:
                 row = int(np.argmax(nonfinite))
-                raise NonFiniteError(f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows "
-                                     "for such input)", row=row)
+                raise NonFiniteError(
+                    f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such input)", row=row
+                )
         return out[0] if single else out
 
     def as_affine(self, beta=None, gamma=None, n_components=None, variance=None, eps=None, normalize=False):
@@ -206,13 +210,25 @@ class WhiteningModel:
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
         model = self.with_params(**changes) if changes else self
-        return AffineMap.from_eigh(model.eigvals, model.eigvecs, model.mean, model.beta, model.gamma, model.eps,
-                                   model.eps_value, model.n_components, model.variance, normalize,
-                                   model_checksum(self))
+        return AffineMap.from_eigh(
+            model.eigvals,
+            model.eigvecs,
+            model.mean,
+            model.beta,
+            model.gamma,
+            model.eps,
+            model.eps_value,
+            model.n_components,
+            model.variance,
+            normalize,
+            model_checksum(self),
+        )
 
     def with_params(self, **changes) -> WhiteningModel:
         """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data."""
-        params = dict(beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance)
+        params = dict(
+            beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance
+        )
         if "n_components" in changes and changes["n_components"] is not None:
             params["variance"] = None
         if "variance" in changes and changes["variance"] is not None:
@@ -320,16 +336,22 @@ def cast_checked(values: np.ndarray, dtype, into: np.ndarray | None = None) -> n
             sums = target.sum(axis=1, dtype=np.float32)
         if not np.all(np.isfinite(sums)):
             lost = ~np.isfinite(target).all(axis=1) & np.isfinite(values).all(axis=1)
-            raise_if_overflowed(lost, np.dtype(dtype), "cast", f"; the largest {np.dtype(dtype).name} is "
-                                 f"{float(np.finfo(dtype).max):g}, write float32")
+            raise_if_overflowed(
+                lost,
+                np.dtype(dtype),
+                "cast",
+                f"; the largest {np.dtype(dtype).name} is {float(np.finfo(dtype).max):g}, write float32",
+            )
     return target
 
 
 def raise_if_overflowed(overflowed: np.ndarray, dtype, when: str, hint: str = "") -> None:
     """Raise :class:`ValuesTooLargeError` for the first row marked in ``overflowed``, if any."""
     if np.any(overflowed):
-        raise ValuesTooLargeError(f"values too large for {np.dtype(dtype).name} (they overflow when {when}){hint}",
-                                  row=int(np.argmax(overflowed)))
+        raise ValuesTooLargeError(
+            f"values too large for {np.dtype(dtype).name} (they overflow when {when}){hint}",
+            row=int(np.argmax(overflowed)),
+        )
 
 
 def _select(state, params, eigvals, eigvecs, sources, info) -> WhiteningModel:
@@ -342,9 +364,17 @@ def _select(state, params, eigvals, eigvecs, sources, info) -> WhiteningModel:
     top = float(eigvals[0]) if eigvals.size else 0.0
     eps_value = float(params["eps"]) * top if top > 0 else float(params["eps"])
     return WhiteningModel(
-        state=state, beta=float(params["beta"]), gamma=float(params["gamma"]), eps=float(params["eps"]),
-        n_components=k, variance=None if params["variance"] is None else float(params["variance"]),
-        eigvals=eigvals, eigvecs=eigvecs, eps_value=eps_value, sources=list(sources or []), info=dict(info or {}),
+        state=state,
+        beta=float(params["beta"]),
+        gamma=float(params["gamma"]),
+        eps=float(params["eps"]),
+        n_components=k,
+        variance=None if params["variance"] is None else float(params["variance"]),
+        eigvals=eigvals,
+        eigvecs=eigvecs,
+        eps_value=eps_value,
+        sources=list(sources or []),
+        info=dict(info or {}),
     )
 
 
@@ -358,8 +388,9 @@ def finalize(
         raise BadInputError(f"at least 2 rows are needed to fit, got n_samples = {state.n_rows}")
     sigma = covariance(state, float(beta))
     if not np.all(np.isfinite(sigma)):
-        raise BadInputError("the covariance overflowed (values too large for float32 products); "
-                            "fit again with --precision float64")
+        raise BadInputError(
+            "the covariance overflowed (values too large for float32 products); fit again with --precision float64"
+        )
     eigvals, eigvecs = eigendecomposition(sigma)
     return _select(state, params, eigvals, eigvecs, sources, info)
 
@@ -418,19 +449,44 @@ def load_model(path: str) -> WhiteningModel:
     except (KeyError, ValueError, TypeError) as exc:
         raise ModelFileError(f"{path}: model file is incomplete ({exc})") from exc
     shapes_ok = (
-        state.mean.shape == (d,) and state.scatter.shape == (d, d) and eigvals.shape == (d,)
-        and eigvecs.shape == (d, d) and 1 <= k <= d and state.n_rows >= 2
+        state.mean.shape == (d,)
+        and state.scatter.shape == (d, d)
+        and eigvals.shape == (d,)
+        and eigvecs.shape == (d, d)
+        and 1 <= k <= d
+        and state.n_rows >= 2
     )
     if not shapes_ok:
         raise ModelFileError(f"{path}: model file arrays have inconsistent shapes")
     variance = None if math.isnan(floats["variance"]) else floats["variance"]
     return WhiteningModel(
-        state=state, beta=floats["beta"], gamma=floats["gamma"], eps=floats["eps"], n_components=k,
-        variance=variance, eigvals=eigvals, eigvecs=eigvecs, eps_value=floats["eps_value"], sources=sources, info=info,
+        state=state,
+        beta=floats["beta"],
+        gamma=floats["gamma"],
+        eps=floats["eps"],
+        n_components=k,
+        variance=variance,
+        eigvals=eigvals,
+        eigvecs=eigvecs,
+        eps_value=floats["eps_value"],
+        sources=sources,
+        info=info,
     )
 
 
 __all__ = [
-    "WhiteningModel", "finalize", "project", "project_checked", "save_model", "load_model", "check_params", "eigendecomposition",
-    "components_for_variance", "effective_dimension", "model_checksum", "float_dtype", "float_rows", "DEFAULT_EPS",
+    "WhiteningModel",
+    "finalize",
+    "project",
+    "project_checked",
+    "save_model",
+    "load_model",
+    "check_params",
+    "eigendecomposition",
+    "components_for_variance",
+    "effective_dimension",
+    "model_checksum",
+    "float_dtype",
+    "float_rows",
+    "DEFAULT_EPS",
 ]

@@ -139,8 +139,13 @@ def default(name: str):
 
 def check_model(beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, variance=None, n_features=None) -> None:
     """Check the whitening's parameters, each and together (``n_features``: the data width, if known)."""
-    for name, value in (("beta", beta), ("gamma", gamma), ("eps", eps), ("n_components", n_components),
-                        ("variance", variance)):
+    for name, value in (
+        ("beta", beta),
+        ("gamma", gamma),
+        ("eps", eps),
+        ("n_components", n_components),
+        ("variance", variance),
+    ):
         check(name, value)
     if n_components is not None and variance is not None:
         raise BadInputError("give n_components (k) or variance, not both")

@@ -25,8 +25,12 @@ from .model import WhiteningModel, components_for_variance
 from .tune import DEFAULT_VARIANCES, TuneResult, default_ks, grid_search
 
 #: Files written when the output is a directory.
-FIGURE_FILES = {"spectrum": "spectrum.png", "variance": "variance.png", "k_curve": "k_curve.png",
-                "heatmaps": "heatmaps.png"}
+FIGURE_FILES = {
+    "spectrum": "spectrum.png",
+    "variance": "variance.png",
+    "k_curve": "k_curve.png",
+    "heatmaps": "heatmaps.png",
+}
 SEED_SETTINGS = ((1.0, "beta=gamma=1", "#c0392b"), (0.0, "beta=gamma=0", "#2471a3"))
 #: Eigenvalues below this fraction of the largest are drawn as absent (float64 rounding noise).
 NUMERICAL_ZERO = 1e-12
@@ -67,8 +71,9 @@ def collect(
     data = ReportData(model, k_marks, metric=metric)
     if pairs is None:
         return data
-    data.grid = grid_search(model, pairs, betas, gammas, ks, variances, metric, block_rows=block_rows,
-                            progress=progress)
+    data.grid = grid_search(
+        model, pairs, betas, gammas, ks, variances, metric, block_rows=block_rows, progress=progress
+    )
     dense = sorted({int(round(k)) for k in np.geomspace(1, d, min(d, 40))} | {int(k) for k in ladder})
     curve = grid_search(model, pairs, [0.0, 1.0], [0.0, 1.0], dense, [], metric, block_rows=block_rows)
     data.curves = {
@@ -103,14 +108,22 @@ def draw_spectrum(ax, data: ReportData) -> None:
     positive = eigvals > NUMERICAL_ZERO * (eigvals[0] if eigvals.size and eigvals[0] > 0 else 1.0)
     ax.semilogy(index[positive], eigvals[positive], color="#1f4e79", lw=1.6, label="eigenvalue $\\lambda_i$")
     if model.eps_value > 0:
-        ax.axhline(model.eps_value, color="#7f7f7f", ls=":", lw=1.2,
-                   label=f"eps floor {model.eps_value:.2g} (added before the power)")
-    ax.axvline(model.effective_dimension, color="#8e44ad", ls="--", lw=1.2,
-               label=f"D_eff = {model.effective_dimension:.1f}")
+        ax.axhline(
+            model.eps_value,
+            color="#7f7f7f",
+            ls=":",
+            lw=1.2,
+            label=f"eps floor {model.eps_value:.2g} (added before the power)",
+        )
+    ax.axvline(
+        model.effective_dimension, color="#8e44ad", ls="--", lw=1.2, label=f"D_eff = {model.effective_dimension:.1f}"
+    )
     zeros = int((~positive).sum())
     title = f"Eigenvalue spectrum of $\\Sigma_\\beta$ ($\\beta$={model.beta:g}, d={model.n_features})"
-    ax.set_title(title + (f"\n{zeros} eigenvalue(s) numerically zero (< {NUMERICAL_ZERO:g} x largest), not drawn"
-                          if zeros else ""))
+    ax.set_title(
+        title
+        + (f"\n{zeros} eigenvalue(s) numerically zero (< {NUMERICAL_ZERO:g} x largest), not drawn" if zeros else "")
+    )
     ax.set_xlabel("component i (descending eigenvalue)")
     ax.set_ylabel("eigenvalue (log scale)")
     ax.set_xlim(0.5, eigvals.size + 0.5)
@@ -129,20 +142,41 @@ def draw_variance(ax, data: ReportData) -> None:
         ax.plot(k, ratio[k - 1], "o", ms=5, color="#2e86c1", zorder=3)
         if k == model.n_features:
             continue
-        ax.annotate(f"k={k}: {ratio[k - 1]:.1%}", (k, ratio[k - 1]), textcoords="offset points", xytext=(-4, 5),
-                    ha="right", fontsize=7, color="#1b4f72")
+        ax.annotate(
+            f"k={k}: {ratio[k - 1]:.1%}",
+            (k, ratio[k - 1]),
+            textcoords="offset points",
+            xytext=(-4, 5),
+            ha="right",
+            fontsize=7,
+            color="#1b4f72",
+        )
     fractions = [(label, k) for label, k in data.k_marks if label.endswith("%")]
     for label, k in fractions:  # a variance threshold: a dotted guide from the left edge to its k
         level = float(label.rstrip("%")) / 100.0
-        ax.plot([1, k], [level, level], ls=":", lw=1.0, color="#e67e22",
-                label="explained-variance thresholds" if (label, k) == fractions[0] else None)
+        ax.plot(
+            [1, k],
+            [level, level],
+            ls=":",
+            lw=1.0,
+            color="#e67e22",
+            label="explained-variance thresholds" if (label, k) == fractions[0] else None,
+        )
         ax.plot([k, k], [0, ratio[k - 1]], ls=":", lw=1.0, color="#e67e22")
         ax.plot(k, ratio[k - 1], "o", ms=5, color="#e67e22", zorder=3)
         ax.text(1.1, level, f"{label} → k={k}", fontsize=7, color="#a04000", va="bottom")
-    ax.plot(model.n_components, ratio[model.n_components - 1], "*", ms=13, color="#c0392b", zorder=4,
-            label=f"model's k = {model.n_components}")
-    ax.axvline(model.effective_dimension, color="#8e44ad", ls="--", lw=1.2,
-               label=f"D_eff = {model.effective_dimension:.1f}")
+    ax.plot(
+        model.n_components,
+        ratio[model.n_components - 1],
+        "*",
+        ms=13,
+        color="#c0392b",
+        zorder=4,
+        label=f"model's k = {model.n_components}",
+    )
+    ax.axvline(
+        model.effective_dimension, color="#8e44ad", ls="--", lw=1.2, label=f"D_eff = {model.effective_dimension:.1f}"
+    )
     ax.set_xscale("log", base=2)
     ax.set_xlim(1, model.n_features * 1.15)
     ax.set_title("Cumulative explained variance, with the k choices")
@@ -161,8 +195,15 @@ def draw_k_curve(ax, data: ReportData) -> None:
         ax.plot([k for k, _ in points], [s for _, s in points], "o-", ms=3, lw=1.5, color=color, label=label)
     ax.axhline(data.raw, color="black", ls="--", lw=1.2, label=f"raw vectors: {data.raw:.2f}")
     best = data.grid.best
-    ax.plot(best["k"], best[data.metric], "*", ms=14, color="#27ae60", zorder=4,
-            label=f"best: beta={best['beta']:g} gamma={best['gamma']:g} k={best['k']}: {best[data.metric]:.2f}")
+    ax.plot(
+        best["k"],
+        best[data.metric],
+        "*",
+        ms=14,
+        color="#27ae60",
+        zorder=4,
+        label=f"best: beta={best['beta']:g} gamma={best['gamma']:g} k={best['k']}: {best[data.metric]:.2f}",
+    )
     ax.set_xscale("log", base=2)
     ax.set_title(f"{name} against k for the seed settings")
     ax.set_xlabel("kept components k (log scale)")
@@ -200,27 +241,39 @@ def draw_heatmaps(figure, data: ReportData) -> None:
                 row = cells[(beta, gamma)]
                 value = row[metric]
                 shade = norm(value) if np.isfinite(value) else 0.5
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
-                        color="white" if abs(shade - 0.5) > 0.35 else "black",
-                        fontweight="bold" if row is grid.best else "normal")
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if abs(shade - 0.5) > 0.35 else "black",
+                    fontweight="bold" if row is grid.best else "normal",
+                )
                 if row is grid.best:
                     ax.add_patch(_outline(i, j))
         ks = sorted({row["k"] for row in cells.values()})
-        title = f"k = {label}" if not label.endswith("%") else (
-            f"{label} variance (k = {ks[0]}" + (f"..{ks[-1]})" if len(ks) > 1 else ")"))
+        title = (
+            f"k = {label}"
+            if not label.endswith("%")
+            else (f"{label} variance (k = {ks[0]}" + (f"..{ks[-1]})" if len(ks) > 1 else ")"))
+        )
         ax.set_title(title, fontsize=10)
         ax.set_xticks(range(len(gammas)), [f"{g:g}" for g in gammas], fontsize=8)
         ax.set_yticks(range(len(betas)), [f"{b:g}" for b in betas], fontsize=8)
         ax.set_xlabel("gamma", fontsize=8)
         ax.set_ylabel("beta", fontsize=8)
-    for ax in axes[len(labels):]:
+    for ax in axes[len(labels) :]:
         ax.set_visible(False)
     bar = figure.colorbar(image, ax=list(axes[: len(labels)]), shrink=0.9, pad=0.02)
     bar.set_label(f"{_metric_name(data)}  (white = raw {raw:.2f}; blue beats raw, red loses)")
     best = grid.best
     figure.suptitle(
         f"{_metric_name(data)} over (beta, gamma) for each k; boxed: best, beta={best['beta']:g} "
-        f"gamma={best['gamma']:g} k={best['k']} ({best[metric]:.2f} vs raw {raw:.2f})", fontsize=12)
+        f"gamma={best['gamma']:g} k={best['k']} ({best[metric]:.2f} vs raw {raw:.2f})",
+        fontsize=12,
+    )
 
 
 def _outline(i, j):
@@ -353,40 +406,68 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
     title = title or "streamwhiten report"
     spectrum_rows = [
         ("fitted on", f"{model.n_rows:,} rows x {model.n_features} features"),
-        ("transform", f"beta={model.beta:g}, gamma={model.gamma:g}, k={model.n_components}, eps={model.eps:g} "
-                      f"(absolute {model.eps_value:.3g})"),
+        (
+            "transform",
+            f"beta={model.beta:g}, gamma={model.gamma:g}, k={model.n_components}, eps={model.eps:g} "
+            f"(absolute {model.eps_value:.3g})",
+        ),
         ("explained variance by k", f"{summary['explained_variance']:.4f}"),
-        ("effective dimension D_eff", f"{model.effective_dimension:.1f} (exp of the entropy of the normalised eigenvalues)"),
-        ("k for 90% / 95% / 99% variance", " / ".join(str(summary["components_for_variance"][v]) for v in ("0.9", "0.95", "0.99"))),
+        (
+            "effective dimension D_eff",
+            f"{model.effective_dimension:.1f} (exp of the entropy of the normalised eigenvalues)",
+        ),
+        (
+            "k for 90% / 95% / 99% variance",
+            " / ".join(str(summary["components_for_variance"][v]) for v in ("0.9", "0.95", "0.99")),
+        ),
         ("condition number", f"{summary['condition_number']:.4g}"),
     ]
     parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Model</h2>", _table(spectrum_rows)]
 
     def image(name, caption):
         encoded = base64.b64encode(images[name]).decode("ascii")
-        return (f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'>"
-                f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+        return (
+            f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'>"
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
 
-    parts.append(image("spectrum", "Eigenvalues of Sigma_beta (log scale): a fast decay means few directions "
-                                   "carry most of the variance."))
+    parts.append(
+        image(
+            "spectrum",
+            "Eigenvalues of Sigma_beta (log scale): a fast decay means few directions carry most of the variance.",
+        )
+    )
     parts.append(image("variance", "Cumulative explained variance: how much each k choice keeps."))
     if data.grid is not None:
         grid, metric, name = data.grid, data.metric, _metric_name(data)
         best = grid.best
         seeds = {(row["beta"], row["gamma"], row["k"]): row for row in grid.table}
-        rows = [("pairs", f"{grid.pairs['n_pairs']:,} (A {grid.pairs['a']}, B {grid.pairs['b']}, "
-                          f"scores {grid.pairs['scores']})"),
-                (f"raw {name}", f"{grid.raw[metric]:.2f}"),
-                (f"best {name}", f"{best[metric]:.2f} at beta={best['beta']:g}, gamma={best['gamma']:g}, "
-                                  f"k={best['k']} ({best[metric] - grid.raw[metric]:+.2f} vs raw)")]
+        rows = [
+            (
+                "pairs",
+                f"{grid.pairs['n_pairs']:,} (A {grid.pairs['a']}, B {grid.pairs['b']}, scores {grid.pairs['scores']})",
+            ),
+            (f"raw {name}", f"{grid.raw[metric]:.2f}"),
+            (
+                f"best {name}",
+                f"{best[metric]:.2f} at beta={best['beta']:g}, gamma={best['gamma']:g}, "
+                f"k={best['k']} ({best[metric] - grid.raw[metric]:+.2f} vs raw)",
+            ),
+        ]
         for beta, label, _ in SEED_SETTINGS:
             row = seeds.get((beta, beta, model.n_features))
             if row is not None:
                 rows.append((f"{label}, full d", f"{row[metric]:.2f}"))
-        parts += ["<h2>Scores on labelled pairs</h2>", _table(rows),
-                  image("k_curve", f"{name} against k for beta=gamma=1 and beta=gamma=0; dashed: the raw vectors."),
-                  image("heatmaps", f"{name} over (beta, gamma), one map per k; white is the raw score, "
-                                    "blue beats it, red loses; the box marks the best setting.")]
+        parts += [
+            "<h2>Scores on labelled pairs</h2>",
+            _table(rows),
+            image("k_curve", f"{name} against k for beta=gamma=1 and beta=gamma=0; dashed: the raw vectors."),
+            image(
+                "heatmaps",
+                f"{name} over (beta, gamma), one map per k; white is the raw score, "
+                "blue beats it, red loses; the box marks the best setting.",
+            ),
+        ]
         header = "".join(f"<th>{h}</th>" for h in ("beta", "gamma", "k", "k choice", "Spearman x100", "Pearson x100"))
         body = "".join(
             f"<tr{' class=best' if row is best else ''}><td>{row['beta']:g}</td><td>{row['gamma']:g}</td>"
@@ -394,16 +475,31 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
             f"<td>{row['pearson']:.2f}</td></tr>"
             for row in grid.table
         )
-        parts.append(f"<details><summary>All {len(grid.table)} settings</summary>"
-                     f"<table class='grid'><tr>{header}</tr>{body}</table></details>")
-    style = ("body{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}"
-             "img{max-width:100%}figure{margin:1.5em 0}figcaption{color:#555;font-size:90%}"
-             "table{border-collapse:collapse;margin:0.5em 0}th,td{padding:2px 10px;text-align:left}"
-             "table.grid td{text-align:right}tr.best{background:#d5f5e3;font-weight:bold}"
-             "table.kv th{color:#555;font-weight:normal}")
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n")
+        parts.append(
+            f"<details><summary>All {len(grid.table)} settings</summary>"
+            f"<table class='grid'><tr>{header}</tr>{body}</table></details>"
+        )
+    style = (
+        "body{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}"
+        "img{max-width:100%}figure{margin:1.5em 0}figcaption{color:#555;font-size:90%}"
+        "table{border-collapse:collapse;margin:0.5em 0}th,td{padding:2px 10px;text-align:left}"
+        "table.grid td{text-align:right}tr.best{background:#d5f5e3;font-weight:bold}"
+        "table.kv th{color:#555;font-weight:normal}"
+    )
+    return (
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
+    )
 
 
-__all__ = ["ReportData", "collect", "figures", "dashboard", "write_report", "render_html", "check_output",
-           "output_kind", "planned_files"]
+__all__ = [
+    "ReportData",
+    "collect",
+    "figures",
+    "dashboard",
+    "write_report",
+    "render_html",
+    "check_output",
+    "output_kind",
+    "planned_files",
+]

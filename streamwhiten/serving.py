@@ -71,8 +71,20 @@ class AffineMap:
     _cache: dict = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
-    def from_eigh(cls, eigvals, eigvecs, mean, beta, gamma, eps, eps_value, n_components, variance=None,
-                  normalize=False, model_checksum="") -> AffineMap:
+    def from_eigh(
+        cls,
+        eigvals,
+        eigvecs,
+        mean,
+        beta,
+        gamma,
+        eps,
+        eps_value,
+        n_components,
+        variance=None,
+        normalize=False,
+        model_checksum="",
+    ) -> AffineMap:
         """The map of a finalized model: ``A = eigvecs[:, :k] * (eigvals[:k] + eps_value) ** (-gamma / 2)``.
 
         The same arithmetic as ``WhiteningModel.projection``, so ``A`` is bit-identical to its weights.
@@ -82,9 +94,18 @@ class AffineMap:
         A = np.ascontiguousarray(weights, dtype=np.float64)
         mean = np.asarray(mean, dtype=np.float64)
         b = -((float(beta) * mean) @ A)
-        return cls(A=A, b=b, mean=mean, beta=float(beta), gamma=float(gamma), eps=float(eps),
-                   eps_value=float(eps_value), variance=None if variance is None else float(variance),
-                   normalize=bool(normalize), model_checksum=str(model_checksum))
+        return cls(
+            A=A,
+            b=b,
+            mean=mean,
+            beta=float(beta),
+            gamma=float(gamma),
+            eps=float(eps),
+            eps_value=float(eps_value),
+            variance=None if variance is None else float(variance),
+            normalize=bool(normalize),
+            model_checksum=str(model_checksum),
+        )
 
     @property
     def n_features(self) -> int:
@@ -104,9 +125,15 @@ class AffineMap:
     def params(self) -> dict:
         """The setting and provenance as plain JSON-able values."""
         return {
-            "beta": self.beta, "gamma": self.gamma, "eps": self.eps, "eps_value": self.eps_value,
-            "variance": self.variance, "n_components": self.n_components, "n_features": self.n_features,
-            "normalize": self.normalize, "model_checksum": self.model_checksum,
+            "beta": self.beta,
+            "gamma": self.gamma,
+            "eps": self.eps,
+            "eps_value": self.eps_value,
+            "variance": self.variance,
+            "n_components": self.n_components,
+            "n_features": self.n_features,
+            "normalize": self.normalize,
+            "model_checksum": self.model_checksum,
         }
 
     def metadata(self) -> dict:
@@ -140,8 +167,10 @@ class AffineMap:
             return self._transform_torch(x, normalize)
         rows = np.asarray(x)
         if rows.dtype.kind != "f" or rows.dtype.itemsize not in (2, 4, 8):
-            raise BadInputError(f"expected float16, float32 or float64 values, got dtype {rows.dtype} "
-                                "(convert with .astype(np.float32))")
+            raise BadInputError(
+                f"expected float16, float32 or float64 values, got dtype {rows.dtype} "
+                "(convert with .astype(np.float32))"
+            )
         single = rows.ndim == 1
         rows = self._check_shape(rows[None, :] if single else rows)
         work = np.float64 if rows.dtype == np.float64 else np.float32
@@ -192,8 +221,10 @@ class AffineMap:
         rows = self._check_shape(x.unsqueeze(0) if single else x)
         key = ("torch", rows.dtype, rows.device)
         if key not in self._cache:
-            self._cache[key] = (torch.as_tensor(self.A, dtype=rows.dtype, device=rows.device),
-                                torch.as_tensor(self.beta * self.mean, dtype=rows.dtype, device=rows.device))
+            self._cache[key] = (
+                torch.as_tensor(self.A, dtype=rows.dtype, device=rows.device),
+                torch.as_tensor(self.beta * self.mean, dtype=rows.dtype, device=rows.device),
+            )
         A, shift = self._cache[key]
         out = (rows - shift) @ A
         if normalize:
@@ -212,8 +243,10 @@ def _raise_nonfinite(finite_in, finite_out, dtype) -> None:
         raise NonFiniteError(f"row {row} holds NaN or Inf", row=row)
     bad_out = ~np.asarray(finite_out, dtype=bool)
     name = getattr(dtype, "name", None) or str(dtype)
-    raise ValuesTooLargeError(f"values too large for {name} (they overflow when whitened)",
-                              row=int(np.argmax(bad_out)) if bad_out.any() else None)
+    raise ValuesTooLargeError(
+        f"values too large for {name} (they overflow when whitened)",
+        row=int(np.argmax(bad_out)) if bad_out.any() else None,
+    )
 
 
 def _is_torch_tensor(x) -> bool:
@@ -286,8 +319,19 @@ def _load_model(path: str, normalize, stored_checksum: str) -> AffineMap:
     if not (mean.shape == (d,) and eigvals.shape == (d,) and eigvecs.shape == (d, d) and 1 <= k <= d):
         raise ModelFileError(f"{path}: model file arrays have inconsistent shapes")
     variance = None if math.isnan(floats["variance"]) else floats["variance"]
-    return AffineMap.from_eigh(eigvals, eigvecs, mean, floats["beta"], floats["gamma"], floats["eps"],
-                               floats["eps_value"], k, variance, bool(normalize), stored_checksum)
+    return AffineMap.from_eigh(
+        eigvals,
+        eigvecs,
+        mean,
+        floats["beta"],
+        floats["gamma"],
+        floats["eps"],
+        floats["eps_value"],
+        k,
+        variance,
+        bool(normalize),
+        stored_checksum,
+    )
 
 
 def _load_map(path: str, normalize) -> AffineMap:
@@ -302,11 +346,18 @@ def _load_map(path: str, normalize) -> AffineMap:
     if not (A.ndim == 2 and b.shape == (A.shape[1],) and mean.shape == (A.shape[0],)):
         raise ModelFileError(f"{path}: whitening map arrays have inconsistent shapes")
     variance = None if math.isnan(floats["variance"]) else floats["variance"]
-    return AffineMap(A=np.ascontiguousarray(A, dtype=np.float64), b=np.asarray(b, dtype=np.float64),
-                     mean=np.asarray(mean, dtype=np.float64), beta=floats["beta"], gamma=floats["gamma"],
-                     eps=floats["eps"], eps_value=floats["eps_value"], variance=variance,
-                     normalize=stored_normalize if normalize is None else bool(normalize),
-                     model_checksum=model_checksum)
+    return AffineMap(
+        A=np.ascontiguousarray(A, dtype=np.float64),
+        b=np.asarray(b, dtype=np.float64),
+        mean=np.asarray(mean, dtype=np.float64),
+        beta=floats["beta"],
+        gamma=floats["gamma"],
+        eps=floats["eps"],
+        eps_value=floats["eps_value"],
+        variance=variance,
+        normalize=stored_normalize if normalize is None else bool(normalize),
+        model_checksum=model_checksum,
+    )
 
 
 __all__ = ["AffineMap", "load", "file_checksum", "MAP_FORMAT", "MAP_VERSION"]

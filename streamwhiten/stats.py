@@ -132,10 +132,7 @@ def block_moments(
     if overwrite_input and chunk.dtype == dtype and chunk.flags.writeable:
         workspace = chunk
     elif (
-        workspace is None
-        or workspace.dtype != dtype
-        or workspace.shape[0] < n_rows
-        or workspace.shape[1] != n_features
+        workspace is None or workspace.dtype != dtype or workspace.shape[0] < n_rows or workspace.shape[1] != n_features
     ):
         workspace = np.empty((n_rows, n_features), dtype=dtype)
     sums = _kernels.center_and_sum(chunk, shift, workspace)

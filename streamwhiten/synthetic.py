@@ -21,7 +21,9 @@ def _basis(n_features: int, seed: int):
     return mean, spectrum[:, None] * rotation.T
 
 
-def generate_rows(n_rows: int, n_features: int, seed: int = 0, dtype="float32", start: int = 0, stop: int | None = None):
+def generate_rows(
+    n_rows: int, n_features: int, seed: int = 0, dtype="float32", start: int = 0, stop: int | None = None
+):
     """Rows ``[start, stop)`` of the deterministic data set ``(n_rows, n_features, seed)``."""
     stop = n_rows if stop is None else min(stop, n_rows)
     mean, mixing = _basis(n_features, seed)
@@ -38,8 +40,15 @@ def generate_rows(n_rows: int, n_features: int, seed: int = 0, dtype="float32", 
 
 
 def write_store(
-    path: str, n_rows: int, n_features: int, seed: int = 0, dtype="float32", chunk_rows: int = 8192,
-    dataset: str = "embeddings", zarr_format: int = 3, progress=None,
+    path: str,
+    n_rows: int,
+    n_features: int,
+    seed: int = 0,
+    dtype="float32",
+    chunk_rows: int = 8192,
+    dataset: str = "embeddings",
+    zarr_format: int = 3,
+    progress=None,
 ) -> str:
     """Write the data set to an HDF5 file (``.h5``) or a Zarr store (``.zarr``), replacing any old one;
     returns its spec. Written like every streamwhiten output: under a temporary name, renamed when complete.

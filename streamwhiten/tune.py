@@ -111,8 +111,14 @@ class TuneResult:
         return self.model_for(self.best)
 
     def summary(self) -> dict:
-        return {"metric": self.metric, "tolerance": self.tolerance, "raw": self.raw, "best": self.best,
-                "table": self.table, "pairs": self.pairs}
+        return {
+            "metric": self.metric,
+            "tolerance": self.tolerance,
+            "raw": self.raw,
+            "best": self.best,
+            "table": self.table,
+            "pairs": self.pairs,
+        }
 
 
 def grid_search(
@@ -156,8 +162,9 @@ def grid_search(
                 column = np.zeros(d)
                 column[:k] = weights[:k]
                 columns.append(column)
-                settings.append({"beta": beta, "gamma": gamma, "k": k, "k_label": choice.label,
-                                 "variance": choice.variance})
+                settings.append(
+                    {"beta": beta, "gamma": gamma, "k": k, "k_label": choice.label, "variance": choice.variance}
+                )
         plans.append((beta * base.mean, base.eigvecs, np.stack(columns, axis=1)))
 
     n_pairs = pairs.n_pairs
@@ -177,7 +184,9 @@ def grid_search(
         if progress is not None:
             progress(stop, n_pairs)
 
-    table = [dict(setting, **correlations(values, pairs.scores)) for setting, values in zip(settings, cosines, strict=True)]
+    table = [
+        dict(setting, **correlations(values, pairs.scores)) for setting, values in zip(settings, cosines, strict=True)
+    ]
     best = choose(table, metric, tolerance)
     return TuneResult(table, best, correlations(raw, pairs.scores), metric, pairs.describe(), bases, float(tolerance))
 
@@ -218,8 +227,11 @@ def tune(
         "metric": result.metric,
         "tolerance": result.tolerance,
         "setting": describe_model(chosen),
-        "validation": {"pairs": result.pairs, "raw": result.raw,
-                       "chosen": {key: result.best[key] for key in ("spearman", "pearson")}},
+        "validation": {
+            "pairs": result.pairs,
+            "raw": result.raw,
+            "chosen": {key: result.best[key] for key in ("spearman", "pearson")},
+        },
         "test": summary["test"],
         "grid_size": len(result.table),
     }
@@ -228,5 +240,16 @@ def tune(
     return chosen, summary
 
 
-__all__ = ["grid_search", "tune", "choose", "decompose", "make_grid", "default_ks", "TuneResult", "KChoice",
-           "DEFAULT_BETAS", "DEFAULT_GAMMAS", "DEFAULT_VARIANCES"]
+__all__ = [
+    "grid_search",
+    "tune",
+    "choose",
+    "decompose",
+    "make_grid",
+    "default_ks",
+    "TuneResult",
+    "KChoice",
+    "DEFAULT_BETAS",
+    "DEFAULT_GAMMAS",
+    "DEFAULT_VARIANCES",
+]

@@ -106,10 +106,18 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     """
 
     def __init__(
-        self, *, beta=_D["beta"].default, gamma=_D["gamma"].default, n_components=_D["n_components"].default,
-        variance=_D["variance"].default, eps=_D["eps"].default, normalize=_D["normalize"].default,
-        precision=_D["precision"].default, skip_nonfinite=_D["skip_nonfinite"].default,
-        chunk_rows=_D["chunk_rows"].default, n_jobs=_D["n_jobs"].default,
+        self,
+        *,
+        beta=_D["beta"].default,
+        gamma=_D["gamma"].default,
+        n_components=_D["n_components"].default,
+        variance=_D["variance"].default,
+        eps=_D["eps"].default,
+        normalize=_D["normalize"].default,
+        precision=_D["precision"].default,
+        skip_nonfinite=_D["skip_nonfinite"].default,
+        chunk_rows=_D["chunk_rows"].default,
+        n_jobs=_D["n_jobs"].default,
         fill_missing_chunks=_D["fill_missing_chunks"].default,
     ):
         self.beta = beta
@@ -176,8 +184,14 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         from .fit import fold_array
 
         try:
-            state, n_skipped = fold_array(state, rows, int(self.chunk_rows or IN_MEMORY_CHUNK_ROWS), self.precision,
-                                          self.skip_nonfinite, self.n_jobs)
+            state, n_skipped = fold_array(
+                state,
+                rows,
+                int(self.chunk_rows or IN_MEMORY_CHUNK_ROWS),
+                self.precision,
+                self.skip_nonfinite,
+                self.n_jobs,
+            )
         except BaseException:
             if first:  # a refused first batch leaves the estimator as unfitted as it was
                 self._reset()
@@ -197,8 +211,13 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
             from .fit import fit_sources
 
             result = fit_sources(
-                X, dataset=dataset, precision=self.precision, skip_nonfinite=self.skip_nonfinite,
-                block_rows=self.chunk_rows, progress=progress, threads=self.n_jobs,
+                X,
+                dataset=dataset,
+                precision=self.precision,
+                skip_nonfinite=self.skip_nonfinite,
+                block_rows=self.chunk_rows,
+                progress=progress,
+                threads=self.n_jobs,
                 fill_missing_chunks=self.fill_missing_chunks,
             )
         elif _is_dask_array(X):
@@ -231,16 +250,25 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         if cached is not None and cached[0] == key and cached[1].state is self.state_:
             return cached[1]
         self._check_params(self.state_.n_features)
-        model_params = dict(beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components,
-                            variance=self.variance)
+        model_params = dict(
+            beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance
+        )
         if cached is not None and cached[1].state is self.state_:
             model = cached[1].with_params(**model_params)
         else:
             from .fit import FitResult, finalize_fit
 
-            model = finalize_fit(FitResult(self.state_, int(self.n_skipped_), self.sources_, precision=self.precision,
-                                           skip_nonfinite=bool(self.skip_nonfinite),
-                                           fill_missing_chunks=bool(self.fill_missing_chunks)), model_params)
+            model = finalize_fit(
+                FitResult(
+                    self.state_,
+                    int(self.n_skipped_),
+                    self.sources_,
+                    precision=self.precision,
+                    skip_nonfinite=bool(self.skip_nonfinite),
+                    fill_missing_chunks=bool(self.fill_missing_chunks),
+                ),
+                model_params,
+            )
         self._model = (key, model)
         return model
 
@@ -323,8 +351,9 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     @classmethod
     def from_model(cls, model: WhiteningModel) -> Whitener:
         n_components = None if model.variance is not None else model.n_components
-        whitener = cls(beta=model.beta, gamma=model.gamma, n_components=n_components, variance=model.variance,
-                       eps=model.eps)
+        whitener = cls(
+            beta=model.beta, gamma=model.gamma, n_components=n_components, variance=model.variance, eps=model.eps
+        )
         whitener.state_ = model.state
         whitener.sources_ = model.sources
         whitener.n_skipped_ = int(model.info.get("n_skipped_nonfinite", 0))

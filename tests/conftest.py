@@ -32,8 +32,12 @@ def write_h5(path, data, dataset="emb", chunk_rows=None) -> str:
 
 def write_zarr(path, data, chunk_rows=100, zarr_format=3) -> str:
     array = zarr.create_array(
-        store=str(path), shape=data.shape, chunks=(min(chunk_rows, max(1, data.shape[0])),) + data.shape[1:],
-        dtype=data.dtype, zarr_format=zarr_format, compressors=None,
+        store=str(path),
+        shape=data.shape,
+        chunks=(min(chunk_rows, max(1, data.shape[0])),) + data.shape[1:],
+        dtype=data.dtype,
+        zarr_format=zarr_format,
+        compressors=None,
     )
     array[...] = data
     return str(path)
@@ -53,8 +57,10 @@ def h5_store(tmp_path, data64):
 def stsb_path():
     path = Path(os.environ.get("STREAMWHITEN_STSB", STSB_DEFAULT))
     if not path.exists():
-        pytest.skip(f"real STS-B embeddings not found at {path} (licensed data kept out of the repo; "
-                    "set STREAMWHITEN_STSB to its path)")
+        pytest.skip(
+            f"real STS-B embeddings not found at {path} (licensed data kept out of the repo; "
+            "set STREAMWHITEN_STSB to its path)"
+        )
     return path
 
 
@@ -73,8 +79,9 @@ def run_cli(capsys):
 
 def run_subprocess(*args, **kwargs) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "streamwhiten", *map(str, args)], capture_output=True, text=True,
-                          env=env, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "streamwhiten", *map(str, args)], capture_output=True, text=True, env=env, **kwargs
+    )
 
 
 # ----------------------------------------------------------------------------- a local S3 server
@@ -98,8 +105,12 @@ def start_moto(port: int, **env) -> subprocess.Popen:
 
     executable = shutil.which("moto_server", path=str(Path(sys.executable).parent)) or shutil.which("moto_server")
     command = [executable] if executable else [sys.executable, "-m", "moto.server"]
-    process = subprocess.Popen(command + ["-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, env=dict(os.environ, **env))
+    process = subprocess.Popen(
+        command + ["-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, **env),
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -116,9 +127,16 @@ def start_moto(port: int, **env) -> subprocess.Popen:
 #: The environment every remote test runs in: dummy credentials, the local endpoint, no instance metadata,
 #: no shared config files (no profile of the machine's user is read).
 def s3_environment(endpoint: str) -> dict:
-    return {"AWS_ACCESS_KEY_ID": "sw-test-key", "AWS_SECRET_ACCESS_KEY": S3_SECRET, "AWS_DEFAULT_REGION": "us-east-1",
-            "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true", "AWS_CONFIG_FILE": os.devnull,
-            "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "AWS_MAX_ATTEMPTS": "3"}
+    return {
+        "AWS_ACCESS_KEY_ID": "sw-test-key",
+        "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_EC2_METADATA_DISABLED": "true",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "AWS_MAX_ATTEMPTS": "3",
+    }
 
 
 @pytest.fixture(scope="session")
@@ -163,5 +181,6 @@ def s3_bucket(s3_server, request):
 def s3fs_client(endpoint: str):
     import s3fs
 
-    return s3fs.S3FileSystem(client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True,
-                             use_listings_cache=False)
+    return s3fs.S3FileSystem(
+        client_kwargs={"endpoint_url": endpoint}, skip_instance_cache=True, use_listings_cache=False
+    )

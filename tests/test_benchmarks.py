@@ -17,8 +17,13 @@ def test_benchmark_quick_run_writes_json(tmp_path, script):
         pytest.skip("fit_tables.py needs pyarrow and pylance (pip install 'streamwhiten[lance]')")
     if script == "fit_remote.py" and not all(importlib.util.find_spec(m) for m in ("moto", "s3fs", "dask")):
         pytest.skip("fit_remote.py needs moto[server], s3fs and dask (pip install -e '.[test]')")
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--quick", "--results", str(tmp_path)],
-                            capture_output=True, text=True, cwd=REPO / "benchmarks", timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--results", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO / "benchmarks",
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     files = list(tmp_path.glob("*.json"))
     assert len(files) == 1
@@ -28,8 +33,12 @@ def test_benchmark_quick_run_writes_json(tmp_path, script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_benchmark_help(script):
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--help"], capture_output=True,
-                            text=True, cwd=REPO / "benchmarks")
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), "--help"],
+        capture_output=True,
+        text=True,
+        cwd=REPO / "benchmarks",
+    )
     assert result.returncode == 0 and "--quick" in result.stdout
 
 
@@ -38,23 +47,53 @@ def test_benchmark_help(script):
 def test_benchmark_reruns_in_the_same_workdir(tmp_path, script):
     """What a run leaves in ``--workdir`` does not stop the next run there."""
     for _ in range(2):
-        result = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--quick", "--workdir",
-                                 str(tmp_path / "work"), "--results", str(tmp_path)],
-                                capture_output=True, text=True, cwd=REPO / "benchmarks", timeout=600)
+        result = subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "benchmarks" / script),
+                "--quick",
+                "--workdir",
+                str(tmp_path / "work"),
+                "--results",
+                str(tmp_path),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO / "benchmarks",
+            timeout=600,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
 
 
 def test_fit_throughput_compressed_section_smoke(tmp_path):
     """The compressed-store section (issue #18) runs on tiny stores and records every store's limit,
     bare product, dask product, fit and apply; no timing is asserted."""
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "fit_throughput.py"), "--quick", "--sections",
-                             "compressed", "--results", str(tmp_path)],
-                            capture_output=True, text=True, cwd=REPO / "benchmarks", timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "fit_throughput.py"),
+            "--quick",
+            "--sections",
+            "compressed",
+            "--results",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO / "benchmarks",
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     payload = json.loads(next(tmp_path.glob("*.json")).read_text())
     rows = payload["compressed"]
-    assert [row["store"] for row in rows] == ["zarr-zstd", "zarr-blosc-lz4", "hdf5-gzip", "hdf5-raw", "zarr-zstd-f16",
-                                              "hdf5-gzip-f16"]
+    assert [row["store"] for row in rows] == [
+        "zarr-zstd",
+        "zarr-blosc-lz4",
+        "hdf5-gzip",
+        "hdf5-raw",
+        "zarr-zstd-f16",
+        "hdf5-gzip-f16",
+    ]
     for row in rows:
         for key in ("limit_rows_s", "bare_rows_s", "dask_rows_s", "fit_rows_s", "apply_rows_s", "apply_limit_rows_s"):
             assert row[key] > 0, (row["store"], key)

@@ -29,8 +29,16 @@ def empty_cache():
     _buffers.release_buffers()
 
 
-@pytest.mark.parametrize("shape,dtype", [((3, 5), np.float32), ((1000, 7), np.float16), ((4, 4096), np.float64),
-                                         ((0, 3), np.float32), ((1 << 20,), np.uint8)])
+@pytest.mark.parametrize(
+    "shape,dtype",
+    [
+        ((3, 5), np.float32),
+        ((1000, 7), np.float16),
+        ((4, 4096), np.float64),
+        ((0, 3), np.float32),
+        ((1 << 20,), np.uint8),
+    ],
+)
 def test_taken_buffers_are_aligned_and_usable(shape, dtype):
     array = _buffers.take(shape, dtype)
     assert array.shape == shape and array.dtype == dtype and array.flags.c_contiguous and array.flags.writeable

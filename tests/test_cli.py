@@ -39,7 +39,9 @@ def test_fit_apply_info_happy_path(tmp_path, store, model_path, run_cli):
     code, out, _ = run_cli("info", model_path, "--json")
     summary = json.loads(out)
     assert summary["n_rows"] == 600 and summary["n_features"] == 10 and summary["effective_dimension"] > 1
-    code, out, err = run_cli("apply", model_path, store, "-o", tmp_path / "out.zarr", "-k", "4", "--normalize", "--json")
+    code, out, err = run_cli(
+        "apply", model_path, store, "-o", tmp_path / "out.zarr", "-k", "4", "--normalize", "--json"
+    )
     assert code == 0, err
     assert json.loads(out)["n_components"] == 4
     assert zarr.open_array(str(tmp_path / "out.zarr"), mode="r").shape == (600, 4)
@@ -66,14 +68,17 @@ def test_missing_file_and_dataset(tmp_path, store, run_cli):
     assert not os.path.exists(tmp_path / "m.npz")
 
 
-@pytest.mark.parametrize("shape, dtype, fragment", [
-    ((50,), "f4", "expected a 2-D array"),
-    ((5, 4, 3), "f4", "3-D"),
-    ((50, 4), "i4", "dtype int32"),
-    ((50, 4), "S8", "dtype |S8"),
-    ((0, 4), "f4", "has 0 row(s)"),
-    ((1, 4), "f4", "has 1 row(s)"),
-])
+@pytest.mark.parametrize(
+    "shape, dtype, fragment",
+    [
+        ((50,), "f4", "expected a 2-D array"),
+        ((5, 4, 3), "f4", "3-D"),
+        ((50, 4), "i4", "dtype int32"),
+        ((50, 4), "S8", "dtype |S8"),
+        ((0, 4), "f4", "has 0 row(s)"),
+        ((1, 4), "f4", "has 1 row(s)"),
+    ],
+)
 def test_unusable_arrays(tmp_path, run_cli, shape, dtype, fragment):
     with h5py.File(tmp_path / "bad.h5", "w") as handle:
         handle.create_dataset("x", shape=shape, dtype=dtype)
@@ -113,14 +118,17 @@ def test_apply_to_data_of_another_width(tmp_path, model_path, run_cli):
     assert not os.path.exists(tmp_path / "o.h5")
 
 
-@pytest.mark.parametrize("args, fragment", [
-    (["-k", "11"], "exceeds the data width d = 10"),
-    (["-k", "0"], "n_components (k) must be a whole number of at least 1, got 0"),
-    (["--beta", "1.5"], "beta must be a number in [0, 1]"),
-    (["--gamma", "-0.5"], "gamma must be a number in [0, 1]"),
-    (["--variance", "0"], "variance must be a fraction"),
-    (["--precision", "float16"], "Invalid value for '--precision'"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["-k", "11"], "exceeds the data width d = 10"),
+        (["-k", "0"], "n_components (k) must be a whole number of at least 1, got 0"),
+        (["--beta", "1.5"], "beta must be a number in [0, 1]"),
+        (["--gamma", "-0.5"], "gamma must be a number in [0, 1]"),
+        (["--variance", "0"], "variance must be a fraction"),
+        (["--precision", "float16"], "Invalid value for '--precision'"),
+    ],
+)
 def test_bad_parameters(tmp_path, store, run_cli, args, fragment):
     code, _, err = run_cli("fit", store, "-o", tmp_path / "m.npz", *args)
     assert code == EXIT_BAD_INPUT
@@ -237,14 +245,18 @@ def test_direct_io_option_reaches_the_output_writer(tmp_path, store, run_cli, mo
     asked = []
     for backend in (streamwhiten.io.hdf5, streamwhiten.io.zarr):  # every writer of output chunks
         real = backend.ChunkFile
-        monkeypatch.setattr(backend, "ChunkFile", lambda *a, real=real, **k: asked.append(k.get("direct")) or real(*a, **k))
+        monkeypatch.setattr(
+            backend, "ChunkFile", lambda *a, real=real, **k: asked.append(k.get("direct")) or real(*a, **k)
+        )
     model = tmp_path / "m.npz"
     assert run_cli("fit", store, "-o", model, "-k", 4, "-q")[0] == 0
     for output in ("out.h5", "out.zarr"):
         code, _, err = run_cli("apply", model, store, "-o", tmp_path / output, "-q", *flag)
         assert code == 0, err
     assert len(asked) >= 2 and set(asked) == {direct}
-    code, _, err = run_cli("apply", model, store, "-o", tmp_path / "d.zarr", "--engine", "dask", *(flag or ["--direct-io"]))
+    code, _, err = run_cli(
+        "apply", model, store, "-o", tmp_path / "d.zarr", "--engine", "dask", *(flag or ["--direct-io"])
+    )
     assert code == 2 and "--direct-io/--no-direct-io is for the serial engine" in err
 
 
@@ -269,17 +281,28 @@ def test_threads_option(tmp_path, store, run_cli):
     assert code == EXIT_BAD_INPUT
 
 
-@pytest.mark.parametrize("args, fragment", [
-    # the words of streamwhiten.params, as in Python and in job files
-    (["--checkpoint-every", "0"],
-     "Invalid value for '--checkpoint-every': checkpoint_every must be a whole number of at least 1, got 0"),
-    (["--checkpoint-every", "-3"],
-     "Invalid value for '--checkpoint-every': checkpoint_every must be a whole number of at least 1, got -3"),
-    (["--checkpoint-seconds", "0"],
-     "Invalid value for '--checkpoint-seconds': checkpoint_seconds must be a number of seconds above 0, got 0.0"),
-    (["--checkpoint-seconds", "-1"],
-     "Invalid value for '--checkpoint-seconds': checkpoint_seconds must be a number of seconds above 0, got -1.0"),
-])
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        # the words of streamwhiten.params, as in Python and in job files
+        (
+            ["--checkpoint-every", "0"],
+            "Invalid value for '--checkpoint-every': checkpoint_every must be a whole number of at least 1, got 0",
+        ),
+        (
+            ["--checkpoint-every", "-3"],
+            "Invalid value for '--checkpoint-every': checkpoint_every must be a whole number of at least 1, got -3",
+        ),
+        (
+            ["--checkpoint-seconds", "0"],
+            "Invalid value for '--checkpoint-seconds': checkpoint_seconds must be a number of seconds above 0, got 0.0",
+        ),
+        (
+            ["--checkpoint-seconds", "-1"],
+            "Invalid value for '--checkpoint-seconds': checkpoint_seconds must be a number of seconds above 0, got -1.0",
+        ),
+    ],
+)
 def test_fit_refuses_checkpoint_intervals_below_one(tmp_path, store, args, fragment):
     result = run_subprocess("fit", store, "-o", tmp_path / "m.npz", *args)
     assert result.returncode == EXIT_BAD_INPUT
@@ -288,8 +311,9 @@ def test_fit_refuses_checkpoint_intervals_below_one(tmp_path, store, args, fragm
 
 
 def test_checkpoint_interval_limits_that_stay_allowed(tmp_path, store, model_path, run_cli):
-    code, _, err = run_cli("fit", store, "-o", tmp_path / "m.npz", "--checkpoint-every", "1",
-                           "--checkpoint-seconds", "0.001", "-q")
+    code, _, err = run_cli(
+        "fit", store, "-o", tmp_path / "m.npz", "--checkpoint-every", "1", "--checkpoint-seconds", "0.001", "-q"
+    )
     assert code == 0, err
     # apply: 0 seconds means a progress record after every block
     code, _, err = run_cli("apply", model_path, store, "-o", tmp_path / "o.zarr", "--checkpoint-seconds", "0", "-q")
@@ -300,13 +324,15 @@ def test_fit_job_refuses_nonsense_checkpoint_intervals_from_python(tmp_path, sto
     from streamwhiten.errors import BadInputError
     from streamwhiten.jobs import fit_job
 
-    for kwargs, fragment in [({"checkpoint_every": 0}, "checkpoint_every must be a whole number of at least 1"),
-                             ({"checkpoint_every": 2.5}, "checkpoint_every must be a whole number of at least 1"),
-                             ({"checkpoint_every": True}, "checkpoint_every must be a whole number of at least 1"),
-                             ({"checkpoint_seconds": 0}, "checkpoint_seconds must be a number of seconds above 0"),
-                             ({"checkpoint_seconds": -1.0}, "checkpoint_seconds must be a number of seconds above 0"),
-                             ({"checkpoint_seconds": float("nan")}, "checkpoint_seconds must be a number of seconds"),
-                             ({"checkpoint_seconds": "60"}, "checkpoint_seconds must be a number of seconds above 0")]:
+    for kwargs, fragment in [
+        ({"checkpoint_every": 0}, "checkpoint_every must be a whole number of at least 1"),
+        ({"checkpoint_every": 2.5}, "checkpoint_every must be a whole number of at least 1"),
+        ({"checkpoint_every": True}, "checkpoint_every must be a whole number of at least 1"),
+        ({"checkpoint_seconds": 0}, "checkpoint_seconds must be a number of seconds above 0"),
+        ({"checkpoint_seconds": -1.0}, "checkpoint_seconds must be a number of seconds above 0"),
+        ({"checkpoint_seconds": float("nan")}, "checkpoint_seconds must be a number of seconds"),
+        ({"checkpoint_seconds": "60"}, "checkpoint_seconds must be a number of seconds above 0"),
+    ]:
         with pytest.raises(BadInputError, match=fragment):
             fit_job([store], str(tmp_path / "m.npz"), **kwargs)
     assert os.listdir(tmp_path) == ["in.h5"]  # refused before any checkpoint or model was written
@@ -316,6 +342,12 @@ def test_run_help_lists_every_exit_code_of_run(run_cli):
     code, out, _ = run_cli("run", "--help")
     assert code == 0
     text = " ".join(out.split())
-    for fragment in ("0 done", "3 nothing to do", "2 bad input", "74 I/O error", "75 another run holds the lock",
-                     "130 interrupted"):
+    for fragment in (
+        "0 done",
+        "3 nothing to do",
+        "2 bad input",
+        "74 I/O error",
+        "75 another run holds the lock",
+        "130 interrupted",
+    ):
         assert fragment in text

@@ -33,7 +33,10 @@ DTYPES = ["<f4", ">f4", "<f2", ">f2", "<f8"]
 ZARR_CHAINS = {
     "v3-zstd-default": ({"zarr_format": 3}, True),
     "v3-blosc-lz4": ({"zarr_format": 3, "compressors": [BloscCodec(cname="lz4", shuffle="shuffle")]}, True),
-    "v3-blosc-zstd-bitshuffle": ({"zarr_format": 3, "compressors": [BloscCodec(cname="zstd", shuffle="bitshuffle")]}, True),
+    "v3-blosc-zstd-bitshuffle": (
+        {"zarr_format": 3, "compressors": [BloscCodec(cname="zstd", shuffle="bitshuffle")]},
+        True,
+    ),
     "v3-gzip-crc32c": ({"zarr_format": 3, "compressors": [GzipCodec(level=3), Crc32cCodec()]}, True),
     "v3-crc32c": ({"zarr_format": 3, "compressors": [Crc32cCodec()]}, True),
     "v3-zstd-checksum": ({"zarr_format": 3, "compressors": [ZstdCodec(level=5, checksum=True)]}, True),
@@ -51,17 +54,34 @@ ZARR_CHAINS = {
 def _hdf5_filters(name: str) -> dict:
     if name in ("blosc", "zstd"):
         hdf5plugin = pytest.importorskip("hdf5plugin")
-        return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE) if name == "blosc"
-                    else hdf5plugin.Zstd())
-    return {"gzip": {"compression": "gzip"}, "gzip-shuffle": {"compression": "gzip", "shuffle": True},
-            "gzip-shuffle-fletcher32": {"compression": "gzip", "compression_opts": 9, "shuffle": True, "fletcher32": True},
-            "fletcher32": {"fletcher32": True}, "shuffle": {"shuffle": True}, "lzf": {"compression": "lzf"},
-            "none": {}}[name]
+        return dict(
+            hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)
+            if name == "blosc"
+            else hdf5plugin.Zstd()
+        )
+    return {
+        "gzip": {"compression": "gzip"},
+        "gzip-shuffle": {"compression": "gzip", "shuffle": True},
+        "gzip-shuffle-fletcher32": {"compression": "gzip", "compression_opts": 9, "shuffle": True, "fletcher32": True},
+        "fletcher32": {"fletcher32": True},
+        "shuffle": {"shuffle": True},
+        "lzf": {"compression": "lzf"},
+        "none": {},
+    }[name]
 
 
 #: HDF5 filter pipelines: name -> whether streamwhiten decodes its chunks
-HDF5_FILTERS = {"gzip": True, "gzip-shuffle": True, "gzip-shuffle-fletcher32": True, "fletcher32": True,
-                "shuffle": True, "blosc": True, "zstd": True, "lzf": False, "none": False}
+HDF5_FILTERS = {
+    "gzip": True,
+    "gzip-shuffle": True,
+    "gzip-shuffle-fletcher32": True,
+    "fletcher32": True,
+    "shuffle": True,
+    "blosc": True,
+    "zstd": True,
+    "lzf": False,
+    "none": False,
+}
 
 
 def rows_of(dtype) -> np.ndarray:
@@ -72,8 +92,9 @@ def write_zarr_store(path, rows, chain: str) -> str:
     options = dict(ZARR_CHAINS[chain][0])
     if options.get("filters") == "shuffle":
         options["filters"] = [numcodecs.Shuffle(rows.dtype.itemsize)]
-    zarr.create_array(store=str(path), shape=rows.shape, chunks=(CHUNK, FEATURES), dtype=rows.dtype,
-                      **options)[...] = rows
+    zarr.create_array(store=str(path), shape=rows.shape, chunks=(CHUNK, FEATURES), dtype=rows.dtype, **options)[...] = (
+        rows
+    )
     return str(path)
 
 
@@ -88,10 +109,22 @@ def check_reads_match(spec: str, reference: np.ndarray, decoded_here: bool) -> N
         assert (source.plan is not None) == decoded_here, source.plan and source.plan.description
         assert source.dtype == reference.dtype.newbyteorder("=")
         np.testing.assert_array_equal(source.read(0, ROWS), reference)
-        for start, stop in [(0, CHUNK), (130, 517), (900, ROWS), (999, ROWS), (256, 384)]:  # cut inside chunks, the tail
+        for start, stop in [
+            (0, CHUNK),
+            (130, 517),
+            (900, ROWS),
+            (999, ROWS),
+            (256, 384),
+        ]:  # cut inside chunks, the tail
             np.testing.assert_array_equal(source.read(start, stop), reference[start:stop])
-        blocks = [source.read_into(a, b, np.empty((b - a, FEATURES), source.dtype), fetched=source.fetch(a, b))
-                  for a, b in source.blocks(2 * CHUNK)] if decoded_here else [source.read(0, ROWS)]
+        blocks = (
+            [
+                source.read_into(a, b, np.empty((b - a, FEATURES), source.dtype), fetched=source.fetch(a, b))
+                for a, b in source.blocks(2 * CHUNK)
+            ]
+            if decoded_here
+            else [source.read(0, ROWS)]
+        )
         np.testing.assert_array_equal(np.vstack(blocks), reference)
         if source.dtype == np.float16:  # widened as decoded, into a float32 buffer
             widened = source.read_into(0, ROWS, np.full((ROWS, FEATURES), np.nan, np.float32))
@@ -154,7 +187,10 @@ def test_a_chunk_that_decodes_to_the_wrong_size_is_refused(tmp_path):
     spec = write_zarr_store(tmp_path / "s.zarr", rows_of("<f4"), "v3-zstd-default")
     with open(os.path.join(spec, "c", "1", "0"), "wb") as handle:
         handle.write(numcodecs.Zstd().encode(np.zeros(CHUNK * FEATURES * 4 - 8, np.uint8)))
-    with open_source(spec) as source, pytest.raises(BadInputError, match=r"c/1/0 \(rows 128\.\.255\).*zstd frame holds"):
+    with (
+        open_source(spec) as source,
+        pytest.raises(BadInputError, match=r"c/1/0 \(rows 128\.\.255\).*zstd frame holds"),
+    ):
         source.read(0, ROWS)
     with pytest.raises(DecodeError):
         zarr_plan(zarr.open_array(spec, mode="r")).decode_into(b"\x00" * 64, np.empty(CHUNK * FEATURES * 4, np.uint8))
@@ -172,8 +208,9 @@ def test_missing_chunks_keep_todays_behaviour(tmp_path):
         expected[384:512] = 0
         np.testing.assert_array_equal(source.read(0, ROWS), expected)
     with h5py.File(tmp_path / "h.h5", "w") as handle:
-        dataset = handle.create_dataset("emb", shape=rows.shape, dtype=rows.dtype, chunks=(CHUNK, FEATURES),
-                                        compression="gzip", fillvalue=7.0)
+        dataset = handle.create_dataset(
+            "emb", shape=rows.shape, dtype=rows.dtype, chunks=(CHUNK, FEATURES), compression="gzip", fillvalue=7.0
+        )
         dataset[:CHUNK] = rows[:CHUNK]
         dataset[2 * CHUNK :] = rows[2 * CHUNK :]
     with open_source(f"{tmp_path / 'h.h5'}:/emb") as source, pytest.raises(MissingChunkError, match=r"rows 128\.\.255"):
@@ -193,9 +230,11 @@ def test_fit_on_compressed_stores_is_bit_identical(tmp_path, dtype, threads):
     rows = rows_of(dtype)
     raw = write_hdf5_store(tmp_path / "raw.h5", rows, "none")
     expected = fit_sources(raw, threads=threads, block_rows=2 * CHUNK).state
-    for spec in (write_zarr_store(tmp_path / "z.zarr", rows, "v3-zstd-default"),
-                 write_zarr_store(tmp_path / "b.zarr", rows, "v2-blosc"),
-                 write_hdf5_store(tmp_path / "g.h5", rows, "gzip-shuffle-fletcher32")):
+    for spec in (
+        write_zarr_store(tmp_path / "z.zarr", rows, "v3-zstd-default"),
+        write_zarr_store(tmp_path / "b.zarr", rows, "v2-blosc"),
+        write_hdf5_store(tmp_path / "g.h5", rows, "gzip-shuffle-fletcher32"),
+    ):
         assert fit_sources(spec, threads=threads, block_rows=2 * CHUNK).state == expected, spec
 
 
@@ -264,7 +303,10 @@ def test_apply_compressor_is_recorded_and_checked(tmp_path, applied):
     assert other.returncode == 2 and "already exists" in other.stderr  # not current: another compressor
     plain = run_subprocess("apply", model_path, spec, "-o", out, "-q")
     assert plain.returncode == 2 and "already exists" in plain.stderr
-    assert run_subprocess("apply", model_path, spec, "-o", out, "-q", "--compressor", "gzip", "--overwrite").returncode == 0
+    assert (
+        run_subprocess("apply", model_path, spec, "-o", out, "-q", "--compressor", "gzip", "--overwrite").returncode
+        == 0
+    )
     assert zarr.open_array(out, mode="r").attrs["compressor"] == "gzip"
     bad = run_subprocess("apply", model_path, spec, "-o", str(tmp_path / "o.parquet"), "-q", "--compressor", "zstd")
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1 and "HDF5 and Zarr outputs" in bad.stderr
@@ -287,8 +329,14 @@ def test_an_uncompressed_output_from_before_the_option_stays_current(tmp_path, a
     array.attrs.put({key: value for key, value in attrs.items() if key != "compressor"})
     options = recorded_options(copy, False, False, 3, "none")
     assert output_is_current(copy, attrs["model_checksum"], attrs["source_sha256"], False, "float32", options)
-    assert not output_is_current(copy, attrs["model_checksum"], attrs["source_sha256"], False, "float32",
-                                 recorded_options(copy, False, False, 3, "zstd"))
+    assert not output_is_current(
+        copy,
+        attrs["model_checksum"],
+        attrs["source_sha256"],
+        False,
+        "float32",
+        recorded_options(copy, False, False, 3, "zstd"),
+    )
 
 
 @pytest.mark.parametrize("output", ["out.h5", "out.zarr"])
@@ -307,8 +355,15 @@ def test_interrupted_compressed_apply_resumes_to_the_same_output(tmp_path, appli
         return len(calls) >= 2
 
     with pytest.raises(InterruptedRunError):
-        apply_model(model, spec, target, block_rows=256, compressor="gzip", should_stop=stop_after_two_blocks,
-                    progress_seconds=0)
+        apply_model(
+            model,
+            spec,
+            target,
+            block_rows=256,
+            compressor="gzip",
+            should_stop=stop_after_two_blocks,
+            progress_seconds=0,
+        )
     assert not os.path.exists(target)
     partial = tmp_path / f".{output}.partial"
     record = json.loads((tmp_path / f".{output}.partial.progress.json").read_text())
@@ -332,8 +387,10 @@ def test_job_file_compressor(tmp_path, applied):
 
     directory, spec, _, _ = applied
     job = tmp_path / "job.toml"
-    job.write_text(f'[input]\npaths = ["{directory / "in.h5"}"]\ndataset = "/emb"\n[model]\npath = "m.npz"\n'
-                   f'n_components = 4\n[apply]\noutput = "out/{{stem}}.zarr"\ncompressor = "zstd"\n')
+    job.write_text(
+        f'[input]\npaths = ["{directory / "in.h5"}"]\ndataset = "/emb"\n[model]\npath = "m.npz"\n'
+        f'n_components = 4\n[apply]\noutput = "out/{{stem}}.zarr"\ncompressor = "zstd"\n'
+    )
     assert load_job(str(job)).apply["compressor"] == "zstd"
     result = run_subprocess("run", job, "-q")
     assert result.returncode == 0, result.stderr

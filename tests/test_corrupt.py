@@ -39,26 +39,35 @@ ROWS, FEATURES, CHUNK = 1000, 16, 100
 BROKEN = 2  # index of the damaged chunk: rows 200..299
 FIRST, LAST = BROKEN * CHUNK, (BROKEN + 1) * CHUNK - 1
 
+
 #: store kind -> how it is written
 def _zarr3_codecs(name):
     from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec
 
-    return {"blosc": [BloscCodec(cname="lz4", shuffle="shuffle")], "crc32c": [Crc32cCodec()],
-            "gzip-crc32c": [GzipCodec(level=3), Crc32cCodec()]}[name]
+    return {
+        "blosc": [BloscCodec(cname="lz4", shuffle="shuffle")],
+        "crc32c": [Crc32cCodec()],
+        "gzip-crc32c": [GzipCodec(level=3), Crc32cCodec()],
+    }[name]
 
 
 def _hdf5_plugin(name):
     import hdf5plugin
 
-    return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE) if name == "blosc"
-                else hdf5plugin.Zstd())
+    return dict(
+        hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.SHUFFLE)
+        if name == "blosc"
+        else hdf5plugin.Zstd()
+    )
 
 
 KINDS = {
     "h5": {"format": "hdf5", "compression": None},
     "h5-gzip": {"format": "hdf5", "compression": "gzip"},
-    "h5-gzip-shuffle-fletcher32": {"format": "hdf5", "options": {"compression": "gzip", "shuffle": True,
-                                                                 "fletcher32": True}},
+    "h5-gzip-shuffle-fletcher32": {
+        "format": "hdf5",
+        "options": {"compression": "gzip", "shuffle": True, "fletcher32": True},
+    },
     "h5-fletcher32": {"format": "hdf5", "options": {"fletcher32": True}},
     "h5-blosc": {"format": "hdf5", "plugin": "blosc"},
     "h5-zstd": {"format": "hdf5", "plugin": "zstd"},
@@ -71,8 +80,16 @@ KINDS = {
     "zarr2-raw": {"format": "zarr", "zarr_format": 2, "compressed": False},
     "npy": {"format": "npy"},
 }
-COMPRESSED = ["h5-gzip", "h5-gzip-shuffle-fletcher32", "h5-blosc", "h5-zstd", "zarr3-zstd", "zarr3-blosc",
-              "zarr3-gzip-crc32c", "zarr2"]
+COMPRESSED = [
+    "h5-gzip",
+    "h5-gzip-shuffle-fletcher32",
+    "h5-blosc",
+    "h5-zstd",
+    "zarr3-zstd",
+    "zarr3-blosc",
+    "zarr3-gzip-crc32c",
+    "zarr2",
+]
 CHECKSUMMED = ["h5-fletcher32", "h5-gzip-shuffle-fletcher32", "zarr3-crc32c", "zarr3-gzip-crc32c"]
 CHUNKED = [kind for kind in KINDS if kind != "npy"]
 ZARR = [kind for kind in KINDS if kind.startswith("zarr")]
@@ -80,7 +97,8 @@ ZARR = [kind for kind in KINDS if kind.startswith("zarr")]
 DAMAGES = {
     "missing-chunk": CHUNKED,
     "truncated-chunk": CHUNKED,
-    "garbage-chunk": COMPRESSED + ["zarr3-crc32c", "h5-fletcher32"],  # finite garbage in an unchecked raw chunk is undetectable
+    "garbage-chunk": COMPRESSED
+    + ["zarr3-crc32c", "h5-fletcher32"],  # finite garbage in an unchecked raw chunk is undetectable
     "flipped-bits": CHECKSUMMED,  # the chunk still decodes: only its checksum can tell
     "shrunk-file": ["h5", "h5-gzip", "npy"],
 }
@@ -115,11 +133,15 @@ def write_store(directory, kind: str, rows: np.ndarray, skip_chunk: int | None =
         np.save(path, rows)
         return path, path
     if how["format"] == "hdf5":
-        options = (_hdf5_plugin(how["plugin"]) if "plugin" in how
-                   else how.get("options", {"compression": how.get("compression")}))
+        options = (
+            _hdf5_plugin(how["plugin"])
+            if "plugin" in how
+            else how.get("options", {"compression": how.get("compression")})
+        )
         with h5py.File(path, "w") as handle:
-            dataset = handle.create_dataset("emb", shape=rows.shape, dtype=rows.dtype, chunks=(CHUNK, FEATURES),
-                                            **options)
+            dataset = handle.create_dataset(
+                "emb", shape=rows.shape, dtype=rows.dtype, chunks=(CHUNK, FEATURES), **options
+            )
             for index in range(-(-rows.shape[0] // CHUNK)):
                 if index != skip_chunk:
                     dataset[index * CHUNK : (index + 1) * CHUNK] = rows[index * CHUNK : (index + 1) * CHUNK]
@@ -128,8 +150,14 @@ def write_store(directory, kind: str, rows: np.ndarray, skip_chunk: int | None =
         codecs = {"compressors": _zarr3_codecs(how["codecs"])}
     else:
         codecs = {} if how["compressed"] else {"compressors": None}
-    array = zarr.create_array(store=path, shape=rows.shape, chunks=(CHUNK, FEATURES), dtype=rows.dtype,
-                              zarr_format=how["zarr_format"], **codecs)
+    array = zarr.create_array(
+        store=path,
+        shape=rows.shape,
+        chunks=(CHUNK, FEATURES),
+        dtype=rows.dtype,
+        zarr_format=how["zarr_format"],
+        **codecs,
+    )
     array[...] = rows
     if skip_chunk is not None:
         os.remove(zarr_chunk_file(path, kind, skip_chunk))
@@ -166,7 +194,11 @@ def damaged_store(directory, kind: str, damage: str, rows: np.ndarray) -> tuple[
         os.truncate(path, offset + size // 2)
     elif damage == "flipped-bits":  # a few bits in the middle of the chunk: it still decodes, to other values
         if fmt == "zarr":
-            offset, size, target = 0, os.path.getsize(zarr_chunk_file(path, kind, BROKEN)), zarr_chunk_file(path, kind, BROKEN)
+            offset, size, target = (
+                0,
+                os.path.getsize(zarr_chunk_file(path, kind, BROKEN)),
+                zarr_chunk_file(path, kind, BROKEN),
+            )
         else:
             (offset, size), target = hdf5_chunk(path, BROKEN), path
         with open(target, "r+b") as handle:
@@ -210,7 +242,9 @@ def names_the_damage(message: str, kind: str, damage: str) -> list:
     problems = []
     if store_name(kind) not in message:
         problems.append(f"the message does not name the store {store_name(kind)!r}")
-    if damage == "missing-chunk" and not (re.search(rf"\b{FIRST}\b", message) and re.search(rf"\b({LAST}|{LAST + 1})\b", message)):
+    if damage == "missing-chunk" and not (
+        re.search(rf"\b{FIRST}\b", message) and re.search(rf"\b({LAST}|{LAST + 1})\b", message)
+    ):
         problems.append(f"the message does not name the rows {FIRST}..{LAST} the missing chunk covers")
     return problems
 
@@ -230,8 +264,11 @@ def test_cli_refuses_damaged_store(tmp_path, rows, model_path, kind, damage, com
     left = sorted(os.listdir(tmp_path))
     if left != before:
         problems.append(f"files left behind: {sorted(set(left) - set(before))}")
-    assert not problems, (f"{command} on a store ({kind}) with a {damage}: " + "; ".join(problems)
-                          + f"\nexit {result.returncode}, stderr: {result.stderr!r}")
+    assert not problems, (
+        f"{command} on a store ({kind}) with a {damage}: "
+        + "; ".join(problems)
+        + f"\nexit {result.returncode}, stderr: {result.stderr!r}"
+    )
 
 
 @pytest.mark.parametrize("kind, damage", CASES, ids=[f"{damage}-{kind}" for kind, damage in CASES])
@@ -261,8 +298,11 @@ def test_api_fit_refuses_damaged_store(tmp_path, rows, kind, damage):
         problems.append(f"warnings raised: {runtime[:3]}")
     if sorted(os.listdir(tmp_path)) != before:
         problems.append(f"files left behind: {sorted(set(os.listdir(tmp_path)) - set(before))}")
-    assert not problems, f"Whitener().fit on a store ({kind}) with a {damage}: " + "; ".join(problems) + \
-        (f"\nerror: {type(error).__name__}: {error}" if error is not None else "")
+    assert not problems, (
+        f"Whitener().fit on a store ({kind}) with a {damage}: "
+        + "; ".join(problems)
+        + (f"\nerror: {type(error).__name__}: {error}" if error is not None else "")
+    )
 
 
 # ---------------------------------------------------------------------- reading holes as the fill value
@@ -294,7 +334,9 @@ def test_fill_missing_chunks_fit_and_apply(tmp_path, holed, model_path):
     np.testing.assert_allclose(model.state.mean, expected.state.mean, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(model.state.scatter, expected.state.scatter, rtol=1e-10, atol=1e-9)
 
-    applied = run_subprocess("apply", model_path, spec, "-o", f"{tmp_path / 'out.h5'}:/y", "-q", "--fill-missing-chunks")
+    applied = run_subprocess(
+        "apply", model_path, spec, "-o", f"{tmp_path / 'out.h5'}:/y", "-q", "--fill-missing-chunks"
+    )
     assert applied.returncode == 0 and not applied.stderr, applied.stderr
     assert run_subprocess("apply", model_path, reference, "-o", f"{tmp_path / 'ref.h5'}:/y", "-q").returncode == 0
     with h5py.File(tmp_path / "out.h5", "r") as out, h5py.File(tmp_path / "ref.h5", "r") as ref:

@@ -163,7 +163,9 @@ def test_outputs_written_directly_equal_buffered_ones_and_the_transform(tmp_path
         written = got.read(0, 5000)
         np.testing.assert_array_equal(written, want.read(0, 5000))
     expected = model.transform(rows.astype(np.float64), normalize=True)
-    np.testing.assert_allclose(written, expected, rtol=2e-3 if dtype == "float16" else 1e-4, atol=1e-3 if dtype == "float16" else 1e-5)
+    np.testing.assert_allclose(
+        written, expected, rtol=2e-3 if dtype == "float16" else 1e-4, atol=1e-3 if dtype == "float16" else 1e-5
+    )
     assert read_attrs(direct)["complete"]
 
 

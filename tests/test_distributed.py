@@ -108,10 +108,10 @@ sys.modules.update(dask=None, distributed=None)
 import numpy as np
 import streamwhiten, streamwhiten.cli, streamwhiten.fit, streamwhiten.apply, streamwhiten.distributed
 from streamwhiten.whitener import Whitener
-Whitener().fit(np.load({str(tmp_path / 'x.npy')!r}))
+Whitener().fit(np.load({str(tmp_path / "x.npy")!r}))
 from streamwhiten.cli import main
-assert main(['fit', {str(tmp_path / 'x.npy')!r}, '-o', {str(tmp_path / 'm.npz')!r}, '-q']) == 0
-sys.exit(main(['fit', {str(tmp_path / 'x.npy')!r}, '-o', {str(tmp_path / 'd.npz')!r}, '--engine', 'dask']))
+assert main(['fit', {str(tmp_path / "x.npy")!r}, '-o', {str(tmp_path / "m.npz")!r}, '-q']) == 0
+sys.exit(main(['fit', {str(tmp_path / "x.npy")!r}, '-o', {str(tmp_path / "d.npz")!r}, '--engine', 'dask']))
 """
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2, done.stderr
@@ -123,8 +123,11 @@ sys.exit(main(['fit', {str(tmp_path / 'x.npy')!r}, '-o', {str(tmp_path / 'd.npz'
 # ----------------------------------------------------------------------------------- dask arrays
 
 
-@pytest.mark.parametrize("chunks", [(1000, 12), (3333, 12), ((1, 999, 2500, 1500), (12,)), (1000, 5)],
-                         ids=["1000", "3333", "uneven", "split-columns"])
+@pytest.mark.parametrize(
+    "chunks",
+    [(1000, 12), (3333, 12), ((1, 999, 2500, 1500), (12,)), (1000, 5)],
+    ids=["1000", "3333", "uneven", "split-columns"],
+)
 def test_dask_moments_match_references(client, data64, chunks):
     array = da.from_array(data64, chunks=chunks)
     state = sd.dask_moments(array, client=client)
@@ -143,8 +146,9 @@ def test_dask_moments_do_not_depend_on_workers_or_scheduling(client, data64):
             with dask.config.set(scheduler=scheduler):
                 assert sd.dask_moments(array) == on_cluster
     # Another tree shape may round differently, but stays within the bound.
-    assert_moments_close(sd.dask_moments(array, client=client, split_every=2), on_cluster.mean, on_cluster.scatter,
-                         on_cluster.n_rows)
+    assert_moments_close(
+        sd.dask_moments(array, client=client, split_every=2), on_cluster.mean, on_cluster.scatter, on_cluster.n_rows
+    )
 
 
 def test_dask_array_input_checks(data64):
@@ -154,8 +158,11 @@ def test_dask_array_input_checks(data64):
         array = da.from_array(data64, chunks=(1000, 12))
         sd.dask_moments(array[array[:, 0] > 0])
     ints = da.from_array(np.arange(40).reshape(10, 4), chunks=(3, 4))
-    with pytest.raises(BadInputError, match=r"expected float16, float32 or float64 values, got dtype int64 "
-                                            r"\(convert with \.astype\(np\.float32\)\)"):
+    with pytest.raises(
+        BadInputError,
+        match=r"expected float16, float32 or float64 values, got dtype int64 "
+        r"\(convert with \.astype\(np\.float32\)\)",
+    ):
         sd.dask_moments(ints)  # floats only, as for in-memory arrays and stores
     swapped = da.from_array(np.arange(40.0).reshape(10, 4).astype(">f8"), chunks=(3, 4))
     mean, scatter = two_pass(np.arange(40.0).reshape(10, 4))
@@ -189,7 +196,6 @@ def test_whitener_dask_nonfinite(client, data64):
     assert_moments_close(fitted.state_, mean, scatter, 4_998)
 
 
-
 def test_whitener_dask_transform_names_nonfinite_rows_and_refuses_ints(client, data64):
     rows = data64.copy()
     rows[[2500, 4321]] = np.nan
@@ -208,8 +214,9 @@ def test_whitener_dask_transform_names_nonfinite_rows_and_refuses_ints(client, d
             call(ints)
     swapped = da.from_array(data64.astype(">f8"), chunks=(1000, 12))
     with dask.config.set(scheduler="synchronous"):
-        np.testing.assert_allclose(fitted.transform(swapped).compute(), fitted.transform(data64),
-                                   rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            fitted.transform(swapped).compute(), fitted.transform(data64), rtol=1e-12, atol=1e-12
+        )
 
 
 # ---------------------------------------------------------------------------------------- stores
@@ -280,8 +287,16 @@ def model(stores):
 def test_apply_dask_matches_serial_applier(client, stores, model, tmp_path):
     out, ref = str(tmp_path / "out.zarr"), str(tmp_path / "ref.zarr")
     done = []
-    summary = sd.apply_dask(model, stores.h5, out, normalize=True, block_rows=2000, client=client,
-                            output_chunk_rows=1000, progress=lambda rows, total: done.append((rows, total)))
+    summary = sd.apply_dask(
+        model,
+        stores.h5,
+        out,
+        normalize=True,
+        block_rows=2000,
+        client=client,
+        output_chunk_rows=1000,
+        progress=lambda rows, total: done.append((rows, total)),
+    )
     apply_model(model, stores.h5, ref, normalize=True)
     np.testing.assert_allclose(read_all(out), read_all(ref), rtol=1e-5, atol=1e-6)
     assert read_attrs(out) == read_attrs(ref)
@@ -293,8 +308,9 @@ def test_apply_dask_matches_serial_applier(client, stores, model, tmp_path):
 
 def test_apply_dask_skip_nonfinite_writes_nan_rows(client, stores, model, tmp_path):
     out = str(tmp_path / "nan.zarr")
-    summary = sd.apply_dask(model, stores.nan, out, skip_nonfinite=True, block_rows=1000, client=client,
-                            output_chunk_rows=1000)
+    summary = sd.apply_dask(
+        model, stores.nan, out, skip_nonfinite=True, block_rows=1000, client=client, output_chunk_rows=1000
+    )
     rows = read_all(out)
     assert summary["n_nonfinite_rows"] == 2 and read_attrs(out)["n_nonfinite_rows"] == 2
     assert np.isnan(rows[[1234, 5678]]).all() and np.isfinite(np.delete(rows, [1234, 5678], axis=0)).all()
@@ -360,8 +376,11 @@ def test_worker_killed_mid_fit_gives_the_right_model_or_a_clear_error(data64, re
 
     array = da.from_array(data64, chunks=(125, 12)).map_blocks(slow, dtype=data64.dtype)  # 40 blocks
     mean, scatter = two_pass(data64)
-    with dask.config.set({"distributed.scheduler.allowed-failures": retries}), \
-            sd.dask_client(n_workers=2) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+    with (
+        dask.config.set({"distributed.scheduler.allowed-failures": retries}),
+        sd.dask_client(n_workers=2) as client,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
         running = pool.submit(sd.fit_dask_array, array, client=client)
         deadline = time.monotonic() + 20
         while not any(client.processing().values()) and time.monotonic() < deadline:
@@ -391,8 +410,24 @@ def test_cli_fit_and_apply_with_dask(client, stores, tmp_path, capsys):
     common = [stores.h5, stores.zarr, "--precision", "float64", "-k", "6", "-q"]
     assert main(["fit", *common, "-o", serial, "--chunk-rows", "1000"]) == 0
     capsys.readouterr()
-    assert main(["fit", *common, "-o", dask_model, "--chunk-rows", "3333", "--engine", "dask",
-                 "--scheduler", address, "--json"]) == 0
+    assert (
+        main(
+            [
+                "fit",
+                *common,
+                "-o",
+                dask_model,
+                "--chunk-rows",
+                "3333",
+                "--engine",
+                "dask",
+                "--scheduler",
+                address,
+                "--json",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert summary["engine"] == "dask" and summary["n_rows"] == 17_000
     a, b = load_model(serial), load_model(dask_model)
@@ -401,17 +436,36 @@ def test_cli_fit_and_apply_with_dask(client, stores, tmp_path, capsys):
 
     out = str(tmp_path / "white.zarr")
     assert main(["apply", dask_model, stores.h5, "-o", out, "--engine", "dask", "--scheduler", address, "-q"]) == 0
-    np.testing.assert_allclose(read_all(out), load_model(dask_model).transform(read_all(stores.h5)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        read_all(out), load_model(dask_model).transform(read_all(stores.h5)), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_cli_dask_local_cluster_and_errors(stores, tmp_path, capsys):
     model_path = str(tmp_path / "m.npz")
     assert main(["fit", stores.h5, "-o", model_path, "--engine", "dask", "--workers", "1", "-q"]) == 0
     capsys.readouterr()
-    assert main(["apply", model_path, stores.h5, "-o", str(tmp_path / "o.h5"), "--engine", "dask", "--workers", "1"]) == 2
+    assert (
+        main(["apply", model_path, stores.h5, "-o", str(tmp_path / "o.h5"), "--engine", "dask", "--workers", "1"]) == 2
+    )
     assert main(["fit", stores.h5, "-o", str(tmp_path / "x.npz"), "--workers", "2"]) == 2
-    assert main(["fit", stores.h5, "-o", str(tmp_path / "x.npz"), "--engine", "dask", "--workers", "2",
-                 "--scheduler", "tcp://127.0.0.1:1"]) == 2
+    assert (
+        main(
+            [
+                "fit",
+                stores.h5,
+                "-o",
+                str(tmp_path / "x.npz"),
+                "--engine",
+                "dask",
+                "--workers",
+                "2",
+                "--scheduler",
+                "tcp://127.0.0.1:1",
+            ]
+        )
+        == 2
+    )
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 3 and all(line.startswith("streamwhiten: error: ") for line in errors)
     assert "o.h5: the dask engine writes Zarr only" in errors[0]
@@ -425,9 +479,19 @@ def test_cli_dask_local_cluster_and_errors(stores, tmp_path, capsys):
 def test_benchmark_quick_runs(tmp_path):
     out = tmp_path / "bench.json"
     done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "dask_scaling.py"), "--quick", "--precision", "float64",
-         "--out", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=240,
+        [
+            sys.executable,
+            os.path.join(ROOT, "benchmarks", "dask_scaling.py"),
+            "--quick",
+            "--precision",
+            "float64",
+            "--out",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
@@ -487,20 +551,38 @@ def test_fit_job_is_the_one_entry_point_of_both_engines(client, stores, tmp_path
     specs = [stores.h5, stores.zarr]
     params = {"n_components": 10, "beta": 0.5}
     serial, plan, _, checkpoint = fit_job(specs, str(tmp_path / "s.npz"), params=params, precision="float64")
-    dask_model, result, resumed, no_checkpoint = fit_job(specs, str(tmp_path / "d.npz"), params=params,
-                                                         precision="float64", engine="dask", client=client)
+    dask_model, result, resumed, no_checkpoint = fit_job(
+        specs, str(tmp_path / "d.npz"), params=params, precision="float64", engine="dask", client=client
+    )
     assert not resumed and no_checkpoint is None and result.n_blocks == plan.n_blocks
-    assert dask_model.info == serial.info == {"n_skipped_nonfinite": 0, "precision": "float64",
-                                              "skip_nonfinite": False, "fill_missing_chunks": False}
+    assert (
+        dask_model.info
+        == serial.info
+        == {"n_skipped_nonfinite": 0, "precision": "float64", "skip_nonfinite": False, "fill_missing_chunks": False}
+    )
     assert dask_model.sources == serial.sources and dask_model.n_components == 10 and dask_model.beta == 0.5
     assert_moments_close(dask_model.state, serial.state.mean, serial.state.scatter, 17_000)
     save_fitted(dask_model, result, str(tmp_path / "d.npz"), None)
     for engine in ("serial", "dask"):  # an existing model: nothing to do when current, refused otherwise
         with pytest.raises(NothingToDoError):
-            fit_job(specs, str(tmp_path / "d.npz"), params=params, precision="float64", engine=engine, client=client,
-                    overwrite=False)
+            fit_job(
+                specs,
+                str(tmp_path / "d.npz"),
+                params=params,
+                precision="float64",
+                engine=engine,
+                client=client,
+                overwrite=False,
+            )
         with pytest.raises(OutputExistsError, match=r"d.npz: already exists \(pass --overwrite to replace it\)"):
-            fit_job(specs, str(tmp_path / "d.npz"), params={"n_components": 9}, precision="float64", engine=engine,
-                    client=client, overwrite=False)
+            fit_job(
+                specs,
+                str(tmp_path / "d.npz"),
+                params={"n_components": 9},
+                precision="float64",
+                engine=engine,
+                client=client,
+                overwrite=False,
+            )
     with pytest.raises(BadInputError, match="serial engine only"):
         fit_job(specs, str(tmp_path / "d.npz"), update=str(tmp_path / "d.npz"), engine="dask", client=client)

@@ -7,8 +7,13 @@ import importlib
 
 import pytest
 
-MODULES = ["streamwhiten.whitener", "streamwhiten.stats", "streamwhiten.model", "streamwhiten.serving",
-           "streamwhiten.params"]
+MODULES = [
+    "streamwhiten.whitener",
+    "streamwhiten.stats",
+    "streamwhiten.model",
+    "streamwhiten.serving",
+    "streamwhiten.params",
+]
 
 
 @pytest.mark.parametrize("name", MODULES)

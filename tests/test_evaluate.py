@@ -89,7 +89,10 @@ def test_cosine_rows_against_direct_formula_and_zero_rows():
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((20, 5)), rng.standard_normal((20, 5))
     a[3] = 0.0
-    expected = [x @ y / (np.linalg.norm(x) * np.linalg.norm(y)) if np.linalg.norm(x) else 0.0 for x, y in zip(a, b, strict=False)]
+    expected = [
+        x @ y / (np.linalg.norm(x) * np.linalg.norm(y)) if np.linalg.norm(x) else 0.0
+        for x, y in zip(a, b, strict=False)
+    ]
     np.testing.assert_allclose(cosine_rows(a, b), expected, atol=1e-14)
 
 
@@ -257,9 +260,20 @@ def test_cli_eval_errors_are_one_line(tmp_path, capsys):
 # -------------------------------------------------------------------------------------- real data
 
 
-@pytest.mark.skipif(not os.path.exists(STSB), reason=f"STS-B embeddings not found at {STSB} (licence keeps them out of the repo)")
+@pytest.mark.skipif(
+    not os.path.exists(STSB), reason=f"STS-B embeddings not found at {STSB} (licence keeps them out of the repo)"
+)
 def test_stsb_raw_mean_pooling_is_the_published_86_72(capsys):
-    args = ["eval", "--pairs-a", f"{STSB}:/mean_a", "--pairs-b", f"{STSB}:/mean_b", "--scores", f"{STSB}:/score", "--json"]
+    args = [
+        "eval",
+        "--pairs-a",
+        f"{STSB}:/mean_a",
+        "--pairs-b",
+        f"{STSB}:/mean_b",
+        "--scores",
+        f"{STSB}:/score",
+        "--json",
+    ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["raw"]["spearman"] == pytest.approx(86.72, abs=0.01)

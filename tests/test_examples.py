@@ -14,14 +14,32 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_example(path: str, *args: str, cwd) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, str(REPO / "examples" / path), *args], capture_output=True, text=True,
-                          env=env, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, str(REPO / "examples" / path), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def test_faiss_search_finds_the_numpy_neighbours(tmp_path):
     pytest.importorskip("faiss")
-    done = run_example("faiss_search.py", "--rows", "3000", "--dim", "64", "-k", "16", "--queries", "20",
-                       "--workdir", str(tmp_path), cwd=tmp_path)
+    done = run_example(
+        "faiss_search.py",
+        "--rows",
+        "3000",
+        "--dim",
+        "64",
+        "-k",
+        "16",
+        "--queries",
+        "20",
+        "--workdir",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "top-10 overlap with the numpy search: 1.000" in done.stdout
     assert (tmp_path / "corpus.faiss").is_file()
@@ -29,8 +47,18 @@ def test_faiss_search_finds_the_numpy_neighbours(tmp_path):
 
 @pytest.mark.slow
 def test_nightly_simulation_updates_to_the_fit_at_once(tmp_path):
-    done = run_example("nightly/simulate_nights.py", "--nights", "3", "--rows", "2000", "--dim", "96",
-                       "--workdir", str(tmp_path), cwd=tmp_path)
+    done = run_example(
+        "nightly/simulate_nights.py",
+        "--nights",
+        "3",
+        "--rows",
+        "2000",
+        "--dim",
+        "96",
+        "--workdir",
+        str(tmp_path),
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("second run the same night exit 3") == 3
     assert "max |covariance gap| 0.00e+00" in done.stdout

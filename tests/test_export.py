@@ -19,16 +19,22 @@ from streamwhiten import Whitener, serving
 from streamwhiten.errors import EXIT_BAD_INPUT
 
 D, SMALL_K = 16, 6
-SETTINGS = [(beta, gamma, k, normalize) for beta in (0.0, 0.5, 1.0) for gamma in (0.0, 0.5, 1.0)
-            for k in (SMALL_K, D) for normalize in (False, True)]
+SETTINGS = [
+    (beta, gamma, k, normalize)
+    for beta in (0.0, 0.5, 1.0)
+    for gamma in (0.0, 0.5, 1.0)
+    for k in (SMALL_K, D)
+    for normalize in (False, True)
+]
 
 
 def gentle_rows(n_rows, n_features=D, seed=0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     rotation, _ = np.linalg.qr(rng.standard_normal((n_features, n_features)))
     scales = np.linspace(1.0, 0.25, n_features)
-    return ((rng.standard_normal((n_rows, n_features)) * scales) @ rotation.T
-            + 0.5 * rng.standard_normal(n_features)).astype(np.float32)
+    return (
+        (rng.standard_normal((n_rows, n_features)) * scales) @ rotation.T + 0.5 * rng.standard_normal(n_features)
+    ).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,11 @@ def model_path(tmp_path_factory, rows):
 
 
 def reference(model_path, rows, beta, gamma, k, normalize):
-    return Whitener.load(model_path).set_params(beta=beta, gamma=gamma, n_components=k).transform(rows, normalize=normalize)
+    return (
+        Whitener.load(model_path)
+        .set_params(beta=beta, gamma=gamma, n_components=k)
+        .transform(rows, normalize=normalize)
+    )
 
 
 def assert_close(got, want):
@@ -103,8 +113,12 @@ def test_npz_with_numpy_alone_and_the_serving_path(tmp_path, model_path, rows, r
         with np.load(path, allow_pickle=False) as data:  # numpy alone
             A, b = data["A"], data["b"]
             assert A.shape == (D, k) and b.shape == (k,) and data["mean"].shape == (D,)
-            assert (float(data["beta"]), float(data["gamma"]), int(data["n_components"]), bool(data["normalize"])) \
-                == (beta, gamma, k, normalize)
+            assert (float(data["beta"]), float(data["gamma"]), int(data["n_components"]), bool(data["normalize"])) == (
+                beta,
+                gamma,
+                k,
+                normalize,
+            )
             assert str(data["model_checksum"]) == serving.file_checksum(model_path) == summary["model_checksum"]
         y = rows @ A.astype(np.float32) + b.astype(np.float32)
         assert_close(normalized(y) if normalize else y, want)
@@ -132,8 +146,12 @@ def test_safetensors_into_torch_nn_linear(tmp_path, model_path, rows, run_cli):
         with safe_open(str(path), framework="np") as handle:
             meta = handle.metadata()
         assert meta["model_checksum"] == serving.file_checksum(model_path)
-        assert (float(meta["beta"]), float(meta["gamma"]), int(meta["n_components"]), meta["normalize"]) == \
-            (beta, gamma, k, "true" if normalize else "false")
+        assert (float(meta["beta"]), float(meta["gamma"]), int(meta["n_components"]), meta["normalize"]) == (
+            beta,
+            gamma,
+            k,
+            "true" if normalize else "false",
+        )
 
 
 def test_onnx_in_onnxruntime(tmp_path, model_path, rows, run_cli):
@@ -164,7 +182,9 @@ def test_faiss_transform_and_index(tmp_path, model_path, rows, run_cli):
             assert (transform.d_in, transform.d_out) == (D, k)
             assert_close(transform.apply(rows), want)
         path = tmp_path / f"index{i}.faiss"
-        summary = export_ok(run_cli, model_path, "-o", path, "--index", "Flat", *setting_args(beta, gamma, k, normalize))
+        summary = export_ok(
+            run_cli, model_path, "-o", path, "--index", "Flat", *setting_args(beta, gamma, k, normalize)
+        )
         assert summary["metric"] == ("ip" if normalize else "l2") and not summary["needs_training"]
         index = faiss.read_index(str(path))
         assert index.d == D and index.ntotal == 0 and index.is_trained
@@ -182,8 +202,9 @@ def test_faiss_hnsw_index_and_an_index_that_needs_training(tmp_path, model_path,
     index.add(rows)
     _, found = index.search(rows, 1)
     assert (found[:, 0] == np.arange(len(rows))).mean() > 0.99
-    summary = export_ok(run_cli, model_path, "-o", tmp_path / "ivf.faiss", "--index", "IVF4,Flat", "--metric", "ip",
-                        "--normalize")
+    summary = export_ok(
+        run_cli, model_path, "-o", tmp_path / "ivf.faiss", "--index", "IVF4,Flat", "--metric", "ip", "--normalize"
+    )
     assert summary["needs_training"] and summary["metric"] == "ip"
     index = faiss.read_index(str(tmp_path / "ivf.faiss"))
     index.train(rows)  # trains the IVF on whitened vectors; the whitening itself is already trained
@@ -222,10 +243,16 @@ def test_sentence_transformers_append_to_a_local_model(tmp_path, st_model, run_c
     from sentence_transformers import SentenceTransformer
 
     base, texts, vectors, model_file = st_model
-    before = {name: open(os.path.join(base, name), "rb").read() for name in os.listdir(base) if os.path.isfile(os.path.join(base, name))}
+    before = {
+        name: open(os.path.join(base, name), "rb").read()
+        for name in os.listdir(base)
+        if os.path.isfile(os.path.join(base, name))
+    }
     for i, (beta, gamma, k, normalize) in enumerate(SETTINGS):
         path = tmp_path / f"whitened{i}"
-        summary = export_ok(run_cli, model_file, "-o", path, "--append-to", base, *setting_args(beta, gamma, k, normalize))
+        summary = export_ok(
+            run_cli, model_file, "-o", path, "--append-to", base, *setting_args(beta, gamma, k, normalize)
+        )
         assert summary["format"] == "sentence-transformers" and summary["modules"][0] == "1_Dense"
         model = SentenceTransformer(str(path), device="cpu", local_files_only=True)
         assert model.get_embedding_dimension() == k
@@ -245,8 +272,15 @@ def test_sentence_transformers_modules_alone(tmp_path, model_path, rows, run_cli
 
     for beta, gamma, k, normalize in [(1.0, 1.0, SMALL_K, True), (0.5, 0.0, D, False)]:
         path = tmp_path / f"modules-{k}-{normalize}"
-        export_ok(run_cli, model_path, "-o", path, "--format", "sentence-transformers",
-                  *setting_args(beta, gamma, k, normalize))
+        export_ok(
+            run_cli,
+            model_path,
+            "-o",
+            path,
+            "--format",
+            "sentence-transformers",
+            *setting_args(beta, gamma, k, normalize),
+        )
         want = reference(model_path, rows, beta, gamma, k, normalize)
         pipeline = SentenceTransformer(str(path), device="cpu", local_files_only=True)  # Dense (+ Normalize) only
         with torch.no_grad():
@@ -275,8 +309,9 @@ def test_a_corpus_applied_offline_meets_queries_whitened_online(tmp_path, model_
     """`apply` on the corpus and the exported maps on the same rows as queries give the same vectors."""
     ort = need("onnxruntime", "onnx")
     corpus = write_h5(tmp_path / "corpus.h5", rows, chunk_rows=128)
-    code, _, err = run_cli("apply", model_path, corpus, "-o", f"{tmp_path / 'white.h5'}:/vectors", "-k", SMALL_K,
-                           "--normalize", "-q")
+    code, _, err = run_cli(
+        "apply", model_path, corpus, "-o", f"{tmp_path / 'white.h5'}:/vectors", "-k", SMALL_K, "--normalize", "-q"
+    )
     assert code == 0, err
     import h5py
 
@@ -316,11 +351,25 @@ def test_unknown_format_is_refused(tmp_path, model_path, run_cli):
     assert os.listdir(tmp_path) == []
 
 
-@pytest.mark.parametrize("name,extra", [("map.npz", []), ("map.onnx", []), ("map.safetensors", []), ("map.faiss", []),
-                                        ("modules", ["--format", "sentence-transformers"])])
+@pytest.mark.parametrize(
+    "name,extra",
+    [
+        ("map.npz", []),
+        ("map.onnx", []),
+        ("map.safetensors", []),
+        ("map.faiss", []),
+        ("modules", ["--format", "sentence-transformers"]),
+    ],
+)
 def test_existing_output_needs_overwrite(tmp_path, model_path, run_cli, name, extra):
-    need(*{"map.onnx": ("onnx", "onnx"), "map.safetensors": ("safetensors", "torch"), "map.faiss": ("faiss", "faiss"),
-           "modules": ("sentence_transformers", "sentence-transformers")}.get(name, ("numpy", "")))
+    need(
+        *{
+            "map.onnx": ("onnx", "onnx"),
+            "map.safetensors": ("safetensors", "torch"),
+            "map.faiss": ("faiss", "faiss"),
+            "modules": ("sentence_transformers", "sentence-transformers"),
+        }.get(name, ("numpy", ""))
+    )
     target = tmp_path / name
     if name == "modules":
         target.mkdir()
@@ -368,8 +417,11 @@ def test_options_of_other_formats_are_refused(tmp_path, model_path, run_cli):
 
 
 def test_missing_library_names_the_pip_install(tmp_path, model_path, run_cli, monkeypatch):
-    for module, extra, name in [("onnx", "onnx", "m.onnx"), ("faiss", "faiss", "m.faiss"),
-                                ("safetensors.numpy", "torch", "m.safetensors")]:
+    for module, extra, name in [
+        ("onnx", "onnx", "m.onnx"),
+        ("faiss", "faiss", "m.faiss"),
+        ("safetensors.numpy", "torch", "m.safetensors"),
+    ]:
         monkeypatch.setitem(__import__("sys").modules, module, None)  # `import module` now raises ImportError
         code, _, err = run_cli("export", model_path, "-o", tmp_path / name)
         assert code == EXIT_BAD_INPUT

@@ -93,8 +93,12 @@ def _probe_strace():
     if probe.returncode != 0:
         return None, f"strace cannot trace here (ptrace not permitted?): {probe.stderr.strip()[:300]}"
     # Stop only on the traced calls (much faster than stopping on every call); older strace lacks it.
-    fast = subprocess.run([STRACE, "-f", "--seccomp-bpf", "-e", "trace=write", "-o", os.devnull, "true"],
-                          capture_output=True, text=True, timeout=60)
+    fast = subprocess.run(
+        [STRACE, "-f", "--seccomp-bpf", "-e", "trace=write", "-o", os.devnull, "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return (["--seccomp-bpf"] if fast.returncode == 0 else []), None
 
 
@@ -168,12 +172,31 @@ class Scenario:
 
     def args(self, world: World, work: Path) -> list:
         if self.name.startswith("fit"):
-            args = ["fit", world.input, "-o", work / "model.npz", "--chunk-rows", STORE_CHUNK,
-                    "--checkpoint-every", 1, "-q"]
+            args = [
+                "fit",
+                world.input,
+                "-o",
+                work / "model.npz",
+                "--chunk-rows",
+                STORE_CHUNK,
+                "--checkpoint-every",
+                1,
+                "-q",
+            ]
         elif self.name.startswith("apply"):
             target = f"{work / 'out.h5'}:/y" if "h5" in self.name else str(work / "out.zarr")
-            args = ["apply", world.model, world.input, "-o", target, "--chunk-rows", APPLY_BLOCK,
-                    "--checkpoint-seconds", 0, "-q"]
+            args = [
+                "apply",
+                world.model,
+                world.input,
+                "-o",
+                target,
+                "--chunk-rows",
+                APPLY_BLOCK,
+                "--checkpoint-seconds",
+                0,
+                "-q",
+            ]
         else:
             args = ["run", work / "job.toml", "-q"]
         if self.name.endswith("-overwrite"):
@@ -290,7 +313,7 @@ class Where:
             return "{stderr}"
         if not under(path, self.work) or re.search(r"[0-9a-f]{32}", path):
             return None
-        return re.sub(rf"(?<!\d){self.pid}(?!\d)", "{pid}", "{work}" + path[len(self.work):])
+        return re.sub(rf"(?<!\d){self.pid}(?!\d)", "{pid}", "{work}" + path[len(self.work) :])
 
     def shell_word(self, template: str) -> str:
         """``template`` for ``sh -c``: quoted, with ``$$`` (the shell's PID, which the command keeps) for ``{pid}``."""
@@ -384,8 +407,22 @@ def run_traced(args, cwd, where: Where, trace: Path, syscalls, inject: str | Non
     hold the PID can be given to ``-P`` as ``...$$``. Returns a CompletedProcess (stdout, stderr read
     back) and the shell command line.
     """
-    words = [STRACE, "-D", "-f", "-qq", *STRACE_OPTIONS, "-y", "-s", "0", "-e", "signal=none", "-o", str(trace),
-             "-e", "trace=" + ",".join(syscalls)]
+    words = [
+        STRACE,
+        "-D",
+        "-f",
+        "-qq",
+        *STRACE_OPTIONS,
+        "-y",
+        "-s",
+        "0",
+        "-e",
+        "signal=none",
+        "-o",
+        str(trace),
+        "-e",
+        "trace=" + ",".join(syscalls),
+    ]
     if inject is not None:
         words += ["-e", f"inject={inject}"]
     script = "exec " + " ".join(map(shlex.quote, words))
@@ -394,13 +431,15 @@ def run_traced(args, cwd, where: Where, trace: Path, syscalls, inject: str | Non
     script += " -- " + " ".join(map(shlex.quote, [*CLI, *map(str, args)]))
     with open(where.stdout, "w") as out, open(where.stderr, "w") as err:
         try:
-            code = subprocess.run(["sh", "-c", script], stdout=out, stderr=err, env=cli_env(), cwd=cwd,
-                                  timeout=TIMEOUT).returncode
+            code = subprocess.run(
+                ["sh", "-c", script], stdout=out, stderr=err, env=cli_env(), cwd=cwd, timeout=TIMEOUT
+            ).returncode
         except subprocess.TimeoutExpired:
             code = HUNG
     _wait_for_tracer(trace)
-    result = subprocess.CompletedProcess(script, code, Path(where.stdout).read_text(errors="replace"),
-                                         Path(where.stderr).read_text(errors="replace"))
+    result = subprocess.CompletedProcess(
+        script, code, Path(where.stdout).read_text(errors="replace"), Path(where.stderr).read_text(errors="replace")
+    )
     return result, script
 
 
@@ -442,8 +481,11 @@ def read_output(path: Path, kind: str) -> dict:
             return {"values": (str(values.dtype), values.shape, values.tobytes()), "attrs": attrs}
         array = zarr.open_array(store=str(path), mode="r")
         values = array[...]
-        return {"values": (str(values.dtype), values.shape, values.tobytes()), "attrs": dict(array.attrs),
-                "files": sorted(file_tree(path))}
+        return {
+            "values": (str(values.dtype), values.shape, values.tobytes()),
+            "attrs": dict(array.attrs),
+            "files": sorted(file_tree(path)),
+        }
     except Exception as exc:  # noqa: BLE001 -- anything unreadable is simply not a complete output
         return {"unreadable": f"{exc.__class__.__name__}: {exc}"[:200]}
 
@@ -490,10 +532,16 @@ def differences(found: dict, expected: dict, exact_files: bool) -> list:
     if found["attrs"].get("complete") is not True:
         problems.append(f"attribute complete = {found['attrs'].get('complete')!r}")
     if found["values"] != expected["values"]:
-        problems.append("values differ from the clean run's" if found["values"][:2] == expected["values"][:2]
-                        else f"shape/dtype {found['values'][:2]} instead of {expected['values'][:2]}")
-    changed = sorted(key for key in set(found["attrs"]) | set(expected["attrs"])
-                     if found["attrs"].get(key) != expected["attrs"].get(key) and key != "complete")
+        problems.append(
+            "values differ from the clean run's"
+            if found["values"][:2] == expected["values"][:2]
+            else f"shape/dtype {found['values'][:2]} instead of {expected['values'][:2]}"
+        )
+    changed = sorted(
+        key
+        for key in set(found["attrs"]) | set(expected["attrs"])
+        if found["attrs"].get(key) != expected["attrs"].get(key) and key != "complete"
+    )
     if changed:
         problems.append(f"attributes differ: {', '.join(changed)}")
     if exact_files and "files" in expected and found["files"] != expected["files"]:
@@ -511,8 +559,16 @@ def listing(work: Path) -> list:
 
 
 LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\S+ streamwhiten: ")
-CRASH_MARKERS = ("Traceback (most recent call last)", "internal error", "Exception ignored", "--- Logging error ---",
-                 "Fatal Python error", "Segmentation fault", "core dumped", "KeyboardInterrupt")
+CRASH_MARKERS = (
+    "Traceback (most recent call last)",
+    "internal error",
+    "Exception ignored",
+    "--- Logging error ---",
+    "Fatal Python error",
+    "Segmentation fault",
+    "core dumped",
+    "KeyboardInterrupt",
+)
 WARNING = re.compile(r"\b\w+Warning: ")
 
 
@@ -531,8 +587,10 @@ def stderr_problems(stderr: str, code: int, is_run: bool) -> list:
         if message:
             problems.append(f"[stderr-lines] exit 0 but stderr has {len(message)} other line(s): {message[:3]!r}")
     elif len(message) != 1 or not message[0].startswith("streamwhiten:"):
-        problems.append(f"[stderr-lines] expected exactly one line starting with 'streamwhiten:', got "
-                        f"{len(message)}: {message[:4]!r}")
+        problems.append(
+            f"[stderr-lines] expected exactly one line starting with 'streamwhiten:', got "
+            f"{len(message)}: {message[:4]!r}"
+        )
     return problems
 
 
@@ -563,9 +621,12 @@ class World:
         old_model = self.shared / "old-model.npz"
         self.old = {"model.npz": old_model, "out.h5": self.shared / "old.h5", "out.zarr": self.shared / "old.zarr"}
         # One after the other: the first fit and the first apply fill the numba cache.
-        for args in (["fit", self.input, "-o", self.model, "-q"], ["fit", self.input, "-o", old_model, "-k", 4, "-q"],
-                     ["apply", old_model, self.input, "-o", f"{self.old['out.h5']}:/y", "-q"],
-                     ["apply", old_model, self.input, "-o", self.old["out.zarr"], "-q"]):
+        for args in (
+            ["fit", self.input, "-o", self.model, "-q"],
+            ["fit", self.input, "-o", old_model, "-k", 4, "-q"],
+            ["apply", old_model, self.input, "-o", f"{self.old['out.h5']}:/y", "-q"],
+            ["apply", old_model, self.input, "-o", self.old["out.zarr"], "-q"],
+        ):
             self.check(run_cli(args, self.shared))
         self._locks = {name: threading.Lock() for name in SCENARIOS}
         self._info: dict = {}
@@ -590,7 +651,9 @@ class World:
         reference_dir = self.base / "reference" / scenario.name
         scenario.prepare(self, reference_dir)
         clean = run_cli(scenario.args(self, reference_dir), self.shared)
-        assert clean.returncode == 0, f"the clean run of {scenario.name} failed (exit {clean.returncode}):\n{clean.stderr}"
+        assert clean.returncode == 0, (
+            f"the clean run of {scenario.name} failed (exit {clean.returncode}):\n{clean.stderr}"
+        )
         reference = {name: read_output(reference_dir / name, kind) for name, kind in scenario.finals.items()}
         for name, found in reference.items():
             assert "unreadable" not in found, f"clean run of {scenario.name}: {name} {found['unreadable']}"
@@ -602,13 +665,19 @@ class World:
         counted, _ = run_traced(scenario.args(self, count_dir), self.shared, where, trace, syscalls)
         assert counted.returncode == 0, f"the traced clean run of {scenario.name} failed:\n{counted.stderr}"
         for name, kind in scenario.finals.items():  # strace itself changes nothing
-            assert not differences(read_output(count_dir / name, kind), reference[name], True), \
+            assert not differences(read_output(count_dir / name, kind), reference[name], True), (
                 f"{scenario.name}: the traced clean run wrote another {name} than the clean run (not deterministic?)"
+            )
         calls = parse_trace(trace)
         where = Where(where.work, where.stdout, where.stderr, pid=calls[0].pid)  # strace -D: the shell's PID
         points = {family: injection_points(calls, family, where) for family in FAMILIES}
-        return ScenarioInfo(reference, {name: raw_contents(reference_dir / name) for name in scenario.finals},
-                            listing(reference_dir), points, where)
+        return ScenarioInfo(
+            reference,
+            {name: raw_contents(reference_dir / name) for name in scenario.finals},
+            listing(reference_dir),
+            points,
+            where,
+        )
 
 
 def run_cli(args, cwd, timeout=TIMEOUT):
@@ -635,11 +704,13 @@ class Case:
         return f"{self.scenario}-{LABELS[self.family]}-{self.errno}-p{self.slot + 1}"
 
 
-CASES = [Case(scenario, family, errno, slot, slots)
-         for scenario, families in PLAN.items()
-         for family, slots in families.items()
-         for slot in range(slots)
-         for errno in ERRNOS]
+CASES = [
+    Case(scenario, family, errno, slot, slots)
+    for scenario, families in PLAN.items()
+    for family, slots in families.items()
+    for slot in range(slots)
+    for errno in ERRNOS
+]
 
 
 @dataclass
@@ -650,8 +721,14 @@ class Outcome:
     context: list = field(default_factory=list)
 
     def report(self) -> str:
-        return "\n".join([f"{self.case.id}: the contract of issue #14 is broken", *self.context, "violations:",
-                          *(f"  - {v}" for v in self.violations)])
+        return "\n".join(
+            [
+                f"{self.case.id}: the contract of issue #14 is broken",
+                *self.context,
+                "violations:",
+                *(f"  - {v}" for v in self.violations),
+            ]
+        )
 
 
 def run_case(world: World, case: Case) -> Outcome:
@@ -661,8 +738,10 @@ def run_case(world: World, case: Case) -> Outcome:
     points = info.points[case.family]
     picks = pick(points, case.slots)
     if case.slot >= len(picks):
-        outcome.skip = (f"{case.scenario} makes only {len(points)} {LABELS[case.family]} call(s) that can be aimed "
-                        f"at (the plan asks for {case.slots})")
+        outcome.skip = (
+            f"{case.scenario} makes only {len(points)} {LABELS[case.family]} call(s) that can be aimed "
+            f"at (the plan asks for {case.slots})"
+        )
         return outcome
     point = points[picks[case.slot]]
     work = world.base / "cases" / case.id
@@ -674,8 +753,15 @@ def run_case(world: World, case: Case) -> Outcome:
         shutil.rmtree(work, ignore_errors=True)
         scenario.prepare(world, work)
         previous = raw_contents(work / scenario.preexisting) if scenario.preexisting else None
-        faulted, script = run_traced(args, world.shared, where, trace, [point.syscall],
-                                     f"{point.syscall}:error={case.errno}:when={point.when}", point.path)
+        faulted, script = run_traced(
+            args,
+            world.shared,
+            where,
+            trace,
+            [point.syscall],
+            f"{point.syscall}:error={case.errno}:when={point.when}",
+            point.path,
+        )
         code, stderr = faulted.returncode, faulted.stderr
         injected = [call for call in parse_trace(trace) if call.injected]
         if not injected or kind_of(injected[0], where) == point.kind:
@@ -683,15 +769,18 @@ def run_case(world: World, case: Case) -> Outcome:
     outcome.context += [
         f"WORK = {wk}",
         f"aimed at: {point.describe(info.where)}",
-        "injected: " + ("; ".join(where.short(c.short()) for c in injected) if injected
-                        else "nothing (the call did not happen)"),
+        "injected: "
+        + ("; ".join(where.short(c.short()) for c in injected) if injected else "nothing (the call did not happen)"),
         f"exit code {code}; stderr: {stderr.strip()[-600:]!r}",
-        "reproduce: PYTHONPATH=. sh -c " + shlex.quote(where.short(script.replace(str(trace), "/dev/null")))
+        "reproduce: PYTHONPATH=. sh -c "
+        + shlex.quote(where.short(script.replace(str(trace), "/dev/null")))
         + " >STDOUT 2>STDERR  (STDOUT, STDERR: absolute paths of two files)",
     ]
     if injected and kind_of(injected[0], where) != point.kind:
-        outcome.skip = (f"in 3 tries the injection hit another call than the counting run predicted (the run is "
-                        f"not deterministic here): aimed at {point.kind!r}, hit {kind_of(injected[0], where)!r}")
+        outcome.skip = (
+            f"in 3 tries the injection hit another call than the counting run predicted (the run is "
+            f"not deterministic here): aimed at {point.kind!r}, hit {kind_of(injected[0], where)!r}"
+        )
         return outcome
     v = outcome.violations
 
@@ -704,8 +793,10 @@ def run_case(world: World, case: Case) -> Outcome:
     if code == 0:
         swallowed = [c for c in injected if c.name in FAMILIES["fsync"] and any(under(p, wk) for p in c.paths())]
         if swallowed:
-            v.append(f"[fsync-ignored] exit 0 although {where.short(swallowed[0].short())} failed: what it should have made "
-                     f"durable may not be on disk")
+            v.append(
+                f"[fsync-ignored] exit 0 although {where.short(swallowed[0].short())} failed: what it should have made "
+                f"durable may not be on disk"
+            )
 
     # 2. stderr
     v.extend(stderr_problems(stderr, code, scenario.is_run))
@@ -726,16 +817,20 @@ def run_case(world: World, case: Case) -> Outcome:
             if code == 0:
                 v.append(f"[output-stale] exit 0 but {name} still holds the previous output")
             continue
-        v.append(f"[output-bad] {name} exists after the faulted run (exit {code}) but is not the complete, "
-                 f"correct output: {'; '.join(problems)}")
+        v.append(
+            f"[output-bad] {name} exists after the faulted run (exit {code}) but is not the complete, "
+            f"correct output: {'; '.join(problems)}"
+        )
 
     # 4. a plain rerun finishes the job exactly as a clean run, leaving nothing behind
     if code != 0 or scenario.is_run:
         rerun = run_cli(args, world.shared)
         outcome.context.append(f"rerun: exit {rerun.returncode}; stderr: {rerun.stderr.strip()[-300:]!r}")
         if rerun.returncode not in scenario.rerun_codes:
-            v.append(f"[rerun-exit] the plain rerun exited {rerun.returncode} (expected "
-                     f"{' or '.join(map(str, scenario.rerun_codes))}): {rerun.stderr.strip()[-300:]!r}")
+            v.append(
+                f"[rerun-exit] the plain rerun exited {rerun.returncode} (expected "
+                f"{' or '.join(map(str, scenario.rerun_codes))}): {rerun.stderr.strip()[-300:]!r}"
+            )
         for marker in CRASH_MARKERS:
             if marker in rerun.stderr:
                 v.append(f"[rerun-crash] the rerun's stderr contains {marker!r}")
@@ -746,8 +841,12 @@ def run_case(world: World, case: Case) -> Outcome:
                 v.append(f"[rerun-output] {name} is missing after the rerun")
             continue
         problems = differences(read_output(path, kind), info.reference[name], exact_files=True)
-        if kind == "h5" and not problems and (code != 0 or scenario.is_run) \
-                and raw_contents(path) != info.reference_bytes[name]:
+        if (
+            kind == "h5"
+            and not problems
+            and (code != 0 or scenario.is_run)
+            and raw_contents(path) != info.reference_bytes[name]
+        ):
             problems = ["the HDF5 file's bytes differ from the clean run's"]
         if problems and (code != 0 or scenario.is_run):
             v.append(f"[rerun-output] {name} after the rerun differs from a clean run's: {'; '.join(problems)}")
@@ -758,8 +857,10 @@ def run_case(world: World, case: Case) -> Outcome:
         extra = sorted(set(left) - set(info.reference_listing))
         missing = sorted(set(info.reference_listing) - set(left))
         when = "after the rerun" if code != 0 or scenario.is_run else "after the run (exit 0)"
-        v.append(f"[leftover] {when} the directory holds {left}; a clean run leaves {info.reference_listing} "
-                 f"(extra: {extra}, missing: {missing})")
+        v.append(
+            f"[leftover] {when} the directory holds {left}; a clean run leaves {info.reference_listing} "
+            f"(extra: {extra}, missing: {missing})"
+        )
     return outcome
 
 
@@ -771,8 +872,11 @@ def fault_outcomes(request, tmp_path_factory, numba_cache):
     """Start every selected case at once on a pool of worker threads; each test waits for its own."""
     world = World(tmp_path_factory.mktemp("faults").resolve())  # strace -P and -y see resolved paths
     (world.base / "cases").mkdir()
-    selected = [item.callspec.params["case"] for item in request.session.items
-                if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params]
+    selected = [
+        item.callspec.params["case"]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params
+    ]
     pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="fault")
     for name in dict.fromkeys(case.scenario for case in selected):  # clean and counting runs first
         pool.submit(_prepare_quietly, world, name)
@@ -818,7 +922,17 @@ def big_fit(tmp_path_factory, numba_cache):
     del rows
 
     def args(work):
-        return ["fit", spec, "-o", str(work / "model.npz"), "--chunk-rows", str(BIG_BLOCK), "--checkpoint-every", "1", "-q"]
+        return [
+            "fit",
+            spec,
+            "-o",
+            str(work / "model.npz"),
+            "--chunk-rows",
+            str(BIG_BLOCK),
+            "--checkpoint-every",
+            "1",
+            "-q",
+        ]
 
     reference = base / "reference"
     reference.mkdir()
@@ -828,8 +942,11 @@ def big_fit(tmp_path_factory, numba_cache):
 
 
 def _temp_model(work: Path):
-    return [name for name in os.listdir(work)
-            if name.startswith(".") and "model.npz" in name and "tmp" in name and "checkpoint" not in name]
+    return [
+        name
+        for name in os.listdir(work)
+        if name.startswith(".") and "model.npz" in name and "tmp" in name and "checkpoint" not in name
+    ]
 
 
 def _checkpoint_versions(work: Path, seen: set) -> int:
@@ -882,8 +999,10 @@ def _signal_at(process, phase: str, work: Path, started: float):
                 process.send_signal(signal.SIGTERM)
             except ProcessLookupError:
                 return None
-            return (f"SIGTERM {time.monotonic() - started:.3f} s after start ({phase}; {handler}; "
-                    f"{len(seen)} checkpoint(s) seen)")
+            return (
+                f"SIGTERM {time.monotonic() - started:.3f} s after start ({phase}; {handler}; "
+                f"{len(seen)} checkpoint(s) seen)"
+            )
         time.sleep(0.001)
     process.kill()
     raise AssertionError(f"the fit never reached phase {phase!r}")
@@ -894,8 +1013,9 @@ def test_sigterm(big_fit, phase):
     base, args, reference = big_fit
     work = base / phase
     work.mkdir()
-    process = subprocess.Popen([*CLI, *args(work)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=cli_env(), cwd=base)
+    process = subprocess.Popen(
+        [*CLI, *args(work)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=base
+    )
     started = time.monotonic()
     try:
         when = _signal_at(process, phase, work, started)
@@ -919,8 +1039,10 @@ def test_sigterm(big_fit, phase):
     if os.path.lexists(model):
         problems = differences(read_output(model, "model"), reference, exact_files=True)
         if problems:
-            v.append(f"[sigterm-output] model.npz exists after the interrupted run but is not complete and correct: "
-                     f"{'; '.join(problems)}")
+            v.append(
+                f"[sigterm-output] model.npz exists after the interrupted run but is not complete and correct: "
+                f"{'; '.join(problems)}"
+            )
     rerun = run_cli(args(work), base)
     if rerun.returncode not in (0, 3):  # 3: nothing left to do
         v.append(f"[sigterm-rerun] the plain rerun exited {rerun.returncode}: {rerun.stderr.strip()[-300:]!r}")
@@ -932,6 +1054,11 @@ def test_sigterm(big_fit, phase):
             v.append(f"[sigterm-rerun] the rerun's model is not the uninterrupted fit's: {'; '.join(problems)}")
     if listing(work) != ["model.npz"]:
         v.append(f"[sigterm-leftover] after the rerun the directory holds {listing(work)}, expected ['model.npz']")
-    assert not v, "\n".join([f"SIGTERM during {phase}: {when}; exit {process.returncode}; stderr {err!r}",
-                             f"rerun: exit {rerun.returncode}; stderr {rerun.stderr.strip()[-300:]!r}",
-                             "violations:", *(f"  - {item}" for item in v)])
+    assert not v, "\n".join(
+        [
+            f"SIGTERM during {phase}: {when}; exit {process.returncode}; stderr {err!r}",
+            f"rerun: exit {rerun.returncode}; stderr {rerun.stderr.strip()[-300:]!r}",
+            "violations:",
+            *(f"  - {item}" for item in v),
+        ]
+    )

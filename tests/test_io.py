@@ -124,8 +124,13 @@ def test_compressed_zarr_falls_back_to_zarr_decoding(tmp_path):
     from zarr.codecs import BloscCodec
 
     rows = anisotropic(500, 4).astype(np.float32)
-    array = zarr.create_array(store=str(tmp_path / "c.zarr"), shape=rows.shape, chunks=(64, 4), dtype="f4",
-                              compressors=[BloscCodec(cname="zstd")])
+    array = zarr.create_array(
+        store=str(tmp_path / "c.zarr"),
+        shape=rows.shape,
+        chunks=(64, 4),
+        dtype="f4",
+        compressors=[BloscCodec(cname="zstd")],
+    )
     array[...] = rows
     with open_source(str(tmp_path / "c.zarr")) as source:
         assert source.raw_root is None
@@ -137,8 +142,8 @@ def test_raw_zarr_sink_writes_what_zarr_reads(tmp_path, zarr_format):
     rows = anisotropic(1000, 5).astype(np.float32)
     target = str(tmp_path / "o.zarr")
     sink = create_sink(target, 1000, 5, "float32", zarr_format=zarr_format, chunk_rows=96)
-    sink.write(0, rows[:192])        # whole chunks: raw files
-    sink.write(192, rows[192:250])   # a partial chunk: through zarr
+    sink.write(0, rows[:192])  # whole chunks: raw files
+    sink.write(192, rows[192:250])  # a partial chunk: through zarr
     sink.write(250, rows[250:1000])  # starts mid-chunk, ends with the padded edge chunk
     sink.commit()
     np.testing.assert_array_equal(zarr.open_array(target, mode="r")[:], rows)

@@ -11,7 +11,9 @@ import warnings
 import numpy as np
 import pytest
 
-pa = pytest.importorskip("pyarrow", reason="Lance support needs pyarrow and pylance (pip install 'streamwhiten[lance]')")
+pa = pytest.importorskip(
+    "pyarrow", reason="Lance support needs pyarrow and pylance (pip install 'streamwhiten[lance]')"
+)
 lance = pytest.importorskip("lance", reason="Lance support needs pylance (pip install 'streamwhiten[lance]')")
 pq = pytest.importorskip("pyarrow.parquet")
 
@@ -101,8 +103,9 @@ def test_apply_to_lance_output_keeps_ids_and_resumes_after_kill(tmp_path, rows, 
     assert table.column_names == ["id", "embedding"]
     np.testing.assert_array_equal(table.column("id").to_numpy(), np.arange(30_000))
     expected = model.transform(data)
-    np.testing.assert_allclose(np.stack(table.column("embedding").to_numpy(zero_copy_only=False)), expected,
-                               rtol=1e-5, atol=1e-5)  # blocks of 300 rows: BLAS may round otherwise
+    np.testing.assert_allclose(
+        np.stack(table.column("embedding").to_numpy(zero_copy_only=False)), expected, rtol=1e-5, atol=1e-5
+    )  # blocks of 300 rows: BLAS may round otherwise
     with open_source(str(out)) as written:  # read back by the column it records, with the model's attributes
         assert written.dataset == "embedding" and written.attrs()["kept_columns"] == ["id"]
     assert run_cli("apply", model_path, spec, "-o", out, *args)[0] == EXIT_NOTHING_TO_DO
@@ -137,7 +140,9 @@ def test_update_after_append_reads_only_new_fragments_and_refuses_changed_ones(t
     assert run_cli("fit", spec, "-o", full, "--precision", "float64", "-q")[0] == 0
     updated, refit = load_model(str(model)), load_model(str(full))
     assert updated.n_rows == refit.n_rows == 6000
-    assert rel(updated.state.scatter, refit.state.scatter) <= 1e-12 and rel(updated.state.mean, refit.state.mean) <= 1e-12
+    assert (
+        rel(updated.state.scatter, refit.state.scatter) <= 1e-12 and rel(updated.state.mean, refit.state.mean) <= 1e-12
+    )
     assert run_cli("fit", spec, "--update", model)[0] == EXIT_NOTHING_TO_DO
     # an old fragment changes (a row deleted, then one appended so the count still grows): refused
     lance.dataset(str(path)).delete("id = 10")
@@ -180,8 +185,14 @@ def test_bad_vectors_are_one_line_exit_2_naming_fragment_and_row(tmp_path, rows)
     model = tmp_path / "m.npz"
     cases = {
         "null.lance": (lists[:2100] + [None] + lists[2101:], "fragment 2, row 2,100: null vector"),
-        "ragged.lance": (lists[:1500] + [lists[1500][:3]] + lists[1501:], "fragment 1, row 1,500: has 3 values, not 20"),
-        "nullvalue.lance": (lists[:10] + [[None] * 20] + lists[11:], "fragment 0, row 10: value 0 of the vector is null"),
+        "ragged.lance": (
+            lists[:1500] + [lists[1500][:3]] + lists[1501:],
+            "fragment 1, row 1,500: has 3 values, not 20",
+        ),
+        "nullvalue.lance": (
+            lists[:10] + [[None] * 20] + lists[11:],
+            "fragment 0, row 10: value 0 of the vector is null",
+        ),
     }
     for name, (values, message) in cases.items():
         done = run_subprocess("fit", dataset(name, values), "-o", model)
@@ -200,7 +211,7 @@ def test_missing_pylance_is_one_line_naming_the_extra(tmp_path, rows):
 import sys
 sys.modules.update(lance=None)
 from streamwhiten.cli import main
-sys.exit(main(['fit', {spec!r}, '-o', {str(tmp_path / 'm.npz')!r}]))
+sys.exit(main(['fit', {spec!r}, '-o', {str(tmp_path / "m.npz")!r}]))
 """
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == EXIT_BAD_INPUT

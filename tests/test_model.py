@@ -113,11 +113,18 @@ def test_with_params_equals_fresh_finalize():
         np.testing.assert_allclose(base.with_params(**change).transform(rows), fresh.transform(rows), atol=1e-12)
 
 
-@pytest.mark.parametrize("params, message", [
-    (dict(beta=1.5), "beta must be"), (dict(gamma=-0.1), "gamma must be"), (dict(n_components=0), "k"),
-    (dict(n_components=7), "exceeds the data width"), (dict(eps=0.0), "eps must be"),
-    (dict(variance=1.2), "variance"), (dict(n_components=2, variance=0.5), "not both"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        (dict(beta=1.5), "beta must be"),
+        (dict(gamma=-0.1), "gamma must be"),
+        (dict(n_components=0), "k"),
+        (dict(n_components=7), "exceeds the data width"),
+        (dict(eps=0.0), "eps must be"),
+        (dict(variance=1.2), "variance"),
+        (dict(n_components=2, variance=0.5), "not both"),
+    ],
+)
 def test_bad_parameters(params, message):
     with pytest.raises(BadInputError, match=message):
         finalize(state_of(anisotropic(50, 6)), **params)
@@ -236,7 +243,17 @@ def test_model_file_round_trip(tmp_path):
     np.testing.assert_array_equal(loaded.transform(rows), model.transform(rows))
     # readable with numpy alone, no pickle
     with np.load(path, allow_pickle=False) as data:
-        assert {"mean", "scatter", "eigvals", "eigvecs", "beta", "gamma", "eps", "n_components", "format_version"} <= set(data.files)
+        assert {
+            "mean",
+            "scatter",
+            "eigvals",
+            "eigvecs",
+            "beta",
+            "gamma",
+            "eps",
+            "n_components",
+            "format_version",
+        } <= set(data.files)
 
 
 def _rewrite(path, **changes):

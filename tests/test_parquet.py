@@ -35,13 +35,26 @@ def vectors(rows: np.ndarray, kind: str = "fixed"):
     return (pa.ListArray if kind == "list" else pa.LargeListArray).from_arrays(pa.array(offsets), flat)
 
 
-def write_parquet(path, rows, kind="fixed", row_group_size=None, column="embedding", first_id=0,
-                  compression="snappy", groups=None, **options) -> str:
+def write_parquet(
+    path,
+    rows,
+    kind="fixed",
+    row_group_size=None,
+    column="embedding",
+    first_id=0,
+    compression="snappy",
+    groups=None,
+    **options,
+) -> str:
     """A Parquet file with ``id``, ``url`` and the vectors; ``groups`` gives uneven row-group sizes."""
     n = rows.shape[0]
-    table = pa.table({"id": np.arange(first_id, first_id + n, dtype=np.int64),
-                      "url": [f"https://example.org/{i}" for i in range(first_id, first_id + n)],
-                      column: vectors(rows, kind)})
+    table = pa.table(
+        {
+            "id": np.arange(first_id, first_id + n, dtype=np.int64),
+            "url": [f"https://example.org/{i}" for i in range(first_id, first_id + n)],
+            column: vectors(rows, kind),
+        }
+    )
     if groups is None:
         pq.write_table(table, str(path), row_group_size=row_group_size, compression=compression, **options)
     else:
@@ -76,8 +89,13 @@ def shards(tmp_path, rows):
     data = tmp_path / "data"
     data.mkdir()
     for i, kind in enumerate(("fixed", "list", "large_list")):
-        write_parquet(data / f"train-{i:05d}-of-00003.parquet", rows[i * 3000 : (i + 1) * 3000], kind,
-                      row_group_size=700, first_id=i * 3000)
+        write_parquet(
+            data / f"train-{i:05d}-of-00003.parquet",
+            rows[i * 3000 : (i + 1) * 3000],
+            kind,
+            row_group_size=700,
+            first_id=i * 3000,
+        )
     (data / "README.md").write_text("not a shard")
     return data
 
@@ -161,8 +179,9 @@ def test_fit_equals_two_pass_statistics(shards, rows, precision, bound):
 def test_fit_of_float64_and_snappy_and_uncompressed_files(tmp_path, rows):
     data = rows.astype(np.float64) * 10 + 3
     for i, compression in enumerate(("snappy", "none", "zstd")):
-        write_parquet(tmp_path / f"s{i}.parquet", data[i * 3000 : (i + 1) * 3000], "list", 1000,
-                      compression=compression)
+        write_parquet(
+            tmp_path / f"s{i}.parquet", data[i * 3000 : (i + 1) * 3000], "list", 1000, compression=compression
+        )
     mean, cov = two_pass(data)
     w = Whitener().fit(sorted(str(p) for p in tmp_path.glob("*.parquet")))
     assert rel(w.mean_, mean) <= 1e-12 and rel(w.covariance_, cov) <= 1e-12
@@ -175,8 +194,18 @@ def test_cli_fit_apply_keep_columns_and_up_to_date(shards, rows, tmp_path, run_c
     assert model.n_rows == 9000
     source = shards / "train-00001-of-00003.parquet"
     out = tmp_path / "out.parquet"
-    code, stdout, err = run_cli("apply", model_path, f"{source}:embedding", "-o", out, "--keep-columns", "id,url",
-                                "--chunk-rows", 1000, "--json")
+    code, stdout, err = run_cli(
+        "apply",
+        model_path,
+        f"{source}:embedding",
+        "-o",
+        out,
+        "--keep-columns",
+        "id,url",
+        "--chunk-rows",
+        1000,
+        "--json",
+    )
     assert code == 0, err
     table = pq.read_table(out)
     assert table.column_names == ["id", "url", "embedding"]
@@ -190,13 +219,18 @@ def test_cli_fit_apply_keep_columns_and_up_to_date(shards, rows, tmp_path, run_c
     assert attrs["complete"] is True and attrs["kept_columns"] == ["id", "url"] and attrs["n_components"] == 8
     assert len(attrs["model_checksum"]) == 64 and json.loads(stdout)["output"] == f"{out}:embedding"
     before = out.read_bytes()
-    code, _, err = run_cli("apply", model_path, f"{source}:embedding", "-o", out, "--keep-columns", "id,url",
-                           "--chunk-rows", 1000)
+    code, _, err = run_cli(
+        "apply", model_path, f"{source}:embedding", "-o", out, "--keep-columns", "id,url", "--chunk-rows", 1000
+    )
     assert code == EXIT_NOTHING_TO_DO and "up to date" in err
     # another run writes the same bytes (no timestamps in the file)
     again = tmp_path / "again.parquet"
-    assert run_cli("apply", model_path, f"{source}:embedding", "-o", again, "--keep-columns", "id,url",
-                   "--chunk-rows", 1000)[0] == 0
+    assert (
+        run_cli(
+            "apply", model_path, f"{source}:embedding", "-o", again, "--keep-columns", "id,url", "--chunk-rows", 1000
+        )[0]
+        == 0
+    )
     assert again.read_bytes() == before
     # float16 output, normalised, no kept columns, the input's row groups as blocks
     half = tmp_path / "half.parquet:vec"
@@ -206,8 +240,9 @@ def test_cli_fit_apply_keep_columns_and_up_to_date(shards, rows, tmp_path, run_c
     assert pq.ParquetFile(tmp_path / "half.parquet").metadata.num_row_groups == 1
     with open_source(str(tmp_path / "half.parquet")) as written:  # found by the column it records
         assert written.dtype == np.float16
-        np.testing.assert_allclose(written.read(0, 3000), model.transform(rows[3000:6000], normalize=True),
-                                   rtol=2e-3, atol=2e-3)
+        np.testing.assert_allclose(
+            written.read(0, 3000), model.transform(rows[3000:6000], normalize=True), rtol=2e-3, atol=2e-3
+        )
 
 
 def test_keep_columns_errors(shards, rows, tmp_path, run_cli):
@@ -254,16 +289,20 @@ def test_update_picks_up_new_files_and_refuses_rewritten_ones(shards, rows, tmp_
 
 def test_run_job_over_a_shard_directory(shards, rows, tmp_path):
     job = tmp_path / "job.toml"
-    job.write_text(f'[input]\npaths = ["{shards}"]\n[model]\npath = "model.npz"\nn_components = 6\n'
-                   '[apply]\noutput = "out/{stem}.parquet"\nkeep_columns = ["id"]\n')
+    job.write_text(
+        f'[input]\npaths = ["{shards}"]\n[model]\npath = "model.npz"\nn_components = 6\n'
+        '[apply]\noutput = "out/{stem}.parquet"\nkeep_columns = ["id"]\n'
+    )
     done = run_subprocess("run", job, "-q")
     assert done.returncode == 0, done.stderr
     model = load_model(str(tmp_path / "model.npz"))
     for i in range(3):
         table = pq.read_table(tmp_path / "out" / f"train-{i:05d}-of-00003.parquet")
         np.testing.assert_array_equal(table.column("id").to_numpy(), np.arange(i * 3000, (i + 1) * 3000))
-        np.testing.assert_array_equal(np.stack(table.column("embedding").to_numpy(zero_copy_only=False)),
-                                      model.transform(rows[i * 3000 : (i + 1) * 3000]))
+        np.testing.assert_array_equal(
+            np.stack(table.column("embedding").to_numpy(zero_copy_only=False)),
+            model.transform(rows[i * 3000 : (i + 1) * 3000]),
+        )
     assert run_subprocess("run", job, "-q").returncode == EXIT_NOTHING_TO_DO
 
 
@@ -276,10 +315,26 @@ def test_eval_pairs_and_gold_scores_from_parquet(tmp_path, rows):
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
     np.save(tmp_path / "s.npy", scores)
-    from_parquet = run_subprocess("eval", "--pairs-a", tmp_path / "a.parquet", "--pairs-b", tmp_path / "b.parquet",
-                                  "--scores", tmp_path / "s.parquet", "--json")
-    from_npy = run_subprocess("eval", "--pairs-a", tmp_path / "a.npy", "--pairs-b", tmp_path / "b.npy",
-                              "--scores", tmp_path / "s.npy", "--json")
+    from_parquet = run_subprocess(
+        "eval",
+        "--pairs-a",
+        tmp_path / "a.parquet",
+        "--pairs-b",
+        tmp_path / "b.parquet",
+        "--scores",
+        tmp_path / "s.parquet",
+        "--json",
+    )
+    from_npy = run_subprocess(
+        "eval",
+        "--pairs-a",
+        tmp_path / "a.npy",
+        "--pairs-b",
+        tmp_path / "b.npy",
+        "--scores",
+        tmp_path / "s.npy",
+        "--json",
+    )
     assert from_parquet.returncode == 0, from_parquet.stderr
     assert json.loads(from_parquet.stdout)["raw"] == json.loads(from_npy.stdout)["raw"]
 
@@ -305,8 +360,12 @@ def test_fit_and_apply_killed_resume_bit_identical(tmp_path):
     shards = tmp_path / "shards"
     shards.mkdir()
     for i in range(3):
-        write_parquet(shards / f"part-{i}.parquet", data[i * 16_000 : (i + 1) * 16_000], "list" if i else "fixed",
-                      row_group_size=400)
+        write_parquet(
+            shards / f"part-{i}.parquet",
+            data[i * 16_000 : (i + 1) * 16_000],
+            "list" if i else "fixed",
+            row_group_size=400,
+        )
     fit_args = ["--chunk-rows", 400, "--checkpoint-every", 1, "-q"]
     reference = tmp_path / "reference.npz"
     assert run_subprocess("fit", shards, "-o", reference, *fit_args).returncode == 0
@@ -361,8 +420,11 @@ def test_malformed_files_are_one_line_exit_2_naming_file_row_group_and_row(tmp_p
 
     def with_list(name, values, value_type=pa.float32(), list_type=pa.list_):
         path = tmp_path / name
-        pq.write_table(pa.table({"id": np.arange(len(values)), "emb": pa.array(values, list_type(value_type))}),
-                       path, row_group_size=500)
+        pq.write_table(
+            pa.table({"id": np.arange(len(values)), "emb": pa.array(values, list_type(value_type))}),
+            path,
+            row_group_size=500,
+        )
         return path
 
     as_lists = [list(map(float, row)) for row in data]
@@ -398,8 +460,7 @@ def test_malformed_files_are_one_line_exit_2_naming_file_row_group_and_row(tmp_p
     (tmp_path / "text.parquet").write_text("id,embedding\n1,2\n")
     assert "text.parquet" in one_line_exit_2("fit", tmp_path / "text.parquet", "-o", model)
     # finite garbage in a page is seen only through page checksums (as written here), which are verified
-    checked = write_parquet(tmp_path / "crc.parquet", data, "fixed", 500, compression="none",
-                            write_page_checksum=True)
+    checked = write_parquet(tmp_path / "crc.parquet", data, "fixed", 500, compression="none", write_page_checksum=True)
     raw = bytearray((tmp_path / "crc.parquet").read_bytes())
     chunk = pq.ParquetFile(tmp_path / "crc.parquet").metadata.row_group(2).column(2)  # row group 2's vectors
     middle = (chunk.dictionary_page_offset or chunk.data_page_offset) + chunk.total_compressed_size // 2
@@ -417,7 +478,7 @@ def test_missing_pyarrow_is_one_line_naming_the_extra(tmp_path, rows):
 import sys
 sys.modules.update(pyarrow=None)
 from streamwhiten.cli import main
-sys.exit(main(['fit', {str(path)!r}, '-o', {str(tmp_path / 'm.npz')!r}]))
+sys.exit(main(['fit', {str(path)!r}, '-o', {str(tmp_path / "m.npz")!r}]))
 """
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == EXIT_BAD_INPUT
@@ -425,8 +486,10 @@ sys.exit(main(['fit', {str(path)!r}, '-o', {str(tmp_path / 'm.npz')!r}]))
 
 
 def test_import_streamwhiten_does_not_import_pyarrow():
-    code = ("import sys, streamwhiten, streamwhiten.io, streamwhiten.cli, streamwhiten.fit, streamwhiten.apply\n"
-            "assert not [m for m in sys.modules if m.startswith(('pyarrow', 'lance'))], 'imported'")
+    code = (
+        "import sys, streamwhiten, streamwhiten.io, streamwhiten.cli, streamwhiten.fit, streamwhiten.apply\n"
+        "assert not [m for m in sys.modules if m.startswith(('pyarrow', 'lance'))], 'imported'"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
 

@@ -36,8 +36,9 @@ def rows():
 
 def digest(path):
     if os.path.isdir(path):
-        return sorted((name, open(os.path.join(root, name), "rb").read())
-                      for root, _, names in os.walk(path) for name in names)
+        return sorted(
+            (name, open(os.path.join(root, name), "rb").read()) for root, _, names in os.walk(path) for name in names
+        )
     return open(path, "rb").read()
 
 
@@ -98,14 +99,16 @@ def test_apply_tune_report_and_run_never_write_over_an_input(tmp_path, rows, run
     code, _, err = run_cli("report", model, "-o", tmp_path / "m.npz", "--overwrite")
     assert code == 2
     job = tmp_path / "job.toml"
-    job.write_text(textwrap.dedent(f"""
+    job.write_text(
+        textwrap.dedent(f"""
         [input]
-        paths = ["{tmp_path / 'x.h5'}"]
+        paths = ["{tmp_path / "x.h5"}"]
         [model]
-        path = "{tmp_path / 'j.npz'}"
+        path = "{tmp_path / "j.npz"}"
         [apply]
         output = "{tmp_path}/{{stem}}.h5"
-    """))
+    """)
+    )
     code, _, err = run_cli("run", job)
     assert code == 2
     one_line(err, "[apply] output would overwrite the input", "x.h5")
@@ -117,7 +120,7 @@ def test_apply_tune_report_and_run_never_write_over_an_input(tmp_path, rows, run
 
 
 def test_update_refuses_a_recorded_shard_that_was_deleted(tmp_path, rows, run_cli):
-    shards = [write_h5(tmp_path / f"day-{i}.h5", rows[i * 400:(i + 1) * 400]) for i in range(3)]
+    shards = [write_h5(tmp_path / f"day-{i}.h5", rows[i * 400 : (i + 1) * 400]) for i in range(3)]
     model = tmp_path / "m.npz"
     assert run_cli("fit", str(tmp_path / "day-*.h5:/emb"), "-o", model)[0] == 0
     before = open(model, "rb").read()
@@ -154,7 +157,9 @@ def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, mon
 
     events = []
     real_replace, real_rename, real_fsync_dir = os.replace, os.rename, durable.fsync_dir
-    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("rename", os.path.basename(b))), real_replace(a, b)))
+    monkeypatch.setattr(
+        os, "replace", lambda a, b: (events.append(("rename", os.path.basename(b))), real_replace(a, b))
+    )
     monkeypatch.setattr(os, "rename", lambda a, b: (events.append(("rename", os.path.basename(b))), real_rename(a, b)))
 
     def fsync_dir(path):
@@ -175,7 +180,7 @@ def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, mon
 
 def test_leftovers_of_killed_writers_are_removed_by_the_next_one(tmp_path, rows, run_cli):
     spec = write_h5(tmp_path / "x.h5", rows)
-    dead = 2 ** 22 + 12345  # above pid_max's default: no such process
+    dead = 2**22 + 12345  # above pid_max's default: no such process
     while True:
         try:
             os.kill(dead, 0)
@@ -184,8 +189,11 @@ def test_leftovers_of_killed_writers_are_removed_by_the_next_one(tmp_path, rows,
             break
         except PermissionError:
             dead += 1
-    stale = [tmp_path / f".m.npz.tmp-{dead}", tmp_path / f"..m.npz.checkpoint.tmp-{dead}",
-             tmp_path / f"..o.zarr.partial.progress.json.tmp-{dead}"]
+    stale = [
+        tmp_path / f".m.npz.tmp-{dead}",
+        tmp_path / f"..m.npz.checkpoint.tmp-{dead}",
+        tmp_path / f"..o.zarr.partial.progress.json.tmp-{dead}",
+    ]
     for path in stale:
         path.write_bytes(b"x" * 1000)
     alive = tmp_path / f".m.npz.tmp-{os.getppid()}"  # a writer still running: left alone
@@ -252,8 +260,9 @@ def test_checksum_codecs_turn_finite_garbage_into_a_clear_error(tmp_path, rows, 
     code, _, err = run_cli("fit", tmp_path / "f.h5:/emb", "-o", tmp_path / "m1.npz")
     assert code == 2
     one_line(err, "f.h5:/emb", "damaged")
-    array = zarr.create_array(store=str(tmp_path / "c.zarr"), shape=rows.shape, chunks=(200, 8), dtype=rows.dtype,
-                              compressors=[Crc32cCodec()])  # uncompressed bytes plus a checksum
+    array = zarr.create_array(
+        store=str(tmp_path / "c.zarr"), shape=rows.shape, chunks=(200, 8), dtype=rows.dtype, compressors=[Crc32cCodec()]
+    )  # uncompressed bytes plus a checksum
     array[...] = rows
     chunk = tmp_path / "c.zarr" / "c" / "3" / "0"
     _flip_a_byte_in_the_middle(chunk)
@@ -325,8 +334,9 @@ def test_apply_options_that_change_the_output_make_it_not_current(tmp_path, rows
 def test_a_damaged_gzip_zarr_chunk_is_bad_input_not_an_io_error(tmp_path, rows, run_cli):
     from zarr.codecs import GzipCodec
 
-    array = zarr.create_array(store=str(tmp_path / "g.zarr"), shape=rows.shape, chunks=(200, 8), dtype=rows.dtype,
-                              compressors=[GzipCodec()])
+    array = zarr.create_array(
+        store=str(tmp_path / "g.zarr"), shape=rows.shape, chunks=(200, 8), dtype=rows.dtype, compressors=[GzipCodec()]
+    )
     array[...] = rows
     with open(tmp_path / "g.zarr" / "c" / "1" / "0", "r+b") as handle:
         handle.write(b"garbage!")
@@ -354,14 +364,16 @@ def test_a_sink_whose_partial_output_was_replaced_by_another_run_does_not_commit
 def test_a_signal_during_an_import_is_raised_after_the_import(tmp_path):
     """A KeyboardInterrupt raised inside an import breaks the module being imported (numba turned it
     into an ImportError with a traceback; at other moments the process died by SIGINT, exit -2)."""
-    (tmp_path / "slow_module.py").write_text(textwrap.dedent("""
+    (tmp_path / "slow_module.py").write_text(
+        textwrap.dedent("""
         import os, signal, time
         os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.monotonic() + 0.3
         while time.monotonic() < deadline:  # Python code runs, so a handler would run here
             pass
         COMPLETE = True
-    """))
+    """)
+    )
     script = textwrap.dedent("""
         import sys
         from streamwhiten import _interrupt

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 def upload(endpoint, local, url):
     fs = s3fs_client(endpoint)
-    key = url[len("s3://"):]
+    key = url[len("s3://") :]
     if os.path.isdir(local):
         fs.put(str(local), key, recursive=True)
     else:
@@ -78,7 +78,10 @@ def test_url_specs_are_parsed_compared_and_redacted():
     with pytest.raises(BadInputError, match="signed"):
         remote.check_url("https://host/x.npy?X-Amz-Signature=abc&X-Amz-Credential=k")
     assert remote.options_from(["anon=false", "client_kwargs.region_name=eu-west-1", "retries=3"]) == {
-        "anon": False, "client_kwargs": {"region_name": "eu-west-1"}, "retries": 3}
+        "anon": False,
+        "client_kwargs": {"region_name": "eu-west-1"},
+        "retries": 3,
+    }
 
 
 def test_transient_failures_are_retried_and_lasting_ones_are_one_store_io_error(monkeypatch):
@@ -148,16 +151,33 @@ def test_apply_from_and_to_s3_equals_apply_of_a_local_copy(tmp_path, s3_bucket, 
     assert run_cli("apply", tmp_path / "m.npz", local, "-o", tmp_path / "w.zarr", *common)[0] == 0
     expected = open_source(str(tmp_path / "w.zarr")).read(0, len(corpus))
     for out in (f"{s3_bucket}/out/w.zarr", f"{s3_bucket}/out/w.parquet"):
-        code, _, err = run_cli("apply", tmp_path / "m.npz", url, "-o", out, *common,
-                               *(["--keep-columns", "id"] if out.endswith("parquet") else []))
+        code, _, err = run_cli(
+            "apply",
+            tmp_path / "m.npz",
+            url,
+            "-o",
+            out,
+            *common,
+            *(["--keep-columns", "id"] if out.endswith("parquet") else []),
+        )
         assert code == 0, err
         with open_source(out) as written:
             np.testing.assert_array_equal(written.read(0, len(corpus)), expected)
         attrs = read_attrs(out)
         assert attrs["complete"] is True and attrs["source"] == f"{url}:embedding"
         # an up-to-date output is left alone; another model's needs --overwrite
-        assert run_cli("apply", tmp_path / "m.npz", url, "-o", out, *common,
-                       *(["--keep-columns", "id"] if out.endswith("parquet") else []))[0] == EXIT_NOTHING_TO_DO
+        assert (
+            run_cli(
+                "apply",
+                tmp_path / "m.npz",
+                url,
+                "-o",
+                out,
+                *common,
+                *(["--keep-columns", "id"] if out.endswith("parquet") else []),
+            )[0]
+            == EXIT_NOTHING_TO_DO
+        )
     fs = s3fs_client(s3_server)
     # nothing but the outputs is left: no parts, no progress records
     assert sorted(fs.ls(f"{s3_bucket[5:]}/out")) == [f"{s3_bucket[5:]}/out/w.parquet", f"{s3_bucket[5:]}/out/w.zarr"]
@@ -170,7 +190,9 @@ def test_apply_from_and_to_s3_equals_apply_of_a_local_copy(tmp_path, s3_bucket, 
     code, _, err = run_cli("apply", tmp_path / "m.npz", url, "-o", f"{s3_bucket}/in/c.parquet", "--overwrite", "-q")
     assert code == EXIT_BAD_INPUT and "would overwrite the input" in err
     # --compressor is not (yet) written to object storage: refused, not silently ignored
-    code, _, err = run_cli("apply", tmp_path / "m.npz", url, "-o", f"{s3_bucket}/out/z.zarr", "--compressor", "zstd", "-q")
+    code, _, err = run_cli(
+        "apply", tmp_path / "m.npz", url, "-o", f"{s3_bucket}/out/z.zarr", "--compressor", "zstd", "-q"
+    )
     assert code == EXIT_BAD_INPUT and "--compressor is not supported for object-storage outputs" in err
     assert not fs.exists(f"{s3_bucket[5:]}/out/z.zarr")
 
@@ -208,14 +230,23 @@ def test_update_from_s3_picks_up_appended_rows_and_new_shards(tmp_path, s3_bucke
 
 def _run(*args, env=None, timeout=300):
     env = dict(env or os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "streamwhiten", *map(str, args)], capture_output=True, text=True,
-                          env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "streamwhiten", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def _spawn(*args, env=None):
-    return subprocess.Popen([sys.executable, "-m", "streamwhiten", *map(str, args)],
-                            env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamwhiten", *map(str, args)],
+        env=dict(os.environ, PYTHONPATH=str(REPO), **(env or {})),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _kill_when(process, reached, timeout=60.0) -> bool:
@@ -262,8 +293,7 @@ def test_kill_9_of_a_remote_fit_and_a_remote_apply_resume_bit_identically(tmp_pa
     out = f"{s3_bucket}/out/w.zarr"
     record = f"{s3_bucket[5:]}/out/.w.zarr.partial.progress.json"
     apply_opts = ["-k", "8", "--chunk-rows", "100", "--checkpoint-seconds", "0", "--threads", "2", "-q"]
-    assert run_cli("apply", tmp_path / "whole.npz", tmp_path / "c.zarr", "-o", tmp_path / "w.zarr",
-                   *apply_opts)[0] == 0
+    assert run_cli("apply", tmp_path / "whole.npz", tmp_path / "c.zarr", "-o", tmp_path / "w.zarr", *apply_opts)[0] == 0
 
     def applied():
         try:
@@ -321,9 +351,11 @@ def test_run_job_with_s3_inputs_outputs_and_a_storage_table(tmp_path, s3_bucket,
     upload(s3_server, write_zarr(tmp_path / "a.zarr", corpus[:1500], chunk_rows=250), f"{s3_bucket}/in/a.zarr")
     upload(s3_server, write_zarr(tmp_path / "b.zarr", corpus[1500:], chunk_rows=250), f"{s3_bucket}/in/b.zarr")
     job = tmp_path / "job.toml"
-    job.write_text(f'[input]\npaths = ["{s3_bucket}/in/*.zarr"]\n[model]\npath = "m.npz"\n'
-                   f'[apply]\noutput = "{s3_bucket}/out/{{stem}}.zarr"\n'
-                   f'[storage]\nendpoint_url = "{s3_server}"\nsecret = "{S3_SECRET}"\nkey = "sw-test-key"\n')
+    job.write_text(
+        f'[input]\npaths = ["{s3_bucket}/in/*.zarr"]\n[model]\npath = "m.npz"\n'
+        f'[apply]\noutput = "{s3_bucket}/out/{{stem}}.zarr"\n'
+        f'[storage]\nendpoint_url = "{s3_server}"\nsecret = "{S3_SECRET}"\nkey = "sw-test-key"\n'
+    )
     env = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_SECRET_ACCESS_KEY": "wrong", "AWS_ACCESS_KEY_ID": "wrong"}
     result = _run("run", job, env=dict(os.environ, **env))
     assert result.returncode == 0, result.stderr
@@ -349,8 +381,16 @@ def test_dask_fit_and_apply_from_s3_equal_the_serial_engine(tmp_path, s3_bucket,
     url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=500), f"{s3_bucket}/c.zarr")
     # the workers get the storage options from the driver; their environment has no endpoint
     options = {"endpoint_url": s3_server, "key": "sw-test-key", "secret": S3_SECRET}
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
-                      env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            dashboard_address=":0",
+            env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"},
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         with remote.using(options):
             distributed = fit_dask([url], client=client)
             serial = fit_sources([url])
@@ -360,8 +400,9 @@ def test_dask_fit_and_apply_from_s3_equal_the_serial_engine(tmp_path, s3_bucket,
     np.testing.assert_allclose(distributed.state.scatter, serial.state.scatter, rtol=1e-12)
     np.testing.assert_allclose(distributed.state.mean, serial.state.mean, rtol=1e-12)
     assert distributed.state.n_rows == serial.state.n_rows == 4000
-    np.testing.assert_allclose(written, load_model(tmp_path / "m.npz").transform(data).astype(np.float32),
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        written, load_model(tmp_path / "m.npz").transform(data).astype(np.float32), rtol=1e-5, atol=1e-5
+    )
     assert read_attrs(f"{s3_bucket}/w.zarr")["complete"] is True
 
 
@@ -451,8 +492,9 @@ class DroppingProxy:
         self.server.close()
 
 
-def test_transient_failures_through_a_dropping_proxy_leave_the_result_unchanged(tmp_path, s3_bucket, s3_server,
-                                                                               run_cli):
+def test_transient_failures_through_a_dropping_proxy_leave_the_result_unchanged(
+    tmp_path, s3_bucket, s3_server, run_cli
+):
     data = anisotropic(4000, 16, seed=9).astype(np.float32)
     url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=250), f"{s3_bucket}/c.zarr")
     opts = ["--chunk-rows", "500", "--threads", "2", "-q"]
@@ -463,8 +505,9 @@ def test_transient_failures_through_a_dropping_proxy_leave_the_result_unchanged(
         via = ["--storage-option", f"endpoint_url={proxy.endpoint}"]
         code, _, err = run_cli("fit", url, "-o", tmp_path / "proxied.npz", *opts, *via)
         assert code == 0, err
-        code, _, err = run_cli("apply", tmp_path / "direct.npz", url, "-o", f"{s3_bucket}/out.zarr", "-k", "8",
-                               *opts, *via)
+        code, _, err = run_cli(
+            "apply", tmp_path / "direct.npz", url, "-o", f"{s3_bucket}/out.zarr", "-k", "8", *opts, *via
+        )
         assert code == 0, err
     finally:
         proxy.close()
@@ -481,8 +524,18 @@ def test_a_lasting_failure_is_exit_74_naming_the_url_and_leaves_nothing_complete
     proxy = DroppingProxy(int(s3_server.rsplit(":", 1)[1]), refuse_all=True)
     env = dict(os.environ, STREAMWHITEN_REMOTE_RETRIES="2", STREAMWHITEN_REMOTE_BACKOFF="0.01", AWS_MAX_ATTEMPTS="1")
     try:
-        result = _run("fit", url, "-o", tmp_path / "m.npz", "--storage-option",
-                                f"endpoint_url={proxy.endpoint}", "--storage-option", "retries=1", env=env, timeout=120)
+        result = _run(
+            "fit",
+            url,
+            "-o",
+            tmp_path / "m.npz",
+            "--storage-option",
+            f"endpoint_url={proxy.endpoint}",
+            "--storage-option",
+            "retries=1",
+            env=env,
+            timeout=120,
+        )
     finally:
         proxy.close()
     assert result.returncode == EXIT_IO, result.stderr
@@ -514,8 +567,10 @@ def test_wrong_credentials_and_a_missing_bucket_are_one_line_errors(tmp_path, s3
         server.wait(10)
     result = _run("fit", "s3://no-such-bucket-sw/c.zarr", "-o", tmp_path / "m.npz", timeout=120)
     assert result.returncode == EXIT_BAD_INPUT
-    assert result.stderr.strip() == ("streamwhiten: error: s3://no-such-bucket-sw/c.zarr: no such object or prefix "
-                                     "(the bucket s3://no-such-bucket-sw does not exist)")
+    assert result.stderr.strip() == (
+        "streamwhiten: error: s3://no-such-bucket-sw/c.zarr: no such object or prefix "
+        "(the bucket s3://no-such-bucket-sw does not exist)"
+    )
 
 
 def test_credentials_never_reach_a_model_checkpoint_output_or_message(tmp_path, s3_bucket, s3_server, corpus):
@@ -524,8 +579,18 @@ def test_credentials_never_reach_a_model_checkpoint_output_or_message(tmp_path, 
     env = dict(os.environ, AWS_SECRET_ACCESS_KEY="wrong-secret", AWS_ACCESS_KEY_ID="wrong")
     creds = ["--storage-option", f"secret={S3_SECRET}", "--storage-option", "key=sw-test-key"]
     model = tmp_path / "m.npz"
-    process = _spawn("fit", url, "-o", model, "--chunk-rows", "250", "--checkpoint-every", "1", *creds,
-                     env={"AWS_SECRET_ACCESS_KEY": "wrong-secret", "AWS_ACCESS_KEY_ID": "wrong"})
+    process = _spawn(
+        "fit",
+        url,
+        "-o",
+        model,
+        "--chunk-rows",
+        "250",
+        "--checkpoint-every",
+        "1",
+        *creds,
+        env={"AWS_SECRET_ACCESS_KEY": "wrong-secret", "AWS_ACCESS_KEY_ID": "wrong"},
+    )
     checkpoint = tmp_path / ".m.npz.checkpoint"
     _kill_when(process, checkpoint.exists)
     files = {checkpoint: checkpoint.read_bytes()} if checkpoint.exists() else {}

@@ -80,7 +80,12 @@ def test_png_dashboard_and_directory(setup, tmp_path):
     write_report(data, png)
     assert_real_image(open(png, "rb").read(), min_side=800)
     written = write_report(data, str(tmp_path / "figs"))
-    assert sorted(os.path.basename(p) for p in written) == ["heatmaps.png", "k_curve.png", "spectrum.png", "variance.png"]
+    assert sorted(os.path.basename(p) for p in written) == [
+        "heatmaps.png",
+        "k_curve.png",
+        "spectrum.png",
+        "variance.png",
+    ]
     for path in written:
         assert_real_image(open(path, "rb").read())
 

@@ -36,8 +36,13 @@ N_ROWS, N_FEATURES, BLOCK = 60_000, 48, 300
 
 def spawn(*args):
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.Popen([sys.executable, "-m", "streamwhiten", *map(str, args)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamwhiten", *map(str, args)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def statistics(path):
@@ -238,11 +243,12 @@ def test_update_with_appended_rows_equals_full_refit(tmp_path, run_cli):
 
 
 @pytest.mark.parametrize("precision, bound", [("auto", 1e-6), ("float64", 1e-14)])
-def test_update_of_a_float32_store_matches_a_full_refit_to_the_documented_tolerance(tmp_path, run_cli, precision,
-                                                                                    bound):
+def test_update_of_a_float32_store_matches_a_full_refit_to_the_documented_tolerance(
+    tmp_path, run_cli, precision, bound
+):
     """README: 1e-16 to 3e-15 with float64 products, 4e-8 to 2.5e-7 with the default float32 ones."""
     rng = np.random.default_rng(11)
-    rows = (3.0 + rng.standard_normal((30_000, 64)) @ (rng.standard_normal((64, 64)) / np.arange(1, 65)[:, None]))
+    rows = 3.0 + rng.standard_normal((30_000, 64)) @ (rng.standard_normal((64, 64)) / np.arange(1, 65)[:, None])
     rows = rows.astype(np.float32)
     store = write_h5(tmp_path / "s.h5", rows[:18_000], chunk_rows=1000)
     model, full = tmp_path / "m.npz", tmp_path / "full.npz"
@@ -308,8 +314,13 @@ def test_two_concurrent_runs_one_waits_out(tmp_path, store):
 @contextmanager
 def tiny_filesystem(path, size_kb):
     path.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("cannot mount a small tmpfs here (needs root); the patched-writer test covers this case")
     try:
         yield path
@@ -393,8 +404,12 @@ def test_nightly_script_runs_the_job_and_treats_nothing_to_do_as_success(tmp_pat
     shim.mkdir()
     (shim / "streamwhiten").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m streamwhiten "$@"\n')
     (shim / "streamwhiten").chmod(0o755)
-    env = dict(os.environ, PATH=f"{shim}{os.pathsep}{os.environ['PATH']}", PYTHONPATH=str(REPO),
-               STREAMWHITEN_VENV=str(tmp_path / "no-venv"))
+    env = dict(
+        os.environ,
+        PATH=f"{shim}{os.pathsep}{os.environ['PATH']}",
+        PYTHONPATH=str(REPO),
+        STREAMWHITEN_VENV=str(tmp_path / "no-venv"),
+    )
     script = str(REPO / "scripts" / "nightly.sh")
     first = subprocess.run(["bash", script, str(job)], capture_output=True, text=True, env=env)
     assert first.returncode == 0 and "nightly: done" in first.stdout, first.stderr
@@ -458,8 +473,9 @@ def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_pat
     parts = [rng.standard_normal((3000, 6)) + i for i in range(3)]
     write_h5(shards / "day-0.h5", parts[0], chunk_rows=100)
     job = tmp_path / "job.toml"
-    job.write_text(f'[input]\npaths = ["{shards}/day-*.h5"]\n[model]\npath = "model.npz"\nchunk_rows = 100\n'
-                   'checkpoint_every = 1\n')
+    job.write_text(
+        f'[input]\npaths = ["{shards}/day-*.h5"]\n[model]\npath = "model.npz"\nchunk_rows = 100\ncheckpoint_every = 1\n'
+    )
     run_job_file(str(job))
     write_h5(shards / "day-1.h5", parts[1], chunk_rows=100)
     calls = {"n": 0}
@@ -478,7 +494,9 @@ def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_pat
     model = load_model(str(tmp_path / "model.npz"))
     everything = np.vstack(parts)
     assert model.n_rows == 9000
-    np.testing.assert_allclose(model.state.scatter / model.n_rows, np.cov(everything, rowvar=False, bias=True), rtol=1e-10)
+    np.testing.assert_allclose(
+        model.state.scatter / model.n_rows, np.cov(everything, rowvar=False, bias=True), rtol=1e-10
+    )
     assert not os.path.exists(default_checkpoint(str(tmp_path / "model.npz")))
 
 
@@ -501,20 +519,23 @@ def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_ou
         run_job_file(str(job))
 
 
-@pytest.mark.parametrize("line, fragment", [
-    # checked against streamwhiten.params, in the words Python and the command line use
-    ("chunk_rows = \"big\"", "chunk_rows in [model] must be a whole number of at least 1, got 'big'"),
-    ("skip_nonfinite = \"no\"", "skip_nonfinite in [model] must be true or false, got 'no'"),
-    ("checkpoint_every = 1.5", "checkpoint_every in [model] must be a whole number of at least 1, got 1.5"),
-    ("n_components = true", "n_components in [model] must be a whole number of at least 1, got True"),
-    ("precision = \"half\"", "precision in [model] must be one of 'auto', 'float32', 'float64', got 'half'"),
-    ("threads = 0", "threads in [model] must be a whole number of at least 1"),
-    ("checkpoint_every = 0", "checkpoint_every in [model] must be a whole number of at least 1, got 0"),
-    ("checkpoint_seconds = 0", "checkpoint_seconds in [model] must be a number of seconds above 0, got 0"),
-    ("checkpoint_seconds = -1.5", "checkpoint_seconds in [model] must be a number of seconds above 0, got -1.5"),
-    ("checkpoint_seconds = nan", "checkpoint_seconds in [model] must be a number of seconds above 0, got nan"),
-    ("chunk_rows = 0", "chunk_rows in [model] must be a whole number of at least 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        # checked against streamwhiten.params, in the words Python and the command line use
+        ('chunk_rows = "big"', "chunk_rows in [model] must be a whole number of at least 1, got 'big'"),
+        ('skip_nonfinite = "no"', "skip_nonfinite in [model] must be true or false, got 'no'"),
+        ("checkpoint_every = 1.5", "checkpoint_every in [model] must be a whole number of at least 1, got 1.5"),
+        ("n_components = true", "n_components in [model] must be a whole number of at least 1, got True"),
+        ('precision = "half"', "precision in [model] must be one of 'auto', 'float32', 'float64', got 'half'"),
+        ("threads = 0", "threads in [model] must be a whole number of at least 1"),
+        ("checkpoint_every = 0", "checkpoint_every in [model] must be a whole number of at least 1, got 0"),
+        ("checkpoint_seconds = 0", "checkpoint_seconds in [model] must be a number of seconds above 0, got 0"),
+        ("checkpoint_seconds = -1.5", "checkpoint_seconds in [model] must be a number of seconds above 0, got -1.5"),
+        ("checkpoint_seconds = nan", "checkpoint_seconds in [model] must be a number of seconds above 0, got nan"),
+        ("chunk_rows = 0", "chunk_rows in [model] must be a whole number of at least 1, got 0"),
+    ],
+)
 def test_job_file_values_are_type_checked(tmp_path, line, fragment):
     job = tmp_path / "job.toml"
     job.write_text(f'[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n{line}\n')
@@ -535,8 +556,9 @@ def test_an_empty_shard_among_several_is_recorded_and_read_once_it_grows(tmp_pat
     assert run_cli("fit", a, b, "--update", model, "-q")[0] == 0
     updated = load_model(str(model))
     assert updated.n_rows == 700
-    np.testing.assert_allclose(updated.state.scatter / 700, np.cov(np.vstack([full, later]), rowvar=False, bias=True),
-                               rtol=1e-10)
+    np.testing.assert_allclose(
+        updated.state.scatter / 700, np.cov(np.vstack([full, later]), rowvar=False, bias=True), rtol=1e-10
+    )
     alone = write_h5(tmp_path / "e.h5", np.empty((0, 5)))  # on its own, an empty store is still refused
     code, _, err = run_cli("fit", alone, "-o", tmp_path / "e.npz")
     assert code == EXIT_BAD_INPUT and "has 0 row(s)" in err
@@ -623,8 +645,11 @@ def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatc
     asked = []
     for module in (streamwhiten.fit, streamwhiten.apply):
         real = module.resolve_threads
-        monkeypatch.setattr(module, "resolve_threads", lambda n, *a, real=real, name=module.__name__, **k:
-                            asked.append((name, n)) or real(n, *a, **k))
+        monkeypatch.setattr(
+            module,
+            "resolve_threads",
+            lambda n, *a, real=real, name=module.__name__, **k: asked.append((name, n)) or real(n, *a, **k),
+        )
     job = write_job(tmp_path, store)
     job.write_text(job.read_text().replace("n_components = 8\n", "n_components = 8\nthreads = 3\n") + "threads = 2\n")
     summary = run_job_file(str(job))
@@ -642,7 +667,9 @@ def test_job_file_direct_io_reaches_the_output_writer(tmp_path, store, monkeypat
     asked = []
     for backend in (streamwhiten.io.hdf5, streamwhiten.io.zarr):  # every writer of output chunks
         real = backend.ChunkFile
-        monkeypatch.setattr(backend, "ChunkFile", lambda *a, real=real, **k: asked.append(k.get("direct")) or real(*a, **k))
+        monkeypatch.setattr(
+            backend, "ChunkFile", lambda *a, real=real, **k: asked.append(k.get("direct")) or real(*a, **k)
+        )
     job = write_job(tmp_path, store)
     job.write_text(job.read_text() + "direct_io = false\n")
     run_job_file(str(job))
@@ -688,8 +715,9 @@ def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_
 
 def test_job_file_apply_chunk_rows_below_one_is_refused(tmp_path):
     job = tmp_path / "job.toml"
-    job.write_text('[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n[apply]\noutput = "o/{stem}.zarr"\n'
-                   'chunk_rows = -2\n')
+    job.write_text(
+        '[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n[apply]\noutput = "o/{stem}.zarr"\nchunk_rows = -2\n'
+    )
     result = run_subprocess("run", job)
     assert result.returncode == EXIT_BAD_INPUT, result.stderr
     assert result.stderr.count("\n") == 1
@@ -699,17 +727,20 @@ def test_job_file_apply_chunk_rows_below_one_is_refused(tmp_path):
 FIELDS = "the fields are {stem} (the input's file name without extension) and {name} (the job's name)"
 
 
-@pytest.mark.parametrize("template, fragment", [
-    ("o/{foo}.zarr", "unknown field {foo}"),
-    ("o/{}.zarr", "positional field {} is not allowed"),
-    ("o/{0}.zarr", "positional field {0} is not allowed"),
-    ("o/{stem.upper}.zarr", "unknown field {stem.upper}"),
-    ("o/{stem:{width}}.zarr", "unknown field {width}"),
-    ("o/{stem:x}.zarr", "cannot be filled in (Unknown format code 'x' for object of type 'str')"),
-    ("o/{stem!z}.zarr", "cannot be filled in (Unknown conversion specifier z)"),
-    ("o/{stem.zarr", "not a valid template (expected '}' before end of string; write a literal brace as {{ or }})"),
-    ("o/stem}.zarr", "not a valid template (Single '}' encountered in format string;"),
-])
+@pytest.mark.parametrize(
+    "template, fragment",
+    [
+        ("o/{foo}.zarr", "unknown field {foo}"),
+        ("o/{}.zarr", "positional field {} is not allowed"),
+        ("o/{0}.zarr", "positional field {0} is not allowed"),
+        ("o/{stem.upper}.zarr", "unknown field {stem.upper}"),
+        ("o/{stem:{width}}.zarr", "unknown field {width}"),
+        ("o/{stem:x}.zarr", "cannot be filled in (Unknown format code 'x' for object of type 'str')"),
+        ("o/{stem!z}.zarr", "cannot be filled in (Unknown conversion specifier z)"),
+        ("o/{stem.zarr", "not a valid template (expected '}' before end of string; write a literal brace as {{ or }})"),
+        ("o/stem}.zarr", "not a valid template (Single '}' encountered in format string;"),
+    ],
+)
 def test_job_file_output_templates_with_unusable_fields_are_refused(tmp_path, store, template, fragment):
     job = tmp_path / "job.toml"
     job.write_text(f'[input]\npaths = ["{store}"]\n[model]\npath = "m.npz"\n[apply]\noutput = "{template}"\n')
@@ -723,8 +754,10 @@ def test_job_file_output_templates_with_unusable_fields_are_refused(tmp_path, st
 
 def test_job_file_output_template_with_both_fields_and_literal_braces(tmp_path, store):
     job = tmp_path / "job.toml"
-    job.write_text(f'name = "nightly"\n[input]\npaths = ["{store}"]\n[model]\npath = "m.npz"\nn_components = 4\n'
-                   '[apply]\noutput = "o/{name}-{{x}}-{stem}.zarr"\n')
+    job.write_text(
+        f'name = "nightly"\n[input]\npaths = ["{store}"]\n[model]\npath = "m.npz"\nn_components = 4\n'
+        '[apply]\noutput = "o/{name}-{{x}}-{stem}.zarr"\n'
+    )
     result = run_subprocess("run", job)
     assert result.returncode == 0, result.stderr
     assert os.listdir(tmp_path / "o") == ["nightly-{x}-big.zarr"]

@@ -44,8 +44,13 @@ def test_import_pulls_in_neither_numba_nor_storage_libraries(model_file):
         "('numba', 'h5py', 'zarr', 'torch', 'scipy') or name in ('streamwhiten.model', 'streamwhiten.stats', "
         "'streamwhiten._kernels', 'streamwhiten.io.hdf5', 'streamwhiten.io.zarr'))))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                            env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1]) == []
 
@@ -65,8 +70,9 @@ def test_model_file_gives_the_vectors_of_whitener_transform(model_file, tmp_path
         got = whiten.transform(rows, normalize=normalize)
         assert got.dtype == np.float32 and got.shape == (800, k)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-6 * max(1.0, np.abs(want).max()))
-        np.testing.assert_allclose(whiten(rows[3], normalize=normalize), want[3], rtol=0,
-                                   atol=1e-6 * max(1.0, np.abs(want).max()))
+        np.testing.assert_allclose(
+            whiten(rows[3], normalize=normalize), want[3], rtol=0, atol=1e-6 * max(1.0, np.abs(want).max())
+        )
         wide = rows.astype(np.float64)
         got64 = whiten.transform(wide, normalize=normalize)
         assert got64.dtype == np.float64
@@ -95,15 +101,27 @@ def test_as_affine_against_the_formula(tmp_path, beta, gamma, k):
     eigvals, eigvecs = np.linalg.eigh(centred.T @ centred / len(x))
     eigvals, eigvecs = eigvals[::-1], eigvecs[:, ::-1]
     scaled = eigvecs[:, :k] * (eigvals[:k] + 1e-4 * eigvals[0]) ** (-gamma / 2)
-    np.testing.assert_allclose(affine.A @ affine.A.T, scaled @ scaled.T, rtol=1e-6, atol=1e-6 * np.abs(scaled).max() ** 2)
+    np.testing.assert_allclose(
+        affine.A @ affine.A.T, scaled @ scaled.T, rtol=1e-6, atol=1e-6 * np.abs(scaled).max() ** 2
+    )
     np.testing.assert_allclose(affine.b, -(beta * mu) @ affine.A, rtol=1e-9, atol=1e-9)
-    assert (affine.beta, affine.gamma, affine.n_components, affine.eps, affine.normalize) == (beta, gamma, k, 1e-4, False)
+    assert (affine.beta, affine.gamma, affine.n_components, affine.eps, affine.normalize) == (
+        beta,
+        gamma,
+        k,
+        1e-4,
+        False,
+    )
     assert affine.model_checksum == serving.file_checksum(model_file)
     # the map computes what the model computes at that setting
     want = model.with_params(beta=beta, gamma=gamma, n_components=k, eps=1e-4).transform(x, normalize=True)
     np.testing.assert_allclose(affine.transform(x, normalize=True), want, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(x @ affine.A + affine.b, model.with_params(beta=beta, gamma=gamma, n_components=k,
-                               eps=1e-4).transform(x), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(
+        x @ affine.A + affine.b,
+        model.with_params(beta=beta, gamma=gamma, n_components=k, eps=1e-4).transform(x),
+        rtol=0,
+        atol=1e-9,
+    )
 
 
 def test_as_affine_by_variance_and_normalize(model_file):
@@ -184,9 +202,13 @@ def test_damaged_missing_and_foreign_files_are_refused(model_file, tmp_path):
 
 def test_cold_start_benchmark_quick_run(tmp_path):
     """benchmarks/serving_cold_start.py runs end to end on a tiny model (no timing asserted here)."""
-    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "serving_cold_start.py"), "--quick",
-                             "--results", str(tmp_path)], capture_output=True, text=True, cwd=REPO / "benchmarks",
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "serving_cold_start.py"), "--quick", "--results", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO / "benchmarks",
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (path,) = tmp_path.glob("serving_cold_start-*.json")
     payload = json.loads(path.read_text())

@@ -26,7 +26,9 @@ def test_missing_data_is_a_clear_skip(tmp_path, capsys):
     assert not os.listdir(tmp_path)
 
 
-@pytest.mark.skipif(not os.path.exists(STSB), reason=f"STS-B embeddings not found at {STSB} (licence keeps them out of the repo)")
+@pytest.mark.skipif(
+    not os.path.exists(STSB), reason=f"STS-B embeddings not found at {STSB} (licence keeps them out of the repo)"
+)
 def test_quick_table_on_stsb(tmp_path, capsys):
     assert load_script().main(["--quick", "--data", STSB, "--results", str(tmp_path)]) == 0
     printed = capsys.readouterr().out

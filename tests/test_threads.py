@@ -180,4 +180,6 @@ def test_sources_of_different_dtypes_in_one_fit(tmp_path):
     state = fit_sources(specs, block_rows=200, threads=2).state
     rows = np.vstack([part.astype(np.float64) for part in parts])
     np.testing.assert_allclose(state.mean, rows.mean(axis=0), rtol=1e-6)
-    np.testing.assert_allclose(state.scatter / state.n_rows, np.cov(rows, rowvar=False, bias=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        state.scatter / state.n_rows, np.cov(rows, rowvar=False, bias=True), rtol=1e-5, atol=1e-6
+    )

@@ -95,12 +95,18 @@ def test_grid_scores_equal_direct_scoring_of_every_setting(tmp_path):
     a, b, scores = anisotropic_pairs(n=300, d=10)
     specs, model, _ = fitted(tmp_path, "m", a, b, scores)
     with open_pairs(*specs) as pairs:
-        result = grid_search(model, pairs, betas=[0, 0.5, 1], gammas=[0, 0.6, 1], ks=[10, 7, 2],
-                             variances=[0.8], block_rows=64)
+        result = grid_search(
+            model, pairs, betas=[0, 0.5, 1], gammas=[0, 0.6, 1], ks=[10, 7, 2], variances=[0.8], block_rows=64
+        )
     assert len(result.table) == 3 * 3 * 4
     for row in result.table:
-        reference = finalize(model.state, beta=row["beta"], gamma=row["gamma"],
-                             n_components=None if row["variance"] else row["k"], variance=row["variance"])
+        reference = finalize(
+            model.state,
+            beta=row["beta"],
+            gamma=row["gamma"],
+            n_components=None if row["variance"] else row["k"],
+            variance=row["variance"],
+        )
         assert reference.n_components == row["k"]
         assert row["spearman"] == pytest.approx(direct_spearman(reference, a, b, scores), abs=1e-8)
     assert result.raw["spearman"] == pytest.approx(100 * sps.spearmanr(cosine_rows(a, b), scores).statistic)
@@ -137,8 +143,12 @@ def test_whitening_wins_where_the_signal_is_quiet(tmp_path):
 
 
 def test_tolerance_prefers_fewer_dimensions():
-    table = [{"k": 64, "spearman": 80.0}, {"k": 16, "spearman": 79.7}, {"k": 8, "spearman": 75.0},
-             {"k": 32, "spearman": float("nan")}]
+    table = [
+        {"k": 64, "spearman": 80.0},
+        {"k": 16, "spearman": 79.7},
+        {"k": 8, "spearman": 75.0},
+        {"k": 32, "spearman": float("nan")},
+    ]
     assert choose(table)["k"] == 64
     assert choose(table, tolerance=0.5)["k"] == 16
     with pytest.raises(BadInputError, match="no setting of the grid gives a finite"):
@@ -190,13 +200,35 @@ def test_cli_tune_writes_the_choice_so_apply_uses_it(tmp_path, capsys):
     out_path = str(tmp_path / "tuned.npz")
     before = open(path, "rb").read()
 
-    assert main(["tune", path, *pair_args, "--betas", "0,1", "--gammas", "0 1", "--ks", "d,8", "--variances", "",
-                 "-o", out_path, "--json"]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                path,
+                *pair_args,
+                "--betas",
+                "0,1",
+                "--gammas",
+                "0 1",
+                "--ks",
+                "d,8",
+                "--variances",
+                "",
+                "-o",
+                out_path,
+                "--json",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(capsys.readouterr().out)
     assert len(summary["table"]) == 2 * 2 * 2 and summary["written"] == out_path
     tuned = load_model(out_path)
-    assert (tuned.beta, tuned.gamma, tuned.n_components) == (summary["best"]["beta"], summary["best"]["gamma"],
-                                                             summary["best"]["k"]) == (1.0, 1.0, 16)
+    assert (
+        (tuned.beta, tuned.gamma, tuned.n_components)
+        == (summary["best"]["beta"], summary["best"]["gamma"], summary["best"]["k"])
+        == (1.0, 1.0, 16)
+    )
     assert tuned.info["tuned"]["validation"]["chosen"]["spearman"] == pytest.approx(summary["best"]["spearman"])
     assert open(path, "rb").read() == before  # -o leaves the original alone
 
@@ -211,8 +243,25 @@ def test_cli_tune_writes_the_choice_so_apply_uses_it(tmp_path, capsys):
         assert handle["embeddings"].shape == (600, 16)
 
     # --in-place rewrites the model itself; the text output shows the table and the best row.
-    assert main(["tune", path, *pair_args, "--betas", "1", "--gammas", "1", "--ks", "16,4", "--variances", "0.9",
-                 "--in-place"]) == 0
+    assert (
+        main(
+            [
+                "tune",
+                path,
+                *pair_args,
+                "--betas",
+                "1",
+                "--gammas",
+                "1",
+                "--ks",
+                "16,4",
+                "--variances",
+                "0.9",
+                "--in-place",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "best" in text and "beta=1 gamma=1 k=16" in text and "*" in text and "90%" in text
     assert load_model(path).n_components == 16
@@ -239,13 +288,24 @@ def test_cli_tune_bad_input(tmp_path, capsys, extra, message):
 # -------------------------------------------------------------------------------------- real data
 
 
-@pytest.mark.skipif(not os.path.exists(STSB), reason=f"STS-B embeddings not found at {STSB} (licence keeps them out of the repo)")
+@pytest.mark.skipif(
+    not os.path.exists(STSB), reason=f"STS-B embeddings not found at {STSB} (licence keeps them out of the repo)"
+)
 def test_stsb_tuned_setting_is_never_worse_than_raw(tmp_path, capsys):
     model_path = str(tmp_path / "stsb.npz")
     assert main(["fit", f"{STSB}:/mean_a", f"{STSB}:/mean_b", "-o", model_path, "-q"]) == 0
     capsys.readouterr()
-    args = ["tune", model_path, "--pairs-a", f"{STSB}:/mean_a", "--pairs-b", f"{STSB}:/mean_b",
-            "--scores", f"{STSB}:/score", "--json"]
+    args = [
+        "tune",
+        model_path,
+        "--pairs-a",
+        f"{STSB}:/mean_a",
+        "--pairs-b",
+        f"{STSB}:/mean_b",
+        "--scores",
+        f"{STSB}:/score",
+        "--json",
+    ]
     assert main(args) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["raw"]["spearman"] == pytest.approx(86.72, abs=0.01)

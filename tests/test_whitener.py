@@ -102,17 +102,34 @@ def test_byte_swapped_arrays_give_the_results_of_native_ones(dtype):
     assert batched.state_.scatter.tobytes() == reference.state_.scatter.tobytes()
 
 
-@pytest.mark.parametrize("values", [
-    np.arange(40).reshape(10, 4), np.arange(40, dtype=np.uint8).reshape(10, 4), np.ones((10, 4), dtype=bool),
-    np.ones((10, 4), dtype=complex), np.ones((10, 4), dtype=object), np.arange(40).reshape(10, 4).astype(">i4"),
-], ids=["int64", "uint8", "bool", "complex", "object", "big-endian-int"])
+@pytest.mark.parametrize(
+    "values",
+    [
+        np.arange(40).reshape(10, 4),
+        np.arange(40, dtype=np.uint8).reshape(10, 4),
+        np.ones((10, 4), dtype=bool),
+        np.ones((10, 4), dtype=complex),
+        np.ones((10, 4), dtype=object),
+        np.arange(40).reshape(10, 4).astype(">i4"),
+    ],
+    ids=["int64", "uint8", "bool", "complex", "object", "big-endian-int"],
+)
 def test_only_float16_32_64_arrays_are_accepted(values):
     fitted = Whitener().fit(anisotropic(50, 4))
     before = fitted.state_
-    message = (rf"^expected float16, float32 or float64 values, got dtype {np.dtype(values.dtype)} "
-               r"\(convert with \.astype\(np\.float32\)\)$")
-    for call in (Whitener().fit, Whitener().partial_fit, Whitener().fit_transform, fitted.transform,
-                 fitted.model_.transform, fitted.partial_fit, lambda x: fitted.transform(x[0])):
+    message = (
+        rf"^expected float16, float32 or float64 values, got dtype {np.dtype(values.dtype)} "
+        r"\(convert with \.astype\(np\.float32\)\)$"
+    )
+    for call in (
+        Whitener().fit,
+        Whitener().partial_fit,
+        Whitener().fit_transform,
+        fitted.transform,
+        fitted.model_.transform,
+        fitted.partial_fit,
+        lambda x: fitted.transform(x[0]),
+    ):
         with pytest.raises(BadInputError, match=message):
             call(values)
     assert fitted.state_ is before  # a refused batch folds nothing
@@ -167,8 +184,9 @@ EXPECTED_FAILED_CHECKS = {
 }
 
 
-@parametrize_with_checks([Whitener(), Whitener(skip_nonfinite=True)],
-                         expected_failed_checks=lambda estimator: EXPECTED_FAILED_CHECKS)
+@parametrize_with_checks(
+    [Whitener(), Whitener(skip_nonfinite=True)], expected_failed_checks=lambda estimator: EXPECTED_FAILED_CHECKS
+)
 def test_scikit_learn_common_checks(estimator, check):
     check(estimator)
 
@@ -208,8 +226,11 @@ def test_grid_search_over_a_pipeline_with_pandas_output():
     n, d = 600, 6
     latent = rng.standard_normal((n, d)) * np.array([8.0, 5.0, 3.0, 2.0, 1.0, 0.05])
     y = (latent[:, -1] > 0).astype(int)  # the class lives in the direction of least variance
-    X = pd.DataFrame(latent @ np.linalg.qr(rng.standard_normal((d, d)))[0].T + 4.0,
-                     columns=[f"e{i}" for i in range(d)], index=pd.RangeIndex(1000, 1000 + n))
+    X = pd.DataFrame(
+        latent @ np.linalg.qr(rng.standard_normal((d, d)))[0].T + 4.0,
+        columns=[f"e{i}" for i in range(d)],
+        index=pd.RangeIndex(1000, 1000 + n),
+    )
     pipe = Pipeline([("whiten", Whitener()), ("clf", LogisticRegression())]).set_output(transform="pandas")
     cv = StratifiedKFold(3, shuffle=True, random_state=0)
     search = GridSearchCV(pipe, {"whiten__n_components": [1, 3, d], "whiten__gamma": [0.0, 1.0]}, cv=cv)

@@ -31,8 +31,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def run(job: str, log: str) -> int:
     """One cron run; its progress lines and any one-line error go to the log, as with nightly.sh."""
     with open(log, "a") as handle:
-        return subprocess.run([sys.executable, "-m", "streamwhiten", "run", job, "--quiet"],
-                              stdout=handle, stderr=handle).returncode
+        return subprocess.run(
+            [sys.executable, "-m", "streamwhiten", "run", job, "--quiet"], stdout=handle, stderr=handle
+        ).returncode
 
 
 def main(argv=None) -> int:
@@ -63,14 +64,30 @@ def main(argv=None) -> int:
         nightly = load_model(os.path.join(work, "models", "whitening.npz"))
         shards = sorted(os.path.join(work, "shards", name) for name in os.listdir(os.path.join(work, "shards")))
         at_once = os.path.join(work, "at-once.npz")
-        subprocess.run([sys.executable, "-m", "streamwhiten", "fit", *[f"{s}:/embeddings" for s in shards],
-                        "-o", at_once, "-k", "64", "--quiet"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "streamwhiten",
+                "fit",
+                *[f"{s}:/embeddings" for s in shards],
+                "-o",
+                at_once,
+                "-k",
+                "64",
+                "--quiet",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         reference = load_model(at_once)
         mean_gap = float(np.max(np.abs(nightly.mean - reference.mean)))
         cov_gap = float(np.max(np.abs(covariance(nightly.state, 1.0) - covariance(reference.state, 1.0))))
         reduced = sorted(os.listdir(os.path.join(work, "reduced")))
-        print(f"{nightly.n_rows} rows in the nightly model; fitted at once: max |mean gap| {mean_gap:.2e}, "
-              f"max |covariance gap| {cov_gap:.2e}; whitened shards: {', '.join(reduced)}")
+        print(
+            f"{nightly.n_rows} rows in the nightly model; fitted at once: max |mean gap| {mean_gap:.2e}, "
+            f"max |covariance gap| {cov_gap:.2e}; whitened shards: {', '.join(reduced)}"
+        )
         return 0 if nightly.n_rows == reference.n_rows and cov_gap < 1e-9 and len(reduced) == args.nights else 1
 
 

@@ -48,10 +48,19 @@ from .spec import (
     split_spec,
 )
 
-_SOURCES = {"hdf5": ("hdf5", "HDF5Source"), "zarr": ("zarr", "ZarrSource"), "npy": ("npy", "NpySource"),
-            "parquet": ("parquet", "ParquetSource"), "lance": ("lance", "LanceSource")}
-_SINKS = {"hdf5": ("hdf5", "HDF5Sink"), "zarr": ("zarr", "ZarrSink"), "parquet": ("parquet", "ParquetSink"),
-          "lance": ("lance", "LanceSink")}
+_SOURCES = {
+    "hdf5": ("hdf5", "HDF5Source"),
+    "zarr": ("zarr", "ZarrSource"),
+    "npy": ("npy", "NpySource"),
+    "parquet": ("parquet", "ParquetSource"),
+    "lance": ("lance", "LanceSource"),
+}
+_SINKS = {
+    "hdf5": ("hdf5", "HDF5Sink"),
+    "zarr": ("zarr", "ZarrSink"),
+    "parquet": ("parquet", "ParquetSink"),
+    "lance": ("lance", "LanceSink"),
+}
 #: Backends that need an optional extra: (the library, what it is for, the extra that installs it).
 _EXTRAS = {"parquet": ("pyarrow", "Parquet", "parquet"), "lance": ("pylance", "Lance datasets", "lance")}
 #: Outputs whose blocks are written as row groups or fragments (any size), carrying other columns.
@@ -111,8 +120,10 @@ def _refuse_incomplete(source: Source) -> None:
     """An output of ours whose ``complete`` attribute is false is not there yet: refuse to read it."""
     attrs = source.attrs()
     if "complete" in attrs and "model_checksum" in attrs and not attrs["complete"]:
-        raise BadInputError(f"{source.label}: an output that is not complete (complete = false): it is being written, "
-                            "or the run writing it was stopped; run that apply again to finish it")
+        raise BadInputError(
+            f"{source.label}: an output that is not complete (complete = false): it is being written, "
+            "or the run writing it was stopped; run that apply again to finish it"
+        )
 
 
 def backend(kind: str):
@@ -124,8 +135,9 @@ def backend(kind: str):
         if kind not in _EXTRAS or (exc.name or "").split(".")[0] not in ("pyarrow", "lance"):
             raise
         library, what, extra = _EXTRAS[kind]
-        raise BadInputError(f"reading or writing {what} needs {library}, which is not installed: "
-                            f"pip install 'streamwhiten[{extra}]'") from None
+        raise BadInputError(
+            f"reading or writing {what} needs {library}, which is not installed: pip install 'streamwhiten[{extra}]'"
+        ) from None
 
 
 def _backend_class(table: dict, kind: str):
@@ -224,10 +236,13 @@ def create_sink(
     check_output_compressor(spec, compressor)
     if remote.is_url(path):
         if compressor != "none":
-            raise BadInputError(f"{remote.redact(path)}: --compressor is not supported for object-storage outputs "
-                                "yet; write it uncompressed, or to a local path")
-        return _create_remote_sink(path, dataset, kind, n_rows, n_features, dtype, attrs, overwrite, zarr_format,
-                                   chunk_rows, columns)
+            raise BadInputError(
+                f"{remote.redact(path)}: --compressor is not supported for object-storage outputs "
+                "yet; write it uncompressed, or to a local path"
+            )
+        return _create_remote_sink(
+            path, dataset, kind, n_rows, n_features, dtype, attrs, overwrite, zarr_format, chunk_rows, columns
+        )
     if os.path.lexists(path) and not overwrite:
         raise OutputExistsError.at(path)
     parent = os.path.dirname(os.path.abspath(path)) or "."
@@ -248,13 +263,25 @@ def create_sink(
         raise StoreIOError(f"{partial}: cannot remove the partial output of an earlier run: {io_error(exc)}") from exc
     needed, free = n_rows * n_features * dtype.itemsize, shutil.disk_usage(parent).free
     if needed > free:
-        raise StoreIOError(f"{path}: the output needs about {needed / 1e6:,.1f} MB but only {free / 1e6:,.1f} MB are free in {parent}")
+        raise StoreIOError(
+            f"{path}: the output needs about {needed / 1e6:,.1f} MB but only {free / 1e6:,.1f} MB are free in {parent}"
+        )
     attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
     sink_class = _backend_class(_SINKS, kind)
     try:
         options = {"columns": columns} if kind in _TABULAR else {"compressor": compressor}
-        return sink_class.create(path, dataset, partial, (n_rows, n_features), dtype, chunk_rows, attrs,
-                                 direct_io=direct_io, zarr_format=zarr_format, **options)
+        return sink_class.create(
+            path,
+            dataset,
+            partial,
+            (n_rows, n_features),
+            dtype,
+            chunk_rows,
+            attrs,
+            direct_io=direct_io,
+            zarr_format=zarr_format,
+            **options,
+        )
     except Exception as exc:
         remove(partial)
         if isinstance(exc, (OSError, RuntimeError)) or exc.__class__.__module__.startswith(("zarr", "pyarrow")):
@@ -262,14 +289,16 @@ def create_sink(
         raise
 
 
-def _create_remote_sink(path, dataset, kind, n_rows, n_features, dtype, attrs, overwrite, zarr_format, chunk_rows,
-                        columns) -> Sink:
+def _create_remote_sink(
+    path, dataset, kind, n_rows, n_features, dtype, attrs, overwrite, zarr_format, chunk_rows, columns
+) -> Sink:
     """:func:`create_sink` for a URL: Zarr is written in place, its ``complete`` attribute set last; Parquet
     as part objects beside it, joined into one object that appears only when its upload completes."""
     remote.check_url(path)
     if kind not in _REMOTE_SINKS:
-        raise BadInputError(f"{remote.redact(path)}: {kind} outputs cannot be written to object storage; write "
-                            ".zarr or .parquet")
+        raise BadInputError(
+            f"{remote.redact(path)}: {kind} outputs cannot be written to object storage; write .zarr or .parquet"
+        )
     if output_exists(path) and not overwrite:
         raise OutputExistsError(f"{remote.redact(path)}: already exists (pass --overwrite to replace it)")
     head, rest = remote.split_url(path)
@@ -287,8 +316,18 @@ def _create_remote_sink(path, dataset, kind, n_rows, n_features, dtype, attrs, o
     sink_class = _backend_class(_REMOTE_SINKS, kind)
     options = {"columns": columns} if kind in _TABULAR else {}
     try:
-        return sink_class.create(path, dataset, partial, (n_rows, n_features), dtype, chunk_rows, attrs,
-                                 direct_io=False, zarr_format=zarr_format, **options)
+        return sink_class.create(
+            path,
+            dataset,
+            partial,
+            (n_rows, n_features),
+            dtype,
+            chunk_rows,
+            attrs,
+            direct_io=False,
+            zarr_format=zarr_format,
+            **options,
+        )
     except BadInputError:
         raise
     except Exception as exc:
@@ -306,12 +345,14 @@ def check_output_compressor(spec: str, compressor: str) -> None:
         raise BadInputError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {compressor!r}")
     path = split_spec(spec)[0]
     if compressor != "none" and output_kind(path) not in ("hdf5", "zarr"):
-        raise BadInputError(f"{path}: --compressor is for HDF5 and Zarr outputs; a {output_kind(path)} output is "
-                            "written uncompressed")
+        raise BadInputError(
+            f"{path}: --compressor is for HDF5 and Zarr outputs; a {output_kind(path)} output is written uncompressed"
+        )
 
 
-def sink_chunk_rows(spec: str, n_features: int, dtype, n_rows: int, block_rows: int | None,
-                    source_block_rows: int) -> int:
+def sink_chunk_rows(
+    spec: str, n_features: int, dtype, n_rows: int, block_rows: int | None, source_block_rows: int
+) -> int:
     """Rows per output chunk for an output at ``spec`` whose input is read in blocks of ``block_rows``
     (the user's) or else ``source_block_rows`` (the input's natural blocks).
 
@@ -344,7 +385,9 @@ def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | No
             recorded = json.load(handle)
     except (OSError, ValueError):
         recorded = None
-    counts = [int(recorded.pop(key, 0)) for key in ("rows_done", "n_nonfinite")] if isinstance(recorded, dict) else [0, 0]
+    counts = (
+        [int(recorded.pop(key, 0)) for key in ("rows_done", "n_nonfinite")] if isinstance(recorded, dict) else [0, 0]
+    )
     if recorded != job or not os.path.exists(partial):
         remove(partial)
         remove(progress)
@@ -372,7 +415,9 @@ def _resume_remote_sink(path, dataset, partial, progress, job) -> tuple[Sink | N
         recorded = json.loads(remote.cat(progress))
     except (BadInputError, ValueError):
         recorded = None
-    counts = [int(recorded.pop(key, 0)) for key in ("rows_done", "n_nonfinite")] if isinstance(recorded, dict) else [0, 0]
+    counts = (
+        [int(recorded.pop(key, 0)) for key in ("rows_done", "n_nonfinite")] if isinstance(recorded, dict) else [0, 0]
+    )
     data = path if kind == "zarr" else partial
     if recorded != job or not remote.exists(data) or (kind == "zarr" and not _incomplete_zarr(path)):
         if recorded is not None:
@@ -391,8 +436,31 @@ def _resume_remote_sink(path, dataset, partial, progress, job) -> tuple[Sink | N
 
 
 __all__ = [
-    "DEFAULT_BLOCK_BYTES", "FINGERPRINT_ROWS", "HDF5_SUFFIXES", "OUTPUT_CHUNK_BYTES", "ZARR_SUFFIX", "LazyRows",
-    "Sink", "Source", "aligned_chunk_rows", "backend", "check_output_compressor", "count_blocks", "create_sink", "expand_specs", "fingerprint",
-    "open_source", "output_chunk_rows", "output_kind", "partial_path", "read_attrs", "read_vector",
-    "refuse_input_overlap", "refuse_shared_outputs", "resume_sink", "same_file", "sink_chunk_rows", "split_spec",
+    "DEFAULT_BLOCK_BYTES",
+    "FINGERPRINT_ROWS",
+    "HDF5_SUFFIXES",
+    "OUTPUT_CHUNK_BYTES",
+    "ZARR_SUFFIX",
+    "LazyRows",
+    "Sink",
+    "Source",
+    "aligned_chunk_rows",
+    "backend",
+    "check_output_compressor",
+    "count_blocks",
+    "create_sink",
+    "expand_specs",
+    "fingerprint",
+    "open_source",
+    "output_chunk_rows",
+    "output_kind",
+    "partial_path",
+    "read_attrs",
+    "read_vector",
+    "refuse_input_overlap",
+    "refuse_shared_outputs",
+    "resume_sink",
+    "same_file",
+    "sink_chunk_rows",
+    "split_spec",
 ]

@@ -25,8 +25,11 @@ ATTRS_KEY = b"streamwhiten"
 DEFAULT_COLUMN = "embedding"
 
 #: Arrow element types a vector column may hold, as numpy dtypes.
-FLOAT_TYPES = {pa.float16(): np.dtype(np.float16), pa.float32(): np.dtype(np.float32),
-               pa.float64(): np.dtype(np.float64)}
+FLOAT_TYPES = {
+    pa.float16(): np.dtype(np.float16),
+    pa.float32(): np.dtype(np.float32),
+    pa.float64(): np.dtype(np.float64),
+}
 #: The column types a vector column may have, for messages.
 VECTOR_TYPES = "list<float16|float32|float64>, large_list<...> or fixed_size_list<...>[d]"
 
@@ -73,8 +76,10 @@ def vector_type(label: str, field) -> tuple[np.dtype, int | None]:
         raise BadInputError(f"{label}: column {field.name!r} is {field.type}, not a vector column ({VECTOR_TYPES})")
     element = arrow_type.value_type
     if element not in FLOAT_TYPES:
-        raise BadInputError(f"{label}: column {field.name!r} holds {element} values, not float16, float32 or float64 "
-                            f"({field.type}; cast it to a float type first)")
+        raise BadInputError(
+            f"{label}: column {field.name!r} holds {element} values, not float16, float32 or float64 "
+            f"({field.type}; cast it to a float type first)"
+        )
     width = arrow_type.list_size if pa.types.is_fixed_size_list(arrow_type) else None
     return FLOAT_TYPES[element], width
 
@@ -119,8 +124,10 @@ def copy_vectors(array, target: np.ndarray, where) -> None:
         lengths = np.diff(offsets)
         if lengths.min() != d or lengths.max() != d:
             bad = int(np.flatnonzero(lengths != d)[0])
-            raise BadInputError(f"{where(bad)}: has {int(lengths[bad])} values, not {d} as the vectors before it "
-                                "(every vector must have the same length)")
+            raise BadInputError(
+                f"{where(bad)}: has {int(lengths[bad])} values, not {d} as the vectors before it "
+                "(every vector must have the same length)"
+            )
         values = array.values.slice(int(offsets[0]), n * d)
     if values.null_count:
         position = _first(values.is_null())
@@ -142,8 +149,11 @@ def read_attrs(metadata) -> dict:
 # ----------------------------------------------------------------------------------------------- sinks
 
 _SINK_FILE = "sink.json"
-_ARROW_FLOATS = {np.dtype(np.float16): pa.float16(), np.dtype(np.float32): pa.float32(),
-                 np.dtype(np.float64): pa.float64()}
+_ARROW_FLOATS = {
+    np.dtype(np.float16): pa.float16(),
+    np.dtype(np.float32): pa.float32(),
+    np.dtype(np.float64): pa.float64(),
+}
 
 
 def _encode_schema(schema) -> str:
@@ -186,17 +196,27 @@ class TableSink(Sink):
         columns = columns if columns is not None else pa.schema([])
         column = dataset or DEFAULT_COLUMN
         if column in columns.names:
-            raise BadInputError(f"{path}: a kept column is named {column!r}, as the vector column is; name the "
-                                f"output's vector column (e.g. {path}:vectors)")
-        record = {"shape": list(shape), "dtype": str(np.dtype(dtype)), "chunk_rows": int(chunk_rows),
-                  "column": column, "attrs": attrs, "columns": _encode_schema(columns)}
+            raise BadInputError(
+                f"{path}: a kept column is named {column!r}, as the vector column is; name the "
+                f"output's vector column (e.g. {path}:vectors)"
+            )
+        record = {
+            "shape": list(shape),
+            "dtype": str(np.dtype(dtype)),
+            "chunk_rows": int(chunk_rows),
+            "column": column,
+            "attrs": attrs,
+            "columns": _encode_schema(columns),
+        }
         if remote.is_url(partial):  # parts are objects under the partial prefix (any machine can resume them)
             remote.put_bytes(remote.join(partial, _SINK_FILE), json.dumps(record, sort_keys=True).encode())
             return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns)
         os.mkdir(partial)
-        durable.write_file_atomic(os.path.join(partial, _SINK_FILE),
-                                  lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
-                                  "output description")
+        durable.write_file_atomic(
+            os.path.join(partial, _SINK_FILE),
+            lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
+            "output description",
+        )
         return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns)
 
     @classmethod
@@ -211,8 +231,16 @@ class TableSink(Sink):
         for name in [] if remote.is_url(partial) else os.listdir(partial):  # parts a killed run was writing
             if name.endswith(".tmp"):
                 os.remove(os.path.join(partial, name))
-        return cls(path, record["column"], partial, record["shape"], record["dtype"], record["chunk_rows"],
-                   record["attrs"], _decode_schema(record["columns"]))
+        return cls(
+            path,
+            record["column"],
+            partial,
+            record["shape"],
+            record["dtype"],
+            record["chunk_rows"],
+            record["attrs"],
+            _decode_schema(record["columns"]),
+        )
 
     @property
     def remote(self) -> bool:
@@ -256,19 +284,26 @@ class TableSink(Sink):
             names = [remote.basename(url) for url in remote.find(self.partial)]
         else:
             names = os.listdir(self.partial)
-        parts = sorted((int(name[5:20]), self._part_path(int(name[5:20]))) for name in names
-                       if name.startswith("part-") and name.endswith(self.part_suffix))
+        parts = sorted(
+            (int(name[5:20]), self._part_path(int(name[5:20])))
+            for name in names
+            if name.startswith("part-") and name.endswith(self.part_suffix)
+        )
         expected = 0
         for start, part in parts:
             table = self._read_remote_part(part) if self.remote else self._read_part(part)
             if start != expected or not table.schema.equals(self.schema, check_metadata=False):
-                raise StoreIOError(f"{self.path}: the partial output {self.partial} is damaged (part {part} starts at "
-                                   f"row {start}, expected {expected}); run again with --restart")
+                raise StoreIOError(
+                    f"{self.path}: the partial output {self.partial} is damaged (part {part} starts at "
+                    f"row {start}, expected {expected}); run again with --restart"
+                )
             yield table
             expected += table.num_rows
         if expected != self.shape[0]:
-            raise StoreIOError(f"{self.path}: the partial output {self.partial} holds {expected} of {self.shape[0]} "
-                               "rows; run again with --restart")
+            raise StoreIOError(
+                f"{self.path}: the partial output {self.partial} holds {expected} of {self.shape[0]} "
+                "rows; run again with --restart"
+            )
 
     def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
         """Join the parts into the final store with the final attributes, under a temporary name, durably,

@@ -170,8 +170,10 @@ class Source:
     # -- other columns of the same rows (tabular stores only)
     def column_schema(self, names: list):
         """The types of the columns ``names`` (to carry them into an output), checking they exist."""
-        raise BadInputError(f"{self.label}: --keep-columns needs a Parquet or Lance input (a table with other "
-                            f"columns); this is a {self.kind} store")
+        raise BadInputError(
+            f"{self.label}: --keep-columns needs a Parquet or Lance input (a table with other "
+            f"columns); this is a {self.kind} store"
+        )
 
     def read_columns(self, start: int, stop: int, names: list):
         """Rows ``[start, stop)`` of the columns ``names``, as a table of the backend's library."""
@@ -248,12 +250,12 @@ class LazyRows:
         start, stop, _ = rows.indices(self.shape[0])
         stop = max(start, stop)
         options = remote.using(self.storage_options) if self.storage_options is not None else _nothing()
-        with options, open_source(self.path, self.dataset, min_rows=0,
-                                  fill_missing_chunks=self.fill_missing_chunks) as source:
+        with (
+            options,
+            open_source(self.path, self.dataset, min_rows=0, fill_missing_chunks=self.fill_missing_chunks) as source,
+        ):
             if source.shape != self.shape:
-                raise StoreIOError(
-                    f"{self.label}: changed while being read (shape {source.shape}, was {self.shape})"
-                )
+                raise StoreIOError(f"{self.label}: changed while being read (shape {source.shape}, was {self.shape})")
             block = source.read(start, stop)
         return block if columns == slice(None) else np.ascontiguousarray(block[:, columns])
 
@@ -343,8 +345,9 @@ class Sink:
 
     kind = "?"
 
-    def __init__(self, path: str, dataset: str | None, partial: str, shape, dtype, chunk_rows: int,
-                 direct_io: bool = True):
+    def __init__(
+        self, path: str, dataset: str | None, partial: str, shape, dtype, chunk_rows: int, direct_io: bool = True
+    ):
         self.path = path
         self.dataset = dataset
         self.partial = partial
@@ -400,9 +403,11 @@ class Sink:
         if remote.is_url(self.progress_path):  # one PUT: the old record or the new one, never a part
             remote.put_bytes(self.progress_path, json.dumps(record, sort_keys=True).encode())
             return
-        durable.write_file_atomic(self.progress_path,
-                                  lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
-                                  "progress record")
+        durable.write_file_atomic(
+            self.progress_path,
+            lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
+            "progress record",
+        )
 
     def region_writer(self):
         """A picklable writer of whole-chunk row ranges, for worker processes (Zarr only)."""
@@ -413,8 +418,9 @@ class Sink:
         (replacing an old output only if ``overwrite``)."""
         try:
             if _inode(self.partial) != self.partial_inode:
-                raise OSError(f"{self.partial} was replaced by another run writing the same output; "
-                              "this one is not committed")
+                raise OSError(
+                    f"{self.partial} was replaced by another run writing the same output; this one is not committed"
+                )
             self._finish(dict(attrs or {}, complete=True))
             final = os.path.abspath(self.path.rstrip("/"))
             if os.path.lexists(final):

@@ -42,7 +42,11 @@ class DecodeError(ValueError):
 
 
 def _u8(buffer) -> np.ndarray:
-    return np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) else buffer.reshape(-1).view(np.uint8)
+    return (
+        np.frombuffer(buffer, dtype=np.uint8)
+        if not isinstance(buffer, np.ndarray)
+        else buffer.reshape(-1).view(np.uint8)
+    )
 
 
 def _zstd_content_size(data: np.ndarray) -> int | None:
@@ -341,7 +345,9 @@ def zarr_plan(array) -> DecodePlan | None:
     else:
         if metadata.order != "C":
             return None
-        for codec in ([metadata.compressor] if metadata.compressor is not None else []) + list(reversed(metadata.filters or [])):
+        for codec in ([metadata.compressor] if metadata.compressor is not None else []) + list(
+            reversed(metadata.filters or [])
+        ):
             step = _numcodecs_step(codec)
             if step is None:
                 return None
@@ -414,8 +420,9 @@ def widen_in_place(region: np.ndarray, n_values: int) -> None:
         np.copyto(target[start : start + step], source[start : start + step])
 
 
-def decode_rows(plan: DecodePlan, chunks, start: int, stop: int, out: np.ndarray, chunk_rows: int,
-                fill_value, describe) -> np.ndarray:
+def decode_rows(
+    plan: DecodePlan, chunks, start: int, stop: int, out: np.ndarray, chunk_rows: int, fill_value, describe
+) -> np.ndarray:
     """Rows ``[start, stop)`` into ``out`` (C-contiguous, the store's dtype or float32 for a float16
     store) from ``chunks``: ``(index, stored bytes or None for a missing chunk, filter mask)`` for each
     chunk the rows touch. A chunk the rows cover whole is decoded straight into ``out``; a partial one

@@ -28,8 +28,11 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 def direct_writable(offset: int, data: np.ndarray) -> bool:
     """True when ``data`` written at ``offset`` meets the alignment a direct write needs."""
     return bool(
-        _O_DIRECT and data.flags.c_contiguous and offset % ALIGNMENT == 0
-        and data.nbytes % ALIGNMENT == 0 and data.ctypes.data % ALIGNMENT == 0
+        _O_DIRECT
+        and data.flags.c_contiguous
+        and offset % ALIGNMENT == 0
+        and data.nbytes % ALIGNMENT == 0
+        and data.ctypes.data % ALIGNMENT == 0
     )
 
 

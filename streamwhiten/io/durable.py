@@ -109,8 +109,10 @@ def write_file_atomic(path: str, write, what: str) -> None:
     try:
         fsync_dir(os.path.dirname(os.path.abspath(path)))
     except OSError as exc:
-        raise StoreIOError(f"{path}: {what} written, but its directory could not be synced ({exc.strerror or exc}): "
-                           "it may not survive a power loss") from exc
+        raise StoreIOError(
+            f"{path}: {what} written, but its directory could not be synced ({exc.strerror or exc}): "
+            "it may not survive a power loss"
+        ) from exc
 
 
 def _remove_quietly(path: str) -> None:

@@ -88,7 +88,9 @@ class HDF5Source(Source):
 
     def _only_dataset(self, path):
         found = []
-        self._file.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and obj.ndim == 2 else None)
+        self._file.visititems(
+            lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and obj.ndim == 2 else None
+        )
         if len(found) == 1:
             return found[0]
         listing = ", ".join("/" + name for name in found[:10]) or "none"
@@ -115,8 +117,10 @@ class HDF5Source(Source):
             except (OSError, ValueError, RuntimeError) as exc:
                 self._raise_read_error(exc, index * rows, min(self.n_rows, (index + 1) * rows))
             found.append((index, None if info is None or info.byte_offset is None else info))
-        buffer = fetch_buffer(sum(info.size for _, info in found if info is not None),
-                              (stop - start) * self.n_features * self.dtype.itemsize)
+        buffer = fetch_buffer(
+            sum(info.size for _, info in found if info is not None),
+            (stop - start) * self.n_features * self.dtype.itemsize,
+        )
         chunks, offset = [], 0
         for index, info in found:
             if info is None:  # unwritten, and filled (refused above otherwise)
@@ -130,11 +134,14 @@ class HDF5Source(Source):
                     if count == 0:
                         raise CorruptStoreError(
                             f"{self.label}: rows {index * rows}..{min(self.n_rows, (index + 1) * rows) - 1} cannot be "
-                            f"read, the file is truncated (it ends inside their chunk)")
+                            f"read, the file is truncated (it ends inside their chunk)"
+                        )
                     done += count
             except OSError as exc:
-                raise StoreIOError(f"{self.label}: cannot read rows {index * rows}.."
-                                   f"{min(self.n_rows, (index + 1) * rows) - 1}: {io_error(exc)}") from exc
+                raise StoreIOError(
+                    f"{self.label}: cannot read rows {index * rows}.."
+                    f"{min(self.n_rows, (index + 1) * rows) - 1}: {io_error(exc)}"
+                ) from exc
             chunks.append((index, view, info.filter_mask))
             offset += info.size
         return Fetched(chunks, buffer)
@@ -143,8 +150,9 @@ class HDF5Source(Source):
         """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
         ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead."""
         if self.remote:
-            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out,
-                                   fetched)
+            return remote.retrying(
+                self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out, fetched
+            )
         return self._read_into(start, stop, out, fetched)
 
     def _read_into(self, start, stop, out, fetched=None):
@@ -152,8 +160,9 @@ class HDF5Source(Source):
         if self.plan is not None and stop > start:
             chunks = fetched if fetched is not None else self.fetch(start, stop)
             try:
-                return decode_rows(self.plan, chunks, start, stop, view, self.chunk_rows, self._node.fillvalue,
-                                   self._describe)
+                return decode_rows(
+                    self.plan, chunks, start, stop, view, self.chunk_rows, self._node.fillvalue, self._describe
+                )
             except DecodeError as exc:
                 raise CorruptStoreError(f"{self.label}: {exc}") from None
             finally:
@@ -178,8 +187,10 @@ class HDF5Source(Source):
         failed = re.search(r"errno = (\d+)", str(exc))
         if failed and int(failed.group(1)):
             raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
-        raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be read, the file is damaged or "
-                                f"truncated ({first_line(exc)})") from exc
+        raise CorruptStoreError(
+            f"{self.label}: rows {start}..{stop - 1} cannot be read, the file is damaged or "
+            f"truncated ({first_line(exc)})"
+        ) from exc
 
     def _describe(self, index: int) -> str:
         lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
@@ -198,7 +209,9 @@ class HDF5Source(Source):
                     lo, hi = index * rows, min((index + 1) * rows, self.n_rows)
                     raise MissingChunkError(
                         f"{self.label}: rows {lo}..{hi - 1} were never written (their chunk is not in the file): the "
-                        f"dataset is incomplete{FILL_HINT}", rows=(lo, hi))
+                        f"dataset is incomplete{FILL_HINT}",
+                        rows=(lo, hi),
+                    )
 
     def attrs(self) -> dict:
         return dict(self._node.attrs)
@@ -229,7 +242,9 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     with handle:
         if inner is None:
             found = []
-            handle.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and obj.ndim == 1 else None)
+            handle.visititems(
+                lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and obj.ndim == 1 else None
+            )
             if len(found) != 1:
                 listing = ", ".join("/" + name for name in found[:10]) or "none"
                 raise BadInputError(f"{path}: name a dataset (file.h5:/dataset); 1-D datasets found: {listing}")
@@ -286,21 +301,24 @@ class HDF5Sink(Sink):
         self.chunk_file: ChunkFile | None = ChunkFile(partial, direct=direct_io)
 
     @classmethod
-    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, compressor="none",
-               **_) -> HDF5Sink:
+    def create(
+        cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, compressor="none", **_
+    ) -> HDF5Sink:
         """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
         With a ``compressor``, an :class:`HDF5CompressedSink` instead."""
         if check_compressor(compressor) != "none":
-            return HDF5CompressedSink.create(path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io,
-                                             compressor)
+            return HDF5CompressedSink.create(
+                path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io, compressor
+            )
         dataset = dataset or cls.default_dataset
         handle = None
         try:
             handle = h5py.File(partial, "w", rdcc_nbytes=0, alignment_threshold=ALIGNMENT, alignment_interval=ALIGNMENT)
             layout = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
             layout.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-            array = handle.create_dataset(dataset, shape=shape, dtype=dtype, chunks=(chunk_rows, shape[1]),
-                                          dcpl=layout, fill_time="never")
+            array = handle.create_dataset(
+                dataset, shape=shape, dtype=dtype, chunks=(chunk_rows, shape[1]), dcpl=layout, fill_time="never"
+            )
             array.attrs.update({key: _attr(value) for key, value in attrs.items()})
             handle.flush()
             offsets = _chunk_offsets(array, chunk_rows)
@@ -370,8 +388,10 @@ def _filters(compressor: str, dtype, chunk_bytes: int) -> dict:
     try:
         import hdf5plugin  # noqa: F401  (registers the blosc and zstd filters with HDF5)
     except ImportError:
-        raise BadInputError(f"an HDF5 output compressed with {compressor} needs the hdf5plugin package (and so do its "
-                            "readers): pip install hdf5plugin, or use --compressor gzip") from None
+        raise BadInputError(
+            f"an HDF5 output compressed with {compressor} needs the hdf5plugin package (and so do its "
+            "readers): pip install hdf5plugin, or use --compressor gzip"
+        ) from None
     if compressor == "zstd":
         return {"compression": H5Z_ZSTD, "compression_opts": (3,)}
     # blosc's filter parameters: filter and blosc versions, type size, chunk bytes, level, shuffle, lz4
@@ -450,8 +470,10 @@ class HDF5CompressedSink(Sink):
     def _write(self, start, block):
         for index, lo, hi, a, b, data in self.covered(start, block):
             if (a, b) != (lo, hi) or index != self.chunks:
-                raise OSError(f"rows {a}..{b - 1} do not make up chunk {self.chunks} (compressed output chunks are "
-                              "written whole and in order)")
+                raise OSError(
+                    f"rows {a}..{b - 1} do not make up chunk {self.chunks} (compressed output chunks are "
+                    "written whole and in order)"
+                )
             if data.shape[0] < self.chunk_rows:  # the edge chunk is stored at full size
                 data = np.concatenate([data, np.zeros((self.chunk_rows - data.shape[0], self.shape[1]), self.dtype)])
             stored = self._encode(np.ascontiguousarray(data))

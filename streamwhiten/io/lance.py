@@ -39,8 +39,10 @@ def _lance_error(label: str, what: str, exc: BaseException) -> Exception:
     """A pylance failure as ours: a failed system call is an I/O error, anything else damaged data."""
     if isinstance(exc, OSError) and getattr(exc, "errno", None):
         return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
-    return CorruptStoreError(f"{label}: {what} cannot be read, the dataset is damaged or incomplete "
-                             f"({exc.__class__.__name__}: {first_line(exc)})")
+    return CorruptStoreError(
+        f"{label}: {what} cannot be read, the dataset is damaged or incomplete "
+        f"({exc.__class__.__name__}: {first_line(exc)})"
+    )
 
 
 def _open(path: str, version=None):
@@ -51,8 +53,9 @@ def _open(path: str, version=None):
         except StoreIOError:
             raise
         except (OSError, ValueError, RuntimeError) as exc:
-            raise BadInputError(f"{remote.redact(path)}: cannot open as a Lance dataset "
-                                f"({remote.scrub(first_line(exc))})") from None
+            raise BadInputError(
+                f"{remote.redact(path)}: cannot open as a Lance dataset ({remote.scrub(first_line(exc))})"
+            ) from None
     try:
         return lance.dataset(path, version=version)
     except (OSError, ValueError, RuntimeError) as exc:
@@ -97,8 +100,9 @@ class LanceSource(Source):
             table = self._fragment_table(index, [column], 0, 1)
             where = f"{self._column_label}: fragment {fragment_id}, row {self._starts[index]:,}"
             return vector_length(table.column(0).combine_chunks(), where)
-        raise BadInputError(f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
-                            "unknown")
+        raise BadInputError(
+            f"{self._column_label}: has no rows, so the length of the vectors of its list column is unknown"
+        )
 
     @property
     def label(self) -> str:
@@ -163,26 +167,32 @@ class LanceSource(Source):
             for array in table.column(0).chunks:
                 n = len(array)
                 where = (lambda row, fragment: lambda i: f"{self.label}: fragment {fragment}, row {row + i:,}")(
-                    a + done, fragment_id)
+                    a + done, fragment_id
+                )
                 copy_vectors(array, view[a - start + done : a - start + done + n], where)
                 done += n
             if done != b - a:
-                raise CorruptStoreError(f"{self.label}: fragment {fragment_id} gave {done} of the {b - a} rows asked "
-                                        f"for from row {a:,}: the dataset is damaged")
+                raise CorruptStoreError(
+                    f"{self.label}: fragment {fragment_id} gave {done} of the {b - a} rows asked "
+                    f"for from row {a:,}: the dataset is damaged"
+                )
         return view
 
     # -- other columns of the same rows
     def column_schema(self, names):
         missing = [name for name in names if name not in self._schema.names]
         if missing:
-            raise BadInputError(f"{self.path}: has no column {missing[0]!r} to keep; its columns are "
-                                f"{describe_columns(self._schema)}")
+            raise BadInputError(
+                f"{self.path}: has no column {missing[0]!r} to keep; its columns are {describe_columns(self._schema)}"
+            )
         return pa.schema([self._schema.field(name) for name in names])
 
     def read_columns(self, start, stop, names):
         schema = self.column_schema(names)
-        tables = [self._fragment_table(index, list(names), a - self._starts[index], b - a).cast(schema)
-                  for index, a, b in self._fragments(start, stop)]
+        tables = [
+            self._fragment_table(index, list(names), a - self._starts[index], b - a).cast(schema)
+            for index, a, b in self._fragments(start, stop)
+        ]
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def close(self):
@@ -193,11 +203,16 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` (or the dataset's only numeric column), whole, and its label."""
     handle = _open(path)
     schema = handle.schema
-    numeric = [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
-               or pa.types.is_boolean(f.type)]
+    numeric = [
+        f.name
+        for f in schema
+        if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
+    ]
     if inner is None:
         if len(numeric) != 1:
-            raise BadInputError(f"{path}: name a column (dir.lance:column); numeric columns: {', '.join(numeric) or 'none'}")
+            raise BadInputError(
+                f"{path}: name a column (dir.lance:column); numeric columns: {', '.join(numeric) or 'none'}"
+            )
         inner = numeric[0]
     label = f"{path}:{inner}"
     if inner not in schema.names:

@@ -50,8 +50,10 @@ class NpySource(Source):
         except OSError as exc:
             raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
         if size < self._file_bytes:
-            raise CorruptStoreError(f"{self.label}: the file shrank to {size} bytes while being read (its header says "
-                                    f"{self._file_bytes}): it is being rewritten or was truncated")
+            raise CorruptStoreError(
+                f"{self.label}: the file shrank to {size} bytes while being read (its header says "
+                f"{self._file_bytes}): it is being rewritten or was truncated"
+            )
         view = out[: stop - start]
         try:
             view[...] = self._array[start:stop]
@@ -85,8 +87,10 @@ def _header(url: str) -> tuple[tuple, np.dtype, int, int]:
     if dtype.hasobject:
         raise BadInputError(f"{where}: holds Python objects, not numbers")
     if fortran and len(shape) > 1:
-        raise BadInputError(f"{where}: is stored in Fortran (column) order; rows cannot be read in ranges (save it "
-                            "with np.ascontiguousarray)")
+        raise BadInputError(
+            f"{where}: is stored in Fortran (column) order; rows cannot be read in ranges (save it "
+            "with np.ascontiguousarray)"
+        )
     offset = handle.tell()
     if size < offset + int(np.prod(shape)) * dtype.itemsize:
         raise CorruptStoreError(f"{where}: the file is truncated (shorter than its header says)")
@@ -100,7 +104,9 @@ class RemoteNpySource(NpySource):
 
     def __init__(self, path, dataset):
         if dataset:
-            raise BadInputError(f"{remote.redact(path)}: a .npy file holds one array; drop the dataset name ':{dataset}'")
+            raise BadInputError(
+                f"{remote.redact(path)}: a .npy file holds one array; drop the dataset name ':{dataset}'"
+            )
         shape, dtype, self._offset, self._size = _header(path)
         self._version = remote.version(path)
         Source.__init__(self, path, None, shape, dtype, None)
@@ -120,8 +126,9 @@ class RemoteNpySource(NpySource):
         edges = list(range(first, last, RANGE_BYTES)) + [last]
         fs, key = remote.filesystem(self.path)
         what = f"read rows {start}..{stop - 1}"
-        parts = remote.retrying(self.path, what, fs.cat_ranges, [key] * (len(edges) - 1), edges[:-1], edges[1:],
-                                on_error="raise")
+        parts = remote.retrying(
+            self.path, what, fs.cat_ranges, [key] * (len(edges) - 1), edges[:-1], edges[1:], on_error="raise"
+        )
         target = view.reshape(-1).view(np.uint8) if self._stored == self.dtype else None
         done = 0
         raw = bytearray() if target is None else None
@@ -129,8 +136,10 @@ class RemoteNpySource(NpySource):
             if isinstance(part, BaseException):
                 raise remote.failure(self.path, what, part)
             if len(part) != b - a:
-                raise CorruptStoreError(f"{self.label}: the file shrank while being read (rows {start}..{stop - 1} "
-                                        "are past its end): it is being rewritten or was truncated")
+                raise CorruptStoreError(
+                    f"{self.label}: the file shrank while being read (rows {start}..{stop - 1} "
+                    "are past its end): it is being rewritten or was truncated"
+                )
             if target is not None:
                 target[done : done + len(part)] = np.frombuffer(part, np.uint8)
             else:

@@ -70,8 +70,10 @@ def _arrow_error(label: str, what: str, exc: BaseException) -> Exception:
     """A pyarrow failure as ours: a failed system call is an I/O error, anything else damaged data."""
     if isinstance(exc, OSError) and getattr(exc, "errno", None):
         return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
-    return CorruptStoreError(f"{label}: {what} cannot be decoded, the file is damaged or truncated "
-                             f"({exc.__class__.__name__}: {first_line(exc)})")
+    return CorruptStoreError(
+        f"{label}: {what} cannot be decoded, the file is damaged or truncated "
+        f"({exc.__class__.__name__}: {first_line(exc)})"
+    )
 
 
 def _single_file(path: str) -> str:
@@ -84,8 +86,10 @@ def _single_file(path: str) -> str:
     files = parquet_files(path)
     if len(files) == 1:
         return files[0]
-    raise BadInputError(f"{path}: a directory of {len(files)} Parquet files; fit and run read each file as a source "
-                        f"(this command needs one, e.g. {files[0] if files else 'file.parquet'})")
+    raise BadInputError(
+        f"{path}: a directory of {len(files)} Parquet files; fit and run read each file as a source "
+        f"(this command needs one, e.g. {files[0] if files else 'file.parquet'})"
+    )
 
 
 def _remote_footer(url: str) -> tuple[bytes, dict]:
@@ -133,8 +137,9 @@ class _Stream:
     def restart(self) -> None:
         self.close()
         self._handle = self._open_file()
-        self._batches = self._handle.iter_batches(batch_size=self.batch_rows, row_groups=[self.group],
-                                                  columns=[self.column], use_threads=False)
+        self._batches = self._handle.iter_batches(
+            batch_size=self.batch_rows, row_groups=[self.group], columns=[self.column], use_threads=False
+        )
         self.position, self.pending = 0, None
 
     def first_available(self) -> int:
@@ -161,16 +166,19 @@ class ParquetSource(Source):
     """The vectors of a list column of one Parquet file."""
 
     kind = "parquet"
-    layout_change = ("the Parquet file was rewritten (Parquet files are never appended to: put new rows in new "
-                     "files)")
+    layout_change = "the Parquet file was rewritten (Parquet files are never appended to: put new rows in new files)"
 
     def __init__(self, path, dataset):
         path = _single_file(path)
         self.remote = remote.is_url(path)
         try:
             footer, stat = _footer(path)
-            handle = pq.ParquetFile(_open_remote(path) if self.remote else path, pre_buffer=False,
-                                    buffer_size=STREAM_BUFFER_BYTES, page_checksum_verification=True)
+            handle = pq.ParquetFile(
+                _open_remote(path) if self.remote else path,
+                pre_buffer=False,
+                buffer_size=STREAM_BUFFER_BYTES,
+                page_checksum_verification=True,
+            )
         except (BadInputError, FileNotFoundError, PermissionError):
             raise
         except (OSError, pa.ArrowException, ValueError) as exc:
@@ -211,8 +219,10 @@ class ParquetSource(Source):
             except (OSError, pa.ArrowException, StopIteration) as exc:
                 raise _arrow_error(self._column_label, f"row group {group}", exc) from exc
             return vector_length(batch.column(0), where)
-        raise BadInputError(f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
-                            "unknown (leave empty files out)")
+        raise BadInputError(
+            f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
+            "unknown (leave empty files out)"
+        )
 
     @property
     def label(self) -> str:
@@ -265,8 +275,13 @@ class ParquetSource(Source):
             raise StoreIOError(f"{self.label}: read after the source was closed")
         self._check_unchanged()
         try:
-            handle = pq.ParquetFile(_open_remote(self.path) if self.remote else self.path, metadata=self._metadata,
-                                    page_checksum_verification=True, pre_buffer=False, buffer_size=STREAM_BUFFER_BYTES)
+            handle = pq.ParquetFile(
+                _open_remote(self.path) if self.remote else self.path,
+                metadata=self._metadata,
+                page_checksum_verification=True,
+                pre_buffer=False,
+                buffer_size=STREAM_BUFFER_BYTES,
+            )
         except (OSError, pa.ArrowException) as exc:
             raise _arrow_error(self.label, "the file", exc) from exc
         if keep:
@@ -291,12 +306,17 @@ class ParquetSource(Source):
             n = min(len(array), target.shape[0] - done)
             if n <= 0:
                 break
-            copy_vectors(array.slice(0, n) if n < len(array) else array, target[done : done + n],
-                         self._where(group, first_row + done))
+            copy_vectors(
+                array.slice(0, n) if n < len(array) else array,
+                target[done : done + n],
+                self._where(group, first_row + done),
+            )
             done += n
         if done != target.shape[0]:
-            raise CorruptStoreError(f"{self.label}: row group {group} holds fewer rows than its metadata says "
-                                    f"({done} of {target.shape[0]} read from row {first_row:,}): the file is damaged")
+            raise CorruptStoreError(
+                f"{self.label}: row group {group} holds fewer rows than its metadata says "
+                f"({done} of {target.shape[0]} read from row {first_row:,}): the file is damaged"
+            )
 
     def _groups(self, start: int, stop: int):
         """``(group, a, b)``: the rows ``[a, b)`` of the file in each row group that ``[start, stop)`` touches."""
@@ -336,8 +356,9 @@ class ParquetSource(Source):
         pyarrow's buffers stay small (reused, not first touched again for every row group) and hot in cache."""
         first_row, done = self._starts[group], 0
         try:
-            batches = self._file().iter_batches(batch_size=self._batch_rows(), row_groups=[group],
-                                                columns=[self.dataset], use_threads=False)
+            batches = self._file().iter_batches(
+                batch_size=self._batch_rows(), row_groups=[group], columns=[self.dataset], use_threads=False
+            )
             for batch in batches:
                 n = min(batch.num_rows, target.shape[0] - done)
                 self._copy([batch.column(0)], group, first_row + done, target[done : done + n])
@@ -345,13 +366,16 @@ class ParquetSource(Source):
         except (OSError, pa.ArrowException) as exc:
             raise _arrow_error(self.label, f"row group {group}", exc) from exc
         if done != target.shape[0]:
-            raise CorruptStoreError(f"{self.label}: row group {group} holds fewer rows than its metadata says "
-                                    f"({done:,} of {target.shape[0]:,}): the file is damaged")
+            raise CorruptStoreError(
+                f"{self.label}: row group {group} holds fewer rows than its metadata says "
+                f"({done:,} of {target.shape[0]:,}): the file is damaged"
+            )
 
     def _read_head(self, group: int, rows: int, target: np.ndarray) -> None:
         try:
-            batches = self._file().iter_batches(batch_size=rows, row_groups=[group], columns=[self.dataset],
-                                                use_threads=False)
+            batches = self._file().iter_batches(
+                batch_size=rows, row_groups=[group], columns=[self.dataset], use_threads=False
+            )
             array = next(batches).column(0)
         except (OSError, pa.ArrowException, StopIteration) as exc:
             raise _arrow_error(self.label, f"row group {group}", exc) from exc
@@ -391,14 +415,17 @@ class ParquetSource(Source):
                         stream.pending = None
                         continue
                     b = min(hi, p1)
-                    self._copy([array.slice(filled - p0, b - filled)], group, first_row + filled,
-                               target[filled - lo : b - lo])
+                    self._copy(
+                        [array.slice(filled - p0, b - filled)], group, first_row + filled, target[filled - lo : b - lo]
+                    )
                     filled = b
                     if b == p1:
                         stream.pending = None
             except StopIteration:
-                raise CorruptStoreError(f"{self.label}: row group {group} holds fewer rows than its metadata says "
-                                        f"({stream.position:,} of {self._group_rows[group]:,}): the file is damaged") from None
+                raise CorruptStoreError(
+                    f"{self.label}: row group {group} holds fewer rows than its metadata says "
+                    f"({stream.position:,} of {self._group_rows[group]:,}): the file is damaged"
+                ) from None
             except (OSError, pa.ArrowException) as exc:
                 raise _arrow_error(self.label, f"row group {group}", exc) from exc
             if stream.pending is None and stream.position >= self._group_rows[group]:
@@ -411,8 +438,9 @@ class ParquetSource(Source):
     def column_schema(self, names):
         missing = [name for name in names if name not in self._schema.names]
         if missing:
-            raise BadInputError(f"{self.path}: has no column {missing[0]!r} to keep; its columns are "
-                                f"{describe_columns(self._schema)}")
+            raise BadInputError(
+                f"{self.path}: has no column {missing[0]!r} to keep; its columns are {describe_columns(self._schema)}"
+            )
         return pa.schema([self._schema.field(name) for name in names])
 
     def read_columns(self, start, stop, names):
@@ -455,8 +483,11 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
         schema = pq.read_schema(where)
     except (OSError, pa.ArrowException) as exc:
         raise _arrow_error(path, "the file", exc) from exc
-    numeric = [f.name for f in schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type)
-               or pa.types.is_boolean(f.type)]
+    numeric = [
+        f.name
+        for f in schema
+        if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
+    ]
     if inner is None:
         if len(numeric) != 1:
             listing = ", ".join(numeric) or "none"
@@ -481,8 +512,9 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
 
 #: How parts and the final file are written: floats do not compress or repeat, and the settings are
 #: fixed so that a rerun writes the same bytes.
-WRITE_OPTIONS = dict(compression="none", use_dictionary=False, write_statistics=True, version="2.6",
-                     write_page_checksum=True)
+WRITE_OPTIONS = dict(
+    compression="none", use_dictionary=False, write_statistics=True, version="2.6", write_page_checksum=True
+)
 
 
 class ParquetSink(TableSink):

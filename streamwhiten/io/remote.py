@@ -33,16 +33,34 @@ from ..errors import BadInputError, StoreIOError
 #: ``scheme://`` at the start of a spec.
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 #: Spellings of one protocol (``s3a://`` is Hadoop's name for S3).
-_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "adl": "az", "http": "http",
-            "https": "https"}
+_ALIASES = {
+    "s3a": "s3",
+    "s3n": "s3",
+    "gcs": "gs",
+    "abfs": "az",
+    "abfss": "az",
+    "adl": "az",
+    "http": "http",
+    "https": "https",
+}
 #: Query parameters that make a URL a credential (presigned S3/GCS URLs, Azure SAS tokens).
-_SIGNED = re.compile(r"(^|&)(x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
-                     r"x-goog-credential|signature|sig|token|access_token|sv)=", re.IGNORECASE)
+_SIGNED = re.compile(
+    r"(^|&)(x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
+    r"x-goog-credential|signature|sig|token|access_token|sv)=",
+    re.IGNORECASE,
+)
 #: Storage option names whose values are secrets (never shown, scrubbed from messages).
 _SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|key|sas|auth|session", re.IGNORECASE)
 #: Environment variables whose values are secrets, scrubbed from messages too.
-_SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AZURE_STORAGE_KEY",
-               "AZURE_STORAGE_SAS_TOKEN", "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_KEY")
+_SECRET_ENV = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+)
 
 #: Attempts of one request beyond the first, and the first wait (doubled each time, with jitter, at most
 #: :data:`MAX_BACKOFF` s). About 10 s of waiting in all before a failure is called persistent.
@@ -80,7 +98,7 @@ def local_path(spec):
     if isinstance(spec, str) and spec[:7].lower() == "file://":
         rest = spec[7:]
         if rest.startswith("localhost/"):
-            rest = rest[len("localhost"):]
+            rest = rest[len("localhost") :]
         return rest or "/"
     return spec
 
@@ -88,18 +106,22 @@ def local_path(spec):
 def split_url(url: str) -> tuple[str, str]:
     """``(scheme://, rest)`` of a URL, the scheme as written."""
     match = _URL.match(url)
-    return url[: match.end()], url[match.end():]
+    return url[: match.end()], url[match.end() :]
 
 
 def check_url(url: str) -> None:
     """Refuse a URL that carries credentials: they would end up in labels, models and outputs."""
     parts = urlsplit(url)
     if "@" in parts.netloc and protocol(url) not in ("s3", "gs", "az"):
-        raise BadInputError(f"{redact(url)}: the URL holds credentials (user:password@); give them in the "
-                            "environment or with --storage-option instead, so they are never recorded")
+        raise BadInputError(
+            f"{redact(url)}: the URL holds credentials (user:password@); give them in the "
+            "environment or with --storage-option instead, so they are never recorded"
+        )
     if parts.query and _SIGNED.search(parts.query):
-        raise BadInputError(f"{redact(url)}: the URL is signed (a presigned or SAS query string is a credential); "
-                            "give credentials in the environment or with --storage-option instead")
+        raise BadInputError(
+            f"{redact(url)}: the URL is signed (a presigned or SAS query string is a credential); "
+            "give credentials in the environment or with --storage-option instead"
+        )
 
 
 def redact(url: str) -> str:
@@ -239,8 +261,10 @@ def _fsspec():
     try:
         import fsspec
     except ImportError:
-        raise BadInputError("reading or writing URLs needs fsspec (and s3fs for s3://, gcsfs for gs://, adlfs for "
-                            "az://): pip install 'streamwhiten[remote]'") from None
+        raise BadInputError(
+            "reading or writing URLs needs fsspec (and s3fs for s3://, gcsfs for gs://, adlfs for "
+            "az://): pip install 'streamwhiten[remote]'"
+        ) from None
     return fsspec
 
 
@@ -267,23 +291,32 @@ def filesystem(url: str):
     except (ImportError, ValueError) as exc:
         hint = {"s3": "s3fs", "gs": "gcsfs", "az": "adlfs", "http": "aiohttp", "https": "aiohttp"}.get(name)
         extra = f" (pip install {hint})" if hint else ""
-        raise BadInputError(f"{redact(url)}: no file system for {name}:// is installed{extra}: {scrub(str(exc))}") from None
+        raise BadInputError(
+            f"{redact(url)}: no file system for {name}:// is installed{extra}: {scrub(str(exc))}"
+        ) from None
     key = name
     fs = _filesystems.get(key)
     if fs is None:
         try:
             fs = fsspec.filesystem(name, **filesystem_options(url))
         except Exception as exc:
-            raise BadInputError(f"{redact(url)}: cannot set up {name}:// with the storage options given "
-                                f"({exc.__class__.__name__}: {scrub(str(exc))})") from None
+            raise BadInputError(
+                f"{redact(url)}: cannot set up {name}:// with the storage options given "
+                f"({exc.__class__.__name__}: {scrub(str(exc))})"
+            ) from None
         _filesystems[key] = fs
     path = cls._strip_protocol(url) if name not in ("http", "https") else redact(url)
     return fs, path
 
 
 #: fsspec's names of S3 options, and object_store's (pylance's storage_options) for them.
-_LANCE_NAMES = {"endpoint_url": "aws_endpoint", "key": "aws_access_key_id", "secret": "aws_secret_access_key",
-                "token": "aws_session_token", "region_name": "aws_region"}
+_LANCE_NAMES = {
+    "endpoint_url": "aws_endpoint",
+    "key": "aws_access_key_id",
+    "secret": "aws_secret_access_key",
+    "token": "aws_session_token",
+    "region_name": "aws_region",
+}
 
 
 def lance_options(url: str) -> dict:
@@ -326,16 +359,39 @@ _TRANSIENT_TEXT = re.compile(
     r"Internal Server Error|Bad Gateway|Service Unavailable|Gateway Time-?out|Connection reset|"
     r"connection (was )?(closed|aborted|lost|refused)|Server disconnected|timed out|Timeout|"
     r"Broken pipe|EOF occurred|IncompleteRead|Response payload is not completed|Cannot connect)\b)",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 #: Exception class names that mark a failure as passing (from aiohttp, botocore, urllib3, fsspec, ...).
-_TRANSIENT_NAMES = ("ConnectionError", "ConnectionResetError", "ConnectionAbortedError", "ConnectionRefusedError",
-                    "BrokenPipeError", "TimeoutError", "ServerDisconnectedError", "ClientOSError",
-                    "ClientPayloadError", "ClientConnectorError", "ServerTimeoutError", "EndpointConnectionError",
-                    "ConnectionClosedError", "ReadTimeoutError", "ConnectTimeoutError", "IncompleteReadError",
-                    "ResponseStreamingError", "FSTimeoutError", "ProtocolError", "IncompleteRead",
-                    "ContentLengthError", "ClientResponseError", "ServerDisconnected")
-_AUTH_TEXT = re.compile(r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|Forbidden|\b403\b|\b401\b|"
-                        r"InvalidToken|ExpiredToken|Unauthori[sz]ed|credentials", re.IGNORECASE)
+_TRANSIENT_NAMES = (
+    "ConnectionError",
+    "ConnectionResetError",
+    "ConnectionAbortedError",
+    "ConnectionRefusedError",
+    "BrokenPipeError",
+    "TimeoutError",
+    "ServerDisconnectedError",
+    "ClientOSError",
+    "ClientPayloadError",
+    "ClientConnectorError",
+    "ServerTimeoutError",
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "IncompleteReadError",
+    "ResponseStreamingError",
+    "FSTimeoutError",
+    "ProtocolError",
+    "IncompleteRead",
+    "ContentLengthError",
+    "ClientResponseError",
+    "ServerDisconnected",
+)
+_AUTH_TEXT = re.compile(
+    r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|Forbidden|\b403\b|\b401\b|"
+    r"InvalidToken|ExpiredToken|Unauthori[sz]ed|credentials",
+    re.IGNORECASE,
+)
 _MISSING_TEXT = re.compile(r"NoSuchBucket|NoSuchKey|Not Found|\b404\b|does not exist", re.IGNORECASE)
 
 
@@ -391,8 +447,10 @@ def failure(url: str, what: str, exc: BaseException, attempts: int = 1):
     if kind == "missing":
         return BadInputError(f"{where}: no such object, prefix or bucket ({what}: {reason(exc)})")
     if kind == "auth":
-        return StoreIOError(f"{where}: access denied, check the credentials (environment, profile or "
-                            f"--storage-option) ({what}: {reason(exc)})")
+        return StoreIOError(
+            f"{where}: access denied, check the credentials (environment, profile or "
+            f"--storage-option) ({what}: {reason(exc)})"
+        )
     tries = f" after {attempts} attempts" if attempts > 1 else ""
     return StoreIOError(f"{where}: cannot {what}{tries}: {reason(exc)}")
 
@@ -428,7 +486,7 @@ def retrying(url: str, what: str, call, *args, **kwargs):
                     raise
             if classify(exc) == "transient" and attempt < RETRIES:
                 stats["retries"] += 1
-                time.sleep(min(MAX_BACKOFF, BACKOFF * 2 ** attempt) * (0.5 + random.random()))
+                time.sleep(min(MAX_BACKOFF, BACKOFF * 2**attempt) * (0.5 + random.random()))
                 attempt += 1
                 continue
             stats["failures"] += 1
@@ -501,8 +559,18 @@ def _as_url(head: str, key: str, fs) -> str:
 def etag_of(details: dict) -> str:
     """The version of an object as its store says it: ETag (S3, Azure), generation or md5 (GCS), else
     the modification time."""
-    for key in ("ETag", "etag", "generation", "md5Hash", "version_id", "VersionId", "LastModified", "mtime",
-                "last_modified", "updated"):
+    for key in (
+        "ETag",
+        "etag",
+        "generation",
+        "md5Hash",
+        "version_id",
+        "VersionId",
+        "LastModified",
+        "mtime",
+        "last_modified",
+        "updated",
+    ):
         if details.get(key) not in (None, ""):
             return str(details[key]).strip('"')
     return ""
@@ -525,7 +593,7 @@ def prefix_version(url: str, details: dict | None = None) -> dict:
         item = details[key]
         size = int(item.get("size") or 0)
         total += size
-        digest.update(f"{normalize(key)[len(base):]}\0{size}\0{etag_of(item)}\n".encode())
+        digest.update(f"{normalize(key)[len(base) :]}\0{size}\0{etag_of(item)}\n".encode())
     return {"size": total, "etag": digest.hexdigest()}
 
 

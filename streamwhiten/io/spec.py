@@ -97,8 +97,14 @@ def _expand_url(path: str, suffix: str, spec: str) -> list[str]:
         for match in stores:
             result.extend(_expand_url(match, suffix, match + suffix))
         return result
-    if not any(path.rstrip("/").lower().endswith(s) for s in (ZARR_SUFFIX, LANCE_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX)
-               + HDF5_SUFFIXES) and remote.isdir(path) and input_kind(path) == "parquet":
+    if (
+        not any(
+            path.rstrip("/").lower().endswith(s)
+            for s in (ZARR_SUFFIX, LANCE_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX) + HDF5_SUFFIXES
+        )
+        and remote.isdir(path)
+        and input_kind(path) == "parquet"
+    ):
         return [name + suffix for name in parquet_files(path)]
     return [spec]
 
@@ -118,13 +124,20 @@ def parquet_files(directory: str) -> list[str]:
     ``_``-prefixed entries (``_SUCCESS``, ``_metadata``, partial outputs)."""
     if remote.is_url(directory):
         base = directory.rstrip("/")
-        return sorted(url for url in remote.find(base) if url.endswith(PARQUET_SUFFIX)
-                      and not any(part.startswith((".", "_")) for part in url[len(base) + 1:].split("/")))
+        return sorted(
+            url
+            for url in remote.find(base)
+            if url.endswith(PARQUET_SUFFIX)
+            and not any(part.startswith((".", "_")) for part in url[len(base) + 1 :].split("/"))
+        )
     found = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-        found.extend(os.path.join(root, name) for name in files
-                     if name.endswith(PARQUET_SUFFIX) and not name.startswith((".", "_")))
+        found.extend(
+            os.path.join(root, name)
+            for name in files
+            if name.endswith(PARQUET_SUFFIX) and not name.startswith((".", "_"))
+        )
     return sorted(found)
 
 
@@ -253,9 +266,11 @@ def refuse_shared_outputs(*outputs: tuple) -> None:
     would overwrite or delete the other)."""
     named = [(split_spec(os.fspath(path))[0], what) for path, what in outputs if path is not None]
     for i, (first, first_what) in enumerate(named):
-        for second, second_what in named[i + 1:]:
+        for second, second_what in named[i + 1 :]:
             if _same_location(first, second) or _same_inode(first, second):
-                raise BadInputError(f"{first}: given as both the {first_what} and the {second_what}; choose another path")
+                raise BadInputError(
+                    f"{first}: given as both the {first_what} and the {second_what}; choose another path"
+                )
 
 
 def _same_location(a: str, b: str) -> bool:
@@ -281,5 +296,7 @@ def refuse_input_overlap(outputs: dict, inputs, nested: bool = True) -> None:
         for in_path in input_paths:
             same = same_file(out_path, in_path) if nested else _same_location(out_path, in_path)
             if same or _same_inode(out_path, in_path):
-                raise BadInputError(f"{remote.redact(out_path)}: the {what} would overwrite the input "
-                                    f"{remote.redact(in_path)}; choose another path")
+                raise BadInputError(
+                    f"{remote.redact(out_path)}: the {what} would overwrite the input "
+                    f"{remote.redact(in_path)}; choose another path"
+                )

@@ -61,7 +61,12 @@ def raw_chunk_root(array) -> str | None:
         endian = codecs[0].endian
         if endian is not None and endian.value != sys.byteorder:
             return None
-    elif metadata.compressor is not None or metadata.filters or metadata.order != "C" or not np.dtype(array.dtype).isnative:
+    elif (
+        metadata.compressor is not None
+        or metadata.filters
+        or metadata.order != "C"
+        or not np.dtype(array.dtype).isnative
+    ):
         return None
     return os.path.join(str(array.store.root), array.path)
 
@@ -87,12 +92,16 @@ def _open_node(path: str, inner: str | None, ndim: int, what: str):
         where = f"array /{inner}" if inner else "array"
         raise BadInputError(f"{remote.redact(path)}: no Zarr {where} found ({exc.__class__.__name__})") from exc
     if isinstance(node, zarr.Group):
-        arrays = sorted(name for name, member in node.members(max_depth=None)
-                        if isinstance(member, zarr.Array) and member.ndim == ndim)
+        arrays = sorted(
+            name
+            for name, member in node.members(max_depth=None)
+            if isinstance(member, zarr.Array) and member.ndim == ndim
+        )
         if len(arrays) != 1:
             listing = ", ".join("/" + name for name in arrays[:10]) or "none"
-            raise BadInputError(f"{remote.redact(path)}: name an array (dir.zarr:/array{what}); {ndim}-D arrays found: "
-                                f"{listing}")
+            raise BadInputError(
+                f"{remote.redact(path)}: name an array (dir.zarr:/array{what}); {ndim}-D arrays found: {listing}"
+            )
         inner = ((inner or "") + "/" + arrays[0]).strip("/")
         node = node[arrays[0]]
     return node, inner
@@ -138,7 +147,7 @@ class ZarrSource(Source):
         if self._listing is None:
             base = remote.normalize(self._array_url())
             found = remote.find(self._array_url(), detail=True)
-            self._listing = {remote.normalize(url)[len(base) + 1:]: item for url, item in found.items()}
+            self._listing = {remote.normalize(url)[len(base) + 1 :]: item for url, item in found.items()}
         return self._listing
 
     def fingerprint_extra(self) -> dict:
@@ -147,10 +156,12 @@ class ZarrSource(Source):
         if not self.remote:
             return {}
         if not self._listable:  # http(s): no listing; the metadata object's version
-            return remote.version(remote.join(self._array_url(), "zarr.json" if self._node.metadata.zarr_format == 3
-                                              else ".zarray"))
-        return remote.prefix_version(self._array_url(), {remote.join(self._array_url(), key): item
-                                                          for key, item in self._objects().items()})
+            return remote.version(
+                remote.join(self._array_url(), "zarr.json" if self._node.metadata.zarr_format == 3 else ".zarray")
+            )
+        return remote.prefix_version(
+            self._array_url(), {remote.join(self._array_url(), key): item for key, item in self._objects().items()}
+        )
 
     def fetch(self, start, stop):
         """The stored bytes of the chunks rows ``[start, stop)`` touch, for :meth:`read_into` to decode:
@@ -164,8 +175,9 @@ class ZarrSource(Source):
         try:
             for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
                 try:
-                    handles.append((index, open(os.path.join(self._chunk_root, self._chunk_key(index)), "rb",
-                                                buffering=0)))
+                    handles.append(
+                        (index, open(os.path.join(self._chunk_root, self._chunk_key(index)), "rb", buffering=0))
+                    )
                 except FileNotFoundError:
                     if not self.fill_missing_chunks:
                         self._raise_missing(index)
@@ -197,8 +209,9 @@ class ZarrSource(Source):
         """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
         ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead."""
         if self.remote:
-            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out,
-                                   fetched)
+            return remote.retrying(
+                self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out, fetched
+            )
         return self._read_into(start, stop, out, fetched)
 
     def _read_into(self, start, stop, out, fetched=None):
@@ -206,8 +219,16 @@ class ZarrSource(Source):
         if self.plan is not None and stop > start:
             chunks = fetched if fetched is not None else self.fetch(start, stop)
             try:
-                return decode_rows(self.plan, chunks, start, stop, view, self.chunk_rows,
-                                   self._node.metadata.fill_value, self._describe)
+                return decode_rows(
+                    self.plan,
+                    chunks,
+                    start,
+                    stop,
+                    view,
+                    self.chunk_rows,
+                    self._node.metadata.fill_value,
+                    self._describe,
+                )
             except DecodeError as exc:
                 raise CorruptStoreError(f"{self.label}: {exc}") from None
             finally:
@@ -229,11 +250,15 @@ class ZarrSource(Source):
             except OSError as exc:
                 if exc.errno is not None:  # a failed system call; an OSError without one is a codec's (gzip)
                     raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
-                raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
-                                        f"({exc.__class__.__name__}: {first_line(exc)})") from exc
+                raise CorruptStoreError(
+                    f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
+                    f"({exc.__class__.__name__}: {first_line(exc)})"
+                ) from exc
             except Exception as exc:  # a codec failing on the bytes it was given: the chunk is damaged
-                raise CorruptStoreError(f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
-                                        f"({exc.__class__.__name__}: {first_line(exc)})") from exc
+                raise CorruptStoreError(
+                    f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
+                    f"({exc.__class__.__name__}: {first_line(exc)})"
+                ) from exc
             return view
         # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
         # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
@@ -250,7 +275,8 @@ class ZarrSource(Source):
                         first, last = index * rows, min(self.n_rows, (index + 1) * rows) - 1
                         raise CorruptStoreError(
                             f"{self.label}: chunk {self._chunk_key(index)} (rows {first}..{last}) has {size} bytes, "
-                            f"not {rows * row_bytes}: it is truncated or damaged")
+                            f"not {rows * row_bytes}: it is truncated or damaged"
+                        )
                     handle.seek((lo - index * rows) * row_bytes)
                     _read_exactly(handle, memoryview(target).cast("B"), path)
             except FileNotFoundError:
@@ -279,7 +305,9 @@ class ZarrSource(Source):
         raise MissingChunkError(
             f"{self.label}: chunk {self._chunk_key(index, column)} (rows {lo}..{hi - 1}) is missing: the store is "
             f"incomplete or damaged (if it was written leaving out chunks that hold only the fill value {fill}, pass "
-            "--fill-missing-chunks, or fill_missing_chunks=True, to read them as that value)", rows=(lo, hi))
+            "--fill-missing-chunks, or fill_missing_chunks=True, to read them as that value)",
+            rows=(lo, hi),
+        )
 
     def _refuse_missing(self, start, stop):
         """Refuse rows whose chunk (or shard) is not in the store (zarr would read it as the fill value)."""
@@ -319,9 +347,13 @@ def _compressors(name: str, dtype, zarr_format: int):
         return numcodecs_codec(name, dtype)
     from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
-    return [{"zstd": lambda: ZstdCodec(level=3), "gzip": lambda: GzipCodec(level=4),
-             "blosc": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="shuffle",
-                                         typesize=np.dtype(dtype).itemsize)}[name]()]
+    return [
+        {
+            "zstd": lambda: ZstdCodec(level=3),
+            "gzip": lambda: GzipCodec(level=4),
+            "blosc": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=np.dtype(dtype).itemsize),
+        }[name]()
+    ]
 
 
 class ZarrSink(Sink):
@@ -344,16 +376,35 @@ class ZarrSink(Sink):
         self._unsynced: set = set()  # chunk files written since they were last fsynced
 
     @classmethod
-    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, zarr_format=3,
-               compressor="none", **_) -> ZarrSink:
+    def create(
+        cls,
+        path,
+        dataset,
+        partial,
+        shape,
+        dtype,
+        chunk_rows,
+        attrs,
+        direct_io=True,
+        zarr_format=3,
+        compressor="none",
+        **_,
+    ) -> ZarrSink:
         compressors = _compressors(check_compressor(compressor), dtype, zarr_format)
         if dataset:
             root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
-            array = root.create_array(dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
-                                      compressors=compressors)
+            array = root.create_array(
+                dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype, compressors=compressors
+            )
         else:
-            array = zarr.create_array(store=partial, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
-                                      compressors=compressors, zarr_format=zarr_format)
+            array = zarr.create_array(
+                store=partial,
+                shape=shape,
+                chunks=(chunk_rows, shape[1]),
+                dtype=dtype,
+                compressors=compressors,
+                zarr_format=zarr_format,
+            )
         array.attrs.update(attrs)
         return cls(path, dataset, partial, array, direct_io, compressor)
 
@@ -375,8 +426,9 @@ class ZarrSink(Sink):
             path = os.path.join(root, self.array.metadata.encode_chunk_key((index, 0)))
             os.makedirs(os.path.dirname(path), exist_ok=True)
             if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
-                pad = np.full((self.chunk_rows - data.shape[0], self.shape[1]),
-                              self.array.metadata.fill_value or 0, self.dtype)
+                pad = np.full(
+                    (self.chunk_rows - data.shape[0], self.shape[1]), self.array.metadata.fill_value or 0, self.dtype
+                )
                 data = np.concatenate([data, pad]) if self._encode is not None else data
             else:
                 pad = None
@@ -453,8 +505,9 @@ class ZarrRegionWriter:
         if remote.is_url(self.partial):
             with remote.using(self.storage_options):
                 array = _open_remote_array(self.partial, self.dataset)
-                remote.retrying(self.partial, f"write rows {start}..{stop - 1}", array.__setitem__,
-                                slice(start, stop), block)
+                remote.retrying(
+                    self.partial, f"write rows {start}..{stop - 1}", array.__setitem__, slice(start, stop), block
+                )
             return
         try:
             array = zarr.open_array(store=self.partial, path=self.dataset or "", mode="r+")
@@ -479,20 +532,34 @@ class RemoteZarrSink(ZarrSink):
         super().__init__(path, dataset, path, array, direct_io=False)
 
     @classmethod
-    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=False, zarr_format=3,
-               **_) -> RemoteZarrSink:
+    def create(
+        cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=False, zarr_format=3, **_
+    ) -> RemoteZarrSink:
         remote.remove(path, recursive=True)  # an earlier run's leftovers (never complete), or the old output
         store = remote.zarr_store(path, read_only=False)
 
         def make():
             if dataset:
                 root = zarr.open_group(store=store, mode="w", zarr_format=zarr_format)
-                array = root.create_array(dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
-                                          compressors=None, attributes=dict(attrs))
+                array = root.create_array(
+                    dataset,
+                    shape=shape,
+                    chunks=(chunk_rows, shape[1]),
+                    dtype=dtype,
+                    compressors=None,
+                    attributes=dict(attrs),
+                )
             else:
-                array = zarr.create_array(store=store, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype,
-                                          compressors=None, zarr_format=zarr_format, attributes=dict(attrs),
-                                          overwrite=True)
+                array = zarr.create_array(
+                    store=store,
+                    shape=shape,
+                    chunks=(chunk_rows, shape[1]),
+                    dtype=dtype,
+                    compressors=None,
+                    zarr_format=zarr_format,
+                    attributes=dict(attrs),
+                    overwrite=True,
+                )
             return array
 
         return cls(path, dataset, path, remote.retrying(path, "create the output", make))
@@ -525,5 +592,6 @@ class RemoteZarrSink(ZarrSink):
             pass
 
     def region_writer(self) -> ZarrRegionWriter:
-        return ZarrRegionWriter(self.path, self.dataset, self.shape, self.chunk_rows, self.label,
-                                remote.storage_options())
+        return ZarrRegionWriter(
+            self.path, self.dataset, self.shape, self.chunk_rows, self.label, remote.storage_options()
+        )
