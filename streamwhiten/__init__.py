@@ -3,7 +3,7 @@
 ``import streamwhiten`` stays light: the estimator (which pulls in numba) is imported on first use.
 """
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["Whitener", "release_buffers", "__version__"]
 
