@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import params
 from .._buffers import ALIGNMENT
-from ..errors import BadInputError, InterruptedRunError, OutputExistsError, StoreIOError
+from ..errors import BadInputError, CorruptStoreError, InterruptedRunError, OutputExistsError, StoreIOError
 from . import durable, remote
 
 #: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
@@ -132,11 +132,33 @@ class Source:
         """Rows ``[start, stop)`` as a new C-contiguous array in the store's dtype."""
         return self.read_into(start, stop, np.empty((max(0, stop - start), self.n_features), dtype=self.dtype))
 
-    def read_into(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+    def read_into(self, start: int, stop: int, out: np.ndarray, fetched=None) -> np.ndarray:
         """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``.
 
-        Backends that decode chunks themselves also take ``fetched=``, what :meth:`fetch` returned."""
+        ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead. A remote
+        store's read is retried on transient failures (``remote.retrying``). Backends implement
+        :meth:`_read_into`, or override this where they read otherwise."""
+        if self.remote:
+            return remote.retrying(
+                self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out, fetched
+            )
+        return self._read_into(start, stop, out, fetched)
+
+    def _read_into(self, start: int, stop: int, out: np.ndarray, fetched=None) -> np.ndarray:
         raise NotImplementedError
+
+    def _decode_into(self, view: np.ndarray, start: int, stop: int, fetched, fill_value) -> np.ndarray:
+        """Rows ``[start, stop)`` decoded here (by ``self.plan``) into ``view``, from ``fetched`` or from
+        stored bytes fetched now; a chunk that does not decode is a :class:`CorruptStoreError`."""
+        from .codecs import DecodeError, decode_rows
+
+        chunks = fetched if fetched is not None else self.fetch(start, stop)
+        try:
+            return decode_rows(self.plan, chunks, start, stop, view, self.chunk_rows, fill_value, self._describe)
+        except DecodeError as exc:
+            raise CorruptStoreError(f"{self.label}: {exc}") from None
+        finally:
+            chunks.release()
 
     def fetch(self, start: int, stop: int):
         """The stored (compressed) bytes behind rows ``[start, stop)``, read ahead of :meth:`read_into`

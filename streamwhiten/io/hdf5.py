@@ -35,11 +35,9 @@ from .base import FILL_HINT, Sink, Source, first_line, io_error
 from .codecs import (
     H5Z_BLOSC,
     H5Z_ZSTD,
-    DecodeError,
     Fetched,
     check_compressor,
     chunk_encoder,
-    decode_rows,
     fetch_buffer,
     hdf5_plan,
     widen_in_place,
@@ -146,27 +144,10 @@ class HDF5Source(Source):
             offset += info.size
         return Fetched(chunks, buffer)
 
-    def read_into(self, start, stop, out, fetched=None):
-        """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
-        ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead."""
-        if self.remote:
-            return remote.retrying(
-                self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out, fetched
-            )
-        return self._read_into(start, stop, out, fetched)
-
     def _read_into(self, start, stop, out, fetched=None):
         view = out[: stop - start]
         if self.plan is not None and stop > start:
-            chunks = fetched if fetched is not None else self.fetch(start, stop)
-            try:
-                return decode_rows(
-                    self.plan, chunks, start, stop, view, self.chunk_rows, self._node.fillvalue, self._describe
-                )
-            except DecodeError as exc:
-                raise CorruptStoreError(f"{self.label}: {exc}") from None
-            finally:
-                chunks.release()
+            return self._decode_into(view, start, stop, fetched, self._node.fillvalue)
         if view.dtype != self.dtype and stop > start:  # float16 rows into a float32 buffer: widened here
             region = view.reshape(-1).view(np.uint8)
             self.read_into(start, stop, region[region.size // 2 :].view(self.dtype).reshape(view.shape))

@@ -150,12 +150,7 @@ class LanceSource(Source):
             yield index, start, end
             start, index = end, index + 1
 
-    def read_into(self, start, stop, out):
-        if self.remote:
-            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out)
-        return self._read_into(start, stop, out)
-
-    def _read_into(self, start, stop, out):
+    def _read_into(self, start, stop, out, fetched=None):
         view = out[: stop - start]
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")

@@ -33,11 +33,9 @@ from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreI
 from . import durable, remote
 from .base import Sink, Source, first_line, io_error
 from .codecs import (
-    DecodeError,
     Fetched,
     check_compressor,
     chunk_encoder,
-    decode_rows,
     fetch_buffer,
     numcodecs_codec,
     widen_in_place,
@@ -205,34 +203,10 @@ class ZarrSource(Source):
         lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
         return StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}")
 
-    def read_into(self, start, stop, out, fetched=None):
-        """Rows ``[start, stop)`` into ``out`` (the store's dtype, or float32 for a float16 store);
-        ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead."""
-        if self.remote:
-            return remote.retrying(
-                self.path, f"read rows {start}..{stop - 1}", self._read_into, start, stop, out, fetched
-            )
-        return self._read_into(start, stop, out, fetched)
-
     def _read_into(self, start, stop, out, fetched=None):
         view = out[: stop - start]
         if self.plan is not None and stop > start:
-            chunks = fetched if fetched is not None else self.fetch(start, stop)
-            try:
-                return decode_rows(
-                    self.plan,
-                    chunks,
-                    start,
-                    stop,
-                    view,
-                    self.chunk_rows,
-                    self._node.metadata.fill_value,
-                    self._describe,
-                )
-            except DecodeError as exc:
-                raise CorruptStoreError(f"{self.label}: {exc}") from None
-            finally:
-                chunks.release()
+            return self._decode_into(view, start, stop, fetched, self._node.metadata.fill_value)
         if view.dtype != self.dtype:  # float16 rows into a float32 buffer
             if self.raw_root is None:
                 view[...] = self.read(start, stop)
