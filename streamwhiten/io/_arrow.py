@@ -52,6 +52,15 @@ def describe_columns(schema) -> str:
     return ", ".join(f"{field.name} ({field.type})" for field in schema) or "none"
 
 
+def kept_columns(path: str, schema, names) -> pa.Schema:
+    """The schema of the columns ``names`` of a table at ``path`` (``--keep-columns``), or a one-line
+    error naming the first one it lacks and the columns it has."""
+    missing = [name for name in names if name not in schema.names]
+    if missing:
+        raise BadInputError(f"{path}: has no column {missing[0]!r} to keep; its columns are {describe_columns(schema)}")
+    return pa.schema([schema.field(name) for name in names])
+
+
 def choose_column(label: str, schema, column: str | None, preferred: str | None = None, how: str = "") -> str:
     """The vector column: ``column`` if given (it must exist), else ``preferred`` (the column a
     streamwhiten output recorded), else the only list column of ``schema``."""

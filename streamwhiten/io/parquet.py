@@ -41,7 +41,16 @@ import pyarrow.parquet as pq
 
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from . import remote
-from ._arrow import TableSink, choose_column, copy_vectors, describe_columns, read_attrs, vector_length, vector_type
+from ._arrow import (
+    TableSink,
+    choose_column,
+    copy_vectors,
+    describe_columns,
+    kept_columns,
+    read_attrs,
+    vector_length,
+    vector_type,
+)
 from .base import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, Source, first_line, io_error
 from .spec import parquet_files
 
@@ -436,12 +445,7 @@ class ParquetSource(Source):
 
     # -- other columns of the same rows
     def column_schema(self, names):
-        missing = [name for name in names if name not in self._schema.names]
-        if missing:
-            raise BadInputError(
-                f"{self.path}: has no column {missing[0]!r} to keep; its columns are {describe_columns(self._schema)}"
-            )
-        return pa.schema([self._schema.field(name) for name in names])
+        return kept_columns(self.path, self._schema, names)
 
     def read_columns(self, start, stop, names):
         if self.remote:
