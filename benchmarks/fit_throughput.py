@@ -255,13 +255,14 @@ def scaling_tables(directory, row_sizes, dims_rows, repeats, finalize_d) -> dict
     return {"by_rows": by_rows, "by_dim": by_dim}
 
 
-#: The compressed section's stores: (name, file suffix, codec, dtype, target kind). Targets: a compressed
-#: store's fit (and apply) reaches TARGET_VS_LIMIT of its limit and TARGET_VS_DASK x dask's threaded
-#: product; an uncompressed one TARGET_RAW_VS_BARE of the bare product.
+#: The compressed section's stores: (name, file suffix, codec, dtype, target kind). Targets (issue #18):
+#: a float32 compressed store's fit (and apply) reaches TARGET_VS_LIMIT of its limit and TARGET_VS_DASK x
+#: dask's threaded product ("limit+dask"); a float16 one TARGET_VS_LIMIT of its limit ("limit"); an
+#: uncompressed one TARGET_RAW_VS_BARE of the bare product ("bare").
 COMPRESSED_STORES = [
-    ("zarr-zstd", ".zarr", "zstd", "float32", "limit"),
-    ("zarr-blosc-lz4", ".zarr", "blosc-lz4", "float32", "limit"),
-    ("hdf5-gzip", ".h5", "gzip", "float32", "limit"),
+    ("zarr-zstd", ".zarr", "zstd", "float32", "limit+dask"),
+    ("zarr-blosc-lz4", ".zarr", "blosc-lz4", "float32", "limit+dask"),
+    ("hdf5-gzip", ".h5", "gzip", "float32", "limit+dask"),
     ("hdf5-raw", ".h5", None, "float32", "bare"),
     ("zarr-zstd-f16", ".zarr", "zstd", "float16", "limit"),
     ("hdf5-gzip-f16", ".h5", "gzip", "float16", "limit"),
@@ -453,12 +454,11 @@ def compressed_table(directory, d, n_chunks, chunk_rows, repeats, k, stores=None
             row["target"] = f"fit >= {TARGET_RAW_VS_BARE} bare"
             row["meets"] = row["fit_vs_bare"] >= TARGET_RAW_VS_BARE
         else:
-            row["target"] = f"fit, apply >= {TARGET_VS_LIMIT} limit, fit >= {TARGET_VS_DASK} dask"
-            row["meets"] = (
-                row["fit_vs_limit"] >= TARGET_VS_LIMIT
-                and row["apply_vs_limit"] >= TARGET_VS_LIMIT
-                and row["fit_vs_dask"] >= TARGET_VS_DASK
-            )
+            row["target"] = f"fit, apply >= {TARGET_VS_LIMIT} limit"
+            row["meets"] = row["fit_vs_limit"] >= TARGET_VS_LIMIT and row["apply_vs_limit"] >= TARGET_VS_LIMIT
+            if target == "limit+dask":
+                row["target"] += f", fit >= {TARGET_VS_DASK} dask"
+                row["meets"] = row["meets"] and row["fit_vs_dask"] >= TARGET_VS_DASK
         row["times_s"] = {key: value for key, value in times.items() if key.startswith(name + ":") or ":" not in key}
         rows_out.append(row)
     for spec in specs.values():
@@ -624,8 +624,8 @@ def main(argv=None):
                 ],
             )
             print_table(
-                "the fit's pass over the blocks alone (FitResult.seconds: without opening the store and "
-                "fingerprinting it, a fixed cost of up to five chunk decodes)",
+                "the fit's pass over the blocks alone (FitResult.seconds: without opening the store; its "
+                "fingerprint is hashed from the rows the pass reads)",
                 compressed,
                 ["store", "fit_pass_rows_s", "fit_pass_vs_limit"],
             )
