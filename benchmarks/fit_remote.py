@@ -236,7 +236,7 @@ def main(argv=None):
     try:
         from streamwhiten import stats
 
-        stats.chunk_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
+        stats.block_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         result = measure(directory, args.rows, args.dim, args.chunk_rows, args.repeats, endpoint)
         print_table(
             f"fit from a local S3 server (moto, 127.0.0.1) vs local disk and dask.array.from_zarr + "

@@ -13,7 +13,7 @@ Each block is read, centred and multiplied by one of a few worker threads (see `
 reused buffers per thread (see ``_buffers``), while the others work on the next blocks; this thread
 folds the results in block order. Where a store's chunks are compressed and decoded by streamwhiten
 (``io.codecs``), a reader thread fetches the stored bytes of the next blocks ahead of the workers, which
-decode them straight into their block buffers (see :func:`run_job` for the memory this takes).
+decode them straight into their block buffers (see :func:`run_plan` for the memory this takes).
 """
 
 from __future__ import annotations
@@ -125,10 +125,6 @@ class FitPlan:
             self.rows_done,
             *self.options,
         )
-
-
-#: The former name of :class:`FitPlan` ("job" now means a ``job.toml`` batch run only).
-FitJob = FitPlan
 
 
 @dataclass
@@ -640,10 +636,6 @@ def fit_sources(
     """One uninterrupted pass over every source, in order; returns the merged statistics."""
     plan = plan_fit(specs, dataset, precision, skip_nonfinite, block_rows, fill_missing_chunks)
     return run_plan(plan, progress, threads=threads).result()
-
-
-#: The former name of :func:`run_plan`.
-run_job = run_plan
 
 
 def fit_info(

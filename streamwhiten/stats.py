@@ -158,10 +158,6 @@ def block_moments(
     return Moments(n_rows, shift + offset, scatter)
 
 
-#: The former name of :func:`block_moments` (a store's *chunk* is its storage unit; an engine reads *blocks*).
-chunk_moments = block_moments
-
-
 def _overflow(dtype, what: str) -> BadInputError:
     hint = "; fit with --precision float64" if dtype == np.float32 else ""
     return BadInputError(f"values too large for the arithmetic ({what} overflow){hint}")

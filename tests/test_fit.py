@@ -7,7 +7,7 @@ import pytest
 from conftest import anisotropic, write_h5, write_zarr
 
 from streamwhiten.errors import StoreIOError
-from streamwhiten.fit import fit_sources, plan_fit, run_job
+from streamwhiten.fit import fit_sources, plan_fit, run_plan
 
 
 def test_worker_threads_reuse_one_buffer_each_and_cover_every_row(tmp_path, monkeypatch):
@@ -64,6 +64,6 @@ def test_fit_is_bit_reproducible_and_independent_of_block_alignment_up_to_roundi
     np.testing.assert_allclose(other.state.scatter, first.state.scatter, rtol=1e-6)  # float32 products
     job = plan_fit(spec, block_rows=300)
     job.cursors[0].stop = 1200  # a partial job continued later gives the same bits
-    run_job(job)
+    run_plan(job)
     job.cursors[0].stop = 5000
-    assert run_job(job).state == first.state
+    assert run_plan(job).state == first.state

@@ -19,7 +19,7 @@ from streamwhiten.model import (
 
 
 def state_of(rows):
-    return stats.chunk_moments(rows)
+    return stats.block_moments(rows)
 
 
 def cosines(rows):

@@ -152,7 +152,7 @@ def test_dask_engine_refuses_a_missing_chunk(tmp_path, rows):
 def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, monkeypatch):
     """A rename is durable only once its directory is fsynced: model, checkpoint, progress record, output."""
     from streamwhiten.apply import apply_model
-    from streamwhiten.fit import plan_fit, run_job, save_checkpoint
+    from streamwhiten.fit import plan_fit, run_plan, save_checkpoint
     from streamwhiten.model import finalize, save_model
 
     events = []
@@ -168,7 +168,7 @@ def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, mon
 
     monkeypatch.setattr(durable, "fsync_dir", fsync_dir)
     spec = write_h5(tmp_path / "x.h5", rows)
-    job = run_job(plan_fit(spec, block_rows=300))
+    job = run_plan(plan_fit(spec, block_rows=300))
     save_checkpoint(job, str(tmp_path / "c.ckpt"))
     save_model(finalize(job.state), str(tmp_path / "m.npz"))
     apply_model(finalize(job.state), spec, str(tmp_path / "o.h5"), block_rows=300, progress_seconds=0)

@@ -25,7 +25,7 @@ from streamwhiten.errors import (
     InterruptedRunError,
     StoreIOError,
 )
-from streamwhiten.fit import load_checkpoint, plan_fit, run_job, save_checkpoint
+from streamwhiten.fit import load_checkpoint, plan_fit, run_plan, save_checkpoint
 from streamwhiten.io import open_source, partial_path
 from streamwhiten.jobs import default_checkpoint
 from streamwhiten.model import load_model
@@ -176,7 +176,7 @@ def test_damaged_checkpoints_are_refused(tmp_path, store):
     checkpoint = default_checkpoint(model)
     job = plan_fit(store, block_rows=BLOCK)
     job.cursors[0].stop = 3 * BLOCK  # run three blocks only, then checkpoint
-    run_job(job)
+    run_plan(job)
     job.cursors[0].stop = N_ROWS
     save_checkpoint(job, checkpoint)
     raw = open(checkpoint, "rb").read()
@@ -198,7 +198,7 @@ def test_resume_against_a_modified_source_is_refused(tmp_path):
     model = str(tmp_path / "m.npz")
     job = plan_fit(spec, block_rows=100)
     job.cursors[0].stop = 1000
-    run_job(job)
+    run_plan(job)
     job.cursors[0].stop = 3000
     save_checkpoint(job, default_checkpoint(model))
     rows[500] += 1.0  # an already-read row changes (in a sampled position: the middle of the prefix)
@@ -393,7 +393,7 @@ def test_checkpoint_write_failure_is_reported_and_old_checkpoint_kept(tmp_path, 
 
     monkeypatch.setattr(_npz.np, "savez", failing)
     with pytest.raises(StoreIOError, match="previous checkpoint is kept"):
-        run_job(plan_fit(store, block_rows=BLOCK), checkpoint_path=checkpoint, checkpoint_blocks=1)
+        run_plan(plan_fit(store, block_rows=BLOCK), checkpoint_path=checkpoint, checkpoint_blocks=1)
     assert load_checkpoint(checkpoint).rows_done == 2 * BLOCK
     assert os.listdir(tmp_path) == ["c.ckpt"]
 
@@ -686,7 +686,7 @@ def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_
 
     rows = (np.random.default_rng(21).standard_normal((20000, 64)) * 3 + 7).astype(np.float32)
     spec = write_h5(tmp_path / "big.h5", rows, chunk_rows=5000)
-    whole = run_job(plan_fit(spec, block_rows=5000), threads=2).state
+    whole = run_plan(plan_fit(spec, block_rows=5000), threads=2).state
     checkpoint = str(tmp_path / "fit.checkpoint")
     calls = {"n": 0}
 
@@ -695,10 +695,10 @@ def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_
         return calls["n"] >= 3
 
     with pytest.raises(InterruptedRunError):
-        run_job(plan_fit(spec, block_rows=5000), checkpoint_path=checkpoint, should_stop=stop_after_three, threads=2)
+        run_plan(plan_fit(spec, block_rows=5000), checkpoint_path=checkpoint, should_stop=stop_after_three, threads=2)
     job = load_checkpoint(checkpoint)
     assert job.threads == 2 and job.rows_done == 15000
-    assert run_job(job, threads=1).state == whole  # the checkpoint's thread count wins
+    assert run_plan(job, threads=1).state == whole  # the checkpoint's thread count wins
 
     model = finalize(whole, n_components=32)
     output = str(tmp_path / "out.h5")
