@@ -30,9 +30,9 @@ import shutil
 
 import numpy as np
 
+from ._durable import fsync_dir, remove_stale_temps, temp_path, write_file_atomic
 from ._npz import write_npz_atomic
 from .errors import BadInputError, OutputExistsError, StoreIOError
-from .io.durable import fsync_dir, remove_stale_temps, temp_path, write_file_atomic
 from .serving import MAP_FORMAT, MAP_VERSION, AffineMap
 
 FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx")

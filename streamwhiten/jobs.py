@@ -102,8 +102,8 @@ def fit_job(
     caller saves the model with :func:`save_fitted`, which also removes the checkpoint. ``update``
     names a saved model whose statistics are extended with appended rows only.
     """
+    from ._durable import remove_stale_temps
     from .fit import check_resumable, finalize_fit, load_checkpoint, plan_fit, plan_update, run_plan
-    from .io.durable import remove_stale_temps
     from .model import check_params, load_model
 
     _params.check("checkpoint_every", checkpoint_every)

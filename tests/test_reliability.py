@@ -15,7 +15,7 @@ import pytest
 import zarr
 from conftest import anisotropic, run_subprocess, write_h5, write_zarr
 
-import streamwhiten.io.durable as durable
+import streamwhiten._durable as durable
 from streamwhiten.errors import MissingChunkError, StoreIOError
 from streamwhiten.fit import remove_checkpoint
 from streamwhiten.model import load_model

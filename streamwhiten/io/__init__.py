@@ -4,8 +4,9 @@
 interface every backend implements (a :class:`Source` of rows, a :class:`Sink` for outputs, the
 fingerprint); ``hdf5``, ``zarr``, ``npy``, ``parquet`` and ``lance`` are the backends, each the only
 importer of its library, imported only when a store of its kind is opened (pyarrow and pylance are
-optional extras; ``_arrow`` holds what the last two share); ``durable`` and ``direct`` make writes safe
-and fast; ``remote`` reaches object storage and other URLs through fsspec (an optional extra too).
+optional extras; ``_arrow`` holds what the last two share); ``direct`` makes writes fast, and
+``streamwhiten._durable`` (below this package: model files and checkpoints need it too) makes them safe;
+``remote`` reaches object storage and other URLs through fsspec (an optional extra too).
 The functions here are what the rest of the package uses.
 """
 
@@ -17,6 +18,7 @@ import shutil
 
 import numpy as np
 
+from .._durable import remove_stale_temps
 from ..errors import BadInputError, OutputExistsError, StoreIOError
 from . import remote
 from .base import (
@@ -34,7 +36,6 @@ from .base import (
     output_chunk_rows,
     remove,
 )
-from .durable import remove_stale_temps
 from .spec import (
     HDF5_SUFFIXES,
     ZARR_SUFFIX,
