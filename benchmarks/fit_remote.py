@@ -234,7 +234,7 @@ def main(argv=None):
     os.makedirs(directory, exist_ok=True)
     server, endpoint = start_server()
     try:
-        from streamwhiten import stats
+        from streamwhiten.core import stats
 
         stats.block_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         result = measure(directory, args.rows, args.dim, args.chunk_rows, args.repeats, endpoint)

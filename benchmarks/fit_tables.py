@@ -211,7 +211,7 @@ def main(argv=None):
     directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-bench-")
     os.makedirs(directory, exist_ok=True)
     try:
-        from streamwhiten import stats
+        from streamwhiten.core import stats
 
         stats.block_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         results = measure(directory, args.rows, args.dim, args.group_rows, args.repeats)

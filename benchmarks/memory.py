@@ -36,7 +36,7 @@ def baseline_mib(directory: str, n_features: int) -> float:
 
 def fit_in_child(spec: str, block_rows: int | None) -> dict:
     code = (
-        "import time, numpy as np\nfrom streamwhiten import stats\nfrom streamwhiten.fit import fit_sources\n"
+        "import time, numpy as np\nfrom streamwhiten.core import stats\nfrom streamwhiten.fit import fit_sources\n"
         "stats.block_moments(np.ones((4, 4), np.float32))\n"
         f"t = time.perf_counter(); result = fit_sources({spec!r}, block_rows={block_rows!r})\n"
         "seconds = time.perf_counter() - t\n"

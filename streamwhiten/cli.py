@@ -528,8 +528,8 @@ def apply(
     An interrupted run leaves a hidden partial output that the same command resumes.
     """
     from .apply import apply_model
+    from .core.model import load_model
     from .io import refuse_input_overlap
-    from .model import load_model
 
     _check_engine(engine, scheduler, workers, threads)
     refuse_input_overlap({output_spec: "output"}, [input_spec, model_path])
@@ -608,7 +608,7 @@ def apply(
 @common_json
 def info(model_path, as_json):
     """Print a model's parameters, spectrum summary and effective dimension."""
-    from .model import load_model
+    from .core.model import load_model
 
     model = load_model(model_path)
     summary = dict(model.summary(), model=model_path)
@@ -707,9 +707,9 @@ def export_(
     """
     from dataclasses import replace
 
+    from .core.model import check_params, load_model
     from .export import check_available, check_options, export, format_for
     from .io import refuse_input_overlap
-    from .model import check_params, load_model
     from .serving import file_checksum
 
     fmt = format_for(output_path, fmt, append_to)
@@ -898,8 +898,8 @@ def eval_(model_path, pairs_a, pairs_b, scores, beta, gamma, n_components, varia
     Without MODEL_PATH only the raw vectors are scored. The model options override the model's own
     setting for this evaluation (the model file is not changed).
     """
+    from .core.model import load_model
     from .evaluate import evaluate_pairs, open_pairs
-    from .model import load_model
 
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params and model_path is None:
@@ -1060,8 +1060,8 @@ def tune(
     setting is saved so that `apply` uses it. Give --test-a/--test-b/--test-scores to score the choice
     once, after it is made, on pairs it was not chosen on (next to raw on the same pairs).
     """
+    from .core.model import load_model, save_model
     from .evaluate import open_pairs
-    from .model import load_model, save_model
     from .tune import tune as run_tune
 
     if output_path and in_place:
@@ -1163,8 +1163,8 @@ def report(
 
     Needs matplotlib (pip install 'streamwhiten[report]'); renders without a display.
     """
+    from .core.model import load_model
     from .io import refuse_input_overlap
-    from .model import load_model
     from .report import check_output, collect, write_report
 
     refuse_input_overlap({output_path: "report"}, [model_path, pairs_a, pairs_b, scores], nested=False)

@@ -8,10 +8,10 @@ import time
 import numpy as np
 
 from .apply import apply_model
+from .core.model import finalize, save_model
+from .core.stats import Moments, block_moments, covariance, update
 from .fit import fit_sources
 from .io import open_source
-from .model import finalize, save_model
-from .stats import Moments, block_moments, covariance, update
 from .synthetic import write_store
 
 

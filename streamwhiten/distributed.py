@@ -3,7 +3,7 @@
 It is dask's chunk/combine/aggregate reduction, spelled out with ``dask.delayed`` so the tree is ours:
 *chunk* is one task per block of rows (spanning all columns) running :func:`~streamwhiten.fit.reduce_block`,
 the serial engine's own accumulator (same jitted kernels, same NaN/Inf errors); *combine* merges
-groups of ``split_every`` consecutive states left to right with :func:`~streamwhiten.stats.merge`, level
+groups of ``split_every`` consecutive states left to right with :func:`~streamwhiten.core.stats.merge`, level
 by level, so the tree's shape depends only on the block layout; *aggregate* is the root, one small
 state the driver finalizes. Whichever workers run the tasks, in whatever order, the same blocks give
 the same bits. Stores are read on the workers (by path, see
@@ -23,12 +23,13 @@ import time
 
 import numpy as np
 
-from . import params, stats
+from . import params
 from .apply import aligned_block_rows, check_output, output_attrs, recorded_options, summary, transform_block
+from .core import stats
+from .core.model import float_dtype
 from .errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
 from .fit import FitResult, check_enough_rows, open_sources, plan_blocks, reduce_block
 from .io import create_sink, fingerprint, open_source, output_kind, split_spec
-from .model import float_dtype
 
 #: States merged by one task of the reduction tree (dask's ``split_every``).
 SPLIT_EVERY = 8

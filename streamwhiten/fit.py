@@ -1,4 +1,4 @@
-"""The fit loop: stream row blocks from one or more sources into a :class:`~streamwhiten.stats.Moments`.
+"""The fit loop: stream row blocks from one or more sources into a :class:`~streamwhiten.core.stats.Moments`.
 
 Words: a store's *chunk* is its storage unit; a *block* is the rows an engine reads, reduces
 (:func:`reduce_block`) and merges, usually whole chunks or row groups. A fit is planned as a
@@ -27,10 +27,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import params, stats
+from . import params
 from ._buffers import PerThread, as_array, kept_for_next_run
 from ._npz import read_npz, write_npz_atomic
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
+from .core import stats
 from .errors import (
     BadInputError,
     InterruptedRunError,
@@ -655,7 +656,7 @@ def finalize_fit(result: FitResult, model_params: dict | None = None, skipped_be
     """The model of a finished fit (any engine): its state finalized with ``model_params`` (beta, gamma,
     n_components, variance, eps), recording its sources and :func:`fit_info` (``skipped_before``: rows
     an updated model had skipped already)."""
-    from .model import finalize
+    from .core.model import finalize
 
     info = fit_info(
         skipped_before + result.n_skipped, result.precision, result.skip_nonfinite, result.fill_missing_chunks

@@ -103,8 +103,8 @@ def fit_job(
     names a saved model whose statistics are extended with appended rows only.
     """
     from ._durable import remove_stale_temps
+    from .core.model import check_params, load_model
     from .fit import check_resumable, finalize_fit, load_checkpoint, plan_fit, plan_update, run_plan
-    from .model import check_params, load_model
 
     _params.check("checkpoint_every", checkpoint_every)
     _params.check("checkpoint_seconds", checkpoint_seconds)
@@ -213,10 +213,10 @@ def model_is_current(
 ) -> bool:
     """Whether ``model_path`` holds the model a fit of ``inputs`` with these options would write: the
     same sources (fingerprints), precision, NaN handling and parameters. Then there is nothing to do."""
+    from .core.model import load_model, model_checksum
     from .errors import ModelFileError
     from .fit import open_sources
     from .io import fingerprint
-    from .model import load_model, model_checksum
 
     try:
         model = load_model(model_path)
@@ -233,7 +233,7 @@ def model_is_current(
         for source in sources:
             source.close()
     # A fit writes the defaults for every parameter it is not given.
-    from .model import DEFAULT_EPS
+    from .core.model import DEFAULT_EPS
 
     wanted = model.with_params(
         **{"beta": 1.0, "gamma": 1.0, "eps": DEFAULT_EPS, "n_components": None, "variance": None, **(params or {})}
@@ -249,8 +249,8 @@ def save_fitted(model, job, model_path: str, checkpoint: str | None, should_stop
     and saves. A signal during the save itself lets the save finish (the file is whole or absent).
     A fit without a checkpoint (``checkpoint`` None: the Dask engine) is saved whatever ``should_stop`` says.
     """
+    from .core.model import save_model
     from .fit import remove_checkpoint, save_checkpoint
-    from .model import save_model
 
     if checkpoint is not None and should_stop is not None and should_stop():
         save_checkpoint(job, checkpoint)
@@ -479,9 +479,9 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
     as it was planned, whatever inputs appeared since; those are picked up by the next update. A
     checkpoint that does not belong to the current model (or whose sources changed) is discarded.
     """
+    from .core.model import load_model
     from .errors import ModelFileError
     from .fit import check_resumable, finalize_fit, load_checkpoint, remove_checkpoint, run_plan
-    from .model import load_model
 
     try:
         job = load_checkpoint(checkpoint)
@@ -556,6 +556,7 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
 
 def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
     from .apply import apply_model, check_keep_columns, output_is_current, recorded_options
+    from .core.model import check_params, load_model, model_checksum, save_model
     from .fit import remove_checkpoint
     from .io import (
         expand_specs,
@@ -566,7 +567,6 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
         remote,
         split_spec,
     )
-    from .model import check_params, load_model, model_checksum, save_model
 
     fit_options = {
         key: spec.model[key]

@@ -4,7 +4,7 @@ A corpus whitened offline and the queries searched against it must go through th
 module loads that map from a model file (at the setting saved in it) or from an ``.npz`` map written by
 ``streamwhiten export``, and applies it to one vector or a batch, from numpy or from torch tensors (on
 their own device and dtype). It imports numpy and streamwhiten's small numpy-only helpers, never numba,
-h5py, zarr or :mod:`streamwhiten.model`, so a query service starts fast::
+h5py, zarr or :mod:`streamwhiten.core.model`, so a query service starts fast::
 
     from streamwhiten import serving
     whiten = serving.load("model.npz")          # or an exported map.npz
@@ -28,7 +28,7 @@ from . import __version__
 from ._npz import read_npz
 from .errors import BadInputError, ModelFileError, NonFiniteError, ValuesTooLargeError
 
-#: The model file this module reads (the same values as ``streamwhiten.model.FORMAT_NAME``/``FORMAT_VERSION``,
+#: The model file this module reads (the same values as ``streamwhiten.core.model.FORMAT_NAME``/``FORMAT_VERSION``,
 #: which cannot be imported here without numba).
 MODEL_FORMAT, MODEL_VERSION = "streamwhiten-model", 1
 #: The ``.npz`` affine map written by ``streamwhiten export -o map.npz``.

@@ -16,9 +16,10 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
 from sklearn.utils.validation import validate_data
 
-from . import errors, params, stats
+from . import errors, params
+from .core import stats
+from .core.model import WhiteningModel, float_rows, load_model, save_model
 from .errors import BadInputError
-from .model import WhiteningModel, float_rows, load_model, save_model
 
 #: Rows per block when an in-memory array is fitted (bounds the float32 workspace).
 IN_MEMORY_CHUNK_ROWS = 65536

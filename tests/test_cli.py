@@ -261,7 +261,7 @@ def test_direct_io_option_reaches_the_output_writer(tmp_path, store, run_cli, mo
 
 
 def test_threads_option(tmp_path, store, run_cli):
-    from streamwhiten.model import load_model
+    from streamwhiten.core.model import load_model
 
     models = {}
     for threads in (1, 3):

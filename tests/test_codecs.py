@@ -246,7 +246,7 @@ def applied(tmp_path_factory):
     """An input (gzip HDF5, 1000 rows), a model, and its uncompressed output to compare with."""
     from streamwhiten import Whitener
     from streamwhiten.apply import apply_model
-    from streamwhiten.model import load_model
+    from streamwhiten.core.model import load_model
 
     directory = tmp_path_factory.mktemp("apply")
     spec = write_hdf5_store(directory / "in.h5", rows_of("<f4"), "gzip-shuffle")

@@ -31,10 +31,10 @@ from threadpoolctl import threadpool_limits  # noqa: E402
 from streamwhiten import distributed as sd  # noqa: E402
 from streamwhiten.apply import apply_model  # noqa: E402
 from streamwhiten.cli import main  # noqa: E402
+from streamwhiten.core.model import finalize, load_model  # noqa: E402
 from streamwhiten.errors import BadInputError, ClusterError, NonFiniteError, OutputExistsError, StoreIOError  # noqa: E402
 from streamwhiten.fit import fit_sources  # noqa: E402
 from streamwhiten.io import open_source, partial_path, read_attrs  # noqa: E402
-from streamwhiten.model import finalize, load_model  # noqa: E402
 from streamwhiten.synthetic import generate_rows, write_store  # noqa: E402
 from streamwhiten.whitener import Whitener  # noqa: E402
 

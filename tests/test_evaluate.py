@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from streamwhiten.cli import main
+from streamwhiten.core.model import finalize, save_model
 from streamwhiten.errors import BadInputError, NonFiniteError
 from streamwhiten.evaluate import (
     cosine_rows,
@@ -26,7 +27,6 @@ from streamwhiten.evaluate import (
 )
 from streamwhiten.fit import fit_sources
 from streamwhiten.io import read_vector
-from streamwhiten.model import finalize, save_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STSB = os.environ.get("STREAMWHITEN_STSB", os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))

@@ -16,9 +16,9 @@ import zarr
 from conftest import anisotropic, run_subprocess, write_h5, write_zarr
 
 import streamwhiten._durable as durable
+from streamwhiten.core.model import load_model
 from streamwhiten.errors import MissingChunkError, StoreIOError
 from streamwhiten.fit import remove_checkpoint
-from streamwhiten.model import load_model
 
 
 def one_line(err: str, *fragments: str) -> str:
@@ -152,8 +152,8 @@ def test_dask_engine_refuses_a_missing_chunk(tmp_path, rows):
 def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, monkeypatch):
     """A rename is durable only once its directory is fsynced: model, checkpoint, progress record, output."""
     from streamwhiten.apply import apply_model
+    from streamwhiten.core.model import finalize, save_model
     from streamwhiten.fit import plan_fit, run_plan, save_checkpoint
-    from streamwhiten.model import finalize, save_model
 
     events = []
     real_replace, real_rename, real_fsync_dir = os.replace, os.rename, durable.fsync_dir

@@ -15,6 +15,7 @@ import pytest
 from conftest import REPO, run_subprocess, write_h5
 
 from streamwhiten.apply import apply_model
+from streamwhiten.core.model import load_model
 from streamwhiten.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -28,7 +29,6 @@ from streamwhiten.errors import (
 from streamwhiten.fit import load_checkpoint, plan_fit, run_plan, save_checkpoint
 from streamwhiten.io import open_source, partial_path
 from streamwhiten.jobs import default_checkpoint
-from streamwhiten.model import load_model
 from streamwhiten.synthetic import write_store
 
 N_ROWS, N_FEATURES, BLOCK = 60_000, 48, 300
@@ -682,7 +682,7 @@ def test_job_file_direct_io_reaches_the_output_writer(tmp_path, store, monkeypat
 def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_path):
     """Blocks big enough for BLAS to use several threads: a resume with fewer blocks left than worker
     threads must still run them as the uninterrupted run did (same workers, same BLAS threads)."""
-    from streamwhiten.model import finalize
+    from streamwhiten.core.model import finalize
 
     rows = (np.random.default_rng(21).standard_normal((20000, 64)) * 3 + 7).astype(np.float32)
     spec = write_h5(tmp_path / "big.h5", rows, chunk_rows=5000)

@@ -6,7 +6,7 @@ from conftest import anisotropic
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamwhiten import stats
+from streamwhiten.core import stats
 from streamwhiten.errors import BadInputError, NonFiniteError
 
 

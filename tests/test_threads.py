@@ -6,8 +6,9 @@ import time
 import numpy as np
 import pytest
 
-from streamwhiten import Whitener, stats
+from streamwhiten import Whitener
 from streamwhiten._threads import blas_threads, ordered_map, resolve_threads
+from streamwhiten.core import stats
 from streamwhiten.errors import BadInputError
 from streamwhiten.fit import fit_sources, fold_array
 

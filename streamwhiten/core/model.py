@@ -1,6 +1,6 @@
 """Finalize streaming statistics into a whitening model, and the pickle-free model file.
 
-``finalize`` turns a :class:`~streamwhiten.stats.Moments` state into ``Sigma_beta = U Lambda U^T``
+``finalize`` turns a :class:`~streamwhiten.core.stats.Moments` state into ``Sigma_beta = U Lambda U^T``
 (eigenvalues descending, each eigenvector's largest-magnitude entry made positive so the result is
 deterministic) and the transform ``y = (x - beta*mu) U_k (Lambda_k + eps)^(-gamma/2)``. The model file
 is an ``.npz`` of plain arrays (readable with numpy alone, ``allow_pickle=False``) with a format
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import __version__
-from ._npz import checksum, read_npz, write_npz_atomic
-from .errors import BadInputError, ModelFileError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
-from .params import DEFAULT_EPS, check_model
+from .. import __version__
+from .._npz import checksum, read_npz, write_npz_atomic
+from ..errors import BadInputError, ModelFileError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
+from ..params import DEFAULT_EPS, check_model
 from .stats import Moments, covariance
 
 FORMAT_NAME = "streamwhiten-model"
@@ -205,7 +205,7 @@ class WhiteningModel:
             ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``, the setting and this
             model's checksum; its ``transform`` gives the vectors :meth:`transform` gives.
         """
-        from .serving import AffineMap
+        from ..serving import AffineMap
 
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
@@ -428,7 +428,7 @@ def model_checksum(model: WhiteningModel) -> str:
 
 def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
     """Save ``model`` to ``path`` (an ``.npz``); returns the content checksum."""
-    from .errors import OutputExistsError
+    from ..errors import OutputExistsError
 
     if not overwrite and os.path.exists(path):
         raise OutputExistsError.at(path)
