@@ -20,6 +20,7 @@ from .. import __version__
 from .._npz import checksum, read_npz, write_npz_atomic
 from ..errors import BadInputError, ModelFileError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
+from .affine import AffineMap
 from .stats import Moments, covariance
 
 FORMAT_NAME = "streamwhiten-model"
@@ -201,12 +202,10 @@ class WhiteningModel:
 
         Returns
         -------
-        streamwhiten.serving.AffineMap
+        streamwhiten.core.affine.AffineMap
             ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``, the setting and this
             model's checksum; its ``transform`` gives the vectors :meth:`transform` gives.
         """
-        from ..serving import AffineMap
-
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
         model = self.with_params(**changes) if changes else self
