@@ -175,13 +175,8 @@ class AffineMap:
             finite_out = np.isfinite(out).all(axis=1)
             if not finite_out.all():
                 _raise_nonfinite(np.isfinite(rows).all(axis=1), finite_out, work)
-            if normalize:  # finite rows whose float32 norm overflowed: normalised in float64, as the engine does
-                redo = ~np.isfinite(check)
-                wide = out[redo].astype(np.float64)
-                out[redo] = wide / np.linalg.norm(wide, axis=1, keepdims=True)
-                check[redo] = 1
         if normalize:
-            out /= np.where(check > 0, check, 1)[:, None]
+            scale_rows_to_unit(out, check)
         return out[0] if single else out
 
     __call__ = transform
@@ -221,6 +216,20 @@ class AffineMap:
         if not bool(finite_out.all()):
             _raise_nonfinite(torch.isfinite(rows).all(dim=1).cpu().numpy(), finite_out.cpu().numpy(), rows.dtype)
         return out[0] if single else out
+
+
+def scale_rows_to_unit(out: np.ndarray, norms: np.ndarray) -> None:
+    """Divide each row of ``out`` by its L2 norm ``norms`` in place; zero rows stay zero.
+
+    A finite row whose norm overflowed the working dtype (``norms`` Inf) is normalised in float64
+    instead, as both the engine (``core.model.project_checked``) and :meth:`AffineMap.transform` do.
+    """
+    redo = ~np.isfinite(norms)
+    if redo.any():
+        wide = out[redo].astype(np.float64)
+        out[redo] = wide / np.linalg.norm(wide, axis=1, keepdims=True)
+        norms[redo] = 1
+    out /= np.where(norms > 0, norms, 1)[:, None]
 
 
 def _raise_nonfinite(finite_in, finite_out, dtype) -> None:

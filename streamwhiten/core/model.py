@@ -20,7 +20,7 @@ from .. import __version__
 from .._npz import checksum, read_npz, write_npz_atomic
 from ..errors import BadInputError, ModelFileError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
-from .affine import AffineMap
+from .affine import AffineMap, scale_rows_to_unit
 from .stats import Moments, covariance
 
 FORMAT_NAME = "streamwhiten-model"
@@ -310,13 +310,8 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
     if not np.all(np.isfinite(check)):  # rare: an output row overflowed (or only its norm or sum did)
         row_finite = np.isfinite(out).all(axis=1)
         raise_if_overflowed(~row_finite, work, "whitened")
-        if normalize:  # finite rows whose float32 norm overflowed: normalise them in float64
-            redo = ~np.isfinite(check)
-            wide = out[redo].astype(np.float64)
-            out[redo] = wide / np.linalg.norm(wide, axis=1, keepdims=True)
-            check[redo] = 1
-    if normalize:
-        out /= np.where(check > 0, check, 1)[:, None]
+    if normalize:  # finite rows whose float32 norm overflowed are normalised in float64
+        scale_rows_to_unit(out, check)
     if finite is not None:
         out[~finite] = np.nan
     if dtype is not None and np.dtype(dtype) != out.dtype:
