@@ -136,7 +136,7 @@ def measure(directory: str, n_rows: int, d: int, chunk_rows: int, repeats: int, 
     import dask.array as da
 
     from streamwhiten import release_buffers
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine.fit import fit_sources
     from streamwhiten.io import remote
 
     rows = make_rows(n_rows, d)

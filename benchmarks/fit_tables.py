@@ -130,7 +130,7 @@ def lance_reader(path: str, block_rows: int, n_rows: int):
 
 
 def run_all(function, tasks, threads):
-    from streamwhiten._threads import ordered_map
+    from streamwhiten.engine._threads import ordered_map
 
     for _ in ordered_map(function, iter(tasks), threads, 1):
         pass
@@ -138,8 +138,8 @@ def run_all(function, tasks, threads):
 
 def measure(directory: str, n_rows: int, d: int, group_rows: int, repeats: int) -> list[dict]:
     from streamwhiten import release_buffers
-    from streamwhiten._threads import resolve_threads
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine._threads import resolve_threads
+    from streamwhiten.engine.fit import fit_sources
     from streamwhiten.io import open_source
 
     rows = make_rows(n_rows, d)

@@ -70,7 +70,7 @@ def compile_times() -> dict:
 def bare_products(chunks: list[np.ndarray]) -> dict:
     """The two in-memory references: numpy's ``X.T @ X`` per chunk with its default (all-core) BLAS, and
     the same products spread over one thread per core with single-threaded BLAS, as the fit runs them."""
-    from streamwhiten._threads import available_cores, ordered_map
+    from streamwhiten.engine._threads import available_cores, ordered_map
 
     def default_blas():
         for chunk in chunks:
@@ -91,7 +91,7 @@ def ratios(times: dict, name: str, reference: str) -> tuple[float, float]:
 
 
 def fit_runner(spec, holder: dict, key: str, **options):
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine.fit import fit_sources
 
     def run():
         holder[key] = fit_sources(spec, **options)
@@ -176,7 +176,7 @@ def peers_table(directory, d, n_rows, chunk_rows, ipca_rows, repeats) -> dict:
             held[precision] = finalize(fit_sources_for(precision), n_components=k)
 
         def fit_sources_for(precision):
-            from streamwhiten.fit import fit_sources
+            from streamwhiten.engine.fit import fit_sources
 
             return fit_sources(spec, precision=precision).state
 
@@ -360,10 +360,10 @@ def compressed_table(directory, d, n_chunks, chunk_rows, repeats, k, stores=None
     whole chunks, a fixed cost that weighs on a store of a few chunks) and its pass over the blocks alone."""
     from threadpoolctl import threadpool_limits
 
-    from streamwhiten._threads import available_cores
-    from streamwhiten.apply import apply_model
     from streamwhiten.core.model import finalize
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine._threads import available_cores
+    from streamwhiten.engine.apply import apply_model
+    from streamwhiten.engine.fit import fit_sources
 
     cores = available_cores()
     n_rows = n_chunks * chunk_rows

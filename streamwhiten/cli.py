@@ -527,8 +527,8 @@ def apply(
 
     An interrupted run leaves a hidden partial output that the same command resumes.
     """
-    from .apply import apply_model
     from .core.model import load_model
+    from .engine.apply import apply_model
     from .io import refuse_input_overlap
 
     _check_engine(engine, scheduler, workers, threads)
@@ -547,7 +547,7 @@ def apply(
     signals = stop_on_signals() if engine != "dask" else contextlib.nullcontext(None)
     with progress_bar("apply", quiet) as progress, signals as should_stop:
         if engine == "dask":
-            from .distributed import apply_dask
+            from .engine.distributed import apply_dask
 
             summary = apply_dask(
                 model,

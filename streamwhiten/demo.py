@@ -7,10 +7,10 @@ import time
 
 import numpy as np
 
-from .apply import apply_model
 from .core.model import finalize, save_model
 from .core.stats import Moments, block_moments, covariance, update
-from .fit import fit_sources
+from .engine.apply import apply_model
+from .engine.fit import fit_sources
 from .io import open_source
 from .synthetic import write_store
 

@@ -92,19 +92,19 @@ def fit_job(
     of every engine.
 
     ``engine="serial"`` runs in this process, checkpointed and resumable; ``engine="dask"`` runs the
-    same blocks (:func:`~streamwhiten.fit.plan_blocks`) on a Dask cluster (``scheduler``, a local one of
+    same blocks (:func:`~streamwhiten.engine.fit.plan_blocks`) on a Dask cluster (``scheduler``, a local one of
     ``workers`` processes, or ``client``), not checkpointed, so without ``update`` or ``resume``. With
     ``overwrite=False`` an existing model file is refused (:class:`OutputExistsError`), or reported
     (:class:`NothingToDoError`) when it holds what this fit would write.
 
     Returns ``(model, fitted, resumed, checkpoint_path)``: ``fitted`` is the finished
-    :class:`~streamwhiten.fit.FitPlan` (serial) or :class:`~streamwhiten.fit.FitResult` (Dask); the
+    :class:`~streamwhiten.engine.fit.FitPlan` (serial) or :class:`~streamwhiten.engine.fit.FitResult` (Dask); the
     caller saves the model with :func:`save_fitted`, which also removes the checkpoint. ``update``
     names a saved model whose statistics are extended with appended rows only.
     """
     from ._durable import remove_stale_temps
     from .core.model import check_params, load_model
-    from .fit import check_resumable, finalize_fit, load_checkpoint, plan_fit, plan_update, run_plan
+    from .engine.fit import check_resumable, finalize_fit, load_checkpoint, plan_fit, plan_update, run_plan
 
     _params.check("checkpoint_every", checkpoint_every)
     _params.check("checkpoint_seconds", checkpoint_seconds)
@@ -124,7 +124,7 @@ def fit_job(
         remove_stale_temps(path)  # what killed runs of this fit left behind
 
     if engine == "dask":
-        from .distributed import fit_dask
+        from .engine.distributed import fit_dask
 
         result = fit_dask(
             inputs,
@@ -214,8 +214,8 @@ def model_is_current(
     """Whether ``model_path`` holds the model a fit of ``inputs`` with these options would write: the
     same sources (fingerprints), precision, NaN handling and parameters. Then there is nothing to do."""
     from .core.model import load_model, model_checksum
+    from .engine.fit import open_sources
     from .errors import ModelFileError
-    from .fit import open_sources
     from .io import fingerprint
 
     try:
@@ -250,7 +250,7 @@ def save_fitted(model, job, model_path: str, checkpoint: str | None, should_stop
     A fit without a checkpoint (``checkpoint`` None: the Dask engine) is saved whatever ``should_stop`` says.
     """
     from .core.model import save_model
-    from .fit import remove_checkpoint, save_checkpoint
+    from .engine.fit import remove_checkpoint, save_checkpoint
 
     if checkpoint is not None and should_stop is not None and should_stop():
         save_checkpoint(job, checkpoint)
@@ -480,8 +480,8 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
     checkpoint that does not belong to the current model (or whose sources changed) is discarded.
     """
     from .core.model import load_model
+    from .engine.fit import check_resumable, finalize_fit, load_checkpoint, remove_checkpoint, run_plan
     from .errors import ModelFileError
-    from .fit import check_resumable, finalize_fit, load_checkpoint, remove_checkpoint, run_plan
 
     try:
         job = load_checkpoint(checkpoint)
@@ -555,9 +555,9 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
 
 
 def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
-    from .apply import apply_model, check_keep_columns, output_is_current, recorded_options
     from .core.model import check_params, load_model, model_checksum, save_model
-    from .fit import remove_checkpoint
+    from .engine.apply import apply_model, check_keep_columns, output_is_current, recorded_options
+    from .engine.fit import remove_checkpoint
     from .io import (
         expand_specs,
         fingerprint,

@@ -7,7 +7,7 @@ import pytest
 from conftest import anisotropic, write_h5, write_zarr
 
 from streamwhiten import Whitener
-from streamwhiten.apply import apply_model
+from streamwhiten.engine.apply import apply_model
 from streamwhiten.errors import BadInputError, NonFiniteError, NothingToDoError, OutputExistsError
 from streamwhiten.io import open_source, partial_path, read_attrs
 

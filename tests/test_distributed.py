@@ -28,12 +28,12 @@ import dask  # noqa: E402
 import h5py  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-from streamwhiten import distributed as sd  # noqa: E402
-from streamwhiten.apply import apply_model  # noqa: E402
 from streamwhiten.cli import main  # noqa: E402
 from streamwhiten.core.model import finalize, load_model  # noqa: E402
+from streamwhiten.engine import distributed as sd  # noqa: E402
+from streamwhiten.engine.apply import apply_model  # noqa: E402
+from streamwhiten.engine.fit import fit_sources  # noqa: E402
 from streamwhiten.errors import BadInputError, ClusterError, NonFiniteError, OutputExistsError, StoreIOError  # noqa: E402
-from streamwhiten.fit import fit_sources  # noqa: E402
 from streamwhiten.io import open_source, partial_path, read_attrs  # noqa: E402
 from streamwhiten.synthetic import generate_rows, write_store  # noqa: E402
 from streamwhiten.whitener import Whitener  # noqa: E402
@@ -106,7 +106,7 @@ def test_core_install_needs_no_dask(tmp_path):
 import sys
 sys.modules.update(dask=None, distributed=None)
 import numpy as np
-import streamwhiten, streamwhiten.cli, streamwhiten.fit, streamwhiten.apply, streamwhiten.distributed
+import streamwhiten, streamwhiten.cli, streamwhiten.engine.fit, streamwhiten.engine.apply, streamwhiten.engine.distributed
 from streamwhiten.whitener import Whitener
 Whitener().fit(np.load({str(tmp_path / "x.npy")!r}))
 from streamwhiten.cli import main
@@ -506,7 +506,7 @@ def test_serial_and_dask_reduce_the_same_blocks_of_mixed_sources_without_block_r
     """One block plan for every engine: with sources of different natural blocks (HDF5 chunks of 1000
     rows, Zarr chunks of 512) and no block_rows, both engines cut every source at the same rows and
     reduce each block to the same bits; only the order of the final float64 merges differs."""
-    import streamwhiten.fit as fit_module
+    import streamwhiten.engine.fit as fit_module
     from streamwhiten.io.base import Source
 
     natural = Source.default_block_rows

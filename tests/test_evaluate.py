@@ -15,6 +15,7 @@ from scipy import stats as sps
 
 from streamwhiten.cli import main
 from streamwhiten.core.model import finalize, save_model
+from streamwhiten.engine.fit import fit_sources
 from streamwhiten.errors import BadInputError, NonFiniteError
 from streamwhiten.evaluate import (
     cosine_rows,
@@ -25,7 +26,6 @@ from streamwhiten.evaluate import (
     rankdata,
     spearman,
 )
-from streamwhiten.fit import fit_sources
 from streamwhiten.io import read_vector
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

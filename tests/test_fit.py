@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from conftest import anisotropic, write_h5, write_zarr
 
+from streamwhiten.engine.fit import fit_sources, plan_fit, run_plan
 from streamwhiten.errors import StoreIOError
-from streamwhiten.fit import fit_sources, plan_fit, run_plan
 
 
 def test_worker_threads_reuse_one_buffer_each_and_cover_every_row(tmp_path, monkeypatch):

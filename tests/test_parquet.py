@@ -341,7 +341,7 @@ def test_eval_pairs_and_gold_scores_from_parquet(tmp_path, rows):
 
 def test_dask_engine_reads_parquet(shards, rows):
     pytest.importorskip("distributed")
-    from streamwhiten import distributed as sd
+    from streamwhiten.engine import distributed as sd
 
     specs = expand_specs([str(shards)])
     with sd.dask_client(n_workers=1) as client:
@@ -487,7 +487,7 @@ sys.exit(main(['fit', {str(path)!r}, '-o', {str(tmp_path / "m.npz")!r}]))
 
 def test_import_streamwhiten_does_not_import_pyarrow():
     code = (
-        "import sys, streamwhiten, streamwhiten.io, streamwhiten.cli, streamwhiten.fit, streamwhiten.apply\n"
+        "import sys, streamwhiten, streamwhiten.io, streamwhiten.cli, streamwhiten.engine.fit, streamwhiten.engine.apply\n"
         "assert not [m for m in sys.modules if m.startswith(('pyarrow', 'lance'))], 'imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

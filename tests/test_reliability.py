@@ -17,8 +17,8 @@ from conftest import anisotropic, run_subprocess, write_h5, write_zarr
 
 import streamwhiten._durable as durable
 from streamwhiten.core.model import load_model
+from streamwhiten.engine.fit import remove_checkpoint
 from streamwhiten.errors import MissingChunkError, StoreIOError
-from streamwhiten.fit import remove_checkpoint
 
 
 def one_line(err: str, *fragments: str) -> str:
@@ -139,7 +139,7 @@ def test_update_refuses_a_recorded_shard_that_was_deleted(tmp_path, rows, run_cl
 
 def test_dask_engine_refuses_a_missing_chunk(tmp_path, rows):
     pytest.importorskip("distributed")
-    from streamwhiten.distributed import fit_dask
+    from streamwhiten.engine.distributed import fit_dask
 
     spec = write_zarr(tmp_path / "z.zarr", rows, chunk_rows=100)
     os.remove(os.path.join(spec, zarr.open_array(spec, mode="r").metadata.encode_chunk_key((4, 0))))
@@ -151,9 +151,9 @@ def test_dask_engine_refuses_a_missing_chunk(tmp_path, rows):
 
 def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, monkeypatch):
     """A rename is durable only once its directory is fsynced: model, checkpoint, progress record, output."""
-    from streamwhiten.apply import apply_model
     from streamwhiten.core.model import finalize, save_model
-    from streamwhiten.fit import plan_fit, run_plan, save_checkpoint
+    from streamwhiten.engine.apply import apply_model
+    from streamwhiten.engine.fit import plan_fit, run_plan, save_checkpoint
 
     events = []
     real_replace, real_rename, real_fsync_dir = os.replace, os.rename, durable.fsync_dir

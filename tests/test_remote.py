@@ -265,7 +265,7 @@ def _kill_when(process, reached, timeout=60.0) -> bool:
 
 @pytest.mark.slow
 def test_kill_9_of_a_remote_fit_and_a_remote_apply_resume_bit_identically(tmp_path, s3_bucket, s3_server, run_cli):
-    from streamwhiten.fit import load_checkpoint
+    from streamwhiten.engine.fit import load_checkpoint
     from streamwhiten.jobs import default_checkpoint
 
     data = anisotropic(6000, 16, seed=11).astype(np.float32)
@@ -374,8 +374,8 @@ def test_dask_fit_and_apply_from_s3_equal_the_serial_engine(tmp_path, s3_bucket,
     from distributed import Client, LocalCluster
 
     from streamwhiten.core.model import load_model
-    from streamwhiten.distributed import apply_dask, fit_dask
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine.distributed import apply_dask, fit_dask
+    from streamwhiten.engine.fit import fit_sources
 
     data = anisotropic(4000, 16, seed=5)
     url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=500), f"{s3_bucket}/c.zarr")

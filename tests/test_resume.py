@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from conftest import REPO, run_subprocess, write_h5
 
-from streamwhiten.apply import apply_model
 from streamwhiten.core.model import load_model
+from streamwhiten.engine.apply import apply_model
+from streamwhiten.engine.fit import load_checkpoint, plan_fit, run_plan, save_checkpoint
 from streamwhiten.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -26,7 +27,6 @@ from streamwhiten.errors import (
     InterruptedRunError,
     StoreIOError,
 )
-from streamwhiten.fit import load_checkpoint, plan_fit, run_plan, save_checkpoint
 from streamwhiten.io import open_source, partial_path
 from streamwhiten.jobs import default_checkpoint
 from streamwhiten.synthetic import write_store
@@ -422,7 +422,7 @@ def test_nightly_script_runs_the_job_and_treats_nothing_to_do_as_success(tmp_pat
 
 
 def test_restart_interrupted_before_its_first_block_is_not_resumed_with_the_old_record(tmp_path, run_cli):
-    from streamwhiten.apply import apply_model
+    from streamwhiten.engine.apply import apply_model
     from streamwhiten.errors import InterruptedRunError
     from streamwhiten.io import create_sink
 
@@ -638,12 +638,12 @@ def test_an_empty_recorded_shard_does_not_make_new_shards_look_moved(tmp_path, r
 
 
 def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatch):
-    import streamwhiten.apply
-    import streamwhiten.fit
+    import streamwhiten.engine.apply
+    import streamwhiten.engine.fit
     from streamwhiten.jobs import run_job_file
 
     asked = []
-    for module in (streamwhiten.fit, streamwhiten.apply):
+    for module in (streamwhiten.engine.fit, streamwhiten.engine.apply):
         real = module.resolve_threads
         monkeypatch.setattr(
             module,
@@ -654,7 +654,7 @@ def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatc
     job.write_text(job.read_text().replace("n_components = 8\n", "n_components = 8\nthreads = 3\n") + "threads = 2\n")
     summary = run_job_file(str(job))
     assert "apply" in " ".join(summary["steps"])
-    assert ("streamwhiten.fit", 3) in asked and ("streamwhiten.apply", 2) in asked
+    assert ("streamwhiten.engine.fit", 3) in asked and ("streamwhiten.engine.apply", 2) in asked
     with open_source(str(tmp_path / "out-big.zarr")) as out:
         assert out.n_features == 8 and out.n_rows > 0
 

@@ -12,9 +12,9 @@ from scipy import stats as sps
 
 from streamwhiten.cli import main
 from streamwhiten.core.model import finalize, load_model, save_model
+from streamwhiten.engine.fit import fit_sources
 from streamwhiten.errors import BadInputError
 from streamwhiten.evaluate import cosine_rows, open_pairs
-from streamwhiten.fit import fit_sources
 from streamwhiten.tune import choose, decompose, default_ks, grid_search, make_grid, tune
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

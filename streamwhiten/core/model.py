@@ -277,7 +277,7 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
     The centring pass returns column sums, which are finite exactly when every centred value is:
     finiteness costs nothing unless a bad row is present, and only then are the rows scanned. Rows
     centred in place are scanned after centring, where a finite value that overflowed looks like Inf;
-    a caller holding the input can tell the two apart (see ``apply``). Otherwise a finite row that
+    a caller holding the input can tell the two apart (see ``engine.apply``). Otherwise a finite row that
     overflows when centred, whitened or cast to ``dtype`` raises :class:`ValuesTooLargeError` with its
     index. ``out``, a C-contiguous buffer of at least ``len(rows)`` rows of ``weights``' shape and
     dtype, receives the product instead of a new array (the result is then a view of it, unless

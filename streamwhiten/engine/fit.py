@@ -27,12 +27,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import params
-from ._buffers import PerThread, as_array, kept_for_next_run
-from ._npz import read_npz, write_npz_atomic
-from ._threads import ordered_map, resolve_threads, worker_blas_threads
-from .core import stats
-from .errors import (
+from .. import params
+from .._buffers import PerThread, as_array, kept_for_next_run
+from .._npz import read_npz, write_npz_atomic
+from ..core import stats
+from ..errors import (
     BadInputError,
     InterruptedRunError,
     ModelFileError,
@@ -40,7 +39,8 @@ from .errors import (
     NothingToDoError,
     StoreIOError,
 )
-from .io import Source, count_blocks, exists, expand_specs, fingerprint, open_source, remote
+from ..io import Source, count_blocks, exists, expand_specs, fingerprint, open_source, remote
+from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: ``progress(rows_done, rows_total)``, called after every block.
 ProgressCallback = Callable[[int, int], None]
@@ -656,7 +656,7 @@ def finalize_fit(result: FitResult, model_params: dict | None = None, skipped_be
     """The model of a finished fit (any engine): its state finalized with ``model_params`` (beta, gamma,
     n_components, variance, eps), recording its sources and :func:`fit_info` (``skipped_before``: rows
     an updated model had skipped already)."""
-    from .core.model import finalize
+    from ..core.model import finalize
 
     info = fit_info(
         skipped_before + result.n_skipped, result.precision, result.skip_nonfinite, result.fill_missing_chunks

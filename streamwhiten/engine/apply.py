@@ -16,11 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import __version__, params
-from ._buffers import BufferPool, PerThread, kept_for_next_run
-from ._threads import ordered_map, resolve_threads, worker_blas_threads
-from .core.model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
-from .errors import (
+from .. import __version__, params
+from .._buffers import BufferPool, PerThread, kept_for_next_run
+from ..core.model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
+from ..errors import (
     BadInputError,
     InterruptedRunError,
     NonFiniteError,
@@ -28,7 +27,7 @@ from .errors import (
     OutputExistsError,
     ValuesTooLargeError,
 )
-from .io import (
+from ..io import (
     check_output_compressor,
     create_sink,
     fingerprint,
@@ -42,6 +41,7 @@ from .io import (
     sink_chunk_rows,
     split_spec,
 )
+from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: Worker threads of :func:`apply_model` when none are given, for an input read as stored; an input
 #: whose compressed chunks are decoded here gets one per core (at most four), so cores decode at once.
