@@ -859,7 +859,7 @@ def _pair_options(required: bool, prefix: str = "pairs", scores: str = "scores",
 
 def _open_pairs_given(a, b, scores, flags: str):
     """Open a pair set when all three specs are given; ``None`` when none is; an error when only some are."""
-    from .evaluate import open_pairs
+    from .evaluation.evaluate import open_pairs
 
     given = [spec is not None for spec in (a, b, scores)]
     if not any(given):
@@ -899,7 +899,7 @@ def eval_(model_path, pairs_a, pairs_b, scores, beta, gamma, n_components, varia
     setting for this evaluation (the model file is not changed).
     """
     from .core.model import load_model
-    from .evaluate import evaluate_pairs, open_pairs
+    from .evaluation.evaluate import evaluate_pairs, open_pairs
 
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params and model_path is None:
@@ -1061,8 +1061,8 @@ def tune(
     once, after it is made, on pairs it was not chosen on (next to raw on the same pairs).
     """
     from .core.model import load_model, save_model
-    from .evaluate import open_pairs
-    from .tune import tune as run_tune
+    from .evaluation.evaluate import open_pairs
+    from .evaluation.tune import tune as run_tune
 
     if output_path and in_place:
         raise BadInputError("give -o/--output or --in-place, not both")
@@ -1164,8 +1164,8 @@ def report(
     Needs matplotlib (pip install 'streamwhiten[report]'); renders without a display.
     """
     from .core.model import load_model
+    from .evaluation.report import check_output, collect, write_report
     from .io import refuse_input_overlap
-    from .report import check_output, collect, write_report
 
     refuse_input_overlap({output_path: "report"}, [model_path, pairs_a, pairs_b, scores], nested=False)
     with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))

@@ -17,7 +17,7 @@ from streamwhiten.cli import main
 from streamwhiten.core.model import finalize, save_model
 from streamwhiten.engine.fit import fit_sources
 from streamwhiten.errors import BadInputError, NonFiniteError
-from streamwhiten.evaluate import (
+from streamwhiten.evaluation.evaluate import (
     cosine_rows,
     evaluate_pairs,
     open_pairs,

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .core.model import WhiteningModel, check_params, components_for_variance
-from .errors import BadInputError
+from ..core.model import WhiteningModel, check_params, components_for_variance
+from ..errors import BadInputError
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
 
 DEFAULT_BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core.model import WhiteningModel, components_for_variance
-from .errors import BadInputError, OutputExistsError, StoreIOError
+from ..core.model import WhiteningModel, components_for_variance
+from ..errors import BadInputError, OutputExistsError, StoreIOError
 from .evaluate import PairSet
 from .tune import DEFAULT_VARIANCES, TuneResult, default_ks, grid_search
 
