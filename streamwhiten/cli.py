@@ -362,8 +362,8 @@ def fit(
 
     Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
     """
+    from .batch import fit_job, save_fitted
     from .io import expand_specs
-    from .jobs import fit_job, save_fitted
 
     _check_engine(engine, scheduler, workers, threads)
     if model_path is None:
@@ -808,8 +808,8 @@ def run(job_file, log_file, restart, quiet, as_json):
     Exit codes: 0 done, 3 nothing to do, 2 bad input, 74 I/O error (disk full: the previous checkpoint or
     output is kept), 75 another run holds the lock, 130 interrupted.
     """
+    from .batch import default_checkpoint, read_job_file, run_job_file
     from .io import expand_specs, refuse_input_overlap, remote
-    from .jobs import default_checkpoint, read_job_file, run_job_file
 
     logging.getLogger("streamwhiten").setLevel(logging.INFO)
     if log_file:

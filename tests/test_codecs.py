@@ -383,7 +383,7 @@ def test_interrupted_compressed_apply_resumes_to_the_same_output(tmp_path, appli
 
 
 def test_job_file_compressor(tmp_path, applied):
-    from streamwhiten.jobs import read_job_file as load_job
+    from streamwhiten.batch import read_job_file as load_job
 
     directory, spec, _, _ = applied
     job = tmp_path / "job.toml"

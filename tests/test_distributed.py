@@ -545,8 +545,8 @@ def test_serial_and_dask_reduce_the_same_blocks_of_mixed_sources_without_block_r
 
 
 def test_fit_job_is_the_one_entry_point_of_both_engines(client, stores, tmp_path):
+    from streamwhiten.batch import fit_job, save_fitted
     from streamwhiten.errors import NothingToDoError
-    from streamwhiten.jobs import fit_job, save_fitted
 
     specs = [stores.h5, stores.zarr]
     params = {"n_components": 10, "beta": 0.5}

@@ -265,8 +265,8 @@ def _kill_when(process, reached, timeout=60.0) -> bool:
 
 @pytest.mark.slow
 def test_kill_9_of_a_remote_fit_and_a_remote_apply_resume_bit_identically(tmp_path, s3_bucket, s3_server, run_cli):
+    from streamwhiten.batch import default_checkpoint
     from streamwhiten.engine.fit import load_checkpoint
-    from streamwhiten.jobs import default_checkpoint
 
     data = anisotropic(6000, 16, seed=11).astype(np.float32)
     url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=100), f"{s3_bucket}/c.zarr")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import REPO, run_subprocess, write_h5
 
+from streamwhiten.batch import default_checkpoint
 from streamwhiten.core.model import load_model
 from streamwhiten.engine.apply import apply_model
 from streamwhiten.engine.fit import load_checkpoint, plan_fit, run_plan, save_checkpoint
@@ -28,7 +29,6 @@ from streamwhiten.errors import (
     StoreIOError,
 )
 from streamwhiten.io import open_source, partial_path
-from streamwhiten.jobs import default_checkpoint
 from streamwhiten.synthetic import write_store
 
 N_ROWS, N_FEATURES, BLOCK = 60_000, 48, 300
@@ -465,7 +465,7 @@ def test_the_same_rows_are_never_counted_twice(tmp_path, run_cli):
 
 
 def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_path):
-    from streamwhiten.jobs import run_job_file
+    from streamwhiten.batch import run_job_file
 
     rng = np.random.default_rng(6)
     shards = tmp_path / "shards"
@@ -501,8 +501,8 @@ def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_pat
 
 
 def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_outputs(tmp_path, store):
+    from streamwhiten.batch import run_job_file
     from streamwhiten.errors import BadInputError
-    from streamwhiten.jobs import run_job_file
 
     job = write_job(tmp_path, store)
     run_job_file(str(job))
@@ -568,8 +568,8 @@ def test_an_empty_shard_among_several_is_recorded_and_read_once_it_grows(tmp_pat
 
 
 def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_directories(tmp_path):
+    from streamwhiten.batch import run_job_file
     from streamwhiten.errors import BadInputError
-    from streamwhiten.jobs import run_job_file
 
     rng = np.random.default_rng(9)
     for name in ("a", "b"):
@@ -588,8 +588,8 @@ def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_d
 
 
 def test_a_pending_checkpoint_for_inputs_the_job_dropped_is_discarded(tmp_path):
+    from streamwhiten.batch import run_job_file
     from streamwhiten.errors import InterruptedRunError
-    from streamwhiten.jobs import run_job_file
 
     rng = np.random.default_rng(10)
     a = write_h5(tmp_path / "a.h5", rng.standard_normal((3000, 4)), chunk_rows=100)
@@ -640,7 +640,7 @@ def test_an_empty_recorded_shard_does_not_make_new_shards_look_moved(tmp_path, r
 def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatch):
     import streamwhiten.engine.apply
     import streamwhiten.engine.fit
-    from streamwhiten.jobs import run_job_file
+    from streamwhiten.batch import run_job_file
 
     asked = []
     for module in (streamwhiten.engine.fit, streamwhiten.engine.apply):
@@ -662,7 +662,7 @@ def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatc
 def test_job_file_direct_io_reaches_the_output_writer(tmp_path, store, monkeypatch):
     import streamwhiten.io.hdf5
     import streamwhiten.io.zarr
-    from streamwhiten.jobs import run_job_file
+    from streamwhiten.batch import run_job_file
 
     asked = []
     for backend in (streamwhiten.io.hdf5, streamwhiten.io.zarr):  # every writer of output chunks

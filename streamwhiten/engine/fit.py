@@ -7,7 +7,7 @@ per source saying which rows it reads and how far it got. :func:`plan_blocks` se
 once for every engine; blocks are aligned to its multiples and folded in a fixed order (source by
 source, block by block), so the same plan always gives the same bits, and a plan resumed from a
 checkpoint gives exactly the bits of one that never stopped. Checkpoints (state + cursors) are
-written atomically with a checksum. (A *job* is a ``job.toml`` batch run, see ``jobs``.)
+written atomically with a checksum. (A *job* is a ``job.toml`` batch run, see ``streamwhiten.batch``.)
 
 Each block is read, centred and multiplied by one of a few worker threads (see ``_threads``), with
 reused buffers per thread (see ``_buffers``), while the others work on the next blocks; this thread

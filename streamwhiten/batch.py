@@ -5,7 +5,7 @@ checkpoint, runs it on the serial or the Dask engine and finalizes. ``run_job_fi
 ``job.toml``): fit/update, finalize and apply, skipping each step that is already up to date, under a
 lock so two runs of the same job never overlap. Progress is reported through the ``streamwhiten``
 logger; the CLI decides where it goes. (This module is the job.toml runner; the plan of a single fit
-is ``fit.FitPlan``.)
+is ``engine.fit.FitPlan``.)
 """
 
 from __future__ import annotations
