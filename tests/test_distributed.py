@@ -106,7 +106,7 @@ def test_core_install_needs_no_dask(tmp_path):
 import sys
 sys.modules.update(dask=None, distributed=None)
 import numpy as np
-import streamwhiten, streamwhiten.cli, streamwhiten.engine.fit, streamwhiten.engine.apply, streamwhiten.engine.distributed
+import streamwhiten, streamwhiten.cli.app, streamwhiten.engine.fit, streamwhiten.engine.apply, streamwhiten.engine.distributed
 from streamwhiten.whitener import Whitener
 Whitener().fit(np.load({str(tmp_path / "x.npy")!r}))
 from streamwhiten.cli import main

@@ -96,7 +96,7 @@ def need(module, extra):
 
 
 def test_cli_and_library_list_the_same_formats():
-    from streamwhiten.cli import EXPORT_FORMATS
+    from streamwhiten.cli.app import EXPORT_FORMATS
     from streamwhiten.export import FORMATS
 
     assert EXPORT_FORMATS == FORMATS

@@ -487,7 +487,7 @@ sys.exit(main(['fit', {str(path)!r}, '-o', {str(tmp_path / "m.npz")!r}]))
 
 def test_import_streamwhiten_does_not_import_pyarrow():
     code = (
-        "import sys, streamwhiten, streamwhiten.io, streamwhiten.cli, streamwhiten.engine.fit, streamwhiten.engine.apply\n"
+        "import sys, streamwhiten, streamwhiten.io, streamwhiten.cli.app, streamwhiten.engine.fit, streamwhiten.engine.apply\n"
         "assert not [m for m in sys.modules if m.startswith(('pyarrow', 'lance'))], 'imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -376,7 +376,7 @@ def test_a_signal_during_an_import_is_raised_after_the_import(tmp_path):
     )
     script = textwrap.dedent("""
         import sys
-        from streamwhiten import _interrupt
+        from streamwhiten.cli import _interrupt
         _interrupt.install()
         _interrupt.start_immediate()
         try:
