@@ -332,6 +332,20 @@ def test_apply_dask_failure_leaves_old_output_and_no_partial(client, stores, mod
     assert not os.path.exists(fresh) and not os.path.exists(partial_path(fresh))
 
 
+def test_apply_dask_takes_apply_model_options_alike():
+    """apply_dask is apply_model on a cluster: the options they share have the same names, defaults and
+    order (the CLI passes them once to whichever engine runs), so the two signatures cannot drift apart."""
+    import inspect
+
+    serial = inspect.signature(apply_model).parameters
+    dask_engine = inspect.signature(sd.apply_dask).parameters
+    shared = [name for name in serial if name in dask_engine]
+    assert shared == [name for name in dask_engine if name in serial]
+    assert {"dataset", "normalize", "dtype", "block_rows", "overwrite", "skip_nonfinite", "zarr_format"} <= set(shared)
+    assert {"progress", "fill_missing_chunks"} <= set(shared)
+    assert [(name, dask_engine[name].default) for name in shared] == [(name, serial[name].default) for name in shared]
+
+
 def test_apply_dask_refuses_hdf5_output(client, stores, model, tmp_path):
     with pytest.raises(BadInputError, match="writes Zarr only"):
         sd.apply_dask(model, stores.h5, str(tmp_path / "out.h5"), client=client)

@@ -547,46 +547,35 @@ def apply(
     # The Dask applier cannot stop its tasks at a block boundary: a signal interrupts it at once.
     signals = stop_on_signals() if engine != "dask" else contextlib.nullcontext(None)
     with progress_bar("apply", quiet) as progress, signals as should_stop:
+        # apply_dask is apply_model on a cluster: the options they share are passed once.
+        shared = dict(
+            dataset=dataset,
+            normalize=normalize,
+            dtype=dtype,
+            block_rows=chunk_rows,
+            overwrite=overwrite,
+            skip_nonfinite=skip_nonfinite,
+            zarr_format=int(zarr_format),
+            progress=progress,
+            fill_missing_chunks=fill_missing_chunks,
+        )
         if engine == "dask":
             from ..engine.distributed import apply_dask
 
-            summary = apply_dask(
-                model,
-                input_spec,
-                output_spec,
-                dataset,
-                normalize,
-                dtype,
-                chunk_rows,
-                overwrite,
-                skip_nonfinite,
-                int(zarr_format),
-                scheduler=scheduler,
-                n_workers=workers,
-                progress=progress,
-                fill_missing_chunks=fill_missing_chunks,
-            )
+            summary = apply_dask(model, input_spec, output_spec, scheduler=scheduler, n_workers=workers, **shared)
         else:
             summary = apply_model(
                 model,
                 input_spec,
                 output_spec,
-                dataset,
-                normalize,
-                dtype,
-                chunk_rows,
-                overwrite,
-                skip_nonfinite,
-                int(zarr_format),
-                progress,
-                should_stop,
+                should_stop=should_stop,
                 resume=not restart,
                 progress_seconds=checkpoint_seconds,
                 threads=threads,
                 direct_io=direct_io is not False,
-                fill_missing_chunks=fill_missing_chunks,
                 keep_columns=keep_columns,
                 compressor=compressor,
+                **shared,
             )
     _emit(
         as_json,
