@@ -257,6 +257,19 @@ def test_package_inits_import_nothing_heavy():
     assert done.stdout.strip() == "[]", done.stdout
 
 
+def test_every_package_is_shipped_and_checked():
+    """A wheel holds only the packages pyproject lists: every folder of the layout must be there, and
+    mypy's file list must name files that exist (a moved module would drop out of both silently)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {module for module, path in MODULES.items() if path.name == "__init__.py"}
+    assert set(config["tool"]["setuptools"]["packages"]) == packages
+    assert [path for path in config["tool"]["mypy"]["files"] if not (ROOT / path).is_file()] == []
+
+
 @pytest.mark.parametrize(
     "module,statement,rule",
     [
