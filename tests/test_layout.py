@@ -155,6 +155,17 @@ def test_every_module_has_a_layer():
     assert not unknown, f"give these a layer in MAY_IMPORT (and the README's table): {unknown}"
 
 
+def test_every_import_of_the_package_resolves():
+    """An import of a module that moved (after a merge, say) names a module that no longer exists."""
+    wrong = [
+        f"{where(module, line)}: imports {target}, which is no module of the package"
+        for module in MODULES
+        for target, line, _ in own(module)
+        if target != "streamwhiten" and target not in MODULES
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_arrows_point_down():
     wrong = []
     for module in MODULES:
@@ -292,6 +303,11 @@ def test_every_package_is_shipped_and_checked():
         ("streamwhiten.whitener", "import dask", "test_optional_extras_are_imported_where_they_are_used"),
         ("streamwhiten.core.affine", "import threading", "test_core_is_numpy_and_numba_only"),
         ("streamwhiten.core.stats", "import scipy", "test_core_is_numpy_and_numba_only"),
+        (
+            "streamwhiten.io.codecs",
+            "from .._kernels import center_and_sum",
+            "test_every_import_of_the_package_resolves",
+        ),
     ],
 )
 @pytest.mark.parametrize("inside_a_function", [False, True])
