@@ -1,7 +1,8 @@
 """Block-sized scratch buffers, kept between runs in this process.
 
 Every fit and apply works in a few buffers the size of a block (one per worker thread, plus apply's
-outputs in flight). Allocated afresh for each run, they come back as pages the kernel must find and
+outputs in flight, plus, on a store whose compressed chunks are decoded here, the stored bytes of the
+blocks in flight and a chunk-sized buffer per worker between two decoding steps). Allocated afresh for each run, they come back as pages the kernel must find and
 zero on first touch; on a virtual machine whose freed memory goes back to the host, that first touch
 can cost as much as the block's product (``benchmarks/memory.py`` measures it). So a run hands its buffers back here when it ends and the next run in the process takes them again, as
 BLAS libraries keep their work areas. The cache holds only buffers given back, so it never holds more

@@ -155,3 +155,35 @@ def test_bad_thread_count_is_refused_before_any_output(tmp_path, rows, model):
     with pytest.raises(BadInputError, match="threads"):
         apply_model(model, spec, str(tmp_path / "out.h5"), threads=0)
     assert sorted(os.listdir(tmp_path)) == ["in.h5"]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_apply_records_the_fingerprint_of_a_separate_read_without_reading_samples_twice(
+    tmp_path, monkeypatch, model, threads, dtype
+):
+    """The input's fingerprint is hashed from the blocks as they are read (issue #18: on a compressed
+    input each separate sampled read decoded a whole chunk); the output records the fingerprint a
+    separate read computes, a rerun finds it up to date, and a float16 input gives the rows its float32
+    widening gives (widened as decoded, not in a copy)."""
+    import zarr
+
+    from streamwhiten.io import Source, fingerprint
+
+    rows = anisotropic(700, 16, seed=5).astype(dtype)
+    array = zarr.create_array(store=str(tmp_path / "in.zarr"), shape=rows.shape, chunks=(64, 16), dtype=dtype)
+    array[:] = rows  # zarr 3's default bytes + zstd
+    spec = str(tmp_path / "in.zarr")
+    with open_source(spec) as source:
+        expected = fingerprint(source)["sha256_sampled"]
+    reads = []
+    original = Source.read
+    monkeypatch.setattr(Source, "read", lambda self, a, b: reads.append((a, b)) or original(self, a, b))
+    out = str(tmp_path / "out.h5") + ":/y"
+    apply_model(model, spec, out, block_rows=100, threads=threads)
+    assert reads == []
+    with open_source(out) as written:
+        assert written.attrs()["source_sha256"] == expected
+        np.testing.assert_array_equal(written.read(0, 700), model.transform(rows.astype(np.float32)).astype(np.float32))
+    with pytest.raises(NothingToDoError):
+        apply_model(model, spec, out, block_rows=100, threads=threads)

@@ -2,7 +2,7 @@
 
 Every chunk decoded here must equal what zarr or h5py return for the same store: each codec chain, each
 dtype (float16/32/64, little- and big-endian), a partial last chunk, ranges cut inside chunks, Zarr v2
-and v3; chains with no plan (sharding, LZF, no filter) are read by the library as before. A fit over a
+and v3; chains with no plan (sharding, bz2, no filter) are read by the library as before. A fit over a
 compressed store gives the bits of a fit over the same rows uncompressed. ``apply --compressor`` writes
 what plain zarr and h5py read back.
 """
@@ -66,6 +66,7 @@ def _hdf5_filters(name: str) -> dict:
         "fletcher32": {"fletcher32": True},
         "shuffle": {"shuffle": True},
         "lzf": {"compression": "lzf"},
+        "lzf-shuffle": {"compression": "lzf", "shuffle": True},
         "none": {},
     }[name]
 
@@ -79,7 +80,8 @@ HDF5_FILTERS = {
     "shuffle": True,
     "blosc": True,
     "zstd": True,
-    "lzf": False,
+    "lzf": True,
+    "lzf-shuffle": True,
     "none": False,
 }
 

@@ -17,7 +17,7 @@ Finite garbage inside an *uncompressed* chunk cannot be told from data (there is
 not among the cases -- except where a checksum guards the chunk (HDF5 fletcher32, Zarr 3 crc32c): there
 a few flipped bits in a chunk ("flipped-bits") must be refused too. Compressed chunks are decoded by
 streamwhiten itself (``io.codecs``), so every codec it decodes is among the kinds: zstd, blosc and gzip
-in Zarr (v2 and v3), deflate + shuffle, fletcher32 and the blosc and zstd plugin filters in HDF5.
+in Zarr (v2 and v3), deflate + shuffle, fletcher32, LZF and the blosc and zstd plugin filters in HDF5.
 
 A missing Zarr chunk may be read as the array's fill value only when asked: ``--fill-missing-chunks``
 on ``fit``/``apply``, ``Whitener(fill_missing_chunks=True)``.
@@ -69,6 +69,7 @@ KINDS = {
         "options": {"compression": "gzip", "shuffle": True, "fletcher32": True},
     },
     "h5-fletcher32": {"format": "hdf5", "options": {"fletcher32": True}},
+    "h5-lzf": {"format": "hdf5", "options": {"compression": "lzf"}},
     "h5-blosc": {"format": "hdf5", "plugin": "blosc"},
     "h5-zstd": {"format": "hdf5", "plugin": "zstd"},
     "zarr3": {"format": "zarr", "zarr_format": 3, "compressed": False},
@@ -82,6 +83,7 @@ KINDS = {
 }
 COMPRESSED = [
     "h5-gzip",
+    "h5-lzf",
     "h5-gzip-shuffle-fletcher32",
     "h5-blosc",
     "h5-zstd",

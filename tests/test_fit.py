@@ -67,3 +67,72 @@ def test_fit_is_bit_reproducible_and_independent_of_block_alignment_up_to_roundi
     run_plan(job)
     job.cursors[0].stop = 5000
     assert run_plan(job).state == first.state
+
+
+def _zstd_zarr(path, data, chunk_rows) -> str:
+    import zarr
+
+    array = zarr.create_array(store=str(path), shape=data.shape, chunks=(chunk_rows, data.shape[1]), dtype=data.dtype)
+    array[:] = data  # zarr 3's default codecs: bytes + zstd
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["zarr-zstd", "zarr-zstd-f16", "hdf5-gzip", "hdf5"])
+@pytest.mark.parametrize("block_rows, threads", [(None, 1), (50, 2), (97, 2), (1, 1)])
+def test_a_pass_records_the_fingerprint_of_a_separate_read_without_reading_samples_twice(
+    tmp_path, monkeypatch, kind, block_rows, threads
+):
+    """The pass hashes the sampled rows as it reads them (issue #18: on a compressed store each separate
+    sampled read decoded a whole chunk): the fingerprint is the one :func:`fingerprint` computes, whatever
+    the blocks (ranges cut across blocks, one-row blocks), and the pass reads no rows but its blocks."""
+    import h5py
+
+    from streamwhiten.io import Source, fingerprint, open_source
+
+    data = anisotropic(1003, 6, seed=3).astype(np.float16 if kind.endswith("f16") else np.float32)
+    if kind.startswith("zarr"):
+        spec = _zstd_zarr(tmp_path / "x.zarr", data, 128)
+    else:
+        with h5py.File(tmp_path / "x.h5", "w") as handle:
+            handle.create_dataset("emb", data=data, chunks=(128, 6), compression="gzip" if "gzip" in kind else None)
+        spec = f"{tmp_path / 'x.h5'}:/emb"
+    with open_source(spec) as source:
+        expected = fingerprint(source)
+    reads = []
+    original = Source.read
+    monkeypatch.setattr(
+        Source, "read", lambda self, start, stop: reads.append((start, stop)) or original(self, start, stop)
+    )
+    result = fit_sources(spec, block_rows=block_rows, threads=threads)
+    assert result.sources == [expected]
+    assert reads == []
+
+
+def test_a_checkpoint_records_whole_fingerprints_and_the_resumed_model_matches(tmp_path):
+    """A checkpoint written part-way holds each fingerprint whole (the rows sampled so far plus the
+    others, read then), so a resume checks the source; the finished model records the same fingerprints
+    as an uninterrupted fit."""
+    from streamwhiten.engine.fit import load_checkpoint, run_plan
+    from streamwhiten.io import fingerprint, open_source
+
+    data = anisotropic(900, 5, seed=4).astype(np.float32)
+    first, second = _zstd_zarr(tmp_path / "a.zarr", data, 100), _zstd_zarr(tmp_path / "b.zarr", data[:300] * 2, 100)
+    checkpoint = str(tmp_path / "fit.ckpt")
+    calls = []
+
+    def stop_after_three():
+        calls.append(1)
+        return len(calls) == 3
+
+    plan = plan_fit([first, second], block_rows=100)
+    with pytest.raises(Exception, match="interrupted"):
+        run_plan(plan, checkpoint_path=checkpoint, should_stop=stop_after_three, threads=1)
+    saved = load_checkpoint(checkpoint)
+    expected = []
+    for spec in (first, second):
+        with open_source(spec) as source:
+            expected.append(fingerprint(source))
+    assert [cursor.fingerprint for cursor in saved.cursors] == expected
+    assert saved.rows_done == 300
+    resumed = run_plan(saved, threads=1).result()
+    assert resumed.sources == expected == fit_sources([first, second], block_rows=100).sources

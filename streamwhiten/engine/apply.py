@@ -28,9 +28,12 @@ from ..errors import (
     ValuesTooLargeError,
 )
 from ..io import (
+    Sampler,
     check_output_compressor,
     create_sink,
+    describe,
     fingerprint,
+    has_progress,
     open_source,
     output_exists,
     output_kind,
@@ -290,10 +293,16 @@ def apply_model(
         out_path, _ = split_spec(output_spec)
         checksum = model_checksum(model)
         options = recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format, compressor)
-        source_print = fingerprint(source)
-        source_sha256 = source_print["sha256_sampled"]
-        if output_exists(out_path) and not overwrite:
-            if output_is_current(output_spec, checksum, source_sha256, normalize, dtype, options, keep_columns):
+        exists = output_exists(out_path) and not overwrite
+        sampler = None
+        if exists or (resume and has_progress(output_spec)):  # compared with what is recorded: hashed now
+            source_print = fingerprint(source)
+        else:  # hashed from the rows as they are read (on a compressed store a separate read decodes chunks)
+            source_print, sampler = describe(source), Sampler(source)
+        if exists:
+            if output_is_current(
+                output_spec, checksum, source_print["sha256_sampled"], normalize, dtype, options, keep_columns
+            ):
                 raise NothingToDoError(
                     f"nothing to do: {out_path} is up to date (written by this model, with the same "
                     "settings, from the same input)"
@@ -328,7 +337,7 @@ def apply_model(
         sink, start, n_nonfinite = resume_sink(output_spec, job, direct_io) if resume else (None, 0, 0)
         resumed_at = start
         if sink is None:
-            attrs = output_attrs(model, source, normalize, source_sha256, checksum, options, keep_columns)
+            attrs = output_attrs(model, source, normalize, None, checksum, options, keep_columns)  # hash: at commit
             sink = create_sink(
                 output_spec,
                 source.n_rows,
@@ -344,7 +353,8 @@ def apply_model(
             )
         last_record = time.perf_counter()
         block_shape = (min(rows_per_block, source.n_rows), source.n_features)
-        inputs = PerThread(block_shape, source.dtype)
+        # float16 is widened to float32 as it is decoded, where the backend can: no copy of its own
+        inputs = PerThread(block_shape, np.float32 if source.widens_float16 else source.dtype)
         # Output buffers go back to their pool once written; aligned, so whole chunks can be written directly.
         products = BufferPool((block_shape[0], model.n_components), work)
         converted = None if sink.dtype == work else BufferPool((block_shape[0], model.n_components), sink.dtype)
@@ -354,6 +364,8 @@ def apply_model(
                 rows = source.read_into(begin, end, inputs.get())
             else:  # decode the stored bytes fetched ahead
                 rows = source.read_into(begin, end, inputs.get(), fetched=fetched.result())
+            if sampler is not None:
+                sampler.offer(begin, rows)  # before it is centred in place
             kept = source.read_columns(begin, end, keep_columns) if keep_columns else None
             product = products.take()
             buffer = None if converted is None else converted.take()
@@ -385,6 +397,10 @@ def apply_model(
 
         pending = deque()
 
+        def complete_print() -> None:  # the hash of sampled rows, from those read so far and the others
+            if "sha256_sampled" not in source_print:
+                source_print["sha256_sampled"] = sampler.hexdigest(source)
+
         def finish_writes(keep: int = 0) -> None:  # until at most ``keep`` writes are unfinished; errors surface here
             while len(pending) > keep:
                 pending.popleft().result()
@@ -414,6 +430,7 @@ def apply_model(
                     stopping = should_stop is not None and should_stop() and end < source.n_rows
                     if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
                         finish_writes()
+                        complete_print()  # a resume compares the whole fingerprint
                         sink.save_progress(job, end, n_nonfinite)  # fsyncs what was written: costly, not every block
                         last_record = time.perf_counter()
                     if progress is not None:
@@ -428,7 +445,8 @@ def apply_model(
                 if reader is not None:
                     reader.shutdown(wait=True, cancel_futures=True)
                 _join(writer)  # no write may still be running when the sink is closed, committed or removed
-            sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite})
+            complete_print()
+            sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": source_print["sha256_sampled"]})
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)
     finally:
         source.close()

@@ -39,7 +39,7 @@ from ..errors import (
     NothingToDoError,
     StoreIOError,
 )
-from ..io import Source, count_blocks, exists, expand_specs, fingerprint, open_source, remote
+from ..io import Sampler, Source, count_blocks, describe, exists, expand_specs, fingerprint, open_source, remote
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: ``progress(rows_done, rows_total)``, called after every block.
@@ -281,7 +281,8 @@ def plan_fit(
     params.check("precision", precision)  # before any reading
     sources = open_sources(specs, dataset, fill_missing_chunks)
     try:
-        cursors = [Cursor(s.label, fingerprint(s), 0, s.n_rows, 0) for s in sources]
+        # Sampled rows are hashed as the pass reads them (see run_plan): no decoding here.
+        cursors = [Cursor(s.label, describe(s), 0, s.n_rows, 0) for s in sources]
         return FitPlan(
             stats.Moments.empty(sources[0].n_features),
             cursors,
@@ -299,8 +300,9 @@ def _same_source(recorded: dict, current: dict) -> bool:
     return recorded["path"] == current["path"] and recorded.get("dataset", "") == current.get("dataset", "")
 
 
-def _check_prefix(source: Source, recorded: dict) -> None:
-    """Refuse a source whose first ``recorded['n_rows']`` rows are not the ones recorded."""
+def _check_prefix(source: Source, recorded: dict) -> dict:
+    """Refuse a source whose first ``recorded['n_rows']`` rows are not the ones recorded; returns the
+    fingerprint of those rows as they are now."""
     if source.n_rows < recorded["n_rows"]:
         raise BadInputError(
             f"{source.label}: has {source.n_rows} rows but {recorded['n_rows']} were recorded; the source was "
@@ -318,6 +320,7 @@ def _check_prefix(source: Source, recorded: dict) -> None:
                 f"{source.label}: its first {recorded['n_rows']} rows differ from the recorded ones ({key} changed); "
                 "only appended rows can be added (start over with a full fit)"
             )
+    return now
 
 
 def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> None:
@@ -360,13 +363,15 @@ def plan_update(
             )
         cursors = []
         for source in sources:
-            current = fingerprint(source)
+            current = describe(source)  # its sampled rows are hashed as the pass reads them
             recorded = next((r for r in recorded_sources if _same_source(r, current)), None)
             if recorded is None:
                 _refuse_if_moved(source, recorded_sources, sources)
                 cursors.append(Cursor(source.label, current, 0, source.n_rows, 0))
                 continue
-            _check_prefix(source, recorded)
+            prefix = _check_prefix(source, recorded)
+            if source.n_rows == recorded["n_rows"]:  # nothing appended: the prefix is the whole source
+                current = prefix
             cursors.append(Cursor(source.label, current, recorded["n_rows"], source.n_rows, recorded["n_rows"]))
         kept = [r for r in recorded_sources if not any(_same_source(r, c.fingerprint) for c in cursors)]
         for recorded in kept:
@@ -509,25 +514,48 @@ def _block_buffers(job: FitPlan) -> tuple[PerThread, PerThread]:
     return PerThread((rows * n_features * itemsize,), np.uint8), PerThread((rows * n_features * 8,), np.uint8)
 
 
-def _block_tasks(job: FitPlan, opened: list, buffers: tuple, reader: ThreadPoolExecutor | None = None):
+def _block_tasks(job: FitPlan, opened: list, buffers: tuple, samplers: dict, reader: ThreadPoolExecutor | None = None):
     """One task per remaining block of ``job``, source by source; opens each source as it is reached
-    (appending it to ``opened``). With a ``reader`` thread, a source whose chunks are decoded here has
-    the stored bytes of each block fetched there as soon as its task is made (ahead of the workers)."""
+    (appending it to ``opened``). A source whose fingerprint still lacks its hash of sampled rows gets a
+    :class:`Sampler` (kept in ``samplers`` by cursor index, with the source) that its blocks are offered to. With a
+    ``reader`` thread, a source whose chunks are decoded here has the stored bytes of each block fetched
+    there as soon as its task is made (ahead of the workers)."""
     for index, cursor in enumerate(job.cursors):
         if cursor.done:
             continue
         source = open_source(cursor.spec, fill_missing_chunks=job.fill_missing_chunks)
         opened.append(source)
+        sampler = None
+        if "sha256_sampled" not in cursor.fingerprint:
+            sampler = Sampler(source, cursor.fingerprint["n_rows"])
+            samplers[index] = sampler, source
         ahead = reader is not None and source.plan is not None
         for begin, end in source.blocks(job.block_rows, cursor.next_row, cursor.stop):
             fetched = reader.submit(source.fetch, begin, end) if ahead else None
-            yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite, fetched
+            yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite, fetched, sampler
 
 
-def _read_block_moments(index, begin, end, source, buffers, precision, skip_nonfinite, fetched=None) -> tuple:
+def _complete_fingerprints(job: FitPlan, samplers: dict) -> None:
+    """Add the hash of sampled rows to every fingerprint of ``job`` still without one: from the rows
+    its sampler holds (reading the others), or, for a source not reached yet, read now."""
+    for index, cursor in enumerate(job.cursors):
+        if "sha256_sampled" in cursor.fingerprint:
+            continue
+        if index in samplers:
+            sampler, source = samplers.pop(index)
+            cursor.fingerprint["sha256_sampled"] = sampler.hexdigest(source)
+            continue
+        with open_source(cursor.spec, min_rows=0, fill_missing_chunks=job.fill_missing_chunks) as source:
+            cursor.fingerprint["sha256_sampled"] = fingerprint(source, cursor.fingerprint["n_rows"])["sha256_sampled"]
+
+
+def _read_block_moments(
+    index, begin, end, source, buffers, precision, skip_nonfinite, fetched=None, sampler=None
+) -> tuple:
     """The work of one block in a worker thread: read it into this thread's buffer (decoding the stored
-    bytes ``fetched`` ahead, where given; widening float16 to float32 where the backend can), then its
-    moments (centred in that buffer, or in this thread's second one when the working dtype differs)."""
+    bytes ``fetched`` ahead, where given; widening float16 to float32 where the backend can), offer it to
+    the source's fingerprint ``sampler`` (where given), then its moments (centred in that buffer, or in
+    this thread's second one when the working dtype differs)."""
     reads, workspaces = buffers
     shape = (end - begin, source.n_features)
     dtype = _read_dtype(source.dtype) if source.widens_float16 else source.dtype
@@ -535,6 +563,8 @@ def _read_block_moments(index, begin, end, source, buffers, precision, skip_nonf
         rows = source.read_into(begin, end, as_array(reads.get(), shape, dtype), fetched=fetched.result())
     else:
         rows = source.read_into(begin, end, as_array(reads.get(), shape, dtype))
+    if sampler is not None:
+        sampler.offer(begin, rows)
     work = stats.working_dtype(rows.dtype, precision)
     workspace = None
     if work != rows.dtype and rows.dtype != np.float16:  # float16 is widened in a copy of its own
@@ -585,13 +615,17 @@ def run_plan(
     # Fewer blocks in the whole plan than threads: fewer workers, each with more BLAS threads.
     workers = min(job.threads, max(1, job.blocks_total))
     opened: list[Source] = []
+    samplers: dict = {}  # cursor index: (Sampler, source) of a source whose fingerprint the pass completes
     buffers = _block_buffers(job)
     # Fetches stored chunk bytes ahead (I/O, or a copy from the page cache) while the workers decode
     # and multiply; at most ordered_map's ``workers + 1`` blocks in flight are fetched or held.
     reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read") if workers > 1 else None
     with kept_for_next_run(*buffers):  # once the workers have stopped
         results = ordered_map(
-            _read_block_moments, _block_tasks(job, opened, buffers, reader), workers, worker_blas_threads(workers)
+            _read_block_moments,
+            _block_tasks(job, opened, buffers, samplers, reader),
+            workers,
+            worker_blas_threads(workers),
         )
         try:
             for index, _begin, end, moments, skipped, source in results:
@@ -600,6 +634,9 @@ def run_plan(
                 cursor.n_skipped += skipped
                 cursor.next_row = end
                 if end == cursor.stop:
+                    if index in samplers:
+                        sampler, _ = samplers.pop(index)
+                        cursor.fingerprint["sha256_sampled"] = sampler.hexdigest(source)
                     source.close()
                     opened.remove(source)
                 job.n_blocks += 1
@@ -608,11 +645,13 @@ def run_plan(
                     progress(job.rows_done, total)
                 stopping = should_stop is not None and should_stop() and not job.done
                 if checkpoint_path is not None and (stopping or checkpoint_due()):
+                    _complete_fingerprints(job, samplers)  # a resume checks the rows read so far
                     save_checkpoint(job, checkpoint_path)
                     last_checkpoint, blocks_since = time.perf_counter(), 0
                 if stopping:
                     where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
                     raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
+            _complete_fingerprints(job, samplers)  # sources with no rows left to read, if any
         finally:
             results.close()  # stops the workers before their sources are closed
             if reader is not None:

@@ -26,11 +26,13 @@ from .base import (
     FINGERPRINT_ROWS,
     OUTPUT_CHUNK_BYTES,
     LazyRows,
+    Sampler,
     Sink,
     Source,
     aligned_chunk_rows,
     check_array,
     count_blocks,
+    describe,
     fingerprint,
     io_error,
     output_chunk_rows,
@@ -357,6 +359,14 @@ def sink_chunk_rows(
     return min(rows, int(block_rows)) if block_rows else rows
 
 
+def has_progress(spec: str) -> bool:
+    """Whether an interrupted run left a progress record beside the output ``spec`` (which
+    :func:`resume_sink` compares with the job, its input's whole fingerprint included)."""
+    path, _ = split_spec(spec)
+    progress = partial_path(path) + ".progress.json"
+    return remote.exists(progress) if remote.is_url(path) else os.path.exists(progress)
+
+
 def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | None, int, int]:
     """Reopen the partial output of an interrupted run of the same ``job``; ``(sink, rows_done, n_nonfinite)``.
 
@@ -434,6 +444,7 @@ __all__ = [
     "OUTPUT_CHUNK_BYTES",
     "ZARR_SUFFIX",
     "LazyRows",
+    "Sampler",
     "Sink",
     "Source",
     "aligned_chunk_rows",
@@ -441,8 +452,10 @@ __all__ = [
     "check_output_compressor",
     "count_blocks",
     "create_sink",
+    "describe",
     "expand_specs",
     "fingerprint",
+    "has_progress",
     "open_source",
     "output_chunk_rows",
     "output_kind",

@@ -289,32 +289,27 @@ def _nothing():
     return contextlib.nullcontext()
 
 
-def fingerprint(source: Source, n_rows: int | None = None) -> dict:
+def fingerprint(source: Source, n_rows: int | None = None, sampler: Sampler | None = None) -> dict:
     """Identity of the first ``n_rows`` rows of ``source`` (all by default), cheap to compute.
 
     Hashes a few sampled row ranges (:meth:`Source.sample_ranges`: start, quartiles, end) rather than the
     whole store, so an append-only store still matches the fingerprint of its earlier prefix; where the
     backend has one, adds a digest of how those rows are stored (``layout_sha256``), which an update
-    compares too. Ranges of a store whose compressed chunks are decoded here are read in parallel (a
-    chunk each, decoded whole).
+    compares too. The sampled rows come from ``sampler`` where it holds them (rows a pass has read
+    anyway); the others are read here, in parallel where the store's compressed chunks are decoded here
+    (a chunk each, decoded whole).
     """
-    n_rows = source.n_rows if n_rows is None else int(n_rows)
-    digest = hashlib.sha256()
-    ranges = source.sample_ranges(n_rows)
-    if source.plan is not None and len(ranges) > 1:
-        # Each sampled range costs a whole chunk's decode here: spread them over the cores.
-        from concurrent.futures import ThreadPoolExecutor
+    result = describe(source, n_rows)
+    sampler = sampler or Sampler(source, result["n_rows"])
+    result["sha256_sampled"] = sampler.hexdigest(source)
+    return result
 
-        try:
-            cores = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):  # pragma: no cover - not Linux
-            cores = os.cpu_count() or 1
-        with ThreadPoolExecutor(max(1, min(4, cores, len(ranges))), thread_name_prefix="streamwhiten-sample") as pool:
-            samples = list(pool.map(lambda rows: source.read(*rows), ranges))
-    else:
-        samples = (source.read(start, stop) for start, stop in ranges)
-    for rows in samples:
-        digest.update(np.ascontiguousarray(rows).tobytes())
+
+def describe(source: Source, n_rows: int | None = None) -> dict:
+    """A :func:`fingerprint` without its hash of sampled rows (``sha256_sampled``): only what the
+    store's metadata says, so nothing is decoded. A pass fills in the hash from the rows it reads
+    (:class:`Sampler`)."""
+    n_rows = source.n_rows if n_rows is None else int(n_rows)
     path, dataset = source.identity
     result = {
         "path": path,
@@ -323,13 +318,69 @@ def fingerprint(source: Source, n_rows: int | None = None) -> dict:
         "n_features": source.n_features,
         "dtype": str(source.dtype),
         "chunk_rows": source.chunk_rows or 0,
-        "sha256_sampled": digest.hexdigest(),
     }
     layout = source.layout_digest(n_rows)
     if layout is not None:
         result["layout_sha256"] = layout
     result.update(source.fingerprint_extra())
     return result
+
+
+class Sampler:
+    """The rows a fingerprint of the first ``n_rows`` rows of ``source`` hashes, copied out of blocks as a
+    pass reads them (:meth:`offer`), so that the pass needs no reads of its own for the fingerprint: on
+    a compressed store each sampled range costs a whole chunk's decode.
+
+    Thread-safe: worker threads offer their blocks while another thread may take the digest.
+    """
+
+    def __init__(self, source: Source, n_rows: int | None = None):
+        import threading
+
+        n_rows = source.n_rows if n_rows is None else int(n_rows)
+        self.dtype = np.dtype(source.dtype)
+        self.ranges = source.sample_ranges(n_rows)
+        self.rows = [np.empty((stop - start, source.n_features), self.dtype) for start, stop in self.ranges]
+        self.seen = [np.zeros(stop - start, bool) for start, stop in self.ranges]
+        self._lock = threading.Lock()
+
+    def offer(self, start: int, rows: np.ndarray) -> None:
+        """Keep the sampled rows among ``rows`` (rows ``start, start + len(rows)`` of the source, in its
+        dtype or widened from float16: the widening is exact, so narrowing back gives the stored bytes).
+        Call it before the rows are changed in place (centred)."""
+        stop = start + len(rows)
+        with self._lock:
+            for (first, last), kept, seen in zip(self.ranges, self.rows, self.seen, strict=True):
+                low, high = max(first, start), min(last, stop)
+                if low < high:
+                    kept[low - first : high - first] = rows[low - start : high - start]
+                    seen[low - first : high - first] = True
+
+    def hexdigest(self, source: Source) -> str:
+        """The hash of the sampled rows, reading from ``source`` those not offered."""
+        with self._lock:
+            missing = [index for index, seen in enumerate(self.seen) if not seen.all()]
+            for index, rows in zip(missing, _read_ranges(source, [self.ranges[i] for i in missing]), strict=True):
+                self.rows[index][:] = rows
+                self.seen[index][:] = True
+            digest = hashlib.sha256()
+            for rows in self.rows:
+                digest.update(np.ascontiguousarray(rows).tobytes())
+            return digest.hexdigest()
+
+
+def _read_ranges(source: Source, ranges: list) -> list:
+    """Rows of each of ``ranges``, read in parallel where the store's compressed chunks are decoded here."""
+    if source.plan is None or len(ranges) < 2:
+        return [source.read(start, stop) for start, stop in ranges]
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    with ThreadPoolExecutor(max(1, min(4, cores, len(ranges))), thread_name_prefix="streamwhiten-sample") as pool:
+        return list(pool.map(lambda rows: source.read(*rows), ranges))
 
 
 # ----------------------------------------------------------------------------------------------- sinks

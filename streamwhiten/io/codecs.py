@@ -4,13 +4,14 @@ zarr decodes chunks on its own event loop, and h5py runs HDF5's filter pipeline 
 either way the worker threads of a fit wait for each other. A :class:`DecodePlan` is read once from a
 Zarr codec chain (:func:`zarr_plan`) or an HDF5 filter pipeline (:func:`hdf5_plan`); it then decodes a
 chunk's stored bytes straight into a caller's buffer in whichever thread calls it, with numcodecs and
-the standard library's zlib, each of which releases the GIL while it works. :func:`decode_rows` puts
+the standard library's zlib, each of which releases the GIL while it works (and HDF5's LZF with a
+Numba kernel that does too). :func:`decode_rows` puts
 the decoded chunks of a row range into a block (widening float16 to float32 on the way where asked).
 
 Every step checks what it decodes: sizes from the codec's own header against the chunk's, checksums
 (crc32c, fletcher32) against the data, and the decoded length; a failure is a :class:`DecodeError`
 whose message the backend completes with the store and rows. A chain with any other codec (sharding,
-transpose, LZF, ...) has no plan (None): the backend reads it through its library as before.
+transpose, HDF5's szip, ...) has no plan (None): the backend reads it through its library as before.
 
 Chunks are encoded for outputs here too (:func:`encoder`), so that apply compresses in its own threads.
 """
@@ -29,7 +30,7 @@ from .base import first_line
 COMPRESSORS = ("none", "zstd", "blosc", "gzip")
 
 # HDF5 filter ids (H5Zpublic.h and the registered plugin list).
-H5Z_DEFLATE, H5Z_SHUFFLE, H5Z_FLETCHER32, H5Z_BLOSC, H5Z_ZSTD = 1, 2, 3, 32001, 32015
+H5Z_DEFLATE, H5Z_SHUFFLE, H5Z_FLETCHER32, H5Z_LZF, H5Z_BLOSC, H5Z_ZSTD = 1, 2, 3, 32000, 32001, 32015
 
 _ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 
@@ -151,6 +152,24 @@ class _Zlib(_Step):
             raise DecodeError(f"{self.name}: {exc}") from None
         if not inflater.eof or done != nbytes:
             raise DecodeError(f"{self.name} stream is truncated ({done} of the chunk's {nbytes} bytes)")
+        return target
+
+
+class _Lzf(_Step):
+    """h5py's LZF filter: a raw LZF stream, inflated straight into the buffer it is given by a Numba
+    kernel that holds no lock (h5py would decode it under its global lock)."""
+
+    name = "lzf"
+    into = True
+
+    def __call__(self, data, out, nbytes):
+        from ..core._kernels import lzf_decompress  # numba is loaded only for a store that needs it
+
+        target = out if out is not None else np.empty(nbytes, np.uint8)
+        done = lzf_decompress(_u8(data), _u8(target)[:nbytes])
+        if done != nbytes:
+            why = "is damaged" if done < 0 else f"holds {done} bytes"
+            raise DecodeError(f"lzf stream {why}, not the chunk's {nbytes} bytes")
         return target
 
 
@@ -393,12 +412,14 @@ def hdf5_plan(dataset) -> DecodePlan | None:
             steps.append(_Shuffle(int(values[0]) if values else dtype.itemsize, index))
         elif code == H5Z_FLETCHER32:
             steps.append(_Fletcher32(index))
+        elif code == H5Z_LZF:
+            steps.append(_Lzf(index))
         elif code == H5Z_BLOSC:
             steps.append(_Blosc(index))
         elif code == H5Z_ZSTD:
             steps.append(_Zstd(index))
         else:
-            return None  # lzf, szip, scaleoffset, nbit, other plugins: HDF5 decodes them
+            return None  # szip, scaleoffset, nbit, other plugins: HDF5 decodes them
     steps.reverse()
     return DecodePlan(steps, int(np.prod(dataset.chunks)) * dtype.itemsize, dtype)
 
