@@ -73,10 +73,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.quick:
         args.dim, args.k, args.chunks, args.chunk_rows, args.repeats = 64, 16, 3, 2048, 1
-    from streamwhiten.apply import apply_model
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.core.model import finalize
+    from streamwhiten.engine.apply import apply_model
+    from streamwhiten.engine.fit import fit_sources
     from streamwhiten.io import output_chunk_rows
-    from streamwhiten.model import finalize
 
     directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-apply-")
     os.makedirs(directory, exist_ok=True)

@@ -37,8 +37,8 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 
 import numpy as np  # noqa: E402
 
-from streamwhiten import distributed as sd  # noqa: E402
-from streamwhiten.fit import fit_sources  # noqa: E402
+from streamwhiten.engine import distributed as sd  # noqa: E402
+from streamwhiten.engine.fit import fit_sources  # noqa: E402
 from streamwhiten.synthetic import write_store  # noqa: E402
 
 LOCAL_CONFIGS = [  # (name, processes, workers, threads per worker)

@@ -136,7 +136,7 @@ def measure(directory: str, n_rows: int, d: int, chunk_rows: int, repeats: int, 
     import dask.array as da
 
     from streamwhiten import release_buffers
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine.fit import fit_sources
     from streamwhiten.io import remote
 
     rows = make_rows(n_rows, d)
@@ -234,9 +234,9 @@ def main(argv=None):
     os.makedirs(directory, exist_ok=True)
     server, endpoint = start_server()
     try:
-        from streamwhiten import stats
+        from streamwhiten.core import stats
 
-        stats.chunk_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
+        stats.block_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         result = measure(directory, args.rows, args.dim, args.chunk_rows, args.repeats, endpoint)
         print_table(
             f"fit from a local S3 server (moto, 127.0.0.1) vs local disk and dask.array.from_zarr + "

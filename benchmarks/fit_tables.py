@@ -130,7 +130,7 @@ def lance_reader(path: str, block_rows: int, n_rows: int):
 
 
 def run_all(function, tasks, threads):
-    from streamwhiten._threads import ordered_map
+    from streamwhiten.engine._threads import ordered_map
 
     for _ in ordered_map(function, iter(tasks), threads, 1):
         pass
@@ -138,8 +138,8 @@ def run_all(function, tasks, threads):
 
 def measure(directory: str, n_rows: int, d: int, group_rows: int, repeats: int) -> list[dict]:
     from streamwhiten import release_buffers
-    from streamwhiten._threads import resolve_threads
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine._threads import resolve_threads
+    from streamwhiten.engine.fit import fit_sources
     from streamwhiten.io import open_source
 
     rows = make_rows(n_rows, d)
@@ -211,7 +211,7 @@ def main(argv=None):
     directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-bench-")
     os.makedirs(directory, exist_ok=True)
     try:
-        from streamwhiten import stats
+        from streamwhiten.core import stats
 
         stats.block_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         results = measure(directory, args.rows, args.dim, args.group_rows, args.repeats)

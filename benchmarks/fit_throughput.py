@@ -48,7 +48,7 @@ TARGET_VS_BLAS = 0.85
 def compile_times() -> dict:
     """Seconds of the first block_moments call in a fresh process: true compile, then from numba's cache."""
     code = (
-        "import time, numpy as np\nfrom streamwhiten import stats\n"
+        "import time, numpy as np\nfrom streamwhiten.core import stats\n"
         "x = np.random.default_rng(0).standard_normal((100, 8)).astype(np.float32)\n"
         "t = time.perf_counter(); stats.block_moments(x); first = time.perf_counter() - t\n"
         "t = time.perf_counter(); stats.block_moments(x); second = time.perf_counter() - t\n"
@@ -70,7 +70,7 @@ def compile_times() -> dict:
 def bare_products(chunks: list[np.ndarray]) -> dict:
     """The two in-memory references: numpy's ``X.T @ X`` per chunk with its default (all-core) BLAS, and
     the same products spread over one thread per core with single-threaded BLAS, as the fit runs them."""
-    from streamwhiten._threads import available_cores, ordered_map
+    from streamwhiten.engine._threads import available_cores, ordered_map
 
     def default_blas():
         for chunk in chunks:
@@ -91,7 +91,7 @@ def ratios(times: dict, name: str, reference: str) -> tuple[float, float]:
 
 
 def fit_runner(spec, holder: dict, key: str, **options):
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine.fit import fit_sources
 
     def run():
         holder[key] = fit_sources(spec, **options)
@@ -117,7 +117,7 @@ def fit_seconds(spec, repeats: int, **options) -> tuple[float, object]:
 def limit_table(directory, dims, n_chunks, chunk_rows, repeats) -> list[dict]:
     """Target 1: fit from each store kind vs bare float32 X.T @ X on the same chunks in memory, all
     run in turn ``repeats`` times (interleaved, so they share whatever load the machine has)."""
-    from streamwhiten.model import finalize
+    from streamwhiten.core.model import finalize
 
     rows_out = []
     for d in dims:
@@ -161,8 +161,8 @@ def peers_table(directory, d, n_rows, chunk_rows, ipca_rows, repeats) -> dict:
     """Target 2: peers on the same data in the same run (interleaved), and accuracy against float64
     two-pass."""
     from streamwhiten import Whitener
-    from streamwhiten.model import finalize
-    from streamwhiten.stats import covariance
+    from streamwhiten.core.model import finalize
+    from streamwhiten.core.stats import covariance
 
     spec = write_tiled_store(os.path.join(directory, "peers.h5"), n_rows, d, chunk_rows)
     data = read_all(spec)
@@ -176,7 +176,7 @@ def peers_table(directory, d, n_rows, chunk_rows, ipca_rows, repeats) -> dict:
             held[precision] = finalize(fit_sources_for(precision), n_components=k)
 
         def fit_sources_for(precision):
-            from streamwhiten.fit import fit_sources
+            from streamwhiten.engine.fit import fit_sources
 
             return fit_sources(spec, precision=precision).state
 
@@ -233,7 +233,7 @@ def peers_table(directory, d, n_rows, chunk_rows, ipca_rows, repeats) -> dict:
 
 def scaling_tables(directory, row_sizes, dims_rows, repeats, finalize_d) -> dict:
     """Target 5: rows/s at several sizes (linear) and several widths (quadratic), finalize at large d."""
-    from streamwhiten.model import finalize
+    from streamwhiten.core.model import finalize
 
     by_rows = []
     for n_rows in row_sizes:
@@ -361,10 +361,10 @@ def compressed_table(directory, d, n_chunks, chunk_rows, repeats, k, stores=None
     whole chunks, a fixed cost that weighs on a store of a few chunks) and its pass over the blocks alone."""
     from threadpoolctl import threadpool_limits
 
-    from streamwhiten._threads import available_cores
-    from streamwhiten.apply import apply_model
-    from streamwhiten.fit import fit_sources
-    from streamwhiten.model import finalize
+    from streamwhiten.core.model import finalize
+    from streamwhiten.engine._threads import available_cores
+    from streamwhiten.engine.apply import apply_model
+    from streamwhiten.engine.fit import fit_sources
 
     cores = available_cores()
     n_rows = n_chunks * chunk_rows
@@ -512,7 +512,7 @@ def main(argv=None):
     directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-bench-")
     os.makedirs(directory, exist_ok=True)
     try:
-        from streamwhiten import stats
+        from streamwhiten.core import stats
 
         stats.block_moments(np.ones((4, 4), np.float32))  # compile (or load) outside every timing
         compile_info = compile_times()

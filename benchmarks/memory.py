@@ -30,13 +30,15 @@ WARMUP_MIB = 16  # allocator arenas and thread stacks touched in the first block
 def baseline_mib(directory: str, n_features: int) -> float:
     """Peak RSS of a fit over a one-chunk store of 64 rows: interpreter, imports, kernels, reader thread."""
     spec = write_tiled_store(os.path.join(directory, "baseline.h5"), 64, n_features, 64)
-    code = f"import numpy as np\nfrom streamwhiten.fit import fit_sources\nfit_sources({spec!r})\nRESULT = {{}}\n"
+    code = (
+        f"import numpy as np\nfrom streamwhiten.engine.fit import fit_sources\nfit_sources({spec!r})\nRESULT = {{}}\n"
+    )
     return run_child(code)["peak_rss_mib"]
 
 
 def fit_in_child(spec: str, block_rows: int | None) -> dict:
     code = (
-        "import time, numpy as np\nfrom streamwhiten import stats\nfrom streamwhiten.fit import fit_sources\n"
+        "import time, numpy as np\nfrom streamwhiten.core import stats\nfrom streamwhiten.engine.fit import fit_sources\n"
         "stats.block_moments(np.ones((4, 4), np.float32))\n"
         f"t = time.perf_counter(); result = fit_sources({spec!r}, block_rows={block_rows!r})\n"
         "seconds = time.perf_counter() - t\n"
@@ -72,7 +74,7 @@ def main(argv=None):
     os.makedirs(directory, exist_ok=True)
     row_bytes = args.dim * 4
     block_bytes = args.chunk_rows * row_bytes
-    from streamwhiten._threads import resolve_threads
+    from streamwhiten.engine._threads import resolve_threads
 
     threads = resolve_threads(None)
     base = baseline_mib(directory, args.dim)

@@ -78,8 +78,8 @@ RESULT = {"total": _t1 - _t0, "import": _t1 - _t0, "load": 0.0, "transform": 0.0
 def build_files(directory: str, n_features: int, k: int, n_rows: int) -> dict:
     """A fitted model file (saved at k), the exported ``.npz`` map, and one float32 query vector."""
     from streamwhiten import Whitener
+    from streamwhiten.core.model import load_model
     from streamwhiten.export import write_npz
-    from streamwhiten.model import load_model
     from streamwhiten.serving import file_checksum
 
     rng = np.random.default_rng(0)

@@ -27,10 +27,10 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from streamwhiten.evaluate import correlations, open_pairs, pair_cosines  # noqa: E402
-from streamwhiten.fit import fit_sources  # noqa: E402
-from streamwhiten.model import finalize  # noqa: E402
-from streamwhiten.tune import grid_search  # noqa: E402
+from streamwhiten.core.model import finalize  # noqa: E402
+from streamwhiten.engine.fit import fit_sources  # noqa: E402
+from streamwhiten.evaluation.evaluate import correlations, open_pairs, pair_cosines  # noqa: E402
+from streamwhiten.evaluation.tune import grid_search  # noqa: E402
 
 DEFAULT_DATA = os.environ.get(
     "STREAMWHITEN_STSB", os.path.normpath(os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))

@@ -8,10 +8,10 @@ import sys
 
 
 def main() -> int:
-    from . import _interrupt
+    from .cli import _interrupt
 
     _interrupt.install()
-    from .cli import main as cli_main
+    from .cli.app import main as cli_main
 
     return cli_main()
 

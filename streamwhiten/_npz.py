@@ -13,8 +13,8 @@ import zipfile
 
 import numpy as np
 
+from ._durable import write_file_atomic
 from .errors import ModelFileError
-from .io.durable import write_file_atomic
 
 
 def checksum(arrays: dict) -> str:

@@ -1,6 +1,6 @@
 """One exception family for streamwhiten; each kind carries the exit code the CLI uses.
 
-Library code raises these; only ``cli.py`` turns them into a one-line message and an exit code.
+Library code raises these; only the CLI (``streamwhiten.cli``) turns them into a one-line message and an exit code.
 """
 
 EXIT_OK = 0

@@ -1,6 +1,6 @@
 """Hand the whitening to the code that embeds queries: numpy, torch, sentence-transformers, faiss, ONNX.
 
-Every export writes the same affine map ``y = x A + b`` (see :class:`~streamwhiten.serving.AffineMap`),
+Every export writes the same affine map ``y = x A + b`` (see :class:`~streamwhiten.core.affine.AffineMap`),
 in float64 for ``npz`` and float32 elsewhere, optionally followed by L2 normalisation:
 
 ========================= ==================================================================================
@@ -30,10 +30,10 @@ import shutil
 
 import numpy as np
 
+from ._durable import fsync_dir, remove_stale_temps, temp_path, write_file_atomic
 from ._npz import write_npz_atomic
+from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap
 from .errors import BadInputError, OutputExistsError, StoreIOError
-from .io.durable import fsync_dir, remove_stale_temps, temp_path, write_file_atomic
-from .serving import MAP_FORMAT, MAP_VERSION, AffineMap
 
 FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx")
 EXTENSIONS = {".npz": "npz", ".safetensors": "safetensors", ".onnx": "onnx", ".faiss": "faiss", ".index": "faiss"}

@@ -124,7 +124,7 @@ PARAMS: dict[str, Param] = _params(
     Param("split_every", int, 8, "a whole number of at least 2", 2),
 )
 
-#: The parameters of the whitening itself, as :func:`~streamwhiten.model.finalize` takes them.
+#: The parameters of the whitening itself, as :func:`~streamwhiten.core.model.finalize` takes them.
 MODEL_PARAMS = ("beta", "gamma", "n_components", "variance", "eps")
 
 

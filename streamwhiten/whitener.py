@@ -16,9 +16,10 @@ from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, Transfo
 from sklearn.exceptions import NotFittedError as _SklearnNotFittedError
 from sklearn.utils.validation import validate_data
 
-from . import errors, params, stats
+from . import errors, params
+from .core import stats
+from .core.model import WhiteningModel, float_rows, load_model, save_model
 from .errors import BadInputError
-from .model import WhiteningModel, float_rows, load_model, save_model
 
 #: Rows per block when an in-memory array is fitted (bounds the float32 workspace).
 IN_MEMORY_CHUNK_ROWS = 65536
@@ -181,7 +182,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         first = "state_" not in self.__dict__
         rows = self._rows(X, reset=first)
         state = stats.Moments.empty(rows.shape[1]) if first else self.state_
-        from .fit import fold_array
+        from .engine.fit import fold_array
 
         try:
             state, n_skipped = fold_array(
@@ -208,7 +209,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self._check_params()
         self._reset()
         if _is_store_spec(X):
-            from .fit import fit_sources
+            from .engine.fit import fit_sources
 
             result = fit_sources(
                 X,
@@ -221,7 +222,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
                 fill_missing_chunks=self.fill_missing_chunks,
             )
         elif _is_dask_array(X):
-            from .distributed import fit_dask_array
+            from .engine.distributed import fit_dask_array
 
             result = fit_dask_array(X, precision=self.precision, skip_nonfinite=self.skip_nonfinite)
         else:
@@ -256,7 +257,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         if cached is not None and cached[1].state is self.state_:
             model = cached[1].with_params(**model_params)
         else:
-            from .fit import FitResult, finalize_fit
+            from .engine.fit import FitResult, finalize_fit
 
             model = finalize_fit(
                 FitResult(
@@ -331,7 +332,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         model = self._finalized()
         normalize = params.check("normalize", self.normalize if normalize is None else normalize)
         if _is_dask_array(X):
-            from .distributed import transform_dask
+            from .engine.distributed import transform_dask
 
             return transform_dask(model, X, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
         rows = float_rows(X)

@@ -7,7 +7,7 @@ import pytest
 from conftest import anisotropic, write_h5, write_zarr
 
 from streamwhiten import Whitener
-from streamwhiten.apply import apply_model
+from streamwhiten.engine.apply import apply_model
 from streamwhiten.errors import BadInputError, NonFiniteError, NothingToDoError, OutputExistsError
 from streamwhiten.io import open_source, partial_path, read_attrs
 
@@ -91,9 +91,9 @@ def test_skip_nonfinite_writes_nan_rows(tmp_path, rows, model):
 def test_values_that_overflow_when_centred_in_place_are_not_taken_for_nan(tmp_path, skip_nonfinite):
     """apply centres each block in place; a finite value that overflows there must be reported as too
     large (naming the file and row), never written as a NaN row."""
-    from streamwhiten import stats
+    from streamwhiten.core import stats
+    from streamwhiten.core.model import finalize
     from streamwhiten.errors import ValuesTooLargeError
-    from streamwhiten.model import finalize
 
     state = stats.Moments(100, np.full(3, -2e38), np.diag([100.0, 50.0, 10.0]))
     model = finalize(state, beta=1.0, gamma=0.0)

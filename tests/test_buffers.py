@@ -117,8 +117,8 @@ def test_fits_and_applies_reuse_the_buffers_of_the_run_before(tmp_path, monkeypa
     from conftest import anisotropic, write_h5
 
     from streamwhiten import Whitener
-    from streamwhiten.apply import apply_model
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine.apply import apply_model
+    from streamwhiten.engine.fit import fit_sources
 
     rows = anisotropic(3000, 16).astype(np.float32)
     spec = write_h5(tmp_path / "x.h5", rows, chunk_rows=500)
@@ -143,8 +143,8 @@ def test_fits_and_applies_reuse_the_buffers_of_the_run_before(tmp_path, monkeypa
 def test_an_error_mid_run_keeps_the_buffers_and_an_interrupt_drops_them(tmp_path, monkeypatch):
     from conftest import anisotropic, write_h5
 
+    from streamwhiten.engine.fit import fit_sources
     from streamwhiten.errors import NonFiniteError
-    from streamwhiten.fit import fit_sources
     from streamwhiten.io.hdf5 import HDF5Source
 
     rows = anisotropic(4000, 8).astype(np.float32)

@@ -261,7 +261,7 @@ def test_direct_io_option_reaches_the_output_writer(tmp_path, store, run_cli, mo
 
 
 def test_threads_option(tmp_path, store, run_cli):
-    from streamwhiten.model import load_model
+    from streamwhiten.core.model import load_model
 
     models = {}
     for threads in (1, 3):
@@ -321,8 +321,8 @@ def test_checkpoint_interval_limits_that_stay_allowed(tmp_path, store, model_pat
 
 
 def test_fit_job_refuses_nonsense_checkpoint_intervals_from_python(tmp_path, store):
+    from streamwhiten.batch import fit_job
     from streamwhiten.errors import BadInputError
-    from streamwhiten.jobs import fit_job
 
     for kwargs, fragment in [
         ({"checkpoint_every": 0}, "checkpoint_every must be a whole number of at least 1"),

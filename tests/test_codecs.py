@@ -227,7 +227,7 @@ def test_missing_chunks_keep_todays_behaviour(tmp_path):
 @pytest.mark.parametrize("threads", [1, 2])
 def test_fit_on_compressed_stores_is_bit_identical(tmp_path, dtype, threads):
     """The same rows stored raw and compressed (Zarr and HDF5) give the very same statistics."""
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine.fit import fit_sources
 
     rows = rows_of(dtype)
     raw = write_hdf5_store(tmp_path / "raw.h5", rows, "none")
@@ -247,8 +247,8 @@ def test_fit_on_compressed_stores_is_bit_identical(tmp_path, dtype, threads):
 def applied(tmp_path_factory):
     """An input (gzip HDF5, 1000 rows), a model, and its uncompressed output to compare with."""
     from streamwhiten import Whitener
-    from streamwhiten.apply import apply_model
-    from streamwhiten.model import load_model
+    from streamwhiten.core.model import load_model
+    from streamwhiten.engine.apply import apply_model
 
     directory = tmp_path_factory.mktemp("apply")
     spec = write_hdf5_store(directory / "in.h5", rows_of("<f4"), "gzip-shuffle")
@@ -268,7 +268,7 @@ READ_BACK = {
 @pytest.mark.parametrize("compressor", ["zstd", "blosc", "gzip"])
 @pytest.mark.parametrize("output", ["out.zarr", "out-v2.zarr", "out.h5"])
 def test_apply_compressed_outputs_read_back_with_plain_libraries(tmp_path, applied, compressor, output):
-    from streamwhiten.apply import apply_model
+    from streamwhiten.engine.apply import apply_model
 
     directory, spec, model, reference = applied
     if output == "out.h5" and compressor != "gzip":
@@ -318,7 +318,7 @@ def test_apply_compressor_is_recorded_and_checked(tmp_path, applied):
 
 def test_an_uncompressed_output_from_before_the_option_stays_current(tmp_path, applied):
     """Outputs written before --compressor existed carry no such attribute: they were uncompressed."""
-    from streamwhiten.apply import output_is_current, recorded_options
+    from streamwhiten.engine.apply import output_is_current, recorded_options
 
     directory, spec, model, _ = applied
     attrs = dict(zarr.open_array(str(directory / "ref.zarr"), mode="r").attrs)
@@ -343,7 +343,7 @@ def test_an_uncompressed_output_from_before_the_option_stays_current(tmp_path, a
 
 @pytest.mark.parametrize("output", ["out.h5", "out.zarr"])
 def test_interrupted_compressed_apply_resumes_to_the_same_output(tmp_path, applied, output):
-    from streamwhiten.apply import apply_model
+    from streamwhiten.engine.apply import apply_model
     from streamwhiten.errors import InterruptedRunError
 
     directory, spec, model, reference = applied
@@ -385,7 +385,7 @@ def test_interrupted_compressed_apply_resumes_to_the_same_output(tmp_path, appli
 
 
 def test_job_file_compressor(tmp_path, applied):
-    from streamwhiten.jobs import read_job_file as load_job
+    from streamwhiten.batch import read_job_file as load_job
 
     directory, spec, _, _ = applied
     job = tmp_path / "job.toml"

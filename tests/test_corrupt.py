@@ -325,7 +325,7 @@ def holed(tmp_path, rows, request):
 
 @pytest.mark.parametrize("holed", ZARR, indirect=True)
 def test_fill_missing_chunks_fit_and_apply(tmp_path, holed, model_path):
-    from streamwhiten.model import load_model
+    from streamwhiten.core.model import load_model
 
     spec, reference, _ = holed
     fitted = run_subprocess("fit", spec, "-o", tmp_path / "m.npz", "-q", "--fill-missing-chunks")

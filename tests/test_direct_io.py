@@ -11,7 +11,7 @@ from conftest import anisotropic, write_h5, write_zarr
 from streamwhiten import Whitener
 from streamwhiten._buffers import ALIGNMENT
 from streamwhiten._buffers import take as aligned_empty
-from streamwhiten.apply import apply_model
+from streamwhiten.engine.apply import apply_model
 from streamwhiten.io import OUTPUT_CHUNK_BYTES, aligned_chunk_rows, open_source, output_chunk_rows, read_attrs
 from streamwhiten.io import direct as _direct_io
 from streamwhiten.io.direct import ChunkFile, direct_writable

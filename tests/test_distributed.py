@@ -28,13 +28,13 @@ import dask  # noqa: E402
 import h5py  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
-from streamwhiten import distributed as sd  # noqa: E402
-from streamwhiten.apply import apply_model  # noqa: E402
 from streamwhiten.cli import main  # noqa: E402
+from streamwhiten.core.model import finalize, load_model  # noqa: E402
+from streamwhiten.engine import distributed as sd  # noqa: E402
+from streamwhiten.engine.apply import apply_model  # noqa: E402
+from streamwhiten.engine.fit import fit_sources  # noqa: E402
 from streamwhiten.errors import BadInputError, ClusterError, NonFiniteError, OutputExistsError, StoreIOError  # noqa: E402
-from streamwhiten.fit import fit_sources  # noqa: E402
 from streamwhiten.io import open_source, partial_path, read_attrs  # noqa: E402
-from streamwhiten.model import finalize, load_model  # noqa: E402
 from streamwhiten.synthetic import generate_rows, write_store  # noqa: E402
 from streamwhiten.whitener import Whitener  # noqa: E402
 
@@ -106,7 +106,7 @@ def test_core_install_needs_no_dask(tmp_path):
 import sys
 sys.modules.update(dask=None, distributed=None)
 import numpy as np
-import streamwhiten, streamwhiten.cli, streamwhiten.fit, streamwhiten.apply, streamwhiten.distributed
+import streamwhiten, streamwhiten.cli.app, streamwhiten.engine.fit, streamwhiten.engine.apply, streamwhiten.engine.distributed
 from streamwhiten.whitener import Whitener
 Whitener().fit(np.load({str(tmp_path / "x.npy")!r}))
 from streamwhiten.cli import main
@@ -332,6 +332,20 @@ def test_apply_dask_failure_leaves_old_output_and_no_partial(client, stores, mod
     assert not os.path.exists(fresh) and not os.path.exists(partial_path(fresh))
 
 
+def test_apply_dask_takes_apply_model_options_alike():
+    """apply_dask is apply_model on a cluster: the options they share have the same names, defaults and
+    order (the CLI passes them once to whichever engine runs), so the two signatures cannot drift apart."""
+    import inspect
+
+    serial = inspect.signature(apply_model).parameters
+    dask_engine = inspect.signature(sd.apply_dask).parameters
+    shared = [name for name in serial if name in dask_engine]
+    assert shared == [name for name in dask_engine if name in serial]
+    assert {"dataset", "normalize", "dtype", "block_rows", "overwrite", "skip_nonfinite", "zarr_format"} <= set(shared)
+    assert {"progress", "fill_missing_chunks"} <= set(shared)
+    assert [(name, dask_engine[name].default) for name in shared] == [(name, serial[name].default) for name in shared]
+
+
 def test_apply_dask_refuses_hdf5_output(client, stores, model, tmp_path):
     with pytest.raises(BadInputError, match="writes Zarr only"):
         sd.apply_dask(model, stores.h5, str(tmp_path / "out.h5"), client=client)
@@ -506,7 +520,7 @@ def test_serial_and_dask_reduce_the_same_blocks_of_mixed_sources_without_block_r
     """One block plan for every engine: with sources of different natural blocks (HDF5 chunks of 1000
     rows, Zarr chunks of 512) and no block_rows, both engines cut every source at the same rows and
     reduce each block to the same bits; only the order of the final float64 merges differs."""
-    import streamwhiten.fit as fit_module
+    import streamwhiten.engine.fit as fit_module
     from streamwhiten.io.base import Source
 
     natural = Source.default_block_rows
@@ -545,8 +559,8 @@ def test_serial_and_dask_reduce_the_same_blocks_of_mixed_sources_without_block_r
 
 
 def test_fit_job_is_the_one_entry_point_of_both_engines(client, stores, tmp_path):
+    from streamwhiten.batch import fit_job, save_fitted
     from streamwhiten.errors import NothingToDoError
-    from streamwhiten.jobs import fit_job, save_fitted
 
     specs = [stores.h5, stores.zarr]
     params = {"n_components": 10, "beta": 0.5}

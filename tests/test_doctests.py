@@ -9,8 +9,8 @@ import pytest
 
 MODULES = [
     "streamwhiten.whitener",
-    "streamwhiten.stats",
-    "streamwhiten.model",
+    "streamwhiten.core.stats",
+    "streamwhiten.core.model",
     "streamwhiten.serving",
     "streamwhiten.params",
 ]
@@ -21,5 +21,5 @@ def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} doctest examples failed in {name}"
-    if name in ("streamwhiten.whitener", "streamwhiten.stats", "streamwhiten.model"):
+    if name in ("streamwhiten.whitener", "streamwhiten.core.stats", "streamwhiten.core.model"):
         assert result.attempted > 0, f"{name} has no Examples"

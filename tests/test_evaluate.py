@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 from scipy import stats as sps
 
 from streamwhiten.cli import main
+from streamwhiten.core.model import finalize, save_model
+from streamwhiten.engine.fit import fit_sources
 from streamwhiten.errors import BadInputError, NonFiniteError
-from streamwhiten.evaluate import (
+from streamwhiten.evaluation.evaluate import (
     cosine_rows,
     evaluate_pairs,
     open_pairs,
@@ -24,9 +26,7 @@ from streamwhiten.evaluate import (
     rankdata,
     spearman,
 )
-from streamwhiten.fit import fit_sources
 from streamwhiten.io import read_vector
-from streamwhiten.model import finalize, save_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STSB = os.environ.get("STREAMWHITEN_STSB", os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))

@@ -96,7 +96,7 @@ def need(module, extra):
 
 
 def test_cli_and_library_list_the_same_formats():
-    from streamwhiten.cli import EXPORT_FORMATS
+    from streamwhiten.cli.app import EXPORT_FORMATS
     from streamwhiten.export import FORMATS
 
     assert EXPORT_FORMATS == FORMATS
@@ -294,8 +294,8 @@ def test_sentence_transformers_modules_alone(tmp_path, model_path, rows, run_cli
 
 def test_torch_linear_helper(model_path, rows):
     torch = need("torch", "torch")
+    from streamwhiten.core.model import load_model
     from streamwhiten.export import torch_linear
-    from streamwhiten.model import load_model
 
     layer = torch_linear(load_model(model_path).as_affine(n_components=SMALL_K))
     with torch.no_grad():

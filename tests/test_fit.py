@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from conftest import anisotropic, write_h5, write_zarr
 
+from streamwhiten.engine.fit import fit_sources, plan_fit, run_plan
 from streamwhiten.errors import StoreIOError
-from streamwhiten.fit import fit_sources, plan_fit, run_job
 
 
 def test_worker_threads_reuse_one_buffer_each_and_cover_every_row(tmp_path, monkeypatch):
@@ -64,9 +64,9 @@ def test_fit_is_bit_reproducible_and_independent_of_block_alignment_up_to_roundi
     np.testing.assert_allclose(other.state.scatter, first.state.scatter, rtol=1e-6)  # float32 products
     job = plan_fit(spec, block_rows=300)
     job.cursors[0].stop = 1200  # a partial job continued later gives the same bits
-    run_job(job)
+    run_plan(job)
     job.cursors[0].stop = 5000
-    assert run_job(job).state == first.state
+    assert run_plan(job).state == first.state
 
 
 def _zstd_zarr(path, data, chunk_rows) -> str:
@@ -112,7 +112,7 @@ def test_a_checkpoint_records_whole_fingerprints_and_the_resumed_model_matches(t
     """A checkpoint written part-way holds each fingerprint whole (the rows sampled so far plus the
     others, read then), so a resume checks the source; the finished model records the same fingerprints
     as an uninterrupted fit."""
-    from streamwhiten.fit import load_checkpoint, run_plan
+    from streamwhiten.engine.fit import load_checkpoint, run_plan
     from streamwhiten.io import fingerprint, open_source
 
     data = anisotropic(900, 5, seed=4).astype(np.float32)

@@ -150,7 +150,7 @@ def test_raw_zarr_sink_writes_what_zarr_reads(tmp_path, zarr_format):
 
 
 def test_one_zarr_array_spelled_two_ways_is_one_source(tmp_path):
-    from streamwhiten.fit import plan_fit
+    from streamwhiten.engine.fit import plan_fit
 
     group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
     group.create_array("emb", shape=(50, 3), chunks=(10, 3), dtype="f4")[...] = np.ones((50, 3))
@@ -173,7 +173,7 @@ def test_raw_zarr_reads_past_the_end_fail_like_zarr(tmp_path):
 def test_big_endian_stores_are_read_in_native_order(tmp_path, dtype, tolerance, kind):
     import h5py
 
-    from streamwhiten.fit import fit_sources
+    from streamwhiten.engine.fit import fit_sources
 
     rows = anisotropic(600, 5) + 3
     if kind == "h5":

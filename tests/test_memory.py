@@ -3,7 +3,7 @@
 import tracemalloc
 
 from streamwhiten import release_buffers
-from streamwhiten.fit import fit_sources
+from streamwhiten.engine.fit import fit_sources
 from streamwhiten.synthetic import write_store
 
 CHUNK_ROWS, N_FEATURES, THREADS = 4096, 64, 2

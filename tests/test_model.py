@@ -7,19 +7,19 @@ import numpy as np
 import pytest
 from conftest import anisotropic
 
-from streamwhiten import stats
-from streamwhiten.errors import BadInputError, ModelFileError
-from streamwhiten.model import (
+from streamwhiten.core import stats
+from streamwhiten.core.model import (
     components_for_variance,
     effective_dimension,
     finalize,
     load_model,
     save_model,
 )
+from streamwhiten.errors import BadInputError, ModelFileError
 
 
 def state_of(rows):
-    return stats.chunk_moments(rows)
+    return stats.block_moments(rows)
 
 
 def cosines(rows):
@@ -140,7 +140,7 @@ def test_transform_single_vector_and_width_check():
 
 @pytest.mark.parametrize("normalize", [False, True])
 def test_project_checked_marks_nonfinite_rows_and_leaves_the_others_exact(normalize):
-    from streamwhiten.model import project_checked
+    from streamwhiten.core.model import project_checked
 
     rows = anisotropic(50, 6, seed=9).astype(np.float32) + 4
     model = finalize(state_of(rows.astype(np.float64)), n_components=4)
@@ -170,7 +170,7 @@ def test_float32_transform_of_rows_with_a_large_mean_keeps_float32_accuracy(norm
     expected = model.transform(rows.astype(np.float64), normalize=normalize)
     for overwrite in (False, True):
         weights, shift = model.projection(np.float32)
-        from streamwhiten.model import project
+        from streamwhiten.core.model import project
 
         got = project(rows.copy(), weights, shift, normalize=normalize, overwrite_input=overwrite)
         scale = np.abs(expected).max()

@@ -18,10 +18,10 @@ from conftest import REPO, run_subprocess, write_h5  # noqa: E402
 from test_resume import kill_when, rows_done_of_checkpoint, rows_done_of_partial, spawn, statistics  # noqa: E402
 
 from streamwhiten import Whitener  # noqa: E402
+from streamwhiten.batch import default_checkpoint  # noqa: E402
+from streamwhiten.core.model import load_model  # noqa: E402
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputError  # noqa: E402
 from streamwhiten.io import expand_specs, fingerprint, input_kind, open_source, read_attrs  # noqa: E402
-from streamwhiten.jobs import default_checkpoint  # noqa: E402
-from streamwhiten.model import load_model  # noqa: E402
 from streamwhiten.synthetic import generate_rows  # noqa: E402
 
 
@@ -341,7 +341,7 @@ def test_eval_pairs_and_gold_scores_from_parquet(tmp_path, rows):
 
 def test_dask_engine_reads_parquet(shards, rows):
     pytest.importorskip("distributed")
-    from streamwhiten import distributed as sd
+    from streamwhiten.engine import distributed as sd
 
     specs = expand_specs([str(shards)])
     with sd.dask_client(n_workers=1) as client:
@@ -487,7 +487,7 @@ sys.exit(main(['fit', {str(path)!r}, '-o', {str(tmp_path / "m.npz")!r}]))
 
 def test_import_streamwhiten_does_not_import_pyarrow():
     code = (
-        "import sys, streamwhiten, streamwhiten.io, streamwhiten.cli, streamwhiten.fit, streamwhiten.apply\n"
+        "import sys, streamwhiten, streamwhiten.io, streamwhiten.cli.app, streamwhiten.engine.fit, streamwhiten.engine.apply\n"
         "assert not [m for m in sys.modules if m.startswith(('pyarrow', 'lance'))], 'imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

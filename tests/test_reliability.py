@@ -15,10 +15,10 @@ import pytest
 import zarr
 from conftest import anisotropic, run_subprocess, write_h5, write_zarr
 
-import streamwhiten.io.durable as durable
+import streamwhiten._durable as durable
+from streamwhiten.core.model import load_model
+from streamwhiten.engine.fit import remove_checkpoint
 from streamwhiten.errors import MissingChunkError, StoreIOError
-from streamwhiten.fit import remove_checkpoint
-from streamwhiten.model import load_model
 
 
 def one_line(err: str, *fragments: str) -> str:
@@ -139,7 +139,7 @@ def test_update_refuses_a_recorded_shard_that_was_deleted(tmp_path, rows, run_cl
 
 def test_dask_engine_refuses_a_missing_chunk(tmp_path, rows):
     pytest.importorskip("distributed")
-    from streamwhiten.distributed import fit_dask
+    from streamwhiten.engine.distributed import fit_dask
 
     spec = write_zarr(tmp_path / "z.zarr", rows, chunk_rows=100)
     os.remove(os.path.join(spec, zarr.open_array(spec, mode="r").metadata.encode_chunk_key((4, 0))))
@@ -151,9 +151,9 @@ def test_dask_engine_refuses_a_missing_chunk(tmp_path, rows):
 
 def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, monkeypatch):
     """A rename is durable only once its directory is fsynced: model, checkpoint, progress record, output."""
-    from streamwhiten.apply import apply_model
-    from streamwhiten.fit import plan_fit, run_job, save_checkpoint
-    from streamwhiten.model import finalize, save_model
+    from streamwhiten.core.model import finalize, save_model
+    from streamwhiten.engine.apply import apply_model
+    from streamwhiten.engine.fit import plan_fit, run_plan, save_checkpoint
 
     events = []
     real_replace, real_rename, real_fsync_dir = os.replace, os.rename, durable.fsync_dir
@@ -168,7 +168,7 @@ def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, mon
 
     monkeypatch.setattr(durable, "fsync_dir", fsync_dir)
     spec = write_h5(tmp_path / "x.h5", rows)
-    job = run_job(plan_fit(spec, block_rows=300))
+    job = run_plan(plan_fit(spec, block_rows=300))
     save_checkpoint(job, str(tmp_path / "c.ckpt"))
     save_model(finalize(job.state), str(tmp_path / "m.npz"))
     apply_model(finalize(job.state), spec, str(tmp_path / "o.h5"), block_rows=300, progress_seconds=0)
@@ -376,7 +376,7 @@ def test_a_signal_during_an_import_is_raised_after_the_import(tmp_path):
     )
     script = textwrap.dedent("""
         import sys
-        from streamwhiten import _interrupt
+        from streamwhiten.cli import _interrupt
         _interrupt.install()
         _interrupt.start_immediate()
         try:

@@ -128,7 +128,7 @@ def test_fit_from_s3_equals_the_fit_of_a_local_copy(tmp_path, s3_bucket, s3_serv
     code, out, err = run_cli("fit", url, "-o", tmp_path / "remote.npz", *common)
     assert code == 0, err
     assert statistics(tmp_path / "remote.npz") == statistics(tmp_path / "local.npz")
-    from streamwhiten.model import load_model
+    from streamwhiten.core.model import load_model
 
     model = load_model(tmp_path / "remote.npz")
     assert model.sources[0]["path"] == url and model.sources[0]["etag"] and model.sources[0]["size"] > 0
@@ -213,7 +213,7 @@ def test_update_from_s3_picks_up_appended_rows_and_new_shards(tmp_path, s3_bucke
     code, out, err = run_cli("fit", f"{s3_bucket}/*.zarr", "--update", tmp_path / "m.npz", "-q")
     assert code == 0, err
     assert "1,500 new rows" in out
-    from streamwhiten.model import load_model
+    from streamwhiten.core.model import load_model
 
     updated = load_model(tmp_path / "m.npz")
     assert updated.n_rows == 4000
@@ -265,8 +265,8 @@ def _kill_when(process, reached, timeout=60.0) -> bool:
 
 @pytest.mark.slow
 def test_kill_9_of_a_remote_fit_and_a_remote_apply_resume_bit_identically(tmp_path, s3_bucket, s3_server, run_cli):
-    from streamwhiten.fit import load_checkpoint
-    from streamwhiten.jobs import default_checkpoint
+    from streamwhiten.batch import default_checkpoint
+    from streamwhiten.engine.fit import load_checkpoint
 
     data = anisotropic(6000, 16, seed=11).astype(np.float32)
     url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=100), f"{s3_bucket}/c.zarr")
@@ -373,9 +373,9 @@ def test_dask_fit_and_apply_from_s3_equal_the_serial_engine(tmp_path, s3_bucket,
     pytest.importorskip("distributed")
     from distributed import Client, LocalCluster
 
-    from streamwhiten.distributed import apply_dask, fit_dask
-    from streamwhiten.fit import fit_sources
-    from streamwhiten.model import load_model
+    from streamwhiten.core.model import load_model
+    from streamwhiten.engine.distributed import apply_dask, fit_dask
+    from streamwhiten.engine.fit import fit_sources
 
     data = anisotropic(4000, 16, seed=5)
     url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=500), f"{s3_bucket}/c.zarr")

@@ -19,12 +19,12 @@ pytest.importorskip("matplotlib")
 from matplotlib.image import imread  # noqa: E402
 
 from streamwhiten.cli import main  # noqa: E402
+from streamwhiten.core.model import finalize, save_model  # noqa: E402
+from streamwhiten.engine.fit import fit_sources  # noqa: E402
 from streamwhiten.errors import BadInputError, OutputExistsError  # noqa: E402
-from streamwhiten.evaluate import open_pairs  # noqa: E402
-from streamwhiten.fit import fit_sources  # noqa: E402
-from streamwhiten.model import finalize, save_model  # noqa: E402
-from streamwhiten.report import collect, write_report  # noqa: E402
-from streamwhiten.tune import grid_search  # noqa: E402
+from streamwhiten.evaluation.evaluate import open_pairs  # noqa: E402
+from streamwhiten.evaluation.report import collect, write_report  # noqa: E402
+from streamwhiten.evaluation.tune import grid_search  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 from conftest import REPO, run_subprocess, write_h5
 
-from streamwhiten.apply import apply_model
+from streamwhiten.batch import default_checkpoint
+from streamwhiten.core.model import load_model
+from streamwhiten.engine.apply import apply_model
+from streamwhiten.engine.fit import load_checkpoint, plan_fit, run_plan, save_checkpoint
 from streamwhiten.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -25,10 +28,7 @@ from streamwhiten.errors import (
     InterruptedRunError,
     StoreIOError,
 )
-from streamwhiten.fit import load_checkpoint, plan_fit, run_job, save_checkpoint
 from streamwhiten.io import open_source, partial_path
-from streamwhiten.jobs import default_checkpoint
-from streamwhiten.model import load_model
 from streamwhiten.synthetic import write_store
 
 N_ROWS, N_FEATURES, BLOCK = 60_000, 48, 300
@@ -176,7 +176,7 @@ def test_damaged_checkpoints_are_refused(tmp_path, store):
     checkpoint = default_checkpoint(model)
     job = plan_fit(store, block_rows=BLOCK)
     job.cursors[0].stop = 3 * BLOCK  # run three blocks only, then checkpoint
-    run_job(job)
+    run_plan(job)
     job.cursors[0].stop = N_ROWS
     save_checkpoint(job, checkpoint)
     raw = open(checkpoint, "rb").read()
@@ -198,7 +198,7 @@ def test_resume_against_a_modified_source_is_refused(tmp_path):
     model = str(tmp_path / "m.npz")
     job = plan_fit(spec, block_rows=100)
     job.cursors[0].stop = 1000
-    run_job(job)
+    run_plan(job)
     job.cursors[0].stop = 3000
     save_checkpoint(job, default_checkpoint(model))
     rows[500] += 1.0  # an already-read row changes (in a sampled position: the middle of the prefix)
@@ -393,7 +393,7 @@ def test_checkpoint_write_failure_is_reported_and_old_checkpoint_kept(tmp_path, 
 
     monkeypatch.setattr(_npz.np, "savez", failing)
     with pytest.raises(StoreIOError, match="previous checkpoint is kept"):
-        run_job(plan_fit(store, block_rows=BLOCK), checkpoint_path=checkpoint, checkpoint_blocks=1)
+        run_plan(plan_fit(store, block_rows=BLOCK), checkpoint_path=checkpoint, checkpoint_blocks=1)
     assert load_checkpoint(checkpoint).rows_done == 2 * BLOCK
     assert os.listdir(tmp_path) == ["c.ckpt"]
 
@@ -422,7 +422,7 @@ def test_nightly_script_runs_the_job_and_treats_nothing_to_do_as_success(tmp_pat
 
 
 def test_restart_interrupted_before_its_first_block_is_not_resumed_with_the_old_record(tmp_path, run_cli):
-    from streamwhiten.apply import apply_model
+    from streamwhiten.engine.apply import apply_model
     from streamwhiten.errors import InterruptedRunError
     from streamwhiten.io import create_sink
 
@@ -465,7 +465,7 @@ def test_the_same_rows_are_never_counted_twice(tmp_path, run_cli):
 
 
 def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_path):
-    from streamwhiten.jobs import run_job_file
+    from streamwhiten.batch import run_job_file
 
     rng = np.random.default_rng(6)
     shards = tmp_path / "shards"
@@ -501,8 +501,8 @@ def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_pat
 
 
 def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_outputs(tmp_path, store):
+    from streamwhiten.batch import run_job_file
     from streamwhiten.errors import BadInputError
-    from streamwhiten.jobs import run_job_file
 
     job = write_job(tmp_path, store)
     run_job_file(str(job))
@@ -568,8 +568,8 @@ def test_an_empty_shard_among_several_is_recorded_and_read_once_it_grows(tmp_pat
 
 
 def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_directories(tmp_path):
+    from streamwhiten.batch import run_job_file
     from streamwhiten.errors import BadInputError
-    from streamwhiten.jobs import run_job_file
 
     rng = np.random.default_rng(9)
     for name in ("a", "b"):
@@ -588,8 +588,8 @@ def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_d
 
 
 def test_a_pending_checkpoint_for_inputs_the_job_dropped_is_discarded(tmp_path):
+    from streamwhiten.batch import run_job_file
     from streamwhiten.errors import InterruptedRunError
-    from streamwhiten.jobs import run_job_file
 
     rng = np.random.default_rng(10)
     a = write_h5(tmp_path / "a.h5", rng.standard_normal((3000, 4)), chunk_rows=100)
@@ -638,12 +638,12 @@ def test_an_empty_recorded_shard_does_not_make_new_shards_look_moved(tmp_path, r
 
 
 def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatch):
-    import streamwhiten.apply
-    import streamwhiten.fit
-    from streamwhiten.jobs import run_job_file
+    import streamwhiten.engine.apply
+    import streamwhiten.engine.fit
+    from streamwhiten.batch import run_job_file
 
     asked = []
-    for module in (streamwhiten.fit, streamwhiten.apply):
+    for module in (streamwhiten.engine.fit, streamwhiten.engine.apply):
         real = module.resolve_threads
         monkeypatch.setattr(
             module,
@@ -654,7 +654,7 @@ def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatc
     job.write_text(job.read_text().replace("n_components = 8\n", "n_components = 8\nthreads = 3\n") + "threads = 2\n")
     summary = run_job_file(str(job))
     assert "apply" in " ".join(summary["steps"])
-    assert ("streamwhiten.fit", 3) in asked and ("streamwhiten.apply", 2) in asked
+    assert ("streamwhiten.engine.fit", 3) in asked and ("streamwhiten.engine.apply", 2) in asked
     with open_source(str(tmp_path / "out-big.zarr")) as out:
         assert out.n_features == 8 and out.n_rows > 0
 
@@ -662,7 +662,7 @@ def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatc
 def test_job_file_direct_io_reaches_the_output_writer(tmp_path, store, monkeypatch):
     import streamwhiten.io.hdf5
     import streamwhiten.io.zarr
-    from streamwhiten.jobs import run_job_file
+    from streamwhiten.batch import run_job_file
 
     asked = []
     for backend in (streamwhiten.io.hdf5, streamwhiten.io.zarr):  # every writer of output chunks
@@ -682,11 +682,11 @@ def test_job_file_direct_io_reaches_the_output_writer(tmp_path, store, monkeypat
 def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_path):
     """Blocks big enough for BLAS to use several threads: a resume with fewer blocks left than worker
     threads must still run them as the uninterrupted run did (same workers, same BLAS threads)."""
-    from streamwhiten.model import finalize
+    from streamwhiten.core.model import finalize
 
     rows = (np.random.default_rng(21).standard_normal((20000, 64)) * 3 + 7).astype(np.float32)
     spec = write_h5(tmp_path / "big.h5", rows, chunk_rows=5000)
-    whole = run_job(plan_fit(spec, block_rows=5000), threads=2).state
+    whole = run_plan(plan_fit(spec, block_rows=5000), threads=2).state
     checkpoint = str(tmp_path / "fit.checkpoint")
     calls = {"n": 0}
 
@@ -695,10 +695,10 @@ def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_
         return calls["n"] >= 3
 
     with pytest.raises(InterruptedRunError):
-        run_job(plan_fit(spec, block_rows=5000), checkpoint_path=checkpoint, should_stop=stop_after_three, threads=2)
+        run_plan(plan_fit(spec, block_rows=5000), checkpoint_path=checkpoint, should_stop=stop_after_three, threads=2)
     job = load_checkpoint(checkpoint)
     assert job.threads == 2 and job.rows_done == 15000
-    assert run_job(job, threads=1).state == whole  # the checkpoint's thread count wins
+    assert run_plan(job, threads=1).state == whole  # the checkpoint's thread count wins
 
     model = finalize(whole, n_components=32)
     output = str(tmp_path / "out.h5")

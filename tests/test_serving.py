@@ -10,8 +10,8 @@ import pytest
 from conftest import REPO, anisotropic
 
 from streamwhiten import Whitener, serving
+from streamwhiten.core.model import FORMAT_NAME, FORMAT_VERSION, load_model
 from streamwhiten.errors import BadInputError, ModelFileError, NonFiniteError
-from streamwhiten.model import FORMAT_NAME, FORMAT_VERSION, load_model
 
 SETTINGS = [(beta, gamma, k) for beta in (0.0, 0.5, 1.0) for gamma in (0.0, 0.5, 1.0) for k in (5, 12)]
 
@@ -41,8 +41,8 @@ def test_import_pulls_in_neither_numba_nor_storage_libraries(model_file):
         f"m = serving.load({model_file!r})\n"
         "m.transform(np.ones(12, dtype=np.float32))\n"
         "print(json.dumps(sorted(name for name in sys.modules if name.split('.')[0] in "
-        "('numba', 'h5py', 'zarr', 'torch', 'scipy') or name in ('streamwhiten.model', 'streamwhiten.stats', "
-        "'streamwhiten._kernels', 'streamwhiten.io.hdf5', 'streamwhiten.io.zarr'))))\n"
+        "('numba', 'h5py', 'zarr', 'torch', 'scipy') or name in ('streamwhiten.core.model', 'streamwhiten.core.stats', "
+        "'streamwhiten.core._kernels', 'streamwhiten.io.hdf5', 'streamwhiten.io.zarr'))))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],

@@ -6,7 +6,7 @@ from conftest import anisotropic
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamwhiten import stats
+from streamwhiten.core import stats
 from streamwhiten.errors import BadInputError, NonFiniteError
 
 
@@ -81,7 +81,7 @@ def test_nonfinite_row_is_named():
     rows = anisotropic(30, 4, seed=9)
     rows[17, 2] = np.nan
     with pytest.raises(NonFiniteError) as info:
-        stats.chunk_moments(rows)
+        stats.block_moments(rows)
     assert info.value.row == 17
     kept, dropped = stats.drop_nonfinite(rows)
     assert dropped == 1 and kept.shape == (29, 4)
@@ -89,9 +89,9 @@ def test_nonfinite_row_is_named():
 
 def test_bad_shapes_and_dtypes():
     with pytest.raises(BadInputError, match="2-D"):
-        stats.chunk_moments(np.zeros(5))
+        stats.block_moments(np.zeros(5))
     with pytest.raises(BadInputError, match="floating-point"):
-        stats.chunk_moments(np.zeros((5, 2), dtype=np.int32))
+        stats.block_moments(np.zeros((5, 2), dtype=np.int32))
     with pytest.raises(BadInputError, match="precision"):
         stats.working_dtype(np.float32, "float16")
 
@@ -107,7 +107,7 @@ def test_bad_shapes_and_dtypes():
 def test_any_chunking_in_any_order_gives_the_same_state(n_rows, n_features, cuts, order_seed, seed):
     rows = anisotropic(n_rows, n_features, seed=seed, offset=50.0)
     bounds = sorted({0, n_rows, *(int(c * n_rows) for c in cuts)})
-    pieces = [stats.chunk_moments(rows[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
+    pieces = [stats.block_moments(rows[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
     np.random.default_rng(order_seed).shuffle(pieces)
     # merge in the shuffled order, and also as a tree, like a distributed reduction would
     serial = stats.Moments.empty(n_features)
@@ -126,8 +126,8 @@ def test_any_chunking_in_any_order_gives_the_same_state(n_rows, n_features, cuts
 def test_overflow_is_reported_as_such_not_as_nan():
     huge = np.array([[3e38], [-3e38], [-3e38], [3e38]], dtype=np.float32)
     with pytest.raises(BadInputError, match="too large") as info:
-        stats.chunk_moments(huge)
+        stats.block_moments(huge)
     assert not isinstance(info.value, NonFiniteError) and "--precision float64" in str(info.value)
     rows = np.array([[1.5e308, 0.0], [-1.5e308, 1.0], [1.5e308, 2.0]])
     with pytest.raises(BadInputError, match="too large"):
-        stats.chunk_moments(rows)
+        stats.block_moments(rows)

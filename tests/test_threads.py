@@ -6,10 +6,11 @@ import time
 import numpy as np
 import pytest
 
-from streamwhiten import Whitener, stats
-from streamwhiten._threads import blas_threads, ordered_map, resolve_threads
+from streamwhiten import Whitener
+from streamwhiten.core import stats
+from streamwhiten.engine._threads import blas_threads, ordered_map, resolve_threads
+from streamwhiten.engine.fit import fit_sources, fold_array
 from streamwhiten.errors import BadInputError
-from streamwhiten.fit import fit_sources, fold_array
 
 
 def test_ordered_map_keeps_item_order_whatever_finishes_first():
@@ -73,7 +74,7 @@ def test_thread_counts_are_validated(bad):
 
 
 def test_minus_one_means_one_thread_per_core():
-    from streamwhiten._threads import available_cores
+    from streamwhiten.engine._threads import available_cores
 
     assert resolve_threads(-1) == available_cores() >= 1
     assert Whitener(n_jobs=-1).fit(np.random.default_rng(0).standard_normal((50, 3))).n_samples_seen_ == 50

@@ -11,11 +11,11 @@ import pytest
 from scipy import stats as sps
 
 from streamwhiten.cli import main
+from streamwhiten.core.model import finalize, load_model, save_model
+from streamwhiten.engine.fit import fit_sources
 from streamwhiten.errors import BadInputError
-from streamwhiten.evaluate import cosine_rows, open_pairs
-from streamwhiten.fit import fit_sources
-from streamwhiten.model import finalize, load_model, save_model
-from streamwhiten.tune import choose, decompose, default_ks, grid_search, make_grid, tune
+from streamwhiten.evaluation.evaluate import cosine_rows, open_pairs
+from streamwhiten.evaluation.tune import choose, decompose, default_ks, grid_search, make_grid, tune
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STSB = os.environ.get("STREAMWHITEN_STSB", os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))

@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", help="where the job runs (default: a temporary directory)")
     args = parser.parse_args(argv)
 
-    from streamwhiten.model import load_model
-    from streamwhiten.stats import covariance
+    from streamwhiten.core.model import load_model
+    from streamwhiten.core.stats import covariance
     from streamwhiten.synthetic import write_store
 
     with tempfile.TemporaryDirectory() as scratch:

@@ -4,8 +4,9 @@
 interface every backend implements (a :class:`Source` of rows, a :class:`Sink` for outputs, the
 fingerprint); ``hdf5``, ``zarr``, ``npy``, ``parquet`` and ``lance`` are the backends, each the only
 importer of its library, imported only when a store of its kind is opened (pyarrow and pylance are
-optional extras; ``_arrow`` holds what the last two share); ``durable`` and ``direct`` make writes safe
-and fast; ``remote`` reaches object storage and other URLs through fsspec (an optional extra too).
+optional extras; ``_arrow`` holds what the last two share); ``direct`` makes writes fast, and
+``streamwhiten._durable`` (below this package: model files and checkpoints need it too) makes them safe;
+``remote`` reaches object storage and other URLs through fsspec (an optional extra too).
 The functions here are what the rest of the package uses.
 """
 
@@ -17,6 +18,7 @@ import shutil
 
 import numpy as np
 
+from .._durable import remove_stale_temps
 from ..errors import BadInputError, OutputExistsError, StoreIOError
 from . import remote
 from .base import (
@@ -36,7 +38,6 @@ from .base import (
     output_chunk_rows,
     remove,
 )
-from .durable import remove_stale_temps
 from .spec import (
     HDF5_SUFFIXES,
     ZARR_SUFFIX,
@@ -227,7 +228,9 @@ def create_sink(
     metadata is laid out as an uninterrupted run's and the two files are byte for byte the same.
     ``columns`` (a schema from :meth:`Source.column_schema`) are input columns a Parquet output carries
     row for row beside the vectors. ``compressor`` (``codecs.COMPRESSORS``; HDF5 and Zarr outputs)
-    compresses each output chunk in the writer thread.
+    compresses each output chunk in the writer thread. A URL is written in place instead: Zarr with
+    its ``complete`` attribute set last, Parquet as part objects beside it, joined into one object that
+    appears only when its upload completes.
     """
     path, dataset = split_spec(spec)
     kind = output_kind(path)
@@ -236,42 +239,25 @@ def create_sink(
     if columns is not None and len(columns) and kind not in _TABULAR:
         raise BadInputError(f"{path}: --keep-columns needs a Parquet or Lance output (.parquet, .lance), not {kind}")
     check_output_compressor(spec, compressor)
-    if remote.is_url(path):
-        if compressor != "none":
-            raise BadInputError(
-                f"{remote.redact(path)}: --compressor is not supported for object-storage outputs "
-                "yet; write it uncompressed, or to a local path"
-            )
-        return _create_remote_sink(
-            path, dataset, kind, n_rows, n_features, dtype, attrs, overwrite, zarr_format, chunk_rows, columns
-        )
-    if os.path.lexists(path) and not overwrite:
-        raise OutputExistsError.at(path)
-    parent = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(parent):
-        raise BadInputError(f"{path}: directory {parent} does not exist")
+    url = remote.is_url(path)
+    if url:
+        _check_remote_output(path, kind, overwrite, compressor)
+    else:
+        _check_local_output(path, overwrite)
     dtype = np.dtype(dtype)
     if dtype not in (np.float16, np.float32, np.float64):
         raise BadInputError(f"output dtype must be float16, float32 or float64, got {dtype}")
     chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
     partial = partial_path(path)
-    try:
-        remove_stale_temps(path)
-        remove(partial)
-        remove(partial + ".progress.json")  # a record of an earlier partial must never describe this one
-        remove(partial + ".chunks")  # an earlier compressed HDF5 output's spool
-        remove_stale_temps(partial + ".progress.json")
-    except OSError as exc:
-        raise StoreIOError(f"{partial}: cannot remove the partial output of an earlier run: {io_error(exc)}") from exc
-    needed, free = n_rows * n_features * dtype.itemsize, shutil.disk_usage(parent).free
-    if needed > free:
-        raise StoreIOError(
-            f"{path}: the output needs about {needed / 1e6:,.1f} MB but only {free / 1e6:,.1f} MB are free in {parent}"
-        )
+    if url:
+        remote.remove(partial, recursive=True)
+        remote.remove(partial + ".progress.json")
+    else:
+        _clear_local_partial(path, partial, n_rows * n_features * dtype.itemsize)
     attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
-    sink_class = _backend_class(_SINKS, kind)
+    sink_class = _backend_class(_REMOTE_SINKS if url else _SINKS, kind)
+    options = {"columns": columns} if kind in _TABULAR else {"compressor": compressor}
     try:
-        options = {"columns": columns} if kind in _TABULAR else {"compressor": compressor}
         return sink_class.create(
             path,
             dataset,
@@ -280,22 +266,38 @@ def create_sink(
             dtype,
             chunk_rows,
             attrs,
-            direct_io=direct_io,
+            direct_io=False if url else direct_io,
             zarr_format=zarr_format,
             **options,
         )
     except Exception as exc:
+        if url:
+            if isinstance(exc, (BadInputError, StoreIOError)):
+                raise
+            raise remote.failure(path, "create the output", exc) from None
         remove(partial)
         if isinstance(exc, (OSError, RuntimeError)) or exc.__class__.__module__.startswith(("zarr", "pyarrow")):
             raise StoreIOError(f"{path}: cannot create output: {io_error(exc)}") from exc
         raise
 
 
-def _create_remote_sink(
-    path, dataset, kind, n_rows, n_features, dtype, attrs, overwrite, zarr_format, chunk_rows, columns
-) -> Sink:
-    """:func:`create_sink` for a URL: Zarr is written in place, its ``complete`` attribute set last; Parquet
-    as part objects beside it, joined into one object that appears only when its upload completes."""
+def _check_local_output(path: str, overwrite: bool) -> None:
+    """Refuse a local output that exists (unless ``overwrite``) or whose directory does not."""
+    if os.path.lexists(path) and not overwrite:
+        raise OutputExistsError.at(path)
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(parent):
+        raise BadInputError(f"{path}: directory {parent} does not exist")
+
+
+def _check_remote_output(path: str, kind: str, overwrite: bool, compressor: str) -> None:
+    """Refuse an output URL of a kind object storage cannot take, one that exists (unless ``overwrite``),
+    or one in a bucket that does not."""
+    if compressor != "none":
+        raise BadInputError(
+            f"{remote.redact(path)}: --compressor is not supported for object-storage outputs "
+            "yet; write it uncompressed, or to a local path"
+        )
     remote.check_url(path)
     if kind not in _REMOTE_SINKS:
         raise BadInputError(
@@ -307,35 +309,25 @@ def _create_remote_sink(
     root = head + rest.split("/", 1)[0]
     if not remote.exists(root):
         raise BadInputError(f"{remote.redact(root)}: no such bucket or container for the output")
-    dtype = np.dtype(dtype)
-    if dtype not in (np.float16, np.float32, np.float64):
-        raise BadInputError(f"output dtype must be float16, float32 or float64, got {dtype}")
-    chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
-    partial = partial_path(path)
-    remote.remove(partial, recursive=True)
-    remote.remove(partial + ".progress.json")
-    attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
-    sink_class = _backend_class(_REMOTE_SINKS, kind)
-    options = {"columns": columns} if kind in _TABULAR else {}
+
+
+def _clear_local_partial(path: str, partial: str, needed: int) -> None:
+    """Remove what earlier runs left of ``path``'s partial output, then refuse to start when the disk
+    has less than ``needed`` bytes free."""
     try:
-        return sink_class.create(
-            path,
-            dataset,
-            partial,
-            (n_rows, n_features),
-            dtype,
-            chunk_rows,
-            attrs,
-            direct_io=False,
-            zarr_format=zarr_format,
-            **options,
+        remove_stale_temps(path)
+        remove(partial)
+        remove(partial + ".progress.json")  # a record of an earlier partial must never describe this one
+        remove(partial + ".chunks")  # an earlier compressed HDF5 output's spool
+        remove_stale_temps(partial + ".progress.json")
+    except OSError as exc:
+        raise StoreIOError(f"{partial}: cannot remove the partial output of an earlier run: {io_error(exc)}") from exc
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    free = shutil.disk_usage(parent).free
+    if needed > free:
+        raise StoreIOError(
+            f"{path}: the output needs about {needed / 1e6:,.1f} MB but only {free / 1e6:,.1f} MB are free in {parent}"
         )
-    except BadInputError:
-        raise
-    except Exception as exc:
-        if isinstance(exc, StoreIOError):
-            raise
-        raise remote.failure(path, "create the output", exc) from None
 
 
 def check_output_compressor(spec: str, compressor: str) -> None:

@@ -14,8 +14,9 @@ import os
 import numpy as np
 import pyarrow as pa
 
+from .. import _durable as durable
 from ..errors import BadInputError, OutputExistsError, StoreIOError
-from . import durable, remote
+from . import remote
 from .base import Sink, io_error, remove
 
 #: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's

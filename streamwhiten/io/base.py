@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import _durable as durable
 from .. import params
 from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, InterruptedRunError, OutputExistsError, StoreIOError
-from . import durable, remote
+from . import remote
 
 #: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
 #: full speed, small enough that a couple of blocks in flight stay well inside memory.

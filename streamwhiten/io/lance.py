@@ -29,8 +29,9 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
-from . import durable, remote
+from . import remote
 from ._arrow import (
     TableSink,
     choose_column,

@@ -29,8 +29,9 @@ from zarr.buffer import default_buffer_prototype
 from zarr.codecs import BytesCodec
 from zarr.storage import LocalStore
 
+from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
-from . import durable, remote
+from . import remote
 from .base import Sink, Source, first_line, io_error
 from .codecs import (
     Fetched,

@@ -1,6 +1,6 @@
 """Finalize streaming statistics into a whitening model, and the pickle-free model file.
 
-``finalize`` turns a :class:`~streamwhiten.stats.Moments` state into ``Sigma_beta = U Lambda U^T``
+``finalize`` turns a :class:`~streamwhiten.core.stats.Moments` state into ``Sigma_beta = U Lambda U^T``
 (eigenvalues descending, each eigenvector's largest-magnitude entry made positive so the result is
 deterministic) and the transform ``y = (x - beta*mu) U_k (Lambda_k + eps)^(-gamma/2)``. The model file
 is an ``.npz`` of plain arrays (readable with numpy alone, ``allow_pickle=False``) with a format
@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import __version__
-from ._npz import checksum, read_npz, write_npz_atomic
-from .errors import BadInputError, ModelFileError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
-from .params import DEFAULT_EPS, check_model
+from .. import __version__
+from .._npz import checksum, read_npz, write_npz_atomic
+from ..errors import BadInputError, ModelFileError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
+from ..params import DEFAULT_EPS, check_model
+from .affine import AffineMap, scale_rows_to_unit
 from .stats import Moments, covariance
 
 FORMAT_NAME = "streamwhiten-model"
@@ -201,12 +202,10 @@ class WhiteningModel:
 
         Returns
         -------
-        streamwhiten.serving.AffineMap
+        streamwhiten.core.affine.AffineMap
             ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``, the setting and this
             model's checksum; its ``transform`` gives the vectors :meth:`transform` gives.
         """
-        from .serving import AffineMap
-
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
         model = self.with_params(**changes) if changes else self
@@ -278,7 +277,7 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
     The centring pass returns column sums, which are finite exactly when every centred value is:
     finiteness costs nothing unless a bad row is present, and only then are the rows scanned. Rows
     centred in place are scanned after centring, where a finite value that overflowed looks like Inf;
-    a caller holding the input can tell the two apart (see ``apply``). Otherwise a finite row that
+    a caller holding the input can tell the two apart (see ``engine.apply``). Otherwise a finite row that
     overflows when centred, whitened or cast to ``dtype`` raises :class:`ValuesTooLargeError` with its
     index. ``out``, a C-contiguous buffer of at least ``len(rows)`` rows of ``weights``' shape and
     dtype, receives the product instead of a new array (the result is then a view of it, unless
@@ -311,13 +310,8 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
     if not np.all(np.isfinite(check)):  # rare: an output row overflowed (or only its norm or sum did)
         row_finite = np.isfinite(out).all(axis=1)
         raise_if_overflowed(~row_finite, work, "whitened")
-        if normalize:  # finite rows whose float32 norm overflowed: normalise them in float64
-            redo = ~np.isfinite(check)
-            wide = out[redo].astype(np.float64)
-            out[redo] = wide / np.linalg.norm(wide, axis=1, keepdims=True)
-            check[redo] = 1
-    if normalize:
-        out /= np.where(check > 0, check, 1)[:, None]
+    if normalize:  # finite rows whose float32 norm overflowed are normalised in float64
+        scale_rows_to_unit(out, check)
     if finite is not None:
         out[~finite] = np.nan
     if dtype is not None and np.dtype(dtype) != out.dtype:
@@ -428,7 +422,7 @@ def model_checksum(model: WhiteningModel) -> str:
 
 def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
     """Save ``model`` to ``path`` (an ``.npz``); returns the content checksum."""
-    from .errors import OutputExistsError
+    from ..errors import OutputExistsError
 
     if not overwrite and os.path.exists(path):
         raise OutputExistsError.at(path)

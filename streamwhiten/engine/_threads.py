@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
-from .params import check
+from ..params import check
 
 #: Default cap on worker threads: each holds one block buffer, so memory is about ``threads`` blocks.
 MAX_DEFAULT_THREADS = 4

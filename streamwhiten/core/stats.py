@@ -11,7 +11,7 @@ Two blocks reduced apart and merged give the statistics of all the rows (as the 
 threads, files or workers):
 
 >>> import numpy as np
->>> from streamwhiten import stats
+>>> from streamwhiten.core import stats
 >>> rows = np.random.default_rng(0).standard_normal((500, 3)) + 10.0
 >>> merged = stats.merge(stats.block_moments(rows[:200]), stats.block_moments(rows[200:]))
 >>> merged.n_rows
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import BadInputError, NonFiniteError
+from ..params import PARAMS, check
 from . import _kernels
-from .errors import BadInputError, NonFiniteError
-from .params import PARAMS, check
 
 #: Rows per BLAS call when the scatter is accumulated in float32. Each sub-block's float32 product is
 #: added into a float64 total, which bounds the float32 rounding error (about 2e-7 relative at this
@@ -156,10 +156,6 @@ def block_moments(
     offset = sums / n_rows  # mean of the centred rows: small
     scatter -= n_rows * np.outer(offset, offset)
     return Moments(n_rows, shift + offset, scatter)
-
-
-#: The former name of :func:`block_moments` (a store's *chunk* is its storage unit; an engine reads *blocks*).
-chunk_moments = block_moments
 
 
 def _overflow(dtype, what: str) -> BadInputError:

@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 
-from .apply import apply_model
-from .fit import fit_sources
-from .io import open_source
-from .model import finalize, save_model
-from .stats import Moments, block_moments, covariance, update
-from .synthetic import write_store
+from ..core.model import finalize, save_model
+from ..core.stats import Moments, block_moments, covariance, update
+from ..engine.apply import apply_model
+from ..engine.fit import fit_sources
+from ..io import open_source
+from ..synthetic import write_store
 
 
 def _mean_pair_cosine(rows: np.ndarray, seed: int = 0, n_pairs: int = 2000) -> float:

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BadInputError, NonFiniteError
-from .io import Source, open_source, read_vector
-from .model import WhiteningModel, project
+from ..core.model import WhiteningModel, project
+from ..errors import BadInputError, NonFiniteError
+from ..io import Source, open_source, read_vector
 
 #: Bytes of one block of pair vectors (A or B) read at a time.
 PAIR_BLOCK_BYTES = 16 << 20

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .errors import BadInputError
+from ..core.model import WhiteningModel, check_params, components_for_variance
+from ..errors import BadInputError
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
-from .model import WhiteningModel, check_params, components_for_variance
 
 DEFAULT_BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0)

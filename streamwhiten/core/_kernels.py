@@ -1,7 +1,7 @@
 """Numba-jitted hot loops. The only module that imports numba.
 
 Every kernel is single-threaded and ``nogil``: parallelism comes from worker threads each working on
-its own block (see ``_threads``), not from threads inside a kernel, which would compete with BLAS for
+its own block (see ``engine._threads``), not from threads inside a kernel, which would compete with BLAS for
 the cores. ``cache=True`` so the compile cost (a few seconds) is paid once per machine, not per run.
 """
 

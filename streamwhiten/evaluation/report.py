@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BadInputError, OutputExistsError, StoreIOError
+from ..core.model import WhiteningModel, components_for_variance
+from ..errors import BadInputError, OutputExistsError, StoreIOError
 from .evaluate import PairSet
-from .model import WhiteningModel, components_for_variance
 from .tune import DEFAULT_VARIANCES, TuneResult, default_ks, grid_search
 
 #: Files written when the output is a directory.

@@ -1,9 +1,9 @@
 """The Dask engine: the serial engine's per-block step and merge, run as a tree reduction on a cluster.
 
 It is dask's chunk/combine/aggregate reduction, spelled out with ``dask.delayed`` so the tree is ours:
-*chunk* is one task per block of rows (spanning all columns) running :func:`~streamwhiten.fit.reduce_block`,
+*chunk* is one task per block of rows (spanning all columns) running :func:`~streamwhiten.engine.fit.reduce_block`,
 the serial engine's own accumulator (same jitted kernels, same NaN/Inf errors); *combine* merges
-groups of ``split_every`` consecutive states left to right with :func:`~streamwhiten.stats.merge`, level
+groups of ``split_every`` consecutive states left to right with :func:`~streamwhiten.core.stats.merge`, level
 by level, so the tree's shape depends only on the block layout; *aggregate* is the root, one small
 state the driver finalizes. Whichever workers run the tasks, in whatever order, the same blocks give
 the same bits. Stores are read on the workers (by path, see
@@ -23,12 +23,13 @@ import time
 
 import numpy as np
 
-from . import params, stats
+from .. import params
+from ..core import stats
+from ..core.model import float_dtype
+from ..errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
+from ..io import create_sink, fingerprint, open_source, output_kind, split_spec
 from .apply import aligned_block_rows, check_output, output_attrs, recorded_options, summary, transform_block
-from .errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
 from .fit import FitResult, check_enough_rows, open_sources, plan_blocks, reduce_block
-from .io import create_sink, fingerprint, open_source, output_kind, split_spec
-from .model import float_dtype
 
 #: States merged by one task of the reduction tree (dask's ``split_every``).
 SPLIT_EVERY = 8
@@ -162,7 +163,7 @@ def _read_block_moments(rows, begin: int, stop: int, precision: str, skip_nonfin
 
 def _store_tasks(source, block_rows: int, precision: str, skip_nonfinite: bool) -> list:
     """One delayed read-and-fold per block of ``source``, cut at multiples of ``block_rows`` (the fit's
-    :func:`~streamwhiten.fit.plan_blocks`, as the serial engine cuts them)."""
+    :func:`~streamwhiten.engine.fit.plan_blocks`, as the serial engine cuts them)."""
     import dask
 
     task = dask.delayed(_read_block_moments, pure=False)
@@ -246,10 +247,10 @@ def fit_dask(
     split_every: int = SPLIT_EVERY,
     fill_missing_chunks: bool = False,
 ) -> FitResult:
-    """:func:`~streamwhiten.fit.fit_sources` on a Dask cluster: the stores are checked and fingerprinted
+    """:func:`~streamwhiten.engine.fit.fit_sources` on a Dask cluster: the stores are checked and fingerprinted
     here, their blocks read and reduced on the workers (so every worker must see the same paths).
 
-    The blocks are the serial engine's (one :func:`~streamwhiten.fit.plan_blocks` for both, given
+    The blocks are the serial engine's (one :func:`~streamwhiten.engine.fit.plan_blocks` for both, given
     ``block_rows`` or not), so the per-block states are bit-for-bit those of the serial engine; only
     the order of the float64 merges differs.
     """
@@ -341,7 +342,7 @@ def apply_dask(
     output_chunk_rows: int | None = None,
     fill_missing_chunks: bool = False,
 ) -> dict:
-    """:func:`~streamwhiten.apply.apply_model` on a Dask cluster, writing a Zarr store.
+    """:func:`~streamwhiten.engine.apply.apply_model` on a Dask cluster, writing a Zarr store.
 
     Workers read their blocks, transform them and write whole output chunks into the store under its
     temporary name; the driver marks it complete and renames it only after every block is written.

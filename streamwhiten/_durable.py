@@ -4,6 +4,9 @@ A rename is only durable once the directory holding it is fsynced, so every rena
 something final (a model file, a checkpoint, a progress record, an output) goes through here.
 Temporary names carry the writer's PID (``.NAME.tmp-PID``), so the next writer of the same path can
 tell the leftovers of a killed run (their process is gone) from a run still writing, and remove them.
+
+It sits below every package (stdlib only): stores (``io``), model files and checkpoints (``_npz``) and
+exports all write through it, and the serving path reads model files without importing ``io``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import os
 import re
 import shutil
 
-from ..errors import StoreIOError
+from .errors import StoreIOError
 
 
 def fsync_dir(path: str) -> None:

@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import __version__, params
-from ._buffers import BufferPool, PerThread, kept_for_next_run
-from ._threads import ordered_map, resolve_threads, worker_blas_threads
-from .errors import (
+from .. import __version__, params
+from .._buffers import BufferPool, PerThread, kept_for_next_run
+from ..core.model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
+from ..errors import (
     BadInputError,
     InterruptedRunError,
     NonFiniteError,
@@ -27,7 +27,7 @@ from .errors import (
     OutputExistsError,
     ValuesTooLargeError,
 )
-from .io import (
+from ..io import (
     Sampler,
     check_output_compressor,
     create_sink,
@@ -44,7 +44,7 @@ from .io import (
     sink_chunk_rows,
     split_spec,
 )
-from .model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
+from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: Worker threads of :func:`apply_model` when none are given, for an input read as stored; an input
 #: whose compressed chunks are decoded here gets one per core (at most four), so cores decode at once.
@@ -182,7 +182,7 @@ def transform_block(
     (when centred, whitened or cast to ``dtype``) raise :class:`ValuesTooLargeError` naming the row.
     With ``overwrite_input`` the block may be centred in place; ``reread()`` then returns the block as
     stored, read again only when some rows came out non-finite, to tell NaN/Inf input from overflow.
-    ``out`` is an optional buffer for the product (see :func:`~streamwhiten.model.project_checked`),
+    ``out`` is an optional buffer for the product (see :func:`~streamwhiten.core.model.project_checked`),
     ``into`` one for the cast to ``dtype``.
     """
     try:

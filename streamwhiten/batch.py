@@ -5,7 +5,7 @@ checkpoint, runs it on the serial or the Dask engine and finalizes. ``run_job_fi
 ``job.toml``): fit/update, finalize and apply, skipping each step that is already up to date, under a
 lock so two runs of the same job never overlap. Progress is reported through the ``streamwhiten``
 logger; the CLI decides where it goes. (This module is the job.toml runner; the plan of a single fit
-is ``fit.FitPlan``.)
+is ``engine.fit.FitPlan``.)
 """
 
 from __future__ import annotations
@@ -92,19 +92,19 @@ def fit_job(
     of every engine.
 
     ``engine="serial"`` runs in this process, checkpointed and resumable; ``engine="dask"`` runs the
-    same blocks (:func:`~streamwhiten.fit.plan_blocks`) on a Dask cluster (``scheduler``, a local one of
+    same blocks (:func:`~streamwhiten.engine.fit.plan_blocks`) on a Dask cluster (``scheduler``, a local one of
     ``workers`` processes, or ``client``), not checkpointed, so without ``update`` or ``resume``. With
     ``overwrite=False`` an existing model file is refused (:class:`OutputExistsError`), or reported
     (:class:`NothingToDoError`) when it holds what this fit would write.
 
     Returns ``(model, fitted, resumed, checkpoint_path)``: ``fitted`` is the finished
-    :class:`~streamwhiten.fit.FitPlan` (serial) or :class:`~streamwhiten.fit.FitResult` (Dask); the
+    :class:`~streamwhiten.engine.fit.FitPlan` (serial) or :class:`~streamwhiten.engine.fit.FitResult` (Dask); the
     caller saves the model with :func:`save_fitted`, which also removes the checkpoint. ``update``
     names a saved model whose statistics are extended with appended rows only.
     """
-    from .fit import check_resumable, finalize_fit, load_checkpoint, plan_fit, plan_update, run_plan
-    from .io.durable import remove_stale_temps
-    from .model import check_params, load_model
+    from ._durable import remove_stale_temps
+    from .core.model import check_params, load_model
+    from .engine.fit import check_resumable, finalize_fit, load_checkpoint, plan_fit, plan_update, run_plan
 
     _params.check("checkpoint_every", checkpoint_every)
     _params.check("checkpoint_seconds", checkpoint_seconds)
@@ -124,7 +124,7 @@ def fit_job(
         remove_stale_temps(path)  # what killed runs of this fit left behind
 
     if engine == "dask":
-        from .distributed import fit_dask
+        from .engine.distributed import fit_dask
 
         result = fit_dask(
             inputs,
@@ -213,10 +213,10 @@ def model_is_current(
 ) -> bool:
     """Whether ``model_path`` holds the model a fit of ``inputs`` with these options would write: the
     same sources (fingerprints), precision, NaN handling and parameters. Then there is nothing to do."""
+    from .core.model import load_model, model_checksum
+    from .engine.fit import open_sources
     from .errors import ModelFileError
-    from .fit import open_sources
     from .io import fingerprint
-    from .model import load_model, model_checksum
 
     try:
         model = load_model(model_path)
@@ -233,7 +233,7 @@ def model_is_current(
         for source in sources:
             source.close()
     # A fit writes the defaults for every parameter it is not given.
-    from .model import DEFAULT_EPS
+    from .core.model import DEFAULT_EPS
 
     wanted = model.with_params(
         **{"beta": 1.0, "gamma": 1.0, "eps": DEFAULT_EPS, "n_components": None, "variance": None, **(params or {})}
@@ -249,8 +249,8 @@ def save_fitted(model, job, model_path: str, checkpoint: str | None, should_stop
     and saves. A signal during the save itself lets the save finish (the file is whole or absent).
     A fit without a checkpoint (``checkpoint`` None: the Dask engine) is saved whatever ``should_stop`` says.
     """
-    from .fit import remove_checkpoint, save_checkpoint
-    from .model import save_model
+    from .core.model import save_model
+    from .engine.fit import remove_checkpoint, save_checkpoint
 
     if checkpoint is not None and should_stop is not None and should_stop():
         save_checkpoint(job, checkpoint)
@@ -479,9 +479,9 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
     as it was planned, whatever inputs appeared since; those are picked up by the next update. A
     checkpoint that does not belong to the current model (or whose sources changed) is discarded.
     """
+    from .core.model import load_model
+    from .engine.fit import check_resumable, finalize_fit, load_checkpoint, remove_checkpoint, run_plan
     from .errors import ModelFileError
-    from .fit import check_resumable, finalize_fit, load_checkpoint, remove_checkpoint, run_plan
-    from .model import load_model
 
     try:
         job = load_checkpoint(checkpoint)
@@ -555,8 +555,9 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
 
 
 def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
-    from .apply import apply_model, check_keep_columns, output_is_current, recorded_options
-    from .fit import remove_checkpoint
+    from .core.model import check_params, load_model, model_checksum, save_model
+    from .engine.apply import apply_model, check_keep_columns, output_is_current, recorded_options
+    from .engine.fit import remove_checkpoint
     from .io import (
         expand_specs,
         fingerprint,
@@ -566,7 +567,6 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
         remote,
         split_spec,
     )
-    from .model import check_params, load_model, model_checksum, save_model
 
     fit_options = {
         key: spec.model[key]

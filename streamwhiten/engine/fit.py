@@ -1,4 +1,4 @@
-"""The fit loop: stream row blocks from one or more sources into a :class:`~streamwhiten.stats.Moments`.
+"""The fit loop: stream row blocks from one or more sources into a :class:`~streamwhiten.core.stats.Moments`.
 
 Words: a store's *chunk* is its storage unit; a *block* is the rows an engine reads, reduces
 (:func:`reduce_block`) and merges, usually whole chunks or row groups. A fit is planned as a
@@ -7,13 +7,13 @@ per source saying which rows it reads and how far it got. :func:`plan_blocks` se
 once for every engine; blocks are aligned to its multiples and folded in a fixed order (source by
 source, block by block), so the same plan always gives the same bits, and a plan resumed from a
 checkpoint gives exactly the bits of one that never stopped. Checkpoints (state + cursors) are
-written atomically with a checksum. (A *job* is a ``job.toml`` batch run, see ``jobs``.)
+written atomically with a checksum. (A *job* is a ``job.toml`` batch run, see ``streamwhiten.batch``.)
 
 Each block is read, centred and multiplied by one of a few worker threads (see ``_threads``), with
 reused buffers per thread (see ``_buffers``), while the others work on the next blocks; this thread
 folds the results in block order. Where a store's chunks are compressed and decoded by streamwhiten
 (``io.codecs``), a reader thread fetches the stored bytes of the next blocks ahead of the workers, which
-decode them straight into their block buffers (see :func:`run_job` for the memory this takes).
+decode them straight into their block buffers (see :func:`run_plan` for the memory this takes).
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import params, stats
-from ._buffers import PerThread, as_array, kept_for_next_run
-from ._npz import read_npz, write_npz_atomic
-from ._threads import ordered_map, resolve_threads, worker_blas_threads
-from .errors import (
+from .. import params
+from .._buffers import PerThread, as_array, kept_for_next_run
+from .._npz import read_npz, write_npz_atomic
+from ..core import stats
+from ..errors import (
     BadInputError,
     InterruptedRunError,
     ModelFileError,
@@ -39,7 +39,8 @@ from .errors import (
     NothingToDoError,
     StoreIOError,
 )
-from .io import Sampler, Source, count_blocks, describe, exists, expand_specs, fingerprint, open_source, remote
+from ..io import Sampler, Source, count_blocks, describe, exists, expand_specs, fingerprint, open_source, remote
+from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: ``progress(rows_done, rows_total)``, called after every block.
 ProgressCallback = Callable[[int, int], None]
@@ -125,10 +126,6 @@ class FitPlan:
             self.rows_done,
             *self.options,
         )
-
-
-#: The former name of :class:`FitPlan` ("job" now means a ``job.toml`` batch run only).
-FitJob = FitPlan
 
 
 @dataclass
@@ -681,10 +678,6 @@ def fit_sources(
     return run_plan(plan, progress, threads=threads).result()
 
 
-#: The former name of :func:`run_plan`.
-run_job = run_plan
-
-
 def fit_info(
     n_skipped: int, precision: str = "auto", skip_nonfinite: bool = False, fill_missing_chunks: bool = False
 ) -> dict:
@@ -702,7 +695,7 @@ def finalize_fit(result: FitResult, model_params: dict | None = None, skipped_be
     """The model of a finished fit (any engine): its state finalized with ``model_params`` (beta, gamma,
     n_components, variance, eps), recording its sources and :func:`fit_info` (``skipped_before``: rows
     an updated model had skipped already)."""
-    from .model import finalize
+    from ..core.model import finalize
 
     info = fit_info(
         skipped_before + result.n_skipped, result.precision, result.skip_nonfinite, result.fill_missing_chunks

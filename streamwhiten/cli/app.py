@@ -17,8 +17,8 @@ from contextlib import contextmanager
 
 import click
 
-from . import __version__, _interrupt
-from .errors import (
+from .. import __version__
+from ..errors import (
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_IO,
@@ -29,7 +29,8 @@ from .errors import (
     StoreIOError,
     StreamwhitenError,
 )
-from .params import PARAMS
+from ..params import PARAMS
+from . import _interrupt
 
 
 class SpecType(click.ParamType):
@@ -252,7 +253,7 @@ def stop_on_signals():
 
 def _set_storage_options(ctx, param, value):
     if value:
-        from .io import remote
+        from ..io import remote
 
         remote.set_storage_options(remote.options_from(value))
     return value
@@ -362,8 +363,8 @@ def fit(
 
     Progress is checkpointed; a fit that was killed resumes where it stopped when run again.
     """
-    from .io import expand_specs
-    from .jobs import fit_job, save_fitted
+    from ..batch import fit_job, save_fitted
+    from ..io import expand_specs
 
     _check_engine(engine, scheduler, workers, threads)
     if model_path is None:
@@ -527,9 +528,9 @@ def apply(
 
     An interrupted run leaves a hidden partial output that the same command resumes.
     """
-    from .apply import apply_model
-    from .io import refuse_input_overlap
-    from .model import load_model
+    from ..core.model import load_model
+    from ..engine.apply import apply_model
+    from ..io import refuse_input_overlap
 
     _check_engine(engine, scheduler, workers, threads)
     refuse_input_overlap({output_spec: "output"}, [input_spec, model_path])
@@ -546,46 +547,35 @@ def apply(
     # The Dask applier cannot stop its tasks at a block boundary: a signal interrupts it at once.
     signals = stop_on_signals() if engine != "dask" else contextlib.nullcontext(None)
     with progress_bar("apply", quiet) as progress, signals as should_stop:
+        # apply_dask is apply_model on a cluster: the options they share are passed once.
+        shared = dict(
+            dataset=dataset,
+            normalize=normalize,
+            dtype=dtype,
+            block_rows=chunk_rows,
+            overwrite=overwrite,
+            skip_nonfinite=skip_nonfinite,
+            zarr_format=int(zarr_format),
+            progress=progress,
+            fill_missing_chunks=fill_missing_chunks,
+        )
         if engine == "dask":
-            from .distributed import apply_dask
+            from ..engine.distributed import apply_dask
 
-            summary = apply_dask(
-                model,
-                input_spec,
-                output_spec,
-                dataset,
-                normalize,
-                dtype,
-                chunk_rows,
-                overwrite,
-                skip_nonfinite,
-                int(zarr_format),
-                scheduler=scheduler,
-                n_workers=workers,
-                progress=progress,
-                fill_missing_chunks=fill_missing_chunks,
-            )
+            summary = apply_dask(model, input_spec, output_spec, scheduler=scheduler, n_workers=workers, **shared)
         else:
             summary = apply_model(
                 model,
                 input_spec,
                 output_spec,
-                dataset,
-                normalize,
-                dtype,
-                chunk_rows,
-                overwrite,
-                skip_nonfinite,
-                int(zarr_format),
-                progress,
-                should_stop,
+                should_stop=should_stop,
                 resume=not restart,
                 progress_seconds=checkpoint_seconds,
                 threads=threads,
                 direct_io=direct_io is not False,
-                fill_missing_chunks=fill_missing_chunks,
                 keep_columns=keep_columns,
                 compressor=compressor,
+                **shared,
             )
     _emit(
         as_json,
@@ -608,7 +598,7 @@ def apply(
 @common_json
 def info(model_path, as_json):
     """Print a model's parameters, spectrum summary and effective dimension."""
-    from .model import load_model
+    from ..core.model import load_model
 
     model = load_model(model_path)
     summary = dict(model.summary(), model=model_path)
@@ -707,10 +697,10 @@ def export_(
     """
     from dataclasses import replace
 
-    from .export import check_available, check_options, export, format_for
-    from .io import refuse_input_overlap
-    from .model import check_params, load_model
-    from .serving import file_checksum
+    from ..core.model import check_params, load_model
+    from ..export import check_available, check_options, export, format_for
+    from ..io import refuse_input_overlap
+    from ..serving import file_checksum
 
     fmt = format_for(output_path, fmt, append_to)
     check_options(fmt, normalize, append_to, index_factory, metric)
@@ -808,8 +798,8 @@ def run(job_file, log_file, restart, quiet, as_json):
     Exit codes: 0 done, 3 nothing to do, 2 bad input, 74 I/O error (disk full: the previous checkpoint or
     output is kept), 75 another run holds the lock, 130 interrupted.
     """
-    from .io import expand_specs, refuse_input_overlap, remote
-    from .jobs import default_checkpoint, read_job_file, run_job_file
+    from ..batch import default_checkpoint, read_job_file, run_job_file
+    from ..io import expand_specs, refuse_input_overlap, remote
 
     logging.getLogger("streamwhiten").setLevel(logging.INFO)
     if log_file:
@@ -859,7 +849,7 @@ def _pair_options(required: bool, prefix: str = "pairs", scores: str = "scores",
 
 def _open_pairs_given(a, b, scores, flags: str):
     """Open a pair set when all three specs are given; ``None`` when none is; an error when only some are."""
-    from .evaluate import open_pairs
+    from ..evaluation.evaluate import open_pairs
 
     given = [spec is not None for spec in (a, b, scores)]
     if not any(given):
@@ -898,8 +888,8 @@ def eval_(model_path, pairs_a, pairs_b, scores, beta, gamma, n_components, varia
     Without MODEL_PATH only the raw vectors are scored. The model options override the model's own
     setting for this evaluation (the model file is not changed).
     """
-    from .evaluate import evaluate_pairs, open_pairs
-    from .model import load_model
+    from ..core.model import load_model
+    from ..evaluation.evaluate import evaluate_pairs, open_pairs
 
     params = _model_params(beta, gamma, n_components, variance, eps)
     if params and model_path is None:
@@ -1060,14 +1050,14 @@ def tune(
     setting is saved so that `apply` uses it. Give --test-a/--test-b/--test-scores to score the choice
     once, after it is made, on pairs it was not chosen on (next to raw on the same pairs).
     """
-    from .evaluate import open_pairs
-    from .model import load_model, save_model
-    from .tune import tune as run_tune
+    from ..core.model import load_model, save_model
+    from ..evaluation.evaluate import open_pairs
+    from ..evaluation.tune import tune as run_tune
 
     if output_path and in_place:
         raise BadInputError("give -o/--output or --in-place, not both")
     if output_path:
-        from .io import refuse_input_overlap
+        from ..io import refuse_input_overlap
 
         refuse_input_overlap(
             {output_path: "tuned model (use --in-place to update the model itself)"},
@@ -1163,9 +1153,9 @@ def report(
 
     Needs matplotlib (pip install 'streamwhiten[report]'); renders without a display.
     """
-    from .io import refuse_input_overlap
-    from .model import load_model
-    from .report import check_output, collect, write_report
+    from ..core.model import load_model
+    from ..evaluation.report import check_output, collect, write_report
+    from ..io import refuse_input_overlap
 
     refuse_input_overlap({output_path: "report"}, [model_path, pairs_a, pairs_b, scores], nested=False)
     with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))

@@ -1,0 +1,260 @@
+"""The whitening as an affine map ``y = x A + b``, with numpy alone (torch tensors too, on their device).
+
+``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by L2
+normalisation. :meth:`AffineMap.transform` centres before the product, ``(x - beta mu) A``, exactly as
+the engine does; exported formats that only have ``x A + b`` (nn.Linear, faiss, ONNX) agree with it to
+float32 rounding. ``WhiteningModel.as_affine`` builds it from a model; :mod:`streamwhiten.serving` loads
+it from a model file or an exported map, and :mod:`streamwhiten.export` writes it for other libraries.
+Only numpy is imported (torch inside the method that transforms a tensor, which the caller's own
+import of torch made), so the serving path can use this module without numba or storage libraries.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import __version__
+from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
+
+#: The ``.npz`` affine map written by ``streamwhiten export -o map.npz``.
+MAP_FORMAT, MAP_VERSION = "streamwhiten-affine", 1
+#: Rows centred at a time in float64 before the float32 product (bounds the temporary memory).
+_BLOCK_ROWS = 16384
+
+
+@dataclass(frozen=True, eq=False)
+class AffineMap:
+    """The whitening as ``y = x A + b``, optionally followed by L2 normalisation.
+
+    Attributes
+    ----------
+    A : ndarray, float64, d x k
+        ``U_k (Lambda_k + eps_)^(-gamma/2)``.
+    b : ndarray, float64, k
+        ``-(beta mu) A``.
+    mean : ndarray, float64, d
+        The fitted mean ``mu``.
+    beta, gamma, eps, eps_value, variance
+        The setting (``eps_value`` is the absolute regulariser ``eps * lambda_1``; ``variance`` is None
+        unless k was chosen by explained variance).
+    normalize : bool
+        Whether :meth:`transform` scales rows to unit L2 norm by default.
+    model_checksum : str
+        The SHA-256 content checksum of the model file the map comes from.
+    """
+
+    A: np.ndarray
+    b: np.ndarray
+    mean: np.ndarray
+    beta: float
+    gamma: float
+    eps: float
+    eps_value: float
+    variance: float | None = None
+    normalize: bool = False
+    model_checksum: str = ""
+    _cache: dict = field(default_factory=dict, init=False, repr=False)
+
+    @classmethod
+    def from_eigh(
+        cls,
+        eigvals,
+        eigvecs,
+        mean,
+        beta,
+        gamma,
+        eps,
+        eps_value,
+        n_components,
+        variance=None,
+        normalize=False,
+        model_checksum="",
+    ) -> AffineMap:
+        """The map of a finalized model: ``A = eigvecs[:, :k] * (eigvals[:k] + eps_value) ** (-gamma / 2)``.
+
+        The same arithmetic as ``WhiteningModel.projection``, so ``A`` is bit-identical to its weights.
+        """
+        k = int(n_components)
+        weights = eigvecs[:, :k] * ((eigvals[:k] + eps_value) ** (-float(gamma) / 2.0))
+        A = np.ascontiguousarray(weights, dtype=np.float64)
+        mean = np.asarray(mean, dtype=np.float64)
+        b = -((float(beta) * mean) @ A)
+        return cls(
+            A=A,
+            b=b,
+            mean=mean,
+            beta=float(beta),
+            gamma=float(gamma),
+            eps=float(eps),
+            eps_value=float(eps_value),
+            variance=None if variance is None else float(variance),
+            normalize=bool(normalize),
+            model_checksum=str(model_checksum),
+        )
+
+    @property
+    def n_features(self) -> int:
+        """Input width d."""
+        return int(self.A.shape[0])
+
+    @property
+    def n_components(self) -> int:
+        """Output width k."""
+        return int(self.A.shape[1])
+
+    @property
+    def shift(self) -> np.ndarray:
+        """``beta * mean``: what :meth:`transform` subtracts before the product."""
+        return self.beta * self.mean
+
+    def params(self) -> dict:
+        """The setting and provenance as plain JSON-able values."""
+        return {
+            "beta": self.beta,
+            "gamma": self.gamma,
+            "eps": self.eps,
+            "eps_value": self.eps_value,
+            "variance": self.variance,
+            "n_components": self.n_components,
+            "n_features": self.n_features,
+            "normalize": self.normalize,
+            "model_checksum": self.model_checksum,
+        }
+
+    def metadata(self) -> dict:
+        """:meth:`params` as strings (exact float reprs), for formats whose metadata is str -> str."""
+        values = dict(self.params(), format=MAP_FORMAT, format_version=MAP_VERSION, package_version=__version__)
+        return {key: _text(value) for key, value in sorted(values.items())}
+
+    def transform(self, x, normalize: bool | None = None):
+        """Whiten one vector or a batch of rows.
+
+        Parameters
+        ----------
+        x : array_like or torch.Tensor
+            ``(d,)`` or ``(n, d)`` floats. numpy input is computed in float64 when it is float64 and in
+            float32 otherwise (as ``Whitener.transform``); a torch tensor on its own device and dtype.
+        normalize : bool, optional
+            Scale rows to unit L2 norm (zero rows stay zero); default: the map's ``normalize``.
+
+        Returns
+        -------
+        ndarray or torch.Tensor
+            ``(k,)`` or ``(n, k)``, of the working dtype (numpy) or of the input's dtype and device (torch).
+
+        Raises
+        ------
+        BadInputError
+            Wrong width, rank or dtype; :class:`NonFiniteError` for a row holding NaN or Inf.
+        """
+        normalize = self.normalize if normalize is None else bool(normalize)
+        if _is_torch_tensor(x):
+            return self._transform_torch(x, normalize)
+        rows = np.asarray(x)
+        if rows.dtype.kind != "f" or rows.dtype.itemsize not in (2, 4, 8):
+            raise BadInputError(
+                f"expected float16, float32 or float64 values, got dtype {rows.dtype} "
+                "(convert with .astype(np.float32))"
+            )
+        single = rows.ndim == 1
+        rows = self._check_shape(rows[None, :] if single else rows)
+        work = np.float64 if rows.dtype == np.float64 else np.float32
+        A = self._weights(work)
+        shift = self.beta * self.mean
+        out = np.empty((rows.shape[0], self.n_components), dtype=work)
+        with np.errstate(over="ignore", invalid="ignore"):  # non-finite rows are reported just below
+            for start in range(0, rows.shape[0], _BLOCK_ROWS):
+                block = rows[start : start + _BLOCK_ROWS]
+                # centred in float64, then rounded to the working dtype, as the engine's centring kernel does
+                centred = np.subtract(block, shift, dtype=np.float64)
+                np.matmul(centred.astype(work, copy=False), A, out=out[start : start + block.shape[0]])
+            check = np.sqrt(np.einsum("ij,ij->i", out, out)) if normalize else out.sum(axis=1)
+        if not np.all(np.isfinite(check)):  # rare: a non-finite row, or only its norm or sum overflowed
+            finite_out = np.isfinite(out).all(axis=1)
+            if not finite_out.all():
+                _raise_nonfinite(np.isfinite(rows).all(axis=1), finite_out, work)
+        if normalize:
+            scale_rows_to_unit(out, check)
+        return out[0] if single else out
+
+    __call__ = transform
+
+    def _check_shape(self, rows):
+        if rows.ndim != 2:
+            raise BadInputError(f"expected one vector or a 2-D array (rows x features), got shape {tuple(rows.shape)}")
+        if rows.shape[1] != self.n_features:
+            raise BadInputError(f"the whitening expects {self.n_features} features, got {rows.shape[1]}")
+        return rows
+
+    def _weights(self, dtype) -> np.ndarray:
+        key = np.dtype(dtype).name
+        if key not in self._cache:
+            self._cache[key] = np.ascontiguousarray(self.A, dtype=dtype)
+        return self._cache[key]
+
+    def _transform_torch(self, x, normalize: bool):
+        import torch
+
+        if not torch.is_floating_point(x):
+            raise BadInputError(f"expected a floating-point tensor, got dtype {x.dtype} (convert with .float())")
+        single = x.dim() == 1
+        rows = self._check_shape(x.unsqueeze(0) if single else x)
+        key = ("torch", rows.dtype, rows.device)
+        if key not in self._cache:
+            self._cache[key] = (
+                torch.as_tensor(self.A, dtype=rows.dtype, device=rows.device),
+                torch.as_tensor(self.beta * self.mean, dtype=rows.dtype, device=rows.device),
+            )
+        A, shift = self._cache[key]
+        out = (rows - shift) @ A
+        if normalize:
+            norms = torch.linalg.vector_norm(out, dim=1, keepdim=True)
+            out = out / torch.where(norms > 0, norms, torch.ones_like(norms))
+        finite_out = torch.isfinite(out).all(dim=1)
+        if not bool(finite_out.all()):
+            _raise_nonfinite(torch.isfinite(rows).all(dim=1).cpu().numpy(), finite_out.cpu().numpy(), rows.dtype)
+        return out[0] if single else out
+
+
+def scale_rows_to_unit(out: np.ndarray, norms: np.ndarray) -> None:
+    """Divide each row of ``out`` by its L2 norm ``norms`` in place; zero rows stay zero.
+
+    A finite row whose norm overflowed the working dtype (``norms`` Inf) is normalised in float64
+    instead, as both the engine (``core.model.project_checked``) and :meth:`AffineMap.transform` do.
+    """
+    redo = ~np.isfinite(norms)
+    if redo.any():
+        wide = out[redo].astype(np.float64)
+        out[redo] = wide / np.linalg.norm(wide, axis=1, keepdims=True)
+        norms[redo] = 1
+    out /= np.where(norms > 0, norms, 1)[:, None]
+
+
+def _raise_nonfinite(finite_in, finite_out, dtype) -> None:
+    bad_in = ~np.asarray(finite_in, dtype=bool)
+    if bad_in.any():
+        row = int(np.argmax(bad_in))
+        raise NonFiniteError(f"row {row} holds NaN or Inf", row=row)
+    bad_out = ~np.asarray(finite_out, dtype=bool)
+    name = getattr(dtype, "name", None) or str(dtype)
+    raise ValuesTooLargeError(
+        f"values too large for {name} (they overflow when whitened)",
+        row=int(np.argmax(bad_out)) if bad_out.any() else None,
+    )
+
+
+def _is_torch_tensor(x) -> bool:
+    # no import of torch: a tensor can only exist once the caller has imported it
+    return type(x).__module__.startswith("torch") and hasattr(x, "dim") and hasattr(x, "device")
+
+
+def _text(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)

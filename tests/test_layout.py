@@ -1,0 +1,327 @@
+"""The package's import rules (README, "How it is built"): folders show the data flow, arrows point down.
+
+Every module under ``streamwhiten/`` is parsed with ``ast`` (nothing is imported), its imports are
+resolved to absolute names, those inside functions included, and checked against the layers:
+
+    foundation (errors, params, _buffers, _durable, _npz)  <  core  <  io  <  engine  <  evaluation
+    <  serving, export, synthetic, batch, whitener  <  cli
+
+(``io`` takes only the Numba kernels from ``core``: its LZF decoder is one of them, and numba stays in
+one module.)
+
+A module may import its own layer and the ones listed for it in ``MAY_IMPORT``; nothing imports
+``cli`` (but the ``__main__`` entry point); numba, the storage libraries and the optional extras each
+have the one place that imports them. A new module has to be given a layer here.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "streamwhiten"
+
+FOUNDATION = {"errors", "params", "_buffers", "_durable", "_npz"}
+
+#: The layers (packages, or single top-level modules) each layer may import besides itself, or single
+#: modules of a layer (``core._kernels``). The root package (``streamwhiten``, for ``__version__``) is
+#: importable from everywhere: it imports nothing at load.
+MAY_IMPORT = {
+    "foundation": set(),
+    "core": {"foundation"},
+    "io": {"foundation", "core._kernels"},  # the LZF decoder is a Numba kernel
+    "engine": {"foundation", "core", "io"},
+    "evaluation": {"foundation", "core", "io", "engine"},
+    "serving": {"foundation", "core"},
+    "export": {"foundation", "core"},
+    "synthetic": {"foundation", "io"},
+    "batch": {"foundation", "core", "io", "engine"},
+    "whitener": {"foundation", "core", "io", "engine"},
+    "cli": {"foundation", "core", "io", "engine", "evaluation", "serving", "export", "synthetic", "batch"},
+    "__main__": {"cli"},
+    "root": {"whitener", "foundation"},  # lazily, on first use of Whitener / release_buffers
+}
+
+#: The io backends: one module per storage format, none importing another (``_arrow`` is what the
+#: Parquet and Lance backends share, ``codecs``/``direct`` what the HDF5 and Zarr ones share).
+BACKENDS = {"hdf5", "zarr", "npy", "parquet", "lance"}
+STORAGE = {"h5py", "zarr", "numcodecs", "google_crc32c", "hdf5plugin", "pyarrow", "lance", "fsspec", "s3fs"}
+#: Third-party modules and the only layers (or modules) that may import them.
+ONLY_IN = {
+    "numba": {"core._kernels"},
+    **{name: {"io"} for name in STORAGE},
+    "click": {"cli"},
+    "tqdm": {"cli"},
+    "sklearn": {"whitener"},
+    "threadpoolctl": {"engine"},
+    "dask": {"engine.distributed"},
+    "distributed": {"engine.distributed"},
+    "matplotlib": {"evaluation.report"},
+    # the affine map transforms torch tensors on their own device; export writes torch, ONNX, ... files
+    "torch": {"core.affine", "export"},
+    "onnx": {"export"},
+    "onnxruntime": {"export"},
+    "faiss": {"export"},
+    "safetensors": {"export"},
+    "sentence_transformers": {"export"},
+}
+#: Optional extras: imported inside the function that needs them, never when a module loads, so a
+#: missing one costs nothing until used (the io backends that need them are themselves loaded lazily).
+OPTIONAL = {"dask", "distributed", "matplotlib", "torch", "onnx", "onnxruntime", "faiss", "safetensors"}
+OPTIONAL |= {"sentence_transformers", "fsspec", "s3fs", "hdf5plugin"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def layer(module: str) -> str:
+    """``streamwhiten.engine.fit`` -> ``engine``; ``streamwhiten._npz`` -> ``foundation``."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "root"
+    return "foundation" if parts[0] in FOUNDATION else parts[0]
+
+
+def in_place(module: str, places: set) -> bool:
+    """Whether ``module`` is one of ``places``: layers (``io``), modules (``engine.distributed``) or full names."""
+    short = module.removeprefix("streamwhiten.")
+    return layer(module) in places or short in places or module in places
+
+
+def imports(module: str, source: str | None = None) -> list[tuple[str, int, bool]]:
+    """``(imported module, line, inside a function)`` for every import of ``module`` (or of ``source``
+    as if it were that module's text): streamwhiten modules by their full name (``from . import x`` of
+    a submodule names the submodule), others by their top-level name."""
+    path = MODULES[module]
+    package = module if path.name == "__init__.py" else module.rsplit(".", 1)[0]
+    found = []
+
+    class Visitor(ast.NodeVisitor):
+        depth = 0
+
+        def visit_FunctionDef(self, node):
+            self.depth += 1
+            self.generic_visit(node)
+            self.depth -= 1
+
+        visit_AsyncFunctionDef = visit_FunctionDef
+
+        def visit_Import(self, node):
+            for alias in node.names:
+                name = alias.name if alias.name.startswith("streamwhiten") else alias.name.split(".")[0]
+                found.append((name, node.lineno, self.depth > 0))
+
+        def visit_ImportFrom(self, node):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module
+            if not source.startswith("streamwhiten"):
+                found.append((source.split(".")[0], node.lineno, self.depth > 0))
+                return
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                found.append((sub if sub in MODULES else source, node.lineno, self.depth > 0))
+
+    Visitor().visit(ast.parse(path.read_text() if source is None else source, str(path)))
+    return found
+
+
+ALL_IMPORTS = {module: imports(module) for module in MODULES}
+
+
+def own(module: str) -> list[tuple[str, int, bool]]:
+    return [entry for entry in ALL_IMPORTS[module] if entry[0].startswith("streamwhiten")]
+
+
+def foreign(module: str) -> list[tuple[str, int, bool]]:
+    return [entry for entry in ALL_IMPORTS[module] if not entry[0].startswith("streamwhiten")]
+
+
+def where(module: str, line: int) -> str:
+    return f"{MODULES[module].relative_to(ROOT)}:{line}"
+
+
+def test_every_module_has_a_layer():
+    unknown = sorted({layer(module) for module in MODULES} - set(MAY_IMPORT))
+    assert not unknown, f"give these a layer in MAY_IMPORT (and the README's table): {unknown}"
+
+
+def test_every_import_of_the_package_resolves():
+    """An import of a module that moved (after a merge, say) names a module that no longer exists."""
+    wrong = [
+        f"{where(module, line)}: imports {target}, which is no module of the package"
+        for module in MODULES
+        for target, line, _ in own(module)
+        if target != "streamwhiten" and target not in MODULES
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_arrows_point_down():
+    wrong = []
+    for module in MODULES:
+        allowed = MAY_IMPORT[layer(module)] | {layer(module)}
+        for target, line, _ in own(module):
+            if target != "streamwhiten" and not in_place(target, allowed):
+                wrong.append(f"{where(module, line)}: {layer(module)} imports {target} ({layer(target)})")
+    assert not wrong, "imports against the layers:\n" + "\n".join(wrong)
+
+
+def test_nothing_imports_the_cli():
+    wrong = [
+        f"{where(module, line)}: imports {target}"
+        for module in MODULES
+        if layer(module) not in ("cli", "__main__")
+        for target, line, _ in own(module)
+        if layer(target) == "cli"
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_core_is_numpy_and_numba_only():
+    """core: numpy, numba (``_kernels`` only), the standard library but threads and processes (those are
+    the engine's), and the foundation below it (checked by the arrows). torch only as ONLY_IN allows."""
+    allowed = {"__future__", "numpy", "numba", "torch"}
+    engine_only = {"threading", "concurrent", "multiprocessing", "subprocess"}
+    wrong = [
+        f"{where(module, line)}: imports {target}"
+        for module in MODULES
+        if layer(module) == "core"
+        for target, line, _ in foreign(module)
+        if target in engine_only or (target not in sys.stdlib_module_names and target not in allowed)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_third_party_libraries_have_one_place():
+    wrong = [
+        f"{where(module, line)}: imports {target}, which belongs to {sorted(ONLY_IN[target])} only"
+        for module in MODULES
+        for target, line, _ in foreign(module)
+        if target in ONLY_IN and not in_place(module, ONLY_IN[target])
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_optional_extras_are_imported_where_they_are_used():
+    wrong = [
+        f"{where(module, line)}: imports {target} when the module loads"
+        for module in MODULES
+        if layer(module) != "io"  # pyarrow/lance backends load only when a store of theirs is opened
+        for target, line, lazy in foreign(module)
+        if target in OPTIONAL and not lazy
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_io_backends_never_import_each_other():
+    wrong = [
+        f"{where(module, line)}: the {module.rsplit('.', 1)[1]} backend imports {target}"
+        for module in MODULES
+        if layer(module) == "io" and module.rsplit(".", 1)[1] in BACKENDS
+        for target, line, _ in own(module)
+        if target.startswith("streamwhiten.io.") and target.rsplit(".", 1)[1] in BACKENDS
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_serving_path_needs_neither_numba_nor_storage_libraries():
+    """Everything streamwhiten.serving can reach, its functions' imports included, is numba- and storage-free
+    (the root package counts as a leaf: it imports nothing until Whitener is asked for)."""
+    reached, todo = set(), ["streamwhiten.serving"]
+    while todo:
+        module = todo.pop()
+        if module in reached:
+            continue
+        reached.add(module)
+        todo += [target for target, _, _ in own(module) if target != "streamwhiten"]
+    wrong = [
+        f"{where(module, line)}: imports {target} (reached from streamwhiten.serving)"
+        for module in sorted(reached)
+        for target, line, _ in foreign(module)
+        if target == "numba" or target in STORAGE
+    ]
+    assert not wrong, "\n".join(wrong)
+    assert "streamwhiten.core.model" not in reached and "streamwhiten.io" not in reached
+
+
+def test_package_inits_import_nothing_heavy():
+    """``import streamwhiten`` and every package ``__init__`` stay light (numba, storage, click, sklearn:
+    none of them), so the serving path and ``python -m streamwhiten``'s signal handlers come first."""
+    code = (
+        "import sys, streamwhiten, streamwhiten.core, streamwhiten.engine, streamwhiten.evaluation, "
+        "streamwhiten.cli, streamwhiten.cli._interrupt\n"
+        "heavy = ('numba', 'h5py', 'zarr', 'pyarrow', 'click', 'sklearn', 'tqdm', 'dask')\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_every_package_is_shipped_and_checked():
+    """A wheel holds only the packages pyproject lists: every folder of the layout must be there, and
+    mypy's file list must name files that exist (a moved module would drop out of both silently)."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {module for module, path in MODULES.items() if path.name == "__init__.py"}
+    assert set(config["tool"]["setuptools"]["packages"]) == packages
+    assert [path for path in config["tool"]["mypy"]["files"] if not (ROOT / path).is_file()] == []
+
+
+@pytest.mark.parametrize(
+    "module,statement,rule",
+    [
+        ("streamwhiten.serving", "import numba", "test_third_party_libraries_have_one_place"),
+        (
+            "streamwhiten.serving",
+            "from .core import model",
+            "test_the_serving_path_needs_neither_numba_nor_storage_libraries",
+        ),
+        ("streamwhiten.core.stats", "from ..io import open_source", "test_arrows_point_down"),
+        ("streamwhiten.core.model", "from ..engine import fit", "test_arrows_point_down"),
+        ("streamwhiten._npz", "from .io import open_source", "test_arrows_point_down"),
+        ("streamwhiten.io.base", "from ..core.stats import Moments", "test_arrows_point_down"),
+        ("streamwhiten.engine.fit", "from ..cli import app", "test_nothing_imports_the_cli"),
+        ("streamwhiten.whitener", "import streamwhiten.cli", "test_nothing_imports_the_cli"),
+        ("streamwhiten.io.hdf5", "from . import zarr", "test_io_backends_never_import_each_other"),
+        ("streamwhiten.io.parquet", "from .lance import LanceSource", "test_io_backends_never_import_each_other"),
+        ("streamwhiten.engine.apply", "import h5py", "test_third_party_libraries_have_one_place"),
+        ("streamwhiten.core.model", "import numba", "test_third_party_libraries_have_one_place"),
+        ("streamwhiten.whitener", "import dask", "test_optional_extras_are_imported_where_they_are_used"),
+        ("streamwhiten.core.affine", "import threading", "test_core_is_numpy_and_numba_only"),
+        ("streamwhiten.core.stats", "import scipy", "test_core_is_numpy_and_numba_only"),
+        (
+            "streamwhiten.io.codecs",
+            "from .._kernels import center_and_sum",
+            "test_every_import_of_the_package_resolves",
+        ),
+    ],
+)
+@pytest.mark.parametrize("inside_a_function", [False, True])
+def test_the_rules_catch_a_forbidden_import(monkeypatch, module, statement, rule, inside_a_function):
+    """Each rule fails once such an import is added to the module, at the top or inside a function;
+    only an optional extra is fine inside a function (that is where it belongs)."""
+    added = f"\n\ndef _added():\n    {statement}\n" if inside_a_function else f"\n{statement}\n"
+    monkeypatch.setitem(ALL_IMPORTS, module, imports(module, MODULES[module].read_text() + added))
+    if inside_a_function and rule == "test_optional_extras_are_imported_where_they_are_used":
+        globals()[rule]()
+        return
+    with pytest.raises(AssertionError):
+        globals()[rule]()
