@@ -108,31 +108,91 @@ def test_a_pass_records_the_fingerprint_of_a_separate_read_without_reading_sampl
     assert reads == []
 
 
-def test_a_checkpoint_records_whole_fingerprints_and_the_resumed_model_matches(tmp_path):
-    """A checkpoint written part-way holds each fingerprint whole (the rows sampled so far plus the
-    others, read then), so a resume checks the source; the finished model records the same fingerprints
-    as an uninterrupted fit."""
-    from streamwhiten.engine.fit import load_checkpoint, run_plan
-    from streamwhiten.io import fingerprint, open_source
-
+def _three_zarr_sources(tmp_path):
     data = anisotropic(900, 5, seed=4).astype(np.float32)
-    first, second = _zstd_zarr(tmp_path / "a.zarr", data, 100), _zstd_zarr(tmp_path / "b.zarr", data[:300] * 2, 100)
-    checkpoint = str(tmp_path / "fit.ckpt")
+    return [
+        _zstd_zarr(tmp_path / "a.zarr", data[:300], 100),
+        _zstd_zarr(tmp_path / "b.zarr", data[300:800] * 2, 100),
+        _zstd_zarr(tmp_path / "c.zarr", data[800:] - 1, 100),
+    ]
+
+
+def _stop_after(blocks: int):
     calls = []
 
-    def stop_after_three():
+    def should_stop():
         calls.append(1)
-        return len(calls) == 3
+        return len(calls) == blocks
 
-    plan = plan_fit([first, second], block_rows=100)
-    with pytest.raises(Exception, match="interrupted"):
-        run_plan(plan, checkpoint_path=checkpoint, should_stop=stop_after_three, threads=1)
-    saved = load_checkpoint(checkpoint)
+    return should_stop
+
+
+def test_checkpoints_read_no_rows_of_their_own(tmp_path, monkeypatch):
+    """A checkpoint records, for the source being read, the hash of its sampled rows read so far, and
+    nothing for sources not reached: so checkpoints (every block here) cost no reads, and a fit of
+    several compressed shards decodes each chunk once."""
+    from streamwhiten.engine.fit import run_plan
+    from streamwhiten.io import Source, fingerprint, open_source
+
+    specs = _three_zarr_sources(tmp_path)
     expected = []
-    for spec in (first, second):
+    for spec in specs:
         with open_source(spec) as source:
             expected.append(fingerprint(source))
-    assert [cursor.fingerprint for cursor in saved.cursors] == expected
-    assert saved.rows_done == 300
-    resumed = run_plan(saved, threads=1).result()
-    assert resumed.sources == expected == fit_sources([first, second], block_rows=100).sources
+    reads = []
+    original = Source.read
+    monkeypatch.setattr(Source, "read", lambda self, a, b: reads.append((self.label, a, b)) or original(self, a, b))
+    done = run_plan(plan_fit(specs, block_rows=100), checkpoint_path=str(tmp_path / "ck"), checkpoint_blocks=1)
+    assert reads == []
+    assert done.sources == expected
+
+
+def test_a_resume_checks_the_rows_read_before_the_checkpoint_and_matches_an_uninterrupted_fit(tmp_path):
+    """Stopped inside the second of three sources: the checkpoint holds the first source's whole
+    fingerprint, the second's hash of sampled rows before the stop, nothing for the third. A resume
+    gives the model of an uninterrupted fit; it refuses when a row read before the stop was changed,
+    and reads a source not reached yet as it is now."""
+    from streamwhiten.engine.fit import check_sources_unchanged, load_checkpoint, run_plan
+    from streamwhiten.errors import BadInputError, InterruptedRunError
+    from streamwhiten.io import Sampler, describe, fingerprint, open_source
+
+    specs = _three_zarr_sources(tmp_path)
+    checkpoint = str(tmp_path / "fit.ckpt")
+    with pytest.raises(InterruptedRunError):
+        run_plan(plan_fit(specs, block_rows=100), checkpoint_path=checkpoint, should_stop=_stop_after(5), threads=2)
+    saved = load_checkpoint(checkpoint)
+    assert saved.rows_done == 500 and [c.next_row for c in saved.cursors] == [300, 200, 0]
+    with open_source(specs[0]) as first, open_source(specs[1]) as second, open_source(specs[2]) as third:
+        assert saved.cursors[0].fingerprint == fingerprint(first)
+        partial = dict(describe(second), rows_read=200, sha256_read=Sampler(second).hexdigest(second, below=200))
+        assert saved.cursors[1].fingerprint == partial
+        assert saved.cursors[2].fingerprint == describe(third)
+    check_sources_unchanged(saved, checkpoint)
+    resumed = run_plan(saved, threads=2).result()
+    uninterrupted = fit_sources(specs, block_rows=100)
+    assert resumed.sources == uninterrupted.sources
+    np.testing.assert_array_equal(resumed.state.scatter, uninterrupted.state.scatter)
+
+    import zarr
+
+    third = zarr.open_array(specs[2], mode="r+")
+    third[0] = third[0] + 1.0  # not read before the stop: the resume reads it as it is now
+    check_sources_unchanged(load_checkpoint(checkpoint), checkpoint)
+    second = zarr.open_array(specs[1], mode="r+")
+    second[0] = second[0] + 1.0  # read before the stop (row 0 is sampled): refused
+    with pytest.raises(BadInputError, match=r"b\.zarr: its first 200 rows differ .*sha256_read"):
+        check_sources_unchanged(load_checkpoint(checkpoint), checkpoint)
+
+
+def test_a_checkpointed_plan_with_an_empty_source_resumes(tmp_path):
+    from streamwhiten.engine.fit import check_sources_unchanged, load_checkpoint, run_plan
+    from streamwhiten.errors import InterruptedRunError
+
+    data = anisotropic(400, 5, seed=6).astype(np.float32)
+    specs = [_zstd_zarr(tmp_path / "a.zarr", data, 100), _zstd_zarr(tmp_path / "e.zarr", data[:0], 100)]
+    checkpoint = str(tmp_path / "fit.ckpt")
+    with pytest.raises(InterruptedRunError):
+        run_plan(plan_fit(specs, block_rows=100), checkpoint_path=checkpoint, should_stop=_stop_after(2), threads=1)
+    saved = load_checkpoint(checkpoint)
+    check_sources_unchanged(saved, checkpoint)
+    assert run_plan(saved, threads=1).result().sources == fit_sources(specs, block_rows=100).sources

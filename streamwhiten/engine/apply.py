@@ -337,7 +337,10 @@ def apply_model(
         sink, start, n_nonfinite = resume_sink(output_spec, job, direct_io) if resume else (None, 0, 0)
         resumed_at = start
         if sink is None:
-            attrs = output_attrs(model, source, normalize, None, checksum, options, keep_columns)  # hash: at commit
+            # The input's hash is set at commit (it may be taken from the rows as they are read); a
+            # placeholder of its size keeps every attribute in place from the start (see create_sink).
+            unknown = "0" * 64
+            attrs = output_attrs(model, source, normalize, unknown, checksum, options, keep_columns)
             sink = create_sink(
                 output_spec,
                 source.n_rows,

@@ -300,27 +300,46 @@ def _same_source(recorded: dict, current: dict) -> bool:
     return recorded["path"] == current["path"] and recorded.get("dataset", "") == current.get("dataset", "")
 
 
-def _check_prefix(source: Source, recorded: dict) -> dict:
+def _check_prefix(source: Source, recorded: dict) -> dict | None:
     """Refuse a source whose first ``recorded['n_rows']`` rows are not the ones recorded; returns the
-    fingerprint of those rows as they are now."""
-    if source.n_rows < recorded["n_rows"]:
+    fingerprint of those rows as they are now (None where ``recorded`` has no hash of them).
+
+    ``recorded`` is a whole fingerprint (a model's, or a checkpoint's for a source read to the end), or
+    one a checkpoint wrote part-way: with the hash of the sampled rows before ``rows_read`` only (a
+    source being read), or with no hash at all (a source not reached yet: no rows of it were counted).
+    """
+    n_rows = recorded["n_rows"]
+    if source.n_rows < n_rows:
         raise BadInputError(
-            f"{source.label}: has {source.n_rows} rows but {recorded['n_rows']} were recorded; the source was "
+            f"{source.label}: has {source.n_rows} rows but {n_rows} were recorded; the source was "
             "changed, not appended to (start over with a full fit)"
         )
-    now = fingerprint(source, recorded["n_rows"])
+    now = describe(source, n_rows)
     if now.get("layout_sha256") != recorded.get("layout_sha256"):
         raise BadInputError(
-            f"{source.label}: its first {recorded['n_rows']} rows are no longer stored as recorded "
+            f"{source.label}: its first {n_rows} rows are no longer stored as recorded "
             f"({source.layout_change}); only appended rows can be added (start over with a full fit)"
         )
-    for key in ("n_features", "dtype", "sha256_sampled"):
+    for key in ("n_features", "dtype"):
         if now[key] != recorded[key]:
-            raise BadInputError(
-                f"{source.label}: its first {recorded['n_rows']} rows differ from the recorded ones ({key} changed); "
-                "only appended rows can be added (start over with a full fit)"
-            )
-    return now
+            raise _changed(source, n_rows, key)
+    if "sha256_sampled" in recorded:
+        now["sha256_sampled"] = Sampler(source, n_rows).hexdigest(source)
+        if now["sha256_sampled"] != recorded["sha256_sampled"]:
+            raise _changed(source, n_rows, "sha256_sampled")
+        return now
+    if "sha256_read" in recorded:
+        rows_read = recorded["rows_read"]
+        if Sampler(source, n_rows).hexdigest(source, below=rows_read) != recorded["sha256_read"]:
+            raise _changed(source, rows_read, "sha256_read")
+    return None
+
+
+def _changed(source: Source, n_rows: int, key: str) -> BadInputError:
+    return BadInputError(
+        f"{source.label}: its first {n_rows} rows differ from the recorded ones ({key} changed); "
+        "only appended rows can be added (start over with a full fit)"
+    )
 
 
 def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> None:
@@ -370,7 +389,7 @@ def plan_update(
                 cursors.append(Cursor(source.label, current, 0, source.n_rows, 0))
                 continue
             prefix = _check_prefix(source, recorded)
-            if source.n_rows == recorded["n_rows"]:  # nothing appended: the prefix is the whole source
+            if prefix is not None and source.n_rows == recorded["n_rows"]:  # nothing appended: the whole source
                 current = prefix
             cursors.append(Cursor(source.label, current, recorded["n_rows"], source.n_rows, recorded["n_rows"]))
         kept = [r for r in recorded_sources if not any(_same_source(r, c.fingerprint) for c in cursors)]
@@ -486,7 +505,7 @@ def _identity(spec: str) -> tuple:
 def check_sources_unchanged(job: FitPlan, checkpoint_path: str) -> None:
     """Refuse a checkpointed job whose sources no longer start with the rows it recorded."""
     for cursor in job.cursors:
-        with open_source(cursor.spec, fill_missing_chunks=job.fill_missing_chunks) as source:
+        with open_source(cursor.spec, min_rows=0, fill_missing_chunks=job.fill_missing_chunks) as source:
             try:
                 _check_prefix(source, cursor.fingerprint)
             except BadInputError as exc:
@@ -535,18 +554,35 @@ def _block_tasks(job: FitPlan, opened: list, buffers: tuple, samplers: dict, rea
             yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite, fetched, sampler
 
 
-def _complete_fingerprints(job: FitPlan, samplers: dict) -> None:
-    """Add the hash of sampled rows to every fingerprint of ``job`` still without one: from the rows
-    its sampler holds (reading the others), or, for a source not reached yet, read now."""
-    for index, cursor in enumerate(job.cursors):
-        if "sha256_sampled" in cursor.fingerprint:
-            continue
-        if index in samplers:
-            sampler, source = samplers.pop(index)
-            cursor.fingerprint["sha256_sampled"] = sampler.hexdigest(source)
-            continue
-        with open_source(cursor.spec, min_rows=0, fill_missing_chunks=job.fill_missing_chunks) as source:
-            cursor.fingerprint["sha256_sampled"] = fingerprint(source, cursor.fingerprint["n_rows"])["sha256_sampled"]
+def _finish_fingerprint(cursor: Cursor, sampler: Sampler, source: Source) -> None:
+    """A source read to the end: its fingerprint gets the hash of its sampled rows (from the rows the
+    pass offered; those it did not, before a resume or an update's old rows, are read)."""
+    cursor.fingerprint.pop("sha256_read", None)
+    cursor.fingerprint.pop("rows_read", None)
+    cursor.fingerprint["sha256_sampled"] = sampler.hexdigest(source)
+
+
+def _record_rows_read(job: FitPlan, samplers: dict) -> None:
+    """Before a checkpoint: the fingerprint of each source being read records the hash of its sampled
+    rows before ``next_row`` (``sha256_read``, ``rows_read``), which the pass has offered already, so a
+    resume can check them without this run reading anything. Sources not reached have no hash yet."""
+    for index, (sampler, source) in list(samplers.items()):
+        cursor = job.cursors[index]
+        cursor.fingerprint["rows_read"] = cursor.next_row
+        cursor.fingerprint["sha256_read"] = sampler.hexdigest(source, below=cursor.next_row)
+
+
+def _complete_fingerprints(job: FitPlan) -> None:
+    """After the pass: fingerprints of sources it had no rows to read from (an empty source, say) are
+    taken by reading."""
+    for cursor in job.cursors:
+        if "sha256_sampled" not in cursor.fingerprint:
+            with open_source(cursor.spec, min_rows=0, fill_missing_chunks=job.fill_missing_chunks) as source:
+                cursor.fingerprint.pop("sha256_read", None)
+                cursor.fingerprint.pop("rows_read", None)
+                cursor.fingerprint["sha256_sampled"] = fingerprint(source, cursor.fingerprint["n_rows"])[
+                    "sha256_sampled"
+                ]
 
 
 def _read_block_moments(
@@ -635,8 +671,7 @@ def run_plan(
                 cursor.next_row = end
                 if end == cursor.stop:
                     if index in samplers:
-                        sampler, _ = samplers.pop(index)
-                        cursor.fingerprint["sha256_sampled"] = sampler.hexdigest(source)
+                        _finish_fingerprint(cursor, samplers.pop(index)[0], source)
                     source.close()
                     opened.remove(source)
                 job.n_blocks += 1
@@ -645,13 +680,13 @@ def run_plan(
                     progress(job.rows_done, total)
                 stopping = should_stop is not None and should_stop() and not job.done
                 if checkpoint_path is not None and (stopping or checkpoint_due()):
-                    _complete_fingerprints(job, samplers)  # a resume checks the rows read so far
+                    _record_rows_read(job, samplers)  # a resume checks the rows read so far
                     save_checkpoint(job, checkpoint_path)
                     last_checkpoint, blocks_since = time.perf_counter(), 0
                 if stopping:
                     where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
                     raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
-            _complete_fingerprints(job, samplers)  # sources with no rows left to read, if any
+            _complete_fingerprints(job)  # sources with no rows left to read, if any
         finally:
             results.close()  # stops the workers before their sources are closed
             if reader is not None:

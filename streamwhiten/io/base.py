@@ -289,19 +289,18 @@ def _nothing():
     return contextlib.nullcontext()
 
 
-def fingerprint(source: Source, n_rows: int | None = None, sampler: Sampler | None = None) -> dict:
+def fingerprint(source: Source, n_rows: int | None = None) -> dict:
     """Identity of the first ``n_rows`` rows of ``source`` (all by default), cheap to compute.
 
     Hashes a few sampled row ranges (:meth:`Source.sample_ranges`: start, quartiles, end) rather than the
     whole store, so an append-only store still matches the fingerprint of its earlier prefix; where the
     backend has one, adds a digest of how those rows are stored (``layout_sha256``), which an update
-    compares too. The sampled rows come from ``sampler`` where it holds them (rows a pass has read
-    anyway); the others are read here, in parallel where the store's compressed chunks are decoded here
-    (a chunk each, decoded whole).
+    compares too. The sampled rows are read in parallel where the store's compressed chunks are decoded
+    here (a chunk each, decoded whole); a pass that reads the rows anyway hashes them with a
+    :class:`Sampler` instead.
     """
     result = describe(source, n_rows)
-    sampler = sampler or Sampler(source, result["n_rows"])
-    result["sha256_sampled"] = sampler.hexdigest(source)
+    result["sha256_sampled"] = Sampler(source, result["n_rows"]).hexdigest(source)
     return result
 
 
@@ -356,16 +355,26 @@ class Sampler:
                     kept[low - first : high - first] = rows[low - start : high - start]
                     seen[low - first : high - first] = True
 
-    def hexdigest(self, source: Source) -> str:
-        """The hash of the sampled rows, reading from ``source`` those not offered."""
+    def hexdigest(self, source: Source, below: int | None = None) -> str:
+        """The hash of the sampled rows (a fingerprint's ``sha256_sampled``), reading from ``source``
+        those not offered; with ``below``, of the sampled rows before row ``below`` only (what a
+        checkpoint records of a source read that far: no reads are needed once the pass is there)."""
         with self._lock:
-            missing = [index for index, seen in enumerate(self.seen) if not seen.all()]
-            for index, rows in zip(missing, _read_ranges(source, [self.ranges[i] for i in missing]), strict=True):
-                self.rows[index][:] = rows
-                self.seen[index][:] = True
+            clipped = [
+                (index, first, last if below is None else min(last, below))
+                for index, (first, last) in enumerate(self.ranges)
+                if below is None or first < below
+            ]
+            missing = [
+                (index, first, last) for index, first, last in clipped if not self.seen[index][: last - first].all()
+            ]
+            reads = _read_ranges(source, [(first, last) for _, first, last in missing])
+            for (index, first, last), rows in zip(missing, reads, strict=True):
+                self.rows[index][: last - first] = rows
+                self.seen[index][: last - first] = True
             digest = hashlib.sha256()
-            for rows in self.rows:
-                digest.update(np.ascontiguousarray(rows).tobytes())
+            for index, first, last in clipped:
+                digest.update(np.ascontiguousarray(self.rows[index][: last - first]).tobytes())
             return digest.hexdigest()
 
 
