@@ -357,8 +357,7 @@ def apply_model(
         last_record = time.perf_counter()
         block_shape = (min(rows_per_block, source.n_rows), source.n_features)
         # float16 is widened to float32 as it is decoded, where the backend can: no copy of its own
-        widen = source.widens_float16 and source.dtype == np.float16
-        inputs = PerThread(block_shape, np.float32 if widen else source.dtype)
+        inputs = PerThread(block_shape, source.read_dtype)
         # Output buffers go back to their pool once written; aligned, so whole chunks can be written directly.
         products = BufferPool((block_shape[0], model.n_components), work)
         converted = None if sink.dtype == work else BufferPool((block_shape[0], model.n_components), sink.dtype)

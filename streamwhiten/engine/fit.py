@@ -554,12 +554,12 @@ def _block_tasks(job: FitPlan, opened: list, buffers: tuple, samplers: dict, rea
             yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite, fetched, sampler
 
 
-def _finish_fingerprint(cursor: Cursor, sampler: Sampler, source: Source) -> None:
-    """A source read to the end: its fingerprint gets the hash of its sampled rows (from the rows the
-    pass offered; those it did not, before a resume or an update's old rows, are read)."""
+def _finish_fingerprint(cursor: Cursor, sampled_sha256: str) -> None:
+    """A source read to the end: its fingerprint gets the whole hash of its sampled rows in place of
+    the part-way one a checkpoint recorded."""
     cursor.fingerprint.pop("sha256_read", None)
     cursor.fingerprint.pop("rows_read", None)
-    cursor.fingerprint["sha256_sampled"] = sampler.hexdigest(source)
+    cursor.fingerprint["sha256_sampled"] = sampled_sha256
 
 
 def _record_rows_read(job: FitPlan, samplers: dict) -> None:
@@ -578,11 +578,7 @@ def _complete_fingerprints(job: FitPlan) -> None:
     for cursor in job.cursors:
         if "sha256_sampled" not in cursor.fingerprint:
             with open_source(cursor.spec, min_rows=0, fill_missing_chunks=job.fill_missing_chunks) as source:
-                cursor.fingerprint.pop("sha256_read", None)
-                cursor.fingerprint.pop("rows_read", None)
-                cursor.fingerprint["sha256_sampled"] = fingerprint(source, cursor.fingerprint["n_rows"])[
-                    "sha256_sampled"
-                ]
+                _finish_fingerprint(cursor, Sampler(source, cursor.fingerprint["n_rows"]).hexdigest(source))
 
 
 def _read_block_moments(
@@ -594,7 +590,7 @@ def _read_block_moments(
     this thread's second one when the working dtype differs)."""
     reads, workspaces = buffers
     shape = (end - begin, source.n_features)
-    dtype = _read_dtype(source.dtype) if source.widens_float16 else source.dtype
+    dtype = source.read_dtype
     if fetched is not None:
         rows = source.read_into(begin, end, as_array(reads.get(), shape, dtype), fetched=fetched.result())
     else:
@@ -670,8 +666,8 @@ def run_plan(
                 cursor.n_skipped += skipped
                 cursor.next_row = end
                 if end == cursor.stop:
-                    if index in samplers:
-                        _finish_fingerprint(cursor, samplers.pop(index)[0], source)
+                    if index in samplers:  # the rows the pass offered; any it did not are read
+                        _finish_fingerprint(cursor, samplers.pop(index)[0].hexdigest(source))
                     source.close()
                     opened.remove(source)
                 job.n_blocks += 1

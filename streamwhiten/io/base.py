@@ -129,6 +129,13 @@ class Source:
     def n_features(self) -> int:
         return self.shape[1]
 
+    @property
+    def read_dtype(self) -> np.dtype:
+        """The dtype of the buffer a block is best read into: float32 for a float16 store whose backend
+        widens as it reads (:attr:`widens_float16`), the store's own dtype otherwise."""
+        dtype = np.dtype(self.dtype)
+        return np.dtype(np.float32) if self.widens_float16 and dtype == np.float16 else dtype
+
     def read(self, start: int, stop: int) -> np.ndarray:
         """Rows ``[start, stop)`` as a new C-contiguous array in the store's dtype."""
         return self.read_into(start, stop, np.empty((max(0, stop - start), self.n_features), dtype=self.dtype))
@@ -337,9 +344,8 @@ class Sampler:
         import threading
 
         n_rows = source.n_rows if n_rows is None else int(n_rows)
-        self.dtype = np.dtype(source.dtype)
         self.ranges = source.sample_ranges(n_rows)
-        self.rows = [np.empty((stop - start, source.n_features), self.dtype) for start, stop in self.ranges]
+        self.rows = [np.empty((stop - start, source.n_features), source.dtype) for start, stop in self.ranges]
         self.seen = [np.zeros(stop - start, bool) for start, stop in self.ranges]
         self._lock = threading.Lock()
 
