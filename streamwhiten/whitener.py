@@ -2,8 +2,7 @@
 
 A real scikit-learn estimator (``BaseEstimator``, ``TransformerMixin``): ``clone``, ``Pipeline``,
 ``GridSearchCV``, ``set_output``, ``get_feature_names_out``, ``check_is_fitted`` and the HTML repr work,
-and ``sklearn.utils.estimator_checks`` passes but for the checks ``tests/test_whitener.py`` lists with
-their reasons. Its parameters are checked against :data:`streamwhiten.params.PARAMS` when it fits, as
+and every check of ``sklearn.utils.estimator_checks`` passes. Its parameters are checked against :data:`streamwhiten.params.PARAMS` when it fits, as
 the command line and job files check theirs.
 """
 
@@ -18,7 +17,7 @@ from sklearn.utils.validation import validate_data
 
 from . import errors, params
 from .core import stats
-from .core.model import WhiteningModel, float_rows, load_model, save_model
+from .core.model import WhiteningModel, load_model, save_model
 from .errors import BadInputError
 
 #: Rows per block when an in-memory array is fitted (bounds the float32 workspace).
@@ -39,6 +38,37 @@ def _is_store_spec(data) -> bool:
     from .io import Source
 
     return isinstance(data, Source)
+
+
+#: The dtypes rows are used in as they are; anything else numeric is converted to the first (float64).
+FLOAT_DTYPES = (np.float64, np.float32, np.float16)
+
+
+def _as_float_rows(X) -> np.ndarray:
+    """``X`` as a 2-D array of float64, float32 or float16 rows in native byte order, by scikit-learn's
+    input rules (as ``PCA`` applies them): float rows are used as they are (their byte order swapped if
+    need be), integer, bool and numeric object arrays are converted to float64 (int8-quantized
+    embeddings are real input), complex, non-numeric and sparse input and 1-D arrays are refused with
+    scikit-learn's words, as :class:`~streamwhiten.errors.BadInputError` (a ``ValueError``).
+    NaN and Inf are left in place: the fit and the transform name the first such row."""
+    from sklearn.utils.validation import check_array
+
+    if type(X).__module__.startswith("scipy.sparse"):
+        raise BadInputError(
+            f"expected a dense array of rows, got a scipy.sparse {type(X).__name__} "
+            "(sparse input is not supported; convert with .toarray())"
+        )
+    rows = X if hasattr(X, "dtype") and not hasattr(X, "columns") else None
+    if rows is not None and getattr(rows.dtype, "kind", None) == "f" and rows.dtype.itemsize in (2, 4, 8):
+        rows = np.asarray(rows)
+        if not rows.dtype.isnative:  # swapped as it is, not widened: the same bits as native input
+            rows = rows.astype(rows.dtype.newbyteorder("="))
+    else:
+        rows = X
+    try:
+        return check_array(rows, dtype=FLOAT_DTYPES, ensure_all_finite=False, ensure_min_samples=1)
+    except ValueError as exc:
+        raise BadInputError(str(exc)) from None
 
 
 def _is_dask_array(data) -> bool:
@@ -83,8 +113,11 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         fill value. By default such a store is refused with an error naming the rows: a hole in an
         embedding store is almost always damage, not data.
 
-    Parameters are keyword-only. Arrays must hold float16, float32 or float64 values (integer, bool, complex, object and sparse
-    input is refused with :class:`~streamwhiten.errors.BadInputError`, a ``ValueError``).
+    Parameters are keyword-only. Arrays follow scikit-learn's input rules: 2-D, float16, float32 and
+    float64 rows are used as they are, integer, bool and numeric object arrays are converted to float64
+    (as ``PCA`` does; int8-quantized embeddings are real input); complex, non-numeric, sparse and 1-D
+    input is refused with scikit-learn's message, as :class:`~streamwhiten.errors.BadInputError` (a
+    ``ValueError``). Stores given by spec must hold floats, as on the command line.
     Changing ``beta``, ``gamma``, ``n_components``, ``variance`` or ``eps`` after fitting (``set_params``)
     re-finalizes from the saved statistics without another pass over the data.
 
@@ -162,10 +195,9 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         params.check_model(self.beta, self.gamma, self.eps, self.n_components, self.variance, n_features)
 
     def _rows(self, X, reset: bool) -> np.ndarray:
-        """``X`` as float rows (other dtypes refused); records or checks the feature count and names."""
-        rows = float_rows(X)
-        if rows.ndim != 2:
-            raise BadInputError(f"expected a 2-D array (rows x features), got shape {rows.shape}")
+        """``X`` as 2-D float rows by scikit-learn's input rules (see :func:`_as_float_rows`); records
+        (``reset``) or checks the feature count and names."""
+        rows = _as_float_rows(X)
         if rows.shape[1] == 0:
             raise BadInputError(f"0 feature(s) (shape={rows.shape}) while a minimum of 1 is required (no columns)")
         validate_data(self, X, reset=reset, skip_check_array=True)  # n_features_in_, feature_names_in_
@@ -327,17 +359,16 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
 
         A row holding NaN or Inf raises :class:`~streamwhiten.errors.NonFiniteError`, unless
         ``skip_nonfinite``: its output row is then NaN. A dask array gives a lazy dask array,
-        transformed block by block when computed. A 1-D array is one vector and gives one vector
-        (scikit-learn's convention would refuse it; ``set_output`` containers need 2-D input)."""
+        transformed block by block when computed. As every scikit-learn transformer, it takes 2-D input
+        only: one vector is ``X.reshape(1, -1)`` (``model_.transform`` and the serving path take one
+        vector as it is)."""
         model = self._finalized()
         normalize = params.check("normalize", self.normalize if normalize is None else normalize)
         if _is_dask_array(X):
             from .engine.distributed import transform_dask
 
             return transform_dask(model, X, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
-        rows = float_rows(X)
-        if rows.ndim == 2:
-            validate_data(self, X, reset=False, skip_check_array=True)  # width and feature names as fitted
+        rows = self._rows(X, reset=False)  # width and feature names as fitted
         return model.transform(rows, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
 
     def save(self, path) -> str:

@@ -105,36 +105,65 @@ def test_byte_swapped_arrays_give_the_results_of_native_ones(dtype):
 @pytest.mark.parametrize(
     "values",
     [
-        np.arange(40).reshape(10, 4),
-        np.arange(40, dtype=np.uint8).reshape(10, 4),
-        np.ones((10, 4), dtype=bool),
-        np.ones((10, 4), dtype=complex),
-        np.ones((10, 4), dtype=object),
-        np.arange(40).reshape(10, 4).astype(">i4"),
+        np.arange(40).reshape(10, 4) * 3 % 7,
+        (np.arange(40, dtype=np.uint8).reshape(10, 4) * 5) % 11,
+        np.arange(40).reshape(10, 4) % 3 == 0,
+        (np.arange(40).reshape(10, 4) * 3 % 7).astype(">i4"),
+        (np.arange(40).reshape(10, 4) * 3 % 7).astype(np.int8),
+        (np.arange(40).reshape(10, 4) * 3 % 7).astype(object),
     ],
-    ids=["int64", "uint8", "bool", "complex", "object", "big-endian-int"],
+    ids=["int64", "uint8", "bool", "big-endian-int", "int8", "numeric-object"],
 )
-def test_only_float16_32_64_arrays_are_accepted(values):
+def test_integer_bool_and_numeric_object_arrays_are_converted_to_float64(values):
+    """scikit-learn's rule (PCA's): such input is used as float64, in fit, partial_fit and transform."""
+    as_float = np.asarray(values, dtype=np.float64)
+    reference = Whitener(n_components=3).fit(as_float)
+    for fitted in (Whitener(n_components=3).fit(values), Whitener(n_components=3).partial_fit(values)):
+        assert fitted.state_.scatter.tobytes() == reference.state_.scatter.tobytes()
+        assert fitted.state_.mean.dtype == np.float64
+        out = fitted.transform(values)
+        assert out.dtype == np.float64
+        np.testing.assert_array_equal(out, reference.transform(as_float))
+    np.testing.assert_array_equal(Whitener(n_components=3).fit_transform(values), reference.transform(as_float))
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (np.ones((10, 4), dtype=complex), "^Complex data not supported"),
+        (np.full((10, 4), "a", dtype=object), "could not convert string to float"),
+    ],
+    ids=["complex", "text-object"],
+)
+def test_complex_and_non_numeric_arrays_are_refused_with_scikit_learns_words(values, message):
     fitted = Whitener().fit(anisotropic(50, 4))
     before = fitted.state_
-    message = (
-        rf"^expected float16, float32 or float64 values, got dtype {np.dtype(values.dtype)} "
-        r"\(convert with \.astype\(np\.float32\)\)$"
-    )
     for call in (
         Whitener().fit,
         Whitener().partial_fit,
         Whitener().fit_transform,
         fitted.transform,
-        fitted.model_.transform,
         fitted.partial_fit,
-        lambda x: fitted.transform(x[0]),
     ):
         with pytest.raises(BadInputError, match=message):
             call(values)
     assert fitted.state_ is before  # a refused batch folds nothing
-    with pytest.raises(BadInputError, match="got dtype int64"):
-        Whitener().fit([[1, 2], [3, 4], [5, 7]])  # lists of Python ints too
+
+
+def test_the_model_itself_takes_floats_only():
+    """``WhiteningModel.transform`` (core, as stores on the command line) keeps the floats-only rule."""
+    fitted = Whitener().fit(anisotropic(50, 4))
+    message = r"^expected float16, float32 or float64 values, got dtype int64 \(convert with \.astype\(np\.float32\)\)$"
+    with pytest.raises(BadInputError, match=message):
+        fitted.model_.transform(np.arange(40).reshape(10, 4))
+
+
+def test_transform_of_a_1d_array_asks_to_reshape_as_scikit_learn_does():
+    fitted = Whitener(n_components=3).fit(anisotropic(50, 4))
+    vector = anisotropic(50, 4)[3]
+    with pytest.raises(BadInputError, match="(?s)^Expected 2D array, got 1D array instead.*Reshape your data"):
+        fitted.transform(vector)
+    np.testing.assert_array_equal(fitted.transform(vector.reshape(1, -1))[0], fitted.model_.transform(vector))
 
 
 def test_transform_raises_on_nan_or_inf_rows_unless_skip_nonfinite():
@@ -149,7 +178,7 @@ def test_transform_raises_on_nan_or_inf_rows_unless_skip_nonfinite():
                 call(data)
             assert info.value.row == 5
     with pytest.raises(NonFiniteError, match="^row 0 holds NaN or Inf"):
-        strict.transform(bad[9])  # a single vector
+        strict.transform(bad[9:10])  # a single row
     with pytest.raises(NonFiniteError, match="^row 5 holds NaN or Inf"):
         Whitener().fit_transform(bad)  # refused by the fit already
     keep = np.setdiff1d(np.arange(60), [5, 9])
@@ -158,7 +187,7 @@ def test_transform_raises_on_nan_or_inf_rows_unless_skip_nonfinite():
         out = lenient.transform(bad, normalize=normalize)
         assert np.isnan(out[[5, 9]]).all() and np.isfinite(out[keep]).all()
         np.testing.assert_allclose(out[keep], strict.transform(rows[keep], normalize=normalize), rtol=1e-12, atol=1e-12)
-    assert np.isnan(lenient.transform(bad[5])).all()
+    assert np.isnan(lenient.transform(bad[5:6])).all()
     assert np.isnan(strict.model_.transform(bad, skip_nonfinite=True)[[5, 9]]).all()
     skipped = Whitener(skip_nonfinite=True).fit_transform(bad)  # rows 5 and 9 are skipped by the fit, NaN out
     assert np.isnan(skipped[[5, 9]]).all() and np.isfinite(skipped[keep]).all()
@@ -168,40 +197,11 @@ def test_transform_raises_on_nan_or_inf_rows_unless_skip_nonfinite():
 
 from sklearn.utils.estimator_checks import parametrize_with_checks  # noqa: E402
 
-#: The common checks Whitener fails on purpose, and why. Every other check must pass.
-EXPECTED_FAILED_CHECKS = {
-    # The project's rule: arrays of anything but float16/32/64 are refused (BadInputError, a ValueError,
-    # "convert with .astype(np.float32)"), in Python as on the command line, rather than converted
-    # silently. These checks fit integer (int32, int64) or object arrays and expect them to work.
-    "check_estimators_dtypes": "integer arrays are refused (floats only, as the command line refuses such stores)",
-    "check_dtype_object": "object arrays are refused (floats only), even when they hold floats",
-    # Complex input is refused as every non-float dtype is, with a ValueError naming the dtype; the check
-    # also wants scikit-learn's own words ("Complex data not supported").
-    "check_complex_data": "complex arrays are refused with the dtype message shared by every non-float dtype",
-    # transform(x) of one 1-D vector returns one whitened vector: a deliberate convenience for queries
-    # (the serving path and the model's transform take one vector too); scikit-learn wants a ValueError.
-    "check_fit2d_predict1d": "a 1-D array is transformed as one vector, on purpose",
-}
 
-
-@parametrize_with_checks(
-    [Whitener(), Whitener(skip_nonfinite=True)], expected_failed_checks=lambda estimator: EXPECTED_FAILED_CHECKS
-)
+@parametrize_with_checks([Whitener(), Whitener(skip_nonfinite=True)])
 def test_scikit_learn_common_checks(estimator, check):
+    """Every common check passes: none is expected to fail."""
     check(estimator)
-
-
-def test_the_expected_failures_still_fail_for_their_reason():
-    """The listed checks fail because of the documented behaviour, which the project keeps."""
-    fitted = Whitener().fit(anisotropic(40, 4))
-    with pytest.raises(BadInputError, match="got dtype int64"):
-        Whitener().fit(np.arange(40).reshape(10, 4))
-    with pytest.raises(BadInputError, match="got dtype object"):
-        Whitener().fit(anisotropic(40, 4).astype(object))
-    with pytest.raises(BadInputError, match="got dtype complex128"):
-        Whitener().fit(anisotropic(40, 4).astype(complex))
-    vector = anisotropic(40, 4)[3]
-    np.testing.assert_array_equal(fitted.transform(vector), fitted.transform(vector[None, :])[0])
 
 
 def _whiten_reference(X, k):
