@@ -5,7 +5,7 @@ interpreter that times itself from before its first import to after its first tr
 
 - ``serving (model file)``: ``from streamwhiten import serving; serving.load("model.npz").transform(q)``;
 - ``serving (exported map)``: the same on ``streamwhiten export -o map.npz`` (only A, b and mean to read);
-- ``full (Whitener)``: ``from streamwhiten import Whitener; Whitener.load("model.npz").transform(q)``,
+- ``full (Whitener)``: ``from streamwhiten import Whitener; Whitener.load("model.npz").transform(q.reshape(1, -1))``,
   which imports numba and loads the cached kernels;
 - ``numpy alone``: ``import numpy``, the floor under anything numpy-based.
 
@@ -58,7 +58,7 @@ _t1 = time.perf_counter()
 whitener = Whitener.load({path!r})
 _t2 = time.perf_counter()
 query = np.load({query!r})
-y = whitener.transform(query)
+y = whitener.transform(query.reshape(1, -1))  # scikit-learn: 2-D input
 _t3 = time.perf_counter()
 import sys
 RESULT = {{"total": _t3 - _t0, "import": _t1 - _t0, "load": _t2 - _t1, "transform": _t3 - _t2, "k": int(y.shape[-1]),
