@@ -13,6 +13,7 @@ MODULES = [
     "streamwhiten.core.model",
     "streamwhiten.serving",
     "streamwhiten.params",
+    "streamwhiten.options",
 ]
 
 

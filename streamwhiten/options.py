@@ -1,0 +1,298 @@
+"""Option objects: what a read, a fit, an apply and an engine take, each a frozen dataclass.
+
+Every field is a parameter of :data:`streamwhiten.params.PARAMS` (same name, same default, same check),
+so an option object cannot hold a value the command line or a job file would refuse: it is checked when
+it is made, and a bad value raises the one :class:`~streamwhiten.errors.BadInputError` every other door
+raises. Objects are passed whole (``fit(..., read=ReadOptions(block_rows=65536))``), never unpacked into
+long argument lists; change one with :func:`dataclasses.replace`, which checks again.
+
+This module imports nothing but the standard library and ``params``: the command line builds these before
+numpy or numba are loaded.
+
+Examples
+--------
+>>> from streamwhiten.options import ApplyOptions, ReadOptions
+>>> ReadOptions(block_rows=65536).block_rows
+65536
+>>> ApplyOptions(dtype="float16", normalize=True).dtype
+'float16'
+>>> ApplyOptions(dtype="int4")
+Traceback (most recent call last):
+...
+streamwhiten.errors.BadInputError: dtype must be "float32" or "float16", got 'int4'
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from . import params
+from .errors import BadInputError
+
+
+class StorageOptions(Mapping):
+    """Keyword arguments for the file systems of URLs (``endpoint_url``, ``key``, ``anon``, ...), read-only.
+
+    A mapping that cannot be changed after it is made and never shows its values (they are often
+    secrets): ``repr`` lists the keys only. It pickles (Dask workers get it in their tasks) and compares
+    by value.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, Any] | None = None):
+        object.__setattr__(self, "_items", _deep_copy(dict(items or {})))
+        for key in self._items:
+            if not isinstance(key, str):
+                raise BadInputError(f"storage option names must be strings, got {key!r}")
+
+    def __getitem__(self, key: str) -> Any:
+        value = self._items[key]
+        return StorageOptions(value) if isinstance(value, dict) else value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("StorageOptions cannot be changed")
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Mapping) and self.to_dict() == _plain(other)
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self._items, sort_keys=True, default=repr))
+
+    def __repr__(self) -> str:
+        return f"StorageOptions(keys={sorted(self._items)})"
+
+    def __reduce__(self):
+        return StorageOptions, (self._items,)
+
+    def to_dict(self) -> dict:
+        """A deep copy as plain dicts (for the file system's keyword arguments)."""
+        return _deep_copy(self._items)
+
+
+def _deep_copy(mapping: dict) -> dict:
+    return {key: _deep_copy(value) if isinstance(value, dict) else value for key, value in mapping.items()}
+
+
+def _plain(mapping: Mapping) -> dict:
+    return {key: _plain(value) if isinstance(value, Mapping) else value for key, value in mapping.items()}
+
+
+def _check_fields(options) -> None:
+    """Check every field that is a parameter against :data:`params.PARAMS`."""
+    for item in fields(options):
+        if item.name in params.PARAMS:
+            params.check(item.name, getattr(options, item.name))
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How input stores are found and read.
+
+    Parameters
+    ----------
+    dataset : str, optional
+        The dataset, array or column inside each input whose spec does not name one.
+    block_rows : int, optional
+        Rows per block the engine reads, reduces and merges (default: whole store chunks or row groups,
+        about 64 MiB). Not the store's *chunk*, which is how it was written.
+    fill_missing_chunks : bool
+        Read chunks missing from a store (Zarr) or never written (HDF5) as the fill value, instead of
+        refusing the store.
+    storage_options : mapping
+        Keyword arguments of the file systems of URL inputs and outputs (see :class:`StorageOptions`).
+    """
+
+    dataset: str | None = None
+    block_rows: int | None = params.default("chunk_rows")
+    fill_missing_chunks: bool = params.default("fill_missing_chunks")
+    storage_options: StorageOptions = field(default_factory=StorageOptions)
+
+    def __post_init__(self):
+        if self.dataset is not None and not isinstance(self.dataset, str):
+            raise BadInputError(f"dataset must be a name (a string), got {self.dataset!r}")
+        params.check("chunk_rows", self.block_rows, "block_rows")
+        _check_fields(self)
+        if not isinstance(self.storage_options, StorageOptions):
+            object.__setattr__(self, "storage_options", StorageOptions(self.storage_options))
+
+
+@dataclass(frozen=True)
+class Setting:
+    """The whitening's parameters (``beta``, ``gamma``, ``n_components`` or ``variance``, ``eps``).
+
+    A field left None is not set here: a fit takes the default of :data:`params.PARAMS` for it, an
+    apply, export or evaluation the model's saved setting.
+    """
+
+    beta: float | None = None
+    gamma: float | None = None
+    n_components: int | None = None
+    variance: float | None = None
+    eps: float | None = None
+
+    def __post_init__(self):
+        for item in fields(self):
+            value = getattr(self, item.name)
+            if value is not None:
+                params.check(item.name, value)
+        if self.n_components is not None and self.variance is not None:
+            raise BadInputError("give n_components (k) or variance, not both")
+
+    def given(self) -> dict:
+        """The parameters set here, by name."""
+        return {item.name: getattr(self, item.name) for item in fields(self) if getattr(self, item.name) is not None}
+
+
+@dataclass(frozen=True)
+class FitOptions:
+    """How a fit reduces its rows and keeps its progress.
+
+    Parameters
+    ----------
+    precision : {"auto", "float32", "float64"}
+        Arithmetic of the scatter product ("auto": float64 for float64 stores, float32 otherwise).
+    skip_nonfinite : bool
+        Skip and count rows holding NaN or Inf instead of refusing them.
+    checkpoint : str, optional
+        The checkpoint file (default: ``.MODEL.checkpoint`` beside the model).
+    checkpoint_every, checkpoint_seconds
+        Checkpoint every this many blocks, or seconds, whichever comes first.
+    resume : bool
+        Require a checkpoint to resume from (a matching one is used anyway).
+    restart : bool
+        Discard a checkpoint and start over.
+    overwrite : bool
+        Replace an existing model file.
+    """
+
+    precision: str = params.default("precision")
+    skip_nonfinite: bool = params.default("skip_nonfinite")
+    checkpoint: str | None = None
+    checkpoint_every: int = params.default("checkpoint_every")
+    checkpoint_seconds: float = params.default("checkpoint_seconds")
+    resume: bool = False
+    restart: bool = False
+    overwrite: bool = False
+
+    def __post_init__(self):
+        _check_fields(self)
+        if self.resume and self.restart:
+            raise BadInputError("give resume or restart, not both")
+
+
+@dataclass(frozen=True)
+class ApplyOptions:
+    """What an apply writes and how.
+
+    Parameters
+    ----------
+    normalize : bool
+        Scale every output row to unit L2 norm.
+    dtype : {"float32", "float16"}
+        The output values.
+    skip_nonfinite : bool
+        Write NaN rows for input rows holding NaN or Inf instead of refusing them.
+    zarr_format : {2, 3}
+        The format of a Zarr output.
+    compressor : {"none", "zstd", "blosc", "gzip"}
+        Compression of each output chunk (HDF5 and Zarr outputs).
+    direct_io : bool
+        Write whole output chunks around the page cache where the file system allows it.
+    keep_columns : tuple of str
+        Input columns (Parquet or Lance input) copied row for row into a Parquet or Lance output.
+    progress_seconds : float
+        Make the rows written durable and record them for a resume every this many seconds (0: every block).
+    restart : bool
+        Discard the partial output of an interrupted run instead of resuming it.
+    overwrite : bool
+        Replace an existing output written by streamwhiten.
+    """
+
+    normalize: bool = params.default("normalize")
+    dtype: str = params.default("dtype")
+    skip_nonfinite: bool = params.default("skip_nonfinite")
+    zarr_format: int = params.default("zarr_format")
+    compressor: str = params.default("compressor")
+    direct_io: bool = params.default("direct_io")
+    keep_columns: tuple[str, ...] = ()
+    progress_seconds: float = params.default("progress_seconds")
+    restart: bool = False
+    overwrite: bool = False
+
+    def __post_init__(self):
+        _check_fields(self)
+        object.__setattr__(self, "keep_columns", column_names(self.keep_columns))
+
+
+def column_names(names) -> tuple[str, ...]:
+    """``names`` (a sequence, or one comma-separated string) as a tuple of names, each once."""
+    if names is None:
+        return ()
+    items = names.split(",") if isinstance(names, str) else list(names)
+    result = tuple(str(name).strip() for name in items if str(name).strip())
+    repeated = sorted({name for name in result if result.count(name) > 1})
+    if repeated:
+        raise BadInputError(f"--keep-columns names {repeated[0]!r} twice")
+    return result
+
+
+#: The engines, by name.
+ENGINES = ("serial", "dask")
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """Which engine runs the blocks, and with what.
+
+    Parameters
+    ----------
+    name : {"serial", "dask"}
+        ``serial``: worker threads in this process; ``dask``: a Dask cluster.
+    threads : int, optional
+        Serial engine: worker threads (-1: one per core; default: a fit one per core, at most four).
+    scheduler : str, optional
+        Dask: the scheduler's address (default: a local cluster).
+    workers : int, optional
+        Dask without a scheduler: processes of the local cluster.
+    split_every : int
+        Dask: states merged by one task of the reduction tree.
+    """
+
+    name: str = "serial"
+    threads: int | None = params.default("threads")
+    scheduler: str | None = None
+    workers: int | None = params.default("workers")
+    split_every: int = params.default("split_every")
+
+    def __post_init__(self):
+        if self.name not in ENGINES:
+            raise BadInputError(f"engine must be one of {', '.join(ENGINES)}, got {self.name!r}")
+        _check_fields(self)
+        if self.name != "dask" and (self.scheduler or self.workers is not None):
+            raise BadInputError("--scheduler and --workers need --engine dask")
+        if self.name == "dask" and self.threads is not None:
+            raise BadInputError("--threads is for the serial engine; with --engine dask, use --workers")
+        if self.scheduler and self.workers is not None:
+            raise BadInputError("--workers sizes a local cluster; it cannot be combined with --scheduler")
+
+
+__all__ = [
+    "ENGINES",
+    "ApplyOptions",
+    "EngineOptions",
+    "FitOptions",
+    "ReadOptions",
+    "Setting",
+    "StorageOptions",
+    "column_names",
+]

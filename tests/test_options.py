@@ -1,0 +1,107 @@
+"""The option objects: checked against params.PARAMS when made, frozen, secrets never shown."""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+
+import pytest
+
+from streamwhiten import params
+from streamwhiten.errors import BadInputError
+from streamwhiten.options import (
+    ApplyOptions,
+    EngineOptions,
+    FitOptions,
+    ReadOptions,
+    Setting,
+    StorageOptions,
+    column_names,
+)
+
+
+@pytest.mark.parametrize(
+    "cls, name, bad",
+    [
+        (FitOptions, "precision", "float16"),
+        (FitOptions, "checkpoint_every", 0),
+        (FitOptions, "checkpoint_seconds", -1.0),
+        (FitOptions, "skip_nonfinite", "yes"),
+        (ApplyOptions, "dtype", "int4"),
+        (ApplyOptions, "zarr_format", 4),
+        (ApplyOptions, "compressor", "lzma"),
+        (ApplyOptions, "progress_seconds", -0.5),
+        (ApplyOptions, "normalize", 1),
+        (EngineOptions, "threads", 0),
+        (ReadOptions, "fill_missing_chunks", None),
+        (Setting, "beta", 1.5),
+        (Setting, "n_components", 0),
+    ],
+)
+def test_every_field_is_checked_in_the_words_of_params(cls, name, bad):
+    with pytest.raises(BadInputError) as info:
+        cls(**{name: bad})
+    with pytest.raises(BadInputError) as expected:
+        params.check(name, bad)
+    assert str(info.value) == str(expected.value)
+
+
+def test_defaults_are_the_declared_ones():
+    for cls in (FitOptions, ApplyOptions, EngineOptions, ReadOptions):
+        for item in dataclasses.fields(cls):
+            name = "chunk_rows" if item.name == "block_rows" else item.name
+            if name in params.PARAMS:
+                assert getattr(cls(), item.name) == params.default(name), (cls.__name__, item.name)
+
+
+def test_block_rows_is_checked_under_its_own_name_and_replace_checks_again():
+    with pytest.raises(BadInputError, match="^block_rows must be a whole number of at least 1, got 0$"):
+        ReadOptions(block_rows=0)
+    options = ReadOptions(block_rows=100)
+    assert dataclasses.replace(options, block_rows=50).block_rows == 50
+    with pytest.raises(BadInputError):
+        dataclasses.replace(options, block_rows=-1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.block_rows = 7
+
+
+def test_storage_options_are_frozen_pickle_and_never_show_their_values():
+    secret = "sw-secret-value-123"
+    options = ReadOptions(storage_options={"key": "id", "secret": secret, "client_kwargs": {"region_name": "eu"}})
+    assert isinstance(options.storage_options, StorageOptions)
+    assert secret not in repr(options) and secret not in str(options)
+    assert options.storage_options["client_kwargs"]["region_name"] == "eu"
+    assert options.storage_options.to_dict()["secret"] == secret
+    with pytest.raises(TypeError):
+        options.storage_options["key"] = "other"  # type: ignore[index]
+    copy = pickle.loads(pickle.dumps(options))
+    assert copy == options and copy.storage_options.to_dict() == options.storage_options.to_dict()
+    given = {"a": {"b": 1}}
+    frozen = StorageOptions(given)
+    given["a"]["b"] = 2  # a copy was taken
+    assert frozen["a"]["b"] == 1
+
+
+def test_rules_between_fields():
+    with pytest.raises(BadInputError, match="n_components"):
+        Setting(n_components=4, variance=0.9)
+    with pytest.raises(BadInputError, match="need --engine dask"):
+        EngineOptions(workers=2)
+    with pytest.raises(BadInputError, match="serial engine"):
+        EngineOptions(name="dask", threads=2)
+    with pytest.raises(BadInputError, match="cannot be combined"):
+        EngineOptions(name="dask", scheduler="tcp://h:1", workers=2)
+    with pytest.raises(BadInputError, match="engine must be one of serial, dask"):
+        EngineOptions(name="spark")
+    with pytest.raises(BadInputError, match="resume or restart"):
+        FitOptions(resume=True, restart=True)
+    assert Setting(beta=0.5, n_components=3).given() == {"beta": 0.5, "n_components": 3}
+
+
+def test_column_names():
+    assert column_names("id, url,,") == ("id", "url")
+    assert column_names(["id"]) == ("id",)
+    assert column_names(None) == ()
+    assert ApplyOptions(keep_columns="id,url").keep_columns == ("id", "url")
+    with pytest.raises(BadInputError, match="names 'id' twice"):
+        column_names("id,id")
