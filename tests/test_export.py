@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import write_h5
+from conftest import map_checksum, write_h5
 
 from streamwhiten import Whitener, serving
 from streamwhiten.errors import EXIT_BAD_INPUT
@@ -55,6 +55,14 @@ def reference(model_path, rows, beta, gamma, k, normalize):
         .set_params(beta=beta, gamma=gamma, n_components=k)
         .transform(rows, normalize=normalize)
     )
+
+
+def expected_checksum(model_path, beta, gamma, k):
+    """The map checksum (see conftest.map_checksum) of the model re-finalized at this setting."""
+    from streamwhiten.core.model import load_model
+
+    model = load_model(model_path).with_params(beta=beta, gamma=gamma, n_components=k)
+    return map_checksum(model.projection()[0], model.mean, beta, gamma, model.eps, k)
 
 
 def assert_close(got, want):
@@ -119,7 +127,9 @@ def test_npz_with_numpy_alone_and_the_serving_path(tmp_path, model_path, rows, r
                 k,
                 normalize,
             )
-            assert str(data["model_checksum"]) == serving.file_checksum(model_path) == summary["model_checksum"]
+            wanted = map_checksum(A, data["mean"], beta, gamma, float(data["eps"]), k)
+            assert str(data["model_checksum"]) == summary["model_checksum"] == wanted
+            assert str(data["model_file_checksum"]) == serving.file_checksum(model_path)
         y = rows @ A.astype(np.float32) + b.astype(np.float32)
         assert_close(normalized(y) if normalize else y, want)
         whiten = serving.load(path)  # the stored flag is the default
@@ -145,7 +155,8 @@ def test_safetensors_into_torch_nn_linear(tmp_path, model_path, rows, run_cli):
         assert_close(y.numpy(), reference(model_path, rows, beta, gamma, k, normalize))
         with safe_open(str(path), framework="np") as handle:
             meta = handle.metadata()
-        assert meta["model_checksum"] == serving.file_checksum(model_path)
+        assert meta["model_checksum"] == expected_checksum(model_path, beta, gamma, k)
+        assert meta["model_file_checksum"] == serving.file_checksum(model_path)
         assert (float(meta["beta"]), float(meta["gamma"]), int(meta["n_components"]), meta["normalize"]) == (
             beta,
             gamma,
@@ -168,7 +179,7 @@ def test_onnx_in_onnxruntime(tmp_path, model_path, rows, run_cli):
         assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [summary["opset"]] == [21]
         assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
         meta = {prop.key: prop.value for prop in model.metadata_props}
-        assert meta["model_checksum"] == serving.file_checksum(model_path) and float(meta["gamma"]) == gamma
+        assert meta["model_checksum"] == expected_checksum(model_path, beta, gamma, k) and float(meta["gamma"]) == gamma
 
 
 def test_faiss_transform_and_index(tmp_path, model_path, rows, run_cli):
@@ -259,7 +270,7 @@ def test_sentence_transformers_append_to_a_local_model(tmp_path, st_model, run_c
         got = model.encode(texts, convert_to_numpy=True)
         assert_close(got, reference(model_file, vectors, beta, gamma, k, normalize))
         meta = json.loads((path / "1_Dense" / "streamwhiten.json").read_text())
-        assert meta["model_checksum"] == serving.file_checksum(model_file) and meta["n_components"] == k
+        assert meta["model_checksum"] == expected_checksum(model_file, beta, gamma, k) and meta["n_components"] == k
     after = {name: open(os.path.join(base, name), "rb").read() for name in before}
     assert after == before and leftovers(tmp_path) == []
 
@@ -358,32 +369,70 @@ def test_unknown_format_is_refused(tmp_path, model_path, run_cli):
         ("map.onnx", []),
         ("map.safetensors", []),
         ("map.faiss", []),
+        ("index.faiss", ["--index", "Flat"]),
         ("modules", ["--format", "sentence-transformers"]),
     ],
 )
-def test_existing_output_needs_overwrite(tmp_path, model_path, run_cli, name, extra):
+def test_existing_output_rules(tmp_path, model_path, run_cli, name, extra):
+    """An existing output: the same export again is nothing to do (exit 3); another one needs --overwrite
+    (exit 2), which replaces only an export of this format written by streamwhiten: a user's file or
+    directory at that path is refused (exit 2) and left byte for byte as it was."""
     need(
         *{
             "map.onnx": ("onnx", "onnx"),
             "map.safetensors": ("safetensors", "torch"),
             "map.faiss": ("faiss", "faiss"),
+            "index.faiss": ("faiss", "faiss"),
             "modules": ("sentence_transformers", "sentence-transformers"),
         }.get(name, ("numpy", ""))
     )
-    target = tmp_path / name
+    users = tmp_path / "users" / name
+    users.parent.mkdir()
     if name == "modules":
-        target.mkdir()
-        (target / "keep.txt").write_text("old")
+        users.mkdir()
+        (users / "keep.txt").write_text("old")
     else:
-        target.write_text("old")
-    code, _, err = run_cli("export", model_path, "-o", target, *extra)
+        users.write_text("old")
+    before = tree(users)
+    code, _, err = run_cli("export", model_path, "-o", users, *extra)
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, str(users), "already exists (pass --overwrite to replace it)")
+    code, _, err = run_cli("export", model_path, "-o", users, *extra, "--overwrite")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, str(users), "exists and is not", "written by streamwhiten", "move it away")
+    assert tree(users) == before and leftovers(users.parent) == []
+
+    target = tmp_path / name
+    export_ok(run_cli, model_path, "-o", target, *extra)
+    written = tree(target)
+    code, _, err = run_cli("export", model_path, "-o", target, *extra)  # the same again: up to date
+    assert code == 3 and err.count("\n") == 1 and "nothing to do" in err and "up to date" in err, err
+    assert tree(target) == written
+    code, _, err = run_cli("export", model_path, "-o", target, *extra, "-k", SMALL_K)  # another map
     assert code == EXIT_BAD_INPUT
     one_line_error(err, str(target), "already exists (pass --overwrite to replace it)")
-    assert (target / "keep.txt" if name == "modules" else target).read_text() == "old"
-    code, _, err = run_cli("export", model_path, "-o", target, *extra, "--overwrite")
-    assert code == 0, err
-    assert not (target / "keep.txt").exists() if name == "modules" else target.read_bytes() != b"old"
+    assert tree(target) == written
+    summary = export_ok(run_cli, model_path, "-o", target, *extra, "-k", SMALL_K, "--overwrite")
+    assert summary["n_components"] == SMALL_K and tree(target) != written
     assert leftovers(tmp_path) == []
+
+
+def test_an_export_of_another_format_is_not_replaced(tmp_path, model_path, run_cli):
+    """--overwrite replaces an export of the same format only: a model file, or an npz of another kind
+    at an .npz export's path, is refused."""
+    other = tmp_path / "model-copy.npz"
+    other.write_bytes(open(model_path, "rb").read())
+    code, _, err = run_cli("export", model_path, "-o", other, "--overwrite")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, str(other), "is not an npz export written by streamwhiten (a streamwhiten model file)")
+    assert other.read_bytes() == open(model_path, "rb").read()
+
+
+def tree(path):
+    """Every file under ``path`` (or the file itself) with its bytes."""
+    if path.is_dir():
+        return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return path.read_bytes()
 
 
 def test_output_over_the_model_is_refused(model_path, run_cli):
