@@ -278,10 +278,13 @@ def save_fitted(model, job, model_path: str, checkpoint: str | None, should_stop
 
 
 def job_lock(path: str):
-    """Hold the job's exclusive lock on ``path`` (released by the OS even if the process is killed); a
-    second run of the job exits with :class:`LockedError` (75). See ``_durable.exclusive_lock``."""
+    """Hold the job's exclusive lock on ``path`` (released by the OS even if the process is killed; the
+    file is removed when the run ends); a second run of the job exits with :class:`LockedError` (75).
+    The same lock as an apply output's (``_durable.exclusive_lock``)."""
     return exclusive_lock(
-        path, lambda holder: f"{path}: another run of this job is in progress (pid {holder}); not starting a second one"
+        path,
+        lambda holder: f"{path}: another run of this job is in progress (pid {holder}); not starting a second one",
+        remove=True,
     )
 
 
@@ -403,6 +406,8 @@ def read_job_file(path: str) -> JobSpec:
         _check_output_template(path, apply["output"])
         apply = dict(apply, output=absolute(apply["output"]))
     name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
+    if apply is not None and "name" in _template_fields(apply["output"]):
+        _check_field(path, "name", name, f"the job's name ({name!r}, the name key or the job file's)")
     storage = remote.options_from(data.get("storage") or {})
     model_path = absolute(model.pop("path"))
     if remote.is_url(model_path):
@@ -424,18 +429,19 @@ def read_job_file(path: str) -> JobSpec:
 OUTPUT_FIELDS = "{stem} (the input's file name without extension) and {name} (the job's name)"
 
 
+def _template_fields(text: str):
+    """The names of the fields of the template ``text`` (``ValueError`` for unbalanced braces)."""
+    for _, name, spec, _ in string.Formatter().parse(text):
+        if name is not None:
+            yield name
+            yield from _template_fields(spec)  # a field nested in a format spec, as in {stem:{width}}
+
+
 def _check_output_template(path: str, template: str) -> None:
     """Refuse an ``[apply] output`` template that :func:`_output_for` could not fill, naming the bad field."""
     where = f"{path}: output in [apply] ({template!r})"
-
-    def fields(text):
-        for _, name, spec, _ in string.Formatter().parse(text):
-            if name is not None:
-                yield name
-                yield from fields(spec)  # a field nested in a format spec, as in {stem:{width}}
-
     try:
-        names = list(fields(template))
+        names = list(_template_fields(template))
     except ValueError as exc:  # unbalanced braces
         raise BadInputError(
             f"{where}: not a valid template ({exc}; write a literal brace as {{{{ or }}}}); "
@@ -452,11 +458,26 @@ def _check_output_template(path: str, template: str) -> None:
         raise BadInputError(f"{where}: cannot be filled in ({exc}); the fields are {OUTPUT_FIELDS}") from None
 
 
-def _output_for(template: str, input_spec: str, job_name: str) -> str:
+def _check_field(path: str, field: str, value: str, what: str) -> None:
+    """Refuse a value for the ``{field}`` of an output template that would leave the output's folder or
+    name none: a path separator, ``..``, ``.`` or nothing (exit 2)."""
+    if value in ("", ".", "..") or any(sep in value for sep in ("/", "\\", os.sep, os.altsep or "/", "\0")):
+        raise BadInputError(
+            f"{path}: {{{field}}} in the [apply] output would be {what}, which holds a path separator or is "
+            f"'.' or '..': an output must stay in its folder; rename it, or leave {{{field}}} out"
+        )
+
+
+def _output_for(template: str, input_spec: str, job_name: str, job_path: str = "job file") -> str:
     from .io import split_spec
 
     path, _ = split_spec(input_spec)
     stem = os.path.splitext(os.path.basename(path.rstrip("/")))[0]
+    fields = set(_template_fields(template))
+    if "stem" in fields:
+        _check_field(job_path, "stem", stem, f"{stem!r}, from the input {path}")
+    if "name" in fields:
+        _check_field(job_path, "name", job_name, f"the job's name ({job_name!r})")
     return template.format(stem=stem, name=job_name)
 
 
@@ -571,7 +592,7 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
         outputs, stores_used = {}, {}
         if spec.apply is not None:
             for input_spec in inputs:
-                output = _output_for(spec.apply["output"], input_spec, spec.name)
+                output = _output_for(spec.apply["output"], input_spec, spec.name, spec.path)
                 store = split_spec(output)[0]  # each output is a whole file or store
                 store = remote.normalize(store) if remote.is_url(store) else os.path.realpath(store)
                 if store in stores_used:

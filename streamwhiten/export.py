@@ -786,7 +786,13 @@ def _rename_dir_into_place(temp: str, path: str, overwrite: bool) -> None:
             os.remove(old)
     else:
         os.rename(temp, final)
-    fsync_dir(os.path.dirname(final))
+    try:
+        fsync_dir(os.path.dirname(final))
+    except OSError as exc:  # in place and complete: say so (a rerun finds it up to date)
+        raise StoreIOError(
+            f"{path}: sentence-transformers export written, but its directory could not be synced "
+            f"({exc.strerror or exc}): it may not survive a power loss"
+        ) from exc
 
 
 __all__ = [
