@@ -182,17 +182,22 @@ def exclusive_lock(path: str, busy: Callable[[str], str], remove: bool = False):
     :class:`LockedError` (exit 75) with the message ``busy(pid)`` (the pid written by the holder). With
     ``remove`` the file is deleted before the lock is released, and a lock taken on a file that its
     previous holder deleted meanwhile is taken again on the new one, so two runs never both hold it. A
-    directory that cannot take the file (no permission, read-only) is no lock at all: nothing can write
-    there either, and the caller's own writes fail with their own message.
+    lock file that cannot be opened for writing (another user's) is locked read-only (``flock`` needs no
+    write access); a directory that can take no lock file at all (no permission, read-only) holds no
+    lock: nothing can be written there either, and the caller's own writes fail with their own message.
     """
     while True:
+        writable = True
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-                yield
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise StoreIOError(f"{path}: cannot open the lock file: {exc.strerror or exc}") from exc
+            try:  # another user's lock file, or a read-only directory: flock needs no write access
+                fd, writable = os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+            except OSError:
+                yield  # no lock file and none can be made: nothing can be written here either
                 return
-            raise StoreIOError(f"{path}: cannot open the lock file: {exc.strerror or exc}") from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -211,8 +216,9 @@ def exclusive_lock(path: str, busy: Callable[[str], str], remove: bool = False):
         os.close(fd)  # the holder before removed the file after we opened it: lock the new one
     try:
         try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, str(os.getpid()).encode(), 0)
+            if writable:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
         except OSError as exc:
             raise StoreIOError(f"{path}: cannot write the lock file: {exc.strerror or exc}") from exc
         yield
