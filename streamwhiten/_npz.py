@@ -59,7 +59,7 @@ def foreign_npz(path: str, expected_format: str) -> str | None:
         return "not an .npz archive"
     try:
         with np.load(path, allow_pickle=False) as data:
-            kind = str(data["format"]) if "format" in data.files else None
+            kind = str(data["format"]) if "format" in data.files else ""
     except Exception:  # noqa: BLE001 - a damaged archive is not known to be ours
         return "an .npz archive that cannot be read"
     if kind == expected_format:

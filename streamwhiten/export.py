@@ -465,7 +465,7 @@ def faiss_bytes(affine: AffineMap, factory: str | None = None, metric: str | Non
         writer = faiss.VectorIOWriter()
         faiss.write_VectorTransform(faiss_transform(affine), writer)
         payload = faiss.vector_to_array(writer.data).tobytes()
-        info = {"faiss": "LinearTransform", "read_with": "faiss.read_VectorTransform"}
+        info: dict = {"faiss": "LinearTransform", "read_with": "faiss.read_VectorTransform"}
     else:
         index, metric = faiss_index(affine, factory, metric)
         payload = faiss.serialize_index(index).tobytes()
