@@ -604,3 +604,15 @@ def test_each_writer_tells_the_kind_of_its_output_from_its_name(tmp_path, rows, 
         assert code == 2, (args, err)
         one_line(err, *fragments)
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_stem_cannot_take_an_output_out_of_its_folder():
+    """{stem} is a file name without its extension, so it holds no separator; '..' (an input named
+    'dir/..') and '.' are refused all the same, naming the input."""
+    from streamwhiten.batch import _output_for
+    from streamwhiten.errors import BadInputError
+
+    assert _output_for("out/{stem}.h5", "data/day-1.h5:/emb", "job") == "out/day-1.h5"
+    for spec in ("data/..", "data/."):
+        with pytest.raises(BadInputError, match=r"\{stem\} in the \[apply\] output would be '\.\.?', from the input"):
+            _output_for("out/{stem}.h5", spec, "job", "job.toml")
