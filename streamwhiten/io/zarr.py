@@ -340,15 +340,16 @@ _CHUNK_KEY = re.compile(r"^(c/)?\d+([./]\d+)*$")
 
 def foreign_output(path: str) -> str | None:
     """None when the Zarr store ``path`` is an output of streamwhiten: every array in it carries
-    :data:`OWNER_ATTR` and (a local store) it holds nothing but their metadata and chunks; else what it
-    is, for the message that refuses to replace it."""
+    :data:`OWNER_ATTR` and (a local store) it holds nothing but their metadata and chunks, or (a remote
+    prefix) it holds chunks only, the remains of such an output whose metadata is gone; else what it is,
+    for the message that refuses to replace it."""
     try:
         store = remote.zarr_store(path, read_only=True) if remote.is_url(path) else LocalStore(path, read_only=True)
         node = zarr.open(store=store, mode="r")
     except (BadInputError, StoreIOError):
         raise
     except Exception:  # noqa: BLE001 - whatever zarr says, it is no store of ours
-        return "not a Zarr store"
+        return None if remote.is_url(path) and _only_chunks(path) else "not a Zarr store"
     if isinstance(node, zarr.Array):
         arrays = {"": node}
     else:
@@ -370,6 +371,18 @@ def foreign_output(path: str) -> str | None:
             if not owners or not _CHUNK_KEY.match(key):
                 return f"a Zarr store holding a file streamwhiten did not write: {relative}"
     return None
+
+
+def _only_chunks(url: str) -> bool:
+    """Whether the prefix ``url`` holds nothing but Zarr chunk objects: what is left of a remote output
+    of ours whose metadata is gone (written in place, it is taken for absent and written again)."""
+    base = remote.normalize(url).rstrip("/")
+    keys = [remote.normalize(found)[len(base) + 1 :] for found in remote.find(url)]
+    return bool(keys) and all(_CHUNK_TAIL.search(key) for key in keys)
+
+
+#: A chunk key at the end of an object's key under a store (``.../c/0/0``, ``.../0.0``).
+_CHUNK_TAIL = re.compile(r"(^|/)(c/)?\d+([./]\d+)*$")
 
 
 class ZarrSink(Sink):
