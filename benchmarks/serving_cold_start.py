@@ -91,7 +91,7 @@ def build_files(directory: str, n_features: int, k: int, n_rows: int) -> dict:
     exported = os.path.join(directory, "map.npz")
     from dataclasses import replace
 
-    write_npz(replace(affine, model_checksum=file_checksum(model)), exported)
+    write_npz(replace(affine, file_checksum=file_checksum(model)), exported)
     query = os.path.join(directory, "query.npy")
     np.save(query, rows[0])
     return {

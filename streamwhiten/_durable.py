@@ -5,17 +5,25 @@ something final (a model file, a checkpoint, a progress record, an output) goes 
 Temporary names carry the writer's PID (``.NAME.tmp-PID``), so the next writer of the same path can
 tell the leftovers of a killed run (their process is gone) from a run still writing, and remove them.
 
+It also holds the two rules every writer shares: :func:`check_replaceable` (an existing output is
+replaced only with ``overwrite``, and only when it is an output of the same kind that streamwhiten wrote),
+and :func:`exclusive_lock` (one run at a time per job or per output, released by the OS if the run dies).
+
 It sits below every package (stdlib only): stores (``io``), model files and checkpoints (``_npz``) and
 exports all write through it, and the serving path reads model files without importing ``io``.
 """
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
 import shutil
+from collections.abc import Callable
+from contextlib import contextmanager
 
-from .errors import StoreIOError
+from .errors import ForeignOutputError, LockedError, OutputExistsError, StoreIOError
 
 
 def fsync_dir(path: str) -> None:
@@ -123,3 +131,101 @@ def _remove_quietly(path: str) -> None:
         os.remove(path)
     except OSError:
         pass
+
+
+def check_replaceable(
+    path: str,
+    overwrite: bool,
+    what: str,
+    foreign: Callable[[str], str | None],
+    exists: Callable[[str], bool] = os.path.lexists,
+    label: str | None = None,
+) -> None:
+    """The one rule for an output that may exist already; every writer calls it with its own ``foreign``.
+
+    Nothing at ``path``: go on. Something there and no ``overwrite``: :class:`OutputExistsError`. With
+    ``overwrite`` it may be replaced only when ``foreign(path)`` returns None, i.e. it is ``what`` (e.g.
+    "an HDF5 output") as streamwhiten writes it; otherwise ``foreign`` says what it is instead ("a
+    directory", "an HDF5 file holding a dataset streamwhiten did not write (/x)") and
+    :class:`ForeignOutputError` (exit 2) refuses it, so a user's file is never replaced or deleted.
+    ``label`` names the path in messages (a URL without credentials).
+    """
+    if not exists(path):
+        return
+    label = label or os.fspath(path)
+    if not overwrite:
+        raise OutputExistsError.at(label)
+    found = foreign(path)
+    if found is not None:
+        raise ForeignOutputError(
+            f"{label}: exists and is not {what} written by streamwhiten ({found}), so it is not replaced, "
+            "--overwrite or not: move it away or choose another path"
+        )
+
+
+def link_or_kind(path: str, directory: bool) -> str | None:
+    """What a ``foreign`` check of :func:`check_replaceable` says first: "a symbolic link" (never written
+    here), "a directory" where a file is written or "a file" where a directory is; None when ``path`` is
+    of the right sort (a directory when ``directory``) and its content is to be looked at."""
+    if os.path.islink(path):
+        return "a symbolic link"
+    if os.path.isdir(path) != directory:
+        return "a directory" if os.path.isdir(path) else "a file"
+    return None
+
+
+@contextmanager
+def exclusive_lock(path: str, busy: Callable[[str], str], remove: bool = False):
+    """Hold an exclusive ``flock`` on the file ``path`` (created if needed) for the ``with`` block.
+
+    The OS releases it when the process dies, ``kill -9`` included. A second holder is not waited for:
+    :class:`LockedError` (exit 75) with the message ``busy(pid)`` (the pid written by the holder). With
+    ``remove`` the file is deleted before the lock is released, and a lock taken on a file that its
+    previous holder deleted meanwhile is taken again on the new one, so two runs never both hold it. A
+    lock file that cannot be opened for writing (another user's) is locked read-only (``flock`` needs no
+    write access); a directory that can take no lock file at all (no permission, read-only) holds no
+    lock: nothing can be written there either, and the caller's own writes fail with their own message.
+    """
+    while True:
+        writable = True
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
+                raise StoreIOError(f"{path}: cannot open the lock file: {exc.strerror or exc}") from exc
+            try:  # another user's lock file, or a read-only directory: flock needs no write access
+                fd, writable = os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+            except OSError:
+                yield  # no lock file and none can be made: nothing can be written here either
+                return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            except OSError:
+                holder = "unknown"
+            os.close(fd)
+            raise LockedError(busy(holder)) from None
+        try:
+            current = os.stat(path)
+        except FileNotFoundError:
+            current = None
+        if current is not None and os.path.samestat(current, os.fstat(fd)):
+            break
+        os.close(fd)  # the holder before removed the file after we opened it: lock the new one
+    try:
+        try:
+            if writable:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, str(os.getpid()).encode(), 0)
+        except OSError as exc:
+            raise StoreIOError(f"{path}: cannot write the lock file: {exc.strerror or exc}") from exc
+        yield
+    finally:
+        if remove:
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        os.close(fd)

@@ -13,7 +13,7 @@ import zipfile
 
 import numpy as np
 
-from ._durable import write_file_atomic
+from ._durable import link_or_kind, write_file_atomic
 from .errors import ModelFileError
 
 
@@ -46,6 +46,25 @@ KNOWN_FORMATS = {
     "streamwhiten-checkpoint": "a fit checkpoint",
     "streamwhiten-affine": "an exported affine map (streamwhiten export)",
 }
+
+
+def foreign_npz(path: str, expected_format: str) -> str | None:
+    """None when ``path`` is a file of ``expected_format`` written by :func:`write_npz_atomic` (its
+    ``format`` entry says so; the checksum is left to :func:`read_npz`), else what it is instead: the
+    ``foreign`` check of ``_durable.check_replaceable`` for model files, checkpoints and exported maps."""
+    found = link_or_kind(path, directory=False)
+    if found is not None:
+        return found
+    if not zipfile.is_zipfile(path):
+        return "not an .npz archive"
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            kind = str(data["format"]) if "format" in data.files else ""
+    except Exception:  # noqa: BLE001 - a damaged archive is not known to be ours
+        return "an .npz archive that cannot be read"
+    if kind == expected_format:
+        return None
+    return KNOWN_FORMATS.get(kind, "an .npz archive streamwhiten did not write")
 
 
 def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:

@@ -10,16 +10,15 @@ is ``engine.fit.FitPlan``.)
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import string
 import sys
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from . import params as _params
-from .errors import BadInputError, InterruptedRunError, LockedError, NothingToDoError, StoreIOError
+from ._durable import exclusive_lock
+from .errors import BadInputError, InterruptedRunError, NothingToDoError
 
 log = logging.getLogger("streamwhiten")
 
@@ -103,8 +102,16 @@ def fit_job(
     names a saved model whose statistics are extended with appended rows only.
     """
     from ._durable import remove_stale_temps
-    from .core.model import check_params, load_model
-    from .engine.fit import check_resumable, finalize_fit, load_checkpoint, plan_fit, plan_update, run_plan
+    from .core.model import check_model_name, check_model_output, check_params, load_model
+    from .engine.fit import (
+        check_checkpoint_output,
+        check_resumable,
+        finalize_fit,
+        load_checkpoint,
+        plan_fit,
+        plan_update,
+        run_plan,
+    )
 
     _params.check("checkpoint_every", checkpoint_every)
     _params.check("checkpoint_seconds", checkpoint_seconds)
@@ -115,11 +122,15 @@ def fit_job(
     params = dict(params or {})
     check_params(**params)
     check_writable_dir(model_path, "model file")
-    checkpoint = check_fit_paths(inputs, model_path, checkpoint, update)
+    given_checkpoint, checkpoint = checkpoint, check_fit_paths(inputs, model_path, checkpoint, update)
+    check_model_name(model_path)
     if not overwrite:
         _refuse_existing_model(
             inputs, model_path, update, dataset, params, precision, skip_nonfinite, fill_missing_chunks
         )
+    check_model_output(model_path, overwrite=True)  # now: only a model file of ours is replaced (or updated)
+    if given_checkpoint is not None:
+        check_checkpoint_output(checkpoint)  # a file of the user's named by --checkpoint is never replaced
     for path in (model_path, checkpoint):
         remove_stale_temps(path)  # what killed runs of this fit left behind
 
@@ -213,7 +224,7 @@ def model_is_current(
 ) -> bool:
     """Whether ``model_path`` holds the model a fit of ``inputs`` with these options would write: the
     same sources (fingerprints), precision, NaN handling and parameters. Then there is nothing to do."""
-    from .core.model import load_model, model_checksum
+    from .core.model import file_checksum, load_model
     from .engine.fit import open_sources
     from .errors import ModelFileError
     from .io import fingerprint
@@ -238,7 +249,7 @@ def model_is_current(
     wanted = model.with_params(
         **{"beta": 1.0, "gamma": 1.0, "eps": DEFAULT_EPS, "n_components": None, "variance": None, **(params or {})}
     )
-    return model_checksum(wanted) == model_checksum(model)
+    return file_checksum(wanted) == file_checksum(model)
 
 
 def save_fitted(model, job, model_path: str, checkpoint: str | None, should_stop=None) -> str:
@@ -266,35 +277,15 @@ def save_fitted(model, job, model_path: str, checkpoint: str | None, should_stop
 # ------------------------------------------------------------------------------------------- job files
 
 
-@contextmanager
 def job_lock(path: str):
-    """Hold an exclusive lock on ``path`` (released by the OS even if the process is killed)."""
-    try:
-        handle = open(path, "a+")
-    except OSError as exc:
-        raise StoreIOError(f"{path}: cannot open the lock file: {exc.strerror or exc}") from exc
-    try:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            holder = handle.read().strip() or "unknown"
-            raise LockedError(
-                f"{path}: another run of this job is in progress (pid {holder}); not starting a second one"
-            ) from None
-        try:
-            handle.seek(0)
-            handle.truncate()
-            handle.write(str(os.getpid()))
-            handle.flush()
-        except OSError as exc:
-            raise StoreIOError(f"{path}: cannot write the lock file: {exc.strerror or exc}") from exc
-        yield
-    finally:
-        try:
-            handle.close()
-        except OSError:
-            pass  # the pid written into it is informative only; the lock goes with the descriptor
+    """Hold the job's exclusive lock on ``path`` (released by the OS even if the process is killed; the
+    file is removed when the run ends); a second run of the job exits with :class:`LockedError` (75).
+    The same lock as an apply output's (``_durable.exclusive_lock``)."""
+    return exclusive_lock(
+        path,
+        lambda holder: f"{path}: another run of this job is in progress (pid {holder}); not starting a second one",
+        remove=True,
+    )
 
 
 #: A job-file key whose value is checked against :data:`streamwhiten.params.PARAMS`.
@@ -415,6 +406,8 @@ def read_job_file(path: str) -> JobSpec:
         _check_output_template(path, apply["output"])
         apply = dict(apply, output=absolute(apply["output"]))
     name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
+    if apply is not None and "name" in _template_fields(apply["output"]):
+        _check_field(path, "name", name, f"the job's name ({name!r}, the name key or the job file's)")
     storage = remote.options_from(data.get("storage") or {})
     model_path = absolute(model.pop("path"))
     if remote.is_url(model_path):
@@ -436,18 +429,19 @@ def read_job_file(path: str) -> JobSpec:
 OUTPUT_FIELDS = "{stem} (the input's file name without extension) and {name} (the job's name)"
 
 
+def _template_fields(text: str):
+    """The names of the fields of the template ``text`` (``ValueError`` for unbalanced braces)."""
+    for _, name, spec, _ in string.Formatter().parse(text):
+        if name is not None:
+            yield name
+            yield from _template_fields(spec)  # a field nested in a format spec, as in {stem:{width}}
+
+
 def _check_output_template(path: str, template: str) -> None:
     """Refuse an ``[apply] output`` template that :func:`_output_for` could not fill, naming the bad field."""
     where = f"{path}: output in [apply] ({template!r})"
-
-    def fields(text):
-        for _, name, spec, _ in string.Formatter().parse(text):
-            if name is not None:
-                yield name
-                yield from fields(spec)  # a field nested in a format spec, as in {stem:{width}}
-
     try:
-        names = list(fields(template))
+        names = list(_template_fields(template))
     except ValueError as exc:  # unbalanced braces
         raise BadInputError(
             f"{where}: not a valid template ({exc}; write a literal brace as {{{{ or }}}}); "
@@ -464,11 +458,26 @@ def _check_output_template(path: str, template: str) -> None:
         raise BadInputError(f"{where}: cannot be filled in ({exc}); the fields are {OUTPUT_FIELDS}") from None
 
 
-def _output_for(template: str, input_spec: str, job_name: str) -> str:
+def _check_field(path: str, field: str, value: str, what: str) -> None:
+    """Refuse a value for the ``{field}`` of an output template that would leave the output's folder or
+    name none: a path separator, ``..``, ``.`` or nothing (exit 2)."""
+    if value in ("", ".", "..") or any(sep in value for sep in ("/", "\\", os.sep, os.altsep or "/", "\0")):
+        raise BadInputError(
+            f"{path}: {{{field}}} in the [apply] output would be {what}, which holds a path separator or is "
+            f"'.' or '..': an output must stay in its folder; rename it, or leave {{{field}}} out"
+        )
+
+
+def _output_for(template: str, input_spec: str, job_name: str, job_path: str = "job file") -> str:
     from .io import split_spec
 
     path, _ = split_spec(input_spec)
     stem = os.path.splitext(os.path.basename(path.rstrip("/")))[0]
+    fields = set(_template_fields(template))
+    if "stem" in fields:
+        _check_field(job_path, "stem", stem, f"{stem!r}, from the input {path}")
+    if "name" in fields:
+        _check_field(job_path, "name", job_name, f"the job's name ({job_name!r})")
     return template.format(stem=stem, name=job_name)
 
 
@@ -555,7 +564,7 @@ def run_job_file(path: str, progress=None, should_stop=None, restart: bool = Fal
 
 
 def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
-    from .core.model import check_params, load_model, model_checksum, save_model
+    from .core.model import check_params, file_checksum, load_model, map_checksum, save_model
     from .engine.apply import apply_model, check_keep_columns, output_is_current, recorded_options
     from .engine.fit import remove_checkpoint
     from .io import (
@@ -583,7 +592,7 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
         outputs, stores_used = {}, {}
         if spec.apply is not None:
             for input_spec in inputs:
-                output = _output_for(spec.apply["output"], input_spec, spec.name)
+                output = _output_for(spec.apply["output"], input_spec, spec.name, spec.path)
                 store = split_spec(output)[0]  # each output is a whole file or store
                 store = remote.normalize(store) if remote.is_url(store) else os.path.realpath(store)
                 if store in stores_used:
@@ -639,13 +648,13 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
             model = load_model(spec.model_path)
             log.info("job %s: model %s is up to date with its inputs", spec.name, spec.model_path)
             wanted = model.with_params(**params) if params else model
-            if model_checksum(wanted) != model_checksum(model):
+            if file_checksum(wanted) != file_checksum(model):
                 save_model(wanted, spec.model_path)
                 steps.append("finalize")
                 log.info("job %s: re-finalized %s with the job's parameters", spec.name, spec.model_path)
             model = wanted
         if spec.apply is not None:
-            checksum = model_checksum(model)
+            checksum = map_checksum(model)
             options = {
                 key: spec.apply[key]
                 for key in (

@@ -9,7 +9,7 @@ EXIT_BAD_INPUT = 2
 EXIT_NOTHING_TO_DO = 3
 EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the Dask cluster cannot be reached or lost its workers
 EXIT_IO = 74  # sysexits EX_IOERR: disk full, unwritable output
-EXIT_LOCKED = 75  # sysexits EX_TEMPFAIL: another run of the same job holds the lock
+EXIT_LOCKED = 75  # sysexits EX_TEMPFAIL: another run of the same job, or writing the same output, holds the lock
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell convention
 
 
@@ -68,6 +68,11 @@ class OutputExistsError(BadInputError):
         return cls(f"{path}: already exists (pass --overwrite to replace it)")
 
 
+class ForeignOutputError(OutputExistsError):
+    """The output path holds something this tool did not write (a user's file or directory, or an output
+    of another kind): ``--overwrite`` replaces only an output of the same kind that streamwhiten wrote."""
+
+
 class NotFittedError(StreamwhitenError, AttributeError):
     """The estimator was used before it saw any data."""
 
@@ -81,7 +86,7 @@ class NothingToDoError(StreamwhitenError):
 
 
 class LockedError(StreamwhitenError):
-    """Another run of the same job is in progress."""
+    """Another run of the same job, or another run writing the same output, is in progress."""
 
     exit_code = EXIT_LOCKED
 

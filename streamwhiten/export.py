@@ -23,6 +23,7 @@ name beside the target and renamed into place when complete.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -30,13 +31,24 @@ import shutil
 
 import numpy as np
 
-from ._durable import fsync_dir, remove_stale_temps, temp_path, write_file_atomic
-from ._npz import write_npz_atomic
+from ._durable import check_replaceable, fsync_dir, link_or_kind, remove_stale_temps, temp_path, write_file_atomic
+from ._npz import checksum, foreign_npz, read_npz, write_npz_atomic
 from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap
-from .errors import BadInputError, OutputExistsError, StoreIOError
+from .errors import BadInputError, ModelFileError, NothingToDoError, StoreIOError
 
 FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx")
 EXTENSIONS = {".npz": "npz", ".safetensors": "safetensors", ".onnx": "onnx", ".faiss": "faiss", ".index": "faiss"}
+#: Where ``--append-to`` puts the whitening in a model that ends in ``Normalize``: instead of it (the
+#: whitening then takes the vectors before it), or after it, at the end of the pipeline.
+INSERTS = ("before-normalize", "end")
+#: ``|E|x|^2 - 1|`` up to which the rows a whitening was fitted on are taken as unit-length: float32
+#: rows normalised and then stored in float16 are within about 1e-4 of it (each value rounded to 2^-11
+#: relative, and the float32 scatter to about 1e-6), so this leaves a tenfold margin.
+UNIT_NORM_TOLERANCE = 1e-3
+#: ... and beyond which they are taken as not unit-length (pooled sentence vectors are far from it: the
+#: STS-B MiniLM mean-pooled vectors have a mean squared norm of 26). Between the two, which side of a
+#: ``Normalize`` they came from cannot be told, and ``--insert`` must say it.
+NOT_UNIT_NORM = 0.1
 #: The ONNX operator set written: recent, and run by onnxruntime 1.18+ and onnxruntime-web.
 ONNX_OPSET = 21
 #: What each format imports, and the extra that installs it.
@@ -66,28 +78,49 @@ def check_available(fmt: str) -> None:
 
 
 def format_for(path: str, fmt: str | None = None, append_to: str | None = None) -> str:
-    """The export format: ``fmt`` if given, else from the extension, else ``sentence-transformers`` with ``append_to``."""
+    """The export format, told by ``path``'s name: its extension (:data:`EXTENSIONS`), or a name without
+    one of them for a ``sentence-transformers`` directory (``fmt`` or ``append_to`` saying so). ``fmt``
+    must agree with the name: a file format's name ends in one of its extensions, and a directory's
+    name in none of them (exit 2, listing the extensions)."""
+    extension = os.path.splitext(os.fspath(path).rstrip("/"))[1].lower()
+    named = EXTENSIONS.get(extension)
     if fmt is not None:
         if fmt not in FORMATS:
             raise BadInputError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        if fmt == "sentence-transformers" and named is not None:
+            raise BadInputError(
+                f"{path}: a sentence-transformers export is a directory, whose name must not end in "
+                f"{extension} (the extension of the {named} format)"
+            )
+        if fmt != "sentence-transformers" and named != fmt:
+            endings = " or ".join(ext for ext, kind in EXTENSIONS.items() if kind == fmt)
+            raise BadInputError(f"{path}: the name of a {fmt} export must end in {endings}")
         return fmt
-    extension = os.path.splitext(os.fspath(path).rstrip("/"))[1].lower()
-    if extension in EXTENSIONS:
-        return EXTENSIONS[extension]
+    if named is not None:
+        return named
     if append_to is not None:
         return "sentence-transformers"
     raise BadInputError(
         f"{path}: cannot tell the export format from the name; end it in "
-        f"{', '.join(EXTENSIONS)} or pass --format ({', '.join(FORMATS)})"
+        f"{', '.join(EXTENSIONS)}, or pass --format sentence-transformers (or --append-to) for a directory"
     )
 
 
 def check_options(
-    fmt: str, normalize: bool = False, append_to: str | None = None, index: str | None = None, metric: str | None = None
+    fmt: str,
+    normalize: bool = False,
+    append_to: str | None = None,
+    index: str | None = None,
+    metric: str | None = None,
+    insert: str | None = None,
 ) -> None:
     """Raise :class:`BadInputError` for an option another format than ``fmt`` takes."""
     if append_to is not None and fmt != "sentence-transformers":
         raise BadInputError("--append-to is for the sentence-transformers format")
+    if insert is not None and insert not in INSERTS:
+        raise BadInputError(f"unknown --insert {insert!r}; choose one of {', '.join(INSERTS)}")
+    if insert is not None and append_to is None:
+        raise BadInputError("--insert says where --append-to puts the whitening; give --append-to too")
     if (index is not None or metric is not None) and fmt != "faiss":
         raise BadInputError("--index and --metric are for the faiss format")
     if metric is not None and index is None:
@@ -107,6 +140,7 @@ def export(
     append_to: str | None = None,
     index: str | None = None,
     metric: str | None = None,
+    insert: str | None = None,
 ) -> dict:
     """Write ``affine`` to ``path`` in ``fmt`` (see the module docstring); returns a summary.
 
@@ -115,17 +149,24 @@ def export(
     affine : AffineMap
         From ``WhiteningModel.as_affine`` or :func:`streamwhiten.serving.load`.
     path : str
-        The output file, or directory for ``sentence-transformers``.
+        The output file, or directory for ``sentence-transformers``; its name tells the format
+        (:func:`format_for`).
     fmt : str, optional
         One of :data:`FORMATS`; default from ``path``'s extension (else ``sentence-transformers`` with ``append_to``).
     overwrite : bool
-        Replace an existing output (otherwise :class:`OutputExistsError`).
+        Replace an existing output, if it is an export of this format that streamwhiten wrote
+        (:func:`foreign_export`; otherwise :class:`~streamwhiten.errors.ForeignOutputError`). Without
+        it an existing output is refused (:class:`~streamwhiten.errors.OutputExistsError`), unless it
+        already holds what would be written: then :class:`~streamwhiten.errors.NothingToDoError` (exit 3).
     append_to : str, optional
         ``sentence-transformers`` only: a local model directory whose copy gets the modules appended.
     index : str, optional
         ``faiss`` only: a factory string (``"Flat"``, ``"HNSW32"``, ``"IVF1024,PQ32"``) for the index behind the transform.
     metric : {"ip", "l2"}, optional
         ``faiss`` with ``index``: the index metric (default ``ip`` when normalising, else ``l2``).
+    insert : {"before-normalize", "end"}, optional
+        ``append_to`` only: where the whitening goes in a model ending in ``Normalize`` (default: told
+        from ``affine.mean_sq_norm``, see :func:`st_insertion`).
 
     Returns
     -------
@@ -134,26 +175,107 @@ def export(
     """
     path = os.fspath(path).rstrip("/") or os.fspath(path)
     fmt = format_for(path, fmt, append_to)
-    check_options(fmt, affine.normalize, append_to, index, metric)
+    check_options(fmt, affine.normalize, append_to, index, metric, insert)
     check_available(fmt)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
-    if os.path.lexists(path) and not overwrite:
-        raise OutputExistsError.at(path)
     summary = dict(affine.params(), format=fmt, output=path)
+    if fmt == "sentence-transformers":
+        plan = plan_sentence_transformers(affine, path, append_to, insert)
+        if not overwrite and os.path.lexists(path) and _st_is_current(path, plan["metadata"]):
+            raise _up_to_date(path)
+        check_export_output(path, fmt, overwrite)
+        summary.update(write_sentence_transformers(affine, path, append_to, overwrite, plan))
+        return summary
+    payload, info = export_payload(affine, fmt, index, metric)
+    if not overwrite and os.path.lexists(path) and _file_is_current(path, fmt, payload):
+        raise _up_to_date(path)
+    check_export_output(path, fmt, overwrite)
     if fmt == "npz":
-        summary["checksum"] = write_npz(affine, path)
-    elif fmt == "safetensors":
-        write_safetensors(affine, path)
-    elif fmt == "onnx":
-        write_onnx(affine, path)
-        summary["opset"] = ONNX_OPSET
-    elif fmt == "faiss":
-        summary.update(write_faiss(affine, path, index, metric))
+        summary["file_checksum"] = write_npz_atomic(path, payload, "whitening map")
     else:
-        summary.update(write_sentence_transformers(affine, path, append_to, overwrite))
+        write_file_atomic(path, lambda handle: handle.write(payload), f"{fmt} export")
+    summary.update(info)
     return summary
+
+
+def export_payload(affine: AffineMap, fmt: str, index: str | None = None, metric: str | None = None):
+    """What a file format writes, ``(payload, summary entries)``: the arrays of an ``npz`` map, else the
+    file's bytes."""
+    if fmt == "npz":
+        return npz_arrays(affine), {}
+    if fmt == "safetensors":
+        return safetensors_bytes(affine), {}
+    if fmt == "onnx":
+        return onnx_model(affine).SerializeToString(), {"opset": ONNX_OPSET}
+    if fmt == "faiss":
+        return faiss_bytes(affine, index, metric)
+    raise BadInputError(f"{fmt}: not a file format")
+
+
+def _up_to_date(path: str) -> NothingToDoError:
+    return NothingToDoError(
+        f"nothing to do: {path} is up to date (the same map, written in the same format with the same options)"
+    )
+
+
+def check_export_output(path: str, fmt: str, overwrite: bool) -> None:
+    """The one rule for an export's output (checked before it is written, and for a directory again at
+    its rename): absent, or ``overwrite`` and an export of ``fmt`` that streamwhiten wrote
+    (:func:`foreign_export`); else an ``OutputExistsError`` (exit 2), and nothing is touched."""
+    check_replaceable(path, overwrite, _EXPORT_NAMES[fmt], lambda found: foreign_export(found, fmt))
+
+
+_EXPORT_NAMES = {
+    "npz": "an npz export",
+    "safetensors": "a safetensors export",
+    "onnx": "an ONNX export",
+    "faiss": "a faiss export",
+    "sentence-transformers": "a sentence-transformers export",
+}
+
+
+def foreign_export(path: str, fmt: str) -> str | None:
+    """None when ``path`` is an export of ``fmt`` streamwhiten wrote (its metadata says
+    ``format = streamwhiten-affine``; a faiss file, which has no metadata, when it is what ``export``
+    writes: a ``LinearTransform``, or an ``IndexPreTransform`` starting with one and holding no vectors),
+    else what it is instead."""
+    found = link_or_kind(path, directory=fmt == "sentence-transformers")
+    if found is not None:
+        return found
+    if fmt == "npz":
+        return foreign_npz(path, MAP_FORMAT)
+    if fmt == "sentence-transformers":
+        return None if _st_metadata(path) is not None else "a directory streamwhiten did not write"
+    try:
+        if fmt == "safetensors":
+            header, _ = _safetensors_parts(open(path, "rb").read())
+            ours = header.get("__metadata__", {}).get("format") == MAP_FORMAT
+        elif fmt == "onnx":
+            onnx = _require("onnx", "onnx", "onnx", "the onnx export")
+            props = {prop.key: prop.value for prop in onnx.load(path, load_external_data=False).metadata_props}
+            ours = props.get("format") == MAP_FORMAT
+        else:
+            ours = _is_whitening_faiss(path)
+    except Exception:  # noqa: BLE001 - whatever the reader says, it is no export of ours
+        return f"not a {fmt} file"
+    return None if ours else f"a {fmt} file streamwhiten did not write"
+
+
+def _file_is_current(path: str, fmt: str, payload) -> bool:
+    """Whether the file ``path`` holds exactly ``payload`` (an ``npz`` map: the same arrays)."""
+    try:
+        if fmt == "npz":
+            arrays = read_npz(path, "whitening map", MAP_FORMAT, MAP_VERSION)
+            return checksum(arrays) == checksum(payload)
+        with open(path, "rb") as handle:
+            existing = handle.read()
+        if fmt == "safetensors":  # its header's metadata is written in no fixed order
+            return _safetensors_parts(existing) == _safetensors_parts(payload)
+        return existing == payload
+    except (OSError, ValueError, ModelFileError):
+        return False
 
 
 # ------------------------------------------------------------------------------------------ npz
@@ -176,7 +298,9 @@ def npz_arrays(affine: AffineMap) -> dict:
         "n_components": np.array(affine.n_components, dtype=np.int64),
         "n_features": np.array(affine.n_features, dtype=np.int64),
         "normalize": np.array(affine.normalize),
-        "model_checksum": np.array(affine.model_checksum),
+        "model_checksum": np.array(affine.checksum),
+        "model_file_checksum": np.array(affine.file_checksum),
+        "mean_sq_norm": np.array(np.nan if affine.mean_sq_norm is None else affine.mean_sq_norm),
     }
 
 
@@ -196,6 +320,17 @@ def safetensors_bytes(affine: AffineMap) -> bytes:
         "bias": np.ascontiguousarray(affine.b, dtype=np.float32),
     }
     return st_numpy.save(tensors, metadata=dict(affine.metadata(), layout="y = x @ weight.T + bias (torch.nn.Linear)"))
+
+
+def _safetensors_parts(payload: bytes) -> tuple[dict, bytes]:
+    """A safetensors file as ``(header, data)``: the JSON header parsed, the tensor bytes after it."""
+    length = int.from_bytes(payload[:8], "little")
+    if len(payload) < 8 + length:
+        raise ValueError("truncated safetensors file")
+    header = json.loads(payload[8 : 8 + length])
+    if not isinstance(header, dict):
+        raise ValueError("not a safetensors header")
+    return header, payload[8 + length :]
 
 
 def write_safetensors(affine: AffineMap, path: str) -> None:
@@ -305,14 +440,32 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
     return index, metric
 
 
-def write_faiss(affine: AffineMap, path: str, factory: str | None = None, metric: str | None = None) -> dict:
-    """Write the ``LinearTransform`` (or, with ``factory``, the empty index) with faiss's own writer."""
+def _is_whitening_faiss(path: str) -> bool:
+    """Whether the faiss file ``path`` is what :func:`write_faiss` writes (faiss files carry no metadata)."""
+    faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
+    # the objects faiss reads are kept referenced while their downcast views are used (those do not own them)
+    try:
+        transform = faiss.read_VectorTransform(path)
+    except RuntimeError:  # not a transform: an index?
+        transform = None
+    if transform is not None:
+        return type(faiss.downcast_VectorTransform(transform)) is faiss.LinearTransform
+    read = faiss.read_index(path)
+    index = faiss.downcast_index(read)
+    if not isinstance(index, faiss.IndexPreTransform) or index.ntotal != 0 or index.chain.size() < 1:
+        return False
+    return type(faiss.downcast_VectorTransform(index.chain.at(0))) is faiss.LinearTransform
+
+
+def faiss_bytes(affine: AffineMap, factory: str | None = None, metric: str | None = None) -> tuple[bytes, dict]:
+    """The bytes faiss's own writer gives for the ``LinearTransform`` (or, with ``factory``, the empty
+    index), and the summary entries describing it."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     if factory is None:
         writer = faiss.VectorIOWriter()
         faiss.write_VectorTransform(faiss_transform(affine), writer)
         payload = faiss.vector_to_array(writer.data).tobytes()
-        info = {"faiss": "LinearTransform", "read_with": "faiss.read_VectorTransform"}
+        info: dict = {"faiss": "LinearTransform", "read_with": "faiss.read_VectorTransform"}
     else:
         index, metric = faiss_index(affine, factory, metric)
         payload = faiss.serialize_index(index).tobytes()
@@ -323,6 +476,12 @@ def write_faiss(affine: AffineMap, path: str, factory: str | None = None, metric
             "read_with": "faiss.read_index",
             "needs_training": not bool(index.is_trained),
         }
+    return payload, info
+
+
+def write_faiss(affine: AffineMap, path: str, factory: str | None = None, metric: str | None = None) -> dict:
+    """Write the ``LinearTransform`` (or, with ``factory``, the empty index) with faiss's own writer."""
+    payload, info = faiss_bytes(affine, factory, metric)
     write_file_atomic(path, lambda handle: handle.write(payload), "faiss export")
     return info
 
@@ -363,17 +522,70 @@ def st_output_dimension(model_dir: str) -> int:
     return int(width)
 
 
-def write_sentence_transformers(
-    affine: AffineMap, path: str, append_to: str | None = None, overwrite: bool = False
-) -> dict:
-    """Write the Dense (+ Normalize) modules, alone or appended to a copy of ``append_to``; see :func:`export`.
+def ends_in_normalize(modules: list) -> bool:
+    """Whether a sentence-transformers pipeline (its ``modules.json`` entries) ends in ``Normalize``."""
+    return bool(modules) and str(modules[-1].get("type", "")).rsplit(".", 1)[-1] == "Normalize"
 
-    The directory is built under a hidden temporary name beside ``path`` and renamed into place when
-    complete; an existing one is replaced only with ``overwrite``.
+
+def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, base: str) -> str:
+    """Where ``--append-to`` puts the whitening in the pipeline ``modules`` of the model ``base``:
+    ``"before-normalize"`` (instead of its final ``Normalize``: the whitening takes the vectors before it,
+    and the output is L2-normalised only with ``--normalize``, as ``apply --normalize``) or ``"end"``.
+
+    ``insert`` chooses; without it the rows the whitening was fitted on tell (``mean_sq_norm``, their
+    mean squared norm): unit-length rows (within :data:`UNIT_NORM_TOLERANCE`) came from after a
+    ``Normalize``, rows clearly not unit-length (beyond :data:`NOT_UNIT_NORM`) from before it. Anything
+    else is refused with a message saying how to choose (exit 2): a model ending in ``Normalize`` with
+    no way to tell, rows nearly but not exactly unit-length, or unit-length rows and a model whose
+    vectors are not (it does not end in ``Normalize``).
     """
-    import torch
+    normalizes = ends_in_normalize(modules)
+    if insert == "before-normalize":
+        if not normalizes:
+            raise BadInputError(
+                f"{base}: --insert before-normalize: the model does not end in a Normalize module; use --insert end"
+            )
+        return insert
+    if insert == "end":
+        return insert
+    choose = (
+        "pass --insert before-normalize if they are the model's vectors before its Normalize (e.g. embeddings "
+        "stored without normalize_embeddings), or --insert end if they are its unit-length output"
+    )
+    if mean_sq_norm is None:
+        if not normalizes:
+            return "end"
+        raise BadInputError(
+            f"{base}: ends in a Normalize module, and the map does not record the norm of the rows it was "
+            f"fitted on; {choose}"
+        )
+    deviation = abs(float(mean_sq_norm) - 1.0)
+    if normalizes and deviation <= UNIT_NORM_TOLERANCE:
+        return "end"
+    if deviation > NOT_UNIT_NORM:
+        return "before-normalize" if normalizes else "end"
+    if normalizes:
+        raise BadInputError(
+            f"{base}: ends in a Normalize module, and the rows the whitening was fitted on are nearly but not "
+            f"exactly unit-length (mean squared norm {mean_sq_norm:.6g}); {choose}"
+        )
+    what = "unit-length" if deviation <= UNIT_NORM_TOLERANCE else "nearly unit-length"
+    raise BadInputError(
+        f"{base}: the whitening was fitted on {what} rows (mean squared norm {mean_sq_norm:.6g}), but the model "
+        "does not end in a Normalize module, so its vectors are not: pass --insert end if they are "
+        "anyway, or append to the model that embedded the rows"
+    )
 
-    Dense, Normalize = _st_modules()
+
+def plan_sentence_transformers(
+    affine: AffineMap, path: str, append_to: str | None = None, insert: str | None = None
+) -> dict:
+    """What :func:`write_sentence_transformers` writes to ``path``: the base model's ``modules`` (from its
+    ``modules.json``), where the whitening goes (:func:`st_insertion`) and the ``metadata`` recorded in
+    ``streamwhiten.json`` (the parameters, ``model_checksum``, and a digest of the base model's files),
+    checked first: the base model must give vectors of the map's width."""
+    _st_modules()
+    modules, where, base_digest = [], None, None
     if append_to is not None:
         width = st_output_dimension(append_to)
         if width != affine.n_features:
@@ -381,16 +593,48 @@ def write_sentence_transformers(
                 f"{append_to}: the sentence-transformers model gives {width}-d vectors, but the "
                 f"whitening was fitted on {affine.n_features}-d vectors"
             )
+        with open(os.path.join(append_to, "modules.json"), encoding="utf8") as handle:
+            modules = json.load(handle)
+        where = st_insertion(modules, affine.mean_sq_norm, insert, append_to)
+        base_digest = _tree_sha256(append_to, path)
+    metadata = dict(
+        affine.params(),
+        format=MAP_FORMAT,
+        format_version=MAP_VERSION,
+        package_version=affine.metadata()["package_version"],
+        appended_to=append_to,
+        insert=where,
+        base_sha256=base_digest,
+        layout="Dense: y = x @ linear.weight.T + linear.bias",
+    )
+    return {"modules": modules, "insert": where, "metadata": json.loads(json.dumps(metadata))}
+
+
+def write_sentence_transformers(
+    affine: AffineMap, path: str, append_to: str | None = None, overwrite: bool = False, plan: dict | None = None
+) -> dict:
+    """Write the Dense (+ Normalize) modules, alone or in a copy of ``append_to``; see :func:`export`.
+
+    The directory is built under a hidden temporary name beside ``path`` and renamed into place when
+    complete; an existing one is replaced only with ``overwrite``, and only if it is such an export.
+    ``plan`` is :func:`plan_sentence_transformers`'s (made here when not given).
+    """
+    import torch
+
+    Dense, Normalize = _st_modules()
+    plan = plan if plan is not None else plan_sentence_transformers(affine, path, append_to)
     remove_stale_temps(path)
     temp = temp_path(path)
     try:
+        modules = [dict(entry) for entry in plan["modules"]]
         if append_to is not None:
             shutil.copytree(append_to, temp, symlinks=False)
-            with open(os.path.join(temp, "modules.json"), encoding="utf8") as handle:
-                modules = json.load(handle)
+            if plan["insert"] == "before-normalize":  # the whitening takes its place
+                folder = str(modules.pop().get("path") or "")
+                if folder.strip("./"):
+                    _remove_tree(os.path.join(temp, folder))
         else:
             os.makedirs(temp)
-            modules = []
         dense = Dense(
             affine.n_features,
             affine.n_components,
@@ -407,20 +651,17 @@ def write_sentence_transformers(
             module.save(os.path.join(temp, entry["path"]))
             modules.append(entry)
             paths.append(entry["path"])
-        metadata = dict(
-            affine.params(),
-            format=MAP_FORMAT,
-            format_version=MAP_VERSION,
-            package_version=affine.metadata()["package_version"],
-            appended_to=append_to,
-            layout="Dense: y = x @ linear.weight.T + linear.bias",
-        )
-        with open(os.path.join(temp, paths[0], "streamwhiten.json"), "w", encoding="utf8") as handle:
-            json.dump(metadata, handle, indent=2, sort_keys=True)
         with open(os.path.join(temp, "modules.json"), "w", encoding="utf8") as handle:
             json.dump(modules, handle, indent=2)
+        # what makes a rerun find it up to date: the same metadata, and the files as they were written
+        metadata = dict(plan["metadata"], tree_sha256=_tree_sha256(temp, path))
+        with open(os.path.join(temp, paths[0], ST_METADATA), "w", encoding="utf8") as handle:
+            json.dump(metadata, handle, indent=2, sort_keys=True)
         _fsync_tree(temp)
         _rename_dir_into_place(temp, path, overwrite)
+    except StoreIOError:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
     except OSError as exc:
         shutil.rmtree(temp, ignore_errors=True)
         raise StoreIOError(
@@ -429,7 +670,75 @@ def write_sentence_transformers(
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
         raise
-    return {"modules": paths, "appended_to": append_to}
+    return {"modules": paths, "appended_to": append_to, "insert": plan["insert"]}
+
+
+#: The file in the whitening's Dense folder recording the parameters and what the export was made from.
+ST_METADATA = "streamwhiten.json"
+
+
+def _st_metadata(path: str) -> tuple[str, dict] | None:
+    """``(relative path, contents)`` of the :data:`ST_METADATA` of a sentence-transformers export of ours
+    at ``path``, or None (no such file, or not ours)."""
+    try:
+        with open(os.path.join(path, "modules.json"), encoding="utf8") as handle:
+            modules = json.load(handle)
+        for entry in modules:
+            relative = os.path.join(str(entry.get("path") or ""), ST_METADATA)
+            if os.path.isfile(os.path.join(path, relative)):
+                with open(os.path.join(path, relative), encoding="utf8") as handle:
+                    metadata = json.load(handle)
+                if isinstance(metadata, dict) and metadata.get("format") == MAP_FORMAT:
+                    return relative, metadata
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return None
+
+
+def _st_is_current(path: str, metadata: dict) -> bool:
+    """Whether the export at ``path`` records ``metadata`` and its files are as they were written."""
+    found = _st_metadata(path)
+    if found is None:
+        return False
+    relative, recorded = found
+    tree = recorded.pop("tree_sha256", None)
+    try:
+        return recorded == metadata and tree == _tree_sha256(path, path, skip=relative)
+    except StoreIOError:
+        return False
+
+
+def _tree_sha256(root: str, output: str, skip: str | None = None) -> str:
+    """A SHA-256 over the files under ``root`` (relative names and contents, in name order, links
+    followed as the copy follows them), leaving out the file ``skip``; a file that cannot be read is a
+    :class:`StoreIOError` naming ``output`` (nothing was written yet)."""
+    digest = hashlib.sha256()
+    names = []
+    for directory, dirs, files in os.walk(root, followlinks=True):
+        dirs.sort()
+        names += [os.path.relpath(os.path.join(directory, name), root) for name in files]
+    for relative in sorted(names):
+        if relative == skip:
+            continue
+        try:
+            with open(os.path.join(root, relative), "rb") as handle:
+                digest.update(relative.encode() + b"\0")
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+                digest.update(b"\0")
+        except OSError as exc:
+            raise StoreIOError(
+                f"{output}: cannot write the sentence-transformers export: reading {os.path.join(root, relative)}: "
+                f"{exc.strerror or exc}; nothing was written"
+            ) from exc
+    return digest.hexdigest()
+
+
+def _remove_tree(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
 
 
 def _os_error(exc: OSError) -> str:
@@ -465,8 +774,7 @@ def _fsync_tree(root: str) -> None:
 def _rename_dir_into_place(temp: str, path: str, overwrite: bool) -> None:
     final = os.path.abspath(path)
     if os.path.lexists(final):
-        if not overwrite:
-            raise OutputExistsError.at(path)
+        check_export_output(path, "sentence-transformers", overwrite)  # again: it may have changed meanwhile
         # a directory cannot replace anything atomically: move the old output aside first (a later run
         # puts it back if this one dies before the new one is in place)
         old = temp_path(final, "old")
@@ -478,12 +786,25 @@ def _rename_dir_into_place(temp: str, path: str, overwrite: bool) -> None:
             os.remove(old)
     else:
         os.rename(temp, final)
-    fsync_dir(os.path.dirname(final))
+    try:
+        fsync_dir(os.path.dirname(final))
+    except OSError as exc:  # in place and complete: say so (a rerun finds it up to date)
+        raise StoreIOError(
+            f"{path}: sentence-transformers export written, but its directory could not be synced "
+            f"({exc.strerror or exc}): it may not survive a power loss"
+        ) from exc
 
 
 __all__ = [
     "FORMATS",
+    "INSERTS",
     "export",
+    "export_payload",
+    "check_export_output",
+    "foreign_export",
+    "st_insertion",
+    "plan_sentence_transformers",
+    "faiss_bytes",
     "format_for",
     "check_options",
     "check_available",

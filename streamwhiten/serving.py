@@ -23,7 +23,7 @@ import os
 import numpy as np
 
 from ._npz import read_npz
-from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap
+from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap, mean_sq_norm
 from .errors import ModelFileError
 
 #: The model file this module reads (the same values as ``streamwhiten.core.model.FORMAT_NAME``/``FORMAT_VERSION``,
@@ -78,6 +78,7 @@ def _load_model(path: str, normalize, stored_checksum: str) -> AffineMap:
         d, k = int(arrays["n_features"]), int(arrays["n_components"])
         floats = {key: float(arrays[key]) for key in ("beta", "gamma", "eps", "eps_value", "variance")}
         mean, eigvals, eigvecs = arrays["mean"], arrays["eigvals"], arrays["eigvecs"]
+        fitted_norm = mean_sq_norm(int(arrays["n_rows"]), mean, arrays["scatter"])
     except (KeyError, ValueError, TypeError) as exc:
         raise ModelFileError(f"{path}: model file is incomplete ({exc})") from exc
     if not (mean.shape == (d,) and eigvals.shape == (d,) and eigvecs.shape == (d, d) and 1 <= k <= d):
@@ -95,6 +96,7 @@ def _load_model(path: str, normalize, stored_checksum: str) -> AffineMap:
         variance,
         bool(normalize),
         stored_checksum,
+        fitted_norm,
     )
 
 
@@ -104,7 +106,9 @@ def _load_map(path: str, normalize) -> AffineMap:
         A, b, mean = arrays["A"], arrays["b"], arrays["mean"]
         floats = {key: float(arrays[key]) for key in ("beta", "gamma", "eps", "eps_value", "variance")}
         stored_normalize = bool(arrays["normalize"])
-        model_checksum = str(arrays["model_checksum"])
+        # the source model file's checksum (a map written by 0.2.0 held it as model_checksum: not kept)
+        source_checksum = str(arrays["model_file_checksum"]) if "model_file_checksum" in arrays else ""
+        fitted_norm = float(arrays["mean_sq_norm"]) if "mean_sq_norm" in arrays else math.nan
     except (KeyError, ValueError, TypeError) as exc:
         raise ModelFileError(f"{path}: whitening map is incomplete ({exc})") from exc
     if not (A.ndim == 2 and b.shape == (A.shape[1],) and mean.shape == (A.shape[0],)):
@@ -120,7 +124,8 @@ def _load_map(path: str, normalize) -> AffineMap:
         eps_value=floats["eps_value"],
         variance=variance,
         normalize=stored_normalize if normalize is None else bool(normalize),
-        model_checksum=model_checksum,
+        file_checksum=source_checksum,
+        mean_sq_norm=None if math.isnan(fitted_norm) else fitted_norm,
     )
 
 

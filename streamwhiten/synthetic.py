@@ -50,8 +50,9 @@ def write_store(
     zarr_format: int = 3,
     progress=None,
 ) -> str:
-    """Write the data set to an HDF5 file (``.h5``) or a Zarr store (``.zarr``), replacing any old one;
-    returns its spec. Written like every streamwhiten output: under a temporary name, renamed when complete.
+    """Write the data set to an HDF5 file (``.h5``) or a Zarr store (``.zarr``), replacing an old one written
+    by streamwhiten (anything else at ``path`` is refused, as by every writer); returns its spec. Written like
+    every streamwhiten output: under a temporary name, renamed when complete.
     """
     from .io import create_sink, output_kind
 

@@ -372,7 +372,8 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         return model.transform(rows, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
 
     def save(self, path) -> str:
-        """Write the model file (pickle-free ``.npz``); returns its content checksum."""
+        """Write the model file (pickle-free ``.npz``; the name must end in ``.npz``, and an existing file is
+        replaced only if it is a model file: ``core.model.check_model_output``); returns its content checksum."""
         return save_model(self._finalized(), os.fspath(path))
 
     @classmethod

@@ -43,6 +43,19 @@ def write_zarr(path, data, chunk_rows=100, zarr_format=3) -> str:
     return str(path)
 
 
+def map_checksum(A, mean, beta, gamma, eps, k) -> str:
+    """The ``model_checksum`` of a map, from its definition (``AffineMap.checksum``): SHA-256 over a tag,
+    the float64 bytes of ``mean`` and ``A`` with their shapes, then beta, gamma, eps (float64) and k (int64)."""
+    import hashlib
+    import struct
+
+    digest = hashlib.sha256(b"streamwhiten affine map 1")
+    for name, array in (("mean", mean), ("A", A)):
+        values = np.ascontiguousarray(array, dtype="<f8")
+        digest.update(f"{name}{values.shape}".encode() + values.tobytes())
+    return digest.update(struct.pack("<dddq", beta, gamma, eps, k)) or digest.hexdigest()
+
+
 @pytest.fixture
 def data64():
     return anisotropic(1000, 12, seed=1)

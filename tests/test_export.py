@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 import pytest
-from conftest import write_h5
+from conftest import map_checksum, write_h5
 
 from streamwhiten import Whitener, serving
 from streamwhiten.errors import EXIT_BAD_INPUT
@@ -55,6 +55,14 @@ def reference(model_path, rows, beta, gamma, k, normalize):
         .set_params(beta=beta, gamma=gamma, n_components=k)
         .transform(rows, normalize=normalize)
     )
+
+
+def expected_checksum(model_path, beta, gamma, k):
+    """The map checksum (see conftest.map_checksum) of the model re-finalized at this setting."""
+    from streamwhiten.core.model import load_model
+
+    model = load_model(model_path).with_params(beta=beta, gamma=gamma, n_components=k)
+    return map_checksum(model.projection()[0], model.mean, beta, gamma, model.eps, k)
 
 
 def assert_close(got, want):
@@ -119,7 +127,9 @@ def test_npz_with_numpy_alone_and_the_serving_path(tmp_path, model_path, rows, r
                 k,
                 normalize,
             )
-            assert str(data["model_checksum"]) == serving.file_checksum(model_path) == summary["model_checksum"]
+            wanted = map_checksum(A, data["mean"], beta, gamma, float(data["eps"]), k)
+            assert str(data["model_checksum"]) == summary["model_checksum"] == wanted
+            assert str(data["model_file_checksum"]) == serving.file_checksum(model_path)
         y = rows @ A.astype(np.float32) + b.astype(np.float32)
         assert_close(normalized(y) if normalize else y, want)
         whiten = serving.load(path)  # the stored flag is the default
@@ -145,7 +155,8 @@ def test_safetensors_into_torch_nn_linear(tmp_path, model_path, rows, run_cli):
         assert_close(y.numpy(), reference(model_path, rows, beta, gamma, k, normalize))
         with safe_open(str(path), framework="np") as handle:
             meta = handle.metadata()
-        assert meta["model_checksum"] == serving.file_checksum(model_path)
+        assert meta["model_checksum"] == expected_checksum(model_path, beta, gamma, k)
+        assert meta["model_file_checksum"] == serving.file_checksum(model_path)
         assert (float(meta["beta"]), float(meta["gamma"]), int(meta["n_components"]), meta["normalize"]) == (
             beta,
             gamma,
@@ -168,7 +179,7 @@ def test_onnx_in_onnxruntime(tmp_path, model_path, rows, run_cli):
         assert [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] == [summary["opset"]] == [21]
         assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
         meta = {prop.key: prop.value for prop in model.metadata_props}
-        assert meta["model_checksum"] == serving.file_checksum(model_path) and float(meta["gamma"]) == gamma
+        assert meta["model_checksum"] == expected_checksum(model_path, beta, gamma, k) and float(meta["gamma"]) == gamma
 
 
 def test_faiss_transform_and_index(tmp_path, model_path, rows, run_cli):
@@ -259,9 +270,101 @@ def test_sentence_transformers_append_to_a_local_model(tmp_path, st_model, run_c
         got = model.encode(texts, convert_to_numpy=True)
         assert_close(got, reference(model_file, vectors, beta, gamma, k, normalize))
         meta = json.loads((path / "1_Dense" / "streamwhiten.json").read_text())
-        assert meta["model_checksum"] == serving.file_checksum(model_file) and meta["n_components"] == k
+        assert meta["model_checksum"] == expected_checksum(model_file, beta, gamma, k) and meta["n_components"] == k
     after = {name: open(os.path.join(base, name), "rb").read() for name in before}
     assert after == before and leftovers(tmp_path) == []
+
+
+@pytest.fixture(scope="module")
+def st_normalized(tmp_path_factory):
+    """A local model ending in Normalize (as all-MiniLM-L6-v2 does), and texts: a StaticEmbedding, then Normalize."""
+    need("sentence_transformers", "sentence-transformers")
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Normalize, StaticEmbedding
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]"] + [f"w{i}" for i in range(60)]
+    tokenizer = Tokenizer(models.WordLevel({word: i for i, word in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    embedding = StaticEmbedding(tokenizer, embedding_weights=gentle_rows(len(words), seed=8))
+    directory = tmp_path_factory.mktemp("st-normalize") / "base-normalize"
+    SentenceTransformer(modules=[embedding, Normalize()], device="cpu").save(str(directory))
+    rng = np.random.default_rng(9)
+    texts = [" ".join(f"w{j}" for j in rng.integers(0, 60, rng.integers(1, 8))) for _ in range(400)]
+    return str(directory), texts
+
+
+def st_encode(directory, texts, before_last=False):
+    """The vectors a local model gives (``before_last``: those its last module, Normalize, is given)."""
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(directory, device="cpu", local_files_only=True)
+    if before_last:
+        model = SentenceTransformer(modules=list(model)[:-1], device="cpu")
+    return model.encode(texts, convert_to_numpy=True, batch_size=64)
+
+
+@pytest.mark.parametrize("stored", ["pooled", "unit"])
+def test_append_to_a_model_ending_in_normalize_meets_the_applied_corpus(tmp_path, st_normalized, run_cli, stored):
+    """The whitening goes where the fitted vectors came from: a corpus stored before the model's Normalize
+    (pooled: mean squared norm far from 1) gets it in place of Normalize; a corpus of the model's unit-length
+    output gets it after. Either way the exported pipeline gives the vectors `apply` wrote for the corpus,
+    and putting it on the other side would not (by far more than rounding)."""
+    import h5py
+
+    base, texts = st_normalized
+    vectors = st_encode(base, texts, before_last=stored == "pooled")
+    norms = (vectors.astype(np.float64) ** 2).sum(axis=1).mean()
+    assert (abs(norms - 1) > 0.5) if stored == "pooled" else (abs(norms - 1) < 1e-5)
+    corpus = write_h5(tmp_path / "corpus.h5", vectors, chunk_rows=100)
+    model = tmp_path / "model.npz"
+    assert run_cli("fit", corpus, "-o", model, "-q")[0] == 0
+    for k, normalize in [(D, False), (SMALL_K, True)]:
+        args = ["-k", k] + (["--normalize"] if normalize else [])
+        applied = tmp_path / f"applied-{k}.h5"
+        code, _, err = run_cli("apply", model, corpus, "-o", f"{applied}:/v", *args, "-q")
+        assert code == 0, err
+        with h5py.File(applied, "r") as handle:
+            want, recorded = handle["v"][...], handle["v"].attrs["model_checksum"]
+        out = tmp_path / f"whitened-{k}"
+        summary = export_ok(run_cli, model, "-o", out, "--append-to", base, *args)
+        assert summary["insert"] == ("before-normalize" if stored == "pooled" else "end")
+        assert summary["model_checksum"] == recorded  # the same map as the corpus's
+        assert_close(st_encode(str(out), texts), want)
+        other = "end" if stored == "pooled" else "before-normalize"
+        wrong = tmp_path / f"wrong-{k}"
+        export_ok(run_cli, model, "-o", wrong, "--append-to", base, "--insert", other, *args)
+        assert np.abs(st_encode(str(wrong), texts) - want).max() > 0.05 * np.abs(want).max()
+    assert leftovers(tmp_path) == []
+
+
+def test_append_to_refuses_when_the_side_of_normalize_cannot_be_told(tmp_path, st_model, st_normalized, run_cli):
+    """Rows nearly but not exactly unit-length, unit-length rows for a model without Normalize, and
+    --insert before-normalize for a model without one: exit 2, one line saying how to choose, nothing written."""
+    base, texts = st_normalized
+    unit = st_encode(base, texts)
+    nearly = tmp_path / "nearly.npz"
+    Whitener().fit(unit * 1.03).save(nearly)  # mean squared norm 1.06: neither unit nor clearly not
+    code, _, err = run_cli("export", nearly, "-o", tmp_path / "out", "--append-to", base)
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, base, "ends in a Normalize module", "nearly but not exactly", "--insert before-normalize")
+    code, _, err = run_cli("export", nearly, "-o", tmp_path / "out", "--append-to", base, "--insert", "end")
+    assert code == 0, err
+    plain_base = st_model[0]  # no Normalize at its end
+    unit_model = tmp_path / "unit.npz"
+    Whitener().fit(unit).save(unit_model)
+    code, _, err = run_cli("export", unit_model, "-o", tmp_path / "out2", "--append-to", plain_base)
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, plain_base, "unit-length rows", "does not end in a Normalize module", "--insert end")
+    code, _, err = run_cli(
+        "export", unit_model, "-o", tmp_path / "out2", "--append-to", plain_base, "--insert", "before-normalize"
+    )
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "--insert before-normalize", "does not end in a Normalize module")
+    code, _, err = run_cli("export", unit_model, "-o", tmp_path / "m.npz", "--insert", "end")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "--insert", "--append-to")
+    assert sorted(os.listdir(tmp_path)) == ["nearly.npz", "out", "unit.npz"] and leftovers(tmp_path) == []
 
 
 def test_sentence_transformers_modules_alone(tmp_path, model_path, rows, run_cli):
@@ -328,6 +431,42 @@ def test_a_corpus_applied_offline_meets_queries_whitened_online(tmp_path, model_
     assert np.array_equal(best, np.arange(0, len(rows), 7))
 
 
+def test_one_model_checksum_everywhere(tmp_path, model_path, rows, run_cli):
+    """model_checksum is the checksum of the map actually used: apply -k K stamps the one export -k K
+    records in every format, serving's loaded map has, and info shows for a model saved at that setting;
+    another setting has another one; the model file's own checksum is apart (file_checksum)."""
+    onnx = need("onnx", "onnx")
+    import h5py
+    from safetensors import safe_open
+
+    corpus = write_h5(tmp_path / "corpus.h5", rows, chunk_rows=128)
+    stamps = {}
+    for k in (SMALL_K, D):
+        code, _, err = run_cli("apply", model_path, corpus, "-o", f"{tmp_path / f'white{k}.h5'}:/v", "-k", k, "-q")
+        assert code == 0, err
+        with h5py.File(tmp_path / f"white{k}.h5", "r") as handle:
+            stamps[k] = handle["v"].attrs["model_checksum"]
+        assert stamps[k] == expected_checksum(model_path, 1.0, 1.0, k)
+        summary = export_ok(run_cli, model_path, "-o", tmp_path / f"q{k}.npz", "-k", k)
+        assert summary["model_checksum"] == stamps[k] and summary["model_file_checksum"] == serving.file_checksum(
+            model_path
+        )
+        assert serving.load(tmp_path / f"q{k}.npz").checksum == stamps[k]
+        export_ok(run_cli, model_path, "-o", tmp_path / f"q{k}.onnx", "-k", k)
+        props = {p.key: p.value for p in onnx.load(str(tmp_path / f"q{k}.onnx")).metadata_props}
+        assert props["model_checksum"] == stamps[k]
+        need("safetensors", "torch")
+        export_ok(run_cli, model_path, "-o", tmp_path / f"q{k}.safetensors", "-k", k)
+        with safe_open(str(tmp_path / f"q{k}.safetensors"), framework="np") as handle:
+            assert handle.metadata()["model_checksum"] == stamps[k]
+    assert stamps[SMALL_K] != stamps[D]
+    code, out, _ = run_cli("info", model_path, "--json")  # the model's own setting: k = d
+    assert code == 0 and json.loads(out)["model_checksum"] == stamps[D] == serving.load(model_path).checksum
+    assert json.loads(out)["file_checksum"] == serving.file_checksum(model_path) != stamps[D]
+    code, out, _ = run_cli("info", model_path)
+    assert f"checksum   {stamps[D]}" in out
+
+
 # ------------------------------------------------------------------------------------------ bad input
 
 
@@ -358,32 +497,70 @@ def test_unknown_format_is_refused(tmp_path, model_path, run_cli):
         ("map.onnx", []),
         ("map.safetensors", []),
         ("map.faiss", []),
+        ("index.faiss", ["--index", "Flat"]),
         ("modules", ["--format", "sentence-transformers"]),
     ],
 )
-def test_existing_output_needs_overwrite(tmp_path, model_path, run_cli, name, extra):
+def test_existing_output_rules(tmp_path, model_path, run_cli, name, extra):
+    """An existing output: the same export again is nothing to do (exit 3); another one needs --overwrite
+    (exit 2), which replaces only an export of this format written by streamwhiten: a user's file or
+    directory at that path is refused (exit 2) and left byte for byte as it was."""
     need(
         *{
             "map.onnx": ("onnx", "onnx"),
             "map.safetensors": ("safetensors", "torch"),
             "map.faiss": ("faiss", "faiss"),
+            "index.faiss": ("faiss", "faiss"),
             "modules": ("sentence_transformers", "sentence-transformers"),
         }.get(name, ("numpy", ""))
     )
-    target = tmp_path / name
+    users = tmp_path / "users" / name
+    users.parent.mkdir()
     if name == "modules":
-        target.mkdir()
-        (target / "keep.txt").write_text("old")
+        users.mkdir()
+        (users / "keep.txt").write_text("old")
     else:
-        target.write_text("old")
-    code, _, err = run_cli("export", model_path, "-o", target, *extra)
+        users.write_text("old")
+    before = tree(users)
+    code, _, err = run_cli("export", model_path, "-o", users, *extra)
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, str(users), "already exists (pass --overwrite to replace it)")
+    code, _, err = run_cli("export", model_path, "-o", users, *extra, "--overwrite")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, str(users), "exists and is not", "written by streamwhiten", "move it away")
+    assert tree(users) == before and leftovers(users.parent) == []
+
+    target = tmp_path / name
+    export_ok(run_cli, model_path, "-o", target, *extra)
+    written = tree(target)
+    code, _, err = run_cli("export", model_path, "-o", target, *extra)  # the same again: up to date
+    assert code == 3 and err.count("\n") == 1 and "nothing to do" in err and "up to date" in err, err
+    assert tree(target) == written
+    code, _, err = run_cli("export", model_path, "-o", target, *extra, "-k", SMALL_K)  # another map
     assert code == EXIT_BAD_INPUT
     one_line_error(err, str(target), "already exists (pass --overwrite to replace it)")
-    assert (target / "keep.txt" if name == "modules" else target).read_text() == "old"
-    code, _, err = run_cli("export", model_path, "-o", target, *extra, "--overwrite")
-    assert code == 0, err
-    assert not (target / "keep.txt").exists() if name == "modules" else target.read_bytes() != b"old"
+    assert tree(target) == written
+    summary = export_ok(run_cli, model_path, "-o", target, *extra, "-k", SMALL_K, "--overwrite")
+    assert summary["n_components"] == SMALL_K and tree(target) != written
     assert leftovers(tmp_path) == []
+
+
+def test_an_export_of_another_format_is_not_replaced(tmp_path, model_path, run_cli):
+    """--overwrite replaces an export of the same format only: a model file, or an npz of another kind
+    at an .npz export's path, is refused."""
+    other = tmp_path / "model-copy.npz"
+    other.write_bytes(open(model_path, "rb").read())
+    code, _, err = run_cli("export", model_path, "-o", other, "--overwrite")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, str(other), "is not an npz export written by streamwhiten (a streamwhiten model file)")
+    assert other.read_bytes() == open(model_path, "rb").read()
+
+
+def tree(path):
+    """Every file under ``path`` (or the file itself) with its bytes."""
+    if path.is_dir():
+        return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    return path.read_bytes()
 
 
 def test_output_over_the_model_is_refused(model_path, run_cli):

@@ -1062,3 +1062,53 @@ def test_sigterm(big_fit, phase):
             *(f"  - {item}" for item in v),
         ]
     )
+
+
+# ------------------------------------------------------------------------ exports finished, then a fault
+
+
+@pytest.mark.parametrize("name", ["map.npz", "map.onnx", "st-modules"])
+def test_export_rerun_after_a_fault_past_its_final_rename(tmp_path, numba_cache, name):
+    """Issue #23: when the directory fsync after an export's final rename fails (EIO), or the disk is full
+    when its summary is printed, the export exits 74 with its file complete; a plain rerun then finds it
+    up to date (exit 3, one line) and leaves it byte for byte as it was."""
+    if name == "map.onnx":
+        pytest.importorskip("onnx")
+    if name == "st-modules":
+        pytest.importorskip("sentence_transformers")
+    work = tmp_path / "work"
+    work.mkdir()
+    np.save(work / "x.npy", anisotropic(400, 6, seed=2).astype(np.float32))
+    assert run_cli(["fit", "x.npy", "-o", "model.npz", "-q"], work).returncode == 0
+    extra = ["--format", "sentence-transformers"] if name == "st-modules" else []
+    where = Where(str(work), str(tmp_path / "out.txt"), str(tmp_path / "err.txt"))
+    trace = tmp_path / "trace.txt"
+    # -P the directory: its first fsync is the one after the rename (a file's fsync names the file)
+    result, script = run_traced(
+        ["export", "model.npz", "-o", name, *extra], work, where, trace, ["fsync"], "fsync:error=EIO:when=1", str(work)
+    )
+    assert "(INJECTED)" in trace.read_text(), script
+    assert result.returncode == 74, (script, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "written, but its directory could not be synced" in lines[0], result.stderr
+    written = file_tree(work / name) if (work / name).is_dir() else (work / name).read_bytes()
+    rerun = run_cli(["export", "model.npz", "-o", name, *extra], work)
+    assert rerun.returncode == 3, rerun.stderr
+    assert rerun.stderr.count("\n") == 1 and "nothing to do" in rerun.stderr and "up to date" in rerun.stderr
+    assert (file_tree(work / name) if (work / name).is_dir() else (work / name).read_bytes()) == written
+    os.remove(work / name) if (work / name).is_file() else shutil.rmtree(work / name)
+    with open("/dev/full", "w") as full:  # the disk fills as the summary is printed
+        done = subprocess.run(
+            [*CLI, "export", "model.npz", "-o", name, *extra],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+            cwd=work,
+            timeout=TIMEOUT,
+        )
+    assert done.returncode == 74 and done.stderr.count("\n") == 1, done.stderr
+    assert "cannot write the summary" in done.stderr and "the command itself completed" in done.stderr
+    rerun = run_cli(["export", "model.npz", "-o", name, *extra], work)
+    assert rerun.returncode == 3 and "up to date" in rerun.stderr, rerun.stderr
+    assert sorted(os.listdir(work)) == sorted(["x.npy", "model.npz", name])

@@ -5,11 +5,14 @@ Fault injection (strace) lives in test_faults.py, damaged stores in test_corrupt
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import zarr
@@ -391,3 +394,225 @@ def test_a_signal_during_an_import_is_raised_after_the_import(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted after the import: True", (done.stdout, done.stderr)
+
+
+# ------------------------------------------------------ issue #23: outputs never take a user's files
+
+
+def users_things(directory: Path) -> dict:
+    """Files and directories of a user's, at paths the commands below are pointed at as outputs."""
+    (directory / "out.h5").mkdir()  # the attack of the issue: a directory where an HDF5 output goes
+    (directory / "out.h5" / "thesis.txt").write_text("years of work")
+    (directory / "out.zarr").mkdir()
+    (directory / "out.zarr" / "notes.md").write_text("mine")
+    with h5py.File(directory / "theirs.h5", "w") as handle:  # an HDF5 file of theirs, other datasets
+        handle["results"] = np.arange(10.0)
+    (directory / "table.parquet").write_bytes(b"PAR1 not really\n")
+    (directory / "model.txt").write_text("not a model")
+    (directory / "old.npz").write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip archive: an npz of nobody's
+    (directory / "page.html").write_text("<html>my own page</html>")
+    (directory / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(40))
+    return {name: digest(str(directory / name)) for name in os.listdir(directory)}
+
+
+@pytest.fixture
+def fitted(tmp_path, rows, run_cli):
+    """An input, a model fitted on it and a user's things beside them (with their digests)."""
+    spec = write_h5(tmp_path / "in.h5", rows)
+    assert run_cli("fit", spec, "-o", tmp_path / "m.npz", "-q")[0] == 0
+    users = tmp_path / "users"
+    users.mkdir()
+    return spec, tmp_path / "m.npz", users, users_things(users)
+
+
+def test_overwrite_never_replaces_a_users_file_or_directory(fitted, run_cli):
+    """Every writer that takes --overwrite refuses to replace what it did not write (exit 2, one line
+    naming the path and what is there), and leaves it byte for byte as it was."""
+    spec, model, users, before = fitted
+    np.save(users.parent / "a.npy", np.ones((20, 8), np.float32))
+    np.save(users.parent / "s.npy", np.arange(20.0))
+    pairs = [
+        "--pairs-a",
+        users.parent / "a.npy",
+        "--pairs-b",
+        users.parent / "a.npy",
+        "--scores",
+        users.parent / "s.npy",
+    ]
+    cases = [
+        (["apply", model, spec, "-o", users / "out.h5"], "out.h5", "an HDF5 output", "(a directory)"),
+        (["apply", model, spec, "-o", f"{users / 'out.h5'}:/emb"], "out.h5", "an HDF5 output", "(a directory)"),
+        (["apply", model, spec, "-o", users / "out.zarr"], "out.zarr", "a Zarr output", "not a Zarr store"),
+        (
+            ["apply", model, spec, "-o", f"{users / 'theirs.h5'}:/emb"],
+            "theirs.h5",
+            "an HDF5 output",
+            "did not write: /results",
+        ),
+        (["apply", model, spec, "-o", users / "table.parquet"], "table.parquet", "a Parquet output", "not a Parquet"),
+        (["fit", spec, "-o", users / "old.npz"], "old.npz", "a model file", "an .npz archive"),
+        (["fit", spec, "-o", users / "out.h5" / "m.npz"], None, None, None),  # a new file inside: fine
+        (["tune", model, *pairs, "-o", users / "old.npz"], "old.npz", "a model file", "an .npz archive"),
+        (["export", model, "-o", users / "old.npz"], "old.npz", "an npz export", "an .npz archive"),
+        (["report", model, "-o", users / "page.html"], "page.html", "a report", "did not write"),
+        (["report", model, "-o", users / "picture.png"], "picture.png", "a report", "a PNG image"),
+    ]
+    for args, name, what, found in cases:
+        code, _, err = run_cli(*args, "--overwrite", "-q" if args[0] != "export" else "--json")
+        if name is None:
+            assert code == 0, err
+            os.remove(users / "out.h5" / "m.npz")
+            continue
+        assert code == 2, (args, err)
+        line = one_line(err, name, "exists and is not", "written by streamwhiten", "move it away")
+        assert what in line and found in line, line
+    assert {name: digest(str(users / name)) for name in os.listdir(users)} == before
+    assert not [name for name in os.listdir(users) if name.startswith(".")]
+
+
+def test_run_never_replaces_a_users_file_at_its_output_or_model_path(fitted):
+    spec, _, users, before = fitted
+    job = users.parent / "job.toml"
+    job.write_text(f'[input]\npaths = ["{spec}"]\n[model]\npath = "{users / "old.npz"}"\n')
+    result = run_subprocess("run", job)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and "old.npz: exists and is not a model file written by streamwhiten" in lines[0]
+    job.write_text(
+        f'[input]\npaths = ["{spec}"]\n[model]\npath = "{users.parent / "j.npz"}"\n[apply]\noutput = "{users}/out.h5"\n'
+    )
+    result = run_subprocess("run", job)
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "error" in line]
+    assert len(lines) == 1 and "out.h5: exists and is not an HDF5 output" in lines[0], result.stderr
+    assert {name: digest(str(users / name)) for name in os.listdir(users)} == before
+
+
+def test_overwrite_replaces_an_output_of_ours_of_the_same_kind_only(tmp_path, rows, run_cli):
+    """The positive side: each writer replaces its own earlier output with --overwrite; an output of
+    another kind at the same path (a Zarr output where an HDF5 goes, a map where a model goes) is refused."""
+    spec = write_h5(tmp_path / "in.h5", rows)
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", spec, "-o", model, "-q")[0] == 0
+    assert run_cli("fit", spec, "-o", model, "-q", "--overwrite", "-k", "3")[0] == 0
+    for out in ("o.h5", "o.zarr", "o.parquet"):
+        assert run_cli("apply", model, spec, "-o", tmp_path / out, "-q")[0] == 0
+        code, _, err = run_cli("apply", model, spec, "-o", tmp_path / out, "-q", "--overwrite", "-k", "2")
+        assert code == 0, err
+        with open_source_of(tmp_path / out) as source:
+            assert source.n_features == 2
+    assert run_cli("export", model, "-o", tmp_path / "map.npz")[0] == 0
+    code, _, err = run_cli("fit", spec, "-o", tmp_path / "map.npz", "--overwrite", "-q")
+    assert code == 2
+    one_line(err, "map.npz", "is not a model file", "an exported affine map")
+    os.rename(tmp_path / "o.zarr", tmp_path / "z.h5")  # a Zarr output of ours, named like an HDF5 one
+    code, _, err = run_cli("apply", model, spec, "-o", tmp_path / "z.h5", "--overwrite", "-q")
+    assert code == 2
+    one_line(err, "z.h5", "is not an HDF5 output", "(a directory)")
+    leftover = [name for name in os.listdir(tmp_path) if name.startswith(".")]
+    assert leftover == [], leftover
+
+
+def open_source_of(path):
+    from streamwhiten.io import open_source
+
+    return open_source(str(path))
+
+
+def test_two_applies_of_one_output_the_second_exits_75(tmp_path, rows):
+    """Two applies of one output started a second apart: the second exits 75 (one line, naming the output
+    and the first one's pid) and touches nothing; the first finishes; the lock file goes with it."""
+    spec = write_h5(tmp_path / "in.h5", np.tile(rows, (20, 1)))
+    model = tmp_path / "m.npz"
+    assert run_subprocess("fit", spec, "-o", model, "-q").returncode == 0
+    out = tmp_path / "out.h5"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    first = subprocess.Popen(
+        [sys.executable, "-m", "streamwhiten", "apply", model, spec, "-o", out, "-q", "--chunk-rows", "1200"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    lock = tmp_path / ".out.h5.lock"
+    deadline = time.monotonic() + 60
+    while not (lock.exists() and lock.read_text().strip() == str(first.pid)):
+        assert time.monotonic() < deadline and first.poll() is None, "the first apply never took the lock"
+        time.sleep(0.005)
+    os.kill(first.pid, signal.SIGSTOP)  # hold the first one inside its locked section
+    try:
+        second = run_subprocess("apply", model, spec, "-o", out, "-q")
+        also = run_subprocess("apply", model, spec, "-o", f"{out}:/other", "-q", "--overwrite")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    _, first_err = first.communicate(timeout=120)
+    assert first.returncode == 0, first_err
+    for result in (second, also):
+        assert result.returncode == 75, result.stderr
+        one_line(result.stderr, "out.h5", "another run is writing this output", str(first.pid))
+    with h5py.File(out, "r") as handle:
+        assert handle["embeddings"].shape == (len(rows) * 20, 8) and handle["embeddings"].attrs["complete"]
+    assert sorted(os.listdir(tmp_path)) == ["in.h5", "m.npz", "out.h5"]
+    assert run_subprocess("apply", model, spec, "-o", out, "-q").returncode == 3
+
+
+@pytest.mark.parametrize("name", ["../../x", "a/b", "..", "."])
+def test_a_job_name_cannot_take_outputs_out_of_their_folder(tmp_path, rows, name):
+    spec = write_h5(tmp_path / "in.h5", rows)
+    work = tmp_path / "a" / "b"
+    work.mkdir(parents=True)
+    job = work / "job.toml"
+    job.write_text(
+        f'name = "{name}"\n[input]\npaths = ["{spec}"]\n[model]\npath = "m.npz"\n[apply]\noutput = "out/{{name}}.h5"\n'
+    )
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    result = run_subprocess("run", job)
+    assert result.returncode == 2, result.stderr
+    one_line(result.stderr, "job.toml", "{name}", repr(name), "path separator", "stay in its folder")
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+    job.write_text(
+        f'name = "{name}"\n[input]\npaths = ["{spec}"]\n[model]\npath = "m.npz"\n[apply]\noutput = "out/{{stem}}.h5"\n'
+    )
+    assert run_subprocess("run", job).returncode == 0  # a name that no output uses is only a name
+
+
+def test_each_writer_tells_the_kind_of_its_output_from_its_name(tmp_path, rows, run_cli):
+    """Model files end in .npz, exports in their format's extensions, apply outputs in a store's: a name
+    that tells none is refused (exit 2, one line listing what is accepted) before anything is written."""
+    spec = write_h5(tmp_path / "in.h5", rows)
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", spec, "-o", model, "-q")[0] == 0
+    np.save(tmp_path / "a.npy", rows[:50])
+    np.save(tmp_path / "s.npy", np.arange(50.0))
+    pairs = ["--pairs-a", tmp_path / "a.npy", "--pairs-b", tmp_path / "a.npy", "--scores", tmp_path / "s.npy"]
+    before = sorted(os.listdir(tmp_path))
+    for args, fragments in [
+        (["fit", spec, "-o", tmp_path / "out.txt"], ["out.txt", "a model file's name must end in .npz"]),
+        (["fit", spec, "-o", tmp_path / "model"], ["model", "must end in .npz"]),
+        (["tune", model, *pairs, "-o", tmp_path / "tuned.txt"], ["tuned.txt", "must end in .npz"]),
+        (["apply", model, spec, "-o", tmp_path / "x.npy"], ["x.npy", "output must end in .zarr, .parquet, .lance"]),
+        (["export", model, "-o", tmp_path / "x.txt"], ["x.txt", "cannot tell the export format", ".npz"]),
+        (["export", model, "-o", tmp_path / "x.txt", "--format", "npz"], ["x.txt", "npz export must end in .npz"]),
+        (["export", model, "-o", tmp_path / "x.npz", "--format", "onnx"], ["x.npz", "must end in .onnx"]),
+        (
+            ["export", model, "-o", tmp_path / "x.onnx", "--format", "sentence-transformers"],
+            ["x.onnx", "a directory, whose name must not end in .onnx"],
+        ),
+        (["report", model, "-o", tmp_path / "r.pdf"], ["r.pdf", "a report is .html, .png or a directory"]),
+    ]:
+        code, _, err = run_cli(*args, "-q") if args[0] != "export" else run_cli(*args)
+        assert code == 2, (args, err)
+        one_line(err, *fragments)
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_stem_cannot_take_an_output_out_of_its_folder():
+    """{stem} is a file name without its extension, so it holds no separator; '..' (an input named
+    'dir/..') and '.' are refused all the same, naming the input."""
+    from streamwhiten.batch import _output_for
+    from streamwhiten.errors import BadInputError
+
+    assert _output_for("out/{stem}.h5", "data/day-1.h5:/emb", "job") == "out/day-1.h5"
+    for spec in ("data/..", "data/."):
+        with pytest.raises(BadInputError, match=r"\{stem\} in the \[apply\] output would be '\.\.?', from the input"):
+            _output_for("out/{stem}.h5", spec, "job", "job.toml")

@@ -197,6 +197,34 @@ def test_apply_from_and_to_s3_equals_apply_of_a_local_copy(tmp_path, s3_bucket, 
     assert not fs.exists(f"{s3_bucket[5:]}/out/z.zarr")
 
 
+def test_overwrite_never_replaces_a_users_objects_on_s3(tmp_path, s3_bucket, s3_server, corpus, run_cli):
+    """Issue #23 on object storage: --overwrite replaces only an output of ours of the same kind; a
+    user's objects under an output's prefix, or a Parquet object of theirs, are refused (exit 2, one
+    line) and left as they were. (No lock on object storage: a prefix cannot be locked.)"""
+    pytest.importorskip("pyarrow")
+    local = write_parquet(tmp_path / "c.parquet", corpus, 500)
+    assert run_cli("fit", local, "-o", tmp_path / "m.npz", "-q")[0] == 0
+    fs = s3fs_client(s3_server)
+    bucket = s3_bucket[5:]
+    fs.pipe(f"{bucket}/out/w.zarr/thesis.txt", b"years of work")
+    fs.pipe(f"{bucket}/out/w.parquet", b"PAR1 mine")
+    for out in (f"{s3_bucket}/out/w.zarr", f"{s3_bucket}/out/w.parquet"):
+        code, _, err = run_cli("apply", tmp_path / "m.npz", local, "-o", out, "--overwrite", "-q")
+        assert code == EXIT_BAD_INPUT, err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert len(lines) == 1 and f"{out}: exists and is not" in lines[0] and "move it away" in lines[0], err
+    assert fs.cat(f"{bucket}/out/w.zarr/thesis.txt") == b"years of work"
+    assert fs.cat(f"{bucket}/out/w.parquet") == b"PAR1 mine"
+    assert sorted(fs.find(f"{bucket}/out")) == [f"{bucket}/out/w.parquet", f"{bucket}/out/w.zarr/thesis.txt"]
+    # an output of ours there is replaced
+    assert run_cli("apply", tmp_path / "m.npz", local, "-o", f"{s3_bucket}/out/x.zarr", "-q")[0] == 0
+    code, _, err = run_cli(
+        "apply", tmp_path / "m.npz", local, "-o", f"{s3_bucket}/out/x.zarr", "-q", "-k", "3", "--overwrite"
+    )
+    assert code == 0, err
+    assert read_attrs(f"{s3_bucket}/out/x.zarr")["n_components"] == 3
+
+
 def test_update_from_s3_picks_up_appended_rows_and_new_shards(tmp_path, s3_bucket, s3_server, run_cli):
     data = anisotropic(4000, 12, seed=3)  # float64: the update equals the refit to rounding of the merge
     first = write_zarr(tmp_path / "a.zarr", data[:2500], chunk_rows=250)

@@ -7,7 +7,7 @@ import zipfile
 
 import numpy as np
 import pytest
-from conftest import REPO, anisotropic
+from conftest import REPO, anisotropic, map_checksum
 
 from streamwhiten import Whitener, serving
 from streamwhiten.core.model import FORMAT_NAME, FORMAT_VERSION, load_model
@@ -85,7 +85,10 @@ def test_map_is_bit_identical_to_the_projection(model_file):
     weights, shift = model.projection()
     assert np.array_equal(whiten.A, weights) and np.array_equal(whiten.shift, shift)
     np.testing.assert_array_equal(whiten.b, -(shift @ weights))
-    assert whiten.model_checksum == serving.file_checksum(model_file) and len(whiten.model_checksum) == 64
+    assert whiten.file_checksum == serving.file_checksum(model_file) and len(whiten.file_checksum) == 64
+    # the map's own checksum: what apply and export record as model_checksum, and info shows
+    assert whiten.checksum == map_checksum(weights, model.mean, model.beta, model.gamma, model.eps, model.n_components)
+    assert whiten.checksum == model.summary()["model_checksum"] != whiten.file_checksum
 
 
 @pytest.mark.parametrize("beta,gamma,k", [(1.0, 1.0, 12), (0.5, 0.5, 5), (0.0, 0.0, 3), (0.25, 1.0, 7)])
@@ -112,7 +115,8 @@ def test_as_affine_against_the_formula(tmp_path, beta, gamma, k):
         1e-4,
         False,
     )
-    assert affine.model_checksum == serving.file_checksum(model_file)
+    assert affine.file_checksum == serving.file_checksum(model_file)
+    assert affine.checksum == map_checksum(affine.A, model.mean, beta, gamma, 1e-4, k)
     # the map computes what the model computes at that setting
     want = model.with_params(beta=beta, gamma=gamma, n_components=k, eps=1e-4).transform(x, normalize=True)
     np.testing.assert_allclose(affine.transform(x, normalize=True), want, rtol=0, atol=1e-12)

@@ -25,7 +25,6 @@ from ..errors import (
     BadInputError,
     InterruptedRunError,
     NothingToDoError,
-    OutputExistsError,
     StoreIOError,
     StreamwhitenError,
 )
@@ -409,7 +408,7 @@ def fit(
     summary = dict(
         model.summary(),
         model=model_path,
-        checksum=checksum,
+        file_checksum=checksum,
         seconds=seconds,
         rows_read=rows_read,
         resumed=resumed,
@@ -598,10 +597,10 @@ def apply(
 @common_json
 def info(model_path, as_json):
     """Print a model's parameters, spectrum summary and effective dimension."""
-    from ..core.model import load_model
+    from ..core.model import file_checksum, load_model
 
     model = load_model(model_path)
-    summary = dict(model.summary(), model=model_path)
+    summary = dict(model.summary(), model=model_path, file_checksum=file_checksum(model))
     eigvals = model.eigvals
     top = ", ".join(f"{v:.4g}" for v in eigvals[:5])
     ladder = summary["components_for_variance"]
@@ -619,6 +618,8 @@ def info(model_path, as_json):
         f"explained  {summary['explained_variance']:.4f} of the variance by the k kept components",
         "k for      " + ", ".join(f"{float(v):.0%}: {k}" for v, k in ladder.items()),
         f"D_eff      {summary['effective_dimension']:.1f} (exp of the entropy of the normalised eigenvalues)",
+        f"checksum   {summary['model_checksum']} (model_checksum: the map at this setting, as apply and export "
+        "record it)",
     ]
     for source in model.sources:
         lines.append(
@@ -669,7 +670,20 @@ EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx"
     default=None,
     help="faiss --index: its metric [default: ip with --normalize, else l2].",
 )
-@click.option("--overwrite", is_flag=True, help="Replace an existing output.")
+@click.option(
+    "--insert",
+    type=click.Choice(["auto", "before-normalize", "end"]),
+    default="auto",
+    show_default=True,
+    help="--append-to a model ending in Normalize: put the whitening instead of it (before-normalize: it "
+    "takes the vectors before Normalize) or after it (end); auto tells from the norm of the rows the model "
+    "was fitted on, and refuses when it cannot.",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an existing export of this format written by streamwhiten (one that is up to date is kept: exit 3).",
+)
 @common_json
 def export_(
     model_path,
@@ -684,6 +698,7 @@ def export_(
     append_to,
     index_factory,
     metric,
+    insert,
     overwrite,
     as_json,
 ):
@@ -702,32 +717,39 @@ def export_(
     from ..io import refuse_input_overlap
     from ..serving import file_checksum
 
+    insert = None if insert == "auto" else insert
     fmt = format_for(output_path, fmt, append_to)
-    check_options(fmt, normalize, append_to, index_factory, metric)
+    check_options(fmt, normalize, append_to, index_factory, metric, insert)
     params = _model_params(beta, gamma, n_components, variance, eps)
     check_params(**params)
     refuse_input_overlap({output_path: "export"}, [model_path, append_to])
-    if os.path.lexists(output_path) and not overwrite:
-        raise OutputExistsError.at(output_path)
     check_available(fmt)
     model = load_model(model_path)
     affine = model.as_affine(normalize=normalize, **params)
     stored = file_checksum(model_path)
     if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)
-        affine = replace(affine, model_checksum=stored)
+        affine = replace(affine, file_checksum=stored)
     summary = export(
-        affine, output_path, fmt, overwrite=overwrite, append_to=append_to, index=index_factory, metric=metric
+        affine,
+        output_path,
+        fmt,
+        overwrite=overwrite,
+        append_to=append_to,
+        index=index_factory,
+        metric=metric,
+        insert=insert,
     )
     summary["model"] = model_path
     what = {
         "faiss": f"faiss {summary.get('faiss')}",
         "sentence-transformers": "sentence-transformers modules " + ", ".join(summary.get("modules") or []),
     }.get(fmt, fmt)
+    where = {"end": " appended to ", "before-normalize": " inserted before the Normalize of "}
     lines = [
-        f"wrote {output_path} ({what}{' appended to ' + append_to if append_to else ''})",
+        f"wrote {output_path} ({what}{where[summary['insert']] + append_to if append_to else ''})",
         f"map   y = x A + b{' then L2 normalisation' if affine.normalize else ''}: {affine.n_features} -> "
         f"{affine.n_components} dimensions, beta={affine.beta:g} gamma={affine.gamma:g} eps={affine.eps:g}",
-        f"from  {model_path} (checksum {affine.model_checksum[:16]})",
+        f"from  {model_path} (model_checksum {affine.checksum[:16]}, the map's, as apply records it)",
     ]
     if summary.get("needs_training"):
         lines.append(
@@ -1050,7 +1072,7 @@ def tune(
     setting is saved so that `apply` uses it. Give --test-a/--test-b/--test-scores to score the choice
     once, after it is made, on pairs it was not chosen on (next to raw on the same pairs).
     """
-    from ..core.model import load_model, save_model
+    from ..core.model import check_model_output, load_model, save_model
     from ..evaluation.evaluate import open_pairs
     from ..evaluation.tune import tune as run_tune
 
@@ -1063,8 +1085,8 @@ def tune(
             {output_path: "tuned model (use --in-place to update the model itself)"},
             [model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores],
         )
-    if output_path and os.path.exists(output_path) and not overwrite:
-        raise OutputExistsError.at(output_path)
+    if output_path or in_place:  # before any work: a .npz name, replacing only a model file of ours
+        check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
     model = load_model(model_path)
     d = model.n_features
     grid = dict(
@@ -1086,7 +1108,7 @@ def tune(
                 test_pairs.close()
     target = model_path if in_place else output_path
     if target:
-        summary["checksum"] = save_model(chosen, target, overwrite=bool(in_place or overwrite))
+        summary["file_checksum"] = save_model(chosen, target, overwrite=bool(in_place or overwrite))
     summary["model"] = model_path
     summary["written"] = target
     best, raw = summary["best"], summary["raw"]

@@ -11,6 +11,8 @@ import of torch made), so the serving path can use this module without numba or 
 
 from __future__ import annotations
 
+import hashlib
+import struct
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,8 +43,13 @@ class AffineMap:
         unless k was chosen by explained variance).
     normalize : bool
         Whether :meth:`transform` scales rows to unit L2 norm by default.
-    model_checksum : str
-        The SHA-256 content checksum of the model file the map comes from.
+    file_checksum : str
+        The content checksum of the model file the map comes from (its integrity check, stored in it);
+        provenance only, "" when unknown. What identifies the map is :attr:`checksum`.
+    mean_sq_norm : float or None
+        The mean squared L2 norm of the rows the map was fitted on, ``trace(scatter) / n + |mean|^2``
+        (None when unknown): 1 for unit-length rows. ``export --append-to`` uses it to tell where in a
+        sentence-transformers pipeline the whitening belongs (before or after its ``Normalize``).
     """
 
     A: np.ndarray
@@ -54,7 +61,8 @@ class AffineMap:
     eps_value: float
     variance: float | None = None
     normalize: bool = False
-    model_checksum: str = ""
+    file_checksum: str = ""
+    mean_sq_norm: float | None = None
     _cache: dict = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
@@ -70,7 +78,8 @@ class AffineMap:
         n_components,
         variance=None,
         normalize=False,
-        model_checksum="",
+        file_checksum="",
+        mean_sq_norm=None,
     ) -> AffineMap:
         """The map of a finalized model: ``A = eigvecs[:, :k] * (eigvals[:k] + eps_value) ** (-gamma / 2)``.
 
@@ -91,7 +100,8 @@ class AffineMap:
             eps_value=float(eps_value),
             variance=None if variance is None else float(variance),
             normalize=bool(normalize),
-            model_checksum=str(model_checksum),
+            file_checksum=str(file_checksum),
+            mean_sq_norm=None if mean_sq_norm is None else float(mean_sq_norm),
         )
 
     @property
@@ -105,12 +115,34 @@ class AffineMap:
         return int(self.A.shape[1])
 
     @property
+    def checksum(self) -> str:
+        """The SHA-256 of the map itself, recorded as ``model_checksum`` by every output made with it
+        (``apply``'s arrays, each export format's metadata) and shown by ``info``: equal checksums mean
+        the same map, so queries and corpus vectors can be checked to come from one.
+
+        It covers the float64 bytes of ``mean`` and ``A`` (with their shapes) and ``beta``, ``gamma``,
+        ``eps`` and k; ``b = -(beta mean) A`` follows from them (its last bits depend on the BLAS
+        that computes it, so it is left out), and the L2 normalisation is recorded beside it
+        (``normalized``). A map re-finalized at another setting from the same model has another checksum.
+        """
+        if "checksum" not in self._cache:
+            digest = hashlib.sha256(b"streamwhiten affine map 1")
+            for name, array in (("mean", self.mean), ("A", self.A)):
+                values = np.ascontiguousarray(array, dtype="<f8")
+                digest.update(f"{name}{values.shape}".encode())
+                digest.update(values.tobytes())
+            digest.update(struct.pack("<dddq", self.beta, self.gamma, self.eps, self.n_components))
+            self._cache["checksum"] = digest.hexdigest()
+        return self._cache["checksum"]
+
+    @property
     def shift(self) -> np.ndarray:
         """``beta * mean``: what :meth:`transform` subtracts before the product."""
         return self.beta * self.mean
 
     def params(self) -> dict:
-        """The setting and provenance as plain JSON-able values."""
+        """The setting and provenance as plain JSON-able values: ``model_checksum`` is the map's
+        :attr:`checksum`, ``model_file_checksum`` the model file's (:attr:`file_checksum`)."""
         return {
             "beta": self.beta,
             "gamma": self.gamma,
@@ -120,7 +152,8 @@ class AffineMap:
             "n_components": self.n_components,
             "n_features": self.n_features,
             "normalize": self.normalize,
-            "model_checksum": self.model_checksum,
+            "model_checksum": self.checksum,
+            "model_file_checksum": self.file_checksum,
         }
 
     def metadata(self) -> dict:
@@ -216,6 +249,13 @@ class AffineMap:
         if not bool(finite_out.all()):
             _raise_nonfinite(torch.isfinite(rows).all(dim=1).cpu().numpy(), finite_out.cpu().numpy(), rows.dtype)
         return out[0] if single else out
+
+
+def mean_sq_norm(n_rows: int, mean, scatter) -> float:
+    """The mean squared L2 norm of ``n_rows`` rows from their mean and centred scatter:
+    ``E|x|^2 = trace(scatter) / n + |mean|^2`` (1 for unit-length rows)."""
+    mean = np.asarray(mean, dtype=np.float64)
+    return float(np.trace(np.asarray(scatter, dtype=np.float64)) / max(1, int(n_rows)) + mean @ mean)
 
 
 def scale_rows_to_unit(out: np.ndarray, norms: np.ndarray) -> None:

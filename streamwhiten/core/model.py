@@ -17,14 +17,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import __version__
-from .._npz import checksum, read_npz, write_npz_atomic
+from .._durable import check_replaceable
+from .._npz import checksum, foreign_npz, read_npz, write_npz_atomic
 from ..errors import BadInputError, ModelFileError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
-from .affine import AffineMap, scale_rows_to_unit
+from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
 from .stats import Moments, covariance
 
 FORMAT_NAME = "streamwhiten-model"
 FORMAT_VERSION = 1
+#: How a model file's name ends: the name tells what a file is, for every writer of one.
+MODEL_SUFFIX = ".npz"
 
 
 def check_params(beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, variance=None, n_features=None) -> None:
@@ -204,7 +207,8 @@ class WhiteningModel:
         -------
         streamwhiten.core.affine.AffineMap
             ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``, the setting and this
-            model's checksum; its ``transform`` gives the vectors :meth:`transform` gives.
+            model's file checksum; its ``transform`` gives the vectors :meth:`transform` gives, and its
+            ``checksum`` is what outputs made with it record as ``model_checksum``.
         """
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
@@ -220,7 +224,8 @@ class WhiteningModel:
             model.n_components,
             model.variance,
             normalize,
-            model_checksum(self),
+            file_checksum(self),
+            mean_sq_norm(model.n_rows, model.mean, model.state.scatter),
         )
 
     def with_params(self, **changes) -> WhiteningModel:
@@ -256,6 +261,7 @@ class WhiteningModel:
             "eigval_max": float(eigvals[0]),
             "eigval_min": float(eigvals[-1]),
             "condition_number": float(eigvals[0] / eigvals[-1]) if eigvals[-1] > 0 else math.inf,
+            "model_checksum": map_checksum(self),
             "components_for_variance": {str(v): components_for_variance(eigvals, v) for v in (0.5, 0.9, 0.95, 0.99)},
             "sources": self.sources,
             "info": self.info,
@@ -416,16 +422,37 @@ def _arrays(model: WhiteningModel) -> dict:
     }
 
 
-def model_checksum(model: WhiteningModel) -> str:
+def file_checksum(model: WhiteningModel) -> str:
+    """The content checksum of ``model``'s file (what :func:`save_model` stores and checks on load): it
+    changes with the statistics, the setting and the package version. Not the map's (:func:`map_checksum`)."""
     return checksum(_arrays(model))
 
 
-def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
-    """Save ``model`` to ``path`` (an ``.npz``); returns the content checksum."""
-    from ..errors import OutputExistsError
+def map_checksum(model: WhiteningModel) -> str:
+    """The checksum of the map ``model`` applies at its setting (``AffineMap.checksum``): what ``apply``
+    records as ``model_checksum``, as ``export`` and ``info`` do."""
+    return model.as_affine().checksum
 
-    if not overwrite and os.path.exists(path):
-        raise OutputExistsError.at(path)
+
+def check_model_name(path: str) -> None:
+    """Refuse a model file name that does not end in ``.npz`` (exit 2): the name tells what a file is."""
+    if not os.fspath(path).lower().endswith(MODEL_SUFFIX):
+        raise BadInputError(f"{path}: a model file's name must end in {MODEL_SUFFIX}")
+
+
+def check_model_output(path: str, overwrite: bool) -> None:
+    """The one rule for writing a model file at ``path`` (``fit -o``, ``tune -o``/``--in-place``, ``run``,
+    ``Whitener.save``): its name ends in ``.npz``, and an existing file is replaced only with
+    ``overwrite`` and only when it is a model file written by streamwhiten (not a checkpoint, an exported
+    map or anything else); otherwise :class:`BadInputError` or an ``OutputExistsError`` (exit 2)."""
+    check_model_name(path)
+    check_replaceable(os.fspath(path), overwrite, "a model file", lambda found: foreign_npz(found, FORMAT_NAME))
+
+
+def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
+    """Save ``model`` to ``path`` (an ``.npz``, replacing only a model file: :func:`check_model_output`);
+    returns the file's content checksum."""
+    check_model_output(path, overwrite)
     return write_npz_atomic(path, _arrays(model), "model file")
 
 
@@ -474,12 +501,15 @@ __all__ = [
     "project",
     "project_checked",
     "save_model",
+    "check_model_output",
+    "check_model_name",
     "load_model",
     "check_params",
     "eigendecomposition",
     "components_for_variance",
     "effective_dimension",
-    "model_checksum",
+    "file_checksum",
+    "map_checksum",
     "float_dtype",
     "float_rows",
     "DEFAULT_EPS",

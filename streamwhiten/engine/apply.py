@@ -8,6 +8,7 @@ unrecorded block and produces exactly the output an uninterrupted run would have
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import deque
@@ -18,7 +19,7 @@ import numpy as np
 
 from .. import __version__, params
 from .._buffers import BufferPool, PerThread, kept_for_next_run
-from ..core.model import WhiteningModel, cast_checked, model_checksum, project_checked, raise_if_overflowed
+from ..core.model import WhiteningModel, cast_checked, map_checksum, project_checked, raise_if_overflowed
 from ..errors import (
     BadInputError,
     InterruptedRunError,
@@ -30,6 +31,7 @@ from ..errors import (
 from ..io import (
     Sampler,
     check_output_compressor,
+    check_replaceable,
     create_sink,
     describe,
     fingerprint,
@@ -37,6 +39,7 @@ from ..io import (
     open_source,
     output_exists,
     output_kind,
+    output_lock,
     read_attrs,
     refuse_input_overlap,
     remote,
@@ -91,7 +94,7 @@ def output_is_current(
     options: dict | None = None,
     keep_columns=None,
 ) -> bool:
-    """Whether ``output_spec`` is a complete output of the same model (checksum, hence parameters),
+    """Whether ``output_spec`` is a complete output of the same map (``checksum``: ``AffineMap.checksum``),
     input rows (sampled fingerprint), normalisation, dtype, ``options`` (see :func:`recorded_options`)
     and kept columns: then writing it again changes nothing."""
     if not output_exists(output_spec):
@@ -127,7 +130,7 @@ def output_attrs(
     attrs = {
         "streamwhiten_version": __version__,
         "source": source.label,
-        "model_checksum": checksum or model_checksum(model),
+        "model_checksum": checksum or map_checksum(model),
         "beta": model.beta,
         "gamma": model.gamma,
         "eps": model.eps,
@@ -284,16 +287,22 @@ def apply_model(
     keep_columns = check_keep_columns(keep_columns)
     check_output_compressor(output_spec, compressor)
     source = open_source(input_spec, dataset, min_rows=1, fill_missing_chunks=fill_missing_chunks)
+    locked = contextlib.ExitStack()
     try:
         # A remote input is read by several threads at once (reads wait on the network); a compressed one
         # is decoded by one per core.
         threads = resolve_threads(remote.default_threads(threads, [source]), default=default_threads(source))
         check_output(model, source, output_spec)
         kept_schema = source.column_schema(keep_columns) if keep_columns else None
+        # One run per output: a second one exits 75 rather than replace this one's partial output.
+        locked.enter_context(output_lock(output_spec))
         out_path, _ = split_spec(output_spec)
-        checksum = model_checksum(model)
+        checksum = map_checksum(model)
         options = recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format, compressor)
-        exists = output_exists(out_path) and not overwrite
+        exists = output_exists(out_path)
+        if exists and overwrite:
+            check_replaceable(output_spec, overwrite)  # only an output of ours, of this kind, is replaced
+        exists = exists and not overwrite
         sampler = None
         if exists or (resume and has_progress(output_spec)):  # compared with what is recorded: hashed now
             source_print = fingerprint(source)
@@ -453,3 +462,4 @@ def apply_model(
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)
     finally:
         source.close()
+        locked.close()

@@ -27,7 +27,7 @@ from .. import params
 from ..core import stats
 from ..core.model import float_dtype
 from ..errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
-from ..io import create_sink, fingerprint, open_source, output_kind, split_spec
+from ..io import create_sink, fingerprint, open_source, output_kind, output_lock, split_spec
 from .apply import aligned_block_rows, check_output, output_attrs, recorded_options, summary, transform_block
 from .fit import FitResult, check_enough_rows, open_sources, plan_blocks, reduce_block
 
@@ -371,7 +371,8 @@ def apply_dask(
             fingerprint(source)["sha256_sampled"],
             options=recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format),
         )
-        with dask_client(scheduler, n_workers, client=client) as active:
+        # One run per output (a second one exits 75); the output's checks and writes happen under it.
+        with output_lock(output_spec), dask_client(scheduler, n_workers, client=client) as active:
             sink = create_sink(
                 output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format, output_chunk_rows
             )

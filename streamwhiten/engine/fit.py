@@ -29,7 +29,8 @@ import numpy as np
 
 from .. import params
 from .._buffers import PerThread, as_array, kept_for_next_run
-from .._npz import read_npz, write_npz_atomic
+from .._durable import check_replaceable
+from .._npz import foreign_npz, read_npz, write_npz_atomic
 from ..core import stats
 from ..errors import (
     BadInputError,
@@ -442,6 +443,12 @@ def save_checkpoint(job: FitPlan, path: str) -> None:
         "meta_json": np.array(json.dumps(meta, sort_keys=True)),
     }
     write_npz_atomic(path, arrays, "checkpoint")
+
+
+def check_checkpoint_output(path: str) -> None:
+    """Refuse a checkpoint path holding anything but a fit checkpoint (a file named by ``--checkpoint``):
+    a fit replaces its checkpoint and removes it when done, so that file would be lost (exit 2)."""
+    check_replaceable(path, True, "a fit checkpoint", lambda found: foreign_npz(found, CHECKPOINT_FORMAT))
 
 
 def load_checkpoint(path: str) -> FitPlan:

@@ -19,8 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import __version__
+from .._durable import check_replaceable, link_or_kind
 from ..core.model import WhiteningModel, components_for_variance
-from ..errors import BadInputError, OutputExistsError, StoreIOError
+from ..errors import BadInputError, StoreIOError
 from .evaluate import PairSet
 from .tune import DEFAULT_VARIANCES, TuneResult, default_ks, grid_search
 
@@ -32,6 +34,9 @@ FIGURE_FILES = {
     "heatmaps": "heatmaps.png",
 }
 SEED_SETTINGS = ((1.0, "beta=gamma=1", "#c0392b"), (0.0, "beta=gamma=0", "#2471a3"))
+#: What every report file records as its maker (the HTML page's generator, the PNG's ``Software`` text):
+#: how an existing report is recognised as one of ours, which ``--overwrite`` may replace.
+GENERATOR = "streamwhiten"
 #: Eigenvalues below this fraction of the largest are drawn as absent (float64 rounding noise).
 NUMERICAL_ZERO = 1e-12
 
@@ -324,7 +329,7 @@ def dashboard(data: ReportData):
 
 def png_bytes(figure, dpi: int = 110) -> bytes:
     buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=dpi)
+    figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": f"{GENERATOR} {__version__}"})
     return buffer.getvalue()
 
 
@@ -364,14 +369,47 @@ def planned_files(path: str, with_pairs: bool) -> list:
     return [os.path.join(path, FIGURE_FILES[name]) for name in names]
 
 
+def foreign_report(path: str) -> str | None:
+    """None when ``path`` is a report file streamwhiten wrote (an HTML page whose generator, or a PNG
+    whose ``Software`` text, is :data:`GENERATOR`), else what it is instead."""
+    found = link_or_kind(path, directory=False)
+    if found is not None:
+        return found
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(1 << 16)
+    except OSError as exc:
+        return f"a file that cannot be read: {exc.strerror or exc}"
+    if head.startswith(b"\x89PNG\r\n\x1a\n"):
+        return None if _png_software(head).startswith(GENERATOR) else "a PNG image streamwhiten did not write"
+    marker = f"<meta name='generator' content='{GENERATOR} ".encode()
+    return None if marker in head[:4096] else "a file streamwhiten did not write"
+
+
+def _png_software(head: bytes) -> str:
+    """The ``Software`` text of a PNG from its first bytes (the chunks before the image data), or ''."""
+    position = 8
+    while position + 8 <= len(head):
+        length = int.from_bytes(head[position : position + 4], "big")
+        kind = head[position + 4 : position + 8]
+        if kind == b"IDAT":
+            break
+        if kind == b"tEXt":
+            keyword, _, text = head[position + 8 : position + 8 + length].partition(b"\x00")
+            if keyword == b"Software":
+                return text.decode("latin-1")
+        position += 12 + length
+    return ""
+
+
 def check_output(path: str, with_pairs: bool, overwrite: bool = False) -> None:
-    """Raise before any work if the report would replace a file without ``overwrite``."""
+    """Raise before any work if the report would replace a file without ``overwrite``, or anything but a
+    report streamwhiten wrote even with it (``_durable.check_replaceable``)."""
     parent = os.path.dirname(os.path.abspath(path.rstrip("/"))) if output_kind(path) != "dir" else None
     if parent is not None and not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
     for target in planned_files(path, with_pairs):
-        if os.path.exists(target) and not overwrite:
-            raise OutputExistsError.at(target)
+        check_replaceable(target, overwrite, "a report", foreign_report)
 
 
 def write_report(data: ReportData, path: str, overwrite: bool = False, title: str | None = None) -> list:
@@ -487,7 +525,8 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
         "table.kv th{color:#555;font-weight:normal}"
     )
     return (
-        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<meta name='generator' content='{GENERATOR} {__version__}'><title>{html.escape(title)}</title>"
         f"<style>{style}</style></head><body>{''.join(parts)}</body></html>\n"
     )
 

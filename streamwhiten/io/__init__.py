@@ -12,19 +12,23 @@ The functions here are what the rest of the package uses.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
 
 import numpy as np
 
+from .. import __version__
+from .. import _durable as durable
 from .._durable import remove_stale_temps
-from ..errors import BadInputError, OutputExistsError, StoreIOError
+from ..errors import BadInputError, StoreIOError
 from . import remote
 from .base import (
     DEFAULT_BLOCK_BYTES,
     FINGERPRINT_ROWS,
     OUTPUT_CHUNK_BYTES,
+    OWNER_ATTR,
     LazyRows,
     Sampler,
     Sink,
@@ -34,6 +38,7 @@ from .base import (
     count_blocks,
     describe,
     fingerprint,
+    first_line,
     io_error,
     output_chunk_rows,
     remove,
@@ -66,6 +71,13 @@ _SINKS = {
 }
 #: Backends that need an optional extra: (the library, what it is for, the extra that installs it).
 _EXTRAS = {"parquet": ("pyarrow", "Parquet", "parquet"), "lance": ("pylance", "Lance datasets", "lance")}
+#: What each kind of output is called in the message that refuses to replace something else.
+_OUTPUT_NAMES = {
+    "hdf5": "an HDF5 output",
+    "zarr": "a Zarr output",
+    "parquet": "a Parquet output",
+    "lance": "a Lance output",
+}
 #: Outputs whose blocks are written as row groups or fragments (any size), carrying other columns.
 _TABULAR = ("parquet", "lance")
 #: Backends that read URLs, and those that write them.
@@ -90,6 +102,66 @@ def output_exists(spec: str) -> bool:
     if output_kind(path) != "zarr":
         return True
     return not _incomplete_zarr(path)
+
+
+def foreign_output(path: str, kind: str | None = None) -> str | None:
+    """None when the store at ``path`` is an output streamwhiten wrote, of ``kind`` (default: the kind
+    its name asks for), which ``--overwrite`` may replace; else what it is instead ("a directory", "an
+    HDF5 file holding a dataset streamwhiten did not write: /x", ...). Each backend recognises its own
+    outputs by the attributes every one of them records (:data:`~streamwhiten.io.base.OWNER_ATTR`)."""
+    path = remote.local_path(path)
+    kind = kind or output_kind(path)
+    if not remote.is_url(path):
+        found = durable.link_or_kind(path, directory=kind in ("zarr", "lance"))
+        if found is not None:
+            return found
+    try:
+        return backend(kind).foreign_output(path)
+    except (BadInputError, StoreIOError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - unreadable: not known to be ours, so not replaced
+        return f"it cannot be read as one: {first_line(exc)}"
+
+
+def check_replaceable(spec: str, overwrite: bool) -> None:
+    """The one rule for a store output that may exist already (apply, run, the Dask engine, the demo's
+    data, local or remote; checked again at the final rename): nothing there, or ``overwrite`` and an
+    output of ours of the same kind (:func:`foreign_output`); else :class:`OutputExistsError` or
+    :class:`~streamwhiten.errors.ForeignOutputError` (both exit 2), and nothing is touched."""
+    path = remote.local_path(split_spec(spec)[0])
+    kind = output_kind(path)
+    durable.check_replaceable(
+        path,
+        overwrite,
+        _OUTPUT_NAMES.get(kind, f"a {kind} output"),
+        lambda found: foreign_output(found, kind),
+        exists=output_exists,
+        label=remote.redact(path),
+    )
+
+
+def lock_path(path: str) -> str:
+    """``.NAME.lock`` beside the output ``path``: the lock of the run writing it."""
+    head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
+    return os.path.join(head, f".{tail}.lock")
+
+
+def output_lock(spec: str):
+    """A context holding the output's lock (:func:`lock_path`) for a whole run writing it, so a second
+    run of the same output exits 75 (:class:`~streamwhiten.errors.LockedError`) instead of replacing
+    the first one's partial output; the lock file is removed on release. Object storage has no lock
+    (a prefix cannot be locked): there, two runs of one output must not be started at once."""
+    path = remote.local_path(split_spec(spec)[0])
+    if remote.is_url(path):
+        return contextlib.nullcontext()
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(parent):
+        raise BadInputError(f"{path}: directory {parent} does not exist")
+    return durable.exclusive_lock(
+        lock_path(path),
+        lambda holder: f"{path}: another run is writing this output (pid {holder}); not starting a second one",
+        remove=True,
+    )
 
 
 def _incomplete_zarr(url: str) -> bool:
@@ -255,6 +327,7 @@ def create_sink(
     else:
         _clear_local_partial(path, partial, n_rows * n_features * dtype.itemsize)
     attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
+    attrs.setdefault(OWNER_ATTR, __version__)  # what marks it as ours (see foreign_output)
     sink_class = _backend_class(_REMOTE_SINKS if url else _SINKS, kind)
     options = {"columns": columns} if kind in _TABULAR else {"compressor": compressor}
     try:
@@ -282,17 +355,17 @@ def create_sink(
 
 
 def _check_local_output(path: str, overwrite: bool) -> None:
-    """Refuse a local output that exists (unless ``overwrite``) or whose directory does not."""
-    if os.path.lexists(path) and not overwrite:
-        raise OutputExistsError.at(path)
+    """Refuse a local output that exists (unless ``overwrite`` and it is ours: :func:`check_replaceable`)
+    or whose directory does not."""
+    check_replaceable(path, overwrite)
     parent = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
 
 
 def _check_remote_output(path: str, kind: str, overwrite: bool, compressor: str) -> None:
-    """Refuse an output URL of a kind object storage cannot take, one that exists (unless ``overwrite``),
-    or one in a bucket that does not."""
+    """Refuse an output URL of a kind object storage cannot take, one that exists (unless ``overwrite``
+    and it is ours: :func:`check_replaceable`), or one in a bucket that does not."""
     if compressor != "none":
         raise BadInputError(
             f"{remote.redact(path)}: --compressor is not supported for object-storage outputs "
@@ -303,8 +376,7 @@ def _check_remote_output(path: str, kind: str, overwrite: bool, compressor: str)
         raise BadInputError(
             f"{remote.redact(path)}: {kind} outputs cannot be written to object storage; write .zarr or .parquet"
         )
-    if output_exists(path) and not overwrite:
-        raise OutputExistsError(f"{remote.redact(path)}: already exists (pass --overwrite to replace it)")
+    check_replaceable(path, overwrite)
     head, rest = remote.split_url(path)
     root = head + rest.split("/", 1)[0]
     if not remote.exists(root):
@@ -442,6 +514,7 @@ __all__ = [
     "FINGERPRINT_ROWS",
     "HDF5_SUFFIXES",
     "OUTPUT_CHUNK_BYTES",
+    "OWNER_ATTR",
     "ZARR_SUFFIX",
     "LazyRows",
     "Sampler",
@@ -450,15 +523,19 @@ __all__ = [
     "aligned_chunk_rows",
     "backend",
     "check_output_compressor",
+    "check_replaceable",
     "count_blocks",
     "create_sink",
     "describe",
     "expand_specs",
     "fingerprint",
+    "foreign_output",
     "has_progress",
+    "lock_path",
     "open_source",
     "output_chunk_rows",
     "output_kind",
+    "output_lock",
     "partial_path",
     "read_attrs",
     "read_vector",

@@ -15,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _durable as durable
-from ..errors import BadInputError, OutputExistsError, StoreIOError
+from ..errors import BadInputError, StoreIOError
 from . import remote
 from .base import Sink, io_error, remove
 
@@ -317,7 +317,7 @@ class TableSink(Sink):
 
     def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
         """Join the parts into the final store with the final attributes, under a temporary name, durably,
-        and rename it into place (replacing an old output only if ``overwrite``)."""
+        and rename it into place (replacing an old output only if ``overwrite`` and it is ours)."""
         record = dict(self.attrs, **(attrs or {}), complete=True, column=self.dataset)
         schema = self.schema.with_metadata({ATTRS_KEY: json.dumps(record, sort_keys=True, default=str).encode()})
         if self.remote:
@@ -326,8 +326,9 @@ class TableSink(Sink):
         final = os.path.abspath(self.path.rstrip("/"))
         temp = durable.temp_path(final)
         try:
-            if os.path.lexists(final) and not overwrite:
-                raise OutputExistsError.at(self.path)
+            from . import check_replaceable
+
+            check_replaceable(self.path, overwrite)  # again: it may have changed since the run began
             self._join(temp, schema, self._tables())
             if os.path.isdir(final) and not os.path.islink(final):  # cannot be replaced atomically: move aside
                 old = durable.temp_path(final, "old")
@@ -354,10 +355,9 @@ class TableSink(Sink):
     def _commit_remote(self, overwrite: bool, schema) -> None:
         """Upload the joined parts as one object: it appears only when the upload completes (one multipart
         upload, aborted on failure), so it is never seen half-written; then drop the parts and the record."""
-        from . import output_exists
+        from . import check_replaceable
 
-        if output_exists(self.path) and not overwrite:
-            raise OutputExistsError(f"{self.label}: already exists (pass --overwrite to replace it)")
+        check_replaceable(self.path, overwrite)
         remote.retrying(self.path, "upload the output", self._upload, schema)
         remote.remove(self.partial, recursive=True)
         remote.remove(self.progress_path)

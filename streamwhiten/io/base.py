@@ -21,7 +21,7 @@ import numpy as np
 from .. import _durable as durable
 from .. import params
 from .._buffers import ALIGNMENT
-from ..errors import BadInputError, CorruptStoreError, InterruptedRunError, OutputExistsError, StoreIOError
+from ..errors import BadInputError, CorruptStoreError, InterruptedRunError, StoreIOError
 from . import remote
 
 #: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
@@ -31,6 +31,9 @@ DEFAULT_BLOCK_BYTES = 64 << 20
 OUTPUT_CHUNK_BYTES = 4 << 20
 #: Rows hashed at each sampled position of a fingerprint.
 FINGERPRINT_ROWS = 64
+#: The attribute every store output of streamwhiten carries (``create_sink`` sets it): how an existing
+#: store is recognised as an output of ours, which ``--overwrite`` may replace.
+OWNER_ATTR = "streamwhiten_version"
 #: How to read past a hole, for the messages that refuse one.
 FILL_HINT = " (pass --fill-missing-chunks, or fill_missing_chunks=True, to read unwritten chunks as the fill value)"
 
@@ -504,7 +507,7 @@ class Sink:
 
     def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
         """Set ``attrs`` and ``complete = True``, make everything durable, and rename into place
-        (replacing an old output only if ``overwrite``)."""
+        (replacing an old output only if ``overwrite`` and it is an output of ours: ``io.check_replaceable``)."""
         try:
             if _inode(self.partial) != self.partial_inode:
                 raise OSError(
@@ -513,8 +516,9 @@ class Sink:
             self._finish(dict(attrs or {}, complete=True))
             final = os.path.abspath(self.path.rstrip("/"))
             if os.path.lexists(final):
-                if not overwrite:
-                    raise OutputExistsError.at(self.path)
+                from . import check_replaceable
+
+                check_replaceable(self.path, overwrite)  # again: it may have changed since the run began
                 if os.path.isdir(final) and not os.path.islink(final):
                     # A directory cannot be replaced atomically: move the old one aside first (a later
                     # run puts it back if this one dies before the new one is in place).

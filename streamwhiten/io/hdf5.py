@@ -31,7 +31,7 @@ import numpy as np
 from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from . import remote
-from .base import FILL_HINT, Sink, Source, first_line, io_error
+from .base import FILL_HINT, OWNER_ATTR, Sink, Source, first_line, io_error
 from .codecs import (
     H5Z_BLOSC,
     H5Z_ZSTD,
@@ -238,6 +238,27 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
 
 
 # ----------------------------------------------------------------------------------------------- sink
+
+
+def foreign_output(path: str) -> str | None:
+    """None when the HDF5 file ``path`` is an output of streamwhiten (every dataset in it carries
+    :data:`OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    if not h5py.is_hdf5(path):
+        return "not an HDF5 file"
+    datasets = []
+    try:
+        with h5py.File(path, "r") as handle:
+            handle.visititems(
+                lambda name, node: (
+                    datasets.append((name, OWNER_ATTR in node.attrs)) if isinstance(node, h5py.Dataset) else None
+                )
+            )
+    except (OSError, RuntimeError, KeyError) as exc:
+        return f"an HDF5 file that cannot be read: {first_line(exc)}"
+    theirs = [name for name, ours in datasets if not ours]
+    if theirs:
+        return f"an HDF5 file holding a dataset streamwhiten did not write: /{theirs[0]}"
+    return None if datasets else "an HDF5 file holding no dataset"
 
 
 def _attr(value):

@@ -42,7 +42,7 @@ from ._arrow import (
     vector_length,
     vector_type,
 )
-from .base import Source, first_line, io_error
+from .base import OWNER_ATTR, Source, first_line, io_error
 
 
 def _lance_error(label: str, what: str, exc: BaseException) -> Exception:
@@ -72,6 +72,16 @@ def _open(path: str, version=None):
         if isinstance(exc, OSError) and getattr(exc, "errno", None):
             raise StoreIOError(f"{path}: cannot read: {io_error(exc)}") from exc
         raise BadInputError(f"{path}: cannot open as a Lance dataset ({first_line(exc)})") from exc
+
+
+def foreign_output(path: str) -> str | None:
+    """None when the Lance dataset ``path`` is an output of streamwhiten (its schema metadata records
+    :data:`OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    try:
+        schema = _open(path).schema
+    except BadInputError:
+        return "not a Lance dataset"
+    return None if OWNER_ATTR in read_attrs(schema.metadata) else "a Lance dataset streamwhiten did not write"
 
 
 class LanceSource(Source):

@@ -51,7 +51,7 @@ from ._arrow import (
     vector_length,
     vector_type,
 )
-from .base import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, Source, first_line, io_error
+from .base import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR, Source, first_line, io_error
 from .spec import parquet_files
 
 #: A row group up to this size is read whole as one block; larger ones are read in blocks of about
@@ -519,6 +519,22 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
 WRITE_OPTIONS = dict(
     compression="none", use_dictionary=False, write_statistics=True, version="2.6", write_page_checksum=True
 )
+
+
+def foreign_output(path: str) -> str | None:
+    """None when the Parquet file ``path`` (or object) is an output of streamwhiten (its key-value
+    metadata records :data:`OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    try:
+        if remote.is_url(path):
+            with _open_remote(path) as handle:
+                metadata = pq.read_metadata(handle).metadata
+        else:
+            metadata = pq.read_metadata(path).metadata
+    except StoreIOError:
+        raise
+    except (OSError, ValueError, pa.ArrowException):
+        return "not a Parquet file"
+    return None if OWNER_ATTR in read_attrs(metadata) else "a Parquet file streamwhiten did not write"
 
 
 class ParquetSink(TableSink):

@@ -20,6 +20,7 @@ output for absent.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 
@@ -32,7 +33,7 @@ from zarr.storage import LocalStore
 from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from . import remote
-from .base import Sink, Source, first_line, io_error
+from .base import OWNER_ATTR, Sink, Source, first_line, io_error
 from .codecs import (
     Fetched,
     check_compressor,
@@ -329,6 +330,59 @@ def _compressors(name: str, dtype, zarr_format: int):
             "blosc": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=np.dtype(dtype).itemsize),
         }[name]()
     ]
+
+
+#: Files of a Zarr store besides chunks: its metadata (v3, v2, consolidated).
+_METADATA_FILES = {"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"}
+#: A chunk key under its array (v3 ``c/0/0``, v2 ``0.0`` or ``0/0``).
+_CHUNK_KEY = re.compile(r"^(c/)?\d+([./]\d+)*$")
+
+
+def foreign_output(path: str) -> str | None:
+    """None when the Zarr store ``path`` is an output of streamwhiten: every array in it carries
+    :data:`OWNER_ATTR` and (a local store) it holds nothing but their metadata and chunks, or (a remote
+    prefix) it holds chunks only, the remains of such an output whose metadata is gone; else what it is,
+    for the message that refuses to replace it."""
+    try:
+        store = remote.zarr_store(path, read_only=True) if remote.is_url(path) else LocalStore(path, read_only=True)
+        node = zarr.open(store=store, mode="r")
+    except (BadInputError, StoreIOError):
+        raise
+    except Exception:  # noqa: BLE001 - whatever zarr says, it is no store of ours
+        return None if remote.is_url(path) and _only_chunks(path) else "not a Zarr store"
+    if isinstance(node, zarr.Array):
+        arrays = {"": node}
+    else:
+        arrays = {name: member for name, member in node.members(max_depth=None) if isinstance(member, zarr.Array)}
+    if not arrays:
+        return "a Zarr group holding no array"
+    for name, array in arrays.items():
+        if OWNER_ATTR not in array.attrs:
+            return f"a Zarr store holding an array streamwhiten did not write: /{name}"
+    if remote.is_url(path):
+        return None
+    for root, _, files in os.walk(path):
+        for name in files:
+            relative = os.path.relpath(os.path.join(root, name), path).replace(os.sep, "/")
+            if name in _METADATA_FILES:
+                continue
+            owners = [a for a in arrays if a == "" or relative.startswith(a + "/")]
+            key = relative[len(max(owners, key=len)) :].lstrip("/") if owners else relative
+            if not owners or not _CHUNK_KEY.match(key):
+                return f"a Zarr store holding a file streamwhiten did not write: {relative}"
+    return None
+
+
+def _only_chunks(url: str) -> bool:
+    """Whether the prefix ``url`` holds nothing but Zarr chunk objects: what is left of a remote output
+    of ours whose metadata is gone (written in place, it is taken for absent and written again)."""
+    base = remote.normalize(url).rstrip("/")
+    keys = [remote.normalize(found)[len(base) + 1 :] for found in remote.find(url)]
+    return bool(keys) and all(_CHUNK_TAIL.search(key) for key in keys)
+
+
+#: A chunk key at the end of an object's key under a store (``.../c/0/0``, ``.../0.0``).
+_CHUNK_TAIL = re.compile(r"(^|/)(c/)?\d+([./]\d+)*$")
 
 
 class ZarrSink(Sink):
