@@ -27,6 +27,12 @@ from .errors import BadInputError
 #: ``(eps * lambda_1)^(-gamma/2)`` instead of dividing by zero.
 DEFAULT_EPS = 1e-6
 
+#: Default tolerance of :func:`streamwhiten.core.staleness.staleness`'s ``total``: the published map is
+#: kept while no direction's whitened variance (or the centre, in output standard deviations) is off by
+#: more than this. ``benchmarks/staleness_quality.py`` chose it: on the real STS-B data every published
+#: map within it lost less than 0.5 nDCG@10 and Spearman points against a refit (docs/nightly.md).
+DEFAULT_MAX_STALENESS = 0.5
+
 
 @dataclass(frozen=True)
 class Param:
@@ -122,6 +128,10 @@ PARAMS: dict[str, Param] = _params(
     # the Dask engine
     Param("workers", int, None, _COUNT, 1, none=True),
     Param("split_every", int, 8, "a whole number of at least 2", 2),
+    # publishing: how stale the published map may get before a new version is published, and how many
+    # versions are kept (nothing reads them yet; later [publish] in a job file, see docs/nightly.md)
+    Param("max_staleness", float, DEFAULT_MAX_STALENESS, "a number, 0 or more", 0.0, None),
+    Param("keep_versions", int, 2, _COUNT, 1),
 )
 
 #: The parameters of the whitening itself, as :func:`~streamwhiten.core.model.finalize` takes them.
@@ -153,4 +163,4 @@ def check_model(beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, varianc
         raise BadInputError(f"n_components (k) = {n_components} exceeds the data width d = {n_features}")
 
 
-__all__ = ["Param", "PARAMS", "MODEL_PARAMS", "DEFAULT_EPS", "check", "check_model", "default"]
+__all__ = ["Param", "PARAMS", "MODEL_PARAMS", "DEFAULT_EPS", "DEFAULT_MAX_STALENESS", "check", "check_model", "default"]
