@@ -226,26 +226,42 @@ class _Pass:
 
 def corpus_blocks(corpus, block_rows: int | None = None, rows=None) -> Iterator[tuple[int, np.ndarray]]:
     """``(start, rows)`` of an in-memory array or a :class:`~streamwhiten.io.Source`, block by block in
-    row order; a source's next block is read (in another thread) while the caller works on this one.
-    ``rows`` (sorted), if given, limits the blocks to those holding one of them."""
-    n_rows = corpus.n_rows if isinstance(corpus, Source) else int(np.shape(corpus)[0])
+    row order. ``rows`` (sorted), if given, limits the blocks to those holding one of them.
+
+    A source is read into two buffers in turn, the next block (in another thread) while the caller
+    works on this one: a block handed out is valid until the caller asks for the next one.
+    """
+    source = isinstance(corpus, Source)
+    n_rows = corpus.n_rows if source else int(np.shape(corpus)[0])
     if block_rows is None:
-        row_bytes = max(1, int(np.prod(np.shape(corpus)[1:])) * np.dtype(corpus.dtype).itemsize)
-        block_rows = max(256, SEARCH_BLOCK_BYTES // row_bytes)
+        if source:
+            block_rows = corpus.default_block_rows(SEARCH_BLOCK_BYTES)
+        else:
+            row_bytes = max(1, int(np.prod(np.shape(corpus)[1:])) * np.dtype(corpus.dtype).itemsize)
+            block_rows = max(256, SEARCH_BLOCK_BYTES // row_bytes)
     ranges = [(a, min(n_rows, a + block_rows)) for a in range(0, n_rows, block_rows)]
     if rows is not None:
         firsts = np.searchsorted(rows, [a for a, _ in ranges])
         lasts = np.searchsorted(rows, [b for _, b in ranges])
         ranges = [r for r, f, last in zip(ranges, firsts, lasts, strict=True) if last > f]
-    if not isinstance(corpus, Source):
+    if not source:
         for a, b in ranges:
             yield a, corpus[a:b]
         return
+    if not ranges:
+        return
+    width = max(b - a for a, b in ranges)
+    buffers = [np.empty((width, corpus.n_features), dtype=corpus.read_dtype) for _ in range(min(2, len(ranges)))]
+
+    def read(i):
+        a, b = ranges[i]
+        return corpus.read_into(a, b, buffers[i % len(buffers)])
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwhiten-read") as reader:
-        pending = reader.submit(corpus.read, *ranges[0]) if ranges else None
+        pending = reader.submit(read, 0)
         for i, (a, _) in enumerate(ranges):
             block = pending.result()
-            pending = reader.submit(corpus.read, *ranges[i + 1]) if i + 1 < len(ranges) else None
+            pending = reader.submit(read, i + 1) if i + 1 < len(ranges) else None
             yield a, block
 
 
