@@ -8,12 +8,11 @@
    ``--repeats`` rounds and the fastest of each is compared (target: ours >= 0.9x faiss). The bit
    results must equal faiss's exactly (integer distances; both break ties by the lower row); for floats
    the share of equal ids is reported (float32 products from two BLAS builds differ in the last bits).
-2. From disk (run first, while this process holds little: a child's peak RSS includes what its parent
-   held when it started it): the same search over an HDF5 store of ``--disk-rows`` x multiples rows, each in a fresh
+2. From disk: the same search over an HDF5 store of ``--disk-rows`` x multiples rows, each in a fresh
    process reporting its peak RSS. The bound it must stay under: the interpreter with streamwhiten
    imported and a tiny search done (measured in the same run) + 16 MiB of allocator and thread warm-up
    + two blocks (the one searched and the one read ahead) + one score tile per worker + the queries and
-   their top lists. The stores are several times that bound, and the peak stays flat as they grow.
+   their top lists. Peak RSS is each process's own high-water mark (``VmHWM``). The stores are several times that bound, and the peak stays flat as they grow.
 
     python benchmarks/search_speed.py
     python benchmarks/search_speed.py --sections memory --rows 200000
@@ -136,6 +135,9 @@ def memory_section(args) -> list[dict]:
 
 
 def _search_child(spec: str, args, depth: int) -> dict:
+    """The search of ``args.queries`` random queries over the store ``spec`` in a fresh process: seconds,
+    and the process's own peak RSS (``VmHWM``; ``ru_maxrss`` would also count what this process held
+    when it started the child)."""
     code = (
         "import time, numpy as np\n"
         "from streamwhiten.io import open_source\n"
@@ -144,12 +146,14 @@ def _search_child(spec: str, args, depth: int) -> dict:
         f"with open_source({spec!r}) as source:\n"
         "    exact_search(queries[:2], source.read(0, min(64, source.n_rows)), 2)\n"
         "    t = time.perf_counter()\n"
-        f"    result = exact_search(queries, source, {depth}, threads={args.threads})\n"
-        "    seconds = time.perf_counter() - t\n"
-        "    RESULT = {'rows': source.n_rows, 'seconds': seconds, 'block_rows': "
-        "source.default_block_rows(__import__('streamwhiten.evaluation.search', fromlist=['x']).SEARCH_BLOCK_BYTES)}\n"
+        f"    exact_search(queries, source, {depth}, threads={args.threads})\n"
+        "    RESULT = {'rows': source.n_rows, 'seconds': time.perf_counter() - t}\n"
+        "with open('/proc/self/status') as status:\n"
+        "    RESULT['vm_hwm_mib'] = next(int(line.split()[1]) for line in status if line.startswith('VmHWM')) / 1024\n"
     )
-    return run_child(code)
+    result = run_child(code)
+    result["peak_rss_mib"] = result.pop("vm_hwm_mib")
+    return result
 
 
 def disk_section(args, directory: str) -> list[dict]:
@@ -242,7 +246,6 @@ def main(argv=None):
     os.makedirs(directory, exist_ok=True)
     payload = {"args": vars(args)}
     try:
-        # disk first: a child's peak RSS counts what this process held when it started the child
         if "disk" in args.sections:
             payload["disk"] = disk_section(args, directory)
         if "memory" in args.sections:

@@ -122,6 +122,19 @@ PARAMS: dict[str, Param] = _params(
     # the Dask engine
     Param("workers", int, None, _COUNT, 1, none=True),
     Param("split_every", int, 8, "a whole number of at least 2", 2),
+    # retrieval evaluation: how the corpus is stored while searched, and the bootstrap
+    Param(
+        "storage",
+        str,
+        "float32",
+        '"float32", "float16", "int8" or "binary"',
+        choices=("float32", "float16", "int8", "binary"),
+    ),
+    Param("int8_clip", float, 4.0, "a number of standard deviations above 0", 0.0, None, closed="right"),
+    Param("rescore", int, 0, "a whole number, 0 or more", 0),
+    Param("rescore_storage", str, "float32", '"float32" or "int8"', choices=("float32", "int8")),
+    Param("bootstrap", int, 1000, "a whole number of resamples, 0 or more", 0),
+    Param("seed", int, 0, "a whole number, 0 or more", 0),
 )
 
 #: The parameters of the whitening itself, as :func:`~streamwhiten.core.model.finalize` takes them.

@@ -3,6 +3,7 @@ cases and an independent numpy evaluation, the paired bootstrap, quantized stora
 
 import math
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -336,6 +337,15 @@ def test_bad_exclude_files_and_stores(tmp_path, task):
         evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], storage="int8")
     with pytest.raises(BadInputError, match="rescore re-ranks a bit search"):
         evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], rescore=10)
+    for options, message in (
+        ({"storage": "int4"}, 'storage must be "float32", "float16", "int8" or "binary", got \'int4\''),
+        ({"storage": "binary", "rescore": 5, "rescore_storage": "binary"}, "rescore_storage must be"),
+        ({"rescore": -1}, "rescore must be a whole number, 0 or more, got -1"),
+        ({"bootstrap": 1.5}, "bootstrap must be a whole number of resamples"),
+        ({"model": model, "storage": "int8", "int8_clip": 0.0}, "int8_clip must be a number of standard deviations"),
+    ):
+        with pytest.raises(BadInputError, match=f"^{re.escape(message)}"):
+            evaluate_retrieval(task["spec_q"], narrow, task["qrels"], **options)  # checked before anything is read
     with pytest.raises(BadInputError, match=r"an id column needs a Parquet or Lance store; the ids of a hdf5 store"):
         evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], corpus_id_column="id")
     corpus = task["corpus"].copy()

@@ -106,3 +106,32 @@ def test_the_sts_dev_gold_scores_as_the_benchmark_ships_them():
     h5 = STS_DEV.parent / "stsb-dev-minilm.h5"
     if h5.exists():
         np.testing.assert_allclose(values, read_vector(f"{h5}:/score")[0], rtol=0, atol=1e-6)
+
+
+def test_eval_scores_pairs_against_a_csv_column(tmp_path, run_cli):
+    """The pair evaluation reads its gold scores from a CSV column as from an HDF5 dataset."""
+    from conftest import anisotropic, write_h5
+
+    a = anisotropic(40, 6, seed=1).astype(np.float32)
+    b = (a + anisotropic(40, 6, seed=2)).astype(np.float32)
+    gold = np.random.default_rng(3).random(40)
+    (tmp_path / "gold.csv").write_text("".join(f"x\ty\t{value!r}\n" for value in gold.tolist()))
+    spec_a, spec_b = write_h5(tmp_path / "a.h5", a), write_h5(tmp_path / "b.h5", b)
+    write_h5(tmp_path / "gold.h5", gold[:, None])
+    code, out_csv, err = run_cli(
+        "eval", "--pairs-a", spec_a, "--pairs-b", spec_b, "--scores", f"{tmp_path}/gold.csv:2", "--json"
+    )
+    assert code == 0, err
+    code, out_h5, err = run_cli(
+        "eval", "--pairs-a", spec_a, "--pairs-b", spec_b, "--scores", f"{tmp_path}/gold.h5:/emb", "--json"
+    )
+    assert code == 0, err
+    import json
+
+    assert json.loads(out_csv)["raw"] == json.loads(out_h5)["raw"]
+    code, _, err = run_cli("eval", "--pairs-a", spec_a, "--pairs-b", spec_b, "--scores", f"{tmp_path}/gold.csv:1")
+    assert (
+        code == 2
+        and err
+        == f"streamwhiten: error: {tmp_path}/gold.csv:1: line 1: 'y' is not a number (an index reads every line as data; name the column to skip a header line)\n"
+    )

@@ -26,14 +26,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import BadInputError, NonFiniteError
+from ..params import PARAMS, check
 from .model import WhiteningModel, cast_checked
 from .stats import Moments, covariance
 
-KINDS = ("float32", "float16", "int8", "binary")
+KINDS = PARAMS["storage"].choices
 #: The int8 codes used: -127..127 (symmetric; -128 is never written).
 INT8_MAX = 127
 #: Standard deviations about the mean that the int8 codes span (see ``docs/evaluation.md``).
-DEFAULT_INT8_CLIP = 4.0
+DEFAULT_INT8_CLIP = PARAMS["int8_clip"].default
 #: The decode record's format name and version, written into every record.
 RECORD_FORMAT, RECORD_VERSION = "streamwhiten-quantization", 1
 #: A component's standard deviation is floored at this fraction of the largest one, so a component
@@ -232,8 +233,7 @@ def int8_quantization(mean, variance, clip: float = DEFAULT_INT8_CLIP, normalize
     A standard deviation below ``1e-6`` of the largest is raised to it (a constant component still
     decodes to its mean).
     """
-    if isinstance(clip, bool) or not (isinstance(clip, (int, float)) and math.isfinite(clip) and clip > 0):
-        raise BadInputError(f"int8_clip must be a number of standard deviations above 0, got {clip!r}")
+    check("int8_clip", clip)
     std = np.sqrt(np.asarray(variance, dtype=np.float64))
     top = float(std.max()) if std.size else 0.0
     std = np.maximum(std, _STD_FLOOR * top) if top > 0 else np.ones_like(std)
@@ -262,8 +262,7 @@ def quantization_for(
     model, for its statistics (raw vectors included); the other kinds need only the width, from the
     model or ``n_components``.
     """
-    if kind not in KINDS:
-        raise BadInputError(f"storage must be one of {', '.join(KINDS)}, got {kind!r}")
+    check("storage", kind)
     if model is not None:
         n_components = model.n_features if raw else model.n_components
     if n_components is None:

@@ -32,9 +32,10 @@ import numpy as np
 
 from ..core.affine import scale_rows_to_unit
 from ..core.model import WhiteningModel, project
-from ..core.quantize import DEFAULT_INT8_CLIP, KINDS, Quantization, quantization_for
+from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, quantization_for
 from ..errors import BadInputError, NonFiniteError
-from ..io import Source, open_source, read_ids
+from ..io import Source, open_source, read_ids, remote
+from ..params import PARAMS, check
 from .qrels import Ids, Qrels, read_exclude, read_qrels
 from .search import Exclusions, SearchJob, rescore, search
 
@@ -43,10 +44,9 @@ METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
 #: Corpus rows kept per query: what recall@100 needs.
 DEPTH = 100
 #: Paired bootstrap: resamples of the queries, the generator's seed, the interval's level.
-BOOTSTRAP_SAMPLES = 1000
-BOOTSTRAP_SEED = 0
+BOOTSTRAP_SAMPLES = PARAMS["bootstrap"].default
+BOOTSTRAP_SEED = PARAMS["seed"].default
 BOOTSTRAP_LEVEL = 0.95
-RESCORE_KINDS = ("float32", "int8")
 
 
 # --------------------------------------------------------------------------------------------- metrics
@@ -196,14 +196,11 @@ class Setting:
         int8 storage (and int8 rescoring) takes its scale and offset from ``model``'s statistics, so
         it needs a model for raw vectors too; ``n_features`` is the width when there is no model.
         """
-        if storage not in KINDS:
-            raise BadInputError(f"storage must be one of {', '.join(KINDS)}, got {storage!r}")
-        if isinstance(rescore, bool) or not isinstance(rescore, (int, np.integer)) or rescore < 0:
-            raise BadInputError(f"rescore must be a whole number, 0 or more, got {rescore!r}")
+        check("storage", storage)
+        check("rescore", rescore)
+        check("rescore_storage", rescore_storage)
         if rescore and storage != "binary":
             raise BadInputError(f"rescore re-ranks a bit search: it needs storage 'binary', not {storage!r}")
-        if rescore and rescore_storage not in RESCORE_KINDS:
-            raise BadInputError(f"rescore_storage must be one of {', '.join(RESCORE_KINDS)}, got {rescore_storage!r}")
         raw = raw or model is None
         width = None if model is not None else n_features
         quantization = quantization_for(storage, model, raw=raw, normalize=True, clip=int8_clip, n_components=width)
@@ -335,7 +332,7 @@ def _ids(store, column: str | None, what: str) -> Ids:
 
 def _describe(store, what: str, column: str | None) -> dict:
     n_rows, n_features = (store.n_rows, store.n_features) if isinstance(store, Source) else store.shape
-    return {what: _label(store, what), "n_rows": int(n_rows), "n_features": int(n_features), "id_column": column}
+    return {"label": _label(store, what), "n_rows": int(n_rows), "n_features": int(n_features), "id_column": column}
 
 
 def evaluate_retrieval(
@@ -392,6 +389,15 @@ def evaluate_retrieval(
         its mean x100, with the storage and (whitened) beta, gamma, k; ``difference`` maps each metric
         to ``{"difference", "low", "high"}`` (whitened minus raw, x100) or is None.
     """
+    for name, value in (
+        ("storage", storage),
+        ("rescore", rescore),
+        ("rescore_storage", rescore_storage),
+        ("int8_clip", int8_clip),
+        ("bootstrap", bootstrap),
+        ("seed", seed),
+    ):
+        check(name, value)  # before anything is read
     opened = []
     try:
         query_store, mine = _open(queries)
@@ -422,7 +428,11 @@ def evaluate_retrieval(
             position = np.searchsorted(query_rows, ex_queries)
             keep = (position < query_rows.size) & (query_rows[np.minimum(position, query_rows.size - 1)] == ex_queries)
             excluded = Exclusions.from_pairs(query_rows.size, position[keep], ex_rows[keep])
-            exclude_info = {"exclude": str(exclude), "n_pairs": int(ex_queries.size), "n_pairs_used": int(keep.sum())}
+            exclude_info = {
+                "exclude": remote.redact(str(exclude)),
+                "n_pairs": int(ex_queries.size),
+                "n_pairs_used": int(keep.sum()),
+            }
         if isinstance(query_store, Source):
             vectors = query_store.read(0, query_store.n_rows)[query_rows]
         else:

@@ -35,6 +35,7 @@ def read_text(path: str) -> str:
     label = remote.redact(path)
     try:
         if remote.is_url(path):
+            remote.check_url(path)
             raw = remote.cat(path)
         else:
             with open(path, "rb") as handle:
