@@ -11,6 +11,7 @@ MODULES = [
     "streamwhiten.whitener",
     "streamwhiten.core.stats",
     "streamwhiten.core.model",
+    "streamwhiten.core.quantize",
     "streamwhiten.serving",
     "streamwhiten.params",
 ]
@@ -21,5 +22,10 @@ def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE, verbose=False)
     assert result.failed == 0, f"{result.failed} of {result.attempted} doctest examples failed in {name}"
-    if name in ("streamwhiten.whitener", "streamwhiten.core.stats", "streamwhiten.core.model"):
+    if name in (
+        "streamwhiten.whitener",
+        "streamwhiten.core.stats",
+        "streamwhiten.core.model",
+        "streamwhiten.core.quantize",
+    ):
         assert result.attempted > 0, f"{name} has no Examples"

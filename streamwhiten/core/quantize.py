@@ -16,6 +16,26 @@ Four kinds of storage, each of ``k`` components per vector:
 
 A :class:`Quantization` travels with every output as a JSON-able dict (:meth:`Quantization.to_dict`),
 so a reader can decode the vectors without streamwhiten.
+
+Examples
+--------
+Sign bits, 8 to a byte, the first component in the high bit:
+
+>>> import numpy as np
+>>> from streamwhiten.core.quantize import Quantization, int8_quantization
+>>> Quantization("binary", 10).encode(np.array([[1.0, -2, 0, 3, 1, 1, -1, -1, 5, -5]]))
+array([[156, 128]], dtype=uint8)
+
+int8 codes spanning the mean +- 4 standard deviations (here 0 and 1), and their decoding:
+
+>>> q = int8_quantization(np.zeros(2), np.ones(2), clip=4.0)
+>>> codes = q.encode(np.array([[0.5, -10.0]]))
+>>> codes
+array([[  16, -127]], dtype=int8)
+>>> q.decode(codes, np.float64).round(4)
+array([[ 0.5039, -4.    ]])
+>>> Quantization.from_dict(q.to_dict()).decode(codes, np.float64).round(4)
+array([[ 0.5039, -4.    ]])
 """
 
 from __future__ import annotations
@@ -34,7 +54,7 @@ KINDS = PARAMS["storage"].choices
 #: The int8 codes used: -127..127 (symmetric; -128 is never written).
 INT8_MAX = 127
 #: Standard deviations about the mean that the int8 codes span (see ``docs/evaluation.md``).
-DEFAULT_INT8_CLIP = PARAMS["int8_clip"].default
+DEFAULT_INT8_CLIP: float = float(PARAMS["int8_clip"].default)  # type: ignore[arg-type]
 #: The decode record's format name and version, written into every record.
 RECORD_FORMAT, RECORD_VERSION = "streamwhiten-quantization", 1
 #: A component's standard deviation is floored at this fraction of the largest one, so a component
@@ -147,7 +167,7 @@ class Quantization:
 
     def to_dict(self) -> dict:
         """The record as plain JSON-able values (floats written exactly, as Python floats)."""
-        record = {
+        record: dict = {
             "format": RECORD_FORMAT,
             "format_version": RECORD_VERSION,
             "kind": self.kind,
@@ -156,7 +176,7 @@ class Quantization:
             "dtype": self.dtype.name,
             "bytes_per_vector": self.bytes_per_vector,
         }
-        if self.kind == "int8":
+        if self.kind == "int8" and self.scale is not None and self.offset is not None:
             record.update(
                 scale=[float(v) for v in self.scale],
                 offset=[float(v) for v in self.offset],

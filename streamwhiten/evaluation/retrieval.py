@@ -44,8 +44,8 @@ METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
 #: Corpus rows kept per query: what recall@100 needs.
 DEPTH = 100
 #: Paired bootstrap: resamples of the queries, the generator's seed, the interval's level.
-BOOTSTRAP_SAMPLES = PARAMS["bootstrap"].default
-BOOTSTRAP_SEED = PARAMS["seed"].default
+BOOTSTRAP_SAMPLES: int = int(PARAMS["bootstrap"].default)  # type: ignore[call-overload]
+BOOTSTRAP_SEED: int = int(PARAMS["seed"].default)  # type: ignore[call-overload]
 BOOTSTRAP_LEVEL = 0.95
 
 
