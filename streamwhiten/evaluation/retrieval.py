@@ -272,6 +272,9 @@ def run_settings(
 
     Returns ``{setting name: rows (queries x depth, int64, -1 past the last candidate)}``.
     """
+    names = [setting.name for setting in settings]
+    if len(set(names)) != len(names):
+        raise BadInputError(f"settings need distinct names, got {names}")
     jobs = []
     for setting in settings:
         if setting.n_features is not None and setting.n_features != queries.shape[1]:
