@@ -132,6 +132,19 @@ PARAMS: dict[str, Param] = _params(
     # versions are kept (nothing reads them yet; later [publish] in a job file, see docs/nightly.md)
     Param("max_staleness", float, DEFAULT_MAX_STALENESS, "a number, 0 or more", 0.0, None),
     Param("keep_versions", int, 2, _COUNT, 1),
+    # retrieval evaluation: how the corpus is stored while searched, and the bootstrap
+    Param(
+        "storage",
+        str,
+        "float32",
+        '"float32", "float16", "int8" or "binary"',
+        choices=("float32", "float16", "int8", "binary"),
+    ),
+    Param("int8_clip", float, 4.0, "a number of standard deviations above 0", 0.0, None, closed="right"),
+    Param("rescore", int, 0, "a whole number, 0 or more", 0),
+    Param("rescore_storage", str, "float32", '"float32" or "int8"', choices=("float32", "int8")),
+    Param("bootstrap", int, 1000, "a whole number of resamples, 0 or more", 0),
+    Param("seed", int, 0, "a whole number, 0 or more", 0),
 )
 
 #: The parameters of the whitening itself, as :func:`~streamwhiten.core.model.finalize` takes them.

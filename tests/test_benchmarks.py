@@ -2,13 +2,25 @@
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import REPO
 
-SCRIPTS = ["fit_throughput.py", "apply_throughput.py", "memory.py", "fit_tables.py", "fit_remote.py"]
+SCRIPTS = [
+    "fit_throughput.py",
+    "apply_throughput.py",
+    "memory.py",
+    "fit_tables.py",
+    "fit_remote.py",
+    "search_speed.py",
+    "retrieval_frontier.py",
+]
+RETRIEVAL_DEV = Path(os.environ.get("STREAMWHITEN_STSB", REPO.parent / "shared/data/stsb/stsb-dev-minilm.h5"))
+RETRIEVAL_DEV = RETRIEVAL_DEV.parent / "retrieval-dev"
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -17,6 +29,10 @@ def test_benchmark_quick_run_writes_json(tmp_path, script):
         pytest.skip("fit_tables.py needs pyarrow and pylance (pip install 'streamwhiten[lance]')")
     if script == "fit_remote.py" and not all(importlib.util.find_spec(m) for m in ("moto", "s3fs", "dask")):
         pytest.skip("fit_remote.py needs moto[server], s3fs and dask (pip install -e '.[test]')")
+    if script == "search_speed.py" and not importlib.util.find_spec("faiss"):
+        pytest.skip("search_speed.py compares with faiss: pip install faiss-cpu")
+    if script == "retrieval_frontier.py" and not (RETRIEVAL_DEV / "qrels.tsv").exists():
+        pytest.skip(f"the STS-B retrieval task was not found at {RETRIEVAL_DEV} (licensed data kept out of the repo)")
     result = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / script), "--quick", "--results", str(tmp_path)],
         capture_output=True,

@@ -12,6 +12,7 @@ MODULES = [
     "streamwhiten.core.stats",
     "streamwhiten.core.model",
     "streamwhiten.core.staleness",
+    "streamwhiten.core.quantize",
     "streamwhiten.serving",
     "streamwhiten.params",
     "streamwhiten.options",
@@ -28,5 +29,6 @@ def test_docstring_examples(name):
         "streamwhiten.core.stats",
         "streamwhiten.core.model",
         "streamwhiten.core.staleness",
+        "streamwhiten.core.quantize",
     ):
         assert result.attempted > 0, f"{name} has no Examples"

@@ -7,6 +7,7 @@ the cores. ``cache=True`` so the compile cost (a few seconds) is paid once per m
 
 import numba
 import numpy as np
+from numba import extending, types
 
 _JIT = dict(nogil=True, cache=True)
 #: Row groups of the centring pass, each summed on its own before the groups are added in order: a
@@ -118,3 +119,152 @@ def lzf_decompress(data, out):
                 out[op + i] = out[ref + i]
             op += length
     return op
+
+
+# ------------------------------------------------------------------------------------------ exact search
+#
+# A top list holds a query's best candidates so far, best first: by score descending (inner products) or
+# by distance ascending (Hamming), equal values by row ascending, so ties go to the lower corpus row
+# whatever the order the rows arrive in. An empty slot holds row -1 and the worst value (-inf, or the
+# largest int64). Every comparison takes the row into account, so the lists are the same however the
+# corpus is cut into blocks and tiles.
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _place_score(scores, rows, value, row):
+    """Insert ``(value, row)`` into the full top list ``scores``/``rows`` (best first), dropping the last."""
+    j = scores.shape[0] - 1
+    while j > 0:
+        above, above_row = scores[j - 1], rows[j - 1]
+        if above > value or (above == value and above_row < row):
+            break
+        scores[j] = above
+        rows[j] = above_row
+        j -= 1
+    scores[j] = value
+    rows[j] = row
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _place_distance(distances, rows, value, row):
+    """Insert ``(value, row)`` into the full top list ``distances``/``rows`` (smallest first)."""
+    j = distances.shape[0] - 1
+    while j > 0:
+        above, above_row = distances[j - 1], rows[j - 1]
+        if above < value or (above == value and above_row < row):
+            break
+        distances[j] = above
+        rows[j] = above_row
+        j -= 1
+    distances[j] = value
+    rows[j] = row
+
+
+#: Candidates checked against a query's threshold at once: one vectorised comparison decides whether
+#: any of them can enter its top list (almost never, once the list has filled).
+_SCAN = 16
+
+
+@numba.njit(**_JIT)
+def merge_top_scores(scores, first_row, first_query, top_scores, top_rows, exclude_start, exclude_rows):
+    """Merge a tile of inner products into running top lists (larger is better).
+
+    ``scores[i, j]`` is the score of query ``first_query + i`` against corpus row ``first_row + j``;
+    ``top_scores``/``top_rows`` (queries x depth, of all queries) hold each query's best so far, best
+    first, ties to the lower row. The corpus rows ``exclude_rows[exclude_start[q]:exclude_start[q + 1]]``
+    (sorted) are never candidates of query ``q``; the tile's entries for them are set to -inf here. A
+    -inf or NaN score never enters a list.
+    """
+    n_queries, n_rows = scores.shape
+    depth = top_scores.shape[1]
+    last_row = first_row + n_rows
+    for i in range(n_queries):
+        query = first_query + i
+        line = scores[i]
+        for e in range(exclude_start[query], exclude_start[query + 1]):
+            row = exclude_rows[e]
+            if first_row <= row < last_row:
+                line[row - first_row] = -np.inf
+        best = top_scores[query]
+        rows = top_rows[query]
+        threshold = best[depth - 1]
+        for j0 in range(0, n_rows, _SCAN):
+            j1 = min(n_rows, j0 + _SCAN)
+            hit = False
+            for j in range(j0, j1):
+                hit |= line[j] >= threshold
+            if not hit:
+                continue
+            for j in range(j0, j1):
+                value = line[j]
+                row = first_row + j
+                if value > threshold or (value == threshold and value > -np.inf and row < rows[depth - 1]):
+                    _place_score(best, rows, value, row)
+                    threshold = best[depth - 1]
+
+
+@extending.intrinsic
+def _popcount(typingctx, word):
+    """The number of set bits of a uint64, as LLVM's ``ctpop`` (one ``popcnt``, or ``vpopcntq`` on a
+    vector of words, where the CPU has them)."""
+    signature = types.uint64(types.uint64)
+
+    def codegen(context, builder, sig, args):
+        return builder.ctpop(args[0])
+
+    return signature, codegen
+
+
+#: Bytes of corpus words a Hamming tile spans: with the query's words and the distances, it stays in L1.
+_HAMMING_TILE_BYTES = 32768
+
+
+@numba.njit(**_JIT)
+def merge_top_hamming(
+    query_words, corpus_words, first_row, first_query, stop_query, top_distances, top_rows, exclude_start, exclude_rows
+):
+    """Hamming distances of queries ``first_query..stop_query - 1`` to a block of corpus rows, merged
+    into their running top lists (smaller is better, ties to the lower row).
+
+    ``query_words`` (all queries x words) and ``corpus_words`` (words x rows of the block: transposed, so
+    that one word of many rows is XORed and counted in one vector instruction) are bit vectors as
+    uint64 words, zero-padded alike. ``top_distances``/``top_rows`` are as in :func:`merge_top_scores`
+    (an empty slot: the largest int64 and row -1), and so are the excluded rows. The block is worked
+    through in tiles that stay in the L1 cache while every query passes over them.
+    """
+    n_words, n_rows = corpus_words.shape
+    depth = top_distances.shape[1]
+    empty = np.iinfo(np.int64).max
+    tile = max(_SCAN, (_HAMMING_TILE_BYTES // (8 * n_words)) // _SCAN * _SCAN)
+    distance = np.empty(tile, dtype=np.int64)
+    for t0 in range(0, n_rows, tile):
+        t1 = min(n_rows, t0 + tile)
+        width = t1 - t0
+        tile_first = first_row + t0
+        for query in range(first_query, stop_query):
+            distance[:width] = 0
+            for w in range(n_words):
+                word = query_words[query, w]
+                column = corpus_words[w, t0:t1]
+                for j in range(width):
+                    distance[j] += np.int64(_popcount(word ^ column[j]))
+            for e in range(exclude_start[query], exclude_start[query + 1]):
+                row = exclude_rows[e]
+                if tile_first <= row < tile_first + width:
+                    distance[row - tile_first] = empty
+            best = top_distances[query]
+            rows = top_rows[query]
+            threshold = best[depth - 1]
+            for j0 in range(0, width, _SCAN):
+                j1 = min(width, j0 + _SCAN)
+                hit = False
+                for j in range(j0, j1):
+                    hit |= distance[j] <= threshold
+                if not hit:
+                    continue
+                for j in range(j0, j1):
+                    value = distance[j]
+                    row = tile_first + j
+                    if value < threshold or (value == threshold and value < empty and row < rows[depth - 1]):
+                        _place_distance(best, rows, value, row)
+                        threshold = best[depth - 1]

@@ -23,7 +23,7 @@ from .. import __version__
 from .. import _durable as durable
 from .._durable import remove_stale_temps
 from ..errors import BadInputError, StoreIOError
-from . import remote
+from . import remote, text
 from .base import (
     DEFAULT_BLOCK_BYTES,
     FINGERPRINT_ROWS,
@@ -249,15 +249,22 @@ def open_source(spec: str, dataset: str | None = None, min_rows: int = 1, fill_m
 def read_vector(spec: str, dataset: str | None = None, min_length: int = 1) -> tuple[np.ndarray, str]:
     """A whole 1-D numeric array (e.g. gold scores) as float64, and its label.
 
-    ``spec`` is ``file.h5:/dataset``, ``dir.zarr[:/array]`` or ``file.npy``; a file holding exactly one
-    1-D array needs no name. An ``(n, 1)`` column is accepted and flattened.
+    ``spec`` is ``file.h5:/dataset``, ``dir.zarr[:/array]``, ``file.npy``, ``file.parquet:column``, or a
+    column of a delimited text file: ``file.csv:NAME`` (a header field) or ``file.tsv:INDEX`` (0-based,
+    every line data; see :mod:`streamwhiten.io.text`). A store holding exactly one 1-D array needs no
+    name. An ``(n, 1)`` column is accepted and flattened.
     """
     path, inner = split_spec(spec, dataset)
     if not exists(path):
         raise BadInputError(f"{remote.redact(path)}: no such file or directory")
     label = f"{path}:/{inner}" if inner else path
     try:
-        values, label = backend(input_kind(path)).read_vector(path, inner)
+        if text.is_text(path):
+            values, label = text.read_column(path, inner)
+        else:
+            values, label = backend(input_kind(path)).read_vector(path, inner)
+    except (BadInputError, StoreIOError):
+        raise
     except (OSError, RuntimeError) as exc:
         raise StoreIOError(f"{label}: cannot read: {io_error(exc)}") from exc
     except ValueError as exc:
@@ -272,6 +279,36 @@ def read_vector(spec: str, dataset: str | None = None, min_length: int = 1) -> t
     if values.shape[0] < min_length:
         raise BadInputError(f"{label}: has {values.shape[0]} value(s); at least {min_length} are needed")
     return values.astype(np.float64), label
+
+
+def read_ids(source: Source, column: str) -> list[str]:
+    """The values of ``column`` of a Parquet or Lance store, row by row, as strings: the ids of its rows.
+
+    A store of another kind has no id column (its ids are its 0-based rows); a missing column, a null
+    id or an id given to two rows is a :class:`BadInputError` naming the store (and the rows).
+    """
+    if source.kind not in _TABULAR:
+        raise BadInputError(
+            f"{source.label}: an id column needs a Parquet or Lance store; the ids of a {source.kind} store "
+            "are its 0-based rows"
+        )
+    try:
+        source.column_schema([column])
+    except BadInputError:
+        raise BadInputError(f"{source.label}: has no column {column!r} to read ids from") from None
+    ids: list[str] = []
+    seen: dict[str, int] = {}
+    for start, stop in source.blocks(source.default_block_rows()):
+        for offset, value in enumerate(source.read_columns(start, stop, [column]).column(0).to_pylist()):
+            row = start + offset
+            if value is None:
+                raise BadInputError(f"{source.label}: row {row}: the id column {column!r} is null")
+            key = value.decode() if isinstance(value, bytes) else str(value)
+            if key in seen:
+                raise BadInputError(f"{source.label}: rows {seen[key]} and {row} have the same id {key!r}")
+            seen[key] = row
+            ids.append(key)
+    return ids
 
 
 def read_attrs(spec: str) -> dict:
@@ -538,6 +575,7 @@ __all__ = [
     "output_lock",
     "partial_path",
     "read_attrs",
+    "read_ids",
     "read_vector",
     "refuse_input_overlap",
     "refuse_shared_outputs",

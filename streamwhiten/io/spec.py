@@ -24,6 +24,8 @@ ZARR_SUFFIX = ".zarr"
 NPY_SUFFIX = ".npy"
 PARQUET_SUFFIX = ".parquet"
 LANCE_SUFFIX = ".lance"
+#: Delimited text (a column of numbers: gold scores, qrels); read by ``text``, never as a store of rows.
+TEXT_SUFFIXES = (".csv", ".tsv")
 #: Files whose presence marks a directory as a Zarr store (v3, v2 array, v2 group).
 ZARR_MARKERS = ("zarr.json", ".zarray", ".zgroup")
 
@@ -36,7 +38,7 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
         scheme, rest = remote.split_url(spec)
         if ":" in rest:
             head, _, tail = rest.rpartition(":")
-            suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX)
+            suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX) + TEXT_SUFFIXES
             if head and "/" in head and (tail.startswith("/") or head.rstrip("/").lower().endswith(suffixes)):
                 path, inner = scheme + head, tail
     elif not os.path.exists(spec) and ":" in spec:
@@ -44,7 +46,7 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
         # ``a:b`` names an array inside a store only when that is unambiguous: the inner part starts
         # with "/", or the head is an existing path or has a store suffix; otherwise ':' is part of a
         # file name (e.g. a timestamp).
-        suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX)
+        suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX) + TEXT_SUFFIXES
         if head and (tail.startswith("/") or os.path.exists(head) or head.rstrip("/").lower().endswith(suffixes)):
             path, inner = head, tail
     if dataset is not None:

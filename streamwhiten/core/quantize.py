@@ -1,0 +1,313 @@
+"""Quantized storage of transformed vectors, and the record that says how to decode it.
+
+Four kinds of storage, each of ``k`` components per vector:
+
+- ``float32``, ``float16``: the values, cast (float16 refuses a finite value it cannot hold);
+- ``int8``: ``code = clip(rint((y - offset) / scale), -127, 127)`` per component, decoded as
+  ``code * scale + offset``. -128 is never written, so the codes are symmetric about the offset.
+  ``offset`` is the component's mean and ``scale = c * std / 127``: the codes span ``offset +- c std``
+  and values beyond are clipped to the end codes. Mean and standard deviation come from the fitted
+  statistics, not from a second pass over the data (:func:`output_moments`); ``c`` is
+  :data:`DEFAULT_INT8_CLIP` (chosen by measurement: see ``docs/evaluation.md``);
+- ``binary``: the sign bits ``y > 0``, packed 8 per byte in ``numpy.packbits`` order (big bit order:
+  component 0 is the high bit of byte 0), ``ceil(k / 8)`` bytes per vector, the last byte zero-padded.
+  This is the layout of faiss ``IndexBinaryFlat`` and of sentence-transformers' ``ubinary``. Decoded,
+  a bit is the sign ``+1`` or ``-1``.
+
+A :class:`Quantization` travels with every output as a JSON-able dict (:meth:`Quantization.to_dict`),
+so a reader can decode the vectors without streamwhiten.
+
+Examples
+--------
+Sign bits, 8 to a byte, the first component in the high bit:
+
+>>> import numpy as np
+>>> from streamwhiten.core.quantize import Quantization, int8_quantization
+>>> Quantization("binary", 10).encode(np.array([[1.0, -2, 0, 3, 1, 1, -1, -1, 5, -5]]))
+array([[156, 128]], dtype=uint8)
+
+int8 codes spanning the mean +- 4 standard deviations (here 0 and 1), and their decoding:
+
+>>> q = int8_quantization(np.zeros(2), np.ones(2), clip=4.0)
+>>> codes = q.encode(np.array([[0.5, -10.0]]))
+>>> codes
+array([[  16, -127]], dtype=int8)
+>>> q.decode(codes, np.float64).round(4)
+array([[ 0.5039, -4.    ]])
+>>> Quantization.from_dict(q.to_dict()).decode(codes, np.float64).round(4)
+array([[ 0.5039, -4.    ]])
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import BadInputError, NonFiniteError
+from ..params import PARAMS, check
+from .model import WhiteningModel, cast_checked
+from .stats import Moments, covariance
+
+KINDS = PARAMS["storage"].choices
+#: The int8 codes used: -127..127 (symmetric; -128 is never written).
+INT8_MAX = 127
+#: Standard deviations about the mean that the int8 codes span (see ``docs/evaluation.md``).
+DEFAULT_INT8_CLIP: float = float(PARAMS["int8_clip"].default)  # type: ignore[arg-type]
+#: The decode record's format name and version, written into every record.
+RECORD_FORMAT, RECORD_VERSION = "streamwhiten-quantization", 1
+#: A component's standard deviation is floored at this fraction of the largest one, so a component
+#: the statistics call constant still gets a positive scale.
+_STD_FLOOR = 1e-6
+
+_STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "binary": np.uint8}
+
+
+@dataclass(frozen=True, eq=False)
+class Quantization:
+    """How vectors of ``n_components`` values are stored, and how to decode them.
+
+    Attributes
+    ----------
+    kind : str
+        ``"float32"``, ``"float16"``, ``"int8"`` or ``"binary"``.
+    n_components : int
+        k, the components of a decoded vector.
+    normalized : bool
+        Whether the vectors were scaled to unit L2 norm before they were stored.
+    scale, offset : ndarray, float64, k, or None
+        int8 only: ``value = code * scale + offset``.
+    clip : float or None
+        int8 only: the codes span ``offset +- clip`` standard deviations of each component.
+    """
+
+    kind: str
+    n_components: int
+    normalized: bool = False
+    scale: np.ndarray | None = None
+    offset: np.ndarray | None = None
+    clip: float | None = None
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise BadInputError(f"quantization kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if isinstance(self.n_components, bool) or int(self.n_components) != self.n_components:
+            raise BadInputError(f"quantization n_components must be a whole number, got {self.n_components!r}")
+        if self.n_components < 1:
+            raise BadInputError(f"quantization n_components must be at least 1, got {self.n_components}")
+        if self.kind == "int8":
+            for name in ("scale", "offset"):
+                values = getattr(self, name)
+                if values is None or np.shape(values) != (self.n_components,):
+                    raise BadInputError(f"an int8 quantization needs {self.n_components} {name} values")
+                values = np.asarray(values, dtype=np.float64)
+                if not np.all(np.isfinite(values)):
+                    raise BadInputError(f"an int8 quantization's {name} values must be finite")
+                object.__setattr__(self, name, values)
+            if not np.all(self.scale > 0):
+                raise BadInputError("an int8 quantization's scale values must be above 0")
+        elif self.scale is not None or self.offset is not None:
+            raise BadInputError(f"a {self.kind} quantization has no scale or offset")
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The dtype of the stored values (uint8 bytes of packed bits for ``binary``)."""
+        return np.dtype(_STORAGE_DTYPES[self.kind])
+
+    @property
+    def width(self) -> int:
+        """Stored values per vector: k, or ``ceil(k / 8)`` bytes for ``binary``."""
+        return -(-self.n_components // 8) if self.kind == "binary" else int(self.n_components)
+
+    @property
+    def bytes_per_vector(self) -> int:
+        return self.width * self.dtype.itemsize
+
+    def encode(self, y) -> np.ndarray:
+        """The stored form of the rows ``y`` (n x k floats).
+
+        Raises
+        ------
+        BadInputError
+            Wrong width; :class:`NonFiniteError` for a row holding NaN or Inf (int8 and binary cannot
+            hold them); :class:`~streamwhiten.errors.ValuesTooLargeError` for a finite value float16
+            cannot hold.
+        """
+        y = np.asarray(y)
+        if y.ndim != 2 or y.shape[1] != self.n_components:
+            raise BadInputError(f"expected rows of {self.n_components} components, got shape {y.shape}")
+        if self.kind in ("float32", "float16"):
+            return cast_checked(y, self.dtype)
+        finite = np.isfinite(y).all(axis=1)
+        if not finite.all():
+            row = int(np.argmin(finite))
+            raise NonFiniteError(f"row {row} holds NaN or Inf, which {self.kind} storage cannot hold", row=row)
+        if self.kind == "binary":
+            return np.packbits(y > 0, axis=1)
+        codes = np.rint((y.astype(np.float64, copy=False) - self.offset) / self.scale)
+        np.clip(codes, -INT8_MAX, INT8_MAX, out=codes)
+        return codes.astype(np.int8)
+
+    def decode(self, codes, dtype=np.float32) -> np.ndarray:
+        """The rows as floats of ``dtype``: the values, ``code * scale + offset`` (computed in float64),
+        or the signs +1/-1 of the bits."""
+        codes = np.asarray(codes)
+        if codes.ndim != 2 or codes.shape[1] != self.width or codes.dtype != self.dtype:
+            raise BadInputError(
+                f"expected {self.kind} rows of {self.width} {self.dtype.name} values, "
+                f"got shape {codes.shape} of {codes.dtype}"
+            )
+        if self.kind == "int8":
+            return (codes * self.scale + self.offset).astype(dtype, copy=False)
+        if self.kind == "binary":
+            bits = np.unpackbits(codes, axis=1, count=self.n_components)
+            return (2 * bits.astype(np.int8) - 1).astype(dtype)
+        return codes.astype(dtype)
+
+    def to_dict(self) -> dict:
+        """The record as plain JSON-able values (floats written exactly, as Python floats)."""
+        record: dict = {
+            "format": RECORD_FORMAT,
+            "format_version": RECORD_VERSION,
+            "kind": self.kind,
+            "n_components": int(self.n_components),
+            "normalized": bool(self.normalized),
+            "dtype": self.dtype.name,
+            "bytes_per_vector": self.bytes_per_vector,
+        }
+        if self.kind == "int8" and self.scale is not None and self.offset is not None:
+            record.update(
+                scale=[float(v) for v in self.scale],
+                offset=[float(v) for v in self.offset],
+                clip=None if self.clip is None else float(self.clip),
+                codes=[-INT8_MAX, INT8_MAX],
+                decode="value = code * scale + offset",
+            )
+        elif self.kind == "binary":
+            record.update(bit_order="big", decode="bit i of the vector is bit 7 - i % 8 of byte i // 8; 1: y > 0")
+        return record
+
+    @classmethod
+    def from_dict(cls, record: dict) -> Quantization:
+        """The record :meth:`to_dict` wrote; :class:`BadInputError` for one that is not such a record."""
+        if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
+            raise BadInputError(f"not a {RECORD_FORMAT} record")
+        if record.get("format_version") != RECORD_VERSION:
+            raise BadInputError(
+                f"{RECORD_FORMAT} record version {record.get('format_version')!r} is not supported "
+                f"(this streamwhiten reads version {RECORD_VERSION})"
+            )
+        if record.get("kind") == "binary" and record.get("bit_order", "big") != "big":
+            raise BadInputError(f"binary records use the big bit order, got {record.get('bit_order')!r}")
+        try:
+            return cls(
+                kind=record["kind"],
+                n_components=record["n_components"],
+                normalized=bool(record.get("normalized", False)),
+                scale=None if record.get("scale") is None else np.asarray(record["scale"], dtype=np.float64),
+                offset=None if record.get("offset") is None else np.asarray(record["offset"], dtype=np.float64),
+                clip=record.get("clip"),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, BadInputError):
+                raise
+            raise BadInputError(f"a damaged {RECORD_FORMAT} record ({exc!r})") from None
+
+
+def output_moments(state: Moments, weights=None, shift=None) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of each component of ``y = (x - shift) @ weights`` over the rows the
+    statistics ``state`` describe, from the statistics alone.
+
+    ``mean_j = (mu - shift) @ weights[:, j]`` and ``var_j = weights[:, j]^T Sigma_1 weights[:, j]`` with
+    ``Sigma_1 = scatter / n``; for ``shift = beta mu`` the mean is ``(1 - beta) mu @ weights[:, j]``.
+    Without ``weights`` the map is the identity (raw vectors, less ``shift``).
+    """
+    sigma = covariance(state, beta=1.0)
+    mean = state.mean - (0.0 if shift is None else np.asarray(shift, dtype=np.float64))
+    if weights is None:
+        return mean, np.clip(np.diag(sigma).copy(), 0.0, None)
+    weights = np.asarray(weights, dtype=np.float64)
+    variance = np.einsum("ij,ij->j", weights, sigma @ weights)
+    return mean @ weights, np.clip(variance, 0.0, None)
+
+
+def normalized_moments(mean, variance) -> tuple[np.ndarray, np.ndarray]:
+    """The approximate mean and variance of each component of ``y / ||y||``: both divided by
+    ``E||y||^2 = sum_j (var_j + mean_j^2)`` (the mean by its square root).
+
+    Exact when every row has the same norm; for the spread of real norms see the measurement in
+    ``docs/evaluation.md``.
+    """
+    mean = np.asarray(mean, dtype=np.float64)
+    variance = np.asarray(variance, dtype=np.float64)
+    energy = float(np.sum(variance + mean**2))
+    if not energy > 0:
+        return mean, variance
+    return mean / math.sqrt(energy), variance / energy
+
+
+def int8_quantization(mean, variance, clip: float = DEFAULT_INT8_CLIP, normalized: bool = False) -> Quantization:
+    """The int8 record whose codes span ``mean +- clip * sqrt(variance)`` per component.
+
+    A standard deviation below ``1e-6`` of the largest is raised to it (a constant component still
+    decodes to its mean).
+    """
+    check("int8_clip", clip)
+    std = np.sqrt(np.asarray(variance, dtype=np.float64))
+    top = float(std.max()) if std.size else 0.0
+    std = np.maximum(std, _STD_FLOOR * top) if top > 0 else np.ones_like(std)
+    return Quantization(
+        "int8",
+        int(std.shape[0]),
+        normalized=bool(normalized),
+        scale=float(clip) * std / INT8_MAX,
+        offset=np.asarray(mean, dtype=np.float64).copy(),
+        clip=float(clip),
+    )
+
+
+def quantization_for(
+    kind: str,
+    model: WhiteningModel | None = None,
+    *,
+    raw: bool = False,
+    normalize: bool = False,
+    clip: float = DEFAULT_INT8_CLIP,
+    n_components: int | None = None,
+) -> Quantization:
+    """The record for storing ``model``'s outputs (or, with ``raw``, the raw vectors) as ``kind``.
+
+    ``normalize``: the vectors are scaled to unit L2 norm before they are stored. int8 needs the
+    model, for its statistics (raw vectors included); the other kinds need only the width, from the
+    model or ``n_components``.
+    """
+    check("storage", kind)
+    if model is not None:
+        n_components = model.n_features if raw else model.n_components
+    if n_components is None:
+        raise BadInputError("give a model or n_components to quantize for")
+    if kind != "int8":
+        return Quantization(kind, int(n_components), normalized=bool(normalize))
+    if model is None:
+        raise BadInputError("int8 storage needs a fitted model: its scale and offset come from the statistics")
+    if raw:
+        mean, variance = output_moments(model.state)
+    else:
+        weights, shift = model.projection(np.float64)
+        mean, variance = output_moments(model.state, weights, shift)
+    if normalize:
+        mean, variance = normalized_moments(mean, variance)
+    return int8_quantization(mean, variance, clip=clip, normalized=normalize)
+
+
+__all__ = [
+    "DEFAULT_INT8_CLIP",
+    "INT8_MAX",
+    "KINDS",
+    "Quantization",
+    "int8_quantization",
+    "normalized_moments",
+    "output_moments",
+    "quantization_for",
+]

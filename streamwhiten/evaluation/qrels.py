@@ -1,0 +1,196 @@
+"""Relevance judgements (qrels) and excluded pairs for retrieval evaluation, read from BEIR's TSV files.
+
+A qrels file is BEIR's ``qrels/*.tsv``: a header line ``query-id<TAB>corpus-id<TAB>score`` and one
+judged pair per line. A pair with ``score > 0`` is relevant, with the score as its grade (nDCG's gain);
+``score <= 0`` is judged not relevant. An exclude file has the header ``query-id<TAB>corpus-id`` (a
+third column is allowed and ignored) and lists pairs to drop from that query's candidates (its own
+text, say). Ids are the 0-based rows of the query and corpus stores, or, when a store is read with an
+id column (Parquet, Lance), the values of that column. The delimiter is found as
+:mod:`streamwhiten.io.text` says (a tab, for these files).
+
+Every problem is one line naming the file and line: a missing header, a line of the wrong length, an
+id that names no row, a score that is not a finite number, a pair given twice, no relevant pair at all,
+a relevant pair that is also excluded.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import BadInputError
+from ..io import remote
+from ..io.text import read_rows
+
+QRELS_HEADER = ("query-id", "corpus-id", "score")
+EXCLUDE_HEADER = ("query-id", "corpus-id")
+
+
+@dataclass(frozen=True)
+class Ids:
+    """How the ids of one store's rows are written in a qrels file: its 0-based rows (``ids`` None) or
+    the values of its id column (``ids[row]``)."""
+
+    label: str
+    n_rows: int
+    ids: Sequence[str] | None = None
+    column: str | None = None
+
+    def lookup(self) -> dict | None:
+        return None if self.ids is None else {value: row for row, value in enumerate(self.ids)}
+
+    def describe(self) -> str:
+        if self.ids is None:
+            return f"a row of {self.label} ({self.n_rows:,} rows, counted from 0)"
+        return f"an id in column {self.column!r} of {self.label}"
+
+
+@dataclass(frozen=True)
+class Qrels:
+    """Judged pairs as row numbers, sorted by query row, then corpus row.
+
+    Attributes
+    ----------
+    label : str
+        The file they came from.
+    queries, rows : ndarray, int64
+        The query row and corpus row of each judged pair.
+    grades : ndarray, float64
+        Each pair's score as given (relevant when above 0).
+    lines : ndarray, int64
+        Each pair's line in the file, for messages.
+    """
+
+    label: str
+    queries: np.ndarray
+    rows: np.ndarray
+    grades: np.ndarray
+    lines: np.ndarray
+
+    @property
+    def n_pairs(self) -> int:
+        return int(self.queries.shape[0])
+
+    def relevant(self) -> Qrels:
+        """Only the relevant pairs (score > 0)."""
+        keep = self.grades > 0
+        return Qrels(self.label, self.queries[keep], self.rows[keep], self.grades[keep], self.lines[keep])
+
+    def query_rows(self) -> np.ndarray:
+        """The query rows with at least one relevant pair, ascending: the queries evaluated."""
+        return np.unique(self.queries[self.grades > 0])
+
+    def describe(self) -> dict:
+        relevant = self.grades > 0
+        return {
+            "qrels": self.label,
+            "n_pairs": self.n_pairs,
+            "n_relevant": int(relevant.sum()),
+            "n_queries": int(np.unique(self.queries).size),
+            "n_queries_with_relevant": int(np.unique(self.queries[relevant]).size),
+            "graded": bool(np.any(self.grades[relevant] != 1)),
+        }
+
+
+def _row(value: str, ids: Ids, lookup: dict | None, label: str, line: int, what: str) -> int:
+    if lookup is not None:
+        row = lookup.get(value)
+        if row is None:
+            raise BadInputError(f"{label}: line {line}: {what} {value!r} is not {ids.describe()}")
+        return row
+    if not value.isdigit() or int(value) >= ids.n_rows:
+        raise BadInputError(f"{label}: line {line}: {what} {value!r} is not {ids.describe()}")
+    return int(value)
+
+
+def _table(path: str, header: tuple, columns: tuple) -> tuple[str, list]:
+    """The data lines of the file at ``path``, after checking its header starts with ``header``."""
+    label = remote.redact(str(path))
+    rows = read_rows(str(path))
+    if not rows:
+        raise BadInputError(f"{label}: the file is empty (expected the header {_tabbed(header)})")
+    number, fields = rows[0]
+    names = tuple(field.strip() for field in fields)
+    if names[: len(header)] != header or len(names) not in columns:
+        raise BadInputError(f"{label}: line {number}: expected the header {_tabbed(header)}, got {_tabbed(names)}")
+    for number, fields in rows[1:]:
+        if len(fields) != len(names):
+            raise BadInputError(f"{label}: line {number}: has {len(fields)} field(s), the header {len(names)}")
+    return label, rows[1:]
+
+
+def _tabbed(fields) -> str:
+    return "'" + "<TAB>".join(fields) + "'"
+
+
+def read_qrels(path: str, queries: Ids, corpus: Ids) -> Qrels:
+    """Read a BEIR qrels file whose ids name rows of the ``queries`` and ``corpus`` stores.
+
+    Raises
+    ------
+    BadInputError
+        One line naming the file and line: see the module docstring.
+    """
+    label, lines = _table(path, QRELS_HEADER, (3,))
+    query_lookup, corpus_lookup = queries.lookup(), corpus.lookup()
+    n = len(lines)
+    q_rows, c_rows = np.empty(n, np.int64), np.empty(n, np.int64)
+    grades, numbers = np.empty(n, np.float64), np.empty(n, np.int64)
+    for i, (number, fields) in enumerate(lines):
+        query_id, corpus_id, score = (field.strip() for field in fields)
+        q_rows[i] = _row(query_id, queries, query_lookup, label, number, "query-id")
+        c_rows[i] = _row(corpus_id, corpus, corpus_lookup, label, number, "corpus-id")
+        try:
+            grades[i] = float(score)
+        except ValueError:
+            raise BadInputError(f"{label}: line {number}: score {score!r} is not a number") from None
+        if not math.isfinite(grades[i]):
+            raise BadInputError(f"{label}: line {number}: score {score!r} is not a finite number")
+        numbers[i] = number
+    if n == 0:
+        raise BadInputError(f"{label}: holds no judged pair (only the header)")
+    order = np.lexsort((numbers, c_rows, q_rows))
+    q_rows, c_rows, grades, numbers = q_rows[order], c_rows[order], grades[order], numbers[order]
+    same = np.flatnonzero((q_rows[1:] == q_rows[:-1]) & (c_rows[1:] == c_rows[:-1]))
+    if same.size:
+        first = same[np.argmin(numbers[same + 1])]
+        raise BadInputError(
+            f"{label}: line {numbers[first + 1]}: the pair of query row {q_rows[first]} and corpus row "
+            f"{c_rows[first]} was already judged on line {numbers[first]}"
+        )
+    if not np.any(grades > 0):
+        raise BadInputError(f"{label}: holds no relevant pair (score > 0)")
+    return Qrels(label, q_rows, c_rows, grades, numbers)
+
+
+def read_exclude(path: str, queries: Ids, corpus: Ids, qrels: Qrels | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(query rows, corpus rows)`` of the pairs an exclude file lists (duplicates dropped), sorted.
+
+    With ``qrels``, a listed pair that ``qrels`` calls relevant is refused (it could never be found).
+    """
+    label, lines = _table(path, EXCLUDE_HEADER, (2, 3))
+    query_lookup, corpus_lookup = queries.lookup(), corpus.lookup()
+    pairs = {}
+    for number, fields in lines:
+        q = _row(fields[0].strip(), queries, query_lookup, label, number, "query-id")
+        c = _row(fields[1].strip(), corpus, corpus_lookup, label, number, "corpus-id")
+        pairs.setdefault((q, c), number)
+    if qrels is not None and pairs:
+        relevant = qrels.relevant()
+        for q, c, line in zip(relevant.queries, relevant.rows, relevant.lines, strict=True):
+            number = pairs.get((int(q), int(c)))
+            if number is not None:
+                raise BadInputError(
+                    f"{label}: line {number}: excludes the pair of query row {q} and corpus row {c}, "
+                    f"which {qrels.label} line {line} calls relevant"
+                )
+    if not pairs:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    q_rows, c_rows = (np.asarray(values, dtype=np.int64) for values in zip(*sorted(pairs), strict=True))
+    return q_rows, c_rows
+
+
+__all__ = ["EXCLUDE_HEADER", "QRELS_HEADER", "Ids", "Qrels", "read_exclude", "read_qrels"]

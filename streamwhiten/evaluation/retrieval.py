@@ -1,0 +1,510 @@
+"""Retrieval evaluation: exact cosine search of queries over a corpus, scored against relevance judgements.
+
+For each setting (the raw vectors, or a whitening; each stored as float32, float16, int8 or sign bits,
+optionally re-ranked) the queries and every corpus row are transformed, scaled to unit length and
+stored as the setting says; then each query's 100 best corpus rows are found by exact search (ties to
+the lower corpus row, excluded pairs never returned; see :mod:`.search`), and scored:
+
+- ``ndcg@10``: ``DCG / IDCG`` with ``DCG = sum_{i=1..10} gain_i / log2(i + 1)``, the gain of the
+  document at rank ``i`` its qrels score when above 0 (else 0), and ``IDCG`` the DCG of the query's
+  judged scores sorted best first (trec_eval's ``ndcg_cut_10``, as BEIR reports it);
+- ``recall@k`` (k = 1, 10, 100): relevant documents in the top k over the query's relevant documents;
+- ``mrr@10``: ``1 / rank`` of the first relevant document in the top 10, 0 if there is none.
+
+Each is averaged over the queries that have at least one relevant document (a query judged only
+``score <= 0`` cannot be scored and is left out, and counted) and reported x100, like the pair scores.
+Whitened and raw are compared per query: the difference of the means, with a paired bootstrap 95%
+interval (resamples of the queries, a fixed seed; :func:`paired_bootstrap`).
+
+The search is computed in float64 from what each storage holds: float16 values, int8 codes
+dequantized (``code * scale + offset``), sign bits compared by Hamming distance (the queries' bits
+too); ``rescore=N`` re-ranks the top N of a bit search by the float query's inner product with the
+corpus rows stored as ``rescore_storage`` (float32 or int8), read in a second pass over the corpus.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core.affine import scale_rows_to_unit
+from ..core.model import WhiteningModel, project
+from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, quantization_for
+from ..errors import BadInputError, NonFiniteError
+from ..io import Source, open_source, read_ids, remote
+from ..params import PARAMS, check
+from .qrels import Ids, Qrels, read_exclude, read_qrels
+from .search import Exclusions, SearchJob, rescore, search
+
+#: The metrics, in the order they are reported.
+METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
+#: Corpus rows kept per query: what recall@100 needs.
+DEPTH = 100
+#: Paired bootstrap: resamples of the queries, the generator's seed, the interval's level.
+BOOTSTRAP_SAMPLES: int = int(PARAMS["bootstrap"].default)  # type: ignore[call-overload]
+BOOTSTRAP_SEED: int = int(PARAMS["seed"].default)  # type: ignore[call-overload]
+BOOTSTRAP_LEVEL = 0.95
+
+
+# --------------------------------------------------------------------------------------------- metrics
+
+
+def _cutoff(name: str) -> int:
+    return int(name.split("@")[1])
+
+
+def query_metrics(top_rows: np.ndarray, query_rows: np.ndarray, qrels: Qrels) -> dict[str, np.ndarray]:
+    """Each metric of :data:`METRICS` per query, as a fraction in [0, 1].
+
+    Parameters
+    ----------
+    top_rows : ndarray, int64, queries x depth
+        Each query's corpus rows, best first (-1 past the last).
+    query_rows : ndarray, int64
+        The query row (as the qrels name it) of each line of ``top_rows``; each must have a relevant
+        document.
+    qrels : Qrels
+    """
+    top_rows = np.asarray(top_rows, dtype=np.int64)
+    query_rows = np.asarray(query_rows, dtype=np.int64)
+    n = query_rows.shape[0]
+    if top_rows.ndim != 2 or top_rows.shape[0] != n:
+        raise BadInputError(f"expected one top list per query ({n}), got shape {top_rows.shape}")
+    if np.any(np.diff(query_rows) <= 0):
+        raise BadInputError("the query rows must be distinct and ascending")
+    relevant = qrels.relevant()
+    # the relevant pairs of the queries evaluated, each query as its line in top_rows
+    line = np.searchsorted(query_rows, relevant.queries)
+    inside = line < n
+    inside[inside] = query_rows[line[inside]] == relevant.queries[inside]
+    line, rows, grades = line[inside], relevant.rows[inside], relevant.grades[inside]
+    n_relevant = np.bincount(line, minlength=n).astype(np.float64)
+    if np.any(n_relevant == 0):
+        missing = query_rows[np.argmin(n_relevant)]
+        raise BadInputError(f"{qrels.label}: query row {missing} has no relevant document to evaluate it by")
+    if n == 0:
+        return {name: np.zeros(0) for name in METRICS}
+    # the gain of each retrieved row: its grade, looked up by the key (line, row) among the relevant pairs
+    modulus = int(max(int(rows.max()), int(top_rows.max(initial=-1)))) + 2  # row -1 keys no pair
+    keys = line * modulus + rows
+    order = np.argsort(keys)
+    keys, sorted_grades = keys[order], grades[order]
+    wanted = np.arange(n, dtype=np.int64)[:, None] * modulus + top_rows
+    found = np.minimum(np.searchsorted(keys, wanted), keys.size - 1)
+    gain = np.where((top_rows >= 0) & (keys[found] == wanted), sorted_grades[found], 0.0)
+    # the ideal DCG: each query's relevant grades best first, at ranks 1, 2, ...
+    by_grade = np.lexsort((-grades, line))
+    line, grades = line[by_grade], grades[by_grade]
+    rank = np.arange(line.size) - np.searchsorted(line, line)
+    cut = rank < 10
+    ideal = np.bincount(line[cut], weights=grades[cut] / np.log2(rank[cut] + 2.0), minlength=n)
+    width = min(10, gain.shape[1])
+    dcg = (gain[:, :width] / np.log2(np.arange(width) + 2.0)).sum(axis=1)
+    hits = gain > 0
+    out = {}
+    for name in METRICS:
+        k = _cutoff(name)
+        if name.startswith("ndcg"):
+            out[name] = dcg / ideal
+        elif name.startswith("recall"):
+            out[name] = hits[:, :k].sum(axis=1) / n_relevant
+        else:
+            top = hits[:, :k]
+            first_hit = np.argmax(top, axis=1)
+            out[name] = np.where(top.any(axis=1), 1.0 / (first_hit + 1.0), 0.0)
+    return out
+
+
+def mean_metrics(per_query: dict[str, np.ndarray]) -> dict[str, float]:
+    """Each metric's mean over the queries, x100."""
+    return {name: 100.0 * float(np.mean(values)) for name, values in per_query.items()}
+
+
+def paired_bootstrap(
+    first: dict[str, np.ndarray],
+    second: dict[str, np.ndarray],
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    level: float = BOOTSTRAP_LEVEL,
+) -> dict[str, dict]:
+    """The mean per-query difference ``second - first`` of each metric, x100, with a paired bootstrap
+    interval.
+
+    Resample ``i`` (``i < samples``) draws the queries ``rng.integers(0, n, size=n)`` from
+    ``numpy.random.default_rng(seed)``, one resample after the other, the same queries for every
+    metric; the interval is the ``(1 - level) / 2`` and ``(1 + level) / 2`` percentiles (numpy's
+    linear interpolation) of the resampled mean differences. ``samples = 0`` gives no interval.
+    """
+    names = list(first)
+    diffs = {name: np.asarray(second[name], np.float64) - np.asarray(first[name], np.float64) for name in names}
+    n = diffs[names[0]].shape[0] if names else 0
+    out = {name: {"difference": 100.0 * float(diffs[name].mean()) if n else math.nan} for name in names}
+    if samples <= 0 or n == 0:
+        for name in names:
+            out[name].update(low=None, high=None)
+        return out
+    rng = np.random.default_rng(seed)
+    means = {name: np.empty(samples) for name in names}
+    for i in range(samples):
+        index = rng.integers(0, n, size=n)
+        for name in names:
+            means[name][i] = diffs[name][index].mean()
+    tails = [100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0]
+    for name in names:
+        low, high = np.percentile(means[name], tails)
+        out[name].update(low=100.0 * float(low), high=100.0 * float(high))
+    return out
+
+
+# -------------------------------------------------------------------------------------------- settings
+
+
+@dataclass
+class Setting:
+    """How vectors become what is searched: an optional whitening ``y = (x - shift) @ weights``, L2
+    normalisation, a storage, and for bits an optional re-ranking of the top ``rescore``.
+
+    Build one with :meth:`make`.
+    """
+
+    name: str
+    storage: Quantization
+    weights: np.ndarray | None = None
+    shift: np.ndarray | None = None
+    rescore: int = 0
+    rescore_storage: Quantization | None = None
+    params: dict = field(default_factory=dict)
+
+    @classmethod
+    def make(
+        cls,
+        name: str,
+        model: WhiteningModel | None = None,
+        *,
+        raw: bool = False,
+        storage: str = "float32",
+        rescore: int = 0,
+        rescore_storage: str = "float32",
+        int8_clip: float = DEFAULT_INT8_CLIP,
+        n_features: int | None = None,
+    ) -> Setting:
+        """The raw vectors (``raw``, or no ``model``) or ``model``'s whitening, stored as ``storage``.
+
+        int8 storage (and int8 rescoring) takes its scale and offset from ``model``'s statistics, so
+        it needs a model for raw vectors too; ``n_features`` is the width when there is no model.
+        """
+        check("storage", storage)
+        check("rescore", rescore)
+        check("rescore_storage", rescore_storage)
+        if rescore and storage != "binary":
+            raise BadInputError(f"rescore re-ranks a bit search: it needs storage 'binary', not {storage!r}")
+        raw = raw or model is None
+        width = None if model is not None else n_features
+        quantization = quantization_for(storage, model, raw=raw, normalize=True, clip=int8_clip, n_components=width)
+        again = None
+        if rescore:
+            again = quantization_for(
+                rescore_storage, model, raw=raw, normalize=True, clip=int8_clip, n_components=width
+            )
+        weights = shift = None
+        params: dict = {"storage": storage, "bytes_per_vector": quantization.bytes_per_vector}
+        if storage == "int8":
+            params["int8_clip"] = float(int8_clip)
+        if rescore:
+            params.update(rescore=int(rescore), rescore_storage=rescore_storage)
+        if not raw:
+            weights, shift = model.projection(np.float64)
+            params.update(beta=model.beta, gamma=model.gamma, k=model.n_components)
+        return cls(name, quantization, weights, shift, int(rescore), again, params)
+
+    @property
+    def n_features(self) -> int | None:
+        return None if self.weights is None else int(self.weights.shape[0])
+
+    def unit(self, rows: np.ndarray) -> np.ndarray:
+        """The rows transformed (in float64) and scaled to unit L2 norm; zero rows stay zero."""
+        if self.weights is None:
+            out = np.array(rows, dtype=np.float64)
+            scale_rows_to_unit(out, np.sqrt(np.einsum("ij,ij->i", out, out)))
+            return out
+        return project(rows, self.weights, self.shift, normalize=True)
+
+    def searched(self, rows: np.ndarray) -> np.ndarray:
+        """Corpus rows as the search sees them: the stored values decoded to float64, or the bits."""
+        codes = self.storage.encode(self.unit(rows))
+        return codes if self.storage.kind == "binary" else self.storage.decode(codes, np.float64)
+
+    def rescored(self, rows: np.ndarray) -> np.ndarray:
+        """Corpus rows as the re-ranking sees them (float64)."""
+        return self.rescore_storage.decode(self.rescore_storage.encode(self.unit(rows)), np.float64)
+
+    def query_vectors(self, rows: np.ndarray) -> np.ndarray:
+        """Queries as searched: float64 unit vectors, or their sign bits for a bit search."""
+        unit = self.unit(rows)
+        return np.packbits(unit > 0, axis=1) if self.storage.kind == "binary" else unit
+
+
+def _finite(rows: np.ndarray, start: int, label: str) -> np.ndarray:
+    finite = np.isfinite(rows).all(axis=1)
+    if not finite.all():
+        row = start + int(np.argmin(finite))
+        raise NonFiniteError(f"{label}: row {row} holds NaN or Inf", row=row)
+    return rows
+
+
+def run_settings(
+    queries: np.ndarray,
+    corpus,
+    settings: list[Setting],
+    *,
+    exclude: Exclusions | None = None,
+    depth: int = DEPTH,
+    corpus_label: str = "corpus",
+    block_rows: int | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, np.ndarray]:
+    """Each setting's top ``depth`` corpus rows for every query row of ``queries``, in one pass over
+    ``corpus`` (an array or a Source; plus one more pass per setting that re-ranks bits).
+
+    Returns ``{setting name: rows (queries x depth, int64, -1 past the last candidate)}``.
+    """
+    names = [setting.name for setting in settings]
+    if len(set(names)) != len(names):
+        raise BadInputError(f"settings need distinct names, got {names}")
+    jobs = []
+    for setting in settings:
+        if setting.n_features is not None and setting.n_features != queries.shape[1]:
+            raise BadInputError(
+                f"setting {setting.name!r} expects {setting.n_features} features, the vectors have {queries.shape[1]}"
+            )
+        metric = "hamming" if setting.storage.kind == "binary" else "ip"
+
+        def prepare(rows, start, setting=setting):
+            return setting.searched(_finite(rows, start, corpus_label))
+
+        jobs.append(SearchJob(setting.query_vectors(queries), max(depth, setting.rescore), metric, prepare, exclude))
+    results = search(corpus, jobs, block_rows=block_rows, threads=threads, progress=progress)
+    out = {}
+    for setting, result in zip(settings, results, strict=True):
+        rows = result.rows
+        if setting.rescore:
+            again = rescore(
+                setting.unit(queries),
+                rows[:, : setting.rescore],
+                corpus,
+                setting.rescore,
+                prepare=lambda block, start, setting=setting: setting.rescored(block),
+                block_rows=block_rows,
+            )
+            rows = np.concatenate([again.rows, rows[:, setting.rescore :]], axis=1)
+        out[setting.name] = np.ascontiguousarray(rows[:, :depth])
+    return out
+
+
+# ------------------------------------------------------------------------------------------ evaluation
+
+
+def _open(spec) -> tuple[object, bool]:
+    """A Source or array for ``spec`` (a spec string, a Source or an array); whether we opened it."""
+    if isinstance(spec, Source):
+        return spec, False
+    if isinstance(spec, np.ndarray):
+        if spec.ndim != 2 or spec.dtype.kind != "f":
+            raise BadInputError(f"expected a 2-D array of float vectors, got {spec.dtype} of shape {spec.shape}")
+        return spec, False
+    return open_source(spec), True
+
+
+def _label(store, what: str) -> str:
+    return store.label if isinstance(store, Source) else f"the {what} array"
+
+
+def _ids(store, column: str | None, what: str) -> Ids:
+    label = _label(store, what)
+    n_rows = store.n_rows if isinstance(store, Source) else store.shape[0]
+    if column is None:
+        return Ids(label, n_rows)
+    if not isinstance(store, Source):
+        raise BadInputError(f"an id column needs a Parquet or Lance store; the {what} are an array")
+    return Ids(label, n_rows, read_ids(store, column), column)
+
+
+def _describe(store, what: str, column: str | None) -> dict:
+    n_rows, n_features = (store.n_rows, store.n_features) if isinstance(store, Source) else store.shape
+    return {"label": _label(store, what), "n_rows": int(n_rows), "n_features": int(n_features), "id_column": column}
+
+
+def evaluate_retrieval(
+    queries,
+    corpus,
+    qrels,
+    *,
+    model: WhiteningModel | None = None,
+    exclude=None,
+    storage: str = "float32",
+    rescore: int = 0,
+    rescore_storage: str = "float32",
+    int8_clip: float = DEFAULT_INT8_CLIP,
+    query_id_column: str | None = None,
+    corpus_id_column: str | None = None,
+    bootstrap: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    block_rows: int | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Retrieval metrics (x100) of the raw vectors and, given a model, of its whitening, on the same
+    queries, with a paired bootstrap interval of each difference.
+
+    Parameters
+    ----------
+    queries, corpus : str, Source or ndarray
+        Store specs (as ``fit`` takes them), open sources or arrays of vectors of one width. The
+        queries are read whole; the corpus is streamed in blocks.
+    qrels : str or Qrels
+        A BEIR qrels file (see :mod:`.qrels`) whose ids are rows of the stores, or values of their id
+        columns (``query_id_column``, ``corpus_id_column``: Parquet or Lance stores).
+    model : WhiteningModel, optional
+        Its setting (beta, gamma, k) is evaluated as ``whitened``; without it only ``raw`` is.
+    exclude : str, optional
+        A file of ``(query, corpus)`` pairs dropped from that query's candidates.
+    storage : str
+        ``float32``, ``float16``, ``int8`` (needs the model: its statistics set the scales, raw ones
+        included) or ``binary``, for raw and whitened alike.
+    rescore, rescore_storage
+        With ``binary``: re-rank the top ``rescore`` of the bit search with ``float32`` or ``int8`` vectors.
+    int8_clip : float
+        Standard deviations the int8 codes span about each component's mean.
+    bootstrap, seed
+        Resamples of the queries for the intervals (0: none), and the generator's seed.
+    block_rows, threads, progress
+        Corpus rows per block read, worker threads, and ``progress(rows_done, n_rows)``.
+
+    Returns
+    -------
+    dict
+        ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw", "whitened", "difference",
+        "bootstrap"}``: ``raw`` and ``whitened`` (None without a model) map each of :data:`METRICS` to
+        its mean x100, with the storage and (whitened) beta, gamma, k; ``difference`` maps each metric
+        to ``{"difference", "low", "high"}`` (whitened minus raw, x100) or is None.
+    """
+    for name, value in (
+        ("storage", storage),
+        ("rescore", rescore),
+        ("rescore_storage", rescore_storage),
+        ("int8_clip", int8_clip),
+        ("bootstrap", bootstrap),
+        ("seed", seed),
+    ):
+        check(name, value)  # before anything is read
+    opened = []
+    try:
+        query_store, mine = _open(queries)
+        if mine:
+            opened.append(query_store)
+        corpus_store, mine = _open(corpus)
+        if mine:
+            opened.append(corpus_store)
+        n_features = query_store.n_features if isinstance(query_store, Source) else query_store.shape[1]
+        corpus_features = corpus_store.n_features if isinstance(corpus_store, Source) else corpus_store.shape[1]
+        if n_features != corpus_features:
+            raise BadInputError(
+                f"queries and corpus differ in width: {_label(query_store, 'queries')} has {n_features} columns "
+                f"but {_label(corpus_store, 'corpus')} has {corpus_features}"
+            )
+        if model is not None and model.n_features != n_features:
+            raise BadInputError(
+                f"the model expects {model.n_features} features but {_label(corpus_store, 'corpus')} has {n_features}"
+            )
+        query_ids = _ids(query_store, query_id_column, "queries")
+        corpus_ids = _ids(corpus_store, corpus_id_column, "corpus")
+        judged = qrels if isinstance(qrels, Qrels) else read_qrels(qrels, query_ids, corpus_ids)
+        query_rows = judged.query_rows()
+        excluded = Exclusions.none(query_rows.size)
+        exclude_info = None
+        if exclude is not None:
+            ex_queries, ex_rows = read_exclude(exclude, query_ids, corpus_ids, judged)
+            position = np.searchsorted(query_rows, ex_queries)
+            keep = (position < query_rows.size) & (query_rows[np.minimum(position, query_rows.size - 1)] == ex_queries)
+            excluded = Exclusions.from_pairs(query_rows.size, position[keep], ex_rows[keep])
+            exclude_info = {
+                "exclude": remote.redact(str(exclude)),
+                "n_pairs": int(ex_queries.size),
+                "n_pairs_used": int(keep.sum()),
+            }
+        if isinstance(query_store, Source):
+            vectors = query_store.read(0, query_store.n_rows)[query_rows]
+        else:
+            vectors = np.asarray(query_store)[query_rows]
+        finite = np.isfinite(vectors).all(axis=1)
+        if not finite.all():
+            row = int(query_rows[np.argmin(finite)])
+            raise NonFiniteError(f"{_label(query_store, 'queries')}: row {row} holds NaN or Inf", row=row)
+        settings = [
+            Setting.make(
+                "raw",
+                model,
+                raw=True,
+                storage=storage,
+                rescore=rescore,
+                rescore_storage=rescore_storage,
+                int8_clip=int8_clip,
+                n_features=n_features,
+            )
+        ]
+        if model is not None:
+            settings.append(
+                Setting.make(
+                    "whitened",
+                    model,
+                    storage=storage,
+                    rescore=rescore,
+                    rescore_storage=rescore_storage,
+                    int8_clip=int8_clip,
+                )
+            )
+        rows = run_settings(
+            vectors,
+            corpus_store,
+            settings,
+            exclude=excluded,
+            corpus_label=_label(corpus_store, "corpus"),
+            block_rows=block_rows,
+            threads=threads,
+            progress=progress,
+        )
+    finally:
+        for store in opened:
+            store.close()
+    per_query = {name: query_metrics(top, query_rows, judged) for name, top in rows.items()}
+    result = {
+        "queries": _describe(query_store, "queries", query_id_column),
+        "corpus": _describe(corpus_store, "corpus", corpus_id_column),
+        "qrels": judged.describe(),
+        "exclude": exclude_info,
+        "n_queries": int(query_rows.size),
+        "raw": dict(mean_metrics(per_query["raw"]), **settings[0].params),
+        "whitened": None,
+        "difference": None,
+        "bootstrap": {"samples": int(bootstrap), "seed": int(seed), "level": BOOTSTRAP_LEVEL},
+    }
+    if model is not None:
+        result["whitened"] = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
+        result["difference"] = paired_bootstrap(per_query["raw"], per_query["whitened"], bootstrap, seed)
+    return result
+
+
+__all__ = [
+    "DEPTH",
+    "METRICS",
+    "Setting",
+    "evaluate_retrieval",
+    "mean_metrics",
+    "paired_bootstrap",
+    "query_metrics",
+    "run_settings",
+]

@@ -1,0 +1,391 @@
+"""Exact nearest-neighbour search over a corpus in memory or streamed from a store.
+
+Two metrics: ``"ip"``, the inner product of float vectors (larger is better; the cosine, for unit
+vectors), and ``"hamming"``, the Hamming distance of packed bit vectors (``numpy.packbits`` rows;
+smaller is better). Every query keeps a top list of its ``depth`` best corpus rows, best first, **ties
+to the lower corpus row**, however the corpus is cut into blocks. Pairs named in an
+:class:`Exclusions` are never candidates.
+
+The corpus is read one block at a time (the next block is read while the current one is searched), so
+a corpus larger than memory works: memory holds the queries, their top lists and about two blocks. A
+block is turned into what is searched by the job's ``prepare`` (a whitening, a quantization, ...),
+its rows cut among the worker threads; then each worker searches the block for its share of the
+queries: BLAS products of tiles of rows against its queries (``ip``) or a popcount kernel (``hamming``),
+each tile merged into the top lists by a Numba kernel (``core._kernels``). Several jobs can share one
+pass over the corpus (:func:`search`). :func:`rescore` re-ranks candidate lists (the top N of a bit
+search) with other vectors of the same rows, read in a second pass over the blocks that hold them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core import _kernels
+from ..engine._threads import blas_threads, blas_threads_per_worker, limit_this_thread, resolve_threads
+from ..errors import BadInputError
+from ..io import Source
+
+METRICS = ("ip", "hamming")
+#: Bytes of corpus rows read per block from a store (in memory: per block handed to the workers).
+SEARCH_BLOCK_BYTES = 32 << 20
+#: Bytes of one tile of inner products (a worker's queries x rows): small enough to stay in cache
+#: while the merge kernel reads it back.
+SCORE_TILE_BYTES = 2 << 20
+_EMPTY_DISTANCE = np.iinfo(np.int64).max
+#: (query, candidate) pairs whose inner products are taken at once when rescoring (bounds the memory).
+_RESCORE_PAIRS = 8192
+
+
+@dataclass(frozen=True)
+class Exclusions:
+    """Corpus rows that are never candidates of a query: for query ``q``, the sorted rows
+    ``rows[start[q]:start[q + 1]]``."""
+
+    start: np.ndarray
+    rows: np.ndarray
+
+    @classmethod
+    def none(cls, n_queries: int) -> Exclusions:
+        return cls(np.zeros(n_queries + 1, np.int64), np.zeros(0, np.int64))
+
+    @classmethod
+    def from_pairs(cls, n_queries: int, query_rows, corpus_rows) -> Exclusions:
+        """From ``(query, corpus row)`` pairs, queries counted as the search's query rows (0-based)."""
+        query_rows = np.asarray(query_rows, dtype=np.int64).reshape(-1)
+        corpus_rows = np.asarray(corpus_rows, dtype=np.int64).reshape(-1)
+        if query_rows.shape != corpus_rows.shape:
+            raise BadInputError("excluded pairs need as many query rows as corpus rows")
+        if query_rows.size and (query_rows.min() < 0 or query_rows.max() >= n_queries):
+            raise BadInputError(f"an excluded pair names a query outside 0..{n_queries - 1}")
+        order = np.lexsort((corpus_rows, query_rows))
+        start = np.zeros(n_queries + 1, np.int64)
+        np.cumsum(np.bincount(query_rows, minlength=n_queries), out=start[1:])
+        return cls(start, np.ascontiguousarray(corpus_rows[order]))
+
+    @property
+    def n_queries(self) -> int:
+        return int(self.start.shape[0] - 1)
+
+
+@dataclass
+class SearchResult:
+    """The top lists: ``rows`` (queries x depth, int64, -1 past the last candidate) and ``values``
+    (the scores, or the Hamming distances: the largest int64 past the last candidate), best first."""
+
+    rows: np.ndarray
+    values: np.ndarray
+    metric: str
+
+
+@dataclass
+class SearchJob:
+    """One search in a pass over the corpus.
+
+    Attributes
+    ----------
+    queries : ndarray
+        ``ip``: float32 or float64 rows (the scores are computed in their dtype); ``hamming``: uint8
+        rows of packed bits.
+    depth : int
+        The length of each query's top list.
+    metric : str
+        ``"ip"`` or ``"hamming"``.
+    prepare : callable, optional
+        ``prepare(rows, start)`` turns corpus rows ``start, start + 1, ...`` as read into what is
+        searched (float rows of the queries' width, or packed bits); default: the rows themselves.
+    exclude : Exclusions, optional
+    """
+
+    queries: np.ndarray
+    depth: int
+    metric: str = "ip"
+    prepare: Callable[[np.ndarray, int], np.ndarray] | None = None
+    exclude: Exclusions | None = None
+    _state: dict = field(default_factory=dict, repr=False)
+
+    def check(self) -> None:
+        if self.metric not in METRICS:
+            raise BadInputError(f"metric must be one of {', '.join(METRICS)}, got {self.metric!r}")
+        if isinstance(self.depth, bool) or not isinstance(self.depth, (int, np.integer)) or self.depth < 1:
+            raise BadInputError(f"depth must be a whole number of at least 1, got {self.depth!r}")
+        queries = np.asarray(self.queries)
+        if queries.ndim != 2 or queries.shape[1] < 1:
+            raise BadInputError(f"expected a 2-D array of queries, got shape {queries.shape}")
+        if self.metric == "ip" and queries.dtype not in (np.float32, np.float64):
+            raise BadInputError(f"ip search needs float32 or float64 queries, got {queries.dtype}")
+        if self.metric == "hamming" and queries.dtype != np.uint8:
+            raise BadInputError(f"hamming search needs uint8 rows of packed bits, got {queries.dtype}")
+        self.queries = np.ascontiguousarray(queries)
+        if self.exclude is None:
+            self.exclude = Exclusions.none(queries.shape[0])
+        elif self.exclude.n_queries != queries.shape[0]:
+            raise BadInputError(f"exclusions for {self.exclude.n_queries} queries, but {queries.shape[0]} are searched")
+
+
+def _words(bits: np.ndarray, n_words: int) -> np.ndarray:
+    """Packed bit rows (uint8) as zero-padded uint64 words, rows x words."""
+    padded = np.zeros((bits.shape[0], n_words * 8), dtype=np.uint8)
+    padded[:, : bits.shape[1]] = bits
+    return padded.view(np.uint64)
+
+
+def _parts(n: int, parts: int) -> list[tuple[int, int]]:
+    """``parts`` contiguous ranges covering ``0..n`` (fewer when ``n`` is smaller), sizes within one."""
+    parts = max(1, min(parts, n))
+    cuts = [n * i // parts for i in range(parts + 1)]
+    return [(cuts[i], cuts[i + 1]) for i in range(parts) if cuts[i + 1] > cuts[i]]
+
+
+class _Pass:
+    """The state of one pass over the corpus: its jobs' top lists and the worker threads."""
+
+    def __init__(self, jobs: list[SearchJob], threads: int):
+        self.jobs = jobs
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(
+            max_workers=threads,
+            thread_name_prefix="streamwhiten-search",
+            initializer=lambda: limit_this_thread(blas_threads_per_worker(threads)),
+        )
+        for job in jobs:
+            job.check()
+            n_queries = job.queries.shape[0]
+            state = job._state
+            state["parts"] = _parts(n_queries, threads)
+            state["rows"] = np.full((n_queries, job.depth), -1, dtype=np.int64)
+            if job.metric == "ip":
+                state["values"] = np.full((n_queries, job.depth), -np.inf, dtype=job.queries.dtype)
+            else:
+                state["n_words"] = -(-job.queries.shape[1] // 8)
+                state["words"] = np.ascontiguousarray(_words(job.queries, state["n_words"]))
+                state["values"] = np.full((n_queries, job.depth), _EMPTY_DISTANCE, dtype=np.int64)
+
+    def map(self, function, items) -> list:
+        if self.threads <= 1 or len(items) <= 1:
+            return [function(*item) for item in items]
+        return list(self.pool.map(lambda item: function(*item), items))
+
+    def prepared(self, job: SearchJob, rows: np.ndarray, start: int) -> np.ndarray:
+        """The block as the job searches it: prepared in row slices by the workers."""
+        if job.prepare is None:
+            out = rows
+        else:
+            pieces = self.map(lambda a, b: job.prepare(rows[a:b], start + a), _parts(rows.shape[0], self.threads))
+            out = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+        out = np.asarray(out)
+        width = job.queries.shape[1]
+        if out.ndim != 2 or out.shape[0] != rows.shape[0] or out.shape[1] != width:
+            raise BadInputError(
+                f"corpus rows {start}..{start + rows.shape[0] - 1}: expected {rows.shape[0]} rows of {width} "
+                f"values to search, got shape {out.shape}"
+            )
+        if job.metric == "hamming":
+            if out.dtype != np.uint8:
+                raise BadInputError(f"hamming search needs uint8 rows of packed bits, got {out.dtype}")
+            return np.ascontiguousarray(_words(out, job._state["n_words"]).T)
+        return out.astype(job.queries.dtype, copy=False)
+
+    def search_block(self, job: SearchJob, block: np.ndarray, start: int) -> None:
+        state = job._state
+        exclude = job.exclude
+        if job.metric == "hamming":
+            words = state["words"]
+
+            def run(q0, q1):
+                _kernels.merge_top_hamming(
+                    words, block, start, q0, q1, state["values"], state["rows"], exclude.start, exclude.rows
+                )
+
+        else:
+            queries = job.queries
+            itemsize = queries.dtype.itemsize
+
+            def run(q0, q1):
+                tile = max(256, SCORE_TILE_BYTES // max(1, (q1 - q0) * itemsize))
+                scores = np.empty((q1 - q0, min(tile, block.shape[0])), dtype=queries.dtype)
+                for t0 in range(0, block.shape[0], tile):
+                    t1 = min(block.shape[0], t0 + tile)
+                    out = scores[:, : t1 - t0]
+                    np.matmul(queries[q0:q1], block[t0:t1].T, out=out)
+                    _kernels.merge_top_scores(
+                        out, start + t0, q0, state["values"], state["rows"], exclude.start, exclude.rows
+                    )
+
+        self.map(run, state["parts"])
+
+    def results(self) -> list[SearchResult]:
+        return [SearchResult(job._state["rows"], job._state["values"], job.metric) for job in self.jobs]
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def corpus_blocks(corpus, block_rows: int | None = None, rows=None) -> Iterator[tuple[int, np.ndarray]]:
+    """``(start, rows)`` of an in-memory array or a :class:`~streamwhiten.io.Source`, block by block in
+    row order. ``rows`` (sorted), if given, limits the blocks to those holding one of them.
+
+    A source is read into two buffers in turn, the next block (in another thread) while the caller
+    works on this one: a block handed out is valid until the caller asks for the next one.
+    """
+    source = isinstance(corpus, Source)
+    n_rows = corpus.n_rows if source else int(np.shape(corpus)[0])
+    if block_rows is None:
+        if source:
+            block_rows = corpus.default_block_rows(SEARCH_BLOCK_BYTES)
+        else:
+            row_bytes = max(1, int(np.prod(np.shape(corpus)[1:])) * np.dtype(corpus.dtype).itemsize)
+            block_rows = max(256, SEARCH_BLOCK_BYTES // row_bytes)
+    ranges = [(a, min(n_rows, a + block_rows)) for a in range(0, n_rows, block_rows)]
+    if rows is not None:
+        firsts = np.searchsorted(rows, [a for a, _ in ranges])
+        lasts = np.searchsorted(rows, [b for _, b in ranges])
+        ranges = [r for r, f, last in zip(ranges, firsts, lasts, strict=True) if last > f]
+    if not source:
+        for a, b in ranges:
+            yield a, corpus[a:b]
+        return
+    if not ranges:
+        return
+    width = max(b - a for a, b in ranges)
+    buffers = [np.empty((width, corpus.n_features), dtype=corpus.read_dtype) for _ in range(min(2, len(ranges)))]
+
+    def read(i):
+        a, b = ranges[i]
+        return corpus.read_into(a, b, buffers[i % len(buffers)])
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwhiten-read") as reader:
+        pending = reader.submit(read, 0)
+        for i, (a, _) in enumerate(ranges):
+            block = pending.result()
+            pending = reader.submit(read, i + 1) if i + 1 < len(ranges) else None
+            yield a, block
+
+
+def search(
+    corpus,
+    jobs: list[SearchJob],
+    *,
+    block_rows: int | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[SearchResult]:
+    """Run every job of ``jobs`` in one pass over ``corpus`` (an array of rows, or a
+    :class:`~streamwhiten.io.Source`); the results in the jobs' order.
+
+    ``threads`` worker threads (default: one per core, at most 4) share each block, BLAS limited so
+    that together they use every core once. ``progress(rows_done, n_rows)`` is called after each block.
+    """
+    threads = resolve_threads(threads)
+    n_rows = corpus.n_rows if isinstance(corpus, Source) else int(np.shape(corpus)[0])
+    state = _Pass(list(jobs), threads)
+    try:
+        with blas_threads(blas_threads_per_worker(threads)):
+            for start, rows in corpus_blocks(corpus, block_rows):
+                for job in state.jobs:
+                    state.search_block(job, state.prepared(job, rows, start), start)
+                if progress is not None:
+                    progress(start + rows.shape[0], n_rows)
+    finally:
+        state.close()
+    return state.results()
+
+
+def exact_search(
+    queries,
+    corpus,
+    depth: int,
+    *,
+    metric: str = "ip",
+    exclude: Exclusions | None = None,
+    prepare: Callable[[np.ndarray, int], np.ndarray] | None = None,
+    block_rows: int | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> SearchResult:
+    """The ``depth`` best corpus rows of each query, best first, ties to the lower row.
+
+    Parameters
+    ----------
+    queries : ndarray
+        Float rows (``metric="ip"``: inner products in their dtype, float32 or float64) or uint8 rows of
+        packed bits (``"hamming"``).
+    corpus : ndarray or Source
+        Rows as searched, or as read and turned into that by ``prepare(rows, start)``.
+    exclude : Exclusions, optional
+        Pairs never returned.
+
+    Returns
+    -------
+    SearchResult
+    """
+    job = SearchJob(queries, depth, metric, prepare, exclude)
+    return search(corpus, [job], block_rows=block_rows, threads=threads, progress=progress)[0]
+
+
+def rescore(
+    queries,
+    candidates: np.ndarray,
+    corpus,
+    depth: int,
+    *,
+    prepare: Callable[[np.ndarray, int], np.ndarray] | None = None,
+    block_rows: int | None = None,
+) -> SearchResult:
+    """Re-rank each query's candidate rows by the inner product of ``queries`` (float rows) with the
+    corpus rows (as ``prepare`` makes them), best first, ties to the lower row; the best ``depth``.
+
+    ``candidates`` is queries x N corpus rows (-1: none), e.g. the rows of a Hamming search. Only the
+    corpus blocks holding a candidate are read, once each.
+    """
+    queries = np.ascontiguousarray(queries)
+    candidates = np.asarray(candidates, dtype=np.int64)
+    if queries.ndim != 2 or queries.dtype not in (np.float32, np.float64):
+        raise BadInputError(f"rescoring needs 2-D float32 or float64 queries, got {queries.dtype} {queries.shape}")
+    if candidates.ndim != 2 or candidates.shape[0] != queries.shape[0]:
+        raise BadInputError(f"expected one list of candidates per query, got shape {candidates.shape}")
+    n_queries, n_candidates = candidates.shape
+    values = np.full(candidates.shape, -np.inf, dtype=queries.dtype)
+    flat_values = values.reshape(-1)
+    flat = candidates.reshape(-1)
+    valid = np.flatnonzero(flat >= 0)
+    by_row = valid[np.argsort(flat[valid], kind="stable")]
+    sorted_rows = flat[by_row]
+    for start, rows in corpus_blocks(corpus, block_rows, sorted_rows):
+        lo, hi = np.searchsorted(sorted_rows, [start, start + rows.shape[0]])
+        slots = by_row[lo:hi]
+        wanted, index = np.unique(sorted_rows[lo:hi] - start, return_inverse=True)
+        vectors = rows[wanted] if prepare is None else prepare(np.ascontiguousarray(rows[wanted]), start)
+        vectors = np.asarray(vectors)
+        if vectors.ndim != 2 or vectors.shape != (wanted.size, queries.shape[1]):
+            raise BadInputError(
+                f"rescoring expected {wanted.size} rows of {queries.shape[1]} values, got shape {vectors.shape}"
+            )
+        vectors = vectors.astype(queries.dtype, copy=False)
+        for a in range(0, slots.size, _RESCORE_PAIRS):
+            b = min(slots.size, a + _RESCORE_PAIRS)
+            flat_values[slots[a:b]] = np.einsum("ij,ij->i", queries[slots[a:b] // n_candidates], vectors[index[a:b]])
+    rows_key = np.where(candidates >= 0, candidates, np.iinfo(np.int64).max)
+    order = np.lexsort((rows_key, -values), axis=-1)[:, :depth]
+    top_rows = np.take_along_axis(candidates, order, axis=1)
+    top_values = np.take_along_axis(values, order, axis=1)
+    if top_rows.shape[1] < depth:
+        pad = depth - top_rows.shape[1]
+        top_rows = np.pad(top_rows, ((0, 0), (0, pad)), constant_values=-1)
+        top_values = np.pad(top_values, ((0, 0), (0, pad)), constant_values=-np.inf)
+    return SearchResult(top_rows, top_values, "ip")
+
+
+__all__ = [
+    "METRICS",
+    "Exclusions",
+    "SearchJob",
+    "SearchResult",
+    "corpus_blocks",
+    "exact_search",
+    "rescore",
+    "search",
+]

@@ -1,0 +1,134 @@
+"""Delimited text files (CSV, TSV): one numeric column as a vector, and the rows of small tables (qrels).
+
+A column is named in the spec after the file, as for the other stores:
+
+- ``file.csv:NAME``: the first line is a header and ``NAME`` is one of its fields;
+- ``file.csv:INDEX`` (digits only): the 0-based column ``INDEX``, and every line is data (no header),
+  as in STS-B's ``sts-dev.csv``, whose gold score is ``sts-dev.csv:4``.
+
+The delimiter is a tab for ``.tsv``; for any other name, a tab if the first line holds one, else a
+comma. Tab-separated lines are split on tabs alone (no quoting: STS-B's sentences hold unbalanced
+quotes); comma-separated ones follow the usual CSV quoting. Blank lines are skipped; lines are
+counted from 1, blank ones included, in every message. Local paths and URLs are read the same way.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import numpy as np
+
+from ..errors import BadInputError, StoreIOError
+from . import remote
+from .base import io_error
+from .spec import TEXT_SUFFIXES
+
+
+def is_text(path: str) -> bool:
+    """Whether ``path`` names a delimited text file (by its suffix)."""
+    return str(path).lower().rstrip("/").endswith(TEXT_SUFFIXES)
+
+
+def read_text(path: str) -> str:
+    """The whole file at ``path`` (local or URL) as UTF-8 text."""
+    label = remote.redact(path)
+    try:
+        if remote.is_url(path):
+            remote.check_url(path)
+            raw = remote.cat(path)
+        else:
+            with open(path, "rb") as handle:
+                raw = handle.read()
+    except FileNotFoundError:
+        raise BadInputError(f"{label}: no such file or directory") from None
+    except IsADirectoryError:
+        raise BadInputError(f"{label}: is a directory, not a text file") from None
+    except OSError as exc:
+        raise StoreIOError(f"{label}: cannot read: {io_error(exc)}") from exc
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise BadInputError(f"{label}: line {line}: not UTF-8 text") from None
+
+
+def delimiter_for(path: str, first_line: str) -> str:
+    """A tab for ``.tsv``, else a tab if ``first_line`` holds one, else a comma."""
+    if str(path).lower().endswith(".tsv") or "\t" in first_line:
+        return "\t"
+    return ","
+
+
+def read_rows(path: str) -> list[tuple[int, list[str]]]:
+    """``(line number, fields)`` of every non-blank line of the delimited file at ``path``."""
+    text = read_text(path)
+    lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    first = next((line for line in lines if line.strip()), "")
+    if delimiter_for(path, first) == "\t":
+        return [(number, line.split("\t")) for number, line in enumerate(lines, 1) if line.strip()]
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=",", strict=True)
+    rows = []
+    start = 1
+    try:
+        for fields in reader:
+            if any(field.strip() for field in fields):
+                rows.append((start, fields))
+            start = reader.line_num + 1
+    except csv.Error as exc:
+        raise BadInputError(f"{remote.redact(path)}: line {reader.line_num}: {exc}") from None
+    return rows
+
+
+def column_spec(inner: str | None) -> int | str:
+    """A column as the spec names it: an int for an index (digits), else the header name."""
+    if inner is None or not inner.strip():
+        raise BadInputError("name a column: file.csv:NAME (a header field) or file.csv:INDEX (0-based, no header)")
+    inner = inner.strip()
+    return int(inner) if inner.isdigit() else inner
+
+
+def read_column(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+    """The numeric column ``inner`` of the delimited file at ``path`` as float64, and its label.
+
+    ``inner`` is a header name or a 0-based index (see the module docstring). A missing header name,
+    a line too short for the column, or a value that is not a number is a :class:`BadInputError`
+    naming the file and line.
+    """
+    label = remote.redact(path)
+    try:
+        column = column_spec(inner)
+    except BadInputError as exc:
+        raise BadInputError(f"{label}: {exc}") from None
+    label = f"{label}:{inner.strip()}"  # type: ignore[union-attr]
+    rows = read_rows(path)
+    if isinstance(column, str):
+        if not rows:
+            raise BadInputError(f"{label}: the file is empty: no header line to find column {column!r} in")
+        number, header = rows[0]
+        names = [name.strip() for name in header]
+        if names.count(column) != 1:
+            listing = ", ".join(repr(name) for name in names[:20])
+            why = "more than one header field is" if names.count(column) > 1 else "no header field is"
+            raise BadInputError(
+                f"{label}: line {number}: {why} named {column!r}; the fields are {listing} "
+                "(or give a 0-based index for a file without a header)"
+            )
+        index, rows = names.index(column), rows[1:]
+    else:
+        index = column
+    values = np.empty(len(rows), dtype=np.float64)
+    for i, (number, fields) in enumerate(rows):
+        if index >= len(fields):
+            raise BadInputError(f"{label}: line {number}: has {len(fields)} field(s), so no column {index} (0-based)")
+        text = fields[index].strip()
+        try:
+            values[i] = float(text)
+        except ValueError:
+            hint = (
+                " (an index reads every line as data; name the column to skip a header line)"
+                if isinstance(column, int) and i == 0
+                else ""
+            )
+            raise BadInputError(f"{label}: line {number}: {text!r} is not a number{hint}") from None
+    return values, label
