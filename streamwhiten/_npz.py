@@ -14,7 +14,8 @@ import zipfile
 import numpy as np
 
 from ._durable import write_file_atomic
-from .errors import ModelFileError
+from ._paths import check_readable
+from .errors import BadInputError, ModelFileError
 
 
 def checksum(arrays: dict) -> str:
@@ -48,6 +49,17 @@ KNOWN_FORMATS = {
 }
 
 
+def check_file(path: str, what: str) -> None:
+    """Refuse a ``path`` that is missing or not a regular file (:class:`ModelFileError`), or that may not be
+    read (:class:`~streamwhiten.errors.StoreIOError`), before anything opens it (a FIFO would block)."""
+    try:
+        check_readable(path, what, directory=False)
+    except ModelFileError:
+        raise
+    except BadInputError as exc:
+        raise ModelFileError(str(exc)) from None
+
+
 def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
     """All arrays of a file written by :func:`write_npz_atomic`, or :class:`ModelFileError`.
 
@@ -55,8 +67,7 @@ def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
     version, then intact (checksum).
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise ModelFileError(f"{path}: {what} not found")
+    check_file(path, what)
     try:
         data = np.load(path, allow_pickle=False)
     except ValueError:  # numpy's message talks about pickles; the point is that this is no .npz archive

@@ -22,7 +22,7 @@ import os
 
 import numpy as np
 
-from ._npz import read_npz
+from ._npz import check_file, read_npz
 from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap
 from .errors import ModelFileError
 
@@ -52,6 +52,7 @@ def load(path, normalize: bool | None = None) -> AffineMap:
         Missing, foreign, truncated or altered file, or one of another format version.
     """
     path = os.fspath(path)
+    check_file(path, "model file or map")
     kind, stored_checksum = _peek(path)
     if kind == MAP_FORMAT:
         return _load_map(path, normalize)

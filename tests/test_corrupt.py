@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 import warnings
 
 import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import anisotropic, run_subprocess
+from conftest import REPO, anisotropic, run_subprocess, write_h5, write_zarr
 
 ROWS, FEATURES, CHUNK = 1000, 16, 100
 BROKEN = 2  # index of the damaged chunk: rows 200..299
@@ -370,3 +373,213 @@ def test_fill_missing_chunks_does_not_hide_other_damage(tmp_path, rows):
     problems, line = one_error_line(result)
     problems += names_the_damage(line, "zarr3-zstd", "garbage-chunk")
     assert not problems and not (tmp_path / "m.npz").exists(), "; ".join(problems) + f"\n{result.stderr!r}"
+
+
+# ----------------------------------------------- inputs that are not what they claim to be (issue #23)
+#
+# Each case sets up the user's files in a directory of its own and names one command that must fail
+# (or, for hard links, give the right numbers): the exit code, exactly one line on stderr saying what is
+# wrong, and every file of the user's byte for byte as it was (FIFOs, devices and sockets are never
+# opened: a FIFO would block the test as it blocked the command).
+
+SMALL = anisotropic(400, 8, seed=23).astype(np.float32)
+#: How a command runs as a user who may not read a file mode 000: as such a user, or as root without
+#: the capabilities that bypass file permissions.
+SETPRIV = shutil.which("setpriv")
+
+
+def snapshot(directory) -> dict:
+    """``{relative path: (kind, size, sha256 or None)}`` of everything under ``directory``, without opening
+    anything but regular files (and those only when readable)."""
+    import hashlib
+    import stat
+
+    found = {}
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            status = os.lstat(path)
+            digest = None
+            if stat.S_ISREG(status.st_mode) and os.access(path, os.R_OK):
+                with open(path, "rb") as handle:
+                    digest = hashlib.sha256(handle.read()).hexdigest()
+            found[os.path.relpath(path, directory)] = (
+                stat.S_IFMT(status.st_mode),
+                status.st_size if stat.S_ISREG(status.st_mode) else 0,
+                stat.S_IMODE(status.st_mode),
+                digest,
+            )
+    return found
+
+
+def unreadable(path) -> None:
+    """Make ``path`` unreadable to the commands of the permission cases (see :func:`as_reader`)."""
+    os.chmod(path, 0)
+
+
+def as_reader() -> list:
+    """The prefix that runs a command as a user bound by file permissions (root is not: then without
+    the capabilities that let root read any file)."""
+    if os.geteuid() != 0:
+        return []
+    if SETPRIV is None:
+        pytest.skip("running as root without setpriv: a file of mode 000 cannot be made unreadable")
+    return [SETPRIV, "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def run_checked(tmp_path, args, code, pattern, prefix=(), outputs=()):
+    """Run ``streamwhiten ARGS`` in ``tmp_path``; assert exit ``code``, one stderr line matching
+    ``pattern``, and every file as it was (``outputs``: names the command may add)."""
+
+    def mine(found):
+        return {name: entry for name, entry in found.items() if name.split(os.sep)[0] not in outputs}
+
+    before = mine(snapshot(tmp_path))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run(
+        [*prefix, sys.executable, "-m", "streamwhiten", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    lines = result.stderr.splitlines()
+    problems = []
+    if result.returncode != code:
+        problems.append(f"exit code {result.returncode}, expected {code}")
+    if len(lines) != 1 or not lines[0].startswith("streamwhiten:"):
+        problems.append(f"stderr should be one line 'streamwhiten: ...', got {lines!r}")
+    elif not re.search(pattern, lines[0]):
+        problems.append(f"the line does not match {pattern!r}")
+    after = mine(snapshot(tmp_path))
+    if after != before:
+        changed = sorted(set(after.items()) ^ set(before.items()))
+        problems.append(f"the user's files changed: {changed[:6]}")
+    assert not problems, f"streamwhiten {' '.join(map(str, args))}: " + "; ".join(problems) + f"\n{result.stderr!r}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    from streamwhiten import Whitener
+
+    path = tmp_path_factory.mktemp("small-model") / "model.npz"
+    Whitener(n_components=4).fit(SMALL).save(str(path))
+    return path.read_bytes()
+
+
+def test_a_hard_link_given_beside_its_file_is_refused_not_counted_twice(tmp_path):
+    write_h5(tmp_path / "g.h5", SMALL)
+    os.link(tmp_path / "g.h5", tmp_path / "l.h5")
+    os.symlink(tmp_path / "g.h5", tmp_path / "s.h5")
+    run_checked(tmp_path, ["fit", "g.h5:/emb", "l.h5:/emb", "-o", "m.npz"], 2, r"l\.h5:/emb: given twice .*g\.h5")
+    run_checked(tmp_path, ["fit", "g.h5:/emb", "s.h5:/emb", "-o", "m.npz"], 2, r"s\.h5:/emb: given twice .*g\.h5")
+    os.link(tmp_path / "g.h5", tmp_path / "sub.h5")  # the same file under a name of another form
+    write_zarr(tmp_path / "z.zarr", SMALL)
+    os.symlink(tmp_path / "z.zarr", tmp_path / "y.zarr")  # a directory too is one store however it is named
+    run_checked(tmp_path, ["fit", "z.zarr", "y.zarr", "-o", "m.npz"], 2, r"y\.zarr: given twice")
+
+
+def test_update_recognises_a_recorded_file_by_its_identity_not_its_path(tmp_path):
+    """An update through a hard link of the recorded file reads only the rows appended since (the model's
+    record, a path, is compared by device and inode when it is used), and a model whose file is given
+    under another name is still up to date."""
+    from streamwhiten.core.model import load_model
+
+    first, more = SMALL[:300], SMALL[300:]
+    with h5py.File(tmp_path / "g.h5", "w") as handle:
+        handle.create_dataset("emb", data=first, maxshape=(None, SMALL.shape[1]), chunks=(64, SMALL.shape[1]))
+    os.link(tmp_path / "g.h5", tmp_path / "l.h5")
+    assert run_subprocess("fit", tmp_path / "g.h5", "-o", tmp_path / "m.npz", "-q").returncode == 0
+    recorded = load_model(str(tmp_path / "m.npz")).sources
+    assert [s["path"] for s in recorded] == [os.path.realpath(tmp_path / "g.h5")]  # the record is unchanged
+    run_checked(tmp_path, ["fit", "l.h5", "--update", "m.npz"], 3, r"nothing to do")
+    with h5py.File(tmp_path / "g.h5", "a") as handle:
+        handle["emb"].resize(len(SMALL), axis=0)
+        handle["emb"][300:] = more
+    done = run_subprocess("fit", tmp_path / "l.h5", "--update", tmp_path / "m.npz", "-q", "--json")
+    assert done.returncode == 0, done.stderr
+    model = load_model(str(tmp_path / "m.npz"))
+    assert model.n_rows == len(SMALL)  # 400: not 300 + 400 read again through the other name
+    assert json_of(done.stdout)["rows_read"] == len(more)
+    np.testing.assert_allclose(model.mean, SMALL.astype(np.float64).mean(axis=0), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(model.state.scatter / len(SMALL), np.cov(SMALL.T, bias=True), rtol=1e-5, atol=1e-6)
+
+
+def json_of(text: str) -> dict:
+    import json
+
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("what", ["fifo", "character-device", "socket"])
+def test_an_input_that_is_not_a_file_or_directory_is_refused_at_once(tmp_path, small_model, what):
+    (tmp_path / "model.npz").write_bytes(small_model)
+    if what == "fifo":
+        os.mkfifo(tmp_path / "f.npy")
+        name, kind = "f.npy", "a FIFO"
+    elif what == "socket":
+        import socket
+
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(tmp_path / "s.h5"))
+        name, kind = "s.h5", "a socket"
+    else:
+        os.symlink("/dev/zero", tmp_path / "z.npy")  # reading it would never end
+        name, kind = "z.npy", "a character device"
+    pattern = rf"{re.escape(name)}: is {kind}.*not a regular file or directory"
+    run_checked(tmp_path, ["fit", name, "-o", "m.npz"], 2, pattern)
+    run_checked(tmp_path, ["apply", "model.npz", name, "-o", "out.zarr"], 2, pattern)
+    run_checked(tmp_path, ["fit", f"{name}:/emb", "-o", "m.npz"], 2, pattern)
+
+
+def test_model_job_and_score_files_that_are_fifos_are_refused_at_once(tmp_path, small_model):
+    write_h5(tmp_path / "g.h5", SMALL)
+    os.mkfifo(tmp_path / "model.npz")
+    os.mkfifo(tmp_path / "job.toml")
+    os.mkfifo(tmp_path / "scores.npy")
+    fifo = r"is a FIFO \(named pipe\), not a regular file"
+    run_checked(tmp_path, ["info", "model.npz"], 2, rf"model\.npz: model file {fifo}")
+    run_checked(tmp_path, ["apply", "model.npz", "g.h5", "-o", "o.zarr"], 2, rf"model\.npz: model file {fifo}")
+    run_checked(tmp_path, ["export", "model.npz", "-o", "map.npz"], 2, rf"model\.npz: model file {fifo}")
+    run_checked(tmp_path, ["fit", "g.h5", "--update", "model.npz"], 2, rf"model\.npz: model file {fifo}")
+    run_checked(tmp_path, ["run", "job.toml"], 2, rf"job\.toml: job file {fifo}")
+    run_checked(
+        tmp_path,
+        ["eval", "--pairs-a", "g.h5", "--pairs-b", "g.h5", "--scores", "scores.npy"],
+        2,
+        rf"scores\.npy: {fifo}",
+    )
+    from streamwhiten import serving
+    from streamwhiten.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match=fifo):
+        serving.load(tmp_path / "model.npz")
+
+
+def test_permission_denied_on_an_input_is_an_io_error(tmp_path, small_model):
+    prefix = as_reader()
+    (tmp_path / "model.npz").write_bytes(small_model)
+    write_h5(tmp_path / "g.h5", SMALL)
+    np.save(tmp_path / "f.npy", SMALL)
+    write_zarr(tmp_path / "z.zarr", SMALL)
+    (tmp_path / "job.toml").write_text('[input]\npaths = ["f.npy"]\n[model]\npath = "job-model.npz"\n')
+    for name in ("g.h5", "f.npy", "z.zarr/c/1/0", "job.toml"):
+        unreadable(tmp_path / name)
+    denied = r"(permission denied|Permission denied)"
+    run_checked(tmp_path, ["fit", "g.h5", "-o", "m.npz"], 74, rf"g\.h5: .*{denied}", prefix)
+    run_checked(tmp_path, ["fit", "f.npy", "-o", "m.npz"], 74, rf"f\.npy: .*{denied}", prefix)
+    run_checked(tmp_path, ["fit", "z.zarr", "-o", "m.npz"], 74, rf"z\.zarr: .*rows 100\.\.199.*{denied}", prefix)
+    run_checked(tmp_path, ["apply", "model.npz", "g.h5", "-o", "o.zarr"], 74, rf"g\.h5: .*{denied}", prefix)
+    run_checked(tmp_path, ["run", "job.toml"], 74, rf"job\.toml: .*{denied}", prefix)
+    unreadable(tmp_path / "model.npz")
+    run_checked(tmp_path, ["info", "model.npz"], 74, rf"model\.npz: .*{denied}", prefix)
+
+
+def test_a_zarr_chunk_replaced_by_a_directory_is_damaged_data(tmp_path):
+    write_zarr(tmp_path / "z.zarr", SMALL)
+    os.remove(tmp_path / "z.zarr" / "c" / "2" / "0")
+    os.mkdir(tmp_path / "z.zarr" / "c" / "2" / "0")
+    pattern = r"z\.zarr: chunk c/2/0 \(rows 200\.\.299\) is a directory, not a chunk file"
+    run_checked(tmp_path, ["fit", "z.zarr", "-o", "m.npz"], 2, pattern)

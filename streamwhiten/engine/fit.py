@@ -39,7 +39,18 @@ from ..errors import (
     NothingToDoError,
     StoreIOError,
 )
-from ..io import Sampler, Source, count_blocks, describe, exists, expand_specs, fingerprint, open_source, remote
+from ..io import (
+    Sampler,
+    Source,
+    count_blocks,
+    describe,
+    exists,
+    expand_specs,
+    fingerprint,
+    identity_of,
+    open_source,
+    remote,
+)
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: ``progress(rows_done, rows_total)``, called after every block.
@@ -172,8 +183,11 @@ def open_sources(specs, dataset: str | None = None, fill_missing_chunks: bool = 
             sources.append(open_source(spec, dataset, min_rows=min_rows, fill_missing_chunks=fill_missing_chunks))
             key = sources[-1].identity
             if key in seen:
-                raise BadInputError(f"{sources[-1].label}: given twice (also as {seen[key]}); each input is read once")
-            seen[key] = sources[-1].label
+                how = "" if sources[-1].location == sources[seen[key]].location else ", the same file by another path"
+                raise BadInputError(
+                    f"{sources[-1].label}: given twice (also as {sources[seen[key]].label}{how}); each input is read once"
+                )
+            seen[key] = len(sources) - 1
             if sources[-1].n_features != sources[0].n_features:
                 raise BadInputError(
                     f"{sources[-1].label}: has {sources[-1].n_features} columns but "
@@ -296,8 +310,10 @@ def plan_fit(
             source.close()
 
 
-def _same_source(recorded: dict, current: dict) -> bool:
-    return recorded["path"] == current["path"] and recorded.get("dataset", "") == current.get("dataset", "")
+def _same_source(recorded: dict, source: Source) -> bool:
+    """Whether the source a model or checkpoint recorded (its fingerprint) is ``source``: the same file or
+    directory now (device and inode: a symlink or hard link of it counts, whatever the path), same dataset."""
+    return identity_of(recorded["path"], recorded.get("dataset", "")) == source.identity
 
 
 def _check_prefix(source: Source, recorded: dict) -> dict | None:
@@ -345,9 +361,11 @@ def _changed(source: Source, n_rows: int, key: str) -> BadInputError:
 def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> None:
     """Refuse a 'new' source whose rows are those of a recorded source that was not given (moved or
     copied): reading it again would count its rows twice."""
-    given = {s.identity[0] for s in sources}
+    given = {s.identity for s in sources}
     for recorded in recorded_sources:
-        if recorded["path"] in given or recorded["n_rows"] == 0 or recorded["n_rows"] > source.n_rows:
+        if identity_of(recorded["path"], recorded.get("dataset", "")) in given:
+            continue
+        if recorded["n_rows"] == 0 or recorded["n_rows"] > source.n_rows:
             continue  # an empty recorded source shares its (empty) prefix with everything
         if recorded["n_features"] != source.n_features or recorded["dtype"] != str(source.dtype):
             continue
@@ -383,7 +401,7 @@ def plan_update(
         cursors = []
         for source in sources:
             current = describe(source)  # its sampled rows are hashed as the pass reads them
-            recorded = next((r for r in recorded_sources if _same_source(r, current)), None)
+            recorded = next((r for r in recorded_sources if _same_source(r, source)), None)
             if recorded is None:
                 _refuse_if_moved(source, recorded_sources, sources)
                 cursors.append(Cursor(source.label, current, 0, source.n_rows, 0))
@@ -392,7 +410,7 @@ def plan_update(
             if prefix is not None and source.n_rows == recorded["n_rows"]:  # nothing appended: the whole source
                 current = prefix
             cursors.append(Cursor(source.label, current, recorded["n_rows"], source.n_rows, recorded["n_rows"]))
-        kept = [r for r in recorded_sources if not any(_same_source(r, c.fingerprint) for c in cursors)]
+        kept = [r for r in recorded_sources if not any(_same_source(r, source) for source in sources)]
         for recorded in kept:
             if not exists(recorded["path"]):
                 where = recorded["path"] + (f":/{recorded['dataset']}" if recorded.get("dataset") else "")

@@ -19,7 +19,8 @@ import shutil
 import numpy as np
 
 from .._durable import remove_stale_temps
-from ..errors import BadInputError, OutputExistsError, StoreIOError
+from .._paths import check_readable
+from ..errors import BadInputError, OutputExistsError, StoreIOError, StreamwhitenError
 from . import remote
 from .base import (
     DEFAULT_BLOCK_BYTES,
@@ -34,6 +35,7 @@ from .base import (
     count_blocks,
     describe,
     fingerprint,
+    identity_of,
     io_error,
     output_chunk_rows,
     remove,
@@ -161,8 +163,8 @@ def open_source(spec: str, dataset: str | None = None, min_rows: int = 1, fill_m
         remote.check_url(path)
         if not remote.exists(path):
             raise BadInputError(f"{remote.redact(path)}: no such object or prefix{_missing_bucket(path)}")
-    elif not os.path.exists(path):
-        raise BadInputError(f"{path}: no such file or directory")
+    else:
+        check_readable(path)
     source = _backend_class(_SOURCES, input_kind(path))(path, inner)
     source.fill_missing_chunks = bool(fill_missing_chunks)
     try:
@@ -181,11 +183,16 @@ def read_vector(spec: str, dataset: str | None = None, min_length: int = 1) -> t
     1-D array needs no name. An ``(n, 1)`` column is accepted and flattened.
     """
     path, inner = split_spec(spec, dataset)
-    if not exists(path):
-        raise BadInputError(f"{remote.redact(path)}: no such file or directory")
+    if remote.is_url(path):
+        if not exists(path):
+            raise BadInputError(f"{remote.redact(path)}: no such object or prefix{_missing_bucket(path)}")
+    else:
+        check_readable(path)
     label = f"{path}:/{inner}" if inner else path
     try:
         values, label = backend(input_kind(path)).read_vector(path, inner)
+    except StreamwhitenError:
+        raise
     except (OSError, RuntimeError) as exc:
         raise StoreIOError(f"{label}: cannot read: {io_error(exc)}") from exc
     except ValueError as exc:
@@ -456,6 +463,7 @@ __all__ = [
     "expand_specs",
     "fingerprint",
     "has_progress",
+    "identity_of",
     "open_source",
     "output_chunk_rows",
     "output_kind",

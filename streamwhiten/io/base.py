@@ -21,6 +21,7 @@ import numpy as np
 from .. import _durable as durable
 from .. import params
 from .._buffers import ALIGNMENT
+from .._paths import file_identity
 from ..errors import BadInputError, CorruptStoreError, InterruptedRunError, OutputExistsError, StoreIOError
 from . import remote
 
@@ -114,12 +115,17 @@ class Source:
         return f"{path}:/{self.dataset}" if self.dataset else path
 
     @property
-    def identity(self) -> tuple[str, str]:
-        """``(real path, dataset)`` naming the array the same way however the spec spelled it (a URL:
-        its normalised form, without credentials)."""
+    def location(self) -> tuple[str, str]:
+        """``(real path, dataset)``: where the array is, as a fingerprint records it (a URL: its normalised
+        form, without credentials)."""
         if remote.is_url(self.path):
             return remote.normalize(self.path), self.dataset or ""
         return os.path.realpath(self.path), self.dataset or ""
+
+    @property
+    def identity(self) -> tuple:
+        """Which array this is, however it was named: see :func:`identity_of` of its :attr:`location`."""
+        return identity_of(*self.location)
 
     @property
     def n_rows(self) -> int:
@@ -245,6 +251,16 @@ class Source:
         self.close()
 
 
+def identity_of(path: str, dataset: str | None = "") -> tuple:
+    """The identity of the array ``dataset`` of the file or directory at ``path`` (a source's, or one a
+    model recorded), taken now: the ``(device, inode)`` of the file, so a symlink or a hard link of a file
+    is that file whatever its path (a URL, or a path that no longer exists: the normalised path)."""
+    if remote.is_url(path):
+        return ("url", remote.normalize(path)), dataset or ""
+    found = file_identity(path)
+    return (("inode", *found) if found is not None else ("path", os.path.realpath(path))), dataset or ""
+
+
 @dataclass(frozen=True)
 class LazyRows:
     """A picklable stand-in for a source's rows that opens the store only when a slice is read.
@@ -316,7 +332,7 @@ def describe(source: Source, n_rows: int | None = None) -> dict:
     store's metadata says, so nothing is decoded. A pass fills in the hash from the rows it reads
     (:class:`Sampler`)."""
     n_rows = source.n_rows if n_rows is None else int(n_rows)
-    path, dataset = source.identity
+    path, dataset = source.location
     result = {
         "path": path,
         "dataset": dataset,

@@ -18,6 +18,7 @@ slower than Zarr, npy or Parquet over the same network (see the README's figures
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -55,6 +56,14 @@ def _unallocated(node) -> bool:
     return node.id.get_num_chunks() < expected
 
 
+def _open_error(path: str, exc: OSError):
+    """A file HDF5 cannot open: an I/O error where the system refused (permissions, a failing disk), else
+    not an HDF5 file (bad input)."""
+    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
+        return StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}")
+    return BadInputError(f"{remote.redact(path)}: cannot open as HDF5 ({remote.scrub(first_line(exc))})")
+
+
 class HDF5Source(Source):
     kind = "hdf5"
     #: a float16 store can be read into a float32 buffer, widened as it is decoded
@@ -65,7 +74,7 @@ class HDF5Source(Source):
         try:
             self._file = h5py.File(_remote_file(path) if self.remote else path, "r")
         except OSError as exc:
-            raise BadInputError(f"{remote.redact(path)}: cannot open as HDF5 ({remote.scrub(str(exc))})") from exc
+            raise _open_error(path, exc) from exc
         try:
             dataset = dataset or self._only_dataset(path)
             node = self._file.get(dataset)
@@ -219,7 +228,7 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     try:
         handle = h5py.File(_remote_file(path) if remote.is_url(path) else path, "r")
     except OSError as exc:
-        raise BadInputError(f"{path}: cannot open as HDF5 ({exc})") from exc
+        raise _open_error(path, exc) from exc
     with handle:
         if inner is None:
             found = []

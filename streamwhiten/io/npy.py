@@ -34,6 +34,8 @@ class NpySource(Source):
         try:
             array = np.load(path, mmap_mode="r", allow_pickle=False)
         except (OSError, ValueError) as exc:
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise StoreIOError(f"{path}: cannot read: {io_error(exc)}") from exc
             if "mmap length is greater than file size" in str(exc):
                 raise CorruptStoreError(f"{path}: the file is truncated (shorter than its header says)") from exc
             raise BadInputError(f"{path}: cannot read as .npy ({exc})") from exc

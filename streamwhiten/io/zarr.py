@@ -20,6 +20,7 @@ output for absent.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from dataclasses import dataclass
 
@@ -87,6 +88,8 @@ def _open_node(path: str, inner: str | None, ndim: int, what: str):
             node = remote.retrying(path, "open", zarr.open, store=store, mode="r", path=inner or "")
         else:
             node = zarr.open(store=path, mode="r", path=inner or "")
+    except PermissionError as exc:
+        raise StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}") from exc
     except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as exc:
         where = f"array /{inner}" if inner else "array"
         raise BadInputError(f"{remote.redact(path)}: no Zarr {where} found ({exc.__class__.__name__})") from exc
@@ -129,7 +132,7 @@ class ZarrSource(Source):
         self._grid = tuple(int(n) for n in (getattr(node, "shards", None) or node.chunks))
 
     @property
-    def identity(self) -> tuple[str, str]:
+    def location(self) -> tuple[str, str]:
         # dir.zarr:/a and dir.zarr/a are the same array directory
         if self.remote:
             return remote.normalize(remote.join(self.path, self.dataset or "")), ""
@@ -175,7 +178,7 @@ class ZarrSource(Source):
             for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
                 try:
                     handles.append(
-                        (index, open(os.path.join(self._chunk_root, self._chunk_key(index)), "rb", buffering=0))
+                        (index, self._open_chunk(os.path.join(self._chunk_root, self._chunk_key(index)), index))
                     )
                 except FileNotFoundError:
                     if not self.fill_missing_chunks:
@@ -223,7 +226,9 @@ class ZarrSource(Source):
                 with np.errstate(all="ignore"):
                     self._node.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
             except OSError as exc:
-                if exc.errno is not None:  # a failed system call; an OSError without one is a codec's (gzip)
+                # a failed system call (but a chunk that is a directory is damage); an OSError without an
+                # errno is a codec's (gzip)
+                if exc.errno is not None and not isinstance(exc, IsADirectoryError):
                     raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
                 raise CorruptStoreError(
                     f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
@@ -244,7 +249,7 @@ class ZarrSource(Source):
             target = view[lo - start : hi - start]
             path = os.path.join(self.raw_root, self._chunk_key(index))
             try:
-                with open(path, "rb", buffering=0) as handle:
+                with self._open_chunk(path, index) as handle:
                     size = os.fstat(handle.fileno()).st_size
                     if size != rows * row_bytes:
                         first, last = index * rows, min(self.n_rows, (index + 1) * rows) - 1
@@ -261,6 +266,24 @@ class ZarrSource(Source):
             except OSError as exc:
                 raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
         return view
+
+    def _open_chunk(self, path: str, index: int):
+        """The chunk file of chunk ``index`` opened for reading; one that is not a regular file (a directory,
+        a FIFO: opened without blocking) is damaged data, not an I/O error."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+                what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+                raise CorruptStoreError(
+                    f"{self.label}: chunk {self._chunk_key(index)} (rows {lo}..{hi - 1}) is {what}, not a chunk "
+                    "file: the store is damaged"
+                )
+            return os.fdopen(fd, "rb", buffering=0)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def _check_range(self, start, stop):
         if not 0 <= start <= stop <= self.n_rows:
