@@ -583,3 +583,176 @@ def test_a_zarr_chunk_replaced_by_a_directory_is_damaged_data(tmp_path):
     os.mkdir(tmp_path / "z.zarr" / "c" / "2" / "0")
     pattern = r"z\.zarr: chunk c/2/0 \(rows 200\.\.299\) is a directory, not a chunk file"
     run_checked(tmp_path, ["fit", "z.zarr", "-o", "m.npz"], 2, pattern)
+
+
+def _edit_json(path, edit) -> None:
+    import json
+
+    with open(path) as handle:
+        meta = json.load(handle)
+    edit(meta)
+    with open(path, "w") as handle:
+        json.dump(meta, handle)
+
+
+ZARR_METADATA_DAMAGE = {
+    # a chunk length of 0 (zarr reads it; the rows of a chunk would be divided by it)
+    "chunk-0-v3": (3, lambda m: m["chunk_grid"]["configuration"]["chunk_shape"].__setitem__(0, 0), r"chunk shape"),
+    "chunk-0-v2": (2, lambda m: m["chunks"].__setitem__(0, 0), r"chunk shape"),
+    # a width whose d x d statistics no machine holds (a damaged number; the sampled rows would be allocated)
+    "width-v3": (
+        3,
+        lambda m: (
+            m["shape"].__setitem__(1, 10**9),
+            m["chunk_grid"]["configuration"]["chunk_shape"].__setitem__(1, 10**9),
+        ),
+        r"1,000,000,000 columns",
+    ),
+    "width-v2": (
+        2,
+        lambda m: (m["shape"].__setitem__(1, 10**9), m["chunks"].__setitem__(1, 10**9)),
+        r"1,000,000,000 columns",
+    ),
+    # more rows than there are chunks for: the first chunk not there is refused, not read as zeros
+    "rows-v3": (3, lambda m: m["shape"].__setitem__(0, 10**15), r"chunk c/4/0 \(rows 400\.\.499\) is missing"),
+    "rows-v2": (2, lambda m: m["shape"].__setitem__(0, 10**15), r"chunk 4\.0 \(rows 400\.\.499\) is missing"),
+    "negative-v3": (3, lambda m: m["shape"].__setitem__(0, -5), r"metadata"),
+    "negative-v2": (2, lambda m: m["shape"].__setitem__(0, -5), r"metadata"),
+}
+
+
+@pytest.mark.parametrize("case", ZARR_METADATA_DAMAGE)
+def test_zarr_metadata_that_could_not_have_been_written_is_refused(tmp_path, case):
+    zarr_format, edit, pattern = ZARR_METADATA_DAMAGE[case]
+    write_zarr(tmp_path / "z.zarr", SMALL, zarr_format=zarr_format)
+    _edit_json(tmp_path / "z.zarr" / ("zarr.json" if zarr_format == 3 else ".zarray"), edit)
+    run_checked(tmp_path, ["fit", "z.zarr", "-o", "m.npz"], 2, rf"^streamwhiten: error: z\.zarr: .*{pattern}")
+
+
+def _npy_with_header(path, shape, data=b"\0" * 16) -> None:
+    with open(path, "wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        handle.write(data)
+
+
+def _npz_with_absurd_member(source, target, member="mean.npy", shape=(10**11,)) -> None:
+    """``source`` (an .npz) copied to ``target`` with ``member``'s header declaring ``shape``: numpy would
+    allocate what the header says (745 GiB for a model's mean) before finding the data short."""
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(source) as zin, zipfile.ZipFile(target, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename == member:
+                handle = io.BytesIO(data)
+                np.lib.format.read_magic(handle)
+                _, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+                header = io.BytesIO()
+                np.lib.format.write_array_header_1_0(
+                    header, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": fortran, "shape": shape}
+                )
+                data = header.getvalue() + data[handle.tell() :]
+            zout.writestr(info.filename, data)
+
+
+def test_npy_and_npz_headers_that_declare_more_than_the_file_holds_are_refused(tmp_path, small_model):
+    (tmp_path / "good.npz").write_bytes(small_model)
+    _npz_with_absurd_member(tmp_path / "good.npz", tmp_path / "model.npz")
+    write_h5(tmp_path / "g.h5", SMALL)
+    _npy_with_header(tmp_path / "huge.npy", (10**11, 8))
+    _npy_with_header(tmp_path / "negative.npy", (-5, 4))
+    _npy_with_header(tmp_path / "scores.npy", (10**11,))
+    (tmp_path / "empty.npy").write_bytes(b"")
+    corrupt = r"model\.npz: model file is corrupt: its member mean\.npy .*declares shape \(100000000000,\)"
+    run_checked(tmp_path, ["info", "model.npz"], 2, corrupt)
+    run_checked(tmp_path, ["apply", "model.npz", "g.h5", "-o", "o.zarr"], 2, corrupt)
+    run_checked(tmp_path, ["export", "model.npz", "-o", "map.npz"], 2, corrupt)
+    run_checked(tmp_path, ["fit", "huge.npy", "-o", "m.npz"], 2, r"huge\.npy: .*declares shape \(100000000000, 8\)")
+    run_checked(tmp_path, ["fit", "negative.npy", "-o", "m.npz"], 2, r"negative\.npy: .*negative dimensions")
+    run_checked(tmp_path, ["fit", "empty.npy", "-o", "m.npz"], 2, r"empty\.npy: cannot read as \.npy")
+    pairs = ["eval", "--pairs-a", "g.h5", "--pairs-b", "g.h5", "--scores"]
+    run_checked(tmp_path, [*pairs, "scores.npy"], 2, r"scores\.npy: .*declares shape \(100000000000,\)")
+    run_checked(tmp_path, [*pairs, "empty.npy"], 2, r"empty\.npy: cannot read as \.npy")
+    from streamwhiten import serving
+    from streamwhiten.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match="declares shape"):
+        serving.load(tmp_path / "model.npz")
+
+
+def test_a_job_file_that_is_not_utf8_is_bad_input(tmp_path):
+    (tmp_path / "job.toml").write_bytes(b'name = "\xff\xfe"\n[input]\npaths = ["x.h5"]\n')
+    run_checked(
+        tmp_path, ["run", "job.toml"], 2, r"job\.toml: not a valid TOML job file \(TOML is UTF-8 text; byte 0xff"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (["--rows", "0"], r"'--rows'"),
+        (["--rows", "-5"], r"'--rows'"),
+        (["--dim", "0"], r"'--dim'"),
+        (["--chunk-rows", "0"], r"'--chunk-rows'"),
+        (["-k", "0"], r"n_components"),
+        (["--dim", "4", "-k", "8"], r"n_components \(k\) = 8 exceeds the data width d = 4"),
+        (["--dir", "a-file"], r"'--dir': a-file is a file, not a directory"),
+    ],
+)
+def test_demo_options_that_cannot_work_are_usage_errors(tmp_path, args, pattern):
+    (tmp_path / "a-file").write_text("mine\n")
+    run_checked(tmp_path, ["demo", "-q", *args], 2, pattern)
+
+
+def _name_stores(tmp_path) -> None:
+    """One store of each kind holding one 2-D array ``emb`` (and a 1-D ``gold`` where a store can hold two)."""
+    import lance
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with h5py.File(tmp_path / "s.h5", "w") as handle:
+        handle["emb"] = SMALL
+        handle["gold"] = np.arange(len(SMALL), dtype=np.float64)
+    for version in (2, 3):
+        group = zarr.open_group(str(tmp_path / f"v{version}.zarr"), mode="w", zarr_format=version)
+        group.create_array("emb", data=SMALL, chunks=(100, SMALL.shape[1]))
+        group.create_array("gold", data=np.arange(len(SMALL), dtype=np.float64))
+    np.save(tmp_path / "s.npy", SMALL)
+    table = pa.table(
+        {
+            "id": np.arange(len(SMALL)),
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array(SMALL.reshape(-1)), SMALL.shape[1]),
+        }
+    )
+    pq.write_table(table, tmp_path / "s.parquet")
+    lance.write_dataset(table, str(tmp_path / "s.lance"))
+    (tmp_path / "s.csv").write_text("0.5\n")
+
+
+#: spec -> what the one line must say: the name asked for, what the store holds, and how to name it.
+WRONG_NAMES = {
+    "s.h5:/embeddings": r"s\.h5: has no 2-D dataset /embeddings; its 2-D datasets: /emb \(name it as s\.h5:/emb",
+    "s.h5/emb": r"s\.h5/emb: no such file or directory; s\.h5 is a file: to name 'emb' inside it, write s\.h5:/emb",
+    "v2.zarr:/embeddings": r"v2\.zarr: has no 2-D array /embeddings; its 2-D arrays: /emb \(name it as v2\.zarr:/emb",
+    "v3.zarr:/embeddings": r"v3\.zarr: has no 2-D array /embeddings; its 2-D arrays: /emb \(name it as v3\.zarr:/emb",
+    "v3.zarr/embeddings": r"v3\.zarr: has no 2-D array /embeddings; its 2-D arrays: /emb \(name it as v3\.zarr:/emb",
+    "s.npy:/emb": r"s\.npy: has no array /emb: a \.npy file holds one array, with no name inside \(name it as s\.npy\)",
+    "s.parquet:embedding": r"s\.parquet: has no vector column 'embedding'; its vector columns: emb; other columns: "
+    r"id \(int64\) \(name it as s\.parquet:emb",
+    "s.lance:embedding": r"s\.lance: has no vector column 'embedding'; its vector columns: emb; other columns: "
+    r"id \(int64\) \(name it as s\.lance:emb",
+    "s.csv": r"^streamwhiten: error: s\.csv: not an HDF5, Parquet or \.npy file, nor a Zarr store or Lance dataset$",
+}
+
+
+def test_a_wrong_name_inside_a_store_says_what_was_asked_what_exists_and_how_to_name_it(tmp_path):
+    _name_stores(tmp_path)
+    for spec, pattern in WRONG_NAMES.items():
+        run_checked(tmp_path, ["fit", spec, "-o", "m.npz"], 2, pattern)
+    # 1-D vectors (gold scores) are named the same way
+    pairs = ["eval", "--pairs-a", "s.h5:/emb", "--pairs-b", "s.h5:/emb", "--scores"]
+    run_checked(tmp_path, [*pairs, "s.h5:/score"], 2, r"s\.h5: has no 1-D dataset /score; its 1-D datasets: /gold")
+    run_checked(tmp_path, [*pairs, "v3.zarr:/score"], 2, r"v3\.zarr: has no 1-D array /score; its 1-D arrays: /gold")
+    run_checked(tmp_path, [*pairs, "s.parquet:score"], 2, r"s\.parquet: has no numeric column 'score'; .*: id")
+    run_checked(tmp_path, [*pairs, "s.csv"], 2, r"^streamwhiten: error: s\.csv: not an HDF5[^:]*$")

@@ -737,10 +737,22 @@ def export_(
 
 
 @cli.command()
-@click.option("--rows", type=int, default=100_000, show_default=True, help="Rows of the generated store.")
-@click.option("--dim", type=int, default=256, show_default=True, help="Width d of the generated store.")
-@click.option("-k", "--n-components", type=int, default=64, show_default=True, help="Kept dimensions.")
-@click.option("--chunk-rows", type=int, default=8192, show_default=True, help="Chunk rows of the generated store.")
+@click.option(
+    "--rows", type=click.IntRange(min=2), default=100_000, show_default=True, help="Rows of the generated store."
+)
+@click.option(
+    "--dim", type=click.IntRange(min=1), default=256, show_default=True, help="Width d of the generated store."
+)
+@click.option(
+    "-k", "--n-components", type=spec_type("n_components"), default=64, show_default=True, help="Kept dimensions."
+)
+@click.option(
+    "--chunk-rows",
+    type=spec_type("chunk_rows"),
+    default=8192,
+    show_default=True,
+    help="Chunk rows of the generated store.",
+)
 @click.option(
     "--dir", "workdir", default=None, help="Keep the files in this directory (default: a temporary one, removed)."
 )
@@ -751,8 +763,12 @@ def demo(rows, dim, n_components, chunk_rows, workdir, seed, quiet, as_json):
     """Run the whole job on a built-in example: generate a store, fit, apply with k < d, check."""
     import tempfile
 
+    from ..params import check_model
     from .demo import run_demo
 
+    check_model(n_components=n_components, n_features=dim)
+    if workdir is not None and os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise click.BadParameter(f"{workdir} is a file, not a directory", param_hint="'--dir'")
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="streamwhiten-demo-") as tmp:
             summary = _run_demo(run_demo, tmp, rows, dim, n_components, chunk_rows, seed, quiet)

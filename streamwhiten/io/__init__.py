@@ -51,6 +51,7 @@ from .spec import (
     refuse_shared_outputs,
     same_file,
     split_spec,
+    zarr_store_above,
 )
 
 _SOURCES = {
@@ -163,6 +164,10 @@ def open_source(spec: str, dataset: str | None = None, min_rows: int = 1, fill_m
         remote.check_url(path)
         if not remote.exists(path):
             raise BadInputError(f"{remote.redact(path)}: no such object or prefix{_missing_bucket(path)}")
+    elif not os.path.lexists(path) and zarr_store_above(path) is not None:
+        path, name = zarr_store_above(path)  # dir.zarr/array where no such array is: the store says what it holds
+        inner = f"{name}/{inner}" if inner else name
+        check_readable(path)
     else:
         check_readable(path)
     source = _backend_class(_SOURCES, input_kind(path))(path, inner)

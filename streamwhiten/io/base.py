@@ -71,8 +71,62 @@ def check_array(label: str, shape, dtype, min_rows: int) -> None:
         raise BadInputError(f"{label}: expected float16, float32 or float64 values, got dtype {np.dtype(dtype)}")
     if shape[1] < 1:
         raise BadInputError(f"{label}: has no columns")
+    memory = _physical_memory()
+    if memory and shape[1] * shape[1] * 8 > memory:
+        raise BadInputError(
+            f"{label}: has {shape[1]:,} columns, whose d x d statistics would take "
+            f"{shape[1] * shape[1] * 8 / 2**30:,.0f} GiB, more than this machine's {memory / 2**30:,.0f} GiB of memory "
+            "(is its metadata damaged?)"
+        )
     if shape[0] < min_rows:
         raise BadInputError(f"{label}: has {shape[0]} row(s); at least {min_rows} are needed")
+
+
+def _physical_memory() -> int:
+    """Bytes of memory of this machine, or 0 where unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return 0
+
+
+def name_not_found(
+    label: str,
+    asked: str | None,
+    what: str,
+    found: list,
+    separator: str = ":/",
+    option: bool = True,
+    other: str = "",
+    problem: str | None = None,
+) -> BadInputError:
+    """The one way every backend says that a name is not in a store, or that a store holding several
+    candidates needs one: what was asked, what the store holds, and how to name one.
+
+    ``asked`` is the name given (None: none was, and the store holds no single candidate); ``what`` the
+    kind of thing looked for ("2-D dataset", "vector column"); ``found`` the names of those the store
+    holds; ``separator`` what joins the store and a name in a spec (``:/`` or ``:``); ``option``: whether
+    ``--dataset`` may name it too; ``other``: more about what the store holds (its other columns);
+    ``problem``: what is wrong with ``asked``, if not that it is missing ("/grp is a group, not a dataset").
+
+    ``in.h5: has no 2-D dataset /embeddings; its 2-D datasets: /emb (name it as in.h5:/emb, or with --dataset)``
+    """
+    shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    if asked is None:
+        head = f"{label}: name the {what} to read" if found else f"{label}: holds no {what}"
+    else:
+        head = f"{label}: {problem or f'has no {what} {asked}'}"
+    if found:
+        holds = f"; its {what}s: {shown}"
+    else:
+        holds = f"; it holds no {what}" if asked is not None else ""
+    if found:
+        first = found[0].lstrip("/")
+        how = f" (name {'it' if len(found) == 1 else 'one'} as {label}{separator}{first}"
+        how += ", or with --dataset)" if option else ")"
+    else:
+        how = ""
+    return BadInputError(f"{head}{holds}{other}{how}")
 
 
 def count_blocks(start: int, stop: int, block_rows: int) -> int:
