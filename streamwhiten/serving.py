@@ -17,14 +17,13 @@ L2 normalisation (see :mod:`streamwhiten.core.affine`).
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 
 from ._npz import check_file, read_npz
 from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap
-from .errors import ModelFileError
+from .core.validate import map_fields, model_fields
 
 #: The model file this module reads (the same values as ``streamwhiten.core.model.FORMAT_NAME``/``FORMAT_VERSION``,
 #: which cannot be imported here without numba).
@@ -74,55 +73,26 @@ def _peek(path: str) -> tuple[str | None, str]:
 
 
 def _load_model(path: str, normalize, stored_checksum: str) -> AffineMap:
-    arrays = read_npz(path, "model file", MODEL_FORMAT, MODEL_VERSION)
-    try:
-        d, k = int(arrays["n_features"]), int(arrays["n_components"])
-        floats = {key: float(arrays[key]) for key in ("beta", "gamma", "eps", "eps_value", "variance")}
-        mean, eigvals, eigvecs = arrays["mean"], arrays["eigvals"], arrays["eigvecs"]
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ModelFileError(f"{path}: model file is incomplete ({exc})") from exc
-    if not (mean.shape == (d,) and eigvals.shape == (d,) and eigvecs.shape == (d, d) and 1 <= k <= d):
-        raise ModelFileError(f"{path}: model file arrays have inconsistent shapes")
-    variance = None if math.isnan(floats["variance"]) else floats["variance"]
+    f = model_fields(read_npz(path, "model file", MODEL_FORMAT, MODEL_VERSION), path)
     return AffineMap.from_eigh(
-        eigvals,
-        eigvecs,
-        mean,
-        floats["beta"],
-        floats["gamma"],
-        floats["eps"],
-        floats["eps_value"],
-        k,
-        variance,
+        f["eigvals"],
+        f["eigvecs"],
+        f["mean"],
+        f["beta"],
+        f["gamma"],
+        f["eps"],
+        f["eps_value"],
+        f["n_components"],
+        f["variance"],
         bool(normalize),
         stored_checksum,
     )
 
 
 def _load_map(path: str, normalize) -> AffineMap:
-    arrays = read_npz(path, "whitening map", MAP_FORMAT, MAP_VERSION)
-    try:
-        A, b, mean = arrays["A"], arrays["b"], arrays["mean"]
-        floats = {key: float(arrays[key]) for key in ("beta", "gamma", "eps", "eps_value", "variance")}
-        stored_normalize = bool(arrays["normalize"])
-        model_checksum = str(arrays["model_checksum"])
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ModelFileError(f"{path}: whitening map is incomplete ({exc})") from exc
-    if not (A.ndim == 2 and b.shape == (A.shape[1],) and mean.shape == (A.shape[0],)):
-        raise ModelFileError(f"{path}: whitening map arrays have inconsistent shapes")
-    variance = None if math.isnan(floats["variance"]) else floats["variance"]
-    return AffineMap(
-        A=np.ascontiguousarray(A, dtype=np.float64),
-        b=np.asarray(b, dtype=np.float64),
-        mean=np.asarray(mean, dtype=np.float64),
-        beta=floats["beta"],
-        gamma=floats["gamma"],
-        eps=floats["eps"],
-        eps_value=floats["eps_value"],
-        variance=variance,
-        normalize=stored_normalize if normalize is None else bool(normalize),
-        model_checksum=model_checksum,
-    )
+    fields = map_fields(read_npz(path, "whitening map", MAP_FORMAT, MAP_VERSION), path)
+    stored = fields.pop("normalize")
+    return AffineMap(normalize=stored if normalize is None else bool(normalize), **fields)
 
 
 __all__ = ["AffineMap", "load", "file_checksum", "MAP_FORMAT", "MAP_VERSION"]

@@ -756,3 +756,172 @@ def test_a_wrong_name_inside_a_store_says_what_was_asked_what_exists_and_how_to_
     run_checked(tmp_path, [*pairs, "v3.zarr:/score"], 2, r"v3\.zarr: has no 1-D array /score; its 1-D arrays: /gold")
     run_checked(tmp_path, [*pairs, "s.parquet:score"], 2, r"s\.parquet: has no numeric column 'score'; .*: id")
     run_checked(tmp_path, [*pairs, "s.csv"], 2, r"^streamwhiten: error: s\.csv: not an HDF5[^:]*$")
+
+
+# ------------------------------------------- model files, checkpoints and maps edited by hand (issue #23)
+
+
+def rewrite_npz(source, target, **changes) -> None:
+    """``source`` with the arrays in ``changes`` replaced (a callable gets the old array), and its checksum
+    recomputed as anyone can: a file whose checksum holds, but that no fit wrote."""
+    from streamwhiten._npz import checksum
+
+    with np.load(source, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files if key != "checksum"}
+    for key, change in changes.items():
+        arrays[key] = np.asarray(change(arrays[key]) if callable(change) else change)
+    with open(target, "wb") as handle:  # a file object: np.savez would add ".npz" to a checkpoint's name
+        np.savez(handle, **arrays, checksum=np.array(checksum(arrays)))
+
+
+def _rotated(eigvecs):
+    """Columns of unit length that are no longer orthogonal (the first two mixed)."""
+    edited = eigvecs.copy()
+    edited[:, 1] = (eigvecs[:, 0] + eigvecs[:, 1]) / np.sqrt(2)
+    edited[:, 1] /= np.linalg.norm(edited[:, 1])
+    return edited
+
+
+def _asymmetric(scatter):
+    edited = scatter.copy()
+    edited[0, 1] += 0.5 * abs(scatter[0, 0])
+    return edited
+
+
+#: field -> (edit, what the one line says)
+MODEL_EDITS = {
+    "eigvals-nan": ({"eigvals": lambda v: np.where(np.arange(v.size) == 3, np.nan, v)}, r"'eigvals' holds NaN or Inf"),
+    "gamma-7": ({"gamma": 7.0}, r"'gamma' must be a number in \[0, 1\], got 7\.0"),
+    "beta-negative": ({"beta": -0.5}, r"'beta' must be a number in \[0, 1\]"),
+    "eps-zero": ({"eps": 0.0}, r"'eps' must be a positive finite number"),
+    "variance-2": ({"variance": 2.0}, r"'variance' must be a fraction in \(0, 1\]"),
+    "k-0": ({"n_components": np.int64(0)}, r"'n_components' must be at least 1"),
+    "k-above-d": ({"n_components": np.int64(9)}, r"'n_components' is 9, more than the model's 8 features"),
+    "k-float": ({"n_components": 4.0}, r"'n_components' must be a whole number"),
+    "n-rows-1": ({"n_rows": np.int64(1)}, r"'n_rows' must be at least 2"),
+    "mean-shape": ({"mean": lambda v: v[:-1]}, r"'mean' has shape \(7,\)"),
+    "mean-inf": ({"mean": lambda v: np.where(np.arange(v.size) == 0, np.inf, v)}, r"'mean' holds NaN or Inf"),
+    "scatter-asymmetric": ({"scatter": _asymmetric}, r"'scatter' is not symmetric"),
+    "scatter-negative": ({"scatter": lambda v: v - 2 * np.diag(np.diag(v))}, r"'scatter' has a negative diagonal"),
+    "eigvals-ascending": ({"eigvals": lambda v: v[::-1].copy()}, r"'eigvals' is not in descending order"),
+    "eigvals-negative": ({"eigvals": lambda v: v - v[1]}, r"'eigvals' holds a negative eigenvalue"),
+    "eigvals-scaled": (
+        {"eigvals": lambda v: 2 * v, "eps_value": lambda v: 2 * v},
+        r"'eigvals' and eigvecs are not the eigendecomposition",
+    ),
+    "eigvecs-long": ({"eigvecs": lambda v: 2 * v}, r"'eigvecs' has a column that is not of unit length"),
+    "eigvecs-skewed": ({"eigvecs": _rotated}, r"'eigvecs' is not orthonormal"),
+    "eps-value": ({"eps_value": lambda v: 10 * v}, r"'eps_value' is .*, but eps \* the largest eigenvalue is"),
+    "k-not-variance": ({"variance": 0.5, "n_components": np.int64(8)}, r"'n_components' is 8, but the variance 0\.5"),
+    "sources-type": ({"sources_json": np.array('{"path": 1}')}, r"'sources_json' must be a JSON list"),
+    "source-rows": (
+        {"sources_json": np.array('[{"path": "x.h5", "n_rows": "many"}]')},
+        r"'sources_json' source 0: n_rows must be a whole",
+    ),
+    "info-precision": ({"info_json": np.array('{"precision": "float128"}')}, r"'info_json' precision must be one of"),
+    "format-missing": ({"n_features": np.array("8")}, r"'n_features' must be a whole number"),
+}
+
+
+@pytest.mark.parametrize("case", MODEL_EDITS)
+def test_a_model_file_that_no_fit_could_have_written_is_refused(tmp_path, small_model, case, run_cli):
+    from streamwhiten import serving
+    from streamwhiten.core.model import load_model
+    from streamwhiten.errors import ModelFileError
+
+    edits, pattern = MODEL_EDITS[case]
+    (tmp_path / "good.npz").write_bytes(small_model)
+    rewrite_npz(tmp_path / "good.npz", tmp_path / "model.npz", **edits)
+    write_h5(tmp_path / "g.h5", SMALL)
+    line = rf"^streamwhiten: error: {re.escape(str(tmp_path / 'model.npz'))}: model file field {pattern}"
+    before = snapshot(tmp_path)
+    for args in (
+        ["info", tmp_path / "model.npz"],
+        ["apply", tmp_path / "model.npz", tmp_path / "g.h5", "-o", tmp_path / "out.zarr"],
+        ["export", tmp_path / "model.npz", "-o", tmp_path / "map.npz"],
+    ):
+        code, _, err = run_cli(*args)
+        assert code == 2 and len(err.splitlines()) == 1 and re.search(line, err), (args, code, err)
+    assert snapshot(tmp_path) == before
+    for load in (load_model, serving.load):
+        with pytest.raises(ModelFileError, match=pattern):
+            load(str(tmp_path / "model.npz"))
+
+
+def test_an_edited_model_is_refused_by_the_command_line_in_one_line(tmp_path, small_model):
+    (tmp_path / "good.npz").write_bytes(small_model)
+    rewrite_npz(tmp_path / "good.npz", tmp_path / "model.npz", gamma=7.0)
+    write_h5(tmp_path / "g.h5", SMALL)
+    run_checked(tmp_path, ["apply", "model.npz", "g.h5", "-o", "o.zarr"], 2, r"model\.npz: model file field 'gamma'")
+    run_checked(tmp_path, ["fit", "g.h5", "--update", "model.npz"], 2, r"model\.npz: model file field 'gamma'")
+
+
+def test_the_models_the_package_writes_all_pass_the_checks(tmp_path, small_model):
+    """The checks hold for what fits write: every setting of the same statistics, a constant column, a
+    rank-deficient store, float64 rows, and the models of ``tune``'s grid."""
+    from streamwhiten import Whitener
+    from streamwhiten.core.model import load_model
+
+    rank_deficient = np.hstack([SMALL[:, :4], SMALL[:, :4] * 2.0, np.full((len(SMALL), 2), 7.0)])
+    for rows in (SMALL, rank_deficient, SMALL.astype(np.float64) * 1e6, SMALL[:2]):
+        for params in ({}, {"beta": 0.0, "gamma": 0.0}, {"variance": 0.9}, {"n_components": 1, "eps": 1e-3}):
+            Whitener(**params).fit(rows).save(str(tmp_path / "m.npz"))
+            load_model(str(tmp_path / "m.npz"))
+
+
+CHECKPOINT_EDITS = {
+    "n-rows": ({"n_rows": lambda v: v + 5}, r"checkpoint field 'n_rows' is \d+, but the rows recorded as read"),
+    "scatter-nan": ({"scatter": lambda v: v * np.nan}, r"checkpoint field 'scatter' holds NaN or Inf"),
+    "cursor": (
+        {"meta_json": lambda v: np.array(str(v).replace('"next_row": ', '"next_row": -'))},
+        r"checkpoint field 'meta_json' cursor 0: start <= next_row <= stop",
+    ),
+    "precision": (
+        {"meta_json": lambda v: np.array(str(v).replace('"auto"', '"float128"'))},
+        r"checkpoint field 'meta_json' precision must be one of",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CHECKPOINT_EDITS)
+def test_a_checkpoint_that_no_fit_could_have_written_is_refused(tmp_path, case):
+    from streamwhiten.engine.fit import plan_fit, run_plan, save_checkpoint
+
+    write_h5(tmp_path / "g.h5", SMALL, chunk_rows=100)
+    job = plan_fit(str(tmp_path / "g.h5"), block_rows=100)
+    run_plan(job)
+    job.cursors[0].next_row = 200  # as if stopped after two blocks (the state is of all rows: not checked here)
+    save_checkpoint(job, str(tmp_path / "good.checkpoint"))
+    edits, pattern = CHECKPOINT_EDITS[case]
+    if case != "n-rows":
+        edits = dict(edits, n_rows=np.int64(200))
+    rewrite_npz(tmp_path / "good.checkpoint", tmp_path / ".m.npz.checkpoint", **edits)
+    os.remove(tmp_path / "good.checkpoint")
+    run_checked(
+        tmp_path,
+        ["fit", "g.h5", "-o", "m.npz", "--chunk-rows", "100"],
+        2,
+        rf"\.m\.npz\.checkpoint: {pattern}.*--restart",
+    )
+
+
+MAP_EDITS = {
+    "A-nan": ({"A": lambda v: v * np.nan}, r"'A' holds NaN or Inf"),
+    "gamma-7": ({"gamma": 7.0}, r"'gamma' must be a number in \[0, 1\]"),
+    "b": ({"b": lambda v: v + 1.0}, r"'b' is not -\(beta mean\) A"),
+    "normalize": ({"normalize": np.array("yes")}, r"'normalize' must be true or false"),
+}
+
+
+@pytest.mark.parametrize("case", MAP_EDITS)
+def test_an_exported_map_that_no_export_could_have_written_is_refused(tmp_path, small_model, case):
+    from streamwhiten import serving
+    from streamwhiten.errors import ModelFileError
+
+    (tmp_path / "model.npz").write_bytes(small_model)
+    assert run_subprocess("export", tmp_path / "model.npz", "-o", tmp_path / "good.npz").returncode == 0
+    serving.load(tmp_path / "good.npz")  # what export writes passes
+    edits, pattern = MAP_EDITS[case]
+    rewrite_npz(tmp_path / "good.npz", tmp_path / "map.npz", **edits)
+    with pytest.raises(ModelFileError, match=rf"map\.npz: whitening map field {pattern}"):
+        serving.load(tmp_path / "map.npz")

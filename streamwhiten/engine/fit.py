@@ -31,6 +31,7 @@ from .. import params
 from .._buffers import PerThread, as_array, kept_for_next_run
 from .._npz import read_npz, write_npz_atomic
 from ..core import stats
+from ..core.validate import checkpoint_fields
 from ..errors import (
     BadInputError,
     InterruptedRunError,
@@ -392,6 +393,13 @@ def plan_update(
     A source recorded before must have kept its rows (append-only); a new source is read whole.
     Raises :class:`NothingToDoError` when there is nothing new.
     """
+    for index, recorded in enumerate(recorded_sources):
+        missing = [key for key in ("path", "n_rows", "n_features", "dtype", "sha256_sampled") if key not in recorded]
+        if missing:
+            raise BadInputError(
+                f"the model's record of its source {index} has no {', '.join(missing)}: it was not fitted from "
+                "stores, so it cannot be updated (refit without --update)"
+            )
     sources = open_sources(specs, dataset, fill_missing_chunks)
     try:
         if sources[0].n_features != model_state.n_features:
@@ -467,10 +475,11 @@ def load_checkpoint(path: str) -> FitPlan:
     hint = "; delete it or pass --restart to start the fit over"
     try:
         arrays = read_npz(path, "checkpoint", CHECKPOINT_FORMAT, CHECKPOINT_VERSION)
+        fields = checkpoint_fields(arrays, path)
     except ModelFileError as exc:
         raise ModelFileError(f"{exc}{hint}") from None
-    meta = json.loads(str(arrays["meta_json"]))
-    state = stats.Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])
+    meta = fields["meta"]
+    state = stats.Moments(fields["n_rows"], fields["mean"], fields["scatter"])
     return FitPlan(
         state,
         [Cursor(**cursor) for cursor in meta["cursors"]],
