@@ -280,6 +280,27 @@ storage_option = click.option(
 )
 
 
+def _set_remote_timeout(ctx, param, value):
+    if value is not None:
+        from ..io import remote
+
+        remote.set_remote_timeout(value)
+    return value
+
+
+remote_timeout_option = click.option(
+    "--remote-timeout",
+    type=spec_type("remote_timeout"),
+    default=None,
+    expose_value=False,
+    callback=_set_remote_timeout,
+    metavar="SECONDS",
+    help="How long an s3://, gs://, https:// ... store may keep failing (refused connections, timeouts, 5xx "
+    f"answers) before the command gives up, exit 74 [default: {PARAMS['remote_timeout'].default:g}; or "
+    "STREAMWHITEN_REMOTE_TIMEOUT]. The retries of every layer (s3fs, botocore, zarr, Lance) fit in it.",
+)
+
+
 fill_missing_option = click.option(
     "--fill-missing-chunks",
     is_flag=True,
@@ -336,6 +357,7 @@ fill_missing_option = click.option(
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file.")
 @fill_missing_option
 @storage_option
+@remote_timeout_option
 @engine_options
 @common_quiet
 @common_json
@@ -500,6 +522,7 @@ def fit(
     "--no-direct-io leaves the output in the page cache, e.g. for a program that reads it right after.",
 )
 @storage_option
+@remote_timeout_option
 @engine_options
 @common_quiet
 @common_json
@@ -815,6 +838,7 @@ def _run_demo(run_demo, directory, rows, dim, k, chunk_rows, seed, quiet):
 @click.option("--log-file", default=None, help="Also append timestamped log lines to this file.")
 @click.option("--restart", is_flag=True, help="Discard the checkpoint of an interrupted run instead of finishing it.")
 @storage_option
+@remote_timeout_option
 @common_quiet
 @common_json
 def run(job_file, log_file, restart, quiet, as_json):
