@@ -105,10 +105,12 @@ def install() -> bool:
 
 def _quiet_unraisable(previous):
     """A signal's KeyboardInterrupt that lands in a callback Python cannot raise from (a weakref's, a
-    destructor's) is only recorded: the stop was already requested, and the traceback would be noise."""
+    destructor's) is only recorded: the stop was already requested, and the traceback would be noise. So
+    is, once a signal was received, any error of a destructor: a KeyboardInterrupt raised inside a
+    library's constructor leaves a half-built object whose destructor then fails (zipfile's, for one)."""
 
     def hook(unraisable):
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) or requested.is_set():
             return
         previous(unraisable)
 
