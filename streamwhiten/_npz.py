@@ -8,13 +8,15 @@ one, and a truncated or altered file is detected instead of used.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import zipfile
 
 import numpy as np
 
 from ._durable import link_or_kind, write_file_atomic
-from .errors import ModelFileError
+from ._paths import check_readable
+from .errors import BadInputError, ModelFileError
 
 
 def checksum(arrays: dict) -> str:
@@ -38,6 +40,58 @@ def write_npz_atomic(path: str, arrays: dict, what: str = "file") -> str:
     digest = checksum(arrays)
     write_file_atomic(path, lambda handle: np.savez(handle, **arrays, checksum=np.array(digest)), what)
     return digest
+
+
+class NpyTooShort(ValueError):
+    """A ``.npy`` header that declares more data than the file holds."""
+
+
+def npy_header(handle, size: int) -> tuple[tuple, np.dtype, bool, int]:
+    """``(shape, dtype, fortran_order, offset of the data)`` of the ``.npy`` array that starts at the current
+    position of ``handle`` and is ``size`` bytes long, checked against ``size`` before anything is allocated.
+
+    Raises :class:`ValueError` (or :class:`EOFError`) for what is no ``.npy`` header, negative dimensions or
+    Python objects, and :class:`NpyTooShort` for a header that declares more data than there is (a
+    truncated file, or a damaged header claiming a shape of hundreds of GiB: numpy would try to allocate it).
+    """
+    from numpy.lib import format as npy_format
+
+    start = handle.tell()
+    version = npy_format.read_magic(handle)
+    if version == (1, 0):
+        shape, fortran, dtype = npy_format.read_array_header_1_0(handle)
+    elif version == (2, 0):
+        shape, fortran, dtype = npy_format.read_array_header_2_0(handle)
+    else:
+        shape, fortran, dtype = npy_format._read_array_header(handle, version)
+    if any(int(n) < 0 for n in shape):
+        raise ValueError(f"its header declares negative dimensions {tuple(shape)}")
+    if dtype.hasobject:
+        raise ValueError("it holds Python objects, not numbers")
+    offset = handle.tell() - start
+    nbytes = math.prod(int(n) for n in shape) * dtype.itemsize
+    if offset + nbytes > size:
+        raise NpyTooShort(
+            f"its header declares shape {tuple(int(n) for n in shape)} of {dtype} ({nbytes:,} bytes of data), "
+            f"but it holds {max(0, size - offset):,}"
+        )
+    return tuple(int(n) for n in shape), dtype, bool(fortran), offset
+
+
+def _check_members(data, path: str, what: str) -> None:
+    """Refuse an archive a member of which declares more data than the archive holds for it, before numpy
+    allocates what the header says."""
+    try:
+        for info in data.zip.infolist():
+            with data.zip.open(info) as member:
+                try:
+                    npy_header(member, info.file_size)
+                except (ValueError, EOFError) as exc:
+                    raise ModelFileError(
+                        f"{path}: {what} is corrupt: its member {info.filename} cannot be read ({exc})"
+                    ) from None
+    except (zipfile.BadZipFile, OSError, EOFError, zipfile.LargeZipFile) as exc:
+        raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
 
 
 #: What each ``format`` value is, for messages about a file given in the wrong place.
@@ -67,6 +121,17 @@ def foreign_npz(path: str, expected_format: str) -> str | None:
     return KNOWN_FORMATS.get(kind, "an .npz archive streamwhiten did not write")
 
 
+def check_file(path: str, what: str) -> None:
+    """Refuse a ``path`` that is missing or not a regular file (:class:`ModelFileError`), or that may not be
+    read (:class:`~streamwhiten.errors.StoreIOError`), before anything opens it (a FIFO would block)."""
+    try:
+        check_readable(path, what, directory=False)
+    except ModelFileError:
+        raise
+    except BadInputError as exc:
+        raise ModelFileError(str(exc)) from None
+
+
 def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
     """All arrays of a file written by :func:`write_npz_atomic`, or :class:`ModelFileError`.
 
@@ -74,8 +139,7 @@ def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
     version, then intact (checksum).
     """
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise ModelFileError(f"{path}: {what} not found")
+    check_file(path, what)
     try:
         data = np.load(path, allow_pickle=False)
     except ValueError:  # numpy's message talks about pickles; the point is that this is no .npz archive
@@ -88,7 +152,10 @@ def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
         raise ModelFileError(f"{path}: is a plain .npy array, not {KNOWN_FORMATS.get(expected_format, what)}")
     try:
         with data:
+            _check_members(data, path, what)
             arrays = {key: data[key] for key in data.files}
+    except ModelFileError:
+        raise
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
         raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
     found = str(arrays.get("format", ""))

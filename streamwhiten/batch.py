@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from . import params as _params
 from ._durable import exclusive_lock
-from .errors import BadInputError, InterruptedRunError, NothingToDoError
+from .errors import BadInputError, InterruptedRunError, NothingToDoError, StoreIOError
 
 log = logging.getLogger("streamwhiten")
 
@@ -361,12 +361,22 @@ def read_job_file(path: str) -> JobSpec:
         import tomllib
     else:  # pragma: no cover
         import tomli as tomllib
+    from ._paths import check_readable
+
+    check_readable(path, "job file", directory=False)
     try:
         with open(path, "rb") as handle:
-            data = tomllib.load(handle)
-    except FileNotFoundError:
-        raise BadInputError(f"{path}: job file not found") from None
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+            text = handle.read()
+    except OSError as exc:
+        raise StoreIOError(f"{path}: cannot read the job file: {exc.strerror or exc}") from None
+    try:
+        data = tomllib.loads(text.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise BadInputError(
+            f"{path}: not a valid TOML job file (TOML is UTF-8 text; byte {text[exc.start]:#04x} at offset "
+            f"{exc.start} is not UTF-8)"
+        ) from None
+    except tomllib.TOMLDecodeError as exc:
         raise BadInputError(f"{path}: not a valid TOML job file ({exc})") from None
     for section, allowed in _KEYS.items():
         if section == "storage":

@@ -125,6 +125,8 @@ PARAMS: dict[str, Param] = _params(
     Param("direct_io", bool, True, "true or false"),
     Param("compressor", str, "none", '"none", "zstd", "blosc" or "gzip"', choices=("none", "zstd", "blosc", "gzip")),
     Param("output_chunk_rows", int, None, _COUNT, 1, none=True),
+    # object storage: how long a remote store may keep failing before a command gives up (seconds)
+    Param("remote_timeout", float, 10.0, "a number of seconds above 0", 0.0, None, closed="right"),
     # the Dask engine
     Param("workers", int, None, _COUNT, 1, none=True),
     Param("split_every", int, 8, "a whole number of at least 2", 2),

@@ -17,14 +17,13 @@ L2 normalisation (see :mod:`streamwhiten.core.affine`).
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 
-from ._npz import read_npz
+from ._npz import check_file, read_npz
 from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap, mean_sq_norm
-from .errors import ModelFileError
+from .core.validate import map_fields, model_fields
 
 #: The model file this module reads (the same values as ``streamwhiten.core.model.FORMAT_NAME``/``FORMAT_VERSION``,
 #: which cannot be imported here without numba).
@@ -52,6 +51,7 @@ def load(path, normalize: bool | None = None) -> AffineMap:
         Missing, foreign, truncated or altered file, or one of another format version.
     """
     path = os.fspath(path)
+    check_file(path, "model file or map")
     kind, stored_checksum = _peek(path)
     if kind == MAP_FORMAT:
         return _load_map(path, normalize)
@@ -73,27 +73,18 @@ def _peek(path: str) -> tuple[str | None, str]:
 
 
 def _load_model(path: str, normalize, stored_checksum: str) -> AffineMap:
-    arrays = read_npz(path, "model file", MODEL_FORMAT, MODEL_VERSION)
-    try:
-        d, k = int(arrays["n_features"]), int(arrays["n_components"])
-        floats = {key: float(arrays[key]) for key in ("beta", "gamma", "eps", "eps_value", "variance")}
-        mean, eigvals, eigvecs = arrays["mean"], arrays["eigvals"], arrays["eigvecs"]
-        fitted_norm = mean_sq_norm(int(arrays["n_rows"]), mean, arrays["scatter"])
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ModelFileError(f"{path}: model file is incomplete ({exc})") from exc
-    if not (mean.shape == (d,) and eigvals.shape == (d,) and eigvecs.shape == (d, d) and 1 <= k <= d):
-        raise ModelFileError(f"{path}: model file arrays have inconsistent shapes")
-    variance = None if math.isnan(floats["variance"]) else floats["variance"]
+    f = model_fields(read_npz(path, "model file", MODEL_FORMAT, MODEL_VERSION), path)
+    fitted_norm = mean_sq_norm(f["n_rows"], f["mean"], f["scatter"])
     return AffineMap.from_eigh(
-        eigvals,
-        eigvecs,
-        mean,
-        floats["beta"],
-        floats["gamma"],
-        floats["eps"],
-        floats["eps_value"],
-        k,
-        variance,
+        f["eigvals"],
+        f["eigvecs"],
+        f["mean"],
+        f["beta"],
+        f["gamma"],
+        f["eps"],
+        f["eps_value"],
+        f["n_components"],
+        f["variance"],
         bool(normalize),
         stored_checksum,
         fitted_norm,
@@ -101,32 +92,9 @@ def _load_model(path: str, normalize, stored_checksum: str) -> AffineMap:
 
 
 def _load_map(path: str, normalize) -> AffineMap:
-    arrays = read_npz(path, "whitening map", MAP_FORMAT, MAP_VERSION)
-    try:
-        A, b, mean = arrays["A"], arrays["b"], arrays["mean"]
-        floats = {key: float(arrays[key]) for key in ("beta", "gamma", "eps", "eps_value", "variance")}
-        stored_normalize = bool(arrays["normalize"])
-        # the source model file's checksum (a map written by 0.2.0 held it as model_checksum: not kept)
-        source_checksum = str(arrays["model_file_checksum"]) if "model_file_checksum" in arrays else ""
-        fitted_norm = float(arrays["mean_sq_norm"]) if "mean_sq_norm" in arrays else math.nan
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ModelFileError(f"{path}: whitening map is incomplete ({exc})") from exc
-    if not (A.ndim == 2 and b.shape == (A.shape[1],) and mean.shape == (A.shape[0],)):
-        raise ModelFileError(f"{path}: whitening map arrays have inconsistent shapes")
-    variance = None if math.isnan(floats["variance"]) else floats["variance"]
-    return AffineMap(
-        A=np.ascontiguousarray(A, dtype=np.float64),
-        b=np.asarray(b, dtype=np.float64),
-        mean=np.asarray(mean, dtype=np.float64),
-        beta=floats["beta"],
-        gamma=floats["gamma"],
-        eps=floats["eps"],
-        eps_value=floats["eps_value"],
-        variance=variance,
-        normalize=stored_normalize if normalize is None else bool(normalize),
-        file_checksum=source_checksum,
-        mean_sq_norm=None if math.isnan(fitted_norm) else fitted_norm,
-    )
+    fields = map_fields(read_npz(path, "whitening map", MAP_FORMAT, MAP_VERSION), path)
+    stored = fields.pop("normalize")
+    return AffineMap(normalize=stored if normalize is None else bool(normalize), **fields)
 
 
 __all__ = ["AffineMap", "load", "file_checksum", "MAP_FORMAT", "MAP_VERSION"]

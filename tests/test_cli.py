@@ -62,7 +62,7 @@ def test_missing_file_and_dataset(tmp_path, store, run_cli):
     one_line_error(err, "nope.h5", "no such file")
     code, _, err = run_cli("fit", store.replace(":/emb", ":/missing"), "-o", tmp_path / "m.npz")
     assert code == EXIT_BAD_INPUT
-    one_line_error(err, "in.h5", "/missing does not exist")
+    one_line_error(err, "in.h5", "has no 2-D dataset /missing; its 2-D datasets: /emb")
     code, _, err = run_cli("fit", tmp_path / "nope.zarr", "-o", tmp_path / "m.npz")
     assert code == EXIT_BAD_INPUT
     assert not os.path.exists(tmp_path / "m.npz")

@@ -27,13 +27,16 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 import warnings
 
 import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import anisotropic, run_subprocess
+from conftest import REPO, anisotropic, run_subprocess, write_h5, write_zarr
 
 ROWS, FEATURES, CHUNK = 1000, 16, 100
 BROKEN = 2  # index of the damaged chunk: rows 200..299
@@ -370,3 +373,555 @@ def test_fill_missing_chunks_does_not_hide_other_damage(tmp_path, rows):
     problems, line = one_error_line(result)
     problems += names_the_damage(line, "zarr3-zstd", "garbage-chunk")
     assert not problems and not (tmp_path / "m.npz").exists(), "; ".join(problems) + f"\n{result.stderr!r}"
+
+
+# ----------------------------------------------- inputs that are not what they claim to be (issue #23)
+#
+# Each case sets up the user's files in a directory of its own and names one command that must fail
+# (or, for hard links, give the right numbers): the exit code, exactly one line on stderr saying what is
+# wrong, and every file of the user's byte for byte as it was (FIFOs, devices and sockets are never
+# opened: a FIFO would block the test as it blocked the command).
+
+SMALL = anisotropic(400, 8, seed=23).astype(np.float32)
+#: How a command runs as a user who may not read a file mode 000: as such a user, or as root without
+#: the capabilities that bypass file permissions.
+SETPRIV = shutil.which("setpriv")
+
+
+def snapshot(directory) -> dict:
+    """``{relative path: (kind, size, sha256 or None)}`` of everything under ``directory``, without opening
+    anything but regular files (and those only when readable)."""
+    import hashlib
+    import stat
+
+    found = {}
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            status = os.lstat(path)
+            digest = None
+            if stat.S_ISREG(status.st_mode) and os.access(path, os.R_OK):
+                with open(path, "rb") as handle:
+                    digest = hashlib.sha256(handle.read()).hexdigest()
+            found[os.path.relpath(path, directory)] = (
+                stat.S_IFMT(status.st_mode),
+                status.st_size if stat.S_ISREG(status.st_mode) else 0,
+                stat.S_IMODE(status.st_mode),
+                digest,
+            )
+    return found
+
+
+def unreadable(path) -> None:
+    """Make ``path`` unreadable to the commands of the permission cases (see :func:`as_reader`)."""
+    os.chmod(path, 0)
+
+
+def as_reader() -> list:
+    """The prefix that runs a command as a user bound by file permissions (root is not: then without
+    the capabilities that let root read any file)."""
+    if os.geteuid() != 0:
+        return []
+    if SETPRIV is None:
+        pytest.skip("running as root without setpriv: a file of mode 000 cannot be made unreadable")
+    return [SETPRIV, "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def run_checked(tmp_path, args, code, pattern, prefix=(), outputs=()):
+    """Run ``streamwhiten ARGS`` in ``tmp_path``; assert exit ``code``, one stderr line matching
+    ``pattern``, and every file as it was (``outputs``: names the command may add)."""
+
+    def mine(found):
+        return {name: entry for name, entry in found.items() if name.split(os.sep)[0] not in outputs}
+
+    before = mine(snapshot(tmp_path))
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run(
+        [*prefix, sys.executable, "-m", "streamwhiten", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    lines = result.stderr.splitlines()
+    problems = []
+    if result.returncode != code:
+        problems.append(f"exit code {result.returncode}, expected {code}")
+    if len(lines) != 1 or not lines[0].startswith("streamwhiten:"):
+        problems.append(f"stderr should be one line 'streamwhiten: ...', got {lines!r}")
+    elif not re.search(pattern, lines[0]):
+        problems.append(f"the line does not match {pattern!r}")
+    after = mine(snapshot(tmp_path))
+    if after != before:
+        changed = sorted(set(after.items()) ^ set(before.items()))
+        problems.append(f"the user's files changed: {changed[:6]}")
+    assert not problems, f"streamwhiten {' '.join(map(str, args))}: " + "; ".join(problems) + f"\n{result.stderr!r}"
+    return result
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    from streamwhiten import Whitener
+
+    path = tmp_path_factory.mktemp("small-model") / "model.npz"
+    Whitener(n_components=4).fit(SMALL).save(str(path))
+    return path.read_bytes()
+
+
+def test_a_hard_link_given_beside_its_file_is_refused_not_counted_twice(tmp_path):
+    write_h5(tmp_path / "g.h5", SMALL)
+    os.link(tmp_path / "g.h5", tmp_path / "l.h5")
+    os.symlink(tmp_path / "g.h5", tmp_path / "s.h5")
+    run_checked(tmp_path, ["fit", "g.h5:/emb", "l.h5:/emb", "-o", "m.npz"], 2, r"l\.h5:/emb: given twice .*g\.h5")
+    run_checked(tmp_path, ["fit", "g.h5:/emb", "s.h5:/emb", "-o", "m.npz"], 2, r"s\.h5:/emb: given twice .*g\.h5")
+    os.link(tmp_path / "g.h5", tmp_path / "sub.h5")  # the same file under a name of another form
+    write_zarr(tmp_path / "z.zarr", SMALL)
+    os.symlink(tmp_path / "z.zarr", tmp_path / "y.zarr")  # a directory too is one store however it is named
+    run_checked(tmp_path, ["fit", "z.zarr", "y.zarr", "-o", "m.npz"], 2, r"y\.zarr: given twice")
+
+
+def test_update_recognises_a_recorded_file_by_its_identity_not_its_path(tmp_path):
+    """An update through a hard link of the recorded file reads only the rows appended since (the model's
+    record, a path, is compared by device and inode when it is used), and a model whose file is given
+    under another name is still up to date."""
+    from streamwhiten.core.model import load_model
+
+    first, more = SMALL[:300], SMALL[300:]
+    with h5py.File(tmp_path / "g.h5", "w") as handle:
+        handle.create_dataset("emb", data=first, maxshape=(None, SMALL.shape[1]), chunks=(64, SMALL.shape[1]))
+    os.link(tmp_path / "g.h5", tmp_path / "l.h5")
+    assert run_subprocess("fit", tmp_path / "g.h5", "-o", tmp_path / "m.npz", "-q").returncode == 0
+    recorded = load_model(str(tmp_path / "m.npz")).sources
+    assert [s["path"] for s in recorded] == [os.path.realpath(tmp_path / "g.h5")]  # the record is unchanged
+    run_checked(tmp_path, ["fit", "l.h5", "--update", "m.npz"], 3, r"nothing to do")
+    with h5py.File(tmp_path / "g.h5", "a") as handle:
+        handle["emb"].resize(len(SMALL), axis=0)
+        handle["emb"][300:] = more
+    done = run_subprocess("fit", tmp_path / "l.h5", "--update", tmp_path / "m.npz", "-q", "--json")
+    assert done.returncode == 0, done.stderr
+    model = load_model(str(tmp_path / "m.npz"))
+    assert model.n_rows == len(SMALL)  # 400: not 300 + 400 read again through the other name
+    assert json_of(done.stdout)["rows_read"] == len(more)
+    np.testing.assert_allclose(model.mean, SMALL.astype(np.float64).mean(axis=0), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(model.state.scatter / len(SMALL), np.cov(SMALL.T, bias=True), rtol=1e-5, atol=1e-6)
+
+
+def json_of(text: str) -> dict:
+    import json
+
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("what", ["fifo", "character-device", "socket"])
+def test_an_input_that_is_not_a_file_or_directory_is_refused_at_once(tmp_path, small_model, what):
+    (tmp_path / "model.npz").write_bytes(small_model)
+    if what == "fifo":
+        os.mkfifo(tmp_path / "f.npy")
+        name, kind = "f.npy", "a FIFO"
+    elif what == "socket":
+        import socket
+
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(tmp_path / "s.h5"))
+        name, kind = "s.h5", "a socket"
+    else:
+        os.symlink("/dev/zero", tmp_path / "z.npy")  # reading it would never end
+        name, kind = "z.npy", "a character device"
+    pattern = rf"{re.escape(name)}: is {kind}.*not a regular file or directory"
+    run_checked(tmp_path, ["fit", name, "-o", "m.npz"], 2, pattern)
+    run_checked(tmp_path, ["apply", "model.npz", name, "-o", "out.zarr"], 2, pattern)
+    run_checked(tmp_path, ["fit", f"{name}:/emb", "-o", "m.npz"], 2, pattern)
+
+
+def test_model_job_and_score_files_that_are_fifos_are_refused_at_once(tmp_path, small_model):
+    write_h5(tmp_path / "g.h5", SMALL)
+    os.mkfifo(tmp_path / "model.npz")
+    os.mkfifo(tmp_path / "job.toml")
+    os.mkfifo(tmp_path / "scores.npy")
+    fifo = r"is a FIFO \(named pipe\), not a regular file"
+    run_checked(tmp_path, ["info", "model.npz"], 2, rf"model\.npz: model file {fifo}")
+    run_checked(tmp_path, ["apply", "model.npz", "g.h5", "-o", "o.zarr"], 2, rf"model\.npz: model file {fifo}")
+    run_checked(tmp_path, ["export", "model.npz", "-o", "map.npz"], 2, rf"model\.npz: model file {fifo}")
+    run_checked(tmp_path, ["fit", "g.h5", "--update", "model.npz"], 2, rf"model\.npz: model file {fifo}")
+    run_checked(tmp_path, ["run", "job.toml"], 2, rf"job\.toml: job file {fifo}")
+    run_checked(
+        tmp_path,
+        ["eval", "--pairs-a", "g.h5", "--pairs-b", "g.h5", "--scores", "scores.npy"],
+        2,
+        rf"scores\.npy: {fifo}",
+    )
+    from streamwhiten import serving
+    from streamwhiten.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match=fifo):
+        serving.load(tmp_path / "model.npz")
+
+
+def test_permission_denied_on_an_input_is_an_io_error(tmp_path, small_model):
+    prefix = as_reader()
+    (tmp_path / "model.npz").write_bytes(small_model)
+    write_h5(tmp_path / "g.h5", SMALL)
+    np.save(tmp_path / "f.npy", SMALL)
+    write_zarr(tmp_path / "z.zarr", SMALL)
+    (tmp_path / "job.toml").write_text('[input]\npaths = ["f.npy"]\n[model]\npath = "job-model.npz"\n')
+    for name in ("g.h5", "f.npy", "z.zarr/c/1/0", "job.toml"):
+        unreadable(tmp_path / name)
+    denied = r"(permission denied|Permission denied)"
+    run_checked(tmp_path, ["fit", "g.h5", "-o", "m.npz"], 74, rf"g\.h5: .*{denied}", prefix)
+    run_checked(tmp_path, ["fit", "f.npy", "-o", "m.npz"], 74, rf"f\.npy: .*{denied}", prefix)
+    run_checked(tmp_path, ["fit", "z.zarr", "-o", "m.npz"], 74, rf"z\.zarr: .*rows 100\.\.199.*{denied}", prefix)
+    run_checked(tmp_path, ["apply", "model.npz", "g.h5", "-o", "o.zarr"], 74, rf"g\.h5: .*{denied}", prefix)
+    run_checked(tmp_path, ["run", "job.toml"], 74, rf"job\.toml: .*{denied}", prefix)
+    unreadable(tmp_path / "model.npz")
+    run_checked(tmp_path, ["info", "model.npz"], 74, rf"model\.npz: .*{denied}", prefix)
+
+
+def test_a_zarr_chunk_replaced_by_a_directory_is_damaged_data(tmp_path):
+    write_zarr(tmp_path / "z.zarr", SMALL)
+    os.remove(tmp_path / "z.zarr" / "c" / "2" / "0")
+    os.mkdir(tmp_path / "z.zarr" / "c" / "2" / "0")
+    pattern = r"z\.zarr: chunk c/2/0 \(rows 200\.\.299\) is a directory, not a chunk file"
+    run_checked(tmp_path, ["fit", "z.zarr", "-o", "m.npz"], 2, pattern)
+
+
+def _edit_json(path, edit) -> None:
+    import json
+
+    with open(path) as handle:
+        meta = json.load(handle)
+    edit(meta)
+    with open(path, "w") as handle:
+        json.dump(meta, handle)
+
+
+ZARR_METADATA_DAMAGE = {
+    # a chunk length of 0 (zarr reads it; the rows of a chunk would be divided by it)
+    "chunk-0-v3": (3, lambda m: m["chunk_grid"]["configuration"]["chunk_shape"].__setitem__(0, 0), r"chunk shape"),
+    "chunk-0-v2": (2, lambda m: m["chunks"].__setitem__(0, 0), r"chunk shape"),
+    # a width whose d x d statistics no machine holds (a damaged number; the sampled rows would be allocated)
+    "width-v3": (
+        3,
+        lambda m: (
+            m["shape"].__setitem__(1, 10**9),
+            m["chunk_grid"]["configuration"]["chunk_shape"].__setitem__(1, 10**9),
+        ),
+        r"1,000,000,000 columns",
+    ),
+    "width-v2": (
+        2,
+        lambda m: (m["shape"].__setitem__(1, 10**9), m["chunks"].__setitem__(1, 10**9)),
+        r"1,000,000,000 columns",
+    ),
+    # more rows than there are chunks for: the first chunk not there is refused, not read as zeros
+    "rows-v3": (3, lambda m: m["shape"].__setitem__(0, 10**15), r"chunk c/4/0 \(rows 400\.\.499\) is missing"),
+    "rows-v2": (2, lambda m: m["shape"].__setitem__(0, 10**15), r"chunk 4\.0 \(rows 400\.\.499\) is missing"),
+    "negative-v3": (3, lambda m: m["shape"].__setitem__(0, -5), r"metadata"),
+    "negative-v2": (2, lambda m: m["shape"].__setitem__(0, -5), r"metadata"),
+}
+
+
+@pytest.mark.parametrize("case", ZARR_METADATA_DAMAGE)
+def test_zarr_metadata_that_could_not_have_been_written_is_refused(tmp_path, case):
+    zarr_format, edit, pattern = ZARR_METADATA_DAMAGE[case]
+    write_zarr(tmp_path / "z.zarr", SMALL, zarr_format=zarr_format)
+    _edit_json(tmp_path / "z.zarr" / ("zarr.json" if zarr_format == 3 else ".zarray"), edit)
+    run_checked(tmp_path, ["fit", "z.zarr", "-o", "m.npz"], 2, rf"^streamwhiten: error: z\.zarr: .*{pattern}")
+
+
+def _npy_with_header(path, shape, data=b"\0" * 16) -> None:
+    with open(path, "wb") as handle:
+        np.lib.format.write_array_header_1_0(handle, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        handle.write(data)
+
+
+def _npz_with_absurd_member(source, target, member="mean.npy", shape=(10**11,)) -> None:
+    """``source`` (an .npz) copied to ``target`` with ``member``'s header declaring ``shape``: numpy would
+    allocate what the header says (745 GiB for a model's mean) before finding the data short."""
+    import io
+    import zipfile
+
+    with zipfile.ZipFile(source) as zin, zipfile.ZipFile(target, "w") as zout:
+        for info in zin.infolist():
+            data = zin.read(info)
+            if info.filename == member:
+                handle = io.BytesIO(data)
+                np.lib.format.read_magic(handle)
+                _, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+                header = io.BytesIO()
+                np.lib.format.write_array_header_1_0(
+                    header, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": fortran, "shape": shape}
+                )
+                data = header.getvalue() + data[handle.tell() :]
+            zout.writestr(info.filename, data)
+
+
+def test_npy_and_npz_headers_that_declare_more_than_the_file_holds_are_refused(tmp_path, small_model):
+    (tmp_path / "good.npz").write_bytes(small_model)
+    _npz_with_absurd_member(tmp_path / "good.npz", tmp_path / "model.npz")
+    write_h5(tmp_path / "g.h5", SMALL)
+    _npy_with_header(tmp_path / "huge.npy", (10**11, 8))
+    _npy_with_header(tmp_path / "negative.npy", (-5, 4))
+    _npy_with_header(tmp_path / "scores.npy", (10**11,))
+    (tmp_path / "empty.npy").write_bytes(b"")
+    corrupt = r"model\.npz: model file is corrupt: its member mean\.npy .*declares shape \(100000000000,\)"
+    run_checked(tmp_path, ["info", "model.npz"], 2, corrupt)
+    run_checked(tmp_path, ["apply", "model.npz", "g.h5", "-o", "o.zarr"], 2, corrupt)
+    run_checked(tmp_path, ["export", "model.npz", "-o", "map.npz"], 2, corrupt)
+    run_checked(tmp_path, ["fit", "huge.npy", "-o", "m.npz"], 2, r"huge\.npy: .*declares shape \(100000000000, 8\)")
+    run_checked(tmp_path, ["fit", "negative.npy", "-o", "m.npz"], 2, r"negative\.npy: .*negative dimensions")
+    run_checked(tmp_path, ["fit", "empty.npy", "-o", "m.npz"], 2, r"empty\.npy: cannot read as \.npy")
+    pairs = ["eval", "--pairs-a", "g.h5", "--pairs-b", "g.h5", "--scores"]
+    run_checked(tmp_path, [*pairs, "scores.npy"], 2, r"scores\.npy: .*declares shape \(100000000000,\)")
+    run_checked(tmp_path, [*pairs, "empty.npy"], 2, r"empty\.npy: cannot read as \.npy")
+    from streamwhiten import serving
+    from streamwhiten.errors import ModelFileError
+
+    with pytest.raises(ModelFileError, match="declares shape"):
+        serving.load(tmp_path / "model.npz")
+
+
+def test_a_job_file_that_is_not_utf8_is_bad_input(tmp_path):
+    (tmp_path / "job.toml").write_bytes(b'name = "\xff\xfe"\n[input]\npaths = ["x.h5"]\n')
+    run_checked(
+        tmp_path, ["run", "job.toml"], 2, r"job\.toml: not a valid TOML job file \(TOML is UTF-8 text; byte 0xff"
+    )
+
+
+@pytest.mark.parametrize(
+    "args, pattern",
+    [
+        (["--rows", "0"], r"'--rows'"),
+        (["--rows", "-5"], r"'--rows'"),
+        (["--dim", "0"], r"'--dim'"),
+        (["--chunk-rows", "0"], r"'--chunk-rows'"),
+        (["-k", "0"], r"n_components"),
+        (["--dim", "4", "-k", "8"], r"n_components \(k\) = 8 exceeds the data width d = 4"),
+        (["--dir", "a-file"], r"'--dir': a-file is a file, not a directory"),
+    ],
+)
+def test_demo_options_that_cannot_work_are_usage_errors(tmp_path, args, pattern):
+    (tmp_path / "a-file").write_text("mine\n")
+    run_checked(tmp_path, ["demo", "-q", *args], 2, pattern)
+
+
+def _name_stores(tmp_path) -> None:
+    """One store of each kind holding one 2-D array ``emb`` (and a 1-D ``gold`` where a store can hold two)."""
+    import lance
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with h5py.File(tmp_path / "s.h5", "w") as handle:
+        handle["emb"] = SMALL
+        handle["gold"] = np.arange(len(SMALL), dtype=np.float64)
+    for version in (2, 3):
+        group = zarr.open_group(str(tmp_path / f"v{version}.zarr"), mode="w", zarr_format=version)
+        group.create_array("emb", data=SMALL, chunks=(100, SMALL.shape[1]))
+        group.create_array("gold", data=np.arange(len(SMALL), dtype=np.float64))
+    np.save(tmp_path / "s.npy", SMALL)
+    table = pa.table(
+        {
+            "id": np.arange(len(SMALL)),
+            "emb": pa.FixedSizeListArray.from_arrays(pa.array(SMALL.reshape(-1)), SMALL.shape[1]),
+        }
+    )
+    pq.write_table(table, tmp_path / "s.parquet")
+    lance.write_dataset(table, str(tmp_path / "s.lance"))
+    (tmp_path / "s.csv").write_text("0.5\n")
+
+
+#: spec -> what the one line must say: the name asked for, what the store holds, and how to name it.
+WRONG_NAMES = {
+    "s.h5:/embeddings": r"s\.h5: has no 2-D dataset /embeddings; its 2-D datasets: /emb \(name it as s\.h5:/emb",
+    "s.h5/emb": r"s\.h5/emb: no such file or directory; s\.h5 is a file: to name 'emb' inside it, write s\.h5:/emb",
+    "v2.zarr:/embeddings": r"v2\.zarr: has no 2-D array /embeddings; its 2-D arrays: /emb \(name it as v2\.zarr:/emb",
+    "v3.zarr:/embeddings": r"v3\.zarr: has no 2-D array /embeddings; its 2-D arrays: /emb \(name it as v3\.zarr:/emb",
+    "v3.zarr/embeddings": r"v3\.zarr: has no 2-D array /embeddings; its 2-D arrays: /emb \(name it as v3\.zarr:/emb",
+    "s.npy:/emb": r"s\.npy: has no array /emb: a \.npy file holds one array, with no name inside \(name it as s\.npy\)",
+    "s.parquet:embedding": r"s\.parquet: has no vector column 'embedding'; its vector columns: emb; other columns: "
+    r"id \(int64\) \(name it as s\.parquet:emb",
+    "s.lance:embedding": r"s\.lance: has no vector column 'embedding'; its vector columns: emb; other columns: "
+    r"id \(int64\) \(name it as s\.lance:emb",
+    "s.csv": r"^streamwhiten: error: s\.csv: not an HDF5, Parquet or \.npy file, nor a Zarr store or Lance dataset$",
+}
+
+
+def test_a_wrong_name_inside_a_store_says_what_was_asked_what_exists_and_how_to_name_it(tmp_path):
+    _name_stores(tmp_path)
+    for spec, pattern in WRONG_NAMES.items():
+        run_checked(tmp_path, ["fit", spec, "-o", "m.npz"], 2, pattern)
+    # 1-D vectors (gold scores) are named the same way
+    pairs = ["eval", "--pairs-a", "s.h5:/emb", "--pairs-b", "s.h5:/emb", "--scores"]
+    run_checked(tmp_path, [*pairs, "s.h5:/score"], 2, r"s\.h5: has no 1-D dataset /score; its 1-D datasets: /gold")
+    run_checked(tmp_path, [*pairs, "v3.zarr:/score"], 2, r"v3\.zarr: has no 1-D array /score; its 1-D arrays: /gold")
+    run_checked(tmp_path, [*pairs, "s.parquet:score"], 2, r"s\.parquet: has no numeric column 'score'; .*: id")
+    run_checked(tmp_path, [*pairs, "s.csv"], 2, r"^streamwhiten: error: s\.csv: not an HDF5[^:]*$")
+
+
+# ------------------------------------------- model files, checkpoints and maps edited by hand (issue #23)
+
+
+def rewrite_npz(source, target, **changes) -> None:
+    """``source`` with the arrays in ``changes`` replaced (a callable gets the old array), and its checksum
+    recomputed as anyone can: a file whose checksum holds, but that no fit wrote."""
+    from streamwhiten._npz import checksum
+
+    with np.load(source, allow_pickle=False) as data:
+        arrays = {key: data[key] for key in data.files if key != "checksum"}
+    for key, change in changes.items():
+        arrays[key] = np.asarray(change(arrays[key]) if callable(change) else change)
+    with open(target, "wb") as handle:  # a file object: np.savez would add ".npz" to a checkpoint's name
+        np.savez(handle, **arrays, checksum=np.array(checksum(arrays)))
+
+
+def _rotated(eigvecs):
+    """Columns of unit length that are no longer orthogonal (the first two mixed)."""
+    edited = eigvecs.copy()
+    edited[:, 1] = (eigvecs[:, 0] + eigvecs[:, 1]) / np.sqrt(2)
+    edited[:, 1] /= np.linalg.norm(edited[:, 1])
+    return edited
+
+
+def _asymmetric(scatter):
+    edited = scatter.copy()
+    edited[0, 1] += 0.5 * abs(scatter[0, 0])
+    return edited
+
+
+#: field -> (edit, what the one line says)
+MODEL_EDITS = {
+    "eigvals-nan": ({"eigvals": lambda v: np.where(np.arange(v.size) == 3, np.nan, v)}, r"'eigvals' holds NaN or Inf"),
+    "gamma-7": ({"gamma": 7.0}, r"'gamma' must be a number in \[0, 1\], got 7\.0"),
+    "beta-negative": ({"beta": -0.5}, r"'beta' must be a number in \[0, 1\]"),
+    "eps-zero": ({"eps": 0.0}, r"'eps' must be a positive finite number"),
+    "variance-2": ({"variance": 2.0}, r"'variance' must be a fraction in \(0, 1\]"),
+    "k-0": ({"n_components": np.int64(0)}, r"'n_components' must be at least 1"),
+    "k-above-d": ({"n_components": np.int64(9)}, r"'n_components' is 9, more than the model's 8 features"),
+    "k-float": ({"n_components": 4.0}, r"'n_components' must be a whole number"),
+    "n-rows-1": ({"n_rows": np.int64(1)}, r"'n_rows' must be at least 2"),
+    "mean-shape": ({"mean": lambda v: v[:-1]}, r"'mean' has shape \(7,\)"),
+    "mean-inf": ({"mean": lambda v: np.where(np.arange(v.size) == 0, np.inf, v)}, r"'mean' holds NaN or Inf"),
+    "scatter-asymmetric": ({"scatter": _asymmetric}, r"'scatter' is not symmetric"),
+    "scatter-negative": ({"scatter": lambda v: v - 2 * np.diag(np.diag(v))}, r"'scatter' has a negative diagonal"),
+    "eigvals-ascending": ({"eigvals": lambda v: v[::-1].copy()}, r"'eigvals' is not in descending order"),
+    "eigvals-negative": ({"eigvals": lambda v: v - v[1]}, r"'eigvals' holds a negative eigenvalue"),
+    "eigvals-scaled": (
+        {"eigvals": lambda v: 2 * v, "eps_value": lambda v: 2 * v},
+        r"'eigvals' and eigvecs are not the eigendecomposition",
+    ),
+    "eigvecs-long": ({"eigvecs": lambda v: 2 * v}, r"'eigvecs' has a column that is not of unit length"),
+    "eigvecs-skewed": ({"eigvecs": _rotated}, r"'eigvecs' is not orthonormal"),
+    "eps-value": ({"eps_value": lambda v: 10 * v}, r"'eps_value' is .*, but eps \* the largest eigenvalue is"),
+    "k-not-variance": ({"variance": 0.5, "n_components": np.int64(8)}, r"'n_components' is 8, but the variance 0\.5"),
+    "sources-type": ({"sources_json": np.array('{"path": 1}')}, r"'sources_json' must be a JSON list"),
+    "source-rows": (
+        {"sources_json": np.array('[{"path": "x.h5", "n_rows": "many"}]')},
+        r"'sources_json' source 0: n_rows must be a whole",
+    ),
+    "info-precision": ({"info_json": np.array('{"precision": "float128"}')}, r"'info_json' precision must be one of"),
+    "format-missing": ({"n_features": np.array("8")}, r"'n_features' must be a whole number"),
+}
+
+
+@pytest.mark.parametrize("case", MODEL_EDITS)
+def test_a_model_file_that_no_fit_could_have_written_is_refused(tmp_path, small_model, case, run_cli):
+    from streamwhiten import serving
+    from streamwhiten.core.model import load_model
+    from streamwhiten.errors import ModelFileError
+
+    edits, pattern = MODEL_EDITS[case]
+    (tmp_path / "good.npz").write_bytes(small_model)
+    rewrite_npz(tmp_path / "good.npz", tmp_path / "model.npz", **edits)
+    write_h5(tmp_path / "g.h5", SMALL)
+    line = rf"^streamwhiten: error: {re.escape(str(tmp_path / 'model.npz'))}: model file field {pattern}"
+    before = snapshot(tmp_path)
+    for args in (
+        ["info", tmp_path / "model.npz"],
+        ["apply", tmp_path / "model.npz", tmp_path / "g.h5", "-o", tmp_path / "out.zarr"],
+        ["export", tmp_path / "model.npz", "-o", tmp_path / "map.npz"],
+    ):
+        code, _, err = run_cli(*args)
+        assert code == 2 and len(err.splitlines()) == 1 and re.search(line, err), (args, code, err)
+    assert snapshot(tmp_path) == before
+    for load in (load_model, serving.load):
+        with pytest.raises(ModelFileError, match=pattern):
+            load(str(tmp_path / "model.npz"))
+
+
+def test_an_edited_model_is_refused_by_the_command_line_in_one_line(tmp_path, small_model):
+    (tmp_path / "good.npz").write_bytes(small_model)
+    rewrite_npz(tmp_path / "good.npz", tmp_path / "model.npz", gamma=7.0)
+    write_h5(tmp_path / "g.h5", SMALL)
+    run_checked(tmp_path, ["apply", "model.npz", "g.h5", "-o", "o.zarr"], 2, r"model\.npz: model file field 'gamma'")
+    run_checked(tmp_path, ["fit", "g.h5", "--update", "model.npz"], 2, r"model\.npz: model file field 'gamma'")
+
+
+def test_the_models_the_package_writes_all_pass_the_checks(tmp_path, small_model):
+    """The checks hold for what fits write: every setting of the same statistics, a constant column, a
+    rank-deficient store, float64 rows, and the models of ``tune``'s grid."""
+    from streamwhiten import Whitener
+    from streamwhiten.core.model import load_model
+
+    rank_deficient = np.hstack([SMALL[:, :4], SMALL[:, :4] * 2.0, np.full((len(SMALL), 2), 7.0)])
+    for rows in (SMALL, rank_deficient, SMALL.astype(np.float64) * 1e6, SMALL[:2]):
+        for params in ({}, {"beta": 0.0, "gamma": 0.0}, {"variance": 0.9}, {"n_components": 1, "eps": 1e-3}):
+            Whitener(**params).fit(rows).save(str(tmp_path / "m.npz"))
+            load_model(str(tmp_path / "m.npz"))
+
+
+CHECKPOINT_EDITS = {
+    "n-rows": ({"n_rows": lambda v: v + 5}, r"checkpoint field 'n_rows' is \d+, but the rows recorded as read"),
+    "scatter-nan": ({"scatter": lambda v: v * np.nan}, r"checkpoint field 'scatter' holds NaN or Inf"),
+    "cursor": (
+        {"meta_json": lambda v: np.array(str(v).replace('"next_row": ', '"next_row": -'))},
+        r"checkpoint field 'meta_json' cursor 0: start <= next_row <= stop",
+    ),
+    "precision": (
+        {"meta_json": lambda v: np.array(str(v).replace('"auto"', '"float128"'))},
+        r"checkpoint field 'meta_json' precision must be one of",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CHECKPOINT_EDITS)
+def test_a_checkpoint_that_no_fit_could_have_written_is_refused(tmp_path, case):
+    from streamwhiten.engine.fit import plan_fit, run_plan, save_checkpoint
+
+    write_h5(tmp_path / "g.h5", SMALL, chunk_rows=100)
+    job = plan_fit(str(tmp_path / "g.h5"), block_rows=100)
+    run_plan(job)
+    job.cursors[0].next_row = 200  # as if stopped after two blocks (the state is of all rows: not checked here)
+    save_checkpoint(job, str(tmp_path / "good.checkpoint"))
+    edits, pattern = CHECKPOINT_EDITS[case]
+    if case != "n-rows":
+        edits = dict(edits, n_rows=np.int64(200))
+    rewrite_npz(tmp_path / "good.checkpoint", tmp_path / ".m.npz.checkpoint", **edits)
+    os.remove(tmp_path / "good.checkpoint")
+    run_checked(
+        tmp_path,
+        ["fit", "g.h5", "-o", "m.npz", "--chunk-rows", "100"],
+        2,
+        rf"\.m\.npz\.checkpoint: {pattern}.*--restart",
+    )
+
+
+MAP_EDITS = {
+    "A-nan": ({"A": lambda v: v * np.nan}, r"'A' holds NaN or Inf"),
+    "gamma-7": ({"gamma": 7.0}, r"'gamma' must be a number in \[0, 1\]"),
+    "b": ({"b": lambda v: v + 1.0}, r"'b' is not -\(beta mean\) A"),
+    "normalize": ({"normalize": np.array("yes")}, r"'normalize' must be true or false"),
+}
+
+
+@pytest.mark.parametrize("case", MAP_EDITS)
+def test_an_exported_map_that_no_export_could_have_written_is_refused(tmp_path, small_model, case):
+    from streamwhiten import serving
+    from streamwhiten.errors import ModelFileError
+
+    (tmp_path / "model.npz").write_bytes(small_model)
+    assert run_subprocess("export", tmp_path / "model.npz", "-o", tmp_path / "good.npz").returncode == 0
+    serving.load(tmp_path / "good.npz")  # what export writes passes
+    edits, pattern = MAP_EDITS[case]
+    rewrite_npz(tmp_path / "good.npz", tmp_path / "map.npz", **edits)
+    with pytest.raises(ModelFileError, match=rf"map\.npz: whitening map field {pattern}"):
+        serving.load(tmp_path / "map.npz")

@@ -146,7 +146,7 @@ def test_read_vector_finds_the_only_1d_dataset_and_names_choices(tmp_path):
     assert label.endswith(":/x")
     with h5py.File(path, "a") as handle:
         handle["y"] = np.arange(4)
-    with pytest.raises(BadInputError, match="1-D datasets found: /x, /y"):
+    with pytest.raises(BadInputError, match="name the 1-D dataset to read; its 1-D datasets: /x, /y"):
         read_vector(path)
     with pytest.raises(BadInputError, match=r"expected a 1-D array, got shape \(4, 2\)"):
         read_vector(path + ":/m")
@@ -159,7 +159,7 @@ def test_read_vector_from_zarr_group_and_integer_scores(tmp_path):
     group.create_array("vectors", data=np.zeros((3, 2), dtype=np.float32))
     values, label = read_vector(store)  # the group's only 1-D array is found
     assert values.dtype == np.float64 and values.tolist() == [3.0, 1.0, 2.0] and label.endswith(":/gold")
-    with pytest.raises(BadInputError, match="dataset /nope does not exist"):
+    with pytest.raises(BadInputError, match="has no 1-D dataset /nope"):
         read_vector(_h5_with_vector(tmp_path) + ":/nope")
 
 

@@ -47,9 +47,10 @@ so each test mostly waits for its own result; this keeps the module at a few min
 
 ``test_sigterm`` sends SIGTERM to a ``fit`` of 4,096 x 2,048 rows while it starts (the moment its SIGTERM
 handler appears in /proc/PID/status, 0.1 s and 0.4 s after the process starts), during the pass over the
-data, during finalize (eigendecomposition) and while the model file is written: exit 130, one line on
-stderr, no traceback, and a rerun writes the model of an uninterrupted fit bit for bit (or finds it
-done: exit 3), leaving nothing else behind. The message says whether a SIGTERM handler was installed
+data, during finalize (eigendecomposition) and while the model file is written: exit 130 with no model
+written -- or, for a signal during the save (which completes), exit 0 with the model complete and a note
+that the signal came too late to stop anything --, one line on stderr, no traceback, and a rerun writes
+the model of an uninterrupted fit bit for bit (or finds it done: exit 3), leaving nothing else behind. The message says whether a SIGTERM handler was installed
 when the signal was sent: on an idle machine the handler is in place about 0.03 s after start, on a
 loaded one it can take longer than 0.1 s, and a SIGTERM before it kills the process (exit -15).
 
@@ -1027,15 +1028,21 @@ def test_sigterm(big_fit, phase):
     if when is None:
         pytest.skip(f"the fit finished (exit {process.returncode}) before phase {phase!r} could be signalled")
     v = []
-    if process.returncode != 130:
-        v.append(f"[sigterm-exit] exit code {process.returncode}, expected 130")
+    model = work / "model.npz"
+    # 130: stopped, the model not written; 0: the signal came too late to stop anything (during the save,
+    # which completes), and the model is complete and correct (checked below) -- said in one line
+    if process.returncode not in (130, 0):
+        v.append(f"[sigterm-exit] exit code {process.returncode}, expected 130 (or 0 with the model written)")
+    if process.returncode == 0 and (not os.path.lexists(model) or "too late to stop" not in err):
+        v.append("[sigterm-exit] exit 0 without the model written and a note saying the signal came too late")
+    if process.returncode == 130 and os.path.lexists(model):
+        v.append("[sigterm-exit] exit 130 although the model was written")
     lines = err.splitlines()
     if len(lines) != 1 or not lines[0].startswith("streamwhiten:"):
         v.append(f"[sigterm-stderr] expected exactly one line starting with 'streamwhiten:', got {lines!r}")
     for marker in CRASH_MARKERS:
         if marker in err:
             v.append(f"[sigterm-crash] stderr contains {marker!r}")
-    model = work / "model.npz"
     if os.path.lexists(model):
         problems = differences(read_output(model, "model"), reference, exact_files=True)
         if problems:

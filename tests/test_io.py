@@ -41,9 +41,9 @@ def test_hdf5_group_paths_and_single_dataset_detection(tmp_path):
         assert source.dataset == "grp/emb"
     with open_source(f"{tmp_path}/g.h5:/grp/emb") as source:
         np.testing.assert_array_equal(source.read(10, 20), rows[10:20])
-    with pytest.raises(BadInputError, match="dataset /grp does not exist|is a group"):
+    with pytest.raises(BadInputError, match="/grp is a group, not a dataset; its 2-D datasets: /grp/emb"):
         open_source(f"{tmp_path}/g.h5:/grp")
-    with pytest.raises(BadInputError, match="/nope does not exist"):
+    with pytest.raises(BadInputError, match="has no 2-D dataset /nope"):
         open_source(f"{tmp_path}/g.h5:/nope")
 
 

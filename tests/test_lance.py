@@ -201,7 +201,7 @@ def test_bad_vectors_are_one_line_exit_2_naming_fragment_and_row(tmp_path, rows)
     done = run_subprocess("fit", dataset("ints.lance", [[1, 2]] * 10, pa.int64()), "-o", model)
     assert done.returncode == EXIT_BAD_INPUT and "int64 values, not float16" in done.stderr
     done = run_subprocess("fit", f"{tmp_path / 'null.lance'}:nope", "-o", model)
-    assert done.returncode == EXIT_BAD_INPUT and "has no column 'nope'" in done.stderr
+    assert done.returncode == EXIT_BAD_INPUT and "has no vector column 'nope'" in done.stderr
     assert not model.exists()
 
 

@@ -450,8 +450,8 @@ def test_malformed_files_are_one_line_exit_2_naming_file_row_group_and_row(tmp_p
     # no name when there are several list columns, a missing column, a column that is not a list
     two = tmp_path / "two.parquet"
     pq.write_table(pa.table({"a": vectors(data), "b": vectors(data, "list")}), two)
-    assert "list columns: a, b" in one_line_exit_2("fit", two, "-o", model)
-    assert "has no column 'c'" in one_line_exit_2("fit", f"{two}:c", "-o", model)
+    assert "name the vector column to read; its vector columns: a, b" in one_line_exit_2("fit", two, "-o", model)
+    assert "has no vector column 'c'" in one_line_exit_2("fit", f"{two}:c", "-o", model)
     assert "not a vector column" in one_line_exit_2("fit", good.replace("embedding", "id"), "-o", model)
     # damaged files: truncated, not Parquet at all, a corrupted page
     raw = (tmp_path / "good.parquet").read_bytes()

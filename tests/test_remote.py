@@ -88,6 +88,7 @@ def test_transient_failures_are_retried_and_lasting_ones_are_one_store_io_error(
     from streamwhiten.errors import BadInputError, StoreIOError
 
     monkeypatch.setattr(remote, "BACKOFF", 0.001)
+    monkeypatch.setattr(remote, "_timeout", {"seconds": 0.3})  # the deadline, for this test only
     calls = []
 
     def flaky():
@@ -101,8 +102,12 @@ def test_transient_failures_are_retried_and_lasting_ones_are_one_store_io_error(
     def throttled():
         raise OSError("An error occurred (SlowDown) when calling the GetObject operation: please reduce rate")
 
-    with pytest.raises(StoreIOError, match=r"s3://b/x: cannot read after \d+ attempts: .*SlowDown"):
+    began = time.monotonic()
+    with pytest.raises(
+        StoreIOError, match=r"s3://b/x: cannot read after \d+ attempts in 0 s \(--remote-timeout 0.3\): .*SlowDown"
+    ):
         remote.retrying("s3://b/x", "read", throttled)
+    assert 0.3 <= time.monotonic() - began < 1.0  # the deadline, not a count of attempts
     with pytest.raises(BadInputError, match="no such object"):
         remote.retrying("s3://b/x", "read", lambda: (_ for _ in ()).throw(FileNotFoundError("b/x")))
     with pytest.raises(StoreIOError, match="access denied"):
@@ -550,7 +555,7 @@ def test_a_lasting_failure_is_exit_74_naming_the_url_and_leaves_nothing_complete
     data = anisotropic(2000, 8, seed=2).astype(np.float32)
     url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=250), f"{s3_bucket}/c.zarr")
     proxy = DroppingProxy(int(s3_server.rsplit(":", 1)[1]), refuse_all=True)
-    env = dict(os.environ, STREAMWHITEN_REMOTE_RETRIES="2", STREAMWHITEN_REMOTE_BACKOFF="0.01", AWS_MAX_ATTEMPTS="1")
+    env = dict(os.environ, STREAMWHITEN_REMOTE_TIMEOUT="2", STREAMWHITEN_REMOTE_BACKOFF="0.01")
     try:
         result = _run(
             "fit",
@@ -559,8 +564,6 @@ def test_a_lasting_failure_is_exit_74_naming_the_url_and_leaves_nothing_complete
             tmp_path / "m.npz",
             "--storage-option",
             f"endpoint_url={proxy.endpoint}",
-            "--storage-option",
-            "retries=1",
             env=env,
             timeout=120,
         )
@@ -673,3 +676,72 @@ def test_hdf5_lance_and_plain_http_inputs(tmp_path, s3_bucket, s3_server, corpus
     from streamwhiten.io import expand_specs
 
     assert expand_specs([f"{s3_bucket}/c.*"]) == [f"{s3_bucket}/c.h5", f"{s3_bucket}/c.lance", f"{s3_bucket}/c.npy"]
+
+
+# ------------------------------------------------------------------------- giving up within the deadline
+
+
+def _outage(kind, tmp_path, s3_bucket, s3_server, timeout):
+    """Run a fit against an S3 endpoint that stops answering: a port nobody listens on from the start, or a
+    server of its own that is stopped once the fit has read its first blocks. Returns the result and the
+    seconds from the start of the outage to the exit."""
+    from conftest import _free_port
+
+    data = anisotropic(40_000, 32, seed=4).astype(np.float32)
+    local = write_zarr(tmp_path / "c.zarr", data, chunk_rows=1000)
+    args = ["-o", tmp_path / "m.npz", "--chunk-rows", "1000", "--checkpoint-every", "1", "--threads", "2"]
+    args += [] if timeout is None else ["--remote-timeout", timeout]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env.pop("AWS_MAX_ATTEMPTS", None)  # the retries of botocore as a user gets them
+    if kind == "closed-port":
+        url = upload(s3_server, local, f"{s3_bucket}/c.zarr")
+        began = time.monotonic()
+        done = _run("fit", url, *args, "--storage-option", f"endpoint_url=http://127.0.0.1:{_free_port()}", env=env)
+        return done, time.monotonic() - began, url
+    port = _free_port()
+    server = start_moto(port)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        s3fs_client(endpoint).mkdir("outage")
+        url = upload(endpoint, local, "s3://outage/c.zarr")
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "streamwhiten",
+                *map(str, ["fit", url, *args, "--storage-option", f"endpoint_url={endpoint}"]),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        checkpoint = tmp_path / ".m.npz.checkpoint"
+        deadline = time.monotonic() + 120
+        while not checkpoint.exists() and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+    finally:
+        server.kill()
+        server.wait(10)
+    began = time.monotonic()
+    out, err = process.communicate(timeout=300)
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err), time.monotonic() - began, url
+
+
+@pytest.mark.parametrize("kind", ["closed-port", "server-stopped-mid-fit"])
+def test_giving_up_on_a_store_that_stopped_answering_takes_the_remote_timeout(tmp_path, s3_bucket, s3_server, kind):
+    """Every layer's retries (ours, s3fs's, botocore's, zarr's) fit in --remote-timeout: the command exits 74
+    about that long after the store stopped answering (before the deadline: 49 to 128 s), naming the URL."""
+    done, seconds, url = _outage(kind, tmp_path, s3_bucket, s3_server, 3)
+    lines = done.stderr.splitlines()
+    assert done.returncode == EXIT_IO and len(lines) == 1, done.stderr
+    assert url in lines[0] and "(--remote-timeout 3)" in lines[0], lines
+    assert 3 <= seconds < 3 + 5, f"gave up {seconds:.1f} s after the outage began, with --remote-timeout 3"
+    assert not (tmp_path / "m.npz").exists()
+
+
+@pytest.mark.slow
+def test_the_default_remote_timeout_gives_up_in_about_ten_seconds(tmp_path, s3_bucket, s3_server):
+    done, seconds, url = _outage("server-stopped-mid-fit", tmp_path, s3_bucket, s3_server, None)
+    assert done.returncode == EXIT_IO and "(--remote-timeout 10)" in done.stderr, done.stderr
+    assert 10 <= seconds < 10 + 5, f"gave up {seconds:.1f} s after the server stopped"

@@ -4,10 +4,20 @@ The handlers are installed before anything heavy is imported (see ``__main__``),
 arrives while the program starts is remembered rather than killing it with a traceback or leaving
 files behind. Then, per phase:
 
-- ``deferred()``: work that can stop cleanly (a fit between blocks, an apply, saving a model). The
-  first signal only sets :data:`requested`; the work checks it at its next safe point, saves its
+- ``work(deferred=True)``: work that can stop cleanly (a fit between blocks, an apply, saving a model).
+  The first signal only sets :data:`requested`; the work checks it at its next safe point, saves its
   progress and stops. A second signal raises ``KeyboardInterrupt`` at once.
-- otherwise: ``KeyboardInterrupt`` at once (a report, an evaluation: nothing to save).
+- ``work(deferred=False)``, and outside any work: ``KeyboardInterrupt`` at once (a report, an
+  evaluation, the Dask engine: nothing to save).
+- once the work of the command is complete (its block ended without an exception) and while the
+  program reports how it ended, a signal is only recorded: the exit code says the work is done, and a
+  note says the signal came after it (``cli.app._finish``).
+- at the very end, :func:`finish` ignores both signals: at interpreter shutdown Python puts back the
+  default handlers (which kill the process: exit -15 or -2) for every signal it had a handler for, but
+  leaves an ignored one ignored, so nothing can kill the process between its last word and its exit.
+
+``KeyboardInterrupt`` is raised once at most: a further signal, arriving while the program unwinds or
+reports the first, is only recorded, so cleanup code and the report are never cut short.
 
 Never inside an import: an exception raised while a module (a C extension above all) is being
 initialised is turned by some libraries into an ``ImportError`` with a traceback, or leaves the
@@ -30,7 +40,7 @@ requested = threading.Event()
 received: list = []
 
 _STARTUP, _DEFERRED, _IMMEDIATE = "startup", "deferred", "immediate"
-_state = {"mode": _STARTUP, "previous": None, "pending": None}
+_state = {"mode": _STARTUP, "previous": None, "pending": None, "raised": False}
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -49,11 +59,14 @@ def _handler(signum, frame):
 
 
 def _raise_outside_import(frame):
+    if _state["raised"]:  # once: the first is being handled (cleanup, the report)
+        return
     if _in_import(frame) and hasattr(signal, "setitimer"):
         _state["pending"] = _state["mode"]
         signal.setitimer(signal.ITIMER_REAL, _RETRY_S)
         return
     _state["pending"] = None
+    _state["raised"] = True
     raise KeyboardInterrupt
 
 
@@ -81,6 +94,7 @@ def install() -> bool:
     received.clear()
     _state["mode"] = _STARTUP
     _state["pending"] = None
+    _state["raised"] = False
     _state["previous"] = {sig: signal.signal(sig, _handler) for sig in _SIGNALS}
     if hasattr(signal, "SIGALRM"):
         _state["previous"][signal.SIGALRM] = signal.signal(signal.SIGALRM, _retry)
@@ -91,10 +105,12 @@ def install() -> bool:
 
 def _quiet_unraisable(previous):
     """A signal's KeyboardInterrupt that lands in a callback Python cannot raise from (a weakref's, a
-    destructor's) is only recorded: the stop was already requested, and the traceback would be noise."""
+    destructor's) is only recorded: the stop was already requested, and the traceback would be noise. So
+    is, once a signal was received, any error of a destructor: a KeyboardInterrupt raised inside a
+    library's constructor leaves a half-built object whose destructor then fails (zipfile's, for one)."""
 
     def hook(unraisable):
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) or requested.is_set():
             return
         previous(unraisable)
 
@@ -133,6 +149,38 @@ def deferred():
         yield requested.is_set
     finally:
         _state["mode"] = before
+
+
+@contextmanager
+def work(stoppable: bool = True):
+    """The work of a command: with ``stoppable``, a signal asks it to stop at its next safe point (yields
+    ``should_stop``, as :func:`deferred`); otherwise it raises ``KeyboardInterrupt`` at once (yields None).
+    When the block ends without an exception, the work is complete: from then on a signal is only
+    recorded (:func:`hold`), so it cannot turn finished work into an interruption."""
+    before = _state["mode"]
+    _state["mode"] = _DEFERRED if stoppable else _IMMEDIATE
+    try:
+        yield requested.is_set if stoppable else None
+    except BaseException:
+        _state["mode"] = before
+        raise
+    _state["mode"] = _STARTUP
+
+
+def finish() -> bool:
+    """The program is about to exit: ignore SIGINT and SIGTERM from now on (Python's shutdown would put the
+    default handlers back, and a signal then would kill the process), and stop the retry timer. Returns
+    whether a signal was received at any time. In the main thread only (elsewhere: does nothing)."""
+    _state["mode"] = _STARTUP
+    _state["pending"] = None
+    if threading.current_thread() is threading.main_thread() and _state["previous"] is not None:
+        for sig in _SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        if hasattr(signal, "setitimer"):
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if hasattr(signal, "SIGALRM"):
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)
+    return requested.is_set()
 
 
 def signal_name() -> str:

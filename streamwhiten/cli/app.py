@@ -78,6 +78,7 @@ PRECISION = spec_type("precision")
 
 
 def _emit(ctx_json: bool, summary: dict, lines: list[str]) -> None:
+    _interrupt.hold()  # the command's work is done: a signal now cannot undo it
     text = (
         json.dumps(_strict_json(summary), indent=2, sort_keys=True, allow_nan=False) if ctx_json else "\n".join(lines)
     )
@@ -244,10 +245,17 @@ def cli():
 
 
 def stop_on_signals():
-    """The first SIGINT/SIGTERM asks the library to stop at its next safe point (between blocks,
-    before a save), where it saves its progress and raises an interruption; a second one stops at once.
-    Yields ``should_stop``."""
-    return _interrupt.deferred()
+    """The work of a command that can stop cleanly: the first SIGINT/SIGTERM asks the library to stop at
+    its next safe point (between blocks, before a save), where it saves its progress and raises an
+    interruption; a second one stops at once. Yields ``should_stop``. Once the block has ended, the work
+    is complete: a signal is then only recorded (see ``_interrupt.work``)."""
+    return _interrupt.work(stoppable=True)
+
+
+def unstoppable_work():
+    """The work of a command that cannot stop at a safe point (the Dask engine's tasks): a signal
+    interrupts it at once; once the block has ended, the work is complete (see ``_interrupt.work``)."""
+    return _interrupt.work(stoppable=False)
 
 
 def _set_storage_options(ctx, param, value):
@@ -268,6 +276,27 @@ storage_option = click.option(
     help="An option of the file system of s3://, gs://, https:// ... inputs and outputs (repeatable), passed to "
     "fsspec, e.g. endpoint_url=http://127.0.0.1:9000 or anon=true; values are JSON where they parse. The "
     "standard environment (AWS_ENDPOINT_URL, AWS_PROFILE, ...) applies too. Never printed or recorded.",
+)
+
+
+def _set_remote_timeout(ctx, param, value):
+    if value is not None:
+        from ..io import remote
+
+        remote.set_remote_timeout(value)
+    return value
+
+
+remote_timeout_option = click.option(
+    "--remote-timeout",
+    type=spec_type("remote_timeout"),
+    default=None,
+    expose_value=False,
+    callback=_set_remote_timeout,
+    metavar="SECONDS",
+    help="How long an s3://, gs://, https:// ... store may keep failing (refused connections, timeouts, 5xx "
+    f"answers) before the command gives up, exit 74 [default: {PARAMS['remote_timeout'].default:g}; or "
+    "STREAMWHITEN_REMOTE_TIMEOUT]. The retries of every layer (s3fs, botocore, zarr, Lance) fit in it.",
 )
 
 
@@ -327,6 +356,7 @@ fill_missing_option = click.option(
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file.")
 @fill_missing_option
 @storage_option
+@remote_timeout_option
 @engine_options
 @common_quiet
 @common_json
@@ -374,7 +404,7 @@ def fit(
     began = time.perf_counter()
     # The serial engine stops at its next block on a signal (checkpointed); a Dask fit cannot, so a
     # signal stops it at once, and only its save lets a signal wait (the file is whole or absent).
-    signals = stop_on_signals() if engine == "serial" else contextlib.nullcontext(None)
+    signals = stop_on_signals() if engine == "serial" else unstoppable_work()
     with progress_bar("fit", quiet) as progress, signals as should_stop:
         model, fitted, resumed, checkpoint = fit_job(
             expand_specs(inputs),
@@ -491,6 +521,7 @@ def fit(
     "--no-direct-io leaves the output in the page cache, e.g. for a program that reads it right after.",
 )
 @storage_option
+@remote_timeout_option
 @engine_options
 @common_quiet
 @common_json
@@ -544,7 +575,7 @@ def apply(
     if params:
         model = model.with_params(**params)
     # The Dask applier cannot stop its tasks at a block boundary: a signal interrupts it at once.
-    signals = stop_on_signals() if engine != "dask" else contextlib.nullcontext(None)
+    signals = stop_on_signals() if engine != "dask" else unstoppable_work()
     with progress_bar("apply", quiet) as progress, signals as should_stop:
         # apply_dask is apply_model on a cluster: the options they share are passed once.
         shared = dict(
@@ -729,16 +760,17 @@ def export_(
     stored = file_checksum(model_path)
     if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)
         affine = replace(affine, file_checksum=stored)
-    summary = export(
-        affine,
-        output_path,
-        fmt,
-        overwrite=overwrite,
-        append_to=append_to,
-        index=index_factory,
-        metric=metric,
-        insert=insert,
-    )
+    with stop_on_signals():  # a signal lets the export finish (it has no point to stop at before its rename)
+        summary = export(
+            affine,
+            output_path,
+            fmt,
+            overwrite=overwrite,
+            append_to=append_to,
+            index=index_factory,
+            metric=metric,
+            insert=insert,
+        )
     summary["model"] = model_path
     what = {
         "faiss": f"faiss {summary.get('faiss')}",
@@ -759,10 +791,22 @@ def export_(
 
 
 @cli.command()
-@click.option("--rows", type=int, default=100_000, show_default=True, help="Rows of the generated store.")
-@click.option("--dim", type=int, default=256, show_default=True, help="Width d of the generated store.")
-@click.option("-k", "--n-components", type=int, default=64, show_default=True, help="Kept dimensions.")
-@click.option("--chunk-rows", type=int, default=8192, show_default=True, help="Chunk rows of the generated store.")
+@click.option(
+    "--rows", type=click.IntRange(min=2), default=100_000, show_default=True, help="Rows of the generated store."
+)
+@click.option(
+    "--dim", type=click.IntRange(min=1), default=256, show_default=True, help="Width d of the generated store."
+)
+@click.option(
+    "-k", "--n-components", type=spec_type("n_components"), default=64, show_default=True, help="Kept dimensions."
+)
+@click.option(
+    "--chunk-rows",
+    type=spec_type("chunk_rows"),
+    default=8192,
+    show_default=True,
+    help="Chunk rows of the generated store.",
+)
 @click.option(
     "--dir", "workdir", default=None, help="Keep the files in this directory (default: a temporary one, removed)."
 )
@@ -773,8 +817,12 @@ def demo(rows, dim, n_components, chunk_rows, workdir, seed, quiet, as_json):
     """Run the whole job on a built-in example: generate a store, fit, apply with k < d, check."""
     import tempfile
 
+    from ..params import check_model
     from .demo import run_demo
 
+    check_model(n_components=n_components, n_features=dim)
+    if workdir is not None and os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise click.BadParameter(f"{workdir} is a file, not a directory", param_hint="'--dir'")
     if workdir is None:
         with tempfile.TemporaryDirectory(prefix="streamwhiten-demo-") as tmp:
             summary = _run_demo(run_demo, tmp, rows, dim, n_components, chunk_rows, seed, quiet)
@@ -812,6 +860,7 @@ def _run_demo(run_demo, directory, rows, dim, k, chunk_rows, seed, quiet):
 @click.option("--log-file", default=None, help="Also append timestamped log lines to this file.")
 @click.option("--restart", is_flag=True, help="Discard the checkpoint of an interrupted run instead of finishing it.")
 @storage_option
+@remote_timeout_option
 @common_quiet
 @common_json
 def run(job_file, log_file, restart, quiet, as_json):
@@ -1108,7 +1157,8 @@ def tune(
                 test_pairs.close()
     target = model_path if in_place else output_path
     if target:
-        summary["file_checksum"] = save_model(chosen, target, overwrite=bool(in_place or overwrite))
+        with stop_on_signals():  # a signal lets the save finish: the file is whole or absent
+            summary["file_checksum"] = save_model(chosen, target, overwrite=bool(in_place or overwrite))
     summary["model"] = model_path
     summary["written"] = target
     best, raw = summary["best"], summary["raw"]
@@ -1198,7 +1248,8 @@ def report(
     finally:
         if pairs is not None:
             pairs.close()
-    written = write_report(data, output_path, overwrite, title)
+    with stop_on_signals():  # a signal lets the files be finished
+        written = write_report(data, output_path, overwrite, title)
     summary = {
         "model": model_path,
         "files": written,
@@ -1262,24 +1313,34 @@ def main(argv=None) -> int:
 def _main(argv) -> int:
     debug = bool(os.environ.get("STREAMWHITEN_DEBUG"))
     try:
-        _configure_logging()
-        if _interrupt.requested.is_set():  # a signal while the program was starting
-            raise KeyboardInterrupt
-        _interrupt.start_immediate()
-        # cli.main() would print an empty line on stderr before turning an interruption into Abort.
-        with cli.make_context("streamwhiten", list(sys.argv[1:] if argv is None else argv)) as ctx:
-            cli.invoke(ctx)
+        try:
+            _configure_logging()
+            if _interrupt.requested.is_set():  # a signal while the program was starting
+                raise KeyboardInterrupt
+            _interrupt.start_immediate()
+            # cli.main() would print an empty line on stderr before turning an interruption into Abort.
+            with cli.make_context("streamwhiten", list(sys.argv[1:] if argv is None else argv)) as ctx:
+                cli.invoke(ctx)
+            _interrupt.hold()
+            code = 0
+        except BaseException as exc:  # noqa: B036 - every way out is one line and an exit code
+            _interrupt.hold()  # a further signal must not interrupt the report
+            code = _report(exc, debug)
+    except KeyboardInterrupt as late:  # a signal in the instant before hold(): report what was being reported
         _interrupt.hold()
-        if _interrupt.requested.is_set():
-            click.echo(
-                f"streamwhiten: {_interrupt.signal_name()} received as the command finished; what it wrote is complete",
-                err=True,
-            )
-            return EXIT_INTERRUPTED
-        return 0
-    except BaseException as exc:  # noqa: B036 - every way out is one line and an exit code
-        _interrupt.hold()  # a further signal must not interrupt the report
-        return _report(exc, debug)
+        code = _report(late.__context__ if late.__context__ is not None else late, debug)
+    return _finish(code)
+
+
+def _finish(code: int) -> int:
+    """From here to the exit no signal can kill the process (``_interrupt.finish``). One received after
+    the work was complete changes nothing on disk: the exit code stays that of the work, with a note."""
+    if _interrupt.finish() and code == 0:
+        click.echo(
+            f"streamwhiten: {_interrupt.signal_name()} received too late to stop the command: its work is complete",
+            err=True,
+        )
+    return code
 
 
 def _one_line(exc: BaseException) -> str:
@@ -1301,7 +1362,12 @@ def _report(exc: BaseException, debug: bool) -> int:
         click.echo(f"streamwhiten: interrupted by {_interrupt.signal_name()}", err=True)
         return EXIT_INTERRUPTED
     if isinstance(exc, NothingToDoError):
-        click.echo(f"streamwhiten: {_one_line(exc)}", err=True)
+        late = (
+            f" ({_interrupt.signal_name()} received too late to stop the command)"
+            if _interrupt.requested.is_set()
+            else ""
+        )
+        click.echo(f"streamwhiten: {_one_line(exc)}{late}", err=True)
         return exc.exit_code
     if isinstance(exc, InterruptedRunError):
         click.echo(f"streamwhiten: stopped by {_interrupt.signal_name()}: {_one_line(exc)}", err=True)

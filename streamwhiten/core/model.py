@@ -19,10 +19,11 @@ import numpy as np
 from .. import __version__
 from .._durable import check_replaceable
 from .._npz import checksum, foreign_npz, read_npz, write_npz_atomic
-from ..errors import BadInputError, ModelFileError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
+from ..errors import BadInputError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
 from .stats import Moments, covariance
+from .validate import components_for_variance, model_fields
 
 FORMAT_NAME = "streamwhiten-model"
 FORMAT_VERSION = 1
@@ -71,15 +72,6 @@ def eigendecomposition(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     signs[signs == 0] = 1.0
     eigvecs *= signs
     return eigvals, eigvecs
-
-
-def components_for_variance(eigvals: np.ndarray, variance: float) -> int:
-    """Smallest k whose leading eigenvalues explain at least ``variance`` of the total."""
-    total = float(eigvals.sum())
-    if total <= 0.0:
-        return int(eigvals.size)
-    cumulative = np.cumsum(eigvals) / total
-    return int(min(eigvals.size, np.searchsorted(cumulative, variance - 1e-12) + 1))
 
 
 def effective_dimension(eigvals: np.ndarray) -> float:
@@ -457,42 +449,11 @@ def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
 
 
 def load_model(path: str) -> WhiteningModel:
-    """Load and validate a model file written by :func:`save_model`."""
-    arrays = read_npz(path, "model file", FORMAT_NAME, FORMAT_VERSION)
-    try:
-        d = int(arrays["n_features"])
-        state = Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])
-        floats = {key: float(arrays[key]) for key in _FLOAT_KEYS}
-        k = int(arrays["n_components"])
-        eigvals, eigvecs = arrays["eigvals"], arrays["eigvecs"]
-        sources = json.loads(str(arrays["sources_json"]))
-        info = json.loads(str(arrays["info_json"]))
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ModelFileError(f"{path}: model file is incomplete ({exc})") from exc
-    shapes_ok = (
-        state.mean.shape == (d,)
-        and state.scatter.shape == (d, d)
-        and eigvals.shape == (d,)
-        and eigvecs.shape == (d, d)
-        and 1 <= k <= d
-        and state.n_rows >= 2
-    )
-    if not shapes_ok:
-        raise ModelFileError(f"{path}: model file arrays have inconsistent shapes")
-    variance = None if math.isnan(floats["variance"]) else floats["variance"]
-    return WhiteningModel(
-        state=state,
-        beta=floats["beta"],
-        gamma=floats["gamma"],
-        eps=floats["eps"],
-        n_components=k,
-        variance=variance,
-        eigvals=eigvals,
-        eigvecs=eigvecs,
-        eps_value=floats["eps_value"],
-        sources=sources,
-        info=info,
-    )
+    """Load a model file written by :func:`save_model`, every field checked (see ``core.validate``): a file
+    that no fit could have written (edited, with its checksum recomputed) is refused."""
+    fields = model_fields(read_npz(path, "model file", FORMAT_NAME, FORMAT_VERSION), path)
+    state = Moments(fields.pop("n_rows"), fields.pop("mean"), fields.pop("scatter"))
+    return WhiteningModel(state=state, **fields)
 
 
 __all__ = [

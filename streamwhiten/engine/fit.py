@@ -32,6 +32,7 @@ from .._buffers import PerThread, as_array, kept_for_next_run
 from .._durable import check_replaceable
 from .._npz import foreign_npz, read_npz, write_npz_atomic
 from ..core import stats
+from ..core.validate import checkpoint_fields
 from ..errors import (
     BadInputError,
     InterruptedRunError,
@@ -40,7 +41,18 @@ from ..errors import (
     NothingToDoError,
     StoreIOError,
 )
-from ..io import Sampler, Source, count_blocks, describe, exists, expand_specs, fingerprint, open_source, remote
+from ..io import (
+    Sampler,
+    Source,
+    count_blocks,
+    describe,
+    exists,
+    expand_specs,
+    fingerprint,
+    identity_of,
+    open_source,
+    remote,
+)
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: ``progress(rows_done, rows_total)``, called after every block.
@@ -173,8 +185,11 @@ def open_sources(specs, dataset: str | None = None, fill_missing_chunks: bool = 
             sources.append(open_source(spec, dataset, min_rows=min_rows, fill_missing_chunks=fill_missing_chunks))
             key = sources[-1].identity
             if key in seen:
-                raise BadInputError(f"{sources[-1].label}: given twice (also as {seen[key]}); each input is read once")
-            seen[key] = sources[-1].label
+                how = "" if sources[-1].location == sources[seen[key]].location else ", the same file by another path"
+                raise BadInputError(
+                    f"{sources[-1].label}: given twice (also as {sources[seen[key]].label}{how}); each input is read once"
+                )
+            seen[key] = len(sources) - 1
             if sources[-1].n_features != sources[0].n_features:
                 raise BadInputError(
                     f"{sources[-1].label}: has {sources[-1].n_features} columns but "
@@ -297,8 +312,10 @@ def plan_fit(
             source.close()
 
 
-def _same_source(recorded: dict, current: dict) -> bool:
-    return recorded["path"] == current["path"] and recorded.get("dataset", "") == current.get("dataset", "")
+def _same_source(recorded: dict, source: Source) -> bool:
+    """Whether the source a model or checkpoint recorded (its fingerprint) is ``source``: the same file or
+    directory now (device and inode: a symlink or hard link of it counts, whatever the path), same dataset."""
+    return identity_of(recorded["path"], recorded.get("dataset", "")) == source.identity
 
 
 def _check_prefix(source: Source, recorded: dict) -> dict | None:
@@ -346,9 +363,11 @@ def _changed(source: Source, n_rows: int, key: str) -> BadInputError:
 def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> None:
     """Refuse a 'new' source whose rows are those of a recorded source that was not given (moved or
     copied): reading it again would count its rows twice."""
-    given = {s.identity[0] for s in sources}
+    given = {s.identity for s in sources}
     for recorded in recorded_sources:
-        if recorded["path"] in given or recorded["n_rows"] == 0 or recorded["n_rows"] > source.n_rows:
+        if identity_of(recorded["path"], recorded.get("dataset", "")) in given:
+            continue
+        if recorded["n_rows"] == 0 or recorded["n_rows"] > source.n_rows:
             continue  # an empty recorded source shares its (empty) prefix with everything
         if recorded["n_features"] != source.n_features or recorded["dtype"] != str(source.dtype):
             continue
@@ -375,6 +394,13 @@ def plan_update(
     A source recorded before must have kept its rows (append-only); a new source is read whole.
     Raises :class:`NothingToDoError` when there is nothing new.
     """
+    for index, recorded in enumerate(recorded_sources):
+        missing = [key for key in ("path", "n_rows", "n_features", "dtype", "sha256_sampled") if key not in recorded]
+        if missing:
+            raise BadInputError(
+                f"the model's record of its source {index} has no {', '.join(missing)}: it was not fitted from "
+                "stores, so it cannot be updated (refit without --update)"
+            )
     sources = open_sources(specs, dataset, fill_missing_chunks)
     try:
         if sources[0].n_features != model_state.n_features:
@@ -384,7 +410,7 @@ def plan_update(
         cursors = []
         for source in sources:
             current = describe(source)  # its sampled rows are hashed as the pass reads them
-            recorded = next((r for r in recorded_sources if _same_source(r, current)), None)
+            recorded = next((r for r in recorded_sources if _same_source(r, source)), None)
             if recorded is None:
                 _refuse_if_moved(source, recorded_sources, sources)
                 cursors.append(Cursor(source.label, current, 0, source.n_rows, 0))
@@ -393,7 +419,7 @@ def plan_update(
             if prefix is not None and source.n_rows == recorded["n_rows"]:  # nothing appended: the whole source
                 current = prefix
             cursors.append(Cursor(source.label, current, recorded["n_rows"], source.n_rows, recorded["n_rows"]))
-        kept = [r for r in recorded_sources if not any(_same_source(r, c.fingerprint) for c in cursors)]
+        kept = [r for r in recorded_sources if not any(_same_source(r, source) for source in sources)]
         for recorded in kept:
             if not exists(recorded["path"]):
                 where = recorded["path"] + (f":/{recorded['dataset']}" if recorded.get("dataset") else "")
@@ -456,10 +482,11 @@ def load_checkpoint(path: str) -> FitPlan:
     hint = "; delete it or pass --restart to start the fit over"
     try:
         arrays = read_npz(path, "checkpoint", CHECKPOINT_FORMAT, CHECKPOINT_VERSION)
+        fields = checkpoint_fields(arrays, path)
     except ModelFileError as exc:
         raise ModelFileError(f"{exc}{hint}") from None
-    meta = json.loads(str(arrays["meta_json"]))
-    state = stats.Moments(int(arrays["n_rows"]), arrays["mean"], arrays["scatter"])
+    meta = fields["meta"]
+    state = stats.Moments(fields["n_rows"], fields["mean"], fields["scatter"])
     return FitPlan(
         state,
         [Cursor(**cursor) for cursor in meta["cursors"]],

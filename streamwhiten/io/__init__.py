@@ -22,7 +22,8 @@ import numpy as np
 from .. import __version__
 from .. import _durable as durable
 from .._durable import remove_stale_temps
-from ..errors import BadInputError, StoreIOError
+from .._paths import check_readable
+from ..errors import BadInputError, StoreIOError, StreamwhitenError
 from . import remote, text
 from .base import (
     DEFAULT_BLOCK_BYTES,
@@ -39,6 +40,7 @@ from .base import (
     describe,
     fingerprint,
     first_line,
+    identity_of,
     io_error,
     output_chunk_rows,
     remove,
@@ -54,6 +56,7 @@ from .spec import (
     refuse_shared_outputs,
     same_file,
     split_spec,
+    zarr_store_above,
 )
 
 _SOURCES = {
@@ -233,8 +236,12 @@ def open_source(spec: str, dataset: str | None = None, min_rows: int = 1, fill_m
         remote.check_url(path)
         if not remote.exists(path):
             raise BadInputError(f"{remote.redact(path)}: no such object or prefix{_missing_bucket(path)}")
-    elif not os.path.exists(path):
-        raise BadInputError(f"{path}: no such file or directory")
+    elif not os.path.lexists(path) and zarr_store_above(path) is not None:
+        path, name = zarr_store_above(path)  # dir.zarr/array where no such array is: the store says what it holds
+        inner = f"{name}/{inner}" if inner else name
+        check_readable(path)
+    else:
+        check_readable(path)
     source = _backend_class(_SOURCES, input_kind(path))(path, inner)
     source.fill_missing_chunks = bool(fill_missing_chunks)
     try:
@@ -255,15 +262,18 @@ def read_vector(spec: str, dataset: str | None = None, min_length: int = 1) -> t
     name. An ``(n, 1)`` column is accepted and flattened.
     """
     path, inner = split_spec(spec, dataset)
-    if not exists(path):
-        raise BadInputError(f"{remote.redact(path)}: no such file or directory")
+    if remote.is_url(path):
+        if not exists(path):
+            raise BadInputError(f"{remote.redact(path)}: no such object or prefix{_missing_bucket(path)}")
+    else:
+        check_readable(path)
     label = f"{path}:/{inner}" if inner else path
     try:
         if text.is_text(path):
             values, label = text.read_column(path, inner)
         else:
             values, label = backend(input_kind(path)).read_vector(path, inner)
-    except (BadInputError, StoreIOError):
+    except StreamwhitenError:
         raise
     except (OSError, RuntimeError) as exc:
         raise StoreIOError(f"{label}: cannot read: {io_error(exc)}") from exc
@@ -569,6 +579,7 @@ __all__ = [
     "foreign_output",
     "has_progress",
     "lock_path",
+    "identity_of",
     "open_source",
     "output_chunk_rows",
     "output_kind",

@@ -17,7 +17,7 @@ import pyarrow as pa
 from .. import _durable as durable
 from ..errors import BadInputError, StoreIOError
 from . import remote
-from .base import Sink, io_error, remove
+from .base import Sink, io_error, name_not_found, remove
 
 #: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's
 #: attributes as JSON.
@@ -62,21 +62,25 @@ def kept_columns(path: str, schema, names) -> pa.Schema:
     return pa.schema([schema.field(name) for name in names])
 
 
-def choose_column(label: str, schema, column: str | None, preferred: str | None = None, how: str = "") -> str:
+def choose_column(label: str, schema, column: str | None, preferred: str | None = None) -> str:
     """The vector column: ``column`` if given (it must exist), else ``preferred`` (the column a
     streamwhiten output recorded), else the only list column of ``schema``."""
     names = list(schema.names)
-    if column is not None:
-        if column not in names:
-            raise BadInputError(f"{label}: has no column {column!r}; its columns are {describe_columns(schema)}")
+    if column is not None and column in names:
         return column
-    if preferred is not None and preferred in names:
+    if column is None and preferred is not None and preferred in names:
         return preferred
     lists = [field.name for field in schema if is_list(field.type)]
-    if len(lists) == 1:
+    if column is None and len(lists) == 1:
         return lists[0]
-    what = "list columns: " + ", ".join(lists) if lists else f"no list column among {describe_columns(schema)}"
-    raise BadInputError(f"{label}: name the column holding the vectors ({how} or --dataset COLUMN); {what}")
+    raise not_found(label, None if column is None else repr(column), "vector column", lists, schema)
+
+
+def not_found(label: str, asked: str | None, what: str, found: list, schema, option: bool = True) -> BadInputError:
+    """``base.name_not_found`` for a table: the columns it holds of the kind asked for, then the others."""
+    rest = [field for field in schema if field.name not in found]
+    other = f"; other columns: {', '.join(f'{f.name} ({f.type})' for f in rest)}" if rest else ""
+    return name_not_found(label, asked, what, found, separator=":", option=option, other=other)
 
 
 def vector_type(label: str, field) -> tuple[np.dtype, int | None]:

@@ -21,6 +21,7 @@ import numpy as np
 from .. import _durable as durable
 from .. import params
 from .._buffers import ALIGNMENT
+from .._paths import file_identity
 from ..errors import BadInputError, CorruptStoreError, InterruptedRunError, StoreIOError
 from . import remote
 
@@ -73,8 +74,62 @@ def check_array(label: str, shape, dtype, min_rows: int) -> None:
         raise BadInputError(f"{label}: expected float16, float32 or float64 values, got dtype {np.dtype(dtype)}")
     if shape[1] < 1:
         raise BadInputError(f"{label}: has no columns")
+    memory = _physical_memory()
+    if memory and shape[1] * shape[1] * 8 > memory:
+        raise BadInputError(
+            f"{label}: has {shape[1]:,} columns, whose d x d statistics would take "
+            f"{shape[1] * shape[1] * 8 / 2**30:,.0f} GiB, more than this machine's {memory / 2**30:,.0f} GiB of memory "
+            "(is its metadata damaged?)"
+        )
     if shape[0] < min_rows:
         raise BadInputError(f"{label}: has {shape[0]} row(s); at least {min_rows} are needed")
+
+
+def _physical_memory() -> int:
+    """Bytes of memory of this machine, or 0 where unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return 0
+
+
+def name_not_found(
+    label: str,
+    asked: str | None,
+    what: str,
+    found: list,
+    separator: str = ":/",
+    option: bool = True,
+    other: str = "",
+    problem: str | None = None,
+) -> BadInputError:
+    """The one way every backend says that a name is not in a store, or that a store holding several
+    candidates needs one: what was asked, what the store holds, and how to name one.
+
+    ``asked`` is the name given (None: none was, and the store holds no single candidate); ``what`` the
+    kind of thing looked for ("2-D dataset", "vector column"); ``found`` the names of those the store
+    holds; ``separator`` what joins the store and a name in a spec (``:/`` or ``:``); ``option``: whether
+    ``--dataset`` may name it too; ``other``: more about what the store holds (its other columns);
+    ``problem``: what is wrong with ``asked``, if not that it is missing ("/grp is a group, not a dataset").
+
+    ``in.h5: has no 2-D dataset /embeddings; its 2-D datasets: /emb (name it as in.h5:/emb, or with --dataset)``
+    """
+    shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    if asked is None:
+        head = f"{label}: name the {what} to read" if found else f"{label}: holds no {what}"
+    else:
+        head = f"{label}: {problem or f'has no {what} {asked}'}"
+    if found:
+        holds = f"; its {what}s: {shown}"
+    else:
+        holds = f"; it holds no {what}" if asked is not None else ""
+    if found:
+        first = found[0].lstrip("/")
+        how = f" (name {'it' if len(found) == 1 else 'one'} as {label}{separator}{first}"
+        how += ", or with --dataset)" if option else ")"
+    else:
+        how = ""
+    return BadInputError(f"{head}{holds}{other}{how}")
 
 
 def count_blocks(start: int, stop: int, block_rows: int) -> int:
@@ -117,12 +172,17 @@ class Source:
         return f"{path}:/{self.dataset}" if self.dataset else path
 
     @property
-    def identity(self) -> tuple[str, str]:
-        """``(real path, dataset)`` naming the array the same way however the spec spelled it (a URL:
-        its normalised form, without credentials)."""
+    def location(self) -> tuple[str, str]:
+        """``(real path, dataset)``: where the array is, as a fingerprint records it (a URL: its normalised
+        form, without credentials)."""
         if remote.is_url(self.path):
             return remote.normalize(self.path), self.dataset or ""
         return os.path.realpath(self.path), self.dataset or ""
+
+    @property
+    def identity(self) -> tuple:
+        """Which array this is, however it was named: see :func:`identity_of` of its :attr:`location`."""
+        return identity_of(*self.location)
 
     @property
     def n_rows(self) -> int:
@@ -248,6 +308,16 @@ class Source:
         self.close()
 
 
+def identity_of(path: str, dataset: str | None = "") -> tuple:
+    """The identity of the array ``dataset`` of the file or directory at ``path`` (a source's, or one a
+    model recorded), taken now: the ``(device, inode)`` of the file, so a symlink or a hard link of a file
+    is that file whatever its path (a URL, or a path that no longer exists: the normalised path)."""
+    if remote.is_url(path):
+        return ("url", remote.normalize(path)), dataset or ""
+    found = file_identity(path)
+    return (("inode", *found) if found is not None else ("path", os.path.realpath(path))), dataset or ""
+
+
 @dataclass(frozen=True)
 class LazyRows:
     """A picklable stand-in for a source's rows that opens the store only when a slice is read.
@@ -319,7 +389,7 @@ def describe(source: Source, n_rows: int | None = None) -> dict:
     store's metadata says, so nothing is decoded. A pass fills in the hash from the rows it reads
     (:class:`Sampler`)."""
     n_rows = source.n_rows if n_rows is None else int(n_rows)
-    path, dataset = source.identity
+    path, dataset = source.location
     result = {
         "path": path,
         "dataset": dataset,

@@ -18,6 +18,7 @@ slower than Zarr, npy or Parquet over the same network (see the README's figures
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -31,7 +32,7 @@ import numpy as np
 from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from . import remote
-from .base import FILL_HINT, OWNER_ATTR, Sink, Source, first_line, io_error
+from .base import FILL_HINT, OWNER_ATTR, Sink, Source, first_line, io_error, name_not_found
 from .codecs import (
     H5Z_BLOSC,
     H5Z_ZSTD,
@@ -55,6 +56,51 @@ def _unallocated(node) -> bool:
     return node.id.get_num_chunks() < expected
 
 
+def _datasets(group, ndim: int) -> list:
+    """Paths (``/a/b``) of the ``ndim``-D datasets in ``group``, in the file's order."""
+    found = []
+    prefix = group.name.rstrip("/")
+    group.visititems(
+        lambda name, obj: (
+            found.append(f"{prefix}/{name}") if isinstance(obj, h5py.Dataset) and obj.ndim == ndim else None
+        )
+    )
+    return found
+
+
+def _find_dataset(handle, label: str, inner: str | None, ndim: int, option: bool = True) -> str:
+    """The dataset ``inner`` of the open file, or its only ``ndim``-D dataset when none is named; else the
+    one-line error that says what the file holds (see ``base.name_not_found``)."""
+    what = f"{ndim}-D dataset"
+    if inner is None:
+        found = _datasets(handle, ndim)
+        if len(found) == 1:
+            return found[0].lstrip("/")
+        raise name_not_found(label, None, what, found, option=option)
+    node = handle.get(inner)
+    if isinstance(node, h5py.Dataset):
+        return inner
+    if isinstance(node, h5py.Group):
+        inside = _datasets(node, ndim)
+        raise name_not_found(
+            label,
+            f"/{inner}",
+            what,
+            inside or _datasets(handle, ndim),
+            option=option,
+            problem=f"/{inner} is a group, not a dataset",
+        )
+    raise name_not_found(label, f"/{inner}", what, _datasets(handle, ndim), option=option)
+
+
+def _open_error(path: str, exc: OSError):
+    """A file HDF5 cannot open: an I/O error where the system refused (permissions, a failing disk), else
+    not an HDF5 file (bad input)."""
+    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
+        return StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}")
+    return BadInputError(f"{remote.redact(path)}: cannot open as HDF5 ({remote.scrub(first_line(exc))})")
+
+
 class HDF5Source(Source):
     kind = "hdf5"
     #: a float16 store can be read into a float32 buffer, widened as it is decoded
@@ -65,13 +111,10 @@ class HDF5Source(Source):
         try:
             self._file = h5py.File(_remote_file(path) if self.remote else path, "r")
         except OSError as exc:
-            raise BadInputError(f"{remote.redact(path)}: cannot open as HDF5 ({remote.scrub(str(exc))})") from exc
+            raise _open_error(path, exc) from exc
         try:
-            dataset = dataset or self._only_dataset(path)
-            node = self._file.get(dataset)
-            if not isinstance(node, h5py.Dataset):
-                what = "is a group, not a dataset" if node is not None else "does not exist"
-                raise BadInputError(f"{path}: dataset /{dataset} {what}")
+            dataset = _find_dataset(self._file, remote.redact(path), dataset, 2)
+            node = self._file[dataset]
             self._node = node
             super().__init__(path, dataset, node.shape, node.dtype, node.chunks[0] if node.chunks else None)
             self._sparse = _unallocated(node)
@@ -83,16 +126,6 @@ class HDF5Source(Source):
         except BaseException:
             self._file.close()
             raise
-
-    def _only_dataset(self, path):
-        found = []
-        self._file.visititems(
-            lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and obj.ndim == 2 else None
-        )
-        if len(found) == 1:
-            return found[0]
-        listing = ", ".join("/" + name for name in found[:10]) or "none"
-        raise BadInputError(f"{path}: name a dataset (file.h5:/dataset or --dataset); 2-D datasets found: {listing}")
 
     def fingerprint_extra(self) -> dict:
         return remote.version(self.path) if self.remote else {}
@@ -219,22 +252,10 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     try:
         handle = h5py.File(_remote_file(path) if remote.is_url(path) else path, "r")
     except OSError as exc:
-        raise BadInputError(f"{path}: cannot open as HDF5 ({exc})") from exc
+        raise _open_error(path, exc) from exc
     with handle:
-        if inner is None:
-            found = []
-            handle.visititems(
-                lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset) and obj.ndim == 1 else None
-            )
-            if len(found) != 1:
-                listing = ", ".join("/" + name for name in found[:10]) or "none"
-                raise BadInputError(f"{path}: name a dataset (file.h5:/dataset); 1-D datasets found: {listing}")
-            inner = found[0]
-        node = handle.get(inner)
-        if not isinstance(node, h5py.Dataset):
-            what = "is a group, not a dataset" if node is not None else "does not exist"
-            raise BadInputError(f"{path}: dataset /{inner} {what}")
-        return node[()], f"{path}:/{inner}"
+        inner = _find_dataset(handle, remote.redact(path), inner, 1, option=False)
+        return handle[inner][()], f"{remote.redact(path)}:/{inner}"
 
 
 # ----------------------------------------------------------------------------------------------- sink

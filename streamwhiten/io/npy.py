@@ -10,6 +10,7 @@ import os
 
 import numpy as np
 
+from .._npz import NpyTooShort, npy_header
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from . import remote
 from .base import Source, io_error
@@ -30,10 +31,15 @@ class NpySource(Source):
 
     def __init__(self, path, dataset):
         if dataset:
-            raise BadInputError(f"{path}: a .npy file holds one array; drop the dataset name ':{dataset}'")
+            raise _no_names(path, dataset)
         try:
+            _check_header(path)
             array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except BadInputError:
+            raise
         except (OSError, ValueError) as exc:
+            if isinstance(exc, OSError) and exc.errno is not None:
+                raise StoreIOError(f"{path}: cannot read: {io_error(exc)}") from exc
             if "mmap length is greater than file size" in str(exc):
                 raise CorruptStoreError(f"{path}: the file is truncated (shorter than its header says)") from exc
             raise BadInputError(f"{path}: cannot read as .npy ({exc})") from exc
@@ -60,6 +66,28 @@ class NpySource(Source):
         except (OSError, ValueError) as exc:
             raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
         return view
+
+
+def _no_names(path: str, name: str) -> BadInputError:
+    """The error for a name given inside a ``.npy`` file, in the words of ``base.name_not_found``."""
+    label = remote.redact(path)
+    return BadInputError(
+        f"{label}: has no array /{name}: a .npy file holds one array, with no name inside (name it as {label})"
+    )
+
+
+def _check_header(path: str) -> None:
+    """Refuse a local ``.npy`` whose header is not one, or declares more data than the file holds (before
+    numpy maps or allocates what it says): :class:`CorruptStoreError` for a file too short."""
+    with open(path, "rb") as handle:
+        try:
+            npy_header(handle, os.fstat(handle.fileno()).st_size)
+        except NpyTooShort as exc:
+            raise CorruptStoreError(f"{path}: the file is truncated or its header damaged: {exc}") from None
+        except EOFError:
+            raise BadInputError(f"{path}: cannot read as .npy (the file ends inside its header)") from None
+        except ValueError as exc:
+            raise BadInputError(f"{path}: cannot read as .npy ({exc})") from None
 
 
 def _header(url: str) -> tuple[tuple, np.dtype, int, int]:
@@ -104,9 +132,7 @@ class RemoteNpySource(NpySource):
 
     def __init__(self, path, dataset):
         if dataset:
-            raise BadInputError(
-                f"{remote.redact(path)}: a .npy file holds one array; drop the dataset name ':{dataset}'"
-            )
+            raise _no_names(path, dataset)
         shape, dtype, self._offset, self._size = _header(path)
         self._version = remote.version(path)
         Source.__init__(self, path, None, shape, dtype, None)
@@ -153,9 +179,13 @@ class RemoteNpySource(NpySource):
 def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     """The whole array of a ``.npy`` file, and its label."""
     if inner:
-        raise BadInputError(f"{remote.redact(path)}: a .npy file holds one array; drop the dataset name ':{inner}'")
+        raise _no_names(path, inner)
     if remote.is_url(path):
         shape, dtype, offset, _ = _header(path)
         raw = remote.cat(path, offset, offset + int(np.prod(shape)) * dtype.itemsize)
         return np.frombuffer(raw, dtype).reshape(shape).astype(dtype.newbyteorder("=")), remote.redact(path)
+    try:
+        _check_header(path)
+    except OSError as exc:
+        raise StoreIOError(f"{path}: cannot read: {io_error(exc)}") from exc
     return np.load(path, allow_pickle=False), path

@@ -45,8 +45,8 @@ from ._arrow import (
     TableSink,
     choose_column,
     copy_vectors,
-    describe_columns,
     kept_columns,
+    not_found,
     read_attrs,
     vector_length,
     vector_type,
@@ -198,7 +198,7 @@ class ParquetSource(Source):
             metadata = handle.metadata
             self._attrs = read_attrs(metadata.metadata)
             schema = handle.schema_arrow
-            column = choose_column(path, schema, dataset, self._attrs.get("column"), "file.parquet:column")
+            column = choose_column(path, schema, dataset, self._attrs.get("column"))
             self._column_label = f"{path}:{column}"
             dtype, width = vector_type(self._column_label, schema.field(column))
             self._schema, self._metadata, self._footer_sha = schema, metadata, hashlib.sha256(footer).hexdigest()
@@ -492,14 +492,13 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
         for f in schema
         if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
     ]
-    if inner is None:
-        if len(numeric) != 1:
-            listing = ", ".join(numeric) or "none"
-            raise BadInputError(f"{path}: name a column (file.parquet:column); numeric columns: {listing}")
+    if inner is None or inner not in schema.names:
+        if inner is not None or len(numeric) != 1:
+            raise not_found(
+                path, None if inner is None else repr(inner), "numeric column", numeric, schema, option=False
+            )
         inner = numeric[0]
     label = f"{path}:{inner}"
-    if inner not in schema.names:
-        raise BadInputError(f"{path}: has no column {inner!r}; its columns are {describe_columns(schema)}")
     if inner not in numeric:
         raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
     try:

@@ -15,6 +15,16 @@ Reads and writes go through :func:`retrying`: a transient failure (a reset conne
 answer, throttling) is retried with exponential backoff; a persistent one is a
 :class:`~streamwhiten.errors.StoreIOError` (exit 74) naming the URL; a missing object or bucket is bad
 input (exit 2), and refused credentials an I/O error saying so.
+
+One deadline bounds the time before giving up: :func:`remote_timeout` seconds (parameter
+``remote_timeout`` in ``streamwhiten.params``, 10 by default; ``--remote-timeout`` or the environment
+variable ``STREAMWHITEN_REMOTE_TIMEOUT``) from the first failure of an outage, shared by every thread:
+once it is over, no call starts another attempt. The layers below retry on their own too (s3fs, then
+botocore; zarr's asynchronous file system; Lance's object store), so each is told to keep its retries
+and timeouts inside that deadline (:func:`filesystem_options`, :func:`lance_options`): a refused
+connection comes back at once, and a request that gets no answer at all waits at most half the deadline
+to connect (at most 5 s) or to read, so the call in flight when the deadline passes ends within about
+the deadline again (a server that refuses connections: within a second).
 """
 
 from __future__ import annotations
@@ -62,17 +72,51 @@ _SECRET_ENV = (
     "AZURE_STORAGE_ACCOUNT_KEY",
 )
 
-#: Attempts of one request beyond the first, and the first wait (doubled each time, with jitter, at most
-#: :data:`MAX_BACKOFF` s). About 10 s of waiting in all before a failure is called persistent.
-RETRIES = int(os.environ.get("STREAMWHITEN_REMOTE_RETRIES", "6"))
+#: The first wait before a call is tried again (doubled each time, with jitter, at most :data:`MAX_BACKOFF`
+#: s), until the deadline of :func:`remote_timeout` passes.
 BACKOFF = float(os.environ.get("STREAMWHITEN_REMOTE_BACKOFF", "0.2"))
-MAX_BACKOFF = 4.0
+MAX_BACKOFF = 2.0
+#: Tries s3fs makes of one request whose answer was cut or timed out (its own loop, around botocore, which
+#: is told to make one): a reset connection is tried again at once, cheaply, before :func:`retrying` tries the
+#: whole block again. A refused connection is not retried there: it comes straight back here.
+S3FS_TRIES = 2
 #: Worker threads a fit or apply reading a remote store starts by default: reads wait on the network,
 #: so several requests are kept in flight (memory stays about one block per thread).
 REMOTE_THREADS = 8
 
 _options: dict = {}
 _options_lock = threading.Lock()
+#: The deadline in force (seconds), and since when the remote stores have been failing (monotonic clock;
+#: None while they answer): every thread's retries share one outage, so all of them give up together.
+_timeout = {"seconds": None}
+_outage = {"since": None}
+_outage_lock = threading.Lock()
+
+
+def remote_timeout() -> float:
+    """Seconds a remote store may keep failing before a command gives up: :func:`set_remote_timeout`'s,
+    else ``STREAMWHITEN_REMOTE_TIMEOUT``, else the default of parameter ``remote_timeout``."""
+    from .. import params
+
+    if _timeout["seconds"] is not None:
+        return _timeout["seconds"]
+    text = os.environ.get("STREAMWHITEN_REMOTE_TIMEOUT")
+    if not text:
+        return float(params.default("remote_timeout"))
+    try:
+        value = float(text)
+    except ValueError:
+        value = text
+    return float(params.check("remote_timeout", value, f"STREAMWHITEN_REMOTE_TIMEOUT={text}: remote_timeout"))
+
+
+def set_remote_timeout(seconds: float | None) -> None:
+    """Use ``seconds`` (checked as parameter ``remote_timeout``) as the deadline from now on in this process;
+    None: the environment's or the default again. File systems made before are made again."""
+    from .. import params
+
+    _timeout["seconds"] = None if seconds is None else float(params.check("remote_timeout", seconds))
+    _filesystems.clear()
 
 
 # ---------------------------------------------------------------------------------------------- URLs
@@ -270,14 +314,31 @@ def _fsspec():
 
 def filesystem_options(url: str) -> dict:
     """The keyword arguments a file system for ``url`` is made with: the storage options in force, and
-    no listings cache (a store being written must be seen as it is now)."""
+    no listings cache (a store being written must be seen as it is now). For S3, retries and timeouts that
+    fit in :func:`remote_timeout` (options given by the user win): botocore makes one attempt, s3fs
+    :data:`S3FS_TRIES` (:func:`_bounded`), each connecting within half the deadline (at most 5 s) and
+    waiting at most half the deadline for an answer, so one call takes at most about the deadline."""
     options = storage_options()
     options.setdefault("use_listings_cache", False)
     if protocol(url) == "s3":
         # s3fs otherwise asks for an object's size (a HEAD) before every whole-object GET, to split large
         # ones: that doubles the requests of a chunked store, whose concurrency comes from our threads.
         options.setdefault("max_concurrency", 1)
+        deadline = remote_timeout()
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", min(5.0, deadline / 2))
+        config.setdefault("read_timeout", deadline / 2)
+        config.setdefault("retries", {"total_max_attempts": 1, "mode": "standard"})
+        options["config_kwargs"] = config
     return options
+
+
+def _bounded(fs):
+    """``fs``, its own retry loop (s3fs's ``retries``: 5 tries by default, around botocore's) reduced to
+    :data:`S3FS_TRIES`, so that the retries of all layers fit in :func:`remote_timeout`."""
+    if hasattr(type(fs), "retries") and isinstance(getattr(fs, "retries", None), int):
+        fs.retries = S3FS_TRIES
+    return fs
 
 
 def filesystem(url: str):
@@ -304,7 +365,7 @@ def filesystem(url: str):
                 f"{redact(url)}: cannot set up {name}:// with the storage options given "
                 f"({exc.__class__.__name__}: {scrub(str(exc))})"
             ) from None
-        _filesystems[key] = fs
+        _filesystems[key] = _bounded(fs)
     path = cls._strip_protocol(url) if name not in ("http", "https") else redact(url)
     return fs, path
 
@@ -336,6 +397,11 @@ def lance_options(url: str) -> dict:
     endpoint = result.get("aws_endpoint") or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint and endpoint.startswith("http://"):
         result.setdefault("allow_http", "true")
+    # Lance's object store retries up to 10 times for 3 minutes by default: inside the deadline instead.
+    deadline = remote_timeout()
+    result.setdefault("client_max_retries", str(S3FS_TRIES - 1))
+    result.setdefault("client_retry_timeout", str(max(1, int(deadline))))
+    result.setdefault("connect_timeout", f"{max(1, int(min(5.0, deadline / 2)))}s")
     return result
 
 
@@ -345,9 +411,11 @@ def zarr_store(url: str, read_only: bool):
 
     check_url(url)
     try:
-        return FsspecStore.from_url(url, storage_options=filesystem_options(url), read_only=read_only)
+        store = FsspecStore.from_url(url, storage_options=filesystem_options(url), read_only=read_only)
     except Exception as exc:
         raise failure(url, "open", exc) from None
+    _bounded(store.fs)
+    return store
 
 
 # ------------------------------------------------------------------------------------ failures
@@ -440,8 +508,8 @@ def reason(exc: BaseException) -> str:
     return exc.__class__.__name__
 
 
-def failure(url: str, what: str, exc: BaseException, attempts: int = 1):
-    """The error of ours for a remote call that failed for good."""
+def failure(url: str, what: str, exc: BaseException, attempts: int = 1, seconds: float | None = None):
+    """The error of ours for a remote call that failed for good (``seconds``: how long the outage lasted)."""
     where = redact(url)
     kind = classify(exc)
     if kind == "missing":
@@ -452,6 +520,8 @@ def failure(url: str, what: str, exc: BaseException, attempts: int = 1):
             f"--storage-option) ({what}: {reason(exc)})"
         )
     tries = f" after {attempts} attempts" if attempts > 1 else ""
+    if seconds is not None:
+        tries += f" in {seconds:.0f} s (--remote-timeout {remote_timeout():g})"
     return StoreIOError(f"{where}: cannot {what}{tries}: {reason(exc)}")
 
 
@@ -471,26 +541,41 @@ def _network_cause(exc: BaseException):
 
 
 def retrying(url: str, what: str, call, *args, **kwargs):
-    """``call(*args, **kwargs)``, retried with backoff while it fails transiently; a lasting failure
-    raises :func:`failure`. Our own errors pass through, unless the network's failure is behind them."""
+    """``call(*args, **kwargs)``, retried with backoff while it fails transiently, until :func:`remote_timeout`
+    seconds have passed since the outage began (the first failure not followed by a success, in any
+    thread) or since this call first failed; then :func:`failure`, naming the seconds. Our own errors pass through, unless the network's
+    failure is behind them."""
     from ..errors import StreamwhitenError
 
-    attempt = 0
+    attempt, first = 0, None
     while True:
         try:
-            return call(*args, **kwargs)
+            result = call(*args, **kwargs)
         except Exception as exc:
             if isinstance(exc, StreamwhitenError):
                 exc = _network_cause(exc)
                 if exc is None:
                     raise
-            if classify(exc) == "transient" and attempt < RETRIES:
-                stats["retries"] += 1
-                time.sleep(min(MAX_BACKOFF, BACKOFF * 2**attempt) * (0.5 + random.random()))
-                attempt += 1
-                continue
+            if classify(exc) == "transient":
+                now = time.monotonic()
+                first = now if first is None else first
+                with _outage_lock:
+                    since = _outage["since"] = _outage["since"] if _outage["since"] is not None else now
+                since = min(since, first)  # this call's own failures count too, whatever other calls do
+                left = since + remote_timeout() - now
+                if left > 0:
+                    stats["retries"] += 1
+                    time.sleep(min(left, MAX_BACKOFF, BACKOFF * 2**attempt) * (0.5 + 0.5 * random.random()))
+                    attempt += 1
+                    continue
+                stats["failures"] += 1
+                raise failure(url, what, exc, attempt + 1, now - since) from None
             stats["failures"] += 1
             raise failure(url, what, exc, attempt + 1) from None
+        if _outage["since"] is not None:
+            with _outage_lock:
+                _outage["since"] = None
+        return result
 
 
 # ------------------------------------------------------------------------------- simple operations

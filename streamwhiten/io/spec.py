@@ -154,6 +154,18 @@ def _is_zarr(path: str) -> bool:
     return any(part.endswith(ZARR_SUFFIX) for part in parts)
 
 
+def zarr_store_above(path: str) -> tuple[str, str] | None:
+    """For a local ``dir.zarr/name`` that does not exist: ``(dir.zarr, name)``, the Zarr store it runs
+    through and the name inside it (whose reader then says what the store holds); else None."""
+    head, rest = path.rstrip("/"), []
+    while head and head not in ("/", "."):
+        head, tail = os.path.split(head)
+        rest.insert(0, tail)
+        if head and os.path.isdir(head) and _is_zarr(head):
+            return head, "/".join(rest)
+    return None
+
+
 def input_kind(path: str) -> str:
     """The backend that reads the existing ``path``: ``"hdf5"``, ``"zarr"``, ``"npy"``, ``"parquet"``
     (a file, or a directory of Parquet files) or ``"lance"``.

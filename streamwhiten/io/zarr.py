@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import sys
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ from zarr.storage import LocalStore
 from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from . import remote
-from .base import OWNER_ATTR, Sink, Source, first_line, io_error
+from .base import OWNER_ATTR, Sink, Source, first_line, io_error, name_not_found
 from .codecs import (
     Fetched,
     check_compressor,
@@ -80,31 +81,84 @@ def _read_exactly(handle, buffer: memoryview, path: str) -> None:
         done += count
 
 
-def _open_node(path: str, inner: str | None, ndim: int, what: str):
-    """The array ``inner`` of the store at ``path`` (or its only ``ndim``-D array), and its path in the store."""
+def _open_path(path: str, inner: str):
+    """The node (array or group) at ``inner`` of the store at ``path``, as zarr opens it."""
+    if remote.is_url(path):
+        store = remote.zarr_store(path, read_only=True)
+        return remote.retrying(path, "open", zarr.open, store=store, mode="r", path=inner)
+    return zarr.open(store=path, mode="r", path=inner)
+
+
+def _arrays(group, ndim: int, prefix: str = "") -> list:
+    """Paths (``/a/b``) of the ``ndim``-D arrays in ``group``, sorted."""
+    return sorted(
+        f"{prefix}/{name}"
+        for name, member in group.members(max_depth=None)
+        if isinstance(member, zarr.Array) and member.ndim == ndim
+    )
+
+
+def _open_node(path: str, inner: str | None, ndim: int, option: bool = True):
+    """The array ``inner`` of the store at ``path`` (or its only ``ndim``-D array), and its path in the store;
+    a name it does not hold is one line saying what it holds (``base.name_not_found``)."""
+    label, what = remote.redact(path), f"{ndim}-D array"
     try:
-        if remote.is_url(path):
-            store = remote.zarr_store(path, read_only=True)
-            node = remote.retrying(path, "open", zarr.open, store=store, mode="r", path=inner or "")
-        else:
-            node = zarr.open(store=path, mode="r", path=inner or "")
-    except (FileNotFoundError, KeyError, ValueError, zarr.errors.BaseZarrError) as exc:
-        where = f"array /{inner}" if inner else "array"
-        raise BadInputError(f"{remote.redact(path)}: no Zarr {where} found ({exc.__class__.__name__})") from exc
+        node = _open_path(path, inner or "")
+    except PermissionError as exc:
+        raise StoreIOError(f"{label}: cannot read: {io_error(exc)}") from exc
+    except FileNotFoundError:  # zarr's NodeNotFoundError too: nothing at that path
+        raise _not_there(path, label, inner, ndim, option) from None
+    except (KeyError, ValueError, TypeError) as exc:  # metadata that does not parse or validate
+        where = f"{label}:/{inner}" if inner else label
+        raise CorruptStoreError(
+            f"{where}: its Zarr metadata cannot be read, the store is damaged ({exc.__class__.__name__}: "
+            f"{first_line(exc)})"
+        ) from exc
     if isinstance(node, zarr.Group):
-        arrays = sorted(
-            name
-            for name, member in node.members(max_depth=None)
-            if isinstance(member, zarr.Array) and member.ndim == ndim
-        )
+        prefix = f"/{inner}" if inner else ""
+        arrays = _arrays(node, ndim, prefix)
         if len(arrays) != 1:
-            listing = ", ".join("/" + name for name in arrays[:10]) or "none"
-            raise BadInputError(
-                f"{remote.redact(path)}: name an array (dir.zarr:/array{what}); {ndim}-D arrays found: {listing}"
-            )
-        inner = ((inner or "") + "/" + arrays[0]).strip("/")
-        node = node[arrays[0]]
+            if inner:
+                raise name_not_found(
+                    label, f"/{inner}", what, arrays, option=option, problem=f"/{inner} is a group, not an array"
+                )
+            raise name_not_found(label, None, what, arrays, option=option)
+        inner = arrays[0].strip("/")
+        node = node[arrays[0][len(prefix) + 1 :]]
+    _check_grid(node, f"{label}:/{inner}" if inner else label)
     return node, inner
+
+
+def _not_there(path: str, label: str, inner: str | None, ndim: int, option: bool) -> BadInputError:
+    """The error for a name (or a whole store) zarr finds nothing at: what the store holds instead."""
+    try:
+        root = _open_path(path, "") if inner else None
+    except (OSError, KeyError, ValueError, TypeError):
+        root = None
+    if root is None:
+        if inner:
+            return BadInputError(f"{label}: has no Zarr array /{inner} (and no Zarr metadata at its top)")
+        return BadInputError(
+            f"{label}: not a Zarr store (it holds no zarr.json, .zarray or .zgroup), Lance dataset or directory "
+            "of Parquet files"
+        )
+    if isinstance(root, zarr.Array):
+        return BadInputError(f"{label}: is itself a Zarr array, with no array /{inner} inside it (name it as {label})")
+    return name_not_found(label, f"/{inner}", f"{ndim}-D array", _arrays(root, ndim), option=option)
+
+
+def _check_grid(node, label: str) -> None:
+    """Refuse an array whose metadata declares a chunk (or shard) of length 0 or a negative length: no data
+    could have been written that way, and reading it would divide by zero."""
+    grids = [("chunk", tuple(node.chunks))]
+    if getattr(node, "shards", None):
+        grids.append(("shard", tuple(node.shards)))
+    for what, grid in grids:
+        if len(grid) != len(node.shape) or any(int(n) < 1 for n in grid):
+            raise CorruptStoreError(
+                f"{label}: its metadata declares a {what} shape of {grid} for an array of shape {tuple(node.shape)}; "
+                f"every {what} length must be at least 1: the metadata is damaged"
+            )
 
 
 class ZarrSource(Source):
@@ -113,7 +167,7 @@ class ZarrSource(Source):
     widens_float16 = True
 
     def __init__(self, path, dataset):
-        node, dataset = _open_node(path, dataset, 2, " or --dataset")
+        node, dataset = _open_node(path, dataset, 2)
         self._node = node
         self.remote = remote.is_url(path)
         self._listing = None  # {key in the array: object details} of a remote store, listed once
@@ -130,7 +184,7 @@ class ZarrSource(Source):
         self._grid = tuple(int(n) for n in (getattr(node, "shards", None) or node.chunks))
 
     @property
-    def identity(self) -> tuple[str, str]:
+    def location(self) -> tuple[str, str]:
         # dir.zarr:/a and dir.zarr/a are the same array directory
         if self.remote:
             return remote.normalize(remote.join(self.path, self.dataset or "")), ""
@@ -176,7 +230,7 @@ class ZarrSource(Source):
             for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
                 try:
                     handles.append(
-                        (index, open(os.path.join(self._chunk_root, self._chunk_key(index)), "rb", buffering=0))
+                        (index, self._open_chunk(os.path.join(self._chunk_root, self._chunk_key(index)), index))
                     )
                 except FileNotFoundError:
                     if not self.fill_missing_chunks:
@@ -224,7 +278,9 @@ class ZarrSource(Source):
                 with np.errstate(all="ignore"):
                     self._node.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
             except OSError as exc:
-                if exc.errno is not None:  # a failed system call; an OSError without one is a codec's (gzip)
+                # a failed system call (but a chunk that is a directory is damage); an OSError without an
+                # errno is a codec's (gzip)
+                if exc.errno is not None and not isinstance(exc, IsADirectoryError):
                     raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
                 raise CorruptStoreError(
                     f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
@@ -245,7 +301,7 @@ class ZarrSource(Source):
             target = view[lo - start : hi - start]
             path = os.path.join(self.raw_root, self._chunk_key(index))
             try:
-                with open(path, "rb", buffering=0) as handle:
+                with self._open_chunk(path, index) as handle:
                     size = os.fstat(handle.fileno()).st_size
                     if size != rows * row_bytes:
                         first, last = index * rows, min(self.n_rows, (index + 1) * rows) - 1
@@ -262,6 +318,24 @@ class ZarrSource(Source):
             except OSError as exc:
                 raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
         return view
+
+    def _open_chunk(self, path: str, index: int):
+        """The chunk file of chunk ``index`` opened for reading; one that is not a regular file (a directory,
+        a FIFO: opened without blocking) is damaged data, not an I/O error."""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+                what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+                raise CorruptStoreError(
+                    f"{self.label}: chunk {self._chunk_key(index)} (rows {lo}..{hi - 1}) is {what}, not a chunk "
+                    "file: the store is damaged"
+                )
+            return os.fdopen(fd, "rb", buffering=0)
+        except BaseException:
+            os.close(fd)
+            raise
 
     def _check_range(self, start, stop):
         if not 0 <= start <= stop <= self.n_rows:
@@ -306,7 +380,7 @@ class ZarrSource(Source):
 
 def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     """The 1-D array ``inner`` (or the store's only one), whole, and its label."""
-    node, inner = _open_node(path, inner, 1, "")
+    node, inner = _open_node(path, inner, 1, option=False)
     label = remote.redact(path)
     values = remote.retrying(path, "read", node.__getitem__, Ellipsis) if remote.is_url(path) else node[...]
     return values, (f"{label}:/{inner}" if inner else label)

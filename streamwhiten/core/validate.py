@@ -1,0 +1,352 @@
+"""Every field of a model file, a fit checkpoint and an exported map, checked when it is loaded.
+
+A file's checksum says it was not damaged, but it has no key: anyone can edit a field and recompute it.
+So every loader (``core.model.load_model``, ``engine.fit.load_checkpoint``, and ``serving``'s loaders of
+model files and maps) reads its fields through here, and a file that no fit could have written is refused
+(:class:`~streamwhiten.errors.ModelFileError`, exit 2) with one line naming the file and the field:
+
+- arrays of the right shapes and finite values; a scatter that is symmetric with a non-negative diagonal
+  (and entries within the bounds of its diagonal); eigenvalues descending and non-negative; eigenvectors
+  of unit length and orthonormal, whose eigendecomposition gives back ``Sigma_beta`` of the saved
+  statistics (checked on random vectors: O(d^2), not O(d^3), so the serving path starts as fast);
+- every parameter through the checks of :mod:`streamwhiten.params` (as the command line checks it), and
+  the rules between them: ``eps_value = eps * lambda_1``, k in [1, d] and the one ``variance`` gives;
+- counts that are whole numbers (at least 2 rows), and sources and info of the right JSON types.
+
+numpy and the foundation only (no numba): the serving path uses it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from numbers import Integral
+
+import numpy as np
+
+from .. import params
+from ..errors import BadInputError, ModelFileError
+
+#: Relative tolerances of the checks that compare computed values (far above float64 rounding, far below
+#: anything an edit would make meaningful).
+SYMMETRY_RTOL = 1e-9
+ORTHONORMAL_TOL = 1e-6
+EIGEN_RTOL = 1e-6
+EPS_RTOL = 1e-9
+
+
+def components_for_variance(eigvals: np.ndarray, variance: float) -> int:
+    """Smallest k whose leading eigenvalues explain at least ``variance`` of the total."""
+    total = float(eigvals.sum())
+    if total <= 0.0:
+        return int(eigvals.size)
+    cumulative = np.cumsum(eigvals) / total
+    return int(min(eigvals.size, np.searchsorted(cumulative, variance - 1e-12) + 1))
+
+
+class Fields:
+    """The arrays of one file, read field by field; :meth:`fail` is the one-line error naming a field."""
+
+    def __init__(self, arrays: dict, path: str, what: str):
+        self.arrays, self.path, self.what = arrays, path, what
+
+    def fail(self, field: str, problem: str) -> ModelFileError:
+        return ModelFileError(
+            f"{self.path}: {self.what} field {field!r} {problem}; the file was edited or damaged, not written by a fit"
+        )
+
+    def get(self, field: str) -> np.ndarray:
+        if field not in self.arrays:
+            raise ModelFileError(f"{self.path}: {self.what} is incomplete (it has no field {field!r})")
+        return np.asarray(self.arrays[field])
+
+    def integer(self, field: str, low: int = 0) -> int:
+        value = self.get(field)
+        if value.shape != () or value.dtype.kind not in "iu":
+            raise self.fail(field, f"must be a whole number, got {_show(value)}")
+        if int(value) < low:
+            raise self.fail(field, f"must be at least {low}, got {int(value)}")
+        return int(value)
+
+    def number(self, field: str) -> float:
+        value = self.get(field)
+        if value.shape != () or value.dtype.kind not in "fiu":
+            raise self.fail(field, f"must be a number, got {_show(value)}")
+        return float(value)
+
+    def flag(self, field: str) -> bool:
+        value = self.get(field)
+        if value.shape != () or value.dtype.kind != "b":
+            raise self.fail(field, f"must be true or false, got {_show(value)}")
+        return bool(value)
+
+    def text(self, field: str) -> str:
+        value = self.get(field)
+        if value.shape != () or value.dtype.kind != "U":
+            raise self.fail(field, f"must be text, got {_show(value)}")
+        return str(value)
+
+    def array(self, field: str, shape: tuple) -> np.ndarray:
+        """A finite float array of ``shape``, as float64."""
+        value = self.get(field)
+        if value.dtype.kind != "f":
+            raise self.fail(field, f"must hold floating-point numbers, got dtype {value.dtype}")
+        if value.shape != shape:
+            raise self.fail(field, f"has shape {value.shape}, but the file's other fields need {shape}")
+        if not np.all(np.isfinite(value)):
+            raise self.fail(field, "holds NaN or Inf")
+        return np.ascontiguousarray(value, dtype=np.float64)
+
+    def param(self, field: str, name: str | None = None, value=None):
+        """``value`` (default: the field as a number) through the check of parameter ``name`` in ``params``."""
+        value = self.number(field) if value is None else value
+        try:
+            return params.check(name or field, value)
+        except BadInputError as exc:
+            problem = str(exc).split(" must be ", 1)[-1]
+            raise self.fail(field, f"must be {problem}") from None
+
+    def json(self, field: str, kind: type):
+        try:
+            value = json.loads(self.text(field))
+        except ValueError as exc:
+            raise self.fail(field, f"is not valid JSON ({exc})") from None
+        if not isinstance(value, kind):
+            raise self.fail(field, f"must be a JSON {'list' if kind is list else 'object'}, got {type(value).__name__}")
+        return value
+
+
+def _show(value: np.ndarray) -> str:
+    text = repr(value.tolist()) if value.size <= 4 else f"an array of shape {value.shape}"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def check_scatter(fields: Fields, scatter: np.ndarray, n_rows: int, mean: np.ndarray, field: str = "scatter") -> None:
+    """A sum of outer products of centred rows: symmetric, with a diagonal that is not negative and no entry
+    above its diagonal's bound, to rounding (of the sums, and of the centring of ``n_rows`` rows about ``mean``)."""
+    diagonal = np.diag(scatter)
+    scale = float(np.abs(diagonal).max(initial=0.0))
+    slack = SYMMETRY_RTOL * scale + 1e-12 * n_rows * float(np.square(mean).max(initial=0.0))
+    if float(diagonal.min(initial=0.0)) < -slack:
+        raise fields.fail(field, f"has a negative diagonal entry ({float(diagonal.min()):.6g}): it is no scatter")
+    if float(np.abs(scatter - scatter.T).max(initial=0.0)) > slack:
+        raise fields.fail(field, "is not symmetric: it is no scatter")
+    positive = np.maximum(diagonal, 0.0)
+    if np.any(np.abs(scatter) > np.sqrt(np.outer(positive, positive)) * (1 + 1e-5) + slack):
+        raise fields.fail(
+            field, "has an entry larger than its diagonal allows (|S_ij| <= sqrt(S_ii S_jj)): it is no scatter"
+        )
+
+
+def _probes(d: int) -> np.ndarray:
+    """Two fixed random vectors (columns) that the O(d^2) checks multiply by."""
+    return np.random.default_rng(20230923).standard_normal((d, 2))
+
+
+def model_fields(arrays: dict, path: str) -> dict:
+    """The fields of a model file, every one checked; ``{name: value}`` ready for ``WhiteningModel``."""
+    f = Fields(arrays, path, "model file")
+    d = f.integer("n_features", 1)
+    n_rows = f.integer("n_rows", 2)
+    mean = f.array("mean", (d,))
+    scatter = f.array("scatter", (d, d))
+    check_scatter(f, scatter, n_rows, mean)
+    eigvals = f.array("eigvals", (d,))
+    eigvecs = f.array("eigvecs", (d, d))
+    if float(eigvals.min()) < 0:
+        raise f.fail("eigvals", f"holds a negative eigenvalue ({float(eigvals.min()):.6g})")
+    if np.any(np.diff(eigvals) > 0):
+        raise f.fail("eigvals", "is not in descending order")
+    norms = np.sqrt(np.einsum("ij,ij->j", eigvecs, eigvecs))
+    if np.any(np.abs(norms - 1) > ORTHONORMAL_TOL):
+        raise f.fail("eigvecs", "has a column that is not of unit length")
+    probes = _probes(d)
+    if np.abs(eigvecs.T @ (eigvecs @ probes) - probes).max() > ORTHONORMAL_TOL * np.abs(probes).max() * d:
+        raise f.fail("eigvecs", "is not orthonormal")
+    beta, gamma = f.param("beta"), f.param("gamma")
+    eps = f.param("eps")
+    raw_variance = f.number("variance")
+    variance = None if math.isnan(raw_variance) else f.param("variance", value=raw_variance)
+    k = f.integer("n_components", 1)
+    if k > d:
+        raise f.fail("n_components", f"is {k}, more than the model's {d} features")
+    if variance is not None and k != components_for_variance(eigvals, variance):
+        raise f.fail(
+            "n_components",
+            f"is {k}, but the variance {variance:g} it was chosen by gives {components_for_variance(eigvals, variance)}",
+        )
+    eps_value = f.number("eps_value")
+    expected = eps * float(eigvals[0]) if eigvals[0] > 0 else eps
+    if not math.isfinite(eps_value) or abs(eps_value - expected) > EPS_RTOL * abs(expected):
+        raise f.fail("eps_value", f"is {eps_value!r}, but eps * the largest eigenvalue is {expected!r}")
+    # Sigma_beta = scatter / n + (1 - beta)^2 mean mean^T must be U diag(eigvals) U^T
+    sigma_probes = scatter @ probes / n_rows + (1.0 - beta) ** 2 * np.outer(mean, mean @ probes)
+    rebuilt = eigvecs @ (eigvals[:, None] * (eigvecs.T @ probes))
+    if np.abs(sigma_probes - rebuilt).max() > EIGEN_RTOL * float(eigvals[0]) * np.abs(probes).sum(axis=0).max():
+        raise f.fail("eigvals", "and eigvecs are not the eigendecomposition of the saved statistics")
+    sources = f.json("sources_json", list)
+    for index, source in enumerate(sources):
+        _check_source(f, index, source, d)
+    info = f.json("info_json", dict)
+    _check_info(f, info)
+    return dict(
+        n_rows=n_rows,
+        mean=mean,
+        scatter=scatter,
+        eigvals=eigvals,
+        eigvecs=eigvecs,
+        beta=beta,
+        gamma=gamma,
+        eps=eps,
+        eps_value=eps_value,
+        variance=variance,
+        n_components=k,
+        sources=sources,
+        info=info,
+    )
+
+
+#: The fields of a recorded source (a fingerprint) and their JSON types, where present; others are the
+#: backends' own.
+_SOURCE_FIELDS = {"path": str, "dataset": str, "n_rows": int, "n_features": int, "dtype": str}
+
+
+def _check_source(f: Fields, index: int, source, d: int, field: str = "sources_json") -> None:
+    where = f"source {index}"
+    if not isinstance(source, dict):
+        raise f.fail(field, f"{where} must be a JSON object, got {type(source).__name__}")
+    for key, kind in _SOURCE_FIELDS.items():
+        if key not in source:  # a source recorded by a caller of finalize may hold less (an update then refuses it)
+            continue
+        value = source[key]
+        if not (_is_int(value) if kind is int else isinstance(value, kind)):
+            raise f.fail(field, f"{where}: {key} must be {'a whole number' if kind is int else 'text'}, got {value!r}")
+    if source.get("n_rows", 0) < 0:
+        raise f.fail(field, f"{where}: n_rows must be at least 0, got {source['n_rows']}")
+    if source.get("n_features", d) != d:
+        raise f.fail(field, f"{where}: n_features is {source['n_features']}, but the model has {d} features")
+
+
+#: The fields of a model's info and their JSON types (``precision``: one of the parameter's choices).
+_INFO_FIELDS = {"n_skipped_nonfinite": int, "skip_nonfinite": bool, "fill_missing_chunks": bool, "tuned": dict}
+
+
+def _check_info(f: Fields, info: dict) -> None:
+    for key, kind in _INFO_FIELDS.items():
+        if key not in info:
+            continue
+        value = info[key]
+        if not (_is_int(value) and value >= 0 if kind is int else isinstance(value, kind)):
+            raise f.fail("info_json", f"{key} must be {kind.__name__}{' >= 0' if kind is int else ''}, got {value!r}")
+    if "precision" in info and not params.PARAMS["precision"].accepts(info["precision"]):
+        raise f.fail("info_json", f"precision must be {params.PARAMS['precision'].text}, got {info['precision']!r}")
+
+
+def checkpoint_fields(arrays: dict, path: str) -> dict:
+    """The fields of a fit checkpoint, every one checked: ``{n_rows, mean, scatter, meta}``."""
+    f = Fields(arrays, path, "checkpoint")
+    n_rows = f.integer("n_rows", 0)
+    mean = f.get("mean")
+    if mean.ndim != 1 or mean.shape[0] < 1:
+        raise f.fail("mean", f"must be a vector, got shape {mean.shape}")
+    d = mean.shape[0]
+    mean = f.array("mean", (d,))
+    scatter = f.array("scatter", (d, d))
+    check_scatter(f, scatter, n_rows, mean)
+    meta = f.json("meta_json", dict)
+
+    def need(key, test, text):
+        if key not in meta or not test(meta[key]):
+            raise f.fail("meta_json", f"{key} must be {text}, got {meta.get(key)!r}")
+        return meta[key]
+
+    need("block_rows", lambda v: params.PARAMS["chunk_rows"].accepts(v), params.PARAMS["chunk_rows"].text)
+    need("precision", lambda v: params.PARAMS["precision"].accepts(v), params.PARAMS["precision"].text)
+    need("skip_nonfinite", lambda v: isinstance(v, bool), "true or false")
+    base_rows = need("base_rows", lambda v: _is_int(v) and v >= 0, "a whole number of at least 0")
+    if "threads" in meta:
+        need("threads", lambda v: _is_int(v) and v >= 0, "a whole number of at least 0")
+    if "fill_missing_chunks" in meta:
+        need("fill_missing_chunks", lambda v: isinstance(v, bool), "true or false")
+    kept = need("kept_sources", lambda v: isinstance(v, list), "a list")
+    for index, source in enumerate(kept):
+        _check_source(f, index, source, d, "meta_json")
+    cursors = need("cursors", lambda v: isinstance(v, list) and v, "a list of the sources being read")
+    rows_read = 0
+    for index, cursor in enumerate(cursors):
+        where = f"cursor {index}"
+        if not isinstance(cursor, dict) or set(cursor) - {
+            "spec",
+            "fingerprint",
+            "start",
+            "stop",
+            "next_row",
+            "n_skipped",
+        }:
+            raise f.fail(
+                "meta_json", f"{where} must be an object of spec, fingerprint, start, stop, next_row, n_skipped"
+            )
+        counts = [cursor.get(key) for key in ("start", "next_row", "stop")]
+        if not isinstance(cursor.get("spec"), str) or not all(_is_int(v) for v in counts):
+            raise f.fail("meta_json", f"{where} needs a spec (text) and start, next_row, stop (whole numbers)")
+        if not 0 <= counts[0] <= counts[1] <= counts[2]:
+            raise f.fail("meta_json", f"{where}: start <= next_row <= stop does not hold ({counts})")
+        skipped = cursor.get("n_skipped", 0)
+        if not _is_int(skipped) or skipped < 0:
+            raise f.fail("meta_json", f"{where}: n_skipped must be a whole number of at least 0, got {skipped!r}")
+        _check_source(f, index, cursor.get("fingerprint"), d, "meta_json")
+        rows_read += counts[1] - counts[0] - skipped
+    if n_rows != base_rows + rows_read:
+        raise f.fail(
+            "n_rows",
+            f"is {n_rows}, but the rows recorded as read ({rows_read}) and the model's ({base_rows}) make "
+            f"{base_rows + rows_read}",
+        )
+    return dict(n_rows=n_rows, mean=mean, scatter=scatter, meta=meta)
+
+
+def map_fields(arrays: dict, path: str) -> dict:
+    """The fields of an exported affine map (``streamwhiten export -o map.npz``), every one checked."""
+    f = Fields(arrays, path, "whitening map")
+    A = f.get("A")
+    if A.ndim != 2 or min(A.shape) < 1 or A.shape[1] > A.shape[0]:
+        raise f.fail("A", f"must be a d x k matrix with 1 <= k <= d, got shape {A.shape}")
+    d, k = A.shape
+    A = f.array("A", (d, k))
+    b = f.array("b", (k,))
+    mean = f.array("mean", (d,))
+    beta, gamma, eps = f.param("beta"), f.param("gamma"), f.param("eps")
+    raw_variance = f.number("variance")
+    variance = None if math.isnan(raw_variance) else f.param("variance", value=raw_variance)
+    eps_value = f.number("eps_value")
+    if not math.isfinite(eps_value) or eps_value <= 0:
+        raise f.fail("eps_value", f"must be a positive finite number, got {eps_value!r}")
+    normalize = f.flag("normalize")
+    # the source model file's checksum (provenance only; a 0.2.0 map held it as model_checksum: not kept)
+    file_checksum = f.text("model_file_checksum") if "model_file_checksum" in arrays else ""
+    fitted_norm = f.number("mean_sq_norm") if "mean_sq_norm" in arrays else math.nan
+    if not (math.isnan(fitted_norm) or (math.isfinite(fitted_norm) and fitted_norm >= 0)):
+        raise f.fail("mean_sq_norm", f"must be a finite number, 0 or more, got {fitted_norm!r}")
+    expected = -((beta * mean) @ A)
+    if np.abs(b - expected).max() > 1e-9 * max(1.0, float(np.abs(expected).max())):
+        raise f.fail("b", "is not -(beta mean) A of the map's own fields")
+    return dict(
+        A=A,
+        b=b,
+        mean=mean,
+        beta=beta,
+        gamma=gamma,
+        eps=eps,
+        eps_value=eps_value,
+        variance=variance,
+        normalize=normalize,
+        file_checksum=file_checksum,
+        mean_sq_norm=None if math.isnan(fitted_norm) else fitted_norm,
+    )
+
+
+__all__ = ["Fields", "check_scatter", "checkpoint_fields", "components_for_variance", "map_fields", "model_fields"]
