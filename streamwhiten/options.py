@@ -110,17 +110,20 @@ class ReadOptions:
         refusing the store.
     storage_options : mapping
         Keyword arguments of the file systems of URL inputs and outputs (see :class:`StorageOptions`).
+    remote_timeout : float, optional
+        Seconds an object store may keep failing before a read or write gives up (default: the
+        ``STREAMWHITEN_REMOTE_TIMEOUT`` environment variable, else the declared default).
     """
 
     dataset: str | None = None
-    block_rows: int | None = params.default("chunk_rows")
+    block_rows: int | None = params.default("block_rows")
     fill_missing_chunks: bool = params.default("fill_missing_chunks")
     storage_options: StorageOptions = field(default_factory=StorageOptions)
+    remote_timeout: float | None = None
 
     def __post_init__(self):
         if self.dataset is not None and not isinstance(self.dataset, str):
             raise BadInputError(f"dataset must be a name (a string), got {self.dataset!r}")
-        params.check("chunk_rows", self.block_rows, "block_rows")
         _check_fields(self)
         if not isinstance(self.storage_options, StorageOptions):
             object.__setattr__(self, "storage_options", StorageOptions(self.storage_options))

@@ -22,6 +22,7 @@ import streamwhiten._durable as durable
 from streamwhiten.core.model import load_model
 from streamwhiten.engine.fit import remove_checkpoint
 from streamwhiten.errors import MissingChunkError, StoreIOError
+from streamwhiten.options import ApplyOptions, ReadOptions
 
 
 def one_line(err: str, *fragments: str) -> str:
@@ -174,7 +175,9 @@ def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, mon
     job = run_plan(plan_fit(spec, block_rows=300))
     save_checkpoint(job, str(tmp_path / "c.ckpt"))
     save_model(finalize(job.state), str(tmp_path / "m.npz"))
-    apply_model(finalize(job.state), spec, str(tmp_path / "o.h5"), block_rows=300, progress_seconds=0)
+    apply_model(
+        finalize(job.state), spec, str(tmp_path / "o.h5"), ApplyOptions(progress_seconds=0), ReadOptions(block_rows=300)
+    )
     renamed = [i for i, event in enumerate(events) if event[0] == "rename"]
     assert {events[i][1] for i in renamed} >= {"c.ckpt", "m.npz", ".o.h5.partial.progress.json", "o.h5"}
     for i in renamed:  # every rename is followed by an fsync of the directory it happened in
@@ -609,7 +612,7 @@ def test_each_writer_tells_the_kind_of_its_output_from_its_name(tmp_path, rows, 
 def test_a_stem_cannot_take_an_output_out_of_its_folder():
     """{stem} is a file name without its extension, so it holds no separator; '..' (an input named
     'dir/..') and '.' are refused all the same, naming the input."""
-    from streamwhiten.batch import _output_for
+    from streamwhiten.job.file import output_for as _output_for
     from streamwhiten.errors import BadInputError
 
     assert _output_for("out/{stem}.h5", "data/day-1.h5:/emb", "job") == "out/day-1.h5"

@@ -298,7 +298,7 @@ def _kill_when(process, reached, timeout=60.0) -> bool:
 
 @pytest.mark.slow
 def test_kill_9_of_a_remote_fit_and_a_remote_apply_resume_bit_identically(tmp_path, s3_bucket, s3_server, run_cli):
-    from streamwhiten.batch import default_checkpoint
+    from streamwhiten.job import default_checkpoint
     from streamwhiten.engine.fit import load_checkpoint
 
     data = anisotropic(6000, 16, seed=11).astype(np.float32)

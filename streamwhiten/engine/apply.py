@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from ..io import (
     sink_chunk_rows,
     split_spec,
 )
+from ..options import ApplyOptions, ReadOptions
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: Worker threads of :func:`apply_model` when none are given, for an input read as stored; an input
@@ -218,25 +220,122 @@ def _join(writer: ThreadPoolExecutor) -> None:
             continue
 
 
+@dataclass(frozen=True)
+class ApplyOutcome:
+    """What an apply did, whichever engine ran it (see ``engine.engines``)."""
+
+    input: str
+    output: str
+    n_rows: int
+    n_components: int
+    dtype: str
+    normalized: bool
+    n_nonfinite_rows: int
+    seconds: float
+    resumed_at_row: int = 0
+
+    @property
+    def rows_per_second(self) -> float | None:
+        """Rows written by this run per second."""
+        return (self.n_rows - self.resumed_at_row) / self.seconds if self.seconds > 0 else None
+
+    def to_dict(self) -> dict:
+        """The outcome as plain JSON values (``apply --json``)."""
+        return dict(asdict(self), rows_per_second=self.rows_per_second)
+
+
 def summary(
     model: WhiteningModel, source, sink, normalize: bool, n_nonfinite: int, seconds: float, resumed_at_row: int = 0
-) -> dict:
+) -> ApplyOutcome:
     """What an apply run reports."""
-    return {
-        "input": source.label,
-        "output": sink.label,
-        "n_rows": source.n_rows,
-        "resumed_at_row": resumed_at_row,
-        "n_components": model.n_components,
-        "dtype": str(sink.dtype),
-        "normalized": bool(normalize),
-        "n_nonfinite_rows": n_nonfinite,
-        "seconds": seconds,
-        "rows_per_second": (source.n_rows - resumed_at_row) / seconds if seconds > 0 else None,
-    }
+    return ApplyOutcome(
+        input=source.label,
+        output=sink.label,
+        n_rows=source.n_rows,
+        n_components=model.n_components,
+        dtype=str(sink.dtype),
+        normalized=bool(normalize),
+        n_nonfinite_rows=n_nonfinite,
+        seconds=seconds,
+        resumed_at_row=resumed_at_row,
+    )
+
+
+#: The keyword arguments ``apply_model`` took before it took option objects: which object each goes to.
+_LEGACY_READ = {"dataset": "dataset", "block_rows": "block_rows", "fill_missing_chunks": "fill_missing_chunks"}
+_LEGACY_APPLY = {name: name for name in ("normalize", "dtype", "overwrite", "skip_nonfinite", "zarr_format")}
+_LEGACY_APPLY.update(progress_seconds="progress_seconds", direct_io="direct_io", keep_columns="keep_columns")
+_LEGACY_APPLY.update(compressor="compressor")
+
+
+def _options_from_legacy(options, read, legacy: dict) -> tuple[ApplyOptions, ReadOptions]:
+    """``apply_model``'s option objects from the keyword arguments it took before (with a
+    DeprecationWarning): ``apply_model(model, src, out, normalize=True)`` still works."""
+    import warnings
+
+    options, read = options or ApplyOptions(), read or ReadOptions()
+    if not legacy:
+        return options, read
+    unknown = set(legacy) - set(_LEGACY_READ) - set(_LEGACY_APPLY) - {"resume"}
+    if unknown:
+        raise TypeError(f"apply_model() got unexpected keyword argument(s) {', '.join(sorted(unknown))}")
+    warnings.warn(
+        "apply_model(..., normalize=..., block_rows=...) is deprecated: pass ApplyOptions and ReadOptions "
+        "(streamwhiten.options)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    changes = {_LEGACY_APPLY[key]: value for key, value in legacy.items() if key in _LEGACY_APPLY}
+    if "resume" in legacy:
+        changes["restart"] = not legacy["resume"]
+    read_changes = {_LEGACY_READ[key]: value for key, value in legacy.items() if key in _LEGACY_READ}
+    return replace(options, **changes), replace(read, **read_changes)
 
 
 def apply_model(
+    model: WhiteningModel,
+    input_spec,
+    output_spec: str,
+    options: ApplyOptions | None = None,
+    read: ReadOptions | None = None,
+    *,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    **legacy,
+) -> ApplyOutcome:
+    """Write ``model``'s transform of every row of ``input_spec`` to ``output_spec`` (the serial engine).
+
+    ``options`` (:class:`~streamwhiten.options.ApplyOptions`) say what is written and how, ``read``
+    (:class:`~streamwhiten.options.ReadOptions`) how the input is read; ``threads`` worker threads each
+    read and transform whole blocks, which a writer thread writes in row order while the next block is
+    computed. See :func:`_apply` for the details.
+    """
+    options, read = _options_from_legacy(options, read, legacy)
+    return _apply(
+        model,
+        input_spec,
+        output_spec,
+        read.dataset,
+        options.normalize,
+        options.dtype,
+        read.block_rows,
+        options.overwrite,
+        options.skip_nonfinite,
+        options.zarr_format,
+        progress,
+        should_stop,
+        not options.restart,
+        options.progress_seconds,
+        threads,
+        options.direct_io,
+        read.fill_missing_chunks,
+        list(options.keep_columns),
+        options.compressor,
+    )
+
+
+def _apply(
     model: WhiteningModel,
     input_spec,
     output_spec: str,

@@ -28,7 +28,16 @@ from ..core import stats
 from ..core.model import float_dtype
 from ..errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
 from ..io import create_sink, fingerprint, open_source, output_kind, output_lock, split_spec
-from .apply import aligned_block_rows, check_output, output_attrs, recorded_options, summary, transform_block
+from ..options import ApplyOptions, ReadOptions
+from .apply import (
+    ApplyOutcome,
+    aligned_block_rows,
+    check_output,
+    output_attrs,
+    recorded_options,
+    summary,
+    transform_block,
+)
 from .fit import FitResult, check_enough_rows, open_sources, plan_blocks, reduce_block
 
 #: States merged by one task of the reduction tree (dask's ``split_every``).
@@ -283,6 +292,23 @@ def fit_dask(
     )
 
 
+def fit_plan_dask(plan, scheduler: str | None = None, n_workers: int | None = None, client=None, split_every=None):
+    """Run a :class:`~streamwhiten.engine.fit.FitPlan` (a fresh one: the Dask engine does not resume) on a
+    Dask cluster: :func:`fit_dask` of the plan's sources with its block size and options."""
+    return fit_dask(
+        [cursor.spec for cursor in plan.cursors],
+        None,
+        plan.precision,
+        plan.skip_nonfinite,
+        plan.block_rows,
+        scheduler=scheduler,
+        n_workers=n_workers,
+        client=client,
+        split_every=SPLIT_EVERY if split_every is None else split_every,
+        fill_missing_chunks=plan.fill_missing_chunks,
+    )
+
+
 # --------------------------------------------------------------------------------------------- apply
 
 
@@ -328,20 +354,15 @@ def apply_dask(
     model,
     input_spec,
     output_spec: str,
-    dataset: str | None = None,
-    normalize: bool = False,
-    dtype="float32",
-    block_rows: int | None = None,
-    overwrite: bool = False,
-    skip_nonfinite: bool = False,
-    zarr_format: int = 3,
+    options: ApplyOptions | None = None,
+    read: ReadOptions | None = None,
+    *,
     scheduler: str | None = None,
     n_workers: int | None = None,
     client=None,
     progress=None,
     output_chunk_rows: int | None = None,
-    fill_missing_chunks: bool = False,
-) -> dict:
+) -> ApplyOutcome:
     """:func:`~streamwhiten.engine.apply.apply_model` on a Dask cluster, writing a Zarr store.
 
     Workers read their blocks, transform them and write whole output chunks into the store under its
@@ -352,6 +373,15 @@ def apply_dask(
     """
     dask = _require("dask")
     distributed = _require("distributed")
+    options, read = options or ApplyOptions(), read or ReadOptions()
+    normalize, dtype, skip_nonfinite, overwrite = (
+        options.normalize,
+        options.dtype,
+        options.skip_nonfinite,
+        options.overwrite,
+    )
+    zarr_format, block_rows, fill_missing_chunks = options.zarr_format, read.block_rows, read.fill_missing_chunks
+    dataset = read.dataset
     out_path, _ = split_spec(output_spec)
     if output_kind(out_path) != "zarr":
         raise BadInputError(
