@@ -121,6 +121,10 @@ def fit_job(
         raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
     params = dict(params or {})
     check_params(**params)
+    if update is not None:  # the model to update is read first: a FIFO or an unreadable file is refused at once
+        from ._npz import check_file
+
+        check_file(update, "model file")
     check_writable_dir(model_path, "model file")
     given_checkpoint, checkpoint = checkpoint, check_fit_paths(inputs, model_path, checkpoint, update)
     check_model_name(model_path)
