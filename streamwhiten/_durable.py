@@ -167,10 +167,18 @@ def link_or_kind(path: str, directory: bool) -> str | None:
     """What a ``foreign`` check of :func:`check_replaceable` says first: "a symbolic link" (never written
     here), "a directory" where a file is written or "a file" where a directory is; None when ``path`` is
     of the right sort (a directory when ``directory``) and its content is to be looked at."""
+    import stat
+
     if os.path.islink(path):
         return "a symbolic link"
-    if os.path.isdir(path) != directory:
-        return "a directory" if os.path.isdir(path) else "a file"
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None  # gone meanwhile: nothing there to replace
+    if stat.S_ISDIR(mode) != directory:
+        return "a directory" if stat.S_ISDIR(mode) else "a file"
+    if not directory and not stat.S_ISREG(mode):  # never opened: a FIFO would block
+        return "not a regular file (a FIFO, a device or a socket)"
     return None
 
 

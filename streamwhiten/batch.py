@@ -94,6 +94,10 @@ def _fit_job(
     read = ReadOptions(dataset=dataset, block_rows=chunk_rows, fill_missing_chunks=fill_missing_chunks)
     runner = engine_for(EngineOptions(name=engine, threads=threads, scheduler=scheduler, workers=workers), client)
     params = Setting(**(params or {})).given()
+    if update is not None:
+        from ._npz import check_file
+
+        check_file(update, "model file")
     if not runner.checkpoints and (update or resume):
         raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
     inputs = pipeline._expanded(inputs)

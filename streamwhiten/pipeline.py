@@ -208,6 +208,10 @@ def fit(
         inputs = _expanded(inputs)
     params = setting.given()
     _params.check_model(**params)
+    if update is not None:  # the model to update is read first: a FIFO or an unreadable file is refused at once
+        from ._npz import check_file
+
+        check_file(update, "model file")
     if not runner.checkpoints and (update or options.resume):
         raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
     with reaching(read):
