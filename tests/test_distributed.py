@@ -10,8 +10,8 @@ arithmetic is compared across any layout.
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import dataclasses
+import json
 import os
 import signal
 import subprocess

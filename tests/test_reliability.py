@@ -612,8 +612,8 @@ def test_each_writer_tells_the_kind_of_its_output_from_its_name(tmp_path, rows, 
 def test_a_stem_cannot_take_an_output_out_of_its_folder():
     """{stem} is a file name without its extension, so it holds no separator; '..' (an input named
     'dir/..') and '.' are refused all the same, naming the input."""
-    from streamwhiten.job.file import output_for as _output_for
     from streamwhiten.errors import BadInputError
+    from streamwhiten.job.file import output_for as _output_for
 
     assert _output_for("out/{stem}.h5", "data/day-1.h5:/emb", "job") == "out/day-1.h5"
     for spec in ("data/..", "data/."):

@@ -21,6 +21,7 @@ from conftest import REPO, S3_SECRET, anisotropic, s3fs_client, start_moto, writ
 
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_IO, EXIT_NOTHING_TO_DO
 from streamwhiten.io import open_source, output_exists, read_attrs, remote, split_spec
+from streamwhiten.options import ApplyOptions, ReadOptions
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -298,8 +299,8 @@ def _kill_when(process, reached, timeout=60.0) -> bool:
 
 @pytest.mark.slow
 def test_kill_9_of_a_remote_fit_and_a_remote_apply_resume_bit_identically(tmp_path, s3_bucket, s3_server, run_cli):
-    from streamwhiten.job import default_checkpoint
     from streamwhiten.engine.fit import load_checkpoint
+    from streamwhiten.job import default_checkpoint
 
     data = anisotropic(6000, 16, seed=11).astype(np.float32)
     url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=100), f"{s3_bucket}/c.zarr")
@@ -428,7 +429,14 @@ def test_dask_fit_and_apply_from_s3_equal_the_serial_engine(tmp_path, s3_bucket,
             distributed = fit_dask([url], client=client)
             serial = fit_sources([url])
             assert run_cli("fit", url, "-o", tmp_path / "m.npz", "-q")[0] == 0
-            apply_dask(load_model(tmp_path / "m.npz"), url, f"{s3_bucket}/w.zarr", client=client, block_rows=500)
+            apply_dask(
+                load_model(tmp_path / "m.npz"),
+                url,
+                f"{s3_bucket}/w.zarr",
+                ApplyOptions(),
+                ReadOptions(block_rows=500),
+                client=client,
+            )
             written = open_source(f"{s3_bucket}/w.zarr").read(0, 4000)
     np.testing.assert_allclose(distributed.state.scatter, serial.state.scatter, rtol=1e-12)
     np.testing.assert_allclose(distributed.state.mean, serial.state.mean, rtol=1e-12)

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from conftest import REPO, run_subprocess, write_h5
 
-from streamwhiten.job import default_checkpoint
 from streamwhiten.core.model import load_model
 from streamwhiten.engine.apply import apply_model
 from streamwhiten.engine.fit import load_checkpoint, plan_fit, run_plan, save_checkpoint
@@ -29,6 +28,7 @@ from streamwhiten.errors import (
     StoreIOError,
 )
 from streamwhiten.io import open_source, partial_path
+from streamwhiten.job import default_checkpoint
 from streamwhiten.options import ApplyOptions, ReadOptions
 from streamwhiten.synthetic import write_store
 
@@ -504,8 +504,8 @@ def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_pat
 
 
 def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_outputs(tmp_path, store):
-    from streamwhiten.job import run_job_file
     from streamwhiten.errors import BadInputError
+    from streamwhiten.job import run_job_file
 
     job = write_job(tmp_path, store)
     run_job_file(str(job))
@@ -571,8 +571,8 @@ def test_an_empty_shard_among_several_is_recorded_and_read_once_it_grows(tmp_pat
 
 
 def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_directories(tmp_path):
-    from streamwhiten.job import run_job_file
     from streamwhiten.errors import BadInputError
+    from streamwhiten.job import run_job_file
 
     rng = np.random.default_rng(9)
     for name in ("a", "b"):
@@ -591,8 +591,8 @@ def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_d
 
 
 def test_a_pending_checkpoint_for_inputs_the_job_dropped_is_discarded(tmp_path):
-    from streamwhiten.job import run_job_file
     from streamwhiten.errors import InterruptedRunError
+    from streamwhiten.job import run_job_file
 
     rng = np.random.default_rng(10)
     a = write_h5(tmp_path / "a.h5", rng.standard_normal((3000, 4)), chunk_rows=100)

@@ -31,6 +31,7 @@ from ..io import create_sink, fingerprint, open_source, output_kind, output_lock
 from ..options import ApplyOptions, ReadOptions
 from .apply import (
     ApplyOutcome,
+    _options_from_legacy,
     aligned_block_rows,
     check_output,
     output_attrs,
@@ -362,6 +363,7 @@ def apply_dask(
     client=None,
     progress=None,
     output_chunk_rows: int | None = None,
+    **legacy,
 ) -> ApplyOutcome:
     """:func:`~streamwhiten.engine.apply.apply_model` on a Dask cluster, writing a Zarr store.
 
@@ -373,7 +375,7 @@ def apply_dask(
     """
     dask = _require("dask")
     distributed = _require("distributed")
-    options, read = options or ApplyOptions(), read or ReadOptions()
+    options, read = _options_from_legacy(options, read, legacy)
     normalize, dtype, skip_nonfinite, overwrite = (
         options.normalize,
         options.dtype,
