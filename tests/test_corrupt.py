@@ -755,7 +755,13 @@ def test_a_wrong_name_inside_a_store_says_what_was_asked_what_exists_and_how_to_
     run_checked(tmp_path, [*pairs, "s.h5:/score"], 2, r"s\.h5: has no 1-D dataset /score; its 1-D datasets: /gold")
     run_checked(tmp_path, [*pairs, "v3.zarr:/score"], 2, r"v3\.zarr: has no 1-D array /score; its 1-D arrays: /gold")
     run_checked(tmp_path, [*pairs, "s.parquet:score"], 2, r"s\.parquet: has no numeric column 'score'; .*: id")
-    run_checked(tmp_path, [*pairs, "s.csv"], 2, r"^streamwhiten: error: s\.csv: not an HDF5[^:]*$")
+    run_checked(
+        tmp_path,
+        [*pairs, "s.csv"],
+        2,
+        r"^streamwhiten: error: s\.csv: no column named; its first line has 1 field\(s\): '0\.5': write "
+        r"s\.csv:NAME for a header field, or s\.csv:INDEX for a 0-based column",
+    )
 
 
 # ------------------------------------------- model files, checkpoints and maps edited by hand (issue #23)

@@ -65,7 +65,12 @@ def test_a_tsv_column_by_name_and_by_index(tmp_path):
             "(or give a 0-based index for a file without a header)",
         ),
         ("", ":score", "{path}:score: the file is empty: no header line to find column 'score' in"),
-        ("a\t1\n", "", "{path}: name a column: file.csv:NAME (a header field) or file.csv:INDEX (0-based, no header)"),
+        (
+            "a\t1\n",
+            "",
+            "{path}: no column named; its first line has 2 field(s): 'a', '1': write {path}:NAME for a header "
+            "field, or {path}:INDEX for a 0-based column (every line data)",
+        ),
     ],
 )
 def test_bad_columns_and_values_are_one_line_naming_file_and_line(tmp_path, text, spec, message):

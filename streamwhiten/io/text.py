@@ -88,6 +88,15 @@ def column_spec(inner: str | None) -> int | str:
     return int(inner) if inner.isdigit() else inner
 
 
+def _first_line(rows: list) -> str:
+    """What the first line of a table holds, for a message that says how to name a column."""
+    if not rows:
+        return "the file is empty"
+    fields = [field.strip() for field in rows[0][1]]
+    shown = ", ".join(repr(field) for field in fields[:10]) + (", ..." if len(fields) > 10 else "")
+    return f"its first line has {len(fields)} field(s): {shown}"
+
+
 def read_column(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` of the delimited file at ``path`` as float64, and its label.
 
@@ -96,11 +105,13 @@ def read_column(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     naming the file and line.
     """
     label = remote.redact(path)
-    try:
-        column = column_spec(inner)
-    except BadInputError as exc:
-        raise BadInputError(f"{label}: {exc}") from None
-    label = f"{label}:{inner.strip()}"  # type: ignore[union-attr]
+    if inner is None or not inner.strip():
+        raise BadInputError(
+            f"{label}: no column named; {_first_line(read_rows(path))}: write {label}:NAME for a "
+            f"header field, or {label}:INDEX for a 0-based column (every line data)"
+        )
+    column = column_spec(inner)
+    label = f"{label}:{inner.strip()}"
     rows = read_rows(path)
     if isinstance(column, str):
         if not rows:
