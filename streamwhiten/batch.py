@@ -238,7 +238,7 @@ def model_is_current(
         return False
     sources = open_sources(inputs, dataset, fill_missing_chunks)
     try:
-        if [fingerprint(source) for source in sources] != model.sources:
+        if tuple(fingerprint(source) for source in sources) != model.sources:
             return False
     finally:
         for source in sources:
@@ -499,7 +499,7 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
     checkpoint that does not belong to the current model (or whose sources changed) is discarded.
     """
     from .core.model import load_model
-    from .engine.fit import check_resumable, finalize_fit, load_checkpoint, remove_checkpoint, run_plan
+    from .engine.fit import PassOptions, check_resumable, finalize_fit, load_checkpoint, remove_checkpoint, run_plan
     from .errors import ModelFileError
 
     try:
@@ -512,7 +512,7 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
         # killed after saving the model, before removing the checkpoint: the model already holds it
         remove_checkpoint(checkpoint)
         return False
-    options = (
+    options = PassOptions(
         spec.model.get("precision", _params.default("precision")),
         bool(spec.model.get("skip_nonfinite", False)),
         spec.fill_missing_chunks,
@@ -683,7 +683,7 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
                 options["block_rows"] = spec.apply["chunk_rows"]
             for input_spec, output in outputs.items():
                 with open_source(input_spec, spec.dataset, fill_missing_chunks=spec.fill_missing_chunks) as source:
-                    source_sha = fingerprint(source)["sha256_sampled"]
+                    source_sha = fingerprint(source).sha256_sampled
                     label = source.label
                 recorded = recorded_options(
                     output,

@@ -3,7 +3,7 @@
 Every module under ``streamwhiten/`` is parsed with ``ast`` (nothing is imported), its imports are
 resolved to absolute names, those inside functions included, and checked against the layers:
 
-    foundation (errors, params, options, _buffers, _durable, _npz, _paths)  <  core  <  io  <  engine  <  evaluation
+    foundation (errors, params, options, records, _buffers, _durable, _npz, _paths)  <  core  <  io  <  engine  <  evaluation
     <  serving, export, synthetic, batch, whitener  <  cli
 
 (``io`` takes only the Numba kernels from ``core``: its LZF decoder is one of them, and numba stays in
@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "streamwhiten"
 
-FOUNDATION = {"errors", "params", "options", "_buffers", "_durable", "_npz", "_paths"}
+FOUNDATION = {"errors", "params", "options", "records", "_buffers", "_durable", "_npz", "_paths"}
 
 #: The layers (packages, or single top-level modules) each layer may import besides itself, or single
 #: modules of a layer (``core._kernels``). The root package (``streamwhiten``, for ``__version__``) is

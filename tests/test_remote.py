@@ -136,7 +136,7 @@ def test_fit_from_s3_equals_the_fit_of_a_local_copy(tmp_path, s3_bucket, s3_serv
     from streamwhiten.core.model import load_model
 
     model = load_model(tmp_path / "remote.npz")
-    assert model.sources[0]["path"] == url and model.sources[0]["etag"] and model.sources[0]["size"] > 0
+    assert model.sources[0].path == url and model.sources[0].etag and model.sources[0].size > 0
     # the default (several reads in flight) against the float64 statistics of numpy
     assert run_cli("fit", url, "-o", tmp_path / "default.npz", "-q")[0] == 0
     default = load_model(tmp_path / "default.npz")

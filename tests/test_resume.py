@@ -604,11 +604,12 @@ def test_a_pending_checkpoint_for_inputs_the_job_dropped_is_discarded(tmp_path):
     summary = run_job_file(str(job))
     assert summary["steps"] == ["fit"]
     model = load_model(str(tmp_path / "m.npz"))
-    assert model.n_rows == 3000 and [s["path"] for s in model.sources] == [os.path.realpath(b.split(":")[0])]
+    assert model.n_rows == 3000 and [s.path for s in model.sources] == [os.path.realpath(b.split(":")[0])]
 
 
 def test_zarr_outputs_are_fsynced_before_progress_is_recorded_and_at_commit(tmp_path, monkeypatch):
     from streamwhiten.io import create_sink
+    from streamwhiten.records import Fingerprint, ResumeRecord
 
     synced = []
     real = os.fsync
@@ -616,7 +617,8 @@ def test_zarr_outputs_are_fsynced_before_progress_is_recorded_and_at_commit(tmp_
     target = str(tmp_path / "o.zarr")
     sink = create_sink(target, 300, 4, chunk_rows=100)
     sink.write(0, np.ones((200, 4), np.float32))
-    sink.save_progress({"job": 1}, 200)
+    job = ResumeRecord("0" * 64, Fingerprint(path="in.h5"), target, False, "float32", 3, 100, False, 1)
+    sink.save_progress(job.at(200))
     chunk_files = [path for path in synced if re.search(r"/c/\d+/0$", path)]
     assert len(chunk_files) == 2 and all(".o.zarr.partial" in path for path in chunk_files)
     synced.clear()

@@ -653,10 +653,7 @@ def info(model_path, as_json):
         "record it)",
     ]
     for source in model.sources:
-        lines.append(
-            f"source     {source['path']}{':/' + source['dataset'] if source['dataset'] else ''} "
-            f"({source['n_rows']:,} x {source['n_features']} {source['dtype']})"
-        )
+        lines.append(f"source     {source.where} ({source.n_rows:,} x {source.n_features} {source.dtype})")
     _emit(as_json, summary, lines)
 
 

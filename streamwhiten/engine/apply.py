@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from ..io import (
     sink_chunk_rows,
     split_spec,
 )
+from ..records import ResumeRecord
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: Worker threads of :func:`apply_model` when none are given, for an input read as stored; an input
@@ -310,7 +312,7 @@ def apply_model(
             source_print, sampler = describe(source), Sampler(source)
         if exists:
             if output_is_current(
-                output_spec, checksum, source_print["sha256_sampled"], normalize, dtype, options, keep_columns
+                output_spec, checksum, source_print.sha256_sampled, normalize, dtype, options, keep_columns
             ):
                 raise NothingToDoError(
                     f"nothing to do: {out_path} is up to date (written by this model, with the same "
@@ -328,21 +330,19 @@ def apply_model(
         )
         rows_per_block = aligned_block_rows(block_rows, source, chunk_rows)
         # What must match for a partial output to be continued rather than started over.
-        job = {
-            "model_checksum": checksum,
-            "source": source_print,
-            "output": remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
-            "normalize": bool(normalize),
-            "dtype": str(np.dtype(dtype)),
-            "zarr_format": int(zarr_format),
-            "block_rows": rows_per_block,
-            "skip_nonfinite": bool(skip_nonfinite),
-            "threads": threads,  # BLAS rounding can depend on its threads per call: a resume must match
-        }
-        if compressor != "none":
-            job["compressor"] = compressor
-        if keep_columns:
-            job["keep_columns"] = keep_columns
+        job = ResumeRecord(
+            model_checksum=checksum,
+            source=source_print,
+            output=remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
+            normalize=bool(normalize),
+            dtype=str(np.dtype(dtype)),
+            zarr_format=int(zarr_format),
+            block_rows=rows_per_block,
+            skip_nonfinite=bool(skip_nonfinite),
+            threads=threads,  # BLAS rounding can depend on its threads per call: a resume must match
+            compressor=compressor,
+            keep_columns=tuple(keep_columns),
+        )
         sink, start, n_nonfinite = resume_sink(output_spec, job, direct_io) if resume else (None, 0, 0)
         resumed_at = start
         if sink is None:
@@ -410,8 +410,9 @@ def apply_model(
         pending = deque()
 
         def complete_print() -> None:  # the hash of sampled rows, from those read so far and the others
-            if "sha256_sampled" not in source_print:
-                source_print["sha256_sampled"] = sampler.hexdigest(source)
+            nonlocal job
+            if job.source.sha256_sampled is None:
+                job = replace(job, source=replace(job.source, sha256_sampled=sampler.hexdigest(source)))
 
         def finish_writes(keep: int = 0) -> None:  # until at most ``keep`` writes are unfinished; errors surface here
             while len(pending) > keep:
@@ -443,7 +444,7 @@ def apply_model(
                     if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
                         finish_writes()
                         complete_print()  # a resume compares the whole fingerprint
-                        sink.save_progress(job, end, n_nonfinite)  # fsyncs what was written: costly, not every block
+                        sink.save_progress(job.at(end, n_nonfinite))  # fsyncs what was written: costly, not every block
                         last_record = time.perf_counter()
                     if progress is not None:
                         progress(end, source.n_rows)
@@ -458,7 +459,7 @@ def apply_model(
                     reader.shutdown(wait=True, cancel_futures=True)
                 _join(writer)  # no write may still be running when the sink is closed, committed or removed
             complete_print()
-            sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": source_print["sha256_sampled"]})
+            sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": job.source.sha256_sampled})
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)
     finally:
         source.close()

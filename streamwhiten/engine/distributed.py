@@ -368,7 +368,7 @@ def apply_dask(
             model,
             source,
             normalize,
-            fingerprint(source)["sha256_sampled"],
+            fingerprint(source).sha256_sampled,
             options=recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format),
         )
         # One run per output (a second one exits 75); the output's checks and writes happen under it.

@@ -24,6 +24,7 @@ from .. import _durable as durable
 from .._durable import remove_stale_temps
 from .._paths import check_readable
 from ..errors import BadInputError, StoreIOError, StreamwhitenError
+from ..records import ResumeRecord
 from . import remote, text
 from .base import (
     DEFAULT_BLOCK_BYTES,
@@ -486,14 +487,22 @@ def has_progress(spec: str) -> bool:
     return remote.exists(progress) if remote.is_url(path) else os.path.exists(progress)
 
 
-def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | None, int, int]:
+def _read_record(raw) -> ResumeRecord | None:
+    """The progress record in the JSON text ``raw``, or None where it holds none (damaged, another version's)."""
+    import json
+
+    try:
+        return ResumeRecord.from_dict(json.loads(raw))
+    except ValueError:
+        return None
+
+
+def resume_sink(spec: str, job: ResumeRecord, direct_io: bool = True) -> tuple[Sink | None, int, int]:
     """Reopen the partial output of an interrupted run of the same ``job``; ``(sink, rows_done, n_nonfinite)``.
 
     Returns ``(None, 0, 0)`` when there is nothing to resume, or when the partial output belongs to another
     job or cannot be opened (then it is removed, so the caller starts over).
     """
-    import json
-
     path, dataset = split_spec(spec)
     partial = partial_path(path)
     progress = partial + ".progress.json"
@@ -502,58 +511,60 @@ def resume_sink(spec: str, job: dict, direct_io: bool = True) -> tuple[Sink | No
     remove_stale_temps(path)
     remove_stale_temps(progress)
     try:
-        with open(progress) as handle:
-            recorded = json.load(handle)
-    except (OSError, ValueError):
+        with open(progress, "rb") as handle:
+            recorded = _read_record(handle.read())
+    except OSError:
         recorded = None
-    counts = (
-        [int(recorded.pop(key, 0)) for key in ("rows_done", "n_nonfinite")] if isinstance(recorded, dict) else [0, 0]
-    )
-    if recorded != job or not os.path.exists(partial):
+    if recorded is None or not recorded.same_job(job) or not os.path.exists(partial):
         remove(partial)
         remove(progress)
         remove(partial + ".chunks")
         return None, 0, 0
     try:
-        sink = _backend_class(_SINKS, output_kind(path)).resume(path, dataset, partial, direct_io=direct_io)
+        sink = _backend_class(_SINKS, output_kind(path)).resume(
+            path, dataset, partial, direct_io=direct_io, rows_done=recorded.rows_done
+        )
     except Exception:  # unreadable: start over (it was only ever a temporary file)
         remove(partial)
         remove(progress)
         remove(partial + ".chunks")
         return None, 0, 0
-    return sink, counts[0], counts[1]
+    return sink, recorded.rows_done, recorded.n_nonfinite
 
 
 def _resume_remote_sink(path, dataset, partial, progress, job) -> tuple[Sink | None, int, int]:
     """:func:`resume_sink` for a URL. The progress record is an object beside the output (written whole by
     one PUT), so a killed run is resumed from any machine, a Dask driver's included."""
-    import json
-
     kind = output_kind(path)
     if kind not in _REMOTE_SINKS:
         return None, 0, 0
     try:
-        recorded = json.loads(remote.cat(progress))
-    except (BadInputError, ValueError):
-        recorded = None
-    counts = (
-        [int(recorded.pop(key, 0)) for key in ("rows_done", "n_nonfinite")] if isinstance(recorded, dict) else [0, 0]
-    )
+        raw = remote.cat(progress)
+    except BadInputError:
+        raw = None
+    recorded = None if raw is None else _read_record(raw)
     data = path if kind == "zarr" else partial
-    if recorded != job or not remote.exists(data) or (kind == "zarr" and not _incomplete_zarr(path)):
-        if recorded is not None:
+    if (
+        recorded is None
+        or not recorded.same_job(job)
+        or not remote.exists(data)
+        or (kind == "zarr" and not _incomplete_zarr(path))
+    ):
+        if raw is not None:
             remote.remove(progress)
         remote.remove(partial, recursive=True)
         return None, 0, 0
     try:
-        sink = _backend_class(_REMOTE_SINKS, kind).resume(path, dataset, partial, direct_io=False)
+        sink = _backend_class(_REMOTE_SINKS, kind).resume(
+            path, dataset, partial, direct_io=False, rows_done=recorded.rows_done
+        )
     except StoreIOError:
         raise
     except Exception:  # unreadable: start over (it was never complete)
         remote.remove(progress)
         remote.remove(partial, recursive=True)
         return None, 0, 0
-    return sink, counts[0], counts[1]
+    return sink, recorded.rows_done, recorded.n_nonfinite
 
 
 __all__ = [

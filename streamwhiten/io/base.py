@@ -14,7 +14,7 @@ import json
 import math
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -23,6 +23,7 @@ from .. import params
 from .._buffers import ALIGNMENT
 from .._paths import file_identity
 from ..errors import BadInputError, CorruptStoreError, InterruptedRunError, StoreIOError
+from ..records import Fingerprint, ResumeRecord
 from . import remote
 
 #: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
@@ -369,7 +370,7 @@ def _nothing():
     return contextlib.nullcontext()
 
 
-def fingerprint(source: Source, n_rows: int | None = None) -> dict:
+def fingerprint(source: Source, n_rows: int | None = None) -> Fingerprint:
     """Identity of the first ``n_rows`` rows of ``source`` (all by default), cheap to compute.
 
     Hashes a few sampled row ranges (:meth:`Source.sample_ranges`: start, quartiles, end) rather than the
@@ -380,29 +381,25 @@ def fingerprint(source: Source, n_rows: int | None = None) -> dict:
     :class:`Sampler` instead.
     """
     result = describe(source, n_rows)
-    result["sha256_sampled"] = Sampler(source, result["n_rows"]).hexdigest(source)
-    return result
+    return replace(result, sha256_sampled=Sampler(source, result.n_rows).hexdigest(source))
 
 
-def describe(source: Source, n_rows: int | None = None) -> dict:
+def describe(source: Source, n_rows: int | None = None) -> Fingerprint:
     """A :func:`fingerprint` without its hash of sampled rows (``sha256_sampled``): only what the
     store's metadata says, so nothing is decoded. A pass fills in the hash from the rows it reads
     (:class:`Sampler`)."""
     n_rows = source.n_rows if n_rows is None else int(n_rows)
     path, dataset = source.location
-    result = {
-        "path": path,
-        "dataset": dataset,
-        "n_rows": n_rows,
-        "n_features": source.n_features,
-        "dtype": str(source.dtype),
-        "chunk_rows": source.chunk_rows or 0,
-    }
-    layout = source.layout_digest(n_rows)
-    if layout is not None:
-        result["layout_sha256"] = layout
-    result.update(source.fingerprint_extra())
-    return result
+    return Fingerprint(
+        path=path,
+        dataset=dataset,
+        n_rows=n_rows,
+        n_features=source.n_features,
+        dtype=str(source.dtype),
+        chunk_rows=source.chunk_rows or 0,
+        layout_sha256=source.layout_digest(n_rows),
+        **source.fingerprint_extra(),
+    )
 
 
 class Sampler:
@@ -555,21 +552,17 @@ class Sink:
             stop = start + block.shape[0]
             raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {io_error(exc)}") from exc
 
-    def save_progress(self, job: dict, rows_done: int, n_nonfinite: int = 0) -> None:
-        """Make rows ``[0, rows_done)`` durable, then record that atomically (for a later resume)."""
+    def save_progress(self, record: ResumeRecord) -> None:
+        """Make rows ``[0, record.rows_done)`` durable, then write ``record`` atomically (for a later resume)."""
         try:
             self._sync()
         except OSError as exc:
             raise StoreIOError(f"{self.path}: cannot make the rows written durable: {io_error(exc)}") from exc
-        record = dict(job, rows_done=int(rows_done), n_nonfinite=int(n_nonfinite))
+        data = json.dumps(record.to_dict(), sort_keys=True).encode()
         if remote.is_url(self.progress_path):  # one PUT: the old record or the new one, never a part
-            remote.put_bytes(self.progress_path, json.dumps(record, sort_keys=True).encode())
+            remote.put_bytes(self.progress_path, data)
             return
-        durable.write_file_atomic(
-            self.progress_path,
-            lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
-            "progress record",
-        )
+        durable.write_file_atomic(self.progress_path, lambda handle: handle.write(data), "progress record")
 
     def region_writer(self):
         """A picklable writer of whole-chunk row ranges, for worker processes (Zarr only)."""

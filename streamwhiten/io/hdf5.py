@@ -353,11 +353,12 @@ class HDF5Sink(Sink):
         return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=True) -> HDF5Sink:
-        """Reopen the partial output of an interrupted run (read-only, to find its layout)."""
+    def resume(cls, path, dataset, partial, direct_io=True, rows_done=0) -> HDF5Sink:
+        """Reopen the partial output of an interrupted run (read-only, to find its layout), of which
+        ``rows_done`` rows are durable."""
         dataset = dataset or cls.default_dataset
         if os.path.exists(HDF5CompressedSink.spool_path(partial)):
-            return HDF5CompressedSink.resume(path, dataset, partial, direct_io)
+            return HDF5CompressedSink.resume(path, dataset, partial, direct_io, rows_done)
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
@@ -468,16 +469,15 @@ class HDF5CompressedSink(Sink):
         return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io)
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=True):
-        """Reopen an interrupted run's output: keep the spooled chunks its progress record claims (whole
-        and intact), drop any after them (the resumed run writes those again)."""
+    def resume(cls, path, dataset, partial, direct_io=True, rows_done=0):
+        """Reopen an interrupted run's output: keep the spooled chunks its progress record claims (the
+        ``rows_done`` rows, whole and intact), drop any after them (the resumed run writes those again)."""
         dataset = dataset or cls.default_dataset
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             compressor = str(array.attrs.get("compressor", "gzip"))
-        with open(partial + ".progress.json") as record:
-            done = -(-int(json.load(record)["rows_done"]) // chunk_rows)
+        done = -(-int(rows_done) // chunk_rows)
         spool = cls.spool_path(partial)
         kept, end = 0, 0
         with open(spool, "rb") as handle:

@@ -512,7 +512,7 @@ class ZarrSink(Sink):
         return cls(path, dataset, partial, array, direct_io, compressor)
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=True) -> ZarrSink:
+    def resume(cls, path, dataset, partial, direct_io=True, rows_done=0) -> ZarrSink:
         array = zarr.open_array(store=partial, path=dataset or "", mode="r+")
         return cls(path, dataset, partial, array, direct_io, str(array.attrs.get("compressor", "none")))
 
@@ -668,7 +668,7 @@ class RemoteZarrSink(ZarrSink):
         return cls(path, dataset, path, remote.retrying(path, "create the output", make))
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=False) -> RemoteZarrSink:
+    def resume(cls, path, dataset, partial, direct_io=False, rows_done=0) -> RemoteZarrSink:
         return cls(path, dataset, path, _open_remote_array(path, dataset))
 
     def _write(self, start, block):
