@@ -53,6 +53,7 @@ from ..io import (
     open_source,
     remote,
 )
+from ..options import ReadOptions
 from ..records import Fingerprint
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
@@ -64,6 +65,19 @@ CHECKPOINT_VERSION = 1
 
 
 # --------------------------------------------------------------------------------------------- the plan
+
+
+def merge_read(read: ReadOptions | None, dataset: str | None = None, fill_missing_chunks: bool = False) -> ReadOptions:
+    """How a fit or an apply reads: ``read`` (default: no options), with the ``dataset`` and
+    ``fill_missing_chunks`` the engine's functions also take as arguments, where those are given.
+    (``block_rows`` is taken by each function itself: ``block_rows`` given, else ``read.block_rows``.)"""
+    read = read if read is not None else ReadOptions()
+    changes: dict = {}
+    if dataset is not None:
+        changes["dataset"] = dataset
+    if fill_missing_chunks:
+        changes["fill_missing_chunks"] = True
+    return replace(read, **changes) if changes else read
 
 
 @dataclass
@@ -122,7 +136,13 @@ class FitPlan:
     seconds: float = 0.0
     n_blocks: int = 0
     threads: int = 0  # worker threads, fixed when the plan first runs (0: not yet)
-    fill_missing_chunks: bool = False  # read chunks missing from a store as its fill value
+    #: how its sources are opened (never recorded in a checkpoint but ``fill_missing_chunks``: read chunks
+    #: missing from a store as its fill value; its storage options are the caller's)
+    read: ReadOptions = field(default_factory=ReadOptions, compare=False)
+
+    @property
+    def fill_missing_chunks(self) -> bool:
+        return self.read.fill_missing_chunks
 
     @property
     def n_skipped(self) -> int:
@@ -196,14 +216,17 @@ def _as_list(specs) -> list:
     return list(specs)
 
 
-def open_sources(specs, dataset: str | None = None, fill_missing_chunks: bool = False) -> list[Source]:
+def open_sources(
+    specs, dataset: str | None = None, fill_missing_chunks: bool = False, *, read: ReadOptions | None = None
+) -> list[Source]:
     """Open every spec (globs and directories of Parquet shards expanded into their files) and check
-    they share one width.
+    they share one width; ``read`` says how (:func:`merge_read`).
 
     A single source needs at least 2 rows; among several, an empty one (a shard not yet written, say) is
     allowed: it adds no rows, is recorded with its fingerprint, and an update reads it once it grows.
     """
-    specs = expand_specs(_as_list(specs))
+    read = merge_read(read, dataset, fill_missing_chunks)
+    specs = expand_specs(_as_list(specs), read)
     if not specs:
         raise BadInputError("no input given")
     min_rows = 2 if len(specs) == 1 else 0
@@ -211,7 +234,7 @@ def open_sources(specs, dataset: str | None = None, fill_missing_chunks: bool = 
     seen: dict = {}
     try:
         for spec in specs:
-            sources.append(open_source(spec, dataset, min_rows=min_rows, fill_missing_chunks=fill_missing_chunks))
+            sources.append(open_source(spec, read=read, min_rows=min_rows))
             key = sources[-1].identity
             if key in seen:
                 how = "" if sources[-1].location == sources[seen[key]].location else ", the same file by another path"
@@ -320,11 +343,20 @@ def plan_blocks(sources: list[Source], block_rows: int | None = None) -> int:
 
 
 def plan_fit(
-    specs, dataset=None, precision="auto", skip_nonfinite=False, block_rows=None, fill_missing_chunks=False
+    specs,
+    dataset=None,
+    precision="auto",
+    skip_nonfinite=False,
+    block_rows=None,
+    fill_missing_chunks=False,
+    *,
+    read: ReadOptions | None = None,
 ) -> FitPlan:
-    """A plan reading every row of every source, from an empty state."""
+    """A plan reading every row of every source, from an empty state (``read``: see :func:`merge_read`)."""
     params.check("precision", precision)  # before any reading
-    sources = open_sources(specs, dataset, fill_missing_chunks)
+    read = merge_read(read, dataset, fill_missing_chunks)
+    block_rows = block_rows if block_rows is not None else read.block_rows
+    sources = open_sources(specs, read=read)
     try:
         # Sampled rows are hashed as the pass reads them (see run_plan): no decoding here.
         cursors = [Cursor(s.label, describe(s), 0, s.n_rows, 0) for s in sources]
@@ -334,7 +366,7 @@ def plan_fit(
             plan_blocks(sources, block_rows),
             precision,
             bool(skip_nonfinite),
-            fill_missing_chunks=bool(fill_missing_chunks),
+            read=replace(read, dataset=None),  # each cursor's spec names its array
         )
     finally:
         for source in sources:
@@ -417,6 +449,8 @@ def plan_update(
     skip_nonfinite=False,
     block_rows=None,
     fill_missing_chunks=False,
+    *,
+    read: ReadOptions | None = None,
 ) -> FitPlan:
     """A plan folding only the rows added since ``recorded_sources`` were read into ``model_state``.
 
@@ -431,7 +465,9 @@ def plan_update(
                 f"the model's record of its source {index} has no {', '.join(missing)}: it was not fitted from "
                 "stores, so it cannot be updated (refit without --update)"
             )
-    sources = open_sources(specs, dataset, fill_missing_chunks)
+    read = merge_read(read, dataset, fill_missing_chunks)
+    block_rows = block_rows if block_rows is not None else read.block_rows
+    sources = open_sources(specs, read=read)
     try:
         if sources[0].n_features != model_state.n_features:
             raise BadInputError(
@@ -451,7 +487,7 @@ def plan_update(
             cursors.append(Cursor(source.label, current, recorded.n_rows, source.n_rows, recorded.n_rows))
         kept = [r for r in recorded_sources if not any(_same_source(r, source) for source in sources)]
         for recorded in kept:
-            if not exists(recorded.path):
+            if not exists(recorded.path, read):
                 raise BadInputError(
                     f"{recorded.where}: recorded in the model ({recorded.n_rows:,} rows) but deleted since; an update "
                     "cannot take rows out of the statistics (restore it, or refit from scratch without --update)"
@@ -464,7 +500,7 @@ def plan_update(
             bool(skip_nonfinite),
             base_rows=model_state.n_rows,
             kept_sources=kept,
-            fill_missing_chunks=bool(fill_missing_chunks),
+            read=replace(read, dataset=None),  # each cursor's spec names its array
         )
         if job.rows_total == 0:
             raise NothingToDoError("nothing to do: no rows were added since the model was fitted")
@@ -506,8 +542,9 @@ def check_checkpoint_output(path: str) -> None:
     check_replaceable(path, True, "a fit checkpoint", lambda found: foreign_npz(found, CHECKPOINT_FORMAT))
 
 
-def load_checkpoint(path: str) -> FitPlan:
-    """Read a checkpoint; a damaged one raises :class:`ModelFileError` telling how to start over."""
+def load_checkpoint(path: str, read: ReadOptions | None = None) -> FitPlan:
+    """Read a checkpoint; a damaged one raises :class:`ModelFileError` telling how to start over. Its
+    sources are opened with ``read``'s storage options (a checkpoint never records them)."""
     hint = "; delete it or pass --restart to start the fit over"
     try:
         arrays = read_npz(path, "checkpoint", CHECKPOINT_FORMAT, CHECKPOINT_VERSION)
@@ -525,7 +562,11 @@ def load_checkpoint(path: str) -> FitPlan:
         int(meta["base_rows"]),
         [Fingerprint.from_dict(source) for source in meta["kept_sources"]],
         threads=int(meta.get("threads", 0)),
-        fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)),
+        read=replace(
+            read if read is not None else ReadOptions(),
+            dataset=None,
+            fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)),
+        ),
     )
 
 
@@ -544,8 +585,8 @@ def check_resumable(
     if exact:
         other = [c.spec for c in job.cursors] != list(inputs)
     else:
-        wanted = {_identity(spec) for spec in inputs}
-        other = any(_identity(cursor.spec) not in wanted for cursor in job.cursors)
+        wanted = {_identity(spec, job.read) for spec in inputs}
+        other = any(_identity(cursor.spec, job.read) not in wanted for cursor in job.cursors)
     if other:
         raise BadInputError(
             f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in job.cursors)}){hint}"
@@ -560,15 +601,15 @@ def check_resumable(
     check_sources_unchanged(job, checkpoint_path)
 
 
-def _identity(spec: str) -> tuple:
-    with open_source(spec, min_rows=0) as source:
+def _identity(spec: str, read: ReadOptions) -> tuple:
+    with open_source(spec, read=replace(read, fill_missing_chunks=False), min_rows=0) as source:
         return source.identity
 
 
 def check_sources_unchanged(job: FitPlan, checkpoint_path: str) -> None:
     """Refuse a checkpointed job whose sources no longer start with the rows it recorded."""
     for cursor in job.cursors:
-        with open_source(cursor.spec, min_rows=0, fill_missing_chunks=job.fill_missing_chunks) as source:
+        with open_source(cursor.spec, read=job.read, min_rows=0) as source:
             try:
                 _check_prefix(source, cursor.fingerprint)
             except BadInputError as exc:
@@ -605,13 +646,13 @@ def _block_tasks(job: FitPlan, opened: list, buffers: tuple, samplers: dict, rea
     for index, cursor in enumerate(job.cursors):
         if cursor.done:
             continue
-        source = open_source(cursor.spec, fill_missing_chunks=job.fill_missing_chunks)
+        source = open_source(cursor.spec, read=job.read)
         opened.append(source)
         sampler = None
         if cursor.fingerprint.sha256_sampled is None:
             sampler = Sampler(source, cursor.fingerprint.n_rows)
             samplers[index] = sampler, source
-        ahead = reader is not None and source.plan is not None
+        ahead = reader is not None and source.decoder is not None
         for begin, end in source.blocks(job.block_rows, cursor.next_row, cursor.stop):
             fetched = reader.submit(source.fetch, begin, end) if ahead else None
             yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite, fetched, sampler
@@ -639,7 +680,7 @@ def _complete_fingerprints(job: FitPlan) -> None:
     taken by reading."""
     for cursor in job.cursors:
         if cursor.fingerprint.sha256_sampled is None:
-            with open_source(cursor.spec, min_rows=0, fill_missing_chunks=job.fill_missing_chunks) as source:
+            with open_source(cursor.spec, read=job.read, min_rows=0) as source:
                 _finish_fingerprint(cursor, Sampler(source, cursor.fingerprint.n_rows).hexdigest(source))
 
 
@@ -765,9 +806,12 @@ def fit_sources(
     progress: ProgressCallback | None = None,
     threads: int | None = None,
     fill_missing_chunks: bool = False,
+    *,
+    read: ReadOptions | None = None,
 ) -> FitResult:
-    """One uninterrupted pass over every source, in order; returns the merged statistics."""
-    plan = plan_fit(specs, dataset, precision, skip_nonfinite, block_rows, fill_missing_chunks)
+    """One uninterrupted pass over every source, in order; returns the merged statistics. ``read`` says
+    how the sources are read (its storage options reach URLs; see :func:`merge_read`)."""
+    plan = plan_fit(specs, dataset, precision, skip_nonfinite, block_rows, fill_missing_chunks, read=read)
     return run_plan(plan, progress, threads=threads).result()
 
 

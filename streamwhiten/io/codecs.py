@@ -1,8 +1,8 @@
-"""Decode plans: a compressed chunk's stored bytes turned into its rows here, not by zarr or HDF5.
+"""Decoders: a compressed chunk's stored bytes turned into its rows here, not by zarr or HDF5.
 
 zarr decodes chunks on its own event loop, and h5py runs HDF5's filter pipeline under its global lock;
-either way the worker threads of a fit wait for each other. A :class:`DecodePlan` is read once from a
-Zarr codec chain (:func:`zarr_plan`) or an HDF5 filter pipeline (:func:`hdf5_plan`); it then decodes a
+either way the worker threads of a fit wait for each other. A :class:`Decoder` is read once from a
+Zarr codec chain (:func:`zarr_decoder`) or an HDF5 filter pipeline (:func:`hdf5_decoder`); it then decodes a
 chunk's stored bytes straight into a caller's buffer in whichever thread calls it, with numcodecs and
 the standard library's zlib, each of which releases the GIL while it works (and HDF5's LZF with a
 Numba kernel that does too). :func:`decode_rows` puts
@@ -11,7 +11,7 @@ the decoded chunks of a row range into a block (widening float16 to float32 on t
 Every step checks what it decodes: sizes from the codec's own header against the chunk's, checksums
 (crc32c, fletcher32) against the data, and the decoded length; a failure is a :class:`DecodeError`
 whose message the backend completes with the store and rows. A chain with any other codec (sharding,
-transpose, HDF5's szip, ...) has no plan (None): the backend reads it through its library as before.
+transpose, HDF5's szip, ...) has no decoder (None): the backend reads it through its library as before.
 
 Chunks are encoded for outputs here too (:func:`encoder`), so that apply compresses in its own threads.
 """
@@ -24,7 +24,7 @@ import zlib
 import numpy as np
 
 from .. import _buffers
-from .base import first_line
+from ._messages import first_line
 
 #: ``--compressor`` names, and what each writes (numcodecs settings; Zarr 3's defaults for zstd).
 COMPRESSORS = ("none", "zstd", "blosc", "gzip")
@@ -273,10 +273,10 @@ class Fetched(list):
         self._buffer = None
 
 
-# ------------------------------------------------------------------------------------------------ plans
+# --------------------------------------------------------------------------------------------- decoders
 
 
-class DecodePlan:
+class Decoder:
     """How one chunk's stored bytes become its ``nbytes`` bytes of rows: ``steps`` run in order (the
     reverse of the writer's), then a byte swap where the store is not native-endian."""
 
@@ -323,8 +323,8 @@ def _name_config(codec) -> tuple[str, dict]:
     return str(spec.get("name", "")), dict(spec.get("configuration") or {})
 
 
-def zarr_plan(array) -> DecodePlan | None:
-    """The plan for a Zarr array's chunks (whole rows, C order, no sharding), or None to let zarr decode."""
+def zarr_decoder(array) -> Decoder | None:
+    """The decoder of a Zarr array's chunks (whole rows, C order, no sharding), or None to let zarr decode."""
     metadata = array.metadata
     if array.ndim != 2 or array.chunks[1] != array.shape[1]:
         return None
@@ -371,7 +371,7 @@ def zarr_plan(array) -> DecodePlan | None:
             if step is None:
                 return None
             steps.append(step)
-    return DecodePlan(steps, nbytes, dtype)
+    return Decoder(steps, nbytes, dtype)
 
 
 def _numcodecs_step(codec) -> _Step | None:
@@ -391,10 +391,10 @@ def _numcodecs_step(codec) -> _Step | None:
     return None
 
 
-def hdf5_plan(dataset) -> DecodePlan | None:
-    """The plan for an h5py dataset's chunks (whole rows, filters we know), or None to let HDF5 decode.
+def hdf5_decoder(dataset) -> Decoder | None:
+    """The decoder of an h5py dataset's chunks (whole rows, filters we know), or None to let HDF5 decode.
 
-    An unfiltered dataset has no plan either: HDF5 reads it straight into the caller's buffer.
+    An unfiltered dataset has no decoder either: HDF5 reads it straight into the caller's buffer.
     """
     dtype = np.dtype(dataset.dtype)
     if dataset.chunks is None or dataset.ndim != 2 or dataset.chunks[1] != dataset.shape[1] or dtype.kind != "f":
@@ -421,7 +421,7 @@ def hdf5_plan(dataset) -> DecodePlan | None:
         else:
             return None  # szip, scaleoffset, nbit, other plugins: HDF5 decodes them
     steps.reverse()
-    return DecodePlan(steps, int(np.prod(dataset.chunks)) * dtype.itemsize, dtype)
+    return Decoder(steps, int(np.prod(dataset.chunks)) * dtype.itemsize, dtype)
 
 
 # ---------------------------------------------------------------------------------------------- blocks
@@ -442,7 +442,7 @@ def widen_in_place(region: np.ndarray, n_values: int) -> None:
 
 
 def decode_rows(
-    plan: DecodePlan, chunks, start: int, stop: int, out: np.ndarray, chunk_rows: int, fill_value, describe
+    decoder: Decoder, chunks, start: int, stop: int, out: np.ndarray, chunk_rows: int, fill_value, describe
 ) -> np.ndarray:
     """Rows ``[start, stop)`` into ``out`` (C-contiguous, the store's dtype or float32 for a float16
     store) from ``chunks``: ``(index, stored bytes or None for a missing chunk, filter mask)`` for each
@@ -452,7 +452,7 @@ def decode_rows(
     """
     view = out[: stop - start]
     n_features = view.shape[1]
-    stored = plan.dtype.newbyteorder("=")
+    stored = decoder.dtype.newbyteorder("=")
     widen = view.dtype != stored
     for index, data, mask in chunks:
         first = index * chunk_rows
@@ -464,15 +464,15 @@ def decode_rows(
         whole = (lo, hi) == (first, first + chunk_rows)
         try:
             if whole and not widen:
-                plan.decode_into(data, target, mask)
+                decoder.decode_into(data, target, mask)
             elif whole:  # decode into the second half of the rows' float32 bytes, then widen in place
                 region = target.reshape(-1).view(np.uint8)
-                plan.decode_into(data, region[plan.nbytes :], mask)
-                widen_in_place(region, plan.nbytes // 2)
+                decoder.decode_into(data, region[decoder.nbytes :], mask)
+                widen_in_place(region, decoder.nbytes // 2)
             else:
                 chunk = _buffers.take((chunk_rows, n_features), stored)  # reused: fresh memory is slow to touch
                 try:
-                    plan.decode_into(data, chunk, mask)
+                    decoder.decode_into(data, chunk, mask)
                     target[...] = chunk[lo - first : hi - first]
                 finally:
                     _buffers.give_back(chunk)
