@@ -13,7 +13,7 @@ files) beside sampled rows, so an update reads only new fragments and refuses a 
 fragments were changed (rows deleted, compacted, rewritten). The fingerprint also records the version.
 
 A dataset named by URL (``s3://``, ``gs://``, ``az://``) is read through pylance's own object store, with
-the storage options in force translated to its names (``remote.lance_options``); writing one is not
+the storage options it was opened with translated to its names (``remote.lance_options``); writing one is not
 supported (write Parquet or Zarr to object storage).
 """
 
