@@ -39,7 +39,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -100,14 +100,14 @@ _outage_lock = threading.Lock()
 # ---------------------------------------------------------------------------------------------- URLs
 
 
-def is_url(spec) -> bool:
+def is_url(spec: object) -> bool:
     """Whether ``spec`` names something by URL (``file://`` included)."""
     return isinstance(spec, str) and _URL.match(spec) is not None
 
 
-def is_remote(spec) -> bool:
+def is_remote(spec: object) -> bool:
     """Whether ``spec`` is a URL of a remote file system (not ``file://``)."""
-    return is_url(spec) and protocol(spec) != "file"
+    return isinstance(spec, str) and is_url(spec) and protocol(spec) != "file"
 
 
 def protocol(url: str) -> str:
@@ -115,7 +115,7 @@ def protocol(url: str) -> str:
     return _ALIASES.get(scheme, scheme)
 
 
-def local_path(spec):
+def local_path(spec: Any) -> Any:
     """A ``file://`` URL as the local path it names; anything else unchanged."""
     if isinstance(spec, str) and spec[:7].lower() == "file://":
         rest = spec[7:]
@@ -207,7 +207,7 @@ def parse_option(text: str) -> tuple[str, object]:
     return key, parsed
 
 
-def options_from(items) -> dict:
+def options_from(items: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
     """Storage options from ``KEY=VALUE`` strings or a mapping (a job's ``[storage]`` table); dotted keys
     nest (``client_kwargs.region_name=eu-west-1``)."""
     result: dict = {}
@@ -282,7 +282,7 @@ def clear_cache() -> None:
         _filesystems.clear()
 
 
-def _fsspec():
+def _fsspec() -> Any:
     try:
         import fsspec
     except ImportError:
@@ -449,7 +449,7 @@ _AUTH_TEXT = re.compile(
 _MISSING_TEXT = re.compile(r"NoSuchBucket|NoSuchKey|Not Found|\b404\b|does not exist", re.IGNORECASE)
 
 
-def _chain(exc: BaseException):
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -518,7 +518,7 @@ def failure(
 stats = {"retries": 0, "failures": 0}
 
 
-def _network_cause(exc: BaseException):
+def _network_cause(exc: BaseException) -> BaseException | None:
     """The network failure behind one of our errors that a backend raised ``from`` it (a read it took for
     damaged data or a disk's failure, as it would be locally), else None."""
     from ..errors import CorruptStoreError
@@ -677,7 +677,7 @@ def prefix_version(url: str, details: dict[str, Any] | None = None, *, read: Rea
     return {"size": total, "etag": digest.hexdigest()}
 
 
-def default_threads(threads, sources) -> int | None:
+def default_threads(threads: int | None, sources: Iterable[Any]) -> int | None:
     """``threads`` if given; else :data:`REMOTE_THREADS` when any of ``sources`` is remote (reads wait on
     the network: several requests in flight), else None (the engine's own default)."""
     if threads is not None:

@@ -138,7 +138,7 @@ def parquet_files(directory: str, read: ReadOptions | None = None) -> list[str]:
             if url.endswith(PARQUET_SUFFIX)
             and not any(part.startswith((".", "_")) for part in url[len(base) + 1 :].split("/"))
         )
-    found = []
+    found: list[str] = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
         found.extend(
@@ -163,7 +163,8 @@ def _is_zarr(path: str) -> bool:
 def zarr_store_above(path: str) -> tuple[str, str] | None:
     """For a local ``dir.zarr/name`` that does not exist: ``(dir.zarr, name)``, the Zarr store it runs
     through and the name inside it (whose reader then says what the store holds); else None."""
-    head, rest = path.rstrip("/"), []
+    head = path.rstrip("/")
+    rest: list[str] = []
     while head and head not in ("/", "."):
         head, tail = os.path.split(head)
         rest.insert(0, tail)
