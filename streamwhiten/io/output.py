@@ -20,6 +20,7 @@ import shutil
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -130,8 +131,8 @@ class Output:
     """An output store named by ``spec`` (``out.zarr``, ``out.h5:/emb``, ``s3://b/out.parquet:vectors``):
     what is there now, and the one way to start or continue writing it.
 
-    Made by :func:`open_output`, which refuses a name no backend writes. Its URLs are reached with the
-    storage options of ``read``.
+    Made by :func:`open_output`; a name no backend writes is refused when its kind is first needed. Its
+    URLs are reached with the storage options of ``read``.
     """
 
     def __init__(self, spec: str, read: ReadOptions | None = None) -> None:
@@ -143,8 +144,6 @@ class Output:
         #: how its URLs are reached (the storage options and deadline of ``read``; an input's dataset or
         #: missing-chunk rule is not the output's)
         self.read = replace(_read_options(read), dataset=None, fill_missing_chunks=False)
-        #: the backend that writes it (from its name)
-        self.backend: Backend = backend(output_kind(self.path))
         #: whether it is named by URL (written to object storage)
         self.url = remote.is_url(self.path)
 
@@ -152,6 +151,12 @@ class Output:
         return f"Output({remote.redact(self.spec)!r})"
 
     # -- what it is and can take
+    @cached_property
+    def backend(self) -> Backend:
+        """The backend that writes it, from its name (a name no backend writes is refused here, when
+        first asked, so that other mistakes of a command are reported in their usual order)."""
+        return backend(output_kind(self.path))
+
     @property
     def kind(self) -> str:
         return self.backend.kind
@@ -471,7 +476,8 @@ class Output:
 
 def open_output(spec: str, read: ReadOptions | None = None) -> Output:
     """The output named by ``spec``, its URLs reached with ``read``'s storage options; a name no backend
-    writes (it must end in .zarr, .parquet, .lance or an HDF5 suffix) is refused."""
+    writes (it must end in .zarr, .parquet, .lance or an HDF5 suffix) is refused as soon as what it is
+    matters (:attr:`Output.backend`)."""
     return Output(spec, read)
 
 
