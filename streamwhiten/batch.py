@@ -86,9 +86,14 @@ def fit_job(
     workers=None,
     client=None,
     overwrite=True,
+    read=None,
 ):
     """Plan (or update), resume from a matching checkpoint, run and finalize a fit: the one entry point
     of every engine.
+
+    ``read`` (a :class:`~streamwhiten.options.ReadOptions`) says how the inputs are read: the storage
+    options and deadline of URLs, and the dataset, block size and missing-chunk rule where the arguments
+    of the same meaning leave them out.
 
     ``engine="serial"`` runs in this process, checkpointed and resumable; ``engine="dask"`` runs the
     same blocks (:func:`~streamwhiten.engine.fit.plan_blocks`) on a Dask cluster (``scheduler``, a local one of
@@ -108,10 +113,15 @@ def fit_job(
         check_resumable,
         finalize_fit,
         load_checkpoint,
+        merge_read,
         plan_fit,
         plan_update,
         run_plan,
     )
+
+    read = merge_read(read, dataset, fill_missing_chunks)
+    dataset, fill_missing_chunks = read.dataset, read.fill_missing_chunks
+    chunk_rows = chunk_rows if chunk_rows is not None else read.block_rows
 
     _params.check("checkpoint_every", checkpoint_every)
     _params.check("checkpoint_seconds", checkpoint_seconds)
@@ -129,9 +139,7 @@ def fit_job(
     given_checkpoint, checkpoint = checkpoint, check_fit_paths(inputs, model_path, checkpoint, update)
     check_model_name(model_path)
     if not overwrite:
-        _refuse_existing_model(
-            inputs, model_path, update, dataset, params, precision, skip_nonfinite, fill_missing_chunks
-        )
+        _refuse_existing_model(inputs, model_path, update, params, precision, skip_nonfinite, read)
     check_model_output(model_path, overwrite=True)  # now: only a model file of ours is replaced (or updated)
     if given_checkpoint is not None:
         check_checkpoint_output(checkpoint)  # a file of the user's named by --checkpoint is never replaced
@@ -150,7 +158,7 @@ def fit_job(
             scheduler=scheduler,
             n_workers=workers,
             client=client,
-            fill_missing_chunks=fill_missing_chunks,
+            read=read,
         )
         return finalize_fit(result, params), result, False, None
 
@@ -158,23 +166,16 @@ def fit_job(
         previous = load_model(update)
         params = _effective_params(params, previous)
         planned = plan_update(
-            previous.state,
-            previous.sources,
-            inputs,
-            dataset,
-            precision,
-            skip_nonfinite,
-            chunk_rows,
-            fill_missing_chunks,
+            previous.state, previous.sources, inputs, None, precision, skip_nonfinite, chunk_rows, read=read
         )
         skipped_before = int(previous.info.get("n_skipped_nonfinite", 0))
     else:
-        planned = plan_fit(inputs, dataset, precision, skip_nonfinite, chunk_rows, fill_missing_chunks)
+        planned = plan_fit(inputs, None, precision, skip_nonfinite, chunk_rows, read=read)
         skipped_before = 0
     check_params(n_features=planned.state.n_features, **params)  # k > d is caught before the pass
     resumed = False
     if os.path.exists(checkpoint) and not restart:
-        job = load_checkpoint(checkpoint)
+        job = load_checkpoint(checkpoint, read)
         check_resumable(job, checkpoint, planned.options, planned.base_rows, [c.spec for c in planned.cursors])
         if chunk_rows is not None and int(chunk_rows) != job.block_rows:
             log.info(
@@ -200,9 +201,7 @@ def fit_job(
     return finalize_fit(job.result(), params, skipped_before), job, resumed, checkpoint
 
 
-def _refuse_existing_model(
-    inputs, model_path, update, dataset, params, precision, skip_nonfinite, fill_missing_chunks
-) -> None:
+def _refuse_existing_model(inputs, model_path, update, params, precision, skip_nonfinite, read) -> None:
     """An existing model file is replaced only with ``overwrite`` (or updated in place); one that already
     holds what this fit would write is nothing to do."""
     from .errors import OutputExistsError
@@ -210,9 +209,7 @@ def _refuse_existing_model(
 
     if not os.path.exists(model_path) or (update and same_file(update, model_path)):
         return
-    if update is None and model_is_current(
-        model_path, inputs, dataset, params, precision, skip_nonfinite, fill_missing_chunks
-    ):
+    if update is None and model_is_current(model_path, inputs, None, params, precision, skip_nonfinite, read=read):
         raise NothingToDoError(f"nothing to do: {model_path} was fitted on these inputs with these settings")
     raise OutputExistsError.at(model_path)
 
@@ -225,11 +222,16 @@ def model_is_current(
     precision="auto",
     skip_nonfinite=False,
     fill_missing_chunks=False,
+    *,
+    read=None,
 ) -> bool:
     """Whether ``model_path`` holds the model a fit of ``inputs`` with these options would write: the
     same sources (fingerprints), precision, NaN handling and parameters. Then there is nothing to do."""
     from .core.model import file_checksum, load_model
-    from .engine.fit import open_sources
+    from .engine.fit import merge_read, open_sources
+
+    read = merge_read(read, dataset, fill_missing_chunks)
+    fill_missing_chunks = read.fill_missing_chunks
     from .errors import ModelFileError
     from .io import fingerprint
 
@@ -240,9 +242,9 @@ def model_is_current(
     recorded = tuple(model.info.get(key) for key in ("precision", "skip_nonfinite", "fill_missing_chunks"))
     if recorded != (precision, bool(skip_nonfinite), bool(fill_missing_chunks)):
         return False
-    sources = open_sources(inputs, dataset, fill_missing_chunks)
+    sources = open_sources(inputs, read=read)
     try:
-        if [fingerprint(source) for source in sources] != model.sources:
+        if tuple(fingerprint(source) for source in sources) != model.sources:
             return False
     finally:
         for source in sources:
@@ -495,7 +497,9 @@ def _output_for(template: str, input_spec: str, job_name: str, job_path: str = "
     return template.format(stem=stem, name=job_name)
 
 
-def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, progress, should_stop) -> bool:
+def _finish_pending(
+    spec: JobSpec, inputs: list, checkpoint: str, params: dict, progress, should_stop, read=None
+) -> bool:
     """Complete a fit or update a killed run left in ``checkpoint`` and save the model; True if it did.
 
     A checkpoint is self-contained (its state and the rows each source still owes), so it is finished
@@ -503,11 +507,11 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
     checkpoint that does not belong to the current model (or whose sources changed) is discarded.
     """
     from .core.model import load_model
-    from .engine.fit import check_resumable, finalize_fit, load_checkpoint, remove_checkpoint, run_plan
+    from .engine.fit import PassOptions, check_resumable, finalize_fit, load_checkpoint, remove_checkpoint, run_plan
     from .errors import ModelFileError
 
     try:
-        job = load_checkpoint(checkpoint)
+        job = load_checkpoint(checkpoint, read)
     except ModelFileError as exc:
         raise BadInputError(f"{exc}") from None  # the message says how to start over (run --restart)
     previous = load_model(spec.model_path) if os.path.exists(spec.model_path) else None
@@ -516,7 +520,7 @@ def _finish_pending(spec: JobSpec, inputs: list, checkpoint: str, params: dict, 
         # killed after saving the model, before removing the checkpoint: the model already holds it
         remove_checkpoint(checkpoint)
         return False
-    options = (
+    options = PassOptions(
         spec.model.get("precision", _params.default("precision")),
         bool(spec.model.get("skip_nonfinite", False)),
         spec.fill_missing_chunks,
@@ -563,21 +567,33 @@ def _effective_params(params: dict, previous) -> dict:
     return params
 
 
-def run_job_file(path: str, progress=None, should_stop=None, restart: bool = False) -> dict:
+def job_read_options(spec: JobSpec, read=None):
+    """How a job reads: its ``[input]`` dataset and missing-chunk rule, and its ``[storage]`` table with the
+    storage options of ``read`` (the command line's) over it; ``read``'s deadline."""
+    from .options import ReadOptions
+
+    read = read if read is not None else ReadOptions()
+    return ReadOptions(
+        dataset=spec.dataset,
+        fill_missing_chunks=spec.fill_missing_chunks,
+        storage_options={**spec.storage, **(read.storage_options.to_dict() if read.storage_options else {})},
+        remote_timeout=read.remote_timeout,
+    )
+
+
+def run_job_file(path: str, progress=None, should_stop=None, restart: bool = False, *, read=None) -> dict:
     """Run a job file: fit or update, finalize, apply; each step skipped when already up to date.
 
     A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead.
-    Returns a summary with ``steps`` (what ran). Raises :class:`NothingToDoError` when nothing ran.
+    ``read`` (a :class:`~streamwhiten.options.ReadOptions`) gives storage options laid over the job's
+    ``[storage]`` table, and the deadline of its URLs (:func:`job_read_options`). Returns a summary with
+    ``steps`` (what ran). Raises :class:`NothingToDoError` when nothing ran.
     """
-    from .io import remote
-
     spec = read_job_file(path)
-    # The job's [storage] table, and over it the options given on the command line.
-    with remote.using({**spec.storage, **remote.storage_options()}):
-        return _run_job(spec, progress, should_stop, restart)
+    return _run_job(spec, progress, should_stop, restart, job_read_options(spec, read))
 
 
-def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
+def _run_job(spec: JobSpec, progress, should_stop, restart: bool, read) -> dict:
     from .core.model import check_params, file_checksum, load_model, map_checksum, save_model
     from .engine.apply import apply_model, check_keep_columns, output_is_current, recorded_options
     from .engine.fit import remove_checkpoint
@@ -602,7 +618,7 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
     steps = []
     with job_lock(spec.lock_path):
         log.info("job %s: lock %s taken", spec.name, spec.lock_path)
-        inputs = expand_specs(spec.inputs)
+        inputs = expand_specs(spec.inputs, read)
         outputs, stores_used = {}, {}
         if spec.apply is not None:
             for input_spec in inputs:
@@ -634,7 +650,9 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
         )
         if restart:
             remove_checkpoint(checkpoint)
-        elif os.path.exists(checkpoint) and _finish_pending(spec, inputs, checkpoint, params, progress, should_stop):
+        elif os.path.exists(checkpoint) and _finish_pending(
+            spec, inputs, checkpoint, params, progress, should_stop, read
+        ):
             steps.append("resume")
         exists = os.path.exists(spec.model_path)
         try:
@@ -647,6 +665,7 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
                 progress=progress,
                 should_stop=should_stop,
                 fill_missing_chunks=spec.fill_missing_chunks,
+                read=read,
                 **fit_options,
             )
             save_fitted(model, job, spec.model_path, checkpoint, should_stop)
@@ -686,8 +705,8 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
             if "chunk_rows" in spec.apply:
                 options["block_rows"] = spec.apply["chunk_rows"]
             for input_spec, output in outputs.items():
-                with open_source(input_spec, spec.dataset, fill_missing_chunks=spec.fill_missing_chunks) as source:
-                    source_sha = fingerprint(source)["sha256_sampled"]
+                with open_source(input_spec, read=read) as source:
+                    source_sha = fingerprint(source).sha256_sampled
                     label = source.label
                 recorded = recorded_options(
                     output,
@@ -704,6 +723,7 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
                     options.get("dtype", "float32"),
                     recorded,
                     check_keep_columns(options.get("keep_columns")),
+                    read=read,
                 ):
                     log.info("job %s: %s is up to date", spec.name, output)
                     continue
@@ -718,6 +738,7 @@ def _run_job(spec: JobSpec, progress, should_stop, restart: bool) -> dict:
                     progress=progress,
                     should_stop=should_stop,
                     fill_missing_chunks=spec.fill_missing_chunks,
+                    read=read,
                     **options,
                 )
                 steps.append(f"apply {label} -> {output}")

@@ -258,12 +258,26 @@ def unstoppable_work():
     return _interrupt.work(stoppable=False)
 
 
-def _set_storage_options(ctx, param, value):
-    if value:
-        from ..io import remote
+def _parse_storage_options(ctx, param, value):
+    """``--storage-option KEY=VALUE`` given: the storage options (``remote.options_from``), whose secret
+    values every message hides from now on."""
+    if not value:
+        return {}
+    from ..io import remote
 
-        remote.set_storage_options(remote.options_from(value))
-    return value
+    options = remote.options_from(value)
+    remote.remember_secrets(options)
+    return options
+
+
+def read_options(storage_options=None, remote_timeout=None):
+    """The :class:`~streamwhiten.options.ReadOptions` of ``--storage-option`` and ``--remote-timeout``
+    (the deadline: ``STREAMWHITEN_REMOTE_TIMEOUT``, else the default, where not given)."""
+    from ..options import ReadOptions
+
+    if remote_timeout is None:
+        return ReadOptions(storage_options=storage_options or None)
+    return ReadOptions(storage_options=storage_options or None, remote_timeout=remote_timeout)
 
 
 storage_option = click.option(
@@ -271,28 +285,17 @@ storage_option = click.option(
     "storage_options",
     multiple=True,
     metavar="KEY=VALUE",
-    expose_value=False,
-    callback=_set_storage_options,
+    callback=_parse_storage_options,
     help="An option of the file system of s3://, gs://, https:// ... inputs and outputs (repeatable), passed to "
     "fsspec, e.g. endpoint_url=http://127.0.0.1:9000 or anon=true; values are JSON where they parse. The "
     "standard environment (AWS_ENDPOINT_URL, AWS_PROFILE, ...) applies too. Never printed or recorded.",
 )
 
 
-def _set_remote_timeout(ctx, param, value):
-    if value is not None:
-        from ..io import remote
-
-        remote.set_remote_timeout(value)
-    return value
-
-
 remote_timeout_option = click.option(
     "--remote-timeout",
     type=spec_type("remote_timeout"),
     default=None,
-    expose_value=False,
-    callback=_set_remote_timeout,
     metavar="SECONDS",
     help="How long an s3://, gs://, https:// ... store may keep failing (refused connections, timeouts, 5xx "
     f"answers) before the command gives up, exit 74 [default: {PARAMS['remote_timeout'].default:g}; or "
@@ -380,6 +383,8 @@ def fit(
     restart,
     overwrite,
     fill_missing_chunks,
+    storage_options,
+    remote_timeout,
     engine,
     scheduler,
     workers,
@@ -428,6 +433,7 @@ def fit(
             scheduler=scheduler,
             workers=workers,
             overwrite=overwrite,
+            read=read_options(storage_options, remote_timeout),
         )
         with contextlib.nullcontext(should_stop) if engine == "serial" else stop_on_signals() as saving:
             checksum = save_fitted(model, fitted, model_path, checkpoint, saving)
@@ -547,6 +553,8 @@ def apply(
     keep_columns,
     compressor,
     direct_io,
+    storage_options,
+    remote_timeout,
     engine,
     scheduler,
     workers,
@@ -588,6 +596,7 @@ def apply(
             zarr_format=int(zarr_format),
             progress=progress,
             fill_missing_chunks=fill_missing_chunks,
+            read=read_options(storage_options, remote_timeout),
         )
         if engine == "dask":
             from ..engine.distributed import apply_dask
@@ -653,10 +662,7 @@ def info(model_path, as_json):
         "record it)",
     ]
     for source in model.sources:
-        lines.append(
-            f"source     {source['path']}{':/' + source['dataset'] if source['dataset'] else ''} "
-            f"({source['n_rows']:,} x {source['n_features']} {source['dtype']})"
-        )
+        lines.append(f"source     {source.where} ({source.n_rows:,} x {source.n_features} {source.dtype})")
     _emit(as_json, summary, lines)
 
 
@@ -863,20 +869,20 @@ def _run_demo(run_demo, directory, rows, dim, k, chunk_rows, seed, quiet):
 @remote_timeout_option
 @common_quiet
 @common_json
-def run(job_file, log_file, restart, quiet, as_json):
+def run(job_file, log_file, restart, storage_options, remote_timeout, quiet, as_json):
     """Run a batch job (job.toml): fit or update, finalize, apply; each step skipped when up to date.
 
     Exit codes: 0 done, 3 nothing to do, 2 bad input, 74 I/O error (disk full: the previous checkpoint or
     output is kept), 75 another run holds the lock, 130 interrupted.
     """
-    from ..batch import default_checkpoint, read_job_file, run_job_file
-    from ..io import expand_specs, refuse_input_overlap, remote
+    from ..batch import default_checkpoint, job_read_options, read_job_file, run_job_file
+    from ..io import expand_specs, refuse_input_overlap
 
     logging.getLogger("streamwhiten").setLevel(logging.INFO)
+    read = read_options(storage_options, remote_timeout)
     if log_file:
         spec = read_job_file(job_file)
-        with remote.using({**spec.storage, **remote.storage_options()}):
-            inputs = expand_specs(spec.inputs)
+        inputs = expand_specs(spec.inputs, job_read_options(spec, read))
         refuse_input_overlap({log_file: "log file"}, [job_file, *inputs])
         refuse_input_overlap(
             {log_file: "log file"}, [spec.model_path, default_checkpoint(spec.model_path), spec.lock_path], nested=False
@@ -888,7 +894,7 @@ def run(job_file, log_file, restart, quiet, as_json):
         handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE))
         logging.getLogger("streamwhiten").addHandler(handler)
     with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
-        summary = run_job_file(job_file, progress, should_stop, restart)
+        summary = run_job_file(job_file, progress, should_stop, restart, read=read)
     _emit(as_json, summary, [f"job {summary['job']}: " + "; ".join(summary["steps"])])
 
 

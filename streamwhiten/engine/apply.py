@@ -14,6 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 
@@ -30,24 +31,18 @@ from ..errors import (
 )
 from ..io import (
     Sampler,
-    check_output_compressor,
-    check_replaceable,
-    create_sink,
     describe,
     fingerprint,
-    has_progress,
+    open_output,
     open_source,
-    output_exists,
-    output_kind,
-    output_lock,
-    read_attrs,
     refuse_input_overlap,
     remote,
-    resume_sink,
-    sink_chunk_rows,
     split_spec,
 )
+from ..options import ReadOptions
+from ..records import ResumeRecord
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
+from .fit import merge_read
 
 #: Worker threads of :func:`apply_model` when none are given, for an input read as stored; an input
 #: whose compressed chunks are decoded here gets one per core (at most four), so cores decode at once.
@@ -56,7 +51,7 @@ APPLY_DEFAULT_THREADS = 1
 
 def default_threads(source) -> int:
     """:func:`apply_model`'s worker threads for ``source`` when none are given."""
-    return resolve_threads(None) if source.plan is not None else APPLY_DEFAULT_THREADS
+    return resolve_threads(None) if source.decoder is not None else APPLY_DEFAULT_THREADS
 
 
 def check_output(model: WhiteningModel, source, output_spec: str) -> None:
@@ -77,10 +72,10 @@ def recorded_options(
 ) -> dict:
     """The options an output records because they change what is written (or whether it can be)."""
     options = {"skip_nonfinite": bool(skip_nonfinite), "fill_missing_chunks": bool(fill_missing_chunks)}
-    kind = output_kind(split_spec(output_spec)[0])
-    if kind == "zarr":
+    output = open_output(output_spec)
+    if output.format_versions:
         options["zarr_format"] = int(zarr_format)
-    if kind in ("zarr", "hdf5"):
+    if output.compressible:
         options["compressor"] = str(compressor)
     return options
 
@@ -93,15 +88,18 @@ def output_is_current(
     dtype,
     options: dict | None = None,
     keep_columns=None,
+    *,
+    read: ReadOptions | None = None,
 ) -> bool:
     """Whether ``output_spec`` is a complete output of the same map (``checksum``: ``AffineMap.checksum``),
     input rows (sampled fingerprint), normalisation, dtype, ``options`` (see :func:`recorded_options`)
-    and kept columns: then writing it again changes nothing."""
-    if not output_exists(output_spec):
+    and kept columns: then writing it again changes nothing. A URL is reached with ``read``'s storage options."""
+    output = open_output(output_spec, read)
+    if not output.exists():
         return False
     try:
-        attrs = read_attrs(output_spec)
-        with open_source(output_spec, min_rows=0) as existing:
+        attrs = output.attrs()
+        with open_source(output_spec, read=output.read, min_rows=0) as existing:
             stored_dtype = existing.dtype
     except Exception:  # an unreadable old output is simply rewritten
         return False
@@ -256,8 +254,14 @@ def apply_model(
     fill_missing_chunks: bool = False,
     keep_columns=None,
     compressor: str = "none",
+    *,
+    read: ReadOptions | None = None,
 ) -> dict:
     """Write ``transform(rows)`` for every row of ``input_spec`` to ``output_spec``; returns a summary.
+
+    ``read`` (a :class:`~streamwhiten.options.ReadOptions`) says how the input is read and URLs are
+    reached (storage options, deadline), and gives the dataset, block size and missing-chunk rule where
+    the arguments of the same meaning leave them out.
 
     ``compressor`` (``none``, ``zstd``, ``blosc`` or ``gzip``; HDF5 and Zarr outputs) compresses each
     output chunk in the writer thread, in a form plain zarr or h5py reads (HDF5 zstd and blosc: with the
@@ -285,8 +289,12 @@ def apply_model(
     if threads is not None:
         resolve_threads(threads)  # a bad value is refused before anything is opened
     keep_columns = check_keep_columns(keep_columns)
-    check_output_compressor(output_spec, compressor)
-    source = open_source(input_spec, dataset, min_rows=1, fill_missing_chunks=fill_missing_chunks)
+    read = merge_read(read, dataset, fill_missing_chunks)
+    fill_missing_chunks = read.fill_missing_chunks
+    block_rows = block_rows if block_rows is not None else read.block_rows
+    output = open_output(output_spec, read)
+    output.check_compressor(compressor)
+    source = open_source(input_spec, read=read, min_rows=1)
     locked = contextlib.ExitStack()
     try:
         # A remote input is read by several threads at once (reads wait on the network); a compressed one
@@ -295,22 +303,22 @@ def apply_model(
         check_output(model, source, output_spec)
         kept_schema = source.column_schema(keep_columns) if keep_columns else None
         # One run per output: a second one exits 75 rather than replace this one's partial output.
-        locked.enter_context(output_lock(output_spec))
+        locked.enter_context(output.lock())
         out_path, _ = split_spec(output_spec)
         checksum = map_checksum(model)
         options = recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format, compressor)
-        exists = output_exists(out_path)
+        exists = output.exists()
         if exists and overwrite:
-            check_replaceable(output_spec, overwrite)  # only an output of ours, of this kind, is replaced
+            output.check_replaceable(overwrite)  # only an output of ours, of this kind, is replaced
         exists = exists and not overwrite
         sampler = None
-        if exists or (resume and has_progress(output_spec)):  # compared with what is recorded: hashed now
+        if exists or (resume and output.has_progress()):  # compared with what is recorded: hashed now
             source_print = fingerprint(source)
         else:  # hashed from the rows as they are read (on a compressed store a separate read decodes chunks)
             source_print, sampler = describe(source), Sampler(source)
         if exists:
             if output_is_current(
-                output_spec, checksum, source_print["sha256_sampled"], normalize, dtype, options, keep_columns
+                output_spec, checksum, source_print.sha256_sampled, normalize, dtype, options, keep_columns, read=read
             ):
                 raise NothingToDoError(
                     f"nothing to do: {out_path} is up to date (written by this model, with the same "
@@ -323,35 +331,34 @@ def apply_model(
         # The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
         # chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
         # output's row groups are the blocks.
-        chunk_rows = sink_chunk_rows(
-            output_spec, model.n_components, dtype, source.n_rows, block_rows, source.default_block_rows()
+        chunk_rows = output.chunk_rows(
+            model.n_components, dtype, source.n_rows, block_rows, source.default_block_rows()
         )
         rows_per_block = aligned_block_rows(block_rows, source, chunk_rows)
         # What must match for a partial output to be continued rather than started over.
-        job = {
-            "model_checksum": checksum,
-            "source": source_print,
-            "output": remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
-            "normalize": bool(normalize),
-            "dtype": str(np.dtype(dtype)),
-            "zarr_format": int(zarr_format),
-            "block_rows": rows_per_block,
-            "skip_nonfinite": bool(skip_nonfinite),
-            "threads": threads,  # BLAS rounding can depend on its threads per call: a resume must match
-        }
-        if compressor != "none":
-            job["compressor"] = compressor
-        if keep_columns:
-            job["keep_columns"] = keep_columns
-        sink, start, n_nonfinite = resume_sink(output_spec, job, direct_io) if resume else (None, 0, 0)
-        resumed_at = start
-        if sink is None:
+        job = ResumeRecord(
+            model_checksum=checksum,
+            source=source_print,
+            output=remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
+            normalize=bool(normalize),
+            dtype=str(np.dtype(dtype)),
+            zarr_format=int(zarr_format),
+            block_rows=rows_per_block,
+            skip_nonfinite=bool(skip_nonfinite),
+            threads=threads,  # BLAS rounding can depend on its threads per call: a resume must match
+            compressor=compressor,
+            keep_columns=tuple(keep_columns),
+        )
+        resumed = output.resume(job, direct_io) if resume else None
+        if resumed is not None:
+            sink, start, n_nonfinite = resumed[0], resumed[1].rows_done, resumed[1].n_nonfinite
+        else:
             # The input's hash is set at commit (it may be taken from the rows as they are read); a
-            # placeholder of its size keeps every attribute in place from the start (see create_sink).
+            # placeholder of its size keeps every attribute in place from the start (see Output.create).
             unknown = "0" * 64
             attrs = output_attrs(model, source, normalize, unknown, checksum, options, keep_columns)
-            sink = create_sink(
-                output_spec,
+            start, n_nonfinite = 0, 0
+            sink = output.create(
                 source.n_rows,
                 model.n_components,
                 dtype,
@@ -363,6 +370,7 @@ def apply_model(
                 kept_schema,
                 compressor,
             )
+        resumed_at = start
         last_record = time.perf_counter()
         block_shape = (min(rows_per_block, source.n_rows), source.n_features)
         # float16 is widened to float32 as it is decoded, where the backend can: no copy of its own
@@ -410,8 +418,9 @@ def apply_model(
         pending = deque()
 
         def complete_print() -> None:  # the hash of sampled rows, from those read so far and the others
-            if "sha256_sampled" not in source_print:
-                source_print["sha256_sampled"] = sampler.hexdigest(source)
+            nonlocal job
+            if job.source.sha256_sampled is None:
+                job = replace(job, source=replace(job.source, sha256_sampled=sampler.hexdigest(source)))
 
         def finish_writes(keep: int = 0) -> None:  # until at most ``keep`` writes are unfinished; errors surface here
             while len(pending) > keep:
@@ -423,7 +432,7 @@ def apply_model(
         # ``workers + 1`` blocks ordered_map has in flight.
         reader = (
             ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")
-            if workers > 1 and source.plan is not None
+            if workers > 1 and source.decoder is not None
             else None
         )
 
@@ -443,7 +452,7 @@ def apply_model(
                     if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
                         finish_writes()
                         complete_print()  # a resume compares the whole fingerprint
-                        sink.save_progress(job, end, n_nonfinite)  # fsyncs what was written: costly, not every block
+                        sink.save_progress(job.at(end, n_nonfinite))  # fsyncs what was written: costly, not every block
                         last_record = time.perf_counter()
                     if progress is not None:
                         progress(end, source.n_rows)
@@ -458,7 +467,7 @@ def apply_model(
                     reader.shutdown(wait=True, cancel_futures=True)
                 _join(writer)  # no write may still be running when the sink is closed, committed or removed
             complete_print()
-            sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": source_print["sha256_sampled"]})
+            sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": job.source.sha256_sampled})
         return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)
     finally:
         source.close()
