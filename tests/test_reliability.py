@@ -352,12 +352,12 @@ def test_a_damaged_gzip_zarr_chunk_is_bad_input_not_an_io_error(tmp_path, rows, 
 
 
 def test_a_sink_whose_partial_output_was_replaced_by_another_run_does_not_commit(tmp_path):
-    from streamwhiten.io import create_sink
+    from streamwhiten.io import open_output
 
     target = str(tmp_path / "o.h5")
-    first = create_sink(target, 100, 4, chunk_rows=50)
+    first = open_output(target).create(100, 4, chunk_rows=50)
     first.write(0, np.ones((100, 4), np.float32))
-    second = create_sink(target, 100, 4, overwrite=True, chunk_rows=50)  # a second run of the same output
+    second = open_output(target).create(100, 4, overwrite=True, chunk_rows=50)  # a second run of the same output
     second.write(0, np.ones((50, 4), np.float32))
     with pytest.raises(StoreIOError, match="replaced by another run"):
         first.commit()

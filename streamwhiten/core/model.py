@@ -21,6 +21,7 @@ from .._durable import check_replaceable
 from .._npz import checksum, foreign_npz, read_npz, write_npz_atomic
 from ..errors import BadInputError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
+from ..records import Fingerprint, fingerprint_of
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
 from .stats import Moments, covariance
 from .validate import components_for_variance, model_fields
@@ -123,7 +124,7 @@ class WhiteningModel:
     eigvals: np.ndarray
     eigvecs: np.ndarray
     eps_value: float
-    sources: list = field(default_factory=list)
+    sources: tuple[Fingerprint, ...] = ()
     info: dict = field(default_factory=dict)
 
     @property
@@ -255,7 +256,7 @@ class WhiteningModel:
             "condition_number": float(eigvals[0] / eigvals[-1]) if eigvals[-1] > 0 else math.inf,
             "model_checksum": map_checksum(self),
             "components_for_variance": {str(v): components_for_variance(eigvals, v) for v in (0.5, 0.9, 0.95, 0.99)},
-            "sources": self.sources,
+            "sources": [source.to_dict() for source in self.sources],
             "info": self.info,
         }
 
@@ -365,7 +366,7 @@ def _select(state, params, eigvals, eigvecs, sources, info) -> WhiteningModel:
         eigvals=eigvals,
         eigvecs=eigvecs,
         eps_value=eps_value,
-        sources=list(sources or []),
+        sources=tuple(fingerprint_of(source) for source in sources or ()),
         info=dict(info or {}),
     )
 
@@ -409,7 +410,7 @@ def _arrays(model: WhiteningModel) -> dict:
         "n_features": np.array(model.n_features, dtype=np.int64),
         "eigvals": model.eigvals,
         "eigvecs": model.eigvecs,
-        "sources_json": np.array(json.dumps(model.sources, sort_keys=True)),
+        "sources_json": np.array(json.dumps([source.to_dict() for source in model.sources], sort_keys=True)),
         "info_json": np.array(json.dumps(model.info, sort_keys=True)),
     }
 
@@ -453,7 +454,8 @@ def load_model(path: str) -> WhiteningModel:
     that no fit could have written (edited, with its checksum recomputed) is refused."""
     fields = model_fields(read_npz(path, "model file", FORMAT_NAME, FORMAT_VERSION), path)
     state = Moments(fields.pop("n_rows"), fields.pop("mean"), fields.pop("scatter"))
-    return WhiteningModel(state=state, **fields)
+    sources = tuple(Fingerprint.from_dict(source) for source in fields.pop("sources"))  # JSON only in the file
+    return WhiteningModel(state=state, sources=sources, **fields)
 
 
 __all__ = [
