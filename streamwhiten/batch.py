@@ -77,10 +77,10 @@ def _fit_job(
     """The 0.2 ``fit_job``: plan, run and finalize a fit, without saving; returns ``(model, fitted,
     resumed, checkpoint)`` as it did (``fitted``: the finished plan, or the Dask engine's result; save it
     with ``save_fitted``). Built on :func:`streamwhiten.pipeline.fit`'s steps."""
-    from . import pipeline
-    from .engine.engines import engine_for
     from dataclasses import replace
 
+    from . import pipeline
+    from .engine.engines import engine_for
     from .engine.fit import finalize_fit, merge_read
     from .options import EngineOptions, FitOptions, Setting
 

@@ -43,8 +43,5 @@ def _lines(model, model_path: str, summary: dict) -> list[str]:
         "record it)",
     ]
     for source in model.sources:
-        lines.append(
-            f"source     {source['path']}{':/' + source['dataset'] if source['dataset'] else ''} "
-            f"({source['n_rows']:,} x {source['n_features']} {source['dtype']})"
-        )
+        lines.append(f"source     {source.where} ({source.n_rows:,} x {source.n_features} {source.dtype})")
     return lines
