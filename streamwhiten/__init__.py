@@ -1,20 +1,67 @@
 """streamwhiten: streaming BERT-whitening for embedding collections larger than memory.
 
-``import streamwhiten`` stays light: the estimator (which pulls in numba) is imported on first use.
+The public API (everything a user imports; documentation and examples import nothing else):
+
+>>> import streamwhiten
+>>> sorted(set(streamwhiten.__all__) - {"__version__"})  # doctest: +NORMALIZE_WHITESPACE
+['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'FitOptions', 'FitOutcome', 'Model', 'ReadOptions',
+ 'Setting', 'Whitener', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit', 'load_model',
+ 'release_buffers', 'serving', 'staleness']
+
+- :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size;
+- :func:`load_model` and :class:`Model` (a fitted whitening and its statistics), :func:`staleness` (how far a
+  published map is from a refit);
+- :func:`evaluate` (labelled pairs) and :func:`evaluate_retrieval` (queries, corpus and qrels);
+- :mod:`export` (``export.export(model, "whiten.onnx")``: numpy, torch, sentence-transformers, faiss, ONNX)
+  and :mod:`serving` (the map in numpy alone);
+- :class:`Whitener`, the scikit-learn transformer;
+- the option objects :class:`ReadOptions`, :class:`FitOptions`, :class:`ApplyOptions`,
+  :class:`EngineOptions`, :class:`Setting`, and the outcomes :class:`FitOutcome`, :class:`ApplyOutcome`.
+
+``import streamwhiten`` stays light: each name is imported on first use (the estimator pulls in numba
+and scikit-learn, the pipeline the storage libraries).
 """
+
+from . import _moved
 
 __version__ = "0.2.0"
 
-__all__ = ["Whitener", "release_buffers", "__version__"]
+#: Where each public name is defined: (module, name there).
+_PUBLIC = {
+    "fit": ("streamwhiten.pipeline", "fit"),
+    "apply": ("streamwhiten.pipeline", "apply"),
+    "FitOutcome": ("streamwhiten.pipeline", "FitOutcome"),
+    "ApplyOutcome": ("streamwhiten.engine.apply", "ApplyOutcome"),
+    "load_model": ("streamwhiten.core.model", "load_model"),
+    "Model": ("streamwhiten.core.model", "WhiteningModel"),
+    "staleness": ("streamwhiten.core.staleness", "staleness"),
+    "evaluate": ("streamwhiten.evaluation.evaluate", "evaluate"),
+    "evaluate_retrieval": ("streamwhiten.evaluation.retrieval", "evaluate_retrieval"),
+    "export": ("streamwhiten.export", None),
+    "serving": ("streamwhiten.serving", None),
+    "Whitener": ("streamwhiten.whitener", "Whitener"),
+    "release_buffers": ("streamwhiten._buffers", "release_buffers"),
+    "ReadOptions": ("streamwhiten.options", "ReadOptions"),
+    "FitOptions": ("streamwhiten.options", "FitOptions"),
+    "ApplyOptions": ("streamwhiten.options", "ApplyOptions"),
+    "EngineOptions": ("streamwhiten.options", "EngineOptions"),
+    "Setting": ("streamwhiten.options", "Setting"),
+}
+
+__all__ = [*_PUBLIC, "__version__"]
+
+_moved.install()
 
 
 def __getattr__(name):
-    if name == "Whitener":
-        from .whitener import Whitener
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'streamwhiten' has no attribute {name!r}")
+    import importlib
 
-        return Whitener
-    if name == "release_buffers":
-        from ._buffers import release_buffers
+    module, attribute = _PUBLIC[name]
+    loaded = importlib.import_module(module)
+    return loaded if attribute is None else getattr(loaded, attribute)
 
-        return release_buffers
-    raise AttributeError(f"module 'streamwhiten' has no attribute {name!r}")
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -146,8 +146,9 @@ def export(
 
     Parameters
     ----------
-    affine : AffineMap
-        From ``WhiteningModel.as_affine`` or :func:`streamwhiten.serving.load`.
+    affine : AffineMap or WhiteningModel
+        From ``WhiteningModel.as_affine`` (another setting, normalisation) or :func:`streamwhiten.serving.load`;
+        a model stands for its map at its saved setting, ``model.as_affine()``.
     path : str
         The output file, or directory for ``sentence-transformers``; its name tells the format
         (:func:`format_for`).
@@ -173,6 +174,8 @@ def export(
     dict
         ``format``, ``output``, ``n_features``, ``n_components``, the parameters, and format-specific entries.
     """
+    if not isinstance(affine, AffineMap) and hasattr(affine, "as_affine"):
+        affine = affine.as_affine()
     path = os.fspath(path).rstrip("/") or os.fspath(path)
     fmt = format_for(path, fmt, append_to)
     check_options(fmt, affine.normalize, append_to, index, metric, insert)

@@ -118,7 +118,7 @@ class ReadOptions:
     """
 
     dataset: str | None = None
-    block_rows: int | None = params.default("chunk_rows")
+    block_rows: int | None = params.default("block_rows")
     fill_missing_chunks: bool = params.default("fill_missing_chunks")
     storage_options: StorageOptions | None = params.default("storage_options")
     remote_timeout: float = field(default_factory=lambda: default_remote_timeout())
@@ -126,7 +126,6 @@ class ReadOptions:
     def __post_init__(self):
         if self.dataset is not None and not isinstance(self.dataset, str):
             raise BadInputError(f"dataset must be a name (a string), got {self.dataset!r}")
-        params.check("chunk_rows", self.block_rows, "block_rows")
         _check_fields(self)
         object.__setattr__(self, "remote_timeout", float(self.remote_timeout))
         if self.storage_options is not None and not isinstance(self.storage_options, StorageOptions):

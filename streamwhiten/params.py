@@ -1,24 +1,27 @@
-"""Every parameter's default and allowed values, stated once.
+"""Every parameter, declared once: its kind, default and allowed values, its command-line option and
+the job-file tables that take it.
 
-The estimator (:class:`~streamwhiten.whitener.Whitener`), the library functions (``finalize``,
-``fit_job``, ``apply_model``, the Dask engine), the command line (its option types and defaults) and
-job files (``[input]``, ``[model]``, ``[apply]``) all check a value against :data:`PARAMS`, so a bad
+The estimator (:class:`~streamwhiten.whitener.Whitener`), the option objects of
+:mod:`streamwhiten.options` (``FitOptions``, ``ApplyOptions``, ``ReadOptions``, ...), the command line (its
+options are made from this registry: flag, type, default, help) and job files (``[input]``, ``[model]``,
+``[apply]``: the keys each table takes are listed here) all check a value against :data:`PARAMS`, so a bad
 one is refused in the same words wherever it is given, as one :class:`BadInputError` (exit 2):
 
     beta must be a number in [0, 1], got 1.5                      (Python)
     Invalid value for '--beta': beta must be a number in [0, 1], got 1.5      (command line)
     job.toml: beta in [model] must be a number in [0, 1], got 1.5            (job file)
 
-Rules between parameters (``n_components`` or ``variance``, ``k <= d``) are :func:`check_model`'s.
-This module imports nothing but the standard library: the command line checks its options before
-numpy or numba are loaded.
+A parameter that was renamed keeps its old name as an alias (``chunk_rows`` for ``block_rows``): the old
+name is still taken everywhere, and refused in its own words. Rules between parameters (``n_components``
+or ``variance``, ``k <= d``) are :func:`check_model`'s. This module imports nothing but the standard
+library: the command line checks its options before numpy or numba are loaded.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from numbers import Integral, Real
 
 from .errors import BadInputError
@@ -43,7 +46,13 @@ class Param:
     read as that kind) or ``dict`` (a mapping with names, text, for keys); numbers must be finite and lie in ``[low, high]``, with only the ends named in
     ``closed`` ("both", "left", "right", "neither") included; a ``str`` must be one of ``choices``;
     ``also`` lists other allowed values (-1 for "one per core"); ``none`` allows None (automatic).
-    ``text`` says what the value must be, after "must be".
+    ``text`` says what the value must be, after "must be". A ``tuple`` kind takes a list of names (or
+    one comma-separated string).
+
+    Where it is given: ``flags`` are its command-line spelling (default ``--name-with-dashes``), ``help``
+    the option's help; a bool is a flag (``--normalize``), or with ``switch`` a pair (``--direct-io/
+    --no-direct-io``) for one that is on by default; ``job`` names the job-file tables that take it as a
+    key; ``aliases`` are former names, still taken as flags (``--chunk-rows``) and keys.
     """
 
     name: str
@@ -57,10 +66,25 @@ class Param:
     also: tuple = ()
     none: bool = False
     label: str | None = None  # the name in messages, if not ``name``
+    flags: tuple = ()
+    help: str = ""
+    switch: bool = False
+    job: tuple = ()
+    aliases: tuple = ()
+    alias_of: str | None = None  # set on an alias's own entry: the parameter it is a former name of
+
+    @property
+    def cli_flags(self) -> tuple:
+        """The command-line spelling: ``flags``, else ``--name-with-dashes``."""
+        return self.flags or ("--" + self.name.replace("_", "-"),)
 
     def accepts(self, value) -> bool:
         if value is None:
             return self.none
+        if self.kind is tuple:
+            return isinstance(value, str) or (
+                isinstance(value, (list, tuple)) and all(isinstance(item, str) for item in value)
+            )
         if self.kind is bool:
             return isinstance(value, bool) or _is_numpy_bool(value)
         if self.kind is str:
@@ -99,41 +123,219 @@ _PER_CORE = f"{_COUNT} (or -1 for one per core)"
 
 
 def _params(*items: Param) -> dict:
-    return {item.name: item for item in items}
+    """The registry by name, each alias beside its parameter (an entry of its own, checked and named as
+    the alias, so ``chunk_rows=0`` is refused as "chunk_rows must be ...")."""
+    table = {}
+    for item in items:
+        table[item.name] = item
+        for alias in item.aliases:
+            table[alias] = replace(item, name=alias, label=None, flags=(), aliases=(), alias_of=item.name)
+    return table
 
 
-#: Every parameter, by name.
+_MODEL, _APPLY, _INPUT = ("model",), ("apply",), ("input",)
+
+#: Every parameter, by name (aliases included: see :data:`NAMES` for the parameters alone).
 PARAMS: dict[str, Param] = _params(
     # the whitening (changeable after a fit without another pass over the data)
-    Param("beta", float, 1.0, "a number in [0, 1]", 0.0, 1.0),
-    Param("gamma", float, 1.0, "a number in [0, 1]", 0.0, 1.0),
-    Param("n_components", int, None, _COUNT, 1, none=True, label="n_components (k)"),
-    Param("variance", float, None, "a fraction in (0, 1]", 0.0, 1.0, closed="right", none=True),
-    Param("eps", float, DEFAULT_EPS, "a positive finite number", 0.0, None, closed="right"),
-    Param("normalize", bool, False, "true or false"),
+    Param(
+        "beta",
+        float,
+        1.0,
+        "a number in [0, 1]",
+        0.0,
+        1.0,
+        help="Mean removal in [0, 1] (1: centre, 0: rotate about 0).",
+        job=_MODEL,
+    ),
+    Param(
+        "gamma",
+        float,
+        1.0,
+        "a number in [0, 1]",
+        0.0,
+        1.0,
+        help="Whitening strength in [0, 1] (1: unit variance, 0: rotation).",
+        job=_MODEL,
+    ),
+    Param(
+        "n_components",
+        int,
+        None,
+        _COUNT,
+        1,
+        none=True,
+        label="n_components (k)",
+        flags=("-k", "--n-components"),
+        help="Kept dimensions k.",
+        job=_MODEL,
+    ),
+    Param(
+        "variance",
+        float,
+        None,
+        "a fraction in (0, 1]",
+        0.0,
+        1.0,
+        closed="right",
+        none=True,
+        help="Keep the fewest components explaining this fraction of the variance, e.g. 0.99.",
+        job=_MODEL,
+    ),
+    Param(
+        "eps",
+        float,
+        DEFAULT_EPS,
+        "a positive finite number",
+        0.0,
+        None,
+        closed="right",
+        help="Regulariser relative to the largest eigenvalue.",
+        job=_MODEL,
+    ),
+    Param("normalize", bool, False, "true or false", help="Scale every output row to unit L2 norm.", job=_APPLY),
     # how the data is read and reduced
-    Param("precision", str, "auto", "one of 'auto', 'float32', 'float64'", choices=("auto", "float32", "float64")),
-    Param("skip_nonfinite", bool, False, "true or false"),
-    Param("fill_missing_chunks", bool, False, "true or false"),
-    Param("chunk_rows", int, None, _COUNT, 1, none=True),
+    Param(
+        "precision",
+        str,
+        "auto",
+        "one of 'auto', 'float32', 'float64'",
+        choices=("auto", "float32", "float64"),
+        help="Arithmetic of the scatter product (auto: float64 for float64 stores, else float32).",
+        job=_MODEL,
+    ),
+    Param(
+        "skip_nonfinite",
+        bool,
+        False,
+        "true or false",
+        help="Skip and count rows holding NaN/Inf instead of failing.",
+        job=("model", "apply"),
+    ),
+    Param(
+        "fill_missing_chunks",
+        bool,
+        False,
+        "true or false",
+        help="Read chunks missing from an input store (Zarr) or never written (HDF5) as the array's fill value. "
+        "Without it such a store is refused: a hole is usually a damaged or half-copied store.",
+        job=_INPUT,
+    ),
+    Param(
+        "block_rows",
+        int,
+        None,
+        _COUNT,
+        1,
+        none=True,
+        help="Rows per block the engine reads and reduces (default: whole store chunks, about 64 MiB).",
+        job=("model", "apply"),
+        aliases=("chunk_rows",),
+    ),
     Param("n_jobs", int, None, _PER_CORE, 1, also=(-1,), none=True, label="n_jobs (worker threads)"),
-    Param("threads", int, None, _PER_CORE, 1, also=(-1,), none=True),
+    Param(
+        "threads",
+        int,
+        None,
+        _PER_CORE,
+        1,
+        also=(-1,),
+        none=True,
+        help="Serial engine: worker threads, each doing whole blocks (fit default: one per core, at most 4; "
+        "apply default: 1). Memory is about one block per thread.",
+        job=("model", "apply"),
+    ),
     # a fit's checkpoints
-    Param("checkpoint_every", int, 20, _COUNT, 1),
-    Param("checkpoint_seconds", float, 60.0, "a number of seconds above 0", 0.0, None, closed="right"),
+    Param("checkpoint_every", int, 20, _COUNT, 1, help="Checkpoint every N blocks.", job=_MODEL),
+    Param(
+        "checkpoint_seconds",
+        float,
+        60.0,
+        "a number of seconds above 0",
+        0.0,
+        None,
+        closed="right",
+        help="... or every T seconds.",
+        job=_MODEL,
+    ),
     # apply
-    Param("progress_seconds", float, 10.0, "a number of seconds, 0 or more", 0.0, None),
-    Param("dtype", str, "float32", '"float32" or "float16"', choices=("float32", "float16")),
-    Param("zarr_format", int, 3, "2 or 3", choices=(2, 3)),
-    Param("direct_io", bool, True, "true or false"),
-    Param("compressor", str, "none", '"none", "zstd", "blosc" or "gzip"', choices=("none", "zstd", "blosc", "gzip")),
+    Param(
+        "progress_seconds",
+        float,
+        10.0,
+        "a number of seconds, 0 or more",
+        0.0,
+        None,
+        help="Make the rows written durable and record them for a resume every T seconds (0: every block).",
+        job=_APPLY,
+    ),
+    Param(
+        "dtype",
+        str,
+        "float32",
+        '"float32" or "float16"',
+        choices=("float32", "float16"),
+        help="The output values.",
+        job=_APPLY,
+    ),
+    Param("zarr_format", int, 3, "2 or 3", choices=(2, 3), help="The format of a Zarr output.", job=_APPLY),
+    Param(
+        "direct_io",
+        bool,
+        True,
+        "true or false",
+        switch=True,
+        help="Serial engine: write whole output chunks around the page cache (O_DIRECT, where the file system "
+        "allows it; the default): no CPU spent copying, and the cached input is left alone. --no-direct-io "
+        "leaves the output in the page cache, e.g. for a program that reads it right after.",
+        job=_APPLY,
+    ),
+    Param(
+        "compressor",
+        str,
+        "none",
+        '"none", "zstd", "blosc" or "gzip"',
+        choices=("none", "zstd", "blosc", "gzip"),
+        help="Serial engine, HDF5 or Zarr output: compress each output chunk in the writer thread (zstd level 3, "
+        "blosc lz4 level 5 with byte shuffle, or gzip level 4 with shuffle on HDF5), readable by plain zarr "
+        "and h5py (HDF5 zstd and blosc: with hdf5plugin installed).",
+        job=_APPLY,
+    ),
+    Param(
+        "keep_columns",
+        tuple,
+        (),
+        "a list of column names",
+        help="Copy these comma-separated input columns (Parquet or Lance input) into the Parquet or Lance "
+        "output, row for row beside the vectors, e.g. --keep-columns id,url.",
+        job=_APPLY,
+    ),
     Param("output_chunk_rows", int, None, _COUNT, 1, none=True),
     # object storage: how long a remote store may keep failing before a command gives up (seconds), and
     # the keyword arguments of the file systems of URLs (Whitener(storage_options=...), ReadOptions)
-    Param("remote_timeout", float, 10.0, "a number of seconds above 0", 0.0, None, closed="right"),
+    Param(
+        "remote_timeout",
+        float,
+        10.0,
+        "a number of seconds above 0",
+        0.0,
+        None,
+        closed="right",
+        help="Seconds an object store may keep failing (refusing connections, timing out, or not answering) "
+        "before the command gives up, exit 74 [default: 10, or STREAMWHITEN_REMOTE_TIMEOUT].",
+        job=_INPUT,
+    ),
     Param("storage_options", dict, None, "a mapping of option names (text) to values", none=True),
     # the Dask engine
-    Param("workers", int, None, _COUNT, 1, none=True),
+    Param(
+        "workers",
+        int,
+        None,
+        _COUNT,
+        1,
+        none=True,
+        help="With --engine dask and no --scheduler: processes of the local cluster (default: one per core).",
+    ),
     Param("split_every", int, 8, "a whole number of at least 2", 2),
     # publishing: how stale the published map may get before a new version is published, and how many
     # versions are kept (nothing reads them yet; later [publish] in a job file, see docs/nightly.md)
@@ -153,6 +355,15 @@ PARAMS: dict[str, Param] = _params(
     Param("bootstrap", int, 1000, "a whole number of resamples, 0 or more", 0),
     Param("seed", int, 0, "a whole number, 0 or more", 0),
 )
+
+#: The parameters alone (no aliases), in declaration order.
+NAMES = tuple(name for name, item in PARAMS.items() if item.alias_of is None)
+
+
+def job_keys(table: str) -> tuple:
+    """The parameters a job file's ``[table]`` takes as keys (aliases included), in declaration order."""
+    return tuple(name for name, item in PARAMS.items() if table in item.job)
+
 
 #: The parameters of the whitening itself, as :func:`~streamwhiten.core.model.finalize` takes them.
 MODEL_PARAMS = ("beta", "gamma", "n_components", "variance", "eps")
@@ -183,4 +394,15 @@ def check_model(beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, varianc
         raise BadInputError(f"n_components (k) = {n_components} exceeds the data width d = {n_features}")
 
 
-__all__ = ["Param", "PARAMS", "MODEL_PARAMS", "DEFAULT_EPS", "DEFAULT_MAX_STALENESS", "check", "check_model", "default"]
+__all__ = [
+    "Param",
+    "PARAMS",
+    "NAMES",
+    "MODEL_PARAMS",
+    "DEFAULT_EPS",
+    "DEFAULT_MAX_STALENESS",
+    "check",
+    "check_model",
+    "default",
+    "job_keys",
+]

@@ -102,13 +102,16 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         ``fit`` skips (and counts) rows with NaN/Inf and ``transform`` returns NaN rows for them,
         instead of raising :class:`~streamwhiten.errors.NonFiniteError`. The estimator's
         ``allow_nan`` tag follows it.
-    chunk_rows : int, optional
+    block_rows : int, optional
         Rows per block read from a store (default: whole store chunks, about 64 MiB) or taken from an
         in-memory array (default 65536).
+    chunk_rows : int, optional
+        Deprecated: the former name of ``block_rows`` (a store's *chunk* is how it was written; a
+        *block* is what the fit reads), still taken, with a ``FutureWarning``.
     n_jobs : int, optional
         Worker threads, each reducing whole blocks (default: one per core, at most four; -1: one per
         core). Memory is about one block per thread, kept for the next fit in the process until
-        ``streamwhiten.release_buffers()``; the same ``n_jobs`` and ``chunk_rows`` on the same
+        ``streamwhiten.release_buffers()``; the same ``n_jobs`` and ``block_rows`` on the same
         machine give the same bits (float32 BLAS rounding can depend on its threads per call).
     fill_missing_chunks : bool
         Read chunks missing from a Zarr store (or never written in an HDF5 dataset) as the array's
@@ -156,9 +159,10 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         normalize=_D["normalize"].default,
         precision=_D["precision"].default,
         skip_nonfinite=_D["skip_nonfinite"].default,
-        chunk_rows=_D["chunk_rows"].default,
+        block_rows=_D["block_rows"].default,
         n_jobs=_D["n_jobs"].default,
         fill_missing_chunks=_D["fill_missing_chunks"].default,
+        chunk_rows=_D["chunk_rows"].default,
         storage_options=_D["storage_options"].default,
     ):
         self.beta = beta
@@ -169,9 +173,10 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self.normalize = normalize
         self.precision = precision
         self.skip_nonfinite = skip_nonfinite
-        self.chunk_rows = chunk_rows
+        self.block_rows = block_rows
         self.n_jobs = n_jobs
         self.fill_missing_chunks = fill_missing_chunks
+        self.chunk_rows = chunk_rows
         self.storage_options = storage_options
 
     # -- displays: storage options by name only (their values are often secrets) ---------------------
@@ -245,7 +250,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
             state, n_skipped = fold_array(
                 state,
                 rows,
-                int(self.chunk_rows or IN_MEMORY_CHUNK_ROWS),
+                int(self._block_rows() or IN_MEMORY_CHUNK_ROWS),
                 self.precision,
                 self.skip_nonfinite,
                 self.n_jobs,
@@ -266,36 +271,61 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self._check_params()
         self._reset()
         if _is_store_spec(X):
-            from .engine.fit import fit_sources
-            from .options import ReadOptions
-
-            result = fit_sources(
-                X,
-                dataset=dataset,
-                precision=self.precision,
-                skip_nonfinite=self.skip_nonfinite,
-                block_rows=self.chunk_rows,
-                progress=progress,
-                threads=self.n_jobs,
-                fill_missing_chunks=self.fill_missing_chunks,
-                read=ReadOptions(storage_options=self.storage_options),
-            )
+            self._fit_stores(X, dataset, progress)
         elif _is_dask_array(X):
             from .engine.distributed import fit_dask_array
 
             result = fit_dask_array(X, precision=self.precision, skip_nonfinite=self.skip_nonfinite)
-        else:
-            self.partial_fit(X)
-            result = None
-        if result is not None:
             self.state_, self.n_skipped_, self.sources_ = result.state, result.n_skipped, result.sources
             self.n_features_in_ = result.state.n_features
+        else:
+            self.partial_fit(X)
         try:
             self._finalized()  # validates (at least 2 rows, k <= d) and caches the model
         except BaseException:
             self._reset()  # a fit that failed leaves the estimator unfitted
             raise
         return self
+
+    def _fit_stores(self, specs, dataset, progress) -> None:
+        """Fit on stores by the one pipeline of the command line (``streamwhiten.fit``), saving nothing."""
+        from .options import EngineOptions, FitOptions, ReadOptions, Setting
+        from .pipeline import fit
+
+        setting = Setting(
+            beta=self.beta, gamma=self.gamma, n_components=self.n_components, variance=self.variance, eps=self.eps
+        )
+        read = ReadOptions(
+            dataset=dataset,
+            block_rows=self._block_rows(),
+            fill_missing_chunks=self.fill_missing_chunks,
+            storage_options=self.storage_options,
+        )
+        outcome = fit(
+            specs,
+            setting=setting,
+            options=FitOptions(precision=self.precision, skip_nonfinite=self.skip_nonfinite),
+            read=read,
+            engine=EngineOptions(threads=self.n_jobs),
+            progress=progress,
+        )
+        model = outcome.model
+        self.state_, self.n_skipped_, self.sources_ = model.state, outcome.n_skipped, model.sources
+        self.n_features_in_ = model.n_features
+        self._model = ((self.beta, self.gamma, self.eps, self.n_components, self.variance), model)
+
+    def _block_rows(self) -> int | None:
+        """``block_rows``, or its former name ``chunk_rows`` (with a ``FutureWarning``)."""
+        if self.chunk_rows is None:
+            return self.block_rows
+        import warnings
+
+        warnings.warn(
+            "Whitener(chunk_rows=...) is deprecated: it is block_rows now (rows per block read)",
+            FutureWarning,
+            stacklevel=3,
+        )
+        return self.block_rows if self.block_rows is not None else self.chunk_rows
 
     def fit_transform(self, X, y=None, normalize=None, **fit_params):
         """``fit(X).transform(X)``; for a store spec, use ``fit`` and then transform arrays."""

@@ -10,6 +10,7 @@ from streamwhiten import Whitener
 from streamwhiten.engine.apply import apply_model
 from streamwhiten.errors import BadInputError, NonFiniteError, NothingToDoError, OutputExistsError
 from streamwhiten.io import open_source, partial_path, read_attrs
+from streamwhiten.options import ApplyOptions, ReadOptions
 
 
 @pytest.fixture
@@ -32,8 +33,10 @@ def test_hdf5_to_zarr_and_zarr_to_hdf5_equal_in_memory_transform(tmp_path, rows,
     expected = model.transform(rows, normalize=normalize)
     h5_in = write_h5(tmp_path / "in.h5", rows, chunk_rows=200)
     zarr_in = write_zarr(tmp_path / "in.zarr", rows, chunk_rows=300)
-    apply_model(model, h5_in, str(tmp_path / "out.zarr"), normalize=normalize, block_rows=350)
-    apply_model(model, zarr_in, str(tmp_path / "out.h5:/vectors"), normalize=normalize)
+    apply_model(
+        model, h5_in, str(tmp_path / "out.zarr"), ApplyOptions(normalize=normalize), ReadOptions(block_rows=350)
+    )
+    apply_model(model, zarr_in, str(tmp_path / "out.h5:/vectors"), ApplyOptions(normalize=normalize))
     for out in (str(tmp_path / "out.zarr"), str(tmp_path / "out.h5:/vectors")):
         got = read_all(out)
         assert got.dtype == np.float32 and got.shape == (1500, 6)
@@ -45,12 +48,12 @@ def test_hdf5_to_zarr_and_zarr_to_hdf5_equal_in_memory_transform(tmp_path, rows,
 def test_attributes_float16_and_zarr_v2(tmp_path, rows, model):
     spec = write_h5(tmp_path / "in.h5", rows)
     out = str(tmp_path / "out.zarr")
-    summary = apply_model(model, spec, out, dtype="float16", zarr_format=2)
+    summary = apply_model(model, spec, out, ApplyOptions(dtype="float16", zarr_format=2))
     attrs = read_attrs(out)
     assert attrs["complete"] is True and attrs["n_components"] == 6 and attrs["beta"] == 1.0
     assert attrs["normalized"] is False and len(attrs["model_checksum"]) == 64
     got = read_all(out)
-    assert got.dtype == np.float16 and summary["n_rows"] == 1500
+    assert got.dtype == np.float16 and summary.n_rows == 1500
     np.testing.assert_allclose(got, model.transform(rows), rtol=2e-3, atol=2e-3)
 
 
@@ -62,28 +65,30 @@ def test_refuses_to_overwrite_and_leaves_nothing_on_error(tmp_path, rows, model)
     with pytest.raises(NothingToDoError, match="up to date"):  # the same model, settings and input
         apply_model(model, spec, out)
     with pytest.raises(OutputExistsError, match="--overwrite"):  # another setting
-        apply_model(model, spec, out, normalize=True)
+        apply_model(model, spec, out, ApplyOptions(normalize=True))
     bad = rows.copy()
     bad[1234, 5] = np.nan
     bad_spec = write_h5(tmp_path / "bad.h5", bad, chunk_rows=100)
     with pytest.raises(NonFiniteError, match=r"bad.h5:/emb: row 1234 holds NaN or Inf"):
-        apply_model(model, bad_spec, out, overwrite=True)
+        apply_model(model, bad_spec, out, ApplyOptions(overwrite=True))
     np.testing.assert_array_equal(read_all(out), before)  # the old output survived
     assert not os.path.exists(partial_path(out))
     with pytest.raises(BadInputError, match="would overwrite the input"):
-        apply_model(model, spec, str(tmp_path / "in.h5"), overwrite=True)
+        apply_model(model, spec, str(tmp_path / "in.h5"), ApplyOptions(overwrite=True))
     os.link(tmp_path / "in.h5", tmp_path / "hardlink.h5")
     with pytest.raises(BadInputError, match="would overwrite the input"):
-        apply_model(model, spec, str(tmp_path / "hardlink.h5"), overwrite=True)
+        apply_model(model, spec, str(tmp_path / "hardlink.h5"), ApplyOptions(overwrite=True))
     np.testing.assert_array_equal(read_all(spec), rows)
 
 
 def test_skip_nonfinite_writes_nan_rows(tmp_path, rows, model):
     bad = rows.copy()
     bad[[3, 700]] = np.inf
-    summary = apply_model(model, write_h5(tmp_path / "bad.h5", bad), str(tmp_path / "o.zarr"), skip_nonfinite=True)
+    summary = apply_model(
+        model, write_h5(tmp_path / "bad.h5", bad), str(tmp_path / "o.zarr"), ApplyOptions(skip_nonfinite=True)
+    )
     got = read_all(str(tmp_path / "o.zarr"))
-    assert summary["n_nonfinite_rows"] == 2
+    assert summary.n_nonfinite_rows == 2
     assert np.isnan(got[[3, 700]]).all() and np.isfinite(np.delete(got, [3, 700], axis=0)).all()
 
 
@@ -102,7 +107,13 @@ def test_values_that_overflow_when_centred_in_place_are_not_taken_for_nan(tmp_pa
     data[400, 0] = np.nan
     spec = write_h5(tmp_path / "big.h5", data, chunk_rows=100)
     with pytest.raises(ValuesTooLargeError, match=r"big.h5:/emb: row 321: values too large for float32") as info:
-        apply_model(model, spec, str(tmp_path / "o.h5"), skip_nonfinite=skip_nonfinite, block_rows=200)
+        apply_model(
+            model,
+            spec,
+            str(tmp_path / "o.h5"),
+            ApplyOptions(skip_nonfinite=skip_nonfinite),
+            ReadOptions(block_rows=200),
+        )
     assert info.value.row == 321
     assert sorted(os.listdir(tmp_path)) == ["big.h5"]
 
@@ -114,9 +125,9 @@ def test_float16_output_refuses_values_that_do_not_fit(tmp_path, rows, model):
     rotation = model.with_params(beta=0.0, gamma=0.0)
     spec = write_h5(tmp_path / "in.h5", big)
     with pytest.raises(ValuesTooLargeError, match=r"in.h5:/emb: row \d+: .*float16.*write float32"):
-        apply_model(rotation, spec, str(tmp_path / "o.h5"), dtype="float16")
+        apply_model(rotation, spec, str(tmp_path / "o.h5"), ApplyOptions(dtype="float16"))
     assert sorted(os.listdir(tmp_path)) == ["in.h5"]
-    apply_model(rotation, spec, str(tmp_path / "o.h5"), dtype="float32")
+    apply_model(rotation, spec, str(tmp_path / "o.h5"), ApplyOptions(dtype="float32"))
 
 
 def test_width_mismatch(tmp_path, model):
@@ -131,8 +142,10 @@ def test_worker_threads_write_every_block_in_order(tmp_path, rows, model, thread
     spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=100)
     expected = model.transform(rows, normalize=True)
     for out in (str(tmp_path / "out.zarr"), str(tmp_path / "out.h5")):
-        summary = apply_model(model, spec, out, normalize=True, block_rows=100, threads=threads)
-        assert summary["n_rows"] == 1500
+        summary = apply_model(
+            model, spec, out, ApplyOptions(normalize=True), ReadOptions(block_rows=100), threads=threads
+        )
+        assert summary.n_rows == 1500
         np.testing.assert_allclose(read_all(out), expected, rtol=1e-5, atol=1e-6)
 
 
@@ -142,11 +155,13 @@ def test_worker_threads_name_the_first_bad_row(tmp_path, rows, model):
     bad[1400, 0] = np.nan
     spec = write_h5(tmp_path / "in.h5", bad, chunk_rows=100)
     with pytest.raises(NonFiniteError, match="row 1234"):
-        apply_model(model, spec, str(tmp_path / "out.h5"), block_rows=100, threads=3)
+        apply_model(model, spec, str(tmp_path / "out.h5"), ApplyOptions(), ReadOptions(block_rows=100), threads=3)
     assert not os.path.exists(tmp_path / "out.h5") and not os.path.exists(partial_path(str(tmp_path / "out.h5")))
-    summary = apply_model(model, spec, str(tmp_path / "out.h5"), block_rows=100, threads=3, skip_nonfinite=True)
+    summary = apply_model(
+        model, spec, str(tmp_path / "out.h5"), ApplyOptions(skip_nonfinite=True), ReadOptions(block_rows=100), threads=3
+    )
     got = read_all(str(tmp_path / "out.h5"))
-    assert summary["n_nonfinite_rows"] == 2
+    assert summary.n_nonfinite_rows == 2
     assert np.isnan(got[[1234, 1400]]).all() and np.isfinite(np.delete(got, [1234, 1400], axis=0)).all()
 
 
@@ -180,11 +195,11 @@ def test_apply_records_the_fingerprint_of_a_separate_read_without_reading_sample
     original = Source.read
     monkeypatch.setattr(Source, "read", lambda self, a, b: reads.append((a, b)) or original(self, a, b))
     out = str(tmp_path / "out.h5") + ":/y"
-    apply_model(model, spec, out, block_rows=100, threads=threads)
+    apply_model(model, spec, out, ApplyOptions(), ReadOptions(block_rows=100), threads=threads)
     assert reads == []
     with open_source(out) as written:
         assert written.attrs()["source_sha256"] == expected
         work = np.float64 if dtype == np.float64 else np.float32
         np.testing.assert_array_equal(written.read(0, 700), model.transform(rows.astype(work)).astype(np.float32))
     with pytest.raises(NothingToDoError):
-        apply_model(model, spec, out, block_rows=100, threads=threads)
+        apply_model(model, spec, out, ApplyOptions(), ReadOptions(block_rows=100), threads=threads)

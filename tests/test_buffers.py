@@ -8,6 +8,7 @@ import pytest
 
 from streamwhiten import _buffers
 from streamwhiten._buffers import ALIGNMENT, BufferPool, PerThread
+from streamwhiten.options import ApplyOptions, ReadOptions
 
 
 def count_allocations(monkeypatch) -> list:
@@ -133,7 +134,7 @@ def test_fits_and_applies_reuse_the_buffers_of_the_run_before(tmp_path, monkeypa
         assert fit_sources(spec, block_rows=1000, threads=2).state == first  # same bits from reused memory
         assert block <= _buffers.cached_bytes() <= 2 * block
     assert len(allocations) <= 1  # at most a second worker's buffer, if only one worker ran the first time
-    apply_model(model, spec, str(tmp_path / "y.h5:/y"), block_rows=1000, threads=2)
+    apply_model(model, spec, str(tmp_path / "y.h5:/y"), ApplyOptions(), ReadOptions(block_rows=1000), threads=2)
     with h5py.File(tmp_path / "y.h5") as handle:
         np.testing.assert_allclose(handle["y"][:], expected, rtol=1e-5, atol=1e-6)
     # input blocks (one per worker) and output blocks (1000 x 8 float32, in flight between threads)

@@ -351,3 +351,75 @@ def test_run_help_lists_every_exit_code_of_run(run_cli):
         "130 interrupted",
     ):
         assert fragment in text
+
+
+# ------------------------------------------------------------------ the command line as people expect it
+
+
+def test_bare_command_prints_the_help_and_exits_0():
+    done = run_subprocess()
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.startswith("Usage: streamwhiten [OPTIONS] COMMAND") and "Commands:" in done.stdout
+    assert "streamwhiten demo" in done.stdout and "_STREAMWHITEN_COMPLETE=bash_source" in done.stdout
+
+
+def test_shell_completion_goes_through_clicks_entry_point():
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    def complete(**variables):
+        env = dict(os.environ, PYTHONPATH=str(REPO), **variables)
+        return subprocess.run([sys.executable, "-m", "streamwhiten"], capture_output=True, text=True, env=env)
+
+    script = complete(_STREAMWHITEN_COMPLETE="bash_source")
+    assert script.returncode == 0 and "_streamwhiten_completion()" in script.stdout and script.stderr == ""
+    choices = complete(_STREAMWHITEN_COMPLETE="bash_complete", COMP_WORDS="streamwhiten apply --dtype ", COMP_CWORD="3")
+    assert choices.returncode == 0 and choices.stdout.split() == ["plain,float32", "plain,float16"]
+    commands = complete(_STREAMWHITEN_COMPLETE="bash_complete", COMP_WORDS="streamwhiten fi", COMP_CWORD="1")
+    assert commands.stdout.split() == ["plain,fit"]
+
+
+@pytest.mark.parametrize(
+    "command, fragments",
+    [
+        ("fit", ["[default: 1]", "[default: 1e-06]", "[default: auto]", "[default: 20]", "Example:", "--block-rows"]),
+        (
+            "apply",
+            ["[default: the model's]", "[default: float32]", "[default: 10.0]", "Example:", "--progress-seconds"],
+        ),
+        ("export", ["[default: the model's]", "Example:"]),
+        ("run", ["[input]", "[model]", "[apply]", "[storage]", 'output = "reduced/{stem}.zarr"', "Example"]),
+        ("eval", ["Example:"]),
+        ("tune", ["Example:"]),
+        ("report", ["Example:"]),
+        ("info", ["Example:"]),
+        ("demo", ["Example:", "[default: 100000;"]),
+    ],
+)
+def test_each_commands_help_gives_its_defaults_and_an_example(run_cli, command, fragments):
+    code, out, _ = run_cli(command, "--help")
+    text = " ".join(out.split())
+    assert code == 0
+    for fragment in fragments:
+        assert " ".join(fragment.split()) in text, (command, fragment)
+    if command not in ("demo", "fit"):  # demo's --chunk-rows is the generated store's chunk: the right word
+        assert "--chunk-rows" not in out and "--checkpoint-seconds" not in out
+
+
+def test_quiet_says_what_it_hides(run_cli):
+    _, out, _ = run_cli("fit", "--help")
+    assert "No progress bar" in " ".join(out.split()) and "summary is still printed" in " ".join(out.split())
+
+
+def test_former_flags_still_work_and_are_checked_in_their_own_words(tmp_path, store, run_cli):
+    model = tmp_path / "m.npz"
+    assert run_cli("fit", store, "-o", model, "--chunk-rows", "64", "-q")[0] == 0
+    code, _, err = run_cli("fit", store, "-o", tmp_path / "n.npz", "--chunk-rows", "0")
+    assert code == 2 and "Invalid value for '--chunk-rows': chunk_rows must be a whole number of at least 1" in err
+    code, _, err = run_cli("fit", store, "-o", tmp_path / "n.npz", "--block-rows", "0")
+    assert code == 2 and "Invalid value for '--block-rows': block_rows must be a whole number of at least 1" in err
+    code, _, err = run_cli("apply", model, store, "-o", tmp_path / "o.zarr", "--checkpoint-seconds", "-1")
+    assert code == 2 and "'--checkpoint-seconds': progress_seconds must be a number of seconds, 0 or more" in err
+    assert not (tmp_path / "o.zarr").exists()

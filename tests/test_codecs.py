@@ -25,7 +25,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCode
 from streamwhiten.errors import BadInputError, MissingChunkError
 from streamwhiten.io import open_source
 from streamwhiten.io.codecs import DecodeError, hdf5_decoder, widen_in_place, zarr_decoder
-from streamwhiten.options import ReadOptions
+from streamwhiten.options import ApplyOptions, ReadOptions
 
 ROWS, FEATURES, CHUNK = 1000, 24, 128  # the last chunk holds 104 rows
 DTYPES = ["<f4", ">f4", "<f2", ">f2", "<f8"]
@@ -263,7 +263,7 @@ def applied(tmp_path_factory):
     spec = write_hdf5_store(directory / "in.h5", rows_of("<f4"), "gzip-shuffle")
     Whitener(n_components=8).fit(rows_of("<f4")).save(str(directory / "m.npz"))
     model = load_model(str(directory / "m.npz"))
-    apply_model(model, spec, str(directory / "ref.zarr"), block_rows=256)
+    apply_model(model, spec, str(directory / "ref.zarr"), ApplyOptions(), ReadOptions(block_rows=256))
     return directory, spec, model, zarr.open_array(str(directory / "ref.zarr"), mode="r")[...]
 
 
@@ -283,7 +283,13 @@ def test_apply_compressed_outputs_read_back_with_plain_libraries(tmp_path, appli
     if output == "out.h5" and compressor != "gzip":
         pytest.importorskip("hdf5plugin")
     target = str(tmp_path / output)
-    apply_model(model, spec, target, block_rows=256, compressor=compressor, zarr_format=2 if "v2" in output else 3)
+    apply_model(
+        model,
+        spec,
+        target,
+        ApplyOptions(compressor=compressor, zarr_format=2 if "v2" in output else 3),
+        ReadOptions(block_rows=256),
+    )
     reader = "zarr" if output.endswith(".zarr") else ("h5" if compressor == "gzip" else "h5-plugin")
     code = READ_BACK[reader].replace("PATH", repr(target)).replace("OUT", repr(str(tmp_path / "back.npy")))
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)  # no streamwhiten loaded
@@ -357,7 +363,7 @@ def test_interrupted_compressed_apply_resumes_to_the_same_output(tmp_path, appli
 
     directory, spec, model, reference = applied
     whole = str(tmp_path / ("whole-" + output))
-    apply_model(model, spec, whole, block_rows=256, compressor="gzip")
+    apply_model(model, spec, whole, ApplyOptions(compressor="gzip"), ReadOptions(block_rows=256))
     target = str(tmp_path / output)
     calls = []
 
@@ -370,10 +376,9 @@ def test_interrupted_compressed_apply_resumes_to_the_same_output(tmp_path, appli
             model,
             spec,
             target,
-            block_rows=256,
-            compressor="gzip",
+            ApplyOptions(compressor="gzip", progress_seconds=0),
+            ReadOptions(block_rows=256),
             should_stop=stop_after_two_blocks,
-            progress_seconds=0,
         )
     assert not os.path.exists(target)
     partial = tmp_path / f".{output}.partial"
@@ -382,8 +387,8 @@ def test_interrupted_compressed_apply_resumes_to_the_same_output(tmp_path, appli
     if output.endswith(".h5"):  # a torn record after the claimed ones (a write cut short) is dropped on resume
         with open(str(partial) + ".chunks", "ab") as spool:
             spool.write(b"SWC1\x02\x00\x00\x00" + b"\xff" * 40)
-    summary = apply_model(model, spec, target, block_rows=256, compressor="gzip")
-    assert summary["resumed_at_row"] == 512
+    summary = apply_model(model, spec, target, ApplyOptions(compressor="gzip"), ReadOptions(block_rows=256))
+    assert summary.resumed_at_row == 512
     if output.endswith(".h5"):
         with h5py.File(target, "r") as handle:
             np.testing.assert_array_equal(handle["embeddings"][...], reference)
@@ -394,7 +399,7 @@ def test_interrupted_compressed_apply_resumes_to_the_same_output(tmp_path, appli
 
 
 def test_job_file_compressor(tmp_path, applied):
-    from streamwhiten.batch import read_job_file as load_job
+    from streamwhiten.job import read_job_file as load_job
 
     directory, spec, _, _ = applied
     job = tmp_path / "job.toml"
@@ -402,7 +407,7 @@ def test_job_file_compressor(tmp_path, applied):
         f'[input]\npaths = ["{directory / "in.h5"}"]\ndataset = "/emb"\n[model]\npath = "m.npz"\n'
         f'n_components = 4\n[apply]\noutput = "out/{{stem}}.zarr"\ncompressor = "zstd"\n'
     )
-    assert load_job(str(job)).apply["compressor"] == "zstd"
+    assert load_job(str(job)).apply.compressor == "zstd"
     result = run_subprocess("run", job, "-q")
     assert result.returncode == 0, result.stderr
     array = zarr.open_array(str(tmp_path / "out" / "in.zarr"), mode="r")

@@ -15,6 +15,7 @@ from streamwhiten.engine.apply import apply_model
 from streamwhiten.io import OUTPUT_CHUNK_BYTES, aligned_chunk_rows, open_source, output_chunk_rows, read_attrs
 from streamwhiten.io import direct as _direct_io
 from streamwhiten.io.direct import ChunkFile, direct_writable
+from streamwhiten.options import ApplyOptions, ReadOptions
 
 needs_o_direct = pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="this platform has no O_DIRECT")
 
@@ -151,12 +152,20 @@ def test_outputs_written_directly_equal_buffered_ones_and_the_transform(tmp_path
     model = Whitener(n_components=16).fit(rows).model_
     source = write_h5(tmp_path / "in.h5", rows, chunk_rows=1000)
     direct, buffered = str(tmp_path / f"direct{suffix}"), str(tmp_path / f"buffered{suffix}")
-    apply_model(model, source, direct, normalize=True, dtype=dtype, block_rows=1024)  # 4 whole chunks and an edge
+    apply_model(
+        model, source, direct, ApplyOptions(normalize=True, dtype=dtype), ReadOptions(block_rows=1024)
+    )  # 4 whole chunks and an edge
     direct_writes = [write for write in record_writes if write[0]]
     chunk_bytes = 1024 * 16 * np.dtype(dtype).itemsize
     assert len(direct_writes) == 4 and all(n_bytes == chunk_bytes for _, _, n_bytes in direct_writes)
     record_writes.clear()
-    apply_model(model, source, buffered, normalize=True, dtype=dtype, block_rows=1024, direct_io=False)
+    apply_model(
+        model,
+        source,
+        buffered,
+        ApplyOptions(normalize=True, dtype=dtype, direct_io=False),
+        ReadOptions(block_rows=1024),
+    )
     assert not any(write[0] for write in record_writes)
     with open_source(direct) as got, open_source(buffered) as want:
         assert got.dtype == np.dtype(dtype) and got.n_rows == 5000
@@ -173,7 +182,7 @@ def test_hdf5_output_written_in_place_is_a_valid_file_readable_by_h5py(tmp_path,
     model = Whitener(n_components=16).fit(rows).model_
     source = write_zarr(tmp_path / "in.zarr", rows, chunk_rows=2048)
     output = tmp_path / "out.h5"
-    apply_model(model, source, f"{output}:/group/vectors", block_rows=2048)
+    apply_model(model, source, f"{output}:/group/vectors", ApplyOptions(), ReadOptions(block_rows=2048))
     with h5py.File(output, "r") as handle:
         vectors = handle["group/vectors"]
         assert vectors.shape == (5000, 16) and vectors.chunks == (2048, 16)

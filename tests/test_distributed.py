@@ -10,6 +10,7 @@ arithmetic is compared across any layout.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import os
 import signal
@@ -35,6 +36,7 @@ from streamwhiten.engine.apply import apply_model  # noqa: E402
 from streamwhiten.engine.fit import fit_sources  # noqa: E402
 from streamwhiten.errors import BadInputError, ClusterError, NonFiniteError, OutputExistsError, StoreIOError  # noqa: E402
 from streamwhiten.io import lazy_rows, open_source, partial_path, read_attrs  # noqa: E402
+from streamwhiten.options import ApplyOptions, ReadOptions  # noqa: E402
 from streamwhiten.synthetic import generate_rows, write_store  # noqa: E402
 from streamwhiten.whitener import Whitener  # noqa: E402
 
@@ -291,17 +293,17 @@ def test_apply_dask_matches_serial_applier(client, stores, model, tmp_path):
         model,
         stores.h5,
         out,
-        normalize=True,
-        block_rows=2000,
+        ApplyOptions(normalize=True),
+        ReadOptions(block_rows=2000),
         client=client,
         output_chunk_rows=1000,
         progress=lambda rows, total: done.append((rows, total)),
     )
-    apply_model(model, stores.h5, ref, normalize=True)
+    apply_model(model, stores.h5, ref, ApplyOptions(normalize=True))
     np.testing.assert_allclose(read_all(out), read_all(ref), rtol=1e-5, atol=1e-6)
     assert read_attrs(out) == read_attrs(ref)
     assert read_attrs(out)["complete"] is True
-    assert summary["n_rows"] == 10_000 and summary["n_nonfinite_rows"] == 0
+    assert summary.n_rows == 10_000 and summary.n_nonfinite_rows == 0
     assert done[-1] == (10_000, 10_000) and len(done) == 5
     assert not os.path.exists(partial_path(out))
 
@@ -309,10 +311,16 @@ def test_apply_dask_matches_serial_applier(client, stores, model, tmp_path):
 def test_apply_dask_skip_nonfinite_writes_nan_rows(client, stores, model, tmp_path):
     out = str(tmp_path / "nan.zarr")
     summary = sd.apply_dask(
-        model, stores.nan, out, skip_nonfinite=True, block_rows=1000, client=client, output_chunk_rows=1000
+        model,
+        stores.nan,
+        out,
+        ApplyOptions(skip_nonfinite=True),
+        ReadOptions(block_rows=1000),
+        client=client,
+        output_chunk_rows=1000,
     )
     rows = read_all(out)
-    assert summary["n_nonfinite_rows"] == 2 and read_attrs(out)["n_nonfinite_rows"] == 2
+    assert summary.n_nonfinite_rows == 2 and read_attrs(out)["n_nonfinite_rows"] == 2
     assert np.isnan(rows[[1234, 5678]]).all() and np.isfinite(np.delete(rows, [1234, 5678], axis=0)).all()
 
 
@@ -323,27 +331,42 @@ def test_apply_dask_failure_leaves_old_output_and_no_partial(client, stores, mod
     with pytest.raises(OutputExistsError):
         sd.apply_dask(model, stores.h5, out, client=client)
     with pytest.raises(NonFiniteError, match="nan.h5:/embeddings: row (1234|5678)"):
-        sd.apply_dask(model, stores.nan, out, overwrite=True, block_rows=500, client=client, output_chunk_rows=500)
+        sd.apply_dask(
+            model,
+            stores.nan,
+            out,
+            ApplyOptions(overwrite=True),
+            ReadOptions(block_rows=500),
+            client=client,
+            output_chunk_rows=500,
+        )
     np.testing.assert_array_equal(read_all(out), before)
     assert not os.path.exists(partial_path(out))
     fresh = str(tmp_path / "fresh.zarr")
     with pytest.raises(NonFiniteError):
-        sd.apply_dask(model, stores.nan, fresh, block_rows=500, client=client, output_chunk_rows=500)
+        sd.apply_dask(
+            model, stores.nan, fresh, ApplyOptions(), ReadOptions(block_rows=500), client=client, output_chunk_rows=500
+        )
     assert not os.path.exists(fresh) and not os.path.exists(partial_path(fresh))
 
 
 def test_apply_dask_takes_apply_model_options_alike():
-    """apply_dask is apply_model on a cluster: the options they share have the same names, defaults and
-    order (the CLI passes them once to whichever engine runs), so the two signatures cannot drift apart."""
+    """apply_dask is apply_model on a cluster: the options they share travel as the same two objects
+    (ApplyOptions, ReadOptions: normalize, dtype, overwrite, skip_nonfinite, zarr_format, dataset,
+    block_rows, fill_missing_chunks, ...), in the same places with the same defaults, so the two
+    signatures cannot drift apart."""
     import inspect
 
     serial = inspect.signature(apply_model).parameters
     dask_engine = inspect.signature(sd.apply_dask).parameters
     shared = [name for name in serial if name in dask_engine]
     assert shared == [name for name in dask_engine if name in serial]
-    assert {"dataset", "normalize", "dtype", "block_rows", "overwrite", "skip_nonfinite", "zarr_format"} <= set(shared)
-    assert {"progress", "fill_missing_chunks"} <= set(shared)
+    assert shared[:5] == ["model", "input_spec", "output_spec", "options", "read"]
+    assert "progress" in shared
     assert [(name, dask_engine[name].default) for name in shared] == [(name, serial[name].default) for name in shared]
+    fields = {f.name for f in dataclasses.fields(ApplyOptions)} | {f.name for f in dataclasses.fields(ReadOptions)}
+    assert {"dataset", "normalize", "dtype", "block_rows", "overwrite", "skip_nonfinite", "zarr_format"} <= fields
+    assert "fill_missing_chunks" in fields
 
 
 def test_apply_dask_refuses_hdf5_output(client, stores, model, tmp_path):

@@ -8,6 +8,8 @@ import importlib
 import pytest
 
 MODULES = [
+    "streamwhiten",
+    "streamwhiten.pipeline",
     "streamwhiten.whitener",
     "streamwhiten.core.stats",
     "streamwhiten.core.model",

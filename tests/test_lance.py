@@ -22,10 +22,10 @@ from test_parquet import rel, two_pass, vectors  # noqa: E402
 from test_resume import kill_when, rows_done_of_checkpoint, spawn, statistics  # noqa: E402
 
 from streamwhiten import Whitener  # noqa: E402
-from streamwhiten.batch import default_checkpoint  # noqa: E402
 from streamwhiten.core.model import load_model  # noqa: E402
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO  # noqa: E402
 from streamwhiten.io import fingerprint, input_kind, open_source  # noqa: E402
+from streamwhiten.job import default_checkpoint  # noqa: E402
 from streamwhiten.synthetic import generate_rows  # noqa: E402
 
 

@@ -3,8 +3,8 @@
 Every module under ``streamwhiten/`` is parsed with ``ast`` (nothing is imported), its imports are
 resolved to absolute names, those inside functions included, and checked against the layers:
 
-    foundation (errors, params, options, records, _buffers, _durable, _npz, _paths)  <  core  <  io  <  engine  <  evaluation
-    <  serving, export, synthetic, batch, whitener  <  cli
+    foundation (errors, params, options, records, _buffers, _durable, _npz, _paths, _moved)  <  core  <  io
+    <  engine  <  evaluation, pipeline  <  job  <  serving, export, synthetic, whitener  <  cli
 
 (``io`` takes only the Numba kernels from ``core``: its LZF decoder is one of them, and numba stays in
 one module.)
@@ -26,7 +26,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "streamwhiten"
 
-FOUNDATION = {"errors", "params", "options", "records", "_buffers", "_durable", "_npz", "_paths"}
+FOUNDATION = {"errors", "params", "options", "records", "_buffers", "_durable", "_npz", "_paths", "_moved"}
 
 #: The layers (packages, or single top-level modules) each layer may import besides itself, or single
 #: modules of a layer (``core._kernels``). The root package (``streamwhiten``, for ``__version__``) is
@@ -40,9 +40,24 @@ MAY_IMPORT = {
     "serving": {"foundation", "core"},
     "export": {"foundation", "core"},
     "synthetic": {"foundation", "io"},
-    "batch": {"foundation", "core", "io", "engine"},
-    "whitener": {"foundation", "core", "io", "engine"},
-    "cli": {"foundation", "core", "io", "engine", "evaluation", "serving", "export", "synthetic", "batch"},
+    # the fit and apply pipeline (what the CLI, run and the estimator call), jobs above it; batch is the
+    # deprecated face of both
+    "pipeline": {"foundation", "core", "io", "engine"},
+    "job": {"foundation", "core", "io", "engine", "pipeline"},
+    "batch": {"foundation", "engine", "pipeline", "job"},
+    "whitener": {"foundation", "core", "io", "engine", "pipeline"},
+    "cli": {
+        "foundation",
+        "core",
+        "io",
+        "engine",
+        "evaluation",
+        "serving",
+        "export",
+        "synthetic",
+        "pipeline",
+        "job",
+    },
     "__main__": {"cli"},
     "root": {"whitener", "foundation"},  # lazily, on first use of Whitener / release_buffers
 }

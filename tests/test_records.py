@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from conftest import anisotropic, write_h5
 
+from streamwhiten.options import ApplyOptions, ReadOptions
 from streamwhiten.records import Fingerprint, ResumeRecord
 
 
@@ -203,7 +204,14 @@ def test_an_apply_progress_record_is_the_plain_json_and_one_written_by_hand_is_r
     out = str(tmp_path / "out.zarr")
     calls = iter(range(100))
     with pytest.raises(InterruptedRunError):
-        apply_model(model, spec, out, block_rows=100, progress_seconds=0, should_stop=lambda: next(calls) >= 1)
+        apply_model(
+            model,
+            spec,
+            out,
+            ApplyOptions(progress_seconds=0),
+            ReadOptions(block_rows=100),
+            should_stop=lambda: next(calls) >= 1,
+        )
     progress = tmp_path / ".out.zarr.partial.progress.json"
     written = json.loads(progress.read_text())
     expected = {
@@ -221,7 +229,7 @@ def test_an_apply_progress_record_is_the_plain_json_and_one_written_by_hand_is_r
     }
     assert written == expected
     progress.write_text(json.dumps(dict(expected, rows_done=100)))  # by hand: the earlier form, one block less
-    summary = apply_model(model, spec, out, block_rows=100, progress_seconds=0)
-    assert summary["resumed_at_row"] == 100
+    summary = apply_model(model, spec, out, ApplyOptions(progress_seconds=0), ReadOptions(block_rows=100))
+    assert summary.resumed_at_row == 100
     with open_source(out) as done:
         np.testing.assert_allclose(done.read(0, 400), model.transform(rows).astype(np.float32), rtol=1e-5, atol=1e-5)

@@ -22,6 +22,7 @@ import streamwhiten._durable as durable
 from streamwhiten.core.model import load_model
 from streamwhiten.engine.fit import remove_checkpoint
 from streamwhiten.errors import MissingChunkError, StoreIOError
+from streamwhiten.options import ApplyOptions, ReadOptions
 
 
 def one_line(err: str, *fragments: str) -> str:
@@ -174,7 +175,9 @@ def test_renames_that_make_files_final_fsync_their_directory(tmp_path, rows, mon
     job = run_plan(plan_fit(spec, block_rows=300))
     save_checkpoint(job, str(tmp_path / "c.ckpt"))
     save_model(finalize(job.state), str(tmp_path / "m.npz"))
-    apply_model(finalize(job.state), spec, str(tmp_path / "o.h5"), block_rows=300, progress_seconds=0)
+    apply_model(
+        finalize(job.state), spec, str(tmp_path / "o.h5"), ApplyOptions(progress_seconds=0), ReadOptions(block_rows=300)
+    )
     renamed = [i for i, event in enumerate(events) if event[0] == "rename"]
     assert {events[i][1] for i in renamed} >= {"c.ckpt", "m.npz", ".o.h5.partial.progress.json", "o.h5"}
     for i in renamed:  # every rename is followed by an fsync of the directory it happened in
@@ -609,8 +612,8 @@ def test_each_writer_tells_the_kind_of_its_output_from_its_name(tmp_path, rows, 
 def test_a_stem_cannot_take_an_output_out_of_its_folder():
     """{stem} is a file name without its extension, so it holds no separator; '..' (an input named
     'dir/..') and '.' are refused all the same, naming the input."""
-    from streamwhiten.batch import _output_for
     from streamwhiten.errors import BadInputError
+    from streamwhiten.job.file import output_for as _output_for
 
     assert _output_for("out/{stem}.h5", "data/day-1.h5:/emb", "job") == "out/day-1.h5"
     for spec in ("data/..", "data/."):
@@ -689,11 +692,16 @@ def test_a_signal_near_the_end_never_kills_and_the_exit_code_says_what_is_on_dis
     rng = random.Random(f"finishing-{command}")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     seen, problems = {}, []
-    for trial in range(14):
+    # The clean run's time was measured once; on a loaded machine a later run can be much faster or
+    # slower, so the moments follow what the trials see: a process already gone brings them earlier, one
+    # without its handlers yet later, until enough signals have been sent (or the trials run out).
+    scale, sent, trial = seconds[command], 0, 0
+    while sent < 8 and trial < 40:
+        trial += 1
         work = base / f"{command}-{trial}"
         work.mkdir()
         signum = rng.choice([signal.SIGTERM, signal.SIGINT])
-        when = seconds[command] * rng.uniform(0.6, 1.15)
+        when = scale * rng.uniform(0.6, 1.15)
         process = subprocess.Popen(
             [sys.executable, "-m", "streamwhiten", *map(str, commands[command](work))],
             stdout=subprocess.PIPE,
@@ -710,6 +718,11 @@ def test_a_signal_near_the_end_never_kills_and_the_exit_code_says_what_is_on_dis
             state = "default again"  # the handler was there, and was taken away: a signal now kills
         if state in ("caught", "ignored", "default again"):
             process.send_signal(signum)
+            sent += 1
+        elif state == "gone":
+            scale *= 0.8
+        elif not installed:
+            scale *= 1.25
         _, err = process.communicate(timeout=120)
         code, lines = process.returncode, err.splitlines()
         seen[(state, code)] = seen.get((state, code), 0) + 1
@@ -737,7 +750,6 @@ def test_a_signal_near_the_end_never_kills_and_the_exit_code_says_what_is_on_dis
         if "Traceback" in err:
             problems.append(f"{what}: a traceback")
     assert not problems, "\n".join(problems) + f"\n(disposition, exit code) counts: {seen}"
-    sent = sum(n for (state, _), n in seen.items() if state in ("caught", "ignored", "default again"))
     assert sent >= 4, f"too few signals sent (the timings of the clean runs: {seconds}): {seen}"
 
 

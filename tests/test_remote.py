@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from conftest import REPO, S3_SECRET, anisotropic, s3fs_client, start_moto, writ
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_IO, EXIT_NOTHING_TO_DO
 from streamwhiten.io import open_source, read_attrs, remote, split_spec
 from streamwhiten.io.output import output_exists
-from streamwhiten.options import ReadOptions
+from streamwhiten.options import ApplyOptions, ReadOptions
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -375,8 +376,8 @@ def _kill_when(process, reached, timeout=60.0) -> bool:
 
 @pytest.mark.slow
 def test_kill_9_of_a_remote_fit_and_a_remote_apply_resume_bit_identically(tmp_path, s3_bucket, s3_server, run_cli):
-    from streamwhiten.batch import default_checkpoint
     from streamwhiten.engine.fit import load_checkpoint
+    from streamwhiten.job import default_checkpoint
 
     data = anisotropic(6000, 16, seed=11).astype(np.float32)
     url = upload(s3_server, write_zarr(tmp_path / "c.zarr", data, chunk_rows=100), f"{s3_bucket}/c.zarr")
@@ -507,7 +508,7 @@ def test_dask_fit_and_apply_from_s3_equal_the_serial_engine(tmp_path, s3_bucket,
         given = [f"--storage-option={key}={value}" for key, value in options.items()]
         assert run_cli("fit", url, "-o", tmp_path / "m.npz", "-q", *given)[0] == 0
         model = load_model(tmp_path / "m.npz")
-        apply_dask(model, url, f"{s3_bucket}/w.zarr", client=client, block_rows=500, read=read)
+        apply_dask(model, url, f"{s3_bucket}/w.zarr", ApplyOptions(), replace(read, block_rows=500), client=client)
         written = open_source(f"{s3_bucket}/w.zarr", read=read).read(0, 4000)
     np.testing.assert_allclose(distributed.state.scatter, serial.state.scatter, rtol=1e-12)
     np.testing.assert_allclose(distributed.state.mean, serial.state.mean, rtol=1e-12)

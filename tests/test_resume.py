@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from conftest import REPO, run_subprocess, write_h5
 
-from streamwhiten.batch import default_checkpoint
 from streamwhiten.core.model import load_model
 from streamwhiten.engine.apply import apply_model
 from streamwhiten.engine.fit import load_checkpoint, plan_fit, run_plan, save_checkpoint
@@ -29,6 +28,8 @@ from streamwhiten.errors import (
     StoreIOError,
 )
 from streamwhiten.io import open_source, partial_path
+from streamwhiten.job import default_checkpoint
+from streamwhiten.options import ApplyOptions, ReadOptions
 from streamwhiten.synthetic import write_store
 
 N_ROWS, N_FEATURES, BLOCK = 60_000, 48, 300
@@ -433,12 +434,14 @@ def test_restart_interrupted_before_its_first_block_is_not_resumed_with_the_old_
     model = load_model(str(model_path))
     output = str(tmp_path / "out.h5")
     with pytest.raises(InterruptedRunError):
-        apply_model(model, spec, output, block_rows=500, should_stop=lambda: True, progress_seconds=0)
+        apply_model(
+            model, spec, output, ApplyOptions(progress_seconds=0), ReadOptions(block_rows=500), should_stop=lambda: True
+        )
     assert rows_done_of_partial(output) == 500
     # `apply --restart` killed inside its first block: a fresh partial exists, nothing written yet
     open_output(output).create(4000, model.n_components, chunk_rows=500).suspend()
-    summary = apply_model(model, spec, output, block_rows=500)
-    assert summary["resumed_at_row"] == 0
+    summary = apply_model(model, spec, output, ApplyOptions(), ReadOptions(block_rows=500))
+    assert summary.resumed_at_row == 0
     with open_source(output) as out:  # every row written by this run, none left as fill value
         np.testing.assert_allclose(out.read(0, 4000), model.transform(rows), rtol=1e-5, atol=1e-6)
 
@@ -465,7 +468,7 @@ def test_the_same_rows_are_never_counted_twice(tmp_path, run_cli):
 
 
 def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_path):
-    from streamwhiten.batch import run_job_file
+    from streamwhiten.job import run_job_file
 
     rng = np.random.default_rng(6)
     shards = tmp_path / "shards"
@@ -501,8 +504,8 @@ def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_pat
 
 
 def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_outputs(tmp_path, store):
-    from streamwhiten.batch import run_job_file
     from streamwhiten.errors import BadInputError
+    from streamwhiten.job import run_job_file
 
     job = write_job(tmp_path, store)
     run_job_file(str(job))
@@ -568,8 +571,8 @@ def test_an_empty_shard_among_several_is_recorded_and_read_once_it_grows(tmp_pat
 
 
 def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_directories(tmp_path):
-    from streamwhiten.batch import run_job_file
     from streamwhiten.errors import BadInputError
+    from streamwhiten.job import run_job_file
 
     rng = np.random.default_rng(9)
     for name in ("a", "b"):
@@ -588,8 +591,8 @@ def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_d
 
 
 def test_a_pending_checkpoint_for_inputs_the_job_dropped_is_discarded(tmp_path):
-    from streamwhiten.batch import run_job_file
     from streamwhiten.errors import InterruptedRunError
+    from streamwhiten.job import run_job_file
 
     rng = np.random.default_rng(10)
     a = write_h5(tmp_path / "a.h5", rng.standard_normal((3000, 4)), chunk_rows=100)
@@ -642,7 +645,7 @@ def test_an_empty_recorded_shard_does_not_make_new_shards_look_moved(tmp_path, r
 def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatch):
     import streamwhiten.engine.apply
     import streamwhiten.engine.fit
-    from streamwhiten.batch import run_job_file
+    from streamwhiten.job import run_job_file
 
     asked = []
     for module in (streamwhiten.engine.fit, streamwhiten.engine.apply):
@@ -664,7 +667,7 @@ def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatc
 def test_job_file_direct_io_reaches_the_output_writer(tmp_path, store, monkeypatch):
     import streamwhiten.io.hdf5
     import streamwhiten.io.zarr
-    from streamwhiten.batch import run_job_file
+    from streamwhiten.job import run_job_file
 
     asked = []
     for backend in (streamwhiten.io.hdf5, streamwhiten.io.zarr):  # every writer of output chunks
@@ -705,12 +708,20 @@ def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_
     model = finalize(whole, n_components=32)
     output = str(tmp_path / "out.h5")
     reference = str(tmp_path / "reference.h5")
-    apply_model(model, spec, reference, block_rows=5000, threads=2)
+    apply_model(model, spec, reference, ApplyOptions(), ReadOptions(block_rows=5000), threads=2)
     calls["n"] = 0
     with pytest.raises(InterruptedRunError):
-        apply_model(model, spec, output, block_rows=5000, threads=2, should_stop=stop_after_three, progress_seconds=0)
-    summary = apply_model(model, spec, output, block_rows=5000, threads=2)
-    assert summary["resumed_at_row"] == 15000
+        apply_model(
+            model,
+            spec,
+            output,
+            ApplyOptions(progress_seconds=0),
+            ReadOptions(block_rows=5000),
+            threads=2,
+            should_stop=stop_after_three,
+        )
+    summary = apply_model(model, spec, output, ApplyOptions(), ReadOptions(block_rows=5000), threads=2)
+    assert summary.resumed_at_row == 15000
     with open_source(output) as got, open_source(reference) as expected:
         np.testing.assert_array_equal(got.read(0, 20000), expected.read(0, 20000))
 

@@ -28,8 +28,17 @@ from ..core import stats
 from ..core.model import float_dtype
 from ..errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
 from ..io import fingerprint, lazy_rows, open_output, open_source, split_spec
-from ..options import ReadOptions
-from .apply import aligned_block_rows, check_output, output_attrs, recorded_options, summary, transform_block
+from ..options import ApplyOptions, ReadOptions
+from .apply import (
+    ApplyOutcome,
+    _options_from_legacy,
+    aligned_block_rows,
+    check_output,
+    output_attrs,
+    recorded_options,
+    summary,
+    transform_block,
+)
 from .fit import FitResult, check_enough_rows, merge_read, open_sources, plan_blocks, reduce_block
 
 #: States merged by one task of the reduction tree (dask's ``split_every``).
@@ -290,6 +299,23 @@ def fit_dask(
     )
 
 
+def fit_plan_dask(plan, scheduler: str | None = None, n_workers: int | None = None, client=None, split_every=None):
+    """Run a :class:`~streamwhiten.engine.fit.FitPlan` (a fresh one: the Dask engine does not resume) on a
+    Dask cluster: :func:`fit_dask` of the plan's sources with its block size and options."""
+    return fit_dask(
+        [cursor.spec for cursor in plan.cursors],
+        None,
+        plan.precision,
+        plan.skip_nonfinite,
+        plan.block_rows,
+        scheduler=scheduler,
+        n_workers=n_workers,
+        client=client,
+        split_every=SPLIT_EVERY if split_every is None else split_every,
+        read=plan.read,
+    )
+
+
 # --------------------------------------------------------------------------------------------- apply
 
 
@@ -335,22 +361,16 @@ def apply_dask(
     model,
     input_spec,
     output_spec: str,
-    dataset: str | None = None,
-    normalize: bool = False,
-    dtype="float32",
-    block_rows: int | None = None,
-    overwrite: bool = False,
-    skip_nonfinite: bool = False,
-    zarr_format: int = 3,
+    options: ApplyOptions | None = None,
+    read: ReadOptions | None = None,
+    *,
     scheduler: str | None = None,
     n_workers: int | None = None,
     client=None,
     progress=None,
     output_chunk_rows: int | None = None,
-    fill_missing_chunks: bool = False,
-    *,
-    read: ReadOptions | None = None,
-) -> dict:
+    **legacy,
+) -> ApplyOutcome:
     """:func:`~streamwhiten.engine.apply.apply_model` on a Dask cluster, writing a Zarr store.
 
     Workers read their blocks, transform them and write whole output chunks into the store under its
@@ -362,9 +382,14 @@ def apply_dask(
     """
     dask = _require("dask")
     distributed = _require("distributed")
-    read = merge_read(read, dataset, fill_missing_chunks)
-    fill_missing_chunks = read.fill_missing_chunks
-    block_rows = block_rows if block_rows is not None else read.block_rows
+    options, read = _options_from_legacy(options, read, legacy)
+    normalize, dtype, skip_nonfinite, overwrite = (
+        options.normalize,
+        options.dtype,
+        options.skip_nonfinite,
+        options.overwrite,
+    )
+    zarr_format, block_rows, fill_missing_chunks = options.zarr_format, read.block_rows, read.fill_missing_chunks
     out_path, _ = split_spec(output_spec)
     output = open_output(output_spec, read)
     if not output.parallel_writes:

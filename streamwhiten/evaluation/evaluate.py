@@ -241,8 +241,42 @@ def evaluate_pairs(
     return result
 
 
+def evaluate(
+    pairs_a,
+    pairs_b,
+    scores,
+    model=None,
+    *,
+    setting=None,
+    block_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
+    """Score a whitening on labelled pairs: Spearman and Pearson (x100) of the cosines of the raw pairs and,
+    given ``model`` (a :class:`WhiteningModel` or its file), of the whitened ones.
+
+    ``pairs_a`` and ``pairs_b`` are row-aligned stores (specs as ``fit`` takes them), ``scores`` their gold
+    scores (a 1-D store, ``.npy``, or a CSV/TSV column: ``sts-dev.csv:4``); ``setting`` (an
+    ``options.Setting``) evaluates another setting than the model's saved one, re-finalized from its
+    statistics. Returns ``{"pairs", "raw", "whitened"}`` as :func:`evaluate_pairs`.
+    """
+    import os
+
+    from ..core.model import load_model
+
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(os.fspath(model))
+    changes = setting.given() if setting is not None else {}
+    if changes:
+        if model is None:
+            raise BadInputError("a setting needs a model to evaluate it with")
+        model = model.with_params(**changes)
+    with open_pairs(pairs_a, pairs_b, scores) as pairs:
+        return evaluate_pairs(pairs, model, block_rows, progress)
+
+
 __all__ = [
     "PairSet",
+    "evaluate",
     "open_pairs",
     "rankdata",
     "pearson",

@@ -1,0 +1,222 @@
+"""What every command shares: printing the summary (text or ``--json``), the progress bar, how a
+command's work meets signals, and the formats of numbers and settings."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from contextlib import contextmanager
+
+import click
+
+from ..errors import BadInputError, StoreIOError
+from . import _interrupt
+
+
+def emit(as_json: bool, summary: dict, lines: list[str]) -> None:
+    """Print the command's summary: ``lines`` of text, or ``summary`` as JSON with ``--json``."""
+    _interrupt.hold()  # the command's work is done: a signal now cannot undo it
+    text = json.dumps(strict_json(summary), indent=2, sort_keys=True, allow_nan=False) if as_json else "\n".join(lines)
+    try:
+        click.echo(text)
+        sys.stdout.flush()
+    except OSError as exc:
+        raise StoreIOError(
+            f"standard output: cannot write the summary: {exc.strerror or exc} (the command itself completed)"
+        ) from exc
+
+
+def strict_json(value):
+    """Plain JSON values: arrays become lists, and NaN/Infinity (not valid JSON) become null."""
+    if isinstance(value, dict):
+        return {str(k): strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    if hasattr(value, "tolist"):
+        return strict_json(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+@contextmanager
+def progress_bar(description: str, quiet: bool):
+    """A ``progress(done, total)`` callback drawing a tqdm bar (rows/s, ETA) on stderr.
+
+    Silent with ``--quiet`` or when stdout is not a terminal (cron, pipes, CI).
+    """
+    enabled = not quiet and sys.stdout.isatty() and sys.stderr.isatty()
+    if not enabled:
+        yield None
+        return
+    from tqdm import tqdm
+
+    bar = tqdm(desc=description, unit="rows", unit_scale=True, dynamic_ncols=True, leave=False, file=sys.stderr)
+
+    def update(done: int, total: int) -> None:
+        if bar.total != total:
+            bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        yield update
+    finally:
+        bar.close()
+
+
+def work(stoppable: bool = True):
+    """The work of a command. ``stoppable``: the first SIGINT/SIGTERM asks the library to stop at its
+    next safe point (between blocks, before a save), where it saves its progress and raises an
+    interruption; a second one stops at once; yields ``should_stop``. Otherwise (the Dask engine's
+    tasks) a signal interrupts the work at once. Once the block has ended, the work is complete: a signal
+    is then only recorded (see ``_interrupt.work``)."""
+    return _interrupt.work(stoppable=stoppable)
+
+
+def stop_on_signals():
+    """:func:`work` that stops at its next safe point; also what lets a save finish before a signal acts."""
+    return work(stoppable=True)
+
+
+def fmt_rate(rows: int, seconds: float) -> str:
+    return f"{rows / seconds:,.0f} rows/s" if seconds > 0 else "-"
+
+
+def fmt_scores(scores: dict) -> str:
+    return f"Spearman x100 {scores['spearman']:6.2f}   Pearson x100 {scores['pearson']:6.2f}"
+
+
+def fmt_setting(row: dict) -> str:
+    text = f"beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']}"
+    if row.get("variance") is not None:
+        text += f" ({row['variance']:.0%} variance)"
+    return text
+
+
+# ---------------------------------------------------------------------------- labelled pairs and grids
+
+
+def pair_options(required: bool, prefix: str = "pairs", scores: str = "scores", what: str = "labelled pairs"):
+    """``--<prefix>-a/--<prefix>-b/--<scores>``: two aligned vector stores and their gold scores."""
+    names = (f"{prefix}_a", f"{prefix}_b", scores.replace("-", "_"))
+
+    def decorate(func):
+        for flag, name, text in reversed(
+            [
+                (
+                    f"--{prefix}-a",
+                    names[0],
+                    f"Vectors A of the {what} (file.h5:/dataset, dir.zarr, file.npy, "
+                    "file.parquet:column, dir.lance:column).",
+                ),
+                (f"--{prefix}-b", names[1], f"Vectors B of the {what}, row-aligned with A."),
+                (
+                    f"--{scores}",
+                    names[2],
+                    f"Gold score of each of the {what} (a 1-D dataset, .npy, or a column of a CSV/TSV file: "
+                    "file.csv:NAME by header, file.tsv:INDEX from 0).",
+                ),
+            ]
+        ):
+            func = click.option(flag, name, required=required, default=None, metavar="SPEC", help=text)(func)
+        return func
+
+    return decorate
+
+
+def open_pairs_given(a, b, scores, flags: str):
+    """Open a pair set when all three specs are given; ``None`` when none is; an error when only some are."""
+    from ..evaluation.evaluate import open_pairs
+
+    given = [spec is not None for spec in (a, b, scores)]
+    if not any(given):
+        return None
+    if not all(given):
+        raise BadInputError(f"give all three of {flags}, or none")
+    return open_pairs(a, b, scores)
+
+
+def number_list(text, name: str, cast=float, n_features: int | None = None):
+    """``None`` for an option not given; else the comma-separated numbers (``d`` = the data width for k)."""
+    if text is None:
+        return None
+    values = []
+    for item in text.replace(" ", ",").split(","):
+        if not item:
+            continue
+        if cast is int and item == "d" and n_features is not None:
+            values.append(n_features)
+            continue
+        try:
+            values.append(cast(item))
+        except ValueError:
+            raise BadInputError(f"--{name}: {item!r} is not {'an integer' if cast is int else 'a number'}") from None
+    return values
+
+
+def grid_options(purpose: str):
+    """``--betas/--gammas/--ks/--variances/--metric``: the (beta, gamma, k) grid shared by tune and report."""
+
+    def decorate(func):
+        for option in reversed(
+            [
+                click.option(
+                    "--betas",
+                    default=None,
+                    metavar="LIST",
+                    help=f"Betas {purpose}, comma-separated [default: 0,0.25,0.5,0.75,1].",
+                ),
+                click.option(
+                    "--gammas", default=None, metavar="LIST", help=f"Gammas {purpose} [default: 0,0.25,0.5,0.75,1]."
+                ),
+                click.option(
+                    "--ks",
+                    default=None,
+                    metavar="LIST",
+                    help=f"Component counts k {purpose}; 'd' is the full width "
+                    "[default: d and the powers of two from 8 below it].",
+                ),
+                click.option(
+                    "--variances",
+                    default=None,
+                    metavar="LIST",
+                    help=f"Explained-variance fractions {purpose}, each as a k [default: 0.9,0.95,0.99; '' for none].",
+                ),
+                click.option(
+                    "--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True
+                ),
+            ]
+        ):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def grid_of(values: dict, n_features: int) -> dict:
+    """The grid options parsed (removed from ``values``) as the keyword arguments of the tuning grid."""
+    return dict(
+        betas=number_list(values.pop("betas"), "betas"),
+        gammas=number_list(values.pop("gammas"), "gammas"),
+        ks=number_list(values.pop("ks"), "ks", int, n_features),
+        variances=number_list(values.pop("variances"), "variances"),
+        metric=values.pop("metric"),
+    )
+
+
+__all__ = [
+    "emit",
+    "fmt_rate",
+    "fmt_scores",
+    "fmt_setting",
+    "grid_of",
+    "grid_options",
+    "number_list",
+    "open_pairs_given",
+    "pair_options",
+    "progress_bar",
+    "stop_on_signals",
+    "strict_json",
+    "work",
+]

@@ -1,0 +1,257 @@
+"""Command-line options made from the registry (:data:`streamwhiten.params.PARAMS`), and the option
+objects (:mod:`streamwhiten.options`) made from what was parsed.
+
+Each parameter's flag, type, check, default and help are declared once, in ``params``; a command lists
+the parameters it takes (:func:`param_options`) and turns what it parsed into the frozen objects the
+library takes (:func:`take`). A value is refused in the parameter's own words:
+``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2). A renamed parameter's
+former flag (``--chunk-rows`` for ``--block-rows``) is still taken, hidden from ``--help``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import click
+
+from ..errors import BadInputError
+from ..params import PARAMS
+
+#: A parameter left out on the command line (so an object's own default, or a model's setting, applies).
+UNSET = None
+
+
+class SpecType(click.ParamType):
+    """An option whose value is checked against :data:`streamwhiten.params.PARAMS`, as in Python and in
+    job files: ``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2)."""
+
+    def __init__(self, name: str):
+        self.param = PARAMS[name]
+        self.name = self.param.kind.__name__
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str) and self.param.kind in (int, float):
+            try:
+                value = self.param.kind(value)
+            except ValueError:
+                pass  # refused below, in the parameter's own words
+        try:
+            return self.param.check(value)
+        except BadInputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class SpecChoice(click.Choice):
+    """A parameter with choices (listed in ``--help``), refused in the words of :data:`PARAMS`."""
+
+    def __init__(self, name: str):
+        self.param = PARAMS[name]
+        super().__init__([str(choice) for choice in self.param.choices])
+
+    def convert(self, value, param, ctx):
+        if self.param.kind is int and isinstance(value, str) and value.lstrip("-").isdigit():
+            value = int(value)
+        try:
+            return self.param.check(value)
+        except BadInputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+class NamesType(click.ParamType):
+    """A comma-separated list of names (``--keep-columns id,url``)."""
+
+    name = "names"
+
+    def convert(self, value, param, ctx):
+        from ..options import column_names
+
+        try:
+            return column_names(value)
+        except BadInputError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def spec_type(name: str) -> click.ParamType:
+    """The click type of parameter ``name``, checked against :data:`PARAMS`."""
+    param = PARAMS[name]
+    if param.kind is tuple:
+        return NamesType()
+    return SpecChoice(name) if param.choices else SpecType(name)
+
+
+def param_option(name: str, *, default=..., help: str | None = None, show_default: bool | None = None):
+    """The click option of parameter ``name``: its flags, type, help and (unless ``default`` is given,
+    e.g. None for "the model's") its declared default, shown in ``--help``."""
+    param = PARAMS[name]
+    text = help if help is not None else param.help
+    if param.kind is bool:
+        value = param.default if default is ... else default
+        if param.switch:
+            flag = param.cli_flags[0]
+            return click.option(f"{flag}/--no-{flag[2:]}", name, default=value, show_default=True, help=text)
+        return click.option(*param.cli_flags, name, is_flag=True, default=bool(value), help=text)
+    value = param.default if default is ... else default
+    shown = show_default if show_default is not None else value is not None
+    return click.option(*param.cli_flags, name, type=spec_type(name), default=value, show_default=shown, help=text)
+
+
+def alias_option(alias: str):
+    """A renamed parameter's former flag (``--chunk-rows``), taken as before but hidden from ``--help``;
+    :func:`take` folds its value into the parameter's."""
+    return click.option(
+        "--" + alias.replace("_", "-"), alias, type=spec_type(alias), default=None, hidden=True, expose_value=True
+    )
+
+
+def param_options(*names: str, defaults: dict | None = None, helps: dict | None = None):
+    """Decorate a command with the options of parameters ``names`` (and the hidden former flags of those
+    renamed); ``defaults`` and ``helps`` override a parameter's declared default or help text here."""
+    defaults, helps = defaults or {}, helps or {}
+
+    def decorate(func):
+        for name in reversed(names):
+            for alias in PARAMS[name].aliases:
+                func = alias_option(alias)(func)
+            func = param_option(name, default=defaults.get(name, ...), help=helps.get(name))(func)
+        return func
+
+    return decorate
+
+
+def take(cls, values: dict, **extra):
+    """An instance of the option class ``cls`` from the parsed ``values`` it has fields for (removed from
+    ``values``; a renamed parameter's former flag counts as its own), ``extra`` over them. Values left
+    unset (None) where the field's default is not None keep the default."""
+    kwargs = {}
+    for item in fields(cls):
+        for alias in PARAMS[item.name].aliases if item.name in PARAMS else ():
+            former = values.pop(alias, None)
+            if former is not None and values.get(item.name) is None:
+                values[item.name] = former
+        if item.name in values:
+            value = values.pop(item.name)
+            if value is not None or (item.default is None):
+                kwargs[item.name] = value
+    kwargs.update(extra)
+    return cls(**kwargs)
+
+
+def pop_param(values: dict, name: str):
+    """The parsed value of parameter ``name`` (or of its former flag, ``--chunk-rows`` for ``--block-rows``),
+    removed from ``values``; None when neither was given."""
+    value = values.pop(name, None)
+    for alias in PARAMS[name].aliases:
+        former = values.pop(alias, None)
+        value = former if value is None else value
+    return value
+
+
+#: The whitening's parameters: left out, a fit takes their defaults and the other commands the model's.
+SETTING = ("beta", "gamma", "n_components", "variance", "eps")
+
+
+def setting_options(purpose: str = "fit"):
+    """``--beta --gamma -k --variance --eps``: for a fit their defaults, elsewhere the model's saved setting."""
+    if purpose == "fit":
+        helps = {"eps": f"{PARAMS['eps'].help} [default: {PARAMS['eps'].default:g}]"}
+        defaults = {name: None for name in SETTING}
+        helps.update(
+            beta=f"{PARAMS['beta'].help} [default: 1]",
+            gamma=f"{PARAMS['gamma'].help} [default: 1]",
+            n_components=f"{PARAMS['n_components'].help} [default: all d]",
+        )
+        return param_options(*SETTING, defaults=defaults, helps=helps)
+    model = " [default: the model's]"
+    helps = {name: PARAMS[name].help + model for name in SETTING}
+    return param_options(*SETTING, defaults={name: None for name in SETTING}, helps=helps)
+
+
+quiet_option = click.option(
+    "--quiet",
+    "-q",
+    is_flag=True,
+    help="No progress bar (there is none anyway when stdout or stderr is not a terminal). The summary is "
+    "still printed on stdout (redirect it, or take --json); errors go to stderr.",
+)
+json_option = click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON summary.")
+
+
+def storage_options(func):
+    """``--storage-option KEY=VALUE`` (repeatable) and ``--remote-timeout``: how URLs are reached."""
+    func = param_option("remote_timeout", default=None, show_default=False)(func)
+    return click.option(
+        "--storage-option",
+        "storage_options",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="An option of the file system of s3://, gs://, https:// ... inputs and outputs (repeatable), passed "
+        "to fsspec, e.g. endpoint_url=http://127.0.0.1:9000 or anon=true; values are JSON where they parse. The "
+        "standard environment (AWS_ENDPOINT_URL, AWS_PROFILE, ...) applies too. Never printed or recorded.",
+    )(func)
+
+
+def engine_options(func):
+    """``--engine --scheduler --workers --threads``: which engine runs the blocks."""
+    func = param_option("threads", default=None)(func)
+    func = param_option("workers", default=None)(func)
+    func = click.option(
+        "--scheduler",
+        default=None,
+        metavar="ADDRESS",
+        help="With --engine dask: the scheduler to use, e.g. tcp://host:8786 (default: a local cluster).",
+    )(func)
+    return click.option(
+        "--engine",
+        "engine",
+        type=click.Choice(["serial", "dask"]),
+        default="serial",
+        show_default=True,
+        help="serial: this process; dask: a Dask cluster (needs streamwhiten[dask]), see docs/dask.md.",
+    )(func)
+
+
+def read_options(values: dict):
+    """The :class:`~streamwhiten.options.ReadOptions` of what was parsed (``--dataset``, ``--block-rows``,
+    ``--fill-missing-chunks``, ``--storage-option``, ``--remote-timeout``), removed from ``values``."""
+    from ..io import remote
+    from ..options import ReadOptions
+
+    given = values.pop("storage_options", ()) or ()
+    storage = remote.options_from(given) if given else None
+    remote.remember_secrets(storage)  # every message hides their secret values from now on
+    return take(ReadOptions, values, storage_options=storage)
+
+
+def engine_of(values: dict):
+    """The :class:`~streamwhiten.options.EngineOptions` of what was parsed, removed from ``values``."""
+    from ..options import EngineOptions
+
+    values["name"] = values.pop("engine", "serial")
+    return take(EngineOptions, values)
+
+
+def given_names(ctx: click.Context, names) -> tuple:
+    """The parameters among ``names`` set on the command line (not left to their default)."""
+    from click.core import ParameterSource
+
+    return tuple(name for name in names if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE)
+
+
+__all__ = [
+    "SETTING",
+    "SpecChoice",
+    "SpecType",
+    "engine_of",
+    "engine_options",
+    "given_names",
+    "json_option",
+    "param_option",
+    "param_options",
+    "pop_param",
+    "quiet_option",
+    "read_options",
+    "setting_options",
+    "spec_type",
+    "storage_options",
+    "take",
+]

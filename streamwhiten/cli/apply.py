@@ -1,0 +1,127 @@
+"""``streamwhiten apply``: parse, make the option objects, run the apply pipeline, print what it did."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import emit, fmt_rate, progress_bar, work
+from ._options import (
+    engine_of,
+    engine_options,
+    given_names,
+    json_option,
+    param_options,
+    quiet_option,
+    read_options,
+    setting_options,
+    storage_options,
+    take,
+)
+
+#: Apply options an engine may not take: refused when given on the command line (see ``Engine.check_apply``).
+ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor")
+
+
+@click.command()
+@click.argument("model_path")
+@click.argument("input_spec")
+@click.option(
+    "-o",
+    "--output",
+    "output_spec",
+    required=True,
+    help="Output store: out.h5[:/dataset], out.zarr[:/array], out.parquet[:column] or out.lance[:column].",
+)
+@click.option("--dataset", default=None, help="Dataset/array inside the input.")
+@setting_options("apply")
+@param_options(
+    "normalize",
+    "dtype",
+    "block_rows",
+    "zarr_format",
+    "skip_nonfinite",
+    helps={"skip_nonfinite": "Write NaN for input rows holding NaN/Inf instead of failing."},
+)
+@click.option(
+    "--restart", is_flag=True, help="Discard the partial output of an interrupted run instead of resuming it."
+)
+@param_options("progress_seconds")
+@click.option(
+    "--checkpoint-seconds",
+    "checkpoint_seconds",
+    type=click.FLOAT,
+    default=None,
+    hidden=True,
+    help="The former name of --progress-seconds.",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an existing output written by streamwhiten (one that is up to date is kept: exit 3).",
+)
+@param_options("fill_missing_chunks", "keep_columns", "compressor", "direct_io")
+@storage_options
+@engine_options
+@quiet_option
+@json_option
+@click.pass_context
+def apply(ctx, model_path, input_spec, output_spec, quiet, as_json, **values):
+    """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store.
+
+    The model's saved setting (beta, gamma, k) is used unless changed here (re-finalized from its
+    statistics, no pass over the data). An interrupted run leaves a hidden partial output that the
+    same command resumes.
+
+    \b
+    Example:
+      streamwhiten apply model.npz corpus.h5:/emb -o reduced.zarr -k 256 --normalize
+    """
+    from ..engine.engines import engine_for
+    from ..options import ApplyOptions, Setting
+    from ..pipeline import apply as run_apply
+
+    former = values.pop("checkpoint_seconds")
+    if former is not None and ctx.get_parameter_source("progress_seconds").name != "COMMANDLINE":
+        values["progress_seconds"] = _checked_seconds(former, ctx)
+    given = given_names(ctx, ENGINE_SPECIFIC)
+    read = read_options(values)
+    setting = take(Setting, values)
+    options = take(ApplyOptions, values)
+    engine = engine_for(engine_of(values))
+    # The Dask applier cannot stop its tasks at a block boundary: a signal interrupts it at once.
+    with progress_bar("apply", quiet) as progress, work(stoppable=engine.stops_between_blocks) as should_stop:
+        outcome = run_apply(
+            model_path,
+            input_spec,
+            output_spec,
+            setting=setting,
+            options=options,
+            read=read,
+            engine=engine,
+            given=given,
+            progress=progress,
+            should_stop=should_stop,
+        )
+    normalised = " (L2-normalised)" if options.normalize else ""
+    nonfinite = (
+        f"; {outcome.n_nonfinite_rows:,} non-finite input rows written as NaN" if outcome.n_nonfinite_rows else ""
+    )
+    emit(
+        as_json,
+        outcome.to_dict(),
+        [
+            f"wrote {outcome.n_rows:,} x {outcome.n_components} {outcome.dtype} vectors{normalised} to "
+            f"{outcome.output} in {outcome.seconds:.2f} s ({fmt_rate(outcome.n_rows, outcome.seconds)}){nonfinite}"
+        ],
+    )
+
+
+def _checked_seconds(value: float, ctx) -> float:
+    """``--checkpoint-seconds`` (the former name of ``--progress-seconds``), checked as that parameter."""
+    from ..errors import BadInputError
+    from ..params import check
+
+    try:
+        return float(check("progress_seconds", value))
+    except BadInputError as exc:
+        raise click.BadParameter(str(exc), ctx, param_hint="'--checkpoint-seconds'") from None

@@ -1,0 +1,130 @@
+"""``streamwhiten export``: write a model's map where queries are embedded."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import emit, stop_on_signals
+from ._options import json_option, param_options, setting_options, take
+
+#: The formats of ``export`` (streamwhiten.export.FORMATS, not imported here to keep the CLI's start light).
+EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx")
+
+
+@click.command(name="export")
+@click.argument("model_path")
+@click.option(
+    "-o",
+    "--output",
+    "output_path",
+    required=True,
+    help="File to write (.npz, .safetensors, .onnx, .faiss), or a directory for sentence-transformers.",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(EXPORT_FORMATS),
+    default=None,
+    help="Output format (default: from the extension of -o, else sentence-transformers with --append-to).",
+)
+@setting_options("export")
+@param_options("normalize", helps={"normalize": "Follow the map by L2 normalisation (as apply --normalize)."})
+@click.option(
+    "--append-to",
+    default=None,
+    metavar="ST_MODEL_DIR",
+    help="sentence-transformers: write a copy of this local model with the whitening modules appended.",
+)
+@click.option(
+    "--index",
+    "index_factory",
+    default=None,
+    metavar="FACTORY",
+    help="faiss: write an empty IndexPreTransform around this index_factory index (e.g. Flat, HNSW32).",
+)
+@click.option(
+    "--metric",
+    type=click.Choice(["ip", "l2"]),
+    default=None,
+    help="faiss --index: its metric [default: ip with --normalize, else l2].",
+)
+@click.option(
+    "--insert",
+    type=click.Choice(["auto", "before-normalize", "end"]),
+    default="auto",
+    show_default=True,
+    help="--append-to a model ending in Normalize: put the whitening instead of it (before-normalize: it "
+    "takes the vectors before Normalize) or after it (end); auto tells from the norm of the rows the model "
+    "was fitted on, and refuses when it cannot.",
+)
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an existing export of this format written by streamwhiten (one that is up to date is kept: exit 3).",
+)
+@json_option
+def export_(
+    model_path, output_path, fmt, normalize, append_to, index_factory, metric, insert, overwrite, as_json, **values
+):
+    """Write MODEL_PATH's whitening, y = x A + b (+ L2 normalisation), where queries are embedded.
+
+    Formats: npz (plain arrays A, b, mean; streamwhiten.serving or numpy alone), safetensors (an
+    nn.Linear state dict), sentence-transformers (Dense + Normalize modules, or with --append-to a
+    whitened copy of a local model), faiss (a LinearTransform, or with --index an empty index that
+    whitens what it is given), onnx (MatMul + Add, dynamic batch). Queries whitened this way meet a
+    corpus whitened by `apply` with the same model and settings. See docs/serving.md.
+
+    \b
+    Example:
+      streamwhiten export model.npz -o whiten.onnx -k 256 --normalize
+    """
+    from dataclasses import replace
+
+    from ..core.model import load_model
+    from ..export import check_available, check_options, export, format_for
+    from ..io import refuse_input_overlap
+    from ..options import Setting
+    from ..serving import file_checksum
+
+    insert = None if insert == "auto" else insert
+    fmt = format_for(output_path, fmt, append_to)
+    check_options(fmt, normalize, append_to, index_factory, metric, insert)
+    setting = take(Setting, values)
+    refuse_input_overlap({output_path: "export"}, [model_path, append_to])
+    check_available(fmt)
+    affine = load_model(model_path).as_affine(normalize=normalize, **setting.given())
+    stored = file_checksum(model_path)
+    if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)
+        affine = replace(affine, file_checksum=stored)
+    with stop_on_signals():  # a signal lets the export finish (it has no point to stop at before its rename)
+        summary = export(
+            affine,
+            output_path,
+            fmt,
+            overwrite=overwrite,
+            append_to=append_to,
+            index=index_factory,
+            metric=metric,
+            insert=insert,
+        )
+    summary["model"] = model_path
+    emit(as_json, summary, _lines(summary, affine, fmt, model_path, output_path, append_to, index_factory))
+
+
+def _lines(summary: dict, affine, fmt: str, model_path: str, output_path: str, append_to, index_factory) -> list[str]:
+    what = {
+        "faiss": f"faiss {summary.get('faiss')}",
+        "sentence-transformers": "sentence-transformers modules " + ", ".join(summary.get("modules") or []),
+    }.get(fmt, fmt)
+    where = {"end": " appended to ", "before-normalize": " inserted before the Normalize of "}
+    lines = [
+        f"wrote {output_path} ({what}{where[summary['insert']] + append_to if append_to else ''})",
+        f"map   y = x A + b{' then L2 normalisation' if affine.normalize else ''}: {affine.n_features} -> "
+        f"{affine.n_components} dimensions, beta={affine.beta:g} gamma={affine.gamma:g} eps={affine.eps:g}",
+        f"from  {model_path} (model_checksum {affine.checksum[:16]}, the map's, as apply records it)",
+    ]
+    if summary.get("needs_training"):
+        lines.append(
+            f"note  the {index_factory} index needs training before add: index.train(vectors) whitens them first"
+        )
+    return lines

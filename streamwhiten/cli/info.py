@@ -1,0 +1,47 @@
+"""``streamwhiten info``: what a model file holds."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import emit
+from ._options import json_option
+
+
+@click.command()
+@click.argument("model_path")
+@json_option
+def info(model_path, as_json):
+    """Print a model's parameters, spectrum summary and effective dimension.
+
+    \b
+    Example:
+      streamwhiten info model.npz --json
+    """
+    from ..core.model import file_checksum, load_model
+
+    model = load_model(model_path)
+    summary = dict(model.summary(), model=model_path, file_checksum=file_checksum(model))
+    emit(as_json, summary, _lines(model, model_path, summary))
+
+
+def _lines(model, model_path: str, summary: dict) -> list[str]:
+    eigvals = model.eigvals
+    top = ", ".join(f"{v:.4g}" for v in eigvals[:5])
+    ladder = summary["components_for_variance"]
+    skipped = model.info.get("n_skipped_nonfinite")
+    lines = [
+        f"model      {model_path} (streamwhiten model, d={model.n_features})",
+        f"fitted on  {model.n_rows:,} rows" + (f" ({skipped:,} non-finite skipped)" if skipped else ""),
+        f"transform  beta={model.beta:g} gamma={model.gamma:g} k={model.n_components} eps={model.eps:g} "
+        f"(absolute {model.eps_value:.3g})" + (f" variance>={model.variance:g}" if model.variance else ""),
+        f"spectrum   largest {top}; smallest {eigvals[-1]:.4g}; condition number {summary['condition_number']:.4g}",
+        f"explained  {summary['explained_variance']:.4f} of the variance by the k kept components",
+        "k for      " + ", ".join(f"{float(v):.0%}: {k}" for v, k in ladder.items()),
+        f"D_eff      {summary['effective_dimension']:.1f} (exp of the entropy of the normalised eigenvalues)",
+        f"checksum   {summary['model_checksum']} (model_checksum: the map at this setting, as apply and export "
+        "record it)",
+    ]
+    for source in model.sources:
+        lines.append(f"source     {source.where} ({source.n_rows:,} x {source.n_features} {source.dtype})")
+    return lines

@@ -1,0 +1,73 @@
+"""``streamwhiten report``: the spectrum, and with pairs how the score depends on beta, gamma and k."""
+
+from __future__ import annotations
+
+import click
+
+from ._common import (
+    emit,
+    fmt_scores,
+    fmt_setting,
+    grid_of,
+    grid_options,
+    open_pairs_given,
+    pair_options,
+    progress_bar,
+    stop_on_signals,
+)
+from ._options import json_option, param_options, pop_param, quiet_option
+
+
+@click.command()
+@click.argument("model_path")
+@pair_options(required=False, what="labelled pairs (optional: adds the heat maps and k curves)")
+@click.option(
+    "-o",
+    "--output",
+    "output_path",
+    required=True,
+    help="report.html (one page), report.png (one image) or a directory (one PNG per figure).",
+)
+@grid_options("of the heat maps")
+@click.option("--title", default=None, help="Title of the HTML page.")
+@click.option("--overwrite", is_flag=True, help="Replace existing report files written by streamwhiten.")
+@param_options("block_rows", helps={"block_rows": "Pairs per block read (default: about 16 MiB of vectors)."})
+@quiet_option
+@json_option
+def report(model_path, pairs_a, pairs_b, scores, output_path, title, overwrite, quiet, as_json, **values):
+    """Draw MODEL_PATH's eigenvalue spectrum and explained variance; with pairs, how the score depends on beta, gamma, k.
+
+    Needs matplotlib (pip install 'streamwhiten[report]'); renders without a display.
+
+    \b
+    Example:
+      streamwhiten report model.npz -o report.html --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score
+    """
+    from ..core.model import load_model
+    from ..evaluation.report import check_output, collect, write_report
+    from ..io import refuse_input_overlap
+
+    refuse_input_overlap({output_path: "report"}, [model_path, pairs_a, pairs_b, scores], nested=False)
+    with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))
+    check_output(output_path, with_pairs, overwrite)
+    model = load_model(model_path)
+    block_rows = pop_param(values, "block_rows")
+    grid = grid_of(values, model.n_features)
+    pairs = open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
+    try:
+        with progress_bar("report", quiet) as progress:
+            data = collect(model, pairs, block_rows=block_rows, progress=progress, **grid)
+    finally:
+        if pairs is not None:
+            pairs.close()
+    with stop_on_signals():  # a signal lets the files be finished
+        written = write_report(data, output_path, overwrite, title)
+    summary = {"model": model_path, "files": written, "effective_dimension": model.effective_dimension}
+    summary.update(raw=None, best=None)
+    lines = [f"D_eff      {model.effective_dimension:.1f} of d={model.n_features}"]
+    if data.grid is not None:
+        summary["raw"], summary["best"] = data.grid.raw, data.grid.best
+        lines.append(f"raw        {fmt_scores(data.grid.raw)}")
+        lines.append(f"best       {fmt_scores(data.grid.best)}   {fmt_setting(data.grid.best)}")
+    lines += [f"wrote      {path}" for path in written]
+    emit(as_json, summary, lines)

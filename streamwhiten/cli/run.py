@@ -1,0 +1,95 @@
+"""``streamwhiten run``: a job file's fit or update, finalize and apply, for cron."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import click
+
+from ..errors import StoreIOError
+from ._common import emit, progress_bar, stop_on_signals
+from ._options import json_option, quiet_option, read_options, storage_options
+
+LOG_FORMAT = "%(asctime)s streamwhiten: %(message)s"
+LOG_DATE = "%Y-%m-%dT%H:%M:%S%z"
+
+
+class _LogFileHandler(logging.FileHandler):
+    """A log file whose write errors (disk full) stop the run with one line naming the file, rather
+    than logging's traceback on stderr."""
+
+    def handleError(self, record):
+        exc = sys.exc_info()[1]
+        raise StoreIOError(f"{self.baseFilename}: cannot write the log file: {getattr(exc, 'strerror', None) or exc}")
+
+
+JOB_FORMAT = """\b
+A job file (TOML; relative paths are taken from its directory):
+  name = "nightly"                 # optional: the file's name without .toml
+  [input]
+  paths = ["shards/*.h5"]          # globs, Parquet directories and URLs allowed
+  dataset = "/emb"                 # optional; fill_missing_chunks, remote_timeout
+  [model]
+  path = "models/nightly.npz"      # kept up to date
+  n_components = 256               # beta, gamma, variance, eps, precision,
+                                   # skip_nonfinite, block_rows, threads,
+                                   # checkpoint_every, checkpoint_seconds
+  [apply]                          # optional
+  output = "reduced/{stem}.zarr"   # {stem}: the input's name, {name}: the job's
+  normalize = true                 # dtype, zarr_format, compressor, keep_columns,
+                                   # skip_nonfinite, block_rows, threads, direct_io,
+                                   # progress_seconds
+  [storage]                        # optional: options of s3://... file systems
+  endpoint_url = "http://minio:9000"
+"""
+
+
+@click.command(epilog=JOB_FORMAT)
+@click.argument("job_file")
+@click.option("--log-file", default=None, help="Also append timestamped log lines to this file.")
+@click.option("--restart", is_flag=True, help="Discard the checkpoint of an interrupted run instead of finishing it.")
+@storage_options
+@quiet_option
+@json_option
+def run(job_file, log_file, restart, quiet, as_json, **values):
+    """Run a batch job (job.toml): fit or update, finalize, apply; each step skipped when up to date.
+
+    Exit codes: 0 done, 3 nothing to do, 2 bad input, 74 I/O error (disk full: the previous checkpoint or
+    output is kept), 75 another run holds the lock, 130 interrupted.
+
+    \b
+    Example (cron):
+      streamwhiten run nightly.toml --log-file nightly.log
+    """
+    from dataclasses import replace
+
+    from ..job import read_job_file, run_job
+
+    given = values.get("remote_timeout") is not None
+    read = read_options(values)
+    logging.getLogger("streamwhiten").setLevel(logging.INFO)
+    job = read_job_file(job_file, read.storage_options)
+    if given:  # the command line's deadline over the job's [input] remote_timeout
+        job = replace(job, read=replace(job.read, remote_timeout=read.remote_timeout))
+        job = replace(job, apply_read=replace(job.apply_read, remote_timeout=read.remote_timeout))
+    if log_file:
+        _log_to(log_file, job)
+    with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
+        summary = run_job(job, progress, should_stop, restart)
+    emit(as_json, summary, [f"job {summary['job']}: " + "; ".join(summary["steps"])])
+
+
+def _log_to(log_file: str, job) -> None:
+    """Also log to ``log_file``, which may not be any of the job's inputs or files."""
+    from ..io import expand_specs, refuse_input_overlap
+
+    inputs = expand_specs(list(job.inputs), job.read)
+    refuse_input_overlap({log_file: "log file"}, [job.path, *inputs])
+    refuse_input_overlap({log_file: "log file"}, [job.model_path, job.checkpoint, job.lock_path], nested=False)
+    try:
+        handler = _LogFileHandler(log_file)
+    except OSError as exc:
+        raise StoreIOError(f"{log_file}: cannot open the log file: {exc.strerror or exc}") from exc
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE))
+    logging.getLogger("streamwhiten").addHandler(handler)

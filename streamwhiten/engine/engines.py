@@ -1,0 +1,157 @@
+"""One interface for the engines that run a fit's blocks and an apply's: serial (worker threads in this
+process) and Dask (a cluster).
+
+Both take the same :class:`~streamwhiten.engine.fit.FitPlan` and return the same
+:class:`~streamwhiten.engine.fit.FitResult` from :meth:`Engine.fit`, and the same
+:class:`~streamwhiten.engine.apply.ApplyOutcome` from :meth:`Engine.apply`; what differs between them is
+said by capabilities, never by comparing names: whether a fit is checkpointed (and so can resume or
+update a model), whether a signal can wait for the next block, which outputs it writes, which apply
+options it honours. The pipeline (``streamwhiten.pipeline``) and the command line ask these.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import ClassVar
+
+from ..errors import BadInputError
+from ..options import ApplyOptions, EngineOptions, ReadOptions
+
+#: ``progress(rows_done, rows_total)``
+Progress = Callable[[int, int], None] | None
+#: ``should_stop()``: true once a signal asked the work to stop at its next safe point
+ShouldStop = Callable[[], bool] | None
+
+
+class Engine(ABC):
+    """What runs blocks: the same plan in, the same result out, whichever engine."""
+
+    #: the name given to ``--engine``
+    name: ClassVar[str]
+    #: a fit is checkpointed: it resumes where it stopped, and can update a saved model
+    checkpoints: ClassVar[bool]
+    #: a signal can wait for the next block boundary (the work then saves and stops cleanly); otherwise
+    #: a signal interrupts the work at once, and only the final save can make it wait
+    stops_between_blocks: ClassVar[bool]
+    #: the output kinds an apply writes (None: every kind ``io`` writes)
+    output_kinds: ClassVar[tuple[str, ...] | None] = None
+
+    @abstractmethod
+    def fit(self, plan, *, progress: Progress = None, should_stop: ShouldStop = None, checkpoint=None):
+        """Fold every remaining block of ``plan`` (a ``FitPlan``); returns its ``FitResult``.
+
+        ``checkpoint`` is ``(path, every_blocks, every_seconds)`` for an engine that checkpoints, else None.
+        """
+
+    @abstractmethod
+    def apply(
+        self,
+        model,
+        input_spec,
+        output_spec: str,
+        options: ApplyOptions,
+        read: ReadOptions,
+        *,
+        progress: Progress = None,
+        should_stop: ShouldStop = None,
+    ):
+        """Write ``model``'s transform of every row of ``input_spec`` to ``output_spec``; an ``ApplyOutcome``."""
+
+    #: apply options this engine does not take, each with the message that refuses it
+    serial_only: ClassVar[dict[str, str]] = {}
+
+    def check_apply(self, options: ApplyOptions, given: tuple[str, ...] = ()) -> None:
+        """Refuse apply options this engine cannot honour (:class:`BadInputError`), before anything is
+        opened: one set to other than its default, or named in ``given`` (set explicitly, e.g. on the
+        command line, even to its default)."""
+        defaults = ApplyOptions()
+        for name, message in self.serial_only.items():
+            if name in given or getattr(options, name) != getattr(defaults, name):
+                raise BadInputError(message)
+
+
+class SerialEngine(Engine):
+    """Worker threads in this process, each reading and reducing whole blocks (``threads``; default one
+    per core, at most four, for a fit; one with multi-threaded BLAS for an apply)."""
+
+    name = "serial"
+    checkpoints = True
+    stops_between_blocks = True
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+
+    def fit(self, plan, *, progress=None, should_stop=None, checkpoint=None):
+        from .fit import run_plan
+
+        path, every, seconds = checkpoint if checkpoint is not None else (None, None, None)
+        return run_plan(plan, progress, path, every, seconds, should_stop, self.threads).result()
+
+    def apply(self, model, input_spec, output_spec, options, read, *, progress=None, should_stop=None):
+        from .apply import apply_model
+
+        return apply_model(
+            model,
+            input_spec,
+            output_spec,
+            options,
+            read,
+            threads=self.threads,
+            progress=progress,
+            should_stop=should_stop,
+        )
+
+
+class DaskEngine(Engine):
+    """A Dask cluster: ``scheduler`` (an address), a local cluster of ``workers`` processes, or ``client``.
+
+    Every worker must see the stores at the same paths (shared storage) or read them from object storage.
+    """
+
+    name = "dask"
+    checkpoints = False
+    stops_between_blocks = False
+    output_kinds = ("zarr",)
+
+    def __init__(self, scheduler: str | None = None, workers: int | None = None, client=None, split_every: int = 8):
+        self.scheduler, self.workers, self.client, self.split_every = scheduler, workers, client, split_every
+
+    def fit(self, plan, *, progress=None, should_stop=None, checkpoint=None):
+        from .distributed import fit_plan_dask
+
+        return fit_plan_dask(plan, self.scheduler, self.workers, self.client, self.split_every)
+
+    serial_only = {
+        "direct_io": "--direct-io/--no-direct-io is for the serial engine (Dask workers write through zarr)",
+        "keep_columns": "--keep-columns is for the serial engine (the Dask engine writes Zarr)",
+        "compressor": "--compressor is for the serial engine (the Dask engine writes uncompressed Zarr)",
+    }
+
+    def apply(self, model, input_spec, output_spec, options, read, *, progress=None, should_stop=None):
+        from .distributed import apply_dask
+
+        self.check_apply(options)
+        return apply_dask(
+            model,
+            input_spec,
+            output_spec,
+            options,
+            read,
+            scheduler=self.scheduler,
+            n_workers=self.workers,
+            client=self.client,
+            progress=progress,
+        )
+
+
+def engine_for(options: EngineOptions | None = None, client=None) -> Engine:
+    """The engine ``options`` name (default: serial), made with its settings; ``client`` (Dask) is an
+    existing ``distributed.Client`` to run on."""
+    options = options or EngineOptions()
+    if options.name == "dask" or client is not None:
+        return DaskEngine(options.scheduler, options.workers, client, options.split_every)
+    return SerialEngine(options.threads)
+
+
+__all__ = ["DaskEngine", "Engine", "SerialEngine", "engine_for"]

@@ -1,0 +1,12 @@
+"""Jobs: a ``job.toml`` file and the ``streamwhiten run`` of it.
+
+``file`` reads and checks a job file (its tables and keys come from :data:`streamwhiten.params.PARAMS`)
+into a :class:`~streamwhiten.job.file.JobFile` of option objects; ``run`` runs it: fit or update,
+finalize, apply, each step skipped when already up to date, under a lock so two runs of the same job
+never overlap.
+"""
+
+from .file import JobFile, default_checkpoint, read_job_file
+from .run import job_lock, run_job, run_job_file
+
+__all__ = ["JobFile", "default_checkpoint", "job_lock", "read_job_file", "run_job", "run_job_file"]

@@ -1,0 +1,451 @@
+"""The pipeline of a fit and of an apply: the one path the command line, ``run`` and ``Whitener`` take.
+
+A fit is: check the paths and the existing model, plan (or plan an update of a saved model), resume from
+a matching checkpoint, run the plan on an engine (``engine.engines``), finalize, save, remove the
+checkpoint. An apply is: check the engine can write it, run it. Each takes its options as objects
+(:mod:`streamwhiten.options`) and returns one outcome type whichever engine ran:
+:class:`FitOutcome` and :class:`~streamwhiten.engine.apply.ApplyOutcome`. Library code: it raises and
+logs through the ``streamwhiten`` logger, never prints.
+
+Examples
+--------
+>>> import numpy as np, tempfile, os
+>>> import streamwhiten
+>>> from streamwhiten.options import Setting
+>>> directory = tempfile.mkdtemp()
+>>> rows = np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32)
+>>> np.save(os.path.join(directory, "x.npy"), rows)
+>>> outcome = streamwhiten.fit(os.path.join(directory, "x.npy"), os.path.join(directory, "m.npz"),
+...                            setting=Setting(n_components=4))
+>>> outcome.model.n_rows, outcome.model.n_components
+(1000, 4)
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+
+from . import params as _params
+from .errors import BadInputError, InterruptedRunError, NothingToDoError
+from .options import ApplyOptions, EngineOptions, FitOptions, ReadOptions, Setting
+
+log = logging.getLogger("streamwhiten")
+
+
+# ------------------------------------------------------------------------------------------------ paths
+
+
+def check_writable_dir(path: str, what: str) -> None:
+    """Fail before any work when the directory that will receive ``path`` does not exist."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise BadInputError(f"{path}: the directory {parent} for the {what} does not exist")
+
+
+def default_checkpoint(model_path: str) -> str:
+    """``.MODEL.checkpoint`` beside the model file."""
+    head, tail = os.path.split(os.path.abspath(model_path))
+    return os.path.join(head, f".{tail}.checkpoint")
+
+
+def check_fit_paths(inputs, model_path: str, checkpoint: str | None = None, update: str | None = None) -> str:
+    """Refuse a model file or checkpoint over an input, over each other, or a checkpoint over the model
+    being updated, before anything is written; returns the checkpoint path (the default one if none)."""
+    from .io import refuse_input_overlap, refuse_shared_outputs, remote
+
+    for path, what in ((model_path, "model file"), (checkpoint, "checkpoint"), (update, "model to update")):
+        if path is not None and remote.is_remote(os.fspath(path)):
+            raise BadInputError(
+                f"{remote.redact(path)}: the {what} is a local file (inputs and apply outputs may be "
+                "URLs); give a local path"
+            )
+    checkpoint = checkpoint or default_checkpoint(model_path)
+    refuse_input_overlap({model_path: "model file", checkpoint: "checkpoint"}, inputs)
+    refuse_shared_outputs((model_path, "model file"), (checkpoint, "checkpoint"))
+    refuse_input_overlap({checkpoint: "checkpoint"}, [update])
+    return checkpoint
+
+
+# ---------------------------------------------------------------------------------------------------- fit
+
+
+@dataclass(frozen=True)
+class FitOutcome:
+    """What a fit did, whichever engine ran it.
+
+    ``model`` is the finalized model (saved to ``model_path`` unless that is None), ``file_checksum`` the
+    content checksum of the file written; ``rows_read`` and ``read_seconds`` are this run's pass (an
+    update reads only what was added), ``seconds`` the whole call.
+    """
+
+    model: object
+    model_path: str | None
+    file_checksum: str | None
+    rows_read: int
+    read_seconds: float
+    seconds: float
+    n_skipped: int
+    n_sources: int
+    n_blocks: int
+    resumed: bool
+    updated: bool
+    engine: str
+
+    @property
+    def rows_per_second(self) -> float | None:
+        return self.rows_read / self.read_seconds if self.read_seconds > 0 else None
+
+    def to_dict(self) -> dict:
+        """The outcome as plain JSON values (``fit --json``): the model's summary and the run's figures."""
+        summary = dict(
+            self.model.summary(),
+            model=self.model_path,
+            file_checksum=self.file_checksum,
+            seconds=self.seconds,
+            rows_read=self.rows_read,
+            resumed=self.resumed,
+            updated=self.updated,
+            engine=self.engine,
+            rows_per_second=self.rows_per_second,
+        )
+        summary.pop("sources")
+        return summary
+
+
+@dataclass
+class _Planned:
+    """A fit ready to run: its plan, whether it resumes a checkpoint, the setting to finalize with and
+    the rows an updated model had skipped already."""
+
+    plan: object
+    resumed: bool
+    params: dict
+    skipped_before: int
+
+
+def fit(
+    inputs,
+    model_path: str | None = None,
+    *,
+    setting: Setting | None = None,
+    options: FitOptions | None = None,
+    read: ReadOptions | None = None,
+    engine=None,
+    update: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    guard: Callable[[], AbstractContextManager] | None = None,
+) -> FitOutcome:
+    """Fit a whitening on ``inputs`` (store specs, globs, Parquet directories) and save it to ``model_path``.
+
+    Parameters
+    ----------
+    inputs : str or list of str
+        The stores to read, in order.
+    model_path : str, optional
+        The model file to write (``.npz``); default with ``update``: that model. None: nothing is saved
+        and no checkpoint is kept (what ``Whitener.fit`` does).
+    setting : Setting, optional
+        The whitening's parameters (default: beta = gamma = 1, all components; an update keeps the
+        model's for those not given).
+    options, read : FitOptions, ReadOptions, optional
+        How the fit reduces and checkpoints, and how the stores are read.
+    engine : EngineOptions or Engine, optional
+        Which engine runs the blocks (default: the serial engine).
+    update : str, optional
+        A saved model whose statistics are extended with the rows appended since, and new inputs.
+    progress, should_stop
+        ``progress(rows_done, rows_total)``; ``should_stop()`` turns true when a signal asks the fit to
+        stop at its next block (it checkpoints and raises :class:`InterruptedRunError`).
+    guard : callable, optional
+        A context manager factory that lets a signal wait: the save of an engine that cannot stop between
+        blocks runs inside it (the command line's signal handling).
+
+    Returns
+    -------
+    FitOutcome
+
+    Raises
+    ------
+    NothingToDoError
+        ``model_path`` already holds what this fit would write (without ``options.overwrite``), or an
+        update found no new rows.
+    """
+    from .engine.engines import Engine, engine_for
+    from .engine.fit import finalize_fit
+
+    began = time.perf_counter()
+    setting, options, read = setting or Setting(), options or FitOptions(), read or ReadOptions()
+    runner = engine if isinstance(engine, Engine) else engine_for(engine or EngineOptions())
+    model_path = model_path if model_path is not None else update
+    inputs = _expanded(inputs, read)
+    params = setting.given()
+    _params.check_model(**params)
+    if update is not None:  # the model to update is read first: a FIFO or an unreadable file is refused at once
+        from ._npz import check_file
+
+        check_file(update, "model file")
+    if not runner.checkpoints and (update or options.resume):
+        raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
+    checkpoint = _prepare_model_path(inputs, model_path, params, options, read, update) if model_path else None
+    planned = _plan(inputs, options, read, update, params, checkpoint, runner)
+    every = (checkpoint, options.checkpoint_every, options.checkpoint_seconds)
+    result = runner.fit(
+        planned.plan,
+        progress=progress,
+        should_stop=should_stop,
+        checkpoint=every if runner.checkpoints and checkpoint else None,
+    )
+    model = finalize_fit(result, planned.params, planned.skipped_before)
+    checksum = None
+    if model_path is not None:
+        saving = nullcontext(should_stop) if runner.stops_between_blocks or guard is None else guard()
+        with saving as stop:
+            checksum = save_fitted(model, planned.plan, model_path, checkpoint if runner.checkpoints else None, stop)
+    return FitOutcome(
+        model,
+        model_path,
+        checksum,
+        int(result.rows_read if result.rows_read is not None else result.state.n_rows + result.n_skipped),
+        result.seconds,
+        time.perf_counter() - began,
+        int(result.n_skipped),
+        len(getattr(planned.plan, "cursors", [])) or len(result.sources),
+        int(result.n_blocks),
+        planned.resumed,
+        update is not None,
+        runner.name,
+    )
+
+
+def _expanded(inputs, read: ReadOptions) -> list:
+    from .io import expand_specs
+
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    return expand_specs(list(inputs), read)
+
+
+def _prepare_model_path(inputs, model_path, params: dict, options: FitOptions, read: ReadOptions, update) -> str:
+    """Check the model file and checkpoint paths (before anything is read or written); returns the
+    checkpoint path. An existing model is refused (or nothing to do) unless ``options.overwrite``."""
+    from ._durable import remove_stale_temps
+    from .core.model import check_model_name, check_model_output
+    from .engine.fit import check_checkpoint_output
+
+    check_writable_dir(model_path, "model file")
+    checkpoint = check_fit_paths(inputs, model_path, options.checkpoint, update)
+    check_model_name(model_path)
+    if not options.overwrite:
+        _refuse_existing_model(inputs, model_path, update, params, options, read)
+    check_model_output(model_path, overwrite=True)  # only a model file of ours is replaced (or updated)
+    if options.checkpoint is not None:
+        check_checkpoint_output(checkpoint)  # a file of the user's named by --checkpoint is never replaced
+    for path in (model_path, checkpoint):
+        remove_stale_temps(path)  # what killed runs of this fit left behind
+    return checkpoint
+
+
+def _plan(inputs, options: FitOptions, read: ReadOptions, update, params: dict, checkpoint, runner) -> _Planned:
+    """The plan of a fit or an update, or the checkpointed one it resumes."""
+    from .core.model import load_model
+    from .engine.fit import plan_fit, plan_update
+
+    skipped_before = 0
+    if update is not None:
+        previous = load_model(update)
+        params = effective_params(params, previous)
+        planned = plan_update(
+            previous.state,
+            previous.sources,
+            inputs,
+            None,
+            options.precision,
+            options.skip_nonfinite,
+            read.block_rows,
+            read=read,
+        )
+        skipped_before = int(previous.info.get("n_skipped_nonfinite", 0))
+    else:
+        planned = plan_fit(inputs, None, options.precision, options.skip_nonfinite, read.block_rows, read=read)
+    _params.check_model(n_features=planned.state.n_features, **params)  # k > d is caught before the pass
+    if runner.checkpoints and checkpoint is not None:
+        resumed = _resumed(planned, checkpoint, options, read, runner)
+        if resumed is not None:
+            return _Planned(resumed, True, params, skipped_before)
+    return _Planned(planned, False, params, skipped_before)
+
+
+def _resumed(planned, checkpoint: str, options: FitOptions, read: ReadOptions, runner):
+    """The checkpointed plan to resume instead of ``planned``, or None (no checkpoint, or ``restart``)."""
+    from .engine.fit import check_resumable, load_checkpoint
+
+    if options.restart or not os.path.exists(checkpoint):
+        if options.resume:
+            raise BadInputError(f"{checkpoint}: no checkpoint to resume from")
+        return None
+    plan = load_checkpoint(checkpoint, read)
+    check_resumable(plan, checkpoint, planned.options, planned.base_rows, [c.spec for c in planned.cursors])
+    if read.block_rows is not None and int(read.block_rows) != plan.block_rows:
+        log.info(
+            "resuming with the checkpoint's %s rows per block (not %s), so the result is the same bits",
+            plan.block_rows,
+            read.block_rows,
+        )
+    threads = getattr(runner, "threads", None)
+    if threads is not None and plan.threads and int(threads) != plan.threads:
+        log.info(
+            "resuming with the checkpoint's %s threads (not %s), so the result is the same bits", plan.threads, threads
+        )
+    log.info("resuming from %s: %s of %s rows already done", checkpoint, f"{plan.rows_done:,}", f"{plan.rows_total:,}")
+    return plan
+
+
+def _refuse_existing_model(inputs, model_path, update, params: dict, options: FitOptions, read: ReadOptions) -> None:
+    """An existing model file is replaced only with ``overwrite`` (or updated in place); one that already
+    holds what this fit would write is nothing to do."""
+    from .errors import OutputExistsError
+    from .io import same_file
+
+    if not os.path.exists(model_path) or (update and same_file(update, model_path)):
+        return
+    if update is None and model_is_current(model_path, inputs, params, options, read):
+        raise NothingToDoError(f"nothing to do: {model_path} was fitted on these inputs with these settings")
+    raise OutputExistsError.at(model_path)
+
+
+def model_is_current(model_path: str, inputs, params: dict, options: FitOptions, read: ReadOptions) -> bool:
+    """Whether ``model_path`` holds the model a fit of ``inputs`` with these options would write: the
+    same sources (fingerprints), precision, NaN handling and parameters. Then there is nothing to do."""
+    from .core.model import DEFAULT_EPS, file_checksum, load_model
+    from .engine.fit import open_sources
+    from .errors import ModelFileError
+    from .io import fingerprint
+
+    try:
+        model = load_model(model_path)
+    except ModelFileError:
+        return False
+    recorded = tuple(model.info.get(key) for key in ("precision", "skip_nonfinite", "fill_missing_chunks"))
+    if recorded != (options.precision, bool(options.skip_nonfinite), bool(read.fill_missing_chunks)):
+        return False
+    sources = open_sources(inputs, read=read)
+    try:
+        if tuple(fingerprint(source) for source in sources) != model.sources:
+            return False
+    finally:
+        for source in sources:
+            source.close()
+    # A fit writes the defaults for every parameter it is not given.
+    defaults = {"beta": 1.0, "gamma": 1.0, "eps": DEFAULT_EPS, "n_components": None, "variance": None}
+    wanted = model.with_params(**{**defaults, **params})
+    return file_checksum(wanted) == file_checksum(model)
+
+
+def save_fitted(model, plan, model_path: str, checkpoint: str | None, should_stop=None) -> str:
+    """Save the model of a finished fit, then remove its checkpoint; returns the file's checksum.
+
+    When a stop was asked for (a signal during the fit's last block or its finalize), the finished plan
+    is checkpointed instead and :class:`InterruptedRunError` raised: the next run only finalizes and
+    saves. A signal during the save itself lets the save finish (the file is whole or absent). A fit
+    without a checkpoint (``checkpoint`` None: the Dask engine) is saved whatever ``should_stop`` says.
+    """
+    from .core.model import save_model
+    from .engine.fit import remove_checkpoint, save_checkpoint
+
+    if checkpoint is not None and should_stop is not None and should_stop():
+        save_checkpoint(plan, checkpoint)
+        raise InterruptedRunError(
+            f"interrupted before the model was saved; the finished fit is in {checkpoint} "
+            "(run the same command again to save it)"
+        )
+    checksum = save_model(model, model_path)
+    remove_checkpoint(checkpoint)
+    return checksum
+
+
+def effective_params(params: dict, previous) -> dict:
+    """``params``, falling back to the saved model's setting for those not given (an update keeps it)."""
+    params = dict(params)
+    if previous is not None:
+        for name in ("beta", "gamma", "eps"):
+            params.setdefault(name, getattr(previous, name))
+        if "n_components" not in params and "variance" not in params:
+            if previous.variance is not None:
+                params["variance"] = previous.variance
+            else:
+                params["n_components"] = previous.n_components
+    return params
+
+
+# -------------------------------------------------------------------------------------------------- apply
+
+
+def apply(
+    model,
+    input_spec,
+    output_spec: str,
+    *,
+    setting: Setting | None = None,
+    options: ApplyOptions | None = None,
+    read: ReadOptions | None = None,
+    engine=None,
+    given: tuple[str, ...] = (),
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+):
+    """Write the whitened rows of ``input_spec`` to the new store ``output_spec``.
+
+    Parameters
+    ----------
+    model : WhiteningModel or str
+        The model, or its file.
+    input_spec, output_spec : str
+        The input store, and the output (``out.h5[:/dataset]``, ``out.zarr``, ``out.parquet[:column]``,
+        ``out.lance[:column]``; ``s3://...`` for Zarr and Parquet).
+    setting : Setting, optional
+        Another setting than the model's saved one (re-finalized from its statistics, no pass over data).
+    options, read : ApplyOptions, ReadOptions, optional
+        What is written and how; how the input is read.
+    engine : EngineOptions or Engine, optional
+        Which engine runs the blocks (default: the serial engine).
+    given : tuple of str
+        Apply options set explicitly (the command line's): an engine refuses those it does not take even
+        when set to their default.
+
+    Returns
+    -------
+    ApplyOutcome
+    """
+    from .core.model import load_model
+    from .engine.engines import Engine, engine_for
+    from .io import refuse_input_overlap
+
+    options, read = options or ApplyOptions(), read or ReadOptions()
+    runner = engine if isinstance(engine, Engine) else engine_for(engine or EngineOptions())
+    runner.check_apply(options, given)
+    refuse_input_overlap({output_spec: "output"}, [input_spec] + ([model] if isinstance(model, str) else []))
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(os.fspath(model))
+    changes = (setting or Setting()).given()
+    if changes:
+        model = model.with_params(**changes)
+    return runner.apply(model, input_spec, output_spec, options, read, progress=progress, should_stop=should_stop)
+
+
+__all__ = [
+    "FitOutcome",
+    "apply",
+    "check_fit_paths",
+    "check_writable_dir",
+    "default_checkpoint",
+    "effective_params",
+    "fit",
+    "model_is_current",
+    "save_fitted",
+]
