@@ -336,17 +336,17 @@ def apply_model(
         kept_schema = source.column_schema(list(options.keep_columns)) if options.keep_columns else None
         # One run per output: a second one exits 75 rather than replace this one's partial output.
         stack.enter_context(output.lock())
-        plan = _plan_output(model, source, output, output_spec, options, read, threads)
-        sink, start, n_nonfinite = _open_sink(model, source, output, plan, options, kept_schema)
+        writing = _prepare_writing(model, source, output, output_spec, options, read, threads)
+        sink, start, n_nonfinite = _open_sink(model, source, output, writing, options, kept_schema)
         with sink:
-            run = _BlockRun(model, source, sink, plan, options, threads, progress, should_stop)
+            run = _BlockRun(model, source, sink, writing, options, threads, progress, should_stop)
             n_nonfinite = run.write_all(start, n_nonfinite)
             sink.commit(options.overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": run.source_sha256()})
         return summary(model, source, sink, options.normalize, n_nonfinite, time.perf_counter() - began, start)
 
 
 @dataclass
-class _OutputPlan:
+class _Writing:
     """How one apply writes its output: the record a resume must match, the block and chunk sizes, and the
     sampler that hashes the input's sampled rows as the blocks are read (None when hashed up front)."""
 
@@ -358,9 +358,9 @@ class _OutputPlan:
     sampler: Sampler | None
 
 
-def _plan_output(model, source, output, output_spec: str, options: ApplyOptions, read: ReadOptions, threads: int):
+def _prepare_writing(model, source, output, output_spec: str, options: ApplyOptions, read: ReadOptions, threads: int):
     """Check an existing output (up to date: :class:`NothingToDoError`; ours and ``overwrite``: replaced;
-    else :class:`OutputExistsError`) and plan the writing of a new or resumed one."""
+    else :class:`OutputExistsError`) and size the writing of a new or resumed one."""
     out_path, _ = split_spec(output_spec)
     checksum = map_checksum(model)
     recorded = recorded_options(
@@ -405,19 +405,19 @@ def _plan_output(model, source, output, output_spec: str, options: ApplyOptions,
         compressor=options.compressor,
         keep_columns=tuple(options.keep_columns),
     )
-    return _OutputPlan(record, checksum, recorded, chunk_rows, rows_per_block, sampler)
+    return _Writing(record, checksum, recorded, chunk_rows, rows_per_block, sampler)
 
 
-def _open_sink(model, source, output, plan: _OutputPlan, options: ApplyOptions, kept_schema):
+def _open_sink(model, source, output, writing: _Writing, options: ApplyOptions, kept_schema):
     """``(sink, first row to write, non-finite rows so far)``: the partial output of an interrupted run of
     the same job, resumed, or a new one."""
-    resumed = None if options.restart else output.resume(plan.record, options.direct_io)
+    resumed = None if options.restart else output.resume(writing.record, options.direct_io)
     if resumed is not None:
         return resumed[0], resumed[1].rows_done, resumed[1].n_nonfinite
     # The input's hash is set at commit (it may be taken from the rows as they are read); a placeholder
     # of its size keeps every attribute in place from the start (see Output.create).
     keep = list(options.keep_columns)
-    attrs = output_attrs(model, source, options.normalize, "0" * 64, plan.checksum, plan.recorded, keep)
+    attrs = output_attrs(model, source, options.normalize, "0" * 64, writing.checksum, writing.recorded, keep)
     sink = output.create(
         source.n_rows,
         model.n_components,
@@ -425,7 +425,7 @@ def _open_sink(model, source, output, plan: _OutputPlan, options: ApplyOptions, 
         attrs,
         options.overwrite,
         options.zarr_format,
-        plan.chunk_rows,
+        writing.chunk_rows,
         options.direct_io,
         kept_schema,
         options.compressor,
@@ -438,13 +438,13 @@ class _BlockRun:
     writer thread writes them in row order while the next ones are computed; progress is recorded for a
     resume every ``progress_seconds`` and when a stop is asked for."""
 
-    def __init__(self, model, source, sink, plan: _OutputPlan, options: ApplyOptions, threads, progress, should_stop):
-        self.source, self.sink, self.plan, self.options = source, sink, plan, options
+    def __init__(self, model, source, sink, writing: _Writing, options: ApplyOptions, threads, progress, should_stop):
+        self.source, self.sink, self.writing, self.options = source, sink, writing, options
         self.progress, self.should_stop = progress, should_stop
-        self.record = plan.record
+        self.record = writing.record
         self.work = np.float64 if source.dtype == np.float64 else np.float32
         self.weights, self.shift = model.projection(self.work)
-        rows = min(plan.rows_per_block, source.n_rows)
+        rows = min(writing.rows_per_block, source.n_rows)
         # float16 is widened to float32 as it is decoded, where the backend can: no copy of its own
         self.inputs = PerThread((rows, source.n_features), source.read_dtype)
         # Output buffers go back to their pool once written; aligned, so whole chunks can be written directly.
@@ -452,7 +452,7 @@ class _BlockRun:
         wanted = sink.dtype
         self.converted = None if wanted == self.work else BufferPool((rows, model.n_components), wanted)
         # Fewer blocks in the whole input than threads: fewer workers, each with more BLAS threads.
-        self.workers = min(threads, max(1, source.n_blocks(plan.rows_per_block)))
+        self.workers = min(threads, max(1, source.n_blocks(writing.rows_per_block)))
         self.pending: deque = deque()
 
     def whiten(self, begin: int, end: int, fetched=None):
@@ -463,8 +463,8 @@ class _BlockRun:
             rows = source.read_into(begin, end, buffer_in)
         else:  # decode the stored bytes fetched ahead
             rows = source.read_into(begin, end, buffer_in, fetched=fetched.result())
-        if self.plan.sampler is not None:
-            self.plan.sampler.offer(begin, rows)  # before it is centred in place
+        if self.writing.sampler is not None:
+            self.writing.sampler.offer(begin, rows)  # before it is centred in place
         keep = list(options.keep_columns)
         kept = source.read_columns(begin, end, keep) if keep else None
         product = self.products.take()
@@ -505,7 +505,7 @@ class _BlockRun:
     def source_sha256(self) -> str | None:
         """The hash of the input's sampled rows, from those read so far and the others (read now)."""
         if self.record.source.sha256_sampled is None:
-            digest = self.plan.sampler.hexdigest(self.source)
+            digest = self.writing.sampler.hexdigest(self.source)
             self.record = replace(self.record, source=replace(self.record.source, sha256_sampled=digest))
         return self.record.source.sha256_sampled
 
@@ -519,7 +519,7 @@ class _BlockRun:
             reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")
 
         def tasks():
-            for begin, end in source.blocks(self.plan.rows_per_block, start):
+            for begin, end in source.blocks(self.writing.rows_per_block, start):
                 yield (begin, end) if reader is None else (begin, end, reader.submit(source.fetch, begin, end))
 
         with kept_for_next_run(self.inputs, self.products, self.converted):  # after the writer and workers stopped

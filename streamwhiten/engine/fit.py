@@ -7,7 +7,7 @@ per source saying which rows it reads and how far it got. :func:`plan_blocks` se
 once for every engine; blocks are aligned to its multiples and folded in a fixed order (source by
 source, block by block), so the same plan always gives the same bits, and a plan resumed from a
 checkpoint gives exactly the bits of one that never stopped. Checkpoints (state + cursors) are
-written atomically with a checksum. (A *job* is a ``job.toml`` batch run, see ``streamwhiten.batch``.)
+written atomically with a checksum. (A *job* is a ``job.toml`` and its run, see ``streamwhiten.job``.)
 
 Each block is read, centred and multiplied by one of a few worker threads (see ``_threads``), with
 reused buffers per thread (see ``_buffers``), while the others work on the next blocks; this thread
@@ -492,7 +492,7 @@ def plan_update(
                     f"{recorded.where}: recorded in the model ({recorded.n_rows:,} rows) but deleted since; an update "
                     "cannot take rows out of the statistics (restore it, or refit from scratch without --update)"
                 )
-        job = FitPlan(
+        plan = FitPlan(
             model_state,
             cursors,
             plan_blocks(sources, block_rows),
@@ -502,9 +502,9 @@ def plan_update(
             kept_sources=kept,
             read=replace(read, dataset=None),  # each cursor's spec names its array
         )
-        if job.rows_total == 0:
+        if plan.rows_total == 0:
             raise NothingToDoError("nothing to do: no rows were added since the model was fitted")
-        return job
+        return plan
     finally:
         for source in sources:
             source.close()
@@ -513,24 +513,24 @@ def plan_update(
 # ------------------------------------------------------------------------------------------ checkpoints
 
 
-def save_checkpoint(job: FitPlan, path: str) -> None:
+def save_checkpoint(plan: FitPlan, path: str) -> None:
     """Write the plan's state and cursors atomically (temp file, fsync, rename) with a checksum."""
     meta = {
-        "cursors": [cursor.to_dict() for cursor in job.cursors],
-        "block_rows": job.block_rows,
-        "precision": job.precision,
-        "skip_nonfinite": job.skip_nonfinite,
-        "base_rows": job.base_rows,
-        "kept_sources": [source.to_dict() for source in job.kept_sources],
-        "threads": job.threads,
-        "fill_missing_chunks": job.fill_missing_chunks,
+        "cursors": [cursor.to_dict() for cursor in plan.cursors],
+        "block_rows": plan.block_rows,
+        "precision": plan.precision,
+        "skip_nonfinite": plan.skip_nonfinite,
+        "base_rows": plan.base_rows,
+        "kept_sources": [source.to_dict() for source in plan.kept_sources],
+        "threads": plan.threads,
+        "fill_missing_chunks": plan.fill_missing_chunks,
     }
     arrays = {
         "format": np.array(CHECKPOINT_FORMAT),
         "format_version": np.array(CHECKPOINT_VERSION, dtype=np.int64),
-        "n_rows": np.array(job.state.n_rows, dtype=np.int64),
-        "mean": job.state.mean,
-        "scatter": job.state.scatter,
+        "n_rows": np.array(plan.state.n_rows, dtype=np.int64),
+        "mean": plan.state.mean,
+        "scatter": plan.state.scatter,
         "meta_json": np.array(json.dumps(meta, sort_keys=True)),
     }
     write_npz_atomic(path, arrays, "checkpoint")
@@ -571,9 +571,9 @@ def load_checkpoint(path: str, read: ReadOptions | None = None) -> FitPlan:
 
 
 def check_resumable(
-    job: FitPlan, checkpoint_path: str, options: PassOptions, base_rows: int, inputs: list, exact: bool = True
+    plan: FitPlan, checkpoint_path: str, options: PassOptions, base_rows: int, inputs: list, exact: bool = True
 ) -> None:
-    """Refuse to resume ``job`` (from ``checkpoint_path``) for other inputs, options or starting model,
+    """Refuse to resume ``plan`` (from ``checkpoint_path``) for other inputs, options or starting model,
     or when its sources changed: :class:`BadInputError` saying which.
 
     ``options`` are the pass's (:class:`PassOptions`) and ``base_rows`` the rows of the
@@ -583,22 +583,22 @@ def check_resumable(
     """
     hint = f"; pass --restart to discard {checkpoint_path} and start over"
     if exact:
-        other = [c.spec for c in job.cursors] != list(inputs)
+        other = [c.spec for c in plan.cursors] != list(inputs)
     else:
-        wanted = {_identity(spec, job.read) for spec in inputs}
-        other = any(_identity(cursor.spec, job.read) not in wanted for cursor in job.cursors)
+        wanted = {_identity(spec, plan.read) for spec in inputs}
+        other = any(_identity(cursor.spec, plan.read) not in wanted for cursor in plan.cursors)
     if other:
         raise BadInputError(
-            f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in job.cursors)}){hint}"
+            f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in plan.cursors)}){hint}"
         )
-    if job.options != options:
+    if plan.options != options:
         raise BadInputError(
             f"{checkpoint_path}: checkpoint was made with other options (precision, skip-nonfinite, "
             f"fill-missing-chunks){hint}"
         )
-    if job.base_rows != base_rows:
+    if plan.base_rows != base_rows:
         raise BadInputError(f"{checkpoint_path}: checkpoint is for another starting model{hint}")
-    check_sources_unchanged(job, checkpoint_path)
+    check_sources_unchanged(plan, checkpoint_path)
 
 
 def _identity(spec: str, read: ReadOptions) -> tuple:
@@ -606,10 +606,10 @@ def _identity(spec: str, read: ReadOptions) -> tuple:
         return source.identity
 
 
-def check_sources_unchanged(job: FitPlan, checkpoint_path: str) -> None:
-    """Refuse a checkpointed job whose sources no longer start with the rows it recorded."""
-    for cursor in job.cursors:
-        with open_source(cursor.spec, read=job.read, min_rows=0) as source:
+def check_sources_unchanged(plan: FitPlan, checkpoint_path: str) -> None:
+    """Refuse a checkpointed plan whose sources no longer start with the rows it recorded."""
+    for cursor in plan.cursors:
+        with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
             try:
                 _check_prefix(source, cursor.fingerprint)
             except BadInputError as exc:
@@ -625,37 +625,37 @@ def _read_dtype(dtype) -> np.dtype:
     return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
 
 
-def _block_buffers(job: FitPlan) -> tuple[PerThread, PerThread]:
+def _block_buffers(plan: FitPlan) -> tuple[PerThread, PerThread]:
     """Two reused byte buffers per worker thread: one large enough for a block of the widest dtype among
     the sources still to read, which each source's blocks are read into as that source's dtype (float32
     for float16); and one for a block in float64, taken only where rows are centred into another dtype
     than they were read in (float32 rows with ``precision='float64'``)."""
-    remaining = [cursor for cursor in job.cursors if not cursor.done] or job.cursors
+    remaining = [cursor for cursor in plan.cursors if not cursor.done] or plan.cursors
     itemsize = max(_read_dtype(c.fingerprint.dtype).itemsize for c in remaining)
-    rows = max(1, min(job.block_rows, job.rows_total - job.rows_done))
+    rows = max(1, min(plan.block_rows, plan.rows_total - plan.rows_done))
     n_features = remaining[0].fingerprint.n_features
     return PerThread((rows * n_features * itemsize,), np.uint8), PerThread((rows * n_features * 8,), np.uint8)
 
 
-def _block_tasks(job: FitPlan, opened: list, buffers: tuple, samplers: dict, reader: ThreadPoolExecutor | None = None):
-    """One task per remaining block of ``job``, source by source; opens each source as it is reached
+def _block_tasks(plan: FitPlan, opened: list, buffers: tuple, samplers: dict, reader: ThreadPoolExecutor | None = None):
+    """One task per remaining block of ``plan``, source by source; opens each source as it is reached
     (appending it to ``opened``). A source whose fingerprint still lacks its hash of sampled rows gets a
     :class:`Sampler` (kept in ``samplers`` by cursor index, with the source) that its blocks are offered to. With a
     ``reader`` thread, a source whose chunks are decoded here has the stored bytes of each block fetched
     there as soon as its task is made (ahead of the workers)."""
-    for index, cursor in enumerate(job.cursors):
+    for index, cursor in enumerate(plan.cursors):
         if cursor.done:
             continue
-        source = open_source(cursor.spec, read=job.read)
+        source = open_source(cursor.spec, read=plan.read)
         opened.append(source)
         sampler = None
         if cursor.fingerprint.sha256_sampled is None:
             sampler = Sampler(source, cursor.fingerprint.n_rows)
             samplers[index] = sampler, source
         ahead = reader is not None and source.decoder is not None
-        for begin, end in source.blocks(job.block_rows, cursor.next_row, cursor.stop):
+        for begin, end in source.blocks(plan.block_rows, cursor.next_row, cursor.stop):
             fetched = reader.submit(source.fetch, begin, end) if ahead else None
-            yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite, fetched, sampler
+            yield index, begin, end, source, buffers, plan.precision, plan.skip_nonfinite, fetched, sampler
 
 
 def _finish_fingerprint(cursor: Cursor, sampled_sha256: str) -> None:
@@ -664,23 +664,23 @@ def _finish_fingerprint(cursor: Cursor, sampled_sha256: str) -> None:
     cursor.fingerprint = cursor.fingerprint.finished(sampled_sha256)
 
 
-def _record_rows_read(job: FitPlan, samplers: dict) -> None:
+def _record_rows_read(plan: FitPlan, samplers: dict) -> None:
     """Before a checkpoint: the fingerprint of each source being read records the hash of its sampled
     rows before ``next_row`` (``sha256_read``, ``rows_read``), which the pass has offered already, so a
     resume can check them without this run reading anything. Sources not reached have no hash yet."""
     for index, (sampler, source) in list(samplers.items()):
-        cursor = job.cursors[index]
+        cursor = plan.cursors[index]
         cursor.fingerprint = cursor.fingerprint.read_to(
             cursor.next_row, sampler.hexdigest(source, below=cursor.next_row)
         )
 
 
-def _complete_fingerprints(job: FitPlan) -> None:
+def _complete_fingerprints(plan: FitPlan) -> None:
     """After the pass: fingerprints of sources it had no rows to read from (an empty source, say) are
     taken by reading."""
-    for cursor in job.cursors:
+    for cursor in plan.cursors:
         if cursor.fingerprint.sha256_sampled is None:
-            with open_source(cursor.spec, read=job.read, min_rows=0) as source:
+            with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
                 _finish_fingerprint(cursor, Sampler(source, cursor.fingerprint.n_rows).hexdigest(source))
 
 
@@ -709,7 +709,7 @@ def _read_block_moments(
 
 
 def run_plan(
-    job: FitPlan,
+    plan: FitPlan,
     progress: ProgressCallback | None = None,
     checkpoint_path: str | None = None,
     checkpoint_blocks: int | None = None,
@@ -717,13 +717,13 @@ def run_plan(
     should_stop: Callable[[], bool] | None = None,
     threads: int | None = None,
 ) -> FitPlan:
-    """Fold every remaining block of ``job`` (a :class:`FitPlan`) into its state; returns it, finished.
+    """Fold every remaining block of ``plan`` (a :class:`FitPlan`) into its state; returns it, finished.
 
     With ``checkpoint_path``, a checkpoint is written every ``checkpoint_blocks`` blocks or
     ``checkpoint_seconds`` seconds, whichever comes first. When ``should_stop()`` turns true (a signal),
     a final checkpoint is written and :class:`InterruptedRunError` raised. ``threads`` worker threads
     (default: one per core, at most four) each read and reduce whole blocks, folded in block order; a
-    plan resumed from a checkpoint keeps the thread count it was started with (``job.threads``).
+    plan resumed from a checkpoint keeps the thread count it was started with (``plan.threads``).
 
     Memory: one block buffer per worker (float32 for a float16 store), plus, for stores whose
     compressed chunks are decoded here, the stored bytes of at most ``workers + 1`` blocks (the blocks in
@@ -735,7 +735,7 @@ def run_plan(
     began = time.perf_counter()
     last_checkpoint = began
     blocks_since = 0
-    total = job.rows_total
+    total = plan.rows_total
 
     def checkpoint_due() -> bool:
         if checkpoint_path is None:
@@ -746,26 +746,26 @@ def run_plan(
 
     # A plan keeps its thread count across resumes: BLAS rounding can depend on its threads per call.
     # Remote sources are read by more threads than cores: their reads wait on the network.
-    job.threads = job.threads or resolve_threads(remote.default_threads(threads, [c.spec for c in job.cursors]))
+    plan.threads = plan.threads or resolve_threads(remote.default_threads(threads, [c.spec for c in plan.cursors]))
     # Fewer blocks in the whole plan than threads: fewer workers, each with more BLAS threads.
-    workers = min(job.threads, max(1, job.blocks_total))
+    workers = min(plan.threads, max(1, plan.blocks_total))
     opened: list[Source] = []
     samplers: dict = {}  # cursor index: (Sampler, source) of a source whose fingerprint the pass completes
-    buffers = _block_buffers(job)
+    buffers = _block_buffers(plan)
     # Fetches stored chunk bytes ahead (I/O, or a copy from the page cache) while the workers decode
     # and multiply; at most ordered_map's ``workers + 1`` blocks in flight are fetched or held.
     reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read") if workers > 1 else None
     with kept_for_next_run(*buffers):  # once the workers have stopped
         results = ordered_map(
             _read_block_moments,
-            _block_tasks(job, opened, buffers, samplers, reader),
+            _block_tasks(plan, opened, buffers, samplers, reader),
             workers,
             worker_blas_threads(workers),
         )
         try:
             for index, _begin, end, moments, skipped, source in results:
-                cursor = job.cursors[index]
-                job.state = stats.merge(job.state, moments)
+                cursor = plan.cursors[index]
+                plan.state = stats.merge(plan.state, moments)
                 cursor.n_skipped += skipped
                 cursor.next_row = end
                 if end == cursor.stop:
@@ -773,28 +773,28 @@ def run_plan(
                         _finish_fingerprint(cursor, samplers.pop(index)[0].hexdigest(source))
                     source.close()
                     opened.remove(source)
-                job.n_blocks += 1
+                plan.n_blocks += 1
                 blocks_since += 1
                 if progress is not None:
-                    progress(job.rows_done, total)
-                stopping = should_stop is not None and should_stop() and not job.done
+                    progress(plan.rows_done, total)
+                stopping = should_stop is not None and should_stop() and not plan.done
                 if checkpoint_path is not None and (stopping or checkpoint_due()):
-                    _record_rows_read(job, samplers)  # a resume checks the rows read so far
-                    save_checkpoint(job, checkpoint_path)
+                    _record_rows_read(plan, samplers)  # a resume checks the rows read so far
+                    save_checkpoint(plan, checkpoint_path)
                     last_checkpoint, blocks_since = time.perf_counter(), 0
                 if stopping:
                     where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
-                    raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
-            _complete_fingerprints(job)  # sources with no rows left to read, if any
+                    raise InterruptedRunError(f"interrupted after {plan.rows_done:,} of {total:,} rows{where}")
+            _complete_fingerprints(plan)  # sources with no rows left to read, if any
         finally:
             results.close()  # stops the workers before their sources are closed
             if reader is not None:
                 reader.shutdown(wait=True, cancel_futures=True)
             for source in opened:
                 source.close()
-    job.seconds += time.perf_counter() - began
-    check_enough_rows(job.state, job.cursors)
-    return job
+    plan.seconds += time.perf_counter() - began
+    check_enough_rows(plan.state, plan.cursors)
+    return plan
 
 
 def fit_sources(
