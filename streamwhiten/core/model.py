@@ -140,6 +140,11 @@ class WhiteningModel:
         return self.state.mean
 
     @property
+    def covariance(self) -> np.ndarray:
+        """``Sigma_beta`` at the model's ``beta``, from its statistics (d x d, float64)."""
+        return covariance(self.state, self.beta)
+
+    @property
     def explained_variance_ratio(self) -> np.ndarray:
         total = float(self.eigvals.sum())
         return self.eigvals / total if total > 0 else np.zeros_like(self.eigvals)
