@@ -21,6 +21,7 @@ from typing import Any
 from ..errors import BadInputError
 from ..options import ReadOptions
 from . import remote
+from .abc.store import partial_path  # noqa: F401 - a sink's temporary name; callers take it from here
 from .registry import BACKENDS, writable
 
 HDF5_SUFFIXES = BACKENDS["hdf5"].suffixes
@@ -250,14 +251,6 @@ def output_kind(path: str) -> str:
         if name.endswith(backend.suffixes):
             return backend.kind
     raise BadInputError(f"{path}: output must end in .zarr, .parquet, .lance or one of {', '.join(HDF5_SUFFIXES)}")
-
-
-def partial_path(path: str) -> str:
-    """The hidden temporary name a sink is written under before it is renamed to ``path``."""
-    if remote.is_url(path):
-        return remote.join(remote.parent(path), f".{remote.basename(path)}.partial")
-    head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
-    return os.path.join(head, f".{tail}.partial")
 
 
 def same_file(a: str, b: str) -> bool:

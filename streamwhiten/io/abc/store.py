@@ -36,7 +36,6 @@ from ...records import ResumeRecord
 from .. import remote
 from .._messages import io_error
 from ..codecs import DecodeError, Decoder, Fetched, decode_rows
-from ..spec import partial_path
 
 #: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
 #: full speed, small enough that a couple of blocks in flight stay well inside memory.
@@ -101,6 +100,14 @@ def identity_of(path: str, dataset: str | None = "") -> tuple[tuple[Any, ...], s
 
 
 # --------------------------------------------------------------------------------------------- sources
+
+
+def partial_path(path: str) -> str:
+    """The hidden temporary name a sink is written under before it is renamed to ``path``."""
+    if remote.is_url(path):
+        return remote.join(remote.parent(path), f".{remote.basename(path)}.partial")
+    head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
+    return os.path.join(head, f".{tail}.partial")
 
 
 class Source(ABC):
