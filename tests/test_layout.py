@@ -295,6 +295,33 @@ def test_io_has_no_import_cycle():
         assert cycle is None, "an import cycle in io: " + " -> ".join(cycle)
 
 
+def test_the_package_has_no_import_cycle():
+    """No module reaches itself through the package's imports, those under ``if TYPE_CHECKING:`` and inside
+    functions included (a cycle there still ties the modules together for a reader), the root package
+    aside (it names its public objects by string and imports nothing at load)."""
+    modules = [module for module in MODULES if module != "streamwhiten"]
+    edges = {
+        module: {target for target, _, _ in own(module) if target in modules and target != module} for module in modules
+    }
+    done: set = set()
+
+    def visit(module: str, path: list) -> list | None:
+        if module in path:
+            return path[path.index(module) :] + [module]
+        if module in done:
+            return None
+        for target in sorted(edges[module]):
+            found = visit(target, path + [module])
+            if found:
+                return found
+        done.add(module)
+        return None
+
+    for module in modules:
+        cycle = visit(module, [])
+        assert cycle is None, "an import cycle: " + " -> ".join(cycle)
+
+
 def test_the_serving_path_needs_neither_numba_nor_storage_libraries():
     """Everything streamwhiten.serving can reach, its functions' imports included, is numba- and storage-free
     (the root package counts as a leaf: it imports nothing until Whitener is asked for)."""
