@@ -330,8 +330,9 @@ def test_package_inits_import_nothing_heavy():
 
 
 def test_every_package_is_shipped_and_checked():
-    """A wheel holds only the packages pyproject lists: every folder of the layout must be there, and
-    mypy's file list must name files that exist (a moved module would drop out of both silently)."""
+    """A wheel holds only the packages pyproject lists: every folder of the layout must be there; mypy's
+    paths must exist and hold every module, and its strict sections must name packages that exist (a
+    moved module or package would drop out of them silently)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
@@ -339,7 +340,16 @@ def test_every_package_is_shipped_and_checked():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = {module for module, path in MODULES.items() if path.name == "__init__.py"}
     assert set(config["tool"]["setuptools"]["packages"]) == packages
-    assert [path for path in config["tool"]["mypy"]["files"] if not (ROOT / path).is_file()] == []
+    mypy = config["tool"]["mypy"]
+    checked = [ROOT / path for path in mypy["files"]]
+    assert [path for path in checked if not path.exists()] == []
+    unchecked = [module for module, path in MODULES.items() if not any(c == path or c in path.parents for c in checked)]
+    assert unchecked == []
+    strict = [
+        name for section in mypy["overrides"] if section.get("disallow_untyped_defs") for name in section["module"]
+    ]
+    assert strict, "no package is checked strictly"
+    assert [name for name in strict if name.removesuffix(".*") not in packages] == []
 
 
 @pytest.mark.parametrize(
