@@ -232,11 +232,13 @@ def test_third_party_libraries_have_one_place():
 
 
 def test_optional_extras_are_imported_where_they_are_used():
+    """An optional extra is imported inside the function that needs it, or under ``if TYPE_CHECKING:``
+    (read by type checkers only), never when the module loads."""
     wrong = [
         f"{where(module, line)}: imports {target} when the module loads"
         for module in MODULES
         if layer(module) != "io"  # pyarrow/lance backends load only when a store of theirs is opened
-        for target, line, lazy in foreign(module)
+        for target, line, lazy in runtime_imports(module)
         if target in OPTIONAL and not lazy
     ]
     assert not wrong, "\n".join(wrong)
