@@ -204,7 +204,7 @@ class FitResult:
 
     state: stats.Moments
     n_skipped: int = 0
-    sources: list[Fingerprint] = field(default_factory=list)
+    sources: Sequence[Fingerprint] = field(default_factory=list)
     n_blocks: int = 0
     seconds: float = 0.0
     rows_read: int | None = None  # default: every row counted or skipped
