@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
+from collections.abc import Iterator
 
 import numpy as np
+import numpy.typing as npt
 
 #: Every buffer starts at a multiple of this many bytes, as direct (``O_DIRECT``) I/O needs.
 ALIGNMENT = 4096
@@ -34,14 +36,14 @@ def _capacity(owner: np.ndarray) -> int:
     return owner.nbytes - ALIGNMENT
 
 
-def as_array(buffer: np.ndarray, shape, dtype) -> np.ndarray:
+def as_array(buffer: np.ndarray, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     """The first bytes of a byte ``buffer`` as an array of ``shape`` and ``dtype`` (a view, no copy)."""
     dtype = np.dtype(dtype)
     n_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     return buffer[:n_bytes].view(dtype).reshape(shape)
 
 
-def _aligned(owner: np.ndarray, shape, dtype) -> np.ndarray:
+def _aligned(owner: np.ndarray, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     """``owner``'s bytes from its first aligned address, as an array of ``shape`` and ``dtype``."""
     return as_array(owner[-owner.ctypes.data % ALIGNMENT :], shape, dtype)
 
@@ -53,12 +55,12 @@ class _Cache:
     is how :meth:`give_back` finds it.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._free: list[np.ndarray] = []
-        self._lent = weakref.WeakValueDictionary()
+        self._lent: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
 
-    def take(self, shape, dtype) -> np.ndarray:
+    def take(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
         n_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         with self._lock:
             fitting = [owner for owner in self._free if _capacity(owner) >= n_bytes]
@@ -93,7 +95,7 @@ class _Cache:
 _CACHE = _Cache()
 
 
-def take(shape, dtype) -> np.ndarray:
+def take(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     """An aligned, uninitialised array of ``shape`` and ``dtype``: a cached buffer when one is big
     enough, else a new one. Hand it back with :func:`give_back` once nothing uses it."""
     return _CACHE.take(shape, dtype)
@@ -115,7 +117,7 @@ def cached_bytes() -> int:
 
 
 @contextlib.contextmanager
-def kept_for_next_run(*holders):
+def kept_for_next_run(*holders: PerThread | BufferPool | None) -> Iterator[None]:
     """Hand the buffers of ``holders`` (:class:`PerThread`, :class:`BufferPool` or None) back to the
     cache when the block ends, normally or by an ordinary error, after which every thread that used
     them has been joined. After a KeyboardInterrupt or SystemExit that may not hold (a second Ctrl-C
@@ -131,7 +133,7 @@ def kept_for_next_run(*holders):
         _release(holders)
 
 
-def _release(holders) -> None:
+def _release(holders: tuple[PerThread | BufferPool | None, ...]) -> None:
     for holder in holders:
         if holder is not None:
             holder.release()
@@ -142,7 +144,7 @@ class PerThread:
     taken from the cache on first use; :meth:`release` hands them all back once the workers stopped,
     after which :meth:`get` refuses."""
 
-    def __init__(self, shape, dtype):
+    def __init__(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         self._shape, self._dtype = tuple(shape), np.dtype(dtype)
         self._local = threading.local()
         self._taken: list[np.ndarray] = []
@@ -171,7 +173,7 @@ class BufferPool:
     cache only when none is free here), :meth:`give_back` it when done with it; :meth:`release` hands
     the free ones back to the cache at the end of a run (any still out are left to the collector)."""
 
-    def __init__(self, shape, dtype):
+    def __init__(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         self._shape, self._dtype = tuple(shape), np.dtype(dtype)
         self._free: list[np.ndarray] = []
         self._lock = threading.Lock()

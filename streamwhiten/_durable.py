@@ -71,7 +71,7 @@ def remove_stale_temps(path: str) -> list[str]:
     """
     head, tail = os.path.split(os.path.abspath(os.fspath(path).rstrip("/")))
     pattern = re.compile(rf"^\.{re.escape(tail)}\.(tmp|old)-(\d+)$")
-    removed = []
+    removed: list[str] = []
     try:
         names = os.listdir(head)
     except OSError:

@@ -63,7 +63,8 @@ def npy_header(handle, size: int) -> tuple[tuple, np.dtype, bool, int]:
     elif version == (2, 0):
         shape, fortran, dtype = npy_format.read_array_header_2_0(handle)
     else:
-        shape, fortran, dtype = npy_format._read_array_header(handle, version)
+        # numpy's stubs leave out its private header reader (version 3.0 headers)
+        shape, fortran, dtype = npy_format._read_array_header(handle, version)  # type: ignore[attr-defined]
     if any(int(n) < 0 for n in shape):
         raise ValueError(f"its header declares negative dimensions {tuple(shape)}")
     if dtype.hasobject:

@@ -31,7 +31,8 @@ _KINDS = (
 
 def _inside_a_file(path: str) -> str:
     """For a missing ``path`` that runs through a file (``store.h5/name``), how to name what is inside it."""
-    head, rest = path.rstrip("/"), []
+    head = path.rstrip("/")
+    rest: list[str] = []
     while head and head not in ("/", "."):
         head, tail = os.path.split(head)
         rest.insert(0, tail)

@@ -28,7 +28,7 @@ class BadInputError(StreamwhitenError, ValueError):
 class NonFiniteError(BadInputError):
     """A row holds NaN or Inf; ``row`` is its index where known."""
 
-    def __init__(self, message, row=None):
+    def __init__(self, message: str, row: int | None = None) -> None:
         super().__init__(message)
         self.row = row
 
@@ -37,7 +37,7 @@ class ValuesTooLargeError(BadInputError):
     """Finite values overflow the arithmetic (when centred, whitened or cast); ``row`` is the first
     such row where known, ``detail`` the message without the row."""
 
-    def __init__(self, detail, row=None, label=None):
+    def __init__(self, detail: str, row: int | None = None, label: str | None = None) -> None:
         where = f"row {row}: " if row is not None else ""
         super().__init__(f"{label}: {where}{detail}" if label else f"{where}{detail}")
         self.detail, self.row = detail, row
@@ -50,7 +50,7 @@ class CorruptStoreError(BadInputError):
 class MissingChunkError(CorruptStoreError):
     """A chunk of a store is missing (a store with a hole); ``rows`` is the range it covers where known."""
 
-    def __init__(self, message, rows=None):
+    def __init__(self, message: str, rows: tuple[int, int] | None = None) -> None:
         super().__init__(message)
         self.rows = rows
 
@@ -63,7 +63,7 @@ class OutputExistsError(BadInputError):
     """The output path exists and ``overwrite`` was not given."""
 
     @classmethod
-    def at(cls, path) -> "OutputExistsError":
+    def at(cls, path: object) -> "OutputExistsError":
         """The error for the existing output ``path``: the one place that says how to replace it."""
         return cls(f"{path}: already exists (pass --overwrite to replace it)")
 

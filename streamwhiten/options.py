@@ -43,6 +43,7 @@ class StorageOptions(Mapping):
     """
 
     __slots__ = ("_items",)
+    _items: dict[str, Any]
 
     def __init__(self, items: Mapping[str, Any] | None = None):
         object.__setattr__(self, "_items", _deep_copy(dict(items or {})))
@@ -142,7 +143,7 @@ def default_remote_timeout() -> float:
     if not text:
         return float(params.default("remote_timeout"))
     try:
-        value: object = float(text)
+        value: float | str = float(text)
     except ValueError:
         value = text
     return float(params.check("remote_timeout", value, f"{REMOTE_TIMEOUT_VARIABLE}={text}: remote_timeout"))

@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
+from typing import Any, TypeVar
 
 from .errors import BadInputError
 
@@ -36,6 +37,8 @@ DEFAULT_EPS = 1e-6
 #: more than this. ``benchmarks/staleness_quality.py`` chose it: on the real STS-B data every published
 #: map within it lost less than 0.5 nDCG@10 and Spearman points against a refit (docs/nightly.md).
 DEFAULT_MAX_STALENESS = 0.5
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class Param:
         """The command-line spelling: ``flags``, else ``--name-with-dashes``."""
         return self.flags or ("--" + self.name.replace("_", "-"),)
 
-    def accepts(self, value) -> bool:
+    def accepts(self, value: Any) -> bool:
         if value is None:
             return self.none
         if self.kind is tuple:
@@ -103,18 +106,19 @@ class Param:
             return False
         if self.low is not None and (value < self.low or (value == self.low and self.closed in ("right", "neither"))):
             return False
-        if self.high is not None and (value > self.high or (value == self.high and self.closed in ("left", "neither"))):
+        # typeshed's numbers.Real declares __lt__ and __le__ but not __gt__ (a Real compares either way)
+        if self.high is not None and (value > self.high or (value == self.high and self.closed in ("left", "neither"))):  # type: ignore[operator]
             return False
         return True
 
-    def check(self, value, where: str | None = None):
+    def check(self, value: _T, where: str | None = None) -> _T:
         """``value`` if allowed, else :class:`BadInputError` ``"<where> must be <text>, got <value>"``."""
         if not self.accepts(value):
             raise BadInputError(f"{where or self.label or self.name} must be {self.text}, got {value!r}")
         return value
 
 
-def _is_numpy_bool(value) -> bool:
+def _is_numpy_bool(value: object) -> bool:
     return type(value).__module__ == "numpy" and getattr(getattr(value, "dtype", None), "kind", None) == "b"
 
 
@@ -122,7 +126,7 @@ _COUNT = "a whole number of at least 1"
 _PER_CORE = f"{_COUNT} (or -1 for one per core)"
 
 
-def _params(*items: Param) -> dict:
+def _params(*items: Param) -> dict[str, Param]:
     """The registry by name, each alias beside its parameter (an entry of its own, checked and named as
     the alias, so ``chunk_rows=0`` is refused as "chunk_rows must be ...")."""
     table = {}
@@ -369,16 +373,23 @@ def job_keys(table: str) -> tuple:
 MODEL_PARAMS = ("beta", "gamma", "n_components", "variance", "eps")
 
 
-def check(name: str, value, where: str | None = None):
+def check(name: str, value: _T, where: str | None = None) -> _T:
     """``value`` if it is allowed for parameter ``name``, else :class:`BadInputError`."""
     return PARAMS[name].check(value, where)
 
 
-def default(name: str):
+def default(name: str) -> Any:
     return PARAMS[name].default
 
 
-def check_model(beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, variance=None, n_features=None) -> None:
+def check_model(
+    beta: float = 1.0,
+    gamma: float = 1.0,
+    eps: float = DEFAULT_EPS,
+    n_components: int | None = None,
+    variance: float | None = None,
+    n_features: int | None = None,
+) -> None:
     """Check the whitening's parameters, each and together (``n_features``: the data width, if known)."""
     for name, value in (
         ("beta", beta),

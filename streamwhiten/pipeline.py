@@ -29,10 +29,15 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from . import params as _params
 from .errors import BadInputError, InterruptedRunError, NothingToDoError
 from .options import ApplyOptions, EngineOptions, FitOptions, ReadOptions, Setting
+
+if TYPE_CHECKING:
+    from .core.model import WhiteningModel
+    from .engine.fit import FitPlan
 
 log = logging.getLogger("streamwhiten")
 
@@ -83,7 +88,7 @@ class FitOutcome:
     update reads only what was added), ``seconds`` the whole call.
     """
 
-    model: object
+    model: WhiteningModel
     model_path: str | None
     file_checksum: str | None
     rows_read: int
@@ -122,7 +127,7 @@ class _Planned:
     """A fit ready to run: its plan, whether it resumes a checkpoint, the setting to finalize with and
     the rows an updated model had skipped already."""
 
-    plan: object
+    plan: FitPlan
     resumed: bool
     params: dict
     skipped_before: int
@@ -194,12 +199,12 @@ def fit(
         raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
     checkpoint = _prepare_model_path(inputs, model_path, params, options, read, update) if model_path else None
     planned = _plan(inputs, options, read, update, params, checkpoint, runner)
-    every = (checkpoint, options.checkpoint_every, options.checkpoint_seconds)
+    every = (checkpoint, options.checkpoint_every, options.checkpoint_seconds) if checkpoint else None
     result = runner.fit(
         planned.plan,
         progress=progress,
         should_stop=should_stop,
-        checkpoint=every if runner.checkpoints and checkpoint else None,
+        checkpoint=every if runner.checkpoints else None,
     )
     model = finalize_fit(result, planned.params, planned.skipped_before)
     checksum = None

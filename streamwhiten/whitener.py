@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
@@ -21,6 +22,9 @@ from . import errors, params
 from .core import stats
 from .core.model import WhiteningModel, load_model, save_model
 from .errors import BadInputError
+
+if TYPE_CHECKING:
+    from .records import Fingerprint
 
 #: Rows per block when an in-memory array is fitted (bounds the float32 workspace).
 IN_MEMORY_CHUNK_ROWS = 65536
@@ -147,6 +151,11 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     >>> w.set_params(n_components=2).transform(X).shape   # re-finalized, no second pass
     (5000, 2)
     """
+
+    # Set by a fit, absent before (scikit-learn's fitted attributes): declared for type checkers only.
+    state_: stats.Moments
+    n_skipped_: int
+    sources_: Sequence[Fingerprint]
 
     def __init__(
         self,

@@ -232,11 +232,13 @@ def test_third_party_libraries_have_one_place():
 
 
 def test_optional_extras_are_imported_where_they_are_used():
+    """An optional extra is imported inside the function that needs it, or under ``if TYPE_CHECKING:``
+    (read by type checkers only), never when the module loads."""
     wrong = [
         f"{where(module, line)}: imports {target} when the module loads"
         for module in MODULES
         if layer(module) != "io"  # pyarrow/lance backends load only when a store of theirs is opened
-        for target, line, lazy in foreign(module)
+        for target, line, lazy in runtime_imports(module)
         if target in OPTIONAL and not lazy
     ]
     assert not wrong, "\n".join(wrong)
@@ -357,8 +359,9 @@ def test_package_inits_import_nothing_heavy():
 
 
 def test_every_package_is_shipped_and_checked():
-    """A wheel holds only the packages pyproject lists: every folder of the layout must be there, and
-    mypy's file list must name files that exist (a moved module would drop out of both silently)."""
+    """A wheel holds only the packages pyproject lists: every folder of the layout must be there; mypy's
+    paths must exist and hold every module, and its strict sections must name packages that exist (a
+    moved module or package would drop out of them silently)."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
@@ -366,7 +369,16 @@ def test_every_package_is_shipped_and_checked():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     packages = {module for module, path in MODULES.items() if path.name == "__init__.py"}
     assert set(config["tool"]["setuptools"]["packages"]) == packages
-    assert [path for path in config["tool"]["mypy"]["files"] if not (ROOT / path).is_file()] == []
+    mypy = config["tool"]["mypy"]
+    checked = [ROOT / path for path in mypy["files"]]
+    assert [path for path in checked if not path.exists()] == []
+    unchecked = [module for module, path in MODULES.items() if not any(c == path or c in path.parents for c in checked)]
+    assert unchecked == []
+    strict = [
+        name for section in mypy["overrides"] if section.get("disallow_untyped_defs") for name in section["module"]
+    ]
+    assert strict, "no package is checked strictly"
+    assert [name for name in strict if name.removesuffix(".*") not in packages] == []
 
 
 @pytest.mark.parametrize(

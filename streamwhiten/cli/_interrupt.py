@@ -33,6 +33,7 @@ import signal
 import sys
 import threading
 from contextlib import contextmanager
+from typing import Any
 
 #: Set by the first SIGINT/SIGTERM; the library polls it through ``should_stop``.
 requested = threading.Event()
@@ -40,7 +41,7 @@ requested = threading.Event()
 received: list = []
 
 _STARTUP, _DEFERRED, _IMMEDIATE = "startup", "deferred", "immediate"
-_state = {"mode": _STARTUP, "previous": None, "pending": None, "raised": False}
+_state: dict[str, Any] = {"mode": _STARTUP, "previous": None, "pending": None, "raised": False}
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -95,9 +96,10 @@ def install() -> bool:
     _state["mode"] = _STARTUP
     _state["pending"] = None
     _state["raised"] = False
-    _state["previous"] = {sig: signal.signal(sig, _handler) for sig in _SIGNALS}
+    previous: dict[int, Any] = {sig: signal.signal(sig, _handler) for sig in _SIGNALS}
+    _state["previous"] = previous
     if hasattr(signal, "SIGALRM"):
-        _state["previous"][signal.SIGALRM] = signal.signal(signal.SIGALRM, _retry)
+        previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, _retry)
     if not getattr(sys.unraisablehook, "_streamwhiten", False):
         sys.unraisablehook = _quiet_unraisable(sys.unraisablehook)
     return True

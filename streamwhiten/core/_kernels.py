@@ -5,18 +5,21 @@ its own block (see ``engine._threads``), not from threads inside a kernel, which
 the cores. ``cache=True`` so the compile cost (a few seconds) is paid once per machine, not per run.
 """
 
+from collections.abc import Callable
+from typing import Any
+
 import numba
 import numpy as np
+import numpy.typing as npt
 from numba import extending, types
 
-_JIT = dict(nogil=True, cache=True)
 #: Row groups of the centring pass, each summed on its own before the groups are added in order: a
 #: fixed partition, so the float64 sums (and every result) never depend on how the work is scheduled.
 ROW_GROUPS = 16
 
 
-@numba.njit(**_JIT)
-def center_and_sum(block, shift, out):
+@numba.njit(nogil=True, cache=True)
+def center_and_sum(block: np.ndarray, shift: npt.NDArray[np.float64], out: np.ndarray) -> npt.NDArray[np.float64]:
     """``out[:n] = block - shift`` (cast to ``out``'s dtype) in one pass, and the float64 column sums
     of the values written.
 
@@ -51,8 +54,8 @@ def center_and_sum(block, shift, out):
     return total
 
 
-@numba.njit(**_JIT)
-def finite_row_mask(block):
+@numba.njit(nogil=True, cache=True)
+def finite_row_mask(block: np.ndarray) -> npt.NDArray[np.bool_]:
     """True for each row whose every value is finite."""
     n_rows, n_cols = block.shape
     mask = np.ones(n_rows, dtype=np.bool_)
@@ -64,8 +67,13 @@ def finite_row_mask(block):
     return mask
 
 
-@numba.njit(**_JIT)
-def merged_scatter(scatter_a, scatter_b, delta, weight):
+@numba.njit(nogil=True, cache=True)
+def merged_scatter(
+    scatter_a: npt.NDArray[np.float64],
+    scatter_b: npt.NDArray[np.float64],
+    delta: npt.NDArray[np.float64],
+    weight: float,
+) -> npt.NDArray[np.float64]:
     """``scatter_a + scatter_b + weight * outer(delta, delta)`` in one pass (Chan et al. merge)."""
     n_cols = delta.shape[0]
     out = np.empty((n_cols, n_cols), dtype=np.float64)
@@ -76,8 +84,8 @@ def merged_scatter(scatter_a, scatter_b, delta, weight):
     return out
 
 
-@numba.njit(**_JIT)
-def lzf_decompress(data, out):
+@numba.njit(nogil=True, cache=True)
+def lzf_decompress(data: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> int:
     """Inflate the raw LZF stream ``data`` (uint8, as h5py's LZF filter stores a chunk) into ``out``
     (uint8); returns the bytes written, or -1 where the stream is damaged: a literal run or back
     reference past the end of either buffer, or a reference before the start of the output.
@@ -131,7 +139,7 @@ def lzf_decompress(data, out):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _place_score(scores, rows, value, row):
+def _place_score(scores: np.ndarray, rows: npt.NDArray[np.int64], value: float, row: int) -> None:
     """Insert ``(value, row)`` into the full top list ``scores``/``rows`` (best first), dropping the last."""
     j = scores.shape[0] - 1
     while j > 0:
@@ -146,7 +154,7 @@ def _place_score(scores, rows, value, row):
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _place_distance(distances, rows, value, row):
+def _place_distance(distances: npt.NDArray[np.int64], rows: npt.NDArray[np.int64], value: int, row: int) -> None:
     """Insert ``(value, row)`` into the full top list ``distances``/``rows`` (smallest first)."""
     j = distances.shape[0] - 1
     while j > 0:
@@ -165,8 +173,16 @@ def _place_distance(distances, rows, value, row):
 _SCAN = 16
 
 
-@numba.njit(**_JIT)
-def merge_top_scores(scores, first_row, first_query, top_scores, top_rows, exclude_start, exclude_rows):
+@numba.njit(nogil=True, cache=True)
+def merge_top_scores(
+    scores: np.ndarray,
+    first_row: int,
+    first_query: int,
+    top_scores: np.ndarray,
+    top_rows: npt.NDArray[np.int64],
+    exclude_start: npt.NDArray[np.int64],
+    exclude_rows: npt.NDArray[np.int64],
+) -> None:
     """Merge a tile of inner products into running top lists (larger is better).
 
     ``scores[i, j]`` is the score of query ``first_query + i`` against corpus row ``first_row + j``;
@@ -204,12 +220,12 @@ def merge_top_scores(scores, first_row, first_query, top_scores, top_rows, exclu
 
 
 @extending.intrinsic
-def _popcount(typingctx, word):
+def _popcount(typingctx: Any, word: Any) -> tuple[Any, Callable[..., Any]]:
     """The number of set bits of a uint64, as LLVM's ``ctpop`` (one ``popcnt``, or ``vpopcntq`` on a
     vector of words, where the CPU has them)."""
     signature = types.uint64(types.uint64)
 
-    def codegen(context, builder, sig, args):
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
         return builder.ctpop(args[0])
 
     return signature, codegen
@@ -219,10 +235,18 @@ def _popcount(typingctx, word):
 _HAMMING_TILE_BYTES = 32768
 
 
-@numba.njit(**_JIT)
+@numba.njit(nogil=True, cache=True)
 def merge_top_hamming(
-    query_words, corpus_words, first_row, first_query, stop_query, top_distances, top_rows, exclude_start, exclude_rows
-):
+    query_words: npt.NDArray[np.uint64],
+    corpus_words: npt.NDArray[np.uint64],
+    first_row: int,
+    first_query: int,
+    stop_query: int,
+    top_distances: npt.NDArray[np.int64],
+    top_rows: npt.NDArray[np.int64],
+    exclude_start: npt.NDArray[np.int64],
+    exclude_rows: npt.NDArray[np.int64],
+) -> None:
     """Hamming distances of queries ``first_query..stop_query - 1`` to a block of corpus rows, merged
     into their running top lists (smaller is better, ties to the lower row).
 
@@ -247,7 +271,8 @@ def merge_top_hamming(
                 word = query_words[query, w]
                 column = corpus_words[w, t0:t1]
                 for j in range(width):
-                    distance[j] += np.int64(_popcount(word ^ column[j]))
+                    # numba's stubs type an intrinsic's call with its typing context, which numba supplies
+                    distance[j] += np.int64(_popcount(word ^ column[j]))  # type: ignore[call-arg]
             for e in range(exclude_start[query], exclude_start[query + 1]):
                 row = exclude_rows[e]
                 if tile_first <= row < tile_first + width:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import __version__
 from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
@@ -24,6 +26,21 @@ from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
 MAP_FORMAT, MAP_VERSION = "streamwhiten-affine", 1
 #: Rows centred at a time in float64 before the float32 product (bounds the temporary memory).
 _BLOCK_ROWS = 16384
+
+if TYPE_CHECKING:
+    import torch
+
+
+class _Rows(Protocol):
+    """What :meth:`AffineMap._check_shape` reads of a batch: an ndarray or a torch tensor."""
+
+    @property
+    def ndim(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+
+_R = TypeVar("_R", bound=_Rows)
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,23 +80,23 @@ class AffineMap:
     normalize: bool = False
     file_checksum: str = ""
     mean_sq_norm: float | None = None
-    _cache: dict = field(default_factory=dict, init=False, repr=False)
+    _cache: dict[object, Any] = field(default_factory=dict, init=False, repr=False)
 
     @classmethod
     def from_eigh(
         cls,
-        eigvals,
-        eigvecs,
-        mean,
-        beta,
-        gamma,
-        eps,
-        eps_value,
-        n_components,
-        variance=None,
-        normalize=False,
-        file_checksum="",
-        mean_sq_norm=None,
+        eigvals: np.ndarray,
+        eigvecs: np.ndarray,
+        mean: npt.ArrayLike,
+        beta: float,
+        gamma: float,
+        eps: float,
+        eps_value: float,
+        n_components: int,
+        variance: float | None = None,
+        normalize: bool = False,
+        file_checksum: str = "",
+        mean_sq_norm: float | None = None,
     ) -> AffineMap:
         """The map of a finalized model: ``A = eigvecs[:, :k] * (eigvals[:k] + eps_value) ** (-gamma / 2)``.
 
@@ -133,14 +150,14 @@ class AffineMap:
                 digest.update(values.tobytes())
             digest.update(struct.pack("<dddq", self.beta, self.gamma, self.eps, self.n_components))
             self._cache["checksum"] = digest.hexdigest()
-        return self._cache["checksum"]
+        return cast(str, self._cache["checksum"])
 
     @property
     def shift(self) -> np.ndarray:
         """``beta * mean``: what :meth:`transform` subtracts before the product."""
         return self.beta * self.mean
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         """The setting and provenance as plain JSON-able values: ``model_checksum`` is the map's
         :attr:`checksum`, ``model_file_checksum`` the model file's (:attr:`file_checksum`)."""
         return {
@@ -156,12 +173,12 @@ class AffineMap:
             "model_file_checksum": self.file_checksum,
         }
 
-    def metadata(self) -> dict:
+    def metadata(self) -> dict[str, str]:
         """:meth:`params` as strings (exact float reprs), for formats whose metadata is str -> str."""
         values = dict(self.params(), format=MAP_FORMAT, format_version=MAP_VERSION, package_version=__version__)
         return {key: _text(value) for key, value in sorted(values.items())}
 
-    def transform(self, x, normalize: bool | None = None):
+    def transform(self, x: Any, normalize: bool | None = None) -> Any:
         """Whiten one vector or a batch of rows.
 
         Parameters
@@ -214,20 +231,20 @@ class AffineMap:
 
     __call__ = transform
 
-    def _check_shape(self, rows):
+    def _check_shape(self, rows: _R) -> _R:
         if rows.ndim != 2:
             raise BadInputError(f"expected one vector or a 2-D array (rows x features), got shape {tuple(rows.shape)}")
         if rows.shape[1] != self.n_features:
             raise BadInputError(f"the whitening expects {self.n_features} features, got {rows.shape[1]}")
         return rows
 
-    def _weights(self, dtype) -> np.ndarray:
+    def _weights(self, dtype: npt.DTypeLike) -> np.ndarray:
         key = np.dtype(dtype).name
         if key not in self._cache:
             self._cache[key] = np.ascontiguousarray(self.A, dtype=dtype)
-        return self._cache[key]
+        return cast(np.ndarray, self._cache[key])
 
-    def _transform_torch(self, x, normalize: bool):
+    def _transform_torch(self, x: torch.Tensor, normalize: bool) -> torch.Tensor:
         import torch
 
         if not torch.is_floating_point(x):
@@ -240,7 +257,7 @@ class AffineMap:
                 torch.as_tensor(self.A, dtype=rows.dtype, device=rows.device),
                 torch.as_tensor(self.beta * self.mean, dtype=rows.dtype, device=rows.device),
             )
-        A, shift = self._cache[key]
+        A, shift = cast("tuple[torch.Tensor, torch.Tensor]", self._cache[key])
         out = (rows - shift) @ A
         if normalize:
             norms = torch.linalg.vector_norm(out, dim=1, keepdim=True)
@@ -251,7 +268,7 @@ class AffineMap:
         return out[0] if single else out
 
 
-def mean_sq_norm(n_rows: int, mean, scatter) -> float:
+def mean_sq_norm(n_rows: int, mean: npt.ArrayLike, scatter: npt.ArrayLike) -> float:
     """The mean squared L2 norm of ``n_rows`` rows from their mean and centred scatter:
     ``E|x|^2 = trace(scatter) / n + |mean|^2`` (1 for unit-length rows)."""
     mean = np.asarray(mean, dtype=np.float64)
@@ -272,7 +289,7 @@ def scale_rows_to_unit(out: np.ndarray, norms: np.ndarray) -> None:
     out /= np.where(norms > 0, norms, 1)[:, None]
 
 
-def _raise_nonfinite(finite_in, finite_out, dtype) -> None:
+def _raise_nonfinite(finite_in: npt.ArrayLike, finite_out: npt.ArrayLike, dtype: object) -> NoReturn:
     bad_in = ~np.asarray(finite_in, dtype=bool)
     if bad_in.any():
         row = int(np.argmax(bad_in))
@@ -285,12 +302,12 @@ def _raise_nonfinite(finite_in, finite_out, dtype) -> None:
     )
 
 
-def _is_torch_tensor(x) -> bool:
+def _is_torch_tensor(x: object) -> bool:
     # no import of torch: a tensor can only exist once the caller has imported it
     return type(x).__module__.startswith("torch") and hasattr(x, "dim") and hasattr(x, "device")
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, bool):

@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import __version__
 from .._durable import check_replaceable
@@ -32,22 +35,29 @@ FORMAT_VERSION = 1
 MODEL_SUFFIX = ".npz"
 
 
-def check_params(beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, variance=None, n_features=None) -> None:
+def check_params(
+    beta: float = 1.0,
+    gamma: float = 1.0,
+    eps: float = DEFAULT_EPS,
+    n_components: int | None = None,
+    variance: float | None = None,
+    n_features: int | None = None,
+) -> None:
     """Raise :class:`BadInputError` for a hyper-parameter outside its range (see :mod:`streamwhiten.params`)."""
     check_model(beta, gamma, eps, n_components, variance, n_features)
 
 
-def float_dtype(dtype) -> np.dtype:
+def float_dtype(dtype: npt.DTypeLike) -> np.dtype:
     """``dtype`` in native byte order; :class:`BadInputError` unless it is float16, float32 or float64."""
     dtype = np.dtype(dtype)
     if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
         raise BadInputError(
             f"expected float16, float32 or float64 values, got dtype {dtype} (convert with .astype(np.float32))"
         )
-    return dtype.newbyteorder("=")
+    return cast(np.dtype, dtype.newbyteorder("="))
 
 
-def float_rows(rows) -> np.ndarray:
+def float_rows(rows: npt.ArrayLike) -> np.ndarray:
     """``rows`` as an array of float16, float32 or float64 in native byte order (copied only to swap
     bytes); integer, bool, complex and object arrays raise :class:`BadInputError`."""
     if type(rows).__module__.startswith("scipy.sparse"):
@@ -125,7 +135,7 @@ class WhiteningModel:
     eigvecs: np.ndarray
     eps_value: float
     sources: tuple[Fingerprint, ...] = ()
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def n_features(self) -> int:
@@ -157,12 +167,18 @@ class WhiteningModel:
         """``(Lambda_k + eps_)^(-gamma/2)`` for the kept components."""
         return (self.eigvals[: self.n_components] + self.eps_value) ** (-self.gamma / 2.0)
 
-    def projection(self, dtype=np.float64) -> tuple[np.ndarray, np.ndarray]:
+    def projection(self, dtype: npt.DTypeLike = np.float64) -> tuple[np.ndarray, np.ndarray]:
         """``(W, shift)`` with ``y = (x - shift) @ W``: ``W = U_k diag(scales)``, ``shift = beta * mu``."""
         weights = self.eigvecs[:, : self.n_components] * self.scales()
         return np.ascontiguousarray(weights, dtype=dtype), (self.beta * self.state.mean)
 
-    def transform(self, rows, normalize: bool = False, dtype=None, skip_nonfinite: bool = False) -> np.ndarray:
+    def transform(
+        self,
+        rows: npt.ArrayLike,
+        normalize: bool = False,
+        dtype: npt.DTypeLike | None = None,
+        skip_nonfinite: bool = False,
+    ) -> np.ndarray:
         """Whiten ``rows`` (one vector or a 2-D array of floats); float32/float16 input is computed in float32.
 
         A row holding NaN or Inf raises :class:`NonFiniteError` naming the first one, unless
@@ -191,7 +207,15 @@ class WhiteningModel:
                 )
         return out[0] if single else out
 
-    def as_affine(self, beta=None, gamma=None, n_components=None, variance=None, eps=None, normalize=False):
+    def as_affine(
+        self,
+        beta: float | None = None,
+        gamma: float | None = None,
+        n_components: int | None = None,
+        variance: float | None = None,
+        eps: float | None = None,
+        normalize: bool = False,
+    ) -> AffineMap:
         """The transform as the affine map ``y = x A + b``, for serving and export.
 
         Parameters
@@ -226,9 +250,9 @@ class WhiteningModel:
             mean_sq_norm(model.n_rows, model.mean, model.state.scatter),
         )
 
-    def with_params(self, **changes) -> WhiteningModel:
+    def with_params(self, **changes: Any) -> WhiteningModel:
         """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data."""
-        params = dict(
+        params: dict[str, Any] = dict(
             beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance
         )
         if "n_components" in changes and changes["n_components"] is not None:
@@ -241,7 +265,7 @@ class WhiteningModel:
             return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info)
         return finalize(self.state, sources=self.sources, info=self.info, **params)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         """Parameters and spectrum summary as plain JSON-able values."""
         eigvals = self.eigvals
         ratio = self.explained_variance_ratio
@@ -266,7 +290,14 @@ class WhiteningModel:
         }
 
 
-def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False) -> np.ndarray:
+def project(
+    rows: npt.ArrayLike,
+    weights: np.ndarray,
+    shift: npt.ArrayLike,
+    normalize: bool = False,
+    dtype: npt.DTypeLike | None = None,
+    overwrite_input: bool = False,
+) -> np.ndarray:
     """``(rows - shift) @ weights`` in ``weights``' dtype, rows optionally scaled to unit L2 norm.
 
     Centring happens before the product (never ``rows @ W - shift @ W``, which cancels when the mean
@@ -275,7 +306,15 @@ def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=F
     return project_checked(rows, weights, shift, normalize, dtype, overwrite_input)[0]
 
 
-def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False, out=None):
+def project_checked(
+    rows: npt.ArrayLike,
+    weights: np.ndarray,
+    shift: npt.ArrayLike,
+    normalize: bool = False,
+    dtype: npt.DTypeLike | None = None,
+    overwrite_input: bool = False,
+    out: np.ndarray | None = None,
+) -> tuple[np.ndarray, npt.NDArray[np.bool_] | None]:
     """:func:`project`, plus a mask of the rows taken as finite input, or None when every row is.
 
     The centring pass returns column sums, which are finite exactly when every centred value is:
@@ -323,7 +362,7 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
     return out, finite
 
 
-def cast_checked(values: np.ndarray, dtype, into: np.ndarray | None = None) -> np.ndarray:
+def cast_checked(values: np.ndarray, dtype: npt.DTypeLike, into: np.ndarray | None = None) -> np.ndarray:
     """``values`` cast to ``dtype`` (into ``into``'s first rows if given); raises
     :class:`ValuesTooLargeError` naming the first row whose finite values do not fit."""
     target = np.empty(values.shape, dtype) if into is None else into[: values.shape[0]]
@@ -343,7 +382,7 @@ def cast_checked(values: np.ndarray, dtype, into: np.ndarray | None = None) -> n
     return target
 
 
-def raise_if_overflowed(overflowed: np.ndarray, dtype, when: str, hint: str = "") -> None:
+def raise_if_overflowed(overflowed: np.ndarray, dtype: npt.DTypeLike, when: str, hint: str = "") -> None:
     """Raise :class:`ValuesTooLargeError` for the first row marked in ``overflowed``, if any."""
     if np.any(overflowed):
         raise ValuesTooLargeError(
@@ -352,7 +391,14 @@ def raise_if_overflowed(overflowed: np.ndarray, dtype, when: str, hint: str = ""
         )
 
 
-def _select(state, params, eigvals, eigvecs, sources, info) -> WhiteningModel:
+def _select(
+    state: Moments,
+    params: dict[str, Any],
+    eigvals: np.ndarray,
+    eigvecs: np.ndarray,
+    sources: Iterable[Fingerprint | Mapping[str, Any]] | None,
+    info: Mapping[str, Any] | None,
+) -> WhiteningModel:
     n_features = state.n_features
     check_params(n_features=n_features, **params)
     if params["variance"] is not None:
@@ -377,10 +423,17 @@ def _select(state, params, eigvals, eigvecs, sources, info) -> WhiteningModel:
 
 
 def finalize(
-    state: Moments, beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, variance=None, sources=None, info=None
+    state: Moments,
+    beta: float = 1.0,
+    gamma: float = 1.0,
+    eps: float = DEFAULT_EPS,
+    n_components: int | None = None,
+    variance: float | None = None,
+    sources: Iterable[Fingerprint | Mapping[str, Any]] | None = None,
+    info: Mapping[str, Any] | None = None,
 ) -> WhiteningModel:
     """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring."""
-    params = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
+    params: dict[str, Any] = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
     check_params(n_features=state.n_features, **params)
     if state.n_rows < 2:
         raise BadInputError(f"at least 2 rows are needed to fit, got n_samples = {state.n_rows}")
@@ -398,7 +451,7 @@ def finalize(
 _FLOAT_KEYS = ("beta", "gamma", "eps", "eps_value", "variance")
 
 
-def _arrays(model: WhiteningModel) -> dict:
+def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
     return {
         "format": np.array(FORMAT_NAME),
         "format_version": np.array(FORMAT_VERSION, dtype=np.int64),

@@ -42,8 +42,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import BadInputError, NonFiniteError
 from ..params import PARAMS, check
@@ -89,7 +91,7 @@ class Quantization:
     offset: np.ndarray | None = None
     clip: float | None = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise BadInputError(f"quantization kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if isinstance(self.n_components, bool) or int(self.n_components) != self.n_components:
@@ -105,7 +107,7 @@ class Quantization:
                 if not np.all(np.isfinite(values)):
                     raise BadInputError(f"an int8 quantization's {name} values must be finite")
                 object.__setattr__(self, name, values)
-            if not np.all(self.scale > 0):
+            if not np.all(cast(np.ndarray, self.scale) > 0):  # set just above
                 raise BadInputError("an int8 quantization's scale values must be above 0")
         elif self.scale is not None or self.offset is not None:
             raise BadInputError(f"a {self.kind} quantization has no scale or offset")
@@ -124,7 +126,7 @@ class Quantization:
     def bytes_per_vector(self) -> int:
         return self.width * self.dtype.itemsize
 
-    def encode(self, y) -> np.ndarray:
+    def encode(self, y: npt.ArrayLike) -> np.ndarray:
         """The stored form of the rows ``y`` (n x k floats).
 
         Raises
@@ -145,11 +147,12 @@ class Quantization:
             raise NonFiniteError(f"row {row} holds NaN or Inf, which {self.kind} storage cannot hold", row=row)
         if self.kind == "binary":
             return np.packbits(y > 0, axis=1)
-        codes = np.rint((y.astype(np.float64, copy=False) - self.offset) / self.scale)
+        scale, offset = self._scale_offset()
+        codes: np.ndarray = np.rint((y.astype(np.float64, copy=False) - offset) / scale)
         np.clip(codes, -INT8_MAX, INT8_MAX, out=codes)
         return codes.astype(np.int8)
 
-    def decode(self, codes, dtype=np.float32) -> np.ndarray:
+    def decode(self, codes: npt.ArrayLike, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
         """The rows as floats of ``dtype``: the values, ``code * scale + offset`` (computed in float64),
         or the signs +1/-1 of the bits."""
         codes = np.asarray(codes)
@@ -159,15 +162,21 @@ class Quantization:
                 f"got shape {codes.shape} of {codes.dtype}"
             )
         if self.kind == "int8":
-            return (codes * self.scale + self.offset).astype(dtype, copy=False)
+            scale, offset = self._scale_offset()
+            values: np.ndarray = (codes * scale + offset).astype(dtype, copy=False)
+            return values
         if self.kind == "binary":
             bits = np.unpackbits(codes, axis=1, count=self.n_components)
             return (2 * bits.astype(np.int8) - 1).astype(dtype)
         return codes.astype(dtype)
 
-    def to_dict(self) -> dict:
+    def _scale_offset(self) -> tuple[np.ndarray, np.ndarray]:
+        """An int8 record's ``scale`` and ``offset`` (``__post_init__`` refuses one without them)."""
+        return cast(np.ndarray, self.scale), cast(np.ndarray, self.offset)
+
+    def to_dict(self) -> dict[str, Any]:
         """The record as plain JSON-able values (floats written exactly, as Python floats)."""
-        record: dict = {
+        record: dict[str, Any] = {
             "format": RECORD_FORMAT,
             "format_version": RECORD_VERSION,
             "kind": self.kind,
@@ -189,7 +198,7 @@ class Quantization:
         return record
 
     @classmethod
-    def from_dict(cls, record: dict) -> Quantization:
+    def from_dict(cls, record: dict[str, Any]) -> Quantization:
         """The record :meth:`to_dict` wrote; :class:`BadInputError` for one that is not such a record."""
         if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
             raise BadInputError(f"not a {RECORD_FORMAT} record")
@@ -215,7 +224,9 @@ class Quantization:
             raise BadInputError(f"a damaged {RECORD_FORMAT} record ({exc!r})") from None
 
 
-def output_moments(state: Moments, weights=None, shift=None) -> tuple[np.ndarray, np.ndarray]:
+def output_moments(
+    state: Moments, weights: npt.ArrayLike | None = None, shift: npt.ArrayLike | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Mean and variance of each component of ``y = (x - shift) @ weights`` over the rows the
     statistics ``state`` describe, from the statistics alone.
 
@@ -232,7 +243,7 @@ def output_moments(state: Moments, weights=None, shift=None) -> tuple[np.ndarray
     return mean @ weights, np.clip(variance, 0.0, None)
 
 
-def normalized_moments(mean, variance) -> tuple[np.ndarray, np.ndarray]:
+def normalized_moments(mean: npt.ArrayLike, variance: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """The approximate mean and variance of each component of ``y / ||y||``: both divided by
     ``E||y||^2 = sum_j (var_j + mean_j^2)`` (the mean by its square root).
 
@@ -247,7 +258,9 @@ def normalized_moments(mean, variance) -> tuple[np.ndarray, np.ndarray]:
     return mean / math.sqrt(energy), variance / energy
 
 
-def int8_quantization(mean, variance, clip: float = DEFAULT_INT8_CLIP, normalized: bool = False) -> Quantization:
+def int8_quantization(
+    mean: npt.ArrayLike, variance: npt.ArrayLike, clip: float = DEFAULT_INT8_CLIP, normalized: bool = False
+) -> Quantization:
     """The int8 record whose codes span ``mean +- clip * sqrt(variance)`` per component.
 
     A standard deviation below ``1e-6`` of the largest is raised to it (a constant component still

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class Staleness:
         limit = DEFAULT_MAX_STALENESS if tolerance is None else float(check("max_staleness", tolerance))
         return self.total > limit
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The parts, the total and the row counts as plain JSON-able numbers."""
         return asdict(self)
 

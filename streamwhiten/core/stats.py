@@ -31,8 +31,10 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import BadInputError, NonFiniteError
 from ..params import PARAMS, check
@@ -62,7 +64,7 @@ class Moments:
     def empty(cls, n_features: int) -> Moments:
         return cls(0, np.zeros(n_features), np.zeros((n_features, n_features)))
 
-    def __eq__(self, other):  # exact, bit-for-bit equality
+    def __eq__(self, other: object) -> bool:  # exact, bit-for-bit equality
         if not isinstance(other, Moments):
             return NotImplemented
         return (
@@ -74,7 +76,7 @@ class Moments:
     __hash__ = None  # type: ignore[assignment]  # mutable arrays inside: unhashable, like ndarray
 
 
-def working_dtype(input_dtype, precision: str = "auto") -> np.dtype:
+def working_dtype(input_dtype: npt.DTypeLike, precision: str = "auto") -> np.dtype:
     """The dtype the scatter product runs in: float64 input or ``precision='float64'`` give float64."""
     check("precision", precision)
     if precision == "float64" or (precision == "auto" and np.dtype(input_dtype) == np.float64):
@@ -82,7 +84,7 @@ def working_dtype(input_dtype, precision: str = "auto") -> np.dtype:
     return np.dtype(np.float32)
 
 
-def _as_kernel_input(chunk: np.ndarray) -> np.ndarray:
+def _as_kernel_input(chunk: npt.ArrayLike) -> np.ndarray:
     chunk = np.asarray(chunk)
     if chunk.ndim != 2:
         raise BadInputError(f"expected a 2-D array of rows, got {chunk.ndim}-D with shape {chunk.shape}")
@@ -93,7 +95,7 @@ def _as_kernel_input(chunk: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(chunk)
 
 
-def drop_nonfinite(chunk: np.ndarray) -> tuple[np.ndarray, int]:
+def drop_nonfinite(chunk: npt.ArrayLike) -> tuple[np.ndarray, int]:
     """``chunk`` without its rows holding NaN or Inf, and how many were dropped."""
     chunk = _as_kernel_input(chunk)
     mask = _kernels.finite_row_mask(chunk)
@@ -106,7 +108,7 @@ SHIFT_SAMPLE_ROWS = 256
 
 
 def block_moments(
-    chunk, precision: str = "auto", workspace: np.ndarray | None = None, overwrite_input: bool = False
+    chunk: npt.ArrayLike, precision: str = "auto", workspace: np.ndarray | None = None, overwrite_input: bool = False
 ) -> Moments:
     """Moments of one chunk of rows, in one pass over the data plus the scatter product.
 
@@ -158,7 +160,7 @@ def block_moments(
     return Moments(n_rows, shift + offset, scatter)
 
 
-def _overflow(dtype, what: str) -> BadInputError:
+def _overflow(dtype: np.dtype, what: str) -> BadInputError:
     hint = "; fit with --precision float64" if dtype == np.float32 else ""
     return BadInputError(f"values too large for the arithmetic ({what} overflow){hint}")
 
@@ -179,7 +181,7 @@ def merge(a: Moments, b: Moments) -> Moments:
     return Moments(n_rows, mean, scatter)
 
 
-def update(state: Moments, chunk, precision: str = "auto", **options) -> Moments:
+def update(state: Moments, chunk: npt.ArrayLike, precision: str = "auto", **options: Any) -> Moments:
     """``merge(state, block_moments(block))``: fold one more block of rows into the state."""
     return merge(state, block_moments(chunk, precision, **options))
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping
 from numbers import Integral
+from typing import Any
 
 import numpy as np
 
@@ -47,7 +49,7 @@ def components_for_variance(eigvals: np.ndarray, variance: float) -> int:
 class Fields:
     """The arrays of one file, read field by field; :meth:`fail` is the one-line error naming a field."""
 
-    def __init__(self, arrays: dict, path: str, what: str):
+    def __init__(self, arrays: Mapping[str, Any], path: str, what: str):
         self.arrays, self.path, self.what = arrays, path, what
 
     def fail(self, field: str, problem: str) -> ModelFileError:
@@ -86,7 +88,7 @@ class Fields:
             raise self.fail(field, f"must be text, got {_show(value)}")
         return str(value)
 
-    def array(self, field: str, shape: tuple) -> np.ndarray:
+    def array(self, field: str, shape: tuple[int, ...]) -> np.ndarray:
         """A finite float array of ``shape``, as float64."""
         value = self.get(field)
         if value.dtype.kind != "f":
@@ -97,7 +99,7 @@ class Fields:
             raise self.fail(field, "holds NaN or Inf")
         return np.ascontiguousarray(value, dtype=np.float64)
 
-    def param(self, field: str, name: str | None = None, value=None):
+    def param(self, field: str, name: str | None = None, value: Any = None) -> Any:
         """``value`` (default: the field as a number) through the check of parameter ``name`` in ``params``."""
         value = self.number(field) if value is None else value
         try:
@@ -106,7 +108,7 @@ class Fields:
             problem = str(exc).split(" must be ", 1)[-1]
             raise self.fail(field, f"must be {problem}") from None
 
-    def json(self, field: str, kind: type):
+    def json(self, field: str, kind: type) -> Any:
         try:
             value = json.loads(self.text(field))
         except ValueError as exc:
@@ -121,7 +123,7 @@ def _show(value: np.ndarray) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _is_int(value) -> bool:
+def _is_int(value: object) -> bool:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
@@ -147,7 +149,7 @@ def _probes(d: int) -> np.ndarray:
     return np.random.default_rng(20230923).standard_normal((d, 2))
 
 
-def model_fields(arrays: dict, path: str) -> dict:
+def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     """The fields of a model file, every one checked; ``{name: value}`` ready for ``WhiteningModel``."""
     f = Fields(arrays, path, "model file")
     d = f.integer("n_features", 1)
@@ -215,7 +217,7 @@ def model_fields(arrays: dict, path: str) -> dict:
 _SOURCE_FIELDS = {"path": str, "dataset": str, "n_rows": int, "n_features": int, "dtype": str}
 
 
-def _check_source(f: Fields, index: int, source, d: int, field: str = "sources_json") -> None:
+def _check_source(f: Fields, index: int, source: object, d: int, field: str = "sources_json") -> None:
     where = f"source {index}"
     if not isinstance(source, dict):
         raise f.fail(field, f"{where} must be a JSON object, got {type(source).__name__}")
@@ -235,7 +237,7 @@ def _check_source(f: Fields, index: int, source, d: int, field: str = "sources_j
 _INFO_FIELDS = {"n_skipped_nonfinite": int, "skip_nonfinite": bool, "fill_missing_chunks": bool, "tuned": dict}
 
 
-def _check_info(f: Fields, info: dict) -> None:
+def _check_info(f: Fields, info: dict[str, Any]) -> None:
     for key, kind in _INFO_FIELDS.items():
         if key not in info:
             continue
@@ -246,7 +248,7 @@ def _check_info(f: Fields, info: dict) -> None:
         raise f.fail("info_json", f"precision must be {params.PARAMS['precision'].text}, got {info['precision']!r}")
 
 
-def checkpoint_fields(arrays: dict, path: str) -> dict:
+def checkpoint_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     """The fields of a fit checkpoint, every one checked: ``{n_rows, mean, scatter, meta}``."""
     f = Fields(arrays, path, "checkpoint")
     n_rows = f.integer("n_rows", 0)
@@ -259,7 +261,7 @@ def checkpoint_fields(arrays: dict, path: str) -> dict:
     check_scatter(f, scatter, n_rows, mean)
     meta = f.json("meta_json", dict)
 
-    def need(key, test, text):
+    def need(key: str, test: Callable[[Any], object], text: str) -> Any:
         if key not in meta or not test(meta[key]):
             raise f.fail("meta_json", f"{key} must be {text}, got {meta.get(key)!r}")
         return meta[key]
@@ -290,7 +292,7 @@ def checkpoint_fields(arrays: dict, path: str) -> dict:
             raise f.fail(
                 "meta_json", f"{where} must be an object of spec, fingerprint, start, stop, next_row, n_skipped"
             )
-        counts = [cursor.get(key) for key in ("start", "next_row", "stop")]
+        counts: list[Any] = [cursor.get(key) for key in ("start", "next_row", "stop")]
         if not isinstance(cursor.get("spec"), str) or not all(_is_int(v) for v in counts):
             raise f.fail("meta_json", f"{where} needs a spec (text) and start, next_row, stop (whole numbers)")
         if not 0 <= counts[0] <= counts[1] <= counts[2]:
@@ -309,7 +311,7 @@ def checkpoint_fields(arrays: dict, path: str) -> dict:
     return dict(n_rows=n_rows, mean=mean, scatter=scatter, meta=meta)
 
 
-def map_fields(arrays: dict, path: str) -> dict:
+def map_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     """The fields of an exported affine map (``streamwhiten export -o map.npz``), every one checked."""
     f = Fields(arrays, path, "whitening map")
     A = f.get("A")

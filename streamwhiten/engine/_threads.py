@@ -15,13 +15,16 @@ import contextlib
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Generator, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from ..params import check
 
 #: Default cap on worker threads: each holds one block buffer, so memory is about ``threads`` blocks.
 MAX_DEFAULT_THREADS = 4
+
+_T = TypeVar("_T")
 
 
 def available_cores() -> int:
@@ -60,11 +63,11 @@ def worker_blas_threads(workers: int) -> int | None:
 
 
 _LIMIT_LOCK = threading.Lock()
-_LIMIT = {"depth": 0, "context": None}
+_LIMIT: dict[str, Any] = {"depth": 0, "context": None}
 
 
 @contextlib.contextmanager
-def blas_threads(n_threads: int | None):
+def blas_threads(n_threads: int | None) -> Iterator[None]:
     """Limit BLAS (OpenBLAS, MKL, BLIS) to ``n_threads`` per call for the duration; None, or no
     threadpoolctl, leaves it alone.
 
@@ -103,7 +106,9 @@ def limit_this_thread(n_threads: int) -> None:
     threadpool_limits(limits=max(1, n_threads), user_api="blas")  # lasts as long as the worker thread
 
 
-def ordered_map(function: Callable, items: Iterable, threads: int, blas_per_thread: int | None = None) -> Iterator:
+def ordered_map(
+    function: Callable[..., _T], items: Iterable[Iterable[Any]], threads: int, blas_per_thread: int | None = None
+) -> Generator[_T, None, None]:
     """``function(*item)`` for each item, computed by ``threads`` worker threads, yielded in item order.
 
     At most ``threads + 1`` items are in flight, so memory stays bounded however many items there are.
@@ -120,10 +125,10 @@ def ordered_map(function: Callable, items: Iterable, threads: int, blas_per_thre
         return
     items = iter(items)
     initializer = None if blas_per_thread is None else (lambda: limit_this_thread(blas_per_thread))
-    pending: deque = deque()
-    failure: list = []
+    pending: deque[Future[_T]] = deque()
+    failure: list[Exception] = []
 
-    def submit_next(pool) -> None:
+    def submit_next(pool: ThreadPoolExecutor) -> None:
         if failure:
             return
         try:

@@ -12,11 +12,13 @@ import contextlib
 import os
 import time
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import __version__
 from .._buffers import BufferPool, PerThread, kept_for_next_run
@@ -30,7 +32,10 @@ from ..errors import (
     ValuesTooLargeError,
 )
 from ..io import (
+    Output,
     Sampler,
+    Sink,
+    Source,
     describe,
     fingerprint,
     open_output,
@@ -39,6 +44,7 @@ from ..io import (
     remote,
     split_spec,
 )
+from ..io.codecs import Fetched
 from ..options import ApplyOptions, ReadOptions
 from ..records import ResumeRecord
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
@@ -48,12 +54,12 @@ from ._threads import ordered_map, resolve_threads, worker_blas_threads
 APPLY_DEFAULT_THREADS = 1
 
 
-def default_threads(source) -> int:
+def default_threads(source: Source) -> int:
     """:func:`apply_model`'s worker threads for ``source`` when none are given."""
     return resolve_threads(None) if source.decoder is not None else APPLY_DEFAULT_THREADS
 
 
-def check_output(model: WhiteningModel, source, output_spec: str) -> None:
+def check_output(model: WhiteningModel, source: Source, output_spec: str) -> None:
     """Refuse an input of the wrong width, or an output that would replace the input."""
     if source.n_features != model.n_features:
         raise BadInputError(
@@ -68,9 +74,9 @@ _OPTION_DEFAULTS = {"compressor": "none"}
 
 def recorded_options(
     output_spec: str, skip_nonfinite: bool, fill_missing_chunks: bool, zarr_format: int, compressor: str = "none"
-) -> dict:
+) -> dict[str, Any]:
     """The options an output records because they change what is written (or whether it can be)."""
-    options = {"skip_nonfinite": bool(skip_nonfinite), "fill_missing_chunks": bool(fill_missing_chunks)}
+    options: dict[str, Any] = {"skip_nonfinite": bool(skip_nonfinite), "fill_missing_chunks": bool(fill_missing_chunks)}
     output = open_output(output_spec)
     if output.format_versions:
         options["zarr_format"] = int(zarr_format)
@@ -84,9 +90,9 @@ def output_is_current(
     checksum: str,
     source_sha256: str,
     normalize: bool,
-    dtype,
-    options: dict | None = None,
-    keep_columns=None,
+    dtype: npt.DTypeLike,
+    options: Mapping[str, Any] | None = None,
+    keep_columns: Iterable[str] | None = None,
     *,
     read: ReadOptions | None = None,
 ) -> bool:
@@ -115,16 +121,16 @@ def output_is_current(
 
 def output_attrs(
     model: WhiteningModel,
-    source,
+    source: Source,
     normalize: bool,
     source_sha256: str | None = None,
     checksum: str | None = None,
-    options: dict | None = None,
-    keep_columns=None,
-) -> dict:
+    options: Mapping[str, Any] | None = None,
+    keep_columns: Iterable[str] | None = None,
+) -> dict[str, Any]:
     """The attributes recorded on an output array: where it came from, which transform made it, the
     ``options`` it was written with and the input columns it carries."""
-    attrs = {
+    attrs: dict[str, Any] = {
         "streamwhiten_version": __version__,
         "source": source.label,
         "model_checksum": checksum or map_checksum(model),
@@ -143,7 +149,7 @@ def output_attrs(
     return attrs
 
 
-def check_keep_columns(keep_columns) -> list:
+def check_keep_columns(keep_columns: str | Iterable[str] | None) -> list[str]:
     """The names of ``keep_columns`` (a list, or one comma-separated string), each once."""
     if keep_columns is None:
         return []
@@ -155,7 +161,7 @@ def check_keep_columns(keep_columns) -> list:
     return names
 
 
-def aligned_block_rows(block_rows: int | None, source, sink_chunk_rows: int) -> int:
+def aligned_block_rows(block_rows: int | None, source: Source, sink_chunk_rows: int) -> int:
     """Rows per block rounded to whole output chunks, so no output chunk is written by two blocks."""
     rows_per_block = block_rows or source.default_block_rows()
     return max(sink_chunk_rows, rows_per_block // sink_chunk_rows * sink_chunk_rows)
@@ -164,10 +170,10 @@ def aligned_block_rows(block_rows: int | None, source, sink_chunk_rows: int) -> 
 def transform_block(
     rows: np.ndarray,
     begin: int,
-    weights,
-    shift,
+    weights: np.ndarray,
+    shift: npt.ArrayLike,
     normalize: bool,
-    dtype,
+    dtype: npt.DTypeLike | None,
     skip_nonfinite: bool,
     label: str,
     overwrite_input: bool = True,
@@ -234,13 +240,19 @@ class ApplyOutcome:
         """Rows written by this run per second."""
         return (self.n_rows - self.resumed_at_row) / self.seconds if self.seconds > 0 else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The outcome as plain JSON values (``apply --json``)."""
         return dict(asdict(self), rows_per_second=self.rows_per_second)
 
 
 def summary(
-    model: WhiteningModel, source, sink, normalize: bool, n_nonfinite: int, seconds: float, resumed_at_row: int = 0
+    model: WhiteningModel,
+    source: Source,
+    sink: Sink,
+    normalize: bool,
+    n_nonfinite: int,
+    seconds: float,
+    resumed_at_row: int = 0,
 ) -> ApplyOutcome:
     """What an apply run reports."""
     return ApplyOutcome(
@@ -263,7 +275,9 @@ _LEGACY_APPLY.update(progress_seconds="progress_seconds", direct_io="direct_io",
 _LEGACY_APPLY.update(compressor="compressor")
 
 
-def _options_from_legacy(options, read, legacy: dict) -> tuple[ApplyOptions, ReadOptions]:
+def _options_from_legacy(
+    options: ApplyOptions | None, read: ReadOptions | None, legacy: dict[str, Any]
+) -> tuple[ApplyOptions, ReadOptions]:
     """``apply_model``'s option objects from the keyword arguments it took before (with a
     DeprecationWarning): ``apply_model(model, src, out, normalize=True)`` still works."""
     import warnings
@@ -289,7 +303,7 @@ def _options_from_legacy(options, read, legacy: dict) -> tuple[ApplyOptions, Rea
 
 def apply_model(
     model: WhiteningModel,
-    input_spec,
+    input_spec: str | Source,
     output_spec: str,
     options: ApplyOptions | None = None,
     read: ReadOptions | None = None,
@@ -297,7 +311,7 @@ def apply_model(
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-    **legacy,
+    **legacy: Any,
 ) -> ApplyOutcome:
     """Write ``model``'s transform of every row of ``input_spec`` to the new store ``output_spec``.
 
@@ -352,13 +366,21 @@ class _Writing:
 
     record: ResumeRecord
     checksum: str
-    recorded: dict
+    recorded: dict[str, Any]
     chunk_rows: int
     rows_per_block: int
     sampler: Sampler | None
 
 
-def _prepare_writing(model, source, output, output_spec: str, options: ApplyOptions, read: ReadOptions, threads: int):
+def _prepare_writing(
+    model: WhiteningModel,
+    source: Source,
+    output: Output,
+    output_spec: str,
+    options: ApplyOptions,
+    read: ReadOptions,
+    threads: int,
+) -> _Writing:
     """Check an existing output (up to date: :class:`NothingToDoError`; ours and ``overwrite``: replaced;
     else :class:`OutputExistsError`) and size the writing of a new or resumed one."""
     out_path, _ = split_spec(output_spec)
@@ -378,6 +400,7 @@ def _prepare_writing(model, source, output, output_spec: str, options: ApplyOpti
     if exists:
         keep = list(options.keep_columns)
         sha = source_print.sha256_sampled
+        assert sha is not None  # fingerprint() hashes the sampled rows
         if output_is_current(output_spec, checksum, sha, options.normalize, options.dtype, recorded, keep, read=read):
             raise NothingToDoError(
                 f"nothing to do: {out_path} is up to date (written by this model, with the same "
@@ -408,7 +431,9 @@ def _prepare_writing(model, source, output, output_spec: str, options: ApplyOpti
     return _Writing(record, checksum, recorded, chunk_rows, rows_per_block, sampler)
 
 
-def _open_sink(model, source, output, writing: _Writing, options: ApplyOptions, kept_schema):
+def _open_sink(
+    model: WhiteningModel, source: Source, output: Output, writing: _Writing, options: ApplyOptions, kept_schema: Any
+) -> tuple[Sink, int, int]:
     """``(sink, first row to write, non-finite rows so far)``: the partial output of an interrupted run of
     the same job, resumed, or a new one."""
     resumed = None if options.restart else output.resume(writing.record, options.direct_io)
@@ -433,12 +458,27 @@ def _open_sink(model, source, output, writing: _Writing, options: ApplyOptions, 
     return sink, 0, 0
 
 
+#: A block whitened by a worker: ``(begin, end, rows out, non-finite rows, kept columns, release)``,
+#: ``release()`` giving its buffer back once written.
+_Whitened = tuple[int, int, np.ndarray, int, Any, Callable[[], None]]
+
+
 class _BlockRun:
     """The blocks of one apply: worker threads read, centre and project them into pooled buffers, and a
     writer thread writes them in row order while the next ones are computed; progress is recorded for a
     resume every ``progress_seconds`` and when a stop is asked for."""
 
-    def __init__(self, model, source, sink, writing: _Writing, options: ApplyOptions, threads, progress, should_stop):
+    def __init__(
+        self,
+        model: WhiteningModel,
+        source: Source,
+        sink: Sink,
+        writing: _Writing,
+        options: ApplyOptions,
+        threads: int,
+        progress: Callable[[int, int], None] | None,
+        should_stop: Callable[[], bool] | None,
+    ) -> None:
         self.source, self.sink, self.writing, self.options = source, sink, writing, options
         self.progress, self.should_stop = progress, should_stop
         self.record = writing.record
@@ -453,9 +493,9 @@ class _BlockRun:
         self.converted = None if wanted == self.work else BufferPool((rows, model.n_components), wanted)
         # Fewer blocks in the whole input than threads: fewer workers, each with more BLAS threads.
         self.workers = min(threads, max(1, source.n_blocks(writing.rows_per_block)))
-        self.pending: deque = deque()
+        self.pending: deque[Future[None]] = deque()
 
-    def whiten(self, begin: int, end: int, fetched=None):
+    def whiten(self, begin: int, end: int, fetched: Future[Fetched | None] | None = None) -> _Whitened:
         """In a worker thread: read the block into this thread's buffer, centre it there, project it."""
         source, options = self.source, self.options
         buffer_in = self.inputs.get()
@@ -487,9 +527,10 @@ class _BlockRun:
             return begin, end, out, nonfinite, kept, lambda: self.products.give_back(product)
         self.products.give_back(product)
         converted = self.converted
+        assert converted is not None  # it gave the buffer
         return begin, end, out, nonfinite, kept, lambda: converted.give_back(buffer)
 
-    def write(self, begin: int, out, kept, release) -> None:
+    def write(self, begin: int, out: np.ndarray, kept: Any, release: Callable[[], None]) -> None:
         """In the writer thread: write one block, then give its buffer back."""
         if kept is None:
             self.sink.write(begin, out)
@@ -505,6 +546,7 @@ class _BlockRun:
     def source_sha256(self) -> str | None:
         """The hash of the input's sampled rows, from those read so far and the others (read now)."""
         if self.record.source.sha256_sampled is None:
+            assert self.writing.sampler is not None  # hashed up front otherwise
             digest = self.writing.sampler.hexdigest(self.source)
             self.record = replace(self.record, source=replace(self.record.source, sha256_sampled=digest))
         return self.record.source.sha256_sampled
@@ -518,7 +560,7 @@ class _BlockRun:
         if self.workers > 1 and source.decoder is not None:
             reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")
 
-        def tasks():
+        def tasks() -> Iterator[tuple[Any, ...]]:
             for begin, end in source.blocks(self.writing.rows_per_block, start):
                 yield (begin, end) if reader is None else (begin, end, reader.submit(source.fetch, begin, end))
 
@@ -534,7 +576,7 @@ class _BlockRun:
                 _join(writer)  # no write may still be running when the sink is closed, committed or removed
         return n_nonfinite
 
-    def _fold(self, results, writer: ThreadPoolExecutor, n_nonfinite: int) -> int:
+    def _fold(self, results: Iterable[_Whitened], writer: ThreadPoolExecutor, n_nonfinite: int) -> int:
         """Queue each block's write in row order, recording progress as it goes; a stop asked for saves
         progress and raises :class:`InterruptedRunError`."""
         n_rows, last_record = self.source.n_rows, time.perf_counter()

@@ -20,14 +20,18 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import params
 from ..core import stats
-from ..core.model import float_dtype
+from ..core.model import WhiteningModel, float_dtype
 from ..errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
-from ..io import fingerprint, lazy_rows, open_output, open_source, split_spec
+from ..io import LazyRows, Source, fingerprint, lazy_rows, open_output, open_source, split_spec
 from ..options import ApplyOptions, ReadOptions
 from .apply import (
     ApplyOutcome,
@@ -39,7 +43,7 @@ from .apply import (
     summary,
     transform_block,
 )
-from .fit import FitResult, check_enough_rows, merge_read, open_sources, plan_blocks, reduce_block
+from .fit import FitPlan, FitResult, Specs, check_enough_rows, merge_read, open_sources, plan_blocks, reduce_block
 
 #: States merged by one task of the reduction tree (dask's ``split_every``).
 SPLIT_EVERY = 8
@@ -51,7 +55,7 @@ CANCEL_TIMEOUT = 60
 _INSTALL_HINT = "the dask engine needs the optional extra: pip install 'streamwhiten[dask]'"
 
 
-def _require(module: str):
+def _require(module: str) -> ModuleType:
     import importlib
 
     try:
@@ -69,8 +73,8 @@ def dask_client(
     n_workers: int | None = None,
     processes: bool = True,
     threads_per_worker: int = 1,
-    client=None,
-):
+    client: Any = None,
+) -> Iterator[Any]:
     """A ``distributed.Client``: ``client`` itself, one connected to ``scheduler`` (an address such as
     ``tcp://host:8786``), or one on a new ``LocalCluster`` of ``n_workers`` (default: one per core)
     processes (or threads with ``processes=False``), closed on exit."""
@@ -102,7 +106,7 @@ def dask_client(
 
 
 @contextlib.contextmanager
-def _cluster_errors(what: str):
+def _cluster_errors(what: str) -> Iterator[None]:
     """A worker that kept dying while running a task becomes a :class:`ClusterError`: dask retries a
     lost task on another worker (``distributed.scheduler.allowed-failures`` times) before giving up."""
     try:
@@ -118,7 +122,7 @@ def _cluster_errors(what: str):
         ) from None
 
 
-def _compute(graph, client, what: str):
+def _compute(graph: Any, client: Any, what: str) -> Any:
     """Compute ``graph`` on ``client`` or, without one, on dask's current scheduler."""
     import dask
 
@@ -131,7 +135,7 @@ def _compute(graph, client, what: str):
 # ----------------------------------------------------------------------------------------------- fit
 
 
-def _rows_array(array):
+def _rows_array(array: Any) -> Any:
     """``array`` as a 2-D floating dask array whose every block spans all columns."""
     import dask.array as da
 
@@ -149,7 +153,7 @@ def _rows_array(array):
     return array
 
 
-def _block_tasks(array, label: str, precision: str, skip_nonfinite: bool) -> list:
+def _block_tasks(array: Any, label: str, precision: str, skip_nonfinite: bool) -> list[Any]:
     """The *chunk* step: one delayed ``reduce_block`` per row block of ``array``, in row order.
 
     A block is never centred in place: it may be a view of the caller's data, or data dask keeps.
@@ -165,13 +169,15 @@ def _block_tasks(array, label: str, precision: str, skip_nonfinite: bool) -> lis
     ]
 
 
-def _read_block_moments(rows, begin: int, stop: int, precision: str, skip_nonfinite: bool) -> tuple:
+def _read_block_moments(
+    rows: LazyRows, begin: int, stop: int, precision: str, skip_nonfinite: bool
+) -> tuple[stats.Moments, int]:
     """The *chunk* step for a store: read rows ``[begin, stop)`` in the task and fold them; the block
     is this task's own, so it is centred in place, as in the serial engine."""
     return reduce_block(rows[begin:stop], begin, rows.label, precision, skip_nonfinite, overwrite_input=True)
 
 
-def _store_tasks(source, block_rows: int, precision: str, skip_nonfinite: bool) -> list:
+def _store_tasks(source: Source, block_rows: int, precision: str, skip_nonfinite: bool) -> list[Any]:
     """One delayed read-and-fold per block of ``source``, cut at multiples of ``block_rows`` (the fit's
     :func:`~streamwhiten.engine.fit.plan_blocks`, as the serial engine cuts them)."""
     import dask
@@ -181,7 +187,7 @@ def _store_tasks(source, block_rows: int, precision: str, skip_nonfinite: bool) 
     return [task(rows, begin, stop, precision, skip_nonfinite) for begin, stop in source.blocks(block_rows)]
 
 
-def _merge_parts(*parts: tuple) -> tuple:
+def _merge_parts(*parts: tuple[stats.Moments, int]) -> tuple[stats.Moments, int]:
     """The *combine* step: ``(state, n_skipped)`` pairs merged left to right with :func:`stats.merge`."""
     state, n_skipped = parts[0]
     for other, skipped in parts[1:]:
@@ -190,7 +196,7 @@ def _merge_parts(*parts: tuple) -> tuple:
     return state, n_skipped
 
 
-def _tree(parts: list, split_every: int):
+def _tree(parts: list[Any], split_every: int) -> Any:
     """The reduction tree over ``parts``: its shape depends only on ``len(parts)`` and ``split_every``."""
     import dask
 
@@ -201,7 +207,7 @@ def _tree(parts: list, split_every: int):
     return parts[0]
 
 
-def _reduce(parts: list, n_rows: int, client, split_every: int) -> tuple[stats.Moments, int]:
+def _reduce(parts: list[Any], n_rows: int, client: Any, split_every: int) -> tuple[stats.Moments, int]:
     state, n_skipped = _compute(_tree(parts, split_every), client, "the fit")
     if state.n_rows + n_skipped != n_rows:  # a lost or repeated block would show here
         raise ClusterError(
@@ -211,10 +217,10 @@ def _reduce(parts: list, n_rows: int, client, split_every: int) -> tuple[stats.M
 
 
 def fit_dask_array(
-    array,
+    array: Any,
     precision: str = "auto",
     skip_nonfinite: bool = False,
-    client=None,
+    client: Any = None,
     split_every: int = SPLIT_EVERY,
     label: str = "dask array",
 ) -> FitResult:
@@ -240,20 +246,22 @@ def fit_dask_array(
     )
 
 
-def dask_moments(array, precision: str = "auto", client=None, split_every: int = SPLIT_EVERY) -> stats.Moments:
+def dask_moments(
+    array: Any, precision: str = "auto", client: Any = None, split_every: int = SPLIT_EVERY
+) -> stats.Moments:
     """``Moments`` of every row of a dask array, as a tree reduction of per-block states."""
     return fit_dask_array(array, precision, client=client, split_every=split_every).state
 
 
 def fit_dask(
-    specs,
+    specs: Specs,
     dataset: str | None = None,
     precision: str = "auto",
     skip_nonfinite: bool = False,
     block_rows: int | None = None,
     scheduler: str | None = None,
     n_workers: int | None = None,
-    client=None,
+    client: Any = None,
     split_every: int = SPLIT_EVERY,
     fill_missing_chunks: bool = False,
     *,
@@ -299,7 +307,13 @@ def fit_dask(
     )
 
 
-def fit_plan_dask(plan, scheduler: str | None = None, n_workers: int | None = None, client=None, split_every=None):
+def fit_plan_dask(
+    plan: FitPlan,
+    scheduler: str | None = None,
+    n_workers: int | None = None,
+    client: Any = None,
+    split_every: int | None = None,
+) -> FitResult:
     """Run a :class:`~streamwhiten.engine.fit.FitPlan` (a fresh one: the Dask engine does not resume) on a
     Dask cluster: :func:`fit_dask` of the plan's sources with its block size and options."""
     return fit_dask(
@@ -319,7 +333,16 @@ def fit_plan_dask(plan, scheduler: str | None = None, n_workers: int | None = No
 # --------------------------------------------------------------------------------------------- apply
 
 
-def _transform_and_write(rows, begin, stop, projection, normalize, dtype, skip_nonfinite, writer) -> tuple:
+def _transform_and_write(
+    rows: LazyRows,
+    begin: int,
+    stop: int,
+    projection: tuple[np.ndarray, np.ndarray],
+    normalize: bool,
+    dtype: npt.DTypeLike,
+    skip_nonfinite: bool,
+    writer: Callable[[int, np.ndarray], object],
+) -> tuple[int, int, int]:
     """Read rows ``[begin, stop)``, whiten them (in place: the block is this task's own) and write them."""
     weights, shift = projection
     out, n_nonfinite = transform_block(
@@ -337,13 +360,13 @@ def _transform_and_write(rows, begin, stop, projection, normalize, dtype, skip_n
     return begin, out.shape[0], n_nonfinite
 
 
-def _running_keys(dask_worker) -> list:
+def _running_keys(dask_worker: Any) -> list[str]:
     """Keys of the tasks whose code is still running on this worker (even if no longer wanted)."""
     running = ("executing", "long-running", "cancelled", "resumed")
     return [str(key) for key, task in dask_worker.state.tasks.items() if task.state in running]
 
 
-def _stop_tasks(client, futures, timeout: float) -> None:
+def _stop_tasks(client: Any, futures: list[Any], timeout: float) -> None:
     """Cancel ``futures`` and wait (up to ``timeout`` s) until none of them is still running."""
     keys = {str(future.key) for future in futures}
     try:
@@ -358,18 +381,18 @@ def _stop_tasks(client, futures, timeout: float) -> None:
 
 
 def apply_dask(
-    model,
-    input_spec,
+    model: WhiteningModel,
+    input_spec: str | Source,
     output_spec: str,
     options: ApplyOptions | None = None,
     read: ReadOptions | None = None,
     *,
     scheduler: str | None = None,
     n_workers: int | None = None,
-    client=None,
-    progress=None,
+    client: Any = None,
+    progress: Callable[[int, int], None] | None = None,
     output_chunk_rows: int | None = None,
-    **legacy,
+    **legacy: Any,
 ) -> ApplyOutcome:
     """:func:`~streamwhiten.engine.apply.apply_model` on a Dask cluster, writing a Zarr store.
 
@@ -450,7 +473,7 @@ def apply_dask(
         source.close()
 
 
-def transform_dask(model, array, normalize: bool = False, skip_nonfinite: bool = False):
+def transform_dask(model: WhiteningModel, array: Any, normalize: bool = False, skip_nonfinite: bool = False) -> Any:
     """A lazy dask array of ``model.transform`` applied block by block to the rows of ``array``.
 
     When computed, a row holding NaN or Inf raises :class:`NonFiniteError` naming its row in ``array``,
@@ -462,11 +485,12 @@ def transform_dask(model, array, normalize: bool = False, skip_nonfinite: bool =
         raise BadInputError(f"the model expects {model.n_features} features, got {array.shape[1]}")
     work = np.float64 if array.dtype == np.float64 else np.float32
 
-    def whiten(rows, block_info=None):
+    def whiten(rows: np.ndarray, block_info: dict[Any, Any] | None = None) -> np.ndarray:
         begin = block_info[0]["array-location"][0][0] if block_info else 0
         try:
             return model.transform(rows, normalize=normalize, skip_nonfinite=skip_nonfinite)
         except NonFiniteError as exc:  # name the row in the whole array, not in the block
+            assert exc.row is not None  # transform names the row
             row = begin + exc.row
             raise NonFiniteError(
                 f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such input)", row=row
@@ -479,7 +503,7 @@ def transform_dask(model, array, normalize: bool = False, skip_nonfinite: bool =
     )
 
 
-def _native_floats(array):
+def _native_floats(array: Any) -> Any:
     """``array`` as a dask array of float16, float32 or float64 in native byte order; other dtypes
     raise :class:`BadInputError` before any task runs."""
     import dask.array as da

@@ -13,15 +13,23 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BadInputError
 from ..options import ApplyOptions, EngineOptions, ReadOptions
+
+if TYPE_CHECKING:
+    from ..core.model import WhiteningModel
+    from ..io import Source
+    from .apply import ApplyOutcome
+    from .fit import FitPlan, FitResult
 
 #: ``progress(rows_done, rows_total)``
 Progress = Callable[[int, int], None] | None
 #: ``should_stop()``: true once a signal asked the work to stop at its next safe point
 ShouldStop = Callable[[], bool] | None
+#: ``(path, every_blocks, every_seconds)`` of a checkpointed fit
+Checkpoint = tuple[str, int | None, float | None]
 
 
 class Engine(ABC):
@@ -38,7 +46,14 @@ class Engine(ABC):
     output_kinds: ClassVar[tuple[str, ...] | None] = None
 
     @abstractmethod
-    def fit(self, plan, *, progress: Progress = None, should_stop: ShouldStop = None, checkpoint=None):
+    def fit(
+        self,
+        plan: FitPlan,
+        *,
+        progress: Progress = None,
+        should_stop: ShouldStop = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> FitResult:
         """Fold every remaining block of ``plan`` (a ``FitPlan``); returns its ``FitResult``.
 
         ``checkpoint`` is ``(path, every_blocks, every_seconds)`` for an engine that checkpoints, else None.
@@ -47,15 +62,15 @@ class Engine(ABC):
     @abstractmethod
     def apply(
         self,
-        model,
-        input_spec,
+        model: WhiteningModel,
+        input_spec: str | Source,
         output_spec: str,
         options: ApplyOptions,
         read: ReadOptions,
         *,
         progress: Progress = None,
         should_stop: ShouldStop = None,
-    ):
+    ) -> ApplyOutcome:
         """Write ``model``'s transform of every row of ``input_spec`` to ``output_spec``; an ``ApplyOutcome``."""
 
     #: apply options this engine does not take, each with the message that refuses it
@@ -79,16 +94,33 @@ class SerialEngine(Engine):
     checkpoints = True
     stops_between_blocks = True
 
-    def __init__(self, threads: int | None = None):
+    def __init__(self, threads: int | None = None) -> None:
         self.threads = threads
 
-    def fit(self, plan, *, progress=None, should_stop=None, checkpoint=None):
+    def fit(
+        self,
+        plan: FitPlan,
+        *,
+        progress: Progress = None,
+        should_stop: ShouldStop = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> FitResult:
         from .fit import run_plan
 
         path, every, seconds = checkpoint if checkpoint is not None else (None, None, None)
         return run_plan(plan, progress, path, every, seconds, should_stop, self.threads).result()
 
-    def apply(self, model, input_spec, output_spec, options, read, *, progress=None, should_stop=None):
+    def apply(
+        self,
+        model: WhiteningModel,
+        input_spec: str | Source,
+        output_spec: str,
+        options: ApplyOptions,
+        read: ReadOptions,
+        *,
+        progress: Progress = None,
+        should_stop: ShouldStop = None,
+    ) -> ApplyOutcome:
         from .apply import apply_model
 
         return apply_model(
@@ -114,10 +146,19 @@ class DaskEngine(Engine):
     stops_between_blocks = False
     output_kinds = ("zarr",)
 
-    def __init__(self, scheduler: str | None = None, workers: int | None = None, client=None, split_every: int = 8):
+    def __init__(
+        self, scheduler: str | None = None, workers: int | None = None, client: Any = None, split_every: int = 8
+    ) -> None:
         self.scheduler, self.workers, self.client, self.split_every = scheduler, workers, client, split_every
 
-    def fit(self, plan, *, progress=None, should_stop=None, checkpoint=None):
+    def fit(
+        self,
+        plan: FitPlan,
+        *,
+        progress: Progress = None,
+        should_stop: ShouldStop = None,
+        checkpoint: Checkpoint | None = None,
+    ) -> FitResult:
         from .distributed import fit_plan_dask
 
         return fit_plan_dask(plan, self.scheduler, self.workers, self.client, self.split_every)
@@ -128,7 +169,17 @@ class DaskEngine(Engine):
         "compressor": "--compressor is for the serial engine (the Dask engine writes uncompressed Zarr)",
     }
 
-    def apply(self, model, input_spec, output_spec, options, read, *, progress=None, should_stop=None):
+    def apply(
+        self,
+        model: WhiteningModel,
+        input_spec: str | Source,
+        output_spec: str,
+        options: ApplyOptions,
+        read: ReadOptions,
+        *,
+        progress: Progress = None,
+        should_stop: ShouldStop = None,
+    ) -> ApplyOutcome:
         from .distributed import apply_dask
 
         self.check_apply(options)
@@ -145,7 +196,7 @@ class DaskEngine(Engine):
         )
 
 
-def engine_for(options: EngineOptions | None = None, client=None) -> Engine:
+def engine_for(options: EngineOptions | None = None, client: Any = None) -> Engine:
     """The engine ``options`` name (default: serial), made with its settings; ``client`` (Dask) is an
     existing ``distributed.Client`` to run on."""
     options = options or EngineOptions()

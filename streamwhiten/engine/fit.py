@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import params
 from .._buffers import PerThread, as_array, kept_for_next_run
@@ -53,12 +55,18 @@ from ..io import (
     open_source,
     remote,
 )
+from ..io.codecs import Fetched
 from ..options import ReadOptions
 from ..records import Fingerprint
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
+if TYPE_CHECKING:
+    from ..core.model import WhiteningModel
+
 #: ``progress(rows_done, rows_total)``, called after every block.
 ProgressCallback = Callable[[int, int], None]
+#: A fit's inputs: a spec (a path, URL or glob; or an open source), or several.
+Specs = str | os.PathLike[str] | Source | Iterable[str | os.PathLike[str] | Source]
 
 CHECKPOINT_FORMAT = "streamwhiten-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -72,7 +80,7 @@ def merge_read(read: ReadOptions | None, dataset: str | None = None, fill_missin
     ``fill_missing_chunks`` the engine's functions also take as arguments, where those are given.
     (``block_rows`` is taken by each function itself: ``block_rows`` given, else ``read.block_rows``.)"""
     read = read if read is not None else ReadOptions()
-    changes: dict = {}
+    changes: dict[str, Any] = {}
     if dataset is not None:
         changes["dataset"] = dataset
     if fill_missing_chunks:
@@ -95,7 +103,7 @@ class Cursor:
     def done(self) -> bool:
         return self.next_row >= self.stop
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON object a checkpoint records of this cursor."""
         return {
             "spec": self.spec,
@@ -107,7 +115,7 @@ class Cursor:
         }
 
     @classmethod
-    def from_dict(cls, data: dict) -> Cursor:
+    def from_dict(cls, data: Mapping[str, Any]) -> Cursor:
         """The cursor a checkpoint recorded as ``data`` (checked by ``core.validate.checkpoint_fields``)."""
         return cls(**dict(data, fingerprint=Fingerprint.from_dict(data["fingerprint"])))
 
@@ -127,7 +135,7 @@ class FitPlan:
     """A fit planned or in progress: the state so far and where each source stands."""
 
     state: stats.Moments
-    cursors: list
+    cursors: list[Cursor]
     block_rows: int
     precision: str = "auto"
     skip_nonfinite: bool = False
@@ -196,7 +204,7 @@ class FitResult:
 
     state: stats.Moments
     n_skipped: int = 0
-    sources: list[Fingerprint] = field(default_factory=list)
+    sources: Sequence[Fingerprint] = field(default_factory=list)
     n_blocks: int = 0
     seconds: float = 0.0
     rows_read: int | None = None  # default: every row counted or skipped
@@ -210,14 +218,14 @@ class FitResult:
         return rows / self.seconds if self.seconds > 0 else float("nan")
 
 
-def _as_list(specs) -> list:
+def _as_list(specs: Specs) -> list[Any]:
     if isinstance(specs, (str, Source)) or hasattr(specs, "__fspath__"):
         return [specs]
     return list(specs)
 
 
 def open_sources(
-    specs, dataset: str | None = None, fill_missing_chunks: bool = False, *, read: ReadOptions | None = None
+    specs: Specs, dataset: str | None = None, fill_missing_chunks: bool = False, *, read: ReadOptions | None = None
 ) -> list[Source]:
     """Open every spec (globs and directories of Parquet shards expanded into their files) and check
     they share one width; ``read`` says how (:func:`merge_read`).
@@ -231,7 +239,7 @@ def open_sources(
         raise BadInputError("no input given")
     min_rows = 2 if len(specs) == 1 else 0
     sources: list[Source] = []
-    seen: dict = {}
+    seen: dict[tuple[tuple[Any, ...], str], int] = {}
     try:
         for spec in specs:
             sources.append(open_source(spec, read=read, min_rows=min_rows))
@@ -276,6 +284,7 @@ def reduce_block(
     try:
         return stats.block_moments(rows, precision, workspace, overwrite_input), n_skipped
     except NonFiniteError as exc:
+        assert exc.row is not None  # block_moments names the row
         row = begin + exc.row
         if label is None:
             raise NonFiniteError(
@@ -303,7 +312,7 @@ def fold_array(
     dtype = stats.working_dtype(rows.dtype, precision)
     workspaces = PerThread((min(block_rows, rows.shape[0]), rows.shape[1]), dtype)
 
-    def moments(begin):
+    def moments(begin: int) -> tuple[stats.Moments, int]:
         return reduce_block(
             rows[begin : begin + block_rows], begin, None, precision, skip_nonfinite, workspace=workspaces.get()
         )
@@ -322,10 +331,10 @@ def fold_array(
     return state, n_skipped
 
 
-def check_enough_rows(state: stats.Moments, sources) -> None:
+def check_enough_rows(state: stats.Moments, sources: Iterable[object]) -> None:
     """A fit needs at least two finite rows in all; ``sources`` are anything with a ``label`` or ``spec``."""
     if state.n_rows < 2:
-        names = ", ".join(getattr(s, "label", None) or getattr(s, "spec", "?") for s in sources)
+        names = ", ".join(str(getattr(s, "label", None) or getattr(s, "spec", "?")) for s in sources)
         raise BadInputError(f"only {state.n_rows} finite row(s) in {names}; at least 2 are needed")
 
 
@@ -343,12 +352,12 @@ def plan_blocks(sources: list[Source], block_rows: int | None = None) -> int:
 
 
 def plan_fit(
-    specs,
-    dataset=None,
-    precision="auto",
-    skip_nonfinite=False,
-    block_rows=None,
-    fill_missing_chunks=False,
+    specs: Specs,
+    dataset: str | None = None,
+    precision: str = "auto",
+    skip_nonfinite: bool = False,
+    block_rows: int | None = None,
+    fill_missing_chunks: bool = False,
     *,
     read: ReadOptions | None = None,
 ) -> FitPlan:
@@ -376,6 +385,7 @@ def plan_fit(
 def _same_source(recorded: Fingerprint, source: Source) -> bool:
     """Whether the source a model or checkpoint recorded (its fingerprint) is ``source``: the same file or
     directory now (device and inode: a symlink or hard link of it counts, whatever the path), same dataset."""
+    assert recorded.path is not None  # plan_update refuses a record without one
     return identity_of(recorded.path, recorded.dataset or "") == source.identity
 
 
@@ -388,6 +398,7 @@ def _check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
     source being read), or with no hash at all (a source not reached yet: no rows of it were counted).
     """
     n_rows = recorded.n_rows
+    assert n_rows is not None  # checked by plan_update (a model's record), always there (a checkpoint's)
     if source.n_rows < n_rows:
         raise BadInputError(
             f"{source.label}: has {source.n_rows} rows but {n_rows} were recorded; the source was "
@@ -409,6 +420,7 @@ def _check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
         return now
     if recorded.sha256_read is not None:
         rows_read = recorded.rows_read
+        assert rows_read is not None  # recorded with sha256_read
         if Sampler(source, n_rows).hexdigest(source, below=rows_read) != recorded.sha256_read:
             raise _changed(source, rows_read, "sha256_read")
     return None
@@ -421,11 +433,12 @@ def _changed(source: Source, n_rows: int, key: str) -> BadInputError:
     )
 
 
-def _refuse_if_moved(source: Source, recorded_sources: list[Fingerprint], sources: list) -> None:
+def _refuse_if_moved(source: Source, recorded_sources: list[Fingerprint], sources: list[Source]) -> None:
     """Refuse a 'new' source whose rows are those of a recorded source that was not given (moved or
     copied): reading it again would count its rows twice."""
     given = {s.identity for s in sources}
     for recorded in recorded_sources:
+        assert recorded.path is not None and recorded.n_rows is not None  # plan_update refuses records without
         if identity_of(recorded.path, recorded.dataset or "") in given:
             continue
         if recorded.n_rows == 0 or recorded.n_rows > source.n_rows:
@@ -441,14 +454,14 @@ def _refuse_if_moved(source: Source, recorded_sources: list[Fingerprint], source
 
 
 def plan_update(
-    model_state,
-    recorded_sources,
-    specs,
-    dataset=None,
-    precision="auto",
-    skip_nonfinite=False,
-    block_rows=None,
-    fill_missing_chunks=False,
+    model_state: stats.Moments,
+    recorded_sources: Iterable[Fingerprint],
+    specs: Specs,
+    dataset: str | None = None,
+    precision: str = "auto",
+    skip_nonfinite: bool = False,
+    block_rows: int | None = None,
+    fill_missing_chunks: bool = False,
     *,
     read: ReadOptions | None = None,
 ) -> FitPlan:
@@ -458,8 +471,8 @@ def plan_update(
     Raises :class:`NothingToDoError` when there is nothing new.
     """
     recorded_sources = list(recorded_sources)
-    for index, recorded in enumerate(recorded_sources):
-        missing = recorded.missing(("path", "n_rows", "n_features", "dtype", "sha256_sampled"))
+    for index, record in enumerate(recorded_sources):
+        missing = record.missing(("path", "n_rows", "n_features", "dtype", "sha256_sampled"))
         if missing:
             raise BadInputError(
                 f"the model's record of its source {index} has no {', '.join(missing)}: it was not fitted from "
@@ -473,7 +486,7 @@ def plan_update(
             raise BadInputError(
                 f"{sources[0].label}: has {sources[0].n_features} columns but the model has {model_state.n_features}"
             )
-        cursors = []
+        cursors: list[Cursor] = []
         for source in sources:
             current = describe(source)  # its sampled rows are hashed as the pass reads them
             recorded = next((r for r in recorded_sources if _same_source(r, source)), None)
@@ -482,11 +495,13 @@ def plan_update(
                 cursors.append(Cursor(source.label, current, 0, source.n_rows, 0))
                 continue
             prefix = _check_prefix(source, recorded)
+            assert recorded.n_rows is not None  # every record has one (refused above otherwise)
             if prefix is not None and source.n_rows == recorded.n_rows:  # nothing appended: the whole source
                 current = prefix
             cursors.append(Cursor(source.label, current, recorded.n_rows, source.n_rows, recorded.n_rows))
         kept = [r for r in recorded_sources if not any(_same_source(r, source) for source in sources)]
         for recorded in kept:
+            assert recorded.path is not None  # every record has one (refused above otherwise)
             if not exists(recorded.path, read):
                 raise BadInputError(
                     f"{recorded.where}: recorded in the model ({recorded.n_rows:,} rows) but deleted since; an update "
@@ -571,7 +586,7 @@ def load_checkpoint(path: str, read: ReadOptions | None = None) -> FitPlan:
 
 
 def check_resumable(
-    plan: FitPlan, checkpoint_path: str, options: PassOptions, base_rows: int, inputs: list, exact: bool = True
+    plan: FitPlan, checkpoint_path: str, options: PassOptions, base_rows: int, inputs: Sequence[str], exact: bool = True
 ) -> None:
     """Refuse to resume ``plan`` (from ``checkpoint_path``) for other inputs, options or starting model,
     or when its sources changed: :class:`BadInputError` saying which.
@@ -601,7 +616,7 @@ def check_resumable(
     check_sources_unchanged(plan, checkpoint_path)
 
 
-def _identity(spec: str, read: ReadOptions) -> tuple:
+def _identity(spec: str, read: ReadOptions) -> tuple[tuple[Any, ...], str]:
     with open_source(spec, read=replace(read, fill_missing_chunks=False), min_rows=0) as source:
         return source.identity
 
@@ -619,7 +634,7 @@ def check_sources_unchanged(plan: FitPlan, checkpoint_path: str) -> None:
 # --------------------------------------------------------------------------------------------- running
 
 
-def _read_dtype(dtype) -> np.dtype:
+def _read_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
     """The dtype a source's blocks are read in: its own, but float32 for float16 (widened as read, where
     the backend can; see :func:`_read_block_moments`)."""
     return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
@@ -634,10 +649,23 @@ def _block_buffers(plan: FitPlan) -> tuple[PerThread, PerThread]:
     itemsize = max(_read_dtype(c.fingerprint.dtype).itemsize for c in remaining)
     rows = max(1, min(plan.block_rows, plan.rows_total - plan.rows_done))
     n_features = remaining[0].fingerprint.n_features
+    assert n_features is not None  # a cursor's fingerprint is a whole description (io.describe)
     return PerThread((rows * n_features * itemsize,), np.uint8), PerThread((rows * n_features * 8,), np.uint8)
 
 
-def _block_tasks(plan: FitPlan, opened: list, buffers: tuple, samplers: dict, reader: ThreadPoolExecutor | None = None):
+#: The arguments of :func:`_read_block_moments` for one block.
+_BlockTask = tuple[
+    int, int, int, Source, "tuple[PerThread, PerThread]", str, bool, "Future[Fetched | None] | None", "Sampler | None"
+]
+
+
+def _block_tasks(
+    plan: FitPlan,
+    opened: list[Source],
+    buffers: tuple[PerThread, PerThread],
+    samplers: dict[int, tuple[Sampler, Source]],
+    reader: ThreadPoolExecutor | None = None,
+) -> Iterator[_BlockTask]:
     """One task per remaining block of ``plan``, source by source; opens each source as it is reached
     (appending it to ``opened``). A source whose fingerprint still lacks its hash of sampled rows gets a
     :class:`Sampler` (kept in ``samplers`` by cursor index, with the source) that its blocks are offered to. With a
@@ -652,9 +680,9 @@ def _block_tasks(plan: FitPlan, opened: list, buffers: tuple, samplers: dict, re
         if cursor.fingerprint.sha256_sampled is None:
             sampler = Sampler(source, cursor.fingerprint.n_rows)
             samplers[index] = sampler, source
-        ahead = reader is not None and source.decoder is not None
+        ahead = reader if reader is not None and source.decoder is not None else None
         for begin, end in source.blocks(plan.block_rows, cursor.next_row, cursor.stop):
-            fetched = reader.submit(source.fetch, begin, end) if ahead else None
+            fetched = ahead.submit(source.fetch, begin, end) if ahead is not None else None
             yield index, begin, end, source, buffers, plan.precision, plan.skip_nonfinite, fetched, sampler
 
 
@@ -664,7 +692,7 @@ def _finish_fingerprint(cursor: Cursor, sampled_sha256: str) -> None:
     cursor.fingerprint = cursor.fingerprint.finished(sampled_sha256)
 
 
-def _record_rows_read(plan: FitPlan, samplers: dict) -> None:
+def _record_rows_read(plan: FitPlan, samplers: dict[int, tuple[Sampler, Source]]) -> None:
     """Before a checkpoint: the fingerprint of each source being read records the hash of its sampled
     rows before ``next_row`` (``sha256_read``, ``rows_read``), which the pass has offered already, so a
     resume can check them without this run reading anything. Sources not reached have no hash yet."""
@@ -685,8 +713,16 @@ def _complete_fingerprints(plan: FitPlan) -> None:
 
 
 def _read_block_moments(
-    index, begin, end, source, buffers, precision, skip_nonfinite, fetched=None, sampler=None
-) -> tuple:
+    index: int,
+    begin: int,
+    end: int,
+    source: Source,
+    buffers: tuple[PerThread, PerThread],
+    precision: str,
+    skip_nonfinite: bool,
+    fetched: Future[Fetched | None] | None = None,
+    sampler: Sampler | None = None,
+) -> tuple[int, int, int, stats.Moments, int, Source]:
     """The work of one block in a worker thread: read it into this thread's buffer (decoding the stored
     bytes ``fetched`` ahead, where given; widening float16 to float32 where the backend can), offer it to
     the source's fingerprint ``sampler`` (where given), then its moments (centred in that buffer, or in
@@ -742,7 +778,9 @@ def run_plan(
             return False
         if checkpoint_blocks and blocks_since >= checkpoint_blocks:
             return True
-        return bool(checkpoint_seconds) and time.perf_counter() - last_checkpoint >= checkpoint_seconds
+        if not checkpoint_seconds:
+            return False
+        return time.perf_counter() - last_checkpoint >= checkpoint_seconds
 
     # A plan keeps its thread count across resumes: BLAS rounding can depend on its threads per call.
     # Remote sources are read by more threads than cores: their reads wait on the network.
@@ -750,7 +788,8 @@ def run_plan(
     # Fewer blocks in the whole plan than threads: fewer workers, each with more BLAS threads.
     workers = min(plan.threads, max(1, plan.blocks_total))
     opened: list[Source] = []
-    samplers: dict = {}  # cursor index: (Sampler, source) of a source whose fingerprint the pass completes
+    # cursor index: (Sampler, source) of a source whose fingerprint the pass completes
+    samplers: dict[int, tuple[Sampler, Source]] = {}
     buffers = _block_buffers(plan)
     # Fetches stored chunk bytes ahead (I/O, or a copy from the page cache) while the workers decode
     # and multiply; at most ordered_map's ``workers + 1`` blocks in flight are fetched or held.
@@ -798,7 +837,7 @@ def run_plan(
 
 
 def fit_sources(
-    specs,
+    specs: Specs,
     dataset: str | None = None,
     precision: str = "auto",
     skip_nonfinite: bool = False,
@@ -817,7 +856,7 @@ def fit_sources(
 
 def fit_info(
     n_skipped: int, precision: str = "auto", skip_nonfinite: bool = False, fill_missing_chunks: bool = False
-) -> dict:
+) -> dict[str, Any]:
     """What a model records of the fit that made it, besides its sources: enough to tell whether a
     later fit of the same inputs with the same options would give the same model."""
     return {
@@ -828,7 +867,9 @@ def fit_info(
     }
 
 
-def finalize_fit(result: FitResult, model_params: dict | None = None, skipped_before: int = 0):
+def finalize_fit(
+    result: FitResult, model_params: Mapping[str, Any] | None = None, skipped_before: int = 0
+) -> WhiteningModel:
     """The model of a finished fit (any engine): its state finalized with ``model_params`` (beta, gamma,
     n_components, variance, eps), recording its sources and :func:`fit_info` (``skipped_before``: rows
     an updated model had skipped already)."""

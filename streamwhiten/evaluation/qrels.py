@@ -173,7 +173,7 @@ def read_exclude(path: str, queries: Ids, corpus: Ids, qrels: Qrels | None = Non
     """
     label, lines = _table(path, EXCLUDE_HEADER, (2, 3))
     query_lookup, corpus_lookup = queries.lookup(), corpus.lookup()
-    pairs = {}
+    pairs: dict[tuple[int, int], int] = {}
     for number, fields in lines:
         q = _row(fields[0].strip(), queries, query_lookup, label, number, "query-id")
         c = _row(fields[1].strip(), corpus, corpus_lookup, label, number, "corpus-id")

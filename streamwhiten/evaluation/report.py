@@ -195,6 +195,7 @@ def draw_variance(ax, data: ReportData) -> None:
 def draw_k_curve(ax, data: ReportData) -> None:
     """Score against k for the seed settings beta=gamma=1 and beta=gamma=0, with the raw baseline."""
     name = _metric_name(data)
+    assert data.grid is not None and data.curves is not None and data.raw is not None  # drawn with pairs only
     for beta, label, color in SEED_SETTINGS:
         points = data.curves[beta]
         ax.plot([k for k, _ in points], [s for _, s in points], "o-", ms=3, lw=1.5, color=color, label=label)
@@ -226,6 +227,7 @@ def draw_heatmaps(figure, data: ReportData) -> None:
     from matplotlib.colors import TwoSlopeNorm
 
     grid, metric = data.grid, data.metric
+    assert grid is not None and data.raw is not None  # drawn with pairs only
     betas = list(dict.fromkeys(row["beta"] for row in grid.table))
     gammas = list(dict.fromkeys(row["gamma"] for row in grid.table))
     labels = list(dict.fromkeys(row["k_label"] for row in grid.table))

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -141,7 +142,9 @@ def paired_bootstrap(
     names = list(first)
     diffs = {name: np.asarray(second[name], np.float64) - np.asarray(first[name], np.float64) for name in names}
     n = diffs[names[0]].shape[0] if names else 0
-    out = {name: {"difference": 100.0 * float(diffs[name].mean()) if n else math.nan} for name in names}
+    out: dict[str, dict[str, float | None]] = {
+        name: {"difference": 100.0 * float(diffs[name].mean()) if n else math.nan} for name in names
+    }
     if samples <= 0 or n == 0:
         for name in names:
             out[name].update(low=None, high=None)
@@ -216,6 +219,7 @@ class Setting:
         if rescore:
             params.update(rescore=int(rescore), rescore_storage=rescore_storage)
         if not raw:
+            assert model is not None  # raw without one
             weights, shift = model.projection(np.float64)
             params.update(beta=model.beta, gamma=model.gamma, k=model.n_components)
         return cls(name, quantization, weights, shift, int(rescore), again, params)
@@ -230,6 +234,7 @@ class Setting:
             out = np.array(rows, dtype=np.float64)
             scale_rows_to_unit(out, np.sqrt(np.einsum("ij,ij->i", out, out)))
             return out
+        assert self.shift is not None  # made with the weights
         return project(rows, self.weights, self.shift, normalize=True)
 
     def searched(self, rows: np.ndarray) -> np.ndarray:
@@ -239,6 +244,7 @@ class Setting:
 
     def rescored(self, rows: np.ndarray) -> np.ndarray:
         """Corpus rows as the re-ranking sees them (float64)."""
+        assert self.rescore_storage is not None  # a setting that re-ranks has one
         return self.rescore_storage.decode(self.rescore_storage.encode(self.unit(rows)), np.float64)
 
     def query_vectors(self, rows: np.ndarray) -> np.ndarray:
@@ -292,12 +298,16 @@ def run_settings(
     for setting, result in zip(settings, results, strict=True):
         rows = result.rows
         if setting.rescore:
+
+            def rescored(block, start, setting=setting):
+                return setting.rescored(block)
+
             again = rescore(
                 setting.unit(queries),
                 rows[:, : setting.rescore],
                 corpus,
                 setting.rescore,
-                prepare=lambda block, start, setting=setting: setting.rescored(block),
+                prepare=rescored,
                 block_rows=block_rows,
             )
             rows = np.concatenate([again.rows, rows[:, setting.rescore :]], axis=1)
@@ -308,7 +318,7 @@ def run_settings(
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _open(spec) -> tuple[object, bool]:
+def _open(spec) -> tuple[Source | np.ndarray, bool]:
     """A Source or array for ``spec`` (a spec string, a Source or an array); whether we opened it."""
     if isinstance(spec, Source):
         return spec, False
@@ -405,10 +415,10 @@ def evaluate_retrieval(
     try:
         query_store, mine = _open(queries)
         if mine:
-            opened.append(query_store)
+            opened.append(cast(Source, query_store))  # open_source's
         corpus_store, mine = _open(corpus)
         if mine:
-            opened.append(corpus_store)
+            opened.append(cast(Source, corpus_store))  # open_source's
         n_features = query_store.n_features if isinstance(query_store, Source) else query_store.shape[1]
         corpus_features = corpus_store.n_features if isinstance(corpus_store, Source) else corpus_store.shape[1]
         if n_features != corpus_features:

@@ -19,7 +19,7 @@ search) with other vectors of the same rows, read in a second pass over the bloc
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -258,8 +258,9 @@ def corpus_blocks(corpus, block_rows: int | None = None, rows=None) -> Iterator[
         return corpus.read_into(a, b, buffers[i % len(buffers)])
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwhiten-read") as reader:
-        pending = reader.submit(read, 0)
+        pending: Future[np.ndarray] | None = reader.submit(read, 0)
         for i, (a, _) in enumerate(ranges):
+            assert pending is not None  # submitted for each range
             block = pending.result()
             pending = reader.submit(read, i + 1) if i + 1 < len(ranges) else None
             yield a, block

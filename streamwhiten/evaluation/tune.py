@@ -52,6 +52,7 @@ class KChoice:
 
     def resolve(self, eigvals: np.ndarray) -> int:
         if self.variance is None:
+            assert self.n_components is not None  # one of the two is set
             return int(self.n_components)
         return components_for_variance(eigvals, self.variance)
 
@@ -174,13 +175,13 @@ def grid_search(
         stop = start + a.shape[0]
         raw[start:stop] = cosine_rows(a, b)
         row = 0
-        for shift, eigvecs, columns in plans:
+        for shift, eigvecs, stacked in plans:
             ya, yb = (a - shift) @ eigvecs, (b - shift) @ eigvecs
-            dots = (ya * yb) @ columns
-            norms = np.sqrt(((ya * ya) @ columns) * ((yb * yb) @ columns))
+            dots = (ya * yb) @ stacked
+            norms = np.sqrt(((ya * ya) @ stacked) * ((yb * yb) @ stacked))
             block = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
-            cosines[row : row + columns.shape[1], start:stop] = block.T
-            row += columns.shape[1]
+            cosines[row : row + stacked.shape[1], start:stop] = block.T
+            row += stacked.shape[1]
         if progress is not None:
             progress(stop, n_pairs)
 

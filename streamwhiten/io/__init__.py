@@ -34,6 +34,7 @@ from .abc.store import (
     count_blocks,
     identity_of,
     output_chunk_rows,
+    partial_path,
 )
 from .fingerprint import Sampler, describe, fingerprint
 from .lazy import LazyRows, lazy_rows
@@ -53,7 +54,6 @@ from .spec import (
     expand_specs,
     input_kind,
     output_kind,
-    partial_path,
     refuse_input_overlap,
     refuse_shared_outputs,
     same_file,

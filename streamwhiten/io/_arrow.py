@@ -31,7 +31,7 @@ ATTRS_KEY = b"streamwhiten"
 DEFAULT_COLUMN = "embedding"
 
 #: Arrow element types a vector column may hold, as numpy dtypes.
-FLOAT_TYPES = {
+FLOAT_TYPES: dict[Any, np.dtype[Any]] = {
     pa.float16(): np.dtype(np.float16),
     pa.float32(): np.dtype(np.float32),
     pa.float64(): np.dtype(np.float64),
@@ -51,7 +51,9 @@ def storage_type(arrow_type: pa.DataType) -> pa.DataType:
 
 def is_list(arrow_type: pa.DataType) -> bool:
     arrow_type = storage_type(arrow_type)
-    return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type)
+    return bool(
+        pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type)
+    )
 
 
 def describe_columns(schema: pa.Schema) -> str:
@@ -75,7 +77,7 @@ def choose_column(label: str, schema: pa.Schema, column: str | None, preferred: 
         return column
     if column is None and preferred is not None and preferred in names:
         return preferred
-    lists = [field.name for field in schema if is_list(field.type)]
+    lists: list[str] = [field.name for field in schema if is_list(field.type)]
     if column is None and len(lists) == 1:
         return lists[0]
     raise not_found(label, None if column is None else repr(column), "vector column", lists, schema)
@@ -116,7 +118,7 @@ def vector_length(array: pa.Array, where: str) -> int:
     if not array.is_valid().to_numpy(zero_copy_only=False)[0]:
         raise BadInputError(f"{where}: null vector")
     if pa.types.is_fixed_size_list(array.type):
-        length = array.type.list_size
+        length: int = array.type.list_size
     else:
         length = int(array.offsets[1].as_py() - array.offsets[0].as_py())
     if length == 0:

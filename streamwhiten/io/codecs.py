@@ -141,7 +141,7 @@ class _Zlib(_Step):
     def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         target = out if out is not None else np.empty(nbytes, np.uint8)
         inflater = zlib.decompressobj(self.wbits)
-        source = memoryview(data)
+        source = memoryview(data)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
         done = 0
         try:
             for start in range(0, len(source), _INFLATE_PIECE):
@@ -260,7 +260,7 @@ def fetch_buffer(nbytes: int, block_bytes: int) -> np.ndarray:
     return _buffers.take((size,), np.uint8)
 
 
-class Fetched(list):
+class Fetched(list[tuple[int, Any, int]]):
     """The stored bytes of a row range's chunks, ``[(chunk index, bytes or None where missing, HDF5
     filter mask)]``, in one buffer from :func:`fetch_buffer` that :meth:`release` hands back (once
     decoded: nothing may read them after)."""

@@ -53,8 +53,8 @@ class ChunkFile:
     """
 
     def __init__(self, path: str, create: bool = False, direct: bool = True):
-        self._fd = os.open(path, os.O_WRONLY | ((os.O_CREAT | os.O_TRUNC) if create else 0), 0o666)
-        self._direct_fd = None
+        self._fd: int | None = os.open(path, os.O_WRONLY | ((os.O_CREAT | os.O_TRUNC) if create else 0), 0o666)
+        self._direct_fd: int | None = None
         if direct and _O_DIRECT:
             try:
                 self._direct_fd = os.open(path, os.O_WRONLY | _O_DIRECT)
@@ -68,7 +68,7 @@ class ChunkFile:
 
     def write_at(self, offset: int, data: np.ndarray) -> None:
         """Write the bytes of the C-contiguous array ``data`` at byte ``offset``."""
-        view = memoryview(data).cast("B")
+        view = memoryview(data).cast("B")  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
         if self._direct_fd is not None and direct_writable(offset, data):
             try:
                 _pwrite_all(self._direct_fd, view, offset)
@@ -77,10 +77,12 @@ class ChunkFile:
                 if exc.errno != errno.EINVAL:
                     raise
                 self._close_direct()  # refused after all (an unusual block size): buffered from now on
+        assert self._fd is not None, "write to a closed ChunkFile"
         _pwrite_all(self._fd, view, offset)
 
     def fsync(self) -> None:
         """Make every write so far durable (both descriptors name the same inode)."""
+        assert self._fd is not None, "fsync of a closed ChunkFile"
         os.fsync(self._fd)
 
     def _close_direct(self) -> None:

@@ -57,7 +57,7 @@ def _unallocated(node: Any) -> bool:
     if node.chunks is None:
         return node.id.get_storage_size() == 0 and node.id.get_offset() is None
     expected = math.prod(-(-n // c) for n, c in zip(node.shape, node.chunks, strict=True))
-    return node.id.get_num_chunks() < expected
+    return bool(node.id.get_num_chunks() < expected)
 
 
 def _datasets(group: Any, ndim: int) -> list[str]:
@@ -150,6 +150,7 @@ class HDF5Source(Source):
             self._refuse_unwritten(start, stop)
         rows = self.chunk_rows
         assert rows is not None
+        assert self._fd is not None  # opened wherever there is a decoder
         found: list[tuple[int, Any]] = []
         for index in range(start // rows, (stop - 1) // rows + 1):
             try:
@@ -171,7 +172,8 @@ class HDF5Source(Source):
             try:  # through a descriptor of our own: h5py would hold the GIL for the whole copy
                 done = 0
                 while done < info.size:
-                    count = os.preadv(self._fd, [view[done:]], info.byte_offset + done)
+                    # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
+                    count = os.preadv(self._fd, [view[done:]], info.byte_offset + done)  # type: ignore[list-item]
                     if count == 0:
                         raise CorruptStoreError(
                             f"{self.label}: rows {index * rows}..{min(self.n_rows, (index + 1) * rows) - 1} cannot be "
@@ -242,8 +244,9 @@ class HDF5Source(Source):
         return dict(self._node.attrs)
 
     def close(self) -> None:
-        if getattr(self, "_fd", None) is not None:
-            os.close(self._fd)
+        fd = getattr(self, "_fd", None)  # None too where __init__ failed before opening it
+        if fd is not None:
+            os.close(fd)
             self._fd = None
         if self._file.id.valid:
             self._file.close()
@@ -557,6 +560,7 @@ class HDF5CompressedSink(Sink):
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self._spool is not None
+        assert self._encode is not None  # this sink writes compressed chunks only
         for index, lo, hi, a, b, data in self.covered(start, block):
             if (a, b) != (lo, hi) or index != self.chunks:
                 raise OSError(

@@ -97,6 +97,7 @@ class LanceSource(Source):
     kind = "lance"
     tabular = True
     layout_change = "fragments holding them were changed: rows deleted or updated, or the dataset compacted"
+    dataset: str  # the vector column, chosen when the dataset is opened
 
     def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
         read = read if read is not None else ReadOptions()

@@ -33,11 +33,11 @@ from ..options import ReadOptions
 from ..records import ResumeRecord
 from . import remote
 from ._messages import first_line, io_error
-from .abc.store import OWNER_ATTR, Sink, output_chunk_rows, remove
+from .abc.store import OWNER_ATTR, Sink, output_chunk_rows, partial_path, remove
 from .codecs import COMPRESSORS
 from .reading import read_attrs
 from .registry import Backend, backend
-from .spec import output_kind, partial_path, split_spec
+from .spec import output_kind, split_spec
 
 
 def _read_options(read: ReadOptions | None) -> ReadOptions:

@@ -186,6 +186,7 @@ class ParquetSource(Source):
     kind = "parquet"
     tabular = True
     layout_change = "the Parquet file was rewritten (Parquet files are never appended to: put new rows in new files)"
+    dataset: str  # the vector column, chosen when the file is opened
 
     def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
         read = read if read is not None else ReadOptions()
@@ -424,6 +425,7 @@ class ParquetSource(Source):
                 while filled < hi:
                     if stream.pending is None:
                         stream.next_batch()
+                    assert stream.pending is not None  # next_batch sets it (or raises)
                     p0, array = stream.pending
                     p1 = p0 + len(array)
                     if p1 <= filled:

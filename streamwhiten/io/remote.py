@@ -111,7 +111,9 @@ def is_remote(spec: object) -> bool:
 
 
 def protocol(url: str) -> str:
-    scheme = _URL.match(url).group(1).lower()
+    match = _URL.match(url)
+    assert match is not None  # callers pass URLs (is_url)
+    scheme = match.group(1).lower()
     return _ALIASES.get(scheme, scheme)
 
 
@@ -128,6 +130,7 @@ def local_path(spec: Any) -> Any:
 def split_url(url: str) -> tuple[str, str]:
     """``(scheme://, rest)`` of a URL, the scheme as written."""
     match = _URL.match(url)
+    assert match is not None  # callers pass URLs (is_url)
     return url[: match.end()], url[match.end() :]
 
 
@@ -161,7 +164,7 @@ def normalize(url: str) -> str:
     url = redact(url)
     head, rest = split_url(url)
     segments = [s for s in rest.split("/") if s not in ("", ".")]
-    resolved: list = []
+    resolved: list[str] = []
     for segment in segments:
         if segment == ".." and len(resolved) > 1:
             resolved.pop()
@@ -210,7 +213,7 @@ def parse_option(text: str) -> tuple[str, object]:
 def options_from(items: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
     """Storage options from ``KEY=VALUE`` strings or a mapping (a job's ``[storage]`` table); dotted keys
     nest (``client_kwargs.region_name=eu-west-1``)."""
-    result: dict = {}
+    result: dict[str, Any] = {}
     pairs = items.items() if isinstance(items, dict) else (parse_option(item) for item in items or ())
     for key, value in pairs:
         target = result
@@ -540,11 +543,13 @@ def retrying(url: str, what: str, call: Callable[..., Any], *args: Any, read: Re
     while True:
         try:
             result = call(*args, **kwargs)
-        except Exception as exc:
+        except Exception as caught:
+            exc: BaseException = caught
             if isinstance(exc, StreamwhitenError):
-                exc = _network_cause(exc)
-                if exc is None:
+                cause = _network_cause(exc)
+                if cause is None:
                     raise
+                exc = cause
             if classify(exc) == "transient":
                 now = time.monotonic()
                 first = now if first is None else first
@@ -636,7 +641,7 @@ def _as_url(head: str, key: str, fs: Any) -> str:
     return head + key.lstrip("/")
 
 
-def etag_of(details: dict) -> str:
+def etag_of(details: dict[str, Any]) -> str:
     """The version of an object as its store says it: ETag (S3, Azure), generation or md5 (GCS), else
     the modification time."""
     for key in (

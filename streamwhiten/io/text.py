@@ -89,7 +89,7 @@ def column_spec(inner: str | None) -> int | str:
     return int(inner) if inner.isdigit() else inner
 
 
-def _first_line(rows: list) -> str:
+def _first_line(rows: list[tuple[int, list[str]]]) -> str:
     """What the first line of a table holds, for a message that says how to name a column."""
     if not rows:
         return "the file is empty"

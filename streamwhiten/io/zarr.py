@@ -19,14 +19,15 @@ output for absent.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 import zarr
@@ -77,7 +78,7 @@ def raw_chunk_root(array: Any) -> str | None:
     return os.path.join(str(array.store.root), array.path)
 
 
-def _read_exactly(handle: BinaryIO, buffer: memoryview, path: str) -> None:
+def _read_exactly(handle: io.FileIO, buffer: memoryview, path: str) -> None:
     done = 0
     while done < len(buffer):
         count = handle.readinto(buffer[done:])
@@ -261,7 +262,7 @@ class ZarrSource(Source):
                     chunks.append((index, None, 0))
                     continue
                 view = buffer[offset : offset + size]
-                _read_exactly(handle, memoryview(view), handle.name)
+                _read_exactly(handle, memoryview(view), handle.name)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
                 chunks.append((index, view, 0))
                 offset += size
         except OSError as exc:
@@ -329,7 +330,7 @@ class ZarrSource(Source):
                             f"not {rows * row_bytes}: it is truncated or damaged"
                         )
                     handle.seek((lo - index * rows) * row_bytes)
-                    _read_exactly(handle, memoryview(target).cast("B"), path)
+                    _read_exactly(handle, memoryview(target).cast("B"), path)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
             except FileNotFoundError:
                 if not self.fill_missing_chunks:
                     self._raise_missing(index)
@@ -338,7 +339,7 @@ class ZarrSource(Source):
                 raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
         return view
 
-    def _open_chunk(self, path: str, index: int) -> BinaryIO:
+    def _open_chunk(self, path: str, index: int) -> io.FileIO:
         """The chunk file of chunk ``index`` opened for reading; one that is not a regular file (a directory,
         a FIFO: opened without blocking) is damaged data, not an I/O error."""
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -418,13 +419,12 @@ def _compressors(name: str, dtype: Any, zarr_format: int) -> Any:
         return numcodecs_codec(name, dtype)
     from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
-    return [
-        {
-            "zstd": lambda: ZstdCodec(level=3),
-            "gzip": lambda: GzipCodec(level=4),
-            "blosc": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=np.dtype(dtype).itemsize),
-        }[name]()
-    ]
+    makers: dict[str, Callable[[], Any]] = {
+        "zstd": lambda: ZstdCodec(level=3),
+        "gzip": lambda: GzipCodec(level=4),
+        "blosc": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=np.dtype(dtype).itemsize),
+    }
+    return [makers[name]()]
 
 
 #: Files of a Zarr store besides chunks: its metadata (v3, v2, consolidated).
@@ -518,7 +518,7 @@ class ZarrSink(Sink):
         chunk_rows: int,
         attrs: Mapping[str, Any],
         direct_io: bool = True,
-        zarr_format: int = 3,
+        zarr_format: Literal[2, 3] = 3,
         compressor: str = "none",
         **_: Any,
     ) -> ZarrSink:
@@ -689,7 +689,7 @@ class RemoteZarrSink(ZarrSink):
         chunk_rows: int,
         attrs: Mapping[str, Any],
         direct_io: bool = False,
-        zarr_format: int = 3,
+        zarr_format: Literal[2, 3] = 3,
         compressor: str = "none",  # never anything else: refused for object storage (Output.create)
         read: ReadOptions | None = None,
         **_: Any,

@@ -28,7 +28,7 @@ from ..errors import BadInputError, StoreIOError
 from ..options import ApplyOptions, EngineOptions, FitOptions, ReadOptions, Setting, StorageOptions
 
 #: Keys of each table that are not parameters, with the type their value must have.
-OWN_KEYS = {
+OWN_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "": {"name": str, "input": dict, "model": dict, "apply": dict, "storage": dict},
     "input": {"paths": (list, str), "dataset": str},
     "model": {"path": str},
@@ -75,7 +75,7 @@ class JobFile:
         return default_checkpoint(self.model_path)
 
     @property
-    def storage(self) -> StorageOptions:
+    def storage(self) -> StorageOptions | None:
         """The ``[storage]`` table (with options given on the command line over it)."""
         return self.read.storage_options
 
@@ -125,7 +125,8 @@ def _check_tables(path: str, data: dict) -> None:
             if key not in own:
                 _params.check(key, value, f"{path}: {key} in {where}")
                 continue
-            kinds = own[key] if isinstance(own[key], tuple) else (own[key],)
+            kind = own[key]
+            kinds = kind if isinstance(kind, tuple) else (kind,)
             if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
                 names = " or ".join(kind.__name__ for kind in kinds)
                 raise BadInputError(f"{path}: {key} in {where} must be of type {names}, got {value!r}")
@@ -216,7 +217,7 @@ def template_fields(text: str):
     for _, name, spec, _ in string.Formatter().parse(text):
         if name is not None:
             yield name
-            yield from template_fields(spec)  # a field nested in a format spec, as in {stem:{width}}
+            yield from template_fields(spec or "")  # a field nested in a format spec, as in {stem:{width}}
 
 
 def check_output_template(path: str, template: str) -> None:

@@ -197,6 +197,7 @@ def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, 
     assert options is not None
     with open_source(input_spec, read=read) as source:
         source_sha = fingerprint(source).sha256_sampled
+        assert source_sha is not None  # fingerprint() hashes the sampled rows
         label = source.label
     recorded = recorded_options(
         output, options.skip_nonfinite, read.fill_missing_chunks, options.zarr_format, options.compressor

@@ -146,7 +146,7 @@ class Source(ABC):
         self.path = path
         self.dataset = dataset
         self.shape = tuple(int(s) for s in shape)
-        self.dtype = np.dtype(dtype).newbyteorder("=")
+        self.dtype: np.dtype[Any] = np.dtype(dtype).newbyteorder("=")
         self.chunk_rows = chunk_rows
         #: how it was opened (read chunks missing from the store as the fill value, reach URLs with
         #: these storage options)
