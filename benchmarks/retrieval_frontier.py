@@ -175,7 +175,8 @@ def frontier(data: Path, pooling: str, args, check: list) -> tuple[list, dict]:
     from streamwhiten.core.model import finalize
     from streamwhiten.engine.fit import fit_sources
     from streamwhiten.evaluation.qrels import Ids, read_exclude, read_qrels
-    from streamwhiten.evaluation.retrieval import Setting, mean_metrics, paired_bootstrap, query_metrics, run_settings
+    from streamwhiten.evaluation.retrieval import SearchSetting as Setting
+    from streamwhiten.evaluation.retrieval import mean_metrics, paired_bootstrap, query_metrics, run_settings
     from streamwhiten.evaluation.search import Exclusions
     from streamwhiten.io import open_source
 
@@ -195,7 +196,7 @@ def frontier(data: Path, pooling: str, args, check: list) -> tuple[list, dict]:
                 name = f"{'raw' if k is None else f'k={k}'} {label}"
                 settings.append(
                     Setting.make(
-                        name, variant, raw=k is None, storage=storage, rescore=rescore, rescore_storage=rescore_storage
+                        name, variant, raw=k is None, dtype=storage, rescore=rescore, rescore_dtype=rescore_storage
                     )
                 )
                 plan.append((name, k, label, storage, rescore, rescore_storage))
@@ -220,8 +221,8 @@ def frontier(data: Path, pooling: str, args, check: list) -> tuple[list, dict]:
             "pooling": pooling,
             "vectors": "raw" if k is None else f"whitened k={k}",
             "storage": label,
-            "bytes": setting.storage.bytes_per_vector,
-            "rescore_bytes": setting.rescore_storage.bytes_per_vector if rescore else None,
+            "bytes": setting.quantization.bytes_per_vector,
+            "rescore_bytes": setting.rescore_quantization.bytes_per_vector if rescore else None,
             **{m: means[m] for m in METRICS},
             "d_ndcg": diff["difference"],
             "low": diff["low"],
@@ -238,7 +239,8 @@ def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
     import h5py
 
     from streamwhiten.evaluation.qrels import Ids, read_exclude, read_qrels
-    from streamwhiten.evaluation.retrieval import Setting, mean_metrics, query_metrics, run_settings
+    from streamwhiten.evaluation.retrieval import SearchSetting as Setting
+    from streamwhiten.evaluation.retrieval import mean_metrics, query_metrics, run_settings
     from streamwhiten.evaluation.search import Exclusions
 
     with h5py.File(data / "corpus.h5", "r") as handle:
@@ -254,12 +256,12 @@ def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
     for k in [None] + args.ks:
         variant = model if k is None else model.with_params(n_components=k)
         settings = [Setting.make("float32", variant, raw=k is None)] + [
-            Setting.make(f"c={c}", variant, raw=k is None, storage="int8", int8_clip=c) for c in args.clips
+            Setting.make(f"c={c}", variant, raw=k is None, dtype="int8", int8_clip=c) for c in args.clips
         ]
         rows = run_settings(queries[query_rows], corpus, settings, exclude=exclude)
         base = mean_metrics(query_metrics(rows["float32"], query_rows, qrels))["ndcg@10"]
         unit = settings[0].unit(corpus)
-        first = settings[1].storage
+        first = settings[1].quantization
         ratio = unit.std(axis=0) / (first.scale * 127 / first.clip)  # measured std / predicted std
         row = {
             "pooling": pooling,
@@ -269,7 +271,7 @@ def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
             "std_ratio_p95": float(np.percentile(ratio, 95)),
         }
         for setting, c in zip(settings[1:], args.clips, strict=True):
-            decoded = setting.storage.decode(setting.storage.encode(unit), np.float64)
+            decoded = setting.quantization.decode(setting.quantization.encode(unit), np.float64)
             row[f"d_ndcg c={c}"] = mean_metrics(query_metrics(rows[setting.name], query_rows, qrels))["ndcg@10"] - base
             row[f"error c={c}"] = float(((unit - decoded) ** 2).sum() / (unit**2).sum())
         out.append(row)

@@ -19,7 +19,7 @@ Examples
 >>> ApplyOptions(dtype="int4")
 Traceback (most recent call last):
 ...
-streamwhiten.errors.BadInputError: dtype must be "float32" or "float16", got 'int4'
+streamwhiten.errors.BadInputError: dtype must be "float32", "float16", "int8" or "binary", got 'int4'
 """
 
 from __future__ import annotations
@@ -201,8 +201,9 @@ class ApplyOptions:
     ----------
     normalize : bool
         Scale every output row to unit L2 norm.
-    dtype : {"float32", "float16"}
-        The output values.
+    dtype : {"float32", "float16", "int8", "binary"} or None
+        The output values; None: the model's storage (what ``tune`` chose; float32 when it records none).
+        ``apply`` writes float32 and float16 only, for now: int8 codes and sign bits are refused.
     skip_nonfinite : bool
         Write NaN rows for input rows holding NaN or Inf instead of refusing them.
     zarr_format : {2, 3}
@@ -222,7 +223,7 @@ class ApplyOptions:
     """
 
     normalize: bool = params.default("normalize")
-    dtype: str = params.default("dtype")
+    dtype: str | None = params.default("dtype")
     skip_nonfinite: bool = params.default("skip_nonfinite")
     zarr_format: int = params.default("zarr_format")
     compressor: str = params.default("compressor")

@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import params as _params
 from .errors import BadInputError, InterruptedRunError, NothingToDoError
@@ -147,6 +147,7 @@ class _Planned:
     resumed: bool
     params: dict
     skipped_before: int
+    storage: object = None  # an updated model's recorded storage, kept
 
 
 def fit(
@@ -225,6 +226,8 @@ def fit(
             checkpoint=every if runner.checkpoints and checkpoint else None,
         )
     model = finalize_fit(result, planned.params, planned.skipped_before)
+    if planned.storage is not None:  # an update keeps the storage the model records, as it keeps its setting
+        model = replace(model, storage=planned.storage)
     checksum = None
     if model_path is not None:
         saving = nullcontext(should_stop) if runner.stops_between_blocks or guard is None else guard()
@@ -279,9 +282,10 @@ def _plan(inputs, options: FitOptions, read: ReadOptions, update, params: dict, 
     from .core.model import load_model
     from .engine.fit import plan_fit, plan_update
 
-    skipped_before = 0
+    skipped_before, storage = 0, None
     if update is not None:
         previous = load_model(update)
+        storage = previous.storage
         params = effective_params(params, previous)
         planned = plan_update(
             previous.state,
@@ -302,8 +306,8 @@ def _plan(inputs, options: FitOptions, read: ReadOptions, update, params: dict, 
     if runner.checkpoints and checkpoint is not None:
         resumed = _resumed(planned, checkpoint, options, read, runner)
         if resumed is not None:
-            return _Planned(resumed, True, params, skipped_before)
-    return _Planned(planned, False, params, skipped_before)
+            return _Planned(resumed, True, params, skipped_before, storage)
+    return _Planned(planned, False, params, skipped_before, storage)
 
 
 def _resumed(planned, checkpoint: str, options: FitOptions, read: ReadOptions, runner):
@@ -436,7 +440,8 @@ def apply(
     setting : Setting, optional
         Another setting than the model's saved one (re-finalized from its statistics, no pass over data).
     options, read : ApplyOptions, ReadOptions, optional
-        What is written and how; how the input is read.
+        What is written and how; how the input is read. ``options.dtype`` None (the default without
+        ``options``) writes the model's storage (:func:`output_dtype`).
     engine : EngineOptions or Engine, optional
         Which engine runs the blocks (default: the serial engine).
     given : tuple of str
@@ -451,12 +456,15 @@ def apply(
     from .engine.engines import Engine, engine_for
     from .io import refuse_input_overlap
 
-    options, read = options or ApplyOptions(), read or ReadOptions()
+    options, read = options or ApplyOptions(dtype=None), read or ReadOptions()
+    check_output_dtype(options.dtype)  # before anything is read
     runner = engine if isinstance(engine, Engine) else engine_for(engine or EngineOptions())
     runner.check_apply(options, given)
     refuse_input_overlap({output_spec: "output"}, [input_spec] + ([model] if isinstance(model, str) else []))
     if isinstance(model, (str, os.PathLike)):
         model = load_model(os.fspath(model))
+    if options.dtype is None:
+        options = replace(options, dtype=output_dtype(model))
     changes = (setting or Setting()).given()
     if changes:
         model = model.with_params(**changes)
@@ -464,9 +472,42 @@ def apply(
         return runner.apply(model, input_spec, output_spec, options, read, progress=progress, should_stop=should_stop)
 
 
+#: What ``apply`` cannot write yet (the engines write float values only): quantized outputs come later.
+NOT_WRITTEN_YET = ("int8", "binary")
+
+
+def check_output_dtype(dtype) -> None:
+    """Refuse (exit 2) an apply output ``apply`` cannot write yet: int8 codes and sign bits."""
+    if dtype in NOT_WRITTEN_YET:
+        raise BadInputError(
+            f"dtype {dtype!r}: apply does not write {'int8 codes' if dtype == 'int8' else 'sign bits'} yet; "
+            "write float32 or float16 (search stores can be built with streamwhiten.serving's encode or "
+            "Whitener(dtype=...))"
+        )
+
+
+def output_dtype(model) -> str:
+    """The dtype an apply writes when none is given: the model's storage (what ``tune`` chose), float32
+    when it records none; while quantized outputs cannot be written, float32 for int8 or binary storage
+    (with a warning in the log)."""
+    dtype = model.dtype
+    if dtype in NOT_WRITTEN_YET:
+        log.warning(
+            "the model records %s storage, which apply does not write yet: writing float32 (quantize with "
+            "streamwhiten.serving's encode or Whitener(dtype=%r))",
+            dtype,
+            dtype,
+        )
+        return "float32"
+    return dtype
+
+
 __all__ = [
     "FitOutcome",
+    "NOT_WRITTEN_YET",
     "apply",
+    "check_output_dtype",
+    "output_dtype",
     "check_fit_paths",
     "check_writable_dir",
     "default_checkpoint",

@@ -176,7 +176,7 @@ def test_raw_and_whitened_metrics_equal_a_numpy_evaluation(task, threads, block_
         diff = result["difference"][name]
         assert diff["difference"] == pytest.approx(white[name] - raw[name], abs=1e-9)
         assert diff["low"] <= diff["difference"] <= diff["high"]
-    assert (result["whitened"]["k"], result["raw"]["storage"], result["raw"]["bytes_per_vector"]) == (16, "float32", 96)
+    assert (result["whitened"]["k"], result["raw"]["dtype"], result["raw"]["bytes_per_vector"]) == (16, "float32", 96)
     # the bootstrap, recomputed as documented
     rng = np.random.default_rng(0)
     diffs = np.array(white_each["ndcg@10"]) - np.array(raw_each["ndcg@10"])
@@ -191,7 +191,7 @@ def test_quantized_storage_equals_a_numpy_evaluation_of_the_decoded_vectors(task
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)), beta=1.0, gamma=1.0, n_components=20)
     queries = np.vstack([task["queries"], task["queries"][:1]])  # query 40 is judged, not relevant
     result = evaluate_retrieval(
-        queries, task["corpus"], task["qrels"], model=model, exclude=task["exclude"], storage=storage, bootstrap=0
+        queries, task["corpus"], task["qrels"], model=model, exclude=task["exclude"], dtype=storage, bootstrap=0
     )
     weights, shift = model.projection(np.float64)
 
@@ -229,13 +229,15 @@ def test_bits_rescored_over_the_whole_corpus_rank_as_the_float_search(task):
     args = (task["spec_q"], task["spec_c"], task["qrels"])
     floats = evaluate_retrieval(*args, model=model, exclude=task["exclude"], bootstrap=0)
     rescored = evaluate_retrieval(
-        *args, model=model, exclude=task["exclude"], storage="binary", rescore=2000, block_rows=500, bootstrap=0
+        *args, model=model, exclude=task["exclude"], dtype="binary", rescore=2000, block_rows=500, bootstrap=0
     )
-    bits = evaluate_retrieval(*args, model=model, exclude=task["exclude"], storage="binary", bootstrap=0)
+    bits = evaluate_retrieval(*args, model=model, exclude=task["exclude"], dtype="binary", bootstrap=0)
     for name in ("raw", "whitened"):
         assert {m: rescored[name][m] for m in METRICS} == {m: floats[name][m] for m in METRICS}
     assert bits["whitened"]["ndcg@10"] != floats["whitened"]["ndcg@10"]
-    assert rescored["whitened"]["bytes_per_vector"] == 2 and rescored["whitened"]["rescore"] == 2000
+    # bytes per vector: the bits and the float32 vectors the re-ranking reads from disk
+    assert rescored["whitened"]["bytes_per_vector"] == 2 + 16 * 4 and rescored["whitened"]["rescore"] == 2000
+    assert bits["whitened"]["bytes_per_vector"] == 2
 
 
 def test_the_bootstrap_is_paired_seeded_and_optional():
@@ -334,15 +336,15 @@ def test_bad_exclude_files_and_stores(tmp_path, task):
     with pytest.raises(BadInputError, match=r"the model expects 20 features but .*c\.h5:/emb has 24"):
         evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], model=model)
     with pytest.raises(BadInputError, match="int8 storage needs a fitted model"):
-        evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], storage="int8")
+        evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], dtype="int8")
     with pytest.raises(BadInputError, match="rescore re-ranks a bit search"):
         evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], rescore=10)
     for options, message in (
-        ({"storage": "int4"}, 'storage must be "float32", "float16", "int8" or "binary", got \'int4\''),
-        ({"storage": "binary", "rescore": 5, "rescore_storage": "binary"}, "rescore_storage must be"),
+        ({"dtype": "int4"}, 'dtype must be "float32", "float16", "int8" or "binary", got \'int4\''),
+        ({"dtype": "binary", "rescore": 5, "rescore_dtype": "binary"}, "rescore_dtype must be"),
         ({"rescore": -1}, "rescore must be a whole number, 0 or more, got -1"),
         ({"bootstrap": 1.5}, "bootstrap must be a whole number of resamples"),
-        ({"model": model, "storage": "int8", "int8_clip": 0.0}, "int8_clip must be a number of standard deviations"),
+        ({"model": model, "dtype": "int8", "int8_clip": 0.0}, "int8_clip must be a number of standard deviations"),
     ):
         with pytest.raises(BadInputError, match=f"^{re.escape(message)}"):
             evaluate_retrieval(task["spec_q"], narrow, task["qrels"], **options)  # checked before anything is read

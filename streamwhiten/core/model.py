@@ -22,6 +22,7 @@ from .._npz import checksum, foreign_npz, read_npz, write_npz_atomic
 from ..errors import BadInputError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
+from .quantize import Quantization, Storage, cast_checked, quantization_for, raise_if_overflowed, storage_quantizations
 from .stats import Moments, covariance
 from .validate import components_for_variance, model_fields
 
@@ -125,6 +126,7 @@ class WhiteningModel:
     eps_value: float
     sources: list = field(default_factory=list)
     info: dict = field(default_factory=dict)
+    storage: Storage | None = None
 
     @property
     def n_features(self) -> int:
@@ -156,6 +158,31 @@ class WhiteningModel:
         weights = self.eigvecs[:, : self.n_components] * self.scales()
         return np.ascontiguousarray(weights, dtype=dtype), (self.beta * self.state.mean)
 
+    @property
+    def dtype(self) -> str:
+        """How the outputs are stored: the recorded :attr:`storage`'s dtype, float32 when none is recorded."""
+        return "float32" if self.storage is None else self.storage.dtype
+
+    def quantization(self, dtype: str | None = None, normalize: bool = True) -> Quantization | None:
+        """The record of this map's outputs stored as ``dtype`` (default: :attr:`dtype`), None for
+        float32. int8 ranges come from the statistics, for unit-length outputs (int8 codes are always of
+        the unit vectors, as the search stores them); ``normalize`` says whether float16 values are."""
+        dtype = self.dtype if dtype is None else dtype
+        if dtype == "float32":
+            return None
+        if dtype == "int8":
+            clip = self.storage.int8_clip if self.storage is not None else None
+            return quantization_for("int8", self, normalize=True, **({} if clip is None else {"clip": clip}))
+        return quantization_for(dtype, self, normalize=normalize)
+
+    def storage_records(self) -> tuple[Quantization | None, Quantization | None]:
+        """The records of the recorded :attr:`storage` (stored vectors, re-ranking vectors): see
+        :func:`~streamwhiten.core.quantize.storage_quantizations`; ``(None, None)`` without one."""
+        if self.storage is None:
+            return None, None
+        weights, shift = self.projection(np.float64)
+        return storage_quantizations(self.storage, self.n_rows, self.mean, self.state.scatter, weights, shift)
+
     def transform(self, rows, normalize: bool = False, dtype=None, skip_nonfinite: bool = False) -> np.ndarray:
         """Whiten ``rows`` (one vector or a 2-D array of floats); float32/float16 input is computed in float32.
 
@@ -185,7 +212,7 @@ class WhiteningModel:
                 )
         return out[0] if single else out
 
-    def as_affine(self, beta=None, gamma=None, n_components=None, variance=None, eps=None, normalize=False):
+    def as_affine(self, beta=None, gamma=None, n_components=None, variance=None, eps=None, normalize=False, dtype=None):
         """The transform as the affine map ``y = x A + b``, for serving and export.
 
         Parameters
@@ -194,6 +221,10 @@ class WhiteningModel:
             Another setting than the model's, re-finalized from the saved statistics (as :meth:`with_params`).
         normalize : bool
             Follow the map by L2 normalisation.
+        dtype : str, optional
+            How its outputs are stored (default: the model's :attr:`storage`, float32 when it records
+            none): the map then carries the record (``quantization``, None for float32) that
+            :meth:`AffineMap.encode` uses.
 
         Returns
         -------
@@ -205,6 +236,7 @@ class WhiteningModel:
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
         model = self.with_params(**changes) if changes else self
+        quantization = model.quantization(dtype)  # stored vectors are unit-length, as the search stores them
         return AffineMap.from_eigh(
             model.eigvals,
             model.eigvecs,
@@ -218,6 +250,7 @@ class WhiteningModel:
             normalize,
             file_checksum(self),
             mean_sq_norm(model.n_rows, model.mean, model.state.scatter),
+            quantization,
         )
 
     def with_params(self, **changes) -> WhiteningModel:
@@ -232,8 +265,12 @@ class WhiteningModel:
         params.update(changes)
         if params["beta"] == self.beta and params["eps"] == self.eps:
             # Sigma_beta is unchanged: reuse the eigendecomposition.
-            return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info)
-        return finalize(self.state, sources=self.sources, info=self.info, **params)
+            return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, self.storage)
+        return finalize(self.state, sources=self.sources, info=self.info, storage=self.storage, **params)
+
+    def storage_summary(self) -> dict | None:
+        """The recorded storage (dtype, rescore, bytes per vector, the int8 record), or None."""
+        return None if self.storage is None else _storage_json(self)
 
     def summary(self) -> dict:
         """Parameters and spectrum summary as plain JSON-able values."""
@@ -254,10 +291,22 @@ class WhiteningModel:
             "eigval_min": float(eigvals[-1]),
             "condition_number": float(eigvals[0] / eigvals[-1]) if eigvals[-1] > 0 else math.inf,
             "model_checksum": map_checksum(self),
+            "storage": None if self.storage is None else self.storage_summary(),
             "components_for_variance": {str(v): components_for_variance(eigvals, v) for v in (0.5, 0.9, 0.95, 0.99)},
             "sources": self.sources,
             "info": self.info,
         }
+
+
+def _storage_json(model: WhiteningModel) -> dict:
+    """What a model file records of its storage: the choice, its bytes per vector and its records."""
+    stored, again = model.storage_records()
+    return dict(
+        model.storage.to_dict(),
+        bytes_per_vector=model.storage.bytes_per_vector(model.n_components),
+        quantization=None if stored is None else stored.to_dict(),
+        rescore_quantization=None if again is None else again.to_dict(),
+    )
 
 
 def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False) -> np.ndarray:
@@ -317,36 +366,7 @@ def project_checked(rows, weights, shift, normalize=False, dtype=None, overwrite
     return out, finite
 
 
-def cast_checked(values: np.ndarray, dtype, into: np.ndarray | None = None) -> np.ndarray:
-    """``values`` cast to ``dtype`` (into ``into``'s first rows if given); raises
-    :class:`ValuesTooLargeError` naming the first row whose finite values do not fit."""
-    target = np.empty(values.shape, dtype) if into is None else into[: values.shape[0]]
-    with np.errstate(over="ignore"):
-        np.copyto(target, values, casting="same_kind")
-    if np.dtype(dtype).itemsize < values.dtype.itemsize:
-        with np.errstate(over="ignore", invalid="ignore"):
-            sums = target.sum(axis=1, dtype=np.float32)
-        if not np.all(np.isfinite(sums)):
-            lost = ~np.isfinite(target).all(axis=1) & np.isfinite(values).all(axis=1)
-            raise_if_overflowed(
-                lost,
-                np.dtype(dtype),
-                "cast",
-                f"; the largest {np.dtype(dtype).name} is {float(np.finfo(dtype).max):g}, write float32",
-            )
-    return target
-
-
-def raise_if_overflowed(overflowed: np.ndarray, dtype, when: str, hint: str = "") -> None:
-    """Raise :class:`ValuesTooLargeError` for the first row marked in ``overflowed``, if any."""
-    if np.any(overflowed):
-        raise ValuesTooLargeError(
-            f"values too large for {np.dtype(dtype).name} (they overflow when {when}){hint}",
-            row=int(np.argmax(overflowed)),
-        )
-
-
-def _select(state, params, eigvals, eigvecs, sources, info) -> WhiteningModel:
+def _select(state, params, eigvals, eigvecs, sources, info, storage=None) -> WhiteningModel:
     n_features = state.n_features
     check_params(n_features=n_features, **params)
     if params["variance"] is not None:
@@ -367,13 +387,23 @@ def _select(state, params, eigvals, eigvecs, sources, info) -> WhiteningModel:
         eps_value=eps_value,
         sources=list(sources or []),
         info=dict(info or {}),
+        storage=storage,
     )
 
 
 def finalize(
-    state: Moments, beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, variance=None, sources=None, info=None
+    state: Moments,
+    beta=1.0,
+    gamma=1.0,
+    eps=DEFAULT_EPS,
+    n_components=None,
+    variance=None,
+    sources=None,
+    info=None,
+    storage: Storage | None = None,
 ) -> WhiteningModel:
-    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring."""
+    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring. ``storage``:
+    the storage to record (what ``tune`` chose), kept by :meth:`WhiteningModel.with_params`."""
     params = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
     check_params(n_features=state.n_features, **params)
     if state.n_rows < 2:
@@ -384,7 +414,7 @@ def finalize(
             "the covariance overflowed (values too large for float32 products); fit again with --precision float64"
         )
     eigvals, eigvecs = eigendecomposition(sigma)
-    return _select(state, params, eigvals, eigvecs, sources, info)
+    return _select(state, params, eigvals, eigvecs, sources, info, storage)
 
 
 # ------------------------------------------------------------------------------------------ model file
@@ -393,7 +423,9 @@ _FLOAT_KEYS = ("beta", "gamma", "eps", "eps_value", "variance")
 
 
 def _arrays(model: WhiteningModel) -> dict:
-    return {
+    """The model file's arrays; ``storage_json`` only when a storage is recorded (a file without it is
+    read as float32, as every file written before storages were)."""
+    arrays = {
         "format": np.array(FORMAT_NAME),
         "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
         "package_version": np.array(__version__),
@@ -412,6 +444,9 @@ def _arrays(model: WhiteningModel) -> dict:
         "sources_json": np.array(json.dumps(model.sources, sort_keys=True)),
         "info_json": np.array(json.dumps(model.info, sort_keys=True)),
     }
+    if model.storage is not None:
+        arrays["storage_json"] = np.array(json.dumps(_storage_json(model), sort_keys=True))
+    return arrays
 
 
 def file_checksum(model: WhiteningModel) -> str:

@@ -185,6 +185,10 @@ def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
     )
     skipped = int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and plan.base_rows else 0
     model = finalize_fit(result, effective_params(job.setting.given(), previous), skipped)
+    if previous is not None and previous.storage is not None:  # an update keeps the recorded storage
+        from dataclasses import replace
+
+        model = replace(model, storage=previous.storage)
     save_fitted(model, plan, job.model_path, checkpoint, should_stop)
     return True
 
