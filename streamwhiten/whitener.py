@@ -347,11 +347,12 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         """``model`` recording this estimator's ``dtype`` as its storage (kept as it is when it already does)."""
         from dataclasses import replace
 
-        from .core.quantize import Storage
+        from .core.quantize import DEFAULT_INT8_CLIP, Storage
 
         if self.dtype is None or model.dtype == self.dtype:
             return model
-        return replace(model, storage=Storage(self.dtype, int8_clip=getattr(model.storage, "int8_clip", 4.0)))
+        clip = model.storage.int8_clip if model.storage is not None else DEFAULT_INT8_CLIP
+        return replace(model, storage=Storage(self.dtype, int8_clip=clip))
 
     @property
     def model_(self) -> WhiteningModel:

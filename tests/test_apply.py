@@ -203,3 +203,50 @@ def test_apply_records_the_fingerprint_of_a_separate_read_without_reading_sample
         np.testing.assert_array_equal(written.read(0, 700), model.transform(rows.astype(work)).astype(np.float32))
     with pytest.raises(NothingToDoError):
         apply_model(model, spec, out, ApplyOptions(), ReadOptions(block_rows=100), threads=threads)
+
+
+# ------------------------------------------------------------------------------ the storage of a model
+
+
+def test_apply_writes_the_models_storage_and_refuses_quantized_outputs_for_now(tmp_path, rows, model, caplog):
+    """A model recording a storage (what tune chose) is applied as it says where apply can write it
+    (float16), as float32 for int8 and bits (with a warning) until quantized outputs land; asking for
+    int8 or bits is one line, exit 2, before anything is read or written."""
+    from dataclasses import replace
+
+    from conftest import run_subprocess
+
+    import streamwhiten
+    from streamwhiten.core.model import save_model
+    from streamwhiten.core.quantize import Storage
+
+    spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=500)
+    for dtype, written in (("float16", np.float16), ("int8", np.float32), (None, np.float32)):
+        path = str(tmp_path / f"m-{dtype}.npz")
+        save_model(model if dtype is None else replace(model, storage=Storage(dtype)), path)
+        out = str(tmp_path / f"out-{dtype}.zarr")
+        caplog.clear()
+        outcome = streamwhiten.apply(path, spec, out)
+        assert read_all(out).dtype == written and outcome.dtype == np.dtype(written).name
+        assert ("apply does not write yet" in caplog.text) == (dtype == "int8")
+        done = run_subprocess("apply", path, spec, "-o", tmp_path / f"cli-{dtype}.h5", "--json")
+        assert done.returncode == 0 and read_all(str(tmp_path / f"cli-{dtype}.h5")).dtype == written
+    # an explicit dtype wins over the model's storage
+    path = str(tmp_path / "m-float16.npz")
+    streamwhiten.apply(path, spec, str(tmp_path / "explicit.zarr"), options=ApplyOptions(dtype="float32"))
+    assert read_all(str(tmp_path / "explicit.zarr")).dtype == np.float32
+    for dtype, what in (("int8", "int8 codes"), ("binary", "sign bits")):
+        done = run_subprocess("apply", path, spec, "-o", tmp_path / "q.zarr", "--dtype", dtype)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert f"dtype {dtype!r}: apply does not write {what} yet; write float32 or float16" in done.stderr
+        assert not os.path.exists(tmp_path / "q.zarr")
+        with pytest.raises(BadInputError, match=f"apply does not write {what} yet"):
+            streamwhiten.apply(path, spec, str(tmp_path / "q.zarr"), options=ApplyOptions(dtype=dtype))
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[input]\npaths = ["{tmp_path / "in.h5"}"]\n[model]\npath = "m.npz"\n'
+        '[apply]\noutput = "out/{stem}.zarr"\ndtype = "int8"\n'
+    )
+    done = run_subprocess("run", job)
+    assert done.returncode == 2 and "[apply] dtype 'int8': apply does not write int8 codes yet" in done.stderr
+    assert not os.path.exists(tmp_path / "m.npz")

@@ -163,7 +163,7 @@ class AffineMap:
         """The setting and provenance as plain JSON-able values: ``model_checksum`` is the map's
         :attr:`checksum`, ``model_file_checksum`` the model file's (:attr:`file_checksum`); with a
         :attr:`quantization`, its ``dtype``, ``bytes_per_vector`` and record (``quantization``)."""
-        values = {
+        values: dict = {
             "beta": self.beta,
             "gamma": self.gamma,
             "eps": self.eps,

@@ -22,7 +22,15 @@ from .._npz import checksum, foreign_npz, read_npz, write_npz_atomic
 from ..errors import BadInputError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
-from .quantize import Quantization, Storage, cast_checked, quantization_for, raise_if_overflowed, storage_quantizations
+from .quantize import (
+    DEFAULT_INT8_CLIP,
+    Quantization,
+    Storage,
+    cast_checked,
+    quantization_for,
+    raise_if_overflowed,
+    storage_quantizations,
+)
 from .stats import Moments, covariance
 from .validate import components_for_variance, model_fields
 
@@ -166,14 +174,16 @@ class WhiteningModel:
     def quantization(self, dtype: str | None = None, normalize: bool = True) -> Quantization | None:
         """The record of this map's outputs stored as ``dtype`` (default: :attr:`dtype`), None for
         float32. int8 ranges come from the statistics, for unit-length outputs (int8 codes are always of
-        the unit vectors, as the search stores them); ``normalize`` says whether float16 values are."""
+        the unit vectors, as the search stores them, and so are bits); ``normalize`` says whether float16
+        values are."""
         dtype = self.dtype if dtype is None else dtype
         if dtype == "float32":
             return None
         if dtype == "int8":
-            clip = self.storage.int8_clip if self.storage is not None else None
-            return quantization_for("int8", self, normalize=True, **({} if clip is None else {"clip": clip}))
-        return quantization_for(dtype, self, normalize=normalize)
+            clip = self.storage.int8_clip if self.storage is not None else DEFAULT_INT8_CLIP
+            return quantization_for("int8", self, normalize=True, clip=clip)
+        # a sign does not change with the norm: bits are recorded as of the unit vectors, as the search stores them
+        return quantization_for(dtype, self, normalize=True if dtype == "binary" else normalize)
 
     def storage_records(self) -> tuple[Quantization | None, Quantization | None]:
         """The records of the recorded :attr:`storage` (stored vectors, re-ranking vectors): see
@@ -300,10 +310,13 @@ class WhiteningModel:
 
 def _storage_json(model: WhiteningModel) -> dict:
     """What a model file records of its storage: the choice, its bytes per vector and its records."""
+    storage = model.storage
+    if storage is None:
+        raise ValueError("the model records no storage")
     stored, again = model.storage_records()
     return dict(
-        model.storage.to_dict(),
-        bytes_per_vector=model.storage.bytes_per_vector(model.n_components),
+        storage.to_dict(),
+        bytes_per_vector=storage.bytes_per_vector(model.n_components),
         quantization=None if stored is None else stored.to_dict(),
         rescore_quantization=None if again is None else again.to_dict(),
     )

@@ -38,7 +38,6 @@ from ..core.quantize import DEFAULT_INT8_CLIP, Storage
 from ..engine._threads import blas_threads, blas_threads_per_worker, resolve_threads
 from ..errors import BadInputError
 from ..params import check
-from .evaluate import describe_model
 from .retrieval import (
     BOOTSTRAP_LEVEL,
     BOOTSTRAP_SAMPLES,
@@ -53,7 +52,7 @@ from .retrieval import (
     query_metrics,
 )
 from .search import Reranking, SearchJob, SearchPass, corpus_blocks, search
-from .tune import decompose, make_grid
+from .tune import decompose, describe_stored, make_grid
 
 #: The storages swept by default (``binary+rescore``: bits whose top ``rescore`` are re-ranked).
 STORAGES = ("float32", "float16", "int8", "binary", "binary+rescore")
@@ -143,7 +142,6 @@ def _groups(items: list, cost: Callable, budget: int) -> list[list]:
 
 def sweep_rows(
     task: RetrievalTask,
-    model: WhiteningModel,
     candidates: list[Candidate],
     bases: dict,
     storages: list[Storage],
@@ -424,7 +422,7 @@ def sweep(
     candidates, bases = retrieval_grid(model, betas, gammas, ks, variances, eps)
     with open_task(queries, corpus, qrels, exclude, model, query_id_column, corpus_id_column) as task:
         reference, rows = sweep_rows(
-            task, model, candidates, bases, storages, block_rows=block_rows, threads=threads, progress=progress
+            task, candidates, bases, storages, block_rows=block_rows, threads=threads, progress=progress
         )
     raw_each = query_metrics(reference, task.query_rows, task.qrels)
     raw = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
@@ -480,12 +478,11 @@ def tune_retrieval(model: WhiteningModel, queries, corpus, qrels, **options) -> 
     chosen = result.chosen_model()
     best = result.best
     summary = result.summary()
+    storage = chosen.storage
     described = dict(
-        describe_model(chosen),
-        dtype=chosen.dtype,
-        rescore=chosen.storage.rescore,
-        rescore_dtype=chosen.storage.rescore_dtype if chosen.storage.rescore else None,
-        bytes_per_vector=best["bytes_per_vector"],
+        describe_stored(chosen),
+        rescore=storage.rescore,
+        rescore_dtype=storage.rescore_dtype if storage.rescore else None,
     )
     keep = (
         "beta",
