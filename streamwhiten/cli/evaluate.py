@@ -74,7 +74,7 @@ def eval_(model_path, quiet, as_json, **values):
     from ..core.model import load_model
     from ..options import Setting
 
-    mode = mode_of(values, SEARCH_OPTIONS)
+    mode = mode_of(values, (*SEARCH_OPTIONS, "threads"))
     block_rows = pop_param(values, "block_rows")
     changes = take(Setting, values).given()
     if changes and model_path is None:
