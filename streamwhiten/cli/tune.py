@@ -119,7 +119,9 @@ def tune(model_path, output_path, in_place, overwrite, quiet, as_json, **values)
         raise BadInputError("--test-a/--test-b/--test-scores are held-out pairs: give them with labelled pairs")
     if output_path and in_place:
         raise BadInputError("give -o/--output or --in-place, not both")
-    inputs = [values[name] for name in ("pairs_a", "pairs_b", "scores", "test_a", "test_b", "test_scores")]
+    inputs = [model_path] + [
+        values[name] for name in ("pairs_a", "pairs_b", "scores", "test_a", "test_b", "test_scores")
+    ]
     inputs += [values[name] for name in ("queries", "corpus", "qrels", "exclude")]
     if output_path:
         from ..io import refuse_input_overlap
