@@ -42,7 +42,7 @@ def main(argv=None) -> int:
 
     import faiss
 
-    from streamwhiten.core.model import load_model
+    from streamwhiten import load_model
     from streamwhiten.synthetic import generate_rows, write_store
 
     with tempfile.TemporaryDirectory() as scratch:

@@ -6,14 +6,14 @@ The public API (everything a user imports; documentation and examples import not
 >>> sorted(set(streamwhiten.__all__) - {"__version__"})  # doctest: +NORMALIZE_WHITESPACE
 ['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'FitOptions', 'FitOutcome', 'Model', 'ReadOptions',
  'Setting', 'Whitener', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit', 'load_model',
- 'release_buffers', 'serving', 'staleness']
+ 'release_buffers', 'serving', 'staleness', 'synthetic']
 
 - :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size;
 - :func:`load_model` and :class:`Model` (a fitted whitening and its statistics), :func:`staleness` (how far a
   published map is from a refit);
 - :func:`evaluate` (labelled pairs) and :func:`evaluate_retrieval` (queries, corpus and qrels);
 - :mod:`export` (``export.export(model, "whiten.onnx")``: numpy, torch, sentence-transformers, faiss, ONNX)
-  and :mod:`serving` (the map in numpy alone);
+  and :mod:`serving` (the map in numpy alone); :mod:`synthetic` (the built-in anisotropic example data);
 - :class:`Whitener`, the scikit-learn transformer;
 - the option objects :class:`ReadOptions`, :class:`FitOptions`, :class:`ApplyOptions`,
   :class:`EngineOptions`, :class:`Setting`, and the outcomes :class:`FitOutcome`, :class:`ApplyOutcome`.
@@ -39,6 +39,7 @@ _PUBLIC = {
     "evaluate_retrieval": ("streamwhiten.evaluation.retrieval", "evaluate_retrieval"),
     "export": ("streamwhiten.export", None),
     "serving": ("streamwhiten.serving", None),
+    "synthetic": ("streamwhiten.synthetic", None),
     "Whitener": ("streamwhiten.whitener", "Whitener"),
     "release_buffers": ("streamwhiten._buffers", "release_buffers"),
     "ReadOptions": ("streamwhiten.options", "ReadOptions"),

@@ -72,14 +72,17 @@ def _fit_job(
     workers=None,
     client=None,
     overwrite=True,
+    read=None,
 ):
     """The 0.2 ``fit_job``: plan, run and finalize a fit, without saving; returns ``(model, fitted,
     resumed, checkpoint)`` as it did (``fitted``: the finished plan, or the Dask engine's result; save it
     with ``save_fitted``). Built on :func:`streamwhiten.pipeline.fit`'s steps."""
+    from dataclasses import replace
+
     from . import pipeline
     from .engine.engines import engine_for
-    from .engine.fit import finalize_fit
-    from .options import EngineOptions, FitOptions, ReadOptions, Setting
+    from .engine.fit import finalize_fit, merge_read
+    from .options import EngineOptions, FitOptions, Setting
 
     options = FitOptions(
         precision=precision,
@@ -91,7 +94,9 @@ def _fit_job(
         restart=restart,
         overwrite=overwrite,
     )
-    read = ReadOptions(dataset=dataset, block_rows=chunk_rows, fill_missing_chunks=fill_missing_chunks)
+    read = merge_read(read, dataset, fill_missing_chunks)
+    if chunk_rows is not None:
+        read = replace(read, block_rows=chunk_rows)
     runner = engine_for(EngineOptions(name=engine, threads=threads, scheduler=scheduler, workers=workers), client)
     params = Setting(**(params or {})).given()
     if update is not None:
@@ -100,7 +105,7 @@ def _fit_job(
         check_file(update, "model file")
     if not runner.checkpoints and (update or resume):
         raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
-    inputs = pipeline._expanded(inputs)
+    inputs = pipeline._expanded(inputs, read)
     checkpoint = pipeline._prepare_model_path(inputs, model_path, params, options, read, update)
     planned = pipeline._plan(inputs, options, read, update, params, checkpoint, runner)
     every = (checkpoint, checkpoint_every, checkpoint_seconds) if runner.checkpoints else None

@@ -25,6 +25,7 @@ streamwhiten.errors.BadInputError: dtype must be "float32", "float16", "int8" or
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -108,25 +109,43 @@ class ReadOptions:
     fill_missing_chunks : bool
         Read chunks missing from a store (Zarr) or never written (HDF5) as the fill value, instead of
         refusing the store.
-    storage_options : mapping
-        Keyword arguments of the file systems of URL inputs and outputs (see :class:`StorageOptions`).
-    remote_timeout : float, optional
-        Seconds an object store may keep failing before a read or write gives up (default: the
-        ``STREAMWHITEN_REMOTE_TIMEOUT`` environment variable, else the declared default).
+    storage_options : mapping, optional
+        Keyword arguments of the file systems of URL inputs and outputs (see :class:`StorageOptions`;
+        None: none, the environment's configuration alone).
+    remote_timeout : float
+        Seconds a remote store may keep failing (refused connections, timeouts, 5xx answers) before the
+        read or write gives up (default: ``STREAMWHITEN_REMOTE_TIMEOUT``, else the parameter's default).
     """
 
     dataset: str | None = None
     block_rows: int | None = params.default("block_rows")
     fill_missing_chunks: bool = params.default("fill_missing_chunks")
-    storage_options: StorageOptions = field(default_factory=StorageOptions)
-    remote_timeout: float | None = None
+    storage_options: StorageOptions | None = params.default("storage_options")
+    remote_timeout: float = field(default_factory=lambda: default_remote_timeout())
 
     def __post_init__(self):
         if self.dataset is not None and not isinstance(self.dataset, str):
             raise BadInputError(f"dataset must be a name (a string), got {self.dataset!r}")
         _check_fields(self)
-        if not isinstance(self.storage_options, StorageOptions):
+        object.__setattr__(self, "remote_timeout", float(self.remote_timeout))
+        if self.storage_options is not None and not isinstance(self.storage_options, StorageOptions):
             object.__setattr__(self, "storage_options", StorageOptions(self.storage_options))
+
+
+#: The environment variable that sets :attr:`ReadOptions.remote_timeout` where it is not given.
+REMOTE_TIMEOUT_VARIABLE = "STREAMWHITEN_REMOTE_TIMEOUT"
+
+
+def default_remote_timeout() -> float:
+    """``STREAMWHITEN_REMOTE_TIMEOUT`` (checked as parameter ``remote_timeout``), else the parameter's default."""
+    text = os.environ.get(REMOTE_TIMEOUT_VARIABLE)
+    if not text:
+        return float(params.default("remote_timeout"))
+    try:
+        value: object = float(text)
+    except ValueError:
+        value = text
+    return float(params.check("remote_timeout", value, f"{REMOTE_TIMEOUT_VARIABLE}={text}: remote_timeout"))
 
 
 @dataclass(frozen=True)
@@ -299,4 +318,5 @@ __all__ = [
     "Setting",
     "StorageOptions",
     "column_names",
+    "default_remote_timeout",
 ]

@@ -20,6 +20,7 @@ library: the command line checks its options before numpy or numba are loaded.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
 
@@ -41,8 +42,8 @@ DEFAULT_MAX_STALENESS = 0.5
 class Param:
     """One parameter: what kind of value it takes and which ones are allowed.
 
-    ``kind`` is ``int``, ``float``, ``bool`` or ``str`` (a value of the command line or a job file is
-    read as that kind); numbers must be finite and lie in ``[low, high]``, with only the ends named in
+    ``kind`` is ``int``, ``float``, ``bool``, ``str`` (a value of the command line or a job file is
+    read as that kind) or ``dict`` (a mapping with names, text, for keys); numbers must be finite and lie in ``[low, high]``, with only the ends named in
     ``closed`` ("both", "left", "right", "neither") included; a ``str`` must be one of ``choices``;
     ``also`` lists other allowed values (-1 for "one per core"); ``none`` allows None (automatic).
     ``text`` says what the value must be, after "must be". A ``tuple`` kind takes a list of names (or
@@ -88,6 +89,8 @@ class Param:
             return isinstance(value, bool) or _is_numpy_bool(value)
         if self.kind is str:
             return isinstance(value, str) and value in self.choices
+        if self.kind is dict:
+            return isinstance(value, Mapping) and all(isinstance(key, str) for key in value)
         if isinstance(value, bool) or _is_numpy_bool(value) or not isinstance(value, Real):
             return False
         if self.kind is int and not isinstance(value, Integral):
@@ -310,7 +313,8 @@ PARAMS: dict[str, Param] = _params(
         job=_APPLY,
     ),
     Param("output_chunk_rows", int, None, _COUNT, 1, none=True),
-    # object storage: how long a remote store may keep failing before a command gives up (seconds)
+    # object storage: how long a remote store may keep failing before a command gives up (seconds), and
+    # the keyword arguments of the file systems of URLs (Whitener(storage_options=...), ReadOptions)
     Param(
         "remote_timeout",
         float,
@@ -319,11 +323,11 @@ PARAMS: dict[str, Param] = _params(
         0.0,
         None,
         closed="right",
-        none=True,
         help="Seconds an object store may keep failing (refusing connections, timing out, or not answering) "
-        "before the command gives up, exit 74 (or STREAMWHITEN_REMOTE_TIMEOUT).",
+        "before the command gives up, exit 74 [default: 10, or STREAMWHITEN_REMOTE_TIMEOUT].",
         job=_INPUT,
     ),
+    Param("storage_options", dict, None, "a mapping of option names (text) to values", none=True),
     # the Dask engine
     Param(
         "workers",

@@ -71,27 +71,6 @@ def check_fit_paths(inputs, model_path: str, checkpoint: str | None = None, upda
     return checkpoint
 
 
-def reaching(read: ReadOptions):
-    """The storage options and remote deadline of ``read`` in force for the duration of a fit or apply."""
-    import contextlib
-
-    from .io import remote
-
-    @contextlib.contextmanager
-    def scope():
-        previous = remote.remote_timeout()
-        with remote.using(read.storage_options.to_dict()):
-            if read.remote_timeout is not None:
-                remote.set_remote_timeout(read.remote_timeout)
-            try:
-                yield
-            finally:
-                if read.remote_timeout is not None:
-                    remote.set_remote_timeout(previous)
-
-    return scope()
-
-
 # ---------------------------------------------------------------------------------------------------- fit
 
 
@@ -205,8 +184,7 @@ def fit(
     setting, options, read = setting or Setting(), options or FitOptions(), read or ReadOptions()
     runner = engine if isinstance(engine, Engine) else engine_for(engine or EngineOptions())
     model_path = model_path if model_path is not None else update
-    with reaching(read):
-        inputs = _expanded(inputs)
+    inputs = _expanded(inputs, read)
     params = setting.given()
     _params.check_model(**params)
     if update is not None:  # the model to update is read first: a FIFO or an unreadable file is refused at once
@@ -215,16 +193,15 @@ def fit(
         check_file(update, "model file")
     if not runner.checkpoints and (update or options.resume):
         raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
-    with reaching(read):
-        checkpoint = _prepare_model_path(inputs, model_path, params, options, read, update) if model_path else None
-        planned = _plan(inputs, options, read, update, params, checkpoint, runner)
-        every = (checkpoint, options.checkpoint_every, options.checkpoint_seconds)
-        result = runner.fit(
-            planned.plan,
-            progress=progress,
-            should_stop=should_stop,
-            checkpoint=every if runner.checkpoints and checkpoint else None,
-        )
+    checkpoint = _prepare_model_path(inputs, model_path, params, options, read, update) if model_path else None
+    planned = _plan(inputs, options, read, update, params, checkpoint, runner)
+    every = (checkpoint, options.checkpoint_every, options.checkpoint_seconds)
+    result = runner.fit(
+        planned.plan,
+        progress=progress,
+        should_stop=should_stop,
+        checkpoint=every if runner.checkpoints and checkpoint else None,
+    )
     model = finalize_fit(result, planned.params, planned.skipped_before)
     if planned.storage is not None:  # an update keeps the storage the model records, as it keeps its setting
         model = replace(model, storage=planned.storage)
@@ -249,12 +226,12 @@ def fit(
     )
 
 
-def _expanded(inputs) -> list:
+def _expanded(inputs, read: ReadOptions) -> list:
     from .io import expand_specs
 
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
-    return expand_specs(list(inputs))
+    return expand_specs(list(inputs), read)
 
 
 def _prepare_model_path(inputs, model_path, params: dict, options: FitOptions, read: ReadOptions, update) -> str:
@@ -291,17 +268,15 @@ def _plan(inputs, options: FitOptions, read: ReadOptions, update, params: dict, 
             previous.state,
             previous.sources,
             inputs,
-            read.dataset,
+            None,
             options.precision,
             options.skip_nonfinite,
             read.block_rows,
-            read.fill_missing_chunks,
+            read=read,
         )
         skipped_before = int(previous.info.get("n_skipped_nonfinite", 0))
     else:
-        planned = plan_fit(
-            inputs, read.dataset, options.precision, options.skip_nonfinite, read.block_rows, read.fill_missing_chunks
-        )
+        planned = plan_fit(inputs, None, options.precision, options.skip_nonfinite, read.block_rows, read=read)
     _params.check_model(n_features=planned.state.n_features, **params)  # k > d is caught before the pass
     if runner.checkpoints and checkpoint is not None:
         resumed = _resumed(planned, checkpoint, options, read, runner)
@@ -318,7 +293,7 @@ def _resumed(planned, checkpoint: str, options: FitOptions, read: ReadOptions, r
         if options.resume:
             raise BadInputError(f"{checkpoint}: no checkpoint to resume from")
         return None
-    plan = load_checkpoint(checkpoint)
+    plan = load_checkpoint(checkpoint, read)
     check_resumable(plan, checkpoint, planned.options, planned.base_rows, [c.spec for c in planned.cursors])
     if read.block_rows is not None and int(read.block_rows) != plan.block_rows:
         log.info(
@@ -363,9 +338,9 @@ def model_is_current(model_path: str, inputs, params: dict, options: FitOptions,
     recorded = tuple(model.info.get(key) for key in ("precision", "skip_nonfinite", "fill_missing_chunks"))
     if recorded != (options.precision, bool(options.skip_nonfinite), bool(read.fill_missing_chunks)):
         return False
-    sources = open_sources(inputs, read.dataset, read.fill_missing_chunks)
+    sources = open_sources(inputs, read=read)
     try:
-        if [fingerprint(source) for source in sources] != model.sources:
+        if tuple(fingerprint(source) for source in sources) != model.sources:
             return False
     finally:
         for source in sources:
@@ -468,8 +443,7 @@ def apply(
     changes = (setting or Setting()).given()
     if changes:
         model = model.with_params(**changes)
-    with reaching(read):
-        return runner.apply(model, input_spec, output_spec, options, read, progress=progress, should_stop=should_stop)
+    return runner.apply(model, input_spec, output_spec, options, read, progress=progress, should_stop=should_stop)
 
 
 #: What ``apply`` cannot write yet (the engines write float values only): quantized outputs come later.

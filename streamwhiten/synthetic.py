@@ -54,11 +54,13 @@ def write_store(
     by streamwhiten (anything else at ``path`` is refused, as by every writer); returns its spec. Written like
     every streamwhiten output: under a temporary name, renamed when complete.
     """
-    from .io import create_sink, output_kind
+    from .io import open_output
 
     chunk_rows = min(chunk_rows, n_rows)
-    spec = f"{path}:/{dataset}" if output_kind(path) == "hdf5" else path
-    sink = create_sink(spec, n_rows, n_features, dtype, overwrite=True, zarr_format=zarr_format, chunk_rows=chunk_rows)
+    spec = f"{path}:/{dataset}" if open_output(path).named else path
+    sink = open_output(spec).create(
+        n_rows, n_features, dtype, overwrite=True, zarr_format=zarr_format, chunk_rows=chunk_rows
+    )
     with sink:
         step = max(chunk_rows, (64 << 20) // (n_features * np.dtype(dtype).itemsize) // chunk_rows * chunk_rows)
         for start in range(0, n_rows, step):

@@ -8,7 +8,9 @@ the command line and job files check theirs.
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Mapping
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
@@ -122,6 +124,10 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         search stores them); ``"binary"`` the sign bits packed 8 per byte (``ceil(k / 8)`` uint8 per
         row). ``quantization_`` is the record that decodes them. A model loaded with :meth:`load` takes
         the storage it records (what ``tune`` chose), and :meth:`save` records this one.
+    storage_options : mapping, optional
+        Keyword arguments of the file systems of stores named by URL (``s3://``, ``gs://``, ...), e.g.
+        ``{"endpoint_url": "http://127.0.0.1:9000", "key": ..., "secret": ...}``; they win over the
+        environment's configuration, and are never shown (``repr``) or recorded.
 
     Parameters are keyword-only. Arrays follow scikit-learn's input rules: 2-D, float16, float32 and
     float64 rows are used as they are, integer, bool and numeric object arrays are converted to float64
@@ -165,6 +171,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         fill_missing_chunks=_D["fill_missing_chunks"].default,
         chunk_rows=_D["chunk_rows"].default,
         dtype=None,
+        storage_options=_D["storage_options"].default,
     ):
         self.beta = beta
         self.gamma = gamma
@@ -179,6 +186,24 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self.fill_missing_chunks = fill_missing_chunks
         self.chunk_rows = chunk_rows
         self.dtype = dtype
+        self.storage_options = storage_options
+
+    # -- displays: storage options by name only (their values are often secrets) ---------------------
+    def _shown(self) -> Whitener:
+        """This estimator as its displays show it: ``storage_options`` by their names alone."""
+        if not self.storage_options or not isinstance(self.storage_options, Mapping):
+            return self
+        from .options import StorageOptions
+
+        shown = copy.copy(self)
+        shown.storage_options = StorageOptions(dict.fromkeys(self.storage_options))
+        return shown
+
+    def __repr__(self, N_CHAR_MAX: int = 700) -> str:
+        return BaseEstimator.__repr__(self._shown(), N_CHAR_MAX)
+
+    def _get_params_html(self, *args, **kwargs):  # the parameter table of the HTML display (scikit-learn >= 1.7)
+        return BaseEstimator._get_params_html(self._shown(), *args, **kwargs)
 
     # -- scikit-learn protocol ------------------------------------------------------------------------
     def set_params(self, **params) -> Whitener:
@@ -279,7 +304,12 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         setting = Setting(
             beta=self.beta, gamma=self.gamma, n_components=self.n_components, variance=self.variance, eps=self.eps
         )
-        read = ReadOptions(dataset=dataset, block_rows=self._block_rows(), fill_missing_chunks=self.fill_missing_chunks)
+        read = ReadOptions(
+            dataset=dataset,
+            block_rows=self._block_rows(),
+            fill_missing_chunks=self.fill_missing_chunks,
+            storage_options=self.storage_options,
+        )
         outcome = fit(
             specs,
             setting=setting,

@@ -216,7 +216,7 @@ def s3_bucket(s3_server, request):
     fs.mkdir(name)
     from streamwhiten.io import remote
 
-    remote.set_storage_options({})  # a clean slate: no options, no cached file systems
+    remote.clear_cache()  # a clean slate: no cached file systems
     return f"s3://{name}"
 
 

@@ -190,7 +190,7 @@ def test_apply_records_the_fingerprint_of_a_separate_read_without_reading_sample
     array[:] = rows  # zarr 3's default bytes + zstd
     spec = str(tmp_path / "in.zarr")
     with open_source(spec) as source:
-        expected = fingerprint(source)["sha256_sampled"]
+        expected = fingerprint(source).sha256_sampled
     reads = []
     original = Source.read
     monkeypatch.setattr(Source, "read", lambda self, a, b: reads.append((a, b)) or original(self, a, b))

@@ -24,7 +24,7 @@ from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCode
 
 from streamwhiten.errors import BadInputError, MissingChunkError
 from streamwhiten.io import open_source
-from streamwhiten.io.codecs import DecodeError, hdf5_plan, widen_in_place, zarr_plan
+from streamwhiten.io.codecs import DecodeError, hdf5_decoder, widen_in_place, zarr_decoder
 from streamwhiten.options import ApplyOptions, ReadOptions
 
 ROWS, FEATURES, CHUNK = 1000, 24, 128  # the last chunk holds 104 rows
@@ -109,7 +109,7 @@ def write_hdf5_store(path, rows, filters: str) -> str:
 
 def check_reads_match(spec: str, reference: np.ndarray, decoded_here: bool) -> None:
     with open_source(spec) as source:
-        assert (source.plan is not None) == decoded_here, source.plan and source.plan.description
+        assert (source.decoder is not None) == decoded_here, source.decoder and source.decoder.description
         assert source.dtype == reference.dtype.newbyteorder("=")
         np.testing.assert_array_equal(source.read(0, ROWS), reference)
         for start, stop in [
@@ -175,10 +175,10 @@ def test_hdf5_chunk_stored_raw_by_an_optional_filter_is_read(tmp_path):
 
 def test_plans_name_their_steps(tmp_path):
     spec = write_zarr_store(tmp_path / "a.zarr", rows_of("<f4"), "v3-gzip-crc32c")
-    assert zarr_plan(zarr.open_array(spec, mode="r")).description == "crc32c -> gzip"
+    assert zarr_decoder(zarr.open_array(spec, mode="r")).description == "crc32c -> gzip"
     write_hdf5_store(tmp_path / "b.h5", rows_of(">f4"), "gzip-shuffle-fletcher32")
     with h5py.File(tmp_path / "b.h5", "r") as handle:
-        plan = hdf5_plan(handle["emb"])
+        plan = hdf5_decoder(handle["emb"])
     assert plan.description == "fletcher32 -> deflate -> shuffle" and plan.dtype == np.dtype(">f4")
     assert plan.nbytes == CHUNK * FEATURES * 4
 
@@ -202,7 +202,9 @@ def test_a_chunk_that_decodes_to_the_wrong_size_is_refused(tmp_path):
     ):
         source.read(0, ROWS)
     with pytest.raises(DecodeError):
-        zarr_plan(zarr.open_array(spec, mode="r")).decode_into(b"\x00" * 64, np.empty(CHUNK * FEATURES * 4, np.uint8))
+        zarr_decoder(zarr.open_array(spec, mode="r")).decode_into(
+            b"\x00" * 64, np.empty(CHUNK * FEATURES * 4, np.uint8)
+        )
 
 
 def test_missing_chunks_keep_todays_behaviour(tmp_path):
@@ -212,7 +214,7 @@ def test_missing_chunks_keep_todays_behaviour(tmp_path):
     os.remove(os.path.join(spec, "c", "3", "0"))
     with open_source(spec) as source, pytest.raises(MissingChunkError, match=r"rows 384\.\.511"):
         source.read(0, ROWS)
-    with open_source(spec, fill_missing_chunks=True) as source:
+    with open_source(spec, read=ReadOptions(fill_missing_chunks=True)) as source:
         expected = rows.copy()
         expected[384:512] = 0
         np.testing.assert_array_equal(source.read(0, ROWS), expected)
@@ -224,7 +226,7 @@ def test_missing_chunks_keep_todays_behaviour(tmp_path):
         dataset[2 * CHUNK :] = rows[2 * CHUNK :]
     with open_source(f"{tmp_path / 'h.h5'}:/emb") as source, pytest.raises(MissingChunkError, match=r"rows 128\.\.255"):
         source.read(0, ROWS)
-    with open_source(f"{tmp_path / 'h.h5'}:/emb", fill_missing_chunks=True) as source:
+    with open_source(f"{tmp_path / 'h.h5'}:/emb", read=ReadOptions(fill_missing_chunks=True)) as source:
         expected = rows.copy()
         expected[CHUNK : 2 * CHUNK] = 7.0
         np.testing.assert_array_equal(source.read(0, ROWS), expected)

@@ -494,7 +494,7 @@ def test_update_recognises_a_recorded_file_by_its_identity_not_its_path(tmp_path
     os.link(tmp_path / "g.h5", tmp_path / "l.h5")
     assert run_subprocess("fit", tmp_path / "g.h5", "-o", tmp_path / "m.npz", "-q").returncode == 0
     recorded = load_model(str(tmp_path / "m.npz")).sources
-    assert [s["path"] for s in recorded] == [os.path.realpath(tmp_path / "g.h5")]  # the record is unchanged
+    assert [s.path for s in recorded] == [os.path.realpath(tmp_path / "g.h5")]  # the record is unchanged
     run_checked(tmp_path, ["fit", "l.h5", "--update", "m.npz"], 3, r"nothing to do")
     with h5py.File(tmp_path / "g.h5", "a") as handle:
         handle["emb"].resize(len(SMALL), axis=0)

@@ -35,7 +35,7 @@ from streamwhiten.engine import distributed as sd  # noqa: E402
 from streamwhiten.engine.apply import apply_model  # noqa: E402
 from streamwhiten.engine.fit import fit_sources  # noqa: E402
 from streamwhiten.errors import BadInputError, ClusterError, NonFiniteError, OutputExistsError, StoreIOError  # noqa: E402
-from streamwhiten.io import open_source, partial_path, read_attrs  # noqa: E402
+from streamwhiten.io import lazy_rows, open_source, partial_path, read_attrs  # noqa: E402
 from streamwhiten.options import ApplyOptions, ReadOptions  # noqa: E402
 from streamwhiten.synthetic import generate_rows, write_store  # noqa: E402
 from streamwhiten.whitener import Whitener  # noqa: E402
@@ -271,7 +271,7 @@ def test_lazy_rows_reopen_and_notice_a_changed_store(tmp_path):
 
     spec = write_store(str(tmp_path / "c.h5"), 300, 6, chunk_rows=100)
     with open_source(spec) as source:
-        lazy = pickle.loads(pickle.dumps(source.lazy()))
+        lazy = pickle.loads(pickle.dumps(lazy_rows(source)))
         np.testing.assert_array_equal(lazy[10:20, 0:6], source.read(10, 20))
     write_store(str(tmp_path / "c.h5"), 200, 6, chunk_rows=100)
     with pytest.raises(StoreIOError, match="changed while being read"):
@@ -376,9 +376,9 @@ def test_apply_dask_refuses_hdf5_output(client, stores, model, tmp_path):
 
 
 def test_region_writer_refuses_unaligned_rows(tmp_path):
-    from streamwhiten.io import create_sink
+    from streamwhiten.io import open_output
 
-    with create_sink(str(tmp_path / "w.zarr"), 100, 3, chunk_rows=10) as sink:
+    with open_output(str(tmp_path / "w.zarr")).create(100, 3, chunk_rows=10) as sink:
         writer = sink.region_writer()
         writer(90, np.ones((10, 3), np.float32))
         with pytest.raises(BadInputError, match="not aligned"):
@@ -544,7 +544,7 @@ def test_serial_and_dask_reduce_the_same_blocks_of_mixed_sources_without_block_r
     rows, Zarr chunks of 512) and no block_rows, both engines cut every source at the same rows and
     reduce each block to the same bits; only the order of the final float64 merges differs."""
     import streamwhiten.engine.fit as fit_module
-    from streamwhiten.io.base import Source
+    from streamwhiten.io import Source
 
     natural = Source.default_block_rows
     # ~64 KiB blocks instead of ~64 MiB, so these small stores have several blocks, of different sizes

@@ -1,6 +1,7 @@
 """The fit loop: worker threads, block order, reproducibility."""
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -164,7 +165,7 @@ def test_a_resume_checks_the_rows_read_before_the_checkpoint_and_matches_an_unin
     assert saved.rows_done == 500 and [c.next_row for c in saved.cursors] == [300, 200, 0]
     with open_source(specs[0]) as first, open_source(specs[1]) as second, open_source(specs[2]) as third:
         assert saved.cursors[0].fingerprint == fingerprint(first)
-        partial = dict(describe(second), rows_read=200, sha256_read=Sampler(second).hexdigest(second, below=200))
+        partial = replace(describe(second), rows_read=200, sha256_read=Sampler(second).hexdigest(second, below=200))
         assert saved.cursors[1].fingerprint == partial
         assert saved.cursors[2].fingerprint == describe(third)
     check_sources_unchanged(saved, checkpoint)

@@ -9,7 +9,8 @@ import zarr
 from conftest import anisotropic, write_h5, write_zarr
 
 from streamwhiten.errors import BadInputError, CorruptStoreError, MissingChunkError, OutputExistsError
-from streamwhiten.io import create_sink, fingerprint, open_source, partial_path, split_spec
+from streamwhiten.io import fingerprint, open_output, open_source, partial_path, split_spec
+from streamwhiten.options import ReadOptions
 
 
 def test_split_spec():
@@ -68,18 +69,18 @@ def test_fingerprint_is_stable_for_an_appended_prefix(tmp_path):
     spec_new = write_h5(tmp_path / "b.h5", rows)
     with open_source(spec_old) as old, open_source(spec_new) as new:
         before = fingerprint(old)
-        assert fingerprint(new, 300)["sha256_sampled"] == before["sha256_sampled"]
-        assert fingerprint(new)["sha256_sampled"] != before["sha256_sampled"]
+        assert fingerprint(new, 300).sha256_sampled == before.sha256_sampled
+        assert fingerprint(new).sha256_sampled != before.sha256_sampled
     changed = rows.copy()
     changed[299] += 1
     with open_source(write_h5(tmp_path / "c.h5", changed)) as edited:
-        assert fingerprint(edited, 300)["sha256_sampled"] != before["sha256_sampled"]
+        assert fingerprint(edited, 300).sha256_sampled != before.sha256_sampled
 
 
 @pytest.mark.parametrize("name", ["out.h5", "out.zarr"])
 def test_sink_appears_only_when_committed(tmp_path, name):
     target = str(tmp_path / name)
-    sink = create_sink(target, 10, 3, "float32")
+    sink = open_output(target).create(10, 3, "float32")
     sink.write(0, np.ones((10, 3), np.float32))
     assert not os.path.exists(target) and os.path.exists(partial_path(target))
     sink.commit()
@@ -87,8 +88,8 @@ def test_sink_appears_only_when_committed(tmp_path, name):
     with open_source(target) as source:
         np.testing.assert_array_equal(source.read(0, 10), np.ones((10, 3)))
     with pytest.raises(OutputExistsError):
-        create_sink(target, 10, 3)
-    aborted = create_sink(target, 10, 3, overwrite=True)
+        open_output(target).create(10, 3)
+    aborted = open_output(target).create(10, 3, overwrite=True)
     aborted.abort()
     assert not os.path.exists(partial_path(target))
     with open_source(target) as source:  # the old output is untouched
@@ -111,7 +112,9 @@ def test_raw_zarr_chunks_are_read_directly_and_match_zarr(tmp_path, zarr_format)
     with open_source(spec) as source, pytest.raises(MissingChunkError, match=r"is missing") as caught:
         source.read(0, 1000)
     assert caught.value.rows == (288, 384) and "rows 288..383" in str(caught.value)
-    with open_source(spec, fill_missing_chunks=True) as source:  # ... or, when asked, read as zarr does
+    with open_source(
+        spec, read=ReadOptions(fill_missing_chunks=True)
+    ) as source:  # ... or, when asked, read as zarr does
         np.testing.assert_array_equal(source.read(0, 1000), zarr.open_array(spec, mode="r")[:])
     chunk = os.path.join(spec, zarr.open_array(spec, mode="r").metadata.encode_chunk_key((1, 0)))
     with open(chunk, "r+b") as handle:
@@ -141,7 +144,7 @@ def test_compressed_zarr_falls_back_to_zarr_decoding(tmp_path):
 def test_raw_zarr_sink_writes_what_zarr_reads(tmp_path, zarr_format):
     rows = anisotropic(1000, 5).astype(np.float32)
     target = str(tmp_path / "o.zarr")
-    sink = create_sink(target, 1000, 5, "float32", zarr_format=zarr_format, chunk_rows=96)
+    sink = open_output(target).create(1000, 5, "float32", zarr_format=zarr_format, chunk_rows=96)
     sink.write(0, rows[:192])  # whole chunks: raw files
     sink.write(192, rows[192:250])  # a partial chunk: through zarr
     sink.write(250, rows[250:1000])  # starts mid-chunk, ends with the padded edge chunk

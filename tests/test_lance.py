@@ -133,7 +133,7 @@ def test_update_after_append_reads_only_new_fragments_and_refuses_changed_ones(t
     write_lance(path, rows[4000:], first_id=4000, mode="append")
     with open_source(spec) as source:
         after = fingerprint(source, 4000)
-    assert after["layout_sha256"] == before["layout_sha256"] and after["version"] > before["version"]
+    assert after.layout_sha256 == before.layout_sha256 and after.version > before.version
     code, out, err = run_cli("fit", spec, "--update", model, "--precision", "float64", "--json")
     assert code == 0, err
     assert json.loads(out)["rows_read"] == 2000

@@ -239,7 +239,7 @@ def test_model_file_round_trip(tmp_path):
     loaded = load_model(path)
     assert loaded.state == model.state
     assert (loaded.beta, loaded.gamma, loaded.n_components, loaded.eps) == (0.5, 0.5, 4, model.eps)
-    assert loaded.sources == [{"path": "x"}] and loaded.info == {"a": 1}
+    assert [source.to_dict() for source in loaded.sources] == [{"path": "x"}] and loaded.info == {"a": 1}
     np.testing.assert_array_equal(loaded.transform(rows), model.transform(rows))
     # readable with numpy alone, no pickle
     with np.load(path, allow_pickle=False) as data:

@@ -82,6 +82,18 @@ def test_storage_options_are_frozen_pickle_and_never_show_their_values():
     assert frozen["a"]["b"] == 1
 
 
+def test_the_remote_timeout_is_the_environments_where_not_given(monkeypatch):
+    monkeypatch.delenv("STREAMWHITEN_REMOTE_TIMEOUT", raising=False)
+    assert ReadOptions().remote_timeout == params.default("remote_timeout") == 10.0
+    monkeypatch.setenv("STREAMWHITEN_REMOTE_TIMEOUT", "2.5")
+    assert ReadOptions().remote_timeout == 2.5 and ReadOptions(remote_timeout=4).remote_timeout == 4.0
+    monkeypatch.setenv("STREAMWHITEN_REMOTE_TIMEOUT", "soon")
+    with pytest.raises(BadInputError, match="^STREAMWHITEN_REMOTE_TIMEOUT=soon: remote_timeout must be"):
+        ReadOptions()
+    with pytest.raises(BadInputError, match="^remote_timeout must be a number of seconds above 0, got 0$"):
+        ReadOptions(remote_timeout=0)
+
+
 def test_rules_between_fields():
     with pytest.raises(BadInputError, match="n_components"):
         Setting(n_components=4, variance=0.9)

@@ -499,8 +499,8 @@ def test_fingerprint_samples_row_group_starts_and_records_the_footer(tmp_path, r
     with open_source(spec) as source:
         assert source.sample_ranges(5000) == [(0, 64), (1000, 1064), (2000, 2064), (3000, 3064), (4000, 4064)]
         first = fingerprint(source)
-    assert len(first["layout_sha256"]) == 64
+    assert len(first.layout_sha256) == 64
     write_parquet(tmp_path / "a.parquet", rows[:5000], row_group_size=1000, compression="zstd")
     with open_source(spec) as source:  # the same rows, stored otherwise: another footer
         second = fingerprint(source)
-    assert second["sha256_sampled"] == first["sha256_sampled"] and second["layout_sha256"] != first["layout_sha256"]
+    assert second.sha256_sampled == first.sha256_sampled and second.layout_sha256 != first.layout_sha256

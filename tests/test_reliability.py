@@ -352,12 +352,12 @@ def test_a_damaged_gzip_zarr_chunk_is_bad_input_not_an_io_error(tmp_path, rows, 
 
 
 def test_a_sink_whose_partial_output_was_replaced_by_another_run_does_not_commit(tmp_path):
-    from streamwhiten.io import create_sink
+    from streamwhiten.io import open_output
 
     target = str(tmp_path / "o.h5")
-    first = create_sink(target, 100, 4, chunk_rows=50)
+    first = open_output(target).create(100, 4, chunk_rows=50)
     first.write(0, np.ones((100, 4), np.float32))
-    second = create_sink(target, 100, 4, overwrite=True, chunk_rows=50)  # a second run of the same output
+    second = open_output(target).create(100, 4, overwrite=True, chunk_rows=50)  # a second run of the same output
     second.write(0, np.ones((50, 4), np.float32))
     with pytest.raises(StoreIOError, match="replaced by another run"):
         first.commit()
@@ -692,11 +692,16 @@ def test_a_signal_near_the_end_never_kills_and_the_exit_code_says_what_is_on_dis
     rng = random.Random(f"finishing-{command}")
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     seen, problems = {}, []
-    for trial in range(14):
+    # The clean run's time was measured once; on a loaded machine a later run can be much faster or
+    # slower, so the moments follow what the trials see: a process already gone brings them earlier, one
+    # without its handlers yet later, until enough signals have been sent (or the trials run out).
+    scale, sent, trial = seconds[command], 0, 0
+    while sent < 8 and trial < 40:
+        trial += 1
         work = base / f"{command}-{trial}"
         work.mkdir()
         signum = rng.choice([signal.SIGTERM, signal.SIGINT])
-        when = seconds[command] * rng.uniform(0.6, 1.15)
+        when = scale * rng.uniform(0.6, 1.15)
         process = subprocess.Popen(
             [sys.executable, "-m", "streamwhiten", *map(str, commands[command](work))],
             stdout=subprocess.PIPE,
@@ -713,6 +718,11 @@ def test_a_signal_near_the_end_never_kills_and_the_exit_code_says_what_is_on_dis
             state = "default again"  # the handler was there, and was taken away: a signal now kills
         if state in ("caught", "ignored", "default again"):
             process.send_signal(signum)
+            sent += 1
+        elif state == "gone":
+            scale *= 0.8
+        elif not installed:
+            scale *= 1.25
         _, err = process.communicate(timeout=120)
         code, lines = process.returncode, err.splitlines()
         seen[(state, code)] = seen.get((state, code), 0) + 1
@@ -740,7 +750,6 @@ def test_a_signal_near_the_end_never_kills_and_the_exit_code_says_what_is_on_dis
         if "Traceback" in err:
             problems.append(f"{what}: a traceback")
     assert not problems, "\n".join(problems) + f"\n(disposition, exit code) counts: {seen}"
-    sent = sum(n for (state, _), n in seen.items() if state in ("caught", "ignored", "default again"))
     assert sent >= 4, f"too few signals sent (the timings of the clean runs: {seconds}): {seen}"
 
 

@@ -14,13 +14,15 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from conftest import REPO, S3_SECRET, anisotropic, s3fs_client, start_moto, write_zarr
 
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_IO, EXIT_NOTHING_TO_DO
-from streamwhiten.io import open_source, output_exists, read_attrs, remote, split_spec
+from streamwhiten.io import open_source, read_attrs, remote, split_spec
+from streamwhiten.io.output import output_exists
 from streamwhiten.options import ApplyOptions, ReadOptions
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -89,7 +91,7 @@ def test_transient_failures_are_retried_and_lasting_ones_are_one_store_io_error(
     from streamwhiten.errors import BadInputError, StoreIOError
 
     monkeypatch.setattr(remote, "BACKOFF", 0.001)
-    monkeypatch.setattr(remote, "_timeout", {"seconds": 0.3})  # the deadline, for this test only
+    deadline = ReadOptions(remote_timeout=0.3)  # the deadline, for this test only
     calls = []
 
     def flaky():
@@ -98,7 +100,7 @@ def test_transient_failures_are_retried_and_lasting_ones_are_one_store_io_error(
             raise ConnectionResetError(104, "Connection reset by peer")
         return "ok"
 
-    assert remote.retrying("s3://b/x", "read", flaky) == "ok" and len(calls) == 3
+    assert remote.retrying("s3://b/x", "read", flaky, read=deadline) == "ok" and len(calls) == 3
 
     def throttled():
         raise OSError("An error occurred (SlowDown) when calling the GetObject operation: please reduce rate")
@@ -107,12 +109,87 @@ def test_transient_failures_are_retried_and_lasting_ones_are_one_store_io_error(
     with pytest.raises(
         StoreIOError, match=r"s3://b/x: cannot read after \d+ attempts in 0 s \(--remote-timeout 0.3\): .*SlowDown"
     ):
-        remote.retrying("s3://b/x", "read", throttled)
+        remote.retrying("s3://b/x", "read", throttled, read=deadline)
     assert 0.3 <= time.monotonic() - began < 1.0  # the deadline, not a count of attempts
     with pytest.raises(BadInputError, match="no such object"):
-        remote.retrying("s3://b/x", "read", lambda: (_ for _ in ()).throw(FileNotFoundError("b/x")))
+        remote.retrying("s3://b/x", "read", lambda: (_ for _ in ()).throw(FileNotFoundError("b/x")), read=deadline)
     with pytest.raises(StoreIOError, match="access denied"):
-        remote.retrying("s3://b/x", "read", lambda: (_ for _ in ()).throw(PermissionError("InvalidAccessKeyId")))
+        remote.retrying(
+            "s3://b/x", "read", lambda: (_ for _ in ()).throw(PermissionError("InvalidAccessKeyId")), read=deadline
+        )
+
+
+# ------------------------------------------------------------------------- storage options, no global
+
+
+def test_messages_hide_the_secrets_of_every_set_of_options_used():
+    """``scrub`` reads no global: the secret values of options are remembered (values only) as a file
+    system is made with them, and hidden from every message after, whichever options are in use."""
+    pytest.importorskip("s3fs")
+    import uuid
+
+    fresh = f"sw-{uuid.uuid4().hex}"
+    assert remote.scrub(f"said {fresh}") == f"said {fresh}"  # never used: nothing to hide
+    options = ReadOptions(storage_options={"key": "id", "secret": fresh, "client_kwargs": {"region_name": "x"}})
+    remote.filesystem("s3://bucket/x.zarr", options)  # made, not contacted
+    assert remote.scrub(f"said {fresh} twice {fresh}") == "said *** twice ***"
+    assert fresh not in repr(options) and fresh not in repr(remote.filesystem("s3://bucket/y", ReadOptions()))
+
+
+def test_storage_options_travel_with_each_call_and_threads_with_other_options_do_not_mix(
+    tmp_path, s3_bucket, s3_server, corpus, monkeypatch
+):
+    """No process-wide setting: the endpoint of the environment is wrong, two threads read the same URL at
+    once, one with the right endpoint as a storage option (it reads the rows), one without (it fails
+    within its own deadline); file systems are kept per protocol *and* options."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from conftest import _free_port
+
+    from streamwhiten.errors import StoreIOError
+
+    url = upload(s3_server, write_zarr(tmp_path / "c.zarr", corpus, chunk_rows=250), f"{s3_bucket}/c.zarr")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nobody listens there
+    monkeypatch.setattr(remote, "BACKOFF", 0.01)
+    remote.clear_cache()
+    right = ReadOptions(storage_options={"endpoint_url": s3_server}, remote_timeout=5)
+    wrong = ReadOptions(remote_timeout=1)
+
+    def read(options):
+        with open_source(url, read=options) as source:
+            return source.read(0, len(corpus))
+
+    with ThreadPoolExecutor(2) as pool:
+        good, bad = pool.submit(read, right), pool.submit(read, wrong)
+        np.testing.assert_array_equal(good.result(), corpus)
+        with pytest.raises(StoreIOError, match=r"--remote-timeout 1\b"):
+            bad.result()
+    assert remote.filesystem(url, right)[0] is remote.filesystem(url, ReadOptions(**vars(right)))[0]
+    assert remote.filesystem(url, right)[0] is not remote.filesystem(url, wrong)[0]
+
+
+def test_the_estimator_takes_storage_options_and_never_shows_their_values(
+    tmp_path, s3_bucket, s3_server, corpus, monkeypatch
+):
+    from conftest import _free_port
+
+    from streamwhiten import Whitener
+    from streamwhiten.errors import BadInputError
+
+    url = upload(s3_server, write_zarr(tmp_path / "c.zarr", corpus, chunk_rows=250), f"{s3_bucket}/c.zarr")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # the environment's is wrong
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-0000")
+    remote.clear_cache()
+    options = {"endpoint_url": s3_server, "key": "sw-test-key", "secret": S3_SECRET}
+    fitted = Whitener(n_components=4, storage_options=options).fit(url)
+    local = Whitener(n_components=4).fit(str(tmp_path / "c.zarr"))
+    np.testing.assert_array_equal(fitted.model_.state.scatter, local.model_.state.scatter)
+    assert fitted.sources_[0].path == url
+    shown = [repr(fitted), fitted._repr_html_(), str(fitted._repr_mimebundle_())]
+    assert all(S3_SECRET not in text for text in shown) and "secret" in shown[0]
+    assert S3_SECRET not in remote.scrub(f"a message quoting {S3_SECRET}")  # the secrets of options used
+    with pytest.raises(BadInputError, match="^storage_options must be a mapping"):
+        Whitener(storage_options=["endpoint_url=x"]).fit(url)
 
 
 # --------------------------------------------------------------------------------- fit and apply
@@ -137,7 +214,7 @@ def test_fit_from_s3_equals_the_fit_of_a_local_copy(tmp_path, s3_bucket, s3_serv
     from streamwhiten.core.model import load_model
 
     model = load_model(tmp_path / "remote.npz")
-    assert model.sources[0]["path"] == url and model.sources[0]["etag"] and model.sources[0]["size"] > 0
+    assert model.sources[0].path == url and model.sources[0].etag and model.sources[0].size > 0
     # the default (several reads in flight) against the float64 statistics of numpy
     assert run_cli("fit", url, "-o", tmp_path / "default.npz", "-q")[0] == 0
     default = load_model(tmp_path / "default.npz")
@@ -239,7 +316,7 @@ def test_update_from_s3_picks_up_appended_rows_and_new_shards(tmp_path, s3_bucke
     # rows appended to the remote store, and a new shard beside it
     import zarr
 
-    store = remote.zarr_store(f"{s3_bucket}/a.zarr", read_only=False)
+    store = remote.zarr_store(f"{s3_bucket}/a.zarr", read_only=False, read=ReadOptions())
     array = zarr.open_array(store=store, mode="r+")
     array.resize((3000, 12))
     array[2500:3000] = data[2500:3000]
@@ -425,19 +502,14 @@ def test_dask_fit_and_apply_from_s3_equal_the_serial_engine(tmp_path, s3_bucket,
         ) as cluster,
         Client(cluster) as client,
     ):
-        with remote.using(options):
-            distributed = fit_dask([url], client=client)
-            serial = fit_sources([url])
-            assert run_cli("fit", url, "-o", tmp_path / "m.npz", "-q")[0] == 0
-            apply_dask(
-                load_model(tmp_path / "m.npz"),
-                url,
-                f"{s3_bucket}/w.zarr",
-                ApplyOptions(),
-                ReadOptions(block_rows=500),
-                client=client,
-            )
-            written = open_source(f"{s3_bucket}/w.zarr").read(0, 4000)
+        read = ReadOptions(storage_options=options)  # given to every call: there is no process-wide setting
+        distributed = fit_dask([url], client=client, read=read)
+        serial = fit_sources([url], read=read)
+        given = [f"--storage-option={key}={value}" for key, value in options.items()]
+        assert run_cli("fit", url, "-o", tmp_path / "m.npz", "-q", *given)[0] == 0
+        model = load_model(tmp_path / "m.npz")
+        apply_dask(model, url, f"{s3_bucket}/w.zarr", ApplyOptions(), replace(read, block_rows=500), client=client)
+        written = open_source(f"{s3_bucket}/w.zarr", read=read).read(0, 4000)
     np.testing.assert_allclose(distributed.state.scatter, serial.state.scatter, rtol=1e-12)
     np.testing.assert_allclose(distributed.state.mean, serial.state.mean, rtol=1e-12)
     assert distributed.state.n_rows == serial.state.n_rows == 4000
@@ -552,7 +624,7 @@ def test_transient_failures_through_a_dropping_proxy_leave_the_result_unchanged(
         assert code == 0, err
     finally:
         proxy.close()
-        remote.set_storage_options({})
+        remote.clear_cache()
     assert proxy.dropped >= 3
     assert statistics(tmp_path / "proxied.npz") == statistics(tmp_path / "direct.npz")
     with open_source(f"{s3_bucket}/out.zarr") as written, open_source(str(tmp_path / "direct.zarr")) as local:

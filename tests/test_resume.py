@@ -358,7 +358,7 @@ def test_full_disk_during_output_leaves_old_output_and_no_partial(tmp_path, stor
 
 
 def test_output_write_failure_midway_removes_the_partial_output(tmp_path, store, monkeypatch, run_cli):
-    from streamwhiten.io.base import Sink
+    from streamwhiten.io import Sink
 
     model = tmp_path / "m.npz"
     assert run_cli("fit", store, "-o", model, "-k", 4, "-q")[0] == 0
@@ -425,7 +425,7 @@ def test_nightly_script_runs_the_job_and_treats_nothing_to_do_as_success(tmp_pat
 def test_restart_interrupted_before_its_first_block_is_not_resumed_with_the_old_record(tmp_path, run_cli):
     from streamwhiten.engine.apply import apply_model
     from streamwhiten.errors import InterruptedRunError
-    from streamwhiten.io import create_sink
+    from streamwhiten.io import open_output
 
     rows = np.random.default_rng(4).standard_normal((4000, 8)).astype(np.float32)
     spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=500)
@@ -439,7 +439,7 @@ def test_restart_interrupted_before_its_first_block_is_not_resumed_with_the_old_
         )
     assert rows_done_of_partial(output) == 500
     # `apply --restart` killed inside its first block: a fresh partial exists, nothing written yet
-    create_sink(output, 4000, model.n_components, chunk_rows=500).suspend()
+    open_output(output).create(4000, model.n_components, chunk_rows=500).suspend()
     summary = apply_model(model, spec, output, ApplyOptions(), ReadOptions(block_rows=500))
     assert summary.resumed_at_row == 0
     with open_source(output) as out:  # every row written by this run, none left as fill value
@@ -607,19 +607,21 @@ def test_a_pending_checkpoint_for_inputs_the_job_dropped_is_discarded(tmp_path):
     summary = run_job_file(str(job))
     assert summary["steps"] == ["fit"]
     model = load_model(str(tmp_path / "m.npz"))
-    assert model.n_rows == 3000 and [s["path"] for s in model.sources] == [os.path.realpath(b.split(":")[0])]
+    assert model.n_rows == 3000 and [s.path for s in model.sources] == [os.path.realpath(b.split(":")[0])]
 
 
 def test_zarr_outputs_are_fsynced_before_progress_is_recorded_and_at_commit(tmp_path, monkeypatch):
-    from streamwhiten.io import create_sink
+    from streamwhiten.io import open_output
+    from streamwhiten.records import Fingerprint, ResumeRecord
 
     synced = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
     target = str(tmp_path / "o.zarr")
-    sink = create_sink(target, 300, 4, chunk_rows=100)
+    sink = open_output(target).create(300, 4, chunk_rows=100)
     sink.write(0, np.ones((200, 4), np.float32))
-    sink.save_progress({"job": 1}, 200)
+    job = ResumeRecord("0" * 64, Fingerprint(path="in.h5"), target, False, "float32", 3, 100, False, 1)
+    sink.save_progress(job.at(200))
     chunk_files = [path for path in synced if re.search(r"/c/\d+/0$", path)]
     assert len(chunk_files) == 2 and all(".o.zarr.partial" in path for path in chunk_files)
     synced.clear()

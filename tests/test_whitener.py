@@ -29,7 +29,7 @@ def test_fit_from_hdf5_and_zarr_equals_in_memory(tmp_path):
         stored = Whitener(n_components=4).fit(spec)
         np.testing.assert_allclose(stored.covariance_, memory.covariance_, rtol=1e-11)
         np.testing.assert_allclose(stored.transform(rows), memory.transform(rows), atol=1e-9)
-        assert stored.sources_[0]["n_rows"] == 700
+        assert stored.sources_[0].n_rows == 700
 
 
 def test_fit_several_sources_equals_concatenation(tmp_path):

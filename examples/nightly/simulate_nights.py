@@ -44,8 +44,7 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", help="where the job runs (default: a temporary directory)")
     args = parser.parse_args(argv)
 
-    from streamwhiten.core.model import load_model
-    from streamwhiten.core.stats import covariance
+    from streamwhiten import load_model
     from streamwhiten.synthetic import write_store
 
     with tempfile.TemporaryDirectory() as scratch:
@@ -82,7 +81,7 @@ def main(argv=None) -> int:
         )
         reference = load_model(at_once)
         mean_gap = float(np.max(np.abs(nightly.mean - reference.mean)))
-        cov_gap = float(np.max(np.abs(covariance(nightly.state, 1.0) - covariance(reference.state, 1.0))))
+        cov_gap = float(np.max(np.abs(nightly.covariance - reference.covariance)))
         reduced = sorted(os.listdir(os.path.join(work, "reduced")))
         print(
             f"{nightly.n_rows} rows in the nightly model; fitted at once: max |mean gap| {mean_gap:.2e}, "

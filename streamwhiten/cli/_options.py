@@ -217,7 +217,8 @@ def read_options(values: dict):
     from ..options import ReadOptions
 
     given = values.pop("storage_options", ()) or ()
-    storage = remote.options_from(given) if given else {}
+    storage = remote.options_from(given) if given else None
+    remote.remember_secrets(storage)  # every message hides their secret values from now on
     return take(ReadOptions, values, storage_options=storage)
 
 

@@ -51,8 +51,5 @@ def _lines(model, model_path: str, summary: dict) -> list[str]:
             what += f"; int8 ranges: mean +- {storage['int8_clip']:g} std, from the statistics"
         lines.append(f"storage    {what} ({storage['bytes_per_vector']:,} bytes per vector; as tune chose it)")
     for source in model.sources:
-        lines.append(
-            f"source     {source['path']}{':/' + source['dataset'] if source['dataset'] else ''} "
-            f"({source['n_rows']:,} x {source['n_features']} {source['dtype']})"
-        )
+        lines.append(f"source     {source.where} ({source.n_rows:,} x {source.n_features} {source.dtype})")
     return lines

@@ -66,10 +66,11 @@ def run(job_file, log_file, restart, quiet, as_json, **values):
 
     from ..job import read_job_file, run_job
 
+    given = values.get("remote_timeout") is not None
     read = read_options(values)
     logging.getLogger("streamwhiten").setLevel(logging.INFO)
     job = read_job_file(job_file, read.storage_options)
-    if read.remote_timeout is not None:
+    if given:  # the command line's deadline over the job's [input] remote_timeout
         job = replace(job, read=replace(job.read, remote_timeout=read.remote_timeout))
         job = replace(job, apply_read=replace(job.apply_read, remote_timeout=read.remote_timeout))
     if log_file:
@@ -82,10 +83,8 @@ def run(job_file, log_file, restart, quiet, as_json, **values):
 def _log_to(log_file: str, job) -> None:
     """Also log to ``log_file``, which may not be any of the job's inputs or files."""
     from ..io import expand_specs, refuse_input_overlap
-    from ..pipeline import reaching
 
-    with reaching(job.read):
-        inputs = expand_specs(list(job.inputs))
+    inputs = expand_specs(list(job.inputs), job.read)
     refuse_input_overlap({log_file: "log file"}, [job.path, *inputs])
     refuse_input_overlap({log_file: "log file"}, [job.model_path, job.checkpoint, job.lock_path], nested=False)
     try:

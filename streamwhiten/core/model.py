@@ -21,6 +21,7 @@ from .._durable import check_replaceable
 from .._npz import checksum, foreign_npz, read_npz, write_npz_atomic
 from ..errors import BadInputError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
+from ..records import Fingerprint, fingerprint_of
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
 from .quantize import (
     DEFAULT_INT8_CLIP,
@@ -132,7 +133,7 @@ class WhiteningModel:
     eigvals: np.ndarray
     eigvecs: np.ndarray
     eps_value: float
-    sources: list = field(default_factory=list)
+    sources: tuple[Fingerprint, ...] = ()
     info: dict = field(default_factory=dict)
     storage: Storage | None = None
 
@@ -147,6 +148,11 @@ class WhiteningModel:
     @property
     def mean(self) -> np.ndarray:
         return self.state.mean
+
+    @property
+    def covariance(self) -> np.ndarray:
+        """``Sigma_beta`` at the model's ``beta``, from its statistics (d x d, float64)."""
+        return covariance(self.state, self.beta)
 
     @property
     def explained_variance_ratio(self) -> np.ndarray:
@@ -303,7 +309,7 @@ class WhiteningModel:
             "model_checksum": map_checksum(self),
             "storage": None if self.storage is None else self.storage_summary(),
             "components_for_variance": {str(v): components_for_variance(eigvals, v) for v in (0.5, 0.9, 0.95, 0.99)},
-            "sources": self.sources,
+            "sources": [source.to_dict() for source in self.sources],
             "info": self.info,
         }
 
@@ -398,7 +404,7 @@ def _select(state, params, eigvals, eigvecs, sources, info, storage=None) -> Whi
         eigvals=eigvals,
         eigvecs=eigvecs,
         eps_value=eps_value,
-        sources=list(sources or []),
+        sources=tuple(fingerprint_of(source) for source in sources or ()),
         info=dict(info or {}),
         storage=storage,
     )
@@ -454,7 +460,7 @@ def _arrays(model: WhiteningModel) -> dict:
         "n_features": np.array(model.n_features, dtype=np.int64),
         "eigvals": model.eigvals,
         "eigvecs": model.eigvecs,
-        "sources_json": np.array(json.dumps(model.sources, sort_keys=True)),
+        "sources_json": np.array(json.dumps([source.to_dict() for source in model.sources], sort_keys=True)),
         "info_json": np.array(json.dumps(model.info, sort_keys=True)),
     }
     if model.storage is not None:
@@ -501,7 +507,8 @@ def load_model(path: str) -> WhiteningModel:
     that no fit could have written (edited, with its checksum recomputed) is refused."""
     fields = model_fields(read_npz(path, "model file", FORMAT_NAME, FORMAT_VERSION), path)
     state = Moments(fields.pop("n_rows"), fields.pop("mean"), fields.pop("scatter"))
-    return WhiteningModel(state=state, **fields)
+    sources = tuple(Fingerprint.from_dict(source) for source in fields.pop("sources"))  # JSON only in the file
+    return WhiteningModel(state=state, sources=sources, **fields)
 
 
 __all__ = [

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from .. import __version__, params
+from .. import __version__
 from .._buffers import BufferPool, PerThread, kept_for_next_run
 from ..core.model import WhiteningModel, cast_checked, map_checksum, project_checked, raise_if_overflowed
 from ..errors import (
@@ -31,24 +31,16 @@ from ..errors import (
 )
 from ..io import (
     Sampler,
-    check_output_compressor,
-    check_replaceable,
-    create_sink,
     describe,
     fingerprint,
-    has_progress,
+    open_output,
     open_source,
-    output_exists,
-    output_kind,
-    output_lock,
-    read_attrs,
     refuse_input_overlap,
     remote,
-    resume_sink,
-    sink_chunk_rows,
     split_spec,
 )
 from ..options import ApplyOptions, ReadOptions
+from ..records import ResumeRecord
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: Worker threads of :func:`apply_model` when none are given, for an input read as stored; an input
@@ -58,7 +50,7 @@ APPLY_DEFAULT_THREADS = 1
 
 def default_threads(source) -> int:
     """:func:`apply_model`'s worker threads for ``source`` when none are given."""
-    return resolve_threads(None) if source.plan is not None else APPLY_DEFAULT_THREADS
+    return resolve_threads(None) if source.decoder is not None else APPLY_DEFAULT_THREADS
 
 
 def check_output(model: WhiteningModel, source, output_spec: str) -> None:
@@ -79,10 +71,10 @@ def recorded_options(
 ) -> dict:
     """The options an output records because they change what is written (or whether it can be)."""
     options = {"skip_nonfinite": bool(skip_nonfinite), "fill_missing_chunks": bool(fill_missing_chunks)}
-    kind = output_kind(split_spec(output_spec)[0])
-    if kind == "zarr":
+    output = open_output(output_spec)
+    if output.format_versions:
         options["zarr_format"] = int(zarr_format)
-    if kind in ("zarr", "hdf5"):
+    if output.compressible:
         options["compressor"] = str(compressor)
     return options
 
@@ -95,15 +87,18 @@ def output_is_current(
     dtype,
     options: dict | None = None,
     keep_columns=None,
+    *,
+    read: ReadOptions | None = None,
 ) -> bool:
     """Whether ``output_spec`` is a complete output of the same map (``checksum``: ``AffineMap.checksum``),
     input rows (sampled fingerprint), normalisation, dtype, ``options`` (see :func:`recorded_options`)
-    and kept columns: then writing it again changes nothing."""
-    if not output_exists(output_spec):
+    and kept columns: then writing it again changes nothing. A URL is reached with ``read``'s storage options."""
+    output = open_output(output_spec, read)
+    if not output.exists():
         return False
     try:
-        attrs = read_attrs(output_spec)
-        with open_source(output_spec, min_rows=0) as existing:
+        attrs = output.attrs()
+        with open_source(output_spec, read=output.read, min_rows=0) as existing:
             stored_dtype = existing.dtype
     except Exception:  # an unreadable old output is simply rewritten
         return False
@@ -304,261 +299,261 @@ def apply_model(
     should_stop: Callable[[], bool] | None = None,
     **legacy,
 ) -> ApplyOutcome:
-    """Write ``model``'s transform of every row of ``input_spec`` to ``output_spec`` (the serial engine).
+    """Write ``model``'s transform of every row of ``input_spec`` to the new store ``output_spec``.
 
     ``options`` (:class:`~streamwhiten.options.ApplyOptions`) say what is written and how, ``read``
-    (:class:`~streamwhiten.options.ReadOptions`) how the input is read; ``threads`` worker threads each
-    read and transform whole blocks, which a writer thread writes in row order while the next block is
-    computed. See :func:`_apply` for the details.
-    """
-    options, read = _options_from_legacy(options, read, legacy)
-    return _apply(
-        model,
-        input_spec,
-        output_spec,
-        read.dataset,
-        options.normalize,
-        options.dtype,
-        read.block_rows,
-        options.overwrite,
-        options.skip_nonfinite,
-        options.zarr_format,
-        progress,
-        should_stop,
-        not options.restart,
-        options.progress_seconds,
-        threads,
-        options.direct_io,
-        read.fill_missing_chunks,
-        list(options.keep_columns),
-        options.compressor,
-    )
-
-
-def _apply(
-    model: WhiteningModel,
-    input_spec,
-    output_spec: str,
-    dataset: str | None = None,
-    normalize: bool = False,
-    dtype="float32",
-    block_rows: int | None = None,
-    overwrite: bool = False,
-    skip_nonfinite: bool = False,
-    zarr_format: int = 3,
-    progress: Callable[[int, int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    resume: bool = True,
-    progress_seconds: float = 10.0,
-    threads: int | None = None,
-    direct_io: bool = True,
-    fill_missing_chunks: bool = False,
-    keep_columns=None,
-    compressor: str = "none",
-) -> dict:
-    """Write ``transform(rows)`` for every row of ``input_spec`` to ``output_spec``; returns a summary.
-
-    ``compressor`` (``none``, ``zstd``, ``blosc`` or ``gzip``; HDF5 and Zarr outputs) compresses each
-    output chunk in the writer thread, in a form plain zarr or h5py reads (HDF5 zstd and blosc: with the
-    hdf5plugin filters); the output records it, so a rerun with another compressor writes it again.
-
-    ``keep_columns`` (Parquet or Lance input and a Parquet output) names input columns copied into the
-    output row for row, beside the vectors (ids, say).
+    (:class:`~streamwhiten.options.ReadOptions`) how the input is read and URLs are reached.
 
     Rows holding NaN or Inf stop the run with an error naming the row, unless ``skip_nonfinite``: then
-    their output rows are NaN (row alignment with the input is kept) and they are counted. With
-    ``resume`` (the default) the partial output of an interrupted run of the same job is continued;
-    otherwise it is discarded. The rows written are made durable and recorded for a resume every
-    ``progress_seconds`` (0: after every block) and when stopped by ``should_stop``.
+    their output rows are NaN (row alignment with the input is kept) and they are counted. Unless
+    ``restart``, the partial output of an interrupted run of the same job is continued; the rows written
+    are made durable and recorded for a resume every ``progress_seconds`` (0: after every block) and when
+    stopped by ``should_stop``. ``compressor`` (HDF5 and Zarr outputs) compresses each output chunk in the
+    writer thread, in a form plain zarr or h5py reads; ``keep_columns`` (Parquet or Lance input and output)
+    copies input columns row for row beside the vectors.
 
     ``threads`` worker threads each read and transform whole blocks, which a writer thread writes in
     row order while the next block is computed. The default, 1, computes in this thread with
     multi-threaded BLAS: concurrent blocks were measured to slow each other down on a 2-core machine
-    (see docs/performance.md); more threads can pay on more cores. An input whose
-    compressed chunks are decoded here defaults to one thread per core (at most four), decoding at
-    once, with a reader thread fetching the stored bytes of the next blocks ahead. With ``direct_io``
-    whole output chunks are written around the page cache (``O_DIRECT``), which uses no CPU and so
-    overlaps with the computation; ``False`` leaves the output in the page cache instead.
+    (see docs/performance.md); more threads can pay on more cores. An input whose compressed chunks are
+    decoded here defaults to one thread per core (at most four), decoding at once, with a reader thread
+    fetching the stored bytes of the next blocks ahead. With ``direct_io`` whole output chunks are written
+    around the page cache (``O_DIRECT``), which uses no CPU and so overlaps with the computation.
     """
     began = time.perf_counter()
+    options, read = _options_from_legacy(options, read, legacy)
     if threads is not None:
         resolve_threads(threads)  # a bad value is refused before anything is opened
-    keep_columns = check_keep_columns(keep_columns)
-    check_output_compressor(output_spec, compressor)
-    source = open_source(input_spec, dataset, min_rows=1, fill_missing_chunks=fill_missing_chunks)
-    locked = contextlib.ExitStack()
-    try:
+    output = open_output(output_spec, read)
+    output.check_compressor(options.compressor)
+    with contextlib.ExitStack() as stack:
+        source = open_source(input_spec, read=read, min_rows=1)
+        stack.callback(source.close)
         # A remote input is read by several threads at once (reads wait on the network); a compressed one
         # is decoded by one per core.
         threads = resolve_threads(remote.default_threads(threads, [source]), default=default_threads(source))
         check_output(model, source, output_spec)
-        kept_schema = source.column_schema(keep_columns) if keep_columns else None
+        kept_schema = source.column_schema(list(options.keep_columns)) if options.keep_columns else None
         # One run per output: a second one exits 75 rather than replace this one's partial output.
-        locked.enter_context(output_lock(output_spec))
-        out_path, _ = split_spec(output_spec)
-        checksum = map_checksum(model)
-        options = recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format, compressor)
-        exists = output_exists(out_path)
-        if exists and overwrite:
-            check_replaceable(output_spec, overwrite)  # only an output of ours, of this kind, is replaced
-        exists = exists and not overwrite
-        sampler = None
-        if exists or (resume and has_progress(output_spec)):  # compared with what is recorded: hashed now
-            source_print = fingerprint(source)
-        else:  # hashed from the rows as they are read (on a compressed store a separate read decodes chunks)
-            source_print, sampler = describe(source), Sampler(source)
-        if exists:
-            if output_is_current(
-                output_spec, checksum, source_print["sha256_sampled"], normalize, dtype, options, keep_columns
-            ):
-                raise NothingToDoError(
-                    f"nothing to do: {out_path} is up to date (written by this model, with the same "
-                    "settings, from the same input)"
-                )
-            raise OutputExistsError.at(out_path)
-        work = np.float64 if source.dtype == np.float64 else np.float32
-        weights, shift = model.projection(work)
-        params.check("chunk_rows", block_rows)
-        # The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
-        # chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
-        # output's row groups are the blocks.
-        chunk_rows = sink_chunk_rows(
-            output_spec, model.n_components, dtype, source.n_rows, block_rows, source.default_block_rows()
-        )
-        rows_per_block = aligned_block_rows(block_rows, source, chunk_rows)
-        # What must match for a partial output to be continued rather than started over.
-        job = {
-            "model_checksum": checksum,
-            "source": source_print,
-            "output": remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
-            "normalize": bool(normalize),
-            "dtype": str(np.dtype(dtype)),
-            "zarr_format": int(zarr_format),
-            "block_rows": rows_per_block,
-            "skip_nonfinite": bool(skip_nonfinite),
-            "threads": threads,  # BLAS rounding can depend on its threads per call: a resume must match
-        }
-        if compressor != "none":
-            job["compressor"] = compressor
-        if keep_columns:
-            job["keep_columns"] = keep_columns
-        sink, start, n_nonfinite = resume_sink(output_spec, job, direct_io) if resume else (None, 0, 0)
-        resumed_at = start
-        if sink is None:
-            # The input's hash is set at commit (it may be taken from the rows as they are read); a
-            # placeholder of its size keeps every attribute in place from the start (see create_sink).
-            unknown = "0" * 64
-            attrs = output_attrs(model, source, normalize, unknown, checksum, options, keep_columns)
-            sink = create_sink(
-                output_spec,
-                source.n_rows,
-                model.n_components,
-                dtype,
-                attrs,
-                overwrite,
-                zarr_format,
-                chunk_rows,
-                direct_io,
-                kept_schema,
-                compressor,
+        stack.enter_context(output.lock())
+        writing = _prepare_writing(model, source, output, output_spec, options, read, threads)
+        sink, start, n_nonfinite = _open_sink(model, source, output, writing, options, kept_schema)
+        with sink:
+            run = _BlockRun(model, source, sink, writing, options, threads, progress, should_stop)
+            n_nonfinite = run.write_all(start, n_nonfinite)
+            sink.commit(options.overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": run.source_sha256()})
+        return summary(model, source, sink, options.normalize, n_nonfinite, time.perf_counter() - began, start)
+
+
+@dataclass
+class _Writing:
+    """How one apply writes its output: the record a resume must match, the block and chunk sizes, and the
+    sampler that hashes the input's sampled rows as the blocks are read (None when hashed up front)."""
+
+    record: ResumeRecord
+    checksum: str
+    recorded: dict
+    chunk_rows: int
+    rows_per_block: int
+    sampler: Sampler | None
+
+
+def _prepare_writing(model, source, output, output_spec: str, options: ApplyOptions, read: ReadOptions, threads: int):
+    """Check an existing output (up to date: :class:`NothingToDoError`; ours and ``overwrite``: replaced;
+    else :class:`OutputExistsError`) and size the writing of a new or resumed one."""
+    out_path, _ = split_spec(output_spec)
+    checksum = map_checksum(model)
+    recorded = recorded_options(
+        output_spec, options.skip_nonfinite, read.fill_missing_chunks, options.zarr_format, options.compressor
+    )
+    exists = output.exists()
+    if exists and options.overwrite:
+        output.check_replaceable(options.overwrite)  # only an output of ours, of this kind, is replaced
+    exists = exists and not options.overwrite
+    sampler = None
+    if exists or (not options.restart and output.has_progress()):  # compared with what is recorded: hashed now
+        source_print = fingerprint(source)
+    else:  # hashed from the rows as they are read (on a compressed store a separate read decodes chunks)
+        source_print, sampler = describe(source), Sampler(source)
+    if exists:
+        keep = list(options.keep_columns)
+        sha = source_print.sha256_sampled
+        if output_is_current(output_spec, checksum, sha, options.normalize, options.dtype, recorded, keep, read=read):
+            raise NothingToDoError(
+                f"nothing to do: {out_path} is up to date (written by this model, with the same "
+                "settings, from the same input)"
             )
-        last_record = time.perf_counter()
-        block_shape = (min(rows_per_block, source.n_rows), source.n_features)
+        raise OutputExistsError.at(out_path)
+    # The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
+    # chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
+    # output's row groups are the blocks.
+    chunk_rows = output.chunk_rows(
+        model.n_components, options.dtype, source.n_rows, read.block_rows, source.default_block_rows()
+    )
+    rows_per_block = aligned_block_rows(read.block_rows, source, chunk_rows)
+    # What must match for a partial output to be continued rather than started over.
+    record = ResumeRecord(
+        model_checksum=checksum,
+        source=source_print,
+        output=remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
+        normalize=bool(options.normalize),
+        dtype=str(np.dtype(options.dtype)),
+        zarr_format=int(options.zarr_format),
+        block_rows=rows_per_block,
+        skip_nonfinite=bool(options.skip_nonfinite),
+        threads=threads,  # BLAS rounding can depend on its threads per call: a resume must match
+        compressor=options.compressor,
+        keep_columns=tuple(options.keep_columns),
+    )
+    return _Writing(record, checksum, recorded, chunk_rows, rows_per_block, sampler)
+
+
+def _open_sink(model, source, output, writing: _Writing, options: ApplyOptions, kept_schema):
+    """``(sink, first row to write, non-finite rows so far)``: the partial output of an interrupted run of
+    the same job, resumed, or a new one."""
+    resumed = None if options.restart else output.resume(writing.record, options.direct_io)
+    if resumed is not None:
+        return resumed[0], resumed[1].rows_done, resumed[1].n_nonfinite
+    # The input's hash is set at commit (it may be taken from the rows as they are read); a placeholder
+    # of its size keeps every attribute in place from the start (see Output.create).
+    keep = list(options.keep_columns)
+    attrs = output_attrs(model, source, options.normalize, "0" * 64, writing.checksum, writing.recorded, keep)
+    sink = output.create(
+        source.n_rows,
+        model.n_components,
+        options.dtype,
+        attrs,
+        options.overwrite,
+        options.zarr_format,
+        writing.chunk_rows,
+        options.direct_io,
+        kept_schema,
+        options.compressor,
+    )
+    return sink, 0, 0
+
+
+class _BlockRun:
+    """The blocks of one apply: worker threads read, centre and project them into pooled buffers, and a
+    writer thread writes them in row order while the next ones are computed; progress is recorded for a
+    resume every ``progress_seconds`` and when a stop is asked for."""
+
+    def __init__(self, model, source, sink, writing: _Writing, options: ApplyOptions, threads, progress, should_stop):
+        self.source, self.sink, self.writing, self.options = source, sink, writing, options
+        self.progress, self.should_stop = progress, should_stop
+        self.record = writing.record
+        self.work = np.float64 if source.dtype == np.float64 else np.float32
+        self.weights, self.shift = model.projection(self.work)
+        rows = min(writing.rows_per_block, source.n_rows)
         # float16 is widened to float32 as it is decoded, where the backend can: no copy of its own
-        inputs = PerThread(block_shape, source.read_dtype)
+        self.inputs = PerThread((rows, source.n_features), source.read_dtype)
         # Output buffers go back to their pool once written; aligned, so whole chunks can be written directly.
-        products = BufferPool((block_shape[0], model.n_components), work)
-        converted = None if sink.dtype == work else BufferPool((block_shape[0], model.n_components), sink.dtype)
-
-        def whiten(begin, end, fetched=None):  # in a worker thread: read into its buffer, centre there, project
-            if fetched is None:
-                rows = source.read_into(begin, end, inputs.get())
-            else:  # decode the stored bytes fetched ahead
-                rows = source.read_into(begin, end, inputs.get(), fetched=fetched.result())
-            if sampler is not None:
-                sampler.offer(begin, rows)  # before it is centred in place
-            kept = source.read_columns(begin, end, keep_columns) if keep_columns else None
-            product = products.take()
-            buffer = None if converted is None else converted.take()
-            out, nonfinite = transform_block(
-                rows,
-                begin,
-                weights,
-                shift,
-                normalize,
-                sink.dtype,
-                skip_nonfinite,
-                source.label,
-                overwrite_input=True,
-                out=product,
-                reread=lambda: source.read(begin, end),
-                into=buffer,
-            )
-            if buffer is None:
-                return begin, end, out, nonfinite, kept, lambda: products.give_back(product)
-            products.give_back(product)
-            return begin, end, out, nonfinite, kept, lambda: converted.give_back(buffer)
-
-        def write(begin, out, kept, release):  # in the writer thread
-            if kept is None:
-                sink.write(begin, out)
-            else:
-                sink.write(begin, out, kept)
-            release()
-
-        pending = deque()
-
-        def complete_print() -> None:  # the hash of sampled rows, from those read so far and the others
-            if "sha256_sampled" not in source_print:
-                source_print["sha256_sampled"] = sampler.hexdigest(source)
-
-        def finish_writes(keep: int = 0) -> None:  # until at most ``keep`` writes are unfinished; errors surface here
-            while len(pending) > keep:
-                pending.popleft().result()
-
+        self.products = BufferPool((rows, model.n_components), self.work)
+        wanted = sink.dtype
+        self.converted = None if wanted == self.work else BufferPool((rows, model.n_components), wanted)
         # Fewer blocks in the whole input than threads: fewer workers, each with more BLAS threads.
-        workers = min(threads, max(1, source.n_blocks(rows_per_block)))
+        self.workers = min(threads, max(1, source.n_blocks(writing.rows_per_block)))
+        self.pending: deque = deque()
+
+    def whiten(self, begin: int, end: int, fetched=None):
+        """In a worker thread: read the block into this thread's buffer, centre it there, project it."""
+        source, options = self.source, self.options
+        buffer_in = self.inputs.get()
+        if fetched is None:
+            rows = source.read_into(begin, end, buffer_in)
+        else:  # decode the stored bytes fetched ahead
+            rows = source.read_into(begin, end, buffer_in, fetched=fetched.result())
+        if self.writing.sampler is not None:
+            self.writing.sampler.offer(begin, rows)  # before it is centred in place
+        keep = list(options.keep_columns)
+        kept = source.read_columns(begin, end, keep) if keep else None
+        product = self.products.take()
+        buffer = None if self.converted is None else self.converted.take()
+        out, nonfinite = transform_block(
+            rows,
+            begin,
+            self.weights,
+            self.shift,
+            options.normalize,
+            self.sink.dtype,
+            options.skip_nonfinite,
+            source.label,
+            overwrite_input=True,
+            out=product,
+            reread=lambda: source.read(begin, end),
+            into=buffer,
+        )
+        if buffer is None:
+            return begin, end, out, nonfinite, kept, lambda: self.products.give_back(product)
+        self.products.give_back(product)
+        converted = self.converted
+        return begin, end, out, nonfinite, kept, lambda: converted.give_back(buffer)
+
+    def write(self, begin: int, out, kept, release) -> None:
+        """In the writer thread: write one block, then give its buffer back."""
+        if kept is None:
+            self.sink.write(begin, out)
+        else:
+            self.sink.write(begin, out, kept)
+        release()
+
+    def finish_writes(self, keep: int = 0) -> None:
+        """Wait until at most ``keep`` writes are unfinished; a write's error surfaces here."""
+        while len(self.pending) > keep:
+            self.pending.popleft().result()
+
+    def source_sha256(self) -> str | None:
+        """The hash of the input's sampled rows, from those read so far and the others (read now)."""
+        if self.record.source.sha256_sampled is None:
+            digest = self.writing.sampler.hexdigest(self.source)
+            self.record = replace(self.record, source=replace(self.record.source, sha256_sampled=digest))
+        return self.record.source.sha256_sampled
+
+    def write_all(self, start: int, n_nonfinite: int) -> int:
+        """Write every block from row ``start``; returns the non-finite rows counted in all."""
+        source = self.source
         # Stored (compressed) bytes of the next blocks are fetched ahead by a reader thread: at most the
         # ``workers + 1`` blocks ordered_map has in flight.
-        reader = (
-            ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")
-            if workers > 1 and source.plan is not None
-            else None
-        )
+        reader = None
+        if self.workers > 1 and source.decoder is not None:
+            reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")
 
         def tasks():
-            for begin, end in source.blocks(rows_per_block, start):
+            for begin, end in source.blocks(self.writing.rows_per_block, start):
                 yield (begin, end) if reader is None else (begin, end, reader.submit(source.fetch, begin, end))
 
-        with sink, kept_for_next_run(inputs, products, converted):  # after the writer and workers stopped
+        with kept_for_next_run(self.inputs, self.products, self.converted):  # after the writer and workers stopped
             writer = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-write")
-            results = ordered_map(whiten, tasks(), workers, worker_blas_threads(workers))
+            results = ordered_map(self.whiten, tasks(), self.workers, worker_blas_threads(self.workers))
             try:
-                for begin, end, out, nonfinite, kept, release in results:  # written in row order by the writer
-                    n_nonfinite += nonfinite
-                    finish_writes(keep=1)  # the previous block may still be in writing while this one is queued
-                    pending.append(writer.submit(write, begin, out, kept, release))
-                    stopping = should_stop is not None and should_stop() and end < source.n_rows
-                    if end < source.n_rows and (stopping or time.perf_counter() - last_record >= progress_seconds):
-                        finish_writes()
-                        complete_print()  # a resume compares the whole fingerprint
-                        sink.save_progress(job, end, n_nonfinite)  # fsyncs what was written: costly, not every block
-                        last_record = time.perf_counter()
-                    if progress is not None:
-                        progress(end, source.n_rows)
-                    if stopping:
-                        raise InterruptedRunError(
-                            f"interrupted after {end:,} of {source.n_rows:,} rows; run the same apply again to resume"
-                        )
-                finish_writes()
+                n_nonfinite = self._fold(results, writer, n_nonfinite)
             finally:
                 results.close()
                 if reader is not None:
                     reader.shutdown(wait=True, cancel_futures=True)
                 _join(writer)  # no write may still be running when the sink is closed, committed or removed
-            complete_print()
-            sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": source_print["sha256_sampled"]})
-        return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began, resumed_at)
-    finally:
-        source.close()
-        locked.close()
+        return n_nonfinite
+
+    def _fold(self, results, writer: ThreadPoolExecutor, n_nonfinite: int) -> int:
+        """Queue each block's write in row order, recording progress as it goes; a stop asked for saves
+        progress and raises :class:`InterruptedRunError`."""
+        n_rows, last_record = self.source.n_rows, time.perf_counter()
+        for begin, end, out, nonfinite, kept, release in results:  # written in row order by the writer
+            n_nonfinite += nonfinite
+            self.finish_writes(keep=1)  # the previous block may still be in writing while this one is queued
+            self.pending.append(writer.submit(self.write, begin, out, kept, release))
+            stopping = self.should_stop is not None and self.should_stop() and end < n_rows
+            due = time.perf_counter() - last_record >= self.options.progress_seconds
+            if end < n_rows and (stopping or due):
+                self.finish_writes()
+                self.source_sha256()  # a resume compares the whole fingerprint
+                self.sink.save_progress(self.record.at(end, n_nonfinite))  # fsyncs what was written: not every block
+                last_record = time.perf_counter()
+            if self.progress is not None:
+                self.progress(end, n_rows)
+            if stopping:
+                raise InterruptedRunError(
+                    f"interrupted after {end:,} of {n_rows:,} rows; run the same apply again to resume"
+                )
+        self.finish_writes()
+        return n_nonfinite

@@ -7,7 +7,7 @@ groups of ``split_every`` consecutive states left to right with :func:`~streamwh
 by level, so the tree's shape depends only on the block layout; *aggregate* is the root, one small
 state the driver finalizes. Whichever workers run the tasks, in whatever order, the same blocks give
 the same bits. Stores are read on the workers (by path, see
-:class:`~streamwhiten.io.LazyRows`); the transform writes whole Zarr chunks from the workers under
+:class:`~streamwhiten.io.LazyRows`, with the storage options they were opened with); the transform writes whole Zarr chunks from the workers under
 the temporary name and the driver renames the finished store, as the serial applier does.
 
 dask and distributed are optional (``pip install 'streamwhiten[dask]'``) and imported only inside the
@@ -27,7 +27,7 @@ from .. import params
 from ..core import stats
 from ..core.model import float_dtype
 from ..errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
-from ..io import create_sink, fingerprint, open_source, output_kind, output_lock, split_spec
+from ..io import fingerprint, lazy_rows, open_output, open_source, split_spec
 from ..options import ApplyOptions, ReadOptions
 from .apply import (
     ApplyOutcome,
@@ -39,7 +39,7 @@ from .apply import (
     summary,
     transform_block,
 )
-from .fit import FitResult, check_enough_rows, open_sources, plan_blocks, reduce_block
+from .fit import FitResult, check_enough_rows, merge_read, open_sources, plan_blocks, reduce_block
 
 #: States merged by one task of the reduction tree (dask's ``split_every``).
 SPLIT_EVERY = 8
@@ -177,7 +177,7 @@ def _store_tasks(source, block_rows: int, precision: str, skip_nonfinite: bool) 
     import dask
 
     task = dask.delayed(_read_block_moments, pure=False)
-    rows = dask.delayed(source.lazy(), pure=True)  # shipped once per worker, not once per task
+    rows = dask.delayed(lazy_rows(source), pure=True)  # shipped once per worker, not once per task
     return [task(rows, begin, stop, precision, skip_nonfinite) for begin, stop in source.blocks(block_rows)]
 
 
@@ -256,17 +256,23 @@ def fit_dask(
     client=None,
     split_every: int = SPLIT_EVERY,
     fill_missing_chunks: bool = False,
+    *,
+    read: ReadOptions | None = None,
 ) -> FitResult:
     """:func:`~streamwhiten.engine.fit.fit_sources` on a Dask cluster: the stores are checked and fingerprinted
     here, their blocks read and reduced on the workers (so every worker must see the same paths).
 
     The blocks are the serial engine's (one :func:`~streamwhiten.engine.fit.plan_blocks` for both, given
     ``block_rows`` or not), so the per-block states are bit-for-bit those of the serial engine; only
-    the order of the float64 merges differs.
+    the order of the float64 merges differs. ``read``: see :func:`~streamwhiten.engine.fit.merge_read`
+    (the workers read with its storage options).
     """
     _require("dask.array")
     params.check("precision", precision)
-    sources = open_sources(specs, dataset, fill_missing_chunks)
+    read = merge_read(read, dataset, fill_missing_chunks)
+    fill_missing_chunks = read.fill_missing_chunks
+    block_rows = block_rows if block_rows is not None else read.block_rows
+    sources = open_sources(specs, read=read)
     try:
         fingerprints = [fingerprint(source) for source in sources]
         block_rows = plan_blocks(sources, block_rows)
@@ -306,7 +312,7 @@ def fit_plan_dask(plan, scheduler: str | None = None, n_workers: int | None = No
         n_workers=n_workers,
         client=client,
         split_every=SPLIT_EVERY if split_every is None else split_every,
-        fill_missing_chunks=plan.fill_missing_chunks,
+        read=plan.read,
     )
 
 
@@ -371,7 +377,8 @@ def apply_dask(
     temporary name; the driver marks it complete and renames it only after every block is written.
     On a failure the tasks still running are waited for, then the temporary store is removed; an
     existing output is never touched. ``progress(rows_done, rows_total)`` is called as blocks finish.
-    ``output_chunk_rows`` sets the rows per output chunk (default: about 4 MiB per chunk).
+    ``output_chunk_rows`` sets the rows per output chunk (default: about 4 MiB per chunk). ``read``: see
+    :func:`~streamwhiten.engine.fit.merge_read` (the workers read and write with its storage options).
     """
     dask = _require("dask")
     distributed = _require("distributed")
@@ -383,16 +390,16 @@ def apply_dask(
         options.overwrite,
     )
     zarr_format, block_rows, fill_missing_chunks = options.zarr_format, read.block_rows, read.fill_missing_chunks
-    dataset = read.dataset
     out_path, _ = split_spec(output_spec)
-    if output_kind(out_path) != "zarr":
+    output = open_output(output_spec, read)
+    if not output.parallel_writes:
         raise BadInputError(
             f"{out_path}: the dask engine writes Zarr only (an output ending in .zarr); "
             "HDF5 cannot take writes from several processes"
         )
     params.check("output_chunk_rows", output_chunk_rows)
     began = time.perf_counter()
-    source = open_source(input_spec, dataset, min_rows=1, fill_missing_chunks=fill_missing_chunks)
+    source = open_source(input_spec, read=read, min_rows=1)
     try:
         check_output(model, source, output_spec)
         work = np.float64 if source.dtype == np.float64 else np.float32
@@ -400,17 +407,17 @@ def apply_dask(
             model,
             source,
             normalize,
-            fingerprint(source)["sha256_sampled"],
+            fingerprint(source).sha256_sampled,
             options=recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format),
         )
         # One run per output (a second one exits 75); the output's checks and writes happen under it.
-        with output_lock(output_spec), dask_client(scheduler, n_workers, client=client) as active:
-            sink = create_sink(
-                output_spec, source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format, output_chunk_rows
+        with output.lock(), dask_client(scheduler, n_workers, client=client) as active:
+            sink = output.create(
+                source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format, output_chunk_rows
             )
             with sink:
                 rows_per_block = aligned_block_rows(block_rows, source, sink.chunk_rows)
-                rows = dask.delayed(source.lazy(), pure=True)
+                rows = dask.delayed(lazy_rows(source), pure=True)
                 projection = dask.delayed(model.projection(work), pure=True)
                 writer = dask.delayed(sink.region_writer(), pure=True)
                 task = dask.delayed(_transform_and_write, pure=False)

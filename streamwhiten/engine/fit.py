@@ -7,7 +7,7 @@ per source saying which rows it reads and how far it got. :func:`plan_blocks` se
 once for every engine; blocks are aligned to its multiples and folded in a fixed order (source by
 source, block by block), so the same plan always gives the same bits, and a plan resumed from a
 checkpoint gives exactly the bits of one that never stopped. Checkpoints (state + cursors) are
-written atomically with a checksum. (A *job* is a ``job.toml`` batch run, see ``streamwhiten.batch``.)
+written atomically with a checksum. (A *job* is a ``job.toml`` and its run, see ``streamwhiten.job``.)
 
 Each block is read, centred and multiplied by one of a few worker threads (see ``_threads``), with
 reused buffers per thread (see ``_buffers``), while the others work on the next blocks; this thread
@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -53,6 +53,8 @@ from ..io import (
     open_source,
     remote,
 )
+from ..options import ReadOptions
+from ..records import Fingerprint
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 #: ``progress(rows_done, rows_total)``, called after every block.
@@ -65,12 +67,25 @@ CHECKPOINT_VERSION = 1
 # --------------------------------------------------------------------------------------------- the plan
 
 
+def merge_read(read: ReadOptions | None, dataset: str | None = None, fill_missing_chunks: bool = False) -> ReadOptions:
+    """How a fit or an apply reads: ``read`` (default: no options), with the ``dataset`` and
+    ``fill_missing_chunks`` the engine's functions also take as arguments, where those are given.
+    (``block_rows`` is taken by each function itself: ``block_rows`` given, else ``read.block_rows``.)"""
+    read = read if read is not None else ReadOptions()
+    changes: dict = {}
+    if dataset is not None:
+        changes["dataset"] = dataset
+    if fill_missing_chunks:
+        changes["fill_missing_chunks"] = True
+    return replace(read, **changes) if changes else read
+
+
 @dataclass
 class Cursor:
     """One source's part of a fit: rows ``[start, stop)``, done up to ``next_row``."""
 
     spec: str
-    fingerprint: dict
+    fingerprint: Fingerprint
     start: int
     stop: int
     next_row: int
@@ -79,6 +94,32 @@ class Cursor:
     @property
     def done(self) -> bool:
         return self.next_row >= self.stop
+
+    def to_dict(self) -> dict:
+        """The JSON object a checkpoint records of this cursor."""
+        return {
+            "spec": self.spec,
+            "fingerprint": self.fingerprint.to_dict(),
+            "start": self.start,
+            "stop": self.stop,
+            "next_row": self.next_row,
+            "n_skipped": self.n_skipped,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Cursor:
+        """The cursor a checkpoint recorded as ``data`` (checked by ``core.validate.checkpoint_fields``)."""
+        return cls(**dict(data, fingerprint=Fingerprint.from_dict(data["fingerprint"])))
+
+
+@dataclass(frozen=True)
+class PassOptions:
+    """What changes the statistics of a pass besides its rows: a checkpoint resumes only a pass of the
+    same options, and a model records them (``fit_info``)."""
+
+    precision: str = "auto"
+    skip_nonfinite: bool = False
+    fill_missing_chunks: bool = False
 
 
 @dataclass
@@ -91,11 +132,17 @@ class FitPlan:
     precision: str = "auto"
     skip_nonfinite: bool = False
     base_rows: int = 0  # rows already in the state when the fit was planned (an update's model)
-    kept_sources: list = field(default_factory=list)  # sources in an updated model not read again
+    kept_sources: list[Fingerprint] = field(default_factory=list)  # sources in an updated model not read again
     seconds: float = 0.0
     n_blocks: int = 0
     threads: int = 0  # worker threads, fixed when the plan first runs (0: not yet)
-    fill_missing_chunks: bool = False  # read chunks missing from a store as its fill value
+    #: how its sources are opened (never recorded in a checkpoint but ``fill_missing_chunks``: read chunks
+    #: missing from a store as its fill value; its storage options are the caller's)
+    read: ReadOptions = field(default_factory=ReadOptions, compare=False)
+
+    @property
+    def fill_missing_chunks(self) -> bool:
+        return self.read.fill_missing_chunks
 
     @property
     def n_skipped(self) -> int:
@@ -119,14 +166,14 @@ class FitPlan:
         return sum(count_blocks(c.start, c.stop, self.block_rows) for c in self.cursors)
 
     @property
-    def sources(self) -> list:
+    def sources(self) -> list[Fingerprint]:
         """Fingerprints of every source read, as recorded in the model."""
         return [cursor.fingerprint for cursor in self.cursors]
 
     @property
-    def options(self) -> tuple:
-        """What changes the statistics besides the rows: ``(precision, skip_nonfinite, fill_missing_chunks)``."""
-        return self.precision, self.skip_nonfinite, self.fill_missing_chunks
+    def options(self) -> PassOptions:
+        """What changes the statistics besides the rows."""
+        return PassOptions(self.precision, self.skip_nonfinite, self.fill_missing_chunks)
 
     def result(self) -> FitResult:
         """What the finished plan produced (sources: those read, then those an update kept)."""
@@ -137,7 +184,9 @@ class FitPlan:
             self.n_blocks,
             self.seconds,
             self.rows_done,
-            *self.options,
+            precision=self.precision,
+            skip_nonfinite=self.skip_nonfinite,
+            fill_missing_chunks=self.fill_missing_chunks,
         )
 
 
@@ -147,7 +196,7 @@ class FitResult:
 
     state: stats.Moments
     n_skipped: int = 0
-    sources: list = field(default_factory=list)
+    sources: list[Fingerprint] = field(default_factory=list)
     n_blocks: int = 0
     seconds: float = 0.0
     rows_read: int | None = None  # default: every row counted or skipped
@@ -167,14 +216,17 @@ def _as_list(specs) -> list:
     return list(specs)
 
 
-def open_sources(specs, dataset: str | None = None, fill_missing_chunks: bool = False) -> list[Source]:
+def open_sources(
+    specs, dataset: str | None = None, fill_missing_chunks: bool = False, *, read: ReadOptions | None = None
+) -> list[Source]:
     """Open every spec (globs and directories of Parquet shards expanded into their files) and check
-    they share one width.
+    they share one width; ``read`` says how (:func:`merge_read`).
 
     A single source needs at least 2 rows; among several, an empty one (a shard not yet written, say) is
     allowed: it adds no rows, is recorded with its fingerprint, and an update reads it once it grows.
     """
-    specs = expand_specs(_as_list(specs))
+    read = merge_read(read, dataset, fill_missing_chunks)
+    specs = expand_specs(_as_list(specs), read)
     if not specs:
         raise BadInputError("no input given")
     min_rows = 2 if len(specs) == 1 else 0
@@ -182,7 +234,7 @@ def open_sources(specs, dataset: str | None = None, fill_missing_chunks: bool = 
     seen: dict = {}
     try:
         for spec in specs:
-            sources.append(open_source(spec, dataset, min_rows=min_rows, fill_missing_chunks=fill_missing_chunks))
+            sources.append(open_source(spec, read=read, min_rows=min_rows))
             key = sources[-1].identity
             if key in seen:
                 how = "" if sources[-1].location == sources[seen[key]].location else ", the same file by another path"
@@ -291,11 +343,20 @@ def plan_blocks(sources: list[Source], block_rows: int | None = None) -> int:
 
 
 def plan_fit(
-    specs, dataset=None, precision="auto", skip_nonfinite=False, block_rows=None, fill_missing_chunks=False
+    specs,
+    dataset=None,
+    precision="auto",
+    skip_nonfinite=False,
+    block_rows=None,
+    fill_missing_chunks=False,
+    *,
+    read: ReadOptions | None = None,
 ) -> FitPlan:
-    """A plan reading every row of every source, from an empty state."""
+    """A plan reading every row of every source, from an empty state (``read``: see :func:`merge_read`)."""
     params.check("precision", precision)  # before any reading
-    sources = open_sources(specs, dataset, fill_missing_chunks)
+    read = merge_read(read, dataset, fill_missing_chunks)
+    block_rows = block_rows if block_rows is not None else read.block_rows
+    sources = open_sources(specs, read=read)
     try:
         # Sampled rows are hashed as the pass reads them (see run_plan): no decoding here.
         cursors = [Cursor(s.label, describe(s), 0, s.n_rows, 0) for s in sources]
@@ -305,20 +366,20 @@ def plan_fit(
             plan_blocks(sources, block_rows),
             precision,
             bool(skip_nonfinite),
-            fill_missing_chunks=bool(fill_missing_chunks),
+            read=replace(read, dataset=None),  # each cursor's spec names its array
         )
     finally:
         for source in sources:
             source.close()
 
 
-def _same_source(recorded: dict, source: Source) -> bool:
+def _same_source(recorded: Fingerprint, source: Source) -> bool:
     """Whether the source a model or checkpoint recorded (its fingerprint) is ``source``: the same file or
     directory now (device and inode: a symlink or hard link of it counts, whatever the path), same dataset."""
-    return identity_of(recorded["path"], recorded.get("dataset", "")) == source.identity
+    return identity_of(recorded.path, recorded.dataset or "") == source.identity
 
 
-def _check_prefix(source: Source, recorded: dict) -> dict | None:
+def _check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
     """Refuse a source whose first ``recorded['n_rows']`` rows are not the ones recorded; returns the
     fingerprint of those rows as they are now (None where ``recorded`` has no hash of them).
 
@@ -326,29 +387,29 @@ def _check_prefix(source: Source, recorded: dict) -> dict | None:
     one a checkpoint wrote part-way: with the hash of the sampled rows before ``rows_read`` only (a
     source being read), or with no hash at all (a source not reached yet: no rows of it were counted).
     """
-    n_rows = recorded["n_rows"]
+    n_rows = recorded.n_rows
     if source.n_rows < n_rows:
         raise BadInputError(
             f"{source.label}: has {source.n_rows} rows but {n_rows} were recorded; the source was "
             "changed, not appended to (start over with a full fit)"
         )
     now = describe(source, n_rows)
-    if now.get("layout_sha256") != recorded.get("layout_sha256"):
+    if now.layout_sha256 != recorded.layout_sha256:
         raise BadInputError(
             f"{source.label}: its first {n_rows} rows are no longer stored as recorded "
             f"({source.layout_change}); only appended rows can be added (start over with a full fit)"
         )
     for key in ("n_features", "dtype"):
-        if now[key] != recorded[key]:
+        if getattr(now, key) != getattr(recorded, key):
             raise _changed(source, n_rows, key)
-    if "sha256_sampled" in recorded:
-        now["sha256_sampled"] = Sampler(source, n_rows).hexdigest(source)
-        if now["sha256_sampled"] != recorded["sha256_sampled"]:
+    if recorded.sha256_sampled is not None:
+        now = replace(now, sha256_sampled=Sampler(source, n_rows).hexdigest(source))
+        if now.sha256_sampled != recorded.sha256_sampled:
             raise _changed(source, n_rows, "sha256_sampled")
         return now
-    if "sha256_read" in recorded:
-        rows_read = recorded["rows_read"]
-        if Sampler(source, n_rows).hexdigest(source, below=rows_read) != recorded["sha256_read"]:
+    if recorded.sha256_read is not None:
+        rows_read = recorded.rows_read
+        if Sampler(source, n_rows).hexdigest(source, below=rows_read) != recorded.sha256_read:
             raise _changed(source, rows_read, "sha256_read")
     return None
 
@@ -360,20 +421,20 @@ def _changed(source: Source, n_rows: int, key: str) -> BadInputError:
     )
 
 
-def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> None:
+def _refuse_if_moved(source: Source, recorded_sources: list[Fingerprint], sources: list) -> None:
     """Refuse a 'new' source whose rows are those of a recorded source that was not given (moved or
     copied): reading it again would count its rows twice."""
     given = {s.identity for s in sources}
     for recorded in recorded_sources:
-        if identity_of(recorded["path"], recorded.get("dataset", "")) in given:
+        if identity_of(recorded.path, recorded.dataset or "") in given:
             continue
-        if recorded["n_rows"] == 0 or recorded["n_rows"] > source.n_rows:
+        if recorded.n_rows == 0 or recorded.n_rows > source.n_rows:
             continue  # an empty recorded source shares its (empty) prefix with everything
-        if recorded["n_features"] != source.n_features or recorded["dtype"] != str(source.dtype):
+        if recorded.n_features != source.n_features or recorded.dtype != str(source.dtype):
             continue
-        if fingerprint(source, recorded["n_rows"])["sha256_sampled"] == recorded["sha256_sampled"]:
+        if fingerprint(source, recorded.n_rows).sha256_sampled == recorded.sha256_sampled:
             raise BadInputError(
-                f"{source.label}: starts with the same rows as {recorded['path']}, which the model has already "
+                f"{source.label}: starts with the same rows as {recorded.path}, which the model has already "
                 "read; it looks moved or copied, and reading it again would count those rows twice "
                 "(give the original path, or refit from scratch)"
             )
@@ -381,27 +442,32 @@ def _refuse_if_moved(source: Source, recorded_sources: list, sources: list) -> N
 
 def plan_update(
     model_state,
-    recorded_sources: list,
+    recorded_sources,
     specs,
     dataset=None,
     precision="auto",
     skip_nonfinite=False,
     block_rows=None,
     fill_missing_chunks=False,
+    *,
+    read: ReadOptions | None = None,
 ) -> FitPlan:
     """A plan folding only the rows added since ``recorded_sources`` were read into ``model_state``.
 
     A source recorded before must have kept its rows (append-only); a new source is read whole.
     Raises :class:`NothingToDoError` when there is nothing new.
     """
+    recorded_sources = list(recorded_sources)
     for index, recorded in enumerate(recorded_sources):
-        missing = [key for key in ("path", "n_rows", "n_features", "dtype", "sha256_sampled") if key not in recorded]
+        missing = recorded.missing(("path", "n_rows", "n_features", "dtype", "sha256_sampled"))
         if missing:
             raise BadInputError(
                 f"the model's record of its source {index} has no {', '.join(missing)}: it was not fitted from "
                 "stores, so it cannot be updated (refit without --update)"
             )
-    sources = open_sources(specs, dataset, fill_missing_chunks)
+    read = merge_read(read, dataset, fill_missing_chunks)
+    block_rows = block_rows if block_rows is not None else read.block_rows
+    sources = open_sources(specs, read=read)
     try:
         if sources[0].n_features != model_state.n_features:
             raise BadInputError(
@@ -416,18 +482,17 @@ def plan_update(
                 cursors.append(Cursor(source.label, current, 0, source.n_rows, 0))
                 continue
             prefix = _check_prefix(source, recorded)
-            if prefix is not None and source.n_rows == recorded["n_rows"]:  # nothing appended: the whole source
+            if prefix is not None and source.n_rows == recorded.n_rows:  # nothing appended: the whole source
                 current = prefix
-            cursors.append(Cursor(source.label, current, recorded["n_rows"], source.n_rows, recorded["n_rows"]))
+            cursors.append(Cursor(source.label, current, recorded.n_rows, source.n_rows, recorded.n_rows))
         kept = [r for r in recorded_sources if not any(_same_source(r, source) for source in sources)]
         for recorded in kept:
-            if not exists(recorded["path"]):
-                where = recorded["path"] + (f":/{recorded['dataset']}" if recorded.get("dataset") else "")
+            if not exists(recorded.path, read):
                 raise BadInputError(
-                    f"{where}: recorded in the model ({recorded['n_rows']:,} rows) but deleted since; an update "
+                    f"{recorded.where}: recorded in the model ({recorded.n_rows:,} rows) but deleted since; an update "
                     "cannot take rows out of the statistics (restore it, or refit from scratch without --update)"
                 )
-        job = FitPlan(
+        plan = FitPlan(
             model_state,
             cursors,
             plan_blocks(sources, block_rows),
@@ -435,11 +500,11 @@ def plan_update(
             bool(skip_nonfinite),
             base_rows=model_state.n_rows,
             kept_sources=kept,
-            fill_missing_chunks=bool(fill_missing_chunks),
+            read=replace(read, dataset=None),  # each cursor's spec names its array
         )
-        if job.rows_total == 0:
+        if plan.rows_total == 0:
             raise NothingToDoError("nothing to do: no rows were added since the model was fitted")
-        return job
+        return plan
     finally:
         for source in sources:
             source.close()
@@ -448,24 +513,24 @@ def plan_update(
 # ------------------------------------------------------------------------------------------ checkpoints
 
 
-def save_checkpoint(job: FitPlan, path: str) -> None:
+def save_checkpoint(plan: FitPlan, path: str) -> None:
     """Write the plan's state and cursors atomically (temp file, fsync, rename) with a checksum."""
     meta = {
-        "cursors": [asdict(cursor) for cursor in job.cursors],
-        "block_rows": job.block_rows,
-        "precision": job.precision,
-        "skip_nonfinite": job.skip_nonfinite,
-        "base_rows": job.base_rows,
-        "kept_sources": job.kept_sources,
-        "threads": job.threads,
-        "fill_missing_chunks": job.fill_missing_chunks,
+        "cursors": [cursor.to_dict() for cursor in plan.cursors],
+        "block_rows": plan.block_rows,
+        "precision": plan.precision,
+        "skip_nonfinite": plan.skip_nonfinite,
+        "base_rows": plan.base_rows,
+        "kept_sources": [source.to_dict() for source in plan.kept_sources],
+        "threads": plan.threads,
+        "fill_missing_chunks": plan.fill_missing_chunks,
     }
     arrays = {
         "format": np.array(CHECKPOINT_FORMAT),
         "format_version": np.array(CHECKPOINT_VERSION, dtype=np.int64),
-        "n_rows": np.array(job.state.n_rows, dtype=np.int64),
-        "mean": job.state.mean,
-        "scatter": job.state.scatter,
+        "n_rows": np.array(plan.state.n_rows, dtype=np.int64),
+        "mean": plan.state.mean,
+        "scatter": plan.state.scatter,
         "meta_json": np.array(json.dumps(meta, sort_keys=True)),
     }
     write_npz_atomic(path, arrays, "checkpoint")
@@ -477,8 +542,9 @@ def check_checkpoint_output(path: str) -> None:
     check_replaceable(path, True, "a fit checkpoint", lambda found: foreign_npz(found, CHECKPOINT_FORMAT))
 
 
-def load_checkpoint(path: str) -> FitPlan:
-    """Read a checkpoint; a damaged one raises :class:`ModelFileError` telling how to start over."""
+def load_checkpoint(path: str, read: ReadOptions | None = None) -> FitPlan:
+    """Read a checkpoint; a damaged one raises :class:`ModelFileError` telling how to start over. Its
+    sources are opened with ``read``'s storage options (a checkpoint never records them)."""
     hint = "; delete it or pass --restart to start the fit over"
     try:
         arrays = read_npz(path, "checkpoint", CHECKPOINT_FORMAT, CHECKPOINT_VERSION)
@@ -489,57 +555,61 @@ def load_checkpoint(path: str) -> FitPlan:
     state = stats.Moments(fields["n_rows"], fields["mean"], fields["scatter"])
     return FitPlan(
         state,
-        [Cursor(**cursor) for cursor in meta["cursors"]],
+        [Cursor.from_dict(cursor) for cursor in meta["cursors"]],
         int(meta["block_rows"]),
         meta["precision"],
         bool(meta["skip_nonfinite"]),
         int(meta["base_rows"]),
-        meta["kept_sources"],
+        [Fingerprint.from_dict(source) for source in meta["kept_sources"]],
         threads=int(meta.get("threads", 0)),
-        fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)),
+        read=replace(
+            read if read is not None else ReadOptions(),
+            dataset=None,
+            fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)),
+        ),
     )
 
 
 def check_resumable(
-    job: FitPlan, checkpoint_path: str, options: tuple, base_rows: int, inputs: list, exact: bool = True
+    plan: FitPlan, checkpoint_path: str, options: PassOptions, base_rows: int, inputs: list, exact: bool = True
 ) -> None:
-    """Refuse to resume ``job`` (from ``checkpoint_path``) for other inputs, options or starting model,
+    """Refuse to resume ``plan`` (from ``checkpoint_path``) for other inputs, options or starting model,
     or when its sources changed: :class:`BadInputError` saying which.
 
-    ``options`` is ``(precision, skip_nonfinite, fill_missing_chunks)`` and ``base_rows`` the rows of the
+    ``options`` are the pass's (:class:`PassOptions`) and ``base_rows`` the rows of the
     model being updated (0 for a fresh fit). ``exact``: ``inputs`` (specs) must be the checkpoint's, in
     order (a fit); otherwise the checkpoint may read only inputs among them (a ``job.toml`` run, whose
     new inputs are read by the next update).
     """
     hint = f"; pass --restart to discard {checkpoint_path} and start over"
     if exact:
-        other = [c.spec for c in job.cursors] != list(inputs)
+        other = [c.spec for c in plan.cursors] != list(inputs)
     else:
-        wanted = {_identity(spec) for spec in inputs}
-        other = any(_identity(cursor.spec) not in wanted for cursor in job.cursors)
+        wanted = {_identity(spec, plan.read) for spec in inputs}
+        other = any(_identity(cursor.spec, plan.read) not in wanted for cursor in plan.cursors)
     if other:
         raise BadInputError(
-            f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in job.cursors)}){hint}"
+            f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in plan.cursors)}){hint}"
         )
-    if job.options != tuple(options):
+    if plan.options != options:
         raise BadInputError(
             f"{checkpoint_path}: checkpoint was made with other options (precision, skip-nonfinite, "
             f"fill-missing-chunks){hint}"
         )
-    if job.base_rows != base_rows:
+    if plan.base_rows != base_rows:
         raise BadInputError(f"{checkpoint_path}: checkpoint is for another starting model{hint}")
-    check_sources_unchanged(job, checkpoint_path)
+    check_sources_unchanged(plan, checkpoint_path)
 
 
-def _identity(spec: str) -> tuple:
-    with open_source(spec, min_rows=0) as source:
+def _identity(spec: str, read: ReadOptions) -> tuple:
+    with open_source(spec, read=replace(read, fill_missing_chunks=False), min_rows=0) as source:
         return source.identity
 
 
-def check_sources_unchanged(job: FitPlan, checkpoint_path: str) -> None:
-    """Refuse a checkpointed job whose sources no longer start with the rows it recorded."""
-    for cursor in job.cursors:
-        with open_source(cursor.spec, min_rows=0, fill_missing_chunks=job.fill_missing_chunks) as source:
+def check_sources_unchanged(plan: FitPlan, checkpoint_path: str) -> None:
+    """Refuse a checkpointed plan whose sources no longer start with the rows it recorded."""
+    for cursor in plan.cursors:
+        with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
             try:
                 _check_prefix(source, cursor.fingerprint)
             except BadInputError as exc:
@@ -555,64 +625,63 @@ def _read_dtype(dtype) -> np.dtype:
     return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
 
 
-def _block_buffers(job: FitPlan) -> tuple[PerThread, PerThread]:
+def _block_buffers(plan: FitPlan) -> tuple[PerThread, PerThread]:
     """Two reused byte buffers per worker thread: one large enough for a block of the widest dtype among
     the sources still to read, which each source's blocks are read into as that source's dtype (float32
     for float16); and one for a block in float64, taken only where rows are centred into another dtype
     than they were read in (float32 rows with ``precision='float64'``)."""
-    remaining = [cursor for cursor in job.cursors if not cursor.done] or job.cursors
-    itemsize = max(_read_dtype(c.fingerprint["dtype"]).itemsize for c in remaining)
-    rows = max(1, min(job.block_rows, job.rows_total - job.rows_done))
-    n_features = remaining[0].fingerprint["n_features"]
+    remaining = [cursor for cursor in plan.cursors if not cursor.done] or plan.cursors
+    itemsize = max(_read_dtype(c.fingerprint.dtype).itemsize for c in remaining)
+    rows = max(1, min(plan.block_rows, plan.rows_total - plan.rows_done))
+    n_features = remaining[0].fingerprint.n_features
     return PerThread((rows * n_features * itemsize,), np.uint8), PerThread((rows * n_features * 8,), np.uint8)
 
 
-def _block_tasks(job: FitPlan, opened: list, buffers: tuple, samplers: dict, reader: ThreadPoolExecutor | None = None):
-    """One task per remaining block of ``job``, source by source; opens each source as it is reached
+def _block_tasks(plan: FitPlan, opened: list, buffers: tuple, samplers: dict, reader: ThreadPoolExecutor | None = None):
+    """One task per remaining block of ``plan``, source by source; opens each source as it is reached
     (appending it to ``opened``). A source whose fingerprint still lacks its hash of sampled rows gets a
     :class:`Sampler` (kept in ``samplers`` by cursor index, with the source) that its blocks are offered to. With a
     ``reader`` thread, a source whose chunks are decoded here has the stored bytes of each block fetched
     there as soon as its task is made (ahead of the workers)."""
-    for index, cursor in enumerate(job.cursors):
+    for index, cursor in enumerate(plan.cursors):
         if cursor.done:
             continue
-        source = open_source(cursor.spec, fill_missing_chunks=job.fill_missing_chunks)
+        source = open_source(cursor.spec, read=plan.read)
         opened.append(source)
         sampler = None
-        if "sha256_sampled" not in cursor.fingerprint:
-            sampler = Sampler(source, cursor.fingerprint["n_rows"])
+        if cursor.fingerprint.sha256_sampled is None:
+            sampler = Sampler(source, cursor.fingerprint.n_rows)
             samplers[index] = sampler, source
-        ahead = reader is not None and source.plan is not None
-        for begin, end in source.blocks(job.block_rows, cursor.next_row, cursor.stop):
+        ahead = reader is not None and source.decoder is not None
+        for begin, end in source.blocks(plan.block_rows, cursor.next_row, cursor.stop):
             fetched = reader.submit(source.fetch, begin, end) if ahead else None
-            yield index, begin, end, source, buffers, job.precision, job.skip_nonfinite, fetched, sampler
+            yield index, begin, end, source, buffers, plan.precision, plan.skip_nonfinite, fetched, sampler
 
 
 def _finish_fingerprint(cursor: Cursor, sampled_sha256: str) -> None:
     """A source read to the end: its fingerprint gets the whole hash of its sampled rows in place of
     the part-way one a checkpoint recorded."""
-    cursor.fingerprint.pop("sha256_read", None)
-    cursor.fingerprint.pop("rows_read", None)
-    cursor.fingerprint["sha256_sampled"] = sampled_sha256
+    cursor.fingerprint = cursor.fingerprint.finished(sampled_sha256)
 
 
-def _record_rows_read(job: FitPlan, samplers: dict) -> None:
+def _record_rows_read(plan: FitPlan, samplers: dict) -> None:
     """Before a checkpoint: the fingerprint of each source being read records the hash of its sampled
     rows before ``next_row`` (``sha256_read``, ``rows_read``), which the pass has offered already, so a
     resume can check them without this run reading anything. Sources not reached have no hash yet."""
     for index, (sampler, source) in list(samplers.items()):
-        cursor = job.cursors[index]
-        cursor.fingerprint["rows_read"] = cursor.next_row
-        cursor.fingerprint["sha256_read"] = sampler.hexdigest(source, below=cursor.next_row)
+        cursor = plan.cursors[index]
+        cursor.fingerprint = cursor.fingerprint.read_to(
+            cursor.next_row, sampler.hexdigest(source, below=cursor.next_row)
+        )
 
 
-def _complete_fingerprints(job: FitPlan) -> None:
+def _complete_fingerprints(plan: FitPlan) -> None:
     """After the pass: fingerprints of sources it had no rows to read from (an empty source, say) are
     taken by reading."""
-    for cursor in job.cursors:
-        if "sha256_sampled" not in cursor.fingerprint:
-            with open_source(cursor.spec, min_rows=0, fill_missing_chunks=job.fill_missing_chunks) as source:
-                _finish_fingerprint(cursor, Sampler(source, cursor.fingerprint["n_rows"]).hexdigest(source))
+    for cursor in plan.cursors:
+        if cursor.fingerprint.sha256_sampled is None:
+            with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
+                _finish_fingerprint(cursor, Sampler(source, cursor.fingerprint.n_rows).hexdigest(source))
 
 
 def _read_block_moments(
@@ -640,7 +709,7 @@ def _read_block_moments(
 
 
 def run_plan(
-    job: FitPlan,
+    plan: FitPlan,
     progress: ProgressCallback | None = None,
     checkpoint_path: str | None = None,
     checkpoint_blocks: int | None = None,
@@ -648,13 +717,13 @@ def run_plan(
     should_stop: Callable[[], bool] | None = None,
     threads: int | None = None,
 ) -> FitPlan:
-    """Fold every remaining block of ``job`` (a :class:`FitPlan`) into its state; returns it, finished.
+    """Fold every remaining block of ``plan`` (a :class:`FitPlan`) into its state; returns it, finished.
 
     With ``checkpoint_path``, a checkpoint is written every ``checkpoint_blocks`` blocks or
     ``checkpoint_seconds`` seconds, whichever comes first. When ``should_stop()`` turns true (a signal),
     a final checkpoint is written and :class:`InterruptedRunError` raised. ``threads`` worker threads
     (default: one per core, at most four) each read and reduce whole blocks, folded in block order; a
-    plan resumed from a checkpoint keeps the thread count it was started with (``job.threads``).
+    plan resumed from a checkpoint keeps the thread count it was started with (``plan.threads``).
 
     Memory: one block buffer per worker (float32 for a float16 store), plus, for stores whose
     compressed chunks are decoded here, the stored bytes of at most ``workers + 1`` blocks (the blocks in
@@ -666,7 +735,7 @@ def run_plan(
     began = time.perf_counter()
     last_checkpoint = began
     blocks_since = 0
-    total = job.rows_total
+    total = plan.rows_total
 
     def checkpoint_due() -> bool:
         if checkpoint_path is None:
@@ -677,26 +746,26 @@ def run_plan(
 
     # A plan keeps its thread count across resumes: BLAS rounding can depend on its threads per call.
     # Remote sources are read by more threads than cores: their reads wait on the network.
-    job.threads = job.threads or resolve_threads(remote.default_threads(threads, [c.spec for c in job.cursors]))
+    plan.threads = plan.threads or resolve_threads(remote.default_threads(threads, [c.spec for c in plan.cursors]))
     # Fewer blocks in the whole plan than threads: fewer workers, each with more BLAS threads.
-    workers = min(job.threads, max(1, job.blocks_total))
+    workers = min(plan.threads, max(1, plan.blocks_total))
     opened: list[Source] = []
     samplers: dict = {}  # cursor index: (Sampler, source) of a source whose fingerprint the pass completes
-    buffers = _block_buffers(job)
+    buffers = _block_buffers(plan)
     # Fetches stored chunk bytes ahead (I/O, or a copy from the page cache) while the workers decode
     # and multiply; at most ordered_map's ``workers + 1`` blocks in flight are fetched or held.
     reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read") if workers > 1 else None
     with kept_for_next_run(*buffers):  # once the workers have stopped
         results = ordered_map(
             _read_block_moments,
-            _block_tasks(job, opened, buffers, samplers, reader),
+            _block_tasks(plan, opened, buffers, samplers, reader),
             workers,
             worker_blas_threads(workers),
         )
         try:
             for index, _begin, end, moments, skipped, source in results:
-                cursor = job.cursors[index]
-                job.state = stats.merge(job.state, moments)
+                cursor = plan.cursors[index]
+                plan.state = stats.merge(plan.state, moments)
                 cursor.n_skipped += skipped
                 cursor.next_row = end
                 if end == cursor.stop:
@@ -704,28 +773,28 @@ def run_plan(
                         _finish_fingerprint(cursor, samplers.pop(index)[0].hexdigest(source))
                     source.close()
                     opened.remove(source)
-                job.n_blocks += 1
+                plan.n_blocks += 1
                 blocks_since += 1
                 if progress is not None:
-                    progress(job.rows_done, total)
-                stopping = should_stop is not None and should_stop() and not job.done
+                    progress(plan.rows_done, total)
+                stopping = should_stop is not None and should_stop() and not plan.done
                 if checkpoint_path is not None and (stopping or checkpoint_due()):
-                    _record_rows_read(job, samplers)  # a resume checks the rows read so far
-                    save_checkpoint(job, checkpoint_path)
+                    _record_rows_read(plan, samplers)  # a resume checks the rows read so far
+                    save_checkpoint(plan, checkpoint_path)
                     last_checkpoint, blocks_since = time.perf_counter(), 0
                 if stopping:
                     where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
-                    raise InterruptedRunError(f"interrupted after {job.rows_done:,} of {total:,} rows{where}")
-            _complete_fingerprints(job)  # sources with no rows left to read, if any
+                    raise InterruptedRunError(f"interrupted after {plan.rows_done:,} of {total:,} rows{where}")
+            _complete_fingerprints(plan)  # sources with no rows left to read, if any
         finally:
             results.close()  # stops the workers before their sources are closed
             if reader is not None:
                 reader.shutdown(wait=True, cancel_futures=True)
             for source in opened:
                 source.close()
-    job.seconds += time.perf_counter() - began
-    check_enough_rows(job.state, job.cursors)
-    return job
+    plan.seconds += time.perf_counter() - began
+    check_enough_rows(plan.state, plan.cursors)
+    return plan
 
 
 def fit_sources(
@@ -737,9 +806,12 @@ def fit_sources(
     progress: ProgressCallback | None = None,
     threads: int | None = None,
     fill_missing_chunks: bool = False,
+    *,
+    read: ReadOptions | None = None,
 ) -> FitResult:
-    """One uninterrupted pass over every source, in order; returns the merged statistics."""
-    plan = plan_fit(specs, dataset, precision, skip_nonfinite, block_rows, fill_missing_chunks)
+    """One uninterrupted pass over every source, in order; returns the merged statistics. ``read`` says
+    how the sources are read (its storage options reach URLs; see :func:`merge_read`)."""
+    plan = plan_fit(specs, dataset, precision, skip_nonfinite, block_rows, fill_missing_chunks, read=read)
     return run_plan(plan, progress, threads=threads).result()
 
 

@@ -10,14 +10,19 @@ from __future__ import annotations
 import base64
 import json
 import os
+from abc import abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from .. import _durable as durable
 from ..errors import BadInputError, StoreIOError
+from ..options import ReadOptions
 from . import remote
-from .base import Sink, io_error, name_not_found, remove
+from ._messages import io_error, name_not_found
+from .abc.store import Sink, remove
 
 #: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's
 #: attributes as JSON.
@@ -35,7 +40,7 @@ FLOAT_TYPES = {
 VECTOR_TYPES = "list<float16|float32|float64>, large_list<...> or fixed_size_list<...>[d]"
 
 
-def storage_type(arrow_type):
+def storage_type(arrow_type: pa.DataType) -> pa.DataType:
     """The storage type of an extension type (a 1-D fixed-shape tensor, say), else the type itself."""
     if isinstance(arrow_type, pa.BaseExtensionType):
         if len(getattr(arrow_type, "shape", None) or [0]) != 1:
@@ -44,16 +49,16 @@ def storage_type(arrow_type):
     return arrow_type
 
 
-def is_list(arrow_type) -> bool:
+def is_list(arrow_type: pa.DataType) -> bool:
     arrow_type = storage_type(arrow_type)
     return pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type) or pa.types.is_fixed_size_list(arrow_type)
 
 
-def describe_columns(schema) -> str:
+def describe_columns(schema: pa.Schema) -> str:
     return ", ".join(f"{field.name} ({field.type})" for field in schema) or "none"
 
 
-def kept_columns(path: str, schema, names) -> pa.Schema:
+def kept_columns(path: str, schema: pa.Schema, names: list[str]) -> pa.Schema:
     """The schema of the columns ``names`` of a table at ``path`` (``--keep-columns``), or a one-line
     error naming the first one it lacks and the columns it has."""
     missing = [name for name in names if name not in schema.names]
@@ -62,7 +67,7 @@ def kept_columns(path: str, schema, names) -> pa.Schema:
     return pa.schema([schema.field(name) for name in names])
 
 
-def choose_column(label: str, schema, column: str | None, preferred: str | None = None) -> str:
+def choose_column(label: str, schema: pa.Schema, column: str | None, preferred: str | None = None) -> str:
     """The vector column: ``column`` if given (it must exist), else ``preferred`` (the column a
     streamwhiten output recorded), else the only list column of ``schema``."""
     names = list(schema.names)
@@ -76,14 +81,16 @@ def choose_column(label: str, schema, column: str | None, preferred: str | None 
     raise not_found(label, None if column is None else repr(column), "vector column", lists, schema)
 
 
-def not_found(label: str, asked: str | None, what: str, found: list, schema, option: bool = True) -> BadInputError:
-    """``base.name_not_found`` for a table: the columns it holds of the kind asked for, then the others."""
+def not_found(
+    label: str, asked: str | None, what: str, found: list[str], schema: pa.Schema, option: bool = True
+) -> BadInputError:
+    """``_messages.name_not_found`` for a table: the columns it holds of the kind asked for, then the others."""
     rest = [field for field in schema if field.name not in found]
     other = f"; other columns: {', '.join(f'{f.name} ({f.type})' for f in rest)}" if rest else ""
     return name_not_found(label, asked, what, found, separator=":", option=option, other=other)
 
 
-def vector_type(label: str, field) -> tuple[np.dtype, int | None]:
+def vector_type(label: str, field: pa.Field) -> tuple[np.dtype[Any], int | None]:
     """``(element dtype, width of a fixed_size_list or None)`` of a vector column, or a one-line refusal."""
     arrow_type = storage_type(field.type)
     if not is_list(arrow_type):
@@ -98,11 +105,11 @@ def vector_type(label: str, field) -> tuple[np.dtype, int | None]:
     return FLOAT_TYPES[element], width
 
 
-def _first(mask) -> int:
+def _first(mask: pa.Array) -> int:
     return int(np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False)))[0])
 
 
-def vector_length(array, where: str) -> int:
+def vector_length(array: pa.Array, where: str) -> int:
     """Values in the first entry of a list array: the width of the vectors; a null or empty first
     vector is refused, with ``where`` (file, row group or fragment, row) naming it."""
     array = array.storage if isinstance(array, pa.ExtensionArray) else array
@@ -117,7 +124,7 @@ def vector_length(array, where: str) -> int:
     return length
 
 
-def copy_vectors(array, target: np.ndarray, where) -> None:
+def copy_vectors(array: pa.Array, target: np.ndarray, where: Callable[[int], str]) -> None:
     """Copy the list array ``array`` (one vector per entry) into ``target`` (``len(array) x d``),
     refusing null vectors, null values and rows of another length; ``where(i)`` names entry ``i`` for
     the message (file, row group and row)."""
@@ -150,7 +157,7 @@ def copy_vectors(array, target: np.ndarray, where) -> None:
     np.copyto(target, flat.reshape(n, d), casting="no")
 
 
-def read_attrs(metadata) -> dict:
+def read_attrs(metadata: Mapping[bytes, bytes] | None) -> dict[str, Any]:
     """The attributes a streamwhiten output recorded in ``metadata`` (a dict of bytes), else ``{}``."""
     raw = (metadata or {}).get(ATTRS_KEY)
     try:
@@ -170,11 +177,11 @@ _ARROW_FLOATS = {
 }
 
 
-def _encode_schema(schema) -> str:
+def _encode_schema(schema: pa.Schema) -> str:
     return base64.b64encode(schema.serialize().to_pybytes()).decode()
 
 
-def _decode_schema(text: str):
+def _decode_schema(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
@@ -189,9 +196,21 @@ class TableSink(Sink):
     final store at a temporary path from the parts' tables, durably).
     """
 
+    tabular = True
     part_suffix = ".part"
 
-    def __init__(self, path, dataset, partial, shape, dtype, chunk_rows, attrs, columns):
+    def __init__(
+        self,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        chunk_rows: int,
+        attrs: Mapping[str, Any],
+        columns: pa.Schema,
+        read: ReadOptions | None = None,
+    ) -> None:
         super().__init__(path, dataset or DEFAULT_COLUMN, partial, shape, dtype, chunk_rows, direct_io=False)
         #: attributes recorded in the output's metadata at commit
         self.attrs = dict(attrs)
@@ -199,14 +218,28 @@ class TableSink(Sink):
         self.columns = columns
         vectors = pa.field(self.dataset, pa.list_(_ARROW_FLOATS[self.dtype], self.shape[1]))
         self.schema = pa.schema(list(columns) + [vectors])
-        self._unsynced: list = []
+        self._unsynced: list[str] = []
+        if read is not None:
+            self.read_options = read
 
     @property
     def label(self) -> str:
         return f"{self.path}:{self.dataset}"
 
     @classmethod
-    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, columns=None, **_):
+    def create(
+        cls,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        chunk_rows: int,
+        attrs: Mapping[str, Any],
+        columns: pa.Schema | None = None,
+        read: ReadOptions | None = None,
+        **_: Any,
+    ) -> TableSink:
         columns = columns if columns is not None else pa.schema([])
         column = dataset or DEFAULT_COLUMN
         if column in columns.names:
@@ -223,20 +256,32 @@ class TableSink(Sink):
             "columns": _encode_schema(columns),
         }
         if remote.is_url(partial):  # parts are objects under the partial prefix (any machine can resume them)
-            remote.put_bytes(remote.join(partial, _SINK_FILE), json.dumps(record, sort_keys=True).encode())
-            return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns)
+            read = read if read is not None else ReadOptions()
+            data = json.dumps(record, sort_keys=True).encode()
+            remote.put_bytes(remote.join(partial, _SINK_FILE), data, read=read)
+            return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns, read)
         os.mkdir(partial)
         durable.write_file_atomic(
             os.path.join(partial, _SINK_FILE),
             lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
             "output description",
         )
-        return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns)
+        return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns, read)
 
     @classmethod
-    def resume(cls, path, dataset, partial, **_):
+    def resume(
+        cls,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        direct_io: bool = False,
+        rows_done: int = 0,
+        read: ReadOptions | None = None,
+        **_: Any,
+    ) -> TableSink:
+        read = read if read is not None else ReadOptions()
         if remote.is_url(partial):
-            record = json.loads(remote.cat(remote.join(partial, _SINK_FILE)))
+            record = json.loads(remote.cat(remote.join(partial, _SINK_FILE), read=read))
         else:
             with open(os.path.join(partial, _SINK_FILE)) as handle:
                 record = json.load(handle)
@@ -254,17 +299,14 @@ class TableSink(Sink):
             record["chunk_rows"],
             record["attrs"],
             _decode_schema(record["columns"]),
+            read,
         )
-
-    @property
-    def remote(self) -> bool:
-        return remote.is_url(self.partial)
 
     def _part_path(self, start: int) -> str:
         name = f"part-{start:015d}{self.part_suffix}"
         return remote.join(self.partial, name) if self.remote else os.path.join(self.partial, name)
 
-    def _write(self, start, block, columns=None):
+    def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         if (columns is None) != (len(self.columns) == 0):
             raise AssertionError("the columns to keep must come with every block")
         block = np.ascontiguousarray(block, dtype=self.dtype)
@@ -275,14 +317,13 @@ class TableSink(Sink):
         if self.remote:  # one PUT: the part is there whole or not at all
             buffer = pa.BufferOutputStream()
             self._write_part(table, buffer)
-            data = buffer.getvalue().to_pybytes()
-            remote.retrying(name, "write", remote.put_bytes, name, data)
+            remote.put_bytes(name, buffer.getvalue().to_pybytes(), read=self.read_options)
             return
         self._write_part(table, name + ".tmp")
         os.replace(name + ".tmp", name)
         self._unsynced.append(name)
 
-    def _sync(self):
+    def _sync(self) -> None:
         if self.remote:
             return  # an object is durable once its PUT is acknowledged
         for name in self._unsynced:
@@ -292,10 +333,13 @@ class TableSink(Sink):
             durable.fsync_dir(self.partial)
         self._unsynced.clear()
 
-    def _tables(self):
+    def _finish(self, attrs: dict[str, Any]) -> None:
+        raise NotImplementedError  # a table output is joined from its parts at commit (see commit)
+
+    def _tables(self) -> Iterator[pa.Table]:
         """The parts' tables in row order, checking that they cover every row exactly once."""
         if self.remote:
-            names = [remote.basename(url) for url in remote.find(self.partial)]
+            names = [remote.basename(url) for url in remote.find(self.partial, read=self.read_options)]
         else:
             names = os.listdir(self.partial)
         parts = sorted(
@@ -319,7 +363,7 @@ class TableSink(Sink):
                 "rows; run again with --restart"
             )
 
-    def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
+    def commit(self, overwrite: bool = False, attrs: Mapping[str, Any] | None = None) -> None:
         """Join the parts into the final store with the final attributes, under a temporary name, durably,
         and rename it into place (replacing an old output only if ``overwrite`` and it is ours)."""
         record = dict(self.attrs, **(attrs or {}), complete=True, column=self.dataset)
@@ -330,9 +374,7 @@ class TableSink(Sink):
         final = os.path.abspath(self.path.rstrip("/"))
         temp = durable.temp_path(final)
         try:
-            from . import check_replaceable
-
-            check_replaceable(self.path, overwrite)  # again: it may have changed since the run began
+            self._check_replaceable(overwrite)  # again: it may have changed since the run began
             self._join(temp, schema, self._tables())
             if os.path.isdir(final) and not os.path.islink(final):  # cannot be replaced atomically: move aside
                 old = durable.temp_path(final, "old")
@@ -353,21 +395,19 @@ class TableSink(Sink):
             remove(temp)
             raise
 
-    def _read_remote_part(self, url: str):
-        return self._read_part(pa.BufferReader(remote.cat(url)))
+    def _read_remote_part(self, url: str) -> pa.Table:
+        return self._read_part(pa.BufferReader(remote.cat(url, read=self.read_options)))
 
-    def _commit_remote(self, overwrite: bool, schema) -> None:
+    def _commit_remote(self, overwrite: bool, schema: pa.Schema) -> None:
         """Upload the joined parts as one object: it appears only when the upload completes (one multipart
         upload, aborted on failure), so it is never seen half-written; then drop the parts and the record."""
-        from . import check_replaceable
+        self._check_replaceable(overwrite)
+        remote.retrying(self.path, "upload the output", self._upload, schema, read=self.read_options)
+        remote.remove(self.partial, recursive=True, read=self.read_options)
+        remote.remove(self.progress_path, read=self.read_options)
 
-        check_replaceable(self.path, overwrite)
-        remote.retrying(self.path, "upload the output", self._upload, schema)
-        remote.remove(self.partial, recursive=True)
-        remote.remove(self.progress_path)
-
-    def _upload(self, schema) -> None:
-        fs, key = remote.filesystem(self.path)
+    def _upload(self, schema: pa.Schema) -> None:
+        fs, key = remote.filesystem(self.path, self.read_options)
         handle = fs.open(key, "wb", block_size=64 << 20)
         try:
             self._join(handle, schema, self._tables())
@@ -384,17 +424,20 @@ class TableSink(Sink):
         if not self.remote:
             return super().abort()
         try:
-            remote.remove(self.partial, recursive=True)
-            remote.remove(self.progress_path)
+            remote.remove(self.partial, recursive=True, read=self.read_options)
+            remote.remove(self.progress_path, read=self.read_options)
         except Exception:  # parts under a hidden prefix never look like an output
             pass
 
     # -- what each backend does
-    def _write_part(self, table, path: str) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _write_part(self, table: pa.Table, path: Any) -> None:
+        """Write ``table`` as one part at ``path`` (a file name, or a buffer for a remote part)."""
 
-    def _read_part(self, path: str):
-        raise NotImplementedError
+    @abstractmethod
+    def _read_part(self, path: Any) -> pa.Table:
+        """The table of the part at ``path`` (a file name, or a buffer of a remote part's bytes)."""
 
-    def _join(self, temp: str, schema, tables) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _join(self, temp: Any, schema: pa.Schema, tables: Iterator[pa.Table]) -> None:
+        """Write the final store at ``temp`` (a path, or a remote file object) from ``tables``, durably."""

@@ -1,8 +1,8 @@
-"""Decode plans: a compressed chunk's stored bytes turned into its rows here, not by zarr or HDF5.
+"""Decoders: a compressed chunk's stored bytes turned into its rows here, not by zarr or HDF5.
 
 zarr decodes chunks on its own event loop, and h5py runs HDF5's filter pipeline under its global lock;
-either way the worker threads of a fit wait for each other. A :class:`DecodePlan` is read once from a
-Zarr codec chain (:func:`zarr_plan`) or an HDF5 filter pipeline (:func:`hdf5_plan`); it then decodes a
+either way the worker threads of a fit wait for each other. A :class:`Decoder` is read once from a
+Zarr codec chain (:func:`zarr_decoder`) or an HDF5 filter pipeline (:func:`hdf5_decoder`); it then decodes a
 chunk's stored bytes straight into a caller's buffer in whichever thread calls it, with numcodecs and
 the standard library's zlib, each of which releases the GIL while it works (and HDF5's LZF with a
 Numba kernel that does too). :func:`decode_rows` puts
@@ -11,7 +11,7 @@ the decoded chunks of a row range into a block (widening float16 to float32 on t
 Every step checks what it decodes: sizes from the codec's own header against the chunk's, checksums
 (crc32c, fletcher32) against the data, and the decoded length; a failure is a :class:`DecodeError`
 whose message the backend completes with the store and rows. A chain with any other codec (sharding,
-transpose, HDF5's szip, ...) has no plan (None): the backend reads it through its library as before.
+transpose, HDF5's szip, ...) has no decoder (None): the backend reads it through its library as before.
 
 Chunks are encoded for outputs here too (:func:`encoder`), so that apply compresses in its own threads.
 """
@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import sys
 import zlib
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
 from .. import _buffers
-from .base import first_line
+from ._messages import first_line
 
 #: ``--compressor`` names, and what each writes (numcodecs settings; Zarr 3's defaults for zstd).
 COMPRESSORS = ("none", "zstd", "blosc", "gzip")
@@ -42,7 +44,7 @@ class DecodeError(ValueError):
 # ------------------------------------------------------------------------------------------------ steps
 
 
-def _u8(buffer) -> np.ndarray:
+def _u8(buffer: Any) -> np.ndarray:
     return (
         np.frombuffer(buffer, dtype=np.uint8)
         if not isinstance(buffer, np.ndarray)
@@ -83,7 +85,7 @@ class _Step:
 class _Zstd(_Step):
     name, into = "zstd", True
 
-    def __call__(self, data, out, nbytes):
+    def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         from numcodecs import Zstd
 
         size = _zstd_content_size(data)
@@ -97,7 +99,7 @@ class _Zstd(_Step):
 class _Blosc(_Step):
     name, into = "blosc", True
 
-    def __call__(self, data, out, nbytes):
+    def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         from numcodecs import Blosc
 
         if data.size < 16:
@@ -113,7 +115,7 @@ class _Blosc(_Step):
 class _LZ4(_Step):
     name, into = "lz4", True
 
-    def __call__(self, data, out, nbytes):
+    def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         from numcodecs import LZ4
 
         if data.size < 4 or int(data[:4].view("<u4")[0]) != nbytes:
@@ -132,11 +134,11 @@ class _Zlib(_Step):
 
     into = True
 
-    def __init__(self, wbits: int, name: str, bit=None):
+    def __init__(self, wbits: int, name: str, bit: int | None = None) -> None:
         super().__init__(bit)
         self.wbits, self.name = wbits, name
 
-    def __call__(self, data, out, nbytes):
+    def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         target = out if out is not None else np.empty(nbytes, np.uint8)
         inflater = zlib.decompressobj(self.wbits)
         source = memoryview(data)
@@ -162,7 +164,7 @@ class _Lzf(_Step):
     name = "lzf"
     into = True
 
-    def __call__(self, data, out, nbytes):
+    def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         from ..core._kernels import lzf_decompress  # numba is loaded only for a store that needs it
 
         target = out if out is not None else np.empty(nbytes, np.uint8)
@@ -196,11 +198,11 @@ def unshuffle(data: np.ndarray, out: np.ndarray, itemsize: int) -> None:
 class _Shuffle(_Step):
     name, into = "shuffle", True
 
-    def __init__(self, itemsize: int, bit=None):
+    def __init__(self, itemsize: int, bit: int | None = None) -> None:
         super().__init__(bit)
         self.itemsize = itemsize
 
-    def __call__(self, data, out, nbytes):
+    def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         if data.size != nbytes:
             raise DecodeError(f"{data.size} bytes to unshuffle, the chunk has {nbytes}")
         if self.itemsize <= 1 or nbytes % self.itemsize or self.itemsize not in (2, 4, 8):
@@ -219,7 +221,7 @@ class _Crc32c(_Step):
 
     name = "crc32c"
 
-    def __call__(self, data, out, nbytes):
+    def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         import google_crc32c
 
         if data.size < 4:
@@ -235,7 +237,7 @@ class _Fletcher32(_Step):
 
     name = "fletcher32"
 
-    def __call__(self, data, out, nbytes):
+    def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         from numcodecs.fletcher32 import Fletcher32
 
         if data.size < 4:
@@ -263,7 +265,7 @@ class Fetched(list):
     filter mask)]``, in one buffer from :func:`fetch_buffer` that :meth:`release` hands back (once
     decoded: nothing may read them after)."""
 
-    def __init__(self, chunks, buffer: np.ndarray | None = None):
+    def __init__(self, chunks: Iterable[tuple[int, Any, int]], buffer: np.ndarray | None = None) -> None:
         super().__init__(chunks)
         self._buffer = buffer
 
@@ -273,14 +275,14 @@ class Fetched(list):
         self._buffer = None
 
 
-# ------------------------------------------------------------------------------------------------ plans
+# --------------------------------------------------------------------------------------------- decoders
 
 
-class DecodePlan:
+class Decoder:
     """How one chunk's stored bytes become its ``nbytes`` bytes of rows: ``steps`` run in order (the
     reverse of the writer's), then a byte swap where the store is not native-endian."""
 
-    def __init__(self, steps: list, nbytes: int, dtype):
+    def __init__(self, steps: list[_Step], nbytes: int, dtype: Any) -> None:
         self.steps = steps
         self.nbytes = int(nbytes)
         #: the stored element type (its byte order included)
@@ -290,7 +292,7 @@ class DecodePlan:
     def description(self) -> str:
         return " -> ".join(step.name for step in self.steps) or "raw"
 
-    def decode_into(self, stored, out: np.ndarray, filter_mask: int = 0) -> np.ndarray:
+    def decode_into(self, stored: Any, out: np.ndarray, filter_mask: int = 0) -> np.ndarray:
         """Decode ``stored`` (one chunk's bytes) into ``out`` (a C-contiguous buffer of :attr:`nbytes`
         bytes, any dtype), native-endian; ``filter_mask`` bit ``i`` set: HDF5 skipped filter ``i``."""
         target = out.reshape(-1).view(np.uint8)
@@ -318,13 +320,13 @@ class DecodePlan:
         return out
 
 
-def _name_config(codec) -> tuple[str, dict]:
+def _name_config(codec: Any) -> tuple[str, dict[str, Any]]:
     spec = codec.to_dict() if hasattr(codec, "to_dict") else {}
     return str(spec.get("name", "")), dict(spec.get("configuration") or {})
 
 
-def zarr_plan(array) -> DecodePlan | None:
-    """The plan for a Zarr array's chunks (whole rows, C order, no sharding), or None to let zarr decode."""
+def zarr_decoder(array: Any) -> Decoder | None:
+    """The decoder of a Zarr array's chunks (whole rows, C order, no sharding), or None to let zarr decode."""
     metadata = array.metadata
     if array.ndim != 2 or array.chunks[1] != array.shape[1]:
         return None
@@ -371,10 +373,10 @@ def zarr_plan(array) -> DecodePlan | None:
             if step is None:
                 return None
             steps.append(step)
-    return DecodePlan(steps, nbytes, dtype)
+    return Decoder(steps, nbytes, dtype)
 
 
-def _numcodecs_step(codec) -> _Step | None:
+def _numcodecs_step(codec: Any) -> _Step | None:
     codec_id = getattr(codec, "codec_id", None)
     if codec_id == "zstd":
         return _Zstd()
@@ -391,10 +393,10 @@ def _numcodecs_step(codec) -> _Step | None:
     return None
 
 
-def hdf5_plan(dataset) -> DecodePlan | None:
-    """The plan for an h5py dataset's chunks (whole rows, filters we know), or None to let HDF5 decode.
+def hdf5_decoder(dataset: Any) -> Decoder | None:
+    """The decoder of an h5py dataset's chunks (whole rows, filters we know), or None to let HDF5 decode.
 
-    An unfiltered dataset has no plan either: HDF5 reads it straight into the caller's buffer.
+    An unfiltered dataset has no decoder either: HDF5 reads it straight into the caller's buffer.
     """
     dtype = np.dtype(dataset.dtype)
     if dataset.chunks is None or dataset.ndim != 2 or dataset.chunks[1] != dataset.shape[1] or dtype.kind != "f":
@@ -421,7 +423,7 @@ def hdf5_plan(dataset) -> DecodePlan | None:
         else:
             return None  # szip, scaleoffset, nbit, other plugins: HDF5 decodes them
     steps.reverse()
-    return DecodePlan(steps, int(np.prod(dataset.chunks)) * dtype.itemsize, dtype)
+    return Decoder(steps, int(np.prod(dataset.chunks)) * dtype.itemsize, dtype)
 
 
 # ---------------------------------------------------------------------------------------------- blocks
@@ -442,7 +444,14 @@ def widen_in_place(region: np.ndarray, n_values: int) -> None:
 
 
 def decode_rows(
-    plan: DecodePlan, chunks, start: int, stop: int, out: np.ndarray, chunk_rows: int, fill_value, describe
+    decoder: Decoder,
+    chunks: Iterable[tuple[int, Any, int]],
+    start: int,
+    stop: int,
+    out: np.ndarray,
+    chunk_rows: int,
+    fill_value: Any,
+    describe: Callable[[int], str],
 ) -> np.ndarray:
     """Rows ``[start, stop)`` into ``out`` (C-contiguous, the store's dtype or float32 for a float16
     store) from ``chunks``: ``(index, stored bytes or None for a missing chunk, filter mask)`` for each
@@ -452,7 +461,7 @@ def decode_rows(
     """
     view = out[: stop - start]
     n_features = view.shape[1]
-    stored = plan.dtype.newbyteorder("=")
+    stored = decoder.dtype.newbyteorder("=")
     widen = view.dtype != stored
     for index, data, mask in chunks:
         first = index * chunk_rows
@@ -464,15 +473,15 @@ def decode_rows(
         whole = (lo, hi) == (first, first + chunk_rows)
         try:
             if whole and not widen:
-                plan.decode_into(data, target, mask)
+                decoder.decode_into(data, target, mask)
             elif whole:  # decode into the second half of the rows' float32 bytes, then widen in place
                 region = target.reshape(-1).view(np.uint8)
-                plan.decode_into(data, region[plan.nbytes :], mask)
-                widen_in_place(region, plan.nbytes // 2)
+                decoder.decode_into(data, region[decoder.nbytes :], mask)
+                widen_in_place(region, decoder.nbytes // 2)
             else:
                 chunk = _buffers.take((chunk_rows, n_features), stored)  # reused: fresh memory is slow to touch
                 try:
-                    plan.decode_into(data, chunk, mask)
+                    decoder.decode_into(data, chunk, mask)
                     target[...] = chunk[lo - first : hi - first]
                 finally:
                     _buffers.give_back(chunk)
@@ -493,7 +502,7 @@ def check_compressor(name: str) -> str:
     return name
 
 
-def numcodecs_codec(name: str, dtype):
+def numcodecs_codec(name: str, dtype: Any) -> Any:
     """The numcodecs codec that ``--compressor name`` writes a chunk with (None for ``none``): zstd at
     level 3 (zstd's default, which Zarr 3's level 0 means), blosc with lz4 at level 5 and byte shuffle,
     gzip at level 4."""
@@ -509,7 +518,7 @@ def numcodecs_codec(name: str, dtype):
     return None
 
 
-def chunk_encoder(name: str, dtype, layout: str):
+def chunk_encoder(name: str, dtype: Any, layout: str) -> Callable[[np.ndarray], bytes] | None:
     """``encode(chunk) -> bytes`` for ``--compressor name`` (None for ``none``): a whole chunk (a
     C-contiguous array) as the ``layout`` ("zarr" or "hdf5") stores it. HDF5's gzip is its deflate filter
     (a zlib stream) after byte shuffle, as h5py writes ``compression="gzip", shuffle=True``; its zstd and

@@ -25,14 +25,18 @@ import os
 import re
 import struct
 import zlib
+from collections.abc import Iterator, Mapping
+from typing import Any, BinaryIO, NoReturn
 
 import h5py
 import numpy as np
 
 from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
+from ..options import ReadOptions
 from . import remote
-from .base import FILL_HINT, OWNER_ATTR, Sink, Source, first_line, io_error, name_not_found
+from ._messages import FILL_HINT, first_line, io_error, name_not_found
+from .abc.store import OWNER_ATTR, Sink, Source
 from .codecs import (
     H5Z_BLOSC,
     H5Z_ZSTD,
@@ -40,13 +44,13 @@ from .codecs import (
     check_compressor,
     chunk_encoder,
     fetch_buffer,
-    hdf5_plan,
+    hdf5_decoder,
     widen_in_place,
 )
 from .direct import ChunkFile
 
 
-def _unallocated(node) -> bool:
+def _unallocated(node: Any) -> bool:
     """Whether some of a dataset's data was never written (chunks or storage not allocated)."""
     if node.size == 0:
         return False
@@ -56,9 +60,9 @@ def _unallocated(node) -> bool:
     return node.id.get_num_chunks() < expected
 
 
-def _datasets(group, ndim: int) -> list:
+def _datasets(group: Any, ndim: int) -> list[str]:
     """Paths (``/a/b``) of the ``ndim``-D datasets in ``group``, in the file's order."""
-    found = []
+    found: list[str] = []
     prefix = group.name.rstrip("/")
     group.visititems(
         lambda name, obj: (
@@ -68,7 +72,7 @@ def _datasets(group, ndim: int) -> list:
     return found
 
 
-def _find_dataset(handle, label: str, inner: str | None, ndim: int, option: bool = True) -> str:
+def _find_dataset(handle: Any, label: str, inner: str | None, ndim: int, option: bool = True) -> str:
     """The dataset ``inner`` of the open file, or its only ``ndim``-D dataset when none is named; else the
     one-line error that says what the file holds (see ``base.name_not_found``)."""
     what = f"{ndim}-D dataset"
@@ -93,7 +97,7 @@ def _find_dataset(handle, label: str, inner: str | None, ndim: int, option: bool
     raise name_not_found(label, f"/{inner}", what, _datasets(handle, ndim), option=option)
 
 
-def _open_error(path: str, exc: OSError):
+def _open_error(path: str, exc: OSError) -> StoreIOError | BadInputError:
     """A file HDF5 cannot open: an I/O error where the system refused (permissions, a failing disk), else
     not an HDF5 file (bad input)."""
     if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
@@ -102,46 +106,51 @@ def _open_error(path: str, exc: OSError):
 
 
 class HDF5Source(Source):
+    """A 2-D dataset of an HDF5 file (local, or read through an fsspec file object)."""
+
     kind = "hdf5"
     #: a float16 store can be read into a float32 buffer, widened as it is decoded
     widens_float16 = True
 
-    def __init__(self, path, dataset):
+    def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
+        read = read if read is not None else ReadOptions()
         self.remote = remote.is_url(path)
         try:
-            self._file = h5py.File(_remote_file(path) if self.remote else path, "r")
+            self._file = h5py.File(_remote_file(path, read) if self.remote else path, "r")
         except OSError as exc:
             raise _open_error(path, exc) from exc
         try:
             dataset = _find_dataset(self._file, remote.redact(path), dataset, 2)
             node = self._file[dataset]
             self._node = node
-            super().__init__(path, dataset, node.shape, node.dtype, node.chunks[0] if node.chunks else None)
+            super().__init__(path, dataset, node.shape, node.dtype, node.chunks[0] if node.chunks else None, read)
             self._sparse = _unallocated(node)
-            #: how its compressed chunks are decoded here (None: HDF5 reads them)
-            #: (local files only: a remote one is read through its fsspec file object)
-            self.plan = None if self.remote else hdf5_plan(node)
+            # how its compressed chunks are decoded here (None: HDF5 reads them)
+            # (local files only: a remote one is read through its fsspec file object)
+            self.decoder = None if self.remote else hdf5_decoder(node)
             #: our own descriptor for reading stored chunks (``get_chunk_info`` gives absolute offsets)
-            self._fd = os.open(path, os.O_RDONLY) if self.plan is not None else None
+            self._fd = os.open(path, os.O_RDONLY) if self.decoder is not None else None
         except BaseException:
             self._file.close()
             raise
 
-    def fingerprint_extra(self) -> dict:
-        return remote.version(self.path) if self.remote else {}
+    def fingerprint_extra(self) -> dict[str, Any]:
+        return remote.version(self.path, read=self.read_options) if self.remote else {}
 
-    def fetch(self, start, stop):
+    def fetch(self, start: int, stop: int) -> Fetched | None:
         """The stored bytes of the chunks rows ``[start, stop)`` touch, for :meth:`read_into` to decode:
         ``[(chunk index, bytes or None where unwritten and filled, filter mask)]``; None where chunks are
         not decoded here. The I/O half of a read (a copy from the page cache, or disk reads), which a
         caller may run ahead in another thread."""
-        if self.plan is None or stop <= start:
+        if self.decoder is None or stop <= start:
             return None
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
         if self._sparse and not self.fill_missing_chunks:
             self._refuse_unwritten(start, stop)
-        rows, found = self.chunk_rows, []
+        rows = self.chunk_rows
+        assert rows is not None
+        found: list[tuple[int, Any]] = []
         for index in range(start // rows, (stop - 1) // rows + 1):
             try:
                 info = self._node.id.get_chunk_info_by_coord((index * rows, 0))
@@ -152,7 +161,8 @@ class HDF5Source(Source):
             sum(info.size for _, info in found if info is not None),
             (stop - start) * self.n_features * self.dtype.itemsize,
         )
-        chunks, offset = [], 0
+        chunks: list[tuple[int, Any, int]] = []
+        offset = 0
         for index, info in found:
             if info is None:  # unwritten, and filled (refused above otherwise)
                 chunks.append((index, None, 0))
@@ -177,9 +187,9 @@ class HDF5Source(Source):
             offset += info.size
         return Fetched(chunks, buffer)
 
-    def _read_into(self, start, stop, out, fetched=None):
+    def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
-        if self.plan is not None and stop > start:
+        if self.decoder is not None and stop > start:
             return self._decode_into(view, start, stop, fetched, self._node.fillvalue)
         if view.dtype != self.dtype and stop > start:  # float16 rows into a float32 buffer: widened here
             region = view.reshape(-1).view(np.uint8)
@@ -195,7 +205,7 @@ class HDF5Source(Source):
             self._raise_read_error(exc, start, stop)
         return view
 
-    def _raise_read_error(self, exc, start, stop):
+    def _raise_read_error(self, exc: BaseException, start: int, stop: int) -> NoReturn:
         # HDF5 reports a failed system call with its errno; anything else (a checksum or filter
         # failure, an address past the end of a truncated file) is damaged data.
         failed = re.search(r"errno = (\d+)", str(exc))
@@ -207,10 +217,11 @@ class HDF5Source(Source):
         ) from exc
 
     def _describe(self, index: int) -> str:
+        assert self.chunk_rows is not None
         lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
         return f"the chunk of rows {lo}..{hi - 1} is damaged and cannot be decoded"
 
-    def _refuse_unwritten(self, start, stop):
+    def _refuse_unwritten(self, start: int, stop: int) -> None:
         """Refuse rows whose chunk was never written (HDF5 would read it as the fill value)."""
         node = self._node
         if node.chunks is None:
@@ -227,10 +238,10 @@ class HDF5Source(Source):
                         rows=(lo, hi),
                     )
 
-    def attrs(self) -> dict:
+    def attrs(self) -> dict[str, Any]:
         return dict(self._node.attrs)
 
-    def close(self):
+    def close(self) -> None:
         if getattr(self, "_fd", None) is not None:
             os.close(self._fd)
             self._fd = None
@@ -242,15 +253,17 @@ class HDF5Source(Source):
 REMOTE_READ_BYTES = 4 << 20
 
 
-def _remote_file(url: str):
-    fs, key = remote.filesystem(url)
-    return remote.retrying(url, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead")
+def _remote_file(url: str, read: ReadOptions) -> Any:
+    fs, key = remote.filesystem(url, read)
+    return remote.retrying(
+        url, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead", read=read
+    )
 
 
-def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.ndarray, str]:
     """The 1-D dataset ``inner`` (or the file's only one), whole, and its label."""
     try:
-        handle = h5py.File(_remote_file(path) if remote.is_url(path) else path, "r")
+        handle = h5py.File(_remote_file(path, read) if remote.is_url(path) else path, "r")
     except OSError as exc:
         raise _open_error(path, exc) from exc
     with handle:
@@ -261,12 +274,12 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
 # ----------------------------------------------------------------------------------------------- sink
 
 
-def foreign_output(path: str) -> str | None:
+def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the HDF5 file ``path`` is an output of streamwhiten (every dataset in it carries
     :data:`OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
     if not h5py.is_hdf5(path):
         return "not an HDF5 file"
-    datasets = []
+    datasets: list[tuple[str, bool]] = []
     try:
         with h5py.File(path, "r") as handle:
             handle.visititems(
@@ -282,7 +295,7 @@ def foreign_output(path: str) -> str | None:
     return None if datasets else "an HDF5 file holding no dataset"
 
 
-def _attr(value):
+def _attr(value: Any) -> Any:
     if value is None:
         return "none"
     if isinstance(value, (list, tuple, dict)):
@@ -290,7 +303,7 @@ def _attr(value):
     return value
 
 
-def _close_quietly(handle) -> None:
+def _close_quietly(handle: Any) -> None:
     try:
         if handle is not None and handle.id.valid:
             handle.close()
@@ -298,9 +311,9 @@ def _close_quietly(handle) -> None:
         pass
 
 
-def _chunk_offsets(array, chunk_rows: int) -> list:
+def _chunk_offsets(array: Any, chunk_rows: int) -> list[int]:
     """Byte offset in the file of each (row) chunk of a dataset whose chunks are all allocated."""
-    offsets = [None] * -(-array.shape[0] // chunk_rows)
+    offsets: list[Any] = [None] * -(-array.shape[0] // chunk_rows)
     for i in range(array.id.get_num_chunks()):
         info = array.id.get_chunk_info(i)
         if info.filter_mask == 0 and info.chunk_offset[0] % chunk_rows == 0:
@@ -314,9 +327,21 @@ class HDF5Sink(Sink):
     """An HDF5 output: chunk data written in place through :attr:`chunk_file` at :attr:`offsets`."""
 
     kind = "hdf5"
+    compressible = True  # through an HDF5CompressedSink
+    named = True
     default_dataset = "embeddings"
 
-    def __init__(self, path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io=True):
+    def __init__(
+        self,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        chunk_rows: int,
+        offsets: list[int],
+        direct_io: bool = True,
+    ) -> None:
         super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
         #: byte offset of each chunk in the file
         self.offsets = offsets
@@ -325,8 +350,18 @@ class HDF5Sink(Sink):
 
     @classmethod
     def create(
-        cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, compressor="none", **_
-    ) -> HDF5Sink:
+        cls,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        chunk_rows: int,
+        attrs: Mapping[str, Any],
+        direct_io: bool = True,
+        compressor: str = "none",
+        **_: Any,
+    ) -> Sink:
         """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
         With a ``compressor``, an :class:`HDF5CompressedSink` instead."""
         if check_compressor(compressor) != "none":
@@ -353,18 +388,22 @@ class HDF5Sink(Sink):
         return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=True) -> HDF5Sink:
-        """Reopen the partial output of an interrupted run (read-only, to find its layout)."""
+    def resume(
+        cls, path: str, dataset: str | None, partial: str, direct_io: bool = True, rows_done: int = 0, **_: Any
+    ) -> Sink:
+        """Reopen the partial output of an interrupted run (read-only, to find its layout), of which
+        ``rows_done`` rows are durable."""
         dataset = dataset or cls.default_dataset
         if os.path.exists(HDF5CompressedSink.spool_path(partial)):
-            return HDF5CompressedSink.resume(path, dataset, partial, direct_io)
+            return HDF5CompressedSink.resume(path, dataset, partial, direct_io, rows_done)
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             offsets = _chunk_offsets(array, chunk_rows)
         return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
 
-    def _write(self, start, block):
+    def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
+        assert self.chunk_file is not None
         row_bytes = self.shape[1] * self.dtype.itemsize
         for index, lo, hi, a, b, data in self.covered(start, block):
             if b == self.shape[0] and hi - lo < self.chunk_rows:  # the edge chunk is stored at full size
@@ -373,11 +412,11 @@ class HDF5Sink(Sink):
                 data = padded
             self.chunk_file.write_at(self.offsets[index] + (a - lo) * row_bytes, data)
 
-    def _sync(self):
+    def _sync(self) -> None:
         if self.chunk_file is not None:
             self.chunk_file.fsync()
 
-    def _finish(self, attrs):
+    def _finish(self, attrs: dict[str, Any]) -> None:
         self._sync()
         self._close()
         handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)
@@ -391,7 +430,7 @@ class HDF5Sink(Sink):
         with open(self.partial, "rb+") as file:
             os.fsync(file.fileno())
 
-    def _close(self):
+    def _close(self) -> None:
         if self.chunk_file is not None:
             self.chunk_file.close()
             self.chunk_file = None
@@ -404,7 +443,7 @@ _RECORD = struct.Struct("<4sIQI")
 _RECORD_MAGIC = b"SWC1"
 
 
-def _filters(compressor: str, dtype, chunk_bytes: int) -> dict:
+def _filters(compressor: str, dtype: Any, chunk_bytes: int) -> dict[str, Any]:
     """``create_dataset`` options declaring what :func:`codecs.chunk_encoder` writes for HDF5."""
     if compressor == "gzip":
         return {"compression": "gzip", "compression_opts": 4, "shuffle": True}
@@ -434,22 +473,47 @@ class HDF5CompressedSink(Sink):
     """
 
     kind = "hdf5"
+    compressible = True
+    named = True
     default_dataset = "embeddings"
 
-    def __init__(self, path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io=True, chunks=0):
+    def __init__(
+        self,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        chunk_rows: int,
+        compressor: str,
+        direct_io: bool = True,
+        chunks: int = 0,
+    ) -> None:
         super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
         self.compressor = compressor
         self._encode = chunk_encoder(compressor, dtype, "hdf5")
         #: chunks spooled so far (they are written in order: the next one's index)
         self.chunks = chunks
-        self._spool = open(self.spool_path(partial), "ab", buffering=0)
+        self._spool: BinaryIO | None = open(self.spool_path(partial), "ab", buffering=0)
 
     @staticmethod
     def spool_path(partial: str) -> str:
         return partial + ".chunks"
 
     @classmethod
-    def create(cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=True, compressor="gzip"):
+    def create(
+        cls,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        chunk_rows: int,
+        attrs: Mapping[str, Any],
+        direct_io: bool = True,
+        compressor: str = "gzip",
+        **_: Any,
+    ) -> HDF5CompressedSink:
         dataset = dataset or cls.default_dataset
         options = _filters(compressor, dtype, chunk_rows * shape[1] * np.dtype(dtype).itemsize)
         spool = cls.spool_path(partial)
@@ -468,16 +532,17 @@ class HDF5CompressedSink(Sink):
         return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io)
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=True):
-        """Reopen an interrupted run's output: keep the spooled chunks its progress record claims (whole
-        and intact), drop any after them (the resumed run writes those again)."""
+    def resume(
+        cls, path: str, dataset: str | None, partial: str, direct_io: bool = True, rows_done: int = 0, **_: Any
+    ) -> HDF5CompressedSink:
+        """Reopen an interrupted run's output: keep the spooled chunks its progress record claims (the
+        ``rows_done`` rows, whole and intact), drop any after them (the resumed run writes those again)."""
         dataset = dataset or cls.default_dataset
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             compressor = str(array.attrs.get("compressor", "gzip"))
-        with open(partial + ".progress.json") as record:
-            done = -(-int(json.load(record)["rows_done"]) // chunk_rows)
+        done = -(-int(rows_done) // chunk_rows)
         spool = cls.spool_path(partial)
         kept, end = 0, 0
         with open(spool, "rb") as handle:
@@ -490,7 +555,8 @@ class HDF5CompressedSink(Sink):
         os.truncate(spool, end)
         return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, kept)
 
-    def _write(self, start, block):
+    def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
+        assert self._spool is not None
         for index, lo, hi, a, b, data in self.covered(start, block):
             if (a, b) != (lo, hi) or index != self.chunks:
                 raise OSError(
@@ -503,11 +569,11 @@ class HDF5CompressedSink(Sink):
             self._spool.write(_RECORD.pack(_RECORD_MAGIC, index, len(stored), zlib.crc32(stored)) + stored)
             self.chunks += 1
 
-    def _sync(self):
+    def _sync(self) -> None:
         if self._spool is not None:
             os.fsync(self._spool.fileno())
 
-    def _finish(self, attrs):
+    def _finish(self, attrs: dict[str, Any]) -> None:
         self._sync()
         self._close()
         spool = self.spool_path(self.partial)
@@ -533,12 +599,12 @@ class HDF5CompressedSink(Sink):
             os.fsync(file.fileno())
         os.remove(spool)
 
-    def _close(self):
+    def _close(self) -> None:
         if self._spool is not None:
             self._spool.close()
             self._spool = None
 
-    def abort(self):
+    def abort(self) -> None:
         super().abort()
         try:
             os.remove(self.spool_path(self.partial))
@@ -546,7 +612,7 @@ class HDF5CompressedSink(Sink):
             pass
 
 
-def _records(handle):
+def _records(handle: BinaryIO) -> Iterator[tuple[int, int, int]]:
     """``(chunk index, offset of its bytes, size)`` of each whole, intact record of a spool, in order,
     stopping at the first torn or damaged one; ``handle`` is left after the last one yielded."""
     position = handle.tell()

@@ -13,7 +13,7 @@ files) beside sampled rows, so an update reads only new fragments and refuses a 
 fragments were changed (rows deleted, compacted, rewritten). The fingerprint also records the version.
 
 A dataset named by URL (``s3://``, ``gs://``, ``az://``) is read through pylance's own object store, with
-the storage options in force translated to its names (``remote.lance_options``); writing one is not
+the storage options it was opened with translated to its names (``remote.lance_options``); writing one is not
 supported (write Parquet or Zarr to object storage).
 """
 
@@ -24,6 +24,8 @@ import hashlib
 import json
 import os
 import threading
+from collections.abc import Iterator
+from typing import Any
 
 import lance
 import numpy as np
@@ -31,6 +33,7 @@ import pyarrow as pa
 
 from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
+from ..options import ReadOptions
 from . import remote
 from ._arrow import (
     TableSink,
@@ -42,10 +45,12 @@ from ._arrow import (
     vector_length,
     vector_type,
 )
-from .base import OWNER_ATTR, Source, first_line, io_error
+from ._messages import first_line, io_error
+from .abc.store import OWNER_ATTR, Source
+from .codecs import Fetched
 
 
-def _lance_error(label: str, what: str, exc: BaseException) -> Exception:
+def _lance_error(label: str, what: str, exc: BaseException) -> StoreIOError | CorruptStoreError:
     """A pylance failure as ours: a failed system call is an I/O error, anything else damaged data."""
     if isinstance(exc, OSError) and getattr(exc, "errno", None):
         return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
@@ -55,11 +60,13 @@ def _lance_error(label: str, what: str, exc: BaseException) -> Exception:
     )
 
 
-def _open(path: str, version=None):
+def _open(path: str, read: ReadOptions, version: int | None = None) -> Any:
     if remote.is_url(path):
-        options = remote.lance_options(path)
+        options = remote.lance_options(path, read)
         try:
-            return remote.retrying(path, "open", lance.dataset, path, version=version, storage_options=options)
+            return remote.retrying(
+                path, "open", lance.dataset, path, version=version, storage_options=options, read=read
+            )
         except StoreIOError:
             raise
         except (OSError, ValueError, RuntimeError) as exc:
@@ -74,11 +81,11 @@ def _open(path: str, version=None):
         raise BadInputError(f"{path}: cannot open as a Lance dataset ({first_line(exc)})") from exc
 
 
-def foreign_output(path: str) -> str | None:
+def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the Lance dataset ``path`` is an output of streamwhiten (its schema metadata records
     :data:`OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
     try:
-        schema = _open(path).schema
+        schema = _open(path, read).schema
     except BadInputError:
         return "not a Lance dataset"
     return None if OWNER_ATTR in read_attrs(schema.metadata) else "a Lance dataset streamwhiten did not write"
@@ -88,10 +95,12 @@ class LanceSource(Source):
     """The vectors of a list column of one version of a Lance dataset."""
 
     kind = "lance"
+    tabular = True
     layout_change = "fragments holding them were changed: rows deleted or updated, or the dataset compacted"
 
-    def __init__(self, path, dataset):
-        handle = _open(path)
+    def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
+        read = read if read is not None else ReadOptions()
+        handle = _open(path, read)
         schema = handle.schema
         self._attrs = read_attrs(schema.metadata)
         column = choose_column(path, schema, dataset, self._attrs.get("column"))
@@ -111,9 +120,9 @@ class LanceSource(Source):
         self._local.handle = handle
         if width is None:
             width = self._first_width(column)
-        super().__init__(path, column, (self._starts[-1], width), dtype, None)
+        super().__init__(path, column, (self._starts[-1], width), dtype, None, read)
 
-    def _first_width(self, column) -> int:
+    def _first_width(self, column: str) -> int:
         for index, fragment_id in enumerate(self._fragment_ids):
             if self._starts[index + 1] == self._starts[index]:
                 continue
@@ -128,7 +137,7 @@ class LanceSource(Source):
     def label(self) -> str:
         return self._column_label
 
-    def attrs(self) -> dict:
+    def attrs(self) -> dict[str, Any]:
         return dict(self._attrs)
 
     # -- fingerprint
@@ -137,18 +146,18 @@ class LanceSource(Source):
         described = [self._fragment_meta[i] for i in range(min(count, len(self._fragment_meta)))]
         return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 
-    def fingerprint_extra(self) -> dict:
+    def fingerprint_extra(self) -> dict[str, Any]:
         return {"version": int(self.version)}
 
     # -- reading
-    def _dataset(self):
+    def _dataset(self) -> Any:
         """This thread's own handle on the version opened at the start."""
         handle = getattr(self._local, "handle", None)
         if handle is None:
-            handle = self._local.handle = _open(self.path, self.version)
+            handle = self._local.handle = _open(self.path, self.read_options, self.version)
         return handle
 
-    def _fragment_table(self, index: int, columns: list, offset: int, limit: int):
+    def _fragment_table(self, index: int, columns: list[str], offset: int, limit: int) -> pa.Table:
         fragment_id = self._fragment_ids[index]
         try:
             fragment = self._dataset().get_fragment(fragment_id)
@@ -160,7 +169,7 @@ class LanceSource(Source):
                 raise
             raise _lance_error(self.label, f"fragment {fragment_id}", exc) from exc
 
-    def _fragments(self, start: int, stop: int):
+    def _fragments(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
         """``(index, a, b)``: the rows ``[a, b)`` of the dataset in each fragment ``[start, stop)`` touches."""
         index = bisect.bisect_right(self._starts, start) - 1
         while start < stop:
@@ -170,7 +179,7 @@ class LanceSource(Source):
             yield index, start, end
             start, index = end, index + 1
 
-    def _read_into(self, start, stop, out, fetched=None):
+    def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
@@ -194,10 +203,10 @@ class LanceSource(Source):
         return view
 
     # -- other columns of the same rows
-    def column_schema(self, names):
+    def column_schema(self, names: list[str]) -> pa.Schema:
         return kept_columns(self.path, self._schema, names)
 
-    def read_columns(self, start, stop, names):
+    def read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         schema = self.column_schema(names)
         tables = [
             self._fragment_table(index, list(names), a - self._starts[index], b - a).cast(schema)
@@ -205,13 +214,13 @@ class LanceSource(Source):
         ]
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
-    def close(self):
+    def close(self) -> None:
         self._local = threading.local()
 
 
-def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` (or the dataset's only numeric column), whole, and its label."""
-    handle = _open(path)
+    handle = _open(path, read)
     schema = handle.schema
     numeric = [
         f.name
@@ -250,15 +259,15 @@ class LanceSink(TableSink):
     kind = "lance"
     part_suffix = ".arrow"
 
-    def _write_part(self, table, path):
+    def _write_part(self, table: pa.Table, path: Any) -> None:
         with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table)
 
-    def _read_part(self, path):
+    def _read_part(self, path: Any) -> pa.Table:
         with pa.memory_map(path) as source:
             return pa.ipc.open_file(source).read_all()
 
-    def _join(self, temp, schema, tables) -> None:
+    def _join(self, temp: Any, schema: pa.Schema, tables: Iterator[pa.Table]) -> None:
         batches = (batch for table in tables for batch in table.replace_schema_metadata(schema.metadata).to_batches())
         reader = pa.RecordBatchReader.from_batches(schema, batches)
         try:

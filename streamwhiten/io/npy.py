@@ -7,13 +7,17 @@ fetched concurrently (see ``remote``).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
 from .._npz import NpyTooShort, npy_header
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
+from ..options import ReadOptions
 from . import remote
-from .base import Source, io_error
+from ._messages import io_error
+from .abc.store import Source
+from .codecs import Fetched
 
 #: Bytes per range request of a remote block: a block of 64 MiB is fetched as 8 requests at once.
 RANGE_BYTES = 8 << 20
@@ -22,14 +26,16 @@ HEADER_BYTES = 1 << 16
 
 
 class NpySource(Source):
+    """A local ``.npy`` file, memory-mapped (one named by URL is a :class:`RemoteNpySource`)."""
+
     kind = "npy"
 
-    def __new__(cls, path, dataset):
+    def __new__(cls, path: str, dataset: str | None, read: ReadOptions | None = None) -> NpySource:
         if cls is NpySource and remote.is_url(path):
             return super().__new__(RemoteNpySource)
         return super().__new__(cls)
 
-    def __init__(self, path, dataset):
+    def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
         if dataset:
             raise _no_names(path, dataset)
         try:
@@ -46,10 +52,10 @@ class NpySource(Source):
         if not isinstance(array, np.ndarray):
             raise BadInputError(f"{path}: is not a .npy array file (an .npz archive?)")
         self._array = array
-        super().__init__(path, None, array.shape, array.dtype, None)
+        super().__init__(path, None, array.shape, array.dtype, None, read)
         self._file_bytes = int(getattr(array, "offset", 0)) + array.nbytes
 
-    def read_into(self, start, stop, out):
+    def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         # Reading a memory map past the end of a file that shrank would kill the process (SIGBUS).
         try:
             size = os.stat(self.path).st_size
@@ -90,13 +96,13 @@ def _check_header(path: str) -> None:
             raise BadInputError(f"{path}: cannot read as .npy ({exc})") from None
 
 
-def _header(url: str) -> tuple[tuple, np.dtype, int, int]:
+def _header(url: str, read: ReadOptions) -> tuple[tuple[int, ...], np.dtype[Any], int, int]:
     """``(shape, dtype, offset of the data, size of the object)`` of a remote ``.npy``."""
     import io
 
     where = remote.redact(url)
-    size = remote.version(url)["size"]
-    head = remote.cat(url, 0, min(size, HEADER_BYTES))
+    size = remote.version(url, read=read)["size"]
+    head = remote.cat(url, 0, min(size, HEADER_BYTES), read=read)
     try:
         handle = io.BytesIO(head)
         major, _ = np.lib.format.read_magic(handle)
@@ -105,7 +111,7 @@ def _header(url: str) -> tuple[tuple, np.dtype, int, int]:
         else:
             length = int.from_bytes(head[8:12], "little") + 12
         if length > len(head):
-            head = remote.cat(url, 0, length)
+            head = remote.cat(url, 0, length, read=read)
             handle = io.BytesIO(head)
             np.lib.format.read_magic(handle)
         reader = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
@@ -126,22 +132,24 @@ def _header(url: str) -> tuple[tuple, np.dtype, int, int]:
 
 
 class RemoteNpySource(NpySource):
-    """A ``.npy`` object read by range requests; each block in :data:`RANGE_BYTES` parts fetched at once."""
+    """A ``.npy`` object read by range requests; each block in :data:`RANGE_BYTES` parts fetched at once
+    (the whole block retried when the network fails: ``Source.read_into``)."""
 
     remote = True
 
-    def __init__(self, path, dataset):
+    def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
         if dataset:
             raise _no_names(path, dataset)
-        shape, dtype, self._offset, self._size = _header(path)
-        self._version = remote.version(path)
-        Source.__init__(self, path, None, shape, dtype, None)
+        read = read if read is not None else ReadOptions()
+        shape, dtype, self._offset, self._size = _header(path, read)
+        self._version = remote.version(path, read=read)
+        Source.__init__(self, path, None, shape, dtype, None, read)
         self._stored = dtype  # byte order as stored; rows are converted into the native ``dtype``
 
-    def fingerprint_extra(self) -> dict:
+    def fingerprint_extra(self) -> dict[str, Any]:
         return dict(self._version)
 
-    def read_into(self, start, stop, out):
+    def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
         if stop <= start:
             return view
@@ -150,11 +158,9 @@ class RemoteNpySource(NpySource):
         row_bytes = self.n_features * self._stored.itemsize
         first, last = self._offset + start * row_bytes, self._offset + stop * row_bytes
         edges = list(range(first, last, RANGE_BYTES)) + [last]
-        fs, key = remote.filesystem(self.path)
+        fs, key = remote.filesystem(self.path, self.read_options)
         what = f"read rows {start}..{stop - 1}"
-        parts = remote.retrying(
-            self.path, what, fs.cat_ranges, [key] * (len(edges) - 1), edges[:-1], edges[1:], on_error="raise"
-        )
+        parts = fs.cat_ranges([key] * (len(edges) - 1), edges[:-1], edges[1:], on_error="raise")
         target = view.reshape(-1).view(np.uint8) if self._stored == self.dtype else None
         done = 0
         raw = bytearray() if target is None else None
@@ -176,13 +182,13 @@ class RemoteNpySource(NpySource):
         return view
 
 
-def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.ndarray, str]:
     """The whole array of a ``.npy`` file, and its label."""
     if inner:
         raise _no_names(path, inner)
     if remote.is_url(path):
-        shape, dtype, offset, _ = _header(path)
-        raw = remote.cat(path, offset, offset + int(np.prod(shape)) * dtype.itemsize)
+        shape, dtype, offset, _ = _header(path, read)
+        raw = remote.cat(path, offset, offset + int(np.prod(shape)) * dtype.itemsize, read=read)
         return np.frombuffer(raw, dtype).reshape(shape).astype(dtype.newbyteorder("=")), remote.redact(path)
     try:
         _check_header(path)

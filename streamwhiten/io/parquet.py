@@ -34,12 +34,15 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
+from ..options import ReadOptions
 from . import remote
 from ._arrow import (
     TableSink,
@@ -51,7 +54,9 @@ from ._arrow import (
     vector_length,
     vector_type,
 )
-from .base import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR, Source, first_line, io_error
+from ._messages import first_line, io_error
+from .abc.store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR, Source
+from .codecs import Fetched
 from .spec import parquet_files
 
 #: A row group up to this size is read whole as one block; larger ones are read in blocks of about
@@ -69,13 +74,15 @@ STREAM_BUFFER_BYTES = 1 << 20
 REMOTE_READ_BYTES = 8 << 20
 
 
-def _open_remote(url: str):
+def _open_remote(url: str, read: ReadOptions) -> Any:
     """A read-only fsspec file object on the remote ``url``."""
-    fs, key = remote.filesystem(url)
-    return remote.retrying(url, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead")
+    fs, key = remote.filesystem(url, read)
+    return remote.retrying(
+        url, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead", read=read
+    )
 
 
-def _arrow_error(label: str, what: str, exc: BaseException) -> Exception:
+def _arrow_error(label: str, what: str, exc: BaseException) -> StoreIOError | CorruptStoreError:
     """A pyarrow failure as ours: a failed system call is an I/O error, anything else damaged data."""
     if isinstance(exc, OSError) and getattr(exc, "errno", None):
         return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
@@ -85,14 +92,14 @@ def _arrow_error(label: str, what: str, exc: BaseException) -> Exception:
     )
 
 
-def _single_file(path: str) -> str:
+def _single_file(path: str, read: ReadOptions) -> str:
     """``path`` itself, or the only Parquet file in the directory ``path``."""
     if remote.is_url(path):
-        if path.rstrip("/").lower().endswith(".parquet") or not remote.isdir(path):
+        if path.rstrip("/").lower().endswith(".parquet") or not remote.isdir(path, read=read):
             return path
     elif not os.path.isdir(path):
         return path
-    files = parquet_files(path)
+    files = parquet_files(path, read)
     if len(files) == 1:
         return files[0]
     raise BadInputError(
@@ -101,24 +108,25 @@ def _single_file(path: str) -> str:
     )
 
 
-def _remote_footer(url: str) -> tuple[bytes, dict]:
+def _remote_footer(url: str, read: ReadOptions) -> tuple[bytes, dict[str, Any]]:
     """:func:`_footer` of a remote file: two range requests, and its ``{"size", "etag"}``."""
     where = remote.redact(url)
-    version = remote.version(url)
+    version = remote.version(url, read=read)
     size = version["size"]
     if size < 12:
         raise CorruptStoreError(f"{where}: not a Parquet file, or truncated ({size} bytes)")
-    tail = remote.cat(url, size - 8, size)
+    tail = remote.cat(url, size - 8, size, read=read)
     length = int.from_bytes(tail[:4], "little")
     if tail[4:] != b"PAR1" or length + 12 > size:
         raise CorruptStoreError(f"{where}: not a Parquet file, or truncated (no valid footer at its end)")
-    return remote.cat(url, size - 8 - length, size - 8), version
+    return remote.cat(url, size - 8 - length, size - 8, read=read), version
 
 
-def _footer(path: str) -> tuple[bytes, os.stat_result]:
-    """The raw footer (thrift file metadata) of a Parquet file and the file's stat, checking its magic."""
+def _footer(path: str, read: ReadOptions) -> tuple[bytes, Any]:
+    """The raw footer (thrift file metadata) of a Parquet file and the file's stat (a remote one's
+    ``{"size", "etag"}``), checking its magic."""
     if remote.is_url(path):
-        return _remote_footer(path)
+        return _remote_footer(path, read)
     with open(path, "rb") as handle:
         stat = os.fstat(handle.fileno())
         if stat.st_size < 12:
@@ -136,12 +144,13 @@ class _Stream:
     """Batches of one column of one row group, decoded in order; shared by the threads reading that
     row group in parts (one at a time, under :attr:`lock`). It owns its file handle."""
 
-    def __init__(self, open_file, group: int, column: str, batch_rows: int):
+    def __init__(self, open_file: Callable[[], Any], group: int, column: str, batch_rows: int) -> None:
         self.lock = threading.Lock()
         self._open_file, self.group, self.column, self.batch_rows = open_file, group, column, batch_rows
-        self._handle = self._batches = None
+        self._handle: Any = None
+        self._batches: Any = None
         self.position = 0  # row (in the group) after the last batch taken
-        self.pending = None  # (first row in the group, array) of the batch being consumed
+        self.pending: tuple[int, Any] | None = None  # (first row in the group, array) of the batch being consumed
 
     def restart(self) -> None:
         self.close()
@@ -175,15 +184,17 @@ class ParquetSource(Source):
     """The vectors of a list column of one Parquet file."""
 
     kind = "parquet"
+    tabular = True
     layout_change = "the Parquet file was rewritten (Parquet files are never appended to: put new rows in new files)"
 
-    def __init__(self, path, dataset):
-        path = _single_file(path)
+    def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
+        read = read if read is not None else ReadOptions()
+        path = _single_file(path, read)
         self.remote = remote.is_url(path)
         try:
-            footer, stat = _footer(path)
+            footer, stat = _footer(path, read)
             handle = pq.ParquetFile(
-                _open_remote(path) if self.remote else path,
+                _open_remote(path, read) if self.remote else path,
                 pre_buffer=False,
                 buffer_size=STREAM_BUFFER_BYTES,
                 page_checksum_verification=True,
@@ -210,14 +221,14 @@ class ParquetSource(Source):
             chunk_rows = self._group_rows[0] if self._group_rows and self._group_rows[0] > 0 else None
         finally:
             handle.close()
-        super().__init__(path, column, (self._starts[-1], width), dtype, chunk_rows)
+        super().__init__(path, column, (self._starts[-1], width), dtype, chunk_rows, read)
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._handles: list = []
-        self._streams: OrderedDict = OrderedDict()
+        self._handles: list[Any] = []
+        self._streams: OrderedDict[int, _Stream] = OrderedDict()
         self._closed = False
 
-    def _first_width(self, handle, column) -> int:
+    def _first_width(self, handle: Any, column: str) -> int:
         """The length of the first vector (of a list column, whose type does not say)."""
         for group, rows in enumerate(self._group_rows):
             if rows == 0:
@@ -237,7 +248,7 @@ class ParquetSource(Source):
     def label(self) -> str:
         return self._column_label
 
-    def attrs(self) -> dict:
+    def attrs(self) -> dict[str, Any]:
         return dict(self._attrs)
 
     def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
@@ -253,10 +264,10 @@ class ParquetSource(Source):
     def layout_digest(self, n_rows: int) -> str:
         return self._footer_sha
 
-    def fingerprint_extra(self) -> dict:
+    def fingerprint_extra(self) -> dict[str, Any]:
         return dict(self._stat) if self.remote else {}
 
-    def sample_ranges(self, n_rows: int) -> list:
+    def sample_ranges(self, n_rows: int) -> list[tuple[int, int]]:
         groups = [g for g, rows in enumerate(self._group_rows) if rows and self._starts[g] < n_rows]
         if not groups:
             return []
@@ -267,7 +278,7 @@ class ParquetSource(Source):
     # -- reading
     def _check_unchanged(self) -> None:
         if self.remote:
-            if remote.version(self.path) != self._stat:
+            if remote.version(self.path, read=self.read_options) != self._stat:
                 raise CorruptStoreError(f"{self.label}: the object changed while being read (it was replaced)")
             return
         try:
@@ -277,7 +288,7 @@ class ParquetSource(Source):
         if (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns) != self._stat:
             raise CorruptStoreError(f"{self.label}: the file changed while being read (it was replaced or rewritten)")
 
-    def _new_file(self, keep: bool = True):
+    def _new_file(self, keep: bool = True) -> Any:
         """A new ``ParquetFile`` on the file opened at the start (closed with the source if ``keep``),
         reading :data:`STREAM_BUFFER_BYTES` at a time."""
         if self._closed:
@@ -285,7 +296,7 @@ class ParquetSource(Source):
         self._check_unchanged()
         try:
             handle = pq.ParquetFile(
-                _open_remote(self.path) if self.remote else self.path,
+                _open_remote(self.path, self.read_options) if self.remote else self.path,
                 metadata=self._metadata,
                 page_checksum_verification=True,
                 pre_buffer=False,
@@ -298,17 +309,17 @@ class ParquetSource(Source):
                 self._handles.append(handle)
         return handle
 
-    def _file(self):
+    def _file(self) -> Any:
         """This thread's own ``ParquetFile`` (one object is not to be used by several threads at once)."""
         handle = getattr(self._local, "handle", None)
         if handle is None:
             handle = self._local.handle = self._new_file()
         return handle
 
-    def _where(self, group: int, first_row: int):
+    def _where(self, group: int, first_row: int) -> Callable[[int], str]:
         return lambda i: f"{self.label}: row group {group}, row {first_row + i:,}"
 
-    def _copy(self, arrays, group: int, first_row: int, target: np.ndarray) -> None:
+    def _copy(self, arrays: list[Any], group: int, first_row: int, target: np.ndarray) -> None:
         """Check and copy the arrays (consecutive rows from ``first_row`` on) into ``target``."""
         done = 0
         for array in arrays:
@@ -327,7 +338,7 @@ class ParquetSource(Source):
                 f"({done} of {target.shape[0]} read from row {first_row:,}): the file is damaged"
             )
 
-    def _groups(self, start: int, stop: int):
+    def _groups(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
         """``(group, a, b)``: the rows ``[a, b)`` of the file in each row group that ``[start, stop)`` touches."""
         group = bisect.bisect_right(self._starts, start) - 1
         while start < stop:
@@ -337,12 +348,7 @@ class ParquetSource(Source):
             yield group, start, end
             start, group = end, group + 1
 
-    def read_into(self, start, stop, out):
-        if self.remote:
-            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_rows, start, stop, out)
-        return self._read_rows(start, stop, out)
-
-    def _read_rows(self, start, stop, out):
+    def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
@@ -444,15 +450,23 @@ class ParquetSource(Source):
                         del self._streams[group]
 
     # -- other columns of the same rows
-    def column_schema(self, names):
+    def column_schema(self, names: list[str]) -> pa.Schema:
         return kept_columns(self.path, self._schema, names)
 
-    def read_columns(self, start, stop, names):
+    def read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         if self.remote:
-            return remote.retrying(self.path, f"read rows {start}..{stop - 1}", self._read_columns, start, stop, names)
+            return remote.retrying(
+                self.path,
+                f"read rows {start}..{stop - 1}",
+                self._read_columns,
+                start,
+                stop,
+                names,
+                read=self.read_options,
+            )
         return self._read_columns(start, stop, names)
 
-    def _read_columns(self, start, stop, names):
+    def _read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         schema = self.column_schema(names)
         tables = []
         for group, a, b in self._groups(start, stop):
@@ -464,7 +478,7 @@ class ParquetSource(Source):
             tables.append(table.slice(a - g_lo, b - a))
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
-    def close(self):
+    def close(self) -> None:
         self._closed = True
         with self._lock:
             handles, self._handles = self._handles, []
@@ -479,10 +493,10 @@ class ParquetSource(Source):
                 pass
 
 
-def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` (or the file's only numeric column), whole, and its label."""
-    path = _single_file(path)
-    where = _open_remote(path) if remote.is_url(path) else path
+    path = _single_file(path, read)
+    where = _open_remote(path, read) if remote.is_url(path) else path
     try:
         schema = pq.read_schema(where)
     except (OSError, pa.ArrowException) as exc:
@@ -502,7 +516,7 @@ def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     if inner not in numeric:
         raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
     try:
-        column = pq.read_table(_open_remote(path) if remote.is_url(path) else path, columns=[inner]).column(0)
+        column = pq.read_table(_open_remote(path, read) if remote.is_url(path) else path, columns=[inner]).column(0)
     except (OSError, pa.ArrowException) as exc:
         raise _arrow_error(label, "the column", exc) from exc
     if column.null_count:
@@ -520,12 +534,12 @@ WRITE_OPTIONS = dict(
 )
 
 
-def foreign_output(path: str) -> str | None:
+def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the Parquet file ``path`` (or object) is an output of streamwhiten (its key-value
     metadata records :data:`OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
     try:
         if remote.is_url(path):
-            with _open_remote(path) as handle:
+            with _open_remote(path, read) as handle:
                 metadata = pq.read_metadata(handle).metadata
         else:
             metadata = pq.read_metadata(path).metadata
@@ -543,16 +557,16 @@ class ParquetSink(TableSink):
     kind = "parquet"
     part_suffix = ".parquet"
 
-    def _write_part(self, table, path):
+    def _write_part(self, table: pa.Table, path: Any) -> None:
         try:
             pq.write_table(table, path, row_group_size=max(1, table.num_rows), **WRITE_OPTIONS)
         except pa.ArrowException as exc:
             raise OSError(first_line(exc)) from exc
 
-    def _read_part(self, path):
+    def _read_part(self, path: Any) -> pa.Table:
         return pq.read_table(path)
 
-    def _join(self, temp, schema, tables) -> None:
+    def _join(self, temp: Any, schema: pa.Schema, tables: Iterator[pa.Table]) -> None:
         """Stream the parts into one file (a row group each) at ``temp`` (a path, or a remote file object
         whose upload the caller completes) and fsync it."""
         with pq.ParquetWriter(temp, schema, **WRITE_OPTIONS) as writer:

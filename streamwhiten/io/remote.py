@@ -3,20 +3,24 @@ fsspec: URLs, storage options, redaction, retries, fingerprints. The only module
 
 Configuration is the ecosystem's: the standard environment of each file system (``AWS_ENDPOINT_URL``,
 ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ``GOOGLE_APPLICATION_CREDENTIALS``, ...), fsspec's own config
-(``~/.config/fsspec/*.json``, ``FSSPEC_S3_*`` variables), and storage options given here (the CLI's
-``--storage-option KEY=VALUE``, a job file's ``[storage]`` table, :func:`using` from Python), which are
-passed to the file system as keyword arguments and win over the rest.
+(``~/.config/fsspec/*.json``, ``FSSPEC_S3_*`` variables), and storage options given by the caller (the
+CLI's ``--storage-option KEY=VALUE``, a job file's ``[storage]`` table, ``Whitener(storage_options=...)``
+or ``ReadOptions(storage_options=...)`` from Python), which are passed to the file system as keyword
+arguments and win over the rest. There is no process-wide setting: every function here that reaches a
+URL takes the :class:`~streamwhiten.options.ReadOptions` it is reached with (``read=``), and the file
+systems made are kept per protocol *and* options, so threads and callers with other options never share one.
 
 Credentials never leave this module in a message, a label or a record: URLs carrying credentials
 (``https://user:password@host/``, presigned query strings) are refused, every message that could quote an
-option's value goes through :func:`scrub`, and sources are recorded by their URL alone.
+option's value goes through :func:`scrub` (which knows the secret values of every set of options this
+process has used: :func:`remember_secrets`, values only), and sources are recorded by their URL alone.
 
 Reads and writes go through :func:`retrying`: a transient failure (a reset connection, a timeout, a 5xx
 answer, throttling) is retried with exponential backoff; a persistent one is a
 :class:`~streamwhiten.errors.StoreIOError` (exit 74) naming the URL; a missing object or bucket is bad
 input (exit 2), and refused credentials an I/O error saying so.
 
-One deadline bounds the time before giving up: :func:`remote_timeout` seconds (parameter
+One deadline bounds the time before giving up: ``ReadOptions.remote_timeout`` seconds (parameter
 ``remote_timeout`` in ``streamwhiten.params``, 10 by default; ``--remote-timeout`` or the environment
 variable ``STREAMWHITEN_REMOTE_TIMEOUT``) from the first failure of an outage, shared by every thread:
 once it is over, no call starts another attempt. The layers below retry on their own too (s3fs, then
@@ -29,16 +33,18 @@ the deadline again (a server that refuses connections: within a second).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import random
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..errors import BadInputError, StoreIOError
+from ..options import ReadOptions
 
 #: ``scheme://`` at the start of a spec.
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
@@ -73,7 +79,7 @@ _SECRET_ENV = (
 )
 
 #: The first wait before a call is tried again (doubled each time, with jitter, at most :data:`MAX_BACKOFF`
-#: s), until the deadline of :func:`remote_timeout` passes.
+#: s), until the deadline (``ReadOptions.remote_timeout``) passes.
 BACKOFF = float(os.environ.get("STREAMWHITEN_REMOTE_BACKOFF", "0.2"))
 MAX_BACKOFF = 2.0
 #: Tries s3fs makes of one request whose answer was cut or timed out (its own loop, around botocore, which
@@ -84,52 +90,24 @@ S3FS_TRIES = 2
 #: so several requests are kept in flight (memory stays about one block per thread).
 REMOTE_THREADS = 8
 
-_options: dict = {}
-_options_lock = threading.Lock()
-#: The deadline in force (seconds), and since when the remote stores have been failing (monotonic clock;
-#: None while they answer): every thread's retries share one outage, so all of them give up together.
-_timeout = {"seconds": None}
-_outage = {"since": None}
+#: Since when the remote stores have been failing (monotonic clock; None while they answer): every
+#: thread's retries share one outage, so all of them give up together. (Not a setting: a fact about the
+#: network, which every caller shares.)
+_outage: dict[str, float | None] = {"since": None}
 _outage_lock = threading.Lock()
-
-
-def remote_timeout() -> float:
-    """Seconds a remote store may keep failing before a command gives up: :func:`set_remote_timeout`'s,
-    else ``STREAMWHITEN_REMOTE_TIMEOUT``, else the default of parameter ``remote_timeout``."""
-    from .. import params
-
-    if _timeout["seconds"] is not None:
-        return _timeout["seconds"]
-    text = os.environ.get("STREAMWHITEN_REMOTE_TIMEOUT")
-    if not text:
-        return float(params.default("remote_timeout"))
-    try:
-        value = float(text)
-    except ValueError:
-        value = text
-    return float(params.check("remote_timeout", value, f"STREAMWHITEN_REMOTE_TIMEOUT={text}: remote_timeout"))
-
-
-def set_remote_timeout(seconds: float | None) -> None:
-    """Use ``seconds`` (checked as parameter ``remote_timeout``) as the deadline from now on in this process;
-    None: the environment's or the default again. File systems made before are made again."""
-    from .. import params
-
-    _timeout["seconds"] = None if seconds is None else float(params.check("remote_timeout", seconds))
-    _filesystems.clear()
 
 
 # ---------------------------------------------------------------------------------------------- URLs
 
 
-def is_url(spec) -> bool:
+def is_url(spec: object) -> bool:
     """Whether ``spec`` names something by URL (``file://`` included)."""
     return isinstance(spec, str) and _URL.match(spec) is not None
 
 
-def is_remote(spec) -> bool:
+def is_remote(spec: object) -> bool:
     """Whether ``spec`` is a URL of a remote file system (not ``file://``)."""
-    return is_url(spec) and protocol(spec) != "file"
+    return isinstance(spec, str) and is_url(spec) and protocol(spec) != "file"
 
 
 def protocol(url: str) -> str:
@@ -137,7 +115,7 @@ def protocol(url: str) -> str:
     return _ALIASES.get(scheme, scheme)
 
 
-def local_path(spec):
+def local_path(spec: Any) -> Any:
     """A ``file://`` URL as the local path it names; anything else unchanged."""
     if isinstance(spec, str) and spec[:7].lower() == "file://":
         rest = spec[7:]
@@ -229,7 +207,7 @@ def parse_option(text: str) -> tuple[str, object]:
     return key, parsed
 
 
-def options_from(items) -> dict:
+def options_from(items: Mapping[str, Any] | Iterable[str] | None) -> dict[str, Any]:
     """Storage options from ``KEY=VALUE`` strings or a mapping (a job's ``[storage]`` table); dotted keys
     nest (``client_kwargs.region_name=eu-west-1``)."""
     result: dict = {}
@@ -245,52 +223,45 @@ def options_from(items) -> dict:
     return result
 
 
-def storage_options() -> dict:
-    """The storage options in force (a copy)."""
-    with _options_lock:
-        return _deep_copy(_options)
+#: The secret values of every set of storage options this process has used (values only, never their
+#: names or the options): what :func:`scrub` hides.
+_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
 
 
-def set_storage_options(options: dict | None) -> None:
-    """Use ``options`` for every remote file system opened from now on in this process."""
-    with _options_lock:
-        _options.clear()
-        _options.update(_deep_copy(options or {}))
-    _filesystems.clear()
+def storage_options_of(read: ReadOptions) -> dict[str, Any]:
+    """The storage options of ``read`` as plain keyword arguments (a copy; none: empty)."""
+    return read.storage_options.to_dict() if read.storage_options is not None else {}
 
 
-@contextlib.contextmanager
-def using(options: dict | None):
-    """Storage options for the duration (then the previous ones again)."""
-    previous = storage_options()
-    set_storage_options(options)
-    try:
-        yield
-    finally:
-        set_storage_options(previous)
+def remember_secrets(options: Mapping[str, Any] | None) -> None:
+    """Add the secret values among ``options`` (those of options whose names say secret, key, token, ...)
+    to what :func:`scrub` hides from every message from now on. Every file system made here does it for
+    its options; a caller may do it as soon as it holds options (the command line does)."""
+    found: list[str] = []
 
-
-def _deep_copy(options: dict) -> dict:
-    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in options.items()}
-
-
-def _secret_values(options=None) -> list[str]:
-    found = []
-
-    def walk(mapping):
+    def walk(mapping: Mapping[str, Any]) -> None:
         for key, value in mapping.items():
-            if isinstance(value, dict):
+            if isinstance(value, Mapping):
                 walk(value)
             elif isinstance(value, str) and len(value) >= 4 and _SECRET_NAME.search(str(key)):
                 found.append(value)
 
-    walk(storage_options() if options is None else options)
-    found += [os.environ[name] for name in _SECRET_ENV if len(os.environ.get(name, "")) >= 4]
-    return sorted(set(found), key=len, reverse=True)
+    walk(options or {})
+    if found:
+        with _secrets_lock:
+            _secrets.update(found)
+
+
+def _secret_values() -> list[str]:
+    with _secrets_lock:
+        found = set(_secrets)
+    found.update(os.environ[name] for name in _SECRET_ENV if len(os.environ.get(name, "")) >= 4)
+    return sorted(found, key=len, reverse=True)
 
 
 def scrub(text: str) -> str:
-    """``text`` with every secret value in force (storage options, credential variables) replaced by ``***``."""
+    """``text`` with every secret value used (storage options, credential variables) replaced by ``***``."""
     for secret in _secret_values():
         text = text.replace(secret, "***")
     return text
@@ -298,10 +269,20 @@ def scrub(text: str) -> str:
 
 # ----------------------------------------------------------------------------------- file systems
 
-_filesystems: dict = {}
+#: File systems made, by (protocol, storage options, deadline): one per set of options, shared by the
+#: threads that use the same ones.
+_filesystems: dict[tuple[str, Any, float], Any] = {}
+_filesystems_lock = threading.Lock()
 
 
-def _fsspec():
+def clear_cache() -> None:
+    """Forget the file systems made so far (the next call makes them again: after the environment they
+    read changed, say)."""
+    with _filesystems_lock:
+        _filesystems.clear()
+
+
+def _fsspec() -> Any:
     try:
         import fsspec
     except ImportError:
@@ -312,19 +293,20 @@ def _fsspec():
     return fsspec
 
 
-def filesystem_options(url: str) -> dict:
-    """The keyword arguments a file system for ``url`` is made with: the storage options in force, and
+def filesystem_options(url: str, read: ReadOptions) -> dict[str, Any]:
+    """The keyword arguments a file system for ``url`` is made with: the storage options of ``read``, and
     no listings cache (a store being written must be seen as it is now). For S3, retries and timeouts that
-    fit in :func:`remote_timeout` (options given by the user win): botocore makes one attempt, s3fs
+    fit in ``read.remote_timeout`` (options given by the user win): botocore makes one attempt, s3fs
     :data:`S3FS_TRIES` (:func:`_bounded`), each connecting within half the deadline (at most 5 s) and
     waiting at most half the deadline for an answer, so one call takes at most about the deadline."""
-    options = storage_options()
+    remember_secrets(read.storage_options)
+    options = storage_options_of(read)
     options.setdefault("use_listings_cache", False)
     if protocol(url) == "s3":
         # s3fs otherwise asks for an object's size (a HEAD) before every whole-object GET, to split large
         # ones: that doubles the requests of a chunked store, whose concurrency comes from our threads.
         options.setdefault("max_concurrency", 1)
-        deadline = remote_timeout()
+        deadline = read.remote_timeout
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("connect_timeout", min(5.0, deadline / 2))
         config.setdefault("read_timeout", deadline / 2)
@@ -333,17 +315,18 @@ def filesystem_options(url: str) -> dict:
     return options
 
 
-def _bounded(fs):
+def _bounded(fs: Any) -> Any:
     """``fs``, its own retry loop (s3fs's ``retries``: 5 tries by default, around botocore's) reduced to
-    :data:`S3FS_TRIES`, so that the retries of all layers fit in :func:`remote_timeout`."""
+    :data:`S3FS_TRIES`, so that the retries of all layers fit in the deadline."""
     if hasattr(type(fs), "retries") and isinstance(getattr(fs, "retries", None), int):
         fs.retries = S3FS_TRIES
     return fs
 
 
-def filesystem(url: str):
-    """``(file system, path in it)`` for a remote ``url``, the file system made once per protocol and
-    options (synchronous; zarr makes its own asynchronous one, see :func:`zarr_store`)."""
+def filesystem(url: str, read: ReadOptions) -> tuple[Any, str]:
+    """``(file system, path in it)`` for a remote ``url`` reached with ``read``'s storage options, the file
+    system made once per protocol and options (synchronous; zarr makes its own asynchronous one, see
+    :func:`zarr_store`)."""
     fsspec = _fsspec()
     check_url(url)
     name = protocol(url)
@@ -355,17 +338,19 @@ def filesystem(url: str):
         raise BadInputError(
             f"{redact(url)}: no file system for {name}:// is installed{extra}: {scrub(str(exc))}"
         ) from None
-    key = name
-    fs = _filesystems.get(key)
+    key = (name, read.storage_options, read.remote_timeout)
+    with _filesystems_lock:
+        fs = _filesystems.get(key)
     if fs is None:
         try:
-            fs = fsspec.filesystem(name, **filesystem_options(url))
+            fs = _bounded(fsspec.filesystem(name, **filesystem_options(url, read)))
         except Exception as exc:
             raise BadInputError(
                 f"{redact(url)}: cannot set up {name}:// with the storage options given "
                 f"({exc.__class__.__name__}: {scrub(str(exc))})"
             ) from None
-        _filesystems[key] = _bounded(fs)
+        with _filesystems_lock:
+            fs = _filesystems.setdefault(key, fs)
     path = cls._strip_protocol(url) if name not in ("http", "https") else redact(url)
     return fs, path
 
@@ -380,11 +365,12 @@ _LANCE_NAMES = {
 }
 
 
-def lance_options(url: str) -> dict:
-    """The storage options in force as pylance (object_store) spells them: fsspec's S3 names mapped
+def lance_options(url: str, read: ReadOptions) -> dict[str, str]:
+    """The storage options of ``read`` as pylance (object_store) spells them: fsspec's S3 names mapped
     (``endpoint_url`` to ``aws_endpoint``, ...), object_store's own (``aws_*``, ``google_*``, ``azure_*``,
     ``allow_http``) passed as they are; an ``http://`` endpoint (a local S3-compatible server) allowed."""
-    options = storage_options()
+    remember_secrets(read.storage_options)
+    options = storage_options_of(read)
     flat = dict(options.get("client_kwargs") or {}, **{k: v for k, v in options.items() if k != "client_kwargs"})
     result = {}
     for key, value in flat.items():
@@ -398,20 +384,20 @@ def lance_options(url: str) -> dict:
     if endpoint and endpoint.startswith("http://"):
         result.setdefault("allow_http", "true")
     # Lance's object store retries up to 10 times for 3 minutes by default: inside the deadline instead.
-    deadline = remote_timeout()
+    deadline = read.remote_timeout
     result.setdefault("client_max_retries", str(S3FS_TRIES - 1))
     result.setdefault("client_retry_timeout", str(max(1, int(deadline))))
     result.setdefault("connect_timeout", f"{max(1, int(min(5.0, deadline / 2)))}s")
     return result
 
 
-def zarr_store(url: str, read_only: bool):
-    """A zarr ``FsspecStore`` on the remote ``url`` with the storage options in force."""
+def zarr_store(url: str, read_only: bool, read: ReadOptions) -> Any:
+    """A zarr ``FsspecStore`` on the remote ``url`` with ``read``'s storage options."""
     from zarr.storage import FsspecStore
 
     check_url(url)
     try:
-        store = FsspecStore.from_url(url, storage_options=filesystem_options(url), read_only=read_only)
+        store = FsspecStore.from_url(url, storage_options=filesystem_options(url, read), read_only=read_only)
     except Exception as exc:
         raise failure(url, "open", exc) from None
     _bounded(store.fs)
@@ -463,7 +449,7 @@ _AUTH_TEXT = re.compile(
 _MISSING_TEXT = re.compile(r"NoSuchBucket|NoSuchKey|Not Found|\b404\b|does not exist", re.IGNORECASE)
 
 
-def _chain(exc: BaseException):
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -508,8 +494,11 @@ def reason(exc: BaseException) -> str:
     return exc.__class__.__name__
 
 
-def failure(url: str, what: str, exc: BaseException, attempts: int = 1, seconds: float | None = None):
-    """The error of ours for a remote call that failed for good (``seconds``: how long the outage lasted)."""
+def failure(
+    url: str, what: str, exc: BaseException, attempts: int = 1, seconds: float | None = None, timeout: float = 0.0
+) -> BadInputError | StoreIOError:
+    """The error of ours for a remote call that failed for good (``seconds``: how long the outage lasted,
+    under the deadline ``timeout``)."""
     where = redact(url)
     kind = classify(exc)
     if kind == "missing":
@@ -521,7 +510,7 @@ def failure(url: str, what: str, exc: BaseException, attempts: int = 1, seconds:
         )
     tries = f" after {attempts} attempts" if attempts > 1 else ""
     if seconds is not None:
-        tries += f" in {seconds:.0f} s (--remote-timeout {remote_timeout():g})"
+        tries += f" in {seconds:.0f} s (--remote-timeout {timeout:g})"
     return StoreIOError(f"{where}: cannot {what}{tries}: {reason(exc)}")
 
 
@@ -529,7 +518,7 @@ def failure(url: str, what: str, exc: BaseException, attempts: int = 1, seconds:
 stats = {"retries": 0, "failures": 0}
 
 
-def _network_cause(exc: BaseException):
+def _network_cause(exc: BaseException) -> BaseException | None:
     """The network failure behind one of our errors that a backend raised ``from`` it (a read it took for
     damaged data or a disk's failure, as it would be locally), else None."""
     from ..errors import CorruptStoreError
@@ -540,11 +529,11 @@ def _network_cause(exc: BaseException):
     return None
 
 
-def retrying(url: str, what: str, call, *args, **kwargs):
-    """``call(*args, **kwargs)``, retried with backoff while it fails transiently, until :func:`remote_timeout`
+def retrying(url: str, what: str, call: Callable[..., Any], *args: Any, read: ReadOptions, **kwargs: Any) -> Any:
+    """``call(*args, **kwargs)``, retried with backoff while it fails transiently, until ``read.remote_timeout``
     seconds have passed since the outage began (the first failure not followed by a success, in any
-    thread) or since this call first failed; then :func:`failure`, naming the seconds. Our own errors pass through, unless the network's
-    failure is behind them."""
+    thread) or since this call first failed; then :func:`failure`, naming the seconds. Our own errors pass
+    through, unless the network's failure is behind them."""
     from ..errors import StreamwhitenError
 
     attempt, first = 0, None
@@ -562,14 +551,14 @@ def retrying(url: str, what: str, call, *args, **kwargs):
                 with _outage_lock:
                     since = _outage["since"] = _outage["since"] if _outage["since"] is not None else now
                 since = min(since, first)  # this call's own failures count too, whatever other calls do
-                left = since + remote_timeout() - now
+                left = since + read.remote_timeout - now
                 if left > 0:
                     stats["retries"] += 1
                     time.sleep(min(left, MAX_BACKOFF, BACKOFF * 2**attempt) * (0.5 + 0.5 * random.random()))
                     attempt += 1
                     continue
                 stats["failures"] += 1
-                raise failure(url, what, exc, attempt + 1, now - since) from None
+                raise failure(url, what, exc, attempt + 1, now - since, read.remote_timeout) from None
             stats["failures"] += 1
             raise failure(url, what, exc, attempt + 1) from None
         if _outage["since"] is not None:
@@ -581,61 +570,67 @@ def retrying(url: str, what: str, call, *args, **kwargs):
 # ------------------------------------------------------------------------------- simple operations
 
 
-def info(url: str) -> dict:
-    fs, path = filesystem(url)
-    return retrying(url, "read its metadata", fs.info, path)
+def info(url: str, *, read: ReadOptions) -> dict[str, Any]:
+    """The metadata of one object."""
+    fs, path = filesystem(url, read)
+    found: dict[str, Any] = retrying(url, "read its metadata", fs.info, path, read=read)
+    return found
 
 
-def exists(url: str) -> bool:
-    fs, path = filesystem(url)
-    return bool(retrying(url, "check whether it exists", fs.exists, path))
+def exists(url: str, *, read: ReadOptions) -> bool:
+    """Whether an object or a prefix is at ``url``."""
+    fs, path = filesystem(url, read)
+    return bool(retrying(url, "check whether it exists", fs.exists, path, read=read))
 
 
-def isdir(url: str) -> bool:
-    fs, path = filesystem(url)
-    return bool(retrying(url, "check whether it is a prefix", fs.isdir, path))
+def isdir(url: str, *, read: ReadOptions) -> bool:
+    """Whether ``url`` is a prefix (of a store's objects)."""
+    fs, path = filesystem(url, read)
+    return bool(retrying(url, "check whether it is a prefix", fs.isdir, path, read=read))
 
 
-def cat(url: str, start: int | None = None, end: int | None = None) -> bytes:
-    fs, path = filesystem(url)
-    return retrying(url, f"read bytes {start}..{end}", fs.cat_file, path, start=start, end=end)
+def cat(url: str, start: int | None = None, end: int | None = None, *, read: ReadOptions) -> bytes:
+    """Bytes ``[start, end)`` of one object (all of it by default)."""
+    fs, path = filesystem(url, read)
+    return bytes(retrying(url, f"read bytes {start}..{end}", fs.cat_file, path, start=start, end=end, read=read))
 
 
-def put_bytes(url: str, data: bytes) -> None:
+def put_bytes(url: str, data: bytes, *, read: ReadOptions) -> None:
     """Write one whole object (a single PUT: readers see the old object or the new one, never a part)."""
-    fs, path = filesystem(url)
-    retrying(url, "write", fs.pipe_file, path, data)
+    fs, path = filesystem(url, read)
+    retrying(url, "write", fs.pipe_file, path, data, read=read)
 
 
-def remove(url: str, recursive: bool = False) -> None:
+def remove(url: str, recursive: bool = False, *, read: ReadOptions) -> None:
     """Remove an object, or everything under a prefix; nothing there is fine."""
-    fs, path = filesystem(url)
+    fs, path = filesystem(url, read)
 
-    def rm():
+    def rm() -> None:
         try:
             fs.rm(path, recursive=recursive)
         except FileNotFoundError:
             pass
 
-    retrying(url, "remove", rm)
+    retrying(url, "remove", rm, read=read)
 
 
-def find(url: str, detail: bool = False):
-    """Every object under the prefix ``url`` (as URLs), or ``{url: info}`` with ``detail``."""
-    fs, path = filesystem(url)
-    found = retrying(url, "list", fs.find, path, detail=True)
+def find(url: str, detail: bool = False, *, read: ReadOptions) -> Any:
+    """Every object under the prefix ``url`` (as URLs, sorted), or ``{url: info}`` with ``detail``."""
+    fs, path = filesystem(url, read)
+    found = retrying(url, "list", fs.find, path, detail=True, read=read)
     head = split_url(url)[0]
     full = {_as_url(head, key, fs): value for key, value in found.items()}
     return full if detail else sorted(full)
 
 
-def glob(pattern: str) -> list[str]:
-    fs, path = filesystem(pattern)
+def glob(pattern: str, *, read: ReadOptions) -> list[str]:
+    """The objects whose URLs match ``pattern``, sorted."""
+    fs, path = filesystem(pattern, read)
     head = split_url(pattern)[0]
-    return sorted(_as_url(head, key, fs) for key in retrying(pattern, "list", fs.glob, path))
+    return sorted(_as_url(head, key, fs) for key in retrying(pattern, "list", fs.glob, path, read=read))
 
 
-def _as_url(head: str, key: str, fs) -> str:
+def _as_url(head: str, key: str, fs: Any) -> str:
     if "://" in key:
         return key
     return head + key.lstrip("/")
@@ -661,16 +656,16 @@ def etag_of(details: dict) -> str:
     return ""
 
 
-def version(url: str) -> dict:
+def version(url: str, *, read: ReadOptions) -> dict[str, Any]:
     """``{"size": bytes, "etag": ...}`` of one object."""
-    details = info(url)
+    details = info(url, read=read)
     return {"size": int(details.get("size") or 0), "etag": etag_of(details)}
 
 
-def prefix_version(url: str, details: dict | None = None) -> dict:
+def prefix_version(url: str, details: dict[str, Any] | None = None, *, read: ReadOptions) -> dict[str, Any]:
     """``{"size": total bytes, "etag": digest of every object's key, size and ETag}`` of everything under
     a prefix (a Zarr store): one listing, and it changes when any object does."""
-    details = find(url, detail=True) if details is None else details
+    details = find(url, detail=True, read=read) if details is None else details
     base = normalize(url)
     digest = hashlib.sha256()
     total = 0
@@ -682,7 +677,7 @@ def prefix_version(url: str, details: dict | None = None) -> dict:
     return {"size": total, "etag": digest.hexdigest()}
 
 
-def default_threads(threads, sources) -> int | None:
+def default_threads(threads: int | None, sources: Iterable[Any]) -> int | None:
     """``threads`` if given; else :data:`REMOTE_THREADS` when any of ``sources`` is remote (reads wait on
     the network: several requests in flight), else None (the engine's own default)."""
     if threads is not None:

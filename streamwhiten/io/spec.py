@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import glob
 import os
+from collections.abc import Iterable
+from typing import Any
 
 from ..errors import BadInputError
+from ..options import ReadOptions
 from . import remote
+from .abc.store import partial_path  # noqa: F401 - a sink's temporary name; callers take it from here
+from .registry import BACKENDS, writable
 
-HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
-ZARR_SUFFIX = ".zarr"
-NPY_SUFFIX = ".npy"
-PARQUET_SUFFIX = ".parquet"
-LANCE_SUFFIX = ".lance"
+HDF5_SUFFIXES = BACKENDS["hdf5"].suffixes
+ZARR_SUFFIX = BACKENDS["zarr"].suffixes[0]
+NPY_SUFFIX = BACKENDS["npy"].suffixes[0]
+PARQUET_SUFFIX = BACKENDS["parquet"].suffixes[0]
+LANCE_SUFFIX = BACKENDS["lance"].suffixes[0]
 #: Delimited text (a column of numbers: gold scores, qrels); read by ``text``, never as a store of rows.
 TEXT_SUFFIXES = (".csv", ".tsv")
 #: Files whose presence marks a directory as a Zarr store (v3, v2 array, v2 group).
@@ -56,10 +61,12 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
     return path, inner
 
 
-def expand_specs(specs) -> list[str]:
+def expand_specs(specs: Iterable[Any], read: ReadOptions | None = None) -> list[Any]:
     """Expand glob patterns (``'shards/day-*.h5:/emb'``) that name no file literally, and directories of
-    Parquet shards (the Hugging Face layout), into their files, sorted for a stable order."""
-    expanded: list[str] = []
+    Parquet shards (the Hugging Face layout), into their files, sorted for a stable order (URLs are
+    listed with ``read``'s storage options)."""
+    read = read if read is not None else ReadOptions()
+    expanded: list[Any] = []
     for spec in specs:
         if not isinstance(spec, (str, os.PathLike)):  # an open source, say: nothing to expand
             expanded.append(spec)
@@ -68,7 +75,7 @@ def expand_specs(specs) -> list[str]:
         path, inner = split_spec(spec)
         suffix = f":/{inner}" if inner else ""
         if remote.is_url(path):
-            expanded.extend(_expand_url(path, suffix, spec))
+            expanded.extend(_expand_url(path, suffix, spec, read))
             continue
         if any(ch in path for ch in "*?[") and not os.path.exists(path):
             matches = sorted(glob.glob(path))
@@ -77,8 +84,8 @@ def expand_specs(specs) -> list[str]:
         else:
             matches = None
         for match in matches if matches is not None else [path]:
-            if os.path.isdir(match) and input_kind(match) == "parquet":
-                files = parquet_files(match)
+            if os.path.isdir(match) and input_kind(match, read) == "parquet":
+                files = parquet_files(match, read)
                 expanded.extend(name + suffix for name in files)
             elif matches is not None:
                 expanded.append(match + suffix)
@@ -87,27 +94,27 @@ def expand_specs(specs) -> list[str]:
     return expanded
 
 
-def _expand_url(path: str, suffix: str, spec: str) -> list[str]:
+def _expand_url(path: str, suffix: str, spec: str, read: ReadOptions) -> list[str]:
     """A URL spec expanded as a local one is: a glob over an object prefix, and a prefix of Parquet shards."""
     if any(ch in remote.split_url(path)[1] for ch in "*?["):
-        matches = remote.glob(path)
+        matches = remote.glob(path, read=read)
         # a glob matches objects: one whose name marks a store (dir.zarr/zarr.json) stands for the store
         stores = sorted({_store_root(m) for m in matches})
         if not stores:
             raise BadInputError(f"{remote.redact(path)}: the pattern matches no object")
         result = []
         for match in stores:
-            result.extend(_expand_url(match, suffix, match + suffix))
+            result.extend(_expand_url(match, suffix, match + suffix, read))
         return result
     if (
         not any(
             path.rstrip("/").lower().endswith(s)
             for s in (ZARR_SUFFIX, LANCE_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX) + HDF5_SUFFIXES
         )
-        and remote.isdir(path)
-        and input_kind(path) == "parquet"
+        and remote.isdir(path, read=read)
+        and input_kind(path, read) == "parquet"
     ):
-        return [name + suffix for name in parquet_files(path)]
+        return [name + suffix for name in parquet_files(path, read)]
     return [spec]
 
 
@@ -121,18 +128,18 @@ def _store_root(url: str) -> str:
     return url
 
 
-def parquet_files(directory: str) -> list[str]:
+def parquet_files(directory: str, read: ReadOptions | None = None) -> list[str]:
     """The ``*.parquet`` files under ``directory`` (recursively, sorted by path), leaving out hidden and
     ``_``-prefixed entries (``_SUCCESS``, ``_metadata``, partial outputs)."""
     if remote.is_url(directory):
         base = directory.rstrip("/")
         return sorted(
             url
-            for url in remote.find(base)
+            for url in remote.find(base, read=read if read is not None else ReadOptions())
             if url.endswith(PARQUET_SUFFIX)
             and not any(part.startswith((".", "_")) for part in url[len(base) + 1 :].split("/"))
         )
-    found = []
+    found: list[str] = []
     for root, dirs, files in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
         found.extend(
@@ -157,7 +164,8 @@ def _is_zarr(path: str) -> bool:
 def zarr_store_above(path: str) -> tuple[str, str] | None:
     """For a local ``dir.zarr/name`` that does not exist: ``(dir.zarr, name)``, the Zarr store it runs
     through and the name inside it (whose reader then says what the store holds); else None."""
-    head, rest = path.rstrip("/"), []
+    head = path.rstrip("/")
+    rest: list[str] = []
     while head and head not in ("/", "."):
         head, tail = os.path.split(head)
         rest.insert(0, tail)
@@ -166,7 +174,7 @@ def zarr_store_above(path: str) -> tuple[str, str] | None:
     return None
 
 
-def input_kind(path: str) -> str:
+def input_kind(path: str, read: ReadOptions | None = None) -> str:
     """The backend that reads the existing ``path``: ``"hdf5"``, ``"zarr"``, ``"npy"``, ``"parquet"``
     (a file, or a directory of Parquet files) or ``"lance"``.
 
@@ -175,7 +183,7 @@ def input_kind(path: str) -> str:
     reader then says what is missing).
     """
     if remote.is_url(path):
-        return _remote_kind(path)
+        return _remote_kind(path, read if read is not None else ReadOptions())
     if os.path.isdir(path):
         if _is_lance(path):
             return "lance"
@@ -203,7 +211,7 @@ def input_kind(path: str) -> str:
     raise BadInputError(f"{path}: not an HDF5, Parquet or .npy file, nor a Zarr store or Lance dataset")
 
 
-def _remote_kind(url: str) -> str:
+def _remote_kind(url: str, read: ReadOptions) -> str:
     """:func:`input_kind` of a URL: from its name, else the objects under it, else its first bytes."""
     name = url.rstrip("/")
     lowered = name.lower()
@@ -217,15 +225,15 @@ def _remote_kind(url: str) -> str:
         return "hdf5"
     if any(part.endswith(ZARR_SUFFIX) for part in remote.split_url(name)[1].split("/")):
         return "zarr"
-    if remote.isdir(name):
-        if any(remote.exists(remote.join(name, marker)) for marker in ZARR_MARKERS):
+    if remote.isdir(name, read=read):
+        if any(remote.exists(remote.join(name, marker), read=read) for marker in ZARR_MARKERS):
             return "zarr"
-        if remote.exists(remote.join(name, "_versions")):
+        if remote.exists(remote.join(name, "_versions"), read=read):
             return "lance"
-        if parquet_files(name):
+        if parquet_files(name, read):
             return "parquet"
         return "zarr"
-    head = remote.cat(name, 0, 8)
+    head = remote.cat(name, 0, 8, read=read)
     if head.startswith(b"\x89HDF\r\n\x1a\n"):
         return "hdf5"
     if head.startswith(b"PAR1"):
@@ -236,24 +244,13 @@ def _remote_kind(url: str) -> str:
 
 
 def output_kind(path: str) -> str:
-    """The backend that writes an output at ``path``, from its name."""
-    if path.rstrip("/").endswith(ZARR_SUFFIX):
-        return "zarr"
-    if path.lower().endswith(HDF5_SUFFIXES):
-        return "hdf5"
-    if path.lower().endswith(PARQUET_SUFFIX):
-        return "parquet"
-    if path.rstrip("/").endswith(LANCE_SUFFIX):
-        return "lance"
+    """The backend that writes an output at ``path``, from its name (:func:`registry.writable`'s suffixes;
+    a directory store's name may end in ``/``)."""
+    for backend in writable():
+        name = path.rstrip("/") if backend.directory else path.lower()
+        if name.endswith(backend.suffixes):
+            return backend.kind
     raise BadInputError(f"{path}: output must end in .zarr, .parquet, .lance or one of {', '.join(HDF5_SUFFIXES)}")
-
-
-def partial_path(path: str) -> str:
-    """The hidden temporary name a sink is written under before it is renamed to ``path``."""
-    if remote.is_url(path):
-        return remote.join(remote.parent(path), f".{remote.basename(path)}.partial")
-    head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
-    return os.path.join(head, f".{tail}.partial")
 
 
 def same_file(a: str, b: str) -> bool:
@@ -275,7 +272,7 @@ def _same_inode(a: str, b: str) -> bool:
     return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
 
 
-def refuse_shared_outputs(*outputs: tuple) -> None:
+def refuse_shared_outputs(*outputs: tuple[Any, str]) -> None:
     """Refuse two outputs of one command, given as ``(path, what)`` pairs, that are the same file (one
     would overwrite or delete the other)."""
     named = [(split_spec(os.fspath(path))[0], what) for path, what in outputs if path is not None]
@@ -294,7 +291,7 @@ def _same_location(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def refuse_input_overlap(outputs: dict, inputs, nested: bool = True) -> None:
+def refuse_input_overlap(outputs: dict[Any, str], inputs: Iterable[Any], nested: bool = True) -> None:
     """Refuse, before anything is written, an output that would replace or write into an input.
 
     ``outputs`` maps each output path (or spec) to what it is ("model file", ...); ``inputs`` are the

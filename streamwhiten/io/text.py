@@ -20,8 +20,9 @@ import io
 import numpy as np
 
 from ..errors import BadInputError, StoreIOError
+from ..options import ReadOptions
 from . import remote
-from .base import io_error
+from ._messages import io_error
 from .spec import TEXT_SUFFIXES
 
 
@@ -30,13 +31,13 @@ def is_text(path: str) -> bool:
     return str(path).lower().rstrip("/").endswith(TEXT_SUFFIXES)
 
 
-def read_text(path: str) -> str:
-    """The whole file at ``path`` (local or URL) as UTF-8 text."""
+def read_text(path: str, read: ReadOptions | None = None) -> str:
+    """The whole file at ``path`` (local or URL, reached with ``read``'s storage options) as UTF-8 text."""
     label = remote.redact(path)
     try:
         if remote.is_url(path):
             remote.check_url(path)
-            raw = remote.cat(path)
+            raw = remote.cat(path, read=read if read is not None else ReadOptions())
         else:
             with open(path, "rb") as handle:
                 raw = handle.read()
@@ -60,9 +61,9 @@ def delimiter_for(path: str, first_line: str) -> str:
     return ","
 
 
-def read_rows(path: str) -> list[tuple[int, list[str]]]:
+def read_rows(path: str, read: ReadOptions | None = None) -> list[tuple[int, list[str]]]:
     """``(line number, fields)`` of every non-blank line of the delimited file at ``path``."""
-    text = read_text(path)
+    text = read_text(path, read)
     lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
     first = next((line for line in lines if line.strip()), "")
     if delimiter_for(path, first) == "\t":
@@ -97,7 +98,7 @@ def _first_line(rows: list) -> str:
     return f"its first line has {len(fields)} field(s): {shown}"
 
 
-def read_column(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+def read_column(path: str, inner: str | None, read: ReadOptions | None = None) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` of the delimited file at ``path`` as float64, and its label.
 
     ``inner`` is a header name or a 0-based index (see the module docstring). A missing header name,
@@ -107,12 +108,12 @@ def read_column(path: str, inner: str | None) -> tuple[np.ndarray, str]:
     label = remote.redact(path)
     if inner is None or not inner.strip():
         raise BadInputError(
-            f"{label}: no column named; {_first_line(read_rows(path))}: write {label}:NAME for a "
+            f"{label}: no column named; {_first_line(read_rows(path, read))}: write {label}:NAME for a "
             f"header field, or {label}:INDEX for a 0-based column (every line data)"
         )
     column = column_spec(inner)
     label = f"{label}:{inner.strip()}"
-    rows = read_rows(path)
+    rows = read_rows(path, read)
     if isinstance(column, str):
         if not rows:
             raise BadInputError(f"{label}: the file is empty: no header line to find column {column!r} in")

@@ -19,11 +19,14 @@ output for absent.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, NoReturn
 
 import numpy as np
 import zarr
@@ -33,8 +36,10 @@ from zarr.storage import LocalStore
 
 from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
+from ..options import ReadOptions
 from . import remote
-from .base import OWNER_ATTR, Sink, Source, first_line, io_error, name_not_found
+from ._messages import first_line, io_error, name_not_found
+from .abc.store import OWNER_ATTR, Sink, Source
 from .codecs import (
     Fetched,
     check_compressor,
@@ -42,14 +47,14 @@ from .codecs import (
     fetch_buffer,
     numcodecs_codec,
     widen_in_place,
-    zarr_plan,
+    zarr_decoder,
 )
 from .direct import ChunkFile
 
 _ND_BUFFER = default_buffer_prototype().nd_buffer
 
 
-def raw_chunk_root(array) -> str | None:
+def raw_chunk_root(array: Any) -> str | None:
     """The directory of a Zarr array's chunk files when each one holds its rows as raw native-endian
     C-order bytes (an uncompressed, unsharded local 2-D array with whole rows per chunk), else None."""
     if not isinstance(array.store, LocalStore) or array.ndim != 2 or array.chunks[1] != array.shape[1]:
@@ -72,7 +77,7 @@ def raw_chunk_root(array) -> str | None:
     return os.path.join(str(array.store.root), array.path)
 
 
-def _read_exactly(handle, buffer: memoryview, path: str) -> None:
+def _read_exactly(handle: BinaryIO, buffer: memoryview, path: str) -> None:
     done = 0
     while done < len(buffer):
         count = handle.readinto(buffer[done:])
@@ -81,15 +86,15 @@ def _read_exactly(handle, buffer: memoryview, path: str) -> None:
         done += count
 
 
-def _open_path(path: str, inner: str):
+def _open_path(path: str, inner: str, read: ReadOptions) -> Any:
     """The node (array or group) at ``inner`` of the store at ``path``, as zarr opens it."""
     if remote.is_url(path):
-        store = remote.zarr_store(path, read_only=True)
-        return remote.retrying(path, "open", zarr.open, store=store, mode="r", path=inner)
+        store = remote.zarr_store(path, read_only=True, read=read)
+        return remote.retrying(path, "open", zarr.open, store=store, mode="r", path=inner, read=read)
     return zarr.open(store=path, mode="r", path=inner)
 
 
-def _arrays(group, ndim: int, prefix: str = "") -> list:
+def _arrays(group: Any, ndim: int, prefix: str = "") -> list[str]:
     """Paths (``/a/b``) of the ``ndim``-D arrays in ``group``, sorted."""
     return sorted(
         f"{prefix}/{name}"
@@ -98,16 +103,18 @@ def _arrays(group, ndim: int, prefix: str = "") -> list:
     )
 
 
-def _open_node(path: str, inner: str | None, ndim: int, option: bool = True):
+def _open_node(
+    path: str, inner: str | None, ndim: int, read: ReadOptions, option: bool = True
+) -> tuple[Any, str | None]:
     """The array ``inner`` of the store at ``path`` (or its only ``ndim``-D array), and its path in the store;
-    a name it does not hold is one line saying what it holds (``base.name_not_found``)."""
+    a name it does not hold is one line saying what it holds (``_messages.name_not_found``)."""
     label, what = remote.redact(path), f"{ndim}-D array"
     try:
-        node = _open_path(path, inner or "")
+        node = _open_path(path, inner or "", read)
     except PermissionError as exc:
         raise StoreIOError(f"{label}: cannot read: {io_error(exc)}") from exc
     except FileNotFoundError:  # zarr's NodeNotFoundError too: nothing at that path
-        raise _not_there(path, label, inner, ndim, option) from None
+        raise _not_there(path, label, inner, ndim, option, read) from None
     except (KeyError, ValueError, TypeError) as exc:  # metadata that does not parse or validate
         where = f"{label}:/{inner}" if inner else label
         raise CorruptStoreError(
@@ -129,10 +136,10 @@ def _open_node(path: str, inner: str | None, ndim: int, option: bool = True):
     return node, inner
 
 
-def _not_there(path: str, label: str, inner: str | None, ndim: int, option: bool) -> BadInputError:
+def _not_there(path: str, label: str, inner: str | None, ndim: int, option: bool, read: ReadOptions) -> BadInputError:
     """The error for a name (or a whole store) zarr finds nothing at: what the store holds instead."""
     try:
-        root = _open_path(path, "") if inner else None
+        root = _open_path(path, "", read) if inner else None
     except (OSError, KeyError, ValueError, TypeError):
         root = None
     if root is None:
@@ -147,7 +154,7 @@ def _not_there(path: str, label: str, inner: str | None, ndim: int, option: bool
     return name_not_found(label, f"/{inner}", f"{ndim}-D array", _arrays(root, ndim), option=option)
 
 
-def _check_grid(node, label: str) -> None:
+def _check_grid(node: Any, label: str) -> None:
     """Refuse an array whose metadata declares a chunk (or shard) of length 0 or a negative length: no data
     could have been written that way, and reading it would divide by zero."""
     grids = [("chunk", tuple(node.chunks))]
@@ -162,24 +169,27 @@ def _check_grid(node, label: str) -> None:
 
 
 class ZarrSource(Source):
+    """An array of a Zarr store (v2 or v3; local, or through zarr's ``FsspecStore``)."""
+
     kind = "zarr"
     #: a float16 store can be read into a float32 buffer, widened as it is decoded
     widens_float16 = True
 
-    def __init__(self, path, dataset):
-        node, dataset = _open_node(path, dataset, 2)
+    def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
+        read = read if read is not None else ReadOptions()
+        node, dataset = _open_node(path, dataset, 2, read)
         self._node = node
         self.remote = remote.is_url(path)
-        self._listing = None  # {key in the array: object details} of a remote store, listed once
+        self._listing: dict[str, Any] | None = None  # {key in the array: object details} of a remote store
         self._listable = self.remote and remote.protocol(path) not in ("http", "https")
-        super().__init__(path, dataset, node.shape, node.dtype, int(node.chunks[0]) if node.ndim >= 1 else None)
+        chunk_rows = int(node.chunks[0]) if node.ndim >= 1 else None
+        super().__init__(path, dataset, node.shape, node.dtype, chunk_rows, read)
         #: where uncompressed chunk files are read straight from (None: through zarr)
         self.raw_root = raw_chunk_root(node)
-        #: how compressed chunk files are decoded here (None: raw, or through zarr)
-        self.plan = None
+        # how compressed chunk files are decoded here (None: raw, or through zarr)
         if self.raw_root is None and isinstance(node.store, LocalStore) and not getattr(node, "shards", None):
-            self.plan = zarr_plan(node)
-        self._chunk_root = os.path.join(str(node.store.root), node.path) if self.plan is not None else None
+            self.decoder = zarr_decoder(node)
+        self._chunk_root = os.path.join(str(node.store.root), node.path) if self.decoder is not None else None
         # The grid chunk keys are made on: shards where the array is sharded, else its chunks.
         self._grid = tuple(int(n) for n in (getattr(node, "shards", None) or node.chunks))
 
@@ -190,41 +200,47 @@ class ZarrSource(Source):
             return remote.normalize(remote.join(self.path, self.dataset or "")), ""
         return os.path.realpath(os.path.join(self.path, self.dataset or "")), ""
 
-    def attrs(self) -> dict:
+    def attrs(self) -> dict[str, Any]:
         return dict(self._node.attrs)
 
     def _array_url(self) -> str:
         return remote.join(self.path, self.dataset or "")
 
-    def _objects(self) -> dict:
+    def _objects(self) -> dict[str, Any]:
         """``{key under the array: details}`` of a remote store's objects (one listing, then kept)."""
         if self._listing is None:
             base = remote.normalize(self._array_url())
-            found = remote.find(self._array_url(), detail=True)
+            found = remote.find(self._array_url(), detail=True, read=self.read_options)
             self._listing = {remote.normalize(url)[len(base) + 1 :]: item for url, item in found.items()}
         return self._listing
 
-    def fingerprint_extra(self) -> dict:
+    def fingerprint_extra(self) -> dict[str, Any]:
         """A remote store's total size and a digest of every object's key, size and ETag: the same store,
         unchanged (an update does not compare it: appends change it)."""
         if not self.remote:
             return {}
         if not self._listable:  # http(s): no listing; the metadata object's version
             return remote.version(
-                remote.join(self._array_url(), "zarr.json" if self._node.metadata.zarr_format == 3 else ".zarray")
+                remote.join(self._array_url(), "zarr.json" if self._node.metadata.zarr_format == 3 else ".zarray"),
+                read=self.read_options,
             )
         return remote.prefix_version(
-            self._array_url(), {remote.join(self._array_url(), key): item for key, item in self._objects().items()}
+            self._array_url(),
+            {remote.join(self._array_url(), key): item for key, item in self._objects().items()},
+            read=self.read_options,
         )
 
-    def fetch(self, start, stop):
+    def fetch(self, start: int, stop: int) -> Fetched | None:
         """The stored bytes of the chunks rows ``[start, stop)`` touch, for :meth:`read_into` to decode:
         ``[(chunk index, bytes or None where missing and filled, 0)]``; None where chunks are not
         decoded here. The I/O half of a read, which a caller may run ahead in another thread."""
-        if self.plan is None or stop <= start:
+        if self.decoder is None or stop <= start:
             return None
+        assert self._chunk_root is not None and self.chunk_rows is not None
         self._check_range(start, stop)
-        handles: list = []  # (chunk index, its open file, or None where missing and read as the fill value)
+        handles: list[
+            tuple[int, Any]
+        ] = []  # (chunk index, its open file, or None where missing and read as the fill value)
         index = start // self.chunk_rows
         try:
             for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
@@ -238,7 +254,8 @@ class ZarrSource(Source):
                     handles.append((index, None))
             sizes = [0 if handle is None else os.fstat(handle.fileno()).st_size for _, handle in handles]
             buffer = fetch_buffer(sum(sizes), (stop - start) * self.n_features * self.dtype.itemsize)
-            chunks, offset = [], 0
+            chunks: list[tuple[int, Any, int]] = []
+            offset = 0
             for (index, handle), size in zip(handles, sizes, strict=True):
                 if handle is None:
                     chunks.append((index, None, 0))
@@ -255,13 +272,14 @@ class ZarrSource(Source):
                     handle.close()
         return Fetched(chunks, buffer)
 
-    def _read_error(self, exc, index) -> StoreIOError:
+    def _read_error(self, exc: OSError, index: int) -> StoreIOError:
+        assert self.chunk_rows is not None
         lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
         return StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}")
 
-    def _read_into(self, start, stop, out, fetched=None):
+    def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
-        if self.plan is not None and stop > start:
+        if self.decoder is not None and stop > start:
             return self._decode_into(view, start, stop, fetched, self._node.metadata.fill_value)
         if view.dtype != self.dtype:  # float16 rows into a float32 buffer
             if self.raw_root is None:
@@ -295,6 +313,7 @@ class ZarrSource(Source):
         # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
         # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
         self._check_range(start, stop)
+        assert self.chunk_rows is not None
         rows, row_bytes = self.chunk_rows, self.n_features * self.dtype.itemsize
         for index in range(start // rows, (stop - 1) // rows + 1):
             lo, hi = max(start, index * rows), min(stop, (index + 1) * rows)
@@ -319,13 +338,14 @@ class ZarrSource(Source):
                 raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
         return view
 
-    def _open_chunk(self, path: str, index: int):
+    def _open_chunk(self, path: str, index: int) -> BinaryIO:
         """The chunk file of chunk ``index`` opened for reading; one that is not a regular file (a directory,
         a FIFO: opened without blocking) is damaged data, not an I/O error."""
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):
+                assert self.chunk_rows is not None
                 lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
                 what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
                 raise CorruptStoreError(
@@ -337,18 +357,19 @@ class ZarrSource(Source):
             os.close(fd)
             raise
 
-    def _check_range(self, start, stop):
+    def _check_range(self, start: int, stop: int) -> None:
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
 
     def _describe(self, index: int) -> str:
+        assert self.chunk_rows is not None
         lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
         return f"chunk {self._chunk_key(index)} (rows {lo}..{hi - 1}) is damaged and cannot be decoded"
 
     def _chunk_key(self, index: int, column: int = 0) -> str:
-        return self._node.metadata.encode_chunk_key((index, column))
+        return str(self._node.metadata.encode_chunk_key((index, column)))
 
-    def _raise_missing(self, index: int, column: int = 0):
+    def _raise_missing(self, index: int, column: int = 0) -> NoReturn:
         rows = self._grid[0]
         lo, hi = index * rows, min((index + 1) * rows, self.n_rows)
         fill = self._node.metadata.fill_value
@@ -359,7 +380,7 @@ class ZarrSource(Source):
             rows=(lo, hi),
         )
 
-    def _refuse_missing(self, start, stop):
+    def _refuse_missing(self, start: int, stop: int) -> None:
         """Refuse rows whose chunk (or shard) is not in the store (zarr would read it as the fill value)."""
         rows, columns = self._grid
         for index in range(start // rows, (stop - 1) // rows + 1):
@@ -378,18 +399,18 @@ class ZarrSource(Source):
         return bool(sync(store.exists(f"{self._node.path}/{key}".lstrip("/"))))
 
 
-def read_vector(path: str, inner: str | None) -> tuple[np.ndarray, str]:
+def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.ndarray, str]:
     """The 1-D array ``inner`` (or the store's only one), whole, and its label."""
-    node, inner = _open_node(path, inner, 1, option=False)
+    node, inner = _open_node(path, inner, 1, read, option=False)
     label = remote.redact(path)
-    values = remote.retrying(path, "read", node.__getitem__, Ellipsis) if remote.is_url(path) else node[...]
+    values = remote.retrying(path, "read", node.__getitem__, Ellipsis, read=read) if remote.is_url(path) else node[...]
     return values, (f"{label}:/{inner}" if inner else label)
 
 
 # ----------------------------------------------------------------------------------------------- sink
 
 
-def _compressors(name: str, dtype, zarr_format: int):
+def _compressors(name: str, dtype: Any, zarr_format: int) -> Any:
     """What zarr is told ``--compressor name`` wrote (the chunks themselves are encoded here)."""
     if name == "none":
         return None
@@ -412,18 +433,21 @@ _METADATA_FILES = {"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"}
 _CHUNK_KEY = re.compile(r"^(c/)?\d+([./]\d+)*$")
 
 
-def foreign_output(path: str) -> str | None:
+def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the Zarr store ``path`` is an output of streamwhiten: every array in it carries
     :data:`OWNER_ATTR` and (a local store) it holds nothing but their metadata and chunks, or (a remote
     prefix) it holds chunks only, the remains of such an output whose metadata is gone; else what it is,
     for the message that refuses to replace it."""
     try:
-        store = remote.zarr_store(path, read_only=True) if remote.is_url(path) else LocalStore(path, read_only=True)
+        if remote.is_url(path):
+            store = remote.zarr_store(path, read_only=True, read=read)
+        else:
+            store = LocalStore(path, read_only=True)
         node = zarr.open(store=store, mode="r")
     except (BadInputError, StoreIOError):
         raise
     except Exception:  # noqa: BLE001 - whatever zarr says, it is no store of ours
-        return None if remote.is_url(path) and _only_chunks(path) else "not a Zarr store"
+        return None if remote.is_url(path) and _only_chunks(path, read) else "not a Zarr store"
     if isinstance(node, zarr.Array):
         arrays = {"": node}
     else:
@@ -447,11 +471,11 @@ def foreign_output(path: str) -> str | None:
     return None
 
 
-def _only_chunks(url: str) -> bool:
+def _only_chunks(url: str, read: ReadOptions) -> bool:
     """Whether the prefix ``url`` holds nothing but Zarr chunk objects: what is left of a remote output
     of ours whose metadata is gone (written in place, it is taken for absent and written again)."""
     base = remote.normalize(url).rstrip("/")
-    keys = [remote.normalize(found)[len(base) + 1 :] for found in remote.find(url)]
+    keys = [remote.normalize(found)[len(base) + 1 :] for found in remote.find(url, read=read)]
     return bool(keys) and all(_CHUNK_TAIL.search(key) for key in keys)
 
 
@@ -464,8 +488,13 @@ class ZarrSink(Sink):
     (zarr writes the metadata, and any chunk a block covers only in part)."""
 
     kind = "zarr"
+    compressible = True
+    parallel_writes = True
+    format_versions = (2, 3)
 
-    def __init__(self, path, dataset, partial, array, direct_io=True, compressor="none"):
+    def __init__(
+        self, path: str, dataset: str | None, partial: str, array: Any, direct_io: bool = True, compressor: str = "none"
+    ) -> None:
         super().__init__(path, dataset, partial, array.shape, array.dtype, int(array.chunks[0]), direct_io)
         #: the array being written (under its temporary name)
         self.array = array
@@ -476,22 +505,22 @@ class ZarrSink(Sink):
         self._root = raw_chunk_root(array)
         if self._encode is not None and isinstance(array.store, LocalStore):
             self._root = os.path.join(str(array.store.root), array.path)
-        self._unsynced: set = set()  # chunk files written since they were last fsynced
+        self._unsynced: set[int] = set()  # chunk files written since they were last fsynced
 
     @classmethod
     def create(
         cls,
-        path,
-        dataset,
-        partial,
-        shape,
-        dtype,
-        chunk_rows,
-        attrs,
-        direct_io=True,
-        zarr_format=3,
-        compressor="none",
-        **_,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        chunk_rows: int,
+        attrs: Mapping[str, Any],
+        direct_io: bool = True,
+        zarr_format: int = 3,
+        compressor: str = "none",
+        **_: Any,
     ) -> ZarrSink:
         compressors = _compressors(check_compressor(compressor), dtype, zarr_format)
         if dataset:
@@ -512,11 +541,13 @@ class ZarrSink(Sink):
         return cls(path, dataset, partial, array, direct_io, compressor)
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=True) -> ZarrSink:
+    def resume(
+        cls, path: str, dataset: str | None, partial: str, direct_io: bool = True, rows_done: int = 0, **_: Any
+    ) -> ZarrSink:
         array = zarr.open_array(store=partial, path=dataset or "", mode="r+")
         return cls(path, dataset, partial, array, direct_io, str(array.attrs.get("compressor", "none")))
 
-    def _write(self, start, block):
+    def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         root = self._root
         if root is None:
             self.array[start : start + block.shape[0]] = block
@@ -528,13 +559,12 @@ class ZarrSink(Sink):
             self._unsynced.add(index)
             path = os.path.join(root, self.array.metadata.encode_chunk_key((index, 0)))
             os.makedirs(os.path.dirname(path), exist_ok=True)
+            pad: np.ndarray | None = None
             if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
                 pad = np.full(
                     (self.chunk_rows - data.shape[0], self.shape[1]), self.array.metadata.fill_value or 0, self.dtype
                 )
                 data = np.concatenate([data, pad]) if self._encode is not None else data
-            else:
-                pad = None
             with ChunkFile(path, create=True, direct=self.direct_io and self._encode is None) as chunk_file:
                 if self._encode is not None:
                     chunk_file.write_at(0, np.frombuffer(self._encode(data), np.uint8))
@@ -543,7 +573,7 @@ class ZarrSink(Sink):
                 if pad is not None:
                     chunk_file.write_at(data.nbytes, pad)
 
-    def _sync(self):
+    def _sync(self) -> None:
         """fsync the chunk files written since the last sync, and their directories."""
         root = self._root
         if root is None or not self._unsynced:
@@ -563,7 +593,7 @@ class ZarrSink(Sink):
             durable.fsync_dir(directory)
         self._unsynced.clear()
 
-    def _finish(self, attrs):
+    def _finish(self, attrs: dict[str, Any]) -> None:
         self.array.attrs.update(attrs)
         self._sync()
         # Every file (chunks written through zarr or by other processes were not tracked) and directory;
@@ -576,8 +606,8 @@ class ZarrSink(Sink):
 
     def region_writer(self) -> ZarrRegionWriter:
         """A picklable writer of whole-chunk row ranges of this sink, for worker processes."""
-        options = remote.storage_options() if remote.is_url(self.partial) else None
-        return ZarrRegionWriter(self.partial, self.dataset, self.shape, self.chunk_rows, self.label, options)
+        read = self.read_options if remote.is_url(self.partial) else None
+        return ZarrRegionWriter(self.partial, self.dataset, self.shape, self.chunk_rows, self.label, read)
 
 
 @dataclass(frozen=True)
@@ -590,11 +620,11 @@ class ZarrRegionWriter:
 
     partial: str
     dataset: str | None
-    shape: tuple
+    shape: tuple[int, ...]
     chunk_rows: int
     label: str
-    #: the storage options of a remote output (in memory and in the task graph only)
-    storage_options: dict | None = None
+    #: how a remote output is reached (its storage options travel in memory and in the task graph only)
+    read: ReadOptions | None = field(default=None, repr=False)
 
     def __repr__(self) -> str:  # never show the storage options
         return f"ZarrRegionWriter({self.label!r})"
@@ -606,11 +636,16 @@ class ZarrRegionWriter:
                 f"{self.label}: rows {start}..{stop - 1} are not aligned to output chunks of {self.chunk_rows} rows"
             )
         if remote.is_url(self.partial):
-            with remote.using(self.storage_options):
-                array = _open_remote_array(self.partial, self.dataset)
-                remote.retrying(
-                    self.partial, f"write rows {start}..{stop - 1}", array.__setitem__, slice(start, stop), block
-                )
+            read = self.read if self.read is not None else ReadOptions()
+            array = _open_remote_array(self.partial, self.dataset, read)
+            remote.retrying(
+                self.partial,
+                f"write rows {start}..{stop - 1}",
+                array.__setitem__,
+                slice(start, stop),
+                block,
+                read=read,
+            )
             return
         try:
             array = zarr.open_array(store=self.partial, path=self.dataset or "", mode="r+")
@@ -619,32 +654,55 @@ class ZarrRegionWriter:
             raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {io_error(exc)}") from exc
 
 
-def _open_remote_array(url: str, dataset: str | None):
-    store = remote.zarr_store(url, read_only=False)
-    return remote.retrying(url, "open the output", zarr.open_array, store=store, path=dataset or "", mode="r+")
+def _open_remote_array(url: str, dataset: str | None, read: ReadOptions) -> Any:
+    store = remote.zarr_store(url, read_only=False, read=read)
+    return remote.retrying(
+        url, "open the output", zarr.open_array, store=store, path=dataset or "", mode="r+", read=read
+    )
 
 
 class RemoteZarrSink(ZarrSink):
     """A Zarr output on object storage, written in place (a prefix cannot be renamed): the metadata is
     written first with ``complete = false``, then the chunks (whole ones, each one PUT, retried when the
     network fails), then the metadata again with ``complete = true``, last. Readers here take an output
-    without it for absent (``io.output_exists``, ``open_source``), and a killed run leaves its progress
+    without it for absent (``Output.exists``, ``open_source``), and a killed run leaves its progress
     record as an object beside the output (``.NAME.partial.progress.json``), so any machine resumes it."""
 
-    def __init__(self, path, dataset, partial, array, direct_io=False):
+    compressible = False
+    in_place = True
+
+    def __init__(
+        self, path: str, dataset: str | None, partial: str, array: Any, read: ReadOptions | None = None
+    ) -> None:
         super().__init__(path, dataset, path, array, direct_io=False)
+        if read is not None:
+            self.read_options = read
 
     @classmethod
     def create(
-        cls, path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io=False, zarr_format=3, **_
+        cls,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        chunk_rows: int,
+        attrs: Mapping[str, Any],
+        direct_io: bool = False,
+        zarr_format: int = 3,
+        compressor: str = "none",  # never anything else: refused for object storage (Output.create)
+        read: ReadOptions | None = None,
+        **_: Any,
     ) -> RemoteZarrSink:
-        remote.remove(path, recursive=True)  # an earlier run's leftovers (never complete), or the old output
-        store = remote.zarr_store(path, read_only=False)
+        read = read if read is not None else ReadOptions()
+        # an earlier run's leftovers (never complete), or the old output
+        remote.remove(path, recursive=True, read=read)
+        store = remote.zarr_store(path, read_only=False, read=read)
 
-        def make():
+        def make() -> Any:
             if dataset:
                 root = zarr.open_group(store=store, mode="w", zarr_format=zarr_format)
-                array = root.create_array(
+                return root.create_array(
                     dataset,
                     shape=shape,
                     chunks=(chunk_rows, shape[1]),
@@ -652,49 +710,80 @@ class RemoteZarrSink(ZarrSink):
                     compressors=None,
                     attributes=dict(attrs),
                 )
-            else:
-                array = zarr.create_array(
-                    store=store,
-                    shape=shape,
-                    chunks=(chunk_rows, shape[1]),
-                    dtype=dtype,
-                    compressors=None,
-                    zarr_format=zarr_format,
-                    attributes=dict(attrs),
-                    overwrite=True,
-                )
-            return array
+            return zarr.create_array(
+                store=store,
+                shape=shape,
+                chunks=(chunk_rows, shape[1]),
+                dtype=dtype,
+                compressors=None,
+                zarr_format=zarr_format,
+                attributes=dict(attrs),
+                overwrite=True,
+            )
 
-        return cls(path, dataset, path, remote.retrying(path, "create the output", make))
+        return cls(path, dataset, path, remote.retrying(path, "create the output", make, read=read), read)
 
     @classmethod
-    def resume(cls, path, dataset, partial, direct_io=False) -> RemoteZarrSink:
-        return cls(path, dataset, path, _open_remote_array(path, dataset))
+    def resume(
+        cls,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        direct_io: bool = False,
+        rows_done: int = 0,
+        read: ReadOptions | None = None,
+        **_: Any,
+    ) -> RemoteZarrSink:
+        read = read if read is not None else ReadOptions()
+        return cls(path, dataset, path, _open_remote_array(path, dataset, read), read)
 
-    def _write(self, start, block):
+    @classmethod
+    def incomplete(cls, path: str, read: ReadOptions) -> bool:
+        """Whether the remote Zarr store at ``path`` is an output of ours that is not complete."""
+        for name in ("zarr.json", ".zattrs"):
+            try:
+                raw = remote.cat(remote.join(path, name), read=read)
+            except BadInputError:
+                continue
+            try:
+                attrs = json.loads(raw)
+            except ValueError:
+                return False
+            attrs = attrs.get("attributes", attrs) if name == "zarr.json" else attrs
+            return (
+                isinstance(attrs, dict) and "complete" in attrs and "model_checksum" in attrs and not attrs["complete"]
+            )
+        return False
+
+    def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         stop = start + block.shape[0]
         data = np.ascontiguousarray(block, dtype=self.dtype)
-        remote.retrying(self.path, f"write rows {start}..{stop - 1}", self.array.__setitem__, slice(start, stop), data)
+        remote.retrying(
+            self.path,
+            f"write rows {start}..{stop - 1}",
+            self.array.__setitem__,
+            slice(start, stop),
+            data,
+            read=self.read_options,
+        )
 
-    def _sync(self):
+    def _sync(self) -> None:
         pass  # an object is durable once its PUT is acknowledged
 
-    def _finish(self, attrs):
-        remote.retrying(self.path, "write its metadata", self.array.attrs.update, attrs)
+    def _finish(self, attrs: dict[str, Any]) -> None:
+        remote.retrying(self.path, "write its metadata", self.array.attrs.update, attrs, read=self.read_options)
 
-    def commit(self, overwrite: bool = False, attrs: dict | None = None) -> None:
+    def commit(self, overwrite: bool = False, attrs: Mapping[str, Any] | None = None) -> None:
         """Set ``attrs`` and, in the same write of the metadata, ``complete = true``; then drop the record."""
         self._finish(dict(attrs or {}, complete=True))
-        remote.remove(self.progress_path)
+        remote.remove(self.progress_path, read=self.read_options)
 
     def abort(self) -> None:
         try:
-            remote.remove(self.path, recursive=True)
-            remote.remove(self.progress_path)
+            remote.remove(self.path, recursive=True, read=self.read_options)
+            remote.remove(self.progress_path, read=self.read_options)
         except Exception:  # the network is failing: what is left says complete = false, so it is absent
             pass
 
     def region_writer(self) -> ZarrRegionWriter:
-        return ZarrRegionWriter(
-            self.path, self.dataset, self.shape, self.chunk_rows, self.label, remote.storage_options()
-        )
+        return ZarrRegionWriter(self.path, self.dataset, self.shape, self.chunk_rows, self.label, self.read_options)

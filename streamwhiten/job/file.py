@@ -168,8 +168,10 @@ def read_job_file(path: str, storage_options=None) -> JobFile:
     if remote.is_url(model_path):
         raise BadInputError(f"{path}: [model] path must be a local file (inputs and [apply] outputs may be URLs)")
     name = str(data.get("name") or os.path.splitext(os.path.basename(path))[0])
-    storage = {**remote.options_from(data.get("storage") or {}), **dict(storage_options or {})}
-    inputs_table = {**section["input"], "storage_options": storage}
+    given = storage_options.to_dict() if hasattr(storage_options, "to_dict") else dict(storage_options or {})
+    storage = {**remote.options_from(data.get("storage") or {}), **given}
+    remote.remember_secrets(storage)
+    inputs_table = {**section["input"], "storage_options": storage or None}
     read = ReadOptions(**_given(inputs_table, ReadOptions), **_given(section["model"], ReadOptions))
     job = JobFile(
         path,

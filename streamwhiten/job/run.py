@@ -43,18 +43,15 @@ def run_job(job: JobFile, progress=None, should_stop=None, restart: bool = False
     A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead.
     Returns a summary with ``steps`` (what ran). Raises :class:`NothingToDoError` when nothing ran.
     """
-    from ..pipeline import reaching
-
-    with reaching(job.read):
-        os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
-        steps: list[str] = []
-        with job_lock(job.lock_path):
-            log.info("job %s: lock %s taken", job.name, job.lock_path)
-            inputs, outputs = _inputs_and_outputs(job)
-            _check_paths(job, inputs, outputs)
-            model = _fit_step(job, inputs, steps, progress, should_stop, restart)
-            for input_spec, output in outputs.items():
-                _apply_step(job, model, input_spec, output, steps, progress, should_stop)
+    os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
+    steps: list[str] = []
+    with job_lock(job.lock_path):
+        log.info("job %s: lock %s taken", job.name, job.lock_path)
+        inputs, outputs = _inputs_and_outputs(job)
+        _check_paths(job, inputs, outputs)
+        model = _fit_step(job, inputs, steps, progress, should_stop, restart)
+        for input_spec, output in outputs.items():
+            _apply_step(job, model, input_spec, output, steps, progress, should_stop)
     if not steps:
         raise NothingToDoError(f"nothing to do: job {job.name} is up to date")
     return {"job": job.name, "model": job.model_path, "steps": steps}
@@ -64,7 +61,7 @@ def _inputs_and_outputs(job: JobFile) -> tuple[list, dict]:
     """The job's inputs (globs expanded) and the output of each, refusing two inputs in one output."""
     from ..io import expand_specs, remote, split_spec
 
-    inputs = expand_specs(list(job.inputs))
+    inputs = expand_specs(list(job.inputs), job.read)
     outputs: dict = {}
     if job.apply is None or job.output is None:
         return inputs, outputs
@@ -147,13 +144,13 @@ def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
     did. A checkpoint that does not belong to the current model (or whose sources changed) is discarded."""
     from ..core.model import load_model
     from ..engine.engines import SerialEngine
-    from ..engine.fit import check_resumable, finalize_fit, load_checkpoint, remove_checkpoint
+    from ..engine.fit import PassOptions, check_resumable, finalize_fit, load_checkpoint, remove_checkpoint
     from ..errors import ModelFileError
     from ..pipeline import effective_params, save_fitted
 
     checkpoint = job.checkpoint
     try:
-        plan = load_checkpoint(checkpoint)
+        plan = load_checkpoint(checkpoint, job.read)
     except ModelFileError as exc:
         raise BadInputError(f"{exc}") from None  # the message says how to start over (run --restart)
     previous = load_model(job.model_path) if os.path.exists(job.model_path) else None
@@ -162,7 +159,7 @@ def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
         # killed after saving the model, before removing the checkpoint: the model already holds it
         remove_checkpoint(checkpoint)
         return False
-    options = (job.fit.precision, bool(job.fit.skip_nonfinite), job.read.fill_missing_chunks)
+    options = PassOptions(job.fit.precision, bool(job.fit.skip_nonfinite), job.read.fill_missing_chunks)
     try:
         check_resumable(plan, checkpoint, options, model_rows, inputs, exact=False)
     except BadInputError as exc:
@@ -202,14 +199,16 @@ def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, 
 
     options, read = job.apply, job.apply_read
     assert options is not None
-    with open_source(input_spec, read.dataset, fill_missing_chunks=read.fill_missing_chunks) as source:
-        source_sha = fingerprint(source)["sha256_sampled"]
+    with open_source(input_spec, read=read) as source:
+        source_sha = fingerprint(source).sha256_sampled
         label = source.label
     recorded = recorded_options(
         output, options.skip_nonfinite, read.fill_missing_chunks, options.zarr_format, options.compressor
     )
+    keep = list(options.keep_columns)
+    checksum = map_checksum(model)
     current = output_is_current(
-        output, map_checksum(model), source_sha, options.normalize, options.dtype, recorded, list(options.keep_columns)
+        output, checksum, source_sha, options.normalize, options.dtype, recorded, keep, read=read
     )
     if current:
         log.info("job %s: %s is up to date", job.name, output)

@@ -1,0 +1,76 @@
+"""The words of the io layer's errors: one-line reasons from OS and storage-library failures, and the one
+message every backend gives for a name a store does not hold.
+
+Below every other module of ``io`` (the codecs, the stores and the backends all use it); it imports
+nothing of ``io``.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..errors import BadInputError
+
+#: How to read past a hole, for the messages that refuse one.
+FILL_HINT = " (pass --fill-missing-chunks, or fill_missing_chunks=True, to read unwritten chunks as the fill value)"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its class name when it has none)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else exc.__class__.__name__
+
+
+def io_error(exc: BaseException) -> str:
+    """An OS or storage-library error as a short one-line reason (without a second copy of the path).
+
+    HDF5 reports a failed system call inside a long multi-line message; its ``error message = '...'``
+    part is the reason (e.g. "No space left on device").
+    """
+    strerror = getattr(exc, "strerror", None)
+    if strerror:
+        return str(strerror)
+    failed = re.search(r"error message = '([^']*)'", str(exc))
+    return failed.group(1) if failed else first_line(exc)
+
+
+def name_not_found(
+    label: str,
+    asked: str | None,
+    what: str,
+    found: list[str],
+    separator: str = ":/",
+    option: bool = True,
+    other: str = "",
+    problem: str | None = None,
+) -> BadInputError:
+    """The one way every backend says that a name is not in a store, or that a store holding several
+    candidates needs one: what was asked, what the store holds, and how to name one.
+
+    ``asked`` is the name given (None: none was, and the store holds no single candidate); ``what`` the
+    kind of thing looked for ("2-D dataset", "vector column"); ``found`` the names of those the store
+    holds; ``separator`` what joins the store and a name in a spec (``:/`` or ``:``); ``option``: whether
+    ``--dataset`` may name it too; ``other``: more about what the store holds (its other columns);
+    ``problem``: what is wrong with ``asked``, if not that it is missing ("/grp is a group, not a dataset").
+
+    ``in.h5: has no 2-D dataset /embeddings; its 2-D datasets: /emb (name it as in.h5:/emb, or with --dataset)``
+    """
+    shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
+    if asked is None:
+        head = f"{label}: name the {what} to read" if found else f"{label}: holds no {what}"
+    else:
+        head = f"{label}: {problem or f'has no {what} {asked}'}"
+    if found:
+        holds = f"; its {what}s: {shown}"
+    else:
+        holds = f"; it holds no {what}" if asked is not None else ""
+    if found:
+        first = found[0].lstrip("/")
+        how = f" (name {'it' if len(found) == 1 else 'one'} as {label}{separator}{first}"
+        how += ", or with --dataset)" if option else ")"
+    else:
+        how = ""
+    return BadInputError(f"{head}{holds}{other}{how}")
+
+
+__all__ = ["FILL_HINT", "first_line", "io_error", "name_not_found"]

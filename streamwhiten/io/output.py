@@ -1,0 +1,492 @@
+"""Outputs: the one way to open a store for writing (:func:`open_output`), and the rules for what is there.
+
+An :class:`Output` is a store named by a spec before and while it is written: whether something is
+there (:meth:`~Output.exists`: a remote Zarr output still being written counts as absent), whether it
+may be replaced (:func:`check_replaceable`: only an output of ours, of the same kind, with
+``overwrite``), the lock of the run writing it (:meth:`~Output.lock`), its chunk size, and the sink that
+writes it: a new one (:meth:`~Output.create`) or the partial output of an interrupted run of the same
+job (:meth:`~Output.resume`, which compares the job's :class:`~streamwhiten.records.ResumeRecord` with
+the progress record beside the partial output and starts over when they differ). What an output can
+take (other columns, compression, writes from several processes, a format version) is asked of its
+sink class, never of its kind's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from contextlib import AbstractContextManager
+from dataclasses import replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from .. import _durable as durable
+from .._durable import remove_stale_temps
+from ..errors import BadInputError, StoreIOError
+from ..options import ReadOptions
+from ..records import ResumeRecord
+from . import remote
+from ._messages import first_line, io_error
+from .abc.store import OWNER_ATTR, Sink, output_chunk_rows, remove
+from .codecs import COMPRESSORS
+from .reading import read_attrs
+from .registry import Backend, backend
+from .spec import output_kind, partial_path, split_spec
+
+
+def _read_options(read: ReadOptions | None) -> ReadOptions:
+    return read if read is not None else ReadOptions()
+
+
+def output_exists(path: str, read: ReadOptions | None = None) -> bool:
+    """Whether an output is at ``path``. One written in place on object storage that is not complete (its
+    ``complete`` attribute false: a run still writing it, or killed) counts as absent, as everywhere here."""
+    path = remote.local_path(split_spec(path)[0])
+    if not remote.is_url(path):
+        return os.path.lexists(path)
+    read = _read_options(read)
+    if not remote.exists(path, read=read):
+        return False
+    sink = backend(output_kind(path)).sink_class(url=True)
+    return sink is None or not sink.in_place or not sink.incomplete(path, read)
+
+
+def foreign_output(path: str, kind: str | None = None, read: ReadOptions | None = None) -> str | None:
+    """None when the store at ``path`` is an output streamwhiten wrote, of ``kind`` (default: the kind
+    its name asks for), which ``--overwrite`` may replace; else what it is instead ("a directory", "an
+    HDF5 file holding a dataset streamwhiten did not write: /x", ...). Each backend recognises its own
+    outputs by the attributes every one of them records (:data:`~streamwhiten.io.abc.store.OWNER_ATTR`)."""
+    path = remote.local_path(path)
+    found_backend = backend(kind or output_kind(path))
+    if not remote.is_url(path):
+        found = durable.link_or_kind(path, directory=found_backend.directory)
+        if found is not None:
+            return found
+    try:
+        answer: str | None = found_backend.load().foreign_output(path, _read_options(read))
+        return answer
+    except (BadInputError, StoreIOError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - unreadable: not known to be ours, so not replaced
+        return f"it cannot be read as one: {first_line(exc)}"
+
+
+def check_replaceable(spec: str, overwrite: bool, read: ReadOptions | None = None) -> None:
+    """The one rule for a store output that may exist already (apply, run, the Dask engine, the demo's
+    data, local or remote; checked again at the final rename): nothing there, or ``overwrite`` and an
+    output of ours of the same kind (:func:`foreign_output`); else :class:`OutputExistsError` or
+    :class:`~streamwhiten.errors.ForeignOutputError` (both exit 2), and nothing is touched."""
+    path = remote.local_path(split_spec(spec)[0])
+    found_backend = backend(output_kind(path))
+    durable.check_replaceable(
+        path,
+        overwrite,
+        found_backend.output_name,
+        lambda found: foreign_output(found, found_backend.kind, read),
+        exists=lambda found: output_exists(found, read),
+        label=remote.redact(path),
+    )
+
+
+def lock_path(path: str) -> str:
+    """``.NAME.lock`` beside the output ``path``: the lock of the run writing it."""
+    head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
+    return os.path.join(head, f".{tail}.lock")
+
+
+def output_lock(spec: str) -> AbstractContextManager[Any]:
+    """A context holding the output's lock (:func:`lock_path`) for a whole run writing it, so a second
+    run of the same output exits 75 (:class:`~streamwhiten.errors.LockedError`) instead of replacing
+    the first one's partial output; the lock file is removed on release. Object storage has no lock
+    (a prefix cannot be locked): there, two runs of one output must not be started at once."""
+    path = remote.local_path(split_spec(spec)[0])
+    if remote.is_url(path):
+        return contextlib.nullcontext()
+    parent = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(parent):
+        raise BadInputError(f"{path}: directory {parent} does not exist")
+    lock: AbstractContextManager[Any] = durable.exclusive_lock(
+        lock_path(path),
+        lambda holder: f"{path}: another run is writing this output (pid {holder}); not starting a second one",
+        remove=True,
+    )
+    return lock
+
+
+def _read_record(raw: bytes | str) -> ResumeRecord | None:
+    """The progress record in the JSON text ``raw``, or None where it holds none (damaged, another version's)."""
+    try:
+        return ResumeRecord.from_dict(json.loads(raw))
+    except ValueError:
+        return None
+
+
+class Output:
+    """An output store named by ``spec`` (``out.zarr``, ``out.h5:/emb``, ``s3://b/out.parquet:vectors``):
+    what is there now, and the one way to start or continue writing it.
+
+    Made by :func:`open_output`; a name no backend writes is refused when its kind is first needed. Its
+    URLs are reached with the storage options of ``read``.
+    """
+
+    def __init__(self, spec: str, read: ReadOptions | None = None) -> None:
+        path, dataset = split_spec(os.fspath(spec))
+        self.spec = os.fspath(spec)
+        #: the output's path or URL, and the array inside it (None: the backend's default)
+        self.path: str = remote.local_path(path)
+        self.dataset = dataset
+        #: how its URLs are reached (the storage options and deadline of ``read``; an input's dataset or
+        #: missing-chunk rule is not the output's)
+        self.read = replace(_read_options(read), dataset=None, fill_missing_chunks=False)
+        #: whether it is named by URL (written to object storage)
+        self.url = remote.is_url(self.path)
+
+    def __repr__(self) -> str:
+        return f"Output({remote.redact(self.spec)!r})"
+
+    # -- what it is and can take
+    @cached_property
+    def backend(self) -> Backend:
+        """The backend that writes it, from its name (a name no backend writes is refused here, when
+        first asked, so that other mistakes of a command are reported in their usual order)."""
+        return backend(output_kind(self.path))
+
+    @property
+    def kind(self) -> str:
+        return self.backend.kind
+
+    @property
+    def sink_class(self) -> type[Sink]:
+        """The class that writes it (local or remote); a kind that cannot be written there is refused."""
+        found = self.backend.sink_class(self.url)
+        if found is None:
+            if self.url:
+                raise BadInputError(
+                    f"{remote.redact(self.path)}: {self.kind} outputs cannot be written to object storage; "
+                    "write .zarr or .parquet"
+                )
+            raise BadInputError(
+                f"{self.path}: writing {self.kind} outputs is not supported; write .parquet, .zarr or .h5"
+            )
+        return found
+
+    @property
+    def _local_class(self) -> type[Sink] | None:
+        """What a local output of this kind can take (a remote one may take less: :attr:`sink_class`)."""
+        return self.backend.sink_class(url=False)
+
+    @property
+    def tabular(self) -> bool:
+        """Whether it carries other columns beside the vectors (``--keep-columns``); its row groups are blocks."""
+        local = self._local_class
+        return local is not None and local.tabular
+
+    @property
+    def compressible(self) -> bool:
+        """Whether its chunks can be compressed (``--compressor``), written locally."""
+        local = self._local_class
+        return local is not None and local.compressible
+
+    @property
+    def parallel_writes(self) -> bool:
+        """Whether several processes may write its whole-chunk row ranges at once (the Dask engine)."""
+        local = self._local_class
+        return local is not None and local.parallel_writes
+
+    @property
+    def format_versions(self) -> tuple[int, ...]:
+        """The format versions it may be written in (``zarr_format``); none where there is no choice."""
+        local = self._local_class
+        return local.format_versions if local is not None else ()
+
+    @property
+    def named(self) -> bool:
+        """Whether its array always lives under a name inside the store (an HDF5 dataset)."""
+        local = self._local_class
+        return local is not None and local.named
+
+    @property
+    def partial(self) -> str:
+        """The hidden temporary name it is written under (``.NAME.partial``)."""
+        return partial_path(self.path)
+
+    @property
+    def progress_path(self) -> str:
+        """The progress record of an interrupted run, beside the partial output."""
+        return self.partial + ".progress.json"
+
+    # -- what is there
+    def exists(self) -> bool:
+        """Whether an output is there (a remote one written in place counts only once complete)."""
+        return output_exists(self.path, self.read)
+
+    def attrs(self) -> dict[str, Any]:
+        """The attributes of the array there (an output's record of the model that wrote it)."""
+        return read_attrs(self.spec, self.read)
+
+    def foreign(self) -> str | None:
+        """None when what is there is an output of ours of this kind, else what it is (:func:`foreign_output`)."""
+        return foreign_output(self.path, self.kind, self.read)
+
+    def check_replaceable(self, overwrite: bool) -> None:
+        """Refuse what is there unless ``overwrite`` and it is an output of ours (:func:`check_replaceable`)."""
+        check_replaceable(self.spec, overwrite, self.read)
+
+    def lock(self) -> AbstractContextManager[Any]:
+        """The lock of the run writing it (:func:`output_lock`)."""
+        return output_lock(self.spec)
+
+    def has_progress(self) -> bool:
+        """Whether an interrupted run left a progress record beside it (which :meth:`resume` compares with
+        the job, its input's whole fingerprint included)."""
+        if self.url:
+            return remote.exists(self.progress_path, read=self.read)
+        return os.path.exists(self.progress_path)
+
+    def check_compressor(self, compressor: str) -> None:
+        """Refuse a ``compressor`` that is not one of ``codecs.COMPRESSORS``, or one for an output whose
+        chunks are not compressed (:attr:`compressible`)."""
+        if compressor not in COMPRESSORS:
+            raise BadInputError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {compressor!r}")
+        if compressor != "none" and not self.compressible:
+            path = split_spec(self.spec)[0]
+            raise BadInputError(
+                f"{path}: --compressor is for HDF5 and Zarr outputs; a {self.kind} output is written uncompressed"
+            )
+
+    def chunk_rows(
+        self, n_features: int, dtype: Any, n_rows: int, block_rows: int | None, source_block_rows: int
+    ) -> int:
+        """Rows per output chunk when its input is read in blocks of ``block_rows`` (the user's) or else
+        ``source_block_rows`` (the input's natural blocks).
+
+        HDF5 and Zarr chunks are about ``OUTPUT_CHUNK_BYTES`` (whole 4 KiB blocks, to be written
+        directly), no larger than the user's block; a table output's row groups are the blocks themselves.
+        """
+        if self.tabular:
+            return int(block_rows or source_block_rows)
+        rows = output_chunk_rows(n_features, dtype, n_rows)
+        return min(rows, int(block_rows)) if block_rows else rows
+
+    # -- writing it
+    def create(
+        self,
+        n_rows: int,
+        n_features: int,
+        dtype: Any = "float32",
+        attrs: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+        zarr_format: int = 3,
+        chunk_rows: int | None = None,
+        direct_io: bool = True,
+        columns: Any = None,
+        compressor: str = "none",
+    ) -> Sink:
+        """Start writing a new ``n_rows x n_features`` array under a temporary name.
+
+        With ``direct_io``, whole aligned chunks are written around the page cache (see ``direct``).
+        Every attribute exists from the start (commit only changes values), so a resumed HDF5 output's
+        metadata is laid out as an uninterrupted run's and the two files are byte for byte the same.
+        ``columns`` (a schema from :meth:`Source.column_schema`) are input columns a table output carries
+        row for row beside the vectors. ``compressor`` (``codecs.COMPRESSORS``; HDF5 and Zarr outputs)
+        compresses each output chunk in the writer thread. A URL is written in place instead: Zarr with
+        its ``complete`` attribute set last, Parquet as part objects beside it, joined into one object that
+        appears only when its upload completes.
+        """
+        path = self.path
+        if self._local_class is None:
+            raise BadInputError(f"{path}: writing {self.kind} outputs is not supported; write .parquet, .zarr or .h5")
+        if columns is not None and len(columns) and not self.tabular:
+            raise BadInputError(
+                f"{path}: --keep-columns needs a Parquet or Lance output (.parquet, .lance), not {self.kind}"
+            )
+        self.check_compressor(compressor)
+        if self.url:
+            self._check_remote(overwrite, compressor)
+        else:
+            self._check_local(overwrite)
+        sink_class = self.sink_class
+        dtype = np.dtype(dtype)
+        if dtype not in (np.float16, np.float32, np.float64):
+            raise BadInputError(f"output dtype must be float16, float32 or float64, got {dtype}")
+        chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
+        partial = self.partial
+        if self.url:
+            remote.remove(partial, recursive=True, read=self.read)
+            remote.remove(self.progress_path, read=self.read)
+        else:
+            self._clear_local_partial(n_rows * n_features * dtype.itemsize)
+        attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
+        attrs.setdefault(OWNER_ATTR, __version__)  # what marks it as ours (see foreign_output)
+        options: dict[str, Any] = {"columns": columns} if sink_class.tabular else {"compressor": compressor}
+        try:
+            sink = sink_class.create(
+                path,
+                self.dataset,
+                partial,
+                (n_rows, n_features),
+                dtype,
+                chunk_rows,
+                attrs,
+                direct_io=False if self.url else direct_io,
+                zarr_format=zarr_format,
+                read=self.read,
+                **options,
+            )
+        except Exception as exc:
+            if self.url:
+                if isinstance(exc, (BadInputError, StoreIOError)):
+                    raise
+                raise remote.failure(path, "create the output", exc) from None
+            remove(partial)
+            if isinstance(exc, (OSError, RuntimeError)) or exc.__class__.__module__.startswith(("zarr", "pyarrow")):
+                raise StoreIOError(f"{path}: cannot create output: {io_error(exc)}") from exc
+            raise
+        return self._bind(sink)
+
+    def resume(self, job: ResumeRecord, direct_io: bool = True) -> tuple[Sink, ResumeRecord] | None:
+        """The partial output of an interrupted run of the same ``job`` (:meth:`ResumeRecord.same_job`,
+        the input's whole fingerprint included) and its progress record: how many rows are durable.
+
+        None when there is nothing to resume, or when the partial output belongs to another job or cannot
+        be opened; then it is removed, so the caller starts over. On object storage the progress record is
+        an object beside the output (written whole by one PUT), so a killed run is resumed from any
+        machine, a Dask driver's included.
+        """
+        if self.url:
+            return self._resume_remote(job)
+        partial, progress = self.partial, self.progress_path
+        remove_stale_temps(self.path)
+        remove_stale_temps(progress)
+        try:
+            with open(progress, "rb") as handle:
+                recorded = _read_record(handle.read())
+        except OSError:
+            recorded = None
+        if recorded is None or not recorded.same_job(job) or not os.path.exists(partial):
+            self._discard_local()
+            return None
+        try:
+            sink = self.sink_class.resume(
+                self.path, self.dataset, partial, direct_io=direct_io, rows_done=recorded.rows_done, read=self.read
+            )
+        except Exception:  # unreadable: start over (it was only ever a temporary file)
+            self._discard_local()
+            return None
+        return self._bind(sink), recorded
+
+    # -- the rules behind create and resume
+    def _bind(self, sink: Sink) -> Sink:
+        """``sink``, knowing how its URLs are reached and what its commit may replace."""
+        sink.read_options = self.read
+        sink.replace_check = self.check_replaceable
+        return sink
+
+    def _check_local(self, overwrite: bool) -> None:
+        """Refuse a local output that exists (unless ``overwrite`` and it is ours: :func:`check_replaceable`)
+        or whose directory does not."""
+        self.check_replaceable(overwrite)
+        parent = os.path.dirname(os.path.abspath(self.path)) or "."
+        if not os.path.isdir(parent):
+            raise BadInputError(f"{self.path}: directory {parent} does not exist")
+
+    def _check_remote(self, overwrite: bool, compressor: str) -> None:
+        """Refuse an output URL of a kind object storage cannot take, one that exists (unless ``overwrite``
+        and it is ours: :func:`check_replaceable`), or one in a bucket that does not."""
+        path = self.path
+        if compressor != "none":
+            raise BadInputError(
+                f"{remote.redact(path)}: --compressor is not supported for object-storage outputs "
+                "yet; write it uncompressed, or to a local path"
+            )
+        remote.check_url(path)
+        self.sink_class  # noqa: B018 - refuses a kind object storage cannot take
+        self.check_replaceable(overwrite)
+        head, rest = remote.split_url(path)
+        root = head + rest.split("/", 1)[0]
+        if not remote.exists(root, read=self.read):
+            raise BadInputError(f"{remote.redact(root)}: no such bucket or container for the output")
+
+    def _clear_local_partial(self, needed: int) -> None:
+        """Remove what earlier runs left of the partial output, then refuse to start when the disk has less
+        than ``needed`` bytes free."""
+        path, partial = self.path, self.partial
+        try:
+            remove_stale_temps(path)
+            remove(partial)
+            remove(self.progress_path)  # a record of an earlier partial must never describe this one
+            remove(partial + ".chunks")  # an earlier compressed HDF5 output's spool
+            remove_stale_temps(self.progress_path)
+        except OSError as exc:
+            raise StoreIOError(
+                f"{partial}: cannot remove the partial output of an earlier run: {io_error(exc)}"
+            ) from exc
+        parent = os.path.dirname(os.path.abspath(path)) or "."
+        free = shutil.disk_usage(parent).free
+        if needed > free:
+            raise StoreIOError(
+                f"{path}: the output needs about {needed / 1e6:,.1f} MB but only {free / 1e6:,.1f} MB are free "
+                f"in {parent}"
+            )
+
+    def _discard_local(self) -> None:
+        remove(self.partial)
+        remove(self.progress_path)
+        remove(self.partial + ".chunks")
+
+    def _resume_remote(self, job: ResumeRecord) -> tuple[Sink, ResumeRecord] | None:
+        sink_class = self.backend.sink_class(url=True)
+        if sink_class is None:
+            return None
+        partial, progress = self.partial, self.progress_path
+        try:
+            raw: bytes | None = remote.cat(progress, read=self.read)
+        except BadInputError:
+            raw = None
+        recorded = None if raw is None else _read_record(raw)
+        data = self.path if sink_class.in_place else partial
+        if (
+            recorded is None
+            or not recorded.same_job(job)
+            or not remote.exists(data, read=self.read)
+            or (sink_class.in_place and not sink_class.incomplete(self.path, self.read))
+        ):
+            if raw is not None:
+                remote.remove(progress, read=self.read)
+            remote.remove(partial, recursive=True, read=self.read)
+            return None
+        try:
+            sink = sink_class.resume(
+                self.path, self.dataset, partial, direct_io=False, rows_done=recorded.rows_done, read=self.read
+            )
+        except StoreIOError:
+            raise
+        except Exception:  # unreadable: start over (it was never complete)
+            remote.remove(progress, read=self.read)
+            remote.remove(partial, recursive=True, read=self.read)
+            return None
+        return self._bind(sink), recorded
+
+
+def open_output(spec: str, read: ReadOptions | None = None) -> Output:
+    """The output named by ``spec``, its URLs reached with ``read``'s storage options; a name no backend
+    writes (it must end in .zarr, .parquet, .lance or an HDF5 suffix) is refused as soon as what it is
+    matters (:attr:`Output.backend`)."""
+    return Output(spec, read)
+
+
+__all__ = [
+    "Output",
+    "check_replaceable",
+    "foreign_output",
+    "lock_path",
+    "open_output",
+    "output_exists",
+    "output_lock",
+]

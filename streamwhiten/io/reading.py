@@ -1,0 +1,164 @@
+"""Opening what is read: a store's rows as a :class:`~streamwhiten.io.abc.Source`, a whole 1-D array (gold
+scores), the ids of a table's rows, an array's attributes.
+
+Every function takes the :class:`~streamwhiten.options.ReadOptions` it reads with (``read=``; default:
+none of its fields set): the dataset, array or column of a spec that names none, whether missing chunks
+are read as the fill value, and the storage options and deadline of URLs. The store's kind is decided by
+``spec`` and its backend found in the ``registry``; the backend's module is imported only then.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .._paths import check_readable
+from ..errors import BadInputError, StoreIOError, StreamwhitenError
+from ..options import ReadOptions
+from . import remote, text
+from ._messages import io_error
+from .abc.store import Source, check_array
+from .registry import backend
+from .spec import input_kind, split_spec, zarr_store_above
+
+
+def exists(path: str, read: ReadOptions | None = None) -> bool:
+    """Whether a local path or a URL exists (a file, directory, object or prefix)."""
+    path = remote.local_path(path)
+    if remote.is_url(path):
+        return remote.exists(path, read=read if read is not None else ReadOptions())
+    return os.path.lexists(path)
+
+
+def _missing_bucket(url: str, read: ReadOptions) -> str:
+    head, rest = remote.split_url(url)
+    root = head + rest.split("/", 1)[0]
+    try:
+        return "" if remote.exists(root, read=read) else f" (the bucket {remote.redact(root)} does not exist)"
+    except Exception:
+        return ""
+
+
+def _refuse_incomplete(source: Source) -> None:
+    """An output of ours whose ``complete`` attribute is false is not there yet: refuse to read it."""
+    attrs = source.attrs()
+    if "complete" in attrs and "model_checksum" in attrs and not attrs["complete"]:
+        raise BadInputError(
+            f"{source.label}: an output that is not complete (complete = false): it is being written, "
+            "or the run writing it was stopped; run that apply again to finish it"
+        )
+
+
+def open_source(spec: str | Source, *, read: ReadOptions | None = None, min_rows: int = 1) -> Source:
+    """Open ``spec`` read-only and check it is a 2-D float array with at least ``min_rows`` rows.
+
+    ``read`` says how (:class:`~streamwhiten.options.ReadOptions`): ``dataset`` names the array of a spec
+    that names none; a chunk missing from the store (Zarr) or never written (HDF5) is refused when read,
+    naming the rows it covers, unless ``fill_missing_chunks``: then it reads as the array's fill value; a
+    URL is reached with ``storage_options`` within ``remote_timeout``. An open source is returned as it is.
+    """
+    if isinstance(spec, Source):
+        return spec
+    read = read if read is not None else ReadOptions()
+    path, inner = split_spec(spec, read.dataset)
+    if remote.is_url(path):
+        remote.check_url(path)
+        if not remote.exists(path, read=read):
+            raise BadInputError(f"{remote.redact(path)}: no such object or prefix{_missing_bucket(path, read)}")
+    elif not os.path.lexists(path) and (above := zarr_store_above(path)) is not None:
+        path, name = above  # dir.zarr/array where no such array is: the store says what it holds
+        inner = f"{name}/{inner}" if inner else name
+        check_readable(path)
+    else:
+        check_readable(path)
+    source = backend(input_kind(path, read)).source_class()(path, inner, read)
+    try:
+        check_array(source.label, source.shape, source.dtype, min_rows)
+        _refuse_incomplete(source)
+    except BaseException:
+        source.close()
+        raise
+    return source
+
+
+def read_vector(
+    spec: str, dataset: str | None = None, min_length: int = 1, *, read: ReadOptions | None = None
+) -> tuple[np.ndarray, str]:
+    """A whole 1-D numeric array (e.g. gold scores) as float64, and its label.
+
+    ``spec`` is ``file.h5:/dataset``, ``dir.zarr[:/array]``, ``file.npy``, ``file.parquet:column``, or a
+    column of a delimited text file: ``file.csv:NAME`` (a header field) or ``file.tsv:INDEX`` (0-based,
+    every line data; see :mod:`streamwhiten.io.text`). A store holding exactly one 1-D array needs no
+    name. An ``(n, 1)`` column is accepted and flattened. A URL is reached with ``read``'s storage options.
+    """
+    read = read if read is not None else ReadOptions()
+    path, inner = split_spec(spec, dataset)
+    if remote.is_url(path):
+        if not exists(path, read):
+            raise BadInputError(f"{remote.redact(path)}: no such object or prefix{_missing_bucket(path, read)}")
+    else:
+        check_readable(path)
+    label = f"{path}:/{inner}" if inner else path
+    try:
+        if text.is_text(path):
+            values, label = text.read_column(path, inner, read)
+        else:
+            values, label = backend(input_kind(path, read)).load().read_vector(path, inner, read)
+    except StreamwhitenError:
+        raise
+    except (OSError, RuntimeError) as exc:
+        raise StoreIOError(f"{label}: cannot read: {io_error(exc)}") from exc
+    except ValueError as exc:
+        raise BadInputError(f"{label}: cannot read ({exc})") from exc
+    values = np.asarray(values)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.ndim != 1:
+        raise BadInputError(f"{label}: expected a 1-D array, got shape {values.shape}")
+    if values.dtype.kind not in "fiub":
+        raise BadInputError(f"{label}: expected numbers, got dtype {values.dtype}")
+    if values.shape[0] < min_length:
+        raise BadInputError(f"{label}: has {values.shape[0]} value(s); at least {min_length} are needed")
+    return values.astype(np.float64), label
+
+
+def read_ids(source: Source, column: str) -> list[str]:
+    """The values of ``column`` of a table store (Parquet, Lance: :attr:`Source.tabular`), row by row, as
+    strings: the ids of its rows.
+
+    A store of another kind has no id column (its ids are its 0-based rows); a missing column, a null
+    id or an id given to two rows is a :class:`BadInputError` naming the store (and the rows).
+    """
+    if not source.tabular:
+        raise BadInputError(
+            f"{source.label}: an id column needs a Parquet or Lance store; the ids of a {source.kind} store "
+            "are its 0-based rows"
+        )
+    try:
+        source.column_schema([column])
+    except BadInputError:
+        raise BadInputError(f"{source.label}: has no column {column!r} to read ids from") from None
+    ids: list[str] = []
+    seen: dict[str, int] = {}
+    for start, stop in source.blocks(source.default_block_rows()):
+        for offset, value in enumerate(source.read_columns(start, stop, [column]).column(0).to_pylist()):
+            row = start + offset
+            if value is None:
+                raise BadInputError(f"{source.label}: row {row}: the id column {column!r} is null")
+            key = value.decode() if isinstance(value, bytes) else str(value)
+            if key in seen:
+                raise BadInputError(f"{source.label}: rows {seen[key]} and {row} have the same id {key!r}")
+            seen[key] = row
+            ids.append(key)
+    return ids
+
+
+def read_attrs(spec: str, read: ReadOptions | None = None) -> dict[str, Any]:
+    """The attributes of the array named by ``spec`` (for tests and ``info``)."""
+    with open_source(spec, read=read, min_rows=0) as source:
+        return source.attrs()
+
+
+__all__ = ["exists", "open_source", "read_attrs", "read_ids", "read_vector"]
