@@ -135,6 +135,10 @@ def _params(*items: Param) -> dict:
 
 _MODEL, _APPLY, _INPUT = ("model",), ("apply",), ("input",)
 
+#: The values of ``dtype`` that store codes, not floats (int8 codes, packed sign bits): always of unit
+#: vectors, never NaN, decoded with the record the output carries.
+CODED_DTYPES = ("int8", "binary")
+
 #: Every parameter, by name (aliases included: see :data:`NAMES` for the parameters alone).
 PARAMS: dict[str, Param] = _params(
     # the whitening (changeable after a fit without another pass over the data)
@@ -431,6 +435,7 @@ def check_model(beta=1.0, gamma=1.0, eps=DEFAULT_EPS, n_components=None, varianc
 
 
 __all__ = [
+    "CODED_DTYPES",
     "Param",
     "PARAMS",
     "NAMES",

@@ -432,13 +432,12 @@ def apply(
     from .io import refuse_input_overlap
 
     options, read = options or ApplyOptions(dtype=None), read or ReadOptions()
-    check_output_dtype(options.dtype)  # before anything is read
     runner = engine if isinstance(engine, Engine) else engine_for(engine or EngineOptions())
     runner.check_apply(options, given)
     refuse_input_overlap({output_spec: "output"}, [input_spec] + ([model] if isinstance(model, str) else []))
     if isinstance(model, (str, os.PathLike)):
         model = load_model(os.fspath(model))
-    if options.dtype is None:
+    if options.dtype is None:  # int8 codes and bits set normalize, and refuse skip_nonfinite (ApplyOptions)
         options = replace(options, dtype=output_dtype(model))
     changes = (setting or Setting()).given()
     if changes:
@@ -446,41 +445,15 @@ def apply(
     return runner.apply(model, input_spec, output_spec, options, read, progress=progress, should_stop=should_stop)
 
 
-#: What ``apply`` cannot write yet (the engines write float values only): quantized outputs come later.
-NOT_WRITTEN_YET = ("int8", "binary")
-
-
-def check_output_dtype(dtype) -> None:
-    """Refuse (exit 2) an apply output ``apply`` cannot write yet: int8 codes and sign bits."""
-    if dtype in NOT_WRITTEN_YET:
-        raise BadInputError(
-            f"dtype {dtype!r}: apply does not write {'int8 codes' if dtype == 'int8' else 'sign bits'} yet; "
-            "write float32 or float16 (search stores can be built with streamwhiten.serving's encode or "
-            "Whitener(dtype=...))"
-        )
-
-
 def output_dtype(model) -> str:
     """The dtype an apply writes when none is given: the model's storage (what ``tune`` chose), float32
-    when it records none; while quantized outputs cannot be written, float32 for int8 or binary storage
-    (with a warning in the log)."""
-    dtype = model.dtype
-    if dtype in NOT_WRITTEN_YET:
-        log.warning(
-            "the model records %s storage, which apply does not write yet: writing float32 (quantize with "
-            "streamwhiten.serving's encode or Whitener(dtype=%r))",
-            dtype,
-            dtype,
-        )
-        return "float32"
-    return dtype
+    when it records none."""
+    return model.dtype
 
 
 __all__ = [
     "FitOutcome",
-    "NOT_WRITTEN_YET",
     "apply",
-    "check_output_dtype",
     "output_dtype",
     "check_fit_paths",
     "check_writable_dir",

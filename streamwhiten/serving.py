@@ -11,11 +11,14 @@ or :mod:`streamwhiten.core.model`, so a query service starts fast::
     whiten = serving.load("model.npz")          # or an exported map.npz
     y = whiten.transform(query_vector)          # same vectors as Whitener.transform / apply
     codes = whiten.encode(query_vector)         # stored as the model's storage: int8 codes, sign bits
+    vectors = serving.decode(codes_read, attrs)  # codes an apply wrote, with the attributes they carry
 
 The map is ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by
 L2 normalisation (see :mod:`streamwhiten.core.affine`). A model that records a storage (``tune`` chose
 int8 codes or sign bits, say) gives a map that carries its record: :meth:`AffineMap.encode` stores a
-vector as the model's outputs are stored, int8 ranges and all.
+vector as the model's outputs are stored, int8 ranges and all. :func:`decode` turns codes back into
+floats: those of ``encode``, and those of ``apply --dtype int8|binary``, whose outputs carry their record
+(attribute ``quantization``).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 
 from ._npz import check_file, read_npz
 from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap, mean_sq_norm
-from .core.quantize import Quantization, Storage, storage_quantizations
+from .core.quantize import Quantization, Storage, decode, storage_quantizations
 from .core.validate import map_fields, model_fields
 from .errors import BadInputError
 
@@ -128,4 +131,4 @@ def _load_map(path: str, normalize, dtype) -> AffineMap:
     return AffineMap(normalize=stored if normalize is None else bool(normalize), quantization=recorded, **fields)
 
 
-__all__ = ["AffineMap", "load", "file_checksum", "MAP_FORMAT", "MAP_VERSION"]
+__all__ = ["AffineMap", "Quantization", "decode", "load", "file_checksum", "MAP_FORMAT", "MAP_VERSION"]

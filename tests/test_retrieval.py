@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 from conftest import REPO, write_h5, write_task
@@ -530,3 +531,42 @@ def test_cli_eval_modes_are_exclusive(tmp_path, capsys):
         assert main(args) == EXIT_BAD_INPUT, args
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, (args, err)
+
+
+def test_apply_outputs_search_as_eval_searches(tmp_path, capsys):
+    """What apply writes is what eval searches: its float output is a store eval reads like any other (the
+    raw vectors of a search, float32 or bits), and its int8 codes, decoded, rank as eval's int8 search."""
+    from streamwhiten import serving
+    from streamwhiten.io import read_attrs
+
+    task = write_task(tmp_path, seed=5, n=1200, d=16, n_queries=30)
+    model_path = saved_model(tmp_path, task["corpus"], n_components=8)
+    outputs = {}
+    for name, spec in (("q", task["spec_q"]), ("c", task["spec_c"])):
+        outputs[name] = str(tmp_path / f"{name}-whitened.zarr")
+        assert main(["apply", model_path, spec, "-o", outputs[name], "--normalize", "-q"]) == 0
+    capsys.readouterr()
+    for dtype in ("float32", "binary"):
+        assert main([*eval_args(task, model_path, "--dtype", dtype), "--json"]) == 0
+        on_raw = json.loads(capsys.readouterr().out)["whitened"]
+        args = ["eval", "--queries", outputs["q"], "--corpus", outputs["c"], "--qrels", task["qrels"], "--json"]
+        assert main([*args, "--dtype", dtype]) == 0
+        on_output = json.loads(capsys.readouterr().out)["raw"]
+        for metric in METRICS:
+            assert on_output[metric] == pytest.approx(on_raw[metric], abs=1e-9), (dtype, metric)
+    codes = str(tmp_path / "c-int8.h5")
+    assert main(["apply", model_path, task["spec_c"], "-o", codes, "--dtype", "int8", "-q"]) == 0
+    capsys.readouterr()
+    with h5py.File(codes, "r") as handle:
+        stored = handle["embeddings"][...]
+    decoded = serving.decode(stored, read_attrs(codes), np.float64)
+    model = load_model(model_path)
+    yq = model.transform(task["queries"].astype(np.float64), normalize=True)
+    expected, _ = scored(yq @ decoded.T, task["triples"])
+    assert main([*eval_args(task, model_path, "--dtype", "int8"), "--json"]) == 0
+    searched = json.loads(capsys.readouterr().out)["whitened"]
+    for metric in METRICS:
+        assert searched[metric] == pytest.approx(expected[metric], abs=1e-9), metric
+    # codes are no input: eval refuses them in one line, saying how to decode them
+    assert main(["eval", "--queries", outputs["q"], "--corpus", codes, "--qrels", task["qrels"]]) == EXIT_BAD_INPUT
+    assert "codes written by apply --dtype int8 or binary" in capsys.readouterr().err

@@ -43,8 +43,9 @@ ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor")
     defaults={"dtype": None},
     helps={
         "skip_nonfinite": "Write NaN for input rows holding NaN/Inf instead of failing.",
-        "dtype": "The output values: float32 or float16 (int8 and binary are not written yet) "
-        "[default: the model's storage, else float32].",
+        "dtype": "The output values: float32 or float16; int8 codes of the unit vectors (a scale and offset "
+        "per component, from the statistics) or binary sign bits (8 per byte, ceil(k/8) bytes a row), both "
+        "normalized, recording how to decode them [default: the model's storage, else float32].",
     },
 )
 @click.option(

@@ -45,13 +45,16 @@ array([[ 0.5039, -4.    ]])
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
-from ..params import PARAMS, check
+from ..params import CODED_DTYPES, PARAMS, check
 
 #: The storage kinds (the values of the ``dtype`` parameter).
 KINDS: tuple = PARAMS["dtype"].choices
@@ -64,6 +67,11 @@ RECORD_FORMAT, RECORD_VERSION = "streamwhiten-quantization", 1
 #: A component's standard deviation is floored at this fraction of the largest one, so a component
 #: the statistics call constant still gets a positive scale.
 _STD_FLOOR = 1e-6
+
+#: The attribute of an apply output that holds its :class:`Quantization` (int8 codes and sign bits only).
+ATTR = "quantization"
+#: The storage kinds whose values are codes, not floats: they need a :class:`Quantization` to decode.
+CODED: tuple = CODED_DTYPES
 
 _STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "binary": np.uint8}
 
@@ -221,6 +229,29 @@ class Quantization:
             record.update(bit_order="big", decode="bit i of the vector is bit 7 - i % 8 of byte i // 8; 1: y > 0")
         return record
 
+    def digest(self) -> str:
+        """The SHA-256 of :meth:`to_dict` as sorted JSON: equal records, equal digests (what a resumed
+        apply output must match)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @classmethod
+    def from_attrs(cls, attrs) -> Quantization:
+        """The record an apply output carries in its attributes (key ``quantization``: a dict, or its JSON
+        where the store keeps text, as HDF5 does); :class:`BadInputError` when there is none (a float
+        output needs no decoding)."""
+        record = attrs.get(ATTR) if hasattr(attrs, "get") else None
+        if isinstance(record, bytes):
+            record = record.decode()
+        if isinstance(record, str):
+            try:
+                record = json.loads(record)
+            except ValueError:
+                raise BadInputError(f"the {ATTR!r} attribute is not JSON") from None
+        if record is None:
+            raise BadInputError(f"no {ATTR!r} attribute: these vectors are stored as floats, not codes")
+        return cls.from_dict(record)
+
     @classmethod
     def from_dict(cls, record: dict) -> Quantization:
         """The record :meth:`to_dict` wrote; :class:`BadInputError` for one that is not such a record."""
@@ -246,6 +277,26 @@ class Quantization:
             if isinstance(exc, BadInputError):
                 raise
             raise BadInputError(f"a damaged {RECORD_FORMAT} record ({exc!r})") from None
+
+
+def decode(codes, record, dtype=np.float32) -> np.ndarray:
+    """Floats from stored ``codes`` (rows of an apply output, or of ``Whitener(dtype=...)``/``encode``).
+
+    ``record`` is a :class:`Quantization`, its dict (:meth:`Quantization.to_dict`), or the attributes of
+    the output the codes were read from (HDF5 attrs, Zarr attrs, Parquet or Lance schema metadata as
+    ``streamwhiten.io.read_attrs`` returns them): int8 codes decode to ``code * scale + offset``, bits to
+    the signs +1/-1, float values to themselves.
+
+    >>> import numpy as np
+    >>> decode(np.array([[156, 128]], dtype=np.uint8), {"quantization": Quantization("binary", 10).to_dict()})
+    array([[ 1., -1., -1.,  1.,  1.,  1., -1., -1.,  1., -1.]], dtype=float32)
+    """
+    if not isinstance(record, Quantization):
+        if isinstance(record, Mapping) and record.get("format") == RECORD_FORMAT:
+            record = Quantization.from_dict(dict(record))
+        else:
+            record = Quantization.from_attrs(record if isinstance(record, Mapping) else {})
+    return record.decode(codes, dtype)
 
 
 def map_moments(n_rows: int, mean, scatter, weights=None, shift=None) -> tuple[np.ndarray, np.ndarray]:
@@ -446,12 +497,15 @@ def storage_quantizations(
 
 
 __all__ = [
+    "ATTR",
+    "CODED",
     "DEFAULT_INT8_CLIP",
     "INT8_MAX",
     "KINDS",
     "Quantization",
     "Storage",
     "cast_checked",
+    "decode",
     "int8_for_map",
     "int8_quantization",
     "map_moments",

@@ -193,9 +193,9 @@ def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
 def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, progress, should_stop) -> None:
     """Apply ``model`` to one input, unless its output is already what this would write."""
     from ..core.model import map_checksum
-    from ..engine.apply import output_is_current, recorded_options
+    from ..engine.apply import output_is_current, output_quantization, recorded_options
     from ..io import fingerprint, open_source, remote, split_spec
-    from ..pipeline import apply
+    from ..pipeline import apply, output_dtype
 
     options, read = job.apply, job.apply_read
     assert options is not None
@@ -207,8 +207,11 @@ def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, 
     )
     keep = list(options.keep_columns)
     checksum = map_checksum(model)
+    dtype = options.dtype or output_dtype(model)
+    quantization = output_quantization(model, dtype)
+    normalize = options.normalize or quantization is not None  # codes and bits are of unit vectors
     current = output_is_current(
-        output, checksum, source_sha, options.normalize, options.dtype, recorded, keep, read=read
+        output, checksum, source_sha, normalize, dtype, recorded, keep, read=read, quantization=quantization
     )
     if current:
         log.info("job %s: %s is up to date", job.name, output)
