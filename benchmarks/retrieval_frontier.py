@@ -1,17 +1,20 @@
-"""Retrieval with whitening, truncation and quantization on the STS-B paraphrase task (a first version).
+"""The retrieval frontier on the STS-B paraphrase task, by the tune sweep (``tune --queries ...``).
 
 On ``retrieval-dev`` (262 queries, a 13,197-sentence corpus, all-MiniLM-L6-v2 mean and CLS vectors; see its
-README.txt), for each pooling: the raw vectors and a whitening (beta = gamma = 1) fitted on the corpus at
-a few k, each stored as float32, float16, int8, sign bits, and sign bits whose top 100 are re-ranked
-with float32 or int8 vectors. Every setting is searched exactly (cosine; ties to the lower corpus row;
-each query's own sentence excluded) in one pass over the corpus, and scored: nDCG@10, recall@1/10/100,
-MRR@10 (x100), bytes per vector searched, and the paired bootstrap 95% interval of the nDCG@10
-difference from raw float32.
+README.txt), for each pooling: a whitening fitted on the corpus, and :func:`streamwhiten.evaluation.sweep.sweep`
+over a grid of beta, gamma and k (the raw vectors and plain centring added to it), each setting stored as
+float32, float16, int8, sign bits, and sign bits whose top 100 are re-ranked with float32 vectors. Every
+setting is searched exactly (cosine; ties to the lower corpus row; each query's own sentence excluded) and
+scored: nDCG@10, recall@1/10/100, MRR@10 (x100), bytes per vector a search reads, retention and the paired
+bootstrap 95% interval of the nDCG@10 difference from the raw vectors stored as float32. Printed: each
+pooling's frontier (the best nDCG@10 at each size), the choice under a few byte budgets, and the sweep's
+time.
 
-Every number is checked against an independent plain numpy evaluation of the same files (h5py and the
-csv module to read them, the affine map built from the model's eigenvectors, full score matrices, a
-full sort per query, the metrics and the bootstrap written out in loops): they must be equal to 1e-9,
-and raw float32 must give the README's reference numbers. The run fails otherwise.
+Every number of every row is checked against an independent plain numpy evaluation of the same files (h5py
+and the csv module to read them; each beta's eigendecomposition recomputed from the model's saved
+statistics; full score matrices, a full sort per query, the metrics and the bootstrap written out in
+loops): they must be equal to 1e-9, and raw float32 must give the README's reference numbers. The run
+fails otherwise.
 
 The int8 section measures the clipping rule: for c in ``--clips``, the nDCG@10 change from float32 and
 the reconstruction error ``sum ||y - decode(encode(y))||^2 / sum ||y||^2`` of the unit corpus vectors,
@@ -28,6 +31,7 @@ import csv
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -39,18 +43,6 @@ DEFAULT_DATA = DEFAULT_DATA.parent / "retrieval-dev"
 README_RAW = {"mean": (88.90, 98.28, 86.00), "cls": (87.52, 98.09, 84.39)}
 METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
 TOLERANCE = 1e-9
-
-
-def storages(rescore: int) -> list[tuple[str, str, int, str]]:
-    """``(label, storage, rescore, rescore_storage)`` of each storage compared."""
-    return [
-        ("float32", "float32", 0, "float32"),
-        ("float16", "float16", 0, "float32"),
-        ("int8", "int8", 0, "float32"),
-        ("binary", "binary", 0, "float32"),
-        (f"binary+rescore{rescore}", "binary", rescore, "float32"),
-        (f"binary+rescore{rescore}-int8", "binary", rescore, "int8"),
-    ]
 
 
 # ------------------------------------------------------------------------------- the independent reference
@@ -84,21 +76,21 @@ class Reference:
         norms = np.sqrt((y * y).sum(axis=1, keepdims=True))
         return np.divide(y, norms, out=np.zeros_like(y), where=norms > 0)
 
-    def mapped(self, x, model, k):
-        """``(x - beta mu) U_k (Lambda_k + eps)^(-gamma/2)``, or the raw ``x`` for ``k`` None."""
-        if k is None:
-            return x
-        scales = (model.eigvals[:k] + model.eps_value) ** (-model.gamma / 2.0)
-        return (x - model.beta * model.mean) @ (model.eigvecs[:, :k] * scales)
+    def weights(self, model, beta, gamma, k):
+        """``(W, shift)`` of the map at ``(beta, gamma, k)``, from the model's saved statistics alone:
+        ``Sigma_beta = scatter / n + (1 - beta)^2 mu mu^T``, its eigenvectors U (descending), and
+        ``W = U_k (Lambda_k + eps lambda_1)^(-gamma/2)``, ``shift = beta mu``; None for the raw vectors."""
+        if beta is None:
+            return np.eye(model.n_features), np.zeros(model.n_features)
+        mean = model.mean
+        sigma = model.state.scatter / model.state.n_rows + (1 - beta) ** 2 * np.outer(mean, mean)
+        values, vectors = np.linalg.eigh(sigma)
+        values, vectors = np.maximum(values[::-1], 0.0), vectors[:, ::-1]
+        return vectors[:, :k] * (values[:k] + model.eps * values[0]) ** (-gamma / 2.0), beta * mean
 
-    def int8(self, yc, model, k, clip):
+    def int8(self, yc, model, weights, shift, clip):
         """Codes decoded, from the statistics: mean and spread of each component of the unit vectors."""
         sigma = model.state.scatter / model.state.n_rows
-        if k is None:
-            weights, shift = np.eye(model.n_features), np.zeros(model.n_features)
-        else:
-            weights = model.eigvecs[:, :k] * (model.eigvals[:k] + model.eps_value) ** (-model.gamma / 2.0)
-            shift = model.beta * model.mean
         mean = (model.mean - shift) @ weights
         variance = np.maximum(np.einsum("ij,ij->j", weights, sigma @ weights), 0.0)
         energy = np.sum(variance + mean**2)
@@ -119,16 +111,18 @@ class Reference:
             out.append(rows[keep][np.lexsort((rows[keep], -scores[q][keep]))][:depth])
         return out
 
-    def run(self, model, k, storage, rescore, rescore_storage, clip):
-        yq = self.unit(self.mapped(self.queries, model, k))
-        yc = self.unit(self.mapped(self.corpus, model, k))
+    def run(self, model, beta, gamma, k, storage, rescore=0, rescore_storage="float32", clip=4.0):
+        """Each query's top 100 for the map at ``(beta, gamma, k)`` (``beta`` None: the raw vectors)."""
+        weights, shift = self.weights(model, beta, gamma, k)
+        yq = self.unit((self.queries - shift) @ weights)
+        yc = self.unit((self.corpus - shift) @ weights)
 
         def stored(kind):
             if kind == "float32":
                 return yc.astype(np.float32).astype(np.float64)
             if kind == "float16":
                 return yc.astype(np.float16).astype(np.float64)
-            return self.int8(yc, model, k, clip)
+            return self.int8(yc, model, weights, shift, clip)
 
         if storage != "binary":
             return self.ranked(yq @ stored(storage).T)
@@ -136,7 +130,7 @@ class Reference:
         hamming = (yq.shape[1] - sq @ sc.T) / 2  # ±1 vectors: differing bits
         lists = self.ranked(-hamming, depth=max(100, rescore))
         if not rescore:
-            return lists
+            return [rows[:100] for rows in lists]
         again = stored(rescore_storage)
         out = []
         for q, rows in zip(self.query_ids, lists, strict=True):
@@ -174,71 +168,63 @@ class Reference:
 def frontier(data: Path, pooling: str, args, check: list) -> tuple[list, dict]:
     from streamwhiten.core.model import finalize
     from streamwhiten.engine.fit import fit_sources
-    from streamwhiten.evaluation.qrels import Ids, read_exclude, read_qrels
-    from streamwhiten.evaluation.retrieval import Setting, mean_metrics, paired_bootstrap, query_metrics, run_settings
-    from streamwhiten.evaluation.search import Exclusions
-    from streamwhiten.io import open_source
+    from streamwhiten.evaluation.sweep import choose_within, sweep
 
     corpus_spec, queries_spec = f"{data}/corpus.h5:/{pooling}", f"{data}/queries.h5:/{pooling}"
     model = finalize(fit_sources(corpus_spec).state, beta=1.0, gamma=1.0)
-    with open_source(queries_spec) as queries, open_source(corpus_spec) as corpus:
-        query_ids, corpus_ids = Ids(queries.label, queries.n_rows), Ids(corpus.label, corpus.n_rows)
-        qrels = read_qrels(str(data / "qrels.tsv"), query_ids, corpus_ids)
-        query_rows = qrels.query_rows()
-        ex_q, ex_c = read_exclude(str(data / "exclude.tsv"), query_ids, corpus_ids, qrels)
-        exclude = Exclusions.from_pairs(query_rows.size, np.searchsorted(query_rows, ex_q), ex_c)
-        vectors = queries.read(0, queries.n_rows)[query_rows]
-        plan, settings = [], []
-        for k in [None] + args.ks:
-            variant = model if k is None else model.with_params(n_components=k)
-            for label, storage, rescore, rescore_storage in storages(args.rescore):
-                name = f"{'raw' if k is None else f'k={k}'} {label}"
-                settings.append(
-                    Setting.make(
-                        name, variant, raw=k is None, storage=storage, rescore=rescore, rescore_storage=rescore_storage
-                    )
-                )
-                plan.append((name, k, label, storage, rescore, rescore_storage))
-        rows = run_settings(vectors, corpus, settings, exclude=exclude, corpus_label=corpus.label)
+    began = time.perf_counter()
+    result = sweep(
+        model, queries_spec, corpus_spec, str(data / "qrels.tsv"), exclude=str(data / "exclude.tsv"),
+        betas=args.betas, gammas=args.gammas, ks=args.ks, variances=[], rescore=args.rescore,
+        bootstrap=args.bootstrap,
+    )  # fmt: skip
+    seconds = time.perf_counter() - began
     reference = Reference(data, pooling)
-    assert reference.query_ids == query_rows.tolist()
-    per_query = {name: query_metrics(top, query_rows, qrels) for name, top in rows.items()}
-    base = per_query["raw float32"]
-    reference_base = reference.metrics(reference.run(None, None, "float32", 0, "float32", 4.0))
-    table = []
-    for (name, k, label, storage, rescore, rescore_storage), setting in zip(plan, settings, strict=True):
-        means = mean_metrics(per_query[name])
-        diff = paired_bootstrap(base, per_query[name], args.bootstrap, 0)["ndcg@10"]
-        expected_each = reference.metrics(reference.run(model, k, storage, rescore, rescore_storage, 4.0))
-        expected = {metric: 100 * float(np.mean(values)) for metric, values in expected_each.items()}
-        expected_diff = reference.bootstrap(reference_base["ndcg@10"], expected_each["ndcg@10"], args.bootstrap)
-        got = [means[m] for m in METRICS] + [diff["difference"], diff["low"], diff["high"]]
-        want = [expected[m] for m in METRICS] + list(expected_diff)
-        gap = max(abs(a - b) for a, b in zip(got, want, strict=True))
-        check.append(gap)
-        row = {
-            "pooling": pooling,
-            "vectors": "raw" if k is None else f"whitened k={k}",
-            "storage": label,
-            "bytes": setting.storage.bytes_per_vector,
-            "rescore_bytes": setting.rescore_storage.bytes_per_vector if rescore else None,
-            **{m: means[m] for m in METRICS},
-            "d_ndcg": diff["difference"],
-            "low": diff["low"],
-            "high": diff["high"],
-            "max_gap_to_numpy": gap,
-        }
-        table.append(row)
-    raw = next(r for r in table if r["vectors"] == "raw" and r["storage"] == "float32")
-    readme = tuple(round(raw[m], 2) for m in ("ndcg@10", "recall@10", "mrr@10"))
-    return table, {"model": model, "readme_match": readme == README_RAW[pooling], "readme_got": readme}
+    raw_each = reference.metrics(reference.run(model, None, None, None, "float32"))
+    got = [result.raw[m] for m in METRICS]
+    check.append(max(abs(a - 100 * float(np.mean(raw_each[m]))) for a, m in zip(got, METRICS, strict=True)))
+    for row in result.table:
+        each = reference.metrics(
+            reference.run(model, row["beta"], row["gamma"], row["k"], row["dtype"], row["rescore"], "float32")
+        )
+        want = [100 * float(np.mean(each[m])) for m in METRICS]
+        want += list(reference.bootstrap(raw_each["ndcg@10"], each["ndcg@10"], args.bootstrap))
+        k = row["k"]
+        nbytes = {"float32": 4 * k, "float16": 2 * k, "int8": k, "binary": -(-k // 8)}[row["dtype"]]
+        nbytes += 4 * k if row["rescore"] else 0
+        have = [row[m] for m in METRICS] + [row["difference"], row["low"], row["high"]]
+        gap = max(abs(a - b) for a, b in zip(have, want, strict=True))
+        check.append(gap if row["bytes_per_vector"] == nbytes else math.inf)
+        row.update(pooling=pooling, max_gap_to_numpy=gap)
+    readme = tuple(round(result.raw[m], 2) for m in ("ndcg@10", "recall@10", "mrr@10"))
+    budgets = []
+    for budget in [None, *args.budgets]:
+        try:
+            chosen = choose_within(result.table, "ndcg@10", budget)
+        except Exception as exc:  # noqa: BLE001 - a budget nothing fits is reported as such
+            budgets.append({"pooling": pooling, "max_bytes": budget, "chosen": str(exc)})
+            continue
+        budgets.append(dict(chosen, pooling=pooling, max_bytes=budget))
+    for row in result.frontier:
+        row["pooling"] = pooling
+    info = {
+        "model": model,
+        "readme_match": readme == README_RAW[pooling],
+        "readme_got": readme,
+        "raw": result.raw,
+        "table": result.table,
+        "budgets": budgets,
+        "seconds": seconds,
+        "settings": len(result.table),
+    }
+    return result.frontier, info
 
 
 def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
     import h5py
 
     from streamwhiten.evaluation.qrels import Ids, read_exclude, read_qrels
-    from streamwhiten.evaluation.retrieval import Setting, mean_metrics, query_metrics, run_settings
+    from streamwhiten.evaluation.retrieval import SearchSetting, mean_metrics, query_metrics, run_settings
     from streamwhiten.evaluation.search import Exclusions
 
     with h5py.File(data / "corpus.h5", "r") as handle:
@@ -253,13 +239,13 @@ def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
     out = []
     for k in [None] + args.ks:
         variant = model if k is None else model.with_params(n_components=k)
-        settings = [Setting.make("float32", variant, raw=k is None)] + [
-            Setting.make(f"c={c}", variant, raw=k is None, storage="int8", int8_clip=c) for c in args.clips
+        settings = [SearchSetting.make("float32", variant, raw=k is None)] + [
+            SearchSetting.make(f"c={c}", variant, raw=k is None, dtype="int8", int8_clip=c) for c in args.clips
         ]
         rows = run_settings(queries[query_rows], corpus, settings, exclude=exclude)
         base = mean_metrics(query_metrics(rows["float32"], query_rows, qrels))["ndcg@10"]
         unit = settings[0].unit(corpus)
-        first = settings[1].storage
+        first = settings[1].quantization
         ratio = unit.std(axis=0) / (first.scale * 127 / first.clip)  # measured std / predicted std
         row = {
             "pooling": pooling,
@@ -269,7 +255,7 @@ def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
             "std_ratio_p95": float(np.percentile(ratio, 95)),
         }
         for setting, c in zip(settings[1:], args.clips, strict=True):
-            decoded = setting.storage.decode(setting.storage.encode(unit), np.float64)
+            decoded = setting.quantization.decode(setting.quantization.encode(unit), np.float64)
             row[f"d_ndcg c={c}"] = mean_metrics(query_metrics(rows[setting.name], query_rows, qrels))["ndcg@10"] - base
             row[f"error c={c}"] = float(((unit - decoded) ** 2).sum() / (unit**2).sum())
         out.append(row)
@@ -288,48 +274,72 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the retrieval-dev directory")
     parser.add_argument("--poolings", nargs="+", default=["mean", "cls"])
-    parser.add_argument("--ks", type=int, nargs="+", default=[384, 256, 128, 64])
+    parser.add_argument("--betas", type=float, nargs="+", default=[0.0, 0.5, 1.0])
+    parser.add_argument("--gammas", type=float, nargs="+", default=[0.0, 0.5, 1.0])
+    parser.add_argument("--ks", type=int, nargs="+", default=[384, 256, 128, 64, 32])
+    parser.add_argument("--budgets", type=int, nargs="+", default=[1536, 384, 128, 48, 16], help="bytes per vector")
     parser.add_argument("--rescore", type=int, default=100, help="bits: re-rank the top N")
     parser.add_argument("--bootstrap", type=int, default=1000, help="resamples of the queries")
     parser.add_argument("--clips", type=float, nargs="+", default=[2, 2.5, 3, 3.5, 4, 5, 6, 8])
-    parser.add_argument("--quick", action="store_true", help="two ks, fewer resamples and clips: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="a small grid, fewer resamples and clips: a smoke run")
     parser.add_argument("--results", default=None, help="directory for the JSON result (default: benchmarks/results)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.ks, args.bootstrap, args.clips = [384, 64], 200, [3, 4]
+        args.betas, args.gammas, args.ks, args.bootstrap, args.clips = [0.0, 1.0], [1.0], [384, 64], 200, [3, 4]
     if not (args.data / "qrels.tsv").exists():
         sys.exit(f"the STS-B retrieval task was not found at {args.data} (pass --data DIR)")
     check: list = []
     payload: dict = {"args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}}
-    tables, sweeps, readme = [], [], {}
+    fronts, budgets, best, sweeps, readme, costs = [], [], [], [], {}, {}
     for pooling in args.poolings:
-        table, info = frontier(args.data, pooling, args, check)
-        tables += table
+        front, info = frontier(args.data, pooling, args, check)
+        fronts += front
+        budgets += info["budgets"]
+        for storage in dict.fromkeys(row["storage"] for row in info["table"]):
+            rows = [row for row in info["table"] if row["storage"] == storage]
+            best.append(max(rows, key=lambda row: (row["ndcg@10"], -row["bytes_per_vector"])))
         readme[pooling] = {"match": info["readme_match"], "got": info["readme_got"], "readme": README_RAW[pooling]}
+        n_storages = len({row["storage"] for row in info["table"]})
+        costs[pooling] = {
+            "settings": info["settings"] // n_storages,
+            "storages": n_storages,
+            "seconds": info["seconds"],
+        }
+        payload.setdefault("tables", {})[pooling] = info["table"]
         sweeps += int8_sweep(args.data, pooling, info["model"], args)
-    columns = ["pooling", "vectors", "storage", "bytes", "rescore_bytes", *METRICS, "d_ndcg", "low", "high"]
+    formats = {**dict.fromkeys(METRICS, ".2f"), "retention": ".1f", "difference": "+.2f", "low": "+.2f", "high": "+.2f"}
+    columns = ["pooling", "bytes_per_vector", "storage", "vectors", "beta", "gamma", "k"]
+    columns += ["ndcg@10", "recall@10", "mrr@10", "retention", "difference", "low", "high"]
     print_table(
-        "retrieval on STS-B dev paraphrases (x100; d_ndcg: nDCG@10 minus raw float32, [low, high]: paired "
-        f"bootstrap 95%, {args.bootstrap} resamples)",
-        [
-            shown(row, {**dict.fromkeys(METRICS, ".2f"), "d_ndcg": "+.2f", "low": "+.2f", "high": "+.2f"})
-            for row in tables
-        ],
+        "the frontier: the best nDCG@10 x100 at each number of bytes per vector (retention and difference: against "
+        f"the raw vectors stored as float32; [low, high]: paired bootstrap 95%, {args.bootstrap} resamples)",
+        [shown(row, formats) for row in fronts],
         columns,
     )
+    print_table(
+        "the choice within a byte budget (max_bytes; none: the best of all)",
+        [shown(row, formats) for row in budgets],
+        ["pooling", "max_bytes", *columns[1:]],
+    )
+    print_table("the best setting of each storage", [shown(row, formats) for row in best], columns)
     clip_columns = [f"d_ndcg c={c}" for c in args.clips] + [f"error c={c}" for c in args.clips]
-    formats = {
+    clip_formats = {
         **{c: "+.2f" for c in clip_columns if c.startswith("d_")},
         **{c: ".1e" for c in clip_columns if c.startswith("e")},
     }
     print_table(
         "int8 clipping: nDCG@10 change from float32, relative reconstruction error, measured/predicted std",
         [
-            shown(row, {**formats, **dict.fromkeys(("std_ratio_p5", "std_ratio_median", "std_ratio_p95"), ".3f")})
+            shown(row, {**clip_formats, **dict.fromkeys(("std_ratio_p5", "std_ratio_median", "std_ratio_p95"), ".3f")})
             for row in sweeps
         ],
         ["pooling", "vectors", "std_ratio_p5", "std_ratio_median", "std_ratio_p95", *clip_columns],
     )
+    for pooling, cost in costs.items():
+        print(
+            f"\nsweep of {pooling}: {cost['settings']} settings x {cost['storages']} storages in {cost['seconds']:.1f} s "
+            "(the fit not included)"
+        )
     worst = max(check)
     ok = worst <= TOLERANCE and all(entry["match"] for entry in readme.values())
     print(
@@ -337,7 +347,10 @@ def main(argv=None):
         f"({'within' if worst <= TOLERANCE else 'OVER'} {TOLERANCE:g}); raw float32 vs the README: "
         + ", ".join(f"{p} {e['got']} {'==' if e['match'] else '!='} {e['readme']}" for p, e in readme.items())
     )
-    payload.update(frontier=tables, int8=sweeps, readme=readme, max_gap_to_numpy=worst, checked=ok)
+    payload.update(
+        frontier=fronts, budgets=budgets, best=best, int8=sweeps, readme=readme, cost=costs, max_gap_to_numpy=worst,
+        checked=ok,
+    )  # fmt: skip
     save_results("retrieval_frontier", payload, args.results)
     if not ok:
         sys.exit("the numbers do not match the independent evaluation")

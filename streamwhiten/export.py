@@ -10,13 +10,27 @@ in float64 for ``npz`` and float32 elsewhere, optionally followed by L2 normalis
 ``sentence-transformers`` a directory with a ``Dense`` module (identity activation) and ``Normalize`` when
                           asked; with ``append_to`` a copy of a local model with these modules appended
 ``faiss``                 a ``LinearTransform``; with ``index`` an empty ``IndexPreTransform`` (the transform,
-                          ``NormalizationTransform`` when asked, then the index)
+                          ``NormalizationTransform`` when asked, then the index); for int8 storage the
+                          transform, ``NormalizationTransform`` and an ``IndexScalarQuantizer`` (8 bits)
+                          whose ranges are the map's int8 ranges; for binary storage an empty
+                          ``IndexBinaryFlat`` for the packed sign bits
 ``onnx``                  MatMul + Add (+ L2 normalisation), dynamic batch axis, opset 21
 ========================= ==================================================================================
 
 The parameters and the source model's checksum go into each format's own metadata where it has a place
 (npz arrays, safetensors header, ONNX ``metadata_props``, a ``streamwhiten.json`` in the Dense module's
-folder); a faiss file has none. The target library is imported only by the function that needs it; a
+folder); a faiss file has none. A map that carries a storage (``AffineMap.quantization``: the model's, or
+``dtype``) records it there too: its ``dtype``, ``bytes_per_vector`` and the decode record
+(``quantization``, the int8 scale and offset of every component), so that vectors stored that way can be
+read without streamwhiten.
+
+faiss's 8-bit scalar quantizer decodes code ``c`` of a component as ``vmin + (c + 0.5) vdiff / 255`` and
+encodes ``floor(255 (x - vmin) / vdiff)`` clipped to 0..255. With ``vmin = offset - 127.5 scale`` and
+``vdiff = 255 scale`` its codes 0..254 are our codes -127..127 (plus 127) and decode to the same values,
+``offset + code * scale``. Two differences remain: faiss rounds a value exactly halfway between two codes up
+(we round to even), and a value beyond ``offset + 127.5 scale`` becomes code 255 (``offset + 128 scale``)
+where we clip to 127; and faiss computes in float32. Both only move values at a code boundary or beyond
+the clip (4 standard deviations). The target library is imported only by the function that needs it; a
 missing one raises :class:`BadInputError` naming the ``pip install``. Outputs are written under a temporary
 name beside the target and renamed into place when complete.
 """
@@ -113,8 +127,17 @@ def check_options(
     index: str | None = None,
     metric: str | None = None,
     insert: str | None = None,
+    dtype: str | None = None,
 ) -> None:
-    """Raise :class:`BadInputError` for an option another format than ``fmt`` takes."""
+    """Raise :class:`BadInputError` for an option another format than ``fmt`` takes (``dtype``: how the
+    map's outputs are stored)."""
+    if fmt == "faiss" and dtype in ("int8", "binary") and index is not None:
+        raise BadInputError(
+            f"--index is for float storage: {dtype} storage is written as its own faiss index "
+            f"({'an IndexScalarQuantizer' if dtype == 'int8' else 'an IndexBinaryFlat'}); drop --index"
+        )
+    if fmt == "faiss" and dtype == "binary" and metric is not None:
+        raise BadInputError("--metric: a binary faiss index compares bits by Hamming distance; drop --metric")
     if append_to is not None and fmt != "sentence-transformers":
         raise BadInputError("--append-to is for the sentence-transformers format")
     if insert is not None and insert not in INSERTS:
@@ -125,7 +148,7 @@ def check_options(
         raise BadInputError("--index and --metric are for the faiss format")
     if metric is not None and index is None:
         raise BadInputError("--metric chooses the metric of --index; give --index too")
-    if fmt == "faiss" and normalize and index is None:
+    if fmt == "faiss" and normalize and index is None and dtype not in ("int8", "binary"):
         raise BadInputError(
             "faiss keeps a LinearTransform followed by a NormalizationTransform only inside an index: "
             "add --index (e.g. --index Flat) for an IndexPreTransform, or drop --normalize"
@@ -178,7 +201,7 @@ def export(
         affine = affine.as_affine()
     path = os.fspath(path).rstrip("/") or os.fspath(path)
     fmt = format_for(path, fmt, append_to)
-    check_options(fmt, affine.normalize, append_to, index, metric, insert)
+    check_options(fmt, affine.normalize, append_to, index, metric, insert, affine.dtype)
     check_available(fmt)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
@@ -285,7 +308,8 @@ def _file_is_current(path: str, fmt: str, payload) -> bool:
 
 
 def npz_arrays(affine: AffineMap) -> dict:
-    """The arrays of an ``.npz`` map: ``A``, ``b``, ``mean`` (float64) and the parameters."""
+    """The arrays of an ``.npz`` map: ``A``, ``b``, ``mean`` (float64), the parameters, and the storage's
+    decode record (``quantization_json``) when the map carries one."""
     return {
         "format": np.array(MAP_FORMAT),
         "format_version": np.array(MAP_VERSION, dtype=np.int64),
@@ -304,6 +328,11 @@ def npz_arrays(affine: AffineMap) -> dict:
         "model_checksum": np.array(affine.checksum),
         "model_file_checksum": np.array(affine.file_checksum),
         "mean_sq_norm": np.array(np.nan if affine.mean_sq_norm is None else affine.mean_sq_norm),
+        **(
+            {}
+            if affine.quantization is None
+            else {"quantization_json": np.array(json.dumps(affine.quantization.to_dict(), sort_keys=True))}
+        ),
     }
 
 
@@ -443,6 +472,30 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
     return index, metric
 
 
+def faiss_int8_ranges(quantization) -> tuple[np.ndarray, np.ndarray]:
+    """``(vmin, vdiff)`` of faiss's 8-bit scalar quantizer whose codes decode to ours (module docstring)."""
+    scale, offset = quantization.scale, quantization.offset
+    return (offset - 127.5 * scale).astype(np.float32), (255.0 * scale).astype(np.float32)
+
+
+def faiss_int8_index(affine: AffineMap, metric: str | None = None):
+    """An empty ``IndexPreTransform``: the map, ``NormalizationTransform`` (int8 codes are of unit vectors),
+    then an ``IndexScalarQuantizer`` (``QT_8bit``) trained with the map's int8 ranges."""
+    faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
+    metric = metric or "ip"
+    if metric not in ("ip", "l2"):
+        raise BadInputError(f"unknown faiss metric {metric!r}; choose ip or l2")
+    k = affine.n_components
+    code = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+    inner = faiss.IndexScalarQuantizer(k, faiss.ScalarQuantizer.QT_8bit, code)
+    vmin, vdiff = faiss_int8_ranges(affine.quantization)
+    faiss.copy_array_to_vector(np.concatenate([vmin, vdiff]), inner.sq.trained)
+    inner.is_trained = True
+    index = faiss.IndexPreTransform(faiss.NormalizationTransform(k, 2.0), inner)
+    index.prepend_transform(faiss_transform(affine))
+    return index, metric
+
+
 def _is_whitening_faiss(path: str) -> bool:
     """Whether the faiss file ``path`` is what :func:`write_faiss` writes (faiss files carry no metadata)."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
@@ -453,7 +506,11 @@ def _is_whitening_faiss(path: str) -> bool:
         transform = None
     if transform is not None:
         return type(faiss.downcast_VectorTransform(transform)) is faiss.LinearTransform
-    read = faiss.read_index(path)
+    try:
+        read = faiss.read_index(path)
+    except RuntimeError:  # not a float index: the empty binary index of binary storage?
+        binary = faiss.read_index_binary(path)
+        return type(faiss.downcast_IndexBinary(binary)) is faiss.IndexBinaryFlat and binary.ntotal == 0
     index = faiss.downcast_index(read)
     if not isinstance(index, faiss.IndexPreTransform) or index.ntotal != 0 or index.chain.size() < 1:
         return False
@@ -462,13 +519,36 @@ def _is_whitening_faiss(path: str) -> bool:
 
 def faiss_bytes(affine: AffineMap, factory: str | None = None, metric: str | None = None) -> tuple[bytes, dict]:
     """The bytes faiss's own writer gives for the ``LinearTransform`` (or, with ``factory``, the empty
-    index), and the summary entries describing it."""
+    index; for int8 or binary storage, that storage's index), and the summary entries describing it.
+
+    A binary index holds no map (faiss's binary indexes take no transform): add and search the packed
+    bits that ``AffineMap.encode`` gives (what the search stores), from this map."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
-    if factory is None:
+    if affine.dtype == "int8":
+        index, metric = faiss_int8_index(affine, metric)
+        payload = faiss.serialize_index(index).tobytes()
+        info: dict = {
+            "faiss": "IndexPreTransform",
+            "index": "SQ8 (ranges: the map's int8 record)",
+            "metric": metric,
+            "read_with": "faiss.read_index",
+            "needs_training": False,
+        }
+    elif affine.dtype == "binary":
+        bits = 8 * -(-affine.n_components // 8)
+        payload = faiss.serialize_index_binary(faiss.IndexBinaryFlat(bits)).tobytes()
+        info = {
+            "faiss": "IndexBinaryFlat",
+            "index": f"{bits} bits (numpy.packbits of the signs, last byte zero-padded)",
+            "metric": "hamming",
+            "read_with": "faiss.read_index_binary",
+            "needs_training": False,
+        }
+    elif factory is None:
         writer = faiss.VectorIOWriter()
         faiss.write_VectorTransform(faiss_transform(affine), writer)
         payload = faiss.vector_to_array(writer.data).tobytes()
-        info: dict = {"faiss": "LinearTransform", "read_with": "faiss.read_VectorTransform"}
+        info = {"faiss": "LinearTransform", "read_with": "faiss.read_VectorTransform"}
     else:
         index, metric = faiss_index(affine, factory, metric)
         payload = faiss.serialize_index(index).tobytes()
@@ -808,6 +888,8 @@ __all__ = [
     "st_insertion",
     "plan_sentence_transformers",
     "faiss_bytes",
+    "faiss_int8_index",
+    "faiss_int8_ranges",
     "format_for",
     "check_options",
     "check_available",

@@ -19,7 +19,7 @@ Examples
 >>> ApplyOptions(dtype="int4")
 Traceback (most recent call last):
 ...
-streamwhiten.errors.BadInputError: dtype must be "float32" or "float16", got 'int4'
+streamwhiten.errors.BadInputError: dtype must be "float32", "float16", "int8" or "binary", got 'int4'
 """
 
 from __future__ import annotations
@@ -220,11 +220,16 @@ class ApplyOptions:
     Parameters
     ----------
     normalize : bool
-        Scale every output row to unit L2 norm.
-    dtype : {"float32", "float16"}
-        The output values.
+        Scale every output row to unit L2 norm (always, for int8 and binary: see ``dtype``).
+    dtype : {"float32", "float16", "int8", "binary"} or None
+        The output values; None: the model's storage (what ``tune`` chose; float32 when it records none).
+        ``int8``: codes of the unit-length vectors, a scale and offset per component from the statistics;
+        ``binary``: their sign bits packed 8 per byte (uint8, ``ceil(k / 8)`` per row). Both are of the
+        unit vectors, as the search stores them, so they set ``normalize``; the output records how to
+        decode them (``streamwhiten.serving.decode``).
     skip_nonfinite : bool
-        Write NaN rows for input rows holding NaN or Inf instead of refusing them.
+        Write NaN rows for input rows holding NaN or Inf instead of refusing them (float outputs only:
+        int8 codes and bits cannot hold NaN).
     zarr_format : {2, 3}
         The format of a Zarr output.
     compressor : {"none", "zstd", "blosc", "gzip"}
@@ -242,7 +247,7 @@ class ApplyOptions:
     """
 
     normalize: bool = params.default("normalize")
-    dtype: str = params.default("dtype")
+    dtype: str | None = params.default("dtype")
     skip_nonfinite: bool = params.default("skip_nonfinite")
     zarr_format: int = params.default("zarr_format")
     compressor: str = params.default("compressor")
@@ -255,6 +260,12 @@ class ApplyOptions:
     def __post_init__(self):
         _check_fields(self)
         object.__setattr__(self, "keep_columns", column_names(self.keep_columns))
+        if self.dtype in params.CODED_DTYPES:  # codes and bits are of the unit vectors, as the search stores them
+            if self.skip_nonfinite:
+                raise BadInputError(
+                    f"dtype {self.dtype!r} cannot hold the NaN rows skip_nonfinite writes; write float32 or float16"
+                )
+            object.__setattr__(self, "normalize", True)
 
 
 def column_names(names) -> tuple[str, ...]:

@@ -139,6 +139,10 @@ def _params(*items: Param) -> dict[str, Param]:
 
 _MODEL, _APPLY, _INPUT = ("model",), ("apply",), ("input",)
 
+#: The values of ``dtype`` that store codes, not floats (int8 codes, packed sign bits): always of unit
+#: vectors, never NaN, decoded with the record the output carries.
+CODED_DTYPES = ("int8", "binary")
+
 #: Every parameter, by name (aliases included: see :data:`NAMES` for the parameters alone).
 PARAMS: dict[str, Param] = _params(
     # the whitening (changeable after a fit without another pass over the data)
@@ -277,9 +281,11 @@ PARAMS: dict[str, Param] = _params(
         "dtype",
         str,
         "float32",
-        '"float32" or "float16"',
-        choices=("float32", "float16"),
-        help="The output values.",
+        '"float32", "float16", "int8" or "binary"',
+        choices=("float32", "float16", "int8", "binary"),
+        none=True,
+        help="How the vectors are stored: float32 or float16 values, int8 codes (a scale and offset per component, "
+        "from the statistics) or sign bits (8 per byte). None: the model's storage (what tune chose), else float32.",
         job=_APPLY,
     ),
     Param("zarr_format", int, 3, "2 or 3", choices=(2, 3), help="The format of a Zarr output.", job=_APPLY),
@@ -345,19 +351,53 @@ PARAMS: dict[str, Param] = _params(
     # versions are kept (nothing reads them yet; later [publish] in a job file, see docs/nightly.md)
     Param("max_staleness", float, DEFAULT_MAX_STALENESS, "a number, 0 or more", 0.0, None),
     Param("keep_versions", int, 2, _COUNT, 1),
-    # retrieval evaluation: how the corpus is stored while searched, and the bootstrap
+    # retrieval evaluation: how the corpus is stored while searched (``dtype`` above), the re-ranking of a
+    # bit search, the bootstrap, and the byte budget of tune
     Param(
-        "storage",
+        "int8_clip",
+        float,
+        4.0,
+        "a number of standard deviations above 0",
+        0.0,
+        None,
+        closed="right",
+        help="int8: the codes span each component's mean +- this many standard deviations.",
+    ),
+    Param(
+        "rescore",
+        int,
+        0,
+        "a whole number, 0 or more",
+        0,
+        help="With --dtype binary: re-rank the top N of the bit search with --rescore-dtype vectors (0: none).",
+    ),
+    Param(
+        "rescore_dtype",
         str,
         "float32",
-        '"float32", "float16", "int8" or "binary"',
-        choices=("float32", "float16", "int8", "binary"),
+        '"float32" or "int8"',
+        choices=("float32", "int8"),
+        help="The vectors a --rescore re-ranks with (they are read from disk: their bytes count).",
     ),
-    Param("int8_clip", float, 4.0, "a number of standard deviations above 0", 0.0, None, closed="right"),
-    Param("rescore", int, 0, "a whole number, 0 or more", 0),
-    Param("rescore_storage", str, "float32", '"float32" or "int8"', choices=("float32", "int8")),
-    Param("bootstrap", int, 1000, "a whole number of resamples, 0 or more", 0),
-    Param("seed", int, 0, "a whole number, 0 or more", 0),
+    Param(
+        "bootstrap",
+        int,
+        1000,
+        "a whole number of resamples, 0 or more",
+        0,
+        help="Resamples of the queries for the paired 95% interval of each difference (0: none).",
+    ),
+    Param("seed", int, 0, "a whole number, 0 or more", 0, help="Seed of the bootstrap's resampling."),
+    Param(
+        "max_bytes",
+        int,
+        None,
+        "a whole number of bytes of at least 1",
+        1,
+        none=True,
+        help="Choose the best setting storing at most this many bytes per corpus vector (bits plus the vectors "
+        "a rescoring reads). Default: no budget.",
+    ),
 )
 
 #: The parameters alone (no aliases), in declaration order.
@@ -406,6 +446,7 @@ def check_model(
 
 
 __all__ = [
+    "CODED_DTYPES",
     "Param",
     "PARAMS",
     "NAMES",

@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from . import params as _params
@@ -131,6 +131,7 @@ class _Planned:
     resumed: bool
     params: dict
     skipped_before: int
+    storage: object = None  # an updated model's recorded storage, kept
 
 
 def fit(
@@ -207,6 +208,8 @@ def fit(
         checkpoint=every if runner.checkpoints else None,
     )
     model = finalize_fit(result, planned.params, planned.skipped_before)
+    if planned.storage is not None:  # an update keeps the storage the model records, as it keeps its setting
+        model = replace(model, storage=planned.storage)
     checksum = None
     if model_path is not None:
         saving = nullcontext(should_stop) if runner.stops_between_blocks or guard is None else guard()
@@ -261,9 +264,10 @@ def _plan(inputs, options: FitOptions, read: ReadOptions, update, params: dict, 
     from .core.model import load_model
     from .engine.fit import plan_fit, plan_update
 
-    skipped_before = 0
+    skipped_before, storage = 0, None
     if update is not None:
         previous = load_model(update)
+        storage = previous.storage
         params = effective_params(params, previous)
         planned = plan_update(
             previous.state,
@@ -282,8 +286,8 @@ def _plan(inputs, options: FitOptions, read: ReadOptions, update, params: dict, 
     if runner.checkpoints and checkpoint is not None:
         resumed = _resumed(planned, checkpoint, options, read, runner)
         if resumed is not None:
-            return _Planned(resumed, True, params, skipped_before)
-    return _Planned(planned, False, params, skipped_before)
+            return _Planned(resumed, True, params, skipped_before, storage)
+    return _Planned(planned, False, params, skipped_before, storage)
 
 
 def _resumed(planned, checkpoint: str, options: FitOptions, read: ReadOptions, runner):
@@ -416,7 +420,8 @@ def apply(
     setting : Setting, optional
         Another setting than the model's saved one (re-finalized from its statistics, no pass over data).
     options, read : ApplyOptions, ReadOptions, optional
-        What is written and how; how the input is read.
+        What is written and how; how the input is read. ``options.dtype`` None (the default without
+        ``options``) writes the model's storage (:func:`output_dtype`).
     engine : EngineOptions or Engine, optional
         Which engine runs the blocks (default: the serial engine).
     given : tuple of str
@@ -431,21 +436,30 @@ def apply(
     from .engine.engines import Engine, engine_for
     from .io import refuse_input_overlap
 
-    options, read = options or ApplyOptions(), read or ReadOptions()
+    options, read = options or ApplyOptions(dtype=None), read or ReadOptions()
     runner = engine if isinstance(engine, Engine) else engine_for(engine or EngineOptions())
     runner.check_apply(options, given)
     refuse_input_overlap({output_spec: "output"}, [input_spec] + ([model] if isinstance(model, str) else []))
     if isinstance(model, (str, os.PathLike)):
         model = load_model(os.fspath(model))
+    if options.dtype is None:  # int8 codes and bits set normalize, and refuse skip_nonfinite (ApplyOptions)
+        options = replace(options, dtype=output_dtype(model))
     changes = (setting or Setting()).given()
     if changes:
         model = model.with_params(**changes)
     return runner.apply(model, input_spec, output_spec, options, read, progress=progress, should_stop=should_stop)
 
 
+def output_dtype(model) -> str:
+    """The dtype an apply writes when none is given: the model's storage (what ``tune`` chose), float32
+    when it records none."""
+    return model.dtype
+
+
 __all__ = [
     "FitOutcome",
     "apply",
+    "output_dtype",
     "check_fit_paths",
     "check_writable_dir",
     "default_checkpoint",

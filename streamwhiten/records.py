@@ -149,6 +149,9 @@ class ResumeRecord:
         The output's compressor ("none": absent from the JSON).
     keep_columns : tuple of str
         Input columns carried into the output (none: absent from the JSON).
+    quantization : str, optional
+        int8 codes and sign bits: the digest of the decode record the output carries
+        (``Quantization.digest``; float outputs: None, absent from the JSON).
     rows_done, n_nonfinite : int
         Rows written and durable, and how many of them were non-finite input.
     """
@@ -164,11 +167,12 @@ class ResumeRecord:
     threads: int
     compressor: str = "none"
     keep_columns: tuple[str, ...] = ()
+    quantization: str | None = None
     rows_done: int = 0
     n_nonfinite: int = 0
 
-    #: The keys every record holds (those of the job, and the counts); ``compressor`` and ``keep_columns``
-    #: only where they are set.
+    #: The keys every record holds (those of the job, and the counts); ``compressor``, ``keep_columns``
+    #: and ``quantization`` only where they are set.
     REQUIRED: ClassVar[tuple[str, ...]] = (
         "model_checksum",
         "source",
@@ -200,6 +204,8 @@ class ResumeRecord:
             data["compressor"] = self.compressor
         if self.keep_columns:
             data["keep_columns"] = list(self.keep_columns)
+        if self.quantization is not None:
+            data["quantization"] = self.quantization
         data["rows_done"] = self.rows_done
         data["n_nonfinite"] = self.n_nonfinite
         return data

@@ -10,9 +10,15 @@ or :mod:`streamwhiten.core.model`, so a query service starts fast::
     from streamwhiten import serving
     whiten = serving.load("model.npz")          # or an exported map.npz
     y = whiten.transform(query_vector)          # same vectors as Whitener.transform / apply
+    codes = whiten.encode(query_vector)         # stored as the model's storage: int8 codes, sign bits
+    vectors = serving.decode(codes_read, attrs)  # codes an apply wrote, with the attributes they carry
 
 The map is ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by
-L2 normalisation (see :mod:`streamwhiten.core.affine`).
+L2 normalisation (see :mod:`streamwhiten.core.affine`). A model that records a storage (``tune`` chose
+int8 codes or sign bits, say) gives a map that carries its record: :meth:`AffineMap.encode` stores a
+vector as the model's outputs are stored, int8 ranges and all. :func:`decode` turns codes back into
+floats: those of ``encode``, and those of ``apply --dtype int8|binary``, whose outputs carry their record
+(attribute ``quantization``).
 """
 
 from __future__ import annotations
@@ -23,14 +29,16 @@ import numpy as np
 
 from ._npz import check_file, read_npz
 from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap, mean_sq_norm
+from .core.quantize import Quantization, Storage, decode, storage_quantizations
 from .core.validate import map_fields, model_fields
+from .errors import BadInputError
 
 #: The model file this module reads (the same values as ``streamwhiten.core.model.FORMAT_NAME``/``FORMAT_VERSION``,
 #: which cannot be imported here without numba).
 MODEL_FORMAT, MODEL_VERSION = "streamwhiten-model", 1
 
 
-def load(path, normalize: bool | None = None) -> AffineMap:
+def load(path, normalize: bool | None = None, dtype: str | None = None) -> AffineMap:
     """Load the affine map of a model file (at its saved setting) or of an exported ``.npz`` map.
 
     Parameters
@@ -40,6 +48,10 @@ def load(path, normalize: bool | None = None) -> AffineMap:
         Either is checked against its SHA-256 checksum before use.
     normalize : bool, optional
         Default of :meth:`AffineMap.transform`; default: the exported map's flag, False for a model file.
+    dtype : {"float32", "float16", "int8", "binary"}, optional
+        How :meth:`AffineMap.encode` stores vectors; default: the model's storage (or the exported map's
+        record), float32 when there is none. int8 needs a model file (its ranges come from the statistics)
+        or a map exported with its int8 record.
 
     Returns
     -------
@@ -52,10 +64,14 @@ def load(path, normalize: bool | None = None) -> AffineMap:
     """
     path = os.fspath(path)
     check_file(path, "model file or map")
+    if dtype is not None:
+        from .params import check
+
+        check("dtype", dtype)
     kind, stored_checksum = _peek(path)
     if kind == MAP_FORMAT:
-        return _load_map(path, normalize)
-    return _load_model(path, normalize, stored_checksum)
+        return _load_map(path, normalize, dtype)
+    return _load_model(path, normalize, stored_checksum, dtype)
 
 
 def file_checksum(path) -> str:
@@ -72,9 +88,17 @@ def _peek(path: str) -> tuple[str | None, str]:
         return None, ""
 
 
-def _load_model(path: str, normalize, stored_checksum: str) -> AffineMap:
+def _load_model(path: str, normalize, stored_checksum: str, dtype) -> AffineMap:
     f = model_fields(read_npz(path, "model file", MODEL_FORMAT, MODEL_VERSION), path)
     fitted_norm = mean_sq_norm(f["n_rows"], f["mean"], f["scatter"])
+    storage = f["storage"] or Storage()
+    if dtype is not None and dtype != storage.dtype:
+        storage = Storage(dtype=dtype, int8_clip=storage.int8_clip)
+    k = f["n_components"]
+    weights = f["eigvecs"][:, :k] * ((f["eigvals"][:k] + f["eps_value"]) ** (-f["gamma"] / 2.0))
+    quantization, _ = storage_quantizations(
+        storage, f["n_rows"], f["mean"], f["scatter"], weights, f["beta"] * f["mean"]
+    )
     return AffineMap.from_eigh(
         f["eigvals"],
         f["eigvecs"],
@@ -88,13 +112,23 @@ def _load_model(path: str, normalize, stored_checksum: str) -> AffineMap:
         bool(normalize),
         stored_checksum,
         fitted_norm,
+        quantization,
     )
 
 
-def _load_map(path: str, normalize) -> AffineMap:
+def _load_map(path: str, normalize, dtype) -> AffineMap:
     fields = map_fields(read_npz(path, "whitening map", MAP_FORMAT, MAP_VERSION), path)
     stored = fields.pop("normalize")
-    return AffineMap(normalize=stored if normalize is None else bool(normalize), **fields)
+    recorded = fields.pop("quantization")
+    if dtype is not None and dtype != (recorded.kind if recorded is not None else "float32"):
+        if dtype == "int8":
+            raise BadInputError(
+                f"{path}: int8 storage needs ranges from the fitted statistics, which a map holds only when it "
+                "was exported with them (export --dtype int8); load the model file instead"
+            )
+        k = int(fields["A"].shape[1])
+        recorded = None if dtype == "float32" else Quantization(dtype, k, normalized=True)
+    return AffineMap(normalize=stored if normalize is None else bool(normalize), quantization=recorded, **fields)
 
 
-__all__ = ["AffineMap", "load", "file_checksum", "MAP_FORMAT", "MAP_VERSION"]
+__all__ = ["AffineMap", "Quantization", "decode", "load", "file_checksum", "MAP_FORMAT", "MAP_VERSION"]

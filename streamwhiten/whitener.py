@@ -121,6 +121,13 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         Read chunks missing from a Zarr store (or never written in an HDF5 dataset) as the array's
         fill value. By default such a store is refused with an error naming the rows: a hole in an
         embedding store is almost always damage, not data.
+    dtype : {"float32", "float16", "int8", "binary"}, optional
+        How ``transform`` returns the vectors: None (the default) the floats it computes in (float64 for
+        float64 input, float32 otherwise); ``"float32"``/``"float16"`` those values cast; ``"int8"``
+        codes of the unit-length vectors (a scale and offset per component, from the statistics, as the
+        search stores them); ``"binary"`` the sign bits packed 8 per byte (``ceil(k / 8)`` uint8 per
+        row). ``quantization_`` is the record that decodes them. A model loaded with :meth:`load` takes
+        the storage it records (what ``tune`` chose), and :meth:`save` records this one.
     storage_options : mapping, optional
         Keyword arguments of the file systems of stores named by URL (``s3://``, ``gs://``, ...), e.g.
         ``{"endpoint_url": "http://127.0.0.1:9000", "key": ..., "secret": ...}``; they win over the
@@ -172,6 +179,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         n_jobs=_D["n_jobs"].default,
         fill_missing_chunks=_D["fill_missing_chunks"].default,
         chunk_rows=_D["chunk_rows"].default,
+        dtype=None,
         storage_options=_D["storage_options"].default,
     ):
         self.beta = beta
@@ -186,6 +194,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self.n_jobs = n_jobs
         self.fill_missing_chunks = fill_missing_chunks
         self.chunk_rows = chunk_rows
+        self.dtype = dtype
         self.storage_options = storage_options
 
     # -- displays: storage options by name only (their values are often secrets) ---------------------
@@ -321,7 +330,8 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         model = outcome.model
         self.state_, self.n_skipped_, self.sources_ = model.state, outcome.n_skipped, model.sources
         self.n_features_in_ = model.n_features
-        self._model = ((self.beta, self.gamma, self.eps, self.n_components, self.variance), model)
+        key = (self.beta, self.gamma, self.eps, self.n_components, self.variance, self.dtype)
+        self._model = (key, self._with_storage(model))
 
     def _block_rows(self) -> int | None:
         """``block_rows``, or its former name ``chunk_rows`` (with a ``FutureWarning``)."""
@@ -344,7 +354,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     def _finalized(self) -> WhiteningModel:
         if "state_" not in self.__dict__:
             raise NotFittedError("this Whitener is not fitted yet: call fit or partial_fit first")
-        key = (self.beta, self.gamma, self.eps, self.n_components, self.variance)
+        key = (self.beta, self.gamma, self.eps, self.n_components, self.variance, self.dtype)
         cached = self.__dict__.get("_model")
         if cached is not None and cached[0] == key and cached[1].state is self.state_:
             return cached[1]
@@ -368,8 +378,20 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
                 ),
                 model_params,
             )
+        model = self._with_storage(model)
         self._model = (key, model)
         return model
+
+    def _with_storage(self, model: WhiteningModel) -> WhiteningModel:
+        """``model`` recording this estimator's ``dtype`` as its storage (kept as it is when it already does)."""
+        from dataclasses import replace
+
+        from .core.quantize import DEFAULT_INT8_CLIP, Storage
+
+        if self.dtype is None or model.dtype == self.dtype:
+            return model
+        clip = model.storage.int8_clip if model.storage is not None else DEFAULT_INT8_CLIP
+        return replace(model, storage=Storage(self.dtype, int8_clip=clip))
 
     @property
     def model_(self) -> WhiteningModel:
@@ -417,6 +439,15 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     def effective_dimension_(self) -> float:
         return self._finalized().effective_dimension
 
+    @property
+    def quantization_(self):
+        """The record of how ``transform`` stores its output (:class:`~streamwhiten.core.quantize.Quantization`:
+        kind, scale and offset of int8 codes, ...), None when ``dtype`` is None."""
+        if self.dtype is None:
+            self._finalized()
+            return None
+        return self._finalized().quantization(self.dtype, normalize=bool(self.normalize))
+
     # -- using it ------------------------------------------------------------------------------------
     def transform(self, X, normalize=None) -> np.ndarray:
         """Whiten rows (a 2-D array or DataFrame, or a single vector); output float64 for float64
@@ -435,7 +466,18 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
 
             return transform_dask(model, X, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
         rows = self._rows(X, reset=False)  # width and feature names as fitted
-        return model.transform(rows, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
+        if self.dtype is None:
+            return model.transform(rows, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
+        params.check("dtype", self.dtype)
+        record = model.quantization(self.dtype, normalize=normalize)
+        if record is not None and record.kind in ("int8", "binary") and self.skip_nonfinite:
+            raise BadInputError(
+                f"dtype {self.dtype!r} cannot hold the NaN rows skip_nonfinite writes: use a float dtype"
+            )
+        values = model.transform(
+            rows, normalize=record.normalized if record else normalize, skip_nonfinite=self.skip_nonfinite
+        )
+        return values.astype(np.float32) if record is None else record.encode(values)
 
     def save(self, path) -> str:
         """Write the model file (pickle-free ``.npz``; the name must end in ``.npz``, and an existing file is
@@ -451,12 +493,17 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     def from_model(cls, model: WhiteningModel) -> Whitener:
         n_components = None if model.variance is not None else model.n_components
         whitener = cls(
-            beta=model.beta, gamma=model.gamma, n_components=n_components, variance=model.variance, eps=model.eps
+            beta=model.beta,
+            gamma=model.gamma,
+            n_components=n_components,
+            variance=model.variance,
+            eps=model.eps,
+            dtype=None if model.storage is None else model.storage.dtype,
         )
         whitener.state_ = model.state
         whitener.sources_ = model.sources
         whitener.n_skipped_ = int(model.info.get("n_skipped_nonfinite", 0))
         whitener.n_features_in_ = model.n_features
-        key = (whitener.beta, whitener.gamma, whitener.eps, whitener.n_components, whitener.variance)
+        key = (whitener.beta, whitener.gamma, whitener.eps, whitener.n_components, whitener.variance, whitener.dtype)
         whitener._model = (key, model)
         return whitener

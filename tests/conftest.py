@@ -43,6 +43,35 @@ def write_zarr(path, data, chunk_rows=100, zarr_format=3) -> str:
     return str(path)
 
 
+def write_task(tmp_path, seed=0, noise=1.0, n=1500, d=16, n_queries=40, graded=False, offset=0.0, loud=0.0):
+    """A retrieval task on disk: a corpus with a decaying spectrum (plus ``offset``), queries near some of its
+    rows (``noise``: isotropic, so full whitening amplifies it), those rows as the relevant documents in a
+    qrels file (``graded``: grades 1-3 and a second relevant row for some), excluded pairs, HDF5 stores.
+    ``loud``: more query noise of that spread along the corpus's loudest direction, which whitening quiets."""
+    rng = np.random.default_rng(seed)
+    basis = rng.standard_normal((d, d)) * np.geomspace(3, 0.05, d)[:, None]
+    corpus = (rng.standard_normal((n, d)) @ basis + offset).astype(np.float32)
+    picks = rng.choice(n, n_queries, replace=False)
+    queries = corpus[picks] + noise * rng.standard_normal((n_queries, d))
+    if loud:
+        top = basis[0] / np.linalg.norm(basis[0])
+        queries = queries + loud * rng.standard_normal((n_queries, 1)) * top
+    queries = queries.astype(np.float32)
+    triples = [(q, int(c), int(rng.integers(1, 4)) if graded else 1) for q, c in enumerate(picks)]
+    if graded:  # a second, weaker relevant document for some queries
+        triples += [(q, int((picks[q] + 7) % n), 1) for q in range(0, n_queries, 4)]
+    excluded = sorted({(q, int(rng.integers(0, n))) for q in range(0, n_queries, 3)} - {(q, c) for q, c, _ in triples})
+    qrels = tmp_path / "qrels.tsv"
+    qrels.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{c}\t{g}\n" for q, c, g in triples))
+    exclude = tmp_path / "exclude.tsv"
+    exclude.write_text("query-id\tcorpus-id\n" + "".join(f"{q}\t{c}\n" for q, c in excluded))
+    return dict(
+        corpus=corpus, queries=queries, triples=triples, excluded=excluded, qrels=str(qrels), exclude=str(exclude),
+        spec_q=write_h5(tmp_path / "q.h5", queries, chunk_rows=16),
+        spec_c=write_h5(tmp_path / "c.h5", corpus, chunk_rows=256),
+    )  # fmt: skip
+
+
 def map_checksum(A, mean, beta, gamma, eps, k) -> str:
     """The ``model_checksum`` of a map, from its definition (``AffineMap.checksum``): SHA-256 over a tag,
     the float64 bytes of ``mean`` and ``A`` with their shapes, then beta, gamma, eps (float64) and k (int64)."""

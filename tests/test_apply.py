@@ -203,3 +203,216 @@ def test_apply_records_the_fingerprint_of_a_separate_read_without_reading_sample
         np.testing.assert_array_equal(written.read(0, 700), model.transform(rows.astype(work)).astype(np.float32))
     with pytest.raises(NothingToDoError):
         apply_model(model, spec, out, ApplyOptions(), ReadOptions(block_rows=100), threads=threads)
+
+
+# ------------------------------------------------------------------------------ the storage of a model
+
+
+def test_apply_writes_the_models_storage_unless_told_otherwise(tmp_path, rows, model):
+    """A model recording a storage (what tune chose) is applied as it says, codes included; an explicit
+    dtype wins; a model recording none writes float32, as before."""
+    from dataclasses import replace
+
+    from conftest import run_subprocess
+
+    import streamwhiten
+    from streamwhiten.core.model import save_model
+    from streamwhiten.core.quantize import Storage
+
+    spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=500)
+    for dtype, written in (("float16", np.float16), ("int8", np.int8), ("binary", np.uint8), (None, np.float32)):
+        path = str(tmp_path / f"m-{dtype}.npz")
+        save_model(model if dtype is None else replace(model, storage=Storage(dtype)), path)
+        out = str(tmp_path / f"out-{dtype}.zarr")
+        outcome = streamwhiten.apply(path, spec, out)
+        assert stored(out).dtype == written and outcome.dtype == (dtype or "float32")
+        done = run_subprocess("apply", path, spec, "-o", tmp_path / f"cli-{dtype}.h5:/v", "--json")
+        assert done.returncode == 0 and stored(str(tmp_path / f"cli-{dtype}.h5:/v")).dtype == written
+    path = str(tmp_path / "m-int8.npz")
+    streamwhiten.apply(path, spec, str(tmp_path / "explicit.zarr"), options=ApplyOptions(dtype="float32"))
+    assert stored(str(tmp_path / "explicit.zarr")).dtype == np.float32
+
+
+# ------------------------------------------------------------------- int8 codes and sign bits (issue #26)
+
+
+def stored(spec):
+    """The array an apply wrote, read with its storage library alone (codes are no input of ours)."""
+    import h5py
+    import pyarrow.parquet as pq
+    import zarr
+
+    path, _, inner = str(spec).partition(":")
+    if path.endswith(".h5"):
+        with h5py.File(path, "r") as handle:
+            return handle[inner or "embeddings"][...]
+    if path.endswith(".zarr"):
+        return zarr.open_array(path, mode="r")[...]
+    if path.endswith(".parquet"):
+        table = pq.read_table(path)
+    else:
+        import lance
+
+        table = lance.dataset(path).to_table()
+    column = table.column(inner or "embedding").combine_chunks()
+    values = column.values.to_numpy(zero_copy_only=False)
+    return values.reshape(len(column), column.type.list_size)
+
+
+OUTPUTS = ("out.h5:/v", "out.zarr", "out.parquet", "out.lance")
+
+
+@pytest.mark.parametrize("dtype", ["int8", "binary"])
+@pytest.mark.parametrize("output", OUTPUTS)
+def test_quantized_outputs_are_the_codes_of_the_unit_transform_with_their_decode_record(
+    tmp_path, rows, model, dtype, output
+):
+    import streamwhiten
+    from streamwhiten import serving
+    from streamwhiten.core.quantize import Quantization
+
+    spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=200)
+    out = str(tmp_path / output)
+    outcome = streamwhiten.apply(model, spec, out, options=ApplyOptions(dtype=dtype), read=ReadOptions(block_rows=300))
+    y = model.transform(rows, normalize=True)  # codes and bits are of the unit vectors, as the search stores them
+    got = stored(out)
+    if dtype == "int8":  # the record every other path uses (tune, eval, serving, export), from the statistics
+        expected = model.quantization("int8").encode(y)
+        assert got.dtype == np.int8 and got.shape == (1500, 6)
+    else:  # numpy's packbits order; a component exactly 0 is a 0 bit (y > 0)
+        expected = np.packbits(y > 0, axis=1)
+        assert got.dtype == np.uint8 and got.shape == (1500, 1)
+    np.testing.assert_array_equal(got, expected)
+    assert (outcome.dtype, outcome.n_components, outcome.normalized) == (dtype, 6, True)
+    attrs = read_attrs(out)
+    assert attrs["dtype"] == dtype and attrs["normalized"] == True and attrs["complete"] == True  # noqa: E712 (HDF5: numpy bools)
+    record = Quantization.from_attrs(attrs)  # a dict, or its JSON where the store keeps text (HDF5)
+    assert (record.kind, record.n_components, record.normalized) == (dtype, 6, True)
+    decoded = serving.decode(got, attrs, np.float64)
+    if dtype == "int8":  # scale and offset recorded exactly; the codes decode to within half a step
+        reference = model.quantization("int8")
+        np.testing.assert_array_equal(record.scale, reference.scale)
+        np.testing.assert_array_equal(record.offset, reference.offset)
+        inside = np.abs(y - record.offset) <= 127 * record.scale
+        assert inside.mean() > 0.99
+        error = np.abs(decoded - y.astype(np.float64))
+        assert np.all((error <= record.scale / 2 * (1 + 1e-9))[inside])
+    else:
+        np.testing.assert_array_equal(decoded, np.where(y > 0, 1.0, -1.0))
+
+
+def test_apply_k_10_binary_gives_two_bytes_a_row_on_the_command_line(tmp_path, rows, model):
+    import json
+
+    from conftest import run_subprocess
+
+    from streamwhiten.core.model import save_model
+
+    save_model(model.with_params(n_components=12), str(tmp_path / "m.npz"))
+    spec = write_h5(tmp_path / "in.h5", rows)
+    out = tmp_path / "bits.h5"
+    done = run_subprocess("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "binary", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["dtype"], report["n_components"], report["normalized"]) == ("binary", 10, True)
+    bits = stored(str(out))
+    assert bits.shape == (1500, 2) and bits.dtype == np.uint8
+    y = model.with_params(n_components=10).transform(rows, normalize=True)
+    np.testing.assert_array_equal(bits, np.packbits(y > 0, axis=1))
+    assert not np.any(bits[:, 1] & 0b0011_1111)  # the last byte's 6 unused bits are zero
+    # the same again: nothing to do (exit 3); another dtype over it: refused, or replaced with --overwrite
+    again = run_subprocess("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "binary")
+    assert again.returncode == 3 and "is up to date" in again.stderr
+    other = run_subprocess("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "int8")
+    assert other.returncode == 2 and "exists" in other.stderr
+    other = run_subprocess("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "int8", "--overwrite")
+    assert other.returncode == 0 and stored(str(out)).shape == (1500, 10)
+    # codes are no input: read as one, a one-line exit 2 that says how to decode them
+    refused = run_subprocess("fit", out, "-o", tmp_path / "again.npz")
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert "got dtype int8 (codes written by apply --dtype int8 or binary: decode them with" in refused.stderr
+
+
+def test_quantized_outputs_refuse_nan_rows_in_one_line_before_reading(tmp_path, rows, model):
+    from conftest import run_subprocess
+
+    from streamwhiten.core.model import save_model
+
+    save_model(model, str(tmp_path / "m.npz"))
+    spec = write_h5(tmp_path / "in.h5", rows)
+    for dtype in ("int8", "binary"):
+        done = run_subprocess(
+            "apply", tmp_path / "m.npz", spec, "-o", tmp_path / "q.zarr", "--dtype", dtype, "--skip-nonfinite"
+        )
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert f"dtype {dtype!r} cannot hold the NaN rows skip_nonfinite writes" in done.stderr
+        assert not os.path.exists(tmp_path / "q.zarr")
+    bad = rows.copy()
+    bad[700, 2] = np.nan
+    spec = write_h5(tmp_path / "bad.h5", bad)
+    with pytest.raises(NonFiniteError, match="row 700 holds NaN or Inf"):
+        apply_model(model, spec, str(tmp_path / "q.h5"), ApplyOptions(dtype="int8"))
+    assert not os.path.exists(tmp_path / "q.h5")
+
+
+def test_an_interrupted_quantized_apply_resumes_only_with_the_same_codes(tmp_path, rows, model):
+    """Stopped after its first blocks, the same apply continues to the bytes of an uninterrupted run; a run
+    writing other codes (bits, or int8 of other ranges) starts over."""
+    from dataclasses import replace
+
+    from streamwhiten.core.quantize import Storage
+    from streamwhiten.errors import InterruptedRunError
+
+    spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=100)
+    read = ReadOptions(block_rows=100)
+    options = ApplyOptions(dtype="int8", progress_seconds=0)
+    reference = str(tmp_path / "reference.h5")
+    apply_model(model, spec, reference, options, read)
+
+    def stopped(path, model=model, options=options):
+        calls = iter(range(10**6))
+        with pytest.raises(InterruptedRunError):
+            apply_model(model, spec, path, options, read, should_stop=lambda: next(calls) >= 3)
+        assert os.path.exists(partial_path(path)) and not os.path.exists(path)
+
+    out = str(tmp_path / "out.h5")
+    stopped(out)
+    outcome = apply_model(model, spec, out, options, read)
+    assert outcome.resumed_at_row == 400
+    with open(out, "rb") as a, open(reference, "rb") as b:
+        assert a.read() == b.read()  # every byte, the decode record included
+    for name, other_model, other in (
+        ("bits.h5", model, replace(options, dtype="binary")),
+        ("clip.h5", replace(model, storage=Storage("int8", int8_clip=3.0)), options),
+    ):
+        path = str(tmp_path / name)
+        stopped(path)  # int8 codes of the default ranges
+        outcome = apply_model(other_model, spec, path, other, read)
+        assert outcome.resumed_at_row == 0
+        np.testing.assert_array_equal(
+            stored(path), other_model.quantization(other.dtype).encode(model.transform(rows, normalize=True))
+        )
+
+
+def test_job_file_dtype_int8_writes_codes_and_is_up_to_date_after(tmp_path, rows):
+    from conftest import run_subprocess
+
+    from streamwhiten.core.model import load_model
+
+    write_h5(tmp_path / "in.h5", rows)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[input]\npaths = ["{tmp_path / "in.h5"}"]\n[model]\npath = "m.npz"\nn_components = 5\n'
+        '[apply]\noutput = "out/{stem}.zarr"\ndtype = "int8"\n'
+    )
+    done = run_subprocess("run", job)
+    assert done.returncode == 0, done.stderr
+    model = load_model(str(tmp_path / "m.npz"))
+    codes = stored(str(tmp_path / "out/in.zarr"))
+    np.testing.assert_array_equal(codes, model.quantization("int8").encode(model.transform(rows, normalize=True)))
+    assert read_attrs(str(tmp_path / "out/in.zarr"))["quantization"]["kind"] == "int8"
+    again = run_subprocess("run", job)
+    assert again.returncode == 3, again.stderr  # the codes are what this job writes: nothing to do
+    job.write_text(job.read_text() + "skip_nonfinite = true\n")
+    refused = run_subprocess("run", job)
+    assert refused.returncode == 2 and "[apply] dtype 'int8' cannot hold the NaN rows" in refused.stderr

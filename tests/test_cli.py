@@ -376,7 +376,8 @@ def test_shell_completion_goes_through_clicks_entry_point():
     script = complete(_STREAMWHITEN_COMPLETE="bash_source")
     assert script.returncode == 0 and "_streamwhiten_completion()" in script.stdout and script.stderr == ""
     choices = complete(_STREAMWHITEN_COMPLETE="bash_complete", COMP_WORDS="streamwhiten apply --dtype ", COMP_CWORD="3")
-    assert choices.returncode == 0 and choices.stdout.split() == ["plain,float32", "plain,float16"]
+    assert choices.returncode == 0  # the parameter's choices (int8 and binary are refused by apply, for now)
+    assert choices.stdout.split() == ["plain,float32", "plain,float16", "plain,int8", "plain,binary"]
     commands = complete(_STREAMWHITEN_COMPLETE="bash_complete", COMP_WORDS="streamwhiten fi", COMP_CWORD="1")
     assert commands.stdout.split() == ["plain,fit"]
 
@@ -387,12 +388,18 @@ def test_shell_completion_goes_through_clicks_entry_point():
         ("fit", ["[default: 1]", "[default: 1e-06]", "[default: auto]", "[default: 20]", "Example:", "--block-rows"]),
         (
             "apply",
-            ["[default: the model's]", "[default: float32]", "[default: 10.0]", "Example:", "--progress-seconds"],
+            [
+                "[default: the model's]",
+                "[default: the model's storage, else float32]",
+                "[default: 10.0]",
+                "Example:",
+                "--progress-seconds",
+            ],
         ),
-        ("export", ["[default: the model's]", "Example:"]),
+        ("export", ["[default: the model's]", "[default: the model's storage, else float32]", "Example:"]),
         ("run", ["[input]", "[model]", "[apply]", "[storage]", 'output = "reduced/{stem}.zarr"', "Example"]),
-        ("eval", ["Example:"]),
-        ("tune", ["Example:"]),
+        ("eval", ["Examples:", "--queries", "--dtype", "--rescore"]),
+        ("tune", ["Examples:", "--queries", "--max-bytes", "--dtypes"]),
         ("report", ["Example:"]),
         ("info", ["Example:"]),
         ("demo", ["Example:", "[default: 100000;"]),

@@ -25,6 +25,7 @@ on ``fit``/``apply``, ``Whitener(fill_missing_chunks=True)``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -873,6 +874,83 @@ def test_the_models_the_package_writes_all_pass_the_checks(tmp_path, small_model
         for params in ({}, {"beta": 0.0, "gamma": 0.0}, {"variance": 0.9}, {"n_components": 1, "eps": 1e-3}):
             Whitener(**params).fit(rows).save(str(tmp_path / "m.npz"))
             load_model(str(tmp_path / "m.npz"))
+
+
+def _storage(edit):
+    """An edit of the ``storage_json`` of a model recording int8 storage: ``edit(record)`` changes the dict."""
+
+    def change(value):
+        record = json.loads(str(value))
+        edit(record)
+        return np.array(json.dumps(record))
+
+    return {"storage_json": change}
+
+
+def _scaled_int8(record):
+    record["quantization"]["scale"][0] *= 1.01
+
+
+#: storage edits of a model that records int8 storage (what ``tune --queries ...`` writes) -> the one line
+STORAGE_EDITS = {
+    "not-json": ({"storage_json": np.array("{int8")}, r"'storage_json' is not valid JSON"),
+    "dtype": (_storage(lambda r: r.update(dtype="int4")), r"'storage_json' is no storage: dtype must be"),
+    "rescore-float": (
+        _storage(lambda r: r.update(rescore=10)),
+        r"'storage_json' is no storage: rescore re-ranks a bit search",
+    ),
+    "clip": (_storage(lambda r: r.update(int8_clip=0.0)), r"'storage_json' is no storage: int8_clip must be a number"),
+    "bytes": (_storage(lambda r: r.update(bytes_per_vector=3)), r"'storage_json' says 3 bytes per vector, but int8"),
+    "ranges": (_storage(_scaled_int8), r"'storage_json' quantization is not the int8 record the saved statistics"),
+    "no-record": (
+        _storage(lambda r: r.update(quantization=None)),
+        r"'storage_json' quantization: not a streamwhiten-quantization",
+    ),
+    "stray-record": (
+        _storage(lambda r: r.update(rescore_quantization=r["quantization"])),
+        r"'storage_json' holds a rescore_quantization record its storage has no use for",
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def int8_model(tmp_path_factory):
+    from streamwhiten import Whitener
+
+    path = tmp_path_factory.mktemp("int8-model") / "model.npz"
+    Whitener(n_components=4, dtype="int8").fit(SMALL).save(str(path))
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("case", STORAGE_EDITS)
+def test_a_storage_that_no_tune_could_have_written_is_refused(tmp_path, int8_model, case, run_cli):
+    from streamwhiten import serving
+    from streamwhiten.core.model import load_model
+    from streamwhiten.errors import ModelFileError
+
+    (tmp_path / "good.npz").write_bytes(int8_model)
+    assert load_model(str(tmp_path / "good.npz")).storage.dtype == "int8"  # what is written passes
+    edits, pattern = STORAGE_EDITS[case]
+    rewrite_npz(tmp_path / "good.npz", tmp_path / "model.npz", **edits)
+    code, _, err = run_cli("info", tmp_path / "model.npz")
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert re.search(rf"model\.npz: model file field {pattern}", err), err
+    for load in (load_model, serving.load):
+        with pytest.raises(ModelFileError, match=pattern):
+            load(str(tmp_path / "model.npz"))
+
+
+def test_a_model_file_without_a_storage_is_float32_and_reads_as_before(tmp_path, small_model):
+    from streamwhiten import serving
+    from streamwhiten.core.model import file_checksum, load_model
+
+    (tmp_path / "model.npz").write_bytes(small_model)
+    with np.load(tmp_path / "model.npz") as arrays:
+        assert "storage_json" not in arrays.files  # a model that records none is written as before
+    model = load_model(str(tmp_path / "model.npz"))
+    assert (model.storage, model.dtype, serving.load(tmp_path / "model.npz").quantization) == (None, "float32", None)
+    with np.load(tmp_path / "model.npz") as arrays:
+        assert str(arrays["checksum"]) == file_checksum(model)
 
 
 CHECKPOINT_EDITS = {

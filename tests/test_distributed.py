@@ -308,6 +308,29 @@ def test_apply_dask_matches_serial_applier(client, stores, model, tmp_path):
     assert not os.path.exists(partial_path(out))
 
 
+@pytest.mark.parametrize("dtype", ["int8", "binary"])
+def test_apply_dask_writes_the_codes_and_record_of_the_serial_applier(client, stores, model, tmp_path, dtype):
+    import zarr
+
+    out, ref = str(tmp_path / "out.zarr"), str(tmp_path / "ref.zarr")
+    summary = sd.apply_dask(
+        model, stores.h5, out, ApplyOptions(dtype=dtype), ReadOptions(block_rows=2000), client=client,
+        output_chunk_rows=1000,
+    )  # fmt: skip
+    apply_model(model, stores.h5, ref, ApplyOptions(dtype=dtype))
+    codes, expected = zarr.open_array(out, mode="r")[...], zarr.open_array(ref, mode="r")[...]
+    assert codes.dtype == expected.dtype == (np.int8 if dtype == "int8" else np.uint8)
+    assert codes.shape == (10_000, 10 if dtype == "int8" else 2)
+    # the transform runs in other processes (BLAS rounding may differ): a code may sit one step off
+    assert np.abs(codes.astype(np.int16) - expected).max() <= (1 if dtype == "int8" else 255)
+    if dtype == "binary":
+        assert np.mean(np.unpackbits(codes, axis=1) != np.unpackbits(expected, axis=1)) < 1e-4
+    else:
+        assert np.mean(codes != expected) < 1e-3
+    assert read_attrs(out)["quantization"] == read_attrs(ref)["quantization"] == model.quantization(dtype).to_dict()
+    assert (summary.dtype, summary.normalized) == (dtype, True)
+
+
 def test_apply_dask_skip_nonfinite_writes_nan_rows(client, stores, model, tmp_path):
     out = str(tmp_path / "nan.zarr")
     summary = sd.apply_dask(

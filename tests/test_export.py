@@ -632,3 +632,138 @@ def test_a_failure_while_copying_leaves_nothing(tmp_path, st_model, run_cli):
     assert code == 74
     one_line_error(err, str(out), "broken-link", "nothing was written")
     assert not os.path.exists(out) and leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------------ quantized storage (issue #26)
+
+
+def search_codes(model, rows, dtype):
+    """The corpus rows as the retrieval search stores them, and the record (evaluation.retrieval)."""
+    from streamwhiten.evaluation.retrieval import SearchSetting
+
+    setting = SearchSetting.make("s", model, dtype=dtype)
+    return setting.quantization.encode(setting.unit(rows)), setting.quantization
+
+
+@pytest.fixture(scope="module")
+def stored_models(tmp_path_factory, model_path):
+    """The export model recording int8 storage at k = SMALL_K, and binary storage at k = 13 (not 8n)."""
+    from dataclasses import replace
+
+    from streamwhiten.core.model import load_model, save_model
+    from streamwhiten.core.quantize import Storage
+
+    folder = tmp_path_factory.mktemp("stored")
+    paths = {}
+    for dtype, k in (("int8", SMALL_K), ("binary", 13)):
+        model = replace(load_model(model_path).with_params(beta=1.0, gamma=0.5, n_components=k), storage=Storage(dtype))
+        paths[dtype] = str(folder / f"{dtype}.npz")
+        save_model(model, paths[dtype])
+    return paths
+
+
+def test_serving_and_whitener_encode_as_the_search_stores(stored_models, rows):
+    from streamwhiten import serving
+    from streamwhiten.core.model import load_model
+
+    queries = rows[:50].astype(np.float64)
+    for dtype, path in stored_models.items():
+        model = load_model(path)
+        codes, record = search_codes(model, queries, dtype)
+        served = serving.load(path)
+        assert served.dtype == dtype and served.quantization.to_dict() == record.to_dict()
+        np.testing.assert_array_equal(served.encode(queries), codes)
+        np.testing.assert_array_equal(served.encode(queries[0]), codes[0])  # one vector
+        estimator = Whitener.load(path)
+        assert estimator.dtype == dtype and estimator.quantization_.to_dict() == record.to_dict()
+        np.testing.assert_array_equal(estimator.transform(queries), codes)
+    # float32 input is whitened in float32 (as apply does): the same codes but for the rare value at a boundary
+    ours, _ = search_codes(load_model(stored_models["int8"]), rows, "int8")
+    assert (serving.load(stored_models["int8"]).encode(rows) == ours).mean() > 0.999
+
+
+def test_npz_safetensors_and_onnx_carry_the_quantization_record(tmp_path, stored_models, rows, run_cli):
+    from streamwhiten import serving
+    from streamwhiten.core.model import load_model
+
+    record = load_model(stored_models["int8"]).storage_records()[0].to_dict()
+    summary = export_ok(run_cli, stored_models["int8"], "-o", tmp_path / "map.npz")
+    assert (summary["dtype"], summary["bytes_per_vector"], summary["quantization"]) == ("int8", SMALL_K, record)
+    exported = serving.load(tmp_path / "map.npz")
+    assert exported.quantization.to_dict() == record
+    np.testing.assert_array_equal(exported.encode(rows), serving.load(stored_models["int8"]).encode(rows))
+    decoded = exported.quantization.decode(exported.encode(rows), np.float64)  # readable without the model
+    assert np.abs(decoded - normalized(exported.transform(rows).astype(np.float64))).max() < 0.05
+    # --dtype overrides the model's storage; float32 drops the record
+    assert "quantization" not in export_ok(
+        run_cli, stored_models["int8"], "-o", tmp_path / "f.npz", "--dtype", "float32"
+    )
+    with np.load(tmp_path / "f.npz") as arrays:
+        assert "quantization_json" not in arrays.files
+    bits = export_ok(run_cli, stored_models["int8"], "-o", tmp_path / "bits.npz", "--dtype", "binary")
+    assert bits["dtype"] == "binary" and bits["bytes_per_vector"] == 1
+    need("safetensors", "torch")
+    from safetensors import safe_open
+
+    export_ok(run_cli, stored_models["int8"], "-o", tmp_path / "map.safetensors")
+    with safe_open(str(tmp_path / "map.safetensors"), "np") as handle:
+        metadata = handle.metadata()
+        assert set(handle.keys()) == {"weight", "bias"}  # still an nn.Linear state dict
+    assert metadata["dtype"] == "int8" and json.loads(metadata["quantization"]) == record
+    onnx = need("onnx", "onnx")
+    export_ok(run_cli, stored_models["int8"], "-o", tmp_path / "map.onnx")
+    props = {prop.key: prop.value for prop in onnx.load(str(tmp_path / "map.onnx")).metadata_props}
+    assert json.loads(props["quantization"]) == record
+
+
+def test_faiss_int8_is_a_scalar_quantizer_whose_codes_and_search_are_ours(tmp_path, stored_models, rows, run_cli):
+    faiss = need("faiss", "faiss")
+    from streamwhiten import serving
+    from streamwhiten.core.model import load_model
+
+    summary = export_ok(run_cli, stored_models["int8"], "-o", tmp_path / "int8.faiss")
+    assert summary["faiss"] == "IndexPreTransform" and summary["metric"] == "ip" and not summary["needs_training"]
+    index = faiss.read_index(str(tmp_path / "int8.faiss"))
+    inner = faiss.downcast_index(faiss.downcast_index(index).index)
+    assert isinstance(inner, faiss.IndexScalarQuantizer) and inner.sq.qtype == faiss.ScalarQuantizer.QT_8bit
+    corpus, queries = rows[100:], rows[:40] + 0.05
+    # faiss code c is our code c - 127 (module docstring of streamwhiten.export), but at a rounding boundary
+    ours = serving.load(stored_models["int8"]).encode(corpus).astype(np.int64)
+    theirs = index.sa_encode(corpus).astype(np.int64) - 127
+    assert np.abs(theirs - ours).max() <= 1 and (theirs == ours).mean() > 0.999
+    index.add(corpus)
+    distances, found = index.search(queries, 10)
+    # our int8 search: the float unit query against the decoded codes
+    model = load_model(stored_models["int8"])
+    codes, record = search_codes(model, corpus, "int8")
+    from streamwhiten.evaluation.retrieval import SearchSetting
+
+    unit = SearchSetting.make("q", model).unit(queries)
+    scores = unit @ record.decode(codes, np.float64).T
+    expected = np.argsort(-scores, axis=1, kind="stable")[:, :10]
+    assert (found == expected).mean() > 0.99  # the same rows, but where float32 rounding swaps a near tie
+    np.testing.assert_allclose(distances, np.take_along_axis(scores, found, axis=1), atol=1e-5)
+
+
+def test_faiss_binary_is_an_index_binary_flat_of_our_packed_bits(tmp_path, stored_models, rows, run_cli):
+    faiss = need("faiss", "faiss")
+    from streamwhiten import serving
+
+    summary = export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.faiss")
+    assert summary["faiss"] == "IndexBinaryFlat" and summary["metric"] == "hamming"
+    index = faiss.read_index_binary(str(tmp_path / "bits.faiss"))
+    assert isinstance(index, faiss.IndexBinaryFlat) and index.d == 16 and index.ntotal == 0  # 13 bits, padded
+    encode = serving.load(stored_models["binary"]).encode
+    corpus, queries = encode(rows[100:]), encode(rows[:40] + 0.05)
+    assert corpus.shape == (500, 2) and corpus.dtype == np.uint8
+    index.add(corpus)
+    distances, found = index.search(queries, 20)
+    bits = lambda codes: np.unpackbits(codes, axis=1)[:, :13].astype(np.int64)  # noqa: E731
+    hamming = bits(queries) @ (1 - bits(corpus)).T + (1 - bits(queries)) @ bits(corpus).T
+    np.testing.assert_array_equal(distances, np.sort(hamming, axis=1)[:, :20])
+    np.testing.assert_array_equal(np.take_along_axis(hamming, found, axis=1), distances)
+    # an index holds no map: it is refused with --index, and recognised as ours on --overwrite
+    code, _, err = run_cli("export", stored_models["binary"], "-o", tmp_path / "x.faiss", "--index", "Flat")
+    assert code == EXIT_BAD_INPUT
+    one_line_error(err, "--index is for float storage: binary storage is written as its own faiss index")
+    export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.faiss", "--overwrite")

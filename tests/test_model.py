@@ -337,3 +337,42 @@ def test_malformed_version_fields_are_model_file_errors(tmp_path):
     open(path, "wb").write(b"plain text, not a model")
     with pytest.raises(ModelFileError, match="not an .npz archive"):
         load_model(path)
+
+
+def test_a_recorded_storage_survives_saving_resetting_and_updating(tmp_path):
+    """What tune chose is kept: saved and loaded, through another setting (its int8 ranges recomputed from
+    the statistics at that setting) and through an update with new rows (``fit --update``)."""
+    from dataclasses import replace
+
+    from conftest import write_h5
+
+    import streamwhiten
+    from streamwhiten.core.quantize import Storage, quantization_for
+
+    rows = anisotropic(400, 6, seed=4)
+    store = write_h5(tmp_path / "x.h5", rows[:300])
+    model = finalize(state_of(rows[:300]), n_components=4)
+    model = replace(model, storage=Storage("binary", rescore=20, rescore_dtype="int8", int8_clip=3.0))
+    path = str(tmp_path / "m.npz")
+    save_model(model, path)
+    loaded = load_model(path)
+    assert loaded.storage == model.storage and loaded.dtype == "binary"
+    stored, again = loaded.storage_records()
+    assert stored.kind == "binary" and again.kind == "int8" and again.clip == 3.0
+    expected = quantization_for("int8", loaded, normalize=True, clip=3.0)  # the documented rule, at this setting
+    np.testing.assert_array_equal(again.scale, expected.scale)
+    assert loaded.storage_summary()["bytes_per_vector"] == 1 + 4  # the bits and the int8 vectors re-ranked with
+    other = loaded.with_params(beta=0.5, n_components=6)
+    assert other.storage == model.storage
+    moved = other.storage_records()[1]
+    np.testing.assert_array_equal(moved.offset, quantization_for("int8", other, normalize=True, clip=3.0).offset)
+    assert moved.scale.shape == (6,) and not np.allclose(moved.offset[:4], again.offset)
+    # an update extends the statistics (the new store's rows) and keeps the setting and the storage
+    streamwhiten.fit(
+        store, path, setting=streamwhiten.Setting(n_components=4), options=streamwhiten.FitOptions(overwrite=True)
+    )
+    save_model(replace(load_model(path), storage=model.storage), path)  # as tune writes it
+    outcome = streamwhiten.fit([store, write_h5(tmp_path / "y.h5", rows[300:])], update=path)
+    updated = load_model(path)
+    assert outcome.updated and updated.n_rows == 400 and updated.storage == model.storage
+    assert updated.n_components == 4

@@ -47,11 +47,17 @@ def test_a_bad_value_reads_the_same_from_python_the_cli_and_a_job_file(tmp_path,
     assert not (tmp_path / "m.npz").exists()
 
 
+#: The estimator's own defaults where a declared one does not fit it: ``dtype`` None returns the floats
+#: it computes in (float64 for float64 input, as scikit-learn expects), where apply's default is float32.
+ESTIMATOR_DEFAULTS = {"dtype": None}
+
+
 def test_the_estimator_declares_the_specs_defaults():
     signature = inspect.signature(Whitener)
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in signature.parameters.values())
     for name, parameter in signature.parameters.items():
-        assert parameter.default == PARAMS[name].default, name
+        assert parameter.default == ESTIMATOR_DEFAULTS.get(name, PARAMS[name].default), name
+    assert PARAMS["dtype"].accepts(None)  # the estimator's default is one the parameter allows
 
 
 @pytest.mark.parametrize(

@@ -151,3 +151,32 @@ def test_cli_report_errors(setup, tmp_path, capsys):
     capsys.readouterr()
     assert main(["report", model_path, "-o", out]) == 2
     assert "already exists (pass --overwrite" in capsys.readouterr().err
+
+
+def test_a_model_tuned_for_retrieval_draws_its_frontier(tmp_path, capsys):
+    from conftest import write_task
+
+    from streamwhiten.core import stats
+    from streamwhiten.evaluation.sweep import tune_retrieval
+
+    task = write_task(tmp_path, seed=1, n=400, n_queries=15)
+    model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
+    tuned, summary = tune_retrieval(
+        model, task["spec_q"], task["spec_c"], task["qrels"], betas=[0, 1], gammas=[0, 1], ks=[16, 4],
+        variances=[], max_bytes=20, bootstrap=50,
+    )  # fmt: skip
+    save_model(tuned, str(tmp_path / "tuned.npz"))
+    assert main(["report", str(tmp_path / "tuned.npz"), "-o", str(tmp_path / "figures"), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted(os.path.basename(f) for f in out["files"]) == ["frontier.png", "spectrum.png", "variance.png"]
+    assert out["frontier"] == json.loads(json.dumps(tuned.info["tuned"]["frontier"]))
+    assert [row["bytes_per_vector"] for row in out["frontier"]] == [r["bytes_per_vector"] for r in summary["frontier"]]
+    assert imread(str(tmp_path / "figures" / "frontier.png")).shape[0] > 300
+    assert main(["report", str(tmp_path / "tuned.npz"), "-o", str(tmp_path / "r.html")]) == 0
+    assert "frontier   " in capsys.readouterr().out
+    page = (tmp_path / "r.html").read_text()
+    assert "Retrieval: the frontier it was tuned on" in page and "20 bytes per vector" in page
+    # a model tuned on pairs, or not tuned, has no frontier to draw
+    save_model(model, str(tmp_path / "plain.npz"))
+    assert main(["report", str(tmp_path / "plain.npz"), "-o", str(tmp_path / "plain"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["frontier"] is None

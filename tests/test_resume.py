@@ -138,6 +138,32 @@ def test_apply_killed_anywhere_resumes_to_identical_output(tmp_path, store):
     assert killed_mid_run >= 3
 
 
+@pytest.mark.parametrize("suffix", [".h5", ".zarr"])
+def test_a_killed_int8_apply_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_path, store, suffix):
+    """apply --dtype int8 killed with SIGKILL mid-run, then run again: continued from its progress record,
+    to every byte of an uninterrupted run (codes and their decode record)."""
+    model = tmp_path / "m.npz"
+    assert run_subprocess("fit", store, "-o", model, "-k", 16, "-q").returncode == 0
+    apply_args = ["--block-rows", 256, "--dtype", "int8", "--progress-seconds", 0, "-q"]
+    reference = str(tmp_path / f"reference{suffix}")
+    assert run_subprocess("apply", model, store, "-o", reference, *apply_args).returncode == 0
+    killed = 0
+    for target in (N_ROWS // 3, N_ROWS // 2, 2 * N_ROWS // 3):
+        output = str(tmp_path / f"out-{target}{suffix}")
+        process = spawn("apply", model, store, "-o", output, *apply_args)
+        if kill_when(process, lambda: rows_done_of_partial(output), target):
+            killed += 1
+            assert not os.path.exists(output)
+        resumed = run_subprocess("apply", model, store, "-o", output, *apply_args, "--json")
+        assert resumed.returncode == 0, resumed.stderr
+        if killed:
+            assert json.loads(resumed.stdout)["resumed_at_row"] >= target
+        assert store_bytes(output) == store_bytes(reference)
+        if killed:
+            break
+    assert killed == 1
+
+
 def store_bytes(path):
     """The contents of an HDF5 file, or of every file of a Zarr store by relative path."""
     if os.path.isfile(path):
@@ -583,7 +609,9 @@ def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_d
     with pytest.raises(BadInputError, match="puts two inputs in"):
         run_job_file(str(job))
     job.write_text(base + 'output = "out/{stem}.h5:/emb"\ndtype = "f4"\n')
-    with pytest.raises(BadInputError, match='dtype in \\[apply\\] must be "float32" or "float16"'):
+    with pytest.raises(
+        BadInputError, match='dtype in \\[apply\\] must be "float32", "float16", "int8" or "binary", got'
+    ):
         run_job_file(str(job))
     job.write_text(base + 'output = "out/{stem}.h5:/emb"\n')
     run_job_file(str(job))

@@ -1,18 +1,21 @@
 """Retrieval evaluation (evaluation.qrels, evaluation.retrieval): BEIR qrels, the metrics against hand-computed
 cases and an independent numpy evaluation, the paired bootstrap, quantized storage, and one-line errors."""
 
+import json
 import math
 import os
 import re
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
-from conftest import REPO, write_h5
+from conftest import REPO, write_h5, write_task
 
+from streamwhiten.cli import main
 from streamwhiten.core import stats
-from streamwhiten.core.model import finalize
-from streamwhiten.errors import BadInputError, NonFiniteError
+from streamwhiten.core.model import finalize, load_model, save_model
+from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError, NonFiniteError
 from streamwhiten.evaluation.qrels import Ids, read_exclude, read_qrels
 from streamwhiten.evaluation.retrieval import (
     METRICS,
@@ -176,7 +179,7 @@ def test_raw_and_whitened_metrics_equal_a_numpy_evaluation(task, threads, block_
         diff = result["difference"][name]
         assert diff["difference"] == pytest.approx(white[name] - raw[name], abs=1e-9)
         assert diff["low"] <= diff["difference"] <= diff["high"]
-    assert (result["whitened"]["k"], result["raw"]["storage"], result["raw"]["bytes_per_vector"]) == (16, "float32", 96)
+    assert (result["whitened"]["k"], result["raw"]["dtype"], result["raw"]["bytes_per_vector"]) == (16, "float32", 96)
     # the bootstrap, recomputed as documented
     rng = np.random.default_rng(0)
     diffs = np.array(white_each["ndcg@10"]) - np.array(raw_each["ndcg@10"])
@@ -191,7 +194,7 @@ def test_quantized_storage_equals_a_numpy_evaluation_of_the_decoded_vectors(task
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)), beta=1.0, gamma=1.0, n_components=20)
     queries = np.vstack([task["queries"], task["queries"][:1]])  # query 40 is judged, not relevant
     result = evaluate_retrieval(
-        queries, task["corpus"], task["qrels"], model=model, exclude=task["exclude"], storage=storage, bootstrap=0
+        queries, task["corpus"], task["qrels"], model=model, exclude=task["exclude"], dtype=storage, bootstrap=0
     )
     weights, shift = model.projection(np.float64)
 
@@ -229,13 +232,15 @@ def test_bits_rescored_over_the_whole_corpus_rank_as_the_float_search(task):
     args = (task["spec_q"], task["spec_c"], task["qrels"])
     floats = evaluate_retrieval(*args, model=model, exclude=task["exclude"], bootstrap=0)
     rescored = evaluate_retrieval(
-        *args, model=model, exclude=task["exclude"], storage="binary", rescore=2000, block_rows=500, bootstrap=0
+        *args, model=model, exclude=task["exclude"], dtype="binary", rescore=2000, block_rows=500, bootstrap=0
     )
-    bits = evaluate_retrieval(*args, model=model, exclude=task["exclude"], storage="binary", bootstrap=0)
+    bits = evaluate_retrieval(*args, model=model, exclude=task["exclude"], dtype="binary", bootstrap=0)
     for name in ("raw", "whitened"):
         assert {m: rescored[name][m] for m in METRICS} == {m: floats[name][m] for m in METRICS}
     assert bits["whitened"]["ndcg@10"] != floats["whitened"]["ndcg@10"]
-    assert rescored["whitened"]["bytes_per_vector"] == 2 and rescored["whitened"]["rescore"] == 2000
+    # bytes per vector: the bits and the float32 vectors the re-ranking reads from disk
+    assert rescored["whitened"]["bytes_per_vector"] == 2 + 16 * 4 and rescored["whitened"]["rescore"] == 2000
+    assert bits["whitened"]["bytes_per_vector"] == 2
 
 
 def test_the_bootstrap_is_paired_seeded_and_optional():
@@ -334,15 +339,15 @@ def test_bad_exclude_files_and_stores(tmp_path, task):
     with pytest.raises(BadInputError, match=r"the model expects 20 features but .*c\.h5:/emb has 24"):
         evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], model=model)
     with pytest.raises(BadInputError, match="int8 storage needs a fitted model"):
-        evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], storage="int8")
+        evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], dtype="int8")
     with pytest.raises(BadInputError, match="rescore re-ranks a bit search"):
         evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], rescore=10)
     for options, message in (
-        ({"storage": "int4"}, 'storage must be "float32", "float16", "int8" or "binary", got \'int4\''),
-        ({"storage": "binary", "rescore": 5, "rescore_storage": "binary"}, "rescore_storage must be"),
+        ({"dtype": "int4"}, 'dtype must be "float32", "float16", "int8" or "binary", got \'int4\''),
+        ({"dtype": "binary", "rescore": 5, "rescore_dtype": "binary"}, "rescore_dtype must be"),
         ({"rescore": -1}, "rescore must be a whole number, 0 or more, got -1"),
         ({"bootstrap": 1.5}, "bootstrap must be a whole number of resamples"),
-        ({"model": model, "storage": "int8", "int8_clip": 0.0}, "int8_clip must be a number of standard deviations"),
+        ({"model": model, "dtype": "int8", "int8_clip": 0.0}, "int8_clip must be a number of standard deviations"),
     ):
         with pytest.raises(BadInputError, match=f"^{re.escape(message)}"):
             evaluate_retrieval(task["spec_q"], narrow, task["qrels"], **options)  # checked before anything is read
@@ -375,3 +380,193 @@ def test_stsb_retrieval_dev_raw_numbers_match_its_readme(pooling, expected):
     )["raw"]  # fmt: skip
     got = tuple(round(result[name], 2) for name in ("ndcg@10", "recall@10", "mrr@10"))
     assert got == expected
+
+
+# ---------------------------------------------------------------------------------- the command line
+
+
+def eval_args(task, *extra):
+    return ["eval", *extra, "--queries", task["spec_q"], "--corpus", task["spec_c"], "--qrels", task["qrels"]]
+
+
+def saved_model(tmp_path, corpus, **params) -> str:
+    path = str(tmp_path / "model.npz")
+    save_model(finalize(stats.block_moments(corpus.astype(np.float64)), **params), path)
+    return path
+
+
+def test_cli_eval_json_keeps_the_library_shape_with_intervals(tmp_path, capsys):
+    task = write_task(tmp_path, seed=3, graded=True)
+    model_path = saved_model(tmp_path, task["corpus"], n_components=8)
+    args = eval_args(task, model_path, "--exclude", task["exclude"], "--dtype", "int8", "--bootstrap", "300")
+    assert main([*args, "--seed", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    expected = evaluate_retrieval(
+        task["spec_q"], task["spec_c"], task["qrels"], model=load_model(model_path), exclude=task["exclude"],
+        dtype="int8", bootstrap=300, seed=4,
+    )  # fmt: skip
+    assert out == json.loads(json.dumps(dict(expected, model=model_path)))
+    for name in ("raw", "whitened"):
+        assert {"ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10", "dtype", "bytes_per_vector"} <= set(
+            out[name]
+        )
+    assert (out["raw"]["bytes_per_vector"], out["whitened"]["bytes_per_vector"], out["whitened"]["k"]) == (16, 8, 8)
+    for name in METRICS:
+        d = out["difference"][name]
+        assert d["difference"] == pytest.approx(out["whitened"][name] - out["raw"][name], abs=1e-9)
+        assert d["low"] <= d["difference"] <= d["high"]
+    assert out["bootstrap"] == {"samples": 300, "seed": 4, "level": 0.95}
+    assert main(eval_args(task, "--json")) == 0  # without a model: the raw vectors alone
+    alone = json.loads(capsys.readouterr().out)
+    assert alone["whitened"] is None and alone["difference"] is None and alone["model"] is None
+
+
+@pytest.mark.parametrize(
+    "params, noise, loud, verdict, per_metric",
+    [
+        ({"beta": 1.0, "gamma": 1.0}, 1.0, 0.0, "nDCG@10: raw wins, whitened -", "worse, beyond noise"),
+        ({"beta": 0.0, "gamma": 0.0}, 1.0, 0.0, "nDCG@10: within noise, +0.00", "within noise"),
+        ({"beta": 1.0, "gamma": 1.0}, 0.01, 6.0, "nDCG@10: whitening wins, +", "better, beyond noise"),
+    ],
+)
+def test_cli_eval_text_shows_the_interval_and_says_who_wins(tmp_path, capsys, params, noise, loud, verdict, per_metric):
+    # isotropic query noise: full whitening amplifies it in the quiet directions (raw wins); a rotation ranks
+    # as raw (no difference); noise along the loudest direction is what whitening quiets (whitening wins)
+    task = write_task(tmp_path, seed=0, noise=noise, loud=loud)
+    model_path = saved_model(tmp_path, task["corpus"], **params)
+    assert main(eval_args(task, model_path)) == 0
+    text = capsys.readouterr().out
+    assert "difference" not in text or "[95% interval, 1,000 resamples of the queries]" in text
+    line = next(line for line in text.splitlines() if line.startswith("ndcg@10"))
+    assert re.search(r"[+-]\d+\.\d\d \[[+-]\d+\.\d\d, [+-]\d+\.\d\d\]", line) and line.endswith(per_metric)
+    assert f"verdict   {verdict}" in text
+    assert "storage   float32: raw 64 bytes per vector, whitened 64 (k=16)" in text
+
+
+def test_cli_eval_dtype_binary_and_rescore(tmp_path, capsys):
+    task = write_task(tmp_path, seed=2)
+    model_path = saved_model(tmp_path, task["corpus"], n_components=16)
+    assert main([*eval_args(task, model_path, "--dtype", "binary", "--rescore", "1500"), "--json"]) == 0
+    rescored = json.loads(capsys.readouterr().out)
+    assert main([*eval_args(task, model_path), "--json"]) == 0
+    floats = json.loads(capsys.readouterr().out)
+    for name in ("raw", "whitened"):  # every candidate re-ranked: the float ranking back, at the bytes of both
+        assert {m: rescored[name][m] for m in METRICS} == {m: floats[name][m] for m in METRICS}
+        assert rescored[name]["bytes_per_vector"] == 2 + 64
+    assert main(eval_args(task, model_path, "--dtype", "binary", "--rescore", "50", "--rescore-dtype", "int8")) == 0
+    assert "binary, the top 50 re-ranked with int8 vectors: raw 18 bytes per vector" in capsys.readouterr().out
+
+
+def test_cli_eval_bad_input_is_one_line_naming_file_and_line(tmp_path, capsys):
+    task = write_task(tmp_path, seed=1, n=300, n_queries=10)
+    qrels = tmp_path / "qrels.tsv"
+    cases = [
+        ("query-id\tcorpus-id\tscore\n0\t1\t1\n1\t300\t1\n", "qrels.tsv: line 3: corpus-id '300' is not a row of "),
+        ("query-id\tcorpus-id\tscore\n0\t1\t1\n10\t2\t1\n", "qrels.tsv: line 3: query-id '10' is not a row of "),
+        ("query-id\tcorpus-id\tscore\n", "qrels.tsv: holds no judged pair (only the header)"),
+        ("", "qrels.tsv: the file is empty (expected the header 'query-id<TAB>corpus-id<TAB>score')"),
+        ("query-id\tcorpus-id\tscore\n0\t1\t1\n1\t2\tgood\n", "qrels.tsv: line 3: score 'good' is not a number"),
+        ("0\t1\t1\n", "qrels.tsv: line 1: expected the header 'query-id<TAB>corpus-id<TAB>score', got '0<TAB>1<TAB>1'"),
+    ]
+    for text, message in cases:
+        qrels.write_text(text)
+        assert main(eval_args(task)) == EXIT_BAD_INPUT, text
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("streamwhiten: error: ") and message in err, (text, err)
+    # the same columns comma-separated in a .csv are read alike, and so are its mistakes
+    (tmp_path / "qrels.csv").write_text("query-id,corpus-id,score\n0,1,1\n1,2,x\n")
+    assert (
+        main(["eval", "--queries", task["spec_q"], "--corpus", task["spec_c"], "--qrels", tmp_path / "qrels.csv"]) == 2
+    )
+    assert "qrels.csv: line 3: score 'x' is not a number" in capsys.readouterr().err
+    qrels.write_text("query-id\tcorpus-id\tscore\n0\t1\t1\n")
+    narrow = write_h5(tmp_path / "narrow.h5", task["corpus"][:, :10])
+    assert main(["eval", "--queries", task["spec_q"], "--corpus", narrow, "--qrels", qrels]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "queries and corpus differ in width: " in err and "has 16 columns but " in err
+    # a FIFO is refused at once, never opened (the read would block)
+    fifo = tmp_path / "fifo.tsv"
+    os.mkfifo(fifo)
+    assert main(["eval", "--queries", task["spec_q"], "--corpus", task["spec_c"], "--qrels", fifo]) == EXIT_BAD_INPUT
+    assert f"{fifo}: is a FIFO (named pipe), not a regular file" in capsys.readouterr().err
+    assert main(["eval", "--queries", task["spec_q"], "--corpus", task["spec_c"], "--qrels", tmp_path / "no.tsv"]) == 2
+    assert "no.tsv: no such file or directory" in capsys.readouterr().err
+
+
+def test_cli_eval_ids_that_name_no_row_of_an_id_column(tmp_path, capsys):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    task = write_task(tmp_path, seed=1, n=300, n_queries=10)
+    for name, vectors in (("q", task["queries"]), ("c", task["corpus"])):
+        column = pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), vectors.shape[1])
+        pq.write_table(
+            pa.table({"id": [f"{name}{i}" for i in range(len(vectors))], "v": column}), tmp_path / f"{name}.pq"
+        )
+    (tmp_path / "ids.tsv").write_text("query-id\tcorpus-id\tscore\nq0\tc1\t1\nq1\tdoc-7\t1\n")
+    args = [
+        "eval",
+        "--queries",
+        f"{tmp_path}/q.pq:v",
+        "--corpus",
+        f"{tmp_path}/c.pq:v",
+        "--qrels",
+        tmp_path / "ids.tsv",
+    ]
+    assert main([*args, "--query-ids", "id", "--corpus-ids", "id"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ids.tsv: line 3: corpus-id 'doc-7' is not an id in column 'id' of " in err
+
+
+def test_cli_eval_modes_are_exclusive(tmp_path, capsys):
+    task = write_task(tmp_path, seed=1, n=300, n_queries=10)
+    pairs = ["--pairs-a", task["spec_q"], "--pairs-b", task["spec_q"], "--scores", task["qrels"]]
+    for args, message in (
+        ([*eval_args(task), *pairs], "give labelled pairs (--pairs-a, --pairs-b, --scores) or a retrieval task"),
+        (["eval"], "give labelled pairs (--pairs-a, --pairs-b, --scores) or a retrieval task"),
+        (["eval", "--queries", task["spec_q"], "--qrels", task["qrels"]], "needs --queries, --corpus and --qrels"),
+        (["eval", *pairs, "--dtype", "int8"], "--dtype is for a retrieval task"),
+        ([*eval_args(task), "--dtype", "int8"], "int8 storage needs a fitted model"),
+    ):
+        assert main(args) == EXIT_BAD_INPUT, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, (args, err)
+
+
+def test_apply_outputs_search_as_eval_searches(tmp_path, capsys):
+    """What apply writes is what eval searches: its float output is a store eval reads like any other (the
+    raw vectors of a search, float32 or bits), and its int8 codes, decoded, rank as eval's int8 search."""
+    from streamwhiten import serving
+    from streamwhiten.io import read_attrs
+
+    task = write_task(tmp_path, seed=5, n=1200, d=16, n_queries=30)
+    model_path = saved_model(tmp_path, task["corpus"], n_components=8)
+    outputs = {}
+    for name, spec in (("q", task["spec_q"]), ("c", task["spec_c"])):
+        outputs[name] = str(tmp_path / f"{name}-whitened.zarr")
+        assert main(["apply", model_path, spec, "-o", outputs[name], "--normalize", "-q"]) == 0
+    capsys.readouterr()
+    for dtype in ("float32", "binary"):
+        assert main([*eval_args(task, model_path, "--dtype", dtype), "--json"]) == 0
+        on_raw = json.loads(capsys.readouterr().out)["whitened"]
+        args = ["eval", "--queries", outputs["q"], "--corpus", outputs["c"], "--qrels", task["qrels"], "--json"]
+        assert main([*args, "--dtype", dtype]) == 0
+        on_output = json.loads(capsys.readouterr().out)["raw"]
+        for metric in METRICS:
+            assert on_output[metric] == pytest.approx(on_raw[metric], abs=1e-9), (dtype, metric)
+    codes = str(tmp_path / "c-int8.h5")
+    assert main(["apply", model_path, task["spec_c"], "-o", codes, "--dtype", "int8", "-q"]) == 0
+    capsys.readouterr()
+    with h5py.File(codes, "r") as handle:
+        stored = handle["embeddings"][...]
+    decoded = serving.decode(stored, read_attrs(codes), np.float64)
+    model = load_model(model_path)
+    yq = model.transform(task["queries"].astype(np.float64), normalize=True)
+    expected, _ = scored(yq @ decoded.T, task["triples"])
+    assert main([*eval_args(task, model_path, "--dtype", "int8"), "--json"]) == 0
+    searched = json.loads(capsys.readouterr().out)["whitened"]
+    for metric in METRICS:
+        assert searched[metric] == pytest.approx(expected[metric], abs=1e-9), metric
+    # codes are no input: eval refuses them in one line, saying how to decode them
+    assert main(["eval", "--queries", outputs["q"], "--corpus", codes, "--qrels", task["qrels"]]) == EXIT_BAD_INPUT
+    assert "codes written by apply --dtype int8 or binary" in capsys.readouterr().err

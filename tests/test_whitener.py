@@ -302,3 +302,40 @@ def test_a_refused_batch_leaves_no_fitted_attribute_behind():
     with pytest.raises(BadInputError, match="at least 2 rows"):
         whitener.fit(bad[:1])
     assert not any(name.endswith("_") for name in vars(whitener))
+
+
+def test_dtype_returns_int8_codes_or_packed_bits_with_the_record_as_an_attribute(tmp_path):
+    from sklearn.base import clone
+
+    from streamwhiten.core.quantize import int8_for_map
+
+    rows = anisotropic(800, 10, seed=7)
+    plain = Whitener(n_components=6).fit(rows)
+    unit = plain.transform(rows, normalize=True)
+    assert plain.dtype is None and plain.quantization_ is None
+    for dtype in ("float32", "float16"):
+        estimator = clone(plain).set_params(dtype=dtype).fit(rows)
+        got = estimator.transform(rows)
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, plain.transform(rows).astype(dtype))
+    int8 = Whitener(n_components=6, dtype="int8").fit(rows)
+    codes = int8.transform(rows)
+    record = int8.quantization_
+    assert codes.dtype == np.int8 and codes.shape == (800, 6) and record.kind == "int8" and record.normalized
+    model = int8.model_
+    weights, shift = model.projection()
+    expected = int8_for_map(model.n_rows, model.mean, model.state.scatter, weights, shift, normalize=True)
+    np.testing.assert_array_equal(record.scale, expected.scale)  # from the statistics, for the unit vectors
+    np.testing.assert_array_equal(codes, np.clip(np.rint((unit - record.offset) / record.scale), -127, 127))
+    bits = Whitener(n_components=6, dtype="binary").fit(rows).transform(rows)
+    assert bits.dtype == np.uint8 and bits.shape == (800, 1)
+    np.testing.assert_array_equal(bits, np.packbits(unit > 0, axis=1))
+    # saved, the dtype is the model's storage; loaded, it is the estimator's dtype again
+    int8.save(tmp_path / "m.npz")
+    loaded = Whitener.load(tmp_path / "m.npz")
+    assert loaded.dtype == "int8" and loaded.model_.storage.dtype == "int8"
+    np.testing.assert_array_equal(loaded.transform(rows), codes)
+    with pytest.raises(BadInputError, match=r"^dtype must be \"float32\", \"float16\", \"int8\" or \"binary\""):
+        Whitener(dtype="int4").fit(rows)
+    with pytest.raises(BadInputError, match="cannot hold the NaN rows skip_nonfinite writes"):
+        Whitener(dtype="int8", skip_nonfinite=True).fit(rows).transform(rows)

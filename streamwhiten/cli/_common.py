@@ -114,8 +114,8 @@ def pair_options(required: bool, prefix: str = "pairs", scores: str = "scores", 
                 (
                     f"--{scores}",
                     names[2],
-                    f"Gold score of each of the {what} (a 1-D dataset, .npy, or a column of a CSV/TSV file: "
-                    "file.csv:NAME by header, file.tsv:INDEX from 0).",
+                    f"Gold score of each of the {what} (a 1-D dataset, .npy, or a column of a CSV or TSV file: "
+                    "file.csv:NAME by its header, file.tsv:INDEX counted from 0, every line data).",
                 ),
             ]
         ):
@@ -123,6 +123,87 @@ def pair_options(required: bool, prefix: str = "pairs", scores: str = "scores", 
         return func
 
     return decorate
+
+
+#: The options of a retrieval task, by parameter name.
+RETRIEVAL = ("queries", "corpus", "qrels", "exclude", "query_ids", "corpus_ids")
+PAIRS = ("pairs_a", "pairs_b", "scores")
+
+
+def retrieval_options(func):
+    """``--queries/--corpus/--qrels/--exclude/--query-ids/--corpus-ids``: a retrieval task."""
+    for flag, name, metavar, text in reversed(
+        [
+            ("--queries", "queries", "SPEC", "Query vectors (a store spec, as fit takes them), read whole."),
+            ("--corpus", "corpus", "SPEC", "Corpus vectors, streamed in blocks (a store spec)."),
+            (
+                "--qrels",
+                "qrels",
+                "FILE",
+                "Relevance judgements: BEIR's qrels TSV, header query-id<TAB>corpus-id<TAB>score (or the same "
+                "columns comma-separated in a .csv); ids are 0-based rows, or values of --query-ids/--corpus-ids.",
+            ),
+            (
+                "--exclude",
+                "exclude",
+                "FILE",
+                "Pairs never returned, a TSV or CSV file with the header query-id, corpus-id (e.g. each query's own "
+                "text in the corpus).",
+            ),
+            ("--query-ids", "query_ids", "COLUMN", "Parquet/Lance queries: the column holding the ids the qrels use."),
+            ("--corpus-ids", "corpus_ids", "COLUMN", "Parquet/Lance corpus: the column holding the ids the qrels use."),
+        ]
+    ):
+        func = click.option(flag, name, default=None, metavar=metavar, help=text)(func)
+    return func
+
+
+def mode_of(values: dict, search_options: tuple = ()) -> str:
+    """``"pairs"`` or ``"retrieval"``: which of the two exclusive inputs was given (all of its required
+    options), else a one-line error. ``search_options`` (names) are refused with labelled pairs."""
+    pairs = [name for name in PAIRS if values.get(name) is not None]
+    task = [name for name in RETRIEVAL if values.get(name) is not None]
+    if pairs and task:
+        raise BadInputError(
+            "give labelled pairs (--pairs-a, --pairs-b, --scores) or a retrieval task (--queries, --corpus, "
+            f"--qrels), not both (got {_flags(pairs[:1] + task[:1])})"
+        )
+    if not pairs and not task:
+        raise BadInputError(
+            "give labelled pairs (--pairs-a, --pairs-b, --scores) or a retrieval task (--queries, --corpus, --qrels)"
+        )
+    if pairs:
+        if len(pairs) < 3:
+            raise BadInputError("give all three of --pairs-a, --pairs-b and --scores")
+        given = [name for name in search_options if values.get(name) is not None]
+        if given:
+            raise BadInputError(f"{_flags(given[:1])} is for a retrieval task (--queries, --corpus, --qrels)")
+        return "pairs"
+    missing = [name for name in ("queries", "corpus", "qrels") if values.get(name) is None]
+    if missing:
+        raise BadInputError(f"a retrieval task needs --queries, --corpus and --qrels (missing {_flags(missing)})")
+    return "retrieval"
+
+
+def _flags(names) -> str:
+    return ", ".join("--" + name.replace("_", "-") for name in names)
+
+
+def noise(low, high) -> str:
+    """What a paired interval of a difference says: better, worse, or within noise (it holds 0)."""
+    if low is None or high is None:
+        return "no interval (--bootstrap 0)"
+    if low > 0:
+        return "better, beyond noise"
+    if high < 0:
+        return "worse, beyond noise"
+    return "within noise"
+
+
+def fmt_interval(difference, low, high) -> str:
+    if low is None or high is None:
+        return f"{difference:+.2f}"
+    return f"{difference:+.2f} [{low:+.2f}, {high:+.2f}]"
 
 
 def open_pairs_given(a, b, scores, flags: str):
@@ -155,8 +236,24 @@ def number_list(text, name: str, cast=float, n_features: int | None = None):
     return values
 
 
-def grid_options(purpose: str):
-    """``--betas/--gammas/--ks/--variances/--metric``: the (beta, gamma, k) grid shared by tune and report."""
+#: The metrics of labelled pairs, and of retrieval.
+PAIR_METRICS = ("spearman", "pearson")
+RETRIEVAL_METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
+
+
+def grid_options(purpose: str, retrieval: bool = False):
+    """``--betas/--gammas/--ks/--variances/--metric``: the (beta, gamma, k) grid shared by tune and report
+    (``retrieval``: the metric may be a retrieval one too, its default the mode's)."""
+    metric = (
+        click.option(
+            "--metric",
+            type=click.Choice(PAIR_METRICS + RETRIEVAL_METRICS),
+            default=None,
+            help="What the choice maximises [default: spearman for pairs, ndcg@10 for retrieval].",
+        )
+        if retrieval
+        else click.option("--metric", type=click.Choice(list(PAIR_METRICS)), default="spearman", show_default=True)
+    )
 
     def decorate(func):
         for option in reversed(
@@ -183,9 +280,7 @@ def grid_options(purpose: str):
                     metavar="LIST",
                     help=f"Explained-variance fractions {purpose}, each as a k [default: 0.9,0.95,0.99; '' for none].",
                 ),
-                click.option(
-                    "--metric", type=click.Choice(["spearman", "pearson"]), default="spearman", show_default=True
-                ),
+                metric,
             ]
         ):
             func = option(func)
@@ -206,7 +301,14 @@ def grid_of(values: dict, n_features: int) -> dict:
 
 
 __all__ = [
+    "PAIR_METRICS",
+    "RETRIEVAL",
+    "RETRIEVAL_METRICS",
     "emit",
+    "fmt_interval",
+    "mode_of",
+    "noise",
+    "retrieval_options",
     "fmt_rate",
     "fmt_scores",
     "fmt_setting",

@@ -52,6 +52,7 @@ def cli():
       streamwhiten demo                                       # the whole job on a built-in example
       streamwhiten fit corpus.h5:/emb -o model.npz            # one streaming pass
       streamwhiten apply model.npz corpus.h5:/emb -o out.zarr -k 256 --normalize
+    For search: eval and tune take --queries/--corpus/--qrels (tune --max-bytes chooses the storage).
     Shell completion (bash; zsh_source and fish_source for those shells):
       eval "$(_STREAMWHITEN_COMPLETE=bash_source streamwhiten)"
     """

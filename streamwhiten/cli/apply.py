@@ -40,7 +40,13 @@ ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor")
     "block_rows",
     "zarr_format",
     "skip_nonfinite",
-    helps={"skip_nonfinite": "Write NaN for input rows holding NaN/Inf instead of failing."},
+    defaults={"dtype": None},
+    helps={
+        "skip_nonfinite": "Write NaN for input rows holding NaN/Inf instead of failing.",
+        "dtype": "The output values: float32 or float16; int8 codes of the unit vectors (a scale and offset "
+        "per component, from the statistics) or binary sign bits (8 per byte, ceil(k/8) bytes a row), both "
+        "normalized, recording how to decode them [default: the model's storage, else float32].",
+    },
 )
 @click.option(
     "--restart", is_flag=True, help="Discard the partial output of an interrupted run instead of resuming it."
@@ -86,7 +92,7 @@ def apply(ctx, model_path, input_spec, output_spec, quiet, as_json, **values):
     given = given_names(ctx, ENGINE_SPECIFIC)
     read = read_options(values)
     setting = take(Setting, values)
-    options = take(ApplyOptions, values)
+    options = take(ApplyOptions, values, dtype=values.pop("dtype"))  # None: the model's storage
     engine = engine_for(engine_of(values))
     # The Dask applier cannot stop its tasks at a block boundary: a signal interrupts it at once.
     with progress_bar("apply", quiet) as progress, work(stoppable=engine.stops_between_blocks) as should_stop:

@@ -1,35 +1,80 @@
-"""``streamwhiten eval``: score a model (or the raw vectors) on labelled pairs."""
+"""``streamwhiten eval``: score a model (or the raw vectors) on labelled pairs or on a retrieval task."""
 
 from __future__ import annotations
 
 import click
 
 from ..errors import BadInputError
-from ._common import emit, fmt_scores, fmt_setting, pair_options, progress_bar
+from ._common import (
+    emit,
+    fmt_interval,
+    fmt_scores,
+    fmt_setting,
+    mode_of,
+    noise,
+    pair_options,
+    progress_bar,
+    retrieval_options,
+)
 from ._options import json_option, param_options, pop_param, quiet_option, setting_options, take
+
+#: The options of a search (retrieval only): how the corpus is stored, the re-ranking, the bootstrap.
+SEARCH_OPTIONS = ("dtype", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed")
 
 
 @click.command(name="eval")
 @click.argument("model_path", required=False)
-@pair_options(required=True)
+@pair_options(required=False)
+@retrieval_options
 @setting_options("eval")
-@param_options("block_rows", helps={"block_rows": "Pairs per block read (default: about 16 MiB of vectors)."})
+@param_options(
+    *SEARCH_OPTIONS,
+    defaults={name: None for name in SEARCH_OPTIONS},
+    helps={
+        "dtype": "Retrieval: how the corpus is stored while searched, raw and whitened alike: float32, float16, "
+        "int8 (dot product with the dequantized vectors) or binary (Hamming distance of sign bits) "
+        "[default: the model's storage, else float32].",
+        "rescore": "Retrieval, --dtype binary: re-rank the top N of the bit search with --rescore-dtype vectors "
+        "[default: the model's storage's, else 0].",
+        "rescore_dtype": "The vectors --rescore re-ranks with: float32 or int8 [default: the model's storage's, "
+        "else float32].",
+        "int8_clip": "int8: the codes span each component's mean +- this many standard deviations [default: 4].",
+        "bootstrap": "Retrieval: resamples of the queries for the paired 95% interval of each difference "
+        "[default: 1000; 0: none].",
+        "seed": "Retrieval: the bootstrap's seed [default: 0].",
+    },
+)
+@param_options(
+    "block_rows",
+    "threads",
+    defaults={"threads": None},
+    helps={
+        "block_rows": "Pairs (or corpus rows) per block read (default: about 16 MiB of pairs, 32 MiB of corpus).",
+        "threads": "Retrieval: worker threads of the search (default: one per core, at most 4).",
+    },
+)
 @quiet_option
 @json_option
-def eval_(model_path, pairs_a, pairs_b, scores, quiet, as_json, **values):
-    """Score cosine similarity of labelled pairs: Spearman and Pearson (x100), raw and whitened by MODEL_PATH.
+def eval_(model_path, quiet, as_json, **values):
+    """Score the raw vectors and, given MODEL_PATH, the whitened ones: on labelled pairs (Spearman and
+    Pearson x100 of the cosines) or on a retrieval task (nDCG@10, recall@1/10/100, MRR@10 x100 of an
+    exact cosine search).
 
-    Without MODEL_PATH only the raw vectors are scored. The model options override the model's own
-    setting for this evaluation (the model file is not changed).
+    Give labelled pairs (--pairs-a, --pairs-b, --scores) or a retrieval task (--queries, --corpus,
+    --qrels, optionally --exclude), not both. The model options override the model's own setting for this
+    evaluation (the model file is not changed). For retrieval, every difference whitened minus raw comes
+    with a paired bootstrap 95% interval (resamples of the queries, a fixed seed): an interval that holds 0
+    is within noise.
 
     \b
-    Example:
+    Examples:
       streamwhiten eval model.npz --pairs-a sts.h5:/a --pairs-b sts.h5:/b --scores sts-dev.csv:4
+      streamwhiten eval model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv --dtype int8
     """
     from ..core.model import load_model
-    from ..evaluation.evaluate import evaluate_pairs, open_pairs
     from ..options import Setting
 
+    mode = mode_of(values, (*SEARCH_OPTIONS, "threads"))
     block_rows = pop_param(values, "block_rows")
     changes = take(Setting, values).given()
     if changes and model_path is None:
@@ -37,7 +82,16 @@ def eval_(model_path, pairs_a, pairs_b, scores, quiet, as_json, **values):
     model = load_model(model_path) if model_path else None
     if model is not None and changes:
         model = model.with_params(**changes)
-    with open_pairs(pairs_a, pairs_b, scores) as pairs:
+    if mode == "pairs":
+        _pairs(model, model_path, values, block_rows, quiet, as_json)
+    else:
+        _retrieval(model, model_path, values, block_rows, quiet, as_json)
+
+
+def _pairs(model, model_path, values, block_rows, quiet, as_json) -> None:
+    from ..evaluation.evaluate import evaluate_pairs, open_pairs
+
+    with open_pairs(values["pairs_a"], values["pairs_b"], values["scores"]) as pairs:
         with progress_bar("eval", quiet) as progress:
             result = evaluate_pairs(pairs, model, block_rows, progress)
     summary = dict(result, model=model_path)
@@ -52,3 +106,87 @@ def eval_(model_path, pairs_a, pairs_b, scores, quiet, as_json, **values):
         delta = white["spearman"] - result["raw"]["spearman"]
         lines.append(f"whitened  {fmt_scores(white)}   {fmt_setting(white)}  (Spearman {delta:+.2f} vs raw)")
     emit(as_json, summary, lines)
+
+
+def _retrieval(model, model_path, values, block_rows, quiet, as_json) -> None:
+    from ..evaluation.retrieval import evaluate_retrieval
+
+    with progress_bar("eval", quiet) as progress:
+        result = evaluate_retrieval(
+            values["queries"],
+            values["corpus"],
+            values["qrels"],
+            model=model,
+            exclude=values["exclude"],
+            query_id_column=values["query_ids"],
+            corpus_id_column=values["corpus_ids"],
+            block_rows=block_rows,
+            threads=values["threads"],
+            progress=progress,
+            **{name: values[name] for name in SEARCH_OPTIONS if values[name] is not None},
+        )
+    summary = dict(result, model=model_path)
+    emit(as_json, summary, retrieval_lines(result))
+
+
+def retrieval_lines(result: dict) -> list[str]:
+    """The text of a retrieval evaluation: the task, the storage, each metric raw and whitened with the
+    difference and its interval, and a plain verdict on nDCG@10."""
+    queries, corpus, qrels = result["queries"], result["corpus"], result["qrels"]
+    raw, white, diff = result["raw"], result["whitened"], result["difference"]
+    lines = [
+        f"queries   {result['n_queries']:,} with a relevant document (of {qrels['n_queries']:,} judged) from "
+        f"{queries['label']}",
+        f"corpus    {corpus['n_rows']:,} vectors of {corpus['n_features']}-d from {corpus['label']}",
+        f"qrels     {qrels['qrels']}: {qrels['n_pairs']:,} judged pairs, {qrels['n_relevant']:,} relevant"
+        + (
+            f"; exclude {result['exclude']['exclude']}: {result['exclude']['n_pairs']:,} pairs"
+            if result["exclude"]
+            else ""
+        ),
+        f"storage   {_storage(raw)}: raw {raw['bytes_per_vector']:,} bytes per vector"
+        + (f", whitened {white['bytes_per_vector']:,} (k={white['k']})" if white else ""),
+    ]
+    if white is None:
+        lines.append("metric        raw   (x100)")
+        lines += [f"{name:<10} {raw[name]:7.2f}" for name in _metrics(raw)]
+        return lines
+    samples = result["bootstrap"]["samples"]
+    lines.append(
+        "metric        raw  whitened  whitened - raw"
+        + (f" [95% interval, {samples:,} resamples of the queries]" if samples else " (no interval: --bootstrap 0)")
+    )
+    for name in _metrics(raw):
+        d = diff[name]
+        lines.append(
+            f"{name:<10} {raw[name]:7.2f}   {white[name]:7.2f}  {fmt_interval(d['difference'], d['low'], d['high']):<24}"
+            f" {noise(d['low'], d['high'])}"
+        )
+    lines.append(f"setting   {fmt_setting(white)}")
+    lines.append("verdict   " + verdict(diff["ndcg@10"], "nDCG@10"))
+    return lines
+
+
+def verdict(d: dict, name: str) -> str:
+    """One sentence: whether whitening or raw wins on ``name``, or the difference is within noise."""
+    shown = fmt_interval(d["difference"], d["low"], d["high"])
+    if d["low"] is None:
+        return f"{name}: whitened {shown} vs raw; no interval to tell it from noise (--bootstrap 0)"
+    if d["low"] > 0:
+        return f"{name}: whitening wins, {shown}: the 95% interval is above 0"
+    if d["high"] < 0:
+        return f"{name}: raw wins, whitened {shown}: the 95% interval is below 0; keep the raw vectors"
+    return f"{name}: within noise, {shown}: the 95% interval holds 0, so no difference was measured"
+
+
+def _metrics(row: dict) -> list[str]:
+    from ..evaluation.retrieval import METRICS
+
+    return [name for name in METRICS if name in row]
+
+
+def _storage(row: dict) -> str:
+    """How the corpus is stored, in words; the bytes of a re-ranking include the vectors it reads."""
+    if row.get("rescore"):
+        return f"binary, the top {row['rescore']} re-ranked with {row['rescore_dtype']} vectors"
+    return row["dtype"]

@@ -28,7 +28,16 @@ EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx"
     help="Output format (default: from the extension of -o, else sentence-transformers with --append-to).",
 )
 @setting_options("export")
-@param_options("normalize", helps={"normalize": "Follow the map by L2 normalisation (as apply --normalize)."})
+@param_options(
+    "normalize",
+    "dtype",
+    defaults={"dtype": None},
+    helps={
+        "normalize": "Follow the map by L2 normalisation (as apply --normalize).",
+        "dtype": "How the outputs are stored, recorded in the export (int8: its ranges; faiss: an 8-bit scalar "
+        "quantizer with them, or a binary index) [default: the model's storage, else float32].",
+    },
+)
 @click.option(
     "--append-to",
     default=None,
@@ -64,7 +73,18 @@ EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx"
 )
 @json_option
 def export_(
-    model_path, output_path, fmt, normalize, append_to, index_factory, metric, insert, overwrite, as_json, **values
+    model_path,
+    output_path,
+    fmt,
+    normalize,
+    dtype,
+    append_to,
+    index_factory,
+    metric,
+    insert,
+    overwrite,
+    as_json,
+    **values,
 ):
     """Write MODEL_PATH's whitening, y = x A + b (+ L2 normalisation), where queries are embedded.
 
@@ -72,7 +92,10 @@ def export_(
     nn.Linear state dict), sentence-transformers (Dense + Normalize modules, or with --append-to a
     whitened copy of a local model), faiss (a LinearTransform, or with --index an empty index that
     whitens what it is given), onnx (MatMul + Add, dynamic batch). Queries whitened this way meet a
-    corpus whitened by `apply` with the same model and settings. See docs/serving.md.
+    corpus whitened by `apply` with the same model and settings. The storage the model records (what
+    `tune` chose), or --dtype, goes with it: every format records it, and faiss writes int8 storage as
+    an 8-bit scalar quantizer with the model's ranges, binary storage as an IndexBinaryFlat. See
+    docs/serving.md.
 
     \b
     Example:
@@ -88,11 +111,14 @@ def export_(
 
     insert = None if insert == "auto" else insert
     fmt = format_for(output_path, fmt, append_to)
-    check_options(fmt, normalize, append_to, index_factory, metric, insert)
+    check_options(fmt, normalize, append_to, index_factory, metric, insert, dtype)
     setting = take(Setting, values)
     refuse_input_overlap({output_path: "export"}, [model_path, append_to])
+    model = load_model(model_path)
+    if dtype is None:  # the model's storage: the options must fit it too
+        check_options(fmt, normalize, append_to, index_factory, metric, insert, model.dtype)
     check_available(fmt)
-    affine = load_model(model_path).as_affine(normalize=normalize, **setting.given())
+    affine = model.as_affine(normalize=normalize, dtype=dtype, **setting.given())
     stored = file_checksum(model_path)
     if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)
         affine = replace(affine, file_checksum=stored)
@@ -123,6 +149,17 @@ def _lines(summary: dict, affine, fmt: str, model_path: str, output_path: str, a
         f"{affine.n_components} dimensions, beta={affine.beta:g} gamma={affine.gamma:g} eps={affine.eps:g}",
         f"from  {model_path} (model_checksum {affine.checksum[:16]}, the map's, as apply records it)",
     ]
+    if affine.quantization is not None:
+        q = affine.quantization
+        lines.append(
+            f"store {q.kind}, {q.bytes_per_vector} bytes per vector"
+            + (", ranges from the statistics (recorded in the export)" if q.kind == "int8" else "")
+            + (
+                "; the index holds no map: add and search the bits serving.load(...).encode(x) gives"
+                if fmt == "faiss" and q.kind == "binary"
+                else ""
+            )
+        )
     if summary.get("needs_training"):
         lines.append(
             f"note  the {index_factory} index needs training before add: index.train(vectors) whitens them first"

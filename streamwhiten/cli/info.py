@@ -42,6 +42,14 @@ def _lines(model, model_path: str, summary: dict) -> list[str]:
         f"checksum   {summary['model_checksum']} (model_checksum: the map at this setting, as apply and export "
         "record it)",
     ]
+    storage = summary.get("storage")
+    if storage is not None:
+        what = storage["dtype"]
+        if storage["rescore"]:
+            what += f", the top {storage['rescore']} re-ranked with {storage['rescore_dtype']} vectors"
+        if "int8" in (storage["dtype"], storage["rescore_dtype"] if storage["rescore"] else None):
+            what += f"; int8 ranges: mean +- {storage['int8_clip']:g} std, from the statistics"
+        lines.append(f"storage    {what} ({storage['bytes_per_vector']:,} bytes per vector; as tune chose it)")
     for source in model.sources:
         lines.append(f"source     {source.where} ({source.n_rows:,} x {source.n_features} {source.dtype})")
     return lines

@@ -35,7 +35,8 @@ from ._options import json_option, param_options, pop_param, quiet_option
 @quiet_option
 @json_option
 def report(model_path, pairs_a, pairs_b, scores, output_path, title, overwrite, quiet, as_json, **values):
-    """Draw MODEL_PATH's eigenvalue spectrum and explained variance; with pairs, how the score depends on beta, gamma, k.
+    """Draw MODEL_PATH's eigenvalue spectrum and explained variance; with pairs, how the score depends on beta, gamma, k;
+    for a model tuned for retrieval (tune --queries ...), the frontier of bytes per vector and score it was chosen from.
 
     Needs matplotlib (pip install 'streamwhiten[report]'); renders without a display.
 
@@ -44,13 +45,13 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, title, overwrite, 
       streamwhiten report model.npz -o report.html --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score
     """
     from ..core.model import load_model
-    from ..evaluation.report import check_output, collect, write_report
+    from ..evaluation.report import check_output, collect, retrieval_record, write_report
     from ..io import refuse_input_overlap
 
     refuse_input_overlap({output_path: "report"}, [model_path, pairs_a, pairs_b, scores], nested=False)
     with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))
-    check_output(output_path, with_pairs, overwrite)
     model = load_model(model_path)
+    check_output(output_path, with_pairs, overwrite, retrieval_record(model) is not None)
     block_rows = pop_param(values, "block_rows")
     grid = grid_of(values, model.n_features)
     pairs = open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
@@ -69,5 +70,8 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, title, overwrite, 
         summary["raw"], summary["best"] = data.grid.raw, data.grid.best
         lines.append(f"raw        {fmt_scores(data.grid.raw)}")
         lines.append(f"best       {fmt_scores(data.grid.best)}   {fmt_setting(data.grid.best)}")
+    summary["frontier"] = None if data.tuned is None else data.tuned["frontier"]
+    if data.tuned is not None:
+        lines.append(f"frontier   {len(data.tuned['frontier'])} settings, from the retrieval tuning the model records")
     lines += [f"wrote      {path}" for path in written]
     emit(as_json, summary, lines)

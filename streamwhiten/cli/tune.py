@@ -1,4 +1,4 @@
-"""``streamwhiten tune``: choose beta, gamma and k on labelled pairs, from the saved statistics."""
+"""``streamwhiten tune``: choose beta, gamma and k (and, for search, the storage) from the saved statistics."""
 
 from __future__ import annotations
 
@@ -6,101 +6,191 @@ import click
 
 from ..errors import BadInputError
 from ._common import (
+    PAIR_METRICS,
+    RETRIEVAL_METRICS,
     emit,
+    fmt_interval,
     fmt_scores,
     fmt_setting,
     grid_of,
     grid_options,
+    mode_of,
+    noise,
+    number_list,
     open_pairs_given,
     pair_options,
     progress_bar,
+    retrieval_options,
     stop_on_signals,
 )
 from ._options import json_option, param_options, pop_param, quiet_option
 
+#: The options of a retrieval sweep (refused with labelled pairs).
+SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed", "threads")
+
 
 @click.command()
 @click.argument("model_path")
-@pair_options(required=True, what="validation pairs")
+@pair_options(required=False, what="validation pairs")
 @pair_options(required=False, prefix="test", scores="test-scores", what="held-out test pairs")
-@grid_options("to try")
+@retrieval_options
+@grid_options("to try", retrieval=True)
 @click.option(
     "--tolerance",
     type=float,
     default=0.0,
     show_default=True,
-    help="Prefer the smallest k scoring within this many points (x100) of the best.",
+    help="Pairs: prefer the smallest k scoring within this many points (x100) of the best. Retrieval: the "
+    "fewest bytes per vector within this many points of the best within the budget.",
 )
 @click.option(
     "--eps", type=float, default=None, help="Regulariser relative to the largest eigenvalue (default: the model's)."
 )
+@param_options(
+    "max_bytes",
+    "rescore",
+    "rescore_dtype",
+    "int8_clip",
+    "bootstrap",
+    "seed",
+    "threads",
+    defaults={name: None for name in ("max_bytes", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed")},
+    helps={
+        "rescore": "Retrieval: binary+rescore re-ranks the top N of the bit search [default: 100].",
+        "rescore_dtype": "Retrieval: the vectors binary+rescore re-ranks with, float32 or int8 (their bytes count) "
+        "[default: float32].",
+        "int8_clip": "int8: the codes span each component's mean +- this many standard deviations [default: 4].",
+        "bootstrap": "Retrieval: resamples of the queries for each setting's paired 95% interval against raw float32 "
+        "[default: 1000].",
+        "seed": "Retrieval: the bootstrap's seed [default: 0].",
+        "threads": "Retrieval: worker threads of the search (default: one per core, at most 4).",
+    },
+)
+@click.option(
+    "--dtypes",
+    default=None,
+    metavar="LIST",
+    help="Retrieval: the storages to sweep, comma-separated [default: float32,float16,int8,binary,binary+rescore].",
+)
 @click.option("-o", "--output", "output_path", default=None, help="Write the tuned model to this new file.")
 @click.option("--in-place", is_flag=True, help="Write the chosen setting into MODEL_PATH itself.")
 @click.option("--overwrite", is_flag=True, help="Let -o replace an existing model file written by streamwhiten.")
-@param_options("block_rows", helps={"block_rows": "Pairs per block read (default: about 16 MiB of vectors)."})
+@param_options(
+    "block_rows", helps={"block_rows": "Pairs (or corpus rows) per block read (default: about 16 MiB, 32 MiB)."}
+)
 @quiet_option
 @json_option
-def tune(
-    model_path,
-    pairs_a,
-    pairs_b,
-    scores,
-    test_a,
-    test_b,
-    test_scores,
-    output_path,
-    in_place,
-    overwrite,
-    quiet,
-    as_json,
-    **values,
-):
-    """Choose beta, gamma and k for MODEL_PATH on labelled validation pairs, by grid search.
+def tune(model_path, output_path, in_place, overwrite, quiet, as_json, **values):
+    """Choose beta, gamma and k for MODEL_PATH by grid search, on labelled validation pairs or, for search,
+    on a retrieval task together with how the corpus is stored, under a byte budget.
 
     The model's saved statistics give Sigma_beta for every beta in closed form, so the fitting data is
-    not read again: each beta costs one eigendecomposition, shared by all its gammas and ks, and the
-    pairs are read once. Prints the whole table and the best setting; with -o or --in-place the chosen
-    setting is saved so that `apply` uses it. Give --test-a/--test-b/--test-scores to score the choice
-    once, after it is made, on pairs it was not chosen on (next to raw on the same pairs).
+    not read again: each beta costs one eigendecomposition, shared by all its gammas and ks.
+
+    Labelled pairs (--pairs-a/--pairs-b/--scores): the pairs are read once; prints the whole table and
+    the best setting. Give --test-a/--test-b/--test-scores to score the choice once, after it is made, on
+    pairs it was not chosen on.
+
+    A retrieval task (--queries/--corpus/--qrels, optionally --exclude): every setting is searched in
+    every storage of --dtypes (float32, float16, int8, sign bits, sign bits with the top --rescore
+    re-ranked), in one pass over the corpus (plus one for the bits); prints the frontier (bytes per
+    vector, --metric, retention against the raw vectors stored as float32, the paired 95% interval) and
+    chooses the best setting within --max-bytes. The raw vectors and plain centring are candidates too.
+
+    With -o or --in-place the chosen setting (and storage) is saved so that `apply`, `export` and `eval`
+    use it.
 
     \b
-    Example:
+    Examples:
       streamwhiten tune model.npz --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score --in-place
+      streamwhiten tune model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv \\
+          --exclude exclude.tsv --max-bytes 256 -o tuned.npz
     """
     from ..core.model import check_model_output, load_model, save_model
-    from ..evaluation.evaluate import open_pairs
-    from ..evaluation.tune import tune as run_tune
 
+    mode = mode_of(values, SWEEP_OPTIONS)
+    if mode == "pairs" and values["metric"] in RETRIEVAL_METRICS:
+        raise BadInputError(f"--metric {values['metric']} is a retrieval metric; for pairs: {', '.join(PAIR_METRICS)}")
+    if mode == "retrieval" and values["metric"] in PAIR_METRICS:
+        raise BadInputError(
+            f"--metric {values['metric']} is a pair metric; for retrieval: {', '.join(RETRIEVAL_METRICS)}"
+        )
+    if mode == "retrieval" and any(values[name] is not None for name in ("test_a", "test_b", "test_scores")):
+        raise BadInputError("--test-a/--test-b/--test-scores are held-out pairs: give them with labelled pairs")
     if output_path and in_place:
         raise BadInputError("give -o/--output or --in-place, not both")
+    inputs = [model_path] + [
+        values[name] for name in ("pairs_a", "pairs_b", "scores", "test_a", "test_b", "test_scores")
+    ]
+    inputs += [values[name] for name in ("queries", "corpus", "qrels", "exclude")]
     if output_path:
         from ..io import refuse_input_overlap
 
-        refuse_input_overlap(
-            {output_path: "tuned model (use --in-place to update the model itself)"},
-            [model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores],
-        )
+        refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"}, inputs)
     if output_path or in_place:  # before any work: a .npz name, replacing only a model file of ours
         check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
     model = load_model(model_path)
     block_rows = pop_param(values, "block_rows")
     tolerance = values.pop("tolerance")
+    metric = values["metric"] or ("spearman" if mode == "pairs" else "ndcg@10")
+    values["metric"] = metric
     grid = dict(grid_of(values, model.n_features), tolerance=tolerance, eps=values.pop("eps"))
-    with open_pairs(pairs_a, pairs_b, scores) as pairs:
-        test_pairs = open_pairs_given(test_a, test_b, test_scores, "--test-a, --test-b and --test-scores")
-        try:
-            with progress_bar("tune", quiet) as progress:
-                chosen, summary = run_tune(model, pairs, test_pairs, block_rows, progress, **grid)
-        finally:
-            if test_pairs is not None:
-                test_pairs.close()
+    if mode == "pairs":
+        chosen, summary = _pairs(model, values, grid, block_rows, quiet)
+    else:
+        chosen, summary = _retrieval(model, values, grid, block_rows, quiet)
     target = model_path if in_place else output_path
     if target:
         with stop_on_signals():  # a signal lets the save finish: the file is whole or absent
             summary["file_checksum"] = save_model(chosen, target, overwrite=bool(in_place or overwrite))
     summary["model"] = model_path
     summary["written"] = target
-    emit(as_json, summary, _lines(summary, model, chosen, grid["metric"], tolerance, target))
+    if mode == "pairs":
+        lines = _lines(summary, model, chosen, metric, tolerance, target)
+    else:
+        lines = retrieval_lines(summary, model, chosen, target)
+    emit(as_json, summary, lines)
+
+
+def _pairs(model, values, grid, block_rows, quiet):
+    from ..evaluation.evaluate import open_pairs
+    from ..evaluation.tune import tune as run_tune
+
+    with open_pairs(values["pairs_a"], values["pairs_b"], values["scores"]) as pairs:
+        test_pairs = open_pairs_given(
+            values["test_a"], values["test_b"], values["test_scores"], "--test-a, --test-b and --test-scores"
+        )
+        try:
+            with progress_bar("tune", quiet) as progress:
+                return run_tune(model, pairs, test_pairs, block_rows, progress, **grid)
+        finally:
+            if test_pairs is not None:
+                test_pairs.close()
+
+
+def _retrieval(model, values, grid, block_rows, quiet):
+    from ..evaluation.sweep import tune_retrieval
+
+    given = ("rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed")
+    options = {name: values[name] for name in given if values[name] is not None}
+    dtypes = number_list(values["dtypes"], "dtypes", str) if values["dtypes"] is not None else None
+    with progress_bar("tune", quiet) as progress:
+        return tune_retrieval(
+            model,
+            values["queries"],
+            values["corpus"],
+            values["qrels"],
+            exclude=values["exclude"],
+            query_id_column=values["query_ids"],
+            corpus_id_column=values["corpus_ids"],
+            dtypes=dtypes,
+            max_bytes=values["max_bytes"],
+            block_rows=block_rows,
+            threads=values["threads"],
+            progress=progress,
+            **options,
+            **grid,
+        )
 
 
 def _lines(summary: dict, model, chosen, metric: str, tolerance: float, target) -> list[str]:
@@ -157,4 +247,74 @@ def table_lines(result) -> list[str]:
         if fractions:
             text += "   k=" + "/".join(str(cells[label]["k"]) for label in fractions if label in cells)
         lines.append(text)
+    return lines
+
+
+#: How the kinds of vectors are named in the frontier.
+_VECTORS = {"raw": "raw (rotation)", "centred": "centring", "whitened": ""}
+
+
+def _row_text(row: dict, metric: str) -> str:
+    what = _VECTORS[row["vectors"]] or f"beta={row['beta']:g} gamma={row['gamma']:g}"
+    retention = "" if row["retention"] is None else f"{row['retention']:6.1f}%"
+    interval = fmt_interval(row["difference"], row["low"], row["high"])
+    return (
+        f"{row['bytes_per_vector']:>7,}  {row['storage']:<22} {what:<22} {row['k']:>5}  {row[metric]:7.2f}  "
+        f"{retention:>7}  {interval:<24} {noise(row['low'], row['high'])}"
+    )
+
+
+def retrieval_lines(summary: dict, model, chosen, target) -> list[str]:
+    """The text of a retrieval sweep: the task, the frontier, the budget and the choice, and what was written."""
+    metric, raw, best = summary["metric"], summary["raw"], summary["best"]
+    storages = sorted({row["storage"] for row in summary["table"]})
+    settings = len(summary["table"]) // max(1, len(storages))
+    lines = [
+        f"retrieval  {summary['n_queries']:,} queries over {summary['corpus']['n_rows']:,} corpus vectors of "
+        f"{model.n_features}-d; {settings} settings from the saved statistics of {model.n_rows:,} rows x "
+        f"{len(storages)} storages ({', '.join(storages)})",
+        f"raw        float32, {raw['bytes_per_vector']:,} bytes per vector: {metric} x100 {raw[metric]:.2f} "
+        "(the reference of retention and of each interval)",
+        f"frontier   the best {metric} x100 at each number of bytes per vector (no setting does better with "
+        "fewer or as many bytes):",
+        f"  bytes  storage                vectors                    k  {metric:>7}  retain   vs raw float32 [95%]",
+        *(_row_text(row, metric) for row in summary["frontier"]),
+    ]
+    budget = summary["max_bytes"]
+    within = f"within {budget:,} bytes per vector" if budget is not None else "with no byte budget"
+    tolerance = summary["tolerance"]
+    lines.append(
+        f"chosen     {within}"
+        + (f" (the fewest bytes within {tolerance:g} points of the best)" if tolerance else "")
+        + ":"
+    )
+    lines.append(_row_text(best, metric))
+    if best["vectors"] == "raw":
+        lines.append(
+            "           the raw vectors win: no whitening beats them (the rotation kept ranks exactly as they do)"
+        )
+    elif best["vectors"] == "centred":
+        lines.append(
+            "           plain centring wins (beta=1 gamma=0 k=d: the mean removed, nothing rescaled or dropped)"
+        )
+    if best["low"] is not None and best["low"] <= 0 <= best["high"]:
+        lines.append(
+            f"           against raw float32 the difference is within noise; it stores "
+            f"{raw['bytes_per_vector'] / best['bytes_per_vector']:.1f}x fewer bytes per vector"
+        )
+    elif best["high"] is not None and best["high"] < 0:
+        lines.append(
+            f"           it loses to raw float32 beyond noise; raw float32 takes {raw['bytes_per_vector']:,} bytes "
+            "per vector (more than the budget)"
+            if budget is not None and raw["bytes_per_vector"] > budget
+            else "           it loses to raw float32 beyond noise"
+        )
+    if target:
+        storage = chosen.storage
+        lines.append(
+            f"wrote      {target} (beta={chosen.beta:g} gamma={chosen.gamma:g} k={chosen.n_components}, storage "
+            f"{storage.label}); `apply`, `export` and `eval` now use them"
+        )
+    else:
+        lines.append("model not changed (pass -o NEW or --in-place to save the chosen setting and storage)")
     return lines

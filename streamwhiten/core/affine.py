@@ -14,13 +14,14 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from .. import __version__
 from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
+from .quantize import Quantization
 
 #: The ``.npz`` affine map written by ``streamwhiten export -o map.npz``.
 MAP_FORMAT, MAP_VERSION = "streamwhiten-affine", 1
@@ -67,6 +68,9 @@ class AffineMap:
         The mean squared L2 norm of the rows the map was fitted on, ``trace(scatter) / n + |mean|^2``
         (None when unknown): 1 for unit-length rows. ``export --append-to`` uses it to tell where in a
         sentence-transformers pipeline the whitening belongs (before or after its ``Normalize``).
+    quantization : Quantization or None
+        How the outputs are stored (int8 codes, sign bits, float16), None for float32: what
+        :meth:`encode` writes, as ``apply`` and the search store them.
     """
 
     A: np.ndarray
@@ -80,23 +84,32 @@ class AffineMap:
     normalize: bool = False
     file_checksum: str = ""
     mean_sq_norm: float | None = None
-    _cache: dict[object, Any] = field(default_factory=dict, init=False, repr=False)
+    quantization: Quantization | None = None
+    _cache: dict = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self):
+        q = self.quantization
+        if q is not None and q.n_components != self.A.shape[1]:
+            raise BadInputError(
+                f"a {q.kind} record of {q.n_components} components does not fit a map to {self.A.shape[1]}"
+            )
 
     @classmethod
     def from_eigh(
         cls,
-        eigvals: np.ndarray,
-        eigvecs: np.ndarray,
-        mean: npt.ArrayLike,
-        beta: float,
-        gamma: float,
-        eps: float,
-        eps_value: float,
-        n_components: int,
-        variance: float | None = None,
-        normalize: bool = False,
-        file_checksum: str = "",
-        mean_sq_norm: float | None = None,
+        eigvals,
+        eigvecs,
+        mean,
+        beta,
+        gamma,
+        eps,
+        eps_value,
+        n_components,
+        variance=None,
+        normalize=False,
+        file_checksum="",
+        mean_sq_norm=None,
+        quantization=None,
     ) -> AffineMap:
         """The map of a finalized model: ``A = eigvecs[:, :k] * (eigvals[:k] + eps_value) ** (-gamma / 2)``.
 
@@ -119,6 +132,7 @@ class AffineMap:
             normalize=bool(normalize),
             file_checksum=str(file_checksum),
             mean_sq_norm=None if mean_sq_norm is None else float(mean_sq_norm),
+            quantization=quantization,
         )
 
     @property
@@ -157,10 +171,16 @@ class AffineMap:
         """``beta * mean``: what :meth:`transform` subtracts before the product."""
         return self.beta * self.mean
 
-    def params(self) -> dict[str, Any]:
+    @property
+    def dtype(self) -> str:
+        """How the outputs are stored: the :attr:`quantization`'s kind, float32 without one."""
+        return "float32" if self.quantization is None else self.quantization.kind
+
+    def params(self) -> dict:
         """The setting and provenance as plain JSON-able values: ``model_checksum`` is the map's
-        :attr:`checksum`, ``model_file_checksum`` the model file's (:attr:`file_checksum`)."""
-        return {
+        :attr:`checksum`, ``model_file_checksum`` the model file's (:attr:`file_checksum`); with a
+        :attr:`quantization`, its ``dtype``, ``bytes_per_vector`` and record (``quantization``)."""
+        values: dict = {
             "beta": self.beta,
             "gamma": self.gamma,
             "eps": self.eps,
@@ -172,13 +192,39 @@ class AffineMap:
             "model_checksum": self.checksum,
             "model_file_checksum": self.file_checksum,
         }
+        if self.quantization is not None:
+            values.update(
+                dtype=self.quantization.kind,
+                bytes_per_vector=self.quantization.bytes_per_vector,
+                quantization=self.quantization.to_dict(),
+            )
+        return values
 
-    def metadata(self) -> dict[str, str]:
-        """:meth:`params` as strings (exact float reprs), for formats whose metadata is str -> str."""
+    def metadata(self) -> dict:
+        """:meth:`params` as strings (exact float reprs; the quantization record as JSON), for formats whose
+        metadata is str -> str."""
         values = dict(self.params(), format=MAP_FORMAT, format_version=MAP_VERSION, package_version=__version__)
         return {key: _text(value) for key, value in sorted(values.items())}
 
-    def transform(self, x: Any, normalize: bool | None = None) -> Any:
+    def encode(self, x) -> np.ndarray:
+        """The stored form of one vector or a batch of rows: :meth:`transform` (scaled to unit length when
+        the record says the stored vectors are), then the record's encoding (int8 codes, packed sign
+        bits, float16 values), exactly as ``apply`` writes them and the search stores them; the
+        float32 values without a :attr:`quantization`.
+
+        numpy input only; see :mod:`streamwhiten.core.quantize` for the encodings.
+        """
+        q = self.quantization
+        if _is_torch_tensor(x):
+            raise BadInputError("encode takes numpy rows (the codes are numpy arrays); convert with .numpy()")
+        normalize = self.normalize if q is None else q.normalized
+        rows = np.asarray(x)
+        single = rows.ndim == 1
+        y = self.transform(rows[None, :] if single else rows, normalize=normalize)
+        out = y.astype(np.float32, copy=False) if q is None else q.encode(y)
+        return out[0] if single else out
+
+    def transform(self, x, normalize: bool | None = None):
         """Whiten one vector or a batch of rows.
 
         Parameters
@@ -310,6 +356,10 @@ def _is_torch_tensor(x: object) -> bool:
 def _text(value: object) -> str:
     if value is None:
         return ""
+    if isinstance(value, dict):
+        import json
+
+        return json.dumps(value, sort_keys=True)
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -26,6 +25,15 @@ from ..errors import BadInputError, NonFiniteError, StreamwhitenError, ValuesToo
 from ..params import DEFAULT_EPS, check_model
 from ..records import Fingerprint, fingerprint_of
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
+from .quantize import (
+    DEFAULT_INT8_CLIP,
+    Quantization,
+    Storage,
+    cast_checked,
+    quantization_for,
+    raise_if_overflowed,
+    storage_quantizations,
+)
 from .stats import Moments, covariance
 from .validate import components_for_variance, model_fields
 
@@ -135,7 +143,8 @@ class WhiteningModel:
     eigvecs: np.ndarray
     eps_value: float
     sources: tuple[Fingerprint, ...] = ()
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+    storage: Storage | None = None
 
     @property
     def n_features(self) -> int:
@@ -172,13 +181,34 @@ class WhiteningModel:
         weights = self.eigvecs[:, : self.n_components] * self.scales()
         return np.ascontiguousarray(weights, dtype=dtype), (self.beta * self.state.mean)
 
-    def transform(
-        self,
-        rows: npt.ArrayLike,
-        normalize: bool = False,
-        dtype: npt.DTypeLike | None = None,
-        skip_nonfinite: bool = False,
-    ) -> np.ndarray:
+    @property
+    def dtype(self) -> str:
+        """How the outputs are stored: the recorded :attr:`storage`'s dtype, float32 when none is recorded."""
+        return "float32" if self.storage is None else self.storage.dtype
+
+    def quantization(self, dtype: str | None = None, normalize: bool = True) -> Quantization | None:
+        """The record of this map's outputs stored as ``dtype`` (default: :attr:`dtype`), None for
+        float32. int8 ranges come from the statistics, for unit-length outputs (int8 codes are always of
+        the unit vectors, as the search stores them, and so are bits); ``normalize`` says whether float16
+        values are."""
+        dtype = self.dtype if dtype is None else dtype
+        if dtype == "float32":
+            return None
+        if dtype == "int8":
+            clip = self.storage.int8_clip if self.storage is not None else DEFAULT_INT8_CLIP
+            return quantization_for("int8", self, normalize=True, clip=clip)
+        # a sign does not change with the norm: bits are recorded as of the unit vectors, as the search stores them
+        return quantization_for(dtype, self, normalize=True if dtype == "binary" else normalize)
+
+    def storage_records(self) -> tuple[Quantization | None, Quantization | None]:
+        """The records of the recorded :attr:`storage` (stored vectors, re-ranking vectors): see
+        :func:`~streamwhiten.core.quantize.storage_quantizations`; ``(None, None)`` without one."""
+        if self.storage is None:
+            return None, None
+        weights, shift = self.projection(np.float64)
+        return storage_quantizations(self.storage, self.n_rows, self.mean, self.state.scatter, weights, shift)
+
+    def transform(self, rows, normalize: bool = False, dtype=None, skip_nonfinite: bool = False) -> np.ndarray:
         """Whiten ``rows`` (one vector or a 2-D array of floats); float32/float16 input is computed in float32.
 
         A row holding NaN or Inf raises :class:`NonFiniteError` naming the first one, unless
@@ -207,15 +237,7 @@ class WhiteningModel:
                 )
         return out[0] if single else out
 
-    def as_affine(
-        self,
-        beta: float | None = None,
-        gamma: float | None = None,
-        n_components: int | None = None,
-        variance: float | None = None,
-        eps: float | None = None,
-        normalize: bool = False,
-    ) -> AffineMap:
+    def as_affine(self, beta=None, gamma=None, n_components=None, variance=None, eps=None, normalize=False, dtype=None):
         """The transform as the affine map ``y = x A + b``, for serving and export.
 
         Parameters
@@ -224,6 +246,10 @@ class WhiteningModel:
             Another setting than the model's, re-finalized from the saved statistics (as :meth:`with_params`).
         normalize : bool
             Follow the map by L2 normalisation.
+        dtype : str, optional
+            How its outputs are stored (default: the model's :attr:`storage`, float32 when it records
+            none): the map then carries the record (``quantization``, None for float32) that
+            :meth:`AffineMap.encode` uses.
 
         Returns
         -------
@@ -235,6 +261,7 @@ class WhiteningModel:
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
         model = self.with_params(**changes) if changes else self
+        quantization = model.quantization(dtype)  # stored vectors are unit-length, as the search stores them
         return AffineMap.from_eigh(
             model.eigvals,
             model.eigvecs,
@@ -248,6 +275,7 @@ class WhiteningModel:
             normalize,
             file_checksum(self),
             mean_sq_norm(model.n_rows, model.mean, model.state.scatter),
+            quantization,
         )
 
     def with_params(self, **changes: Any) -> WhiteningModel:
@@ -262,8 +290,12 @@ class WhiteningModel:
         params.update(changes)
         if params["beta"] == self.beta and params["eps"] == self.eps:
             # Sigma_beta is unchanged: reuse the eigendecomposition.
-            return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info)
-        return finalize(self.state, sources=self.sources, info=self.info, **params)
+            return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, self.storage)
+        return finalize(self.state, sources=self.sources, info=self.info, storage=self.storage, **params)
+
+    def storage_summary(self) -> dict | None:
+        """The recorded storage (dtype, rescore, bytes per vector, the int8 record), or None."""
+        return None if self.storage is None else _storage_json(self)
 
     def summary(self) -> dict[str, Any]:
         """Parameters and spectrum summary as plain JSON-able values."""
@@ -284,20 +316,28 @@ class WhiteningModel:
             "eigval_min": float(eigvals[-1]),
             "condition_number": float(eigvals[0] / eigvals[-1]) if eigvals[-1] > 0 else math.inf,
             "model_checksum": map_checksum(self),
+            "storage": None if self.storage is None else self.storage_summary(),
             "components_for_variance": {str(v): components_for_variance(eigvals, v) for v in (0.5, 0.9, 0.95, 0.99)},
             "sources": [source.to_dict() for source in self.sources],
             "info": self.info,
         }
 
 
-def project(
-    rows: npt.ArrayLike,
-    weights: np.ndarray,
-    shift: npt.ArrayLike,
-    normalize: bool = False,
-    dtype: npt.DTypeLike | None = None,
-    overwrite_input: bool = False,
-) -> np.ndarray:
+def _storage_json(model: WhiteningModel) -> dict:
+    """What a model file records of its storage: the choice, its bytes per vector and its records."""
+    storage = model.storage
+    if storage is None:
+        raise ValueError("the model records no storage")
+    stored, again = model.storage_records()
+    return dict(
+        storage.to_dict(),
+        bytes_per_vector=storage.bytes_per_vector(model.n_components),
+        quantization=None if stored is None else stored.to_dict(),
+        rescore_quantization=None if again is None else again.to_dict(),
+    )
+
+
+def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False) -> np.ndarray:
     """``(rows - shift) @ weights`` in ``weights``' dtype, rows optionally scaled to unit L2 norm.
 
     Centring happens before the product (never ``rows @ W - shift @ W``, which cancels when the mean
@@ -362,43 +402,7 @@ def project_checked(
     return out, finite
 
 
-def cast_checked(values: np.ndarray, dtype: npt.DTypeLike, into: np.ndarray | None = None) -> np.ndarray:
-    """``values`` cast to ``dtype`` (into ``into``'s first rows if given); raises
-    :class:`ValuesTooLargeError` naming the first row whose finite values do not fit."""
-    target = np.empty(values.shape, dtype) if into is None else into[: values.shape[0]]
-    with np.errstate(over="ignore"):
-        np.copyto(target, values, casting="same_kind")
-    if np.dtype(dtype).itemsize < values.dtype.itemsize:
-        with np.errstate(over="ignore", invalid="ignore"):
-            sums = target.sum(axis=1, dtype=np.float32)
-        if not np.all(np.isfinite(sums)):
-            lost = ~np.isfinite(target).all(axis=1) & np.isfinite(values).all(axis=1)
-            raise_if_overflowed(
-                lost,
-                np.dtype(dtype),
-                "cast",
-                f"; the largest {np.dtype(dtype).name} is {float(np.finfo(dtype).max):g}, write float32",
-            )
-    return target
-
-
-def raise_if_overflowed(overflowed: np.ndarray, dtype: npt.DTypeLike, when: str, hint: str = "") -> None:
-    """Raise :class:`ValuesTooLargeError` for the first row marked in ``overflowed``, if any."""
-    if np.any(overflowed):
-        raise ValuesTooLargeError(
-            f"values too large for {np.dtype(dtype).name} (they overflow when {when}){hint}",
-            row=int(np.argmax(overflowed)),
-        )
-
-
-def _select(
-    state: Moments,
-    params: dict[str, Any],
-    eigvals: np.ndarray,
-    eigvecs: np.ndarray,
-    sources: Iterable[Fingerprint | Mapping[str, Any]] | None,
-    info: Mapping[str, Any] | None,
-) -> WhiteningModel:
+def _select(state, params, eigvals, eigvecs, sources, info, storage=None) -> WhiteningModel:
     n_features = state.n_features
     check_params(n_features=n_features, **params)
     if params["variance"] is not None:
@@ -419,21 +423,24 @@ def _select(
         eps_value=eps_value,
         sources=tuple(fingerprint_of(source) for source in sources or ()),
         info=dict(info or {}),
+        storage=storage,
     )
 
 
 def finalize(
     state: Moments,
-    beta: float = 1.0,
-    gamma: float = 1.0,
-    eps: float = DEFAULT_EPS,
-    n_components: int | None = None,
-    variance: float | None = None,
-    sources: Iterable[Fingerprint | Mapping[str, Any]] | None = None,
-    info: Mapping[str, Any] | None = None,
+    beta=1.0,
+    gamma=1.0,
+    eps=DEFAULT_EPS,
+    n_components=None,
+    variance=None,
+    sources=None,
+    info=None,
+    storage: Storage | None = None,
 ) -> WhiteningModel:
-    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring."""
-    params: dict[str, Any] = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
+    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring. ``storage``:
+    the storage to record (what ``tune`` chose), kept by :meth:`WhiteningModel.with_params`."""
+    params = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
     check_params(n_features=state.n_features, **params)
     if state.n_rows < 2:
         raise BadInputError(f"at least 2 rows are needed to fit, got n_samples = {state.n_rows}")
@@ -443,7 +450,7 @@ def finalize(
             "the covariance overflowed (values too large for float32 products); fit again with --precision float64"
         )
     eigvals, eigvecs = eigendecomposition(sigma)
-    return _select(state, params, eigvals, eigvecs, sources, info)
+    return _select(state, params, eigvals, eigvecs, sources, info, storage)
 
 
 # ------------------------------------------------------------------------------------------ model file
@@ -451,8 +458,10 @@ def finalize(
 _FLOAT_KEYS = ("beta", "gamma", "eps", "eps_value", "variance")
 
 
-def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
-    return {
+def _arrays(model: WhiteningModel) -> dict:
+    """The model file's arrays; ``storage_json`` only when a storage is recorded (a file without it is
+    read as float32, as every file written before storages were)."""
+    arrays = {
         "format": np.array(FORMAT_NAME),
         "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
         "package_version": np.array(__version__),
@@ -471,6 +480,9 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
         "sources_json": np.array(json.dumps([source.to_dict() for source in model.sources], sort_keys=True)),
         "info_json": np.array(json.dumps(model.info, sort_keys=True)),
     }
+    if model.storage is not None:
+        arrays["storage_json"] = np.array(json.dumps(_storage_json(model), sort_keys=True))
+    return arrays
 
 
 def file_checksum(model: WhiteningModel) -> str:

@@ -15,7 +15,12 @@ Four kinds of storage, each of ``k`` components per vector:
   a bit is the sign ``+1`` or ``-1``.
 
 A :class:`Quantization` travels with every output as a JSON-able dict (:meth:`Quantization.to_dict`),
-so a reader can decode the vectors without streamwhiten.
+so a reader can decode the vectors without streamwhiten. A :class:`Storage` is what a model records of
+the storage ``tune`` chose (the kind, and for bits the re-ranking); its int8 ranges follow from the
+model's statistics at its setting (:func:`storage_quantizations`), so they are recomputed, never stale.
+
+numpy and the foundation only (no numba, no model module): the serving path and the model file's field
+checks use it.
 
 Examples
 --------
@@ -40,19 +45,21 @@ array([[ 0.5039, -4.    ]])
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import BadInputError, NonFiniteError
-from ..params import PARAMS, check
-from .model import WhiteningModel, cast_checked
-from .stats import Moments, covariance
+from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
+from ..params import CODED_DTYPES, PARAMS, check
 
-KINDS = PARAMS["storage"].choices
+#: The storage kinds (the values of the ``dtype`` parameter).
+KINDS: tuple = PARAMS["dtype"].choices
 #: The int8 codes used: -127..127 (symmetric; -128 is never written).
 INT8_MAX = 127
 #: Standard deviations about the mean that the int8 codes span (see ``docs/evaluation.md``).
@@ -63,7 +70,41 @@ RECORD_FORMAT, RECORD_VERSION = "streamwhiten-quantization", 1
 #: the statistics call constant still gets a positive scale.
 _STD_FLOOR = 1e-6
 
+#: The attribute of an apply output that holds its :class:`Quantization` (int8 codes and sign bits only).
+ATTR = "quantization"
+#: The storage kinds whose values are codes, not floats: they need a :class:`Quantization` to decode.
+CODED: tuple = CODED_DTYPES
+
 _STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "binary": np.uint8}
+
+
+def raise_if_overflowed(overflowed: np.ndarray, dtype, when: str, hint: str = "") -> None:
+    """Raise :class:`ValuesTooLargeError` for the first row marked in ``overflowed``, if any."""
+    if np.any(overflowed):
+        raise ValuesTooLargeError(
+            f"values too large for {np.dtype(dtype).name} (they overflow when {when}){hint}",
+            row=int(np.argmax(overflowed)),
+        )
+
+
+def cast_checked(values: np.ndarray, dtype, into: np.ndarray | None = None) -> np.ndarray:
+    """``values`` cast to ``dtype`` (into ``into``'s first rows if given); raises
+    :class:`ValuesTooLargeError` naming the first row whose finite values do not fit."""
+    target = np.empty(values.shape, dtype) if into is None else into[: values.shape[0]]
+    with np.errstate(over="ignore"):
+        np.copyto(target, values, casting="same_kind")
+    if np.dtype(dtype).itemsize < values.dtype.itemsize:
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = target.sum(axis=1, dtype=np.float32)
+        if not np.all(np.isfinite(sums)):
+            lost = ~np.isfinite(target).all(axis=1) & np.isfinite(values).all(axis=1)
+            raise_if_overflowed(
+                lost,
+                np.dtype(dtype),
+                "cast",
+                f"; the largest {np.dtype(dtype).name} is {float(np.finfo(dtype).max):g}, write float32",
+            )
+    return target
 
 
 @dataclass(frozen=True, eq=False)
@@ -197,6 +238,29 @@ class Quantization:
             record.update(bit_order="big", decode="bit i of the vector is bit 7 - i % 8 of byte i // 8; 1: y > 0")
         return record
 
+    def digest(self) -> str:
+        """The SHA-256 of :meth:`to_dict` as sorted JSON: equal records, equal digests (what a resumed
+        apply output must match)."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @classmethod
+    def from_attrs(cls, attrs) -> Quantization:
+        """The record an apply output carries in its attributes (key ``quantization``: a dict, or its JSON
+        where the store keeps text, as HDF5 does); :class:`BadInputError` when there is none (a float
+        output needs no decoding)."""
+        record = attrs.get(ATTR) if hasattr(attrs, "get") else None
+        if isinstance(record, bytes):
+            record = record.decode()
+        if isinstance(record, str):
+            try:
+                record = json.loads(record)
+            except ValueError:
+                raise BadInputError(f"the {ATTR!r} attribute is not JSON") from None
+        if record is None:
+            raise BadInputError(f"no {ATTR!r} attribute: these vectors are stored as floats, not codes")
+        return cls.from_dict(record)
+
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Quantization:
         """The record :meth:`to_dict` wrote; :class:`BadInputError` for one that is not such a record."""
@@ -224,23 +288,46 @@ class Quantization:
             raise BadInputError(f"a damaged {RECORD_FORMAT} record ({exc!r})") from None
 
 
-def output_moments(
-    state: Moments, weights: npt.ArrayLike | None = None, shift: npt.ArrayLike | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and variance of each component of ``y = (x - shift) @ weights`` over the rows the
-    statistics ``state`` describe, from the statistics alone.
+def decode(codes, record, dtype=np.float32) -> np.ndarray:
+    """Floats from stored ``codes`` (rows of an apply output, or of ``Whitener(dtype=...)``/``encode``).
+
+    ``record`` is a :class:`Quantization`, its dict (:meth:`Quantization.to_dict`), or the attributes of
+    the output the codes were read from (HDF5 attrs, Zarr attrs, Parquet or Lance schema metadata as
+    ``streamwhiten.io.read_attrs`` returns them): int8 codes decode to ``code * scale + offset``, bits to
+    the signs +1/-1, float values to themselves.
+
+    >>> import numpy as np
+    >>> decode(np.array([[156, 128]], dtype=np.uint8), {"quantization": Quantization("binary", 10).to_dict()})
+    array([[ 1., -1., -1.,  1.,  1.,  1., -1., -1.,  1., -1.]], dtype=float32)
+    """
+    if not isinstance(record, Quantization):
+        if isinstance(record, Mapping) and record.get("format") == RECORD_FORMAT:
+            record = Quantization.from_dict(dict(record))
+        else:
+            record = Quantization.from_attrs(record if isinstance(record, Mapping) else {})
+    return record.decode(codes, dtype)
+
+
+def map_moments(n_rows: int, mean, scatter, weights=None, shift=None) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of each component of ``y = (x - shift) @ weights`` over ``n_rows`` rows of mean
+    ``mean`` and centred scatter ``scatter`` (the fitted statistics), from the statistics alone.
 
     ``mean_j = (mu - shift) @ weights[:, j]`` and ``var_j = weights[:, j]^T Sigma_1 weights[:, j]`` with
     ``Sigma_1 = scatter / n``; for ``shift = beta mu`` the mean is ``(1 - beta) mu @ weights[:, j]``.
     Without ``weights`` the map is the identity (raw vectors, less ``shift``).
     """
-    sigma = covariance(state, beta=1.0)
-    mean = state.mean - (0.0 if shift is None else np.asarray(shift, dtype=np.float64))
+    sigma = np.asarray(scatter, dtype=np.float64) / float(n_rows)
+    centre = np.asarray(mean, dtype=np.float64) - (0.0 if shift is None else np.asarray(shift, dtype=np.float64))
     if weights is None:
-        return mean, np.clip(np.diag(sigma).copy(), 0.0, None)
+        return centre, np.clip(np.diag(sigma).copy(), 0.0, None)
     weights = np.asarray(weights, dtype=np.float64)
     variance = np.einsum("ij,ij->j", weights, sigma @ weights)
-    return mean @ weights, np.clip(variance, 0.0, None)
+    return centre @ weights, np.clip(variance, 0.0, None)
+
+
+def output_moments(state, weights=None, shift=None) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`map_moments` of the statistics ``state`` (a :class:`~streamwhiten.core.stats.Moments`)."""
+    return map_moments(state.n_rows, state.mean, state.scatter, weights, shift)
 
 
 def normalized_moments(mean: npt.ArrayLike, variance: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -282,7 +369,7 @@ def int8_quantization(
 
 def quantization_for(
     kind: str,
-    model: WhiteningModel | None = None,
+    model=None,
     *,
     raw: bool = False,
     normalize: bool = False,
@@ -291,11 +378,16 @@ def quantization_for(
 ) -> Quantization:
     """The record for storing ``model``'s outputs (or, with ``raw``, the raw vectors) as ``kind``.
 
+    ``model`` is a :class:`~streamwhiten.core.model.WhiteningModel` (not imported here: this module stays
+    below the model, for the serving path).
+
     ``normalize``: the vectors are scaled to unit L2 norm before they are stored. int8 needs the
     model, for its statistics (raw vectors included); the other kinds need only the width, from the
     model or ``n_components``.
     """
-    check("storage", kind)
+    if kind is None:
+        raise BadInputError("give a storage kind (dtype) to quantize for")
+    check("dtype", kind)
     if model is not None:
         n_components = model.n_features if raw else model.n_components
     if n_components is None:
@@ -304,23 +396,133 @@ def quantization_for(
         return Quantization(kind, int(n_components), normalized=bool(normalize))
     if model is None:
         raise BadInputError("int8 storage needs a fitted model: its scale and offset come from the statistics")
-    if raw:
-        mean, variance = output_moments(model.state)
-    else:
-        weights, shift = model.projection(np.float64)
-        mean, variance = output_moments(model.state, weights, shift)
+    state = model.state
+    weights, shift = (None, None) if raw else model.projection(np.float64)
+    return int8_for_map(state.n_rows, state.mean, state.scatter, weights, shift, normalize=normalize, clip=clip)
+
+
+def int8_for_map(n_rows, mean, scatter, weights=None, shift=None, *, normalize=True, clip=DEFAULT_INT8_CLIP):
+    """The int8 record of ``y = (x - shift) @ weights`` (optionally scaled to unit length) from the
+    fitted statistics ``(n_rows, mean, scatter)``: :func:`map_moments`, :func:`normalized_moments`,
+    :func:`int8_quantization`."""
+    out_mean, variance = map_moments(n_rows, mean, scatter, weights, shift)
     if normalize:
-        mean, variance = normalized_moments(mean, variance)
-    return int8_quantization(mean, variance, clip=clip, normalized=normalize)
+        out_mean, variance = normalized_moments(out_mean, variance)
+    return int8_quantization(out_mean, variance, clip=clip, normalized=normalize)
+
+
+# ---------------------------------------------------------------------------------- a model's storage
+
+
+@dataclass(frozen=True)
+class Storage:
+    """How a model's outputs are stored for search: what ``tune`` chose, recorded in the model file, and
+    what ``apply``, ``export``, ``serving`` and ``eval`` take by default.
+
+    Attributes
+    ----------
+    dtype : str
+        ``"float32"``, ``"float16"``, ``"int8"`` or ``"binary"``.
+    rescore : int
+        ``binary`` only: the top ``rescore`` of the bit search are re-ranked with ``rescore_dtype``
+        vectors (0: none).
+    rescore_dtype : str
+        ``"float32"`` or ``"int8"``.
+    int8_clip : float
+        int8 codes (stored or re-ranked with) span each component's mean +- this many standard deviations.
+
+    The stored vectors are the map's outputs scaled to unit length (search is by cosine): their int8
+    ranges come from the statistics (:func:`storage_quantizations`).
+    """
+
+    dtype: str = "float32"
+    rescore: int = 0
+    rescore_dtype: str = "float32"
+    int8_clip: float = DEFAULT_INT8_CLIP
+
+    def __post_init__(self):
+        if self.dtype is None:
+            raise BadInputError("a storage needs a dtype")
+        for name in ("dtype", "rescore", "rescore_dtype", "int8_clip"):
+            check(name, getattr(self, name))
+        object.__setattr__(self, "rescore", int(self.rescore))
+        object.__setattr__(self, "int8_clip", float(self.int8_clip))
+        if self.rescore and self.dtype != "binary":
+            raise BadInputError(f"rescore re-ranks a bit search: it needs dtype 'binary', not {self.dtype!r}")
+
+    def bytes_per_vector(self, n_components: int) -> int:
+        """Bytes a search reads from disk per corpus vector of ``n_components`` components: the stored
+        values (or bits), plus the vector a rescoring re-ranks with."""
+        k = int(n_components)
+        stored = -(-k // 8) if self.dtype == "binary" else k * np.dtype(_STORAGE_DTYPES[self.dtype]).itemsize
+        if self.rescore:
+            stored += k * np.dtype(_STORAGE_DTYPES[self.rescore_dtype]).itemsize
+        return int(stored)
+
+    @property
+    def label(self) -> str:
+        """``"int8"``, ``"binary+rescore100"`` or ``"binary+rescore100(int8)"``."""
+        if not self.rescore:
+            return self.dtype
+        return f"binary+rescore{self.rescore}" + ("" if self.rescore_dtype == "float32" else f"({self.rescore_dtype})")
+
+    def to_dict(self) -> dict:
+        return {
+            "dtype": self.dtype,
+            "rescore": self.rescore,
+            "rescore_dtype": self.rescore_dtype,
+            "int8_clip": self.int8_clip,
+        }
+
+    @classmethod
+    def from_dict(cls, record: dict) -> Storage:
+        """The storage :meth:`to_dict` wrote (other keys are ignored); :class:`BadInputError` if it is none."""
+        if not isinstance(record, dict) or not isinstance(record.get("dtype"), str):
+            raise BadInputError("a storage record needs a dtype")
+        return cls(
+            dtype=record["dtype"],
+            rescore=record.get("rescore", 0),
+            rescore_dtype=record.get("rescore_dtype", "float32"),
+            int8_clip=record.get("int8_clip", DEFAULT_INT8_CLIP),
+        )
+
+
+def storage_quantizations(
+    storage: Storage, n_rows: int, mean, scatter, weights, shift
+) -> tuple[Quantization | None, Quantization | None]:
+    """The records of ``storage`` for the unit-length outputs of ``y = (x - shift) @ weights``: the stored
+    vectors' (None for float32) and the re-ranking vectors' (None without a rescoring)."""
+    k = int(np.shape(weights)[1])
+
+    def record(kind):
+        if kind == "float32":
+            return None
+        if kind == "int8":
+            return int8_for_map(n_rows, mean, scatter, weights, shift, normalize=True, clip=storage.int8_clip)
+        return Quantization(kind, k, normalized=True)
+
+    again = None
+    if storage.rescore:
+        again = record(storage.rescore_dtype) or Quantization("float32", k, normalized=True)
+    return record(storage.dtype), again
 
 
 __all__ = [
+    "ATTR",
+    "CODED",
     "DEFAULT_INT8_CLIP",
     "INT8_MAX",
     "KINDS",
     "Quantization",
+    "Storage",
+    "cast_checked",
+    "decode",
+    "int8_for_map",
     "int8_quantization",
+    "map_moments",
     "normalized_moments",
     "output_moments",
     "quantization_for",
+    "raise_if_overflowed",
+    "storage_quantizations",
 ]

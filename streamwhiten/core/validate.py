@@ -11,7 +11,9 @@ model files and maps) reads its fields through here, and a file that no fit coul
   statistics (checked on random vectors: O(d^2), not O(d^3), so the serving path starts as fast);
 - every parameter through the checks of :mod:`streamwhiten.params` (as the command line checks it), and
   the rules between them: ``eps_value = eps * lambda_1``, k in [1, d] and the one ``variance`` gives;
-- counts that are whole numbers (at least 2 rows), and sources and info of the right JSON types.
+- counts that are whole numbers (at least 2 rows), and sources and info of the right JSON types;
+- a recorded storage (what ``tune`` chose): a dtype, re-ranking and clip each parameter allows, its bytes
+  per vector, and int8 ranges that are those the saved statistics give at the saved setting.
 
 numpy and the foundation only (no numba): the serving path uses it.
 """
@@ -28,6 +30,7 @@ import numpy as np
 
 from .. import params
 from ..errors import BadInputError, ModelFileError
+from .quantize import Quantization, Storage, storage_quantizations
 
 #: Relative tolerances of the checks that compare computed values (far above float64 rounding, far below
 #: anything an edit would make meaningful).
@@ -195,6 +198,10 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
         _check_source(f, index, source, d)
     info = f.json("info_json", dict)
     _check_info(f, info)
+    storage = None
+    if "storage_json" in arrays:
+        weights = eigvecs[:, :k] * ((eigvals[:k] + eps_value) ** (-gamma / 2.0))
+        storage = _check_storage(f, f.json("storage_json", dict), n_rows, mean, scatter, weights, beta * mean)
     return dict(
         n_rows=n_rows,
         mean=mean,
@@ -209,7 +216,58 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
         n_components=k,
         sources=sources,
         info=info,
+        storage=storage,
     )
+
+
+#: Relative tolerance of the int8 ranges a model file records against those its statistics give (the
+#: same arithmetic gives the same bits; this only allows another BLAS's rounding).
+RANGES_RTOL = 1e-9
+
+
+def _check_storage(f: Fields, record: dict, n_rows: int, mean, scatter, weights, shift) -> Storage:
+    """The storage a model file records, checked: a storage the parameters allow, its bytes per vector,
+    and the records (int8 ranges) that its statistics give at its setting."""
+    try:
+        storage = Storage.from_dict(record)
+    except BadInputError as exc:
+        raise f.fail("storage_json", f"is no storage: {exc}") from None
+    k = int(weights.shape[1])
+    if record.get("bytes_per_vector") != storage.bytes_per_vector(k):
+        raise f.fail(
+            "storage_json",
+            f"says {record.get('bytes_per_vector')!r} bytes per vector, but {storage.label} of {k} components "
+            f"takes {storage.bytes_per_vector(k)}",
+        )
+    records = storage_quantizations(storage, n_rows, mean, scatter, weights, shift)
+    for key, expected in zip(("quantization", "rescore_quantization"), records, strict=True):
+        _check_record(f, key, record.get(key), expected)
+    return storage
+
+
+def _check_record(f: Fields, key: str, recorded, expected: Quantization | None) -> None:
+    if expected is None:
+        if recorded is not None:
+            raise f.fail("storage_json", f"holds a {key} record its storage has no use for")
+        return
+    try:
+        found = Quantization.from_dict(recorded)
+    except BadInputError as exc:
+        raise f.fail("storage_json", f"{key}: {exc}") from None
+    same = (found.kind, found.n_components, found.normalized) == (
+        expected.kind,
+        expected.n_components,
+        expected.normalized,
+    )
+    if same and expected.kind == "int8":
+        same = found.clip == expected.clip and all(
+            np.allclose(getattr(found, name), getattr(expected, name), rtol=RANGES_RTOL, atol=0)
+            for name in ("scale", "offset")
+        )
+    if not same:
+        raise f.fail(
+            "storage_json", f"{key} is not the {expected.kind} record the saved statistics give at the saved setting"
+        )
 
 
 #: The fields of a recorded source (a fingerprint) and their JSON types, where present; others are the
@@ -336,6 +394,14 @@ def map_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     expected = -((beta * mean) @ A)
     if np.abs(b - expected).max() > 1e-9 * max(1.0, float(np.abs(expected).max())):
         raise f.fail("b", "is not -(beta mean) A of the map's own fields")
+    quantization = None
+    if "quantization_json" in arrays:  # how the map's outputs are stored (export --dtype, or the model's storage)
+        try:
+            quantization = Quantization.from_dict(f.json("quantization_json", dict))
+        except BadInputError as exc:
+            raise f.fail("quantization_json", f"is no quantization record: {exc}") from None
+        if quantization.n_components != k:
+            raise f.fail("quantization_json", f"is a record of {quantization.n_components} components, the map has {k}")
     return dict(
         A=A,
         b=b,
@@ -348,6 +414,7 @@ def map_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
         normalize=normalize,
         file_checksum=file_checksum,
         mean_sq_norm=None if math.isnan(fitted_norm) else fitted_norm,
+        quantization=quantization,
     )
 
 

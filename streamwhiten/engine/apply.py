@@ -4,6 +4,11 @@ The output is written under a temporary name and renamed only once complete. Eve
 when stopped by a signal) the rows written so far are made durable and recorded in a progress file
 beside the partial output, so an interrupted run (signal, crash, SIGKILL) resumes at the first
 unrecorded block and produces exactly the output an uninterrupted run would have.
+
+An output of int8 codes or sign bits (``dtype`` int8 or binary) is the float transform of each block,
+scaled to unit length, then encoded (:func:`encode_block`) with the model's
+:class:`~streamwhiten.core.quantize.Quantization`, the record the search, ``tune``, ``serving`` and
+``export`` use, so codes are equal everywhere; the output carries that record (:func:`output_attrs`).
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import numpy.typing as npt
 from .. import __version__
 from .._buffers import BufferPool, PerThread, kept_for_next_run
 from ..core.model import WhiteningModel, cast_checked, map_checksum, project_checked, raise_if_overflowed
+from ..core.quantize import ATTR as QUANTIZATION_ATTR
+from ..core.quantize import Quantization
 from ..errors import (
     BadInputError,
     InterruptedRunError,
@@ -46,6 +53,7 @@ from ..io import (
 )
 from ..io.codecs import Fetched
 from ..options import ApplyOptions, ReadOptions
+from ..params import CODED_DTYPES
 from ..records import ResumeRecord
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
@@ -66,6 +74,27 @@ def check_output(model: WhiteningModel, source: Source, output_spec: str) -> Non
             f"{source.label}: has {source.n_features} columns but the model was fitted on {model.n_features}"
         )
     refuse_input_overlap({output_spec: "output"}, [source.path])
+
+
+def output_quantization(model: WhiteningModel, dtype) -> Quantization | None:
+    """The record of an output of ``dtype`` int8 or binary (codes of the unit-length vectors, int8 ranges
+    from the model's statistics, as :meth:`~streamwhiten.core.model.WhiteningModel.quantization` gives
+    them everywhere); None for a float output."""
+    return model.quantization(dtype) if dtype in CODED_DTYPES else None
+
+
+def encode_block(out: np.ndarray, quantization: Quantization | None) -> np.ndarray:
+    """One transformed block as it is stored: ``out`` itself for a float output, else its codes
+    (:meth:`Quantization.encode`; its rows are finite: a coded output takes no ``skip_nonfinite``)."""
+    return out if quantization is None else quantization.encode(out)
+
+
+def stored_layout(model: WhiteningModel, dtype, quantization: Quantization | None) -> tuple[int, np.dtype]:
+    """The width and dtype of an output's rows: ``k`` values of ``dtype``, or the codes' (``ceil(k / 8)``
+    bytes of bits for binary)."""
+    if quantization is None:
+        return model.n_components, np.dtype(dtype)
+    return quantization.width, quantization.dtype
 
 
 #: What an output written before an option existed was written with (missing from its attributes).
@@ -95,17 +124,23 @@ def output_is_current(
     keep_columns: Iterable[str] | None = None,
     *,
     read: ReadOptions | None = None,
+    quantization: Quantization | None = None,
 ) -> bool:
     """Whether ``output_spec`` is a complete output of the same map (``checksum``: ``AffineMap.checksum``),
-    input rows (sampled fingerprint), normalisation, dtype, ``options`` (see :func:`recorded_options`)
-    and kept columns: then writing it again changes nothing. A URL is reached with ``read``'s storage options."""
+    input rows (sampled fingerprint), normalisation, dtype (for int8 codes and bits: the same decode
+    record, ``quantization``), ``options`` (see :func:`recorded_options`) and kept columns: then writing
+    it again changes nothing. A URL is reached with ``read``'s storage options."""
     output = open_output(output_spec, read)
     if not output.exists():
         return False
     try:
         attrs = output.attrs()
-        with open_source(output_spec, read=output.read, min_rows=0) as existing:
-            stored_dtype = existing.dtype
+        if quantization is None and dtype not in CODED_DTYPES:
+            with open_source(output_spec, read=output.read, min_rows=0) as existing:
+                same_values = np.dtype(existing.dtype) == np.dtype(dtype) and QUANTIZATION_ATTR not in attrs
+        else:  # codes are no source of floats: the record they carry says what they are
+            record = Quantization.from_attrs(attrs)
+            same_values = quantization is not None and record.digest() == quantization.digest()
     except Exception:  # an unreadable old output is simply rewritten
         return False
     return (
@@ -113,7 +148,7 @@ def output_is_current(
         and attrs.get("model_checksum") == checksum
         and attrs.get("source_sha256") == source_sha256
         and bool(attrs.get("normalized")) == bool(normalize)
-        and np.dtype(stored_dtype) == np.dtype(dtype)
+        and same_values
         and all(attrs.get(key, _OPTION_DEFAULTS.get(key)) == value for key, value in (options or {}).items())
         and list(attrs.get("kept_columns") or []) == list(keep_columns or [])
     )
@@ -125,12 +160,15 @@ def output_attrs(
     normalize: bool,
     source_sha256: str | None = None,
     checksum: str | None = None,
-    options: Mapping[str, Any] | None = None,
-    keep_columns: Iterable[str] | None = None,
-) -> dict[str, Any]:
+    options: dict | None = None,
+    keep_columns=None,
+    quantization: Quantization | None = None,
+) -> dict:
     """The attributes recorded on an output array: where it came from, which transform made it, the
-    ``options`` it was written with and the input columns it carries."""
-    attrs: dict[str, Any] = {
+    ``options`` it was written with, the input columns it carries, and for int8 codes or bits how to
+    decode them: ``dtype`` (``"int8"``, ``"binary"``) and ``quantization`` (the record as a JSON object,
+    :meth:`~streamwhiten.core.quantize.Quantization.to_dict`: k, int8 scale and offset, bit order)."""
+    attrs = {
         "streamwhiten_version": __version__,
         "source": source.label,
         "model_checksum": checksum or map_checksum(model),
@@ -146,6 +184,9 @@ def output_attrs(
     attrs.update(options or {})
     if keep_columns:
         attrs["kept_columns"] = list(keep_columns)
+    if quantization is not None:
+        attrs["dtype"] = quantization.kind
+        attrs[QUANTIZATION_ATTR] = quantization.to_dict()
     return attrs
 
 
@@ -247,20 +288,21 @@ class ApplyOutcome:
 
 def summary(
     model: WhiteningModel,
-    source: Source,
-    sink: Sink,
+    source,
+    sink,
     normalize: bool,
     n_nonfinite: int,
     seconds: float,
     resumed_at_row: int = 0,
+    quantization: Quantization | None = None,
 ) -> ApplyOutcome:
-    """What an apply run reports."""
+    """What an apply run reports (``dtype``: the storage, ``"binary"`` for bits stored as uint8 bytes)."""
     return ApplyOutcome(
         input=source.label,
         output=sink.label,
         n_rows=source.n_rows,
         n_components=model.n_components,
-        dtype=str(sink.dtype),
+        dtype=str(sink.dtype) if quantization is None else quantization.kind,
         normalized=bool(normalize),
         n_nonfinite_rows=n_nonfinite,
         seconds=seconds,
@@ -356,13 +398,15 @@ def apply_model(
             run = _BlockRun(model, source, sink, writing, options, threads, progress, should_stop)
             n_nonfinite = run.write_all(start, n_nonfinite)
             sink.commit(options.overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": run.source_sha256()})
-        return summary(model, source, sink, options.normalize, n_nonfinite, time.perf_counter() - began, start)
+        seconds = time.perf_counter() - began
+        return summary(model, source, sink, options.normalize, n_nonfinite, seconds, start, writing.quantization)
 
 
 @dataclass
 class _Writing:
-    """How one apply writes its output: the record a resume must match, the block and chunk sizes, and the
-    sampler that hashes the input's sampled rows as the blocks are read (None when hashed up front)."""
+    """How one apply writes its output: the record a resume must match, the block and chunk sizes, the
+    sampler that hashes the input's sampled rows as the blocks are read (None when hashed up front), and
+    the codes' record (None for floats)."""
 
     record: ResumeRecord
     checksum: str
@@ -370,6 +414,7 @@ class _Writing:
     chunk_rows: int
     rows_per_block: int
     sampler: Sampler | None
+    quantization: Quantization | None = None
 
 
 def _prepare_writing(
@@ -385,6 +430,8 @@ def _prepare_writing(
     else :class:`OutputExistsError`) and size the writing of a new or resumed one."""
     out_path, _ = split_spec(output_spec)
     checksum = map_checksum(model)
+    quantization = output_quantization(model, options.dtype)
+    width, stored_dtype = stored_layout(model, options.dtype, quantization)
     recorded = recorded_options(
         output_spec, options.skip_nonfinite, read.fill_missing_chunks, options.zarr_format, options.compressor
     )
@@ -400,8 +447,18 @@ def _prepare_writing(
     if exists:
         keep = list(options.keep_columns)
         sha = source_print.sha256_sampled
-        assert sha is not None  # fingerprint() hashes the sampled rows
-        if output_is_current(output_spec, checksum, sha, options.normalize, options.dtype, recorded, keep, read=read):
+        current = output_is_current(
+            output_spec,
+            checksum,
+            sha,
+            options.normalize,
+            options.dtype,
+            recorded,
+            keep,
+            read=read,
+            quantization=quantization,
+        )
+        if current:
             raise NothingToDoError(
                 f"nothing to do: {out_path} is up to date (written by this model, with the same "
                 "settings, from the same input)"
@@ -410,9 +467,7 @@ def _prepare_writing(
     # The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
     # chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
     # output's row groups are the blocks.
-    chunk_rows = output.chunk_rows(
-        model.n_components, options.dtype, source.n_rows, read.block_rows, source.default_block_rows()
-    )
+    chunk_rows = output.chunk_rows(width, stored_dtype, source.n_rows, read.block_rows, source.default_block_rows())
     rows_per_block = aligned_block_rows(read.block_rows, source, chunk_rows)
     # What must match for a partial output to be continued rather than started over.
     record = ResumeRecord(
@@ -420,15 +475,16 @@ def _prepare_writing(
         source=source_print,
         output=remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
         normalize=bool(options.normalize),
-        dtype=str(np.dtype(options.dtype)),
+        dtype=str(np.dtype(options.dtype)) if quantization is None else quantization.kind,
         zarr_format=int(options.zarr_format),
         block_rows=rows_per_block,
         skip_nonfinite=bool(options.skip_nonfinite),
         threads=threads,  # BLAS rounding can depend on its threads per call: a resume must match
         compressor=options.compressor,
         keep_columns=tuple(options.keep_columns),
+        quantization=None if quantization is None else quantization.digest(),
     )
-    return _Writing(record, checksum, recorded, chunk_rows, rows_per_block, sampler)
+    return _Writing(record, checksum, recorded, chunk_rows, rows_per_block, sampler, quantization)
 
 
 def _open_sink(
@@ -442,11 +498,15 @@ def _open_sink(
     # The input's hash is set at commit (it may be taken from the rows as they are read); a placeholder
     # of its size keeps every attribute in place from the start (see Output.create).
     keep = list(options.keep_columns)
-    attrs = output_attrs(model, source, options.normalize, "0" * 64, writing.checksum, writing.recorded, keep)
+    quantization = writing.quantization
+    attrs = output_attrs(
+        model, source, options.normalize, "0" * 64, writing.checksum, writing.recorded, keep, quantization
+    )
+    width, stored_dtype = stored_layout(model, options.dtype, quantization)
     sink = output.create(
         source.n_rows,
-        model.n_components,
-        options.dtype,
+        width,
+        stored_dtype,
         attrs,
         options.overwrite,
         options.zarr_format,
@@ -489,7 +549,9 @@ class _BlockRun:
         self.inputs = PerThread((rows, source.n_features), source.read_dtype)
         # Output buffers go back to their pool once written; aligned, so whole chunks can be written directly.
         self.products = BufferPool((rows, model.n_components), self.work)
-        wanted = sink.dtype
+        self.quantization = writing.quantization
+        # a float output of another dtype is cast into pooled buffers; codes are new (small) arrays
+        wanted = self.work if self.quantization is not None else sink.dtype
         self.converted = None if wanted == self.work else BufferPool((rows, model.n_components), wanted)
         # Fewer blocks in the whole input than threads: fewer workers, each with more BLAS threads.
         self.workers = min(threads, max(1, source.n_blocks(writing.rows_per_block)))
@@ -515,7 +577,7 @@ class _BlockRun:
             self.weights,
             self.shift,
             options.normalize,
-            self.sink.dtype,
+            None if self.quantization is not None else self.sink.dtype,
             options.skip_nonfinite,
             source.label,
             overwrite_input=True,
@@ -523,6 +585,10 @@ class _BlockRun:
             reread=lambda: source.read(begin, end),
             into=buffer,
         )
+        if self.quantization is not None:  # the encode step: codes of the block, its float buffer given back
+            codes = encode_block(out, self.quantization)
+            self.products.give_back(product)
+            return begin, end, codes, nonfinite, kept, lambda: None
         if buffer is None:
             return begin, end, out, nonfinite, kept, lambda: self.products.give_back(product)
         self.products.give_back(product)

@@ -25,7 +25,6 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from .. import params
 from ..core import stats
@@ -38,8 +37,11 @@ from .apply import (
     _options_from_legacy,
     aligned_block_rows,
     check_output,
+    encode_block,
     output_attrs,
+    output_quantization,
     recorded_options,
+    stored_layout,
     summary,
     transform_block,
 )
@@ -334,16 +336,10 @@ def fit_plan_dask(
 
 
 def _transform_and_write(
-    rows: LazyRows,
-    begin: int,
-    stop: int,
-    projection: tuple[np.ndarray, np.ndarray],
-    normalize: bool,
-    dtype: npt.DTypeLike,
-    skip_nonfinite: bool,
-    writer: Callable[[int, np.ndarray], object],
-) -> tuple[int, int, int]:
-    """Read rows ``[begin, stop)``, whiten them (in place: the block is this task's own) and write them."""
+    rows, begin, stop, projection, normalize, dtype, skip_nonfinite, writer, quantization=None
+) -> tuple:
+    """Read rows ``[begin, stop)``, whiten them (in place: the block is this task's own), encode them for
+    an output of codes (``quantization``), and write them."""
     weights, shift = projection
     out, n_nonfinite = transform_block(
         rows[begin:stop],
@@ -351,12 +347,12 @@ def _transform_and_write(
         weights,
         shift,
         normalize,
-        dtype,
+        None if quantization is not None else dtype,
         skip_nonfinite,
         rows.label,
         reread=lambda: rows[begin:stop],
     )
-    writer(begin, out)
+    writer(begin, encode_block(out, quantization))
     return begin, out.shape[0], n_nonfinite
 
 
@@ -426,18 +422,19 @@ def apply_dask(
     try:
         check_output(model, source, output_spec)
         work = np.float64 if source.dtype == np.float64 else np.float32
+        quantization = output_quantization(model, dtype)  # int8 codes or bits: encoded by each task
+        width, stored_dtype = stored_layout(model, dtype, quantization)
         attrs = output_attrs(
             model,
             source,
             normalize,
             fingerprint(source).sha256_sampled,
             options=recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format),
+            quantization=quantization,
         )
         # One run per output (a second one exits 75); the output's checks and writes happen under it.
         with output.lock(), dask_client(scheduler, n_workers, client=client) as active:
-            sink = output.create(
-                source.n_rows, model.n_components, dtype, attrs, overwrite, zarr_format, output_chunk_rows
-            )
+            sink = output.create(source.n_rows, width, stored_dtype, attrs, overwrite, zarr_format, output_chunk_rows)
             with sink:
                 rows_per_block = aligned_block_rows(block_rows, source, sink.chunk_rows)
                 rows = dask.delayed(lazy_rows(source), pure=True)
@@ -446,7 +443,7 @@ def apply_dask(
                 task = dask.delayed(_transform_and_write, pure=False)
                 futures = active.compute(
                     [
-                        task(rows, begin, stop, projection, normalize, sink.dtype, skip_nonfinite, writer)
+                        task(rows, begin, stop, projection, normalize, sink.dtype, skip_nonfinite, writer, quantization)
                         for begin, stop in source.blocks(rows_per_block)
                     ]
                 )
@@ -468,7 +465,8 @@ def apply_dask(
                 if n_written != source.n_rows or len(written) != len(futures):
                     raise ClusterError(f"the transform wrote {n_written} rows of {source.n_rows}; output discarded")
                 sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite})
-        return summary(model, source, sink, normalize, n_nonfinite, time.perf_counter() - began)
+        seconds = time.perf_counter() - began
+        return summary(model, source, sink, normalize, n_nonfinite, seconds, quantization=quantization)
     finally:
         source.close()
 

@@ -10,7 +10,9 @@ id column (Parquet, Lance), the values of that column. The delimiter is found as
 
 Every problem is one line naming the file and line: a missing header, a line of the wrong length, an
 id that names no row, a score that is not a finite number, a pair given twice, no relevant pair at all,
-a relevant pair that is also excluded.
+a relevant pair that is also excluded. Before it is read, a local file goes through the checks every
+file read does (:func:`streamwhiten._paths.check_readable`): a missing one, a directory, a FIFO or a
+device is bad input (exit 2, never opened), one that may not be read an I/O error (exit 74).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._paths import check_readable
 from ..errors import BadInputError
 from ..io import remote
 from ..io.text import read_rows
@@ -109,6 +112,8 @@ def _row(value: str, ids: Ids, lookup: dict | None, label: str, line: int, what:
 def _table(path: str, header: tuple, columns: tuple) -> tuple[str, list]:
     """The data lines of the file at ``path``, after checking its header starts with ``header``."""
     label = remote.redact(str(path))
+    if not remote.is_url(str(path)):  # as every file read: a FIFO or device refused at once, never opened
+        check_readable(str(path), directory=False)
     rows = read_rows(str(path))
     if not rows:
         raise BadInputError(f"{label}: the file is empty (expected the header {_tabbed(header)})")

@@ -1,4 +1,5 @@
-"""Pictures of a model and of its tuning: spectrum, explained variance, Spearman heat maps and k curves.
+"""Pictures of a model and of its tuning: spectrum, explained variance, Spearman heat maps and k curves,
+and, for a model tuned for retrieval (``tune --queries ...``), the frontier it was chosen from.
 
 matplotlib (the optional ``[report]`` extra) is imported inside the functions that draw. Figures are
 built with the object-oriented ``Figure`` API on the Agg canvas, never through ``pyplot``, so reports
@@ -32,6 +33,7 @@ FIGURE_FILES = {
     "variance": "variance.png",
     "k_curve": "k_curve.png",
     "heatmaps": "heatmaps.png",
+    "frontier": "frontier.png",
 }
 SEED_SETTINGS = ((1.0, "beta=gamma=1", "#c0392b"), (0.0, "beta=gamma=0", "#2471a3"))
 #: What every report file records as its maker (the HTML page's generator, the PNG's ``Software`` text):
@@ -52,8 +54,21 @@ class ReportData:
     metric: str = "spearman"
 
     @property
+    def tuned(self) -> dict | None:
+        """The record of a retrieval tuning the model holds (its frontier), or None."""
+        return retrieval_record(self.model)
+
+    @property
     def raw(self) -> float | None:
         return None if self.grid is None else self.grid.raw[self.metric]
+
+
+def retrieval_record(model: WhiteningModel) -> dict | None:
+    """``model.info["tuned"]`` when it records a retrieval tuning with a frontier, else None."""
+    record = model.info.get("tuned")
+    if isinstance(record, dict) and record.get("mode") == "retrieval" and record.get("frontier"):
+        return record
+    return None
 
 
 def collect(
@@ -283,6 +298,61 @@ def draw_heatmaps(figure, data: ReportData) -> None:
     )
 
 
+def draw_frontier(ax, data: ReportData) -> None:
+    """The retrieval frontier a tuned model was chosen from: the best score at each number of bytes per
+    vector (with the 95% interval of its difference from raw float32), raw float32, the budget, the choice."""
+    record = data.tuned
+    metric = record["metric"]
+    rows = record["frontier"]
+    raw = record["validation"]["raw"]
+    chosen = record["validation"]["chosen"]
+    setting = record["setting"]
+    x = np.array([row["bytes_per_vector"] for row in rows], dtype=np.float64)
+    y = np.array([row[metric] for row in rows], dtype=np.float64)
+    ax.step(x, y, where="post", color="#1f4e79", lw=1.2, alpha=0.6)
+    for row, xi, yi in zip(rows, x, y, strict=True):
+        if row["low"] is not None:
+            ax.plot([xi, xi], [raw[metric] + row["low"], raw[metric] + row["high"]], color="#7fb3d5", lw=3, alpha=0.6)
+        ax.plot(xi, yi, "o", ms=5, color="#1f4e79", zorder=3)
+        ax.annotate(
+            f"{row['storage']} k={row['k']}",
+            (xi, yi),
+            textcoords="offset points",
+            xytext=(4, -10),
+            fontsize=7,
+            color="#1b4f72",
+        )
+    ax.axhline(
+        raw[metric],
+        color="black",
+        ls="--",
+        lw=1.2,
+        label=f"raw float32 ({raw['bytes_per_vector']:,} B): {raw[metric]:.2f}",
+    )
+    ax.plot(raw["bytes_per_vector"], raw[metric], "s", ms=6, color="black", zorder=3)
+    if record.get("max_bytes") is not None:
+        ax.axvline(record["max_bytes"], color="#e67e22", ls=":", lw=1.5, label=f"budget: {record['max_bytes']:,} bytes")
+    ax.plot(
+        setting["bytes_per_vector"],
+        chosen[metric],
+        "*",
+        ms=15,
+        color="#27ae60",
+        zorder=4,
+        label=f"chosen: {setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: "
+        f"{chosen[metric]:.2f}",
+    )
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("bytes per corpus vector read by a search (log scale)")
+    ax.set_ylabel(f"{metric} x100")
+    ax.set_title(
+        f"Retrieval frontier: the best {metric} at each size ({record['validation']['n_queries']:,} queries; "
+        "bars: 95% interval)"
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+
+
 def _outline(i, j):
     from matplotlib.patches import Rectangle
 
@@ -306,6 +376,10 @@ def figures(data: ReportData) -> dict:
         figure = Figure(figsize=(3.2 * min(5, n_panels) + 1.5, 2.9 * n_rows + 0.8), layout="constrained")
         draw_heatmaps(figure, data)
         out["heatmaps"] = figure
+    if data.tuned is not None:
+        figure = Figure(figsize=(9, 5.5), layout="constrained")
+        draw_frontier(figure.add_subplot(), data)
+        out["frontier"] = figure
     return out
 
 
@@ -315,17 +389,21 @@ def dashboard(data: ReportData):
     n_panels = len({row["k_label"] for row in data.grid.table}) if data.grid is not None else 0
     heat_rows = -(-n_panels // min(5, n_panels)) if n_panels else 0
     width = max(18.0, 3.2 * min(5, n_panels) + 1.5) if n_panels else 13.0
+    width += 6.5 if data.tuned is not None else 0.0
     figure = Figure(figsize=(width, 5.2 + 2.9 * heat_rows + (0.8 if heat_rows else 0)), layout="constrained")
     if heat_rows:
         top, bottom = figure.subfigures(2, 1, height_ratios=[5.2, 2.9 * heat_rows + 0.8])
     else:
         top, bottom = figure, None
-    axes = top.subplots(1, 3 if data.grid is not None else 2)
+    panels = 2 + (data.grid is not None) + (data.tuned is not None)
+    axes = top.subplots(1, panels)
     draw_spectrum(axes[0], data)
     draw_variance(axes[1], data)
     if data.grid is not None:
         draw_k_curve(axes[2], data)
         draw_heatmaps(bottom, data)
+    if data.tuned is not None:
+        draw_frontier(axes[-1], data)
     return figure
 
 
@@ -362,12 +440,20 @@ def _write_bytes(path: str, payload: bytes) -> None:
         raise StoreIOError(f"{path}: cannot write the report: {exc}") from exc
 
 
-def planned_files(path: str, with_pairs: bool) -> list:
-    """The files :func:`write_report` will write for ``path``."""
+def planned_files(path: str, with_pairs: bool, with_frontier: bool = False) -> list:
+    """The files :func:`write_report` will write for ``path`` (``with_frontier``: the model records a
+    retrieval tuning)."""
     kind = output_kind(path)
     if kind != "dir":
         return [path]
-    names = [key for key in FIGURE_FILES if with_pairs or key in ("spectrum", "variance")]
+    names = [
+        key
+        for key in FIGURE_FILES
+        if key in ("spectrum", "variance")
+        or (with_pairs and key in ("k_curve", "heatmaps"))
+        or key == "frontier"
+        and with_frontier
+    ]
     return [os.path.join(path, FIGURE_FILES[name]) for name in names]
 
 
@@ -404,19 +490,19 @@ def _png_software(head: bytes) -> str:
     return ""
 
 
-def check_output(path: str, with_pairs: bool, overwrite: bool = False) -> None:
+def check_output(path: str, with_pairs: bool, overwrite: bool = False, with_frontier: bool = False) -> None:
     """Raise before any work if the report would replace a file without ``overwrite``, or anything but a
     report streamwhiten wrote even with it (``_durable.check_replaceable``)."""
     parent = os.path.dirname(os.path.abspath(path.rstrip("/"))) if output_kind(path) != "dir" else None
     if parent is not None and not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
-    for target in planned_files(path, with_pairs):
+    for target in planned_files(path, with_pairs, with_frontier):
         check_replaceable(target, overwrite, "a report", foreign_report)
 
 
 def write_report(data: ReportData, path: str, overwrite: bool = False, title: str | None = None) -> list:
     """Write the report to ``path`` (``.html``, ``.png`` or a directory); returns the files written."""
-    check_output(path, data.grid is not None, overwrite)
+    check_output(path, data.grid is not None, overwrite, data.tuned is not None)
     kind = output_kind(path)
     if kind == "png":
         _write_bytes(path, png_bytes(dashboard(data)))
@@ -519,6 +605,41 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
             f"<details><summary>All {len(grid.table)} settings</summary>"
             f"<table class='grid'><tr>{header}</tr>{body}</table></details>"
         )
+    if data.tuned is not None:
+        record = data.tuned
+        metric = record["metric"]
+        raw = record["validation"]["raw"]
+        setting = record["setting"]
+        budget = record.get("max_bytes")
+        rows = [
+            ("queries", f"{record['validation']['n_queries']:,} with a relevant document"),
+            (f"raw float32 {metric}", f"{raw[metric]:.2f} at {raw['bytes_per_vector']:,} bytes per vector"),
+            ("budget", "none" if budget is None else f"{budget:,} bytes per vector"),
+            (
+                "chosen",
+                f"{setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: "
+                f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector",
+            ),
+        ]
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in ("bytes", "storage", "beta", "gamma", "k", f"{metric} x100", "retention", "vs raw [95%]")
+        )
+        body = "".join(
+            f"<tr><td>{row['bytes_per_vector']:,}</td><td>{html.escape(row['storage'])}</td><td>{row['beta']:g}</td>"
+            f"<td>{row['gamma']:g}</td><td>{row['k']}</td><td>{row[metric]:.2f}</td>"
+            f"<td>{'' if row['retention'] is None else format(row['retention'], '.1f') + '%'}</td>"
+            f"<td>{row['difference']:+.2f}"
+            + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
+            + "</td></tr>"
+            for row in record["frontier"]
+        )
+        parts += [
+            "<h2>Retrieval: the frontier it was tuned on</h2>",
+            _table(rows),
+            image("frontier", f"The best {metric} at each number of bytes per vector, the choice and the budget."),
+            f"<table class='grid'><tr>{head}</tr>{body}</table>",
+        ]
     style = (
         "body{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}"
         "img{max-width:100%}figure{margin:1.5em 0}figcaption{color:#555;font-size:90%}"

@@ -16,15 +16,17 @@ Each is averaged over the queries that have at least one relevant document (a qu
 Whitened and raw are compared per query: the difference of the means, with a paired bootstrap 95%
 interval (resamples of the queries, a fixed seed; :func:`paired_bootstrap`).
 
-The search is computed in float64 from what each storage holds: float16 values, int8 codes
+The search is computed in float64 from what each storage (``dtype``) holds: float16 values, int8 codes
 dequantized (``code * scale + offset``), sign bits compared by Hamming distance (the queries' bits
 too); ``rescore=N`` re-ranks the top N of a bit search by the float query's inner product with the
-corpus rows stored as ``rescore_storage`` (float32 or int8), read in a second pass over the corpus.
+corpus rows stored as ``rescore_dtype`` (float32 or int8), read in a second pass over the blocks that
+hold them (one pass for every setting that re-ranks).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -33,12 +35,12 @@ import numpy as np
 
 from ..core.affine import scale_rows_to_unit
 from ..core.model import WhiteningModel, project
-from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, quantization_for
+from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, Storage, quantization_for
 from ..errors import BadInputError, NonFiniteError
 from ..io import Source, open_source, read_ids, remote
 from ..params import PARAMS, check
 from .qrels import Ids, Qrels, read_exclude, read_qrels
-from .search import Exclusions, SearchJob, rescore, search
+from .search import Exclusions, RescoreJob, SearchJob, rescore_all, search
 
 #: The metrics, in the order they are reported.
 METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
@@ -166,19 +168,20 @@ def paired_bootstrap(
 
 
 @dataclass
-class Setting:
+class SearchSetting:
     """How vectors become what is searched: an optional whitening ``y = (x - shift) @ weights``, L2
     normalisation, a storage, and for bits an optional re-ranking of the top ``rescore``.
 
-    Build one with :meth:`make`.
+    Build one with :meth:`make` (not to be confused with :class:`streamwhiten.options.Setting`, the
+    whitening's parameters: a search setting is those parameters as a map, plus how it is stored).
     """
 
     name: str
-    storage: Quantization
+    quantization: Quantization
     weights: np.ndarray | None = None
     shift: np.ndarray | None = None
     rescore: int = 0
-    rescore_storage: Quantization | None = None
+    rescore_quantization: Quantization | None = None
     params: dict = field(default_factory=dict)
 
     @classmethod
@@ -188,36 +191,35 @@ class Setting:
         model: WhiteningModel | None = None,
         *,
         raw: bool = False,
-        storage: str = "float32",
+        dtype: str = "float32",
         rescore: int = 0,
-        rescore_storage: str = "float32",
+        rescore_dtype: str = "float32",
         int8_clip: float = DEFAULT_INT8_CLIP,
         n_features: int | None = None,
-    ) -> Setting:
-        """The raw vectors (``raw``, or no ``model``) or ``model``'s whitening, stored as ``storage``.
+    ) -> SearchSetting:
+        """The raw vectors (``raw``, or no ``model``) or ``model``'s whitening, stored as ``dtype``.
 
         int8 storage (and int8 rescoring) takes its scale and offset from ``model``'s statistics, so
         it needs a model for raw vectors too; ``n_features`` is the width when there is no model.
         """
-        check("storage", storage)
+        if dtype is None:
+            raise BadInputError("give a dtype to store the searched vectors as")
+        check("dtype", dtype)
         check("rescore", rescore)
-        check("rescore_storage", rescore_storage)
-        if rescore and storage != "binary":
-            raise BadInputError(f"rescore re-ranks a bit search: it needs storage 'binary', not {storage!r}")
+        check("rescore_dtype", rescore_dtype)
+        storage = Storage(dtype, rescore, rescore_dtype, int8_clip)  # checks rescore needs binary
         raw = raw or model is None
         width = None if model is not None else n_features
-        quantization = quantization_for(storage, model, raw=raw, normalize=True, clip=int8_clip, n_components=width)
+        quantization = quantization_for(dtype, model, raw=raw, normalize=True, clip=int8_clip, n_components=width)
         again = None
         if rescore:
-            again = quantization_for(
-                rescore_storage, model, raw=raw, normalize=True, clip=int8_clip, n_components=width
-            )
+            again = quantization_for(rescore_dtype, model, raw=raw, normalize=True, clip=int8_clip, n_components=width)
         weights = shift = None
-        params: dict = {"storage": storage, "bytes_per_vector": quantization.bytes_per_vector}
-        if storage == "int8":
+        params: dict = {"dtype": dtype, "bytes_per_vector": storage.bytes_per_vector(quantization.n_components)}
+        if "int8" in (dtype, rescore_dtype if rescore else None):
             params["int8_clip"] = float(int8_clip)
         if rescore:
-            params.update(rescore=int(rescore), rescore_storage=rescore_storage)
+            params.update(rescore=int(rescore), rescore_dtype=rescore_dtype)
         if not raw:
             assert model is not None  # raw without one
             weights, shift = model.projection(np.float64)
@@ -239,18 +241,18 @@ class Setting:
 
     def searched(self, rows: np.ndarray) -> np.ndarray:
         """Corpus rows as the search sees them: the stored values decoded to float64, or the bits."""
-        codes = self.storage.encode(self.unit(rows))
-        return codes if self.storage.kind == "binary" else self.storage.decode(codes, np.float64)
+        codes = self.quantization.encode(self.unit(rows))
+        return codes if self.quantization.kind == "binary" else self.quantization.decode(codes, np.float64)
 
     def rescored(self, rows: np.ndarray) -> np.ndarray:
         """Corpus rows as the re-ranking sees them (float64)."""
-        assert self.rescore_storage is not None  # a setting that re-ranks has one
-        return self.rescore_storage.decode(self.rescore_storage.encode(self.unit(rows)), np.float64)
+        again = self.rescore_quantization
+        return again.decode(again.encode(self.unit(rows)), np.float64)
 
     def query_vectors(self, rows: np.ndarray) -> np.ndarray:
         """Queries as searched: float64 unit vectors, or their sign bits for a bit search."""
         unit = self.unit(rows)
-        return np.packbits(unit > 0, axis=1) if self.storage.kind == "binary" else unit
+        return np.packbits(unit > 0, axis=1) if self.quantization.kind == "binary" else unit
 
 
 def _finite(rows: np.ndarray, start: int, label: str) -> np.ndarray:
@@ -264,7 +266,7 @@ def _finite(rows: np.ndarray, start: int, label: str) -> np.ndarray:
 def run_settings(
     queries: np.ndarray,
     corpus,
-    settings: list[Setting],
+    settings: list[SearchSetting],
     *,
     exclude: Exclusions | None = None,
     depth: int = DEPTH,
@@ -274,7 +276,8 @@ def run_settings(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Each setting's top ``depth`` corpus rows for every query row of ``queries``, in one pass over
-    ``corpus`` (an array or a Source; plus one more pass per setting that re-ranks bits).
+    ``corpus`` (an array or a Source; plus one more pass over the blocks holding the candidates of the
+    settings that re-rank bits, for all of them).
 
     Returns ``{setting name: rows (queries x depth, int64, -1 past the last candidate)}``.
     """
@@ -287,30 +290,29 @@ def run_settings(
             raise BadInputError(
                 f"setting {setting.name!r} expects {setting.n_features} features, the vectors have {queries.shape[1]}"
             )
-        metric = "hamming" if setting.storage.kind == "binary" else "ip"
+        metric = "hamming" if setting.quantization.kind == "binary" else "ip"
 
         def prepare(rows, start, setting=setting):
             return setting.searched(_finite(rows, start, corpus_label))
 
         jobs.append(SearchJob(setting.query_vectors(queries), max(depth, setting.rescore), metric, prepare, exclude))
     results = search(corpus, jobs, block_rows=block_rows, threads=threads, progress=progress)
+    again = [
+        RescoreJob(
+            setting.unit(queries),
+            result.rows[:, : setting.rescore],
+            setting.rescore,
+            lambda block, start, setting=setting: setting.rescored(block),
+        )
+        for setting, result in zip(settings, results, strict=True)
+        if setting.rescore
+    ]
+    reranked = iter(rescore_all(corpus, again, block_rows=block_rows))
     out = {}
     for setting, result in zip(settings, results, strict=True):
         rows = result.rows
         if setting.rescore:
-
-            def rescored(block, start, setting=setting):
-                return setting.rescored(block)
-
-            again = rescore(
-                setting.unit(queries),
-                rows[:, : setting.rescore],
-                corpus,
-                setting.rescore,
-                prepare=rescored,
-                block_rows=block_rows,
-            )
-            rows = np.concatenate([again.rows, rows[:, setting.rescore :]], axis=1)
+            rows = np.concatenate([next(reranked).rows, rows[:, setting.rescore :]], axis=1)
         out[setting.name] = np.ascontiguousarray(rows[:, :depth])
     return out
 
@@ -348,6 +350,31 @@ def _describe(store, what: str, column: str | None) -> dict:
     return {"label": _label(store, what), "n_rows": int(n_rows), "n_features": int(n_features), "id_column": column}
 
 
+def search_storage(model=None, dtype=None, rescore=None, rescore_dtype=None, int8_clip=None) -> Storage:
+    """The storage a search uses: each of ``dtype``, ``rescore``, ``rescore_dtype``, ``int8_clip`` as
+    given, else the model's recorded storage's (what ``tune`` chose), else the defaults (float32). A
+    ``dtype`` given without ``rescore`` does not inherit the model's re-ranking unless it is ``binary``."""
+    recorded = getattr(model, "storage", None) or Storage()
+    dtype = recorded.dtype if dtype is None else dtype
+    if rescore is None:
+        rescore = recorded.rescore if dtype == "binary" else 0
+    return Storage(
+        dtype,
+        rescore,
+        recorded.rescore_dtype if rescore_dtype is None else rescore_dtype,
+        recorded.int8_clip if int8_clip is None else int8_clip,
+    )
+
+
+def _storage_args(storage: Storage) -> dict:
+    return dict(
+        dtype=storage.dtype,
+        rescore=storage.rescore,
+        rescore_dtype=storage.rescore_dtype,
+        int8_clip=storage.int8_clip,
+    )
+
+
 def evaluate_retrieval(
     queries,
     corpus,
@@ -355,10 +382,10 @@ def evaluate_retrieval(
     *,
     model: WhiteningModel | None = None,
     exclude=None,
-    storage: str = "float32",
-    rescore: int = 0,
-    rescore_storage: str = "float32",
-    int8_clip: float = DEFAULT_INT8_CLIP,
+    dtype: str | None = None,
+    rescore: int | None = None,
+    rescore_dtype: str | None = None,
+    int8_clip: float | None = None,
     query_id_column: str | None = None,
     corpus_id_column: str | None = None,
     bootstrap: int = BOOTSTRAP_SAMPLES,
@@ -378,17 +405,21 @@ def evaluate_retrieval(
     qrels : str or Qrels
         A BEIR qrels file (see :mod:`.qrels`) whose ids are rows of the stores, or values of their id
         columns (``query_id_column``, ``corpus_id_column``: Parquet or Lance stores).
-    model : WhiteningModel, optional
-        Its setting (beta, gamma, k) is evaluated as ``whitened``; without it only ``raw`` is.
+    model : WhiteningModel or str, optional
+        Its setting (beta, gamma, k) is evaluated as ``whitened``; without it only ``raw`` is. A path
+        is loaded.
     exclude : str, optional
         A file of ``(query, corpus)`` pairs dropped from that query's candidates.
-    storage : str
-        ``float32``, ``float16``, ``int8`` (needs the model: its statistics set the scales, raw ones
-        included) or ``binary``, for raw and whitened alike.
-    rescore, rescore_storage
-        With ``binary``: re-rank the top ``rescore`` of the bit search with ``float32`` or ``int8`` vectors.
-    int8_clip : float
-        Standard deviations the int8 codes span about each component's mean.
+    dtype : str, optional
+        How the corpus is stored while searched, raw and whitened alike: ``float32``, ``float16``,
+        ``int8`` (needs the model: its statistics set the scales, raw ones included) or ``binary``.
+        Default: the model's storage (what ``tune`` chose), float32 without one.
+    rescore, rescore_dtype : optional
+        With ``binary``: re-rank the top ``rescore`` of the bit search with ``float32`` or ``int8``
+        vectors (default: the model's storage's, else none).
+    int8_clip : float, optional
+        Standard deviations the int8 codes span about each component's mean (default: the model's
+        storage's, else 4).
     bootstrap, seed
         Resamples of the queries for the intervals (0: none), and the generator's seed.
     block_rows, threads, progress
@@ -399,19 +430,111 @@ def evaluate_retrieval(
     dict
         ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw", "whitened", "difference",
         "bootstrap"}``: ``raw`` and ``whitened`` (None without a model) map each of :data:`METRICS` to
-        its mean x100, with the storage and (whitened) beta, gamma, k; ``difference`` maps each metric
+        its mean x100, with the storage (``dtype``, ``bytes_per_vector``) and (whitened) beta, gamma, k;
+        ``difference`` maps each metric
         to ``{"difference", "low", "high"}`` (whitened minus raw, x100) or is None.
     """
     for name, value in (
-        ("storage", storage),
+        ("dtype", dtype),
         ("rescore", rescore),
-        ("rescore_storage", rescore_storage),
+        ("rescore_dtype", rescore_dtype),
         ("int8_clip", int8_clip),
         ("bootstrap", bootstrap),
         ("seed", seed),
     ):
-        check(name, value)  # before anything is read
-    opened = []
+        if value is not None:
+            check(name, value)  # before anything is read
+    if isinstance(model, (str, os.PathLike)):
+        from ..core.model import load_model
+
+        model = load_model(os.fspath(model))
+    storage = search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
+    with open_task(queries, corpus, qrels, exclude, model, query_id_column, corpus_id_column) as task:
+        settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, **_storage_args(storage))]
+        if model is not None:
+            settings.append(SearchSetting.make("whitened", model, **_storage_args(storage)))
+        rows = run_settings(
+            task.vectors,
+            task.corpus,
+            settings,
+            exclude=task.excluded,
+            corpus_label=task.corpus_label,
+            block_rows=block_rows,
+            threads=threads,
+            progress=progress,
+        )
+    per_query = {name: query_metrics(top, task.query_rows, task.qrels) for name, top in rows.items()}
+    result = dict(
+        task.describe(),
+        raw=dict(mean_metrics(per_query["raw"]), **settings[0].params),
+        whitened=None,
+        difference=None,
+        bootstrap={"samples": int(bootstrap), "seed": int(seed), "level": BOOTSTRAP_LEVEL},
+    )
+    if model is not None:
+        result["whitened"] = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
+        result["difference"] = paired_bootstrap(per_query["raw"], per_query["whitened"], bootstrap, seed)
+    return result
+
+
+@dataclass
+class RetrievalTask:
+    """Queries, corpus, judgements and excluded pairs, opened and checked (see :func:`open_task`).
+
+    ``vectors`` are the query rows evaluated (``query_rows``: those with a relevant document), read whole;
+    ``corpus`` is streamed by the searches; ``excluded`` are the exclusions as the searches take them.
+    """
+
+    queries: object
+    corpus: object
+    qrels: Qrels
+    query_rows: np.ndarray
+    vectors: np.ndarray
+    excluded: Exclusions
+    exclude_info: dict | None
+    id_columns: tuple
+    opened: list = field(default_factory=list, repr=False)
+
+    @property
+    def n_features(self) -> int:
+        return int(self.vectors.shape[1])
+
+    @property
+    def corpus_label(self) -> str:
+        return _label(self.corpus, "corpus")
+
+    @property
+    def n_corpus(self) -> int:
+        return int(self.corpus.n_rows if isinstance(self.corpus, Source) else self.corpus.shape[0])
+
+    def describe(self) -> dict:
+        return {
+            "queries": _describe(self.queries, "queries", self.id_columns[0]),
+            "corpus": _describe(self.corpus, "corpus", self.id_columns[1]),
+            "qrels": self.qrels.describe(),
+            "exclude": self.exclude_info,
+            "n_queries": int(self.query_rows.size),
+        }
+
+    def close(self) -> None:
+        for store in self.opened:
+            store.close()
+        self.opened = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_task(
+    queries, corpus, qrels, exclude=None, model=None, query_id_column=None, corpus_id_column=None
+) -> RetrievalTask:
+    """Open and check a retrieval task (see :func:`evaluate_retrieval` for the arguments): queries and
+    corpus of one width (and the model's), the qrels and exclude files read against their ids, the
+    evaluated queries read and checked for NaN/Inf. Close it when done (a context manager)."""
+    opened: list = []
     try:
         query_store, mine = _open(queries)
         if mine:
@@ -454,67 +577,33 @@ def evaluate_retrieval(
         if not finite.all():
             row = int(query_rows[np.argmin(finite)])
             raise NonFiniteError(f"{_label(query_store, 'queries')}: row {row} holds NaN or Inf", row=row)
-        settings = [
-            Setting.make(
-                "raw",
-                model,
-                raw=True,
-                storage=storage,
-                rescore=rescore,
-                rescore_storage=rescore_storage,
-                int8_clip=int8_clip,
-                n_features=n_features,
-            )
-        ]
-        if model is not None:
-            settings.append(
-                Setting.make(
-                    "whitened",
-                    model,
-                    storage=storage,
-                    rescore=rescore,
-                    rescore_storage=rescore_storage,
-                    int8_clip=int8_clip,
-                )
-            )
-        rows = run_settings(
-            vectors,
-            corpus_store,
-            settings,
-            exclude=excluded,
-            corpus_label=_label(corpus_store, "corpus"),
-            block_rows=block_rows,
-            threads=threads,
-            progress=progress,
-        )
-    finally:
+    except BaseException:
         for store in opened:
             store.close()
-    per_query = {name: query_metrics(top, query_rows, judged) for name, top in rows.items()}
-    result = {
-        "queries": _describe(query_store, "queries", query_id_column),
-        "corpus": _describe(corpus_store, "corpus", corpus_id_column),
-        "qrels": judged.describe(),
-        "exclude": exclude_info,
-        "n_queries": int(query_rows.size),
-        "raw": dict(mean_metrics(per_query["raw"]), **settings[0].params),
-        "whitened": None,
-        "difference": None,
-        "bootstrap": {"samples": int(bootstrap), "seed": int(seed), "level": BOOTSTRAP_LEVEL},
-    }
-    if model is not None:
-        result["whitened"] = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
-        result["difference"] = paired_bootstrap(per_query["raw"], per_query["whitened"], bootstrap, seed)
-    return result
+        raise
+    return RetrievalTask(
+        query_store,
+        corpus_store,
+        judged,
+        query_rows,
+        vectors,
+        excluded,
+        exclude_info,
+        (query_id_column, corpus_id_column),
+        opened,
+    )
 
 
 __all__ = [
     "DEPTH",
     "METRICS",
-    "Setting",
+    "RetrievalTask",
+    "SearchSetting",
     "evaluate_retrieval",
     "mean_metrics",
+    "open_task",
     "paired_bootstrap",
     "query_metrics",
     "run_settings",
+    "search_storage",
 ]

@@ -13,7 +13,8 @@ its rows cut among the worker threads; then each worker searches the block for i
 queries: BLAS products of tiles of rows against its queries (``ip``) or a popcount kernel (``hamming``),
 each tile merged into the top lists by a Numba kernel (``core._kernels``). Several jobs can share one
 pass over the corpus (:func:`search`). :func:`rescore` re-ranks candidate lists (the top N of a bit
-search) with other vectors of the same rows, read in a second pass over the blocks that hold them.
+search) with other vectors of the same rows, read in a second pass over the blocks that hold them
+(:func:`rescore_all`: many re-rankings in that one pass).
 """
 
 from __future__ import annotations
@@ -140,8 +141,14 @@ def _parts(n: int, parts: int) -> list[tuple[int, int]]:
     return [(cuts[i], cuts[i + 1]) for i in range(parts) if cuts[i + 1] > cuts[i]]
 
 
-class _Pass:
-    """The state of one pass over the corpus: its jobs' top lists and the worker threads."""
+class SearchPass:
+    """The state of one pass over the corpus: its jobs' top lists and the worker threads.
+
+    :func:`search` drives one; a caller that shares work between jobs (the tuning sweep) drives its own:
+    :meth:`prepared` turns a block into what a job searches (in row slices, on the workers),
+    :meth:`search_block` merges a prepared block into the job's top lists, :meth:`results` gives them,
+    :meth:`close` ends the workers.
+    """
 
     def __init__(self, jobs: list[SearchJob], threads: int):
         self.jobs = jobs
@@ -165,18 +172,14 @@ class _Pass:
                 state["values"] = np.full((n_queries, job.depth), _EMPTY_DISTANCE, dtype=np.int64)
 
     def map(self, function, items) -> list:
+        """``function(*item)`` of every item, on the workers; the results in order."""
         if self.threads <= 1 or len(items) <= 1:
             return [function(*item) for item in items]
         return list(self.pool.map(lambda item: function(*item), items))
 
     def prepared(self, job: SearchJob, rows: np.ndarray, start: int) -> np.ndarray:
         """The block as the job searches it: prepared in row slices by the workers."""
-        if job.prepare is None:
-            out = rows
-        else:
-            pieces = self.map(lambda a, b: job.prepare(rows[a:b], start + a), _parts(rows.shape[0], self.threads))
-            out = pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
-        out = np.asarray(out)
+        out = np.asarray(rows if job.prepare is None else self.sliced(job.prepare, rows, start))
         width = job.queries.shape[1]
         if out.ndim != 2 or out.shape[0] != rows.shape[0] or out.shape[1] != width:
             raise BadInputError(
@@ -216,6 +219,11 @@ class _Pass:
                     )
 
         self.map(run, state["parts"])
+
+    def sliced(self, function, rows: np.ndarray, start: int) -> np.ndarray:
+        """``function(rows[a:b], start + a)`` of the row slices of a block, on the workers, joined."""
+        pieces = self.map(lambda a, b: function(rows[a:b], start + a), _parts(rows.shape[0], self.threads))
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
     def results(self) -> list[SearchResult]:
         return [SearchResult(job._state["rows"], job._state["values"], job.metric) for job in self.jobs]
@@ -282,7 +290,7 @@ def search(
     """
     threads = resolve_threads(threads)
     n_rows = corpus.n_rows if isinstance(corpus, Source) else int(np.shape(corpus)[0])
-    state = _Pass(list(jobs), threads)
+    state = SearchPass(list(jobs), threads)
     try:
         with blas_threads(blas_threads_per_worker(threads)):
             for start, rows in corpus_blocks(corpus, block_rows):
@@ -327,6 +335,28 @@ def exact_search(
     return search(corpus, [job], block_rows=block_rows, threads=threads, progress=progress)[0]
 
 
+@dataclass
+class RescoreJob:
+    """One re-ranking in a pass over the corpus blocks that hold candidates: ``queries`` (float rows),
+    ``candidates`` (queries x N corpus rows, -1: none), the top ``depth`` kept, the corpus rows turned into
+    the vectors they are re-ranked with by ``prepare(rows, start)``."""
+
+    queries: np.ndarray
+    candidates: np.ndarray
+    depth: int
+    prepare: Callable[[np.ndarray, int], np.ndarray] | None = None
+
+    def check(self) -> None:
+        self.queries = np.ascontiguousarray(self.queries)
+        self.candidates = np.asarray(self.candidates, dtype=np.int64)
+        if self.queries.ndim != 2 or self.queries.dtype not in (np.float32, np.float64):
+            raise BadInputError(
+                f"rescoring needs 2-D float32 or float64 queries, got {self.queries.dtype} {self.queries.shape}"
+            )
+        if self.candidates.ndim != 2 or self.candidates.shape[0] != self.queries.shape[0]:
+            raise BadInputError(f"expected one list of candidates per query, got shape {self.candidates.shape}")
+
+
 def rescore(
     queries,
     candidates: np.ndarray,
@@ -342,33 +372,77 @@ def rescore(
     ``candidates`` is queries x N corpus rows (-1: none), e.g. the rows of a Hamming search. Only the
     corpus blocks holding a candidate are read, once each.
     """
-    queries = np.ascontiguousarray(queries)
-    candidates = np.asarray(candidates, dtype=np.int64)
-    if queries.ndim != 2 or queries.dtype not in (np.float32, np.float64):
-        raise BadInputError(f"rescoring needs 2-D float32 or float64 queries, got {queries.dtype} {queries.shape}")
-    if candidates.ndim != 2 or candidates.shape[0] != queries.shape[0]:
-        raise BadInputError(f"expected one list of candidates per query, got shape {candidates.shape}")
-    n_queries, n_candidates = candidates.shape
-    values = np.full(candidates.shape, -np.inf, dtype=queries.dtype)
-    flat_values = values.reshape(-1)
-    flat = candidates.reshape(-1)
-    valid = np.flatnonzero(flat >= 0)
-    by_row = valid[np.argsort(flat[valid], kind="stable")]
-    sorted_rows = flat[by_row]
-    for start, rows in corpus_blocks(corpus, block_rows, sorted_rows):
-        lo, hi = np.searchsorted(sorted_rows, [start, start + rows.shape[0]])
-        slots = by_row[lo:hi]
-        wanted, index = np.unique(sorted_rows[lo:hi] - start, return_inverse=True)
-        vectors = rows[wanted] if prepare is None else prepare(np.ascontiguousarray(rows[wanted]), start)
+    return rescore_all(corpus, [RescoreJob(queries, candidates, depth, prepare)], block_rows=block_rows)[0]
+
+
+class Reranking:
+    """The state of one re-ranking (see :func:`rescore`) fed block by block: which rows of a block it
+    needs (:meth:`wanted`), their vectors (:meth:`feed`), and the re-ranked lists (:meth:`result`)."""
+
+    def __init__(self, queries, candidates, depth: int):
+        job = RescoreJob(queries, candidates, depth)
+        job.check()
+        self.queries, self.candidates, self.depth = job.queries, job.candidates, int(depth)
+        self.values = np.full(self.candidates.shape, -np.inf, dtype=self.queries.dtype)
+        flat = self.candidates.reshape(-1)
+        valid = np.flatnonzero(flat >= 0)
+        self._by_row = valid[np.argsort(flat[valid], kind="stable")]
+        self.rows = flat[self._by_row]  # the candidates' corpus rows, sorted
+        self._pending: tuple | None = None
+
+    def wanted(self, start: int, n_rows: int) -> np.ndarray:
+        """The rows ``start .. start + n_rows - 1`` it needs, as offsets from ``start`` (sorted, unique)."""
+        lo, hi = np.searchsorted(self.rows, [start, start + n_rows])
+        wanted, index = np.unique(self.rows[lo:hi] - start, return_inverse=True)
+        self._pending = (start, lo, hi, index)
+        return wanted
+
+    def feed(self, start: int, vectors: np.ndarray) -> None:
+        """The vectors of the rows :meth:`wanted` just named (in its order), as the re-ranking sees them."""
+        begun, lo, hi, index = self._pending
+        if begun != start:
+            raise BadInputError("rescoring: fed another block than the one its rows were asked for")
+        self._pending = None
+        if hi <= lo:
+            return
         vectors = np.asarray(vectors)
-        if vectors.ndim != 2 or vectors.shape != (wanted.size, queries.shape[1]):
+        if vectors.ndim != 2 or vectors.shape != (int(index.max()) + 1, self.queries.shape[1]):
             raise BadInputError(
-                f"rescoring expected {wanted.size} rows of {queries.shape[1]} values, got shape {vectors.shape}"
+                f"rescoring expected {int(index.max()) + 1} rows of {self.queries.shape[1]} values, "
+                f"got shape {vectors.shape}"
             )
-        vectors = vectors.astype(queries.dtype, copy=False)
+        vectors = vectors.astype(self.queries.dtype, copy=False)
+        slots = self._by_row[lo:hi]
+        n_candidates = self.candidates.shape[1]
+        flat_values = self.values.reshape(-1)
         for a in range(0, slots.size, _RESCORE_PAIRS):
             b = min(slots.size, a + _RESCORE_PAIRS)
-            flat_values[slots[a:b]] = np.einsum("ij,ij->i", queries[slots[a:b] // n_candidates], vectors[index[a:b]])
+            flat_values[slots[a:b]] = np.einsum(
+                "ij,ij->i", self.queries[slots[a:b] // n_candidates], vectors[index[a:b]]
+            )
+
+    def result(self) -> SearchResult:
+        return _ranked(self.candidates, self.values, self.depth)
+
+
+def rescore_all(corpus, jobs: list[RescoreJob], *, block_rows: int | None = None) -> list[SearchResult]:
+    """Every re-ranking of ``jobs`` (see :func:`rescore`) in one pass over the corpus blocks that hold a
+    candidate of any of them; the results in the jobs' order."""
+    states = [Reranking(job.queries, job.candidates, job.depth) for job in jobs]
+    wanted_rows = np.unique(np.concatenate([state.rows for state in states])) if states else np.zeros(0, np.int64)
+    for start, rows in corpus_blocks(corpus, block_rows, wanted_rows):
+        for job, state in zip(jobs, states, strict=True):
+            wanted = state.wanted(start, rows.shape[0])
+            if wanted.size:
+                picked = np.ascontiguousarray(rows[wanted])
+                state.feed(start, picked if job.prepare is None else job.prepare(picked, start))
+            else:
+                state.feed(start, np.zeros((0, state.queries.shape[1])))
+    return [state.result() for state in states]
+
+
+def _ranked(candidates: np.ndarray, values: np.ndarray, depth: int) -> SearchResult:
+    """Each query's candidates by value (best first, ties to the lower row), the best ``depth``."""
     rows_key = np.where(candidates >= 0, candidates, np.iinfo(np.int64).max)
     order = np.lexsort((rows_key, -values), axis=-1)[:, :depth]
     top_rows = np.take_along_axis(candidates, order, axis=1)
@@ -383,10 +457,14 @@ def rescore(
 __all__ = [
     "METRICS",
     "Exclusions",
+    "RescoreJob",
+    "Reranking",
     "SearchJob",
+    "SearchPass",
     "SearchResult",
     "corpus_blocks",
     "exact_search",
     "rescore",
+    "rescore_all",
     "search",
 ]

@@ -237,11 +237,23 @@ def tune(
         "grid_size": len(result.table),
     }
     chosen = replace(chosen, info=dict(chosen.info, tuned=record))
-    summary["chosen"] = describe_model(chosen)
+    summary["chosen"] = describe_stored(chosen)
     return chosen, summary
 
 
+def describe_stored(model: WhiteningModel) -> dict:
+    """:func:`describe_model` with how the outputs are stored: the model's storage (float32 without one)
+    and its bytes per vector."""
+    storage = model.storage
+    return dict(
+        describe_model(model),
+        dtype=model.dtype,
+        bytes_per_vector=(storage.bytes_per_vector(model.n_components) if storage else 4 * model.n_components),
+    )
+
+
 __all__ = [
+    "describe_stored",
     "grid_search",
     "tune",
     "choose",

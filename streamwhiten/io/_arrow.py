@@ -36,6 +36,9 @@ FLOAT_TYPES: dict[Any, np.dtype[Any]] = {
     pa.float32(): np.dtype(np.float32),
     pa.float64(): np.dtype(np.float64),
 }
+#: Arrow element types of an output of codes (``apply --dtype int8|binary``): opened for its attributes,
+#: refused as input (see ``check_array``).
+CODE_TYPES = {pa.int8(): np.dtype(np.int8), pa.uint8(): np.dtype(np.uint8)}
 #: The column types a vector column may have, for messages.
 VECTOR_TYPES = "list<float16|float32|float64>, large_list<...> or fixed_size_list<...>[d]"
 
@@ -98,6 +101,8 @@ def vector_type(label: str, field: pa.Field) -> tuple[np.dtype[Any], int | None]
     if not is_list(arrow_type):
         raise BadInputError(f"{label}: column {field.name!r} is {field.type}, not a vector column ({VECTOR_TYPES})")
     element = arrow_type.value_type
+    if element in CODE_TYPES:  # codes an apply wrote: refused as input by check_array, with its hint
+        return CODE_TYPES[element], arrow_type.list_size if pa.types.is_fixed_size_list(arrow_type) else None
     if element not in FLOAT_TYPES:
         raise BadInputError(
             f"{label}: column {field.name!r} holds {element} values, not float16, float32 or float64 "
@@ -172,10 +177,13 @@ def read_attrs(metadata: Mapping[bytes, bytes] | None) -> dict[str, Any]:
 # ----------------------------------------------------------------------------------------------- sinks
 
 _SINK_FILE = "sink.json"
-_ARROW_FLOATS = {
+#: The Arrow type of an output's values: floats, int8 codes, sign bits packed 8 per byte (uint8).
+_ARROW_VALUES = {
     np.dtype(np.float16): pa.float16(),
     np.dtype(np.float32): pa.float32(),
     np.dtype(np.float64): pa.float64(),
+    np.dtype(np.int8): pa.int8(),
+    np.dtype(np.uint8): pa.uint8(),
 }
 
 
@@ -188,8 +196,9 @@ def _decode_schema(text: str) -> pa.Schema:
 
 
 class TableSink(Sink):
-    """A table output: the vectors as a ``fixed_size_list<float>[k]`` column after any columns kept
-    from the input, written block by block as part files, joined into the final store at :meth:`commit`.
+    """A table output: the vectors as a ``fixed_size_list<float>[k]`` column (or int8 codes, or uint8 bytes
+    of sign bits) after any columns kept from the input, written block by block as part files, joined
+    into the final store at :meth:`commit`.
 
     The partial output is a hidden directory holding ``sink.json`` (shape, dtype, column, attributes,
     the kept columns' schema) and one part per block, each written under a temporary name and renamed;
@@ -218,7 +227,7 @@ class TableSink(Sink):
         self.attrs = dict(attrs)
         #: the columns carried from the input, before the vectors
         self.columns = columns
-        vectors = pa.field(self.dataset, pa.list_(_ARROW_FLOATS[self.dtype], self.shape[1]))
+        vectors = pa.field(self.dataset, pa.list_(_ARROW_VALUES[self.dtype], self.shape[1]))
         self.schema = pa.schema(list(columns) + [vectors])
         self._unsynced: list[str] = []
         if read is not None:

@@ -39,6 +39,9 @@ from .reading import read_attrs
 from .registry import Backend, backend
 from .spec import output_kind, split_spec
 
+#: What an output array may hold: floats, int8 codes, or sign bits packed 8 per byte (uint8).
+OUTPUT_DTYPES = tuple(np.dtype(name) for name in ("float16", "float32", "float64", "int8", "uint8"))
+
 
 def _read_options(read: ReadOptions | None) -> ReadOptions:
     return read if read is not None else ReadOptions()
@@ -313,8 +316,8 @@ class Output:
             self._check_local(overwrite)
         sink_class = self.sink_class
         dtype = np.dtype(dtype)
-        if dtype not in (np.float16, np.float32, np.float64):
-            raise BadInputError(f"output dtype must be float16, float32 or float64, got {dtype}")
+        if dtype not in OUTPUT_DTYPES:  # floats, int8 codes or packed sign bits (uint8)
+            raise BadInputError(f"output dtype must be float16, float32, float64, int8 or uint8, got {dtype}")
         chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
         partial = self.partial
         if self.url:

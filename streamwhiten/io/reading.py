@@ -51,8 +51,11 @@ def _refuse_incomplete(source: Source) -> None:
         )
 
 
-def open_source(spec: str | Source, *, read: ReadOptions | None = None, min_rows: int = 1) -> Source:
-    """Open ``spec`` read-only and check it is a 2-D float array with at least ``min_rows`` rows.
+def open_source(
+    spec: str | Source, *, read: ReadOptions | None = None, min_rows: int = 1, codes: bool = False
+) -> Source:
+    """Open ``spec`` read-only and check it is a 2-D float array with at least ``min_rows`` rows (with
+    ``codes``, an output of int8 codes or sign bits too: for its attributes and shape, not as input).
 
     ``read`` says how (:class:`~streamwhiten.options.ReadOptions`): ``dataset`` names the array of a spec
     that names none; a chunk missing from the store (Zarr) or never written (HDF5) is refused when read,
@@ -75,7 +78,7 @@ def open_source(spec: str | Source, *, read: ReadOptions | None = None, min_rows
         check_readable(path)
     source = backend(input_kind(path, read)).source_class()(path, inner, read)
     try:
-        check_array(source.label, source.shape, source.dtype, min_rows)
+        check_array(source.label, source.shape, source.dtype, min_rows, codes)
         _refuse_incomplete(source)
     except BaseException:
         source.close()
@@ -156,8 +159,8 @@ def read_ids(source: Source, column: str) -> list[str]:
 
 
 def read_attrs(spec: str, read: ReadOptions | None = None) -> dict[str, Any]:
-    """The attributes of the array named by ``spec`` (for tests and ``info``)."""
-    with open_source(spec, read=read, min_rows=0) as source:
+    """The attributes of the array named by ``spec`` (for tests and ``info``; codes an apply wrote too)."""
+    with open_source(spec, read=read, min_rows=0, codes=True) as source:
         return source.attrs()
 
 

@@ -197,9 +197,13 @@ def _with_apply(job: JobFile, table: dict, inputs_table: dict, absolute) -> JobF
     check_output_template(job.path, table["output"])
     if "name" in template_fields(table["output"]):
         check_field(job.path, "name", job.name, f"the job's name ({job.name!r}, the name key or the job file's)")
+    try:  # the options' own checks of each other (int8 codes and bits hold no NaN rows, ...)
+        apply = ApplyOptions(**_given(table, ApplyOptions), overwrite=True)
+    except BadInputError as exc:
+        raise BadInputError(f"{job.path}: [apply] {exc}") from None
     return replace(
         job,
-        apply=ApplyOptions(**_given(table, ApplyOptions), overwrite=True),
+        apply=apply,
         apply_engine=EngineOptions(**_given(table, EngineOptions)),
         apply_read=ReadOptions(**_given(inputs_table, ReadOptions), **_given(table, ReadOptions)),
         output=absolute(table["output"]),

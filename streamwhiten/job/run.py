@@ -182,6 +182,10 @@ def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
     )
     skipped = int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and plan.base_rows else 0
     model = finalize_fit(result, effective_params(job.setting.given(), previous), skipped)
+    if previous is not None and previous.storage is not None:  # an update keeps the recorded storage
+        from dataclasses import replace
+
+        model = replace(model, storage=previous.storage)
     save_fitted(model, plan, job.model_path, checkpoint, should_stop)
     return True
 
@@ -189,9 +193,9 @@ def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
 def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, progress, should_stop) -> None:
     """Apply ``model`` to one input, unless its output is already what this would write."""
     from ..core.model import map_checksum
-    from ..engine.apply import output_is_current, recorded_options
+    from ..engine.apply import output_is_current, output_quantization, recorded_options
     from ..io import fingerprint, open_source, remote, split_spec
-    from ..pipeline import apply
+    from ..pipeline import apply, output_dtype
 
     options, read = job.apply, job.apply_read
     assert options is not None
@@ -204,8 +208,11 @@ def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, 
     )
     keep = list(options.keep_columns)
     checksum = map_checksum(model)
+    dtype = options.dtype or output_dtype(model)
+    quantization = output_quantization(model, dtype)
+    normalize = options.normalize or quantization is not None  # codes and bits are of unit vectors
     current = output_is_current(
-        output, checksum, source_sha, options.normalize, options.dtype, recorded, keep, read=read
+        output, checksum, source_sha, normalize, dtype, recorded, keep, read=read, quantization=quantization
     )
     if current:
         log.info("job %s: %s is up to date", job.name, output)

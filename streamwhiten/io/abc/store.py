@@ -57,12 +57,24 @@ def remove(path: str) -> None:
         os.remove(path)
 
 
-def check_array(label: str, shape: tuple[int, ...], dtype: Any, min_rows: int) -> None:
-    """Refuse anything but a 2-D float16/32/64 array with at least ``min_rows`` rows."""
+#: The dtypes of an output of codes (``apply --dtype int8``, ``binary``): not input, but opened for their
+#: attributes.
+CODE_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def check_array(label: str, shape: tuple[int, ...], dtype: Any, min_rows: int, codes: bool = False) -> None:
+    """Refuse anything but a 2-D float16/32/64 array with at least ``min_rows`` rows (with ``codes``,
+    int8 codes and uint8 bytes of sign bits too)."""
     if len(shape) != 2:
         raise BadInputError(f"{label}: expected a 2-D array (rows x features), got {len(shape)}-D shape {tuple(shape)}")
-    if np.dtype(dtype).kind != "f" or np.dtype(dtype).itemsize not in (2, 4, 8):
-        raise BadInputError(f"{label}: expected float16, float32 or float64 values, got dtype {np.dtype(dtype)}")
+    dtype = np.dtype(dtype)
+    if dtype in CODE_DTYPES and not codes:
+        raise BadInputError(
+            f"{label}: expected float16, float32 or float64 values, got dtype {dtype} (codes written by "
+            "apply --dtype int8 or binary: decode them with streamwhiten.serving.decode first)"
+        )
+    if (dtype.kind != "f" or dtype.itemsize not in (2, 4, 8)) and not (codes and dtype in CODE_DTYPES):
+        raise BadInputError(f"{label}: expected float16, float32 or float64 values, got dtype {dtype}")
     if shape[1] < 1:
         raise BadInputError(f"{label}: has no columns")
     memory = _physical_memory()

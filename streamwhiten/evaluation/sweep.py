@@ -1,0 +1,537 @@
+"""The retrieval sweep: beta, gamma, k and the storage for search, chosen under a byte budget.
+
+Every setting of the grid (``(beta, gamma, k)``, from the saved statistics as ``tune`` makes them) is
+stored each way asked for (float32, float16, int8, sign bits, sign bits re-ranked) and searched exactly
+(:mod:`.retrieval`: cosine, ties to the lower corpus row, excluded pairs dropped), then scored on the
+qrels. Two settings are always in the grid, whatever it is: the **raw** vectors' (beta = 0, gamma = 0,
+k = d: a rotation, ``y = x U``, whose cosines are those of the raw vectors) and **plain centring**'s
+(beta = 1, gamma = 0, k = d). The reference is the raw vectors stored as float32; each setting's
+difference from it gets a paired bootstrap interval, and its retention is its score over the reference's.
+
+**Bytes per vector** are what a search reads from disk for each corpus vector: ``4k`` (float32), ``2k``
+(float16), ``k`` (int8), ``ceil(k / 8)`` (bits), and for bits re-ranked the bits plus the vectors the
+re-ranking reads (``ceil(k / 8) + 4k`` or ``+ k``). The **frontier** is the settings no other beats at
+fewer or equal bytes; the **choice** is the best score within ``max_bytes`` (``tolerance`` > 0: the fewest
+bytes within that many points of it), ties to fewer bytes, then the smaller k, then the grid's order.
+
+**Cost.** The corpus is read once for the raw reference and the bit searches, and once for everything
+else (more only when the top lists of all settings would not fit in :data:`TOP_LIST_BYTES`: then once per
+group of settings that do). In that pass each block is transformed once per ``(beta, gamma, k)``
+(``n x d x k`` multiply-adds, shared by all its storages), and each float, float16 and int8 setting
+costs one product of the queries with the block (``q x n x k``); the bits of a ``(beta, k)`` are
+searched once for every gamma (a sign does not depend on the scaling), by popcount; a re-ranking costs
+``q x N x k`` on the rows it re-ranks. With ``s`` settings and ``m`` stored forms, about
+``s x n x k x (d + m q)`` multiply-adds in float64. Memory: the queries, each setting's top lists
+(``q x 100 x 16`` bytes), two blocks and one setting's transformed block.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..core.model import WhiteningModel
+from ..core.quantize import DEFAULT_INT8_CLIP, Storage
+from ..engine._threads import blas_threads, blas_threads_per_worker, resolve_threads
+from ..errors import BadInputError
+from ..params import check
+from .retrieval import (
+    BOOTSTRAP_LEVEL,
+    BOOTSTRAP_SAMPLES,
+    BOOTSTRAP_SEED,
+    DEPTH,
+    METRICS,
+    RetrievalTask,
+    SearchSetting,
+    _finite,
+    mean_metrics,
+    open_task,
+    query_metrics,
+)
+from .search import Reranking, SearchJob, SearchPass, corpus_blocks, search
+from .tune import decompose, describe_stored, make_grid
+
+#: The storages swept by default (``binary+rescore``: bits whose top ``rescore`` are re-ranked).
+STORAGES = ("float32", "float16", "int8", "binary", "binary+rescore")
+#: The candidates a bit search re-ranks by default: as many as the evaluation keeps.
+DEFAULT_RESCORE = DEPTH
+#: Bytes of top lists (rows and scores of every query) one pass over the corpus keeps.
+TOP_LIST_BYTES = 256 << 20
+#: The metric chosen by, by default.
+DEFAULT_METRIC = "ndcg@10"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One map of the grid: ``(beta, gamma, k)`` (``k_label``: as the grid named it, a count or a
+    variance fraction) and what it is: ``raw`` (a rotation, the raw cosines), ``centred`` (plain
+    centring) or ``whitened``."""
+
+    beta: float
+    gamma: float
+    k: int
+    k_label: str
+    vectors: str
+
+
+def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str = "float32", int8_clip=None):
+    """The storages to sweep: :data:`STORAGES` names (default: all), as :class:`Storage` records."""
+    names = list(STORAGES if names is None else names)
+    if not names:
+        raise BadInputError(f"give at least one storage to sweep: {', '.join(STORAGES)}")
+    clip = DEFAULT_INT8_CLIP if int8_clip is None else int8_clip
+    check("int8_clip", clip)
+    check("rescore_dtype", rescore_dtype)
+    out = []
+    for name in dict.fromkeys(names):
+        if name not in STORAGES:
+            raise BadInputError(f"--dtypes: {name!r} is not one of {', '.join(STORAGES)}")
+        if name == "binary+rescore":
+            check("rescore", rescore)
+            if not rescore:
+                raise BadInputError("binary+rescore needs --rescore N of at least 1 (the candidates re-ranked)")
+            out.append(Storage("binary", rescore, rescore_dtype, clip))
+        else:
+            out.append(Storage(name, int8_clip=clip))
+    return out
+
+
+def retrieval_grid(model: WhiteningModel, betas=None, gammas=None, ks=None, variances=None, eps=None):
+    """``(candidates, bases)``: the maps of the grid (as ``tune``'s, each ``(beta, gamma, k)`` once) with
+    the raw and centring maps added, and the model re-finalized at each beta (its eigendecomposition)."""
+    d = model.n_features
+    betas, gammas, choices = make_grid(d, betas, gammas, ks, variances)
+    wanted = [(beta, gamma, choice) for beta in betas for gamma in gammas for choice in choices]
+    bases: dict = {}
+    out: dict = {}
+    for beta, gamma, choice in wanted + [(0.0, 0.0, None), (1.0, 0.0, None)]:
+        if beta not in bases:
+            bases[beta] = decompose(model, beta, eps)
+        k = d if choice is None else choice.resolve(bases[beta].eigvals)
+        key = (beta, gamma, k)
+        if key in out:
+            continue
+        vectors = "whitened"
+        if gamma == 0.0 and k == d:
+            vectors = "raw" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
+        out[key] = Candidate(beta, gamma, k, str(k) if choice is None else choice.label, vectors)
+    return list(out.values()), bases
+
+
+def _map_model(bases: dict, candidate: Candidate) -> WhiteningModel:
+    return bases[candidate.beta].with_params(gamma=candidate.gamma, n_components=candidate.k)
+
+
+def _groups(items: list, cost: Callable, budget: int) -> list[list]:
+    """``items`` cut in order into groups whose summed ``cost`` stays within ``budget`` (one at least)."""
+    groups, current, used = [], [], 0
+    for item in items:
+        size = cost(item)
+        if current and used + size > budget:
+            groups.append(current)
+            current, used = [], 0
+        current.append(item)
+        used += size
+    if current:
+        groups.append(current)
+    return groups
+
+
+def sweep_rows(
+    task: RetrievalTask,
+    candidates: list[Candidate],
+    bases: dict,
+    storages: list[Storage],
+    *,
+    depth: int = DEPTH,
+    block_rows: int | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[np.ndarray, dict]:
+    """The raw float32 reference's top lists and every ``(candidate, storage)``'s, keyed by
+    ``(candidate, storage)``: see the module docstring for the passes and their cost."""
+    threads = resolve_threads(threads)
+    n_queries = task.vectors.shape[0]
+    list_bytes = n_queries * 16
+    rescored = max([storage.rescore for storage in storages] + [0])
+    bit_depth = max(depth, rescored)
+    any_bits = any(storage.dtype == "binary" for storage in storages)
+    floats = [storage for storage in storages if storage.dtype != "binary"]
+    reranks = [storage for storage in storages if storage.rescore]
+    # pass 1: the raw reference and the bits of each (beta, k), gamma being any (the first)
+    first = [SearchSetting.make("raw", None, raw=True, n_features=task.n_features)]
+    bit_keys: dict = {}
+    if any_bits:
+        for candidate in candidates:
+            key = (candidate.beta, candidate.k)
+            if key not in bit_keys:
+                bit_keys[key] = len(first)
+                first.append(SearchSetting.make(f"bits {key}", _map_model(bases, candidate), dtype="binary"))
+    label = task.corpus_label
+    n_rows = task.n_corpus
+    later = _groups(
+        candidates, lambda c: list_bytes * (len(floats) * depth + sum(s.rescore for s in reranks)), TOP_LIST_BYTES
+    )
+    first_groups = _groups(first, lambda s: list_bytes * (depth if s.name == "raw" else bit_depth), TOP_LIST_BYTES)
+    total = n_rows * (len(first_groups) + len(later))
+    done = [0]
+
+    def step(rows_done, _):
+        if progress is not None:
+            progress(done[0] + rows_done, total)
+
+    results = []
+    for group in first_groups:
+        jobs = [
+            SearchJob(
+                setting.query_vectors(task.vectors),
+                depth if setting.name == "raw" else bit_depth,
+                "hamming" if setting.quantization.kind == "binary" else "ip",
+                lambda rows, start, setting=setting: setting.searched(_finite(rows, start, label)),
+                task.excluded,
+            )
+            for setting in group
+        ]
+        results += search(task.corpus, jobs, block_rows=block_rows, threads=threads, progress=step)
+        done[0] += n_rows
+    reference = results[0].rows[:, :depth]
+    bits = {key: results[index].rows for key, index in bit_keys.items()}
+    out: dict = {}
+    for group in later:
+        out.update(_search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, step, label))
+        done[0] += n_rows
+    for candidate in candidates:
+        for storage in storages:
+            if storage.dtype == "binary" and not storage.rescore:
+                out[(candidate, storage)] = np.ascontiguousarray(bits[(candidate.beta, candidate.k)][:, :depth])
+    return reference, out
+
+
+def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, progress, label) -> dict:
+    """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``."""
+    plans = []
+    jobs = []
+    for candidate in group:
+        setting = SearchSetting.make("map", _map_model(bases, candidate))
+        unit_queries = setting.unit(task.vectors)
+        searched = []
+        for storage in floats:
+            quantization = SearchSetting.make("s", _map_model(bases, candidate), **_args(storage)).quantization
+            job = SearchJob(
+                unit_queries,
+                depth,
+                "ip",
+                lambda unit, start, q=quantization: q.decode(q.encode(unit), np.float64),
+                task.excluded,
+            )
+            jobs.append(job)
+            searched.append((storage, job))
+        again = []
+        for storage in reranks:
+            made = SearchSetting.make("r", _map_model(bases, candidate), **_args(storage))
+            top = bits[(candidate.beta, candidate.k)]
+            again.append(
+                (
+                    storage,
+                    made.rescore_quantization,
+                    Reranking(unit_queries, top[:, : storage.rescore], storage.rescore),
+                )
+            )
+        plans.append((candidate, setting, searched, again))
+    state = SearchPass(jobs, resolve_threads(threads))
+    try:
+        with blas_threads(blas_threads_per_worker(state.threads)):
+            for start, rows in corpus_blocks(task.corpus, block_rows):
+                _finite(rows, start, label)
+                for _candidate, setting, searched, again in plans:
+                    unit = state.sliced(lambda part, _at, setting=setting: setting.unit(part), rows, start)
+                    for _storage, job in searched:
+                        state.search_block(job, state.prepared(job, unit, start), start)
+                    for _storage, quantization, reranking in again:
+                        wanted = reranking.wanted(start, rows.shape[0])
+                        picked = unit[wanted]
+                        reranking.feed(start, quantization.decode(quantization.encode(picked), np.float64))
+                if progress is not None:
+                    progress(start + rows.shape[0], task.n_corpus)
+    finally:
+        state.close()
+    out = {}
+    for candidate, _setting, searched, again in plans:
+        for storage, job in searched:
+            out[(candidate, storage)] = np.ascontiguousarray(job._state["rows"][:, :depth])
+        for storage, _quantization, reranking in again:
+            top = bits[(candidate.beta, candidate.k)]
+            rows = np.concatenate([reranking.result().rows, top[:, storage.rescore :]], axis=1)
+            out[(candidate, storage)] = np.ascontiguousarray(rows[:, :depth])
+    return out
+
+
+def _args(storage: Storage) -> dict:
+    return dict(
+        dtype=storage.dtype, rescore=storage.rescore, rescore_dtype=storage.rescore_dtype, int8_clip=storage.int8_clip
+    )
+
+
+# ------------------------------------------------------------------------------------- scores and choice
+
+
+def bootstrap_differences(reference: np.ndarray, others: list, samples: int, seed: int, level: float = BOOTSTRAP_LEVEL):
+    """``(difference, low, high)`` x100 of each of ``others`` (per-query scores) minus ``reference``:
+    the paired bootstrap of :func:`~streamwhiten.evaluation.retrieval.paired_bootstrap` (the same
+    resamples, drawn once for all)."""
+    n = reference.shape[0]
+    index = np.random.default_rng(seed).integers(0, n, size=(samples, n)) if samples > 0 and n else None
+    tails = [100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0]
+    out = []
+    for values in others:
+        diffs = np.asarray(values, np.float64) - np.asarray(reference, np.float64)
+        difference = 100.0 * float(diffs.mean()) if n else math.nan
+        if index is None:
+            out.append((difference, None, None))
+            continue
+        low, high = np.percentile(diffs[index].mean(axis=1), tails)
+        out.append((difference, 100.0 * float(low), 100.0 * float(high)))
+    return out
+
+
+def frontier(table: list, metric: str) -> list:
+    """The rows no other row beats at fewer or equal bytes, by bytes ascending (each better than the last)."""
+    order = sorted(
+        range(len(table)),
+        key=lambda i: (table[i]["bytes_per_vector"], -_score(table[i], metric), table[i]["k"], i),
+    )
+    out, best = [], -math.inf
+    for i in order:
+        if _score(table[i], metric) > best:
+            out.append(table[i])
+            best = _score(table[i], metric)
+    return out
+
+
+def _score(row: dict, metric: str) -> float:
+    value = row[metric]
+    return -math.inf if value is None or math.isnan(value) else float(value)
+
+
+def choose_within(table: list, metric: str, max_bytes: int | None = None, tolerance: float = 0.0) -> dict:
+    """The best row within ``max_bytes`` bytes per vector (see the module docstring)."""
+    eligible = [i for i, row in enumerate(table) if max_bytes is None or row["bytes_per_vector"] <= max_bytes]
+    if not eligible:
+        smallest = min(table, key=lambda row: row["bytes_per_vector"])
+        raise BadInputError(
+            f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
+            f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise --max-bytes "
+            "or add smaller k to --ks"
+        )
+    top = max(_score(table[i], metric) for i in eligible)
+    if top == -math.inf:
+        raise BadInputError(f"no setting within the budget gives a finite {metric}")
+    near = [i for i in eligible if _score(table[i], metric) >= top - tolerance]
+    best = min(near, key=lambda i: (table[i]["bytes_per_vector"], -_score(table[i], metric), table[i]["k"], i))
+    return table[best]
+
+
+@dataclass
+class RetrievalTuneResult:
+    """The scored sweep: ``table`` (every setting and storage), the raw float32 reference (``raw``), the
+    ``frontier``, the chosen row (``best``) and what it was chosen by."""
+
+    table: list
+    best: dict
+    raw: dict
+    frontier: list
+    metric: str
+    max_bytes: int | None
+    tolerance: float
+    task: dict
+    bootstrap: dict
+    bases: dict = field(repr=False)
+    storages: dict = field(repr=False)
+
+    def model_for(self, row: dict) -> WhiteningModel:
+        """The model of one row: the map at its setting (sharing its beta's eigendecomposition) and the
+        storage recorded."""
+        model = self.bases[row["beta"]].with_params(gamma=row["gamma"], n_components=row["k"])
+        return replace(model, storage=self.storages[row["storage"]])
+
+    def chosen_model(self) -> WhiteningModel:
+        return self.model_for(self.best)
+
+    def summary(self) -> dict:
+        return dict(
+            self.task,
+            mode="retrieval",
+            metric=self.metric,
+            max_bytes=self.max_bytes,
+            tolerance=self.tolerance,
+            raw=self.raw,
+            best=self.best,
+            frontier=self.frontier,
+            table=self.table,
+            bootstrap=self.bootstrap,
+        )
+
+
+def sweep(
+    model: WhiteningModel,
+    queries,
+    corpus,
+    qrels,
+    *,
+    exclude=None,
+    betas=None,
+    gammas=None,
+    ks=None,
+    variances=None,
+    eps: float | None = None,
+    dtypes=None,
+    rescore: int = DEFAULT_RESCORE,
+    rescore_dtype: str = "float32",
+    int8_clip: float | None = None,
+    metric: str = DEFAULT_METRIC,
+    max_bytes: int | None = None,
+    tolerance: float = 0.0,
+    bootstrap: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+    query_id_column: str | None = None,
+    corpus_id_column: str | None = None,
+    block_rows: int | None = None,
+    threads: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> RetrievalTuneResult:
+    """Score every setting of the grid in every storage of ``dtypes`` on the retrieval task, and choose.
+
+    Parameters are those of :func:`~streamwhiten.evaluation.retrieval.evaluate_retrieval` (queries,
+    corpus, qrels, exclude, id columns, bootstrap, blocks, threads, progress) and of ``tune``'s grid
+    (``betas``, ``gammas``, ``ks``, ``variances``, ``eps``), plus: ``dtypes`` (names of
+    :data:`STORAGES`), ``rescore``/``rescore_dtype``/``int8_clip`` (how ``binary+rescore`` and int8 store),
+    ``metric`` (one of :data:`METRICS`), ``max_bytes`` (the budget per corpus vector) and ``tolerance``
+    (fewest bytes within that many points of the best). Only the saved statistics of ``model`` are used
+    for the settings, never the fitting data.
+    """
+    if metric not in METRICS:
+        raise BadInputError(f"metric must be one of {', '.join(METRICS)} for retrieval, got {metric!r}")
+    for name, value in (("max_bytes", max_bytes), ("bootstrap", bootstrap), ("seed", seed)):
+        check(name, value)
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+        raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
+    storages = storages_of(dtypes, rescore, rescore_dtype, int8_clip)
+    candidates, bases = retrieval_grid(model, betas, gammas, ks, variances, eps)
+    with open_task(queries, corpus, qrels, exclude, model, query_id_column, corpus_id_column) as task:
+        reference, rows = sweep_rows(
+            task, candidates, bases, storages, block_rows=block_rows, threads=threads, progress=progress
+        )
+    raw_each = query_metrics(reference, task.query_rows, task.qrels)
+    raw = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
+    table, each = [], []
+    for candidate in candidates:
+        for storage in storages:
+            per_query = query_metrics(rows[(candidate, storage)], task.query_rows, task.qrels)
+            each.append(per_query[metric])
+            table.append(
+                dict(
+                    beta=candidate.beta,
+                    gamma=candidate.gamma,
+                    k=candidate.k,
+                    k_label=candidate.k_label,
+                    vectors=candidate.vectors,
+                    storage=storage.label,
+                    dtype=storage.dtype,
+                    rescore=storage.rescore,
+                    rescore_dtype=storage.rescore_dtype if storage.rescore else None,
+                    bytes_per_vector=storage.bytes_per_vector(candidate.k),
+                    **mean_metrics(per_query),
+                )
+            )
+    for row, (difference, low, high) in zip(
+        table, bootstrap_differences(raw_each[metric], each, bootstrap, seed), strict=True
+    ):
+        row.update(
+            retention=100.0 * row[metric] / raw[metric] if raw[metric] > 0 else None,
+            difference=difference,
+            low=low,
+            high=high,
+        )
+    best = choose_within(table, metric, max_bytes, tolerance)
+    return RetrievalTuneResult(
+        table,
+        best,
+        raw,
+        frontier(table, metric),
+        metric,
+        max_bytes,
+        float(tolerance),
+        task.describe(),
+        {"samples": int(bootstrap), "seed": int(seed), "level": BOOTSTRAP_LEVEL},
+        bases,
+        {storage.label: storage for storage in storages},
+    )
+
+
+def tune_retrieval(model: WhiteningModel, queries, corpus, qrels, **options) -> tuple[WhiteningModel, dict]:
+    """Run :func:`sweep` and return the chosen model (its setting and storage, with a record in
+    ``info["tuned"]``) and a summary (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``)."""
+    result = sweep(model, queries, corpus, qrels, **options)
+    chosen = result.chosen_model()
+    best = result.best
+    summary = result.summary()
+    storage = chosen.storage
+    described = dict(
+        describe_stored(chosen),
+        rescore=storage.rescore,
+        rescore_dtype=storage.rescore_dtype if storage.rescore else None,
+    )
+    keep = (
+        "beta",
+        "gamma",
+        "k",
+        "storage",
+        "bytes_per_vector",
+        result.metric,
+        "retention",
+        "difference",
+        "low",
+        "high",
+    )
+    record = {
+        "mode": "retrieval",
+        "metric": result.metric,
+        "max_bytes": result.max_bytes,
+        "tolerance": result.tolerance,
+        "setting": described,
+        "validation": {
+            "queries": result.task["queries"],
+            "corpus": result.task["corpus"],
+            "qrels": result.task["qrels"],
+            "n_queries": result.task["n_queries"],
+            "raw": {key: result.raw[key] for key in (*METRICS, "bytes_per_vector")},
+            "chosen": {key: best[key] for key in (*METRICS, "retention", "difference", "low", "high")},
+        },
+        "frontier": [{key: row[key] for key in keep} for row in result.frontier],
+        "grid_size": len(result.table),
+    }
+    chosen = replace(chosen, info=dict(chosen.info, tuned=record))
+    summary["chosen"] = described
+    summary["test"] = None
+    return chosen, summary
+
+
+__all__ = [
+    "DEFAULT_METRIC",
+    "DEFAULT_RESCORE",
+    "STORAGES",
+    "TOP_LIST_BYTES",
+    "Candidate",
+    "RetrievalTuneResult",
+    "bootstrap_differences",
+    "choose_within",
+    "frontier",
+    "retrieval_grid",
+    "storages_of",
+    "sweep",
+    "sweep_rows",
+    "tune_retrieval",
+]

@@ -1,0 +1,331 @@
+"""The retrieval sweep (evaluation.sweep, ``tune --queries ...``): every setting in every storage against an
+independent numpy evaluation, the frontier and the choice under a byte budget, the raw vectors and plain
+centring as candidates, the choice written into the model and used by eval and export."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from conftest import write_h5, write_task
+
+from streamwhiten.cli import main
+from streamwhiten.core import stats
+from streamwhiten.core.model import finalize, load_model, save_model
+from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
+from streamwhiten.evaluation import sweep as sweep_module
+from streamwhiten.evaluation.retrieval import METRICS
+from streamwhiten.evaluation.sweep import choose_within, frontier, sweep
+
+RESCORE = 15
+
+
+# ---------------------------------------------------------------------------- an independent evaluation
+
+
+class Reference:
+    """Plain numpy: the statistics and eigendecomposition recomputed from the rows, full score matrices, a
+    full sort per query, the metrics and the bootstrap written out in loops."""
+
+    def __init__(self, task):
+        self.x = task["corpus"].astype(np.float64)
+        self.q = task["queries"].astype(np.float64)
+        self.mean = self.x.mean(axis=0)
+        self.cov = np.cov(self.x, rowvar=False, bias=True)
+        self.relevant: dict = {}
+        for q, c, g in task["triples"]:
+            self.relevant.setdefault(q, {})[c] = float(g)
+        self.excluded = task["excluded"]
+
+    def weights(self, beta, gamma, k):
+        sigma = self.cov + (1 - beta) ** 2 * np.outer(self.mean, self.mean)
+        values, vectors = np.linalg.eigh(sigma)
+        values, vectors = np.maximum(values[::-1], 0), vectors[:, ::-1]
+        return vectors[:, :k] * (values[:k] + 1e-6 * values[0]) ** (-gamma / 2), beta * self.mean
+
+    @staticmethod
+    def unit(y):
+        return y / np.linalg.norm(y, axis=1, keepdims=True)
+
+    def int8(self, y, weights, shift, clip=4.0):
+        mean = (self.mean - shift) @ weights
+        var = np.einsum("ij,ij->j", weights, self.cov @ weights)
+        energy = np.sum(var + mean**2)
+        std = np.sqrt(var / energy)
+        scale, offset = clip * np.maximum(std, 1e-6 * std.max()) / 127, mean / math.sqrt(energy)
+        return np.clip(np.rint((y - offset) / scale), -127, 127) * scale + offset
+
+    def ranked(self, scores, depth=100):
+        scores = scores.copy()
+        for q, c in self.excluded:
+            scores[q, c] = -np.inf
+        rows = np.arange(scores.shape[1])
+        return [rows[np.lexsort((rows, -s))][:depth] for s in scores]
+
+    def lists(self, beta, gamma, k, storage, rescore=0):
+        if beta is None:  # the raw vectors
+            weights, shift = np.eye(self.x.shape[1]), np.zeros(self.x.shape[1])
+        else:
+            weights, shift = self.weights(beta, gamma, k)
+        yq, yc = self.unit((self.q - shift) @ weights), self.unit((self.x - shift) @ weights)
+        stored = {
+            "float32": lambda: yc.astype(np.float32).astype(np.float64),
+            "float16": lambda: yc.astype(np.float16).astype(np.float64),
+            "int8": lambda: self.int8(yc, weights, shift),
+        }
+        if storage != "binary":
+            return self.ranked(yq @ stored[storage]().T)
+        bq, bc = (yq > 0).astype(np.float64), (yc > 0).astype(np.float64)
+        hamming = bq @ (1 - bc).T + (1 - bq) @ bc.T
+        lists = self.ranked(-hamming, depth=max(100, rescore))
+        if not rescore:
+            return [rows[:100] for rows in lists]
+        again = stored["float32"]()
+        out = []
+        for q, rows in enumerate(lists):
+            top = rows[:rescore]
+            values = again[top] @ yq[q]
+            out.append(np.concatenate([top[np.lexsort((top, -values))], rows[rescore:100]]))
+        return out
+
+    def metrics(self, lists) -> dict:
+        out = {name: [] for name in METRICS}
+        for q, rows in enumerate(lists):
+            relevant = self.relevant[q]
+            gains = [relevant.get(int(r), 0.0) for r in rows]
+            dcg = sum(g / math.log2(i + 2) for i, g in enumerate(gains[:10]))
+            ideal = sum(g / math.log2(i + 2) for i, g in enumerate(sorted(relevant.values(), reverse=True)[:10]))
+            out["ndcg@10"].append(dcg / ideal)
+            for cut in (1, 10, 100):
+                out[f"recall@{cut}"].append(sum(g > 0 for g in gains[:cut]) / len(relevant))
+            first = next((i for i, g in enumerate(gains[:10]) if g > 0), None)
+            out["mrr@10"].append(0.0 if first is None else 1.0 / (first + 1))
+        return {name: np.array(values) for name, values in out.items()}
+
+    @staticmethod
+    def bootstrap(base, other, samples, seed=0):
+        diffs = other - base
+        rng = np.random.default_rng(seed)
+        means = [diffs[rng.integers(0, diffs.size, size=diffs.size)].mean() for _ in range(samples)]
+        low, high = np.percentile(means, [2.5, 97.5])
+        return 100 * diffs.mean(), 100 * low, 100 * high
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("sweep")
+    task = write_task(tmp_path, seed=5, noise=0.8, d=12, graded=True, offset=1.5)
+    model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
+    result = sweep(
+        model, task["spec_q"], task["spec_c"], task["qrels"], exclude=task["exclude"], betas=[0, 0.5], gammas=[0.5, 1],
+        ks=[12, 5], variances=[], rescore=RESCORE, bootstrap=200, block_rows=300, threads=2,
+    )  # fmt: skip
+    return task, model, result
+
+
+def test_every_setting_in_every_storage_equals_a_numpy_evaluation(swept):
+    task, model, result = swept
+    reference = Reference(task)
+    raw_each = reference.metrics(reference.lists(None, None, None, "float32"))
+    for name in METRICS:
+        assert result.raw[name] == pytest.approx(100 * raw_each[name].mean(), abs=1e-9)
+    settings = {(row["beta"], row["gamma"], row["k"]) for row in result.table}
+    # the grid, and the raw vectors (a rotation) and plain centring added to it
+    assert settings == {(b, g, k) for b in (0, 0.5) for g in (0.5, 1) for k in (12, 5)} | {(0, 0, 12), (1, 0, 12)}
+    assert {row["storage"] for row in result.table} == {
+        "float32", "float16", "int8", "binary", f"binary+rescore{RESCORE}",
+    }  # fmt: skip
+    kinds = {(row["beta"], row["gamma"], row["k"]): row["vectors"] for row in result.table}
+    assert kinds[(0, 0, 12)] == "raw" and kinds[(1, 0, 12)] == "centred" and kinds[(0.5, 1, 5)] == "whitened"
+    for row in result.table:
+        storage, rescore = row["dtype"], row["rescore"]
+        each = reference.metrics(reference.lists(row["beta"], row["gamma"], row["k"], storage, rescore))
+        for name in METRICS:
+            assert row[name] == pytest.approx(100 * each[name].mean(), abs=1e-9), (row, name)
+        k = row["k"]
+        expected_bytes = {"float32": 4 * k, "float16": 2 * k, "int8": k, "binary": -(-k // 8)}[storage]
+        assert row["bytes_per_vector"] == expected_bytes + (4 * k if rescore else 0)
+        difference, low, high = reference.bootstrap(raw_each["ndcg@10"], each["ndcg@10"], 200)
+        assert (row["difference"], row["low"], row["high"]) == pytest.approx((difference, low, high), abs=1e-9)
+        assert row["retention"] == pytest.approx(100 * row["ndcg@10"] / result.raw["ndcg@10"])
+
+
+def test_the_frontier_and_the_choice_under_a_budget(swept):
+    _, _, result = swept
+    table, front = result.table, result.frontier
+    assert front == frontier(table, "ndcg@10")
+    sizes = [row["bytes_per_vector"] for row in front]
+    scores = [row["ndcg@10"] for row in front]
+    assert sizes == sorted(set(sizes)) and scores == sorted(set(scores))  # each better than the last, for more bytes
+    for row in table:  # no setting beats the frontier at its size
+        assert any(f["bytes_per_vector"] <= row["bytes_per_vector"] and f["ndcg@10"] >= row["ndcg@10"] for f in front)
+    for budget in (1, 2, 6, 12, 30, 48, 1000):
+        within = [row for row in table if row["bytes_per_vector"] <= budget]
+        if not within:
+            with pytest.raises(BadInputError, match=f"^no setting stores a vector in {budget} bytes or fewer"):
+                choose_within(table, "ndcg@10", budget)
+            continue
+        chosen = choose_within(table, "ndcg@10", budget)
+        top = max(row["ndcg@10"] for row in within)
+        assert chosen["bytes_per_vector"] <= budget and chosen["ndcg@10"] == top
+        assert chosen["bytes_per_vector"] == min(r["bytes_per_vector"] for r in within if r["ndcg@10"] == top)
+        assert chosen in front  # the best within a budget is on the frontier
+    # a tolerance trades points for bytes: the fewest bytes within 5 points of the best
+    relaxed = choose_within(table, "recall@10", None, tolerance=5.0)
+    top = max(row["recall@10"] for row in table)
+    assert relaxed["bytes_per_vector"] == min(r["bytes_per_vector"] for r in table if r["recall@10"] >= top - 5.0)
+    chosen_model = result.model_for(result.best)
+    assert (chosen_model.beta, chosen_model.gamma, chosen_model.n_components) == (
+        result.best["beta"], result.best["gamma"], result.best["k"],
+    )  # fmt: skip
+    assert chosen_model.storage.label == result.best["storage"]
+
+
+def test_one_pass_for_every_float_setting_and_more_only_when_the_lists_do_not_fit(tmp_path, monkeypatch):
+    task = write_task(tmp_path, seed=2, d=8, n=600, n_queries=20)
+    model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
+    totals = []
+    options = dict(betas=[0, 1], gammas=[0, 1], ks=[8, 4], variances=[], dtypes=["float32", "int8"], bootstrap=0)
+    sweep(
+        model,
+        task["queries"],
+        task["corpus"],
+        task["qrels"],
+        progress=lambda done, total: totals.append(total),
+        **options,
+    )
+    assert set(totals) == {2 * 600}  # the raw reference's pass, and one for the 8 settings x 2 storages
+    one_setting = 20 * 16 * 2 * 100  # the top lists of one setting in two storages, in bytes
+    monkeypatch.setattr(sweep_module, "TOP_LIST_BYTES", 2 * one_setting)
+    totals.clear()
+    again = sweep(
+        model, task["queries"], task["corpus"], task["qrels"], progress=lambda done, total: totals.append(total), **options
+    )  # fmt: skip
+    assert set(totals) == {(1 + 4) * 600}  # 8 settings, two per pass
+    monkeypatch.undo()
+    assert again.table == sweep(model, task["queries"], task["corpus"], task["qrels"], **options).table
+
+
+# --------------------------------------------------------------------------------- the command line
+
+
+def tune_args(task, model_path, *extra):
+    return [
+        "tune", model_path, "--queries", task["spec_q"], "--corpus", task["spec_c"], "--qrels", task["qrels"],
+        "--betas", "0,1", "--gammas", "0,0.5,1", "--ks", "16", "--variances", "", "--bootstrap", "100", *extra,
+    ]  # fmt: skip
+
+
+def fitted(tmp_path, task) -> str:
+    path = str(tmp_path / "model.npz")
+    save_model(finalize(stats.block_moments(task["corpus"].astype(np.float64))), path)
+    return path
+
+
+def test_raw_vectors_can_win_and_the_text_says_so(tmp_path, capsys):
+    task = write_task(tmp_path, seed=0, noise=1.0)  # isotropic query noise: whitening amplifies it
+    model_path = fitted(tmp_path, task)
+    assert main(tune_args(task, model_path, "--dtypes", "float32,int8", "--json")) == 0
+    summary = json.loads(capsys.readouterr().out)
+    best = summary["best"]
+    assert (best["vectors"], best["beta"], best["gamma"], best["k"], best["storage"]) == ("raw", 0, 0, 16, "float32")
+    assert best["ndcg@10"] == pytest.approx(summary["raw"]["ndcg@10"], abs=1e-9)  # the rotation ranks as raw
+    whitened = [row for row in summary["table"] if row["gamma"] == 1]
+    assert all(row["high"] < 0 for row in whitened)  # full whitening loses beyond noise here
+    assert main(tune_args(task, model_path, "--dtypes", "float32,int8")) == 0
+    text = capsys.readouterr().out
+    assert "the raw vectors win" in text and "within noise" in text and "model not changed" in text
+
+
+def test_the_budget_is_respected_and_the_choice_written_is_used_by_eval_and_export(tmp_path, capsys):
+    task = write_task(tmp_path, seed=1, noise=1.0)
+    model_path = fitted(tmp_path, task)
+    tuned = str(tmp_path / "tuned.npz")
+    code = main(tune_args(task, model_path, "--dtypes", "float32,int8", "--max-bytes", "16", "-o", tuned, "--json"))
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out)
+    best, chosen = summary["best"], summary["chosen"]
+    within = [row for row in summary["table"] if row["bytes_per_vector"] <= 16]
+    assert best["bytes_per_vector"] <= 16 and best["ndcg@10"] == max(row["ndcg@10"] for row in within)
+    assert (best["vectors"], best["storage"]) == ("centred", "int8")  # raw int8 loses to centred int8 here
+    assert best["ndcg@10"] < summary["raw"]["ndcg@10"]  # the raw float32 vectors (64 bytes) would do better
+    # tune --json keeps its shape; chosen also says how the vectors are stored
+    assert {
+        "metric",
+        "tolerance",
+        "raw",
+        "best",
+        "table",
+        "test",
+        "chosen",
+        "model",
+        "written",
+        "file_checksum",
+    } <= set(summary)
+    assert {"beta", "gamma", "k", "eps", "variance", "dtype", "bytes_per_vector"} <= set(chosen)
+    assert (chosen["dtype"], chosen["bytes_per_vector"], summary["written"], summary["max_bytes"]) == (
+        "int8", 16, tuned, 16,
+    )  # fmt: skip
+    model = load_model(tuned)
+    assert (model.beta, model.gamma, model.n_components, model.storage.dtype) == (1.0, 0.0, 16, "int8")
+    assert model.info["tuned"]["frontier"] and model.info["tuned"]["max_bytes"] == 16
+    # eval takes the model's storage: the whitened rows are searched as int8, as tune scored them
+    args = ["--queries", task["spec_q"], "--corpus", task["spec_c"], "--qrels", task["qrels"], "--json"]
+    assert main(["eval", tuned, *args]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert (scored["whitened"]["dtype"], scored["whitened"]["bytes_per_vector"]) == ("int8", 16)
+    assert scored["whitened"]["ndcg@10"] == pytest.approx(best["ndcg@10"], abs=1e-9)
+    # export records the int8 ranges of the model's statistics, and faiss gets a scalar quantizer with them
+    assert main(["export", tuned, "-o", str(tmp_path / "map.npz"), "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    record = model.storage_records()[0].to_dict()
+    assert exported["dtype"] == "int8" and exported["quantization"] == record
+    with np.load(tmp_path / "map.npz") as arrays:
+        assert json.loads(str(arrays["quantization_json"])) == record
+    pytest.importorskip("faiss")
+    assert main(["export", tuned, "-o", str(tmp_path / "index.faiss"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["index"].startswith("SQ8")
+
+
+def test_a_budget_nothing_fits_and_other_mistakes_are_one_line(tmp_path, capsys):
+    task = write_task(tmp_path, seed=1, n=300, n_queries=10)
+    model_path = fitted(tmp_path, task)
+    cases = [
+        (["--dtypes", "float32", "--max-bytes", "16"], "no setting stores a vector in 16 bytes or fewer"),
+        (["--dtypes", "int4"], "--dtypes: 'int4' is not one of float32, float16, int8, binary, binary+rescore"),
+        (["--metric", "spearman"], "--metric spearman is a pair metric"),
+        (["--max-bytes", "0"], "max_bytes must be a whole number of bytes of at least 1, got 0"),
+        (["--pairs-a", task["spec_q"]], "give labelled pairs (--pairs-a, --pairs-b, --scores) or a retrieval task"),
+        (["--test-a", task["spec_q"]], "--test-a/--test-b/--test-scores are held-out pairs"),
+    ]
+    for extra, message in cases:
+        code = main(tune_args(task, model_path, *extra))
+        err = capsys.readouterr().err
+        assert code == EXIT_BAD_INPUT, (extra, err)
+        assert err.count("\n") == 1 and message in err, (extra, err)
+    args = ["tune", model_path, "--pairs-a", task["spec_q"], "--pairs-b", task["spec_q"], "--scores", task["qrels"]]
+    assert main([*args, "--max-bytes", "10"]) == EXIT_BAD_INPUT
+    assert "--max-bytes is for a retrieval task" in capsys.readouterr().err
+
+
+def test_pair_tuning_keeps_its_shape_and_says_how_the_vectors_are_stored(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((300, 6)) * [4, 3, 2, 1, 1, 0.5]
+    b = a + 0.5 * rng.standard_normal((300, 6))
+    scores = -np.linalg.norm(a - b, axis=1)
+    with_pairs = tmp_path / "pairs.h5"
+    write_h5(with_pairs, a, "a")
+    import h5py
+
+    with h5py.File(with_pairs, "a") as handle:
+        handle["b"], handle["s"] = b, scores
+    model_path = str(tmp_path / "m.npz")
+    save_model(finalize(stats.block_moments(np.vstack([a, b]))), model_path)
+    args = ["tune", model_path, "--pairs-a", f"{with_pairs}:/a", "--pairs-b", f"{with_pairs}:/b"]
+    assert main([*args, "--scores", f"{with_pairs}:/s", "--ks", "6,3", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {"metric", "raw", "best", "table", "pairs", "test", "chosen"} <= set(summary)
+    chosen = summary["chosen"]
+    assert (chosen["dtype"], chosen["bytes_per_vector"]) == ("float32", 4 * chosen["k"])
