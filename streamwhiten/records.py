@@ -149,6 +149,9 @@ class ResumeRecord:
         The output's compressor ("none": absent from the JSON).
     keep_columns : tuple of str
         Input columns carried into the output (none: absent from the JSON).
+    rows : tuple of int, optional
+        ``(start, stop)``: the input rows written, where an apply writes part of its input (absent from the
+        JSON otherwise).
     rows_done, n_nonfinite : int
         Rows written and durable, and how many of them were non-finite input.
     """
@@ -164,6 +167,7 @@ class ResumeRecord:
     threads: int
     compressor: str = "none"
     keep_columns: tuple[str, ...] = ()
+    rows: tuple[int, int] | None = None
     rows_done: int = 0
     n_nonfinite: int = 0
 
@@ -183,6 +187,8 @@ class ResumeRecord:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
+        if self.rows is not None:
+            object.__setattr__(self, "rows", tuple(int(value) for value in self.rows))
 
     def at(self, rows_done: int, n_nonfinite: int = 0) -> ResumeRecord:
         """This job's record once ``rows_done`` rows are durable, ``n_nonfinite`` of them non-finite input."""
@@ -200,6 +206,8 @@ class ResumeRecord:
             data["compressor"] = self.compressor
         if self.keep_columns:
             data["keep_columns"] = list(self.keep_columns)
+        if self.rows is not None:
+            data["rows"] = list(self.rows)
         data["rows_done"] = self.rows_done
         data["n_nonfinite"] = self.n_nonfinite
         return data
@@ -219,6 +227,9 @@ class ResumeRecord:
         try:
             values["source"] = Fingerprint.from_dict(values["source"])
             values["keep_columns"] = tuple(values.get("keep_columns", ()))
+            if values.get("rows") is not None:
+                start, stop = values["rows"]
+                values["rows"] = (int(start), int(stop))
             values["rows_done"] = int(values.get("rows_done", 0))
             values["n_nonfinite"] = int(values.get("n_nonfinite", 0))
         except (TypeError, ValueError) as exc:

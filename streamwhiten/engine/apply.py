@@ -1,6 +1,8 @@
 """The chunked applier: stream rows through a model and write the reduced vectors to a new store.
 
-The output is written under a temporary name and renamed only once complete. Every few seconds (and
+An apply writes every row of its input, or the rows ``[start, stop)`` of it (``rows``: the output then
+holds ``stop - start`` rows and its ``rows`` attribute says which). The output is written under a
+temporary name and renamed only once complete. Every few seconds (and
 when stopped by a signal) the rows written so far are made durable and recorded in a progress file
 beside the partial output, so an interrupted run (signal, crash, SIGKILL) resumes at the first
 unrecorded block and produces exactly the output an uninterrupted run would have.
@@ -30,6 +32,7 @@ from ..errors import (
     ValuesTooLargeError,
 )
 from ..io import (
+    RowRange,
     Sampler,
     describe,
     fingerprint,
@@ -89,10 +92,12 @@ def output_is_current(
     keep_columns=None,
     *,
     read: ReadOptions | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> bool:
     """Whether ``output_spec`` is a complete output of the same map (``checksum``: ``AffineMap.checksum``),
-    input rows (sampled fingerprint), normalisation, dtype, ``options`` (see :func:`recorded_options`)
-    and kept columns: then writing it again changes nothing. A URL is reached with ``read``'s storage options."""
+    input rows (sampled fingerprint, and the range ``rows`` of an apply of part of its input),
+    normalisation, dtype, ``options`` (see :func:`recorded_options`) and kept columns: then writing it
+    again changes nothing. A URL is reached with ``read``'s storage options."""
     output = open_output(output_spec, read)
     if not output.exists():
         return False
@@ -100,6 +105,7 @@ def output_is_current(
         attrs = output.attrs()
         with open_source(output_spec, read=output.read, min_rows=0) as existing:
             stored_dtype = existing.dtype
+        held = recorded_rows(attrs)
     except Exception:  # an unreadable old output is simply rewritten
         return False
     return (
@@ -110,7 +116,22 @@ def output_is_current(
         and np.dtype(stored_dtype) == np.dtype(dtype)
         and all(attrs.get(key, _OPTION_DEFAULTS.get(key)) == value for key, value in (options or {}).items())
         and list(attrs.get("kept_columns") or []) == list(keep_columns or [])
+        and held == (None if rows is None else (int(rows[0]), int(rows[1])))
     )
+
+
+def recorded_rows(attrs: dict) -> tuple[int, int] | None:
+    """The input rows ``(start, stop)`` an output holds, from its ``rows`` attribute (None: every row of
+    its input; HDF5 keeps the pair as JSON text); :class:`ValueError` for a value that is no such pair."""
+    value = attrs.get("rows")
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)):
+        import json
+
+        value = json.loads(value)
+    start, stop = (int(item) for item in value)
+    return start, stop
 
 
 def output_attrs(
@@ -121,9 +142,11 @@ def output_attrs(
     checksum: str | None = None,
     options: dict | None = None,
     keep_columns=None,
+    rows: tuple[int, int] | None = None,
 ) -> dict:
-    """The attributes recorded on an output array: where it came from, which transform made it, the
-    ``options`` it was written with and the input columns it carries."""
+    """The attributes recorded on an output array: where it came from (``rows``: the input rows it
+    holds, where it holds part of them), which transform made it, the ``options`` it was written with
+    and the input columns it carries."""
     attrs = {
         "streamwhiten_version": __version__,
         "source": source.label,
@@ -140,6 +163,8 @@ def output_attrs(
     attrs.update(options or {})
     if keep_columns:
         attrs["kept_columns"] = list(keep_columns)
+    if rows is not None:
+        attrs["rows"] = [int(rows[0]), int(rows[1])]
     return attrs
 
 
@@ -228,6 +253,7 @@ class ApplyOutcome:
     n_nonfinite_rows: int
     seconds: float
     resumed_at_row: int = 0
+    rows: tuple[int, int] | None = None
 
     @property
     def rows_per_second(self) -> float | None:
@@ -243,6 +269,7 @@ def summary(
     model: WhiteningModel, source, sink, normalize: bool, n_nonfinite: int, seconds: float, resumed_at_row: int = 0
 ) -> ApplyOutcome:
     """What an apply run reports."""
+    rows = (source.start, source.stop) if isinstance(source, RowRange) else None
     return ApplyOutcome(
         input=source.label,
         output=sink.label,
@@ -253,6 +280,7 @@ def summary(
         n_nonfinite_rows=n_nonfinite,
         seconds=seconds,
         resumed_at_row=resumed_at_row,
+        rows=rows,
     )
 
 
@@ -295,11 +323,16 @@ def apply_model(
     read: ReadOptions | None = None,
     *,
     threads: int | None = None,
+    rows: tuple[int, int] | None = None,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     **legacy,
 ) -> ApplyOutcome:
     """Write ``model``'s transform of every row of ``input_spec`` to the new store ``output_spec``.
+
+    ``rows = (start, stop)`` writes the transform of the input rows ``[start, stop)`` only: the output
+    holds ``stop - start`` rows (its row 0 is input row ``start``) and records the range in its ``rows``
+    attribute; it is resumed, and found up to date, as any other output.
 
     ``options`` (:class:`~streamwhiten.options.ApplyOptions`) say what is written and how, ``read``
     (:class:`~streamwhiten.options.ReadOptions`) how the input is read and URLs are reached.
@@ -329,6 +362,8 @@ def apply_model(
     with contextlib.ExitStack() as stack:
         source = open_source(input_spec, read=read, min_rows=1)
         stack.callback(source.close)
+        if rows is not None:
+            source = RowRange(source, *_pair(rows))
         # A remote input is read by several threads at once (reads wait on the network); a compressed one
         # is decoded by one per core.
         threads = resolve_threads(remote.default_threads(threads, [source]), default=default_threads(source))
@@ -343,6 +378,15 @@ def apply_model(
             n_nonfinite = run.write_all(start, n_nonfinite)
             sink.commit(options.overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": run.source_sha256()})
         return summary(model, source, sink, options.normalize, n_nonfinite, time.perf_counter() - began, start)
+
+
+def _pair(rows) -> tuple[int, int]:
+    """``rows`` as two numbers (checked against the input by ``RowRange``)."""
+    try:
+        start, stop = rows
+    except (TypeError, ValueError):
+        raise BadInputError(f"rows must be a pair (start, stop) of row numbers, got {rows!r}") from None
+    return start, stop
 
 
 @dataclass
@@ -361,6 +405,7 @@ class _OutputPlan:
 def _plan_output(model, source, output, output_spec: str, options: ApplyOptions, read: ReadOptions, threads: int):
     """Check an existing output (up to date: :class:`NothingToDoError`; ours and ``overwrite``: replaced;
     else :class:`OutputExistsError`) and plan the writing of a new or resumed one."""
+    rows = (source.start, source.stop) if isinstance(source, RowRange) else None
     out_path, _ = split_spec(output_spec)
     checksum = map_checksum(model)
     recorded = recorded_options(
@@ -378,7 +423,10 @@ def _plan_output(model, source, output, output_spec: str, options: ApplyOptions,
     if exists:
         keep = list(options.keep_columns)
         sha = source_print.sha256_sampled
-        if output_is_current(output_spec, checksum, sha, options.normalize, options.dtype, recorded, keep, read=read):
+        current = output_is_current(
+            output_spec, checksum, sha, options.normalize, options.dtype, recorded, keep, read=read, rows=rows
+        )
+        if current:
             raise NothingToDoError(
                 f"nothing to do: {out_path} is up to date (written by this model, with the same "
                 "settings, from the same input)"
@@ -404,6 +452,7 @@ def _plan_output(model, source, output, output_spec: str, options: ApplyOptions,
         threads=threads,  # BLAS rounding can depend on its threads per call: a resume must match
         compressor=options.compressor,
         keep_columns=tuple(options.keep_columns),
+        rows=rows,
     )
     return _OutputPlan(record, checksum, recorded, chunk_rows, rows_per_block, sampler)
 
@@ -417,7 +466,9 @@ def _open_sink(model, source, output, plan: _OutputPlan, options: ApplyOptions, 
     # The input's hash is set at commit (it may be taken from the rows as they are read); a placeholder
     # of its size keeps every attribute in place from the start (see Output.create).
     keep = list(options.keep_columns)
-    attrs = output_attrs(model, source, options.normalize, "0" * 64, plan.checksum, plan.recorded, keep)
+    attrs = output_attrs(
+        model, source, options.normalize, "0" * 64, plan.checksum, plan.recorded, keep, plan.record.rows
+    )
     sink = output.create(
         source.n_rows,
         model.n_components,
@@ -471,7 +522,7 @@ class _BlockRun:
         buffer = None if self.converted is None else self.converted.take()
         out, nonfinite = transform_block(
             rows,
-            begin,
+            begin + source.first_row,  # messages name the input's row
             self.weights,
             self.shift,
             options.normalize,

@@ -53,10 +53,12 @@ class Engine(ABC):
         options: ApplyOptions,
         read: ReadOptions,
         *,
+        rows: tuple[int, int] | None = None,
         progress: Progress = None,
         should_stop: ShouldStop = None,
     ):
-        """Write ``model``'s transform of every row of ``input_spec`` to ``output_spec``; an ``ApplyOutcome``."""
+        """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``[start, stop)``
+        that ``rows`` names) to ``output_spec``; an ``ApplyOutcome``."""
 
     #: apply options this engine does not take, each with the message that refuses it
     serial_only: ClassVar[dict[str, str]] = {}
@@ -88,7 +90,7 @@ class SerialEngine(Engine):
         path, every, seconds = checkpoint if checkpoint is not None else (None, None, None)
         return run_plan(plan, progress, path, every, seconds, should_stop, self.threads).result()
 
-    def apply(self, model, input_spec, output_spec, options, read, *, progress=None, should_stop=None):
+    def apply(self, model, input_spec, output_spec, options, read, *, rows=None, progress=None, should_stop=None):
         from .apply import apply_model
 
         return apply_model(
@@ -98,6 +100,7 @@ class SerialEngine(Engine):
             options,
             read,
             threads=self.threads,
+            rows=rows,
             progress=progress,
             should_stop=should_stop,
         )
@@ -128,10 +131,12 @@ class DaskEngine(Engine):
         "compressor": "--compressor is for the serial engine (the Dask engine writes uncompressed Zarr)",
     }
 
-    def apply(self, model, input_spec, output_spec, options, read, *, progress=None, should_stop=None):
+    def apply(self, model, input_spec, output_spec, options, read, *, rows=None, progress=None, should_stop=None):
         from .distributed import apply_dask
 
         self.check_apply(options)
+        if rows is not None:
+            raise BadInputError("an apply of part of an input's rows (rows=) is for the serial engine")
         return apply_dask(
             model,
             input_spec,
