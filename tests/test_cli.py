@@ -390,7 +390,11 @@ def test_shell_completion_goes_through_clicks_entry_point():
             ["[default: the model's]", "[default: float32]", "[default: 10.0]", "Example:", "--progress-seconds"],
         ),
         ("export", ["[default: the model's]", "Example:"]),
-        ("run", ["[input]", "[model]", "[apply]", "[storage]", 'output = "reduced/{stem}.zarr"', "Example"]),
+        (
+            "run",
+            ["[input]", "[model]", "[apply]", "[publish]", "[storage]", 'output = "reduced/{stem}.zarr"', "Example"],
+        ),
+        ("staleness", ["[default: 0.5]", "--published", "Example:"]),
         ("eval", ["Example:"]),
         ("tune", ["Example:"]),
         ("report", ["Example:"]),

@@ -120,6 +120,35 @@ def output_is_current(
     )
 
 
+def is_up_to_date(
+    model: WhiteningModel,
+    input_spec,
+    output_spec: str,
+    options: ApplyOptions,
+    read: ReadOptions,
+    rows: tuple[int, int] | None = None,
+) -> bool:
+    """Whether ``output_spec`` already holds what :func:`apply_model` with these arguments would write (see
+    :func:`output_is_current`; the input's rows, or the range ``rows`` of them, fingerprinted now)."""
+    with open_source(input_spec, read=read, min_rows=1) as opened:
+        source = opened if rows is None else RowRange(opened, *_pair(rows))
+        source_sha = fingerprint(source).sha256_sampled
+    recorded = recorded_options(
+        output_spec, options.skip_nonfinite, read.fill_missing_chunks, options.zarr_format, options.compressor
+    )
+    return output_is_current(
+        output_spec,
+        map_checksum(model),
+        source_sha,
+        options.normalize,
+        options.dtype,
+        recorded,
+        list(options.keep_columns),
+        read=read,
+        rows=None if rows is None else (source.start, source.stop),
+    )
+
+
 def recorded_rows(attrs: dict) -> tuple[int, int] | None:
     """The input rows ``(start, stop)`` an output holds, from its ``rows`` attribute (None: every row of
     its input; HDF5 keeps the pair as JSON text); :class:`ValueError` for a value that is no such pair."""
