@@ -43,13 +43,13 @@ def append_rows(path, data):
         dataset[old:] = data
 
 
-def write_job(directory, output="out/{stem}.zarr", publish="", model="n_components = 8"):
+def write_job(directory, output="out/{stem}.zarr", publish="", model="n_components = 8", apply=""):
     (directory / "shards").mkdir(exist_ok=True)
     job = directory / "job.toml"
     job.write_text(
         'name = "pub"\n[input]\npaths = ["shards/day-*.h5"]\n'
         f'[model]\npath = "models/m.npz"\n{model}\n'
-        f'[apply]\noutput = "{output}"\nnormalize = true\n'
+        f'[apply]\noutput = "{output}"\nnormalize = true\n{apply}\n'
         f"[publish]\n{publish}\n"
     )
     return str(job)
@@ -393,3 +393,54 @@ def test_info_shows_the_statistics_and_the_publication(night):
     report = json.loads(run_subprocess("info", model, "--json").stdout)
     assert report["n_rows"] == 2040 and report["publication"]["version"] == 1
     assert report["publication"]["n_rows"] == 2000 and report["publication"]["inputs"][0]["rows"] == 2040
+
+
+@pytest.mark.parametrize("suffix", ["zarr", "parquet"])
+def test_outputs_on_object_storage_are_appended_republished_and_deleted_there(tmp_path, s3_bucket, s3_server, suffix):
+    from conftest import s3fs_client
+
+    job = write_job(tmp_path, output=f"{s3_bucket}/out/{{stem}}.{suffix}", publish="keep_versions = 1")
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(900, 1))
+    assert run_job_file(job)["action"] == "fit"
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(40, 2))
+    report = run_job_file(job)
+    assert report["action"] == "append" and report["outputs"][-1] == f"{s3_bucket}/out/day-1.v1.part1.{suffix}"
+    assert report["bytes_written"] > 0
+    model = str(tmp_path / "models" / "m.npz")
+    both = np.concatenate([rows_of(900, 1), rows_of(40, 2)])
+    v1 = version_model_path(model, 1)
+    got = published(model).read(str(tmp_path / "shards" / "day-1.h5"))
+    np.testing.assert_allclose(got, expected(v1, both), rtol=2e-5, atol=2e-6)
+    report = run_job_file(job, republish=True)
+    assert report["published_version"] == 2
+    fs = s3fs_client(s3_server)
+    assert sorted(name.rsplit("/", 1)[1] for name in fs.ls(f"{s3_bucket[5:]}/out")) == [f"day-1.v2.{suffix}"]
+    np.testing.assert_allclose(
+        read_all(f"{s3_bucket}/out/day-1.v2.{suffix}"),
+        expected(version_model_path(model, 2), both),
+        rtol=2e-5,
+        atol=2e-6,
+    )
+
+
+def test_a_republish_cut_short_then_not_needed_leaves_nothing_behind(tmp_path):
+    from streamwhiten.errors import InterruptedRunError
+
+    job = write_job(tmp_path, output="out/{stem}.h5", apply="chunk_rows = 128\nprogress_seconds = 0")
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(1000, 1))
+    append_rows(tmp_path / "shards" / "day-2.h5", rows_of(1000, 2))
+    run_job_file(job)
+    calls = {"n": 0}
+
+    def stop_soon():  # asked after each block: day-1's part is written, day-2's is cut short
+        calls["n"] += 1
+        return calls["n"] > 10
+
+    with pytest.raises(InterruptedRunError):
+        run_job_file(job, should_stop=stop_soon, republish=True)
+    assert os.path.exists(tmp_path / "out" / "day-1.v2.h5") and os.path.exists(tmp_path / "out" / ".day-2.v2.h5.partial")
+    assert published(str(tmp_path / "models" / "m.npz")).version == 1  # nothing switched
+    append_rows(tmp_path / "shards" / "day-2.h5", rows_of(30, 3))
+    assert run_job_file(job)["action"] == "append"
+    assert sorted(os.listdir(tmp_path / "out")) == ["day-1.v1.h5", "day-2.v1.h5", "day-2.v1.part1.h5"]
+    assert sorted(os.listdir(tmp_path / "models")) == ["m.manifest.json", "m.npz", "m.v1.npz"]

@@ -15,9 +15,9 @@ republished. Each run:
    it publishes version N+1 (action ``republish``); else it appends the rows each input gained since (and
    new inputs) as new output parts of version N (action ``append``), or has nothing to do (exit 3).
 
-A publication writes ``M.vN.npz`` and every input's part 0 (``out/day-1.vN.zarr``, input rows ``[0,
-stop)``) *beside* the current version, then switches the manifest by one atomic rename, then deletes the
-versions beyond ``keep_versions``. An append writes the new rows of an input (``[old stop, new stop)``) as
+A publication writes every input's part 0 (``out/day-1.vN.zarr``, input rows ``[0, stop)``) and
+``M.vN.npz`` *beside* the current version, then switches the manifest by one atomic rename, then deletes
+the versions beyond ``keep_versions``. An append writes the new rows of an input (``[old stop, new stop)``) as
 its next part (``out/day-1.vN.part1.zarr``, ...), then switches the manifest. Old rows are never rewritten
 while a version stands. Every part is an ordinary apply of a range of input rows (temp, complete, rename,
 resumable), so a run killed at any point and run again ends with byte-identical outputs: a part that is
@@ -306,16 +306,13 @@ def _now() -> str:
 
 
 def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, progress, should_stop) -> Manifest:
-    """Publish version N+1 (1 without a manifest): its model file and every input's part 0, written
+    """Publish version N+1 (1 without a manifest): every input's part 0 and its model file, written
     beside the current version; then the manifest switch; then the versions beyond ``keep_versions``
     are deleted. Returns the new manifest."""
     from ..core.model import file_checksum, load_model, map_checksum, save_model
 
     assert job.publish is not None
     version = 1 if manifest is None else manifest.version + 1
-    model_file = version_model_path(job.model_path, version)
-    if not (os.path.exists(model_file) and file_checksum(load_model(model_file)) == file_checksum(model)):
-        save_model(model, model_file)  # a leftover of a run cut short, of other statistics, is replaced
     published = []
     for item in _current_inputs(job, model, inputs, outputs):
         if item.stop == 0:
@@ -327,6 +324,9 @@ def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, 
         raise InterruptedRunError(
             f"interrupted before publishing version {version}; run the same command again to finish"
         )
+    model_file = version_model_path(job.model_path, version)
+    if not (os.path.exists(model_file) and file_checksum(load_model(model_file)) == file_checksum(model)):
+        save_model(model, model_file)  # a leftover of a run cut short, of other statistics, is replaced
     kept, retired = (), ()
     if manifest is not None:
         older = (manifest.as_version, *manifest.kept)
@@ -441,14 +441,35 @@ def _delete_retired(retired, job: JobFile) -> None:
 
 def _abandon(job: JobFile, version: int, outputs: dict) -> None:
     """Remove what a publication of ``version`` cut short left behind, once a run decided not to publish
-    it (its model file, and the parts it wrote for the job's inputs)."""
-    model_file = version_model_path(job.model_path, version)
-    if not os.path.exists(model_file):
-        return
+    it: the parts it wrote (or began: their partial outputs) for the job's inputs, and its model file."""
+    from ..io import exists, open_output, remote
+
+    found = False
     for output in outputs.values():
-        _remove(versioned_output(output, version, 0), job.apply_read, "output")
-    _remove(model_file, job.apply_read, "model file")
-    log.info("job %s: removed the unpublished version %s a run cut short had begun", job.name, version)
+        part = versioned_output(output, version, 0)
+        if exists(open_output(part, job.apply_read).path, job.apply_read):
+            _remove(part, job.apply_read, "output")
+            found = True
+        elif not remote.is_url(part):
+            leftover = open_output(part, job.apply_read)
+            if os.path.lexists(leftover.partial):
+                _remove_partial(leftover)
+                found = True
+    model_file = version_model_path(job.model_path, version)
+    if os.path.exists(model_file):
+        _remove(model_file, job.apply_read, "model file")
+        found = True
+    if found:
+        log.info("job %s: removed what an unpublished version %s, cut short, had begun", job.name, version)
+
+
+def _remove_partial(output) -> None:
+    """Remove the partial output of an apply that was cut short (and its progress record), when that output
+    will not be written after all."""
+    from ..io.abc.store import remove
+
+    for path in (output.partial, output.progress_path, output.partial + ".chunks"):
+        remove(path)
 
 
 __all__ = ["run_published", "setting_of", "stored_bytes"]
