@@ -438,7 +438,9 @@ def test_a_republish_cut_short_then_not_needed_leaves_nothing_behind(tmp_path):
 
     with pytest.raises(InterruptedRunError):
         run_job_file(job, should_stop=stop_soon, republish=True)
-    assert os.path.exists(tmp_path / "out" / "day-1.v2.h5") and os.path.exists(tmp_path / "out" / ".day-2.v2.h5.partial")
+    assert os.path.exists(tmp_path / "out" / "day-1.v2.h5") and os.path.exists(
+        tmp_path / "out" / ".day-2.v2.h5.partial"
+    )
     assert published(str(tmp_path / "models" / "m.npz")).version == 1  # nothing switched
     append_rows(tmp_path / "shards" / "day-2.h5", rows_of(30, 3))
     assert run_job_file(job)["action"] == "append"

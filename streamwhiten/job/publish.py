@@ -245,13 +245,14 @@ def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _
     """Write the transform of input rows ``rows`` of ``spec`` to the output part ``part``, unless it is
     already there (complete, same map, input rows and options): then it is kept as it is."""
     from ..engine.apply import is_up_to_date
-    from ..io import remote, split_spec
+    from ..io import open_output, remote, split_spec
     from ..pipeline import apply
 
     options, read = job.apply, job.apply_read
     assert options is not None
     if is_up_to_date(model, spec, part, options, read, rows):
         log.info("job %s: %s is up to date", job.name, part)
+        open_output(part, read).tidy()  # a run killed right after writing it may have left its records
         return
     if should_stop is not None and should_stop():
         raise InterruptedRunError(f"interrupted before writing {part}; run the same command again to finish")
@@ -370,9 +371,11 @@ def _append(
         updated[item.spec] = PublishedInput(item.spec, item.output, item.source, parts)
         if entry is None:
             order.append(item.spec)
-    retired = _still_there(manifest.retired, job)
-    if all(updated[spec] is manifest.input(spec) for spec in order) and retired == manifest.retired:
+    if all(updated[spec] is manifest.input(spec) for spec in order):
+        # nothing new: the manifest stays as it is, even if it still lists retired versions deleted since
+        # (a run cut short while deleting them ends as an undisturbed one); the next switch drops them
         return manifest
+    retired = _still_there(manifest.retired, job)
     if should_stop is not None and should_stop():
         raise InterruptedRunError("interrupted before the manifest was updated; run the same command again to finish")
     new = replace(manifest, inputs=tuple(updated[spec] for spec in order), updated_at=_now(), retired=retired)

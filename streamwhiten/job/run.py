@@ -231,7 +231,7 @@ def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, 
     """Apply ``model`` to one input, unless its output is already what this would write; True if it wrote."""
     from ..core.model import map_checksum
     from ..engine.apply import output_is_current, recorded_options
-    from ..io import fingerprint, open_source, remote, split_spec
+    from ..io import fingerprint, open_output, open_source, remote, split_spec
     from ..pipeline import apply
 
     options, read = job.apply, job.apply_read
@@ -249,6 +249,7 @@ def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, 
     )
     if current:
         log.info("job %s: %s is up to date", job.name, output)
+        open_output(output, read).tidy()  # a run killed right after writing it may have left its records
         return False
     if not remote.is_url(output):
         os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
