@@ -4,13 +4,14 @@ The public API (everything a user imports; documentation and examples import not
 
 >>> import streamwhiten
 >>> sorted(set(streamwhiten.__all__) - {"__version__"})  # doctest: +NORMALIZE_WHITESPACE
-['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'FitOptions', 'FitOutcome', 'Model', 'ReadOptions',
- 'Setting', 'Whitener', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit', 'load_model',
- 'release_buffers', 'serving', 'staleness', 'synthetic']
+['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'FitOptions', 'FitOutcome', 'Model', 'Publication',
+ 'ReadOptions', 'Setting', 'Whitener', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit',
+ 'load_model', 'published', 'release_buffers', 'serving', 'staleness', 'synthetic']
 
 - :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size;
 - :func:`load_model` and :class:`Model` (a fitted whitening and its statistics), :func:`staleness` (how far a
-  published map is from a refit);
+  published map is from a refit), :func:`published` (the current :class:`Publication` of a job's versioned
+  outputs, read through its manifest);
 - :func:`evaluate` (labelled pairs) and :func:`evaluate_retrieval` (queries, corpus and qrels);
 - :mod:`export` (``export.export(model, "whiten.onnx")``: numpy, torch, sentence-transformers, faiss, ONNX)
   and :mod:`serving` (the map in numpy alone); :mod:`synthetic` (the built-in anisotropic example data);
@@ -35,6 +36,8 @@ _PUBLIC = {
     "load_model": ("streamwhiten.core.model", "load_model"),
     "Model": ("streamwhiten.core.model", "WhiteningModel"),
     "staleness": ("streamwhiten.core.staleness", "staleness"),
+    "published": ("streamwhiten.job.publication", "published"),
+    "Publication": ("streamwhiten.job.publication", "Publication"),
     "evaluate": ("streamwhiten.evaluation.evaluate", "evaluate"),
     "evaluate_retrieval": ("streamwhiten.evaluation.retrieval", "evaluate_retrieval"),
     "export": ("streamwhiten.export", None),

@@ -1,4 +1,4 @@
-"""Option objects: what a read, a fit, an apply and an engine take, each a frozen dataclass.
+"""Option objects: what a read, a fit, an apply, an engine and a publication take, each a frozen dataclass.
 
 Every field is a parameter of :data:`streamwhiten.params.PARAMS` (same name, same default, same check),
 so an option object cannot hold a value the command line or a job file would refuse: it is checked when
@@ -268,6 +268,28 @@ class ApplyOptions:
             object.__setattr__(self, "normalize", True)
 
 
+@dataclass(frozen=True)
+class PublishOptions:
+    """How ``run`` keeps a published version of a job's outputs (a job's ``[publish]`` table).
+
+    Parameters
+    ----------
+    max_staleness : float
+        Tolerance of the published map's staleness total (``core.staleness``): while within it, each
+        night's new rows are appended with the published map; above it, a new version is published.
+    keep_versions : int
+        Published versions kept on disk, the current one included; older ones are deleted once a new
+        version is in place.
+    """
+
+    max_staleness: float = params.default("max_staleness")
+    keep_versions: int = params.default("keep_versions")
+
+    def __post_init__(self):
+        _check_fields(self)
+        object.__setattr__(self, "max_staleness", float(self.max_staleness))
+
+
 def column_names(names) -> tuple[str, ...]:
     """``names`` (a sequence, or one comma-separated string) as a tuple of names, each once."""
     if names is None:
@@ -325,6 +347,7 @@ __all__ = [
     "ApplyOptions",
     "EngineOptions",
     "FitOptions",
+    "PublishOptions",
     "ReadOptions",
     "Setting",
     "StorageOptions",

@@ -4,7 +4,7 @@ the job-file tables that take it.
 The estimator (:class:`~streamwhiten.whitener.Whitener`), the option objects of
 :mod:`streamwhiten.options` (``FitOptions``, ``ApplyOptions``, ``ReadOptions``, ...), the command line (its
 options are made from this registry: flag, type, default, help) and job files (``[input]``, ``[model]``,
-``[apply]``: the keys each table takes are listed here) all check a value against :data:`PARAMS`, so a bad
+``[apply]``, ``[publish]``: the keys each table takes are listed here) all check a value against :data:`PARAMS`, so a bad
 one is refused in the same words wherever it is given, as one :class:`BadInputError` (exit 2):
 
     beta must be a number in [0, 1], got 1.5                      (Python)
@@ -347,10 +347,28 @@ PARAMS: dict[str, Param] = _params(
         help="With --engine dask and no --scheduler: processes of the local cluster (default: one per core).",
     ),
     Param("split_every", int, 8, "a whole number of at least 2", 2),
-    # publishing: how stale the published map may get before a new version is published, and how many
-    # versions are kept (nothing reads them yet; later [publish] in a job file, see docs/nightly.md)
-    Param("max_staleness", float, DEFAULT_MAX_STALENESS, "a number, 0 or more", 0.0, None),
-    Param("keep_versions", int, 2, _COUNT, 1),
+    # publishing (a job's [publish] table, docs/nightly.md): how stale the published map may get before
+    # run publishes a new version, and how many versions are kept on disk
+    Param(
+        "max_staleness",
+        float,
+        DEFAULT_MAX_STALENESS,
+        "a number, 0 or more",
+        0.0,
+        None,
+        help="Tolerance of the staleness total: above it, run publishes a new version (docs/nightly.md).",
+        job=("publish",),
+    ),
+    Param(
+        "keep_versions",
+        int,
+        2,
+        _COUNT,
+        1,
+        help="Published versions kept on disk, the current one included; older ones are deleted after a "
+        "new one is published.",
+        job=("publish",),
+    ),
     # retrieval evaluation: how the corpus is stored while searched (``dtype`` above), the re-ranking of a
     # bit search, the bootstrap, and the byte budget of tune
     Param(

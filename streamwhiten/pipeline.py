@@ -405,6 +405,7 @@ def apply(
     read: ReadOptions | None = None,
     engine=None,
     given: tuple[str, ...] = (),
+    rows: tuple[int, int] | None = None,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ):
@@ -427,6 +428,10 @@ def apply(
     given : tuple of str
         Apply options set explicitly (the command line's): an engine refuses those it does not take even
         when set to their default.
+    rows : (int, int), optional
+        ``(start, stop)``: write the input rows ``[start, stop)`` only (serial engine). The output holds
+        ``stop - start`` rows and records the range in its ``rows`` attribute (how ``run`` appends a
+        night's rows as a new part of a published version).
 
     Returns
     -------
@@ -447,7 +452,9 @@ def apply(
     changes = (setting or Setting()).given()
     if changes:
         model = model.with_params(**changes)
-    return runner.apply(model, input_spec, output_spec, options, read, progress=progress, should_stop=should_stop)
+    return runner.apply(
+        model, input_spec, output_spec, options, read, rows=rows, progress=progress, should_stop=should_stop
+    )
 
 
 def output_dtype(model) -> str:

@@ -9,13 +9,18 @@ records and output attributes written before these classes existed are read as t
 - :class:`Fingerprint`: which rows of which store a fit read (a model's ``sources``, a checkpoint's
   cursors, the input of an apply);
 - :class:`ResumeRecord`: the progress record of an apply (``.NAME.partial.progress.json``): the job it
-  belongs to and how far it got.
+  belongs to and how far it got;
+- :class:`Manifest`: the current publication of a job's outputs (``MODEL.manifest.json``): which version,
+  which model file and map, and each input's output parts (:class:`Part`), with its own checksum.
 
 This module imports nothing but the standard library, below ``io`` and ``core``: both read and write them.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar
@@ -152,6 +157,9 @@ class ResumeRecord:
     quantization : str, optional
         int8 codes and sign bits: the digest of the decode record the output carries
         (``Quantization.digest``; float outputs: None, absent from the JSON).
+    rows : tuple of int, optional
+        ``(start, stop)``: the input rows written, where an apply writes part of its input (absent from the
+        JSON otherwise).
     rows_done, n_nonfinite : int
         Rows written and durable, and how many of them were non-finite input.
     """
@@ -168,6 +176,7 @@ class ResumeRecord:
     compressor: str = "none"
     keep_columns: tuple[str, ...] = ()
     quantization: str | None = None
+    rows: tuple[int, int] | None = None
     rows_done: int = 0
     n_nonfinite: int = 0
 
@@ -187,6 +196,8 @@ class ResumeRecord:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
+        if self.rows is not None:
+            object.__setattr__(self, "rows", tuple(int(value) for value in self.rows))
 
     def at(self, rows_done: int, n_nonfinite: int = 0) -> ResumeRecord:
         """This job's record once ``rows_done`` rows are durable, ``n_nonfinite`` of them non-finite input."""
@@ -206,6 +217,8 @@ class ResumeRecord:
             data["keep_columns"] = list(self.keep_columns)
         if self.quantization is not None:
             data["quantization"] = self.quantization
+        if self.rows is not None:
+            data["rows"] = list(self.rows)
         data["rows_done"] = self.rows_done
         data["n_nonfinite"] = self.n_nonfinite
         return data
@@ -225,6 +238,9 @@ class ResumeRecord:
         try:
             values["source"] = Fingerprint.from_dict(values["source"])
             values["keep_columns"] = tuple(values.get("keep_columns", ()))
+            if values.get("rows") is not None:
+                start, stop = values["rows"]
+                values["rows"] = (int(start), int(stop))
             values["rows_done"] = int(values.get("rows_done", 0))
             values["n_nonfinite"] = int(values.get("n_nonfinite", 0))
         except (TypeError, ValueError) as exc:
@@ -232,4 +248,314 @@ class ResumeRecord:
         return cls(**values)
 
 
-__all__ = ["Fingerprint", "ResumeRecord", "fingerprint_of"]
+# ------------------------------------------------------------------------------------------ publication
+
+
+def _count(value: Any, what: str, low: int = 0) -> int:
+    """``value`` if it is a whole number (not a bool) of at least ``low``, else :class:`ValueError`."""
+    if type(value) is not int or value < low:
+        raise ValueError(f"{what} must be a whole number of at least {low}, got {value!r}")
+    return value
+
+
+def _text(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    return value
+
+
+def _keys(data: Any, what: str, required: Iterable[str], optional: Iterable[str] = ()) -> Mapping[str, Any]:
+    """``data`` if it is a JSON object with every key of ``required`` and no other than ``optional``."""
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{what} must be a JSON object, got {type(data).__name__}")
+    required = tuple(required)
+    missing = [key for key in required if key not in data]
+    unknown = sorted(set(data) - set(required) - set(optional))
+    if missing or unknown:
+        raise ValueError(f"{what} lacks {missing} or holds unknown keys {unknown}")
+    return data
+
+
+@dataclass(frozen=True)
+class Part:
+    """One output part of a published input: the output ``path`` (a store spec, as ``apply -o`` takes it)
+    holding the transform of the input rows ``[start, stop)``."""
+
+    path: str
+    start: int
+    stop: int
+
+    @property
+    def n_rows(self) -> int:
+        return self.stop - self.start
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "start": self.start, "stop": self.stop}
+
+    @classmethod
+    def from_dict(cls, data: Any, what: str = "part") -> Part:
+        data = _keys(data, what, ("path", "start", "stop"))
+        start, stop = _count(data["start"], f"{what} start"), _count(data["stop"], f"{what} stop")
+        if stop <= start:
+            raise ValueError(f"{what} holds no rows (start {start}, stop {stop})")
+        return cls(_text(data["path"], f"{what} path"), start, stop)
+
+
+@dataclass(frozen=True)
+class PublishedInput:
+    """An input of a publication: its ``spec``, the ``output`` the job's template gives it (the base of its
+    version-named parts), the :class:`Fingerprint` of its rows ``[0, stop)`` (so the next night knows
+    what is new, and refuses an input that was rewritten) and its output ``parts`` in row order."""
+
+    spec: str
+    output: str
+    source: Fingerprint
+    parts: tuple[Part, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", tuple(self.parts))
+
+    @property
+    def stop(self) -> int:
+        """The input rows published: ``[0, stop)``."""
+        return self.parts[-1].stop if self.parts else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "spec": self.spec,
+            "output": self.output,
+            "source": self.source.to_dict(),
+            "parts": [part.to_dict() for part in self.parts],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Any, what: str = "input") -> PublishedInput:
+        data = _keys(data, what, ("spec", "output", "source", "parts"))
+        spec = _text(data["spec"], f"{what} spec")
+        if not isinstance(data["parts"], list) or not data["parts"]:
+            raise ValueError(f"{what} ({spec}) must list its output parts")
+        parts = tuple(Part.from_dict(item, f"{what} ({spec}) part {i}") for i, item in enumerate(data["parts"]))
+        expected = 0
+        for i, part in enumerate(parts):
+            if part.start != expected:
+                raise ValueError(f"{what} ({spec}) part {i} starts at row {part.start}, not {expected}")
+            expected = part.stop
+        try:
+            source = Fingerprint.from_dict(data["source"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{what} ({spec}) source: {exc}") from None
+        if source.n_rows != expected:
+            raise ValueError(f"{what} ({spec}) source records {source.n_rows} rows, its parts {expected}")
+        return cls(spec, _text(data["output"], f"{what} ({spec}) output"), source, parts)
+
+
+@dataclass(frozen=True)
+class Version:
+    """A published version still on disk, or being deleted: its number, model file and output parts."""
+
+    version: int
+    model_file: str
+    outputs: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "model_file": self.model_file, "outputs": list(self.outputs)}
+
+    @classmethod
+    def from_dict(cls, data: Any, what: str = "version") -> Version:
+        data = _keys(data, what, ("version", "model_file", "outputs"))
+        if not isinstance(data["outputs"], list):
+            raise ValueError(f"{what} outputs must be a list")
+        return cls(
+            _count(data["version"], f"{what} number", 1),
+            _file_name(data["model_file"], f"{what} model_file"),
+            tuple(_text(item, f"{what} output") for item in data["outputs"]),
+        )
+
+
+def _file_name(value: Any, what: str) -> str:
+    """A file name beside the manifest: no directory part."""
+    value = _text(value, what)
+    if "/" in value or "\\" in value or value in (".", ".."):
+        raise ValueError(f"{what} must be a file name beside the manifest, got {value!r}")
+    return value
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _digest(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not _SHA256.match(value):
+        raise ValueError(f"{what} must be a SHA-256 in hex, got {value!r}")
+    return value
+
+
+def json_checksum(body: Mapping[str, Any]) -> str:
+    """SHA-256 of ``body`` as canonical JSON (sorted keys, no spaces, ASCII): a manifest's own checksum."""
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The current publication of a job's outputs: what ``MODEL.manifest.json`` holds.
+
+    It is replaced as a whole by one atomic rename, so a reader sees one complete version or the one
+    before; its ``checksum`` (of everything else, as canonical JSON) is checked when it is read, so a
+    damaged or hand-edited manifest is refused, never taken for another version.
+
+    Attributes
+    ----------
+    version : int
+        The published version (1, 2, ...).
+    model_file : str
+        The published model file beside the manifest (``MODEL.vN.npz``), an immutable copy of the model
+        finalized at publication; ``file_checksum`` is that file's content checksum.
+    model_checksum : str
+        The map the outputs were written with (``AffineMap.checksum``, the outputs' ``model_checksum``).
+    published_at : str
+        When the version was published (UTC, ISO 8601); ``updated_at`` when parts were last appended.
+    n_rows : int
+        The rows of the statistics the version was finalized from.
+    setting : mapping
+        What the outputs were written with: the whitening's parameters and the ``[apply]`` options that
+        change what is written; another setting in the job publishes a new version.
+    inputs : tuple of PublishedInput
+        Each input and its output parts.
+    kept : tuple of Version
+        Earlier versions still on disk (``keep_versions``), newest first.
+    retired : tuple of Version
+        Versions whose files are deleted once this manifest is in place (again by a later run if that was
+        cut short).
+    """
+
+    version: int
+    model_file: str
+    file_checksum: str
+    model_checksum: str
+    published_at: str
+    n_rows: int
+    setting: Mapping[str, Any]
+    inputs: tuple[PublishedInput, ...]
+    updated_at: str | None = None
+    kept: tuple[Version, ...] = ()
+    retired: tuple[Version, ...] = ()
+
+    FORMAT: ClassVar[str] = "streamwhiten-manifest"
+    FORMAT_VERSION: ClassVar[int] = 1
+    _KEYS: ClassVar[tuple[str, ...]] = (
+        "format",
+        "format_version",
+        "version",
+        "model_file",
+        "file_checksum",
+        "model_checksum",
+        "published_at",
+        "n_rows",
+        "setting",
+        "inputs",
+        "kept",
+        "retired",
+        "checksum",
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "setting", dict(self.setting))
+        for name in ("inputs", "kept", "retired"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+
+    def input(self, spec: str) -> PublishedInput | None:
+        """The published input ``spec`` (as the job names it), or None."""
+        return next((item for item in self.inputs if item.spec == spec), None)
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Every output part of this version, input by input, in row order."""
+        return tuple(part.path for item in self.inputs for part in item.parts)
+
+    @property
+    def as_version(self) -> Version:
+        """This version as a :class:`Version` (what a later manifest keeps of it)."""
+        return Version(self.version, self.model_file, self.outputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of the manifest, its checksum included."""
+        body: dict[str, Any] = {
+            "format": self.FORMAT,
+            "format_version": self.FORMAT_VERSION,
+            "version": self.version,
+            "model_file": self.model_file,
+            "file_checksum": self.file_checksum,
+            "model_checksum": self.model_checksum,
+            "published_at": self.published_at,
+            "n_rows": self.n_rows,
+            "setting": dict(self.setting),
+            "inputs": [item.to_dict() for item in self.inputs],
+            "kept": [item.to_dict() for item in self.kept],
+            "retired": [item.to_dict() for item in self.retired],
+        }
+        if self.updated_at is not None:
+            body["updated_at"] = self.updated_at
+        body["checksum"] = json_checksum(body)
+        return body
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Manifest:
+        """The manifest written as the JSON object ``data``; :class:`ValueError` saying what is wrong for one
+        that is damaged, edited by hand (its checksum no longer matches) or of another format version."""
+        data = _keys(data, "the manifest", cls._KEYS, ("updated_at",))
+        if data["format"] != cls.FORMAT:
+            raise ValueError(f"format is {data['format']!r}, not {cls.FORMAT!r}")
+        if data["format_version"] != cls.FORMAT_VERSION:
+            raise ValueError(
+                f"format_version {data['format_version']!r} is not {cls.FORMAT_VERSION} (another release?)"
+            )
+        body = {key: value for key, value in data.items() if key != "checksum"}
+        try:
+            expected = json_checksum(body)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"it holds values that are not plain JSON ({exc})") from None
+        if data["checksum"] != expected:
+            raise ValueError("its checksum does not match its content (damaged, or edited by hand)")
+        version = _count(data["version"], "version", 1)
+        if not isinstance(data["setting"], Mapping):
+            raise ValueError("setting must be a JSON object")
+        for key in ("inputs", "kept", "retired"):
+            if not isinstance(data[key], list):
+                raise ValueError(f"{key} must be a list")
+        inputs = tuple(PublishedInput.from_dict(item, f"input {i}") for i, item in enumerate(data["inputs"]))
+        specs = [item.spec for item in inputs]
+        if len(set(specs)) != len(specs):
+            raise ValueError("an input is listed twice")
+        kept = tuple(Version.from_dict(item, f"kept version {i}") for i, item in enumerate(data["kept"]))
+        retired = tuple(Version.from_dict(item, f"retired version {i}") for i, item in enumerate(data["retired"]))
+        if any(item.version >= version for item in kept + retired):
+            raise ValueError(f"a kept or retired version is not older than version {version}")
+        updated_at = data.get("updated_at")
+        return cls(
+            version=version,
+            model_file=_file_name(data["model_file"], "model_file"),
+            file_checksum=_digest(data["file_checksum"], "file_checksum"),
+            model_checksum=_digest(data["model_checksum"], "model_checksum"),
+            published_at=_text(data["published_at"], "published_at"),
+            n_rows=_count(data["n_rows"], "n_rows", 1),
+            setting=dict(data["setting"]),
+            inputs=inputs,
+            updated_at=None if updated_at is None else _text(updated_at, "updated_at"),
+            kept=kept,
+            retired=retired,
+        )
+
+
+__all__ = [
+    "Fingerprint",
+    "Manifest",
+    "Part",
+    "PublishedInput",
+    "ResumeRecord",
+    "Version",
+    "fingerprint_of",
+    "json_checksum",
+]

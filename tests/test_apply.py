@@ -416,3 +416,95 @@ def test_job_file_dtype_int8_writes_codes_and_is_up_to_date_after(tmp_path, rows
     job.write_text(job.read_text() + "skip_nonfinite = true\n")
     refused = run_subprocess("run", job)
     assert refused.returncode == 2 and "[apply] dtype 'int8' cannot hold the NaN rows" in refused.stderr
+
+
+# ------------------------------------------------------------------------- an apply of part of the rows
+
+
+@pytest.mark.parametrize("kind", ["h5", "zarr", "parquet"])
+@pytest.mark.parametrize("window", [(0, 1500), (0, 1), (700, 1500), (333, 1111), (1499, 1500)])
+def test_rows_writes_the_transform_of_that_range_and_records_it(tmp_path, rows, model, kind, window):
+    """``rows=(start, stop)`` writes the transform of input rows [start, stop) only, blocks cut from the
+    range's own first row (at 100-row blocks, a range starting at 333 straddles the store's chunks)."""
+    start, stop = window
+    spec = write_zarr(tmp_path / "in.zarr", rows, chunk_rows=250)
+    out = str(tmp_path / f"part.{kind}")
+    outcome = apply_model(model, spec, out, ApplyOptions(normalize=True), ReadOptions(block_rows=100), rows=window)
+    got = read_all(out)
+    assert got.shape == (stop - start, 6) and outcome.n_rows == stop - start and outcome.rows == window
+    np.testing.assert_array_equal(got, model.transform(rows, normalize=True)[start:stop])
+    from streamwhiten.engine.apply import recorded_rows
+
+    attrs = read_attrs(out)
+    assert recorded_rows(attrs) == (start, stop) and attrs["complete"] in (True, 1)
+    # its input fingerprint is of the range's rows: another range of the same input is another output
+    with pytest.raises(NothingToDoError):
+        apply_model(model, spec, out, ApplyOptions(normalize=True), ReadOptions(block_rows=100), rows=window)
+    with pytest.raises(OutputExistsError):
+        apply_model(
+            model, spec, out, ApplyOptions(normalize=True), rows=(start, stop - 1) if stop - start > 1 else None
+        )
+
+
+def test_rows_outside_the_input_or_empty_are_refused_before_anything_is_written(tmp_path, rows, model):
+    spec = write_h5(tmp_path / "in.h5", rows)
+    for bad in [(5, 5), (-1, 3), (0, 1501), (10, 2), (0.5, 3), "ab", (1,), 7]:
+        with pytest.raises(BadInputError, match="rows"):
+            apply_model(model, spec, str(tmp_path / "out.h5"), rows=bad)
+    assert sorted(os.listdir(tmp_path)) == ["in.h5"]
+
+
+def test_rows_messages_name_the_input_row_and_nan_rows_keep_their_place(tmp_path, rows, model):
+    bad = rows.copy()
+    bad[1234, 3] = np.nan
+    spec = write_h5(tmp_path / "in.h5", bad, chunk_rows=100)
+    with pytest.raises(NonFiniteError, match="row 1234 "):
+        apply_model(model, spec, str(tmp_path / "out.h5"), rows=(1000, 1500))
+    apply_model(model, spec, str(tmp_path / "out.h5"), ApplyOptions(skip_nonfinite=True), rows=(1000, 1500))
+    got = read_all(str(tmp_path / "out.h5"))
+    assert np.isnan(got[234]).all() and np.isfinite(np.delete(got, 234, axis=0)).all()
+
+
+def test_an_interrupted_apply_of_a_range_resumes_to_the_same_bytes(tmp_path, rows, model):
+    from streamwhiten.errors import InterruptedRunError
+
+    spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=100)
+    options, read = ApplyOptions(progress_seconds=0), ReadOptions(block_rows=128)
+    reference = str(tmp_path / "reference.h5")
+    apply_model(model, spec, reference, options, read, rows=(300, 1400))
+    out = str(tmp_path / "out.h5")
+    calls = {"n": 0}
+
+    def stop_after_three_blocks():
+        calls["n"] += 1
+        return calls["n"] >= 3
+
+    with pytest.raises(InterruptedRunError):
+        apply_model(model, spec, out, options, read, rows=(300, 1400), should_stop=stop_after_three_blocks)
+    assert not os.path.exists(out) and os.path.exists(partial_path(out))
+    # another range does not continue the partial output of this one
+    resumed = apply_model(model, spec, out, options, read, rows=(300, 1400))
+    assert resumed.resumed_at_row == 384
+    with open(out, "rb") as a, open(reference, "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_rows_carry_the_kept_columns_of_the_range(tmp_path, rows, model):
+    pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+    from test_parquet import write_parquet
+
+    spec = write_parquet(tmp_path / "in.parquet", rows, row_group_size=400)
+    out = str(tmp_path / "out.parquet")
+    apply_model(model, spec, out, ApplyOptions(keep_columns=("id",)), rows=(450, 1300))
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == list(range(450, 1300))
+    np.testing.assert_array_equal(read_all(out), model.transform(rows)[450:1300])
+
+
+def test_the_dask_engine_refuses_rows(tmp_path, rows, model):
+    from streamwhiten.engine.engines import DaskEngine
+
+    spec = write_zarr(tmp_path / "in.zarr", rows)
+    with pytest.raises(BadInputError, match="serial engine"):
+        DaskEngine().apply(model, spec, str(tmp_path / "o.zarr"), ApplyOptions(), ReadOptions(), rows=(0, 10))

@@ -115,3 +115,35 @@ def test_fit_throughput_compressed_section_smoke(tmp_path):
             assert row[key] > 0, (row["store"], key)
         assert isinstance(row["meets"], bool)
     assert "compressed stores" in result.stdout
+
+
+def test_nightly_cost_quick_run_appends_and_republishes(tmp_path):
+    """``nightly_cost.py --quick`` (issue #25) simulates nights at two corpus sizes: its JSON holds, per
+    size, every night's action, staleness, seconds and bytes, the reference (apply of the new rows alone)
+    beside each append, and the rewrite-all job's nights; the drift trips a republish. No timing is
+    asserted."""
+    result = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "nightly_cost.py"), "--quick", "--results", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        cwd=REPO / "benchmarks",
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (file,) = tmp_path.glob("nightly_cost-*.json")
+    payload = json.loads(file.read_text())
+    assert payload["command"].startswith("nightly_cost.py") and payload["target"] == 1.5
+    assert [run["n0"] for run in payload["runs"]] == [3000, 12000]
+    for run in payload["runs"]:
+        nights = run["nights"]
+        assert [night["night"] for night in nights] == list(range(payload["nights"] + 1))
+        actions = [night["action"] for night in nights]
+        assert actions[0] == "fit" and "append" in actions and "republish" in actions, actions
+        for night in nights:
+            assert night["seconds"] > 0 and night["bytes_written"] > 0 and night["new_rows"] > 0
+            assert ("ratio" in night) == (night["action"] == "append" and night["night"] > 0)
+            assert night["rewrite_bytes_written"] >= night["bytes_written"] or night["action"] != "append"
+        appended = [night for night in nights if night["action"] == "append"]
+        # an appending night writes only its new rows; the rewrite-all job writes the whole corpus
+        assert all(night["bytes_written"] < night["rewrite_bytes_written"] / 5 for night in appended)
+        assert run["summary"]["appends"] == len(appended) and run["summary"]["republishes"] >= 1

@@ -397,7 +397,11 @@ def test_shell_completion_goes_through_clicks_entry_point():
             ],
         ),
         ("export", ["[default: the model's]", "[default: the model's storage, else float32]", "Example:"]),
-        ("run", ["[input]", "[model]", "[apply]", "[storage]", 'output = "reduced/{stem}.zarr"', "Example"]),
+        (
+            "run",
+            ["[input]", "[model]", "[apply]", "[publish]", "[storage]", 'output = "reduced/{stem}.zarr"', "Example"],
+        ),
+        ("staleness", ["[default: 0.5]", "--published", "Example:"]),
         ("eval", ["Examples:", "--queries", "--dtype", "--rescore"]),
         ("tune", ["Examples:", "--queries", "--max-bytes", "--dtypes"]),
         ("report", ["Example:"]),

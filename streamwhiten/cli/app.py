@@ -1,8 +1,8 @@
 """The ``streamwhiten`` command: the group of commands, and the entry point that maps every way out to
 one line on stderr and an exit code.
 
-Each command is a module of its own (``fit``, ``apply``, ``info``, ``export``, ``run``, ``eval``, ``tune``,
-``report``, ``demo``): it parses, makes the option objects, calls the library and prints. Every library
+Each command is a module of its own (``fit``, ``apply``, ``info``, ``export``, ``run``, ``staleness``,
+``eval``, ``tune``, ``report``, ``demo``): it parses, makes the option objects, calls the library and prints. Every library
 error is a :class:`~streamwhiten.errors.StreamwhitenError` carrying its exit code; it is reported here
 as one line (``streamwhiten: error: ...``).
 
@@ -36,6 +36,7 @@ from .fit import fit
 from .info import info
 from .report import report
 from .run import LOG_DATE, LOG_FORMAT, run
+from .staleness import staleness
 from .tune import tune
 
 #: The environment variable click's shell completion reads (``_STREAMWHITEN_COMPLETE=bash_source``).
@@ -58,7 +59,7 @@ def cli():
     """
 
 
-for _command in (fit, apply, info, export_, demo, run, eval_, tune, report):
+for _command in (fit, apply, info, export_, demo, run, staleness, eval_, tune, report):
     cli.add_command(_command)
 
 

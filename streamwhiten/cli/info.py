@@ -12,17 +12,43 @@ from ._options import json_option
 @click.argument("model_path")
 @json_option
 def info(model_path, as_json):
-    """Print a model's parameters, spectrum summary and effective dimension.
+    """Print a model's parameters, spectrum summary and effective dimension, and (a job with [publish])
+    the published version: its model file, the rows it was finalized from, when.
 
     \b
     Example:
       streamwhiten info model.npz --json
     """
     from ..core.model import file_checksum, load_model
+    from ..job.publication import Publication, read_manifest
 
     model = load_model(model_path)
     summary = dict(model.summary(), model=model_path, file_checksum=file_checksum(model))
-    emit(as_json, summary, _lines(model, model_path, summary))
+    manifest = read_manifest(model_path)  # a job with [publish]: the version its outputs hold
+    publication = None if manifest is None else Publication(model_path, manifest)
+    summary["publication"] = None if publication is None else publication.to_dict()
+    lines = _lines(model, model_path, summary)
+    if publication is not None:
+        lines += _publication_lines(publication)
+    emit(as_json, summary, lines)
+
+
+def _publication_lines(publication) -> list[str]:
+    """What a manifest beside the model says: the published version, what it was finalized from, when."""
+    import os
+
+    manifest = publication.manifest
+    parts = sum(len(item.parts) for item in manifest.inputs)
+    appended = f", last appended to {manifest.updated_at}" if manifest.updated_at else ""
+    lines = [
+        f"published  version {manifest.version} ({os.path.basename(publication.model_file)}), finalized from "
+        f"{manifest.n_rows:,} rows at {manifest.published_at}{appended}",
+        f"outputs    {len(manifest.inputs)} input(s), {parts} part(s), "
+        f"{sum(item.stop for item in manifest.inputs):,} rows; manifest {publication.path}",
+    ]
+    if manifest.kept:
+        lines.append("kept       version(s) " + ", ".join(str(item.version) for item in manifest.kept))
+    return lines
 
 
 def _lines(model, model_path: str, summary: dict) -> list[str]:

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ..errors import StoreIOError
+from ..errors import NothingToDoError, StoreIOError
 from ._common import emit, progress_bar, stop_on_signals
 from ._options import json_option, quiet_option, read_options, storage_options
 
@@ -40,6 +40,9 @@ A job file (TOML; relative paths are taken from its directory):
   normalize = true                 # dtype, zarr_format, compressor, keep_columns,
                                    # skip_nonfinite, block_rows, threads, direct_io,
                                    # progress_seconds
+  [publish]                        # optional: versioned outputs; each night's rows
+  max_staleness = 0.5              # appended, a new version when the map is stale;
+  keep_versions = 2                # see docs/nightly.md
   [storage]                        # optional: options of s3://... file systems
   endpoint_url = "http://minio:9000"
 """
@@ -49,14 +52,25 @@ A job file (TOML; relative paths are taken from its directory):
 @click.argument("job_file")
 @click.option("--log-file", default=None, help="Also append timestamped log lines to this file.")
 @click.option("--restart", is_flag=True, help="Discard the checkpoint of an interrupted run instead of finishing it.")
+@click.option(
+    "--republish",
+    is_flag=True,
+    help="A job with [publish]: publish a new version from the current statistics, however stale the current one.",
+)
 @storage_options
 @quiet_option
 @json_option
-def run(job_file, log_file, restart, quiet, as_json, **values):
+def run(job_file, log_file, restart, republish, quiet, as_json, **values):
     """Run a batch job (job.toml): fit or update, finalize, apply; each step skipped when up to date.
 
-    Exit codes: 0 done, 3 nothing to do, 2 bad input, 74 I/O error (disk full: the previous checkpoint or
-    output is kept), 75 another run holds the lock, 130 interrupted.
+    With a [publish] table the outputs are published in versions: each night's new rows are appended with
+    the published map while its staleness is within max_staleness, and a new version is published (beside
+    the current one, switched by its manifest) when it is not. --json prints one object (action, published
+    version, staleness, manifest, outputs, rows_added, bytes_written, seconds), also when there was
+    nothing to do.
+
+    Exit codes: 0 done, 3 nothing to do, 2 bad input, 74 I/O error (disk full: the previous checkpoint,
+    output or published version is kept), 75 another run holds the lock, 130 interrupted.
 
     \b
     Example (cron):
@@ -75,9 +89,32 @@ def run(job_file, log_file, restart, quiet, as_json, **values):
         job = replace(job, apply_read=replace(job.apply_read, remote_timeout=read.remote_timeout))
     if log_file:
         _log_to(log_file, job)
-    with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
-        summary = run_job(job, progress, should_stop, restart)
-    emit(as_json, summary, [f"job {summary['job']}: " + "; ".join(summary["steps"])])
+    try:
+        with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
+            summary = run_job(job, progress, should_stop, restart, republish)
+    except NothingToDoError as exc:
+        if as_json and getattr(exc, "summary", None) is not None:
+            emit(True, exc.summary, [])  # the report for cron, then exit 3
+        raise
+    emit(as_json, summary, _lines(summary))
+
+
+def _lines(summary: dict) -> list[str]:
+    """The text report of a run."""
+    lines = [f"job {summary['job']}: " + "; ".join(summary["steps"])]
+    if "action" in summary:
+        staleness = summary["staleness"]
+        measured = (
+            f"staleness {staleness['total']:.3g} (max_staleness {summary['max_staleness']:g})"
+            if staleness is not None
+            else "first publication"
+        )
+        lines.append(
+            f"{summary['action']}: published version {summary['published_version']} ({measured}); "
+            f"{summary['rows_added']:,} rows added, {summary['bytes_written']:,} bytes written in "
+            f"{summary['seconds']:.1f} s; manifest {summary['manifest']}"
+        )
+    return lines
 
 
 def _log_to(log_file: str, job) -> None:

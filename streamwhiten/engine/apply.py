@@ -1,6 +1,8 @@
 """The chunked applier: stream rows through a model and write the reduced vectors to a new store.
 
-The output is written under a temporary name and renamed only once complete. Every few seconds (and
+An apply writes every row of its input, or the rows ``[start, stop)`` of it (``rows``: the output then
+holds ``stop - start`` rows and its ``rows`` attribute says which). The output is written under a
+temporary name and renamed only once complete. Every few seconds (and
 when stopped by a signal) the rows written so far are made durable and recorded in a progress file
 beside the partial output, so an interrupted run (signal, crash, SIGKILL) resumes at the first
 unrecorded block and produces exactly the output an uninterrupted run would have.
@@ -40,6 +42,7 @@ from ..errors import (
 )
 from ..io import (
     Output,
+    RowRange,
     Sampler,
     Sink,
     Source,
@@ -125,11 +128,13 @@ def output_is_current(
     *,
     read: ReadOptions | None = None,
     quantization: Quantization | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> bool:
     """Whether ``output_spec`` is a complete output of the same map (``checksum``: ``AffineMap.checksum``),
-    input rows (sampled fingerprint), normalisation, dtype (for int8 codes and bits: the same decode
-    record, ``quantization``), ``options`` (see :func:`recorded_options`) and kept columns: then writing
-    it again changes nothing. A URL is reached with ``read``'s storage options."""
+    input rows (sampled fingerprint, and the range ``rows`` of an apply of part of its input),
+    normalisation, dtype (for int8 codes and bits: the same decode record, ``quantization``), ``options``
+    (see :func:`recorded_options`) and kept columns: then writing it again changes nothing. A URL is
+    reached with ``read``'s storage options."""
     output = open_output(output_spec, read)
     if not output.exists():
         return False
@@ -141,6 +146,7 @@ def output_is_current(
         else:  # codes are no source of floats: the record they carry says what they are
             record = Quantization.from_attrs(attrs)
             same_values = quantization is not None and record.digest() == quantization.digest()
+        held = recorded_rows(attrs)
     except Exception:  # an unreadable old output is simply rewritten
         return False
     return (
@@ -151,7 +157,51 @@ def output_is_current(
         and same_values
         and all(attrs.get(key, _OPTION_DEFAULTS.get(key)) == value for key, value in (options or {}).items())
         and list(attrs.get("kept_columns") or []) == list(keep_columns or [])
+        and held == (None if rows is None else (int(rows[0]), int(rows[1])))
     )
+
+
+def is_up_to_date(
+    model: WhiteningModel,
+    input_spec,
+    output_spec: str,
+    options: ApplyOptions,
+    read: ReadOptions,
+    rows: tuple[int, int] | None = None,
+) -> bool:
+    """Whether ``output_spec`` already holds what :func:`apply_model` with these arguments would write (see
+    :func:`output_is_current`; the input's rows, or the range ``rows`` of them, fingerprinted now)."""
+    with open_source(input_spec, read=read, min_rows=1) as opened:
+        source = opened if rows is None else RowRange(opened, *_pair(rows))
+        source_sha = fingerprint(source).sha256_sampled
+    recorded = recorded_options(
+        output_spec, options.skip_nonfinite, read.fill_missing_chunks, options.zarr_format, options.compressor
+    )
+    return output_is_current(
+        output_spec,
+        map_checksum(model),
+        source_sha,
+        options.normalize,
+        options.dtype,
+        recorded,
+        list(options.keep_columns),
+        read=read,
+        rows=None if rows is None else (source.start, source.stop),
+    )
+
+
+def recorded_rows(attrs: dict) -> tuple[int, int] | None:
+    """The input rows ``(start, stop)`` an output holds, from its ``rows`` attribute (None: every row of
+    its input; HDF5 keeps the pair as JSON text); :class:`ValueError` for a value that is no such pair."""
+    value = attrs.get("rows")
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)):
+        import json
+
+        value = json.loads(value)
+    start, stop = (int(item) for item in value)
+    return start, stop
 
 
 def output_attrs(
@@ -163,10 +213,12 @@ def output_attrs(
     options: dict | None = None,
     keep_columns=None,
     quantization: Quantization | None = None,
+    rows: tuple[int, int] | None = None,
 ) -> dict:
-    """The attributes recorded on an output array: where it came from, which transform made it, the
-    ``options`` it was written with, the input columns it carries, and for int8 codes or bits how to
-    decode them: ``dtype`` (``"int8"``, ``"binary"``) and ``quantization`` (the record as a JSON object,
+    """The attributes recorded on an output array: where it came from (``rows``: the input rows it
+    holds, where it holds part of them), which transform made it, the ``options`` it was written with,
+    the input columns it carries, and for int8 codes or bits how to decode them: ``dtype`` (``"int8"``,
+    ``"binary"``) and ``quantization`` (the record as a JSON object,
     :meth:`~streamwhiten.core.quantize.Quantization.to_dict`: k, int8 scale and offset, bit order)."""
     attrs = {
         "streamwhiten_version": __version__,
@@ -187,6 +239,8 @@ def output_attrs(
     if quantization is not None:
         attrs["dtype"] = quantization.kind
         attrs[QUANTIZATION_ATTR] = quantization.to_dict()
+    if rows is not None:
+        attrs["rows"] = [int(rows[0]), int(rows[1])]
     return attrs
 
 
@@ -275,6 +329,7 @@ class ApplyOutcome:
     n_nonfinite_rows: int
     seconds: float
     resumed_at_row: int = 0
+    rows: tuple[int, int] | None = None
 
     @property
     def rows_per_second(self) -> float | None:
@@ -297,6 +352,7 @@ def summary(
     quantization: Quantization | None = None,
 ) -> ApplyOutcome:
     """What an apply run reports (``dtype``: the storage, ``"binary"`` for bits stored as uint8 bytes)."""
+    rows = (source.start, source.stop) if isinstance(source, RowRange) else None
     return ApplyOutcome(
         input=source.label,
         output=sink.label,
@@ -307,6 +363,7 @@ def summary(
         n_nonfinite_rows=n_nonfinite,
         seconds=seconds,
         resumed_at_row=resumed_at_row,
+        rows=rows,
     )
 
 
@@ -351,11 +408,16 @@ def apply_model(
     read: ReadOptions | None = None,
     *,
     threads: int | None = None,
+    rows: tuple[int, int] | None = None,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     **legacy: Any,
 ) -> ApplyOutcome:
     """Write ``model``'s transform of every row of ``input_spec`` to the new store ``output_spec``.
+
+    ``rows = (start, stop)`` writes the transform of the input rows ``[start, stop)`` only: the output
+    holds ``stop - start`` rows (its row 0 is input row ``start``) and records the range in its ``rows``
+    attribute; it is resumed, and found up to date, as any other output.
 
     ``options`` (:class:`~streamwhiten.options.ApplyOptions`) say what is written and how, ``read``
     (:class:`~streamwhiten.options.ReadOptions`) how the input is read and URLs are reached.
@@ -385,6 +447,8 @@ def apply_model(
     with contextlib.ExitStack() as stack:
         source = open_source(input_spec, read=read, min_rows=1)
         stack.callback(source.close)
+        if rows is not None:
+            source = RowRange(source, *_pair(rows))
         # A remote input is read by several threads at once (reads wait on the network); a compressed one
         # is decoded by one per core.
         threads = resolve_threads(remote.default_threads(threads, [source]), default=default_threads(source))
@@ -400,6 +464,15 @@ def apply_model(
             sink.commit(options.overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": run.source_sha256()})
         seconds = time.perf_counter() - began
         return summary(model, source, sink, options.normalize, n_nonfinite, seconds, start, writing.quantization)
+
+
+def _pair(rows) -> tuple[int, int]:
+    """``rows`` as two numbers (checked against the input by ``RowRange``)."""
+    try:
+        start, stop = rows
+    except (TypeError, ValueError):
+        raise BadInputError(f"rows must be a pair (start, stop) of row numbers, got {rows!r}") from None
+    return start, stop
 
 
 @dataclass
@@ -428,6 +501,7 @@ def _prepare_writing(
 ) -> _Writing:
     """Check an existing output (up to date: :class:`NothingToDoError`; ours and ``overwrite``: replaced;
     else :class:`OutputExistsError`) and size the writing of a new or resumed one."""
+    rows = (source.start, source.stop) if isinstance(source, RowRange) else None
     out_path, _ = split_spec(output_spec)
     checksum = map_checksum(model)
     quantization = output_quantization(model, options.dtype)
@@ -457,6 +531,7 @@ def _prepare_writing(
             keep,
             read=read,
             quantization=quantization,
+            rows=rows,
         )
         if current:
             raise NothingToDoError(
@@ -483,6 +558,7 @@ def _prepare_writing(
         compressor=options.compressor,
         keep_columns=tuple(options.keep_columns),
         quantization=None if quantization is None else quantization.digest(),
+        rows=rows,
     )
     return _Writing(record, checksum, recorded, chunk_rows, rows_per_block, sampler, quantization)
 
@@ -500,7 +576,15 @@ def _open_sink(
     keep = list(options.keep_columns)
     quantization = writing.quantization
     attrs = output_attrs(
-        model, source, options.normalize, "0" * 64, writing.checksum, writing.recorded, keep, quantization
+        model,
+        source,
+        options.normalize,
+        "0" * 64,
+        writing.checksum,
+        writing.recorded,
+        keep,
+        quantization=quantization,
+        rows=writing.record.rows,
     )
     width, stored_dtype = stored_layout(model, options.dtype, quantization)
     sink = output.create(
@@ -573,7 +657,7 @@ class _BlockRun:
         buffer = None if self.converted is None else self.converted.take()
         out, nonfinite = transform_block(
             rows,
-            begin,
+            begin + source.first_row,  # messages name the input's row
             self.weights,
             self.shift,
             options.normalize,

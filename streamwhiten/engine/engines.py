@@ -68,10 +68,12 @@ class Engine(ABC):
         options: ApplyOptions,
         read: ReadOptions,
         *,
+        rows: tuple[int, int] | None = None,
         progress: Progress = None,
         should_stop: ShouldStop = None,
     ) -> ApplyOutcome:
-        """Write ``model``'s transform of every row of ``input_spec`` to ``output_spec``; an ``ApplyOutcome``."""
+        """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``[start, stop)``
+        that ``rows`` names) to ``output_spec``; an ``ApplyOutcome``."""
 
     #: apply options this engine does not take, each with the message that refuses it
     serial_only: ClassVar[dict[str, str]] = {}
@@ -118,6 +120,7 @@ class SerialEngine(Engine):
         options: ApplyOptions,
         read: ReadOptions,
         *,
+        rows: tuple[int, int] | None = None,
         progress: Progress = None,
         should_stop: ShouldStop = None,
     ) -> ApplyOutcome:
@@ -130,6 +133,7 @@ class SerialEngine(Engine):
             options,
             read,
             threads=self.threads,
+            rows=rows,
             progress=progress,
             should_stop=should_stop,
         )
@@ -177,12 +181,15 @@ class DaskEngine(Engine):
         options: ApplyOptions,
         read: ReadOptions,
         *,
+        rows: tuple[int, int] | None = None,
         progress: Progress = None,
         should_stop: ShouldStop = None,
     ) -> ApplyOutcome:
         from .distributed import apply_dask
 
         self.check_apply(options)
+        if rows is not None:
+            raise BadInputError("an apply of part of an input's rows (rows=) is for the serial engine")
         return apply_dask(
             model,
             input_spec,

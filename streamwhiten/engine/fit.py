@@ -426,6 +426,13 @@ def _check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
     return None
 
 
+def check_prefix(source: Source, recorded: Fingerprint) -> None:
+    """Refuse ``source`` unless it still starts with the rows ``recorded`` (a whole fingerprint of its
+    first ``recorded.n_rows`` rows): the check an update makes, for other records of a source read before
+    (a publication's)."""
+    _check_prefix(source, recorded)
+
+
 def _changed(source: Source, n_rows: int, key: str) -> BadInputError:
     return BadInputError(
         f"{source.label}: its first {n_rows} rows differ from the recorded ones ({key} changed); "

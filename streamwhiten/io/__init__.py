@@ -12,7 +12,8 @@ The layout, as zarr 3 cuts it:
   every store module;
 - ``spec``: what the user names (paths, ``file.h5:/dataset``, globs, URLs) and which backend it is;
 - ``reading`` (:func:`open_source`, :func:`read_vector`, :func:`read_ids`), ``output`` (:func:`open_output`:
-  the one way to write), ``fingerprint``, ``lazy`` (rows for other processes), ``text`` (CSV/TSV columns);
+  the one way to write), ``window`` (:class:`RowRange`: rows ``[start, stop)`` of a source),
+  ``fingerprint``, ``lazy`` (rows for other processes), ``text`` (CSV/TSV columns);
 - ``remote``: object storage and other URLs through fsspec, every call with the storage options it is
   given (a :class:`~streamwhiten.options.ReadOptions`), never a process-wide setting.
 
@@ -59,6 +60,7 @@ from .spec import (
     same_file,
     split_spec,
 )
+from .window import RowRange, check_rows
 
 __all__ = [
     "BACKENDS",
@@ -71,12 +73,14 @@ __all__ = [
     "Backend",
     "LazyRows",
     "Output",
+    "RowRange",
     "Sampler",
     "Sink",
     "Source",
     "aligned_chunk_rows",
     "backend",
     "check_replaceable",
+    "check_rows",
     "count_blocks",
     "describe",
     "exists",

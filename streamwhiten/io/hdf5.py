@@ -306,6 +306,20 @@ def _attr(value: Any) -> Any:
     return value
 
 
+def _set_attrs(array: Any, attrs: Mapping[str, Any]) -> None:
+    """Set the final attributes in place (``modify``: an attribute that exists keeps its place in the
+    file) and leave one that already holds its value alone (rewriting a string attribute moves it in the
+    file's heap), so finishing an output again -- a run killed between finishing and renaming it,
+    resumed -- writes the same bytes as finishing it once."""
+    for key, value in attrs.items():
+        value = _attr(value)
+        if key in array.attrs:
+            old = array.attrs[key]
+            if np.asarray(old).dtype.kind == np.asarray(value).dtype.kind and np.array_equal(old, value):
+                continue
+        array.attrs.modify(key, value)
+
+
 def _close_quietly(handle: Any) -> None:
     try:
         if handle is not None and handle.id.valid:
@@ -401,6 +415,10 @@ class HDF5Sink(Sink):
             return HDF5CompressedSink.resume(path, dataset, partial, direct_io, rows_done)
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
+            if array.compression is not None or array.id.get_create_plist().get_nfilters():
+                # a compressed output whose spool was already copied in and removed (killed between its
+                # finish and its rename): its chunks cannot be written in place; it is written again
+                raise OSError(f"{partial}: a finished compressed output; not resumed")
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             offsets = _chunk_offsets(array, chunk_rows)
         return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
@@ -424,7 +442,7 @@ class HDF5Sink(Sink):
         self._close()
         handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)
         try:
-            handle[self.dataset].attrs.update({key: _attr(value) for key, value in attrs.items()})
+            _set_attrs(handle[self.dataset], attrs)
             handle.flush()
         except BaseException:
             _close_quietly(handle)
@@ -593,7 +611,7 @@ class HDF5CompressedSink(Sink):
             expected = -(-self.shape[0] // self.chunk_rows)
             if count != expected:
                 raise OSError(f"{spool}: holds {count} of the output's {expected} chunks")
-            array.attrs.update({key: _attr(value) for key, value in attrs.items()})
+            _set_attrs(array, attrs)
             handle.flush()
         except BaseException:
             _close_quietly(handle)

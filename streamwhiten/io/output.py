@@ -252,6 +252,19 @@ class Output:
             return remote.exists(self.progress_path, read=self.read)
         return os.path.exists(self.progress_path)
 
+    def tidy(self) -> None:
+        """Remove what the run that completed this output left behind when it was killed right after its
+        final rename: its progress record (when no partial output is being written) and its lock file
+        (taken and released here: a run writing it now holds it, and this waits for none)."""
+        if self.url:
+            if not remote.exists(self.partial, read=self.read) and remote.exists(self.progress_path, read=self.read):
+                remote.remove(self.progress_path, read=self.read)
+            return
+        with self.lock():
+            if not os.path.lexists(self.partial):
+                remove(self.progress_path)
+                remove_stale_temps(self.progress_path)
+
     def check_compressor(self, compressor: str) -> None:
         """Refuse a ``compressor`` that is not one of ``codecs.COMPRESSORS``, or one for an output whose
         chunks are not compressed (:attr:`compressible`)."""

@@ -9,6 +9,8 @@
     [apply]                           # optional
     output = "reduced/{stem}.zarr"    # {stem}: the input's name; {name}: the job's
                                       # + the [apply] parameters (normalize, dtype, compressor, ...)
+    [publish]                         # optional (needs [apply]): versioned outputs, appended to nightly
+    max_staleness = 0.5               # + keep_versions (see job.publish and docs/nightly.md)
     [storage]                         # optional: keyword arguments of the file systems of URLs
 
 The keys each table takes beside its own (``paths``, ``dataset``, ``path``, ``output``) are those
@@ -21,18 +23,19 @@ from __future__ import annotations
 import os
 import string
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from .. import params as _params
 from ..errors import BadInputError, StoreIOError
-from ..options import ApplyOptions, EngineOptions, FitOptions, ReadOptions, Setting, StorageOptions
+from ..options import ApplyOptions, EngineOptions, FitOptions, PublishOptions, ReadOptions, Setting, StorageOptions
 
 #: Keys of each table that are not parameters, with the type their value must have.
 OWN_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "": {"name": str, "input": dict, "model": dict, "apply": dict, "storage": dict},
+    "": {"name": str, "input": dict, "model": dict, "apply": dict, "publish": dict, "storage": dict},
     "input": {"paths": (list, str), "dataset": str},
     "model": {"path": str},
     "apply": {"output": str},
+    "publish": {},
 }
 
 
@@ -48,7 +51,9 @@ class JobFile:
 
     ``read`` is how the inputs are read by the fit (``[input]``, ``[storage]`` and the ``[model]``
     block size); ``apply_read`` the same with the ``[apply]`` block size. ``apply`` is None without an
-    ``[apply]`` table; ``output`` is its output template.
+    ``[apply]`` table; ``output`` is its output template. ``publish`` is None without a ``[publish]``
+    table: then every output is rewritten whenever the model changes; with one, the outputs are published
+    in versions (``job.publish``).
     """
 
     path: str
@@ -63,6 +68,7 @@ class JobFile:
     apply_engine: EngineOptions = field(default_factory=EngineOptions)
     apply_read: ReadOptions = field(default_factory=ReadOptions)
     output: str | None = None
+    publish: PublishOptions | None = None
 
     @property
     def lock_path(self) -> str:
@@ -185,13 +191,18 @@ def read_job_file(path: str, storage_options=None) -> JobFile:
         read,
     )
     table = data.get("apply")
-    return job if table is None else _with_apply(job, table, inputs_table, absolute)
+    job = job if table is None else _with_apply(job, table, inputs_table, absolute)
+    if "publish" in data:
+        if job.apply is None:
+            raise BadInputError(
+                f"{path}: [publish] publishes the outputs of [apply]: add an [apply] table with an output template"
+            )
+        job = replace(job, publish=PublishOptions(**_given(data["publish"], PublishOptions)))
+    return job
 
 
 def _with_apply(job: JobFile, table: dict, inputs_table: dict, absolute) -> JobFile:
     """``job`` with its ``[apply]`` table: the output template checked, the options made."""
-    from dataclasses import replace
-
     if "output" not in table:
         raise BadInputError(f"{job.path}: [apply] output is required, e.g. 'reduced/{{stem}}.zarr'")
     check_output_template(job.path, table["output"])

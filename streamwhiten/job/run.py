@@ -1,5 +1,9 @@
 """``streamwhiten run job.toml``: fit or update, finalize, apply; each step skipped when up to date.
 
+This is the run of a job without a ``[publish]`` table: every output is rewritten whenever the model
+changes. A job with one publishes its outputs in versions and appends each night's rows
+(:mod:`streamwhiten.job.publish`).
+
 A run that was killed is finished first (from its checkpoint: it is self-contained, so it is finished as
 planned, whatever inputs appeared since; those are picked up by the update that follows). Two runs of
 jobs keeping the same model never overlap (:func:`job_lock`). Progress is reported through the
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import replace
 
 from .._durable import exclusive_lock
@@ -31,30 +36,66 @@ def job_lock(path: str):
     )
 
 
-def run_job_file(path: str, progress=None, should_stop=None, restart: bool = False, storage_options=None) -> dict:
+def run_job_file(
+    path: str, progress=None, should_stop=None, restart: bool = False, storage_options=None, republish: bool = False
+) -> dict:
     """Run the job file ``path`` (see :func:`run_job`); ``storage_options`` (the command line's) are used
     over its ``[storage]`` table."""
-    return run_job(read_job_file(path, storage_options), progress, should_stop, restart)
+    return run_job(read_job_file(path, storage_options), progress, should_stop, restart, republish)
 
 
-def run_job(job: JobFile, progress=None, should_stop=None, restart: bool = False) -> dict:
+def run_job(job: JobFile, progress=None, should_stop=None, restart: bool = False, republish: bool = False) -> dict:
     """Run a job: fit or update, finalize, apply; each step skipped when already up to date.
 
-    A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead.
-    Returns a summary with ``steps`` (what ran). Raises :class:`NothingToDoError` when nothing ran.
+    A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead. A
+    job with a ``[publish]`` table publishes its outputs in versions instead of rewriting them
+    (:func:`streamwhiten.job.publish.run_published`; ``republish`` publishes a new version whatever the
+    staleness). Returns a summary with ``steps`` (what ran), ``rows_added`` (to the statistics),
+    ``outputs``, ``bytes_written`` (by this run, outputs only) and ``seconds``. Raises
+    :class:`NothingToDoError` when nothing ran (its ``summary`` is the report).
     """
+    if job.publish is not None:
+        from .publish import run_published
+
+        return run_published(job, progress, should_stop, restart, republish)
+    if republish:
+        raise BadInputError(f"{job.path}: --republish needs a [publish] table in the job file (versioned outputs)")
+    began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
     steps: list[str] = []
+    written: list[str] = []
     with job_lock(job.lock_path):
         log.info("job %s: lock %s taken", job.name, job.lock_path)
         inputs, outputs = _inputs_and_outputs(job)
         _check_paths(job, inputs, outputs)
+        before = model_rows(job.model_path)
         model = _fit_step(job, inputs, steps, progress, should_stop, restart)
         for input_spec, output in outputs.items():
-            _apply_step(job, model, input_spec, output, steps, progress, should_stop)
+            if _apply_step(job, model, input_spec, output, steps, progress, should_stop):
+                written.append(output)
+    from .publish import stored_bytes
+
+    summary = {
+        "job": job.name,
+        "model": job.model_path,
+        "steps": steps,
+        "rows_added": int(model.n_rows - before),
+        "outputs": list(outputs.values()),
+        "bytes_written": sum(stored_bytes(output, job.apply_read) for output in written),
+        "seconds": time.perf_counter() - began,
+    }
     if not steps:
-        raise NothingToDoError(f"nothing to do: job {job.name} is up to date")
-    return {"job": job.name, "model": job.model_path, "steps": steps}
+        error = NothingToDoError(f"nothing to do: job {job.name} is up to date")
+        error.summary = summary  # type: ignore[attr-defined]
+        raise error
+    return summary
+
+
+def model_rows(model_path: str) -> int:
+    """The rows of the statistics in ``model_path`` now (0 when there is none yet)."""
+    from ..core.model import load_model
+
+    return load_model(model_path).n_rows if os.path.exists(model_path) else 0
 
 
 def _inputs_and_outputs(job: JobFile) -> tuple[list, dict]:
@@ -190,11 +231,11 @@ def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
     return True
 
 
-def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, progress, should_stop) -> None:
-    """Apply ``model`` to one input, unless its output is already what this would write."""
+def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, progress, should_stop) -> bool:
+    """Apply ``model`` to one input, unless its output is already what this would write; True if it wrote."""
     from ..core.model import map_checksum
     from ..engine.apply import output_is_current, output_quantization, recorded_options
-    from ..io import fingerprint, open_source, remote, split_spec
+    from ..io import fingerprint, open_output, open_source, remote, split_spec
     from ..pipeline import apply, output_dtype
 
     options, read = job.apply, job.apply_read
@@ -216,7 +257,8 @@ def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, 
     )
     if current:
         log.info("job %s: %s is up to date", job.name, output)
-        return
+        open_output(output, read).tidy()  # a run killed right after writing it may have left its records
+        return False
     if not remote.is_url(output):
         os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
     outcome = apply(
@@ -232,6 +274,7 @@ def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, 
     steps.append(f"apply {label} -> {output}")
     resumed = f", resumed at row {outcome.resumed_at_row:,}" if outcome.resumed_at_row else ""
     log.info("job %s: wrote %s (%s rows%s)", job.name, outcome.output, f"{outcome.n_rows:,}", resumed)
+    return True
 
 
 __all__ = ["job_lock", "run_job", "run_job_file"]

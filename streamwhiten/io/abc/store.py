@@ -145,6 +145,9 @@ class Source(ABC):
     #: how this source's compressed chunks are decoded here, in the caller's thread (None: its library
     #: decodes them, or they are not compressed); :meth:`fetch` reads their stored bytes ahead
     decoder: Decoder | None = None
+    #: the row of the store that is this source's row 0 (a range of a store's rows, ``io.window``), for
+    #: messages naming a row
+    first_row: int = 0
 
     def __init__(
         self,

@@ -1,0 +1,262 @@
+"""What a night of a versioned job costs (issue #25): appending the night's rows vs rewriting everything.
+
+A simulated job: night 0 writes N0 rows of ``--dim`` columns (a fixed anisotropic Gaussian) and every
+later night adds 1 % or 2 % of the corpus (alternately): appended to the latest shard, or, every fifth
+night, as a new shard. The rows of night t come from a distribution whose mean has moved ``t x
+--mean-drift`` (in units of the top standard deviation, along one direction) and whose mixing matrix is
+``M0 (I + t x --cov-drift x R)`` (R random symmetric, spectral norm 1), so the published map goes stale
+and a republish is due once or twice in 30 nights. Two jobs read the same shards each night:
+
+    versioned   a job with a [publish] table (max_staleness and keep_versions at their defaults): each
+                night appends the new rows as new output parts with the published map, or republishes
+    rewrite     the same job without [publish] (the behaviour before #25): every night the model
+                changes, so every output is rewritten
+
+Per night: the versioned job's action, staleness (of the published map against the statistics after
+the night's update), wall time and bytes written; the rewrite job's wall time and bytes written (its
+first ``--rewrite-nights`` nights: it costs O(corpus) a night); and, as the reference measured in the same
+run on the same rows, ``pipeline.apply`` of the night's new rows alone (``rows=(start, stop)``) with the
+published map. Target: an appending night (fit update of the new rows, staleness, the new part, the
+manifest switch) costs at most 1.5x the reference, at both corpus sizes (4x apart): O(new rows).
+
+    python benchmarks/nightly_cost.py                         # N0 = 500k and 2M, 30 nights
+    python benchmarks/nightly_cost.py --quick                 # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+import time
+
+import h5py
+import numpy as np
+from _common import print_table, save_results
+
+TARGET = 1.5
+
+
+class Corpus:
+    """The simulated corpus: its shards, and the generator of each night's rows."""
+
+    def __init__(self, directory: str, dim: int, mean_drift: float, cov_drift: float, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        basis, _ = np.linalg.qr(rng.standard_normal((dim, dim)))
+        self.mixing = (basis * (1.0 / np.sqrt(1.0 + np.arange(dim)))).T  # rows are z @ mixing
+        direction = rng.standard_normal(dim)
+        self.direction = direction / np.linalg.norm(direction)
+        turn = rng.standard_normal((dim, dim))
+        turn = (turn + turn.T) / 2
+        self.turn = turn / np.linalg.norm(turn, 2)
+        self.dim, self.mean_drift, self.cov_drift = dim, mean_drift, cov_drift
+        self.directory = directory
+        self.shards: list[str] = []
+        os.makedirs(directory, exist_ok=True)
+
+    def rows(self, n: int, night: int, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        mixing = self.mixing @ (np.eye(self.dim) + night * self.cov_drift * self.turn)
+        mean = 0.5 + night * self.mean_drift * self.direction
+        out = np.empty((n, self.dim), dtype=np.float32)
+        for start in range(0, n, 65536):
+            stop = min(n, start + 65536)
+            z = rng.standard_normal((stop - start, self.dim), dtype=np.float32)
+            out[start:stop] = mean + z @ mixing.astype(np.float32)
+        return out
+
+    def add(self, n: int, night: int, new_shard: bool) -> tuple[str, int, int]:
+        """Add ``n`` rows of night ``night``; returns (the shard's spec, first new row, stop)."""
+        if new_shard or not self.shards:
+            self.shards.append(os.path.join(self.directory, f"day-{night:03d}.h5"))
+        path = self.shards[-1]
+        with h5py.File(path, "a") as handle:
+            if "emb" not in handle:
+                handle.create_dataset(
+                    "emb", shape=(0, self.dim), dtype="float32", chunks=(4096, self.dim), maxshape=(None, self.dim)
+                )
+            dataset = handle["emb"]
+            start = dataset.shape[0]
+            dataset.resize((start + n, self.dim))
+            for offset in range(0, n, 262144):
+                block = self.rows(min(262144, n - offset), night, seed=1000 * night + offset // 262144)
+                dataset[start + offset : start + offset + len(block)] = block
+        return f"{path}:/emb", start, start + n
+
+
+def write_job(directory: str, shards: str, publish: bool) -> str:
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, "job.toml")
+    with open(path, "w") as handle:
+        handle.write(
+            f'name = "nightly"\n[input]\npaths = ["{shards}/day-*.h5"]\n[model]\npath = "models/m.npz"\n'
+            '[apply]\noutput = "out/{stem}.h5"\n' + ("[publish]\n" if publish else "")
+        )
+    return path
+
+
+def run_night(job: str, **options) -> dict:
+    from streamwhiten.errors import NothingToDoError
+    from streamwhiten.job import run_job_file
+
+    began = time.perf_counter()
+    try:
+        report = run_job_file(job, **options)
+    except NothingToDoError as nothing:
+        report = nothing.summary  # type: ignore[attr-defined]
+    report["wall_s"] = time.perf_counter() - began
+    return report
+
+
+def reference_apply(model_file: str, spec: str, rows: tuple, directory: str) -> float:
+    """Seconds of ``pipeline.apply`` of input rows ``rows`` alone with ``model_file``'s map."""
+    from streamwhiten.pipeline import apply
+
+    target = os.path.join(directory, "reference.h5")
+    began = time.perf_counter()
+    apply(model_file, spec, target, rows=rows)
+    seconds = time.perf_counter() - began
+    os.remove(target)
+    return seconds
+
+
+def simulate(n0: int, args, directory: str) -> dict:
+    from streamwhiten.job import published
+
+    corpus = Corpus(os.path.join(directory, "shards"), args.dim, args.mean_drift, args.cov_drift)
+    versioned = write_job(os.path.join(directory, "versioned"), corpus.directory, publish=True)
+    rewrite = write_job(os.path.join(directory, "rewrite"), corpus.directory, publish=False)
+    model = os.path.join(directory, "versioned", "models", "m.npz")
+    began = time.perf_counter()
+    corpus.add(n0, 0, new_shard=True)
+    generated = time.perf_counter() - began
+    nights = []
+    total = n0
+    for night in range(args.nights + 1):
+        if night:
+            n_new = int(total * (0.01 if night % 2 else 0.02))
+            spec, start, stop = corpus.add(n_new, night, new_shard=night % 5 == 0)
+            total += n_new
+        ours = run_night(versioned)
+        row = {
+            "night": night,
+            "corpus_rows": total,
+            "new_rows": ours["rows_added"],
+            "action": ours["action"],
+            "staleness": None if ours["staleness"] is None else ours["staleness"]["total"],
+            "version": ours["published_version"],
+            "seconds": ours["wall_s"],
+            "bytes_written": ours["bytes_written"],
+        }
+        if night and ours["action"] == "append":
+            row["apply_new_rows_s"] = reference_apply(published(model).model_file, spec, (start, stop), directory)
+            row["ratio"] = row["seconds"] / row["apply_new_rows_s"]
+        if night <= args.rewrite_nights:
+            theirs = run_night(rewrite)
+            row["rewrite_seconds"], row["rewrite_bytes_written"] = theirs["wall_s"], theirs["bytes_written"]
+        nights.append(row)
+        print(
+            f"  N0={n0:,} night {night:2d}: {row['action']:9s} staleness "
+            f"{'-' if row['staleness'] is None else format(row['staleness'], '.3f')}  {row['seconds']:.2f} s"
+            + (f"  (apply alone {row['apply_new_rows_s']:.2f} s, x{row['ratio']:.2f})" if "ratio" in row else "")
+            + (f"  rewrite {row['rewrite_seconds']:.2f} s" if "rewrite_seconds" in row else ""),
+            flush=True,
+        )
+    appends = [row for row in nights if "ratio" in row]
+    rewrites = [row for row in nights if "rewrite_seconds" in row and row["night"]]
+    ratios = [row["ratio"] for row in appends]
+    return {
+        "n0": n0,
+        "final_rows": total,
+        "generate_n0_s": generated,
+        "nights": nights,
+        "summary": {
+            "n0": n0,
+            "final_rows": total,
+            "appends": len(appends),
+            "republishes": sum(row["action"] == "republish" for row in nights),
+            "append_s_median": float(np.median([row["seconds"] for row in appends])) if appends else None,
+            "apply_new_s_median": float(np.median([row["apply_new_rows_s"] for row in appends])) if appends else None,
+            "ratio_median": float(np.median(ratios)) if ratios else None,
+            "ratio_max": max(ratios) if ratios else None,
+            "append_mb_median": float(np.median([row["bytes_written"] for row in appends])) / 1e6 if appends else None,
+            "rewrite_s_median": float(np.median([row["rewrite_seconds"] for row in rewrites])) if rewrites else None,
+            "rewrite_mb_median": (
+                float(np.median([row["rewrite_bytes_written"] for row in rewrites])) / 1e6 if rewrites else None
+            ),
+            "meets_1.5": bool(ratios) and float(np.median(ratios)) <= TARGET,
+        },
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="500000,2000000", help="N0 of each simulation (comma-separated)")
+    parser.add_argument("--dim", type=int, default=384)
+    parser.add_argument("--nights", type=int, default=30)
+    parser.add_argument(
+        "--rewrite-nights", type=int, default=10, help="nights the rewrite-all job runs (each O(corpus))"
+    )
+    parser.add_argument("--mean-drift", type=float, default=0.01, help="mean shift a night (top std units)")
+    parser.add_argument("--cov-drift", type=float, default=0.01, help="mixing change a night (spectral norm)")
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--results", default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.dim, args.nights, args.rewrite_nights = "3000,12000", 16, 8, 8
+        args.mean_drift, args.cov_drift = 0.3, 0.3
+    sizes = [int(size) for size in args.sizes.split(",")]
+    base = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-nightly-")
+    runs = []
+    try:
+        for n0 in sizes:
+            directory = os.path.join(base, f"n0-{n0}")
+            shutil.rmtree(directory, ignore_errors=True)
+            runs.append(simulate(n0, args, directory))
+            shutil.rmtree(directory, ignore_errors=True)  # the disk is shared
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(base, ignore_errors=True)
+    for run in runs:
+        print_table(
+            f"N0 = {run['n0']:,} x {args.dim}: a night of the versioned job vs apply of its new rows alone "
+            f"and vs rewriting everything",
+            run["nights"],
+            [
+                "night",
+                "corpus_rows",
+                "new_rows",
+                "action",
+                "staleness",
+                "version",
+                "seconds",
+                "bytes_written",
+                "apply_new_rows_s",
+                "ratio",
+                "rewrite_seconds",
+                "rewrite_bytes_written",
+            ],
+        )
+    summaries = [run["summary"] for run in runs]
+    print_table(
+        f"appending night / apply of the new rows alone (target <= {TARGET}x at every size)",
+        summaries,
+        list(summaries[0]),
+    )
+    payload = {
+        "dim": args.dim,
+        "nights": args.nights,
+        "rewrite_nights": args.rewrite_nights,
+        "mean_drift": args.mean_drift,
+        "cov_drift": args.cov_drift,
+        "target": TARGET,
+        "summary": summaries,
+        "runs": runs,
+    }
+    save_results("nightly_cost", payload, args.results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,478 @@
+"""``run`` of a job with a ``[publish]`` table: versioned outputs that cost what the night added.
+
+The statistics (``M.npz``) grow every night, as in every job. The outputs are *published* in versions
+(``job.publication``): version N was written with the map of ``M.vN.npz`` and stays fixed while it is
+republished. Each run:
+
+1. takes the job's lock, checks the manifest (a damaged one, a missing model file or an output part
+   deleted by hand stop the run before anything is written), and deletes versions retired by the last
+   publication if a run was cut short before it did;
+2. finishes a pending checkpoint and fits or updates the statistics (``rows_added``);
+3. first run (no manifest): publishes version 1 (action ``fit``);
+4. otherwise measures the staleness of the published map against the statistics (``core.staleness``). If it
+   is above ``max_staleness``, or ``run --republish``, or the job's setting (the whitening's parameters,
+   the ``[apply]`` options that change what is written, the output template) is not the published one,
+   it publishes version N+1 (action ``republish``); else it appends the rows each input gained since (and
+   new inputs) as new output parts of version N (action ``append``), or has nothing to do (exit 3).
+
+A publication writes every input's part 0 (``out/day-1.vN.zarr``, input rows ``[0, stop)``) and
+``M.vN.npz`` *beside* the current version, then switches the manifest by one atomic rename, then deletes
+the versions beyond ``keep_versions``. An append writes the new rows of an input (``[old stop, new stop)``) as
+its next part (``out/day-1.vN.part1.zarr``, ...), then switches the manifest. Old rows are never rewritten
+while a version stands. Every part is an ordinary apply of a range of input rows (temp, complete, rename,
+resumable), so a run killed at any point and run again ends with byte-identical outputs: a part that is
+already complete is skipped, the next version number is the manifest's + 1, and a part or model file left
+by a run that was cut short is resumed or replaced.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+
+from ..errors import BadInputError, InterruptedRunError, NothingToDoError, StoreIOError
+from ..options import ReadOptions
+from ..records import Manifest, Part, PublishedInput, Version
+from .file import JobFile
+from .publication import (
+    check_model_file,
+    check_outputs,
+    manifest_path,
+    read_manifest,
+    version_model_path,
+    versioned_output,
+    write_manifest,
+)
+
+log = logging.getLogger("streamwhiten")
+
+
+@dataclass
+class _Night:
+    """What one run did, for its report."""
+
+    steps: list
+    parts: list  # (spec, rows) of the parts written by this run
+    bytes_written: int = 0
+
+
+def run_published(
+    job: JobFile, progress=None, should_stop=None, restart: bool = False, republish: bool = False
+) -> dict:
+    """Run ``job`` (which has a ``[publish]`` table): update the statistics, then publish, append or do
+    nothing (see the module docstring). Returns the run's report; raises :class:`NothingToDoError` (with
+    the report as its ``summary``) when there was nothing to do."""
+    from .run import _fit_step, _inputs_and_outputs, job_lock, model_rows
+
+    assert job.publish is not None and job.apply is not None and job.output is not None
+    began = time.perf_counter()
+    os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
+    night = _Night([], [])
+    with job_lock(job.lock_path):
+        log.info("job %s: lock %s taken", job.name, job.lock_path)
+        manifest = read_manifest(job.model_path)
+        published = None
+        if manifest is not None:
+            published = check_model_file(job.model_path, manifest)
+            if not republish:
+                check_outputs(job.model_path, manifest, job.apply_read)
+            _delete_retired(manifest.retired, job)
+        inputs, outputs = _inputs_and_outputs(job)
+        _check_paths(job, inputs, outputs, manifest)
+        before = model_rows(job.model_path)
+        model = _fit_step(job, inputs, night.steps, progress, should_stop, restart)
+        rows_added = model.n_rows - before
+        staleness, reason = None, None
+        if manifest is None:
+            action, reason = "fit", "first publication"
+        else:
+            staleness = _staleness(published, model)
+            reason = _why_republish(job, manifest, model, staleness, republish)
+            action = "republish" if reason else "append"
+        if action in ("fit", "republish"):
+            manifest = _publish(job, model, inputs, outputs, manifest, night, progress, should_stop)
+            log.info("job %s: published version %s (%s)", job.name, manifest.version, reason)
+        else:
+            assert manifest is not None
+            manifest = _append(job, model, published, inputs, outputs, manifest, night, progress, should_stop)
+            _abandon(job, manifest.version + 1, outputs)
+            if not night.parts and not night.steps:
+                action = "nothing"
+    report = {
+        "job": job.name,
+        "model": job.model_path,
+        "steps": night.steps,
+        "action": action,
+        "reason": reason,
+        "published_version": manifest.version,
+        "staleness": None if staleness is None else staleness.to_dict(),
+        "max_staleness": job.publish.max_staleness,
+        "manifest": manifest_path(job.model_path),
+        "outputs": list(manifest.outputs),
+        "rows_added": int(rows_added),
+        "rows_published": sum(item.stop for item in manifest.inputs),
+        "bytes_written": int(night.bytes_written),
+        "seconds": time.perf_counter() - began,
+    }
+    if action == "nothing":
+        error = NothingToDoError(f"nothing to do: job {job.name} is up to date (published version {manifest.version})")
+        error.summary = report  # type: ignore[attr-defined]
+        raise error
+    return report
+
+
+# ------------------------------------------------------------------------------------------ decisions
+
+
+def _staleness(published, model):
+    from ..core.staleness import staleness
+
+    return staleness(published, model.state)
+
+
+def setting_of(job: JobFile, model) -> dict:
+    """What the outputs of ``job`` are written with, as a manifest records it: the whitening's parameters
+    (as given: ``variance``, not the k it chose), the ``[apply]`` options that change what is written,
+    and the output template. Another setting publishes a new version."""
+    options = job.apply
+    assert options is not None
+    return {
+        "beta": float(model.beta),
+        "gamma": float(model.gamma),
+        "eps": float(model.eps),
+        "variance": None if model.variance is None else float(model.variance),
+        "n_components": None if model.variance is not None else int(model.n_components),
+        "normalize": bool(options.normalize),
+        "dtype": str(options.dtype),
+        "zarr_format": int(options.zarr_format),
+        "compressor": str(options.compressor),
+        "keep_columns": list(options.keep_columns),
+        "skip_nonfinite": bool(options.skip_nonfinite),
+        "fill_missing_chunks": bool(job.apply_read.fill_missing_chunks),
+        "output": job.output,
+    }
+
+
+def _why_republish(job: JobFile, manifest: Manifest, model, staleness, requested: bool) -> str | None:
+    """Why a new version is due (None: it is not)."""
+    assert job.publish is not None
+    if requested:
+        return "run --republish"
+    wanted = setting_of(job, model)
+    changed = sorted(key for key in set(manifest.setting) | set(wanted) if manifest.setting.get(key) != wanted.get(key))
+    if changed:
+        return f"the job's setting changed ({', '.join(changed)})"
+    if staleness.exceeds(job.publish.max_staleness):
+        return f"staleness {staleness.total:.3g} > max_staleness {job.publish.max_staleness:g}"
+    return None
+
+
+# ------------------------------------------------------------------------------------------ the inputs
+
+
+@dataclass(frozen=True)
+class _Input:
+    """An input of the job now: its spec, output template result, the rows of it the statistics hold,
+    and the fingerprint of those rows."""
+
+    spec: str
+    output: str
+    stop: int
+    source: object  # Fingerprint of rows [0, stop)
+
+
+def _current_inputs(job: JobFile, model, inputs: list, outputs: dict, manifest: Manifest | None = None) -> list:
+    """Each input with the rows the statistics hold of it (those are what a version publishes: rows
+    that arrived after the fit read the input wait for the next night). An input ``manifest`` lists must
+    still start with the rows it published (an input rewritten since is refused)."""
+    from ..engine.fit import check_prefix
+    from ..io import fingerprint, identity_of, open_source
+
+    found = []
+    for spec in inputs:
+        with open_source(spec, read=job.read, min_rows=0) as source:
+            recorded = next(
+                (item for item in model.sources if identity_of(item.path, item.dataset or "") == source.identity),
+                None,
+            )
+            stop = int(recorded.n_rows) if recorded is not None and recorded.n_rows else 0
+            entry = manifest.input(spec) if manifest is not None else None
+            if entry is not None:
+                check_prefix(source, entry.source)
+                if stop < entry.stop:
+                    raise BadInputError(
+                        f"{source.label}: the statistics hold {stop:,} of its rows but {entry.stop:,} were "
+                        "published; run with --republish to publish a new version from them"
+                    )
+            if stop > source.n_rows:
+                raise BadInputError(
+                    f"{source.label}: has {source.n_rows} rows but the statistics hold {stop} of it; the input "
+                    "was changed, not appended to"
+                )
+            found.append(_Input(spec, outputs[spec], stop, fingerprint(source, stop) if stop else None))
+    return found
+
+
+def _check_paths(job: JobFile, inputs: list, outputs: dict, manifest: Manifest | None) -> None:
+    """Refuse a model file, manifest, checkpoint, lock or output part over an input or over each other,
+    before any work (the parts of the next version and the next parts of this one are checked too)."""
+    from ..io import refuse_input_overlap, refuse_shared_outputs
+
+    version = 1 if manifest is None else manifest.version
+    written = {
+        job.model_path: "model file",
+        job.checkpoint: "checkpoint",
+        job.lock_path: "lock file",
+        manifest_path(job.model_path): "manifest",
+        version_model_path(job.model_path, version): "published model file",
+        version_model_path(job.model_path, version + 1): "published model file",
+    }
+    for spec, output in outputs.items():
+        item = manifest.input(spec) if manifest is not None else None
+        written[versioned_output(output, version + 1, 0)] = "[apply] output"
+        written[versioned_output(output, version, len(item.parts) if item else 0)] = "[apply] output"
+    refuse_input_overlap(written, [job.path, *inputs])
+    refuse_shared_outputs(*((path, what) for path, what in written.items()))
+
+
+# ------------------------------------------------------------------------------------------ the parts
+
+
+def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _Night, progress, should_stop):
+    """Write the transform of input rows ``rows`` of ``spec`` to the output part ``part``, unless it is
+    already there (complete, same map, input rows and options): then it is kept as it is."""
+    from ..engine.apply import is_up_to_date
+    from ..io import open_output, remote, split_spec
+    from ..pipeline import apply
+
+    options, read = job.apply, job.apply_read
+    assert options is not None
+    if is_up_to_date(model, spec, part, options, read, rows):
+        log.info("job %s: %s is up to date", job.name, part)
+        open_output(part, read).tidy()  # a run killed right after writing it may have left its records
+        return
+    if should_stop is not None and should_stop():
+        raise InterruptedRunError(f"interrupted before writing {part}; run the same command again to finish")
+    if not remote.is_url(part):
+        os.makedirs(os.path.dirname(os.path.abspath(split_spec(part)[0])), exist_ok=True)
+    outcome = apply(
+        model,
+        spec,
+        part,
+        options=options,
+        read=read,
+        engine=job.apply_engine,
+        rows=rows,
+        progress=progress,
+        should_stop=should_stop,
+    )
+    night.parts.append((part, rows))
+    night.bytes_written += stored_bytes(part, read)
+    night.steps.append(f"apply {outcome.input} rows {rows[0]}..{rows[1] - 1} -> {part}")
+    resumed = f", resumed at row {outcome.resumed_at_row:,}" if outcome.resumed_at_row else ""
+    log.info("job %s: wrote %s (%s rows%s)", job.name, part, f"{outcome.n_rows:,}", resumed)
+
+
+def stored_bytes(spec: str, read: ReadOptions | None = None) -> int:
+    """The bytes an output takes in storage (a file, or every file of a directory or object prefix)."""
+    from ..io import remote, split_spec
+
+    path = split_spec(spec)[0]
+    if remote.is_url(path):
+        try:
+            found = remote.find(path, detail=True, read=read if read is not None else ReadOptions())
+        except Exception:  # noqa: BLE001 - a report figure, never a reason to fail
+            return 0
+        return int(sum(int(item.get("size") or 0) for item in found.values()))
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for directory, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(directory, name))
+            except OSError:
+                pass
+    return total
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+# ------------------------------------------------------------------------------------------ publishing
+
+
+def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, progress, should_stop) -> Manifest:
+    """Publish version N+1 (1 without a manifest): every input's part 0 and its model file, written
+    beside the current version; then the manifest switch; then the versions beyond ``keep_versions``
+    are deleted. Returns the new manifest."""
+    from ..core.model import file_checksum, load_model, map_checksum, save_model
+
+    assert job.publish is not None
+    version = 1 if manifest is None else manifest.version + 1
+    published = []
+    for item in _current_inputs(job, model, inputs, outputs):
+        if item.stop == 0:
+            continue  # nothing of it in the statistics yet
+        part = versioned_output(item.output, version, 0)
+        _write_part(job, model, item.spec, part, (0, item.stop), night, progress, should_stop)
+        published.append(PublishedInput(item.spec, item.output, item.source, (Part(part, 0, item.stop),)))
+    if should_stop is not None and should_stop():
+        raise InterruptedRunError(
+            f"interrupted before publishing version {version}; run the same command again to finish"
+        )
+    model_file = version_model_path(job.model_path, version)
+    if not (os.path.exists(model_file) and file_checksum(load_model(model_file)) == file_checksum(model)):
+        save_model(model, model_file)  # a leftover of a run cut short, of other statistics, is replaced
+    kept, retired = (), ()
+    if manifest is not None:
+        older = (manifest.as_version, *manifest.kept)
+        kept = older[: job.publish.keep_versions - 1]
+        retired = (*older[job.publish.keep_versions - 1 :], *_still_there(manifest.retired, job))
+    new = Manifest(
+        version=version,
+        model_file=os.path.basename(model_file),
+        file_checksum=file_checksum(model),
+        model_checksum=map_checksum(model),
+        published_at=_now(),
+        n_rows=model.n_rows,
+        setting=setting_of(job, model),
+        inputs=tuple(published),
+        kept=kept,
+        retired=retired,
+    )
+    write_manifest(job.model_path, new)
+    night.steps.append(f"publish version {version}")
+    _delete_retired(new.retired, job)
+    return new
+
+
+def _append(
+    job: JobFile, model, published_model, inputs: list, outputs: dict, manifest: Manifest, night, progress, should_stop
+):
+    """Append the rows each input gained since it was published (and new inputs) as new parts of the
+    current version, written with its map (``published_model``); then switch the manifest. Returns it
+    (unchanged when there was nothing new)."""
+    updated = {item.spec: item for item in manifest.inputs}
+    order = [item.spec for item in manifest.inputs]
+    for item in _current_inputs(job, model, inputs, outputs, manifest):
+        entry = updated.get(item.spec)
+        start = entry.stop if entry is not None else 0
+        if item.stop <= start:
+            continue
+        index = len(entry.parts) if entry is not None else 0
+        part = versioned_output(item.output, manifest.version, index)
+        _write_part(job, published_model, item.spec, part, (start, item.stop), night, progress, should_stop)
+        parts = (*(entry.parts if entry is not None else ()), Part(part, start, item.stop))
+        updated[item.spec] = PublishedInput(item.spec, item.output, item.source, parts)
+        if entry is None:
+            order.append(item.spec)
+    if all(updated[spec] is manifest.input(spec) for spec in order):
+        # nothing new: the manifest stays as it is, even if it still lists retired versions deleted since
+        # (a run cut short while deleting them ends as an undisturbed one); the next switch drops them
+        return manifest
+    retired = _still_there(manifest.retired, job)
+    if should_stop is not None and should_stop():
+        raise InterruptedRunError("interrupted before the manifest was updated; run the same command again to finish")
+    new = replace(manifest, inputs=tuple(updated[spec] for spec in order), updated_at=_now(), retired=retired)
+    write_manifest(job.model_path, new)
+    night.steps.append(f"append to version {manifest.version}")
+    return new
+
+
+# ------------------------------------------------------------------------------------------ deleting
+
+
+def _files_of(version: Version, job: JobFile) -> list:
+    """The files of a published version: its outputs and its model file."""
+    directory = os.path.dirname(os.path.abspath(job.model_path))
+    return [*version.outputs, os.path.join(directory, version.model_file)]
+
+
+def _still_there(retired, job: JobFile) -> tuple:
+    """The retired versions some of whose files are still on disk (their deletion was cut short)."""
+    from ..io import exists
+
+    return tuple(
+        version for version in retired if any(exists(path, job.apply_read) for path in _files_of(version, job))
+    )
+
+
+def _remove(spec: str, read: ReadOptions, what: str) -> None:
+    """Remove an output of ours (or a published model file); anything else there is left alone."""
+    from .._npz import foreign_npz
+    from ..core.model import FORMAT_NAME
+    from ..io import open_output, remote, split_spec
+    from ..io.abc.store import remove
+
+    path = split_spec(spec)[0]
+    if what == "model file":
+        if os.path.lexists(path) and foreign_npz(path, FORMAT_NAME) is None:
+            os.remove(path)
+        return
+    output = open_output(spec, read)
+    if not output.exists():
+        return
+    foreign = output.foreign()
+    if foreign is not None:
+        log.warning("%s: not deleted: %s", remote.redact(path), foreign)
+        return
+    if remote.is_url(path):
+        remote.remove(path, recursive=True, read=read)
+    else:
+        remove(path)
+
+
+def _delete_retired(retired, job: JobFile) -> None:
+    """Delete the files of retired versions (after the manifest that retired them is in place); a failure
+    is logged and tried again by the next run."""
+    for version in retired:
+        try:
+            for spec in version.outputs:
+                _remove(spec, job.apply_read, "output")
+            directory = os.path.dirname(os.path.abspath(job.model_path))
+            _remove(os.path.join(directory, version.model_file), job.apply_read, "model file")
+        except (OSError, StoreIOError, BadInputError) as exc:
+            log.warning("job %s: could not delete version %s yet: %s", job.name, version.version, exc)
+            continue
+        log.info("job %s: deleted version %s", job.name, version.version)
+
+
+def _abandon(job: JobFile, version: int, outputs: dict) -> None:
+    """Remove what a publication of ``version`` cut short left behind, once a run decided not to publish
+    it: the parts it wrote (or began: their partial outputs) for the job's inputs, and its model file."""
+    from ..io import exists, open_output, remote
+
+    found = False
+    for output in outputs.values():
+        part = versioned_output(output, version, 0)
+        if exists(open_output(part, job.apply_read).path, job.apply_read):
+            _remove(part, job.apply_read, "output")
+            found = True
+        elif not remote.is_url(part):
+            leftover = open_output(part, job.apply_read)
+            if os.path.lexists(leftover.partial):
+                _remove_partial(leftover)
+                found = True
+    model_file = version_model_path(job.model_path, version)
+    if os.path.exists(model_file):
+        _remove(model_file, job.apply_read, "model file")
+        found = True
+    if found:
+        log.info("job %s: removed what an unpublished version %s, cut short, had begun", job.name, version)
+
+
+def _remove_partial(output) -> None:
+    """Remove the partial output of an apply that was cut short (and its progress record), when that output
+    will not be written after all."""
+    from ..io.abc.store import remove
+
+    for path in (output.partial, output.progress_path, output.partial + ".chunks"):
+        remove(path)
+
+
+__all__ = ["run_published", "setting_of", "stored_bytes"]

@@ -1,0 +1,448 @@
+"""Versioned publish/append (issue #25): a job with a ``[publish]`` table appends each night's rows with the
+published map while it is fresh, publishes a new version beside the current one when it is stale, and
+readers resolve outputs through the manifest.
+
+Every expected output is computed independently: the published model file's map applied in numpy
+(float64) to the rows the part should hold."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import h5py
+import numpy as np
+import pytest
+from conftest import run_subprocess
+
+from streamwhiten.core.model import load_model
+from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputError, ModelFileError, NothingToDoError
+from streamwhiten.io import open_source, read_attrs
+from streamwhiten.job import published, run_job_file
+from streamwhiten.job.publication import manifest_path, version_model_path, versioned_output
+
+D = 16
+MIXING = np.random.default_rng(0).standard_normal((D, D)) * (1.0 / (1.0 + np.arange(D)))[:, None]
+
+
+def rows_of(n, seed, shift=0.0):
+    """``n`` rows of one fixed anisotropic distribution (``shift``: its mean moved along every column)."""
+    return (3.0 + shift + np.random.default_rng(seed).standard_normal((n, D)) @ MIXING).astype(np.float32)
+
+
+def append_rows(path, data):
+    """Append ``data`` to the resizable dataset ``emb`` of ``path`` (made on first use)."""
+    with h5py.File(path, "a") as handle:
+        if "emb" not in handle:
+            handle.create_dataset("emb", data=data, chunks=(100, D), maxshape=(None, D))
+            return
+        dataset = handle["emb"]
+        old = dataset.shape[0]
+        dataset.resize((old + len(data), D))
+        dataset[old:] = data
+
+
+def write_job(directory, output="out/{stem}.zarr", publish="", model="n_components = 8", apply=""):
+    (directory / "shards").mkdir(exist_ok=True)
+    job = directory / "job.toml"
+    job.write_text(
+        'name = "pub"\n[input]\npaths = ["shards/day-*.h5"]\n'
+        f'[model]\npath = "models/m.npz"\n{model}\n'
+        f'[apply]\noutput = "{output}"\nnormalize = true\n{apply}\n'
+        f"[publish]\n{publish}\n"
+    )
+    return str(job)
+
+
+def edit(path, old, new):
+    with open(path) as handle:
+        text = handle.read()
+    assert old in text
+    with open(path, "w") as handle:
+        handle.write(text.replace(old, new))
+
+
+def read_all(spec):
+    with open_source(spec) as source:
+        return source.read(0, source.n_rows)
+
+
+def expected(model_file, data):
+    """The transform of ``data`` by the published model file's map, normalised, in float64 numpy."""
+    model = load_model(model_file)
+    k = model.n_components
+    weights = model.eigvecs[:, :k] * (model.eigvals[:k] + model.eps_value) ** (
+        -model.gamma / 2
+    )  # A = U_k (L + eps)^-g/2
+    y = (data.astype(np.float64) - model.beta * model.mean) @ weights
+    return y / np.linalg.norm(y, axis=1, keepdims=True)
+
+
+def tree_bytes(path):
+    """Every file under ``path`` (or the file itself) by relative name: its bytes."""
+    if os.path.isfile(path):
+        return {"": open(path, "rb").read()}
+    found = {}
+    for directory, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(directory, name)
+            found[os.path.relpath(full, path)] = open(full, "rb").read()
+    return found
+
+
+@pytest.fixture
+def night(tmp_path):
+    """A job with one shard of 2,000 rows, published once (version 1)."""
+    job = write_job(tmp_path)
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(2000, 1))
+    report = run_job_file(job)
+    assert report["action"] == "fit" and report["published_version"] == 1
+    return tmp_path, job
+
+
+def test_first_run_publishes_version_1_beside_the_statistics(night):
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    assert os.path.exists(version_model_path(model, 1)) and os.path.exists(manifest_path(model))
+    publication = published(model)
+    assert publication.version == 1 and publication.outputs == (str(directory / "out" / "day-1.v1.zarr"),)
+    assert publication.n_rows == 2000 and publication.model_file == version_model_path(model, 1)
+    got = publication.read(str(directory / "shards" / "day-1.h5"))
+    np.testing.assert_allclose(got, expected(publication.model_file, rows_of(2000, 1)), rtol=2e-5, atol=2e-6)
+    # the statistics and the published copy are the same model on the first night
+    assert load_model(model).n_rows == load_model(publication.model_file).n_rows == 2000
+    with pytest.raises(NothingToDoError) as nothing:
+        run_job_file(job)
+    assert nothing.value.summary["action"] == "nothing" and nothing.value.summary["bytes_written"] == 0
+
+
+def test_a_fresh_night_appends_new_rows_and_shards_as_parts_and_never_rewrites_old_rows(night):
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    first = str(directory / "out" / "day-1.v1.zarr")
+    before = tree_bytes(first)
+    append_rows(directory / "shards" / "day-1.h5", rows_of(100, 2))
+    append_rows(directory / "shards" / "day-2.h5", rows_of(60, 3))
+    report = run_job_file(job)
+    assert report["action"] == "append", report
+    assert report["published_version"] == 1 and report["rows_added"] == 160
+    assert 0 < report["staleness"]["total"] <= report["max_staleness"] == 0.5
+    part1 = str(directory / "out" / "day-1.v1.part1.zarr")
+    day2 = str(directory / "out" / "day-2.v1.zarr")
+    assert report["outputs"] == [first, part1, day2]
+    assert tree_bytes(first) == before  # old rows are never rewritten while the version stands
+    assert report["bytes_written"] == sum(len(b) for p in (part1, day2) for b in tree_bytes(p).values())
+    v1 = version_model_path(model, 1)
+    # the new rows went through the published map, not the updated statistics' one
+    np.testing.assert_allclose(read_all(part1), expected(v1, rows_of(100, 2)), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(read_all(day2), expected(v1, rows_of(60, 3)), rtol=2e-5, atol=2e-6)
+    assert read_attrs(part1)["rows"] == [2000, 2100] and read_attrs(day2)["rows"] == [0, 60]
+    assert load_model(model).n_rows == 2160 and load_model(v1).n_rows == 2000
+    publication = published(model)
+    assert [(p.start, p.stop) for p in publication.parts(str(directory / "shards" / "day-1.h5"))] == [
+        (0, 2000),
+        (2000, 2100),
+    ]
+    everything = np.concatenate([rows_of(2000, 1), rows_of(100, 2)])
+    np.testing.assert_allclose(
+        publication.read(str(directory / "shards" / "day-1.h5:/emb")), expected(v1, everything), rtol=2e-5, atol=2e-6
+    )
+    with pytest.raises(NothingToDoError):
+        run_job_file(job)
+
+
+def test_a_stale_map_is_republished_as_a_new_version_beside_the_current_one(night):
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    append_rows(directory / "shards" / "day-2.h5", rows_of(1500, 4, shift=2.0))
+    report = run_job_file(job)
+    assert report["action"] == "republish" and report["published_version"] == 2, report
+    assert report["staleness"]["total"] > 0.5 and "staleness" in report["reason"]
+    v2 = version_model_path(model, 2)
+    assert load_model(v2).n_rows == 3500
+    np.testing.assert_allclose(
+        read_all(str(directory / "out" / "day-1.v2.zarr")), expected(v2, rows_of(2000, 1)), rtol=2e-5, atol=2e-6
+    )
+    np.testing.assert_allclose(
+        read_all(str(directory / "out" / "day-2.v2.zarr")),
+        expected(v2, rows_of(1500, 4, shift=2.0)),
+        rtol=2e-5,
+        atol=2e-6,
+    )
+    # version 1 is kept (keep_versions = 2): a reader that resolved it can finish
+    assert os.path.exists(directory / "out" / "day-1.v1.zarr") and os.path.exists(version_model_path(model, 1))
+    manifest = published(model).manifest
+    assert [v.version for v in manifest.kept] == [1] and manifest.retired == ()
+    # a third version retires the first: its files are deleted after the switch
+    report = run_job_file(job, republish=True)
+    assert (
+        report["action"] == "republish" and report["published_version"] == 3 and report["reason"] == "run --republish"
+    )
+    assert not os.path.exists(directory / "out" / "day-1.v1.zarr") and not os.path.exists(version_model_path(model, 1))
+    assert os.path.exists(directory / "out" / "day-1.v2.zarr") and os.path.exists(version_model_path(model, 2))
+    assert sorted(os.listdir(directory / "out")) == ["day-1.v2.zarr", "day-1.v3.zarr", "day-2.v2.zarr", "day-2.v3.zarr"]
+    # the same statistics give the same map: version 3's outputs are version 2's, value for value
+    np.testing.assert_array_equal(
+        read_all(str(directory / "out" / "day-2.v3.zarr")), read_all(str(directory / "out" / "day-2.v2.zarr"))
+    )
+
+
+def test_a_changed_setting_is_republished_and_keep_versions_1_deletes_the_old_one_at_once(tmp_path):
+    job = write_job(tmp_path, publish="keep_versions = 1")
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(800, 1))
+    run_job_file(job)
+    edit(job, "n_components = 8", "n_components = 5")
+    report = run_job_file(job)
+    assert report["action"] == "republish" and "n_components" in report["reason"], report
+    assert read_all(str(tmp_path / "out" / "day-1.v2.zarr")).shape == (800, 5)
+    assert sorted(os.listdir(tmp_path / "out")) == ["day-1.v2.zarr"]
+    assert not os.path.exists(version_model_path(str(tmp_path / "models" / "m.npz"), 1))
+    edit(job, "normalize = true", "normalize = false")
+    assert run_job_file(job)["action"] == "republish"
+
+
+def test_run_json_reports_for_cron_and_nothing_to_do_is_exit_3_with_the_report(night):
+    directory, job = night
+    append_rows(directory / "shards" / "day-1.h5", rows_of(50, 7))
+    done = run_subprocess("run", job, "--json", "-q")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    for key in (
+        "action",
+        "published_version",
+        "staleness",
+        "manifest",
+        "outputs",
+        "rows_added",
+        "bytes_written",
+        "seconds",
+    ):
+        assert key in report
+    assert report["action"] == "append" and report["rows_added"] == 50
+    assert set(report["staleness"]) >= {"covariance", "shift", "dropped", "angle", "total"}
+    again = run_subprocess("run", job, "--json", "-q")
+    assert again.returncode == EXIT_NOTHING_TO_DO
+    assert json.loads(again.stdout)["action"] == "nothing" and "nothing to do" in again.stderr
+    text = run_subprocess("run", job, "--republish", "-q")
+    assert text.returncode == 0 and "republish: published version 2" in text.stdout, text.stdout
+
+
+# --------------------------------------------------------------------------------- what is refused
+
+
+def test_a_damaged_or_hand_edited_manifest_is_refused_and_nothing_changes(night):
+    directory, job = night
+    path = manifest_path(str(directory / "models" / "m.npz"))
+    good = open(path).read()
+    append_rows(directory / "shards" / "day-1.h5", rows_of(50, 7))
+    data = json.loads(good)
+    cases = {
+        "edited": good.replace('"version": 1', '"version": 2'),  # the checksum no longer matches
+        "truncated": good[: len(good) // 2],
+        "not json": "\x00\x01garbage",
+        "empty": "",
+    }
+    # hand-edited with the checksum recomputed, but no writer makes it: parts with a gap
+    from streamwhiten.records import json_checksum
+
+    forged = dict(data)
+    forged["inputs"] = [dict(data["inputs"][0], parts=[dict(data["inputs"][0]["parts"][0], start=5)])]
+    forged.pop("checksum")
+    forged["checksum"] = json_checksum(forged)
+    cases["forged"] = json.dumps(forged)
+    for name, text in cases.items():
+        open(path, "w").write(text)
+        snapshot = {p: tree_bytes(str(directory / p)) for p in ("out", "models")}
+        result = run_subprocess("run", job)
+        assert result.returncode == EXIT_BAD_INPUT, (name, result.stderr)
+        line = result.stderr.strip().splitlines()[-1]
+        assert f"{path}: not a manifest streamwhiten could have written" in line, (name, line)
+        assert {p: tree_bytes(str(directory / p)) for p in ("out", "models")} == snapshot, name
+        with pytest.raises(ModelFileError):
+            published(str(directory / "models" / "m.npz"))
+    open(path, "w").write(good)
+    assert run_job_file(job)["action"] == "append"
+
+
+def test_outputs_or_model_file_deleted_by_hand_are_named_and_republish_recovers(night):
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    shutil.rmtree(directory / "out" / "day-1.v1.zarr")
+    result = run_subprocess("run", job)
+    assert result.returncode == EXIT_BAD_INPUT
+    assert "outputs of published version 1 were deleted or changed by hand" in result.stderr
+    assert f"{directory / 'out' / 'day-1.v1.zarr'} (missing)" in result.stderr and "--republish" in result.stderr
+    with pytest.raises(BadInputError, match="missing"):
+        published(model).read(str(directory / "shards" / "day-1.h5"))
+    report = run_job_file(job, republish=True)
+    assert report["published_version"] == 2 and os.path.exists(directory / "out" / "day-1.v2.zarr")
+    os.remove(version_model_path(model, 2))
+    result = run_subprocess("run", job)
+    assert (
+        result.returncode == EXIT_BAD_INPUT
+        and "m.v2.npz: the model file of published version 2 is missing" in result.stderr
+    )
+
+
+def test_an_input_rewritten_since_it_was_published_is_refused(night):
+    directory, job = night
+    with h5py.File(directory / "shards" / "day-1.h5", "a") as handle:
+        handle["emb"][0] = 0.0
+    result = run_subprocess("run", job)
+    assert result.returncode == EXIT_BAD_INPUT and "differ from the recorded ones" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "table, fragment",
+    [
+        ("[publish]\nmax_staleness = -1\n", "max_staleness in [publish] must be a number, 0 or more, got -1"),
+        ("[publish]\nkeep_versions = 0\n", "keep_versions in [publish] must be a whole number of at least 1"),
+        ("[publish]\nkeep = 2\n", "unknown key(s) keep in [publish]"),
+    ],
+)
+def test_publish_table_values_are_checked_in_the_words_of_params(tmp_path, table, fragment):
+    job = tmp_path / "job.toml"
+    job.write_text(f'[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n[apply]\noutput = "o/{{stem}}.zarr"\n{table}')
+    result = run_subprocess("run", job)
+    assert result.returncode == EXIT_BAD_INPUT and fragment in result.stderr, result.stderr
+
+
+def test_publish_needs_apply_and_republish_needs_publish(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n[publish]\n')
+    result = run_subprocess("run", job)
+    assert result.returncode == EXIT_BAD_INPUT and "[publish] publishes the outputs of [apply]" in result.stderr
+    append_rows(tmp_path / "x.h5", rows_of(300, 1))
+    job.write_text('[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n')
+    result = run_subprocess("run", job, "--republish")
+    assert result.returncode == EXIT_BAD_INPUT and "--republish needs a [publish] table" in result.stderr
+
+
+def test_a_job_without_publish_rewrites_every_output_and_reports_what_it_wrote(tmp_path):
+    (tmp_path / "shards").mkdir()
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[input]\npaths = ["shards/day-*.h5"]\n[model]\npath = "m.npz"\nn_components = 8\n'
+        '[apply]\noutput = "out/{stem}.zarr"\n'
+    )
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(1000, 1))
+    first = run_job_file(str(job))
+    assert first["rows_added"] == 1000 and first["bytes_written"] > 0 and "action" not in first
+    append_rows(tmp_path / "shards" / "day-2.h5", rows_of(50, 2))
+    second = run_job_file(str(job))
+    out = tmp_path / "out"
+    assert second["rows_added"] == 50 and sorted(os.listdir(out)) == ["day-1.zarr", "day-2.zarr"]
+    assert second["bytes_written"] == sum(len(b) for p in os.listdir(out) for b in tree_bytes(str(out / p)).values())
+
+
+def test_versioned_names_keep_the_dataset_and_the_extension():
+    assert versioned_output("/a/out/day-1.zarr", 3) == "/a/out/day-1.v3.zarr"
+    assert versioned_output("/a/out/day-1.zarr", 3, 2) == "/a/out/day-1.v3.part2.zarr"
+    assert versioned_output("/a/o.h5:/vectors", 1, 1) == "/a/o.v1.part1.h5:/vectors"
+    assert versioned_output("s3://b/w/d.parquet:emb", 2) == "s3://b/w/d.v2.parquet:emb"
+    assert version_model_path("/m/model.npz", 4) == "/m/model.v4.npz"
+    assert manifest_path("/m/model.npz") == "/m/model.manifest.json"
+
+
+# --------------------------------------------------------------------------------- the commands
+
+
+def test_staleness_command_prints_each_part_the_total_and_the_verdict(night):
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    fresh = run_subprocess("staleness", model, "--json")
+    assert fresh.returncode == 0, fresh.stderr
+    report = json.loads(fresh.stdout)
+    assert report["total"] == 0.0 and report["stale"] is False and report["published_version"] == 1
+    assert report["max_staleness"] == 0.5 and report["published"] == version_model_path(model, 1)
+    append_rows(directory / "shards" / "day-2.h5", rows_of(1500, 4, shift=2.0))
+    shutil.copy(model, directory / "before.npz")
+    assert run_subprocess("fit", str(directory / "shards" / "day-2.h5"), "--update", model, "-q").returncode == 0
+    text = run_subprocess("staleness", model)
+    assert text.returncode == 0, text.stderr
+    for word in (
+        "covariance",
+        "shift",
+        "dropped",
+        "angle",
+        "total",
+        "max_staleness 0.5",
+        "stale: publish a new version",
+    ):
+        assert word in text.stdout, text.stdout
+    from streamwhiten.core.staleness import staleness
+
+    by_hand = staleness(load_model(version_model_path(model, 1)), load_model(model).state)
+    report = json.loads(run_subprocess("staleness", model, "--json", "--max-staleness", "100").stdout)
+    assert report["total"] == pytest.approx(by_hand.total, rel=1e-12) and report["stale"] is False
+    report = json.loads(run_subprocess("staleness", model, "--published", directory / "before.npz", "--json").stdout)
+    assert report["total"] == pytest.approx(by_hand.total, rel=1e-12) and report["published_version"] is None
+    nothing = run_subprocess("staleness", directory / "before.npz")
+    assert nothing.returncode == EXIT_BAD_INPUT and "--published" in nothing.stderr
+
+
+def test_info_shows_the_statistics_and_the_publication(night):
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    append_rows(directory / "shards" / "day-1.h5", rows_of(40, 9))
+    run_job_file(job)
+    text = run_subprocess("info", model)
+    assert text.returncode == 0 and "fitted on  2,040 rows" in text.stdout
+    assert "published  version 1 (m.v1.npz), finalized from 2,000 rows" in text.stdout, text.stdout
+    report = json.loads(run_subprocess("info", model, "--json").stdout)
+    assert report["n_rows"] == 2040 and report["publication"]["version"] == 1
+    assert report["publication"]["n_rows"] == 2000 and report["publication"]["inputs"][0]["rows"] == 2040
+
+
+@pytest.mark.parametrize("suffix", ["zarr", "parquet"])
+def test_outputs_on_object_storage_are_appended_republished_and_deleted_there(tmp_path, s3_bucket, s3_server, suffix):
+    from conftest import s3fs_client
+
+    job = write_job(tmp_path, output=f"{s3_bucket}/out/{{stem}}.{suffix}", publish="keep_versions = 1")
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(900, 1))
+    assert run_job_file(job)["action"] == "fit"
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(40, 2))
+    report = run_job_file(job)
+    assert report["action"] == "append" and report["outputs"][-1] == f"{s3_bucket}/out/day-1.v1.part1.{suffix}"
+    assert report["bytes_written"] > 0
+    model = str(tmp_path / "models" / "m.npz")
+    both = np.concatenate([rows_of(900, 1), rows_of(40, 2)])
+    v1 = version_model_path(model, 1)
+    got = published(model).read(str(tmp_path / "shards" / "day-1.h5"))
+    np.testing.assert_allclose(got, expected(v1, both), rtol=2e-5, atol=2e-6)
+    report = run_job_file(job, republish=True)
+    assert report["published_version"] == 2
+    fs = s3fs_client(s3_server)
+    assert sorted(name.rsplit("/", 1)[1] for name in fs.ls(f"{s3_bucket[5:]}/out")) == [f"day-1.v2.{suffix}"]
+    np.testing.assert_allclose(
+        read_all(f"{s3_bucket}/out/day-1.v2.{suffix}"),
+        expected(version_model_path(model, 2), both),
+        rtol=2e-5,
+        atol=2e-6,
+    )
+
+
+def test_a_republish_cut_short_then_not_needed_leaves_nothing_behind(tmp_path):
+    from streamwhiten.errors import InterruptedRunError
+
+    job = write_job(tmp_path, output="out/{stem}.h5", apply="chunk_rows = 128\nprogress_seconds = 0")
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(1000, 1))
+    append_rows(tmp_path / "shards" / "day-2.h5", rows_of(1000, 2))
+    run_job_file(job)
+    calls = {"n": 0}
+
+    def stop_soon():  # asked after each block: day-1's part is written, day-2's is cut short
+        calls["n"] += 1
+        return calls["n"] > 10
+
+    with pytest.raises(InterruptedRunError):
+        run_job_file(job, should_stop=stop_soon, republish=True)
+    assert os.path.exists(tmp_path / "out" / "day-1.v2.h5") and os.path.exists(
+        tmp_path / "out" / ".day-2.v2.h5.partial"
+    )
+    assert published(str(tmp_path / "models" / "m.npz")).version == 1  # nothing switched
+    append_rows(tmp_path / "shards" / "day-2.h5", rows_of(30, 3))
+    assert run_job_file(job)["action"] == "append"
+    assert sorted(os.listdir(tmp_path / "out")) == ["day-1.v1.h5", "day-2.v1.h5", "day-2.v1.part1.h5"]
+    assert sorted(os.listdir(tmp_path / "models")) == ["m.manifest.json", "m.npz", "m.v1.npz"]
