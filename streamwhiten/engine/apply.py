@@ -27,9 +27,9 @@ import numpy.typing as npt
 
 from .. import __version__
 from .._buffers import BufferPool, PerThread, kept_for_next_run
-from ..core.model import WhiteningModel, cast_checked, map_checksum, project_checked, raise_if_overflowed
+from ..core.model import WhiteningModel, map_checksum, project_checked
 from ..core.quantize import ATTR as QUANTIZATION_ATTR
-from ..core.quantize import Quantization
+from ..core.quantize import Quantization, cast_checked, raise_if_overflowed
 from ..errors import (
     BadInputError,
     InterruptedRunError,
@@ -76,7 +76,7 @@ def check_output(model: WhiteningModel, source: Source, output_spec: str) -> Non
     refuse_input_overlap({output_spec: "output"}, [source.path])
 
 
-def output_quantization(model: WhiteningModel, dtype) -> Quantization | None:
+def output_quantization(model: WhiteningModel, dtype: str | None) -> Quantization | None:
     """The record of an output of ``dtype`` int8 or binary (codes of the unit-length vectors, int8 ranges
     from the model's statistics, as :meth:`~streamwhiten.core.model.WhiteningModel.quantization` gives
     them everywhere); None for a float output."""
@@ -89,7 +89,9 @@ def encode_block(out: np.ndarray, quantization: Quantization | None) -> np.ndarr
     return out if quantization is None else quantization.encode(out)
 
 
-def stored_layout(model: WhiteningModel, dtype, quantization: Quantization | None) -> tuple[int, np.dtype]:
+def stored_layout(
+    model: WhiteningModel, dtype: npt.DTypeLike | None, quantization: Quantization | None
+) -> tuple[int, np.dtype]:
     """The width and dtype of an output's rows: ``k`` values of ``dtype``, or the codes' (``ceil(k / 8)``
     bytes of bits for binary)."""
     if quantization is None:
@@ -119,7 +121,7 @@ def output_is_current(
     checksum: str,
     source_sha256: str,
     normalize: bool,
-    dtype: npt.DTypeLike,
+    dtype: npt.DTypeLike | None,
     options: Mapping[str, Any] | None = None,
     keep_columns: Iterable[str] | None = None,
     *,
@@ -160,15 +162,15 @@ def output_attrs(
     normalize: bool,
     source_sha256: str | None = None,
     checksum: str | None = None,
-    options: dict | None = None,
-    keep_columns=None,
+    options: Mapping[str, Any] | None = None,
+    keep_columns: Iterable[str] | None = None,
     quantization: Quantization | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The attributes recorded on an output array: where it came from, which transform made it, the
     ``options`` it was written with, the input columns it carries, and for int8 codes or bits how to
     decode them: ``dtype`` (``"int8"``, ``"binary"``) and ``quantization`` (the record as a JSON object,
     :meth:`~streamwhiten.core.quantize.Quantization.to_dict`: k, int8 scale and offset, bit order)."""
-    attrs = {
+    attrs: dict[str, Any] = {
         "streamwhiten_version": __version__,
         "source": source.label,
         "model_checksum": checksum or map_checksum(model),
@@ -288,8 +290,8 @@ class ApplyOutcome:
 
 def summary(
     model: WhiteningModel,
-    source,
-    sink,
+    source: Source,
+    sink: Sink,
     normalize: bool,
     n_nonfinite: int,
     seconds: float,
@@ -447,6 +449,7 @@ def _prepare_writing(
     if exists:
         keep = list(options.keep_columns)
         sha = source_print.sha256_sampled
+        assert sha is not None  # fingerprint() hashes the sampled rows
         current = output_is_current(
             output_spec,
             checksum,
