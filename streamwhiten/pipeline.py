@@ -37,6 +37,7 @@ from .options import ApplyOptions, EngineOptions, FitOptions, ReadOptions, Setti
 
 if TYPE_CHECKING:
     from .core.model import WhiteningModel
+    from .core.quantize import Storage
     from .engine.fit import FitPlan
 
 log = logging.getLogger("streamwhiten")
@@ -131,7 +132,7 @@ class _Planned:
     resumed: bool
     params: dict
     skipped_before: int
-    storage: object = None  # an updated model's recorded storage, kept
+    storage: Storage | None = None  # an updated model's recorded storage, kept
 
 
 def fit(

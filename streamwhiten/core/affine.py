@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NoReturn, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -85,9 +85,9 @@ class AffineMap:
     file_checksum: str = ""
     mean_sq_norm: float | None = None
     quantization: Quantization | None = None
-    _cache: dict = field(default_factory=dict, init=False, repr=False)
+    _cache: dict[object, Any] = field(default_factory=dict, init=False, repr=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         q = self.quantization
         if q is not None and q.n_components != self.A.shape[1]:
             raise BadInputError(
@@ -97,19 +97,19 @@ class AffineMap:
     @classmethod
     def from_eigh(
         cls,
-        eigvals,
-        eigvecs,
-        mean,
-        beta,
-        gamma,
-        eps,
-        eps_value,
-        n_components,
-        variance=None,
-        normalize=False,
-        file_checksum="",
-        mean_sq_norm=None,
-        quantization=None,
+        eigvals: np.ndarray,
+        eigvecs: np.ndarray,
+        mean: npt.ArrayLike,
+        beta: float,
+        gamma: float,
+        eps: float,
+        eps_value: float,
+        n_components: int,
+        variance: float | None = None,
+        normalize: bool = False,
+        file_checksum: str = "",
+        mean_sq_norm: float | None = None,
+        quantization: Quantization | None = None,
     ) -> AffineMap:
         """The map of a finalized model: ``A = eigvecs[:, :k] * (eigvals[:k] + eps_value) ** (-gamma / 2)``.
 
@@ -176,11 +176,11 @@ class AffineMap:
         """How the outputs are stored: the :attr:`quantization`'s kind, float32 without one."""
         return "float32" if self.quantization is None else self.quantization.kind
 
-    def params(self) -> dict:
+    def params(self) -> dict[str, Any]:
         """The setting and provenance as plain JSON-able values: ``model_checksum`` is the map's
         :attr:`checksum`, ``model_file_checksum`` the model file's (:attr:`file_checksum`); with a
         :attr:`quantization`, its ``dtype``, ``bytes_per_vector`` and record (``quantization``)."""
-        values: dict = {
+        values: dict[str, Any] = {
             "beta": self.beta,
             "gamma": self.gamma,
             "eps": self.eps,
@@ -200,13 +200,13 @@ class AffineMap:
             )
         return values
 
-    def metadata(self) -> dict:
+    def metadata(self) -> dict[str, str]:
         """:meth:`params` as strings (exact float reprs; the quantization record as JSON), for formats whose
         metadata is str -> str."""
         values = dict(self.params(), format=MAP_FORMAT, format_version=MAP_VERSION, package_version=__version__)
         return {key: _text(value) for key, value in sorted(values.items())}
 
-    def encode(self, x) -> np.ndarray:
+    def encode(self, x: Any) -> np.ndarray:
         """The stored form of one vector or a batch of rows: :meth:`transform` (scaled to unit length when
         the record says the stored vectors are), then the record's encoding (int8 codes, packed sign
         bits, float16 values), exactly as ``apply`` writes them and the search stores them; the
@@ -224,7 +224,7 @@ class AffineMap:
         out = y.astype(np.float32, copy=False) if q is None else q.encode(y)
         return out[0] if single else out
 
-    def transform(self, x, normalize: bool | None = None):
+    def transform(self, x: Any, normalize: bool | None = None) -> Any:
         """Whiten one vector or a batch of rows.
 
         Parameters

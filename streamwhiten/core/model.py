@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -143,7 +144,7 @@ class WhiteningModel:
     eigvecs: np.ndarray
     eps_value: float
     sources: tuple[Fingerprint, ...] = ()
-    info: dict = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
     storage: Storage | None = None
 
     @property
@@ -208,7 +209,13 @@ class WhiteningModel:
         weights, shift = self.projection(np.float64)
         return storage_quantizations(self.storage, self.n_rows, self.mean, self.state.scatter, weights, shift)
 
-    def transform(self, rows, normalize: bool = False, dtype=None, skip_nonfinite: bool = False) -> np.ndarray:
+    def transform(
+        self,
+        rows: npt.ArrayLike,
+        normalize: bool = False,
+        dtype: npt.DTypeLike | None = None,
+        skip_nonfinite: bool = False,
+    ) -> np.ndarray:
         """Whiten ``rows`` (one vector or a 2-D array of floats); float32/float16 input is computed in float32.
 
         A row holding NaN or Inf raises :class:`NonFiniteError` naming the first one, unless
@@ -237,7 +244,16 @@ class WhiteningModel:
                 )
         return out[0] if single else out
 
-    def as_affine(self, beta=None, gamma=None, n_components=None, variance=None, eps=None, normalize=False, dtype=None):
+    def as_affine(
+        self,
+        beta: float | None = None,
+        gamma: float | None = None,
+        n_components: int | None = None,
+        variance: float | None = None,
+        eps: float | None = None,
+        normalize: bool = False,
+        dtype: str | None = None,
+    ) -> AffineMap:
         """The transform as the affine map ``y = x A + b``, for serving and export.
 
         Parameters
@@ -293,7 +309,7 @@ class WhiteningModel:
             return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, self.storage)
         return finalize(self.state, sources=self.sources, info=self.info, storage=self.storage, **params)
 
-    def storage_summary(self) -> dict | None:
+    def storage_summary(self) -> dict[str, Any] | None:
         """The recorded storage (dtype, rescore, bytes per vector, the int8 record), or None."""
         return None if self.storage is None else _storage_json(self)
 
@@ -323,7 +339,7 @@ class WhiteningModel:
         }
 
 
-def _storage_json(model: WhiteningModel) -> dict:
+def _storage_json(model: WhiteningModel) -> dict[str, Any]:
     """What a model file records of its storage: the choice, its bytes per vector and its records."""
     storage = model.storage
     if storage is None:
@@ -337,7 +353,14 @@ def _storage_json(model: WhiteningModel) -> dict:
     )
 
 
-def project(rows, weights, shift, normalize=False, dtype=None, overwrite_input=False) -> np.ndarray:
+def project(
+    rows: npt.ArrayLike,
+    weights: np.ndarray,
+    shift: npt.ArrayLike,
+    normalize: bool = False,
+    dtype: npt.DTypeLike | None = None,
+    overwrite_input: bool = False,
+) -> np.ndarray:
     """``(rows - shift) @ weights`` in ``weights``' dtype, rows optionally scaled to unit L2 norm.
 
     Centring happens before the product (never ``rows @ W - shift @ W``, which cancels when the mean
@@ -402,7 +425,15 @@ def project_checked(
     return out, finite
 
 
-def _select(state, params, eigvals, eigvecs, sources, info, storage=None) -> WhiteningModel:
+def _select(
+    state: Moments,
+    params: dict[str, Any],
+    eigvals: np.ndarray,
+    eigvecs: np.ndarray,
+    sources: Iterable[Fingerprint | Mapping[str, Any]] | None,
+    info: Mapping[str, Any] | None,
+    storage: Storage | None = None,
+) -> WhiteningModel:
     n_features = state.n_features
     check_params(n_features=n_features, **params)
     if params["variance"] is not None:
@@ -429,18 +460,18 @@ def _select(state, params, eigvals, eigvecs, sources, info, storage=None) -> Whi
 
 def finalize(
     state: Moments,
-    beta=1.0,
-    gamma=1.0,
-    eps=DEFAULT_EPS,
-    n_components=None,
-    variance=None,
-    sources=None,
-    info=None,
+    beta: float = 1.0,
+    gamma: float = 1.0,
+    eps: float = DEFAULT_EPS,
+    n_components: int | None = None,
+    variance: float | None = None,
+    sources: Iterable[Fingerprint | Mapping[str, Any]] | None = None,
+    info: Mapping[str, Any] | None = None,
     storage: Storage | None = None,
 ) -> WhiteningModel:
     """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring. ``storage``:
     the storage to record (what ``tune`` chose), kept by :meth:`WhiteningModel.with_params`."""
-    params = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
+    params: dict[str, Any] = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
     check_params(n_features=state.n_features, **params)
     if state.n_rows < 2:
         raise BadInputError(f"at least 2 rows are needed to fit, got n_samples = {state.n_rows}")
@@ -458,7 +489,7 @@ def finalize(
 _FLOAT_KEYS = ("beta", "gamma", "eps", "eps_value", "variance")
 
 
-def _arrays(model: WhiteningModel) -> dict:
+def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
     """The model file's arrays; ``storage_json`` only when a storage is recorded (a file without it is
     read as float32, as every file written before storages were)."""
     arrays = {

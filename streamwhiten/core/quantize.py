@@ -50,7 +50,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -59,7 +59,7 @@ from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
 from ..params import CODED_DTYPES, PARAMS, check
 
 #: The storage kinds (the values of the ``dtype`` parameter).
-KINDS: tuple = PARAMS["dtype"].choices
+KINDS: tuple[str, ...] = PARAMS["dtype"].choices
 #: The int8 codes used: -127..127 (symmetric; -128 is never written).
 INT8_MAX = 127
 #: Standard deviations about the mean that the int8 codes span (see ``docs/evaluation.md``).
@@ -73,12 +73,37 @@ _STD_FLOOR = 1e-6
 #: The attribute of an apply output that holds its :class:`Quantization` (int8 codes and sign bits only).
 ATTR = "quantization"
 #: The storage kinds whose values are codes, not floats: they need a :class:`Quantization` to decode.
-CODED: tuple = CODED_DTYPES
+CODED: tuple[str, ...] = CODED_DTYPES
 
 _STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "binary": np.uint8}
 
 
-def raise_if_overflowed(overflowed: np.ndarray, dtype, when: str, hint: str = "") -> None:
+class _Statistics(Protocol):
+    """What :func:`output_moments` reads of fitted statistics (a :class:`~streamwhiten.core.stats.Moments`,
+    not imported here: that module brings numba)."""
+
+    @property
+    def n_rows(self) -> int: ...
+    @property
+    def mean(self) -> np.ndarray: ...
+    @property
+    def scatter(self) -> np.ndarray: ...
+
+
+class _Fitted(Protocol):
+    """What :func:`quantization_for` reads of a model (a :class:`~streamwhiten.core.model.WhiteningModel`,
+    not imported here: this module stays below the model)."""
+
+    @property
+    def state(self) -> _Statistics: ...
+    @property
+    def n_features(self) -> int: ...
+    @property
+    def n_components(self) -> int: ...
+    def projection(self, dtype: npt.DTypeLike = np.float64) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def raise_if_overflowed(overflowed: np.ndarray, dtype: npt.DTypeLike, when: str, hint: str = "") -> None:
     """Raise :class:`ValuesTooLargeError` for the first row marked in ``overflowed``, if any."""
     if np.any(overflowed):
         raise ValuesTooLargeError(
@@ -87,7 +112,7 @@ def raise_if_overflowed(overflowed: np.ndarray, dtype, when: str, hint: str = ""
         )
 
 
-def cast_checked(values: np.ndarray, dtype, into: np.ndarray | None = None) -> np.ndarray:
+def cast_checked(values: np.ndarray, dtype: npt.DTypeLike, into: np.ndarray | None = None) -> np.ndarray:
     """``values`` cast to ``dtype`` (into ``into``'s first rows if given); raises
     :class:`ValuesTooLargeError` naming the first row whose finite values do not fit."""
     target = np.empty(values.shape, dtype) if into is None else into[: values.shape[0]]
@@ -245,7 +270,7 @@ class Quantization:
         return hashlib.sha256(text.encode()).hexdigest()
 
     @classmethod
-    def from_attrs(cls, attrs) -> Quantization:
+    def from_attrs(cls, attrs: Mapping[str, Any]) -> Quantization:
         """The record an apply output carries in its attributes (key ``quantization``: a dict, or its JSON
         where the store keeps text, as HDF5 does); :class:`BadInputError` when there is none (a float
         output needs no decoding)."""
@@ -288,7 +313,9 @@ class Quantization:
             raise BadInputError(f"a damaged {RECORD_FORMAT} record ({exc!r})") from None
 
 
-def decode(codes, record, dtype=np.float32) -> np.ndarray:
+def decode(
+    codes: npt.ArrayLike, record: Quantization | Mapping[str, Any], dtype: npt.DTypeLike = np.float32
+) -> np.ndarray:
     """Floats from stored ``codes`` (rows of an apply output, or of ``Whitener(dtype=...)``/``encode``).
 
     ``record`` is a :class:`Quantization`, its dict (:meth:`Quantization.to_dict`), or the attributes of
@@ -308,7 +335,13 @@ def decode(codes, record, dtype=np.float32) -> np.ndarray:
     return record.decode(codes, dtype)
 
 
-def map_moments(n_rows: int, mean, scatter, weights=None, shift=None) -> tuple[np.ndarray, np.ndarray]:
+def map_moments(
+    n_rows: int,
+    mean: npt.ArrayLike,
+    scatter: npt.ArrayLike,
+    weights: npt.ArrayLike | None = None,
+    shift: npt.ArrayLike | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Mean and variance of each component of ``y = (x - shift) @ weights`` over ``n_rows`` rows of mean
     ``mean`` and centred scatter ``scatter`` (the fitted statistics), from the statistics alone.
 
@@ -325,7 +358,9 @@ def map_moments(n_rows: int, mean, scatter, weights=None, shift=None) -> tuple[n
     return centre @ weights, np.clip(variance, 0.0, None)
 
 
-def output_moments(state, weights=None, shift=None) -> tuple[np.ndarray, np.ndarray]:
+def output_moments(
+    state: _Statistics, weights: npt.ArrayLike | None = None, shift: npt.ArrayLike | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """:func:`map_moments` of the statistics ``state`` (a :class:`~streamwhiten.core.stats.Moments`)."""
     return map_moments(state.n_rows, state.mean, state.scatter, weights, shift)
 
@@ -369,7 +404,7 @@ def int8_quantization(
 
 def quantization_for(
     kind: str,
-    model=None,
+    model: _Fitted | None = None,
     *,
     raw: bool = False,
     normalize: bool = False,
@@ -401,7 +436,16 @@ def quantization_for(
     return int8_for_map(state.n_rows, state.mean, state.scatter, weights, shift, normalize=normalize, clip=clip)
 
 
-def int8_for_map(n_rows, mean, scatter, weights=None, shift=None, *, normalize=True, clip=DEFAULT_INT8_CLIP):
+def int8_for_map(
+    n_rows: int,
+    mean: npt.ArrayLike,
+    scatter: npt.ArrayLike,
+    weights: npt.ArrayLike | None = None,
+    shift: npt.ArrayLike | None = None,
+    *,
+    normalize: bool = True,
+    clip: float = DEFAULT_INT8_CLIP,
+) -> Quantization:
     """The int8 record of ``y = (x - shift) @ weights`` (optionally scaled to unit length) from the
     fitted statistics ``(n_rows, mean, scatter)``: :func:`map_moments`, :func:`normalized_moments`,
     :func:`int8_quantization`."""
@@ -440,7 +484,7 @@ class Storage:
     rescore_dtype: str = "float32"
     int8_clip: float = DEFAULT_INT8_CLIP
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.dtype is None:
             raise BadInputError("a storage needs a dtype")
         for name in ("dtype", "rescore", "rescore_dtype", "int8_clip"):
@@ -466,7 +510,7 @@ class Storage:
             return self.dtype
         return f"binary+rescore{self.rescore}" + ("" if self.rescore_dtype == "float32" else f"({self.rescore_dtype})")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "dtype": self.dtype,
             "rescore": self.rescore,
@@ -475,7 +519,7 @@ class Storage:
         }
 
     @classmethod
-    def from_dict(cls, record: dict) -> Storage:
+    def from_dict(cls, record: dict[str, Any]) -> Storage:
         """The storage :meth:`to_dict` wrote (other keys are ignored); :class:`BadInputError` if it is none."""
         if not isinstance(record, dict) or not isinstance(record.get("dtype"), str):
             raise BadInputError("a storage record needs a dtype")
@@ -488,13 +532,18 @@ class Storage:
 
 
 def storage_quantizations(
-    storage: Storage, n_rows: int, mean, scatter, weights, shift
+    storage: Storage,
+    n_rows: int,
+    mean: npt.ArrayLike,
+    scatter: npt.ArrayLike,
+    weights: npt.ArrayLike,
+    shift: npt.ArrayLike | None,
 ) -> tuple[Quantization | None, Quantization | None]:
     """The records of ``storage`` for the unit-length outputs of ``y = (x - shift) @ weights``: the stored
     vectors' (None for float32) and the re-ranking vectors' (None without a rescoring)."""
     k = int(np.shape(weights)[1])
 
-    def record(kind):
+    def record(kind: str) -> Quantization | None:
         if kind == "float32":
             return None
         if kind == "int8":

@@ -225,7 +225,15 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
 RANGES_RTOL = 1e-9
 
 
-def _check_storage(f: Fields, record: dict, n_rows: int, mean, scatter, weights, shift) -> Storage:
+def _check_storage(
+    f: Fields,
+    record: dict[str, Any],
+    n_rows: int,
+    mean: np.ndarray,
+    scatter: np.ndarray,
+    weights: np.ndarray,
+    shift: np.ndarray,
+) -> Storage:
     """The storage a model file records, checked: a storage the parameters allow, its bytes per vector,
     and the records (int8 ranges) that its statistics give at its setting."""
     try:
@@ -245,7 +253,7 @@ def _check_storage(f: Fields, record: dict, n_rows: int, mean, scatter, weights,
     return storage
 
 
-def _check_record(f: Fields, key: str, recorded, expected: Quantization | None) -> None:
+def _check_record(f: Fields, key: str, recorded: Any, expected: Quantization | None) -> None:
     if expected is None:
         if recorded is not None:
             raise f.fail("storage_json", f"holds a {key} record its storage has no use for")

@@ -29,9 +29,9 @@ import numpy.typing as npt
 
 from .. import __version__
 from .._buffers import BufferPool, PerThread, kept_for_next_run
-from ..core.model import WhiteningModel, cast_checked, map_checksum, project_checked, raise_if_overflowed
+from ..core.model import WhiteningModel, map_checksum, project_checked
 from ..core.quantize import ATTR as QUANTIZATION_ATTR
-from ..core.quantize import Quantization
+from ..core.quantize import Quantization, cast_checked, raise_if_overflowed
 from ..errors import (
     BadInputError,
     InterruptedRunError,
@@ -79,7 +79,7 @@ def check_output(model: WhiteningModel, source: Source, output_spec: str) -> Non
     refuse_input_overlap({output_spec: "output"}, [source.path])
 
 
-def output_quantization(model: WhiteningModel, dtype) -> Quantization | None:
+def output_quantization(model: WhiteningModel, dtype: str | None) -> Quantization | None:
     """The record of an output of ``dtype`` int8 or binary (codes of the unit-length vectors, int8 ranges
     from the model's statistics, as :meth:`~streamwhiten.core.model.WhiteningModel.quantization` gives
     them everywhere); None for a float output."""
@@ -92,7 +92,9 @@ def encode_block(out: np.ndarray, quantization: Quantization | None) -> np.ndarr
     return out if quantization is None else quantization.encode(out)
 
 
-def stored_layout(model: WhiteningModel, dtype, quantization: Quantization | None) -> tuple[int, np.dtype]:
+def stored_layout(
+    model: WhiteningModel, dtype: npt.DTypeLike | None, quantization: Quantization | None
+) -> tuple[int, np.dtype]:
     """The width and dtype of an output's rows: ``k`` values of ``dtype``, or the codes' (``ceil(k / 8)``
     bytes of bits for binary)."""
     if quantization is None:
@@ -122,7 +124,7 @@ def output_is_current(
     checksum: str,
     source_sha256: str,
     normalize: bool,
-    dtype: npt.DTypeLike,
+    dtype: npt.DTypeLike | None,
     options: Mapping[str, Any] | None = None,
     keep_columns: Iterable[str] | None = None,
     *,
@@ -163,7 +165,7 @@ def output_is_current(
 
 def is_up_to_date(
     model: WhiteningModel,
-    input_spec,
+    input_spec: str | Source,
     output_spec: str,
     options: ApplyOptions,
     read: ReadOptions,
@@ -171,9 +173,13 @@ def is_up_to_date(
 ) -> bool:
     """Whether ``output_spec`` already holds what :func:`apply_model` with these arguments would write (see
     :func:`output_is_current`; the input's rows, or the range ``rows`` of them, fingerprinted now)."""
+    if options.dtype is None:  # the model's storage, as apply_model writes it
+        options = replace(options, dtype=model.dtype)
+    window = None if rows is None else _pair(rows)
     with open_source(input_spec, read=read, min_rows=1) as opened:
-        source = opened if rows is None else RowRange(opened, *_pair(rows))
+        source = opened if window is None else RowRange(opened, *window)
         source_sha = fingerprint(source).sha256_sampled
+        assert source_sha is not None  # fingerprint() hashes the sampled rows
     recorded = recorded_options(
         output_spec, options.skip_nonfinite, read.fill_missing_chunks, options.zarr_format, options.compressor
     )
@@ -186,11 +192,12 @@ def is_up_to_date(
         recorded,
         list(options.keep_columns),
         read=read,
-        rows=None if rows is None else (source.start, source.stop),
+        quantization=output_quantization(model, options.dtype),
+        rows=window,
     )
 
 
-def recorded_rows(attrs: dict) -> tuple[int, int] | None:
+def recorded_rows(attrs: dict[str, Any]) -> tuple[int, int] | None:
     """The input rows ``(start, stop)`` an output holds, from its ``rows`` attribute (None: every row of
     its input; HDF5 keeps the pair as JSON text); :class:`ValueError` for a value that is no such pair."""
     value = attrs.get("rows")
@@ -210,17 +217,17 @@ def output_attrs(
     normalize: bool,
     source_sha256: str | None = None,
     checksum: str | None = None,
-    options: dict | None = None,
-    keep_columns=None,
+    options: Mapping[str, Any] | None = None,
+    keep_columns: Iterable[str] | None = None,
     quantization: Quantization | None = None,
     rows: tuple[int, int] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """The attributes recorded on an output array: where it came from (``rows``: the input rows it
     holds, where it holds part of them), which transform made it, the ``options`` it was written with,
     the input columns it carries, and for int8 codes or bits how to decode them: ``dtype`` (``"int8"``,
     ``"binary"``) and ``quantization`` (the record as a JSON object,
     :meth:`~streamwhiten.core.quantize.Quantization.to_dict`: k, int8 scale and offset, bit order)."""
-    attrs = {
+    attrs: dict[str, Any] = {
         "streamwhiten_version": __version__,
         "source": source.label,
         "model_checksum": checksum or map_checksum(model),
@@ -343,8 +350,8 @@ class ApplyOutcome:
 
 def summary(
     model: WhiteningModel,
-    source,
-    sink,
+    source: Source,
+    sink: Sink,
     normalize: bool,
     n_nonfinite: int,
     seconds: float,
@@ -440,6 +447,8 @@ def apply_model(
     """
     began = time.perf_counter()
     options, read = _options_from_legacy(options, read, legacy)
+    if options.dtype is None:  # the model's storage (what tune chose), float32 when it records none
+        options = replace(options, dtype=model.dtype)
     if threads is not None:
         resolve_threads(threads)  # a bad value is refused before anything is opened
     output = open_output(output_spec, read)
@@ -466,7 +475,7 @@ def apply_model(
         return summary(model, source, sink, options.normalize, n_nonfinite, seconds, start, writing.quantization)
 
 
-def _pair(rows) -> tuple[int, int]:
+def _pair(rows: Any) -> tuple[int, int]:
     """``rows`` as two numbers (checked against the input by ``RowRange``)."""
     try:
         start, stop = rows
@@ -521,6 +530,7 @@ def _prepare_writing(
     if exists:
         keep = list(options.keep_columns)
         sha = source_print.sha256_sampled
+        assert sha is not None  # fingerprint() hashes the sampled rows
         current = output_is_current(
             output_spec,
             checksum,

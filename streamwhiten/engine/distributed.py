@@ -25,10 +25,12 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import params
 from ..core import stats
 from ..core.model import WhiteningModel, float_dtype
+from ..core.quantize import Quantization
 from ..errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
 from ..io import LazyRows, Source, fingerprint, lazy_rows, open_output, open_source, split_spec
 from ..options import ApplyOptions, ReadOptions
@@ -336,8 +338,16 @@ def fit_plan_dask(
 
 
 def _transform_and_write(
-    rows, begin, stop, projection, normalize, dtype, skip_nonfinite, writer, quantization=None
-) -> tuple:
+    rows: LazyRows,
+    begin: int,
+    stop: int,
+    projection: tuple[np.ndarray, np.ndarray],
+    normalize: bool,
+    dtype: npt.DTypeLike,
+    skip_nonfinite: bool,
+    writer: Callable[[int, np.ndarray], object],
+    quantization: Quantization | None = None,
+) -> tuple[int, int, int]:
     """Read rows ``[begin, stop)``, whiten them (in place: the block is this task's own), encode them for
     an output of codes (``quantization``), and write them."""
     weights, shift = projection

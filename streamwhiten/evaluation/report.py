@@ -302,6 +302,7 @@ def draw_frontier(ax, data: ReportData) -> None:
     """The retrieval frontier a tuned model was chosen from: the best score at each number of bytes per
     vector (with the 95% interval of its difference from raw float32), raw float32, the budget, the choice."""
     record = data.tuned
+    assert record is not None  # drawn only for a model with a retrieval tuning, as its callers check
     metric = record["metric"]
     rows = record["frontier"]
     raw = record["validation"]["raw"]

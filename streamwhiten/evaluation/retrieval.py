@@ -247,6 +247,7 @@ class SearchSetting:
     def rescored(self, rows: np.ndarray) -> np.ndarray:
         """Corpus rows as the re-ranking sees them (float64)."""
         again = self.rescore_quantization
+        assert again is not None  # made with the rescoring
         return again.decode(again.encode(self.unit(rows)), np.float64)
 
     def query_vectors(self, rows: np.ndarray) -> np.ndarray:
@@ -302,7 +303,7 @@ def run_settings(
             setting.unit(queries),
             result.rows[:, : setting.rescore],
             setting.rescore,
-            lambda block, start, setting=setting: setting.rescored(block),
+            lambda block, start, setting=setting: setting.rescored(block),  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
         )
         for setting, result in zip(settings, results, strict=True)
         if setting.rescore
@@ -485,8 +486,8 @@ class RetrievalTask:
     ``corpus`` is streamed by the searches; ``excluded`` are the exclusions as the searches take them.
     """
 
-    queries: object
-    corpus: object
+    queries: Source | np.ndarray
+    corpus: Source | np.ndarray
     qrels: Qrels
     query_rows: np.ndarray
     vectors: np.ndarray

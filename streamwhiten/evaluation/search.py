@@ -388,7 +388,7 @@ class Reranking:
         valid = np.flatnonzero(flat >= 0)
         self._by_row = valid[np.argsort(flat[valid], kind="stable")]
         self.rows = flat[self._by_row]  # the candidates' corpus rows, sorted
-        self._pending: tuple | None = None
+        self._pending: tuple[int, int, int, np.ndarray] | None = None
 
     def wanted(self, start: int, n_rows: int) -> np.ndarray:
         """The rows ``start .. start + n_rows - 1`` it needs, as offsets from ``start`` (sorted, unique)."""
@@ -399,6 +399,7 @@ class Reranking:
 
     def feed(self, start: int, vectors: np.ndarray) -> None:
         """The vectors of the rows :meth:`wanted` just named (in its order), as the re-ranking sees them."""
+        assert self._pending is not None, "feed() follows wanted()"  # as every caller does
         begun, lo, hi, index = self._pending
         if begun != start:
             raise BadInputError("rescoring: fed another block than the one its rows were asked for")

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -127,7 +128,9 @@ def _map_model(bases: dict, candidate: Candidate) -> WhiteningModel:
 
 def _groups(items: list, cost: Callable, budget: int) -> list[list]:
     """``items`` cut in order into groups whose summed ``cost`` stays within ``budget`` (one at least)."""
-    groups, current, used = [], [], 0
+    groups: list[list] = []
+    current: list = []
+    used = 0
     for item in items:
         size = cost(item)
         if current and used + size > budget:
@@ -190,7 +193,7 @@ def sweep_rows(
                 setting.query_vectors(task.vectors),
                 depth if setting.name == "raw" else bit_depth,
                 "hamming" if setting.quantization.kind == "binary" else "ip",
-                lambda rows, start, setting=setting: setting.searched(_finite(rows, start, label)),
+                lambda rows, start, setting=setting: setting.searched(_finite(rows, start, label)),  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
                 task.excluded,
             )
             for setting in group
@@ -224,7 +227,7 @@ def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, 
                 unit_queries,
                 depth,
                 "ip",
-                lambda unit, start, q=quantization: q.decode(q.encode(unit), np.float64),
+                lambda unit, start, q=quantization: q.decode(q.encode(unit), np.float64),  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
                 task.excluded,
             )
             jobs.append(job)
@@ -232,6 +235,7 @@ def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, 
         again = []
         for storage in reranks:
             made = SearchSetting.make("r", _map_model(bases, candidate), **_args(storage))
+            assert made.rescore_quantization is not None  # made with the storage's rescoring
             top = bits[(candidate.beta, candidate.k)]
             again.append(
                 (
@@ -285,7 +289,7 @@ def bootstrap_differences(reference: np.ndarray, others: list, samples: int, see
     n = reference.shape[0]
     index = np.random.default_rng(seed).integers(0, n, size=(samples, n)) if samples > 0 and n else None
     tails = [100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0]
-    out = []
+    out: list[tuple[float, float | None, float | None]] = []
     for values in others:
         diffs = np.asarray(values, np.float64) - np.asarray(reference, np.float64)
         difference = 100.0 * float(diffs.mean()) if n else math.nan
@@ -425,7 +429,7 @@ def sweep(
             task, candidates, bases, storages, block_rows=block_rows, threads=threads, progress=progress
         )
     raw_each = query_metrics(reference, task.query_rows, task.qrels)
-    raw = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
+    raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
     table, each = [], []
     for candidate in candidates:
         for storage in storages:
@@ -479,6 +483,7 @@ def tune_retrieval(model: WhiteningModel, queries, corpus, qrels, **options) -> 
     best = result.best
     summary = result.summary()
     storage = chosen.storage
+    assert storage is not None  # model_for records the row's storage
     described = dict(
         describe_stored(chosen),
         rescore=storage.rescore,
