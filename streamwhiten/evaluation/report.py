@@ -526,6 +526,104 @@ def _table(rows) -> str:
     return f"<table class='kv'>{body}</table>"
 
 
+def _figure(images: dict, name: str, caption: str) -> str:
+    """One figure of ``images`` (PNG bytes by name) as an inline base64 image with its caption."""
+    encoded = base64.b64encode(images[name]).decode("ascii")
+    return (
+        f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'>"
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]:
+    """The section on labelled pairs: the raw, best and seed scores, their figures and the full grid."""
+    model = data.model
+    parts: list[str] = []
+    grid, metric, name = data.grid, data.metric, _metric_name(data)
+    assert grid is not None  # drawn only for a report with a grid
+    best = grid.best
+    seeds = {(row["beta"], row["gamma"], row["k"]): row for row in grid.table}
+    rows = [
+        (
+            "pairs",
+            f"{grid.pairs['n_pairs']:,} (A {grid.pairs['a']}, B {grid.pairs['b']}, scores {grid.pairs['scores']})",
+        ),
+        (f"raw {name}", f"{grid.raw[metric]:.2f}"),
+        (
+            f"best {name}",
+            f"{best[metric]:.2f} at beta={best['beta']:g}, gamma={best['gamma']:g}, "
+            f"k={best['k']} ({best[metric] - grid.raw[metric]:+.2f} vs raw)",
+        ),
+    ]
+    for beta, label, _ in SEED_SETTINGS:
+        row = seeds.get((beta, beta, model.n_features))
+        if row is not None:
+            rows.append((f"{label}, full d", f"{row[metric]:.2f}"))
+    parts += [
+        "<h2>Scores on labelled pairs</h2>",
+        _table(rows),
+        image("k_curve", f"{name} against k for beta=gamma=1 and beta=gamma=0; dashed: the raw vectors."),
+        image(
+            "heatmaps",
+            f"{name} over (beta, gamma), one map per k; white is the raw score, "
+            "blue beats it, red loses; the box marks the best setting.",
+        ),
+    ]
+    header = "".join(f"<th>{h}</th>" for h in ("beta", "gamma", "k", "k choice", "Spearman x100", "Pearson x100"))
+    body = "".join(
+        f"<tr{' class=best' if row is best else ''}><td>{row['beta']:g}</td><td>{row['gamma']:g}</td>"
+        f"<td>{row['k']}</td><td>{html.escape(row['k_label'])}</td><td>{row['spearman']:.2f}</td>"
+        f"<td>{row['pearson']:.2f}</td></tr>"
+        for row in grid.table
+    )
+    parts.append(
+        f"<details><summary>All {len(grid.table)} settings</summary>"
+        f"<table class='grid'><tr>{header}</tr>{body}</table></details>"
+    )
+    return parts
+
+
+def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]:
+    """The section on retrieval: the choice tune made, its figure and the frontier it was tuned on."""
+    parts: list[str] = []
+    record = data.tuned
+    assert record is not None  # drawn only for a model tuned for retrieval
+    metric = record["metric"]
+    raw = record["validation"]["raw"]
+    setting = record["setting"]
+    budget = record.get("max_bytes")
+    rows = [
+        ("queries", f"{record['validation']['n_queries']:,} with a relevant document"),
+        (f"raw float32 {metric}", f"{raw[metric]:.2f} at {raw['bytes_per_vector']:,} bytes per vector"),
+        ("budget", "none" if budget is None else f"{budget:,} bytes per vector"),
+        (
+            "chosen",
+            f"{setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: "
+            f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector",
+        ),
+    ]
+    head = "".join(
+        f"<th>{h}</th>"
+        for h in ("bytes", "storage", "beta", "gamma", "k", f"{metric} x100", "retention", "vs raw [95%]")
+    )
+    body = "".join(
+        f"<tr><td>{row['bytes_per_vector']:,}</td><td>{html.escape(row['storage'])}</td><td>{row['beta']:g}</td>"
+        f"<td>{row['gamma']:g}</td><td>{row['k']}</td><td>{row[metric]:.2f}</td>"
+        f"<td>{'' if row['retention'] is None else format(row['retention'], '.1f') + '%'}</td>"
+        f"<td>{row['difference']:+.2f}"
+        + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
+        + "</td></tr>"
+        for row in record["frontier"]
+    )
+    parts += [
+        "<h2>Retrieval: the frontier it was tuned on</h2>",
+        _table(rows),
+        image("frontier", f"The best {metric} at each number of bytes per vector, the choice and the budget."),
+        f"<table class='grid'><tr>{head}</tr>{body}</table>",
+    ]
+    return parts
+
+
 def render_html(data: ReportData, images: dict, title: str | None = None) -> str:
     """One self-contained page: summaries, the figures (base64 PNGs), the full grid."""
     model = data.model
@@ -551,12 +649,8 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
     ]
     parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Model</h2>", _table(spectrum_rows)]
 
-    def image(name, caption):
-        encoded = base64.b64encode(images[name]).decode("ascii")
-        return (
-            f"<figure><img alt='{html.escape(caption)}' src='data:image/png;base64,{encoded}'>"
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-        )
+    def image(name: str, caption: str) -> str:
+        return _figure(images, name, caption)
 
     parts.append(
         image(
@@ -566,81 +660,9 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
     )
     parts.append(image("variance", "Cumulative explained variance: how much each k choice keeps."))
     if data.grid is not None:
-        grid, metric, name = data.grid, data.metric, _metric_name(data)
-        best = grid.best
-        seeds = {(row["beta"], row["gamma"], row["k"]): row for row in grid.table}
-        rows = [
-            (
-                "pairs",
-                f"{grid.pairs['n_pairs']:,} (A {grid.pairs['a']}, B {grid.pairs['b']}, scores {grid.pairs['scores']})",
-            ),
-            (f"raw {name}", f"{grid.raw[metric]:.2f}"),
-            (
-                f"best {name}",
-                f"{best[metric]:.2f} at beta={best['beta']:g}, gamma={best['gamma']:g}, "
-                f"k={best['k']} ({best[metric] - grid.raw[metric]:+.2f} vs raw)",
-            ),
-        ]
-        for beta, label, _ in SEED_SETTINGS:
-            row = seeds.get((beta, beta, model.n_features))
-            if row is not None:
-                rows.append((f"{label}, full d", f"{row[metric]:.2f}"))
-        parts += [
-            "<h2>Scores on labelled pairs</h2>",
-            _table(rows),
-            image("k_curve", f"{name} against k for beta=gamma=1 and beta=gamma=0; dashed: the raw vectors."),
-            image(
-                "heatmaps",
-                f"{name} over (beta, gamma), one map per k; white is the raw score, "
-                "blue beats it, red loses; the box marks the best setting.",
-            ),
-        ]
-        header = "".join(f"<th>{h}</th>" for h in ("beta", "gamma", "k", "k choice", "Spearman x100", "Pearson x100"))
-        body = "".join(
-            f"<tr{' class=best' if row is best else ''}><td>{row['beta']:g}</td><td>{row['gamma']:g}</td>"
-            f"<td>{row['k']}</td><td>{html.escape(row['k_label'])}</td><td>{row['spearman']:.2f}</td>"
-            f"<td>{row['pearson']:.2f}</td></tr>"
-            for row in grid.table
-        )
-        parts.append(
-            f"<details><summary>All {len(grid.table)} settings</summary>"
-            f"<table class='grid'><tr>{header}</tr>{body}</table></details>"
-        )
+        parts += _pairs_html(data, image)
     if data.tuned is not None:
-        record = data.tuned
-        metric = record["metric"]
-        raw = record["validation"]["raw"]
-        setting = record["setting"]
-        budget = record.get("max_bytes")
-        rows = [
-            ("queries", f"{record['validation']['n_queries']:,} with a relevant document"),
-            (f"raw float32 {metric}", f"{raw[metric]:.2f} at {raw['bytes_per_vector']:,} bytes per vector"),
-            ("budget", "none" if budget is None else f"{budget:,} bytes per vector"),
-            (
-                "chosen",
-                f"{setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: "
-                f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector",
-            ),
-        ]
-        head = "".join(
-            f"<th>{h}</th>"
-            for h in ("bytes", "storage", "beta", "gamma", "k", f"{metric} x100", "retention", "vs raw [95%]")
-        )
-        body = "".join(
-            f"<tr><td>{row['bytes_per_vector']:,}</td><td>{html.escape(row['storage'])}</td><td>{row['beta']:g}</td>"
-            f"<td>{row['gamma']:g}</td><td>{row['k']}</td><td>{row[metric]:.2f}</td>"
-            f"<td>{'' if row['retention'] is None else format(row['retention'], '.1f') + '%'}</td>"
-            f"<td>{row['difference']:+.2f}"
-            + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
-            + "</td></tr>"
-            for row in record["frontier"]
-        )
-        parts += [
-            "<h2>Retrieval: the frontier it was tuned on</h2>",
-            _table(rows),
-            image("frontier", f"The best {metric} at each number of bytes per vector, the choice and the budget."),
-            f"<table class='grid'><tr>{head}</tr>{body}</table>",
-        ]
+        parts += _frontier_html(data, image)
     style = (
         "body{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}"
         "img{max-width:100%}figure{margin:1.5em 0}figcaption{color:#555;font-size:90%}"

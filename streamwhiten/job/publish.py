@@ -46,6 +46,7 @@ from .publication import (
     versioned_output,
     write_manifest,
 )
+from .steps import fit_step, inputs_and_outputs, job_lock, model_rows, stored_bytes
 
 log = logging.getLogger("streamwhiten")
 
@@ -65,8 +66,6 @@ def run_published(
     """Run ``job`` (which has a ``[publish]`` table): update the statistics, then publish, append or do
     nothing (see the module docstring). Returns the run's report; raises :class:`NothingToDoError` (with
     the report as its ``summary``) when there was nothing to do."""
-    from .run import _fit_step, _inputs_and_outputs, job_lock, model_rows
-
     assert job.publish is not None and job.apply is not None and job.output is not None
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
@@ -80,10 +79,10 @@ def run_published(
             if not republish:
                 check_outputs(job.model_path, manifest, job.apply_read)
             _delete_retired(manifest.retired, job)
-        inputs, outputs = _inputs_and_outputs(job)
+        inputs, outputs = inputs_and_outputs(job)
         _check_paths(job, inputs, outputs, manifest)
         before = model_rows(job.model_path)
-        model = _fit_step(job, inputs, night.steps, progress, should_stop, restart)
+        model = fit_step(job, inputs, night.steps, progress, should_stop, restart)
         rows_added = model.n_rows - before
         staleness, reason = None, None
         if manifest is None:
@@ -276,29 +275,6 @@ def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _
     log.info("job %s: wrote %s (%s rows%s)", job.name, part, f"{outcome.n_rows:,}", resumed)
 
 
-def stored_bytes(spec: str, read: ReadOptions | None = None) -> int:
-    """The bytes an output takes in storage (a file, or every file of a directory or object prefix)."""
-    from ..io import remote, split_spec
-
-    path = split_spec(spec)[0]
-    if remote.is_url(path):
-        try:
-            found = remote.find(path, detail=True, read=read if read is not None else ReadOptions())
-        except Exception:  # noqa: BLE001 - a report figure, never a reason to fail
-            return 0
-        return int(sum(int(item.get("size") or 0) for item in found.values()))
-    if os.path.isfile(path):
-        return os.path.getsize(path)
-    total = 0
-    for directory, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(directory, name))
-            except OSError:
-                pass
-    return total
-
-
 def _now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -475,4 +451,4 @@ def _remove_partial(output) -> None:
         remove(path)
 
 
-__all__ = ["run_published", "setting_of", "stored_bytes"]
+__all__ = ["run_published", "setting_of"]
