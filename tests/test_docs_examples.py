@@ -30,6 +30,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from threadpoolctl import threadpool_limits
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
@@ -374,7 +375,10 @@ def run_block(block: Block, root: Path, site, monkeypatch) -> None:
     state = _STATE[block.doc]
     namespace = state["namespace"]
     namespace.update({name: value for name, value in given.items() if name in free_names(block.code)})
-    exec(compile(code, f"{block.doc}:{block.line}", "exec"), namespace)
+    # One BLAS thread: many small eigendecompositions (the README's GridSearchCV) run several times faster so
+    # on a busy 2-core machine; the library sets its own per-worker limits inside it as usual.
+    with threadpool_limits(1):
+        exec(compile(code, f"{block.doc}:{block.line}", "exec"), namespace)
 
 
 @pytest.mark.parametrize("block", [pytest.param(b, id=f"{b.doc}:{b.line}") for b in BLOCKS])
