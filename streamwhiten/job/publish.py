@@ -127,9 +127,11 @@ def run_published(
 
 
 def _staleness(published, model):
+    """The staleness of ``published`` against the updated ``model``'s statistics (its eigenvectors are
+    the refit's where the angle needs them: no second eigendecomposition)."""
     from ..core.staleness import staleness
 
-    return staleness(published, model.state)
+    return staleness(published, model)
 
 
 def setting_of(job: JobFile, model) -> dict:
