@@ -293,6 +293,40 @@ def test_an_input_rewritten_since_it_was_published_is_refused(night):
     assert result.returncode == EXIT_BAD_INPUT and "differ from the recorded ones" in result.stderr
 
 
+def test_an_appending_night_records_each_inputs_fingerprint_as_taken_afresh(night):
+    # the run takes the fingerprint of an input's published rows from the statistics' record of it (the
+    # fit step read or checked those rows): it must be the fingerprint an independent look at them gives
+    from streamwhiten.io import fingerprint
+
+    directory, job = night
+    append_rows(directory / "shards" / "day-1.h5", rows_of(100, 2))
+    append_rows(directory / "shards" / "day-2.h5", rows_of(60, 3))
+    assert run_job_file(job)["action"] == "append"
+    manifest = json.loads(open(manifest_path(str(directory / "models" / "m.npz"))).read())
+    for item in manifest["inputs"]:
+        with open_source(item["spec"]) as source:
+            assert item["source"] == fingerprint(source, item["parts"][-1]["stop"]).to_dict()
+            assert item["source"]["n_rows"] == source.n_rows
+
+
+def test_published_rows_the_statistics_update_did_not_sample_are_still_checked(night):
+    # statistics updated outside the job (2,100 rows) while 2,000 are published: the fit step checks the
+    # model's fingerprint of 2,100 rows, whose samples miss row 510; the run must still check the published
+    # rows' own fingerprint (samples at 500..563) and refuse the rewritten row
+    from streamwhiten.options import FitOptions
+    from streamwhiten.pipeline import fit
+
+    directory, job = night
+    model, shard = str(directory / "models" / "m.npz"), directory / "shards" / "day-1.h5"
+    append_rows(shard, rows_of(100, 2))
+    fit([str(shard)], model, update=model, options=FitOptions(overwrite=True))
+    with h5py.File(shard, "a") as handle:
+        handle["emb"][510] = 0.0
+    append_rows(shard, rows_of(50, 3))
+    with pytest.raises(BadInputError, match="its first 2000 rows differ from the recorded ones"):
+        run_job_file(job)
+
+
 @pytest.mark.parametrize(
     "table, fragment",
     [

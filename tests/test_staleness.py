@@ -299,3 +299,19 @@ def test_publishing_parameters_are_declared_once():
         with pytest.raises(BadInputError, match=f"^{name} must be"):
             PARAMS[name].check(bad)
     assert PARAMS["max_staleness"].check(0.0) == 0.0 and PARAMS["keep_versions"].check(1) == 1
+
+
+@pytest.mark.parametrize("beta, gamma, k", SETTINGS)
+def test_a_model_of_the_current_statistics_gives_the_same_values_as_its_statistics(beta, gamma, k):
+    # what a nightly run passes: the updated model (any gamma, eps and k; its eigenvectors are the refit's
+    # when its beta is the published one), instead of its statistics: the same values, to the bit
+    published, current = drifted_pair()
+    model = finalize(stats.block_moments(published), beta=beta, gamma=gamma, n_components=k)
+    state = stats.block_moments(current)
+    expected = staleness(model, state).to_dict()
+    assert staleness(model, finalize(state, beta=beta, gamma=0.5, eps=1e-3, n_components=2)).to_dict() == expected
+    # another beta's eigenvectors are not the refit's: they are not taken
+    other = finalize(state, beta=1.0 - beta if beta != 0.5 else 0.0, gamma=gamma)
+    assert staleness(model, other).to_dict() == expected
+    if model.n_components < model.n_features:
+        assert expected["angle"] > 0.01  # the eigenvectors matter here: a test that can fail

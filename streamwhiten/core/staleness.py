@@ -6,7 +6,8 @@ the top ``k`` eigenpairs of ``Sigma_p = Sigma_beta`` of those statistics. On its
 outputs the second moment ``W^T Sigma_p W = T = diag(lambda / (lambda + eps_)^gamma)`` (the identity
 for ``gamma = 1`` up to eps). The statistics keep growing, to ``(n, mu, S)`` with ``Sigma = Sigma_beta``
 of those; :func:`staleness` measures how far the published map is from what a refit on them would give,
-with no pass over the data (a few ``d x d`` products and one eigendecomposition, O(d^3)).
+with no pass over the data (a few ``d x d`` products, O(d^3); for k < d also the eigendecomposition
+of the current statistics, which the model a fit returns already holds).
 
 Every part is measured in the published map's own whitened units: with
 ``G = diag((lambda + eps~)^(-1/2))`` (the ``k`` published eigenvalues; ``eps~`` = the model's
@@ -103,7 +104,7 @@ def _regulariser(eps_value: float, top: float) -> float:
     return max(float(eps_value), ROUNDING_FLOOR * max(top, 0.0))
 
 
-def staleness(model: WhiteningModel, current: Moments) -> Staleness:
+def staleness(model: WhiteningModel, current: Moments | WhiteningModel) -> Staleness:
     """How far ``model`` (the published map) is from a refit on ``current`` (the statistics now).
 
     Parameters
@@ -111,8 +112,11 @@ def staleness(model: WhiteningModel, current: Moments) -> Staleness:
     model : WhiteningModel
         The published model; it holds the statistics it was finalized from and its setting (beta,
         gamma, eps, k), which the refit keeps (k included, also when the model chose k by variance).
-    current : Moments
-        The statistics now, usually the published ones with new rows merged in.
+    current : Moments or WhiteningModel
+        The statistics now, usually the published ones with new rows merged in; or a model finalized
+        from them (the one a fit or update returns). Only the ``angle`` (k < d) needs the refit's
+        eigenvectors: they are those of a model finalized with the published beta, which is then not
+        eigendecomposed again; at k = d no eigendecomposition of the current statistics is made.
 
     Returns
     -------
@@ -122,22 +126,29 @@ def staleness(model: WhiteningModel, current: Moments) -> Staleness:
     Raises
     ------
     BadInputError
-        When the statistics have another width than the model, or fewer than 2 rows.
+        When the statistics have another width than the model, fewer than 2 rows, or a covariance that
+        overflowed.
     """
+    refit = current if isinstance(current, WhiteningModel) else None
+    state = current.state if isinstance(current, WhiteningModel) else current
     d, k = model.n_features, model.n_components
-    if current.n_features != d:
-        raise BadInputError(f"the statistics have {current.n_features} features, the published model {d}")
+    if state.n_features != d:
+        raise BadInputError(f"the statistics have {state.n_features} features, the published model {d}")
+    if state.n_rows < 2:
+        raise BadInputError(f"at least 2 rows are needed to fit, got n_samples = {state.n_rows}")
     beta = model.beta
-    # The refit the published map is compared with (it also checks the statistics).
-    refit = finalize(current, beta=beta, gamma=model.gamma, eps=model.eps, n_components=k)
+    sigma = covariance(state, beta)
+    if not np.all(np.isfinite(sigma)):
+        raise BadInputError(
+            "the covariance overflowed (values too large for float32 products); fit again with --precision float64"
+        )
     regulariser = _regulariser(model.eps_value, float(model.eigvals[0]))
     scale = 1.0 / np.sqrt(model.eigvals[:k] + regulariser)
     kept = model.eigvecs[:, :k]
-    sigma = covariance(current, beta)
     change = kept.T @ (sigma - covariance(model.state, beta)) @ kept
     deviation = change * scale[:, None] * scale[None, :]
     covariance_part = float(np.max(np.abs(np.linalg.eigvalsh(deviation))))
-    offset = beta * (current.mean - model.state.mean)
+    offset = beta * (state.mean - model.state.mean)
     shift = float(np.linalg.norm((offset @ kept) * scale))
     dropped = angle = 0.0
     if k < d:
@@ -145,6 +156,9 @@ def staleness(model: WhiteningModel, current: Moments) -> Staleness:
         least_kept = float(np.linalg.eigvalsh(kept.T @ sigma @ kept)[0])
         most_dropped = float(np.linalg.eigvalsh(others.T @ sigma @ others)[-1])
         dropped = max(0.0, most_dropped - least_kept) / (max(least_kept, 0.0) + regulariser)
+        # the refit's eigenvectors: those of Sigma_beta of the current statistics (any k, gamma, eps)
+        if refit is None or refit.beta != beta or not (refit.state is state or refit.state == state):
+            refit = finalize(state, beta=beta, gamma=model.gamma, eps=model.eps, n_components=k)
         # the largest principal angle: its sine is the largest singular value of (refit's dropped)^T kept,
         # its cosine the smallest of (refit's kept)^T kept (both, so that it is accurate near 0 and pi/2)
         sine = float(np.linalg.norm(refit.eigvecs[:, k:].T @ kept, ord=2))

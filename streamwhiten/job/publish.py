@@ -46,7 +46,7 @@ from .publication import (
     versioned_output,
     write_manifest,
 )
-from .steps import fit_step, inputs_and_outputs, job_lock, model_rows, stored_bytes
+from .steps import current_model, fit_step, inputs_and_outputs, job_lock, stored_bytes
 
 log = logging.getLogger("streamwhiten")
 
@@ -81,9 +81,12 @@ def run_published(
             _delete_retired(manifest.retired, job)
         inputs, outputs = inputs_and_outputs(job)
         _check_paths(job, inputs, outputs, manifest)
-        before = model_rows(job.model_path)
+        previous = current_model(job.model_path)
         model = fit_step(job, inputs, night.steps, progress, should_stop, restart)
-        rows_added = model.n_rows - before
+        rows_added = model.n_rows - (previous.n_rows if previous is not None else 0)
+        # the fit step checked that each input still starts with the rows these records describe (an
+        # update checks the model it starts from: this one, unless a killed run's checkpoint was finished)
+        checked = previous.sources if previous is not None and "resume" not in night.steps else ()
         staleness, reason = None, None
         if manifest is None:
             action, reason = "fit", "first publication"
@@ -96,7 +99,7 @@ def run_published(
             log.info("job %s: published version %s (%s)", job.name, manifest.version, reason)
         else:
             assert manifest is not None
-            manifest = _append(job, model, published, inputs, outputs, manifest, night, progress, should_stop)
+            manifest = _append(job, model, published, inputs, outputs, manifest, night, progress, should_stop, checked)
             _abandon(job, manifest.version + 1, outputs)
             if not night.parts and not night.steps:
                 action = "nothing"
@@ -127,9 +130,11 @@ def run_published(
 
 
 def _staleness(published, model):
+    """The staleness of ``published`` against the updated ``model``'s statistics (its eigenvectors are
+    the refit's where the angle needs them: no second eigendecomposition)."""
     from ..core.staleness import staleness
 
-    return staleness(published, model.state)
+    return staleness(published, model)
 
 
 def setting_of(job: JobFile, model) -> dict:
@@ -183,24 +188,33 @@ class _Input:
     source: object  # Fingerprint of rows [0, stop)
 
 
-def _current_inputs(job: JobFile, model, inputs: list, outputs: dict, manifest: Manifest | None = None) -> list:
+def _current_inputs(
+    job: JobFile, model, inputs: list, outputs: dict, manifest: Manifest | None = None, checked=()
+) -> list:
     """Each input with the rows the statistics hold of it (those are what a version publishes: rows
     that arrived after the fit read the input wait for the next night). An input ``manifest`` lists must
-    still start with the rows it published (an input rewritten since is refused)."""
+    still start with the rows it published (an input rewritten since is refused); that is not checked
+    again where the published fingerprint is the input's record in ``checked``: the records of the model
+    the fit step of this run updated, each of which it checked against its input as it is now.
+
+    Called after the fit step, which read or checked the sampled rows of every input's record in
+    ``model``: a record that still describes the input's first ``stop`` rows as stored now is their
+    fingerprint, taken again only where it does not (an object rewritten since: then it differs)."""
     from ..engine.fit import check_prefix
-    from ..io import fingerprint, identity_of, open_source
+    from ..io import identity_of, open_source
 
     found = []
     for spec in inputs:
         with open_source(spec, read=job.read, min_rows=0) as source:
-            recorded = next(
-                (item for item in model.sources if identity_of(item.path, item.dataset or "") == source.identity),
-                None,
+            recorded, prior = (
+                next((item for item in records if identity_of(item.path, item.dataset or "") == source.identity), None)
+                for records in (model.sources, checked)
             )
             stop = int(recorded.n_rows) if recorded is not None and recorded.n_rows else 0
             entry = manifest.input(spec) if manifest is not None else None
             if entry is not None:
-                check_prefix(source, entry.source)
+                if entry.source != prior:  # else the fit step checked these very rows
+                    check_prefix(source, entry.source)
                 if stop < entry.stop:
                     raise BadInputError(
                         f"{source.label}: the statistics hold {stop:,} of its rows but {entry.stop:,} were "
@@ -211,8 +225,22 @@ def _current_inputs(job: JobFile, model, inputs: list, outputs: dict, manifest: 
                     f"{source.label}: has {source.n_rows} rows but the statistics hold {stop} of it; the input "
                     "was changed, not appended to"
                 )
-            found.append(_Input(spec, outputs[spec], stop, fingerprint(source, stop) if stop else None))
+            found.append(_Input(spec, outputs[spec], stop, _rows_fingerprint(source, stop, recorded) if stop else None))
     return found
+
+
+def _rows_fingerprint(source, stop: int, recorded):
+    """``fingerprint(source, stop)``: ``recorded`` (the statistics' record of ``source``, whose sampled rows
+    the fit step of this run read or checked) where it describes those rows as they are stored now."""
+    from ..io import describe, fingerprint
+
+    if (
+        recorded is not None
+        and recorded.n_rows == stop
+        and replace(recorded, sha256_sampled=None) == describe(source, stop)
+    ):
+        return recorded
+    return fingerprint(source, stop)
 
 
 def _check_paths(job: JobFile, inputs: list, outputs: dict, manifest: Manifest | None) -> None:
@@ -328,14 +356,23 @@ def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, 
 
 
 def _append(
-    job: JobFile, model, published_model, inputs: list, outputs: dict, manifest: Manifest, night, progress, should_stop
+    job: JobFile,
+    model,
+    published_model,
+    inputs: list,
+    outputs: dict,
+    manifest: Manifest,
+    night,
+    progress,
+    should_stop,
+    checked=(),
 ):
     """Append the rows each input gained since it was published (and new inputs) as new parts of the
     current version, written with its map (``published_model``); then switch the manifest. Returns it
-    (unchanged when there was nothing new)."""
+    (unchanged when there was nothing new). ``checked``: see :func:`_current_inputs`."""
     updated = {item.spec: item for item in manifest.inputs}
     order = [item.spec for item in manifest.inputs]
-    for item in _current_inputs(job, model, inputs, outputs, manifest):
+    for item in _current_inputs(job, model, inputs, outputs, manifest, checked):
         entry = updated.get(item.spec)
         start = entry.stop if entry is not None else 0
         if item.stop <= start:

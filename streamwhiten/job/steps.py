@@ -32,15 +32,22 @@ def job_lock(path: str):
 
 def model_rows(model_path: str) -> int:
     """The rows of the statistics in ``model_path`` now (0 when there is none yet, or none it can read)."""
+    model = current_model(model_path)
+    return model.n_rows if model is not None else 0
+
+
+def current_model(model_path: str):
+    """The model in ``model_path`` now, before the fit step (None when there is none yet, or none it can
+    read: the fit step refuses that one and says how)."""
     from ..core.model import load_model
     from ..errors import ModelFileError
 
     if not os.path.exists(model_path):
-        return 0
+        return None
     try:
-        return load_model(model_path).n_rows
+        return load_model(model_path)
     except ModelFileError:  # not a model of ours, or damaged: the fit step refuses it and says how
-        return 0
+        return None
 
 
 def inputs_and_outputs(job: JobFile) -> tuple[list, dict]:
@@ -185,4 +192,4 @@ def stored_bytes(spec: str, read: ReadOptions | None = None) -> int:
     return total
 
 
-__all__ = ["fit_step", "inputs_and_outputs", "job_lock", "model_rows", "stored_bytes"]
+__all__ = ["current_model", "fit_step", "inputs_and_outputs", "job_lock", "model_rows", "stored_bytes"]
