@@ -17,7 +17,8 @@ from streamwhiten.core.model import finalize, load_model, save_model
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
 from streamwhiten.evaluation import sweep as sweep_module
 from streamwhiten.evaluation.retrieval import METRICS
-from streamwhiten.evaluation.sweep import choose_within, frontier, sweep
+from streamwhiten.evaluation.sweep import SweepGrid, choose_within, frontier, sweep
+from streamwhiten.options import RetrievalOptions
 
 RESCORE = 15
 
@@ -119,8 +120,9 @@ def swept(tmp_path_factory):
     task = write_task(tmp_path, seed=5, noise=0.8, d=12, graded=True, offset=1.5)
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
     result = sweep(
-        model, task["spec_q"], task["spec_c"], task["qrels"], exclude=task["exclude"], betas=[0, 0.5], gammas=[0.5, 1],
-        ks=[12, 5], variances=[], rescore=RESCORE, bootstrap=200, block_rows=300, threads=2,
+        model, task["spec_q"], task["spec_c"], task["qrels"],
+        grid=SweepGrid(betas=[0, 0.5], gammas=[0.5, 1], ks=[12, 5], variances=[], rescore=RESCORE),
+        options=RetrievalOptions(exclude=task["exclude"], bootstrap=200, block_rows=300, threads=2),
     )  # fmt: skip
     return task, model, result
 
@@ -187,7 +189,10 @@ def test_one_pass_for_every_float_setting_and_more_only_when_the_lists_do_not_fi
     task = write_task(tmp_path, seed=2, d=8, n=600, n_queries=20)
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
     totals = []
-    options = dict(betas=[0, 1], gammas=[0, 1], ks=[8, 4], variances=[], dtypes=["float32", "int8"], bootstrap=0)
+    options = dict(
+        grid=SweepGrid(betas=[0, 1], gammas=[0, 1], ks=[8, 4], variances=[], dtypes=["float32", "int8"]),
+        options=RetrievalOptions(bootstrap=0),
+    )
     sweep(
         model,
         task["queries"],
