@@ -168,15 +168,16 @@ class Reference:
 def frontier(data: Path, pooling: str, args, check: list) -> tuple[list, dict]:
     from streamwhiten.core.model import finalize
     from streamwhiten.engine.fit import fit_sources
-    from streamwhiten.evaluation.sweep import choose_within, sweep
+    from streamwhiten.evaluation.sweep import SweepGrid, choose_within, sweep
+    from streamwhiten.options import RetrievalOptions
 
     corpus_spec, queries_spec = f"{data}/corpus.h5:/{pooling}", f"{data}/queries.h5:/{pooling}"
     model = finalize(fit_sources(corpus_spec).state, beta=1.0, gamma=1.0)
     began = time.perf_counter()
     result = sweep(
-        model, queries_spec, corpus_spec, str(data / "qrels.tsv"), exclude=str(data / "exclude.tsv"),
-        betas=args.betas, gammas=args.gammas, ks=args.ks, variances=[], rescore=args.rescore,
-        bootstrap=args.bootstrap,
+        model, queries_spec, corpus_spec, str(data / "qrels.tsv"),
+        grid=SweepGrid(betas=args.betas, gammas=args.gammas, ks=args.ks, variances=[], rescore=args.rescore),
+        options=RetrievalOptions(exclude=str(data / "exclude.tsv"), bootstrap=args.bootstrap),
     )  # fmt: skip
     seconds = time.perf_counter() - began
     reference = Reference(data, pooling)

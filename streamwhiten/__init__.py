@@ -5,8 +5,8 @@ The public API (everything a user imports; documentation and examples import not
 >>> import streamwhiten
 >>> sorted(set(streamwhiten.__all__) - {"__version__"})  # doctest: +NORMALIZE_WHITESPACE
 ['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'FitOptions', 'FitOutcome', 'Model', 'Publication',
- 'ReadOptions', 'Setting', 'Whitener', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit',
- 'load_model', 'published', 'release_buffers', 'serving', 'staleness', 'synthetic']
+ 'ReadOptions', 'RetrievalOptions', 'Setting', 'Whitener', 'apply', 'evaluate', 'evaluate_retrieval',
+ 'export', 'fit', 'load_model', 'published', 'release_buffers', 'serving', 'staleness', 'synthetic']
 
 - :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size;
 - :func:`load_model` and :class:`Model` (a fitted whitening and its statistics), :func:`staleness` (how far a
@@ -17,7 +17,7 @@ The public API (everything a user imports; documentation and examples import not
   and :mod:`serving` (the map in numpy alone); :mod:`synthetic` (the built-in anisotropic example data);
 - :class:`Whitener`, the scikit-learn transformer;
 - the option objects :class:`ReadOptions`, :class:`FitOptions`, :class:`ApplyOptions`,
-  :class:`EngineOptions`, :class:`Setting`, and the outcomes :class:`FitOutcome`, :class:`ApplyOutcome`.
+  :class:`EngineOptions`, :class:`Setting`, :class:`RetrievalOptions` (what ``evaluate_retrieval`` reads), and the outcomes :class:`FitOutcome`, :class:`ApplyOutcome`.
 
 ``import streamwhiten`` stays light: each name is imported on first use (the estimator pulls in numba
 and scikit-learn, the pipeline the storage libraries).
@@ -50,6 +50,7 @@ _PUBLIC = {
     "ApplyOptions": ("streamwhiten.options", "ApplyOptions"),
     "EngineOptions": ("streamwhiten.options", "EngineOptions"),
     "Setting": ("streamwhiten.options", "Setting"),
+    "RetrievalOptions": ("streamwhiten.options", "RetrievalOptions"),
 }
 
 __all__ = [*_PUBLIC, "__version__"]

@@ -1,4 +1,5 @@
-"""Option objects: what a read, a fit, an apply, an engine and a publication take, each a frozen dataclass.
+"""Option objects: what a read, a fit, an apply, an engine, a publication and a retrieval evaluation take, each
+a frozen dataclass.
 
 Every field is a parameter of :data:`streamwhiten.params.PARAMS` (same name, same default, same check),
 so an option object cannot hold a value the command line or a job file would refuse: it is checked when
@@ -290,6 +291,45 @@ class PublishOptions:
         object.__setattr__(self, "max_staleness", float(self.max_staleness))
 
 
+@dataclass(frozen=True)
+class RetrievalOptions:
+    """What a retrieval evaluation reads besides its queries, corpus and qrels, and how
+    (:func:`~streamwhiten.evaluation.retrieval.evaluate_retrieval` and the sweep of ``tune``).
+
+    Parameters
+    ----------
+    exclude : str or path, optional
+        A file of ``(query, corpus)`` pairs dropped from that query's candidates.
+    query_id_column, corpus_id_column : str, optional
+        Parquet or Lance stores: the columns holding the ids the qrels and exclude file use (None: the ids
+        are 0-based rows).
+    bootstrap : int
+        Resamples of the queries for each paired 95% interval (0: none).
+    seed : int
+        The seed of the bootstrap's resampling.
+    block_rows : int, optional
+        Corpus rows per block read (default: whole store chunks of a few tens of MiB).
+    threads : int, optional
+        Worker threads of the search (-1: one per core; default: one per core, at most four).
+    """
+
+    exclude: str | os.PathLike | None = None
+    query_id_column: str | None = None
+    corpus_id_column: str | None = None
+    bootstrap: int = params.default("bootstrap")
+    seed: int = params.default("seed")
+    block_rows: int | None = params.default("block_rows")
+    threads: int | None = params.default("threads")
+
+    def __post_init__(self):
+        if self.exclude is not None and not isinstance(self.exclude, (str, os.PathLike)):
+            raise BadInputError(f"exclude must be a file (a path), got {self.exclude!r}")
+        for name in ("query_id_column", "corpus_id_column"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise BadInputError(f"{name} must be a column name (a string), got {getattr(self, name)!r}")
+        _check_fields(self)
+
+
 def column_names(names) -> tuple[str, ...]:
     """``names`` (a sequence, or one comma-separated string) as a tuple of names, each once."""
     if names is None:
@@ -349,6 +389,7 @@ __all__ = [
     "FitOptions",
     "PublishOptions",
     "ReadOptions",
+    "RetrievalOptions",
     "Setting",
     "StorageOptions",
     "column_names",

@@ -14,6 +14,7 @@ from streamwhiten.options import (
     EngineOptions,
     FitOptions,
     ReadOptions,
+    RetrievalOptions,
     Setting,
     StorageOptions,
     column_names,
@@ -34,6 +35,10 @@ from streamwhiten.options import (
         (ApplyOptions, "normalize", 1),
         (EngineOptions, "threads", 0),
         (ReadOptions, "fill_missing_chunks", None),
+        (RetrievalOptions, "bootstrap", -1),
+        (RetrievalOptions, "seed", 1.5),
+        (RetrievalOptions, "block_rows", 0),
+        (RetrievalOptions, "threads", 0),
         (Setting, "beta", 1.5),
         (Setting, "n_components", 0),
     ],
@@ -47,7 +52,7 @@ def test_every_field_is_checked_in_the_words_of_params(cls, name, bad):
 
 
 def test_defaults_are_the_declared_ones():
-    for cls in (FitOptions, ApplyOptions, EngineOptions, ReadOptions):
+    for cls in (FitOptions, ApplyOptions, EngineOptions, ReadOptions, RetrievalOptions):
         for item in dataclasses.fields(cls):
             name = item.name
             if name in params.PARAMS and name != "remote_timeout":
@@ -117,3 +122,14 @@ def test_column_names():
     assert ApplyOptions(keep_columns="id,url").keep_columns == ("id", "url")
     with pytest.raises(BadInputError, match="names 'id' twice"):
         column_names("id,id")
+
+
+def test_retrieval_options_take_a_path_and_column_names_and_refuse_other_things(tmp_path):
+    assert RetrievalOptions(exclude=tmp_path / "ex.tsv").exclude == tmp_path / "ex.tsv"
+    assert RetrievalOptions(query_id_column="id", corpus_id_column="doc").corpus_id_column == "doc"
+    with pytest.raises(BadInputError, match=r"^exclude must be a file \(a path\), got 3$"):
+        RetrievalOptions(exclude=3)
+    with pytest.raises(BadInputError, match=r"^query_id_column must be a column name \(a string\), got 0$"):
+        RetrievalOptions(query_id_column=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        RetrievalOptions().seed = 3  # type: ignore[misc]

@@ -24,6 +24,7 @@ from streamwhiten.evaluation.retrieval import (
     paired_bootstrap,
     query_metrics,
 )
+from streamwhiten.options import RetrievalOptions
 
 RETRIEVAL_DEV = Path(os.environ.get("STREAMWHITEN_STSB", REPO.parent / "shared/data/stsb/stsb-dev-minilm.h5"))
 RETRIEVAL_DEV = RETRIEVAL_DEV.parent / "retrieval-dev"
@@ -253,6 +254,24 @@ def test_the_bootstrap_is_paired_seeded_and_optional():
     assert out["b"]["low"] < out["b"]["difference"] < out["b"]["high"]
     assert paired_bootstrap(first, second, samples=0)["b"]["low"] is None
     assert mean_metrics({"a": np.array([0.5, 1.0])}) == {"a": 75.0}
+
+
+def test_options_given_as_one_object_give_what_keywords_give(task):
+    model = finalize(stats.block_moments(task["corpus"].astype(np.float64)), n_components=8)
+    args = (task["spec_q"], task["spec_c"], task["qrels"])
+    keywords = evaluate_retrieval(
+        *args, model=model, exclude=task["exclude"], bootstrap=150, seed=3, block_rows=300, threads=2, dtype="int8"
+    )
+    options = RetrievalOptions(exclude=task["exclude"], bootstrap=150, seed=3, block_rows=300, threads=2)
+    assert evaluate_retrieval(*args, model=model, options=options, dtype="int8") == keywords
+    assert keywords["exclude"]["n_pairs"] == len(task["excluded"]) and keywords["bootstrap"]["samples"] == 150
+    # one or the other: a keyword beside the object would be silently lost
+    with pytest.raises(BadInputError, match=r"^give exclude, the id columns, .* not both$"):
+        evaluate_retrieval(*args, options=options, bootstrap=10)
+    with pytest.raises(BadInputError, match=r"^options must be a RetrievalOptions, got dict$"):
+        evaluate_retrieval(*args, options={"bootstrap": 10})  # type: ignore[arg-type]
+    with pytest.raises(BadInputError, match=r"^seed must be a whole number, 0 or more, got -1$"):
+        evaluate_retrieval(*args, seed=-1)
 
 
 def test_ids_from_parquet_id_columns_give_what_rows_give(tmp_path, task):

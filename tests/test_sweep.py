@@ -4,8 +4,10 @@ centring as candidates, the choice written into the model and used by eval and e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -17,7 +19,8 @@ from streamwhiten.core.model import finalize, load_model, save_model
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
 from streamwhiten.evaluation import sweep as sweep_module
 from streamwhiten.evaluation.retrieval import METRICS
-from streamwhiten.evaluation.sweep import choose_within, frontier, sweep
+from streamwhiten.evaluation.sweep import SweepGrid, choose_within, frontier, sweep
+from streamwhiten.options import RetrievalOptions
 
 RESCORE = 15
 
@@ -119,8 +122,9 @@ def swept(tmp_path_factory):
     task = write_task(tmp_path, seed=5, noise=0.8, d=12, graded=True, offset=1.5)
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
     result = sweep(
-        model, task["spec_q"], task["spec_c"], task["qrels"], exclude=task["exclude"], betas=[0, 0.5], gammas=[0.5, 1],
-        ks=[12, 5], variances=[], rescore=RESCORE, bootstrap=200, block_rows=300, threads=2,
+        model, task["spec_q"], task["spec_c"], task["qrels"],
+        grid=SweepGrid(betas=[0, 0.5], gammas=[0.5, 1], ks=[12, 5], variances=[], rescore=RESCORE),
+        options=RetrievalOptions(exclude=task["exclude"], bootstrap=200, block_rows=300, threads=2),
     )  # fmt: skip
     return task, model, result
 
@@ -187,7 +191,10 @@ def test_one_pass_for_every_float_setting_and_more_only_when_the_lists_do_not_fi
     task = write_task(tmp_path, seed=2, d=8, n=600, n_queries=20)
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
     totals = []
-    options = dict(betas=[0, 1], gammas=[0, 1], ks=[8, 4], variances=[], dtypes=["float32", "int8"], bootstrap=0)
+    options = dict(
+        grid=SweepGrid(betas=[0, 1], gammas=[0, 1], ks=[8, 4], variances=[], dtypes=["float32", "int8"]),
+        options=RetrievalOptions(bootstrap=0),
+    )
     sweep(
         model,
         task["queries"],
@@ -206,6 +213,36 @@ def test_one_pass_for_every_float_setting_and_more_only_when_the_lists_do_not_fi
     assert set(totals) == {(1 + 4) * 600}  # 8 settings, two per pass
     monkeypatch.undo()
     assert again.table == sweep(model, task["queries"], task["corpus"], task["qrels"], **options).table
+
+
+def test_the_grid_is_checked_when_made_in_the_words_of_the_command_line(tmp_path):
+    grid = SweepGrid(betas=[0, 1], ks=[8], dtypes="float32,int8")
+    assert (grid.betas, grid.ks, grid.dtypes, grid.gammas) == ((0, 1), (8,), ("float32", "int8"), None)
+    assert [storage.label for storage in grid.storages()] == ["float32", "int8"]
+    assert (grid.rescore, grid.rescore_dtype, grid.int8_clip, grid.metric) == (100, "float32", 4.0, "ndcg@10")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        grid.max_bytes = 8  # type: ignore[misc]
+    for given, message in (
+        ({"betas": [0, 1.5]}, "beta must be a number in [0, 1], got 1.5"),
+        ({"ks": [0]}, "n_components (k) must be a whole number of at least 1, got 0"),
+        ({"variances": [0.0]}, "variance must be a fraction in (0, 1], got 0.0"),
+        ({"eps": 0.0}, "eps must be a positive finite number, got 0.0"),
+        ({"dtypes": ["int4"]}, "--dtypes: 'int4' is not one of float32, float16, int8, binary, binary+rescore"),
+        ({"rescore": 0}, "binary+rescore needs --rescore N of at least 1"),
+        ({"rescore_dtype": "float16"}, 'rescore_dtype must be "float32" or "int8", got \'float16\''),
+        ({"int8_clip": 0.0}, "int8_clip must be a number of standard deviations above 0, got 0.0"),
+        ({"metric": "spearman"}, "metric must be one of ndcg@10, recall@1, recall@10, recall@100, mrr@10"),
+        ({"max_bytes": 0}, "max_bytes must be a whole number of bytes of at least 1, got 0"),
+        ({"tolerance": -1.0}, "tolerance must be a number >= 0, got -1.0"),
+    ):
+        with pytest.raises(BadInputError, match=f"^{re.escape(message)}"):
+            SweepGrid(**given)
+    task = write_task(tmp_path, seed=2, d=8, n=100, n_queries=5)
+    model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
+    with pytest.raises(BadInputError, match=r"^n_components \(k\) = 9 exceeds the data width d = 8$"):
+        sweep(model, task["queries"], task["corpus"], task["qrels"], grid=SweepGrid(ks=[9]))
+    with pytest.raises(BadInputError, match=r"^grid must be a SweepGrid, got dict$"):
+        sweep(model, task["queries"], task["corpus"], task["qrels"], grid={"ks": [4]})  # type: ignore[arg-type]
 
 
 # --------------------------------------------------------------------------------- the command line

@@ -158,6 +158,22 @@ def retrieval_options(func):
     return func
 
 
+def retrieval_options_of(values: dict, block_rows: int | None):
+    """The retrieval task's options (``--exclude``, the id columns, ``--bootstrap``, ``--seed``,
+    ``--threads``) and ``block_rows`` as a :class:`~streamwhiten.options.RetrievalOptions`; an option
+    not given keeps its default."""
+    from ..options import RetrievalOptions
+
+    return RetrievalOptions(
+        exclude=values["exclude"],
+        query_id_column=values["query_ids"],
+        corpus_id_column=values["corpus_ids"],
+        block_rows=block_rows,
+        threads=values["threads"],
+        **{name: values[name] for name in ("bootstrap", "seed") if values[name] is not None},
+    )
+
+
 def mode_of(values: dict, search_options: tuple = ()) -> str:
     """``"pairs"`` or ``"retrieval"``: which of the two exclusive inputs was given (all of its required
     options), else a one-line error. ``search_options`` (names) are refused with labelled pairs."""
@@ -309,6 +325,7 @@ __all__ = [
     "mode_of",
     "noise",
     "retrieval_options",
+    "retrieval_options_of",
     "fmt_rate",
     "fmt_scores",
     "fmt_setting",

@@ -15,11 +15,14 @@ from ._common import (
     pair_options,
     progress_bar,
     retrieval_options,
+    retrieval_options_of,
 )
 from ._options import json_option, param_options, pop_param, quiet_option, setting_options, take
 
-#: The options of a search (retrieval only): how the corpus is stored, the re-ranking, the bootstrap.
-SEARCH_OPTIONS = ("dtype", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed")
+#: How the corpus is stored while searched, and the re-ranking (retrieval only).
+STORAGE_OPTIONS = ("dtype", "rescore", "rescore_dtype", "int8_clip")
+#: The options of a search (retrieval only): the storage and the bootstrap (the latter ride in RetrievalOptions).
+SEARCH_OPTIONS = (*STORAGE_OPTIONS, "bootstrap", "seed")
 
 
 @click.command(name="eval")
@@ -117,13 +120,9 @@ def _retrieval(model, model_path, values, block_rows, quiet, as_json) -> None:
             values["corpus"],
             values["qrels"],
             model=model,
-            exclude=values["exclude"],
-            query_id_column=values["query_ids"],
-            corpus_id_column=values["corpus_ids"],
-            block_rows=block_rows,
-            threads=values["threads"],
             progress=progress,
-            **{name: values[name] for name in SEARCH_OPTIONS if values[name] is not None},
+            options=retrieval_options_of(values, block_rows),
+            **{name: values[name] for name in STORAGE_OPTIONS if values[name] is not None},
         )
     summary = dict(result, model=model_path)
     emit(as_json, summary, retrieval_lines(result))

@@ -21,6 +21,7 @@ from ._common import (
     pair_options,
     progress_bar,
     retrieval_options,
+    retrieval_options_of,
     stop_on_signals,
 )
 from ._options import json_option, param_options, pop_param, quiet_option
@@ -169,27 +170,20 @@ def _pairs(model, values, grid, block_rows, quiet):
 
 
 def _retrieval(model, values, grid, block_rows, quiet):
-    from ..evaluation.sweep import tune_retrieval
+    from ..evaluation.sweep import SweepGrid, tune_retrieval
 
-    given = ("rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed")
-    options = {name: values[name] for name in given if values[name] is not None}
+    given = ("rescore", "rescore_dtype", "int8_clip")
     dtypes = number_list(values["dtypes"], "dtypes", str) if values["dtypes"] is not None else None
+    swept = SweepGrid(
+        dtypes=dtypes,
+        max_bytes=values["max_bytes"],
+        **{name: values[name] for name in given if values[name] is not None},
+        **grid,
+    )
+    options = retrieval_options_of(values, block_rows)
     with progress_bar("tune", quiet) as progress:
         return tune_retrieval(
-            model,
-            values["queries"],
-            values["corpus"],
-            values["qrels"],
-            exclude=values["exclude"],
-            query_id_column=values["query_ids"],
-            corpus_id_column=values["corpus_ids"],
-            dtypes=dtypes,
-            max_bytes=values["max_bytes"],
-            block_rows=block_rows,
-            threads=values["threads"],
-            progress=progress,
-            **options,
-            **grid,
+            model, values["queries"], values["corpus"], values["qrels"], grid=swept, options=options, progress=progress
         )
 
 

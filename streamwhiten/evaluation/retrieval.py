@@ -38,6 +38,7 @@ from ..core.model import WhiteningModel, project
 from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, Storage, quantization_for
 from ..errors import BadInputError, NonFiniteError
 from ..io import Source, open_source, read_ids, remote
+from ..options import RetrievalOptions
 from ..params import PARAMS, check
 from .qrels import Ids, Qrels, read_exclude, read_qrels
 from .search import Exclusions, RescoreJob, SearchJob, rescore_all, search
@@ -394,6 +395,7 @@ def evaluate_retrieval(
     block_rows: int | None = None,
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    options: RetrievalOptions | None = None,
 ) -> dict:
     """Retrieval metrics (x100) of the raw vectors and, given a model, of its whitening, on the same
     queries, with a paired bootstrap interval of each difference.
@@ -425,6 +427,10 @@ def evaluate_retrieval(
         Resamples of the queries for the intervals (0: none), and the generator's seed.
     block_rows, threads, progress
         Corpus rows per block read, worker threads, and ``progress(rows_done, n_rows)``.
+    options : RetrievalOptions, optional
+        ``exclude``, the id columns, ``bootstrap``, ``seed``, ``block_rows`` and ``threads`` as one
+        :class:`~streamwhiten.options.RetrievalOptions` (as the sweep takes them), instead of as keyword
+        arguments: give one or the other.
 
     Returns
     -------
@@ -440,17 +446,27 @@ def evaluate_retrieval(
         ("rescore", rescore),
         ("rescore_dtype", rescore_dtype),
         ("int8_clip", int8_clip),
-        ("bootstrap", bootstrap),
-        ("seed", seed),
     ):
         if value is not None:
             check(name, value)  # before anything is read
+    options = retrieval_options(
+        options,
+        RetrievalOptions(
+            exclude=exclude,
+            query_id_column=query_id_column,
+            corpus_id_column=corpus_id_column,
+            bootstrap=bootstrap,
+            seed=seed,
+            block_rows=block_rows,
+            threads=threads,
+        ),
+    )
     if isinstance(model, (str, os.PathLike)):
         from ..core.model import load_model
 
         model = load_model(os.fspath(model))
     storage = search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
-    with open_task(queries, corpus, qrels, exclude, model, query_id_column, corpus_id_column) as task:
+    with open_task(queries, corpus, qrels, model=model, options=options) as task:
         settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, **_storage_args(storage))]
         if model is not None:
             settings.append(SearchSetting.make("whitened", model, **_storage_args(storage)))
@@ -460,8 +476,8 @@ def evaluate_retrieval(
             settings,
             exclude=task.excluded,
             corpus_label=task.corpus_label,
-            block_rows=block_rows,
-            threads=threads,
+            block_rows=options.block_rows,
+            threads=options.threads,
             progress=progress,
         )
     per_query = {name: query_metrics(top, task.query_rows, task.qrels) for name, top in rows.items()}
@@ -470,12 +486,34 @@ def evaluate_retrieval(
         raw=dict(mean_metrics(per_query["raw"]), **settings[0].params),
         whitened=None,
         difference=None,
-        bootstrap={"samples": int(bootstrap), "seed": int(seed), "level": BOOTSTRAP_LEVEL},
+        bootstrap=bootstrap_record(options),
     )
     if model is not None:
         result["whitened"] = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
-        result["difference"] = paired_bootstrap(per_query["raw"], per_query["whitened"], bootstrap, seed)
+        result["difference"] = paired_bootstrap(
+            per_query["raw"], per_query["whitened"], options.bootstrap, options.seed
+        )
     return result
+
+
+def retrieval_options(options: RetrievalOptions | None, given: RetrievalOptions | None = None) -> RetrievalOptions:
+    """``options`` (checked to be a :class:`RetrievalOptions`), else ``given`` (the same fields as keyword
+    arguments), else the defaults; both given and ``given`` not the defaults is refused."""
+    if options is None:
+        return given or RetrievalOptions()
+    if not isinstance(options, RetrievalOptions):
+        raise BadInputError(f"options must be a RetrievalOptions, got {type(options).__name__}")
+    if given is not None and given != RetrievalOptions():
+        raise BadInputError(
+            "give exclude, the id columns, bootstrap, seed, block_rows and threads as options=RetrievalOptions(...) "
+            "or as keyword arguments, not both"
+        )
+    return options
+
+
+def bootstrap_record(options: RetrievalOptions) -> dict:
+    """The bootstrap as a result records it: ``{"samples", "seed", "level"}``."""
+    return {"samples": int(options.bootstrap), "seed": int(options.seed), "level": BOOTSTRAP_LEVEL}
 
 
 @dataclass
@@ -529,12 +567,13 @@ class RetrievalTask:
         self.close()
 
 
-def open_task(
-    queries, corpus, qrels, exclude=None, model=None, query_id_column=None, corpus_id_column=None
-) -> RetrievalTask:
-    """Open and check a retrieval task (see :func:`evaluate_retrieval` for the arguments): queries and
-    corpus of one width (and the model's), the qrels and exclude files read against their ids, the
-    evaluated queries read and checked for NaN/Inf. Close it when done (a context manager)."""
+def open_task(queries, corpus, qrels, *, model=None, options: RetrievalOptions | None = None) -> RetrievalTask:
+    """Open and check a retrieval task (see :func:`evaluate_retrieval` for the arguments; ``options``:
+    its exclude file and id columns): queries and corpus of one width (and the model's), the qrels and
+    exclude files read against their ids, the evaluated queries read and checked for NaN/Inf. Close it
+    when done (a context manager)."""
+    options = retrieval_options(options)
+    exclude, query_id_column, corpus_id_column = options.exclude, options.query_id_column, options.corpus_id_column
     opened: list = []
     try:
         query_store, mine = _open(queries)
@@ -561,7 +600,7 @@ def open_task(
         excluded = Exclusions.none(query_rows.size)
         exclude_info = None
         if exclude is not None:
-            ex_queries, ex_rows = read_exclude(exclude, query_ids, corpus_ids, judged)
+            ex_queries, ex_rows = read_exclude(os.fspath(exclude), query_ids, corpus_ids, judged)
             position = np.searchsorted(query_rows, ex_queries)
             keep = (position < query_rows.size) & (query_rows[np.minimum(position, query_rows.size - 1)] == ex_queries)
             excluded = Exclusions.from_pairs(query_rows.size, position[keep], ex_rows[keep])
@@ -605,6 +644,8 @@ __all__ = [
     "open_task",
     "paired_bootstrap",
     "query_metrics",
+    "bootstrap_record",
+    "retrieval_options",
     "run_settings",
     "search_storage",
 ]

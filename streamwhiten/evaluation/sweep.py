@@ -34,23 +34,25 @@ from typing import Any
 
 import numpy as np
 
+from .. import params
 from ..core.model import WhiteningModel
 from ..core.quantize import DEFAULT_INT8_CLIP, Storage
 from ..engine._threads import blas_threads, blas_threads_per_worker, resolve_threads
 from ..errors import BadInputError
+from ..options import RetrievalOptions
 from ..params import check
 from .retrieval import (
     BOOTSTRAP_LEVEL,
-    BOOTSTRAP_SAMPLES,
-    BOOTSTRAP_SEED,
     DEPTH,
     METRICS,
     RetrievalTask,
     SearchSetting,
     _finite,
+    bootstrap_record,
     mean_metrics,
     open_task,
     query_metrics,
+    retrieval_options,
 )
 from .search import Reranking, SearchJob, SearchPass, corpus_blocks, search
 from .tune import decompose, describe_stored, make_grid
@@ -76,6 +78,71 @@ class Candidate:
     k: int
     k_label: str
     vectors: str
+
+
+@dataclass(frozen=True)
+class SweepGrid:
+    """What a retrieval sweep tries and how it chooses, checked when made (see the module docstring).
+
+    Parameters
+    ----------
+    betas, gammas, ks, variances : sequence, optional
+        The grid, as ``tune``'s (None: its default; an empty sequence: none of them). A k above the data
+        width is refused by the sweep, which knows it.
+    eps : float, optional
+        The regulariser of every setting (default: the model's).
+    dtypes : sequence of str, optional
+        The storages, names of :data:`STORAGES` (or one comma-separated string; default: all).
+    rescore, rescore_dtype, int8_clip
+        How ``binary+rescore`` re-ranks (its top ``rescore`` with ``rescore_dtype`` vectors; default 100,
+        as many as the evaluation keeps) and the int8 codes' span in standard deviations.
+    metric : str
+        One of :data:`~streamwhiten.evaluation.retrieval.METRICS`: what the choice maximises.
+    max_bytes : int, optional
+        The budget of bytes per corpus vector (None: none).
+    tolerance : float
+        Choose the fewest bytes within this many points (x100) of the best within the budget.
+    """
+
+    betas: tuple[float, ...] | None = None
+    gammas: tuple[float, ...] | None = None
+    ks: tuple[int, ...] | None = None
+    variances: tuple[float, ...] | None = None
+    eps: float | None = None
+    dtypes: tuple[str, ...] | None = None
+    rescore: int = DEFAULT_RESCORE
+    rescore_dtype: str = params.default("rescore_dtype")
+    int8_clip: float = params.default("int8_clip")
+    metric: str = DEFAULT_METRIC
+    max_bytes: int | None = params.default("max_bytes")
+    tolerance: float = 0.0
+
+    def __post_init__(self):
+        for name in ("betas", "gammas", "ks", "variances", "dtypes"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                value = value.split(",") if name == "dtypes" else [value]
+            if value is not None:
+                object.__setattr__(self, name, tuple(value))
+        if self.metric not in METRICS:
+            raise BadInputError(f"metric must be one of {', '.join(METRICS)} for retrieval, got {self.metric!r}")
+        check("max_bytes", self.max_bytes)
+        tolerance = self.tolerance
+        if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+            raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
+        object.__setattr__(self, "tolerance", float(tolerance))
+        for name, values in (("beta", self.betas), ("gamma", self.gammas), ("n_components", self.ks)):
+            for value in values or ():
+                check(name, value)
+        for value in self.variances or ():
+            check("variance", value)
+        if self.eps is not None:
+            check("eps", self.eps)
+        self.storages()  # checks the names, rescore, rescore_dtype and int8_clip
+
+    def storages(self) -> list[Storage]:
+        """The storages swept, as :class:`Storage` records (see :func:`storages_of`)."""
+        return storages_of(self.dtypes, self.rescore, self.rescore_dtype, self.int8_clip)
 
 
 def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str = "float32", int8_clip=None):
@@ -385,48 +452,41 @@ def sweep(
     corpus,
     qrels,
     *,
-    exclude=None,
-    betas=None,
-    gammas=None,
-    ks=None,
-    variances=None,
-    eps: float | None = None,
-    dtypes=None,
-    rescore: int = DEFAULT_RESCORE,
-    rescore_dtype: str = "float32",
-    int8_clip: float | None = None,
-    metric: str = DEFAULT_METRIC,
-    max_bytes: int | None = None,
-    tolerance: float = 0.0,
-    bootstrap: int = BOOTSTRAP_SAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-    query_id_column: str | None = None,
-    corpus_id_column: str | None = None,
-    block_rows: int | None = None,
-    threads: int | None = None,
+    grid: SweepGrid | None = None,
+    options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> RetrievalTuneResult:
-    """Score every setting of the grid in every storage of ``dtypes`` on the retrieval task, and choose.
+    """Score every setting of the grid in every storage of ``grid.dtypes`` on the retrieval task, and choose.
 
-    Parameters are those of :func:`~streamwhiten.evaluation.retrieval.evaluate_retrieval` (queries,
-    corpus, qrels, exclude, id columns, bootstrap, blocks, threads, progress) and of ``tune``'s grid
-    (``betas``, ``gammas``, ``ks``, ``variances``, ``eps``), plus: ``dtypes`` (names of
-    :data:`STORAGES`), ``rescore``/``rescore_dtype``/``int8_clip`` (how ``binary+rescore`` and int8 store),
-    ``metric`` (one of :data:`METRICS`), ``max_bytes`` (the budget per corpus vector) and ``tolerance``
-    (fewest bytes within that many points of the best). Only the saved statistics of ``model`` are used
-    for the settings, never the fitting data.
+    Parameters
+    ----------
+    model : WhiteningModel
+        Only its saved statistics are used for the settings, never the fitting data.
+    queries, corpus, qrels
+        The retrieval task, as :func:`~streamwhiten.evaluation.retrieval.evaluate_retrieval` takes it.
+    grid : SweepGrid, optional
+        What is tried (settings and storages) and how the choice is made (default: :class:`SweepGrid`'s).
+    options : RetrievalOptions, optional
+        The exclude file, id columns, bootstrap, blocks and threads, as an evaluation takes them.
+    progress : callable, optional
+        ``progress(rows_done, n_rows)`` over all the passes.
     """
-    if metric not in METRICS:
-        raise BadInputError(f"metric must be one of {', '.join(METRICS)} for retrieval, got {metric!r}")
-    for name, value in (("max_bytes", max_bytes), ("bootstrap", bootstrap), ("seed", seed)):
-        check(name, value)
-    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
-        raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
-    storages = storages_of(dtypes, rescore, rescore_dtype, int8_clip)
-    candidates, bases = retrieval_grid(model, betas, gammas, ks, variances, eps)
-    with open_task(queries, corpus, qrels, exclude, model, query_id_column, corpus_id_column) as task:
+    grid = SweepGrid() if grid is None else grid
+    if not isinstance(grid, SweepGrid):
+        raise BadInputError(f"grid must be a SweepGrid, got {type(grid).__name__}")
+    options = retrieval_options(options)
+    storages = grid.storages()
+    candidates, bases = retrieval_grid(model, grid.betas, grid.gammas, grid.ks, grid.variances, grid.eps)
+    metric, bootstrap, seed = grid.metric, options.bootstrap, options.seed
+    with open_task(queries, corpus, qrels, model=model, options=options) as task:
         reference, rows = sweep_rows(
-            task, candidates, bases, storages, block_rows=block_rows, threads=threads, progress=progress
+            task,
+            candidates,
+            bases,
+            storages,
+            block_rows=options.block_rows,
+            threads=options.threads,
+            progress=progress,
         )
     raw_each = query_metrics(reference, task.query_rows, task.qrels)
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
@@ -459,26 +519,35 @@ def sweep(
             low=low,
             high=high,
         )
-    best = choose_within(table, metric, max_bytes, tolerance)
+    best = choose_within(table, metric, grid.max_bytes, grid.tolerance)
     return RetrievalTuneResult(
         table,
         best,
         raw,
         frontier(table, metric),
         metric,
-        max_bytes,
-        float(tolerance),
+        grid.max_bytes,
+        grid.tolerance,
         task.describe(),
-        {"samples": int(bootstrap), "seed": int(seed), "level": BOOTSTRAP_LEVEL},
+        bootstrap_record(options),
         bases,
         {storage.label: storage for storage in storages},
     )
 
 
-def tune_retrieval(model: WhiteningModel, queries, corpus, qrels, **options) -> tuple[WhiteningModel, dict]:
+def tune_retrieval(
+    model: WhiteningModel,
+    queries,
+    corpus,
+    qrels,
+    *,
+    grid: SweepGrid | None = None,
+    options: RetrievalOptions | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[WhiteningModel, dict]:
     """Run :func:`sweep` and return the chosen model (its setting and storage, with a record in
     ``info["tuned"]``) and a summary (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``)."""
-    result = sweep(model, queries, corpus, qrels, **options)
+    result = sweep(model, queries, corpus, qrels, grid=grid, options=options, progress=progress)
     chosen = result.chosen_model()
     best = result.best
     summary = result.summary()
@@ -531,6 +600,7 @@ __all__ = [
     "TOP_LIST_BYTES",
     "Candidate",
     "RetrievalTuneResult",
+    "SweepGrid",
     "bootstrap_differences",
     "choose_within",
     "frontier",
