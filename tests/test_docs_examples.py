@@ -426,6 +426,7 @@ KNOWN_PRIVATE = {  # (doc, module) -> why
     ("docs/evaluation.md", "streamwhiten.core.model"): "save_model is not public",
     ("docs/evaluation.md", "streamwhiten.evaluation.tune"): "grid_search, tune are not public",
     ("docs/evaluation.md", "streamwhiten.evaluation.report"): "collect, write_report are not public",
+    ("docs/evaluation.md", "streamwhiten.evaluation.sweep"): "SweepGrid, sweep, tune_retrieval are not public",
 }
 
 

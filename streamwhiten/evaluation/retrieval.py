@@ -377,6 +377,31 @@ def _storage_args(storage: Storage) -> dict:
     )
 
 
+def _search_raw_and_whitened(
+    task: RetrievalTask,
+    model: WhiteningModel | None,
+    storage: Storage,
+    options: RetrievalOptions,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[list[SearchSetting], dict[str, dict[str, np.ndarray]]]:
+    """Search the task's corpus for the raw vectors and (given a model) the whitened ones, stored as
+    ``storage`` says, in one pass; each setting's metrics per query."""
+    settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, **_storage_args(storage))]
+    if model is not None:
+        settings.append(SearchSetting.make("whitened", model, **_storage_args(storage)))
+    rows = run_settings(
+        task.vectors,
+        task.corpus,
+        settings,
+        exclude=task.excluded,
+        corpus_label=task.corpus_label,
+        block_rows=options.block_rows,
+        threads=options.threads,
+        progress=progress,
+    )
+    return settings, {name: query_metrics(top, task.query_rows, task.qrels) for name, top in rows.items()}
+
+
 def evaluate_retrieval(
     queries,
     corpus,
@@ -441,46 +466,28 @@ def evaluate_retrieval(
         ``difference`` maps each metric
         to ``{"difference", "low", "high"}`` (whitened minus raw, x100) or is None.
     """
-    for name, value in (
-        ("dtype", dtype),
-        ("rescore", rescore),
-        ("rescore_dtype", rescore_dtype),
-        ("int8_clip", int8_clip),
-    ):
+    for name, value in (("dtype", dtype), ("rescore", rescore), ("rescore_dtype", rescore_dtype)):
         if value is not None:
             check(name, value)  # before anything is read
-    options = retrieval_options(
-        options,
-        RetrievalOptions(
-            exclude=exclude,
-            query_id_column=query_id_column,
-            corpus_id_column=corpus_id_column,
-            bootstrap=bootstrap,
-            seed=seed,
-            block_rows=block_rows,
-            threads=threads,
-        ),
+    if int8_clip is not None:
+        check("int8_clip", int8_clip)
+    keywords = RetrievalOptions(
+        exclude=exclude,
+        query_id_column=query_id_column,
+        corpus_id_column=corpus_id_column,
+        bootstrap=bootstrap,
+        seed=seed,
+        block_rows=block_rows,
+        threads=threads,
     )
+    options = retrieval_options(options, keywords)
     if isinstance(model, (str, os.PathLike)):
         from ..core.model import load_model
 
         model = load_model(os.fspath(model))
     storage = search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
-        settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, **_storage_args(storage))]
-        if model is not None:
-            settings.append(SearchSetting.make("whitened", model, **_storage_args(storage)))
-        rows = run_settings(
-            task.vectors,
-            task.corpus,
-            settings,
-            exclude=task.excluded,
-            corpus_label=task.corpus_label,
-            block_rows=options.block_rows,
-            threads=options.threads,
-            progress=progress,
-        )
-    per_query = {name: query_metrics(top, task.query_rows, task.qrels) for name, top in rows.items()}
+        settings, per_query = _search_raw_and_whitened(task, model, storage, options, progress)
     result = dict(
         task.describe(),
         raw=dict(mean_metrics(per_query["raw"]), **settings[0].params),
