@@ -331,6 +331,23 @@ def test_apply_dask_writes_the_codes_and_record_of_the_serial_applier(client, st
     assert (summary.dtype, summary.normalized) == (dtype, True)
 
 
+def test_apply_dask_with_no_dtype_writes_the_models_storage_as_the_serial_applier(client, stores, model, tmp_path):
+    """dtype None is the model's storage (float32 without one), not numpy's default float64."""
+    from dataclasses import replace
+
+    import zarr
+
+    from streamwhiten.core.quantize import Storage
+
+    for name, fitted, written in (
+        ("plain", model, np.float32),
+        ("coded", replace(model, storage=Storage("int8")), np.int8),
+    ):
+        out = str(tmp_path / f"{name}.zarr")
+        sd.apply_dask(fitted, stores.h5, out, ApplyOptions(dtype=None), client=client, output_chunk_rows=1000)
+        assert zarr.open_array(out, mode="r").dtype == written
+
+
 def test_apply_dask_skip_nonfinite_writes_nan_rows(client, stores, model, tmp_path):
     out = str(tmp_path / "nan.zarr")
     summary = sd.apply_dask(

@@ -21,6 +21,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
@@ -412,6 +413,8 @@ def apply_dask(
     dask = _require("dask")
     distributed = _require("distributed")
     options, read = _options_from_legacy(options, read, legacy)
+    if options.dtype is None:  # the model's storage (what tune chose), float32 when it records none
+        options = replace(options, dtype=model.dtype)
     normalize, dtype, skip_nonfinite, overwrite = (
         options.normalize,
         options.dtype,
