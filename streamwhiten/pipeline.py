@@ -423,7 +423,7 @@ def apply(
         Another setting than the model's saved one (re-finalized from its statistics, no pass over data).
     options, read : ApplyOptions, ReadOptions, optional
         What is written and how; how the input is read. ``options.dtype`` None (the default without
-        ``options``) writes the model's storage (:func:`output_dtype`).
+        ``options``) writes the model's storage (``engine.apply.with_model_storage``).
     engine : EngineOptions or Engine, optional
         Which engine runs the blocks (default: the serial engine).
     given : tuple of str
@@ -439,6 +439,7 @@ def apply(
     ApplyOutcome
     """
     from .core.model import load_model
+    from .engine.apply import with_model_storage
     from .engine.engines import Engine, engine_for
     from .io import refuse_input_overlap
 
@@ -448,8 +449,7 @@ def apply(
     refuse_input_overlap({output_spec: "output"}, [input_spec] + ([model] if isinstance(model, str) else []))
     if isinstance(model, (str, os.PathLike)):
         model = load_model(os.fspath(model))
-    if options.dtype is None:  # int8 codes and bits set normalize, and refuse skip_nonfinite (ApplyOptions)
-        options = replace(options, dtype=output_dtype(model))
+    options = with_model_storage(options, model)  # before re-finalizing: a bad combination is refused first
     changes = (setting or Setting()).given()
     if changes:
         model = model.with_params(**changes)
@@ -458,16 +458,9 @@ def apply(
     )
 
 
-def output_dtype(model) -> str:
-    """The dtype an apply writes when none is given: the model's storage (what ``tune`` chose), float32
-    when it records none."""
-    return model.dtype
-
-
 __all__ = [
     "FitOutcome",
     "apply",
-    "output_dtype",
     "check_fit_paths",
     "check_writable_dir",
     "default_checkpoint",

@@ -79,6 +79,13 @@ def check_output(model: WhiteningModel, source: Source, output_spec: str) -> Non
     refuse_input_overlap({output_spec: "output"}, [source.path])
 
 
+def with_model_storage(options: ApplyOptions, model: WhiteningModel) -> ApplyOptions:
+    """``options`` with ``dtype`` None made the model's storage (what ``tune`` chose; float32 when it records
+    none): what every apply writes when no dtype is given. int8 codes and bits set ``normalize`` and refuse
+    ``skip_nonfinite`` (:class:`~streamwhiten.options.ApplyOptions`)."""
+    return options if options.dtype is not None else replace(options, dtype=model.dtype)
+
+
 def output_quantization(model: WhiteningModel, dtype: str | None) -> Quantization | None:
     """The record of an output of ``dtype`` int8 or binary (codes of the unit-length vectors, int8 ranges
     from the model's statistics, as :meth:`~streamwhiten.core.model.WhiteningModel.quantization` gives
@@ -173,8 +180,7 @@ def is_up_to_date(
 ) -> bool:
     """Whether ``output_spec`` already holds what :func:`apply_model` with these arguments would write (see
     :func:`output_is_current`; the input's rows, or the range ``rows`` of them, fingerprinted now)."""
-    if options.dtype is None:  # the model's storage, as apply_model writes it
-        options = replace(options, dtype=model.dtype)
+    options = with_model_storage(options, model)
     window = None if rows is None else _pair(rows)
     with open_source(input_spec, read=read, min_rows=1) as opened:
         source = opened if window is None else RowRange(opened, *window)
@@ -447,8 +453,7 @@ def apply_model(
     """
     began = time.perf_counter()
     options, read = _options_from_legacy(options, read, legacy)
-    if options.dtype is None:  # the model's storage (what tune chose), float32 when it records none
-        options = replace(options, dtype=model.dtype)
+    options = with_model_storage(options, model)
     if threads is not None:
         resolve_threads(threads)  # a bad value is refused before anything is opened
     output = open_output(output_spec, read)

@@ -21,7 +21,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
@@ -47,6 +46,7 @@ from .apply import (
     stored_layout,
     summary,
     transform_block,
+    with_model_storage,
 )
 from .fit import FitPlan, FitResult, Specs, check_enough_rows, merge_read, open_sources, plan_blocks, reduce_block
 
@@ -413,8 +413,7 @@ def apply_dask(
     dask = _require("dask")
     distributed = _require("distributed")
     options, read = _options_from_legacy(options, read, legacy)
-    if options.dtype is None:  # the model's storage (what tune chose), float32 when it records none
-        options = replace(options, dtype=model.dtype)
+    options = with_model_storage(options, model)
     normalize, dtype, skip_nonfinite, overwrite = (
         options.normalize,
         options.dtype,

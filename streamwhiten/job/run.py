@@ -92,28 +92,13 @@ def _check_paths(job: JobFile, inputs: list, outputs: dict) -> None:
 
 def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, progress, should_stop) -> bool:
     """Apply ``model`` to one input, unless its output is already what this would write; True if it wrote."""
-    from ..core.model import map_checksum
-    from ..engine.apply import output_is_current, output_quantization, recorded_options
-    from ..io import fingerprint, open_output, open_source, remote, split_spec
-    from ..pipeline import apply, output_dtype
+    from ..engine.apply import is_up_to_date
+    from ..io import open_output, remote, split_spec
+    from ..pipeline import apply
 
     options, read = job.apply, job.apply_read
     assert options is not None
-    with open_source(input_spec, read=read) as source:
-        source_sha = fingerprint(source).sha256_sampled
-        assert source_sha is not None  # fingerprint() hashes the sampled rows
-        label = source.label
-    recorded = recorded_options(
-        output, options.skip_nonfinite, read.fill_missing_chunks, options.zarr_format, options.compressor
-    )
-    keep = list(options.keep_columns)
-    checksum = map_checksum(model)
-    dtype = options.dtype or output_dtype(model)
-    quantization = output_quantization(model, dtype)
-    normalize = options.normalize or quantization is not None  # codes and bits are of unit vectors
-    current = output_is_current(
-        output, checksum, source_sha, normalize, dtype, recorded, keep, read=read, quantization=quantization
-    )
+    current = is_up_to_date(model, input_spec, output, options, read)
     if current:
         log.info("job %s: %s is up to date", job.name, output)
         open_output(output, read).tidy()  # a run killed right after writing it may have left its records
@@ -130,7 +115,7 @@ def _apply_step(job: JobFile, model, input_spec: str, output: str, steps: list, 
         progress=progress,
         should_stop=should_stop,
     )
-    steps.append(f"apply {label} -> {output}")
+    steps.append(f"apply {outcome.input} -> {output}")
     resumed = f", resumed at row {outcome.resumed_at_row:,}" if outcome.resumed_at_row else ""
     log.info("job %s: wrote %s (%s rows%s)", job.name, outcome.output, f"{outcome.n_rows:,}", resumed)
     return True
