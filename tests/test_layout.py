@@ -268,6 +268,30 @@ def runtime_imports(module: str) -> list[tuple[str, int, bool]]:
 PATCHED: dict = {}
 
 
+def find_cycle(edges: dict) -> list | None:
+    """The first import cycle in ``edges`` (module -> the modules it imports) as the path that closes it
+    (``[a, b, a]``), or None: a depth-first walk that visits each module once."""
+    done: set = set()
+
+    def visit(module: str, path: list) -> list | None:
+        if module in path:
+            return path[path.index(module) :] + [module]
+        if module in done:
+            return None
+        for target in sorted(edges[module]):
+            found = visit(target, path + [module])
+            if found:
+                return found
+        done.add(module)
+        return None
+
+    for module in sorted(edges):
+        cycle = visit(module, [])
+        if cycle is not None:
+            return cycle
+    return None
+
+
 def test_io_has_no_import_cycle():
     """io/ is layered within too (``_messages`` < ``codecs`` < ``abc.store`` < ``fingerprint``, backends <
     ``reading``, ``output`` < the package's face): no module of io reaches itself through the imports of
@@ -278,23 +302,8 @@ def test_io_has_no_import_cycle():
         module: {target for target, _, _ in runtime_imports(module) if target in io_modules and target != module}
         for module in io_modules
     }
-    done: set = set()
-
-    def visit(module: str, path: list) -> list | None:
-        if module in path:
-            return path[path.index(module) :] + [module]
-        if module in done:
-            return None
-        for target in sorted(edges[module]):
-            found = visit(target, path + [module])
-            if found:
-                return found
-        done.add(module)
-        return None
-
-    for module in io_modules:
-        cycle = visit(module, [])
-        assert cycle is None, "an import cycle in io: " + " -> ".join(cycle)
+    cycle = find_cycle(edges)
+    assert cycle is None, "an import cycle in io: " + " -> ".join(cycle)
 
 
 def test_the_package_has_no_import_cycle():
@@ -305,23 +314,8 @@ def test_the_package_has_no_import_cycle():
     edges = {
         module: {target for target, _, _ in own(module) if target in modules and target != module} for module in modules
     }
-    done: set = set()
-
-    def visit(module: str, path: list) -> list | None:
-        if module in path:
-            return path[path.index(module) :] + [module]
-        if module in done:
-            return None
-        for target in sorted(edges[module]):
-            found = visit(target, path + [module])
-            if found:
-                return found
-        done.add(module)
-        return None
-
-    for module in modules:
-        cycle = visit(module, [])
-        assert cycle is None, "an import cycle: " + " -> ".join(cycle)
+    cycle = find_cycle(edges)
+    assert cycle is None, "an import cycle: " + " -> ".join(cycle)
 
 
 def test_the_serving_path_needs_neither_numba_nor_storage_libraries():
