@@ -17,9 +17,12 @@ the night's update), wall time and bytes written; the rewrite job's wall time an
 first ``--rewrite-nights`` nights: it costs O(corpus) a night); and, as the reference measured in the same
 run on the same rows, ``pipeline.apply`` of the night's new rows alone (``rows=(start, stop)``) with the
 published map. Target: an appending night (fit update of the new rows, staleness, the new part, the
-manifest switch) costs at most 1.5x the reference, at both corpus sizes (4x apart): O(new rows).
+manifest switch) costs at most 1.5x the reference, at both corpus sizes (4x apart): O(new rows). Beside
+it, the floor: reading and reducing the same rows to moments alone (``update_new_rows_s``), which any
+night that updates the statistics must add to the apply; ``floor_ratio`` = (apply + update) / apply.
 
     python benchmarks/nightly_cost.py                         # N0 = 500k and 2M, 30 nights
+    python benchmarks/nightly_cost.py --sizes 2000000 --nights 5 --rewrite-nights 0 --night-rows 80000
     python benchmarks/nightly_cost.py --quick                 # seconds
 """
 
@@ -36,6 +39,8 @@ import numpy as np
 from _common import print_table, save_results
 
 TARGET = 1.5
+#: Rows per block of the reference statistics update (a night of the default run is one or two blocks).
+BLOCK_ROWS = 65536
 
 
 class Corpus:
@@ -121,6 +126,21 @@ def reference_apply(model_file: str, spec: str, rows: tuple, directory: str) -> 
     return seconds
 
 
+def reference_update(spec: str, rows: tuple, block_rows: int) -> float:
+    """Seconds to read input rows ``rows`` and reduce them to moments (``block_moments`` per block of
+    ``block_rows``, merged): the arithmetic of the night's statistics update alone, without its model
+    loads, checks, finalize and save."""
+    from streamwhiten.core.stats import Moments, block_moments, merge
+    from streamwhiten.io import open_source
+
+    began = time.perf_counter()
+    with open_source(spec) as source:
+        state = Moments.empty(source.n_features)
+        for start in range(rows[0], rows[1], block_rows):
+            state = merge(state, block_moments(source.read(start, min(rows[1], start + block_rows))))
+    return time.perf_counter() - began
+
+
 def simulate(n0: int, args, directory: str) -> dict:
     from streamwhiten.job import published
 
@@ -135,7 +155,7 @@ def simulate(n0: int, args, directory: str) -> dict:
     total = n0
     for night in range(args.nights + 1):
         if night:
-            n_new = int(total * (0.01 if night % 2 else 0.02))
+            n_new = args.night_rows or int(total * (0.01 if night % 2 else 0.02))
             spec, start, stop = corpus.add(n_new, night, new_shard=night % 5 == 0)
             total += n_new
         ours = run_night(versioned)
@@ -152,6 +172,8 @@ def simulate(n0: int, args, directory: str) -> dict:
         if night and ours["action"] == "append":
             row["apply_new_rows_s"] = reference_apply(published(model).model_file, spec, (start, stop), directory)
             row["ratio"] = row["seconds"] / row["apply_new_rows_s"]
+            row["update_new_rows_s"] = reference_update(spec, (start, stop), BLOCK_ROWS)
+            row["floor_ratio"] = (row["apply_new_rows_s"] + row["update_new_rows_s"]) / row["apply_new_rows_s"]
         if night <= args.rewrite_nights:
             theirs = run_night(rewrite)
             row["rewrite_seconds"], row["rewrite_bytes_written"] = theirs["wall_s"], theirs["bytes_written"]
@@ -159,7 +181,12 @@ def simulate(n0: int, args, directory: str) -> dict:
         print(
             f"  N0={n0:,} night {night:2d}: {row['action']:9s} staleness "
             f"{'-' if row['staleness'] is None else format(row['staleness'], '.3f')}  {row['seconds']:.2f} s"
-            + (f"  (apply alone {row['apply_new_rows_s']:.2f} s, x{row['ratio']:.2f})" if "ratio" in row else "")
+            + (
+                f"  (apply alone {row['apply_new_rows_s']:.3f} s, x{row['ratio']:.2f}; update alone "
+                f"{row['update_new_rows_s']:.3f} s)"
+                if "ratio" in row
+                else ""
+            )
             + (f"  rewrite {row['rewrite_seconds']:.2f} s" if "rewrite_seconds" in row else ""),
             flush=True,
         )
@@ -180,6 +207,11 @@ def simulate(n0: int, args, directory: str) -> dict:
             "apply_new_s_median": float(np.median([row["apply_new_rows_s"] for row in appends])) if appends else None,
             "ratio_median": float(np.median(ratios)) if ratios else None,
             "ratio_max": max(ratios) if ratios else None,
+            "update_new_s_median": (
+                float(np.median([row["update_new_rows_s"] for row in appends])) if appends else None
+            ),
+            "floor_ratio_median": float(np.median([row["floor_ratio"] for row in appends])) if appends else None,
+            "new_rows_median": float(np.median([row["new_rows"] for row in appends])) if appends else None,
             "append_mb_median": float(np.median([row["bytes_written"] for row in appends])) / 1e6 if appends else None,
             "rewrite_s_median": float(np.median([row["rewrite_seconds"] for row in rewrites])) if rewrites else None,
             "rewrite_mb_median": (
@@ -200,6 +232,9 @@ def main(argv=None):
     )
     parser.add_argument("--mean-drift", type=float, default=0.01, help="mean shift a night (top std units)")
     parser.add_argument("--cov-drift", type=float, default=0.01, help="mixing change a night (spectral norm)")
+    parser.add_argument(
+        "--night-rows", type=int, default=0, help="rows added each night (default 0: 1 %% and 2 %% of the corpus)"
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--results", default=None)
@@ -235,6 +270,8 @@ def main(argv=None):
                 "bytes_written",
                 "apply_new_rows_s",
                 "ratio",
+                "update_new_rows_s",
+                "floor_ratio",
                 "rewrite_seconds",
                 "rewrite_bytes_written",
             ],
@@ -251,6 +288,7 @@ def main(argv=None):
         "rewrite_nights": args.rewrite_nights,
         "mean_drift": args.mean_drift,
         "cov_drift": args.cov_drift,
+        "night_rows": args.night_rows or "1-2 %",
         "target": TARGET,
         "summary": summaries,
         "runs": runs,

@@ -279,26 +279,33 @@ def _keys(data: Any, what: str, required: Iterable[str], optional: Iterable[str]
 @dataclass(frozen=True)
 class Part:
     """One output part of a published input: the output ``path`` (a store spec, as ``apply -o`` takes it)
-    holding the transform of the input rows ``[start, stop)``."""
+    holding the transform of the input rows ``[start, stop)``. ``stamp``: the output's file-system stamp
+    when it was last checked (``Output.stamp``; None for object storage or a manifest written before
+    stamps): while it is unchanged, the part is not opened again to be checked."""
 
     path: str
     start: int
     stop: int
+    stamp: str | None = None
 
     @property
     def n_rows(self) -> int:
         return self.stop - self.start
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "start": self.start, "stop": self.stop}
+        data: dict[str, Any] = {"path": self.path, "start": self.start, "stop": self.stop}
+        if self.stamp is not None:
+            data["stamp"] = self.stamp
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, what: str = "part") -> Part:
-        data = _keys(data, what, ("path", "start", "stop"))
+        data = _keys(data, what, ("path", "start", "stop"), ("stamp",))
         start, stop = _count(data["start"], f"{what} start"), _count(data["stop"], f"{what} stop")
         if stop <= start:
             raise ValueError(f"{what} holds no rows (start {start}, stop {stop})")
-        return cls(_text(data["path"], f"{what} path"), start, stop)
+        stamp = None if data.get("stamp") is None else _text(data["stamp"], f"{what} stamp")
+        return cls(_text(data["path"], f"{what} path"), start, stop, stamp)
 
 
 @dataclass(frozen=True)

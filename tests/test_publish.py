@@ -18,7 +18,7 @@ from conftest import run_subprocess
 
 from streamwhiten.core.model import load_model
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputError, ModelFileError, NothingToDoError
-from streamwhiten.io import open_source, read_attrs
+from streamwhiten.io import open_output, open_source, read_attrs
 from streamwhiten.job import published, run_job_file
 from streamwhiten.job.publication import manifest_path, version_model_path, versioned_output
 
@@ -283,6 +283,45 @@ def test_outputs_or_model_file_deleted_by_hand_are_named_and_republish_recovers(
         result.returncode == EXIT_BAD_INPUT
         and "m.v2.npz: the model file of published version 2 is missing" in result.stderr
     )
+
+
+def test_a_night_opens_only_the_parts_touched_since_and_still_catches_one_changed_by_hand(night, monkeypatch):
+    # an appending night must not cost more as parts accumulate: a part whose file-system stamp is the
+    # one the manifest recorded is not opened again; the last part of each input always is
+    import zarr
+
+    from streamwhiten.job import publication as module
+
+    directory, job = night
+    for seed in (2, 3, 4):
+        append_rows(directory / "shards" / "day-1.h5", rows_of(50, seed))
+        assert run_job_file(job)["action"] == "append"
+    parts = published(str(directory / "models" / "m.npz")).parts(str(directory / "shards" / "day-1.h5"))
+    assert len(parts) == 4 and all(part.stamp for part in parts)
+    checked = []
+    real = module.part_problem
+    monkeypatch.setattr(module, "part_problem", lambda part, *a, **k: checked.append(part.path) or real(part, *a, **k))
+    append_rows(directory / "shards" / "day-1.h5", rows_of(50, 5))
+    assert run_job_file(job)["action"] == "append"
+    assert checked == [parts[-1].path]
+    # a part edited in place (its record of the map) is caught although it is not the last one
+    backup = str(directory / "backup.zarr")
+    shutil.copytree(parts[1].path, backup)
+    zarr.open(parts[1].path, mode="r+").attrs["model_checksum"] = "0" * 64
+    result = run_subprocess("run", job)
+    assert result.returncode == EXIT_BAD_INPUT and f"{parts[1].path} (written by another map)" in result.stderr
+    # another part copied in its place: a new stamp, so checked in full, and refused
+    shutil.rmtree(parts[1].path)
+    shutil.copytree(parts[2].path, parts[1].path)
+    result = run_subprocess("run", job)
+    assert result.returncode == EXIT_BAD_INPUT and "holds rows (2050, 2100), not [2000, 2050)" in result.stderr
+    # restored from its copy: checked in full, accepted, and the next manifest records its new stamp
+    shutil.rmtree(parts[1].path)
+    shutil.copytree(backup, parts[1].path)
+    append_rows(directory / "shards" / "day-1.h5", rows_of(50, 6))
+    assert run_job_file(job)["action"] == "append"
+    restored = published(str(directory / "models" / "m.npz")).parts(str(directory / "shards" / "day-1.h5"))[1]
+    assert restored.stamp == open_output(parts[1].path).stamp() != parts[1].stamp
 
 
 def test_an_input_rewritten_since_it_was_published_is_refused(night):

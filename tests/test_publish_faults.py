@@ -66,7 +66,8 @@ def run(work, *args, strace=None, timeout=300):
 
 def snapshot(work):
     """What a night leaves: every file's name (temporary files included), the outputs' bytes, the models'
-    contents (a model file's zip bytes hold times) and the manifest without its times."""
+    contents (a model file's zip bytes hold times) and the manifest without its times and its parts'
+    file-system stamps (identities and times, as an undisturbed run's differ from run to run)."""
     names = sorted(
         os.path.relpath(os.path.join(directory, name), work)
         for directory, _, files in os.walk(work)
@@ -82,6 +83,9 @@ def snapshot(work):
     manifest = json.loads((work / "models" / "m.manifest.json").read_text())
     for key in ("published_at", "updated_at", "checksum"):
         manifest.pop(key, None)
+    for item in manifest["inputs"]:
+        for part in item["parts"]:
+            part.pop("stamp", None)
     return {"files": names, "outputs": outputs, "models": models, "manifest": manifest}
 
 

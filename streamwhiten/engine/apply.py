@@ -180,6 +180,8 @@ def is_up_to_date(
 ) -> bool:
     """Whether ``output_spec`` already holds what :func:`apply_model` with these arguments would write (see
     :func:`output_is_current`; the input's rows, or the range ``rows`` of them, fingerprinted now)."""
+    if not open_output(output_spec, read).exists():
+        return False  # nothing to compare: the input is not read
     options = with_model_storage(options, model)
     window = None if rows is None else _pair(rows)
     with open_source(input_spec, read=read, min_rows=1) as opened:

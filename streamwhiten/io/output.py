@@ -14,9 +14,11 @@ sink class, never of its kind's name.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -232,6 +234,27 @@ class Output:
     def attrs(self) -> dict[str, Any]:
         """The attributes of the array there (an output's record of the model that wrote it)."""
         return read_attrs(self.spec, self.read)
+
+    def stamp(self) -> str | None:
+        """A digest of what the file system says of the output (identity, size, modification time of the
+        file, or of a directory and the entries directly in it): it changes when the output is deleted,
+        replaced or written to, and is read without opening it. None for object storage or nothing there.
+        A run compares it with the stamp it recorded to skip checking an output that was not touched since."""
+        if self.url:
+            return None
+        try:
+            top = os.stat(self.path)
+            entries = [("", top)]
+            if stat.S_ISDIR(top.st_mode):
+                with os.scandir(self.path) as found:
+                    entries += sorted((entry.name, entry.stat(follow_symlinks=False)) for entry in found)
+        except OSError:
+            return None
+        text = ";".join(
+            f"{name}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}:{info.st_ctime_ns}"
+            for name, info in entries
+        )
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def foreign(self) -> str | None:
         """None when what is there is an output of ours of this kind, else what it is (:func:`foreign_output`)."""

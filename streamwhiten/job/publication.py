@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -154,20 +154,38 @@ def check_model_file(model_path: str, manifest: Manifest):
     return model
 
 
-def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None = None) -> None:
-    """Refuse a publication whose output parts were deleted or changed by hand, naming each of them."""
+def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None = None) -> Manifest:
+    """Refuse a publication whose output parts were deleted or changed by hand, naming each of them.
+
+    A part whose file-system stamp is the one the manifest recorded is not opened (so a night does not
+    cost more as parts accumulate); the last part of each input, and every part whose stamp changed or
+    was never recorded, is checked in full (:func:`part_problem`). Returns ``manifest`` with the stamps
+    of the parts checked in full brought up to date (the same object when none changed)."""
+    from ..io import open_output
+
     problems = []
+    inputs = []
     for item in manifest.inputs:
-        for part in item.parts:
+        parts = []
+        for index, part in enumerate(item.parts):
+            stamp = open_output(part.path, read).stamp()
+            if part.stamp is not None and stamp == part.stamp and index < len(item.parts) - 1:
+                parts.append(part)
+                continue
             problem = part_problem(part, manifest.model_checksum, read)
             if problem is not None:
                 problems.append(f"{part.path} ({problem})")
+            parts.append(part if stamp == part.stamp else replace(part, stamp=stamp))
+        inputs.append(item if tuple(parts) == item.parts else replace(item, parts=tuple(parts)))
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise BadInputError(
             f"{manifest_path(model_path)}: outputs of published version {manifest.version} were deleted or "
             f"changed by hand: {shown}. Restore them, or run with --republish to publish a new version"
         )
+    if all(new is old for new, old in zip(inputs, manifest.inputs, strict=True)):
+        return manifest
+    return replace(manifest, inputs=tuple(inputs))
 
 
 # ------------------------------------------------------------------------------------------- the reader

@@ -77,7 +77,7 @@ def run_published(
         if manifest is not None:
             published = check_model_file(job.model_path, manifest)
             if not republish:
-                check_outputs(job.model_path, manifest, job.apply_read)
+                manifest = check_outputs(job.model_path, manifest, job.apply_read)
             _delete_retired(manifest.retired, job)
         inputs, outputs = inputs_and_outputs(job)
         _check_paths(job, inputs, outputs, manifest)
@@ -303,6 +303,13 @@ def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _
     log.info("job %s: wrote %s (%s rows%s)", job.name, part, f"{outcome.n_rows:,}", resumed)
 
 
+def _part(job: JobFile, path: str, start: int, stop: int) -> Part:
+    """The manifest's record of the output part ``path`` just written (or found complete), with its stamp."""
+    from ..io import open_output
+
+    return Part(path, start, stop, open_output(path, job.apply_read).stamp())
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -324,7 +331,7 @@ def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, 
             continue  # nothing of it in the statistics yet
         part = versioned_output(item.output, version, 0)
         _write_part(job, model, item.spec, part, (0, item.stop), night, progress, should_stop)
-        published.append(PublishedInput(item.spec, item.output, item.source, (Part(part, 0, item.stop),)))
+        published.append(PublishedInput(item.spec, item.output, item.source, (_part(job, part, 0, item.stop),)))
     if should_stop is not None and should_stop():
         raise InterruptedRunError(
             f"interrupted before publishing version {version}; run the same command again to finish"
@@ -380,7 +387,7 @@ def _append(
         index = len(entry.parts) if entry is not None else 0
         part = versioned_output(item.output, manifest.version, index)
         _write_part(job, published_model, item.spec, part, (start, item.stop), night, progress, should_stop)
-        parts = (*(entry.parts if entry is not None else ()), Part(part, start, item.stop))
+        parts = (*(entry.parts if entry is not None else ()), _part(job, part, start, item.stop))
         updated[item.spec] = PublishedInput(item.spec, item.output, item.source, parts)
         if entry is None:
             order.append(item.spec)
