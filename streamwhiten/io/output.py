@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import stat
+import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
@@ -132,6 +133,11 @@ def _read_record(raw: bytes | str) -> ResumeRecord | None:
         return None
 
 
+#: How long after its last change an output's stamp is trusted (:meth:`Output.stamp`): longer than any
+#: file system's clock tick, so that a later change always shows in the times.
+STAMP_SETTLED_S = 2.0
+
+
 class Output:
     """An output store named by ``spec`` (``out.zarr``, ``out.h5:/emb``, ``s3://b/out.parquet:vectors``):
     what is there now, and the one way to start or continue writing it.
@@ -236,10 +242,11 @@ class Output:
         return read_attrs(self.spec, self.read)
 
     def stamp(self) -> str | None:
-        """A digest of what the file system says of the output (identity, size, modification time of the
-        file, or of a directory and the entries directly in it): it changes when the output is deleted,
-        replaced or written to, and is read without opening it. None for object storage or nothing there.
-        A run compares it with the stamp it recorded to skip checking an output that was not touched since."""
+        """A digest of what the file system says of the output (identity, size and times of the file, or
+        of a directory and the entries directly in it), read without opening it: it changes when the
+        output is deleted, replaced or written to. A run records it to skip checking an output that was
+        not touched since. None for object storage, nothing there, or an output changed less than
+        :data:`STAMP_SETTLED_S` ago (a change within the file system's clock tick could keep its times)."""
         if self.url:
             return None
         try:
@@ -249,6 +256,9 @@ class Output:
                 with os.scandir(self.path) as found:
                     entries += sorted((entry.name, entry.stat(follow_symlinks=False)) for entry in found)
         except OSError:
+            return None
+        newest = max(max(info.st_mtime_ns, info.st_ctime_ns) for _, info in entries)
+        if time.time_ns() - newest < STAMP_SETTLED_S * 1e9:
             return None
         text = ";".join(
             f"{name}:{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}:{info.st_ctime_ns}"

@@ -158,18 +158,19 @@ def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None 
     """Refuse a publication whose output parts were deleted or changed by hand, naming each of them.
 
     A part whose file-system stamp is the one the manifest recorded is not opened (so a night does not
-    cost more as parts accumulate); the last part of each input, and every part whose stamp changed or
-    was never recorded, is checked in full (:func:`part_problem`). Returns ``manifest`` with the stamps
-    of the parts checked in full brought up to date (the same object when none changed)."""
+    cost more as parts accumulate); a part whose stamp changed, or that has none (written moments
+    before, or on object storage: ``Output.stamp``), is checked in full (:func:`part_problem`). Returns
+    ``manifest`` with the stamps of the parts checked in full brought up to date (the same object when
+    none changed)."""
     from ..io import open_output
 
     problems = []
     inputs = []
     for item in manifest.inputs:
         parts = []
-        for index, part in enumerate(item.parts):
+        for part in item.parts:
             stamp = open_output(part.path, read).stamp()
-            if part.stamp is not None and stamp == part.stamp and index < len(item.parts) - 1:
+            if part.stamp is not None and stamp == part.stamp:
                 parts.append(part)
                 continue
             problem = part_problem(part, manifest.model_checksum, read)
