@@ -285,34 +285,82 @@ def test_outputs_or_model_file_deleted_by_hand_are_named_and_republish_recovers(
     )
 
 
-def test_a_night_opens_only_the_parts_touched_since_and_still_catches_one_changed_by_hand(night, monkeypatch):
-    # an appending night must not cost more as parts accumulate: a part whose file-system stamp is the
-    # one the manifest recorded is not opened again; one written moments before has no stamp yet (a
-    # change within the clock tick could keep its times) and is checked in full
-    import time
+class _Clock:
+    """``time`` for ``streamwhiten.io.output`` with the clock moved ``offset`` seconds ahead: outputs
+    written moments before look settled without waiting."""
 
+    offset = 0.0
+
+    @classmethod
+    def time_ns(cls):
+        import time
+
+        return time.time_ns() + int(cls.offset * 1e9)
+
+
+def test_an_outputs_stamp_changes_with_its_records_and_is_withheld_while_fresh(tmp_path, monkeypatch):
     import zarr
 
-    from streamwhiten.io.output import STAMP_SETTLED_S
+    from streamwhiten.io import output as module
+
+    monkeypatch.setattr(module, "time", _Clock)
+    monkeypatch.setattr(_Clock, "offset", 0.0)
+    h5 = tmp_path / "part.h5"
+    with h5py.File(h5, "w") as handle:
+        handle.create_dataset("emb", data=np.zeros((4, 2), np.float32)).attrs["model_checksum"] = "a" * 64
+    nested = (
+        zarr.open_group(str(tmp_path / "part.zarr"), mode="w")
+        .create_group("a")
+        .create_array("b", shape=(4, 2), dtype="float32")
+    )
+    nested.attrs["model_checksum"] = "a" * 64
+    specs = [f"{h5}:/emb", f"{tmp_path / 'part.zarr'}:/a/b"]
+    assert [open_output(spec).stamp() for spec in specs] == [None, None]  # just written
+    _Clock.offset = 2 * module.STAMP_SETTLED_S
+    before = [open_output(spec).stamp() for spec in specs]
+    assert all(before) and before == [open_output(spec).stamp() for spec in specs]
+    with h5py.File(h5, "r+") as handle:
+        handle["emb"].attrs["model_checksum"] = "b" * 64
+    zarr.open_array(str(tmp_path / "part.zarr"), path="a/b", mode="r+").attrs["model_checksum"] = "b" * 64
+    _Clock.offset += 2 * module.STAMP_SETTLED_S
+    after = [open_output(spec).stamp() for spec in specs]
+    assert all(after) and all(a != b for a, b in zip(after, before, strict=True))
+    # a record rewritten in place (not by rename), two levels down, shows as well
+    metadata = tmp_path / "part.zarr" / "a" / "b" / "zarr.json"
+    text = metadata.read_text()
+    with open(metadata, "r+") as handle:
+        handle.write(text.replace("b" * 64, "c" * 64))
+    _Clock.offset += 2 * module.STAMP_SETTLED_S
+    assert open_output(specs[1]).stamp() not in (None, after[1])
+    assert open_output(str(tmp_path / "absent.h5")).stamp() is None
+
+
+def test_a_night_opens_only_the_parts_touched_since_and_still_catches_one_changed_by_hand(night, monkeypatch):
+    # an appending night must not cost more as parts accumulate: a part whose file-system stamp is the
+    # one the manifest recorded is not opened again; one without a settled stamp is checked in full
+    import zarr
+
+    from streamwhiten.io import output as output_module
     from streamwhiten.job import publication as module
 
+    monkeypatch.setattr(output_module, "time", _Clock)
+    monkeypatch.setattr(_Clock, "offset", 0.0)
     directory, job = night
-    for seed in (2, 3):
-        append_rows(directory / "shards" / "day-1.h5", rows_of(50, seed))
-        assert run_job_file(job)["action"] == "append"
     shard = str(directory / "shards" / "day-1.h5")
-    assert published(str(directory / "models" / "m.npz")).parts(shard)[-1].stamp is None  # just written
-    time.sleep(STAMP_SETTLED_S + 0.1)
-    append_rows(directory / "shards" / "day-1.h5", rows_of(50, 4))
-    assert run_job_file(job)["action"] == "append"  # checks the settled parts in full once and stamps them
+    for seed in (2, 3):
+        append_rows(shard, rows_of(50, seed))
+        assert run_job_file(job)["action"] == "append"
+    _Clock.offset = 2 * output_module.STAMP_SETTLED_S  # the parts so far have settled
+    append_rows(shard, rows_of(50, 4))
+    assert run_job_file(job)["action"] == "append"  # checks them in full once and stamps them
     parts = published(str(directory / "models" / "m.npz")).parts(shard)
-    assert len(parts) == 4 and all(part.stamp for part in parts[:-1]) and parts[-1].stamp is None
+    assert len(parts) == 4 and all(part.stamp for part in parts[:-1])
     checked = []
     real = module.part_problem
     monkeypatch.setattr(module, "part_problem", lambda part, *a, **k: checked.append(part.path) or real(part, *a, **k))
-    append_rows(directory / "shards" / "day-1.h5", rows_of(50, 5))
+    append_rows(shard, rows_of(50, 5))
     assert run_job_file(job)["action"] == "append"
-    assert checked == [parts[-1].path]
+    assert set(checked) <= {parts[-1].path}  # only the part written last (if its stamp had not settled)
     # a part edited in place (its record of the map) is caught although it is not the last one
     backup = str(directory / "backup.zarr")
     shutil.copytree(parts[1].path, backup)
@@ -327,10 +375,8 @@ def test_a_night_opens_only_the_parts_touched_since_and_still_catches_one_change
     # restored from its copy: checked in full, accepted, and the next manifest records its new stamp
     shutil.rmtree(parts[1].path)
     shutil.copytree(backup, parts[1].path)
-    append_rows(directory / "shards" / "day-1.h5", rows_of(50, 6))
-    assert run_job_file(job)["action"] == "append"
-    time.sleep(STAMP_SETTLED_S + 0.1)
-    append_rows(directory / "shards" / "day-1.h5", rows_of(50, 7))
+    _Clock.offset += 2 * output_module.STAMP_SETTLED_S
+    append_rows(shard, rows_of(50, 7))
     assert run_job_file(job)["action"] == "append"
     restored = published(str(directory / "models" / "m.npz")).parts(shard)[1]
     assert restored.stamp == open_output(parts[1].path).stamp() != parts[1].stamp

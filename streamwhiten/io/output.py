@@ -242,19 +242,29 @@ class Output:
         return read_attrs(self.spec, self.read)
 
     def stamp(self) -> str | None:
-        """A digest of what the file system says of the output (identity, size and times of the file, or
-        of a directory and the entries directly in it), read without opening it: it changes when the
-        output is deleted, replaced or written to. A run records it to skip checking an output that was
-        not touched since. None for object storage, nothing there, or an output changed less than
-        :data:`STAMP_SETTLED_S` ago (a change within the file system's clock tick could keep its times)."""
+        """A digest of what the file system says of the output, read without opening it: the identity,
+        size and times of the file, or of a directory, the entries directly in it, and the entries of
+        each directory on the way to its array (``out.zarr:/a/b``: ``a`` and ``a/b``) and of a Lance
+        dataset's ``_versions``, where the records a run checks are kept. It changes when the output is
+        deleted, replaced or its records are written to. A run records it to skip checking an output
+        that was not touched since. None for object storage, nothing there, or an output changed less
+        than :data:`STAMP_SETTLED_S` ago (a change within the file system's clock tick could keep its
+        times)."""
         if self.url:
             return None
         try:
-            top = os.stat(self.path)
-            entries = [("", top)]
-            if stat.S_ISDIR(top.st_mode):
-                with os.scandir(self.path) as found:
-                    entries += sorted((entry.name, entry.stat(follow_symlinks=False)) for entry in found)
+            entries = [("", os.stat(self.path))]
+            if stat.S_ISDIR(entries[0][1].st_mode):
+                inner = [part for part in (self.dataset or "").split("/") if part]
+                folders = ["", *("/".join(inner[: depth + 1]) for depth in range(len(inner))), "_versions"]
+                for folder in folders:
+                    where = os.path.join(self.path, folder) if folder else self.path
+                    if folder and not os.path.isdir(where):
+                        continue
+                    with os.scandir(where) as found:
+                        entries += sorted(
+                            (f"{folder}/{entry.name}", entry.stat(follow_symlinks=False)) for entry in found
+                        )
         except OSError:
             return None
         newest = max(max(info.st_mtime_ns, info.st_ctime_ns) for _, info in entries)

@@ -268,19 +268,21 @@ def _check_paths(job: JobFile, inputs: list, outputs: dict, manifest: Manifest |
 # ------------------------------------------------------------------------------------------ the parts
 
 
-def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _Night, progress, should_stop):
+def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _Night, progress, should_stop) -> Part:
     """Write the transform of input rows ``rows`` of ``spec`` to the output part ``part``, unless it is
-    already there (complete, same map, input rows and options): then it is kept as it is."""
+    already there (complete, same map, input rows and options): then it is kept as it is. Returns the
+    manifest's record of the part, with the stamp it had when it was found good or was written."""
     from ..engine.apply import is_up_to_date
     from ..io import open_output, remote, split_spec
     from ..pipeline import apply
 
     options, read = job.apply, job.apply_read
     assert options is not None
+    stamp = open_output(part, read).stamp()  # before the check: a change after it shows as another stamp
     if is_up_to_date(model, spec, part, options, read, rows):
         log.info("job %s: %s is up to date", job.name, part)
         open_output(part, read).tidy()  # a run killed right after writing it may have left its records
-        return
+        return Part(part, rows[0], rows[1], stamp)
     if should_stop is not None and should_stop():
         raise InterruptedRunError(f"interrupted before writing {part}; run the same command again to finish")
     if not remote.is_url(part):
@@ -301,13 +303,7 @@ def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _
     night.steps.append(f"apply {outcome.input} rows {rows[0]}..{rows[1] - 1} -> {part}")
     resumed = f", resumed at row {outcome.resumed_at_row:,}" if outcome.resumed_at_row else ""
     log.info("job %s: wrote %s (%s rows%s)", job.name, part, f"{outcome.n_rows:,}", resumed)
-
-
-def _part(job: JobFile, path: str, start: int, stop: int) -> Part:
-    """The manifest's record of the output part ``path`` just written (or found complete), with its stamp."""
-    from ..io import open_output
-
-    return Part(path, start, stop, open_output(path, job.apply_read).stamp())
+    return Part(part, rows[0], rows[1], open_output(part, read).stamp())
 
 
 def _now() -> str:
@@ -330,8 +326,8 @@ def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, 
         if item.stop == 0:
             continue  # nothing of it in the statistics yet
         part = versioned_output(item.output, version, 0)
-        _write_part(job, model, item.spec, part, (0, item.stop), night, progress, should_stop)
-        published.append(PublishedInput(item.spec, item.output, item.source, (_part(job, part, 0, item.stop),)))
+        written = _write_part(job, model, item.spec, part, (0, item.stop), night, progress, should_stop)
+        published.append(PublishedInput(item.spec, item.output, item.source, (written,)))
     if should_stop is not None and should_stop():
         raise InterruptedRunError(
             f"interrupted before publishing version {version}; run the same command again to finish"
@@ -386,8 +382,8 @@ def _append(
             continue
         index = len(entry.parts) if entry is not None else 0
         part = versioned_output(item.output, manifest.version, index)
-        _write_part(job, published_model, item.spec, part, (start, item.stop), night, progress, should_stop)
-        parts = (*(entry.parts if entry is not None else ()), _part(job, part, start, item.stop))
+        written = _write_part(job, published_model, item.spec, part, (start, item.stop), night, progress, should_stop)
+        parts = (*(entry.parts if entry is not None else ()), written)
         updated[item.spec] = PublishedInput(item.spec, item.output, item.source, parts)
         if entry is None:
             order.append(item.spec)
