@@ -262,33 +262,47 @@ def same_file(a: str, b: str) -> bool:
     return a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep)
 
 
-def _same_inode(a: str, b: str) -> bool:
-    if remote.is_url(a) or remote.is_url(b):
-        return False
-    try:
-        first, second = os.stat(a), os.stat(b)
-    except OSError:
-        return False
-    return (first.st_dev, first.st_ino) == (second.st_dev, second.st_ino)
+class _Place:
+    """Where a path points, resolved once: the URL (normalized) of an object, or a local path's real
+    path and its file's (device, inode) when it exists."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        local = remote.local_path(path)
+        self.url = remote.normalize(local) if remote.is_url(local) else None
+        self.real = "" if self.url else os.path.realpath(local.rstrip("/") or local)
+        try:
+            found = None if self.url else os.stat(local)
+        except OSError:
+            found = None
+        self.inode = None if found is None else (found.st_dev, found.st_ino)
+
+    def ancestors(self) -> list[str]:
+        """Its real path and every directory above it."""
+        found, current = [self.real], self.real
+        while os.path.dirname(current) != current:
+            current = os.path.dirname(current)
+            found.append(current)
+        return found
 
 
 def refuse_shared_outputs(*outputs: tuple[Any, str]) -> None:
     """Refuse two outputs of one command, given as ``(path, what)`` pairs, that are the same file (one
-    would overwrite or delete the other)."""
-    named = [(split_spec(os.fspath(path))[0], what) for path, what in outputs if path is not None]
-    for i, (first, first_what) in enumerate(named):
-        for second, second_what in named[i + 1 :]:
-            if _same_location(first, second) or _same_inode(first, second):
-                raise BadInputError(
-                    f"{first}: given as both the {first_what} and the {second_what}; choose another path"
-                )
-
-
-def _same_location(a: str, b: str) -> bool:
-    a, b = remote.local_path(a), remote.local_path(b)
-    if remote.is_url(a) or remote.is_url(b):
-        return remote.is_url(a) and remote.is_url(b) and remote.normalize(a) == remote.normalize(b)
-    return os.path.realpath(a) == os.path.realpath(b)
+    would overwrite or delete the other). Each path is resolved once (a job's outputs may be many)."""
+    seen: dict[Any, tuple[str, str]] = {}
+    for path, what in outputs:
+        if path is None:
+            continue
+        place = _Place(split_spec(os.fspath(path))[0])
+        keys: list[Any] = [("url", place.url)] if place.url else [("path", place.real)]
+        if place.inode is not None:
+            keys.append(("inode", place.inode))
+        for key in keys:
+            if key in seen:
+                first, first_what = seen[key]
+                raise BadInputError(f"{first}: given as both the {first_what} and the {what}; choose another path")
+        for key in keys:
+            seen[key] = (place.path, what)
 
 
 def refuse_input_overlap(outputs: dict[Any, str], inputs: Iterable[Any], nested: bool = True) -> None:
@@ -297,17 +311,42 @@ def refuse_input_overlap(outputs: dict[Any, str], inputs: Iterable[Any], nested:
     ``outputs`` maps each output path (or spec) to what it is ("model file", ...); ``inputs`` are the
     specs or paths read. An output is refused when it is an input, resolves to one (symlinks), lies
     inside one or holds one (directory stores, unless ``nested`` is false: an output directory that
-    only receives new files), or is a hard link of one, whatever ``overwrite`` says.
+    only receives new files), or is a hard link of one, whatever ``overwrite`` says. Each path is
+    resolved once (a job may have many inputs and outputs).
     """
-    input_paths = [split_spec(os.fspath(spec))[0] for spec in inputs if spec is not None]
+    places = [_Place(split_spec(os.fspath(spec))[0]) for spec in inputs if spec is not None]
+    urls = [place for place in places if place.url]
+    exact: dict[Any, str] = {}  # an input's real path or (device, inode) -> the input
+    holding: dict[str, str] = {}  # a directory holding an input, or the input itself -> the input
+    for place in places:
+        if place.url:
+            continue
+        exact.setdefault(place.real, place.path)
+        if place.inode is not None:
+            exact.setdefault(place.inode, place.path)
+        for ancestor in place.ancestors():
+            holding.setdefault(ancestor, place.path)
     for output, what in outputs.items():
         if output is None:
             continue
-        out_path = split_spec(os.fspath(output))[0]
-        for in_path in input_paths:
-            same = same_file(out_path, in_path) if nested else _same_location(out_path, in_path)
-            if same or _same_inode(out_path, in_path):
-                raise BadInputError(
-                    f"{remote.redact(out_path)}: the {what} would overwrite the input "
-                    f"{remote.redact(in_path)}; choose another path"
+        out = _Place(split_spec(os.fspath(output))[0])
+        found: str | None = None
+        if out.url:
+            for place in urls:
+                assert place.url is not None
+                if out.url == place.url or (
+                    nested and (remote.contains(out.url, place.url) or remote.contains(place.url, out.url))
+                ):
+                    found = place.path
+                    break
+        else:
+            found = exact.get(out.real) or (exact.get(out.inode) if out.inode is not None else None)
+            if found is None and nested:  # the output holds an input, or lies inside one
+                found = holding.get(out.real) or next(
+                    (exact[ancestor] for ancestor in out.ancestors()[1:] if ancestor in exact), None
                 )
+        if found is not None:
+            raise BadInputError(
+                f"{remote.redact(out.path)}: the {what} would overwrite the input {remote.redact(found)}; "
+                "choose another path"
+            )
