@@ -46,7 +46,7 @@ from .publication import (
     versioned_output,
     write_manifest,
 )
-from .steps import current_model, fit_step, inputs_and_outputs, job_lock, stored_bytes
+from .steps import fit_step, inputs_and_outputs, job_lock, statistics_before, stored_bytes
 
 log = logging.getLogger("streamwhiten")
 
@@ -81,7 +81,7 @@ def run_published(
             _delete_retired(manifest.retired, job)
         inputs, outputs = inputs_and_outputs(job)
         _check_paths(job, inputs, outputs, manifest)
-        previous = current_model(job.model_path)
+        previous = statistics_before(job.model_path)
         model = fit_step(job, inputs, night.steps, progress, should_stop, restart)
         rows_added = model.n_rows - (previous.n_rows if previous is not None else 0)
         # the fit step checked that each input still starts with the rows these records describe (an

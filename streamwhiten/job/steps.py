@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .._durable import exclusive_lock
 from ..errors import BadInputError, NothingToDoError
@@ -30,24 +30,40 @@ def job_lock(path: str):
     )
 
 
-def model_rows(model_path: str) -> int:
-    """The rows of the statistics in ``model_path`` now (0 when there is none yet, or none it can read)."""
-    model = current_model(model_path)
-    return model.n_rows if model is not None else 0
+@dataclass(frozen=True)
+class Before:
+    """What the statistics file held before the fit step of a run: its rows and its source records."""
+
+    n_rows: int
+    sources: tuple
 
 
-def current_model(model_path: str):
-    """The model in ``model_path`` now, before the fit step (None when there is none yet, or none it can
-    read: the fit step refuses that one and says how)."""
-    from ..core.model import load_model
-    from ..errors import ModelFileError
+def statistics_before(model_path: str) -> Before | None:
+    """The rows and source records of the statistics in ``model_path`` now, before the fit step (None
+    when there is none yet, or none that can be read). Read from two small members of the file without
+    the checks of ``load_model``: the fit step loads the same file with every check, under the job's
+    lock, before anything of this is used (a damaged file stops the run there)."""
+    import json
 
-    if not os.path.exists(model_path):
+    import numpy as np
+
+    from ..records import Fingerprint
+
+    if not os.path.isfile(model_path):
         return None
     try:
-        return load_model(model_path)
-    except ModelFileError:  # not a model of ours, or damaged: the fit step refuses it and says how
+        with np.load(model_path, allow_pickle=False) as arrays:
+            n_rows = int(arrays["n_rows"])
+            sources = tuple(Fingerprint.from_dict(item) for item in json.loads(str(arrays["sources_json"])))
+    except Exception:  # noqa: BLE001 - not a model of ours, or damaged: the fit step refuses it and says how
         return None
+    return Before(n_rows, sources)
+
+
+def model_rows(model_path: str) -> int:
+    """The rows of the statistics in ``model_path`` now (0 when there is none yet, or none it can read)."""
+    before = statistics_before(model_path)
+    return before.n_rows if before is not None else 0
 
 
 def inputs_and_outputs(job: JobFile) -> tuple[list, dict]:
@@ -192,4 +208,4 @@ def stored_bytes(spec: str, read: ReadOptions | None = None) -> int:
     return total
 
 
-__all__ = ["current_model", "fit_step", "inputs_and_outputs", "job_lock", "model_rows", "stored_bytes"]
+__all__ = ["Before", "fit_step", "inputs_and_outputs", "job_lock", "model_rows", "statistics_before", "stored_bytes"]
