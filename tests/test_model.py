@@ -13,6 +13,7 @@ from streamwhiten.core.model import (
     effective_dimension,
     finalize,
     load_model,
+    read_rows_and_sources,
     save_model,
 )
 from streamwhiten.errors import BadInputError, ModelFileError
@@ -254,6 +255,22 @@ def test_model_file_round_trip(tmp_path):
             "n_components",
             "format_version",
         } <= set(data.files)
+
+
+def test_rows_and_sources_read_alone_are_those_load_model_gives(tmp_path):
+    rows = anisotropic(300, 5, seed=11)
+    sources = [{"path": "a.h5", "dataset": "emb", "n_rows": 200}, {"path": "b.h5", "n_rows": 100}]
+    path = str(tmp_path / "m.npz")
+    save_model(finalize(state_of(rows), sources=sources), path)
+    loaded = load_model(path)
+    assert read_rows_and_sources(path) == (loaded.n_rows, loaded.sources) == (300, loaded.sources)
+    assert [source.to_dict() for source in loaded.sources] == sources
+    # no file, or not a model file: None (the caller's checked load says how)
+    assert read_rows_and_sources(str(tmp_path / "missing.npz")) is None
+    (tmp_path / "text.npz").write_text("not a zip")
+    assert read_rows_and_sources(str(tmp_path / "text.npz")) is None
+    np.savez(tmp_path / "other.npz", x=np.zeros(3))
+    assert read_rows_and_sources(str(tmp_path / "other.npz")) is None
 
 
 def _rewrite(path, **changes):

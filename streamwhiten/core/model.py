@@ -559,6 +559,21 @@ def load_model(path: str) -> WhiteningModel:
     return WhiteningModel(state=state, sources=sources, **fields)
 
 
+def read_rows_and_sources(path: str) -> tuple[int, tuple[Fingerprint, ...]] | None:
+    """The rows and source records of the model file ``path``, read from their two members alone, without
+    the checks of :func:`load_model` (for a caller that loads the file with every check before it uses
+    them); None when there is no such file, or they cannot be read from it."""
+    if not os.path.isfile(path):
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as arrays:
+            n_rows = int(arrays["n_rows"])
+            sources = tuple(Fingerprint.from_dict(item) for item in json.loads(str(arrays["sources_json"])))
+    except Exception:  # noqa: BLE001 - not a model file of ours, or damaged: load_model says how
+        return None
+    return n_rows, sources
+
+
 __all__ = [
     "WhiteningModel",
     "finalize",
@@ -568,6 +583,7 @@ __all__ = [
     "check_model_output",
     "check_model_name",
     "load_model",
+    "read_rows_and_sources",
     "check_params",
     "eigendecomposition",
     "components_for_variance",

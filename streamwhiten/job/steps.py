@@ -40,24 +40,13 @@ class Before:
 
 def statistics_before(model_path: str) -> Before | None:
     """The rows and source records of the statistics in ``model_path`` now, before the fit step (None
-    when there is none yet, or none that can be read). Read from two small members of the file without
-    the checks of ``load_model``: the fit step loads the same file with every check, under the job's
-    lock, before anything of this is used (a damaged file stops the run there)."""
-    import json
+    when there is none yet, or none that can be read). Read without the checks of ``load_model``: the
+    fit step loads the same file with every check, under the job's lock, before anything of this is
+    used (a damaged file stops the run there)."""
+    from ..core.model import read_rows_and_sources
 
-    import numpy as np
-
-    from ..records import Fingerprint
-
-    if not os.path.isfile(model_path):
-        return None
-    try:
-        with np.load(model_path, allow_pickle=False) as arrays:
-            n_rows = int(arrays["n_rows"])
-            sources = tuple(Fingerprint.from_dict(item) for item in json.loads(str(arrays["sources_json"])))
-    except Exception:  # noqa: BLE001 - not a model of ours, or damaged: the fit step refuses it and says how
-        return None
-    return Before(n_rows, sources)
+    found = read_rows_and_sources(model_path)
+    return Before(*found) if found is not None else None
 
 
 def model_rows(model_path: str) -> int:
