@@ -278,10 +278,11 @@ def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _
 
     options, read = job.apply, job.apply_read
     assert options is not None
-    stamp = open_output(part, read).stamp()  # before the check: a change after it shows as another stamp
+    output = open_output(part, read)
+    stamp = output.stamp()  # before the check: a change after it shows as another stamp
     if is_up_to_date(model, spec, part, options, read, rows):
         log.info("job %s: %s is up to date", job.name, part)
-        open_output(part, read).tidy()  # a run killed right after writing it may have left its records
+        output.tidy()  # a run killed right after writing it may have left its records
         return Part(part, rows[0], rows[1], stamp)
     if should_stop is not None and should_stop():
         raise InterruptedRunError(f"interrupted before writing {part}; run the same command again to finish")
@@ -303,7 +304,7 @@ def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _
     night.steps.append(f"apply {outcome.input} rows {rows[0]}..{rows[1] - 1} -> {part}")
     resumed = f", resumed at row {outcome.resumed_at_row:,}" if outcome.resumed_at_row else ""
     log.info("job %s: wrote %s (%s rows%s)", job.name, part, f"{outcome.n_rows:,}", resumed)
-    return Part(part, rows[0], rows[1], open_output(part, read).stamp())
+    return Part(part, rows[0], rows[1], output.stamp())
 
 
 def _now() -> str:
