@@ -1,4 +1,4 @@
-"""Every ```python block of README.md and docs/*.md runs as written (issue #24).
+"""Every ```python block of README.md and docs/*.md (the pages of the docs site) runs as written.
 
 Each block runs in-process (``exec``) in a fresh temporary working directory that its doc file's fixture
 fills with the small files the block names (stores, a fitted ``model.npz``, exports, a published job...),
@@ -212,6 +212,16 @@ def prepare_readme(workdir: Path, block: Block, site: dict) -> dict:
         streamwhiten.apply(
             "model.npz", "corpus.h5:/embeddings", "codes.h5", options=streamwhiten.ApplyOptions(dtype="int8")
         )
+    if "published(" in code:  # the README's nightly job, run once over the shards above
+        from streamwhiten.cli import main
+
+        (workdir / "models").mkdir()
+        (workdir / "out").mkdir()
+        (workdir / "job.toml").write_text(
+            'name = "nightly"\n[input]\npaths = ["shards/day-*.h5"]\n[model]\npath = "models/m.npz"\n'
+            '[apply]\noutput = "out/{stem}.h5"\n[publish]\n'
+        )
+        assert main(["run", "job.toml", "-q"]) == 0
     X = rows(150, seed=6, d=K)  # labelled rows for a classifier: the narrowest width the grid's k allow
     y = (X[:, 0] > np.median(X[:, 0])).astype(int)
     return dict(rows=rows(8, seed=2), more_rows=rows(300, seed=3), query=rows(1, seed=5)[0], X=X, y=y)
@@ -278,8 +288,8 @@ def prepare_serving(workdir: Path, block: Block, site: dict) -> dict:
             export.export(streamwhiten.load_model("tuned.npz"), "index.faiss")
         else:
             export.export(model.as_affine(normalize=True), "index.faiss", index="HNSW32")
-    if "bits.faiss" in code:
-        export.export(streamwhiten.load_model("tuned.npz").as_affine(dtype="binary"), "bits.faiss")
+    if "bits.binary.faiss" in code:
+        export.export(streamwhiten.load_model("tuned.npz").as_affine(dtype="binary"), "bits.binary.faiss")
     if "whiten.faiss" in code:
         export.export(model, "whiten.faiss")
     if "whiten.onnx" in code:
@@ -316,6 +326,8 @@ def prepare_serving(workdir: Path, block: Block, site: dict) -> dict:
 
 PREPARE = {
     "README.md": prepare_readme,
+    "docs/python.md": prepare_readme,  # the README's Python sections moved there, with its files
+    "docs/search.md": prepare_readme,
     "docs/dask.md": prepare_dask,
     "docs/evaluation.md": prepare_evaluation,
     "docs/nightly.md": prepare_nightly,
@@ -381,7 +393,16 @@ def run_block(block: Block, root: Path, site, monkeypatch) -> None:
         exec(compile(code, f"{block.doc}:{block.line}", "exec"), namespace)
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, id=f"{b.doc}:{b.line}") for b in BLOCKS])
+TORCH = {"torch", "sentence_transformers"}  # a block importing these carries the `torch` marker
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        pytest.param(b, id=f"{b.doc}:{b.line}", marks=[pytest.mark.torch] if imported(b.code) & TORCH else [])
+        for b in BLOCKS
+    ],
+)
 def test_doc_example_runs(block, tmp_path, site, monkeypatch):
     """The block runs without an error, after the earlier blocks of its doc file (in their own directories)."""
     if block.not_run:
