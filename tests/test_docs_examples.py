@@ -85,6 +85,8 @@ def free_names(code: str) -> set[str]:
 EXTRAS = {  # optional packages a block may import -> what installs them
     "dask": "'streamwhiten[dask]'",
     "faiss": "'streamwhiten[faiss]'",
+    "lance": "'streamwhiten[lance]'",
+    "pyarrow": "'streamwhiten[parquet]'",
     "onnxruntime": "'streamwhiten[onnx]'",
     "safetensors": "'streamwhiten[torch]'",
     "sentence_transformers": "'streamwhiten[sentence-transformers]'",
@@ -204,7 +206,7 @@ def prepare_readme(workdir: Path, block: Block, site: dict) -> dict:
     if "s3://" in code:
         upload(workdir / "corpus.zarr", "s3://emb/corpus.zarr")
     writes_model = 'save("model.npz")' in code or '"model.npz",\n' in code
-    if ("model.npz" in code or "codes.h5" in code) and not writes_model:
+    if ("model.npz" in code or "codes.h5" in code or "whiten.npz" in code) and not writes_model:
         fitted(workdir / "model.npz", "corpus.h5:/embeddings")
     if "q.h5" in code:
         retrieval_task(workdir, "q.h5", "c.h5")
@@ -212,6 +214,10 @@ def prepare_readme(workdir: Path, block: Block, site: dict) -> dict:
         streamwhiten.apply(
             "model.npz", "corpus.h5:/embeddings", "codes.h5", options=streamwhiten.ApplyOptions(dtype="int8")
         )
+    if "whiten.npz" in code:  # export model.npz -o whiten.npz -k 256 --normalize
+        from streamwhiten import export
+
+        export.export(streamwhiten.load_model("model.npz").as_affine(n_components=K, normalize=True), "whiten.npz")
     if "published(" in code:  # the README's nightly job, run once over the shards above
         from streamwhiten.cli import main
 
