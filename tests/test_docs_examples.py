@@ -96,7 +96,23 @@ EXTRAS = {  # optional packages a block may import -> what installs them
     "torch": "'streamwhiten[torch]'",
 }
 
-USES = {'transform="pandas"': "pandas", "write_report(": "matplotlib"}  # used by a block without an import
+USES = {  # used by a block without an import (an earlier block of its file imported it)
+    'transform="pandas"': "pandas",
+    "write_report(": "matplotlib",
+    "SentenceTransformer(": "sentence_transformers",
+}
+
+
+def needs(block) -> set[str]:
+    """The optional packages a block uses."""
+    return (imported(block.code) | {module for text, module in USES.items() if text in block.code}) & set(EXTRAS)
+
+
+def missing(block) -> str | None:
+    """The first optional package the block uses that is not installed, if any."""
+    import importlib.util
+
+    return next((module for module in sorted(needs(block)) if importlib.util.find_spec(module) is None), None)
 
 
 def imported(code: str) -> set[str]:
@@ -399,26 +415,22 @@ def run_block(block: Block, root: Path, site, monkeypatch) -> None:
         exec(compile(code, f"{block.doc}:{block.line}", "exec"), namespace)
 
 
-TORCH = {"torch", "sentence_transformers"}  # a block importing these carries the `torch` marker
+TORCH = {"torch", "sentence_transformers"}  # a block using these carries the `torch` marker
 
 
 @pytest.mark.parametrize(
     "block",
-    [
-        pytest.param(b, id=f"{b.doc}:{b.line}", marks=[pytest.mark.torch] if imported(b.code) & TORCH else [])
-        for b in BLOCKS
-    ],
+    [pytest.param(b, id=f"{b.doc}:{b.line}", marks=[pytest.mark.torch] if needs(b) & TORCH else []) for b in BLOCKS],
 )
 def test_doc_example_runs(block, tmp_path, site, monkeypatch):
     """The block runs without an error, after the earlier blocks of its doc file (in their own directories)."""
     if block.not_run:
         pytest.skip(f"{block.doc}:{block.line}: not run: {block.not_run}")
-    needed = imported(block.code) | {module for text, module in USES.items() if text in block.code}
-    for module in sorted(needed & set(EXTRAS)):
+    for module in sorted(needs(block)):
         pytest.importorskip(module, reason=f"{block.doc}:{block.line} needs {module}: pip install {EXTRAS[module]}")
     state = _STATE.setdefault(block.doc, {"namespace": {"__name__": "__doc_example__"}, "ran": set()})
     for earlier in (b for b in BLOCKS if b.doc == block.doc and b.line < block.line and not b.not_run):
-        if earlier.line not in state["ran"]:
+        if earlier.line not in state["ran"] and missing(earlier) is None:  # one that would skip is left out
             try:
                 run_block(earlier, tmp_path, site, monkeypatch)
             except Exception as exc:
