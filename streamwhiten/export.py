@@ -13,7 +13,8 @@ in float64 for ``npz`` and float32 elsewhere, optionally followed by L2 normalis
                           ``NormalizationTransform`` when asked, then the index); for int8 storage the
                           transform, ``NormalizationTransform`` and an ``IndexScalarQuantizer`` (8 bits)
                           whose ranges are the map's int8 ranges; for binary storage an empty
-                          ``IndexBinaryFlat`` for the packed sign bits
+                          ``IndexBinaryFlat`` for the packed sign bits, named ``*.binary.faiss``
+                          (:func:`read_faiss_binary`; the float files: :func:`read_faiss_index`)
 ``onnx``                  MatMul + Add (+ L2 normalisation), dynamic batch axis, opset 21
 ========================= ==================================================================================
 
@@ -42,6 +43,7 @@ import importlib
 import json
 import os
 import shutil
+import warnings
 
 import numpy as np
 
@@ -203,10 +205,13 @@ def export(
     fmt = format_for(path, fmt, append_to)
     check_options(fmt, affine.normalize, append_to, index, metric, insert, affine.dtype)
     check_available(fmt)
+    name_note = check_faiss_name(path, affine.dtype) if fmt == "faiss" else None
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
     summary = dict(affine.params(), format=fmt, output=path)
+    if name_note:
+        summary["name_note"] = name_note
     if fmt == "sentence-transformers":
         plan = plan_sentence_transformers(affine, path, append_to, insert)
         if not overwrite and os.path.lexists(path) and _st_is_current(path, plan["metadata"]):
@@ -560,6 +565,73 @@ def faiss_bytes(affine: AffineMap, factory: str | None = None, metric: str | Non
             "needs_training": not bool(index.is_trained),
         }
     return payload, info
+
+
+BINARY_FAISS_SUFFIX = ".binary.faiss"
+
+
+def check_faiss_name(path: str, dtype: str | None) -> str | None:
+    """Keep the two kinds of faiss file apart by name, as faiss needs two loaders for them: a binary index
+    (sign-bit storage, read with ``faiss.read_index_binary``) is named ``*.binary.faiss``, and nothing else is.
+
+    A binary export under a plain ``.faiss`` or ``.index`` name (the former rule) is still written, with a
+    :class:`DeprecationWarning`; the returned note says so (None when the name is right)."""
+    binary_name = path.lower().endswith(BINARY_FAISS_SUFFIX)
+    if dtype == "binary" and not binary_name:
+        note = (
+            f"{path}: a binary faiss index is named *{BINARY_FAISS_SUFFIX} (read it with faiss.read_index_binary, "
+            "or streamwhiten.export.read_faiss_binary); the plain name is deprecated"
+        )
+        warnings.warn(note, DeprecationWarning, stacklevel=3)
+        return note
+    if dtype != "binary" and binary_name:
+        raise BadInputError(
+            f"{path}: *{BINARY_FAISS_SUFFIX} names a binary index, but this export is a float faiss file "
+            f"(read with faiss.read_index or faiss.read_VectorTransform): name it *.faiss"
+        )
+    return None
+
+
+def read_faiss_index(path: str):
+    """Read a float faiss export (an index: ``IndexPreTransform``, or an int8 ``IndexScalarQuantizer``
+    behind one) with ``faiss.read_index``; a binary index is refused in one line naming its loader."""
+    faiss = _require("faiss", "faiss-cpu", "faiss", "reading a faiss export")
+    try:
+        return faiss.read_index(os.fspath(path))
+    except RuntimeError as error:
+        if _reads_as(faiss.read_index_binary, path):
+            raise BadInputError(
+                f"{path}: a binary faiss index (sign bits): read it with faiss.read_index_binary "
+                "(streamwhiten.export.read_faiss_binary)"
+            ) from None
+        if _reads_as(faiss.read_VectorTransform, path):
+            raise BadInputError(
+                f"{path}: a faiss LinearTransform, not an index: read it with faiss.read_VectorTransform"
+            ) from None
+        raise BadInputError(f"{path}: not a faiss index: {str(error).strip().splitlines()[-1]}") from None
+
+
+def read_faiss_binary(path: str):
+    """Read a binary faiss export (``*.binary.faiss``, an ``IndexBinaryFlat`` of packed sign bits) with
+    ``faiss.read_index_binary``; a float index is refused in one line naming its loader."""
+    faiss = _require("faiss", "faiss-cpu", "faiss", "reading a faiss export")
+    try:
+        return faiss.read_index_binary(os.fspath(path))
+    except RuntimeError as error:
+        if _reads_as(faiss.read_index, path) or _reads_as(faiss.read_VectorTransform, path):
+            raise BadInputError(
+                f"{path}: a float faiss file, not a binary index: read it with faiss.read_index "
+                "(streamwhiten.export.read_faiss_index)"
+            ) from None
+        raise BadInputError(f"{path}: not a binary faiss index: {str(error).strip().splitlines()[-1]}") from None
+
+
+def _reads_as(reader, path) -> bool:
+    try:
+        reader(os.fspath(path))
+    except RuntimeError:
+        return False
+    return True
 
 
 def write_faiss(affine: AffineMap, path: str, factory: str | None = None, metric: str | None = None) -> dict:

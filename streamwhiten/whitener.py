@@ -133,6 +133,8 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         ``{"endpoint_url": "http://127.0.0.1:9000", "key": ..., "secret": ...}``; they win over the
         environment's configuration, and are never shown (``repr``) or recorded.
 
+    Notes
+    -----
     Parameters are keyword-only. Arrays follow scikit-learn's input rules: 2-D, float16, float32 and
     float64 rows are used as they are, integer, bool and numeric object arrays are converted to float64
     (as ``PCA`` does; int8-quantized embeddings are real input); complex, non-numeric, sparse and 1-D

@@ -1,4 +1,4 @@
-"""Every ```python block of README.md and docs/*.md runs as written (issue #24).
+"""Every ```python block of README.md and docs/*.md (the pages of the docs site) runs as written.
 
 Each block runs in-process (``exec``) in a fresh temporary working directory that its doc file's fixture
 fills with the small files the block names (stores, a fitted ``model.npz``, exports, a published job...),
@@ -85,6 +85,8 @@ def free_names(code: str) -> set[str]:
 EXTRAS = {  # optional packages a block may import -> what installs them
     "dask": "'streamwhiten[dask]'",
     "faiss": "'streamwhiten[faiss]'",
+    "lance": "'streamwhiten[lance]'",
+    "pyarrow": "'streamwhiten[parquet]'",
     "onnxruntime": "'streamwhiten[onnx]'",
     "safetensors": "'streamwhiten[torch]'",
     "sentence_transformers": "'streamwhiten[sentence-transformers]'",
@@ -94,7 +96,23 @@ EXTRAS = {  # optional packages a block may import -> what installs them
     "torch": "'streamwhiten[torch]'",
 }
 
-USES = {'transform="pandas"': "pandas", "write_report(": "matplotlib"}  # used by a block without an import
+USES = {  # used by a block without an import (an earlier block of its file imported it)
+    'transform="pandas"': "pandas",
+    "write_report(": "matplotlib",
+    "SentenceTransformer(": "sentence_transformers",
+}
+
+
+def needs(block) -> set[str]:
+    """The optional packages a block uses."""
+    return (imported(block.code) | {module for text, module in USES.items() if text in block.code}) & set(EXTRAS)
+
+
+def missing(block) -> str | None:
+    """The first optional package the block uses that is not installed, if any."""
+    import importlib.util
+
+    return next((module for module in sorted(needs(block)) if importlib.util.find_spec(module) is None), None)
 
 
 def imported(code: str) -> set[str]:
@@ -204,7 +222,7 @@ def prepare_readme(workdir: Path, block: Block, site: dict) -> dict:
     if "s3://" in code:
         upload(workdir / "corpus.zarr", "s3://emb/corpus.zarr")
     writes_model = 'save("model.npz")' in code or '"model.npz",\n' in code
-    if ("model.npz" in code or "codes.h5" in code) and not writes_model:
+    if ("model.npz" in code or "codes.h5" in code or "whiten.npz" in code) and not writes_model:
         fitted(workdir / "model.npz", "corpus.h5:/embeddings")
     if "q.h5" in code:
         retrieval_task(workdir, "q.h5", "c.h5")
@@ -212,6 +230,20 @@ def prepare_readme(workdir: Path, block: Block, site: dict) -> dict:
         streamwhiten.apply(
             "model.npz", "corpus.h5:/embeddings", "codes.h5", options=streamwhiten.ApplyOptions(dtype="int8")
         )
+    if "whiten.npz" in code:  # export model.npz -o whiten.npz -k 256 --normalize
+        from streamwhiten import export
+
+        export.export(streamwhiten.load_model("model.npz").as_affine(n_components=K, normalize=True), "whiten.npz")
+    if "published(" in code:  # the README's nightly job, run once over the shards above
+        from streamwhiten.cli import main
+
+        (workdir / "models").mkdir()
+        (workdir / "out").mkdir()
+        (workdir / "job.toml").write_text(
+            'name = "nightly"\n[input]\npaths = ["shards/day-*.h5"]\n[model]\npath = "models/m.npz"\n'
+            '[apply]\noutput = "out/{stem}.h5"\n[publish]\n'
+        )
+        assert main(["run", "job.toml", "-q"]) == 0
     X = rows(150, seed=6, d=K)  # labelled rows for a classifier: the narrowest width the grid's k allow
     y = (X[:, 0] > np.median(X[:, 0])).astype(int)
     return dict(rows=rows(8, seed=2), more_rows=rows(300, seed=3), query=rows(1, seed=5)[0], X=X, y=y)
@@ -278,8 +310,8 @@ def prepare_serving(workdir: Path, block: Block, site: dict) -> dict:
             export.export(streamwhiten.load_model("tuned.npz"), "index.faiss")
         else:
             export.export(model.as_affine(normalize=True), "index.faiss", index="HNSW32")
-    if "bits.faiss" in code:
-        export.export(streamwhiten.load_model("tuned.npz").as_affine(dtype="binary"), "bits.faiss")
+    if "bits.binary.faiss" in code:
+        export.export(streamwhiten.load_model("tuned.npz").as_affine(dtype="binary"), "bits.binary.faiss")
     if "whiten.faiss" in code:
         export.export(model, "whiten.faiss")
     if "whiten.onnx" in code:
@@ -316,6 +348,8 @@ def prepare_serving(workdir: Path, block: Block, site: dict) -> dict:
 
 PREPARE = {
     "README.md": prepare_readme,
+    "docs/python.md": prepare_readme,  # the README's Python sections moved there, with its files
+    "docs/search.md": prepare_readme,
     "docs/dask.md": prepare_dask,
     "docs/evaluation.md": prepare_evaluation,
     "docs/nightly.md": prepare_nightly,
@@ -381,17 +415,22 @@ def run_block(block: Block, root: Path, site, monkeypatch) -> None:
         exec(compile(code, f"{block.doc}:{block.line}", "exec"), namespace)
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, id=f"{b.doc}:{b.line}") for b in BLOCKS])
+TORCH = {"torch", "sentence_transformers"}  # a block using these carries the `torch` marker
+
+
+@pytest.mark.parametrize(
+    "block",
+    [pytest.param(b, id=f"{b.doc}:{b.line}", marks=[pytest.mark.torch] if needs(b) & TORCH else []) for b in BLOCKS],
+)
 def test_doc_example_runs(block, tmp_path, site, monkeypatch):
     """The block runs without an error, after the earlier blocks of its doc file (in their own directories)."""
     if block.not_run:
         pytest.skip(f"{block.doc}:{block.line}: not run: {block.not_run}")
-    needed = imported(block.code) | {module for text, module in USES.items() if text in block.code}
-    for module in sorted(needed & set(EXTRAS)):
+    for module in sorted(needs(block)):
         pytest.importorskip(module, reason=f"{block.doc}:{block.line} needs {module}: pip install {EXTRAS[module]}")
     state = _STATE.setdefault(block.doc, {"namespace": {"__name__": "__doc_example__"}, "ran": set()})
     for earlier in (b for b in BLOCKS if b.doc == block.doc and b.line < block.line and not b.not_run):
-        if earlier.line not in state["ran"]:
+        if earlier.line not in state["ran"] and missing(earlier) is None:  # one that would skip is left out
             try:
                 run_block(earlier, tmp_path, site, monkeypatch)
             except Exception as exc:

@@ -138,6 +138,7 @@ def test_npz_with_numpy_alone_and_the_serving_path(tmp_path, model_path, rows, r
         assert_close(whiten.transform(rows[7]), want[7])
 
 
+@pytest.mark.torch
 def test_safetensors_into_torch_nn_linear(tmp_path, model_path, rows, run_cli):
     torch = need("torch", "torch")
     safetensors_torch = need("safetensors.torch", "torch")
@@ -250,6 +251,7 @@ def st_model(tmp_path_factory):
     return str(directory), texts, vectors, str(model_file)
 
 
+@pytest.mark.torch
 def test_sentence_transformers_append_to_a_local_model(tmp_path, st_model, run_cli):
     from sentence_transformers import SentenceTransformer
 
@@ -338,6 +340,7 @@ def test_append_to_a_model_ending_in_normalize_meets_the_applied_corpus(tmp_path
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.torch
 def test_append_to_refuses_when_the_side_of_normalize_cannot_be_told(tmp_path, st_model, st_normalized, run_cli):
     """Rows nearly but not exactly unit-length, unit-length rows for a model without Normalize, and
     --insert before-normalize for a model without one: exit 2, one line saying how to choose, nothing written."""
@@ -367,6 +370,7 @@ def test_append_to_refuses_when_the_side_of_normalize_cannot_be_told(tmp_path, s
     assert sorted(os.listdir(tmp_path)) == ["nearly.npz", "out", "unit.npz"] and leftovers(tmp_path) == []
 
 
+@pytest.mark.torch
 def test_sentence_transformers_modules_alone(tmp_path, model_path, rows, run_cli):
     need("sentence_transformers", "sentence-transformers")
     import torch
@@ -395,6 +399,7 @@ def test_sentence_transformers_modules_alone(tmp_path, model_path, rows, run_cli
         assert_close(got.numpy(), reference(model_path, rows, beta, gamma, k, False))
 
 
+@pytest.mark.torch
 def test_torch_linear_helper(model_path, rows):
     torch = need("torch", "torch")
     from streamwhiten.core.model import load_model
@@ -470,6 +475,7 @@ def test_one_model_checksum_everywhere(tmp_path, model_path, rows, run_cli):
 # ------------------------------------------------------------------------------------------ bad input
 
 
+@pytest.mark.torch
 def test_append_to_a_model_of_another_width_is_refused(tmp_path, st_model, run_cli):
     base = st_model[0]
     other = tmp_path / "other.npz"
@@ -498,7 +504,7 @@ def test_unknown_format_is_refused(tmp_path, model_path, run_cli):
         ("map.safetensors", []),
         ("map.faiss", []),
         ("index.faiss", ["--index", "Flat"]),
-        ("modules", ["--format", "sentence-transformers"]),
+        pytest.param("modules", ["--format", "sentence-transformers"], marks=pytest.mark.torch),
     ],
 )
 def test_existing_output_rules(tmp_path, model_path, run_cli, name, extra):
@@ -571,6 +577,7 @@ def test_output_over_the_model_is_refused(model_path, run_cli):
     assert open(model_path, "rb").read() == before
 
 
+@pytest.mark.torch
 def test_output_inside_the_model_appended_to_is_refused(st_model, run_cli):
     base, _, _, model_file = st_model
     code, _, err = run_cli("export", model_file, "-o", os.path.join(base, "inner"), "--append-to", base)
@@ -618,6 +625,7 @@ def test_damaged_model_is_refused(tmp_path, model_path, run_cli):
     assert not os.path.exists(tmp_path / "map.npz")
 
 
+@pytest.mark.torch
 def test_a_failure_while_copying_leaves_nothing(tmp_path, st_model, run_cli):
     """A file of the model that cannot be copied (a dangling link) fails the export after the temporary
     directory was started: exit 74, one line, no output and no temporary directory left."""
@@ -749,9 +757,9 @@ def test_faiss_binary_is_an_index_binary_flat_of_our_packed_bits(tmp_path, store
     faiss = need("faiss", "faiss")
     from streamwhiten import serving
 
-    summary = export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.faiss")
-    assert summary["faiss"] == "IndexBinaryFlat" and summary["metric"] == "hamming"
-    index = faiss.read_index_binary(str(tmp_path / "bits.faiss"))
+    summary = export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.binary.faiss")
+    assert summary["faiss"] == "IndexBinaryFlat" and summary["metric"] == "hamming" and "name_note" not in summary
+    index = faiss.read_index_binary(str(tmp_path / "bits.binary.faiss"))
     assert isinstance(index, faiss.IndexBinaryFlat) and index.d == 16 and index.ntotal == 0  # 13 bits, padded
     encode = serving.load(stored_models["binary"]).encode
     corpus, queries = encode(rows[100:]), encode(rows[:40] + 0.05)
@@ -766,4 +774,36 @@ def test_faiss_binary_is_an_index_binary_flat_of_our_packed_bits(tmp_path, store
     code, _, err = run_cli("export", stored_models["binary"], "-o", tmp_path / "x.faiss", "--index", "Flat")
     assert code == EXIT_BAD_INPUT
     one_line_error(err, "--index is for float storage: binary storage is written as its own faiss index")
-    export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.faiss", "--overwrite")
+    export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.binary.faiss", "--overwrite")
+
+
+def test_faiss_float_and_binary_exports_have_their_own_names_and_loaders(tmp_path, stored_models, run_cli):
+    """A binary index is named *.binary.faiss and read with faiss.read_index_binary; a float file under that
+    name is refused; the former plain name still writes a binary index, with a deprecation note; each of
+    export's two loaders refuses the other kind in one line naming the right loader."""
+    faiss = need("faiss", "faiss")
+    from streamwhiten import export
+    from streamwhiten.errors import BadInputError
+
+    code, _, err = run_cli("export", stored_models["int8"], "-o", tmp_path / "int8.binary.faiss")
+    assert code == EXIT_BAD_INPUT and not os.path.exists(tmp_path / "int8.binary.faiss")
+    one_line_error(err, "names a binary index, but this export is a float faiss file", "name it *.faiss")
+    export_ok(run_cli, stored_models["int8"], "-o", tmp_path / "int8.faiss")
+    # the former name of a binary export: still written (a user's scripts may name it so), with a note
+    summary = export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "old.faiss")
+    assert "deprecated" in summary["name_note"] and "read_index_binary" in summary["name_note"]
+    assert isinstance(faiss.read_index_binary(str(tmp_path / "old.faiss")), faiss.IndexBinaryFlat)
+    with pytest.warns(DeprecationWarning, match=r"\*\.binary\.faiss"):
+        from streamwhiten import load_model
+
+        model = load_model(stored_models["binary"])
+        export.export(model, str(tmp_path / "lib.faiss"))
+    export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.binary.faiss")
+    binary = export.read_faiss_binary(str(tmp_path / "bits.binary.faiss"))
+    assert isinstance(faiss.downcast_IndexBinary(binary), faiss.IndexBinaryFlat)
+    index = export.read_faiss_index(str(tmp_path / "int8.faiss"))
+    assert isinstance(faiss.downcast_index(index), faiss.IndexPreTransform)
+    with pytest.raises(BadInputError, match=r"bits\.binary\.faiss: a binary faiss index .*read_index_binary"):
+        export.read_faiss_index(str(tmp_path / "bits.binary.faiss"))
+    with pytest.raises(BadInputError, match=r"int8\.faiss: a float faiss file, not a binary index: .*read_index\b"):
+        export.read_faiss_binary(str(tmp_path / "int8.faiss"))

@@ -1074,7 +1074,7 @@ def test_sigterm(big_fit, phase):
 # ------------------------------------------------------------------------ exports finished, then a fault
 
 
-@pytest.mark.parametrize("name", ["map.npz", "map.onnx", "st-modules"])
+@pytest.mark.parametrize("name", ["map.npz", "map.onnx", pytest.param("st-modules", marks=pytest.mark.torch)])
 def test_export_rerun_after_a_fault_past_its_final_rename(tmp_path, numba_cache, name):
     """Issue #23: when the directory fsync after an export's final rename fails (EIO), or the disk is full
     when its summary is printed, the export exits 74 with its file complete; a plain rerun then finds it

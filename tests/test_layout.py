@@ -1,4 +1,4 @@
-"""The package's import rules (README, "How it is built"): folders show the data flow, arrows point down.
+"""The package's import rules (docs/architecture.md): folders show the data flow, arrows point down.
 
 Every module under ``streamwhiten/`` is parsed with ``ast`` (nothing is imported), its imports are
 resolved to absolute names, those inside functions included, and checked against the layers:
@@ -171,7 +171,7 @@ def where(module: str, line: int) -> str:
 
 def test_every_module_has_a_layer():
     unknown = sorted({layer(module) for module in MODULES} - set(MAY_IMPORT))
-    assert not unknown, f"give these a layer in MAY_IMPORT (and the README's table): {unknown}"
+    assert not unknown, f"give these a layer in MAY_IMPORT (and the table of docs/architecture.md): {unknown}"
 
 
 def test_every_import_of_the_package_resolves():

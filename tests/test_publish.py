@@ -524,6 +524,15 @@ def test_info_shows_the_statistics_and_the_publication(night):
     report = json.loads(run_subprocess("info", model, "--json").stdout)
     assert report["n_rows"] == 2040 and report["publication"]["version"] == 1
     assert report["publication"]["n_rows"] == 2000 and report["publication"]["inputs"][0]["rows"] == 2040
+    # two checksums, each named: the statistics' map (moved on with the appended rows) and the published
+    # map, which is the one the outputs carry (read from the output store itself)
+    import zarr
+
+    stamped = zarr.open_array(str(directory / "out" / "day-1.v1.zarr"), mode="r").attrs["model_checksum"]
+    statistics = report["model_checksum"]
+    assert stamped != statistics
+    assert f"checksum   {statistics} (statistics:" in text.stdout, text.stdout
+    assert f"checksum   {stamped} (published map, version 1:" in text.stdout, text.stdout
 
 
 @pytest.mark.parametrize("suffix", ["zarr", "parquet"])

@@ -92,6 +92,7 @@ def test_bits_are_numpy_packbits_of_the_signs_in_ceil_k_over_8_bytes(k):
     np.testing.assert_array_equal(q.decode(bits, np.float64), np.where(y > 0, 1.0, -1.0))
 
 
+@pytest.mark.torch
 def test_bits_match_sentence_transformers_ubinary():
     st = pytest.importorskip("sentence_transformers.quantization")
     y = np.random.default_rng(5).standard_normal((40, 20)).astype(np.float32)

@@ -178,7 +178,39 @@ def test_a_model_tuned_for_retrieval_draws_its_frontier(tmp_path, capsys):
     assert "frontier   " in capsys.readouterr().out
     page = (tmp_path / "r.html").read_text()
     assert "Retrieval: the frontier it was tuned on" in page and "20 bytes per vector" in page
+    frontier_is_readable(tuned)
     # a model tuned on pairs, or not tuned, has no frontier to draw
     save_model(model, str(tmp_path / "plain.npz"))
     assert main(["report", str(tmp_path / "plain.npz"), "-o", str(tmp_path / "plain"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["frontier"] is None
+
+
+def frontier_is_readable(tuned) -> None:
+    """The frontier panel, rendered: its title inside the figure, the score axis zoomed to what is drawn
+    (the reference, the choice and the candidates near the reference, not 0-100), the reference named on
+    the plot, and no candidate's label over the chosen star."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from streamwhiten.evaluation.report import FRONTIER_WINDOW, figures
+
+    figure = figures(collect(tuned))["frontier"]
+    canvas = FigureCanvasAgg(figure)
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    (ax,) = figure.axes
+    record = tuned.info["tuned"]
+    metric = record["metric"]
+    reference = record["validation"]["raw"][metric]
+    drawn = [row[metric] for row in record["frontier"] if row[metric] >= reference - FRONTIER_WINDOW]
+    drawn += [reference, record["validation"]["chosen"][metric]]
+    low, high = ax.get_ylim()
+    assert low <= min(drawn) and max(drawn) <= high and high - low <= 1.6 * (max(drawn) - min(drawn)) + 1.0
+    whole = figure.bbox
+    title = ax.title.get_window_extent(renderer)
+    assert whole.x0 <= title.x0 and title.x1 <= whole.x1 and title.y1 <= whole.y1
+    texts = [t for t in ax.texts if t.get_text()]
+    assert any(t.get_text() == "raw float32 (reference)" for t in texts)
+    star = ax.transData.transform((record["setting"]["bytes_per_vector"], record["validation"]["chosen"][metric]))
+    for text in texts:
+        box = text.get_window_extent(renderer).expanded(1.0, 1.0)
+        assert not box.contains(*star), f"label {text.get_text()!r} lies over the chosen star"

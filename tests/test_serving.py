@@ -149,6 +149,7 @@ def test_float16_input_and_zero_rows(model_file, rows):
     assert np.array_equal(zero.transform(np.zeros((2, 3))), np.zeros((2, 3)))
 
 
+@pytest.mark.torch
 def test_torch_tensors_keep_their_dtype_and_device(model_file, rows):
     torch = pytest.importorskip("torch", reason="torch is not installed: pip install 'streamwhiten[torch]'")
     whiten = serving.load(model_file)

@@ -160,6 +160,8 @@ def _lines(summary: dict, affine, fmt: str, model_path: str, output_path: str, a
                 else ""
             )
         )
+    if summary.get("name_note"):
+        lines.append(f"note  {summary['name_note']}")
     if summary.get("needs_training"):
         lines.append(
             f"note  the {index_factory} index needs training before add: index.train(vectors) whitens them first"

@@ -27,7 +27,7 @@ def info(model_path, as_json):
     manifest = read_manifest(model_path)  # a job with [publish]: the version its outputs hold
     publication = None if manifest is None else Publication(model_path, manifest)
     summary["publication"] = None if publication is None else publication.to_dict()
-    lines = _lines(model, model_path, summary)
+    lines = _lines(model, model_path, summary, published=publication is not None)
     if publication is not None:
         lines += _publication_lines(publication)
     emit(as_json, summary, lines)
@@ -45,13 +45,15 @@ def _publication_lines(publication) -> list[str]:
         f"{manifest.n_rows:,} rows at {manifest.published_at}{appended}",
         f"outputs    {len(manifest.inputs)} input(s), {parts} part(s), "
         f"{sum(item.stop for item in manifest.inputs):,} rows; manifest {publication.path}",
+        f"checksum   {publication.model_checksum} (published map, version {manifest.version}: the model_checksum "
+        "its outputs carry; give queries this map)",
     ]
     if manifest.kept:
         lines.append("kept       version(s) " + ", ".join(str(item.version) for item in manifest.kept))
     return lines
 
 
-def _lines(model, model_path: str, summary: dict) -> list[str]:
+def _lines(model, model_path: str, summary: dict, published: bool = False) -> list[str]:
     eigvals = model.eigvals
     top = ", ".join(f"{v:.4g}" for v in eigvals[:5])
     ladder = summary["components_for_variance"]
@@ -65,8 +67,12 @@ def _lines(model, model_path: str, summary: dict) -> list[str]:
         f"explained  {summary['explained_variance']:.4f} of the variance by the k kept components",
         "k for      " + ", ".join(f"{float(v):.0%}: {k}" for v, k in ladder.items()),
         f"D_eff      {summary['effective_dimension']:.1f} (exp of the entropy of the normalised eigenvalues)",
-        f"checksum   {summary['model_checksum']} (model_checksum: the map at this setting, as apply and export "
-        "record it)",
+        f"checksum   {summary['model_checksum']} "
+        + (
+            "(statistics: the map a refit on them would give now, not the published one below)"
+            if published
+            else "(model_checksum: the map at this setting, as apply and export record it)"
+        ),
     ]
     storage = summary.get("storage")
     if storage is not None:

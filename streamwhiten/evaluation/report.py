@@ -298,9 +298,16 @@ def draw_heatmaps(figure, data: ReportData) -> None:
     )
 
 
+#: Points (x100) below the reference's score that the frontier's score axis still shows.
+FRONTIER_WINDOW = 10.0
+
+
 def draw_frontier(ax, data: ReportData) -> None:
     """The retrieval frontier a tuned model was chosen from: the best score at each number of bytes per
-    vector (with the 95% interval of its difference from raw float32), raw float32, the budget, the choice."""
+    vector (with the 95% interval of its difference from raw float32), raw float32 (the reference), the
+    budget, the choice. The score axis spans the reference, the choice and the candidates within
+    :data:`FRONTIER_WINDOW` points of the reference (not 0-100), so the differences that matter stay visible;
+    cheaper candidates far below are marked on its bottom edge and listed. A label sits away from the star."""
     record = data.tuned
     assert record is not None  # drawn only for a model with a retrieval tuning, as its callers check
     metric = record["metric"]
@@ -310,32 +317,58 @@ def draw_frontier(ax, data: ReportData) -> None:
     setting = record["setting"]
     x = np.array([row["bytes_per_vector"] for row in rows], dtype=np.float64)
     y = np.array([row[metric] for row in rows], dtype=np.float64)
+    # the view: the reference, the choice and every candidate within FRONTIER_WINDOW points of the reference;
+    # the cheap ones far below are marked on the bottom edge and listed with their scores
+    inside = y >= raw[metric] - FRONTIER_WINDOW
+    shown = np.concatenate([y[inside], [raw[metric], chosen[metric]]])
+    pad = max(0.12 * float(shown.max() - shown.min()), 0.3)
+    low, high = float(shown.min()) - pad, float(shown.max()) + pad
     ax.step(x, y, where="post", color="#1f4e79", lw=1.2, alpha=0.6)
-    for row, xi, yi in zip(rows, x, y, strict=True):
-        if row["low"] is not None:
+    star = (float(setting["bytes_per_vector"]), float(chosen[metric]))
+    below = []
+    for i, (row, xi, yi) in enumerate(zip(rows, x, y, strict=True)):
+        if row["low"] is not None:  # clipped to the axis: an interval can reach far past the candidates
             ax.plot([xi, xi], [raw[metric] + row["low"], raw[metric] + row["high"]], color="#7fb3d5", lw=3, alpha=0.6)
+        if not inside[i]:
+            ax.plot(xi, low, "v", ms=6, color="#1f4e79", clip_on=False, zorder=3)
+            below.append(f"{row['storage']} k={row['k']} ({xi:g} B): {yi:.1f}")
+            continue
         ax.plot(xi, yi, "o", ms=5, color="#1f4e79", zorder=3)
+        if (xi, yi) == star:
+            continue  # the chosen point is named by the star's legend entry
+        near_star = abs(np.log2(xi / star[0])) < 2.0 and abs(yi - star[1]) < 0.25 * (high - low)
+        above = yi > star[1] if near_star else i % 2 == 0  # away from the star, else alternating
+        left = near_star and xi < star[0]
         ax.annotate(
             f"{row['storage']} k={row['k']}",
             (xi, yi),
             textcoords="offset points",
-            xytext=(4, -10),
+            xytext=(-5 if left else 5, 7 if above else -12),
+            ha="right" if left else "left",
             fontsize=7,
             color="#1b4f72",
+            clip_on=True,
         )
     ax.axhline(
         raw[metric],
         color="black",
         ls="--",
         lw=1.2,
-        label=f"raw float32 ({raw['bytes_per_vector']:,} B): {raw[metric]:.2f}",
+        label=f"reference: raw float32 ({raw['bytes_per_vector']:,} B): {raw[metric]:.2f}",
     )
-    ax.plot(raw["bytes_per_vector"], raw[metric], "s", ms=6, color="black", zorder=3)
+    ax.plot(raw["bytes_per_vector"], raw[metric], "s", ms=7, color="black", zorder=3)
+    ax.annotate(
+        "raw float32 (reference)",
+        (raw["bytes_per_vector"], raw[metric]),
+        textcoords="offset points",
+        xytext=(-6, 7),
+        ha="right",
+        fontsize=8,
+    )
     if record.get("max_bytes") is not None:
         ax.axvline(record["max_bytes"], color="#e67e22", ls=":", lw=1.5, label=f"budget: {record['max_bytes']:,} bytes")
     ax.plot(
-        setting["bytes_per_vector"],
-        chosen[metric],
+        *star,
         "*",
         ms=15,
         color="#27ae60",
@@ -343,12 +376,23 @@ def draw_frontier(ax, data: ReportData) -> None:
         label=f"chosen: {setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: "
         f"{chosen[metric]:.2f}",
     )
+    if below:
+        ax.text(
+            0.01,
+            0.98,
+            "below the view (v):\n" + "\n".join(below),
+            transform=ax.transAxes,
+            va="top",
+            fontsize=7,
+            color="#1b4f72",
+        )
     ax.set_xscale("log", base=2)
+    ax.set_ylim(low, high)
     ax.set_xlabel("bytes per corpus vector read by a search (log scale)")
     ax.set_ylabel(f"{metric} x100")
     ax.set_title(
-        f"Retrieval frontier: the best {metric} at each size ({record['validation']['n_queries']:,} queries; "
-        "bars: 95% interval)"
+        f"Retrieval frontier: best {metric} per size\n({record['validation']['n_queries']:,} queries; bars: 95% interval)",
+        fontsize=10,
     )
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
