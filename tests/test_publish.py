@@ -399,11 +399,11 @@ def test_an_appending_night_records_each_inputs_fingerprint_as_taken_afresh(nigh
     append_rows(directory / "shards" / "day-1.h5", rows_of(100, 2))
     append_rows(directory / "shards" / "day-2.h5", rows_of(60, 3))
     assert run_job_file(job)["action"] == "append"
-    manifest = json.loads(open(manifest_path(str(directory / "models" / "m.npz"))).read())
-    for item in manifest["inputs"]:
-        with open_source(item["spec"]) as source:
-            assert item["source"] == fingerprint(source, item["parts"][-1]["stop"]).to_dict()
-            assert item["source"]["n_rows"] == source.n_rows
+    manifest = published(str(directory / "models" / "m.npz")).manifest  # its paths made absolute
+    for item in manifest.inputs:
+        with open_source(item.spec) as source:
+            assert item.source == fingerprint(source, item.stop)
+            assert item.source.n_rows == source.n_rows
 
 
 def test_published_rows_the_statistics_update_did_not_sample_are_still_checked(night):
