@@ -269,8 +269,12 @@ def _paths(manifest: Manifest, base: str, absolute: bool) -> Manifest:
             source = replace(source, path=_moved(source.path, base, absolute, real=True))
         parts = tuple(replace(part, path=move(part.path)) for part in item.parts)
         inputs.append(replace(item, spec=move(item.spec), output=move(item.output), source=source, parts=parts))
+    setting = dict(manifest.setting)
+    if isinstance(setting.get("output"), str):  # the output template, a path too
+        setting["output"] = move(setting["output"])
     return replace(
         manifest,
+        setting=setting,
         inputs=tuple(inputs),
         kept=tuple(version(item) for item in manifest.kept),
         retired=tuple(version(item) for item in manifest.retired),

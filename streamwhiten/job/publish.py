@@ -368,6 +368,19 @@ def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, 
 
     assert job.publish is not None
     version = 1 if manifest is None else manifest.version + 1
+    kept, retired = (), ()
+    if manifest is not None and manifest.legacy:
+        log.warning(
+            "job %s: the files of version %s (published by an earlier release) record no job and are not "
+            "deleted: remove them by hand once no reader needs them",
+            job.name,
+            manifest.version,
+        )
+    elif manifest is not None:
+        older = (manifest.as_version, *manifest.kept)
+        kept = older[: job.publish.keep_versions - 1]
+        retired = (*older[job.publish.keep_versions - 1 :], *_still_there(manifest.retired, job))
+        _delete_retired(retired, job, night.job_id, check_only=True)  # before writing: refuse, not skip
     published = []
     for item in _current_inputs(job, model, inputs, outputs):
         if item.stop == 0:
@@ -388,19 +401,6 @@ def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, 
         raise BadInputError(f"{model_file}: {problem}; this job replaces only its own files: move it away")
     if not (os.path.exists(model_file) and file_checksum(load_model(model_file)) == file_checksum(tagged)):
         save_model(tagged, model_file)  # a leftover of a run cut short, of other statistics, is replaced
-    kept, retired = (), ()
-    if manifest is not None and manifest.legacy:
-        log.warning(
-            "job %s: the files of version %s (published by an earlier release) record no job and are not "
-            "deleted: remove them by hand once no reader needs them",
-            job.name,
-            manifest.version,
-        )
-    elif manifest is not None:
-        older = (manifest.as_version, *manifest.kept)
-        kept = older[: job.publish.keep_versions - 1]
-        retired = (*older[job.publish.keep_versions - 1 :], *_still_there(manifest.retired, job))
-        _delete_retired(retired, job, night.job_id, check_only=True)  # before the switch: refuse, not skip
     new = Manifest(
         version=version,
         model_file=os.path.basename(model_file),
