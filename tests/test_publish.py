@@ -779,16 +779,32 @@ def test_a_moved_or_copied_job_folder_reads_its_own_parts(tmp_path):
     assert publication.model_file == version_model_path(str(moved / "models" / "m.npz"), 1)
     assert all(path.startswith(str(moved)) for path in publication.outputs)
     np.testing.assert_array_equal(publication.read(str(moved / "shards" / "day-1.h5")), want)
+    # a night of the moved job: nothing new, then new rows appended, then a republish
     result = run_subprocess("run", moved / "job.toml")
-    assert "deleted or changed by hand" not in result.stderr
+    assert result.returncode == EXIT_NOTHING_TO_DO, result.stderr
+    append_rows(moved / "shards" / "day-1.h5", rows_of(50, 3))
+    report = run_job_file(str(moved / "job.toml"))
+    assert report["action"] == "append" and report["rows_added"] == 50, report
+    assert report["outputs"][-1] == str(moved / "out" / "day-1.v1.part2.h5")
+    rows = np.concatenate([rows_of(2000, 1), rows_of(100, 2), rows_of(50, 3)])
+    got = published(str(moved / "models" / "m.npz")).read(str(moved / "shards" / "day-1.h5"))
+    np.testing.assert_allclose(got, expected(publication.model_file, rows), rtol=2e-5, atol=2e-6)
+    report = run_job_file(str(moved / "job.toml"), republish=True)
+    assert report["published_version"] == 2 and report["rows_added"] == 0
+    assert load_model(str(moved / "models" / "m.npz")).sources[0].path == str(moved / "shards" / "day-1.h5")
     # copied: the copy names its own inputs and parts, never the original's
     copy = tmp_path / "c"
     shutil.copytree(moved, copy)
     copied = published(str(copy / "models" / "m.npz"))
     assert copied.inputs == (str(copy / "shards" / "day-1.h5"),)
     assert all(path.startswith(str(copy)) for path in (*copied.outputs, copied.model_file))
-    np.testing.assert_array_equal(copied.read(str(copy / "shards" / "day-1.h5")), want)
-    with pytest.raises(BadInputError, match="not an input of published version 1"):
+    np.testing.assert_allclose(
+        copied.read(str(copy / "shards" / "day-1.h5")),
+        expected(copied.model_file, rows),
+        rtol=2e-5,
+        atol=2e-6,
+    )
+    with pytest.raises(BadInputError, match="not an input of published version 2"):
         copied.read(str(moved / "shards" / "day-1.h5"))
 
 
@@ -829,3 +845,51 @@ def test_a_publication_of_floats_is_read_as_floats_and_has_no_codes(night):
 def read_all_codes(spec):
     with open_source(spec, codes=True) as source:
         return source.read(0, source.n_rows)
+
+
+def test_a_manifest_of_the_earlier_format_is_read_and_the_next_night_publishes_in_the_new_one(night):
+    from dataclasses import replace
+
+    from streamwhiten.job.publication import read_manifest, write_manifest
+
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    shard = str(directory / "shards" / "day-1.h5")
+    write_manifest(model, replace(read_manifest(model), job_id=None))  # format 1: absolute paths, no job
+    data = json.loads(open(manifest_path(model)).read())
+    assert data["format_version"] == 1 and "job_id" not in data
+    assert data["inputs"][0]["parts"][0]["path"] == str(directory / "out" / "day-1.v1.zarr")
+    np.testing.assert_allclose(
+        published(model).read(shard), expected(version_model_path(model, 1), rows_of(2000, 1)), rtol=2e-5, atol=2e-6
+    )
+    report = run_job_file(job)  # no new rows: still a new version, whose files record the job
+    assert report["action"] == "republish" and "earlier release" in report["reason"], report
+    data = json.loads(open(manifest_path(model)).read())
+    assert data["format_version"] == 2 and data["kept"] == [] and data["inputs"][0]["parts"][0]["path"].startswith("..")
+    assert os.path.exists(directory / "out" / "day-1.v1.zarr")  # the old files prove no job: left for the user
+    np.testing.assert_allclose(
+        published(model).read(shard), expected(version_model_path(model, 2), rows_of(2000, 1)), rtol=2e-5, atol=2e-6
+    )
+
+
+def test_a_first_night_cut_short_finds_its_own_parts_when_run_again(tmp_path):
+    from streamwhiten.errors import InterruptedRunError
+
+    job = write_job(tmp_path, output="out/{stem}.h5", apply="chunk_rows = 128\nprogress_seconds = 0")
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(1000, 1))
+    append_rows(tmp_path / "shards" / "day-2.h5", rows_of(1000, 2))
+    calls = {"n": 0}
+
+    def stop_soon():  # day-1's part is written, day-2's is cut short: no manifest yet, so no job identity
+        calls["n"] += 1
+        return calls["n"] > 12
+
+    with pytest.raises(InterruptedRunError):
+        run_job_file(job, should_stop=stop_soon)
+    assert os.path.exists(tmp_path / "out" / "day-1.v1.h5") and not os.path.exists(
+        manifest_path(str(tmp_path / "models" / "m.npz"))
+    )
+    written = tree_bytes(str(tmp_path / "out" / "day-1.v1.h5"))
+    report = run_job_file(job)
+    assert report["action"] == "fit" and report["published_version"] == 1
+    assert tree_bytes(str(tmp_path / "out" / "day-1.v1.h5")) == written  # its own part, kept as it was

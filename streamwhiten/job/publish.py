@@ -92,6 +92,7 @@ def run_published(
         inputs, outputs = inputs_and_outputs(job)
         _check_paths(job, inputs, outputs, manifest)
         _check_owned(job, outputs, manifest, night.job_id)
+        _follow_moved_inputs(job, manifest)
         previous = statistics_before(job.model_path)
         model = fit_step(job, inputs, night.steps, progress, should_stop, restart)
         rows_added = model.n_rows - (previous.n_rows if previous is not None else 0)
@@ -301,6 +302,50 @@ def _check_owned(job: JobFile, outputs: dict, manifest: Manifest | None, job_id:
                 f"{path}: {problem}; this job writes version {number} there and replaces only its own files: "
                 "move it away, or give the job another [apply] output template"
             )
+
+
+def _follow_moved_inputs(job: JobFile, manifest: Manifest | None) -> None:
+    """Point the statistics' records of inputs that are no longer where they were read at the inputs the
+    manifest names now, where a job's folder was moved or mounted elsewhere with its inputs (the
+    manifest's paths are relative to it): a record is moved only to an input of the same name, array,
+    width and type that starts with the very rows it recorded (its sampled hash), and that no other
+    record names. An update refuses a recorded input found under another path otherwise (its rows could
+    be counted twice); here the missing original and the manifest say where it went."""
+    from ..core.model import load_model, save_model
+    from ..io import fingerprint, open_source, remote
+
+    before = statistics_before(job.model_path)
+    if before is None or manifest is None or manifest.legacy:
+        return
+    recorded = {source.path for source in before.sources}
+    moved: dict = {}
+    for record in before.sources:
+        if record.path is None or remote.is_url(record.path) or os.path.lexists(record.path):
+            continue
+        for item in manifest.inputs:
+            new = item.source.path
+            if new is None or remote.is_url(new) or new in recorded or new in moved.values():
+                continue
+            same = (item.source.dataset, item.source.n_features, item.source.dtype)
+            if same != (record.dataset, record.n_features, record.dtype):
+                continue
+            if os.path.basename(new) != os.path.basename(record.path) or not os.path.exists(new):
+                continue
+            spec = f"{new}:{record.dataset}" if record.dataset else new
+            with open_source(spec, read=job.read, min_rows=0) as source:
+                if record.n_rows is None or source.n_rows < record.n_rows:
+                    continue
+                if fingerprint(source, record.n_rows).sha256_sampled != record.sha256_sampled:
+                    continue
+            moved[record.path] = new
+            break
+    if not moved:
+        return
+    model = load_model(job.model_path)
+    sources = tuple(replace(item, path=moved.get(item.path, item.path)) for item in model.sources)
+    save_model(replace(model, sources=sources), job.model_path)
+    for old, new in moved.items():
+        log.info("job %s: input %s was moved to %s with the job's folder; the statistics follow it", job.name, old, new)
 
 
 # ------------------------------------------------------------------------------------------ the parts
