@@ -193,8 +193,10 @@ class DaskEngine(Engine):
         from .distributed import apply_dask
 
         self.check_apply(options)
-        if rows is not None or attrs:
+        if rows is not None:
             raise BadInputError("an apply of part of an input's rows (rows=) is for the serial engine")
+        if attrs:
+            raise BadInputError("an apply recording attributes of its caller's (attrs=) is for the serial engine")
         return apply_dask(
             model,
             input_spec,

@@ -13,6 +13,13 @@ new version's outputs are all written before the manifest names them, and older 
 after it does (``keep_versions`` of them are kept, so a reader that resolved the previous version can
 finish reading it). A damaged or hand-edited manifest is refused, never taken for another version.
 
+The manifest's checksum has no key, so it proves integrity, not authorship: the files vouch for
+themselves. Each part records the job that wrote it (``job_id``), its version and its input
+(:data:`PUBLICATION_ATTR`, :func:`part_attrs`), each published model file its job and version (its
+``info``); a run deletes or replaces only files that prove it (:func:`ownership_problem`), and readers
+refuse a part bound to another input. Local paths are relative to the manifest in the file, so a job's
+folder can be moved, copied or mounted elsewhere.
+
 Examples
 --------
 >>> import streamwhiten
@@ -536,6 +543,7 @@ class Publication:
                 for item in manifest.inputs
             ],
             "kept_versions": [item.version for item in manifest.kept],
+            "job_id": manifest.job_id,
         }
 
 

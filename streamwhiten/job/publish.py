@@ -23,6 +23,10 @@ while a version stands. Every part is an ordinary apply of a range of input rows
 resumable), so a run killed at any point and run again ends with byte-identical outputs: a part that is
 already complete is skipped, the next version number is the manifest's + 1, and a part or model file left
 by a run that was cut short is resumed or replaced.
+
+A run deletes or replaces only files that prove this job wrote them (``job.publication``: each part
+records the job, its version and its input; each published model file its job and version): never
+because a manifest names a path.
 """
 
 from __future__ import annotations
