@@ -409,6 +409,7 @@ def apply(
     rows: tuple[int, int] | None = None,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    attrs: dict | None = None,
 ):
     """Write the whitened rows of ``input_spec`` to the new store ``output_spec``.
 
@@ -433,6 +434,9 @@ def apply(
         ``(start, stop)``: write the input rows ``[start, stop)`` only (serial engine). The output holds
         ``stop - start`` rows and records the range in its ``rows`` attribute (how ``run`` appends a
         night's rows as a new part of a published version).
+    attrs : dict, optional
+        Attributes the output records beside its own (serial engine): ``run`` marks each published part
+        with its job, version and input.
 
     Returns
     -------
@@ -454,7 +458,15 @@ def apply(
     if changes:
         model = model.with_params(**changes)
     return runner.apply(
-        model, input_spec, output_spec, options, read, rows=rows, progress=progress, should_stop=should_stop
+        model,
+        input_spec,
+        output_spec,
+        options,
+        read,
+        rows=rows,
+        progress=progress,
+        should_stop=should_stop,
+        attrs=attrs,
     )
 
 

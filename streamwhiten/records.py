@@ -358,27 +358,34 @@ class PublishedInput:
 
 @dataclass(frozen=True)
 class Version:
-    """A published version still on disk, or being deleted: its number, model file and output parts."""
+    """A published version still on disk, or being deleted: its number, model file and output parts, and
+    the map they were written with (``model_checksum``; None in a manifest of format 1)."""
 
     version: int
     model_file: str
     outputs: tuple[str, ...]
+    model_checksum: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "outputs", tuple(self.outputs))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": self.version, "model_file": self.model_file, "outputs": list(self.outputs)}
+        data: dict[str, Any] = {"version": self.version, "model_file": self.model_file, "outputs": list(self.outputs)}
+        if self.model_checksum is not None:
+            data["model_checksum"] = self.model_checksum
+        return data
 
     @classmethod
     def from_dict(cls, data: Any, what: str = "version") -> Version:
-        data = _keys(data, what, ("version", "model_file", "outputs"))
+        data = _keys(data, what, ("version", "model_file", "outputs"), ("model_checksum",))
         if not isinstance(data["outputs"], list):
             raise ValueError(f"{what} outputs must be a list")
+        checksum = data.get("model_checksum")
         return cls(
             _count(data["version"], f"{what} number", 1),
             _file_name(data["model_file"], f"{what} model_file"),
             tuple(_text(item, f"{what} output") for item in data["outputs"]),
+            None if checksum is None else _digest(checksum, f"{what} model_checksum"),
         )
 
 
@@ -397,6 +404,10 @@ def _digest(value: Any, what: str) -> str:
     if not isinstance(value, str) or not _SHA256.match(value):
         raise ValueError(f"{what} must be a SHA-256 in hex, got {value!r}")
     return value
+
+
+#: The largest version number a manifest may hold (a run publishes at most one a night).
+MAX_VERSION = 10**9
 
 
 def json_checksum(body: Mapping[str, Any]) -> str:
@@ -436,6 +447,14 @@ class Manifest:
     retired : tuple of Version
         Versions whose files are deleted once this manifest is in place (again by a later run if that was
         cut short).
+    job_id : str
+        The job's identity, drawn at its first publication and kept by every later one: each file a
+        publication writes records it (with its version), and a run deletes or replaces only files that
+        do. None in a manifest of format 1 (an earlier release), whose files record no job.
+
+    Local paths are relative to the manifest's folder in the file (so a job's folder can be moved,
+    copied or mounted elsewhere) and absolute in the record (``streamwhiten.job.publication`` converts
+    them); a manifest of format 1 holds absolute paths.
     """
 
     version: int
@@ -449,9 +468,12 @@ class Manifest:
     updated_at: str | None = None
     kept: tuple[Version, ...] = ()
     retired: tuple[Version, ...] = ()
+    job_id: str | None = None
 
     FORMAT: ClassVar[str] = "streamwhiten-manifest"
-    FORMAT_VERSION: ClassVar[int] = 1
+    FORMAT_VERSION: ClassVar[int] = 2
+    #: The format versions read (1: absolute paths, no job identity: see ``job.publication``).
+    FORMAT_VERSIONS: ClassVar[tuple[int, ...]] = (1, 2)
     _KEYS: ClassVar[tuple[str, ...]] = (
         "format",
         "format_version",
@@ -473,6 +495,11 @@ class Manifest:
         for name in ("inputs", "kept", "retired"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
 
+    @property
+    def legacy(self) -> bool:
+        """Whether this is a manifest of format 1 (an earlier release): its files record no job."""
+        return self.job_id is None
+
     def input(self, spec: str) -> PublishedInput | None:
         """The published input ``spec`` (as the job names it), or None."""
         return next((item for item in self.inputs if item.spec == spec), None)
@@ -485,13 +512,13 @@ class Manifest:
     @property
     def as_version(self) -> Version:
         """This version as a :class:`Version` (what a later manifest keeps of it)."""
-        return Version(self.version, self.model_file, self.outputs)
+        return Version(self.version, self.model_file, self.outputs, self.model_checksum)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the manifest, its checksum included."""
         body: dict[str, Any] = {
             "format": self.FORMAT,
-            "format_version": self.FORMAT_VERSION,
+            "format_version": 1 if self.legacy else self.FORMAT_VERSION,
             "version": self.version,
             "model_file": self.model_file,
             "file_checksum": self.file_checksum,
@@ -505,6 +532,8 @@ class Manifest:
         }
         if self.updated_at is not None:
             body["updated_at"] = self.updated_at
+        if self.job_id is not None:
+            body["job_id"] = self.job_id
         body["checksum"] = json_checksum(body)
         return body
 
@@ -512,13 +541,16 @@ class Manifest:
     def from_dict(cls, data: Any) -> Manifest:
         """The manifest written as the JSON object ``data``; :class:`ValueError` saying what is wrong for one
         that is damaged, edited by hand (its checksum no longer matches) or of another format version."""
-        data = _keys(data, "the manifest", cls._KEYS, ("updated_at",))
+        data = _keys(data, "the manifest", cls._KEYS, ("updated_at", "job_id"))
         if data["format"] != cls.FORMAT:
             raise ValueError(f"format is {data['format']!r}, not {cls.FORMAT!r}")
-        if data["format_version"] != cls.FORMAT_VERSION:
+        if data["format_version"] not in cls.FORMAT_VERSIONS or type(data["format_version"]) is not int:
             raise ValueError(
-                f"format_version {data['format_version']!r} is not {cls.FORMAT_VERSION} (another release?)"
+                f"format_version {data['format_version']!r} is not one of {cls.FORMAT_VERSIONS} (another release?)"
             )
+        legacy = data["format_version"] == 1
+        if legacy == ("job_id" in data):
+            raise ValueError("format_version 2 needs a job_id, and 1 has none")
         body = {key: value for key, value in data.items() if key != "checksum"}
         try:
             expected = json_checksum(body)
@@ -527,6 +559,8 @@ class Manifest:
         if data["checksum"] != expected:
             raise ValueError("its checksum does not match its content (damaged, or edited by hand)")
         version = _count(data["version"], "version", 1)
+        if version > MAX_VERSION:
+            raise ValueError(f"version {version} is more than any run publishes (at most {MAX_VERSION})")
         if not isinstance(data["setting"], Mapping):
             raise ValueError("setting must be a JSON object")
         for key in ("inputs", "kept", "retired"):
@@ -540,6 +574,15 @@ class Manifest:
         retired = tuple(Version.from_dict(item, f"retired version {i}") for i, item in enumerate(data["retired"]))
         if any(item.version >= version for item in kept + retired):
             raise ValueError(f"a kept or retired version is not older than version {version}")
+        # the versions a run keeps are the ones just before this one, and every retired one is older
+        if [item.version for item in kept] != list(range(version - 1, version - 1 - len(kept), -1)):
+            raise ValueError(f"the kept versions {[item.version for item in kept]} are not those before {version}")
+        numbers = [item.version for item in retired]
+        if len(set(numbers)) != len(numbers) or any(number >= version - len(kept) for number in numbers):
+            raise ValueError(f"the retired versions {numbers} are not distinct versions older than the kept ones")
+        if not legacy and any(item.model_checksum is None for item in kept + retired):
+            raise ValueError("a kept or retired version lacks its model_checksum")
+        job_id = None if legacy else _text(data["job_id"], "job_id")
         updated_at = data.get("updated_at")
         return cls(
             version=version,
@@ -553,6 +596,7 @@ class Manifest:
             updated_at=None if updated_at is None else _text(updated_at, "updated_at"),
             kept=kept,
             retired=retired,
+            job_id=job_id,
         )
 
 

@@ -399,11 +399,11 @@ def test_an_appending_night_records_each_inputs_fingerprint_as_taken_afresh(nigh
     append_rows(directory / "shards" / "day-1.h5", rows_of(100, 2))
     append_rows(directory / "shards" / "day-2.h5", rows_of(60, 3))
     assert run_job_file(job)["action"] == "append"
-    manifest = json.loads(open(manifest_path(str(directory / "models" / "m.npz"))).read())
-    for item in manifest["inputs"]:
-        with open_source(item["spec"]) as source:
-            assert item["source"] == fingerprint(source, item["parts"][-1]["stop"]).to_dict()
-            assert item["source"]["n_rows"] == source.n_rows
+    manifest = published(str(directory / "models" / "m.npz")).manifest  # its paths made absolute
+    for item in manifest.inputs:
+        with open_source(item.spec) as source:
+            assert item.source == fingerprint(source, item.stop)
+            assert item.source.n_rows == source.n_rows
 
 
 def test_published_rows_the_statistics_update_did_not_sample_are_still_checked(night):
@@ -586,3 +586,319 @@ def test_a_republish_cut_short_then_not_needed_leaves_nothing_behind(tmp_path):
     assert run_job_file(job)["action"] == "append"
     assert sorted(os.listdir(tmp_path / "out")) == ["day-1.v1.h5", "day-2.v1.h5", "day-2.v1.part1.h5"]
     assert sorted(os.listdir(tmp_path / "models")) == ["m.manifest.json", "m.npz", "m.v1.npz"]
+
+
+# ------------------------------------------------------------- ownership, binding, claims, portability (#36)
+
+
+def forge(model, change):
+    """Rewrite the manifest beside ``model`` with ``change(data)`` applied to its JSON and its checksum
+    recomputed: what anyone can do (the checksum has no key), so it proves integrity, not authorship."""
+    from streamwhiten.records import json_checksum
+
+    path = manifest_path(model)
+    data = json.loads(open(path).read())
+    change(data)
+    data.pop("checksum")
+    data["checksum"] = json_checksum(data)
+    open(path, "w").write(json.dumps(data))
+
+
+def everything(directory):
+    """Every file under ``directory`` but the manifest and the lock: its bytes (what a refused run keeps)."""
+    found = tree_bytes(str(directory))
+    return {name: data for name, data in found.items() if not name.endswith(("manifest.json", ".lock"))}
+
+
+def user_files(directory):
+    """A user's own files beside a job: a plain apply output (HDF5 and Zarr) and a model file of a fit."""
+    import streamwhiten
+
+    (directory / "user").mkdir()
+    model = str(directory / "models" / "m.npz")
+    shard = str(directory / "shards" / "day-1.h5")
+    streamwhiten.apply(model, shard, str(directory / "user" / "precious.h5"))
+    streamwhiten.apply(model, shard, str(directory / "user" / "store.zarr"))
+    shutil.copy(model, directory / "models" / "mine.npz")
+    return ["user/precious.h5", "user/store.zarr", "models/mine.npz", "models/m.npz"]
+
+
+def last_line(result):
+    return result.stderr.strip().splitlines()[-1]
+
+
+def test_a_forged_retired_list_deletes_nothing_the_job_did_not_write(tmp_path):
+    job = write_job(tmp_path, output="out/{stem}.h5", publish="keep_versions = 1")
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(2000, 1))
+    run_job_file(job)
+    run_job_file(job, republish=True)  # version 2; version 1 deleted at once (keep_versions = 1)
+    model = str(tmp_path / "models" / "m.npz")
+    assert sorted(os.listdir(tmp_path / "out")) == ["day-1.v2.h5"]
+    for target in [*user_files(tmp_path), "out/day-1.v2.h5"]:  # the last: the current version's own part
+        forge(
+            model,
+            lambda data, target=target: data.update(
+                retired=[
+                    {"version": 1, "model_file": "m.v1.npz", "outputs": [f"../{target}"], "model_checksum": "0" * 64}
+                ]
+            ),
+        )
+        before = everything(tmp_path)
+        result = run_subprocess("run", job)
+        assert result.returncode == EXIT_BAD_INPUT, (target, result.stderr)
+        line = last_line(result)
+        assert "retires version 1" in line and target in line and "nothing was deleted" in line, line
+        assert everything(tmp_path) == before, target
+    # a retired model file must be the version's own name: the statistics or a user's model are refused
+    for name in ("m.npz", "mine.npz"):
+        forge(model, lambda data, name=name: data.update(retired=[dict(data["retired"][0], model_file=name)]))
+        result = run_subprocess("run", job)
+        assert result.returncode == EXIT_BAD_INPUT and "not a manifest streamwhiten could have written" in result.stderr
+        assert os.path.exists(tmp_path / "models" / name)
+
+
+def test_a_forged_kept_list_is_refused_when_its_version_retires(night):
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    run_job_file(job, republish=True)  # version 2 keeps version 1 (keep_versions = 2)
+    targets = user_files(directory)
+    forge(model, lambda data: data["kept"][0].update(outputs=[f"../{item}" for item in targets[:2]]))
+    before = everything(directory)
+    result = run_subprocess("run", job, "--republish")  # version 3 would retire version 1
+    assert result.returncode == EXIT_BAD_INPUT and "retires version 1" in last_line(result), result.stderr
+    assert everything(directory) == before and published(model).version == 2
+
+
+def test_files_at_version_paths_the_job_never_wrote_are_neither_deleted_nor_replaced(night):
+    import streamwhiten
+
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    shard = str(directory / "shards" / "day-1.h5")
+    streamwhiten.apply(model, shard, str(directory / "out" / "day-1.v2.zarr"))  # a user's, at version 2's path
+    shutil.copy(model, version_model_path(model, 2))  # a user's model file, at version 2's
+    append_rows(directory / "shards" / "day-1.h5", rows_of(50, 9))
+    before = everything(directory)
+    for args in ((), ("--republish",)):  # an append night would clean up an abandoned version 2
+        result = run_subprocess("run", job, *args)
+        assert result.returncode == EXIT_BAD_INPUT, result.stderr
+        assert "replaces only its own files" in last_line(result) and "v2." in last_line(result)
+        assert everything(directory) == before
+    os.remove(version_model_path(model, 2))
+    shutil.rmtree(directory / "out" / "day-1.v2.zarr")
+    assert run_job_file(job)["action"] == "append"
+
+
+def test_a_second_job_with_the_same_output_template_is_refused(tmp_path):
+    first = write_job(tmp_path, output="out/{stem}.h5")
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(2000, 1))
+    run_job_file(first)
+    second = tmp_path / "second.toml"
+    second.write_text(open(first).read().replace("models/m.npz", "models/other.npz").replace("= 8", "= 6"))
+    before = everything(tmp_path / "out")
+    result = run_subprocess("run", second)
+    assert result.returncode == EXIT_BAD_INPUT and len(result.stderr.strip().splitlines()) <= 2, result.stderr
+    assert "written by another job" in last_line(result) and "day-1.v1.h5" in last_line(result)
+    assert everything(tmp_path / "out") == before
+    publication = published(str(tmp_path / "models" / "m.npz"))
+    np.testing.assert_allclose(
+        publication.read(str(tmp_path / "shards" / "day-1.h5")),
+        expected(publication.model_file, rows_of(2000, 1)),
+        rtol=2e-5,
+        atol=2e-6,
+    )
+
+
+@pytest.mark.parametrize("how", ["copy", "symlink"])
+def test_a_part_swapped_for_another_inputs_part_is_refused_naming_it(tmp_path, how):
+    job = write_job(tmp_path, output="out/{stem}.h5")
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(2000, 1))
+    append_rows(tmp_path / "shards" / "day-2.h5", rows_of(2000, 2))  # the same rows count: only the input differs
+    run_job_file(job)
+    model = str(tmp_path / "models" / "m.npz")
+    part, other = tmp_path / "out" / "day-1.v1.h5", tmp_path / "out" / "day-2.v1.h5"
+    os.remove(part)
+    if how == "copy":
+        shutil.copy(other, part)
+    else:
+        os.symlink(other, part)
+    result = run_subprocess("run", job)  # a quiet night: still checked, not "up to date"
+    assert result.returncode == EXIT_BAD_INPUT, result.stderr
+    assert f"{part} (holds the rows of another input" in last_line(result)
+    with pytest.raises(BadInputError, match=f"{part}: .*another input"):
+        published(model).read(str(tmp_path / "shards" / "day-1.h5"))
+    # the untouched input still reads, and is its own rows
+    got = published(model).read(str(tmp_path / "shards" / "day-2.h5"))
+    np.testing.assert_allclose(got, expected(version_model_path(model, 1), rows_of(2000, 2)), rtol=2e-5, atol=2e-6)
+
+
+def test_forged_version_claims_are_refused_on_a_quiet_night(night):
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    path = manifest_path(model)
+    good = open(path).read()
+    v1 = version_model_path(model, 1)
+    shutil.copy(v1, version_model_path(model, 5))  # version 1's file at version 5's name: it records version 1
+    cases = {
+        "version 5, no such model file": lambda data: data.update(version=5, model_file="m.v5.npz"),
+        "version 5, version 1's model file": lambda data: data.update(version=5),
+        "version 10**30": lambda data: data.update(version=10**30),
+        "the statistics as the model": lambda data: data.update(model_file="m.npz"),
+        "version 6 whose file is version 1's copy": lambda data: data.update(version=6, model_file="m.v6.npz"),
+    }
+    shutil.copy(v1, version_model_path(model, 6))
+    for name, change in cases.items():
+        open(path, "w").write(good)
+        if "statistics" in name:
+            from streamwhiten.core.model import file_checksum
+
+            forge(model, lambda data: data.update(file_checksum=file_checksum(load_model(model))))
+        forge(model, change)
+        result = run_subprocess("run", job)  # nothing new: it must not say "nothing to do"
+        assert result.returncode == EXIT_BAD_INPUT, (name, result.returncode, result.stderr)
+        assert result.returncode != EXIT_NOTHING_TO_DO
+        with pytest.raises((ModelFileError, BadInputError)):
+            published(model).load_model()
+        staleness = run_subprocess("staleness", model)
+        assert staleness.returncode == EXIT_BAD_INPUT, (name, staleness.stderr)
+    # versions that are not consecutive
+    open(path, "w").write(good)
+    run_job_file(job, republish=True)
+    forge(model, lambda data: data["kept"][0].update(version=1) or data.update(version=3, model_file="m.v3.npz"))
+    result = run_subprocess("run", job)
+    assert result.returncode == EXIT_BAD_INPUT and "kept versions" in last_line(result), result.stderr
+
+
+def test_a_moved_or_copied_job_folder_reads_its_own_parts(tmp_path):
+    base = tmp_path / "a"
+    base.mkdir()
+    job = write_job(base, output="out/{stem}.h5")
+    append_rows(base / "shards" / "day-1.h5", rows_of(2000, 1))
+    run_job_file(job)
+    append_rows(base / "shards" / "day-1.h5", rows_of(100, 2))
+    assert run_job_file(job)["action"] == "append"
+    want = published(str(base / "models" / "m.npz")).read(str(base / "shards" / "day-1.h5"))
+    # the manifest holds paths relative to itself
+    text = open(manifest_path(str(base / "models" / "m.npz"))).read()
+    assert str(tmp_path) not in text
+    # moved (or mounted elsewhere): the same rows, from the new place
+    moved = tmp_path / "b"
+    shutil.move(str(base), str(moved))
+    publication = published(str(moved / "models" / "m.npz"))
+    assert publication.model_file == version_model_path(str(moved / "models" / "m.npz"), 1)
+    assert all(path.startswith(str(moved)) for path in publication.outputs)
+    np.testing.assert_array_equal(publication.read(str(moved / "shards" / "day-1.h5")), want)
+    # a night of the moved job: nothing new, then new rows appended, then a republish
+    result = run_subprocess("run", moved / "job.toml")
+    assert result.returncode == EXIT_NOTHING_TO_DO, result.stderr
+    append_rows(moved / "shards" / "day-1.h5", rows_of(50, 3))
+    report = run_job_file(str(moved / "job.toml"))
+    assert report["action"] == "append" and report["rows_added"] == 50, report
+    assert report["outputs"][-1] == str(moved / "out" / "day-1.v1.part2.h5")
+    rows = np.concatenate([rows_of(2000, 1), rows_of(100, 2), rows_of(50, 3)])
+    got = published(str(moved / "models" / "m.npz")).read(str(moved / "shards" / "day-1.h5"))
+    np.testing.assert_allclose(got, expected(publication.model_file, rows), rtol=2e-5, atol=2e-6)
+    report = run_job_file(str(moved / "job.toml"), republish=True)
+    assert report["published_version"] == 2 and report["rows_added"] == 0
+    assert load_model(str(moved / "models" / "m.npz")).sources[0].path == str(moved / "shards" / "day-1.h5")
+    # copied: the copy names its own inputs and parts, never the original's
+    copy = tmp_path / "c"
+    shutil.copytree(moved, copy)
+    copied = published(str(copy / "models" / "m.npz"))
+    assert copied.inputs == (str(copy / "shards" / "day-1.h5"),)
+    assert all(path.startswith(str(copy)) for path in (*copied.outputs, copied.model_file))
+    np.testing.assert_allclose(
+        copied.read(str(copy / "shards" / "day-1.h5")),
+        expected(copied.model_file, rows),
+        rtol=2e-5,
+        atol=2e-6,
+    )
+    with pytest.raises(BadInputError, match="not an input of published version 2"):
+        copied.read(str(moved / "shards" / "day-1.h5"))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "binary"])
+def test_a_publication_of_codes_reads_back_decoded_and_as_codes(tmp_path, dtype):
+    from streamwhiten import serving
+
+    job = write_job(tmp_path, output="out/{stem}.h5", apply=f'dtype = "{dtype}"')
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(2000, 1))
+    run_job_file(job)
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(100, 2))
+    assert run_job_file(job)["action"] == "append"
+    model = str(tmp_path / "models" / "m.npz")
+    shard = str(tmp_path / "shards" / "day-1.h5")
+    publication = published(model)
+    codes, quantization = publication.read_codes(shard)
+    assert codes.dtype == (np.int8 if dtype == "int8" else np.uint8) and len(codes) == 2100
+    raw = np.concatenate([read_all_codes(path) for path in publication.outputs])
+    np.testing.assert_array_equal(codes, raw)
+    decoded = publication.read(shard)
+    assert decoded.dtype == np.float32 and decoded.shape == (2100, 8)
+    np.testing.assert_array_equal(decoded, serving.decode(raw, read_attrs(publication.outputs[0])))
+    want = expected(publication.model_file, np.concatenate([rows_of(2000, 1), rows_of(100, 2)]))
+    if dtype == "binary":
+        np.testing.assert_array_equal(decoded, np.where(want > 0, 1.0, -1.0))
+    else:  # int8: within half a quantization step of the exact value (or clipped at the range's end)
+        step = np.asarray(quantization.scale)
+        assert np.mean(np.abs(decoded - want) <= step / 2 + 1e-6) > 0.99
+
+
+def test_a_publication_of_floats_is_read_as_floats_and_has_no_codes(night):
+    directory, _ = night
+    publication = published(str(directory / "models" / "m.npz"))
+    with pytest.raises(BadInputError, match="float rows, not codes"):
+        publication.read_codes(str(directory / "shards" / "day-1.h5"))
+
+
+def read_all_codes(spec):
+    with open_source(spec, codes=True) as source:
+        return source.read(0, source.n_rows)
+
+
+def test_a_manifest_of_the_earlier_format_is_read_and_the_next_night_publishes_in_the_new_one(night):
+    from dataclasses import replace
+
+    from streamwhiten.job.publication import read_manifest, write_manifest
+
+    directory, job = night
+    model = str(directory / "models" / "m.npz")
+    shard = str(directory / "shards" / "day-1.h5")
+    write_manifest(model, replace(read_manifest(model), job_id=None))  # format 1: absolute paths, no job
+    data = json.loads(open(manifest_path(model)).read())
+    assert data["format_version"] == 1 and "job_id" not in data
+    assert data["inputs"][0]["parts"][0]["path"] == str(directory / "out" / "day-1.v1.zarr")
+    np.testing.assert_allclose(
+        published(model).read(shard), expected(version_model_path(model, 1), rows_of(2000, 1)), rtol=2e-5, atol=2e-6
+    )
+    report = run_job_file(job)  # no new rows: still a new version, whose files record the job
+    assert report["action"] == "republish" and "earlier release" in report["reason"], report
+    data = json.loads(open(manifest_path(model)).read())
+    assert data["format_version"] == 2 and data["kept"] == [] and data["inputs"][0]["parts"][0]["path"].startswith("..")
+    assert os.path.exists(directory / "out" / "day-1.v1.zarr")  # the old files prove no job: left for the user
+    np.testing.assert_allclose(
+        published(model).read(shard), expected(version_model_path(model, 2), rows_of(2000, 1)), rtol=2e-5, atol=2e-6
+    )
+
+
+def test_a_first_night_cut_short_finds_its_own_parts_when_run_again(tmp_path):
+    from streamwhiten.errors import InterruptedRunError
+
+    job = write_job(tmp_path, output="out/{stem}.h5", apply="chunk_rows = 128\nprogress_seconds = 0")
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(1000, 1))
+    append_rows(tmp_path / "shards" / "day-2.h5", rows_of(1000, 2))
+    calls = {"n": 0}
+
+    def stop_soon():  # day-1's part is written, day-2's is cut short: no manifest yet, so no job identity
+        calls["n"] += 1
+        return calls["n"] > 12
+
+    with pytest.raises(InterruptedRunError):
+        run_job_file(job, should_stop=stop_soon)
+    assert os.path.exists(tmp_path / "out" / "day-1.v1.h5") and not os.path.exists(
+        manifest_path(str(tmp_path / "models" / "m.npz"))
+    )
+    written = tree_bytes(str(tmp_path / "out" / "day-1.v1.h5"))
+    report = run_job_file(job)
+    assert report["action"] == "fit" and report["published_version"] == 1
+    assert tree_bytes(str(tmp_path / "out" / "day-1.v1.h5")) == written  # its own part, kept as it was

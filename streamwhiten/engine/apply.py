@@ -426,13 +426,15 @@ def apply_model(
     rows: tuple[int, int] | None = None,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    attrs: Mapping[str, Any] | None = None,
     **legacy: Any,
 ) -> ApplyOutcome:
     """Write ``model``'s transform of every row of ``input_spec`` to the new store ``output_spec``.
 
     ``rows = (start, stop)`` writes the transform of the input rows ``[start, stop)`` only: the output
     holds ``stop - start`` rows (its row 0 is input row ``start``) and records the range in its ``rows``
-    attribute; it is resumed, and found up to date, as any other output.
+    attribute; it is resumed, and found up to date, as any other output. ``attrs`` are recorded on the
+    output beside its own attributes (how ``run`` marks a published part with its job, version and input).
 
     ``options`` (:class:`~streamwhiten.options.ApplyOptions`) say what is written and how, ``read``
     (:class:`~streamwhiten.options.ReadOptions`) how the input is read and URLs are reached.
@@ -473,11 +475,13 @@ def apply_model(
         # One run per output: a second one exits 75 rather than replace this one's partial output.
         stack.enter_context(output.lock())
         writing = _prepare_writing(model, source, output, output_spec, options, read, threads)
-        sink, start, n_nonfinite = _open_sink(model, source, output, writing, options, kept_schema)
+        extra = dict(attrs or {})
+        sink, start, n_nonfinite = _open_sink(model, source, output, writing, options, kept_schema, extra)
         with sink:
             run = _BlockRun(model, source, sink, writing, options, threads, progress, should_stop)
             n_nonfinite = run.write_all(start, n_nonfinite)
-            sink.commit(options.overwrite, {"n_nonfinite_rows": n_nonfinite, "source_sha256": run.source_sha256()})
+            final = {**extra, "n_nonfinite_rows": n_nonfinite, "source_sha256": run.source_sha256()}
+            sink.commit(options.overwrite, final)
         seconds = time.perf_counter() - began
         return summary(model, source, sink, options.normalize, n_nonfinite, seconds, start, writing.quantization)
 
@@ -581,7 +585,13 @@ def _prepare_writing(
 
 
 def _open_sink(
-    model: WhiteningModel, source: Source, output: Output, writing: _Writing, options: ApplyOptions, kept_schema: Any
+    model: WhiteningModel,
+    source: Source,
+    output: Output,
+    writing: _Writing,
+    options: ApplyOptions,
+    kept_schema: Any,
+    extra: Mapping[str, Any] | None = None,
 ) -> tuple[Sink, int, int]:
     """``(sink, first row to write, non-finite rows so far)``: the partial output of an interrupted run of
     the same job, resumed, or a new one."""
@@ -603,6 +613,7 @@ def _open_sink(
         quantization=quantization,
         rows=writing.record.rows,
     )
+    attrs.update(extra or {})
     width, stored_dtype = stored_layout(model, options.dtype, quantization)
     sink = output.create(
         source.n_rows,

@@ -12,7 +12,7 @@ options it honours. The pipeline (``streamwhiten.pipeline``) and the command lin
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BadInputError
@@ -71,9 +71,11 @@ class Engine(ABC):
         rows: tuple[int, int] | None = None,
         progress: Progress = None,
         should_stop: ShouldStop = None,
+        attrs: Mapping[str, Any] | None = None,
     ) -> ApplyOutcome:
         """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``[start, stop)``
-        that ``rows`` names) to ``output_spec``; an ``ApplyOutcome``."""
+        that ``rows`` names) to ``output_spec``; an ``ApplyOutcome``. ``attrs``: attributes the output
+        records beside its own (a published part's record of its job, version and input)."""
 
     #: apply options this engine does not take, each with the message that refuses it
     serial_only: ClassVar[dict[str, str]] = {}
@@ -123,6 +125,7 @@ class SerialEngine(Engine):
         rows: tuple[int, int] | None = None,
         progress: Progress = None,
         should_stop: ShouldStop = None,
+        attrs: Mapping[str, Any] | None = None,
     ) -> ApplyOutcome:
         from .apply import apply_model
 
@@ -136,6 +139,7 @@ class SerialEngine(Engine):
             rows=rows,
             progress=progress,
             should_stop=should_stop,
+            attrs=attrs,
         )
 
 
@@ -184,12 +188,15 @@ class DaskEngine(Engine):
         rows: tuple[int, int] | None = None,
         progress: Progress = None,
         should_stop: ShouldStop = None,
+        attrs: Mapping[str, Any] | None = None,
     ) -> ApplyOutcome:
         from .distributed import apply_dask
 
         self.check_apply(options)
         if rows is not None:
             raise BadInputError("an apply of part of an input's rows (rows=) is for the serial engine")
+        if attrs:
+            raise BadInputError("an apply recording attributes of its caller's (attrs=) is for the serial engine")
         return apply_dask(
             model,
             input_spec,

@@ -13,6 +13,13 @@ new version's outputs are all written before the manifest names them, and older 
 after it does (``keep_versions`` of them are kept, so a reader that resolved the previous version can
 finish reading it). A damaged or hand-edited manifest is refused, never taken for another version.
 
+The manifest's checksum has no key, so it proves integrity, not authorship: the files vouch for
+themselves. Each part records the job that wrote it (``job_id``), its version and its input
+(:data:`PUBLICATION_ATTR`, :func:`part_attrs`), each published model file its job and version (its
+``info``); a run deletes or replaces only files that prove it (:func:`ownership_problem`), and readers
+refuse a part bound to another input. Local paths are relative to the manifest in the file, so a job's
+folder can be moved, copied or mounted elsewhere.
+
 Examples
 --------
 >>> import streamwhiten
@@ -24,6 +31,7 @@ Examples
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field, replace
@@ -33,7 +41,7 @@ import numpy as np
 from .. import _durable as durable
 from ..errors import BadInputError, ModelFileError, StoreIOError
 from ..options import ReadOptions
-from ..records import Manifest, Part
+from ..records import Manifest, Part, Version
 
 #: The name of a job's manifest, beside its model file: ``M.manifest.json`` for ``M.npz``.
 MANIFEST_SUFFIX = ".manifest.json"
@@ -72,6 +80,113 @@ def versioned_output(output_spec: str, version: int, part: int = 0) -> str:
     return f"{named}:{output_spec.rpartition(':')[2]}"
 
 
+# ------------------------------------------------------------------------------------------- ownership
+
+#: The attribute a published part records (JSON text): the job that wrote it, its version and its input.
+PUBLICATION_ATTR = "publication"
+#: The key of a published model file's ``info`` that records the job and version it was published as.
+PUBLICATION_INFO = "publication"
+
+
+def first_job_id(model_path: str) -> str:
+    """The identity a job takes at its first publication (kept by every later one, in the manifest): a
+    digest of where its manifest is then, so that a first night cut short and run again finds its own
+    parts, and another job (another model file) never takes it."""
+    where = os.path.realpath(manifest_path(model_path))
+    return hashlib.sha256(f"streamwhiten-job:{where}".encode()).hexdigest()[:32]
+
+
+def input_identity(input_spec: str, part_spec: str) -> str:
+    """The input a part holds rows of, as the part records it: the input's real path relative to the
+    part's own folder (so a job's folder moves or is copied with its inputs and stays bound to them), or
+    its URL; and the array named in the spec."""
+    from ..io import remote, split_spec
+
+    path, inner = split_spec(input_spec)
+    part = split_spec(part_spec)[0]
+    if remote.is_url(path):
+        where = remote.normalize(path)
+    elif remote.is_url(part):
+        where = os.path.realpath(path)
+    else:
+        where = os.path.relpath(os.path.realpath(path), os.path.realpath(os.path.dirname(os.path.abspath(part))))
+    return f"{where}:{inner}" if inner else where
+
+
+def part_attrs(job_id: str, version: int, input_spec: str, part_spec: str) -> dict:
+    """The attributes a published part records beside an apply output's own (:data:`PUBLICATION_ATTR`)."""
+    record = {"job": job_id, "version": int(version), "input": input_identity(input_spec, part_spec)}
+    return {PUBLICATION_ATTR: json.dumps(record, sort_keys=True)}
+
+
+def publication_record(attrs: dict) -> dict | None:
+    """What an output's attributes say of the publication that wrote it, or None (not a published part)."""
+    value = attrs.get(PUBLICATION_ATTR)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    try:
+        record = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def ownership_problem(
+    attrs: dict, job_id: str, version: int, input_spec: str | None = None, part_spec: str | None = None
+) -> str | None:
+    """None when the attributes ``attrs`` of an output prove that job ``job_id`` wrote it as a part of
+    version ``version`` (of the input ``input_spec``, where given, seen from ``part_spec``); else why not."""
+    record = publication_record(attrs)
+    if record is None:
+        return "not written by a published job (a plain apply's output, or another program's file)"
+    if record.get("job") != job_id:
+        return "written by another job (another model file's publication)"
+    if record.get("version") != version:
+        return f"written as a part of version {record.get('version')}, not {version}"
+    if input_spec is not None and part_spec is not None:
+        wanted = input_identity(input_spec, part_spec)
+        if record.get("input") != wanted:
+            return f"holds the rows of another input ({record.get('input')}, not {wanted}): swapped, copied or linked"
+    return None
+
+
+def output_owner_problem(spec: str, read: ReadOptions | None, job_id: str, version: int, input_spec=None):
+    """:func:`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there)."""
+    from ..io import open_output
+
+    output = open_output(spec, read)
+    try:
+        if not output.exists():
+            return None
+        attrs = output.attrs()
+    except Exception as exc:  # noqa: BLE001 - unreadable: nothing proves it is ours
+        return f"unreadable ({' '.join(str(exc).split())[:200]})"
+    return ownership_problem(attrs, job_id, version, input_spec, spec if input_spec is not None else None)
+
+
+def model_owner_problem(path: str, job_id: str, version: int, model=None) -> str | None:
+    """None when the model file ``path`` (``model``: loaded from it already) records that job ``job_id``
+    published it as version ``version`` (or nothing is there); else why not."""
+    from .._npz import foreign_npz
+    from ..core.model import FORMAT_NAME, load_model
+
+    if model is None:
+        if not os.path.lexists(path):
+            return None
+        if foreign_npz(path, FORMAT_NAME) is not None:
+            return "not a model file"
+        try:
+            model = load_model(path)
+        except Exception as exc:  # noqa: BLE001 - damaged: nothing proves it is ours
+            return f"unreadable ({' '.join(str(exc).split())[:200]})"
+    record = model.info.get(PUBLICATION_INFO)
+    if not isinstance(record, dict) or record.get("job") != job_id:
+        return "not a model file this job published (a fit's model, the statistics, or another job's)"
+    if record.get("version") != version:
+        return f"published as version {record.get('version')}, not {version}"
+    return None
+
+
 # ------------------------------------------------------------------------------------------- the manifest
 
 
@@ -91,7 +206,16 @@ def read_manifest(model_path: str) -> Manifest | None:
     except OSError as exc:
         raise StoreIOError(f"{path}: cannot read the manifest: {exc.strerror or exc}") from None
     try:
-        return Manifest.from_dict(json.loads(raw.decode("utf-8")))
+        manifest = Manifest.from_dict(json.loads(raw.decode("utf-8")))
+        expected = os.path.basename(version_model_path(model_path, manifest.version))
+        if manifest.model_file != expected:
+            raise ValueError(
+                f"it names {manifest.model_file!r} as the model file of version {manifest.version}, not {expected!r}"
+            )
+        for item in (*manifest.kept, *manifest.retired):
+            if item.model_file != os.path.basename(version_model_path(model_path, item.version)):
+                raise ValueError(f"it names {item.model_file!r} as the model file of version {item.version}")
+        return manifest if manifest.legacy else _paths(manifest, _base(path), absolute=True)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         detail = f"not JSON: {exc}"
     except ValueError as exc:
@@ -106,14 +230,75 @@ def write_manifest(model_path: str, manifest: Manifest) -> str:
     """Replace the manifest beside ``model_path`` by ``manifest`` in one atomic rename (temp file, fsync,
     rename, directory fsync); returns its path."""
     path = manifest_path(model_path)
-    data = (json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n").encode()
+    stored = manifest if manifest.legacy else _paths(manifest, _base(path), absolute=False)
+    data = (json.dumps(stored.to_dict(), indent=2, sort_keys=True) + "\n").encode()
     durable.write_file_atomic(path, lambda handle: handle.write(data), "manifest")
     return path
 
 
-def part_problem(part: Part, model_checksum: str, read: ReadOptions | None = None) -> str | None:
+def _base(path: str) -> str:
+    """The folder of the manifest ``path``: what the paths it holds are relative to."""
+    return os.path.dirname(os.path.abspath(path))
+
+
+def _moved(spec: str, base: str, absolute: bool, real: bool = False) -> str:
+    """The local ``spec`` (a path, with the array it names) made absolute from, or relative to, ``base``
+    (``real``: as real paths, as a fingerprint records them); a URL as it is."""
+    from ..io import remote, split_spec
+
+    path = split_spec(spec)[0]
+    if remote.is_url(path):
+        return spec
+    rest = spec[len(path) :] if spec.startswith(path) else ""
+    if absolute:
+        joined = os.path.join(base, path)
+        moved = os.path.realpath(joined) if real else os.path.normpath(joined)
+    else:
+        moved = os.path.relpath(path, os.path.realpath(base) if real else base)
+    return moved + rest
+
+
+def _paths(manifest: Manifest, base: str, absolute: bool) -> Manifest:
+    """``manifest`` with every local path (inputs, their fingerprints, outputs, parts, versions kept or
+    retired) absolute (as runs and readers use them) or relative to the manifest's folder ``base`` (as
+    the file holds them, so that the job's folder can be moved, copied or mounted elsewhere)."""
+
+    def move(spec: str) -> str:
+        return _moved(spec, base, absolute)
+
+    def version(item: Version) -> Version:
+        return replace(item, outputs=tuple(move(output) for output in item.outputs))
+
+    inputs = []
+    for item in manifest.inputs:
+        source = item.source
+        if source.path is not None:
+            source = replace(source, path=_moved(source.path, base, absolute, real=True))
+        parts = tuple(replace(part, path=move(part.path)) for part in item.parts)
+        inputs.append(replace(item, spec=move(item.spec), output=move(item.output), source=source, parts=parts))
+    setting = dict(manifest.setting)
+    if isinstance(setting.get("output"), str):  # the output template, a path too
+        setting["output"] = move(setting["output"])
+    return replace(
+        manifest,
+        setting=setting,
+        inputs=tuple(inputs),
+        kept=tuple(version(item) for item in manifest.kept),
+        retired=tuple(version(item) for item in manifest.retired),
+    )
+
+
+def part_problem(
+    part: Part,
+    model_checksum: str,
+    read: ReadOptions | None = None,
+    job_id: str | None = None,
+    version: int | None = None,
+    input_spec: str | None = None,
+) -> str | None:
     """None when the output ``part.path`` is complete and holds the transform of the input rows
-    ``[part.start, part.stop)`` by the map ``model_checksum``; else what is wrong with it."""
+    ``[part.start, part.stop)`` by the map ``model_checksum`` (and, with ``job_id``, records that this
+    job wrote it for version ``version`` from the input ``input_spec``); else what is wrong with it."""
     from ..engine.apply import recorded_rows
     from ..io import open_output
 
@@ -131,6 +316,8 @@ def part_problem(part: Part, model_checksum: str, read: ReadOptions | None = Non
         return "written by another map"
     if held != (part.start, part.stop):
         return f"holds rows {held}, not [{part.start}, {part.stop})"
+    if job_id is not None and version is not None:
+        return ownership_problem(attrs, job_id, version, input_spec, part.path)
     return None
 
 
@@ -140,6 +327,11 @@ def check_model_file(model_path: str, manifest: Manifest):
     from ..core.model import file_checksum, load_model, map_checksum
 
     path = os.path.join(os.path.dirname(os.path.abspath(model_path)), manifest.model_file)
+    if manifest.model_file != os.path.basename(version_model_path(model_path, manifest.version)):
+        raise ModelFileError(  # read_manifest refuses it too; a manifest made in memory is checked here
+            f"{manifest_path(model_path)}: names {manifest.model_file} as the model file of version "
+            f"{manifest.version}; nothing was changed"
+        )
     if not os.path.lexists(path):
         raise ModelFileError(
             f"{path}: the model file of published version {manifest.version} is missing (deleted by hand?); "
@@ -151,6 +343,14 @@ def check_model_file(model_path: str, manifest: Manifest):
             f"{path}: is not the model file {manifest_path(model_path)} published as version {manifest.version} "
             "(its checksum differs); run with --republish to publish a new version from the current statistics"
         )
+    if not manifest.legacy:
+        assert manifest.job_id is not None
+        problem = model_owner_problem(path, manifest.job_id, manifest.version, model)
+        if problem is not None:
+            raise ModelFileError(
+                f"{path}: {problem}: not the model file {manifest_path(model_path)} published as version "
+                f"{manifest.version}; nothing was changed"
+            )
     return model
 
 
@@ -173,7 +373,7 @@ def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None 
             if part.stamp is not None and stamp == part.stamp:
                 parts.append(part)
                 continue
-            problem = part_problem(part, manifest.model_checksum, read)
+            problem = part_problem(part, manifest.model_checksum, read, manifest.job_id, manifest.version, item.spec)
             if problem is not None:
                 problems.append(f"{part.path} ({problem})")
             parts.append(part if stamp == part.stamp else replace(part, stamp=stamp))
@@ -252,6 +452,13 @@ class Publication:
         """The output parts of ``input_spec`` (as the job names it, or another path to the same file, with
         or without the dataset a file of one dataset needs none for), in row order: part ``i`` holds the
         transform of input rows ``[start, stop)``."""
+        return self._input(input_spec).parts
+
+    def _spec(self, input_spec: str) -> str:
+        """The published input ``input_spec`` names, as the manifest names it."""
+        return self._input(input_spec).spec
+
+    def _input(self, input_spec: str):
         path, inner = _key(input_spec)
         for item in self.manifest.inputs:
             other_path, other_inner = _key(item.spec)
@@ -260,29 +467,65 @@ class Publication:
                 or (path == other_path and None in (inner, other_inner))
                 or ((path, inner) == (other_path, other_inner))
             ):
-                return item.parts
+                return item
         raise BadInputError(
             f"{input_spec}: not an input of published version {self.version} ({self.path}); its inputs: "
             + ", ".join(self.inputs)
         )
 
-    def read(self, input_spec: str) -> np.ndarray:
-        """The whitened rows of ``input_spec`` in this version: its parts, each checked, concatenated."""
+    def read(self, input_spec: str, dtype=np.float32) -> np.ndarray:
+        """The whitened rows of ``input_spec`` in this version: its parts, each checked (complete, this
+        version's map, the rows listed, written by this job from this input), concatenated. Float
+        outputs as they are stored; int8 codes and bits decoded to floats of ``dtype`` (``code * scale +
+        offset``; the signs +1/-1 of the bits), as ``streamwhiten.serving.decode`` does (for the codes
+        themselves: :meth:`read_codes`)."""
+        blocks, record = self._read_parts(input_spec)
+        if record is not None:
+            return record.decode(blocks, dtype)
+        return blocks
+
+    def read_codes(self, input_spec: str):
+        """``(codes, quantization)``: the stored int8 codes or bytes of sign bits of ``input_spec`` in this
+        version (checked as :meth:`read` checks them), and their decoder
+        (:class:`~streamwhiten.serving.Quantization`: ``quantization.decode(codes)``). A publication of
+        float outputs is refused: :meth:`read` returns its rows."""
+        blocks, record = self._read_parts(input_spec)
+        if record is None:
+            raise BadInputError(
+                f"{self.path}: version {self.version} publishes float rows, not codes: read them with read()"
+            )
+        return blocks, record
+
+    def _read_parts(self, input_spec: str):
+        """The stored rows of ``input_spec``'s parts, each checked, concatenated; and the codes' record
+        (None for float outputs), the same in every part."""
+        from ..core.quantize import ATTR as QUANTIZATION_ATTR
+        from ..core.quantize import Quantization
         from ..io import open_source
 
-        blocks = []
+        blocks, records = [], []
+        manifest = self.manifest
+        spec = self._spec(input_spec)
         for part in self.parts(input_spec):
-            problem = part_problem(part, self.model_checksum, self.read_options)
+            problem = part_problem(
+                part, self.model_checksum, self.read_options, manifest.job_id, manifest.version, spec
+            )
             if problem is not None:
                 raise BadInputError(
                     f"{part.path}: an output of published version {self.version} is {problem} (a newer version "
                     "was published and this one deleted? read the publication again)"
                 )
-            with open_source(part.path, read=self.read_options) as source:
+            with open_source(part.path, read=self.read_options, codes=True) as source:
                 if source.n_rows != part.n_rows:
                     raise BadInputError(f"{part.path}: holds {source.n_rows} rows, not the {part.n_rows} published")
+                attrs = source.attrs()
+                records.append(Quantization.from_attrs(attrs) if QUANTIZATION_ATTR in attrs else None)
                 blocks.append(source.read(0, source.n_rows))
-        return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+        digests = {None if record is None else record.digest() for record in records}
+        if len(digests) > 1:
+            raise BadInputError(f"{self.path}: the parts of {input_spec} hold differently encoded rows")
+        rows = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+        return rows, records[0]
 
     def to_dict(self) -> dict:
         """What ``info --json`` shows of it."""
@@ -300,6 +543,7 @@ class Publication:
                 for item in manifest.inputs
             ],
             "kept_versions": [item.version for item in manifest.kept],
+            "job_id": manifest.job_id,
         }
 
 
@@ -329,10 +573,18 @@ def published(model_path: str, read: ReadOptions | None = None) -> Publication:
 
 __all__ = [
     "MANIFEST_SUFFIX",
+    "PUBLICATION_ATTR",
+    "PUBLICATION_INFO",
     "Publication",
     "check_model_file",
     "check_outputs",
+    "first_job_id",
+    "input_identity",
     "manifest_path",
+    "model_owner_problem",
+    "output_owner_problem",
+    "ownership_problem",
+    "part_attrs",
     "part_problem",
     "published",
     "read_manifest",

@@ -23,6 +23,10 @@ while a version stands. Every part is an ordinary apply of a range of input rows
 resumable), so a run killed at any point and run again ends with byte-identical outputs: a part that is
 already complete is skipped, the next version number is the manifest's + 1, and a part or model file left
 by a run that was cut short is resumed or replaced.
+
+A run deletes or replaces only files that prove this job wrote them (``job.publication``: each part
+records the job, its version and its input; each published model file its job and version): never
+because a manifest names a path.
 """
 
 from __future__ import annotations
@@ -38,9 +42,14 @@ from ..options import ReadOptions
 from ..records import Manifest, Part, PublishedInput, Version
 from .file import JobFile
 from .publication import (
+    PUBLICATION_INFO,
     check_model_file,
     check_outputs,
+    first_job_id,
     manifest_path,
+    model_owner_problem,
+    output_owner_problem,
+    part_attrs,
     read_manifest,
     version_model_path,
     versioned_output,
@@ -53,11 +62,12 @@ log = logging.getLogger("streamwhiten")
 
 @dataclass
 class _Night:
-    """What one run did, for its report."""
+    """What one run did, for its report; and the job's identity (what every file it writes records)."""
 
     steps: list
     parts: list  # (spec, rows) of the parts written by this run
     bytes_written: int = 0
+    job_id: str = ""
 
 
 def run_published(
@@ -73,14 +83,20 @@ def run_published(
     with job_lock(job.lock_path):
         log.info("job %s: lock %s taken", job.name, job.lock_path)
         manifest = read_manifest(job.model_path)
+        night.job_id = first_job_id(job.model_path) if manifest is None or manifest.job_id is None else manifest.job_id
         published = None
         if manifest is not None:
+            # the manifest's claims, checked every night: its version's model file is there, is the one
+            # it names and records this job and version (read_manifest checked the versions' numbers)
             published = check_model_file(job.model_path, manifest)
             if not republish:
                 manifest = check_outputs(job.model_path, manifest, job.apply_read)
-            _delete_retired(manifest.retired, job)
+            if not manifest.legacy:
+                _delete_retired(manifest.retired, job, night.job_id, check_first=True)
         inputs, outputs = inputs_and_outputs(job)
         _check_paths(job, inputs, outputs, manifest)
+        _check_owned(job, outputs, manifest, night.job_id)
+        _follow_moved_inputs(job, manifest)
         previous = statistics_before(job.model_path)
         model = fit_step(job, inputs, night.steps, progress, should_stop, restart)
         rows_added = model.n_rows - (previous.n_rows if previous is not None else 0)
@@ -100,7 +116,7 @@ def run_published(
         else:
             assert manifest is not None
             manifest = _append(job, model, published, inputs, outputs, manifest, night, progress, should_stop, checked)
-            _abandon(job, manifest.version + 1, outputs)
+            _abandon(job, manifest.version + 1, outputs, night.job_id)
             if not night.parts and not night.steps:
                 action = "nothing"
     report = {
@@ -165,6 +181,8 @@ def _why_republish(job: JobFile, manifest: Manifest, model, staleness, requested
     assert job.publish is not None
     if requested:
         return "run --republish"
+    if manifest.legacy:
+        return "the manifest was written by an earlier release (format 1): its files record no job"
     wanted = setting_of(job, model)
     changed = sorted(key for key in set(manifest.setting) | set(wanted) if manifest.setting.get(key) != wanted.get(key))
     if changed:
@@ -265,13 +283,86 @@ def _check_paths(job: JobFile, inputs: list, outputs: dict, manifest: Manifest |
     refuse_shared_outputs(*((path, what) for path, what in written.items()))
 
 
+def _check_owned(job: JobFile, outputs: dict, manifest: Manifest | None, job_id: str) -> None:
+    """Refuse, before any work, a file where this night may write a part or a model file (the next
+    version's, or the current version's next part) that does not record this job and that version: a
+    run replaces only its own files (another job writing to the same output template, a plain apply's
+    output, a user's file at a version's path)."""
+    version = 1 if manifest is None else manifest.version
+    publishing = version + (manifest is not None)  # the version a republish (or the first run) writes
+    candidates: list[tuple[str, str | None, int]] = [(version_model_path(job.model_path, publishing), None, publishing)]
+    for spec, output in outputs.items():
+        item = manifest.input(spec) if manifest is not None else None
+        if manifest is not None:
+            candidates.append((versioned_output(output, publishing, 0), spec, publishing))
+        candidates.append((versioned_output(output, version, len(item.parts) if item else 0), spec, version))
+    for path, spec, number in candidates:
+        if spec is None:
+            problem = model_owner_problem(path, job_id, number)
+        else:
+            problem = output_owner_problem(path, job.apply_read, job_id, number, spec)
+        if problem is not None:
+            raise BadInputError(
+                f"{path}: {problem}; this job writes version {number} there and replaces only its own files: "
+                "move it away, or give the job another [apply] output template"
+            )
+
+
+def _follow_moved_inputs(job: JobFile, manifest: Manifest | None) -> None:
+    """Point the statistics' records of inputs that are no longer where they were read at the inputs the
+    manifest names now, where a job's folder was moved or mounted elsewhere with its inputs (the
+    manifest's paths are relative to it): a record is moved only to an input of the same name, array,
+    width and type that starts with the very rows it recorded (its sampled hash), and that no other
+    record names. An update refuses a recorded input found under another path otherwise (its rows could
+    be counted twice); here the missing original and the manifest say where it went."""
+    from ..core.model import load_model, save_model
+    from ..io import fingerprint, open_source, remote
+
+    before = statistics_before(job.model_path)
+    if before is None or manifest is None or manifest.legacy:
+        return
+    recorded = {source.path for source in before.sources}
+    moved: dict = {}
+    for record in before.sources:
+        if record.path is None or remote.is_url(record.path) or os.path.lexists(record.path):
+            continue
+        for item in manifest.inputs:
+            new = item.source.path
+            if new is None or remote.is_url(new) or new in recorded or new in moved.values():
+                continue
+            same = (item.source.dataset, item.source.n_features, item.source.dtype)
+            if same != (record.dataset, record.n_features, record.dtype):
+                continue
+            if os.path.basename(new) != os.path.basename(record.path) or not os.path.exists(new):
+                continue
+            spec = f"{new}:{record.dataset}" if record.dataset else new
+            with open_source(spec, read=job.read, min_rows=0) as source:
+                if record.n_rows is None or source.n_rows < record.n_rows:
+                    continue
+                if fingerprint(source, record.n_rows).sha256_sampled != record.sha256_sampled:
+                    continue
+            moved[record.path] = new
+            break
+    if not moved:
+        return
+    model = load_model(job.model_path)
+    sources = tuple(replace(item, path=moved.get(item.path, item.path)) for item in model.sources)
+    save_model(replace(model, sources=sources), job.model_path)
+    for old, new in moved.items():
+        log.info("job %s: input %s was moved to %s with the job's folder; the statistics follow it", job.name, old, new)
+
+
 # ------------------------------------------------------------------------------------------ the parts
 
 
-def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _Night, progress, should_stop) -> Part:
-    """Write the transform of input rows ``rows`` of ``spec`` to the output part ``part``, unless it is
-    already there (complete, same map, input rows and options): then it is kept as it is. Returns the
-    manifest's record of the part, with the stamp it had when it was found good or was written."""
+def _write_part(
+    job: JobFile, model, spec: str, part: str, rows: tuple, night: _Night, progress, should_stop, version: int
+) -> Part:
+    """Write the transform of input rows ``rows`` of ``spec`` to the output part ``part`` of version
+    ``version``, recording the job, the version and the input in its attributes, unless it is already
+    there (complete, same map, input rows and options): then it is kept as it is. A file there that does
+    not record this job, version and input is refused, never replaced. Returns the manifest's record of
+    the part, with the stamp it had when it was found good or was written."""
     from ..engine.apply import is_up_to_date
     from ..io import open_output, remote, split_spec
     from ..pipeline import apply
@@ -280,6 +371,9 @@ def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _
     assert options is not None
     output = open_output(part, read)
     stamp = output.stamp()  # before the check: a change after it shows as another stamp
+    problem = output_owner_problem(part, read, night.job_id, version, spec)
+    if problem is not None:
+        raise BadInputError(f"{part}: {problem}; this job replaces only its own files: move it away")
     if is_up_to_date(model, spec, part, options, read, rows):
         log.info("job %s: %s is up to date", job.name, part)
         output.tidy()  # a run killed right after writing it may have left its records
@@ -298,6 +392,7 @@ def _write_part(job: JobFile, model, spec: str, part: str, rows: tuple, night: _
         rows=rows,
         progress=progress,
         should_stop=should_stop,
+        attrs=part_attrs(night.job_id, version, spec, part),
     )
     night.parts.append((part, rows))
     night.bytes_written += stored_bytes(part, read)
@@ -322,29 +417,43 @@ def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, 
 
     assert job.publish is not None
     version = 1 if manifest is None else manifest.version + 1
+    kept, retired = (), ()
+    if manifest is not None and manifest.legacy:
+        log.warning(
+            "job %s: the files of version %s (published by an earlier release) record no job and are not "
+            "deleted: remove them by hand once no reader needs them",
+            job.name,
+            manifest.version,
+        )
+    elif manifest is not None:
+        older = (manifest.as_version, *manifest.kept)
+        kept = older[: job.publish.keep_versions - 1]
+        retired = (*older[job.publish.keep_versions - 1 :], *_still_there(manifest.retired, job))
+        _delete_retired(retired, job, night.job_id, check_only=True)  # before writing: refuse, not skip
     published = []
     for item in _current_inputs(job, model, inputs, outputs):
         if item.stop == 0:
             continue  # nothing of it in the statistics yet
         part = versioned_output(item.output, version, 0)
-        written = _write_part(job, model, item.spec, part, (0, item.stop), night, progress, should_stop)
+        written = _write_part(job, model, item.spec, part, (0, item.stop), night, progress, should_stop, version)
         published.append(PublishedInput(item.spec, item.output, item.source, (written,)))
     if should_stop is not None and should_stop():
         raise InterruptedRunError(
             f"interrupted before publishing version {version}; run the same command again to finish"
         )
     model_file = version_model_path(job.model_path, version)
-    if not (os.path.exists(model_file) and file_checksum(load_model(model_file)) == file_checksum(model)):
-        save_model(model, model_file)  # a leftover of a run cut short, of other statistics, is replaced
-    kept, retired = (), ()
-    if manifest is not None:
-        older = (manifest.as_version, *manifest.kept)
-        kept = older[: job.publish.keep_versions - 1]
-        retired = (*older[job.publish.keep_versions - 1 :], *_still_there(manifest.retired, job))
+    # the published copy records the job and the version it was published as (what lets a later run
+    # delete it, and no other file)
+    tagged = replace(model, info={**model.info, PUBLICATION_INFO: {"job": night.job_id, "version": version}})
+    problem = model_owner_problem(model_file, night.job_id, version)
+    if problem is not None:
+        raise BadInputError(f"{model_file}: {problem}; this job replaces only its own files: move it away")
+    if not (os.path.exists(model_file) and file_checksum(load_model(model_file)) == file_checksum(tagged)):
+        save_model(tagged, model_file)  # a leftover of a run cut short, of other statistics, is replaced
     new = Manifest(
         version=version,
         model_file=os.path.basename(model_file),
-        file_checksum=file_checksum(model),
+        file_checksum=file_checksum(tagged),
         model_checksum=map_checksum(model),
         published_at=_now(),
         n_rows=model.n_rows,
@@ -352,10 +461,11 @@ def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, 
         inputs=tuple(published),
         kept=kept,
         retired=retired,
+        job_id=night.job_id,
     )
     write_manifest(job.model_path, new)
     night.steps.append(f"publish version {version}")
-    _delete_retired(new.retired, job)
+    _delete_retired(new.retired, job, night.job_id)
     return new
 
 
@@ -383,7 +493,9 @@ def _append(
             continue
         index = len(entry.parts) if entry is not None else 0
         part = versioned_output(item.output, manifest.version, index)
-        written = _write_part(job, published_model, item.spec, part, (start, item.stop), night, progress, should_stop)
+        written = _write_part(
+            job, published_model, item.spec, part, (start, item.stop), night, progress, should_stop, manifest.version
+        )
         parts = (*(entry.parts if entry is not None else ()), written)
         updated[item.spec] = PublishedInput(item.spec, item.output, item.source, parts)
         if entry is None:
@@ -419,57 +531,86 @@ def _still_there(retired, job: JobFile) -> tuple:
     )
 
 
-def _remove(spec: str, read: ReadOptions, what: str) -> None:
-    """Remove an output of ours (or a published model file); anything else there is left alone."""
-    from .._npz import foreign_npz
-    from ..core.model import FORMAT_NAME
-    from ..io import open_output, remote, split_spec
+def _remove(spec: str, read: ReadOptions) -> None:
+    """Remove an output (its ownership proven by the caller)."""
+    from ..io import remote, split_spec
     from ..io.abc.store import remove
 
     path = split_spec(spec)[0]
-    if what == "model file":
-        if os.path.lexists(path) and foreign_npz(path, FORMAT_NAME) is None:
-            os.remove(path)
-        return
-    output = open_output(spec, read)
-    if not output.exists():
-        return
-    foreign = output.foreign()
-    if foreign is not None:
-        log.warning("%s: not deleted: %s", remote.redact(path), foreign)
-        return
     if remote.is_url(path):
         remote.remove(path, recursive=True, read=read)
     else:
         remove(path)
 
 
-def _delete_retired(retired, job: JobFile) -> None:
-    """Delete the files of retired versions (after the manifest that retired them is in place); a failure
-    is logged and tried again by the next run."""
+def _delete_retired(retired, job: JobFile, job_id: str, check_first: bool = False, check_only: bool = False) -> None:
+    """Delete the files of retired versions (after the manifest that retired them is in place), each only
+    when it records this job, its version and, for an output, the version's map (a manifest's word is no
+    proof: anyone can recompute its checksum). With ``check_first`` or ``check_only``, a file there that
+    does not is refused (:class:`BadInputError`, nothing deleted); else it is left alone with a warning.
+    A failure to delete is logged and tried again by the next run."""
+    from ..io import exists
+
+    found = []
+    directory = os.path.dirname(os.path.abspath(job.model_path))
     for version in retired:
+        files = []
+        for spec in version.outputs:
+            if not exists(spec, job.apply_read):
+                continue
+            problem = output_owner_problem(spec, job.apply_read, job_id, version.version)
+            if problem is None and version.model_checksum is not None:
+                from ..io import open_output
+
+                if open_output(spec, job.apply_read).attrs().get("model_checksum") != version.model_checksum:
+                    problem = f"written by another map than version {version.version}'s"
+            files.append((spec, problem, False))
+        model_file = os.path.join(directory, version.model_file)
+        if os.path.lexists(model_file):
+            files.append((model_file, model_owner_problem(model_file, job_id, version.version), True))
+        found.append((version, files))
+    if check_first or check_only:
+        for version, files in found:
+            for path, problem, _ in files:
+                if problem is not None:
+                    raise BadInputError(
+                        f"{manifest_path(job.model_path)}: retires version {version.version}, which lists {path}: "
+                        f"{problem}; nothing was deleted (a run deletes only its own files)"
+                    )
+    if check_only:
+        return
+    for version, files in found:
         try:
-            for spec in version.outputs:
-                _remove(spec, job.apply_read, "output")
-            directory = os.path.dirname(os.path.abspath(job.model_path))
-            _remove(os.path.join(directory, version.model_file), job.apply_read, "model file")
+            for path, problem, is_model in files:
+                if problem is not None:
+                    log.warning("job %s: %s not deleted: %s", job.name, path, problem)
+                elif is_model:
+                    os.remove(path)
+                else:
+                    _remove(path, job.apply_read)
         except (OSError, StoreIOError, BadInputError) as exc:
             log.warning("job %s: could not delete version %s yet: %s", job.name, version.version, exc)
             continue
         log.info("job %s: deleted version %s", job.name, version.version)
 
 
-def _abandon(job: JobFile, version: int, outputs: dict) -> None:
+def _abandon(job: JobFile, version: int, outputs: dict, job_id: str) -> None:
     """Remove what a publication of ``version`` cut short left behind, once a run decided not to publish
-    it: the parts it wrote (or began: their partial outputs) for the job's inputs, and its model file."""
+    it: the parts it wrote for the job's inputs (each only if it records this job and that version), the
+    partial outputs it began (streamwhiten's own hidden temporaries), and its model file (if it records
+    this job and version). Anything else at those paths is left alone."""
     from ..io import exists, open_output, remote
 
     found = False
-    for output in outputs.values():
+    for spec, output in outputs.items():
         part = versioned_output(output, version, 0)
         if exists(open_output(part, job.apply_read).path, job.apply_read):
-            _remove(part, job.apply_read, "output")
-            found = True
+            problem = output_owner_problem(part, job.apply_read, job_id, version, spec)
+            if problem is None:
+                _remove(part, job.apply_read)
+                found = True
+            else:
+                log.warning("job %s: %s left alone: %s", job.name, part, problem)
         elif not remote.is_url(part):
             leftover = open_output(part, job.apply_read)
             if os.path.lexists(leftover.partial):
@@ -477,8 +618,12 @@ def _abandon(job: JobFile, version: int, outputs: dict) -> None:
                 found = True
     model_file = version_model_path(job.model_path, version)
     if os.path.exists(model_file):
-        _remove(model_file, job.apply_read, "model file")
-        found = True
+        problem = model_owner_problem(model_file, job_id, version)
+        if problem is None:
+            os.remove(model_file)
+            found = True
+        else:
+            log.warning("job %s: %s left alone: %s", job.name, model_file, problem)
     if found:
         log.info("job %s: removed what an unpublished version %s, cut short, had begun", job.name, version)
 
