@@ -443,7 +443,9 @@ def test_rows_writes_the_transform_of_that_range_and_records_it(tmp_path, rows, 
     outcome = apply_model(model, spec, out, ApplyOptions(normalize=True), ReadOptions(block_rows=100), rows=window)
     got = read_all(out)
     assert got.shape == (stop - start, 6) and outcome.n_rows == stop - start and outcome.rows == window
-    np.testing.assert_array_equal(got, model.transform(rows, normalize=True)[start:stop])
+    # the reference transforms the same rows alone: a one-row product takes BLAS's matrix-vector path, whose
+    # sums run in another order than a matrix product's (about 1e-7 apart), so equality is exact only like for like
+    np.testing.assert_array_equal(got, model.transform(rows[start:stop], normalize=True))
     from streamwhiten.engine.apply import recorded_rows
 
     attrs = read_attrs(out)
