@@ -43,6 +43,7 @@ from _common import REPO, print_table, save_results
 
 DEFAULT_DATA = Path(os.environ.get("STREAMWHITEN_STSB", REPO.parent / "shared/data/stsb/stsb-dev-minilm.h5"))
 BUDGETS = [None, 12, 24, 48, 96, 384]
+COARSE = (0.0, 0.5, 1.0)
 TARGET_MEAN, TARGET_WORST, TARGET_FOUND = -0.2, -1.0, 0.8
 
 
@@ -69,8 +70,15 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
         eligible = [i for i in range(len(table)) if budget is None or bytes_of[i] <= budget]
         reference = reference_index(table, n_features, budget)
         others = [i for i in eligible if i != reference]
-        gaps: dict = {"argmax": [], "maxt": []}
+        gaps: dict = {"argmax": [], "maxt": [], "coarse": []}
         kept, errors, covered, moved_to = 0, [], 0, []
+        # the max-t rule over a coarser grid: beta and gamma in {0, 0.5, 1}, no variance fractions
+        coarse = [
+            i
+            for i in others
+            if table[i]["beta"] in COARSE and table[i]["gamma"] in COARSE and not table[i]["k_label"].endswith("%")
+        ]
+        kept_coarse = 0
         for chosen_on, unseen in splits_of(per_query.shape[1], args.splits, args.seed):
             means = per_query[:, chosen_on].mean(axis=1)
             picked = select(per_query[others][:, chosen_on], per_query[reference, chosen_on], seed=args.seed)
@@ -78,6 +86,10 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
             kept += new == reference
             if new != reference:
                 moved_to.append(table[new])
+            few = select(per_query[coarse][:, chosen_on], per_query[reference, chosen_on], seed=args.seed)
+            few_row = reference if few.index is None else coarse[few.index]
+            kept_coarse += few_row == reference
+            gaps["coarse"].append(100 * float((per_query[few_row, unseen] - per_query[reference, unseen]).mean()))
             for rule, row in (("argmax", argmax_row(table, means, eligible)), ("maxt", new)):
                 gaps[rule].append(100 * float((per_query[row, unseen] - per_query[reference, unseen]).mean()))
             if args.forecast:
@@ -98,6 +110,10 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
                 "maxt mean": float(np.mean(gaps["maxt"])),
                 "maxt worst": float(np.min(gaps["maxt"])),
                 "kept reference": f"{kept}/{args.splits}",
+                "coarse compared": len(coarse),
+                "coarse mean": float(np.mean(gaps["coarse"])),
+                "coarse worst": float(np.min(gaps["coarse"])),
+                "coarse kept": f"{kept_coarse}/{args.splits}",
                 "forecast error": float(np.mean(np.abs(errors))) if errors else None,
                 "forecast covers": f"{covered}/{args.splits}" if errors else None,
                 "moved to": sorted({f"{r['storage']} b={r['beta']:g} g={r['gamma']:g} k={r['k']}" for r in moved_to})[
@@ -259,6 +275,7 @@ def main(argv=None):
     )
     pair_rows = pairs(args)
     formats = ["argmax mean", "argmax worst", "maxt mean", "maxt worst", "forecast error", "centring gain"]
+    formats += ["coarse mean", "coarse worst"]
     shown = [
         {key: (f"{value:+.2f}" if key in formats and value is not None else value) for key, value in row.items()}
         for row in rows + synthetic_rows + pair_rows
