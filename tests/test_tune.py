@@ -263,7 +263,8 @@ def test_cli_tune_writes_the_choice_so_apply_uses_it(tmp_path, capsys):
         == 0
     )
     text = capsys.readouterr().out
-    assert "best" in text and "beta=1 gamma=1 k=16" in text and "*" in text and "90%" in text
+    assert "chosen" in text and "beta=1 gamma=1 k=16" in text and "*" in text and "90%" in text
+    assert "max-t: " in text and "forecast   spearman x100 on pairs not chosen on" in text
     assert load_model(path).n_components == 16
 
 

@@ -214,15 +214,23 @@ def _retrieval(model, values, grid, block_rows, quiet):
 def _lines(summary: dict, model, chosen, metric: str, tolerance: float, target) -> list[str]:
     best, raw = summary["best"], summary["raw"]
     name = metric.capitalize()
+    argmax = (summary.get("selection") or {}).get("rule") == "argmax"
     lines = [
         f"validation {summary['pairs']['n_pairs']:,} pairs of {model.n_features}-d vectors; "
         f"{len(summary['table'])} settings from the saved statistics of {model.n_rows:,} rows (no pass over the "
         "fitting data)",
         *table_lines(summary),
         f"raw        {fmt_scores(raw)}",
-        f"{'best' if not tolerance else 'chosen':<10} {fmt_scores(best)}   {fmt_setting(best)}  "
+        f"{'best' if argmax and not tolerance else 'chosen':<10} {fmt_scores(best)}   {fmt_setting(best)}  "
         f"({name} {best[metric] - raw[metric]:+.2f} vs raw"
-        + (f"; smallest k within {tolerance:g} of the top score)" if tolerance else ")"),
+        + (
+            ""
+            if not tolerance
+            else f"; smallest k within {tolerance:g} of the top score"
+            if argmax
+            else f"; smallest k surely within {tolerance:g} of raw"
+        )
+        + ")",
     ]
     lines += selection_lines(summary.get("selection"), metric, "pairs")
     if summary["test"] is not None:
