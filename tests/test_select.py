@@ -122,3 +122,13 @@ def test_bad_tables_are_refused():
         select(np.zeros((1, 3)), np.zeros(3), rule="best")
     with pytest.raises(BadInputError, match="fold"):
         forecast(np.zeros((1, 5)), np.zeros(5), folds=5)
+
+
+def test_the_sweep_grid_checks_the_rule_and_the_folds():
+    from streamwhiten.evaluation.sweep import SweepGrid
+
+    assert (SweepGrid().select, SweepGrid().folds) == ("maxt", 5)
+    with pytest.raises(BadInputError, match="--select must be one of maxt, argmax"):
+        SweepGrid(select="best")
+    with pytest.raises(BadInputError, match="--folds must be an integer of at least 2"):
+        SweepGrid(folds=1)
