@@ -267,7 +267,7 @@ def main(argv=None):
     args.grid = {}
     if args.quick:
         args.grid = dict(betas=[0, 1], gammas=[0, 1], ks=[384, 128, 32], variances=[])
-        args.poolings, args.splits, args.bootstrap = ["mean"], 5, 200
+        args.poolings, args.splits, args.bootstrap, args.synthetic_queries = ["mean"], 5, 200, 300
     if not args.data.exists():
         sys.exit(f"the STS-B data was not found at {args.data} (pass --data PATH/stsb-dev-minilm.h5)")
     began = time.perf_counter()
@@ -315,7 +315,7 @@ def main(argv=None):
     save_results(
         "tune_generalization", {"rows": clean, "retrieval": info, "synthetic": synthetic_info, "ok": ok}, args.results
     )
-    if not ok:
+    if not ok and not args.quick:  # a smoke run is too small for the targets
         sys.exit("a target was not met")
 
 
