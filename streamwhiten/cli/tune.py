@@ -107,14 +107,18 @@ def tune(model_path, output_path, in_place, overwrite, quiet, as_json, **values)
     not read again: each beta costs one eigendecomposition, shared by all its gammas and ks.
 
     Labelled pairs (--pairs-a/--pairs-b/--scores): the pairs are read once; prints the whole table and
-    the best setting. Give --test-a/--test-b/--test-scores to score the choice once, after it is made, on
+    the chosen setting. Give --test-a/--test-b/--test-scores to score the choice once, after it is made, on
     pairs it was not chosen on.
 
     A retrieval task (--queries/--corpus/--qrels, optionally --exclude): every setting is searched in
     every storage of --dtypes (float32, float16, int8, sign bits, sign bits with the top --rescore
     re-ranked), in one pass over the corpus (plus one for the bits); prints the frontier (bytes per
     vector, --metric, retention against the raw vectors stored as float32, the paired 95% interval) and
-    chooses the best setting within --max-bytes. The raw vectors and plain centring are candidates too.
+    chooses within --max-bytes. The raw vectors and plain centring are candidates too.
+
+    The choice (--select maxt) is the reference (raw vectors; within a budget, in the most faithful storage
+    that fits) unless a setting beats it beyond the noise of all the settings compared; with it comes a
+    --folds cross-validated forecast of what the choice and the reference score on unseen queries (pairs).
 
     With -o or --in-place the chosen setting (and storage) is saved so that `apply`, `export` and `eval`
     use it.
