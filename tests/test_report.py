@@ -179,6 +179,9 @@ def test_a_model_tuned_for_retrieval_draws_its_frontier(tmp_path, capsys):
     page = (tmp_path / "r.html").read_text()
     assert "Retrieval: the frontier it was tuned on" in page and "20 bytes per vector" in page
     frontier_is_readable(tuned)
+    # the rule and its cross-validated forecast, as the model records them
+    predicted = tuned.info["tuned"]["selection"]["forecast"]
+    assert "max-t:" in page and f"reference {predicted['reference']['score']:.2f}" in page
     # a model tuned on pairs, or not tuned, has no frontier to draw
     save_model(model, str(tmp_path / "plain.npz"))
     assert main(["report", str(tmp_path / "plain.npz"), "-o", str(tmp_path / "plain"), "--json"]) == 0

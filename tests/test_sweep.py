@@ -280,7 +280,9 @@ def test_the_budget_is_respected_and_the_choice_written_is_used_by_eval_and_expo
     task = write_task(tmp_path, seed=1, noise=1.0)
     model_path = fitted(tmp_path, task)
     tuned = str(tmp_path / "tuned.npz")
-    code = main(tune_args(task, model_path, "--dtypes", "float32,int8", "--max-bytes", "16", "-o", tuned, "--json"))
+    # --select argmax: the old choice, the best score within the budget (the default keeps raw int8 here)
+    extra = ("--dtypes", "float32,int8", "--max-bytes", "16", "--select", "argmax", "-o", tuned, "--json")
+    code = main(tune_args(task, model_path, *extra))
     assert code == 0
     summary = json.loads(capsys.readouterr().out)
     best, chosen = summary["best"], summary["chosen"]
@@ -366,3 +368,52 @@ def test_pair_tuning_keeps_its_shape_and_says_how_the_vectors_are_stored(tmp_pat
     assert {"metric", "raw", "best", "table", "pairs", "test", "chosen"} <= set(summary)
     chosen = summary["chosen"]
     assert (chosen["dtype"], chosen["bytes_per_vector"]) == ("float32", 4 * chosen["k"])
+
+
+def test_the_default_rule_keeps_the_reference_within_noise_and_forecasts_both(tmp_path, capsys):
+    task = write_task(tmp_path, seed=1, noise=1.0)  # centred int8 scores best within 16 bytes, within noise
+    model_path = fitted(tmp_path, task)
+    tuned = str(tmp_path / "tuned.npz")
+    assert (
+        main(tune_args(task, model_path, "--dtypes", "float32,int8", "--max-bytes", "16", "-o", tuned, "--json")) == 0
+    )
+    summary = json.loads(capsys.readouterr().out)
+    best, selection = summary["best"], summary["selection"]
+    within = [row for row in summary["table"] if row["bytes_per_vector"] <= 16]
+    assert best["ndcg@10"] < max(row["ndcg@10"] for row in within)  # not the arg-max
+    # the reference of 16 bytes: the raw rotation in int8, the most faithful raw storage that fits
+    assert (best["vectors"], best["storage"], best["k"]) == ("raw", "int8", 16)
+    assert selection["rule"] == "maxt" and selection["kept_reference"] and selection["n_beating"] == 0
+    assert selection["reference"]["storage"] == "int8" and selection["n_compared"] == len(within) - 1
+    predicted = selection["forecast"]
+    assert predicted["folds"] == 5 and predicted["kept_reference"] == 5
+    assert predicted["chosen"]["score"] == pytest.approx(best["ndcg@10"])  # the reference in every fold
+    assert predicted["reference"]["low"] <= predicted["reference"]["score"] <= predicted["reference"]["high"]
+    assert load_model(tuned).info["tuned"]["selection"] == selection
+    assert main(tune_args(task, model_path, "--dtypes", "float32,int8", "--max-bytes", "16")) == 0
+    text = capsys.readouterr().out
+    assert "nothing beats the reference beyond noise" in text and "forecast" in text and "5-fold" in text
+
+
+def test_the_reference_is_the_most_faithful_raw_storage_within_the_budget():
+    from streamwhiten.evaluation.sweep import reference_index, reference_k
+
+    def row(beta, gamma, k, dtype, rescore=0):
+        size = {"float32": 4 * k, "float16": 2 * k, "int8": k, "binary": -(-k // 8)}[dtype] + 4 * k * bool(rescore)
+        return dict(beta=beta, gamma=gamma, k=k, dtype=dtype, rescore=rescore, bytes_per_vector=size)
+
+    table = [
+        row(b, 0.0, k, s)
+        for b in (0.0, 1.0)
+        for k in (384, 192, 96, 64)
+        for s in ("float32", "float16", "int8", "binary")
+    ]
+    table.append(row(0.0, 0.0, 384, "binary", rescore=100))
+    expected = {None: ("float32", 384), 1600: ("float32", 384), 800: ("float16", 384), 384: ("int8", 384),
+                96: ("binary", 384), 48: ("binary", 384), 24: ("binary", 192), 12: ("binary", 96), 8: ("binary", 64)}  # fmt: skip
+    for budget, (dtype, k) in expected.items():
+        chosen = table[reference_index(table, 384, budget)]
+        assert (chosen["beta"], chosen["dtype"], chosen["k"], chosen["rescore"]) == (0.0, dtype, k, 0), budget
+    assert [reference_k(384, b) for b in (None, 48, 24, 12)] == [None, None, 192, 96]
+    with pytest.raises(BadInputError, match="reference"):
+        reference_index(table, 384, 4)

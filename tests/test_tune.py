@@ -263,7 +263,8 @@ def test_cli_tune_writes_the_choice_so_apply_uses_it(tmp_path, capsys):
         == 0
     )
     text = capsys.readouterr().out
-    assert "best" in text and "beta=1 gamma=1 k=16" in text and "*" in text and "90%" in text
+    assert "chosen" in text and "beta=1 gamma=1 k=16" in text and "*" in text and "90%" in text
+    assert "max-t: " in text and "forecast   spearman x100 on pairs not chosen on" in text
     assert load_model(path).n_components == 16
 
 
@@ -312,3 +313,23 @@ def test_stsb_tuned_setting_is_never_worse_than_raw(tmp_path, capsys):
     assert summary["best"]["spearman"] >= summary["raw"]["spearman"]
     for row in summary["table"]:
         assert np.isfinite(row["spearman"]), row  # beta=gamma=1 at full d included: eps keeps it finite
+
+
+def test_the_default_rule_keeps_raw_when_no_setting_beats_it_beyond_noise(tmp_path):
+    # gold scores are the raw cosine plus heavy noise: every setting is raw plus noise, none truly better
+    rng = np.random.default_rng(3)
+    a, b, _ = geometry_pairs(n=400, d=6, seed=3)
+    gold = cosine_rows(a, b) + rng.normal(0, 0.3, 400)
+    specs, model, _ = fitted(tmp_path, "m", a, b, gold)
+    with open_pairs(*specs) as pairs:
+        kept = grid_search(model, pairs, betas=[0.25, 0.5, 1], variances=[])  # no raw row: it is added
+        old = grid_search(model, pairs, betas=[0.25, 0.5, 1], variances=[], select="argmax")
+    assert (kept.best["beta"], kept.best["gamma"], kept.best["k"]) == (0.0, 0.0, 6)
+    assert kept.best["spearman"] == pytest.approx(kept.raw["spearman"], abs=1e-9)
+    assert kept.chosen_model().beta == 0.0 and kept.selection["kept_reference"]
+    assert kept.selection["n_beating"] == 0 and kept.selection["n_compared"] == len(kept.table) - 1
+    assert old.best["spearman"] == max(row["spearman"] for row in old.table)  # the old rule: the best of the grid
+    predicted = kept.selection["forecast"]
+    assert predicted["kept_reference"] == 5 and predicted["difference"]["score"] == 0
+    # the per-pair terms average to each row's Spearman
+    np.testing.assert_allclose(kept.per_pair.mean(axis=1) * 100, [row["spearman"] for row in kept.table], atol=1e-9)

@@ -317,6 +317,7 @@ def grid_of(values: dict, n_features: int) -> dict:
 
 
 __all__ = [
+    "selection_lines",
     "PAIR_METRICS",
     "RETRIEVAL",
     "RETRIEVAL_METRICS",
@@ -339,3 +340,40 @@ __all__ = [
     "strict_json",
     "work",
 ]
+
+
+def _interval_text(entry: dict) -> str:
+    if entry["low"] is None:
+        return f"{entry['score']:.2f}"
+    return f"{entry['score']:.2f} [{entry['low']:.2f}, {entry['high']:.2f}]"
+
+
+def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]:
+    """How the choice was made and the cross-validated forecast of what it will score on unseen ``what``."""
+    if not selection:
+        return []
+    lines = []
+    if selection["rule"] == "maxt":
+        verdict = (
+            "nothing beats the reference beyond noise: the reference is kept"
+            if selection["kept_reference"]
+            else f"chosen: the highest simultaneous 95% lower bound of the advantage, {selection['bound']:+.2f}"
+        )
+        lines.append(
+            f"rule       max-t: {selection['n_beating']} of {selection['n_compared']} settings beat the reference "
+            f"beyond the noise of all {selection['n_compared']} compared; {verdict}"
+        )
+    else:
+        lines.append("rule       argmax: the best score of all (optimistic: the best of many noisy scores)")
+    predicted = selection.get("forecast")
+    if predicted:
+        difference = predicted["difference"]
+        change = f"{difference['score']:+.2f}" + (
+            "" if difference["low"] is None else f" [{difference['low']:+.2f}, {difference['high']:+.2f}]"
+        )
+        lines.append(
+            f"forecast   {metric} x100 on {what} not chosen on ({predicted['folds']}-fold cross-validation of the "
+            f"rule): chosen {_interval_text(predicted['chosen'])}, reference {_interval_text(predicted['reference'])}, "
+            f"difference {change}; the reference kept in {predicted['kept_reference']} of {predicted['folds']} folds"
+        )
+    return lines

@@ -13,6 +13,7 @@ from ._common import (
     open_pairs_given,
     pair_options,
     progress_bar,
+    selection_lines,
     stop_on_signals,
 )
 from ._options import json_option, param_options, pop_param, quiet_option
@@ -71,7 +72,9 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, title, overwrite, 
         lines.append(f"raw        {fmt_scores(data.grid.raw)}")
         lines.append(f"best       {fmt_scores(data.grid.best)}   {fmt_setting(data.grid.best)}")
     summary["frontier"] = None if data.tuned is None else data.tuned["frontier"]
+    summary["selection"] = None if data.tuned is None else data.tuned.get("selection")
     if data.tuned is not None:
         lines.append(f"frontier   {len(data.tuned['frontier'])} settings, from the retrieval tuning the model records")
+        lines += selection_lines(data.tuned.get("selection"), data.tuned["metric"], "queries")
     lines += [f"wrote      {path}" for path in written]
     emit(as_json, summary, lines)

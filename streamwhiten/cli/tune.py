@@ -22,6 +22,7 @@ from ._common import (
     progress_bar,
     retrieval_options,
     retrieval_options_of,
+    selection_lines,
     stop_on_signals,
 )
 from ._options import json_option, param_options, pop_param, quiet_option
@@ -41,8 +42,25 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     type=float,
     default=0.0,
     show_default=True,
-    help="Pairs: prefer the smallest k scoring within this many points (x100) of the best. Retrieval: the "
-    "fewest bytes per vector within this many points of the best within the budget.",
+    help="Take the cheapest setting (pairs: the smallest k; retrieval: the fewest bytes per vector within the "
+    "budget) surely within this many points (x100) of the reference (with --select argmax: of the best).",
+)
+@click.option(
+    "--select",
+    "select_rule",
+    type=click.Choice(["maxt", "argmax"]),
+    default="maxt",
+    show_default=True,
+    help="How the setting is chosen. maxt: keep the reference (the raw vectors, in the most faithful storage "
+    "within the budget) unless a setting beats it beyond the noise of all the settings compared (a paired "
+    "bootstrap of the maximum). argmax: the best score of all, optimistic (the winner's curse).",
+)
+@click.option(
+    "--folds",
+    type=click.IntRange(min=2),
+    default=5,
+    show_default=True,
+    help="Folds of the queries (or pairs) for the cross-validated forecast of what the choice will score.",
 )
 @click.option(
     "--eps", type=float, default=None, help="Regulariser relative to the largest eigenvalue (default: the model's)."
@@ -89,14 +107,18 @@ def tune(model_path, output_path, in_place, overwrite, quiet, as_json, **values)
     not read again: each beta costs one eigendecomposition, shared by all its gammas and ks.
 
     Labelled pairs (--pairs-a/--pairs-b/--scores): the pairs are read once; prints the whole table and
-    the best setting. Give --test-a/--test-b/--test-scores to score the choice once, after it is made, on
+    the chosen setting. Give --test-a/--test-b/--test-scores to score the choice once, after it is made, on
     pairs it was not chosen on.
 
     A retrieval task (--queries/--corpus/--qrels, optionally --exclude): every setting is searched in
     every storage of --dtypes (float32, float16, int8, sign bits, sign bits with the top --rescore
     re-ranked), in one pass over the corpus (plus one for the bits); prints the frontier (bytes per
     vector, --metric, retention against the raw vectors stored as float32, the paired 95% interval) and
-    chooses the best setting within --max-bytes. The raw vectors and plain centring are candidates too.
+    chooses within --max-bytes. The raw vectors and plain centring are candidates too.
+
+    The choice (--select maxt) is the reference (raw vectors; within a budget, in the most faithful storage
+    that fits) unless a setting beats it beyond the noise of all the settings compared; with it comes a
+    --folds cross-validated forecast of what the choice and the reference score on unseen queries (pairs).
 
     With -o or --in-place the chosen setting (and storage) is saved so that `apply`, `export` and `eval`
     use it.
@@ -135,7 +157,13 @@ def tune(model_path, output_path, in_place, overwrite, quiet, as_json, **values)
     tolerance = values.pop("tolerance")
     metric = values["metric"] or ("spearman" if mode == "pairs" else "ndcg@10")
     values["metric"] = metric
-    grid = dict(grid_of(values, model.n_features), tolerance=tolerance, eps=values.pop("eps"))
+    grid = dict(
+        grid_of(values, model.n_features),
+        tolerance=tolerance,
+        eps=values.pop("eps"),
+        select=values.pop("select_rule"),
+        folds=values.pop("folds"),
+    )
     if mode == "pairs":
         chosen, summary = _pairs(model, values, grid, block_rows, quiet)
     else:
@@ -190,16 +218,25 @@ def _retrieval(model, values, grid, block_rows, quiet):
 def _lines(summary: dict, model, chosen, metric: str, tolerance: float, target) -> list[str]:
     best, raw = summary["best"], summary["raw"]
     name = metric.capitalize()
+    argmax = (summary.get("selection") or {}).get("rule") == "argmax"
     lines = [
         f"validation {summary['pairs']['n_pairs']:,} pairs of {model.n_features}-d vectors; "
         f"{len(summary['table'])} settings from the saved statistics of {model.n_rows:,} rows (no pass over the "
         "fitting data)",
         *table_lines(summary),
         f"raw        {fmt_scores(raw)}",
-        f"{'best' if not tolerance else 'chosen':<10} {fmt_scores(best)}   {fmt_setting(best)}  "
+        f"{'best' if argmax and not tolerance else 'chosen':<10} {fmt_scores(best)}   {fmt_setting(best)}  "
         f"({name} {best[metric] - raw[metric]:+.2f} vs raw"
-        + (f"; smallest k within {tolerance:g} of the top score)" if tolerance else ")"),
+        + (
+            ""
+            if not tolerance
+            else f"; smallest k within {tolerance:g} of the top score"
+            if argmax
+            else f"; smallest k surely within {tolerance:g} of raw"
+        )
+        + ")",
     ]
+    lines += selection_lines(summary.get("selection"), metric, "pairs")
     if summary["test"] is not None:
         test = summary["test"]
         lines.append(
@@ -283,6 +320,13 @@ def retrieval_lines(summary: dict, model, chosen, target) -> list[str]:
         + ":"
     )
     lines.append(_row_text(best, metric))
+    reference = (summary.get("selection") or {}).get("reference")
+    if reference:
+        lines.append(
+            f"reference  the raw vectors as {reference['storage']} at k={reference['k']}, "
+            f"{reference['bytes_per_vector']:,} bytes per vector: the most faithful raw storage within the budget"
+        )
+    lines += selection_lines(summary.get("selection"), metric, "queries")
     if best["vectors"] == "raw":
         lines.append(
             "           the raw vectors win: no whitening beats them (the rotation kept ranks exactly as they do)"

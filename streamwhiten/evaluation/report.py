@@ -627,6 +627,40 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
     return parts
 
 
+def _forecast_rows(selection: dict | None, metric: str) -> list[tuple[str, str]]:
+    """The rule a tuning chose by and its cross-validated forecast, as rows of the summary table."""
+    if not selection:
+        return []
+    rows = []
+    reference = selection.get("reference")
+    if reference:
+        rows.append(
+            ("reference", f"raw vectors as {reference['storage']} at k={reference['k']}, "
+             f"{reference['bytes_per_vector']:,} bytes per vector")
+        )  # fmt: skip
+    if selection["rule"] == "maxt":
+        rows.append(
+            ("rule", f"max-t: {selection['n_beating']} of {selection['n_compared']} settings beat the reference "
+             "beyond the noise of all compared" + ("; the reference is kept" if selection["kept_reference"] else ""))
+        )  # fmt: skip
+    else:
+        rows.append(("rule", "argmax: the best score of all (optimistic)"))
+    predicted = selection.get("forecast")
+    if predicted:
+
+        def text(entry: dict) -> str:
+            return f"{entry['score']:.2f}" + (
+                "" if entry["low"] is None else f" [{entry['low']:.2f}, {entry['high']:.2f}]"
+            )
+
+        rows.append(
+            (f"forecast {metric} on unseen queries",
+             f"chosen {text(predicted['chosen'])}, reference {text(predicted['reference'])} "
+             f"({predicted['folds']}-fold cross-validation of the rule; 95% intervals)")
+        )  # fmt: skip
+    return rows
+
+
 def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]:
     """The section on retrieval: the choice tune made, its figure and the frontier it was tuned on."""
     parts: list[str] = []
@@ -645,6 +679,7 @@ def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[s
             f"{setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: "
             f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector",
         ),
+        *_forecast_rows(record.get("selection"), metric),
     ]
     head = "".join(
         f"<th>{h}</th>"

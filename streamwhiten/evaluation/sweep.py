@@ -43,6 +43,8 @@ from ..options import RetrievalOptions
 from ..params import check
 from .retrieval import (
     BOOTSTRAP_LEVEL,
+    BOOTSTRAP_SAMPLES,
+    BOOTSTRAP_SEED,
     DEPTH,
     METRICS,
     RetrievalTask,
@@ -55,7 +57,8 @@ from .retrieval import (
     retrieval_options,
 )
 from .search import Reranking, SearchJob, SearchPass, corpus_blocks, search
-from .tune import decompose, describe_stored, make_grid
+from .select import FOLDS, RULES, forecast, select
+from .tune import KChoice, decompose, describe_stored, make_grid
 
 #: The storages swept by default (``binary+rescore``: bits whose top ``rescore`` are re-ranked).
 STORAGES = ("float32", "float16", "int8", "binary", "binary+rescore")
@@ -101,7 +104,14 @@ class SweepGrid:
     max_bytes : int, optional
         The budget of bytes per corpus vector (None: none).
     tolerance : float
-        Choose the fewest bytes within this many points (x100) of the best within the budget.
+        Choose the fewest bytes surely within this many points (x100) of the reference (``argmax``: of the best)
+        within the budget.
+    select : str
+        The selection rule, one of :data:`~streamwhiten.evaluation.select.RULES`: ``maxt`` (default) keeps
+        the reference unless a setting beats it beyond the noise of all the settings compared; ``argmax``
+        takes the best score (optimistic: the winner's curse).
+    folds : int
+        Folds of the queries for the cross-validated forecast of the choice.
     """
 
     betas: tuple[float, ...] | None = None
@@ -116,6 +126,8 @@ class SweepGrid:
     metric: str = DEFAULT_METRIC
     max_bytes: int | None = params.default("max_bytes")
     tolerance: float = 0.0
+    select: str = "maxt"
+    folds: int = FOLDS
 
     def __post_init__(self):
         for name in ("betas", "gammas", "ks", "variances", "dtypes"):
@@ -131,6 +143,10 @@ class SweepGrid:
         if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
             raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
         object.__setattr__(self, "tolerance", float(tolerance))
+        if self.select not in RULES:
+            raise BadInputError(f"--select must be one of {', '.join(RULES)}, got {self.select!r}")
+        if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
+            raise BadInputError(f"--folds must be an integer of at least 2, got {self.folds!r}")
         for name, values in (("beta", self.betas), ("gamma", self.gammas), ("n_components", self.ks)):
             for value in values or ():
                 check(name, value)
@@ -167,15 +183,17 @@ def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str =
     return out
 
 
-def retrieval_grid(model: WhiteningModel, betas=None, gammas=None, ks=None, variances=None, eps=None):
+def retrieval_grid(model: WhiteningModel, betas=None, gammas=None, ks=None, variances=None, eps=None, raw_ks=()):
     """``(candidates, bases)``: the maps of the grid (as ``tune``'s, each ``(beta, gamma, k)`` once) with
-    the raw and centring maps added, and the model re-finalized at each beta (its eigendecomposition)."""
+    the raw and centring maps added, and the model re-finalized at each beta (its eigendecomposition).
+    ``raw_ks``: the raw rotation truncated to these k is added too (the reference of a small budget)."""
     d = model.n_features
     betas, gammas, choices = make_grid(d, betas, gammas, ks, variances)
     wanted = [(beta, gamma, choice) for beta in betas for gamma in gammas for choice in choices]
     bases: dict = {}
     out: dict = {}
-    for beta, gamma, choice in wanted + [(0.0, 0.0, None), (1.0, 0.0, None)]:
+    added = [(0.0, 0.0, None), (1.0, 0.0, None)] + [(0.0, 0.0, KChoice(n_components=int(k))) for k in raw_ks]
+    for beta, gamma, choice in wanted + added:
         if beta not in bases:
             bases[beta] = decompose(model, beta, eps)
         k = d if choice is None else choice.resolve(bases[beta].eigvals)
@@ -405,6 +423,97 @@ def choose_within(table: list, metric: str, max_bytes: int | None = None, tolera
     return table[best]
 
 
+def reference_k(n_features: int, max_bytes: int | None) -> int | None:
+    """The k of the raw rotation's sign bits that fill ``max_bytes`` when all ``d`` bits do not fit, else None."""
+    if max_bytes is None or max_bytes >= -(-n_features // 8):
+        return None
+    return max(1, min(n_features, 8 * int(max_bytes)))
+
+
+def reference_index(table: list, n_features: int, max_bytes: int | None = None) -> int:
+    """The row of the reference within ``max_bytes``: the raw vectors (the rotation ``y = x U``, beta = gamma
+    = 0, no re-ranking) with all ``d`` components in the storage with the most bytes that fits (float32,
+    then float16, int8, sign bits); when not even ``d`` bits fit, the rotation truncated, most bytes first."""
+    raw = [
+        i
+        for i, row in enumerate(table)
+        if row["beta"] == 0
+        and row["gamma"] == 0
+        and not row["rescore"]
+        and (max_bytes is None or row["bytes_per_vector"] <= max_bytes)
+    ]
+    if not raw:
+        raise BadInputError(
+            f"no raw setting (beta=0, gamma=0) stores a vector in {max_bytes} bytes or fewer to be the reference: "
+            "sweep binary (--dtypes) or raise --max-bytes"
+        )
+    return min(raw, key=lambda i: (table[i]["k"] != n_features, -table[i]["bytes_per_vector"], -table[i]["k"], i))
+
+
+def _within(table: list, max_bytes: int | None) -> list[int]:
+    eligible = [i for i, row in enumerate(table) if max_bytes is None or row["bytes_per_vector"] <= max_bytes]
+    if not eligible:
+        smallest = min(table, key=lambda row: row["bytes_per_vector"])
+        raise BadInputError(
+            f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
+            f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise --max-bytes "
+            "or add smaller k to --ks"
+        )
+    return eligible
+
+
+def choose_generalising(
+    table: list,
+    per_query: np.ndarray,
+    metric: str,
+    n_features: int,
+    *,
+    max_bytes: int | None = None,
+    tolerance: float = 0.0,
+    rule: str = "maxt",
+    folds: int = FOLDS,
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[int, dict]:
+    """``(row, record)``: the row chosen by ``rule`` among those within ``max_bytes`` against the
+    reference's (:func:`reference_index`), from the per-query scores (rows of ``per_query``, one per row of
+    ``table``), and the record of the choice: the reference, how many settings beat it, and the
+    cross-validated forecast of both on queries not chosen on (see :mod:`.select`)."""
+    eligible = _within(table, max_bytes)
+    reference = reference_index(table, n_features, max_bytes)
+    others = [i for i in eligible if i != reference]
+    per_query = np.asarray(per_query, dtype=np.float64)
+    given = dict(
+        rule=rule,
+        cost=[table[i]["bytes_per_vector"] for i in others],
+        reference_cost=table[reference]["bytes_per_vector"],
+        tolerance=tolerance,
+        samples=samples,
+        seed=seed,
+    )
+    picked = select(per_query[others], per_query[reference], **given)
+    index = reference if picked.index is None else others[picked.index]
+    if rule == "argmax":  # the old choice exactly (ties to fewer bytes, the tolerance from the best)
+        metric_rows = [table[i] for i in eligible]
+        index = eligible[metric_rows.index(choose_within(metric_rows, metric, None, tolerance))]
+    n_queries = per_query.shape[1]
+    predicted = None
+    if n_queries >= 2 * folds:
+        predicted = forecast(per_query[others], per_query[reference], folds=folds, **given)
+    ref = table[reference]
+    record = {
+        "rule": rule,
+        "reference": {key: ref[key] for key in ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector")},
+        "kept_reference": index == reference,
+        "n_compared": len(others),
+        "n_beating": picked.n_beating if rule == "maxt" else None,
+        "critical": None if rule == "argmax" else picked.critical,
+        "bound": None if index == reference or rule == "argmax" else float(picked.bound[others.index(index)]),
+        "forecast": predicted,
+    }
+    return index, record
+
+
 @dataclass
 class RetrievalTuneResult:
     """The scored sweep: ``table`` (every setting and storage), the raw float32 reference (``raw``), the
@@ -421,6 +530,8 @@ class RetrievalTuneResult:
     bootstrap: dict
     bases: dict = field(repr=False)
     storages: dict = field(repr=False)
+    selection: dict | None = None
+    per_query: np.ndarray | None = field(default=None, repr=False)
 
     def model_for(self, row: dict) -> WhiteningModel:
         """The model of one row: the map at its setting (sharing its beta's eigendecomposition) and the
@@ -443,6 +554,7 @@ class RetrievalTuneResult:
             frontier=self.frontier,
             table=self.table,
             bootstrap=self.bootstrap,
+            selection=self.selection,
         )
 
 
@@ -455,6 +567,7 @@ def sweep(
     grid: SweepGrid | None = None,
     options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
+    budgets=None,
 ) -> RetrievalTuneResult:
     """Score every setting of the grid in every storage of ``grid.dtypes`` on the retrieval task, and choose.
 
@@ -470,13 +583,22 @@ def sweep(
         The exclude file, id columns, bootstrap, blocks and threads, as an evaluation takes them.
     progress : callable, optional
         ``progress(rows_done, n_rows)`` over all the passes.
+    budgets : sequence of int or None, optional
+        Byte budgets whose references must be in the grid (default: ``grid.max_bytes``'s), for a caller that
+        chooses under several budgets from one sweep (the table's rows and ``per_query``).
     """
     grid = SweepGrid() if grid is None else grid
     if not isinstance(grid, SweepGrid):
         raise BadInputError(f"grid must be a SweepGrid, got {type(grid).__name__}")
     options = retrieval_options(options)
     storages = grid.storages()
-    candidates, bases = retrieval_grid(model, grid.betas, grid.gammas, grid.ks, grid.variances, grid.eps)
+    wanted = [grid.max_bytes] if budgets is None else list(budgets)
+    raw_ks = [k for k in (reference_k(model.n_features, budget) for budget in wanted) if k is not None]
+    if not any(storage.dtype == "binary" and not storage.rescore for storage in storages):
+        raw_ks = []  # a truncated rotation's bits are the reference of a small budget only when bits are swept
+    candidates, bases = retrieval_grid(
+        model, grid.betas, grid.gammas, grid.ks, grid.variances, grid.eps, raw_ks=tuple(dict.fromkeys(raw_ks))
+    )
     metric, bootstrap, seed = grid.metric, options.bootstrap, options.seed
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         reference, rows = sweep_rows(
@@ -519,7 +641,20 @@ def sweep(
             low=low,
             high=high,
         )
-    best = choose_within(table, metric, grid.max_bytes, grid.tolerance)
+    each_query = np.stack(each)
+    index, selection = choose_generalising(
+        table,
+        each_query,
+        metric,
+        model.n_features,
+        max_bytes=grid.max_bytes,
+        tolerance=grid.tolerance,
+        rule=grid.select,
+        folds=grid.folds,
+        samples=bootstrap or BOOTSTRAP_SAMPLES,
+        seed=seed,
+    )
+    best = table[index]
     return RetrievalTuneResult(
         table,
         best,
@@ -532,6 +667,8 @@ def sweep(
         bootstrap_record(options),
         bases,
         {storage.label: storage for storage in storages},
+        selection,
+        each_query,
     )
 
 
@@ -584,6 +721,7 @@ def tune_retrieval(
             "raw": {key: result.raw[key] for key in (*METRICS, "bytes_per_vector")},
             "chosen": {key: best[key] for key in (*METRICS, "retention", "difference", "low", "high")},
         },
+        "selection": result.selection,
         "frontier": [{key: row[key] for key in keep} for row in result.frontier],
         "grid_size": len(result.table),
     }
@@ -602,7 +740,10 @@ __all__ = [
     "RetrievalTuneResult",
     "SweepGrid",
     "bootstrap_differences",
+    "choose_generalising",
     "choose_within",
+    "reference_index",
+    "reference_k",
     "frontier",
     "retrieval_grid",
     "storages_of",

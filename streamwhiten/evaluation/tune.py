@@ -22,6 +22,8 @@ import numpy as np
 from ..core.model import WhiteningModel, check_params, components_for_variance
 from ..errors import BadInputError
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
+from .select import FOLDS, RULES, forecast, spearman_units
+from .select import select as pick
 
 DEFAULT_BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -100,6 +102,9 @@ class TuneResult:
     pairs: dict
     bases: dict = field(repr=False)
     tolerance: float = 0.0
+    selection: dict | None = None
+    per_pair: np.ndarray | None = field(default=None, repr=False)
+    cosines: np.ndarray | None = field(default=None, repr=False)
 
     def model_for(self, row: dict) -> WhiteningModel:
         """The model of one table row (shares its beta's eigendecomposition)."""
@@ -119,6 +124,7 @@ class TuneResult:
             "best": self.best,
             "table": self.table,
             "pairs": self.pairs,
+            "selection": self.selection,
         }
 
 
@@ -134,12 +140,22 @@ def grid_search(
     eps: float | None = None,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    select: str = "maxt",
+    folds: int = FOLDS,
+    samples: int = 1000,
+    seed: int = 0,
 ) -> TuneResult:
-    """Score every (beta, gamma, k) of the grid on ``pairs`` and choose the best by ``metric``.
+    """Score every (beta, gamma, k) of the grid on ``pairs`` and choose one by ``metric``.
 
-    The best row has the highest score; with ``tolerance`` > 0 (score points x100), the smallest k whose
-    score is within ``tolerance`` of the highest is chosen instead. Ties go to the smaller k, then to
-    the earlier row. Only the saved statistics of ``model`` are used, never the fitting data.
+    ``select="maxt"`` (default): the raw vectors (the rotation beta = gamma = 0, k = d, whose cosines are
+    the raw ones) unless a setting beats them beyond the noise of all the settings compared, judged by the
+    paired bootstrap of the pairs (``samples`` resamples, ``seed``) on the per-pair terms of the
+    correlation (:func:`~streamwhiten.evaluation.select.spearman_units`); with ``tolerance`` > 0 the
+    smallest k surely within ``tolerance`` points of raw. The choice is forecast by ``folds``-fold
+    cross-validation over the pairs (see :mod:`.select`). ``select="argmax"``: the highest score (with
+    ``tolerance`` > 0, the smallest k within ``tolerance`` of it; ties to the smaller k, then the earlier
+    row), optimistic by the winner's curse. Only the saved statistics of ``model`` are used, never the
+    fitting data.
     """
     if metric not in METRICS:
         raise BadInputError(f"metric must be one of {METRICS}, got {metric!r}")
@@ -147,6 +163,8 @@ def grid_search(
         raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
     if eps is not None:
         check_params(eps=eps)
+    if select not in RULES:
+        raise BadInputError(f"select must be one of {', '.join(RULES)}, got {select!r}")
     pairs.check_width(model.n_features)
     d = model.n_features
     betas, gammas, choices = make_grid(d, betas, gammas, ks, variances)
@@ -188,8 +206,54 @@ def grid_search(
     table = [
         dict(setting, **correlations(values, pairs.scores)) for setting, values in zip(settings, cosines, strict=True)
     ]
-    best = choose(table, metric, tolerance)
-    return TuneResult(table, best, correlations(raw, pairs.scores), metric, pairs.describe(), bases, float(tolerance))
+    raw_scores = correlations(raw, pairs.scores)
+    units, _ = spearman_units(np.vstack([cosines, raw]), pairs.scores, ranks=metric == "spearman")
+    if select == "argmax":
+        best = choose(table, metric, tolerance)
+        reference = None
+    else:
+        reference = next(
+            (i for i, row in enumerate(table) if (row["beta"], row["gamma"], row["k"]) == (0.0, 0.0, d)), None
+        )
+        if reference is None:  # the raw vectors' row: the rotation, whose cosines are the raw ones
+            bases.setdefault(0.0, decompose(model, 0.0, eps))
+            table.append(dict(beta=0.0, gamma=0.0, k=d, k_label=str(d), variance=None, **raw_scores))
+            units = np.vstack([units[:-1], units[-1:], units[-1:]])
+            cosines = np.vstack([cosines, raw[None]])
+            reference = len(table) - 1
+        best, selection = _choose_pairs(table, units[:-1], reference, d, tolerance, folds, samples, seed)
+    result = TuneResult(table, best, raw_scores, metric, pairs.describe(), bases, float(tolerance))
+    result.per_pair = units[:-1]
+    result.cosines = cosines
+    if select != "argmax":
+        result.selection = selection
+    else:
+        result.selection = {"rule": "argmax", "reference": None, "kept_reference": None, "forecast": None}
+    return result
+
+
+def _choose_pairs(table, units, reference, d, tolerance, folds, samples, seed) -> tuple[dict, dict]:
+    """The max-t choice among the rows of ``table`` against the raw row ``reference``, and its record."""
+    others = [i for i in range(len(table)) if i != reference]
+    given = dict(
+        cost=[table[i]["k"] for i in others], reference_cost=d, tolerance=tolerance, samples=samples, seed=seed
+    )
+    picked = pick(units[others], units[reference], **given)
+    index = reference if picked.index is None else others[picked.index]
+    predicted = None
+    if units.shape[1] >= 2 * folds:
+        predicted = forecast(units[others], units[reference], folds=folds, **given)
+    record = {
+        "rule": "maxt",
+        "reference": {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"},
+        "kept_reference": index == reference,
+        "n_compared": len(others),
+        "n_beating": picked.n_beating,
+        "critical": picked.critical,
+        "bound": None if index == reference else float(picked.bound[others.index(index)]),
+        "forecast": predicted,
+    }
+    return table[index], record
 
 
 def choose(table: list, metric: str = "spearman", tolerance: float = 0.0) -> dict:
@@ -234,6 +298,7 @@ def tune(
             "chosen": {key: result.best[key] for key in ("spearman", "pearson")},
         },
         "test": summary["test"],
+        "selection": result.selection,
         "grid_size": len(result.table),
     }
     chosen = replace(chosen, info=dict(chosen.info, tuned=record))
