@@ -95,6 +95,34 @@ def not_found(
     return name_not_found(label, asked, what, found, separator=":", option=option, other=other)
 
 
+def read_numeric_column(
+    path: str, schema: pa.Schema, inner: str | None, read_column: Callable[[str, str], Any]
+) -> tuple[np.ndarray, str]:
+    """The numeric column ``inner`` of the table at ``path`` (or its only numeric column), whole, and its
+    label: a 1-D array (gold scores, ids) that Parquet and Lance files hold alike. ``read_column(name,
+    label)`` reads one column as the backend does (a ``pa.ChunkedArray``); a missing or non-numeric
+    column, or a null, is a one-line refusal."""
+    numeric = [
+        f.name
+        for f in schema
+        if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
+    ]
+    if inner is None or inner not in schema.names:
+        if inner is not None or len(numeric) != 1:
+            raise not_found(
+                path, None if inner is None else repr(inner), "numeric column", numeric, schema, option=False
+            )
+        inner = numeric[0]
+    label = f"{path}:{inner}"
+    if inner not in numeric:
+        raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
+    column = read_column(inner, label)
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise BadInputError(f"{label}: row {row:,} is null")
+    return column.to_numpy(), label
+
+
 def vector_type(label: str, field: pa.Field) -> tuple[np.dtype[Any], int | None]:
     """``(element dtype, width of a fixed_size_list or None)`` of a vector column, or a one-line refusal."""
     arrow_type = storage_type(field.type)
