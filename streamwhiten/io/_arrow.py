@@ -22,7 +22,7 @@ from ..errors import BadInputError, StoreIOError
 from ..options import ReadOptions
 from . import remote
 from ._messages import io_error, name_not_found
-from .abc.store import Sink, remove
+from ._store import StoreSink, remove
 
 #: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's
 #: attributes as JSON.
@@ -223,7 +223,7 @@ def _decode_schema(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-class TableSink(Sink):
+class TableSink(StoreSink):
     """A table output: the vectors as a ``fixed_size_list<float>[k]`` column (or int8 codes, or uint8 bytes
     of sign bits) after any columns kept from the input, written block by block as part files, joined
     into the final store at :meth:`commit`.

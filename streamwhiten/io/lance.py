@@ -46,7 +46,7 @@ from ._arrow import (
     vector_type,
 )
 from ._messages import first_line, io_error
-from .abc.store import OWNER_ATTR, Source
+from ._store import OWNER_ATTR, StoreSource
 from .codecs import Fetched
 
 
@@ -91,7 +91,7 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
     return None if OWNER_ATTR in read_attrs(schema.metadata) else "a Lance dataset streamwhiten did not write"
 
 
-class LanceSource(Source):
+class LanceSource(StoreSource):
     """The vectors of a list column of one version of a Lance dataset."""
 
     kind = "lance"

@@ -55,7 +55,7 @@ from ._arrow import (
     vector_type,
 )
 from ._messages import first_line, io_error
-from .abc.store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR, Source
+from ._store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR, StoreSource
 from .codecs import Fetched
 from .spec import parquet_files
 
@@ -180,7 +180,7 @@ class _Stream:
                 pass
 
 
-class ParquetSource(Source):
+class ParquetSource(StoreSource):
     """The vectors of a list column of one Parquet file."""
 
     kind = "parquet"

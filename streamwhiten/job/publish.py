@@ -423,8 +423,7 @@ def _remove(spec: str, read: ReadOptions, what: str) -> None:
     """Remove an output of ours (or a published model file); anything else there is left alone."""
     from .._npz import foreign_npz
     from ..core.model import FORMAT_NAME
-    from ..io import open_output, remote, split_spec
-    from ..io.abc.store import remove
+    from ..io import open_output, remote, remove, split_spec
 
     path = split_spec(spec)[0]
     if what == "model file":
@@ -486,7 +485,7 @@ def _abandon(job: JobFile, version: int, outputs: dict) -> None:
 def _remove_partial(output) -> None:
     """Remove the partial output of an apply that was cut short (and its progress record), when that output
     will not be written after all."""
-    from ..io.abc.store import remove
+    from ..io import remove
 
     for path in (output.partial, output.progress_path, output.partial + ".chunks"):
         remove(path)
