@@ -408,6 +408,46 @@ def test_package_inits_import_nothing_heavy():
     assert done.stdout.strip() == "[]", done.stdout
 
 
+def test_old_module_paths_warn_as_attributes_and_install_no_import_hook():
+    """The module paths of 0.2.0 (``streamwhiten.stats``, ``streamwhiten.io.durable``, ...) are the moved
+    modules themselves, reached as attributes with one ``DeprecationWarning`` naming the new path;
+    ``import streamwhiten`` puts nothing on ``sys.meta_path`` and loads no other module."""
+    code = (
+        "import sys, warnings\n"
+        "before = set(sys.modules), list(sys.meta_path)\n"
+        "import streamwhiten\n"
+        "print(sorted(set(sys.modules) - before[0]), sys.meta_path == before[1])\n"
+        "import streamwhiten.io, streamwhiten.core.stats, streamwhiten.core.model, streamwhiten._durable\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from streamwhiten import model\n"
+        "    found = (streamwhiten.stats, streamwhiten.stats, model, streamwhiten.io.durable)\n"
+        "print(found == (streamwhiten.core.stats, streamwhiten.core.stats, streamwhiten.core.model, "
+        "streamwhiten._durable))\n"
+        "print([(w.category.__name__, str(w.message)) for w in caught])\n"
+        "for name in ('streamwhiten.nothing', 'streamwhiten.io.nothing'):\n"
+        "    try:\n"
+        "        eval(name)\n"
+        "    except AttributeError as exc:\n"
+        "        print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "['streamwhiten'] True",
+        "True",
+        str(
+            [
+                ("DeprecationWarning", "streamwhiten.model moved to streamwhiten.core.model"),
+                ("DeprecationWarning", "streamwhiten.stats moved to streamwhiten.core.stats"),
+                ("DeprecationWarning", "streamwhiten.io.durable moved to streamwhiten._durable"),
+            ]
+        ),
+        "module 'streamwhiten' has no attribute 'nothing'",
+        "module 'streamwhiten.io' has no attribute 'nothing'",
+    ]
+
+
 def test_every_package_is_shipped_and_checked():
     """A wheel holds only the packages pyproject lists: every folder of the layout must be there; mypy's
     paths must exist and hold every module, and its strict sections must name packages that exist (a
