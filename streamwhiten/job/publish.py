@@ -120,9 +120,9 @@ def run_published(
         "seconds": time.perf_counter() - began,
     }
     if action == "nothing":
-        error = NothingToDoError(f"nothing to do: job {job.name} is up to date (published version {manifest.version})")
-        error.summary = report  # type: ignore[attr-defined]
-        raise error
+        raise NothingToDoError(
+            f"nothing to do: job {job.name} is up to date (published version {manifest.version})", report
+        )
     return report
 
 
