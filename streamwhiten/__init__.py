@@ -23,8 +23,6 @@ The public API (everything a user imports; documentation and examples import not
 and scikit-learn, the pipeline the storage libraries).
 """
 
-from . import _moved
-
 __version__ = "0.2.0"
 
 #: Where each public name is defined: (module, name there).
@@ -55,12 +53,12 @@ _PUBLIC = {
 
 __all__ = [*_PUBLIC, "__version__"]
 
-_moved.install()
-
 
 def __getattr__(name):
     if name not in _PUBLIC:
-        raise AttributeError(f"module 'streamwhiten' has no attribute {name!r}")
+        from ._moved import moved  # a module path of 0.2.0 (streamwhiten.stats, ...), with a warning
+
+        return moved(__name__, name)
     import importlib
 
     module, attribute = _PUBLIC[name]

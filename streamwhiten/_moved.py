@@ -1,18 +1,18 @@
-"""Old module paths, still importable with a ``DeprecationWarning`` naming the new one.
+"""Old module paths of 0.2.0, still reachable as attributes with a ``DeprecationWarning`` naming the new one.
 
-Modules moved in 0.3 (``streamwhiten.stats`` is ``streamwhiten.core.stats``, ...). An import of an old
-path gives the module at its new one (the same object), and warns once. Three old paths cannot be kept:
-``streamwhiten.fit``, ``streamwhiten.apply`` and ``streamwhiten.evaluate`` are now the public
-functions of those names; importing them as modules says where the module went.
+Modules moved in 0.3 (``streamwhiten.stats`` is ``streamwhiten.core.stats``, ...). The packages' module
+``__getattr__`` asks :func:`moved` for a name they lack, so ``streamwhiten.stats`` and ``from streamwhiten
+import stats`` give the module at its new path (the same object) and warn once. Nothing is installed on
+``sys.meta_path``: a dotted import of an old path (``import streamwhiten.stats``, ``from
+streamwhiten.model import load_model``) is not found; import the new path. These names go in 0.4.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
 import sys
 import warnings
+from types import ModuleType
 
 #: Old module path -> new module path.
 MOVED = {
@@ -28,36 +28,14 @@ MOVED = {
     "streamwhiten.demo": "streamwhiten.cli.demo",
     "streamwhiten.io.durable": "streamwhiten._durable",
 }
-#: Old module paths whose names are now functions: where the module went.
-NOW_FUNCTIONS = {
-    "streamwhiten.fit": "streamwhiten.engine.fit",
-    "streamwhiten.apply": "streamwhiten.engine.apply",
-    "streamwhiten.evaluate": "streamwhiten.evaluation.evaluate",
-}
 
 
-class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds the old paths of moved modules, and loads each as the module at its new path."""
-
-    def find_spec(self, fullname, path=None, target=None):
-        if fullname in NOW_FUNCTIONS:
-            raise ModuleNotFoundError(
-                f"{fullname} is a function since streamwhiten 0.3; the module it was is {NOW_FUNCTIONS[fullname]}",
-                name=fullname,
-            )
-        if fullname in MOVED:
-            return importlib.util.spec_from_loader(fullname, self)
-        return None
-
-    def create_module(self, spec):
-        warnings.warn(f"{spec.name} moved to {MOVED[spec.name]}", DeprecationWarning, stacklevel=3)
-        return importlib.import_module(MOVED[spec.name])
-
-    def exec_module(self, module):
-        pass  # the module at its new path is already loaded
-
-
-def install() -> None:
-    """Put the finder on ``sys.meta_path`` (once)."""
-    if not any(isinstance(finder, MovedModules) for finder in sys.meta_path):
-        sys.meta_path.append(MovedModules())
+def moved(package: str, name: str) -> ModuleType:
+    """The module that ``package.name`` was, with a ``DeprecationWarning``; AttributeError where it was none."""
+    old = f"{package}.{name}"
+    if old not in MOVED:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    warnings.warn(f"{old} moved to {MOVED[old]}", DeprecationWarning, stacklevel=3)
+    module = importlib.import_module(MOVED[old])
+    setattr(sys.modules[package], name, module)  # found at once from now on: it warns once
+    return module

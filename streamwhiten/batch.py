@@ -80,7 +80,7 @@ def _fit_job(
     from dataclasses import replace
 
     from . import pipeline
-    from .engine.engines import engine_for
+    from .engine.engines import Checkpoint, engine_for
     from .engine.fit import finalize_fit, merge_read
     from .options import EngineOptions, FitOptions, Setting
 
@@ -108,7 +108,7 @@ def _fit_job(
     inputs = pipeline._expanded(inputs, read)
     checkpoint = pipeline._prepare_model_path(inputs, model_path, params, options, read, update)
     planned = pipeline._plan(inputs, options, read, update, params, checkpoint, runner)
-    every = (checkpoint, checkpoint_every, checkpoint_seconds) if runner.checkpoints else None
+    every = Checkpoint(checkpoint, checkpoint_every, checkpoint_seconds) if runner.checkpoints else None
     result = runner.fit(planned.plan, progress=progress, should_stop=should_stop, checkpoint=every)
     model = finalize_fit(result, planned.params, planned.skipped_before)
     if runner.checkpoints:

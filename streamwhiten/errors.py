@@ -3,6 +3,8 @@
 Library code raises these; only the CLI (``streamwhiten.cli``) turns them into a one-line message and an exit code.
 """
 
+from typing import Any
+
 EXIT_OK = 0
 EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
@@ -80,9 +82,14 @@ class NotFittedError(StreamwhitenError, AttributeError):
 
 
 class NothingToDoError(StreamwhitenError):
-    """Everything is already up to date."""
+    """Everything is already up to date; ``summary`` is the report of a run that found so (``run``'s,
+    printed by ``run --json`` before exit 3), None where there is none."""
 
     exit_code = EXIT_NOTHING_TO_DO
+
+    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.summary = summary
 
 
 class LockedError(StreamwhitenError):

@@ -183,7 +183,7 @@ def fit(
         ``model_path`` already holds what this fit would write (without ``options.overwrite``), or an
         update found no new rows.
     """
-    from .engine.engines import Engine, engine_for
+    from .engine.engines import Checkpoint, Engine, engine_for
     from .engine.fit import finalize_fit
 
     began = time.perf_counter()
@@ -201,7 +201,7 @@ def fit(
         raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
     checkpoint = _prepare_model_path(inputs, model_path, params, options, read, update) if model_path else None
     planned = _plan(inputs, options, read, update, params, checkpoint, runner)
-    every = (checkpoint, options.checkpoint_every, options.checkpoint_seconds) if checkpoint else None
+    every = Checkpoint(checkpoint, options.checkpoint_every, options.checkpoint_seconds) if checkpoint else None
     result = runner.fit(
         planned.plan,
         progress=progress,

@@ -584,11 +584,13 @@ def test_serial_and_dask_reduce_the_same_blocks_of_mixed_sources_without_block_r
     rows, Zarr chunks of 512) and no block_rows, both engines cut every source at the same rows and
     reduce each block to the same bits; only the order of the final float64 merges differs."""
     import streamwhiten.engine.fit as fit_module
-    from streamwhiten.io import Source
+    from streamwhiten.io._store import StoreSource
 
-    natural = Source.default_block_rows
+    natural = StoreSource.default_block_rows
     # ~64 KiB blocks instead of ~64 MiB, so these small stores have several blocks, of different sizes
-    monkeypatch.setattr(Source, "default_block_rows", lambda self, target_bytes=64 << 10: natural(self, target_bytes))
+    monkeypatch.setattr(
+        StoreSource, "default_block_rows", lambda self, target_bytes=64 << 10: natural(self, target_bytes)
+    )
     with open_source(stores.h5) as h5, open_source(stores.zarr) as zr:
         assert (h5.default_block_rows(), zr.default_block_rows()) == (1000, 512)
 

@@ -192,3 +192,35 @@ def test_big_endian_stores_are_read_in_native_order(tmp_path, dtype, tolerance, 
     state = fit_sources(spec, block_rows=200).state  # big-endian float64 keeps float64 products
     reference = np.cov(rows.astype(dtype).astype(np.float64), rowvar=False, bias=True)
     np.testing.assert_allclose(state.scatter / state.n_rows, reference, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "lance"])
+def test_a_numeric_column_of_a_table_is_read_whole_and_refused_when_unusable(tmp_path, kind):
+    pa = pytest.importorskip("pyarrow")
+    scores = np.random.default_rng(0).normal(size=300)
+    table = pa.table(
+        {
+            "id": pa.array([f"r{i}" for i in range(300)]),
+            "score": pa.array(scores),
+            "hole": pa.array([1.0] * 150 + [None] + [2.0] * 149),
+        }
+    )
+    path = str(tmp_path / f"t.{kind}")
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path, row_group_size=64)
+    else:
+        lance = pytest.importorskip("lance")
+        lance.write_dataset(table, path, max_rows_per_file=100)
+    from streamwhiten.io import read_vector
+
+    values, label = read_vector(f"{path}:score")
+    assert label == f"{path}:score"
+    np.testing.assert_array_equal(values, scores)
+    with pytest.raises(BadInputError, match=r":id: holds string, not numbers"):
+        read_vector(f"{path}:id")
+    with pytest.raises(BadInputError, match=r":hole: row 150 is null"):
+        read_vector(f"{path}:hole")
+    with pytest.raises(BadInputError, match=r"no numeric column 'gold'.*score"):
+        read_vector(f"{path}:gold")

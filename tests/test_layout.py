@@ -255,6 +255,62 @@ def test_io_backends_never_import_each_other():
     assert not wrong, "\n".join(wrong)
 
 
+def test_the_storage_interface_is_only_an_interface():
+    """``io/abc/`` holds the interface alone, as zarr 3's ``zarr.abc.store`` does: abstract classes (or
+    protocols) with their capability attributes and properties, and small frozen dataclasses; no free
+    function, no module constant, and no import of the rest of io (backends, ``remote``, ``codecs``,
+    ``_store``) or of ``_durable`` when it loads (names used only in annotations, under
+    ``if TYPE_CHECKING:``, load nothing). What the backends share beneath it lives in ``io._store``."""
+    abc_modules = [module for module in MODULES if module.startswith("streamwhiten.io.abc")]
+    assert abc_modules
+    wrong = []
+    for module in abc_modules:
+        for target, line, _ in runtime_imports(module):
+            if target == "streamwhiten._durable" or (
+                target.startswith("streamwhiten.io") and not target.startswith("streamwhiten.io.abc")
+            ):
+                wrong.append(f"{where(module, line)}: the interface imports {target}")
+        tree = ast.parse(PATCHED_SOURCE.get(module, MODULES[module].read_text()))
+        for node in tree.body:
+            if isinstance(node, (ast.Import, ast.ImportFrom)) or _is_docstring(node) or _is_type_checking(node):
+                continue
+            if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]:
+                continue
+            if isinstance(node, ast.ClassDef) and (_is_abstract(node) or _is_frozen_dataclass(node)):
+                continue
+            what = f"class {node.name}" if isinstance(node, ast.ClassDef) else ast.unparse(node).split("\n")[0]
+            wrong.append(f"{where(module, node.lineno)}: {what} is not an abstract class or a frozen record")
+    assert not wrong, "\n".join(wrong)
+
+
+#: What a test of the rules substitutes for a module's text (the interface rule reads definitions).
+PATCHED_SOURCE: dict = {}
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _is_type_checking(node: ast.stmt) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def _is_abstract(node: ast.ClassDef) -> bool:
+    """An ``ABC`` or ``Protocol`` subclass (or one of another class of the interface)."""
+    return any(
+        ast.unparse(base).split(".")[-1].split("[")[0] in {"ABC", "Protocol", "Source", "Sink"} for base in node.bases
+    )
+
+
+def _is_frozen_dataclass(node: ast.ClassDef) -> bool:
+    return any(
+        isinstance(d, ast.Call)
+        and ast.unparse(d.func).endswith("dataclass")
+        and any(k.arg == "frozen" and ast.unparse(k.value) == "True" for k in d.keywords)
+        for d in node.decorator_list
+    )
+
+
 def runtime_imports(module: str) -> list[tuple[str, int, bool]]:
     """:func:`imports` of ``module`` but those under ``if TYPE_CHECKING:`` (read by type checkers only)."""
     tree = ast.parse(MODULES[module].read_text())
@@ -293,7 +349,7 @@ def find_cycle(edges: dict) -> list | None:
 
 
 def test_io_has_no_import_cycle():
-    """io/ is layered within too (``_messages`` < ``codecs`` < ``abc.store`` < ``fingerprint``, backends <
+    """io/ is layered within too (``abc.store`` < ``_messages`` < ``codecs`` < ``_store`` < ``fingerprint``, backends <
     ``reading``, ``output`` < the package's face): no module of io reaches itself through the imports of
     io, at load or inside a function. Decoding is apart from reading: ``codecs`` imports no store. (The
     backends themselves are loaded by name, by ``registry.Backend.load``, when a store of theirs is opened.)"""
@@ -352,6 +408,46 @@ def test_package_inits_import_nothing_heavy():
     assert done.stdout.strip() == "[]", done.stdout
 
 
+def test_old_module_paths_warn_as_attributes_and_install_no_import_hook():
+    """The module paths of 0.2.0 (``streamwhiten.stats``, ``streamwhiten.io.durable``, ...) are the moved
+    modules themselves, reached as attributes with one ``DeprecationWarning`` naming the new path;
+    ``import streamwhiten`` puts nothing on ``sys.meta_path`` and loads no other module."""
+    code = (
+        "import sys, warnings\n"
+        "before = set(sys.modules), list(sys.meta_path)\n"
+        "import streamwhiten\n"
+        "print(sorted(set(sys.modules) - before[0]), sys.meta_path == before[1])\n"
+        "import streamwhiten.io, streamwhiten.core.stats, streamwhiten.core.model, streamwhiten._durable\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    from streamwhiten import model\n"
+        "    found = (streamwhiten.stats, streamwhiten.stats, model, streamwhiten.io.durable)\n"
+        "print(found == (streamwhiten.core.stats, streamwhiten.core.stats, streamwhiten.core.model, "
+        "streamwhiten._durable))\n"
+        "print([(w.category.__name__, str(w.message)) for w in caught])\n"
+        "for name in ('streamwhiten.nothing', 'streamwhiten.io.nothing'):\n"
+        "    try:\n"
+        "        eval(name)\n"
+        "    except AttributeError as exc:\n"
+        "        print(exc)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "['streamwhiten'] True",
+        "True",
+        str(
+            [
+                ("DeprecationWarning", "streamwhiten.model moved to streamwhiten.core.model"),
+                ("DeprecationWarning", "streamwhiten.stats moved to streamwhiten.core.stats"),
+                ("DeprecationWarning", "streamwhiten.io.durable moved to streamwhiten._durable"),
+            ]
+        ),
+        "module 'streamwhiten' has no attribute 'nothing'",
+        "module 'streamwhiten.io' has no attribute 'nothing'",
+    ]
+
+
 def test_every_package_is_shipped_and_checked():
     """A wheel holds only the packages pyproject lists: every folder of the layout must be there; mypy's
     paths must exist and hold every module, and its strict sections must name packages that exist (a
@@ -402,7 +498,20 @@ def test_every_package_is_shipped_and_checked():
             "from .._kernels import center_and_sum",
             "test_every_import_of_the_package_resolves",
         ),
-        ("streamwhiten.io.codecs", "from .abc.store import Source", "test_io_has_no_import_cycle"),
+        ("streamwhiten.io.codecs", "from ._store import StoreSource", "test_io_has_no_import_cycle"),
+        ("streamwhiten.io.abc.store", "from .. import remote", "test_the_storage_interface_is_only_an_interface"),
+        (
+            "streamwhiten.io.abc.store",
+            "from ..codecs import Fetched",
+            "test_the_storage_interface_is_only_an_interface",
+        ),
+        ("streamwhiten.io.abc.store", "from ... import _durable", "test_the_storage_interface_is_only_an_interface"),
+        (
+            "streamwhiten.io.abc.store",
+            "from ..hdf5 import HDF5Source",
+            "test_the_storage_interface_is_only_an_interface",
+        ),
+        ("streamwhiten.io.abc.store", "BLOCK_BYTES = 64 << 20", "test_the_storage_interface_is_only_an_interface"),
         ("streamwhiten.io.abc.store", "from ..output import open_output", "test_io_has_no_import_cycle"),
         ("streamwhiten.io.spec", "from . import open_source", "test_io_has_no_import_cycle"),
         ("streamwhiten.records", "from .io import Source", "test_arrows_point_down"),
@@ -415,6 +524,7 @@ def test_the_rules_catch_a_forbidden_import(monkeypatch, module, statement, rule
     added = f"\n\ndef _added():\n    {statement}\n" if inside_a_function else f"\n{statement}\n"
     monkeypatch.setitem(ALL_IMPORTS, module, imports(module, MODULES[module].read_text() + added))
     monkeypatch.setitem(PATCHED, module, imports(module, MODULES[module].read_text() + added))
+    monkeypatch.setitem(PATCHED_SOURCE, module, MODULES[module].read_text() + added)
     if inside_a_function and rule == "test_optional_extras_are_imported_where_they_are_used":
         globals()[rule]()
         return

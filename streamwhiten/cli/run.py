@@ -93,7 +93,7 @@ def run(job_file, log_file, restart, republish, quiet, as_json, **values):
         with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
             summary = run_job(job, progress, should_stop, restart, republish)
     except NothingToDoError as exc:
-        if as_json and getattr(exc, "summary", None) is not None:
+        if as_json and exc.summary is not None:
             emit(True, exc.summary, [])  # the report for cron, then exit 3
         raise
     emit(as_json, summary, _lines(summary))

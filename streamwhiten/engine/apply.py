@@ -259,18 +259,6 @@ def output_attrs(
     return attrs
 
 
-def check_keep_columns(keep_columns: str | Iterable[str] | None) -> list[str]:
-    """The names of ``keep_columns`` (a list, or one comma-separated string), each once."""
-    if keep_columns is None:
-        return []
-    names = keep_columns.split(",") if isinstance(keep_columns, str) else list(keep_columns)
-    names = [str(name).strip() for name in names if str(name).strip()]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:
-        raise BadInputError(f"--keep-columns names {repeated[0]!r} twice")
-    return names
-
-
 def aligned_block_rows(block_rows: int | None, source: Source, sink_chunk_rows: int) -> int:
     """Rows per block rounded to whole output chunks, so no output chunk is written by two blocks."""
     rows_per_block = block_rows or source.default_block_rows()

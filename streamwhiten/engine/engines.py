@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BadInputError
@@ -28,8 +29,16 @@ if TYPE_CHECKING:
 Progress = Callable[[int, int], None] | None
 #: ``should_stop()``: true once a signal asked the work to stop at its next safe point
 ShouldStop = Callable[[], bool] | None
-#: ``(path, every_blocks, every_seconds)`` of a checkpointed fit
-Checkpoint = tuple[str, int | None, float | None]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a checkpointed fit saves its state, and how often: every ``every_blocks`` blocks or
+    ``every_seconds`` seconds, whichever comes first (None: not by that measure)."""
+
+    path: str
+    every_blocks: int | None = None
+    every_seconds: float | None = None
 
 
 class Engine(ABC):
@@ -56,7 +65,7 @@ class Engine(ABC):
     ) -> FitResult:
         """Fold every remaining block of ``plan`` (a ``FitPlan``); returns its ``FitResult``.
 
-        ``checkpoint`` is ``(path, every_blocks, every_seconds)`` for an engine that checkpoints, else None.
+        ``checkpoint`` says where and how often an engine that checkpoints saves the fit, else None.
         """
 
     @abstractmethod
@@ -111,8 +120,15 @@ class SerialEngine(Engine):
     ) -> FitResult:
         from .fit import run_plan
 
-        path, every, seconds = checkpoint if checkpoint is not None else (None, None, None)
-        return run_plan(plan, progress, path, every, seconds, should_stop, self.threads).result()
+        return run_plan(
+            plan,
+            progress,
+            checkpoint_path=None if checkpoint is None else checkpoint.path,
+            checkpoint_blocks=None if checkpoint is None else checkpoint.every_blocks,
+            checkpoint_seconds=None if checkpoint is None else checkpoint.every_seconds,
+            should_stop=should_stop,
+            threads=self.threads,
+        ).result()
 
     def apply(
         self,

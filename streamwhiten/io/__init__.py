@@ -3,7 +3,9 @@
 The layout, as zarr 3 cuts it:
 
 - ``abc.store``: the interface, :class:`Source` and :class:`Sink`, with their capability attributes
-  (what a backend can do is asked of them, never of its kind's name); no storage library;
+  (what a backend can do is asked of them, never of its kind's name); no storage library, no helper;
+  ``_store``: what every backend shares beneath it (``StoreSource``, ``StoreSink``: retries, decoding,
+  durable commits) and the helpers around stores (array checks, chunk sizing, removal, temporary names);
 - ``hdf5``, ``zarr``, ``npy``, ``parquet``, ``lance``: the backends, each the only importer of its library
   (pyarrow and pylance are optional extras; ``_arrow`` holds what the last two share, ``direct`` what
   makes writes fast), registered once each in ``registry`` and imported only when a store of its kind
@@ -23,20 +25,22 @@ safe. The names here are what the rest of the package uses.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from . import remote, text
-from .abc.store import (
+from ._store import (
     DEFAULT_BLOCK_BYTES,
     FINGERPRINT_ROWS,
     OUTPUT_CHUNK_BYTES,
     OWNER_ATTR,
-    Sink,
-    Source,
     aligned_chunk_rows,
     count_blocks,
     identity_of,
     output_chunk_rows,
     partial_path,
+    remove,
 )
+from .abc.store import Sink, Source
 from .fingerprint import Sampler, describe, fingerprint
 from .lazy import LazyRows, lazy_rows
 from .output import (
@@ -103,7 +107,15 @@ __all__ = [
     "refuse_input_overlap",
     "refuse_shared_outputs",
     "remote",
+    "remove",
     "same_file",
     "split_spec",
     "text",
 ]
+
+if not TYPE_CHECKING:  # hidden from mypy, which would take every unknown name of io for this
+
+    def __getattr__(name: str) -> object:
+        from .._moved import moved  # streamwhiten.io.durable of 0.2.0, with a warning
+
+        return moved(__name__, name)

@@ -22,7 +22,7 @@ from ..errors import BadInputError, StoreIOError
 from ..options import ReadOptions
 from . import remote
 from ._messages import io_error, name_not_found
-from .abc.store import Sink, remove
+from ._store import StoreSink, remove
 
 #: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's
 #: attributes as JSON.
@@ -93,6 +93,34 @@ def not_found(
     rest = [field for field in schema if field.name not in found]
     other = f"; other columns: {', '.join(f'{f.name} ({f.type})' for f in rest)}" if rest else ""
     return name_not_found(label, asked, what, found, separator=":", option=option, other=other)
+
+
+def read_numeric_column(
+    path: str, schema: pa.Schema, inner: str | None, read_column: Callable[[str, str], Any]
+) -> tuple[np.ndarray, str]:
+    """The numeric column ``inner`` of the table at ``path`` (or its only numeric column), whole, and its
+    label: a 1-D array (gold scores, ids) that Parquet and Lance files hold alike. ``read_column(name,
+    label)`` reads one column as the backend does (a ``pa.ChunkedArray``); a missing or non-numeric
+    column, or a null, is a one-line refusal."""
+    numeric = [
+        f.name
+        for f in schema
+        if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
+    ]
+    if inner is None or inner not in schema.names:
+        if inner is not None or len(numeric) != 1:
+            raise not_found(
+                path, None if inner is None else repr(inner), "numeric column", numeric, schema, option=False
+            )
+        inner = numeric[0]
+    label = f"{path}:{inner}"
+    if inner not in numeric:
+        raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
+    column = read_column(inner, label)
+    if column.null_count:
+        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+        raise BadInputError(f"{label}: row {row:,} is null")
+    return column.to_numpy(), label
 
 
 def vector_type(label: str, field: pa.Field) -> tuple[np.dtype[Any], int | None]:
@@ -195,7 +223,7 @@ def _decode_schema(text: str) -> pa.Schema:
     return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
 
 
-class TableSink(Sink):
+class TableSink(StoreSink):
     """A table output: the vectors as a ``fixed_size_list<float>[k]`` column (or int8 codes, or uint8 bytes
     of sign bits) after any columns kept from the input, written block by block as part files, joined
     into the final store at :meth:`commit`.

@@ -36,7 +36,7 @@ from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreI
 from ..options import ReadOptions
 from . import remote
 from ._messages import FILL_HINT, first_line, io_error, name_not_found
-from .abc.store import OWNER_ATTR, Sink, Source
+from ._store import OWNER_ATTR, StoreSink, StoreSource
 from .codecs import (
     H5Z_BLOSC,
     H5Z_ZSTD,
@@ -105,7 +105,7 @@ def _open_error(path: str, exc: OSError) -> StoreIOError | BadInputError:
     return BadInputError(f"{remote.redact(path)}: cannot open as HDF5 ({remote.scrub(first_line(exc))})")
 
 
-class HDF5Source(Source):
+class HDF5Source(StoreSource):
     """A 2-D dataset of an HDF5 file (local, or read through an fsspec file object)."""
 
     kind = "hdf5"
@@ -340,7 +340,7 @@ def _chunk_offsets(array: Any, chunk_rows: int) -> list[int]:
     return offsets
 
 
-class HDF5Sink(Sink):
+class HDF5Sink(StoreSink):
     """An HDF5 output: chunk data written in place through :attr:`chunk_file` at :attr:`offsets`."""
 
     kind = "hdf5"
@@ -378,7 +378,7 @@ class HDF5Sink(Sink):
         direct_io: bool = True,
         compressor: str = "none",
         **_: Any,
-    ) -> Sink:
+    ) -> StoreSink:
         """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
         With a ``compressor``, an :class:`HDF5CompressedSink` instead."""
         if check_compressor(compressor) != "none":
@@ -407,7 +407,7 @@ class HDF5Sink(Sink):
     @classmethod
     def resume(
         cls, path: str, dataset: str | None, partial: str, direct_io: bool = True, rows_done: int = 0, **_: Any
-    ) -> Sink:
+    ) -> StoreSink:
         """Reopen the partial output of an interrupted run (read-only, to find its layout), of which
         ``rows_done`` rows are durable."""
         dataset = dataset or cls.default_dataset
@@ -481,7 +481,7 @@ def _filters(compressor: str, dtype: Any, chunk_bytes: int) -> dict[str, Any]:
     return {"compression": H5Z_BLOSC, "compression_opts": (2, 2, np.dtype(dtype).itemsize, chunk_bytes, 5, 1, 1)}
 
 
-class HDF5CompressedSink(Sink):
+class HDF5CompressedSink(StoreSink):
     """An HDF5 output whose chunks are compressed here (``--compressor``), in the writer thread.
 
     Compressed chunks have sizes known only once written, so they cannot go in place into a file laid

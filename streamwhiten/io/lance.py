@@ -40,13 +40,13 @@ from ._arrow import (
     choose_column,
     copy_vectors,
     kept_columns,
-    not_found,
     read_attrs,
+    read_numeric_column,
     vector_length,
     vector_type,
 )
 from ._messages import first_line, io_error
-from .abc.store import OWNER_ATTR, Source
+from ._store import OWNER_ATTR, StoreSource
 from .codecs import Fetched
 
 
@@ -91,7 +91,7 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
     return None if OWNER_ATTR in read_attrs(schema.metadata) else "a Lance dataset streamwhiten did not write"
 
 
-class LanceSource(Source):
+class LanceSource(StoreSource):
     """The vectors of a list column of one version of a Lance dataset."""
 
     kind = "lance"
@@ -222,29 +222,14 @@ class LanceSource(Source):
 def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` (or the dataset's only numeric column), whole, and its label."""
     handle = _open(path, read)
-    schema = handle.schema
-    numeric = [
-        f.name
-        for f in schema
-        if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
-    ]
-    if inner is None or inner not in schema.names:
-        if inner is not None or len(numeric) != 1:
-            raise not_found(
-                path, None if inner is None else repr(inner), "numeric column", numeric, schema, option=False
-            )
-        inner = numeric[0]
-    label = f"{path}:{inner}"
-    if inner not in numeric:
-        raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
-    try:
-        column = handle.to_table(columns=[inner]).column(0)
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise _lance_error(label, "the column", exc) from exc
-    if column.null_count:
-        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-        raise BadInputError(f"{label}: row {row:,} is null")
-    return column.to_numpy(), label
+
+    def read_column(name: str, label: str) -> pa.ChunkedArray:
+        try:
+            return handle.to_table(columns=[name]).column(0)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise _lance_error(label, "the column", exc) from exc
+
+    return read_numeric_column(path, handle.schema, inner, read_column)
 
 
 # ----------------------------------------------------------------------------------------------- sink

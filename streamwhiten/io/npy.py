@@ -16,7 +16,7 @@ from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..options import ReadOptions
 from . import remote
 from ._messages import io_error
-from .abc.store import Source
+from ._store import StoreSource
 from .codecs import Fetched
 
 #: Bytes per range request of a remote block: a block of 64 MiB is fetched as 8 requests at once.
@@ -25,7 +25,7 @@ RANGE_BYTES = 8 << 20
 HEADER_BYTES = 1 << 16
 
 
-class NpySource(Source):
+class NpySource(StoreSource):
     """A local ``.npy`` file, memory-mapped (one named by URL is a :class:`RemoteNpySource`)."""
 
     kind = "npy"
@@ -143,7 +143,7 @@ class RemoteNpySource(NpySource):
         read = read if read is not None else ReadOptions()
         shape, dtype, self._offset, self._size = _header(path, read)
         self._version = remote.version(path, read=read)
-        Source.__init__(self, path, None, shape, dtype, None, read)
+        StoreSource.__init__(self, path, None, shape, dtype, None, read)
         self._stored = dtype  # byte order as stored; rows are converted into the native ``dtype``
 
     def fingerprint_extra(self) -> dict[str, Any]:

@@ -36,7 +36,8 @@ from ..options import ReadOptions
 from ..records import ResumeRecord
 from . import remote
 from ._messages import first_line, io_error
-from .abc.store import OWNER_ATTR, Sink, output_chunk_rows, partial_path, remove
+from ._store import OWNER_ATTR, output_chunk_rows, partial_path, remove
+from .abc.store import Sink
 from .codecs import COMPRESSORS
 from .reading import read_attrs
 from .registry import Backend, backend
@@ -67,7 +68,7 @@ def foreign_output(path: str, kind: str | None = None, read: ReadOptions | None 
     """None when the store at ``path`` is an output streamwhiten wrote, of ``kind`` (default: the kind
     its name asks for), which ``--overwrite`` may replace; else what it is instead ("a directory", "an
     HDF5 file holding a dataset streamwhiten did not write: /x", ...). Each backend recognises its own
-    outputs by the attributes every one of them records (:data:`~streamwhiten.io.abc.store.OWNER_ATTR`)."""
+    outputs by the attributes every one of them records (:data:`~streamwhiten.io.OWNER_ATTR`)."""
     path = remote.local_path(path)
     found_backend = backend(kind or output_kind(path))
     if not remote.is_url(path):

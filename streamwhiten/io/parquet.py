@@ -49,13 +49,13 @@ from ._arrow import (
     choose_column,
     copy_vectors,
     kept_columns,
-    not_found,
     read_attrs,
+    read_numeric_column,
     vector_length,
     vector_type,
 )
 from ._messages import first_line, io_error
-from .abc.store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR, Source
+from ._store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR, StoreSource
 from .codecs import Fetched
 from .spec import parquet_files
 
@@ -180,7 +180,7 @@ class _Stream:
                 pass
 
 
-class ParquetSource(Source):
+class ParquetSource(StoreSource):
     """The vectors of a list column of one Parquet file."""
 
     kind = "parquet"
@@ -503,28 +503,14 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
         schema = pq.read_schema(where)
     except (OSError, pa.ArrowException) as exc:
         raise _arrow_error(path, "the file", exc) from exc
-    numeric = [
-        f.name
-        for f in schema
-        if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
-    ]
-    if inner is None or inner not in schema.names:
-        if inner is not None or len(numeric) != 1:
-            raise not_found(
-                path, None if inner is None else repr(inner), "numeric column", numeric, schema, option=False
-            )
-        inner = numeric[0]
-    label = f"{path}:{inner}"
-    if inner not in numeric:
-        raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
-    try:
-        column = pq.read_table(_open_remote(path, read) if remote.is_url(path) else path, columns=[inner]).column(0)
-    except (OSError, pa.ArrowException) as exc:
-        raise _arrow_error(label, "the column", exc) from exc
-    if column.null_count:
-        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-        raise BadInputError(f"{label}: row {row:,} is null")
-    return column.to_numpy(), label
+
+    def read_column(name: str, label: str) -> pa.ChunkedArray:
+        try:
+            return pq.read_table(_open_remote(path, read) if remote.is_url(path) else path, columns=[name]).column(0)
+        except (OSError, pa.ArrowException) as exc:
+            raise _arrow_error(label, "the column", exc) from exc
+
+    return read_numeric_column(path, schema, inner, read_column)
 
 
 # ----------------------------------------------------------------------------------------------- sink

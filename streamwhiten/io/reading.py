@@ -19,7 +19,8 @@ from ..errors import BadInputError, StoreIOError, StreamwhitenError
 from ..options import ReadOptions
 from . import remote, text
 from ._messages import io_error
-from .abc.store import Source, check_array
+from ._store import check_array
+from .abc.store import Source
 from .registry import backend
 from .spec import input_kind, split_spec, zarr_store_above
 

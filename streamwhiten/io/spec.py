@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import BadInputError
 from ..options import ReadOptions
 from . import remote
-from .abc.store import partial_path as partial_path  # a sink's temporary name; callers take it from here
+from ._store import partial_path as partial_path  # a sink's temporary name; callers take it from here
 from .registry import BACKENDS, writable
 
 HDF5_SUFFIXES = BACKENDS["hdf5"].suffixes

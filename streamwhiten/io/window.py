@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadInputError
-from .abc.store import DEFAULT_BLOCK_BYTES, Source
+from ._store import DEFAULT_BLOCK_BYTES, StoreSource
+from .abc.store import Source
 from .codecs import Fetched
 
 
@@ -31,7 +32,7 @@ def check_rows(rows: Any, n_rows: int, label: str) -> tuple[int, int]:
     return start, stop
 
 
-class RowRange(Source):
+class RowRange(StoreSource):
     """Rows ``[start, stop)`` of ``base``; closing it closes ``base``."""
 
     def __init__(self, base: Source, start: int, stop: int) -> None:

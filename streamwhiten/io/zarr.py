@@ -40,7 +40,7 @@ from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreI
 from ..options import ReadOptions
 from . import remote
 from ._messages import first_line, io_error, name_not_found
-from .abc.store import OWNER_ATTR, Sink, Source
+from ._store import OWNER_ATTR, StoreSink, StoreSource
 from .codecs import (
     Fetched,
     check_compressor,
@@ -169,7 +169,7 @@ def _check_grid(node: Any, label: str) -> None:
             )
 
 
-class ZarrSource(Source):
+class ZarrSource(StoreSource):
     """An array of a Zarr store (v2 or v3; local, or through zarr's ``FsspecStore``)."""
 
     kind = "zarr"
@@ -483,7 +483,7 @@ def _only_chunks(url: str, read: ReadOptions) -> bool:
 _CHUNK_TAIL = re.compile(r"(^|/)(c/)?\d+([./]\d+)*$")
 
 
-class ZarrSink(Sink):
+class ZarrSink(StoreSink):
     """A Zarr output: chunks written as chunk files by us, raw or compressed here with ``compressor``
     (zarr writes the metadata, and any chunk a block covers only in part)."""
 

@@ -136,9 +136,9 @@ def run_published(
         "seconds": time.perf_counter() - began,
     }
     if action == "nothing":
-        error = NothingToDoError(f"nothing to do: job {job.name} is up to date (published version {manifest.version})")
-        error.summary = report  # type: ignore[attr-defined]
-        raise error
+        raise NothingToDoError(
+            f"nothing to do: job {job.name} is up to date (published version {manifest.version})", report
+        )
     return report
 
 
@@ -533,8 +533,7 @@ def _still_there(retired, job: JobFile) -> tuple:
 
 def _remove(spec: str, read: ReadOptions) -> None:
     """Remove an output (its ownership proven by the caller)."""
-    from ..io import remote, split_spec
-    from ..io.abc.store import remove
+    from ..io import remote, remove, split_spec
 
     path = split_spec(spec)[0]
     if remote.is_url(path):
@@ -631,7 +630,7 @@ def _abandon(job: JobFile, version: int, outputs: dict, job_id: str) -> None:
 def _remove_partial(output) -> None:
     """Remove the partial output of an apply that was cut short (and its progress record), when that output
     will not be written after all."""
-    from ..io.abc.store import remove
+    from ..io import remove
 
     for path in (output.partial, output.progress_path, output.partial + ".chunks"):
         remove(path)

@@ -70,9 +70,7 @@ def run_job(job: JobFile, progress=None, should_stop=None, restart: bool = False
         "seconds": time.perf_counter() - began,
     }
     if not steps:
-        error = NothingToDoError(f"nothing to do: job {job.name} is up to date")
-        error.summary = summary  # type: ignore[attr-defined]
-        raise error
+        raise NothingToDoError(f"nothing to do: job {job.name} is up to date", summary)
     return summary
 
 

@@ -127,7 +127,7 @@ def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
     """Complete a fit or update a killed run left in the job's checkpoint and save the model; True if it
     did. A checkpoint that does not belong to the current model (or whose sources changed) is discarded."""
     from ..core.model import load_model
-    from ..engine.engines import SerialEngine
+    from ..engine.engines import Checkpoint, SerialEngine
     from ..engine.fit import PassOptions, check_resumable, finalize_fit, load_checkpoint, remove_checkpoint
     from ..errors import ModelFileError
     from ..pipeline import effective_params, save_fitted
@@ -162,7 +162,7 @@ def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
         plan,
         progress=progress,
         should_stop=should_stop,
-        checkpoint=(checkpoint, fit.checkpoint_every, fit.checkpoint_seconds),
+        checkpoint=Checkpoint(checkpoint, fit.checkpoint_every, fit.checkpoint_seconds),
     )
     skipped = int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and plan.base_rows else 0
     model = finalize_fit(result, effective_params(job.setting.given(), previous), skipped)

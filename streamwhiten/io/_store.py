@@ -1,0 +1,371 @@
+"""What the backends share beneath the storage interface (``io.abc``): the implementation of
+:class:`~streamwhiten.io.abc.Source` and :class:`~streamwhiten.io.abc.Sink` that every backend
+subclasses (remote retries, decoding in the caller's thread, durable progress and commit), and the
+helpers around stores (array checks, memory sizing, removal, chunk sizing, identities, temporary names).
+
+The interface itself imports none of this: it says what a source and a sink are; this module says how
+the backends do the parts they all do alike.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from abc import abstractmethod
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from .. import _durable as durable
+from .._buffers import ALIGNMENT
+from .._paths import file_identity
+from ..errors import BadInputError, CorruptStoreError, StoreIOError
+from ..options import ReadOptions
+from ..records import ResumeRecord
+from . import remote
+from ._messages import io_error
+from .abc.store import Sink, Source
+from .codecs import DecodeError, Fetched, decode_rows
+
+#: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
+#: full speed, small enough that a couple of blocks in flight stay well inside memory.
+DEFAULT_BLOCK_BYTES = 64 << 20
+#: Target bytes of one chunk of an output array.
+OUTPUT_CHUNK_BYTES = 4 << 20
+#: Rows hashed at each sampled position of a fingerprint.
+FINGERPRINT_ROWS = 64
+#: The attribute every store output of streamwhiten carries (``Output.create`` sets it): how an existing
+#: store is recognised as an output of ours, which ``--overwrite`` may replace.
+OWNER_ATTR = "streamwhiten_version"
+
+
+def remove(path: str) -> None:
+    """Remove a file or a directory tree, if it exists."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+#: The dtypes of an output of codes (``apply --dtype int8``, ``binary``): not input, but opened for their
+#: attributes.
+CODE_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
+
+
+def check_array(label: str, shape: tuple[int, ...], dtype: Any, min_rows: int, codes: bool = False) -> None:
+    """Refuse anything but a 2-D float16/32/64 array with at least ``min_rows`` rows (with ``codes``,
+    int8 codes and uint8 bytes of sign bits too)."""
+    if len(shape) != 2:
+        raise BadInputError(f"{label}: expected a 2-D array (rows x features), got {len(shape)}-D shape {tuple(shape)}")
+    dtype = np.dtype(dtype)
+    if dtype in CODE_DTYPES and not codes:
+        raise BadInputError(
+            f"{label}: expected float16, float32 or float64 values, got dtype {dtype} (codes written by "
+            "apply --dtype int8 or binary: decode them with streamwhiten.serving.decode first)"
+        )
+    if (dtype.kind != "f" or dtype.itemsize not in (2, 4, 8)) and not (codes and dtype in CODE_DTYPES):
+        raise BadInputError(f"{label}: expected float16, float32 or float64 values, got dtype {dtype}")
+    if shape[1] < 1:
+        raise BadInputError(f"{label}: has no columns")
+    memory = _physical_memory()
+    if memory and shape[1] * shape[1] * 8 > memory:
+        raise BadInputError(
+            f"{label}: has {shape[1]:,} columns, whose d x d statistics would take "
+            f"{shape[1] * shape[1] * 8 / 2**30:,.0f} GiB, more than this machine's {memory / 2**30:,.0f} GiB of memory "
+            "(is its metadata damaged?)"
+        )
+    if shape[0] < min_rows:
+        raise BadInputError(f"{label}: has {shape[0]} row(s); at least {min_rows} are needed")
+
+
+def _physical_memory() -> int:
+    """Bytes of memory of this machine, or 0 where unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+        return 0
+
+
+def count_blocks(start: int, stop: int, block_rows: int) -> int:
+    """Ranges in ``[start, stop)`` when cut at multiples of ``block_rows`` (as :meth:`Source.blocks` does)."""
+    return max(0, (stop - 1) // block_rows - start // block_rows + 1) if stop > start else 0
+
+
+def identity_of(path: str, dataset: str | None = "") -> tuple[tuple[Any, ...], str]:
+    """The identity of the array ``dataset`` of the file or directory at ``path`` (a source's, or one a
+    model recorded), taken now: the ``(device, inode)`` of the file, so a symlink or a hard link of a file
+    is that file whatever its path (a URL, or a path that no longer exists: the normalised path)."""
+    if remote.is_url(path):
+        return ("url", remote.normalize(path)), dataset or ""
+    found = file_identity(path)
+    return (("inode", *found) if found is not None else ("path", os.path.realpath(path))), dataset or ""
+
+
+def partial_path(path: str) -> str:
+    """The hidden temporary name a sink is written under before it is renamed to ``path``."""
+    if remote.is_url(path):
+        return remote.join(remote.parent(path), f".{remote.basename(path)}.partial")
+    head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
+    return os.path.join(head, f".{tail}.partial")
+
+
+def aligned_chunk_rows(rows: int, n_features: int, dtype: Any) -> int:
+    """``rows`` rounded down so that a chunk is a whole number of :data:`ALIGNMENT` blocks (which
+    can be written directly), unless that would leave none."""
+    step = ALIGNMENT // math.gcd(ALIGNMENT, n_features * np.dtype(dtype).itemsize)
+    return int(rows - rows % step if rows >= step else rows)
+
+
+def output_chunk_rows(n_features: int, dtype: Any, n_rows: int) -> int:
+    """Rows per output chunk: about :data:`OUTPUT_CHUNK_BYTES`, and whole :data:`ALIGNMENT` blocks
+    where possible (all rows in one chunk when they fit)."""
+    rows = max(1, min(n_rows, OUTPUT_CHUNK_BYTES // (n_features * np.dtype(dtype).itemsize)))
+    return rows if rows == n_rows else aligned_chunk_rows(rows, n_features, dtype)
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+# --------------------------------------------------------------------------------------------- sources
+
+
+class StoreSource(Source):
+    """What every backend's :class:`~streamwhiten.io.abc.Source` does alike: its label and identity, a
+    remote read retried, compressed chunks decoded here, the default block size and fingerprint sample.
+
+    Backends implement :meth:`_read_into` (and :meth:`fetch`, :meth:`attrs`, :meth:`close` where they
+    have more to say than nothing).
+    """
+
+    @property
+    def label(self) -> str:
+        path = remote.redact(self.path)
+        return f"{path}:/{self.dataset}" if self.dataset else path
+
+    @property
+    def location(self) -> tuple[str, str]:
+        """``(real path, dataset)``: where the array is, as a fingerprint records it (a URL: its normalised
+        form, without credentials)."""
+        if remote.is_url(self.path):
+            return remote.normalize(self.path), self.dataset or ""
+        return os.path.realpath(self.path), self.dataset or ""
+
+    @property
+    def identity(self) -> tuple[tuple[Any, ...], str]:
+        """Which array this is, however it was named: see :func:`identity_of` of its :attr:`location`."""
+        return identity_of(*self.location)
+
+    def read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
+        """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``.
+
+        ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead. A remote
+        store's read is retried on transient failures (``remote.retrying``)."""
+        if self.remote:
+            rows: np.ndarray = remote.retrying(
+                self.path,
+                f"read rows {start}..{stop - 1}",
+                self._read_into,
+                start,
+                stop,
+                out,
+                fetched,
+                read=self.read_options,
+            )
+            return rows
+        return self._read_into(start, stop, out, fetched)
+
+    @abstractmethod
+    def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
+        """:meth:`read_into`, once (the base class retries it for a remote store)."""
+
+    def _decode_into(
+        self, view: np.ndarray, start: int, stop: int, fetched: Fetched | None, fill_value: Any
+    ) -> np.ndarray:
+        """Rows ``[start, stop)`` decoded here (by :attr:`decoder`) into ``view``, from ``fetched`` or from
+        stored bytes fetched now; a chunk that does not decode is a :class:`CorruptStoreError`."""
+        assert self.decoder is not None and self.chunk_rows is not None
+        chunks = fetched if fetched is not None else self.fetch(start, stop)
+        assert chunks is not None
+        try:
+            return decode_rows(self.decoder, chunks, start, stop, view, self.chunk_rows, fill_value, self._describe)
+        except DecodeError as exc:
+            raise CorruptStoreError(f"{self.label}: {exc}") from None
+        finally:
+            chunks.release()
+
+    def _describe(self, index: int) -> str:
+        """What is wrong with chunk ``index`` that does not decode, for the message (backends with a decoder)."""
+        return f"chunk {index} is damaged and cannot be decoded"
+
+    # -- what a fingerprint records (see ``io.fingerprint``); backends refine these
+    def sample_ranges(self, n_rows: int) -> list[tuple[int, int]]:
+        """Row ranges of the first ``n_rows`` whose contents a fingerprint hashes: the first and last
+        :data:`FINGERPRINT_ROWS` rows and three ranges between (start, quartiles, end)."""
+        width = min(FINGERPRINT_ROWS, n_rows)
+        starts = sorted({0, n_rows // 4, n_rows // 2, (3 * n_rows) // 4, max(0, n_rows - width)})
+        return [(start, min(n_rows, start + width)) for start in starts]
+
+    def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
+        """Rows per block: a whole number of store chunks, about ``target_bytes`` in all."""
+        row_bytes = max(1, self.n_features * self.dtype.itemsize)
+        base = self.chunk_rows or 1
+        return base * max(1, target_bytes // (base * row_bytes))
+
+
+# ----------------------------------------------------------------------------------------------- sinks
+
+
+class StoreSink(Sink):
+    """What every backend's :class:`~streamwhiten.io.abc.Sink` does alike: write under the temporary
+    name, make progress durable, commit by rename, abort or suspend.
+
+    Backends implement :meth:`create` and :meth:`resume`, :meth:`_write`, :meth:`_sync` (make every write
+    so far durable), :meth:`_finish` (set the final attributes and make the whole store durable) and
+    :meth:`_close`.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        dataset: str | None,
+        partial: str,
+        shape: tuple[int, ...],
+        dtype: Any,
+        chunk_rows: int,
+        direct_io: bool = True,
+    ) -> None:
+        self.path = path
+        self.dataset = dataset
+        self.partial = partial
+        self.shape = tuple(int(n) for n in shape)
+        self.dtype = np.dtype(dtype)
+        self.chunk_rows = int(chunk_rows)
+        self.direct_io = direct_io
+        #: the partial output this sink writes: another run that replaced it must not be committed by this one
+        self.partial_inode = _inode(partial)
+        self.read_options = ReadOptions()
+        self.replace_check = None
+
+    @property
+    def remote(self) -> bool:
+        """Whether it is written to object storage (or another URL)."""
+        return remote.is_url(self.partial)
+
+    @property
+    def label(self) -> str:  # a URL without credentials
+        path = remote.redact(self.path)
+        return f"{path}:/{self.dataset}" if self.dataset else path
+
+    @property
+    def progress_path(self) -> str:
+        """Sidecar JSON beside the partial output: how many rows are safely written, and for which job."""
+        return partial_path(self.path) + ".progress.json"
+
+    def covered(self, start: int, block: np.ndarray) -> Iterator[tuple[int, int, int, int, int, np.ndarray]]:
+        """``(chunk index, first row of the chunk, its end, rows a..b it gets, their data)`` for each
+        chunk ``block`` (written at row ``start``) touches."""
+        stop, rows = start + block.shape[0], self.chunk_rows
+        for index in range(start // rows, (stop - 1) // rows + 1):
+            lo, hi = index * rows, min((index + 1) * rows, self.shape[0])
+            a, b = max(lo, start), min(hi, stop)
+            yield index, lo, hi, a, b, np.ascontiguousarray(block[a - start : b - start], dtype=self.dtype)
+
+    def write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
+        """Write ``block`` at row ``start``: every output chunk it covers whole as raw bytes (uncompressed,
+        so the stored chunk is exactly the rows), directly where aligned. ``columns`` (tabular sinks
+        only) are other columns of the same rows, carried from the input."""
+        try:
+            if columns is None:
+                self._write(start, block)
+            else:
+                self._write(start, block, columns)
+        except OSError as exc:
+            stop = start + block.shape[0]
+            raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {io_error(exc)}") from exc
+
+    def save_progress(self, record: ResumeRecord) -> None:
+        """Make rows ``[0, record.rows_done)`` durable, then write ``record`` atomically (for a later resume)."""
+        try:
+            self._sync()
+        except OSError as exc:
+            raise StoreIOError(f"{self.path}: cannot make the rows written durable: {io_error(exc)}") from exc
+        data = json.dumps(record.to_dict(), sort_keys=True).encode()
+        if remote.is_url(self.progress_path):  # one PUT: the old record or the new one, never a part
+            remote.put_bytes(self.progress_path, data, read=self.read_options)
+            return
+        durable.write_file_atomic(self.progress_path, lambda handle: handle.write(data), "progress record")
+
+    def _check_replaceable(self, overwrite: bool) -> None:
+        """Refuse to replace what is at :attr:`path` now (see :attr:`replace_check`)."""
+        if self.replace_check is None:
+            raise RuntimeError(f"{self.label}: a sink is opened by io.open_output, which knows what it may replace")
+        self.replace_check(overwrite)
+
+    def commit(self, overwrite: bool = False, attrs: Mapping[str, Any] | None = None) -> None:
+        """Set ``attrs`` and ``complete = True``, make everything durable, and rename into place
+        (replacing an old output only if ``overwrite`` and it is an output of ours: ``io.check_replaceable``)."""
+        try:
+            if _inode(self.partial) != self.partial_inode:
+                raise OSError(
+                    f"{self.partial} was replaced by another run writing the same output; this one is not committed"
+                )
+            self._finish(dict(attrs or {}, complete=True))
+            final = os.path.abspath(self.path.rstrip("/"))
+            if os.path.lexists(final):
+                self._check_replaceable(overwrite)  # again: it may have changed since the run began
+                if os.path.isdir(final) and not os.path.islink(final):
+                    # A directory cannot be replaced atomically: move the old one aside first (a later
+                    # run puts it back if this one dies before the new one is in place).
+                    old = durable.temp_path(final, "old")
+                    os.rename(final, old)
+                    try:
+                        os.rename(self.partial, final)
+                    except BaseException:
+                        os.rename(old, final)  # the old output stays where it was
+                        raise
+                    shutil.rmtree(old, ignore_errors=True)
+                else:
+                    os.replace(self.partial, final)
+            else:
+                os.rename(self.partial, final)
+            durable.fsync_dir(os.path.dirname(final))
+            remove(self.progress_path)
+        except (OSError, RuntimeError) as exc:
+            raise StoreIOError(f"{self.path}: cannot finish writing: {io_error(exc)}") from exc
+
+    def abort(self) -> None:
+        """Remove the temporary output; the target path is left as it was."""
+        try:
+            self._close()
+        except Exception:
+            pass
+        remove(self.partial)
+        remove(self.progress_path)
+
+    def suspend(self) -> None:
+        """Close, keeping the partial output and its progress record for a later resume."""
+        self._close()
+
+    # -- what each backend does
+    @abstractmethod
+    def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
+        """Write ``block`` (and, for a tabular sink, ``columns``) at row ``start``."""
+
+    @abstractmethod
+    def _sync(self) -> None:
+        """Make every write so far durable."""
+
+    @abstractmethod
+    def _finish(self, attrs: dict[str, Any]) -> None:
+        """Set the final attributes and make the whole store durable (before :meth:`commit` renames it)."""
+
+    def _close(self) -> None:  # noqa: B027 - closing is optional: some sinks hold nothing open
+        """Release what the sink holds open, keeping what it wrote."""
