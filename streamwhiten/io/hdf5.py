@@ -105,6 +105,21 @@ def _open_error(path: str, exc: OSError) -> StoreIOError | BadInputError:
     return BadInputError(f"{remote.redact(path)}: cannot open as HDF5 ({remote.scrub(first_line(exc))})")
 
 
+def _metadata_error(path: str, exc: BaseException) -> StoreIOError | CorruptStoreError:
+    """HDF5's error walking a file's metadata (its groups, object headers, chunk index): an I/O error
+    where a system call failed, else damaged metadata (``RuntimeError: Object visitation failed``...)."""
+    failed = re.search(r"errno = (\d+)", str(exc))
+    if (failed and int(failed.group(1))) or getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
+        return StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}")
+    return CorruptStoreError(
+        f"{remote.redact(path)}: the HDF5 file's metadata is damaged ({remote.scrub(first_line(exc))})"
+    )
+
+
+#: What h5py raises for metadata it cannot walk or decode (never one of ours).
+_METADATA_ERRORS = (RuntimeError, KeyError, ValueError, OSError, TypeError)
+
+
 class HDF5Source(Source):
     """A 2-D dataset of an HDF5 file (local, or read through an fsspec file object)."""
 
@@ -130,6 +145,12 @@ class HDF5Source(Source):
             self.decoder = None if self.remote else hdf5_decoder(node)
             #: our own descriptor for reading stored chunks (``get_chunk_info`` gives absolute offsets)
             self._fd = os.open(path, os.O_RDONLY) if self.decoder is not None else None
+        except (BadInputError, StoreIOError):
+            self._file.close()
+            raise
+        except _METADATA_ERRORS as exc:
+            self._file.close()
+            raise _metadata_error(path, exc) from exc
         except BaseException:
             self._file.close()
             raise
@@ -241,7 +262,10 @@ class HDF5Source(Source):
                     )
 
     def attrs(self) -> dict[str, Any]:
-        return dict(self._node.attrs)
+        try:
+            return dict(self._node.attrs)
+        except _METADATA_ERRORS as exc:
+            raise _metadata_error(self.path, exc) from exc
 
     def close(self) -> None:
         fd = getattr(self, "_fd", None)  # None too where __init__ failed before opening it
@@ -270,8 +294,13 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
     except OSError as exc:
         raise _open_error(path, exc) from exc
     with handle:
-        inner = _find_dataset(handle, remote.redact(path), inner, 1, option=False)
-        return handle[inner][()], f"{remote.redact(path)}:/{inner}"
+        try:
+            inner = _find_dataset(handle, remote.redact(path), inner, 1, option=False)
+            return handle[inner][()], f"{remote.redact(path)}:/{inner}"
+        except (BadInputError, StoreIOError):
+            raise
+        except _METADATA_ERRORS as exc:
+            raise _metadata_error(path, exc) from exc
 
 
 # ----------------------------------------------------------------------------------------------- sink
