@@ -320,6 +320,18 @@ PARAMS: dict[str, Param] = _params(
         job=_APPLY,
     ),
     Param(
+        "checksums",
+        bool,
+        True,
+        "true or false",
+        switch=True,
+        help="Store a checksum with every output chunk, verified whenever it is read (the default): HDF5's "
+        "fletcher32 filter, Zarr 3's crc32c codec; Parquet pages always carry theirs (Zarr 2 and Lance have "
+        "none). Flipped bits in an output are then refused, never read as values. --no-checksums saves "
+        "their cost (docs/performance.md).",
+        job=_APPLY,
+    ),
+    Param(
         "keep_columns",
         tuple,
         (),

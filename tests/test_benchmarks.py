@@ -18,6 +18,7 @@ SCRIPTS = [
     "fit_remote.py",
     "search_speed.py",
     "retrieval_frontier.py",
+    "checksum_cost.py",
 ]
 RETRIEVAL_DEV = Path(os.environ.get("STREAMWHITEN_STSB", REPO.parent / "shared/data/stsb/stsb-dev-minilm.h5"))
 RETRIEVAL_DEV = RETRIEVAL_DEV.parent / "retrieval-dev"

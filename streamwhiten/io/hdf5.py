@@ -44,6 +44,7 @@ from .codecs import (
     check_compressor,
     chunk_encoder,
     fetch_buffer,
+    fletcher32_of,
     hdf5_decoder,
     widen_in_place,
 )
@@ -387,10 +388,13 @@ class HDF5Sink(Sink):
         chunk_rows: int,
         offsets: list[int],
         direct_io: bool = True,
+        checksums: bool = False,
     ) -> None:
         super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
         #: byte offset of each chunk in the file
         self.offsets = offsets
+        #: whether each chunk is followed by its fletcher32 checksum (HDF5's filter, declared on the dataset)
+        self.checksums = checksums
         #: our own descriptor for writing chunk data in place
         self.chunk_file: ChunkFile | None = ChunkFile(partial, direct=direct_io)
 
@@ -406,13 +410,15 @@ class HDF5Sink(Sink):
         attrs: Mapping[str, Any],
         direct_io: bool = True,
         compressor: str = "none",
+        checksums: bool = True,
         **_: Any,
     ) -> Sink:
         """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
-        With a ``compressor``, an :class:`HDF5CompressedSink` instead."""
+        With a ``compressor``, an :class:`HDF5CompressedSink` instead. With ``checksums`` the dataset
+        declares HDF5's fletcher32 filter: each chunk is allocated 4 bytes longer, for its checksum."""
         if check_compressor(compressor) != "none":
             return HDF5CompressedSink.create(
-                path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io, compressor
+                path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io, compressor, checksums
             )
         dataset = dataset or cls.default_dataset
         handle = None
@@ -421,7 +427,13 @@ class HDF5Sink(Sink):
             layout = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
             layout.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
             array = handle.create_dataset(
-                dataset, shape=shape, dtype=dtype, chunks=(chunk_rows, shape[1]), dcpl=layout, fill_time="never"
+                dataset,
+                shape=shape,
+                dtype=dtype,
+                chunks=(chunk_rows, shape[1]),
+                dcpl=layout,
+                fill_time="never",
+                fletcher32=bool(checksums),
             )
             array.attrs.update({key: _attr(value) for key, value in attrs.items()})
             handle.flush()
@@ -431,7 +443,7 @@ class HDF5Sink(Sink):
         except (OSError, RuntimeError):
             _close_quietly(handle)
             raise
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io, bool(checksums))
 
     @classmethod
     def resume(
@@ -444,23 +456,29 @@ class HDF5Sink(Sink):
             return HDF5CompressedSink.resume(path, dataset, partial, direct_io, rows_done)
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
-            if array.compression is not None or array.id.get_create_plist().get_nfilters():
+            checksums = bool(array.fletcher32)
+            if array.compression is not None or array.id.get_create_plist().get_nfilters() > int(checksums):
                 # a compressed output whose spool was already copied in and removed (killed between its
                 # finish and its rename): its chunks cannot be written in place; it is written again
                 raise OSError(f"{partial}: a finished compressed output; not resumed")
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             offsets = _chunk_offsets(array, chunk_rows)
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io, checksums)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self.chunk_file is not None
         row_bytes = self.shape[1] * self.dtype.itemsize
         for index, lo, hi, a, b, data in self.covered(start, block):
+            if self.checksums and (a, b) != (lo, hi):
+                raise OSError(f"rows {a}..{b - 1} do not make up chunk {index} (a checksummed chunk is written whole)")
             if b == self.shape[0] and hi - lo < self.chunk_rows:  # the edge chunk is stored at full size
                 padded = np.zeros((self.chunk_rows - (a - lo), self.shape[1]), self.dtype)
                 padded[: b - a] = data
                 data = padded
-            self.chunk_file.write_at(self.offsets[index] + (a - lo) * row_bytes, data)
+            offset = self.offsets[index] + (a - lo) * row_bytes
+            self.chunk_file.write_at(offset, data)
+            if self.checksums:  # HDF5's fletcher32 filter: the chunk's checksum right after its bytes
+                self.chunk_file.write_at(offset + data.nbytes, fletcher32_of(data))
 
     def _sync(self) -> None:
         if self.chunk_file is not None:
@@ -538,9 +556,12 @@ class HDF5CompressedSink(Sink):
         compressor: str,
         direct_io: bool = True,
         chunks: int = 0,
+        checksums: bool = False,
     ) -> None:
         super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
         self.compressor = compressor
+        #: whether each compressed chunk is followed by its fletcher32 checksum (the last filter)
+        self.checksums = checksums
         self._encode = chunk_encoder(compressor, dtype, "hdf5")
         #: chunks spooled so far (they are written in order: the next one's index)
         self.chunks = chunks
@@ -562,10 +583,12 @@ class HDF5CompressedSink(Sink):
         attrs: Mapping[str, Any],
         direct_io: bool = True,
         compressor: str = "gzip",
+        checksums: bool = True,
         **_: Any,
     ) -> HDF5CompressedSink:
         dataset = dataset or cls.default_dataset
         options = _filters(compressor, dtype, chunk_rows * shape[1] * np.dtype(dtype).itemsize)
+        options["fletcher32"] = bool(checksums)  # h5py declares it after the compression: it checks the stored bytes
         spool = cls.spool_path(partial)
         if os.path.exists(spool):
             os.remove(spool)
@@ -579,7 +602,7 @@ class HDF5CompressedSink(Sink):
         except (OSError, RuntimeError, ValueError):
             _close_quietly(handle)
             raise
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io)
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, checksums=bool(checksums))
 
     @classmethod
     def resume(
@@ -592,6 +615,7 @@ class HDF5CompressedSink(Sink):
             array = handle[dataset]
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             compressor = str(array.attrs.get("compressor", "gzip"))
+            checksums = bool(array.fletcher32)
         done = -(-int(rows_done) // chunk_rows)
         spool = cls.spool_path(partial)
         kept, end = 0, 0
@@ -603,7 +627,7 @@ class HDF5CompressedSink(Sink):
         if kept != done:
             raise OSError(f"{spool}: holds {kept} intact chunks, its progress record claims {done}")
         os.truncate(spool, end)
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, kept)
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, kept, checksums)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self._spool is not None
@@ -617,6 +641,8 @@ class HDF5CompressedSink(Sink):
             if data.shape[0] < self.chunk_rows:  # the edge chunk is stored at full size
                 data = np.concatenate([data, np.zeros((self.chunk_rows - data.shape[0], self.shape[1]), self.dtype)])
             stored = self._encode(np.ascontiguousarray(data))
+            if self.checksums:
+                stored += fletcher32_of(stored).tobytes()
             self._spool.write(_RECORD.pack(_RECORD_MAGIC, index, len(stored), zlib.crc32(stored)) + stored)
             self.chunks += 1
 
