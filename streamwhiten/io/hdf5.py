@@ -350,6 +350,16 @@ def _set_attrs(array: Any, attrs: Mapping[str, Any]) -> None:
         array.attrs.modify(key, value)
 
 
+def _as_os_error(exc: BaseException) -> BaseException:
+    """``exc`` as an :class:`OSError` with its errno when HDF5 reports a failed system call inside it (h5py
+    raises a ``ValueError`` when the disk fills as a dataset is created), else ``exc`` itself."""
+    failed = re.search(r"errno = (\d+)", str(exc))
+    if isinstance(exc, OSError) or not failed or not int(failed.group(1)):
+        return exc
+    number = int(failed.group(1))
+    return OSError(number, os.strerror(number))
+
+
 def _close_quietly(handle: Any) -> None:
     try:
         if handle is not None and handle.id.valid:
@@ -440,9 +450,12 @@ class HDF5Sink(Sink):
             offsets = _chunk_offsets(array, chunk_rows)
             handle.close()
             handle = None
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, ValueError) as exc:
             _close_quietly(handle)
-            raise
+            failure = _as_os_error(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io, bool(checksums))
 
     @classmethod
@@ -599,9 +612,12 @@ class HDF5CompressedSink(Sink):
             array.attrs.update({key: _attr(value) for key, value in attrs.items()})
             handle.close()
             handle = None
-        except (OSError, RuntimeError, ValueError):
+        except (OSError, RuntimeError, ValueError) as exc:
             _close_quietly(handle)
-            raise
+            failure = _as_os_error(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, checksums=bool(checksums))
 
     @classmethod
