@@ -7,7 +7,8 @@ records progress, and must stay within 0.8x of that reference (k = 256, float32 
 reference also fsyncs what it wrote, as streamwhiten does before renaming an output into place. The
 references write through the page cache, as h5py and zarr do; streamwhiten writes whole output chunks
 around it (O_DIRECT) from a writer thread, and ``--no-direct-io`` times it writing through the page
-cache too. The references and the apply run in turn for ``--repeats`` rounds; ratios are of the
+cache too. Both write no checksums (``--checksums`` adds apply's; ``checksum_cost.py`` measures what they
+cost). The references and the apply run in turn for ``--repeats`` rounds; ratios are of the
 fastest run of each.
 
     python benchmarks/apply_throughput.py
@@ -68,6 +69,12 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (the best of each is kept)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-direct-io", action="store_true", help="apply writes through the page cache too")
+    parser.add_argument(
+        "--checksums",
+        action="store_true",
+        help="apply writes its chunk checksums (the default of apply; off here, as the references write none: "
+        "benchmarks/checksum_cost.py measures their cost)",
+    )
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--results", default=None)
     args = parser.parse_args(argv)
@@ -77,6 +84,7 @@ def main(argv=None):
     from streamwhiten.engine.apply import apply_model
     from streamwhiten.engine.fit import fit_sources
     from streamwhiten.io import output_chunk_rows
+    from streamwhiten.options import ApplyOptions
 
     directory = args.workdir or tempfile.mkdtemp(prefix="streamwhiten-apply-")
     os.makedirs(directory, exist_ok=True)
@@ -99,7 +107,10 @@ def main(argv=None):
             target = os.path.join(directory, name)
 
             def ours():
-                apply_model(model, spec, target, normalize=True, overwrite=True, direct_io=not args.no_direct_io)
+                options = ApplyOptions(
+                    normalize=True, overwrite=True, direct_io=not args.no_direct_io, checksums=args.checksums
+                )
+                apply_model(model, spec, target, options=options)
                 shutil.rmtree(target) if os.path.isdir(target) else os.remove(target)
 
             times = interleaved_times(

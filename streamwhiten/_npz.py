@@ -7,6 +7,7 @@ one, and a truncated or altered file is detected instead of used.
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import math
 import os
@@ -42,6 +43,54 @@ def write_npz_atomic(path: str, arrays: dict, what: str = "file") -> str:
     return digest
 
 
+def read_npy_header(handle) -> tuple[tuple, bool, np.dtype]:
+    """``(shape, fortran_order, dtype)`` of the ``.npy`` header at the current position of ``handle``, left
+    just after it, for every format version numpy reads (1.0, 2.0 and 3.0), with numpy's public API only.
+
+    Version 3.0 is 2.0 with a UTF-8 header (field names beyond Latin-1); numpy has no public reader
+    for it, so its header is parsed here as numpy does (a Python literal, never evaluated as code).
+    Raises :class:`ValueError` (or :class:`EOFError`) for what is not such a header.
+    """
+    from numpy.lib import format as npy_format
+
+    version = npy_format.read_magic(handle)
+    if version == (1, 0):
+        return npy_format.read_array_header_1_0(handle)
+    if version == (2, 0):
+        return npy_format.read_array_header_2_0(handle)
+    if version != (3, 0):
+        raise ValueError(f"its format version {version[0]}.{version[1]} is none numpy reads (1.0, 2.0, 3.0)")
+    size = handle.read(4)
+    if len(size) < 4:
+        raise EOFError("the file ends inside its header")
+    length = int.from_bytes(size, "little")
+    if length > _MAX_HEADER_BYTES:
+        raise ValueError(f"its header is {length:,} bytes long, more than any array needs")
+    raw = handle.read(length)
+    if len(raw) < length:
+        raise EOFError("the file ends inside its header")
+    try:
+        header = ast.literal_eval(raw.decode("utf-8"))
+    except (UnicodeDecodeError, SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        raise ValueError(f"its header cannot be parsed ({exc.__class__.__name__})") from None
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise ValueError("its header is not a dictionary of descr, fortran_order and shape")
+    shape, fortran = header["shape"], header["fortran_order"]
+    if not isinstance(shape, tuple) or not all(isinstance(n, int) and not isinstance(n, bool) for n in shape):
+        raise ValueError(f"its header's shape is not valid: {shape!r}")
+    if not isinstance(fortran, bool):
+        raise ValueError(f"its header's fortran_order is not a bool: {fortran!r}")
+    try:
+        dtype = npy_format.descr_to_dtype(header["descr"])
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"its header's descr is not a dtype ({exc})") from None
+    return shape, fortran, dtype
+
+
+#: The longest header accepted (numpy's own default limit is 10,000 characters).
+_MAX_HEADER_BYTES = 1 << 20
+
+
 class NpyTooShort(ValueError):
     """A ``.npy`` header that declares more data than the file holds."""
 
@@ -54,17 +103,8 @@ def npy_header(handle, size: int) -> tuple[tuple, np.dtype, bool, int]:
     Python objects, and :class:`NpyTooShort` for a header that declares more data than there is (a
     truncated file, or a damaged header claiming a shape of hundreds of GiB: numpy would try to allocate it).
     """
-    from numpy.lib import format as npy_format
-
     start = handle.tell()
-    version = npy_format.read_magic(handle)
-    if version == (1, 0):
-        shape, fortran, dtype = npy_format.read_array_header_1_0(handle)
-    elif version == (2, 0):
-        shape, fortran, dtype = npy_format.read_array_header_2_0(handle)
-    else:
-        # numpy's stubs leave out its private header reader (version 3.0 headers)
-        shape, fortran, dtype = npy_format._read_array_header(handle, version)  # type: ignore[attr-defined]
+    shape, fortran, dtype = read_npy_header(handle)
     if any(int(n) < 0 for n in shape):
         raise ValueError(f"its header declares negative dimensions {tuple(shape)}")
     if dtype.hasobject:

@@ -7,7 +7,8 @@ a job file) goes through :func:`check_readable` before it is opened, so that:
   to name something inside a store (``file.h5:/name``);
 - anything but a regular file or a directory (a FIFO, a device, a socket) is refused at once, instead of
   blocking on the open or reading without end;
-- a path that may not be read (permissions) is an I/O error (exit 74), as any other failed read.
+- a path that may not be read (permissions) is an I/O error (exit 74), as any other failed read; a path that
+  cannot name a file (a symbolic link loop, a name too long: ``errors.PATH_ERRNOS``) is bad input.
 
 A file's identity is its ``(device, inode)`` (:func:`file_identity`): a symlink and a hard link of one
 file are that file, however the path is spelled. Standard library only: the serving path uses it too.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .errors import BadInputError, StoreIOError
+from .errors import PATH_ERRNOS, BadInputError, StoreIOError
 
 #: What a path is when it is neither a regular file nor a directory, for messages.
 _KINDS = (
@@ -63,6 +64,8 @@ def check_readable(path, what: str = "", directory: bool = True) -> os.stat_resu
     except PermissionError:
         raise StoreIOError(f"{named} cannot be read: permission denied") from None
     except OSError as exc:
+        if exc.errno in PATH_ERRNOS:  # the name itself is wrong, not the disk
+            raise BadInputError(f"{named} cannot be opened: {exc.strerror or exc}") from None
         raise StoreIOError(f"{named} cannot be read: {exc.strerror or exc}") from None
     mode = status.st_mode
     if stat.S_ISDIR(mode):

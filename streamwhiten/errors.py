@@ -3,6 +3,7 @@
 Library code raises these; only the CLI (``streamwhiten.cli``) turns them into a one-line message and an exit code.
 """
 
+import errno
 from typing import Any
 
 EXIT_OK = 0
@@ -13,6 +14,10 @@ EXIT_UNAVAILABLE = 69  # sysexits EX_UNAVAILABLE: the Dask cluster cannot be rea
 EXIT_IO = 74  # sysexits EX_IOERR: disk full, unwritable output
 EXIT_LOCKED = 75  # sysexits EX_TEMPFAIL: another run of the same job, or writing the same output, holds the lock
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell convention
+
+#: The errno values of a failed system call that say the path given is wrong, not that the disk failed: a
+#: symbolic link loop, a name too long. Bad input (exit 2) wherever they are met, as a missing file is.
+PATH_ERRNOS = (errno.ELOOP, errno.ENAMETOOLONG)
 
 
 class StreamwhitenError(Exception):

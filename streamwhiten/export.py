@@ -42,6 +42,7 @@ import hashlib
 import importlib
 import json
 import os
+import re
 import shutil
 import warnings
 
@@ -817,10 +818,13 @@ def write_sentence_transformers(
     except StoreIOError:
         shutil.rmtree(temp, ignore_errors=True)
         raise
-    except OSError as exc:
+    except Exception as exc:
         shutil.rmtree(temp, ignore_errors=True)
+        reason = write_failure(exc)
+        if reason is None:
+            raise
         raise StoreIOError(
-            f"{path}: cannot write the sentence-transformers export: {_os_error(exc)}; nothing was written"
+            f"{path}: cannot write the sentence-transformers export: {reason}; nothing was written"
         ) from exc
     except BaseException:
         shutil.rmtree(temp, ignore_errors=True)
@@ -903,6 +907,34 @@ def _os_error(exc: OSError) -> str:
         more = len(exc.args[0]) - 1
         return f"copying {source}: {reason}" + (f" (and {more} more)" if more else "")
     return str(exc.strerror or exc)
+
+
+#: A Rust ``std::io::Error`` in a message (safetensors' ``SafetensorError``: ``I/O error: No space left on
+#: device (os error 28)``, or its debug form ``Os { code: 28, ...``).
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
+#: What torch's file writer says when a write fails (a ``RuntimeError``, its errno lost).
+_TORCH_WRITE_FAILED = ("file write failed", "failed writing file", "unexpected pos")
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """What went wrong, short, when ``exc`` is a failed write (disk full, I/O error) as the libraries an
+    export writes through report it -- an :class:`OSError`, safetensors' ``SafetensorError`` holding an
+    OS error, torch's ``RuntimeError`` from its file writer -- else None (a bug, raised as it is).
+
+    The one place that tells a library's write failure from its other errors, so every export target's
+    write failure is a :class:`~streamwhiten.errors.StoreIOError` (exit 74).
+    """
+    if isinstance(exc, OSError):
+        return _os_error(exc)
+    text = str(exc)
+    found = _RUST_OS_ERROR.search(text)
+    if found:
+        return os.strerror(int(found.group(1) or found.group(2)))
+    if type(exc).__name__ == "SafetensorError" and ("IoError" in text or "I/O error" in text):
+        return " ".join(text.split())[:200]
+    if isinstance(exc, RuntimeError) and any(words in text.lower() for words in _TORCH_WRITE_FAILED):
+        return " ".join(text.split())[:200]
+    return None
 
 
 def _module_entry(root: str, modules: list, module) -> dict:

@@ -237,6 +237,9 @@ class ApplyOptions:
         Compression of each output chunk (HDF5 and Zarr outputs).
     direct_io : bool
         Write whole output chunks around the page cache where the file system allows it.
+    checksums : bool
+        Store a checksum with every output chunk, verified when read: HDF5's fletcher32 filter, Zarr 3's
+        crc32c codec (Parquet pages always carry theirs; Zarr 2 and Lance outputs have none).
     keep_columns : tuple of str
         Input columns (Parquet or Lance input) copied row for row into a Parquet or Lance output.
     progress_seconds : float
@@ -253,6 +256,7 @@ class ApplyOptions:
     zarr_format: int = params.default("zarr_format")
     compressor: str = params.default("compressor")
     direct_io: bool = params.default("direct_io")
+    checksums: bool = params.default("checksums")
     keep_columns: tuple[str, ...] = ()
     progress_seconds: float = params.default("progress_seconds")
     restart: bool = False

@@ -123,7 +123,13 @@ def _is_numpy_bool(value: object) -> bool:
 
 
 _COUNT = "a whole number of at least 1"
-_PER_CORE = f"{_COUNT} (or -1 for one per core)"
+#: The most worker threads or processes taken: each holds a block in memory, so a value far beyond any
+#: machine's cores is a mistake (``--threads 1000000`` would start a million threads), refused by name.
+MAX_WORKERS = 1024
+_PER_CORE = f"a whole number from 1 to {MAX_WORKERS} (or -1 for one per core)"
+#: The most bootstrap resamples: beyond it the interval's ends no longer move, and tune draws them all at
+#: once (resamples x queries indices).
+MAX_BOOTSTRAP = 100_000
 
 
 def _params(*items: Param) -> dict[str, Param]:
@@ -236,21 +242,23 @@ PARAMS: dict[str, Param] = _params(
         _COUNT,
         1,
         none=True,
-        help="Rows per block the engine reads and reduces (default: whole store chunks, about 64 MiB).",
+        help="Rows per block the engine reads and reduces (default: whole store chunks, about 64 MiB; a value "
+        "above the input's rows reads it as one block).",
         job=("model", "apply"),
         aliases=("chunk_rows",),
     ),
-    Param("n_jobs", int, None, _PER_CORE, 1, also=(-1,), none=True, label="n_jobs (worker threads)"),
+    Param("n_jobs", int, None, _PER_CORE, 1, MAX_WORKERS, also=(-1,), none=True, label="n_jobs (worker threads)"),
     Param(
         "threads",
         int,
         None,
         _PER_CORE,
         1,
+        MAX_WORKERS,
         also=(-1,),
         none=True,
         help="Serial engine: worker threads, each doing whole blocks (fit default: one per core, at most 4; "
-        "apply default: 1). Memory is about one block per thread.",
+        f"apply default: 1; -1: one per core; at most {MAX_WORKERS}). Memory is about one block per thread.",
         job=("model", "apply"),
     ),
     # a fit's checkpoints
@@ -312,6 +320,18 @@ PARAMS: dict[str, Param] = _params(
         job=_APPLY,
     ),
     Param(
+        "checksums",
+        bool,
+        True,
+        "true or false",
+        switch=True,
+        help="Store a checksum with every output chunk, verified whenever it is read (the default): HDF5's "
+        "fletcher32 filter, Zarr 3's crc32c codec; Parquet pages always carry theirs (Zarr 2 and Lance have "
+        "none). Flipped bits in an output are then refused, never read as values. --no-checksums saves "
+        "their cost (docs/performance.md).",
+        job=_APPLY,
+    ),
+    Param(
         "keep_columns",
         tuple,
         (),
@@ -341,8 +361,9 @@ PARAMS: dict[str, Param] = _params(
         "workers",
         int,
         None,
-        _COUNT,
+        f"a whole number from 1 to {MAX_WORKERS}",
         1,
+        MAX_WORKERS,
         none=True,
         help="With --engine dask and no --scheduler: processes of the local cluster (default: one per core).",
     ),
@@ -356,7 +377,9 @@ PARAMS: dict[str, Param] = _params(
         "a number, 0 or more",
         0.0,
         None,
-        help="Tolerance of the staleness total: above it, run publishes a new version (docs/nightly.md).",
+        also=(math.inf,),
+        help="Tolerance of the staleness total: above it, run publishes a new version (docs/nightly.md); inf: "
+        "never republish because of staleness.",
         job=("publish",),
     ),
     Param(
@@ -387,7 +410,8 @@ PARAMS: dict[str, Param] = _params(
         0,
         "a whole number, 0 or more",
         0,
-        help="With --dtype binary: re-rank the top N of the bit search with --rescore-dtype vectors (0: none).",
+        help="With --dtype binary: re-rank the top N of the bit search with --rescore-dtype vectors (0: none; "
+        "more than the corpus's rows re-ranks all of them).",
     ),
     Param(
         "rescore_dtype",
@@ -401,8 +425,9 @@ PARAMS: dict[str, Param] = _params(
         "bootstrap",
         int,
         1000,
-        "a whole number of resamples, 0 or more",
+        f"a whole number of resamples from 0 to {MAX_BOOTSTRAP:,}",
         0,
+        MAX_BOOTSTRAP,
         help="Resamples of the queries for the paired 95% interval of each difference (0: none).",
     ),
     Param("seed", int, 0, "a whole number, 0 or more", 0, help="Seed of the bootstrap's resampling."),

@@ -19,6 +19,7 @@ SCRIPTS = [
     "search_speed.py",
     "retrieval_frontier.py",
     "tune_generalization.py",
+    "checksum_cost.py",
 ]
 RETRIEVAL_DEV = Path(os.environ.get("STREAMWHITEN_STSB", REPO.parent / "shared/data/stsb/stsb-dev-minilm.h5"))
 RETRIEVAL_DEV = RETRIEVAL_DEV.parent / "retrieval-dev"

@@ -320,6 +320,43 @@ def test_checkpoint_interval_limits_that_stay_allowed(tmp_path, store, model_pat
     assert code == 0, err
 
 
+@pytest.mark.parametrize(
+    "command, args, fragment",
+    [
+        # issue #36: numeric options are checked against real limits, by name
+        ("apply", ["--threads", "100000"], "threads must be a whole number from 1 to 1024 (or -1 for one per core)"),
+        ("fit", ["--threads", "-2"], "threads must be a whole number from 1 to 1024 (or -1 for one per core)"),
+        ("eval", ["--bootstrap", "-1"], "bootstrap must be a whole number of resamples from 0 to 100,000, got -1"),
+        ("eval", ["--bootstrap", "1000001"], "bootstrap must be a whole number of resamples from 0 to 100,000"),
+        ("tune", ["--bootstrap", "-1"], "bootstrap must be a whole number of resamples from 0 to 100,000, got -1"),
+        ("fit", ["--engine", "dask", "--workers", "5000"], "workers must be a whole number from 1 to 1024"),
+    ],
+)
+def test_numeric_options_beyond_their_limits_are_refused_by_name(tmp_path, store, model_path, command, args, fragment):
+    lead = {"apply": [model_path, store, "-o", tmp_path / "o.zarr"], "fit": [store, "-o", tmp_path / "m.npz"]}
+    lead.update(eval=[model_path, "--queries", store, "--corpus", store, "--qrels", tmp_path / "q.tsv"])
+    lead.update(tune=[model_path, "--queries", store, "--corpus", store, "--qrels", tmp_path / "q.tsv"])
+    before = sorted(os.listdir(tmp_path))
+    result = run_subprocess(command, *lead[command], *args)
+    assert result.returncode == EXIT_BAD_INPUT, result.stderr
+    one_line_error(result.stderr, fragment)
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_numeric_options_at_their_documented_ends_are_taken(tmp_path, store, model_path, run_cli):
+    """``--threads -1`` is one per core and a block larger than the input reads it as one block, as the
+    help says (issue #36); the output equals the default run's."""
+    assert run_cli("apply", model_path, store, "-o", tmp_path / "a.h5", "-q")[0] == 0
+    code, _, err = run_cli(
+        "apply", model_path, store, "-o", tmp_path / "b.h5", "--threads", "-1", "--chunk-rows", 10**12, "-q"
+    )
+    assert code == 0, err
+    with h5py.File(tmp_path / "a.h5") as one, h5py.File(tmp_path / "b.h5") as two:
+        np.testing.assert_allclose(two["embeddings"][:], one["embeddings"][:], rtol=1e-5, atol=1e-6)
+    code, text, _ = run_cli("apply", "--help")
+    assert "-1: one per core" in " ".join(text.split()) and "reads it as one block" in " ".join(text.split())
+
+
 def test_fit_job_refuses_nonsense_checkpoint_intervals_from_python(tmp_path, store):
     from streamwhiten.batch import fit_job
     from streamwhiten.errors import BadInputError

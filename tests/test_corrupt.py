@@ -1009,3 +1009,237 @@ def test_an_exported_map_that_no_export_could_have_written_is_refused(tmp_path, 
     rewrite_npz(tmp_path / "good.npz", tmp_path / "map.npz", **edits)
     with pytest.raises(ModelFileError, match=rf"map\.npz: whitening map field {pattern}"):
         serving.load(tmp_path / "map.npz")
+
+
+# ------------------------------------------------------------- issue #36: every input fault exits 2, one line
+
+
+@pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
+def test_a_npy_file_of_every_format_version_numpy_writes_is_read(tmp_path, version):
+    """numpy writes (and reads) .npy format 1.0, 2.0 and 3.0 (a UTF-8 header); each is read, locally and
+    its header by our own reader, as numpy itself reads it (issue #36: 3.0 was an internal error)."""
+    from numpy.lib import format as npy_format
+
+    from streamwhiten._npz import npy_header
+    from streamwhiten.io import open_source
+
+    path = tmp_path / "x.npy"
+    with open(path, "wb") as handle:
+        npy_format.write_array(handle, SMALL, version=version)
+    with open(path, "rb") as handle:
+        shape, dtype, fortran, offset = npy_header(handle, os.path.getsize(path))
+    assert (shape, dtype, fortran) == (SMALL.shape, SMALL.dtype, False)
+    assert offset == os.path.getsize(path) - SMALL.nbytes
+    with open_source(str(path)) as source:
+        np.testing.assert_array_equal(source.read(0, source.n_rows), np.load(path))
+
+
+def test_a_npy_file_of_a_format_version_numpy_does_not_read_is_bad_input(tmp_path):
+    from numpy.lib import format as npy_format
+
+    with open(tmp_path / "x.npy", "wb") as handle:
+        npy_format.write_array(handle, SMALL, version=(3, 0))
+    raw = bytearray((tmp_path / "x.npy").read_bytes())
+    raw[6] = 4  # format 4.0: no numpy reads it
+    (tmp_path / "x.npy").write_bytes(bytes(raw))
+    run_checked(tmp_path, ["fit", "x.npy", "-o", "m.npz"], 2, r"x\.npy: cannot read as \.npy .*version 4\.0")
+
+
+def _hdf5_with_groups(path):
+    rng = np.random.default_rng(5)
+    with h5py.File(path, "w") as handle:
+        handle.create_group("a/b").create_dataset(
+            "emb", data=rng.standard_normal((200, 8)).astype("f4"), chunks=(50, 8)
+        )
+        handle.create_dataset("other", data=np.arange(10.0))
+
+
+def test_hdf5_files_with_damaged_metadata_are_refused_as_damaged_never_an_internal_error(tmp_path, small_model):
+    """Every byte of an HDF5 file's first 4 KiB (superblock, object headers, B-trees, heaps) flipped in
+    turn: opening and reading the store either works or raises one of our errors, never HDF5's own
+    ``RuntimeError: Object visitation failed`` (issue #36); the damaged metadata is named as such."""
+    from streamwhiten.errors import CorruptStoreError, StreamwhitenError
+    from streamwhiten.io import open_source
+
+    _hdf5_with_groups(tmp_path / "base.h5")
+    raw = (tmp_path / "base.h5").read_bytes()
+    damaged_metadata = None
+    for position in range(0, min(len(raw), 4096), 7):
+        flipped = bytearray(raw)
+        flipped[position] ^= 0xFF
+        (tmp_path / "bad.h5").write_bytes(bytes(flipped))
+        for spec in ("bad.h5", "bad.h5:/a/b/emb"):
+            try:
+                with open_source(str(tmp_path / spec)) as source:
+                    source.read(0, source.n_rows)
+            except StreamwhitenError as exc:
+                if isinstance(exc, CorruptStoreError) and "metadata is damaged" in str(exc):
+                    damaged_metadata = position, spec
+    assert damaged_metadata is not None, "no flipped byte was reported as damaged metadata"
+    flipped = bytearray(raw)
+    position, spec = damaged_metadata
+    flipped[position] ^= 0xFF
+    (tmp_path / "bad.h5").write_bytes(bytes(flipped))
+    (tmp_path / "m.npz").write_bytes(small_model)
+    for args in (["fit", spec, "-o", "m2.npz"], ["apply", "m.npz", spec, "-o", "o.zarr"]):
+        result = run_subprocess(*args, cwd=tmp_path)
+        assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
+        assert "bad.h5" in result.stderr and "internal error" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["²", "①", "٣", "-1", "1.0"])
+def test_qrels_ids_that_are_not_ascii_row_numbers_are_refused_by_line(tmp_path, value):
+    """``"²".isdigit()`` is true and ``int("²")`` fails: a qrels id that is no plain row number is refused
+    naming the file and line (issue #36: it was a ValueError), as any unknown id is."""
+    from streamwhiten.errors import BadInputError
+    from streamwhiten.evaluation.qrels import Ids, read_qrels
+
+    (tmp_path / "q.tsv").write_text(f"query-id\tcorpus-id\tscore\n0\t1\t1\n{value}\t2\t1\n", encoding="utf-8")
+    with pytest.raises(BadInputError, match=rf"q\.tsv: line 3: query-id '{re.escape(value)}' is not a row of"):
+        read_qrels(str(tmp_path / "q.tsv"), Ids("q.h5", 10), Ids("c.h5", 10))
+    (tmp_path / "q.tsv").write_text("query-id\tcorpus-id\tscore\n0\t1\t1\n3\t2\t1\n", encoding="utf-8")
+    assert read_qrels(str(tmp_path / "q.tsv"), Ids("q.h5", 10), Ids("c.h5", 10)).queries.tolist() == [0, 3]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "lance"])
+def test_a_binary_id_column_that_is_not_utf8_is_refused_naming_the_row(tmp_path, kind):
+    import pyarrow as pa
+
+    from streamwhiten.errors import BadInputError
+    from streamwhiten.io import open_source, read_ids
+
+    ids = [f"doc{i}".encode() for i in range(len(SMALL))]
+    ids[7] = b"\xff\xfe bad"
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array(SMALL.reshape(-1)), SMALL.shape[1])
+    table = pa.table({"id": pa.array(ids, pa.binary()), "emb": vectors})
+    path = tmp_path / f"c.{kind}"
+    if kind == "parquet":
+        import pyarrow.parquet as pq
+
+        pq.write_table(table, path)
+    else:
+        lance = pytest.importorskip("lance")
+        lance.write_dataset(table, str(path))
+    with open_source(f"{path}:emb") as source:
+        with pytest.raises(BadInputError, match=r"row 7: the id in column 'id' is not valid UTF-8 text"):
+            read_ids(source, "id")
+
+
+def test_a_symbolic_link_loop_is_bad_input_not_an_io_error(tmp_path, small_model):
+    """A path that is a symbolic link loop names no file (ELOOP): bad input, exit 2, as a missing file."""
+    os.symlink("loop-b", tmp_path / "loop-a")
+    os.symlink("loop-a", tmp_path / "loop-b")
+    write_h5(tmp_path / "g.h5", SMALL)
+    (tmp_path / "m.npz").write_bytes(small_model)
+    loop = r"loop-a: .*cannot be opened: Too many levels of symbolic links"
+    run_checked(tmp_path, ["fit", "loop-a", "-o", "out.npz"], 2, loop)
+    run_checked(tmp_path, ["apply", "m.npz", "loop-a", "-o", "o.zarr"], 2, loop)
+    run_checked(
+        tmp_path, ["apply", "loop-a", "g.h5", "-o", "o.zarr"], 2, r"loop-a: .*Too many levels of symbolic links"
+    )
+
+
+# ---------------------------------------------- issue #36: outputs carry checksums, verified when read
+
+#: output name -> the apply options that write it
+CHECKSUMMED_OUTPUTS = {
+    "out.h5": [],
+    "gzip.h5": ["--compressor", "gzip"],
+    "out.zarr": [],
+    "zstd.zarr": ["--compressor", "zstd"],
+    "out.parquet": [],
+}
+
+
+def _flip(path, offset, mask=0x10):
+    with open(path, "r+b") as handle:
+        handle.seek(offset)
+        byte = handle.read(1)[0]
+        handle.seek(offset)
+        handle.write(bytes([byte ^ mask]))
+
+
+def _data_byte(path):
+    """A byte inside the stored data of the output's third chunk (HDF5, Zarr) or first data page (Parquet)."""
+    if path.suffix == ".h5":
+        with h5py.File(path, "r") as handle:
+            return path, handle["embeddings"].id.get_chunk_info(2).byte_offset + 37
+    if path.suffix == ".zarr":
+        return path / "c" / "2" / "0", 37
+    import pyarrow.parquet as pq
+
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    return path, column.data_page_offset + column.total_compressed_size // 2
+
+
+@pytest.mark.parametrize("name", sorted(CHECKSUMMED_OUTPUTS))
+def test_flipped_data_bytes_in_an_output_are_refused_when_read(tmp_path, small_model, name):
+    """An output's chunks carry checksums (HDF5 fletcher32, Zarr 3 crc32c, Parquet page CRCs): one bit
+    flipped inside its stored data is refused by every reader of ours, naming the file and rows -- never
+    returned as values (issue #36: a published part with flipped bytes read back as 6e23)."""
+    from streamwhiten.errors import CorruptStoreError
+    from streamwhiten.io import open_source
+
+    (tmp_path / "m.npz").write_bytes(small_model)
+    write_h5(tmp_path / "in.h5", SMALL)
+    args = ["apply", "m.npz", "in.h5", "-o", name, "--chunk-rows", "100", "-q", *CHECKSUMMED_OUTPUTS[name]]
+    assert run_subprocess(*args, cwd=tmp_path).returncode == 0
+    with open_source(str(tmp_path / name)) as source:
+        written = source.read(0, source.n_rows).copy()
+    file, offset = _data_byte(tmp_path / name)
+    _flip(file, offset)
+    with pytest.raises(CorruptStoreError, match=rf"{re.escape(name)}\b.*(checksum|CRC)"):
+        with open_source(str(tmp_path / name)) as source:
+            source.read(0, source.n_rows)
+    run_checked(tmp_path, ["fit", name, "-o", "refit.npz"], 2, rf"{re.escape(name)}.*(checksum|CRC)")
+    _flip(file, offset)  # flipped back: read as written
+    with open_source(str(tmp_path / name)) as source:
+        np.testing.assert_array_equal(source.read(0, source.n_rows), written)
+
+
+def test_outputs_without_checksums_hold_the_same_rows_and_plain_readers_verify_them(tmp_path, small_model):
+    """``--no-checksums`` writes the same rows without the filter or codec; with checksums, h5py and zarr
+    themselves read the outputs (and verify them), as any reader of the format does."""
+    (tmp_path / "m.npz").write_bytes(small_model)
+    write_h5(tmp_path / "in.h5", SMALL)
+    for name, extra in (("a.h5", []), ("b.h5", ["--no-checksums"]), ("a.zarr", []), ("b.zarr", ["--no-checksums"])):
+        result = run_subprocess(
+            "apply", "m.npz", "in.h5", "-o", name, "--chunk-rows", "100", "-q", *extra, cwd=tmp_path
+        )
+        assert result.returncode == 0, result.stderr
+    with h5py.File(tmp_path / "a.h5") as one, h5py.File(tmp_path / "b.h5") as two:
+        assert one["embeddings"].fletcher32 and not two["embeddings"].fletcher32
+        np.testing.assert_array_equal(one["embeddings"][:], two["embeddings"][:])
+        rows = one["embeddings"][:]
+    checked, plain = zarr.open_array(tmp_path / "a.zarr", mode="r"), zarr.open_array(tmp_path / "b.zarr", mode="r")
+    assert [type(codec).__name__ for codec in checked.metadata.codecs] == ["BytesCodec", "Crc32cCodec"]
+    assert [type(codec).__name__ for codec in plain.metadata.codecs] == ["BytesCodec"]
+    np.testing.assert_array_equal(checked[:], rows)
+    np.testing.assert_array_equal(plain[:], rows)
+
+
+@pytest.mark.parametrize("suffix", ["h5", "zarr"])
+def test_a_published_part_with_flipped_data_bytes_is_refused_when_read(tmp_path, suffix):
+    """Issue #36: bytes flipped inside a published part, its times restored, were read back by
+    ``published().read`` as values (6e23); the part's checksums refuse it, naming the part."""
+    from streamwhiten.errors import CorruptStoreError
+    from streamwhiten.job import published, run_job_file
+
+    write_h5(tmp_path / "day-1.h5", anisotropic(1200, 8, seed=9).astype(np.float32), chunk_rows=100)
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[input]\npaths = ["day-*.h5"]\n[model]\npath = "m.npz"\n'
+        f'[apply]\noutput = "out-{{stem}}.{suffix}"\nchunk_rows = 100\n[publish]\n'
+    )
+    run_job_file(str(job))
+    publication = published(str(tmp_path / "m.npz"))
+    rows = publication.read(str(tmp_path / "day-1.h5"))
+    part = tmp_path / publication.outputs[0]
+    file, offset = _data_byte(part)
+    times = os.stat(file)
+    _flip(file, offset, mask=0x40)  # an exponent bit of a float32 value
+    os.utime(file, ns=(times.st_atime_ns, times.st_mtime_ns))
+    with pytest.raises(CorruptStoreError, match=rf"{re.escape(part.name)}.*rows 200\.\.299.*checksum mismatch"):
+        published(str(tmp_path / "m.npz")).read(str(tmp_path / "day-1.h5"))
+    _flip(file, offset, mask=0x40)
+    np.testing.assert_array_equal(published(str(tmp_path / "m.npz")).read(str(tmp_path / "day-1.h5")), rows)

@@ -1119,3 +1119,42 @@ def test_export_rerun_after_a_fault_past_its_final_rename(tmp_path, numba_cache,
     rerun = run_cli(["export", "model.npz", "-o", name, *extra], work)
     assert rerun.returncode == 3 and "up to date" in rerun.stderr, rerun.stderr
     assert sorted(os.listdir(work)) == sorted(["x.npy", "model.npz", name])
+
+
+# ------------------------------------------------------------------ every export target, on a full disk
+
+
+@pytest.mark.parametrize("name", ["map.npz", "map.safetensors", "map.onnx", "map.faiss", "st-modules"])
+def test_every_export_target_on_a_full_disk_exits_74_and_leaves_nothing(tmp_path, numba_cache, name):
+    """Issue #36: a write of an export that fails for want of space is an I/O error (exit 74, one line
+    naming the output) whatever library writes it -- safetensors raised its own ``SafetensorError`` for
+    the sentence-transformers modules (exit 1) -- and nothing is left behind. The file exports are written
+    by us (the temporary file's first write fails); the modules' weights by safetensors (its first
+    ``ftruncate``, the call that sizes the file it then fills, fails)."""
+    if name in ("map.onnx", "map.safetensors"):
+        pytest.importorskip("onnx" if name == "map.onnx" else "safetensors")
+    if name == "map.faiss":
+        pytest.importorskip("faiss")
+    extra = []
+    if name == "st-modules":
+        pytest.importorskip("sentence_transformers")
+        extra = ["--format", "sentence-transformers"]
+    work = tmp_path / "work"
+    work.mkdir()
+    np.save(work / "x.npy", anisotropic(400, 6, seed=2).astype(np.float32))
+    assert run_cli(["fit", "x.npy", "-o", "model.npz", "-q"], work).returncode == 0
+    where = Where(str(work), str(tmp_path / "out.txt"), str(tmp_path / "err.txt"))
+    trace = tmp_path / "trace.txt"
+    if name == "st-modules":
+        calls, inject, path = ["ftruncate"], "ftruncate:error=ENOSPC:when=1", None
+    else:
+        calls, inject, path = ["write", "writev"], "write:error=ENOSPC:when=1", f"{{work}}/.{name}.tmp-{{pid}}"
+    result, script = run_traced(["export", "model.npz", "-o", name, *extra], work, where, trace, calls, inject, path)
+    assert "(INJECTED)" in trace.read_text(), script
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 74, (script, result.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"streamwhiten: error: {name}: cannot write"), result.stderr
+    assert "No space left on device" in lines[0], lines
+    assert listing(work) == ["model.npz", "x.npy"]
+    rerun = run_cli(["export", "model.npz", "-o", name, *extra], work)
+    assert rerun.returncode == 0, rerun.stderr

@@ -825,3 +825,39 @@ def test_the_default_remote_timeout_gives_up_in_about_ten_seconds(tmp_path, s3_b
     done, seconds, url = _outage("server-stopped-mid-fit", tmp_path, s3_bucket, s3_server, None)
     assert done.returncode == EXIT_IO and "(--remote-timeout 10)" in done.stderr, done.stderr
     assert 10 <= seconds < 10 + 5, f"gave up {seconds:.1f} s after the server stopped"
+
+
+def test_a_remote_apply_that_gives_up_names_its_output_once(tmp_path, s3_bucket, s3_server):
+    """Issue #36: an apply writing to object storage whose server stops answering mid-write exits 74 with
+    one line that names the output once (the write's own error was wrapped again, its prefix repeated)."""
+    from conftest import _free_port
+
+    from streamwhiten import Whitener
+
+    data = anisotropic(40_000, 32, seed=4).astype(np.float32)
+    local = write_zarr(tmp_path / "c.zarr", data, chunk_rows=1000)
+    Whitener().fit(data[:2000]).save(str(tmp_path / "m.npz"))
+    port = _free_port()
+    server = start_moto(port)
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        client = s3fs_client(endpoint)
+        client.mkdir("outage")
+        url = "s3://outage/out.zarr"
+        env = {"AWS_ENDPOINT_URL": endpoint}
+        process = _spawn(
+            "apply", tmp_path / "m.npz", local, "-o", url, "--chunk-rows", "1000", "--remote-timeout", "2", env=env
+        )
+        deadline = time.monotonic() + 120
+        while process.poll() is None and time.monotonic() < deadline:
+            client.invalidate_cache()
+            if len(client.find("outage/out.zarr")) > 3:  # metadata and some chunks are written
+                break
+            time.sleep(0.05)
+    finally:
+        server.kill()
+        server.wait(10)
+    out, err = process.communicate(timeout=300)
+    lines = err.splitlines()
+    assert process.returncode == EXIT_IO and len(lines) == 1, err
+    assert lines[0].count(url) == 1 and "(--remote-timeout 2)" in lines[0], lines

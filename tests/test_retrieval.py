@@ -236,8 +236,13 @@ def test_bits_rescored_over_the_whole_corpus_rank_as_the_float_search(task):
         *args, model=model, exclude=task["exclude"], dtype="binary", rescore=2000, block_rows=500, bootstrap=0
     )
     bits = evaluate_retrieval(*args, model=model, exclude=task["exclude"], dtype="binary", bootstrap=0)
+    # issue #36: a re-ranking deeper than the corpus re-ranks all of it (10**9 asked for 447 GiB of top lists)
+    deepest = evaluate_retrieval(
+        *args, model=model, exclude=task["exclude"], dtype="binary", rescore=10**9, bootstrap=0
+    )
     for name in ("raw", "whitened"):
         assert {m: rescored[name][m] for m in METRICS} == {m: floats[name][m] for m in METRICS}
+        assert {m: deepest[name][m] for m in METRICS} == {m: floats[name][m] for m in METRICS}
     assert bits["whitened"]["ndcg@10"] != floats["whitened"]["ndcg@10"]
     # bytes per vector: the bits and the float32 vectors the re-ranking reads from disk
     assert rescored["whitened"]["bytes_per_vector"] == 2 + 16 * 4 and rescored["whitened"]["rescore"] == 2000

@@ -285,6 +285,7 @@ def test_the_result_is_a_frozen_record_with_a_plain_dict():
     assert result.exceeds() == (result.total > DEFAULT_MAX_STALENESS)
     with pytest.raises(BadInputError, match="max_staleness must be a number, 0 or more, got -1"):
         result.exceeds(-1)
+    assert not result.exceeds(math.inf)  # inf: never stale (issue #36)
 
 
 def test_publishing_parameters_are_declared_once():
@@ -292,13 +293,40 @@ def test_publishing_parameters_are_declared_once():
     assert PARAMS["keep_versions"].default == 2
     for name, bad in (
         ("max_staleness", -0.5),
-        ("max_staleness", math.inf),
+        ("max_staleness", -math.inf),
+        ("max_staleness", math.nan),
         ("keep_versions", 0),
         ("keep_versions", 1.5),
     ):
         with pytest.raises(BadInputError, match=f"^{name} must be"):
             PARAMS[name].check(bad)
     assert PARAMS["max_staleness"].check(0.0) == 0.0 and PARAMS["keep_versions"].check(1) == 1
+    assert PARAMS["max_staleness"].check(math.inf) == math.inf  # the natural "never republish by staleness"
+
+
+def test_max_staleness_inf_is_taken_by_a_job_file_and_the_staleness_command(tmp_path):
+    """``max_staleness = inf`` in ``[publish]`` and ``staleness --max-staleness inf``: never stale (issue #36:
+    both were refused)."""
+    from conftest import run_subprocess
+
+    from streamwhiten.core.model import save_model
+    from streamwhiten.job.file import read_job_file
+
+    job = tmp_path / "job.toml"
+    job.write_text(
+        '[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n[apply]\noutput = "o/{stem}.zarr"\n'
+        "[publish]\nmax_staleness = inf\n"
+    )
+    assert read_job_file(str(job)).publish.max_staleness == math.inf
+    published, current = drifted_pair()
+    save_model(finalize(stats.block_moments(published), n_components=3), str(tmp_path / "published.npz"))
+    save_model(finalize(stats.block_moments(current), n_components=3), str(tmp_path / "now.npz"))
+    args = ("staleness", tmp_path / "now.npz", "--published", tmp_path / "published.npz", "--json")
+    strict = json.loads(run_subprocess(*args, "--max-staleness", "0").stdout)
+    never = run_subprocess(*args, "--max-staleness", "inf")
+    assert never.returncode == 0, never.stderr
+    report = json.loads(never.stdout)
+    assert strict["stale"] and strict["total"] > 0 and not report["stale"] and report["max_staleness"] is None
 
 
 @pytest.mark.parametrize("beta, gamma, k", SETTINGS)

@@ -49,7 +49,12 @@ class SpecChoice(click.Choice):
         super().__init__([str(choice) for choice in self.param.choices])
 
     def convert(self, value, param, ctx):
-        if self.param.kind is int and isinstance(value, str) and value.lstrip("-").isdigit():
+        if (
+            self.param.kind is int
+            and isinstance(value, str)
+            and value.lstrip("-").isascii()
+            and value.lstrip("-").isdigit()
+        ):
             value = int(value)
         try:
             return self.param.check(value)

@@ -20,9 +20,11 @@ import click
 
 from .. import __version__
 from ..errors import (
+    EXIT_BAD_INPUT,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
     EXIT_IO,
+    PATH_ERRNOS,
     InterruptedRunError,
     NothingToDoError,
     StreamwhitenError,
@@ -171,7 +173,7 @@ def _report(exc: BaseException, debug: bool) -> int:
         return exc.exit_code
     if isinstance(exc, OSError):
         click.echo(f"streamwhiten: error: {_one_line(exc)}", err=True)
-        return EXIT_IO
+        return EXIT_BAD_INPUT if exc.errno in PATH_ERRNOS else EXIT_IO
     if isinstance(exc, Exception):  # a bug: still one line, with a hint how to see more
         click.echo(
             f"streamwhiten: internal error: {exc.__class__.__name__}: {_one_line(exc)} "

@@ -19,7 +19,7 @@ from ._options import (
 )
 
 #: Apply options an engine may not take: refused when given on the command line (see ``Engine.check_apply``).
-ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor")
+ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor", "checksums")
 
 
 @click.command()
@@ -65,7 +65,7 @@ ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor")
     is_flag=True,
     help="Replace an existing output written by streamwhiten (one that is up to date is kept: exit 3).",
 )
-@param_options("fill_missing_chunks", "keep_columns", "compressor", "direct_io")
+@param_options("fill_missing_chunks", "keep_columns", "compressor", "direct_io", "checksums")
 @storage_options
 @engine_options
 @quiet_option

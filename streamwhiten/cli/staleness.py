@@ -22,7 +22,7 @@ from ._options import json_option, param_options
     "max_staleness",
     helps={
         "max_staleness": "Tolerance of the total: above it, the published map is stale (a job's [publish] "
-        "max_staleness decides what run does)."
+        "max_staleness decides what run does); inf: never stale."
     },
 )
 @json_option

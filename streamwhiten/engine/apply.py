@@ -614,6 +614,7 @@ def _open_sink(
         options.direct_io,
         kept_schema,
         options.compressor,
+        checksums=options.checksums,
     )
     return sink, 0, 0
 

@@ -191,6 +191,8 @@ class DaskEngine(Engine):
         "direct_io": "--direct-io/--no-direct-io is for the serial engine (Dask workers write through zarr)",
         "keep_columns": "--keep-columns is for the serial engine (the Dask engine writes Zarr)",
         "compressor": "--compressor is for the serial engine (the Dask engine writes uncompressed Zarr)",
+        "checksums": "--checksums/--no-checksums is for the serial engine (the Dask engine's Zarr 3 chunks always "
+        "carry their crc32c)",
     }
 
     def apply(

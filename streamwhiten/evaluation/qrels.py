@@ -104,7 +104,7 @@ def _row(value: str, ids: Ids, lookup: dict | None, label: str, line: int, what:
         if row is None:
             raise BadInputError(f"{label}: line {line}: {what} {value!r} is not {ids.describe()}")
         return row
-    if not value.isdigit() or int(value) >= ids.n_rows:
+    if not (value.isascii() and value.isdigit()) or int(value) >= ids.n_rows:  # "²".isdigit() too
         raise BadInputError(f"{label}: line {line}: {what} {value!r} is not {ids.describe()}")
     return int(value)
 

@@ -286,6 +286,10 @@ def run_settings(
     names = [setting.name for setting in settings]
     if len(set(names)) != len(names):
         raise BadInputError(f"settings need distinct names, got {names}")
+    # A re-ranking deeper than the corpus re-ranks all of it: its top lists are never longer (each holds
+    # queries x depth rows, so --rescore 10**9 would otherwise ask for hundreds of GiB).
+    n_corpus = int(corpus.shape[0] if isinstance(corpus, np.ndarray) else corpus.n_rows)
+    reranked_depth = {setting.name: min(setting.rescore, n_corpus) for setting in settings}
     jobs = []
     for setting in settings:
         if setting.n_features is not None and setting.n_features != queries.shape[1]:
@@ -297,13 +301,17 @@ def run_settings(
         def prepare(rows, start, setting=setting):
             return setting.searched(_finite(rows, start, corpus_label))
 
-        jobs.append(SearchJob(setting.query_vectors(queries), max(depth, setting.rescore), metric, prepare, exclude))
+        jobs.append(
+            SearchJob(
+                setting.query_vectors(queries), max(depth, reranked_depth[setting.name]), metric, prepare, exclude
+            )
+        )
     results = search(corpus, jobs, block_rows=block_rows, threads=threads, progress=progress)
     again = [
         RescoreJob(
             setting.unit(queries),
-            result.rows[:, : setting.rescore],
-            setting.rescore,
+            result.rows[:, : reranked_depth[setting.name]],
+            reranked_depth[setting.name],
             lambda block, start, setting=setting: setting.rescored(block),  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
         )
         for setting, result in zip(settings, results, strict=True)
@@ -314,7 +322,7 @@ def run_settings(
     for setting, result in zip(settings, results, strict=True):
         rows = result.rows
         if setting.rescore:
-            rows = np.concatenate([next(reranked).rows, rows[:, setting.rescore :]], axis=1)
+            rows = np.concatenate([next(reranked).rows, rows[:, reranked_depth[setting.name] :]], axis=1)
         out[setting.name] = np.ascontiguousarray(rows[:, :depth])
     return out
 

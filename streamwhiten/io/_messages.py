@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from ..errors import BadInputError
+from ..errors import BadInputError, StreamwhitenError
 
 #: How to read past a hole, for the messages that refuse one.
 FILL_HINT = " (pass --fill-missing-chunks, or fill_missing_chunks=True, to read unwritten chunks as the fill value)"
@@ -30,6 +30,10 @@ def io_error(exc: BaseException) -> str:
     strerror = getattr(exc, "strerror", None)
     if strerror:
         return str(strerror)
+    if isinstance(exc, StreamwhitenError):  # one of ours (a StoreIOError is an OSError): already names its store
+        label, _, rest = first_line(exc).partition(": ")
+        if rest and " " not in label and ("/" in label or "." in label):
+            return rest
     failed = re.search(r"error message = '([^']*)'", str(exc))
     return failed.group(1) if failed else first_line(exc)
 

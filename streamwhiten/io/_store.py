@@ -287,6 +287,8 @@ class StoreSink(Sink):
                 self._write(start, block)
             else:
                 self._write(start, block, columns)
+        except StoreIOError:  # ours already (a remote write that gave up): it names the store and rows
+            raise
         except OSError as exc:
             stop = start + block.shape[0]
             raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {io_error(exc)}") from exc

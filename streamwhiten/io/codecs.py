@@ -518,6 +518,27 @@ def numcodecs_codec(name: str, dtype: Any) -> Any:
     return None
 
 
+def fletcher32_of(data: Any) -> np.ndarray:
+    """The 4 bytes HDF5's fletcher32 filter stores after a chunk's ``data`` (numcodecs computes the same
+    checksum, and :class:`_Fletcher32` checks it when the chunk is read)."""
+    from numcodecs.fletcher32 import Fletcher32
+
+    stored: np.ndarray = np.frombuffer(Fletcher32().encode(_u8(data)), np.uint8)[-4:].copy()
+    return stored
+
+
+def crc32c_of(*parts: Any) -> np.ndarray:
+    """The 4 bytes Zarr 3's ``crc32c`` codec stores after a chunk made of ``parts`` in order (a
+    little-endian CRC-32C; :class:`_Crc32c` checks it when the chunk is read)."""
+    import google_crc32c
+
+    value = 0
+    for part in parts:
+        value = google_crc32c.extend(value, _u8(part) if not isinstance(part, bytes) else part)
+    stored: np.ndarray = np.frombuffer(int(value).to_bytes(4, "little"), np.uint8).copy()
+    return stored
+
+
 def chunk_encoder(name: str, dtype: Any, layout: str) -> Callable[[np.ndarray], bytes] | None:
     """``encode(chunk) -> bytes`` for ``--compressor name`` (None for ``none``): a whole chunk (a
     C-contiguous array) as the ``layout`` ("zarr" or "hdf5") stores it. HDF5's gzip is its deflate filter

@@ -44,6 +44,7 @@ from .codecs import (
     check_compressor,
     chunk_encoder,
     fetch_buffer,
+    fletcher32_of,
     hdf5_decoder,
     widen_in_place,
 )
@@ -105,6 +106,21 @@ def _open_error(path: str, exc: OSError) -> StoreIOError | BadInputError:
     return BadInputError(f"{remote.redact(path)}: cannot open as HDF5 ({remote.scrub(first_line(exc))})")
 
 
+def _metadata_error(path: str, exc: BaseException) -> StoreIOError | CorruptStoreError:
+    """HDF5's error walking a file's metadata (its groups, object headers, chunk index): an I/O error
+    where a system call failed, else damaged metadata (``RuntimeError: Object visitation failed``...)."""
+    failed = re.search(r"errno = (\d+)", str(exc))
+    if (failed and int(failed.group(1))) or getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
+        return StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}")
+    return CorruptStoreError(
+        f"{remote.redact(path)}: the HDF5 file's metadata is damaged ({remote.scrub(first_line(exc))})"
+    )
+
+
+#: What h5py raises for metadata it cannot walk or decode (never one of ours).
+_METADATA_ERRORS = (RuntimeError, KeyError, ValueError, OSError, TypeError)
+
+
 class HDF5Source(StoreSource):
     """A 2-D dataset of an HDF5 file (local, or read through an fsspec file object)."""
 
@@ -130,6 +146,12 @@ class HDF5Source(StoreSource):
             self.decoder = None if self.remote else hdf5_decoder(node)
             #: our own descriptor for reading stored chunks (``get_chunk_info`` gives absolute offsets)
             self._fd = os.open(path, os.O_RDONLY) if self.decoder is not None else None
+        except (BadInputError, StoreIOError):
+            self._file.close()
+            raise
+        except _METADATA_ERRORS as exc:
+            self._file.close()
+            raise _metadata_error(path, exc) from exc
         except BaseException:
             self._file.close()
             raise
@@ -241,7 +263,10 @@ class HDF5Source(StoreSource):
                     )
 
     def attrs(self) -> dict[str, Any]:
-        return dict(self._node.attrs)
+        try:
+            return dict(self._node.attrs)
+        except _METADATA_ERRORS as exc:
+            raise _metadata_error(self.path, exc) from exc
 
     def close(self) -> None:
         fd = getattr(self, "_fd", None)  # None too where __init__ failed before opening it
@@ -270,8 +295,13 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
     except OSError as exc:
         raise _open_error(path, exc) from exc
     with handle:
-        inner = _find_dataset(handle, remote.redact(path), inner, 1, option=False)
-        return handle[inner][()], f"{remote.redact(path)}:/{inner}"
+        try:
+            inner = _find_dataset(handle, remote.redact(path), inner, 1, option=False)
+            return handle[inner][()], f"{remote.redact(path)}:/{inner}"
+        except (BadInputError, StoreIOError):
+            raise
+        except _METADATA_ERRORS as exc:
+            raise _metadata_error(path, exc) from exc
 
 
 # ----------------------------------------------------------------------------------------------- sink
@@ -320,6 +350,16 @@ def _set_attrs(array: Any, attrs: Mapping[str, Any]) -> None:
         array.attrs.modify(key, value)
 
 
+def _as_os_error(exc: BaseException) -> BaseException:
+    """``exc`` as an :class:`OSError` with its errno when HDF5 reports a failed system call inside it (h5py
+    raises a ``ValueError`` when the disk fills as a dataset is created), else ``exc`` itself."""
+    failed = re.search(r"errno = (\d+)", str(exc))
+    if isinstance(exc, OSError) or not failed or not int(failed.group(1)):
+        return exc
+    number = int(failed.group(1))
+    return OSError(number, os.strerror(number))
+
+
 def _close_quietly(handle: Any) -> None:
     try:
         if handle is not None and handle.id.valid:
@@ -358,10 +398,13 @@ class HDF5Sink(StoreSink):
         chunk_rows: int,
         offsets: list[int],
         direct_io: bool = True,
+        checksums: bool = False,
     ) -> None:
         super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
         #: byte offset of each chunk in the file
         self.offsets = offsets
+        #: whether each chunk is followed by its fletcher32 checksum (HDF5's filter, declared on the dataset)
+        self.checksums = checksums
         #: our own descriptor for writing chunk data in place
         self.chunk_file: ChunkFile | None = ChunkFile(partial, direct=direct_io)
 
@@ -377,13 +420,15 @@ class HDF5Sink(StoreSink):
         attrs: Mapping[str, Any],
         direct_io: bool = True,
         compressor: str = "none",
+        checksums: bool = True,
         **_: Any,
     ) -> StoreSink:
         """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
-        With a ``compressor``, an :class:`HDF5CompressedSink` instead."""
+        With a ``compressor``, an :class:`HDF5CompressedSink` instead. With ``checksums`` the dataset
+        declares HDF5's fletcher32 filter: each chunk is allocated 4 bytes longer, for its checksum."""
         if check_compressor(compressor) != "none":
             return HDF5CompressedSink.create(
-                path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io, compressor
+                path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io, compressor, checksums
             )
         dataset = dataset or cls.default_dataset
         handle = None
@@ -392,17 +437,26 @@ class HDF5Sink(StoreSink):
             layout = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
             layout.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
             array = handle.create_dataset(
-                dataset, shape=shape, dtype=dtype, chunks=(chunk_rows, shape[1]), dcpl=layout, fill_time="never"
+                dataset,
+                shape=shape,
+                dtype=dtype,
+                chunks=(chunk_rows, shape[1]),
+                dcpl=layout,
+                fill_time="never",
+                fletcher32=bool(checksums),
             )
             array.attrs.update({key: _attr(value) for key, value in attrs.items()})
             handle.flush()
             offsets = _chunk_offsets(array, chunk_rows)
             handle.close()
             handle = None
-        except (OSError, RuntimeError):
+        except (OSError, RuntimeError, ValueError) as exc:
             _close_quietly(handle)
-            raise
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
+            failure = _as_os_error(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io, bool(checksums))
 
     @classmethod
     def resume(
@@ -415,23 +469,29 @@ class HDF5Sink(StoreSink):
             return HDF5CompressedSink.resume(path, dataset, partial, direct_io, rows_done)
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
-            if array.compression is not None or array.id.get_create_plist().get_nfilters():
+            checksums = bool(array.fletcher32)
+            if array.compression is not None or array.id.get_create_plist().get_nfilters() > int(checksums):
                 # a compressed output whose spool was already copied in and removed (killed between its
                 # finish and its rename): its chunks cannot be written in place; it is written again
                 raise OSError(f"{partial}: a finished compressed output; not resumed")
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             offsets = _chunk_offsets(array, chunk_rows)
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io)
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io, checksums)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self.chunk_file is not None
         row_bytes = self.shape[1] * self.dtype.itemsize
         for index, lo, hi, a, b, data in self.covered(start, block):
+            if self.checksums and (a, b) != (lo, hi):
+                raise OSError(f"rows {a}..{b - 1} do not make up chunk {index} (a checksummed chunk is written whole)")
             if b == self.shape[0] and hi - lo < self.chunk_rows:  # the edge chunk is stored at full size
                 padded = np.zeros((self.chunk_rows - (a - lo), self.shape[1]), self.dtype)
                 padded[: b - a] = data
                 data = padded
-            self.chunk_file.write_at(self.offsets[index] + (a - lo) * row_bytes, data)
+            offset = self.offsets[index] + (a - lo) * row_bytes
+            self.chunk_file.write_at(offset, data)
+            if self.checksums:  # HDF5's fletcher32 filter: the chunk's checksum right after its bytes
+                self.chunk_file.write_at(offset + data.nbytes, fletcher32_of(data))
 
     def _sync(self) -> None:
         if self.chunk_file is not None:
@@ -509,9 +569,12 @@ class HDF5CompressedSink(StoreSink):
         compressor: str,
         direct_io: bool = True,
         chunks: int = 0,
+        checksums: bool = False,
     ) -> None:
         super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
         self.compressor = compressor
+        #: whether each compressed chunk is followed by its fletcher32 checksum (the last filter)
+        self.checksums = checksums
         self._encode = chunk_encoder(compressor, dtype, "hdf5")
         #: chunks spooled so far (they are written in order: the next one's index)
         self.chunks = chunks
@@ -533,10 +596,12 @@ class HDF5CompressedSink(StoreSink):
         attrs: Mapping[str, Any],
         direct_io: bool = True,
         compressor: str = "gzip",
+        checksums: bool = True,
         **_: Any,
     ) -> HDF5CompressedSink:
         dataset = dataset or cls.default_dataset
         options = _filters(compressor, dtype, chunk_rows * shape[1] * np.dtype(dtype).itemsize)
+        options["fletcher32"] = bool(checksums)  # h5py declares it after the compression: it checks the stored bytes
         spool = cls.spool_path(partial)
         if os.path.exists(spool):
             os.remove(spool)
@@ -547,10 +612,13 @@ class HDF5CompressedSink(StoreSink):
             array.attrs.update({key: _attr(value) for key, value in attrs.items()})
             handle.close()
             handle = None
-        except (OSError, RuntimeError, ValueError):
+        except (OSError, RuntimeError, ValueError) as exc:
             _close_quietly(handle)
-            raise
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io)
+            failure = _as_os_error(exc)
+            if failure is exc:
+                raise
+            raise failure from exc
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, checksums=bool(checksums))
 
     @classmethod
     def resume(
@@ -563,6 +631,7 @@ class HDF5CompressedSink(StoreSink):
             array = handle[dataset]
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             compressor = str(array.attrs.get("compressor", "gzip"))
+            checksums = bool(array.fletcher32)
         done = -(-int(rows_done) // chunk_rows)
         spool = cls.spool_path(partial)
         kept, end = 0, 0
@@ -574,7 +643,7 @@ class HDF5CompressedSink(StoreSink):
         if kept != done:
             raise OSError(f"{spool}: holds {kept} intact chunks, its progress record claims {done}")
         os.truncate(spool, end)
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, kept)
+        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, kept, checksums)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self._spool is not None
@@ -588,6 +657,8 @@ class HDF5CompressedSink(StoreSink):
             if data.shape[0] < self.chunk_rows:  # the edge chunk is stored at full size
                 data = np.concatenate([data, np.zeros((self.chunk_rows - data.shape[0], self.shape[1]), self.dtype)])
             stored = self._encode(np.ascontiguousarray(data))
+            if self.checksums:
+                stored += fletcher32_of(stored).tobytes()
             self._spool.write(_RECORD.pack(_RECORD_MAGIC, index, len(stored), zlib.crc32(stored)) + stored)
             self.chunks += 1
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .._npz import NpyTooShort, npy_header
+from .._npz import NpyTooShort, npy_header, read_npy_header
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..options import ReadOptions
 from . import remote
@@ -105,17 +105,15 @@ def _header(url: str, read: ReadOptions) -> tuple[tuple[int, ...], np.dtype[Any]
     head = remote.cat(url, 0, min(size, HEADER_BYTES), read=read)
     try:
         handle = io.BytesIO(head)
-        major, _ = np.lib.format.read_magic(handle)
-        if major == 1:
-            length = int.from_bytes(head[8:10], "little") + 10
-        else:
-            length = int.from_bytes(head[8:12], "little") + 12
+        np.lib.format.read_magic(handle)  # the header's length follows the magic: 2 bytes in 1.0, else 4
+        width = 2 if head[6:7] == b"\x01" else 4
+        length = int.from_bytes(head[8 : 8 + width], "little") + 8 + width
+        if length > HEADER_BYTES * 16:
+            raise ValueError(f"its header claims {length:,} bytes, more than any array needs")
         if length > len(head):
             head = remote.cat(url, 0, length, read=read)
-            handle = io.BytesIO(head)
-            np.lib.format.read_magic(handle)
-        reader = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-        shape, fortran, dtype = reader(handle)
+        handle = io.BytesIO(head)
+        shape, fortran, dtype = read_npy_header(handle)
     except (ValueError, EOFError) as exc:
         raise BadInputError(f"{where}: cannot read as .npy ({exc})") from None
     if dtype.hasobject:

@@ -347,6 +347,7 @@ class Output:
         direct_io: bool = True,
         columns: Any = None,
         compressor: str = "none",
+        checksums: bool = True,
     ) -> Sink:
         """Start writing a new ``n_rows x n_features`` array under a temporary name.
 
@@ -357,7 +358,8 @@ class Output:
         row for row beside the vectors. ``compressor`` (``codecs.COMPRESSORS``; HDF5 and Zarr outputs)
         compresses each output chunk in the writer thread. A URL is written in place instead: Zarr with
         its ``complete`` attribute set last, Parquet as part objects beside it, joined into one object that
-        appears only when its upload completes.
+        appears only when its upload completes. With ``checksums``, every chunk carries a checksum its
+        readers verify (HDF5 fletcher32, Zarr 3 crc32c; Parquet pages always carry theirs).
         """
         path = self.path
         if self._local_class is None:
@@ -384,7 +386,9 @@ class Output:
             self._clear_local_partial(n_rows * n_features * dtype.itemsize)
         attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
         attrs.setdefault(OWNER_ATTR, __version__)  # what marks it as ours (see foreign_output)
-        options: dict[str, Any] = {"columns": columns} if sink_class.tabular else {"compressor": compressor}
+        options: dict[str, Any] = (
+            {"columns": columns} if sink_class.tabular else {"compressor": compressor, "checksums": checksums}
+        )
         try:
             sink = sink_class.create(
                 path,

@@ -151,7 +151,12 @@ def read_ids(source: Source, column: str) -> list[str]:
             row = start + offset
             if value is None:
                 raise BadInputError(f"{source.label}: row {row}: the id column {column!r} is null")
-            key = value.decode() if isinstance(value, bytes) else str(value)
+            try:
+                key = value.decode() if isinstance(value, bytes) else str(value)
+            except UnicodeDecodeError:
+                raise BadInputError(
+                    f"{source.label}: row {row}: the id in column {column!r} is not valid UTF-8 text ({value[:32]!r})"
+                ) from None
             if key in seen:
                 raise BadInputError(f"{source.label}: rows {seen[key]} and {row} have the same id {key!r}")
             seen[key] = row

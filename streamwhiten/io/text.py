@@ -86,7 +86,7 @@ def column_spec(inner: str | None) -> int | str:
     if inner is None or not inner.strip():
         raise BadInputError("name a column: file.csv:NAME (a header field) or file.csv:INDEX (0-based, no header)")
     inner = inner.strip()
-    return int(inner) if inner.isdigit() else inner
+    return int(inner) if inner.isascii() and inner.isdigit() else inner  # "²".isdigit() too
 
 
 def _first_line(rows: list[tuple[int, list[str]]]) -> str:

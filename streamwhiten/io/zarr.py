@@ -32,7 +32,7 @@ from typing import Any, Literal, NoReturn
 import numpy as np
 import zarr
 from zarr.buffer import default_buffer_prototype
-from zarr.codecs import BytesCodec
+from zarr.codecs import BytesCodec, Crc32cCodec
 from zarr.storage import LocalStore
 
 from .. import _durable as durable
@@ -45,6 +45,7 @@ from .codecs import (
     Fetched,
     check_compressor,
     chunk_encoder,
+    crc32c_of,
     fetch_buffer,
     numcodecs_codec,
     widen_in_place,
@@ -411,12 +412,14 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
 # ----------------------------------------------------------------------------------------------- sink
 
 
-def _compressors(name: str, dtype: Any, zarr_format: int) -> Any:
-    """What zarr is told ``--compressor name`` wrote (the chunks themselves are encoded here)."""
-    if name == "none":
-        return None
+def _compressors(name: str, dtype: Any, zarr_format: int, checksums: bool = False) -> Any:
+    """What zarr is told ``--compressor name`` wrote (the chunks themselves are encoded here), and with
+    ``checksums`` (Zarr 3; format 2 has no checksum after its compressor) the crc32c after it."""
     if zarr_format == 2:
-        return numcodecs_codec(name, dtype)
+        return None if name == "none" else numcodecs_codec(name, dtype)
+    crc = [Crc32cCodec()] if checksums else []
+    if name == "none":
+        return crc or None
     from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
     makers: dict[str, Callable[[], Any]] = {
@@ -424,7 +427,7 @@ def _compressors(name: str, dtype: Any, zarr_format: int) -> Any:
         "gzip": lambda: GzipCodec(level=4),
         "blosc": lambda: BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=np.dtype(dtype).itemsize),
     }
-    return [makers[name]()]
+    return [makers[name](), *crc]
 
 
 #: Files of a Zarr store besides chunks: its metadata (v3, v2, consolidated).
@@ -501,9 +504,11 @@ class ZarrSink(StoreSink):
         #: ``--compressor``: whole chunks are encoded in the writer thread (None: written raw)
         self.compressor = check_compressor(compressor)
         self._encode = chunk_encoder(compressor, array.dtype, "zarr")
+        #: whether each chunk ends in its crc32c (Zarr 3's codec, last in the chain), appended here
+        self.checksums = array.metadata.zarr_format == 3 and isinstance(array.metadata.codecs[-1], Crc32cCodec)
         #: the chunk files' directory where we write them (raw or encoded here), else None
         self._root = raw_chunk_root(array)
-        if self._encode is not None and isinstance(array.store, LocalStore):
+        if (self._encode is not None or self.checksums) and isinstance(array.store, LocalStore):
             self._root = os.path.join(str(array.store.root), array.path)
         self._unsynced: set[int] = set()  # chunk files written since they were last fsynced
 
@@ -520,9 +525,10 @@ class ZarrSink(StoreSink):
         direct_io: bool = True,
         zarr_format: Literal[2, 3] = 3,
         compressor: str = "none",
+        checksums: bool = True,
         **_: Any,
     ) -> ZarrSink:
-        compressors = _compressors(check_compressor(compressor), dtype, zarr_format)
+        compressors = _compressors(check_compressor(compressor), dtype, zarr_format, checksums)
         if dataset:
             root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
             array = root.create_array(
@@ -567,11 +573,17 @@ class ZarrSink(StoreSink):
                 data = np.concatenate([data, pad]) if self._encode is not None else data
             with ChunkFile(path, create=True, direct=self.direct_io and self._encode is None) as chunk_file:
                 if self._encode is not None:
-                    chunk_file.write_at(0, np.frombuffer(self._encode(data), np.uint8))
+                    stored = np.frombuffer(self._encode(data), np.uint8)
+                    chunk_file.write_at(0, stored)
+                    if self.checksums:
+                        chunk_file.write_at(stored.nbytes, crc32c_of(stored))
                     continue
                 chunk_file.write_at(0, data)
                 if pad is not None:
                     chunk_file.write_at(data.nbytes, pad)
+                if self.checksums:  # the crc32c of the whole stored chunk (the pad included) after it
+                    end = data.nbytes + (0 if pad is None else pad.nbytes)
+                    chunk_file.write_at(end, crc32c_of(data) if pad is None else crc32c_of(data, pad))
 
     def _sync(self) -> None:
         """fsync the chunk files written since the last sync, and their directories."""
@@ -691,10 +703,12 @@ class RemoteZarrSink(ZarrSink):
         direct_io: bool = False,
         zarr_format: Literal[2, 3] = 3,
         compressor: str = "none",  # never anything else: refused for object storage (Output.create)
+        checksums: bool = True,
         read: ReadOptions | None = None,
         **_: Any,
     ) -> RemoteZarrSink:
         read = read if read is not None else ReadOptions()
+        compressors = _compressors("none", dtype, zarr_format, checksums)
         # an earlier run's leftovers (never complete), or the old output
         remote.remove(path, recursive=True, read=read)
         store = remote.zarr_store(path, read_only=False, read=read)
@@ -707,7 +721,7 @@ class RemoteZarrSink(ZarrSink):
                     shape=shape,
                     chunks=(chunk_rows, shape[1]),
                     dtype=dtype,
-                    compressors=None,
+                    compressors=compressors,
                     attributes=dict(attrs),
                 )
             return zarr.create_array(
@@ -715,7 +729,7 @@ class RemoteZarrSink(ZarrSink):
                 shape=shape,
                 chunks=(chunk_rows, shape[1]),
                 dtype=dtype,
-                compressors=None,
+                compressors=compressors,
                 zarr_format=zarr_format,
                 attributes=dict(attrs),
                 overwrite=True,
