@@ -9,8 +9,8 @@ re-ranking 100 candidates in float recovers).
 
 The tool's codes (``streamwhiten.codes``) train from the corpus's exact mean and covariance, and those
 that learn from data (ITQ, the faiss codes through the tool) on a seeded sample of corpus rows; they are
-searched by ``streamwhiten.codes.search.search`` (inner-product estimates, the tool's Numba scan for its
-own codes). faiss's own codes are built by faiss alone (``PCAMatrix`` trained on the same sample, L2
+searched by ``streamwhiten.codes.fast.search`` (inner-product estimates, the tool's Numba scan for its
+own codes) after ``streamwhiten.codes.fast.encode``. faiss's own codes are built by faiss alone (``PCAMatrix`` trained on the same sample, L2
 metric, which on unit vectors ranks as cosine): PQ, OPQ + PQ, RaBitQ 1/2/4 bits after PCA, ITQ + sign
 bits (``ITQm,LSH``), SQ4 and SQ8 after PCA. Bytes are total bytes a vector, per-vector scalars included.
 
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
     import faiss
 
     from streamwhiten.codes import train_codec
-    from streamwhiten.codes.search import exclusions, search
+    from streamwhiten.codes.fast import encode, exclusions, search
 
     faiss.omp_set_num_threads(1)
     started = time.perf_counter()
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
             except ValueError as exc:  # the budget holds no such code
                 print(f"  {name} @ {budget} B: {exc}", file=sys.stderr)
                 continue
-            codes = codec.encode(corpus)
+            codes = encode(codec, corpus)
             _, found = search(codec, queries, codes, 100, exclude=exclude)
             per_query = recalls(found, true_top)
             codecs[(name, budget)] = codec
@@ -299,8 +299,8 @@ def main(argv=None) -> int:
             weights = np.ascontiguousarray(codec.basis)
             shift = -(codec.mean.astype(np.float32) @ weights)
             apply_s = best_time(lambda: corpus @ weights + shift)
-            encode_s = best_time(lambda: codec.encode(corpus))
-            codes = codec.encode(corpus)
+            encode_s = best_time(lambda: encode(codec, corpus))
+            codes = encode(codec, corpus)
             ours_s = best_time(lambda: search(codec, probe, codes, 10))
             line = {
                 "budget": budget,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from streamwhiten.codes import CODES, codec_from_bytes, train_codec
+from streamwhiten.codes.fast import encode, exclusions, search
 from streamwhiten.codes.linear import LinearCode, allocate_bits, gaussian_quantizer, quantizer_errors
-from streamwhiten.codes.search import exclusions, search
 from streamwhiten.errors import BadInputError, ModelFileError, NonFiniteError
 
 D = 24
@@ -113,6 +113,7 @@ def test_linear_codes_match_a_plain_numpy_reference(data, name):
     codes = codec.encode(some)
     assert codes.dtype == np.uint8 and codes.shape == (60, codec.bytes_per_vector)
     np.testing.assert_array_equal(codes, reference_encode(codec, some))
+    np.testing.assert_array_equal(encode(codec, rows), codec.encode(rows))  # the Numba path, byte for byte
     decoded = reference_decode(codec, codes)
     np.testing.assert_allclose(codec.decode(codes), decoded, rtol=1e-5, atol=1e-5)
     # the asymmetric estimate is the inner product with the decoded vector, in float64
@@ -253,10 +254,12 @@ def test_bad_input_is_a_one_line_error(data):
         codec.encode(rows[:, :-1])
     assert f"of {D} values" in one_line(caught)
     bad = rows[:5].copy()
-    bad[3, 2] = np.nan
-    with pytest.raises(NonFiniteError) as caught:
-        codec.encode(bad)
-    assert caught.value.row == 3 and "row 3" in one_line(caught)
+    for value in (np.nan, np.inf):
+        bad[3, 2] = value
+        for encoder in (codec.encode, lambda block: encode(codec, block)):
+            with pytest.raises(NonFiniteError) as caught:
+                encoder(bad)
+            assert caught.value.row == 3 and "row 3" in one_line(caught)
     with pytest.raises(BadInputError) as caught:
         codec.decode(np.zeros((2, codec.bytes_per_vector + 1), dtype=np.uint8))
     assert "rows of 8 bytes" in one_line(caught)

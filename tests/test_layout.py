@@ -34,7 +34,7 @@ FOUNDATION = {"errors", "params", "options", "records", "_buffers", "_durable", 
 MAY_IMPORT = {
     "foundation": set(),
     "core": {"foundation"},
-    # vector codes: trained from the statistics, searched by core's Numba kernels (codes.search only)
+    # vector codes: trained from the statistics, searched by core's Numba kernels (codes.fast only)
     "codes": {"foundation", "core"},
     "io": {"foundation", "core._kernels"},  # the LZF decoder is a Numba kernel
     "engine": {"foundation", "core", "io", "codes"},

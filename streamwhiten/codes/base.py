@@ -96,8 +96,9 @@ class Codec(ABC):
 
     # ------------------------------------------------------------------------------------- input checks
 
-    def check_rows(self, block: npt.ArrayLike, what: str = "rows") -> np.ndarray:
-        """``block`` as a 2-D float array of :attr:`n_features` columns, every value finite; a one-line
+    def check_rows(self, block: npt.ArrayLike, what: str = "rows", finite: bool = True) -> np.ndarray:
+        """``block`` as a 2-D float array of :attr:`n_features` columns, every value finite (unless
+        ``finite`` is False: the caller checks what it computes from them); a one-line
         :class:`BadInputError` (or :class:`NonFiniteError` naming the row) otherwise."""
         rows = np.asarray(block)
         if rows.ndim == 1 and rows.shape[0] == self.n_features:
@@ -108,10 +109,8 @@ class Codec(ABC):
             )
         if not np.issubdtype(rows.dtype, np.floating):
             rows = rows.astype(np.float64)
-        finite = np.isfinite(rows).all(axis=1)
-        if not finite.all():
-            row = int(np.argmin(finite))
-            raise NonFiniteError(f"{what} row {row} holds NaN or Inf, which a code cannot hold", row=row)
+        if finite:
+            raise_if_nonfinite(rows, what)
         return rows
 
     def check_codes(self, codes: npt.ArrayLike) -> npt.NDArray[np.uint8]:
@@ -123,6 +122,14 @@ class Codec(ABC):
                 f"got shape {tuple(rows.shape)} of {rows.dtype}"
             )
         return rows
+
+
+def raise_if_nonfinite(values: np.ndarray, what: str = "rows") -> None:
+    """:class:`NonFiniteError` naming the first row of ``values`` that holds NaN or Inf, if any."""
+    finite = np.isfinite(values).all(axis=1)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        raise NonFiniteError(f"{what} row {row} holds NaN or Inf, which a code cannot hold", row=row)
 
 
 def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
@@ -160,4 +167,4 @@ def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]
         raise ModelFileError(f"a damaged codec header ({exc})") from None
 
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "Codec", "read_parts"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "Codec", "raise_if_nonfinite", "read_parts"]

@@ -39,7 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BadInputError
-from .base import Codec
+from .base import Codec, raise_if_nonfinite
 
 #: The most bits a component gets.
 MAX_BITS = 8
@@ -187,7 +187,7 @@ class LinearCode(Codec):
         self._half = 2.0 ** (self.bits - 1)
         self._component_of_bit = np.repeat(np.arange(m), self.bits)
         self._shift_of_bit = (np.arange(self.total_bits) - self.offsets[self._component_of_bit]).astype(np.uint8)
-        self._mean32 = self.mean.astype(np.float32)
+        self._shift32 = (self.mean @ self.basis.astype(np.float64)).astype(np.float32)
 
     @property
     def n_features(self) -> int:
@@ -208,10 +208,14 @@ class LinearCode(Codec):
 
     # ------------------------------------------------------------------------------------------- coding
 
-    def project(self, rows: np.ndarray) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-        """The centred rows (float32) and their components ``z`` in the basis."""
-        centred = np.subtract(rows, self._mean32, dtype=np.float32)
-        return centred, centred @ self.basis
+    def project(self, rows: np.ndarray) -> npt.NDArray[np.float32]:
+        """The components ``z = x @ basis - mean @ basis`` (float32: one GEMM, as the affine map is
+        applied); :class:`~streamwhiten.errors.NonFiniteError` naming a row whose values are not finite
+        (NaN or Inf in a row reach its components)."""
+        z: npt.NDArray[np.float32] = rows.astype(np.float32, copy=False) @ self.basis
+        z -= self._shift32
+        raise_if_nonfinite(z)
+        return z
 
     def quantize(self, z: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
         """The level index of every component (n x components uint8)."""
@@ -224,8 +228,8 @@ class LinearCode(Codec):
         return (index + (0.5 - self._half)) * self.step
 
     def encode(self, block: npt.ArrayLike) -> npt.NDArray[np.uint8]:
-        rows = self.check_rows(block)
-        centred, z = self.project(rows)
+        rows = self.check_rows(block, finite=False)
+        z = self.project(rows)
         index = self.quantize(z)
         stream = (index[:, self._component_of_bit] >> self._shift_of_bit) & 1
         packed = np.packbits(stream, axis=1, bitorder="little")
@@ -233,14 +237,15 @@ class LinearCode(Codec):
             return packed
         out = np.empty((rows.shape[0], self.bytes_per_vector), dtype=np.uint8)
         out[:, : self.code_bytes] = packed
-        out[:, self.code_bytes :] = self._corrections(centred, z, index).view(np.uint8)
+        out[:, self.code_bytes :] = self.corrections(rows, z, index).view(np.uint8)
         return out
 
-    def _corrections(
-        self, centred: npt.NDArray[np.float32], z: npt.NDArray[np.float32], index: npt.NDArray[np.uint8]
+    def corrections(
+        self, rows: np.ndarray, z: npt.NDArray[np.float32], index: npt.NDArray[np.uint8]
     ) -> npt.NDArray[np.float16]:
         """``f = ||x - mean||^2 / <levels, z>`` per row as float16 (0 where the levels are blind to the row)."""
-        energy = np.einsum("ij,ij->i", centred, centred, dtype=np.float64)
+        centred = rows.astype(np.float64) - self.mean
+        energy = np.einsum("ij,ij->i", centred, centred)
         along = np.einsum("ij,ij->i", self.levels(index), z, dtype=np.float64)
         scale = np.divide(energy, along, out=np.zeros_like(energy), where=along > 1e-30 * np.maximum(energy, 1e-300))
         stored: npt.NDArray[np.float16] = np.minimum(scale, float(np.finfo(np.float16).max)).astype(np.float16)
