@@ -26,6 +26,7 @@ bytes (IP, one thread).
 
     python benchmarks/codes_frontier.py [--budgets 8,12,...] [--data DIR] [--tool-faiss-pq] [--no-speed]
     python benchmarks/codes_frontier.py --quick
+    python benchmarks/codes_frontier.py --speed-only --budgets 12,24,48,96
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ def main(argv=None) -> int:
     parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     parser.add_argument("--tool-faiss-pq", action="store_true", help="also train PQ and OPQ through the tool")
     parser.add_argument("--no-speed", action="store_true", help="skip the encode and search timings")
+    parser.add_argument("--speed-only", action="store_true", help="only the eigen codes' recall and the timings")
     parser.add_argument("--quick", action="store_true", help="one budget, every 10th query, a few codes (a smoke run)")
     parser.add_argument("--results", default=None, help="folder of the JSON result (default benchmarks/results)")
     args = parser.parse_args(argv)
@@ -177,6 +179,8 @@ def main(argv=None) -> int:
     own_kinds = ("pq", "opq", "rabitq1", "rabitq2", "rabitq4", "itq", "sq4", "sq8")
     if args.quick:
         tool_names, own_kinds = ("eigen", "bits-random", "faiss-rabitq1"), ("pq", "rabitq1")
+    if args.speed_only:
+        tool_names, own_kinds = ("eigen",), ()
     for budget in budgets:
         for name in tool_names:
             try:
@@ -290,6 +294,9 @@ def main(argv=None) -> int:
 
     speed = []
     if not args.no_speed:
+        from threadpoolctl import threadpool_limits
+
+        limit = threadpool_limits(1)  # one thread each: the engine runs one block per worker thread
         probe = queries[:256]
         for budget in budgets:
             codec = codecs.get(("eigen", budget))
@@ -317,6 +324,7 @@ def main(argv=None) -> int:
                 faiss_s = best_time(lambda: pq.search(probe, 10))
                 line.update(faiss_pq_ms=1e3 * faiss_s, search_vs_faiss=faiss_s / ours_s)
             speed.append(line)
+        limit.restore_original_limits()
         print_table(
             "speed, one thread (encode 13,197 rows; search 256 queries, k=10; ratios: >1 means the tool is faster)",
             speed,
