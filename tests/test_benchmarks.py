@@ -20,6 +20,7 @@ SCRIPTS = [
     "retrieval_frontier.py",
     "tune_generalization.py",
     "checksum_cost.py",
+    "codes_frontier.py",
 ]
 RETRIEVAL_DEV = Path(os.environ.get("STREAMWHITEN_STSB", REPO.parent / "shared/data/stsb/stsb-dev-minilm.h5"))
 RETRIEVAL_DEV = RETRIEVAL_DEV.parent / "retrieval-dev"
@@ -33,6 +34,12 @@ def test_benchmark_quick_run_writes_json(tmp_path, script):
         pytest.skip("fit_remote.py needs moto[server], s3fs and dask (pip install -e '.[test]')")
     if script == "search_speed.py" and not importlib.util.find_spec("faiss"):
         pytest.skip("search_speed.py compares with faiss: pip install faiss-cpu")
+    if script == "codes_frontier.py" and not importlib.util.find_spec("faiss"):
+        pytest.skip("codes_frontier.py compares with faiss: pip install faiss-cpu")
+    if script == "codes_frontier.py" and not (RETRIEVAL_DEV.parent / "neighbours-dev" / "qrels.tsv").exists():
+        pytest.skip(
+            f"the neighbours-dev task was not found beside {RETRIEVAL_DEV} (licensed data kept out of the repo)"
+        )
     if script in ("retrieval_frontier.py", "tune_generalization.py") and not (RETRIEVAL_DEV / "qrels.tsv").exists():
         pytest.skip(f"the STS-B retrieval task was not found at {RETRIEVAL_DEV} (licensed data kept out of the repo)")
     result = subprocess.run(

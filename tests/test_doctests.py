@@ -15,6 +15,7 @@ MODULES = [
     "streamwhiten.core.model",
     "streamwhiten.core.staleness",
     "streamwhiten.core.quantize",
+    "streamwhiten.codes",
     "streamwhiten.serving",
     "streamwhiten.params",
     "streamwhiten.options",

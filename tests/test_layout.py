@@ -3,7 +3,7 @@
 Every module under ``streamwhiten/`` is parsed with ``ast`` (nothing is imported), its imports are
 resolved to absolute names, those inside functions included, and checked against the layers:
 
-    foundation (errors, params, options, records, _buffers, _durable, _npz, _paths, _moved)  <  core  <  io
+    foundation (errors, params, options, records, _buffers, _durable, _npz, _paths, _moved)  <  core  <  codes, io
     <  engine  <  evaluation, pipeline  <  job  <  serving, export, synthetic, whitener  <  cli
 
 (``io`` takes only the Numba kernels from ``core``: its LZF decoder is one of them, and numba stays in
@@ -34,21 +34,24 @@ FOUNDATION = {"errors", "params", "options", "records", "_buffers", "_durable", 
 MAY_IMPORT = {
     "foundation": set(),
     "core": {"foundation"},
+    # vector codes: trained from the statistics, searched by core's Numba kernels (codes.fast only)
+    "codes": {"foundation", "core"},
     "io": {"foundation", "core._kernels"},  # the LZF decoder is a Numba kernel
-    "engine": {"foundation", "core", "io"},
-    "evaluation": {"foundation", "core", "io", "engine"},
-    "serving": {"foundation", "core"},
-    "export": {"foundation", "core"},
+    "engine": {"foundation", "core", "io", "codes"},
+    "evaluation": {"foundation", "core", "io", "engine", "codes"},
+    "serving": {"foundation", "core", "codes"},
+    "export": {"foundation", "core", "codes"},
     "synthetic": {"foundation", "io"},
     # the fit and apply pipeline (what the CLI, run and the estimator call), jobs above it; batch is the
     # deprecated face of both
-    "pipeline": {"foundation", "core", "io", "engine"},
-    "job": {"foundation", "core", "io", "engine", "pipeline"},
+    "pipeline": {"foundation", "core", "io", "engine", "codes"},
+    "job": {"foundation", "core", "io", "engine", "pipeline", "codes"},
     "batch": {"foundation", "engine", "pipeline", "job"},
-    "whitener": {"foundation", "core", "io", "engine", "pipeline"},
+    "whitener": {"foundation", "core", "io", "engine", "pipeline", "codes"},
     "cli": {
         "foundation",
         "core",
+        "codes",
         "io",
         "engine",
         "evaluation",
@@ -81,7 +84,7 @@ ONLY_IN = {
     "torch": {"core.affine", "export"},
     "onnx": {"export"},
     "onnxruntime": {"export"},
-    "faiss": {"export"},
+    "faiss": {"export", "codes.faiss_codes"},
     "safetensors": {"export"},
     "sentence_transformers": {"export"},
 }

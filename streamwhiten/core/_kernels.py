@@ -293,3 +293,64 @@ def merge_top_hamming(
                     if value < threshold or (value == threshold and value < empty and row < rows[depth - 1]):
                         _place_distance(best, rows, value, row)
                         threshold = best[depth - 1]
+
+
+# ------------------------------------------------------------------------------------------ code scans
+
+
+@numba.njit(nogil=True, cache=True)
+def pack_levels(
+    z: npt.NDArray[np.float32],
+    step: npt.NDArray[np.float64],
+    offsets: npt.NDArray[np.int64],
+    bits: npt.NDArray[np.int64],
+    out: npt.NDArray[np.uint8],
+) -> None:
+    """OR into the zeroed rows ``out`` the level index ``clip(floor(z / step + 2^(b-1)), 0, 2^b - 1)``
+    of each component ``j`` (``b = bits[j]``, at most 8), least significant bit first from stream bit
+    ``offsets[j]``; stream bit ``t`` is bit ``t % 8`` of byte ``t // 8``. ``z`` must be finite."""
+    n_rows, n_components = z.shape
+    for i in range(n_rows):
+        row = out[i]
+        for j in range(n_components):
+            width = bits[j]
+            half = np.float64(1 << (width - 1))
+            value = np.floor(np.float64(z[i, j]) / step[j] + half)
+            top = np.float64((1 << width) - 1)
+            if value < 0.0:
+                value = 0.0
+            elif value > top:
+                value = top
+            word = np.int64(value) << (offsets[j] & 7)
+            byte = offsets[j] >> 3
+            row[byte] |= np.uint8(word & 255)
+            if word > 255:
+                row[byte + 1] |= np.uint8(word >> 8)
+
+
+@numba.njit(nogil=True, cache=True)
+def lookup_scores(
+    tables: npt.NDArray[np.float32],
+    codes: npt.NDArray[np.uint8],
+    scales: npt.NDArray[np.float32],
+    bases: npt.NDArray[np.float32],
+    offsets: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float32],
+) -> None:
+    """``out[i, r] = bases[i] + scales[r] * (offsets[i] + sum_p tables[i, p, codes[r, p]])`` for the
+    queries ``i`` of ``tables`` (queries x code bytes x 256) and the code rows ``r`` (only their first
+    ``tables.shape[1]`` bytes are read): the asymmetric estimate of a code whose value is linear in
+    its bits, one table look-up per code byte (as faiss scans 8-bit PQ codes)."""
+    n_queries, n_bytes, _ = tables.shape
+    n_rows = codes.shape[0]
+    for i in range(n_queries):
+        table = tables[i]
+        base = bases[i]
+        offset = offsets[i]
+        line = out[i]
+        for r in range(n_rows):
+            row = codes[r]
+            total = np.float32(0.0)
+            for p in range(n_bytes):
+                total += table[p, row[p]]
+            line[r] = base + scales[r] * (offset + total)

@@ -1,0 +1,170 @@
+"""The codec interface every vector code implements, and its checksummed byte form.
+
+A codec turns float vectors of ``n_features`` values into rows of ``bytes_per_vector`` uint8 (the code
+and any per-vector scalars, in one row, as faiss's ``sa_encode`` writes them), decodes them back to
+approximate vectors, and estimates the inner products ``<q, x>`` of float32 queries with the coded
+vectors (asymmetric: the queries are never coded). Everything a codec needs to decode is per model
+(a mean, a basis, step sizes, a faiss index's trained state) and travels as :meth:`Codec.to_bytes`:
+a header, named arrays and a SHA-256 of both, never a pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import BadInputError, ModelFileError, NonFiniteError
+
+#: The first bytes of every codec's byte form, and its format version.
+MAGIC, FORMAT_VERSION = b"SWCODEC\x00", 1
+_DIGEST = 32
+
+
+class Codec(ABC):
+    """A trained vector code: encode, decode, estimate inner products, and its byte form.
+
+    Subclasses set :attr:`family` and implement the abstract methods; :meth:`_parts` and
+    :meth:`_from_parts` are the record and arrays of :meth:`to_bytes`.
+    """
+
+    #: The family name recorded in the byte form (what :func:`streamwhiten.codes.codec_from_bytes` dispatches on).
+    family: ClassVar[str]
+
+    @property
+    @abstractmethod
+    def n_features(self) -> int:
+        """The width of the vectors the codec encodes."""
+
+    @property
+    @abstractmethod
+    def bytes_per_vector(self) -> int:
+        """Bytes of one code row, per-vector scalars included."""
+
+    @property
+    @abstractmethod
+    def label(self) -> str:
+        """A short name of the code and its setting (``eigen-24B``, ``faiss-pq-24B``)."""
+
+    @abstractmethod
+    def encode(self, block: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+        """Code rows (n x :attr:`bytes_per_vector` uint8) of the float rows ``block`` (n x :attr:`n_features`)."""
+
+    @abstractmethod
+    def decode(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """The approximate vectors (n x :attr:`n_features` float32) the code rows stand for."""
+
+    @abstractmethod
+    def inner_products(self, queries: npt.ArrayLike, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """The estimates of ``<q, x>`` (queries x rows float32) of float queries with coded vectors."""
+
+    @abstractmethod
+    def _parts(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """The JSON-able record and the named arrays of the byte form."""
+
+    @classmethod
+    @abstractmethod
+    def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> Codec:
+        """The codec :meth:`_parts` described."""
+
+    @property
+    def model_bytes(self) -> int:
+        """Bytes of the per-model part (the byte form): rotations, codebooks, steps."""
+        return len(self.to_bytes())
+
+    def to_bytes(self) -> bytes:
+        """The codec as bytes: magic, version, header length, JSON header (family, record, array
+        names, dtypes and shapes), the arrays' raw little-endian bytes, and a SHA-256 of all before it."""
+        record, arrays = self._parts()
+        layout = []
+        payload = []
+        for name, array in arrays.items():
+            array = np.ascontiguousarray(array)
+            little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+            layout.append({"name": name, "dtype": little.dtype.str, "shape": list(little.shape)})
+            payload.append(little.tobytes())
+        header = json.dumps(
+            {"family": self.family, "record": record, "arrays": layout}, sort_keys=True, separators=(",", ":")
+        ).encode()
+        body = MAGIC + struct.pack("<II", FORMAT_VERSION, len(header)) + header + b"".join(payload)
+        return body + hashlib.sha256(body).digest()
+
+    # ------------------------------------------------------------------------------------- input checks
+
+    def check_rows(self, block: npt.ArrayLike, what: str = "rows", finite: bool = True) -> np.ndarray:
+        """``block`` as a 2-D float array of :attr:`n_features` columns, every value finite (unless
+        ``finite`` is False: the caller checks what it computes from them); a one-line
+        :class:`BadInputError` (or :class:`NonFiniteError` naming the row) otherwise."""
+        rows = np.asarray(block)
+        if rows.ndim == 1 and rows.shape[0] == self.n_features:
+            rows = rows[None, :]
+        if rows.ndim != 2 or rows.shape[1] != self.n_features:
+            raise BadInputError(
+                f"the {self.label} codec takes {what} of {self.n_features} values, got shape {tuple(rows.shape)}"
+            )
+        if not np.issubdtype(rows.dtype, np.floating):
+            rows = rows.astype(np.float64)
+        if finite:
+            raise_if_nonfinite(rows, what)
+        return rows
+
+    def check_codes(self, codes: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+        """``codes`` as uint8 rows of :attr:`bytes_per_vector`; a one-line :class:`BadInputError` otherwise."""
+        rows = np.asarray(codes)
+        if rows.ndim != 2 or rows.shape[1] != self.bytes_per_vector or rows.dtype != np.uint8:
+            raise BadInputError(
+                f"the {self.label} codec reads uint8 rows of {self.bytes_per_vector} bytes, "
+                f"got shape {tuple(rows.shape)} of {rows.dtype}"
+            )
+        return rows
+
+
+def raise_if_nonfinite(values: np.ndarray, what: str = "rows") -> None:
+    """:class:`NonFiniteError` naming the first row of ``values`` that holds NaN or Inf, if any."""
+    finite = np.isfinite(values).all(axis=1)
+    if not finite.all():
+        row = int(np.argmin(finite))
+        raise NonFiniteError(f"{what} row {row} holds NaN or Inf, which a code cannot hold", row=row)
+
+
+def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
+    """The family, record and arrays of a codec's byte form; :class:`ModelFileError` for bytes that are
+    not one, or whose checksum does not match (damaged or altered)."""
+    data = bytes(data)
+    if len(data) < len(MAGIC) + 8 + _DIGEST or not data.startswith(MAGIC):
+        raise ModelFileError("not a streamwhiten codec (its bytes do not start with the codec header)")
+    body, digest = data[:-_DIGEST], data[-_DIGEST:]
+    if hashlib.sha256(body).digest() != digest:
+        raise ModelFileError("the codec's bytes do not match their checksum: damaged or altered, refusing them")
+    version, header_length = struct.unpack_from("<II", body, len(MAGIC))
+    if version != FORMAT_VERSION:
+        raise ModelFileError(
+            f"codec format version {version} is not supported (this streamwhiten reads {FORMAT_VERSION})"
+        )
+    start = len(MAGIC) + 8
+    try:
+        header = json.loads(body[start : start + header_length])
+        offset = start + header_length
+        arrays = {}
+        for entry in header["arrays"]:
+            dtype = np.dtype(entry["dtype"])
+            shape = tuple(int(n) for n in entry["shape"])
+            size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            arrays[entry["name"]] = np.frombuffer(
+                body, dtype=dtype, count=size // max(dtype.itemsize, 1), offset=offset
+            )
+            arrays[entry["name"]] = arrays[entry["name"]].reshape(shape).astype(dtype.newbyteorder("="))
+            offset += size
+        if offset != len(body):
+            raise ValueError("trailing bytes")
+        return str(header["family"]), dict(header["record"]), arrays
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelFileError(f"a damaged codec header ({exc})") from None
+
+
+__all__ = ["FORMAT_VERSION", "MAGIC", "Codec", "raise_if_nonfinite", "read_parts"]

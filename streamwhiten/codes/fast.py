@@ -1,0 +1,118 @@
+"""The Numba paths of the codes: encoding a block of the tool's own codes (the same bytes as
+:meth:`LinearCode.encode <streamwhiten.codes.linear.LinearCode.encode>`, quantised and packed in one
+pass), and top-k search of float32 queries over code rows (the tool's codes by a table scan, faiss's by
+faiss's own scan).
+
+Apart from the codecs themselves so that decoding (the serving path) never needs numba.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from ..core._kernels import lookup_scores, merge_top_scores, pack_levels
+from ..errors import BadInputError
+from .base import Codec
+from .faiss_codes import FaissCode
+from .linear import LinearCode
+
+#: Code rows scored per tile: their bytes stay in the L2 cache while a chunk of queries passes.
+TILE_ROWS = 8192
+#: Queries per chunk: their tables (chunk x code bytes x 256 float32) are built once per chunk.
+TILE_QUERIES = 32
+
+
+def encode(codec: Codec, block: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+    """``codec.encode(block)``, byte for byte, with the tool's own codes quantised and packed by one
+    Numba pass instead of numpy's several."""
+    if not isinstance(codec, LinearCode):
+        return codec.encode(block)
+    rows = codec.check_rows(block, finite=False)
+    z = codec.project(rows)
+    out = np.zeros((rows.shape[0], codec.bytes_per_vector), dtype=np.uint8)
+    pack_levels(z, codec.step, codec.offsets, codec.bits, out)
+    if codec.correction:
+        out[:, codec.code_bytes :] = codec.corrections(rows, z, codec.quantize(z)).view(np.uint8)
+    return out
+
+
+def exclusions(n_queries: int, query_rows: npt.ArrayLike, corpus_rows: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs (query, corpus row) never to return, as ``(start, rows)``: query ``q``'s excluded rows
+    are ``rows[start[q]:start[q + 1]]``, sorted."""
+    queries = np.asarray(query_rows, dtype=np.int64).reshape(-1)
+    rows = np.asarray(corpus_rows, dtype=np.int64).reshape(-1)
+    if queries.shape != rows.shape or (queries.size and (queries.min() < 0 or queries.max() >= n_queries)):
+        raise BadInputError(f"excluded pairs must name queries 0..{n_queries - 1}, one corpus row each")
+    order = np.lexsort((rows, queries))
+    start = np.zeros(n_queries + 1, dtype=np.int64)
+    np.add.at(start, queries + 1, 1)
+    return np.cumsum(start), rows[order]
+
+
+def search(
+    codec: Codec,
+    queries: npt.ArrayLike,
+    codes: npt.ArrayLike,
+    k: int,
+    *,
+    exclude: tuple[np.ndarray, np.ndarray] | None = None,
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """The ``k`` best corpus rows per query by the codec's estimate of ``<q, x>`` (best first, ties to
+    the lower row; an unfilled slot holds row -1 and score -inf), never an excluded pair
+    (:func:`exclusions`)."""
+    q = codec.check_rows(queries, "queries").astype(np.float32)
+    rows = codec.check_codes(codes)
+    k = int(k)
+    if k < 1:
+        raise BadInputError(f"search depth k must be at least 1, got {k}")
+    start, excluded = (
+        exclude if exclude is not None else (np.zeros(q.shape[0] + 1, dtype=np.int64), np.zeros(0, np.int64))
+    )
+    if start.shape[0] != q.shape[0] + 1:
+        raise BadInputError(f"the exclusions are for {start.shape[0] - 1} queries, not {q.shape[0]}")
+    if isinstance(codec, FaissCode):
+        return _faiss_search(codec, q, rows, k, start, excluded)
+    if not isinstance(codec, LinearCode):
+        raise BadInputError(f"no search for {type(codec).__name__} codes")
+    top_scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
+    top_rows = np.full((q.shape[0], k), -1, dtype=np.int64)
+    scales = _scales(codec, rows)
+    tile = np.empty((TILE_QUERIES, TILE_ROWS), dtype=np.float32)
+    for q0 in range(0, q.shape[0], TILE_QUERIES):
+        q1 = min(q.shape[0], q0 + TILE_QUERIES)
+        tables, bases, offsets = codec.lookup_tables(q[q0:q1])
+        for r0 in range(0, rows.shape[0], TILE_ROWS):
+            r1 = min(rows.shape[0], r0 + TILE_ROWS)
+            out = tile[: q1 - q0, : r1 - r0]
+            lookup_scores(tables, rows[r0:r1], scales[r0:r1], bases, offsets, out)
+            merge_top_scores(out, r0, q0, top_scores, top_rows, start, excluded)
+    return top_scores, top_rows
+
+
+def _scales(codec: LinearCode, rows: np.ndarray) -> npt.NDArray[np.float32]:
+    if not codec.correction:
+        return np.ones(rows.shape[0], dtype=np.float32)
+    stored = np.ascontiguousarray(rows[:, codec.code_bytes :]).view(np.float16)[:, 0]
+    return stored.astype(np.float32)
+
+
+def _faiss_search(
+    codec: FaissCode, q: np.ndarray, rows: np.ndarray, k: int, start: np.ndarray, excluded: np.ndarray
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """faiss's top ``k`` plus as many as a query has exclusions, the excluded pairs dropped."""
+    extra = int(np.diff(start).max()) if start.shape[0] > 1 else 0
+    scores, found = codec.search(q, rows, min(rows.shape[0], k + extra))
+    top_scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
+    top_rows = np.full((q.shape[0], k), -1, dtype=np.int64)
+    for i in range(q.shape[0]):
+        keep = found[i] >= 0
+        if start[i + 1] > start[i]:
+            keep &= ~np.isin(found[i], excluded[start[i] : start[i + 1]])
+        chosen = np.flatnonzero(keep)[:k]
+        top_scores[i, : chosen.size] = scores[i, chosen]
+        top_rows[i, : chosen.size] = found[i, chosen]
+    return top_scores, top_rows
+
+
+__all__ = ["TILE_QUERIES", "TILE_ROWS", "encode", "exclusions", "search"]

@@ -1,0 +1,456 @@
+"""The tool's own codes: a linear map of the centred vectors, a uniform scalar quantiser per component
+with its own bit count, and one per-vector correction scalar.
+
+Every code here is ``z = (x - mean) @ basis`` (``basis``: orthonormal columns), then component ``j``
+quantised to ``bits[j]`` bits, ``c = clip(floor(z / step + 2^(b-1)), 0, 2^b - 1)``, standing for the
+level ``(c + 1/2 - 2^(b-1)) * step`` (a mid-rise uniform quantiser). The families differ in the basis
+and the bits:
+
+- ``eigen``: the principal axes of the exact covariance, bits allocated by eigenvalue under the byte
+  budget (:func:`allocate_bits`, 0-8 bits a component, components given 0 bits dropped), the
+  components of equal bits turned among themselves by a seeded random rotation;
+- ``bits-random``: one sign bit per component of the leading principal subspace turned by a seeded
+  random rotation, which spreads the variance evenly over the bits;
+- ``bits-itq``: the same subspace turned by ITQ (iterative quantisation, Gong & Lazebnik) learnt on a
+  sample;
+- ``bits-pca``: sign bits of the leading principal components themselves (what ``--dtype binary``
+  stores today), for comparison.
+
+The correction ``f = ||x - mean||^2 / <xhat, x - mean>`` (``xhat = basis @ levels``) scales the decoded
+vector so that its error is orthogonal to the vector (as RaBitQ's estimator does): the estimate
+``<q, mean> + f <q @ basis, levels>`` of ``<q, x>`` is then unbiased for queries whose part across
+``x`` has mean zero, where the uncorrected one shrinks towards zero. It is stored as float16 after the
+code bits (2 bytes). It is optional: measured on ``neighbours-dev`` its 2 bytes buy less recall than 16
+more code bits (``benchmarks/codes_frontier.py``). Every level is linear in the code's bits, so a query's estimate is a sum over the
+code's bytes of a 256-entry table each (:meth:`LinearCode.lookup_tables`), as faiss scans PQ codes.
+
+Bit layout: component ``j`` takes bits ``offset[j] .. offset[j] + bits[j] - 1`` of the row's bit
+stream, least significant first; bit ``t`` of the stream is bit ``t % 8`` of byte ``t // 8``
+(numpy's ``bitorder="little"``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import BadInputError
+from .base import Codec, raise_if_nonfinite
+
+#: The most bits a component gets.
+MAX_BITS = 8
+#: Bytes of the per-vector correction (float16).
+CORRECTION_BYTES = 2
+#: The kinds of linear code and their rotations.
+KINDS = ("eigen", "bits-random", "bits-itq", "bits-pca")
+
+
+@functools.cache
+def gaussian_quantizer(bits: int) -> tuple[float, float]:
+    """``(step, mse)`` of the mid-rise uniform quantiser with ``2^bits`` levels that has the least mean
+    squared error on a standard normal variable (golden-section search on a fine grid).
+
+    ``mse`` is the fraction of a component's variance left as error: 1 at 0 bits, about 0.363 at 1 bit,
+    roughly a quarter less per added bit.
+    """
+    if bits == 0:
+        return 0.0, 1.0
+    grid = np.linspace(-9.0, 9.0, 36001)
+    weight = np.exp(-0.5 * grid**2) * (grid[1] - grid[0]) / math.sqrt(2 * math.pi)
+    levels = 2**bits
+
+    def error(step: float) -> float:
+        code = np.clip(np.floor(grid / step + levels / 2), 0, levels - 1)
+        return float(np.sum((grid - (code + 0.5 - levels / 2) * step) ** 2 * weight))
+
+    low, high = 1e-3, 4.0
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = high - ratio * (high - low), low + ratio * (high - low)
+    fa, fb = error(a), error(b)
+    for _ in range(80):
+        if fa < fb:
+            high, b, fb = b, a, fa
+            a = high - ratio * (high - low)
+            fa = error(a)
+        else:
+            low, a, fa = a, b, fb
+            b = low + ratio * (high - low)
+            fb = error(b)
+    step = (low + high) / 2
+    return step, error(step)
+
+
+def quantizer_errors(max_bits: int = MAX_BITS) -> npt.NDArray[np.float64]:
+    """The error fraction of :func:`gaussian_quantizer` at 0..``max_bits`` bits."""
+    return np.array([gaussian_quantizer(b)[1] for b in range(max_bits + 1)])
+
+
+def allocate_bits(importance: npt.ArrayLike, total_bits: int, max_bits: int = MAX_BITS) -> npt.NDArray[np.int64]:
+    """Bits per component (0..``max_bits``, summing to at most ``total_bits``) that minimise
+    ``sum_j importance[j] * mse(bits[j])`` (``mse`` of :func:`quantizer_errors`).
+
+    Each added bit cuts a component's error by less than the bit before it (the errors are convex in
+    the bits), so giving bits one at a time to the component whose error drops most is optimal for
+    this separable objective (the greedy of marginal allocation, Fox 1966). From the eigenvalues alone:
+    no pass over data. Ties go to the lower component.
+    """
+    weights = np.asarray(importance, dtype=np.float64)
+    errors = quantizer_errors(max_bits)
+    bits = np.zeros(weights.shape[0], dtype=np.int64)
+    gain = weights * (errors[0] - errors[1])
+    for _ in range(min(int(total_bits), max_bits * weights.shape[0])):
+        j = int(np.argmax(gain))
+        if not gain[j] > 0:
+            break
+        bits[j] += 1
+        gain[j] = weights[j] * (errors[bits[j]] - errors[bits[j] + 1]) if bits[j] < max_bits else -np.inf
+    return bits
+
+
+def principal_axes(covariance: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Eigenvalues (descending, floored at 0) and eigenvectors (columns) of a covariance matrix."""
+    sigma = np.asarray(covariance, dtype=np.float64)
+    if sigma.ndim != 2 or sigma.shape[0] != sigma.shape[1] or not np.all(np.isfinite(sigma)):
+        raise BadInputError(f"a codec trains from a finite square covariance, got shape {sigma.shape}")
+    values, vectors = np.linalg.eigh((sigma + sigma.T) / 2)
+    order = np.argsort(values)[::-1]
+    return np.clip(values[order], 0.0, None), vectors[:, order]
+
+
+def random_rotation(size: int, seed: int) -> npt.NDArray[np.float64]:
+    """A random orthogonal ``size x size`` matrix (Haar measure: QR of a Gaussian matrix, signs fixed)."""
+    gaussian = np.random.default_rng(seed).standard_normal((size, size))
+    q, r = np.linalg.qr(gaussian)
+    return q * np.sign(np.diag(r))
+
+
+def itq_rotation(projected: npt.NDArray[np.float64], seed: int, iterations: int = 50) -> npt.NDArray[np.float64]:
+    """The rotation ``R`` that ITQ learns for the centred, projected sample rows ``projected``: it
+    alternates ``B = sign(V R)`` and the orthogonal Procrustes solution ``R = P Q^T`` of ``V^T B = P S Q^T``,
+    from a seeded random rotation."""
+    rotation = random_rotation(projected.shape[1], seed)
+    for _ in range(iterations):
+        signs = np.where(projected @ rotation >= 0, 1.0, -1.0)
+        left, _, right = np.linalg.svd(projected.T @ signs)
+        rotation = left @ right
+    return rotation
+
+
+class LinearCode(Codec):
+    """A linear map, per-component uniform quantisers and an optional per-vector correction (see the
+    module's text). Built by :func:`train_eigen` or :func:`train_sign_bits`."""
+
+    family = "linear"
+
+    def __init__(
+        self,
+        kind: str,
+        mean: npt.ArrayLike,
+        basis: npt.ArrayLike,
+        bits: npt.ArrayLike,
+        step: npt.ArrayLike,
+        *,
+        correction: bool,
+        budget: int,
+        training: dict[str, Any] | None = None,
+    ) -> None:
+        if kind not in KINDS:
+            raise BadInputError(f"a linear code's kind is one of {', '.join(KINDS)}, got {kind!r}")
+        self.kind = kind
+        self.mean = np.asarray(mean, dtype=np.float64).reshape(-1)
+        self.basis = np.ascontiguousarray(basis, dtype=np.float32)
+        self.bits = np.asarray(bits, dtype=np.int64).reshape(-1)
+        self.step = np.asarray(step, dtype=np.float64).reshape(-1)
+        self.correction = bool(correction)
+        self.budget = int(budget)
+        self.training = dict(training or {})
+        m = self.bits.shape[0]
+        if (
+            self.basis.ndim != 2
+            or self.basis.shape != (self.mean.shape[0], m)
+            or self.step.shape != (m,)
+            or m == 0
+            or np.any(self.bits < 1)
+            or np.any(self.bits > MAX_BITS)
+            or not np.all(self.step > 0)
+            or not np.all(np.isfinite(self.basis))
+            or not np.all(np.isfinite(self.mean))
+        ):
+            raise BadInputError(f"an inconsistent {kind} code (basis, bits or steps do not agree)")
+        self.offsets = np.concatenate([[0], np.cumsum(self.bits)[:-1]]).astype(np.int64)
+        self.total_bits = int(self.bits.sum())
+        self.code_bytes = -(-self.total_bits // 8)
+        self._half = 2.0 ** (self.bits - 1)
+        self._component_of_bit = np.repeat(np.arange(m), self.bits)
+        self._shift_of_bit = (np.arange(self.total_bits) - self.offsets[self._component_of_bit]).astype(np.uint8)
+        self._shift32 = (self.mean @ self.basis.astype(np.float64)).astype(np.float32)
+
+    @property
+    def n_features(self) -> int:
+        return int(self.mean.shape[0])
+
+    @property
+    def n_components(self) -> int:
+        """Components kept (given at least one bit)."""
+        return int(self.bits.shape[0])
+
+    @property
+    def bytes_per_vector(self) -> int:
+        return self.code_bytes + (CORRECTION_BYTES if self.correction else 0)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind}{'+f' if self.correction else ''}-{self.bytes_per_vector}B"
+
+    # ------------------------------------------------------------------------------------------- coding
+
+    def project(self, rows: np.ndarray) -> npt.NDArray[np.float32]:
+        """The components ``z = x @ basis - mean @ basis`` (float32: one GEMM, as the affine map is
+        applied); :class:`~streamwhiten.errors.NonFiniteError` naming a row whose values are not finite
+        (NaN or Inf in a row reach its components)."""
+        z: npt.NDArray[np.float32] = rows.astype(np.float32, copy=False) @ self.basis
+        z -= self._shift32
+        raise_if_nonfinite(z)
+        return z
+
+    def quantize(self, z: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
+        """The level index of every component (n x components uint8)."""
+        index = np.floor(z.astype(np.float64) / self.step + self._half)
+        np.clip(index, 0, 2.0**self.bits - 1, out=index)
+        return index.astype(np.uint8)
+
+    def levels(self, index: npt.NDArray[np.uint8]) -> npt.NDArray[np.float64]:
+        """The values the level indexes stand for."""
+        return (index + (0.5 - self._half)) * self.step
+
+    def encode(self, block: npt.ArrayLike) -> npt.NDArray[np.uint8]:
+        rows = self.check_rows(block, finite=False)
+        z = self.project(rows)
+        index = self.quantize(z)
+        stream = (index[:, self._component_of_bit] >> self._shift_of_bit) & 1
+        packed = np.packbits(stream, axis=1, bitorder="little")
+        if not self.correction:
+            return packed
+        out = np.empty((rows.shape[0], self.bytes_per_vector), dtype=np.uint8)
+        out[:, : self.code_bytes] = packed
+        out[:, self.code_bytes :] = self.corrections(rows, z, index).view(np.uint8)
+        return out
+
+    def corrections(
+        self, rows: np.ndarray, z: npt.NDArray[np.float32], index: npt.NDArray[np.uint8]
+    ) -> npt.NDArray[np.float16]:
+        """``f = ||x - mean||^2 / <levels, z>`` per row as float16 (0 where the levels are blind to the row)."""
+        centred = rows.astype(np.float64) - self.mean
+        energy = np.einsum("ij,ij->i", centred, centred)
+        along = np.einsum("ij,ij->i", self.levels(index), z, dtype=np.float64)
+        scale = np.divide(energy, along, out=np.zeros_like(energy), where=along > 1e-30 * np.maximum(energy, 1e-300))
+        stored: npt.NDArray[np.float16] = np.minimum(scale, float(np.finfo(np.float16).max)).astype(np.float16)
+        return stored[:, None]
+
+    def unpack(self, codes: npt.ArrayLike) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+        """The level indexes (n x components) and the per-vector scales (n, ones without a correction)
+        of code rows."""
+        rows = self.check_codes(codes)
+        stream = np.unpackbits(rows[:, : self.code_bytes], axis=1, count=self.total_bits, bitorder="little")
+        weighted = stream.astype(np.int64) << self._shift_of_bit.astype(np.int64)
+        index = np.add.reduceat(weighted, self.offsets, axis=1).astype(np.uint8)
+        if not self.correction:
+            return index, np.ones(rows.shape[0], dtype=np.float32)
+        scales = np.ascontiguousarray(rows[:, self.code_bytes :]).view(np.float16)[:, 0].astype(np.float32)
+        return index, scales
+
+    def decode(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        index, scales = self.unpack(codes)
+        approx = (self.levels(index) * scales[:, None]) @ self.basis.T.astype(np.float64) + self.mean
+        out: npt.NDArray[np.float32] = approx.astype(np.float32)
+        return out
+
+    def inner_products(self, queries: npt.ArrayLike, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        q = self.check_rows(queries, "queries").astype(np.float64)
+        index, scales = self.unpack(codes)
+        along = (q @ self.basis.astype(np.float64)) @ self.levels(index).T
+        out: npt.NDArray[np.float32] = ((q @ self.mean)[:, None] + along * scales[None, :]).astype(np.float32)
+        return out
+
+    def lookup_tables(
+        self, queries: npt.ArrayLike
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """Per query: 256-entry tables per code byte, a base and an offset, such that the estimate of
+        ``<q, x>`` is ``base + f * (offset + sum_p tables[p, code[p]])``.
+
+        A level is ``code * step + (1/2 - 2^(b-1)) step``, linear in the code's bits: bit ``i`` of
+        component ``j`` adds ``(q @ basis)_j * step_j * 2^i``, wherever in the stream it lies.
+        """
+        q = self.check_rows(queries, "queries").astype(np.float64)
+        along = q @ self.basis.astype(np.float64)
+        per_bit = np.zeros((q.shape[0], self.code_bytes * 8))
+        per_bit[:, : self.total_bits] = (along * self.step)[:, self._component_of_bit] * (
+            2.0 ** self._shift_of_bit.astype(np.float64)
+        )
+        byte_bits = (np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1
+        tables = per_bit.reshape(q.shape[0], self.code_bytes, 8) @ byte_bits.T.astype(np.float64)
+        offset = along @ ((0.5 - self._half) * self.step)
+        return tables.astype(np.float32), (q @ self.mean).astype(np.float32), offset.astype(np.float32)
+
+    # -------------------------------------------------------------------------------------- byte form
+
+    def _parts(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        record: dict[str, Any] = {
+            "kind": self.kind,
+            "correction": self.correction,
+            "budget": self.budget,
+            "training": self.training,
+        }
+        arrays: dict[str, np.ndarray] = {
+            "mean": self.mean,
+            "basis": self.basis,
+            "bits": self.bits.astype(np.uint8),
+            "step": self.step,
+        }
+        return record, arrays
+
+    @classmethod
+    def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> LinearCode:
+        return cls(
+            str(record["kind"]),
+            arrays["mean"],
+            arrays["basis"],
+            arrays["bits"],
+            arrays["step"],
+            correction=bool(record["correction"]),
+            budget=int(record["budget"]),
+            training=dict(record.get("training") or {}),
+        )
+
+
+def _moments(mean: npt.ArrayLike, covariance: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], np.ndarray, np.ndarray]:
+    centre = np.asarray(mean, dtype=np.float64).reshape(-1)
+    values, vectors = principal_axes(covariance)
+    if values.shape[0] != centre.shape[0]:
+        raise BadInputError(f"the mean has {centre.shape[0]} values but the covariance is {values.shape[0]} wide")
+    if not np.all(np.isfinite(centre)):
+        raise BadInputError("a codec trains from a finite mean")
+    return centre, values, vectors
+
+
+def train_eigen(
+    mean: npt.ArrayLike,
+    covariance: npt.ArrayLike,
+    budget: int,
+    *,
+    correction: bool = False,
+    queries: str = "data",
+    rotate: bool = True,
+    seed: int = 0,
+    max_bits: int = MAX_BITS,
+) -> LinearCode:
+    """The eigen-allocated code of at most ``budget`` bytes a vector (correction included) for vectors
+    of this mean and covariance, from the statistics alone.
+
+    Bits go by :func:`allocate_bits`: a component's expected squared error is ``lambda_j mse(b_j)``, and
+    it enters ``<q, x>`` weighted by the query's expected ``q_j^2``: ``lambda_j + (mean . u_j)^2`` for
+    queries distributed like the vectors (``queries="data"``), 1 for ``"isotropic"`` queries. With
+    ``rotate``, the components given equal bits are turned by a seeded random rotation among
+    themselves (as SAQ does), which evens their variances and so their quantisers' use of the levels;
+    each step is then the rotated component's standard deviation times the Gaussian step.
+    """
+    centre, values, vectors = _moments(mean, covariance)
+    if queries not in ("data", "isotropic"):
+        raise BadInputError(f"eigen code queries are 'data' or 'isotropic', got {queries!r}")
+    spare = CORRECTION_BYTES if correction else 0
+    smallest = 1 + spare
+    if int(budget) < smallest:
+        raise BadInputError(f"a budget of {budget} bytes is below the smallest eigen code ({smallest} bytes)")
+    weight = values + (centre @ vectors) ** 2 if queries == "data" else np.ones_like(values)
+    bits = allocate_bits(weight * values, 8 * (int(budget) - spare), max_bits)
+    keep = np.flatnonzero(bits)
+    if keep.size == 0:
+        raise BadInputError("the covariance has no variance to code (every eigenvalue is 0)")
+    basis, kept_bits = vectors[:, keep].copy(), bits[keep]
+    if rotate:
+        for width in np.unique(kept_bits):
+            group = np.flatnonzero(kept_bits == width)
+            if group.size > 1:
+                basis[:, group] = basis[:, group] @ random_rotation(group.size, seed + int(width))
+    variance = np.einsum("ij,ij->j", basis, (vectors * values) @ (vectors.T @ basis))
+    std = np.sqrt(np.maximum(variance, 1e-12 * max(float(values[0]), 1e-300)))
+    steps = np.array([gaussian_quantizer(int(b))[0] for b in kept_bits]) * std
+    training = {"queries": queries, "rotate": bool(rotate), "seed": int(seed)}
+    return LinearCode(
+        "eigen", centre, basis, kept_bits, steps, correction=correction, budget=int(budget), training=training
+    )
+
+
+def train_sign_bits(
+    mean: npt.ArrayLike,
+    covariance: npt.ArrayLike,
+    budget: int,
+    *,
+    rotation: str = "random",
+    sample: npt.ArrayLike | None = None,
+    seed: int = 0,
+    correction: bool = False,
+    iterations: int = 50,
+) -> LinearCode:
+    """One sign bit per component of the leading principal subspace (as many components as the budget
+    holds bits), turned by ``rotation``: ``"random"`` (seeded), ``"itq"`` (learnt on ``sample``, rows of
+    the vectors) or ``"pca"`` (none)."""
+    centre, values, vectors = _moments(mean, covariance)
+    kind = f"bits-{rotation}"
+    if kind not in KINDS[1:]:
+        raise BadInputError(f"a sign-bit rotation is random, itq or pca, got {rotation!r}")
+    spare = CORRECTION_BYTES if correction else 0
+    n_bits = 8 * (int(budget) - spare)
+    d = centre.shape[0]
+    if n_bits < 8:
+        raise BadInputError(f"a budget of {budget} bytes is below the smallest {kind} code ({1 + spare} bytes)")
+    if n_bits > d:
+        raise BadInputError(
+            f"{d} features hold at most {d // 8 + spare} bytes of sign bits, not {budget} (take an eigen code)"
+        )
+    basis = vectors[:, :n_bits]
+    training: dict[str, Any] = {}
+    if rotation == "random":
+        basis = basis @ random_rotation(n_bits, seed)
+        training = {"seed": int(seed)}
+    elif rotation == "itq":
+        if sample is None:
+            raise BadInputError("ITQ learns its rotation from a sample of the vectors: give one")
+        rows = np.asarray(sample, dtype=np.float64)
+        if rows.ndim != 2 or rows.shape[1] != d or rows.shape[0] < 2 or not np.all(np.isfinite(rows)):
+            raise BadInputError(f"the ITQ sample must be finite rows of {d} values, got shape {rows.shape}")
+        basis = basis @ itq_rotation((rows - centre) @ basis, seed, iterations)
+        training = {"seed": int(seed), "sample_rows": int(rows.shape[0]), "iterations": int(iterations)}
+    variance = np.einsum("ij,ij->j", basis, (vectors * values) @ (vectors.T @ basis))
+    std = np.sqrt(np.maximum(variance, 1e-12 * max(float(values[0]), 1e-300)))
+    steps = gaussian_quantizer(1)[0] * std
+    return LinearCode(
+        kind,
+        centre,
+        basis,
+        np.ones(n_bits, dtype=np.int64),
+        steps,
+        correction=correction,
+        budget=int(budget),
+        training=training,
+    )
+
+
+__all__ = [
+    "CORRECTION_BYTES",
+    "KINDS",
+    "MAX_BITS",
+    "LinearCode",
+    "allocate_bits",
+    "gaussian_quantizer",
+    "itq_rotation",
+    "principal_axes",
+    "quantizer_errors",
+    "random_rotation",
+    "train_eigen",
+    "train_sign_bits",
+]

@@ -1,0 +1,275 @@
+"""Vector codes (streamwhiten.codes): each against an independent plain-numpy reference, the bit
+allocation against brute force, the faiss codes against faiss itself, the byte form and bad input."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+
+from streamwhiten.codes import CODES, codec_from_bytes, train_codec
+from streamwhiten.codes.fast import encode, exclusions, search
+from streamwhiten.codes.linear import LinearCode, allocate_bits, gaussian_quantizer, quantizer_errors
+from streamwhiten.errors import BadInputError, ModelFileError, NonFiniteError
+
+D = 24
+LINEAR = [name for name in CODES if not name.startswith("faiss-")]
+
+
+@pytest.fixture(scope="module")
+def data():
+    """Anisotropic rows (a decaying spectrum in a random basis, off-centre), their exact moments, queries."""
+    rng = np.random.default_rng(3)
+    basis, _ = np.linalg.qr(rng.standard_normal((D, D)))
+    rows = (rng.standard_normal((3000, D)) * np.geomspace(3.0, 0.2, D)) @ basis.T + rng.standard_normal(D)
+    rows = rows.astype(np.float32)
+    wide = rows.astype(np.float64)
+    mean = wide.mean(axis=0)
+    covariance = (wide - mean).T @ (wide - mean) / len(wide)
+    queries = (rng.standard_normal((40, D)) * 2).astype(np.float32)
+    return rows, mean, covariance, queries
+
+
+def budget_for(name: str) -> int:
+    return 2 if name.startswith("bits-") and not name.endswith("+f") else 3 if name.startswith("bits-") else 7
+
+
+# ------------------------------------------------------------------------------------------- allocation
+
+
+def test_gaussian_quantizer_has_the_known_one_bit_optimum():
+    """1 bit: levels +-E|z| = +-sqrt(2/pi), error 1 - 2/pi (closed form)."""
+    step, error = gaussian_quantizer(1)
+    assert step / 2 == pytest.approx(math.sqrt(2 / math.pi), rel=1e-3)
+    assert error == pytest.approx(1 - 2 / math.pi, rel=1e-3)
+    errors = quantizer_errors()
+    assert errors[0] == 1 and np.all(np.diff(errors) < 0) and np.all(np.diff(errors, 2) > 0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_allocation_is_the_brute_force_optimum(seed):
+    rng = np.random.default_rng(seed)
+    importance = rng.gamma(0.7, size=4) * np.array([10.0, 3.0, 1.0, 0.2])
+    errors = quantizer_errors(4)
+    for total in range(0, 17):
+        bits = allocate_bits(importance, total, max_bits=4)
+        assert bits.sum() <= total and bits.min() >= 0 and bits.max() <= 4
+        best = min(
+            float(np.sum(importance * errors[list(choice)]))
+            for choice in itertools.product(range(5), repeat=4)
+            if sum(choice) <= total
+        )
+        assert float(np.sum(importance * errors[bits])) == pytest.approx(best, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------- linear codes
+
+
+def reference_encode(codec: LinearCode, rows: np.ndarray) -> np.ndarray:
+    """The documented layout written out in loops: floor quantiser, bits least significant first, bit t
+    of the stream in bit t % 8 of byte t // 8, then the float16 correction."""
+    out = np.zeros((len(rows), codec.bytes_per_vector), dtype=np.uint8)
+    z = (rows.astype(np.float32) - codec.mean.astype(np.float32)) @ codec.basis
+    for i in range(len(rows)):
+        position = 0
+        levels = []
+        for j, width in enumerate(codec.bits):
+            code = int(np.clip(np.floor(float(z[i, j]) / codec.step[j] + 2.0 ** (width - 1)), 0, 2**width - 1))
+            levels.append((code + 0.5 - 2.0 ** (width - 1)) * codec.step[j])
+            for b in range(width):
+                if (code >> b) & 1:
+                    out[i, position // 8] |= 1 << (position % 8)
+                position += 1
+        if codec.correction:
+            centred = rows[i].astype(np.float32) - codec.mean.astype(np.float32)
+            energy = float(np.dot(centred.astype(np.float64), centred))
+            scale = energy / float(np.dot(levels, z[i].astype(np.float64)))
+            out[i, codec.code_bytes :] = np.array([scale], dtype=np.float16).view(np.uint8)
+    return out
+
+
+def reference_decode(codec: LinearCode, codes: np.ndarray) -> np.ndarray:
+    out = np.zeros((len(codes), codec.n_features))
+    for i, row in enumerate(codes):
+        bits = [(int(row[t // 8]) >> (t % 8)) & 1 for t in range(codec.code_bytes * 8)]
+        position, levels = 0, []
+        for j, width in enumerate(codec.bits):
+            code = sum(bits[position + b] << b for b in range(width))
+            levels.append((code + 0.5 - 2.0 ** (width - 1)) * codec.step[j])
+            position += width
+        scale = float(row[codec.code_bytes :].view(np.float16)[0]) if codec.correction else 1.0
+        out[i] = codec.mean + scale * (codec.basis.astype(np.float64) @ np.array(levels))
+    return out
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_linear_codes_match_a_plain_numpy_reference(data, name):
+    rows, mean, covariance, queries = data
+    codec = train_codec(name, mean, covariance, budget_for(name), sample=rows[:1500], seed=5)
+    assert codec.bytes_per_vector <= budget_for(name)
+    some = rows[:60]
+    codes = codec.encode(some)
+    assert codes.dtype == np.uint8 and codes.shape == (60, codec.bytes_per_vector)
+    np.testing.assert_array_equal(codes, reference_encode(codec, some))
+    np.testing.assert_array_equal(encode(codec, rows), codec.encode(rows))  # the Numba path, byte for byte
+    decoded = reference_decode(codec, codes)
+    np.testing.assert_allclose(codec.decode(codes), decoded, rtol=1e-5, atol=1e-5)
+    # the asymmetric estimate is the inner product with the decoded vector, in float64
+    np.testing.assert_allclose(
+        codec.inner_products(queries, codes), queries.astype(np.float64) @ decoded.T, rtol=1e-4, atol=1e-4
+    )
+
+
+def test_codes_learn_the_vectors(data):
+    """More bytes, less error; every code beats a code of zeros (the mean) by far."""
+    rows, mean, covariance, queries = data
+    true = queries.astype(np.float64) @ rows[:500].T.astype(np.float64)
+    baseline = np.mean((queries.astype(np.float64) @ mean[:, None] - true) ** 2)
+    errors = []
+    for budget in (3, 6, 12, 24):
+        codec = train_codec("eigen", mean, covariance, budget)
+        errors.append(np.mean((codec.inner_products(queries, codec.encode(rows[:500])) - true) ** 2))
+    assert errors[0] < 0.5 * baseline and all(b < a for a, b in itertools.pairwise(errors))
+
+
+def test_corrected_estimate_is_unbiased(data):
+    """Over random pairs (isotropic queries), the corrected estimate's error has mean ~0 and does not
+    grow with the true inner product; without the correction the estimate shrinks towards the mean."""
+    rows, mean, covariance, _ = data
+    rng = np.random.default_rng(11)
+    queries = rng.standard_normal((400, D))
+    centred_true = queries @ (rows[:1000].astype(np.float64) - mean).T
+    for name, expect_unbiased in (("eigen+f", True), ("eigen", False)):
+        codec = train_codec(name, mean, covariance, 5)
+        estimate = codec.inner_products(queries, codec.encode(rows[:1000])).astype(np.float64)
+        error = (estimate - queries @ mean[:, None]) - centred_true
+        slope = np.sum(error * centred_true) / np.sum(centred_true**2)
+        spread = error.std() / math.sqrt(error.size)
+        if expect_unbiased:
+            assert abs(error.mean()) < 4 * spread * 10  # pairs share rows: a generous bound on the mean
+            assert abs(slope) < 0.02
+        else:
+            assert slope < -0.05
+
+
+@pytest.mark.parametrize("name", ["eigen", "eigen+f", "bits-itq"])
+def test_search_is_the_exact_top_k_of_the_estimates(data, name):
+    rows, mean, covariance, queries = data
+    codec = train_codec(name, mean, covariance, budget_for(name), sample=rows[:1500])
+    codes = codec.encode(rows)
+    excluded = exclusions(len(queries), np.arange(len(queries)), np.arange(len(queries)) * 3)
+    scores, found = search(codec, queries, codes, 7, exclude=excluded)
+    estimate = codec.inner_products(queries, codes).astype(np.float64)
+    for i in range(len(queries)):
+        estimate[i, 3 * i] = -np.inf
+        expected = np.lexsort((np.arange(len(rows)), -estimate[i]))[:7]
+        # float32 table sums may swap near-ties: the sets agree and the scores match the estimates
+        assert len(set(found[i]) & set(expected)) >= 6
+        assert 3 * i not in found[i]
+        np.testing.assert_allclose(scores[i], estimate[i, found[i]], rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------------------------------ faiss codes
+
+
+@pytest.fixture(scope="module")
+def faiss():
+    faiss = pytest.importorskip("faiss")
+    threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    yield faiss
+    faiss.omp_set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "name,budget", [("faiss-pq", 6), ("faiss-opq", 4), ("faiss-rabitq1", 10), ("faiss-rabitq2", 24), ("faiss-sq4", 6)]
+)
+def test_faiss_codes_load_and_search_as_faiss_does(faiss, data, name, budget):
+    rows, mean, covariance, queries = data
+    codec = train_codec(name, mean, covariance, budget, sample=rows, seed=2, iterations=4, opq_iterations=2)
+    assert codec.bytes_per_vector <= budget
+    loaded = codec_from_bytes(codec.to_bytes(), n_features=D)
+    codes = loaded.encode(rows)
+    np.testing.assert_array_equal(codes, codec.encode(rows))
+    # faiss alone: the trained index encodes the mapped rows itself and searches them
+    index = faiss.deserialize_index(codec.index_bytes)
+    mapped = (rows - mean.astype(np.float32)).astype(np.float32)
+    if codec.basis is not None:
+        mapped = mapped @ codec.basis
+    index.add(np.ascontiguousarray(mapped))
+    query_mapped = queries if codec.basis is None else queries @ codec.basis
+    want_scores, want_rows = index.search(np.ascontiguousarray(query_mapped, dtype=np.float32), 10)
+    scores, found = search(loaded, queries, codes, 10)
+    np.testing.assert_array_equal(found, want_rows)
+    np.testing.assert_allclose(scores, want_scores + (queries @ mean)[:, None], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(loaded.decode(codes[:5]), codec.decode(codes[:5]), rtol=1e-6)
+    assert loaded.training["sample_rows"] == len(rows) and loaded.training["seed"] == 2
+
+
+# ------------------------------------------------------------------------------- byte form and bad input
+
+
+def test_byte_form_round_trips_and_refuses_damage(data):
+    rows, mean, covariance, _ = data
+    codec = train_codec("bits-itq+f", mean, covariance, 3, sample=rows[:500], seed=4)
+    data_bytes = codec.to_bytes()
+    again = codec_from_bytes(data_bytes)
+    assert again.to_bytes() == data_bytes and again.label == codec.label
+    np.testing.assert_array_equal(again.encode(rows[:50]), codec.encode(rows[:50]))
+    damaged = bytearray(data_bytes)
+    damaged[len(damaged) // 2] ^= 1
+    for bad in (bytes(damaged), data_bytes[:-1], b"not a codec at all, not at all", data_bytes[:20]):
+        with pytest.raises(ModelFileError) as caught:
+            codec_from_bytes(bad)
+        assert "\n" not in str(caught.value)
+
+
+def one_line(error) -> str:
+    message = str(error.value)
+    assert "\n" not in message and message
+    return message
+
+
+def test_bad_input_is_a_one_line_error(data):
+    rows, mean, covariance, _ = data
+    with pytest.raises(BadInputError) as caught:
+        train_codec("eigen", mean, covariance, 0)
+    assert "below the smallest eigen code" in one_line(caught)
+    with pytest.raises(BadInputError) as caught:
+        train_codec("bits-random+f", mean, covariance, 2)
+    assert "below the smallest" in one_line(caught)
+    with pytest.raises(BadInputError) as caught:
+        train_codec("bits-pca", mean, covariance, 4)  # 32 sign bits of 24 features
+    assert "at most 3 bytes" in one_line(caught)
+    with pytest.raises(BadInputError) as caught:
+        train_codec("bits-itq", mean, covariance, 2)
+    assert "sample" in one_line(caught)
+    codec = train_codec("eigen", mean, covariance, 8)
+    with pytest.raises(BadInputError) as caught:
+        codec_from_bytes(codec.to_bytes(), n_features=D + 1)
+    assert f"vectors of {D} values, not {D + 1}" in one_line(caught)
+    with pytest.raises(BadInputError) as caught:
+        codec.encode(rows[:, :-1])
+    assert f"of {D} values" in one_line(caught)
+    bad = rows[:5].copy()
+    for value in (np.nan, np.inf):
+        bad[3, 2] = value
+        for encoder in (codec.encode, lambda block: encode(codec, block)):
+            with pytest.raises(NonFiniteError) as caught:
+                encoder(bad)
+            assert caught.value.row == 3 and "row 3" in one_line(caught)
+    with pytest.raises(BadInputError) as caught:
+        codec.decode(np.zeros((2, codec.bytes_per_vector + 1), dtype=np.uint8))
+    assert "rows of 8 bytes" in one_line(caught)
+
+
+def test_faiss_budget_below_the_smallest_code(faiss, data):
+    rows, mean, covariance, _ = data
+    with pytest.raises(BadInputError) as caught:
+        train_codec("faiss-rabitq1", mean, covariance, 8, sample=rows)
+    assert "below the smallest rabitq1 code (9 bytes)" in one_line(caught)
+    with pytest.raises(BadInputError) as caught:
+        train_codec("faiss-pq", mean, covariance, D + 1, sample=rows)
+    assert "takes 1 to" in one_line(caught)
