@@ -1243,3 +1243,20 @@ def test_a_published_part_with_flipped_data_bytes_is_refused_when_read(tmp_path,
         published(str(tmp_path / "m.npz")).read(str(tmp_path / "day-1.h5"))
     _flip(file, offset, mask=0x40)
     np.testing.assert_array_equal(published(str(tmp_path / "m.npz")).read(str(tmp_path / "day-1.h5")), rows)
+
+
+def test_an_hdf5_error_with_a_system_errno_is_an_io_error_not_damaged_metadata():
+    """HDF5's walk of a file fails for two kinds of reasons: a system call that failed (too many open files,
+    out of memory, a failing disk: errno set, exit 74) and metadata that does not decode (no errno: exit 2)."""
+    import errno
+
+    from streamwhiten.errors import CorruptStoreError, StoreIOError
+    from streamwhiten.io.hdf5 import _metadata_error
+
+    for code in (errno.EMFILE, errno.ENOMEM, errno.EIO, errno.EACCES):
+        assert isinstance(_metadata_error("f.h5", OSError(code, os.strerror(code))), StoreIOError)
+    assert isinstance(
+        _metadata_error("f.h5", OSError("Can't read data (errno = 5, error message = 'x')")), StoreIOError
+    )
+    for damaged in (RuntimeError("Object visitation failed"), OSError("bad object header version number")):
+        assert isinstance(_metadata_error("f.h5", damaged), CorruptStoreError)

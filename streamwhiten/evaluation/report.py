@@ -315,12 +315,13 @@ def draw_frontier(ax, data: ReportData) -> None:
     raw = record["validation"]["raw"]
     chosen = record["validation"]["chosen"]
     setting = record["setting"]
+    reference = _budget_reference(record, raw["bytes_per_vector"])
     x = np.array([row["bytes_per_vector"] for row in rows], dtype=np.float64)
     y = np.array([row[metric] for row in rows], dtype=np.float64)
     # the view: the reference, the choice and every candidate within FRONTIER_WINDOW points of the reference;
     # the cheap ones far below are marked on the bottom edge and listed with their scores
     inside = y >= raw[metric] - FRONTIER_WINDOW
-    shown = np.concatenate([y[inside], [raw[metric], chosen[metric]]])
+    shown = np.concatenate([y[inside], [raw[metric], chosen[metric]], [reference[1]] if reference else []])
     pad = max(0.12 * float(shown.max() - shown.min()), 0.3)
     low, high = float(shown.min()) - pad, float(shown.max()) + pad
     ax.step(x, y, where="post", color="#1f4e79", lw=1.2, alpha=0.6)
@@ -349,22 +350,36 @@ def draw_frontier(ax, data: ReportData) -> None:
             color="#1b4f72",
             clip_on=True,
         )
+    role = "" if reference else "reference: "
     ax.axhline(
         raw[metric],
         color="black",
         ls="--",
         lw=1.2,
-        label=f"reference: raw float32 ({raw['bytes_per_vector']:,} B): {raw[metric]:.2f}",
+        label=f"{role}raw float32 ({raw['bytes_per_vector']:,} B): {raw[metric]:.2f}",
     )
     ax.plot(raw["bytes_per_vector"], raw[metric], "s", ms=7, color="black", zorder=3)
     ax.annotate(
-        "raw float32 (reference)",
+        "raw float32" + ("" if reference else " (reference)"),
         (raw["bytes_per_vector"], raw[metric]),
         textcoords="offset points",
         xytext=(-6, 7),
         ha="right",
         fontsize=8,
     )
+    if reference:  # under a budget the reference is the raw vectors in the storage that fits
+        (ref_bytes, ref_score, ref_name) = reference
+        ax.plot(
+            ref_bytes,
+            ref_score,
+            "s",
+            ms=9,
+            mfc="none",
+            mec="black",
+            mew=1.8,
+            zorder=4,
+            label=f"reference: {ref_name} ({ref_bytes:,} B): {ref_score:.2f}",
+        )
     if record.get("max_bytes") is not None:
         ax.axvline(record["max_bytes"], color="#e67e22", ls=":", lw=1.5, label=f"budget: {record['max_bytes']:,} bytes")
     ax.plot(
@@ -396,6 +411,19 @@ def draw_frontier(ax, data: ReportData) -> None:
     )
     ax.grid(True, alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
+
+
+def _budget_reference(record: dict, raw_bytes: int) -> tuple[int, float, str] | None:
+    """``(bytes, score, name)`` of the reference a tuning under a budget was measured against, when it is not
+    raw float32 (which the frontier draws anyway); its score is the forecast's, which for a setting fixed in
+    advance is its mean over every query, as in the table."""
+    selection = record.get("selection") or {}
+    reference = selection.get("reference")
+    predicted = (selection.get("forecast") or {}).get("reference")
+    if not reference or not predicted or reference["bytes_per_vector"] == raw_bytes:
+        return None
+    name = f"raw {reference['storage']} k={reference['k']}"
+    return int(reference["bytes_per_vector"]), float(predicted["score"]), name
 
 
 def _outline(i, j):

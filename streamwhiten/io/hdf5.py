@@ -13,7 +13,7 @@ write (disk full) never leaves HDF5 holding a half-flushed file it would report 
 
 A file named by URL is read (never written) through an fsspec file object: HDF5 asks for small pieces
 (metadata, then each chunk) one at a time, holding the GIL in the file object's callbacks, so it is much
-slower than Zarr, npy or Parquet over the same network (see the README's figures).
+slower than Zarr, npy or Parquet over the same network (see the figures in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def _metadata_error(path: str, exc: BaseException) -> StoreIOError | CorruptStor
     """HDF5's error walking a file's metadata (its groups, object headers, chunk index): an I/O error
     where a system call failed, else damaged metadata (``RuntimeError: Object visitation failed``...)."""
     failed = re.search(r"errno = (\d+)", str(exc))
-    if (failed and int(failed.group(1))) or getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
+    if (failed and int(failed.group(1))) or getattr(exc, "errno", None):  # a system call failed (EMFILE, EIO...)
         return StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}")
     return CorruptStoreError(
         f"{remote.redact(path)}: the HDF5 file's metadata is damaged ({remote.scrub(first_line(exc))})"
