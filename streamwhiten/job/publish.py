@@ -34,7 +34,8 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
 from ..errors import BadInputError, InterruptedRunError, StoreIOError
@@ -70,11 +71,17 @@ log = logging.getLogger("streamwhiten")
 
 @dataclass
 class _Night:
-    """What one run did, for its report."""
+    """One run: how it reports its progress and is asked to stop, and what it did (for its report)."""
 
-    steps: list
-    parts: list  # (spec, rows) of the parts written by this run
+    progress: Callable[[int, int], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    steps: list = field(default_factory=list)
+    parts: list = field(default_factory=list)  # (spec, rows) of the parts written by this run
     bytes_written: int = 0
+
+    def stopped(self) -> bool:
+        """Whether the run was asked to stop."""
+        return self.should_stop is not None and self.should_stop()
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,7 @@ def run_published(
     assert job.publish is not None and job.apply is not None and job.output is not None
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
-    night = _Night([], [])
+    night = _Night(progress, should_stop)
     with job_lock(job.lock_path):
         log.info("job %s: lock %s taken", job.name, job.lock_path)
         manifest = read_manifest(job.model_path)
@@ -137,13 +144,11 @@ def run_published(
             reason = _why_republish(manifest, wanted, staleness, job.publish.max_staleness, republish)
             action = "republish" if reason else "append"
         if action in ("fit", "republish"):
-            manifest = _publish(publisher, model, inputs, outputs, manifest, night, progress, should_stop)
+            manifest = _publish(publisher, model, inputs, outputs, manifest, night)
             log.info("job %s: published version %s (%s)", job.name, manifest.version, reason)
         else:
             assert manifest is not None
-            manifest = _append(
-                publisher, model, published, inputs, outputs, manifest, night, progress, should_stop, checked
-            )
+            manifest = _append(publisher, model, published, inputs, outputs, manifest, night, checked)
             _abandon(publisher, manifest.version + 1, outputs)
             if not night.parts and not night.steps:
                 action = "nothing"
@@ -385,8 +390,6 @@ def _write_part(
     part: str,
     rows: tuple,
     night: _Night,
-    progress,
-    should_stop,
     version: int,
 ) -> Part:
     """Write the transform of input rows ``rows`` of ``spec`` to the output part ``part`` of version
@@ -410,8 +413,8 @@ def _write_part(
         publisher.writing,
         rows=rows,
         attrs=part_attrs(publisher.job_id, version, spec, part),
-        progress=progress,
-        should_stop=should_stop,
+        progress=night.progress,
+        should_stop=night.should_stop,
     )
     if outcome is None:
         return Part(part, rows[0], rows[1], stamp)
@@ -428,9 +431,7 @@ def _now() -> str:
 # ------------------------------------------------------------------------------------------ publishing
 
 
-def _publish(
-    publisher: _Publisher, model, inputs: list, outputs: dict, manifest, night, progress, should_stop
-) -> Manifest:
+def _publish(publisher: _Publisher, model, inputs: list, outputs: dict, manifest, night: _Night) -> Manifest:
     """Publish version N+1 (1 without a manifest): every input's part 0 and its model file, written
     beside the current version; then the manifest switch; then the versions beyond ``keep_versions``
     are deleted. Returns the new manifest."""
@@ -455,9 +456,9 @@ def _publish(
         if item.stop == 0:
             continue  # nothing of it in the statistics yet
         part = versioned_output(item.output, version, 0)
-        written = _write_part(publisher, model, item.spec, part, (0, item.stop), night, progress, should_stop, version)
+        written = _write_part(publisher, model, item.spec, part, (0, item.stop), night, version)
         published.append(PublishedInput(item.spec, item.output, item.source, (written,)))
-    if should_stop is not None and should_stop():
+    if night.stopped():
         raise InterruptedRunError(
             f"interrupted before publishing version {version}; run the same command again to finish"
         )
@@ -496,11 +497,9 @@ def _append(
     inputs: list,
     outputs: dict,
     manifest: Manifest,
-    night,
-    progress,
-    should_stop,
+    night: _Night,
     checked=(),
-):
+) -> Manifest:
     """Append the rows each input gained since it was published (and new inputs) as new parts of the
     current version, written with its map (``published_model``); then switch the manifest. Returns it
     (unchanged when there was nothing new). ``checked``: see :func:`_current_inputs`."""
@@ -520,8 +519,6 @@ def _append(
             part,
             (start, item.stop),
             night,
-            progress,
-            should_stop,
             manifest.version,
         )
         parts = (*(entry.parts if entry is not None else ()), written)
@@ -533,7 +530,7 @@ def _append(
         # (a run cut short while deleting them ends as an undisturbed one); the next switch drops them
         return manifest
     retired = _still_there(manifest.retired, publisher)
-    if should_stop is not None and should_stop():
+    if night.stopped():
         raise InterruptedRunError("interrupted before the manifest was updated; run the same command again to finish")
     new = replace(manifest, inputs=tuple(updated[spec] for spec in order), updated_at=_now(), retired=retired)
     write_manifest(publisher.model_path, new)
