@@ -108,14 +108,13 @@ def write_job(directory: str, shards: str, publish: bool) -> str:
 
 
 def run_night(job: str, **options) -> dict:
-    from streamwhiten.errors import NothingToDoError
-    from streamwhiten.job import run_job_file
+    from streamwhiten.job import JobUpToDateError, run_job_file
 
     began = time.perf_counter()
     try:
-        report = run_job_file(job, **options)
-    except NothingToDoError as nothing:
-        report = nothing.summary  # type: ignore[attr-defined]
+        report = run_job_file(job, **options).to_json()
+    except JobUpToDateError as nothing:
+        report = nothing.report.to_json()
     report["wall_s"] = time.perf_counter() - began
     return report
 

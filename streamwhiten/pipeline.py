@@ -470,6 +470,27 @@ def apply(
     )
 
 
+def is_up_to_date(
+    model: WhiteningModel | str,
+    input_spec: str,
+    output_spec: str,
+    *,
+    options: ApplyOptions | None = None,
+    read: ReadOptions | None = None,
+    rows: tuple[int, int] | None = None,
+) -> bool:
+    """Whether ``output_spec`` already holds what :func:`apply` with these arguments would write (complete,
+    the same map, input rows, options and kept columns): then writing it again changes nothing. How a job
+    skips an output that is up to date, where :func:`apply` would replace it (a job overwrites its outputs).
+    ``model`` is a model or its file; ``options``, ``read`` and ``rows`` are :func:`apply`'s."""
+    from .core.model import load_model
+    from .engine.apply import is_up_to_date as holds_it
+
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(os.fspath(model))
+    return holds_it(model, input_spec, output_spec, options or ApplyOptions(dtype=None), read or ReadOptions(), rows)
+
+
 __all__ = [
     "FitOutcome",
     "apply",
@@ -478,6 +499,7 @@ __all__ = [
     "default_checkpoint",
     "effective_params",
     "fit",
+    "is_up_to_date",
     "model_is_current",
     "save_fitted",
 ]

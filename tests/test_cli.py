@@ -390,6 +390,47 @@ def test_run_help_lists_every_exit_code_of_run(run_cli):
         assert fragment in text
 
 
+#: The keys ``run --json`` printed before its report was a dataclass (0.2.0): a job without ``[publish]``, and
+#: the keys a job with one adds.
+RUN_KEYS = {"job", "model", "steps", "rows_added", "outputs", "bytes_written", "seconds"}
+PUBLISH_KEYS = {"action", "reason", "published_version", "staleness", "max_staleness", "manifest", "rows_published"}
+
+
+def _bytes_under(path) -> int:
+    return sum(os.path.getsize(os.path.join(d, name)) for d, _, names in os.walk(path) for name in names)
+
+
+@pytest.mark.parametrize("publish", [False, True])
+def test_run_json_keeps_the_keys_it_always_printed_also_when_there_is_nothing_to_do(tmp_path, store, run_cli, publish):
+    from streamwhiten.errors import EXIT_NOTHING_TO_DO
+    from streamwhiten.job import JobUpToDateError, run_job_file
+
+    job = tmp_path / "job.toml"
+    table = "[publish]\nmax_staleness = 0.5\n" if publish else ""
+    job.write_text(
+        f'[input]\npaths = ["{store.split(":")[0]}"]\ndataset = "/emb"\n[model]\npath = "m.npz"\n'
+        f'n_components = 4\n[apply]\noutput = "out/{{stem}}.zarr"\n{table}'
+    )
+    code, out, err = run_cli("run", job, "--json", "-q")
+    assert code == 0, err
+    report = json.loads(out)
+    assert set(report) == RUN_KEYS | (PUBLISH_KEYS if publish else set())
+    written = str(tmp_path / "out" / ("in.v1.zarr" if publish else "in.zarr"))
+    assert report["outputs"] == [written] and report["rows_added"] == 600
+    assert report["steps"][0] == "fit" and report["bytes_written"] == _bytes_under(written)
+    if publish:
+        assert (report["action"], report["published_version"], report["staleness"]) == ("fit", 1, None)
+        assert report["rows_published"] == 600 and report["max_staleness"] == 0.5
+    code, out, err = run_cli("run", job, "--json", "-q")
+    assert code == EXIT_NOTHING_TO_DO and "nothing to do" in err
+    again = json.loads(out)
+    assert set(again) == set(report) and again["steps"] == [] and again["bytes_written"] == 0
+    with pytest.raises(JobUpToDateError) as nothing:  # the library's report is what --json printed
+        run_job_file(str(job))
+    printed = {key: value for key, value in again.items() if key != "seconds"}
+    assert {key: value for key, value in nothing.value.report.to_json().items() if key != "seconds"} == printed
+
+
 # ------------------------------------------------------------------ the command line as people expect it
 
 

@@ -97,7 +97,7 @@ def night(tmp_path):
     job = write_job(tmp_path)
     append_rows(tmp_path / "shards" / "day-1.h5", rows_of(2000, 1))
     report = run_job_file(job)
-    assert report["action"] == "fit" and report["published_version"] == 1
+    assert report.action == "fit" and report.published_version == 1
     return tmp_path, job
 
 
@@ -114,7 +114,7 @@ def test_first_run_publishes_version_1_beside_the_statistics(night):
     assert load_model(model).n_rows == load_model(publication.model_file).n_rows == 2000
     with pytest.raises(NothingToDoError) as nothing:
         run_job_file(job)
-    assert nothing.value.summary["action"] == "nothing" and nothing.value.summary["bytes_written"] == 0
+    assert nothing.value.report.action == "nothing" and nothing.value.report.bytes_written == 0
 
 
 def test_a_fresh_night_appends_new_rows_and_shards_as_parts_and_never_rewrites_old_rows(night):
@@ -125,14 +125,14 @@ def test_a_fresh_night_appends_new_rows_and_shards_as_parts_and_never_rewrites_o
     append_rows(directory / "shards" / "day-1.h5", rows_of(100, 2))
     append_rows(directory / "shards" / "day-2.h5", rows_of(60, 3))
     report = run_job_file(job)
-    assert report["action"] == "append", report
-    assert report["published_version"] == 1 and report["rows_added"] == 160
-    assert 0 < report["staleness"]["total"] <= report["max_staleness"] == 0.5
+    assert report.action == "append", report
+    assert report.published_version == 1 and report.rows_added == 160
+    assert 0 < report.staleness.total <= report.max_staleness == 0.5
     part1 = str(directory / "out" / "day-1.v1.part1.zarr")
     day2 = str(directory / "out" / "day-2.v1.zarr")
-    assert report["outputs"] == [first, part1, day2]
+    assert report.outputs == (first, part1, day2)
     assert tree_bytes(first) == before  # old rows are never rewritten while the version stands
-    assert report["bytes_written"] == sum(len(b) for p in (part1, day2) for b in tree_bytes(p).values())
+    assert report.bytes_written == sum(len(b) for p in (part1, day2) for b in tree_bytes(p).values())
     v1 = version_model_path(model, 1)
     # the new rows went through the published map, not the updated statistics' one
     np.testing.assert_allclose(read_all(part1), expected(v1, rows_of(100, 2)), rtol=2e-5, atol=2e-6)
@@ -157,8 +157,8 @@ def test_a_stale_map_is_republished_as_a_new_version_beside_the_current_one(nigh
     model = str(directory / "models" / "m.npz")
     append_rows(directory / "shards" / "day-2.h5", rows_of(1500, 4, shift=2.0))
     report = run_job_file(job)
-    assert report["action"] == "republish" and report["published_version"] == 2, report
-    assert report["staleness"]["total"] > 0.5 and "staleness" in report["reason"]
+    assert report.action == "republish" and report.published_version == 2, report
+    assert report.staleness.total > 0.5 and "staleness" in report.reason
     v2 = version_model_path(model, 2)
     assert load_model(v2).n_rows == 3500
     np.testing.assert_allclose(
@@ -176,9 +176,7 @@ def test_a_stale_map_is_republished_as_a_new_version_beside_the_current_one(nigh
     assert [v.version for v in manifest.kept] == [1] and manifest.retired == ()
     # a third version retires the first: its files are deleted after the switch
     report = run_job_file(job, republish=True)
-    assert (
-        report["action"] == "republish" and report["published_version"] == 3 and report["reason"] == "run --republish"
-    )
+    assert report.action == "republish" and report.published_version == 3 and report.reason == "run --republish"
     assert not os.path.exists(directory / "out" / "day-1.v1.zarr") and not os.path.exists(version_model_path(model, 1))
     assert os.path.exists(directory / "out" / "day-1.v2.zarr") and os.path.exists(version_model_path(model, 2))
     assert sorted(os.listdir(directory / "out")) == ["day-1.v2.zarr", "day-1.v3.zarr", "day-2.v2.zarr", "day-2.v3.zarr"]
@@ -194,12 +192,12 @@ def test_a_changed_setting_is_republished_and_keep_versions_1_deletes_the_old_on
     run_job_file(job)
     edit(job, "n_components = 8", "n_components = 5")
     report = run_job_file(job)
-    assert report["action"] == "republish" and "n_components" in report["reason"], report
+    assert report.action == "republish" and "n_components" in report.reason, report
     assert read_all(str(tmp_path / "out" / "day-1.v2.zarr")).shape == (800, 5)
     assert sorted(os.listdir(tmp_path / "out")) == ["day-1.v2.zarr"]
     assert not os.path.exists(version_model_path(str(tmp_path / "models" / "m.npz"), 1))
     edit(job, "normalize = true", "normalize = false")
-    assert run_job_file(job)["action"] == "republish"
+    assert run_job_file(job).action == "republish"
 
 
 def test_run_json_reports_for_cron_and_nothing_to_do_is_exit_3_with_the_report(night):
@@ -262,7 +260,7 @@ def test_a_damaged_or_hand_edited_manifest_is_refused_and_nothing_changes(night)
         with pytest.raises(ModelFileError):
             published(str(directory / "models" / "m.npz"))
     open(path, "w").write(good)
-    assert run_job_file(job)["action"] == "append"
+    assert run_job_file(job).action == "append"
 
 
 def test_outputs_or_model_file_deleted_by_hand_are_named_and_republish_recovers(night):
@@ -276,7 +274,7 @@ def test_outputs_or_model_file_deleted_by_hand_are_named_and_republish_recovers(
     with pytest.raises(BadInputError, match="missing"):
         published(model).read(str(directory / "shards" / "day-1.h5"))
     report = run_job_file(job, republish=True)
-    assert report["published_version"] == 2 and os.path.exists(directory / "out" / "day-1.v2.zarr")
+    assert report.published_version == 2 and os.path.exists(directory / "out" / "day-1.v2.zarr")
     os.remove(version_model_path(model, 2))
     result = run_subprocess("run", job)
     assert (
@@ -349,17 +347,17 @@ def test_a_night_opens_only_the_parts_touched_since_and_still_catches_one_change
     shard = str(directory / "shards" / "day-1.h5")
     for seed in (2, 3):
         append_rows(shard, rows_of(50, seed))
-        assert run_job_file(job)["action"] == "append"
+        assert run_job_file(job).action == "append"
     _Clock.offset = 2 * output_module.STAMP_SETTLED_S  # the parts so far have settled
     append_rows(shard, rows_of(50, 4))
-    assert run_job_file(job)["action"] == "append"  # checks them in full once and stamps them
+    assert run_job_file(job).action == "append"  # checks them in full once and stamps them
     parts = published(str(directory / "models" / "m.npz")).parts(shard)
     assert len(parts) == 4 and all(part.stamp for part in parts[:-1])
     checked = []
     real = module.part_problem
     monkeypatch.setattr(module, "part_problem", lambda part, *a, **k: checked.append(part.path) or real(part, *a, **k))
     append_rows(shard, rows_of(50, 5))
-    assert run_job_file(job)["action"] == "append"
+    assert run_job_file(job).action == "append"
     assert set(checked) <= {parts[-1].path}  # only the part written last (if its stamp had not settled)
     # a part edited in place (its record of the map) is caught although it is not the last one
     backup = str(directory / "backup.zarr")
@@ -377,7 +375,7 @@ def test_a_night_opens_only_the_parts_touched_since_and_still_catches_one_change
     shutil.copytree(backup, parts[1].path)
     _Clock.offset += 2 * output_module.STAMP_SETTLED_S
     append_rows(shard, rows_of(50, 7))
-    assert run_job_file(job)["action"] == "append"
+    assert run_job_file(job).action == "append"
     restored = published(str(directory / "models" / "m.npz")).parts(shard)[1]
     assert restored.stamp == open_output(parts[1].path).stamp() != parts[1].stamp
 
@@ -398,7 +396,7 @@ def test_an_appending_night_records_each_inputs_fingerprint_as_taken_afresh(nigh
     directory, job = night
     append_rows(directory / "shards" / "day-1.h5", rows_of(100, 2))
     append_rows(directory / "shards" / "day-2.h5", rows_of(60, 3))
-    assert run_job_file(job)["action"] == "append"
+    assert run_job_file(job).action == "append"
     manifest = published(str(directory / "models" / "m.npz")).manifest  # its paths made absolute
     for item in manifest.inputs:
         with open_source(item.spec) as source:
@@ -459,12 +457,12 @@ def test_a_job_without_publish_rewrites_every_output_and_reports_what_it_wrote(t
     )
     append_rows(tmp_path / "shards" / "day-1.h5", rows_of(1000, 1))
     first = run_job_file(str(job))
-    assert first["rows_added"] == 1000 and first["bytes_written"] > 0 and "action" not in first
+    assert first.rows_added == 1000 and first.bytes_written > 0 and "action" not in first.to_json()
     append_rows(tmp_path / "shards" / "day-2.h5", rows_of(50, 2))
     second = run_job_file(str(job))
     out = tmp_path / "out"
-    assert second["rows_added"] == 50 and sorted(os.listdir(out)) == ["day-1.zarr", "day-2.zarr"]
-    assert second["bytes_written"] == sum(len(b) for p in os.listdir(out) for b in tree_bytes(str(out / p)).values())
+    assert second.rows_added == 50 and sorted(os.listdir(out)) == ["day-1.zarr", "day-2.zarr"]
+    assert second.bytes_written == sum(len(b) for p in os.listdir(out) for b in tree_bytes(str(out / p)).values())
 
 
 def test_versioned_names_keep_the_dataset_and_the_extension():
@@ -541,18 +539,18 @@ def test_outputs_on_object_storage_are_appended_republished_and_deleted_there(tm
 
     job = write_job(tmp_path, output=f"{s3_bucket}/out/{{stem}}.{suffix}", publish="keep_versions = 1")
     append_rows(tmp_path / "shards" / "day-1.h5", rows_of(900, 1))
-    assert run_job_file(job)["action"] == "fit"
+    assert run_job_file(job).action == "fit"
     append_rows(tmp_path / "shards" / "day-1.h5", rows_of(40, 2))
     report = run_job_file(job)
-    assert report["action"] == "append" and report["outputs"][-1] == f"{s3_bucket}/out/day-1.v1.part1.{suffix}"
-    assert report["bytes_written"] > 0
+    assert report.action == "append" and report.outputs[-1] == f"{s3_bucket}/out/day-1.v1.part1.{suffix}"
+    assert report.bytes_written > 0
     model = str(tmp_path / "models" / "m.npz")
     both = np.concatenate([rows_of(900, 1), rows_of(40, 2)])
     v1 = version_model_path(model, 1)
     got = published(model).read(str(tmp_path / "shards" / "day-1.h5"))
     np.testing.assert_allclose(got, expected(v1, both), rtol=2e-5, atol=2e-6)
     report = run_job_file(job, republish=True)
-    assert report["published_version"] == 2
+    assert report.published_version == 2
     fs = s3fs_client(s3_server)
     assert sorted(name.rsplit("/", 1)[1] for name in fs.ls(f"{s3_bucket[5:]}/out")) == [f"day-1.v2.{suffix}"]
     np.testing.assert_allclose(
@@ -583,7 +581,7 @@ def test_a_republish_cut_short_then_not_needed_leaves_nothing_behind(tmp_path):
     )
     assert published(str(tmp_path / "models" / "m.npz")).version == 1  # nothing switched
     append_rows(tmp_path / "shards" / "day-2.h5", rows_of(30, 3))
-    assert run_job_file(job)["action"] == "append"
+    assert run_job_file(job).action == "append"
     assert sorted(os.listdir(tmp_path / "out")) == ["day-1.v1.h5", "day-2.v1.h5", "day-2.v1.part1.h5"]
     assert sorted(os.listdir(tmp_path / "models")) == ["m.manifest.json", "m.npz", "m.v1.npz"]
 
@@ -686,7 +684,7 @@ def test_files_at_version_paths_the_job_never_wrote_are_neither_deleted_nor_repl
         assert everything(directory) == before
     os.remove(version_model_path(model, 2))
     shutil.rmtree(directory / "out" / "day-1.v2.zarr")
-    assert run_job_file(job)["action"] == "append"
+    assert run_job_file(job).action == "append"
 
 
 def test_a_second_job_with_the_same_output_template_is_refused(tmp_path):
@@ -776,7 +774,7 @@ def test_a_moved_or_copied_job_folder_reads_its_own_parts(tmp_path):
     append_rows(base / "shards" / "day-1.h5", rows_of(2000, 1))
     run_job_file(job)
     append_rows(base / "shards" / "day-1.h5", rows_of(100, 2))
-    assert run_job_file(job)["action"] == "append"
+    assert run_job_file(job).action == "append"
     want = published(str(base / "models" / "m.npz")).read(str(base / "shards" / "day-1.h5"))
     # the manifest holds paths relative to itself
     text = open(manifest_path(str(base / "models" / "m.npz"))).read()
@@ -793,13 +791,13 @@ def test_a_moved_or_copied_job_folder_reads_its_own_parts(tmp_path):
     assert result.returncode == EXIT_NOTHING_TO_DO, result.stderr
     append_rows(moved / "shards" / "day-1.h5", rows_of(50, 3))
     report = run_job_file(str(moved / "job.toml"))
-    assert report["action"] == "append" and report["rows_added"] == 50, report
-    assert report["outputs"][-1] == str(moved / "out" / "day-1.v1.part2.h5")
+    assert report.action == "append" and report.rows_added == 50, report
+    assert report.outputs[-1] == str(moved / "out" / "day-1.v1.part2.h5")
     rows = np.concatenate([rows_of(2000, 1), rows_of(100, 2), rows_of(50, 3)])
     got = published(str(moved / "models" / "m.npz")).read(str(moved / "shards" / "day-1.h5"))
     np.testing.assert_allclose(got, expected(publication.model_file, rows), rtol=2e-5, atol=2e-6)
     report = run_job_file(str(moved / "job.toml"), republish=True)
-    assert report["published_version"] == 2 and report["rows_added"] == 0
+    assert report.published_version == 2 and report.rows_added == 0
     assert load_model(str(moved / "models" / "m.npz")).sources[0].path == str(moved / "shards" / "day-1.h5")
     # copied: the copy names its own inputs and parts, never the original's
     copy = tmp_path / "c"
@@ -825,7 +823,7 @@ def test_a_publication_of_codes_reads_back_decoded_and_as_codes(tmp_path, dtype)
     append_rows(tmp_path / "shards" / "day-1.h5", rows_of(2000, 1))
     run_job_file(job)
     append_rows(tmp_path / "shards" / "day-1.h5", rows_of(100, 2))
-    assert run_job_file(job)["action"] == "append"
+    assert run_job_file(job).action == "append"
     model = str(tmp_path / "models" / "m.npz")
     shard = str(tmp_path / "shards" / "day-1.h5")
     publication = published(model)
@@ -872,7 +870,7 @@ def test_a_manifest_of_the_earlier_format_is_read_and_the_next_night_publishes_i
         published(model).read(shard), expected(version_model_path(model, 1), rows_of(2000, 1)), rtol=2e-5, atol=2e-6
     )
     report = run_job_file(job)  # no new rows: still a new version, whose files record the job
-    assert report["action"] == "republish" and "earlier release" in report["reason"], report
+    assert report.action == "republish" and "earlier release" in report.reason, report
     data = json.loads(open(manifest_path(model)).read())
     assert data["format_version"] == 2 and data["kept"] == [] and data["inputs"][0]["parts"][0]["path"].startswith("..")
     assert os.path.exists(directory / "out" / "day-1.v1.zarr")  # the old files prove no job: left for the user
@@ -900,5 +898,5 @@ def test_a_first_night_cut_short_finds_its_own_parts_when_run_again(tmp_path):
     )
     written = tree_bytes(str(tmp_path / "out" / "day-1.v1.h5"))
     report = run_job_file(job)
-    assert report["action"] == "fit" and report["published_version"] == 1
+    assert report.action == "fit" and report.published_version == 1
     assert tree_bytes(str(tmp_path / "out" / "day-1.v1.h5")) == written  # its own part, kept as it was

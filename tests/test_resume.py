@@ -519,7 +519,7 @@ def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_pat
         run_job_file(str(job), should_stop=stop_soon)
     write_h5(shards / "day-2.h5", parts[2], chunk_rows=100)  # a new shard arrives before the next run
     summary = run_job_file(str(job))
-    assert summary["steps"][:2] == ["resume", "update"]
+    assert summary.steps[:2] == ("resume", "update")
     model = load_model(str(tmp_path / "model.npz"))
     everything = np.vstack(parts)
     assert model.n_rows == 9000
@@ -537,7 +537,7 @@ def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_ou
     run_job_file(str(job))
     job.write_text(job.read_text().replace("normalize = true", 'normalize = false\ndtype = "float16"'))
     summary = run_job_file(str(job))
-    assert any(step.startswith("apply") for step in summary["steps"])
+    assert any(step.startswith("apply") for step in summary.steps)
     with open_source(str(tmp_path / "out-big.zarr")) as out:
         assert out.dtype == np.float16
     other = tmp_path / "other"
@@ -633,7 +633,7 @@ def test_a_pending_checkpoint_for_inputs_the_job_dropped_is_discarded(tmp_path):
         run_job_file(str(job), should_stop=lambda: calls.__setitem__("n", calls["n"] + 1) or calls["n"] >= 3)
     job.write_text(text.format(f'"{b.split(":")[0]}"'))  # the job now reads b only
     summary = run_job_file(str(job))
-    assert summary["steps"] == ["fit"]
+    assert summary.steps == ("fit",)
     model = load_model(str(tmp_path / "m.npz"))
     assert model.n_rows == 3000 and [s.path for s in model.sources] == [os.path.realpath(b.split(":")[0])]
 
@@ -686,7 +686,7 @@ def test_job_file_threads_are_used_for_fit_and_apply(tmp_path, store, monkeypatc
     job = write_job(tmp_path, store)
     job.write_text(job.read_text().replace("n_components = 8\n", "n_components = 8\nthreads = 3\n") + "threads = 2\n")
     summary = run_job_file(str(job))
-    assert "apply" in " ".join(summary["steps"])
+    assert "apply" in " ".join(summary.steps)
     assert ("streamwhiten.engine.fit", 3) in asked and ("streamwhiten.engine.apply", 2) in asked
     with open_source(str(tmp_path / "out-big.zarr")) as out:
         assert out.n_features == 8 and out.n_rows > 0

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
-from ..errors import NothingToDoError, StoreIOError
+from ..errors import StoreIOError
 from ._common import emit, progress_bar, stop_on_signals
 from ._options import json_option, quiet_option, read_options, storage_options
+
+if TYPE_CHECKING:
+    from ..job import RunReport
 
 LOG_FORMAT = "%(asctime)s streamwhiten: %(message)s"
 LOG_DATE = "%Y-%m-%dT%H:%M:%S%z"
@@ -78,7 +82,7 @@ def run(job_file, log_file, restart, republish, quiet, as_json, **values):
     """
     from dataclasses import replace
 
-    from ..job import read_job_file, run_job
+    from ..job import JobUpToDateError, read_job_file, run_job
 
     given = values.get("remote_timeout") is not None
     read = read_options(values)
@@ -91,28 +95,29 @@ def run(job_file, log_file, restart, republish, quiet, as_json, **values):
         _log_to(log_file, job)
     try:
         with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
-            summary = run_job(job, progress, should_stop, restart, republish)
-    except NothingToDoError as exc:
-        if as_json and exc.summary is not None:
-            emit(True, exc.summary, [])  # the report for cron, then exit 3
+            report = run_job(job, progress, should_stop, restart, republish)
+    except JobUpToDateError as exc:
+        if as_json:
+            emit(True, exc.report.to_json(), [])  # the report for cron, then exit 3
         raise
-    emit(as_json, summary, _lines(summary))
+    emit(as_json, report.to_json(), _lines(report))
 
 
-def _lines(summary: dict) -> list[str]:
+def _lines(report: RunReport) -> list[str]:
     """The text report of a run."""
-    lines = [f"job {summary['job']}: " + "; ".join(summary["steps"])]
-    if "action" in summary:
-        staleness = summary["staleness"]
+    from ..job import PublishReport
+
+    lines = [f"job {report.job}: " + "; ".join(report.steps)]
+    if isinstance(report, PublishReport):
         measured = (
-            f"staleness {staleness['total']:.3g} (max_staleness {summary['max_staleness']:g})"
-            if staleness is not None
+            f"staleness {report.staleness.total:.3g} (max_staleness {report.max_staleness:g})"
+            if report.staleness is not None
             else "first publication"
         )
         lines.append(
-            f"{summary['action']}: published version {summary['published_version']} ({measured}); "
-            f"{summary['rows_added']:,} rows added, {summary['bytes_written']:,} bytes written in "
-            f"{summary['seconds']:.1f} s; manifest {summary['manifest']}"
+            f"{report.action}: published version {report.published_version} ({measured}); "
+            f"{report.rows_added:,} rows added, {report.bytes_written:,} bytes written in "
+            f"{report.seconds:.1f} s; manifest {report.manifest}"
         )
     return lines
 

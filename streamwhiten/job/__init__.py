@@ -2,7 +2,7 @@
 
 ``file`` reads and checks a job file (its tables and keys come from :data:`streamwhiten.params.PARAMS`)
 into a :class:`~streamwhiten.job.file.JobFile` of option objects; ``run`` runs it: fit or update,
-finalize, apply, each step skipped when already up to date, under a lock so two runs of the same job
+finalize, apply, each step skipped when already up to date (its :class:`RunReport` says what ran), under a lock so two runs of the same job
 never overlap. A job with a ``[publish]`` table publishes its outputs in versions (``publish``: append
 each night's rows, republish when the map is stale), resolved by readers through a manifest
 (``publication``: :func:`published`).
@@ -10,11 +10,15 @@ each night's rows, republish when the map is stale), resolved by readers through
 
 from .file import JobFile, default_checkpoint, read_job_file
 from .publication import Publication, published
+from .report import JobUpToDateError, PublishReport, RunReport
 from .run import job_lock, run_job, run_job_file
 
 __all__ = [
     "JobFile",
+    "JobUpToDateError",
     "Publication",
+    "PublishReport",
+    "RunReport",
     "default_checkpoint",
     "job_lock",
     "published",

@@ -46,6 +46,32 @@ def default_checkpoint(model_path: str) -> str:
 
 
 @dataclass(frozen=True)
+class Fitting:
+    """How a job keeps its statistics: the model file, the whitening's ``setting`` (its ``[model]``
+    parameters), the fit ``options``, how it reads the inputs (``read``) and the ``engine``."""
+
+    model_path: str
+    setting: Setting
+    options: FitOptions
+    read: ReadOptions
+    engine: EngineOptions
+
+    @property
+    def checkpoint(self) -> str:
+        return default_checkpoint(self.model_path)
+
+
+@dataclass(frozen=True)
+class Writing:
+    """How a job writes its outputs: its ``[apply]`` options, how it reads the inputs for them (``[apply]``
+    block size), and the engine that runs the blocks."""
+
+    options: ApplyOptions
+    read: ReadOptions
+    engine: EngineOptions
+
+
+@dataclass(frozen=True)
 class JobFile:
     """A checked ``job.toml``: paths made absolute, every setting as an option object.
 
@@ -81,9 +107,49 @@ class JobFile:
         return default_checkpoint(self.model_path)
 
     @property
+    def fitting(self) -> Fitting:
+        """How the job keeps its statistics."""
+        return Fitting(self.model_path, self.setting, self.fit, self.read, self.fit_engine)
+
+    @property
+    def writing(self) -> Writing:
+        """How the job writes its outputs (a job with an ``[apply]`` table)."""
+        assert self.apply is not None
+        return Writing(self.apply, self.apply_read, self.apply_engine)
+
+    @property
+    def own_files(self) -> dict[str, str]:
+        """The files a run of the job keeps beside its outputs, each with what it is: the model file, its
+        checkpoint and the lock."""
+        return {self.model_path: "model file", self.checkpoint: "checkpoint", self.lock_path: "lock file"}
+
+    @property
     def storage(self) -> StorageOptions | None:
         """The ``[storage]`` table (with options given on the command line over it)."""
         return self.read.storage_options
+
+    def inputs_and_outputs(self) -> tuple[list, dict]:
+        """The job's inputs as they are now (globs expanded) and the output of each (none without an
+        ``[apply]`` table), refusing two inputs in one output."""
+        from ..io import expand_specs, remote, split_spec
+
+        inputs = expand_specs(list(self.inputs), self.read)
+        outputs: dict = {}
+        if self.apply is None or self.output is None:
+            return inputs, outputs
+        used: dict = {}
+        for input_spec in inputs:
+            output = output_for(self.output, input_spec, self.name, self.path)
+            store = split_spec(output)[0]  # each output is a whole file or store
+            store = remote.normalize(store) if remote.is_url(store) else os.path.realpath(store)
+            if store in used:
+                raise BadInputError(
+                    f"{self.path}: [apply] output '{self.output}' puts two inputs in "
+                    f"{store}; each input needs its own file or store (e.g. 'out/{{stem}}.zarr')"
+                )
+            used[store] = input_spec
+            outputs[input_spec] = output
+        return inputs, outputs
 
 
 def _toml():
@@ -281,6 +347,7 @@ def output_for(template: str, input_spec: str, job_name: str, job_path: str = "j
 
 
 __all__ = [
+    "Fitting",
     "JobFile",
     "OUTPUT_FIELDS",
     "check_output_template",
@@ -288,4 +355,5 @@ __all__ = [
     "output_for",
     "read_job_file",
     "template_fields",
+    "Writing",
 ]

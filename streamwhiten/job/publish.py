@@ -34,13 +34,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 
-from ..errors import BadInputError, InterruptedRunError, NothingToDoError, StoreIOError
+from ..errors import BadInputError, InterruptedRunError, StoreIOError
 from ..options import ReadOptions
 from ..records import Manifest, Part, PublishedInput, Version
-from .file import JobFile
+from .file import JobFile, Writing
 from .publication import (
     PUBLICATION_INFO,
     check_model_file,
@@ -55,35 +56,66 @@ from .publication import (
     versioned_output,
     write_manifest,
 )
-from .steps import fit_step, inputs_and_outputs, job_lock, statistics_before, stored_bytes
+from .report import JobUpToDateError, PublishReport
+from .steps import (
+    apply_unless_current,
+    check_paths,
+    fit_step,
+    job_lock,
+    statistics_before,
+    stored_bytes,
+)
 
 log = logging.getLogger("streamwhiten")
 
 
 @dataclass
 class _Night:
-    """What one run did, for its report; and the job's identity (what every file it writes records)."""
+    """One run: how it reports its progress and is asked to stop, and what it did (for its report)."""
 
-    steps: list
-    parts: list  # (spec, rows) of the parts written by this run
+    progress: Callable[[int, int], None] | None = None
+    should_stop: Callable[[], bool] | None = None
+    steps: list = field(default_factory=list)
+    parts: list = field(default_factory=list)  # (spec, rows) of the parts written by this run
     bytes_written: int = 0
-    job_id: str = ""
+
+    def stopped(self) -> bool:
+        """Whether the run was asked to stop."""
+        return self.should_stop is not None and self.should_stop()
+
+
+@dataclass(frozen=True)
+class _Publisher:
+    """What the steps of a publication use of the job: its name (for the log), its id (what every file it
+    writes records), its model file (the manifest and the published model files stand beside it), how it
+    reads its inputs and writes its outputs, its output template and the versions it keeps."""
+
+    name: str
+    job_id: str
+    model_path: str
+    read: ReadOptions
+    writing: Writing
+    template: str
+    keep_versions: int
 
 
 def run_published(
     job: JobFile, progress=None, should_stop=None, restart: bool = False, republish: bool = False
-) -> dict:
+) -> PublishReport:
     """Run ``job`` (which has a ``[publish]`` table): update the statistics, then publish, append or do
-    nothing (see the module docstring). Returns the run's report; raises :class:`NothingToDoError` (with
-    the report as its ``summary``) when there was nothing to do."""
+    nothing (see the module docstring). Returns the run's report; raises :class:`JobUpToDateError` (with
+    the report as its ``report``) when there was nothing to do."""
     assert job.publish is not None and job.apply is not None and job.output is not None
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
-    night = _Night([], [])
+    night = _Night(progress, should_stop)
     with job_lock(job.lock_path):
         log.info("job %s: lock %s taken", job.name, job.lock_path)
         manifest = read_manifest(job.model_path)
-        night.job_id = first_job_id(job.model_path) if manifest is None or manifest.job_id is None else manifest.job_id
+        job_id = first_job_id(job.model_path) if manifest is None or manifest.job_id is None else manifest.job_id
+        publisher = _Publisher(
+            job.name, job_id, job.model_path, job.read, job.writing, job.output, job.publish.keep_versions
+        )
         published = None
         if manifest is not None:
             # the manifest's claims, checked every night: its version's model file is there, is the one
@@ -92,13 +124,13 @@ def run_published(
             if not republish:
                 manifest = check_outputs(job.model_path, manifest, job.apply_read)
             if not manifest.legacy:
-                _delete_retired(manifest.retired, job, night.job_id, check_first=True)
-        inputs, outputs = inputs_and_outputs(job)
-        _check_paths(job, inputs, outputs, manifest)
-        _check_owned(job, outputs, manifest, night.job_id)
-        _follow_moved_inputs(job, manifest)
+                _delete_retired(manifest.retired, publisher, check_first=True)
+        inputs, outputs = job.inputs_and_outputs()
+        check_paths([job.path, *inputs], {**job.own_files, **_versioned_files(job.model_path, outputs, manifest)})
+        _check_owned(publisher, outputs, manifest)
+        _follow_moved_inputs(publisher, manifest)
         previous = statistics_before(job.model_path)
-        model = fit_step(job, inputs, night.steps, progress, should_stop, restart)
+        model = fit_step(job.name, job.fitting, inputs, night.steps, progress, should_stop, restart)
         rows_added = model.n_rows - (previous.n_rows if previous is not None else 0)
         # the fit step checked that each input still starts with the rows these records describe (an
         # update checks the model it starts from: this one, unless a killed run's checkpoint was finished)
@@ -108,35 +140,36 @@ def run_published(
             action, reason = "fit", "first publication"
         else:
             staleness = _staleness(published, model)
-            reason = _why_republish(job, manifest, model, staleness, republish)
+            wanted = setting_of(model, job.writing, job.output)
+            reason = _why_republish(manifest, wanted, staleness, job.publish.max_staleness, republish)
             action = "republish" if reason else "append"
         if action in ("fit", "republish"):
-            manifest = _publish(job, model, inputs, outputs, manifest, night, progress, should_stop)
+            manifest = _publish(publisher, model, inputs, outputs, manifest, night)
             log.info("job %s: published version %s (%s)", job.name, manifest.version, reason)
         else:
             assert manifest is not None
-            manifest = _append(job, model, published, inputs, outputs, manifest, night, progress, should_stop, checked)
-            _abandon(job, manifest.version + 1, outputs, night.job_id)
+            manifest = _append(publisher, model, published, inputs, outputs, manifest, night, checked)
+            _abandon(publisher, manifest.version + 1, outputs)
             if not night.parts and not night.steps:
                 action = "nothing"
-    report = {
-        "job": job.name,
-        "model": job.model_path,
-        "steps": night.steps,
-        "action": action,
-        "reason": reason,
-        "published_version": manifest.version,
-        "staleness": None if staleness is None else staleness.to_dict(),
-        "max_staleness": job.publish.max_staleness,
-        "manifest": manifest_path(job.model_path),
-        "outputs": list(manifest.outputs),
-        "rows_added": int(rows_added),
-        "rows_published": sum(item.stop for item in manifest.inputs),
-        "bytes_written": int(night.bytes_written),
-        "seconds": time.perf_counter() - began,
-    }
+    report = PublishReport(
+        job=job.name,
+        model=job.model_path,
+        steps=tuple(night.steps),
+        rows_added=int(rows_added),
+        outputs=tuple(manifest.outputs),
+        bytes_written=int(night.bytes_written),
+        seconds=time.perf_counter() - began,
+        action=action,
+        reason=reason,
+        published_version=manifest.version,
+        staleness=staleness,
+        max_staleness=job.publish.max_staleness,
+        manifest=manifest_path(job.model_path),
+        rows_published=sum(item.stop for item in manifest.inputs),
+    )
     if action == "nothing":
-        raise NothingToDoError(
+        raise JobUpToDateError(
             f"nothing to do: job {job.name} is up to date (published version {manifest.version})", report
         )
     return report
@@ -153,12 +186,11 @@ def _staleness(published, model):
     return staleness(published, model)
 
 
-def setting_of(job: JobFile, model) -> dict:
-    """What the outputs of ``job`` are written with, as a manifest records it: the whitening's parameters
-    (as given: ``variance``, not the k it chose), the ``[apply]`` options that change what is written,
-    and the output template. Another setting publishes a new version."""
-    options = job.apply
-    assert options is not None
+def setting_of(model, writing: Writing, template: str) -> dict:
+    """What a job's outputs are written with, as a manifest records it: the whitening's parameters (as
+    given: ``variance``, not the k it chose), the ``[apply]`` options that change what is written
+    (``writing``), and the output ``template``. Another setting publishes a new version."""
+    options = writing.options
     return {
         "beta": float(model.beta),
         "gamma": float(model.gamma),
@@ -171,24 +203,22 @@ def setting_of(job: JobFile, model) -> dict:
         "compressor": str(options.compressor),
         "keep_columns": list(options.keep_columns),
         "skip_nonfinite": bool(options.skip_nonfinite),
-        "fill_missing_chunks": bool(job.apply_read.fill_missing_chunks),
-        "output": job.output,
+        "fill_missing_chunks": bool(writing.read.fill_missing_chunks),
+        "output": template,
     }
 
 
-def _why_republish(job: JobFile, manifest: Manifest, model, staleness, requested: bool) -> str | None:
-    """Why a new version is due (None: it is not)."""
-    assert job.publish is not None
+def _why_republish(manifest: Manifest, wanted: dict, staleness, max_staleness: float, requested: bool) -> str | None:
+    """Why a new version is due (None: it is not): ``wanted`` is the job's setting now (:func:`setting_of`)."""
     if requested:
         return "run --republish"
     if manifest.legacy:
         return "the manifest was written by an earlier release (format 1): its files record no job"
-    wanted = setting_of(job, model)
     changed = sorted(key for key in set(manifest.setting) | set(wanted) if manifest.setting.get(key) != wanted.get(key))
     if changed:
         return f"the job's setting changed ({', '.join(changed)})"
-    if staleness.exceeds(job.publish.max_staleness):
-        return f"staleness {staleness.total:.3g} > max_staleness {job.publish.max_staleness:g}"
+    if staleness.exceeds(max_staleness):
+        return f"staleness {staleness.total:.3g} > max_staleness {max_staleness:g}"
     return None
 
 
@@ -207,7 +237,7 @@ class _Input:
 
 
 def _current_inputs(
-    job: JobFile, model, inputs: list, outputs: dict, manifest: Manifest | None = None, checked=()
+    read: ReadOptions, model, inputs: list, outputs: dict, manifest: Manifest | None = None, checked=()
 ) -> list:
     """Each input with the rows the statistics hold of it (those are what a version publishes: rows
     that arrived after the fit read the input wait for the next night). An input ``manifest`` lists must
@@ -223,7 +253,7 @@ def _current_inputs(
 
     found = []
     for spec in inputs:
-        with open_source(spec, read=job.read, min_rows=0) as source:
+        with open_source(spec, read=read, min_rows=0) as source:
             recorded, prior = (
                 next((item for item in records if identity_of(item.path, item.dataset or "") == source.identity), None)
                 for records in (model.sources, checked)
@@ -261,36 +291,32 @@ def _rows_fingerprint(source, stop: int, recorded):
     return fingerprint(source, stop)
 
 
-def _check_paths(job: JobFile, inputs: list, outputs: dict, manifest: Manifest | None) -> None:
-    """Refuse a model file, manifest, checkpoint, lock or output part over an input or over each other,
-    before any work (the parts of the next version and the next parts of this one are checked too)."""
-    from ..io import refuse_input_overlap, refuse_shared_outputs
-
+def _versioned_files(model_path: str, outputs: dict, manifest: Manifest | None) -> dict[str, str]:
+    """The files this night may write beside the model file ``model_path``, each with what it is: the
+    manifest, the current and the next version's model files, and each output's part of the next version
+    and next part of this one (checked against the inputs and each other before any work)."""
     version = 1 if manifest is None else manifest.version
     written = {
-        job.model_path: "model file",
-        job.checkpoint: "checkpoint",
-        job.lock_path: "lock file",
-        manifest_path(job.model_path): "manifest",
-        version_model_path(job.model_path, version): "published model file",
-        version_model_path(job.model_path, version + 1): "published model file",
+        manifest_path(model_path): "manifest",
+        version_model_path(model_path, version): "published model file",
+        version_model_path(model_path, version + 1): "published model file",
     }
     for spec, output in outputs.items():
         item = manifest.input(spec) if manifest is not None else None
         written[versioned_output(output, version + 1, 0)] = "[apply] output"
         written[versioned_output(output, version, len(item.parts) if item else 0)] = "[apply] output"
-    refuse_input_overlap(written, [job.path, *inputs])
-    refuse_shared_outputs(*((path, what) for path, what in written.items()))
+    return written
 
 
-def _check_owned(job: JobFile, outputs: dict, manifest: Manifest | None, job_id: str) -> None:
+def _check_owned(publisher: _Publisher, outputs: dict, manifest: Manifest | None) -> None:
     """Refuse, before any work, a file where this night may write a part or a model file (the next
     version's, or the current version's next part) that does not record this job and that version: a
     run replaces only its own files (another job writing to the same output template, a plain apply's
     output, a user's file at a version's path)."""
     version = 1 if manifest is None else manifest.version
     publishing = version + (manifest is not None)  # the version a republish (or the first run) writes
-    candidates: list[tuple[str, str | None, int]] = [(version_model_path(job.model_path, publishing), None, publishing)]
+    model_file = version_model_path(publisher.model_path, publishing)
+    candidates: list[tuple[str, str | None, int]] = [(model_file, None, publishing)]
     for spec, output in outputs.items():
         item = manifest.input(spec) if manifest is not None else None
         if manifest is not None:
@@ -298,9 +324,9 @@ def _check_owned(job: JobFile, outputs: dict, manifest: Manifest | None, job_id:
         candidates.append((versioned_output(output, version, len(item.parts) if item else 0), spec, version))
     for path, spec, number in candidates:
         if spec is None:
-            problem = model_owner_problem(path, job_id, number)
+            problem = model_owner_problem(path, publisher.job_id, number)
         else:
-            problem = output_owner_problem(path, job.apply_read, job_id, number, spec)
+            problem = output_owner_problem(path, publisher.writing.read, publisher.job_id, number, spec)
         if problem is not None:
             raise BadInputError(
                 f"{path}: {problem}; this job writes version {number} there and replaces only its own files: "
@@ -308,7 +334,7 @@ def _check_owned(job: JobFile, outputs: dict, manifest: Manifest | None, job_id:
             )
 
 
-def _follow_moved_inputs(job: JobFile, manifest: Manifest | None) -> None:
+def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None) -> None:
     """Point the statistics' records of inputs that are no longer where they were read at the inputs the
     manifest names now, where a job's folder was moved or mounted elsewhere with its inputs (the
     manifest's paths are relative to it): a record is moved only to an input of the same name, array,
@@ -318,7 +344,7 @@ def _follow_moved_inputs(job: JobFile, manifest: Manifest | None) -> None:
     from ..core.model import load_model, save_model
     from ..io import fingerprint, open_source, remote
 
-    before = statistics_before(job.model_path)
+    before = statistics_before(publisher.model_path)
     if before is None or manifest is None or manifest.legacy:
         return
     recorded = {source.path for source in before.sources}
@@ -336,7 +362,7 @@ def _follow_moved_inputs(job: JobFile, manifest: Manifest | None) -> None:
             if os.path.basename(new) != os.path.basename(record.path) or not os.path.exists(new):
                 continue
             spec = f"{new}:{record.dataset}" if record.dataset else new
-            with open_source(spec, read=job.read, min_rows=0) as source:
+            with open_source(spec, read=publisher.read, min_rows=0) as source:
                 if record.n_rows is None or source.n_rows < record.n_rows:
                     continue
                 if fingerprint(source, record.n_rows).sha256_sampled != record.sha256_sampled:
@@ -345,60 +371,56 @@ def _follow_moved_inputs(job: JobFile, manifest: Manifest | None) -> None:
             break
     if not moved:
         return
-    model = load_model(job.model_path)
+    model = load_model(publisher.model_path)
     sources = tuple(replace(item, path=moved.get(item.path, item.path)) for item in model.sources)
-    save_model(replace(model, sources=sources), job.model_path)
+    save_model(replace(model, sources=sources), publisher.model_path)
     for old, new in moved.items():
-        log.info("job %s: input %s was moved to %s with the job's folder; the statistics follow it", job.name, old, new)
+        log.info(
+            "job %s: input %s was moved to %s with the job's folder; the statistics follow it", publisher.name, old, new
+        )
 
 
 # ------------------------------------------------------------------------------------------ the parts
 
 
 def _write_part(
-    job: JobFile, model, spec: str, part: str, rows: tuple, night: _Night, progress, should_stop, version: int
+    publisher: _Publisher,
+    model,
+    spec: str,
+    part: str,
+    rows: tuple,
+    night: _Night,
+    version: int,
 ) -> Part:
     """Write the transform of input rows ``rows`` of ``spec`` to the output part ``part`` of version
     ``version``, recording the job, the version and the input in its attributes, unless it is already
     there (complete, same map, input rows and options): then it is kept as it is. A file there that does
     not record this job, version and input is refused, never replaced. Returns the manifest's record of
     the part, with the stamp it had when it was found good or was written."""
-    from ..engine.apply import is_up_to_date
-    from ..io import open_output, remote, split_spec
-    from ..pipeline import apply
+    from ..io import open_output
 
-    options, read = job.apply, job.apply_read
-    assert options is not None
+    read = publisher.writing.read
     output = open_output(part, read)
     stamp = output.stamp()  # before the check: a change after it shows as another stamp
-    problem = output_owner_problem(part, read, night.job_id, version, spec)
+    problem = output_owner_problem(part, read, publisher.job_id, version, spec)
     if problem is not None:
         raise BadInputError(f"{part}: {problem}; this job replaces only its own files: move it away")
-    if is_up_to_date(model, spec, part, options, read, rows):
-        log.info("job %s: %s is up to date", job.name, part)
-        output.tidy()  # a run killed right after writing it may have left its records
-        return Part(part, rows[0], rows[1], stamp)
-    if should_stop is not None and should_stop():
-        raise InterruptedRunError(f"interrupted before writing {part}; run the same command again to finish")
-    if not remote.is_url(part):
-        os.makedirs(os.path.dirname(os.path.abspath(split_spec(part)[0])), exist_ok=True)
-    outcome = apply(
+    outcome = apply_unless_current(
+        publisher.name,
         model,
         spec,
         part,
-        options=options,
-        read=read,
-        engine=job.apply_engine,
+        publisher.writing,
         rows=rows,
-        progress=progress,
-        should_stop=should_stop,
-        attrs=part_attrs(night.job_id, version, spec, part),
+        attrs=part_attrs(publisher.job_id, version, spec, part),
+        progress=night.progress,
+        should_stop=night.should_stop,
     )
+    if outcome is None:
+        return Part(part, rows[0], rows[1], stamp)
     night.parts.append((part, rows))
     night.bytes_written += stored_bytes(part, read)
     night.steps.append(f"apply {outcome.input} rows {rows[0]}..{rows[1] - 1} -> {part}")
-    resumed = f", resumed at row {outcome.resumed_at_row:,}" if outcome.resumed_at_row else ""
-    log.info("job %s: wrote %s (%s rows%s)", job.name, part, f"{outcome.n_rows:,}", resumed)
     return Part(part, rows[0], rows[1], output.stamp())
 
 
@@ -409,43 +431,42 @@ def _now() -> str:
 # ------------------------------------------------------------------------------------------ publishing
 
 
-def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, progress, should_stop) -> Manifest:
+def _publish(publisher: _Publisher, model, inputs: list, outputs: dict, manifest, night: _Night) -> Manifest:
     """Publish version N+1 (1 without a manifest): every input's part 0 and its model file, written
     beside the current version; then the manifest switch; then the versions beyond ``keep_versions``
     are deleted. Returns the new manifest."""
     from ..core.model import file_checksum, load_model, map_checksum, save_model
 
-    assert job.publish is not None
     version = 1 if manifest is None else manifest.version + 1
     kept, retired = (), ()
     if manifest is not None and manifest.legacy:
         log.warning(
             "job %s: the files of version %s (published by an earlier release) record no job and are not "
             "deleted: remove them by hand once no reader needs them",
-            job.name,
+            publisher.name,
             manifest.version,
         )
     elif manifest is not None:
         older = (manifest.as_version, *manifest.kept)
-        kept = older[: job.publish.keep_versions - 1]
-        retired = (*older[job.publish.keep_versions - 1 :], *_still_there(manifest.retired, job))
-        _delete_retired(retired, job, night.job_id, check_only=True)  # before writing: refuse, not skip
+        kept = older[: publisher.keep_versions - 1]
+        retired = (*older[publisher.keep_versions - 1 :], *_still_there(manifest.retired, publisher))
+        _delete_retired(retired, publisher, check_only=True)  # before writing: refuse, not skip
     published = []
-    for item in _current_inputs(job, model, inputs, outputs):
+    for item in _current_inputs(publisher.read, model, inputs, outputs):
         if item.stop == 0:
             continue  # nothing of it in the statistics yet
         part = versioned_output(item.output, version, 0)
-        written = _write_part(job, model, item.spec, part, (0, item.stop), night, progress, should_stop, version)
+        written = _write_part(publisher, model, item.spec, part, (0, item.stop), night, version)
         published.append(PublishedInput(item.spec, item.output, item.source, (written,)))
-    if should_stop is not None and should_stop():
+    if night.stopped():
         raise InterruptedRunError(
             f"interrupted before publishing version {version}; run the same command again to finish"
         )
-    model_file = version_model_path(job.model_path, version)
+    model_file = version_model_path(publisher.model_path, version)
     # the published copy records the job and the version it was published as (what lets a later run
     # delete it, and no other file)
-    tagged = replace(model, info={**model.info, PUBLICATION_INFO: {"job": night.job_id, "version": version}})
-    problem = model_owner_problem(model_file, night.job_id, version)
+    tagged = replace(model, info={**model.info, PUBLICATION_INFO: {"job": publisher.job_id, "version": version}})
+    problem = model_owner_problem(model_file, publisher.job_id, version)
     if problem is not None:
         raise BadInputError(f"{model_file}: {problem}; this job replaces only its own files: move it away")
     if not (os.path.exists(model_file) and file_checksum(load_model(model_file)) == file_checksum(tagged)):
@@ -457,36 +478,34 @@ def _publish(job: JobFile, model, inputs: list, outputs: dict, manifest, night, 
         model_checksum=map_checksum(model),
         published_at=_now(),
         n_rows=model.n_rows,
-        setting=setting_of(job, model),
+        setting=setting_of(model, publisher.writing, publisher.template),
         inputs=tuple(published),
         kept=kept,
         retired=retired,
-        job_id=night.job_id,
+        job_id=publisher.job_id,
     )
-    write_manifest(job.model_path, new)
+    write_manifest(publisher.model_path, new)
     night.steps.append(f"publish version {version}")
-    _delete_retired(new.retired, job, night.job_id)
+    _delete_retired(new.retired, publisher)
     return new
 
 
 def _append(
-    job: JobFile,
+    publisher: _Publisher,
     model,
     published_model,
     inputs: list,
     outputs: dict,
     manifest: Manifest,
-    night,
-    progress,
-    should_stop,
+    night: _Night,
     checked=(),
-):
+) -> Manifest:
     """Append the rows each input gained since it was published (and new inputs) as new parts of the
     current version, written with its map (``published_model``); then switch the manifest. Returns it
     (unchanged when there was nothing new). ``checked``: see :func:`_current_inputs`."""
     updated = {item.spec: item for item in manifest.inputs}
     order = [item.spec for item in manifest.inputs]
-    for item in _current_inputs(job, model, inputs, outputs, manifest, checked):
+    for item in _current_inputs(publisher.read, model, inputs, outputs, manifest, checked):
         entry = updated.get(item.spec)
         start = entry.stop if entry is not None else 0
         if item.stop <= start:
@@ -494,7 +513,13 @@ def _append(
         index = len(entry.parts) if entry is not None else 0
         part = versioned_output(item.output, manifest.version, index)
         written = _write_part(
-            job, published_model, item.spec, part, (start, item.stop), night, progress, should_stop, manifest.version
+            publisher,
+            published_model,
+            item.spec,
+            part,
+            (start, item.stop),
+            night,
+            manifest.version,
         )
         parts = (*(entry.parts if entry is not None else ()), written)
         updated[item.spec] = PublishedInput(item.spec, item.output, item.source, parts)
@@ -504,11 +529,11 @@ def _append(
         # nothing new: the manifest stays as it is, even if it still lists retired versions deleted since
         # (a run cut short while deleting them ends as an undisturbed one); the next switch drops them
         return manifest
-    retired = _still_there(manifest.retired, job)
-    if should_stop is not None and should_stop():
+    retired = _still_there(manifest.retired, publisher)
+    if night.stopped():
         raise InterruptedRunError("interrupted before the manifest was updated; run the same command again to finish")
     new = replace(manifest, inputs=tuple(updated[spec] for spec in order), updated_at=_now(), retired=retired)
-    write_manifest(job.model_path, new)
+    write_manifest(publisher.model_path, new)
     night.steps.append(f"append to version {manifest.version}")
     return new
 
@@ -516,18 +541,20 @@ def _append(
 # ------------------------------------------------------------------------------------------ deleting
 
 
-def _files_of(version: Version, job: JobFile) -> list:
+def _files_of(version: Version, publisher: _Publisher) -> list:
     """The files of a published version: its outputs and its model file."""
-    directory = os.path.dirname(os.path.abspath(job.model_path))
+    directory = os.path.dirname(os.path.abspath(publisher.model_path))
     return [*version.outputs, os.path.join(directory, version.model_file)]
 
 
-def _still_there(retired, job: JobFile) -> tuple:
+def _still_there(retired, publisher: _Publisher) -> tuple:
     """The retired versions some of whose files are still on disk (their deletion was cut short)."""
     from ..io import exists
 
     return tuple(
-        version for version in retired if any(exists(path, job.apply_read) for path in _files_of(version, job))
+        version
+        for version in retired
+        if any(exists(path, publisher.writing.read) for path in _files_of(version, publisher))
     )
 
 
@@ -542,7 +569,7 @@ def _remove(spec: str, read: ReadOptions) -> None:
         remove(path)
 
 
-def _delete_retired(retired, job: JobFile, job_id: str, check_first: bool = False, check_only: bool = False) -> None:
+def _delete_retired(retired, publisher: _Publisher, check_first: bool = False, check_only: bool = False) -> None:
     """Delete the files of retired versions (after the manifest that retired them is in place), each only
     when it records this job, its version and, for an output, the version's map (a manifest's word is no
     proof: anyone can recompute its checksum). With ``check_first`` or ``check_only``, a file there that
@@ -551,29 +578,29 @@ def _delete_retired(retired, job: JobFile, job_id: str, check_first: bool = Fals
     from ..io import exists
 
     found = []
-    directory = os.path.dirname(os.path.abspath(job.model_path))
+    directory = os.path.dirname(os.path.abspath(publisher.model_path))
     for version in retired:
         files = []
         for spec in version.outputs:
-            if not exists(spec, job.apply_read):
+            if not exists(spec, publisher.writing.read):
                 continue
-            problem = output_owner_problem(spec, job.apply_read, job_id, version.version)
+            problem = output_owner_problem(spec, publisher.writing.read, publisher.job_id, version.version)
             if problem is None and version.model_checksum is not None:
                 from ..io import open_output
 
-                if open_output(spec, job.apply_read).attrs().get("model_checksum") != version.model_checksum:
+                if open_output(spec, publisher.writing.read).attrs().get("model_checksum") != version.model_checksum:
                     problem = f"written by another map than version {version.version}'s"
             files.append((spec, problem, False))
         model_file = os.path.join(directory, version.model_file)
         if os.path.lexists(model_file):
-            files.append((model_file, model_owner_problem(model_file, job_id, version.version), True))
+            files.append((model_file, model_owner_problem(model_file, publisher.job_id, version.version), True))
         found.append((version, files))
     if check_first or check_only:
         for version, files in found:
             for path, problem, _ in files:
                 if problem is not None:
                     raise BadInputError(
-                        f"{manifest_path(job.model_path)}: retires version {version.version}, which lists {path}: "
+                        f"{manifest_path(publisher.model_path)}: retires version {version.version}, which lists {path}: "
                         f"{problem}; nothing was deleted (a run deletes only its own files)"
                     )
     if check_only:
@@ -582,18 +609,18 @@ def _delete_retired(retired, job: JobFile, job_id: str, check_first: bool = Fals
         try:
             for path, problem, is_model in files:
                 if problem is not None:
-                    log.warning("job %s: %s not deleted: %s", job.name, path, problem)
+                    log.warning("job %s: %s not deleted: %s", publisher.name, path, problem)
                 elif is_model:
                     os.remove(path)
                 else:
-                    _remove(path, job.apply_read)
+                    _remove(path, publisher.writing.read)
         except (OSError, StoreIOError, BadInputError) as exc:
-            log.warning("job %s: could not delete version %s yet: %s", job.name, version.version, exc)
+            log.warning("job %s: could not delete version %s yet: %s", publisher.name, version.version, exc)
             continue
-        log.info("job %s: deleted version %s", job.name, version.version)
+        log.info("job %s: deleted version %s", publisher.name, version.version)
 
 
-def _abandon(job: JobFile, version: int, outputs: dict, job_id: str) -> None:
+def _abandon(publisher: _Publisher, version: int, outputs: dict) -> None:
     """Remove what a publication of ``version`` cut short left behind, once a run decided not to publish
     it: the parts it wrote for the job's inputs (each only if it records this job and that version), the
     partial outputs it began (streamwhiten's own hidden temporaries), and its model file (if it records
@@ -603,28 +630,28 @@ def _abandon(job: JobFile, version: int, outputs: dict, job_id: str) -> None:
     found = False
     for spec, output in outputs.items():
         part = versioned_output(output, version, 0)
-        if exists(open_output(part, job.apply_read).path, job.apply_read):
-            problem = output_owner_problem(part, job.apply_read, job_id, version, spec)
+        if exists(open_output(part, publisher.writing.read).path, publisher.writing.read):
+            problem = output_owner_problem(part, publisher.writing.read, publisher.job_id, version, spec)
             if problem is None:
-                _remove(part, job.apply_read)
+                _remove(part, publisher.writing.read)
                 found = True
             else:
-                log.warning("job %s: %s left alone: %s", job.name, part, problem)
+                log.warning("job %s: %s left alone: %s", publisher.name, part, problem)
         elif not remote.is_url(part):
-            leftover = open_output(part, job.apply_read)
+            leftover = open_output(part, publisher.writing.read)
             if os.path.lexists(leftover.partial):
                 _remove_partial(leftover)
                 found = True
-    model_file = version_model_path(job.model_path, version)
+    model_file = version_model_path(publisher.model_path, version)
     if os.path.exists(model_file):
-        problem = model_owner_problem(model_file, job_id, version)
+        problem = model_owner_problem(model_file, publisher.job_id, version)
         if problem is None:
             os.remove(model_file)
             found = True
         else:
-            log.warning("job %s: %s left alone: %s", job.name, model_file, problem)
+            log.warning("job %s: %s left alone: %s", publisher.name, model_file, problem)
     if found:
-        log.info("job %s: removed what an unpublished version %s, cut short, had begun", job.name, version)
+        log.info("job %s: removed what an unpublished version %s, cut short, had begun", publisher.name, version)
 
 
 def _remove_partial(output) -> None:

@@ -1,5 +1,7 @@
-"""The steps every run of a job shares, versioned or not: its lock, its inputs and outputs, and the
-fit step that updates the statistics (finishing a killed run first); and the bytes an output takes.
+"""The steps every run of a job shares, versioned or not: its lock, the check of the paths it writes,
+the fit step that updates the statistics (finishing a killed run first), the apply of an input unless
+its output is up to date; and the bytes an output takes. Each takes what it uses of the job (its name, a
+:class:`~streamwhiten.job.file.Fitting` or :class:`~streamwhiten.job.file.Writing`), not the whole file.
 
 :mod:`streamwhiten.job.run` (a job that rewrites its outputs) and :mod:`streamwhiten.job.publish` (a job
 that publishes them in versions) both build on these; neither imports the other's internals.
@@ -9,12 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from .._durable import exclusive_lock
-from ..errors import BadInputError, NothingToDoError
-from ..options import FitOptions, ReadOptions
-from .file import JobFile, output_for
+from ..errors import BadInputError, InterruptedRunError, NothingToDoError
+from ..options import ReadOptions
+from .file import Fitting, Writing
+
+if TYPE_CHECKING:
+    from ..core.model import WhiteningModel
+    from ..engine.apply import ApplyOutcome
 
 log = logging.getLogger("streamwhiten")
 
@@ -55,75 +63,53 @@ def model_rows(model_path: str) -> int:
     return before.n_rows if before is not None else 0
 
 
-def inputs_and_outputs(job: JobFile) -> tuple[list, dict]:
-    """The job's inputs (globs expanded) and the output of each, refusing two inputs in one output."""
-    from ..io import expand_specs, remote, split_spec
-
-    inputs = expand_specs(list(job.inputs), job.read)
-    outputs: dict = {}
-    if job.apply is None or job.output is None:
-        return inputs, outputs
-    used: dict = {}
-    for input_spec in inputs:
-        output = output_for(job.output, input_spec, job.name, job.path)
-        store = split_spec(output)[0]  # each output is a whole file or store
-        store = remote.normalize(store) if remote.is_url(store) else os.path.realpath(store)
-        if store in used:
-            raise BadInputError(
-                f"{job.path}: [apply] output '{job.output}' puts two inputs in "
-                f"{store}; each input needs its own file or store (e.g. 'out/{{stem}}.zarr')"
-            )
-        used[store] = input_spec
-        outputs[input_spec] = output
-    return inputs, outputs
-
-
-def fit_step(job: JobFile, inputs: list, steps: list, progress, should_stop, restart: bool):
-    """Finish an interrupted run, then fit (no model yet) or update; re-finalize when only the job's
-    setting changed. Returns the model to apply."""
+def fit_step(name: str, fitting: Fitting, inputs: list, steps: list, progress, should_stop, restart: bool):
+    """Finish an interrupted run of job ``name``, then fit (no model yet) or update; re-finalize when only
+    the job's setting changed. Returns the model to apply."""
     from ..core.model import file_checksum, load_model, save_model
     from ..engine.fit import remove_checkpoint
     from ..pipeline import fit
 
+    model_path = fitting.model_path
     if restart:
-        remove_checkpoint(job.checkpoint)
-    elif os.path.exists(job.checkpoint) and _finish_pending(job, inputs, progress, should_stop):
+        remove_checkpoint(fitting.checkpoint)
+    elif os.path.exists(fitting.checkpoint) and _finish_pending(name, fitting, inputs, progress, should_stop):
         steps.append("resume")
-    exists = os.path.exists(job.model_path)
-    params = job.setting.given()
+    exists = os.path.exists(model_path)
+    params = fitting.setting.given()
     try:
         outcome = fit(
             inputs,
-            job.model_path,
-            setting=job.setting,
-            options=replace(job.fit, overwrite=True),
-            read=job.read,
-            engine=job.fit_engine,
-            update=job.model_path if exists else None,
+            model_path,
+            setting=fitting.setting,
+            options=replace(fitting.options, overwrite=True),
+            read=fitting.read,
+            engine=fitting.engine,
+            update=model_path if exists else None,
             progress=progress,
             should_stop=should_stop,
         )
     except NothingToDoError:
-        model = load_model(job.model_path)
-        log.info("job %s: model %s is up to date with its inputs", job.name, job.model_path)
+        model = load_model(model_path)
+        log.info("job %s: model %s is up to date with its inputs", name, model_path)
         wanted = model.with_params(**params) if params else model
         if file_checksum(wanted) != file_checksum(model):
-            save_model(wanted, job.model_path)
+            save_model(wanted, model_path)
             steps.append("finalize")
-            log.info("job %s: re-finalized %s with the job's parameters", job.name, job.model_path)
+            log.info("job %s: re-finalized %s with the job's parameters", name, model_path)
         return wanted
     steps.append("update" if exists else "fit")
     log.info(
         "job %s: %s %s with %s rows",
-        job.name,
+        name,
         "updated" if exists else "fitted",
-        job.model_path,
+        model_path,
         f"{outcome.rows_read:,}",
     )
     return outcome.model
 
 
-def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
+def _finish_pending(name: str, fitting: Fitting, inputs: list, progress, should_stop) -> bool:
     """Complete a fit or update a killed run left in the job's checkpoint and save the model; True if it
     did. A checkpoint that does not belong to the current model (or whose sources changed) is discarded."""
     from ..core.model import load_model
@@ -132,46 +118,97 @@ def _finish_pending(job: JobFile, inputs: list, progress, should_stop) -> bool:
     from ..errors import ModelFileError
     from ..pipeline import effective_params, save_fitted
 
-    checkpoint = job.checkpoint
+    checkpoint, fit = fitting.checkpoint, fitting.options
     try:
-        plan = load_checkpoint(checkpoint, job.read)
+        plan = load_checkpoint(checkpoint, fitting.read)
     except ModelFileError as exc:
         raise BadInputError(f"{exc}") from None  # the message says how to start over (run --restart)
-    previous = load_model(job.model_path) if os.path.exists(job.model_path) else None
+    previous = load_model(fitting.model_path) if os.path.exists(fitting.model_path) else None
     model_rows = previous.n_rows if previous is not None else 0
     if plan.done and plan.state.n_rows == model_rows and plan.base_rows != model_rows:
         # killed after saving the model, before removing the checkpoint: the model already holds it
         remove_checkpoint(checkpoint)
         return False
-    options = PassOptions(job.fit.precision, bool(job.fit.skip_nonfinite), job.read.fill_missing_chunks)
+    options = PassOptions(fit.precision, bool(fit.skip_nonfinite), fitting.read.fill_missing_chunks)
     try:
         check_resumable(plan, checkpoint, options, model_rows, inputs, exact=False)
     except BadInputError as exc:
-        log.warning("job %s: discarding checkpoint %s: %s", job.name, checkpoint, exc)
+        log.warning("job %s: discarding checkpoint %s: %s", name, checkpoint, exc)
         remove_checkpoint(checkpoint)
         return False
     log.info(
         "job %s: finishing the interrupted run in %s (%s of %s rows done)",
-        job.name,
+        name,
         checkpoint,
         f"{plan.rows_done:,}",
         f"{plan.rows_total:,}",
     )
-    fit: FitOptions = job.fit
-    result = SerialEngine(job.fit_engine.threads).fit(
+    result = SerialEngine(fitting.engine.threads).fit(
         plan,
         progress=progress,
         should_stop=should_stop,
         checkpoint=Checkpoint(checkpoint, fit.checkpoint_every, fit.checkpoint_seconds),
     )
     skipped = int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and plan.base_rows else 0
-    model = finalize_fit(result, effective_params(job.setting.given(), previous), skipped)
+    model = finalize_fit(result, effective_params(fitting.setting.given(), previous), skipped)
     if previous is not None and previous.storage is not None:  # an update keeps the recorded storage
         from dataclasses import replace
 
         model = replace(model, storage=previous.storage)
-    save_fitted(model, plan, job.model_path, checkpoint, should_stop)
+    save_fitted(model, plan, fitting.model_path, checkpoint, should_stop)
     return True
+
+
+def check_paths(sources: list, written: dict[str, str]) -> None:
+    """Refuse a file the run writes (``written``: path -> what it is) over one of the ``sources`` it reads
+    (the job file and the inputs) or over another, before any work."""
+    from ..io import refuse_input_overlap, refuse_shared_outputs
+
+    refuse_input_overlap(written, sources)
+    refuse_shared_outputs(*written.items())
+
+
+def apply_unless_current(
+    name: str,
+    model: WhiteningModel,
+    input_spec: str,
+    output: str,
+    writing: Writing,
+    *,
+    rows: tuple[int, int] | None = None,
+    attrs: dict | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> ApplyOutcome | None:
+    """Write the transform of ``input_spec`` (its rows ``rows``) to ``output`` as job ``name`` does, unless
+    ``output`` already holds what this would write: then it is kept (its leftover records tidied) and None
+    is returned. Returns the :class:`~streamwhiten.ApplyOutcome` of a write."""
+    from ..io import open_output, remote, split_spec
+    from ..pipeline import apply, is_up_to_date
+
+    if is_up_to_date(model, input_spec, output, options=writing.options, read=writing.read, rows=rows):
+        log.info("job %s: %s is up to date", name, output)
+        open_output(output, writing.read).tidy()  # a run killed right after writing it may have left its records
+        return None
+    if should_stop is not None and should_stop():
+        raise InterruptedRunError(f"interrupted before writing {output}; run the same command again to finish")
+    if not remote.is_url(output):
+        os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
+    outcome = apply(
+        model,
+        input_spec,
+        output,
+        options=writing.options,
+        read=writing.read,
+        engine=writing.engine,
+        rows=rows,
+        progress=progress,
+        should_stop=should_stop,
+        attrs=attrs,
+    )
+    resumed = f", resumed at row {outcome.resumed_at_row:,}" if outcome.resumed_at_row else ""
+    log.info("job %s: wrote %s (%s rows%s)", name, output, f"{outcome.n_rows:,}", resumed)
+    return outcome
 
 
 def stored_bytes(spec: str, read: ReadOptions | None = None) -> int:
@@ -197,4 +234,13 @@ def stored_bytes(spec: str, read: ReadOptions | None = None) -> int:
     return total
 
 
-__all__ = ["Before", "fit_step", "inputs_and_outputs", "job_lock", "model_rows", "statistics_before", "stored_bytes"]
+__all__ = [
+    "Before",
+    "apply_unless_current",
+    "check_paths",
+    "fit_step",
+    "job_lock",
+    "model_rows",
+    "statistics_before",
+    "stored_bytes",
+]
