@@ -11,7 +11,7 @@ import pytest
 
 from streamwhiten.codes import CODES, codec_from_bytes, train_codec
 from streamwhiten.codes.fast import encode, exclusions, search
-from streamwhiten.codes.linear import LinearCode, allocate_bits, gaussian_quantizer, quantizer_errors
+from streamwhiten.codes.linear import LinearCode, allocate_bits, gaussian_quantizer, principal_axes, quantizer_errors
 from streamwhiten.errors import BadInputError, ModelFileError, NonFiniteError
 
 D = 24
@@ -120,6 +120,20 @@ def test_linear_codes_match_a_plain_numpy_reference(data, name):
     np.testing.assert_allclose(
         codec.inner_products(queries, codes), queries.astype(np.float64) @ decoded.T, rtol=1e-4, atol=1e-4
     )
+
+
+def test_axes_are_the_models_eigenvectors(data):
+    """The codes take the principal axes as the model does (signs fixed, not LAPACK's choice), so the
+    sign bits of ``bits-pca`` are those of the model's own components."""
+    from streamwhiten import Whitener
+
+    rows = data[0]
+    model = Whitener(beta=1.0, gamma=0.0).fit(rows).model_
+    codec = train_codec("bits-pca", model.state.mean, model.covariance, 2)
+    np.testing.assert_array_equal(codec.basis, model.eigvecs[:, :16].astype(codec.basis.dtype))
+    values, vectors = principal_axes(model.covariance)
+    np.testing.assert_array_equal(values, model.eigvals)
+    np.testing.assert_array_equal(vectors, model.eigvecs)
 
 
 def test_codes_learn_the_vectors(data):

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..core.eigen import eigendecomposition
 from ..errors import BadInputError
 from .base import Codec, raise_if_nonfinite
 
@@ -112,13 +113,13 @@ def allocate_bits(importance: npt.ArrayLike, total_bits: int, max_bits: int = MA
 
 
 def principal_axes(covariance: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Eigenvalues (descending, floored at 0) and eigenvectors (columns) of a covariance matrix."""
+    """Eigenvalues (descending, floored at 0) and eigenvectors (columns) of a covariance matrix, by the
+    model's own :func:`~streamwhiten.core.eigen.eigendecomposition` (its signs fixed), so a code's axes
+    are the model's basis on every machine."""
     sigma = np.asarray(covariance, dtype=np.float64)
     if sigma.ndim != 2 or sigma.shape[0] != sigma.shape[1] or not np.all(np.isfinite(sigma)):
         raise BadInputError(f"a codec trains from a finite square covariance, got shape {sigma.shape}")
-    values, vectors = np.linalg.eigh((sigma + sigma.T) / 2)
-    order = np.argsort(values)[::-1]
-    return np.clip(values[order], 0.0, None), vectors[:, order]
+    return eigendecomposition((sigma + sigma.T) / 2)
 
 
 def random_rotation(size: int, seed: int) -> npt.NDArray[np.float64]:
