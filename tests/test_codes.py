@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from streamwhiten.codes import CODES, codec_from_bytes, train_codec
-from streamwhiten.codes.fast import encode, exclusions, search
+from streamwhiten.codes.fast import encode, search
 from streamwhiten.codes.linear import LinearCode, allocate_bits, gaussian_quantizer, principal_axes, quantizer_errors
+from streamwhiten.core.exclusions import Exclusions
 from streamwhiten.errors import BadInputError, ModelFileError, NonFiniteError
 
 D = 24
@@ -173,7 +174,7 @@ def test_search_is_the_exact_top_k_of_the_estimates(data, name):
     rows, mean, covariance, queries = data
     codec = train_codec(name, mean, covariance, budget_for(name), sample=rows[:1500])
     codes = codec.encode(rows)
-    excluded = exclusions(len(queries), np.arange(len(queries)), np.arange(len(queries)) * 3)
+    excluded = Exclusions.from_pairs(len(queries), np.arange(len(queries)), np.arange(len(queries)) * 3)
     scores, found = search(codec, queries, codes, 7, exclude=excluded)
     estimate = codec.inner_products(queries, codes).astype(np.float64)
     for i in range(len(queries)):
