@@ -39,8 +39,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ..core.eigen import eigendecomposition
+from ..core.finite import raise_if_nonfinite
 from ..errors import BadInputError
-from .base import Codec, raise_if_nonfinite
+from .base import NOT_CODABLE, Codec
 
 #: The most bits a component gets.
 MAX_BITS = 8
@@ -215,7 +216,7 @@ class LinearCode(Codec):
         (NaN or Inf in a row reach its components)."""
         z: npt.NDArray[np.float32] = rows.astype(np.float32, copy=False) @ self.basis
         z -= self._shift32
-        raise_if_nonfinite(z)
+        raise_if_nonfinite(z, "rows", suffix=NOT_CODABLE)
         return z
 
     def quantize(self, z: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
