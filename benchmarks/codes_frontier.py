@@ -150,7 +150,8 @@ def main(argv=None) -> int:
     import faiss
 
     from streamwhiten.codes import train_codec
-    from streamwhiten.codes.fast import encode, exclusions, search
+    from streamwhiten.codes.fast import encode, search
+    from streamwhiten.core.exclusions import Exclusions
 
     faiss.omp_set_num_threads(1)
     started = time.perf_counter()
@@ -170,7 +171,7 @@ def main(argv=None) -> int:
     covariance = (wide - mean).T @ (wide - mean) / wide.shape[0]
     rng = np.random.default_rng(SAMPLE_SEED)
     sample = corpus[np.sort(rng.choice(corpus.shape[0], min(SAMPLE_ROWS, corpus.shape[0]), replace=False))]
-    exclude = exclusions(len(queries), pairs[:, 0], pairs[:, 1])
+    exclude = Exclusions.from_pairs(len(queries), pairs[:, 0], pairs[:, 1])
     halves = {"choose": np.arange(0, len(queries), 2), "report": np.arange(1, len(queries), 2)}
 
     rows: list[dict] = []

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from streamwhiten.codes import CODES, codec_from_bytes, train_codec
-from streamwhiten.codes.fast import encode, exclusions, search
-from streamwhiten.codes.linear import LinearCode, allocate_bits, gaussian_quantizer, quantizer_errors
+from streamwhiten.codes.fast import encode, search
+from streamwhiten.codes.linear import LinearCode, allocate_bits, gaussian_quantizer, principal_axes, quantizer_errors
+from streamwhiten.core.exclusions import Exclusions
 from streamwhiten.errors import BadInputError, ModelFileError, NonFiniteError
 
 D = 24
@@ -122,6 +123,20 @@ def test_linear_codes_match_a_plain_numpy_reference(data, name):
     )
 
 
+def test_axes_are_the_models_eigenvectors(data):
+    """The codes take the principal axes as the model does (signs fixed, not LAPACK's choice), so the
+    sign bits of ``bits-pca`` are those of the model's own components."""
+    from streamwhiten import Whitener
+
+    rows = data[0]
+    model = Whitener(beta=1.0, gamma=0.0).fit(rows).model_
+    codec = train_codec("bits-pca", model.state.mean, model.covariance, 2)
+    np.testing.assert_array_equal(codec.basis, model.eigvecs[:, :16].astype(codec.basis.dtype))
+    values, vectors = principal_axes(model.covariance)
+    np.testing.assert_array_equal(values, model.eigvals)
+    np.testing.assert_array_equal(vectors, model.eigvecs)
+
+
 def test_codes_learn_the_vectors(data):
     """More bytes, less error; every code beats a code of zeros (the mean) by far."""
     rows, mean, covariance, queries = data
@@ -159,7 +174,7 @@ def test_search_is_the_exact_top_k_of_the_estimates(data, name):
     rows, mean, covariance, queries = data
     codec = train_codec(name, mean, covariance, budget_for(name), sample=rows[:1500])
     codes = codec.encode(rows)
-    excluded = exclusions(len(queries), np.arange(len(queries)), np.arange(len(queries)) * 3)
+    excluded = Exclusions.from_pairs(len(queries), np.arange(len(queries)), np.arange(len(queries)) * 3)
     scores, found = search(codec, queries, codes, 7, exclude=excluded)
     estimate = codec.inner_products(queries, codes).astype(np.float64)
     for i in range(len(queries)):

@@ -19,11 +19,14 @@ from typing import Any, ClassVar
 import numpy as np
 import numpy.typing as npt
 
-from ..errors import BadInputError, ModelFileError, NonFiniteError
+from ..core.finite import raise_if_nonfinite
+from ..errors import BadInputError, ModelFileError
 
 #: The first bytes of every codec's byte form, and its format version.
 MAGIC, FORMAT_VERSION = b"SWCODEC\x00", 1
 _DIGEST = 32
+#: The end of the error for a row holding NaN or Inf.
+NOT_CODABLE = ", which a code cannot hold"
 
 
 class Codec(ABC):
@@ -99,7 +102,7 @@ class Codec(ABC):
     def check_rows(self, block: npt.ArrayLike, what: str = "rows", finite: bool = True) -> np.ndarray:
         """``block`` as a 2-D float array of :attr:`n_features` columns, every value finite (unless
         ``finite`` is False: the caller checks what it computes from them); a one-line
-        :class:`BadInputError` (or :class:`NonFiniteError` naming the row) otherwise."""
+        :class:`BadInputError` (or :class:`~streamwhiten.errors.NonFiniteError` naming the row) otherwise."""
         rows = np.asarray(block)
         if rows.ndim == 1 and rows.shape[0] == self.n_features:
             rows = rows[None, :]
@@ -110,7 +113,7 @@ class Codec(ABC):
         if not np.issubdtype(rows.dtype, np.floating):
             rows = rows.astype(np.float64)
         if finite:
-            raise_if_nonfinite(rows, what)
+            raise_if_nonfinite(rows, what, suffix=NOT_CODABLE)
         return rows
 
     def check_codes(self, codes: npt.ArrayLike) -> npt.NDArray[np.uint8]:
@@ -122,14 +125,6 @@ class Codec(ABC):
                 f"got shape {tuple(rows.shape)} of {rows.dtype}"
             )
         return rows
-
-
-def raise_if_nonfinite(values: np.ndarray, what: str = "rows") -> None:
-    """:class:`NonFiniteError` naming the first row of ``values`` that holds NaN or Inf, if any."""
-    finite = np.isfinite(values).all(axis=1)
-    if not finite.all():
-        row = int(np.argmin(finite))
-        raise NonFiniteError(f"{what} row {row} holds NaN or Inf, which a code cannot hold", row=row)
 
 
 def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
@@ -167,4 +162,4 @@ def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]
         raise ModelFileError(f"a damaged codec header ({exc})") from None
 
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "Codec", "raise_if_nonfinite", "read_parts"]
+__all__ = ["FORMAT_VERSION", "MAGIC", "NOT_CODABLE", "Codec", "read_parts"]

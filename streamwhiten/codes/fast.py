@@ -12,6 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..core._kernels import lookup_scores, merge_top_scores, pack_levels
+from ..core.exclusions import Exclusions
 from ..errors import BadInputError
 from .base import Codec
 from .faiss_codes import FaissCode
@@ -37,38 +38,24 @@ def encode(codec: Codec, block: npt.ArrayLike) -> npt.NDArray[np.uint8]:
     return out
 
 
-def exclusions(n_queries: int, query_rows: npt.ArrayLike, corpus_rows: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    """The pairs (query, corpus row) never to return, as ``(start, rows)``: query ``q``'s excluded rows
-    are ``rows[start[q]:start[q + 1]]``, sorted."""
-    queries = np.asarray(query_rows, dtype=np.int64).reshape(-1)
-    rows = np.asarray(corpus_rows, dtype=np.int64).reshape(-1)
-    if queries.shape != rows.shape or (queries.size and (queries.min() < 0 or queries.max() >= n_queries)):
-        raise BadInputError(f"excluded pairs must name queries 0..{n_queries - 1}, one corpus row each")
-    order = np.lexsort((rows, queries))
-    start = np.zeros(n_queries + 1, dtype=np.int64)
-    np.add.at(start, queries + 1, 1)
-    return np.cumsum(start), rows[order]
-
-
 def search(
     codec: Codec,
     queries: npt.ArrayLike,
     codes: npt.ArrayLike,
     k: int,
     *,
-    exclude: tuple[np.ndarray, np.ndarray] | None = None,
+    exclude: Exclusions | None = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     """The ``k`` best corpus rows per query by the codec's estimate of ``<q, x>`` (best first, ties to
     the lower row; an unfilled slot holds row -1 and score -inf), never an excluded pair
-    (:func:`exclusions`)."""
+    (:class:`~streamwhiten.core.exclusions.Exclusions`)."""
     q = codec.check_rows(queries, "queries").astype(np.float32)
     rows = codec.check_codes(codes)
     k = int(k)
     if k < 1:
         raise BadInputError(f"search depth k must be at least 1, got {k}")
-    start, excluded = (
-        exclude if exclude is not None else (np.zeros(q.shape[0] + 1, dtype=np.int64), np.zeros(0, np.int64))
-    )
+    exclude = exclude if exclude is not None else Exclusions.none(q.shape[0])
+    start, excluded = exclude.start, exclude.rows
     if start.shape[0] != q.shape[0] + 1:
         raise BadInputError(f"the exclusions are for {start.shape[0] - 1} queries, not {q.shape[0]}")
     if isinstance(codec, FaissCode):
@@ -115,4 +102,4 @@ def _faiss_search(
     return top_scores, top_rows
 
 
-__all__ = ["TILE_QUERIES", "TILE_ROWS", "encode", "exclusions", "search"]
+__all__ = ["TILE_QUERIES", "TILE_ROWS", "encode", "search"]

@@ -38,8 +38,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ..core.eigen import eigendecomposition
+from ..core.finite import raise_if_nonfinite
 from ..errors import BadInputError
-from .base import Codec, raise_if_nonfinite
+from .base import NOT_CODABLE, Codec
 
 #: The most bits a component gets.
 MAX_BITS = 8
@@ -112,13 +114,13 @@ def allocate_bits(importance: npt.ArrayLike, total_bits: int, max_bits: int = MA
 
 
 def principal_axes(covariance: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Eigenvalues (descending, floored at 0) and eigenvectors (columns) of a covariance matrix."""
+    """Eigenvalues (descending, floored at 0) and eigenvectors (columns) of a covariance matrix, by the
+    model's own :func:`~streamwhiten.core.eigen.eigendecomposition` (its signs fixed), so a code's axes
+    are the model's basis on every machine."""
     sigma = np.asarray(covariance, dtype=np.float64)
     if sigma.ndim != 2 or sigma.shape[0] != sigma.shape[1] or not np.all(np.isfinite(sigma)):
         raise BadInputError(f"a codec trains from a finite square covariance, got shape {sigma.shape}")
-    values, vectors = np.linalg.eigh((sigma + sigma.T) / 2)
-    order = np.argsort(values)[::-1]
-    return np.clip(values[order], 0.0, None), vectors[:, order]
+    return eigendecomposition((sigma + sigma.T) / 2)
 
 
 def random_rotation(size: int, seed: int) -> npt.NDArray[np.float64]:
@@ -214,7 +216,7 @@ class LinearCode(Codec):
         (NaN or Inf in a row reach its components)."""
         z: npt.NDArray[np.float32] = rows.astype(np.float32, copy=False) @ self.basis
         z -= self._shift32
-        raise_if_nonfinite(z)
+        raise_if_nonfinite(z, "rows", suffix=NOT_CODABLE)
         return z
 
     def quantize(self, z: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:

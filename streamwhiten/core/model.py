@@ -22,10 +22,11 @@ import numpy.typing as npt
 from .. import __version__
 from .._durable import check_replaceable
 from .._npz import checksum, foreign_npz, read_npz, write_npz_atomic
-from ..errors import BadInputError, NonFiniteError, StreamwhitenError, ValuesTooLargeError
+from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
 from ..records import Fingerprint, fingerprint_of
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
+from .eigen import eigendecomposition
 from .quantize import (
     DEFAULT_INT8_CLIP,
     Quantization,
@@ -77,21 +78,6 @@ def float_rows(rows: npt.ArrayLike) -> np.ndarray:
     rows = np.asarray(rows)
     native = float_dtype(rows.dtype)
     return rows if rows.dtype == native else rows.astype(native)
-
-
-def eigendecomposition(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Eigenvalues (descending, clipped at 0) and eigenvectors (columns, deterministic signs)."""
-    try:
-        eigvals, eigvecs = np.linalg.eigh(matrix)
-    except np.linalg.LinAlgError as exc:
-        raise StreamwhitenError(f"the eigensolver failed on the covariance matrix: {exc}") from exc
-    eigvals = np.maximum(eigvals[::-1], 0.0)
-    eigvecs = np.ascontiguousarray(eigvecs[:, ::-1])
-    pivots = np.argmax(np.abs(eigvecs), axis=0)
-    signs = np.sign(eigvecs[pivots, np.arange(eigvecs.shape[1])])
-    signs[signs == 0] = 1.0
-    eigvecs *= signs
-    return eigvals, eigvecs
 
 
 def effective_dimension(eigvals: np.ndarray) -> float:

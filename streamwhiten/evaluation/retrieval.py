@@ -34,6 +34,7 @@ from typing import cast
 import numpy as np
 
 from ..core.affine import scale_rows_to_unit
+from ..core.finite import raise_if_nonfinite
 from ..core.model import WhiteningModel, project
 from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, Storage, quantization_for
 from ..errors import BadInputError, NonFiniteError
@@ -258,10 +259,7 @@ class SearchSetting:
 
 
 def _finite(rows: np.ndarray, start: int, label: str) -> np.ndarray:
-    finite = np.isfinite(rows).all(axis=1)
-    if not finite.all():
-        row = start + int(np.argmin(finite))
-        raise NonFiniteError(f"{label}: row {row} holds NaN or Inf", row=row)
+    raise_if_nonfinite(rows, f"{label}:", start=start)
     return rows
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..core import _kernels
+from ..core.exclusions import Exclusions
 from ..engine._threads import blas_threads, blas_threads_per_worker, limit_this_thread, resolve_threads
 from ..errors import BadInputError
 from ..io import Source
@@ -39,37 +40,6 @@ SCORE_TILE_BYTES = 2 << 20
 _EMPTY_DISTANCE = np.iinfo(np.int64).max
 #: (query, candidate) pairs whose inner products are taken at once when rescoring (bounds the memory).
 _RESCORE_PAIRS = 8192
-
-
-@dataclass(frozen=True)
-class Exclusions:
-    """Corpus rows that are never candidates of a query: for query ``q``, the sorted rows
-    ``rows[start[q]:start[q + 1]]``."""
-
-    start: np.ndarray
-    rows: np.ndarray
-
-    @classmethod
-    def none(cls, n_queries: int) -> Exclusions:
-        return cls(np.zeros(n_queries + 1, np.int64), np.zeros(0, np.int64))
-
-    @classmethod
-    def from_pairs(cls, n_queries: int, query_rows, corpus_rows) -> Exclusions:
-        """From ``(query, corpus row)`` pairs, queries counted as the search's query rows (0-based)."""
-        query_rows = np.asarray(query_rows, dtype=np.int64).reshape(-1)
-        corpus_rows = np.asarray(corpus_rows, dtype=np.int64).reshape(-1)
-        if query_rows.shape != corpus_rows.shape:
-            raise BadInputError("excluded pairs need as many query rows as corpus rows")
-        if query_rows.size and (query_rows.min() < 0 or query_rows.max() >= n_queries):
-            raise BadInputError(f"an excluded pair names a query outside 0..{n_queries - 1}")
-        order = np.lexsort((corpus_rows, query_rows))
-        start = np.zeros(n_queries + 1, np.int64)
-        np.cumsum(np.bincount(query_rows, minlength=n_queries), out=start[1:])
-        return cls(start, np.ascontiguousarray(corpus_rows[order]))
-
-    @property
-    def n_queries(self) -> int:
-        return int(self.start.shape[0] - 1)
 
 
 @dataclass
