@@ -407,14 +407,7 @@ def _score(row: dict, metric: str) -> float:
 
 def choose_within(table: list, metric: str, max_bytes: int | None = None, tolerance: float = 0.0) -> dict:
     """The best row within ``max_bytes`` bytes per vector (see the module docstring)."""
-    eligible = [i for i, row in enumerate(table) if max_bytes is None or row["bytes_per_vector"] <= max_bytes]
-    if not eligible:
-        smallest = min(table, key=lambda row: row["bytes_per_vector"])
-        raise BadInputError(
-            f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
-            f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise --max-bytes "
-            "or add smaller k to --ks"
-        )
+    eligible = _within(table, max_bytes)
     top = max(_score(table[i], metric) for i in eligible)
     if top == -math.inf:
         raise BadInputError(f"no setting within the budget gives a finite {metric}")
