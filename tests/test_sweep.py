@@ -417,3 +417,43 @@ def test_the_reference_is_the_most_faithful_raw_storage_within_the_budget():
     assert [reference_k(384, b) for b in (None, 48, 24, 12)] == [None, None, 192, 96]
     with pytest.raises(BadInputError, match="reference"):
         reference_index(table, 384, 4)
+
+
+def test_bootstrap_differences_in_blocks_equal_the_indexed_resamples(monkeypatch):
+    # the previous implementation indexed each row's differences with all (samples, n) draws at once; the
+    # counts, a block of 6 resamples and 2 rows at a time, must give the same intervals
+    from streamwhiten.evaluation import select as select_module
+
+    monkeypatch.setattr(sweep_module, "RESAMPLED_VALUES", 2 * 31)
+    monkeypatch.setattr(select_module, "BLOCK", 6)
+    rng = np.random.default_rng(8)
+    reference = rng.uniform(0, 1, 25)
+    others = [np.clip(reference + rng.normal(shift, 0.2, 25), 0, 1) for shift in (0.0, 0.05, -0.1, 0.2, 0.01)]
+    got = sweep_module.bootstrap_differences(reference, others, 31, 3)
+    index = np.random.default_rng(3).integers(0, 25, size=(31, 25))
+    for (difference, low, high), values in zip(got, others, strict=True):
+        diffs = values - reference
+        want_low, want_high = np.percentile(diffs[index].mean(axis=1), [2.5, 97.5])
+        assert (difference, low, high) == pytest.approx((100 * diffs.mean(), 100 * want_low, 100 * want_high))
+    unsampled = sweep_module.bootstrap_differences(reference, others, 0, 3)  # no resamples: no intervals
+    assert unsampled == [(pytest.approx(100 * (values - reference).mean()), None, None) for values in others]
+
+
+def test_argmax_needs_no_reference_and_forecasts_nothing():
+    # no raw row (beta = gamma = 0) fits 8 bytes: the default rule has no reference, argmax chooses as before
+    table = [
+        dict(beta=1.0, gamma=0.0, k=4, vectors="centred", storage="int8", bytes_per_vector=4, rescore=False, score=0.5),
+        dict(
+            beta=1.0, gamma=1.0, k=8, vectors="whitened", storage="int8", bytes_per_vector=8, rescore=False, score=0.6
+        ),
+        dict(beta=0.0, gamma=0.0, k=8, vectors="raw", storage="float32", bytes_per_vector=32, rescore=False, score=0.9),
+    ]
+    per_query = np.array([[0.5, 0.4, 0.6, 0.5] * 3, [0.6, 0.7, 0.5, 0.6] * 3, [0.9] * 12])
+    args = (table, per_query, "score", 8)
+    index, record = sweep_module.choose_generalising(*args, max_bytes=8, rule="argmax", tolerance=0.2)
+    assert table[index] is choose_within(table, "score", 8, tolerance=0.2) and index == 0
+    assert record["reference"] is None and "forecast" not in record and record["tolerance"] == 0.2
+    index, _ = sweep_module.choose_generalising(*args, max_bytes=8, rule="argmax")
+    assert index == 1
+    with pytest.raises(BadInputError, match="no raw setting"):
+        sweep_module.choose_generalising(*args, max_bytes=8)
