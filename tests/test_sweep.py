@@ -457,3 +457,25 @@ def test_argmax_needs_no_reference_and_forecasts_nothing():
     assert index == 1
     with pytest.raises(BadInputError, match="no raw setting"):
         sweep_module.choose_generalising(*args, max_bytes=8)
+
+
+def test_the_tolerance_is_worded_by_the_rule(tmp_path, capsys):
+    from streamwhiten.cli._common import selection_lines
+
+    task = write_task(tmp_path, seed=1, noise=1.0)
+    model_path = fitted(tmp_path, task)
+    extra = ("--dtypes", "float32,int8", "--max-bytes", "64", "--tolerance", "30")
+    assert main(tune_args(task, model_path, *extra)) == 0
+    text = capsys.readouterr().out
+    assert "(the fewest bytes surely within 30 points of the reference):" in text and "of the best" not in text
+    assert "chosen: the cheapest setting surely within 30 points" in text
+    assert main(tune_args(task, model_path, *extra, "--select", "argmax")) == 0
+    text = capsys.readouterr().out
+    assert "(the fewest bytes within 30 points of the best):" in text and "forecast   " not in text
+    kept = {"rule": "maxt", "tolerance": 2.0, "kept_reference": True, "n_beating": 0, "n_compared": 4}
+    assert (
+        "nothing cheaper is surely within 2 points of it: the reference is kept"
+        in selection_lines(kept, "ndcg@10", "queries")[0]
+    )
+    old = dict(kept, tolerance=None, kept_reference=False, bound=1.5)  # a record saved before tolerance was kept
+    assert "the highest simultaneous 95% lower bound of the advantage, +1.50" in selection_lines(old, "m", "q")[0]
