@@ -438,7 +438,7 @@ PARAMS: dict[str, Param] = _params(
         "a whole number of bytes of at least 1",
         1,
         none=True,
-        help="Choose the best setting storing at most this many bytes per corpus vector (bits plus the vectors "
+        help="Choose among the settings storing at most this many bytes per corpus vector (bits plus the vectors "
         "a rescoring reads). Default: no budget.",
     ),
 )

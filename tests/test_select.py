@@ -132,3 +132,52 @@ def test_the_sweep_grid_checks_the_rule_and_the_folds():
         SweepGrid(select="best")
     with pytest.raises(BadInputError, match="--folds must be an integer of at least 2"):
         SweepGrid(folds=1)
+
+
+def plain_counts(n, samples, seed):
+    """How often each unit is drawn in each resample, from one draw of all the indices, counted in loops."""
+    draws = np.random.default_rng(seed).integers(0, n, size=(samples, n))
+    counts = np.zeros((samples, n))
+    for row, draw in enumerate(draws):
+        for unit in draw:
+            counts[row, unit] += 1
+    return counts
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_resamples_in_blocks_give_the_results_of_one_draw_of_all(monkeypatch, keep):
+    # the previous implementation drew (samples, n) at once for each use; blocks of 7 resamples (and, with
+    # keep=False, a new draw for each pass) must give the same counts and the same results
+    from streamwhiten.evaluation import select as select_module
+
+    monkeypatch.setattr(select_module, "KEEP", 1 << 30 if keep else 0)
+    rng = np.random.default_rng(11)
+    n, samples, seed = 40, 53, 4
+    reference = rng.uniform(0, 1, n)
+    scores = np.clip(reference + np.array([0.0, 0.03, 0.1])[:, None] + rng.normal(0, 0.1, (3, n)), 0, 1)
+    counts = plain_counts(n, samples, seed)
+    resamples = select_module.Resamples(n, samples, seed, block=7)
+    for _ in range(2):  # a second pass reads the kept counts or draws them again, alike
+        np.testing.assert_array_equal(np.vstack(list(resamples)), counts)
+    np.testing.assert_array_equal(select_module.resample_counts(n, samples, seed), counts)
+    # the rule: the critical value of the plain loops, with the blocks given or made
+    _, critical, bounds = numpy_maxt(scores, reference, samples, seed, 0.95)
+    for given in (resamples, None):
+        got = select(scores, reference, samples=samples, seed=seed, resamples=given)
+        assert got.critical == pytest.approx(critical, rel=1e-12)
+        np.testing.assert_allclose(got.bound, bounds, rtol=1e-12)
+    # the intervals: percentiles of the resampled means, as the previous implementation took them
+    for values in (reference, scores[1] - reference):
+        means = 100.0 * (counts @ values) / n
+        low, high = np.percentile(means, [2.5, 97.5])
+        assert select_module.interval(values, samples, seed, resamples=resamples) == pytest.approx(
+            (100.0 * values.mean(), low, high), rel=1e-12
+        )
+    # the forecast's three intervals come from the same resamples whether shared or made inside
+    shared = forecast(scores, reference, folds=4, samples=samples, seed=seed, resamples=resamples)
+    alone = forecast(scores, reference, folds=4, samples=samples, seed=seed)
+    assert shared == alone
+    means = 100.0 * (counts @ reference) / n
+    assert (alone["reference"]["low"], alone["reference"]["high"]) == pytest.approx(
+        tuple(np.percentile(means, [2.5, 97.5])), rel=1e-12
+    )

@@ -417,3 +417,65 @@ def test_the_reference_is_the_most_faithful_raw_storage_within_the_budget():
     assert [reference_k(384, b) for b in (None, 48, 24, 12)] == [None, None, 192, 96]
     with pytest.raises(BadInputError, match="reference"):
         reference_index(table, 384, 4)
+
+
+def test_bootstrap_differences_in_blocks_equal_the_indexed_resamples(monkeypatch):
+    # the previous implementation indexed each row's differences with all (samples, n) draws at once; the
+    # counts, a block of 6 resamples and 2 rows at a time, must give the same intervals
+    from streamwhiten.evaluation import select as select_module
+
+    monkeypatch.setattr(sweep_module, "RESAMPLED_VALUES", 2 * 31)
+    monkeypatch.setattr(select_module, "BLOCK", 6)
+    rng = np.random.default_rng(8)
+    reference = rng.uniform(0, 1, 25)
+    others = [np.clip(reference + rng.normal(shift, 0.2, 25), 0, 1) for shift in (0.0, 0.05, -0.1, 0.2, 0.01)]
+    got = sweep_module.bootstrap_differences(reference, others, 31, 3)
+    index = np.random.default_rng(3).integers(0, 25, size=(31, 25))
+    for (difference, low, high), values in zip(got, others, strict=True):
+        diffs = values - reference
+        want_low, want_high = np.percentile(diffs[index].mean(axis=1), [2.5, 97.5])
+        assert (difference, low, high) == pytest.approx((100 * diffs.mean(), 100 * want_low, 100 * want_high))
+    unsampled = sweep_module.bootstrap_differences(reference, others, 0, 3)  # no resamples: no intervals
+    assert unsampled == [(pytest.approx(100 * (values - reference).mean()), None, None) for values in others]
+
+
+def test_argmax_needs_no_reference_and_forecasts_nothing():
+    # no raw row (beta = gamma = 0) fits 8 bytes: the default rule has no reference, argmax chooses as before
+    table = [
+        dict(beta=1.0, gamma=0.0, k=4, vectors="centred", storage="int8", bytes_per_vector=4, rescore=False, score=0.5),
+        dict(
+            beta=1.0, gamma=1.0, k=8, vectors="whitened", storage="int8", bytes_per_vector=8, rescore=False, score=0.6
+        ),
+        dict(beta=0.0, gamma=0.0, k=8, vectors="raw", storage="float32", bytes_per_vector=32, rescore=False, score=0.9),
+    ]
+    per_query = np.array([[0.5, 0.4, 0.6, 0.5] * 3, [0.6, 0.7, 0.5, 0.6] * 3, [0.9] * 12])
+    args = (table, per_query, "score", 8)
+    index, record = sweep_module.choose_generalising(*args, max_bytes=8, rule="argmax", tolerance=0.2)
+    assert table[index] is choose_within(table, "score", 8, tolerance=0.2) and index == 0
+    assert record["reference"] is None and "forecast" not in record and record["tolerance"] == 0.2
+    index, _ = sweep_module.choose_generalising(*args, max_bytes=8, rule="argmax")
+    assert index == 1
+    with pytest.raises(BadInputError, match="no raw setting"):
+        sweep_module.choose_generalising(*args, max_bytes=8)
+
+
+def test_the_tolerance_is_worded_by_the_rule(tmp_path, capsys):
+    from streamwhiten.cli._common import selection_lines
+
+    task = write_task(tmp_path, seed=1, noise=1.0)
+    model_path = fitted(tmp_path, task)
+    extra = ("--dtypes", "float32,int8", "--max-bytes", "64", "--tolerance", "30")
+    assert main(tune_args(task, model_path, *extra)) == 0
+    text = capsys.readouterr().out
+    assert "(the fewest bytes surely within 30 points of the reference):" in text and "of the best" not in text
+    assert "chosen: the cheapest setting surely within 30 points" in text
+    assert main(tune_args(task, model_path, *extra, "--select", "argmax")) == 0
+    text = capsys.readouterr().out
+    assert "(the fewest bytes within 30 points of the best):" in text and "forecast   " not in text
+    kept = {"rule": "maxt", "tolerance": 2.0, "kept_reference": True, "n_beating": 0, "n_compared": 4}
+    assert (
+        "nothing cheaper is surely within 2 points of it: the reference is kept"
+        in selection_lines(kept, "ndcg@10", "queries")[0]
+    )
+    old = dict(kept, tolerance=None, kept_reference=False, bound=1.5)  # a record saved before tolerance was kept
+    assert "the highest simultaneous 95% lower bound of the advantage, +1.50" in selection_lines(old, "m", "q")[0]

@@ -353,18 +353,34 @@ def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]
     if not selection:
         return []
     lines = []
+    tolerance = selection.get("tolerance") or 0.0  # absent from records saved before it was kept
     if selection["rule"] == "maxt":
-        verdict = (
-            "nothing beats the reference beyond noise: the reference is kept"
-            if selection["kept_reference"]
-            else f"chosen: the highest simultaneous 95% lower bound of the advantage, {selection['bound']:+.2f}"
-        )
+        if not tolerance:
+            verdict = (
+                "nothing beats the reference beyond noise: the reference is kept"
+                if selection["kept_reference"]
+                else f"chosen: the highest simultaneous 95% lower bound of the advantage, {selection['bound']:+.2f}"
+            )
+        else:
+            verdict = (
+                f"nothing cheaper is surely within {tolerance:g} points of it: the reference is kept"
+                if selection["kept_reference"]
+                else f"chosen: the cheapest setting surely within {tolerance:g} points of it (simultaneous 95% "
+                f"lower bound of the advantage {selection['bound']:+.2f})"
+            )
         lines.append(
             f"rule       max-t: {selection['n_beating']} of {selection['n_compared']} settings beat the reference "
             f"beyond the noise of all {selection['n_compared']} compared; {verdict}"
         )
+    elif tolerance:
+        lines.append(
+            f"rule       argmax: the cheapest setting within {tolerance:g} points of the best score of all "
+            "(optimistic: the best of many noisy scores); no forecast"
+        )
     else:
-        lines.append("rule       argmax: the best score of all (optimistic: the best of many noisy scores)")
+        lines.append(
+            "rule       argmax: the best score of all (optimistic: the best of many noisy scores); no forecast"
+        )
     predicted = selection.get("forecast")
     if predicted:
         difference = predicted["difference"]

@@ -53,7 +53,8 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     show_default=True,
     help="How the setting is chosen. maxt: keep the reference (the raw vectors, in the most faithful storage "
     "within the budget) unless a setting beats it beyond the noise of all the settings compared (a paired "
-    "bootstrap of the maximum). argmax: the best score of all, optimistic (the winner's curse).",
+    "bootstrap of the maximum), with a cross-validated forecast. argmax: the best score of all as before the "
+    "rule, optimistic (the winner's curse); no reference and no forecast.",
 )
 @click.option(
     "--folds",
@@ -314,9 +315,16 @@ def retrieval_lines(summary: dict, model, chosen, target) -> list[str]:
     budget = summary["max_bytes"]
     within = f"within {budget:,} bytes per vector" if budget is not None else "with no byte budget"
     tolerance = summary["tolerance"]
+    argmax = (summary.get("selection") or {}).get("rule") == "argmax"
     lines.append(
         f"chosen     {within}"
-        + (f" (the fewest bytes within {tolerance:g} points of the best)" if tolerance else "")
+        + (
+            ""
+            if not tolerance
+            else f" (the fewest bytes within {tolerance:g} points of the best)"
+            if argmax
+            else f" (the fewest bytes surely within {tolerance:g} points of the reference)"
+        )
         + ":"
     )
     lines.append(_row_text(best, metric))

@@ -56,12 +56,65 @@ class Selection:
         return int(np.sum(self.bound > 0))
 
 
+#: Resamples drawn and multiplied at a time: a block of counts takes ``BLOCK x units`` doubles.
+BLOCK = 1000
+#: Counts kept in memory for reuse when all of them take at most this many doubles (64 MiB); larger
+#: tables are drawn again, block by block, for each pass.
+KEEP = 1 << 23
+
+
 def resample_counts(n_units: int, samples: int, seed: int) -> np.ndarray:
     """How often each unit is drawn in each resample (samples x units): the draws of
     :func:`~streamwhiten.evaluation.retrieval.paired_bootstrap`, all at once."""
-    index = np.random.default_rng(seed).integers(0, n_units, size=(samples, n_units))
-    flat = (np.arange(samples)[:, None] * n_units + index).ravel()
-    return np.bincount(flat, minlength=samples * n_units).reshape(samples, n_units).astype(np.float64)
+    return np.vstack(list(Resamples(n_units, samples, seed))) if samples > 0 else np.zeros((0, n_units))
+
+
+def _counts(rng: np.random.Generator, rows: int, n_units: int) -> np.ndarray:
+    index = rng.integers(0, n_units, size=(rows, n_units))
+    flat = (np.arange(rows)[:, None] * n_units + index).ravel()
+    return np.bincount(flat, minlength=rows * n_units).reshape(rows, n_units).astype(np.float64)
+
+
+class Resamples:
+    """The paired bootstrap's resamples of ``n_units`` units, ``samples`` of them from ``seed``, as blocks of
+    counts (at most :data:`BLOCK` resamples x units each) so that memory stays bounded whatever ``samples``.
+
+    The generator draws ``(samples, n_units)`` indices in block order, which is the same stream as one
+    draw of all of them. One object is shared by every use of the same resamples (the differences, the
+    rule, the forecast's intervals); its counts are drawn once and kept when they fit in :data:`KEEP`
+    doubles, else drawn again for each pass.
+    """
+
+    def __init__(self, n_units: int, samples: int, seed: int, block: int | None = None):
+        self.n_units, self.samples, self.seed = int(n_units), int(samples), int(seed)
+        self.block = BLOCK if block is None else int(block)
+        self._kept: list[np.ndarray] | None = None
+
+    def are(self, n_units: int, samples: int, seed: int) -> bool:
+        """Whether these are the resamples of ``n_units`` units, ``samples`` of them from ``seed``."""
+        return (self.n_units, self.samples, self.seed) == (n_units, samples, seed)
+
+    def __iter__(self):
+        if self._kept is not None:
+            yield from self._kept
+            return
+        rng = np.random.default_rng(self.seed)
+        keep = self.samples * self.n_units <= KEEP
+        kept = []
+        for start in range(0, self.samples, self.block):
+            counts = _counts(rng, min(self.block, self.samples - start), self.n_units)
+            if keep:
+                kept.append(counts)
+            yield counts
+        if keep:
+            self._kept = kept
+
+    def means(self, values) -> np.ndarray:
+        """The resampled means of each row of ``values`` (rows x units): rows x samples."""
+        values = np.asarray(values, dtype=np.float64)
+        if self.samples == 0:
+            return np.zeros((values.shape[0], 0))
+        return np.hstack([values @ counts.T for counts in self]) / self.n_units
 
 
 def _check(scores, reference) -> tuple[np.ndarray, np.ndarray]:
@@ -87,6 +140,7 @@ def select(
     samples: int = 1000,
     seed: int = 0,
     level: float = 0.95,
+    resamples: Resamples | None = None,
 ) -> Selection:
     """Choose a candidate row of ``scores`` or the ``reference`` (see the module docstring).
 
@@ -105,6 +159,8 @@ def select(
         Points (x100) the choice may be below the reference, surely, to be cheaper.
     samples, seed, level
         The paired bootstrap of the units: resamples, the generator's seed and the simultaneous level.
+    resamples : Resamples, optional
+        The resamples of these units already made (``samples`` and ``seed`` are then theirs).
     """
     if rule not in RULES:
         raise BadInputError(f"the selection rule must be one of {', '.join(RULES)}, got {rule!r}")
@@ -128,10 +184,13 @@ def select(
     varies = finite & (error > 0)
     critical = 0.0
     if varies.any():
-        counts = resample_counts(n_units, samples, seed)
-        means = 100.0 * (diffs[varies] @ counts.T) / n_units  # candidates x resamples
-        deviations = (means - advantage[varies, None]) / error[varies, None]
-        critical = float(np.quantile(deviations.max(axis=0), level))
+        if resamples is None or not resamples.are(n_units, samples, seed):
+            resamples = Resamples(n_units, samples, seed)
+        varying, centre, scale = diffs[varies], advantage[varies, None], error[varies, None]
+        largest = [  # each resample's largest standardized deviation, a block of resamples at a time
+            ((100.0 * (varying @ counts.T) / n_units - centre) / scale).max(axis=0) for counts in resamples
+        ]
+        critical = float(np.quantile(np.concatenate(largest), level))
     # a row equal to the reference plus a constant has no noise: its bound is its advantage
     bound = np.where(finite, advantage - critical * error, -math.inf)
     if tolerance > 0:
@@ -147,15 +206,25 @@ def select(
     return Selection(int(np.argmax(bound)), advantage, bound, critical, rule)
 
 
-def interval(values, samples: int, seed: int, level: float = 0.95) -> tuple[float, float | None, float | None]:
+def interval(
+    values, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
+) -> tuple[float, float | None, float | None]:
     """``(mean, low, high)`` x100 of per-unit ``values``: the mean and its bootstrap percentile interval."""
+    return intervals(np.asarray(values, dtype=np.float64)[None], samples, seed, level, resamples)[0]
+
+
+def intervals(
+    values, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
+) -> list[tuple[float, float | None, float | None]]:
+    """:func:`interval` of each row of ``values`` (rows x units), all from the same resamples."""
     values = np.asarray(values, dtype=np.float64)
-    mean = 100.0 * float(values.mean())
+    means = 100.0 * values.mean(axis=1)
     if samples <= 0:
-        return mean, None, None
-    counts = resample_counts(values.shape[0], samples, seed)
-    low, high = np.percentile(100.0 * (counts @ values) / values.shape[0], [50 * (1 - level), 50 * (1 + level)])
-    return mean, float(low), float(high)
+        return [(float(mean), None, None) for mean in means]
+    if resamples is None or not resamples.are(values.shape[1], samples, seed):
+        resamples = Resamples(values.shape[1], samples, seed)
+    tails = np.percentile(100.0 * resamples.means(values), [50 * (1 - level), 50 * (1 + level)], axis=1)
+    return [(float(mean), float(low), float(high)) for mean, low, high in zip(means, *tails, strict=True)]
 
 
 def forecast(
@@ -170,13 +239,15 @@ def forecast(
     samples: int = 1000,
     seed: int = 0,
     level: float = 0.95,
+    resamples: Resamples | None = None,
 ) -> dict:
     """The cross-validated estimate of what ``rule``'s choice scores on units it was not chosen on.
 
     The units are dealt at random (``seed``) into ``folds`` folds; for each, :func:`select` runs on the
     others and its choice (a candidate or the reference) is scored on that fold. Returns ``{"chosen": {score,
     low, high}, "reference": {...}, "difference": {...}, "folds", "kept_reference"}`` (x100; ``kept_reference``:
-    the folds whose choice was the reference), the intervals by the paired bootstrap of the units.
+    the folds whose choice was the reference), the intervals by the paired bootstrap of the units
+    (``resamples``, when given, are those of all the units).
     """
     scores, reference = _check(scores, reference)
     n_units = reference.shape[0]
@@ -202,8 +273,9 @@ def forecast(
         kept += choice is None
         held_out[test] = reference[test] if choice is None else scores[choice, test]
     out: dict = {"folds": folds, "kept_reference": kept}
-    for name, values in (("chosen", held_out), ("reference", reference), ("difference", held_out - reference)):
-        score, low, high = interval(values, samples, seed, level)
+    names = ("chosen", "reference", "difference")
+    rows = np.stack([held_out, reference, held_out - reference])
+    for name, (score, low, high) in zip(names, intervals(rows, samples, seed, level, resamples), strict=True):
         out[name] = {"score": score, "low": low, "high": high}
     return out
 
@@ -228,4 +300,16 @@ def spearman_units(cosines, gold, ranks: bool = True) -> tuple[np.ndarray, np.nd
     return np.stack([standardized(row) * gold_z for row in cosines]), gold_z
 
 
-__all__ = ["FOLDS", "RULES", "Selection", "forecast", "interval", "resample_counts", "select", "spearman_units"]
+__all__ = [
+    "BLOCK",
+    "FOLDS",
+    "RULES",
+    "Resamples",
+    "Selection",
+    "forecast",
+    "interval",
+    "intervals",
+    "resample_counts",
+    "select",
+    "spearman_units",
+]

@@ -57,8 +57,11 @@ from .retrieval import (
     retrieval_options,
 )
 from .search import Reranking, SearchJob, SearchPass, corpus_blocks, search
-from .select import FOLDS, RULES, forecast, select
+from .select import FOLDS, RULES, Resamples, forecast, select
 from .tune import KChoice, decompose, describe_stored, make_grid
+
+#: Resampled means held at once by :func:`bootstrap_differences` (512 MiB of doubles).
+RESAMPLED_VALUES = 1 << 26
 
 #: The storages swept by default (``binary+rescore``: bits whose top ``rescore`` are re-ranked).
 STORAGES = ("float32", "float16", "int8", "binary", "binary+rescore")
@@ -367,23 +370,32 @@ def _args(storage: Storage) -> dict:
 # ------------------------------------------------------------------------------------- scores and choice
 
 
-def bootstrap_differences(reference: np.ndarray, others: list, samples: int, seed: int, level: float = BOOTSTRAP_LEVEL):
+def bootstrap_differences(
+    reference: np.ndarray,
+    others: list,
+    samples: int,
+    seed: int,
+    level: float = BOOTSTRAP_LEVEL,
+    resamples: Resamples | None = None,
+):
     """``(difference, low, high)`` x100 of each of ``others`` (per-query scores) minus ``reference``:
     the paired bootstrap of :func:`~streamwhiten.evaluation.retrieval.paired_bootstrap` (the same
-    resamples, drawn once for all)."""
+    resamples, ``resamples`` when given), a block of resamples and of rows at a time."""
+    reference = np.asarray(reference, np.float64)
     n = reference.shape[0]
-    index = np.random.default_rng(seed).integers(0, n, size=(samples, n)) if samples > 0 and n else None
+    diffs = np.asarray(others, np.float64).reshape(len(others), n) - reference
+    differences = 100.0 * diffs.mean(axis=1) if n else np.full(len(others), math.nan)
+    if samples <= 0 or not n or not len(others):
+        return [(float(difference), None, None) for difference in differences]
+    if resamples is None or not resamples.are(n, samples, seed):
+        resamples = Resamples(n, samples, seed)
     tails = [100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0]
-    out: list[tuple[float, float | None, float | None]] = []
-    for values in others:
-        diffs = np.asarray(values, np.float64) - np.asarray(reference, np.float64)
-        difference = 100.0 * float(diffs.mean()) if n else math.nan
-        if index is None:
-            out.append((difference, None, None))
-            continue
-        low, high = np.percentile(diffs[index].mean(axis=1), tails)
-        out.append((difference, 100.0 * float(low), 100.0 * float(high)))
-    return out
+    rows = max(1, RESAMPLED_VALUES // samples)  # rows x resamples of means held at once
+    low, high = np.empty(len(others)), np.empty(len(others))
+    for start in range(0, len(others), rows):
+        means = resamples.means(diffs[start : start + rows])
+        low[start : start + rows], high[start : start + rows] = 100.0 * np.percentile(means, tails, axis=1)
+    return [(float(d), float(lo), float(hi)) for d, lo, hi in zip(differences, low, high, strict=True)]
 
 
 def frontier(table: list, metric: str) -> list:
@@ -407,14 +419,7 @@ def _score(row: dict, metric: str) -> float:
 
 def choose_within(table: list, metric: str, max_bytes: int | None = None, tolerance: float = 0.0) -> dict:
     """The best row within ``max_bytes`` bytes per vector (see the module docstring)."""
-    eligible = [i for i, row in enumerate(table) if max_bytes is None or row["bytes_per_vector"] <= max_bytes]
-    if not eligible:
-        smallest = min(table, key=lambda row: row["bytes_per_vector"])
-        raise BadInputError(
-            f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
-            f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise --max-bytes "
-            "or add smaller k to --ks"
-        )
+    eligible = _within(table, max_bytes)
     top = max(_score(table[i], metric) for i in eligible)
     if top == -math.inf:
         raise BadInputError(f"no setting within the budget gives a finite {metric}")
@@ -474,41 +479,47 @@ def choose_generalising(
     folds: int = FOLDS,
     samples: int = BOOTSTRAP_SAMPLES,
     seed: int = BOOTSTRAP_SEED,
+    resamples: Resamples | None = None,
 ) -> tuple[int, dict]:
     """``(row, record)``: the row chosen by ``rule`` among those within ``max_bytes`` against the
     reference's (:func:`reference_index`), from the per-query scores (rows of ``per_query``, one per row of
     ``table``), and the record of the choice: the reference, how many settings beat it, and the
-    cross-validated forecast of both on queries not chosen on (see :mod:`.select`)."""
+    cross-validated forecast of both on queries not chosen on (see :mod:`.select`). ``rule="argmax"``: the
+    best score within the budget as before the rule existed (:func:`choose_within`), with no reference
+    and no forecast. ``resamples``: the queries' resamples when already made (``samples``, ``seed``)."""
     eligible = _within(table, max_bytes)
+    if rule == "argmax":  # the old choice exactly (ties to fewer bytes, the tolerance from the best): no reference
+        metric_rows = [table[i] for i in eligible]
+        index = eligible[metric_rows.index(choose_within(metric_rows, metric, None, tolerance))]
+        return index, {"rule": "argmax", "tolerance": tolerance, "reference": None, "kept_reference": None}
     reference = reference_index(table, n_features, max_bytes)
     others = [i for i in eligible if i != reference]
     per_query = np.asarray(per_query, dtype=np.float64)
+    if resamples is None or not resamples.are(per_query.shape[1], samples, seed):
+        resamples = Resamples(per_query.shape[1], samples, seed)
     given = dict(
-        rule=rule,
         cost=[table[i]["bytes_per_vector"] for i in others],
         reference_cost=table[reference]["bytes_per_vector"],
         tolerance=tolerance,
         samples=samples,
         seed=seed,
     )
-    picked = select(per_query[others], per_query[reference], **given)
+    picked = select(per_query[others], per_query[reference], resamples=resamples, **given)
     index = reference if picked.index is None else others[picked.index]
-    if rule == "argmax":  # the old choice exactly (ties to fewer bytes, the tolerance from the best)
-        metric_rows = [table[i] for i in eligible]
-        index = eligible[metric_rows.index(choose_within(metric_rows, metric, None, tolerance))]
     n_queries = per_query.shape[1]
     predicted = None
     if n_queries >= 2 * folds:
-        predicted = forecast(per_query[others], per_query[reference], folds=folds, **given)
+        predicted = forecast(per_query[others], per_query[reference], folds=folds, resamples=resamples, **given)
     ref = table[reference]
     record = {
         "rule": rule,
+        "tolerance": tolerance,
         "reference": {key: ref[key] for key in ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector")},
         "kept_reference": index == reference,
         "n_compared": len(others),
-        "n_beating": picked.n_beating if rule == "maxt" else None,
-        "critical": None if rule == "argmax" else picked.critical,
-        "bound": None if index == reference or rule == "argmax" else float(picked.bound[others.index(index)]),
+        "n_beating": picked.n_beating,
+        "critical": picked.critical,
+        "bound": None if index == reference else float(picked.bound[others.index(index)]),
         "forecast": predicted,
     }
     return index, record
@@ -596,6 +607,8 @@ def sweep(
     raw_ks = [k for k in (reference_k(model.n_features, budget) for budget in wanted) if k is not None]
     if not any(storage.dtype == "binary" and not storage.rescore for storage in storages):
         raw_ks = []  # a truncated rotation's bits are the reference of a small budget only when bits are swept
+    if budgets is None and grid.select == "argmax":
+        raw_ks = []  # argmax needs no reference: the grid of before the rule
     candidates, bases = retrieval_grid(
         model, grid.betas, grid.gammas, grid.ks, grid.variances, grid.eps, raw_ks=tuple(dict.fromkeys(raw_ks))
     )
@@ -632,9 +645,10 @@ def sweep(
                     **mean_metrics(per_query),
                 )
             )
-    for row, (difference, low, high) in zip(
-        table, bootstrap_differences(raw_each[metric], each, bootstrap, seed), strict=True
-    ):
+    # one set of resamples of the queries for the intervals, the rule and its forecast
+    resamples = Resamples(len(raw_each[metric]), bootstrap or BOOTSTRAP_SAMPLES, seed)
+    differences = bootstrap_differences(raw_each[metric], each, bootstrap, seed, resamples=resamples)
+    for row, (difference, low, high) in zip(table, differences, strict=True):
         row.update(
             retention=100.0 * row[metric] / raw[metric] if raw[metric] > 0 else None,
             difference=difference,
@@ -653,6 +667,7 @@ def sweep(
         folds=grid.folds,
         samples=bootstrap or BOOTSTRAP_SAMPLES,
         seed=seed,
+        resamples=resamples,
     )
     best = table[index]
     return RetrievalTuneResult(

@@ -22,7 +22,7 @@ import numpy as np
 from ..core.model import WhiteningModel, check_params, components_for_variance
 from ..errors import BadInputError
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
-from .select import FOLDS, RULES, forecast, spearman_units
+from .select import FOLDS, RULES, Resamples, forecast, spearman_units
 from .select import select as pick
 
 DEFAULT_BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -228,7 +228,7 @@ def grid_search(
     if select != "argmax":
         result.selection = selection
     else:
-        result.selection = {"rule": "argmax", "reference": None, "kept_reference": None, "forecast": None}
+        result.selection = {"rule": "argmax", "tolerance": float(tolerance), "reference": None, "kept_reference": None}
     return result
 
 
@@ -238,13 +238,15 @@ def _choose_pairs(table, units, reference, d, tolerance, folds, samples, seed) -
     given = dict(
         cost=[table[i]["k"] for i in others], reference_cost=d, tolerance=tolerance, samples=samples, seed=seed
     )
-    picked = pick(units[others], units[reference], **given)
+    resamples = Resamples(units.shape[1], samples, seed)  # one set for the rule and the forecast's intervals
+    picked = pick(units[others], units[reference], resamples=resamples, **given)
     index = reference if picked.index is None else others[picked.index]
     predicted = None
     if units.shape[1] >= 2 * folds:
-        predicted = forecast(units[others], units[reference], folds=folds, **given)
+        predicted = forecast(units[others], units[reference], folds=folds, resamples=resamples, **given)
     record = {
         "rule": "maxt",
+        "tolerance": float(tolerance),
         "reference": {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"},
         "kept_reference": index == reference,
         "n_compared": len(others),
