@@ -49,17 +49,19 @@ def write_store(
     dataset: str = "embeddings",
     zarr_format: int = 3,
     progress=None,
+    checksums: bool = True,
 ) -> str:
     """Write the data set to an HDF5 file (``.h5``) or a Zarr store (``.zarr``), replacing an old one written
     by streamwhiten (anything else at ``path`` is refused, as by every writer); returns its spec. Written like
-    every streamwhiten output: under a temporary name, renamed when complete.
+    every streamwhiten output: under a temporary name, renamed when complete, with a checksum per chunk unless
+    ``checksums`` is False (a plain store, read without a verify-and-copy step).
     """
     from .io import open_output
 
     chunk_rows = min(chunk_rows, n_rows)
     spec = f"{path}:/{dataset}" if open_output(path).named else path
     sink = open_output(spec).create(
-        n_rows, n_features, dtype, overwrite=True, zarr_format=zarr_format, chunk_rows=chunk_rows
+        n_rows, n_features, dtype, overwrite=True, zarr_format=zarr_format, chunk_rows=chunk_rows, checksums=checksums
     )
     with sink:
         step = max(chunk_rows, (64 << 20) // (n_features * np.dtype(dtype).itemsize) // chunk_rows * chunk_rows)

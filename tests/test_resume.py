@@ -557,7 +557,7 @@ def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_ou
         ("checkpoint_every = 1.5", "checkpoint_every in [model] must be a whole number of at least 1, got 1.5"),
         ("n_components = true", "n_components in [model] must be a whole number of at least 1, got True"),
         ('precision = "half"', "precision in [model] must be one of 'auto', 'float32', 'float64', got 'half'"),
-        ("threads = 0", "threads in [model] must be a whole number of at least 1"),
+        ("threads = 0", "threads in [model] must be a whole number from 1 to 1024 (or -1 for one per core), got 0"),
         ("checkpoint_every = 0", "checkpoint_every in [model] must be a whole number of at least 1, got 0"),
         ("checkpoint_seconds = 0", "checkpoint_seconds in [model] must be a number of seconds above 0, got 0"),
         ("checkpoint_seconds = -1.5", "checkpoint_seconds in [model] must be a number of seconds above 0, got -1.5"),
