@@ -900,3 +900,24 @@ def test_a_first_night_cut_short_finds_its_own_parts_when_run_again(tmp_path):
     report = run_job_file(job)
     assert report.action == "fit" and report.published_version == 1
     assert tree_bytes(str(tmp_path / "out" / "day-1.v1.h5")) == written  # its own part, kept as it was
+
+
+def test_an_output_of_this_job_and_version_but_another_map_is_not_ours_to_delete(tmp_path):
+    """output_owner_problem checks the map from the attributes it read for ownership (one open): a part that
+    records this job and version but another map's checksum is refused, naming the version."""
+    from streamwhiten import Whitener, apply
+    from streamwhiten.job.publication import PUBLICATION_ATTR, output_owner_problem
+
+    rows = np.random.default_rng(0).standard_normal((200, 6)).astype(np.float32)
+    np.save(tmp_path / "x.npy", rows)
+    Whitener().fit(rows).save(str(tmp_path / "m.npz"))
+    record = json.dumps({"job": "j1", "version": 2})
+    apply(str(tmp_path / "m.npz"), str(tmp_path / "x.npy"), str(tmp_path / "out.h5"), attrs={PUBLICATION_ATTR: record})
+    written = read_attrs(str(tmp_path / "out.h5"))["model_checksum"]
+    spec = str(tmp_path / "out.h5")
+    assert output_owner_problem(spec, None, "j1", 2) is None
+    assert output_owner_problem(spec, None, "j1", 2, model_checksum=written) is None
+    assert (
+        output_owner_problem(spec, None, "j1", 2, model_checksum="0" * 64) == "written by another map than version 2's"
+    )
+    assert output_owner_problem(spec, None, "j2", 2, model_checksum=written).startswith("written by another job")

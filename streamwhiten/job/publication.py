@@ -150,8 +150,11 @@ def ownership_problem(
     return None
 
 
-def output_owner_problem(spec: str, read: ReadOptions | None, job_id: str, version: int, input_spec=None):
-    """:func:`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there)."""
+def output_owner_problem(
+    spec: str, read: ReadOptions | None, job_id: str, version: int, input_spec=None, model_checksum=None
+):
+    """:func:`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there); with
+    ``model_checksum``, also that the output was written by that map (read from the same attributes)."""
     from ..io import open_output
 
     output = open_output(spec, read)
@@ -161,7 +164,10 @@ def output_owner_problem(spec: str, read: ReadOptions | None, job_id: str, versi
         attrs = output.attrs()
     except Exception as exc:  # noqa: BLE001 - unreadable: nothing proves it is ours
         return f"unreadable ({' '.join(str(exc).split())[:200]})"
-    return ownership_problem(attrs, job_id, version, input_spec, spec if input_spec is not None else None)
+    problem = ownership_problem(attrs, job_id, version, input_spec, spec if input_spec is not None else None)
+    if problem is None and model_checksum is not None and attrs.get("model_checksum") != model_checksum:
+        return f"written by another map than version {version}'s"
+    return problem
 
 
 def model_owner_problem(path: str, job_id: str, version: int, model=None) -> str | None:

@@ -584,12 +584,9 @@ def _delete_retired(retired, publisher: _Publisher, check_first: bool = False, c
         for spec in version.outputs:
             if not exists(spec, publisher.writing.read):
                 continue
-            problem = output_owner_problem(spec, publisher.writing.read, publisher.job_id, version.version)
-            if problem is None and version.model_checksum is not None:
-                from ..io import open_output
-
-                if open_output(spec, publisher.writing.read).attrs().get("model_checksum") != version.model_checksum:
-                    problem = f"written by another map than version {version.version}'s"
+            problem = output_owner_problem(
+                spec, publisher.writing.read, publisher.job_id, version.version, model_checksum=version.model_checksum
+            )
             files.append((spec, problem, False))
         model_file = os.path.join(directory, version.model_file)
         if os.path.lexists(model_file):
