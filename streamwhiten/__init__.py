@@ -4,20 +4,26 @@ The public API (everything a user imports; documentation and examples import not
 
 >>> import streamwhiten
 >>> sorted(set(streamwhiten.__all__) - {"__version__"})  # doctest: +NORMALIZE_WHITESPACE
-['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'FitOptions', 'FitOutcome', 'Model', 'Publication',
- 'ReadOptions', 'RetrievalOptions', 'Setting', 'Whitener', 'apply', 'evaluate', 'evaluate_retrieval',
- 'export', 'fit', 'load_model', 'published', 'release_buffers', 'serving', 'staleness', 'synthetic']
+['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'ExportResult', 'FitOptions', 'FitOutcome', 'Model',
+ 'PairsResult', 'Publication', 'ReadOptions', 'RetrievalOptions', 'RetrievalResult', 'Setting', 'Staleness',
+ 'Whitener', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit', 'load_model', 'published',
+ 'release_buffers', 'serving', 'staleness', 'synthetic']
 
 - :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size;
 - :func:`load_model` and :class:`Model` (a fitted whitening and its statistics), :func:`staleness` (how far a
-  published map is from a refit), :func:`published` (the current :class:`Publication` of a job's versioned
-  outputs, read through its manifest);
-- :func:`evaluate` (labelled pairs) and :func:`evaluate_retrieval` (queries, corpus and qrels);
-- :mod:`export` (``export.export(model, "whiten.onnx")``: numpy, torch, sentence-transformers, faiss, ONNX)
-  and :mod:`serving` (the map in numpy alone); :mod:`synthetic` (the built-in anisotropic example data);
+  published map is from a refit: a :class:`Staleness`), :func:`published` (the current :class:`Publication`
+  of a job's versioned outputs, read through its manifest);
+- :func:`evaluate` (labelled pairs: a :class:`PairsResult`) and :func:`evaluate_retrieval` (queries, corpus
+  and qrels: a :class:`RetrievalResult`);
+- :mod:`export` (``export.export(model, "whiten.onnx")``: numpy, torch, sentence-transformers, faiss, ONNX;
+  an :class:`ExportResult`) and :mod:`serving` (the map in numpy alone); :mod:`synthetic` (the built-in
+  anisotropic example data);
 - :class:`Whitener`, the scikit-learn transformer;
 - the option objects :class:`ReadOptions`, :class:`FitOptions`, :class:`ApplyOptions`,
   :class:`EngineOptions`, :class:`Setting`, :class:`RetrievalOptions` (what ``evaluate_retrieval`` reads), and the outcomes :class:`FitOutcome`, :class:`ApplyOutcome`.
+
+Every result is a frozen dataclass whose ``to_json()`` gives plain JSON values: what the command's
+``--json`` prints.
 
 ``import streamwhiten`` stays light: each name is imported on first use (the estimator pulls in numba
 and scikit-learn, the pipeline the storage libraries).
@@ -34,11 +40,15 @@ _PUBLIC = {
     "load_model": ("streamwhiten.core.model", "load_model"),
     "Model": ("streamwhiten.core.model", "WhiteningModel"),
     "staleness": ("streamwhiten.core.staleness", "staleness"),
+    "Staleness": ("streamwhiten.core.staleness", "Staleness"),
     "published": ("streamwhiten.job.publication", "published"),
     "Publication": ("streamwhiten.job.publication", "Publication"),
     "evaluate": ("streamwhiten.evaluation.evaluate", "evaluate"),
     "evaluate_retrieval": ("streamwhiten.evaluation.retrieval", "evaluate_retrieval"),
+    "PairsResult": ("streamwhiten.evaluation.evaluate", "PairsResult"),
+    "RetrievalResult": ("streamwhiten.evaluation.retrieval", "RetrievalResult"),
     "export": ("streamwhiten.export", None),
+    "ExportResult": ("streamwhiten.export", "ExportResult"),
     "serving": ("streamwhiten.serving", None),
     "synthetic": ("streamwhiten.synthetic", None),
     "Whitener": ("streamwhiten.whitener", "Whitener"),

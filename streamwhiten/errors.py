@@ -4,7 +4,7 @@ Library code raises these; only the CLI (``streamwhiten.cli``) turns them into a
 """
 
 import errno
-from typing import Any
+from typing import Any, Protocol
 
 EXIT_OK = 0
 EXIT_INTERNAL = 1
@@ -86,15 +86,22 @@ class NotFittedError(StreamwhitenError, AttributeError):
     exit_code = EXIT_BAD_INPUT
 
 
+class Report(Protocol):
+    """A typed result that turns itself into plain JSON values (what ``--json`` prints)."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
 class NothingToDoError(StreamwhitenError):
-    """Everything is already up to date; ``summary`` is the report of a run that found so (``run``'s,
-    printed by ``run --json`` before exit 3), None where there is none."""
+    """Everything is already up to date; ``report`` is the typed report of the run that found so (``run``'s
+    :class:`~streamwhiten.job.report.RunReport`, printed by ``run --json`` before exit 3), None where there is
+    none."""
 
     exit_code = EXIT_NOTHING_TO_DO
 
-    def __init__(self, message: str, summary: dict[str, Any] | None = None) -> None:
+    def __init__(self, message: str, report: Report | None = None) -> None:
         super().__init__(message)
-        self.summary = summary
+        self.report = report
 
 
 class LockedError(StreamwhitenError):

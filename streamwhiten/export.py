@@ -45,6 +45,9 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -158,6 +161,40 @@ def check_options(
         )
 
 
+@dataclass(frozen=True)
+class ExportResult:
+    """What :func:`export` wrote (``export --json`` prints :meth:`to_json`).
+
+    Attributes
+    ----------
+    format : str
+        One of :data:`FORMATS`.
+    output : str
+        The file or directory written.
+    params : mapping
+        The map's setting and provenance (:meth:`AffineMap.params
+        <streamwhiten.core.affine.AffineMap.params>`): ``beta``, ``gamma``, ``eps``, ``n_features``,
+        ``n_components``, ``normalize``, ``model_checksum``, ... and, with a storage, its ``dtype``,
+        ``bytes_per_vector`` and ``quantization`` record.
+    details : mapping
+        What the format adds: ``file_checksum`` (npz), ``opset`` (onnx), ``faiss``, ``index``, ``metric``,
+        ``read_with``, ``needs_training`` (faiss), ``modules``, ``appended_to``, ``insert``
+        (sentence-transformers), ``name_note`` (a faiss name that misleads its reader).
+    model : str or None
+        The model file the map came from, where the caller names it (the command line does).
+    """
+
+    format: str
+    output: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
+    model: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """One flat object: the ``params``, ``format``, ``output``, the ``details`` and ``model``."""
+        return {**self.params, "format": self.format, "output": self.output, **self.details, "model": self.model}
+
+
 def export(
     affine: AffineMap,
     path: str,
@@ -167,8 +204,8 @@ def export(
     index: str | None = None,
     metric: str | None = None,
     insert: str | None = None,
-) -> dict:
-    """Write ``affine`` to ``path`` in ``fmt`` (see the module docstring); returns a summary.
+) -> ExportResult:
+    """Write ``affine`` to ``path`` in ``fmt`` (see the module docstring); returns what was written.
 
     Parameters
     ----------
@@ -197,8 +234,8 @@ def export(
 
     Returns
     -------
-    dict
-        ``format``, ``output``, ``n_features``, ``n_components``, the parameters, and format-specific entries.
+    ExportResult
+        The format, the output, the map's parameters and the format's own entries.
     """
     if not isinstance(affine, AffineMap) and hasattr(affine, "as_affine"):
         affine = affine.as_affine()
@@ -210,26 +247,24 @@ def export(
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
-    summary = dict(affine.params(), format=fmt, output=path)
-    if name_note:
-        summary["name_note"] = name_note
+    details: dict[str, Any] = {"name_note": name_note} if name_note else {}
     if fmt == "sentence-transformers":
         plan = plan_sentence_transformers(affine, path, append_to, insert)
         if not overwrite and os.path.lexists(path) and _st_is_current(path, plan["metadata"]):
             raise _up_to_date(path)
         check_export_output(path, fmt, overwrite)
-        summary.update(write_sentence_transformers(affine, path, append_to, overwrite, plan))
-        return summary
+        details.update(write_sentence_transformers(affine, path, append_to, overwrite, plan))
+        return ExportResult(fmt, path, affine.params(), details)
     payload, info = export_payload(affine, fmt, index, metric)
     if not overwrite and os.path.lexists(path) and _file_is_current(path, fmt, payload):
         raise _up_to_date(path)
     check_export_output(path, fmt, overwrite)
     if fmt == "npz":
-        summary["file_checksum"] = write_npz_atomic(path, payload, "whitening map")
+        details["file_checksum"] = write_npz_atomic(path, payload, "whitening map")
     else:
         write_file_atomic(path, lambda handle: handle.write(payload), f"{fmt} export")
-    summary.update(info)
-    return summary
+    details.update(info)
+    return ExportResult(fmt, path, affine.params(), details)
 
 
 def export_payload(affine: AffineMap, fmt: str, index: str | None = None, metric: str | None = None):
@@ -985,6 +1020,7 @@ def _rename_dir_into_place(temp: str, path: str, overwrite: bool) -> None:
 __all__ = [
     "FORMATS",
     "INSERTS",
+    "ExportResult",
     "export",
     "export_payload",
     "check_export_output",

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import params as _params
 from .errors import BadInputError, InterruptedRunError, NothingToDoError
@@ -38,6 +38,7 @@ from .options import ApplyOptions, EngineOptions, FitOptions, ReadOptions, Setti
 if TYPE_CHECKING:
     from .core.model import WhiteningModel
     from .core.quantize import Storage
+    from .engine.apply import ApplyOutcome
     from .engine.fit import FitPlan
 
 log = logging.getLogger("streamwhiten")
@@ -106,10 +107,10 @@ class FitOutcome:
     def rows_per_second(self) -> float | None:
         return self.rows_read / self.read_seconds if self.read_seconds > 0 else None
 
-    def to_dict(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         """The outcome as plain JSON values (``fit --json``): the model's summary and the run's figures."""
         summary = dict(
-            self.model.summary(),
+            self.model.to_json(),
             model=self.model_path,
             file_checksum=self.file_checksum,
             seconds=self.seconds,
@@ -228,6 +229,92 @@ def fit(
         int(result.n_blocks),
         planned.resumed,
         update is not None,
+        runner.name,
+    )
+
+
+def finish_checkpoint(
+    inputs,
+    model_path: str,
+    checkpoint: str,
+    *,
+    setting: Setting | None = None,
+    options: FitOptions | None = None,
+    read: ReadOptions | None = None,
+    engine: EngineOptions | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    label: str = "",
+) -> FitOutcome | None:
+    """Complete the fit or update that a killed run left in ``checkpoint`` and save its model to
+    ``model_path`` (a job's first step); None when there was nothing to finish.
+
+    Unlike :func:`fit`'s resume, the checkpoint's inputs need only be a prefix of ``inputs`` (a job's inputs
+    grow between runs: the rows added since are the next update's). A checkpoint that does not belong to
+    the current model, or whose sources changed, is discarded (logged with ``label`` before it); one whose
+    model was saved before the run was killed is removed.
+    """
+    from .core.model import load_model
+    from .engine.engines import Checkpoint, SerialEngine
+    from .engine.fit import PassOptions, check_resumable, finalize_fit, load_checkpoint, remove_checkpoint
+    from .errors import ModelFileError
+
+    began = time.perf_counter()
+    setting, fit, read = setting or Setting(), options or FitOptions(), read or ReadOptions()
+    try:
+        plan = load_checkpoint(checkpoint, read)
+    except ModelFileError as exc:
+        raise BadInputError(f"{exc}") from None  # the message says how to start over (run --restart)
+    previous = load_model(model_path) if os.path.exists(model_path) else None
+    model_rows = previous.n_rows if previous is not None else 0
+    if plan.done and plan.state.n_rows == model_rows and plan.base_rows != model_rows:
+        # killed after saving the model, before removing the checkpoint: the model already holds it
+        remove_checkpoint(checkpoint)
+        return None
+    try:
+        check_resumable(
+            plan,
+            checkpoint,
+            PassOptions(fit.precision, bool(fit.skip_nonfinite), read.fill_missing_chunks),
+            model_rows,
+            inputs,
+            exact=False,
+        )
+    except BadInputError as exc:
+        log.warning("%sdiscarding checkpoint %s: %s", label, checkpoint, exc)
+        remove_checkpoint(checkpoint)
+        return None
+    log.info(
+        "%sfinishing the interrupted run in %s (%s of %s rows done)",
+        label,
+        checkpoint,
+        f"{plan.rows_done:,}",
+        f"{plan.rows_total:,}",
+    )
+    runner = SerialEngine((engine or EngineOptions()).threads)  # a checkpoint is the serial engine's
+    result = runner.fit(
+        plan,
+        progress=progress,
+        should_stop=should_stop,
+        checkpoint=Checkpoint(checkpoint, fit.checkpoint_every, fit.checkpoint_seconds),
+    )
+    skipped = int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and plan.base_rows else 0
+    model = finalize_fit(result, effective_params(setting.given(), previous), skipped)
+    if previous is not None and previous.storage is not None:  # an update keeps the recorded storage
+        model = replace(model, storage=previous.storage)
+    checksum = save_fitted(model, plan, model_path, checkpoint, should_stop)
+    return FitOutcome(
+        model,
+        model_path,
+        checksum,
+        int(result.rows_read if result.rows_read is not None else result.state.n_rows + result.n_skipped),
+        result.seconds,
+        time.perf_counter() - began,
+        int(result.n_skipped),
+        len(getattr(plan, "cursors", [])),
+        int(result.n_blocks),
+        True,
+        bool(plan.base_rows),
         runner.name,
     )
 
@@ -410,7 +497,7 @@ def apply(
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     attrs: dict | None = None,
-):
+) -> ApplyOutcome:
     """Write the whitened rows of ``input_spec`` to the new store ``output_spec``.
 
     Parameters
@@ -498,6 +585,7 @@ __all__ = [
     "check_writable_dir",
     "default_checkpoint",
     "effective_params",
+    "finish_checkpoint",
     "fit",
     "is_up_to_date",
     "model_is_current",

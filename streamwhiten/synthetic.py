@@ -23,7 +23,7 @@ def _basis(n_features: int, seed: int):
 
 def generate_rows(
     n_rows: int, n_features: int, seed: int = 0, dtype="float32", start: int = 0, stop: int | None = None
-):
+) -> np.ndarray:
     """Rows ``[start, stop)`` of the deterministic data set ``(n_rows, n_features, seed)``."""
     stop = n_rows if stop is None else min(stop, n_rows)
     mean, mixing = _basis(n_features, seed)

@@ -348,7 +348,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         )
         return self.block_rows if self.block_rows is not None else self.chunk_rows
 
-    def fit_transform(self, X, y=None, normalize=None, **fit_params):
+    def fit_transform(self, X, y=None, normalize=None, **fit_params) -> np.ndarray:
         """``fit(X).transform(X)``; for a store spec, use ``fit`` and then transform arrays."""
         return self.fit(X, y, **fit_params).transform(X, normalize=normalize)
 

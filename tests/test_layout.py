@@ -533,3 +533,169 @@ def test_the_rules_catch_a_forbidden_import(monkeypatch, module, statement, rule
         return
     with pytest.raises(AssertionError):
         globals()[rule]()
+
+
+# ------------------------------------------------------------------------ public calls return typed results
+
+#: What a public call may return besides a frozen dataclass with ``to_json()``: documented plain types.
+PLAIN_RETURNS = {"ndarray", "str", "int", "float", "bool", "bytes", "NoneType", "Whitener"}
+#: The functions of the modules in ``streamwhiten.__all__`` that users call (the rest of their names are
+#: the pieces these are made of, shared with the tests).
+MODULE_ENTRY_POINTS = {
+    "export": ("export", "format_for"),
+    "serving": ("load", "decode", "file_checksum"),
+    "synthetic": ("generate_rows", "write_store"),
+}
+#: Methods of the public classes that may return a dict, and why; ``to_json`` and ``to_dict`` (the
+#: result, or a record, as plain JSON values) always may.
+DICT_RETURNS = {
+    ("Setting", "given"): "the parameters given, as keyword arguments: model.with_params(**setting.given())",
+    ("AffineMap", "params"): "the map's parameters as JSON values, what every export records in its metadata",
+    ("AffineMap", "metadata"): "params() as str -> str, for formats whose metadata holds only strings",
+    ("WhiteningModel", "storage_summary"): "the storage record of the model file, as to_json() holds it",
+}
+#: Methods whose return cannot be annotated more closely, and what they return.
+ANY_RETURNS = {
+    ("AffineMap", "transform"): "an array: numpy in, numpy out; a torch tensor in, a tensor out (torch is optional)",
+}
+
+
+def _public_calls():
+    """``(name, function, owner class or None)`` of every public call: the functions of ``__all__``, the
+    entry points of its modules, and the public methods (defined in the package) of its classes and of the
+    classes those return."""
+    import dataclasses
+    import inspect
+    import types
+
+    import streamwhiten
+
+    calls, classes = [], {}
+    for name in streamwhiten.__all__:
+        if name == "__version__":
+            continue
+        value = getattr(streamwhiten, name)
+        if isinstance(value, types.ModuleType):
+            for entry in MODULE_ENTRY_POINTS[name]:
+                calls.append((f"{name}.{entry}", getattr(value, entry), None))
+            for member in getattr(value, "__all__", ()):
+                if inspect.isclass(getattr(value, member)):
+                    classes[member] = getattr(value, member)
+        elif inspect.isclass(value):
+            classes[value.__name__] = value
+        else:
+            calls.append((name, value, None))
+    for cls in classes.values():
+        for attribute, member in vars(cls).items():
+            function = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+            if attribute.startswith("_") or not inspect.isfunction(function):
+                continue
+            if not function.__module__.startswith("streamwhiten"):
+                continue
+            calls.append((f"{cls.__name__}.{attribute}", function, cls))
+    assert dataclasses.is_dataclass(classes["WhiteningModel"]) and len(calls) > 30
+    return calls
+
+
+def _type_names():
+    """Every class of the package by name, to resolve annotations imported only under TYPE_CHECKING."""
+    import importlib
+    import inspect
+    import pkgutil
+    import warnings
+
+    import numpy as np
+
+    import streamwhiten
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the deprecated faces (batch) load too
+        for found in pkgutil.walk_packages(streamwhiten.__path__, "streamwhiten."):
+            if not found.name.endswith("__main__"):
+                importlib.import_module(found.name)
+    names = {"np": np}
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("streamwhiten") and module is not None:
+            names.update({n: v for n, v in vars(module).items() if inspect.isclass(v) and n[:1] != "_"})
+    return names
+
+
+def _return_kinds(annotation) -> list:
+    """The types a return annotation allows (the members of a union, an optional's None included)."""
+    import types
+    import typing
+
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return [kind for member in typing.get_args(annotation) for kind in _return_kinds(member)]
+    return [annotation]
+
+
+def test_public_calls_return_dataclasses_or_plain_types():
+    """Every public call says what it returns, and it is a frozen dataclass with ``to_json()`` (a result),
+    another public class, or a documented plain type (an array, a path, a count): never a dict or Any."""
+    import dataclasses
+    import typing
+
+    import streamwhiten
+
+    names = _type_names()
+    public = {getattr(streamwhiten, name) for name in streamwhiten.__all__ if name != "__version__"}
+    problems = []
+    for name, function, owner in _public_calls():
+        try:
+            hints = typing.get_type_hints(function, localns=names)
+        except Exception as exc:  # noqa: BLE001 - an annotation that does not resolve is a problem too
+            problems.append(f"{name}: its annotations do not resolve ({exc})")
+            continue
+        if "return" not in hints:
+            problems.append(f"{name}: no return annotation")
+            continue
+        key = (owner.__name__ if owner is not None else "", name.rsplit(".", 1)[-1])
+        for kind in _return_kinds(hints["return"]):
+            bare = typing.get_origin(kind) or kind
+            if kind is typing.Any:
+                if key not in ANY_RETURNS:
+                    problems.append(f"{name}: returns Any")
+            elif bare in (dict, typing.Mapping) or (isinstance(bare, type) and issubclass(bare, dict)):
+                if key[1] not in ("to_json", "to_dict") and key not in DICT_RETURNS:
+                    problems.append(f"{name}: returns a dict ({kind}); return a frozen dataclass with to_json()")
+            elif bare is tuple:
+                inner = [member for member in typing.get_args(kind) if member is not Ellipsis]
+                bad = [member for member in inner if typing.get_origin(member) is dict or member is dict]
+                if bad:
+                    problems.append(f"{name}: returns a tuple holding a dict")
+            elif dataclasses.is_dataclass(bare):
+                params = getattr(bare, "__dataclass_params__", None)
+                is_result = hasattr(bare, "to_json")
+                if bare not in public and not is_result and bare.__name__ not in ("AffineMap", "Quantization", "Part"):
+                    problems.append(f"{name}: returns {bare.__name__}, neither public nor a result with to_json()")
+                if is_result and not (params is not None and params.frozen):
+                    problems.append(f"{name}: returns {bare.__name__}, a result that is not frozen")
+            elif getattr(bare, "__name__", str(bare)) not in PLAIN_RETURNS and bare not in public:
+                problems.append(f"{name}: returns {kind}, not a dataclass nor a documented plain type")
+    assert not problems, "\n".join(problems)
+
+
+def test_every_result_of_the_public_api_is_exported_frozen_and_turns_into_json():
+    """The results the public calls return are in ``__all__`` (the API reference documents them), frozen,
+    and give plain JSON values."""
+    import dataclasses
+    import typing
+
+    import streamwhiten
+
+    names = _type_names()
+    results = set()
+    for _, function, _ in _public_calls():
+        hints = typing.get_type_hints(function, localns=names)
+        for kind in _return_kinds(hints.get("return")):
+            if dataclasses.is_dataclass(kind) and hasattr(kind, "to_json"):
+                results.add(kind)
+    assert {"PairsResult", "RetrievalResult", "ExportResult", "FitOutcome", "ApplyOutcome", "Staleness"} <= {
+        kind.__name__ for kind in results
+    }
+    exported = {getattr(streamwhiten, name) for name in streamwhiten.__all__ if name != "__version__"}
+    missing = sorted(kind.__name__ for kind in results if kind not in exported)
+    assert not missing, f"results returned by public calls but not in streamwhiten.__all__: {missing}"
+    assert all(kind.__dataclass_params__.frozen for kind in results)

@@ -5,6 +5,7 @@ import json
 import math
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -87,7 +88,7 @@ def test_a_tie_goes_to_the_lower_corpus_row(tmp_path):
     corpus = np.array([[0.0, 1.0], [1.0, -1.0], [1.0, 0.1], [-1.0, 0.0], [0.0, -1.0], [1.0, 0.1]])
     queries = np.array([[1.0, 0.1]])
     path = write_qrels(tmp_path / "qrels.tsv", [(0, 5, 1)])
-    result = evaluate_retrieval(queries, corpus, path, bootstrap=0)["raw"]
+    result = evaluate_retrieval(queries, corpus, path, bootstrap=0).raw
     assert result["mrr@10"] == 50.0 and result["recall@1"] == 0.0
     assert result["ndcg@10"] == pytest.approx(100 / math.log2(3), abs=1e-12)
 
@@ -173,21 +174,21 @@ def test_raw_and_whitened_metrics_equal_a_numpy_evaluation(task, threads, block_
         task["queries"], task["corpus"], task["triples"], task["excluded"],
         transform=lambda x: (np.asarray(x, np.float64) - shift) @ weights,
     )  # fmt: skip
-    assert result["n_queries"] == 40 and result["qrels"]["n_queries"] == 41
+    assert result.n_queries == 40 and result.qrels["n_queries"] == 41
     for name in METRICS:
-        assert result["raw"][name] == pytest.approx(raw[name], abs=1e-9)
-        assert result["whitened"][name] == pytest.approx(white[name], abs=1e-9)
-        diff = result["difference"][name]
+        assert result.raw[name] == pytest.approx(raw[name], abs=1e-9)
+        assert result.whitened[name] == pytest.approx(white[name], abs=1e-9)
+        diff = result.difference[name]
         assert diff["difference"] == pytest.approx(white[name] - raw[name], abs=1e-9)
         assert diff["low"] <= diff["difference"] <= diff["high"]
-    assert (result["whitened"]["k"], result["raw"]["dtype"], result["raw"]["bytes_per_vector"]) == (16, "float32", 96)
+    assert (result.whitened["k"], result.raw["dtype"], result.raw["bytes_per_vector"]) == (16, "float32", 96)
     # the bootstrap, recomputed as documented
     rng = np.random.default_rng(0)
     diffs = np.array(white_each["ndcg@10"]) - np.array(raw_each["ndcg@10"])
     means = [diffs[rng.integers(0, 40, size=40)].mean() for _ in range(1000)]
     low, high = np.percentile(means, [2.5, 97.5])
-    assert result["difference"]["ndcg@10"]["low"] == pytest.approx(100 * low, abs=1e-9)
-    assert result["difference"]["ndcg@10"]["high"] == pytest.approx(100 * high, abs=1e-9)
+    assert result.difference["ndcg@10"]["low"] == pytest.approx(100 * low, abs=1e-9)
+    assert result.difference["ndcg@10"]["high"] == pytest.approx(100 * high, abs=1e-9)
 
 
 @pytest.mark.parametrize("storage", ["float16", "int8", "binary"])
@@ -225,7 +226,7 @@ def test_quantized_storage_equals_a_numpy_evaluation_of_the_decoded_vectors(task
             scores = yq @ stored.T
         expected, _ = scored(scores, task["triples"], task["excluded"])
         for metric in METRICS:
-            assert result[name][metric] == pytest.approx(expected[metric], abs=1e-9), (name, metric)
+            assert getattr(result, name)[metric] == pytest.approx(expected[metric], abs=1e-9), (name, metric)
 
 
 def test_bits_rescored_over_the_whole_corpus_rank_as_the_float_search(task):
@@ -241,12 +242,12 @@ def test_bits_rescored_over_the_whole_corpus_rank_as_the_float_search(task):
         *args, model=model, exclude=task["exclude"], dtype="binary", rescore=10**9, bootstrap=0
     )
     for name in ("raw", "whitened"):
-        assert {m: rescored[name][m] for m in METRICS} == {m: floats[name][m] for m in METRICS}
-        assert {m: deepest[name][m] for m in METRICS} == {m: floats[name][m] for m in METRICS}
-    assert bits["whitened"]["ndcg@10"] != floats["whitened"]["ndcg@10"]
+        assert {m: getattr(rescored, name)[m] for m in METRICS} == {m: getattr(floats, name)[m] for m in METRICS}
+        assert {m: getattr(deepest, name)[m] for m in METRICS} == {m: getattr(floats, name)[m] for m in METRICS}
+    assert bits.whitened["ndcg@10"] != floats.whitened["ndcg@10"]
     # bytes per vector: the bits and the float32 vectors the re-ranking reads from disk
-    assert rescored["whitened"]["bytes_per_vector"] == 2 + 16 * 4 and rescored["whitened"]["rescore"] == 2000
-    assert bits["whitened"]["bytes_per_vector"] == 2
+    assert rescored.whitened["bytes_per_vector"] == 2 + 16 * 4 and rescored.whitened["rescore"] == 2000
+    assert bits.whitened["bytes_per_vector"] == 2
 
 
 def test_the_bootstrap_is_paired_seeded_and_optional():
@@ -269,7 +270,7 @@ def test_options_given_as_one_object_give_what_keywords_give(task):
     )
     options = RetrievalOptions(exclude=task["exclude"], bootstrap=150, seed=3, block_rows=300, threads=2)
     assert evaluate_retrieval(*args, model=model, options=options, dtype="int8") == keywords
-    assert keywords["exclude"]["n_pairs"] == len(task["excluded"]) and keywords["bootstrap"]["samples"] == 150
+    assert keywords.exclude["n_pairs"] == len(task["excluded"]) and keywords.bootstrap["samples"] == 150
     # one or the other: a keyword beside the object would be silently lost
     with pytest.raises(BadInputError, match=r"^give exclude, the id columns, .* not both$"):
         evaluate_retrieval(*args, options=options, bootstrap=10)
@@ -299,7 +300,7 @@ def test_ids_from_parquet_id_columns_give_what_rows_give(tmp_path, task):
         exclude=tmp_path / "exclude-ids.tsv", query_id_column="id", corpus_id_column="id", bootstrap=0,
     )  # fmt: skip
     by_row = evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], exclude=task["exclude"], bootstrap=0)
-    assert by_id["raw"] == by_row["raw"]
+    assert by_id.raw == by_row.raw
     with pytest.raises(BadInputError, match=r"q\.parquet:embedding: has no column 'key' to read ids from$"):
         evaluate_retrieval(
             f"{tmp_path}/q.parquet:embedding", f"{tmp_path}/c.parquet:embedding", tmp_path / "qrels-ids.tsv",
@@ -401,7 +402,7 @@ def test_stsb_retrieval_dev_raw_numbers_match_its_readme(pooling, expected):
     result = evaluate_retrieval(
         f"{RETRIEVAL_DEV}/queries.h5:/{pooling}", f"{RETRIEVAL_DEV}/corpus.h5:/{pooling}",
         RETRIEVAL_DEV / "qrels.tsv", exclude=RETRIEVAL_DEV / "exclude.tsv", bootstrap=0,
-    )["raw"]  # fmt: skip
+    ).raw  # fmt: skip
     got = tuple(round(result[name], 2) for name in ("ndcg@10", "recall@10", "mrr@10"))
     assert got == expected
 
@@ -429,7 +430,7 @@ def test_cli_eval_json_keeps_the_library_shape_with_intervals(tmp_path, capsys):
         task["spec_q"], task["spec_c"], task["qrels"], model=load_model(model_path), exclude=task["exclude"],
         dtype="int8", bootstrap=300, seed=4,
     )  # fmt: skip
-    assert out == json.loads(json.dumps(dict(expected, model=model_path)))
+    assert out == json.loads(json.dumps(replace(expected, model=model_path).to_json()))
     for name in ("raw", "whitened"):
         assert {"ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10", "dtype", "bytes_per_vector"} <= set(
             out[name]

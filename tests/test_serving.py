@@ -101,7 +101,7 @@ def test_map_is_bit_identical_to_the_projection(model_file):
     assert whiten.file_checksum == serving.file_checksum(model_file) and len(whiten.file_checksum) == 64
     # the map's own checksum: what apply and export record as model_checksum, and info shows
     assert whiten.checksum == map_checksum(weights, model.mean, model.beta, model.gamma, model.eps, model.n_components)
-    assert whiten.checksum == model.summary()["model_checksum"] != whiten.file_checksum
+    assert whiten.checksum == model.to_json()["model_checksum"] != whiten.file_checksum
 
 
 @pytest.mark.parametrize("beta,gamma,k", [(1.0, 1.0, 12), (0.5, 0.5, 5), (0.0, 0.0, 3), (0.25, 1.0, 7)])

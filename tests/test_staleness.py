@@ -249,13 +249,13 @@ def test_rank_deficient_statistics_stay_finite(eps, k):
     model = finalize(state, eps=eps, n_components=k)
     mirrored = 2 * rows.mean(axis=0) - rows
     same = staleness(model, stats.block_moments(np.vstack([mirrored, rows])))
-    assert all(math.isfinite(v) for v in same.to_dict().values())
+    assert all(math.isfinite(v) for v in same.to_json().values())
     assert same.total < 1e-6, same
     noisy = rows + np.column_stack(
         [np.zeros((len(rows), 4)), 0.1 * np.random.default_rng(0).standard_normal(len(rows)), np.zeros(len(rows))]
     )
     new = staleness(model, stats.merge(state, stats.block_moments(noisy)))
-    assert all(math.isfinite(v) for v in new.to_dict().values())
+    assert all(math.isfinite(v) for v in new.to_json().values())
     if k is None:  # the map keeps the null directions, scaled by eps_^(-1/2)
         assert new.covariance > 100
 
@@ -277,7 +277,7 @@ def test_the_result_is_a_frozen_record_with_a_plain_dict():
     assert isinstance(result, Staleness)
     with pytest.raises(dataclasses.FrozenInstanceError):
         result.total = 0.0
-    record = json.loads(json.dumps(result.to_dict()))
+    record = json.loads(json.dumps(result.to_json()))
     assert set(record) == {*PARTS, "total", "n_components", "n_rows_published", "n_rows"}
     assert record["n_rows_published"] == 1500 and record["n_rows"] == 2200 and record["n_components"] == 3
     assert record["total"] == max(record[part] for part in COUNTED)
@@ -336,10 +336,10 @@ def test_a_model_of_the_current_statistics_gives_the_same_values_as_its_statisti
     published, current = drifted_pair()
     model = finalize(stats.block_moments(published), beta=beta, gamma=gamma, n_components=k)
     state = stats.block_moments(current)
-    expected = staleness(model, state).to_dict()
-    assert staleness(model, finalize(state, beta=beta, gamma=0.5, eps=1e-3, n_components=2)).to_dict() == expected
+    expected = staleness(model, state).to_json()
+    assert staleness(model, finalize(state, beta=beta, gamma=0.5, eps=1e-3, n_components=2)).to_json() == expected
     # another beta's eigenvectors are not the refit's: they are not taken
     other = finalize(state, beta=1.0 - beta if beta != 0.5 else 0.0, gamma=gamma)
-    assert staleness(model, other).to_dict() == expected
+    assert staleness(model, other).to_json() == expected
     if model.n_components < model.n_features:
         assert expected["angle"] > 0.01  # the eigenvectors matter here: a test that can fail

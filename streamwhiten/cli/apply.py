@@ -114,7 +114,7 @@ def apply(ctx, model_path, input_spec, output_spec, quiet, as_json, **values):
     )
     emit(
         as_json,
-        outcome.to_dict(),
+        outcome.to_json(),
         [
             f"wrote {outcome.n_rows:,} x {outcome.n_components} {outcome.dtype} vectors{normalised} to "
             f"{outcome.output} in {outcome.seconds:.2f} s ({fmt_rate(outcome.n_rows, outcome.seconds)}){nonfinite}"

@@ -92,26 +92,29 @@ def eval_(model_path, quiet, as_json, **values):
 
 
 def _pairs(model, model_path, values, block_rows, quiet, as_json) -> None:
+    from dataclasses import replace
+
     from ..evaluation.evaluate import evaluate_pairs, open_pairs
 
     with open_pairs(values["pairs_a"], values["pairs_b"], values["scores"]) as pairs:
         with progress_bar("eval", quiet) as progress:
             result = evaluate_pairs(pairs, model, block_rows, progress)
-    summary = dict(result, model=model_path)
-    described = result["pairs"]
+    summary = replace(result, model=model_path).to_json()
+    described, raw, white = summary["pairs"], summary["raw"], summary["whitened"]
     lines = [
         f"pairs     {described['n_pairs']:,} pairs of {described['n_features']}-d vectors "
         f"(A {described['a']}, B {described['b']}, scores {described['scores']})",
-        f"raw       {fmt_scores(result['raw'])}",
+        f"raw       {fmt_scores(raw)}",
     ]
-    if result["whitened"] is not None:
-        white = result["whitened"]
-        delta = white["spearman"] - result["raw"]["spearman"]
+    if white is not None:
+        delta = white["spearman"] - raw["spearman"]
         lines.append(f"whitened  {fmt_scores(white)}   {fmt_setting(white)}  (Spearman {delta:+.2f} vs raw)")
     emit(as_json, summary, lines)
 
 
 def _retrieval(model, model_path, values, block_rows, quiet, as_json) -> None:
+    from dataclasses import replace
+
     from ..evaluation.retrieval import evaluate_retrieval
 
     with progress_bar("eval", quiet) as progress:
@@ -124,13 +127,13 @@ def _retrieval(model, model_path, values, block_rows, quiet, as_json) -> None:
             options=retrieval_options_of(values, block_rows),
             **{name: values[name] for name in STORAGE_OPTIONS if values[name] is not None},
         )
-    summary = dict(result, model=model_path)
-    emit(as_json, summary, retrieval_lines(result))
+    summary = replace(result, model=model_path).to_json()
+    emit(as_json, summary, retrieval_lines(summary))
 
 
 def retrieval_lines(result: dict) -> list[str]:
-    """The text of a retrieval evaluation: the task, the storage, each metric raw and whitened with the
-    difference and its interval, and a plain verdict on nDCG@10."""
+    """The text of a retrieval evaluation (``RetrievalResult.to_json()``): the task, the storage, each metric
+    raw and whitened with the difference and its interval, and a plain verdict on nDCG@10."""
     queries, corpus, qrels = result["queries"], result["corpus"], result["qrels"]
     raw, white, diff = result["raw"], result["whitened"], result["difference"]
     lines = [

@@ -123,7 +123,7 @@ def export_(
     if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)
         affine = replace(affine, file_checksum=stored)
     with stop_on_signals():  # a signal lets the export finish (it has no point to stop at before its rename)
-        summary = export(
+        result = export(
             affine,
             output_path,
             fmt,
@@ -133,7 +133,7 @@ def export_(
             metric=metric,
             insert=insert,
         )
-    summary["model"] = model_path
+    summary = replace(result, model=model_path).to_json()
     emit(as_json, summary, _lines(summary, affine, fmt, model_path, output_path, append_to, index_factory))
 
 

@@ -85,7 +85,7 @@ def fit(inputs, model_path, update, quiet, as_json, **values):
             guard=stop_on_signals,
         )
     model = outcome.model
-    summary = outcome.to_dict()
+    summary = outcome.to_json()
     done = f"updated {update} with {outcome.rows_read:,} new rows" if update else f"fitted {model.n_rows:,} rows"
     rate = fmt_rate(outcome.rows_read, outcome.read_seconds)
     emit(

@@ -23,10 +23,10 @@ def info(model_path, as_json):
     from ..job.publication import Publication, read_manifest
 
     model = load_model(model_path)
-    summary = dict(model.summary(), model=model_path, file_checksum=file_checksum(model))
+    summary = dict(model.to_json(), model=model_path, file_checksum=file_checksum(model))
     manifest = read_manifest(model_path)  # a job with [publish]: the version its outputs hold
     publication = None if manifest is None else Publication(model_path, manifest)
-    summary["publication"] = None if publication is None else publication.to_dict()
+    summary["publication"] = None if publication is None else publication.to_json()
     lines = _lines(model, model_path, summary, published=publication is not None)
     if publication is not None:
         lines += _publication_lines(publication)

@@ -59,7 +59,7 @@ def staleness(model_path, published_path, max_staleness, as_json):
     result = measure(published, current.state)
     stale = result.exceeds(max_staleness)
     report = dict(
-        result.to_dict(),
+        result.to_json(),
         model=model_path,
         published=published_path,
         published_version=version,

@@ -299,8 +299,8 @@ class WhiteningModel:
         """The recorded storage (dtype, rescore, bytes per vector, the int8 record), or None."""
         return None if self.storage is None else _storage_json(self)
 
-    def summary(self) -> dict[str, Any]:
-        """Parameters and spectrum summary as plain JSON-able values."""
+    def to_json(self) -> dict[str, Any]:
+        """Parameters and spectrum summary as plain JSON values (what ``info --json`` prints)."""
         eigvals = self.eigvals
         ratio = self.explained_variance_ratio
         return {

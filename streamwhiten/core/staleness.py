@@ -71,7 +71,7 @@ class Staleness:
     >>> same.total
     0.0
     >>> grown = staleness(published, stats.block_moments(rows))
-    >>> 0 < grown.total < 0.2, sorted(grown.to_dict())[:3]
+    >>> 0 < grown.total < 0.2, sorted(grown.to_json())[:3]
     (True, ['angle', 'covariance', 'dropped'])
     """
 
@@ -89,8 +89,8 @@ class Staleness:
         limit = DEFAULT_MAX_STALENESS if tolerance is None else float(check("max_staleness", tolerance))
         return self.total > limit
 
-    def to_dict(self) -> dict[str, Any]:
-        """The parts, the total and the row counts as plain JSON-able numbers."""
+    def to_json(self) -> dict[str, Any]:
+        """The parts, the total and the row counts as plain JSON numbers (``staleness --json``)."""
         return asdict(self)
 
 

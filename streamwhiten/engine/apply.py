@@ -339,7 +339,7 @@ class ApplyOutcome:
         """Rows written by this run per second."""
         return (self.n_rows - self.resumed_at_row) / self.seconds if self.seconds > 0 else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         """The outcome as plain JSON values (``apply --json``)."""
         return dict(asdict(self), rows_per_second=self.rows_per_second)
 

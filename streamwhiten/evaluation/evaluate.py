@@ -9,8 +9,9 @@ reported x100 like the literature. Nothing here assumes a particular embedding m
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -224,21 +225,50 @@ def describe_model(model: WhiteningModel) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class PairsResult:
+    """The scores of a whitening on labelled pairs (what :func:`evaluate` returns, ``eval --json`` prints).
+
+    Attributes
+    ----------
+    pairs : mapping
+        What was scored: ``a``, ``b`` and ``scores`` (the stores' labels), ``n_pairs``, ``n_features``.
+    raw : mapping
+        ``spearman`` and ``pearson`` (x100) of the raw cosines.
+    whitened : mapping or None
+        The same of the whitened cosines, with the setting (``beta``, ``gamma``, ``k``, ``eps``,
+        ``variance``); None without a model.
+    model : str or None
+        The model file scored, where it was given as one.
+    """
+
+    pairs: Mapping[str, Any]
+    raw: Mapping[str, float]
+    whitened: Mapping[str, Any] | None
+    model: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as plain JSON values: ``{"pairs", "raw", "whitened", "model"}``."""
+        return {
+            "pairs": dict(self.pairs),
+            "raw": dict(self.raw),
+            "whitened": None if self.whitened is None else dict(self.whitened),
+            "model": self.model,
+        }
+
+
 def evaluate_pairs(
     pairs: PairSet,
     model: WhiteningModel | None = None,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> dict:
-    """Spearman and Pearson (x100) of raw cosines and, given a model, of whitened cosines.
-
-    Returns ``{"pairs": ..., "raw": {"spearman", "pearson"}, "whitened": {..., "beta", "gamma", "k"} | None}``.
-    """
+) -> PairsResult:
+    """Spearman and Pearson (x100) of raw cosines and, given a model, of whitened cosines."""
     cosines = pair_cosines(pairs, {"whitened": model} if model is not None else None, block_rows, progress)
-    result = {"pairs": pairs.describe(), "raw": correlations(cosines["raw"], pairs.scores), "whitened": None}
+    whitened = None
     if model is not None:
-        result["whitened"] = dict(correlations(cosines["whitened"], pairs.scores), **describe_model(model))
-    return result
+        whitened = dict(correlations(cosines["whitened"], pairs.scores), **describe_model(model))
+    return PairsResult(pairs.describe(), correlations(cosines["raw"], pairs.scores), whitened)
 
 
 def evaluate(
@@ -250,32 +280,36 @@ def evaluate(
     setting=None,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-) -> dict:
+) -> PairsResult:
     """Score a whitening on labelled pairs: Spearman and Pearson (x100) of the cosines of the raw pairs and,
     given ``model`` (a :class:`WhiteningModel` or its file), of the whitened ones.
 
     ``pairs_a`` and ``pairs_b`` are row-aligned stores (specs as ``fit`` takes them), ``scores`` their gold
     scores (a 1-D store, ``.npy``, or a CSV/TSV column: ``sts-dev.csv:4``); ``setting`` (an
     ``options.Setting``) evaluates another setting than the model's saved one, re-finalized from its
-    statistics. Returns ``{"pairs", "raw", "whitened"}`` as :func:`evaluate_pairs`.
+    statistics. Returns a :class:`PairsResult`.
     """
     import os
+    from dataclasses import replace
 
     from ..core.model import load_model
 
+    model_file = None
     if isinstance(model, (str, os.PathLike)):
-        model = load_model(os.fspath(model))
+        model_file = os.fspath(model)
+        model = load_model(model_file)
     changes = setting.given() if setting is not None else {}
     if changes:
         if model is None:
             raise BadInputError("a setting needs a model to evaluate it with")
         model = model.with_params(**changes)
     with open_pairs(pairs_a, pairs_b, scores) as pairs:
-        return evaluate_pairs(pairs, model, block_rows, progress)
+        return replace(evaluate_pairs(pairs, model, block_rows, progress), model=model_file)
 
 
 __all__ = [
     "PairSet",
+    "PairsResult",
     "evaluate",
     "open_pairs",
     "rankdata",

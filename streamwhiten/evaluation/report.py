@@ -734,7 +734,7 @@ def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[s
 def render_html(data: ReportData, images: dict, title: str | None = None) -> str:
     """One self-contained page: summaries, the figures (base64 PNGs), the full grid."""
     model = data.model
-    summary = model.summary()
+    summary = model.to_json()
     title = title or "streamwhiten report"
     spectrum_rows = [
         ("fitted on", f"{model.n_rows:,} rows x {model.n_features} features"),

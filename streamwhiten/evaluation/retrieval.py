@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -427,7 +427,7 @@ def evaluate_retrieval(
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     options: RetrievalOptions | None = None,
-) -> dict:
+) -> RetrievalResult:
     """Retrieval metrics (x100) of the raw vectors and, given a model, of its whitening, on the same
     queries, with a paired bootstrap interval of each difference.
 
@@ -465,12 +465,9 @@ def evaluate_retrieval(
 
     Returns
     -------
-    dict
-        ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw", "whitened", "difference",
-        "bootstrap"}``: ``raw`` and ``whitened`` (None without a model) map each of :data:`METRICS` to
-        its mean x100, with the storage (``dtype``, ``bytes_per_vector``) and (whitened) beta, gamma, k;
-        ``difference`` maps each metric
-        to ``{"difference", "low", "high"}`` (whitened minus raw, x100) or is None.
+    RetrievalResult
+        The task, the mean of each of :data:`METRICS` (x100) raw and whitened, and the paired bootstrap
+        interval of each difference.
     """
     for name, value in (("dtype", dtype), ("rescore", rescore), ("rescore_dtype", rescore_dtype)):
         if value is not None:
@@ -487,26 +484,90 @@ def evaluate_retrieval(
         threads=threads,
     )
     options = retrieval_options(options, keywords)
+    model_file = None
     if isinstance(model, (str, os.PathLike)):
         from ..core.model import load_model
 
-        model = load_model(os.fspath(model))
+        model_file = os.fspath(model)
+        model = load_model(model_file)
     storage = search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         settings, per_query = _search_raw_and_whitened(task, model, storage, options, progress)
-    result = dict(
-        task.describe(),
-        raw=dict(mean_metrics(per_query["raw"]), **settings[0].params),
-        whitened=None,
-        difference=None,
-        bootstrap=bootstrap_record(options),
-    )
+    whitened = difference = None
     if model is not None:
-        result["whitened"] = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
-        result["difference"] = paired_bootstrap(
-            per_query["raw"], per_query["whitened"], options.bootstrap, options.seed
-        )
-    return result
+        whitened = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
+        difference = paired_bootstrap(per_query["raw"], per_query["whitened"], options.bootstrap, options.seed)
+    described = task.describe()
+    return RetrievalResult(
+        queries=described["queries"],
+        corpus=described["corpus"],
+        qrels=described["qrels"],
+        exclude=described["exclude"],
+        n_queries=described["n_queries"],
+        raw=dict(mean_metrics(per_query["raw"]), **settings[0].params),
+        whitened=whitened,
+        difference=difference,
+        bootstrap=bootstrap_record(options),
+        model=model_file,
+    )
+
+
+@dataclass(frozen=True)
+class RetrievalResult:
+    """The retrieval metrics of the raw vectors and a whitening on one task (what
+    :func:`evaluate_retrieval` returns, ``eval --json`` prints).
+
+    Attributes
+    ----------
+    queries, corpus : mapping
+        Each store's ``label``, ``n_rows``, ``n_features`` and ``id_column``.
+    qrels : mapping
+        The judgements read: the file, judged pairs and queries, relevant pairs.
+    exclude : mapping or None
+        The exclude file, its pairs and the pairs used; None without one.
+    n_queries : int
+        The queries evaluated (those with a relevant document).
+    raw, whitened : mapping
+        Each of :data:`METRICS` (mean x100) with the storage (``dtype``, ``bytes_per_vector``, a
+        re-ranking) and, whitened, the setting (``beta``, ``gamma``, ``k``); ``whitened`` is None without a
+        model.
+    difference : mapping or None
+        Each metric's ``{"difference", "low", "high"}``: whitened minus raw (x100) with its paired bootstrap
+        interval (None bounds with no resamples); None without a model.
+    bootstrap : mapping
+        ``samples``, ``seed`` and ``level`` of the intervals.
+    model : str or None
+        The model file evaluated, where it was given as one.
+    """
+
+    queries: Mapping[str, Any]
+    corpus: Mapping[str, Any]
+    qrels: Mapping[str, Any]
+    exclude: Mapping[str, Any] | None
+    n_queries: int
+    raw: Mapping[str, Any]
+    whitened: Mapping[str, Any] | None
+    difference: Mapping[str, Mapping[str, float | None]] | None
+    bootstrap: Mapping[str, Any]
+    model: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The result as plain JSON values: ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw",
+        "whitened", "difference", "bootstrap", "model"}``."""
+        return {
+            "queries": dict(self.queries),
+            "corpus": dict(self.corpus),
+            "qrels": dict(self.qrels),
+            "exclude": None if self.exclude is None else dict(self.exclude),
+            "n_queries": int(self.n_queries),
+            "raw": dict(self.raw),
+            "whitened": None if self.whitened is None else dict(self.whitened),
+            "difference": None
+            if self.difference is None
+            else {name: dict(values) for name, values in self.difference.items()},
+            "bootstrap": dict(self.bootstrap),
+            "model": self.model,
+        }
 
 
 def retrieval_options(options: RetrievalOptions | None, given: RetrievalOptions | None = None) -> RetrievalOptions:
@@ -650,6 +711,7 @@ def open_task(queries, corpus, qrels, *, model=None, options: RetrievalOptions |
 __all__ = [
     "DEPTH",
     "METRICS",
+    "RetrievalResult",
     "RetrievalTask",
     "SearchSetting",
     "evaluate_retrieval",

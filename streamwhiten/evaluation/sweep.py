@@ -553,7 +553,8 @@ class RetrievalTuneResult:
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
 
-    def summary(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
+        """The sweep and the choice as plain JSON values (the core of ``tune --json``)."""
         return dict(
             self.task,
             mode="retrieval",
@@ -702,7 +703,7 @@ def tune_retrieval(
     result = sweep(model, queries, corpus, qrels, grid=grid, options=options, progress=progress)
     chosen = result.chosen_model()
     best = result.best
-    summary = result.summary()
+    summary = result.to_json()
     storage = chosen.storage
     assert storage is not None  # model_for records the row's storage
     described = dict(

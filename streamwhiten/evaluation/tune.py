@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -91,7 +92,7 @@ def decompose(model: WhiteningModel, beta: float, eps: float | None = None) -> W
     return model.with_params(beta=beta, gamma=1.0, eps=eps, n_components=model.n_features)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TuneResult:
     """The scored grid: ``table`` rows in grid order, the chosen ``best`` row, and the raw baseline."""
 
@@ -116,7 +117,8 @@ class TuneResult:
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
 
-    def summary(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
+        """The grid and the choice as plain JSON values (the core of ``tune --json``)."""
         return {
             "metric": self.metric,
             "tolerance": self.tolerance,
@@ -210,7 +212,7 @@ def grid_search(
     units, _ = spearman_units(np.vstack([cosines, raw]), pairs.scores, ranks=metric == "spearman")
     if select == "argmax":
         best = choose(table, metric, tolerance)
-        reference = None
+        selection = {"rule": "argmax", "tolerance": float(tolerance), "reference": None, "kept_reference": None}
     else:
         reference = next(
             (i for i, row in enumerate(table) if (row["beta"], row["gamma"], row["k"]) == (0.0, 0.0, d)), None
@@ -222,14 +224,18 @@ def grid_search(
             cosines = np.vstack([cosines, raw[None]])
             reference = len(table) - 1
         best, selection = _choose_pairs(table, units[:-1], reference, d, tolerance, folds, samples, seed)
-    result = TuneResult(table, best, raw_scores, metric, pairs.describe(), bases, float(tolerance))
-    result.per_pair = units[:-1]
-    result.cosines = cosines
-    if select != "argmax":
-        result.selection = selection
-    else:
-        result.selection = {"rule": "argmax", "tolerance": float(tolerance), "reference": None, "kept_reference": None}
-    return result
+    return TuneResult(
+        table,
+        best,
+        raw_scores,
+        metric,
+        pairs.describe(),
+        bases,
+        float(tolerance),
+        selection=selection,
+        per_pair=units[:-1],
+        cosines=cosines,
+    )
 
 
 def _choose_pairs(table, units, reference, d, tolerance, folds, samples, seed) -> tuple[dict, dict]:
@@ -285,11 +291,11 @@ def tune(
     """
     result = grid_search(model, pairs, block_rows=block_rows, progress=progress, **grid)
     chosen = result.chosen_model()
-    summary = result.summary()
+    summary = result.to_json()
     summary["test"] = None
     if test_pairs is not None:
         scored = evaluate_pairs(test_pairs, chosen, block_rows)
-        summary["test"] = {"pairs": scored["pairs"], "raw": scored["raw"], "chosen": scored["whitened"]}
+        summary["test"] = {"pairs": dict(scored.pairs), "raw": dict(scored.raw), "chosen": scored.to_json()["whitened"]}
     record = {
         "metric": result.metric,
         "tolerance": result.tolerance,

@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
 
@@ -42,6 +43,10 @@ from .. import _durable as durable
 from ..errors import BadInputError, ModelFileError, StoreIOError
 from ..options import ReadOptions
 from ..records import Manifest, Part, Version
+
+if TYPE_CHECKING:
+    from ..core.model import WhiteningModel
+    from ..core.quantize import Quantization
 
 #: The name of a job's manifest, beside its model file: ``M.manifest.json`` for ``M.npz``.
 MANIFEST_SUFFIX = ".manifest.json"
@@ -305,7 +310,6 @@ def part_problem(
     """None when the output ``part.path`` is complete and holds the transform of the input rows
     ``[part.start, part.stop)`` by the map ``model_checksum`` (and, with ``job_id``, records that this
     job wrote it for version ``version`` from the input ``input_spec``); else what is wrong with it."""
-    from ..engine.apply import recorded_rows
     from ..io import open_output
 
     output = open_output(part.path, read)
@@ -313,9 +317,31 @@ def part_problem(
         if not output.exists():
             return "missing"
         attrs = output.attrs()
+    except Exception as exc:  # noqa: BLE001 - unreadable: not what was published
+        return _unreadable(exc)
+    return attrs_problem(part, attrs, model_checksum, job_id, version, input_spec)
+
+
+def _unreadable(exc: BaseException) -> str:
+    return f"unreadable: {' '.join(str(exc).split())[:200]}"
+
+
+def attrs_problem(
+    part: Part,
+    attrs: dict[str, Any],
+    model_checksum: str,
+    job_id: str | None = None,
+    version: int | None = None,
+    input_spec: str | None = None,
+) -> str | None:
+    """:func:`part_problem` of a part whose output attributes ``attrs`` were read already (by a reader
+    that opened it to read its rows too)."""
+    from ..engine.apply import recorded_rows
+
+    try:
         held = recorded_rows(attrs)
     except Exception as exc:  # noqa: BLE001 - unreadable: not what was published
-        return f"unreadable: {' '.join(str(exc).split())[:200]}"
+        return _unreadable(exc)
     if attrs.get("complete") not in (True, 1):
         return "not complete"
     if attrs.get("model_checksum") != model_checksum:
@@ -450,7 +476,7 @@ class Publication:
         """Every output part of the version, input by input, in row order."""
         return self.manifest.outputs
 
-    def load_model(self):
+    def load_model(self) -> WhiteningModel:
         """The published model, checked against the manifest."""
         return check_model_file(self.model_path, self.manifest)
 
@@ -490,7 +516,7 @@ class Publication:
             return record.decode(blocks, dtype)
         return blocks
 
-    def read_codes(self, input_spec: str):
+    def read_codes(self, input_spec: str) -> tuple[np.ndarray, Quantization]:
         """``(codes, quantization)``: the stored int8 codes or bytes of sign bits of ``input_spec`` in this
         version (checked as :meth:`read` checks them), and their decoder
         (:class:`~streamwhiten.serving.Quantization`: ``quantization.decode(codes)``). A publication of
@@ -507,24 +533,25 @@ class Publication:
         (None for float outputs), the same in every part."""
         from ..core.quantize import ATTR as QUANTIZATION_ATTR
         from ..core.quantize import Quantization
-        from ..io import open_source
+        from ..io import open_output, open_source
 
         blocks, records = [], []
         manifest = self.manifest
         spec = self._spec(input_spec)
         for part in self.parts(input_spec):
-            problem = part_problem(
-                part, self.model_checksum, self.read_options, manifest.job_id, manifest.version, spec
-            )
-            if problem is not None:
-                raise BadInputError(
-                    f"{part.path}: an output of published version {self.version} is {problem} (a newer version "
-                    "was published and this one deleted? read the publication again)"
-                )
-            with open_source(part.path, read=self.read_options, codes=True) as source:
+            # one open per part: its attributes are checked (as part_problem checks them), then its rows read
+            try:
+                source = open_source(part.path, read=self.read_options, codes=True)
+            except Exception as exc:  # noqa: BLE001 - missing or unreadable: not what was published
+                exists = open_output(part.path, self.read_options).exists()
+                self._refuse(part, "missing" if not exists else _unreadable(exc), exc)
+            with source:
+                attrs = source.attrs()
+                problem = attrs_problem(part, attrs, self.model_checksum, manifest.job_id, manifest.version, spec)
+                if problem is not None:
+                    self._refuse(part, problem)
                 if source.n_rows != part.n_rows:
                     raise BadInputError(f"{part.path}: holds {source.n_rows} rows, not the {part.n_rows} published")
-                attrs = source.attrs()
                 records.append(Quantization.from_attrs(attrs) if QUANTIZATION_ATTR in attrs else None)
                 blocks.append(source.read(0, source.n_rows))
         digests = {None if record is None else record.digest() for record in records}
@@ -533,8 +560,14 @@ class Publication:
         rows = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
         return rows, records[0]
 
-    def to_dict(self) -> dict:
-        """What ``info --json`` shows of it."""
+    def _refuse(self, part: Part, problem: str, cause: BaseException | None = None) -> NoReturn:
+        raise BadInputError(
+            f"{part.path}: an output of published version {self.version} is {problem} (a newer version "
+            "was published and this one deleted? read the publication again)"
+        ) from cause
+
+    def to_json(self) -> dict[str, Any]:
+        """What ``info --json`` shows of it, as plain JSON values."""
         manifest = self.manifest
         return {
             "manifest": self.path,

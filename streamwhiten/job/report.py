@@ -57,7 +57,7 @@ class PublishReport(RunReport):
             "action": self.action,
             "reason": self.reason,
             "published_version": int(self.published_version),
-            "staleness": None if self.staleness is None else self.staleness.to_dict(),
+            "staleness": None if self.staleness is None else self.staleness.to_json(),
             "max_staleness": float(self.max_staleness),
             "manifest": self.manifest,
             "rows_published": int(self.rows_published),
@@ -68,9 +68,10 @@ class JobUpToDateError(NothingToDoError):
     """Nothing to do: the job is up to date (exit 3). ``report`` is the run's report all the same (cron's
     ``run --json`` prints it)."""
 
+    report: RunReport
+
     def __init__(self, message: str, report: RunReport) -> None:
-        super().__init__(message)
-        self.report = report
+        super().__init__(message, report)
 
 
 __all__ = ["JobUpToDateError", "PublishReport", "RunReport"]

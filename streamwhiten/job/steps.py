@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .._durable import exclusive_lock
-from ..errors import BadInputError, InterruptedRunError, NothingToDoError
+from ..errors import InterruptedRunError, NothingToDoError
 from ..options import ReadOptions
 from .file import Fitting, Writing
 
@@ -110,53 +110,24 @@ def fit_step(name: str, fitting: Fitting, inputs: list, steps: list, progress, s
 
 
 def _finish_pending(name: str, fitting: Fitting, inputs: list, progress, should_stop) -> bool:
-    """Complete a fit or update a killed run left in the job's checkpoint and save the model; True if it
-    did. A checkpoint that does not belong to the current model (or whose sources changed) is discarded."""
-    from ..core.model import load_model
-    from ..engine.engines import Checkpoint, SerialEngine
-    from ..engine.fit import PassOptions, check_resumable, finalize_fit, load_checkpoint, remove_checkpoint
-    from ..errors import ModelFileError
-    from ..pipeline import effective_params, save_fitted
+    """Complete a fit or update a killed run left in the job's checkpoint and save the model (through
+    ``pipeline``, like every fit); True if it did. A checkpoint that does not belong to the current model (or
+    whose sources changed) is discarded."""
+    from ..pipeline import finish_checkpoint
 
-    checkpoint, fit = fitting.checkpoint, fitting.options
-    try:
-        plan = load_checkpoint(checkpoint, fitting.read)
-    except ModelFileError as exc:
-        raise BadInputError(f"{exc}") from None  # the message says how to start over (run --restart)
-    previous = load_model(fitting.model_path) if os.path.exists(fitting.model_path) else None
-    model_rows = previous.n_rows if previous is not None else 0
-    if plan.done and plan.state.n_rows == model_rows and plan.base_rows != model_rows:
-        # killed after saving the model, before removing the checkpoint: the model already holds it
-        remove_checkpoint(checkpoint)
-        return False
-    options = PassOptions(fit.precision, bool(fit.skip_nonfinite), fitting.read.fill_missing_chunks)
-    try:
-        check_resumable(plan, checkpoint, options, model_rows, inputs, exact=False)
-    except BadInputError as exc:
-        log.warning("job %s: discarding checkpoint %s: %s", name, checkpoint, exc)
-        remove_checkpoint(checkpoint)
-        return False
-    log.info(
-        "job %s: finishing the interrupted run in %s (%s of %s rows done)",
-        name,
-        checkpoint,
-        f"{plan.rows_done:,}",
-        f"{plan.rows_total:,}",
-    )
-    result = SerialEngine(fitting.engine.threads).fit(
-        plan,
+    outcome = finish_checkpoint(
+        inputs,
+        fitting.model_path,
+        fitting.checkpoint,
+        setting=fitting.setting,
+        options=fitting.options,
+        read=fitting.read,
+        engine=fitting.engine,
         progress=progress,
         should_stop=should_stop,
-        checkpoint=Checkpoint(checkpoint, fit.checkpoint_every, fit.checkpoint_seconds),
+        label=f"job {name}: ",
     )
-    skipped = int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and plan.base_rows else 0
-    model = finalize_fit(result, effective_params(fitting.setting.given(), previous), skipped)
-    if previous is not None and previous.storage is not None:  # an update keeps the recorded storage
-        from dataclasses import replace
-
-        model = replace(model, storage=previous.storage)
-    save_fitted(model, plan, fitting.model_path, checkpoint, should_stop)
-    return True
+    return outcome is not None
 
 
 def check_paths(sources: list, written: dict[str, str]) -> None:
