@@ -518,6 +518,16 @@ def test_every_package_is_shipped_and_checked():
         ("streamwhiten.io.abc.store", "from ..output import open_output", "test_io_has_no_import_cycle"),
         ("streamwhiten.io.spec", "from . import open_source", "test_io_has_no_import_cycle"),
         ("streamwhiten.records", "from .io import Source", "test_arrows_point_down"),
+        (
+            "streamwhiten.job.steps",
+            "from ..engine.engines import SerialEngine",
+            "test_jobs_fit_and_apply_through_the_pipeline",
+        ),
+        (
+            "streamwhiten.job.run",
+            "from ..engine.fit import finalize_fit",
+            "test_jobs_fit_and_apply_through_the_pipeline",
+        ),
     ],
 )
 @pytest.mark.parametrize("inside_a_function", [False, True])
@@ -699,3 +709,33 @@ def test_every_result_of_the_public_api_is_exported_frozen_and_turns_into_json()
     missing = sorted(kind.__name__ for kind in results if kind not in exported)
     assert not missing, f"results returned by public calls but not in streamwhiten.__all__: {missing}"
     assert all(kind.__dataclass_params__.frozen for kind in results)
+
+
+#: What runs a fit or an apply below ``pipeline``: a job calls ``pipeline`` for them, never these.
+ENGINE_RUNNERS = {
+    "streamwhiten.engine.engines": None,  # every name: the engines and their checkpoints
+    "streamwhiten.engine.fit": {"run_plan", "fit_sources", "finalize_fit", "plan_fit", "plan_update"},
+    "streamwhiten.engine.apply": {"apply_model", "is_up_to_date"},
+}
+
+
+def test_jobs_fit_and_apply_through_the_pipeline():
+    """``job/`` runs every fit and apply through ``pipeline`` (as the command line and the estimator do):
+    it imports no engine and none of the engine's fit or apply runners."""
+    problems = []
+    for module, path in MODULES.items():
+        if layer(module) != "job":
+            continue
+        package = module.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(PATCHED_SOURCE.get(module, path.read_text()))):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            source = ".".join(base + ([node.module] if node.module else []))
+            if source not in ENGINE_RUNNERS:
+                continue
+            names = {alias.name for alias in node.names}
+            banned = names if ENGINE_RUNNERS[source] is None else names & ENGINE_RUNNERS[source]
+            if banned:
+                problems.append(f"{where(module, node.lineno)}: imports {sorted(banned)} from {source}")
+    assert not problems, "\n".join(problems)
