@@ -921,3 +921,27 @@ def test_an_output_of_this_job_and_version_but_another_map_is_not_ours_to_delete
         output_owner_problem(spec, None, "j1", 2, model_checksum="0" * 64) == "written by another map than version 2's"
     )
     assert output_owner_problem(spec, None, "j2", 2, model_checksum=written).startswith("written by another job")
+
+
+def test_reading_a_publication_opens_each_part_once(night, monkeypatch):
+    """``read`` checks a part from the attributes of the source that reads its rows: one open per part (a
+    round trip fewer per part on object storage), and the rows are those of the parts in order."""
+    import streamwhiten.io as io_module
+
+    directory, job = night
+    shard = str(directory / "shards" / "day-1.h5")
+    append_rows(shard, rows_of(50, 2))
+    assert run_job_file(job).action == "append"
+    publication = published(str(directory / "models" / "m.npz"))
+    parts = publication.parts(shard)
+    assert len(parts) == 2
+    opened = []
+    for name in ("open_source", "open_output"):
+        real = getattr(io_module, name)
+        monkeypatch.setattr(
+            io_module, name, lambda spec, *a, real=real, **k: opened.append(str(spec)) or real(spec, *a, **k)
+        )
+    got = publication.read(shard)
+    assert sorted(opened) == sorted(part.path for part in parts)
+    wanted = np.concatenate([open_source(part.path).read(0, part.n_rows) for part in parts])
+    np.testing.assert_array_equal(got, wanted)
