@@ -1,11 +1,13 @@
 """Does the tuned setting hold on queries it was not chosen on? The arg-max against the max-t rule.
 
 On ``retrieval-dev`` (262 queries; see its README.txt) a whitening is fitted on the corpus and the sweep of
-``tune --queries ...`` scores its default grid (5 betas x 5 gammas x 10 ks, with the raw and centring maps
-and the raw rotation's bits truncated to the small budgets: about 250 settings x 5 storages) ONCE, keeping
+``tune --queries ...`` scores its default grid (5 betas x 5 gammas x 10 ks, with the raw vectors (no
+transformation), the rotation and centring maps and the rotation's bits truncated to the budgets too small
+for the raw sign bits: about 250 settings x 5 storages) ONCE, keeping
 each setting's nDCG@10 per query. Then, ``--splits`` times, the queries are cut at random into two halves:
 each rule chooses on one half, for each byte budget (none, 12, 24, 48, 96, 384), and its choice is scored on
-the other half against the reference of that budget (the raw vectors in the most faithful storage that fits,
+the other half against the reference of that budget (the raw vectors in the storage with the most bytes that
+fits: raw sign bits at 48 and 96 B for 384-d; below that the rotation's sign bits truncated;
 :func:`streamwhiten.evaluation.sweep.reference_index`). Printed per budget: the mean and the worst gap
 (x100) of the choice against the reference on the unseen half, before (``argmax``: the best score on the
 chosen half, the old rule) and after (``maxt``, the default), how often the new rule keeps the reference,
@@ -105,7 +107,7 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
             {
                 "task": name,
                 "budget": "none" if budget is None else budget,
-                "reference": f"{ref['storage']} k={ref['k']} ({ref['bytes_per_vector']} B)",
+                "reference": f"{ref['vectors']} {ref['storage']} k={ref['k']} ({ref['bytes_per_vector']} B)",
                 "compared": len(others),
                 "argmax mean": float(np.mean(gaps["argmax"])),
                 "argmax worst": float(np.min(gaps["argmax"])),
@@ -219,7 +221,7 @@ def pairs(args) -> list[dict]:
             gold = np.asarray(opened.scores, np.float64)
         cosines, table, d = result.cosines, result.table, model.n_features
         assert cosines is not None
-        reference = next(i for i, r in enumerate(table) if (r["beta"], r["gamma"], r["k"]) == (0.0, 0.0, d))
+        reference = next(i for i, r in enumerate(table) if r["vectors"] == "raw")  # the identity map
         others = [i for i in range(len(table)) if i != reference]
         gaps: dict = {"argmax": [], "maxt": []}
         kept = 0

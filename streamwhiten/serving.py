@@ -30,7 +30,7 @@ import numpy as np
 from ._npz import check_file, read_npz
 from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap, mean_sq_norm
 from .core.quantize import Quantization, Storage, decode, storage_quantizations
-from .core.validate import map_fields, model_fields
+from .core.validate import map_fields, map_weights, model_fields
 from .errors import BadInputError
 
 #: The model file this module reads (the same values as ``streamwhiten.core.model.FORMAT_NAME``/``FORMAT_VERSION``,
@@ -94,11 +94,14 @@ def _load_model(path: str, normalize, stored_checksum: str, dtype) -> AffineMap:
     storage = f["storage"] or Storage()
     if dtype is not None and dtype != storage.dtype:
         storage = Storage(dtype=dtype, int8_clip=storage.int8_clip)
-    k = f["n_components"]
-    weights = f["eigvecs"][:, :k] * ((f["eigvals"][:k] + f["eps_value"]) ** (-f["gamma"] / 2.0))
+    weights = map_weights(f["eigvals"], f["eigvecs"], f["eps_value"], f["gamma"], f["n_components"], f["basis"])
     quantization, _ = storage_quantizations(
         storage, f["n_rows"], f["mean"], f["scatter"], weights, f["beta"] * f["mean"]
     )
+    if f["basis"] == "identity":
+        return AffineMap.identity(
+            f["mean"], f["eps"], f["eps_value"], bool(normalize), stored_checksum, fitted_norm, quantization
+        )
     return AffineMap.from_eigh(
         f["eigvals"],
         f["eigvecs"],

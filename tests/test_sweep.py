@@ -135,17 +135,21 @@ def test_every_setting_in_every_storage_equals_a_numpy_evaluation(swept):
     raw_each = reference.metrics(reference.lists(None, None, None, "float32"))
     for name in METRICS:
         assert result.raw[name] == pytest.approx(100 * raw_each[name].mean(), abs=1e-9)
-    settings = {(row["beta"], row["gamma"], row["k"]) for row in result.table}
-    # the grid, and the raw vectors (a rotation) and plain centring added to it
+    settings = {(row["beta"], row["gamma"], row["k"]) for row in result.table if row["vectors"] != "raw"}
+    # the grid, and the rotation and plain centring added to it; and the raw vectors (no transformation)
     assert settings == {(b, g, k) for b in (0, 0.5) for g in (0.5, 1) for k in (12, 5)} | {(0, 0, 12), (1, 0, 12)}
+    raw_rows = [row for row in result.table if row["vectors"] == "raw"]
+    assert {row["storage"] for row in raw_rows} == {row["storage"] for row in result.table}
+    assert all((row["beta"], row["gamma"], row["k"]) == (0, 0, 12) for row in raw_rows)
     assert {row["storage"] for row in result.table} == {
         "float32", "float16", "int8", "binary", f"binary+rescore{RESCORE}",
     }  # fmt: skip
-    kinds = {(row["beta"], row["gamma"], row["k"]): row["vectors"] for row in result.table}
-    assert kinds[(0, 0, 12)] == "raw" and kinds[(1, 0, 12)] == "centred" and kinds[(0.5, 1, 5)] == "whitened"
+    kinds = {(row["beta"], row["gamma"], row["k"]): row["vectors"] for row in result.table if row["vectors"] != "raw"}
+    assert kinds[(0, 0, 12)] == "rotated" and kinds[(1, 0, 12)] == "centred" and kinds[(0.5, 1, 5)] == "whitened"
     for row in result.table:
         storage, rescore = row["dtype"], row["rescore"]
-        each = reference.metrics(reference.lists(row["beta"], row["gamma"], row["k"], storage, rescore))
+        setting = (None, None, None) if row["vectors"] == "raw" else (row["beta"], row["gamma"], row["k"])
+        each = reference.metrics(reference.lists(*setting, storage, rescore))
         for name in METRICS:
             assert row[name] == pytest.approx(100 * each[name].mean(), abs=1e-9), (row, name)
         k = row["k"]
@@ -203,14 +207,14 @@ def test_one_pass_for_every_float_setting_and_more_only_when_the_lists_do_not_fi
         progress=lambda done, total: totals.append(total),
         **options,
     )
-    assert set(totals) == {2 * 600}  # the raw reference's pass, and one for the 8 settings x 2 storages
+    assert set(totals) == {2 * 600}  # the raw reference's pass, and one for the 9 settings x 2 storages
     one_setting = 20 * 16 * 2 * 100  # the top lists of one setting in two storages, in bytes
     monkeypatch.setattr(sweep_module, "TOP_LIST_BYTES", 2 * one_setting)
     totals.clear()
     again = sweep(
         model, task["queries"], task["corpus"], task["qrels"], progress=lambda done, total: totals.append(total), **options
     )  # fmt: skip
-    assert set(totals) == {(1 + 4) * 600}  # 8 settings, two per pass
+    assert set(totals) == {(1 + 5) * 600}  # 8 settings and the raw vectors (no map), two per pass
     monkeypatch.undo()
     assert again.table == sweep(model, task["queries"], task["corpus"], task["qrels"], **options).table
 
@@ -277,7 +281,7 @@ def test_raw_vectors_can_win_and_the_text_says_so(tmp_path, capsys):
 
 
 def test_the_budget_is_respected_and_the_choice_written_is_used_by_eval_and_export(tmp_path, capsys):
-    task = write_task(tmp_path, seed=1, noise=1.0)
+    task = write_task(tmp_path, seed=2, noise=1.0)
     model_path = fitted(tmp_path, task)
     tuned = str(tmp_path / "tuned.npz")
     # --select argmax: the old choice, the best score within the budget (the default keeps raw int8 here)
@@ -289,7 +293,8 @@ def test_the_budget_is_respected_and_the_choice_written_is_used_by_eval_and_expo
     within = [row for row in summary["table"] if row["bytes_per_vector"] <= 16]
     assert best["bytes_per_vector"] <= 16 and best["ndcg@10"] == max(row["ndcg@10"] for row in within)
     assert (best["vectors"], best["storage"]) == ("centred", "int8")  # raw int8 loses to centred int8 here
-    assert best["ndcg@10"] < summary["raw"]["ndcg@10"]  # the raw float32 vectors (64 bytes) would do better
+    raw_int8 = next(row for row in within if row["vectors"] == "raw")  # the reference the default keeps
+    assert raw_int8["storage"] == "int8" and best["ndcg@10"] > raw_int8["ndcg@10"]
     # tune --json keeps its shape; chosen also says how the vectors are stored
     assert {
         "metric",
@@ -371,7 +376,7 @@ def test_pair_tuning_keeps_its_shape_and_says_how_the_vectors_are_stored(tmp_pat
 
 
 def test_the_default_rule_keeps_the_reference_within_noise_and_forecasts_both(tmp_path, capsys):
-    task = write_task(tmp_path, seed=1, noise=1.0)  # centred int8 scores best within 16 bytes, within noise
+    task = write_task(tmp_path, seed=2, noise=1.0)  # centred int8 scores best within 16 bytes, within noise
     model_path = fitted(tmp_path, task)
     tuned = str(tmp_path / "tuned.npz")
     assert (
@@ -381,8 +386,17 @@ def test_the_default_rule_keeps_the_reference_within_noise_and_forecasts_both(tm
     best, selection = summary["best"], summary["selection"]
     within = [row for row in summary["table"] if row["bytes_per_vector"] <= 16]
     assert best["ndcg@10"] < max(row["ndcg@10"] for row in within)  # not the arg-max
-    # the reference of 16 bytes: the raw rotation in int8, the most faithful raw storage that fits
+    # the reference of 16 bytes: the raw vectors (no transformation) in int8, the most bytes that fit
     assert (best["vectors"], best["storage"], best["k"]) == ("raw", "int8", 16)
+    # the model written holds no transformation and that storage; eval scores it as tune did
+    written = load_model(tuned)
+    assert (written.basis, written.storage.dtype, written.n_components) == ("identity", "int8", 16)
+    args = ["--queries", task["spec_q"], "--corpus", task["spec_c"], "--qrels", task["qrels"], "--json"]
+    assert main(["eval", tuned, *args]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["whitened"]["dtype"] == "int8" and scored["whitened"]["ndcg@10"] == pytest.approx(
+        best["ndcg@10"], abs=1e-9
+    )
     assert selection["rule"] == "maxt" and selection["kept_reference"] and selection["n_beating"] == 0
     assert selection["reference"]["storage"] == "int8" and selection["n_compared"] == len(within) - 1
     predicted = selection["forecast"]
@@ -395,7 +409,7 @@ def test_the_default_rule_keeps_the_reference_within_noise_and_forecasts_both(tm
     assert "nothing beats the reference beyond noise" in text and "forecast" in text and "5-fold" in text
 
 
-def test_the_reference_is_the_most_faithful_raw_storage_within_the_budget():
+def test_the_reference_is_the_raw_vectors_in_the_most_bytes_within_the_budget():
     from streamwhiten.evaluation.sweep import reference_index, reference_k
 
     def row(beta, gamma, k, dtype, rescore=0):
@@ -403,17 +417,23 @@ def test_the_reference_is_the_most_faithful_raw_storage_within_the_budget():
         return dict(beta=beta, gamma=gamma, k=k, dtype=dtype, rescore=rescore, bytes_per_vector=size)
 
     table = [
-        row(b, 0.0, k, s)
+        row(b, 0.0, k, s) | {"vectors": "rotated" if b == 0 and k == 384 else "centred" if k == 384 else "whitened"}
         for b in (0.0, 1.0)
         for k in (384, 192, 96, 64)
         for s in ("float32", "float16", "int8", "binary")
     ]
-    table.append(row(0.0, 0.0, 384, "binary", rescore=100))
-    expected = {None: ("float32", 384), 1600: ("float32", 384), 800: ("float16", 384), 384: ("int8", 384),
-                96: ("binary", 384), 48: ("binary", 384), 24: ("binary", 192), 12: ("binary", 96), 8: ("binary", 64)}  # fmt: skip
-    for budget, (dtype, k) in expected.items():
+    raw = [row(0.0, 0.0, 384, s) | {"vectors": "raw"} for s in ("float32", "float16", "int8", "binary")]
+    table += [row(0.0, 0.0, 384, "binary", rescore=100) | {"vectors": "raw"}, *raw]
+    # the raw vectors (no transformation) in the storage with the most bytes that fits; below their sign
+    # bits, the rotation's bits truncated
+    expected = {None: ("raw", "float32", 384), 1600: ("raw", "float32", 384), 800: ("raw", "float16", 384),
+                384: ("raw", "int8", 384), 96: ("raw", "binary", 384), 48: ("raw", "binary", 384),
+                24: ("whitened", "binary", 192), 12: ("whitened", "binary", 96), 8: ("whitened", "binary", 64)}  # fmt: skip
+    for budget, (vectors, dtype, k) in expected.items():
         chosen = table[reference_index(table, 384, budget)]
-        assert (chosen["beta"], chosen["dtype"], chosen["k"], chosen["rescore"]) == (0.0, dtype, k, 0), budget
+        assert (chosen["beta"], chosen["gamma"], chosen["vectors"], chosen["dtype"], chosen["k"], chosen["rescore"]) == (
+            0.0, 0.0, vectors, dtype, k, 0,
+        ), budget  # fmt: skip
     assert [reference_k(384, b) for b in (None, 48, 24, 12)] == [None, None, 192, 96]
     with pytest.raises(BadInputError, match="reference"):
         reference_index(table, 384, 4)
@@ -479,3 +499,33 @@ def test_the_tolerance_is_worded_by_the_rule(tmp_path, capsys):
     )
     old = dict(kept, tolerance=None, kept_reference=False, bound=1.5)  # a record saved before tolerance was kept
     assert "the highest simultaneous 95% lower bound of the advantage, +1.50" in selection_lines(old, "m", "q")[0]
+
+
+def test_within_the_raw_sign_bits_budget_the_reference_is_those_bits_and_the_model_written_reproduces_it(
+    tmp_path, capsys
+):
+    # 16-d: the raw vectors' sign bits take 2 bytes (384-d: 48); nothing of more bytes fits
+    task = write_task(tmp_path, seed=3, noise=1.0)
+    model_path = fitted(tmp_path, task)
+    tuned = str(tmp_path / "tuned.npz")
+    extra = ("--dtypes", "float32,int8,binary", "--max-bytes", "2", "-o", tuned, "--json")
+    assert main(tune_args(task, model_path, *extra)) == 0
+    summary = json.loads(capsys.readouterr().out)
+    reference = summary["selection"]["reference"]
+    assert (reference["vectors"], reference["storage"], reference["k"], reference["bytes_per_vector"]) == (
+        "raw", "binary", 16, 2,
+    )  # fmt: skip
+    raw_bits = next(r for r in summary["table"] if r["vectors"] == "raw" and r["storage"] == "binary")
+    # the sign bits of the untransformed rows, searched by Hamming distance in plain numpy
+    expected = Reference(task).metrics(Reference(task).lists(None, None, None, "binary"))["ndcg@10"]
+    assert raw_bits["ndcg@10"] == pytest.approx(100 * expected.mean(), abs=1e-9)
+    rotated_bits = next(r for r in summary["table"] if r["vectors"] == "rotated" and r["storage"] == "binary")
+    assert rotated_bits["ndcg@10"] != raw_bits["ndcg@10"]  # the rotation's bits are other bits
+    assert summary["selection"]["kept_reference"] and summary["best"] == raw_bits
+    written = load_model(tuned)
+    assert (written.basis, written.storage.dtype, written.n_components) == ("identity", "binary", 16)
+    assert main(["eval", tuned, "--queries", task["spec_q"], "--corpus", task["spec_c"], "--qrels", task["qrels"],
+                 "--json"]) == 0  # fmt: skip
+    scored = json.loads(capsys.readouterr().out)["whitened"]
+    assert (scored["dtype"], scored["bytes_per_vector"]) == ("binary", 2)
+    assert scored["ndcg@10"] == pytest.approx(raw_bits["ndcg@10"], abs=1e-9)

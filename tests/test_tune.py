@@ -98,8 +98,11 @@ def test_grid_scores_equal_direct_scoring_of_every_setting(tmp_path):
         result = grid_search(
             model, pairs, betas=[0, 0.5, 1], gammas=[0, 0.6, 1], ks=[10, 7, 2], variances=[0.8], block_rows=64
         )
-    assert len(result.table) == 3 * 3 * 4
-    for row in result.table:
+    assert len(result.table) == 3 * 3 * 4 + 1  # and the raw vectors (no transformation), last
+    raw_row = result.table[-1]
+    assert raw_row["vectors"] == "raw" and (raw_row["beta"], raw_row["gamma"], raw_row["k"]) == (0.0, 0.0, 10)
+    assert raw_row["spearman"] == pytest.approx(100 * sps.spearmanr(cosine_rows(a, b), scores).statistic)
+    for row in result.table[:-1]:
         reference = finalize(
             model.state,
             beta=row["beta"],
@@ -222,7 +225,7 @@ def test_cli_tune_writes_the_choice_so_apply_uses_it(tmp_path, capsys):
         == 0
     )
     summary = json.loads(capsys.readouterr().out)
-    assert len(summary["table"]) == 2 * 2 * 2 and summary["written"] == out_path
+    assert len(summary["table"]) == 2 * 2 * 2 + 1 and summary["written"] == out_path  # + the raw vectors
     tuned = load_model(out_path)
     assert (
         (tuned.beta, tuned.gamma, tuned.n_components)
@@ -333,3 +336,17 @@ def test_the_default_rule_keeps_raw_when_no_setting_beats_it_beyond_noise(tmp_pa
     assert predicted["kept_reference"] == 5 and predicted["difference"]["score"] == 0
     # the per-pair terms average to each row's Spearman
     np.testing.assert_allclose(kept.per_pair.mean(axis=1) * 100, [row["spearman"] for row in kept.table], atol=1e-9)
+
+
+def test_when_the_raw_vectors_are_kept_the_model_written_holds_no_transformation(tmp_path):
+    a, b, scores = geometry_pairs()  # the gold score is the raw cosine: nothing beats the raw vectors
+    specs, model, _ = fitted(tmp_path, "m", a, b, scores)
+    with open_pairs(*specs) as pairs:
+        chosen, summary = tune(model, pairs, betas=[0, 1], gammas=[0, 1], ks=[6, 3], variances=[])
+    assert summary["selection"]["kept_reference"] and summary["best"]["vectors"] == "raw"
+    assert summary["best"] is summary["table"][-1] and summary["best"]["spearman"] == summary["raw"]["spearman"]
+    assert chosen.basis == "identity" and chosen.info["tuned"]["setting"]["basis"] == "identity"
+    assert np.array_equal(chosen.transform(a), a)  # y = x, not the rotation x U
+    path = str(tmp_path / "tuned.npz")
+    save_model(chosen, path)
+    assert load_model(path).basis == "identity"

@@ -89,6 +89,8 @@ def fmt_scores(scores: dict) -> str:
 
 def fmt_setting(row: dict) -> str:
     text = f"beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']}"
+    if row.get("vectors") == "raw":
+        text = f"the raw vectors (no transformation), k={row['k']}"
     if row.get("variance") is not None:
         text += f" ({row['variance']:.0%} variance)"
     return text

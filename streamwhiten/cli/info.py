@@ -61,8 +61,12 @@ def _lines(model, model_path: str, summary: dict, published: bool = False) -> li
     lines = [
         f"model      {model_path} (streamwhiten model, d={model.n_features})",
         f"fitted on  {model.n_rows:,} rows" + (f" ({skipped:,} non-finite skipped)" if skipped else ""),
-        f"transform  beta={model.beta:g} gamma={model.gamma:g} k={model.n_components} eps={model.eps:g} "
-        f"(absolute {model.eps_value:.3g})" + (f" variance>={model.variance:g}" if model.variance else ""),
+        (
+            f"transform  none: the identity map (y = x, the raw vectors; k={model.n_components}, as tune chose it)"
+            if model.basis == "identity"
+            else f"transform  beta={model.beta:g} gamma={model.gamma:g} k={model.n_components} eps={model.eps:g} "
+            f"(absolute {model.eps_value:.3g})" + (f" variance>={model.variance:g}" if model.variance else "")
+        ),
         f"spectrum   largest {top}; smallest {eigvals[-1]:.4g}; condition number {summary['condition_number']:.4g}",
         f"explained  {summary['explained_variance']:.4f} of the variance by the k kept components",
         "k for      " + ", ".join(f"{float(v):.0%}: {k}" for v, k in ladder.items()),

@@ -51,8 +51,8 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     type=click.Choice(["maxt", "argmax"]),
     default="maxt",
     show_default=True,
-    help="How the setting is chosen. maxt: keep the reference (the raw vectors, in the most faithful storage "
-    "within the budget) unless a setting beats it beyond the noise of all the settings compared (a paired "
+    help="How the setting is chosen. maxt: keep the reference (the raw vectors, untransformed, in the most "
+    "faithful storage within the budget) unless a setting beats it beyond the noise of all the settings compared (a paired "
     "bootstrap of the maximum), with a cross-validated forecast. argmax: the best score of all as before the "
     "rule, optimistic (the winner's curse); no reference and no forecast.",
 )
@@ -245,10 +245,7 @@ def _lines(summary: dict, model, chosen, metric: str, tolerance: float, target) 
             f"chosen {test['chosen'][metric]:.2f} ({test['chosen'][metric] - test['raw'][metric]:+.2f})"
         )
     if target:
-        lines.append(
-            f"wrote      {target} (beta={chosen.beta:g} gamma={chosen.gamma:g} k={chosen.n_components}); "
-            f"`apply` now uses this setting"
-        )
+        lines.append(f"wrote      {target} ({_setting_text(chosen)}); `apply` now uses this setting")
     else:
         lines.append("model not changed (pass -o NEW or --in-place to save the chosen setting)")
     return lines
@@ -257,7 +254,7 @@ def _lines(summary: dict, model, chosen, metric: str, tolerance: float, target) 
 def table_lines(result) -> list[str]:
     """The grid as one line per (beta, gamma) with one column per k choice; the best cell starred."""
     table, best, metric = result["table"], result["best"], result["metric"]
-    labels = list(dict.fromkeys(row["k_label"] for row in table))
+    labels = list(dict.fromkeys(row["k_label"] for row in table if row.get("vectors") != "raw"))
     fractions = [label for label in labels if label.endswith("%")]
     width = 7
     head = " beta gamma |" + "".join(f"{label:>{width + 1}}" for label in labels)
@@ -269,7 +266,8 @@ def table_lines(result) -> list[str]:
     ]
     rows: dict = {}
     for row in table:
-        rows.setdefault((row["beta"], row["gamma"]), {})[row["k_label"]] = row
+        if row.get("vectors") != "raw":  # the raw vectors (no map) have their own line
+            rows.setdefault((row["beta"], row["gamma"]), {})[row["k_label"]] = row
     for (beta, gamma), cells in rows.items():
         text = f"{beta:5g} {gamma:5g} |"
         for label in labels:
@@ -282,8 +280,14 @@ def table_lines(result) -> list[str]:
     return lines
 
 
+def _setting_text(model) -> str:
+    if model.basis == "identity":
+        return f"the raw vectors: no transformation, k={model.n_components}"
+    return f"beta={model.beta:g} gamma={model.gamma:g} k={model.n_components}"
+
+
 #: How the kinds of vectors are named in the frontier.
-_VECTORS = {"raw": "raw (rotation)", "centred": "centring", "whitened": ""}
+_VECTORS = {"raw": "raw (no map)", "rotated": "rotation", "centred": "centring", "whitened": ""}
 
 
 def _row_text(row: dict, metric: str) -> str:
@@ -333,11 +337,14 @@ def retrieval_lines(summary: dict, model, chosen, target) -> list[str]:
         lines.append(
             f"reference  the raw vectors as {reference['storage']} at k={reference['k']}, "
             f"{reference['bytes_per_vector']:,} bytes per vector: the most faithful raw storage within the budget"
+            if reference.get("vectors", "raw") == "raw"
+            else f"reference  the rotation's first {reference['k']} components as {reference['storage']}, "
+            f"{reference['bytes_per_vector']:,} bytes per vector (the raw vectors' sign bits do not fit the budget)"
         )
     lines += selection_lines(summary.get("selection"), metric, "queries")
     if best["vectors"] == "raw":
         lines.append(
-            "           the raw vectors win: no whitening beats them (the rotation kept ranks exactly as they do)"
+            "           the raw vectors win: no whitening beats them (the model written holds no transformation)"
         )
     elif best["vectors"] == "centred":
         lines.append(
@@ -358,7 +365,7 @@ def retrieval_lines(summary: dict, model, chosen, target) -> list[str]:
     if target:
         storage = chosen.storage
         lines.append(
-            f"wrote      {target} (beta={chosen.beta:g} gamma={chosen.gamma:g} k={chosen.n_components}, storage "
+            f"wrote      {target} ({_setting_text(chosen)}, storage "
             f"{storage.label}); `apply`, `export` and `eval` now use them"
         )
     else:

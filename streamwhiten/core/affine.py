@@ -135,6 +135,36 @@ class AffineMap:
             quantization=quantization,
         )
 
+    @classmethod
+    def identity(
+        cls,
+        mean: npt.ArrayLike,
+        eps: float,
+        eps_value: float,
+        normalize: bool = False,
+        file_checksum: str = "",
+        mean_sq_norm: float | None = None,
+        quantization: Quantization | None = None,
+    ) -> AffineMap:
+        """No transformation: ``A = I``, ``b = 0`` (beta = gamma = 0, k = d), ``y = x`` exactly (then
+        normalised if asked): the raw vectors as a map, so every export and loader serves them. ``mean``
+        is the fitted one (it enters :attr:`checksum`, not the outputs)."""
+        mean = np.asarray(mean, dtype=np.float64)
+        d = mean.shape[0]
+        return cls(
+            A=np.eye(d),
+            b=np.zeros(d),
+            mean=mean,
+            beta=0.0,
+            gamma=0.0,
+            eps=float(eps),
+            eps_value=float(eps_value),
+            normalize=bool(normalize),
+            file_checksum=str(file_checksum),
+            mean_sq_norm=None if mean_sq_norm is None else float(mean_sq_norm),
+            quantization=quantization,
+        )
+
     @property
     def n_features(self) -> int:
         """Input width d."""

@@ -2,7 +2,9 @@
 
 ``finalize`` turns a :class:`~streamwhiten.core.stats.Moments` state into ``Sigma_beta = U Lambda U^T``
 (eigenvalues descending, each eigenvector's largest-magnitude entry made positive so the result is
-deterministic) and the transform ``y = (x - beta*mu) U_k (Lambda_k + eps)^(-gamma/2)``. The model file
+deterministic) and the transform ``y = (x - beta*mu) U_k (Lambda_k + eps)^(-gamma/2)``, or, with the
+``identity`` basis, no transformation at all (``y = x``: what ``tune`` writes when the raw vectors win,
+the statistics kept for int8 ranges and for another setting). The model file
 is an ``.npz`` of plain arrays (readable with numpy alone, ``allow_pickle=False``) with a format
 version and a SHA-256 of its contents, so a changed or truncated file is refused rather than used.
 """
@@ -43,6 +45,8 @@ FORMAT_NAME = "streamwhiten-model"
 FORMAT_VERSION = 1
 #: How a model file's name ends: the name tells what a file is, for every writer of one.
 MODEL_SUFFIX = ".npz"
+#: What a model's map is built on (:attr:`WhiteningModel.basis`).
+BASES = ("eigen", "identity")
 
 
 def check_params(
@@ -132,6 +136,20 @@ class WhiteningModel:
     sources: tuple[Fingerprint, ...] = ()
     info: dict[str, Any] = field(default_factory=dict)
     storage: Storage | None = None
+    #: ``"eigen"``: the map of the setting, ``x -> (x - beta mu) U_k (Lambda_k + eps_)^(-gamma/2)``;
+    #: ``"identity"``: no transformation (``A = I``, ``b = 0``; beta = gamma = 0, k = d), the raw vectors.
+    basis: str = "eigen"
+
+    def __post_init__(self) -> None:
+        if self.basis not in BASES:
+            raise BadInputError(f"basis must be one of {', '.join(BASES)}, got {self.basis!r}")
+        if self.basis == "identity" and (self.beta, self.gamma, self.n_components, self.variance) != (
+            0.0,
+            0.0,
+            self.n_features,
+            None,
+        ):
+            raise BadInputError("the identity map has beta = gamma = 0 and all components (no variance fraction)")
 
     @property
     def n_features(self) -> int:
@@ -164,7 +182,10 @@ class WhiteningModel:
         return (self.eigvals[: self.n_components] + self.eps_value) ** (-self.gamma / 2.0)
 
     def projection(self, dtype: npt.DTypeLike = np.float64) -> tuple[np.ndarray, np.ndarray]:
-        """``(W, shift)`` with ``y = (x - shift) @ W``: ``W = U_k diag(scales)``, ``shift = beta * mu``."""
+        """``(W, shift)`` with ``y = (x - shift) @ W``: ``W = U_k diag(scales)``, ``shift = beta * mu``
+        (``W = I``, ``shift = 0`` for the identity basis)."""
+        if self.basis == "identity":
+            return np.eye(self.n_features, dtype=dtype), np.zeros(self.n_features)
         weights = self.eigvecs[:, : self.n_components] * self.scales()
         return np.ascontiguousarray(weights, dtype=dtype), (self.beta * self.state.mean)
 
@@ -264,6 +285,11 @@ class WhiteningModel:
         changes = {name: value for name, value in given.items() if value is not None}
         model = self.with_params(**changes) if changes else self
         quantization = model.quantization(dtype)  # stored vectors are unit-length, as the search stores them
+        fitted_norm = mean_sq_norm(model.n_rows, model.mean, model.state.scatter)
+        if model.basis == "identity":
+            return AffineMap.identity(
+                model.mean, model.eps, model.eps_value, normalize, file_checksum(self), fitted_norm, quantization
+            )
         return AffineMap.from_eigh(
             model.eigvals,
             model.eigvecs,
@@ -276,12 +302,19 @@ class WhiteningModel:
             model.variance,
             normalize,
             file_checksum(self),
-            mean_sq_norm(model.n_rows, model.mean, model.state.scatter),
+            fitted_norm,
             quantization,
         )
 
     def with_params(self, **changes: Any) -> WhiteningModel:
-        """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data."""
+        """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data.
+
+        ``basis="identity"`` gives the identity map (no transformation; its setting is beta = gamma = 0,
+        k = d), ``basis="eigen"`` the map of the setting. Without ``basis`` an identity model stays one
+        unless another setting than the identity's is asked for (that setting's map, then)."""
+        basis = changes.pop("basis", None)
+        if basis is not None and basis not in BASES:
+            raise BadInputError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
         params: dict[str, Any] = dict(
             beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance
         )
@@ -290,10 +323,16 @@ class WhiteningModel:
         if "variance" in changes and changes["variance"] is not None:
             params["n_components"] = None
         params.update(changes)
+        if basis == "identity":
+            params.update(beta=0.0, gamma=0.0, n_components=self.n_features, variance=None)
+        elif basis is None and self.basis == "identity":
+            same = (params["beta"], params["gamma"], params["variance"]) == (0.0, 0.0, None)
+            basis = "identity" if same and params["n_components"] in (None, self.n_features) else "eigen"
+        basis = basis or "eigen"
         if params["beta"] == self.beta and params["eps"] == self.eps:
             # Sigma_beta is unchanged: reuse the eigendecomposition.
-            return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, self.storage)
-        return finalize(self.state, sources=self.sources, info=self.info, storage=self.storage, **params)
+            return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, self.storage, basis)
+        return finalize(self.state, sources=self.sources, info=self.info, storage=self.storage, basis=basis, **params)
 
     def storage_summary(self) -> dict[str, Any] | None:
         """The recorded storage (dtype, rescore, bytes per vector, the int8 record), or None."""
@@ -306,6 +345,7 @@ class WhiteningModel:
         return {
             "n_rows": self.n_rows,
             "n_features": self.n_features,
+            "basis": self.basis,
             "n_components": self.n_components,
             "beta": self.beta,
             "gamma": self.gamma,
@@ -419,6 +459,7 @@ def _select(
     sources: Iterable[Fingerprint | Mapping[str, Any]] | None,
     info: Mapping[str, Any] | None,
     storage: Storage | None = None,
+    basis: str = "eigen",
 ) -> WhiteningModel:
     n_features = state.n_features
     check_params(n_features=n_features, **params)
@@ -441,6 +482,7 @@ def _select(
         sources=tuple(fingerprint_of(source) for source in sources or ()),
         info=dict(info or {}),
         storage=storage,
+        basis=basis,
     )
 
 
@@ -454,9 +496,11 @@ def finalize(
     sources: Iterable[Fingerprint | Mapping[str, Any]] | None = None,
     info: Mapping[str, Any] | None = None,
     storage: Storage | None = None,
+    basis: str = "eigen",
 ) -> WhiteningModel:
     """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring. ``storage``:
-    the storage to record (what ``tune`` chose), kept by :meth:`WhiteningModel.with_params`."""
+    the storage to record (what ``tune`` chose), kept by :meth:`WhiteningModel.with_params`; ``basis``:
+    ``"identity"`` for no transformation (beta = gamma = 0, all components)."""
     params: dict[str, Any] = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
     check_params(n_features=state.n_features, **params)
     if state.n_rows < 2:
@@ -467,7 +511,7 @@ def finalize(
             "the covariance overflowed (values too large for float32 products); fit again with --precision float64"
         )
     eigvals, eigvecs = eigendecomposition(sigma)
-    return _select(state, params, eigvals, eigvecs, sources, info, storage)
+    return _select(state, params, eigvals, eigvecs, sources, info, storage, basis)
 
 
 # ------------------------------------------------------------------------------------------ model file
@@ -497,6 +541,8 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
         "sources_json": np.array(json.dumps([source.to_dict() for source in model.sources], sort_keys=True)),
         "info_json": np.array(json.dumps(model.info, sort_keys=True)),
     }
+    if model.basis != "eigen":  # absent in the files of eigen maps, as in every file written before bases
+        arrays["basis"] = np.array(model.basis)
     if model.storage is not None:
         arrays["storage_json"] = np.array(json.dumps(_storage_json(model), sort_keys=True))
     return arrays

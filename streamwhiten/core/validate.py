@@ -12,6 +12,7 @@ model files and maps) reads its fields through here, and a file that no fit coul
 - every parameter through the checks of :mod:`streamwhiten.params` (as the command line checks it), and
   the rules between them: ``eps_value = eps * lambda_1``, k in [1, d] and the one ``variance`` gives;
 - counts that are whole numbers (at least 2 rows), and sources and info of the right JSON types;
+- the basis (``identity``: no transformation, only with beta = gamma = 0 and k = d);
 - a recorded storage (what ``tune`` chose): a dtype, re-ranking and clip each parameter allows, its bytes
   per vector, and int8 ranges that are those the saved statistics give at the saved setting.
 
@@ -198,9 +199,14 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
         _check_source(f, index, source, d)
     info = f.json("info_json", dict)
     _check_info(f, info)
+    basis = f.text("basis") if "basis" in arrays else "eigen"  # files of eigen maps hold none
+    if basis not in ("eigen", "identity"):
+        raise f.fail("basis", f"must be 'eigen' or 'identity', got {basis!r}")
+    if basis == "identity" and (beta, gamma, k, variance) != (0.0, 0.0, d, None):
+        raise f.fail("basis", "is 'identity', but the setting is not the identity's (beta = gamma = 0, k = d)")
     storage = None
     if "storage_json" in arrays:
-        weights = eigvecs[:, :k] * ((eigvals[:k] + eps_value) ** (-gamma / 2.0))
+        weights = map_weights(eigvals, eigvecs, eps_value, gamma, k, basis)
         storage = _check_storage(f, f.json("storage_json", dict), n_rows, mean, scatter, weights, beta * mean)
     return dict(
         n_rows=n_rows,
@@ -217,7 +223,17 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
         sources=sources,
         info=info,
         storage=storage,
+        basis=basis,
     )
+
+
+def map_weights(
+    eigvals: np.ndarray, eigvecs: np.ndarray, eps_value: float, gamma: float, k: int, basis: str = "eigen"
+) -> np.ndarray:
+    """``A`` of a model file's map: ``U_k (Lambda_k + eps_)^(-gamma/2)``, or ``I`` for the identity basis."""
+    if basis == "identity":
+        return np.eye(eigvecs.shape[0])
+    return eigvecs[:, :k] * ((eigvals[:k] + eps_value) ** (-gamma / 2.0))
 
 
 #: Relative tolerance of the int8 ranges a model file records against those its statistics give (the
@@ -426,4 +442,12 @@ def map_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     )
 
 
-__all__ = ["Fields", "check_scatter", "checkpoint_fields", "components_for_variance", "map_fields", "model_fields"]
+__all__ = [
+    "Fields",
+    "check_scatter",
+    "checkpoint_fields",
+    "components_for_variance",
+    "map_fields",
+    "map_weights",
+    "model_fields",
+]

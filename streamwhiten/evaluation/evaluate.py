@@ -222,6 +222,7 @@ def describe_model(model: WhiteningModel) -> dict:
         "k": model.n_components,
         "eps": model.eps,
         "variance": model.variance,
+        "basis": model.basis,
     }
 
 

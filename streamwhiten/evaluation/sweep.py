@@ -3,10 +3,12 @@
 Every setting of the grid (``(beta, gamma, k)``, from the saved statistics as ``tune`` makes them) is
 stored each way asked for (float32, float16, int8, sign bits, sign bits re-ranked) and searched exactly
 (:mod:`.retrieval`: cosine, ties to the lower corpus row, excluded pairs dropped), then scored on the
-qrels. Two settings are always in the grid, whatever it is: the **raw** vectors' (beta = 0, gamma = 0,
-k = d: a rotation, ``y = x U``, whose cosines are those of the raw vectors) and **plain centring**'s
-(beta = 1, gamma = 0, k = d). The reference is the raw vectors stored as float32; each setting's
-difference from it gets a paired bootstrap interval, and its retention is its score over the reference's.
+qrels. Three maps are always in the grid, whatever it is: the **raw** vectors (no transformation, the
+identity map ``y = x``), the **rotation** ``y = x U`` (beta = 0, gamma = 0, k = d: the raw cosines, but
+other sign bits and int8 ranges) and **plain centring** (beta = 1, gamma = 0, k = d). Each setting's
+difference from the raw vectors stored as float32 gets a paired bootstrap interval, and its retention is
+its score over theirs. The reference of the choice within a budget is the raw vectors in the storage with
+the most bytes that fits (:func:`reference_index`).
 
 **Bytes per vector** are what a search reads from disk for each corpus vector: ``4k`` (float32), ``2k``
 (float16), ``k`` (int8), ``ceil(k / 8)`` (bits), and for bits re-ranked the bits plus the vectors the
@@ -76,7 +78,8 @@ DEFAULT_METRIC = "ndcg@10"
 @dataclass(frozen=True)
 class Candidate:
     """One map of the grid: ``(beta, gamma, k)`` (``k_label``: as the grid named it, a count or a
-    variance fraction) and what it is: ``raw`` (a rotation, the raw cosines), ``centred`` (plain
+    variance fraction) and what it is: ``raw`` (no transformation: the identity map, ``basis``
+    ``"identity"``), ``rotated`` (the rotation ``y = x U``, the raw cosines), ``centred`` (plain
     centring) or ``whitened``."""
 
     beta: float
@@ -84,6 +87,12 @@ class Candidate:
     k: int
     k_label: str
     vectors: str
+    basis: str = "eigen"
+
+    @property
+    def bits_key(self) -> tuple:
+        """What its sign bits depend on (not gamma: a sign does not change with the scaling)."""
+        return (self.beta, self.k, self.basis)
 
 
 @dataclass(frozen=True)
@@ -188,8 +197,9 @@ def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str =
 
 def retrieval_grid(model: WhiteningModel, betas=None, gammas=None, ks=None, variances=None, eps=None, raw_ks=()):
     """``(candidates, bases)``: the maps of the grid (as ``tune``'s, each ``(beta, gamma, k)`` once) with
-    the raw and centring maps added, and the model re-finalized at each beta (its eigendecomposition).
-    ``raw_ks``: the raw rotation truncated to these k is added too (the reference of a small budget)."""
+    the raw (identity), rotation and centring maps added, and the model re-finalized at each beta (its
+    eigendecomposition). ``raw_ks``: the rotation truncated to these k is added too (the reference of a
+    budget too small for the raw vectors' sign bits)."""
     d = model.n_features
     betas, gammas, choices = make_grid(d, betas, gammas, ks, variances)
     wanted = [(beta, gamma, choice) for beta in betas for gamma in gammas for choice in choices]
@@ -205,12 +215,15 @@ def retrieval_grid(model: WhiteningModel, betas=None, gammas=None, ks=None, vari
             continue
         vectors = "whitened"
         if gamma == 0.0 and k == d:
-            vectors = "raw" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
+            vectors = "rotated" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
         out[key] = Candidate(beta, gamma, k, str(k) if choice is None else choice.label, vectors)
+    out[("identity",)] = Candidate(0.0, 0.0, d, str(d), "raw", "identity")
     return list(out.values()), bases
 
 
 def _map_model(bases: dict, candidate: Candidate) -> WhiteningModel:
+    if candidate.basis == "identity":
+        return bases[0.0].with_params(basis="identity")
     return bases[candidate.beta].with_params(gamma=candidate.gamma, n_components=candidate.k)
 
 
@@ -257,7 +270,7 @@ def sweep_rows(
     bit_keys: dict = {}
     if any_bits:
         for candidate in candidates:
-            key = (candidate.beta, candidate.k)
+            key = candidate.bits_key
             if key not in bit_keys:
                 bit_keys[key] = len(first)
                 first.append(SearchSetting.make(f"bits {key}", _map_model(bases, candidate), dtype="binary"))
@@ -297,7 +310,7 @@ def sweep_rows(
     for candidate in candidates:
         for storage in storages:
             if storage.dtype == "binary" and not storage.rescore:
-                out[(candidate, storage)] = np.ascontiguousarray(bits[(candidate.beta, candidate.k)][:, :depth])
+                out[(candidate, storage)] = np.ascontiguousarray(bits[candidate.bits_key][:, :depth])
     return reference, out
 
 
@@ -324,7 +337,7 @@ def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, 
         for storage in reranks:
             made = SearchSetting.make("r", _map_model(bases, candidate), **_args(storage))
             assert made.rescore_quantization is not None  # made with the storage's rescoring
-            top = bits[(candidate.beta, candidate.k)]
+            top = bits[candidate.bits_key]
             again.append(
                 (
                     storage,
@@ -355,7 +368,7 @@ def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, 
         for storage, job in searched:
             out[(candidate, storage)] = np.ascontiguousarray(job._state["rows"][:, :depth])
         for storage, _quantization, reranking in again:
-            top = bits[(candidate.beta, candidate.k)]
+            top = bits[candidate.bits_key]
             rows = np.concatenate([reranking.result().rows, top[:, storage.rescore :]], axis=1)
             out[(candidate, storage)] = np.ascontiguousarray(rows[:, :depth])
     return out
@@ -429,30 +442,32 @@ def choose_within(table: list, metric: str, max_bytes: int | None = None, tolera
 
 
 def reference_k(n_features: int, max_bytes: int | None) -> int | None:
-    """The k of the raw rotation's sign bits that fill ``max_bytes`` when all ``d`` bits do not fit, else None."""
+    """The k of the rotation's sign bits that fill ``max_bytes`` when all ``d`` bits do not fit, else None."""
     if max_bytes is None or max_bytes >= -(-n_features // 8):
         return None
     return max(1, min(n_features, 8 * int(max_bytes)))
 
 
 def reference_index(table: list, n_features: int, max_bytes: int | None = None) -> int:
-    """The row of the reference within ``max_bytes``: the raw vectors (the rotation ``y = x U``, beta = gamma
-    = 0, no re-ranking) with all ``d`` components in the storage with the most bytes that fits (float32,
-    then float16, int8, sign bits); when not even ``d`` bits fit, the rotation truncated, most bytes first."""
-    raw = [
+    """The row of the reference within ``max_bytes``: the raw vectors (no transformation, ``vectors`` "raw",
+    no re-ranking) in the storage with the most bytes that fits (float32, then float16, int8, sign bits:
+    raw float32 with no budget, the raw sign bits ``ceil(d / 8)`` bytes); when not even the raw sign bits
+    fit, the rotation ``y = x U`` (beta = gamma = 0) truncated to the k that fits, most bytes first."""
+    fits = [
         i
         for i, row in enumerate(table)
-        if row["beta"] == 0
-        and row["gamma"] == 0
-        and not row["rescore"]
-        and (max_bytes is None or row["bytes_per_vector"] <= max_bytes)
+        if not row["rescore"] and (max_bytes is None or row["bytes_per_vector"] <= max_bytes)
     ]
-    if not raw:
+    raw = [i for i in fits if table[i]["vectors"] == "raw"]
+    if raw:
+        return min(raw, key=lambda i: (-table[i]["bytes_per_vector"], i))
+    rotated = [i for i in fits if table[i]["beta"] == 0 and table[i]["gamma"] == 0]
+    if not rotated:
         raise BadInputError(
-            f"no raw setting (beta=0, gamma=0) stores a vector in {max_bytes} bytes or fewer to be the reference: "
-            "sweep binary (--dtypes) or raise --max-bytes"
+            f"no raw setting (the raw vectors, or beta=0, gamma=0) stores a vector in {max_bytes} bytes or fewer "
+            "to be the reference: sweep binary (--dtypes) or raise --max-bytes"
         )
-    return min(raw, key=lambda i: (table[i]["k"] != n_features, -table[i]["bytes_per_vector"], -table[i]["k"], i))
+    return min(rotated, key=lambda i: (-table[i]["bytes_per_vector"], -table[i]["k"], i))
 
 
 def _within(table: list, max_bytes: int | None) -> list[int]:
@@ -545,9 +560,12 @@ class RetrievalTuneResult:
     per_query: np.ndarray | None = field(default=None, repr=False)
 
     def model_for(self, row: dict) -> WhiteningModel:
-        """The model of one row: the map at its setting (sharing its beta's eigendecomposition) and the
-        storage recorded."""
-        model = self.bases[row["beta"]].with_params(gamma=row["gamma"], n_components=row["k"])
+        """The model of one row: the map at its setting (sharing its beta's eigendecomposition; the
+        identity map for the raw vectors) and the storage recorded."""
+        if row["vectors"] == "raw":
+            model = self.bases[0.0].with_params(basis="identity")
+        else:
+            model = self.bases[row["beta"]].with_params(gamma=row["gamma"], n_components=row["k"])
         return replace(model, storage=self.storages[row["storage"]])
 
     def chosen_model(self) -> WhiteningModel:

@@ -108,7 +108,10 @@ class TuneResult:
     cosines: np.ndarray | None = field(default=None, repr=False)
 
     def model_for(self, row: dict) -> WhiteningModel:
-        """The model of one table row (shares its beta's eigendecomposition)."""
+        """The model of one table row (shares its beta's eigendecomposition; the identity map for the raw
+        vectors' row)."""
+        if row.get("vectors") == "raw":
+            return self.bases[0.0].with_params(basis="identity")
         base = self.bases[row["beta"]]
         if row["variance"] is not None:
             return base.with_params(gamma=row["gamma"], variance=row["variance"])
@@ -149,8 +152,9 @@ def grid_search(
 ) -> TuneResult:
     """Score every (beta, gamma, k) of the grid on ``pairs`` and choose one by ``metric``.
 
-    ``select="maxt"`` (default): the raw vectors (the rotation beta = gamma = 0, k = d, whose cosines are
-    the raw ones) unless a setting beats them beyond the noise of all the settings compared, judged by the
+    The raw vectors (no transformation: the identity map) are a row of the table, the last, beside the
+    grid's. ``select="maxt"`` (default): the raw vectors unless a setting beats them beyond the noise of
+    all the settings compared, judged by the
     paired bootstrap of the pairs (``samples`` resamples, ``seed``) on the per-pair terms of the
     correlation (:func:`~streamwhiten.evaluation.select.spearman_units`); with ``tolerance`` > 0 the
     smallest k surely within ``tolerance`` points of raw. The choice is forecast by ``folds``-fold
@@ -183,8 +187,12 @@ def grid_search(
                 column = np.zeros(d)
                 column[:k] = weights[:k]
                 columns.append(column)
+                vectors = "whitened"
+                if gamma == 0.0 and k == d:
+                    vectors = "rotated" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
                 settings.append(
                     {"beta": beta, "gamma": gamma, "k": k, "k_label": choice.label, "variance": choice.variance}
+                    | {"vectors": vectors}
                 )
         plans.append((beta * base.mean, base.eigvecs, np.stack(columns, axis=1)))
 
@@ -209,21 +217,17 @@ def grid_search(
         dict(setting, **correlations(values, pairs.scores)) for setting, values in zip(settings, cosines, strict=True)
     ]
     raw_scores = correlations(raw, pairs.scores)
-    units, _ = spearman_units(np.vstack([cosines, raw]), pairs.scores, ranks=metric == "spearman")
+    # the raw vectors (the identity map): the last row, the reference
+    bases.setdefault(0.0, decompose(model, 0.0, eps))
+    table.append(dict(beta=0.0, gamma=0.0, k=d, k_label=str(d), variance=None, vectors="raw", **raw_scores))
+    cosines = np.vstack([cosines, raw[None]])
+    units, _ = spearman_units(cosines, pairs.scores, ranks=metric == "spearman")
+    reference = len(table) - 1
     if select == "argmax":
         best = choose(table, metric, tolerance)
         selection = {"rule": "argmax", "tolerance": float(tolerance), "reference": None, "kept_reference": None}
     else:
-        reference = next(
-            (i for i, row in enumerate(table) if (row["beta"], row["gamma"], row["k"]) == (0.0, 0.0, d)), None
-        )
-        if reference is None:  # the raw vectors' row: the rotation, whose cosines are the raw ones
-            bases.setdefault(0.0, decompose(model, 0.0, eps))
-            table.append(dict(beta=0.0, gamma=0.0, k=d, k_label=str(d), variance=None, **raw_scores))
-            units = np.vstack([units[:-1], units[-1:], units[-1:]])
-            cosines = np.vstack([cosines, raw[None]])
-            reference = len(table) - 1
-        best, selection = _choose_pairs(table, units[:-1], reference, d, tolerance, folds, samples, seed)
+        best, selection = _choose_pairs(table, units, reference, d, tolerance, folds, samples, seed)
     return TuneResult(
         table,
         best,
@@ -233,7 +237,7 @@ def grid_search(
         bases,
         float(tolerance),
         selection=selection,
-        per_pair=units[:-1],
+        per_pair=units,
         cosines=cosines,
     )
 
