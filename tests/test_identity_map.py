@@ -77,13 +77,13 @@ def test_with_params_keeps_the_identity_only_for_its_own_setting(fitted):
 def test_the_model_file_records_the_basis_under_its_checksum(tmp_path, fitted, identity_path):
     loaded = load_model(identity_path)
     assert loaded.basis == "identity" and map_checksum(loaded) == map_checksum(fitted.with_params(basis="identity"))
-    assert loaded.summary()["basis"] == "identity"
+    assert loaded.to_json()["basis"] == "identity"
     # an eigen model's file holds no basis member, as every file written before bases: it loads as "eigen"
     eigen = str(tmp_path / "eigen.npz")
     save_model(fitted, eigen)
     with np.load(eigen) as arrays:
         assert "basis" not in arrays.files
-    assert load_model(eigen).basis == "eigen" and load_model(eigen).summary()["basis"] == "eigen"
+    assert load_model(eigen).basis == "eigen" and load_model(eigen).to_json()["basis"] == "eigen"
     # the basis is in the file's checksum: the same statistics as the rotation make another file
     rotation = fitted.with_params(beta=0.0, gamma=0.0, n_components=D)
     assert file_checksum(loaded) != file_checksum(rotation)

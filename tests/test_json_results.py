@@ -94,7 +94,7 @@ def test_eval_on_pairs_prints_the_pairs_result(model_path, pairs, run_cli):
     assert isinstance(result, streamwhiten.PairsResult) and result.model == model_path
     assert out == plain(result.to_json())
     assert set(out) == documented_keys()["eval (pairs)"]
-    assert set(out["whitened"]) == {"spearman", "pearson", "beta", "gamma", "k", "eps", "variance"}
+    assert set(out["whitened"]) == {"spearman", "pearson", "beta", "gamma", "k", "eps", "variance", "basis"}
     with pytest.raises(Exception):  # noqa: B017, PT011 - frozen: a result is not edited after the fact
         result.model = "other"  # type: ignore[misc]
 
