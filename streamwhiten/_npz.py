@@ -173,7 +173,7 @@ def check_file(path: str, what: str) -> None:
         raise ModelFileError(str(exc)) from None
 
 
-def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
+def read_npz(path: str, what: str, expected_format: str, version: int | tuple[int, ...]) -> dict:
     """All arrays of a file written by :func:`write_npz_atomic`, or :class:`ModelFileError`.
 
     Checked in the order that gives the clearest message: readable at all, of the expected kind and
@@ -207,10 +207,12 @@ def read_npz(path: str, what: str, expected_format: str, version: int) -> dict:
         found_version = int(arrays.get("format_version", -1))
     except (TypeError, ValueError):
         found_version = -1
-    if found_version != version:
+    versions = (version,) if isinstance(version, int) else tuple(version)
+    if found_version not in versions:
+        readable = " and ".join(str(item) for item in versions)
         raise ModelFileError(
             f"{path}: {what} format version {found_version} is not supported (this streamwhiten reads version "
-            f"{version}); refit, or use the streamwhiten release that wrote it"
+            f"{readable}); refit, or use the streamwhiten release that wrote it"
         )
     stored = arrays.pop("checksum", None)
     if stored is None or str(stored) != checksum(arrays):

@@ -35,7 +35,7 @@ from .errors import BadInputError
 
 #: The model file this module reads (the same values as ``streamwhiten.core.model.FORMAT_NAME``/``FORMAT_VERSION``,
 #: which cannot be imported here without numba).
-MODEL_FORMAT, MODEL_VERSION = "streamwhiten-model", 1
+MODEL_FORMAT, MODEL_VERSION = "streamwhiten-model", (1, 2)
 
 
 def load(path, normalize: bool | None = None, dtype: str | None = None) -> AffineMap:

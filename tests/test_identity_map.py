@@ -205,3 +205,18 @@ def test_whitener_load_keeps_the_identity_until_another_setting_is_asked_for(row
     assert np.array_equal(whitener.set_params(dtype="float32").transform(rows), rows)
     whitened = whitener.set_params(beta=1.0, gamma=1.0).transform(rows)
     assert np.allclose(whitened.mean(axis=0), 0, atol=1e-4)  # now the whitening of that setting
+
+
+def test_an_identity_file_is_refused_by_a_reader_of_version_1_only(tmp_path, fitted, identity_path):
+    """A release that knows no ``basis`` reads version 1 only: an identity file is version 2, so it is
+    refused there instead of being read as the rotation of its eigenbasis; an eigen file stays version 1."""
+    from streamwhiten._npz import read_npz
+    from streamwhiten.core.model import FORMAT_NAME
+
+    with np.load(identity_path) as arrays:
+        assert int(arrays["format_version"]) == 2
+    with pytest.raises(ModelFileError, match="format version 2 is not supported"):
+        read_npz(identity_path, "model file", FORMAT_NAME, 1)
+    eigen = str(tmp_path / "eigen.npz")
+    save_model(fitted, eigen)
+    assert int(read_npz(eigen, "model file", FORMAT_NAME, 1)["format_version"]) == 1

@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, anisotropic, map_checksum
 
 from streamwhiten import Whitener, serving
-from streamwhiten.core.model import FORMAT_NAME, FORMAT_VERSION, load_model
+from streamwhiten.core.model import FORMAT_NAME, FORMAT_VERSIONS, load_model
 from streamwhiten.errors import BadInputError, ModelFileError, NonFiniteError
 
 SETTINGS = [(beta, gamma, k) for beta in (0.0, 0.5, 1.0) for gamma in (0.0, 0.5, 1.0) for k in (5, 12)]
@@ -56,7 +56,7 @@ def test_import_pulls_in_neither_numba_nor_storage_libraries(model_file):
 
 
 def test_constants_match_the_model_file():
-    assert (serving.MODEL_FORMAT, serving.MODEL_VERSION) == (FORMAT_NAME, FORMAT_VERSION)
+    assert (serving.MODEL_FORMAT, serving.MODEL_VERSION) == (FORMAT_NAME, FORMAT_VERSIONS)
 
 
 def float32_bound(row, whiten, normalize):

@@ -43,6 +43,11 @@ from .validate import components_for_variance, model_fields
 
 FORMAT_NAME = "streamwhiten-model"
 FORMAT_VERSION = 1
+#: The version a file of the identity map is written in: releases that read only version 1 refuse it
+#: instead of reading it as the rotation of its eigenbasis (they know no ``basis``).
+IDENTITY_FORMAT_VERSION = 2
+#: The model file versions this release reads.
+FORMAT_VERSIONS = (FORMAT_VERSION, IDENTITY_FORMAT_VERSION)
 #: How a model file's name ends: the name tells what a file is, for every writer of one.
 MODEL_SUFFIX = ".npz"
 #: What a model's map is built on (:attr:`WhiteningModel.basis`).
@@ -524,7 +529,9 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
     read as float32, as every file written before storages were)."""
     arrays = {
         "format": np.array(FORMAT_NAME),
-        "format_version": np.array(FORMAT_VERSION, dtype=np.int64),
+        "format_version": np.array(
+            IDENTITY_FORMAT_VERSION if model.basis == "identity" else FORMAT_VERSION, dtype=np.int64
+        ),
         "package_version": np.array(__version__),
         "n_rows": np.array(model.n_rows, dtype=np.int64),
         "mean": model.state.mean,
@@ -585,7 +592,7 @@ def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
 def load_model(path: str) -> WhiteningModel:
     """Load a model file written by :func:`save_model`, every field checked (see ``core.validate``): a file
     that no fit could have written (edited, with its checksum recomputed) is refused."""
-    fields = model_fields(read_npz(path, "model file", FORMAT_NAME, FORMAT_VERSION), path)
+    fields = model_fields(read_npz(path, "model file", FORMAT_NAME, FORMAT_VERSIONS), path)
     state = Moments(fields.pop("n_rows"), fields.pop("mean"), fields.pop("scatter"))
     sources = tuple(Fingerprint.from_dict(source) for source in fields.pop("sources"))  # JSON only in the file
     return WhiteningModel(state=state, sources=sources, **fields)
