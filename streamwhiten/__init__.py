@@ -6,9 +6,11 @@ The public API (everything a user imports; documentation and examples import not
 >>> sorted(set(streamwhiten.__all__) - {"__version__"})  # doctest: +NORMALIZE_WHITESPACE
 ['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'FitOptions', 'FitOutcome', 'Model', 'Publication',
  'ReadOptions', 'RetrievalOptions', 'Setting', 'Whitener', 'apply', 'evaluate', 'evaluate_retrieval',
- 'export', 'fit', 'load_model', 'published', 'release_buffers', 'serving', 'staleness', 'synthetic']
+ 'export', 'fit', 'load_model', 'published', 'release_buffers', 'serving', 'staleness', 'synthetic',
+ 'with_codes']
 
-- :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size;
+- :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size; :func:`with_codes`
+  (a model with a vector code as its storage);
 - :func:`load_model` and :class:`Model` (a fitted whitening and its statistics), :func:`staleness` (how far a
   published map is from a refit), :func:`published` (the current :class:`Publication` of a job's versioned
   outputs, read through its manifest);
@@ -29,6 +31,7 @@ __version__ = "0.2.0"
 _PUBLIC = {
     "fit": ("streamwhiten.pipeline", "fit"),
     "apply": ("streamwhiten.pipeline", "apply"),
+    "with_codes": ("streamwhiten.pipeline", "with_codes"),
     "FitOutcome": ("streamwhiten.pipeline", "FitOutcome"),
     "ApplyOutcome": ("streamwhiten.engine.apply", "ApplyOutcome"),
     "load_model": ("streamwhiten.core.model", "load_model"),

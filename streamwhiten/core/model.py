@@ -13,7 +13,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
@@ -28,6 +28,7 @@ from ..records import Fingerprint, fingerprint_of
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
 from .eigen import eigendecomposition
 from .quantize import (
+    CODE,
     DEFAULT_INT8_CLIP,
     Quantization,
     Storage,
@@ -179,7 +180,7 @@ class WhiteningModel:
         the unit vectors, as the search stores them, and so are bits); ``normalize`` says whether float16
         values are."""
         dtype = self.dtype if dtype is None else dtype
-        if dtype == "float32":
+        if dtype in ("float32", CODE):  # a codec decodes its own rows (``streamwhiten.codes``)
             return None
         if dtype == "int8":
             clip = self.storage.int8_clip if self.storage is not None else DEFAULT_INT8_CLIP
@@ -281,7 +282,10 @@ class WhiteningModel:
         )
 
     def with_params(self, **changes: Any) -> WhiteningModel:
-        """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data."""
+        """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data.
+
+        A recorded codec (storage ``code``) is trained for the outputs of one setting: another setting
+        records no storage (train a codec for it with ``streamwhiten.with_codes``)."""
         params: dict[str, Any] = dict(
             beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance
         )
@@ -290,10 +294,15 @@ class WhiteningModel:
         if "variance" in changes and changes["variance"] is not None:
             params["n_components"] = None
         params.update(changes)
+        storage = self.storage
         if params["beta"] == self.beta and params["eps"] == self.eps:
             # Sigma_beta is unchanged: reuse the eigendecomposition.
-            return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, self.storage)
-        return finalize(self.state, sources=self.sources, info=self.info, storage=self.storage, **params)
+            model = _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, storage)
+        else:
+            model = finalize(self.state, sources=self.sources, info=self.info, storage=storage, **params)
+        if storage is not None and storage.codec is not None and codec_setting(model) != storage.codec.setting:
+            model = replace(model, storage=None)
+        return model
 
     def storage_summary(self) -> dict[str, Any] | None:
         """The recorded storage (dtype, rescore, bytes per vector, the int8 record), or None."""
@@ -323,6 +332,11 @@ class WhiteningModel:
             "sources": [source.to_dict() for source in self.sources],
             "info": self.info,
         }
+
+
+def codec_setting(model: WhiteningModel) -> dict[str, Any]:
+    """The setting a codec records (``CodecRecord.setting``): that of the map whose outputs it codes."""
+    return {"beta": model.beta, "gamma": model.gamma, "eps": model.eps, "k": model.n_components}
 
 
 def _storage_json(model: WhiteningModel) -> dict[str, Any]:
@@ -499,6 +513,8 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
     }
     if model.storage is not None:
         arrays["storage_json"] = np.array(json.dumps(_storage_json(model), sort_keys=True))
+        if model.storage.codec is not None:  # the codec's own checksummed bytes, never a pickle
+            arrays["storage_codec"] = np.frombuffer(model.storage.codec.data, dtype=np.uint8)
     return arrays
 
 
@@ -576,6 +592,7 @@ __all__ = [
     "effective_dimension",
     "file_checksum",
     "map_checksum",
+    "codec_setting",
     "float_dtype",
     "float_rows",
     "DEFAULT_EPS",
