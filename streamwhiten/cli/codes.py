@@ -97,6 +97,11 @@ def codes(model_path, code, sample, sample_size, seed, output_path, in_place, ov
             {output_path: "model with codes (use --in-place to update the model itself)"}, [model_path, sample]
         )
     check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
+    from ..codes import NEEDS_SAMPLE
+    from ..codes.storage import parse_code
+
+    if parse_code(code)[0] in NEEDS_SAMPLE and sample is None:
+        raise BadInputError(f"the {code} code learns from a sample of the input rows: give --sample INPUT")
     if sample_size is not None and sample is None:
         raise BadInputError("--sample-size: give --sample (an input store) to draw from")
     model = with_codes(
