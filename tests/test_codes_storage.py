@@ -241,6 +241,27 @@ def test_eval_cli_takes_a_code_and_refuses_a_bad_one(tmp_path, model, task, run_
     assert code == 2 and "give a model" in err
 
 
+def test_labelled_pairs_score_by_the_codecs_estimate(tmp_path, model, task, run_cli):
+    from scipy.stats import spearmanr
+
+    rng = np.random.default_rng(5)
+    a = task["corpus"][:300]
+    b = (a + 0.8 * rng.standard_normal(a.shape)).astype(np.float32)
+    gold = -np.linalg.norm(a - b, axis=1)
+    np.save(tmp_path / "gold.npy", gold)
+    coded = with_codes(model, "eigen:4")
+    path = tmp_path / "coded.npz"
+    save_model(coded, str(path))
+    code, out, _ = run_cli("eval", path, "--pairs-a", write_h5(tmp_path / "a.h5", a), "--pairs-b",
+                           write_h5(tmp_path / "b.h5", b), "--scores", tmp_path / "gold.npy", "--json", "-q")  # fmt: skip
+    assert code == 0
+    white = json.loads(out)["whitened"]
+    codec = model_codec(coded)
+    estimates = np.diagonal(codec.inner_products(unit_outputs(model, a), codec.encode(unit_outputs(model, b))))
+    assert white["spearman"] == pytest.approx(100 * spearmanr(estimates, gold).statistic, abs=1e-6)
+    assert (white["code"], white["bytes_per_vector"]) == ("eigen-4B", 4)
+
+
 # ------------------------------------------------------------------------------------- serving, export
 
 

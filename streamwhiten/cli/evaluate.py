@@ -116,6 +116,11 @@ def _pairs(model, model_path, values, block_rows, quiet, as_json) -> None:
         white = result["whitened"]
         delta = white["spearman"] - result["raw"]["spearman"]
         lines.append(f"whitened  {fmt_scores(white)}   {fmt_setting(white)}  (Spearman {delta:+.2f} vs raw)")
+        if "code" in white:
+            lines.append(
+                f"code      whitened B stored as {white['code']} ({white['bytes_per_vector']:,} bytes per vector, "
+                f"{white['model_bytes']:,} per model): the cosine is the code's estimate, A float"
+            )
     emit(as_json, summary, lines)
 
 
