@@ -271,9 +271,10 @@ def evaluate_pairs(
     )
     result = {"pairs": pairs.describe(), "raw": correlations(cosines["raw"], pairs.scores), "whitened": None}
     if model is not None:
-        result["whitened"] = dict(correlations(cosines["whitened"], pairs.scores), **describe_model(model))
+        white = dict(correlations(cosines["whitened"], pairs.scores), **describe_model(model))
         if codec is not None:
-            result["whitened"].update(codec_summary(codec))
+            white.update(codec_summary(codec))
+        result["whitened"] = white
     return result
 
 
