@@ -503,6 +503,8 @@ def with_codes(
     sample=None,
     sample_size: int = DEFAULT_CODE_SAMPLE_ROWS,
     seed: int = 0,
+    output: str | None = None,
+    overwrite: bool = False,
 ) -> WhiteningModel:
     """``model`` (or its file) with the vector code ``code`` as its storage: a codec trained for the model's
     unit-length outputs (``y = x A + b``, as search stores them), of at most ``budget`` bytes a vector
@@ -512,7 +514,9 @@ def with_codes(
     The codes that need only statistics (``eigen``, ``bits-random``, ...) train from the model's state, with
     no pass over data; those that learn from data (``faiss-*``, ``bits-itq``) from ``sample_size`` rows of
     ``sample`` (an input store's spec, an open source, or an array of input rows) drawn with ``seed``, both
-    recorded. The model file then says what ``eval``, ``export`` and ``serving`` search and decode.
+    recorded. ``output``: save the model there too (a new ``.npz``; with ``overwrite``, replacing a model file
+    of ours), as ``streamwhiten codes -o`` does. The model file then says what ``eval``, ``export`` and
+    ``serving`` search and decode.
 
     Examples
     --------
@@ -525,8 +529,10 @@ def with_codes(
     """
     from .codes import NEEDS_SAMPLE
     from .codes.storage import is_code, parse_code, train_for, with_codec
-    from .core.model import load_model
+    from .core.model import check_model_output, load_model, save_model
 
+    if output is not None:  # before any work: a .npz name, replacing only a model file of ours
+        check_model_output(os.fspath(output), overwrite)
     if isinstance(model, (str, os.PathLike)):
         model = load_model(os.fspath(model))
     if is_code(code):
@@ -547,7 +553,10 @@ def with_codes(
         drawn = sample_rows(sample, int(sample_size), int(seed))
     codec = train_for(model, code, int(budget), sample=drawn, sample_seed=int(seed), seed=int(seed))
     used = 0 if drawn is None else int(drawn.shape[0])
-    return with_codec(model, codec, code, sample_rows=used, sample_seed=int(seed) if used else 0)
+    coded = with_codec(model, codec, code, sample_rows=used, sample_seed=int(seed) if used else 0)
+    if output is not None:
+        save_model(coded, os.fspath(output), overwrite=True)
+    return coded
 
 
 __all__ = [

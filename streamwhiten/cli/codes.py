@@ -83,7 +83,7 @@ def codes(model_path, code, sample, sample_size, seed, output_path, in_place, ov
       streamwhiten codes model.npz eigen:24 -o model-codes.npz
       streamwhiten codes model.npz faiss-opq:24 --sample corpus.h5:/emb --in-place
     """
-    from ..core.model import check_model_output, save_model
+    from ..core.model import check_model_output
     from ..pipeline import DEFAULT_CODE_SAMPLE_ROWS, with_codes
 
     if output_path and in_place:
@@ -104,15 +104,16 @@ def codes(model_path, code, sample, sample_size, seed, output_path, in_place, ov
         raise BadInputError(f"the {code} code learns from a sample of the input rows: give --sample INPUT")
     if sample_size is not None and sample is None:
         raise BadInputError("--sample-size: give --sample (an input store) to draw from")
+    target = output_path or model_path
     model = with_codes(
         model_path,
         code,
         sample=sample,
         sample_size=DEFAULT_CODE_SAMPLE_ROWS if sample_size is None else sample_size,
         seed=seed,
+        output=target,
+        overwrite=True,
     )
-    target = output_path or model_path
-    save_model(model, target, overwrite=True)
     storage = model.storage
     assert storage is not None and storage.codec is not None  # with_codes records one
     record = storage.codec
