@@ -348,3 +348,19 @@ def test_the_codes_command_writes_a_model_that_eval_searches(tmp_path, model, ta
     assert code == 0 and json.loads(text)["whitened"]["codec"] == "model"
     spec = write_h5(tmp_path / "s.h5", task["corpus"])
     assert spec
+
+
+def test_whitener_and_apply_take_a_model_with_a_code(tmp_path, model, task, run_cli):
+    from streamwhiten import Whitener
+
+    path = tmp_path / "coded.npz"
+    save_model(with_codes(model, "eigen:4"), str(path))
+    whitener = Whitener.load(str(path))  # transform gives floats; the code stays the model's storage
+    np.testing.assert_allclose(whitener.transform(task["corpus"][:5]), model.transform(task["corpus"][:5]), rtol=1e-5)
+    whitener.save(str(tmp_path / "again.npz"))
+    assert load_model(str(tmp_path / "again.npz")).storage.label == "eigen-4B"
+    out = tmp_path / "out.h5"
+    code, _, err = run_cli("apply", path, task["spec_c"], "-o", out)
+    assert code == 2 and "does not write yet" in err and not out.exists()
+    code, _, _ = run_cli("apply", path, task["spec_c"], "-o", out, "--dtype", "float32", "-q")
+    assert code == 0 and out.exists()
