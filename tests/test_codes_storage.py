@@ -364,3 +364,14 @@ def test_whitener_and_apply_take_a_model_with_a_code(tmp_path, model, task, run_
     assert code == 2 and "does not write yet" in err and not out.exists()
     code, _, _ = run_cli("apply", path, task["spec_c"], "-o", out, "--dtype", "float32", "-q")
     assert code == 0 and out.exists()
+
+
+def test_the_codes_help_names_every_code_and_gives_examples(run_cli):
+    code, out, _ = run_cli("codes", "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "Examples:" in text and "--sample" in text and "--sample-size" in text
+    families = ("eigen, eigen-iso, eigen+f", "bits-random[+f]", "bits-pca[+f]", "bits-itq[+f]", "faiss-pq")
+    for name in (*families, "faiss-opq", "faiss-rabitq1/2/4", "faiss-sq4", "faiss-sq8"):
+        assert name in text, name
+    code, out, _ = run_cli("eval", "--help")
+    assert "NAME:BYTES" in out and "eigen:24" in " ".join(out.split())
