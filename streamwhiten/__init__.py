@@ -7,9 +7,10 @@ The public API (everything a user imports; documentation and examples import not
 ['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'ExportResult', 'FitOptions', 'FitOutcome', 'Model',
  'PairsResult', 'Publication', 'ReadOptions', 'RetrievalOptions', 'RetrievalResult', 'Setting', 'Staleness',
  'Whitener', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit', 'load_model', 'published',
- 'release_buffers', 'serving', 'staleness', 'synthetic']
+ 'release_buffers', 'serving', 'staleness', 'synthetic', 'with_codes']
 
-- :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size;
+- :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size; :func:`with_codes`
+  (a model with a vector code as its storage);
 - :func:`load_model` and :class:`Model` (a fitted whitening and its statistics), :func:`staleness` (how far a
   published map is from a refit: a :class:`Staleness`), :func:`published` (the current :class:`Publication`
   of a job's versioned outputs, read through its manifest);
@@ -35,6 +36,7 @@ __version__ = "0.2.0"
 _PUBLIC = {
     "fit": ("streamwhiten.pipeline", "fit"),
     "apply": ("streamwhiten.pipeline", "apply"),
+    "with_codes": ("streamwhiten.pipeline", "with_codes"),
     "FitOutcome": ("streamwhiten.pipeline", "FitOutcome"),
     "ApplyOutcome": ("streamwhiten.engine.apply", "ApplyOutcome"),
     "load_model": ("streamwhiten.core.model", "load_model"),

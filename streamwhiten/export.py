@@ -137,10 +137,10 @@ def check_options(
 ) -> None:
     """Raise :class:`BadInputError` for an option another format than ``fmt`` takes (``dtype``: how the
     map's outputs are stored)."""
-    if fmt == "faiss" and dtype in ("int8", "binary") and index is not None:
+    if fmt == "faiss" and dtype in ("int8", "binary", "code") and index is not None:
+        own = {"int8": "an IndexScalarQuantizer", "binary": "an IndexBinaryFlat", "code": "the codec's index"}[dtype]
         raise BadInputError(
-            f"--index is for float storage: {dtype} storage is written as its own faiss index "
-            f"({'an IndexScalarQuantizer' if dtype == 'int8' else 'an IndexBinaryFlat'}); drop --index"
+            f"--index is for float storage: {dtype} storage is written as its own faiss index ({own}); drop --index"
         )
     if fmt == "faiss" and dtype == "binary" and metric is not None:
         raise BadInputError("--metric: a binary faiss index compares bits by Hamming distance; drop --metric")
@@ -154,7 +154,7 @@ def check_options(
         raise BadInputError("--index and --metric are for the faiss format")
     if metric is not None and index is None:
         raise BadInputError("--metric chooses the metric of --index; give --index too")
-    if fmt == "faiss" and normalize and index is None and dtype not in ("int8", "binary"):
+    if fmt == "faiss" and normalize and index is None and dtype not in ("int8", "binary", "code"):
         raise BadInputError(
             "faiss keeps a LinearTransform followed by a NormalizationTransform only inside an index: "
             "add --index (e.g. --index Flat) for an IndexPreTransform, or drop --normalize"
@@ -204,6 +204,7 @@ def export(
     index: str | None = None,
     metric: str | None = None,
     insert: str | None = None,
+    codec=None,
 ) -> ExportResult:
     """Write ``affine`` to ``path`` in ``fmt`` (see the module docstring); returns what was written.
 
@@ -231,6 +232,10 @@ def export(
     insert : {"before-normalize", "end"}, optional
         ``append_to`` only: where the whitening goes in a model ending in ``Normalize`` (default: told
         from ``affine.mean_sq_norm``, see :func:`st_insertion`).
+    codec : streamwhiten.codes.Codec or bytes, optional
+        ``faiss`` only: write the index that searches this faiss codec's rows (:func:`faiss_codec_index`);
+        default: a model's recorded codec, when ``affine`` is a model whose storage is a code. The tool's own
+        codes (``eigen``, ``bits-*``) faiss cannot scan: refused, naming what searches them.
 
     Returns
     -------
@@ -238,10 +243,20 @@ def export(
         The format, the output, the map's parameters and the format's own entries.
     """
     if not isinstance(affine, AffineMap) and hasattr(affine, "as_affine"):
-        affine = affine.as_affine()
+        recorded = getattr(getattr(affine, "storage", None), "codec", None)
+        if codec is None and recorded is not None:
+            codec = recorded.data
+        affine = affine.as_affine(normalize=True) if codec is not None else affine.as_affine()
     path = os.fspath(path).rstrip("/") or os.fspath(path)
     fmt = format_for(path, fmt, append_to)
-    check_options(fmt, affine.normalize, append_to, index, metric, insert, affine.dtype)
+    if codec is not None and fmt != "faiss":
+        raise BadInputError(
+            f"a code is exported as a faiss index (.faiss); the {fmt} format holds the map alone: export it "
+            "with dtype float32 (the codec stays in the model file: serving.codec reads it)"
+        )
+    check_options(
+        fmt, affine.normalize, append_to, index, metric, insert, "code" if codec is not None else affine.dtype
+    )
     check_available(fmt)
     name_note = check_faiss_name(path, affine.dtype) if fmt == "faiss" else None
     parent = os.path.dirname(os.path.abspath(path))
@@ -255,7 +270,7 @@ def export(
         check_export_output(path, fmt, overwrite)
         details.update(write_sentence_transformers(affine, path, append_to, overwrite, plan))
         return ExportResult(fmt, path, affine.params(), details)
-    payload, info = export_payload(affine, fmt, index, metric)
+    payload, info = export_payload(affine, fmt, index, metric, codec)
     if not overwrite and os.path.lexists(path) and _file_is_current(path, fmt, payload):
         raise _up_to_date(path)
     check_export_output(path, fmt, overwrite)
@@ -267,9 +282,9 @@ def export(
     return ExportResult(fmt, path, affine.params(), details)
 
 
-def export_payload(affine: AffineMap, fmt: str, index: str | None = None, metric: str | None = None):
+def export_payload(affine: AffineMap, fmt: str, index: str | None = None, metric: str | None = None, codec=None):
     """What a file format writes, ``(payload, summary entries)``: the arrays of an ``npz`` map, else the
-    file's bytes."""
+    file's bytes (``codec``: the faiss format writes its index)."""
     if fmt == "npz":
         return npz_arrays(affine), {}
     if fmt == "safetensors":
@@ -277,7 +292,7 @@ def export_payload(affine: AffineMap, fmt: str, index: str | None = None, metric
     if fmt == "onnx":
         return onnx_model(affine).SerializeToString(), {"opset": ONNX_OPSET}
     if fmt == "faiss":
-        return faiss_bytes(affine, index, metric)
+        return faiss_bytes(affine, index, metric, codec)
     raise BadInputError(f"{fmt}: not a file format")
 
 
@@ -537,6 +552,51 @@ def faiss_int8_index(affine: AffineMap, metric: str | None = None):
     return index, metric
 
 
+def faiss_codec_index(affine: AffineMap, codec):
+    """An empty ``IndexPreTransform`` that searches ``codec``'s code rows (a faiss codec of
+    ``streamwhiten.codes``, trained for the map's unit-length outputs): the map, ``NormalizationTransform``,
+    the codec's centring and projection (a ``LinearTransform``), any rotation of its own (OPQ), then its
+    trained index. ``index.index.add_sa_codes(rows)`` (the inner index: faiss's ``IndexPreTransform`` does not
+    take codes) adds the rows the codec encoded; ``index.search(x)`` of raw query vectors then ranks them as
+    the codec's estimate of ``<q, y>`` does (the scores lack the per-query constant ``<q, mean>``)."""
+    faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
+    from .codes import Codec, codec_from_bytes
+    from .codes.faiss_codes import FaissCode
+
+    if not isinstance(codec, Codec):
+        codec = codec_from_bytes(bytes(codec))
+    if not isinstance(codec, FaissCode):
+        raise BadInputError(
+            f"faiss cannot scan the tool's own {codec.label} codes: search them with streamwhiten.codes.fast.search "
+            "(or eval --dtype), or decode them (serving.decode(rows, serving.codec(MODEL))) into a float index; "
+            "export --dtype float32 writes the map alone"
+        )
+    if codec.n_features != affine.n_components:
+        raise BadInputError(
+            f"the {codec.label} codec codes vectors of {codec.n_features} values, but the map gives {affine.n_components}"
+        )
+    k = affine.n_components
+    basis = np.eye(k, dtype=np.float32) if codec.basis is None else codec.basis
+    centring = faiss.LinearTransform(k, int(basis.shape[1]), True)
+    faiss.copy_array_to_vector(np.ascontiguousarray(basis.T, dtype=np.float32).ravel(), centring.A)
+    shift = -(codec.mean.astype(np.float32) @ basis.astype(np.float32))
+    faiss.copy_array_to_vector(np.ascontiguousarray(shift, dtype=np.float32), centring.b)
+    centring.is_trained = True
+    inner = faiss.deserialize_index(codec.index_bytes)
+    if isinstance(inner, faiss.IndexPreTransform):  # OPQ: its rotation, then the PQ index
+        # a new chain that does not own them (``inner`` does, kept alive by the new index): prepending to
+        # ``inner`` itself would make it free the transforms Python owns
+        index = faiss.IndexPreTransform(faiss.downcast_index(inner.index))
+        index.prepend_transform(faiss.downcast_VectorTransform(inner.chain.at(0)))
+        index.referenced_objects.append(inner)
+        index.prepend_transform(centring)
+    else:
+        index = faiss.IndexPreTransform(centring, inner)
+    index.prepend_transform(faiss.NormalizationTransform(k, 2.0))
+    index.prepend_transform(faiss_transform(affine))
+    return index, codec
+
+
 def _is_whitening_faiss(path: str) -> bool:
     """Whether the faiss file ``path`` is what :func:`write_faiss` writes (faiss files carry no metadata)."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
@@ -558,17 +618,35 @@ def _is_whitening_faiss(path: str) -> bool:
     return type(faiss.downcast_VectorTransform(index.chain.at(0))) is faiss.LinearTransform
 
 
-def faiss_bytes(affine: AffineMap, factory: str | None = None, metric: str | None = None) -> tuple[bytes, dict]:
+def faiss_bytes(
+    affine: AffineMap, factory: str | None = None, metric: str | None = None, codec=None
+) -> tuple[bytes, dict]:
     """The bytes faiss's own writer gives for the ``LinearTransform`` (or, with ``factory``, the empty
-    index; for int8 or binary storage, that storage's index), and the summary entries describing it.
+    index; for int8 or binary storage, that storage's index; with ``codec``, a faiss codec's index:
+    :func:`faiss_codec_index`), and the summary entries describing it.
 
     A binary index holds no map (faiss's binary indexes take no transform): add and search the packed
     bits that ``AffineMap.encode`` gives (what the search stores), from this map."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
-    if affine.dtype == "int8":
-        index, metric = faiss_int8_index(affine, metric)
+    if codec is not None:
+        if factory is not None or metric not in (None, "ip"):
+            raise BadInputError("--index and --metric are for float storage: a code is written as its own index")
+        index, codec = faiss_codec_index(affine, codec)
         payload = faiss.serialize_index(index).tobytes()
         info: dict = {
+            "faiss": "IndexPreTransform",
+            "index": f"{codec.label} (the model's codec: add its rows with index.index.add_sa_codes)",
+            "metric": "ip",
+            "read_with": "faiss.read_index",
+            "needs_training": False,
+            "code": codec.label,
+            "bytes_per_vector": codec.bytes_per_vector,
+            "model_bytes": codec.model_bytes,
+        }
+    elif affine.dtype == "int8":
+        index, metric = faiss_int8_index(affine, metric)
+        payload = faiss.serialize_index(index).tobytes()
+        info = {
             "faiss": "IndexPreTransform",
             "index": "SQ8 (ranges: the map's int8 record)",
             "metric": metric,

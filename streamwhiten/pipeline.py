@@ -578,7 +578,76 @@ def is_up_to_date(
     return holds_it(model, input_spec, output_spec, options or ApplyOptions(dtype=None), read or ReadOptions(), rows)
 
 
+#: Rows of the input drawn (seeded, without replacement) to train a code that learns from data.
+DEFAULT_CODE_SAMPLE_ROWS = 10_000
+
+
+def with_codes(
+    model: WhiteningModel | str,
+    code: str,
+    budget: int | None = None,
+    *,
+    sample=None,
+    sample_size: int = DEFAULT_CODE_SAMPLE_ROWS,
+    seed: int = 0,
+    output: str | None = None,
+    overwrite: bool = False,
+) -> WhiteningModel:
+    """``model`` (or its file) with the vector code ``code`` as its storage: a codec trained for the model's
+    unit-length outputs (``y = x A + b``, as search stores them), of at most ``budget`` bytes a vector
+    (per-vector scalars included), recorded in the model (its checksummed bytes; save with ``save``).
+
+    ``code`` is a name of ``streamwhiten.codes.CODES`` with ``budget``, or ``"NAME:BYTES"`` (``"eigen:24"``).
+    The codes that need only statistics (``eigen``, ``bits-random``, ...) train from the model's state, with
+    no pass over data; those that learn from data (``faiss-*``, ``bits-itq``) from ``sample_size`` rows of
+    ``sample`` (an input store's spec, an open source, or an array of input rows) drawn with ``seed``, both
+    recorded. ``output``: save the model there too (a new ``.npz``; with ``overwrite``, replacing a model file
+    of ours), as ``streamwhiten codes -o`` does. The model file then says what ``eval``, ``export`` and
+    ``serving`` search and decode.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from streamwhiten import Whitener, with_codes
+    >>> rows = np.random.default_rng(0).standard_normal((2000, 16)) * np.linspace(3, 0.2, 16)
+    >>> model = with_codes(Whitener(n_components=12).fit(rows).model_, "eigen:4")
+    >>> model.storage.label, model.storage.bytes_per_vector(model.n_components)
+    ('eigen-4B', 4)
+    """
+    from .codes import NEEDS_SAMPLE
+    from .codes.storage import is_code, parse_code, train_for, with_codec
+    from .core.model import check_model_output, load_model, save_model
+
+    if output is not None:  # before any work: a .npz name, replacing only a model file of ours
+        check_model_output(os.fspath(output), overwrite)
+    if isinstance(model, (str, os.PathLike)):
+        model = load_model(os.fspath(model))
+    if is_code(code):
+        if budget is not None:
+            raise BadInputError(f"give the budget in the code ({code!r}) or as budget, not both")
+        code, budget = parse_code(code)
+    if budget is None:
+        raise BadInputError(f"give the {code} code a byte budget (e.g. {code}:24)")
+    _params.check("seed", seed)
+    drawn = None
+    if code in NEEDS_SAMPLE:
+        if sample is None:
+            raise BadInputError(f"the {code} code learns from a sample of the input rows: give sample (an input store)")
+        if isinstance(sample_size, bool) or int(sample_size) != sample_size or sample_size < 2:
+            raise BadInputError(f"a code's sample size is a whole number of at least 2, got {sample_size!r}")
+        from .io.sample import sample_rows
+
+        drawn = sample_rows(sample, int(sample_size), int(seed))
+    codec = train_for(model, code, int(budget), sample=drawn, sample_seed=int(seed), seed=int(seed))
+    used = 0 if drawn is None else int(drawn.shape[0])
+    coded = with_codec(model, codec, code, sample_rows=used, sample_seed=int(seed) if used else 0)
+    if output is not None:
+        save_model(coded, os.fspath(output), overwrite=True)
+    return coded
+
+
 __all__ = [
+    "DEFAULT_CODE_SAMPLE_ROWS",
     "FitOutcome",
     "apply",
     "check_fit_paths",
@@ -590,4 +659,5 @@ __all__ = [
     "is_up_to_date",
     "model_is_current",
     "save_fitted",
+    "with_codes",
 ]

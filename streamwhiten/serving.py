@@ -12,6 +12,7 @@ or :mod:`streamwhiten.core.model`, so a query service starts fast::
     y = whiten.transform(query_vector)          # same vectors as Whitener.transform / apply
     codes = whiten.encode(query_vector)         # stored as the model's storage: int8 codes, sign bits
     vectors = serving.decode(codes_read, attrs)  # codes an apply wrote, with the attributes they carry
+    rows = serving.decode(code_rows, serving.codec("model.npz"))  # a vector code the model records
 
 The map is ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by
 L2 normalisation (see :mod:`streamwhiten.core.affine`). A model that records a storage (``tune`` chose
@@ -29,7 +30,8 @@ import numpy as np
 
 from ._npz import check_file, read_npz
 from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap, mean_sq_norm
-from .core.quantize import Quantization, Storage, decode, storage_quantizations
+from .core.quantize import Quantization, Storage, storage_quantizations
+from .core.quantize import decode as decode_record
 from .core.validate import map_fields, map_weights, model_fields
 from .errors import BadInputError
 
@@ -72,6 +74,42 @@ def load(path, normalize: bool | None = None, dtype: str | None = None) -> Affin
     if kind == MAP_FORMAT:
         return _load_map(path, normalize, dtype)
     return _load_model(path, normalize, stored_checksum, dtype)
+
+
+def codec(path):
+    """The vector code a model file records as its storage (``streamwhiten.codes.Codec``: ``decode``,
+    ``inner_products``, ``encode``), its bytes checked; :class:`BadInputError` when it records none.
+
+    The codec codes the map's outputs scaled to unit length: ``codec(path).encode(load(path,
+    normalize=True).transform(x))`` are the code rows of ``x``, ``decode(rows, codec(path))`` their vectors."""
+    from .codes import codec_from_bytes
+
+    path = os.fspath(path)
+    check_file(path, "model file")
+    f = model_fields(read_npz(path, "model file", MODEL_FORMAT, MODEL_VERSION), path)
+    storage = f["storage"]
+    if storage is None or storage.codec is None:
+        raise BadInputError(f"{path}: the model records no vector code as its storage (add one: streamwhiten codes)")
+    return codec_from_bytes(storage.codec.data, f["n_components"])
+
+
+def decode(codes, record, dtype=np.float32) -> np.ndarray:
+    """Floats from stored ``codes``: by a vector code's codec (``record`` a ``streamwhiten.codes.Codec``, as
+    :func:`codec` gives it, or its bytes as ``Codec.to_bytes`` wrote them, checksum verified), or by a
+    storage record (int8 codes, sign bits: ``record`` a :class:`Quantization`, its dict, or the
+    attributes of the output the codes were read from; see :func:`streamwhiten.core.quantize.decode`).
+
+    >>> import numpy as np
+    >>> decode(np.array([[156, 128]], dtype=np.uint8), {"quantization": Quantization("binary", 10).to_dict()})
+    array([[ 1., -1., -1.,  1.,  1.,  1., -1., -1.,  1., -1.]], dtype=float32)
+    """
+    from .codes import Codec, codec_from_bytes
+
+    if isinstance(record, (bytes, bytearray, memoryview)):
+        record = codec_from_bytes(bytes(record))
+    if isinstance(record, Codec):
+        return np.asarray(record.decode(codes), dtype=dtype)
+    return decode_record(codes, record, dtype)
 
 
 def file_checksum(path) -> str:
@@ -134,4 +172,13 @@ def _load_map(path: str, normalize, dtype) -> AffineMap:
     return AffineMap(normalize=stored if normalize is None else bool(normalize), quantization=recorded, **fields)
 
 
-__all__ = ["AffineMap", "Quantization", "decode", "load", "file_checksum", "MAP_FORMAT", "MAP_VERSION"]
+__all__ = [
+    "AffineMap",
+    "Quantization",
+    "codec",
+    "decode",
+    "load",
+    "file_checksum",
+    "MAP_FORMAT",
+    "MAP_VERSION",
+]

@@ -500,7 +500,8 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
             n_components=n_components,
             variance=model.variance,
             eps=model.eps,
-            dtype=None if model.storage is None else model.storage.dtype,
+            # a vector code is the model's storage for search, not what transform returns: floats
+            dtype=None if model.storage is None or model.storage.codec is not None else model.storage.dtype,
         )
         whitener.state_ = model.state
         whitener.sources_ = model.sources

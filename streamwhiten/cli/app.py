@@ -31,6 +31,7 @@ from ..errors import (
 )
 from . import _interrupt
 from .apply import apply
+from .codes import codes
 from .demo import demo
 from .evaluate import eval_
 from .export import EXPORT_FORMATS, export_
@@ -61,7 +62,7 @@ def cli():
     """
 
 
-for _command in (fit, apply, info, export_, demo, run, staleness, eval_, tune, report):
+for _command in (fit, apply, info, export_, demo, run, staleness, eval_, tune, report, codes):
     cli.add_command(_command)
 
 

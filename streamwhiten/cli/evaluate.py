@@ -18,11 +18,21 @@ from ._common import (
     retrieval_options_of,
 )
 from ._options import json_option, param_options, pop_param, quiet_option, setting_options, take
+from .codes import StorageType
 
 #: How the corpus is stored while searched, and the re-ranking (retrieval only).
 STORAGE_OPTIONS = ("dtype", "rescore", "rescore_dtype", "int8_clip")
 #: The options of a search (retrieval only): the storage and the bootstrap (the latter ride in RetrievalOptions).
 SEARCH_OPTIONS = (*STORAGE_OPTIONS, "bootstrap", "seed")
+#: ``--dtype`` takes a vector code too (``eigen:24``): its own option, not the registry's choice.
+_DTYPE_HELP = (
+    "Retrieval: how the corpus is stored while searched, raw and whitened alike: float32, float16, int8 (dot "
+    "product with the dequantized vectors), binary (Hamming distance of sign bits), or a vector code NAME:BYTES "
+    "(e.g. eigen:24, faiss-pq:24; the names: streamwhiten codes --help), searched by the code's estimate of the "
+    "inner product for float32 queries; the whitened vectors by the model's code where it records that one, "
+    "else one trained for this evaluation, the raw ones by the same code trained for them "
+    "[default: the model's storage, else float32]."
+)
 
 
 @click.command(name="eval")
@@ -30,15 +40,13 @@ SEARCH_OPTIONS = (*STORAGE_OPTIONS, "bootstrap", "seed")
 @pair_options(required=False)
 @retrieval_options
 @setting_options("eval")
+@click.option("--dtype", "dtype", type=StorageType(), default=None, help=_DTYPE_HELP)
 @param_options(
-    *SEARCH_OPTIONS,
+    *SEARCH_OPTIONS[1:],
     defaults={name: None for name in SEARCH_OPTIONS},
     helps={
-        "dtype": "Retrieval: how the corpus is stored while searched, raw and whitened alike: float32, float16, "
-        "int8 (dot product with the dequantized vectors) or binary (Hamming distance of sign bits) "
-        "[default: the model's storage, else float32].",
-        "rescore": "Retrieval, --dtype binary: re-rank the top N of the bit search with --rescore-dtype vectors "
-        "[default: the model's storage's, else 0].",
+        "rescore": "Retrieval, --dtype binary or a code: re-rank the top N of the search with --rescore-dtype "
+        "vectors [default: the model's storage's, else 0].",
         "rescore_dtype": "The vectors --rescore re-ranks with: float32 or int8 [default: the model's storage's, "
         "else float32].",
         "int8_clip": "int8: the codes span each component's mean +- this many standard deviations [default: 4].",
@@ -109,6 +117,11 @@ def _pairs(model, model_path, values, block_rows, quiet, as_json) -> None:
     if white is not None:
         delta = white["spearman"] - raw["spearman"]
         lines.append(f"whitened  {fmt_scores(white)}   {fmt_setting(white)}  (Spearman {delta:+.2f} vs raw)")
+        if "code" in white:
+            lines.append(
+                f"code      whitened B stored as {white['code']} ({white['bytes_per_vector']:,} bytes per vector, "
+                f"{white['model_bytes']:,} per model): the cosine is the code's estimate, A float"
+            )
     emit(as_json, summary, lines)
 
 
@@ -149,6 +162,17 @@ def retrieval_lines(result: dict) -> list[str]:
         f"storage   {_storage(raw)}: raw {raw['bytes_per_vector']:,} bytes per vector"
         + (f", whitened {white['bytes_per_vector']:,} (k={white['k']})" if white else ""),
     ]
+    if "model_bytes" in raw:  # a code's rotations and codebooks: per model, not per vector
+        lines.append(
+            f"codes     {raw['code']}: per model {raw['model_bytes']:,} bytes raw"
+            + (f", {white['model_bytes']:,} whitened ({white['code']}" if white else "")
+            + (", the model's own codec)" if white and white.get("codec") == "model" else ")" if white else "")
+            + (
+                f"; trained on {raw['sample_rows']:,} corpus rows (seed {raw['sample_seed']})"
+                if "sample_rows" in raw
+                else ""
+            )
+        )
     if white is None:
         lines.append("metric        raw   (x100)")
         lines += [f"{name:<10} {raw[name]:7.2f}" for name in _metrics(raw)]
@@ -189,6 +213,7 @@ def _metrics(row: dict) -> list[str]:
 
 def _storage(row: dict) -> str:
     """How the corpus is stored, in words; the bytes of a re-ranking include the vectors it reads."""
+    stored = f"code {row['dtype']}" if "code" in row else "binary"
     if row.get("rescore"):
-        return f"binary, the top {row['rescore']} re-ranked with {row['rescore_dtype']} vectors"
-    return row["dtype"]
+        return f"{stored}, the top {row['rescore']} re-ranked with {row['rescore_dtype']} vectors"
+    return stored if "code" in row else row["dtype"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..errors import BadInputError
 from ._common import emit, stop_on_signals
 from ._options import json_option, param_options, setting_options, take
 
@@ -118,6 +119,14 @@ def export_(
     if dtype is None:  # the model's storage: the options must fit it too
         check_options(fmt, normalize, append_to, index_factory, metric, insert, model.dtype)
     check_available(fmt)
+    codec = None
+    if dtype is None and model.storage is not None and model.storage.codec is not None:
+        if setting.given():
+            raise BadInputError(
+                f"the model's code ({model.storage.codec.label}) is for its saved setting: drop the model options, "
+                "or give --dtype float32 to export the map alone"
+            )
+        codec, normalize = model.storage.codec.data, True  # a code is of the unit-length outputs
     affine = model.as_affine(normalize=normalize, dtype=dtype, **setting.given())
     stored = file_checksum(model_path)
     if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)
@@ -132,6 +141,7 @@ def export_(
             index=index_factory,
             metric=metric,
             insert=insert,
+            codec=codec,
         )
     summary = replace(result, model=model_path).to_json()
     emit(as_json, summary, _lines(summary, affine, fmt, model_path, output_path, append_to, index_factory))
@@ -159,6 +169,12 @@ def _lines(summary: dict, affine, fmt: str, model_path: str, output_path: str, a
                 if fmt == "faiss" and q.kind == "binary"
                 else ""
             )
+        )
+    if summary.get("code"):
+        lines.append(
+            f"store {summary['code']}, {summary['bytes_per_vector']} bytes per vector (per-vector scalars included), "
+            f"{summary['model_bytes']:,} bytes per model; add the rows the codec encoded with "
+            "index.index.add_sa_codes, search raw query vectors"
         )
     if summary.get("name_note"):
         lines.append(f"note  {summary['name_note']}")

@@ -79,7 +79,21 @@ def _lines(model, model_path: str, summary: dict, published: bool = False) -> li
         ),
     ]
     storage = summary.get("storage")
-    if storage is not None:
+    if storage is not None and storage.get("codec") is not None:
+        codec = storage["codec"]
+        trained = (
+            f"a sample of {codec['sample_rows']:,} input rows (seed {codec['sample_seed']})"
+            if codec["sample_rows"]
+            else "the statistics"
+        )
+        what = f"code {codec['label']}, trained from {trained}"
+        if storage["rescore"]:
+            what += f", the top {storage['rescore']} re-ranked with {storage['rescore_dtype']} vectors"
+        lines.append(
+            f"storage    {what} ({storage['bytes_per_vector']:,} bytes per vector, per-vector scalars included; "
+            f"{codec['model_bytes']:,} bytes per model: rotations, codebooks)"
+        )
+    elif storage is not None:
         what = storage["dtype"]
         if storage["rescore"]:
             what += f", the top {storage['rescore']} re-ranked with {storage['rescore_dtype']} vectors"

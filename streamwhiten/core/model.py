@@ -15,7 +15,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
@@ -30,6 +30,7 @@ from ..records import Fingerprint, fingerprint_of
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
 from .eigen import eigendecomposition
 from .quantize import (
+    CODE,
     DEFAULT_INT8_CLIP,
     Quantization,
     Storage,
@@ -205,7 +206,7 @@ class WhiteningModel:
         the unit vectors, as the search stores them, and so are bits); ``normalize`` says whether float16
         values are."""
         dtype = self.dtype if dtype is None else dtype
-        if dtype == "float32":
+        if dtype in ("float32", CODE):  # a codec decodes its own rows (``streamwhiten.codes``)
             return None
         if dtype == "int8":
             clip = self.storage.int8_clip if self.storage is not None else DEFAULT_INT8_CLIP
@@ -316,7 +317,9 @@ class WhiteningModel:
 
         ``basis="identity"`` gives the identity map (no transformation; its setting is beta = gamma = 0,
         k = d), ``basis="eigen"`` the map of the setting. Without ``basis`` an identity model stays one
-        unless another setting than the identity's is asked for (that setting's map, then)."""
+        unless another setting than the identity's is asked for (that setting's map, then). A recorded
+        codec (storage ``code``) is trained for the outputs of one map: another map records no storage
+        (train a codec for it with ``streamwhiten.with_codes``)."""
         basis = changes.pop("basis", None)
         if basis is not None and basis not in BASES:
             raise BadInputError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
@@ -334,10 +337,15 @@ class WhiteningModel:
             same = (params["beta"], params["gamma"], params["variance"]) == (0.0, 0.0, None)
             basis = "identity" if same and params["n_components"] in (None, self.n_features) else "eigen"
         basis = basis or "eigen"
+        storage = self.storage
         if params["beta"] == self.beta and params["eps"] == self.eps:
             # Sigma_beta is unchanged: reuse the eigendecomposition.
-            return _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, self.storage, basis)
-        return finalize(self.state, sources=self.sources, info=self.info, storage=self.storage, basis=basis, **params)
+            model = _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, storage, basis)
+        else:
+            model = finalize(self.state, sources=self.sources, info=self.info, storage=storage, basis=basis, **params)
+        if storage is not None and storage.codec is not None and codec_setting(model) != storage.codec.setting:
+            model = replace(model, storage=None)
+        return model
 
     def storage_summary(self) -> dict[str, Any] | None:
         """The recorded storage (dtype, rescore, bytes per vector, the int8 record), or None."""
@@ -368,6 +376,11 @@ class WhiteningModel:
             "sources": [source.to_dict() for source in self.sources],
             "info": self.info,
         }
+
+
+def codec_setting(model: WhiteningModel) -> dict[str, Any]:
+    """The setting a codec records (``CodecRecord.setting``): that of the map whose outputs it codes."""
+    return {"beta": model.beta, "gamma": model.gamma, "eps": model.eps, "k": model.n_components, "basis": model.basis}
 
 
 def _storage_json(model: WhiteningModel) -> dict[str, Any]:
@@ -552,6 +565,8 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
         arrays["basis"] = np.array(model.basis)
     if model.storage is not None:
         arrays["storage_json"] = np.array(json.dumps(_storage_json(model), sort_keys=True))
+        if model.storage.codec is not None:  # the codec's own checksummed bytes, never a pickle
+            arrays["storage_codec"] = np.frombuffer(model.storage.codec.data, dtype=np.uint8)
     return arrays
 
 
@@ -629,6 +644,7 @@ __all__ = [
     "effective_dimension",
     "file_checksum",
     "map_checksum",
+    "codec_setting",
     "float_dtype",
     "float_rows",
     "DEFAULT_EPS",

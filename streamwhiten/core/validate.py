@@ -14,7 +14,8 @@ model files and maps) reads its fields through here, and a file that no fit coul
 - counts that are whole numbers (at least 2 rows), and sources and info of the right JSON types;
 - the basis (``identity``: no transformation, only with beta = gamma = 0 and k = d);
 - a recorded storage (what ``tune`` chose): a dtype, re-ranking and clip each parameter allows, its bytes
-  per vector, and int8 ranges that are those the saved statistics give at the saved setting.
+  per vector, and int8 ranges that are those the saved statistics give at the saved setting; a recorded
+  codec (``storage_codec``, its bytes) matching the SHA-256 its record names, of the map's width and setting.
 
 numpy and the foundation only (no numba): the serving path uses it.
 """
@@ -208,6 +209,10 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     if "storage_json" in arrays:
         weights = map_weights(eigvals, eigvecs, eps_value, gamma, k, basis)
         storage = _check_storage(f, f.json("storage_json", dict), n_rows, mean, scatter, weights, beta * mean)
+        if storage.codec is not None:
+            _check_codec(f, storage, {"beta": beta, "gamma": gamma, "eps": eps, "k": k, "basis": basis})
+    elif "storage_codec" in arrays:
+        raise f.fail("storage_codec", "is a codec that no storage record names")
     return dict(
         n_rows=n_rows,
         mean=mean,
@@ -252,8 +257,19 @@ def _check_storage(
 ) -> Storage:
     """The storage a model file records, checked: a storage the parameters allow, its bytes per vector,
     and the records (int8 ranges) that its statistics give at its setting."""
+    codec_data = None
+    if record.get("codec") is not None:
+        raw = f.arrays.get("storage_codec")
+        if raw is None:
+            raise f.fail("storage_json", "records a codec, but the file holds no storage_codec")
+        raw = np.asarray(raw)
+        if raw.dtype != np.uint8 or raw.ndim != 1:
+            raise f.fail("storage_codec", f"must be 1-D uint8 bytes, got {raw.dtype} of shape {raw.shape}")
+        codec_data = raw.tobytes()
+    elif "storage_codec" in f.arrays:
+        raise f.fail("storage_codec", "is a codec that no storage record names")
     try:
-        storage = Storage.from_dict(record)
+        storage = Storage.from_dict(record, codec_data)
     except BadInputError as exc:
         raise f.fail("storage_json", f"is no storage: {exc}") from None
     k = int(weights.shape[1])
@@ -267,6 +283,22 @@ def _check_storage(
     for key, expected in zip(("quantization", "rescore_quantization"), records, strict=True):
         _check_record(f, key, record.get(key), expected)
     return storage
+
+
+def _check_codec(f: Fields, storage: Storage, setting: dict[str, Any]) -> None:
+    """A recorded codec codes the outputs of the saved setting: its width is k, its setting the saved one.
+    Its bytes are decoded (and their own SHA-256 checked) by ``streamwhiten.codes`` where they are used."""
+    codec = storage.codec
+    assert codec is not None  # checked by the caller
+    if codec.n_features != setting["k"]:
+        raise f.fail(
+            "storage_json",
+            f"records a {codec.label} codec of {codec.n_features}-d vectors, but the map gives k={setting['k']}",
+        )
+    if dict(codec.setting or {}) != setting:
+        raise f.fail(
+            "storage_json", f"records a codec trained for the setting {codec.setting}, not the saved {setting}"
+        )
 
 
 def _check_record(f: Fields, key: str, recorded: Any, expected: Quantization | None) -> None:

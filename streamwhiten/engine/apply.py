@@ -83,6 +83,11 @@ def with_model_storage(options: ApplyOptions, model: WhiteningModel) -> ApplyOpt
     """``options`` with ``dtype`` None made the model's storage (what ``tune`` chose; float32 when it records
     none): what every apply writes when no dtype is given. int8 codes and bits set ``normalize`` and refuse
     ``skip_nonfinite`` (:class:`~streamwhiten.options.ApplyOptions`)."""
+    if options.dtype is None and model.storage is not None and model.storage.codec is not None:
+        raise BadInputError(
+            f"the model's storage is the {model.storage.codec.label} code, which apply does not write yet: "
+            "give a dtype (float32, float16, int8 or binary)"
+        )
     return options if options.dtype is not None else replace(options, dtype=model.dtype)
 
 

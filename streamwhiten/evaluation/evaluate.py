@@ -193,24 +193,48 @@ def pair_cosines(
     models: dict | None = None,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    codecs: dict | None = None,
 ) -> dict:
     """Cosines of every pair, raw (key ``"raw"``) and under each ``models`` entry, in one pass over the pairs.
 
-    ``models`` maps a name to a :class:`WhiteningModel`; the transform is computed in float64.
+    ``models`` maps a name to a :class:`WhiteningModel`; the transform is computed in float64. ``codecs``
+    maps a name of ``models`` to a vector code (``streamwhiten.codes.Codec``) of its unit outputs: that
+    entry's cosine is then the codec's estimate of ``<a, b>``, A float and B coded (as a query meets a
+    stored vector).
     """
     models = dict(models or {})
     projections = {}
     for name, model in models.items():
         pairs.check_width(model.n_features)
         projections[name] = model.projection(np.float64)
+    codecs = {name: codec for name, codec in (codecs or {}).items() if codec is not None}
     out = {name: np.empty(pairs.n_pairs) for name in ["raw", *projections]}
     for start, a, b in pairs.blocks(block_rows):
         stop = start + a.shape[0]
         out["raw"][start:stop] = cosine_rows(a, b)
         for name, (weights, shift) in projections.items():
+            if name in codecs:  # A float, B as its code: the codec's estimate of <a, b> of the unit vectors
+                unit_a = project(a, weights, shift, normalize=True)
+                unit_b = project(b, weights, shift, normalize=True)
+                out[name][start:stop] = pair_estimates(codecs[name], unit_a, unit_b)
+                continue
             out[name][start:stop] = cosine_rows(project(a, weights, shift), project(b, weights, shift))
         if progress is not None:
             progress(stop, pairs.n_pairs)
+    return out
+
+
+#: Pairs whose estimates are taken at once (a block of queries against a block of codes, its diagonal kept).
+_PAIR_TILE = 256
+
+
+def pair_estimates(codec, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The codec's estimate of ``<a_i, b_i>`` for each pair, ``b_i`` coded and ``a_i`` as it is (float64)."""
+    codes = codec.encode(b)
+    out = np.empty(a.shape[0])
+    for t0 in range(0, a.shape[0], _PAIR_TILE):
+        t1 = min(a.shape[0], t0 + _PAIR_TILE)
+        out[t0:t1] = np.diagonal(codec.inner_products(a[t0:t1], codes[t0:t1]))
     return out
 
 
@@ -264,11 +288,25 @@ def evaluate_pairs(
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> PairsResult:
-    """Spearman and Pearson (x100) of raw cosines and, given a model, of whitened cosines."""
-    cosines = pair_cosines(pairs, {"whitened": model} if model is not None else None, block_rows, progress)
+    """Spearman and Pearson (x100) of raw cosines and, given a model, of whitened cosines.
+
+    A model that records a vector code as its storage scores its pairs by the codec's estimate of the
+    cosine, B coded (:func:`pair_cosines`); ``whitened`` then names the code, its bytes per vector and
+    per model.
+    """
+    codec = None
+    if model is not None and model.storage is not None and model.storage.codec is not None:
+        from ..codes.storage import codec_summary, model_codec
+
+        codec = model_codec(model)
+    cosines = pair_cosines(
+        pairs, {"whitened": model} if model is not None else None, block_rows, progress, {"whitened": codec}
+    )
     whitened = None
     if model is not None:
         whitened = dict(correlations(cosines["whitened"], pairs.scores), **describe_model(model))
+        if codec is not None:
+            whitened.update(codec_summary(codec))
     return PairsResult(pairs.describe(), correlations(cosines["raw"], pairs.scores), whitened)
 
 
@@ -319,6 +357,7 @@ __all__ = [
     "correlations",
     "cosine_rows",
     "pair_cosines",
+    "pair_estimates",
     "evaluate_pairs",
     "METRICS",
 ]

@@ -29,7 +29,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -42,7 +42,10 @@ from ..io import Source, open_source, read_ids, remote
 from ..options import RetrievalOptions
 from ..params import PARAMS, check
 from .qrels import Ids, Qrels, read_exclude, read_qrels
-from .search import Exclusions, RescoreJob, SearchJob, rescore_all, search
+from .search import Exclusions, RescoreJob, SearchJob, SearchResult, corpus_blocks, rescore_all, search
+
+if TYPE_CHECKING:
+    from ..codes import Codec
 
 #: The metrics, in the order they are reported.
 METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
@@ -185,6 +188,9 @@ class SearchSetting:
     rescore: int = 0
     rescore_quantization: Quantization | None = None
     params: dict = field(default_factory=dict)
+    #: A vector code (``streamwhiten.codes.Codec``) the corpus is stored as: searched by its estimate of
+    #: ``<q, x>`` for the float32 queries (asymmetric), with ``codes.fast``.
+    codec: Codec | None = None
 
     @classmethod
     def make(
@@ -227,6 +233,46 @@ class SearchSetting:
             weights, shift = model.projection(np.float64)
             params.update(beta=model.beta, gamma=model.gamma, k=model.n_components)
         return cls(name, quantization, weights, shift, int(rescore), again, params)
+
+    @classmethod
+    def make_code(
+        cls,
+        name: str,
+        model: WhiteningModel,
+        codec: Codec,
+        *,
+        spec: str,
+        raw: bool = False,
+        rescore: int = 0,
+        rescore_dtype: str = "float32",
+        int8_clip: float = DEFAULT_INT8_CLIP,
+        training: dict | None = None,
+    ) -> SearchSetting:
+        """The raw vectors (``raw``) or ``model``'s whitening at unit length, stored as ``codec``'s code
+        rows (``spec``: the code's name, ``eigen:24``), the top ``rescore`` re-ranked with ``rescore_dtype``
+        vectors. Bytes per vector count the code row (per-vector scalars included) and the re-ranking
+        vectors; the codec's per-model bytes are reported apart (``model_bytes``)."""
+        check("rescore", rescore)
+        check("rescore_dtype", rescore_dtype)
+        width = model.n_features if raw else model.n_components
+        if codec.n_features != width:
+            raise BadInputError(f"the {codec.label} codec codes vectors of {codec.n_features} values, not {width}")
+        again = None
+        params: dict = {"dtype": spec, "code": codec.label, "bytes_per_vector": codec.bytes_per_vector}
+        if rescore:
+            again = quantization_for(rescore_dtype, model, raw=raw, normalize=True, clip=int8_clip)
+            params["bytes_per_vector"] += again.bytes_per_vector
+            params.update(rescore=int(rescore), rescore_dtype=rescore_dtype)
+            if rescore_dtype == "int8":
+                params["int8_clip"] = float(int8_clip)
+        params["model_bytes"] = codec.model_bytes
+        params.update(training or {})
+        weights = shift = None
+        if not raw:
+            weights, shift = model.projection(np.float64)
+            params.update(beta=model.beta, gamma=model.gamma, k=model.n_components)
+        floats = Quantization("float32", width, normalized=True)
+        return cls(name, floats, weights, shift, int(rescore), again, params, codec)
 
     @property
     def n_features(self) -> int | None:
@@ -294,6 +340,10 @@ def run_settings(
             raise BadInputError(
                 f"setting {setting.name!r} expects {setting.n_features} features, the vectors have {queries.shape[1]}"
             )
+    coded = [setting for setting in settings if setting.codec is not None]
+    for setting in settings:
+        if setting.codec is not None:
+            continue
         metric = "hamming" if setting.quantization.kind == "binary" else "ip"
 
         def prepare(rows, start, setting=setting):
@@ -304,7 +354,11 @@ def run_settings(
                 setting.query_vectors(queries), max(depth, reranked_depth[setting.name]), metric, prepare, exclude
             )
         )
-    results = search(corpus, jobs, block_rows=block_rows, threads=threads, progress=progress)
+    found = iter(search(corpus, jobs, block_rows=block_rows, threads=threads, progress=progress) if jobs else [])
+    code_found = iter(
+        _search_codes(queries, corpus, coded, reranked_depth, depth, exclude, corpus_label, block_rows, progress)
+    )
+    results = [next(code_found) if setting.codec is not None else next(found) for setting in settings]
     again = [
         RescoreJob(
             setting.unit(queries),
@@ -322,6 +376,47 @@ def run_settings(
         if setting.rescore:
             rows = np.concatenate([next(reranked).rows, rows[:, reranked_depth[setting.name] :]], axis=1)
         out[setting.name] = np.ascontiguousarray(rows[:, :depth])
+    return out
+
+
+def _search_codes(
+    queries: np.ndarray,
+    corpus,
+    settings: list[SearchSetting],
+    reranked_depth: dict[str, int],
+    depth: int,
+    exclude: Exclusions | None,
+    corpus_label: str,
+    block_rows: int | None,
+    progress: Callable[[int, int], None] | None,
+) -> list[SearchResult]:
+    """The top lists of the settings stored as codes: one pass over ``corpus`` encodes every block for
+    each (``codes.fast.encode``; the code rows, a few bytes each, are what is held), then each setting's
+    float32 unit queries search its codes by the codec's inner-product estimate (``codes.fast.search``)."""
+    if not settings:
+        return []
+    from ..codes.fast import encode
+    from ..codes.fast import search as search_codes
+
+    n_rows = int(corpus.shape[0] if isinstance(corpus, np.ndarray) else corpus.n_rows)
+    pieces: dict[str, list[np.ndarray]] = {setting.name: [] for setting in settings}
+    for start, rows in corpus_blocks(corpus, block_rows):
+        rows = _finite(rows, start, corpus_label)
+        for setting in settings:
+            assert setting.codec is not None  # chosen so
+            pieces[setting.name].append(encode(setting.codec, setting.unit(rows)))
+        if progress is not None:
+            progress(start + rows.shape[0], n_rows)
+    out = []
+    for setting in settings:
+        assert setting.codec is not None  # chosen so
+        width = setting.codec.bytes_per_vector
+        codes = np.concatenate(pieces.pop(setting.name)) if n_rows else np.zeros((0, width), np.uint8)
+        wanted = max(depth, reranked_depth[setting.name])
+        scores, rows_found = search_codes(
+            setting.codec, setting.unit(queries).astype(np.float32), codes, wanted, exclude=exclude
+        )
+        out.append(SearchResult(rows_found, scores, "ip"))
     return out
 
 
@@ -383,18 +478,96 @@ def _storage_args(storage: Storage) -> dict:
     )
 
 
+#: Corpus rows drawn (seeded) to train a code that learns from data when ``eval`` trains one.
+CODE_SAMPLE_ROWS = 10_000
+CODE_SAMPLE_SEED = 0
+
+
+@dataclass(frozen=True)
+class CodeSearch:
+    """A search over a vector code: its name and budget, and the re-ranking of its top ``rescore``."""
+
+    code: str
+    budget: int
+    rescore: int = 0
+    rescore_dtype: str = "float32"
+    int8_clip: float = DEFAULT_INT8_CLIP
+
+    @classmethod
+    def of(cls, model: WhiteningModel | None, spec: str, rescore, rescore_dtype, int8_clip) -> CodeSearch:
+        """The search of ``spec`` (``NAME:BYTES``); each of ``rescore``, ``rescore_dtype``, ``int8_clip`` as
+        given, else the model's storage's where it records this code, else none."""
+        from ..codes.storage import parse_code
+
+        name, budget = parse_code(spec)
+        if model is None:
+            raise BadInputError(f"the {spec} code trains from a model's statistics: give a model")
+        recorded = model.storage
+        mine = recorded is not None and recorded.codec is not None
+        mine = mine and (recorded.codec.code, recorded.codec.budget) == (name, budget)  # type: ignore[union-attr]
+        base = recorded if mine and recorded is not None else Storage()
+        search = cls(
+            name,
+            budget,
+            base.rescore if rescore is None else int(rescore),
+            base.rescore_dtype if rescore_dtype is None else rescore_dtype,
+            base.int8_clip if int8_clip is None else float(int8_clip),
+        )
+        check("rescore", search.rescore)
+        check("rescore_dtype", search.rescore_dtype)
+        check("int8_clip", search.int8_clip)
+        return search
+
+    @property
+    def spec(self) -> str:
+        return f"{self.code}:{self.budget}"
+
+
+def _code_settings(task: RetrievalTask, model: WhiteningModel, code: CodeSearch) -> list[SearchSetting]:
+    """The raw and whitened settings of a code search: the whitened vectors by the model's codec where it
+    records this code, else one trained here; the raw vectors by the same code trained for them (from the
+    statistics and, for a code that learns from data, a seeded sample of the corpus)."""
+    from ..codes import NEEDS_SAMPLE, codec_from_bytes
+    from ..codes.storage import train_for
+    from ..io.sample import sample_rows
+
+    sample = None
+    training: dict = {}
+    if code.code in NEEDS_SAMPLE:
+        sample = sample_rows(task.corpus, CODE_SAMPLE_ROWS, CODE_SAMPLE_SEED)
+        training = {"sample_rows": int(sample.shape[0]), "sample_seed": CODE_SAMPLE_SEED}
+    args: dict[str, Any] = dict(
+        spec=code.spec, rescore=code.rescore, rescore_dtype=code.rescore_dtype, int8_clip=code.int8_clip
+    )
+    raw_codec = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED, raw=True)
+    settings = [SearchSetting.make_code("raw", model, raw_codec, raw=True, training=training, **args)]
+    record = model.storage.codec if model.storage is not None else None
+    if record is not None and (record.code, record.budget) == (code.code, code.budget):
+        white = codec_from_bytes(record.data, model.n_components)
+        mine = {"sample_rows": record.sample_rows, "sample_seed": record.sample_seed} if record.sample_rows else {}
+        settings.append(SearchSetting.make_code("whitened", model, white, training=dict(mine, codec="model"), **args))
+    else:
+        white = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED)
+        settings.append(SearchSetting.make_code("whitened", model, white, training=training, **args))
+    return settings
+
+
 def _search_raw_and_whitened(
     task: RetrievalTask,
     model: WhiteningModel | None,
-    storage: Storage,
+    storage: Storage | CodeSearch,
     options: RetrievalOptions,
     progress: Callable[[int, int], None] | None,
 ) -> tuple[list[SearchSetting], dict[str, dict[str, np.ndarray]]]:
     """Search the task's corpus for the raw vectors and (given a model) the whitened ones, stored as
     ``storage`` says, in one pass; each setting's metrics per query."""
-    settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, **_storage_args(storage))]
-    if model is not None:
-        settings.append(SearchSetting.make("whitened", model, **_storage_args(storage)))
+    if isinstance(storage, CodeSearch):
+        assert model is not None  # CodeSearch.of refuses a code without one
+        settings = _code_settings(task, model, storage)
+    else:
+        settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, **_storage_args(storage))]
+        if model is not None:
+            settings.append(SearchSetting.make("whitened", model, **_storage_args(storage)))
     rows = run_settings(
         task.vectors,
         task.corpus,
@@ -446,11 +619,16 @@ def evaluate_retrieval(
         A file of ``(query, corpus)`` pairs dropped from that query's candidates.
     dtype : str, optional
         How the corpus is stored while searched, raw and whitened alike: ``float32``, ``float16``,
-        ``int8`` (needs the model: its statistics set the scales, raw ones included) or ``binary``.
-        Default: the model's storage (what ``tune`` chose), float32 without one.
+        ``int8`` (needs the model: its statistics set the scales, raw ones included), ``binary``, or a
+        vector code ``NAME:BYTES`` (``eigen:24``, ``faiss-pq:16``; ``streamwhiten.codes.CODES``; needs the
+        model): the unit vectors' code rows, searched by the codec's estimate of ``<q, x>`` for float32
+        queries; the whitened vectors by the model's codec where it records that code, else one trained
+        from the statistics (and for ``faiss-*`` and ``bits-itq`` a seeded sample of 10,000 corpus rows),
+        the raw vectors by the same code trained for them. Default: the model's storage (what ``tune``
+        chose, or its code), float32 without one.
     rescore, rescore_dtype : optional
-        With ``binary``: re-rank the top ``rescore`` of the bit search with ``float32`` or ``int8``
-        vectors (default: the model's storage's, else none).
+        With ``binary`` or a code: re-rank the top ``rescore`` with ``float32`` or ``int8`` vectors
+        (default: the model's storage's, else none).
     int8_clip : float, optional
         Standard deviations the int8 codes span about each component's mean (default: the model's
         storage's, else 4).
@@ -469,7 +647,15 @@ def evaluate_retrieval(
         The task, the mean of each of :data:`METRICS` (x100) raw and whitened, and the paired bootstrap
         interval of each difference.
     """
-    for name, value in (("dtype", dtype), ("rescore", rescore), ("rescore_dtype", rescore_dtype)):
+    from ..codes.storage import is_code, parse_code
+
+    if is_code(dtype):
+        parse_code(dtype)  # before anything is read
+    for name, value in (
+        ("dtype", None if is_code(dtype) else dtype),
+        ("rescore", rescore),
+        ("rescore_dtype", rescore_dtype),
+    ):
         if value is not None:
             check(name, value)  # before anything is read
     if int8_clip is not None:
@@ -490,7 +676,14 @@ def evaluate_retrieval(
 
         model_file = os.fspath(model)
         model = load_model(model_file)
-    storage = search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
+    recorded = getattr(model, "storage", None)
+    if dtype is None and recorded is not None and recorded.codec is not None:
+        dtype = f"{recorded.codec.code}:{recorded.codec.budget}"  # the model's code
+    storage: Storage | CodeSearch
+    if is_code(dtype):
+        storage = CodeSearch.of(model, dtype, rescore, rescore_dtype, int8_clip)
+    else:
+        storage = search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         settings, per_query = _search_raw_and_whitened(task, model, storage, options, progress)
     whitened = difference = None
@@ -711,6 +904,7 @@ def open_task(queries, corpus, qrels, *, model=None, options: RetrievalOptions |
 __all__ = [
     "DEPTH",
     "METRICS",
+    "CodeSearch",
     "RetrievalResult",
     "RetrievalTask",
     "SearchSetting",

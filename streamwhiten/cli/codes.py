@@ -1,0 +1,132 @@
+"""``streamwhiten codes``: give a model a vector code as its storage."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import BadInputError
+from ._common import emit
+from ._options import json_option, quiet_option
+
+
+class CodeType(click.ParamType):
+    """A vector code ``NAME:BYTES`` (``eigen:24``), refused in one line naming the codes."""
+
+    name = "NAME:BYTES"
+
+    def convert(self, value, param, ctx):
+        from ..codes.storage import parse_code
+
+        try:
+            parse_code(value)
+        except BadInputError as exc:
+            self.fail(str(exc), param, ctx)
+        return value
+
+
+class StorageType(click.ParamType):
+    """``eval --dtype``: a storage (float32, float16, int8, binary) or a vector code ``NAME:BYTES``."""
+
+    name = "DTYPE|NAME:BYTES"
+
+    def convert(self, value, param, ctx):
+        from ..codes.storage import is_code
+        from ..params import check
+
+        if is_code(value):
+            return CodeType().convert(value, param, ctx)
+        try:
+            return check("dtype", value)
+        except BadInputError as exc:
+            self.fail(str(exc) + " (or a vector code NAME:BYTES, e.g. eigen:24)", param, ctx)
+
+
+@click.command(name="codes")
+@click.argument("model_path")
+@click.argument("code", type=CodeType())
+@click.option(
+    "--sample",
+    "sample",
+    default=None,
+    metavar="INPUT",
+    help="The input store (a spec as fit takes it) whose rows a code that learns from data (faiss-*, "
+    "bits-itq) trains on, mapped by the model.",
+)
+@click.option(
+    "--sample-size",
+    type=click.IntRange(2),
+    default=None,
+    help="Rows drawn from --sample, without replacement [default: 10000, or all of them].",
+)
+@click.option("--seed", type=click.IntRange(0), default=0, show_default=True, help="Seed of the sample and the code.")
+@click.option("-o", "--output", "output_path", default=None, help="Write the model with its code to this new file.")
+@click.option("--in-place", is_flag=True, help="Write the code into MODEL_PATH itself.")
+@click.option("--overwrite", is_flag=True, help="Let -o replace an existing model file written by streamwhiten.")
+@quiet_option
+@json_option
+def codes(model_path, code, sample, sample_size, seed, output_path, in_place, overwrite, quiet, as_json):
+    """Train the vector code CODE (NAME:BYTES, e.g. eigen:24) for the outputs of MODEL_PATH and record it
+    as the model's storage, so that `eval` searches it, `export` writes it and `serving.codec` reads it.
+
+    \b
+    NAME (BYTES a vector, per-vector scalars included):
+      eigen, eigen-iso, eigen+f      bits per principal component by eigenvalue (from the statistics)
+      bits-random[+f], bits-pca[+f]  sign bits after a seeded random rotation / of the principal axes
+      bits-itq[+f]                   sign bits after ITQ, learnt on --sample
+      faiss-pq, faiss-opq, faiss-rabitq1/2/4, faiss-sq4, faiss-sq8   faiss's codes, trained on --sample
+
+    The codec codes the map's outputs at unit length (as search stores them); codes trained from the
+    statistics need no data pass, the others a seeded sample of the input (its size and seed recorded).
+
+    \b
+    Examples:
+      streamwhiten codes model.npz eigen:24 -o model-codes.npz
+      streamwhiten codes model.npz faiss-opq:24 --sample corpus.h5:/emb --in-place
+    """
+    from ..core.model import check_model_output
+    from ..pipeline import DEFAULT_CODE_SAMPLE_ROWS, with_codes
+
+    if output_path and in_place:
+        raise BadInputError("give -o/--output or --in-place, not both")
+    if not (output_path or in_place):
+        raise BadInputError("give -o/--output (a new model file) or --in-place")
+    if output_path:
+        from ..io import refuse_input_overlap
+
+        refuse_input_overlap(
+            {output_path: "model with codes (use --in-place to update the model itself)"}, [model_path, sample]
+        )
+    check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
+    from ..codes import NEEDS_SAMPLE
+    from ..codes.storage import parse_code
+
+    if parse_code(code)[0] in NEEDS_SAMPLE and sample is None:
+        raise BadInputError(f"the {code} code learns from a sample of the input rows: give --sample INPUT")
+    if sample_size is not None and sample is None:
+        raise BadInputError("--sample-size: give --sample (an input store) to draw from")
+    target = output_path or model_path
+    model = with_codes(
+        model_path,
+        code,
+        sample=sample,
+        sample_size=DEFAULT_CODE_SAMPLE_ROWS if sample_size is None else sample_size,
+        seed=seed,
+        output=target,
+        overwrite=True,
+    )
+    storage = model.storage
+    assert storage is not None and storage.codec is not None  # with_codes records one
+    record = storage.codec
+    summary = dict(record.to_dict(), model=target)
+    trained = (
+        f"a sample of {record.sample_rows:,} rows (seed {record.sample_seed})"
+        if record.sample_rows
+        else "the statistics"
+    )
+    lines = [
+        f"code       {record.label}: {record.bytes_per_vector:,} bytes per vector (per-vector scalars included), "
+        f"{record.model_bytes:,} bytes per model (rotations, codebooks)",
+        f"trained    for the unit-length outputs at k={record.n_features}, from {trained}",
+        f"wrote      {target}",
+    ]
+    emit(as_json, summary, lines)
