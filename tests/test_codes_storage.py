@@ -83,7 +83,7 @@ def test_a_model_with_a_codec_round_trips_and_plain_files_load_as_before(tmp_pat
     rows = unit_outputs(model, np.random.default_rng(1).standard_normal((30, 16)) + 2.0)
     codec = model_codec(loaded)
     np.testing.assert_array_equal(codec.encode(rows), model_codec(coded).encode(rows))
-    summary = loaded.summary()["storage"]
+    summary = loaded.to_json()["storage"]
     assert summary["bytes_per_vector"] == 5 and summary["codec"]["model_bytes"] == len(codec.to_bytes())
 
 
@@ -200,7 +200,7 @@ def test_eval_over_codes_equals_a_numpy_search_of_the_codec(tmp_path, model, tas
     result = evaluate_retrieval(
         task["spec_q"], task["spec_c"], task["qrels"], model=coded, exclude=task["exclude"], bootstrap=0
     )
-    white, raw = result["whitened"], result["raw"]
+    white, raw = result.whitened, result.raw
     assert (white["dtype"], white["code"], white["codec"]) == (spec, codec.label, "model")
     assert white["bytes_per_vector"] == codec.bytes_per_vector and white["model_bytes"] == codec.model_bytes
     assert raw["code"].split("-")[0] == codec.label.split("-")[0] and raw["bytes_per_vector"] <= int(spec.split(":")[1])
@@ -303,7 +303,7 @@ def test_the_faiss_export_searches_the_codes_as_the_codec_does(tmp_path, model, 
     coded = with_codes(model, spec, sample=task["corpus"], sample_size=1500)
     codec = model_codec(coded)
     path = tmp_path / "codes.faiss"
-    summary = export.export(coded, str(path))
+    summary = export.export(coded, str(path)).to_json()
     assert summary["code"] == codec.label and summary["bytes_per_vector"] == codec.bytes_per_vector
     index = faiss.read_index(str(path))
     codes = codec.encode(unit_outputs(model, task["corpus"]))
