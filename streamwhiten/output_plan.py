@@ -117,6 +117,9 @@ class StoredAs:
     read_digest : callable, optional
         The digest of the record an existing output's attributes carry (the record class's own reading,
         which checks it); default: :func:`record_digest` of the recorded JSON.
+    encoder : object, optional
+        What encodes a block of floats into these codes (its ``encode(rows)``), for the writer of the plan
+        (the record a model made: a plan read back from attributes has none).
     """
 
     kind: str
@@ -125,6 +128,7 @@ class StoredAs:
     record: Mapping[str, Any] = field(hash=False)
     digest: str
     read_digest: Callable[[Mapping[str, Any]], str] | None = field(default=None, compare=False, repr=False)
+    encoder: Any = field(default=None, compare=False, repr=False)
 
     def digest_in(self, attrs: Mapping[str, Any]) -> str:
         """The digest of the record ``attrs`` carry (errors of a damaged one propagate)."""

@@ -107,14 +107,14 @@ def stored_as(quantization: Quantization | None) -> StoredAs | None:
     """The plan's storage of codes made with ``quantization`` (None: floats)."""
     if quantization is None:
         return None
-    record = quantization.to_dict()
     return StoredAs(
         quantization.kind,
         quantization.width,
         quantization.dtype.name,
-        record,
+        quantization.to_dict(),
         quantization.digest(),
-        _quantization_digest,
+        read_digest=_quantization_digest,
+        encoder=quantization,
     )
 
 
@@ -517,7 +517,8 @@ class _BlockRun:
         self.inputs = PerThread((rows, source.n_features), source.read_dtype)
         # Output buffers go back to their pool once written; aligned, so whole chunks can be written directly.
         self.products = BufferPool((rows, model.n_components), self.work)
-        self.quantization = output_quantization(model, options.dtype)  # the encoder of codes (None: floats)
+        storage = writing.plan.storage
+        self.quantization: Quantization | None = None if storage is None else storage.encoder  # None: floats
         stored = None if self.quantization is not None else sink.dtype
         self.how = BlockTransform(weights, shift, options.normalize, stored, options.skip_nonfinite, source.label)
         # a float output of another dtype is cast into pooled buffers; codes are new (small) arrays

@@ -41,7 +41,6 @@ from .apply import (
     aligned_block_rows,
     check_output,
     encode_block,
-    output_quantization,
     plan_output,
     summary,
     transform_block,
@@ -416,8 +415,9 @@ def apply_dask(
     try:
         check_output(model, source, output_spec)
         work = np.float64 if source.dtype == np.float64 else np.float32
-        quantization = output_quantization(model, options.dtype)  # int8 codes or bits: encoded by each task
         plan = plan_output(model, source, output, options, read, source_sha256=fingerprint(source).sha256_sampled)
+        # int8 codes or bits: encoded by each task
+        quantization: Quantization | None = None if plan.storage is None else plan.storage.encoder
         # the Dask engine sizes its chunks itself (default: about 4 MiB each), whatever the blocks read
         plan = replace(plan, chunk_rows=output_chunk_rows)
         # One run per output (a second one exits 75); the output's checks and writes happen under it.
