@@ -57,12 +57,14 @@ def write_store(
     ``checksums`` is False (a plain store, read without a verify-and-copy step).
     """
     from .io import open_output
+    from .output_plan import OutputPlan
 
     chunk_rows = min(chunk_rows, n_rows)
     spec = f"{path}:/{dataset}" if open_output(path).named else path
-    sink = open_output(spec).create(
-        n_rows, n_features, dtype, overwrite=True, zarr_format=zarr_format, chunk_rows=chunk_rows, checksums=checksums
+    plan = OutputPlan(
+        n_rows, n_features, np.dtype(dtype).name, chunk_rows=chunk_rows, zarr_format=zarr_format, checksums=checksums
     )
+    sink = open_output(spec).create(plan, overwrite=True)
     with sink:
         step = max(chunk_rows, (64 << 20) // (n_features * np.dtype(dtype).itemsize) // chunk_rows * chunk_rows)
         for start in range(0, n_rows, step):

@@ -446,7 +446,7 @@ def test_rows_writes_the_transform_of_that_range_and_records_it(tmp_path, rows, 
     # the reference transforms the same rows alone: a one-row product takes BLAS's matrix-vector path, whose
     # sums run in another order than a matrix product's (about 1e-7 apart), so equality is exact only like for like
     np.testing.assert_array_equal(got, model.transform(rows[start:stop], normalize=True))
-    from streamwhiten.engine.apply import recorded_rows
+    from streamwhiten.output_plan import recorded_rows
 
     attrs = read_attrs(out)
     assert recorded_rows(attrs) == (start, stop) and attrs["complete"] in (True, 1)

@@ -333,7 +333,11 @@ def test_apply_compressor_is_recorded_and_checked(tmp_path, applied):
 
 def test_an_uncompressed_output_from_before_the_option_stays_current(tmp_path, applied):
     """Outputs written before --compressor existed carry no such attribute: they were uncompressed."""
-    from streamwhiten.engine.apply import output_is_current, recorded_options
+    from dataclasses import replace
+
+    from streamwhiten.engine.apply import output_is_current
+    from streamwhiten.io import open_output
+    from streamwhiten.output_plan import OutputPlan
 
     directory, spec, model, _ = applied
     attrs = dict(zarr.open_array(str(directory / "ref.zarr"), mode="r").attrs)
@@ -344,16 +348,10 @@ def test_an_uncompressed_output_from_before_the_option_stays_current(tmp_path, a
     shutil.copytree(str(directory / "ref.zarr"), copy)
     array = zarr.open_array(copy, mode="r+")
     array.attrs.put({key: value for key, value in attrs.items() if key != "compressor"})
-    options = recorded_options(copy, False, False, 3, "none")
-    assert output_is_current(copy, attrs["model_checksum"], attrs["source_sha256"], False, "float32", options)
-    assert not output_is_current(
-        copy,
-        attrs["model_checksum"],
-        attrs["source_sha256"],
-        False,
-        "float32",
-        recorded_options(copy, False, False, 3, "zstd"),
-    )
+    plan = OutputPlan.from_attrs(attrs, "float32")  # what the output was written with: uncompressed
+    assert plan.compressor == "none" and plan.records_compressor
+    assert output_is_current(open_output(copy), plan)
+    assert not output_is_current(open_output(copy), replace(plan, compressor="zstd"))
 
 
 @pytest.mark.parametrize("output", ["out.h5", "out.zarr"])

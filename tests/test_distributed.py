@@ -37,6 +37,7 @@ from streamwhiten.engine.fit import fit_sources  # noqa: E402
 from streamwhiten.errors import BadInputError, ClusterError, NonFiniteError, OutputExistsError, StoreIOError  # noqa: E402
 from streamwhiten.io import lazy_rows, open_source, partial_path, read_attrs  # noqa: E402
 from streamwhiten.options import ApplyOptions, ReadOptions  # noqa: E402
+from streamwhiten.output_plan import OutputPlan  # noqa: E402
 from streamwhiten.synthetic import generate_rows, write_store  # noqa: E402
 from streamwhiten.whitener import Whitener  # noqa: E402
 
@@ -418,7 +419,7 @@ def test_apply_dask_refuses_hdf5_output(client, stores, model, tmp_path):
 def test_region_writer_refuses_unaligned_rows(tmp_path):
     from streamwhiten.io import open_output
 
-    with open_output(str(tmp_path / "w.zarr")).create(100, 3, chunk_rows=10) as sink:
+    with open_output(str(tmp_path / "w.zarr")).create(OutputPlan(100, 3, chunk_rows=10)) as sink:
         writer = sink.region_writer()
         writer(90, np.ones((10, 3), np.float32))
         with pytest.raises(BadInputError, match="not aligned"):

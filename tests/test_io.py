@@ -11,6 +11,7 @@ from conftest import anisotropic, write_h5, write_zarr
 from streamwhiten.errors import BadInputError, CorruptStoreError, MissingChunkError, OutputExistsError
 from streamwhiten.io import fingerprint, open_output, open_source, partial_path, split_spec
 from streamwhiten.options import ReadOptions
+from streamwhiten.output_plan import OutputPlan
 
 
 def test_split_spec():
@@ -80,7 +81,7 @@ def test_fingerprint_is_stable_for_an_appended_prefix(tmp_path):
 @pytest.mark.parametrize("name", ["out.h5", "out.zarr"])
 def test_sink_appears_only_when_committed(tmp_path, name):
     target = str(tmp_path / name)
-    sink = open_output(target).create(10, 3, "float32")
+    sink = open_output(target).create(OutputPlan(10, 3, "float32"))
     sink.write(0, np.ones((10, 3), np.float32))
     assert not os.path.exists(target) and os.path.exists(partial_path(target))
     sink.commit()
@@ -88,8 +89,8 @@ def test_sink_appears_only_when_committed(tmp_path, name):
     with open_source(target) as source:
         np.testing.assert_array_equal(source.read(0, 10), np.ones((10, 3)))
     with pytest.raises(OutputExistsError):
-        open_output(target).create(10, 3)
-    aborted = open_output(target).create(10, 3, overwrite=True)
+        open_output(target).create(OutputPlan(10, 3))
+    aborted = open_output(target).create(OutputPlan(10, 3), overwrite=True)
     aborted.abort()
     assert not os.path.exists(partial_path(target))
     with open_source(target) as source:  # the old output is untouched
@@ -144,7 +145,7 @@ def test_compressed_zarr_falls_back_to_zarr_decoding(tmp_path):
 def test_raw_zarr_sink_writes_what_zarr_reads(tmp_path, zarr_format):
     rows = anisotropic(1000, 5).astype(np.float32)
     target = str(tmp_path / "o.zarr")
-    sink = open_output(target).create(1000, 5, "float32", zarr_format=zarr_format, chunk_rows=96)
+    sink = open_output(target).create(OutputPlan(1000, 5, "float32", zarr_format=zarr_format, chunk_rows=96))
     sink.write(0, rows[:192])  # whole chunks: raw files
     sink.write(192, rows[192:250])  # a partial chunk: through zarr
     sink.write(250, rows[250:1000])  # starts mid-chunk, ends with the padded edge chunk

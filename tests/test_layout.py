@@ -3,7 +3,7 @@
 Every module under ``streamwhiten/`` is parsed with ``ast`` (nothing is imported), its imports are
 resolved to absolute names, those inside functions included, and checked against the layers:
 
-    foundation (errors, params, options, records, _buffers, _durable, _npz, _paths, _moved)  <  core  <  codes, io
+    foundation (errors, params, options, records, output_plan, _buffers, _durable, _npz, _paths, _moved)  <  core  <  codes, io
     <  engine  <  evaluation, pipeline  <  job  <  serving, export, synthetic, whitener  <  cli
 
 (``io`` takes only the Numba kernels from ``core``: its LZF decoder is one of them, and numba stays in
@@ -26,7 +26,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "streamwhiten"
 
-FOUNDATION = {"errors", "params", "options", "records", "_buffers", "_durable", "_npz", "_paths", "_moved"}
+FOUNDATION = {
+    "errors",
+    "params",
+    "options",
+    "records",
+    "output_plan",
+    "_buffers",
+    "_durable",
+    "_npz",
+    "_paths",
+    "_moved",
+}
 
 #: The layers (packages, or single top-level modules) each layer may import besides itself, or single
 #: modules of a layer (``core._kernels``). The root package (``streamwhiten``, for ``__version__``) is
@@ -739,3 +750,189 @@ def test_jobs_fit_and_apply_through_the_pipeline():
             if banned:
                 problems.append(f"{where(module, node.lineno)}: imports {sorted(banned)} from {source}")
     assert not problems, "\n".join(problems)
+
+
+# ------------------------------------------------------------------------------------- narrow calls
+
+#: The most parameters a function takes (``self`` and ``cls`` not counted; ``*args`` and ``**kwargs``
+#: counted): more travel together as one object (an option object, the ``OutputPlan``, a record).
+MAX_PARAMETERS = 8
+#: Where this does not hold: the command line (its flags are parameters) and the scikit-learn estimator
+#: (its hyper-parameters are, by scikit-learn's rule).
+WIDE_PLACES = ("streamwhiten.cli", "streamwhiten.whitener")
+#: Wider functions elsewhere, each with why (none may be added without one; one that became narrow
+#: must leave this list).
+WIDE = {
+    "batch:_fit_job": "the deprecated fit_job's keyword arguments, kept as they were until the shim is dropped",
+    "pipeline:apply": "a public call's keyword arguments (streamwhiten.apply): narrowing them breaks callers",
+    "pipeline:fit": "a public call's keyword arguments (streamwhiten.fit): narrowing them breaks callers",
+    "engine.apply:apply_model": "a public call; **legacy takes the keyword arguments of before ApplyOptions",
+    "engine.distributed:apply_dask": "a public call; **legacy takes the keyword arguments of before ApplyOptions",
+    "engine.distributed:fit_dask": "a public call's keyword arguments (the Dask fit)",
+    "synthetic:write_store": "a public call's keyword arguments (the example data set)",
+    "core.affine:AffineMap.from_eigh": "a public constructor from the parts of an eigendecomposition",
+    "core.model:finalize": "a public call: the statistics and every parameter of a setting",
+    "core._kernels:merge_top_hamming": "a Numba kernel: arrays and scalars only, no records",
+    "engine.engines:Engine.apply": "the engine interface: pipeline.apply's keywords passed through",
+    "engine.engines:SerialEngine.apply": "the engine interface: pipeline.apply's keywords passed through",
+    "engine.engines:DaskEngine.apply": "the engine interface: pipeline.apply's keywords passed through",
+    "engine.fit:fit_sources": "the fit's entry of before FitPlan, kept for its callers",
+    "engine.fit:_read_block_moments": "one block's read and reduction: the next step gives it the FitPlan",
+    "engine.fit:plan_update": "an update's plan from a model's record: the next step gives it the FitPlan",
+    "job.steps:apply_unless_current": "the job's steps take what they use: the next step of this work",
+    "evaluation.retrieval:evaluate_retrieval": "a public call's keyword arguments (typed results: the next step)",
+    "evaluation.retrieval:run_settings": "evaluation internals, being reworked with typed results",
+    "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
+    "evaluation.sweep:choose_generalising": "evaluation internals, being reworked with the codes' tuning",
+    "evaluation.sweep:_search_group": "evaluation internals, being reworked with the codes' tuning",
+    "evaluation.select:forecast": "evaluation internals, being reworked with the codes' tuning",
+    "evaluation.select:select": "evaluation internals, being reworked with the codes' tuning",
+    "evaluation.search:exact_search": "a public call's keyword arguments (exact search over a store)",
+    "evaluation.report:collect": "the report's inputs, one per figure",
+    "codes.faiss_codes:train_faiss": "faiss's training settings, passed to faiss as they are",
+}
+
+
+def parameter_counts(source: str) -> dict[str, int]:
+    """``{qualified name: parameters}`` of every function in ``source`` (``Class.method``)."""
+    counts = {}
+
+    def visit(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}{child.name}.")
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = child.args
+                names = [arg.arg for arg in args.posonlyargs + args.args + args.kwonlyargs]
+                if names and names[0] in ("self", "cls"):
+                    names = names[1:]
+                counts[f"{prefix}{child.name}"] = len(names) + (args.vararg is not None) + (args.kwarg is not None)
+                visit(child, f"{prefix}{child.name}.")
+
+    visit(ast.parse(source), "")
+    return counts
+
+
+def wide_functions() -> dict[str, int]:
+    found = {}
+    for module, path in MODULES.items():
+        if module.startswith(WIDE_PLACES):
+            continue
+        for name, count in parameter_counts(path.read_text()).items():
+            if count > MAX_PARAMETERS:
+                found[f"{module.removeprefix('streamwhiten.')}:{name}"] = count
+    return found
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    found = wide_functions()
+    unexplained = [f"{name} takes {count} parameters" for name, count in sorted(found.items()) if name not in WIDE]
+    assert not unexplained, f"more than {MAX_PARAMETERS} parameters (pass an object):\n" + "\n".join(unexplained)
+    narrow = sorted(set(WIDE) - set(found))
+    assert not narrow, f"no longer wider than {MAX_PARAMETERS} parameters: take them off WIDE: {narrow}"
+
+
+def test_the_parameter_rule_counts_what_a_caller_passes():
+    counts = parameter_counts(
+        "class A:\n    def m(self, a, b, *c, d, **e): ...\n    @classmethod\n    def k(cls, a): ...\ndef f(a, /, b=1): ...\n"
+    )
+    assert counts == {"A.m": 5, "A.k": 1, "f": 2}
+
+
+# ------------------------------------------------------------------------- the output's attributes
+
+#: The module that alone writes the names of an output's attributes (readers use its constants).
+OUTPUT_PLAN = "streamwhiten.output_plan"
+#: The attribute names of an apply output (the plan's constants, and the options it records).
+OUTPUT_ATTRS = {
+    "streamwhiten_version",
+    "complete",
+    "model_checksum",
+    "source_sha256",
+    "rows",
+    "kept_columns",
+    "compressor",
+    "zarr_format",
+    "normalized",
+    "skip_nonfinite",
+    "fill_missing_chunks",
+    "quantization",
+    "n_nonfinite_rows",
+}
+
+
+def _holder(node) -> str:
+    """The last name of what ``node`` is (``output.attrs()`` -> ``attrs``; ``array.attrs`` -> ``attrs``)."""
+    while isinstance(node, ast.Call):
+        node = node.func
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    return node.id if isinstance(node, ast.Name) else ""
+
+
+def attribute_names_written(source: str) -> list[tuple[int, str]]:
+    """``(line, name)`` of every output attribute named by a string in ``source``: a key of something
+    called ``*attrs*`` (``attrs["x"]``, ``attrs.get("x")``, ``"x" in attrs``) or of a dict literal made
+    into one (assigned to such a name, passed as ``attrs=``, to ``update``, ``commit`` or ``create``)."""
+    found = []
+
+    def named(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in OUTPUT_ATTRS:
+            found.append((node.lineno, node.value))
+
+    def literal(node):
+        if isinstance(node, ast.Dict):
+            for key in node.keys:
+                if key is not None:
+                    named(key)
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and "attrs" in _holder(node.value):
+            named(node.slice)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            method, holder = node.func.attr, _holder(node.func.value)
+            if method in ("get", "pop", "setdefault") and "attrs" in holder and node.args:
+                named(node.args[0])
+            if method in ("update", "commit", "create") and ("attrs" in holder or method != "update"):
+                for arg in node.args:
+                    literal(arg)
+        if isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                if keyword.arg is not None and "attrs" in keyword.arg:
+                    literal(keyword.value)
+        elif isinstance(node, ast.Compare) and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            if any("attrs" in _holder(right) for right in node.comparators):
+                named(node.left)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any("attrs" in _holder(target) for target in targets):
+                literal(node.value)
+    return found
+
+
+def test_the_output_attributes_are_named_in_one_module():
+    """Only the output plan writes an output's attribute names; everything else reads them through its
+    constants, so no reader can drift from the writer."""
+    wrong = [
+        f"{where(module, line)}: names the output attribute {name!r} (use streamwhiten.output_plan's constants)"
+        for module, path in MODULES.items()
+        if module != OUTPUT_PLAN
+        for line, name in attribute_names_written(path.read_text())
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_attribute_rule_catches_each_way_of_naming_one():
+    source = (
+        "attrs['rows']\nx = output.attrs().get('complete')\nif 'compressor' in array.attrs: pass\n"
+        "final_attrs = {'source_sha256': 1}\nsink.commit(True, {'n_nonfinite_rows': 0})\n"
+        "apply(attrs={'kept_columns': []})\nrecord['rows']\nother = {'rows': 1}\n"
+    )
+    assert sorted(attribute_names_written(source)) == [
+        (1, "rows"),
+        (2, "complete"),
+        (3, "compressor"),
+        (4, "source_sha256"),
+        (5, "n_nonfinite_rows"),
+        (6, "kept_columns"),
+    ]

@@ -24,6 +24,7 @@ from streamwhiten.core.model import load_model
 from streamwhiten.engine.fit import remove_checkpoint
 from streamwhiten.errors import MissingChunkError, StoreIOError
 from streamwhiten.options import ApplyOptions, ReadOptions
+from streamwhiten.output_plan import OutputPlan
 
 
 def without_log(err: str) -> str:
@@ -363,9 +364,11 @@ def test_a_sink_whose_partial_output_was_replaced_by_another_run_does_not_commit
     from streamwhiten.io import open_output
 
     target = str(tmp_path / "o.h5")
-    first = open_output(target).create(100, 4, chunk_rows=50)
+    first = open_output(target).create(OutputPlan(100, 4, chunk_rows=50))
     first.write(0, np.ones((100, 4), np.float32))
-    second = open_output(target).create(100, 4, overwrite=True, chunk_rows=50)  # a second run of the same output
+    second = open_output(target).create(
+        OutputPlan(100, 4, chunk_rows=50), overwrite=True
+    )  # a second run of the same output
     second.write(0, np.ones((50, 4), np.float32))
     with pytest.raises(StoreIOError, match="replaced by another run"):
         first.commit()

@@ -30,6 +30,7 @@ from streamwhiten.errors import (
 from streamwhiten.io import open_source, partial_path
 from streamwhiten.job import default_checkpoint
 from streamwhiten.options import ApplyOptions, ReadOptions
+from streamwhiten.output_plan import OutputPlan
 from streamwhiten.synthetic import write_store
 
 N_ROWS, N_FEATURES, BLOCK = 60_000, 48, 300
@@ -465,7 +466,7 @@ def test_restart_interrupted_before_its_first_block_is_not_resumed_with_the_old_
         )
     assert rows_done_of_partial(output) == 500
     # `apply --restart` killed inside its first block: a fresh partial exists, nothing written yet
-    open_output(output).create(4000, model.n_components, chunk_rows=500).suspend()
+    open_output(output).create(OutputPlan(4000, model.n_components, chunk_rows=500)).suspend()
     summary = apply_model(model, spec, output, ApplyOptions(), ReadOptions(block_rows=500))
     assert summary.resumed_at_row == 0
     with open_source(output) as out:  # every row written by this run, none left as fill value
@@ -646,7 +647,7 @@ def test_zarr_outputs_are_fsynced_before_progress_is_recorded_and_at_commit(tmp_
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real(fd))[1])
     target = str(tmp_path / "o.zarr")
-    sink = open_output(target).create(300, 4, chunk_rows=100)
+    sink = open_output(target).create(OutputPlan(300, 4, chunk_rows=100))
     sink.write(0, np.ones((200, 4), np.float32))
     job = ResumeRecord("0" * 64, Fingerprint(path="in.h5"), target, False, "float32", 3, 100, False, 1)
     sink.save_progress(job.at(200))

@@ -56,6 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
+from ..output_plan import STORAGE_ATTR
 from ..params import CODED_DTYPES, PARAMS, check
 
 #: The storage kinds (the values of the ``dtype`` parameter).
@@ -71,7 +72,7 @@ RECORD_FORMAT, RECORD_VERSION = "streamwhiten-quantization", 1
 _STD_FLOOR = 1e-6
 
 #: The attribute of an apply output that holds its :class:`Quantization` (int8 codes and sign bits only).
-ATTR = "quantization"
+ATTR = STORAGE_ATTR
 #: The storage kinds whose values are codes, not floats: they need a :class:`Quantization` to decode.
 CODED: tuple[str, ...] = CODED_DTYPES
 

@@ -27,10 +27,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .. import __version__
 from .._buffers import BufferPool, PerThread, kept_for_next_run
 from ..core.model import WhiteningModel, map_checksum, project_checked
-from ..core.quantize import ATTR as QUANTIZATION_ATTR
 from ..core.quantize import Quantization, cast_checked, raise_if_overflowed
 from ..errors import (
     BadInputError,
@@ -56,6 +54,7 @@ from ..io import (
 )
 from ..io.codecs import Fetched
 from ..options import ApplyOptions, ReadOptions
+from ..output_plan import MODEL_PARAMS, STORAGE_ATTR, OutputPlan, StoredAs
 from ..params import CODED_DTYPES
 from ..records import ResumeRecord
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
@@ -104,75 +103,95 @@ def encode_block(out: np.ndarray, quantization: Quantization | None) -> np.ndarr
     return out if quantization is None else quantization.encode(out)
 
 
-def stored_layout(
-    model: WhiteningModel, dtype: npt.DTypeLike | None, quantization: Quantization | None
-) -> tuple[int, np.dtype]:
-    """The width and dtype of an output's rows: ``k`` values of ``dtype``, or the codes' (``ceil(k / 8)``
-    bytes of bits for binary)."""
+def _quantization_digest(attrs: Mapping[str, Any]) -> str:
+    """The digest of the codes' record an output's attributes carry, read as a :class:`Quantization`."""
+    return Quantization.from_attrs(attrs).digest()
+
+
+def stored_as(quantization: Quantization | None) -> StoredAs | None:
+    """The plan's storage of codes made with ``quantization`` (None: floats)."""
     if quantization is None:
-        return model.n_components, np.dtype(dtype)
-    return quantization.width, quantization.dtype
+        return None
+    return StoredAs(
+        quantization.kind,
+        quantization.width,
+        quantization.dtype.name,
+        quantization.to_dict(),
+        quantization.digest(),
+        read_digest=_quantization_digest,
+        encoder=quantization,
+    )
 
 
-#: What an output written before an option existed was written with (missing from its attributes).
-_OPTION_DEFAULTS = {"compressor": "none"}
-
-
-def recorded_options(
-    output_spec: str, skip_nonfinite: bool, fill_missing_chunks: bool, zarr_format: int, compressor: str = "none"
-) -> dict[str, Any]:
-    """The options an output records because they change what is written (or whether it can be)."""
-    options: dict[str, Any] = {"skip_nonfinite": bool(skip_nonfinite), "fill_missing_chunks": bool(fill_missing_chunks)}
-    output = open_output(output_spec)
-    if output.format_versions:
-        options["zarr_format"] = int(zarr_format)
-    if output.compressible:
-        options["compressor"] = str(compressor)
-    return options
-
-
-def output_is_current(
-    output_spec: str,
-    checksum: str,
-    source_sha256: str,
-    normalize: bool,
-    dtype: npt.DTypeLike | None,
-    options: Mapping[str, Any] | None = None,
-    keep_columns: Iterable[str] | None = None,
+def plan_output(
+    model: WhiteningModel,
+    source: Source,
+    output: Output,
+    options: ApplyOptions,
+    read: ReadOptions,
     *,
-    read: ReadOptions | None = None,
-    quantization: Quantization | None = None,
-    rows: tuple[int, int] | None = None,
-) -> bool:
-    """Whether ``output_spec`` is a complete output of the same map (``checksum``: ``AffineMap.checksum``),
-    input rows (sampled fingerprint, and the range ``rows`` of an apply of part of its input),
-    normalisation, dtype (for int8 codes and bits: the same decode record, ``quantization``), ``options``
-    (see :func:`recorded_options`) and kept columns: then writing it again changes nothing. A URL is
-    reached with ``read``'s storage options."""
-    output = open_output(output_spec, read)
+    source_sha256: str | None = None,
+    attrs: Mapping[str, Any] | None = None,
+) -> OutputPlan:
+    """The one :class:`~streamwhiten.output_plan.OutputPlan` of writing ``model``'s transform of
+    ``source`` (a :class:`~streamwhiten.io.RowRange` writes part of its input) to ``output`` with
+    ``options`` (their dtype the model's storage already: :func:`with_model_storage`), read in
+    ``read``'s blocks: what every writer, the resume record and the is-current check take.
+
+    The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
+    chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
+    output's row groups are the blocks. ``source_sha256`` is the hash of its sampled rows where taken
+    before writing; ``attrs`` are recorded beside the plan's own."""
+    storage = stored_as(output_quantization(model, options.dtype))
+    if storage is None:
+        width, dtype = model.n_components, np.dtype(options.dtype).name
+    else:
+        width, dtype = storage.width, storage.dtype
+    chunk_rows = output.chunk_rows(width, dtype, source.n_rows, read.block_rows, source.default_block_rows())
+    out_path = split_spec(output.spec)[0]
+    return OutputPlan(
+        n_rows=source.n_rows,
+        width=width,
+        dtype=dtype,
+        storage=storage,
+        chunk_rows=chunk_rows,
+        block_rows=aligned_block_rows(read.block_rows, source, chunk_rows),
+        compressor=options.compressor,
+        zarr_format=int(options.zarr_format),
+        records_compressor=output.compressible,
+        records_format=bool(output.format_versions),
+        direct_io=options.direct_io,
+        checksums=options.checksums,
+        kept_columns=tuple(options.keep_columns),
+        kept_schema=source.column_schema(list(options.keep_columns)) if options.keep_columns else None,
+        rows=(source.start, source.stop) if isinstance(source, RowRange) else None,
+        normalize=bool(options.normalize),
+        skip_nonfinite=bool(options.skip_nonfinite),
+        fill_missing_chunks=bool(read.fill_missing_chunks),
+        source=source.label,
+        source_sha256=source_sha256,
+        model_checksum=map_checksum(model),
+        model_params=tuple((name, getattr(model, name)) for name in MODEL_PARAMS),
+        output=remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
+        caller_attrs=dict(attrs or {}),
+    )
+
+
+def output_is_current(output: Output, plan: OutputPlan) -> bool:
+    """Whether ``output`` is a complete output of what ``plan`` writes (:meth:`OutputPlan.matches`):
+    then writing it again changes nothing. A float output's array is opened for its dtype; codes carry
+    their record."""
     if not output.exists():
         return False
     try:
         attrs = output.attrs()
-        if quantization is None and dtype not in CODED_DTYPES:
-            with open_source(output_spec, read=output.read, min_rows=0) as existing:
-                same_values = np.dtype(existing.dtype) == np.dtype(dtype) and QUANTIZATION_ATTR not in attrs
-        else:  # codes are no source of floats: the record they carry says what they are
-            record = Quantization.from_attrs(attrs)
-            same_values = quantization is not None and record.digest() == quantization.digest()
-        held = recorded_rows(attrs)
+        dtype = None
+        if plan.storage is None and STORAGE_ATTR not in attrs:
+            with open_source(output.spec, read=output.read, min_rows=0) as existing:
+                dtype = np.dtype(existing.dtype).name
     except Exception:  # an unreadable old output is simply rewritten
         return False
-    return (
-        attrs.get("complete") in (True, 1)
-        and attrs.get("model_checksum") == checksum
-        and attrs.get("source_sha256") == source_sha256
-        and bool(attrs.get("normalized")) == bool(normalize)
-        and same_values
-        and all(attrs.get(key, _OPTION_DEFAULTS.get(key)) == value for key, value in (options or {}).items())
-        and list(attrs.get("kept_columns") or []) == list(keep_columns or [])
-        and held == (None if rows is None else (int(rows[0]), int(rows[1])))
-    )
+    return plan.matches(attrs, dtype)
 
 
 def is_up_to_date(
@@ -185,7 +204,8 @@ def is_up_to_date(
 ) -> bool:
     """Whether ``output_spec`` already holds what :func:`apply_model` with these arguments would write (see
     :func:`output_is_current`; the input's rows, or the range ``rows`` of them, fingerprinted now)."""
-    if not open_output(output_spec, read).exists():
+    output = open_output(output_spec, read)
+    if not output.exists():
         return False  # nothing to compare: the input is not read
     options = with_model_storage(options, model)
     window = None if rows is None else _pair(rows)
@@ -193,75 +213,8 @@ def is_up_to_date(
         source = opened if window is None else RowRange(opened, *window)
         source_sha = fingerprint(source).sha256_sampled
         assert source_sha is not None  # fingerprint() hashes the sampled rows
-    recorded = recorded_options(
-        output_spec, options.skip_nonfinite, read.fill_missing_chunks, options.zarr_format, options.compressor
-    )
-    return output_is_current(
-        output_spec,
-        map_checksum(model),
-        source_sha,
-        options.normalize,
-        options.dtype,
-        recorded,
-        list(options.keep_columns),
-        read=read,
-        quantization=output_quantization(model, options.dtype),
-        rows=window,
-    )
-
-
-def recorded_rows(attrs: dict[str, Any]) -> tuple[int, int] | None:
-    """The input rows ``(start, stop)`` an output holds, from its ``rows`` attribute (None: every row of
-    its input; HDF5 keeps the pair as JSON text); :class:`ValueError` for a value that is no such pair."""
-    value = attrs.get("rows")
-    if value is None:
-        return None
-    if isinstance(value, (str, bytes)):
-        import json
-
-        value = json.loads(value)
-    start, stop = (int(item) for item in value)
-    return start, stop
-
-
-def output_attrs(
-    model: WhiteningModel,
-    source: Source,
-    normalize: bool,
-    source_sha256: str | None = None,
-    checksum: str | None = None,
-    options: Mapping[str, Any] | None = None,
-    keep_columns: Iterable[str] | None = None,
-    quantization: Quantization | None = None,
-    rows: tuple[int, int] | None = None,
-) -> dict[str, Any]:
-    """The attributes recorded on an output array: where it came from (``rows``: the input rows it
-    holds, where it holds part of them), which transform made it, the ``options`` it was written with,
-    the input columns it carries, and for int8 codes or bits how to decode them: ``dtype`` (``"int8"``,
-    ``"binary"``) and ``quantization`` (the record as a JSON object,
-    :meth:`~streamwhiten.core.quantize.Quantization.to_dict`: k, int8 scale and offset, bit order)."""
-    attrs: dict[str, Any] = {
-        "streamwhiten_version": __version__,
-        "source": source.label,
-        "model_checksum": checksum or map_checksum(model),
-        "beta": model.beta,
-        "gamma": model.gamma,
-        "eps": model.eps,
-        "eps_value": model.eps_value,
-        "n_components": model.n_components,
-        "normalized": bool(normalize),
-    }
-    if source_sha256 is not None:
-        attrs["source_sha256"] = source_sha256
-    attrs.update(options or {})
-    if keep_columns:
-        attrs["kept_columns"] = list(keep_columns)
-    if quantization is not None:
-        attrs["dtype"] = quantization.kind
-        attrs[QUANTIZATION_ATTR] = quantization.to_dict()
-    if rows is not None:
-        attrs["rows"] = [int(rows[0]), int(rows[1])]
-    return attrs
+        plan = plan_output(model, source, output, options, read, source_sha256=source_sha)
+    return output_is_current(output, plan)
 
 
 def aligned_block_rows(block_rows: int | None, source: Source, sink_chunk_rows: int) -> int:
@@ -270,30 +223,42 @@ def aligned_block_rows(block_rows: int | None, source: Source, sink_chunk_rows: 
     return max(sink_chunk_rows, rows_per_block // sink_chunk_rows * sink_chunk_rows)
 
 
+@dataclass(frozen=True, eq=False)
+class BlockTransform:
+    """What every block of one apply is whitened with: the projection (``weights``, ``shift``: see
+    :meth:`~streamwhiten.core.model.WhiteningModel.projection`), whether rows are scaled to unit length,
+    the dtype the values are cast to (None: the product's own; codes are encoded from it), whether
+    non-finite input rows are written as NaN rows, and the input's label for messages."""
+
+    weights: np.ndarray
+    shift: npt.ArrayLike
+    normalize: bool
+    dtype: npt.DTypeLike | None
+    skip_nonfinite: bool
+    label: str
+
+
 def transform_block(
     rows: np.ndarray,
     begin: int,
-    weights: np.ndarray,
-    shift: npt.ArrayLike,
-    normalize: bool,
-    dtype: npt.DTypeLike | None,
-    skip_nonfinite: bool,
-    label: str,
+    how: BlockTransform,
     overwrite_input: bool = True,
     out: np.ndarray | None = None,
     reread: Callable[[], np.ndarray] | None = None,
     into: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Whiten one block read at row ``begin``; returns the output rows and how many were non-finite.
+    """Whiten one block read at row ``begin`` as ``how`` says; returns the output rows and how many were
+    non-finite.
 
-    A row holding NaN or Inf raises :class:`NonFiniteError` naming ``label`` and the row, unless
-    ``skip_nonfinite``: then its output row is NaN and it is counted. Finite values that overflow
-    (when centred, whitened or cast to ``dtype``) raise :class:`ValuesTooLargeError` naming the row.
+    A row holding NaN or Inf raises :class:`NonFiniteError` naming the input and the row, unless
+    ``how.skip_nonfinite``: then its output row is NaN and it is counted. Finite values that overflow
+    (when centred, whitened or cast to ``how.dtype``) raise :class:`ValuesTooLargeError` naming the row.
     With ``overwrite_input`` the block may be centred in place; ``reread()`` then returns the block as
     stored, read again only when some rows came out non-finite, to tell NaN/Inf input from overflow.
     ``out`` is an optional buffer for the product (see :func:`~streamwhiten.core.model.project_checked`),
-    ``into`` one for the cast to ``dtype``.
+    ``into`` one for the cast to ``how.dtype``.
     """
+    weights, shift, normalize, dtype, label = how.weights, how.shift, how.normalize, how.dtype, how.label
     try:
         out, finite = project_checked(rows, weights, shift, normalize, None, overwrite_input=overwrite_input, out=out)
         if finite is not None and overwrite_input and reread is not None:
@@ -306,7 +271,7 @@ def transform_block(
         raise ValuesTooLargeError(exc.detail, row=row, label=label) from None
     if finite is None:
         return out, 0
-    if not skip_nonfinite:
+    if not how.skip_nonfinite:
         bad = begin + int(np.argmin(finite))
         raise NonFiniteError(
             f"{label}: row {bad} holds NaN or Inf (pass --skip-nonfinite to write NaN rows for such input)", row=bad
@@ -349,29 +314,20 @@ class ApplyOutcome:
         return dict(asdict(self), rows_per_second=self.rows_per_second)
 
 
-def summary(
-    model: WhiteningModel,
-    source: Source,
-    sink: Sink,
-    normalize: bool,
-    n_nonfinite: int,
-    seconds: float,
-    resumed_at_row: int = 0,
-    quantization: Quantization | None = None,
-) -> ApplyOutcome:
-    """What an apply run reports (``dtype``: the storage, ``"binary"`` for bits stored as uint8 bytes)."""
-    rows = (source.start, source.stop) if isinstance(source, RowRange) else None
+def summary(plan: OutputPlan, sink: Sink, n_nonfinite: int, seconds: float, resumed_at_row: int = 0) -> ApplyOutcome:
+    """What an apply run of ``plan`` reports (``dtype``: the storage, ``"binary"`` for bits stored as uint8
+    bytes)."""
     return ApplyOutcome(
-        input=source.label,
+        input=plan.source,
         output=sink.label,
-        n_rows=source.n_rows,
-        n_components=model.n_components,
-        dtype=str(sink.dtype) if quantization is None else quantization.kind,
-        normalized=bool(normalize),
+        n_rows=plan.n_rows,
+        n_components=int(dict(plan.model_params)["n_components"]),
+        dtype=plan.kind,
+        normalized=bool(plan.normalize),
         n_nonfinite_rows=n_nonfinite,
         seconds=seconds,
         resumed_at_row=resumed_at_row,
-        rows=rows,
+        rows=plan.rows,
     )
 
 
@@ -464,19 +420,17 @@ def apply_model(
         # is decoded by one per core.
         threads = resolve_threads(remote.default_threads(threads, [source]), default=default_threads(source))
         check_output(model, source, output_spec)
-        kept_schema = source.column_schema(list(options.keep_columns)) if options.keep_columns else None
+        plan = plan_output(model, source, output, options, read, attrs=attrs)
         # One run per output: a second one exits 75 rather than replace this one's partial output.
         stack.enter_context(output.lock())
-        writing = _prepare_writing(model, source, output, output_spec, options, read, threads)
-        extra = dict(attrs or {})
-        sink, start, n_nonfinite = _open_sink(model, source, output, writing, options, kept_schema, extra)
+        writing = _prepare_writing(source, output, plan, options, threads)
+        sink, start, n_nonfinite = _open_sink(output, writing, options)
         with sink:
             run = _BlockRun(model, source, sink, writing, options, threads, progress, should_stop)
             n_nonfinite = run.write_all(start, n_nonfinite)
-            final = {**extra, "n_nonfinite_rows": n_nonfinite, "source_sha256": run.source_sha256()}
-            sink.commit(options.overwrite, final)
+            sink.commit(options.overwrite, plan.commit_attrs(n_nonfinite, run.source_sha256()))
         seconds = time.perf_counter() - began
-        return summary(model, source, sink, options.normalize, n_nonfinite, seconds, start, writing.quantization)
+        return summary(plan, sink, n_nonfinite, seconds, start)
 
 
 def _pair(rows: Any) -> tuple[int, int]:
@@ -490,38 +444,22 @@ def _pair(rows: Any) -> tuple[int, int]:
 
 @dataclass
 class _Writing:
-    """How one apply writes its output: the record a resume must match, the block and chunk sizes, the
-    sampler that hashes the input's sampled rows as the blocks are read (None when hashed up front), and
-    the codes' record (None for floats)."""
+    """How one apply writes its output: its plan, the record a resume must match, and the sampler that
+    hashes the input's sampled rows as the blocks are read (None when hashed up front)."""
 
+    plan: OutputPlan
     record: ResumeRecord
-    checksum: str
-    recorded: dict[str, Any]
-    chunk_rows: int
-    rows_per_block: int
     sampler: Sampler | None
-    quantization: Quantization | None = None
+
+    @property
+    def rows_per_block(self) -> int:
+        return self.plan.block_rows
 
 
-def _prepare_writing(
-    model: WhiteningModel,
-    source: Source,
-    output: Output,
-    output_spec: str,
-    options: ApplyOptions,
-    read: ReadOptions,
-    threads: int,
-) -> _Writing:
+def _prepare_writing(source: Source, output: Output, plan: OutputPlan, options: ApplyOptions, threads: int) -> _Writing:
     """Check an existing output (up to date: :class:`NothingToDoError`; ours and ``overwrite``: replaced;
-    else :class:`OutputExistsError`) and size the writing of a new or resumed one."""
-    rows = (source.start, source.stop) if isinstance(source, RowRange) else None
-    out_path, _ = split_spec(output_spec)
-    checksum = map_checksum(model)
-    quantization = output_quantization(model, options.dtype)
-    width, stored_dtype = stored_layout(model, options.dtype, quantization)
-    recorded = recorded_options(
-        output_spec, options.skip_nonfinite, read.fill_missing_chunks, options.zarr_format, options.compressor
-    )
+    else :class:`OutputExistsError`) and make the record a resume of ``plan`` must match."""
+    out_path, _ = split_spec(output.spec)
     exists = output.exists()
     if exists and options.overwrite:
         output.check_replaceable(options.overwrite)  # only an output of ours, of this kind, is replaced
@@ -532,96 +470,25 @@ def _prepare_writing(
     else:  # hashed from the rows as they are read (on a compressed store a separate read decodes chunks)
         source_print, sampler = describe(source), Sampler(source)
     if exists:
-        keep = list(options.keep_columns)
         sha = source_print.sha256_sampled
         assert sha is not None  # fingerprint() hashes the sampled rows
-        current = output_is_current(
-            output_spec,
-            checksum,
-            sha,
-            options.normalize,
-            options.dtype,
-            recorded,
-            keep,
-            read=read,
-            quantization=quantization,
-            rows=rows,
-        )
-        if current:
+        if output_is_current(output, replace(plan, source_sha256=sha)):
             raise NothingToDoError(
                 f"nothing to do: {out_path} is up to date (written by this model, with the same "
                 "settings, from the same input)"
             )
         raise OutputExistsError.at(out_path)
-    # The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
-    # chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
-    # output's row groups are the blocks.
-    chunk_rows = output.chunk_rows(width, stored_dtype, source.n_rows, read.block_rows, source.default_block_rows())
-    rows_per_block = aligned_block_rows(read.block_rows, source, chunk_rows)
-    # What must match for a partial output to be continued rather than started over.
-    record = ResumeRecord(
-        model_checksum=checksum,
-        source=source_print,
-        output=remote.normalize(out_path) if remote.is_url(out_path) else os.path.abspath(out_path),
-        normalize=bool(options.normalize),
-        dtype=str(np.dtype(options.dtype)) if quantization is None else quantization.kind,
-        zarr_format=int(options.zarr_format),
-        block_rows=rows_per_block,
-        skip_nonfinite=bool(options.skip_nonfinite),
-        threads=threads,  # BLAS rounding can depend on its threads per call: a resume must match
-        compressor=options.compressor,
-        keep_columns=tuple(options.keep_columns),
-        quantization=None if quantization is None else quantization.digest(),
-        rows=rows,
-    )
-    return _Writing(record, checksum, recorded, chunk_rows, rows_per_block, sampler, quantization)
+    return _Writing(plan, plan.resume_record(source_print, threads), sampler)
 
 
-def _open_sink(
-    model: WhiteningModel,
-    source: Source,
-    output: Output,
-    writing: _Writing,
-    options: ApplyOptions,
-    kept_schema: Any,
-    extra: Mapping[str, Any] | None = None,
-) -> tuple[Sink, int, int]:
+def _open_sink(output: Output, writing: _Writing, options: ApplyOptions) -> tuple[Sink, int, int]:
     """``(sink, first row to write, non-finite rows so far)``: the partial output of an interrupted run of
-    the same job, resumed, or a new one."""
-    resumed = None if options.restart else output.resume(writing.record, options.direct_io)
+    the same job, resumed, or a new one (its input's hash set at commit: it may be taken from the rows as
+    they are read)."""
+    resumed = None if options.restart else output.resume(writing.plan, writing.record)
     if resumed is not None:
         return resumed[0], resumed[1].rows_done, resumed[1].n_nonfinite
-    # The input's hash is set at commit (it may be taken from the rows as they are read); a placeholder
-    # of its size keeps every attribute in place from the start (see Output.create).
-    keep = list(options.keep_columns)
-    quantization = writing.quantization
-    attrs = output_attrs(
-        model,
-        source,
-        options.normalize,
-        "0" * 64,
-        writing.checksum,
-        writing.recorded,
-        keep,
-        quantization=quantization,
-        rows=writing.record.rows,
-    )
-    attrs.update(extra or {})
-    width, stored_dtype = stored_layout(model, options.dtype, quantization)
-    sink = output.create(
-        source.n_rows,
-        width,
-        stored_dtype,
-        attrs,
-        options.overwrite,
-        options.zarr_format,
-        writing.chunk_rows,
-        options.direct_io,
-        kept_schema,
-        options.compressor,
-        checksums=options.checksums,
-    )
-    return sink, 0, 0
+    return output.create(writing.plan, options.overwrite), 0, 0
 
 
 #: A block whitened by a worker: ``(begin, end, rows out, non-finite rows, kept columns, release)``,
@@ -649,13 +516,16 @@ class _BlockRun:
         self.progress, self.should_stop = progress, should_stop
         self.record = writing.record
         self.work = np.float64 if source.dtype == np.float64 else np.float32
-        self.weights, self.shift = model.projection(self.work)
+        weights, shift = model.projection(self.work)
         rows = min(writing.rows_per_block, source.n_rows)
         # float16 is widened to float32 as it is decoded, where the backend can: no copy of its own
         self.inputs = PerThread((rows, source.n_features), source.read_dtype)
         # Output buffers go back to their pool once written; aligned, so whole chunks can be written directly.
         self.products = BufferPool((rows, model.n_components), self.work)
-        self.quantization = writing.quantization
+        storage = writing.plan.storage
+        self.quantization: Quantization | None = None if storage is None else storage.encoder  # None: floats
+        stored = None if self.quantization is not None else sink.dtype
+        self.how = BlockTransform(weights, shift, options.normalize, stored, options.skip_nonfinite, source.label)
         # a float output of another dtype is cast into pooled buffers; codes are new (small) arrays
         wanted = self.work if self.quantization is not None else sink.dtype
         self.converted = None if wanted == self.work else BufferPool((rows, model.n_components), wanted)
@@ -680,12 +550,7 @@ class _BlockRun:
         out, nonfinite = transform_block(
             rows,
             begin + source.first_row,  # messages name the input's row
-            self.weights,
-            self.shift,
-            options.normalize,
-            None if self.quantization is not None else self.sink.dtype,
-            options.skip_nonfinite,
-            source.label,
+            self.how,
             overwrite_input=True,
             out=product,
             reread=lambda: source.read(begin, end),

@@ -21,11 +21,11 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from .. import params
 from ..core import stats
@@ -36,14 +36,12 @@ from ..io import LazyRows, Source, fingerprint, lazy_rows, open_output, open_sou
 from ..options import ApplyOptions, ReadOptions
 from .apply import (
     ApplyOutcome,
+    BlockTransform,
     _options_from_legacy,
     aligned_block_rows,
     check_output,
     encode_block,
-    output_attrs,
-    output_quantization,
-    recorded_options,
-    stored_layout,
+    plan_output,
     summary,
     transform_block,
     with_model_storage,
@@ -342,27 +340,13 @@ def _transform_and_write(
     rows: LazyRows,
     begin: int,
     stop: int,
-    projection: tuple[np.ndarray, np.ndarray],
-    normalize: bool,
-    dtype: npt.DTypeLike,
-    skip_nonfinite: bool,
+    how: BlockTransform,
     writer: Callable[[int, np.ndarray], object],
     quantization: Quantization | None = None,
 ) -> tuple[int, int, int]:
-    """Read rows ``[begin, stop)``, whiten them (in place: the block is this task's own), encode them for
-    an output of codes (``quantization``), and write them."""
-    weights, shift = projection
-    out, n_nonfinite = transform_block(
-        rows[begin:stop],
-        begin,
-        weights,
-        shift,
-        normalize,
-        None if quantization is not None else dtype,
-        skip_nonfinite,
-        rows.label,
-        reread=lambda: rows[begin:stop],
-    )
+    """Read rows ``[begin, stop)``, whiten them as ``how`` says (in place: the block is this task's own),
+    encode them for an output of codes (``quantization``), and write them."""
+    out, n_nonfinite = transform_block(rows[begin:stop], begin, how, reread=lambda: rows[begin:stop])
     writer(begin, encode_block(out, quantization))
     return begin, out.shape[0], n_nonfinite
 
@@ -414,13 +398,10 @@ def apply_dask(
     distributed = _require("distributed")
     options, read = _options_from_legacy(options, read, legacy)
     options = with_model_storage(options, model)
-    normalize, dtype, skip_nonfinite, overwrite = (
-        options.normalize,
-        options.dtype,
-        options.skip_nonfinite,
-        options.overwrite,
-    )
-    zarr_format, block_rows, fill_missing_chunks = options.zarr_format, read.block_rows, read.fill_missing_chunks
+    # what the Dask engine writes whatever was asked (DaskEngine.check_apply refuses other values):
+    # uncompressed Zarr through zarr, every chunk with its checksum, no other columns
+    options = replace(options, compressor="none", direct_io=True, checksums=True, keep_columns=())
+    normalize, skip_nonfinite, overwrite = options.normalize, options.skip_nonfinite, options.overwrite
     out_path, _ = split_spec(output_spec)
     output = open_output(output_spec, read)
     if not output.parallel_writes:
@@ -434,28 +415,28 @@ def apply_dask(
     try:
         check_output(model, source, output_spec)
         work = np.float64 if source.dtype == np.float64 else np.float32
-        quantization = output_quantization(model, dtype)  # int8 codes or bits: encoded by each task
-        width, stored_dtype = stored_layout(model, dtype, quantization)
-        attrs = output_attrs(
-            model,
-            source,
-            normalize,
-            fingerprint(source).sha256_sampled,
-            options=recorded_options(output_spec, skip_nonfinite, fill_missing_chunks, zarr_format),
-            quantization=quantization,
-        )
+        plan = plan_output(model, source, output, options, read, source_sha256=fingerprint(source).sha256_sampled)
+        # int8 codes or bits: encoded by each task
+        quantization: Quantization | None = None if plan.storage is None else plan.storage.encoder
+        # the Dask engine sizes its chunks itself (default: about 4 MiB each), whatever the blocks read
+        plan = replace(plan, chunk_rows=output_chunk_rows)
         # One run per output (a second one exits 75); the output's checks and writes happen under it.
         with output.lock(), dask_client(scheduler, n_workers, client=client) as active:
-            sink = output.create(source.n_rows, width, stored_dtype, attrs, overwrite, zarr_format, output_chunk_rows)
+            sink = output.create(plan, overwrite)
             with sink:
-                rows_per_block = aligned_block_rows(block_rows, source, sink.chunk_rows)
-                rows = dask.delayed(lazy_rows(source), pure=True)
-                projection = dask.delayed(model.projection(work), pure=True)
+                rows_per_block = aligned_block_rows(read.block_rows, source, sink.chunk_rows)
+                lazy = lazy_rows(source)
+                rows = dask.delayed(lazy, pure=True)
+                weights, shift = model.projection(work)
+                stored = None if quantization is not None else sink.dtype
+                how = dask.delayed(
+                    BlockTransform(weights, shift, normalize, stored, skip_nonfinite, lazy.label), pure=True
+                )
                 writer = dask.delayed(sink.region_writer(), pure=True)
                 task = dask.delayed(_transform_and_write, pure=False)
                 futures = active.compute(
                     [
-                        task(rows, begin, stop, projection, normalize, sink.dtype, skip_nonfinite, writer, quantization)
+                        task(rows, begin, stop, how, writer, quantization)
                         for begin, stop in source.blocks(rows_per_block)
                     ]
                 )
@@ -476,9 +457,9 @@ def apply_dask(
                     raise
                 if n_written != source.n_rows or len(written) != len(futures):
                     raise ClusterError(f"the transform wrote {n_written} rows of {source.n_rows}; output discarded")
-                sink.commit(overwrite, {"n_nonfinite_rows": n_nonfinite})
+                sink.commit(overwrite, plan.commit_attrs(n_nonfinite))
         seconds = time.perf_counter() - began
-        return summary(model, source, sink, normalize, n_nonfinite, seconds, quantization=quantization)
+        return summary(plan, sink, n_nonfinite, seconds)
     finally:
         source.close()
 

@@ -12,6 +12,7 @@ import json
 import os
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -19,10 +20,11 @@ import pyarrow as pa
 
 from .. import _durable as durable
 from ..errors import BadInputError, StoreIOError
-from ..options import ReadOptions
+from ..output_plan import OutputPlan
 from . import remote
 from ._messages import io_error, name_not_found
 from ._store import StoreSink, remove
+from .abc.store import SinkPlace
 
 #: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's
 #: attributes as JSON.
@@ -240,17 +242,16 @@ class TableSink(StoreSink):
 
     def __init__(
         self,
-        path: str,
-        dataset: str | None,
-        partial: str,
+        place: SinkPlace,
         shape: tuple[int, ...],
         dtype: Any,
         chunk_rows: int,
         attrs: Mapping[str, Any],
         columns: pa.Schema,
-        read: ReadOptions | None = None,
     ) -> None:
-        super().__init__(path, dataset or DEFAULT_COLUMN, partial, shape, dtype, chunk_rows, direct_io=False)
+        super().__init__(
+            replace(place, dataset=place.dataset or DEFAULT_COLUMN), shape, dtype, chunk_rows, direct_io=False
+        )
         #: attributes recorded in the output's metadata at commit
         self.attrs = dict(attrs)
         #: the columns carried from the input, before the vectors
@@ -258,28 +259,16 @@ class TableSink(StoreSink):
         vectors = pa.field(self.dataset, pa.list_(_ARROW_VALUES[self.dtype], self.shape[1]))
         self.schema = pa.schema(list(columns) + [vectors])
         self._unsynced: list[str] = []
-        if read is not None:
-            self.read_options = read
 
     @property
     def label(self) -> str:
         return f"{self.path}:{self.dataset}"
 
     @classmethod
-    def create(
-        cls,
-        path: str,
-        dataset: str | None,
-        partial: str,
-        shape: tuple[int, ...],
-        dtype: Any,
-        chunk_rows: int,
-        attrs: Mapping[str, Any],
-        columns: pa.Schema | None = None,
-        read: ReadOptions | None = None,
-        **_: Any,
-    ) -> TableSink:
-        columns = columns if columns is not None else pa.schema([])
+    def create(cls, place: SinkPlace, plan: OutputPlan) -> TableSink:
+        path, dataset, partial, read, attrs = place.path, place.dataset, place.partial, place.read, plan.to_attrs()
+        shape, dtype, chunk_rows = plan.shape, np.dtype(plan.dtype), int(plan.chunk_rows or 0)
+        columns = plan.kept_schema if plan.kept_schema is not None else pa.schema([])
         column = dataset or DEFAULT_COLUMN
         if column in columns.names:
             raise BadInputError(
@@ -295,30 +284,20 @@ class TableSink(StoreSink):
             "columns": _encode_schema(columns),
         }
         if remote.is_url(partial):  # parts are objects under the partial prefix (any machine can resume them)
-            read = read if read is not None else ReadOptions()
             data = json.dumps(record, sort_keys=True).encode()
             remote.put_bytes(remote.join(partial, _SINK_FILE), data, read=read)
-            return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns, read)
+            return cls(replace(place, dataset=column), shape, dtype, chunk_rows, attrs, columns)
         os.mkdir(partial)
         durable.write_file_atomic(
             os.path.join(partial, _SINK_FILE),
             lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
             "output description",
         )
-        return cls(path, column, partial, shape, dtype, chunk_rows, attrs, columns, read)
+        return cls(replace(place, dataset=column), shape, dtype, chunk_rows, attrs, columns)
 
     @classmethod
-    def resume(
-        cls,
-        path: str,
-        dataset: str | None,
-        partial: str,
-        direct_io: bool = False,
-        rows_done: int = 0,
-        read: ReadOptions | None = None,
-        **_: Any,
-    ) -> TableSink:
-        read = read if read is not None else ReadOptions()
+    def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> TableSink:
+        dataset, partial, read = place.dataset, place.partial, place.read
         if remote.is_url(partial):
             record = json.loads(remote.cat(remote.join(partial, _SINK_FILE), read=read))
         else:
@@ -330,15 +309,12 @@ class TableSink(StoreSink):
             if name.endswith(".tmp"):
                 os.remove(os.path.join(partial, name))
         return cls(
-            path,
-            record["column"],
-            partial,
+            replace(place, dataset=record["column"]),
             record["shape"],
             record["dtype"],
             record["chunk_rows"],
             record["attrs"],
             _decode_schema(record["columns"]),
-            read,
         )
 
     def _part_path(self, start: int) -> str:

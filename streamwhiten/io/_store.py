@@ -23,11 +23,12 @@ from .. import _durable as durable
 from .._buffers import ALIGNMENT
 from .._paths import file_identity
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
-from ..options import ReadOptions
+from ..output_plan import COMPLETE_ATTR
+from ..output_plan import OWNER_ATTR as OWNER_ATTR  # the mark of an output of ours, for the backends
 from ..records import ResumeRecord
 from . import remote
 from ._messages import io_error
-from .abc.store import Sink, Source
+from .abc.store import Sink, SinkPlace, Source
 from .codecs import DecodeError, Fetched, decode_rows
 
 #: Default bytes per block read when the caller gives no ``block_rows``: big enough that BLAS runs at
@@ -37,9 +38,6 @@ DEFAULT_BLOCK_BYTES = 64 << 20
 OUTPUT_CHUNK_BYTES = 4 << 20
 #: Rows hashed at each sampled position of a fingerprint.
 FINGERPRINT_ROWS = 64
-#: The attribute every store output of streamwhiten carries (``Output.create`` sets it): how an existing
-#: store is recognised as an output of ours, which ``--overwrite`` may replace.
-OWNER_ATTR = "streamwhiten_version"
 
 
 def remove(path: str) -> None:
@@ -233,17 +231,11 @@ class StoreSink(Sink):
     """
 
     def __init__(
-        self,
-        path: str,
-        dataset: str | None,
-        partial: str,
-        shape: tuple[int, ...],
-        dtype: Any,
-        chunk_rows: int,
-        direct_io: bool = True,
+        self, place: SinkPlace, shape: tuple[int, ...], dtype: Any, chunk_rows: int, direct_io: bool = True
     ) -> None:
+        path, partial = place.path, place.partial
         self.path = path
-        self.dataset = dataset
+        self.dataset = place.dataset
         self.partial = partial
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
@@ -251,7 +243,7 @@ class StoreSink(Sink):
         self.direct_io = direct_io
         #: the partial output this sink writes: another run that replaced it must not be committed by this one
         self.partial_inode = _inode(partial)
-        self.read_options = ReadOptions()
+        self.read_options = place.read
         self.replace_check = None
 
     @property
@@ -319,7 +311,7 @@ class StoreSink(Sink):
                 raise OSError(
                     f"{self.partial} was replaced by another run writing the same output; this one is not committed"
                 )
-            self._finish(dict(attrs or {}, complete=True))
+            self._finish({**(attrs or {}), COMPLETE_ATTR: True})
             final = os.path.abspath(self.path.rstrip("/"))
             if os.path.lexists(final):
                 self._check_replaceable(overwrite)  # again: it may have changed since the run began

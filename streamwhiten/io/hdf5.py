@@ -26,6 +26,7 @@ import re
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any, BinaryIO, NoReturn
 
 import h5py
@@ -34,9 +35,11 @@ import numpy as np
 from .._buffers import ALIGNMENT
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from ..options import ReadOptions
+from ..output_plan import COMPRESSOR_ATTR, OutputPlan
 from . import remote
 from ._messages import FILL_HINT, first_line, io_error, name_not_found
 from ._store import OWNER_ATTR, StoreSink, StoreSource
+from .abc.store import SinkPlace
 from .codecs import (
     H5Z_BLOSC,
     H5Z_ZSTD,
@@ -390,9 +393,7 @@ class HDF5Sink(StoreSink):
 
     def __init__(
         self,
-        path: str,
-        dataset: str | None,
-        partial: str,
+        place: SinkPlace,
         shape: tuple[int, ...],
         dtype: Any,
         chunk_rows: int,
@@ -400,7 +401,8 @@ class HDF5Sink(StoreSink):
         direct_io: bool = True,
         checksums: bool = False,
     ) -> None:
-        super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
+        super().__init__(place, shape, dtype, chunk_rows, direct_io)
+        partial = place.partial
         #: byte offset of each chunk in the file
         self.offsets = offsets
         #: whether each chunk is followed by its fletcher32 checksum (HDF5's filter, declared on the dataset)
@@ -409,28 +411,20 @@ class HDF5Sink(StoreSink):
         self.chunk_file: ChunkFile | None = ChunkFile(partial, direct=direct_io)
 
     @classmethod
-    def create(
-        cls,
-        path: str,
-        dataset: str | None,
-        partial: str,
-        shape: tuple[int, ...],
-        dtype: Any,
-        chunk_rows: int,
-        attrs: Mapping[str, Any],
-        direct_io: bool = True,
-        compressor: str = "none",
-        checksums: bool = True,
-        **_: Any,
-    ) -> StoreSink:
+    def create(cls, place: SinkPlace, plan: OutputPlan) -> StoreSink:
         """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
         With a ``compressor``, an :class:`HDF5CompressedSink` instead. With ``checksums`` the dataset
         declares HDF5's fletcher32 filter: each chunk is allocated 4 bytes longer, for its checksum."""
-        if check_compressor(compressor) != "none":
-            return HDF5CompressedSink.create(
-                path, dataset, partial, shape, dtype, chunk_rows, attrs, direct_io, compressor, checksums
-            )
-        dataset = dataset or cls.default_dataset
+        if check_compressor(plan.compressor) != "none":
+            return HDF5CompressedSink.create(place, plan)
+        partial, dataset = place.partial, place.dataset or cls.default_dataset
+        shape, dtype, chunk_rows, checksums = (
+            plan.shape,
+            np.dtype(plan.dtype),
+            int(plan.chunk_rows or 0),
+            plan.checksums,
+        )
+        attrs, direct_io = plan.to_attrs(), plan.direct_io
         handle = None
         try:
             handle = h5py.File(partial, "w", rdcc_nbytes=0, alignment_threshold=ALIGNMENT, alignment_interval=ALIGNMENT)
@@ -456,17 +450,19 @@ class HDF5Sink(StoreSink):
             if failure is exc:
                 raise
             raise failure from exc
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io, bool(checksums))
+        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, offsets, direct_io, bool(checksums))
 
     @classmethod
-    def resume(
-        cls, path: str, dataset: str | None, partial: str, direct_io: bool = True, rows_done: int = 0, **_: Any
-    ) -> StoreSink:
+    def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> StoreSink:
         """Reopen the partial output of an interrupted run (read-only, to find its layout), of which
         ``rows_done`` rows are durable."""
-        dataset = dataset or cls.default_dataset
+        partial, dataset, direct_io = (
+            place.partial,
+            place.dataset or cls.default_dataset,
+            plan.direct_io,
+        )
         if os.path.exists(HDF5CompressedSink.spool_path(partial)):
-            return HDF5CompressedSink.resume(path, dataset, partial, direct_io, rows_done)
+            return HDF5CompressedSink.resume(place, plan, rows_done)
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
             checksums = bool(array.fletcher32)
@@ -476,7 +472,7 @@ class HDF5Sink(StoreSink):
                 raise OSError(f"{partial}: a finished compressed output; not resumed")
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             offsets = _chunk_offsets(array, chunk_rows)
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, offsets, direct_io, checksums)
+        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, offsets, direct_io, checksums)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self.chunk_file is not None
@@ -560,9 +556,7 @@ class HDF5CompressedSink(StoreSink):
 
     def __init__(
         self,
-        path: str,
-        dataset: str | None,
-        partial: str,
+        place: SinkPlace,
         shape: tuple[int, ...],
         dtype: Any,
         chunk_rows: int,
@@ -571,7 +565,8 @@ class HDF5CompressedSink(StoreSink):
         chunks: int = 0,
         checksums: bool = False,
     ) -> None:
-        super().__init__(path, dataset, partial, shape, dtype, chunk_rows, direct_io)
+        super().__init__(place, shape, dtype, chunk_rows, direct_io)
+        partial = place.partial
         self.compressor = compressor
         #: whether each compressed chunk is followed by its fletcher32 checksum (the last filter)
         self.checksums = checksums
@@ -585,21 +580,15 @@ class HDF5CompressedSink(StoreSink):
         return partial + ".chunks"
 
     @classmethod
-    def create(
-        cls,
-        path: str,
-        dataset: str | None,
-        partial: str,
-        shape: tuple[int, ...],
-        dtype: Any,
-        chunk_rows: int,
-        attrs: Mapping[str, Any],
-        direct_io: bool = True,
-        compressor: str = "gzip",
-        checksums: bool = True,
-        **_: Any,
-    ) -> HDF5CompressedSink:
-        dataset = dataset or cls.default_dataset
+    def create(cls, place: SinkPlace, plan: OutputPlan) -> HDF5CompressedSink:
+        partial, dataset = place.partial, place.dataset or cls.default_dataset
+        shape, dtype, chunk_rows, checksums = (
+            plan.shape,
+            np.dtype(plan.dtype),
+            int(plan.chunk_rows or 0),
+            plan.checksums,
+        )
+        attrs, direct_io, compressor = plan.to_attrs(), plan.direct_io, plan.compressor
         options = _filters(compressor, dtype, chunk_rows * shape[1] * np.dtype(dtype).itemsize)
         options["fletcher32"] = bool(checksums)  # h5py declares it after the compression: it checks the stored bytes
         spool = cls.spool_path(partial)
@@ -618,19 +607,23 @@ class HDF5CompressedSink(StoreSink):
             if failure is exc:
                 raise
             raise failure from exc
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, checksums=bool(checksums))
+        return cls(
+            replace(place, dataset=dataset), shape, dtype, chunk_rows, compressor, direct_io, checksums=bool(checksums)
+        )
 
     @classmethod
-    def resume(
-        cls, path: str, dataset: str | None, partial: str, direct_io: bool = True, rows_done: int = 0, **_: Any
-    ) -> HDF5CompressedSink:
+    def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> HDF5CompressedSink:
         """Reopen an interrupted run's output: keep the spooled chunks its progress record claims (the
         ``rows_done`` rows, whole and intact), drop any after them (the resumed run writes those again)."""
-        dataset = dataset or cls.default_dataset
+        partial, dataset, direct_io = (
+            place.partial,
+            place.dataset or cls.default_dataset,
+            plan.direct_io,
+        )
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
-            compressor = str(array.attrs.get("compressor", "gzip"))
+            compressor = str(array.attrs.get(COMPRESSOR_ATTR, "gzip"))
             checksums = bool(array.fletcher32)
         done = -(-int(rows_done) // chunk_rows)
         spool = cls.spool_path(partial)
@@ -643,7 +636,7 @@ class HDF5CompressedSink(StoreSink):
         if kept != done:
             raise OSError(f"{spool}: holds {kept} intact chunks, its progress record claims {done}")
         os.truncate(spool, end)
-        return cls(path, dataset, partial, shape, dtype, chunk_rows, compressor, direct_io, kept, checksums)
+        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, compressor, direct_io, kept, checksums)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self._spool is not None

@@ -20,7 +20,6 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import replace
 from functools import cached_property
@@ -28,16 +27,16 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
 from .. import _durable as durable
 from .._durable import remove_stale_temps
 from ..errors import BadInputError, StoreIOError
 from ..options import ReadOptions
+from ..output_plan import OutputPlan
 from ..records import ResumeRecord
 from . import remote
 from ._messages import first_line, io_error
-from ._store import OWNER_ATTR, output_chunk_rows, partial_path, remove
-from .abc.store import Sink
+from ._store import output_chunk_rows, partial_path, remove
+from .abc.store import Sink, SinkPlace
 from .codecs import COMPRESSORS
 from .reading import read_attrs
 from .registry import Backend, backend
@@ -335,74 +334,49 @@ class Output:
         return min(rows, int(block_rows)) if block_rows else rows
 
     # -- writing it
-    def create(
-        self,
-        n_rows: int,
-        n_features: int,
-        dtype: Any = "float32",
-        attrs: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
-        zarr_format: int = 3,
-        chunk_rows: int | None = None,
-        direct_io: bool = True,
-        columns: Any = None,
-        compressor: str = "none",
-        checksums: bool = True,
-    ) -> Sink:
-        """Start writing a new ``n_rows x n_features`` array under a temporary name.
+    def create(self, plan: OutputPlan, overwrite: bool = False) -> Sink:
+        """Start writing a new array as ``plan`` says (:class:`~streamwhiten.output_plan.OutputPlan`: its
+        shape, stored dtype, chunk rows (None: about ``OUTPUT_CHUNK_BYTES`` each), compressor, format,
+        checksums, direct I/O, kept columns) under a temporary name.
 
         With ``direct_io``, whole aligned chunks are written around the page cache (see ``direct``).
         Every attribute exists from the start (commit only changes values), so a resumed HDF5 output's
         metadata is laid out as an uninterrupted run's and the two files are byte for byte the same.
-        ``columns`` (a schema from :meth:`Source.column_schema`) are input columns a table output carries
-        row for row beside the vectors. ``compressor`` (``codecs.COMPRESSORS``; HDF5 and Zarr outputs)
+        Kept columns (a schema from :meth:`Source.column_schema`) are input columns a table output carries
+        row for row beside the vectors. A ``compressor`` (``codecs.COMPRESSORS``; HDF5 and Zarr outputs)
         compresses each output chunk in the writer thread. A URL is written in place instead: Zarr with
         its ``complete`` attribute set last, Parquet as part objects beside it, joined into one object that
         appears only when its upload completes. With ``checksums``, every chunk carries a checksum its
-        readers verify (HDF5 fletcher32, Zarr 3 crc32c; Parquet pages always carry theirs).
+        readers verify (HDF5 fletcher32, Zarr 3 crc32c; Parquet pages always carry theirs). An existing
+        output is replaced only with ``overwrite`` (:func:`check_replaceable`).
         """
         path = self.path
         if self._local_class is None:
             raise BadInputError(f"{path}: writing {self.kind} outputs is not supported; write .parquet, .zarr or .h5")
+        columns = plan.kept_schema
         if columns is not None and len(columns) and not self.tabular:
             raise BadInputError(
                 f"{path}: --keep-columns needs a Parquet or Lance output (.parquet, .lance), not {self.kind}"
             )
-        self.check_compressor(compressor)
+        self.check_compressor(plan.compressor)
         if self.url:
-            self._check_remote(overwrite, compressor)
+            self._check_remote(overwrite, plan.compressor)
         else:
             self._check_local(overwrite)
         sink_class = self.sink_class
-        dtype = np.dtype(dtype)
+        dtype = np.dtype(plan.dtype)
         if dtype not in OUTPUT_DTYPES:  # floats, int8 codes or packed sign bits (uint8)
             raise BadInputError(f"output dtype must be float16, float32, float64, int8 or uint8, got {dtype}")
-        chunk_rows = int(chunk_rows or output_chunk_rows(n_features, dtype, n_rows))
+        chunk_rows = int(plan.chunk_rows or output_chunk_rows(plan.width, dtype, plan.n_rows))
+        plan = replace(plan, chunk_rows=chunk_rows, direct_io=plan.direct_io and not self.url)
         partial = self.partial
         if self.url:
             remote.remove(partial, recursive=True, read=self.read)
             remote.remove(self.progress_path, read=self.read)
         else:
-            self._clear_local_partial(n_rows * n_features * dtype.itemsize)
-        attrs = dict(attrs or {}, complete=False, n_nonfinite_rows=0)
-        attrs.setdefault(OWNER_ATTR, __version__)  # what marks it as ours (see foreign_output)
-        options: dict[str, Any] = (
-            {"columns": columns} if sink_class.tabular else {"compressor": compressor, "checksums": checksums}
-        )
+            self._clear_local_partial(plan.n_rows * plan.width * dtype.itemsize)
         try:
-            sink = sink_class.create(
-                path,
-                self.dataset,
-                partial,
-                (n_rows, n_features),
-                dtype,
-                chunk_rows,
-                attrs,
-                direct_io=False if self.url else direct_io,
-                zarr_format=zarr_format,
-                read=self.read,
-                **options,
-            )
+            sink = sink_class.create(self._place, plan)
         except Exception as exc:
             if self.url:
                 if isinstance(exc, (BadInputError, StoreIOError)):
@@ -414,9 +388,10 @@ class Output:
             raise
         return self._bind(sink)
 
-    def resume(self, job: ResumeRecord, direct_io: bool = True) -> tuple[Sink, ResumeRecord] | None:
-        """The partial output of an interrupted run of the same ``job`` (:meth:`ResumeRecord.same_job`,
-        the input's whole fingerprint included) and its progress record: how many rows are durable.
+    def resume(self, plan: OutputPlan, job: ResumeRecord) -> tuple[Sink, ResumeRecord] | None:
+        """The partial output of an interrupted run of the same ``job`` (``plan``'s record:
+        :meth:`ResumeRecord.same_job`, the input's whole fingerprint included) and its progress record:
+        how many rows are durable.
 
         None when there is nothing to resume, or when the partial output belongs to another job or cannot
         be opened; then it is removed, so the caller starts over. On object storage the progress record is
@@ -424,7 +399,7 @@ class Output:
         machine, a Dask driver's included.
         """
         if self.url:
-            return self._resume_remote(job)
+            return self._resume_remote(replace(plan, direct_io=False), job)
         partial, progress = self.partial, self.progress_path
         remove_stale_temps(self.path)
         remove_stale_temps(progress)
@@ -437,15 +412,18 @@ class Output:
             self._discard_local()
             return None
         try:
-            sink = self.sink_class.resume(
-                self.path, self.dataset, partial, direct_io=direct_io, rows_done=recorded.rows_done, read=self.read
-            )
+            sink = self.sink_class.resume(self._place, plan, recorded.rows_done)
         except Exception:  # unreadable: start over (it was only ever a temporary file)
             self._discard_local()
             return None
         return self._bind(sink), recorded
 
     # -- the rules behind create and resume
+    @property
+    def _place(self) -> SinkPlace:
+        """Where its sink writes: the path, array, temporary name, and how URLs are reached."""
+        return SinkPlace(self.path, self.dataset, self.partial, self.read)
+
     def _bind(self, sink: Sink) -> Sink:
         """``sink``, knowing how its URLs are reached and what its commit may replace."""
         sink.read_options = self.read
@@ -504,7 +482,7 @@ class Output:
         remove(self.progress_path)
         remove(self.partial + ".chunks")
 
-    def _resume_remote(self, job: ResumeRecord) -> tuple[Sink, ResumeRecord] | None:
+    def _resume_remote(self, plan: OutputPlan, job: ResumeRecord) -> tuple[Sink, ResumeRecord] | None:
         sink_class = self.backend.sink_class(url=True)
         if sink_class is None:
             return None
@@ -526,9 +504,7 @@ class Output:
             remote.remove(partial, recursive=True, read=self.read)
             return None
         try:
-            sink = sink_class.resume(
-                self.path, self.dataset, partial, direct_io=False, rows_done=recorded.rows_done, read=self.read
-            )
+            sink = sink_class.resume(self._place, plan, recorded.rows_done)
         except StoreIOError:
             raise
         except Exception:  # unreadable: start over (it was never complete)

@@ -17,6 +17,7 @@ import numpy as np
 from .._paths import check_readable
 from ..errors import BadInputError, StoreIOError, StreamwhitenError
 from ..options import ReadOptions
+from ..output_plan import is_incomplete_output
 from . import remote, text
 from ._messages import io_error
 from ._store import check_array
@@ -45,7 +46,7 @@ def _missing_bucket(url: str, read: ReadOptions) -> str:
 def _refuse_incomplete(source: Source) -> None:
     """An output of ours whose ``complete`` attribute is false is not there yet: refuse to read it."""
     attrs = source.attrs()
-    if "complete" in attrs and "model_checksum" in attrs and not attrs["complete"]:
+    if is_incomplete_output(attrs):
         raise BadInputError(
             f"{source.label}: an output that is not complete (complete = false): it is being written, "
             "or the run writing it was stopped; run that apply again to finish it"

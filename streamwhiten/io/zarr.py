@@ -26,7 +26,7 @@ import re
 import stat
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NoReturn
 
 import numpy as np
@@ -38,9 +38,11 @@ from zarr.storage import LocalStore
 from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, MissingChunkError, StoreIOError
 from ..options import ReadOptions
+from ..output_plan import COMPRESSOR_ATTR, OutputPlan, is_incomplete_output
 from . import remote
 from ._messages import first_line, io_error, name_not_found
 from ._store import OWNER_ATTR, StoreSink, StoreSource
+from .abc.store import SinkPlace
 from .codecs import (
     Fetched,
     check_compressor,
@@ -486,6 +488,11 @@ def _only_chunks(url: str, read: ReadOptions) -> bool:
 _CHUNK_TAIL = re.compile(r"(^|/)(c/)?\d+([./]\d+)*$")
 
 
+def _format(plan: OutputPlan) -> Literal[2, 3]:
+    """The Zarr format version ``plan`` writes (``zarr_format``: checked to be 2 or 3 by its options)."""
+    return 2 if int(plan.zarr_format) == 2 else 3
+
+
 class ZarrSink(StoreSink):
     """A Zarr output: chunks written as chunk files by us, raw or compressed here with ``compressor``
     (zarr writes the metadata, and any chunk a block covers only in part)."""
@@ -495,10 +502,8 @@ class ZarrSink(StoreSink):
     parallel_writes = True
     format_versions = (2, 3)
 
-    def __init__(
-        self, path: str, dataset: str | None, partial: str, array: Any, direct_io: bool = True, compressor: str = "none"
-    ) -> None:
-        super().__init__(path, dataset, partial, array.shape, array.dtype, int(array.chunks[0]), direct_io)
+    def __init__(self, place: SinkPlace, array: Any, direct_io: bool = True, compressor: str = "none") -> None:
+        super().__init__(place, array.shape, array.dtype, int(array.chunks[0]), direct_io)
         #: the array being written (under its temporary name)
         self.array = array
         #: ``--compressor``: whole chunks are encoded in the writer thread (None: written raw)
@@ -513,21 +518,10 @@ class ZarrSink(StoreSink):
         self._unsynced: set[int] = set()  # chunk files written since they were last fsynced
 
     @classmethod
-    def create(
-        cls,
-        path: str,
-        dataset: str | None,
-        partial: str,
-        shape: tuple[int, ...],
-        dtype: Any,
-        chunk_rows: int,
-        attrs: Mapping[str, Any],
-        direct_io: bool = True,
-        zarr_format: Literal[2, 3] = 3,
-        compressor: str = "none",
-        checksums: bool = True,
-        **_: Any,
-    ) -> ZarrSink:
+    def create(cls, place: SinkPlace, plan: OutputPlan) -> ZarrSink:
+        dataset, partial, attrs = place.dataset, place.partial, plan.to_attrs()
+        shape, dtype, chunk_rows = plan.shape, np.dtype(plan.dtype), int(plan.chunk_rows or 0)
+        zarr_format, compressor, checksums, direct_io = _format(plan), plan.compressor, plan.checksums, plan.direct_io
         compressors = _compressors(check_compressor(compressor), dtype, zarr_format, checksums)
         if dataset:
             root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
@@ -544,14 +538,13 @@ class ZarrSink(StoreSink):
                 zarr_format=zarr_format,
             )
         array.attrs.update(attrs)
-        return cls(path, dataset, partial, array, direct_io, compressor)
+        return cls(place, array, direct_io, compressor)
 
     @classmethod
-    def resume(
-        cls, path: str, dataset: str | None, partial: str, direct_io: bool = True, rows_done: int = 0, **_: Any
-    ) -> ZarrSink:
-        array = zarr.open_array(store=partial, path=dataset or "", mode="r+")
-        return cls(path, dataset, partial, array, direct_io, str(array.attrs.get("compressor", "none")))
+    def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> ZarrSink:
+        array = zarr.open_array(store=place.partial, path=place.dataset or "", mode="r+")
+        compressor = str(array.attrs.get(COMPRESSOR_ATTR, "none"))
+        return cls(place, array, plan.direct_io, compressor)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         root = self._root
@@ -683,31 +676,15 @@ class RemoteZarrSink(ZarrSink):
     compressible = False
     in_place = True
 
-    def __init__(
-        self, path: str, dataset: str | None, partial: str, array: Any, read: ReadOptions | None = None
-    ) -> None:
-        super().__init__(path, dataset, path, array, direct_io=False)
-        if read is not None:
-            self.read_options = read
+    def __init__(self, place: SinkPlace, array: Any) -> None:
+        super().__init__(replace(place, partial=place.path), array, direct_io=False)  # written in place
 
     @classmethod
-    def create(
-        cls,
-        path: str,
-        dataset: str | None,
-        partial: str,
-        shape: tuple[int, ...],
-        dtype: Any,
-        chunk_rows: int,
-        attrs: Mapping[str, Any],
-        direct_io: bool = False,
-        zarr_format: Literal[2, 3] = 3,
-        compressor: str = "none",  # never anything else: refused for object storage (Output.create)
-        checksums: bool = True,
-        read: ReadOptions | None = None,
-        **_: Any,
-    ) -> RemoteZarrSink:
-        read = read if read is not None else ReadOptions()
+    def create(cls, place: SinkPlace, plan: OutputPlan) -> RemoteZarrSink:
+        # the compressor is never other than "none": refused for object storage (Output.create)
+        path, dataset, read, attrs = place.path, place.dataset, place.read, plan.to_attrs()
+        shape, dtype, chunk_rows = plan.shape, np.dtype(plan.dtype), int(plan.chunk_rows or 0)
+        zarr_format, checksums = _format(plan), plan.checksums
         compressors = _compressors("none", dtype, zarr_format, checksums)
         # an earlier run's leftovers (never complete), or the old output
         remote.remove(path, recursive=True, read=read)
@@ -735,21 +712,12 @@ class RemoteZarrSink(ZarrSink):
                 overwrite=True,
             )
 
-        return cls(path, dataset, path, remote.retrying(path, "create the output", make, read=read), read)
+        return cls(place, remote.retrying(path, "create the output", make, read=read))
 
     @classmethod
-    def resume(
-        cls,
-        path: str,
-        dataset: str | None,
-        partial: str,
-        direct_io: bool = False,
-        rows_done: int = 0,
-        read: ReadOptions | None = None,
-        **_: Any,
-    ) -> RemoteZarrSink:
-        read = read if read is not None else ReadOptions()
-        return cls(path, dataset, path, _open_remote_array(path, dataset, read), read)
+    def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> RemoteZarrSink:
+        path, read = place.path, place.read
+        return cls(place, _open_remote_array(path, place.dataset, read))
 
     @classmethod
     def incomplete(cls, path: str, read: ReadOptions) -> bool:
@@ -764,9 +732,7 @@ class RemoteZarrSink(ZarrSink):
             except ValueError:
                 return False
             attrs = attrs.get("attributes", attrs) if name == "zarr.json" else attrs
-            return (
-                isinstance(attrs, dict) and "complete" in attrs and "model_checksum" in attrs and not attrs["complete"]
-            )
+            return isinstance(attrs, dict) and is_incomplete_output(attrs)
         return False
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:

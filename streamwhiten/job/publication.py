@@ -161,6 +161,7 @@ def output_owner_problem(
     """:func:`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there); with
     ``model_checksum``, also that the output was written by that map (read from the same attributes)."""
     from ..io import open_output
+    from ..output_plan import CHECKSUM_ATTR
 
     output = open_output(spec, read)
     try:
@@ -170,7 +171,7 @@ def output_owner_problem(
     except Exception as exc:  # noqa: BLE001 - unreadable: nothing proves it is ours
         return f"unreadable ({' '.join(str(exc).split())[:200]})"
     problem = ownership_problem(attrs, job_id, version, input_spec, spec if input_spec is not None else None)
-    if problem is None and model_checksum is not None and attrs.get("model_checksum") != model_checksum:
+    if problem is None and model_checksum is not None and attrs.get(CHECKSUM_ATTR) != model_checksum:
         return f"written by another map than version {version}'s"
     return problem
 
@@ -336,15 +337,15 @@ def attrs_problem(
 ) -> str | None:
     """:func:`part_problem` of a part whose output attributes ``attrs`` were read already (by a reader
     that opened it to read its rows too)."""
-    from ..engine.apply import recorded_rows
+    from ..output_plan import CHECKSUM_ATTR, is_complete, recorded_rows
 
     try:
         held = recorded_rows(attrs)
     except Exception as exc:  # noqa: BLE001 - unreadable: not what was published
         return _unreadable(exc)
-    if attrs.get("complete") not in (True, 1):
+    if not is_complete(attrs):
         return "not complete"
-    if attrs.get("model_checksum") != model_checksum:
+    if attrs.get(CHECKSUM_ATTR) != model_checksum:
         return "written by another map"
     if held != (part.start, part.stop):
         return f"holds rows {held}, not [{part.start}, {part.stop})"
@@ -531,9 +532,9 @@ class Publication:
     def _read_parts(self, input_spec: str):
         """The stored rows of ``input_spec``'s parts, each checked, concatenated; and the codes' record
         (None for float outputs), the same in every part."""
-        from ..core.quantize import ATTR as QUANTIZATION_ATTR
         from ..core.quantize import Quantization
         from ..io import open_output, open_source
+        from ..output_plan import STORAGE_ATTR
 
         blocks, records = [], []
         manifest = self.manifest
@@ -552,7 +553,7 @@ class Publication:
                     self._refuse(part, problem)
                 if source.n_rows != part.n_rows:
                     raise BadInputError(f"{part.path}: holds {source.n_rows} rows, not the {part.n_rows} published")
-                records.append(Quantization.from_attrs(attrs) if QUANTIZATION_ATTR in attrs else None)
+                records.append(Quantization.from_attrs(attrs) if STORAGE_ATTR in attrs else None)
                 blocks.append(source.read(0, source.n_rows))
         digests = {None if record is None else record.digest() for record in records}
         if len(digests) > 1:

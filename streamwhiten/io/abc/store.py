@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -30,6 +31,7 @@ import numpy as np
 from ... import params
 from ...errors import BadInputError, InterruptedRunError
 from ...options import ReadOptions
+from ...output_plan import OutputPlan
 from ...records import ResumeRecord
 
 if TYPE_CHECKING:  # names for annotations only: the interface does not load the codecs
@@ -197,6 +199,18 @@ class Source(ABC):
 # ----------------------------------------------------------------------------------------------- sinks
 
 
+@dataclass(frozen=True)
+class SinkPlace:
+    """Where a sink writes: the output's ``path`` (or URL) and ``dataset`` (None: the backend's default),
+    the hidden temporary name ``partial`` it is written under until committed, and ``read``, how its URLs
+    are reached."""
+
+    path: str
+    dataset: str | None
+    partial: str
+    read: ReadOptions
+
+
 class Sink(ABC):
     """A new 2-D array being written under the temporary name ``partial``; :meth:`commit` renames it
     to ``path`` once complete.
@@ -241,27 +255,16 @@ class Sink(ABC):
     # -- how a sink is made (by ``io.open_output``)
     @classmethod
     @abstractmethod
-    def create(
-        cls,
-        path: str,
-        dataset: str | None,
-        partial: str,
-        shape: tuple[int, ...],
-        dtype: Any,
-        chunk_rows: int,
-        attrs: Mapping[str, Any],
-        **options: Any,
-    ) -> Sink:
-        """A new output of ``shape`` and ``dtype`` under the temporary name ``partial``, its attributes
-        ``attrs`` set from the start. ``options``: ``direct_io``, ``zarr_format``, ``compressor``,
-        ``columns`` (those that apply to the backend), ``read`` (how its URLs are reached)."""
+    def create(cls, place: SinkPlace, plan: OutputPlan) -> Sink:
+        """A new output under the temporary name ``place.partial``, laid out as ``plan`` says (its shape,
+        stored dtype, chunk rows, compressor, format version, checksums, direct I/O, kept columns: those
+        that apply to the backend), with the plan's attributes set from the start."""
 
     @classmethod
     @abstractmethod
-    def resume(
-        cls, path: str, dataset: str | None, partial: str, direct_io: bool = True, rows_done: int = 0, **options: Any
-    ) -> Sink:
-        """The partial output of an interrupted run, of which ``rows_done`` rows are durable."""
+    def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> Sink:
+        """The partial output of an interrupted run of the same ``plan``, of which ``rows_done`` rows are
+        durable (its layout is read from the partial output itself)."""
 
     @classmethod
     def incomplete(cls, path: str, read: ReadOptions) -> bool:
