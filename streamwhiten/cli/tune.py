@@ -287,7 +287,11 @@ _VECTORS = {"raw": "raw (rotation)", "centred": "centring", "whitened": ""}
 
 
 def _row_text(row: dict, metric: str) -> str:
-    what = _VECTORS[row["vectors"]] or f"beta={row['beta']:g} gamma={row['gamma']:g}"
+    what = (
+        "raw, unit, coded"
+        if row.get("code")
+        else _VECTORS[row["vectors"]] or f"beta={row['beta']:g} gamma={row['gamma']:g}"
+    )
     retention = "" if row["retention"] is None else f"{row['retention']:6.1f}%"
     interval = fmt_interval(row["difference"], row["low"], row["high"])
     return (
@@ -335,7 +339,12 @@ def retrieval_lines(summary: dict, model, chosen, target) -> list[str]:
             f"{reference['bytes_per_vector']:,} bytes per vector: the most faithful raw storage within the budget"
         )
     lines += selection_lines(summary.get("selection"), metric, "queries")
-    if best["vectors"] == "raw":
+    if best.get("code"):
+        lines.append(
+            f"           a {best['dtype']} code wins: the raw vectors scaled to unit length, coded in "
+            f"{best['bytes_per_vector']:,} bytes (its codec: {best['code']['model_bytes']:,} bytes per model)"
+        )
+    elif best["vectors"] == "raw":
         lines.append(
             "           the raw vectors win: no whitening beats them (the rotation kept ranks exactly as they do)"
         )
@@ -355,7 +364,12 @@ def retrieval_lines(summary: dict, model, chosen, target) -> list[str]:
             if budget is not None and raw["bytes_per_vector"] > budget
             else "           it loses to raw float32 beyond noise"
         )
-    if target:
+    if target and best.get("code") and chosen.storage is None:
+        lines.append(
+            f"wrote      {target} (the raw vectors, float32); the chosen {best['storage']} code is recorded in its "
+            "tuning record (info['tuned']), not yet stored as its storage"
+        )
+    elif target:
         storage = chosen.storage
         lines.append(
             f"wrote      {target} (beta={chosen.beta:g} gamma={chosen.gamma:g} k={chosen.n_components}, storage "

@@ -221,10 +221,19 @@ def train_faiss(
     if kind in ("pq", "opq"):
         clustering = _faiss().downcast_index(inner).pq.cp
         clustering.seed, clustering.niter = int(seed), int(iterations)
+        clustering.min_points_per_centroid = 1  # faiss warns below 39 a centroid; the result is the same
+    opq_pq = None
     if kind == "opq":
-        _faiss().downcast_VectorTransform(index.chain.at(0)).niter = int(opq_iterations)
+        rotation = _faiss().downcast_VectorTransform(index.chain.at(0))
+        rotation.niter = int(opq_iterations)
+        # OPQ's own PQ as faiss makes it (seed and all), only without the warning; kept alive while it trains
+        opq_pq = _faiss().ProductQuantizer(dims, sub, 8)
+        opq_pq.cp.min_points_per_centroid = 1
+        rotation.pq = opq_pq
     centred = (rows - centre).astype(np.float32)
     index.train(np.ascontiguousarray(centred if basis is None else centred @ basis.astype(np.float32)))
+    if opq_pq is not None:
+        _faiss().downcast_VectorTransform(index.chain.at(0)).pq = None  # it does not outlive this call
     training: dict[str, Any] = {
         "sample_rows": int(rows.shape[0]),
         "seed": int(seed),

@@ -41,6 +41,18 @@ from ..engine._threads import blas_threads, blas_threads_per_worker, resolve_thr
 from ..errors import BadInputError
 from ..options import RetrievalOptions
 from ..params import check
+from .code_candidates import (
+    SAMPLE_ROWS,
+    SAMPLE_SEED,
+    TUNE_CODES,
+    code_record,
+    fitting_codes,
+    is_code,
+    search_codes,
+    smallest_bytes,
+    train_codes,
+    unit_statistics,
+)
 from .retrieval import (
     BOOTSTRAP_LEVEL,
     BOOTSTRAP_SAMPLES,
@@ -98,7 +110,9 @@ class SweepGrid:
     eps : float, optional
         The regulariser of every setting (default: the model's).
     dtypes : sequence of str, optional
-        The storages, names of :data:`STORAGES` (or one comma-separated string; default: all).
+        The storages, names of :data:`STORAGES` and code families of :data:`~streamwhiten.codes.CODES`
+        (or one comma-separated string; default: all storages, and under a budget every code of
+        :data:`~.code_candidates.TUNE_CODES`, faiss's where faiss is installed).
     rescore, rescore_dtype, int8_clip
         How ``binary+rescore`` re-ranks (its top ``rescore`` with ``rescore_dtype`` vectors; default 100,
         as many as the evaluation keeps) and the int8 codes' span in standard deviations.
@@ -115,6 +129,8 @@ class SweepGrid:
         takes the best score (optimistic: the winner's curse).
     folds : int
         Folds of the queries for the cross-validated forecast of the choice.
+    code_sample, code_seed : int
+        Corpus rows (at most) the codes that learn from data train on, and the seed that draws them.
     """
 
     betas: tuple[float, ...] | None = None
@@ -131,6 +147,8 @@ class SweepGrid:
     tolerance: float = 0.0
     select: str = "maxt"
     folds: int = FOLDS
+    code_sample: int = SAMPLE_ROWS
+    code_seed: int = SAMPLE_SEED
 
     def __post_init__(self):
         for name in ("betas", "gammas", "ks", "variances", "dtypes"):
@@ -157,11 +175,32 @@ class SweepGrid:
             check("variance", value)
         if self.eps is not None:
             check("eps", self.eps)
+        for name in ("code_sample", "code_seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "code_sample" else 0):
+                raise BadInputError(
+                    f"{name} must be a whole number of at least {int(name == 'code_sample')}, got {value!r}"
+                )
         self.storages()  # checks the names, rescore, rescore_dtype and int8_clip
 
     def storages(self) -> list[Storage]:
-        """The storages swept, as :class:`Storage` records (see :func:`storages_of`)."""
-        return storages_of(self.dtypes, self.rescore, self.rescore_dtype, self.int8_clip)
+        """The storages swept, as :class:`Storage` records (see :func:`storages_of`); none where only
+        codes are named."""
+        if self.dtypes is not None and self.dtypes and all(is_code(name) for name in self.dtypes):
+            return []
+        plain = None if self.dtypes is None else [name for name in self.dtypes if not is_code(name)]
+        return storages_of(plain, self.rescore, self.rescore_dtype, self.int8_clip)
+
+    def codes(self) -> tuple[str, ...]:
+        """The code families swept under a budget: those named in ``dtypes``, or by default every one
+        of :data:`~.code_candidates.TUNE_CODES` (faiss's only where faiss is installed)."""
+        if self.dtypes is not None:
+            return tuple(name for name in dict.fromkeys(self.dtypes) if is_code(name))
+        try:
+            import faiss  # noqa: F401 - only whether it is there
+        except ImportError:
+            return tuple(name for name in TUNE_CODES if not name.startswith("faiss-"))
+        return TUNE_CODES
 
 
 def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str = "float32", int8_clip=None):
@@ -175,7 +214,7 @@ def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str =
     out = []
     for name in dict.fromkeys(names):
         if name not in STORAGES:
-            raise BadInputError(f"--dtypes: {name!r} is not one of {', '.join(STORAGES)}")
+            raise BadInputError(f"--dtypes: {name!r} is not one of {', '.join(STORAGES)} or a code")
         if name == "binary+rescore":
             check("rescore", rescore)
             if not rescore:
@@ -241,10 +280,17 @@ def sweep_rows(
     block_rows: int | None = None,
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[np.ndarray, dict]:
     """The raw float32 reference's top lists and every ``(candidate, storage)``'s, keyed by
-    ``(candidate, storage)``: see the module docstring for the passes and their cost."""
+    ``(candidate, storage)``: see the module docstring for the passes and their cost. With
+    ``max_bytes`` only the pairs that store a vector in that many bytes or fewer are searched (and keyed)."""
     threads = resolve_threads(threads)
+
+    def fits(candidate: Candidate, storage: Storage) -> bool:
+        return max_bytes is None or storage.bytes_per_vector(candidate.k) <= max_bytes
+
+    candidates = [c for c in candidates if any(fits(c, storage) for storage in storages)]
     n_queries = task.vectors.shape[0]
     list_bytes = n_queries * 16
     rescored = max([storage.rescore for storage in storages] + [0])
@@ -257,14 +303,17 @@ def sweep_rows(
     bit_keys: dict = {}
     if any_bits:
         for candidate in candidates:
+            if not any(fits(candidate, storage) for storage in storages if storage.dtype == "binary"):
+                continue
             key = (candidate.beta, candidate.k)
             if key not in bit_keys:
                 bit_keys[key] = len(first)
                 first.append(SearchSetting.make(f"bits {key}", _map_model(bases, candidate), dtype="binary"))
     label = task.corpus_label
     n_rows = task.n_corpus
+    floated = [c for c in candidates if any(fits(c, storage) for storage in floats)]
     later = _groups(
-        candidates, lambda c: list_bytes * (len(floats) * depth + sum(s.rescore for s in reranks)), TOP_LIST_BYTES
+        floated, lambda c: list_bytes * (len(floats) * depth + sum(s.rescore for s in reranks)), TOP_LIST_BYTES
     )
     first_groups = _groups(first, lambda s: list_bytes * (depth if s.name == "raw" else bit_depth), TOP_LIST_BYTES)
     total = n_rows * (len(first_groups) + len(later))
@@ -292,17 +341,20 @@ def sweep_rows(
     bits = {key: results[index].rows for key, index in bit_keys.items()}
     out: dict = {}
     for group in later:
-        out.update(_search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, step, label))
+        out.update(
+            _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, step, label, fits)
+        )
         done[0] += n_rows
     for candidate in candidates:
         for storage in storages:
-            if storage.dtype == "binary" and not storage.rescore:
+            if storage.dtype == "binary" and not storage.rescore and fits(candidate, storage):
                 out[(candidate, storage)] = np.ascontiguousarray(bits[(candidate.beta, candidate.k)][:, :depth])
     return reference, out
 
 
-def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, progress, label) -> dict:
-    """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``."""
+def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, progress, label, fits) -> dict:
+    """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``
+    (those within the budget: ``fits(candidate, storage)``)."""
     plans = []
     jobs = []
     for candidate in group:
@@ -310,6 +362,8 @@ def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, 
         unit_queries = setting.unit(task.vectors)
         searched = []
         for storage in floats:
+            if not fits(candidate, storage):
+                continue
             quantization = SearchSetting.make("s", _map_model(bases, candidate), **_args(storage)).quantization
             job = SearchJob(
                 unit_queries,
@@ -322,6 +376,8 @@ def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, 
             searched.append((storage, job))
         again = []
         for storage in reranks:
+            if not fits(candidate, storage):
+                continue
             made = SearchSetting.make("r", _map_model(bases, candidate), **_args(storage))
             assert made.rescore_quantization is not None  # made with the storage's rescoring
             top = bits[(candidate.beta, candidate.k)]
@@ -398,6 +454,26 @@ def bootstrap_differences(
     return [(float(d), float(lo), float(hi)) for d, lo, hi in zip(differences, low, high, strict=True)]
 
 
+def family_of(row: dict) -> str:
+    """The storage family of a row: its code (``eigen``, ``faiss-pq``, ...) or its storage (``int8``,
+    ``binary+rescore100``)."""
+    return str(row["dtype"] if row.get("code") else row["storage"])
+
+
+def best_per_family(table: list, metric: str, max_bytes: int | None = None) -> list:
+    """The best row of each storage family (:func:`family_of`) within ``max_bytes``, by score (ties to
+    fewer bytes, then the table's order), best first: how each family does at the budget."""
+    best: dict = {}
+    for i, row in enumerate(table):
+        if max_bytes is not None and row["bytes_per_vector"] > max_bytes:
+            continue
+        key = (-_score(row, metric), row["bytes_per_vector"], i)
+        family = family_of(row)
+        if family not in best or key < best[family][0]:
+            best[family] = (key, row)
+    return [row for _key, row in sorted(best.values(), key=lambda item: item[0])]
+
+
 def frontier(table: list, metric: str) -> list:
     """The rows no other row beats at fewer or equal bytes, by bytes ascending (each better than the last)."""
     order = sorted(
@@ -445,6 +521,7 @@ def reference_index(table: list, n_features: int, max_bytes: int | None = None) 
         if row["beta"] == 0
         and row["gamma"] == 0
         and not row["rescore"]
+        and not row.get("code")
         and (max_bytes is None or row["bytes_per_vector"] <= max_bytes)
     ]
     if not raw:
@@ -543,12 +620,24 @@ class RetrievalTuneResult:
     storages: dict = field(repr=False)
     selection: dict | None = None
     per_query: np.ndarray | None = field(default=None, repr=False)
+    codecs: dict = field(default_factory=dict, repr=False)
 
     def model_for(self, row: dict) -> WhiteningModel:
         """The model of one row: the map at its setting (sharing its beta's eigendecomposition) and the
-        storage recorded."""
+        storage recorded. A code's row: the raw map (the rotation, float32); its codec is
+        :meth:`codec_for`'s, which codes the raw vectors scaled to unit length."""
         model = self.bases[row["beta"]].with_params(gamma=row["gamma"], n_components=row["k"])
+        if row.get("code"):
+            return model
         return replace(model, storage=self.storages[row["storage"]])
+
+    def codec_for(self, row: dict):
+        """The trained :class:`~streamwhiten.codes.Codec` of a code's row (None for another row)."""
+        return self.codecs.get(row["storage"]) if row.get("code") else None
+
+    def chosen_codec(self):
+        """The chosen row's codec, where the choice is a code (else None)."""
+        return self.codec_for(self.best)
 
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
@@ -613,6 +702,10 @@ def sweep(
         model, grid.betas, grid.gammas, grid.ks, grid.variances, grid.eps, raw_ks=tuple(dict.fromkeys(raw_ks))
     )
     metric, bootstrap, seed = grid.metric, options.bootstrap, options.seed
+    limit = None if None in wanted else max(budget for budget in wanted if budget is not None)
+    code_sizes = _code_sizes(grid, model.n_features, [budget for budget in wanted if budget is not None])
+    codecs: dict = {}
+    code_tops: dict = {}
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         reference, rows = sweep_rows(
             task,
@@ -622,12 +715,28 @@ def sweep(
             block_rows=options.block_rows,
             threads=options.threads,
             progress=progress,
+            max_bytes=limit,
         )
+        if code_sizes:
+            mean, covariance, sample = unit_statistics(task, grid.code_sample, grid.code_seed, options.block_rows)
+            to_train = [(name, size) for name, sizes in code_sizes.items() for size in sizes]
+            trained = train_codes(to_train, mean, covariance, sample, grid.code_seed, resolve_threads(options.threads))
+            for (name, _size), codec in zip(to_train, trained, strict=True):
+                codecs[f"{name}-{codec.bytes_per_vector}B"] = (name, codec)
+            code_tops = search_codes(
+                task,
+                {label: codec for label, (_name, codec) in codecs.items()},
+                DEPTH,
+                options.block_rows,
+                threads=resolve_threads(options.threads),
+            )
     raw_each = query_metrics(reference, task.query_rows, task.qrels)
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
     table, each = [], []
     for candidate in candidates:
         for storage in storages:
+            if (candidate, storage) not in rows:  # over the budget: not searched
+                continue
             per_query = query_metrics(rows[(candidate, storage)], task.query_rows, task.qrels)
             each.append(per_query[metric])
             table.append(
@@ -645,6 +754,25 @@ def sweep(
                     **mean_metrics(per_query),
                 )
             )
+    for label, (name, codec) in codecs.items():
+        per_query = query_metrics(code_tops[label], task.query_rows, task.qrels)
+        each.append(per_query[metric])
+        table.append(
+            dict(
+                beta=0.0,
+                gamma=0.0,
+                k=model.n_features,
+                k_label=str(model.n_features),
+                vectors="raw",
+                storage=label,
+                dtype=name,
+                rescore=0,
+                rescore_dtype=None,
+                bytes_per_vector=int(codec.bytes_per_vector),
+                code=code_record(codec, name, min(grid.code_sample, task.n_corpus), grid.code_seed),
+                **mean_metrics(per_query),
+            )
+        )
     # one set of resamples of the queries for the intervals, the rule and its forecast
     resamples = Resamples(len(raw_each[metric]), bootstrap or BOOTSTRAP_SAMPLES, seed)
     differences = bootstrap_differences(raw_each[metric], each, bootstrap, seed, resamples=resamples)
@@ -684,7 +812,37 @@ def sweep(
         {storage.label: storage for storage in storages},
         selection,
         each_query,
+        {label: codec for label, (_name, codec) in codecs.items()},
     )
+
+
+def _code_sizes(grid: SweepGrid, n_features: int, budgets: list[int]) -> dict[str, list[int]]:
+    """``{code: [bytes to train at]}``: each code of ``grid.codes()`` at each budget it fits (none without
+    a budget); a one-line error when codes were named and none fits the smallest budget."""
+    names = grid.codes()
+    if not names or not budgets:
+        return {}
+    out: dict[str, list[int]] = {}
+    for budget in sorted(set(budgets)):
+        for name, size in fitting_codes(names, n_features, budget).items():
+            if size not in out.setdefault(name, []):
+                out[name].append(size)
+    if grid.dtypes is not None and not any(out.values()):
+        smallest = {name: smallest_bytes(name, n_features) for name in names}
+        name = min(names, key=lambda n: (smallest[n] is None, smallest[n] or 0))
+        raise BadInputError(
+            f"no code of {', '.join(names)} stores a {n_features}-d vector in {min(budgets)} bytes or fewer: "
+            f"the smallest, {name}, takes {smallest[name]}; raise --max-bytes"
+        )
+    return {name: sizes for name, sizes in out.items() if sizes}
+
+
+def store_codec(model: WhiteningModel, codec) -> WhiteningModel:
+    """The tuned model that stores its vectors as ``codec``'s codes (of the raw vectors scaled to unit
+    length): where the model's codec storage connects. Until a model records a codec it is ``model``
+    unchanged (the raw map), the codec on :attr:`RetrievalTuneResult.codecs` and its record in
+    ``info["tuned"]["setting"]["code"]``."""
+    return model
 
 
 def tune_retrieval(
@@ -704,12 +862,23 @@ def tune_retrieval(
     best = result.best
     summary = result.summary()
     storage = chosen.storage
-    assert storage is not None  # model_for records the row's storage
-    described = dict(
-        describe_stored(chosen),
-        rescore=storage.rescore,
-        rescore_dtype=storage.rescore_dtype if storage.rescore else None,
-    )
+    if best.get("code"):  # the raw vectors coded: what is stored is the code, not the map's floats
+        described = dict(
+            describe_stored(chosen),
+            dtype=best["dtype"],
+            bytes_per_vector=best["bytes_per_vector"],
+            rescore=0,
+            rescore_dtype=None,
+            code=best["code"],
+        )
+        chosen = store_codec(chosen, result.chosen_codec())
+    else:
+        assert storage is not None  # model_for records the row's storage
+        described = dict(
+            describe_stored(chosen),
+            rescore=storage.rescore,
+            rescore_dtype=storage.rescore_dtype if storage.rescore else None,
+        )
     keep = (
         "beta",
         "gamma",
@@ -738,6 +907,10 @@ def tune_retrieval(
         },
         "selection": result.selection,
         "frontier": [{key: row[key] for key in keep} for row in result.frontier],
+        "families": [
+            dict({key: row[key] for key in keep}, family=family_of(row))
+            for row in best_per_family(result.table, result.metric, result.max_bytes)
+        ],
         "grid_size": len(result.table),
     }
     chosen = replace(chosen, info=dict(chosen.info, tuned=record))
@@ -754,14 +927,17 @@ __all__ = [
     "Candidate",
     "RetrievalTuneResult",
     "SweepGrid",
+    "best_per_family",
     "bootstrap_differences",
     "choose_generalising",
     "choose_within",
     "reference_index",
     "reference_k",
+    "family_of",
     "frontier",
     "retrieval_grid",
     "storages_of",
+    "store_codec",
     "sweep",
     "sweep_rows",
     "tune_retrieval",
