@@ -48,8 +48,8 @@ TUNE_CODES: tuple[str, ...] = (
 )
 #: Corpus rows the sample-trained codes learn from (all of them when the corpus is smaller), and its seed.
 SAMPLE_ROWS, SAMPLE_SEED = 6000, 0
-#: k-means iterations of faiss's PQ codebooks and OPQ's rotation updates while tuning (fewer than faiss's
-#: defaults, 25 and 50, to keep a tune short; recorded in the codec).
+#: k-means iterations of faiss's PQ codebooks (and of OPQ's first PQ) and OPQ's rotation updates while
+#: tuning (fewer than faiss's defaults, 25 (40) and 50, to keep a tune short; recorded in the codec).
 KMEANS_ITERATIONS, OPQ_ITERATIONS = 10, 4
 
 
@@ -139,7 +139,11 @@ def train_codes(
     (faiss's and BLAS's own threads held to one: the codes, not their inner loops, run side by side)."""
 
     def one(name: str, size: int) -> Codec:
-        faiss_options = {"iterations": KMEANS_ITERATIONS, "opq_iterations": OPQ_ITERATIONS}
+        faiss_options = {
+            "iterations": KMEANS_ITERATIONS,
+            "opq_iterations": OPQ_ITERATIONS,
+            "opq_initial_iterations": KMEANS_ITERATIONS,
+        }
         return train_codec(
             name,
             mean,
@@ -172,14 +176,10 @@ def _one_thread_each(uses_faiss: bool) -> Iterator[None]:
         if not uses_faiss:
             yield
             return
-        import faiss
+        from ..codes.faiss_codes import one_omp_thread
 
-        before = faiss.omp_get_max_threads()
-        faiss.omp_set_num_threads(1)
-        try:
+        with one_omp_thread():
             yield
-        finally:
-            faiss.omp_set_num_threads(before)
 
 
 def _merge_found(top_scores, top_rows, scores, found, start, exclude) -> None:

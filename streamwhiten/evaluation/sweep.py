@@ -23,6 +23,12 @@ searched once for every gamma (a sign does not depend on the scaling), by popcou
 ``q x N x k`` on the rows it re-ranks. With ``s`` settings and ``m`` stored forms, about
 ``s x n x k x (d + m q)`` multiply-adds in float64. Memory: the queries, each setting's top lists
 (``q x 100 x 16`` bytes), two blocks and one setting's transformed block.
+
+**Under a budget** a setting is searched only in the storages that fit it (none: not at all), and every
+code family of :mod:`streamwhiten.codes` that fits is a candidate too (:mod:`.code_candidates`: two more
+passes, one for the statistics of the unit rows and a sample, one to encode and search every code), its
+row named by the code (``storage`` ``eigen-24B``, ``dtype`` ``eigen``, ``code`` its record). A code is never
+the reference.
 """
 
 from __future__ import annotations
@@ -196,11 +202,9 @@ class SweepGrid:
         of :data:`~.code_candidates.TUNE_CODES` (faiss's only where faiss is installed)."""
         if self.dtypes is not None:
             return tuple(name for name in dict.fromkeys(self.dtypes) if is_code(name))
-        try:
-            import faiss  # noqa: F401 - only whether it is there
-        except ImportError:
-            return tuple(name for name in TUNE_CODES if not name.startswith("faiss-"))
-        return TUNE_CODES
+        from ..codes.faiss_codes import faiss_available
+
+        return TUNE_CODES if faiss_available() else tuple(name for name in TUNE_CODES if not name.startswith("faiss-"))
 
 
 def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str = "float32", int8_clip=None):
@@ -313,7 +317,11 @@ def sweep_rows(
     n_rows = task.n_corpus
     floated = [c for c in candidates if any(fits(c, storage) for storage in floats)]
     later = _groups(
-        floated, lambda c: list_bytes * (len(floats) * depth + sum(s.rescore for s in reranks)), TOP_LIST_BYTES
+        floated,
+        lambda c: (
+            list_bytes * (depth * sum(fits(c, s) for s in floats) + sum(s.rescore for s in reranks if fits(c, s)))
+        ),
+        TOP_LIST_BYTES,
     )
     first_groups = _groups(first, lambda s: list_bytes * (depth if s.name == "raw" else bit_depth), TOP_LIST_BYTES)
     total = n_rows * (len(first_groups) + len(later))
@@ -704,6 +712,8 @@ def sweep(
     metric, bootstrap, seed = grid.metric, options.bootstrap, options.seed
     limit = None if None in wanted else max(budget for budget in wanted if budget is not None)
     code_sizes = _code_sizes(grid, model.n_features, [budget for budget in wanted if budget is not None])
+    if limit is not None and not code_sizes:
+        _refuse_if_nothing_fits(candidates, storages, limit)
     codecs: dict = {}
     code_tops: dict = {}
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
@@ -814,6 +824,17 @@ def sweep(
         each_query,
         {label: codec for label, (_name, codec) in codecs.items()},
     )
+
+
+def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage], max_bytes: int) -> None:
+    """The one-line error of a budget no setting fits (before any pass over the corpus)."""
+    pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
+    if pairs and min(pairs)[0] > max_bytes:
+        size, k, label = min(pairs)
+        raise BadInputError(
+            f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes {size} ({label} at k={k}); "
+            "raise --max-bytes or add smaller k to --ks"
+        )
 
 
 def _code_sizes(grid: SweepGrid, n_features: int, budgets: list[int]) -> dict[str, list[int]]:
