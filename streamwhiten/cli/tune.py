@@ -291,7 +291,11 @@ _VECTORS = {"raw": "raw (no map)", "rotated": "rotation", "centred": "centring",
 
 
 def _row_text(row: dict, metric: str) -> str:
-    what = _VECTORS[row["vectors"]] or f"beta={row['beta']:g} gamma={row['gamma']:g}"
+    what = (
+        "raw, unit, coded"
+        if row.get("code")
+        else _VECTORS[row["vectors"]] or f"beta={row['beta']:g} gamma={row['gamma']:g}"
+    )
     retention = "" if row["retention"] is None else f"{row['retention']:6.1f}%"
     interval = fmt_interval(row["difference"], row["low"], row["high"])
     return (
@@ -342,7 +346,12 @@ def retrieval_lines(summary: dict, model, chosen, target) -> list[str]:
             f"{reference['bytes_per_vector']:,} bytes per vector (the raw vectors' sign bits do not fit the budget)"
         )
     lines += selection_lines(summary.get("selection"), metric, "queries")
-    if best["vectors"] == "raw":
+    if best.get("code"):
+        lines.append(
+            f"           a {best['dtype']} code wins: the raw vectors scaled to unit length, coded in "
+            f"{best['bytes_per_vector']:,} bytes (its codec: {best['code']['model_bytes']:,} bytes per model)"
+        )
+    elif best["vectors"] == "raw":
         lines.append(
             "           the raw vectors win: no whitening beats them (the model written holds no transformation)"
         )

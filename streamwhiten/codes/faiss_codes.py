@@ -12,6 +12,8 @@ faiss is imported inside the functions that use it (``pip install faiss-cpu``).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -39,6 +41,28 @@ def _faiss() -> Any:
     except ImportError:
         raise BadInputError("faiss codes need faiss: pip install faiss-cpu") from None
     return faiss
+
+
+def faiss_available() -> bool:
+    """Whether faiss can be imported (its codes are offered only then)."""
+    try:
+        import faiss  # noqa: F401 - only whether it is there
+    except ImportError:
+        return False
+    return True
+
+
+@contextmanager
+def one_omp_thread() -> Iterator[None]:
+    """faiss's OpenMP held to one thread for the duration (restored after), where several codes train or
+    search side by side in threads of their own."""
+    faiss = _faiss()
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
 
 
 def _index_for(kind: str, dim: int, n_bytes: int) -> Any:
@@ -200,12 +224,14 @@ def train_faiss(
     sample_seed: int | None = None,
     iterations: int = 25,
     opq_iterations: int = 50,
+    opq_initial_iterations: int | None = None,
 ) -> FaissCode:
     """The faiss ``kind`` code of at most ``budget`` bytes a vector, trained on ``sample`` (rows of the
     vectors) after centring on ``mean`` and, where it keeps fewer dimensions, projecting on the leading
     principal axes of ``covariance``. ``seed`` seeds faiss's k-means; ``sample_seed`` (recorded) is the
     seed the sample was drawn with, where the caller drew it; ``iterations`` of k-means per codebook and
-    ``opq_iterations`` of OPQ (faiss's defaults), both recorded."""
+    ``opq_iterations`` of OPQ (faiss's defaults), both recorded; ``opq_initial_iterations``: k-means
+    iterations of OPQ's first PQ (None: faiss's 40), recorded when given."""
     centre = np.asarray(mean, dtype=np.float64).reshape(-1)
     d = centre.shape[0]
     dims, sub = layout_for(kind, d, budget)
@@ -221,10 +247,21 @@ def train_faiss(
     if kind in ("pq", "opq"):
         clustering = _faiss().downcast_index(inner).pq.cp
         clustering.seed, clustering.niter = int(seed), int(iterations)
+        clustering.min_points_per_centroid = 1  # faiss warns below 39 a centroid; the result is the same
+    opq_pq = None
     if kind == "opq":
-        _faiss().downcast_VectorTransform(index.chain.at(0)).niter = int(opq_iterations)
+        rotation = _faiss().downcast_VectorTransform(index.chain.at(0))
+        rotation.niter = int(opq_iterations)
+        if opq_initial_iterations is not None:
+            rotation.niter_pq_0 = int(opq_initial_iterations)
+        # OPQ's own PQ as faiss makes it (seed and all), only without the warning; kept alive while it trains
+        opq_pq = _faiss().ProductQuantizer(dims, sub, 8)
+        opq_pq.cp.min_points_per_centroid = 1
+        rotation.pq = opq_pq
     centred = (rows - centre).astype(np.float32)
     index.train(np.ascontiguousarray(centred if basis is None else centred @ basis.astype(np.float32)))
+    if opq_pq is not None:
+        _faiss().downcast_VectorTransform(index.chain.at(0)).pq = None  # it does not outlive this call
     training: dict[str, Any] = {
         "sample_rows": int(rows.shape[0]),
         "seed": int(seed),
@@ -234,6 +271,8 @@ def train_faiss(
         training["kmeans_iterations"] = int(iterations)
     if kind == "opq":
         training["opq_iterations"] = int(opq_iterations)
+        if opq_initial_iterations is not None:
+            training["opq_initial_iterations"] = int(opq_initial_iterations)
     if sample_seed is not None:
         training["sample_seed"] = int(sample_seed)
     blob = _faiss().serialize_index(index)
@@ -243,4 +282,4 @@ def train_faiss(
     return code
 
 
-__all__ = ["KINDS", "FaissCode", "layout_for", "train_faiss"]
+__all__ = ["KINDS", "FaissCode", "faiss_available", "layout_for", "one_omp_thread", "train_faiss"]

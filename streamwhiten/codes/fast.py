@@ -64,17 +64,34 @@ def search(
         raise BadInputError(f"no search for {type(codec).__name__} codes")
     top_scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
     top_rows = np.full((q.shape[0], k), -1, dtype=np.int64)
-    scales = _scales(codec, rows)
-    tile = np.empty((TILE_QUERIES, TILE_ROWS), dtype=np.float32)
-    for q0 in range(0, q.shape[0], TILE_QUERIES):
-        q1 = min(q.shape[0], q0 + TILE_QUERIES)
-        tables, bases, offsets = codec.lookup_tables(q[q0:q1])
-        for r0 in range(0, rows.shape[0], TILE_ROWS):
-            r1 = min(rows.shape[0], r0 + TILE_ROWS)
-            out = tile[: q1 - q0, : r1 - r0]
-            lookup_scores(tables, rows[r0:r1], scales[r0:r1], bases, offsets, out)
-            merge_top_scores(out, r0, q0, top_scores, top_rows, start, excluded)
+    merge_block(codec, q, rows, 0, top_scores, top_rows, start, excluded)
     return top_scores, top_rows
+
+
+def merge_block(
+    codec: LinearCode,
+    queries: npt.NDArray[np.float32],
+    codes: npt.NDArray[np.uint8],
+    first_row: int,
+    top_scores: npt.NDArray[np.float32],
+    top_rows: npt.NDArray[np.int64],
+    start: npt.NDArray[np.int64],
+    excluded: npt.NDArray[np.int64],
+) -> None:
+    """Merge the code rows ``codes`` (corpus rows ``first_row, first_row + 1, ...``) into the top lists
+    ``top_scores``/``top_rows`` of the float32 ``queries`` by the table scan, never an excluded pair
+    (``start``/``excluded``: :class:`~streamwhiten.core.exclusions.Exclusions` arrays): a corpus
+    searched block by block gives the lists of one search over all of it."""
+    scales = _scales(codec, codes)
+    tile = np.empty((TILE_QUERIES, TILE_ROWS), dtype=np.float32)
+    for q0 in range(0, queries.shape[0], TILE_QUERIES):
+        q1 = min(queries.shape[0], q0 + TILE_QUERIES)
+        tables, bases, offsets = codec.lookup_tables(queries[q0:q1])
+        for r0 in range(0, codes.shape[0], TILE_ROWS):
+            r1 = min(codes.shape[0], r0 + TILE_ROWS)
+            out = tile[: q1 - q0, : r1 - r0]
+            lookup_scores(tables, codes[r0:r1], scales[r0:r1], bases, offsets, out)
+            merge_top_scores(out, first_row + r0, q0, top_scores, top_rows, start, excluded)
 
 
 def _scales(codec: LinearCode, rows: np.ndarray) -> npt.NDArray[np.float32]:
@@ -102,4 +119,4 @@ def _faiss_search(
     return top_scores, top_rows
 
 
-__all__ = ["TILE_QUERIES", "TILE_ROWS", "encode", "search"]
+__all__ = ["TILE_QUERIES", "TILE_ROWS", "encode", "merge_block", "search"]

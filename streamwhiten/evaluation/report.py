@@ -728,6 +728,20 @@ def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[s
         image("frontier", f"The best {metric} at each number of bytes per vector, the choice and the budget."),
         f"<table class='grid'><tr>{head}</tr>{body}</table>",
     ]
+    families = record.get("families")
+    if families:  # each storage and code family's best within the budget, best first
+        cells = "".join(
+            f"<tr><td>{html.escape(row['family'])}</td><td>{html.escape(row['storage'])}</td>"
+            f"<td>{row['bytes_per_vector']:,}</td><td>{row[metric]:.2f}</td><td>{row['difference']:+.2f}"
+            + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
+            + "</td></tr>"
+            for row in families
+        )
+        parts += [
+            f"<h3>The best of each storage and code within {'the budget' if budget is not None else 'the grid'}</h3>",
+            "<table class='grid'><tr><th>family</th><th>storage</th><th>bytes</th>"
+            f"<th>{metric} x100</th><th>vs raw [95%]</th></tr>{cells}</table>",
+        ]
     return parts
 
 

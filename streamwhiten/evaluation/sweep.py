@@ -25,6 +25,12 @@ searched once for every gamma (a sign does not depend on the scaling), by popcou
 ``q x N x k`` on the rows it re-ranks. With ``s`` settings and ``m`` stored forms, about
 ``s x n x k x (d + m q)`` multiply-adds in float64. Memory: the queries, each setting's top lists
 (``q x 100 x 16`` bytes), two blocks and one setting's transformed block.
+
+**Under a budget** a setting is searched only in the storages that fit it (none: not at all), and every
+code family of :mod:`streamwhiten.codes` that fits is a candidate too (:mod:`.code_candidates`: two more
+passes, one for the statistics of the unit rows and a sample, one to encode and search every code), its
+row named by the code (``storage`` ``eigen-24B``, ``dtype`` ``eigen``, ``code`` its record). A code is never
+the reference.
 """
 
 from __future__ import annotations
@@ -43,6 +49,18 @@ from ..engine._threads import blas_threads, blas_threads_per_worker, resolve_thr
 from ..errors import BadInputError
 from ..options import RetrievalOptions
 from ..params import check
+from .code_candidates import (
+    SAMPLE_ROWS,
+    SAMPLE_SEED,
+    TUNE_CODES,
+    code_record,
+    fitting_codes,
+    is_code,
+    search_codes,
+    smallest_bytes,
+    train_codes,
+    unit_statistics,
+)
 from .retrieval import (
     BOOTSTRAP_LEVEL,
     BOOTSTRAP_SAMPLES,
@@ -107,7 +125,9 @@ class SweepGrid:
     eps : float, optional
         The regulariser of every setting (default: the model's).
     dtypes : sequence of str, optional
-        The storages, names of :data:`STORAGES` (or one comma-separated string; default: all).
+        The storages, names of :data:`STORAGES` and code families of :data:`~streamwhiten.codes.CODES`
+        (or one comma-separated string; default: all storages, and under a budget every code of
+        :data:`~.code_candidates.TUNE_CODES`, faiss's where faiss is installed).
     rescore, rescore_dtype, int8_clip
         How ``binary+rescore`` re-ranks (its top ``rescore`` with ``rescore_dtype`` vectors; default 100,
         as many as the evaluation keeps) and the int8 codes' span in standard deviations.
@@ -124,6 +144,8 @@ class SweepGrid:
         takes the best score (optimistic: the winner's curse).
     folds : int
         Folds of the queries for the cross-validated forecast of the choice.
+    code_sample, code_seed : int
+        Corpus rows (at most) the codes that learn from data train on, and the seed that draws them.
     """
 
     betas: tuple[float, ...] | None = None
@@ -140,6 +162,8 @@ class SweepGrid:
     tolerance: float = 0.0
     select: str = "maxt"
     folds: int = FOLDS
+    code_sample: int = SAMPLE_ROWS
+    code_seed: int = SAMPLE_SEED
 
     def __post_init__(self):
         for name in ("betas", "gammas", "ks", "variances", "dtypes"):
@@ -166,11 +190,30 @@ class SweepGrid:
             check("variance", value)
         if self.eps is not None:
             check("eps", self.eps)
+        for name in ("code_sample", "code_seed"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "code_sample" else 0):
+                raise BadInputError(
+                    f"{name} must be a whole number of at least {int(name == 'code_sample')}, got {value!r}"
+                )
         self.storages()  # checks the names, rescore, rescore_dtype and int8_clip
 
     def storages(self) -> list[Storage]:
-        """The storages swept, as :class:`Storage` records (see :func:`storages_of`)."""
-        return storages_of(self.dtypes, self.rescore, self.rescore_dtype, self.int8_clip)
+        """The storages swept, as :class:`Storage` records (see :func:`storages_of`); none where only
+        codes are named."""
+        if self.dtypes is not None and self.dtypes and all(is_code(name) for name in self.dtypes):
+            return []
+        plain = None if self.dtypes is None else [name for name in self.dtypes if not is_code(name)]
+        return storages_of(plain, self.rescore, self.rescore_dtype, self.int8_clip)
+
+    def codes(self) -> tuple[str, ...]:
+        """The code families swept under a budget: those named in ``dtypes``, or by default every one
+        of :data:`~.code_candidates.TUNE_CODES` (faiss's only where faiss is installed)."""
+        if self.dtypes is not None:
+            return tuple(name for name in dict.fromkeys(self.dtypes) if is_code(name))
+        from ..codes.faiss_codes import faiss_available
+
+        return TUNE_CODES if faiss_available() else tuple(name for name in TUNE_CODES if not name.startswith("faiss-"))
 
 
 def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str = "float32", int8_clip=None):
@@ -184,7 +227,7 @@ def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str =
     out = []
     for name in dict.fromkeys(names):
         if name not in STORAGES:
-            raise BadInputError(f"--dtypes: {name!r} is not one of {', '.join(STORAGES)}")
+            raise BadInputError(f"--dtypes: {name!r} is not one of {', '.join(STORAGES)} or a code")
         if name == "binary+rescore":
             check("rescore", rescore)
             if not rescore:
@@ -254,10 +297,17 @@ def sweep_rows(
     block_rows: int | None = None,
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    max_bytes: int | None = None,
 ) -> tuple[np.ndarray, dict]:
     """The raw float32 reference's top lists and every ``(candidate, storage)``'s, keyed by
-    ``(candidate, storage)``: see the module docstring for the passes and their cost."""
+    ``(candidate, storage)``: see the module docstring for the passes and their cost. With
+    ``max_bytes`` only the pairs that store a vector in that many bytes or fewer are searched (and keyed)."""
     threads = resolve_threads(threads)
+
+    def fits(candidate: Candidate, storage: Storage) -> bool:
+        return max_bytes is None or storage.bytes_per_vector(candidate.k) <= max_bytes
+
+    candidates = [c for c in candidates if any(fits(c, storage) for storage in storages)]
     n_queries = task.vectors.shape[0]
     list_bytes = n_queries * 16
     rescored = max([storage.rescore for storage in storages] + [0])
@@ -270,14 +320,21 @@ def sweep_rows(
     bit_keys: dict = {}
     if any_bits:
         for candidate in candidates:
+            if not any(fits(candidate, storage) for storage in storages if storage.dtype == "binary"):
+                continue
             key = candidate.bits_key
             if key not in bit_keys:
                 bit_keys[key] = len(first)
                 first.append(SearchSetting.make(f"bits {key}", _map_model(bases, candidate), dtype="binary"))
     label = task.corpus_label
     n_rows = task.n_corpus
+    floated = [c for c in candidates if any(fits(c, storage) for storage in floats)]
     later = _groups(
-        candidates, lambda c: list_bytes * (len(floats) * depth + sum(s.rescore for s in reranks)), TOP_LIST_BYTES
+        floated,
+        lambda c: (
+            list_bytes * (depth * sum(fits(c, s) for s in floats) + sum(s.rescore for s in reranks if fits(c, s)))
+        ),
+        TOP_LIST_BYTES,
     )
     first_groups = _groups(first, lambda s: list_bytes * (depth if s.name == "raw" else bit_depth), TOP_LIST_BYTES)
     total = n_rows * (len(first_groups) + len(later))
@@ -305,17 +362,20 @@ def sweep_rows(
     bits = {key: results[index].rows for key, index in bit_keys.items()}
     out: dict = {}
     for group in later:
-        out.update(_search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, step, label))
+        out.update(
+            _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, step, label, fits)
+        )
         done[0] += n_rows
     for candidate in candidates:
         for storage in storages:
-            if storage.dtype == "binary" and not storage.rescore:
+            if storage.dtype == "binary" and not storage.rescore and fits(candidate, storage):
                 out[(candidate, storage)] = np.ascontiguousarray(bits[candidate.bits_key][:, :depth])
     return reference, out
 
 
-def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, progress, label) -> dict:
-    """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``."""
+def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, progress, label, fits) -> dict:
+    """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``
+    (those within the budget: ``fits(candidate, storage)``)."""
     plans = []
     jobs = []
     for candidate in group:
@@ -323,6 +383,8 @@ def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, 
         unit_queries = setting.unit(task.vectors)
         searched = []
         for storage in floats:
+            if not fits(candidate, storage):
+                continue
             quantization = SearchSetting.make("s", _map_model(bases, candidate), **_args(storage)).quantization
             job = SearchJob(
                 unit_queries,
@@ -335,6 +397,8 @@ def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, 
             searched.append((storage, job))
         again = []
         for storage in reranks:
+            if not fits(candidate, storage):
+                continue
             made = SearchSetting.make("r", _map_model(bases, candidate), **_args(storage))
             assert made.rescore_quantization is not None  # made with the storage's rescoring
             top = bits[candidate.bits_key]
@@ -411,6 +475,26 @@ def bootstrap_differences(
     return [(float(d), float(lo), float(hi)) for d, lo, hi in zip(differences, low, high, strict=True)]
 
 
+def family_of(row: dict) -> str:
+    """The storage family of a row: its code (``eigen``, ``faiss-pq``, ...) or its storage (``int8``,
+    ``binary+rescore100``)."""
+    return str(row["dtype"] if row.get("code") else row["storage"])
+
+
+def best_per_family(table: list, metric: str, max_bytes: int | None = None) -> list:
+    """The best row of each storage family (:func:`family_of`) within ``max_bytes``, by score (ties to
+    fewer bytes, then the table's order), best first: how each family does at the budget."""
+    best: dict = {}
+    for i, row in enumerate(table):
+        if max_bytes is not None and row["bytes_per_vector"] > max_bytes:
+            continue
+        key = (-_score(row, metric), row["bytes_per_vector"], i)
+        family = family_of(row)
+        if family not in best or key < best[family][0]:
+            best[family] = (key, row)
+    return [row for _key, row in sorted(best.values(), key=lambda item: item[0])]
+
+
 def frontier(table: list, metric: str) -> list:
     """The rows no other row beats at fewer or equal bytes, by bytes ascending (each better than the last)."""
     order = sorted(
@@ -456,7 +540,7 @@ def reference_index(table: list, n_features: int, max_bytes: int | None = None) 
     fits = [
         i
         for i, row in enumerate(table)
-        if not row["rescore"] and (max_bytes is None or row["bytes_per_vector"] <= max_bytes)
+        if not row["rescore"] and not row.get("code") and (max_bytes is None or row["bytes_per_vector"] <= max_bytes)
     ]
     raw = [i for i in fits if table[i]["vectors"] == "raw"]
     if raw:
@@ -558,15 +642,27 @@ class RetrievalTuneResult:
     storages: dict = field(repr=False)
     selection: dict | None = None
     per_query: np.ndarray | None = field(default=None, repr=False)
+    codecs: dict = field(default_factory=dict, repr=False)
 
     def model_for(self, row: dict) -> WhiteningModel:
         """The model of one row: the map at its setting (sharing its beta's eigendecomposition; the
-        identity map for the raw vectors) and the storage recorded."""
-        if row["vectors"] == "raw":
+        identity map for the raw vectors) and the storage recorded. A code's row: the identity map, with its
+        codec (:meth:`codec_for`'s, which codes the raw vectors scaled to unit length) as its storage."""
+        if row["vectors"] == "raw" or row.get("code"):
             model = self.bases[0.0].with_params(basis="identity")
         else:
             model = self.bases[row["beta"]].with_params(gamma=row["gamma"], n_components=row["k"])
+        if row.get("code"):
+            return store_codec(model, self.codec_for(row), row["code"])
         return replace(model, storage=self.storages[row["storage"]])
+
+    def codec_for(self, row: dict):
+        """The trained :class:`~streamwhiten.codes.Codec` of a code's row (None for another row)."""
+        return self.codecs.get(row["storage"]) if row.get("code") else None
+
+    def chosen_codec(self):
+        """The chosen row's codec, where the choice is a code (else None)."""
+        return self.codec_for(self.best)
 
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
@@ -632,6 +728,12 @@ def sweep(
         model, grid.betas, grid.gammas, grid.ks, grid.variances, grid.eps, raw_ks=tuple(dict.fromkeys(raw_ks))
     )
     metric, bootstrap, seed = grid.metric, options.bootstrap, options.seed
+    limit = None if None in wanted else max(budget for budget in wanted if budget is not None)
+    code_sizes = _code_sizes(grid, model.n_features, [budget for budget in wanted if budget is not None])
+    if limit is not None and not code_sizes:
+        _refuse_if_nothing_fits(candidates, storages, limit)
+    codecs: dict = {}
+    code_tops: dict = {}
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         reference, rows = sweep_rows(
             task,
@@ -641,12 +743,28 @@ def sweep(
             block_rows=options.block_rows,
             threads=options.threads,
             progress=progress,
+            max_bytes=limit,
         )
+        if code_sizes:
+            mean, covariance, sample = unit_statistics(task, grid.code_sample, grid.code_seed, options.block_rows)
+            to_train = [(name, size) for name, sizes in code_sizes.items() for size in sizes]
+            trained = train_codes(to_train, mean, covariance, sample, grid.code_seed, resolve_threads(options.threads))
+            for (name, _size), codec in zip(to_train, trained, strict=True):
+                codecs[f"{name}-{codec.bytes_per_vector}B"] = (name, codec)
+            code_tops = search_codes(
+                task,
+                {label: codec for label, (_name, codec) in codecs.items()},
+                DEPTH,
+                options.block_rows,
+                threads=resolve_threads(options.threads),
+            )
     raw_each = query_metrics(reference, task.query_rows, task.qrels)
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
     table, each = [], []
     for candidate in candidates:
         for storage in storages:
+            if (candidate, storage) not in rows:  # over the budget: not searched
+                continue
             per_query = query_metrics(rows[(candidate, storage)], task.query_rows, task.qrels)
             each.append(per_query[metric])
             table.append(
@@ -664,6 +782,25 @@ def sweep(
                     **mean_metrics(per_query),
                 )
             )
+    for label, (name, codec) in codecs.items():
+        per_query = query_metrics(code_tops[label], task.query_rows, task.qrels)
+        each.append(per_query[metric])
+        table.append(
+            dict(
+                beta=0.0,
+                gamma=0.0,
+                k=model.n_features,
+                k_label=str(model.n_features),
+                vectors="raw",
+                storage=label,
+                dtype=name,
+                rescore=0,
+                rescore_dtype=None,
+                bytes_per_vector=int(codec.bytes_per_vector),
+                code=code_record(codec, name, min(grid.code_sample, task.n_corpus), grid.code_seed),
+                **mean_metrics(per_query),
+            )
+        )
     # one set of resamples of the queries for the intervals, the rule and its forecast
     resamples = Resamples(len(raw_each[metric]), bootstrap or BOOTSTRAP_SAMPLES, seed)
     differences = bootstrap_differences(raw_each[metric], each, bootstrap, seed, resamples=resamples)
@@ -703,6 +840,54 @@ def sweep(
         {storage.label: storage for storage in storages},
         selection,
         each_query,
+        {label: codec for label, (_name, codec) in codecs.items()},
+    )
+
+
+def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage], max_bytes: int) -> None:
+    """The one-line error of a budget no setting fits (before any pass over the corpus)."""
+    pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
+    if pairs and min(pairs)[0] > max_bytes:
+        size, k, label = min(pairs)
+        raise BadInputError(
+            f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes {size} ({label} at k={k}); "
+            "raise --max-bytes or add smaller k to --ks"
+        )
+
+
+def _code_sizes(grid: SweepGrid, n_features: int, budgets: list[int]) -> dict[str, list[int]]:
+    """``{code: [bytes to train at]}``: each code of ``grid.codes()`` at each budget it fits (none without
+    a budget); a one-line error when codes were named and none fits the smallest budget."""
+    names = grid.codes()
+    if not names or not budgets:
+        return {}
+    out: dict[str, list[int]] = {}
+    for budget in sorted(set(budgets)):
+        for name, size in fitting_codes(names, n_features, budget).items():
+            if size not in out.setdefault(name, []):
+                out[name].append(size)
+    if grid.dtypes is not None and not any(out.values()):
+        smallest = {name: smallest_bytes(name, n_features) for name in names}
+        name = min(names, key=lambda n: (smallest[n] is None, smallest[n] or 0))
+        raise BadInputError(
+            f"no code of {', '.join(names)} stores a {n_features}-d vector in {min(budgets)} bytes or fewer: "
+            f"the smallest, {name}, takes {smallest[name]}; raise --max-bytes"
+        )
+    return {name: sizes for name, sizes in out.items() if sizes}
+
+
+def store_codec(model: WhiteningModel, codec: Any, record: dict[str, Any]) -> WhiteningModel:
+    """The tuned identity ``model`` storing its vectors (the raw vectors scaled to unit length, its
+    normalised outputs) as ``codec``'s codes: the codec's checksummed bytes recorded as its storage, with
+    the family and the sample it was trained from (``record``: :func:`code_record`)."""
+    from ..codes.storage import with_codec
+
+    return with_codec(
+        model,
+        codec,
+        record["family"],
+        sample_rows=int(record.get("sample_rows", 0)),
+        sample_seed=int(record.get("sample_seed", 0)),
     )
 
 
@@ -723,12 +908,22 @@ def tune_retrieval(
     best = result.best
     summary = result.to_json()
     storage = chosen.storage
-    assert storage is not None  # model_for records the row's storage
-    described = dict(
-        describe_stored(chosen),
-        rescore=storage.rescore,
-        rescore_dtype=storage.rescore_dtype if storage.rescore else None,
-    )
+    if best.get("code"):  # the raw vectors coded: what is stored is the code, not the map's floats
+        described = dict(
+            describe_stored(chosen),
+            dtype=best["dtype"],
+            bytes_per_vector=best["bytes_per_vector"],
+            rescore=0,
+            rescore_dtype=None,
+            code=best["code"],
+        )
+    else:
+        assert storage is not None  # model_for records the row's storage
+        described = dict(
+            describe_stored(chosen),
+            rescore=storage.rescore,
+            rescore_dtype=storage.rescore_dtype if storage.rescore else None,
+        )
     keep = (
         "beta",
         "gamma",
@@ -757,6 +952,10 @@ def tune_retrieval(
         },
         "selection": result.selection,
         "frontier": [{key: row[key] for key in keep} for row in result.frontier],
+        "families": [
+            dict({key: row[key] for key in keep}, family=family_of(row))
+            for row in best_per_family(result.table, result.metric, result.max_bytes)
+        ],
         "grid_size": len(result.table),
     }
     chosen = replace(chosen, info=dict(chosen.info, tuned=record))
@@ -773,14 +972,17 @@ __all__ = [
     "Candidate",
     "RetrievalTuneResult",
     "SweepGrid",
+    "best_per_family",
     "bootstrap_differences",
     "choose_generalising",
     "choose_within",
     "reference_index",
     "reference_k",
+    "family_of",
     "frontier",
     "retrieval_grid",
     "storages_of",
+    "store_codec",
     "sweep",
     "sweep_rows",
     "tune_retrieval",

@@ -1,0 +1,278 @@
+"""Vector codes as candidates of the retrieval sweep: each family of :mod:`streamwhiten.codes` at a byte budget.
+
+A code candidate stores the raw vectors scaled to unit length (the cosine geometry the raw reference
+searches; no whitening map: the identity) as the family's code of the most bytes within the budget
+(:func:`code_budget`), and searches them by the codec's estimate of ``<q, x>`` with float32 unit queries
+(asymmetric). The codes that need only statistics (``eigen``, ``bits-random``) train from the exact
+mean and covariance of the corpus rows scaled to unit length; those that learn from data
+(:data:`~streamwhiten.codes.NEEDS_SAMPLE`) from a seeded sample of those rows, its size and seed
+recorded (:func:`code_record`).
+
+**Cost.** Two passes over the corpus: one for the statistics (``n x d x d``) and the sample, one that
+encodes each block with every code (:func:`streamwhiten.codes.fast.encode`) and merges it into each
+code's top lists: the tool's codes by the Numba table scan (:func:`streamwhiten.codes.fast.merge_block`,
+``q x n x bytes`` lookups), faiss's by faiss's own scan. Memory: the queries, the sample, each code's
+top lists and one block's codes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from ..codes import CODES, NEEDS_SAMPLE, Codec, train_codec
+from ..engine._threads import blas_threads
+from ..errors import BadInputError
+from .retrieval import RetrievalTask, _finite
+from .search import corpus_blocks
+
+#: The code families ``tune`` sweeps under a byte budget (by default every one of them).
+TUNE_CODES: tuple[str, ...] = (
+    "eigen",
+    "eigen+f",
+    "bits-random",
+    "bits-random+f",
+    "bits-itq",
+    "faiss-pq",
+    "faiss-opq",
+    "faiss-rabitq1",
+    "faiss-rabitq2",
+    "faiss-rabitq4",
+    "faiss-sq4",
+    "faiss-sq8",
+)
+#: Corpus rows the sample-trained codes learn from (all of them when the corpus is smaller), and its seed.
+SAMPLE_ROWS, SAMPLE_SEED = 6000, 0
+#: k-means iterations of faiss's PQ codebooks (and of OPQ's first PQ) and OPQ's rotation updates while
+#: tuning (fewer than faiss's defaults, 25 (40) and 50, to keep a tune short; recorded in the codec).
+KMEANS_ITERATIONS, OPQ_ITERATIONS = 10, 4
+
+
+def is_code(name: str) -> bool:
+    """Whether ``name`` names a code family (of :data:`~streamwhiten.codes.CODES`), not a plain storage."""
+    return name in CODES
+
+
+def code_budget(name: str, n_features: int, budget: int) -> int | None:
+    """The budget to train code ``name`` at for vectors of ``n_features`` values within ``budget`` bytes:
+    the most bytes the family holds there (sign bits hold one a component, PQ one byte a sub-space), or
+    None where even its smallest code does not fit."""
+    if name not in CODES:
+        raise BadInputError(f"unknown code {name!r}: one of {', '.join(CODES)}")
+    from ..codes.linear import CORRECTION_BYTES, MAX_BITS
+
+    spare = CORRECTION_BYTES if name.endswith("+f") else 0
+    if name.startswith("eigen"):
+        return int(min(budget, spare + n_features * MAX_BITS // 8)) if budget >= 1 + spare else None
+    if name.startswith("bits-"):
+        most = spare + n_features // 8
+        return int(min(budget, most)) if budget >= 1 + spare and most >= 1 + spare else None
+    from ..codes.faiss_codes import layout_for
+
+    kind = name[len("faiss-") :]
+    size = min(int(budget), n_features) if kind in ("pq", "opq") else int(budget)
+    try:
+        layout_for(kind, n_features, size)
+    except BadInputError:
+        return None
+    return size
+
+
+def smallest_bytes(name: str, n_features: int, limit: int = 64) -> int | None:
+    """The fewest bytes a vector of the code ``name`` takes (None: none up to ``limit``)."""
+    return next((b for b in range(1, limit + 1) if code_budget(name, n_features, b) is not None), None)
+
+
+def fitting_codes(names, n_features: int, budget: int) -> dict[str, int]:
+    """``{name: bytes to train at}`` of the codes of ``names`` that fit ``budget``, in their order."""
+    out = {}
+    for name in names:
+        size = code_budget(name, n_features, budget)
+        if size is not None:
+            out[name] = size
+    return out
+
+
+def unit_rows(rows: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm in float64 (zero rows stay zero)."""
+    out = np.array(rows, dtype=np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", out, out))
+    np.divide(out, norms[:, None], out=out, where=norms[:, None] > 0)
+    return out
+
+
+def unit_statistics(
+    task: RetrievalTask, sample_rows: int, seed: int, block_rows: int | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(mean, covariance, sample)`` of the corpus rows scaled to unit length, in one pass: the exact
+    float64 moments of all of them, and the rows ``numpy.random.default_rng(seed).choice(n, size)``
+    (sorted, without replacement) of at most ``sample_rows``."""
+    n, d = task.n_corpus, task.n_features
+    picked = np.sort(np.random.default_rng(seed).choice(n, min(int(sample_rows), n), replace=False))
+    sample = np.empty((picked.size, d))
+    total, scatter = np.zeros(d), np.zeros((d, d))
+    for start, rows in corpus_blocks(task.corpus, block_rows):
+        unit = unit_rows(_finite(rows, start, task.corpus_label))
+        total += unit.sum(axis=0)
+        scatter += unit.T @ unit
+        lo, hi = np.searchsorted(picked, [start, start + rows.shape[0]])
+        sample[lo:hi] = unit[picked[lo:hi] - start]
+    mean = total / n
+    return mean, scatter / n - np.outer(mean, mean), sample
+
+
+def train_codes(
+    wanted: list[tuple[str, int]],
+    mean: np.ndarray,
+    covariance: np.ndarray,
+    sample: np.ndarray,
+    sample_seed: int,
+    threads: int = 1,
+) -> list[Codec]:
+    """The codec of each ``(name, bytes)``, trained from the statistics (and ``sample`` where it learns
+    from data; faiss's k-means seeded by ``sample_seed``), ``threads`` codes at a time, each on one core
+    (faiss's and BLAS's own threads held to one: the codes, not their inner loops, run side by side)."""
+
+    def one(name: str, size: int) -> Codec:
+        faiss_options = {
+            "iterations": KMEANS_ITERATIONS,
+            "opq_iterations": OPQ_ITERATIONS,
+            "opq_initial_iterations": KMEANS_ITERATIONS,
+        }
+        return train_codec(
+            name,
+            mean,
+            covariance,
+            size,
+            sample=sample if name in NEEDS_SAMPLE else None,
+            seed=sample_seed,
+            sample_seed=sample_seed if name in NEEDS_SAMPLE else None,
+            **(faiss_options if name.startswith("faiss-") else {}),
+        )
+
+    # the slowest first (OPQ, then PQ), so that the others fill the other threads meanwhile
+    order = sorted(
+        range(len(wanted)), key=lambda i: (not wanted[i][0].endswith("opq"), not wanted[i][0].endswith("pq"))
+    )
+    with _one_thread_each(any(name.startswith("faiss-") for name, _ in wanted)):
+        if threads <= 1 or len(wanted) <= 1:
+            done = {i: one(*wanted[i]) for i in order}
+        else:
+            with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="streamwhiten-codes") as pool:
+                futures = {i: pool.submit(one, *wanted[i]) for i in order}
+                done = {i: future.result() for i, future in futures.items()}
+    return [done[i] for i in range(len(wanted))]
+
+
+@contextmanager
+def _one_thread_each(uses_faiss: bool) -> Iterator[None]:
+    """BLAS (and faiss's OpenMP, where faiss is used) held to one thread, restored after."""
+    with blas_threads(1):
+        if not uses_faiss:
+            yield
+            return
+        from ..codes.faiss_codes import one_omp_thread
+
+        with one_omp_thread():
+            yield
+
+
+def _merge_found(top_scores, top_rows, scores, found, start, exclude) -> None:
+    """Merge faiss's block results (block rows ``found``, -1 for none) into the top lists, excluded
+    pairs dropped, best first, ties to the lower row."""
+    rows = np.where(found >= 0, found + start, -1)
+    scores = np.where(found >= 0, scores, -np.inf).astype(np.float32)
+    for query in np.flatnonzero(np.diff(exclude.start)):
+        dropped = np.isin(rows[query], exclude.rows[exclude.start[query] : exclude.start[query + 1]])
+        scores[query, dropped] = -np.inf
+    all_scores = np.concatenate([top_scores, scores], axis=1)
+    all_rows = np.concatenate([top_rows, rows], axis=1)
+    all_rows = np.where(np.isfinite(all_scores), all_rows, -1)
+    order = np.lexsort((np.where(all_rows < 0, np.iinfo(np.int64).max, all_rows), -all_scores), axis=1)
+    depth = top_scores.shape[1]
+    top_scores[:] = np.take_along_axis(all_scores, order, axis=1)[:, :depth]
+    top_rows[:] = np.take_along_axis(all_rows, order, axis=1)[:, :depth]
+
+
+def search_codes(
+    task: RetrievalTask,
+    codecs: dict[str, Codec],
+    depth: int,
+    block_rows: int | None = None,
+    progress: Callable[[int], None] | None = None,
+    threads: int = 1,
+) -> dict[str, np.ndarray]:
+    """The top ``depth`` corpus rows (queries x depth, best first, -1 past the last) of every codec's
+    search, in one pass over the corpus (see the module docstring); ``threads`` codes at a time."""
+    from ..codes.faiss_codes import FaissCode
+    from ..codes.fast import encode, merge_block
+
+    queries = unit_rows(task.vectors).astype(np.float32)
+    n_queries = queries.shape[0]
+    exclude = task.excluded
+    extra = int(np.diff(exclude.start).max()) if n_queries else 0
+    tops = {
+        name: (np.full((n_queries, depth), -np.inf, np.float32), np.full((n_queries, depth), -1, np.int64))
+        for name in codecs
+    }
+
+    def one(name: str, unit: np.ndarray, start: int) -> None:
+        codec = codecs[name]
+        codes = encode(codec, unit)
+        top_scores, top_rows = tops[name]
+        if isinstance(codec, FaissCode):
+            scores, found = codec.search(queries, codes, min(codes.shape[0], depth + extra))
+            _merge_found(top_scores, top_rows, scores, found, start, exclude)
+        else:
+            merge_block(codec, queries, codes, start, top_scores, top_rows, exclude.start, exclude.rows)  # type: ignore[arg-type]  # a LinearCode: the only other family
+
+    uses_faiss = any(isinstance(codec, FaissCode) for codec in codecs.values())
+    with _one_thread_each(uses_faiss), ThreadPoolExecutor(max(1, threads), "streamwhiten-codes") as pool:
+        for start, rows in corpus_blocks(task.corpus, block_rows):
+            unit = unit_rows(_finite(rows, start, task.corpus_label))
+            for future in [pool.submit(one, name, unit, start) for name in codecs]:
+                future.result()
+            if progress is not None:
+                progress(start + rows.shape[0])
+    return {name: rows for name, (_scores, rows) in tops.items()}
+
+
+def code_record(codec: Codec, name: str, sample_rows: int, sample_seed: int) -> dict[str, Any]:
+    """What a tune result records of a code candidate: its family, bytes, per-model bytes, the SHA-256
+    of its byte form, and what it was trained from."""
+    data = codec.to_bytes()
+    record: dict[str, Any] = {
+        "family": name,
+        "label": codec.label,
+        "bytes_per_vector": int(codec.bytes_per_vector),
+        "model_bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "vectors": "raw, scaled to unit length",
+        "statistics": "exact mean and covariance of the corpus rows scaled to unit length",
+    }
+    if name in NEEDS_SAMPLE:
+        record.update(sample_rows=int(sample_rows), sample_seed=int(sample_seed))
+    return record
+
+
+__all__ = [
+    "KMEANS_ITERATIONS",
+    "OPQ_ITERATIONS",
+    "SAMPLE_ROWS",
+    "SAMPLE_SEED",
+    "TUNE_CODES",
+    "code_budget",
+    "code_record",
+    "fitting_codes",
+    "is_code",
+    "search_codes",
+    "smallest_bytes",
+    "train_codes",
+    "unit_rows",
+    "unit_statistics",
+]
