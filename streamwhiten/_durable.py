@@ -159,7 +159,8 @@ def check_replaceable(
     if found is not None:
         raise ForeignOutputError(
             f"{label}: exists and is not {what} written by streamwhiten ({found}), so it is not replaced, "
-            "--overwrite or not: move it away or choose another path"
+            "overwrite or not: move it away or choose another path",
+            param="overwrite",
         )
 
 

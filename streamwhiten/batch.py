@@ -104,7 +104,10 @@ def _fit_job(
 
         check_file(update, "model file")
     if not runner.checkpoints and (update or resume):
-        raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
+        raise BadInputError(
+            "update and resume work with the serial engine only (a Dask fit is not checkpointed)",
+            param=("update", "resume"),
+        )
     inputs = pipeline._expanded(inputs, read)
     checkpoint = pipeline._prepare_model_path(inputs, model_path, params, options, read, update)
     planned = pipeline._plan(inputs, options, read, update, params, checkpoint, runner)

@@ -119,7 +119,8 @@ def format_for(path: str, fmt: str | None = None, append_to: str | None = None) 
         return "sentence-transformers"
     raise BadInputError(
         f"{path}: cannot tell the export format from the name; end it in "
-        f"{', '.join(EXTENSIONS)}, or pass --format sentence-transformers (or --append-to) for a directory"
+        f"{', '.join(EXTENSIONS)}, or pass fmt='sentence-transformers' (or append_to) for a directory",
+        param=("fmt", "append_to"),
     )
 
 
@@ -136,25 +137,31 @@ def check_options(
     map's outputs are stored)."""
     if fmt == "faiss" and dtype in ("int8", "binary") and index is not None:
         raise BadInputError(
-            f"--index is for float storage: {dtype} storage is written as its own faiss index "
-            f"({'an IndexScalarQuantizer' if dtype == 'int8' else 'an IndexBinaryFlat'}); drop --index"
+            f"index is for float storage: {dtype} storage is written as its own faiss "
+            f"{'IndexScalarQuantizer' if dtype == 'int8' else 'IndexBinaryFlat'}; drop index",
+            param="index",
         )
     if fmt == "faiss" and dtype == "binary" and metric is not None:
-        raise BadInputError("--metric: a binary faiss index compares bits by Hamming distance; drop --metric")
+        raise BadInputError(
+            "metric: a binary faiss index compares bits by Hamming distance; drop metric", param="metric"
+        )
     if append_to is not None and fmt != "sentence-transformers":
-        raise BadInputError("--append-to is for the sentence-transformers format")
+        raise BadInputError("append_to is for the sentence-transformers format", param="append_to")
     if insert is not None and insert not in INSERTS:
-        raise BadInputError(f"unknown --insert {insert!r}; choose one of {', '.join(INSERTS)}")
+        raise BadInputError(f"unknown insert {insert!r}; choose one of {', '.join(INSERTS)}", param="insert")
     if insert is not None and append_to is None:
-        raise BadInputError("--insert says where --append-to puts the whitening; give --append-to too")
+        raise BadInputError(
+            "insert says where append_to puts the whitening; give append_to too", param=("insert", "append_to")
+        )
     if (index is not None or metric is not None) and fmt != "faiss":
-        raise BadInputError("--index and --metric are for the faiss format")
+        raise BadInputError("index and metric are for the faiss format", param=("index", "metric"))
     if metric is not None and index is None:
-        raise BadInputError("--metric chooses the metric of --index; give --index too")
+        raise BadInputError("metric chooses how index compares vectors; give index too", param=("metric", "index"))
     if fmt == "faiss" and normalize and index is None and dtype not in ("int8", "binary"):
         raise BadInputError(
             "faiss keeps a LinearTransform followed by a NormalizationTransform only inside an index: "
-            "add --index (e.g. --index Flat) for an IndexPreTransform, or drop --normalize"
+            "add an index factory such as index='Flat' for an IndexPreTransform, or drop normalize=True",
+            param=("index", "normalize"),
         )
 
 
@@ -467,8 +474,9 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
         inner = faiss.index_factory(affine.n_components, factory, code)
     except RuntimeError as exc:
         raise BadInputError(
-            f"--index {factory!r}: faiss cannot build it for {affine.n_components}-d vectors "
-            f"({' '.join(str(exc).split())[-200:]})"
+            f"index={factory!r}: faiss cannot build it for {affine.n_components}-d vectors "
+            f"({' '.join(str(exc).split())[-200:]})",
+            param="index",
         ) from exc
     if affine.normalize:
         index = faiss.IndexPreTransform(faiss.NormalizationTransform(affine.n_components, 2.0), inner)
@@ -699,14 +707,15 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
     if insert == "before-normalize":
         if not normalizes:
             raise BadInputError(
-                f"{base}: --insert before-normalize: the model does not end in a Normalize module; use --insert end"
+                f"{base}: insert='before-normalize': the model does not end in a Normalize module; use insert='end'",
+                param="insert",
             )
         return insert
     if insert == "end":
         return insert
     choose = (
-        "pass --insert before-normalize if they are the model's vectors before its Normalize (e.g. embeddings "
-        "stored without normalize_embeddings), or --insert end if they are its unit-length output"
+        "pass insert='before-normalize' if they are the model's vectors before its Normalize (e.g. embeddings "
+        "stored without normalize_embeddings), or insert='end' if they are its unit-length output"
     )
     if mean_sq_norm is None:
         if not normalizes:
@@ -728,8 +737,9 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
     what = "unit-length" if deviation <= UNIT_NORM_TOLERANCE else "nearly unit-length"
     raise BadInputError(
         f"{base}: the whitening was fitted on {what} rows (mean squared norm {mean_sq_norm:.6g}), but the model "
-        "does not end in a Normalize module, so its vectors are not: pass --insert end if they are "
-        "anyway, or append to the model that embedded the rows"
+        "does not end in a Normalize module, so its vectors are not: pass insert='end' if they are "
+        "anyway, or append to the model that embedded the rows",
+        param="insert",
     )
 
 

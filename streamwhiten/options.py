@@ -342,7 +342,7 @@ def column_names(names) -> tuple[str, ...]:
     result = tuple(str(name).strip() for name in items if str(name).strip())
     repeated = sorted({name for name in result if result.count(name) > 1})
     if repeated:
-        raise BadInputError(f"--keep-columns names {repeated[0]!r} twice")
+        raise BadInputError(f"keep_columns names {repeated[0]!r} twice", param="keep_columns")
     return result
 
 
@@ -379,11 +379,16 @@ class EngineOptions:
             raise BadInputError(f"engine must be one of {', '.join(ENGINES)}, got {self.name!r}")
         _check_fields(self)
         if self.name != "dask" and (self.scheduler or self.workers is not None):
-            raise BadInputError("--scheduler and --workers need --engine dask")
+            raise BadInputError("scheduler and workers need engine='dask'", param=("scheduler", "workers", "engine"))
         if self.name == "dask" and self.threads is not None:
-            raise BadInputError("--threads is for the serial engine; with --engine dask, use --workers")
+            raise BadInputError(
+                "threads is for the serial engine; with engine='dask', use workers",
+                param=("threads", "engine", "workers"),
+            )
         if self.scheduler and self.workers is not None:
-            raise BadInputError("--workers sizes a local cluster; it cannot be combined with --scheduler")
+            raise BadInputError(
+                "workers sizes a local cluster; it cannot be combined with scheduler", param=("workers", "scheduler")
+            )
 
 
 __all__ = [

@@ -198,7 +198,10 @@ def fit(
 
         check_file(update, "model file")
     if not runner.checkpoints and (update or options.resume):
-        raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
+        raise BadInputError(
+            "update and resume work with the serial engine only (a Dask fit is not checkpointed)",
+            param=("update", "resume"),
+        )
     checkpoint = _prepare_model_path(inputs, model_path, params, options, read, update) if model_path else None
     planned = _plan(inputs, options, read, update, params, checkpoint, runner)
     every = Checkpoint(checkpoint, options.checkpoint_every, options.checkpoint_seconds) if checkpoint else None

@@ -124,7 +124,8 @@ def _load_map(path: str, normalize, dtype) -> AffineMap:
         if dtype == "int8":
             raise BadInputError(
                 f"{path}: int8 storage needs ranges from the fitted statistics, which a map holds only when it "
-                "was exported with them (export --dtype int8); load the model file instead"
+                "was exported with them (export with dtype='int8'); load the model file instead",
+                param="dtype",
             )
         k = int(fields["A"].shape[1])
         recorded = None if dtype == "float32" else Quantization(dtype, k, normalized=True)

@@ -128,9 +128,9 @@ def test_the_sweep_grid_checks_the_rule_and_the_folds():
     from streamwhiten.evaluation.sweep import SweepGrid
 
     assert (SweepGrid().select, SweepGrid().folds) == ("maxt", 5)
-    with pytest.raises(BadInputError, match="--select must be one of maxt, argmax"):
+    with pytest.raises(BadInputError, match="^select must be one of maxt, argmax"):
         SweepGrid(select="best")
-    with pytest.raises(BadInputError, match="--folds must be an integer of at least 2"):
+    with pytest.raises(BadInputError, match="^folds must be an integer of at least 2"):
         SweepGrid(folds=1)
 
 

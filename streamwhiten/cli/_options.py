@@ -1,7 +1,8 @@
 """Command-line options made from the registry (:data:`streamwhiten.params.PARAMS`), and the option
 objects (:mod:`streamwhiten.options`) made from what was parsed.
 
-Each parameter's flag, type, check, default and help are declared once, in ``params``; a command lists
+Each parameter's type, check and default are declared once, in ``params``, its flags and help in
+:mod:`._flags`; a command lists
 the parameters it takes (:func:`param_options`) and turns what it parsed into the frozen objects the
 library takes (:func:`take`). A value is refused in the parameter's own words:
 ``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2). A renamed parameter's
@@ -16,6 +17,7 @@ import click
 
 from ..errors import BadInputError
 from ..params import PARAMS
+from ._flags import HELP, SWITCHES, cli_message, flags
 
 #: A parameter left out on the command line (so an object's own default, or a model's setting, applies).
 UNSET = None
@@ -38,7 +40,7 @@ class SpecType(click.ParamType):
         try:
             return self.param.check(value)
         except BadInputError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(cli_message(exc), param, ctx)
 
 
 class SpecChoice(click.Choice):
@@ -59,7 +61,7 @@ class SpecChoice(click.Choice):
         try:
             return self.param.check(value)
         except BadInputError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(cli_message(exc), param, ctx)
 
 
 class NamesType(click.ParamType):
@@ -73,7 +75,7 @@ class NamesType(click.ParamType):
         try:
             return column_names(value)
         except BadInputError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(cli_message(exc), param, ctx)
 
 
 def spec_type(name: str) -> click.ParamType:
@@ -88,16 +90,16 @@ def param_option(name: str, *, default=..., help: str | None = None, show_defaul
     """The click option of parameter ``name``: its flags, type, help and (unless ``default`` is given,
     e.g. None for "the model's") its declared default, shown in ``--help``."""
     param = PARAMS[name]
-    text = help if help is not None else param.help
+    text = help if help is not None else HELP.get(name, "")
     if param.kind is bool:
         value = param.default if default is ... else default
-        if param.switch:
-            flag = param.cli_flags[0]
+        if name in SWITCHES:
+            flag = flags(name)[0]
             return click.option(f"{flag}/--no-{flag[2:]}", name, default=value, show_default=True, help=text)
-        return click.option(*param.cli_flags, name, is_flag=True, default=bool(value), help=text)
+        return click.option(*flags(name), name, is_flag=True, default=bool(value), help=text)
     value = param.default if default is ... else default
     shown = show_default if show_default is not None else value is not None
-    return click.option(*param.cli_flags, name, type=spec_type(name), default=value, show_default=shown, help=text)
+    return click.option(*flags(name), name, type=spec_type(name), default=value, show_default=shown, help=text)
 
 
 def alias_option(alias: str):
@@ -158,16 +160,16 @@ SETTING = ("beta", "gamma", "n_components", "variance", "eps")
 def setting_options(purpose: str = "fit"):
     """``--beta --gamma -k --variance --eps``: for a fit their defaults, elsewhere the model's saved setting."""
     if purpose == "fit":
-        helps = {"eps": f"{PARAMS['eps'].help} [default: {PARAMS['eps'].default:g}]"}
+        helps = {"eps": f"{HELP['eps']} [default: {PARAMS['eps'].default:g}]"}
         defaults = {name: None for name in SETTING}
         helps.update(
-            beta=f"{PARAMS['beta'].help} [default: 1]",
-            gamma=f"{PARAMS['gamma'].help} [default: 1]",
-            n_components=f"{PARAMS['n_components'].help} [default: all d]",
+            beta=f"{HELP['beta']} [default: 1]",
+            gamma=f"{HELP['gamma']} [default: 1]",
+            n_components=f"{HELP['n_components']} [default: all d]",
         )
         return param_options(*SETTING, defaults=defaults, helps=helps)
     model = " [default: the model's]"
-    helps = {name: PARAMS[name].help + model for name in SETTING}
+    helps = {name: HELP[name] + model for name in SETTING}
     return param_options(*SETTING, defaults={name: None for name in SETTING}, helps=helps)
 
 
@@ -189,9 +191,7 @@ def storage_options(func):
         "storage_options",
         multiple=True,
         metavar="KEY=VALUE",
-        help="An option of the file system of s3://, gs://, https:// ... inputs and outputs (repeatable), passed "
-        "to fsspec, e.g. endpoint_url=http://127.0.0.1:9000 or anon=true; values are JSON where they parse. The "
-        "standard environment (AWS_ENDPOINT_URL, AWS_PROFILE, ...) applies too. Never printed or recorded.",
+        help=HELP["storage_options"],
     )(func)
 
 

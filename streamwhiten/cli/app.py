@@ -30,6 +30,7 @@ from ..errors import (
     StreamwhitenError,
 )
 from . import _interrupt
+from ._flags import cli_message
 from .apply import apply
 from .demo import demo
 from .evaluate import eval_
@@ -138,8 +139,9 @@ def _finish(code: int) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    """The message of ``exc`` on one line (some libraries' messages span several), without secrets."""
-    text = " ".join(str(exc).split())
+    """The message of ``exc`` on one line (some libraries' messages span several), without secrets; the
+    parameters a library error names are written as their flags (``keep_columns``: ``--keep-columns``)."""
+    text = " ".join(cli_message(exc).split())
     remote = sys.modules.get("streamwhiten.io.remote")  # loaded when a URL or storage option was used
     return remote.scrub(text) if remote is not None else text
 

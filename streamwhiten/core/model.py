@@ -464,7 +464,8 @@ def finalize(
     sigma = covariance(state, float(beta))
     if not np.all(np.isfinite(sigma)):
         raise BadInputError(
-            "the covariance overflowed (values too large for float32 products); fit again with --precision float64"
+            "the covariance overflowed (values too large for float32 products); fit again with precision='float64'",
+            param="precision",
         )
     eigvals, eigvecs = eigendecomposition(sigma)
     return _select(state, params, eigvals, eigvecs, sources, info, storage)

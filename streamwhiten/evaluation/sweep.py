@@ -147,9 +147,9 @@ class SweepGrid:
             raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
         object.__setattr__(self, "tolerance", float(tolerance))
         if self.select not in RULES:
-            raise BadInputError(f"--select must be one of {', '.join(RULES)}, got {self.select!r}")
+            raise BadInputError(f"select must be one of {', '.join(RULES)}, got {self.select!r}", param="select")
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
-            raise BadInputError(f"--folds must be an integer of at least 2, got {self.folds!r}")
+            raise BadInputError(f"folds must be an integer of at least 2, got {self.folds!r}", param="folds")
         for name, values in (("beta", self.betas), ("gamma", self.gammas), ("n_components", self.ks)):
             for value in values or ():
                 check(name, value)
@@ -175,11 +175,13 @@ def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str =
     out = []
     for name in dict.fromkeys(names):
         if name not in STORAGES:
-            raise BadInputError(f"--dtypes: {name!r} is not one of {', '.join(STORAGES)}")
+            raise BadInputError(f"dtypes: {name!r} is not one of {', '.join(STORAGES)}", param="dtypes")
         if name == "binary+rescore":
             check("rescore", rescore)
             if not rescore:
-                raise BadInputError("binary+rescore needs --rescore N of at least 1 (the candidates re-ranked)")
+                raise BadInputError(
+                    "binary+rescore needs rescore=N of at least 1 (the candidates re-ranked)", param="rescore"
+                )
             out.append(Storage("binary", rescore, rescore_dtype, clip))
         else:
             out.append(Storage(name, int8_clip=clip))
@@ -450,7 +452,8 @@ def reference_index(table: list, n_features: int, max_bytes: int | None = None) 
     if not raw:
         raise BadInputError(
             f"no raw setting (beta=0, gamma=0) stores a vector in {max_bytes} bytes or fewer to be the reference: "
-            "sweep binary (--dtypes) or raise --max-bytes"
+            "sweep binary (dtypes) or raise max_bytes",
+            param=("dtypes", "max_bytes"),
         )
     return min(raw, key=lambda i: (table[i]["k"] != n_features, -table[i]["bytes_per_vector"], -table[i]["k"], i))
 
@@ -461,8 +464,9 @@ def _within(table: list, max_bytes: int | None) -> list[int]:
         smallest = min(table, key=lambda row: row["bytes_per_vector"])
         raise BadInputError(
             f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
-            f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise --max-bytes "
-            "or add smaller k to --ks"
+            f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise max_bytes "
+            "or add smaller k to ks",
+            param=("max_bytes", "ks"),
         )
     return eligible
 

@@ -341,13 +341,15 @@ def check_model_file(model_path: str, manifest: Manifest):
     if not os.path.lexists(path):
         raise ModelFileError(
             f"{path}: the model file of published version {manifest.version} is missing (deleted by hand?); "
-            "run with --republish to publish a new version from the current statistics"
+            "run with republish=True to publish a new version from the current statistics",
+            param="republish",
         )
     model = load_model(path)
     if file_checksum(model) != manifest.file_checksum or map_checksum(model) != manifest.model_checksum:
         raise ModelFileError(
             f"{path}: is not the model file {manifest_path(model_path)} published as version {manifest.version} "
-            "(its checksum differs); run with --republish to publish a new version from the current statistics"
+            "(its checksum differs); run with republish=True to publish a new version from the current statistics",
+            param="republish",
         )
     if not manifest.legacy:
         assert manifest.job_id is not None
@@ -388,7 +390,8 @@ def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None 
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise BadInputError(
             f"{manifest_path(model_path)}: outputs of published version {manifest.version} were deleted or "
-            f"changed by hand: {shown}. Restore them, or run with --republish to publish a new version"
+            f"changed by hand: {shown}. Restore them, or run with republish=True to publish a new version",
+            param="republish",
         )
     if all(new is old for new, old in zip(inputs, manifest.inputs, strict=True)):
         return manifest

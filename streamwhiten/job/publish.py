@@ -211,7 +211,7 @@ def setting_of(model, writing: Writing, template: str) -> dict:
 def _why_republish(manifest: Manifest, wanted: dict, staleness, max_staleness: float, requested: bool) -> str | None:
     """Why a new version is due (None: it is not): ``wanted`` is the job's setting now (:func:`setting_of`)."""
     if requested:
-        return "run --republish"
+        return "republish requested"
     if manifest.legacy:
         return "the manifest was written by an earlier release (format 1): its files record no job"
     changed = sorted(key for key in set(manifest.setting) | set(wanted) if manifest.setting.get(key) != wanted.get(key))
@@ -266,7 +266,8 @@ def _current_inputs(
                 if stop < entry.stop:
                     raise BadInputError(
                         f"{source.label}: the statistics hold {stop:,} of its rows but {entry.stop:,} were "
-                        "published; run with --republish to publish a new version from them"
+                        "published; run with republish=True to publish a new version from them",
+                        param="republish",
                     )
             if stop > source.n_rows:
                 raise BadInputError(

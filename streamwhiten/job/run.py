@@ -48,7 +48,9 @@ def run_job(job: JobFile, progress=None, should_stop=None, restart: bool = False
 
         return run_published(job, progress, should_stop, restart, republish)
     if republish:
-        raise BadInputError(f"{job.path}: --republish needs a [publish] table in the job file (versioned outputs)")
+        raise BadInputError(
+            f"{job.path}: republish needs a [publish] table in the job file (versioned outputs)", param="republish"
+        )
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
     steps: list[str] = []
