@@ -45,6 +45,8 @@ import os
 import re
 import shutil
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -302,7 +304,7 @@ def foreign_export(path: str, fmt: str) -> str | None:
     return None if ours else f"a {fmt} file streamwhiten did not write"
 
 
-def _file_is_current(path: str, fmt: str, payload) -> bool:
+def _file_is_current(path: str, fmt: str, payload: Any) -> bool:
     """Whether the file ``path`` holds exactly ``payload`` (an ``npz`` map: the same arrays)."""
     try:
         if fmt == "npz":
@@ -384,7 +386,7 @@ def write_safetensors(affine: AffineMap, path: str) -> None:
     write_file_atomic(path, lambda handle: handle.write(payload), "safetensors export")
 
 
-def torch_linear(affine: AffineMap, dtype=None, device=None):
+def torch_linear(affine: AffineMap, dtype: Any = None, device: Any = None):
     """A ``torch.nn.Linear(d, k)`` computing ``x A + b`` (float32 unless ``dtype``); without the normalisation."""
     torch = _require("torch", "torch", "torch", "a torch Linear")
     layer = torch.nn.Linear(affine.n_features, affine.n_components, bias=True)
@@ -486,7 +488,7 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
     return index, metric
 
 
-def faiss_int8_ranges(quantization) -> tuple[np.ndarray, np.ndarray]:
+def faiss_int8_ranges(quantization: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(vmin, vdiff)`` of faiss's 8-bit scalar quantizer whose codes decode to ours (module docstring)."""
     scale, offset = quantization.scale, quantization.offset
     return (offset - 127.5 * scale).astype(np.float32), (255.0 * scale).astype(np.float32)
@@ -635,7 +637,7 @@ def read_faiss_binary(path: str):
         raise BadInputError(f"{path}: not a binary faiss index: {str(error).strip().splitlines()[-1]}") from None
 
 
-def _reads_as(reader, path) -> bool:
+def _reads_as(reader: Callable[[str], object], path: str) -> bool:
     try:
         reader(os.fspath(path))
     except RuntimeError:
@@ -947,7 +949,7 @@ def write_failure(exc: BaseException) -> str | None:
     return None
 
 
-def _module_entry(root: str, modules: list, module) -> dict:
+def _module_entry(root: str, modules: list, module: Any) -> dict:
     """The ``modules.json`` entry of ``module`` appended after ``modules`` (a fresh name and folder)."""
     idx = len(modules)
     names = {str(entry.get("name")) for entry in modules}

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -62,10 +62,10 @@ class StorageOptions(Mapping):
     def __len__(self) -> int:
         return len(self._items)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: object):
         raise AttributeError("StorageOptions cannot be changed")
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Mapping) and self.to_dict() == _plain(other)
 
     def __hash__(self) -> int:
@@ -90,7 +90,7 @@ def _plain(mapping: Mapping) -> dict:
     return {key: _plain(value) if isinstance(value, Mapping) else value for key, value in mapping.items()}
 
 
-def _check_fields(options) -> None:
+def _check_fields(options: Any) -> None:
     """Check every field that is a parameter against :data:`params.PARAMS`."""
     for item in fields(options):
         if item.name in params.PARAMS:
@@ -334,7 +334,7 @@ class RetrievalOptions:
         _check_fields(self)
 
 
-def column_names(names) -> tuple[str, ...]:
+def column_names(names: str | Iterable[object] | None) -> tuple[str, ...]:
     """``names`` (a sequence, or one comma-separated string) as a tuple of names, each once."""
     if names is None:
         return ()

@@ -38,7 +38,7 @@ from .errors import BadInputError
 MODEL_FORMAT, MODEL_VERSION = "streamwhiten-model", 1
 
 
-def load(path, normalize: bool | None = None, dtype: str | None = None) -> AffineMap:
+def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str | None = None) -> AffineMap:
     """Load the affine map of a model file (at its saved setting) or of an exported ``.npz`` map.
 
     Parameters
@@ -74,7 +74,7 @@ def load(path, normalize: bool | None = None, dtype: str | None = None) -> Affin
     return _load_model(path, normalize, stored_checksum, dtype)
 
 
-def file_checksum(path) -> str:
+def file_checksum(path: str | os.PathLike[str]) -> str:
     """The SHA-256 checksum stored in a model file or map (not verified here; :func:`load` verifies it)."""
     return _peek(os.fspath(path))[1]
 
@@ -88,7 +88,7 @@ def _peek(path: str) -> tuple[str | None, str]:
         return None, ""
 
 
-def _load_model(path: str, normalize, stored_checksum: str, dtype) -> AffineMap:
+def _load_model(path: str, normalize: bool | None, stored_checksum: str, dtype: str | None) -> AffineMap:
     f = model_fields(read_npz(path, "model file", MODEL_FORMAT, MODEL_VERSION), path)
     fitted_norm = mean_sq_norm(f["n_rows"], f["mean"], f["scatter"])
     storage = f["storage"] or Storage()
@@ -116,7 +116,7 @@ def _load_model(path: str, normalize, stored_checksum: str, dtype) -> AffineMap:
     )
 
 
-def _load_map(path: str, normalize, dtype) -> AffineMap:
+def _load_map(path: str, normalize: bool | None, dtype: str | None) -> AffineMap:
     fields = map_fields(read_npz(path, "whitening map", MAP_FORMAT, MAP_VERSION), path)
     stored = fields.pop("normalize")
     recorded = fields.pop("quantization")

@@ -4,6 +4,7 @@ its option. Each case is checked on both faces: the Python message and the comma
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from streamwhiten.cli._flags import HELP, cli_message, flag
@@ -85,6 +86,19 @@ def test_a_wrapping_message_keeps_the_parameters_of_the_one_it_wraps():
         assert cli_message(outer) == "in.zarr: pass --fill-missing-chunks to read it"
     timeout = StoreIOError("s3://b/x: cannot read in 1 s (remote_timeout=0.3)", param="remote_timeout")
     assert isinstance(timeout, OSError) and cli_message(timeout).endswith("(--remote-timeout 0.3)")
+
+
+def test_a_value_in_python_is_an_option_value_on_the_command_line():
+    from streamwhiten.core import stats
+    from streamwhiten.evaluation.sweep import SweepGrid
+
+    huge = np.array([[3e38], [-3e38], [-3e38], [3e38]], dtype=np.float32)
+    overflow = refusal(stats.block_moments, huge)
+    assert "fit with precision='float64'" in str(overflow)
+    assert "fit with --precision float64" in cli_message(overflow)
+    rescore = refusal(SweepGrid, rescore=0)
+    assert str(rescore) == "binary+rescore needs rescore=N of at least 1 (the candidates re-ranked)"
+    assert cli_message(rescore) == "binary+rescore needs --rescore N of at least 1 (the candidates re-ranked)"
 
 
 def test_an_error_naming_no_parameter_reads_the_same():

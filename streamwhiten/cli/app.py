@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Sequence
 
 import click
 
@@ -83,7 +84,7 @@ def _configure_logging() -> None:
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; map every failure to one line on stderr and an exit code."""
     installed = _interrupt.install()  # already done by the entry point, except when called in-process
     try:
@@ -100,7 +101,7 @@ def _complete() -> int:
     return shell_complete(cli, {}, "streamwhiten", COMPLETE_VAR, os.environ[COMPLETE_VAR])
 
 
-def _main(argv) -> int:
+def _main(argv: Sequence[str] | None) -> int:
     debug = bool(os.environ.get("STREAMWHITEN_DEBUG"))
     args = list(sys.argv[1:] if argv is None else argv)
     if os.environ.get(COMPLETE_VAR):

@@ -28,8 +28,9 @@ searched once for every gamma (a sign does not depend on the scaling), by popcou
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,7 @@ from .retrieval import (
     retrieval_options,
 )
 from .search import Reranking, SearchJob, SearchPass, corpus_blocks, search
-from .select import FOLDS, RULES, Resamples, forecast, select
+from .select import FOLDS, RULES, Resamples, Rule, forecast, select
 from .tune import KChoice, decompose, describe_stored, make_grid
 
 #: Resampled means held at once by :func:`bootstrap_differences` (512 MiB of doubles).
@@ -164,7 +165,12 @@ class SweepGrid:
         return storages_of(self.dtypes, self.rescore, self.rescore_dtype, self.int8_clip)
 
 
-def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str = "float32", int8_clip=None):
+def storages_of(
+    names: Sequence[str] | None = None,
+    rescore: int = DEFAULT_RESCORE,
+    rescore_dtype: str = "float32",
+    int8_clip: float | None = None,
+):
     """The storages to sweep: :data:`STORAGES` names (default: all), as :class:`Storage` records."""
     names = list(STORAGES if names is None else names)
     if not names:
@@ -188,7 +194,15 @@ def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str =
     return out
 
 
-def retrieval_grid(model: WhiteningModel, betas=None, gammas=None, ks=None, variances=None, eps=None, raw_ks=()):
+def retrieval_grid(
+    model: WhiteningModel,
+    betas: Sequence[float] | None = None,
+    gammas: Sequence[float] | None = None,
+    ks: Sequence[int] | None = None,
+    variances: Sequence[float] | None = None,
+    eps: float | None = None,
+    raw_ks: Sequence[int] = (),
+):
     """``(candidates, bases)``: the maps of the grid (as ``tune``'s, each ``(beta, gamma, k)`` once) with
     the raw and centring maps added, and the model re-finalized at each beta (its eigendecomposition).
     ``raw_ks``: the raw rotation truncated to these k is added too (the reference of a small budget)."""
@@ -272,7 +286,7 @@ def sweep_rows(
     total = n_rows * (len(first_groups) + len(later))
     done = [0]
 
-    def step(rows_done, _):
+    def step(rows_done: int, _: int):
         if progress is not None:
             progress(done[0] + rows_done, total)
 
@@ -303,7 +317,24 @@ def sweep_rows(
     return reference, out
 
 
-def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, progress, label) -> dict:
+def _unit(setting: Any, part: np.ndarray, _at: int) -> np.ndarray:
+    """``setting``'s vectors of the corpus rows ``part`` (the slice's start unused)."""
+    return setting.unit(part)
+
+
+def _search_group(
+    task: Any,
+    bases: Any,
+    group: Any,
+    floats: Any,
+    reranks: Any,
+    bits: Any,
+    depth: int,
+    block_rows: int | None,
+    threads: int | None,
+    progress: Callable[[int, int], None] | None,
+    label: str,
+) -> dict:
     """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``."""
     plans = []
     jobs = []
@@ -341,7 +372,7 @@ def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, 
             for start, rows in corpus_blocks(task.corpus, block_rows):
                 _finite(rows, start, label)
                 for _candidate, setting, searched, again in plans:
-                    unit = state.sliced(lambda part, _at, setting=setting: setting.unit(part), rows, start)
+                    unit = state.sliced(partial(_unit, setting), rows, start)
                     for _storage, job in searched:
                         state.search_block(job, state.prepared(job, unit, start), start)
                     for _storage, quantization, reranking in again:
@@ -501,19 +532,19 @@ def choose_generalising(
     per_query = np.asarray(per_query, dtype=np.float64)
     if resamples is None or not resamples.are(per_query.shape[1], samples, seed):
         resamples = Resamples(per_query.shape[1], samples, seed)
-    given = dict(
-        cost=[table[i]["bytes_per_vector"] for i in others],
+    chooser = Rule(
+        cost=tuple(table[i]["bytes_per_vector"] for i in others),
         reference_cost=table[reference]["bytes_per_vector"],
         tolerance=tolerance,
         samples=samples,
         seed=seed,
     )
-    picked = select(per_query[others], per_query[reference], resamples=resamples, **given)
+    picked = select(per_query[others], per_query[reference], chooser, resamples=resamples)
     index = reference if picked.index is None else others[picked.index]
     n_queries = per_query.shape[1]
     predicted = None
     if n_queries >= 2 * folds:
-        predicted = forecast(per_query[others], per_query[reference], folds=folds, resamples=resamples, **given)
+        predicted = forecast(per_query[others], per_query[reference], chooser, folds=folds, resamples=resamples)
     ref = table[reference]
     record = {
         "rule": rule,
@@ -575,14 +606,14 @@ class RetrievalTuneResult:
 
 def sweep(
     model: WhiteningModel,
-    queries,
-    corpus,
-    qrels,
+    queries: Any,
+    corpus: Any,
+    qrels: Any,
     *,
     grid: SweepGrid | None = None,
     options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
-    budgets=None,
+    budgets: Any = None,
 ) -> RetrievalTuneResult:
     """Score every setting of the grid in every storage of ``grid.dtypes`` on the retrieval task, and choose.
 
@@ -693,9 +724,9 @@ def sweep(
 
 def tune_retrieval(
     model: WhiteningModel,
-    queries,
-    corpus,
-    qrels,
+    queries: Any,
+    corpus: Any,
+    qrels: Any,
     *,
     grid: SweepGrid | None = None,
     options: RetrievalOptions | None = None,

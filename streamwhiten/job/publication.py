@@ -35,8 +35,10 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import _durable as durable
 from ..errors import BadInputError, ModelFileError, StoreIOError
@@ -151,7 +153,12 @@ def ownership_problem(
 
 
 def output_owner_problem(
-    spec: str, read: ReadOptions | None, job_id: str, version: int, input_spec=None, model_checksum=None
+    spec: str,
+    read: ReadOptions | None,
+    job_id: str,
+    version: int,
+    input_spec: str | None = None,
+    model_checksum: str | None = None,
 ):
     """:func:`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there); with
     ``model_checksum``, also that the output was written by that map (read from the same attributes)."""
@@ -170,7 +177,7 @@ def output_owner_problem(
     return problem
 
 
-def model_owner_problem(path: str, job_id: str, version: int, model=None) -> str | None:
+def model_owner_problem(path: str, job_id: str, version: int, model: Any = None) -> str | None:
     """None when the model file ``path`` (``model``: loaded from it already) records that job ``job_id``
     published it as version ``version`` (or nothing is there); else why not."""
     from .._npz import foreign_npz
@@ -482,7 +489,7 @@ class Publication:
             + ", ".join(self.inputs)
         )
 
-    def read(self, input_spec: str, dtype=np.float32) -> np.ndarray:
+    def read(self, input_spec: str, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
         """The whitened rows of ``input_spec`` in this version: its parts, each checked (complete, this
         version's map, the rows listed, written by this job from this input), concatenated. Float
         outputs as they are stored; int8 codes and bits decoded to floats of ``dtype`` (``code * scale +
