@@ -137,14 +137,15 @@ def _replace(name: str, match: re.Match[str]) -> str:
     return _option(name, match.group(1))
 
 
-def _named(exc: BaseException | None) -> list[str]:
-    """The parameters ``exc`` names, and those of the errors it was raised from (a message that wraps
-    another's, ``f"{label}: {exc}"``, names what it named)."""
-    seen: list[str] = []
-    while exc is not None and len(seen) < 100:
-        if isinstance(exc, StreamwhitenError):
-            seen.extend(exc.params)
-        exc = exc.__cause__ or exc.__context__
+def _named(exc: BaseException) -> list[str]:
+    """The parameters ``exc`` names, and those of the errors it wraps: one it was raised from whose
+    message it repeats (``f"{label}: {exc}"``) names what that one named."""
+    seen = list(exc.params) if isinstance(exc, StreamwhitenError) else []
+    text, inner, steps = str(exc), exc.__cause__ or exc.__context__, 0
+    while inner is not None and steps < 20 and str(inner) and str(inner) in text:
+        if isinstance(inner, StreamwhitenError):
+            seen.extend(inner.params)
+        inner, steps = inner.__cause__ or inner.__context__, steps + 1
     return seen
 
 
