@@ -724,7 +724,8 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
             return "end"
         raise BadInputError(
             f"{base}: ends in a Normalize module, and the map does not record the norm of the rows it was "
-            f"fitted on; {choose}"
+            f"fitted on; {choose}",
+            param="insert",
         )
     deviation = abs(float(mean_sq_norm) - 1.0)
     if normalizes and deviation <= UNIT_NORM_TOLERANCE:
@@ -734,7 +735,8 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
     if normalizes:
         raise BadInputError(
             f"{base}: ends in a Normalize module, and the rows the whitening was fitted on are nearly but not "
-            f"exactly unit-length (mean squared norm {mean_sq_norm:.6g}); {choose}"
+            f"exactly unit-length (mean squared norm {mean_sq_norm:.6g}); {choose}",
+            param="insert",
         )
     what = "unit-length" if deviation <= UNIT_NORM_TOLERANCE else "nearly unit-length"
     raise BadInputError(

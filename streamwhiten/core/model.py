@@ -226,7 +226,9 @@ class WhiteningModel:
             if not skip_nonfinite:
                 row = int(np.argmax(nonfinite))
                 raise NonFiniteError(
-                    f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such input)", row=row
+                    f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such input)",
+                    row=row,
+                    param="skip_nonfinite",
                 )
         return out[0] if single else out
 
