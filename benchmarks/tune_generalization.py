@@ -65,7 +65,7 @@ def splits_of(n_units: int, n_splits: int, seed: int):
 
 def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: int, args, budgets) -> list[dict]:
     """Per budget: both rules chosen on one half, scored on the other, over the splits."""
-    from streamwhiten.evaluation.select import forecast, select
+    from streamwhiten.evaluation.select import Rule, forecast, select
     from streamwhiten.evaluation.sweep import reference_index
 
     bytes_of = np.array([row["bytes_per_vector"] for row in table])
@@ -85,19 +85,21 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
         kept_coarse = 0
         for chosen_on, unseen in splits_of(per_query.shape[1], args.splits, args.seed):
             means = per_query[:, chosen_on].mean(axis=1)
-            picked = select(per_query[others][:, chosen_on], per_query[reference, chosen_on], seed=args.seed)
+            picked = select(per_query[others][:, chosen_on], per_query[reference, chosen_on], Rule(seed=args.seed))
             new = reference if picked.index is None else others[picked.index]
             kept += new == reference
             if new != reference:
                 moved_to.append(table[new])
-            few = select(per_query[coarse][:, chosen_on], per_query[reference, chosen_on], seed=args.seed)
+            few = select(per_query[coarse][:, chosen_on], per_query[reference, chosen_on], Rule(seed=args.seed))
             few_row = reference if few.index is None else coarse[few.index]
             kept_coarse += few_row == reference
             gaps["coarse"].append(100 * float((per_query[few_row, unseen] - per_query[reference, unseen]).mean()))
             for rule, row in (("argmax", argmax_row(table, means, eligible)), ("maxt", new)):
                 gaps[rule].append(100 * float((per_query[row, unseen] - per_query[reference, unseen]).mean()))
             if args.forecast:
-                predicted = forecast(per_query[others][:, chosen_on], per_query[reference, chosen_on], seed=args.seed)
+                predicted = forecast(
+                    per_query[others][:, chosen_on], per_query[reference, chosen_on], Rule(seed=args.seed)
+                )
                 realised = gaps["maxt"][-1]
                 errors.append(predicted["difference"]["score"] - realised)
                 low, high = predicted["chosen"]["low"], predicted["chosen"]["high"]
@@ -192,11 +194,11 @@ def synthetic(args) -> tuple[list, dict]:
     raw = next(i for i, r in enumerate(table) if r["vectors"] == "raw" and r["storage"] == "float32")
     gain = 100 * float((result.per_query[centred] - result.per_query[raw]).mean())
     found = 0
-    from streamwhiten.evaluation.select import select
+    from streamwhiten.evaluation.select import Rule, select
 
     for chosen_on, _unseen in splits_of(result.per_query.shape[1], args.splits, args.seed):
         others = [i for i in range(len(table)) if i != raw]
-        picked = select(result.per_query[others][:, chosen_on], result.per_query[raw, chosen_on], seed=args.seed)
+        picked = select(result.per_query[others][:, chosen_on], result.per_query[raw, chosen_on], Rule(seed=args.seed))
         found += picked.index is not None and table[others[picked.index]]["beta"] > 0
     rows[0]["centring gain"] = gain
     rows[0]["found"] = f"{found}/{args.splits}"
@@ -208,7 +210,7 @@ def pairs(args) -> list[dict]:
     from streamwhiten.core import stats
     from streamwhiten.core.model import finalize
     from streamwhiten.evaluation.evaluate import open_pairs, spearman
-    from streamwhiten.evaluation.select import select, spearman_units
+    from streamwhiten.evaluation.select import Rule, select, spearman_units
     from streamwhiten.evaluation.tune import grid_search
 
     out = []
@@ -229,7 +231,7 @@ def pairs(args) -> list[dict]:
             units, _ = spearman_units(cosines[:, chosen_on], gold[chosen_on])
             means = units.mean(axis=1)
             best = min(range(len(table)), key=lambda i: (-means[i], table[i]["k"], i))
-            picked = select(units[others], units[reference], seed=args.seed)
+            picked = select(units[others], units[reference], Rule(seed=args.seed))
             new = reference if picked.index is None else others[picked.index]
             kept += new == reference
             base = spearman(cosines[reference, unseen], gold[unseen])

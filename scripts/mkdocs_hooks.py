@@ -2,7 +2,7 @@
 
 A page holding ``<!-- generated: cli -->`` gets every command's ``--help`` (from the click commands), one
 holding ``<!-- generated: api -->`` one mkdocstrings block per name of ``streamwhiten.__all__``, one
-holding ``<!-- generated: job-file -->`` the keys a job file's tables take (from ``streamwhiten.params`` and
+holding ``<!-- generated: job-file -->`` the keys a job file's tables take (from ``streamwhiten.params``, their help from ``streamwhiten.cli._flags``, and
 the job file's own keys). ``mkdocs.yml`` names this file under ``hooks``.
 """
 
@@ -14,7 +14,7 @@ CLI_MARK = "<!-- generated: cli -->"
 JOB_MARK = "<!-- generated: job-file -->"
 API_MARK = "<!-- generated: api -->"
 
-OWN_HELP = {  # the job file's own keys (the parameters' help comes from streamwhiten.params)
+OWN_HELP = {  # the job file's own keys (the parameters' help comes from streamwhiten.cli._flags)
     "name": "the job's name (`{name}` in an output template)",
     "paths": "input specs or globs, relative to the job file",
     "dataset": "the dataset or column of every input that names none",
@@ -58,6 +58,7 @@ def _allowed(item) -> str:
 def job_file_reference() -> str:
     """The keys of every table of a ``job.toml``: its own keys, then the parameters it takes."""
     from streamwhiten import params
+    from streamwhiten.cli._flags import HELP
     from streamwhiten.job.file import OWN_KEYS
 
     def kind(value) -> str:
@@ -76,7 +77,9 @@ def job_file_reference() -> str:
                 item = params.PARAMS[name]
                 former = f" (former name of `{item.alias_of}`)" if item.alias_of else ""
                 default = "automatic" if item.default is None else f"`{item.default!r}`"
-                rows.append(f"| `{name}`{former} | {_allowed(item)} | {default} | {item.help.replace('|', '/')} |")
+                rows.append(
+                    f"| `{name}`{former} | {_allowed(item)} | {default} | {HELP.get(item.alias_of or name, '').replace('|', '/')} |"
+                )
         out.append(f"### {title}\n\n| key | value | default | what |\n|---|---|---|---|\n" + "\n".join(rows) + "\n")
     out.append(
         "### [storage]\n\nKeyword arguments of the file system of remote inputs and outputs (as "

@@ -66,7 +66,7 @@ _PUBLIC = {
 __all__ = [*_PUBLIC, "__version__"]
 
 
-def __getattr__(name):
+def __getattr__(name: str):
     if name not in _PUBLIC:
         from ._moved import moved  # a module path of 0.2.0 (streamwhiten.stats, ...), with a warning
 

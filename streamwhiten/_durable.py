@@ -22,6 +22,7 @@ import re
 import shutil
 from collections.abc import Callable
 from contextlib import contextmanager
+from typing import Any
 
 from .errors import ForeignOutputError, LockedError, OutputExistsError, StoreIOError
 
@@ -95,7 +96,7 @@ def remove_stale_temps(path: str) -> list[str]:
     return removed
 
 
-def write_file_atomic(path: str, write, what: str) -> None:
+def write_file_atomic(path: str, write: Callable[[Any], object], what: str) -> None:
     """Write ``path`` by calling ``write(handle)`` on a temporary file, fsync, rename, fsync the directory.
 
     A reader sees the old file or the whole new one. On failure the temporary file is removed, ``path``
@@ -159,7 +160,8 @@ def check_replaceable(
     if found is not None:
         raise ForeignOutputError(
             f"{label}: exists and is not {what} written by streamwhiten ({found}), so it is not replaced, "
-            "--overwrite or not: move it away or choose another path"
+            "overwrite or not: move it away or choose another path",
+            param="overwrite",
         )
 
 

@@ -12,6 +12,7 @@ import hashlib
 import math
 import os
 import zipfile
+from typing import Any
 
 import numpy as np
 
@@ -43,7 +44,7 @@ def write_npz_atomic(path: str, arrays: dict, what: str = "file") -> str:
     return digest
 
 
-def read_npy_header(handle) -> tuple[tuple, bool, np.dtype]:
+def read_npy_header(handle: Any) -> tuple[tuple, bool, np.dtype]:
     """``(shape, fortran_order, dtype)`` of the ``.npy`` header at the current position of ``handle``, left
     just after it, for every format version numpy reads (1.0, 2.0 and 3.0), with numpy's public API only.
 
@@ -95,7 +96,7 @@ class NpyTooShort(ValueError):
     """A ``.npy`` header that declares more data than the file holds."""
 
 
-def npy_header(handle, size: int) -> tuple[tuple, np.dtype, bool, int]:
+def npy_header(handle: Any, size: int) -> tuple[tuple, np.dtype, bool, int]:
     """``(shape, dtype, fortran_order, offset of the data)`` of the ``.npy`` array that starts at the current
     position of ``handle`` and is ``size`` bytes long, checked against ``size`` before anything is allocated.
 
@@ -119,7 +120,7 @@ def npy_header(handle, size: int) -> tuple[tuple, np.dtype, bool, int]:
     return tuple(int(n) for n in shape), dtype, bool(fortran), offset
 
 
-def _check_members(data, path: str, what: str) -> None:
+def _check_members(data: Any, path: str, what: str) -> None:
     """Refuse an archive a member of which declares more data than the archive holds for it, before numpy
     allocates what the header says."""
     try:

@@ -43,7 +43,7 @@ def _inside_a_file(path: str) -> str:
     return ""
 
 
-def check_readable(path, what: str = "", directory: bool = True) -> os.stat_result:
+def check_readable(path: str | os.PathLike[str], what: str = "", directory: bool = True) -> os.stat_result:
     """The status of the local ``path`` to be read, or the error that says why it cannot be.
 
     ``what`` names the path in messages ("model file", ...; nothing for an input store); ``directory``:
@@ -83,7 +83,7 @@ def check_readable(path, what: str = "", directory: bool = True) -> os.stat_resu
     return status
 
 
-def file_identity(path) -> tuple[int, int] | None:
+def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """``(device, inode)`` of the file or directory at ``path`` (symlinks followed), or None if it has none."""
     try:
         status = os.stat(path)

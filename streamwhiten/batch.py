@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 from .errors import BadInputError
 
@@ -49,30 +51,30 @@ def __getattr__(name: str):
 
 
 def _fit_job(
-    inputs,
-    model_path,
-    dataset=None,
-    params=None,
-    precision="auto",
-    chunk_rows=None,
-    skip_nonfinite=False,
-    update=None,
-    checkpoint=None,
-    checkpoint_every=20,
-    checkpoint_seconds=60.0,
-    restart=False,
-    resume=False,
-    progress=None,
-    should_stop=None,
-    threads=None,
-    fill_missing_chunks=False,
+    inputs: str | list[str],
+    model_path: str,
+    dataset: str | None = None,
+    params: dict[str, Any] | None = None,
+    precision: str = "auto",
+    chunk_rows: int | None = None,
+    skip_nonfinite: bool = False,
+    update: str | None = None,
+    checkpoint: str | None = None,
+    checkpoint_every: int = 20,
+    checkpoint_seconds: float = 60.0,
+    restart: bool = False,
+    resume: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    threads: int | None = None,
+    fill_missing_chunks: bool = False,
     *,
-    engine="serial",
-    scheduler=None,
-    workers=None,
-    client=None,
-    overwrite=True,
-    read=None,
+    engine: str = "serial",
+    scheduler: str | None = None,
+    workers: int | None = None,
+    client: Any = None,
+    overwrite: bool = True,
+    read: Any = None,
 ):
     """The 0.2 ``fit_job``: plan, run and finalize a fit, without saving; returns ``(model, fitted,
     resumed, checkpoint)`` as it did (``fitted``: the finished plan, or the Dask engine's result; save it
@@ -104,7 +106,10 @@ def _fit_job(
 
         check_file(update, "model file")
     if not runner.checkpoints and (update or resume):
-        raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
+        raise BadInputError(
+            "update and resume work with the serial engine only (a Dask fit is not checkpointed)",
+            param=("update", "resume"),
+        )
     inputs = pipeline._expanded(inputs, read)
     checkpoint = pipeline._prepare_model_path(inputs, model_path, params, options, read, update)
     planned = pipeline._plan(inputs, options, read, update, params, checkpoint, runner)

@@ -1,6 +1,9 @@
 """One exception family for streamwhiten; each kind carries the exit code the CLI uses.
 
 Library code raises these; only the CLI (``streamwhiten.cli``) turns them into a one-line message and an exit code.
+A message names the library's parameters (``keep_columns``, ``overwrite=True``), never a command-line flag; the
+error carries which (:attr:`StreamwhitenError.params`), and the CLI writes each as its flag (``--keep-columns``,
+``--overwrite``), as click's ``ClickException`` names the option it refuses.
 """
 
 import errno
@@ -21,9 +24,21 @@ PATH_ERRNOS = (errno.ELOOP, errno.ENAMETOOLONG)
 
 
 class StreamwhitenError(Exception):
-    """Base class: a failure the user can act on, reported as one line."""
+    """Base class: a failure the user can act on, reported as one line.
+
+    ``param``: the parameter (or parameters, a tuple) the message names, as written in it (``keep_columns``,
+    ``overwrite=True``); ``params`` holds them all, ``param`` the first (None where it names none)."""
 
     exit_code = EXIT_INTERNAL
+
+    def __init__(self, *args: object, param: str | tuple[str, ...] | None = None) -> None:
+        super().__init__(*args)
+        self.params: tuple[str, ...] = (param,) if isinstance(param, str) else tuple(param or ())
+
+    @property
+    def param(self) -> str | None:
+        """The first parameter the message names, None where it names none."""
+        return self.params[0] if self.params else None
 
 
 class BadInputError(StreamwhitenError, ValueError):
@@ -35,8 +50,8 @@ class BadInputError(StreamwhitenError, ValueError):
 class NonFiniteError(BadInputError):
     """A row holds NaN or Inf; ``row`` is its index where known."""
 
-    def __init__(self, message: str, row: int | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, row: int | None = None, param: str | tuple[str, ...] | None = None) -> None:
+        super().__init__(message, param=param)
         self.row = row
 
 
@@ -57,8 +72,10 @@ class CorruptStoreError(BadInputError):
 class MissingChunkError(CorruptStoreError):
     """A chunk of a store is missing (a store with a hole); ``rows`` is the range it covers where known."""
 
-    def __init__(self, message: str, rows: tuple[int, int] | None = None) -> None:
-        super().__init__(message)
+    def __init__(
+        self, message: str, rows: tuple[int, int] | None = None, param: str | tuple[str, ...] | None = None
+    ) -> None:
+        super().__init__(message, param=param)
         self.rows = rows
 
 
@@ -72,12 +89,12 @@ class OutputExistsError(BadInputError):
     @classmethod
     def at(cls, path: object) -> "OutputExistsError":
         """The error for the existing output ``path``: the one place that says how to replace it."""
-        return cls(f"{path}: already exists (pass --overwrite to replace it)")
+        return cls(f"{path}: already exists (pass overwrite=True to replace it)", param="overwrite")
 
 
 class ForeignOutputError(OutputExistsError):
     """The output path holds something this tool did not write (a user's file or directory, or an output
-    of another kind): ``--overwrite`` replaces only an output of the same kind that streamwhiten wrote."""
+    of another kind): ``overwrite`` replaces only an output of the same kind that streamwhiten wrote."""
 
 
 class NotFittedError(StreamwhitenError, AttributeError):

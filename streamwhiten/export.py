@@ -45,7 +45,7 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -122,7 +122,8 @@ def format_for(path: str, fmt: str | None = None, append_to: str | None = None) 
         return "sentence-transformers"
     raise BadInputError(
         f"{path}: cannot tell the export format from the name; end it in "
-        f"{', '.join(EXTENSIONS)}, or pass --format sentence-transformers (or --append-to) for a directory"
+        f"{', '.join(EXTENSIONS)}, or pass fmt='sentence-transformers' (or append_to) for a directory",
+        param=("fmt", "append_to"),
     )
 
 
@@ -138,26 +139,32 @@ def check_options(
     """Raise :class:`BadInputError` for an option another format than ``fmt`` takes (``dtype``: how the
     map's outputs are stored)."""
     if fmt == "faiss" and dtype in ("int8", "binary", "code") and index is not None:
-        own = {"int8": "an IndexScalarQuantizer", "binary": "an IndexBinaryFlat", "code": "the codec's index"}[dtype]
+        own = {"int8": "IndexScalarQuantizer", "binary": "IndexBinaryFlat", "code": "structure, its codec's"}[dtype]
         raise BadInputError(
-            f"--index is for float storage: {dtype} storage is written as its own faiss index ({own}); drop --index"
+            f"index is for float storage: {dtype} storage is written as its own faiss {own}; drop index",
+            param="index",
         )
     if fmt == "faiss" and dtype == "binary" and metric is not None:
-        raise BadInputError("--metric: a binary faiss index compares bits by Hamming distance; drop --metric")
+        raise BadInputError(
+            "metric: a binary faiss index compares bits by Hamming distance; drop metric", param="metric"
+        )
     if append_to is not None and fmt != "sentence-transformers":
-        raise BadInputError("--append-to is for the sentence-transformers format")
+        raise BadInputError("append_to is for the sentence-transformers format", param="append_to")
     if insert is not None and insert not in INSERTS:
-        raise BadInputError(f"unknown --insert {insert!r}; choose one of {', '.join(INSERTS)}")
+        raise BadInputError(f"unknown insert {insert!r}; choose one of {', '.join(INSERTS)}", param="insert")
     if insert is not None and append_to is None:
-        raise BadInputError("--insert says where --append-to puts the whitening; give --append-to too")
+        raise BadInputError(
+            "insert says where append_to puts the whitening; give append_to too", param=("insert", "append_to")
+        )
     if (index is not None or metric is not None) and fmt != "faiss":
-        raise BadInputError("--index and --metric are for the faiss format")
+        raise BadInputError("index and metric are for the faiss format", param=("index", "metric"))
     if metric is not None and index is None:
-        raise BadInputError("--metric chooses the metric of --index; give --index too")
+        raise BadInputError("metric chooses how index compares vectors; give index too", param=("metric", "index"))
     if fmt == "faiss" and normalize and index is None and dtype not in ("int8", "binary", "code"):
         raise BadInputError(
             "faiss keeps a LinearTransform followed by a NormalizationTransform only inside an index: "
-            "add --index (e.g. --index Flat) for an IndexPreTransform, or drop --normalize"
+            "add an index factory such as index='Flat' for an IndexPreTransform, or drop normalize=True",
+            param=("index", "normalize"),
         )
 
 
@@ -345,7 +352,7 @@ def foreign_export(path: str, fmt: str) -> str | None:
     return None if ours else f"a {fmt} file streamwhiten did not write"
 
 
-def _file_is_current(path: str, fmt: str, payload) -> bool:
+def _file_is_current(path: str, fmt: str, payload: Any) -> bool:
     """Whether the file ``path`` holds exactly ``payload`` (an ``npz`` map: the same arrays)."""
     try:
         if fmt == "npz":
@@ -427,7 +434,7 @@ def write_safetensors(affine: AffineMap, path: str) -> None:
     write_file_atomic(path, lambda handle: handle.write(payload), "safetensors export")
 
 
-def torch_linear(affine: AffineMap, dtype=None, device=None):
+def torch_linear(affine: AffineMap, dtype: Any = None, device: Any = None):
     """A ``torch.nn.Linear(d, k)`` computing ``x A + b`` (float32 unless ``dtype``); without the normalisation."""
     torch = _require("torch", "torch", "torch", "a torch Linear")
     layer = torch.nn.Linear(affine.n_features, affine.n_components, bias=True)
@@ -517,8 +524,9 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
         inner = faiss.index_factory(affine.n_components, factory, code)
     except RuntimeError as exc:
         raise BadInputError(
-            f"--index {factory!r}: faiss cannot build it for {affine.n_components}-d vectors "
-            f"({' '.join(str(exc).split())[-200:]})"
+            f"index={factory!r}: faiss cannot build it for {affine.n_components}-d vectors "
+            f"({' '.join(str(exc).split())[-200:]})",
+            param="index",
         ) from exc
     if affine.normalize:
         index = faiss.IndexPreTransform(faiss.NormalizationTransform(affine.n_components, 2.0), inner)
@@ -528,7 +536,7 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
     return index, metric
 
 
-def faiss_int8_ranges(quantization) -> tuple[np.ndarray, np.ndarray]:
+def faiss_int8_ranges(quantization: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(vmin, vdiff)`` of faiss's 8-bit scalar quantizer whose codes decode to ours (module docstring)."""
     scale, offset = quantization.scale, quantization.offset
     return (offset - 127.5 * scale).astype(np.float32), (255.0 * scale).astype(np.float32)
@@ -740,7 +748,7 @@ def read_faiss_binary(path: str):
         raise BadInputError(f"{path}: not a binary faiss index: {str(error).strip().splitlines()[-1]}") from None
 
 
-def _reads_as(reader, path) -> bool:
+def _reads_as(reader: Callable[[str], object], path: str) -> bool:
     try:
         reader(os.fspath(path))
     except RuntimeError:
@@ -812,21 +820,23 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
     if insert == "before-normalize":
         if not normalizes:
             raise BadInputError(
-                f"{base}: --insert before-normalize: the model does not end in a Normalize module; use --insert end"
+                f"{base}: insert='before-normalize': the model does not end in a Normalize module; use insert='end'",
+                param="insert",
             )
         return insert
     if insert == "end":
         return insert
     choose = (
-        "pass --insert before-normalize if they are the model's vectors before its Normalize (e.g. embeddings "
-        "stored without normalize_embeddings), or --insert end if they are its unit-length output"
+        "pass insert='before-normalize' if they are the model's vectors before its Normalize (e.g. embeddings "
+        "stored without normalize_embeddings), or insert='end' if they are its unit-length output"
     )
     if mean_sq_norm is None:
         if not normalizes:
             return "end"
         raise BadInputError(
             f"{base}: ends in a Normalize module, and the map does not record the norm of the rows it was "
-            f"fitted on; {choose}"
+            f"fitted on; {choose}",
+            param="insert",
         )
     deviation = abs(float(mean_sq_norm) - 1.0)
     if normalizes and deviation <= UNIT_NORM_TOLERANCE:
@@ -836,13 +846,15 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
     if normalizes:
         raise BadInputError(
             f"{base}: ends in a Normalize module, and the rows the whitening was fitted on are nearly but not "
-            f"exactly unit-length (mean squared norm {mean_sq_norm:.6g}); {choose}"
+            f"exactly unit-length (mean squared norm {mean_sq_norm:.6g}); {choose}",
+            param="insert",
         )
     what = "unit-length" if deviation <= UNIT_NORM_TOLERANCE else "nearly unit-length"
     raise BadInputError(
         f"{base}: the whitening was fitted on {what} rows (mean squared norm {mean_sq_norm:.6g}), but the model "
-        "does not end in a Normalize module, so its vectors are not: pass --insert end if they are "
-        "anyway, or append to the model that embedded the rows"
+        "does not end in a Normalize module, so its vectors are not: pass insert='end' if they are "
+        "anyway, or append to the model that embedded the rows",
+        param="insert",
     )
 
 
@@ -1050,7 +1062,7 @@ def write_failure(exc: BaseException) -> str | None:
     return None
 
 
-def _module_entry(root: str, modules: list, module) -> dict:
+def _module_entry(root: str, modules: list, module: Any) -> dict:
     """The ``modules.json`` entry of ``module`` appended after ``modules`` (a fresh name and folder)."""
     idx = len(modules)
     names = {str(entry.get("name")) for entry in modules}

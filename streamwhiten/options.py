@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -62,10 +62,10 @@ class StorageOptions(Mapping):
     def __len__(self) -> int:
         return len(self._items)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name: str, value: object):
         raise AttributeError("StorageOptions cannot be changed")
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Mapping) and self.to_dict() == _plain(other)
 
     def __hash__(self) -> int:
@@ -90,7 +90,7 @@ def _plain(mapping: Mapping) -> dict:
     return {key: _plain(value) if isinstance(value, Mapping) else value for key, value in mapping.items()}
 
 
-def _check_fields(options) -> None:
+def _check_fields(options: Any) -> None:
     """Check every field that is a parameter against :data:`params.PARAMS`."""
     for item in fields(options):
         if item.name in params.PARAMS:
@@ -334,7 +334,7 @@ class RetrievalOptions:
         _check_fields(self)
 
 
-def column_names(names) -> tuple[str, ...]:
+def column_names(names: str | Iterable[object] | None) -> tuple[str, ...]:
     """``names`` (a sequence, or one comma-separated string) as a tuple of names, each once."""
     if names is None:
         return ()
@@ -342,7 +342,7 @@ def column_names(names) -> tuple[str, ...]:
     result = tuple(str(name).strip() for name in items if str(name).strip())
     repeated = sorted({name for name in result if result.count(name) > 1})
     if repeated:
-        raise BadInputError(f"--keep-columns names {repeated[0]!r} twice")
+        raise BadInputError(f"keep_columns names {repeated[0]!r} twice", param="keep_columns")
     return result
 
 
@@ -379,11 +379,16 @@ class EngineOptions:
             raise BadInputError(f"engine must be one of {', '.join(ENGINES)}, got {self.name!r}")
         _check_fields(self)
         if self.name != "dask" and (self.scheduler or self.workers is not None):
-            raise BadInputError("--scheduler and --workers need --engine dask")
+            raise BadInputError("scheduler and workers need engine='dask'", param=("scheduler", "workers", "engine"))
         if self.name == "dask" and self.threads is not None:
-            raise BadInputError("--threads is for the serial engine; with --engine dask, use --workers")
+            raise BadInputError(
+                "threads is for the serial engine; with engine='dask', use workers",
+                param=("threads", "engine", "workers"),
+            )
         if self.scheduler and self.workers is not None:
-            raise BadInputError("--workers sizes a local cluster; it cannot be combined with --scheduler")
+            raise BadInputError(
+                "workers sizes a local cluster; it cannot be combined with scheduler", param=("workers", "scheduler")
+            )
 
 
 __all__ = [

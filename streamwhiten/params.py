@@ -1,9 +1,10 @@
-"""Every parameter, declared once: its kind, default and allowed values, its command-line option and
-the job-file tables that take it.
+"""Every parameter, declared once: its kind, default and allowed values, and the job-file tables that
+take it.
 
 The estimator (:class:`~streamwhiten.whitener.Whitener`), the option objects of
 :mod:`streamwhiten.options` (``FitOptions``, ``ApplyOptions``, ``ReadOptions``, ...), the command line (its
-options are made from this registry: flag, type, default, help) and job files (``[input]``, ``[model]``,
+options are made from this registry: type, default; their flags and help are the CLI's own, in
+:mod:`streamwhiten.cli._flags`) and job files (``[input]``, ``[model]``,
 ``[apply]``, ``[publish]``: the keys each table takes are listed here) all check a value against :data:`PARAMS`, so a bad
 one is refused in the same words wherever it is given, as one :class:`BadInputError` (exit 2):
 
@@ -52,10 +53,8 @@ class Param:
     ``text`` says what the value must be, after "must be". A ``tuple`` kind takes a list of names (or
     one comma-separated string).
 
-    Where it is given: ``flags`` are its command-line spelling (default ``--name-with-dashes``), ``help``
-    the option's help; a bool is a flag (``--normalize``), or with ``switch`` a pair (``--direct-io/
-    --no-direct-io``) for one that is on by default; ``job`` names the job-file tables that take it as a
-    key; ``aliases`` are former names, still taken as flags (``--chunk-rows``) and keys.
+    Where it is given: ``job`` names the job-file tables that take it as a key; ``aliases`` are former
+    names, still taken as keyword arguments and keys (and, by the command line, as options).
     """
 
     name: str
@@ -69,17 +68,9 @@ class Param:
     also: tuple = ()
     none: bool = False
     label: str | None = None  # the name in messages, if not ``name``
-    flags: tuple = ()
-    help: str = ""
-    switch: bool = False
     job: tuple = ()
     aliases: tuple = ()
     alias_of: str | None = None  # set on an alias's own entry: the parameter it is a former name of
-
-    @property
-    def cli_flags(self) -> tuple:
-        """The command-line spelling: ``flags``, else ``--name-with-dashes``."""
-        return self.flags or ("--" + self.name.replace("_", "-"),)
 
     def accepts(self, value: Any) -> bool:
         if value is None:
@@ -139,7 +130,7 @@ def _params(*items: Param) -> dict[str, Param]:
     for item in items:
         table[item.name] = item
         for alias in item.aliases:
-            table[alias] = replace(item, name=alias, label=None, flags=(), aliases=(), alias_of=item.name)
+            table[alias] = replace(item, name=alias, label=None, aliases=(), alias_of=item.name)
     return table
 
 
@@ -159,7 +150,6 @@ PARAMS: dict[str, Param] = _params(
         "a number in [0, 1]",
         0.0,
         1.0,
-        help="Mean removal in [0, 1] (1: centre, 0: rotate about 0).",
         job=_MODEL,
     ),
     Param(
@@ -169,7 +159,6 @@ PARAMS: dict[str, Param] = _params(
         "a number in [0, 1]",
         0.0,
         1.0,
-        help="Whitening strength in [0, 1] (1: unit variance, 0: rotation).",
         job=_MODEL,
     ),
     Param(
@@ -180,8 +169,6 @@ PARAMS: dict[str, Param] = _params(
         1,
         none=True,
         label="n_components (k)",
-        flags=("-k", "--n-components"),
-        help="Kept dimensions k.",
         job=_MODEL,
     ),
     Param(
@@ -193,7 +180,6 @@ PARAMS: dict[str, Param] = _params(
         1.0,
         closed="right",
         none=True,
-        help="Keep the fewest components explaining this fraction of the variance, e.g. 0.99.",
         job=_MODEL,
     ),
     Param(
@@ -204,10 +190,9 @@ PARAMS: dict[str, Param] = _params(
         0.0,
         None,
         closed="right",
-        help="Regulariser relative to the largest eigenvalue.",
         job=_MODEL,
     ),
-    Param("normalize", bool, False, "true or false", help="Scale every output row to unit L2 norm.", job=_APPLY),
+    Param("normalize", bool, False, "true or false", job=_APPLY),
     # how the data is read and reduced
     Param(
         "precision",
@@ -215,7 +200,6 @@ PARAMS: dict[str, Param] = _params(
         "auto",
         "one of 'auto', 'float32', 'float64'",
         choices=("auto", "float32", "float64"),
-        help="Arithmetic of the scatter product (auto: float64 for float64 stores, else float32).",
         job=_MODEL,
     ),
     Param(
@@ -223,7 +207,6 @@ PARAMS: dict[str, Param] = _params(
         bool,
         False,
         "true or false",
-        help="Skip and count rows holding NaN/Inf instead of failing.",
         job=("model", "apply"),
     ),
     Param(
@@ -231,8 +214,6 @@ PARAMS: dict[str, Param] = _params(
         bool,
         False,
         "true or false",
-        help="Read chunks missing from an input store (Zarr) or never written (HDF5) as the array's fill value. "
-        "Without it such a store is refused: a hole is usually a damaged or half-copied store.",
         job=_INPUT,
     ),
     Param(
@@ -242,8 +223,6 @@ PARAMS: dict[str, Param] = _params(
         _COUNT,
         1,
         none=True,
-        help="Rows per block the engine reads and reduces (default: whole store chunks, about 64 MiB; a value "
-        "above the input's rows reads it as one block).",
         job=("model", "apply"),
         aliases=("chunk_rows",),
     ),
@@ -257,12 +236,10 @@ PARAMS: dict[str, Param] = _params(
         MAX_WORKERS,
         also=(-1,),
         none=True,
-        help="Serial engine: worker threads, each doing whole blocks (fit default: one per core, at most 4; "
-        f"apply default: 1; -1: one per core; at most {MAX_WORKERS}). Memory is about one block per thread.",
         job=("model", "apply"),
     ),
     # a fit's checkpoints
-    Param("checkpoint_every", int, 20, _COUNT, 1, help="Checkpoint every N blocks.", job=_MODEL),
+    Param("checkpoint_every", int, 20, _COUNT, 1, job=_MODEL),
     Param(
         "checkpoint_seconds",
         float,
@@ -271,7 +248,6 @@ PARAMS: dict[str, Param] = _params(
         0.0,
         None,
         closed="right",
-        help="... or every T seconds.",
         job=_MODEL,
     ),
     # apply
@@ -282,7 +258,6 @@ PARAMS: dict[str, Param] = _params(
         "a number of seconds, 0 or more",
         0.0,
         None,
-        help="Make the rows written durable and record them for a resume every T seconds (0: every block).",
         job=_APPLY,
     ),
     Param(
@@ -292,20 +267,14 @@ PARAMS: dict[str, Param] = _params(
         '"float32", "float16", "int8" or "binary"',
         choices=("float32", "float16", "int8", "binary"),
         none=True,
-        help="How the vectors are stored: float32 or float16 values, int8 codes (a scale and offset per component, "
-        "from the statistics) or sign bits (8 per byte). None: the model's storage (what tune chose), else float32.",
         job=_APPLY,
     ),
-    Param("zarr_format", int, 3, "2 or 3", choices=(2, 3), help="The format of a Zarr output.", job=_APPLY),
+    Param("zarr_format", int, 3, "2 or 3", choices=(2, 3), job=_APPLY),
     Param(
         "direct_io",
         bool,
         True,
         "true or false",
-        switch=True,
-        help="Serial engine: write whole output chunks around the page cache (O_DIRECT, where the file system "
-        "allows it; the default): no CPU spent copying, and the cached input is left alone. --no-direct-io "
-        "leaves the output in the page cache, e.g. for a program that reads it right after.",
         job=_APPLY,
     ),
     Param(
@@ -314,9 +283,6 @@ PARAMS: dict[str, Param] = _params(
         "none",
         '"none", "zstd", "blosc" or "gzip"',
         choices=("none", "zstd", "blosc", "gzip"),
-        help="Serial engine, HDF5 or Zarr output: compress each output chunk in the writer thread (zstd level 3, "
-        "blosc lz4 level 5 with byte shuffle, or gzip level 4 with shuffle on HDF5), readable by plain zarr "
-        "and h5py (HDF5 zstd and blosc: with hdf5plugin installed).",
         job=_APPLY,
     ),
     Param(
@@ -324,11 +290,6 @@ PARAMS: dict[str, Param] = _params(
         bool,
         True,
         "true or false",
-        switch=True,
-        help="Store a checksum with every output chunk, verified whenever it is read (the default): HDF5's "
-        "fletcher32 filter, Zarr 3's crc32c codec; Parquet pages always carry theirs (Zarr 2 and Lance have "
-        "none). Flipped bits in an output are then refused, never read as values. --no-checksums saves "
-        "their cost (docs/performance.md).",
         job=_APPLY,
     ),
     Param(
@@ -336,8 +297,6 @@ PARAMS: dict[str, Param] = _params(
         tuple,
         (),
         "a list of column names",
-        help="Copy these comma-separated input columns (Parquet or Lance input) into the Parquet or Lance "
-        "output, row for row beside the vectors, e.g. --keep-columns id,url.",
         job=_APPLY,
     ),
     Param("output_chunk_rows", int, None, _COUNT, 1, none=True),
@@ -351,8 +310,6 @@ PARAMS: dict[str, Param] = _params(
         0.0,
         None,
         closed="right",
-        help="Seconds an object store may keep failing (refusing connections, timing out, or not answering) "
-        "before the command gives up, exit 74 [default: 10, or STREAMWHITEN_REMOTE_TIMEOUT].",
         job=_INPUT,
     ),
     Param("storage_options", dict, None, "a mapping of option names (text) to values", none=True),
@@ -365,7 +322,6 @@ PARAMS: dict[str, Param] = _params(
         1,
         MAX_WORKERS,
         none=True,
-        help="With --engine dask and no --scheduler: processes of the local cluster (default: one per core).",
     ),
     Param("split_every", int, 8, "a whole number of at least 2", 2),
     # publishing (a job's [publish] table, docs/nightly.md): how stale the published map may get before
@@ -378,8 +334,6 @@ PARAMS: dict[str, Param] = _params(
         0.0,
         None,
         also=(math.inf,),
-        help="Tolerance of the staleness total: above it, run publishes a new version (docs/nightly.md); inf: "
-        "never republish because of staleness.",
         job=("publish",),
     ),
     Param(
@@ -388,8 +342,6 @@ PARAMS: dict[str, Param] = _params(
         2,
         _COUNT,
         1,
-        help="Published versions kept on disk, the current one included; older ones are deleted after a "
-        "new one is published.",
         job=("publish",),
     ),
     # retrieval evaluation: how the corpus is stored while searched (``dtype`` above), the re-ranking of a
@@ -402,7 +354,6 @@ PARAMS: dict[str, Param] = _params(
         0.0,
         None,
         closed="right",
-        help="int8: the codes span each component's mean +- this many standard deviations.",
     ),
     Param(
         "rescore",
@@ -410,8 +361,6 @@ PARAMS: dict[str, Param] = _params(
         0,
         "a whole number, 0 or more",
         0,
-        help="With --dtype binary: re-rank the top N of the bit search with --rescore-dtype vectors (0: none; "
-        "more than the corpus's rows re-ranks all of them).",
     ),
     Param(
         "rescore_dtype",
@@ -419,7 +368,6 @@ PARAMS: dict[str, Param] = _params(
         "float32",
         '"float32" or "int8"',
         choices=("float32", "int8"),
-        help="The vectors a --rescore re-ranks with (they are read from disk: their bytes count).",
     ),
     Param(
         "bootstrap",
@@ -428,9 +376,8 @@ PARAMS: dict[str, Param] = _params(
         f"a whole number of resamples from 0 to {MAX_BOOTSTRAP:,}",
         0,
         MAX_BOOTSTRAP,
-        help="Resamples of the queries for the paired 95% interval of each difference (0: none).",
     ),
-    Param("seed", int, 0, "a whole number, 0 or more", 0, help="Seed of the bootstrap's resampling."),
+    Param("seed", int, 0, "a whole number, 0 or more", 0),
     Param(
         "max_bytes",
         int,
@@ -438,8 +385,6 @@ PARAMS: dict[str, Param] = _params(
         "a whole number of bytes of at least 1",
         1,
         none=True,
-        help="Choose among the settings storing at most this many bytes per corpus vector (bits plus the vectors "
-        "a rescoring reads). Default: no budget.",
     ),
 )
 

@@ -60,7 +60,7 @@ def default_checkpoint(model_path: str) -> str:
     return os.path.join(head, f".{tail}.checkpoint")
 
 
-def check_fit_paths(inputs, model_path: str, checkpoint: str | None = None, update: str | None = None) -> str:
+def check_fit_paths(inputs: Any, model_path: str, checkpoint: str | None = None, update: str | None = None) -> str:
     """Refuse a model file or checkpoint over an input, over each other, or a checkpoint over the model
     being updated, before anything is written; returns the checkpoint path (the default one if none)."""
     from .io import refuse_input_overlap, refuse_shared_outputs, remote
@@ -137,13 +137,13 @@ class _Planned:
 
 
 def fit(
-    inputs,
+    inputs: str | list[str],
     model_path: str | None = None,
     *,
     setting: Setting | None = None,
     options: FitOptions | None = None,
     read: ReadOptions | None = None,
-    engine=None,
+    engine: Any = None,
     update: str | None = None,
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
@@ -199,7 +199,10 @@ def fit(
 
         check_file(update, "model file")
     if not runner.checkpoints and (update or options.resume):
-        raise BadInputError("--update and --resume work with the serial engine only (a Dask fit is not checkpointed)")
+        raise BadInputError(
+            "update and resume work with the serial engine only (a Dask fit is not checkpointed)",
+            param=("update", "resume"),
+        )
     checkpoint = _prepare_model_path(inputs, model_path, params, options, read, update) if model_path else None
     planned = _plan(inputs, options, read, update, params, checkpoint, runner)
     every = Checkpoint(checkpoint, options.checkpoint_every, options.checkpoint_seconds) if checkpoint else None
@@ -234,7 +237,7 @@ def fit(
 
 
 def finish_checkpoint(
-    inputs,
+    inputs: Any,
     model_path: str,
     checkpoint: str,
     *,
@@ -319,7 +322,7 @@ def finish_checkpoint(
     )
 
 
-def _expanded(inputs, read: ReadOptions) -> list:
+def _expanded(inputs: Any, read: ReadOptions) -> list:
     from .io import expand_specs
 
     if isinstance(inputs, (str, os.PathLike)):
@@ -327,7 +330,9 @@ def _expanded(inputs, read: ReadOptions) -> list:
     return expand_specs(list(inputs), read)
 
 
-def _prepare_model_path(inputs, model_path, params: dict, options: FitOptions, read: ReadOptions, update) -> str:
+def _prepare_model_path(
+    inputs: Any, model_path: str, params: dict, options: FitOptions, read: ReadOptions, update: str | None
+) -> str:
     """Check the model file and checkpoint paths (before anything is read or written); returns the
     checkpoint path. An existing model is refused (or nothing to do) unless ``options.overwrite``."""
     from ._durable import remove_stale_temps
@@ -347,7 +352,9 @@ def _prepare_model_path(inputs, model_path, params: dict, options: FitOptions, r
     return checkpoint
 
 
-def _plan(inputs, options: FitOptions, read: ReadOptions, update, params: dict, checkpoint, runner) -> _Planned:
+def _plan(
+    inputs: Any, options: FitOptions, read: ReadOptions, update: str | None, params: dict, checkpoint: Any, runner: Any
+) -> _Planned:
     """The plan of a fit or an update, or the checkpointed one it resumes."""
     from .core.model import load_model
     from .engine.fit import plan_fit, plan_update
@@ -378,7 +385,7 @@ def _plan(inputs, options: FitOptions, read: ReadOptions, update, params: dict, 
     return _Planned(planned, False, params, skipped_before, storage)
 
 
-def _resumed(planned, checkpoint: str, options: FitOptions, read: ReadOptions, runner):
+def _resumed(planned: Any, checkpoint: str, options: FitOptions, read: ReadOptions, runner: Any):
     """The checkpointed plan to resume instead of ``planned``, or None (no checkpoint, or ``restart``)."""
     from .engine.fit import check_resumable, load_checkpoint
 
@@ -403,7 +410,9 @@ def _resumed(planned, checkpoint: str, options: FitOptions, read: ReadOptions, r
     return plan
 
 
-def _refuse_existing_model(inputs, model_path, update, params: dict, options: FitOptions, read: ReadOptions) -> None:
+def _refuse_existing_model(
+    inputs: Any, model_path: str, update: str | None, params: dict, options: FitOptions, read: ReadOptions
+) -> None:
     """An existing model file is replaced only with ``overwrite`` (or updated in place); one that already
     holds what this fit would write is nothing to do."""
     from .errors import OutputExistsError
@@ -416,7 +425,7 @@ def _refuse_existing_model(inputs, model_path, update, params: dict, options: Fi
     raise OutputExistsError.at(model_path)
 
 
-def model_is_current(model_path: str, inputs, params: dict, options: FitOptions, read: ReadOptions) -> bool:
+def model_is_current(model_path: str, inputs: Any, params: dict, options: FitOptions, read: ReadOptions) -> bool:
     """Whether ``model_path`` holds the model a fit of ``inputs`` with these options would write: the
     same sources (fingerprints), precision, NaN handling and parameters. Then there is nothing to do."""
     from .core.model import DEFAULT_EPS, file_checksum, load_model
@@ -444,7 +453,9 @@ def model_is_current(model_path: str, inputs, params: dict, options: FitOptions,
     return file_checksum(wanted) == file_checksum(model)
 
 
-def save_fitted(model, plan, model_path: str, checkpoint: str | None, should_stop=None) -> str:
+def save_fitted(
+    model: Any, plan: Any, model_path: str, checkpoint: str | None, should_stop: Callable[[], bool] | None = None
+) -> str:
     """Save the model of a finished fit, then remove its checkpoint; returns the file's checksum.
 
     When a stop was asked for (a signal during the fit's last block or its finalize), the finished plan
@@ -466,7 +477,7 @@ def save_fitted(model, plan, model_path: str, checkpoint: str | None, should_sto
     return checksum
 
 
-def effective_params(params: dict, previous) -> dict:
+def effective_params(params: dict, previous: Any) -> dict:
     """``params``, falling back to the saved model's setting for those not given (an update keeps it)."""
     params = dict(params)
     if previous is not None:
@@ -484,14 +495,14 @@ def effective_params(params: dict, previous) -> dict:
 
 
 def apply(
-    model,
-    input_spec,
+    model: Any,
+    input_spec: Any,
     output_spec: str,
     *,
     setting: Setting | None = None,
     options: ApplyOptions | None = None,
     read: ReadOptions | None = None,
-    engine=None,
+    engine: Any = None,
     given: tuple[str, ...] = (),
     rows: tuple[int, int] | None = None,
     progress: Callable[[int, int], None] | None = None,

@@ -25,6 +25,7 @@ floats: those of ``encode``, and those of ``apply --dtype int8|binary``, whose o
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -40,7 +41,7 @@ from .errors import BadInputError
 MODEL_FORMAT, MODEL_VERSION = "streamwhiten-model", (1, 2)
 
 
-def load(path, normalize: bool | None = None, dtype: str | None = None) -> AffineMap:
+def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str | None = None) -> AffineMap:
     """Load the affine map of a model file (at its saved setting) or of an exported ``.npz`` map.
 
     Parameters
@@ -76,7 +77,7 @@ def load(path, normalize: bool | None = None, dtype: str | None = None) -> Affin
     return _load_model(path, normalize, stored_checksum, dtype)
 
 
-def codec(path):
+def codec(path: str | os.PathLike[str]) -> Any:
     """The vector code a model file records as its storage (``streamwhiten.codes.Codec``: ``decode``,
     ``inner_products``, ``encode``), its bytes checked; :class:`BadInputError` when it records none.
 
@@ -93,7 +94,7 @@ def codec(path):
     return codec_from_bytes(storage.codec.data, f["n_components"])
 
 
-def decode(codes, record, dtype=np.float32) -> np.ndarray:
+def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:
     """Floats from stored ``codes``: by a vector code's codec (``record`` a ``streamwhiten.codes.Codec``, as
     :func:`codec` gives it, or its bytes as ``Codec.to_bytes`` wrote them, checksum verified), or by a
     storage record (int8 codes, sign bits: ``record`` a :class:`Quantization`, its dict, or the
@@ -112,7 +113,7 @@ def decode(codes, record, dtype=np.float32) -> np.ndarray:
     return decode_record(codes, record, dtype)
 
 
-def file_checksum(path) -> str:
+def file_checksum(path: str | os.PathLike[str]) -> str:
     """The SHA-256 checksum stored in a model file or map (not verified here; :func:`load` verifies it)."""
     return _peek(os.fspath(path))[1]
 
@@ -126,7 +127,7 @@ def _peek(path: str) -> tuple[str | None, str]:
         return None, ""
 
 
-def _load_model(path: str, normalize, stored_checksum: str, dtype) -> AffineMap:
+def _load_model(path: str, normalize: bool | None, stored_checksum: str, dtype: str | None) -> AffineMap:
     f = model_fields(read_npz(path, "model file", MODEL_FORMAT, MODEL_VERSION), path)
     fitted_norm = mean_sq_norm(f["n_rows"], f["mean"], f["scatter"])
     storage = f["storage"] or Storage()
@@ -157,7 +158,7 @@ def _load_model(path: str, normalize, stored_checksum: str, dtype) -> AffineMap:
     )
 
 
-def _load_map(path: str, normalize, dtype) -> AffineMap:
+def _load_map(path: str, normalize: bool | None, dtype: str | None) -> AffineMap:
     fields = map_fields(read_npz(path, "whitening map", MAP_FORMAT, MAP_VERSION), path)
     stored = fields.pop("normalize")
     recorded = fields.pop("quantization")
@@ -165,7 +166,8 @@ def _load_map(path: str, normalize, dtype) -> AffineMap:
         if dtype == "int8":
             raise BadInputError(
                 f"{path}: int8 storage needs ranges from the fitted statistics, which a map holds only when it "
-                "was exported with them (export --dtype int8); load the model file instead"
+                "was exported with them (export with dtype='int8'); load the model file instead",
+                param="dtype",
             )
         k = int(fields["A"].shape[1])
         recorded = None if dtype == "float32" else Quantization(dtype, k, normalized=True)

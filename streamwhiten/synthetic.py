@@ -8,7 +8,10 @@ random rotation ``R``). Rows are generated in fixed blocks of ``GENERATOR_BLOCK`
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+import numpy.typing as npt
 
 GENERATOR_BLOCK = 8192
 
@@ -22,7 +25,12 @@ def _basis(n_features: int, seed: int):
 
 
 def generate_rows(
-    n_rows: int, n_features: int, seed: int = 0, dtype="float32", start: int = 0, stop: int | None = None
+    n_rows: int,
+    n_features: int,
+    seed: int = 0,
+    dtype: npt.DTypeLike = "float32",
+    start: int = 0,
+    stop: int | None = None,
 ) -> np.ndarray:
     """Rows ``[start, stop)`` of the deterministic data set ``(n_rows, n_features, seed)``."""
     stop = n_rows if stop is None else min(stop, n_rows)
@@ -44,11 +52,11 @@ def write_store(
     n_rows: int,
     n_features: int,
     seed: int = 0,
-    dtype="float32",
+    dtype: npt.DTypeLike = "float32",
     chunk_rows: int = 8192,
     dataset: str = "embeddings",
     zarr_format: int = 3,
-    progress=None,
+    progress: Callable[[int, int], None] | None = None,
     checksums: bool = True,
 ) -> str:
     """Write the data set to an HDF5 file (``.h5``) or a Zarr store (``.zarr``), replacing an old one written

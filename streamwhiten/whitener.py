@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassNamePrefixFeaturesOutMixin, TransformerMixin
@@ -29,14 +29,15 @@ if TYPE_CHECKING:
 #: Rows per block when an in-memory array is fitted (bounds the float32 workspace).
 IN_MEMORY_CHUNK_ROWS = 65536
 
-_D = params.PARAMS  # the defaults below are the declared ones
+#: The declared defaults, by parameter: those of the estimator below.
+_D: dict[str, Any] = {name: item.default for name, item in params.PARAMS.items()}
 
 
 class NotFittedError(errors.NotFittedError, _SklearnNotFittedError):
     """Raised by an unfitted Whitener: caught as streamwhiten's or as scikit-learn's ``NotFittedError``."""
 
 
-def _is_store_spec(data) -> bool:
+def _is_store_spec(data: object) -> bool:
     if isinstance(data, (str, os.PathLike)):
         return True
     if isinstance(data, (list, tuple)) and data and all(isinstance(item, (str, os.PathLike)) for item in data):
@@ -50,7 +51,7 @@ def _is_store_spec(data) -> bool:
 FLOAT_DTYPES = (np.float64, np.float32, np.float16)
 
 
-def _as_float_rows(X) -> np.ndarray:
+def _as_float_rows(X: Any) -> np.ndarray:
     """``X`` as a 2-D array of float64, float32 or float16 rows in native byte order, by scikit-learn's
     input rules (as ``PCA`` applies them): float rows are used as they are (their byte order swapped if
     need be), integer, bool and numeric object arrays are converted to float64 (int8-quantized
@@ -77,7 +78,7 @@ def _as_float_rows(X) -> np.ndarray:
         raise BadInputError(str(exc)) from None
 
 
-def _is_dask_array(data) -> bool:
+def _is_dask_array(data: object) -> bool:
     return type(data).__module__.startswith("dask") and hasattr(data, "chunks") and hasattr(data, "dask")
 
 
@@ -169,20 +170,20 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     def __init__(
         self,
         *,
-        beta=_D["beta"].default,
-        gamma=_D["gamma"].default,
-        n_components=_D["n_components"].default,
-        variance=_D["variance"].default,
-        eps=_D["eps"].default,
-        normalize=_D["normalize"].default,
-        precision=_D["precision"].default,
-        skip_nonfinite=_D["skip_nonfinite"].default,
-        block_rows=_D["block_rows"].default,
-        n_jobs=_D["n_jobs"].default,
-        fill_missing_chunks=_D["fill_missing_chunks"].default,
-        chunk_rows=_D["chunk_rows"].default,
-        dtype=None,
-        storage_options=_D["storage_options"].default,
+        beta: float = _D["beta"],
+        gamma: float = _D["gamma"],
+        n_components: int | None = _D["n_components"],
+        variance: float | None = _D["variance"],
+        eps: float = _D["eps"],
+        normalize: bool = _D["normalize"],
+        precision: str = _D["precision"],
+        skip_nonfinite: bool = _D["skip_nonfinite"],
+        block_rows: int | None = _D["block_rows"],
+        n_jobs: int | None = _D["n_jobs"],
+        fill_missing_chunks: bool = _D["fill_missing_chunks"],
+        chunk_rows: int | None = _D["chunk_rows"],
+        dtype: str | None = None,
+        storage_options: Any = _D["storage_options"],
     ):
         self.beta = beta
         self.gamma = gamma
@@ -213,11 +214,13 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     def __repr__(self, N_CHAR_MAX: int = 700) -> str:
         return BaseEstimator.__repr__(self._shown(), N_CHAR_MAX)
 
-    def _get_params_html(self, *args, **kwargs):  # the parameter table of the HTML display (scikit-learn >= 1.7)
+    def _get_params_html(
+        self, *args: Any, **kwargs: Any
+    ):  # the parameter table of the HTML display (scikit-learn >= 1.7)
         return BaseEstimator._get_params_html(self._shown(), *args, **kwargs)
 
     # -- scikit-learn protocol ------------------------------------------------------------------------
-    def set_params(self, **params) -> Whitener:
+    def set_params(self, **params: Any) -> Whitener:
         valid = self.get_params(deep=False)
         for name in params:
             if name not in valid:
@@ -237,14 +240,14 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     def _n_features_out(self) -> int:  # for get_feature_names_out: whitener0, whitener1, ...
         return self.n_components_
 
-    def _check_params(self, n_features=None):
+    def _check_params(self, n_features: int | None = None):
         """Check every parameter against :data:`streamwhiten.params.PARAMS` (done when fitting, not in
         ``__init__`` or ``set_params``, as scikit-learn expects)."""
         for name, value in self.get_params(deep=False).items():
             params.check(name, value)
         params.check_model(self.beta, self.gamma, self.eps, self.n_components, self.variance, n_features)
 
-    def _rows(self, X, reset: bool) -> np.ndarray:
+    def _rows(self, X: Any, reset: bool) -> np.ndarray:
         """``X`` as 2-D float rows by scikit-learn's input rules (see :func:`_as_float_rows`); records
         (``reset``) or checks the feature count and names."""
         rows = _as_float_rows(X)
@@ -258,7 +261,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         for name in ("state_", "sources_", "n_skipped_", "n_features_in_", "feature_names_in_", "_model"):
             self.__dict__.pop(name, None)
 
-    def partial_fit(self, X, y=None) -> Whitener:
+    def partial_fit(self, X: Any, y: object = None) -> Whitener:
         """Fold one in-memory batch of rows (float16, float32 or float64) into the statistics."""
         self._check_params()
         first = "state_" not in self.__dict__
@@ -285,7 +288,9 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self.__dict__.pop("_model", None)
         return self
 
-    def fit(self, X, y=None, dataset=None, progress=None) -> Whitener:
+    def fit(
+        self, X: Any, y: object = None, dataset: str | None = None, progress: Callable[[int, int], None] | None = None
+    ) -> Whitener:
         """Fit on an in-memory array (or DataFrame), a store spec (``"file.h5:/ds"``, ``"dir.zarr"``), a
         list of specs, or a dask array. Statistics are exact whatever the chunking."""
         self._check_params()
@@ -307,7 +312,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
             raise
         return self
 
-    def _fit_stores(self, specs, dataset, progress) -> None:
+    def _fit_stores(self, specs: list[str], dataset: str | None, progress: Callable[[int, int], None] | None) -> None:
         """Fit on stores by the one pipeline of the command line (``streamwhiten.fit``), saving nothing."""
         from .options import EngineOptions, FitOptions, ReadOptions, Setting
         from .pipeline import fit
@@ -348,7 +353,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         )
         return self.block_rows if self.block_rows is not None else self.chunk_rows
 
-    def fit_transform(self, X, y=None, normalize=None, **fit_params) -> np.ndarray:
+    def fit_transform(self, X: Any, y: object = None, normalize: bool | None = None, **fit_params: Any) -> np.ndarray:
         """``fit(X).transform(X)``; for a store spec, use ``fit`` and then transform arrays."""
         return self.fit(X, y, **fit_params).transform(X, normalize=normalize)
 
@@ -451,7 +456,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         return self._finalized().quantization(self.dtype, normalize=bool(self.normalize))
 
     # -- using it ------------------------------------------------------------------------------------
-    def transform(self, X, normalize=None) -> np.ndarray:
+    def transform(self, X: Any, normalize: bool | None = None) -> np.ndarray:
         """Whiten rows (a 2-D array or DataFrame, or a single vector); output float64 for float64
         input, float32 otherwise. ``normalize`` (default: the ``normalize`` parameter) scales each
         output row to unit L2 norm.
@@ -481,13 +486,13 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         )
         return values.astype(np.float32) if record is None else record.encode(values)
 
-    def save(self, path) -> str:
+    def save(self, path: str | os.PathLike[str]) -> str:
         """Write the model file (pickle-free ``.npz``; the name must end in ``.npz``, and an existing file is
         replaced only if it is a model file: ``core.model.check_model_output``); returns its content checksum."""
         return save_model(self._finalized(), os.fspath(path))
 
     @classmethod
-    def load(cls, path) -> Whitener:
+    def load(cls, path: str | os.PathLike[str]) -> Whitener:
         model = load_model(os.fspath(path))
         return cls.from_model(model)
 

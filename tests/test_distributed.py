@@ -654,7 +654,7 @@ def test_fit_job_is_the_one_entry_point_of_both_engines(client, stores, tmp_path
                 client=client,
                 overwrite=False,
             )
-        with pytest.raises(OutputExistsError, match=r"d.npz: already exists \(pass --overwrite to replace it\)"):
+        with pytest.raises(OutputExistsError, match=r"d.npz: already exists \(pass overwrite=True to replace it\)"):
             fit_job(
                 specs,
                 str(tmp_path / "d.npz"),

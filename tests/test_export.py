@@ -224,7 +224,7 @@ def test_faiss_hnsw_index_and_an_index_that_needs_training(tmp_path, model_path,
     assert index.ntotal == len(rows)
     code, _, err = run_cli("export", model_path, "-o", tmp_path / "bad.faiss", "--index", "NoSuchIndex")
     assert code == EXIT_BAD_INPUT
-    one_line_error(err, "--index 'NoSuchIndex'")
+    one_line_error(err, "--index NoSuchIndex")
     assert not os.path.exists(tmp_path / "bad.faiss") and leftovers(tmp_path) == []
 
 
@@ -590,7 +590,10 @@ def test_options_of_other_formats_are_refused(tmp_path, model_path, run_cli):
     for args, fragment in [
         (["-o", tmp_path / "m.npz", "--index", "Flat"], "--index and --metric are for the faiss format"),
         (["-o", tmp_path / "m.onnx", "--append-to", tmp_path], "--append-to is for the sentence-transformers format"),
-        (["-o", tmp_path / "m.faiss", "--normalize"], "add --index"),
+        (
+            ["-o", tmp_path / "m.faiss", "--normalize"],
+            "such as --index Flat for an IndexPreTransform, or drop --normalize",
+        ),
         (["-o", tmp_path / "m.npz", "-k", "17"], "exceeds the data width d = 16"),
         (["-o", tmp_path / "m.npz", "--gamma", "2"], "gamma must be a number in [0, 1]"),
     ]:
@@ -773,7 +776,7 @@ def test_faiss_binary_is_an_index_binary_flat_of_our_packed_bits(tmp_path, store
     # an index holds no map: it is refused with --index, and recognised as ours on --overwrite
     code, _, err = run_cli("export", stored_models["binary"], "-o", tmp_path / "x.faiss", "--index", "Flat")
     assert code == EXIT_BAD_INPUT
-    one_line_error(err, "--index is for float storage: binary storage is written as its own faiss index")
+    one_line_error(err, "--index is for float storage: binary storage is written as its own faiss IndexBinaryFlat")
     export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.binary.faiss", "--overwrite")
 
 

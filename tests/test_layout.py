@@ -936,3 +936,79 @@ def test_the_attribute_rule_catches_each_way_of_naming_one():
         (5, "n_nonfinite_rows"),
         (6, "kept_columns"),
     ]
+
+
+# ---------------------------------------------------------------------- the CLI's words and annotations
+
+
+def _docstring_ids(tree: ast.AST) -> set[int]:
+    return {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and _is_docstring(node.body[0])
+    }
+
+
+def cli_flags() -> set[str]:
+    """Every long flag of every command (``--keep-columns``, ``--no-direct-io``)."""
+    import click
+
+    from streamwhiten.cli.app import cli
+
+    return {
+        opt
+        for command in cli.commands.values()
+        for param in command.params
+        if isinstance(param, click.Option)
+        for opt in (*param.opts, *param.secondary_opts)
+        if opt.startswith("--")
+    }
+
+
+def test_the_library_names_parameters_not_flags():
+    """A library message names a parameter (``keep_columns``), never a command-line flag: the CLI maps
+    the one to the other (``streamwhiten.cli._flags``). Docstrings may tell how the CLI spells it."""
+    import re
+
+    flags = cli_flags()
+    assert {"--keep-columns", "--compressor", "--max-bytes", "--no-direct-io"} <= flags
+    pattern = re.compile(
+        r"(?<![\w-])(" + "|".join(sorted(map(re.escape, flags), key=len, reverse=True)) + r")(?![\w-])"
+    )
+    found = []
+    for module, path in MODULES.items():
+        if layer(module) == "cli" or module == "streamwhiten.__main__":
+            continue
+        tree = ast.parse(path.read_text())
+        skip = _docstring_ids(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+                match = pattern.search(node.value)
+                if match:
+                    found.append(f"{where(module, node.lineno)}: {match.group(0)}")
+    assert not found, "library strings naming a CLI flag:\n" + "\n".join(found)
+
+
+def unannotated(tree: ast.AST) -> list[tuple[int, str, str]]:
+    """``(line, function, parameter)`` of every parameter without an annotation (``self``/``cls`` excepted)."""
+    missing = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            named = [*args.posonlyargs, *args.args, *args.kwonlyargs, *filter(None, (args.vararg, args.kwarg))]
+            for index, arg in enumerate(named):
+                if arg.annotation is None and not (index == 0 and arg.arg in ("self", "cls", "mcs")):
+                    missing.append((node.lineno, node.name, arg.arg))
+    return missing
+
+
+def test_every_parameter_is_annotated():
+    """Every function parameter in the package carries a type (``self`` and ``cls`` excepted)."""
+    found = [
+        f"{where(module, line)}: {function}({name})"
+        for module, path in MODULES.items()
+        for line, function, name in unannotated(ast.parse(path.read_text()))
+    ]
+    assert not found, f"{len(found)} parameters without an annotation:\n" + "\n".join(found)

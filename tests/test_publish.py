@@ -176,7 +176,7 @@ def test_a_stale_map_is_republished_as_a_new_version_beside_the_current_one(nigh
     assert [v.version for v in manifest.kept] == [1] and manifest.retired == ()
     # a third version retires the first: its files are deleted after the switch
     report = run_job_file(job, republish=True)
-    assert report.action == "republish" and report.published_version == 3 and report.reason == "run --republish"
+    assert report.action == "republish" and report.published_version == 3 and report.reason == "republish requested"
     assert not os.path.exists(directory / "out" / "day-1.v1.zarr") and not os.path.exists(version_model_path(model, 1))
     assert os.path.exists(directory / "out" / "day-1.v2.zarr") and os.path.exists(version_model_path(model, 2))
     assert sorted(os.listdir(directory / "out")) == ["day-1.v2.zarr", "day-1.v3.zarr", "day-2.v2.zarr", "day-2.v3.zarr"]

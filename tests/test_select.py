@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from streamwhiten.errors import BadInputError
-from streamwhiten.evaluation.select import forecast, select, spearman_units
+from streamwhiten.evaluation.select import Rule, forecast, select, spearman_units
 
 
 def numpy_maxt(scores, reference, samples, seed, level):
@@ -41,7 +41,7 @@ def test_maxt_equals_a_plain_numpy_reimplementation(seed):
     reference = rng.uniform(0, 1, 60)
     gains = np.array([0.0, 0.02, -0.05, 0.08, 0.01])[:, None]
     scores = np.clip(reference + gains + rng.normal(0, 0.1, (5, 60)), 0, 1)
-    got = select(scores, reference, samples=300, seed=seed)
+    got = select(scores, reference, Rule(samples=300, seed=seed))
     index, critical, bounds = numpy_maxt(scores, reference, 300, seed, 0.95)
     assert got.index == index
     assert got.critical == pytest.approx(critical, abs=1e-9)
@@ -55,8 +55,8 @@ def test_candidates_equal_to_the_reference_plus_noise_keep_the_reference():
     kept = 0
     for trial in range(20):
         scores = reference + rng.normal(0, 0.15, (300, 131))  # 300 settings, none truly better
-        assert select(scores, reference, rule="argmax").index is not None  # the arg-max always moves
-        kept += select(scores, reference, samples=400, seed=trial).index is None
+        assert select(scores, reference, Rule("argmax")).index is not None  # the arg-max always moves
+        kept += select(scores, reference, Rule(samples=400, seed=trial)).index is None
     assert kept >= 18
 
 
@@ -65,7 +65,7 @@ def test_one_real_winner_is_chosen():
     reference = rng.uniform(0, 1, 131)
     scores = reference + rng.normal(0, 0.15, (300, 131))
     scores[123] = reference + 0.1 + rng.normal(0, 0.1, 131)  # ten points better, per query noise as wide
-    chosen = select(scores, reference, samples=400)
+    chosen = select(scores, reference, Rule(samples=400))
     assert chosen.index == 123 and chosen.n_beating == 1
     assert chosen.bound[123] > 0 and chosen.advantage[123] == pytest.approx(100 * (scores[123] - reference).mean())
 
@@ -73,7 +73,7 @@ def test_one_real_winner_is_chosen():
 def test_a_row_equal_to_the_reference_is_not_a_winner_and_nan_is_worst():
     reference = np.linspace(0, 1, 40)
     scores = np.stack([reference, np.full(40, np.nan), reference + 0.01 * np.sin(np.arange(40))])
-    chosen = select(scores, reference, samples=200)
+    chosen = select(scores, reference, Rule(samples=200))
     assert chosen.index is None and chosen.bound[0] == 0 and chosen.bound[1] == -math.inf
 
 
@@ -82,9 +82,9 @@ def test_tolerance_takes_the_cheapest_surely_within_it():
     reference = rng.uniform(0, 1, 200)
     scores = np.stack([reference - 0.005 + rng.normal(0, 0.01, 200), reference - 0.2 + rng.normal(0, 0.01, 200)])
     cost = [48, 8]
-    assert select(scores, reference, cost=cost, reference_cost=1536, tolerance=2.0).index == 0
-    assert select(scores, reference, cost=cost, reference_cost=1536, tolerance=30.0).index == 1
-    assert select(scores, reference, cost=cost, reference_cost=4, tolerance=30.0).index is None
+    assert select(scores, reference, Rule(cost=cost, reference_cost=1536, tolerance=2.0)).index == 0
+    assert select(scores, reference, Rule(cost=cost, reference_cost=1536, tolerance=30.0)).index == 1
+    assert select(scores, reference, Rule(cost=cost, reference_cost=4, tolerance=30.0)).index is None
 
 
 def test_the_forecast_scores_each_fold_on_a_choice_made_without_it():
@@ -92,14 +92,14 @@ def test_the_forecast_scores_each_fold_on_a_choice_made_without_it():
     reference = rng.uniform(0, 1, 100)
     scores = reference + rng.normal(0, 0.15, (50, 100))
     scores[7] = reference + 0.2 + rng.normal(0, 0.05, 100)
-    out = forecast(scores, reference, folds=4, samples=200, seed=2)
+    out = forecast(scores, reference, Rule(samples=200, seed=2), folds=4)
     # each fold chooses row 7 on the other three, so the held-out scores are row 7's
     assert out["kept_reference"] == 0
     assert out["chosen"]["score"] == pytest.approx(100 * scores[7].mean())
     assert out["reference"]["score"] == pytest.approx(100 * reference.mean())
     assert out["difference"]["low"] > 0
     noise = reference + rng.normal(0, 0.15, (50, 100))
-    kept = forecast(noise, reference, folds=4, samples=200, seed=2)
+    kept = forecast(noise, reference, Rule(samples=200, seed=2), folds=4)
     assert kept["kept_reference"] == 4 and kept["difference"]["score"] == 0
 
 
@@ -119,7 +119,7 @@ def test_bad_tables_are_refused():
     with pytest.raises(BadInputError, match="candidates x units"):
         select(np.zeros(3), np.zeros(3))
     with pytest.raises(BadInputError, match="rule"):
-        select(np.zeros((1, 3)), np.zeros(3), rule="best")
+        select(np.zeros((1, 3)), np.zeros(3), Rule("best"))
     with pytest.raises(BadInputError, match="fold"):
         forecast(np.zeros((1, 5)), np.zeros(5), folds=5)
 
@@ -128,9 +128,9 @@ def test_the_sweep_grid_checks_the_rule_and_the_folds():
     from streamwhiten.evaluation.sweep import SweepGrid
 
     assert (SweepGrid().select, SweepGrid().folds) == ("maxt", 5)
-    with pytest.raises(BadInputError, match="--select must be one of maxt, argmax"):
+    with pytest.raises(BadInputError, match="^select must be one of maxt, argmax"):
         SweepGrid(select="best")
-    with pytest.raises(BadInputError, match="--folds must be an integer of at least 2"):
+    with pytest.raises(BadInputError, match="^folds must be an integer of at least 2"):
         SweepGrid(folds=1)
 
 
@@ -163,7 +163,7 @@ def test_resamples_in_blocks_give_the_results_of_one_draw_of_all(monkeypatch, ke
     # the rule: the critical value of the plain loops, with the blocks given or made
     _, critical, bounds = numpy_maxt(scores, reference, samples, seed, 0.95)
     for given in (resamples, None):
-        got = select(scores, reference, samples=samples, seed=seed, resamples=given)
+        got = select(scores, reference, Rule(samples=samples, seed=seed), resamples=given)
         assert got.critical == pytest.approx(critical, rel=1e-12)
         np.testing.assert_allclose(got.bound, bounds, rtol=1e-12)
     # the intervals: percentiles of the resampled means, as the previous implementation took them
@@ -174,10 +174,29 @@ def test_resamples_in_blocks_give_the_results_of_one_draw_of_all(monkeypatch, ke
             (100.0 * values.mean(), low, high), rel=1e-12
         )
     # the forecast's three intervals come from the same resamples whether shared or made inside
-    shared = forecast(scores, reference, folds=4, samples=samples, seed=seed, resamples=resamples)
-    alone = forecast(scores, reference, folds=4, samples=samples, seed=seed)
+    shared = forecast(scores, reference, Rule(samples=samples, seed=seed), folds=4, resamples=resamples)
+    alone = forecast(scores, reference, Rule(samples=samples, seed=seed), folds=4)
     assert shared == alone
     means = 100.0 * (counts @ reference) / n
     assert (alone["reference"]["low"], alone["reference"]["high"]) == pytest.approx(
         tuple(np.percentile(means, [2.5, 97.5])), rel=1e-12
     )
+
+
+def test_the_rule_is_one_frozen_record_shared_by_select_and_forecast():
+    """``select`` and ``forecast`` take the same :class:`Rule`: a forecast's folds choose by it exactly as
+    ``select`` does on all the units."""
+    import dataclasses
+
+    rule = Rule(cost=[3, 1], reference_cost=4, tolerance=1.0, samples=50)
+    assert rule.cost == (3.0, 1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        rule.seed = 1  # type: ignore[misc]
+    with pytest.raises(BadInputError, match="tolerance must be a number >= 0"):
+        Rule(tolerance=-1)
+    rng = np.random.default_rng(0)
+    reference = rng.normal(0.5, 0.1, 40)
+    scores = np.stack([reference + 0.2, reference - 0.3])  # the first beats the reference on every unit
+    assert select(scores, reference, Rule(samples=50)).index == 0
+    assert forecast(scores, reference, Rule(samples=50), folds=4)["kept_reference"] == 0
+    assert select(scores, reference, Rule("argmax")).rule == "argmax"

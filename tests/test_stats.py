@@ -127,7 +127,8 @@ def test_overflow_is_reported_as_such_not_as_nan():
     huge = np.array([[3e38], [-3e38], [-3e38], [3e38]], dtype=np.float32)
     with pytest.raises(BadInputError, match="too large") as info:
         stats.block_moments(huge)
-    assert not isinstance(info.value, NonFiniteError) and "--precision float64" in str(info.value)
+    assert not isinstance(info.value, NonFiniteError) and "precision='float64'" in str(info.value)
+    assert info.value.param == "precision"  # the CLI says --precision float64 (tests/test_cli_flags.py)
     rows = np.array([[1.5e308, 0.0], [-1.5e308, 1.0], [1.5e308, 2.0]])
     with pytest.raises(BadInputError, match="too large"):
         stats.block_moments(rows)

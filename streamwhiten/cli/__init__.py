@@ -12,7 +12,7 @@ before click and the libraries are imported; ``main`` is loaded from ``app`` on 
 __all__ = ["main"]
 
 
-def __getattr__(name):
+def __getattr__(name: str):
     if name == "main":
         from .app import main
 

@@ -6,12 +6,18 @@ from __future__ import annotations
 import json
 import math
 import sys
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import BadInputError, StoreIOError
 from . import _interrupt
+
+if TYPE_CHECKING:
+    from ..options import RetrievalOptions
 
 
 def emit(as_json: bool, summary: dict, lines: list[str]) -> None:
@@ -27,7 +33,7 @@ def emit(as_json: bool, summary: dict, lines: list[str]) -> None:
         ) from exc
 
 
-def strict_json(value):
+def strict_json(value: object):
     """Plain JSON values: arrays become lists, and NaN/Infinity (not valid JSON) become null."""
     if isinstance(value, dict):
         return {str(k): strict_json(v) for k, v in value.items()}
@@ -103,7 +109,7 @@ def pair_options(required: bool, prefix: str = "pairs", scores: str = "scores", 
     """``--<prefix>-a/--<prefix>-b/--<scores>``: two aligned vector stores and their gold scores."""
     names = (f"{prefix}_a", f"{prefix}_b", scores.replace("-", "_"))
 
-    def decorate(func):
+    def decorate(func: Callable[..., Any]):
         for flag, name, text in reversed(
             [
                 (
@@ -132,7 +138,7 @@ RETRIEVAL = ("queries", "corpus", "qrels", "exclude", "query_ids", "corpus_ids")
 PAIRS = ("pairs_a", "pairs_b", "scores")
 
 
-def retrieval_options(func):
+def retrieval_options(func: Callable[..., Any]):
     """``--queries/--corpus/--qrels/--exclude/--query-ids/--corpus-ids``: a retrieval task."""
     for flag, name, metavar, text in reversed(
         [
@@ -160,27 +166,56 @@ def retrieval_options(func):
     return func
 
 
-def retrieval_options_of(values: dict, block_rows: int | None):
+@dataclass(frozen=True)
+class Inputs:
+    """The specs of what a command scores or tunes on, as parsed (None: not given): labelled pairs
+    (``--pairs-a/--pairs-b/--scores``) or a retrieval task (``--queries/--corpus/--qrels``, ``--exclude``
+    and the id columns)."""
+
+    pairs_a: str | None = None
+    pairs_b: str | None = None
+    scores: str | None = None
+    queries: str | None = None
+    corpus: str | None = None
+    qrels: str | None = None
+    exclude: str | None = None
+    query_ids: str | None = None
+    corpus_ids: str | None = None
+
+    def given(self, names: tuple[str, ...]) -> list[str]:
+        """Those of the options ``names`` that were given."""
+        return [name for name in names if getattr(self, name) is not None]
+
+
+def named(**values: object) -> tuple[str, ...]:
+    """The names of the options among ``values`` that were given (not None)."""
+    return tuple(name for name, value in values.items() if value is not None)
+
+
+def retrieval_options_of(
+    inputs: Inputs, block_rows: int | None, threads: int | None, bootstrap: int | None, seed: int | None
+) -> RetrievalOptions:
     """The retrieval task's options (``--exclude``, the id columns, ``--bootstrap``, ``--seed``,
     ``--threads``) and ``block_rows`` as a :class:`~streamwhiten.options.RetrievalOptions`; an option
     not given keeps its default."""
     from ..options import RetrievalOptions
 
     return RetrievalOptions(
-        exclude=values["exclude"],
-        query_id_column=values["query_ids"],
-        corpus_id_column=values["corpus_ids"],
+        exclude=inputs.exclude,
+        query_id_column=inputs.query_ids,
+        corpus_id_column=inputs.corpus_ids,
         block_rows=block_rows,
-        threads=values["threads"],
-        **{name: values[name] for name in ("bootstrap", "seed") if values[name] is not None},
+        threads=threads,
+        **{name: value for name, value in (("bootstrap", bootstrap), ("seed", seed)) if value is not None},
     )
 
 
-def mode_of(values: dict, search_options: tuple = ()) -> str:
+def mode_of(inputs: Inputs, search_given: tuple[str, ...] = ()) -> str:
     """``"pairs"`` or ``"retrieval"``: which of the two exclusive inputs was given (all of its required
-    options), else a one-line error. ``search_options`` (names) are refused with labelled pairs."""
-    pairs = [name for name in PAIRS if values.get(name) is not None]
-    task = [name for name in RETRIEVAL if values.get(name) is not None]
+    options), else a one-line error. ``search_given`` (the names of the search options given) are refused
+    with labelled pairs."""
+    pairs = inputs.given(PAIRS)
+    task = inputs.given(RETRIEVAL)
     if pairs and task:
         raise BadInputError(
             "give labelled pairs (--pairs-a, --pairs-b, --scores) or a retrieval task (--queries, --corpus, "
@@ -193,21 +228,20 @@ def mode_of(values: dict, search_options: tuple = ()) -> str:
     if pairs:
         if len(pairs) < 3:
             raise BadInputError("give all three of --pairs-a, --pairs-b and --scores")
-        given = [name for name in search_options if values.get(name) is not None]
-        if given:
-            raise BadInputError(f"{_flags(given[:1])} is for a retrieval task (--queries, --corpus, --qrels)")
+        if search_given:
+            raise BadInputError(f"{_flags(search_given[:1])} is for a retrieval task (--queries, --corpus, --qrels)")
         return "pairs"
-    missing = [name for name in ("queries", "corpus", "qrels") if values.get(name) is None]
+    missing = [name for name in ("queries", "corpus", "qrels") if getattr(inputs, name) is None]
     if missing:
         raise BadInputError(f"a retrieval task needs --queries, --corpus and --qrels (missing {_flags(missing)})")
     return "retrieval"
 
 
-def _flags(names) -> str:
+def _flags(names: Iterable[str]) -> str:
     return ", ".join("--" + name.replace("_", "-") for name in names)
 
 
-def noise(low, high) -> str:
+def noise(low: float | None, high: float | None) -> str:
     """What a paired interval of a difference says: better, worse, or within noise (it holds 0)."""
     if low is None or high is None:
         return "no interval (--bootstrap 0)"
@@ -218,25 +252,25 @@ def noise(low, high) -> str:
     return "within noise"
 
 
-def fmt_interval(difference, low, high) -> str:
+def fmt_interval(difference: float, low: float | None, high: float | None) -> str:
     if low is None or high is None:
         return f"{difference:+.2f}"
     return f"{difference:+.2f} [{low:+.2f}, {high:+.2f}]"
 
 
-def open_pairs_given(a, b, scores, flags: str):
+def open_pairs_given(a: str | None, b: str | None, scores: str | None, flags: str):
     """Open a pair set when all three specs are given; ``None`` when none is; an error when only some are."""
     from ..evaluation.evaluate import open_pairs
 
     given = [spec is not None for spec in (a, b, scores)]
     if not any(given):
         return None
-    if not all(given):
+    if a is None or b is None or scores is None:
         raise BadInputError(f"give all three of {flags}, or none")
     return open_pairs(a, b, scores)
 
 
-def number_list(text, name: str, cast=float, n_features: int | None = None):
+def number_list(text: str | None, name: str, cast: Callable[[str], Any] = float, n_features: int | None = None):
     """``None`` for an option not given; else the comma-separated numbers (``d`` = the data width for k)."""
     if text is None:
         return None
@@ -273,7 +307,7 @@ def grid_options(purpose: str, retrieval: bool = False):
         else click.option("--metric", type=click.Choice(list(PAIR_METRICS)), default="spearman", show_default=True)
     )
 
-    def decorate(func):
+    def decorate(func: Callable[..., Any]):
         for option in reversed(
             [
                 click.option(
@@ -307,18 +341,27 @@ def grid_options(purpose: str, retrieval: bool = False):
     return decorate
 
 
-def grid_of(values: dict, n_features: int) -> dict:
-    """The grid options parsed (removed from ``values``) as the keyword arguments of the tuning grid."""
+def grid_of(
+    betas: str | None,
+    gammas: str | None,
+    ks: str | None,
+    variances: str | None,
+    metric: str | None,
+    n_features: int,
+) -> dict[str, Any]:
+    """The grid options parsed as the keyword arguments of the tuning grid."""
     return dict(
-        betas=number_list(values.pop("betas"), "betas"),
-        gammas=number_list(values.pop("gammas"), "gammas"),
-        ks=number_list(values.pop("ks"), "ks", int, n_features),
-        variances=number_list(values.pop("variances"), "variances"),
-        metric=values.pop("metric"),
+        betas=number_list(betas, "betas"),
+        gammas=number_list(gammas, "gammas"),
+        ks=number_list(ks, "ks", int, n_features),
+        variances=number_list(variances, "variances"),
+        metric=metric,
     )
 
 
 __all__ = [
+    "Inputs",
+    "named",
     "selection_lines",
     "PAIR_METRICS",
     "RETRIEVAL",

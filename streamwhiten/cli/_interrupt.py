@@ -32,7 +32,9 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 #: Set by the first SIGINT/SIGTERM; the library polls it through ``should_stop``.
@@ -49,7 +51,7 @@ _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 _RETRY_S = 0.02
 
 
-def _handler(signum, frame):
+def _handler(signum: int, frame: FrameType | None):
     first = not requested.is_set()
     if first:
         received.append(signal.Signals(signum).name)
@@ -59,7 +61,7 @@ def _handler(signum, frame):
         _raise_outside_import(frame)
 
 
-def _raise_outside_import(frame):
+def _raise_outside_import(frame: FrameType | None):
     if _state["raised"]:  # once: the first is being handled (cleanup, the report)
         return
     if _in_import(frame) and hasattr(signal, "setitimer"):
@@ -71,7 +73,7 @@ def _raise_outside_import(frame):
     raise KeyboardInterrupt
 
 
-def _retry(signum, frame):
+def _retry(signum: int, frame: FrameType | None):
     """SIGALRM: raise the signal that landed in an import once the import is over, if the program is
     still where it would have raised (a deferred block entered since then stops at its next safe point)."""
     pending, _state["pending"] = _state["pending"], None
@@ -79,7 +81,7 @@ def _retry(signum, frame):
         _raise_outside_import(frame)
 
 
-def _in_import(frame) -> bool:
+def _in_import(frame: FrameType | None) -> bool:
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
             return True
@@ -105,18 +107,18 @@ def install() -> bool:
     return True
 
 
-def _quiet_unraisable(previous):
+def _quiet_unraisable(previous: Callable[[Any], object]):
     """A signal's KeyboardInterrupt that lands in a callback Python cannot raise from (a weakref's, a
     destructor's) is only recorded: the stop was already requested, and the traceback would be noise. So
     is, once a signal was received, any error of a destructor: a KeyboardInterrupt raised inside a
     library's constructor leaves a half-built object whose destructor then fails (zipfile's, for one)."""
 
-    def hook(unraisable):
+    def hook(unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt) or requested.is_set():
             return
         previous(unraisable)
 
-    hook._streamwhiten = True
+    hook._streamwhiten = True  # type: ignore[attr-defined]
     return hook
 
 

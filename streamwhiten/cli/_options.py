@@ -1,7 +1,8 @@
 """Command-line options made from the registry (:data:`streamwhiten.params.PARAMS`), and the option
 objects (:mod:`streamwhiten.options`) made from what was parsed.
 
-Each parameter's flag, type, check, default and help are declared once, in ``params``; a command lists
+Each parameter's type, check and default are declared once, in ``params``, its flags and help in
+:mod:`._flags`; a command lists
 the parameters it takes (:func:`param_options`) and turns what it parsed into the frozen objects the
 library takes (:func:`take`). A value is refused in the parameter's own words:
 ``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2). A renamed parameter's
@@ -10,12 +11,21 @@ former flag (``--chunk-rows`` for ``--block-rows``) is still taken, hidden from 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import fields
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from ..errors import BadInputError
 from ..params import PARAMS
+from ._flags import HELP, SWITCHES, cli_message, flags
+
+if TYPE_CHECKING:
+    from ..options import EngineOptions, ReadOptions, Setting
+
+_T = TypeVar("_T")
+_V = TypeVar("_V")
 
 #: A parameter left out on the command line (so an object's own default, or a model's setting, applies).
 UNSET = None
@@ -29,7 +39,7 @@ class SpecType(click.ParamType):
         self.param = PARAMS[name]
         self.name = self.param.kind.__name__
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
         if isinstance(value, str) and self.param.kind in (int, float):
             try:
                 value = self.param.kind(value)
@@ -38,7 +48,7 @@ class SpecType(click.ParamType):
         try:
             return self.param.check(value)
         except BadInputError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(cli_message(exc), param, ctx)
 
 
 class SpecChoice(click.Choice):
@@ -48,7 +58,7 @@ class SpecChoice(click.Choice):
         self.param = PARAMS[name]
         super().__init__([str(choice) for choice in self.param.choices])
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
         if (
             self.param.kind is int
             and isinstance(value, str)
@@ -59,7 +69,7 @@ class SpecChoice(click.Choice):
         try:
             return self.param.check(value)
         except BadInputError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(cli_message(exc), param, ctx)
 
 
 class NamesType(click.ParamType):
@@ -67,13 +77,13 @@ class NamesType(click.ParamType):
 
     name = "names"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None):
         from ..options import column_names
 
         try:
             return column_names(value)
         except BadInputError as exc:
-            self.fail(str(exc), param, ctx)
+            self.fail(cli_message(exc), param, ctx)
 
 
 def spec_type(name: str) -> click.ParamType:
@@ -84,20 +94,20 @@ def spec_type(name: str) -> click.ParamType:
     return SpecChoice(name) if param.choices else SpecType(name)
 
 
-def param_option(name: str, *, default=..., help: str | None = None, show_default: bool | None = None):
+def param_option(name: str, *, default: object = ..., help: str | None = None, show_default: bool | None = None):
     """The click option of parameter ``name``: its flags, type, help and (unless ``default`` is given,
     e.g. None for "the model's") its declared default, shown in ``--help``."""
     param = PARAMS[name]
-    text = help if help is not None else param.help
+    text = help if help is not None else HELP.get(name, "")
     if param.kind is bool:
         value = param.default if default is ... else default
-        if param.switch:
-            flag = param.cli_flags[0]
+        if name in SWITCHES:
+            flag = flags(name)[0]
             return click.option(f"{flag}/--no-{flag[2:]}", name, default=value, show_default=True, help=text)
-        return click.option(*param.cli_flags, name, is_flag=True, default=bool(value), help=text)
+        return click.option(*flags(name), name, is_flag=True, default=bool(value), help=text)
     value = param.default if default is ... else default
     shown = show_default if show_default is not None else value is not None
-    return click.option(*param.cli_flags, name, type=spec_type(name), default=value, show_default=shown, help=text)
+    return click.option(*flags(name), name, type=spec_type(name), default=value, show_default=shown, help=text)
 
 
 def alias_option(alias: str):
@@ -113,7 +123,7 @@ def param_options(*names: str, defaults: dict | None = None, helps: dict | None 
     renamed); ``defaults`` and ``helps`` override a parameter's declared default or help text here."""
     defaults, helps = defaults or {}, helps or {}
 
-    def decorate(func):
+    def decorate(func: Callable[..., Any]):
         for name in reversed(names):
             for alias in PARAMS[name].aliases:
                 func = alias_option(alias)(func)
@@ -123,32 +133,24 @@ def param_options(*names: str, defaults: dict | None = None, helps: dict | None 
     return decorate
 
 
-def take(cls, values: dict, **extra):
-    """An instance of the option class ``cls`` from the parsed ``values`` it has fields for (removed from
-    ``values``; a renamed parameter's former flag counts as its own), ``extra`` over them. Values left
-    unset (None) where the field's default is not None keep the default."""
-    kwargs = {}
-    for item in fields(cls):
-        for alias in PARAMS[item.name].aliases if item.name in PARAMS else ():
-            former = values.pop(alias, None)
-            if former is not None and values.get(item.name) is None:
-                values[item.name] = former
-        if item.name in values:
-            value = values.pop(item.name)
-            if value is not None or (item.default is None):
-                kwargs[item.name] = value
-    kwargs.update(extra)
+def take(cls: type[_T], **values: object) -> _T:
+    """An instance of the option class ``cls`` from the parsed ``values`` it has fields for (a renamed
+    parameter's former flag counts as its own: ``chunk_rows`` for ``block_rows``). Values left unset
+    (None) where the field's default is not None keep the default."""
+    kwargs: dict[str, object] = {}
+    for item in fields(cls):  # type: ignore[arg-type]
+        names = (item.name, *(PARAMS[item.name].aliases if item.name in PARAMS else ()))
+        if not any(name in values for name in names):
+            continue
+        value = first_given(*(values.get(name) for name in names))
+        if value is not None or item.default is None:
+            kwargs[item.name] = value
     return cls(**kwargs)
 
 
-def pop_param(values: dict, name: str):
-    """The parsed value of parameter ``name`` (or of its former flag, ``--chunk-rows`` for ``--block-rows``),
-    removed from ``values``; None when neither was given."""
-    value = values.pop(name, None)
-    for alias in PARAMS[name].aliases:
-        former = values.pop(alias, None)
-        value = former if value is None else value
-    return value
+def first_given(*values: _V | None) -> _V | None:
+    """The first of ``values`` that is not None (a parameter's, then its former flag's), else None."""
+    return next((value for value in values if value is not None), None)
 
 
 #: The whitening's parameters: left out, a fit takes their defaults and the other commands the model's.
@@ -158,16 +160,16 @@ SETTING = ("beta", "gamma", "n_components", "variance", "eps")
 def setting_options(purpose: str = "fit"):
     """``--beta --gamma -k --variance --eps``: for a fit their defaults, elsewhere the model's saved setting."""
     if purpose == "fit":
-        helps = {"eps": f"{PARAMS['eps'].help} [default: {PARAMS['eps'].default:g}]"}
+        helps = {"eps": f"{HELP['eps']} [default: {PARAMS['eps'].default:g}]"}
         defaults = {name: None for name in SETTING}
         helps.update(
-            beta=f"{PARAMS['beta'].help} [default: 1]",
-            gamma=f"{PARAMS['gamma'].help} [default: 1]",
-            n_components=f"{PARAMS['n_components'].help} [default: all d]",
+            beta=f"{HELP['beta']} [default: 1]",
+            gamma=f"{HELP['gamma']} [default: 1]",
+            n_components=f"{HELP['n_components']} [default: all d]",
         )
         return param_options(*SETTING, defaults=defaults, helps=helps)
     model = " [default: the model's]"
-    helps = {name: PARAMS[name].help + model for name in SETTING}
+    helps = {name: HELP[name] + model for name in SETTING}
     return param_options(*SETTING, defaults={name: None for name in SETTING}, helps=helps)
 
 
@@ -181,7 +183,7 @@ quiet_option = click.option(
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON summary.")
 
 
-def storage_options(func):
+def storage_options(func: Callable[..., Any]):
     """``--storage-option KEY=VALUE`` (repeatable) and ``--remote-timeout``: how URLs are reached."""
     func = param_option("remote_timeout", default=None, show_default=False)(func)
     return click.option(
@@ -189,13 +191,11 @@ def storage_options(func):
         "storage_options",
         multiple=True,
         metavar="KEY=VALUE",
-        help="An option of the file system of s3://, gs://, https:// ... inputs and outputs (repeatable), passed "
-        "to fsspec, e.g. endpoint_url=http://127.0.0.1:9000 or anon=true; values are JSON where they parse. The "
-        "standard environment (AWS_ENDPOINT_URL, AWS_PROFILE, ...) applies too. Never printed or recorded.",
+        help=HELP["storage_options"],
     )(func)
 
 
-def engine_options(func):
+def engine_options(func: Callable[..., Any]):
     """``--engine --scheduler --workers --threads``: which engine runs the blocks."""
     func = param_option("threads", default=None)(func)
     func = param_option("workers", default=None)(func)
@@ -215,27 +215,49 @@ def engine_options(func):
     )(func)
 
 
-def read_options(values: dict):
+def read_options(
+    *,
+    dataset: str | None = None,
+    block_rows: int | None = None,
+    chunk_rows: int | None = None,
+    fill_missing_chunks: bool | None = None,
+    storage_options: tuple[str, ...] = (),
+    remote_timeout: float | None = None,
+) -> ReadOptions:
     """The :class:`~streamwhiten.options.ReadOptions` of what was parsed (``--dataset``, ``--block-rows``,
-    ``--fill-missing-chunks``, ``--storage-option``, ``--remote-timeout``), removed from ``values``."""
+    ``--fill-missing-chunks``, ``--storage-option``, ``--remote-timeout``)."""
     from ..io import remote
     from ..options import ReadOptions
 
-    given = values.pop("storage_options", ()) or ()
-    storage = remote.options_from(given) if given else None
+    storage = remote.options_from(storage_options) if storage_options else None
     remote.remember_secrets(storage)  # every message hides their secret values from now on
-    return take(ReadOptions, values, storage_options=storage)
+    return take(
+        ReadOptions,
+        dataset=dataset,
+        block_rows=first_given(block_rows, chunk_rows),
+        fill_missing_chunks=fill_missing_chunks,
+        storage_options=storage,
+        remote_timeout=remote_timeout,
+    )
 
 
-def engine_of(values: dict):
-    """The :class:`~streamwhiten.options.EngineOptions` of what was parsed, removed from ``values``."""
+def engine_of(engine: str, threads: int | None, scheduler: str | None, workers: int | None) -> EngineOptions:
+    """The :class:`~streamwhiten.options.EngineOptions` of ``--engine --threads --scheduler --workers``."""
     from ..options import EngineOptions
 
-    values["name"] = values.pop("engine", "serial")
-    return take(EngineOptions, values)
+    return take(EngineOptions, name=engine, threads=threads, scheduler=scheduler, workers=workers)
 
 
-def given_names(ctx: click.Context, names) -> tuple:
+def setting_of(
+    beta: float | None, gamma: float | None, n_components: int | None, variance: float | None, eps: float | None
+) -> Setting:
+    """The :class:`~streamwhiten.options.Setting` of ``--beta --gamma -k --variance --eps`` (None: not given)."""
+    from ..options import Setting
+
+    return Setting(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
+
+
+def given_names(ctx: click.Context, names: Iterable[str]) -> tuple:
     """The parameters among ``names`` set on the command line (not left to their default)."""
     from click.core import ParameterSource
 
@@ -252,9 +274,10 @@ __all__ = [
     "json_option",
     "param_option",
     "param_options",
-    "pop_param",
+    "first_given",
     "quiet_option",
     "read_options",
+    "setting_of",
     "setting_options",
     "spec_type",
     "storage_options",

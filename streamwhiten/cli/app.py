@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Sequence
 
 import click
 
@@ -30,6 +31,7 @@ from ..errors import (
     StreamwhitenError,
 )
 from . import _interrupt
+from ._flags import cli_message
 from .apply import apply
 from .codes import codes
 from .demo import demo
@@ -83,7 +85,7 @@ def _configure_logging() -> None:
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
-def main(argv=None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; map every failure to one line on stderr and an exit code."""
     installed = _interrupt.install()  # already done by the entry point, except when called in-process
     try:
@@ -100,7 +102,7 @@ def _complete() -> int:
     return shell_complete(cli, {}, "streamwhiten", COMPLETE_VAR, os.environ[COMPLETE_VAR])
 
 
-def _main(argv) -> int:
+def _main(argv: Sequence[str] | None) -> int:
     debug = bool(os.environ.get("STREAMWHITEN_DEBUG"))
     args = list(sys.argv[1:] if argv is None else argv)
     if os.environ.get(COMPLETE_VAR):
@@ -139,8 +141,9 @@ def _finish(code: int) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    """The message of ``exc`` on one line (some libraries' messages span several), without secrets."""
-    text = " ".join(str(exc).split())
+    """The message of ``exc`` on one line (some libraries' messages span several), without secrets; the
+    parameters a library error names are written as their flags (``keep_columns``: ``--keep-columns``)."""
+    text = " ".join(cli_message(exc).split())
     remote = sys.modules.get("streamwhiten.io.remote")  # loaded when a URL or storage option was used
     return remote.scrub(text) if remote is not None else text
 

@@ -13,9 +13,9 @@ from ._options import (
     param_options,
     quiet_option,
     read_options,
+    setting_of,
     setting_options,
     storage_options,
-    take,
 )
 
 #: Apply options an engine may not take: refused when given on the command line (see ``Engine.check_apply``).
@@ -71,7 +71,41 @@ ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor", "checksums")
 @quiet_option
 @json_option
 @click.pass_context
-def apply(ctx, model_path, input_spec, output_spec, quiet, as_json, **values):
+def apply(
+    ctx: click.Context,
+    model_path: str,
+    input_spec: str,
+    output_spec: str,
+    dataset: str | None,
+    beta: float | None,
+    gamma: float | None,
+    n_components: int | None,
+    variance: float | None,
+    eps: float | None,
+    normalize: bool,
+    dtype: str | None,
+    block_rows: int | None,
+    chunk_rows: int | None,
+    zarr_format: int,
+    skip_nonfinite: bool,
+    restart: bool,
+    progress_seconds: float,
+    checkpoint_seconds: float | None,
+    overwrite: bool,
+    fill_missing_chunks: bool,
+    keep_columns: tuple[str, ...],
+    compressor: str,
+    direct_io: bool,
+    checksums: bool,
+    storage_options: tuple[str, ...],
+    remote_timeout: float | None,
+    engine: str,
+    scheduler: str | None,
+    workers: int | None,
+    threads: int | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Transform every row of INPUT_SPEC with MODEL_PATH and write the reduced vectors to a new store.
 
     The model's saved setting (beta, gamma, k) is used unless changed here (re-finalized from its
@@ -83,19 +117,38 @@ def apply(ctx, model_path, input_spec, output_spec, quiet, as_json, **values):
       streamwhiten apply model.npz corpus.h5:/emb -o reduced.zarr -k 256 --normalize
     """
     from ..engine.engines import engine_for
-    from ..options import ApplyOptions, Setting
+    from ..options import ApplyOptions
     from ..pipeline import apply as run_apply
 
-    former = values.pop("checkpoint_seconds")
-    if former is not None and ctx.get_parameter_source("progress_seconds").name != "COMMANDLINE":
-        values["progress_seconds"] = _checked_seconds(former, ctx)
+    source = ctx.get_parameter_source("progress_seconds")
+    if checkpoint_seconds is not None and (source is None or source.name != "COMMANDLINE"):
+        progress_seconds = _checked_seconds(checkpoint_seconds, ctx)
     given = given_names(ctx, ENGINE_SPECIFIC)
-    read = read_options(values)
-    setting = take(Setting, values)
-    options = take(ApplyOptions, values, dtype=values.pop("dtype"))  # None: the model's storage
-    engine = engine_for(engine_of(values))
+    read = read_options(
+        dataset=dataset,
+        block_rows=block_rows,
+        chunk_rows=chunk_rows,
+        fill_missing_chunks=fill_missing_chunks,
+        storage_options=storage_options,
+        remote_timeout=remote_timeout,
+    )
+    setting = setting_of(beta, gamma, n_components, variance, eps)
+    options = ApplyOptions(
+        normalize=normalize,
+        dtype=dtype,  # None: the model's storage
+        skip_nonfinite=skip_nonfinite,
+        zarr_format=zarr_format,
+        compressor=compressor,
+        direct_io=direct_io,
+        checksums=checksums,
+        keep_columns=keep_columns,
+        progress_seconds=progress_seconds,
+        restart=restart,
+        overwrite=overwrite,
+    )
+    runner = engine_for(engine_of(engine, threads, scheduler, workers))
     # The Dask applier cannot stop its tasks at a block boundary: a signal interrupts it at once.
-    with progress_bar("apply", quiet) as progress, work(stoppable=engine.stops_between_blocks) as should_stop:
+    with progress_bar("apply", quiet) as progress, work(stoppable=runner.stops_between_blocks) as should_stop:
         outcome = run_apply(
             model_path,
             input_spec,
@@ -103,7 +156,7 @@ def apply(ctx, model_path, input_spec, output_spec, quiet, as_json, **values):
             setting=setting,
             options=options,
             read=read,
-            engine=engine,
+            engine=runner,
             given=given,
             progress=progress,
             should_stop=should_stop,
@@ -122,7 +175,7 @@ def apply(ctx, model_path, input_spec, output_spec, quiet, as_json, **values):
     )
 
 
-def _checked_seconds(value: float, ctx) -> float:
+def _checked_seconds(value: float, ctx: click.Context) -> float:
     """``--checkpoint-seconds`` (the former name of ``--progress-seconds``), checked as that parameter."""
     from ..errors import BadInputError
     from ..params import check

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import click
 import numpy as np
@@ -23,7 +24,15 @@ def _mean_pair_cosine(rows: np.ndarray, seed: int = 0, n_pairs: int = 2000) -> f
     return float(np.mean((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))))
 
 
-def run_demo(directory, rows=100_000, dim=256, k=64, chunk_rows=8192, seed=0, progress=None) -> dict:
+def run_demo(
+    directory: str,
+    rows: int = 100_000,
+    dim: int = 256,
+    k: int = 64,
+    chunk_rows: int = 8192,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict:
     """Generate a store in ``directory``, fit beta=gamma=1, apply with ``k`` dims; returns a summary."""
     from ..core.stats import Moments, block_moments, covariance, update
     from ..io import open_source
@@ -37,7 +46,7 @@ def run_demo(directory, rows=100_000, dim=256, k=64, chunk_rows=8192, seed=0, pr
     output_path = os.path.join(directory, "demo-whitened.zarr")
     model_path = os.path.join(directory, "demo-model.npz")
 
-    def stage(offset):
+    def stage(offset: int):
         return None if progress is None else (lambda done, total: progress(offset * rows + done, 3 * rows))
 
     start = time.perf_counter()
@@ -108,7 +117,9 @@ def run_demo(directory, rows=100_000, dim=256, k=64, chunk_rows=8192, seed=0, pr
 @click.option("--seed", type=int, default=0, show_default=True)
 @quiet_option
 @json_option
-def demo(rows, dim, n_components, chunk_rows, workdir, seed, quiet, as_json):
+def demo(
+    rows: int, dim: int, n_components: int, chunk_rows: int, workdir: str | None, seed: int, quiet: bool, as_json: bool
+):
     """Run the whole job on a built-in example: generate a store, fit, apply with k < d, check.
 
     \b
@@ -132,7 +143,7 @@ def demo(rows, dim, n_components, chunk_rows, workdir, seed, quiet, as_json):
     emit(as_json, summary, _lines(summary, chunk_rows, workdir))
 
 
-def _lines(summary: dict, chunk_rows: int, workdir) -> list[str]:
+def _lines(summary: dict, chunk_rows: int, workdir: str | None) -> list[str]:
     t = summary["seconds"]
     return [
         f"0. numba kernels compiled (first run) or loaded from cache  [{t['compile']:.2f} s]",

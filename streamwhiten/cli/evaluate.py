@@ -2,23 +2,31 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
 import click
 
 from ..errors import BadInputError
 from ._common import (
+    Inputs,
     emit,
     fmt_interval,
     fmt_scores,
     fmt_setting,
     mode_of,
+    named,
     noise,
     pair_options,
     progress_bar,
     retrieval_options,
     retrieval_options_of,
 )
-from ._options import json_option, param_options, pop_param, quiet_option, setting_options, take
+from ._options import first_given, json_option, param_options, quiet_option, setting_of, setting_options
 from .codes import StorageType
+
+if TYPE_CHECKING:
+    from ..core.model import WhiteningModel
 
 #: How the corpus is stored while searched, and the re-ranking (retrieval only).
 STORAGE_OPTIONS = ("dtype", "rescore", "rescore_dtype", "int8_clip")
@@ -66,7 +74,34 @@ _DTYPE_HELP = (
 )
 @quiet_option
 @json_option
-def eval_(model_path, quiet, as_json, **values):
+def eval_(
+    model_path: str | None,
+    pairs_a: str | None,
+    pairs_b: str | None,
+    scores: str | None,
+    queries: str | None,
+    corpus: str | None,
+    qrels: str | None,
+    exclude: str | None,
+    query_ids: str | None,
+    corpus_ids: str | None,
+    beta: float | None,
+    gamma: float | None,
+    n_components: int | None,
+    variance: float | None,
+    eps: float | None,
+    dtype: str | None,
+    rescore: int | None,
+    rescore_dtype: str | None,
+    int8_clip: float | None,
+    bootstrap: int | None,
+    seed: int | None,
+    block_rows: int | None,
+    chunk_rows: int | None,
+    threads: int | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Score the raw vectors and, given MODEL_PATH, the whitened ones: on labelled pairs (Spearman and
     Pearson x100 of the cosines) or on a retrieval task (nDCG@10, recall@1/10/100, MRR@10 x100 of an
     exact cosine search).
@@ -83,28 +118,49 @@ def eval_(model_path, quiet, as_json, **values):
       streamwhiten eval model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv --dtype int8
     """
     from ..core.model import load_model
-    from ..options import Setting
 
-    mode = mode_of(values, (*SEARCH_OPTIONS, "threads"))
-    block_rows = pop_param(values, "block_rows")
-    changes = take(Setting, values).given()
+    inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)
+    search = Search(dtype, rescore, rescore_dtype, int8_clip, bootstrap, seed, threads)
+    mode = mode_of(inputs, named(**search.__dict__))
+    rows = first_given(block_rows, chunk_rows)
+    changes = setting_of(beta, gamma, n_components, variance, eps).given()
     if changes and model_path is None:
         raise BadInputError(f"--{next(iter(changes)).replace('_', '-')} and the other model options need a MODEL")
     model = load_model(model_path) if model_path else None
     if model is not None and changes:
         model = model.with_params(**changes)
     if mode == "pairs":
-        _pairs(model, model_path, values, block_rows, quiet, as_json)
+        _pairs(model, model_path, inputs, rows, quiet, as_json)
     else:
-        _retrieval(model, model_path, values, block_rows, quiet, as_json)
+        _retrieval(model, model_path, inputs, search, rows, quiet, as_json)
 
 
-def _pairs(model, model_path, values, block_rows, quiet, as_json) -> None:
-    from dataclasses import replace
+@dataclass(frozen=True)
+class Search:
+    """The options of a search (retrieval only), as parsed (None: not given): how the corpus is stored
+    while searched and re-ranked, the bootstrap, and the search's threads."""
 
+    dtype: str | None
+    rescore: int | None
+    rescore_dtype: str | None
+    int8_clip: float | None
+    bootstrap: int | None
+    seed: int | None
+    threads: int | None
+
+
+def _pairs(
+    model: WhiteningModel | None,
+    model_path: str | None,
+    inputs: Inputs,
+    block_rows: int | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     from ..evaluation.evaluate import evaluate_pairs, open_pairs
 
-    with open_pairs(values["pairs_a"], values["pairs_b"], values["scores"]) as pairs:
+    assert inputs.pairs_a is not None and inputs.pairs_b is not None and inputs.scores is not None  # mode_of
+    with open_pairs(inputs.pairs_a, inputs.pairs_b, inputs.scores) as pairs:
         with progress_bar("eval", quiet) as progress:
             result = evaluate_pairs(pairs, model, block_rows, progress)
     summary = replace(result, model=model_path).to_json()
@@ -125,20 +181,29 @@ def _pairs(model, model_path, values, block_rows, quiet, as_json) -> None:
     emit(as_json, summary, lines)
 
 
-def _retrieval(model, model_path, values, block_rows, quiet, as_json) -> None:
-    from dataclasses import replace
-
+def _retrieval(
+    model: WhiteningModel | None,
+    model_path: str | None,
+    inputs: Inputs,
+    search: Search,
+    block_rows: int | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     from ..evaluation.retrieval import evaluate_retrieval
 
     with progress_bar("eval", quiet) as progress:
         result = evaluate_retrieval(
-            values["queries"],
-            values["corpus"],
-            values["qrels"],
+            inputs.queries,
+            inputs.corpus,
+            inputs.qrels,
             model=model,
             progress=progress,
-            options=retrieval_options_of(values, block_rows),
-            **{name: values[name] for name in STORAGE_OPTIONS if values[name] is not None},
+            options=retrieval_options_of(inputs, block_rows, search.threads, search.bootstrap, search.seed),
+            dtype=search.dtype,
+            rescore=search.rescore,
+            rescore_dtype=search.rescore_dtype,
+            int8_clip=search.int8_clip,
         )
     summary = replace(result, model=model_path).to_json()
     emit(as_json, summary, retrieval_lines(summary))

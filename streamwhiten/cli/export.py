@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..errors import BadInputError
 from ._common import emit, stop_on_signals
-from ._options import json_option, param_options, setting_options, take
+from ._options import json_option, param_options, setting_of, setting_options
+
+if TYPE_CHECKING:
+    from ..serving import AffineMap
 
 #: The formats of ``export`` (streamwhiten.export.FORMATS, not imported here to keep the CLI's start light).
 EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx")
@@ -74,19 +79,23 @@ EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx"
 )
 @json_option
 def export_(
-    model_path,
-    output_path,
-    fmt,
-    normalize,
-    dtype,
-    append_to,
-    index_factory,
-    metric,
-    insert,
-    overwrite,
-    as_json,
-    **values,
-):
+    model_path: str,
+    output_path: str,
+    fmt: str | None,
+    beta: float | None,
+    gamma: float | None,
+    n_components: int | None,
+    variance: float | None,
+    eps: float | None,
+    normalize: bool,
+    dtype: str | None,
+    append_to: str | None,
+    index_factory: str | None,
+    metric: str | None,
+    insert: str,
+    overwrite: bool,
+    as_json: bool,
+) -> None:
     """Write MODEL_PATH's whitening, y = x A + b (+ L2 normalisation), where queries are embedded.
 
     Formats: npz (plain arrays A, b, mean; streamwhiten.serving or numpy alone), safetensors (an
@@ -107,18 +116,17 @@ def export_(
     from ..core.model import load_model
     from ..export import check_available, check_options, export, format_for
     from ..io import refuse_input_overlap
-    from ..options import Setting
     from ..serving import file_checksum
 
-    insert = None if insert == "auto" else insert
-    fmt = format_for(output_path, fmt, append_to)
-    check_options(fmt, normalize, append_to, index_factory, metric, insert, dtype)
-    setting = take(Setting, values)
+    where = None if insert == "auto" else insert
+    chosen = format_for(output_path, fmt, append_to)
+    check_options(chosen, normalize, append_to, index_factory, metric, where, dtype)
+    setting = setting_of(beta, gamma, n_components, variance, eps)
     refuse_input_overlap({output_path: "export"}, [model_path, append_to])
     model = load_model(model_path)
     if dtype is None:  # the model's storage: the options must fit it too
-        check_options(fmt, normalize, append_to, index_factory, metric, insert, model.dtype)
-    check_available(fmt)
+        check_options(chosen, normalize, append_to, index_factory, metric, where, model.dtype)
+    check_available(chosen)
     codec = None
     if dtype is None and model.storage is not None and model.storage.codec is not None:
         if setting.given():
@@ -135,19 +143,27 @@ def export_(
         result = export(
             affine,
             output_path,
-            fmt,
+            chosen,
             overwrite=overwrite,
             append_to=append_to,
             index=index_factory,
             metric=metric,
-            insert=insert,
+            insert=where,
             codec=codec,
         )
     summary = replace(result, model=model_path).to_json()
-    emit(as_json, summary, _lines(summary, affine, fmt, model_path, output_path, append_to, index_factory))
+    emit(as_json, summary, _lines(summary, affine, chosen, model_path, output_path, append_to, index_factory))
 
 
-def _lines(summary: dict, affine, fmt: str, model_path: str, output_path: str, append_to, index_factory) -> list[str]:
+def _lines(
+    summary: dict,
+    affine: AffineMap,
+    fmt: str,
+    model_path: str,
+    output_path: str,
+    append_to: str | None,
+    index_factory: str | None,
+) -> list[str]:
     what = {
         "faiss": f"faiss {summary.get('faiss')}",
         "sentence-transformers": "sentence-transformers modules " + ", ".join(summary.get("modules") or []),

@@ -13,9 +13,9 @@ from ._options import (
     param_options,
     quiet_option,
     read_options,
+    setting_of,
     setting_options,
     storage_options,
-    take,
 )
 
 
@@ -48,7 +48,36 @@ from ._options import (
 @engine_options
 @quiet_option
 @json_option
-def fit(inputs, model_path, update, quiet, as_json, **values):
+def fit(
+    inputs: tuple[str, ...],
+    model_path: str | None,
+    dataset: str | None,
+    beta: float | None,
+    gamma: float | None,
+    n_components: int | None,
+    variance: float | None,
+    eps: float | None,
+    precision: str,
+    block_rows: int | None,
+    chunk_rows: int | None,
+    skip_nonfinite: bool,
+    update: str | None,
+    checkpoint: str | None,
+    checkpoint_every: int,
+    checkpoint_seconds: float,
+    resume: bool,
+    restart: bool,
+    overwrite: bool,
+    fill_missing_chunks: bool,
+    storage_options: tuple[str, ...],
+    remote_timeout: float | None,
+    engine: str,
+    scheduler: str | None,
+    workers: int | None,
+    threads: int | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Fit a whitening model on one or more stores (HDF5, Zarr, .npy, Parquet, Lance; globs and directories
     of Parquet shards allowed) in one pass.
 
@@ -60,25 +89,41 @@ def fit(inputs, model_path, update, quiet, as_json, **values):
       streamwhiten fit 'shards/day-*.h5:/emb' --update model.npz
     """
     from ..engine.engines import engine_for
-    from ..options import FitOptions, Setting
+    from ..options import FitOptions
     from ..pipeline import fit as run_fit
 
     if model_path is None and update is None:
         raise BadInputError("give the model file to write with -o/--output")
-    read = read_options(values)
-    setting = take(Setting, values)
-    options = take(FitOptions, values)
-    engine = engine_for(engine_of(values))
+    read = read_options(
+        dataset=dataset,
+        block_rows=block_rows,
+        chunk_rows=chunk_rows,
+        fill_missing_chunks=fill_missing_chunks,
+        storage_options=storage_options,
+        remote_timeout=remote_timeout,
+    )
+    setting = setting_of(beta, gamma, n_components, variance, eps)
+    options = FitOptions(
+        precision=precision,
+        skip_nonfinite=skip_nonfinite,
+        checkpoint=checkpoint,
+        checkpoint_every=checkpoint_every,
+        checkpoint_seconds=checkpoint_seconds,
+        resume=resume,
+        restart=restart,
+        overwrite=overwrite,
+    )
+    runner = engine_for(engine_of(engine, threads, scheduler, workers))
     # The serial engine stops at its next block on a signal (checkpointed); a Dask fit cannot, so a
     # signal stops it at once, and only its save lets a signal wait (the file is whole or absent).
-    with progress_bar("fit", quiet) as progress, work(stoppable=engine.stops_between_blocks) as should_stop:
+    with progress_bar("fit", quiet) as progress, work(stoppable=runner.stops_between_blocks) as should_stop:
         outcome = run_fit(
             list(inputs),
             model_path,
             setting=setting,
             options=options,
             read=read,
-            engine=engine,
+            engine=runner,
             update=update,
             progress=progress,
             should_stop=should_stop,

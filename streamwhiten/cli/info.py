@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ._common import emit
 from ._options import json_option
 
+if TYPE_CHECKING:
+    from ..core.model import WhiteningModel
+    from ..job.publication import Publication
+
 
 @click.command()
 @click.argument("model_path")
 @json_option
-def info(model_path, as_json):
+def info(model_path: str, as_json: bool):
     """Print a model's parameters, spectrum summary and effective dimension, and (a job with [publish])
     the published version: its model file, the rows it was finalized from, when.
 
@@ -33,7 +39,7 @@ def info(model_path, as_json):
     emit(as_json, summary, lines)
 
 
-def _publication_lines(publication) -> list[str]:
+def _publication_lines(publication: Publication) -> list[str]:
     """What a manifest beside the model says: the published version, what it was finalized from, when."""
     import os
 
@@ -53,7 +59,7 @@ def _publication_lines(publication) -> list[str]:
     return lines
 
 
-def _lines(model, model_path: str, summary: dict, published: bool = False) -> list[str]:
+def _lines(model: WhiteningModel, model_path: str, summary: dict, published: bool = False) -> list[str]:
     eigvals = model.eigvals
     top = ", ".join(f"{v:.4g}" for v in eigvals[:5])
     ladder = summary["components_for_variance"]

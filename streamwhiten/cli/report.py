@@ -16,7 +16,7 @@ from ._common import (
     selection_lines,
     stop_on_signals,
 )
-from ._options import json_option, param_options, pop_param, quiet_option
+from ._options import first_given, json_option, param_options, quiet_option
 
 
 @click.command()
@@ -35,7 +35,24 @@ from ._options import json_option, param_options, pop_param, quiet_option
 @param_options("block_rows", helps={"block_rows": "Pairs per block read (default: about 16 MiB of vectors)."})
 @quiet_option
 @json_option
-def report(model_path, pairs_a, pairs_b, scores, output_path, title, overwrite, quiet, as_json, **values):
+def report(
+    model_path: str,
+    pairs_a: str | None,
+    pairs_b: str | None,
+    scores: str | None,
+    output_path: str,
+    betas: str | None,
+    gammas: str | None,
+    ks: str | None,
+    variances: str | None,
+    metric: str,
+    title: str | None,
+    overwrite: bool,
+    block_rows: int | None,
+    chunk_rows: int | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Draw MODEL_PATH's eigenvalue spectrum and explained variance; with pairs, how the score depends on beta, gamma, k;
     for a model tuned for retrieval (tune --queries ...), the frontier of bytes per vector and score it was chosen from.
 
@@ -53,12 +70,12 @@ def report(model_path, pairs_a, pairs_b, scores, output_path, title, overwrite, 
     with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))
     model = load_model(model_path)
     check_output(output_path, with_pairs, overwrite, retrieval_record(model) is not None)
-    block_rows = pop_param(values, "block_rows")
-    grid = grid_of(values, model.n_features)
+    rows = first_given(block_rows, chunk_rows)
+    grid = grid_of(betas, gammas, ks, variances, metric, model.n_features)
     pairs = open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
     try:
         with progress_bar("report", quiet) as progress:
-            data = collect(model, pairs, block_rows=block_rows, progress=progress, **grid)
+            data = collect(model, pairs, block_rows=rows, progress=progress, **grid)
     finally:
         if pairs is not None:
             pairs.close()

@@ -13,7 +13,7 @@ from ._common import emit, progress_bar, stop_on_signals
 from ._options import json_option, quiet_option, read_options, storage_options
 
 if TYPE_CHECKING:
-    from ..job import RunReport
+    from ..job import JobFile, RunReport
 
 LOG_FORMAT = "%(asctime)s streamwhiten: %(message)s"
 LOG_DATE = "%Y-%m-%dT%H:%M:%S%z"
@@ -23,7 +23,7 @@ class _LogFileHandler(logging.FileHandler):
     """A log file whose write errors (disk full) stop the run with one line naming the file, rather
     than logging's traceback on stderr."""
 
-    def handleError(self, record):
+    def handleError(self, record: logging.LogRecord):
         exc = sys.exc_info()[1]
         raise StoreIOError(f"{self.baseFilename}: cannot write the log file: {getattr(exc, 'strerror', None) or exc}")
 
@@ -64,7 +64,16 @@ A job file (TOML; relative paths are taken from its directory):
 @storage_options
 @quiet_option
 @json_option
-def run(job_file, log_file, restart, republish, quiet, as_json, **values):
+def run(
+    job_file: str,
+    log_file: str | None,
+    restart: bool,
+    republish: bool,
+    storage_options: tuple[str, ...],
+    remote_timeout: float | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Run a batch job (job.toml): fit or update, finalize, apply; each step skipped when up to date.
 
     With a [publish] table the outputs are published in versions: each night's new rows are appended with
@@ -84,8 +93,8 @@ def run(job_file, log_file, restart, republish, quiet, as_json, **values):
 
     from ..job import JobUpToDateError, read_job_file, run_job
 
-    given = values.get("remote_timeout") is not None
-    read = read_options(values)
+    given = remote_timeout is not None
+    read = read_options(storage_options=storage_options, remote_timeout=remote_timeout)
     logging.getLogger("streamwhiten").setLevel(logging.INFO)
     job = read_job_file(job_file, read.storage_options)
     if given:  # the command line's deadline over the job's [input] remote_timeout
@@ -122,7 +131,7 @@ def _lines(report: RunReport) -> list[str]:
     return lines
 
 
-def _log_to(log_file: str, job) -> None:
+def _log_to(log_file: str, job: JobFile) -> None:
     """Also log to ``log_file``, which may not be any of the job's inputs or files."""
     from ..io import expand_specs, refuse_input_overlap
 

@@ -26,7 +26,7 @@ from ._options import json_option, param_options
     },
 )
 @json_option
-def staleness(model_path, published_path, max_staleness, as_json):
+def staleness(model_path: str, published_path: str, max_staleness: float, as_json: bool):
     """Measure the published map's staleness against MODEL_PATH's statistics, from the statistics alone.
 
     Prints each part (covariance, shift, dropped, angle; see docs/nightly.md), the total = max(covariance,

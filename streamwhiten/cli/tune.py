@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
 import click
 
 from ..errors import BadInputError
 from ._common import (
     PAIR_METRICS,
+    PAIRS,
     RETRIEVAL_METRICS,
+    Inputs,
     emit,
     fmt_interval,
     fmt_scores,
@@ -15,6 +20,7 @@ from ._common import (
     grid_of,
     grid_options,
     mode_of,
+    named,
     noise,
     number_list,
     open_pairs_given,
@@ -25,7 +31,10 @@ from ._common import (
     selection_lines,
     stop_on_signals,
 )
-from ._options import json_option, param_options, pop_param, quiet_option
+from ._options import first_given, json_option, param_options, quiet_option
+
+if TYPE_CHECKING:
+    from ..core.model import WhiteningModel
 
 #: The options of a retrieval sweep (refused with labelled pairs).
 SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed", "threads")
@@ -100,7 +109,45 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
 )
 @quiet_option
 @json_option
-def tune(model_path, output_path, in_place, overwrite, quiet, as_json, **values):
+def tune(
+    model_path: str,
+    pairs_a: str | None,
+    pairs_b: str | None,
+    scores: str | None,
+    test_a: str | None,
+    test_b: str | None,
+    test_scores: str | None,
+    queries: str | None,
+    corpus: str | None,
+    qrels: str | None,
+    exclude: str | None,
+    query_ids: str | None,
+    corpus_ids: str | None,
+    betas: str | None,
+    gammas: str | None,
+    ks: str | None,
+    variances: str | None,
+    metric: str | None,
+    tolerance: float,
+    select_rule: str,
+    folds: int,
+    eps: float | None,
+    max_bytes: int | None,
+    rescore: int | None,
+    rescore_dtype: str | None,
+    int8_clip: float | None,
+    bootstrap: int | None,
+    seed: int | None,
+    threads: int | None,
+    dtypes: str | None,
+    output_path: str | None,
+    in_place: bool,
+    overwrite: bool,
+    block_rows: int | None,
+    chunk_rows: int | None,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Choose beta, gamma and k for MODEL_PATH by grid search, on labelled validation pairs or, for search,
     on a retrieval task together with how the corpus is stored, under a byte budget.
 
@@ -132,43 +179,39 @@ def tune(model_path, output_path, in_place, overwrite, quiet, as_json, **values)
     """
     from ..core.model import check_model_output, load_model, save_model
 
-    mode = mode_of(values, SWEEP_OPTIONS)
-    if mode == "pairs" and values["metric"] in RETRIEVAL_METRICS:
-        raise BadInputError(f"--metric {values['metric']} is a retrieval metric; for pairs: {', '.join(PAIR_METRICS)}")
-    if mode == "retrieval" and values["metric"] in PAIR_METRICS:
-        raise BadInputError(
-            f"--metric {values['metric']} is a pair metric; for retrieval: {', '.join(RETRIEVAL_METRICS)}"
-        )
-    if mode == "retrieval" and any(values[name] is not None for name in ("test_a", "test_b", "test_scores")):
+    inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)
+    test = Inputs(pairs_a=test_a, pairs_b=test_b, scores=test_scores)
+    sweep = Sweep(max_bytes, dtypes, rescore, rescore_dtype, int8_clip, bootstrap, seed, threads)
+    mode = mode_of(inputs, named(**sweep.__dict__))
+    if mode == "pairs" and metric in RETRIEVAL_METRICS:
+        raise BadInputError(f"--metric {metric} is a retrieval metric; for pairs: {', '.join(PAIR_METRICS)}")
+    if mode == "retrieval" and metric in PAIR_METRICS:
+        raise BadInputError(f"--metric {metric} is a pair metric; for retrieval: {', '.join(RETRIEVAL_METRICS)}")
+    if mode == "retrieval" and test.given(PAIRS):
         raise BadInputError("--test-a/--test-b/--test-scores are held-out pairs: give them with labelled pairs")
     if output_path and in_place:
         raise BadInputError("give -o/--output or --in-place, not both")
-    inputs = [model_path] + [
-        values[name] for name in ("pairs_a", "pairs_b", "scores", "test_a", "test_b", "test_scores")
-    ]
-    inputs += [values[name] for name in ("queries", "corpus", "qrels", "exclude")]
+    read = [model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, queries, corpus, qrels, exclude]
     if output_path:
         from ..io import refuse_input_overlap
 
-        refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"}, inputs)
+        refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"}, read)
     if output_path or in_place:  # before any work: a .npz name, replacing only a model file of ours
         check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
     model = load_model(model_path)
-    block_rows = pop_param(values, "block_rows")
-    tolerance = values.pop("tolerance")
-    metric = values["metric"] or ("spearman" if mode == "pairs" else "ndcg@10")
-    values["metric"] = metric
+    rows = first_given(block_rows, chunk_rows)
+    chosen_metric = metric or ("spearman" if mode == "pairs" else "ndcg@10")
     grid = dict(
-        grid_of(values, model.n_features),
+        grid_of(betas, gammas, ks, variances, chosen_metric, model.n_features),
         tolerance=tolerance,
-        eps=values.pop("eps"),
-        select=values.pop("select_rule"),
-        folds=values.pop("folds"),
+        eps=eps,
+        select=select_rule,
+        folds=folds,
     )
     if mode == "pairs":
-        chosen, summary = _pairs(model, values, grid, block_rows, quiet)
+        chosen, summary = _pairs(model, inputs, test, grid, rows, quiet)
     else:
-        chosen, summary = _retrieval(model, values, grid, block_rows, quiet)
+        chosen, summary = _retrieval(model, inputs, sweep, grid, rows, quiet)
     target = model_path if in_place else output_path
     if target:
         with stop_on_signals():  # a signal lets the save finish: the file is whole or absent
@@ -176,20 +219,35 @@ def tune(model_path, output_path, in_place, overwrite, quiet, as_json, **values)
     summary["model"] = model_path
     summary["written"] = target
     if mode == "pairs":
-        lines = _lines(summary, model, chosen, metric, tolerance, target)
+        lines = _lines(summary, model, chosen, chosen_metric, tolerance, target)
     else:
         lines = retrieval_lines(summary, model, chosen, target)
     emit(as_json, summary, lines)
 
 
-def _pairs(model, values, grid, block_rows, quiet):
+@dataclass(frozen=True)
+class Sweep:
+    """The options of a retrieval sweep, as parsed (None: not given; refused with labelled pairs)."""
+
+    max_bytes: int | None
+    dtypes: str | None
+    rescore: int | None
+    rescore_dtype: str | None
+    int8_clip: float | None
+    bootstrap: int | None
+    seed: int | None
+    threads: int | None
+
+
+def _pairs(
+    model: WhiteningModel, inputs: Inputs, test: Inputs, grid: dict[str, Any], block_rows: int | None, quiet: bool
+) -> tuple[WhiteningModel, dict]:
     from ..evaluation.evaluate import open_pairs
     from ..evaluation.tune import tune as run_tune
 
-    with open_pairs(values["pairs_a"], values["pairs_b"], values["scores"]) as pairs:
-        test_pairs = open_pairs_given(
-            values["test_a"], values["test_b"], values["test_scores"], "--test-a, --test-b and --test-scores"
-        )
+    assert inputs.pairs_a is not None and inputs.pairs_b is not None and inputs.scores is not None  # mode_of
+    with open_pairs(inputs.pairs_a, inputs.pairs_b, inputs.scores) as pairs:
+        test_pairs = open_pairs_given(test.pairs_a, test.pairs_b, test.scores, "--test-a, --test-b and --test-scores")
         try:
             with progress_bar("tune", quiet) as progress:
                 return run_tune(model, pairs, test_pairs, block_rows, progress, **grid)
@@ -198,25 +256,32 @@ def _pairs(model, values, grid, block_rows, quiet):
                 test_pairs.close()
 
 
-def _retrieval(model, values, grid, block_rows, quiet):
+def _retrieval(
+    model: WhiteningModel, inputs: Inputs, sweep: Sweep, grid: dict[str, Any], block_rows: int | None, quiet: bool
+) -> tuple[WhiteningModel, dict]:
     from ..evaluation.sweep import SweepGrid, tune_retrieval
 
-    given = ("rescore", "rescore_dtype", "int8_clip")
-    dtypes = number_list(values["dtypes"], "dtypes", str) if values["dtypes"] is not None else None
-    swept = SweepGrid(
-        dtypes=dtypes,
-        max_bytes=values["max_bytes"],
-        **{name: values[name] for name in given if values[name] is not None},
-        **grid,
-    )
-    options = retrieval_options_of(values, block_rows)
+    given: dict[str, Any] = {
+        name: value
+        for name, value in (
+            ("rescore", sweep.rescore),
+            ("rescore_dtype", sweep.rescore_dtype),
+            ("int8_clip", sweep.int8_clip),
+        )
+        if value is not None
+    }
+    dtypes = number_list(sweep.dtypes, "dtypes", str) if sweep.dtypes is not None else None
+    swept = SweepGrid(dtypes=dtypes, max_bytes=sweep.max_bytes, **given, **grid)
+    options = retrieval_options_of(inputs, block_rows, sweep.threads, sweep.bootstrap, sweep.seed)
     with progress_bar("tune", quiet) as progress:
         return tune_retrieval(
-            model, values["queries"], values["corpus"], values["qrels"], grid=swept, options=options, progress=progress
+            model, inputs.queries, inputs.corpus, inputs.qrels, grid=swept, options=options, progress=progress
         )
 
 
-def _lines(summary: dict, model, chosen, metric: str, tolerance: float, target) -> list[str]:
+def _lines(
+    summary: dict, model: WhiteningModel, chosen: WhiteningModel, metric: str, tolerance: float, target: str | None
+) -> list[str]:
     best, raw = summary["best"], summary["raw"]
     name = metric.capitalize()
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
@@ -251,7 +316,7 @@ def _lines(summary: dict, model, chosen, metric: str, tolerance: float, target) 
     return lines
 
 
-def table_lines(result) -> list[str]:
+def table_lines(result: dict[str, Any]) -> list[str]:
     """The grid as one line per (beta, gamma) with one column per k choice; the best cell starred."""
     table, best, metric = result["table"], result["best"], result["metric"]
     labels = list(dict.fromkeys(row["k_label"] for row in table if row.get("vectors") != "raw"))
@@ -304,7 +369,7 @@ def _row_text(row: dict, metric: str) -> str:
     )
 
 
-def retrieval_lines(summary: dict, model, chosen, target) -> list[str]:
+def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target: str | None) -> list[str]:
     """The text of a retrieval sweep: the task, the frontier, the budget and the choice, and what was written."""
     metric, raw, best = summary["metric"], summary["raw"], summary["best"]
     storages = sorted({row["storage"] for row in summary["table"]})
@@ -373,6 +438,7 @@ def retrieval_lines(summary: dict, model, chosen, target) -> list[str]:
         )
     if target:
         storage = chosen.storage
+        assert storage is not None  # a retrieval tuning records the storage it chose
         lines.append(
             f"wrote      {target} ({_setting_text(chosen)}, storage "
             f"{storage.label}); `apply`, `export` and `eval` now use them"

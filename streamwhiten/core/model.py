@@ -253,7 +253,9 @@ class WhiteningModel:
             if not skip_nonfinite:
                 row = int(np.argmax(nonfinite))
                 raise NonFiniteError(
-                    f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such input)", row=row
+                    f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such input)",
+                    row=row,
+                    param="skip_nonfinite",
                 )
         return out[0] if single else out
 
@@ -526,7 +528,8 @@ def finalize(
     sigma = covariance(state, float(beta))
     if not np.all(np.isfinite(sigma)):
         raise BadInputError(
-            "the covariance overflowed (values too large for float32 products); fit again with --precision float64"
+            "the covariance overflowed (values too large for float32 products); fit again with precision='float64'",
+            param="precision",
         )
     eigvals, eigvecs = eigendecomposition(sigma)
     return _select(state, params, eigvals, eigvecs, sources, info, storage, basis)

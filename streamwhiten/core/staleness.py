@@ -140,7 +140,8 @@ def staleness(model: WhiteningModel, current: Moments | WhiteningModel) -> Stale
     sigma = covariance(state, beta)
     if not np.all(np.isfinite(sigma)):
         raise BadInputError(
-            "the covariance overflowed (values too large for float32 products); fit again with --precision float64"
+            "the covariance overflowed (values too large for float32 products); fit again with precision='float64'",
+            param="precision",
         )
     regulariser = _regulariser(model.eps_value, float(model.eigvals[0]))
     scale = 1.0 / np.sqrt(model.eigvals[:k] + regulariser)

@@ -161,8 +161,8 @@ def block_moments(
 
 
 def _overflow(dtype: np.dtype, what: str) -> BadInputError:
-    hint = "; fit with --precision float64" if dtype == np.float32 else ""
-    return BadInputError(f"values too large for the arithmetic ({what} overflow){hint}")
+    hint = "; fit with precision='float64'" if dtype == np.float32 else ""
+    return BadInputError(f"values too large for the arithmetic ({what} overflow){hint}", param="precision")
 
 
 def merge(a: Moments, b: Moments) -> Moments:

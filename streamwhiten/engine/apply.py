@@ -274,7 +274,9 @@ def transform_block(
     if not how.skip_nonfinite:
         bad = begin + int(np.argmin(finite))
         raise NonFiniteError(
-            f"{label}: row {bad} holds NaN or Inf (pass --skip-nonfinite to write NaN rows for such input)", row=bad
+            f"{label}: row {bad} holds NaN or Inf (pass skip_nonfinite=True to write NaN rows for such input)",
+            row=bad,
+            param="skip_nonfinite",
         )
     return out, int(finite.size - np.count_nonzero(finite))
 

@@ -484,7 +484,9 @@ def transform_dask(model: WhiteningModel, array: Any, normalize: bool = False, s
             assert exc.row is not None  # transform names the row
             row = begin + exc.row
             raise NonFiniteError(
-                f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such input)", row=row
+                f"row {row} holds NaN or Inf (use skip_nonfinite=True to write NaN rows for such input)",
+                row=row,
+                param="skip_nonfinite",
             ) from None
         except ValuesTooLargeError as exc:
             raise ValuesTooLargeError(exc.detail, row=None if exc.row is None else begin + exc.row) from None

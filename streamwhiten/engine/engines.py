@@ -96,7 +96,7 @@ class Engine(ABC):
         defaults = ApplyOptions()
         for name, message in self.serial_only.items():
             if name in given or getattr(options, name) != getattr(defaults, name):
-                raise BadInputError(message)
+                raise BadInputError(message, param=name)
 
 
 class SerialEngine(Engine):
@@ -188,11 +188,10 @@ class DaskEngine(Engine):
         return fit_plan_dask(plan, self.scheduler, self.workers, self.client, self.split_every)
 
     serial_only = {
-        "direct_io": "--direct-io/--no-direct-io is for the serial engine (Dask workers write through zarr)",
-        "keep_columns": "--keep-columns is for the serial engine (the Dask engine writes Zarr)",
-        "compressor": "--compressor is for the serial engine (the Dask engine writes uncompressed Zarr)",
-        "checksums": "--checksums/--no-checksums is for the serial engine (the Dask engine's Zarr 3 chunks always "
-        "carry their crc32c)",
+        "direct_io": "direct_io is for the serial engine (Dask workers write through zarr)",
+        "keep_columns": "keep_columns is for the serial engine (the Dask engine writes Zarr)",
+        "compressor": "compressor is for the serial engine (the Dask engine writes uncompressed Zarr)",
+        "checksums": "checksums is for the serial engine (the Dask engine's Zarr 3 chunks always carry their crc32c)",
     }
 
     def apply(

@@ -288,10 +288,14 @@ def reduce_block(
         row = begin + exc.row
         if label is None:
             raise NonFiniteError(
-                f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)", row=row
+                f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)",
+                row=row,
+                param="skip_nonfinite",
             ) from None
         raise NonFiniteError(
-            f"{label}: row {row} holds NaN or Inf (skip such rows with --skip-nonfinite)", row=row
+            f"{label}: row {row} holds NaN or Inf (skip such rows with skip_nonfinite=True)",
+            row=row,
+            param="skip_nonfinite",
         ) from None
 
 
@@ -483,7 +487,8 @@ def plan_update(
         if missing:
             raise BadInputError(
                 f"the model's record of its source {index} has no {', '.join(missing)}: it was not fitted from "
-                "stores, so it cannot be updated (refit without --update)"
+                "stores, so it cannot be updated (refit without update)",
+                param="update",
             )
     read = merge_read(read, dataset, fill_missing_chunks)
     block_rows = block_rows if block_rows is not None else read.block_rows
@@ -512,7 +517,8 @@ def plan_update(
             if not exists(recorded.path, read):
                 raise BadInputError(
                     f"{recorded.where}: recorded in the model ({recorded.n_rows:,} rows) but deleted since; an update "
-                    "cannot take rows out of the statistics (restore it, or refit from scratch without --update)"
+                    "cannot take rows out of the statistics (restore it, or refit from scratch without update)",
+                    param="update",
                 )
         plan = FitPlan(
             model_state,
@@ -567,12 +573,12 @@ def check_checkpoint_output(path: str) -> None:
 def load_checkpoint(path: str, read: ReadOptions | None = None) -> FitPlan:
     """Read a checkpoint; a damaged one raises :class:`ModelFileError` telling how to start over. Its
     sources are opened with ``read``'s storage options (a checkpoint never records them)."""
-    hint = "; delete it or pass --restart to start the fit over"
+    hint = "; delete it or pass restart=True to start the fit over"
     try:
         arrays = read_npz(path, "checkpoint", CHECKPOINT_FORMAT, CHECKPOINT_VERSION)
         fields = checkpoint_fields(arrays, path)
     except ModelFileError as exc:
-        raise ModelFileError(f"{exc}{hint}") from None
+        raise ModelFileError(f"{exc}{hint}", param="restart") from None
     meta = fields["meta"]
     state = stats.Moments(fields["n_rows"], fields["mean"], fields["scatter"])
     return FitPlan(
@@ -603,7 +609,7 @@ def check_resumable(
     order (a fit); otherwise the checkpoint may read only inputs among them (a ``job.toml`` run, whose
     new inputs are read by the next update).
     """
-    hint = f"; pass --restart to discard {checkpoint_path} and start over"
+    hint = f"; pass restart=True to discard {checkpoint_path} and start over"
     if exact:
         other = [c.spec for c in plan.cursors] != list(inputs)
     else:
@@ -611,15 +617,17 @@ def check_resumable(
         other = any(_identity(cursor.spec, plan.read) not in wanted for cursor in plan.cursors)
     if other:
         raise BadInputError(
-            f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in plan.cursors)}){hint}"
+            f"{checkpoint_path}: checkpoint is for other inputs ({', '.join(c.spec for c in plan.cursors)}){hint}",
+            param="restart",
         )
     if plan.options != options:
         raise BadInputError(
-            f"{checkpoint_path}: checkpoint was made with other options (precision, skip-nonfinite, "
-            f"fill-missing-chunks){hint}"
+            f"{checkpoint_path}: checkpoint was made with other options (precision, skip_nonfinite, "
+            f"fill_missing_chunks){hint}",
+            param=("restart", "precision", "skip_nonfinite", "fill_missing_chunks"),
         )
     if plan.base_rows != base_rows:
-        raise BadInputError(f"{checkpoint_path}: checkpoint is for another starting model{hint}")
+        raise BadInputError(f"{checkpoint_path}: checkpoint is for another starting model{hint}", param="restart")
     check_sources_unchanged(plan, checkpoint_path)
 
 

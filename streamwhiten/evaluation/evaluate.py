@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..core.model import WhiteningModel, project
 from ..errors import BadInputError, NonFiniteError
@@ -29,7 +30,7 @@ METRICS = ("spearman", "pearson")
 # --------------------------------------------------------------------------------------- correlations
 
 
-def rankdata(values) -> np.ndarray:
+def rankdata(values: npt.ArrayLike) -> np.ndarray:
     """Ranks 1..n of ``values`` (float64), ties given the average of the ranks they span."""
     values = np.asarray(values)
     if values.ndim != 1:
@@ -46,7 +47,7 @@ def rankdata(values) -> np.ndarray:
     return ranks
 
 
-def pearson(x, y) -> float:
+def pearson(x: npt.ArrayLike, y: npt.ArrayLike) -> float:
     """Pearson's r of two equal-length 1-D arrays in float64; NaN when either is constant."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
@@ -65,12 +66,12 @@ def pearson(x, y) -> float:
     return max(-1.0, min(1.0, r))
 
 
-def spearman(x, y) -> float:
+def spearman(x: npt.ArrayLike, y: npt.ArrayLike) -> float:
     """Spearman's rho: Pearson's r of the average ranks; NaN when either input is constant."""
     return pearson(rankdata(x), rankdata(y))
 
 
-def correlations(cosines, scores) -> dict:
+def correlations(cosines: npt.ArrayLike, scores: npt.ArrayLike) -> dict:
     """``{"spearman": rho*100, "pearson": r*100}`` of cosines against gold scores."""
     return {"spearman": 100.0 * spearman(cosines, scores), "pearson": 100.0 * pearson(cosines, scores)}
 
@@ -148,11 +149,11 @@ class PairSet:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object):
         self.close()
 
 
-def open_pairs(a_spec, b_spec, scores_spec) -> PairSet:
+def open_pairs(a_spec: str, b_spec: str, scores_spec: str) -> PairSet:
     """Open and check labelled pairs: A and B of one shape, finite scores of the same length."""
     scores, scores_label = read_vector(scores_spec)
     bad = np.flatnonzero(~np.isfinite(scores))
@@ -311,12 +312,12 @@ def evaluate_pairs(
 
 
 def evaluate(
-    pairs_a,
-    pairs_b,
-    scores,
-    model=None,
+    pairs_a: Any,
+    pairs_b: Any,
+    scores: Any,
+    model: Any = None,
     *,
-    setting=None,
+    setting: Any = None,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> PairsResult:

@@ -127,7 +127,7 @@ def _table(path: str, header: tuple, columns: tuple) -> tuple[str, list]:
     return label, rows[1:]
 
 
-def _tabbed(fields) -> str:
+def _tabbed(fields: Sequence[str]) -> str:
     return "'" + "<TAB>".join(fields) + "'"
 
 

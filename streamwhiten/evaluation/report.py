@@ -15,8 +15,9 @@ import base64
 import html
 import io
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -74,10 +75,10 @@ def retrieval_record(model: WhiteningModel) -> dict | None:
 def collect(
     model: WhiteningModel,
     pairs: PairSet | None = None,
-    betas=None,
-    gammas=None,
-    ks=None,
-    variances=None,
+    betas: Sequence[float] | None = None,
+    gammas: Sequence[float] | None = None,
+    ks: Sequence[int] | None = None,
+    variances: Sequence[float] | None = None,
     metric: str = "spearman",
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -119,7 +120,7 @@ def _metric_name(data: ReportData) -> str:
     return f"{data.metric.capitalize()} x100"
 
 
-def draw_spectrum(ax, data: ReportData) -> None:
+def draw_spectrum(ax: Any, data: ReportData) -> None:
     """Eigenvalues of Sigma_beta on a log scale, the eps floor and D_eff."""
     model = data.model
     eigvals = model.eigvals
@@ -151,7 +152,7 @@ def draw_spectrum(ax, data: ReportData) -> None:
     ax.legend(loc="upper right", fontsize=8)
 
 
-def draw_variance(ax, data: ReportData) -> None:
+def draw_variance(ax: Any, data: ReportData) -> None:
     """Cumulative explained variance against k, with the k choices marked."""
     model = data.model
     ratio = np.cumsum(model.explained_variance_ratio)
@@ -207,7 +208,7 @@ def draw_variance(ax, data: ReportData) -> None:
     ax.legend(loc="lower right", fontsize=8)
 
 
-def draw_k_curve(ax, data: ReportData) -> None:
+def draw_k_curve(ax: Any, data: ReportData) -> None:
     """Score against k for the seed settings beta=gamma=1 and beta=gamma=0, with the raw baseline."""
     name = _metric_name(data)
     assert data.grid is not None and data.curves is not None and data.raw is not None  # drawn with pairs only
@@ -237,7 +238,7 @@ def draw_k_curve(ax, data: ReportData) -> None:
     ax.legend(loc="lower right", fontsize=8)
 
 
-def draw_heatmaps(figure, data: ReportData) -> None:
+def draw_heatmaps(figure: Any, data: ReportData) -> None:
     """One heat map of the score over (beta, gamma) per k choice; white is the raw score."""
     from matplotlib.colors import TwoSlopeNorm
 
@@ -302,7 +303,7 @@ def draw_heatmaps(figure, data: ReportData) -> None:
 FRONTIER_WINDOW = 10.0
 
 
-def draw_frontier(ax, data: ReportData) -> None:
+def draw_frontier(ax: Any, data: ReportData) -> None:
     """The retrieval frontier a tuned model was chosen from: the best score at each number of bytes per
     vector (with the 95% interval of its difference from raw float32), raw float32 (the reference), the
     budget, the choice. The score axis spans the reference, the choice and the candidates within
@@ -426,7 +427,7 @@ def _budget_reference(record: dict, raw_bytes: int) -> tuple[int, float, str] | 
     return int(reference["bytes_per_vector"]), float(predicted["score"]), name
 
 
-def _outline(i, j):
+def _outline(i: int, j: int):
     from matplotlib.patches import Rectangle
 
     return Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#27ae60", lw=2.5)
@@ -480,7 +481,7 @@ def dashboard(data: ReportData):
     return figure
 
 
-def png_bytes(figure, dpi: int = 110) -> bytes:
+def png_bytes(figure: Any, dpi: int = 110) -> bytes:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", dpi=dpi, metadata={"Software": f"{GENERATOR} {__version__}"})
     return buffer.getvalue()
@@ -593,7 +594,7 @@ def write_report(data: ReportData, path: str, overwrite: bool = False, title: st
     return [path]
 
 
-def _table(rows) -> str:
+def _table(rows: Sequence[Sequence[str]]) -> str:
     body = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{html.escape(str(v))}</td></tr>" for k, v in rows)
     return f"<table class='kv'>{body}</table>"
 

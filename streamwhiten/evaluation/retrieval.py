@@ -311,7 +311,7 @@ def _finite(rows: np.ndarray, start: int, label: str) -> np.ndarray:
 
 def run_settings(
     queries: np.ndarray,
-    corpus,
+    corpus: Any,
     settings: list[SearchSetting],
     *,
     exclude: Exclusions | None = None,
@@ -346,7 +346,7 @@ def run_settings(
             continue
         metric = "hamming" if setting.quantization.kind == "binary" else "ip"
 
-        def prepare(rows, start, setting=setting):
+        def prepare(rows: np.ndarray, start: int, setting: Any = setting):
             return setting.searched(_finite(rows, start, corpus_label))
 
         jobs.append(
@@ -423,7 +423,7 @@ def _search_codes(
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _open(spec) -> tuple[Source | np.ndarray, bool]:
+def _open(spec: Any) -> tuple[Source | np.ndarray, bool]:
     """A Source or array for ``spec`` (a spec string, a Source or an array); whether we opened it."""
     if isinstance(spec, Source):
         return spec, False
@@ -434,11 +434,11 @@ def _open(spec) -> tuple[Source | np.ndarray, bool]:
     return open_source(spec), True
 
 
-def _label(store, what: str) -> str:
+def _label(store: Any, what: str) -> str:
     return store.label if isinstance(store, Source) else f"the {what} array"
 
 
-def _ids(store, column: str | None, what: str) -> Ids:
+def _ids(store: Any, column: str | None, what: str) -> Ids:
     label = _label(store, what)
     n_rows = store.n_rows if isinstance(store, Source) else store.shape[0]
     if column is None:
@@ -448,12 +448,18 @@ def _ids(store, column: str | None, what: str) -> Ids:
     return Ids(label, n_rows, read_ids(store, column), column)
 
 
-def _describe(store, what: str, column: str | None) -> dict:
+def _describe(store: Any, what: str, column: str | None) -> dict:
     n_rows, n_features = (store.n_rows, store.n_features) if isinstance(store, Source) else store.shape
     return {"label": _label(store, what), "n_rows": int(n_rows), "n_features": int(n_features), "id_column": column}
 
 
-def search_storage(model=None, dtype=None, rescore=None, rescore_dtype=None, int8_clip=None) -> Storage:
+def search_storage(
+    model: Any = None,
+    dtype: str | None = None,
+    rescore: int | None = None,
+    rescore_dtype: str | None = None,
+    int8_clip: float | None = None,
+) -> Storage:
     """The storage a search uses: each of ``dtype``, ``rescore``, ``rescore_dtype``, ``int8_clip`` as
     given, else the model's recorded storage's (what ``tune`` chose), else the defaults (float32). A
     ``dtype`` given without ``rescore`` does not inherit the model's re-ranking unless it is ``binary``."""
@@ -582,12 +588,12 @@ def _search_raw_and_whitened(
 
 
 def evaluate_retrieval(
-    queries,
-    corpus,
-    qrels,
+    queries: Any,
+    corpus: Any,
+    qrels: Any,
     *,
     model: WhiteningModel | None = None,
-    exclude=None,
+    exclude: Any = None,
     dtype: str | None = None,
     rescore: int | None = None,
     rescore_dtype: str | None = None,
@@ -830,11 +836,13 @@ class RetrievalTask:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object):
         self.close()
 
 
-def open_task(queries, corpus, qrels, *, model=None, options: RetrievalOptions | None = None) -> RetrievalTask:
+def open_task(
+    queries: Any, corpus: Any, qrels: Any, *, model: Any = None, options: RetrievalOptions | None = None
+) -> RetrievalTask:
     """Open and check a retrieval task (see :func:`evaluate_retrieval` for the arguments; ``options``:
     its exclude file and id columns): queries and corpus of one width (and the model's), the qrels and
     exclude files read against their ids, the evaluated queries read and checked for NaN/Inf. Close it

@@ -19,9 +19,10 @@ search) with other vectors of the same rows, read in a second pass over the bloc
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -141,7 +142,7 @@ class SearchPass:
                 state["words"] = np.ascontiguousarray(_words(job.queries, state["n_words"]))
                 state["values"] = np.full((n_queries, job.depth), _EMPTY_DISTANCE, dtype=np.int64)
 
-    def map(self, function, items) -> list:
+    def map(self, function: Callable[..., Any], items: Sequence[tuple[Any, ...]]) -> list:
         """``function(*item)`` of every item, on the workers; the results in order."""
         if self.threads <= 1 or len(items) <= 1:
             return [function(*item) for item in items]
@@ -165,10 +166,11 @@ class SearchPass:
     def search_block(self, job: SearchJob, block: np.ndarray, start: int) -> None:
         state = job._state
         exclude = job.exclude
+        assert exclude is not None  # a job without exclusions holds an empty set (SearchJob.__post_init__)
         if job.metric == "hamming":
             words = state["words"]
 
-            def run(q0, q1):
+            def run(q0: int, q1: int) -> None:
                 _kernels.merge_top_hamming(
                     words, block, start, q0, q1, state["values"], state["rows"], exclude.start, exclude.rows
                 )
@@ -177,7 +179,7 @@ class SearchPass:
             queries = job.queries
             itemsize = queries.dtype.itemsize
 
-            def run(q0, q1):
+            def run(q0: int, q1: int) -> None:
                 tile = max(256, SCORE_TILE_BYTES // max(1, (q1 - q0) * itemsize))
                 scores = np.empty((q1 - q0, min(tile, block.shape[0])), dtype=queries.dtype)
                 for t0 in range(0, block.shape[0], tile):
@@ -190,7 +192,7 @@ class SearchPass:
 
         self.map(run, state["parts"])
 
-    def sliced(self, function, rows: np.ndarray, start: int) -> np.ndarray:
+    def sliced(self, function: Callable[[np.ndarray, int], np.ndarray], rows: np.ndarray, start: int) -> np.ndarray:
         """``function(rows[a:b], start + a)`` of the row slices of a block, on the workers, joined."""
         pieces = self.map(lambda a, b: function(rows[a:b], start + a), _parts(rows.shape[0], self.threads))
         return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
@@ -202,7 +204,7 @@ class SearchPass:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def corpus_blocks(corpus, block_rows: int | None = None, rows=None) -> Iterator[tuple[int, np.ndarray]]:
+def corpus_blocks(corpus: Any, block_rows: int | None = None, rows: Any = None) -> Iterator[tuple[int, np.ndarray]]:
     """``(start, rows)`` of an in-memory array or a :class:`~streamwhiten.io.Source`, block by block in
     row order. ``rows`` (sorted), if given, limits the blocks to those holding one of them.
 
@@ -231,7 +233,7 @@ def corpus_blocks(corpus, block_rows: int | None = None, rows=None) -> Iterator[
     width = max(b - a for a, b in ranges)
     buffers = [np.empty((width, corpus.n_features), dtype=corpus.read_dtype) for _ in range(min(2, len(ranges)))]
 
-    def read(i):
+    def read(i: int):
         a, b = ranges[i]
         return corpus.read_into(a, b, buffers[i % len(buffers)])
 
@@ -245,7 +247,7 @@ def corpus_blocks(corpus, block_rows: int | None = None, rows=None) -> Iterator[
 
 
 def search(
-    corpus,
+    corpus: Any,
     jobs: list[SearchJob],
     *,
     block_rows: int | None = None,
@@ -274,8 +276,8 @@ def search(
 
 
 def exact_search(
-    queries,
-    corpus,
+    queries: np.ndarray,
+    corpus: Any,
     depth: int,
     *,
     metric: str = "ip",
@@ -328,9 +330,9 @@ class RescoreJob:
 
 
 def rescore(
-    queries,
+    queries: np.ndarray,
     candidates: np.ndarray,
-    corpus,
+    corpus: Any,
     depth: int,
     *,
     prepare: Callable[[np.ndarray, int], np.ndarray] | None = None,
@@ -349,7 +351,7 @@ class Reranking:
     """The state of one re-ranking (see :func:`rescore`) fed block by block: which rows of a block it
     needs (:meth:`wanted`), their vectors (:meth:`feed`), and the re-ranked lists (:meth:`result`)."""
 
-    def __init__(self, queries, candidates, depth: int):
+    def __init__(self, queries: np.ndarray, candidates: np.ndarray, depth: int):
         job = RescoreJob(queries, candidates, depth)
         job.check()
         self.queries, self.candidates, self.depth = job.queries, job.candidates, int(depth)
@@ -396,7 +398,7 @@ class Reranking:
         return _ranked(self.candidates, self.values, self.depth)
 
 
-def rescore_all(corpus, jobs: list[RescoreJob], *, block_rows: int | None = None) -> list[SearchResult]:
+def rescore_all(corpus: Any, jobs: list[RescoreJob], *, block_rows: int | None = None) -> list[SearchResult]:
     """Every re-ranking of ``jobs`` (see :func:`rescore`) in one pass over the corpus blocks that hold a
     candidate of any of them; the results in the jobs' order."""
     states = [Reranking(job.queries, job.candidates, job.depth) for job in jobs]

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from ..errors import BadInputError
 
@@ -109,7 +110,7 @@ class Resamples:
         if keep:
             self._kept = kept
 
-    def means(self, values) -> np.ndarray:
+    def means(self, values: np.ndarray) -> np.ndarray:
         """The resampled means of each row of ``values`` (rows x units): rows x samples."""
         values = np.asarray(values, dtype=np.float64)
         if self.samples == 0:
@@ -117,7 +118,43 @@ class Resamples:
         return np.hstack([values @ counts.T for counts in self]) / self.n_units
 
 
-def _check(scores, reference) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Rule:
+    """How :func:`select` chooses, and :func:`forecast` cross-validates the choice: one record of the rule's
+    settings, shared by both.
+
+    Parameters
+    ----------
+    name : {"maxt", "argmax"}
+        ``argmax``: the highest mean, ties to the earlier row, the reference only when it is strictly
+        better than all (the old choice, kept for comparison).
+    cost, reference_cost
+        With ``tolerance`` > 0: what is minimised (bytes per vector, k) among the rows within tolerance.
+    tolerance : float
+        Points (x100) the choice may be below the reference, surely, to be cheaper.
+    samples, seed, level
+        The paired bootstrap of the units: resamples, the generator's seed and the simultaneous level.
+    """
+
+    name: str = "maxt"
+    cost: tuple[float, ...] | None = None
+    reference_cost: float = math.inf
+    tolerance: float = 0.0
+    samples: int = 1000
+    seed: int = 0
+    level: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.name not in RULES:
+            raise BadInputError(f"the selection rule must be one of {', '.join(RULES)}, got {self.name!r}")
+        tolerance = self.tolerance
+        if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+            raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
+        if self.cost is not None:
+            object.__setattr__(self, "cost", tuple(float(value) for value in self.cost))
+
+
+def _check(scores: npt.ArrayLike, reference: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     scores = np.asarray(scores, dtype=np.float64)
     reference = np.asarray(reference, dtype=np.float64)
     if scores.ndim != 2 or reference.ndim != 1 or scores.shape[1] != reference.shape[0]:
@@ -130,16 +167,10 @@ def _check(scores, reference) -> tuple[np.ndarray, np.ndarray]:
 
 
 def select(
-    scores,
-    reference,
+    scores: npt.ArrayLike,
+    reference: npt.ArrayLike,
+    rule: Rule | None = None,
     *,
-    rule: str = "maxt",
-    cost=None,
-    reference_cost: float = math.inf,
-    tolerance: float = 0.0,
-    samples: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
     resamples: Resamples | None = None,
 ) -> Selection:
     """Choose a candidate row of ``scores`` or the ``reference`` (see the module docstring).
@@ -150,32 +181,23 @@ def select(
         Each candidate's score on each unit (query or pair), as fractions (the results are x100).
     reference : array, units
         The reference's scores on the same units.
-    rule : {"maxt", "argmax"}
-        ``argmax``: the highest mean, ties to the earlier row, the reference only when it is strictly
-        better than all (the old choice, kept for comparison).
-    cost, reference_cost
-        With ``tolerance`` > 0: what is minimised (bytes per vector, k) among the rows within tolerance.
-    tolerance : float
-        Points (x100) the choice may be below the reference, surely, to be cheaper.
-    samples, seed, level
-        The paired bootstrap of the units: resamples, the generator's seed and the simultaneous level.
+    rule : Rule, optional
+        The rule and its settings (default: max-t, no tolerance, 1000 resamples, seed 0).
     resamples : Resamples, optional
-        The resamples of these units already made (``samples`` and ``seed`` are then theirs).
+        The resamples of these units already made (``rule.samples`` and ``rule.seed`` are then theirs).
     """
-    if rule not in RULES:
-        raise BadInputError(f"the selection rule must be one of {', '.join(RULES)}, got {rule!r}")
-    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
-        raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
+    rule = rule if rule is not None else Rule()
+    samples, seed, level, tolerance = rule.samples, rule.seed, rule.level, rule.tolerance
     scores, reference = _check(scores, reference)
     n_candidates, n_units = scores.shape
     with np.errstate(invalid="ignore"):
         diffs = scores - reference
         advantage = 100.0 * diffs.mean(axis=1) if n_candidates else np.zeros(0)
-    if rule == "argmax":
+    if rule.name == "argmax":
         bound = np.full(n_candidates, math.nan)
         if n_candidates == 0 or not np.any(advantage > 0):
-            return Selection(None, advantage, bound, math.nan, rule)
-        return Selection(int(np.argmax(advantage)), advantage, bound, math.nan, rule)
+            return Selection(None, advantage, bound, math.nan, rule.name)
+        return Selection(int(np.argmax(advantage)), advantage, bound, math.nan, rule.name)
     if samples < 1:
         raise BadInputError("the max-t rule needs at least one bootstrap resample")
     finite = np.isfinite(advantage)
@@ -194,27 +216,27 @@ def select(
     # a row equal to the reference plus a constant has no noise: its bound is its advantage
     bound = np.where(finite, advantage - critical * error, -math.inf)
     if tolerance > 0:
-        costs = np.asarray(cost if cost is not None else np.zeros(n_candidates), dtype=np.float64)
+        costs = np.asarray(rule.cost if rule.cost is not None else np.zeros(n_candidates), dtype=np.float64)
         within = np.flatnonzero(bound > -tolerance)
-        best_cost = min([reference_cost, *costs[within]])
-        if best_cost >= reference_cost:
-            return Selection(None, advantage, bound, critical, rule)
+        best_cost = min([rule.reference_cost, *costs[within]])
+        if best_cost >= rule.reference_cost:
+            return Selection(None, advantage, bound, critical, rule.name)
         cheapest = within[costs[within] == best_cost]
-        return Selection(int(cheapest[np.argmax(bound[cheapest])]), advantage, bound, critical, rule)
+        return Selection(int(cheapest[np.argmax(bound[cheapest])]), advantage, bound, critical, rule.name)
     if n_candidates == 0 or not np.any(bound > 0):
-        return Selection(None, advantage, bound, critical, rule)
-    return Selection(int(np.argmax(bound)), advantage, bound, critical, rule)
+        return Selection(None, advantage, bound, critical, rule.name)
+    return Selection(int(np.argmax(bound)), advantage, bound, critical, rule.name)
 
 
 def interval(
-    values, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
+    values: npt.ArrayLike, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
 ) -> tuple[float, float | None, float | None]:
     """``(mean, low, high)`` x100 of per-unit ``values``: the mean and its bootstrap percentile interval."""
     return intervals(np.asarray(values, dtype=np.float64)[None], samples, seed, level, resamples)[0]
 
 
 def intervals(
-    values, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
+    values: npt.ArrayLike, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
 ) -> list[tuple[float, float | None, float | None]]:
     """:func:`interval` of each row of ``values`` (rows x units), all from the same resamples."""
     values = np.asarray(values, dtype=np.float64)
@@ -228,27 +250,23 @@ def intervals(
 
 
 def forecast(
-    scores,
-    reference,
+    scores: npt.ArrayLike,
+    reference: npt.ArrayLike,
+    rule: Rule | None = None,
     *,
     folds: int = FOLDS,
-    rule: str = "maxt",
-    cost=None,
-    reference_cost: float = math.inf,
-    tolerance: float = 0.0,
-    samples: int = 1000,
-    seed: int = 0,
-    level: float = 0.95,
     resamples: Resamples | None = None,
 ) -> dict:
     """The cross-validated estimate of what ``rule``'s choice scores on units it was not chosen on.
 
-    The units are dealt at random (``seed``) into ``folds`` folds; for each, :func:`select` runs on the
+    The units are dealt at random (``rule.seed``) into ``folds`` folds; for each, :func:`select` runs on the
     others and its choice (a candidate or the reference) is scored on that fold. Returns ``{"chosen": {score,
     low, high}, "reference": {...}, "difference": {...}, "folds", "kept_reference"}`` (x100; ``kept_reference``:
     the folds whose choice was the reference), the intervals by the paired bootstrap of the units
     (``resamples``, when given, are those of all the units).
     """
+    rule = rule if rule is not None else Rule()
+    samples, seed, level = rule.samples, rule.seed, rule.level
     scores, reference = _check(scores, reference)
     n_units = reference.shape[0]
     folds = int(folds)
@@ -259,17 +277,7 @@ def forecast(
     kept = 0
     for fold in range(folds):
         train, test = fold_of != fold, fold_of == fold
-        choice = select(
-            scores[:, train],
-            reference[train],
-            rule=rule,
-            cost=cost,
-            reference_cost=reference_cost,
-            tolerance=tolerance,
-            samples=samples,
-            seed=seed,
-            level=level,
-        ).index
+        choice = select(scores[:, train], reference[train], rule).index
         kept += choice is None
         held_out[test] = reference[test] if choice is None else scores[choice, test]
     out: dict = {"folds": folds, "kept_reference": kept}
@@ -280,7 +288,7 @@ def forecast(
     return out
 
 
-def spearman_units(cosines, gold, ranks: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def spearman_units(cosines: npt.ArrayLike, gold: npt.ArrayLike, ranks: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Per-pair terms whose mean is each row's Spearman rho: ``z(rank cosine) * z(rank gold)``, ranks of all
     pairs standardized with the population deviation (a constant row gives zeros); ``ranks=False``: the
     values themselves, whose terms average to Pearson's r.
@@ -290,7 +298,7 @@ def spearman_units(cosines, gold, ranks: bool = True) -> tuple[np.ndarray, np.nd
     """
     from .evaluate import rankdata
 
-    def standardized(values):
+    def standardized(values: np.ndarray):
         ranked = rankdata(values) if ranks else np.asarray(values, np.float64)
         spread = ranked.std()
         return (ranked - ranked.mean()) / spread if spread > 0 else np.zeros_like(ranked)

@@ -36,8 +36,9 @@ the reference.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -77,7 +78,7 @@ from .retrieval import (
     retrieval_options,
 )
 from .search import Reranking, SearchJob, SearchPass, corpus_blocks, search
-from .select import FOLDS, RULES, Resamples, forecast, select
+from .select import FOLDS, RULES, Resamples, Rule, forecast, select
 from .tune import KChoice, decompose, describe_stored, make_grid
 
 #: Resampled means held at once by :func:`bootstrap_differences` (512 MiB of doubles).
@@ -180,9 +181,9 @@ class SweepGrid:
             raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
         object.__setattr__(self, "tolerance", float(tolerance))
         if self.select not in RULES:
-            raise BadInputError(f"--select must be one of {', '.join(RULES)}, got {self.select!r}")
+            raise BadInputError(f"select must be one of {', '.join(RULES)}, got {self.select!r}", param="select")
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
-            raise BadInputError(f"--folds must be an integer of at least 2, got {self.folds!r}")
+            raise BadInputError(f"folds must be an integer of at least 2, got {self.folds!r}", param="folds")
         for name, values in (("beta", self.betas), ("gamma", self.gammas), ("n_components", self.ks)):
             for value in values or ():
                 check(name, value)
@@ -216,7 +217,12 @@ class SweepGrid:
         return TUNE_CODES if faiss_available() else tuple(name for name in TUNE_CODES if not name.startswith("faiss-"))
 
 
-def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str = "float32", int8_clip=None):
+def storages_of(
+    names: Sequence[str] | None = None,
+    rescore: int = DEFAULT_RESCORE,
+    rescore_dtype: str = "float32",
+    int8_clip: float | None = None,
+):
     """The storages to sweep: :data:`STORAGES` names (default: all), as :class:`Storage` records."""
     names = list(STORAGES if names is None else names)
     if not names:
@@ -227,18 +233,28 @@ def storages_of(names=None, rescore: int = DEFAULT_RESCORE, rescore_dtype: str =
     out = []
     for name in dict.fromkeys(names):
         if name not in STORAGES:
-            raise BadInputError(f"--dtypes: {name!r} is not one of {', '.join(STORAGES)} or a code")
+            raise BadInputError(f"dtypes: {name!r} is not one of {', '.join(STORAGES)} or a code", param="dtypes")
         if name == "binary+rescore":
             check("rescore", rescore)
             if not rescore:
-                raise BadInputError("binary+rescore needs --rescore N of at least 1 (the candidates re-ranked)")
+                raise BadInputError(
+                    "binary+rescore needs rescore=N of at least 1 (the candidates re-ranked)", param="rescore"
+                )
             out.append(Storage("binary", rescore, rescore_dtype, clip))
         else:
             out.append(Storage(name, int8_clip=clip))
     return out
 
 
-def retrieval_grid(model: WhiteningModel, betas=None, gammas=None, ks=None, variances=None, eps=None, raw_ks=()):
+def retrieval_grid(
+    model: WhiteningModel,
+    betas: Sequence[float] | None = None,
+    gammas: Sequence[float] | None = None,
+    ks: Sequence[int] | None = None,
+    variances: Sequence[float] | None = None,
+    eps: float | None = None,
+    raw_ks: Sequence[int] = (),
+):
     """``(candidates, bases)``: the maps of the grid (as ``tune``'s, each ``(beta, gamma, k)`` once) with
     the raw (identity), rotation and centring maps added, and the model re-finalized at each beta (its
     eigendecomposition). ``raw_ks``: the rotation truncated to these k is added too (the reference of a
@@ -340,7 +356,7 @@ def sweep_rows(
     total = n_rows * (len(first_groups) + len(later))
     done = [0]
 
-    def step(rows_done, _):
+    def step(rows_done: int, _: int):
         if progress is not None:
             progress(done[0] + rows_done, total)
 
@@ -373,7 +389,25 @@ def sweep_rows(
     return reference, out
 
 
-def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, progress, label, fits) -> dict:
+def _unit(setting: Any, part: np.ndarray, _at: int) -> np.ndarray:
+    """``setting``'s vectors of the corpus rows ``part`` (the slice's start unused)."""
+    return setting.unit(part)
+
+
+def _search_group(
+    task: Any,
+    bases: Any,
+    group: Any,
+    floats: Any,
+    reranks: Any,
+    bits: Any,
+    depth: int,
+    block_rows: int | None,
+    threads: int | None,
+    progress: Callable[[int, int], None] | None,
+    label: str,
+    fits: Callable[[Any, Any], bool],
+) -> dict:
     """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``
     (those within the budget: ``fits(candidate, storage)``)."""
     plans = []
@@ -416,7 +450,7 @@ def _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, 
             for start, rows in corpus_blocks(task.corpus, block_rows):
                 _finite(rows, start, label)
                 for _candidate, setting, searched, again in plans:
-                    unit = state.sliced(lambda part, _at, setting=setting: setting.unit(part), rows, start)
+                    unit = state.sliced(partial(_unit, setting), rows, start)
                     for _storage, job in searched:
                         state.search_block(job, state.prepared(job, unit, start), start)
                     for _storage, quantization, reranking in again:
@@ -549,7 +583,8 @@ def reference_index(table: list, n_features: int, max_bytes: int | None = None) 
     if not rotated:
         raise BadInputError(
             f"no raw setting (the raw vectors, or beta=0, gamma=0) stores a vector in {max_bytes} bytes or fewer "
-            "to be the reference: sweep binary (--dtypes) or raise --max-bytes"
+            "to be the reference: sweep binary (dtypes) or raise max_bytes",
+            param=("dtypes", "max_bytes"),
         )
     return min(rotated, key=lambda i: (-table[i]["bytes_per_vector"], -table[i]["k"], i))
 
@@ -560,8 +595,9 @@ def _within(table: list, max_bytes: int | None) -> list[int]:
         smallest = min(table, key=lambda row: row["bytes_per_vector"])
         raise BadInputError(
             f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
-            f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise --max-bytes "
-            "or add smaller k to --ks"
+            f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise max_bytes "
+            "or add smaller k to ks",
+            param=("max_bytes", "ks"),
         )
     return eligible
 
@@ -596,19 +632,19 @@ def choose_generalising(
     per_query = np.asarray(per_query, dtype=np.float64)
     if resamples is None or not resamples.are(per_query.shape[1], samples, seed):
         resamples = Resamples(per_query.shape[1], samples, seed)
-    given = dict(
-        cost=[table[i]["bytes_per_vector"] for i in others],
+    chooser = Rule(
+        cost=tuple(table[i]["bytes_per_vector"] for i in others),
         reference_cost=table[reference]["bytes_per_vector"],
         tolerance=tolerance,
         samples=samples,
         seed=seed,
     )
-    picked = select(per_query[others], per_query[reference], resamples=resamples, **given)
+    picked = select(per_query[others], per_query[reference], chooser, resamples=resamples)
     index = reference if picked.index is None else others[picked.index]
     n_queries = per_query.shape[1]
     predicted = None
     if n_queries >= 2 * folds:
-        predicted = forecast(per_query[others], per_query[reference], folds=folds, resamples=resamples, **given)
+        predicted = forecast(per_query[others], per_query[reference], chooser, folds=folds, resamples=resamples)
     ref = table[reference]
     record = {
         "rule": rule,
@@ -686,14 +722,14 @@ class RetrievalTuneResult:
 
 def sweep(
     model: WhiteningModel,
-    queries,
-    corpus,
-    qrels,
+    queries: Any,
+    corpus: Any,
+    qrels: Any,
     *,
     grid: SweepGrid | None = None,
     options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
-    budgets=None,
+    budgets: Any = None,
 ) -> RetrievalTuneResult:
     """Score every setting of the grid in every storage of ``grid.dtypes`` on the retrieval task, and choose.
 
@@ -893,9 +929,9 @@ def store_codec(model: WhiteningModel, codec: Any, record: dict[str, Any]) -> Wh
 
 def tune_retrieval(
     model: WhiteningModel,
-    queries,
-    corpus,
-    qrels,
+    queries: Any,
+    corpus: Any,
+    qrels: Any,
     *,
     grid: SweepGrid | None = None,
     options: RetrievalOptions | None = None,

@@ -14,7 +14,7 @@ pairs are read once for the whole grid.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,7 +23,7 @@ import numpy as np
 from ..core.model import WhiteningModel, check_params, components_for_variance
 from ..errors import BadInputError
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
-from .select import FOLDS, RULES, Resamples, forecast, spearman_units
+from .select import FOLDS, RULES, Resamples, Rule, forecast, spearman_units
 from .select import select as pick
 
 DEFAULT_BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -60,7 +60,13 @@ class KChoice:
         return components_for_variance(eigvals, self.variance)
 
 
-def make_grid(n_features: int, betas=None, gammas=None, ks=None, variances=None) -> tuple[list, list, list]:
+def make_grid(
+    n_features: int,
+    betas: Sequence[float] | None = None,
+    gammas: Sequence[float] | None = None,
+    ks: Sequence[int] | None = None,
+    variances: Sequence[float] | None = None,
+) -> tuple[list, list, list]:
     """Checked ``(betas, gammas, k_choices)``; ``None`` means the default, an empty list means none."""
     betas = list(DEFAULT_BETAS if betas is None else betas)
     gammas = list(DEFAULT_GAMMAS if gammas is None else gammas)
@@ -136,10 +142,10 @@ class TuneResult:
 def grid_search(
     model: WhiteningModel,
     pairs: PairSet,
-    betas=None,
-    gammas=None,
-    ks=None,
-    variances=None,
+    betas: Sequence[float] | None = None,
+    gammas: Sequence[float] | None = None,
+    ks: Sequence[int] | None = None,
+    variances: Sequence[float] | None = None,
     metric: str = "spearman",
     tolerance: float = 0.0,
     eps: float | None = None,
@@ -242,18 +248,27 @@ def grid_search(
     )
 
 
-def _choose_pairs(table, units, reference, d, tolerance, folds, samples, seed) -> tuple[dict, dict]:
+def _choose_pairs(
+    table: list[dict[str, Any]],
+    units: Any,
+    reference: Any,
+    d: int,
+    tolerance: float,
+    folds: int,
+    samples: int,
+    seed: int,
+) -> tuple[dict, dict]:
     """The max-t choice among the rows of ``table`` against the raw row ``reference``, and its record."""
     others = [i for i in range(len(table)) if i != reference]
-    given = dict(
-        cost=[table[i]["k"] for i in others], reference_cost=d, tolerance=tolerance, samples=samples, seed=seed
+    rule = Rule(
+        cost=tuple(table[i]["k"] for i in others), reference_cost=d, tolerance=tolerance, samples=samples, seed=seed
     )
     resamples = Resamples(units.shape[1], samples, seed)  # one set for the rule and the forecast's intervals
-    picked = pick(units[others], units[reference], resamples=resamples, **given)
+    picked = pick(units[others], units[reference], rule, resamples=resamples)
     index = reference if picked.index is None else others[picked.index]
     predicted = None
     if units.shape[1] >= 2 * folds:
-        predicted = forecast(units[others], units[reference], folds=folds, resamples=resamples, **given)
+        predicted = forecast(units[others], units[reference], rule, folds=folds, resamples=resamples)
     record = {
         "rule": "maxt",
         "tolerance": float(tolerance),
@@ -286,7 +301,7 @@ def tune(
     test_pairs: PairSet | None = None,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-    **grid,
+    **grid: Any,
 ) -> tuple[WhiteningModel, dict]:
     """Run :func:`grid_search` and return the chosen model (with a record in ``info["tuned"]``) and a summary.
 

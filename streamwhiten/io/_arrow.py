@@ -368,14 +368,16 @@ class TableSink(StoreSink):
             if start != expected or not table.schema.equals(self.schema, check_metadata=False):
                 raise StoreIOError(
                     f"{self.path}: the partial output {self.partial} is damaged (part {part} starts at "
-                    f"row {start}, expected {expected}); run again with --restart"
+                    f"row {start}, expected {expected}); run again with restart=True",
+                    param="restart",
                 )
             yield table
             expected += table.num_rows
         if expected != self.shape[0]:
             raise StoreIOError(
                 f"{self.path}: the partial output {self.partial} holds {expected} of {self.shape[0]} "
-                "rows; run again with --restart"
+                "rows; run again with restart=True",
+                param="restart",
             )
 
     def commit(self, overwrite: bool = False, attrs: Mapping[str, Any] | None = None) -> None:

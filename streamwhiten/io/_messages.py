@@ -12,7 +12,7 @@ import re
 from ..errors import BadInputError, StreamwhitenError
 
 #: How to read past a hole, for the messages that refuse one.
-FILL_HINT = " (pass --fill-missing-chunks, or fill_missing_chunks=True, to read unwritten chunks as the fill value)"
+FILL_HINT = " (pass fill_missing_chunks=True to read unwritten chunks as the fill value)"
 
 
 def first_line(exc: BaseException) -> str:
@@ -54,10 +54,10 @@ def name_not_found(
     ``asked`` is the name given (None: none was, and the store holds no single candidate); ``what`` the
     kind of thing looked for ("2-D dataset", "vector column"); ``found`` the names of those the store
     holds; ``separator`` what joins the store and a name in a spec (``:/`` or ``:``); ``option``: whether
-    ``--dataset`` may name it too; ``other``: more about what the store holds (its other columns);
+    ``dataset`` may name it too; ``other``: more about what the store holds (its other columns);
     ``problem``: what is wrong with ``asked``, if not that it is missing ("/grp is a group, not a dataset").
 
-    ``in.h5: has no 2-D dataset /embeddings; its 2-D datasets: /emb (name it as in.h5:/emb, or with --dataset)``
+    ``in.h5: has no 2-D dataset /embeddings; its 2-D datasets: /emb (name it as in.h5:/emb, or with dataset='emb')``
     """
     shown = ", ".join(found[:10]) + (f" and {len(found) - 10} more" if len(found) > 10 else "")
     if asked is None:
@@ -71,10 +71,10 @@ def name_not_found(
     if found:
         first = found[0].lstrip("/")
         how = f" (name {'it' if len(found) == 1 else 'one'} as {label}{separator}{first}"
-        how += ", or with --dataset)" if option else ")"
+        how += f", or with dataset={first!r})" if option else ")"
     else:
         how = ""
-    return BadInputError(f"{head}{holds}{other}{how}")
+    return BadInputError(f"{head}{holds}{other}{how}", param="dataset" if found and option else None)
 
 
 __all__ = ["FILL_HINT", "first_line", "io_error", "name_not_found"]

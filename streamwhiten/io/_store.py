@@ -62,7 +62,8 @@ def check_array(label: str, shape: tuple[int, ...], dtype: Any, min_rows: int, c
     if dtype in CODE_DTYPES and not codes:
         raise BadInputError(
             f"{label}: expected float16, float32 or float64 values, got dtype {dtype} (codes written by "
-            "apply --dtype int8 or binary: decode them with streamwhiten.serving.decode first)"
+            "apply with dtype='int8' or 'binary': decode them with streamwhiten.serving.decode first)",
+            param="dtype",
         )
     if (dtype.kind != "f" or dtype.itemsize not in (2, 4, 8)) and not (codes and dtype in CODE_DTYPES):
         raise BadInputError(f"{label}: expected float16, float32 or float64 values, got dtype {dtype}")

@@ -252,7 +252,10 @@ class HDF5Source(StoreSource):
         """Refuse rows whose chunk was never written (HDF5 would read it as the fill value)."""
         node = self._node
         if node.chunks is None:
-            raise MissingChunkError(f"{self.label}: its data was never written (no storage is allocated){FILL_HINT}")
+            raise MissingChunkError(
+                f"{self.label}: its data was never written (no storage is allocated){FILL_HINT}",
+                param="fill_missing_chunks",
+            )
         rows, columns = node.chunks
         for index in range(start // rows, (stop - 1) // rows + 1):
             for column in range(0, self.n_features, columns):
@@ -263,6 +266,7 @@ class HDF5Source(StoreSource):
                         f"{self.label}: rows {lo}..{hi - 1} were never written (their chunk is not in the file): the "
                         f"dataset is incomplete{FILL_HINT}",
                         rows=(lo, hi),
+                        param="fill_missing_chunks",
                     )
 
     def attrs(self) -> dict[str, Any]:
@@ -529,7 +533,8 @@ def _filters(compressor: str, dtype: Any, chunk_bytes: int) -> dict[str, Any]:
     except ImportError:
         raise BadInputError(
             f"an HDF5 output compressed with {compressor} needs the hdf5plugin package (and so do its "
-            "readers): pip install hdf5plugin, or use --compressor gzip"
+            "readers): pip install hdf5plugin, or use compressor='gzip'",
+            param="compressor",
         ) from None
     if compressor == "zstd":
         return {"compression": H5Z_ZSTD, "compression_opts": (3,)}

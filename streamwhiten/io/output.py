@@ -316,7 +316,8 @@ class Output:
         if compressor != "none" and not self.compressible:
             path = split_spec(self.spec)[0]
             raise BadInputError(
-                f"{path}: --compressor is for HDF5 and Zarr outputs; a {self.kind} output is written uncompressed"
+                f"{path}: compressor is for HDF5 and Zarr outputs; a {self.kind} output is written uncompressed",
+                param="compressor",
             )
 
     def chunk_rows(
@@ -356,7 +357,8 @@ class Output:
         columns = plan.kept_schema
         if columns is not None and len(columns) and not self.tabular:
             raise BadInputError(
-                f"{path}: --keep-columns needs a Parquet or Lance output (.parquet, .lance), not {self.kind}"
+                f"{path}: keep_columns needs a Parquet or Lance output (.parquet, .lance), not {self.kind}",
+                param="keep_columns",
             )
         self.check_compressor(plan.compressor)
         if self.url:
@@ -444,8 +446,9 @@ class Output:
         path = self.path
         if compressor != "none":
             raise BadInputError(
-                f"{remote.redact(path)}: --compressor is not supported for object-storage outputs "
-                "yet; write it uncompressed, or to a local path"
+                f"{remote.redact(path)}: compressor is not supported for object-storage outputs "
+                "yet; write it uncompressed, or to a local path",
+                param="compressor",
             )
         remote.check_url(path)
         self.sink_class  # noqa: B018 - refuses a kind object storage cannot take

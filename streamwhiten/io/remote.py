@@ -140,12 +140,14 @@ def check_url(url: str) -> None:
     if "@" in parts.netloc and protocol(url) not in ("s3", "gs", "az"):
         raise BadInputError(
             f"{redact(url)}: the URL holds credentials (user:password@); give them in the "
-            "environment or with --storage-option instead, so they are never recorded"
+            "environment or with storage_options instead, so they are never recorded",
+            param="storage_options",
         )
     if parts.query and _SIGNED.search(parts.query):
         raise BadInputError(
             f"{redact(url)}: the URL is signed (a presigned or SAS query string is a credential); "
-            "give credentials in the environment or with --storage-option instead"
+            "give credentials in the environment or with storage_options instead",
+            param="storage_options",
         )
 
 
@@ -202,7 +204,9 @@ def parse_option(text: str) -> tuple[str, object]:
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise BadInputError("--storage-option takes KEY=VALUE (e.g. endpoint_url=http://127.0.0.1:9000)")
+        raise BadInputError(
+            "storage_options takes KEY=VALUE (e.g. endpoint_url=http://127.0.0.1:9000)", param="storage_options"
+        )
     try:
         parsed = json.loads(value)
     except ValueError:
@@ -509,12 +513,13 @@ def failure(
     if kind == "auth":
         return StoreIOError(
             f"{where}: access denied, check the credentials (environment, profile or "
-            f"--storage-option) ({what}: {reason(exc)})"
+            f"storage_options) ({what}: {reason(exc)})",
+            param="storage_options",
         )
     tries = f" after {attempts} attempts" if attempts > 1 else ""
     if seconds is not None:
-        tries += f" in {seconds:.0f} s (--remote-timeout {timeout:g})"
-    return StoreIOError(f"{where}: cannot {what}{tries}: {reason(exc)}")
+        tries += f" in {seconds:.0f} s (remote_timeout={timeout:g})"
+    return StoreIOError(f"{where}: cannot {what}{tries}: {reason(exc)}", param="remote_timeout")
 
 
 #: Counts of retried and of failed calls, for tests and benchmarks.

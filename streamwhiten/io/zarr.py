@@ -380,8 +380,9 @@ class ZarrSource(StoreSource):
         raise MissingChunkError(
             f"{self.label}: chunk {self._chunk_key(index, column)} (rows {lo}..{hi - 1}) is missing: the store is "
             f"incomplete or damaged (if it was written leaving out chunks that hold only the fill value {fill}, pass "
-            "--fill-missing-chunks, or fill_missing_chunks=True, to read them as that value)",
+            "fill_missing_chunks=True to read them as that value)",
             rows=(lo, hi),
+            param="fill_missing_chunks",
         )
 
     def _refuse_missing(self, start: int, stop: int) -> None:

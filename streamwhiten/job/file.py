@@ -23,7 +23,9 @@ from __future__ import annotations
 import os
 import string
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 from .. import params as _params
 from ..errors import BadInputError, StoreIOError
@@ -204,7 +206,7 @@ def _check_tables(path: str, data: dict) -> None:
                 raise BadInputError(f"{path}: {key} in {where} must be of type {names}, got {value!r}")
 
 
-def _given(table: dict, cls, aliases: bool = True) -> dict:
+def _given(table: dict, cls: type, aliases: bool = True) -> dict:
     """The keys of ``table`` that are fields of the option class ``cls`` (a parameter's former name,
     ``chunk_rows``, counting as its own, ``block_rows``)."""
     names = {item.name for item in fields(cls)}
@@ -216,7 +218,7 @@ def _given(table: dict, cls, aliases: bool = True) -> dict:
     return found
 
 
-def read_job_file(path: str, storage_options=None) -> JobFile:
+def read_job_file(path: str, storage_options: Any = None) -> JobFile:
     """Parse and check a job file; every mistake is one :class:`BadInputError` naming the file and key.
 
     ``storage_options`` (the command line's ``--storage-option``) are used over the ``[storage]`` table.
@@ -267,7 +269,7 @@ def read_job_file(path: str, storage_options=None) -> JobFile:
     return job
 
 
-def _with_apply(job: JobFile, table: dict, inputs_table: dict, absolute) -> JobFile:
+def _with_apply(job: JobFile, table: dict, inputs_table: dict, absolute: Callable[[str], str]) -> JobFile:
     """``job`` with its ``[apply]`` table: the output template checked, the options made."""
     if "output" not in table:
         raise BadInputError(f"{job.path}: [apply] output is required, e.g. 'reduced/{{stem}}.zarr'")

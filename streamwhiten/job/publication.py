@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import numpy as np
+import numpy.typing as npt
 
 from .. import _durable as durable
 from ..errors import BadInputError, ModelFileError, StoreIOError
@@ -156,7 +157,12 @@ def ownership_problem(
 
 
 def output_owner_problem(
-    spec: str, read: ReadOptions | None, job_id: str, version: int, input_spec=None, model_checksum=None
+    spec: str,
+    read: ReadOptions | None,
+    job_id: str,
+    version: int,
+    input_spec: str | None = None,
+    model_checksum: str | None = None,
 ):
     """:func:`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there); with
     ``model_checksum``, also that the output was written by that map (read from the same attributes)."""
@@ -176,7 +182,7 @@ def output_owner_problem(
     return problem
 
 
-def model_owner_problem(path: str, job_id: str, version: int, model=None) -> str | None:
+def model_owner_problem(path: str, job_id: str, version: int, model: Any = None) -> str | None:
     """None when the model file ``path`` (``model``: loaded from it already) records that job ``job_id``
     published it as version ``version`` (or nothing is there); else why not."""
     from .._npz import foreign_npz
@@ -368,13 +374,15 @@ def check_model_file(model_path: str, manifest: Manifest):
     if not os.path.lexists(path):
         raise ModelFileError(
             f"{path}: the model file of published version {manifest.version} is missing (deleted by hand?); "
-            "run with --republish to publish a new version from the current statistics"
+            "run with republish=True to publish a new version from the current statistics",
+            param="republish",
         )
     model = load_model(path)
     if file_checksum(model) != manifest.file_checksum or map_checksum(model) != manifest.model_checksum:
         raise ModelFileError(
             f"{path}: is not the model file {manifest_path(model_path)} published as version {manifest.version} "
-            "(its checksum differs); run with --republish to publish a new version from the current statistics"
+            "(its checksum differs); run with republish=True to publish a new version from the current statistics",
+            param="republish",
         )
     if not manifest.legacy:
         assert manifest.job_id is not None
@@ -415,7 +423,8 @@ def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None 
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise BadInputError(
             f"{manifest_path(model_path)}: outputs of published version {manifest.version} were deleted or "
-            f"changed by hand: {shown}. Restore them, or run with --republish to publish a new version"
+            f"changed by hand: {shown}. Restore them, or run with republish=True to publish a new version",
+            param="republish",
         )
     if all(new is old for new, old in zip(inputs, manifest.inputs, strict=True)):
         return manifest
@@ -506,7 +515,7 @@ class Publication:
             + ", ".join(self.inputs)
         )
 
-    def read(self, input_spec: str, dtype=np.float32) -> np.ndarray:
+    def read(self, input_spec: str, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
         """The whitened rows of ``input_spec`` in this version: its parts, each checked (complete, this
         version's map, the rows listed, written by this job from this input), concatenated. Float
         outputs as they are stored; int8 codes and bits decoded to floats of ``dtype`` (``code * scale +

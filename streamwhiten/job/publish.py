@@ -34,9 +34,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from typing import Any
 
 from ..errors import BadInputError, InterruptedRunError, StoreIOError
 from ..options import ReadOptions
@@ -100,7 +101,11 @@ class _Publisher:
 
 
 def run_published(
-    job: JobFile, progress=None, should_stop=None, restart: bool = False, republish: bool = False
+    job: JobFile,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    restart: bool = False,
+    republish: bool = False,
 ) -> PublishReport:
     """Run ``job`` (which has a ``[publish]`` table): update the statistics, then publish, append or do
     nothing (see the module docstring). Returns the run's report; raises :class:`JobUpToDateError` (with
@@ -178,7 +183,7 @@ def run_published(
 # ------------------------------------------------------------------------------------------ decisions
 
 
-def _staleness(published, model):
+def _staleness(published: Any, model: Any):
     """The staleness of ``published`` against the updated ``model``'s statistics (its eigenvectors are
     the refit's where the angle needs them: no second eigendecomposition)."""
     from ..core.staleness import staleness
@@ -186,7 +191,7 @@ def _staleness(published, model):
     return staleness(published, model)
 
 
-def setting_of(model, writing: Writing, template: str) -> dict:
+def setting_of(model: Any, writing: Writing, template: str) -> dict:
     """What a job's outputs are written with, as a manifest records it: the whitening's parameters (as
     given: ``variance``, not the k it chose), the ``[apply]`` options that change what is written
     (``writing``), and the output ``template``. Another setting publishes a new version."""
@@ -208,10 +213,12 @@ def setting_of(model, writing: Writing, template: str) -> dict:
     }
 
 
-def _why_republish(manifest: Manifest, wanted: dict, staleness, max_staleness: float, requested: bool) -> str | None:
+def _why_republish(
+    manifest: Manifest, wanted: dict, staleness: Any, max_staleness: float, requested: bool
+) -> str | None:
     """Why a new version is due (None: it is not): ``wanted`` is the job's setting now (:func:`setting_of`)."""
     if requested:
-        return "run --republish"
+        return "republish requested"
     if manifest.legacy:
         return "the manifest was written by an earlier release (format 1): its files record no job"
     changed = sorted(key for key in set(manifest.setting) | set(wanted) if manifest.setting.get(key) != wanted.get(key))
@@ -237,7 +244,12 @@ class _Input:
 
 
 def _current_inputs(
-    read: ReadOptions, model, inputs: list, outputs: dict, manifest: Manifest | None = None, checked=()
+    read: ReadOptions,
+    model: Any,
+    inputs: list,
+    outputs: dict,
+    manifest: Manifest | None = None,
+    checked: Sequence[Any] = (),
 ) -> list:
     """Each input with the rows the statistics hold of it (those are what a version publishes: rows
     that arrived after the fit read the input wait for the next night). An input ``manifest`` lists must
@@ -266,7 +278,8 @@ def _current_inputs(
                 if stop < entry.stop:
                     raise BadInputError(
                         f"{source.label}: the statistics hold {stop:,} of its rows but {entry.stop:,} were "
-                        "published; run with --republish to publish a new version from them"
+                        "published; run with republish=True to publish a new version from them",
+                        param="republish",
                     )
             if stop > source.n_rows:
                 raise BadInputError(
@@ -277,7 +290,7 @@ def _current_inputs(
     return found
 
 
-def _rows_fingerprint(source, stop: int, recorded):
+def _rows_fingerprint(source: Any, stop: int, recorded: Any):
     """``fingerprint(source, stop)``: ``recorded`` (the statistics' record of ``source``, whose sampled rows
     the fit step of this run read or checked) where it describes those rows as they are stored now."""
     from ..io import describe, fingerprint
@@ -385,7 +398,7 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None) -> No
 
 def _write_part(
     publisher: _Publisher,
-    model,
+    model: Any,
     spec: str,
     part: str,
     rows: tuple,
@@ -431,7 +444,7 @@ def _now() -> str:
 # ------------------------------------------------------------------------------------------ publishing
 
 
-def _publish(publisher: _Publisher, model, inputs: list, outputs: dict, manifest, night: _Night) -> Manifest:
+def _publish(publisher: _Publisher, model: Any, inputs: list, outputs: dict, manifest: Any, night: _Night) -> Manifest:
     """Publish version N+1 (1 without a manifest): every input's part 0 and its model file, written
     beside the current version; then the manifest switch; then the versions beyond ``keep_versions``
     are deleted. Returns the new manifest."""
@@ -492,13 +505,13 @@ def _publish(publisher: _Publisher, model, inputs: list, outputs: dict, manifest
 
 def _append(
     publisher: _Publisher,
-    model,
-    published_model,
+    model: Any,
+    published_model: Any,
     inputs: list,
     outputs: dict,
     manifest: Manifest,
     night: _Night,
-    checked=(),
+    checked: Sequence[Any] = (),
 ) -> Manifest:
     """Append the rows each input gained since it was published (and new inputs) as new parts of the
     current version, written with its map (``published_model``); then switch the manifest. Returns it
@@ -547,7 +560,7 @@ def _files_of(version: Version, publisher: _Publisher) -> list:
     return [*version.outputs, os.path.join(directory, version.model_file)]
 
 
-def _still_there(retired, publisher: _Publisher) -> tuple:
+def _still_there(retired: Any, publisher: _Publisher) -> tuple:
     """The retired versions some of whose files are still on disk (their deletion was cut short)."""
     from ..io import exists
 
@@ -569,7 +582,7 @@ def _remove(spec: str, read: ReadOptions) -> None:
         remove(path)
 
 
-def _delete_retired(retired, publisher: _Publisher, check_first: bool = False, check_only: bool = False) -> None:
+def _delete_retired(retired: Any, publisher: _Publisher, check_first: bool = False, check_only: bool = False) -> None:
     """Delete the files of retired versions (after the manifest that retired them is in place), each only
     when it records this job, its version and, for an output, the version's map (a manifest's word is no
     proof: anyone can recompute its checksum). With ``check_first`` or ``check_only``, a file there that
@@ -651,7 +664,7 @@ def _abandon(publisher: _Publisher, version: int, outputs: dict) -> None:
         log.info("job %s: removed what an unpublished version %s, cut short, had begun", publisher.name, version)
 
 
-def _remove_partial(output) -> None:
+def _remove_partial(output: Any) -> None:
     """Remove the partial output of an apply that was cut short (and its progress record), when that output
     will not be written after all."""
     from ..io import remove

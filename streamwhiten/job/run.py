@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import BadInputError
 from .file import JobFile, read_job_file
@@ -25,14 +27,25 @@ log = logging.getLogger("streamwhiten")
 
 
 def run_job_file(
-    path: str, progress=None, should_stop=None, restart: bool = False, storage_options=None, republish: bool = False
+    path: str,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    restart: bool = False,
+    storage_options: Any = None,
+    republish: bool = False,
 ) -> RunReport:
     """Run the job file ``path`` (see :func:`run_job`); ``storage_options`` (the command line's) are used
     over its ``[storage]`` table."""
     return run_job(read_job_file(path, storage_options), progress, should_stop, restart, republish)
 
 
-def run_job(job: JobFile, progress=None, should_stop=None, restart: bool = False, republish: bool = False) -> RunReport:
+def run_job(
+    job: JobFile,
+    progress: Callable[[int, int], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    restart: bool = False,
+    republish: bool = False,
+) -> RunReport:
     """Run a job: fit or update, finalize, apply; each step skipped when already up to date.
 
     A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead. A
@@ -48,7 +61,9 @@ def run_job(job: JobFile, progress=None, should_stop=None, restart: bool = False
 
         return run_published(job, progress, should_stop, restart, republish)
     if republish:
-        raise BadInputError(f"{job.path}: --republish needs a [publish] table in the job file (versioned outputs)")
+        raise BadInputError(
+            f"{job.path}: republish needs a [publish] table in the job file (versioned outputs)", param="republish"
+        )
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
     steps: list[str] = []

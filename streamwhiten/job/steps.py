@@ -63,7 +63,15 @@ def model_rows(model_path: str) -> int:
     return before.n_rows if before is not None else 0
 
 
-def fit_step(name: str, fitting: Fitting, inputs: list, steps: list, progress, should_stop, restart: bool):
+def fit_step(
+    name: str,
+    fitting: Fitting,
+    inputs: list,
+    steps: list,
+    progress: Callable[[int, int], None] | None,
+    should_stop: Callable[[], bool] | None,
+    restart: bool,
+):
     """Finish an interrupted run of job ``name``, then fit (no model yet) or update; re-finalize when only
     the job's setting changed. Returns the model to apply."""
     from ..core.model import file_checksum, load_model, save_model
@@ -109,7 +117,13 @@ def fit_step(name: str, fitting: Fitting, inputs: list, steps: list, progress, s
     return outcome.model
 
 
-def _finish_pending(name: str, fitting: Fitting, inputs: list, progress, should_stop) -> bool:
+def _finish_pending(
+    name: str,
+    fitting: Fitting,
+    inputs: list,
+    progress: Callable[[int, int], None] | None,
+    should_stop: Callable[[], bool] | None,
+) -> bool:
     """Complete a fit or update a killed run left in the job's checkpoint and save the model (through
     ``pipeline``, like every fit); True if it did. A checkpoint that does not belong to the current model (or
     whose sources changed) is discarded."""

@@ -156,8 +156,9 @@ class Source(ABC):
     def column_schema(self, names: list[str]) -> Any:
         """The types of the columns ``names`` (to carry them into an output), checking they exist."""
         raise BadInputError(
-            f"{self.label}: --keep-columns needs a Parquet or Lance input (a table with other "
-            f"columns); this is a {self.kind} store"
+            f"{self.label}: keep_columns needs a Parquet or Lance input (a table with other "
+            f"columns); this is a {self.kind} store",
+            param="keep_columns",
         )
 
     def read_columns(self, start: int, stop: int, names: list[str]) -> Any:
