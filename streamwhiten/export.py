@@ -211,7 +211,7 @@ def export(
     index: str | None = None,
     metric: str | None = None,
     insert: str | None = None,
-    codec=None,
+    codec: Any = None,
 ) -> ExportResult:
     """Write ``affine`` to ``path`` in ``fmt`` (see the module docstring); returns what was written.
 
@@ -289,7 +289,9 @@ def export(
     return ExportResult(fmt, path, affine.params(), details)
 
 
-def export_payload(affine: AffineMap, fmt: str, index: str | None = None, metric: str | None = None, codec=None):
+def export_payload(
+    affine: AffineMap, fmt: str, index: str | None = None, metric: str | None = None, codec: Any = None
+) -> tuple[Any, dict]:
     """What a file format writes, ``(payload, summary entries)``: the arrays of an ``npz`` map, else the
     file's bytes (``codec``: the faiss format writes its index)."""
     if fmt == "npz":
@@ -560,7 +562,7 @@ def faiss_int8_index(affine: AffineMap, metric: str | None = None):
     return index, metric
 
 
-def faiss_codec_index(affine: AffineMap, codec):
+def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
     """An empty ``IndexPreTransform`` that searches ``codec``'s code rows (a faiss codec of
     ``streamwhiten.codes``, trained for the map's unit-length outputs): the map, ``NormalizationTransform``,
     the codec's centring and projection (a ``LinearTransform``), any rotation of its own (OPQ), then its
@@ -576,8 +578,9 @@ def faiss_codec_index(affine: AffineMap, codec):
     if not isinstance(codec, FaissCode):
         raise BadInputError(
             f"faiss cannot scan the tool's own {codec.label} codes: search them with streamwhiten.codes.fast.search "
-            "(or eval --dtype), or decode them (serving.decode(rows, serving.codec(MODEL))) into a float index; "
-            "export --dtype float32 writes the map alone"
+            "(or eval with the code as dtype), or decode them (serving.decode(rows, serving.codec(MODEL))) into a "
+            "float index; dtype float32 writes the map alone",
+            param="dtype",
         )
     if codec.n_features != affine.n_components:
         raise BadInputError(
@@ -627,7 +630,7 @@ def _is_whitening_faiss(path: str) -> bool:
 
 
 def faiss_bytes(
-    affine: AffineMap, factory: str | None = None, metric: str | None = None, codec=None
+    affine: AffineMap, factory: str | None = None, metric: str | None = None, codec: Any = None
 ) -> tuple[bytes, dict]:
     """The bytes faiss's own writer gives for the ``LinearTransform`` (or, with ``factory``, the empty
     index; for int8 or binary storage, that storage's index; with ``codec``, a faiss codec's index:
@@ -638,7 +641,10 @@ def faiss_bytes(
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     if codec is not None:
         if factory is not None or metric not in (None, "ip"):
-            raise BadInputError("--index and --metric are for float storage: a code is written as its own index")
+            raise BadInputError(
+                "index and metric are for float storage: a code is written as its own faiss structure",
+                param=("index", "metric"),
+            )
         index, codec = faiss_codec_index(affine, codec)
         payload = faiss.serialize_index(index).tobytes()
         info: dict = {

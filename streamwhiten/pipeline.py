@@ -598,7 +598,7 @@ def with_codes(
     code: str,
     budget: int | None = None,
     *,
-    sample=None,
+    sample: Any = None,
     sample_size: int = DEFAULT_CODE_SAMPLE_ROWS,
     seed: int = 0,
     output: str | None = None,

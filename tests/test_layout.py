@@ -785,11 +785,14 @@ WIDE = {
     "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
     "evaluation.sweep:choose_generalising": "evaluation internals, being reworked with the codes' tuning",
     "evaluation.sweep:_search_group": "evaluation internals, being reworked with the codes' tuning",
-    "evaluation.select:forecast": "evaluation internals, being reworked with the codes' tuning",
-    "evaluation.select:select": "evaluation internals, being reworked with the codes' tuning",
     "evaluation.search:exact_search": "a public call's keyword arguments (exact search over a store)",
     "evaluation.report:collect": "the report's inputs, one per figure",
     "codes.faiss_codes:train_faiss": "faiss's training settings, passed to faiss as they are",
+    "export:export": "a public call's keyword arguments (streamwhiten.export.export)",
+    "pipeline:finish_checkpoint": "a fit's keyword arguments (pipeline.fit's), for a job's killed fit",
+    "evaluation.retrieval:SearchSetting.make_code": "a search setting's constructor: the code and its re-ranking",
+    "evaluation.retrieval:_search_codes": "evaluation internals of the code search (queries, corpus, re-ranking)",
+    "evaluation.sweep:sweep_rows": "evaluation internals, being reworked with the codes' tuning",
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ..errors import BadInputError
@@ -14,7 +16,7 @@ class CodeType(click.ParamType):
 
     name = "NAME:BYTES"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from ..codes.storage import parse_code
 
         try:
@@ -29,7 +31,7 @@ class StorageType(click.ParamType):
 
     name = "DTYPE|NAME:BYTES"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from ..codes.storage import is_code
         from ..params import check
 
@@ -64,7 +66,18 @@ class StorageType(click.ParamType):
 @click.option("--overwrite", is_flag=True, help="Let -o replace an existing model file written by streamwhiten.")
 @quiet_option
 @json_option
-def codes(model_path, code, sample, sample_size, seed, output_path, in_place, overwrite, quiet, as_json):
+def codes(
+    model_path: str,
+    code: str,
+    sample: str | None,
+    sample_size: int,
+    seed: int,
+    output_path: str | None,
+    in_place: bool,
+    overwrite: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Train the vector code CODE (NAME:BYTES, e.g. eigen:24) for the outputs of MODEL_PATH and record it
     as the model's storage, so that `eval` searches it, `export` writes it and `serving.codec` reads it.
 

@@ -345,7 +345,7 @@ def table_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _setting_text(model) -> str:
+def _setting_text(model: WhiteningModel) -> str:
     if model.basis == "identity":
         return f"the raw vectors: no transformation, k={model.n_components}"
     return f"beta={model.beta:g} gamma={model.gamma:g} k={model.n_components}"

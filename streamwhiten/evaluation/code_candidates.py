@@ -18,7 +18,7 @@ top lists and one block's codes.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
@@ -88,7 +88,7 @@ def smallest_bytes(name: str, n_features: int, limit: int = 64) -> int | None:
     return next((b for b in range(1, limit + 1) if code_budget(name, n_features, b) is not None), None)
 
 
-def fitting_codes(names, n_features: int, budget: int) -> dict[str, int]:
+def fitting_codes(names: Iterable[str], n_features: int, budget: int) -> dict[str, int]:
     """``{name: bytes to train at}`` of the codes of ``names`` that fit ``budget``, in their order."""
     out = {}
     for name in names:
@@ -182,7 +182,14 @@ def _one_thread_each(uses_faiss: bool) -> Iterator[None]:
             yield
 
 
-def _merge_found(top_scores, top_rows, scores, found, start, exclude) -> None:
+def _merge_found(
+    top_scores: np.ndarray,
+    top_rows: np.ndarray,
+    scores: np.ndarray,
+    found: np.ndarray,
+    start: int,
+    exclude: Any,
+) -> None:
     """Merge faiss's block results (block rows ``found``, -1 for none) into the top lists, excluded
     pairs dropped, best first, ties to the lower row."""
     rows = np.where(found >= 0, found + start, -1)

@@ -229,7 +229,7 @@ def pair_cosines(
 _PAIR_TILE = 256
 
 
-def pair_estimates(codec, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def pair_estimates(codec: Any, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The codec's estimate of ``<a_i, b_i>`` for each pair, ``b_i`` coded and ``a_i`` as it is (float64)."""
     codes = codec.encode(b)
     out = np.empty(a.shape[0])

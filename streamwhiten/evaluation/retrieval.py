@@ -381,7 +381,7 @@ def run_settings(
 
 def _search_codes(
     queries: np.ndarray,
-    corpus,
+    corpus: Any,
     settings: list[SearchSetting],
     reranked_depth: dict[str, int],
     depth: int,
@@ -500,7 +500,14 @@ class CodeSearch:
     int8_clip: float = DEFAULT_INT8_CLIP
 
     @classmethod
-    def of(cls, model: WhiteningModel | None, spec: str, rescore, rescore_dtype, int8_clip) -> CodeSearch:
+    def of(
+        cls,
+        model: WhiteningModel | None,
+        spec: str,
+        rescore: int | None,
+        rescore_dtype: str | None,
+        int8_clip: float | None,
+    ) -> CodeSearch:
         """The search of ``spec`` (``NAME:BYTES``); each of ``rescore``, ``rescore_dtype``, ``int8_clip`` as
         given, else the model's storage's where it records this code, else none."""
         from ..codes.storage import parse_code

@@ -887,7 +887,8 @@ def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage]
         size, k, label = min(pairs)
         raise BadInputError(
             f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes {size} ({label} at k={k}); "
-            "raise --max-bytes or add smaller k to --ks"
+            "raise max_bytes or add smaller k to ks",
+            param=("max_bytes", "ks"),
         )
 
 
@@ -907,7 +908,8 @@ def _code_sizes(grid: SweepGrid, n_features: int, budgets: list[int]) -> dict[st
         name = min(names, key=lambda n: (smallest[n] is None, smallest[n] or 0))
         raise BadInputError(
             f"no code of {', '.join(names)} stores a {n_features}-d vector in {min(budgets)} bytes or fewer: "
-            f"the smallest, {name}, takes {smallest[name]}; raise --max-bytes"
+            f"the smallest, {name}, takes {smallest[name]}; raise max_bytes",
+            param="max_bytes",
         )
     return {name: sizes for name, sizes in out.items() if sizes}
 
