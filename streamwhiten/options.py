@@ -20,7 +20,7 @@ Examples
 >>> ApplyOptions(dtype="int4")
 Traceback (most recent call last):
 ...
-streamwhiten.errors.BadInputError: dtype must be "float32", "float16", "int8" or "binary", got 'int4'
+streamwhiten.errors.BadInputError: dtype must be "float32", "float16", "int8", "binary" or a vector code NAME:BYTES ("eigen:24"), got 'int4'
 """
 
 from __future__ import annotations
@@ -265,7 +265,8 @@ class ApplyOptions:
     def __post_init__(self):
         _check_fields(self)
         object.__setattr__(self, "keep_columns", column_names(self.keep_columns))
-        if self.dtype in params.CODED_DTYPES:  # codes and bits are of the unit vectors, as the search stores them
+        coded = self.dtype in params.CODED_DTYPES or params.is_code_dtype(self.dtype)
+        if coded:  # codes and bits are of the unit vectors, as the search stores them
             if self.skip_nonfinite:
                 raise BadInputError(
                     f"dtype {self.dtype!r} cannot hold the NaN rows skip_nonfinite writes; write float32 or float16"

@@ -21,6 +21,7 @@ library: the command line checks its options before numpy or numba are loaded.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from numbers import Integral, Real
@@ -71,6 +72,7 @@ class Param:
     job: tuple = ()
     aliases: tuple = ()
     alias_of: str | None = None  # set on an alias's own entry: the parameter it is a former name of
+    pattern: str | None = None  # a str parameter: what it may be besides its choices (a regular expression)
 
     def accepts(self, value: Any) -> bool:
         if value is None:
@@ -82,7 +84,9 @@ class Param:
         if self.kind is bool:
             return isinstance(value, bool) or _is_numpy_bool(value)
         if self.kind is str:
-            return isinstance(value, str) and value in self.choices
+            return isinstance(value, str) and (
+                value in self.choices or (self.pattern is not None and re.fullmatch(self.pattern, value) is not None)
+            )
         if self.kind is dict:
             return isinstance(value, Mapping) and all(isinstance(key, str) for key in value)
         if isinstance(value, bool) or _is_numpy_bool(value) or not isinstance(value, Real):
@@ -139,6 +143,14 @@ _MODEL, _APPLY, _INPUT = ("model",), ("apply",), ("input",)
 #: The values of ``dtype`` that store codes, not floats (int8 codes, packed sign bits): always of unit
 #: vectors, never NaN, decoded with the record the output carries.
 CODED_DTYPES = ("int8", "binary")
+#: A vector code as a dtype: ``NAME:BYTES`` (``eigen:24``; the names are ``streamwhiten.codes.CODES``).
+CODE_PATTERN = r"[a-z][a-z0-9+-]*:[0-9]+"
+
+
+def is_code_dtype(dtype: object) -> bool:
+    """Whether ``dtype`` names a vector code (``NAME:BYTES``), which stores unit-length vectors as codes."""
+    return isinstance(dtype, str) and re.fullmatch(CODE_PATTERN, dtype) is not None
+
 
 #: Every parameter, by name (aliases included: see :data:`NAMES` for the parameters alone).
 PARAMS: dict[str, Param] = _params(
@@ -264,10 +276,11 @@ PARAMS: dict[str, Param] = _params(
         "dtype",
         str,
         "float32",
-        '"float32", "float16", "int8" or "binary"',
+        '"float32", "float16", "int8", "binary" or a vector code NAME:BYTES ("eigen:24")',
         choices=("float32", "float16", "int8", "binary"),
         none=True,
         job=_APPLY,
+        pattern=CODE_PATTERN,
     ),
     Param("zarr_format", int, 3, "2 or 3", choices=(2, 3), job=_APPLY),
     Param(

@@ -25,6 +25,7 @@ floats: those of ``encode``, and those of ``apply --dtype int8|binary``, whose o
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -110,6 +111,16 @@ def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:
         record = codec_from_bytes(bytes(record))
     if isinstance(record, Codec):
         return np.asarray(record.decode(codes), dtype=dtype)
+    held = record.get("quantization") if isinstance(record, Mapping) else None
+    if isinstance(held, str) and held.lstrip().startswith("{"):
+        import json
+
+        held = json.loads(held)
+    if isinstance(held, Mapping) and isinstance(held.get("codec"), Mapping):
+        raise BadInputError(
+            f"these rows are {held['codec'].get('label')} codes of a vector code: the model records the codec, "
+            "so decode them with decode(rows, codec(MODEL))"
+        )
     return decode_record(codes, record, dtype)
 
 

@@ -815,7 +815,7 @@ def test_a_moved_or_copied_job_folder_reads_its_own_parts(tmp_path):
         copied.read(str(moved / "shards" / "day-1.h5"))
 
 
-@pytest.mark.parametrize("dtype", ["int8", "binary"])
+@pytest.mark.parametrize("dtype", ["int8", "binary", "eigen:4"])
 def test_a_publication_of_codes_reads_back_decoded_and_as_codes(tmp_path, dtype):
     from streamwhiten import serving
 
@@ -833,10 +833,20 @@ def test_a_publication_of_codes_reads_back_decoded_and_as_codes(tmp_path, dtype)
     np.testing.assert_array_equal(codes, raw)
     decoded = publication.read(shard)
     assert decoded.dtype == np.float32 and decoded.shape == (2100, 8)
-    np.testing.assert_array_equal(decoded, serving.decode(raw, read_attrs(publication.outputs[0])))
+    if dtype == "eigen:4":  # the codes' record names the codec: the model file holds it, not the output
+        with pytest.raises(BadInputError, match="decode them with decode"):
+            serving.decode(raw, read_attrs(publication.outputs[0]))
+    else:
+        np.testing.assert_array_equal(decoded, serving.decode(raw, read_attrs(publication.outputs[0])))
     want = expected(publication.model_file, np.concatenate([rows_of(2000, 1), rows_of(100, 2)]))
     if dtype == "binary":
         np.testing.assert_array_equal(decoded, np.where(want > 0, 1.0, -1.0))
+    elif dtype == "eigen:4":  # the published model's codec: its codes of the exact unit vectors, decoded
+        codec = serving.codec(publication.model_file)
+        unit = want / np.linalg.norm(want, axis=1, keepdims=True)
+        assert np.mean(np.all(raw == codec.encode(unit.astype(np.float32)), axis=1)) > 0.99
+        np.testing.assert_allclose(decoded, codec.decode(raw), rtol=1e-6)
+        assert publication.load_model().storage.codec.label == codec.label == "eigen-4B"
     else:  # int8: within half a quantization step of the exact value (or clipped at the range's end)
         step = np.asarray(quantization.scale)
         assert np.mean(np.abs(decoded - want) <= step / 2 + 1e-6) > 0.99

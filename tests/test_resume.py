@@ -139,13 +139,15 @@ def test_apply_killed_anywhere_resumes_to_identical_output(tmp_path, store):
     assert killed_mid_run >= 3
 
 
-@pytest.mark.parametrize("suffix", [".h5", ".zarr"])
-def test_a_killed_int8_apply_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_path, store, suffix):
-    """apply --dtype int8 killed with SIGKILL mid-run, then run again: continued from its progress record,
-    to every byte of an uninterrupted run (codes and their decode record)."""
+@pytest.mark.parametrize(
+    ("suffix", "dtype"), [(".h5", "int8"), (".zarr", "int8"), (".h5", "eigen:6"), (".zarr", "eigen:6")]
+)
+def test_a_killed_coded_apply_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_path, store, suffix, dtype):
+    """apply --dtype int8 (or a vector code) killed with SIGKILL mid-run, then run again: continued from its
+    progress record, to every byte of an uninterrupted run (codes and their decode record)."""
     model = tmp_path / "m.npz"
     assert run_subprocess("fit", store, "-o", model, "-k", 16, "-q").returncode == 0
-    apply_args = ["--block-rows", 256, "--dtype", "int8", "--progress-seconds", 0, "-q"]
+    apply_args = ["--block-rows", 256, "--dtype", dtype, "--progress-seconds", 0, "-q"]
     reference = str(tmp_path / f"reference{suffix}")
     assert run_subprocess("apply", model, store, "-o", reference, *apply_args).returncode == 0
     killed = 0

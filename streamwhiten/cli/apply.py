@@ -45,7 +45,9 @@ ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor", "checksums")
         "skip_nonfinite": "Write NaN for input rows holding NaN/Inf instead of failing.",
         "dtype": "The output values: float32 or float16; int8 codes of the unit vectors (a scale and offset "
         "per component, from the statistics) or binary sign bits (8 per byte, ceil(k/8) bytes a row), both "
-        "normalized, recording how to decode them [default: the model's storage, else float32].",
+        "normalized, recording how to decode them; or a vector code NAME:BYTES of the unit vectors (e.g. "
+        "eigen:24: the model's own code, else one trained from its statistics; the names: streamwhiten codes "
+        "--help) [default: the model's storage, else float32].",
     },
 )
 @click.option(

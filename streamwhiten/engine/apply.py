@@ -54,8 +54,8 @@ from ..io import (
 )
 from ..io.codecs import Fetched
 from ..options import ApplyOptions, ReadOptions
-from ..output_plan import MODEL_PARAMS, STORAGE_ATTR, OutputPlan, StoredAs
-from ..params import CODED_DTYPES
+from ..output_plan import MODEL_PARAMS, STORAGE_ATTR, OutputPlan, StoredAs, storage_record
+from ..params import CODED_DTYPES, is_code_dtype
 from ..records import ResumeRecord
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
@@ -82,12 +82,12 @@ def with_model_storage(options: ApplyOptions, model: WhiteningModel) -> ApplyOpt
     """``options`` with ``dtype`` None made the model's storage (what ``tune`` chose; float32 when it records
     none): what every apply writes when no dtype is given. int8 codes and bits set ``normalize`` and refuse
     ``skip_nonfinite`` (:class:`~streamwhiten.options.ApplyOptions`)."""
-    if options.dtype is None and model.storage is not None and model.storage.codec is not None:
-        raise BadInputError(
-            f"the model's storage is the {model.storage.codec.label} code, which apply does not write yet: "
-            "give a dtype (float32, float16, int8 or binary)"
-        )
-    return options if options.dtype is not None else replace(options, dtype=model.dtype)
+    if options.dtype is not None:
+        return options
+    recorded = model.storage.codec if model.storage is not None else None
+    if recorded is not None:  # the model's vector code, as NAME:BYTES
+        return replace(options, dtype=f"{recorded.code}:{recorded.budget}")
+    return replace(options, dtype=model.dtype)
 
 
 def output_quantization(model: WhiteningModel, dtype: str | None) -> Quantization | None:
@@ -106,6 +106,78 @@ def encode_block(out: np.ndarray, quantization: Quantization | None) -> np.ndarr
 def _quantization_digest(attrs: Mapping[str, Any]) -> str:
     """The digest of the codes' record an output's attributes carry, read as a :class:`Quantization`."""
     return Quantization.from_attrs(attrs).digest()
+
+
+class CodecEncoder:
+    """Encodes unit-length output rows as a vector code's rows (``streamwhiten.codes``' Numba encoder),
+    from the codec's checksummed bytes: what a Dask worker receives is those bytes, decoded there once."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = bytes(data)
+        self._codec: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"data": self.data}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["data"])  # type: ignore[misc]
+
+    def encode(self, rows: np.ndarray) -> np.ndarray:
+        from ..codes import codec_from_bytes
+        from ..codes.fast import encode
+
+        if self._codec is None:
+            self._codec = codec_from_bytes(self.data)
+        return encode(self._codec, rows)
+
+
+def _codec_digest(attrs: Mapping[str, Any]) -> str:
+    """The SHA-256 of the codec bytes a code output's record names (its ``codec`` entry)."""
+    record = storage_record(attrs)
+    if not isinstance(record, Mapping) or not isinstance(record.get("codec"), Mapping):
+        raise ValueError("not a vector code's record")
+    return str(record["codec"]["sha256"])
+
+
+def code_storage(model: WhiteningModel, dtype: str) -> StoredAs:
+    """The plan's storage of the vector code ``dtype`` (``NAME:BYTES``): the model's own codec where it
+    records that code; else one trained here for the model's unit-length outputs from the exact
+    statistics (the codes that learn from a sample are trained with ``streamwhiten.with_codes`` first)."""
+    import hashlib
+
+    from ..codes import NEEDS_SAMPLE
+    from ..codes.storage import parse_code, train_for
+
+    code, budget = parse_code(dtype)
+    recorded = model.storage.codec if model.storage is not None else None
+    if recorded is not None and (recorded.code, recorded.budget) == (code, budget):
+        data = recorded.data
+        label, width, sample = recorded.label, recorded.bytes_per_vector, (recorded.sample_rows, recorded.sample_seed)
+    elif code in NEEDS_SAMPLE:
+        raise BadInputError(
+            f"the {code} code learns from a sample of the input: record it in the model first (the codes "
+            f"command, or streamwhiten.with_codes(model, {dtype!r}, sample=...)); the model records "
+            + (f"the {recorded.label} code" if recorded is not None else "no code"),
+            param="dtype",
+        )
+    else:
+        codec = train_for(model, code, budget)
+        data, label, width, sample = codec.to_bytes(), codec.label, codec.bytes_per_vector, (0, 0)
+    sha = hashlib.sha256(data).hexdigest()
+    record = {
+        "codec": {
+            "code": code,
+            "budget": int(budget),
+            "label": label,
+            "bytes_per_vector": int(width),
+            "n_features": int(model.n_components),
+            "sha256": sha,
+            "sample_rows": int(sample[0]),
+            "sample_seed": int(sample[1]),
+            "decode": "serving.decode(rows, serving.codec(MODEL)): the codec is the model's storage",
+        }
+    }
+    return StoredAs(label, int(width), "uint8", record, sha, read_digest=_codec_digest, encoder=CodecEncoder(data))
 
 
 def stored_as(quantization: Quantization | None) -> StoredAs | None:
@@ -142,7 +214,10 @@ def plan_output(
     chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
     output's row groups are the blocks. ``source_sha256`` is the hash of its sampled rows where taken
     before writing; ``attrs`` are recorded beside the plan's own."""
-    storage = stored_as(output_quantization(model, options.dtype))
+    if is_code_dtype(options.dtype):
+        storage: StoredAs | None = code_storage(model, str(options.dtype))
+    else:
+        storage = stored_as(output_quantization(model, options.dtype))
     if storage is None:
         width, dtype = model.n_components, np.dtype(options.dtype).name
     else:

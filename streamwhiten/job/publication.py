@@ -434,6 +434,34 @@ def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None 
 # ------------------------------------------------------------------------------------------- the reader
 
 
+def _codec_sha(attrs: Any) -> str | None:
+    """The SHA-256 of the codec a vector-code output names (its record's ``codec`` entry), else None."""
+    from ..output_plan import storage_record
+
+    try:
+        record = storage_record(attrs)
+    except Exception:  # noqa: BLE001 - not a record of ours: read as Quantization's, which says what is wrong
+        return None
+    codec = record.get("codec") if isinstance(record, dict) else None
+    return str(codec["sha256"]) if isinstance(codec, dict) and "sha256" in codec else None
+
+
+@dataclass(frozen=True)
+class CodeDecoder:
+    """How a publication's vector-code rows decode: the published model's codec (``decode``), named by the
+    SHA-256 of its bytes (``digest``: the same in every part)."""
+
+    codec: Any
+    sha256: str
+
+    def decode(self, codes: np.ndarray, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
+        """The rows the codes stand for (the codec's decode: unit-length vectors, approximately)."""
+        return np.asarray(self.codec.decode(codes), dtype=dtype)
+
+    def digest(self) -> str:
+        return self.sha256
+
+
 @dataclass(frozen=True)
 class Publication:
     """A published version of a job's outputs, as its manifest listed it when :func:`published` read it.
@@ -526,7 +554,7 @@ class Publication:
             return record.decode(blocks, dtype)
         return blocks
 
-    def read_codes(self, input_spec: str) -> tuple[np.ndarray, Quantization]:
+    def read_codes(self, input_spec: str) -> tuple[np.ndarray, Quantization | CodeDecoder]:
         """``(codes, quantization)``: the stored int8 codes or bytes of sign bits of ``input_spec`` in this
         version (checked as :meth:`read` checks them), and their decoder
         (:class:`~streamwhiten.serving.Quantization`: ``quantization.decode(codes)``). A publication of
@@ -545,7 +573,8 @@ class Publication:
         from ..io import open_output, open_source
         from ..output_plan import STORAGE_ATTR
 
-        blocks, records = [], []
+        blocks: list[np.ndarray] = []
+        records: list[Any] = []
         manifest = self.manifest
         spec = self._spec(input_spec)
         for part in self.parts(input_spec):
@@ -562,13 +591,32 @@ class Publication:
                     self._refuse(part, problem)
                 if source.n_rows != part.n_rows:
                     raise BadInputError(f"{part.path}: holds {source.n_rows} rows, not the {part.n_rows} published")
-                records.append(Quantization.from_attrs(attrs) if STORAGE_ATTR in attrs else None)
+                if STORAGE_ATTR not in attrs:
+                    records.append(None)
+                elif _codec_sha(attrs) is not None:
+                    records.append(self._code_decoder(part, str(_codec_sha(attrs))))
+                else:
+                    records.append(Quantization.from_attrs(attrs))
                 blocks.append(source.read(0, source.n_rows))
         digests = {None if record is None else record.digest() for record in records}
         if len(digests) > 1:
             raise BadInputError(f"{self.path}: the parts of {input_spec} hold differently encoded rows")
         rows = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
         return rows, records[0]
+
+    def _code_decoder(self, part: Part, sha256: str) -> CodeDecoder:
+        """The decoder of a part stored as a vector code: the published model's codec, which must be the
+        one the part names (its bytes' SHA-256)."""
+        import hashlib
+
+        from ..codes.storage import model_codec
+
+        model = self.load_model()
+        recorded = model.storage.codec if model.storage is not None else None
+        if recorded is None or hashlib.sha256(recorded.data).hexdigest() != sha256:
+            self._refuse(part, "coded by another codec than the published model records")
+        codec = model_codec(model)
+        return CodeDecoder(codec, sha256)
 
     def _refuse(self, part: Part, problem: str, cause: BaseException | None = None) -> NoReturn:
         raise BadInputError(

@@ -21,7 +21,7 @@ from typing import Any
 from ..errors import BadInputError
 from .file import JobFile, read_job_file
 from .report import JobUpToDateError, RunReport
-from .steps import apply_unless_current, check_paths, fit_step, job_lock, model_rows, stored_bytes
+from .steps import apply_unless_current, check_paths, fit_step, job_lock, model_rows, record_code, stored_bytes
 
 log = logging.getLogger("streamwhiten")
 
@@ -74,6 +74,7 @@ def run_job(
         check_paths([job.path, *inputs], {**job.own_files, **{output: "[apply] output" for output in outputs.values()}})
         before = model_rows(job.model_path)
         model = fit_step(job.name, job.fitting, inputs, steps, progress, should_stop, restart)
+        model = record_code(job.name, model, job.writing, inputs, job.model_path)
         for input_spec, output in outputs.items():
             outcome = apply_unless_current(
                 job.name, model, input_spec, output, job.writing, progress=progress, should_stop=should_stop

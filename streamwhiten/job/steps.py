@@ -144,6 +144,29 @@ def _finish_pending(
     return outcome is not None
 
 
+def record_code(name: str, model: WhiteningModel, writing: Writing, inputs: list, model_path: str) -> WhiteningModel:
+    """``model``, recording the vector code the job's apply writes (``dtype = "NAME:BYTES"``) as its storage
+    and saved to ``model_path``, so that every reader of the outputs decodes them with the model's codec.
+    Trained once: updates keep it (a setting changed by the job drops it, and it is trained again). A code
+    that learns from data trains on a seeded sample of the job's first input."""
+    from ..codes import NEEDS_SAMPLE
+    from ..codes.storage import parse_code
+    from ..params import is_code_dtype
+    from ..pipeline import with_codes
+
+    dtype = writing.options.dtype
+    if not is_code_dtype(dtype):
+        return model
+    code, budget = parse_code(str(dtype))
+    recorded = model.storage.codec if model.storage is not None else None
+    if recorded is not None and (recorded.code, recorded.budget) == (code, budget):
+        return model
+    sample = inputs[0] if code in NEEDS_SAMPLE else None
+    coded = with_codes(model, str(dtype), sample=sample, output=model_path, overwrite=True)
+    log.info("job %s: recorded the %s code in %s", name, dtype, model_path)
+    return coded
+
+
 def check_paths(sources: list, written: dict[str, str]) -> None:
     """Refuse a file the run writes (``written``: path -> what it is) over one of the ``sources`` it reads
     (the job file and the inputs) or over another, before any work."""
