@@ -232,6 +232,10 @@ def quality(args, budgets, data) -> tuple[list[dict], list[dict], dict]:
     codecs = {}
     tool_names = TOOL_CODES + TOOL_FAISS + (("faiss-pq", "faiss-opq") if args.tool_faiss_pq else ())
     own_kinds = ("pq", "opq", "rabitq1", "rabitq2", "rabitq4", "itq", "sq4", "sq8")
+    if args.tool_codes is not None:
+        tool_names = tuple(name for name in args.tool_codes.split(",") if name)
+    if args.faiss_codes is not None:
+        own_kinds = tuple(kind for kind in args.faiss_codes.split(",") if kind)
     if args.quick:
         tool_names, own_kinds = ("eigen", "bits-random", "faiss-rabitq1"), ("pq", "rabitq1")
     if args.speed_only:
@@ -741,6 +745,8 @@ def main(argv=None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--budgets", default=",".join(map(str, BUDGETS)))
     parser.add_argument("--tool-faiss-pq", action="store_true", help="also train PQ and OPQ through the tool")
+    parser.add_argument("--tool-codes", default=None, help="the tool's codes measured (default: all)")
+    parser.add_argument("--faiss-codes", default=None, help="faiss's own codes measured (default: all)")
     parser.add_argument("--no-speed", action="store_true", help="skip the encode and search timings")
     parser.add_argument("--speed-only", action="store_true", help="only the eigen and bits codes and the timings")
     parser.add_argument("--quick", action="store_true", help="one budget, every 10th query, a few codes (a smoke run)")

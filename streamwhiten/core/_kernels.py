@@ -413,7 +413,7 @@ def lookup_scores(
                 line_b[r], line_b[r + 1], line_b[r + 2], line_b[r + 3] = b0, b1, b2, b3
                 line_a[r], line_a[r + 1], line_a[r + 2], line_a[r + 3] = a0, a1, a2, a3
             for r in range(body, n_rows):
-                for query in (i, other):
+                for query in range(i, other + 1):  # once each, an odd last query too
                     total = np.float32(0.0) if first else out[query, r]
                     for p in range(p0, p1):
                         total += tables[query, p, codes[r, p]]
