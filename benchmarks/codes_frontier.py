@@ -35,7 +35,7 @@ The same on a synthetic anisotropic store (``streamwhiten.synthetic``, 384 value
 1,000,000 rows, unit length, queries the next rows of the same data set), written once under
 ``--store-dir`` (default a folder under the system's temporary directory, never in the repository):
 recall and encode/search speed at ``--synthetic-budgets``. Memory: the store is encoded block by block
-(``open_source`` reads, ``fast.encode``, a ``.npy`` written as it goes) in a child process, over a
+(``open_source`` reads, ``fast.encode``, the codes written to a file as they come) in a child process, over a
 quarter of its rows and over all of them; peak RSS against the store's size, and the whole store
 encoded again under an address-space limit (``RLIMIT_AS``) of the idle child's size plus a quarter of
 the store (at least 256 MiB).
@@ -504,6 +504,10 @@ def synthetic(args, budgets) -> tuple[list[dict], list[dict]]:
     rows, lines = [], []
     tool_names = ("eigen", "bits-random", "bits-itq") if not args.quick else ("eigen",)
     own_kinds = ("pq", "opq", "rabitq1", "rabitq2", "rabitq4", "sq4", "sq8") if not args.quick else ("pq",)
+    if args.tool_codes is not None:
+        tool_names = tuple(name for name in args.tool_codes.split(",") if name)
+    if args.faiss_codes is not None:
+        own_kinds = tuple(kind for kind in args.faiss_codes.split(",") if kind)
     started = time.perf_counter()
     with threadpool_limits(1):
         faiss.omp_set_num_threads(1)
@@ -661,16 +665,10 @@ codec = train_codec("eigen", stats["mean"], stats["covariance"], int(os.environ[
 n_rows = int(os.environ["CODES_ROWS"])
 t0 = time.perf_counter()
 if n_rows:
-    out = np.lib.format.open_memmap(os.environ["CODES_OUT"], mode="w+", dtype=np.uint8,
-                                    shape=(n_rows, codec.bytes_per_vector))
-    with open_source(os.environ["CODES_SPEC"]) as source:
+    # the codes go to a raw file by writes, not a memory map, whose written pages would count as this process's
+    with open(os.environ["CODES_OUT"], "wb") as out, open_source(os.environ["CODES_SPEC"]) as source:
         for a in range(0, n_rows, 8192):
-            b = min(n_rows, a + 8192)
-            out[a:b] = encode(codec, source.read(a, b))
-            if (a // 8192) % 16 == 15:
-                out.flush()  # written pages go to the file, not to this process's memory
-    out.flush()
-    del out
+            out.write(encode(codec, source.read(a, min(n_rows, a + 8192))).tobytes())
 status = {}
 with open("/proc/self/status") as handle:  # VmHWM: this process's own peak RSS (ru_maxrss may be the parent's)
     for line in handle:
@@ -694,7 +692,7 @@ def memory(args) -> list[dict]:
         "CODES_STATS": str(stats_path),
         "CODES_SPEC": spec,
         "CODES_BUDGET": str(args.memory_budget),
-        "CODES_OUT": str(directory / "memory-codes.npy"),
+        "CODES_OUT": str(directory / "memory-codes.u8"),
     }
     lines = []
     for n_rows in (0, n_total // 4, n_total):
@@ -730,7 +728,7 @@ def memory(args) -> list[dict]:
     except RuntimeError as exc:
         print(f"the encode under RLIMIT_AS={limit_mib:.0f} MiB failed: {str(exc)[-500:]}", file=sys.stderr)
         lines.append({"rows": n_total, "store_mib": store_mib, "rlimit_as_mib": limit_mib, "peak_rss_mib": None})
-    (directory / "memory-codes.npy").unlink(missing_ok=True)
+    (directory / "memory-codes.u8").unlink(missing_ok=True)
     print_table(
         f"memory: encoding the synthetic store ({store_mib:,.0f} MiB, eigen {args.memory_budget} B) block by block in "
         "a child; rows 0 = the idle child (imports, codec); the last line ran under RLIMIT_AS",
@@ -758,6 +756,7 @@ def main(argv=None) -> int:
     parser.add_argument("--synthetic-queries", type=int, default=100)
     parser.add_argument("--memory-budget", type=int, default=32, help="bytes of the eigen code the memory part encodes")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory part")
+    parser.add_argument("--memory-only", action="store_true", help="only the memory part")
     parser.add_argument("--no-dev", action="store_true", help="skip the neighbours-dev/retrieval-dev part")
     parser.add_argument("--store-dir", default=str(Path(tempfile.gettempdir()) / "streamwhiten-codes-frontier"))
     parser.add_argument("--results", default=None, help="folder of the JSON result (default benchmarks/results)")
@@ -773,7 +772,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     budgets = [16] if args.quick else [int(b) for b in args.budgets.split(",")]
     payload: dict = {"machine": machine(), "faiss": faiss.__version__, "budgets": budgets}
-    if args.no_dev:
+    if args.no_dev or args.memory_only:
         pass
     elif (args.data / "neighbours-dev" / "qrels.tsv").exists():
         raw_corpus, raw_queries, truth, pairs = load(args.data)
@@ -807,7 +806,9 @@ def main(argv=None) -> int:
             payload["speed"] = speed(args, budgets, data, extra["codecs"])
     else:
         print(f"no neighbours-dev task under {args.data}: its part skipped")
-    if args.rows > 0 and not args.speed_only:
+    if args.memory_only and args.rows > 0:
+        payload["memory"] = memory(args)
+    elif args.rows > 0 and not args.speed_only:
         budgets_synthetic = [int(b) for b in args.synthetic_budgets.split(",")]
         payload["synthetic_rows"], payload["synthetic_speed"] = synthetic(args, budgets_synthetic)
         payload["synthetic"] = {"rows": args.rows, "queries": args.synthetic_queries, "budgets": budgets_synthetic}
