@@ -11,30 +11,38 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ..core._kernels import lookup_scores, merge_top_scores, pack_levels
+from ..core._kernels import encode_levels, lookup_scores, merge_top_scores
 from ..core.exclusions import Exclusions
+from ..core.finite import raise_if_nonfinite
 from ..errors import BadInputError
-from .base import Codec
+from .base import NOT_CODABLE, Codec
 from .faiss_codes import FaissCode
 from .linear import LinearCode
 
-#: Code rows scored per tile: their bytes stay in the L2 cache while a chunk of queries passes.
-TILE_ROWS = 8192
+#: Bytes of code rows scored per tile: they stay in the L2 cache while a chunk of queries passes.
+TILE_BYTES = 1 << 18
 #: Queries per chunk: their tables (chunk x code bytes x 256 float32) are built once per chunk.
 TILE_QUERIES = 32
 
 
 def encode(codec: Codec, block: npt.ArrayLike) -> npt.NDArray[np.uint8]:
     """``codec.encode(block)``, byte for byte, with the tool's own codes quantised and packed by one
-    Numba pass instead of numpy's several."""
+    Numba pass over blocks of rows instead of numpy's several over all of them."""
     if not isinstance(codec, LinearCode):
         return codec.encode(block)
     rows = codec.check_rows(block, finite=False)
-    z = codec.project(rows)
-    out = np.zeros((rows.shape[0], codec.bytes_per_vector), dtype=np.uint8)
-    pack_levels(z, codec.step, codec.offsets, codec.bits, out)
-    if codec.correction:
-        out[:, codec.code_bytes :] = codec.corrections(rows, z, codec.quantize(z)).view(np.uint8)
+    n_rows = rows.shape[0]
+    out = np.empty((n_rows, codec.bytes_per_vector), dtype=np.uint8)
+    step = codec.block_rows  # the products of codec.project, so the bytes are its bytes on any BLAS
+    z = np.empty((min(step, n_rows), codec.n_components), dtype=np.float32)
+    for r0 in range(0, n_rows, step):
+        r1 = min(n_rows, r0 + step)
+        part = z[: r1 - r0]
+        codec.project_into(rows[r0:r1], part)
+        if encode_levels(part, codec._shift32, codec.step, codec.bits, out[r0:r1]) >= 0:
+            raise_if_nonfinite(part, "rows", start=r0, suffix=NOT_CODABLE)
+        if codec.correction:
+            out[r0:r1, codec.code_bytes :] = codec.corrections(rows[r0:r1], part, codec.quantize(part)).view(np.uint8)
     return out
 
 
@@ -83,12 +91,13 @@ def merge_block(
     (``start``/``excluded``: :class:`~streamwhiten.core.exclusions.Exclusions` arrays): a corpus
     searched block by block gives the lists of one search over all of it."""
     scales = _scales(codec, codes)
-    tile = np.empty((TILE_QUERIES, TILE_ROWS), dtype=np.float32)
+    tile_rows = max(64, TILE_BYTES // codec.bytes_per_vector)
+    tile = np.empty((TILE_QUERIES, tile_rows), dtype=np.float32)
     for q0 in range(0, queries.shape[0], TILE_QUERIES):
         q1 = min(queries.shape[0], q0 + TILE_QUERIES)
         tables, bases, offsets = codec.lookup_tables(queries[q0:q1])
-        for r0 in range(0, codes.shape[0], TILE_ROWS):
-            r1 = min(codes.shape[0], r0 + TILE_ROWS)
+        for r0 in range(0, codes.shape[0], tile_rows):
+            r1 = min(codes.shape[0], r0 + tile_rows)
             out = tile[: q1 - q0, : r1 - r0]
             lookup_scores(tables, codes[r0:r1], scales[r0:r1], bases, offsets, out)
             merge_top_scores(out, first_row + r0, q0, top_scores, top_rows, start, excluded)
@@ -119,4 +128,4 @@ def _faiss_search(
     return top_scores, top_rows
 
 
-__all__ = ["TILE_QUERIES", "TILE_ROWS", "encode", "merge_block", "search"]
+__all__ = ["TILE_BYTES", "TILE_QUERIES", "encode", "merge_block", "search"]

@@ -299,33 +299,70 @@ def merge_top_hamming(
 
 
 @numba.njit(nogil=True, cache=True)
-def pack_levels(
+def encode_levels(
     z: npt.NDArray[np.float32],
+    shift: npt.NDArray[np.float32],
     step: npt.NDArray[np.float64],
-    offsets: npt.NDArray[np.int64],
     bits: npt.NDArray[np.int64],
     out: npt.NDArray[np.uint8],
-) -> None:
-    """OR into the zeroed rows ``out`` the level index ``clip(floor(z / step + 2^(b-1)), 0, 2^b - 1)``
-    of each component ``j`` (``b = bits[j]``, at most 8), least significant bit first from stream bit
-    ``offsets[j]``; stream bit ``t`` is bit ``t % 8`` of byte ``t // 8``. ``z`` must be finite."""
+) -> int:
+    """Centre the components ``z`` in place (``z -= shift``, float32) and write into the first
+    ``ceil(sum(bits) / 8)`` bytes of each row of ``out`` the level index ``clip(floor(z / step +
+    2^(b-1)), 0, 2^b - 1)`` of each component ``j`` (``b = bits[j]``, 1 to 8), least significant bit
+    first, components one after another; stream bit ``t`` is bit ``t % 8`` of byte ``t // 8``.
+
+    One pass per row (quantise into a small buffer, then shift the levels into a 64-bit word written
+    out 4 bytes at a time) instead of numpy's several over the block. Returns the first row holding a
+    NaN or Inf after centring (rows before it are written), or -1.
+    """
     n_rows, n_components = z.shape
+    code_bytes = 0
+    half = np.empty(n_components, dtype=np.float64)
+    top = np.empty(n_components, dtype=np.float64)
+    for j in range(n_components):
+        half[j] = np.float64(1 << (bits[j] - 1))
+        top[j] = np.float64((1 << bits[j]) - 1)
+        code_bytes += bits[j]
+    code_bytes = (code_bytes + 7) // 8
+    level = np.empty(n_components, dtype=np.uint64)
+    byte = np.uint64(255)
     for i in range(n_rows):
-        row = out[i]
+        row = z[i]
+        bad = False
         for j in range(n_components):
-            width = bits[j]
-            half = np.float64(1 << (width - 1))
-            value = np.floor(np.float64(z[i, j]) / step[j] + half)
-            top = np.float64((1 << width) - 1)
-            if value < 0.0:
-                value = 0.0
-            elif value > top:
-                value = top
-            word = np.int64(value) << (offsets[j] & 7)
-            byte = offsets[j] >> 3
-            row[byte] |= np.uint8(word & 255)
-            if word > 255:
-                row[byte + 1] |= np.uint8(word >> 8)
+            value = row[j] - shift[j]
+            row[j] = value
+            bad |= not (value - value == 0)  # NaN for NaN and +-Inf
+            index = np.floor(np.float64(value) / step[j] + half[j])
+            index = min(max(index, 0.0), top[j])
+            level[j] = np.uint64(np.int64(index))
+        if bad:
+            return i
+        target = out[i]
+        word = np.uint64(0)
+        filled = np.uint64(0)
+        p = 0
+        for j in range(n_components):
+            word |= level[j] << filled
+            filled += np.uint64(bits[j])
+            if filled >= 32:
+                target[p] = np.uint8(word & byte)
+                target[p + 1] = np.uint8((word >> np.uint64(8)) & byte)
+                target[p + 2] = np.uint8((word >> np.uint64(16)) & byte)
+                target[p + 3] = np.uint8((word >> np.uint64(24)) & byte)
+                word >>= np.uint64(32)
+                filled -= np.uint64(32)
+                p += 4
+        while p < code_bytes:
+            target[p] = np.uint8(word & byte)
+            word >>= np.uint64(8)
+            p += 1
+    return -1
+
+
+#: Code bytes whose tables a pass of :func:`lookup_scores` holds: two queries' tables of 16 bytes
+#: (2 x 16 x 256 float32) stay in the L1 cache however long the codes are.
+_LOOKUP_BYTES = 16
 
 
 @numba.njit(nogil=True, cache=True)
@@ -340,17 +377,48 @@ def lookup_scores(
     """``out[i, r] = bases[i] + scales[r] * (offsets[i] + sum_p tables[i, p, codes[r, p]])`` for the
     queries ``i`` of ``tables`` (queries x code bytes x 256) and the code rows ``r`` (only their first
     ``tables.shape[1]`` bytes are read): the asymmetric estimate of a code whose value is linear in
-    its bits, one table look-up per code byte (as faiss scans 8-bit PQ codes)."""
+    its bits, one table look-up per code byte (as faiss scans 8-bit PQ codes).
+
+    Two queries and four rows at a time, eight sums in registers (one chain of dependent additions
+    would wait on each), over the code bytes in passes of :data:`_LOOKUP_BYTES` whose tables stay in
+    L1, the running sums kept in ``out`` between passes. Each sum still adds its bytes in order, so
+    the result is that of the plain loop.
+    """
     n_queries, n_bytes, _ = tables.shape
     n_rows = codes.shape[0]
+    body = n_rows - n_rows % 4
+    for p0 in range(0, n_bytes, _LOOKUP_BYTES):
+        p1 = min(n_bytes, p0 + _LOOKUP_BYTES)
+        first = p0 == 0
+        for i in range(0, n_queries, 2):
+            other = min(i + 1, n_queries - 1)  # an odd last query is summed twice, into its own line
+            table_a, table_b = tables[i], tables[other]
+            line_a, line_b = out[i], out[other]
+            for r in range(0, body, 4):
+                if first:
+                    a0 = a1 = a2 = a3 = b0 = b1 = b2 = b3 = np.float32(0.0)
+                else:
+                    a0, a1, a2, a3 = line_a[r], line_a[r + 1], line_a[r + 2], line_a[r + 3]
+                    b0, b1, b2, b3 = line_b[r], line_b[r + 1], line_b[r + 2], line_b[r + 3]
+                for p in range(p0, p1):
+                    c0, c1, c2, c3 = codes[r, p], codes[r + 1, p], codes[r + 2, p], codes[r + 3, p]
+                    a0 += table_a[p, c0]
+                    a1 += table_a[p, c1]
+                    a2 += table_a[p, c2]
+                    a3 += table_a[p, c3]
+                    b0 += table_b[p, c0]
+                    b1 += table_b[p, c1]
+                    b2 += table_b[p, c2]
+                    b3 += table_b[p, c3]
+                line_b[r], line_b[r + 1], line_b[r + 2], line_b[r + 3] = b0, b1, b2, b3
+                line_a[r], line_a[r + 1], line_a[r + 2], line_a[r + 3] = a0, a1, a2, a3
+            for r in range(body, n_rows):
+                for query in range(i, other + 1):  # once each, an odd last query too
+                    total = np.float32(0.0) if first else out[query, r]
+                    for p in range(p0, p1):
+                        total += tables[query, p, codes[r, p]]
+                    out[query, r] = total
     for i in range(n_queries):
-        table = tables[i]
-        base = bases[i]
-        offset = offsets[i]
         line = out[i]
         for r in range(n_rows):
-            row = codes[r]
-            total = np.float32(0.0)
-            for p in range(n_bytes):
-                total += table[p, row[p]]
-            line[r] = base + scales[r] * (offset + total)
+            line[r] = bases[i] + scales[r] * (offsets[i] + line[r])
