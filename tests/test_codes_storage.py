@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import zipfile
 
+import h5py
 import numpy as np
 import pytest
 from conftest import run_subprocess, write_h5, write_task
@@ -360,10 +361,17 @@ def test_whitener_and_apply_take_a_model_with_a_code(tmp_path, model, task, run_
     whitener.save(str(tmp_path / "again.npz"))
     assert load_model(str(tmp_path / "again.npz")).storage.label == "eigen-4B"
     out = tmp_path / "out.h5"
-    code, _, err = run_cli("apply", path, task["spec_c"], "-o", out)
-    assert code == 2 and "does not write yet" in err and not out.exists()
-    code, _, _ = run_cli("apply", path, task["spec_c"], "-o", out, "--dtype", "float32", "-q")
-    assert code == 0 and out.exists()
+    code, _, err = run_cli("apply", path, task["spec_c"], "-o", out, "-q")  # the model's storage: its code
+    assert code == 0, err
+    codec = model_codec(load_model(str(path)))
+    with h5py.File(out) as handle:
+        (name,) = list(handle)
+        stored = handle[name][:]
+    want = codec.encode(unit_outputs(model, task["corpus"]).astype(np.float32))
+    assert stored.shape == want.shape and np.mean(np.all(stored == want, axis=1)) > 0.99  # float32 vs float64 map
+    floats = tmp_path / "floats.h5"
+    code, _, _ = run_cli("apply", path, task["spec_c"], "-o", floats, "--dtype", "float32", "-q")
+    assert code == 0 and floats.exists()
 
 
 def test_the_codes_help_names_every_code_and_gives_examples(run_cli):
