@@ -119,6 +119,30 @@ def run_cli(capsys):
     return run
 
 
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """The bytes of a model (k = 4) fitted on ``user_files.SMALL``, for tests that refuse what users give."""
+    from user_files import SMALL
+
+    from streamwhiten import Whitener
+
+    path = tmp_path_factory.mktemp("small-model") / "model.npz"
+    Whitener(n_components=4).fit(SMALL).save(str(path))
+    return path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def numba_cache(tmp_path_factory):
+    """A numba cache of the test module's own for the commands ``strace_runs`` starts, so that no other
+    process (another test run, an edit of the kernels) makes a run compile while the one counting calls
+    did not."""
+    import strace_runs
+
+    strace_runs.ENV_EXTRA["NUMBA_CACHE_DIR"] = str(tmp_path_factory.mktemp("numba-cache"))
+    yield strace_runs.ENV_EXTRA["NUMBA_CACHE_DIR"]
+    strace_runs.ENV_EXTRA.clear()
+
+
 def run_subprocess(*args, **kwargs) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run(
