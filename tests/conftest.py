@@ -12,6 +12,10 @@ import numpy as np
 import pytest
 import zarr
 
+# pytest imports this file as ``tests.conftest`` (--import-mode=importlib, pyproject.toml); test modules and the
+# helper modules beside it import their helpers ``from conftest import ...`` (tests/ is on pythonpath): one module.
+sys.modules.setdefault("conftest", sys.modules[__name__])
+
 REPO = Path(__file__).resolve().parents[1]
 STSB_DEFAULT = REPO.parent / "shared" / "data" / "stsb" / "stsb-dev-minilm.h5"
 
