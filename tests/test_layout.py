@@ -518,11 +518,11 @@ def test_the_test_placement_rule_catches_a_stale_folder_and_a_stray_file(tmp_pat
     for folder in ("io/abc", "pipeline", "plan"):
         (tmp_path / folder).mkdir(parents=True)
     paths = [tmp_path / name for name in ("io", "io/abc", "pipeline", "plan")]
-    paths += [tmp_path / name for name in ("test_export_faults.py", "test_buffers.py", "test_output_plan.py")]
+    paths += [tmp_path / name for name in ("test_export_faults.py", "test_buffers.py", "test_odds_and_ends.py")]
     assert misplaced_tests(tmp_path, paths) == [
         "tests/pipeline/: streamwhiten/pipeline/ is no package",
         "tests/plan/: streamwhiten/plan/ is no package",
-        "tests/test_output_plan.py: move it to tests/<package>/ of what it tests",
+        "tests/test_odds_and_ends.py: move it to tests/<package>/ of what it tests",
     ]
 
 
