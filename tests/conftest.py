@@ -12,6 +12,10 @@ import numpy as np
 import pytest
 import zarr
 
+# pytest imports this file as ``tests.conftest`` (--import-mode=importlib, pyproject.toml); test modules and the
+# helper modules beside it import their helpers ``from conftest import ...`` (tests/ is on pythonpath): one module.
+sys.modules.setdefault("conftest", sys.modules[__name__])
+
 REPO = Path(__file__).resolve().parents[1]
 STSB_DEFAULT = REPO.parent / "shared" / "data" / "stsb" / "stsb-dev-minilm.h5"
 
@@ -117,6 +121,30 @@ def run_cli(capsys):
         return code, captured.out, captured.err
 
     return run
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    """The bytes of a model (k = 4) fitted on ``user_files.SMALL``, for tests that refuse what users give."""
+    from user_files import SMALL
+
+    from streamwhiten import Whitener
+
+    path = tmp_path_factory.mktemp("small-model") / "model.npz"
+    Whitener(n_components=4).fit(SMALL).save(str(path))
+    return path.read_bytes()
+
+
+@pytest.fixture(scope="module")
+def numba_cache(tmp_path_factory):
+    """A numba cache of the test module's own for the commands ``strace_runs`` starts, so that no other
+    process (another test run, an edit of the kernels) makes a run compile while the one counting calls
+    did not."""
+    import strace_runs
+
+    strace_runs.ENV_EXTRA["NUMBA_CACHE_DIR"] = str(tmp_path_factory.mktemp("numba-cache"))
+    yield strace_runs.ENV_EXTRA["NUMBA_CACHE_DIR"]
+    strace_runs.ENV_EXTRA.clear()
 
 
 def run_subprocess(*args, **kwargs) -> subprocess.CompletedProcess:

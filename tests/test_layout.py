@@ -485,6 +485,58 @@ def test_every_package_is_shipped_and_checked():
     assert [name for name in strict if name.removesuffix(".*") not in packages] == []
 
 
+#: Test files at the top of tests/ that test no one package: the docs, this layout, the benchmark and example
+#: scripts, the real-data check. Tests of a top-level module sit there too, named after it (``test_export.py``,
+#: ``test_export_faults.py`` for ``export.py``); the tests of a package sit in ``tests/<package>/``.
+CROSS_CUTTING_TESTS = {
+    "test_benchmarks.py",  # benchmarks/*.py end to end, --quick
+    "test_docs_examples.py",  # every python block of README.md and docs/*.md
+    "test_doctests.py",  # the Examples of the public docstrings, every layer
+    "test_examples.py",  # examples/*.py
+    "test_layout.py",  # this file
+    "test_staleness_quality.py",  # benchmarks/staleness_quality.py
+    "test_stsb.py",  # the real STS-B check through the public API
+    "test_stsb_table.py",  # benchmarks/stsb_table.py
+}
+
+
+def misplaced_tests(tests: Path, paths) -> list:
+    """The folders and test files under ``tests`` that do not follow the package: a folder that is no
+    package of streamwhiten (``tests/io/`` for ``streamwhiten/io/``), or a top-level test file that is
+    neither cross-cutting nor named after a top-level module (``test_<module>.py``, ``test_<module>_*.py``)."""
+    modules = {path.stem.lstrip("_") for path in PACKAGE.glob("*.py") if not path.stem.startswith("__")}
+    found = []
+    for path in paths:
+        relative = path.relative_to(tests)
+        if path.is_dir():
+            if not (PACKAGE / relative / "__init__.py").is_file():
+                found.append(f"tests/{relative.as_posix()}/: streamwhiten/{relative.as_posix()}/ is no package")
+        elif len(relative.parts) == 1 and relative.name not in CROSS_CUTTING_TESTS:
+            if not any(path.stem == f"test_{m}" or path.stem.startswith(f"test_{m}_") for m in modules):
+                found.append(f"tests/{relative}: move it to tests/<package>/ of what it tests")
+    return found
+
+
+def test_tests_follow_the_package():
+    """Every folder under tests/ mirrors a package, and no test file is left at the top of tests/ but
+    the cross-cutting ones and those of top-level modules (a new file there: move it to its package)."""
+    tests = ROOT / "tests"
+    folders = [path for path in tests.rglob("*") if path.is_dir() and "__pycache__" not in path.parts]
+    assert misplaced_tests(tests, sorted(folders) + sorted(tests.rglob("test_*.py"))) == []
+
+
+def test_the_test_placement_rule_catches_a_stale_folder_and_a_stray_file(tmp_path):
+    for folder in ("io/abc", "pipeline", "plan"):
+        (tmp_path / folder).mkdir(parents=True)
+    paths = [tmp_path / name for name in ("io", "io/abc", "pipeline", "plan")]
+    paths += [tmp_path / name for name in ("test_export_faults.py", "test_buffers.py", "test_odds_and_ends.py")]
+    assert misplaced_tests(tmp_path, paths) == [
+        "tests/pipeline/: streamwhiten/pipeline/ is no package",
+        "tests/plan/: streamwhiten/plan/ is no package",
+        "tests/test_odds_and_ends.py: move it to tests/<package>/ of what it tests",
+    ]
+
+
 @pytest.mark.parametrize(
     "module,statement,rule",
     [

@@ -8,6 +8,7 @@ import os
 import h5py
 import numpy as np
 import pytest
+from conftest import REPO
 from scipy import stats as sps
 
 from streamwhiten.cli import main
@@ -17,7 +18,6 @@ from streamwhiten.errors import BadInputError
 from streamwhiten.evaluation.evaluate import cosine_rows, open_pairs
 from streamwhiten.evaluation.tune import choose, decompose, default_ks, grid_search, make_grid, tune
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STSB = os.environ.get("STREAMWHITEN_STSB", os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))
 
 

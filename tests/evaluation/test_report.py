@@ -13,6 +13,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
+from conftest import REPO
 
 pytest.importorskip("matplotlib")
 
@@ -26,7 +27,6 @@ from streamwhiten.evaluation.evaluate import open_pairs  # noqa: E402
 from streamwhiten.evaluation.report import collect, write_report  # noqa: E402
 from streamwhiten.evaluation.tune import grid_search  # noqa: E402
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -134,7 +134,7 @@ def test_cli_report_runs_headless_without_pyplot(setup, tmp_path):
     )
     env = {key: value for key, value in os.environ.items() if key not in ("DISPLAY", "WAYLAND_DISPLAY")}
     env["MPLBACKEND"] = "TkAgg"
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)

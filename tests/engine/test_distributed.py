@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import REPO
 
 da = pytest.importorskip("dask.array")
 distributed = pytest.importorskip("distributed")
@@ -41,7 +42,7 @@ from streamwhiten.output_plan import OutputPlan  # noqa: E402
 from streamwhiten.synthetic import generate_rows, write_store  # noqa: E402
 from streamwhiten.whitener import Whitener  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 TOL = 1e-12
 
 

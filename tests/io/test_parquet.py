@@ -15,7 +15,6 @@ pa = pytest.importorskip("pyarrow", reason="Parquet support needs pyarrow (pip i
 pq = pytest.importorskip("pyarrow.parquet")
 
 from conftest import REPO, run_subprocess, write_h5  # noqa: E402
-from test_resume import kill_when, rows_done_of_checkpoint, rows_done_of_partial, spawn, statistics  # noqa: E402
 
 from streamwhiten import Whitener  # noqa: E402
 from streamwhiten.core.model import load_model  # noqa: E402
@@ -23,6 +22,7 @@ from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputErro
 from streamwhiten.io import expand_specs, fingerprint, input_kind, open_source, read_attrs  # noqa: E402
 from streamwhiten.job import default_checkpoint  # noqa: E402
 from streamwhiten.synthetic import generate_rows  # noqa: E402
+from tests.engine.test_resume import kill_when, rows_done_of_checkpoint, rows_done_of_partial, spawn, statistics  # noqa: E402
 
 
 def vectors(rows: np.ndarray, kind: str = "fixed"):

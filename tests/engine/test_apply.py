@@ -505,7 +505,8 @@ def test_an_interrupted_apply_of_a_range_resumes_to_the_same_bytes(tmp_path, row
 def test_rows_carry_the_kept_columns_of_the_range(tmp_path, rows, model):
     pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
-    from test_parquet import write_parquet
+
+    from tests.io.test_parquet import write_parquet
 
     spec = write_parquet(tmp_path / "in.parquet", rows, row_group_size=400)
     out = str(tmp_path / "out.parquet")

@@ -1,7 +1,8 @@
 """Nothing lost, nothing silently wrong: inputs are never written over, holes in a store are refused,
 deleted shards are not kept silently, renames are durable, and leftovers of killed runs are cleaned up.
 
-Fault injection (strace) lives in test_faults.py, damaged stores in test_corrupt.py."""
+Fault injection (strace) lives in test_write_faults.py, damaged stores in test_damaged_chunks.py and
+test_damaged_metadata.py."""
 
 import os
 import re
@@ -17,7 +18,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import anisotropic, run_subprocess, write_h5, write_zarr
+from conftest import REPO, anisotropic, run_subprocess, write_h5, write_zarr
 
 import streamwhiten._durable as durable
 from streamwhiten.core.model import load_model
@@ -404,7 +405,7 @@ def test_a_signal_during_an_import_is_raised_after_the_import(tmp_path):
         except KeyboardInterrupt:
             print("interrupted after the import:", getattr(sys.modules.get("slow_module"), "COMPLETE", False))
     """)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(Path(__file__).parents[1])]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "interrupted after the import: True", (done.stdout, done.stderr)
@@ -540,7 +541,7 @@ def test_two_applies_of_one_output_the_second_exits_75(tmp_path, rows):
     model = tmp_path / "m.npz"
     assert run_subprocess("fit", spec, "-o", model, "-q").returncode == 0
     out = tmp_path / "out.h5"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     first = subprocess.Popen(
         [sys.executable, "-m", "streamwhiten", "apply", model, spec, "-o", out, "-q", "--chunk-rows", "1200"],
         env=env,
@@ -701,7 +702,7 @@ def test_a_signal_near_the_end_never_kills_and_the_exit_code_says_what_is_on_dis
 
     base, commands, seconds = finishing
     rng = random.Random(f"finishing-{command}")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     seen, problems = {}, []
     # The clean run's time was measured once; on a loaded machine a later run can be much faster or
     # slower, so the moments follow what the trials see: a process already gone brings them earlier, one
@@ -783,7 +784,7 @@ def test_after_a_signal_a_failing_destructor_adds_no_traceback(tmp_path):
         gc.collect()
         print("done")
     """)
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
     assert done.stderr.count("Exception ignored") == 1, done.stderr

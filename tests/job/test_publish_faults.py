@@ -12,7 +12,7 @@ happen), a plain ``run`` follows, and the outputs are compared byte for byte wit
 run of identical consecutive calls (a progress record renamed after every block) only the first and the
 last are killed at (:func:`kill_points`), so the file stays within the slow tier's time. Disk full is
 strace's ``-e inject=...:error=ENOSPC`` on every write to the new version's output, as
-``tests/test_faults.py`` injects faults.
+``tests/io/test_write_faults.py`` injects faults.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ import time
 import numpy as np
 import pytest
 from conftest import REPO
-from test_publish import append_rows, expected, rows_of, tree_bytes, write_job
 
 from streamwhiten.core.model import file_checksum, load_model
 from streamwhiten.errors import EXIT_IO, EXIT_NOTHING_TO_DO
+from tests.job.test_publish import append_rows, expected, rows_of, tree_bytes, write_job
 
 STRACE = shutil.which("strace")
 

@@ -9,6 +9,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
+from conftest import REPO
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
@@ -28,7 +29,6 @@ from streamwhiten.evaluation.evaluate import (
 )
 from streamwhiten.io import read_vector
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STSB = os.environ.get("STREAMWHITEN_STSB", os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))
 
 

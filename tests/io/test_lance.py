@@ -18,8 +18,6 @@ lance = pytest.importorskip("lance", reason="Lance support needs pylance (pip in
 pq = pytest.importorskip("pyarrow.parquet")
 
 from conftest import REPO, run_subprocess  # noqa: E402
-from test_parquet import rel, two_pass, vectors  # noqa: E402
-from test_resume import kill_when, rows_done_of_checkpoint, spawn, statistics  # noqa: E402
 
 from streamwhiten import Whitener  # noqa: E402
 from streamwhiten.core.model import load_model  # noqa: E402
@@ -27,6 +25,8 @@ from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO  # noqa: E402
 from streamwhiten.io import fingerprint, input_kind, open_source  # noqa: E402
 from streamwhiten.job import default_checkpoint  # noqa: E402
 from streamwhiten.synthetic import generate_rows  # noqa: E402
+from tests.engine.test_resume import kill_when, rows_done_of_checkpoint, spawn, statistics  # noqa: E402
+from tests.io.test_parquet import rel, two_pass, vectors  # noqa: E402
 
 
 def write_lance(path, rows, kind="fixed", first_id=0, mode="create", rows_per_file=1000, column="vector"):
@@ -89,7 +89,7 @@ def test_apply_to_parquet_keeps_ids(tmp_path, rows, run_cli):
 
 @pytest.mark.slow
 def test_apply_to_lance_output_keeps_ids_and_resumes_after_kill(tmp_path, rows, run_cli):
-    from test_resume import rows_done_of_partial
+    from tests.engine.test_resume import rows_done_of_partial
 
     data = generate_rows(30_000, 32, seed=6)
     spec = write_lance(tmp_path / "v.lance", data, rows_per_file=7000)
