@@ -368,7 +368,6 @@ def _plan(
             previous.state,
             previous.sources,
             inputs,
-            None,
             options.precision,
             options.skip_nonfinite,
             read.block_rows,

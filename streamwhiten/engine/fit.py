@@ -468,17 +468,16 @@ def plan_update(
     model_state: stats.Moments,
     recorded_sources: Iterable[Fingerprint],
     specs: Specs,
-    dataset: str | None = None,
     precision: str = "auto",
     skip_nonfinite: bool = False,
     block_rows: int | None = None,
-    fill_missing_chunks: bool = False,
     *,
     read: ReadOptions | None = None,
 ) -> FitPlan:
     """A plan folding only the rows added since ``recorded_sources`` were read into ``model_state``.
 
     A source recorded before must have kept its rows (append-only); a new source is read whole.
+    ``read`` says how the sources are read (its dataset and missing chunks included).
     Raises :class:`NothingToDoError` when there is nothing new.
     """
     recorded_sources = list(recorded_sources)
@@ -490,7 +489,7 @@ def plan_update(
                 "stores, so it cannot be updated (refit without update)",
                 param="update",
             )
-    read = merge_read(read, dataset, fill_missing_chunks)
+    read = merge_read(read)
     block_rows = block_rows if block_rows is not None else read.block_rows
     sources = open_sources(specs, read=read)
     try:
@@ -670,7 +669,7 @@ def _block_buffers(plan: FitPlan) -> tuple[PerThread, PerThread]:
 
 #: The arguments of :func:`_read_block_moments` for one block.
 _BlockTask = tuple[
-    int, int, int, Source, "tuple[PerThread, PerThread]", str, bool, "Future[Fetched | None] | None", "Sampler | None"
+    int, int, int, Source, "tuple[PerThread, PerThread]", "FitPlan", "Future[Fetched | None] | None", "Sampler | None"
 ]
 
 
@@ -698,7 +697,7 @@ def _block_tasks(
         ahead = reader if reader is not None and source.decoder is not None else None
         for begin, end in source.blocks(plan.block_rows, cursor.next_row, cursor.stop):
             fetched = ahead.submit(source.fetch, begin, end) if ahead is not None else None
-            yield index, begin, end, source, buffers, plan.precision, plan.skip_nonfinite, fetched, sampler
+            yield index, begin, end, source, buffers, plan, fetched, sampler
 
 
 def _finish_fingerprint(cursor: Cursor, sampled_sha256: str) -> None:
@@ -733,15 +732,15 @@ def _read_block_moments(
     end: int,
     source: Source,
     buffers: tuple[PerThread, PerThread],
-    precision: str,
-    skip_nonfinite: bool,
+    plan: FitPlan,
     fetched: Future[Fetched | None] | None = None,
     sampler: Sampler | None = None,
 ) -> tuple[int, int, int, stats.Moments, int, Source]:
     """The work of one block in a worker thread: read it into this thread's buffer (decoding the stored
     bytes ``fetched`` ahead, where given; widening float16 to float32 where the backend can), offer it to
     the source's fingerprint ``sampler`` (where given), then its moments (centred in that buffer, or in
-    this thread's second one when the working dtype differs)."""
+    this thread's second one when the working dtype differs), with ``plan``'s precision and handling of
+    non-finite rows (which no block changes)."""
     reads, workspaces = buffers
     shape = (end - begin, source.n_features)
     dtype = source.read_dtype
@@ -751,11 +750,12 @@ def _read_block_moments(
         rows = source.read_into(begin, end, as_array(reads.get(), shape, dtype))
     if sampler is not None:
         sampler.offer(begin, rows)
+    precision = plan.precision
     work = stats.working_dtype(rows.dtype, precision)
     workspace = None
     if work != rows.dtype and rows.dtype != np.float16:  # float16 is widened in a copy of its own
         workspace = as_array(workspaces.get(), shape, work)
-    moments, skipped = reduce_block(rows, begin, source.label, precision, skip_nonfinite, True, workspace)
+    moments, skipped = reduce_block(rows, begin, source.label, precision, plan.skip_nonfinite, True, workspace)
     return index, begin, end, moments, skipped, source
 
 
@@ -853,19 +853,17 @@ def run_plan(
 
 def fit_sources(
     specs: Specs,
-    dataset: str | None = None,
     precision: str = "auto",
     skip_nonfinite: bool = False,
     block_rows: int | None = None,
     progress: ProgressCallback | None = None,
     threads: int | None = None,
-    fill_missing_chunks: bool = False,
     *,
     read: ReadOptions | None = None,
 ) -> FitResult:
     """One uninterrupted pass over every source, in order; returns the merged statistics. ``read`` says
-    how the sources are read (its storage options reach URLs; see :func:`merge_read`)."""
-    plan = plan_fit(specs, dataset, precision, skip_nonfinite, block_rows, fill_missing_chunks, read=read)
+    how the sources are read (its dataset, missing chunks and storage options, which reach URLs)."""
+    plan = plan_fit(specs, None, precision, skip_nonfinite, block_rows, read=read)
     return run_plan(plan, progress, threads=threads).result()
 
 
