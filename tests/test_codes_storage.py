@@ -21,6 +21,7 @@ from streamwhiten.core import stats
 from streamwhiten.core.model import finalize, load_model, save_model
 from streamwhiten.errors import BadInputError, ModelFileError
 from streamwhiten.evaluation.retrieval import evaluate_retrieval
+from streamwhiten.options import RetrievalOptions
 
 
 @pytest.fixture
@@ -180,17 +181,19 @@ def reference_top(codec, queries, codes, excluded, depth):
 
 @pytest.mark.parametrize("spec", ["eigen:5", "bits-random+f:3", "faiss-pq:6"])
 def test_eval_over_codes_equals_a_numpy_search_of_the_codec(tmp_path, model, task, spec):
-    from streamwhiten.evaluation.retrieval import SearchSetting, run_settings
+    from streamwhiten.evaluation.retrieval import CodeSearch, SearchSetting, run_settings
     from streamwhiten.evaluation.search import Exclusions
 
     if spec.startswith("faiss"):
         faiss_or_skip()
     coded = with_codes(model, spec, sample=task["corpus"], sample_size=1000)
     codec = model_codec(coded)
-    setting = SearchSetting.make_code("whitened", coded, codec, spec=spec)
+    setting = SearchSetting.make_code("whitened", coded, codec, CodeSearch(spec.split(":")[0], int(spec.split(":")[1])))
     pairs = np.array(task["excluded"]).reshape(-1, 2)
     exclude = Exclusions.from_pairs(40, pairs[:, 0], pairs[:, 1])
-    top = run_settings(task["queries"], task["corpus"], [setting], exclude=exclude, depth=20, block_rows=400)
+    top = run_settings(
+        task["queries"], task["corpus"], [setting], exclude=exclude, depth=20, options=RetrievalOptions(block_rows=400)
+    )
     found = top["whitened"]
     codes = codec.encode(unit_outputs(model, task["corpus"]))
     expected, scores = reference_top(codec, unit_outputs(model, task["queries"]), codes, task["excluded"], 20)
@@ -208,11 +211,11 @@ def test_eval_over_codes_equals_a_numpy_search_of_the_codec(tmp_path, model, tas
 
 
 def test_rescore_re_ranks_the_top_n_of_the_codes_by_float32(model, task):
-    from streamwhiten.evaluation.retrieval import SearchSetting, run_settings
+    from streamwhiten.evaluation.retrieval import CodeSearch, SearchSetting, run_settings
 
     coded = with_codes(model, "eigen:3")
     codec = model_codec(coded)
-    setting = SearchSetting.make_code("whitened", coded, codec, spec="eigen:3", rescore=30)
+    setting = SearchSetting.make_code("whitened", coded, codec, CodeSearch("eigen", 3, rescore=30))
     found = run_settings(task["queries"], task["corpus"], [setting], depth=10)["whitened"]
     unit_q, unit_c = unit_outputs(model, task["queries"]), unit_outputs(model, task["corpus"])
     codes = codec.encode(unit_c)

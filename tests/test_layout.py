@@ -830,7 +830,6 @@ WIDE = {
     "engine.engines:DaskEngine.apply": "the engine interface: pipeline.apply's keywords passed through",
     "job.steps:apply_unless_current": "the job's steps take what they use: the next step of this work",
     "evaluation.retrieval:evaluate_retrieval": "a public call's keyword arguments (typed results: the next step)",
-    "evaluation.retrieval:run_settings": "evaluation internals, being reworked with typed results",
     "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
     "evaluation.sweep:choose_generalising": "evaluation internals, being reworked with the codes' tuning",
     "evaluation.sweep:_search_group": "evaluation internals, being reworked with the codes' tuning",
@@ -839,8 +838,6 @@ WIDE = {
     "codes.faiss_codes:train_faiss": "faiss's training settings, passed to faiss as they are",
     "export:export": "a public call's keyword arguments (streamwhiten.export.export)",
     "pipeline:finish_checkpoint": "a fit's keyword arguments (pipeline.fit's), for a job's killed fit",
-    "evaluation.retrieval:SearchSetting.make_code": "a search setting's constructor: the code and its re-ranking",
-    "evaluation.retrieval:_search_codes": "evaluation internals of the code search (queries, corpus, re-ranking)",
     "evaluation.sweep:sweep_rows": "evaluation internals, being reworked with the codes' tuning",
 }
 

@@ -240,18 +240,16 @@ class SearchSetting:
         name: str,
         model: WhiteningModel,
         codec: Codec,
+        search: CodeSearch,
         *,
-        spec: str,
         raw: bool = False,
-        rescore: int = 0,
-        rescore_dtype: str = "float32",
-        int8_clip: float = DEFAULT_INT8_CLIP,
         training: dict | None = None,
     ) -> SearchSetting:
         """The raw vectors (``raw``) or ``model``'s whitening at unit length, stored as ``codec``'s code
-        rows (``spec``: the code's name, ``eigen:24``), the top ``rescore`` re-ranked with ``rescore_dtype``
-        vectors. Bytes per vector count the code row (per-vector scalars included) and the re-ranking
-        vectors; the codec's per-model bytes are reported apart (``model_bytes``)."""
+        rows (``search``: the code's name, ``eigen:24``, and its re-ranking: the top ``rescore`` re-ranked
+        with ``rescore_dtype`` vectors). Bytes per vector count the code row (per-vector scalars included)
+        and the re-ranking vectors; the codec's per-model bytes are reported apart (``model_bytes``)."""
+        spec, rescore, rescore_dtype, int8_clip = search.spec, search.rescore, search.rescore_dtype, search.int8_clip
         check("rescore", rescore)
         check("rescore_dtype", rescore_dtype)
         width = model.n_features if raw else model.n_components
@@ -317,13 +315,13 @@ def run_settings(
     exclude: Exclusions | None = None,
     depth: int = DEPTH,
     corpus_label: str = "corpus",
-    block_rows: int | None = None,
-    threads: int | None = None,
+    options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, np.ndarray]:
     """Each setting's top ``depth`` corpus rows for every query row of ``queries``, in one pass over
     ``corpus`` (an array or a Source; plus one more pass over the blocks holding the candidates of the
-    settings that re-rank bits, for all of them).
+    settings that re-rank bits, for all of them), read in ``options.block_rows`` blocks by
+    ``options.threads`` threads (default: ``RetrievalOptions()``'s).
 
     Returns ``{setting name: rows (queries x depth, int64, -1 past the last candidate)}``.
     """
@@ -334,6 +332,8 @@ def run_settings(
     # queries x depth rows, so --rescore 10**9 would otherwise ask for hundreds of GiB).
     n_corpus = int(corpus.shape[0] if isinstance(corpus, np.ndarray) else corpus.n_rows)
     reranked_depth = {setting.name: min(setting.rescore, n_corpus) for setting in settings}
+    wanted = {name: max(depth, reranked) for name, reranked in reranked_depth.items()}
+    block_rows, threads = (options or RetrievalOptions()).block_rows, (options or RetrievalOptions()).threads
     jobs = []
     for setting in settings:
         if setting.n_features is not None and setting.n_features != queries.shape[1]:
@@ -349,15 +349,9 @@ def run_settings(
         def prepare(rows: np.ndarray, start: int, setting: Any = setting):
             return setting.searched(_finite(rows, start, corpus_label))
 
-        jobs.append(
-            SearchJob(
-                setting.query_vectors(queries), max(depth, reranked_depth[setting.name]), metric, prepare, exclude
-            )
-        )
+        jobs.append(SearchJob(setting.query_vectors(queries), wanted[setting.name], metric, prepare, exclude))
     found = iter(search(corpus, jobs, block_rows=block_rows, threads=threads, progress=progress) if jobs else [])
-    code_found = iter(
-        _search_codes(queries, corpus, coded, reranked_depth, depth, exclude, corpus_label, block_rows, progress)
-    )
+    code_found = iter(_search_codes(queries, corpus, coded, wanted, exclude, corpus_label, block_rows, progress))
     results = [next(code_found) if setting.codec is not None else next(found) for setting in settings]
     again = [
         RescoreJob(
@@ -383,8 +377,7 @@ def _search_codes(
     queries: np.ndarray,
     corpus: Any,
     settings: list[SearchSetting],
-    reranked_depth: dict[str, int],
-    depth: int,
+    wanted: dict[str, int],
     exclude: Exclusions | None,
     corpus_label: str,
     block_rows: int | None,
@@ -392,7 +385,8 @@ def _search_codes(
 ) -> list[SearchResult]:
     """The top lists of the settings stored as codes: one pass over ``corpus`` encodes every block for
     each (``codes.fast.encode``; the code rows, a few bytes each, are what is held), then each setting's
-    float32 unit queries search its codes by the codec's inner-product estimate (``codes.fast.search``)."""
+    float32 unit queries search its codes by the codec's inner-product estimate (``codes.fast.search``)
+    for its ``wanted`` rows (by setting name)."""
     if not settings:
         return []
     from ..codes.fast import encode
@@ -412,9 +406,8 @@ def _search_codes(
         assert setting.codec is not None  # chosen so
         width = setting.codec.bytes_per_vector
         codes = np.concatenate(pieces.pop(setting.name)) if n_rows else np.zeros((0, width), np.uint8)
-        wanted = max(depth, reranked_depth[setting.name])
         scores, rows_found = search_codes(
-            setting.codec, setting.unit(queries).astype(np.float32), codes, wanted, exclude=exclude
+            setting.codec, setting.unit(queries).astype(np.float32), codes, wanted[setting.name], exclude=exclude
         )
         out.append(SearchResult(rows_found, scores, "ip"))
     return out
@@ -549,19 +542,16 @@ def _code_settings(task: RetrievalTask, model: WhiteningModel, code: CodeSearch)
     if code.code in NEEDS_SAMPLE:
         sample = sample_rows(task.corpus, CODE_SAMPLE_ROWS, CODE_SAMPLE_SEED)
         training = {"sample_rows": int(sample.shape[0]), "sample_seed": CODE_SAMPLE_SEED}
-    args: dict[str, Any] = dict(
-        spec=code.spec, rescore=code.rescore, rescore_dtype=code.rescore_dtype, int8_clip=code.int8_clip
-    )
     raw_codec = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED, raw=True)
-    settings = [SearchSetting.make_code("raw", model, raw_codec, raw=True, training=training, **args)]
+    settings = [SearchSetting.make_code("raw", model, raw_codec, code, raw=True, training=training)]
     record = model.storage.codec if model.storage is not None else None
     if record is not None and (record.code, record.budget) == (code.code, code.budget):
         white = codec_from_bytes(record.data, model.n_components)
         mine = {"sample_rows": record.sample_rows, "sample_seed": record.sample_seed} if record.sample_rows else {}
-        settings.append(SearchSetting.make_code("whitened", model, white, training=dict(mine, codec="model"), **args))
+        settings.append(SearchSetting.make_code("whitened", model, white, code, training=dict(mine, codec="model")))
     else:
         white = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED)
-        settings.append(SearchSetting.make_code("whitened", model, white, training=training, **args))
+        settings.append(SearchSetting.make_code("whitened", model, white, code, training=training))
     return settings
 
 
@@ -587,8 +577,7 @@ def _search_raw_and_whitened(
         settings,
         exclude=task.excluded,
         corpus_label=task.corpus_label,
-        block_rows=options.block_rows,
-        threads=options.threads,
+        options=options,
         progress=progress,
     )
     return settings, {name: query_metrics(top, task.query_rows, task.qrels) for name, top in rows.items()}
