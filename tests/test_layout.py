@@ -831,14 +831,11 @@ WIDE = {
     "job.steps:apply_unless_current": "the job's steps take what they use: the next step of this work",
     "evaluation.retrieval:evaluate_retrieval": "a public call's keyword arguments (typed results: the next step)",
     "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
-    "evaluation.sweep:choose_generalising": "evaluation internals, being reworked with the codes' tuning",
-    "evaluation.sweep:_search_group": "evaluation internals, being reworked with the codes' tuning",
     "evaluation.search:exact_search": "a public call's keyword arguments (exact search over a store)",
     "evaluation.report:collect": "the report's inputs, one per figure",
     "codes.faiss_codes:train_faiss": "faiss's training settings, passed to faiss as they are",
     "export:export": "a public call's keyword arguments (streamwhiten.export.export)",
     "pipeline:finish_checkpoint": "a fit's keyword arguments (pipeline.fit's), for a job's killed fit",
-    "evaluation.sweep:sweep_rows": "evaluation internals, being reworked with the codes' tuning",
 }
 
 

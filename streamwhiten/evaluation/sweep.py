@@ -310,15 +310,16 @@ def sweep_rows(
     storages: list[Storage],
     *,
     depth: int = DEPTH,
-    block_rows: int | None = None,
-    threads: int | None = None,
+    options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_bytes: int | None = None,
 ) -> tuple[np.ndarray, dict]:
     """The raw float32 reference's top lists and every ``(candidate, storage)``'s, keyed by
-    ``(candidate, storage)``: see the module docstring for the passes and their cost. With
-    ``max_bytes`` only the pairs that store a vector in that many bytes or fewer are searched (and keyed)."""
-    threads = resolve_threads(threads)
+    ``(candidate, storage)``: see the module docstring for the passes and their cost. The corpus is read
+    in ``options.block_rows`` blocks by ``options.threads`` threads. With ``max_bytes`` only the pairs
+    that store a vector in that many bytes or fewer are searched (and keyed)."""
+    options = options or RetrievalOptions()
+    block_rows, threads = options.block_rows, resolve_threads(options.threads)
 
     def fits(candidate: Candidate, storage: Storage) -> bool:
         return max_bytes is None or storage.bytes_per_vector(candidate.k) <= max_bytes
@@ -377,10 +378,9 @@ def sweep_rows(
     reference = results[0].rows[:, :depth]
     bits = {key: results[index].rows for key, index in bit_keys.items()}
     out: dict = {}
+    shared = _GroupPass(task, bases, floats, reranks, bits, depth, block_rows, threads, fits)
     for group in later:
-        out.update(
-            _search_group(task, bases, group, floats, reranks, bits, depth, block_rows, threads, step, label, fits)
-        )
+        out.update(_search_group(shared, group, step))
         done[0] += n_rows
     for candidate in candidates:
         for storage in storages:
@@ -394,22 +394,34 @@ def _unit(setting: Any, part: np.ndarray, _at: int) -> np.ndarray:
     return setting.unit(part)
 
 
-def _search_group(
-    task: Any,
-    bases: Any,
-    group: Any,
-    floats: Any,
-    reranks: Any,
-    bits: Any,
-    depth: int,
-    block_rows: int | None,
-    threads: int | None,
-    progress: Callable[[int, int], None] | None,
-    label: str,
-    fits: Callable[[Any, Any], bool],
-) -> dict:
+@dataclass(frozen=True)
+class _GroupPass:
+    """What every later pass of :func:`sweep_rows` shares: the task, the maps' bases, the float storages
+    and the re-ranked ones, the bits' top lists (by ``bits_key``), the depth, how the corpus is read, and
+    which ``(candidate, storage)`` fit the budget."""
+
+    task: Any
+    bases: Any
+    floats: Any
+    reranks: Any
+    bits: Any
+    depth: int
+    block_rows: int | None
+    threads: int | None
+    fits: Callable[[Any, Any], bool]
+
+
+def _search_group(shared: _GroupPass, group: Any, progress: Callable[[int, int], None] | None) -> dict:
     """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``
-    (those within the budget: ``fits(candidate, storage)``)."""
+    (those within the budget: ``shared.fits(candidate, storage)``)."""
+    task, bases, floats, reranks, bits = shared.task, shared.bases, shared.floats, shared.reranks, shared.bits
+    depth, block_rows, threads, fits, label = (
+        shared.depth,
+        shared.block_rows,
+        shared.threads,
+        shared.fits,
+        task.corpus_label,
+    )
     plans = []
     jobs = []
     for candidate in group:
@@ -607,21 +619,20 @@ def choose_generalising(
     per_query: np.ndarray,
     metric: str,
     n_features: int,
+    grid: SweepGrid,
     *,
-    max_bytes: int | None = None,
-    tolerance: float = 0.0,
-    rule: str = "maxt",
-    folds: int = FOLDS,
-    samples: int = BOOTSTRAP_SAMPLES,
-    seed: int = BOOTSTRAP_SEED,
     resamples: Resamples | None = None,
 ) -> tuple[int, dict]:
-    """``(row, record)``: the row chosen by ``rule`` among those within ``max_bytes`` against the
-    reference's (:func:`reference_index`), from the per-query scores (rows of ``per_query``, one per row of
-    ``table``), and the record of the choice: the reference, how many settings beat it, and the
-    cross-validated forecast of both on queries not chosen on (see :mod:`.select`). ``rule="argmax"``: the
-    best score within the budget as before the rule existed (:func:`choose_within`), with no reference
-    and no forecast. ``resamples``: the queries' resamples when already made (``samples``, ``seed``)."""
+    """``(row, record)``: the row chosen by ``grid.select`` (the rule) among those within
+    ``grid.max_bytes`` against the reference's (:func:`reference_index`), from the per-query scores of
+    ``metric`` (rows of ``per_query``, one per row of ``table``), and the record of the choice: the
+    reference, how many settings beat it, and the cross-validated forecast (``grid.folds``) of both on
+    queries not chosen on (see :mod:`.select`). Rule ``argmax``: the best score within the budget (and
+    ``grid.tolerance``) as before the rule existed (:func:`choose_within`), with no reference and no
+    forecast. ``resamples``: the queries' resamples when already made (default: ``BOOTSTRAP_SAMPLES`` of
+    them from ``BOOTSTRAP_SEED``)."""
+    max_bytes, tolerance, rule, folds = grid.max_bytes, grid.tolerance, grid.select, grid.folds
+    samples, seed = (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED) if resamples is None else (resamples.samples, resamples.seed)
     eligible = _within(table, max_bytes)
     if rule == "argmax":  # the old choice exactly (ties to fewer bytes, the tolerance from the best): no reference
         metric_rows = [table[i] for i in eligible]
@@ -776,8 +787,7 @@ def sweep(
             candidates,
             bases,
             storages,
-            block_rows=options.block_rows,
-            threads=options.threads,
+            options=options,
             progress=progress,
             max_bytes=limit,
         )
@@ -853,12 +863,7 @@ def sweep(
         each_query,
         metric,
         model.n_features,
-        max_bytes=grid.max_bytes,
-        tolerance=grid.tolerance,
-        rule=grid.select,
-        folds=grid.folds,
-        samples=bootstrap or BOOTSTRAP_SAMPLES,
-        seed=seed,
+        grid,
         resamples=resamples,
     )
     best = table[index]

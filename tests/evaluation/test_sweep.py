@@ -470,13 +470,13 @@ def test_argmax_needs_no_reference_and_forecasts_nothing():
     ]
     per_query = np.array([[0.5, 0.4, 0.6, 0.5] * 3, [0.6, 0.7, 0.5, 0.6] * 3, [0.9] * 12])
     args = (table, per_query, "score", 8)
-    index, record = sweep_module.choose_generalising(*args, max_bytes=8, rule="argmax", tolerance=0.2)
+    index, record = sweep_module.choose_generalising(*args, SweepGrid(max_bytes=8, select="argmax", tolerance=0.2))
     assert table[index] is choose_within(table, "score", 8, tolerance=0.2) and index == 0
     assert record["reference"] is None and "forecast" not in record and record["tolerance"] == 0.2
-    index, _ = sweep_module.choose_generalising(*args, max_bytes=8, rule="argmax")
+    index, _ = sweep_module.choose_generalising(*args, SweepGrid(max_bytes=8, select="argmax"))
     assert index == 1
     with pytest.raises(BadInputError, match="no raw setting"):
-        sweep_module.choose_generalising(*args, max_bytes=8)
+        sweep_module.choose_generalising(*args, SweepGrid(max_bytes=8))
 
 
 def test_the_tolerance_is_worded_by_the_rule(tmp_path, capsys):
