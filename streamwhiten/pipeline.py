@@ -541,7 +541,7 @@ def apply(
     """
     from .core.model import load_model
     from .engine.apply import with_model_storage
-    from .engine.engines import Engine, engine_for
+    from .engine.engines import Engine, Watch, engine_for
     from .io import refuse_input_overlap
 
     options, read = options or ApplyOptions(dtype=None), read or ReadOptions()
@@ -555,15 +555,7 @@ def apply(
     if changes:
         model = model.with_params(**changes)
     return runner.apply(
-        model,
-        input_spec,
-        output_spec,
-        options,
-        read,
-        rows=rows,
-        progress=progress,
-        should_stop=should_stop,
-        attrs=attrs,
+        model, input_spec, output_spec, options, read, rows=rows, attrs=attrs, watch=Watch(progress, should_stop)
     )
 
 

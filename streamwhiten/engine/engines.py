@@ -41,6 +41,14 @@ class Checkpoint:
     every_seconds: float | None = None
 
 
+@dataclass(frozen=True)
+class Watch:
+    """How a long call reports its ``progress`` and is asked to stop (``should_stop``); None: not at all."""
+
+    progress: Progress = None
+    should_stop: ShouldStop = None
+
+
 class Engine(ABC):
     """What runs blocks: the same plan in, the same result out, whichever engine."""
 
@@ -78,13 +86,13 @@ class Engine(ABC):
         read: ReadOptions,
         *,
         rows: tuple[int, int] | None = None,
-        progress: Progress = None,
-        should_stop: ShouldStop = None,
         attrs: Mapping[str, Any] | None = None,
+        watch: Watch = Watch(),
     ) -> ApplyOutcome:
         """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``[start, stop)``
         that ``rows`` names) to ``output_spec``; an ``ApplyOutcome``. ``attrs``: attributes the output
-        records beside its own (a published part's record of its job, version and input)."""
+        records beside its own (a published part's record of its job, version and input). ``watch``: how
+        the work reports its progress and is asked to stop."""
 
     #: apply options this engine does not take, each with the message that refuses it
     serial_only: ClassVar[dict[str, str]] = {}
@@ -139,9 +147,8 @@ class SerialEngine(Engine):
         read: ReadOptions,
         *,
         rows: tuple[int, int] | None = None,
-        progress: Progress = None,
-        should_stop: ShouldStop = None,
         attrs: Mapping[str, Any] | None = None,
+        watch: Watch = Watch(),
     ) -> ApplyOutcome:
         from .apply import apply_model
 
@@ -153,8 +160,8 @@ class SerialEngine(Engine):
             read,
             threads=self.threads,
             rows=rows,
-            progress=progress,
-            should_stop=should_stop,
+            progress=watch.progress,
+            should_stop=watch.should_stop,
             attrs=attrs,
         )
 
@@ -203,9 +210,8 @@ class DaskEngine(Engine):
         read: ReadOptions,
         *,
         rows: tuple[int, int] | None = None,
-        progress: Progress = None,
-        should_stop: ShouldStop = None,
         attrs: Mapping[str, Any] | None = None,
+        watch: Watch = Watch(),
     ) -> ApplyOutcome:
         from .distributed import apply_dask
 
@@ -223,7 +229,7 @@ class DaskEngine(Engine):
             scheduler=self.scheduler,
             n_workers=self.workers,
             client=self.client,
-            progress=progress,
+            progress=watch.progress,
         )
 
 
@@ -236,4 +242,4 @@ def engine_for(options: EngineOptions | None = None, client: Any = None) -> Engi
     return SerialEngine(options.threads)
 
 
-__all__ = ["DaskEngine", "Engine", "SerialEngine", "engine_for"]
+__all__ = ["DaskEngine", "Engine", "SerialEngine", "Watch", "engine_for"]
