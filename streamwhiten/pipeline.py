@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from . import params as _params
+from .engine.engines import Watch
 from .errors import BadInputError, InterruptedRunError, NothingToDoError
 from .options import ApplyOptions, EngineOptions, FitOptions, ReadOptions, Setting
 
@@ -541,7 +542,7 @@ def apply(
     """
     from .core.model import load_model
     from .engine.apply import with_model_storage
-    from .engine.engines import Engine, Watch, engine_for
+    from .engine.engines import Engine, engine_for
     from .io import refuse_input_overlap
 
     options, read = options or ApplyOptions(dtype=None), read or ReadOptions()
@@ -651,6 +652,7 @@ def with_codes(
 __all__ = [
     "DEFAULT_CODE_SAMPLE_ROWS",
     "FitOutcome",
+    "Watch",
     "apply",
     "check_fit_paths",
     "check_writable_dir",

@@ -825,7 +825,6 @@ WIDE = {
     "core.affine:AffineMap.from_eigh": "a public constructor from the parts of an eigendecomposition",
     "core.model:finalize": "a public call: the statistics and every parameter of a setting",
     "core._kernels:merge_top_hamming": "a Numba kernel: arrays and scalars only, no records",
-    "job.steps:apply_unless_current": "the job's steps take what they use: the next step of this work",
     "evaluation.retrieval:evaluate_retrieval": "a public call's keyword arguments (typed results: the next step)",
     "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
     "evaluation.search:exact_search": "a public call's keyword arguments (exact search over a store)",

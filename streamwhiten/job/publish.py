@@ -41,6 +41,7 @@ from typing import Any
 
 from ..errors import BadInputError, InterruptedRunError, StoreIOError
 from ..options import ReadOptions
+from ..pipeline import Watch
 from ..records import Manifest, Part, PublishedInput, Version
 from .file import JobFile, Writing
 from .publication import (
@@ -428,8 +429,7 @@ def _write_part(
         publisher.writing,
         rows=rows,
         attrs=part_attrs(publisher.job_id, version, spec, part),
-        progress=night.progress,
-        should_stop=night.should_stop,
+        watch=Watch(night.progress, night.should_stop),
     )
     if outcome is None:
         return Part(part, rows[0], rows[1], stamp)

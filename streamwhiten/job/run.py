@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import BadInputError
+from ..pipeline import Watch
 from .file import JobFile, read_job_file
 from .report import JobUpToDateError, RunReport
 from .steps import apply_unless_current, check_paths, fit_step, job_lock, model_rows, record_code, stored_bytes
@@ -77,7 +78,7 @@ def run_job(
         model = record_code(job.name, model, job.writing, inputs, job.model_path)
         for input_spec, output in outputs.items():
             outcome = apply_unless_current(
-                job.name, model, input_spec, output, job.writing, progress=progress, should_stop=should_stop
+                job.name, model, input_spec, output, job.writing, watch=Watch(progress, should_stop)
             )
             if outcome is not None:
                 steps.append(f"apply {outcome.input} -> {output}")

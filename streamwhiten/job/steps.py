@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from .._durable import exclusive_lock
 from ..errors import InterruptedRunError, NothingToDoError
 from ..options import ReadOptions
+from ..pipeline import Watch
 from .file import Fitting, Writing
 
 if TYPE_CHECKING:
@@ -185,14 +186,17 @@ def apply_unless_current(
     *,
     rows: tuple[int, int] | None = None,
     attrs: dict | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
+    watch: Watch | None = None,
 ) -> ApplyOutcome | None:
     """Write the transform of ``input_spec`` (its rows ``rows``) to ``output`` as job ``name`` does, unless
     ``output`` already holds what this would write: then it is kept (its leftover records tidied) and None
-    is returned. Returns the :class:`~streamwhiten.ApplyOutcome` of a write."""
+    is returned. ``watch``: how the write reports its progress and is asked to stop. Returns the
+    :class:`~streamwhiten.ApplyOutcome` of a write."""
     from ..io import open_output, remote, split_spec
     from ..pipeline import apply, is_up_to_date
+
+    watch = watch or Watch()
+    should_stop = watch.should_stop
 
     if is_up_to_date(model, input_spec, output, options=writing.options, read=writing.read, rows=rows):
         log.info("job %s: %s is up to date", name, output)
@@ -210,7 +214,7 @@ def apply_unless_current(
         read=writing.read,
         engine=writing.engine,
         rows=rows,
-        progress=progress,
+        progress=watch.progress,
         should_stop=should_stop,
         attrs=attrs,
     )
