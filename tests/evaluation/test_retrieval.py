@@ -368,7 +368,7 @@ def test_bad_exclude_files_and_stores(tmp_path, task):
     with pytest.raises(BadInputError, match="rescore re-ranks a bit search"):
         evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], rescore=10)
     for options, message in (
-        ({"dtype": "int4"}, 'dtype must be "float32", "float16", "int8" or "binary", got \'int4\''),
+        ({"dtype": "int4"}, 'dtype must be "float32", "float16", "int8", "binary" or a vector code NAME:BYTES'),
         ({"dtype": "binary", "rescore": 5, "rescore_dtype": "binary"}, "rescore_dtype must be"),
         ({"rescore": -1}, "rescore must be a whole number, 0 or more, got -1"),
         ({"bootstrap": 1.5}, "bootstrap must be a whole number of resamples"),

@@ -4,17 +4,16 @@ keys docs/cli.md lists for it."""
 import json
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from conftest import anisotropic, write_h5
+from conftest import REPO, anisotropic, write_h5
 
 import streamwhiten
 from streamwhiten import export, load_model
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+DOCS = REPO / "docs" / "cli.md"
 #: What changes from one run to the next: the time a run took, and where it wrote.
 TIMING = {"seconds", "rows_per_second"}
 

@@ -1,0 +1,101 @@
+"""apply writes vector codes through the OutputPlan: every output kind, the Dask engine, and a faiss code the
+model records, each against the codec's own encode of the model's unit outputs (plain numpy map)."""
+
+import h5py
+import numpy as np
+import pytest
+from conftest import write_h5
+
+import streamwhiten
+from streamwhiten import ApplyOptions, serving, with_codes
+from streamwhiten.codes.storage import model_codec
+from streamwhiten.errors import BadInputError
+from streamwhiten.io import open_source
+
+N, D, K = 1800, 24, 16
+
+
+@pytest.fixture
+def fitted(tmp_path):
+    rng = np.random.default_rng(4)
+    rows = (rng.standard_normal((N, D)) * np.linspace(3, 0.2, D) + 0.5).astype(np.float32)
+    store = write_h5(tmp_path / "in.h5", rows, chunk_rows=256)
+    path = str(tmp_path / "m.npz")
+    streamwhiten.fit(store, path, setting=streamwhiten.Setting(n_components=K))
+    return store, path, rows
+
+
+def unit_outputs(model, rows):
+    """The model's outputs at unit length, by a plain float64 map."""
+    weights, shift = model.projection(np.float64)
+    y = (rows.astype(np.float64) - shift) @ weights
+    return (y / np.linalg.norm(y, axis=1, keepdims=True)).astype(np.float32)
+
+
+def read_codes(spec):
+    with open_source(spec, codes=True) as source:
+        return source.read(0, source.n_rows)
+
+
+def same_rows(got, want):
+    """Rows equal to the codec's codes (a float32 map and a float64 one may round a level apart at a rare
+    boundary: at most 1% of the rows)."""
+    return got.shape == want.shape and got.dtype == np.uint8 and np.mean(np.all(got == want, axis=1)) > 0.99
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".zarr", ".parquet"])
+def test_apply_writes_the_models_code_in_every_output_kind(tmp_path, fitted, suffix):
+    store, path, rows = fitted
+    coded = with_codes(path, "eigen:6", output=str(tmp_path / "coded.npz"))
+    outcome = streamwhiten.apply(str(tmp_path / "coded.npz"), store, str(tmp_path / f"out{suffix}"))
+    assert outcome.dtype == "eigen-6B" and outcome.normalized
+    codec = model_codec(coded)
+    assert same_rows(read_codes(str(tmp_path / f"out{suffix}")), codec.encode(unit_outputs(coded, rows)))
+    # the output is current for the same code, and the serving decoder names what decodes it
+    with pytest.raises(streamwhiten.errors.NothingToDoError):
+        streamwhiten.apply(str(tmp_path / "coded.npz"), store, str(tmp_path / f"out{suffix}"))
+
+
+def test_a_code_given_as_dtype_is_trained_from_the_statistics_or_refused_when_it_needs_a_sample(tmp_path, fitted):
+    store, path, rows = fitted
+    model = streamwhiten.load_model(path)
+    out = str(tmp_path / "bits.h5")
+    streamwhiten.apply(path, store, f"{out}:/codes", options=ApplyOptions(dtype="bits-random:2"))
+    from streamwhiten.codes.storage import train_for
+
+    codec = train_for(model, "bits-random", 2)
+    with h5py.File(out) as handle:
+        assert same_rows(handle["codes"][:], codec.encode(unit_outputs(model, rows)))
+        assert "bits-random-2B" in handle["codes"].attrs["quantization"]
+    with pytest.raises(BadInputError, match="learns from a sample of the input: record it in the model first"):
+        streamwhiten.apply(path, store, str(tmp_path / "pq.h5"), options=ApplyOptions(dtype="faiss-pq:4"))
+    assert not (tmp_path / "pq.h5").exists()
+    with pytest.raises(BadInputError, match="cannot hold the NaN rows"):
+        ApplyOptions(dtype="eigen:4", skip_nonfinite=True)
+
+
+def test_a_faiss_code_the_model_records_is_written_as_faiss_encodes(tmp_path, fitted):
+    pytest.importorskip("faiss")
+    store, path, rows = fitted
+    coded = with_codes(path, "faiss-pq:4", sample=rows, sample_size=1500, output=str(tmp_path / "pq.npz"))
+    streamwhiten.apply(str(tmp_path / "pq.npz"), store, str(tmp_path / "pq.zarr"))
+    codec = serving.codec(str(tmp_path / "pq.npz"))
+    got = read_codes(str(tmp_path / "pq.zarr"))
+    assert same_rows(got, codec.encode(unit_outputs(coded, rows)))
+    np.testing.assert_allclose(serving.decode(got, codec), codec.decode(got))
+
+
+def test_the_dask_engine_writes_the_same_codes(tmp_path, fitted):
+    pytest.importorskip("dask.distributed")
+    from streamwhiten.engine.distributed import apply_dask, dask_client
+
+    store, path, _ = fitted
+    coded = with_codes(path, "eigen:6")
+    serial = str(tmp_path / "serial.zarr")
+    streamwhiten.apply(
+        coded, store, serial, options=ApplyOptions(dtype=None), read=streamwhiten.ReadOptions(block_rows=256)
+    )
+    parallel = str(tmp_path / "dask.zarr")
+    with dask_client(n_workers=2) as client:  # worker processes: the encoder travels as the codec's bytes
+        apply_dask(coded, store, parallel, ApplyOptions(dtype="eigen:6"), client=client, output_chunk_rows=256)
+    np.testing.assert_array_equal(read_codes(parallel), read_codes(serial))
