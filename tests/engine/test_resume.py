@@ -613,7 +613,8 @@ def test_run_refuses_outputs_sharing_a_store_and_bad_dtypes_and_makes_no_stray_d
         run_job_file(str(job))
     job.write_text(base + 'output = "out/{stem}.h5:/emb"\ndtype = "f4"\n')
     with pytest.raises(
-        BadInputError, match='dtype in \\[apply\\] must be "float32", "float16", "int8", "binary" or a vector code NAME:BYTES'
+        BadInputError,
+        match='dtype in \\[apply\\] must be "float32", "float16", "int8", "binary" or a vector code NAME:BYTES',
     ):
         run_job_file(str(job))
     job.write_text(base + 'output = "out/{stem}.h5:/emb"\n')
