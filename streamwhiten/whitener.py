@@ -476,6 +476,15 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         if self.dtype is None:
             return model.transform(rows, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
         params.check("dtype", self.dtype)
+        if params.is_code_dtype(self.dtype):  # a vector code of the unit outputs: the model's, else trained here
+            from .engine.apply import code_storage
+
+            if self.skip_nonfinite:
+                raise BadInputError(
+                    f"dtype {self.dtype!r} cannot hold the NaN rows skip_nonfinite writes: use a float dtype"
+                )
+            encoder = code_storage(model, str(self.dtype)).encoder
+            return np.asarray(encoder.encode(model.transform(rows, normalize=True).astype(np.float32, copy=False)))
         record = model.quantization(self.dtype, normalize=normalize)
         if record is not None and record.kind in ("int8", "binary") and self.skip_nonfinite:
             raise BadInputError(

@@ -335,7 +335,9 @@ def test_dtype_returns_int8_codes_or_packed_bits_with_the_record_as_an_attribute
     loaded = Whitener.load(tmp_path / "m.npz")
     assert loaded.dtype == "int8" and loaded.model_.storage.dtype == "int8"
     np.testing.assert_array_equal(loaded.transform(rows), codes)
-    with pytest.raises(BadInputError, match=r"^dtype must be \"float32\", \"float16\", \"int8\" or \"binary\""):
+    with pytest.raises(
+        BadInputError, match=r"^dtype must be \"float32\", \"float16\", \"int8\", \"binary\" or a vector code"
+    ):
         Whitener(dtype="int4").fit(rows)
     with pytest.raises(BadInputError, match="cannot hold the NaN rows skip_nonfinite writes"):
         Whitener(dtype="int8", skip_nonfinite=True).fit(rows).transform(rows)

@@ -61,9 +61,8 @@ def check_array(label: str, shape: tuple[int, ...], dtype: Any, min_rows: int, c
     dtype = np.dtype(dtype)
     if dtype in CODE_DTYPES and not codes:
         raise BadInputError(
-            f"{label}: expected float16, float32 or float64 values, got dtype {dtype} (codes written by "
-            "apply with dtype='int8' or 'binary': decode them with streamwhiten.serving.decode first)",
-            param="dtype",
+            f"{label}: expected float16, float32 or float64 values, got dtype {dtype} (int8 codes, sign bits "
+            "or a vector code written by apply: decode them with streamwhiten.serving.decode first)"
         )
     if (dtype.kind != "f" or dtype.itemsize not in (2, 4, 8)) and not (codes and dtype in CODE_DTYPES):
         raise BadInputError(f"{label}: expected float16, float32 or float64 values, got dtype {dtype}")

@@ -99,3 +99,16 @@ def test_the_dask_engine_writes_the_same_codes(tmp_path, fitted):
     with dask_client(n_workers=2) as client:  # worker processes: the encoder travels as the codec's bytes
         apply_dask(coded, store, parallel, ApplyOptions(dtype="eigen:6"), client=client, output_chunk_rows=256)
     np.testing.assert_array_equal(read_codes(parallel), read_codes(serial))
+
+
+def test_the_estimator_transforms_to_a_code_as_apply_writes_it(fitted):
+    from streamwhiten import Whitener
+    from streamwhiten.codes.storage import train_for
+
+    _, _, rows = fitted
+    whitener = Whitener(n_components=K, dtype="eigen:3").fit(rows)
+    codes = whitener.transform(rows)
+    codec = train_for(whitener.model_, "eigen", 3)
+    assert same_rows(codes, codec.encode(unit_outputs(whitener.model_, rows)))
+    with pytest.raises(BadInputError, match="cannot hold the NaN rows"):
+        Whitener(n_components=K, dtype="eigen:3", skip_nonfinite=True).fit(rows).transform(rows)

@@ -341,7 +341,7 @@ def test_apply_k_10_binary_gives_two_bytes_a_row_on_the_command_line(tmp_path, r
     # codes are no input: read as one, a one-line exit 2 that says how to decode them
     refused = run_subprocess("fit", out, "-o", tmp_path / "again.npz")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
-    assert "got dtype int8 (codes written by apply with --dtype int8 or 'binary': decode them with" in refused.stderr
+    assert "got dtype int8 (int8 codes, sign bits or a vector code written by apply: decode them with" in refused.stderr
 
 
 def test_quantized_outputs_refuse_nan_rows_in_one_line_before_reading(tmp_path, rows, model):

@@ -594,4 +594,4 @@ def test_apply_outputs_search_as_eval_searches(tmp_path, capsys):
         assert searched[metric] == pytest.approx(expected[metric], abs=1e-9), metric
     # codes are no input: eval refuses them in one line, saying how to decode them
     assert main(["eval", "--queries", outputs["q"], "--corpus", codes, "--qrels", task["qrels"]]) == EXIT_BAD_INPUT
-    assert "codes written by apply --dtype int8 or binary" in capsys.readouterr().err
+    assert "int8 codes, sign bits or a vector code written by apply: decode them" in capsys.readouterr().err
