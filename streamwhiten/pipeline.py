@@ -28,7 +28,7 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import params as _params
@@ -185,6 +185,7 @@ def fit(
         ``model_path`` already holds what this fit would write (without ``options.overwrite``), or an
         update found no new rows.
     """
+    from .core.model import kept_storage
     from .engine.engines import Checkpoint, Engine, engine_for
     from .engine.fit import finalize_fit
 
@@ -214,8 +215,8 @@ def fit(
         checkpoint=every if runner.checkpoints else None,
     )
     model = finalize_fit(result, planned.params, planned.skipped_before)
-    if planned.storage is not None:  # an update keeps the storage the model records, as it keeps its setting
-        model = replace(model, storage=planned.storage)
+    # an update keeps the storage the model records, as it keeps its setting (a code only for its own map)
+    model = kept_storage(model, planned.storage)
     checksum = None
     if model_path is not None:
         saving = nullcontext(should_stop) if runner.stops_between_blocks or guard is None else guard()
@@ -258,7 +259,7 @@ def finish_checkpoint(
     the current model, or whose sources changed, is discarded (logged with ``label`` before it); one whose
     model was saved before the run was killed is removed.
     """
-    from .core.model import load_model
+    from .core.model import kept_storage, load_model
     from .engine.engines import Checkpoint, SerialEngine
     from .engine.fit import PassOptions, check_resumable, finalize_fit, load_checkpoint, remove_checkpoint
     from .errors import ModelFileError
@@ -304,8 +305,8 @@ def finish_checkpoint(
     )
     skipped = int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and plan.base_rows else 0
     model = finalize_fit(result, effective_params(setting.given(), previous), skipped)
-    if previous is not None and previous.storage is not None:  # an update keeps the recorded storage
-        model = replace(model, storage=previous.storage)
+    if previous is not None:  # an update keeps the recorded storage (a code only for its own map)
+        model = kept_storage(model, previous.storage)
     checksum = save_fitted(model, plan, model_path, checkpoint, should_stop)
     return FitOutcome(
         model,
@@ -554,7 +555,14 @@ def apply(
     options = with_model_storage(options, model)  # before re-finalizing: a bad combination is refused first
     changes = (setting or Setting()).given()
     if changes:
+        recorded = model.storage.codec if model.storage is not None else None
         model = model.with_params(**changes)
+        if recorded is not None and options.dtype == f"{recorded.code}:{recorded.budget}" and model.storage is None:
+            raise BadInputError(
+                f"the model's {recorded.label} code is for its saved setting, not {changes}: apply at the saved "
+                "setting, or record a code for this one first (with_codes), or give a float dtype",
+                param="dtype",
+            )
     return runner.apply(
         model, input_spec, output_spec, options, read, rows=rows, attrs=attrs, watch=Watch(progress, should_stop)
     )

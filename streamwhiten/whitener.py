@@ -397,6 +397,16 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
 
         if self.dtype is None or model.dtype == self.dtype:
             return model
+        if params.is_code_dtype(self.dtype):  # the code, recorded as the model's storage (its codec's bytes)
+            from .codes import NEEDS_SAMPLE
+            from .codes.storage import parse_code
+            from .pipeline import with_codes
+
+            recorded = model.storage.codec if model.storage is not None else None
+            code, budget = parse_code(str(self.dtype))
+            if (recorded is not None and (recorded.code, recorded.budget) == (code, budget)) or code in NEEDS_SAMPLE:
+                return model  # a code that learns from a sample is recorded by with_codes, with its sample
+            return with_codes(model, str(self.dtype))
         clip = model.storage.int8_clip if model.storage is not None else DEFAULT_INT8_CLIP
         return replace(model, storage=Storage(self.dtype, int8_clip=clip))
 
@@ -451,6 +461,9 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         """The record of how ``transform`` stores its output (:class:`~streamwhiten.core.quantize.Quantization`:
         kind, scale and offset of int8 codes, ...), None when ``dtype`` is None."""
         if self.dtype is None:
+            self._finalized()
+            return None
+        if params.is_code_dtype(self.dtype):  # a vector code: its codec is the model's storage (model_.storage)
             self._finalized()
             return None
         return self._finalized().quantization(self.dtype, normalize=bool(self.normalize))

@@ -380,6 +380,15 @@ class WhiteningModel:
         }
 
 
+def kept_storage(model: WhiteningModel, storage: Storage | None) -> WhiteningModel:
+    """``model`` recording ``storage`` (an update's, kept as its setting is), except a vector code trained
+    for another map than ``model``'s: a codec codes one setting's outputs, so it is dropped then (train one
+    for the new setting with ``streamwhiten.with_codes``)."""
+    if storage is None or (storage.codec is not None and codec_setting(model) != storage.codec.setting):
+        return model
+    return replace(model, storage=storage)
+
+
 def codec_setting(model: WhiteningModel) -> dict[str, Any]:
     """The setting a codec records (``CodecRecord.setting``): that of the map whose outputs it codes."""
     return {"beta": model.beta, "gamma": model.gamma, "eps": model.eps, "k": model.n_components, "basis": model.basis}

@@ -112,3 +112,35 @@ def test_the_estimator_transforms_to_a_code_as_apply_writes_it(fitted):
     assert same_rows(codes, codec.encode(unit_outputs(whitener.model_, rows)))
     with pytest.raises(BadInputError, match="cannot hold the NaN rows"):
         Whitener(n_components=K, dtype="eigen:3", skip_nonfinite=True).fit(rows).transform(rows)
+
+
+def test_an_update_at_another_setting_drops_the_code_and_the_file_stays_loadable(tmp_path, fitted):
+    store, path, rows = fitted
+    with_codes(path, "eigen:6", output=path, overwrite=True)
+    more = write_h5(tmp_path / "more.h5", rows[:200], chunk_rows=64)
+    streamwhiten.fit([store, more], path, setting=streamwhiten.Setting(n_components=K), update=path)
+    assert streamwhiten.load_model(path).storage.label == "eigen-6B"  # the same setting keeps its code
+    again = write_h5(tmp_path / "again.h5", rows[200:400], chunk_rows=64)
+    setting = streamwhiten.Setting(n_components=K, gamma=0.5)
+    streamwhiten.fit([store, more, again], path, setting=setting, update=path)
+    assert streamwhiten.load_model(path).storage is None  # a code of another map is not kept
+
+
+def test_apply_at_another_setting_than_the_codes_is_refused_not_recoded(tmp_path, fitted):
+    store, path, _ = fitted
+    with_codes(path, "eigen:6", output=path, overwrite=True)
+    with pytest.raises(BadInputError, match="code is for its saved setting"):
+        streamwhiten.apply(path, store, str(tmp_path / "o.h5"), setting=streamwhiten.Setting(gamma=0.5))
+    assert not (tmp_path / "o.h5").exists()
+
+
+def test_the_estimator_records_its_code_and_saves_it(tmp_path, fitted):
+    from streamwhiten import Whitener
+
+    _, _, rows = fitted
+    whitener = Whitener(n_components=K, dtype="eigen:3").fit(rows)
+    assert whitener.model_.storage.label == "eigen-3B" and whitener.quantization_ is None
+    whitener.save(tmp_path / "w.npz")
+    loaded = Whitener.load(tmp_path / "w.npz")  # the code is the model's storage (for search); transform: floats
+    assert loaded.model_.storage.label == "eigen-3B"
+    np.testing.assert_array_equal(loaded.set_params(dtype="eigen:3").transform(rows), whitener.transform(rows))
