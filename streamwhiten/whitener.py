@@ -399,12 +399,11 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
             return model
         if params.is_code_dtype(self.dtype):  # the code, recorded as the model's storage (its codec's bytes)
             from .codes import NEEDS_SAMPLE
-            from .codes.storage import parse_code
+            from .codes.storage import parse_code, recorded_code
             from .pipeline import with_codes
 
-            recorded = model.storage.codec if model.storage is not None else None
-            code, budget = parse_code(str(self.dtype))
-            if (recorded is not None and (recorded.code, recorded.budget) == (code, budget)) or code in NEEDS_SAMPLE:
+            code, _ = parse_code(str(self.dtype))
+            if recorded_code(model, str(self.dtype)) is not None or code in NEEDS_SAMPLE:
                 return model  # a code that learns from a sample is recorded by with_codes, with its sample
             return with_codes(model, str(self.dtype))
         clip = model.storage.int8_clip if model.storage is not None else DEFAULT_INT8_CLIP

@@ -133,6 +133,14 @@ def with_codec(
     return replace(model, storage=Storage(CODE, codec=record))
 
 
+def recorded_code(model: WhiteningModel, spec: str) -> CodecRecord | None:
+    """The codec record ``model`` keeps as its storage when it is the code ``spec`` (``NAME:BYTES``) names,
+    else None: where apply, a job and the estimator ask whether the model already holds the code wanted."""
+    code, budget = parse_code(spec)
+    recorded = model.storage.codec if model.storage is not None else None
+    return recorded if recorded is not None and (recorded.code, recorded.budget) == (code, budget) else None
+
+
 def model_codec(model: WhiteningModel) -> Codec | None:
     """The codec a model records as its storage (decoded, its bytes' checksum verified), None without one."""
     storage = model.storage
@@ -153,6 +161,7 @@ __all__ = [
     "is_code",
     "model_codec",
     "parse_code",
+    "recorded_code",
     "train_for",
     "unit_output_moments",
     "unit_rows",

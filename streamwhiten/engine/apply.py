@@ -146,18 +146,22 @@ def code_storage(model: WhiteningModel, dtype: str) -> StoredAs:
     import hashlib
 
     from ..codes import NEEDS_SAMPLE
-    from ..codes.storage import parse_code, train_for
+    from ..codes.storage import parse_code, recorded_code, train_for
 
     code, budget = parse_code(dtype)
-    recorded = model.storage.codec if model.storage is not None else None
-    if recorded is not None and (recorded.code, recorded.budget) == (code, budget):
+    recorded = recorded_code(model, dtype)
+    if recorded is not None:
         data = recorded.data
         label, width, sample = recorded.label, recorded.bytes_per_vector, (recorded.sample_rows, recorded.sample_seed)
     elif code in NEEDS_SAMPLE:
         raise BadInputError(
             f"the {code} code learns from a sample of the input: record it in the model first (the codes "
             f"command, or streamwhiten.with_codes(model, {dtype!r}, sample=...)); the model records "
-            + (f"the {recorded.label} code" if recorded is not None else "no code"),
+            + (
+                f"the {model.storage.codec.label} code"
+                if model.storage is not None and model.storage.codec
+                else "no code"
+            ),
             param="dtype",
         )
     else:

@@ -575,6 +575,7 @@ class Publication:
 
         blocks: list[np.ndarray] = []
         records: list[Any] = []
+        decoders: dict[str, CodeDecoder] = {}
         manifest = self.manifest
         spec = self._spec(input_spec)
         for part in self.parts(input_spec):
@@ -591,10 +592,13 @@ class Publication:
                     self._refuse(part, problem)
                 if source.n_rows != part.n_rows:
                     raise BadInputError(f"{part.path}: holds {source.n_rows} rows, not the {part.n_rows} published")
+                sha = _codec_sha(attrs) if STORAGE_ATTR in attrs else None
                 if STORAGE_ATTR not in attrs:
                     records.append(None)
-                elif _codec_sha(attrs) is not None:
-                    records.append(self._code_decoder(part, str(_codec_sha(attrs))))
+                elif sha is not None:  # the model is loaded and checked once per codec, not once per part
+                    if sha not in decoders:
+                        decoders[sha] = self._code_decoder(part, sha)
+                    records.append(decoders[sha])
                 else:
                     records.append(Quantization.from_attrs(attrs))
                 blocks.append(source.read(0, source.n_rows))

@@ -151,17 +151,16 @@ def record_code(name: str, model: WhiteningModel, writing: Writing, inputs: list
     Trained once: updates keep it (a setting changed by the job drops it, and it is trained again). A code
     that learns from data trains on a seeded sample of the job's first input."""
     from ..codes import NEEDS_SAMPLE
-    from ..codes.storage import parse_code
+    from ..codes.storage import parse_code, recorded_code
     from ..params import is_code_dtype
     from ..pipeline import with_codes
 
     dtype = writing.options.dtype
     if not is_code_dtype(dtype):
         return model
-    code, budget = parse_code(str(dtype))
-    recorded = model.storage.codec if model.storage is not None else None
-    if recorded is not None and (recorded.code, recorded.budget) == (code, budget):
+    if recorded_code(model, str(dtype)) is not None:
         return model
+    code, _ = parse_code(str(dtype))
     sample = inputs[0] if code in NEEDS_SAMPLE else None
     coded = with_codes(model, str(dtype), sample=sample, output=model_path, overwrite=True)
     log.info("job %s: recorded the %s code in %s", name, dtype, model_path)
