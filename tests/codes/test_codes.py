@@ -149,6 +149,27 @@ def test_codes_learn_the_vectors(data):
     assert errors[0] < 0.5 * baseline and all(b < a for a, b in itertools.pairwise(errors))
 
 
+@pytest.mark.parametrize("budget", [8, 16])
+def test_rotation_never_spreads_the_means_weight(budget):
+    """Unit rows with a large common part (every row near the mean's direction): the rotation among
+    equal-bit components must not raise the inner-product error for queries like the rows (a rotation
+    that mixed the directions led by the mean into the others tripled it, and lost most neighbours)."""
+    from streamwhiten.codes.linear import train_eigen
+    from streamwhiten.synthetic import generate_rows
+
+    rows = generate_rows(4000, 64, seed=11).astype(np.float64)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    corpus, queries = rows[:3000], rows[3000:3200]
+    mean = corpus.mean(axis=0)
+    covariance = (corpus - mean).T @ (corpus - mean) / len(corpus)
+    true = queries @ corpus.T
+    error = {}
+    for rotate in (True, False):
+        codec = train_eigen(mean, covariance, budget, rotate=rotate)
+        error[rotate] = np.mean((codec.inner_products(queries, codec.encode(corpus)) - true) ** 2)
+    assert error[True] < 1.1 * error[False]
+
+
 def test_corrected_estimate_is_unbiased(data):
     """Over random pairs (isotropic queries), the corrected estimate's error has mean ~0 and does not
     grow with the true inner product; without the correction the estimate shrinks towards the mean."""
