@@ -229,7 +229,10 @@ def mode_of(inputs: Inputs, search_given: tuple[str, ...] = ()) -> str:
         if len(pairs) < 3:
             raise BadInputError("give all three of --pairs-a, --pairs-b and --scores")
         if search_given:
-            raise BadInputError(f"{_flags(search_given[:1])} is for a retrieval task (--queries, --corpus, --qrels)")
+            raise BadInputError(
+                f"{_flags(search_given[:1])} is for a retrieval task (--queries, --corpus, --qrels): labelled pairs "
+                "choose the map, a stored corpus's storage and codes are chosen by searching it"
+            )
         return "pairs"
     missing = [name for name in ("queries", "corpus", "qrels") if getattr(inputs, name) is None]
     if missing:

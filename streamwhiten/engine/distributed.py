@@ -433,10 +433,12 @@ def apply_dask(
                     BlockTransform(weights, shift, normalize, stored, skip_nonfinite, lazy.label), pure=True
                 )
                 writer = dask.delayed(sink.region_writer(), pure=True)
+                # the encoder (a codec's bytes) goes to each worker once, not with every task
+                encoder = None if quantization is None else dask.delayed(quantization, pure=True)
                 task = dask.delayed(_transform_and_write, pure=False)
                 futures = active.compute(
                     [
-                        task(rows, begin, stop, how, writer, quantization)
+                        task(rows, begin, stop, how, writer, encoder)
                         for begin, stop in source.blocks(rows_per_block)
                     ]
                 )
