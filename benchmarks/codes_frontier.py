@@ -199,6 +199,7 @@ def train_tool(name: str, mean, covariance, budget: int, sample: np.ndarray):
             sample=sample,
             seed=FAISS_SEED,
             sample_seed=SAMPLE_SEED,
+            unit=True,  # the rows are scaled to unit length, as the tool codes them
             iterations=25,
             opq_iterations=25,
         )

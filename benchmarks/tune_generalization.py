@@ -3,7 +3,8 @@
 On ``retrieval-dev`` (262 queries; see its README.txt) a whitening is fitted on the corpus and the sweep of
 ``tune --queries ...`` scores its default grid (5 betas x 5 gammas x 10 ks, with the raw vectors (no
 transformation), the rotation and centring maps and the rotation's bits truncated to the budgets too small
-for the raw sign bits: about 250 settings x 5 storages) ONCE, keeping
+for the raw sign bits: about 250 settings x 5 storages, and under each budget every vector code family of
+``tune --max-bytes`` that fits it: ``codes compared``) ONCE, keeping
 each setting's nDCG@10 per query. Then, ``--splits`` times, the queries are cut at random into two halves:
 each rule chooses on one half, for each byte budget (none, 12, 24, 48, 96, 384), and its choice is scored on
 the other half against the reference of that budget (the raw vectors in the storage with the most bytes that
@@ -82,7 +83,7 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
             for i in others
             if table[i]["beta"] in COARSE and table[i]["gamma"] in COARSE and not table[i]["k_label"].endswith("%")
         ]
-        kept_coarse = 0
+        kept_coarse, argmax_codes = 0, 0
         for chosen_on, unseen in splits_of(per_query.shape[1], args.splits, args.seed):
             means = per_query[:, chosen_on].mean(axis=1)
             picked = select(per_query[others][:, chosen_on], per_query[reference, chosen_on], Rule(seed=args.seed))
@@ -94,7 +95,9 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
             few_row = reference if few.index is None else coarse[few.index]
             kept_coarse += few_row == reference
             gaps["coarse"].append(100 * float((per_query[few_row, unseen] - per_query[reference, unseen]).mean()))
-            for rule, row in (("argmax", argmax_row(table, means, eligible)), ("maxt", new)):
+            argmax_choice = argmax_row(table, means, eligible)
+            argmax_codes += bool(table[argmax_choice].get("code"))
+            for rule, row in (("argmax", argmax_choice), ("maxt", new)):
                 gaps[rule].append(100 * float((per_query[row, unseen] - per_query[reference, unseen]).mean()))
             if args.forecast:
                 predicted = forecast(
@@ -111,6 +114,8 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
                 "budget": "none" if budget is None else budget,
                 "reference": f"{ref['vectors']} {ref['storage']} k={ref['k']} ({ref['bytes_per_vector']} B)",
                 "compared": len(others),
+                "codes compared": sum(bool(table[i].get("code")) for i in others),
+                "argmax chose a code": f"{argmax_codes}/{args.splits}",
                 "argmax mean": float(np.mean(gaps["argmax"])),
                 "argmax worst": float(np.min(gaps["argmax"])),
                 "maxt mean": float(np.mean(gaps["maxt"])),
@@ -286,7 +291,8 @@ def main(argv=None):
         {key: (f"{value:+.2f}" if key in formats and value is not None else value) for key, value in row.items()}
         for row in rows + synthetic_rows + pair_rows
     ]
-    columns = ["task", "budget", "reference", "compared", *formats[:4], "kept reference", "forecast error"]
+    columns = ["task", "budget", "reference", "compared", "codes compared", *formats[:4], "kept reference"]
+    columns += ["argmax chose a code", "forecast error"]
     columns.append("forecast covers")
     print_table(
         f"gap of the choice to the reference on the unseen half (x100; nDCG@10, pairs: Spearman), {args.splits} "

@@ -60,12 +60,15 @@ def train_codec(
     sample: npt.ArrayLike | None = None,
     seed: int = 0,
     sample_seed: int | None = None,
+    unit: bool = False,
     **faiss_options: int,
 ) -> Codec:
     """The code ``name`` (one of :data:`CODES`) of at most ``budget`` bytes a vector, per-vector scalars
     included, for vectors of this mean and covariance; ``sample`` (rows of the vectors) for the codes
     of :data:`NEEDS_SAMPLE`, ``seed`` for their random parts; ``faiss_options`` go to
-    :func:`~.faiss_codes.train_faiss` (``iterations``, ``opq_iterations``). A budget below the code's smallest, or
+    :func:`~.faiss_codes.train_faiss` (``iterations``, ``opq_iterations``). ``unit``: the vectors have
+    unit length (the tool's outputs), so the tool's own codes estimate by the cosine with the decoded
+    vector (:mod:`.linear`; faiss's codes keep faiss's estimate). A budget below the code's smallest, or
     above what the vectors' width holds, is a one-line :class:`BadInputError`."""
     if name not in CODES:
         raise BadInputError(f"unknown code {name!r}: one of {', '.join(CODES)}")
@@ -77,14 +80,16 @@ def train_codec(
         from .linear import train_eigen
 
         queries = "isotropic" if name == "eigen-iso" else "data"
-        return train_eigen(mean, covariance, int(budget), correction=name == "eigen+f", queries=queries, seed=seed)
+        return train_eigen(
+            mean, covariance, int(budget), correction=name == "eigen+f", queries=queries, seed=seed
+        ).with_unit(unit)
     if name.startswith("bits-"):
         from .linear import train_sign_bits
 
         rotation = name[len("bits-") :].removesuffix("+f")
         return train_sign_bits(
             mean, covariance, int(budget), rotation=rotation, sample=sample, seed=seed, correction=name.endswith("+f")
-        )
+        ).with_unit(unit)
     from .faiss_codes import train_faiss
 
     assert sample is not None  # checked above

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from ..core._kernels import encode_levels, lookup_scores, merge_top_scores
+from ..core._kernels import decoded_norms, encode_levels, lookup_scores, merge_top_scores
 from ..core.exclusions import Exclusions
 from ..core.finite import raise_if_nonfinite
 from ..errors import BadInputError
@@ -91,6 +91,7 @@ def merge_block(
     (``start``/``excluded``: :class:`~streamwhiten.core.exclusions.Exclusions` arrays): a corpus
     searched block by block gives the lists of one search over all of it."""
     scales = _scales(codec, codes)
+    row_scales = _row_scales(codec, codes, scales)
     tile_rows = max(64, TILE_BYTES // codec.bytes_per_vector)
     tile = np.empty((TILE_QUERIES, tile_rows), dtype=np.float32)
     for q0 in range(0, queries.shape[0], TILE_QUERIES):
@@ -99,7 +100,7 @@ def merge_block(
         for r0 in range(0, codes.shape[0], tile_rows):
             r1 = min(codes.shape[0], r0 + tile_rows)
             out = tile[: q1 - q0, : r1 - r0]
-            lookup_scores(tables, codes[r0:r1], scales[r0:r1], bases, offsets, out)
+            lookup_scores(tables, codes[r0:r1], scales[r0:r1], row_scales[r0:r1], bases, offsets, out)
             merge_top_scores(out, first_row + r0, q0, top_scores, top_rows, start, excluded)
 
 
@@ -108,6 +109,16 @@ def _scales(codec: LinearCode, rows: np.ndarray) -> npt.NDArray[np.float32]:
         return np.ones(rows.shape[0], dtype=np.float32)
     stored = np.ascontiguousarray(rows[:, codec.code_bytes :]).view(np.float16)[:, 0]
     return stored.astype(np.float32)
+
+
+def _row_scales(codec: LinearCode, rows: np.ndarray, scales: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """:meth:`LinearCode.row_scales` of the code rows, their lengths by one Numba pass (a unit code only)."""
+    if not codec.unit:
+        return np.ones(rows.shape[0], dtype=np.float32)
+    norms = np.empty(rows.shape[0], dtype=np.float64)
+    along = codec.mean @ codec.basis.astype(np.float64)
+    decoded_norms(rows, codec.bits, codec.step, along, float(codec.mean @ codec.mean), scales, norms)
+    return codec.row_scales(norms)
 
 
 def _faiss_search(

@@ -107,6 +107,7 @@ def train_for(
         sample=mapped,
         seed=seed,
         sample_seed=sample_seed if mapped is not None else None,
+        unit=True,  # the model's outputs scaled to unit length
         **faiss_options,
     )
 

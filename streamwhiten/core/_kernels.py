@@ -370,14 +370,16 @@ def lookup_scores(
     tables: npt.NDArray[np.float32],
     codes: npt.NDArray[np.uint8],
     scales: npt.NDArray[np.float32],
+    row_scales: npt.NDArray[np.float32],
     bases: npt.NDArray[np.float32],
     offsets: npt.NDArray[np.float32],
     out: npt.NDArray[np.float32],
 ) -> None:
-    """``out[i, r] = bases[i] + scales[r] * (offsets[i] + sum_p tables[i, p, codes[r, p]])`` for the
-    queries ``i`` of ``tables`` (queries x code bytes x 256) and the code rows ``r`` (only their first
-    ``tables.shape[1]`` bytes are read): the asymmetric estimate of a code whose value is linear in
-    its bits, one table look-up per code byte (as faiss scans 8-bit PQ codes).
+    """``out[i, r] = (bases[i] + scales[r] * (offsets[i] + sum_p tables[i, p, codes[r, p]])) *
+    row_scales[r]`` for the queries ``i`` of ``tables`` (queries x code bytes x 256) and the code rows
+    ``r`` (only their first ``tables.shape[1]`` bytes are read): the asymmetric estimate of a code whose
+    value is linear in its bits, one table look-up per code byte (as faiss scans 8-bit PQ codes);
+    ``row_scales`` are 1 but for a code of unit vectors (``1 / ||xhat||``).
 
     Two queries and four rows at a time, eight sums in registers (one chain of dependent additions
     would wait on each), over the code bytes in passes of :data:`_LOOKUP_BYTES` whose tables stay in
@@ -421,4 +423,44 @@ def lookup_scores(
     for i in range(n_queries):
         line = out[i]
         for r in range(n_rows):
-            line[r] = bases[i] + scales[r] * (offsets[i] + line[r])
+            line[r] = (bases[i] + scales[r] * (offsets[i] + line[r])) * row_scales[r]
+
+
+@numba.njit(nogil=True, cache=True)
+def decoded_norms(
+    codes: npt.NDArray[np.uint8],
+    bits: npt.NDArray[np.int64],
+    step: npt.NDArray[np.float64],
+    mean_along: npt.NDArray[np.float64],
+    mean_norm2: float,
+    scales: npt.NDArray[np.float32],
+    out: npt.NDArray[np.float64],
+) -> None:
+    """``out[r]``: the length of the vector code row ``r`` stands for, ``||mean + f B l||`` with ``l`` its
+    levels (component ``j``: ``(c + 1/2 - 2^(b-1)) * step[j]``, ``c`` its ``bits[j]`` bits, least
+    significant first, components one after another), ``f = scales[r]``, ``mean_along = mean @ B`` and
+    ``mean_norm2 = ||mean||^2``: ``||mean||^2 + 2 f <mean B, l> + f^2 ||l||^2`` (``B``'s columns orthonormal).
+    One pass over each row's bytes, the reverse of :func:`encode_levels`' packing."""
+    n_rows = codes.shape[0]
+    n_components = bits.shape[0]
+    for r in range(n_rows):
+        row = codes[r]
+        word = np.uint64(0)
+        filled = 0
+        p = 0
+        squares = 0.0
+        along = 0.0
+        for j in range(n_components):
+            width = bits[j]
+            while filled < width:
+                word |= np.uint64(row[p]) << np.uint64(filled)
+                filled += 8
+                p += 1
+            code = word & np.uint64((1 << width) - 1)
+            word >>= np.uint64(width)
+            filled -= width
+            level = (np.float64(code) + 0.5 - np.float64(1 << (width - 1))) * step[j]
+            squares += level * level
+            along += level * mean_along[j]
+        f = np.float64(scales[r])
+        out[r] = np.sqrt(max(mean_norm2 + 2.0 * f * along + f * f * squares, 0.0))

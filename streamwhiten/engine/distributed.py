@@ -437,10 +437,7 @@ def apply_dask(
                 encoder = None if quantization is None else dask.delayed(quantization, pure=True)
                 task = dask.delayed(_transform_and_write, pure=False)
                 futures = active.compute(
-                    [
-                        task(rows, begin, stop, how, writer, encoder)
-                        for begin, stop in source.blocks(rows_per_block)
-                    ]
+                    [task(rows, begin, stop, how, writer, encoder) for begin, stop in source.blocks(rows_per_block)]
                 )
                 written, n_written, n_nonfinite = set(), 0, 0
                 try:

@@ -152,6 +152,7 @@ def train_codes(
             sample=sample if name in NEEDS_SAMPLE else None,
             seed=sample_seed,
             sample_seed=sample_seed if name in NEEDS_SAMPLE else None,
+            unit=True,  # the raw rows scaled to unit length
             **(faiss_options if name.startswith("faiss-") else {}),
         )
 

@@ -170,6 +170,59 @@ def test_rotation_never_spreads_the_means_weight(budget):
     assert error[True] < 1.1 * error[False]
 
 
+@pytest.mark.parametrize("name", ["eigen", "eigen+f", "bits-random"])
+def test_unit_codes_estimate_the_cosine_with_the_decoded_vector(data, name):
+    """A code of unit vectors stands for its decoded vector scaled to unit length (the independent
+    reference decode, normalised); its byte form keeps that, and bytes without the entry (written
+    before it existed) read as a plain code."""
+
+    from streamwhiten.codes.base import read_parts
+
+    rows, mean, covariance, queries = data
+    codec = train_codec(name, mean, covariance, budget_for(name), seed=5, unit=True)
+    codes = codec.encode(rows[:80])
+    decoded = reference_decode(codec, codes)
+    unit = decoded / np.linalg.norm(decoded, axis=1, keepdims=True)
+    np.testing.assert_allclose(codec.decode(codes), unit, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        codec.inner_products(queries, codes), queries.astype(np.float64) @ unit.T, rtol=1e-4, atol=1e-4
+    )
+    again = codec_from_bytes(codec.to_bytes())
+    assert again.unit and again.to_bytes() == codec.to_bytes()
+    plain = codec.with_unit(False)
+    assert read_parts(plain.to_bytes())[1]["unit"] is False
+    np.testing.assert_array_equal(plain.encode(rows[:80]), codes)  # the same bytes, another estimate
+
+    class Older(LinearCode):  # writes its record as releases before the entry did
+        def _parts(self):
+            record, arrays = super()._parts()
+            return {key: value for key, value in record.items() if key != "unit"}, arrays
+
+    older = Older._from_parts(*codec._parts()).to_bytes()
+    assert "unit" not in read_parts(older)[1]
+    assert codec_from_bytes(older).unit is False
+
+
+def test_unit_estimate_finds_more_neighbours_of_unit_rows():
+    """Unit rows sharing a large mean (as sentence embeddings do, more so): the plain estimate carries
+    the quantiser's error along each vector into every score, weighted by the query's part along the
+    mean; the cosine with the decoded vector drops it and finds more of the true top 10."""
+    from streamwhiten.synthetic import generate_rows
+
+    rows = generate_rows(20_200, 128, seed=11).astype(np.float64)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    corpus, queries = rows[:20_000], rows[20_000:]
+    mean = corpus.mean(axis=0)
+    covariance = (corpus - mean).T @ (corpus - mean) / len(corpus)
+    true = np.argsort(-(queries @ corpus.T), axis=1)[:, :10]
+    found = {}
+    for unit in (False, True):
+        codec = train_codec("eigen", mean, covariance, 12, unit=unit)
+        _, top = search(codec, queries.astype(np.float32), encode(codec, corpus.astype(np.float32)), 10)
+        found[unit] = np.mean([len(set(top[i]) & set(true[i])) for i in range(len(true))])
+    assert found[True] > found[False] + 1.0  # of 10
+
+
 def test_corrected_estimate_is_unbiased(data):
     """Over random pairs (isotropic queries), the corrected estimate's error has mean ~0 and does not
     grow with the true inner product; without the correction the estimate shrinks towards the mean."""

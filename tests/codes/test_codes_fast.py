@@ -82,22 +82,25 @@ def test_lookup_scores_is_the_sum_of_table_entries(n_queries, n_rows, n_bytes):
     tables = rng.standard_normal((n_queries, n_bytes, 256)).astype(np.float32)
     codes = rng.integers(0, 256, size=(n_rows, n_bytes + 2), dtype=np.uint8)  # bytes past the tables are not read
     scales = rng.uniform(0.5, 2, n_rows).astype(np.float32)
+    row_scales = rng.uniform(0.5, 2, n_rows).astype(np.float32)
     bases = rng.standard_normal(n_queries).astype(np.float32)
     offsets = rng.standard_normal(n_queries).astype(np.float32)
     out = np.full((n_queries, n_rows), np.nan, dtype=np.float32)
-    lookup_scores(tables, codes, scales, bases, offsets, out)
+    lookup_scores(tables, codes, scales, row_scales, bases, offsets, out)
     picked = tables.astype(np.float64)[:, np.arange(n_bytes)[None, :], codes[:, :n_bytes]]  # queries x rows x bytes
-    expected = bases[:, None] + scales[None, :] * (offsets[:, None] + picked.sum(axis=2))
+    expected = (bases[:, None] + scales[None, :] * (offsets[:, None] + picked.sum(axis=2))) * row_scales[None, :]
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize(("name", "budget"), CASES)
 @pytest.mark.parametrize("n_rows", [1, 7, 2500])
-def test_search_scores_are_the_numpy_estimates(data, name, budget, n_rows):
+@pytest.mark.parametrize("unit", [False, True])
+def test_search_scores_are_the_numpy_estimates(data, name, budget, n_rows, unit):
     """Every row found (all of them: k = rows) scores as ``codec.inner_products`` (float64 numpy) and
-    as the decoded vectors' inner products with the queries; one to five queries (an odd last one)."""
+    as the decoded vectors' inner products with the queries; one to five queries (an odd last one).
+    A unit code's rows are scaled by the lengths the Numba pass reads from the codes."""
     rows, mean, covariance, queries = data
-    codec = train_codec(name, mean, covariance, budget)
+    codec = train_codec(name, mean, covariance, budget, unit=unit)
     codes = encode(codec, rows[:n_rows])
     estimate = codec.inner_products(queries, codes).astype(np.float64)
     decoded = queries.astype(np.float64) @ codec.decode(codes).astype(np.float64).T

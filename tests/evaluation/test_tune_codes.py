@@ -114,7 +114,7 @@ def test_a_code_candidate_scores_as_plain_numpy_scoring_of_its_codec_search(swep
         if name in NEEDS_SAMPLE:
             assert (row["code"]["sample_rows"], row["code"]["sample_seed"]) == (500, 4)
             continue
-        again = train_codec(name, mean, covariance, row["bytes_per_vector"], seed=4)
+        again = train_codec(name, mean, covariance, row["bytes_per_vector"], seed=4, unit=True)
         assert np.allclose(again.decode(again.encode(x[:50])), codec.decode(codec.encode(x[:50])), atol=1e-5)
         assert row["code"]["sha256"] == hashlib.sha256(codec.to_bytes()).hexdigest()
 
