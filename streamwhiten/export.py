@@ -568,7 +568,8 @@ def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
     the codec's centring and projection (a ``LinearTransform``), any rotation of its own (OPQ), then its
     trained index. ``index.index.add_sa_codes(rows)`` (the inner index: faiss's ``IndexPreTransform`` does not
     take codes) adds the rows the codec encoded; ``index.search(x)`` of raw query vectors then ranks them as
-    the codec's estimate of ``<q, y>`` does (the scores lack the per-query constant ``<q, mean>``)."""
+    the codec's estimate of ``<q, y>`` does (the scores: faiss's inner products without the per-query
+    constant ``<q, mean>``, or for a code of unit vectors, the tool's, faiss's L2 distances)."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     from .codes import Codec, codec_from_bytes
     from .codes.faiss_codes import FaissCode

@@ -68,7 +68,7 @@ def train_codec(
     of :data:`NEEDS_SAMPLE`, ``seed`` for their random parts; ``faiss_options`` go to
     :func:`~.faiss_codes.train_faiss` (``iterations``, ``opq_iterations``). ``unit``: the vectors have
     unit length (the tool's outputs), so the tool's own codes estimate by the cosine with the decoded
-    vector (:mod:`.linear`; faiss's codes keep faiss's estimate). A budget below the code's smallest, or
+    vector (:mod:`.linear`) and faiss's rank by L2 distance (:func:`~.faiss_codes.train_faiss`). A budget below the code's smallest, or
     above what the vectors' width holds, is a one-line :class:`BadInputError`."""
     if name not in CODES:
         raise BadInputError(f"unknown code {name!r}: one of {', '.join(CODES)}")
@@ -101,6 +101,7 @@ def train_codec(
         sample,
         seed=seed,
         sample_seed=sample_seed,
+        unit=unit,
         **faiss_options,
     )
 

@@ -65,10 +65,11 @@ def one_omp_thread() -> Iterator[None]:
         faiss.omp_set_num_threads(before)
 
 
-def _index_for(kind: str, dim: int, n_bytes: int) -> Any:
-    """An untrained faiss index (inner product) of ``kind`` over ``dim`` values, ``n_bytes`` of PQ code."""
+def _index_for(kind: str, dim: int, n_bytes: int, l2: bool = False) -> Any:
+    """An untrained faiss index (inner product, or ``l2`` distance) of ``kind`` over ``dim`` values,
+    ``n_bytes`` of PQ code."""
     faiss = _faiss()
-    metric = faiss.METRIC_INNER_PRODUCT
+    metric = faiss.METRIC_L2 if l2 else faiss.METRIC_INNER_PRODUCT
     if kind == "pq":
         return faiss.IndexPQ(dim, n_bytes, 8, metric)
     if kind == "opq":
@@ -172,10 +173,25 @@ class FaissCode(Codec):
         index.add_sa_codes(np.ascontiguousarray(self.check_codes(codes)))
         return index, transform
 
+    @property
+    def unit(self) -> bool:
+        """Whether the code is of unit vectors, searched by faiss's L2 distance (see :func:`train_faiss`)."""
+        return bool(self._index.metric_type == _faiss().METRIC_L2)
+
     def search(self, queries: npt.ArrayLike, codes: npt.ArrayLike, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """faiss's top ``k`` (estimates of ``<q, x>``, rows) of the queries over the code rows."""
+        """faiss's top ``k`` (estimates of ``<q, x>``, rows) of the queries over the code rows; for a code
+        of unit vectors, ``<q, mean> + (||q'||^2 - ||q' - xhat'||^2) / 2`` (``'``: centred and mapped),
+        faiss's L2 ranking as an estimate of ``<q, x>`` less half the decoded part's squared length."""
         q = self.check_rows(queries, "queries")
         index, transform = self.searcher(codes)
+        if self.unit:
+            mapped = self._mapped(q)
+            if transform is not None:
+                mapped = transform.apply(mapped)
+            distances, rows = index.search(mapped, int(k))
+            own = np.einsum("ij,ij->i", mapped, mapped, dtype=np.float64)
+            scores = (q @ self.mean)[:, None] + 0.5 * (own[:, None] - distances)
+            return np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows.astype(np.int64)
         mapped = self._mapped(q, centre=False)
         if transform is not None:
             mapped = transform.apply(mapped)
@@ -225,13 +241,16 @@ def train_faiss(
     iterations: int = 25,
     opq_iterations: int = 50,
     opq_initial_iterations: int | None = None,
+    unit: bool = False,
 ) -> FaissCode:
     """The faiss ``kind`` code of at most ``budget`` bytes a vector, trained on ``sample`` (rows of the
     vectors) after centring on ``mean`` and, where it keeps fewer dimensions, projecting on the leading
     principal axes of ``covariance``. ``seed`` seeds faiss's k-means; ``sample_seed`` (recorded) is the
     seed the sample was drawn with, where the caller drew it; ``iterations`` of k-means per codebook and
     ``opq_iterations`` of OPQ (faiss's defaults), both recorded; ``opq_initial_iterations``: k-means
-    iterations of OPQ's first PQ (None: faiss's 40), recorded when given."""
+    iterations of OPQ's first PQ (None: faiss's 40), recorded when given. ``unit``: the vectors have unit
+    length, so the index ranks by L2 distance (which for them ranks as cosine, as faiss's own indexes of
+    unit vectors do), not by the inner product with the decoded vector, whose length errors swamp it."""
     centre = np.asarray(mean, dtype=np.float64).reshape(-1)
     d = centre.shape[0]
     dims, sub = layout_for(kind, d, budget)
@@ -242,7 +261,7 @@ def train_faiss(
     if dims < d or kind.startswith("rabitq") or kind.startswith("sq"):
         _, vectors = principal_axes(covariance)
         basis = vectors[:, :dims]
-    index = _index_for(kind, dims, sub)
+    index = _index_for(kind, dims, sub, l2=unit)
     inner = index.index if kind == "opq" else index
     if kind in ("pq", "opq"):
         clustering = _faiss().downcast_index(inner).pq.cp

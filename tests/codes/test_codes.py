@@ -297,6 +297,33 @@ def test_faiss_codes_load_and_search_as_faiss_does(faiss, data, name, budget):
     assert loaded.training["sample_rows"] == len(rows) and loaded.training["seed"] == 2
 
 
+@pytest.mark.parametrize("name,budget", [("faiss-pq", 6), ("faiss-opq", 4), ("faiss-sq4", 6), ("faiss-rabitq1", 10)])
+def test_faiss_codes_of_unit_vectors_rank_by_l2(faiss, data, name, budget):
+    """A faiss code of unit vectors ranks as faiss's L2 search of the centred (projected) rows does, and
+    (but RaBitQ, whose distance is its own estimate) scores ``<q, mean> + <q', xhat'> - ||xhat'||^2 / 2``
+    (q', xhat': centred, projected; numpy)."""
+    rows, mean, covariance, queries = data
+    codec = train_codec(name, mean, covariance, budget, sample=rows, seed=2, iterations=4, opq_iterations=2, unit=True)
+    assert codec.unit and codec_from_bytes(codec.to_bytes()).unit
+    codes = codec.encode(rows)
+    index = faiss.deserialize_index(codec.index_bytes)
+    assert index.metric_type == faiss.METRIC_L2
+    shift = mean.astype(np.float32)
+    mapped = rows - shift if codec.basis is None else (rows - shift) @ codec.basis
+    index.add(np.ascontiguousarray(mapped, dtype=np.float32))
+    query_mapped = queries - shift if codec.basis is None else (queries - shift) @ codec.basis
+    _, want_rows = index.search(np.ascontiguousarray(query_mapped, dtype=np.float32), 10)
+    scores, found = search(codec, queries, codes, 10)
+    np.testing.assert_array_equal(found, want_rows)
+    if name.startswith("faiss-rabitq"):
+        return  # RaBitQ's distance is its own unbiased estimate, not the decoded vector's distance
+    decoded = codec.decode(codes).astype(np.float64) - mean
+    decoded_mapped = decoded if codec.basis is None else decoded @ codec.basis.astype(np.float64)
+    q = query_mapped.astype(np.float64)
+    expected = (queries @ mean)[:, None] + q @ decoded_mapped.T - 0.5 * np.sum(decoded_mapped**2, axis=1)[None, :]
+    np.testing.assert_allclose(scores, np.take_along_axis(expected, found, axis=1), rtol=1e-3, atol=1e-3)
+
+
 # ------------------------------------------------------------------------------- byte form and bad input
 
 
