@@ -34,6 +34,7 @@ from .search import corpus_blocks
 #: The code families ``tune`` sweeps under a byte budget (by default every one of them).
 TUNE_CODES: tuple[str, ...] = (
     "eigen",
+    "eigen-iso",
     "eigen+f",
     "bits-random",
     "bits-random+f",
