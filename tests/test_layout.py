@@ -830,6 +830,7 @@ WIDE = {
     "evaluation.search:exact_search": "a public call's keyword arguments (exact search over a store)",
     "evaluation.report:collect": "the report's inputs, one per figure",
     "codes.faiss_codes:train_faiss": "faiss's training settings, passed to faiss as they are",
+    "codes:train_codec": "a public call: every family's keyword options (faiss's passed on as they are)",
     "export:export": "a public call's keyword arguments (streamwhiten.export.export)",
     "pipeline:finish_checkpoint": "a fit's keyword arguments (pipeline.fit's), for a job's killed fit",
 }

@@ -40,6 +40,7 @@ stream, least significant first; bit ``t`` of the stream is bit ``t % 8`` of byt
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from typing import Any
@@ -172,7 +173,6 @@ class LinearCode(Codec):
         correction: bool,
         budget: int,
         training: dict[str, Any] | None = None,
-        unit: bool = False,
     ) -> None:
         if kind not in KINDS:
             raise BadInputError(f"a linear code's kind is one of {', '.join(KINDS)}, got {kind!r}")
@@ -182,7 +182,8 @@ class LinearCode(Codec):
         self.bits = np.asarray(bits, dtype=np.int64).reshape(-1)
         self.step = np.asarray(step, dtype=np.float64).reshape(-1)
         self.correction = bool(correction)
-        self.unit = bool(unit)
+        #: Whether the code is of unit vectors (set by :meth:`with_unit`; see the module's text).
+        self.unit = False
         self.budget = int(budget)
         self.training = dict(training or {})
         m = self.bits.shape[0]
@@ -330,8 +331,9 @@ class LinearCode(Codec):
 
     def with_unit(self, unit: bool = True) -> LinearCode:
         """This code, for unit vectors (or not): the same bytes, another estimate (see the module's text)."""
-        record, arrays = self._parts()
-        return type(self)._from_parts(record | {"unit": bool(unit)}, arrays)
+        code = copy.copy(self)
+        code.unit = bool(unit)
+        return code
 
     @staticmethod
     def _inverse(norms: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
@@ -378,7 +380,7 @@ class LinearCode(Codec):
 
     @classmethod
     def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> LinearCode:
-        return cls(
+        code = cls(
             str(record["kind"]),
             arrays["mean"],
             arrays["basis"],
@@ -387,8 +389,8 @@ class LinearCode(Codec):
             correction=bool(record["correction"]),
             budget=int(record["budget"]),
             training=dict(record.get("training") or {}),
-            unit=bool(record.get("unit", False)),
         )
+        return code.with_unit(bool(record.get("unit", False)))
 
 
 def _moments(mean: npt.ArrayLike, covariance: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], np.ndarray, np.ndarray]:
