@@ -413,7 +413,8 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
     lines += selection_lines(summary.get("selection"), metric, "queries")
     if best.get("code"):
         lines.append(
-            f"           a {best['dtype']} code wins: the raw vectors scaled to unit length, coded in "
+            f"           {'an' if best['dtype'][0] in 'aeio' else 'a'} {best['dtype']} code wins: the raw vectors "
+            "scaled to unit length, coded in "
             f"{best['bytes_per_vector']:,} bytes (its codec: {best['code']['model_bytes']:,} bytes per model)"
         )
     elif best["vectors"] == "raw":
