@@ -651,7 +651,7 @@ def faiss_bytes(
         info: dict = {
             "faiss": "IndexPreTransform",
             "index": f"{codec.label} (the model's codec: add its rows with index.index.add_sa_codes)",
-            "metric": "ip",
+            "metric": "l2" if codec.unit else "ip",
             "read_with": "faiss.read_index",
             "needs_training": False,
             "code": codec.label,

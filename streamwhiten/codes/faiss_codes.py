@@ -153,9 +153,13 @@ class FaissCode(Codec):
         return codes
 
     def decode(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        """The vectors the code rows stand for (for a code of unit vectors, scaled to unit length)."""
         approx = self._index.sa_decode(np.ascontiguousarray(self.check_codes(codes)))
         back = approx if self.basis is None else approx @ self.basis.T
         out: npt.NDArray[np.float32] = (back + self._mean32).astype(np.float32)
+        if self.unit:
+            norms = np.linalg.norm(out, axis=1, keepdims=True)
+            np.divide(out, norms, out=out, where=norms > 0)
         return out
 
     def searcher(self, codes: npt.ArrayLike) -> tuple[Any, Any]:
@@ -179,18 +183,23 @@ class FaissCode(Codec):
         return bool(self._index.metric_type == _faiss().METRIC_L2)
 
     def search(self, queries: npt.ArrayLike, codes: npt.ArrayLike, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """faiss's top ``k`` (estimates of ``<q, x>``, rows) of the queries over the code rows; for a code
-        of unit vectors, ``<q, mean> + (||q'||^2 - ||q' - xhat'||^2) / 2`` (``'``: centred and mapped),
-        faiss's L2 ranking as an estimate of ``<q, x>`` less half the decoded part's squared length."""
+        """faiss's top ``k`` (estimates of ``<q, x>``, rows) of the queries over the code rows.
+
+        For a code of unit vectors faiss ranks by the squared distance ``D`` of the centred, mapped query
+        to the decoded row, and ``||q - x||^2 = ||q||^2 + 1 - 2 <q, x>`` turns it into the estimate
+        ``(||q||^2 + 1 - D - r) / 2``, ``r`` the query's centred part the projection drops (0 where all
+        dimensions are kept; the rows' own dropped part is taken as 0)."""
         q = self.check_rows(queries, "queries")
         index, transform = self.searcher(codes)
         if self.unit:
+            centred = q.astype(np.float64) - self.mean
             mapped = self._mapped(q)
-            if transform is not None:
+            if transform is not None:  # OPQ's rotation keeps lengths
                 mapped = transform.apply(mapped)
             distances, rows = index.search(mapped, int(k))
-            own = np.einsum("ij,ij->i", mapped, mapped, dtype=np.float64)
-            scores = (q @ self.mean)[:, None] + 0.5 * (own[:, None] - distances)
+            dropped = np.einsum("ij,ij->i", centred, centred) - np.einsum("ij,ij->i", mapped, mapped, dtype=np.float64)
+            lengths = np.einsum("ij,ij->i", q, q, dtype=np.float64)
+            scores = 0.5 * ((lengths + 1.0 - np.maximum(dropped, 0.0))[:, None] - distances)
             return np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows.astype(np.int64)
         mapped = self._mapped(q, centre=False)
         if transform is not None:

@@ -300,9 +300,12 @@ def test_faiss_codes_load_and_search_as_faiss_does(faiss, data, name, budget):
 @pytest.mark.parametrize("name,budget", [("faiss-pq", 6), ("faiss-opq", 4), ("faiss-sq4", 6), ("faiss-rabitq1", 10)])
 def test_faiss_codes_of_unit_vectors_rank_by_l2(faiss, data, name, budget):
     """A faiss code of unit vectors ranks as faiss's L2 search of the centred (projected) rows does, and
-    (but RaBitQ, whose distance is its own estimate) scores ``<q, mean> + <q', xhat'> - ||xhat'||^2 / 2``
-    (q', xhat': centred, projected; numpy)."""
+    (but RaBitQ, whose distance is its own estimate) scores the cosine estimate ``(||q||^2 + 1 - D - r) / 2``
+    (``D``: the squared distance of the centred, projected query to the decoded row; ``r``: the query's
+    centred part the projection drops; numpy). Decoding gives unit vectors."""
     rows, mean, covariance, queries = data
+    rows = rows / np.linalg.norm(rows, axis=1, keepdims=True)
+    mean, covariance = rows.mean(axis=0, dtype=np.float64), np.cov(rows.T.astype(np.float64), bias=True)
     codec = train_codec(name, mean, covariance, budget, sample=rows, seed=2, iterations=4, opq_iterations=2, unit=True)
     assert codec.unit and codec_from_bytes(codec.to_bytes()).unit
     codes = codec.encode(rows)
@@ -315,12 +318,23 @@ def test_faiss_codes_of_unit_vectors_rank_by_l2(faiss, data, name, budget):
     _, want_rows = index.search(np.ascontiguousarray(query_mapped, dtype=np.float32), 10)
     scores, found = search(codec, queries, codes, 10)
     np.testing.assert_array_equal(found, want_rows)
+    np.testing.assert_allclose(np.linalg.norm(codec.decode(codes), axis=1), 1.0, rtol=1e-5)
     if name.startswith("faiss-rabitq"):
         return  # RaBitQ's distance is its own unbiased estimate, not the decoded vector's distance
-    decoded = codec.decode(codes).astype(np.float64) - mean
-    decoded_mapped = decoded if codec.basis is None else decoded @ codec.basis.astype(np.float64)
-    q = query_mapped.astype(np.float64)
-    expected = (queries @ mean)[:, None] + q @ decoded_mapped.T - 0.5 * np.sum(decoded_mapped**2, axis=1)[None, :]
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexPreTransform) else index
+    decoded = index.sa_decode(np.ascontiguousarray(codes)).astype(np.float64)  # centred, projected rows
+    if isinstance(index, faiss.IndexPreTransform):  # OPQ: distances in the rotated space, lengths kept
+        rotation = faiss.downcast_VectorTransform(index.chain.at(0))
+        decoded = rotation.apply(np.ascontiguousarray(decoded, dtype=np.float32)).astype(np.float64)
+        q = rotation.apply(np.ascontiguousarray(query_mapped, dtype=np.float32)).astype(np.float64)
+    else:
+        q = query_mapped.astype(np.float64)
+    assert inner.metric_type == faiss.METRIC_L2
+    distance = np.sum((q[:, None, :] - decoded[None, :, :]) ** 2, axis=2)
+    centred = queries.astype(np.float64) - mean
+    dropped = np.sum(centred**2, axis=1) - np.sum(q**2, axis=1)
+    lengths = np.sum(queries.astype(np.float64) ** 2, axis=1)
+    expected = 0.5 * ((lengths + 1.0 - np.maximum(dropped, 0.0))[:, None] - distance)
     np.testing.assert_allclose(scores, np.take_along_axis(expected, found, axis=1), rtol=1e-3, atol=1e-3)
 
 

@@ -318,10 +318,13 @@ def test_the_faiss_export_searches_the_codes_as_the_codec_does(tmp_path, model, 
     np.testing.assert_array_equal(rows, want_rows)
     # the tool's faiss codes are of unit vectors: faiss's L2 distances of the centred, projected queries
     assert codec.unit and faiss.downcast_index(index.index).metric_type == faiss.METRIC_L2
-    centred = (unit_q - codec.mean).astype(np.float32)
-    mapped = centred if codec.basis is None else centred @ codec.basis
-    own = np.sum(mapped.astype(np.float64) ** 2, axis=1)[:, None]
-    np.testing.assert_allclose((unit_q @ codec.mean)[:, None] + (own - scores) / 2, want_scores, rtol=1e-4, atol=1e-4)
+    centred = unit_q.astype(np.float64) - codec.mean
+    mapped = centred if codec.basis is None else centred @ codec.basis.astype(np.float64)
+    dropped = np.sum(centred**2, axis=1) - np.sum(mapped**2, axis=1)
+    lengths = np.sum(unit_q.astype(np.float64) ** 2, axis=1)
+    estimate = 0.5 * ((lengths + 1.0 - np.maximum(dropped, 0.0))[:, None] - scores)
+    np.testing.assert_allclose(estimate, want_scores, rtol=1e-4, atol=1e-4)
+    assert summary["metric"] == "l2"
 
 
 def test_export_refuses_the_tools_own_codes_naming_what_searches_them(tmp_path, model):
