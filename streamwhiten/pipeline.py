@@ -555,9 +555,11 @@ def apply(
     options = with_model_storage(options, model)  # before re-finalizing: a bad combination is refused first
     changes = (setting or Setting()).given()
     if changes:
-        recorded = model.storage.codec if model.storage is not None else None
+        from .codes.storage import recorded_code
+
+        recorded = recorded_code(model, str(options.dtype)) if _params.is_code_dtype(options.dtype) else None
         model = model.with_params(**changes)
-        if recorded is not None and options.dtype == f"{recorded.code}:{recorded.budget}" and model.storage is None:
+        if recorded is not None and model.storage is None:
             raise BadInputError(
                 f"the model's {recorded.label} code is for its saved setting, not {changes}: apply at the saved "
                 "setting, or record a code for this one first (with_codes), or give a float dtype",

@@ -116,8 +116,7 @@ def _row_scales(codec: LinearCode, rows: np.ndarray, scales: npt.NDArray[np.floa
     if not codec.unit:
         return np.ones(rows.shape[0], dtype=np.float32)
     norms = np.empty(rows.shape[0], dtype=np.float64)
-    along = codec.mean @ codec.basis.astype(np.float64)
-    decoded_norms(rows, codec.bits, codec.step, along, float(codec.mean @ codec.mean), scales, norms)
+    decoded_norms(rows, codec.bits, codec.step, codec._mean_along, float(codec.mean @ codec.mean), scales, norms)
     return codec.row_scales(norms)
 
 

@@ -205,7 +205,10 @@ class LinearCode(Codec):
         self._half = 2.0 ** (self.bits - 1)
         self._component_of_bit = np.repeat(np.arange(m), self.bits)
         self._shift_of_bit = (np.arange(self.total_bits) - self.offsets[self._component_of_bit]).astype(np.uint8)
-        self._shift32 = (self.mean @ self.basis.astype(np.float64)).astype(np.float32)
+        #: ``mean @ basis``: the components' shift (float32 as the encoder subtracts it) and the mean's
+        #: part of a decoded vector's length (float64)
+        self._mean_along = self.mean @ self.basis.astype(np.float64)
+        self._shift32 = self._mean_along.astype(np.float32)
 
     @property
     def n_features(self) -> int:
@@ -297,7 +300,7 @@ class LinearCode(Codec):
         index, scales = self.unpack(codes)
         approx = (self.levels(index) * scales[:, None]) @ self.basis.T.astype(np.float64) + self.mean
         if self.unit:
-            approx *= self._inverse(self.decoded_norms(codes))[:, None]
+            approx *= self._inverse(self._norms(index, scales))[:, None]
         out: npt.NDArray[np.float32] = approx.astype(np.float32)
         return out
 
@@ -307,16 +310,19 @@ class LinearCode(Codec):
         along = (q @ self.basis.astype(np.float64)) @ self.levels(index).T
         estimate = (q @ self.mean)[:, None] + along * scales[None, :]
         if self.unit:
-            estimate *= self._inverse(self.decoded_norms(codes))[None, :]
+            estimate *= self._inverse(self._norms(index, scales))[None, :]
         out: npt.NDArray[np.float32] = estimate.astype(np.float32)
         return out
 
     def decoded_norms(self, codes: npt.ArrayLike) -> npt.NDArray[np.float64]:
         """The length of the vector each code row stands for before a unit code scales it,
         ``||mean + f basis @ levels||`` (from the levels: the basis's columns are orthonormal)."""
-        index, scales = self.unpack(codes)
+        return self._norms(*self.unpack(codes))
+
+    def _norms(self, index: npt.NDArray[np.uint8], scales: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
+        """:meth:`decoded_norms` of rows already unpacked."""
         levels = self.levels(index)
-        along = levels @ (self.mean @ self.basis.astype(np.float64))
+        along = levels @ self._mean_along
         squares = np.einsum("ij,ij->i", levels, levels)
         f = scales.astype(np.float64)
         out: npt.NDArray[np.float64] = np.sqrt(np.maximum(self.mean @ self.mean + 2 * f * along + f * f * squares, 0.0))
