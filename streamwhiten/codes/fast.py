@@ -8,6 +8,8 @@ Apart from the codecs themselves so that decoding (the serving path) never needs
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import numpy.typing as npt
 
@@ -28,7 +30,7 @@ TILE_QUERIES = 32
 def encode(codec: Codec, block: npt.ArrayLike) -> npt.NDArray[np.uint8]:
     """``codec.encode(block)``, byte for byte, with the tool's own codes quantised and packed by one
     Numba pass over blocks of rows instead of numpy's several over all of them."""
-    if not isinstance(codec, LinearCode):
+    if not isinstance(codec, LinearCode) or sys.byteorder != "little":  # the kernel writes words as bytes
         return codec.encode(block)
     rows = codec.check_rows(block, finite=False)
     n_rows = rows.shape[0]

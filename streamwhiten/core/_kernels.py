@@ -310,53 +310,64 @@ def encode_levels(
     ``ceil(sum(bits) / 8)`` bytes of each row of ``out`` the level index ``clip(floor(z / step +
     2^(b-1)), 0, 2^b - 1)`` of each component ``j`` (``b = bits[j]``, 1 to 8), least significant bit
     first, components one after another; stream bit ``t`` is bit ``t % 8`` of byte ``t // 8``.
+    Returns the first row holding a NaN or Inf after centring (rows before it are written), or -1.
 
-    One pass per row (quantise into a small buffer, then shift the levels into a 64-bit word written
-    out 4 bytes at a time) instead of numpy's several over the block. Returns the first row holding a
-    NaN or Inf after centring (rows before it are written), or -1.
+    Per row, one branch-free pass quantises (so it vectorises), then groups of 8 components (at
+    most 64 bits) are shifted together into a word and the word into the row's bit stream. The pass
+    multiplies by ``1 / step`` rather than dividing: the product is within a few units in the last
+    place of the quotient, so the two floors differ only when ``z / step + 2^(b-1)`` lies within
+    ``1e-12 (|t| + 256)`` of an integer; such a row (a rare one) is quantised again by the division,
+    so the bytes are those of the division everywhere. Little-endian: the stream's 64-bit words are
+    written out as bytes through a view.
     """
     n_rows, n_components = z.shape
-    code_bytes = 0
     half = np.empty(n_components, dtype=np.float64)
     top = np.empty(n_components, dtype=np.float64)
+    inverse = np.empty(n_components, dtype=np.float64)
+    start = np.zeros(n_components + 1, dtype=np.int64)  # first stream bit of each component
     for j in range(n_components):
         half[j] = np.float64(1 << (bits[j] - 1))
         top[j] = np.float64((1 << bits[j]) - 1)
-        code_bytes += bits[j]
-    code_bytes = (code_bytes + 7) // 8
-    level = np.empty(n_components, dtype=np.uint64)
-    byte = np.uint64(255)
+        inverse[j] = 1.0 / step[j]
+        start[j + 1] = start[j] + bits[j]
+    code_bytes = (start[n_components] + 7) // 8
+    words = np.empty((start[n_components] + 63) // 64 + 1, dtype=np.uint64)
+    stream = words.view(np.uint8)
+    within_group = np.empty(n_components, dtype=np.uint64)  # bit offset inside its group of 8
+    for j in range(n_components):
+        within_group[j] = np.uint64(start[j] - start[j - j % 8])
+    level = np.empty(n_components, dtype=np.int32)
+    one = np.uint64(1)
     for i in range(n_rows):
         row = z[i]
-        bad = False
+        bad = 0
+        near = 0
         for j in range(n_components):
             value = row[j] - shift[j]
             row[j] = value
-            bad |= not (value - value == 0)  # NaN for NaN and +-Inf
-            index = np.floor(np.float64(value) / step[j] + half[j])
-            index = min(max(index, 0.0), top[j])
-            level[j] = np.uint64(np.int64(index))
+            bad |= np.int32(value - value != 0)  # NaN for NaN and +-Inf
+            t = np.float64(value) * inverse[j] + half[j]
+            index = np.floor(t)
+            margin = 1e-12 * (np.abs(t) + 256.0)
+            near |= np.int32(not (t - index > margin and t - index < 1.0 - margin))
+            level[j] = np.int32(min(max(index, 0.0), top[j]))
         if bad:
             return i
+        if near:
+            for j in range(n_components):
+                index = np.floor(np.float64(row[j]) / step[j] + half[j])
+                level[j] = np.int32(min(max(index, 0.0), top[j]))
+        words[:] = 0
+        for g in range(0, n_components, 8):
+            group = np.uint64(0)
+            for j in range(g, min(g + 8, n_components)):
+                group |= np.uint64(level[j]) << within_group[j]
+            offset = np.uint64(start[g] & 63)
+            words[start[g] >> 6] |= group << offset
+            words[(start[g] >> 6) + 1] |= (group >> one) >> (np.uint64(63) - offset)  # 0 when offset is 0
         target = out[i]
-        word = np.uint64(0)
-        filled = np.uint64(0)
-        p = 0
-        for j in range(n_components):
-            word |= level[j] << filled
-            filled += np.uint64(bits[j])
-            if filled >= 32:
-                target[p] = np.uint8(word & byte)
-                target[p + 1] = np.uint8((word >> np.uint64(8)) & byte)
-                target[p + 2] = np.uint8((word >> np.uint64(16)) & byte)
-                target[p + 3] = np.uint8((word >> np.uint64(24)) & byte)
-                word >>= np.uint64(32)
-                filled -= np.uint64(32)
-                p += 4
-        while p < code_bytes:
-            target[p] = np.uint8(word & byte)
-            word >>= np.uint64(8)
-            p += 1
+        for p in range(code_bytes):
+            target[p] = stream[p]
     return -1
 
 

@@ -74,6 +74,43 @@ def test_fast_encode_names_the_first_nonfinite_row_of_any_block(data):
     assert caught.value.row == codec.block_rows + 7
 
 
+def test_encode_levels_floors_the_quotient_where_a_product_would_not():
+    """The kernel multiplies by ``1 / step``; on components that are exact multiples of the step
+    (``z / step + 2^(b-1)`` an integer) the product can fall one unit short and floor a level too low.
+    Such rows must get the division's levels, as ``LinearCode.quantize`` gives them."""
+    rng = np.random.default_rng(5)
+    n_components, n_rows = 24, 400
+    bits = rng.integers(1, 9, n_components)
+    half = 2.0 ** (bits - 1)
+    # steps of 12 significant bits: k * step is exact in float32 for |k| < 2^11, so z / step is exactly k
+    mantissas = rng.integers(2**11, 2**12, size=(n_components, 64))
+    candidates = np.ldexp(mantissas.astype(np.float64), rng.integers(-20, -8, size=(n_components, 1)))
+    k = np.arange(-300, 300, dtype=np.float64)
+    product = np.floor((k[None, None, :] * candidates[..., None]) * (1.0 / candidates[..., None]) + half[:, None, None])
+    quotient = np.floor(k[None, None, :] + half[:, None, None])
+    pick = np.argmax((product != quotient).any(axis=2), axis=1)  # per component a step where the two disagree
+    step = candidates[np.arange(n_components), pick]
+    z = (rng.integers(-300, 300, size=(n_rows, n_components)) * step).astype(np.float32)
+    assert np.array_equal(z.astype(np.float64) / step, np.round(z.astype(np.float64) / step))
+    disagree = np.floor(z * (1.0 / step) + half) != np.floor(z / step + half)
+    assert disagree.any(axis=1).mean() > 0.1  # the test reaches the rows the product gets wrong
+
+    codec = LinearCode(
+        "eigen",
+        np.zeros(n_components),
+        np.eye(n_components),
+        bits,
+        step,
+        correction=False,
+        budget=int(bits.sum() + 7) // 8,
+    )
+    expected = codec.encode(z)
+    index = np.clip(np.floor(z.astype(np.float64) / step + half), 0, 2.0**bits - 1).astype(np.int64)
+    stream = np.concatenate([(index[:, [j]] >> np.arange(b)) & 1 for j, b in enumerate(bits)], axis=1)
+    np.testing.assert_array_equal(expected, np.packbits(stream.astype(np.uint8), axis=1, bitorder="little"))
+    np.testing.assert_array_equal(encode(codec, z), expected)
+
+
 @pytest.mark.parametrize("n_queries", [1, 2, 3])
 @pytest.mark.parametrize("n_rows", [1, 2, 3, 4, 5, 11])
 @pytest.mark.parametrize("n_bytes", [1, _LOOKUP_BYTES, _LOOKUP_BYTES + 1, 2 * _LOOKUP_BYTES + 7])
