@@ -42,9 +42,15 @@ quarter of its rows and over all of them; peak RSS against the store's size, and
 encoded again under an address-space limit (``RLIMIT_AS``) of the idle child's size plus a quarter of
 the store (at least 256 MiB).
 
+``--seed-check`` trains the codes that learn from a sample (faiss's PQ and OPQ, the tool's faiss-pq,
+faiss-opq and bits-itq) ``--seeds`` times, each on another sample and k-means seed, and reports the
+spread of their recall on the odd queries: where the best code of both sides is the same faiss code, a
+gap between them is the spread of one training, not a difference of the codes.
+
     python benchmarks/codes_frontier.py [--budgets 8,12,...] [--rows N] [--synthetic-budgets 16,32,64]
     python benchmarks/codes_frontier.py --quick
     python benchmarks/codes_frontier.py --speed-only --budgets 12,24,48,96 --rows 0
+    python benchmarks/codes_frontier.py --seed-check --budgets 8,12,16,24 --seeds 4
 """
 
 from __future__ import annotations
@@ -110,8 +116,9 @@ def recalls(found: np.ndarray, true_top: np.ndarray) -> dict[str, np.ndarray]:
     return {"r10": at10, "r100": at100}
 
 
-def faiss_own(kind: str, budget: int, d: int, sample: np.ndarray):
-    """faiss's own index of ``kind`` at most ``budget`` bytes (None where none fits), trained on ``sample``."""
+def faiss_own(kind: str, budget: int, d: int, sample: np.ndarray, seed: int = FAISS_SEED):
+    """faiss's own index of ``kind`` at most ``budget`` bytes (None where none fits), trained on ``sample``
+    (``seed``: PQ's k-means seed)."""
     import faiss
 
     from streamwhiten.codes.faiss_codes import layout_for
@@ -121,7 +128,7 @@ def faiss_own(kind: str, budget: int, d: int, sample: np.ndarray):
         if budget > d or d % budget:
             return None
         index = faiss.IndexPQ(d, budget, 8, l2)
-        index.pq.cp.seed = FAISS_SEED
+        index.pq.cp.seed = seed
         if kind == "opq":
             rotation = faiss.OPQMatrix(d, budget)
             rotation.niter = 25  # faiss's default is 50: halved to keep the run short
@@ -187,7 +194,7 @@ def faiss_search(index, queries: np.ndarray, pairs: np.ndarray, k: int) -> np.nd
     return out
 
 
-def train_tool(name: str, mean, covariance, budget: int, sample: np.ndarray):
+def train_tool(name: str, mean, covariance, budget: int, sample: np.ndarray, seed: int = FAISS_SEED):
     """The tool's ``name`` code at ``budget`` bytes (None where the budget holds none) and its training seconds."""
     from streamwhiten.codes import train_codec
 
@@ -199,7 +206,7 @@ def train_tool(name: str, mean, covariance, budget: int, sample: np.ndarray):
             covariance,
             budget,
             sample=sample,
-            seed=FAISS_SEED,
+            seed=seed,
             sample_seed=SAMPLE_SEED,
             unit=True,  # the rows are scaled to unit length, as the tool codes them
             iterations=25,
@@ -351,6 +358,60 @@ def quality(args, budgets, data) -> tuple[list[dict], list[dict], dict]:
         ],
     )
     return rows, targets, {"codecs": codecs, "exact_ndcg10": exact_ndcg}
+
+
+def seed_check(args, budgets, data) -> list[dict]:
+    """The codes trained from a sample, each trained ``--seeds`` times (sample ``SAMPLE_SEED + s``,
+    k-means seed ``FAISS_SEED + s``): 10-recall@10 of the odd queries per seed, so that a gap between the
+    tool's storage and faiss's own can be told apart from the spread of one training."""
+    from streamwhiten.codes.fast import encode, search
+    from streamwhiten.core.exclusions import Exclusions
+
+    raw_corpus, raw_queries, truth, pairs = data["neighbours"]
+    true_top = check_truth(raw_corpus, raw_queries, truth, pairs)
+    corpus, queries = unit(raw_corpus), unit(raw_queries)
+    exclude = Exclusions.from_pairs(len(queries), pairs[:, 0], pairs[:, 1])
+    report = np.arange(1, len(queries), 2)
+    tool_names = tuple(args.seed_tool_codes.split(","))
+    own_kinds = tuple(args.seed_faiss_codes.split(","))
+    lines = []
+    for budget in budgets:
+        scores: dict[str, list[float]] = {}
+        for s in range(args.seeds):
+            rng = np.random.default_rng(SAMPLE_SEED + s)
+            sample = corpus[np.sort(rng.choice(corpus.shape[0], min(SAMPLE_ROWS, corpus.shape[0]), replace=False))]
+            for name in tool_names:
+                codec, _ = train_tool(name, data["mean"], data["covariance"], budget, sample, seed=FAISS_SEED + s)
+                if codec is not None:
+                    _, found = search(codec, queries, encode(codec, corpus), 10, exclude=exclude)
+                    found = np.pad(found, ((0, 0), (0, 90)), constant_values=-1)
+                    scores.setdefault(f"tool:{name}", []).append(float(recalls(found, true_top)["r10"][report].mean()))
+            for kind in own_kinds:
+                index = faiss_own(kind, budget, corpus.shape[1], sample, seed=FAISS_SEED + s)
+                if index is not None:
+                    index.add(corpus)
+                    found = np.pad(faiss_search(index, queries, pairs, 10), ((0, 0), (0, 90)), constant_values=-1)
+                    scores.setdefault(f"faiss:{kind}", []).append(float(recalls(found, true_top)["r10"][report].mean()))
+        for code, values in scores.items():
+            lines.append(
+                {
+                    "budget": budget,
+                    "code": code,
+                    "seeds": len(values),
+                    "r10_mean": float(np.mean(values)),
+                    "r10_min": float(np.min(values)),
+                    "r10_max": float(np.max(values)),
+                    "r10_seed0": values[0],
+                    "r10_each": values,
+                }
+            )
+    print_table(
+        f"seed check: 10-recall@10 of the odd queries over {args.seeds} trainings (sample and k-means seed); "
+        "seed0 is the main run's",
+        lines,
+        ["budget", "code", "seeds", "r10_mean", "r10_min", "r10_max", "r10_seed0"],
+    )
+    return lines
 
 
 def speed_line(codec, corpus: np.ndarray, probe: np.ndarray, sample: np.ndarray, rounds: int, name: str) -> dict:
@@ -767,6 +828,12 @@ def main(argv=None) -> int:
     parser.add_argument("--no-memory", action="store_true", help="skip the memory part")
     parser.add_argument("--memory-only", action="store_true", help="only the memory part")
     parser.add_argument("--no-dev", action="store_true", help="skip the neighbours-dev/retrieval-dev part")
+    parser.add_argument(
+        "--seed-check", action="store_true", help="only the codes trained from a sample, over --seeds trainings"
+    )
+    parser.add_argument("--seeds", type=int, default=4, help="trainings of the seed check")
+    parser.add_argument("--seed-tool-codes", default="faiss-opq,faiss-pq,bits-itq")
+    parser.add_argument("--seed-faiss-codes", default="opq,pq")
     parser.add_argument("--store-dir", default=str(Path(tempfile.gettempdir()) / "streamwhiten-codes-frontier"))
     parser.add_argument("--results", default=None, help="folder of the JSON result (default benchmarks/results)")
     args = parser.parse_args(argv)
@@ -803,21 +870,24 @@ def main(argv=None) -> int:
             "covariance": (wide - mean).T @ (wide - mean) / wide.shape[0],
             "sample": corpus[np.sort(rng.choice(corpus.shape[0], min(SAMPLE_ROWS, corpus.shape[0]), replace=False))],
         }
-        rows, targets, extra = quality(args, budgets, data)
-        payload.update(
-            sample_rows=len(data["sample"]),
-            sample_seed=SAMPLE_SEED,
-            rows=rows,
-            targets=targets,
-            exact_ndcg10=extra["exact_ndcg10"],
-        )
-        if not args.no_speed:
-            payload["speed"] = speed(args, budgets, data, extra["codecs"])
+        if args.seed_check:
+            payload["seed_check"] = seed_check(args, budgets, data)
+        else:
+            rows, targets, extra = quality(args, budgets, data)
+            payload.update(
+                sample_rows=len(data["sample"]),
+                sample_seed=SAMPLE_SEED,
+                rows=rows,
+                targets=targets,
+                exact_ndcg10=extra["exact_ndcg10"],
+            )
+            if not args.no_speed:
+                payload["speed"] = speed(args, budgets, data, extra["codecs"])
     else:
         print(f"no neighbours-dev task under {args.data}: its part skipped")
     if args.memory_only and args.rows > 0:
         payload["memory"] = memory(args)
-    elif args.rows > 0 and not args.speed_only:
+    elif args.rows > 0 and not (args.speed_only or args.seed_check):
         budgets_synthetic = [int(b) for b in args.synthetic_budgets.split(",")]
         payload["synthetic_rows"], payload["synthetic_speed"] = synthetic(args, budgets_synthetic)
         payload["synthetic"] = {"rows": args.rows, "queries": args.synthetic_queries, "budgets": budgets_synthetic}
