@@ -75,25 +75,36 @@ def test_fast_encode_names_the_first_nonfinite_row_of_any_block(data):
 
 
 def test_encode_levels_floors_the_quotient_where_a_product_would_not():
-    """The kernel multiplies by ``1 / step``; on components that are exact multiples of the step
+    """The kernel multiplies by ``1 / step``; on a component that is an exact multiple of the step
     (``z / step + 2^(b-1)`` an integer) the product can fall one unit short and floor a level too low.
-    Such rows must get the division's levels, as ``LinearCode.quantize`` gives them."""
+    Each row holds one such component, the others off the boundaries: the row must get the division's
+    levels, as ``LinearCode.quantize`` gives them (a margin too small to catch the one component fails)."""
     rng = np.random.default_rng(5)
-    n_components, n_rows = 24, 400
-    bits = rng.integers(1, 9, n_components)
+    n_components, n_rows = 24, 2000
+    bits = rng.integers(3, 9, n_components)  # at 1 and 2 bits the product seldom errs inside the levels
     half = 2.0 ** (bits - 1)
     # steps of 12 significant bits: k * step is exact in float32 for |k| < 2^11, so z / step is exactly k
-    mantissas = rng.integers(2**11, 2**12, size=(n_components, 64))
+    mantissas = rng.integers(2**11, 2**12, size=(n_components, 1024))
     candidates = np.ldexp(mantissas.astype(np.float64), rng.integers(-20, -8, size=(n_components, 1)))
-    k = np.arange(-300, 300, dtype=np.float64)
-    product = np.floor((k[None, None, :] * candidates[..., None]) * (1.0 / candidates[..., None]) + half[:, None, None])
-    quotient = np.floor(k[None, None, :] + half[:, None, None])
-    pick = np.argmax((product != quotient).any(axis=2), axis=1)  # per component a step where the two disagree
+    k = np.arange(-128, 128, dtype=np.float64)
+    inside = (k[None, :] > -half[:, None]) & (k[None, :] < half[:, None])  # levels that do not clip
+    product = np.floor((k * candidates[..., None]) * (1.0 / candidates[..., None]) + half[:, None, None])
+    wrong = (product != np.floor(k + half[:, None])[:, None, :]) & inside[:, None, :]
+    pick = np.argmax(wrong.any(axis=2), axis=1)  # per component a step where the two disagree
     step = candidates[np.arange(n_components), pick]
-    z = (rng.integers(-300, 300, size=(n_rows, n_components)) * step).astype(np.float32)
-    assert np.array_equal(z.astype(np.float64) / step, np.round(z.astype(np.float64) / step))
-    disagree = np.floor(z * (1.0 / step) + half) != np.floor(z / step + half)
-    assert disagree.any(axis=1).mean() > 0.1  # the test reaches the rows the product gets wrong
+    assert wrong[np.arange(n_components), pick].any(axis=1).all()
+    off = rng.integers(-128, 128, size=(n_rows, n_components)) % (2 * half) - half + rng.uniform(0.1, 0.9, (n_rows, 1))
+    z = (off * step).astype(np.float32)
+    planted = np.arange(n_rows) % n_components
+    levels = wrong[planted, pick[planted]]
+    on = np.array([rng.choice(np.flatnonzero(row)) for row in levels]) - 128.0
+    z[np.arange(n_rows), planted] = (on * step[planted]).astype(np.float32)
+    wide = z.astype(np.float64)
+    top = 2.0**bits - 1
+    by_product = np.clip(np.floor(wide * (1.0 / step) + half), 0, top)
+    by_quotient = np.clip(np.floor(wide / step + half), 0, top)
+    assert (by_product != by_quotient).sum(axis=1).max() == 1  # one component a row: the others do not help
+    assert (by_product != by_quotient).any(axis=1).mean() > 0.5
 
     codec = LinearCode(
         "eigen",
@@ -105,7 +116,7 @@ def test_encode_levels_floors_the_quotient_where_a_product_would_not():
         budget=int(bits.sum() + 7) // 8,
     )
     expected = codec.encode(z)
-    index = np.clip(np.floor(z.astype(np.float64) / step + half), 0, 2.0**bits - 1).astype(np.int64)
+    index = by_quotient.astype(np.int64)
     stream = np.concatenate([(index[:, [j]] >> np.arange(b)) & 1 for j, b in enumerate(bits)], axis=1)
     np.testing.assert_array_equal(expected, np.packbits(stream.astype(np.uint8), axis=1, bitorder="little"))
     np.testing.assert_array_equal(encode(codec, z), expected)
