@@ -402,18 +402,19 @@ def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]
         return []
     lines = []
     tolerance = selection.get("tolerance") or 0.0  # absent from records saved before it was kept
+    level = f"{100 * selection.get('level', 0.95):g}%"  # records saved before it was kept chose at 95%
     if selection["rule"] == "maxt":
         if not tolerance:
             verdict = (
                 "nothing beats the reference beyond noise: the reference is kept"
                 if selection["kept_reference"]
-                else f"chosen: the highest simultaneous 95% lower bound of the advantage, {selection['bound']:+.2f}"
+                else f"chosen: the highest simultaneous {level} lower bound of the advantage, {selection['bound']:+.2f}"
             )
         else:
             verdict = (
                 f"nothing cheaper is surely within {tolerance:g} points of it: the reference is kept"
                 if selection["kept_reference"]
-                else f"chosen: the cheapest setting surely within {tolerance:g} points of it (simultaneous 95% "
+                else f"chosen: the cheapest setting surely within {tolerance:g} points of it (simultaneous {level} "
                 f"lower bound of the advantage {selection['bound']:+.2f})"
             )
         lines.append(

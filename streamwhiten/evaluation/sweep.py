@@ -665,6 +665,7 @@ def choose_generalising(
         "n_compared": len(others),
         "n_beating": picked.n_beating,
         "critical": picked.critical,
+        "level": chooser.level,
         "bound": None if index == reference else float(picked.bound[others.index(index)]),
         "forecast": predicted,
     }

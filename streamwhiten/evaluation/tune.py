@@ -277,6 +277,7 @@ def _choose_pairs(
         "n_compared": len(others),
         "n_beating": picked.n_beating,
         "critical": picked.critical,
+        "level": rule.level,
         "bound": None if index == reference else float(picked.bound[others.index(index)]),
         "forecast": predicted,
     }

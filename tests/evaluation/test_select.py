@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from streamwhiten.errors import BadInputError
-from streamwhiten.evaluation.select import Rule, forecast, select, spearman_units
+from streamwhiten.evaluation.select import Rule, forecast, interval, select, spearman_units
 
 
 def numpy_maxt(scores, reference, samples, seed, level):
@@ -42,7 +42,7 @@ def test_maxt_equals_a_plain_numpy_reimplementation(seed):
     gains = np.array([0.0, 0.02, -0.05, 0.08, 0.01])[:, None]
     scores = np.clip(reference + gains + rng.normal(0, 0.1, (5, 60)), 0, 1)
     got = select(scores, reference, Rule(samples=300, seed=seed))
-    index, critical, bounds = numpy_maxt(scores, reference, 300, seed, 0.95)
+    index, critical, bounds = numpy_maxt(scores, reference, 300, seed, Rule().level)  # the default level, 0.99
     assert got.index == index
     assert got.critical == pytest.approx(critical, abs=1e-9)
     np.testing.assert_allclose(got.bound, bounds, atol=1e-9)
@@ -98,6 +98,11 @@ def test_the_forecast_scores_each_fold_on_a_choice_made_without_it():
     assert out["chosen"]["score"] == pytest.approx(100 * scores[7].mean())
     assert out["reference"]["score"] == pytest.approx(100 * reference.mean())
     assert out["difference"]["low"] > 0
+    # the forecast's intervals are 95% ones, whatever the rule's simultaneous level (99% by default)
+    _, low, high = interval(scores[7], 200, 2, level=0.95)
+    assert (out["chosen"]["low"], out["chosen"]["high"]) == pytest.approx((low, high))
+    strict = forecast(scores, reference, Rule(samples=200, seed=2, level=0.999), folds=4)
+    assert (strict["chosen"]["low"], strict["chosen"]["high"]) == pytest.approx((low, high))
     noise = reference + rng.normal(0, 0.15, (50, 100))
     kept = forecast(noise, reference, Rule(samples=200, seed=2), folds=4)
     assert kept["kept_reference"] == 4 and kept["difference"]["score"] == 0
@@ -161,7 +166,7 @@ def test_resamples_in_blocks_give_the_results_of_one_draw_of_all(monkeypatch, ke
         np.testing.assert_array_equal(np.vstack(list(resamples)), counts)
     np.testing.assert_array_equal(select_module.resample_counts(n, samples, seed), counts)
     # the rule: the critical value of the plain loops, with the blocks given or made
-    _, critical, bounds = numpy_maxt(scores, reference, samples, seed, 0.95)
+    _, critical, bounds = numpy_maxt(scores, reference, samples, seed, Rule().level)
     for given in (resamples, None):
         got = select(scores, reference, Rule(samples=samples, seed=seed), resamples=given)
         assert got.critical == pytest.approx(critical, rel=1e-12)

@@ -499,6 +499,8 @@ def test_the_tolerance_is_worded_by_the_rule(tmp_path, capsys):
     )
     old = dict(kept, tolerance=None, kept_reference=False, bound=1.5)  # a record saved before tolerance was kept
     assert "the highest simultaneous 95% lower bound of the advantage, +1.50" in selection_lines(old, "m", "q")[0]
+    new = dict(old, level=0.99)  # the level the rule chose at is kept with it
+    assert "the highest simultaneous 99% lower bound of the advantage, +1.50" in selection_lines(new, "m", "q")[0]
 
 
 def test_within_the_raw_sign_bits_budget_the_reference_is_those_bits_and_the_model_written_reproduces_it(
