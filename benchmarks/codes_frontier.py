@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import REPO, interleaved_times, machine, print_table, run_child, save_results
+from _common import REPO, best_time, interleaved_times, machine, print_table, run_child, save_results
 
 DEFAULT_DATA = Path(os.environ.get("STREAMWHITEN_STSB", REPO.parent / "shared/data/stsb/stsb-dev-minilm.h5")).parent
 BUDGETS = (8, 12, 16, 24, 32, 48, 64, 96)
@@ -384,13 +384,12 @@ def seed_check(args, budgets, data) -> list[dict]:
                 codec, _ = train_tool(name, data["mean"], data["covariance"], budget, sample, seed=FAISS_SEED + s)
                 if codec is not None:
                     _, found = search(codec, queries, encode(codec, corpus), 10, exclude=exclude)
-                    found = np.pad(found, ((0, 0), (0, 90)), constant_values=-1)
                     scores.setdefault(f"tool:{name}", []).append(float(recalls(found, true_top)["r10"][report].mean()))
             for kind in own_kinds:
                 index = faiss_own(kind, budget, corpus.shape[1], sample, seed=FAISS_SEED + s)
                 if index is not None:
                     index.add(corpus)
-                    found = np.pad(faiss_search(index, queries, pairs, 10), ((0, 0), (0, 90)), constant_values=-1)
+                    found = faiss_search(index, queries, pairs, 10)
                     scores.setdefault(f"faiss:{kind}", []).append(float(recalls(found, true_top)["r10"][report].mean()))
         for code, values in scores.items():
             lines.append(
@@ -692,7 +691,7 @@ def synthetic_speed(codec, corpus, queries, sample, encode_s: float, search_s: f
         encode(codec, corpus[a : a + 65536])
     encode_s = time.perf_counter() - t0
     codes = encode(codec, corpus)
-    search_s = fastest(lambda: search(codec, queries, codes, 10))
+    search_s = best_time(lambda: search(codec, queries, codes, 10))
     line = {
         "budget": codec.budget,
         "k": codec.n_components,
@@ -709,19 +708,9 @@ def synthetic_speed(codec, corpus, queries, sample, encode_s: float, search_s: f
         pq.pq.cp.seed = FAISS_SEED
         pq.train(sample)
         pq.add(corpus)
-        faiss_s = fastest(lambda: pq.search(queries, 10))
+        faiss_s = best_time(lambda: pq.search(queries, 10))
         line.update(faiss_pq_s=faiss_s, search_vs_faiss=faiss_s / search_s)
     return line
-
-
-def fastest(work, rounds: int = 3) -> float:
-    """The fastest of ``rounds`` timed calls of ``work`` (seconds)."""
-    times = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        work()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 # ------------------------------------------------------------------------------------------- memory
