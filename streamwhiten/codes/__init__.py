@@ -51,6 +51,59 @@ CODES: tuple[str, ...] = (
 NEEDS_SAMPLE: tuple[str, ...] = tuple(name for name in CODES if name.startswith(("faiss-", "bits-itq")))
 
 
+def code_size(name: str, n_features: int, budget: int) -> int | None:
+    """The bytes a vector of the largest ``name`` code within ``budget`` bytes takes, for vectors of
+    ``n_features`` values; None where even its smallest code does not fit.
+
+    Each family's own size function gives it, the one its codec's ``bytes_per_vector`` comes from
+    (:func:`~.linear.linear_bytes` of :func:`~.linear.eigen_bits` or :func:`~.linear.sign_bits`;
+    faiss's reported code size, :func:`~.faiss_codes.faiss_bytes`, RaBitQ's per-vector factors
+    included), and :func:`train_codec` at that size trains exactly that code (an eigen code whose
+    variance runs out before its bits may take fewer bytes, never more). faiss's sizes need faiss."""
+    if name not in CODES:
+        raise BadInputError(f"unknown code {name!r}: one of {', '.join(CODES)}")
+    if name.startswith("faiss-"):
+        from .faiss_codes import faiss_bytes
+
+        faiss_bytes(name[len("faiss-") :], 1, 1)  # faiss missing is its own one-line error, not "does not fit"
+    try:
+        return _largest_size(name, int(n_features), int(budget))
+    except BadInputError:  # below the smallest code
+        return None
+
+
+def _largest_size(name: str, n_features: int, budget: int) -> int:
+    """:func:`code_size`'s bytes, or :class:`BadInputError` below the smallest code."""
+    correction = name.endswith("+f")
+    if name.startswith("eigen"):
+        from .linear import eigen_bits, linear_bytes
+
+        return linear_bytes(eigen_bits(n_features, budget, correction), correction)
+    if name.startswith("bits-"):
+        from .linear import CORRECTION_BYTES, linear_bytes, sign_bits
+
+        whole = n_features // 8 + (CORRECTION_BYTES if correction else 0)  # one bit a feature, whole bytes
+        return linear_bytes(sign_bits(n_features, min(budget, whole), correction), correction)
+    from .faiss_codes import faiss_bytes, layout_for
+
+    kind = name[len("faiss-") :]
+    if kind in ("pq", "opq"):  # a byte a sub-space, at most a sub-space a feature
+        budget = min(budget, n_features)
+    return faiss_bytes(kind, *layout_for(kind, n_features, budget))
+
+
+def fewest_sample_rows(name: str) -> int:
+    """The fewest sample rows the code ``name`` trains on: 0 for those of statistics alone, PQ's and
+    OPQ's 256 (a k-means centroid each), the others of :data:`NEEDS_SAMPLE` 2."""
+    if name not in NEEDS_SAMPLE:
+        return 0
+    if name.startswith("faiss-"):
+        from .faiss_codes import fewest_rows
+
+        return fewest_rows(name[len("faiss-") :])
+    return 2
+
+
 def train_codec(
     name: str,
     mean: npt.ArrayLike,
@@ -128,4 +181,12 @@ def codec_from_bytes(data: bytes, n_features: int | None = None) -> Codec:
     return codec
 
 
-__all__ = ["CODES", "NEEDS_SAMPLE", "Codec", "codec_from_bytes", "train_codec"]
+__all__ = [
+    "CODES",
+    "NEEDS_SAMPLE",
+    "Codec",
+    "code_size",
+    "codec_from_bytes",
+    "fewest_sample_rows",
+    "train_codec",
+]

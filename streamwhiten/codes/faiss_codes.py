@@ -12,6 +12,7 @@ faiss is imported inside the functions that use it (``pip install faiss-cpu``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -33,6 +34,10 @@ KINDS = {
     "sq4": "4-bit scalar quantisation",
     "sq8": "8-bit scalar quantisation",
 }
+
+#: Bits of a PQ sub-space's code, and its centroids.
+PQ_BITS = 8
+PQ_CENTROIDS = 2**PQ_BITS
 
 
 def _faiss() -> Any:
@@ -71,18 +76,34 @@ def _index_for(kind: str, dim: int, n_bytes: int, l2: bool = False) -> Any:
     faiss = _faiss()
     metric = faiss.METRIC_L2 if l2 else faiss.METRIC_INNER_PRODUCT
     if kind == "pq":
-        return faiss.IndexPQ(dim, n_bytes, 8, metric)
+        return faiss.IndexPQ(dim, n_bytes, PQ_BITS, metric)
     if kind == "opq":
-        return faiss.IndexPreTransform(faiss.OPQMatrix(dim, n_bytes), faiss.IndexPQ(dim, n_bytes, 8, metric))
+        return faiss.IndexPreTransform(faiss.OPQMatrix(dim, n_bytes), faiss.IndexPQ(dim, n_bytes, PQ_BITS, metric))
     if kind.startswith("rabitq"):
         return faiss.IndexRaBitQ(dim, metric, int(kind[len("rabitq") :]))
     quantizer = faiss.ScalarQuantizer.QT_4bit if kind == "sq4" else faiss.ScalarQuantizer.QT_8bit
     return faiss.IndexScalarQuantizer(dim, quantizer, metric)
 
 
+@functools.lru_cache(maxsize=4096)
+def faiss_bytes(kind: str, dims: int, sub: int = 0) -> int:
+    """Bytes of one ``kind`` code row over ``dims`` values (``sub`` PQ sub-quantisers), as faiss reports
+    them: the ``sa_code_size`` of the index :func:`train_faiss` builds, made untrained (faiss fixes a
+    code's size when it makes the index), per-vector factors included (RaBitQ's). The family's one size:
+    :attr:`FaissCode.bytes_per_vector` reads the same number off the trained index."""
+    return int(_index_for(kind, int(dims), int(sub)).sa_code_size())
+
+
+def fewest_rows(kind: str) -> int:
+    """The fewest sample rows the ``kind`` code trains on: PQ's (and OPQ's) k-means needs one a centroid,
+    :data:`PQ_CENTROIDS` a sub-space (faiss refuses fewer); the others 2."""
+    return PQ_CENTROIDS if kind in ("pq", "opq") else 2
+
+
 def layout_for(kind: str, n_features: int, budget: int) -> tuple[int, int]:
     """``(dimensions kept, PQ sub-quantisers)`` of the ``kind`` code that fits ``budget`` bytes, the most
-    dimensions it can; :class:`BadInputError` below the smallest such code."""
+    dimensions it can, its bytes (:func:`faiss_bytes`) within the budget; :class:`BadInputError` below
+    the smallest such code."""
     if kind not in KINDS:
         raise BadInputError(f"a faiss code is one of {', '.join(KINDS)}, got {kind!r}")
     budget = int(budget)
@@ -90,17 +111,14 @@ def layout_for(kind: str, n_features: int, budget: int) -> tuple[int, int]:
         if budget < 1 or budget > n_features:
             raise BadInputError(f"a {kind} code of {n_features} features takes 1 to {n_features} bytes, not {budget}")
         return n_features - n_features % budget, budget
-    if kind in ("sq4", "sq8"):
-        per_byte = 2 if kind == "sq4" else 1
-        if budget < 1:
-            raise BadInputError(f"a budget of {budget} bytes is below the smallest {kind} code (1 byte)")
-        return min(n_features, per_byte * budget), 0
-    bits = int(kind[len("rabitq") :])
-    fixed = _index_for(kind, 8, 0).code_size - bits  # the per-vector factors, besides 8 dims' bits
-    dims = min(n_features, ((budget - fixed) * 8) // bits)
-    if dims < 1:
-        raise BadInputError(f"a budget of {budget} bytes is below the smallest {kind} code ({fixed + 1} bytes)")
-    return dims, 0
+    smallest = faiss_bytes(kind, 1)
+    if budget < smallest:
+        raise BadInputError(f"a budget of {budget} bytes is below the smallest {kind} code ({smallest} bytes)")
+    low, high = 1, int(n_features)  # the most dims whose code fits: faiss's size grows with the dims
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if faiss_bytes(kind, middle) <= budget else (low, middle - 1)
+    return low, 0
 
 
 class FaissCode(Codec):
@@ -266,11 +284,18 @@ def train_faiss(
     rows = np.asarray(sample, dtype=np.float64)
     if rows.ndim != 2 or rows.shape[1] != d or rows.shape[0] < 2 or not np.all(np.isfinite(rows)):
         raise BadInputError(f"a faiss code trains on finite rows of {d} values, got shape {rows.shape}")
+    if rows.shape[0] < fewest_rows(kind):
+        raise BadInputError(
+            f"a faiss {kind} code trains on {fewest_rows(kind)} sample rows or more (one a k-means centroid), "
+            f"got {rows.shape[0]}"
+        )
     basis = None
     if dims < d or kind.startswith("rabitq") or kind.startswith("sq"):
         _, vectors = principal_axes(covariance)
         basis = vectors[:, :dims]
     index = _index_for(kind, dims, sub, l2=unit)
+    if index.sa_code_size() > int(budget):  # before the training: layout_for keeps within faiss_bytes
+        raise BadInputError(f"a faiss {kind} code of {index.sa_code_size()} bytes exceeds the budget of {budget}")
     inner = index.index if kind == "opq" else index
     if kind in ("pq", "opq"):
         clustering = _faiss().downcast_index(inner).pq.cp
@@ -283,7 +308,7 @@ def train_faiss(
         if opq_initial_iterations is not None:
             rotation.niter_pq_0 = int(opq_initial_iterations)
         # OPQ's own PQ as faiss makes it (seed and all), only without the warning; kept alive while it trains
-        opq_pq = _faiss().ProductQuantizer(dims, sub, 8)
+        opq_pq = _faiss().ProductQuantizer(dims, sub, PQ_BITS)
         opq_pq.cp.min_points_per_centroid = 1
         rotation.pq = opq_pq
     centred = (rows - centre).astype(np.float32)
@@ -304,10 +329,18 @@ def train_faiss(
     if sample_seed is not None:
         training["sample_seed"] = int(sample_seed)
     blob = _faiss().serialize_index(index)
-    code = FaissCode(kind, centre, basis, blob, budget=int(budget), training=training)
-    if code.bytes_per_vector > int(budget):
-        raise BadInputError(f"a faiss {kind} code of {code.bytes_per_vector} bytes exceeds the budget of {budget}")
-    return code
+    return FaissCode(kind, centre, basis, blob, budget=int(budget), training=training)
 
 
-__all__ = ["KINDS", "FaissCode", "faiss_available", "layout_for", "one_omp_thread", "train_faiss"]
+__all__ = [
+    "KINDS",
+    "PQ_BITS",
+    "PQ_CENTROIDS",
+    "FaissCode",
+    "faiss_available",
+    "faiss_bytes",
+    "fewest_rows",
+    "layout_for",
+    "one_omp_thread",
+    "train_faiss",
+]

@@ -156,6 +156,40 @@ def itq_rotation(projected: npt.NDArray[np.float64], seed: int, iterations: int 
     return rotation
 
 
+def linear_bytes(n_bits: int, correction: bool) -> int:
+    """Bytes of one row of a linear code of ``n_bits`` code bits: the bits packed 8 a byte (the last
+    byte padded), then the correction's :data:`CORRECTION_BYTES` where there is one. The family's one
+    size: :attr:`LinearCode.bytes_per_vector` and a budget's candidates (:func:`eigen_bits`,
+    :func:`sign_bits`) both take it from here."""
+    return -(-int(n_bits) // 8) + (CORRECTION_BYTES if correction else 0)
+
+
+def eigen_bits(n_features: int, budget: int, correction: bool, max_bits: int = MAX_BITS) -> int:
+    """The code bits :func:`train_eigen` shares out for ``budget`` bytes a vector of ``n_features``
+    values: 8 a byte after the correction's, at most ``max_bits`` a component (the allocation may give
+    fewer where the variance runs out, never more); :class:`BadInputError` below the smallest code."""
+    smallest = 1 + (CORRECTION_BYTES if correction else 0)
+    if int(budget) < smallest:
+        raise BadInputError(f"a budget of {budget} bytes is below the smallest eigen code ({smallest} bytes)")
+    return min(8 * (int(budget) - smallest + 1), int(max_bits) * int(n_features))
+
+
+def sign_bits(n_features: int, budget: int, correction: bool, kind: str = "bits") -> int:
+    """The sign bits of the ``kind`` code of ``budget`` bytes a vector of ``n_features`` values (one a
+    component, 8 a byte after the correction's): :class:`BadInputError` below the smallest code or
+    past one bit a feature."""
+    spare = CORRECTION_BYTES if correction else 0
+    n_bits = 8 * (int(budget) - spare)
+    if n_bits < 8:
+        raise BadInputError(f"a budget of {budget} bytes is below the smallest {kind} code ({1 + spare} bytes)")
+    if n_bits > n_features:
+        raise BadInputError(
+            f"{n_features} features hold at most {n_features // 8 + spare} bytes of sign bits, not {budget} "
+            "(take an eigen code)"
+        )
+    return n_bits
+
+
 class LinearCode(Codec):
     """A linear map, per-component uniform quantisers and an optional per-vector correction (see the
     module's text). Built by :func:`train_eigen` or :func:`train_sign_bits`."""
@@ -201,7 +235,7 @@ class LinearCode(Codec):
             raise BadInputError(f"an inconsistent {kind} code (basis, bits or steps do not agree)")
         self.offsets = np.concatenate([[0], np.cumsum(self.bits)[:-1]]).astype(np.int64)
         self.total_bits = int(self.bits.sum())
-        self.code_bytes = -(-self.total_bits // 8)
+        self.code_bytes = linear_bytes(self.total_bits, correction=False)
         self._half = 2.0 ** (self.bits - 1)
         self._component_of_bit = np.repeat(np.arange(m), self.bits)
         self._shift_of_bit = (np.arange(self.total_bits) - self.offsets[self._component_of_bit]).astype(np.uint8)
@@ -221,7 +255,7 @@ class LinearCode(Codec):
 
     @property
     def bytes_per_vector(self) -> int:
-        return self.code_bytes + (CORRECTION_BYTES if self.correction else 0)
+        return linear_bytes(self.total_bits, correction=self.correction)
 
     @property
     def label(self) -> str:
@@ -439,13 +473,10 @@ def train_eigen(
     centre, values, vectors = _moments(mean, covariance)
     if queries not in ("data", "isotropic"):
         raise BadInputError(f"eigen code queries are 'data' or 'isotropic', got {queries!r}")
-    spare = CORRECTION_BYTES if correction else 0
-    smallest = 1 + spare
-    if int(budget) < smallest:
-        raise BadInputError(f"a budget of {budget} bytes is below the smallest eigen code ({smallest} bytes)")
+    total_bits = eigen_bits(centre.shape[0], budget, correction, max_bits)
     along_mean = (centre @ vectors) ** 2
     weight = values + along_mean if queries == "data" else np.ones_like(values)
-    bits = allocate_bits(weight * values, 8 * (int(budget) - spare), max_bits)
+    bits = allocate_bits(weight * values, total_bits, max_bits)
     keep = np.flatnonzero(bits)
     if keep.size == 0:
         raise BadInputError("the covariance has no variance to code (every eigenvalue is 0)")
@@ -483,15 +514,8 @@ def train_sign_bits(
     kind = f"bits-{rotation}"
     if kind not in KINDS[1:]:
         raise BadInputError(f"a sign-bit rotation is random, itq or pca, got {rotation!r}")
-    spare = CORRECTION_BYTES if correction else 0
-    n_bits = 8 * (int(budget) - spare)
     d = centre.shape[0]
-    if n_bits < 8:
-        raise BadInputError(f"a budget of {budget} bytes is below the smallest {kind} code ({1 + spare} bytes)")
-    if n_bits > d:
-        raise BadInputError(
-            f"{d} features hold at most {d // 8 + spare} bytes of sign bits, not {budget} (take an eigen code)"
-        )
+    n_bits = sign_bits(d, budget, correction, kind)
     basis = vectors[:, :n_bits]
     training: dict[str, Any] = {}
     if rotation == "random":
@@ -527,11 +551,14 @@ __all__ = [
     "PROJECT_VALUES",
     "LinearCode",
     "allocate_bits",
+    "eigen_bits",
     "gaussian_quantizer",
     "itq_rotation",
+    "linear_bytes",
     "principal_axes",
     "quantizer_errors",
     "random_rotation",
+    "sign_bits",
     "train_eigen",
     "train_sign_bits",
 ]

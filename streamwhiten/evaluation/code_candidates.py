@@ -2,7 +2,7 @@
 
 A code candidate stores the raw vectors scaled to unit length (the cosine geometry the raw reference
 searches; no whitening map: the identity) as the family's code of the most bytes within the budget
-(:func:`code_budget`), and searches them by the codec's estimate of ``<q, x>`` with float32 unit queries
+(:func:`fitting_codes`), and searches them by the codec's estimate of ``<q, x>`` with float32 unit queries
 (asymmetric). The codes that need only statistics (``eigen``, ``bits-random``) train from the exact
 mean and covariance of the corpus rows scaled to unit length; those that learn from data
 (:data:`~streamwhiten.codes.NEEDS_SAMPLE`) from a seeded sample of those rows, its size and seed
@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ..codes import CODES, NEEDS_SAMPLE, Codec, train_codec
+from ..codes import CODES, NEEDS_SAMPLE, Codec, code_size, train_codec
 from ..engine._threads import blas_threads
-from ..errors import BadInputError
+from ..errors import StreamwhitenError
 from .retrieval import RetrievalTask, _finite
 from .search import corpus_blocks
 
@@ -59,43 +59,24 @@ def is_code(name: str) -> bool:
     return name in CODES
 
 
-def code_budget(name: str, n_features: int, budget: int) -> int | None:
-    """The budget to train code ``name`` at for vectors of ``n_features`` values within ``budget`` bytes:
-    the most bytes the family holds there (sign bits hold one a component, PQ one byte a sub-space), or
-    None where even its smallest code does not fit."""
-    if name not in CODES:
-        raise BadInputError(f"unknown code {name!r}: one of {', '.join(CODES)}")
-    from ..codes.linear import CORRECTION_BYTES, MAX_BITS
-
-    spare = CORRECTION_BYTES if name.endswith("+f") else 0
-    if name.startswith("eigen"):
-        return int(min(budget, spare + n_features * MAX_BITS // 8)) if budget >= 1 + spare else None
-    if name.startswith("bits-"):
-        most = spare + n_features // 8
-        return int(min(budget, most)) if budget >= 1 + spare and most >= 1 + spare else None
-    from ..codes.faiss_codes import layout_for
-
-    kind = name[len("faiss-") :]
-    size = min(int(budget), n_features) if kind in ("pq", "opq") else int(budget)
-    try:
-        layout_for(kind, n_features, size)
-    except BadInputError:
-        return None
-    return size
-
-
 def smallest_bytes(name: str, n_features: int, limit: int = 64) -> int | None:
     """The fewest bytes a vector of the code ``name`` takes (None: none up to ``limit``)."""
-    return next((b for b in range(1, limit + 1) if code_budget(name, n_features, b) is not None), None)
+    return next((b for b in range(1, limit + 1) if code_size(name, n_features, b) is not None), None)
 
 
 def fitting_codes(names: Iterable[str], n_features: int, budget: int) -> dict[str, int]:
-    """``{name: bytes to train at}`` of the codes of ``names`` that fit ``budget``, in their order."""
+    """``{name: bytes}`` of the codes of ``names`` that fit ``budget``, in their order: the bytes a vector
+    of the largest code of each within the budget takes (:func:`~streamwhiten.codes.code_size`, the
+    family's own size, faiss's as faiss reports it), which is what it trains at. Each is checked
+    against the budget here, before any work."""
     out = {}
     for name in names:
-        size = code_budget(name, n_features, budget)
-        if size is not None:
-            out[name] = size
+        size = code_size(name, n_features, budget)
+        if size is None:
+            continue
+        if not 1 <= size <= budget:  # the size functions keep within it: a bug, caught before any training
+            raise StreamwhitenError(f"the {name} code planned for a budget of {budget} bytes takes {size}")
+        out[name] = size
     return out
 
 
@@ -275,7 +256,6 @@ __all__ = [
     "SAMPLE_ROWS",
     "SAMPLE_SEED",
     "TUNE_CODES",
-    "code_budget",
     "code_record",
     "fitting_codes",
     "is_code",

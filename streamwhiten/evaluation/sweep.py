@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from .. import params
+from ..codes import fewest_sample_rows
 from ..core.model import WhiteningModel
 from ..core.quantize import DEFAULT_INT8_CLIP, Storage
 from ..engine._threads import blas_threads, blas_threads_per_worker, resolve_threads
@@ -593,11 +594,7 @@ def reference_index(table: list, n_features: int, max_bytes: int | None = None) 
         return min(raw, key=lambda i: (-table[i]["bytes_per_vector"], i))
     rotated = [i for i in fits if table[i]["beta"] == 0 and table[i]["gamma"] == 0]
     if not rotated:
-        raise BadInputError(
-            f"no raw setting (the raw vectors, or beta=0, gamma=0) stores a vector in {max_bytes} bytes or fewer "
-            "to be the reference: sweep binary (dtypes) or raise max_bytes",
-            param=("dtypes", "max_bytes"),
-        )
+        raise _no_reference(max_bytes)
     return min(rotated, key=lambda i: (-table[i]["bytes_per_vector"], -table[i]["k"], i))
 
 
@@ -777,12 +774,16 @@ def sweep(
     )
     metric, bootstrap, seed = grid.metric, options.bootstrap, options.seed
     limit = None if None in wanted else max(budget for budget in wanted if budget is not None)
+    # every precondition that can be checked cheaply, before any pass: sizes, the reference, the sample
     code_sizes = _code_sizes(grid, model.n_features, [budget for budget in wanted if budget is not None])
     if limit is not None and not code_sizes:
         _refuse_if_nothing_fits(candidates, storages, limit)
+    if budgets is not None or grid.select != "argmax":
+        _refuse_without_reference(candidates, storages, wanted)
     codecs: dict = {}
     code_tops: dict = {}
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
+        code_sizes = _trainable(code_sizes, grid, task.n_corpus)
         reference, rows = sweep_rows(
             task,
             candidates,
@@ -896,6 +897,47 @@ def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage]
             "raise max_bytes or add smaller k to ks",
             param=("max_bytes", "ks"),
         )
+
+
+def _refuse_without_reference(candidates: list[Candidate], storages: list[Storage], budgets: list) -> None:
+    """The one-line error of a budget under which no setting can be the rule's reference
+    (:func:`reference_index`: the raw vectors, or beta = gamma = 0, in a storage that fits, not re-ranked),
+    before any pass over the corpus."""
+    for budget in budgets:
+        if not any(
+            not storage.rescore
+            and (budget is None or storage.bytes_per_vector(candidate.k) <= budget)
+            and (candidate.vectors == "raw" or (candidate.beta == 0 and candidate.gamma == 0))
+            for candidate in candidates
+            for storage in storages
+        ):
+            raise _no_reference(budget)
+
+
+def _no_reference(max_bytes: int | None) -> BadInputError:
+    """The error of a budget under which no raw setting is swept to be the reference."""
+    return BadInputError(
+        f"no raw setting (the raw vectors, or beta=0, gamma=0) stores a vector in {max_bytes} bytes or fewer "
+        "to be the reference: sweep binary (dtypes) or raise max_bytes",
+        param=("dtypes", "max_bytes"),
+    )
+
+
+def _trainable(code_sizes: dict[str, list[int]], grid: SweepGrid, n_corpus: int) -> dict[str, list[int]]:
+    """The codes of ``code_sizes`` that train on the sample of a corpus of ``n_corpus`` rows (at most
+    ``grid.code_sample``; :func:`~streamwhiten.codes.fewest_sample_rows`: PQ's k-means needs 256), before
+    any pass: of the default codes those that do not are left out; one named in ``grid.dtypes`` is a
+    one-line error."""
+    sample_rows = min(grid.code_sample, n_corpus)
+    short = [name for name in code_sizes if sample_rows < fewest_sample_rows(name)]
+    if short and grid.dtypes is not None:
+        why = f"the corpus has {n_corpus}" if n_corpus < grid.code_sample else f"code_sample is {grid.code_sample}"
+        raise BadInputError(
+            f"the {short[0]} code trains on {fewest_sample_rows(short[0])} sample rows or more, but {why}: "
+            f"drop {', '.join(short)} from dtypes",
+            param="dtypes",
+        )
+    return {name: sizes for name, sizes in code_sizes.items() if name not in short}
 
 
 def _code_sizes(grid: SweepGrid, n_features: int, budgets: list[int]) -> dict[str, list[int]]:

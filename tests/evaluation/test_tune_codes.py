@@ -1,6 +1,8 @@
 """Vector codes as candidates of ``tune --max-bytes`` (evaluation.code_candidates, evaluation.sweep): each code's
-score against plain numpy scoring of its codec's search, the candidates of a budget against what trains, a
-budget under the smallest code, the chosen code recorded, and the sweep's budget pruning against the full grid."""
+score against plain numpy scoring of its codec's search, the candidates of a budget against what trains, every
+candidate of budgets 1-256 at seven widths against its real code size, a budget under the smallest code and the
+other preconditions refused before any pass, the chosen code recorded, the sweep's budget pruning against the
+full grid, and (slow) ``tune --max-bytes`` end to end at budgets that are not multiples of 4."""
 
 from __future__ import annotations
 
@@ -10,14 +12,17 @@ import math
 
 import numpy as np
 import pytest
-from conftest import write_h5
+from conftest import write_h5, write_task
 
 from streamwhiten.cli import main
-from streamwhiten.codes import NEEDS_SAMPLE, Codec, train_codec
+from streamwhiten.codes import CODES as ALL_CODES
+from streamwhiten.codes import NEEDS_SAMPLE, Codec, code_size, train_codec
+from streamwhiten.codes.faiss_codes import layout_for
+from streamwhiten.codes.linear import CORRECTION_BYTES, LinearCode
 from streamwhiten.core import stats
 from streamwhiten.core.model import finalize, load_model, save_model
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
-from streamwhiten.evaluation.code_candidates import TUNE_CODES, code_budget, fitting_codes
+from streamwhiten.evaluation.code_candidates import TUNE_CODES, fitting_codes, train_codes
 from streamwhiten.evaluation.sweep import SweepGrid, sweep, tune_retrieval
 from streamwhiten.options import RetrievalOptions
 
@@ -139,7 +144,7 @@ def test_the_candidates_of_a_budget_are_exactly_the_codes_that_fit(swept):
                 break
             assert (name in fitting) == (trained is not None), (name, budget)
             if trained is not None:
-                assert fitting[name] == code_budget(name, D, budget) and trained.bytes_per_vector <= budget
+                assert fitting[name] == code_size(name, D, budget) == trained.bytes_per_vector <= budget
 
 
 def test_a_budget_under_the_smallest_code_is_one_line(tmp_path, capsys):
@@ -208,3 +213,144 @@ def test_a_budget_prunes_only_what_cannot_fit_it(swept, tmp_path):
     within = {key(row): row["recall@10"] for row in full.table if row["bytes_per_vector"] <= 8}
     pruned = {key(row): row["recall@10"] for row in result.table if not row.get("code")}
     assert len(full.table) > len(within) and pruned == within
+
+
+# ----------------------------------------------------------------------- every budget: sizes, before the work
+
+WIDTHS = (8, 50, 100, 300, 384, 768, 1024)
+
+
+def linear_width(n_bits: int, correction: bool) -> int:
+    """The width of the rows a linear codec of ``n_bits`` code bits (8-bit components, the last one what
+    is left) actually encodes: a codec built with those bits (nothing to train: the width follows from
+    the bits) encoding one row."""
+    bits = [8] * (n_bits // 8) + ([n_bits % 8] if n_bits % 8 else [])
+    m = len(bits)
+    codec = LinearCode("eigen", np.zeros(m), np.eye(m), bits, np.ones(m), correction=correction, budget=1)
+    return codec.encode(np.ones((1, m))).shape[1]
+
+
+def faiss_index(kind: str, dims: int, sub: int):
+    """faiss's own index of a ``kind`` code over ``dims`` values (``sub`` PQ sub-quantisers), made with faiss
+    directly; faiss fixes its code size when it makes it, so it needs no training to report it."""
+    import faiss
+
+    l2 = faiss.METRIC_L2
+    if kind in ("pq", "opq"):
+        index = faiss.IndexPQ(dims, sub, 8, l2)
+        return faiss.IndexPreTransform(faiss.OPQMatrix(dims, sub), index) if kind == "opq" else index
+    if kind.startswith("rabitq"):
+        return faiss.IndexRaBitQ(dims, l2, int(kind[len("rabitq") :]))
+    return faiss.IndexScalarQuantizer(dims, getattr(faiss.ScalarQuantizer, f"QT_{kind[2:]}bit"), l2)
+
+
+def real_size(name: str, d: int, size: int, memo: dict) -> int:
+    """The bytes a row of the code ``name`` trained at ``size`` bytes for ``d``-d vectors really takes: the
+    linear codes' width for the bits the family's definition gives them (eigen: 8 a byte after the
+    correction's, at most 8 a component; sign bits: 8 a byte, one a feature), faiss's code size of the
+    index of the trainer's layout (:func:`layout_for`), faiss's per-vector factors included."""
+    key = (name, d, size)
+    if key not in memo:
+        correction = name.endswith("+f")
+        n_bits = 8 * (size - CORRECTION_BYTES * correction)
+        if name.startswith("eigen"):
+            memo[key] = linear_width(min(n_bits, 8 * d), correction)
+        elif name.startswith("bits-"):
+            assert 8 <= n_bits <= d
+            memo[key] = linear_width(n_bits, correction)
+        else:
+            kind = name[len("faiss-") :]
+            dims, sub = layout_for(kind, d, size)
+            memo[key] = faiss_index(kind, dims, sub).sa_code_size()
+            if kind in ("pq", "opq"):
+                assert (dims, sub) == (d - d % size, size)
+            elif dims < d:  # the most dimensions whose code fits: one more would not
+                assert faiss_index(kind, dims + 1, 0).sa_code_size() > size
+    return memo[key]
+
+
+def test_every_candidate_of_budgets_1_to_256_takes_its_real_size_within_the_budget():
+    pytest.importorskip("faiss")
+    memo: dict = {}
+    for d in WIDTHS:
+        fewest = {}
+        for budget in range(1, 257):
+            fitting = fitting_codes(ALL_CODES, d, budget)
+            for name, size in fitting.items():
+                assert size == real_size(name, d, size, memo) <= budget, (name, d, budget, size)
+                fewest.setdefault(name, size)
+            # a family is a candidate from its smallest code on, at every larger budget
+            assert all(name in fitting for name in fewest), (d, budget)
+        # the smallest codes: a byte (eigen, sign bits, PQ, SQ), 3 with the correction, RaBitQ's factors
+        assert fewest["eigen"] == fewest["faiss-pq"] == fewest["faiss-sq8"] == 1 and fewest["eigen+f"] == 3
+        assert (fewest["faiss-rabitq1"], fewest["faiss-rabitq2"], fewest["faiss-rabitq4"]) == (9, 22, 22)
+
+
+@pytest.mark.parametrize("d", [50, 100, 300, 384])
+def test_faiss_codes_trained_at_the_odd_budgets_take_the_planned_bytes(d):
+    """The budgets of the issue (25, 26, 31, 37 and 50, where RaBitQ's planned code was one byte over),
+    through the codes' training as ``tune`` runs it, on 300 rows."""
+    pytest.importorskip("faiss")
+    rng = np.random.default_rng(d)
+    rows = unit(rng.standard_normal((300, d)) * np.geomspace(2, 0.1, d) + 0.3)
+    mean, covariance = rows.mean(axis=0), np.cov(rows, rowvar=False)
+    names = ("faiss-rabitq1", "faiss-rabitq2", "faiss-rabitq4", "faiss-sq4", "faiss-sq8")
+    for budget in (25, 26, 31, 37, 50):
+        wanted = list(fitting_codes(names, d, budget).items())
+        for (name, size), codec in zip(wanted, train_codes(wanted, mean, covariance, rows, 0), strict=True):
+            assert codec.bytes_per_vector == size <= budget, (name, budget)
+            assert codec.encode(rows[:3]).shape == (3, size)
+
+
+def test_a_code_that_cannot_train_on_the_corpus_is_refused_or_left_out_before_any_pass(tmp_path):
+    pytest.importorskip("faiss")
+    task = neighbours_task(tmp_path, n=200, n_queries=20)  # PQ's k-means needs 256 rows
+    calls = []
+    grid = SweepGrid(dtypes=("binary", "eigen", "faiss-pq", "faiss-opq"), max_bytes=8, metric="recall@10")
+    with pytest.raises(BadInputError) as caught:
+        sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"], grid=grid,
+              progress=lambda *done: calls.append(done))  # fmt: skip
+    message = str(caught.value)
+    assert "\n" not in message and "256 sample rows" in message and "corpus has 200" in message and not calls
+    assert "drop faiss-pq, faiss-opq" in message
+    # the default codes: those that train on 200 rows, and nothing else left out
+    grid = SweepGrid(betas=[0], gammas=[0], ks=[32], variances=[], max_bytes=8, metric="recall@10")
+    result = sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"], grid=grid)
+    swept = {row["dtype"] for row in result.table if row.get("code")}
+    assert swept == set(fitting_codes(TUNE_CODES, D, 8)) - {"faiss-pq", "faiss-opq"}
+
+
+def test_a_budget_without_a_reference_is_refused_before_any_pass(tmp_path, capsys):
+    task = neighbours_task(tmp_path, n=300, n_queries=20)
+    calls = []
+    with pytest.raises(BadInputError, match="no raw setting .* in 25 bytes or fewer to be the reference"):
+        sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"],
+              grid=SweepGrid(dtypes=("eigen", "int8"), ks=[32], variances=[], max_bytes=25),
+              progress=lambda *done: calls.append(done))  # fmt: skip
+    assert not calls
+    # argmax needs no reference: the same grid is scored
+    result = sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"],
+                   grid=SweepGrid(dtypes=("eigen", "int8"), ks=[32], variances=[], max_bytes=25, select="argmax"))  # fmt: skip
+    assert result.best["bytes_per_vector"] <= 25
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", [50, 384])
+def test_tune_max_bytes_ends_within_every_budget(tmp_path, capsys, d):
+    """``tune --max-bytes B`` end to end with every code family (faiss's included) on a small store: exit 0,
+    the chosen storage (and every row scored) within B bytes."""
+    pytest.importorskip("faiss")
+    task = write_task(tmp_path, d=d, n=1500, n_queries=40)
+    save_model(finalize(stats.block_moments(task["corpus"].astype(np.float64))), str(tmp_path / "m.npz"))
+    for budget in (25, 50, 100):
+        code = main([
+            "tune", str(tmp_path / "m.npz"), "--queries", task["spec_q"], "--corpus", task["spec_c"],
+            "--qrels", task["qrels"], "--exclude", task["exclude"], "--max-bytes", str(budget), "--json", "-q",
+            "-o", str(tmp_path / f"tuned{budget}.npz"),
+        ])  # fmt: skip
+        out = json.loads(capsys.readouterr().out)
+        assert code == 0 and out["chosen"]["bytes_per_vector"] <= budget, budget
+        assert max(row["bytes_per_vector"] for row in out["table"]) <= budget
+        faiss_rows = {row["dtype"] for row in out["table"] if row.get("code") and row["dtype"].startswith("faiss-")}
+        assert faiss_rows == {name for name in fitting_codes(TUNE_CODES, d, budget) if name.startswith("faiss-")}
+        assert load_model(str(tmp_path / f"tuned{budget}.npz")).info["tuned"]["setting"]["bytes_per_vector"] <= budget
