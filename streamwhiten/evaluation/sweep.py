@@ -129,7 +129,8 @@ class SweepGrid:
     dtypes : sequence of str, optional
         The storages, names of :data:`STORAGES` and code families of :data:`~streamwhiten.codes.CODES`
         (or one comma-separated string; default: all storages, and under a budget every code of
-        :data:`~.code_candidates.TUNE_CODES`, faiss's where faiss is installed).
+        :data:`~.code_candidates.TUNE_CODES`, faiss's where faiss is installed, that trains on the
+        corpus's sample: PQ and OPQ need 256 rows).
     rescore, rescore_dtype, int8_clip
         How ``binary+rescore`` re-ranks (its top ``rescore`` with ``rescore_dtype`` vectors; default 100,
         as many as the evaluation keeps) and the int8 codes' span in standard deviations.
