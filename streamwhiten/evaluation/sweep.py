@@ -775,12 +775,8 @@ def sweep(
     )
     metric, bootstrap, seed = grid.metric, options.bootstrap, options.seed
     limit = None if None in wanted else max(budget for budget in wanted if budget is not None)
-    # every precondition that can be checked cheaply, before any pass: sizes, the reference, the sample
-    code_sizes = _code_sizes(grid, model.n_features, [budget for budget in wanted if budget is not None])
-    if limit is not None and not code_sizes:
-        _refuse_if_nothing_fits(candidates, storages, limit)
-    if budgets is not None or grid.select != "argmax":
-        _refuse_without_reference(candidates, storages, wanted)
+    needs_reference = budgets is not None or grid.select != "argmax"
+    code_sizes = _checked_first(grid, model.n_features, candidates, storages, wanted, needs_reference)
     codecs: dict = {}
     code_tops: dict = {}
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
@@ -898,6 +894,31 @@ def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage]
             "raise max_bytes or add smaller k to ks",
             param=("max_bytes", "ks"),
         )
+
+
+def _checked_first(
+    grid: SweepGrid,
+    n_features: int,
+    candidates: list[Candidate],
+    storages: list[Storage],
+    wanted: list,
+    needs_reference: bool,
+) -> dict[str, list[int]]:
+    """``{code: [bytes to train at]}`` (:func:`_code_sizes`) after every check that needs no pass over the
+    corpus, each a one-line error: the codes' sizes against the budgets (the families' own sizes), a
+    budget nothing fits, codes named with no budget, and (``needs_reference``) the rule's reference
+    within each budget of ``wanted``."""
+    code_sizes = _code_sizes(grid, n_features, [budget for budget in wanted if budget is not None])
+    if wanted and None not in wanted and not code_sizes:
+        _refuse_if_nothing_fits(candidates, storages, max(wanted))
+    if not storages and not code_sizes:
+        raise BadInputError(
+            "codes are swept under a byte budget only: give max_bytes, or a storage in dtypes",
+            param=("max_bytes", "dtypes"),
+        )
+    if needs_reference:
+        _refuse_without_reference(candidates, storages, wanted)
+    return code_sizes
 
 
 def _refuse_without_reference(candidates: list[Candidate], storages: list[Storage], budgets: list) -> None:

@@ -328,6 +328,8 @@ def test_a_budget_without_a_reference_is_refused_before_any_pass(tmp_path, capsy
               grid=SweepGrid(dtypes=("eigen", "int8"), ks=[32], variances=[], max_bytes=25),
               progress=lambda *done: calls.append(done))  # fmt: skip
     assert not calls
+    with pytest.raises(BadInputError, match="codes are swept under a byte budget only"):
+        sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"], grid=SweepGrid(dtypes=("eigen",)))
     # argmax needs no reference: the same grid is scored
     result = sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"],
                    grid=SweepGrid(dtypes=("eigen", "int8"), ks=[32], variances=[], max_bytes=25, select="argmax"))  # fmt: skip
