@@ -25,7 +25,6 @@ safe. The names here are what the rest of the package uses.
 
 from __future__ import annotations
 
-
 from . import remote, text
 from ._store import (
     DEFAULT_BLOCK_BYTES,
