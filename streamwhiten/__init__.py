@@ -3,11 +3,13 @@
 The public API (everything a user imports; documentation and examples import nothing else):
 
 >>> import streamwhiten
->>> sorted(set(streamwhiten.__all__) - {"__version__"})  # doctest: +NORMALIZE_WHITESPACE
+>>> sorted(name for name in streamwhiten.__all__ if not name.endswith("Error"))  # doctest: +NORMALIZE_WHITESPACE
 ['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'ExportResult', 'FitOptions', 'FitOutcome', 'Model',
  'PairsResult', 'Publication', 'ReadOptions', 'RetrievalOptions', 'RetrievalResult', 'Setting', 'Staleness',
- 'Whitener', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit', 'load_model', 'published',
- 'release_buffers', 'serving', 'staleness', 'synthetic', 'with_codes']
+ 'Whitener', '__version__', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit', 'load_model',
+ 'published', 'release_buffers', 'serving', 'staleness', 'synthetic', 'with_codes']
+>>> issubclass(streamwhiten.BadInputError, streamwhiten.StreamwhitenError)
+True
 
 - :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size; :func:`with_codes`
   (a model with a vector code as its storage);
@@ -20,6 +22,9 @@ The public API (everything a user imports; documentation and examples import not
   an :class:`ExportResult`) and :mod:`serving` (the map in numpy alone); :mod:`synthetic` (the built-in
   anisotropic example data);
 - :class:`Whitener`, the scikit-learn transformer;
+- the exception family: :class:`StreamwhitenError` and its kinds (:class:`BadInputError`,
+  :class:`NothingToDoError`, :class:`LockedError`, :class:`StoreIOError`, ...), each with the exit code the
+  command line uses (``streamwhiten.errors`` holds the codes);
 - the option objects :class:`ReadOptions`, :class:`FitOptions`, :class:`ApplyOptions`,
   :class:`EngineOptions`, :class:`Setting`, :class:`RetrievalOptions` (what ``evaluate_retrieval`` reads), and the outcomes :class:`FitOutcome`, :class:`ApplyOutcome`.
 
@@ -61,6 +66,22 @@ _PUBLIC = {
     "EngineOptions": ("streamwhiten.options", "EngineOptions"),
     "Setting": ("streamwhiten.options", "Setting"),
     "RetrievalOptions": ("streamwhiten.options", "RetrievalOptions"),
+    # the exception family (each kind carries its exit code: docs/exit-codes.md)
+    "StreamwhitenError": ("streamwhiten.errors", "StreamwhitenError"),
+    "BadInputError": ("streamwhiten.errors", "BadInputError"),
+    "NonFiniteError": ("streamwhiten.errors", "NonFiniteError"),
+    "ValuesTooLargeError": ("streamwhiten.errors", "ValuesTooLargeError"),
+    "CorruptStoreError": ("streamwhiten.errors", "CorruptStoreError"),
+    "MissingChunkError": ("streamwhiten.errors", "MissingChunkError"),
+    "ModelFileError": ("streamwhiten.errors", "ModelFileError"),
+    "OutputExistsError": ("streamwhiten.errors", "OutputExistsError"),
+    "ForeignOutputError": ("streamwhiten.errors", "ForeignOutputError"),
+    "NotFittedError": ("streamwhiten.errors", "NotFittedError"),
+    "NothingToDoError": ("streamwhiten.errors", "NothingToDoError"),
+    "LockedError": ("streamwhiten.errors", "LockedError"),
+    "StoreIOError": ("streamwhiten.errors", "StoreIOError"),
+    "InterruptedRunError": ("streamwhiten.errors", "InterruptedRunError"),
+    "ClusterError": ("streamwhiten.errors", "ClusterError"),
 }
 
 __all__ = [*_PUBLIC, "__version__"]
@@ -68,9 +89,7 @@ __all__ = [*_PUBLIC, "__version__"]
 
 def __getattr__(name: str):
     if name not in _PUBLIC:
-        from ._moved import moved  # a module path of 0.2.0 (streamwhiten.stats, ...), with a warning
-
-        return moved(__name__, name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
 
     module, attribute = _PUBLIC[name]

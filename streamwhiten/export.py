@@ -44,7 +44,6 @@ import json
 import os
 import re
 import shutil
-import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,7 +185,7 @@ class ExportResult:
     details : mapping
         What the format adds: ``file_checksum`` (npz), ``opset`` (onnx), ``faiss``, ``index``, ``metric``,
         ``read_with``, ``needs_training`` (faiss), ``modules``, ``appended_to``, ``insert``
-        (sentence-transformers), ``name_note`` (a faiss name that misleads its reader).
+        (sentence-transformers).
     model : str or None
         The model file the map came from, where the caller names it (the command line does).
     """
@@ -265,11 +264,12 @@ def export(
         fmt, affine.normalize, append_to, index, metric, insert, "code" if codec is not None else affine.dtype
     )
     check_available(fmt)
-    name_note = check_faiss_name(path, affine.dtype) if fmt == "faiss" else None
+    if fmt == "faiss":
+        check_faiss_name(path, affine.dtype)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
-    details: dict[str, Any] = {"name_note": name_note} if name_note else {}
+    details: dict[str, Any] = {}
     if fmt == "sentence-transformers":
         plan = plan_sentence_transformers(affine, path, append_to, insert)
         if not overwrite and os.path.lexists(path) and _st_is_current(path, plan["metadata"]):
@@ -699,26 +699,20 @@ def faiss_bytes(
 BINARY_FAISS_SUFFIX = ".binary.faiss"
 
 
-def check_faiss_name(path: str, dtype: str | None) -> str | None:
+def check_faiss_name(path: str, dtype: str | None) -> None:
     """Keep the two kinds of faiss file apart by name, as faiss needs two loaders for them: a binary index
-    (sign-bit storage, read with ``faiss.read_index_binary``) is named ``*.binary.faiss``, and nothing else is.
-
-    A binary export under a plain ``.faiss`` or ``.index`` name (the former rule) is still written, with a
-    :class:`DeprecationWarning`; the returned note says so (None when the name is right)."""
+    (sign-bit storage, read with ``faiss.read_index_binary``) is named ``*.binary.faiss``, and nothing else is."""
     binary_name = path.lower().endswith(BINARY_FAISS_SUFFIX)
     if dtype == "binary" and not binary_name:
-        note = (
-            f"{path}: a binary faiss index is named *{BINARY_FAISS_SUFFIX} (read it with faiss.read_index_binary, "
-            "or streamwhiten.export.read_faiss_binary); the plain name is deprecated"
+        raise BadInputError(
+            f"{path}: a binary faiss index (sign bits) is named *{BINARY_FAISS_SUFFIX}, as it is read with "
+            "faiss.read_index_binary (or streamwhiten.export.read_faiss_binary): name it so"
         )
-        warnings.warn(note, DeprecationWarning, stacklevel=3)
-        return note
     if dtype != "binary" and binary_name:
         raise BadInputError(
             f"{path}: *{BINARY_FAISS_SUFFIX} names a binary index, but this export is a float faiss file "
             f"(read with faiss.read_index or faiss.read_VectorTransform): name it *.faiss"
         )
-    return None
 
 
 def read_faiss_index(path: str):

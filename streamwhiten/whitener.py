@@ -110,9 +110,6 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     block_rows : int, optional
         Rows per block read from a store (default: whole store chunks, about 64 MiB) or taken from an
         in-memory array (default 65536).
-    chunk_rows : int, optional
-        Deprecated: the former name of ``block_rows`` (a store's *chunk* is how it was written; a
-        *block* is what the fit reads), still taken, with a ``FutureWarning``.
     n_jobs : int, optional
         Worker threads, each reducing whole blocks (default: one per core, at most four; -1: one per
         core). Memory is about one block per thread, kept for the next fit in the process until
@@ -181,7 +178,6 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         block_rows: int | None = _D["block_rows"],
         n_jobs: int | None = _D["n_jobs"],
         fill_missing_chunks: bool = _D["fill_missing_chunks"],
-        chunk_rows: int | None = _D["chunk_rows"],
         dtype: str | None = None,
         storage_options: Any = _D["storage_options"],
     ):
@@ -196,7 +192,6 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self.block_rows = block_rows
         self.n_jobs = n_jobs
         self.fill_missing_chunks = fill_missing_chunks
-        self.chunk_rows = chunk_rows
         self.dtype = dtype
         self.storage_options = storage_options
 
@@ -273,7 +268,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
             state, n_skipped = fold_array(
                 state,
                 rows,
-                int(self._block_rows() or IN_MEMORY_CHUNK_ROWS),
+                int(self.block_rows or IN_MEMORY_CHUNK_ROWS),
                 self.precision,
                 self.skip_nonfinite,
                 self.n_jobs,
@@ -322,7 +317,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         )
         read = ReadOptions(
             dataset=dataset,
-            block_rows=self._block_rows(),
+            block_rows=self.block_rows,
             fill_missing_chunks=self.fill_missing_chunks,
             storage_options=self.storage_options,
         )
@@ -339,19 +334,6 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self.n_features_in_ = model.n_features
         key = (self.beta, self.gamma, self.eps, self.n_components, self.variance, self.dtype)
         self._model = (key, self._with_storage(model))
-
-    def _block_rows(self) -> int | None:
-        """``block_rows``, or its former name ``chunk_rows`` (with a ``FutureWarning``)."""
-        if self.chunk_rows is None:
-            return self.block_rows
-        import warnings
-
-        warnings.warn(
-            "Whitener(chunk_rows=...) is deprecated: it is block_rows now (rows per block read)",
-            FutureWarning,
-            stacklevel=3,
-        )
-        return self.block_rows if self.block_rows is not None else self.chunk_rows
 
     def fit_transform(self, X: Any, y: object = None, normalize: bool | None = None, **fit_params: Any) -> np.ndarray:
         """``fit(X).transform(X)``; for a store spec, use ``fit`` and then transform arrays."""

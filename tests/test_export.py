@@ -761,7 +761,7 @@ def test_faiss_binary_is_an_index_binary_flat_of_our_packed_bits(tmp_path, store
     from streamwhiten import serving
 
     summary = export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.binary.faiss")
-    assert summary["faiss"] == "IndexBinaryFlat" and summary["metric"] == "hamming" and "name_note" not in summary
+    assert summary["faiss"] == "IndexBinaryFlat" and summary["metric"] == "hamming"
     index = faiss.read_index_binary(str(tmp_path / "bits.binary.faiss"))
     assert isinstance(index, faiss.IndexBinaryFlat) and index.d == 16 and index.ntotal == 0  # 13 bits, padded
     encode = serving.load(stored_models["binary"]).encode
@@ -782,7 +782,7 @@ def test_faiss_binary_is_an_index_binary_flat_of_our_packed_bits(tmp_path, store
 
 def test_faiss_float_and_binary_exports_have_their_own_names_and_loaders(tmp_path, stored_models, run_cli):
     """A binary index is named *.binary.faiss and read with faiss.read_index_binary; a float file under that
-    name is refused; the former plain name still writes a binary index, with a deprecation note; each of
+    name is refused, and so is a binary index under a plain name; each of
     export's two loaders refuses the other kind in one line naming the right loader."""
     faiss = need("faiss", "faiss")
     from streamwhiten import export
@@ -792,15 +792,14 @@ def test_faiss_float_and_binary_exports_have_their_own_names_and_loaders(tmp_pat
     assert code == EXIT_BAD_INPUT and not os.path.exists(tmp_path / "int8.binary.faiss")
     one_line_error(err, "names a binary index, but this export is a float faiss file", "name it *.faiss")
     export_ok(run_cli, stored_models["int8"], "-o", tmp_path / "int8.faiss")
-    # the former name of a binary export: still written (a user's scripts may name it so), with a note
-    summary = export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "old.faiss")
-    assert "deprecated" in summary["name_note"] and "read_index_binary" in summary["name_note"]
-    assert isinstance(faiss.read_index_binary(str(tmp_path / "old.faiss")), faiss.IndexBinaryFlat)
-    with pytest.warns(DeprecationWarning, match=r"\*\.binary\.faiss"):
-        from streamwhiten import load_model
+    # a binary export under a float file's name (the former rule, removed in 0.3): refused, naming the loader
+    code, _, err = run_cli("export", stored_models["binary"], "-o", tmp_path / "old.faiss")
+    assert code == EXIT_BAD_INPUT and not os.path.exists(tmp_path / "old.faiss")
+    one_line_error(err, "a binary faiss index (sign bits) is named *.binary.faiss", "faiss.read_index_binary")
+    from streamwhiten import load_model
 
-        model = load_model(stored_models["binary"])
-        export.export(model, str(tmp_path / "lib.faiss"))
+    with pytest.raises(BadInputError, match=r"named \*\.binary\.faiss"):
+        export.export(load_model(stored_models["binary"]), str(tmp_path / "lib.faiss"))
     export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.binary.faiss")
     binary = export.read_faiss_binary(str(tmp_path / "bits.binary.faiss"))
     assert isinstance(faiss.downcast_IndexBinary(binary), faiss.IndexBinaryFlat)

@@ -3,7 +3,7 @@
 Every module under ``streamwhiten/`` is parsed with ``ast`` (nothing is imported), its imports are
 resolved to absolute names, those inside functions included, and checked against the layers:
 
-    foundation (errors, params, options, records, output_plan, _buffers, _durable, _npz, _paths, _moved)  <  core  <  codes, io
+    foundation (errors, params, options, records, output_plan, _buffers, _durable, _npz, _paths)  <  core  <  codes, io
     <  engine  <  evaluation, pipeline  <  job  <  serving, export, synthetic, whitener  <  cli
 
 (``io`` takes only the Numba kernels from ``core``: its LZF decoder is one of them, and numba stays in
@@ -36,7 +36,6 @@ FOUNDATION = {
     "_durable",
     "_npz",
     "_paths",
-    "_moved",
 }
 
 #: The layers (packages, or single top-level modules) each layer may import besides itself, or single
@@ -53,11 +52,9 @@ MAY_IMPORT = {
     "serving": {"foundation", "core", "codes"},
     "export": {"foundation", "core", "codes"},
     "synthetic": {"foundation", "io"},
-    # the fit and apply pipeline (what the CLI, run and the estimator call), jobs above it; batch is the
-    # deprecated face of both
+    # the fit and apply pipeline (what the CLI, run and the estimator call), jobs above it
     "pipeline": {"foundation", "core", "io", "engine", "codes"},
     "job": {"foundation", "core", "io", "engine", "pipeline", "codes"},
-    "batch": {"foundation", "engine", "pipeline", "job"},
     "whitener": {"foundation", "core", "io", "engine", "pipeline", "codes"},
     "cli": {
         "foundation",
@@ -422,24 +419,16 @@ def test_package_inits_import_nothing_heavy():
     assert done.stdout.strip() == "[]", done.stdout
 
 
-def test_old_module_paths_warn_as_attributes_and_install_no_import_hook():
-    """The module paths of 0.2.0 (``streamwhiten.stats``, ``streamwhiten.io.durable``, ...) are the moved
-    modules themselves, reached as attributes with one ``DeprecationWarning`` naming the new path;
-    ``import streamwhiten`` puts nothing on ``sys.meta_path`` and loads no other module."""
+def test_import_streamwhiten_loads_nothing_else_and_installs_no_import_hook():
+    """``import streamwhiten`` puts nothing on ``sys.meta_path`` and loads no other module; a name the package
+    does not have (the module paths of 0.2.0 were removed in 0.3, CHANGELOG) is a plain AttributeError."""
     code = (
-        "import sys, warnings\n"
+        "import sys\n"
         "before = set(sys.modules), list(sys.meta_path)\n"
         "import streamwhiten\n"
         "print(sorted(set(sys.modules) - before[0]), sys.meta_path == before[1])\n"
-        "import streamwhiten.io, streamwhiten.core.stats, streamwhiten.core.model, streamwhiten._durable\n"
-        "with warnings.catch_warnings(record=True) as caught:\n"
-        "    warnings.simplefilter('always')\n"
-        "    from streamwhiten import model\n"
-        "    found = (streamwhiten.stats, streamwhiten.stats, model, streamwhiten.io.durable)\n"
-        "print(found == (streamwhiten.core.stats, streamwhiten.core.stats, streamwhiten.core.model, "
-        "streamwhiten._durable))\n"
-        "print([(w.category.__name__, str(w.message)) for w in caught])\n"
-        "for name in ('streamwhiten.nothing', 'streamwhiten.io.nothing'):\n"
+        "import streamwhiten.io\n"
+        "for name in ('streamwhiten.stats', 'streamwhiten.io.durable', 'streamwhiten.nothing'):\n"
         "    try:\n"
         "        eval(name)\n"
         "    except AttributeError as exc:\n"
@@ -449,16 +438,9 @@ def test_old_module_paths_warn_as_attributes_and_install_no_import_hook():
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "['streamwhiten'] True",
-        "True",
-        str(
-            [
-                ("DeprecationWarning", "streamwhiten.model moved to streamwhiten.core.model"),
-                ("DeprecationWarning", "streamwhiten.stats moved to streamwhiten.core.stats"),
-                ("DeprecationWarning", "streamwhiten.io.durable moved to streamwhiten._durable"),
-            ]
-        ),
+        "module 'streamwhiten' has no attribute 'stats'",
+        "module 'streamwhiten.io' has no attribute 'durable'",
         "module 'streamwhiten' has no attribute 'nothing'",
-        "module 'streamwhiten.io' has no attribute 'nothing'",
     ]
 
 
@@ -682,7 +664,7 @@ def _type_names():
     import streamwhiten
 
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # the deprecated faces (batch) load too
+        warnings.simplefilter("ignore", DeprecationWarning)  # a library the package imports may warn
         for found in pkgutil.walk_packages(streamwhiten.__path__, "streamwhiten."):
             if not found.name.endswith("__main__"):
                 importlib.import_module(found.name)
@@ -815,7 +797,6 @@ WIDE_PLACES = ("streamwhiten.cli", "streamwhiten.whitener")
 #: Wider functions elsewhere, each with why (none may be added without one; one that became narrow
 #: must leave this list).
 WIDE = {
-    "batch:_fit_job": "the deprecated fit_job's keyword arguments, kept as they were until the shim is dropped",
     "pipeline:apply": "a public call's keyword arguments (streamwhiten.apply): narrowing them breaks callers",
     "pipeline:fit": "a public call's keyword arguments (streamwhiten.fit): narrowing them breaks callers",
     "engine.apply:apply_model": "a public call; **legacy takes the keyword arguments of before ApplyOptions",

@@ -192,8 +192,6 @@ def _lines(
             f"{summary['model_bytes']:,} bytes per model; add the rows the codec encoded with "
             "index.index.add_sa_codes, search raw query vectors"
         )
-    if summary.get("name_note"):
-        lines.append(f"note  {summary['name_note']}")
     if summary.get("needs_training"):
         lines.append(
             f"note  the {index_factory} index needs training before add: index.train(vectors) whitens them first"

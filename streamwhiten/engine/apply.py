@@ -412,39 +412,6 @@ def summary(plan: OutputPlan, sink: Sink, n_nonfinite: int, seconds: float, resu
     )
 
 
-#: The keyword arguments ``apply_model`` took before it took option objects: which object each goes to.
-_LEGACY_READ = {"dataset": "dataset", "block_rows": "block_rows", "fill_missing_chunks": "fill_missing_chunks"}
-_LEGACY_APPLY = {name: name for name in ("normalize", "dtype", "overwrite", "skip_nonfinite", "zarr_format")}
-_LEGACY_APPLY.update(progress_seconds="progress_seconds", direct_io="direct_io", keep_columns="keep_columns")
-_LEGACY_APPLY.update(compressor="compressor")
-
-
-def _options_from_legacy(
-    options: ApplyOptions | None, read: ReadOptions | None, legacy: dict[str, Any]
-) -> tuple[ApplyOptions, ReadOptions]:
-    """``apply_model``'s option objects from the keyword arguments it took before (with a
-    DeprecationWarning): ``apply_model(model, src, out, normalize=True)`` still works."""
-    import warnings
-
-    options, read = options or ApplyOptions(), read or ReadOptions()
-    if not legacy:
-        return options, read
-    unknown = set(legacy) - set(_LEGACY_READ) - set(_LEGACY_APPLY) - {"resume"}
-    if unknown:
-        raise TypeError(f"apply_model() got unexpected keyword argument(s) {', '.join(sorted(unknown))}")
-    warnings.warn(
-        "apply_model(..., normalize=..., block_rows=...) is deprecated: pass ApplyOptions and ReadOptions "
-        "(streamwhiten.options)",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    changes = {_LEGACY_APPLY[key]: value for key, value in legacy.items() if key in _LEGACY_APPLY}
-    if "resume" in legacy:
-        changes["restart"] = not legacy["resume"]
-    read_changes = {_LEGACY_READ[key]: value for key, value in legacy.items() if key in _LEGACY_READ}
-    return replace(options, **changes), replace(read, **read_changes)
-
-
 def apply_model(
     model: WhiteningModel,
     input_spec: str | Source,
@@ -457,7 +424,6 @@ def apply_model(
     progress: Callable[[int, int], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
     attrs: Mapping[str, Any] | None = None,
-    **legacy: Any,
 ) -> ApplyOutcome:
     """Write ``model``'s transform of every row of ``input_spec`` to the new store ``output_spec``.
 
@@ -486,7 +452,7 @@ def apply_model(
     around the page cache (``O_DIRECT``), which uses no CPU and so overlaps with the computation.
     """
     began = time.perf_counter()
-    options, read = _options_from_legacy(options, read, legacy)
+    options, read = options or ApplyOptions(), read or ReadOptions()
     options = with_model_storage(options, model)
     if threads is not None:
         resolve_threads(threads)  # a bad value is refused before anything is opened

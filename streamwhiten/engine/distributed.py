@@ -37,7 +37,6 @@ from ..options import ApplyOptions, ReadOptions
 from .apply import (
     ApplyOutcome,
     BlockTransform,
-    _options_from_legacy,
     aligned_block_rows,
     check_output,
     encode_block,
@@ -383,7 +382,6 @@ def apply_dask(
     client: Any = None,
     progress: Callable[[int, int], None] | None = None,
     output_chunk_rows: int | None = None,
-    **legacy: Any,
 ) -> ApplyOutcome:
     """:func:`~streamwhiten.engine.apply.apply_model` on a Dask cluster, writing a Zarr store.
 
@@ -396,7 +394,7 @@ def apply_dask(
     """
     dask = _require("dask")
     distributed = _require("distributed")
-    options, read = _options_from_legacy(options, read, legacy)
+    options, read = options or ApplyOptions(), read or ReadOptions()
     options = with_model_storage(options, model)
     # what the Dask engine writes whatever was asked (DaskEngine.check_apply refuses other values):
     # uncompressed Zarr through zarr, every chunk with its checksum, no other columns

@@ -25,8 +25,6 @@ safe. The names here are what the rest of the package uses.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from . import remote, text
 from ._store import (
     DEFAULT_BLOCK_BYTES,
@@ -112,10 +110,3 @@ __all__ = [
     "split_spec",
     "text",
 ]
-
-if not TYPE_CHECKING:  # hidden from mypy, which would take every unknown name of io for this
-
-    def __getattr__(name: str) -> object:
-        from .._moved import moved  # streamwhiten.io.durable of 0.2.0, with a warning
-
-        return moved(__name__, name)

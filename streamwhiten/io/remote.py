@@ -487,11 +487,6 @@ def classify(exc: BaseException) -> str:
     return "other"
 
 
-def is_network_failure(exc: BaseException) -> bool:
-    """Whether ``exc`` is the network or the server failing (not the data): never report it as damage."""
-    return classify(exc) != "other"
-
-
 def reason(exc: BaseException) -> str:
     """A short one-line reason for a remote failure, without secrets."""
     for item in _chain(exc):

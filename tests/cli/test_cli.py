@@ -357,9 +357,10 @@ def test_numeric_options_at_their_documented_ends_are_taken(tmp_path, store, mod
     assert "-1: one per core" in " ".join(text.split()) and "reads it as one block" in " ".join(text.split())
 
 
-def test_fit_job_refuses_nonsense_checkpoint_intervals_from_python(tmp_path, store):
-    from streamwhiten.batch import fit_job
+def test_fit_refuses_nonsense_checkpoint_intervals_from_python(tmp_path, store):
+    import streamwhiten
     from streamwhiten.errors import BadInputError
+    from streamwhiten.options import FitOptions
 
     for kwargs, fragment in [
         ({"checkpoint_every": 0}, "checkpoint_every must be a whole number of at least 1"),
@@ -371,7 +372,7 @@ def test_fit_job_refuses_nonsense_checkpoint_intervals_from_python(tmp_path, sto
         ({"checkpoint_seconds": "60"}, "checkpoint_seconds must be a number of seconds above 0"),
     ]:
         with pytest.raises(BadInputError, match=fragment):
-            fit_job([store], str(tmp_path / "m.npz"), **kwargs)
+            streamwhiten.fit([store], str(tmp_path / "m.npz"), options=FitOptions(**kwargs))
     assert os.listdir(tmp_path) == ["in.h5"]  # refused before any checkpoint or model was written
 
 

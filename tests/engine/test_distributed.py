@@ -625,45 +625,32 @@ def test_serial_and_dask_reduce_the_same_blocks_of_mixed_sources_without_block_r
     assert_moments_close(result.state, serial.state.mean, serial.state.scatter, 17_000)
 
 
-def test_fit_job_is_the_one_entry_point_of_both_engines(client, stores, tmp_path):
-    from streamwhiten.batch import fit_job, save_fitted
+def test_fit_is_the_one_entry_point_of_both_engines(client, stores, tmp_path):
+    import streamwhiten
+    from streamwhiten.engine.engines import DaskEngine
     from streamwhiten.errors import NothingToDoError
+    from streamwhiten.options import FitOptions, Setting
 
     specs = [stores.h5, stores.zarr]
-    params = {"n_components": 10, "beta": 0.5}
-    serial, plan, _, checkpoint = fit_job(specs, str(tmp_path / "s.npz"), params=params, precision="float64")
-    dask_model, result, resumed, no_checkpoint = fit_job(
-        specs, str(tmp_path / "d.npz"), params=params, precision="float64", engine="dask", client=client
+    setting, options = Setting(n_components=10, beta=0.5), FitOptions(precision="float64")
+    serial = streamwhiten.fit(specs, str(tmp_path / "s.npz"), setting=setting, options=options)
+    dask = streamwhiten.fit(
+        specs, str(tmp_path / "d.npz"), setting=setting, options=options, engine=DaskEngine(client=client)
     )
-    assert not resumed and no_checkpoint is None and result.n_blocks == plan.n_blocks
+    assert not dask.resumed and dask.engine == "dask" and dask.n_blocks == serial.n_blocks
     assert (
-        dask_model.info
-        == serial.info
+        dask.model.info
+        == serial.model.info
         == {"n_skipped_nonfinite": 0, "precision": "float64", "skip_nonfinite": False, "fill_missing_chunks": False}
     )
-    assert dask_model.sources == serial.sources and dask_model.n_components == 10 and dask_model.beta == 0.5
-    assert_moments_close(dask_model.state, serial.state.mean, serial.state.scatter, 17_000)
-    save_fitted(dask_model, result, str(tmp_path / "d.npz"), None)
-    for engine in ("serial", "dask"):  # an existing model: nothing to do when current, refused otherwise
+    assert dask.model.sources == serial.model.sources and dask.model.n_components == 10 and dask.model.beta == 0.5
+    assert_moments_close(dask.model.state, serial.model.state.mean, serial.model.state.scatter, 17_000)
+    for engine in (None, DaskEngine(client=client)):  # an existing model: nothing to do when current, else refused
         with pytest.raises(NothingToDoError):
-            fit_job(
-                specs,
-                str(tmp_path / "d.npz"),
-                params=params,
-                precision="float64",
-                engine=engine,
-                client=client,
-                overwrite=False,
-            )
+            streamwhiten.fit(specs, str(tmp_path / "d.npz"), setting=setting, options=options, engine=engine)
         with pytest.raises(OutputExistsError, match=r"d.npz: already exists \(pass overwrite=True to replace it\)"):
-            fit_job(
-                specs,
-                str(tmp_path / "d.npz"),
-                params={"n_components": 9},
-                precision="float64",
-                engine=engine,
-                client=client,
-                overwrite=False,
+            streamwhiten.fit(
+                specs, str(tmp_path / "d.npz"), setting=Setting(n_components=9), options=options, engine=engine
             )
     with pytest.raises(BadInputError, match="serial engine only"):
-        fit_job(specs, str(tmp_path / "d.npz"), update=str(tmp_path / "d.npz"), engine="dask", client=client)
+        streamwhiten.fit(specs, update=str(tmp_path / "d.npz"), engine=DaskEngine(client=client))

@@ -153,7 +153,7 @@ def test_same_threads_same_bits_and_store_equals_memory(tmp_path):
         handle.create_dataset("x", data=rows, chunks=(1000, 16))
     first = fit_sources(f"{path}:/x", block_rows=2000, threads=3).state
     again = fit_sources(f"{path}:/x", block_rows=2000, threads=3).state
-    memory = Whitener(chunk_rows=2000, n_jobs=3).fit(rows).state_
+    memory = Whitener(block_rows=2000, n_jobs=3).fit(rows).state_
     assert first == again == memory
 
 

@@ -172,7 +172,7 @@ def test_fit_equals_two_pass_statistics(shards, rows, precision, bound):
         w = Whitener(precision=precision).fit(spec)
         assert w.n_samples_seen_ == 9000 and len(w.sources_) == 3
         assert rel(w.mean_, mean) <= bound and rel(w.covariance_, cov) <= bound
-    w = Whitener(precision=precision, chunk_rows=512).fit(str(shards))  # blocks that cut row groups
+    w = Whitener(precision=precision, block_rows=512).fit(str(shards))  # blocks that cut row groups
     assert rel(w.covariance_, cov) <= bound
 
 
