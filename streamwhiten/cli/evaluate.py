@@ -115,7 +115,8 @@ def eval_(
     \b
     Examples:
       streamwhiten eval model.npz --pairs-a sts.h5:/a --pairs-b sts.h5:/b --scores sts-dev.csv:4
-      streamwhiten eval model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv --dtype int8
+      streamwhiten eval model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv \\
+          --exclude exclude.tsv --dtype int8
     """
     from ..core.model import load_model
 

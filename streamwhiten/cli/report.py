@@ -60,7 +60,8 @@ def report(
 
     \b
     Example:
-      streamwhiten report model.npz -o report.html --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score
+      streamwhiten report model.npz -o report.html \\
+          --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score
     """
     from ..core.model import load_model
     from ..evaluation.report import check_output, collect, retrieval_record, write_report

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,10 +41,56 @@ if TYPE_CHECKING:
 SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed", "threads")
 
 
-@click.command()
+class GeneratedHelp(click.Command):
+    """A command whose help is made by ``make_help()`` when first shown: it names what the library's
+    registries hold (the storages a sweep takes, the code families a budget adds), which the command
+    line does not import to start."""
+
+    def __init__(self, *args: Any, make_help: Callable[[], str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.make_help: Callable[[], str] | None = make_help
+
+    def get_help(self, ctx: click.Context) -> str:
+        if self.make_help is not None:
+            self.help, self.make_help = self.make_help(), None
+        return super().get_help(ctx)
+
+
+def _help() -> str:
+    """tune's ``--help``: the storages from :data:`~streamwhiten.evaluation.sweep.STORAGES`, the code families
+    a budget adds from :data:`~streamwhiten.codes.TUNE_CODES`."""
+    from ..codes import TUNE_CODES
+    from ..evaluation.sweep import STORAGES
+
+    return f"""Choose beta, gamma and k for MODEL_PATH by grid search, from its saved statistics (no pass over
+    the fitting data); for search, also how the corpus is stored.
+
+    Labelled pairs (--pairs-a/--pairs-b/--scores): prints the table and the choice; held-out pairs
+    (--test-a/--test-b/--test-scores) score the choice once, on pairs it was not chosen on.
+
+    A retrieval task (--queries/--corpus/--qrels): every setting is searched in every storage of --dtypes
+    ({", ".join(STORAGES)}) in one pass over the corpus; prints the frontier of bytes per vector and
+    --metric, each against the raw float32 vectors with a paired 95% interval. --max-bytes B chooses within
+    B bytes per vector and adds the vector codes of the raw unit vectors that fit B: {", ".join(TUNE_CODES)}
+    (faiss-*: with faiss installed; what each is: streamwhiten codes --help).
+
+    The choice (--select maxt) is the reference (the raw vectors, in the most faithful storage that fits)
+    unless a setting beats it beyond the noise of all compared; a --folds cross-validated forecast says what
+    both score on unseen queries (pairs). -o or --in-place saves it for apply, export and eval.
+
+    \b
+    Examples:
+      streamwhiten tune model.npz --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score \\
+          --in-place
+      streamwhiten tune model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv \\
+          --exclude exclude.tsv --max-bytes 32 -o tuned.npz
+    """
+
+
+@click.command(cls=GeneratedHelp, make_help=_help)
 @click.argument("model_path")
 @pair_options(required=False, what="validation pairs")
-@pair_options(required=False, prefix="test", scores="test-scores", what="held-out test pairs")
+@pair_options(required=False, prefix="test", scores="test-scores", what="held-out test pairs", brief=True)
 @retrieval_options
 @grid_options("to try", retrieval=True)
 @click.option(
@@ -51,8 +98,8 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     type=float,
     default=0.0,
     show_default=True,
-    help="Take the cheapest setting (pairs: the smallest k; retrieval: the fewest bytes per vector within the "
-    "budget) surely within this many points (x100) of the reference (with --select argmax: of the best).",
+    help="Take the cheapest setting (the smallest k; for retrieval the fewest bytes) surely within this many "
+    "points (x100) of the reference (--select argmax: of the best).",
 )
 @click.option(
     "--select",
@@ -60,17 +107,15 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     type=click.Choice(["maxt", "argmax"]),
     default="maxt",
     show_default=True,
-    help="How the setting is chosen. maxt: keep the reference (the raw vectors, untransformed, in the most "
-    "faithful storage within the budget) unless a setting beats it beyond the noise of all the settings compared (a paired "
-    "bootstrap of the maximum), with a cross-validated forecast. argmax: the best score of all as before the "
-    "rule, optimistic (the winner's curse); no reference and no forecast.",
+    help="maxt: keep the reference unless a setting beats it beyond the noise of all compared (a paired "
+    "bootstrap of the maximum). argmax: the highest score, optimistic (the winner's curse), no forecast.",
 )
 @click.option(
     "--folds",
     type=click.IntRange(min=2),
     default=5,
     show_default=True,
-    help="Folds of the queries (or pairs) for the cross-validated forecast of what the choice will score.",
+    help="Folds of the queries (or pairs) for the forecast of what the choice will score.",
 )
 @click.option(
     "--eps", type=float, default=None, help="Regulariser relative to the largest eigenvalue (default: the model's)."
@@ -85,12 +130,12 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     "threads",
     defaults={name: None for name in ("max_bytes", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed")},
     helps={
+        "max_bytes": "Retrieval: choose within this many bytes per corpus vector (bits plus the vectors a "
+        "rescoring reads); adds the codes that fit (above). Default: no budget.",
         "rescore": "Retrieval: binary+rescore re-ranks the top N of the bit search [default: 100].",
-        "rescore_dtype": "Retrieval: the vectors binary+rescore re-ranks with, float32 or int8 (their bytes count) "
-        "[default: float32].",
+        "rescore_dtype": "Retrieval: the vectors binary+rescore re-ranks with (their bytes count) [default: float32].",
         "int8_clip": "int8: the codes span each component's mean +- this many standard deviations [default: 4].",
-        "bootstrap": "Retrieval: resamples of the queries for each setting's paired 95% interval against raw float32 "
-        "[default: 1000].",
+        "bootstrap": "Retrieval: resamples of the queries for each interval [default: 1000].",
         "seed": "Retrieval: the bootstrap's seed [default: 0].",
         "threads": "Retrieval: worker threads of the search (default: one per core, at most 4).",
     },
@@ -99,7 +144,8 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     "--dtypes",
     default=None,
     metavar="LIST",
-    help="Retrieval: the storages to sweep, comma-separated [default: float32,float16,int8,binary,binary+rescore].",
+    help="Retrieval: the storages and code families to sweep, comma-separated [default: the storages above; "
+    "with --max-bytes also the codes above].",
 )
 @click.option("-o", "--output", "output_path", default=None, help="Write the tuned model to this new file.")
 @click.option("--in-place", is_flag=True, help="Write the chosen setting into MODEL_PATH itself.")
@@ -148,35 +194,7 @@ def tune(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    """Choose beta, gamma and k for MODEL_PATH by grid search, on labelled validation pairs or, for search,
-    on a retrieval task together with how the corpus is stored, under a byte budget.
-
-    The model's saved statistics give Sigma_beta for every beta in closed form, so the fitting data is
-    not read again: each beta costs one eigendecomposition, shared by all its gammas and ks.
-
-    Labelled pairs (--pairs-a/--pairs-b/--scores): the pairs are read once; prints the whole table and
-    the chosen setting. Give --test-a/--test-b/--test-scores to score the choice once, after it is made, on
-    pairs it was not chosen on.
-
-    A retrieval task (--queries/--corpus/--qrels, optionally --exclude): every setting is searched in
-    every storage of --dtypes (float32, float16, int8, sign bits, sign bits with the top --rescore
-    re-ranked), in one pass over the corpus (plus one for the bits); prints the frontier (bytes per
-    vector, --metric, retention against the raw vectors stored as float32, the paired 95% interval) and
-    chooses within --max-bytes. The raw vectors and plain centring are candidates too.
-
-    The choice (--select maxt) is the reference (raw vectors; within a budget, in the most faithful storage
-    that fits) unless a setting beats it beyond the noise of all the settings compared; with it comes a
-    --folds cross-validated forecast of what the choice and the reference score on unseen queries (pairs).
-
-    With -o or --in-place the chosen setting (and storage) is saved so that `apply`, `export` and `eval`
-    use it.
-
-    \b
-    Examples:
-      streamwhiten tune model.npz --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score --in-place
-      streamwhiten tune model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv \\
-          --exclude exclude.tsv --max-bytes 256 -o tuned.npz
-    """
+    """The ``tune`` command; its help is :func:`_help`'s."""
     from ..core.model import check_model_output, load_model, save_model
 
     inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)

@@ -49,6 +49,23 @@ CODES: tuple[str, ...] = (
 )
 #: The codes that learn from a sample of the vectors (the others need only the statistics).
 NEEDS_SAMPLE: tuple[str, ...] = tuple(name for name in CODES if name.startswith(("faiss-", "bits-itq")))
+#: The code families ``tune`` sweeps under a byte budget (``--max-bytes``; faiss's where faiss is
+#: installed), by default; ``tune --help`` lists them from here.
+TUNE_CODES: tuple[str, ...] = (
+    "eigen",
+    "eigen-iso",
+    "eigen+f",
+    "bits-random",
+    "bits-random+f",
+    "bits-itq",
+    "faiss-pq",
+    "faiss-opq",
+    "faiss-rabitq1",
+    "faiss-rabitq2",
+    "faiss-rabitq4",
+    "faiss-sq4",
+    "faiss-sq8",
+)
 
 
 def train_codec(
@@ -128,4 +145,4 @@ def codec_from_bytes(data: bytes, n_features: int | None = None) -> Codec:
     return codec
 
 
-__all__ = ["CODES", "NEEDS_SAMPLE", "Codec", "codec_from_bytes", "train_codec"]
+__all__ = ["CODES", "NEEDS_SAMPLE", "TUNE_CODES", "Codec", "codec_from_bytes", "train_codec"]

@@ -25,28 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from ..codes import CODES, NEEDS_SAMPLE, Codec, train_codec
+from ..codes import CODES, NEEDS_SAMPLE, TUNE_CODES, Codec, train_codec
 from ..engine._threads import blas_threads
 from ..errors import BadInputError
 from .retrieval import RetrievalTask, _finite
 from .search import corpus_blocks
 
-#: The code families ``tune`` sweeps under a byte budget (by default every one of them).
-TUNE_CODES: tuple[str, ...] = (
-    "eigen",
-    "eigen-iso",
-    "eigen+f",
-    "bits-random",
-    "bits-random+f",
-    "bits-itq",
-    "faiss-pq",
-    "faiss-opq",
-    "faiss-rabitq1",
-    "faiss-rabitq2",
-    "faiss-rabitq4",
-    "faiss-sq4",
-    "faiss-sq8",
-)
 #: Corpus rows the sample-trained codes learn from (all of them when the corpus is smaller), and its seed.
 SAMPLE_ROWS, SAMPLE_SEED = 6000, 0
 #: k-means iterations of faiss's PQ codebooks (and of OPQ's first PQ) and OPQ's rotation updates while

@@ -128,7 +128,7 @@ class SweepGrid:
     dtypes : sequence of str, optional
         The storages, names of :data:`STORAGES` and code families of :data:`~streamwhiten.codes.CODES`
         (or one comma-separated string; default: all storages, and under a budget every code of
-        :data:`~.code_candidates.TUNE_CODES`, faiss's where faiss is installed).
+        :data:`~streamwhiten.codes.TUNE_CODES`, faiss's where faiss is installed).
     rescore, rescore_dtype, int8_clip
         How ``binary+rescore`` re-ranks (its top ``rescore`` with ``rescore_dtype`` vectors; default 100,
         as many as the evaluation keeps) and the int8 codes' span in standard deviations.
@@ -209,7 +209,7 @@ class SweepGrid:
 
     def codes(self) -> tuple[str, ...]:
         """The code families swept under a budget: those named in ``dtypes``, or by default every one
-        of :data:`~.code_candidates.TUNE_CODES` (faiss's only where faiss is installed)."""
+        of :data:`~streamwhiten.codes.TUNE_CODES` (faiss's only where faiss is installed)."""
         if self.dtypes is not None:
             return tuple(name for name in dict.fromkeys(self.dtypes) if is_code(name))
         from ..codes.faiss_codes import faiss_available
