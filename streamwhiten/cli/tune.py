@@ -297,20 +297,28 @@ def _retrieval(
         )
 
 
+def same_row(a: dict | None, b: dict | None) -> bool:
+    """Whether two rows of a tuning table are one setting (one storage): the rule's choice and the highest."""
+    keys = ("beta", "gamma", "k", "k_label", "vectors", "storage")
+    return a is b or (a is not None and b is not None and all(a.get(key) == b.get(key) for key in keys))
+
+
 def _lines(
     summary: dict, model: WhiteningModel, chosen: WhiteningModel, metric: str, tolerance: float, target: str | None
 ) -> list[str]:
-    best, raw = summary["best"], summary["raw"]
+    best, raw, highest = summary["best"], summary["raw"], summary["highest"]
     name = metric.capitalize()
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
+    also = same_row(best, highest)
     lines = [
         f"validation {summary['pairs']['n_pairs']:,} pairs of {model.n_features}-d vectors; "
         f"{len(summary['table'])} settings from the saved statistics of {model.n_rows:,} rows (no pass over the "
         "fitting data)",
         *table_lines(summary),
         f"raw        {fmt_scores(raw)}",
-        f"{'best' if argmax and not tolerance else 'chosen':<10} {fmt_scores(best)}   {fmt_setting(best)}  "
-        f"({name} {best[metric] - raw[metric]:+.2f} vs raw"
+        f"chosen     {fmt_scores(best)}   {fmt_setting(best)}  "
+        f"(chosen by the rule{', and highest on these pairs' if also else ''}; "
+        f"{name} {best[metric] - raw[metric]:+.2f} vs raw"
         + (
             ""
             if not tolerance
@@ -320,6 +328,11 @@ def _lines(
         )
         + ")",
     ]
+    if not also:
+        lines.append(
+            f"highest    {fmt_scores(highest)}   {fmt_setting(highest)}  (highest on these pairs, not chosen by "
+            f"the rule; {name} {highest[metric] - raw[metric]:+.2f} vs raw)"
+        )
     lines += selection_lines(summary.get("selection"), metric, "pairs")
     if summary["test"] is not None:
         test = summary["test"]
@@ -334,16 +347,21 @@ def _lines(
     return lines
 
 
-def table_lines(result: dict[str, Any]) -> list[str]:
-    """The grid as one line per (beta, gamma) with one column per k choice; the best cell starred."""
+def table_lines(result: dict[str, Any], what: str = "pairs") -> list[str]:
+    """The grid as one line per (beta, gamma) with one column per k choice: the cell the rule chose
+    starred, the one highest on these ``what`` marked ``^`` where it is another."""
     table, best, metric = result["table"], result["best"], result["metric"]
+    highest = result.get("highest")
+    apart = highest is not None and not same_row(best, highest)
     labels = list(dict.fromkeys(row["k_label"] for row in table if row.get("vectors") != "raw"))
     fractions = [label for label in labels if label.endswith("%")]
     width = 7
     head = " beta gamma |" + "".join(f"{label:>{width + 1}}" for label in labels)
     lines = [
         f"{metric.capitalize()} x100 by setting (columns: k; a percentage is the fewest components "
-        f"explaining that much variance):",
+        f"explaining that much variance; *: chosen by the rule"
+        + (f"; ^: highest on these {what}" if apart else "")
+        + "):",
         head,
         "-" * len(head),
     ]
@@ -355,7 +373,7 @@ def table_lines(result: dict[str, Any]) -> list[str]:
         text = f"{beta:5g} {gamma:5g} |"
         for label in labels:
             row = cells.get(label)
-            mark = "*" if row is best else " "
+            mark = "*" if row is best else "^" if apart and row is highest else " "
             text += f"{row[metric]:{width}.2f}{mark}" if row is not None else " " * (width + 1)
         if fractions:
             text += "   k=" + "/".join(str(cells[label]["k"]) for label in fractions if label in cells)
@@ -418,7 +436,16 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
         )
         + ":"
     )
-    lines.append(_row_text(best, metric))
+    highest = summary.get("highest")
+    apart = highest is not None and not same_row(best, highest)
+    lines.append(
+        _row_text(best, metric) + ("  (chosen by the rule)" if apart else "  (chosen by the rule, and highest)")
+    )
+    if apart and highest is not None:
+        lines += [
+            f"highest    on these queries {within}, not chosen by the rule:",
+            _row_text(highest, metric) + "  (highest on these queries)",
+        ]
     reference = (summary.get("selection") or {}).get("reference")
     if reference:
         lines.append(

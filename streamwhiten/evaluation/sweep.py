@@ -675,7 +675,8 @@ def choose_generalising(
 @dataclass
 class RetrievalTuneResult:
     """The scored sweep: ``table`` (every setting and storage), the raw float32 reference (``raw``), the
-    ``frontier``, the chosen row (``best``) and what it was chosen by."""
+    ``frontier``, the row the rule chose (``best``; the highest score is :attr:`highest`) and what it was
+    chosen by."""
 
     table: list
     best: dict
@@ -715,8 +716,16 @@ class RetrievalTuneResult:
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
 
+    @property
+    def highest(self) -> dict:
+        """The row scoring highest on these queries within the budget: the rule's choice (:attr:`best`)
+        where nothing scores above it, else the highest (ties to fewer bytes), which the rule did not take."""
+        top = choose_within(self.table, self.metric, self.max_bytes)
+        return self.best if not _score(top, self.metric) > _score(self.best, self.metric) else top  # a tie: the choice
+
     def to_json(self) -> dict[str, Any]:
-        """The sweep and the choice as plain JSON values (the core of ``tune --json``)."""
+        """The sweep and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row
+        the rule chose, ``highest`` the row scoring highest on these queries within the budget."""
         return dict(
             self.task,
             mode="retrieval",
@@ -725,6 +734,7 @@ class RetrievalTuneResult:
             tolerance=self.tolerance,
             raw=self.raw,
             best=self.best,
+            highest=self.highest,
             frontier=self.frontier,
             table=self.table,
             bootstrap=self.bootstrap,
