@@ -106,7 +106,7 @@ def codes(
       eigen, eigen-iso, eigen+f      bits per principal component by eigenvalue (from the statistics)
       bits-random[+f], bits-pca[+f]  sign bits after a seeded random rotation / of the principal axes
       bits-itq[+f]                   sign bits after ITQ, learnt on --sample
-      faiss-pq, faiss-opq, faiss-rabitq1/2/4, faiss-sq4/8  faiss's codes, trained on --sample
+      faiss-pq, faiss-opq, faiss-rabitq1/2/4, faiss-sq4, faiss-sq8  faiss's codes, trained on --sample
 
     The codec codes the map's outputs at unit length (as search stores them); codes trained from the
     statistics need no data pass, the others a seeded sample of the input (its size and seed recorded).

@@ -33,6 +33,7 @@ from ._common import (
     stop_on_signals,
 )
 from ._options import first_given, json_option, param_options, quiet_option
+from ._warn import warn_self_matches
 
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
@@ -292,9 +293,11 @@ def _retrieval(
     swept = SweepGrid(dtypes=dtypes, max_bytes=sweep.max_bytes, **given, **grid)
     options = retrieval_options_of(inputs, block_rows, sweep.threads, sweep.bootstrap, sweep.seed)
     with progress_bar("tune", quiet) as progress:
-        return tune_retrieval(
+        chosen, summary = tune_retrieval(
             model, inputs.queries, inputs.corpus, inputs.qrels, grid=swept, options=options, progress=progress
         )
+    warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)
+    return chosen, summary
 
 
 def same_row(a: dict | None, b: dict | None) -> bool:

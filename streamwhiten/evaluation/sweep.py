@@ -77,8 +77,9 @@ from .retrieval import (
     query_metrics,
     retrieval_options,
 )
-from .search import Reranking, SearchJob, SearchPass, corpus_blocks, search
+from .search import Reranking, SearchJob, SearchPass, SearchResult, corpus_blocks, search
 from .select import FOLDS, RULES, Resamples, Rule, forecast, select
+from .self_matches import SelfMatches, find_self_matches
 from .tune import KChoice, decompose, describe_stored, make_grid
 
 #: Resampled means held at once by :func:`bootstrap_differences` (512 MiB of doubles).
@@ -313,8 +314,8 @@ def sweep_rows(
     options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_bytes: int | None = None,
-) -> tuple[np.ndarray, dict]:
-    """The raw float32 reference's top lists and every ``(candidate, storage)``'s, keyed by
+) -> tuple[SearchResult, dict]:
+    """The raw float32 reference's top lists (rows and cosines) and every ``(candidate, storage)``'s, keyed by
     ``(candidate, storage)``: see the module docstring for the passes and their cost. The corpus is read
     in ``options.block_rows`` blocks by ``options.threads`` threads. With ``max_bytes`` only the pairs
     that store a vector in that many bytes or fewer are searched (and keyed)."""
@@ -375,7 +376,8 @@ def sweep_rows(
         ]
         results += search(task.corpus, jobs, block_rows=block_rows, threads=threads, progress=step)
         done[0] += n_rows
-    reference = results[0].rows[:, :depth]
+    raw = results[0]  # the raw reference: its cosines show the queries that are corpus rows
+    reference = SearchResult(raw.rows[:, :depth], raw.values[:, :depth], raw.metric)
     bits = {key: results[index].rows for key, index in bit_keys.items()}
     out: dict = {}
     shared = _GroupPass(task, bases, floats, reranks, bits, depth, block_rows, threads, fits)
@@ -692,6 +694,8 @@ class RetrievalTuneResult:
     selection: dict | None = None
     per_query: np.ndarray | None = field(default=None, repr=False)
     codecs: dict = field(default_factory=dict, repr=False)
+    #: The queries whose nearest corpus row is the query itself, not judged relevant (:mod:`.self_matches`).
+    self_matches: SelfMatches | None = None
 
     def model_for(self, row: dict) -> WhiteningModel:
         """The model of one row: the map at its setting (sharing its beta's eigendecomposition; the
@@ -739,6 +743,7 @@ class RetrievalTuneResult:
             table=self.table,
             bootstrap=self.bootstrap,
             selection=self.selection,
+            self_matches=None if self.self_matches is None else self.self_matches.to_json(),
         )
 
 
@@ -815,7 +820,8 @@ def sweep(
                 options.block_rows,
                 threads=resolve_threads(options.threads),
             )
-    raw_each = query_metrics(reference, task.query_rows, task.qrels)
+    raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
+    matches = find_self_matches(task, reference.rows, reference.values, "float32")
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
     table, each = [], []
     for candidate in candidates:
@@ -893,6 +899,7 @@ def sweep(
         selection,
         each_query,
         {label: codec for label, (_name, codec) in codecs.items()},
+        matches,
     )
 
 
