@@ -419,7 +419,7 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
         f"{len(storages)} storages ({', '.join(storages)})",
         f"raw        float32, {raw['bytes_per_vector']:,} bytes per vector: {metric} x100 {raw[metric]:.2f} "
         "(the reference of retention and of each interval)",
-        f"frontier   the best {metric} x100 at each number of bytes per vector (no setting does better with "
+        f"frontier   the highest {metric} x100 at each number of bytes per vector (no setting does better with "
         "fewer or as many bytes):",
         f"  bytes  storage                vectors                    k  {metric:>7}  retain   vs raw float32 [95%]",
         *(_row_text(row, metric) for row in summary["frontier"]),

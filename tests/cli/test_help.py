@@ -86,3 +86,17 @@ def test_apply_dtype_refuses_a_wrong_code_in_one_line_naming_the_codes(tmp_path,
     )
     assert code == 2 and err.count("NAME:BYTES") == 1  # said once
     assert not list(tmp_path.iterdir())
+
+
+def test_the_generated_cli_page_fits_100_columns_and_names_the_codes():
+    """docs/cli.md's reference is every command's help, made by the docs hook when the site is built."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", REPO / "scripts" / "mkdocs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    text = hooks.cli_reference()
+    assert [line for line in text.splitlines() if len(line) > WIDEST] == []
+    assert "--dtype [float32|float16|int8|binary|NAME:BYTES]" in text and "faiss-opq" in unwrapped(text)
