@@ -105,26 +105,28 @@ def fmt_setting(row: dict) -> str:
 # ---------------------------------------------------------------------------- labelled pairs and grids
 
 
-def pair_options(required: bool, prefix: str = "pairs", scores: str = "scores", what: str = "labelled pairs"):
-    """``--<prefix>-a/--<prefix>-b/--<scores>``: two aligned vector stores and their gold scores."""
+def pair_options(
+    required: bool, prefix: str = "pairs", scores: str = "scores", what: str = "labelled pairs", brief: bool = False
+):
+    """``--<prefix>-a/--<prefix>-b/--<scores>``: two aligned vector stores and their gold scores (``brief``:
+    their help refers to ``--pairs-a``'s for the formats, for a second set of pairs)."""
     names = (f"{prefix}_a", f"{prefix}_b", scores.replace("-", "_"))
+    formats = (
+        ("", " (as --scores)")
+        if brief
+        else (
+            " (file.h5:/dataset, dir.zarr, file.npy, file.parquet:column, dir.lance:column)",
+            " (a 1-D dataset, .npy, or a column of a CSV or TSV file: file.csv:NAME by its header, "
+            "file.tsv:INDEX counted from 0, every line data)",
+        )
+    )
 
     def decorate(func: Callable[..., Any]):
         for flag, name, text in reversed(
             [
-                (
-                    f"--{prefix}-a",
-                    names[0],
-                    f"Vectors A of the {what} (file.h5:/dataset, dir.zarr, file.npy, "
-                    "file.parquet:column, dir.lance:column).",
-                ),
+                (f"--{prefix}-a", names[0], f"Vectors A of the {what}{formats[0]}."),
                 (f"--{prefix}-b", names[1], f"Vectors B of the {what}, row-aligned with A."),
-                (
-                    f"--{scores}",
-                    names[2],
-                    f"Gold score of each of the {what} (a 1-D dataset, .npy, or a column of a CSV or TSV file: "
-                    "file.csv:NAME by its header, file.tsv:INDEX counted from 0, every line data).",
-                ),
+                (f"--{scores}", names[2], f"Gold score of each of the {what}{formats[1]}."),
             ]
         ):
             func = click.option(flag, name, required=required, default=None, metavar="SPEC", help=text)(func)

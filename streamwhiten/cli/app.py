@@ -64,7 +64,24 @@ def cli():
     """
 
 
+#: Each command's line in the bare command's list: whole (click would cut a first sentence short), and
+#: short enough for one line of an 80-column terminal.
+SUMMARIES = {
+    "fit": "Fit a whitening model on stores, in one streaming pass.",
+    "apply": "Transform a store with a model; write the vectors or codes.",
+    "info": "Print a model's setting, spectrum and published version.",
+    "export": "Write a model's map for numpy, torch, faiss, ONNX or ST.",
+    "demo": "Run the whole job on a built-in example.",
+    "run": "Run a batch job (job.toml): fit or update, apply, publish.",
+    "staleness": "Measure how far the published map is from the statistics.",
+    "eval": "Score raw and whitened vectors on pairs or a retrieval task.",
+    "tune": "Choose beta, gamma, k and, for search, a storage or code.",
+    "report": "Draw the spectrum, tuning maps and retrieval frontier.",
+    "codes": "Train a vector code (eigen:24, ...) as a model's storage.",
+}
+
 for _command in (fit, apply, info, export_, demo, run, staleness, eval_, tune, report, codes):
+    _command.short_help = SUMMARIES[_command.name or ""]
     cli.add_command(_command)
 
 

@@ -17,6 +17,7 @@ from ._options import (
     setting_options,
     storage_options,
 )
+from .codes import StorageType, code_names
 
 #: Apply options an engine may not take: refused when given on the command line (see ``Engine.check_apply``).
 ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor", "checksums")
@@ -34,21 +35,23 @@ ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor", "checksums")
 )
 @click.option("--dataset", default=None, help="Dataset/array inside the input.")
 @setting_options("apply")
-@param_options(
-    "normalize",
+@param_options("normalize")
+@click.option(
+    "--dtype",
     "dtype",
+    type=StorageType(),
+    default=None,
+    help="The output values: float32 or float16; int8 codes of the unit vectors (a scale and offset per "
+    "component, from the statistics) or binary sign bits (8 per byte), both normalized; or a vector code "
+    f"NAME:BYTES of the unit vectors, NAME one of {code_names()} (e.g. eigen:24: the model's own code, "
+    "else one trained from its statistics; streamwhiten codes --help). Each records how to decode it "
+    "[default: the model's storage, else float32].",
+)
+@param_options(
     "block_rows",
     "zarr_format",
     "skip_nonfinite",
-    defaults={"dtype": None},
-    helps={
-        "skip_nonfinite": "Write NaN for input rows holding NaN/Inf instead of failing.",
-        "dtype": "The output values: float32 or float16; int8 codes of the unit vectors (a scale and offset "
-        "per component, from the statistics) or binary sign bits (8 per byte, ceil(k/8) bytes a row), both "
-        "normalized, recording how to decode them; or a vector code NAME:BYTES of the unit vectors (e.g. "
-        "eigen:24: the model's own code, else one trained from its statistics; the names: streamwhiten codes "
-        "--help) [default: the model's storage, else float32].",
-    },
+    helps={"skip_nonfinite": "Write NaN for input rows holding NaN/Inf instead of failing."},
 )
 @click.option(
     "--restart", is_flag=True, help="Discard the partial output of an interrupted run instead of resuming it."

@@ -7,8 +7,19 @@ from typing import Any
 import click
 
 from ..errors import BadInputError
+from ..params import PARAMS
 from ._common import emit
 from ._options import json_option, quiet_option
+
+#: The plain storages a ``--dtype`` takes beside a code.
+DTYPES: tuple[str, ...] = tuple(str(choice) for choice in PARAMS["dtype"].choices)
+
+
+def code_names() -> str:
+    """The code names a ``NAME:BYTES`` takes, for a help text (from :data:`streamwhiten.codes.CODES`)."""
+    from ..codes import CODES
+
+    return ", ".join(CODES)
 
 
 class CodeType(click.ParamType):
@@ -27,9 +38,18 @@ class CodeType(click.ParamType):
 
 
 class StorageType(click.ParamType):
-    """``eval --dtype``: a storage (float32, float16, int8, binary) or a vector code ``NAME:BYTES``."""
+    """``eval --dtype`` and ``apply --dtype``: a storage (float32, float16, int8, binary) or a vector code
+    ``NAME:BYTES``; the shell completes the storages."""
 
     name = "DTYPE|NAME:BYTES"
+
+    def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
+        return "[" + "|".join(DTYPES) + "|NAME:BYTES]"
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+        from click.shell_completion import CompletionItem
+
+        return [CompletionItem(name) for name in DTYPES if name.startswith(incomplete)]
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         from ..codes.storage import is_code
@@ -40,7 +60,7 @@ class StorageType(click.ParamType):
         try:
             return check("dtype", value)
         except BadInputError as exc:
-            self.fail(str(exc) + " (or a vector code NAME:BYTES, e.g. eigen:24)", param, ctx)
+            self.fail(str(exc), param, ctx)  # the parameter's words name the codes too
 
 
 @click.command(name="codes")
@@ -86,7 +106,7 @@ def codes(
       eigen, eigen-iso, eigen+f      bits per principal component by eigenvalue (from the statistics)
       bits-random[+f], bits-pca[+f]  sign bits after a seeded random rotation / of the principal axes
       bits-itq[+f]                   sign bits after ITQ, learnt on --sample
-      faiss-pq, faiss-opq, faiss-rabitq1/2/4, faiss-sq4, faiss-sq8   faiss's codes, trained on --sample
+      faiss-pq, faiss-opq, faiss-rabitq1/2/4, faiss-sq4, faiss-sq8  faiss's codes, trained on --sample
 
     The codec codes the map's outputs at unit length (as search stores them); codes trained from the
     statistics need no data pass, the others a seeded sample of the input (its size and seed recorded).

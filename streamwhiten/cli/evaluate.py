@@ -23,6 +23,7 @@ from ._common import (
     retrieval_options_of,
 )
 from ._options import first_given, json_option, param_options, quiet_option, setting_of, setting_options
+from ._warn import warn_self_matches
 from .codes import StorageType
 
 if TYPE_CHECKING:
@@ -115,7 +116,8 @@ def eval_(
     \b
     Examples:
       streamwhiten eval model.npz --pairs-a sts.h5:/a --pairs-b sts.h5:/b --scores sts-dev.csv:4
-      streamwhiten eval model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv --dtype int8
+      streamwhiten eval model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv \\
+          --exclude exclude.tsv --dtype int8
     """
     from ..core.model import load_model
 
@@ -206,6 +208,7 @@ def _retrieval(
             int8_clip=search.int8_clip,
         )
     summary = replace(result, model=model_path).to_json()
+    warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)
     emit(as_json, summary, retrieval_lines(summary))
 
 

@@ -60,7 +60,8 @@ def report(
 
     \b
     Example:
-      streamwhiten report model.npz -o report.html --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score
+      streamwhiten report model.npz -o report.html \\
+          --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score
     """
     from ..core.model import load_model
     from ..evaluation.report import check_output, collect, retrieval_record, write_report
@@ -82,16 +83,44 @@ def report(
     with stop_on_signals():  # a signal lets the files be finished
         written = write_report(data, output_path, overwrite, title)
     summary = {"model": model_path, "files": written, "effective_dimension": model.effective_dimension}
-    summary.update(raw=None, best=None)
+    summary.update(raw=None, best=None, highest=None)
     lines = [f"D_eff      {model.effective_dimension:.1f} of d={model.n_features}"]
     if data.grid is not None:
-        summary["raw"], summary["best"] = data.grid.raw, data.grid.best
+        best, highest = data.grid.best, data.grid.highest
+        summary["raw"], summary["best"], summary["highest"] = data.grid.raw, best, highest
         lines.append(f"raw        {fmt_scores(data.grid.raw)}")
-        lines.append(f"best       {fmt_scores(data.grid.best)}   {fmt_setting(data.grid.best)}")
+        lines.append(
+            f"chosen     {fmt_scores(best)}   {fmt_setting(best)}  (chosen by the rule"
+            + (", and highest on these pairs)" if highest is best else ")")
+        )
+        if highest is not best:
+            lines.append(f"highest    {fmt_scores(highest)}   {fmt_setting(highest)}  (highest on these pairs)")
     summary["frontier"] = None if data.tuned is None else data.tuned["frontier"]
     summary["selection"] = None if data.tuned is None else data.tuned.get("selection")
     if data.tuned is not None:
         lines.append(f"frontier   {len(data.tuned['frontier'])} settings, from the retrieval tuning the model records")
+        lines += _retrieval_choice(data.tuned)
         lines += selection_lines(data.tuned.get("selection"), data.tuned["metric"], "queries")
     lines += [f"wrote      {path}" for path in written]
     emit(as_json, summary, lines)
+
+
+def _retrieval_choice(record: dict) -> list[str]:
+    """The retrieval tuning's choice, and the setting highest on its queries where that is another."""
+    from ..evaluation.report import highest_apart
+
+    metric, setting = record["metric"], record["setting"]
+    score = record["validation"]["chosen"][metric]
+    highest = highest_apart(record)
+    lines = [
+        f"chosen     {setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}, "
+        f"{setting['bytes_per_vector']:,} bytes per vector: {metric} x100 {score:.2f} (chosen by the rule"
+        + (")" if highest else ", and highest on these queries)")
+    ]
+    if highest is not None:
+        lines.append(
+            f"highest    {highest['storage']} beta={highest['beta']:g} gamma={highest['gamma']:g} k={highest['k']}, "
+            f"{highest['bytes_per_vector']:,} bytes per vector: {metric} x100 {highest[metric]:.2f} "
+            "(highest on these queries)"
+        )
+    return lines

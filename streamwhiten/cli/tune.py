@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from ._common import (
     stop_on_signals,
 )
 from ._options import first_given, json_option, param_options, quiet_option
+from ._warn import warn_self_matches
 
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
@@ -40,10 +42,56 @@ if TYPE_CHECKING:
 SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed", "threads")
 
 
-@click.command()
+class GeneratedHelp(click.Command):
+    """A command whose help is made by ``make_help()`` when first shown: it names what the library's
+    registries hold (the storages a sweep takes, the code families a budget adds), which the command
+    line does not import to start."""
+
+    def __init__(self, *args: Any, make_help: Callable[[], str], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.make_help: Callable[[], str] | None = make_help
+
+    def get_help(self, ctx: click.Context) -> str:
+        if self.make_help is not None:
+            self.help, self.make_help = self.make_help(), None
+        return super().get_help(ctx)
+
+
+def _help() -> str:
+    """tune's ``--help``: the storages from :data:`~streamwhiten.evaluation.sweep.STORAGES`, the code families
+    a budget adds from :data:`~streamwhiten.codes.TUNE_CODES`."""
+    from ..codes import TUNE_CODES
+    from ..evaluation.sweep import STORAGES
+
+    return f"""Choose beta, gamma and k for MODEL_PATH by grid search, from its saved statistics (no pass over
+    the fitting data); for search, also how the corpus is stored.
+
+    Labelled pairs (--pairs-a/--pairs-b/--scores): prints the table and the choice; held-out pairs
+    (--test-a/--test-b/--test-scores) score the choice once, on pairs it was not chosen on.
+
+    A retrieval task (--queries/--corpus/--qrels): every setting is searched in every storage of --dtypes
+    ({", ".join(STORAGES)}) in one pass over the corpus; prints the frontier of bytes per vector and
+    --metric, each against the raw float32 vectors with a paired 95% interval. --max-bytes B chooses within
+    B bytes per vector and adds the vector codes of the raw unit vectors that fit B: {", ".join(TUNE_CODES)}
+    (faiss-*: with faiss installed; what each is: streamwhiten codes --help).
+
+    The choice (--select maxt) is the reference (the raw vectors, in the most faithful storage that fits)
+    unless a setting beats it beyond the noise of all compared; a --folds cross-validated forecast says what
+    both score on unseen queries (pairs). -o or --in-place saves it for apply, export and eval.
+
+    \b
+    Examples:
+      streamwhiten tune model.npz --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score \\
+          --in-place
+      streamwhiten tune model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv \\
+          --exclude exclude.tsv --max-bytes 32 -o tuned.npz
+    """
+
+
+@click.command(cls=GeneratedHelp, make_help=_help)
 @click.argument("model_path")
 @pair_options(required=False, what="validation pairs")
-@pair_options(required=False, prefix="test", scores="test-scores", what="held-out test pairs")
+@pair_options(required=False, prefix="test", scores="test-scores", what="held-out test pairs", brief=True)
 @retrieval_options
 @grid_options("to try", retrieval=True)
 @click.option(
@@ -51,8 +99,8 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     type=float,
     default=0.0,
     show_default=True,
-    help="Take the cheapest setting (pairs: the smallest k; retrieval: the fewest bytes per vector within the "
-    "budget) surely within this many points (x100) of the reference (with --select argmax: of the best).",
+    help="Take the cheapest setting (the smallest k; for retrieval the fewest bytes) surely within this many "
+    "points (x100) of the reference (--select argmax: of the best).",
 )
 @click.option(
     "--select",
@@ -60,17 +108,15 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     type=click.Choice(["maxt", "argmax"]),
     default="maxt",
     show_default=True,
-    help="How the setting is chosen. maxt: keep the reference (the raw vectors, untransformed, in the most "
-    "faithful storage within the budget) unless a setting beats it beyond the noise of all the settings compared (a paired "
-    "bootstrap of the maximum), with a cross-validated forecast. argmax: the best score of all as before the "
-    "rule, optimistic (the winner's curse); no reference and no forecast.",
+    help="maxt: keep the reference unless a setting beats it beyond the noise of all compared (a paired "
+    "bootstrap of the maximum). argmax: the highest score, optimistic (the winner's curse), no forecast.",
 )
 @click.option(
     "--folds",
     type=click.IntRange(min=2),
     default=5,
     show_default=True,
-    help="Folds of the queries (or pairs) for the cross-validated forecast of what the choice will score.",
+    help="Folds of the queries (or pairs) for the forecast of what the choice will score.",
 )
 @click.option(
     "--eps", type=float, default=None, help="Regulariser relative to the largest eigenvalue (default: the model's)."
@@ -85,12 +131,12 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     "threads",
     defaults={name: None for name in ("max_bytes", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed")},
     helps={
+        "max_bytes": "Retrieval: choose within this many bytes per corpus vector (bits plus the vectors a "
+        "rescoring reads); adds the codes that fit (above). Default: no budget.",
         "rescore": "Retrieval: binary+rescore re-ranks the top N of the bit search [default: 100].",
-        "rescore_dtype": "Retrieval: the vectors binary+rescore re-ranks with, float32 or int8 (their bytes count) "
-        "[default: float32].",
+        "rescore_dtype": "Retrieval: the vectors binary+rescore re-ranks with (their bytes count) [default: float32].",
         "int8_clip": "int8: the codes span each component's mean +- this many standard deviations [default: 4].",
-        "bootstrap": "Retrieval: resamples of the queries for each setting's paired 95% interval against raw float32 "
-        "[default: 1000].",
+        "bootstrap": "Retrieval: resamples of the queries for each interval [default: 1000].",
         "seed": "Retrieval: the bootstrap's seed [default: 0].",
         "threads": "Retrieval: worker threads of the search (default: one per core, at most 4).",
     },
@@ -99,7 +145,8 @@ SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip",
     "--dtypes",
     default=None,
     metavar="LIST",
-    help="Retrieval: the storages to sweep, comma-separated [default: float32,float16,int8,binary,binary+rescore].",
+    help="Retrieval: the storages and code families to sweep, comma-separated [default: the storages above; "
+    "with --max-bytes also the codes above].",
 )
 @click.option("-o", "--output", "output_path", default=None, help="Write the tuned model to this new file.")
 @click.option("--in-place", is_flag=True, help="Write the chosen setting into MODEL_PATH itself.")
@@ -148,35 +195,7 @@ def tune(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    """Choose beta, gamma and k for MODEL_PATH by grid search, on labelled validation pairs or, for search,
-    on a retrieval task together with how the corpus is stored, under a byte budget.
-
-    The model's saved statistics give Sigma_beta for every beta in closed form, so the fitting data is
-    not read again: each beta costs one eigendecomposition, shared by all its gammas and ks.
-
-    Labelled pairs (--pairs-a/--pairs-b/--scores): the pairs are read once; prints the whole table and
-    the chosen setting. Give --test-a/--test-b/--test-scores to score the choice once, after it is made, on
-    pairs it was not chosen on.
-
-    A retrieval task (--queries/--corpus/--qrels, optionally --exclude): every setting is searched in
-    every storage of --dtypes (float32, float16, int8, sign bits, sign bits with the top --rescore
-    re-ranked), in one pass over the corpus (plus one for the bits); prints the frontier (bytes per
-    vector, --metric, retention against the raw vectors stored as float32, the paired 95% interval) and
-    chooses within --max-bytes. The raw vectors and plain centring are candidates too.
-
-    The choice (--select maxt) is the reference (raw vectors; within a budget, in the most faithful storage
-    that fits) unless a setting beats it beyond the noise of all the settings compared; with it comes a
-    --folds cross-validated forecast of what the choice and the reference score on unseen queries (pairs).
-
-    With -o or --in-place the chosen setting (and storage) is saved so that `apply`, `export` and `eval`
-    use it.
-
-    \b
-    Examples:
-      streamwhiten tune model.npz --pairs-a dev.h5:/a --pairs-b dev.h5:/b --scores dev.h5:/score --in-place
-      streamwhiten tune model.npz --queries q.h5:/mean --corpus c.h5:/mean --qrels qrels.tsv \\
-          --exclude exclude.tsv --max-bytes 256 -o tuned.npz
-    """
+    """The ``tune`` command; its help is :func:`_help`'s."""
     from ..core.model import check_model_output, load_model, save_model
 
     inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)
@@ -274,25 +293,35 @@ def _retrieval(
     swept = SweepGrid(dtypes=dtypes, max_bytes=sweep.max_bytes, **given, **grid)
     options = retrieval_options_of(inputs, block_rows, sweep.threads, sweep.bootstrap, sweep.seed)
     with progress_bar("tune", quiet) as progress:
-        return tune_retrieval(
+        chosen, summary = tune_retrieval(
             model, inputs.queries, inputs.corpus, inputs.qrels, grid=swept, options=options, progress=progress
         )
+    warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)
+    return chosen, summary
+
+
+def same_row(a: dict | None, b: dict | None) -> bool:
+    """Whether two rows of a tuning table are one setting (one storage): the rule's choice and the highest."""
+    keys = ("beta", "gamma", "k", "k_label", "vectors", "storage")
+    return a is b or (a is not None and b is not None and all(a.get(key) == b.get(key) for key in keys))
 
 
 def _lines(
     summary: dict, model: WhiteningModel, chosen: WhiteningModel, metric: str, tolerance: float, target: str | None
 ) -> list[str]:
-    best, raw = summary["best"], summary["raw"]
+    best, raw, highest = summary["best"], summary["raw"], summary["highest"]
     name = metric.capitalize()
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
+    also = same_row(best, highest)
     lines = [
         f"validation {summary['pairs']['n_pairs']:,} pairs of {model.n_features}-d vectors; "
         f"{len(summary['table'])} settings from the saved statistics of {model.n_rows:,} rows (no pass over the "
         "fitting data)",
         *table_lines(summary),
         f"raw        {fmt_scores(raw)}",
-        f"{'best' if argmax and not tolerance else 'chosen':<10} {fmt_scores(best)}   {fmt_setting(best)}  "
-        f"({name} {best[metric] - raw[metric]:+.2f} vs raw"
+        f"chosen     {fmt_scores(best)}   {fmt_setting(best)}  "
+        f"(chosen by the rule{', and highest on these pairs' if also else ''}; "
+        f"{name} {best[metric] - raw[metric]:+.2f} vs raw"
         + (
             ""
             if not tolerance
@@ -302,6 +331,11 @@ def _lines(
         )
         + ")",
     ]
+    if not also:
+        lines.append(
+            f"highest    {fmt_scores(highest)}   {fmt_setting(highest)}  (highest on these pairs, not chosen by "
+            f"the rule; {name} {highest[metric] - raw[metric]:+.2f} vs raw)"
+        )
     lines += selection_lines(summary.get("selection"), metric, "pairs")
     if summary["test"] is not None:
         test = summary["test"]
@@ -316,16 +350,21 @@ def _lines(
     return lines
 
 
-def table_lines(result: dict[str, Any]) -> list[str]:
-    """The grid as one line per (beta, gamma) with one column per k choice; the best cell starred."""
+def table_lines(result: dict[str, Any], what: str = "pairs") -> list[str]:
+    """The grid as one line per (beta, gamma) with one column per k choice: the cell the rule chose
+    starred, the one highest on these ``what`` marked ``^`` where it is another."""
     table, best, metric = result["table"], result["best"], result["metric"]
+    highest = result.get("highest")
+    apart = highest is not None and not same_row(best, highest)
     labels = list(dict.fromkeys(row["k_label"] for row in table if row.get("vectors") != "raw"))
     fractions = [label for label in labels if label.endswith("%")]
     width = 7
     head = " beta gamma |" + "".join(f"{label:>{width + 1}}" for label in labels)
     lines = [
         f"{metric.capitalize()} x100 by setting (columns: k; a percentage is the fewest components "
-        f"explaining that much variance):",
+        f"explaining that much variance; *: chosen by the rule"
+        + (f"; ^: highest on these {what}" if apart else "")
+        + "):",
         head,
         "-" * len(head),
     ]
@@ -337,7 +376,7 @@ def table_lines(result: dict[str, Any]) -> list[str]:
         text = f"{beta:5g} {gamma:5g} |"
         for label in labels:
             row = cells.get(label)
-            mark = "*" if row is best else " "
+            mark = "*" if row is best else "^" if apart and row is highest else " "
             text += f"{row[metric]:{width}.2f}{mark}" if row is not None else " " * (width + 1)
         if fractions:
             text += "   k=" + "/".join(str(cells[label]["k"]) for label in fractions if label in cells)
@@ -380,7 +419,7 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
         f"{len(storages)} storages ({', '.join(storages)})",
         f"raw        float32, {raw['bytes_per_vector']:,} bytes per vector: {metric} x100 {raw[metric]:.2f} "
         "(the reference of retention and of each interval)",
-        f"frontier   the best {metric} x100 at each number of bytes per vector (no setting does better with "
+        f"frontier   the highest {metric} x100 at each number of bytes per vector (no setting does better with "
         "fewer or as many bytes):",
         f"  bytes  storage                vectors                    k  {metric:>7}  retain   vs raw float32 [95%]",
         *(_row_text(row, metric) for row in summary["frontier"]),
@@ -400,7 +439,16 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
         )
         + ":"
     )
-    lines.append(_row_text(best, metric))
+    highest = summary.get("highest")
+    apart = highest is not None and not same_row(best, highest)
+    lines.append(
+        _row_text(best, metric) + ("  (chosen by the rule)" if apart else "  (chosen by the rule, and highest)")
+    )
+    if apart and highest is not None:
+        lines += [
+            f"highest    on these queries {within}, not chosen by the rule:",
+            _row_text(highest, metric) + "  (highest on these queries)",
+        ]
     reference = (summary.get("selection") or {}).get("reference")
     if reference:
         lines.append(

@@ -49,6 +49,23 @@ CODES: tuple[str, ...] = (
 )
 #: The codes that learn from a sample of the vectors (the others need only the statistics).
 NEEDS_SAMPLE: tuple[str, ...] = tuple(name for name in CODES if name.startswith(("faiss-", "bits-itq")))
+#: The code families ``tune`` sweeps under a byte budget (``--max-bytes``; faiss's where faiss is
+#: installed), by default; ``tune --help`` lists them from here.
+TUNE_CODES: tuple[str, ...] = (
+    "eigen",
+    "eigen-iso",
+    "eigen+f",
+    "bits-random",
+    "bits-random+f",
+    "bits-itq",
+    "faiss-pq",
+    "faiss-opq",
+    "faiss-rabitq1",
+    "faiss-rabitq2",
+    "faiss-rabitq4",
+    "faiss-sq4",
+    "faiss-sq8",
+)
 
 
 def code_size(name: str, n_features: int, budget: int) -> int | None:
@@ -184,6 +201,7 @@ def codec_from_bytes(data: bytes, n_features: int | None = None) -> Codec:
 __all__ = [
     "CODES",
     "NEEDS_SAMPLE",
+    "TUNE_CODES",
     "Codec",
     "code_size",
     "codec_from_bytes",

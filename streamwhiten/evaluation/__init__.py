@@ -5,6 +5,7 @@ on them (Spearman and Pearson of cosine similarities); ``tune`` searches the bet
 pass over the pairs, from a model's saved statistics (no refit); ``report`` draws the spectrum, the grid
 and a retrieval frontier as one HTML page (matplotlib imported lazily). For search: ``qrels`` reads the
 relevance judgements, ``search`` is the exact search (float and bits, streamed), ``retrieval`` scores it
-(``evaluate_retrieval``) and ``sweep`` tunes the setting and the storage under a byte budget. Above
+(``evaluate_retrieval``; ``self_matches`` finds the queries that are corpus rows) and ``sweep`` tunes the
+setting and the storage under a byte budget. Above
 ``core``, ``io`` and ``engine``; this ``__init__`` imports nothing.
 """

@@ -31,22 +31,6 @@ from ..errors import StreamwhitenError
 from .retrieval import RetrievalTask, _finite
 from .search import corpus_blocks
 
-#: The code families ``tune`` sweeps under a byte budget (by default every one of them).
-TUNE_CODES: tuple[str, ...] = (
-    "eigen",
-    "eigen-iso",
-    "eigen+f",
-    "bits-random",
-    "bits-random+f",
-    "bits-itq",
-    "faiss-pq",
-    "faiss-opq",
-    "faiss-rabitq1",
-    "faiss-rabitq2",
-    "faiss-rabitq4",
-    "faiss-sq4",
-    "faiss-sq8",
-)
 #: Corpus rows the sample-trained codes learn from (all of them when the corpus is smaller), and its seed.
 SAMPLE_ROWS, SAMPLE_SEED = 6000, 0
 #: k-means iterations of faiss's PQ codebooks (and of OPQ's first PQ) and OPQ's rotation updates while
@@ -255,7 +239,6 @@ __all__ = [
     "OPQ_ITERATIONS",
     "SAMPLE_ROWS",
     "SAMPLE_SEED",
-    "TUNE_CODES",
     "code_record",
     "fitting_codes",
     "is_code",

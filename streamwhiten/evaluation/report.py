@@ -37,6 +37,8 @@ FIGURE_FILES = {
     "frontier": "frontier.png",
 }
 SEED_SETTINGS = ((1.0, "beta=gamma=1", "#c0392b"), (0.0, "beta=gamma=0", "#2471a3"))
+#: The colour that marks the setting highest on the validation data where the rule chose another.
+HIGHEST_COLOR = "#d35400"
 #: What every report file records as its maker (the HTML page's generator, the PNG's ``Software`` text):
 #: how an existing report is recognised as one of ours, which ``--overwrite`` may replace.
 GENERATOR = "streamwhiten"
@@ -216,7 +218,8 @@ def draw_k_curve(ax: Any, data: ReportData) -> None:
         points = data.curves[beta]
         ax.plot([k for k, _ in points], [s for _, s in points], "o-", ms=3, lw=1.5, color=color, label=label)
     ax.axhline(data.raw, color="black", ls="--", lw=1.2, label=f"raw vectors: {data.raw:.2f}")
-    best = data.grid.best
+    best, highest = data.grid.best, data.grid.highest
+    apart = highest is not best
     ax.plot(
         best["k"],
         best[data.metric],
@@ -224,14 +227,26 @@ def draw_k_curve(ax: Any, data: ReportData) -> None:
         ms=14,
         color="#27ae60",
         zorder=4,
-        label=f"best: beta={best['beta']:g} gamma={best['gamma']:g} k={best['k']}: {best[data.metric]:.2f}",
+        label=f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best[data.metric]:.2f}",
     )
+    if apart:
+        ax.plot(
+            highest["k"],
+            highest[data.metric],
+            "D",
+            ms=8,
+            mfc="none",
+            mec=HIGHEST_COLOR,
+            mew=2,
+            zorder=4,
+            label=f"highest on these pairs: {_setting(highest)}: {highest[data.metric]:.2f}",
+        )
     ax.set_xscale("log", base=2)
     ax.set_title(f"{name} against k for the seed settings")
     ax.set_xlabel("kept components k (log scale)")
     ax.set_ylabel(f"{name} on the pairs")
     everything = [s for points in data.curves.values() for _, s in points if np.isfinite(s)] + [data.raw]
-    top = max(everything + [best[data.metric]])
+    top = max(everything + [best[data.metric], highest[data.metric]])
     low = max(min(everything), top - 25.0)  # keep the interesting band readable; lower points fall off
     ax.set_ylim(low - 0.5, top + 0.5)
     ax.grid(True, alpha=0.3)
@@ -272,10 +287,12 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
                     va="center",
                     fontsize=7,
                     color="white" if abs(shade - 0.5) > 0.35 else "black",
-                    fontweight="bold" if row is grid.best else "normal",
+                    fontweight="bold" if row is grid.best or row is grid.highest else "normal",
                 )
                 if row is grid.best:
                     ax.add_patch(_outline(i, j))
+                elif row is grid.highest:
+                    ax.add_patch(_outline(i, j, HIGHEST_COLOR, "--"))
         ks = sorted({row["k"] for row in cells.values()})
         title = (
             f"k = {label}"
@@ -291,12 +308,16 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
         ax.set_visible(False)
     bar = figure.colorbar(image, ax=list(axes[: len(labels)]), shrink=0.9, pad=0.02)
     bar.set_label(f"{_metric_name(data)}  (white = raw {raw:.2f}; blue beats raw, red loses)")
-    best = grid.best
-    figure.suptitle(
-        f"{_metric_name(data)} over (beta, gamma) for each k; boxed: best, beta={best['beta']:g} "
-        f"gamma={best['gamma']:g} k={best['k']} ({best[metric]:.2f} vs raw {raw:.2f})",
-        fontsize=12,
+    best, highest = grid.best, grid.highest
+    title = (
+        f"{_metric_name(data)} over (beta, gamma) for each k (raw {raw:.2f})\ngreen box: chosen by the rule, "
+        f"{_setting(best)} ({best[metric]:.2f})"
     )
+    if highest is best:
+        title += ", also the highest on these pairs"
+    else:
+        title += f"; dashed box: highest on these pairs, {_setting(highest)} ({highest[metric]:.2f})"
+    figure.suptitle(title, fontsize=11)
 
 
 #: Points (x100) below the reference's score that the frontier's score axis still shows.
@@ -383,15 +404,29 @@ def draw_frontier(ax: Any, data: ReportData) -> None:
         )
     if record.get("max_bytes") is not None:
         ax.axvline(record["max_bytes"], color="#e67e22", ls=":", lw=1.5, label=f"budget: {record['max_bytes']:,} bytes")
+    highest = highest_apart(record)
     ax.plot(
         *star,
         "*",
         ms=15,
         color="#27ae60",
         zorder=4,
-        label=f"chosen: {setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: "
-        f"{chosen[metric]:.2f}",
+        label=f"chosen by the rule{'' if highest else ', and highest'}: {setting['dtype']} "
+        f"beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: {chosen[metric]:.2f}",
     )
+    if highest is not None:
+        ax.plot(
+            highest["bytes_per_vector"],
+            highest[metric],
+            "D",
+            ms=10,
+            mfc="none",
+            mec=HIGHEST_COLOR,
+            mew=2,
+            zorder=4,
+            label=f"highest on these queries: {highest['storage']} beta={highest['beta']:g} "
+            f"gamma={highest['gamma']:g} k={highest['k']}: {highest[metric]:.2f}",
+        )
     if below:
         ax.text(
             0.01,
@@ -407,7 +442,7 @@ def draw_frontier(ax: Any, data: ReportData) -> None:
     ax.set_xlabel("bytes per corpus vector read by a search (log scale)")
     ax.set_ylabel(f"{metric} x100")
     ax.set_title(
-        f"Retrieval frontier: best {metric} per size\n({record['validation']['n_queries']:,} queries; bars: 95% interval)",
+        f"Retrieval frontier: the highest {metric} per size\n({record['validation']['n_queries']:,} queries; bars: 95% interval)",
         fontsize=10,
     )
     ax.grid(True, alpha=0.3)
@@ -427,10 +462,32 @@ def _budget_reference(record: dict, raw_bytes: int) -> tuple[int, float, str] | 
     return int(reference["bytes_per_vector"]), float(predicted["score"]), name
 
 
-def _outline(i: int, j: int):
+def _outline(i: int, j: int, color: str = "#27ae60", style: str = "-"):
     from matplotlib.patches import Rectangle
 
-    return Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="#27ae60", lw=2.5)
+    return Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=color, lw=2.5, ls=style)
+
+
+def _setting(row: dict) -> str:
+    """A row's setting in a label: ``beta=0 gamma=0 k=384``, or the raw vectors."""
+    if row.get("vectors") == "raw" and not row.get("code"):
+        return f"raw vectors, k={row['k']}"
+    return f"beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']}"
+
+
+def highest_within(record: dict) -> dict:
+    """The frontier row of a retrieval tuning's record scoring highest on its queries within its budget
+    (the frontier's scores rise with its bytes: the last row that fits). The rule's choice is another row
+    where the highest did not beat the reference beyond the noise of all compared."""
+    budget, metric = record.get("max_bytes"), record["metric"]
+    rows = [row for row in record["frontier"] if budget is None or row["bytes_per_vector"] <= budget]
+    return max(rows, key=lambda row: (row[metric], -row["bytes_per_vector"]))
+
+
+def highest_apart(record: dict) -> dict | None:
+    """:func:`highest_within`'s row where it scores above the rule's choice (else None: the choice is the highest)."""
+    highest, metric = highest_within(record), record["metric"]
+    return highest if highest[metric] > record["validation"]["chosen"][metric] else None
 
 
 def figures(data: ReportData) -> dict:
@@ -622,16 +679,18 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
             f"{grid.pairs['n_pairs']:,} (A {grid.pairs['a']}, B {grid.pairs['b']}, scores {grid.pairs['scores']})",
         ),
         (f"raw {name}", f"{grid.raw[metric]:.2f}"),
-        (
-            f"best {name}",
-            f"{best[metric]:.2f} at beta={best['beta']:g}, gamma={best['gamma']:g}, "
-            f"k={best['k']} ({best[metric] - grid.raw[metric]:+.2f} vs raw)",
-        ),
     ]
+    highest = grid.highest
+    for role, picked in (("chosen by the rule", best), ("highest on these pairs", highest)):
+        if role.startswith("highest") and picked is best:
+            continue
+        also = ", and highest on these pairs" if picked is best and highest is best else ""
+        change = picked[metric] - grid.raw[metric]
+        rows.append((f"{role} ({name})", f"{picked[metric]:.2f} at {_setting(picked)} ({change:+.2f} vs raw){also}"))
     for beta, label, _ in SEED_SETTINGS:
-        row = seeds.get((beta, beta, model.n_features))
-        if row is not None:
-            rows.append((f"{label}, full d", f"{row[metric]:.2f}"))
+        seed = seeds.get((beta, beta, model.n_features))
+        if seed is not None:
+            rows.append((f"{label}, full d", f"{seed[metric]:.2f}"))
     parts += [
         "<h2>Scores on labelled pairs</h2>",
         _table(rows),
@@ -639,12 +698,15 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
         image(
             "heatmaps",
             f"{name} over (beta, gamma), one map per k; white is the raw score, "
-            "blue beats it, red loses; the box marks the best setting.",
+            "blue beats it, red loses; the green box marks the setting chosen by the rule"
+            + ("" if highest is best else ", the dashed box the highest on these pairs")
+            + ".",
         ),
     ]
     header = "".join(f"<th>{h}</th>" for h in ("beta", "gamma", "k", "k choice", "Spearman x100", "Pearson x100"))
     body = "".join(
-        f"<tr{' class=best' if row is best else ''}><td>{row['beta']:g}</td><td>{row['gamma']:g}</td>"
+        f"<tr{' class=chosen' if row is best else ' class=highest' if row is highest else ''}>"
+        f"<td>{row['beta']:g}</td><td>{row['gamma']:g}</td>"
         f"<td>{row['k']}</td><td>{html.escape(row['k_label'])}</td><td>{row['spearman']:.2f}</td>"
         f"<td>{row['pearson']:.2f}</td></tr>"
         for row in grid.table
@@ -704,12 +766,22 @@ def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[s
         (f"raw float32 {metric}", f"{raw[metric]:.2f} at {raw['bytes_per_vector']:,} bytes per vector"),
         ("budget", "none" if budget is None else f"{budget:,} bytes per vector"),
         (
-            "chosen",
+            "chosen by the rule",
             f"{setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: "
-            f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector",
+            f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector"
+            + ("" if highest_apart(record) else " (also the highest on these queries)"),
         ),
-        *_forecast_rows(record.get("selection"), metric),
     ]
+    highest = highest_apart(record)
+    if highest is not None:
+        rows.append(
+            (
+                "highest on these queries",
+                f"{highest['storage']} beta={highest['beta']:g} gamma={highest['gamma']:g} k={highest['k']}: "
+                f"{highest[metric]:.2f} at {highest['bytes_per_vector']:,} bytes per vector (not chosen by the rule)",
+            )
+        )
+    rows += _forecast_rows(record.get("selection"), metric)
     head = "".join(
         f"<th>{h}</th>"
         for h in ("bytes", "storage", "beta", "gamma", "k", f"{metric} x100", "retention", "vs raw [95%]")
@@ -726,7 +798,7 @@ def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[s
     parts += [
         "<h2>Retrieval: the frontier it was tuned on</h2>",
         _table(rows),
-        image("frontier", f"The best {metric} at each number of bytes per vector, the choice and the budget."),
+        image("frontier", f"The highest {metric} at each number of bytes per vector, the choice and the budget."),
         f"<table class='grid'><tr>{head}</tr>{body}</table>",
     ]
     families = record.get("families")
@@ -789,7 +861,8 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
         "body{font-family:sans-serif;max-width:1400px;margin:2em auto;color:#222}"
         "img{max-width:100%}figure{margin:1.5em 0}figcaption{color:#555;font-size:90%}"
         "table{border-collapse:collapse;margin:0.5em 0}th,td{padding:2px 10px;text-align:left}"
-        "table.grid td{text-align:right}tr.best{background:#d5f5e3;font-weight:bold}"
+        "table.grid td{text-align:right}tr.chosen{background:#d5f5e3;font-weight:bold}"
+        "tr.highest{background:#fae5d3;font-weight:bold}"
         "table.kv th{color:#555;font-weight:normal}"
     )
     return (
@@ -807,6 +880,8 @@ __all__ = [
     "write_report",
     "render_html",
     "check_output",
+    "highest_apart",
+    "highest_within",
     "output_kind",
     "planned_files",
 ]

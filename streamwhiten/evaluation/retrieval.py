@@ -43,6 +43,7 @@ from ..options import RetrievalOptions
 from ..params import PARAMS, check
 from .qrels import Ids, Qrels, read_exclude, read_qrels
 from .search import Exclusions, RescoreJob, SearchJob, SearchResult, corpus_blocks, rescore_all, search
+from .self_matches import ROUNDOFF, SelfMatches, find_self_matches
 
 if TYPE_CHECKING:
     from ..codes import Codec
@@ -325,6 +326,33 @@ def run_settings(
 
     Returns ``{setting name: rows (queries x depth, int64, -1 past the last candidate)}``.
     """
+    found = search_settings(
+        queries,
+        corpus,
+        settings,
+        exclude=exclude,
+        depth=depth,
+        corpus_label=corpus_label,
+        options=options,
+        progress=progress,
+    )
+    return {name: result.rows for name, result in found.items()}
+
+
+def search_settings(
+    queries: np.ndarray,
+    corpus: Any,
+    settings: list[SearchSetting],
+    *,
+    exclude: Exclusions | None = None,
+    depth: int = DEPTH,
+    corpus_label: str = "corpus",
+    options: RetrievalOptions | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, SearchResult]:
+    """:func:`run_settings` with each setting's scores: ``{setting name: SearchResult}`` of its top
+    ``depth`` (``values``: the inner products, or the Hamming distances of a bit search; a re-ranked
+    bit search's are its re-ranked inner products, -inf past them)."""
     names = [setting.name for setting in settings]
     if len(set(names)) != len(names):
         raise BadInputError(f"settings need distinct names, got {names}")
@@ -366,10 +394,17 @@ def run_settings(
     reranked = iter(rescore_all(corpus, again, block_rows=block_rows))
     out = {}
     for setting, result in zip(settings, results, strict=True):
-        rows = result.rows
+        rows, values = result.rows, result.values
         if setting.rescore:
-            rows = np.concatenate([next(reranked).rows, rows[:, reranked_depth[setting.name] :]], axis=1)
-        out[setting.name] = np.ascontiguousarray(rows[:, :depth])
+            ranked = next(reranked)
+            rows = np.concatenate([ranked.rows, rows[:, reranked_depth[setting.name] :]], axis=1)
+            values = np.full(rows.shape, -np.inf, dtype=ranked.values.dtype)
+            values[:, : ranked.values.shape[1]] = ranked.values
+        out[setting.name] = SearchResult(
+            np.ascontiguousarray(rows[:, :depth]),
+            np.ascontiguousarray(values[:, :depth]),
+            "ip" if setting.rescore else result.metric,
+        )
     return out
 
 
@@ -561,9 +596,10 @@ def _search_raw_and_whitened(
     storage: Storage | CodeSearch,
     options: RetrievalOptions,
     progress: Callable[[int, int], None] | None,
-) -> tuple[list[SearchSetting], dict[str, dict[str, np.ndarray]]]:
+) -> tuple[list[SearchSetting], dict[str, dict[str, np.ndarray]], SelfMatches | None]:
     """Search the task's corpus for the raw vectors and (given a model) the whitened ones, stored as
-    ``storage`` says, in one pass; each setting's metrics per query."""
+    ``storage`` says, in one pass; each setting's metrics per query, and the queries that are corpus rows
+    where the raw vectors are searched as floats (None: int8, bits and codes are not checked)."""
     if isinstance(storage, CodeSearch):
         assert model is not None  # CodeSearch.of refuses a code without one
         settings = _code_settings(task, model, storage)
@@ -571,7 +607,7 @@ def _search_raw_and_whitened(
         settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, **_storage_args(storage))]
         if model is not None:
             settings.append(SearchSetting.make("whitened", model, **_storage_args(storage)))
-    rows = run_settings(
+    found = search_settings(
         task.vectors,
         task.corpus,
         settings,
@@ -580,7 +616,12 @@ def _search_raw_and_whitened(
         options=options,
         progress=progress,
     )
-    return settings, {name: query_metrics(top, task.query_rows, task.qrels) for name, top in rows.items()}
+    raw = settings[0]
+    matches = None
+    if raw.codec is None and raw.quantization.kind in ROUNDOFF:  # the raw cosines, as floats: checked
+        matches = find_self_matches(task, found["raw"].rows, found["raw"].values, raw.quantization.kind)
+    metrics = {name: query_metrics(top.rows, task.query_rows, task.qrels) for name, top in found.items()}
+    return settings, metrics, matches
 
 
 def evaluate_retrieval(
@@ -687,7 +728,7 @@ def evaluate_retrieval(
     else:
         storage = search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
-        settings, per_query = _search_raw_and_whitened(task, model, storage, options, progress)
+        settings, per_query, matches = _search_raw_and_whitened(task, model, storage, options, progress)
     whitened = difference = None
     if model is not None:
         whitened = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
@@ -704,6 +745,7 @@ def evaluate_retrieval(
         difference=difference,
         bootstrap=bootstrap_record(options),
         model=model_file,
+        self_matches=matches,
     )
 
 
@@ -733,6 +775,10 @@ class RetrievalResult:
         ``samples``, ``seed`` and ``level`` of the intervals.
     model : str or None
         The model file evaluated, where it was given as one.
+    self_matches : SelfMatches or None
+        The queries whose nearest corpus row is the query itself and not judged relevant
+        (:mod:`.self_matches`; an exclude file drops them); None where the raw vectors were not searched
+        as floats (int8, bits, codes: not checked).
     """
 
     queries: Mapping[str, Any]
@@ -745,10 +791,11 @@ class RetrievalResult:
     difference: Mapping[str, Mapping[str, float | None]] | None
     bootstrap: Mapping[str, Any]
     model: str | None = None
+    self_matches: SelfMatches | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON values: ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw",
-        "whitened", "difference", "bootstrap", "model"}``."""
+        "whitened", "difference", "bootstrap", "model", "self_matches"}``."""
         return {
             "queries": dict(self.queries),
             "corpus": dict(self.corpus),
@@ -762,6 +809,7 @@ class RetrievalResult:
             else {name: dict(values) for name, values in self.difference.items()},
             "bootstrap": dict(self.bootstrap),
             "model": self.model,
+            "self_matches": None if self.self_matches is None else self.self_matches.to_json(),
         }
 
 
@@ -802,6 +850,8 @@ class RetrievalTask:
     exclude_info: dict | None
     id_columns: tuple
     opened: list = field(default_factory=list, repr=False)
+    #: How the qrels name the rows of the queries and of the corpus (two :class:`~.qrels.Ids`).
+    ids: tuple = field(default=(), repr=False)
 
     @property
     def n_features(self) -> int:
@@ -902,6 +952,7 @@ def open_task(
         exclude_info,
         (query_id_column, corpus_id_column),
         opened,
+        (query_ids, corpus_ids),
     )
 
 
@@ -920,5 +971,6 @@ __all__ = [
     "bootstrap_record",
     "retrieval_options",
     "run_settings",
+    "search_settings",
     "search_storage",
 ]

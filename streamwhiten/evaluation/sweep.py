@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .. import params
-from ..codes import fewest_sample_rows
+from ..codes import TUNE_CODES, fewest_sample_rows
 from ..core.model import WhiteningModel
 from ..core.quantize import DEFAULT_INT8_CLIP, Storage
 from ..engine._threads import blas_threads, blas_threads_per_worker, resolve_threads
@@ -54,7 +54,6 @@ from ..params import check
 from .code_candidates import (
     SAMPLE_ROWS,
     SAMPLE_SEED,
-    TUNE_CODES,
     code_record,
     fitting_codes,
     is_code,
@@ -78,8 +77,9 @@ from .retrieval import (
     query_metrics,
     retrieval_options,
 )
-from .search import Reranking, SearchJob, SearchPass, corpus_blocks, search
+from .search import Reranking, SearchJob, SearchPass, SearchResult, corpus_blocks, search
 from .select import FOLDS, RULES, Resamples, Rule, forecast, select
+from .self_matches import SelfMatches, find_self_matches
 from .tune import KChoice, decompose, describe_stored, make_grid
 
 #: Resampled means held at once by :func:`bootstrap_differences` (512 MiB of doubles).
@@ -129,7 +129,7 @@ class SweepGrid:
     dtypes : sequence of str, optional
         The storages, names of :data:`STORAGES` and code families of :data:`~streamwhiten.codes.CODES`
         (or one comma-separated string; default: all storages, and under a budget every code of
-        :data:`~.code_candidates.TUNE_CODES`, faiss's where faiss is installed, that trains on the
+        :data:`~streamwhiten.codes.TUNE_CODES`, faiss's where faiss is installed, that trains on the
         corpus's sample: PQ and OPQ need 256 rows).
     rescore, rescore_dtype, int8_clip
         How ``binary+rescore`` re-ranks (its top ``rescore`` with ``rescore_dtype`` vectors; default 100,
@@ -211,7 +211,7 @@ class SweepGrid:
 
     def codes(self) -> tuple[str, ...]:
         """The code families swept under a budget: those named in ``dtypes``, or by default every one
-        of :data:`~.code_candidates.TUNE_CODES` (faiss's only where faiss is installed)."""
+        of :data:`~streamwhiten.codes.TUNE_CODES` (faiss's only where faiss is installed)."""
         if self.dtypes is not None:
             return tuple(name for name in dict.fromkeys(self.dtypes) if is_code(name))
         from ..codes.faiss_codes import faiss_available
@@ -315,8 +315,8 @@ def sweep_rows(
     options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_bytes: int | None = None,
-) -> tuple[np.ndarray, dict]:
-    """The raw float32 reference's top lists and every ``(candidate, storage)``'s, keyed by
+) -> tuple[SearchResult, dict]:
+    """The raw float32 reference's top lists (rows and cosines) and every ``(candidate, storage)``'s, keyed by
     ``(candidate, storage)``: see the module docstring for the passes and their cost. The corpus is read
     in ``options.block_rows`` blocks by ``options.threads`` threads. With ``max_bytes`` only the pairs
     that store a vector in that many bytes or fewer are searched (and keyed)."""
@@ -377,7 +377,8 @@ def sweep_rows(
         ]
         results += search(task.corpus, jobs, block_rows=block_rows, threads=threads, progress=step)
         done[0] += n_rows
-    reference = results[0].rows[:, :depth]
+    raw = results[0]  # the raw reference: its cosines show the queries that are corpus rows
+    reference = SearchResult(raw.rows[:, :depth], raw.values[:, :depth], raw.metric)
     bits = {key: results[index].rows for key, index in bit_keys.items()}
     out: dict = {}
     shared = _GroupPass(task, bases, floats, reranks, bits, depth, block_rows, threads, fits)
@@ -673,7 +674,8 @@ def choose_generalising(
 @dataclass
 class RetrievalTuneResult:
     """The scored sweep: ``table`` (every setting and storage), the raw float32 reference (``raw``), the
-    ``frontier``, the chosen row (``best``) and what it was chosen by."""
+    ``frontier``, the row the rule chose (``best``; the highest score is :attr:`highest`) and what it was
+    chosen by."""
 
     table: list
     best: dict
@@ -689,6 +691,8 @@ class RetrievalTuneResult:
     selection: dict | None = None
     per_query: np.ndarray | None = field(default=None, repr=False)
     codecs: dict = field(default_factory=dict, repr=False)
+    #: The queries whose nearest corpus row is the query itself, not judged relevant (:mod:`.self_matches`).
+    self_matches: SelfMatches | None = None
 
     def model_for(self, row: dict) -> WhiteningModel:
         """The model of one row: the map at its setting (sharing its beta's eigendecomposition; the
@@ -713,8 +717,16 @@ class RetrievalTuneResult:
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
 
+    @property
+    def highest(self) -> dict:
+        """The row scoring highest on these queries within the budget: the rule's choice (:attr:`best`)
+        where nothing scores above it, else the highest (ties to fewer bytes), which the rule did not take."""
+        top = choose_within(self.table, self.metric, self.max_bytes)
+        return self.best if not _score(top, self.metric) > _score(self.best, self.metric) else top  # a tie: the choice
+
     def to_json(self) -> dict[str, Any]:
-        """The sweep and the choice as plain JSON values (the core of ``tune --json``)."""
+        """The sweep and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row
+        the rule chose, ``highest`` the row scoring highest on these queries within the budget."""
         return dict(
             self.task,
             mode="retrieval",
@@ -723,10 +735,12 @@ class RetrievalTuneResult:
             tolerance=self.tolerance,
             raw=self.raw,
             best=self.best,
+            highest=self.highest,
             frontier=self.frontier,
             table=self.table,
             bootstrap=self.bootstrap,
             selection=self.selection,
+            self_matches=None if self.self_matches is None else self.self_matches.to_json(),
         )
 
 
@@ -803,7 +817,8 @@ def sweep(
                 options.block_rows,
                 threads=resolve_threads(options.threads),
             )
-    raw_each = query_metrics(reference, task.query_rows, task.qrels)
+    raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
+    matches = find_self_matches(task, reference.rows, reference.values, "float32")
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
     table, each = [], []
     for candidate in candidates:
@@ -881,6 +896,7 @@ def sweep(
         selection,
         each_query,
         {label: codec for label, (_name, codec) in codecs.items()},
+        matches,
     )
 
 

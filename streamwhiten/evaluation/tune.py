@@ -100,7 +100,8 @@ def decompose(model: WhiteningModel, beta: float, eps: float | None = None) -> W
 
 @dataclass(frozen=True)
 class TuneResult:
-    """The scored grid: ``table`` rows in grid order, the chosen ``best`` row, and the raw baseline."""
+    """The scored grid: ``table`` rows in grid order, the ``best`` row (the one the selection rule chose:
+    not always the highest score, see :attr:`highest`), and the raw baseline."""
 
     table: list
     best: dict
@@ -126,13 +127,23 @@ class TuneResult:
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
 
+    @property
+    def highest(self) -> dict:
+        """The row scoring highest on these pairs: the rule's choice (:attr:`best`) where nothing scores
+        above it, else the highest (ties to the smaller k), which the rule did not take (not beyond the
+        noise of all compared, or a tolerance's cheaper setting was taken)."""
+        top = choose(self.table, self.metric)
+        return self.best if not top[self.metric] > self.best[self.metric] else top  # a tie is the rule's choice
+
     def to_json(self) -> dict[str, Any]:
-        """The grid and the choice as plain JSON values (the core of ``tune --json``)."""
+        """The grid and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row the
+        rule chose, ``highest`` the row scoring highest on these pairs (the same row when they agree)."""
         return {
             "metric": self.metric,
             "tolerance": self.tolerance,
             "raw": self.raw,
             "best": self.best,
+            "highest": self.highest,
             "table": self.table,
             "pairs": self.pairs,
             "selection": self.selection,

@@ -228,3 +228,84 @@ def frontier_is_readable(tuned) -> None:
     for text in texts:
         box = text.get_window_extent(renderer).expanded(1.0, 1.0)
         assert not box.contains(*star), f"label {text.get_text()!r} lies over the chosen star"
+
+
+# ------------------------------------------------- the rule's choice and the highest score, named apart
+
+
+def noisy_pairs(tmp_path, seed):
+    """Pairs whose gold score is minus their distance plus noise: the raw cosines are about as good as any
+    whitening, so the max-t rule keeps the raw vectors; with ``seed=2`` a setting scores higher by chance."""
+    rng = np.random.default_rng(seed)
+    n, d = 200, 8
+    a = rng.standard_normal((n, d)) * np.geomspace(3, 0.3, d) + 2
+    b = a + rng.standard_normal((n, d)) * rng.uniform(0.2, 2, (n, 1))
+    score = -np.linalg.norm(a - b, axis=1) + rng.standard_normal(n) * 0.5
+    path = str(tmp_path / f"noisy{seed}.h5")
+    with h5py.File(path, "w") as handle:
+        handle["a"], handle["b"], handle["score"] = a.astype(np.float32), b.astype(np.float32), score
+    specs = (f"{path}:/a", f"{path}:/b", f"{path}:/score")
+    model = finalize(fit_sources([specs[0], specs[1]]).state)
+    model_path = str(tmp_path / f"noisy{seed}.npz")
+    save_model(model, model_path)
+    return model, model_path, specs
+
+
+#: The grid of the label tests (small: 12 settings and the raw vectors).
+LABEL_GRID = dict(betas=[0, 1], gammas=[0, 0.5, 1], ks=[8, 4], variances=[])
+LABEL_FLAGS = ["--betas", "0,1", "--gammas", "0,0.5,1", "--ks", "8,4", "--variances", ""]
+
+
+def test_the_report_names_the_rules_choice_and_the_highest_score_apart(tmp_path, capsys):
+    """Issue #46: "best Spearman 86.72" boxed while the heat map shows 86.88. The choice of the rule and the
+    highest score on these pairs are both shown, each labelled, in the figure, the page, the text and JSON."""
+    from matplotlib.patches import Rectangle
+
+    from streamwhiten.evaluation.report import figures
+
+    model, model_path, specs = noisy_pairs(tmp_path, seed=2)
+    with open_pairs(*specs) as pairs:
+        data = collect(model, pairs, **LABEL_GRID)
+    grid = data.grid
+    highest, best = grid.highest, grid.best
+    assert best["vectors"] == "raw" and grid.selection["kept_reference"]  # the rule keeps the raw vectors
+    assert highest["spearman"] == max(row["spearman"] for row in grid.table) > best["spearman"] + 0.5
+    assert (highest["beta"], highest["gamma"], highest["k"]) == (0, 0.5, 8)
+    drawn = figures(data)
+    title = drawn["heatmaps"]._suptitle.get_text()
+    assert f"green box: chosen by the rule, raw vectors, k=8 ({best['spearman']:.2f})" in title
+    assert f"dashed box: highest on these pairs, beta=0 gamma=0.5 k=8 ({highest['spearman']:.2f})" in title
+    boxes = [p for ax in drawn["heatmaps"].axes for p in ax.patches if isinstance(p, Rectangle)]
+    assert sorted(p.get_linestyle() for p in boxes) == ["-", "--"]  # one box each
+    legend = [t.get_text() for t in drawn["k_curve"].axes[0].get_legend().get_texts()]
+    assert f"chosen by the rule: raw vectors, k=8: {best['spearman']:.2f}" in legend
+    assert f"highest on these pairs: beta=0 gamma=0.5 k=8: {highest['spearman']:.2f}" in legend
+    page = str(tmp_path / "r.html")
+    write_report(data, page)
+    text = open(page, encoding="utf-8").read()
+    assert f"chosen by the rule (Spearman x100)</th><td>{best['spearman']:.2f} at raw vectors, k=8" in text
+    assert f"highest on these pairs (Spearman x100)</th><td>{highest['spearman']:.2f} at beta=0 gamma=0.5" in text
+    assert text.count("class=chosen") == 1 and text.count("class=highest") == 1 and "best" not in text.lower()
+    args = ["report", model_path, "--pairs-a", specs[0], "--pairs-b", specs[1], "--scores", specs[2], *LABEL_FLAGS]
+    assert main([*args, "-o", str(tmp_path / "again.png"), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "(chosen by the rule)" in out and "highest    Spearman x100  85.83" in out
+    assert main([*args, "-o", str(tmp_path / "json.png"), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["best"]["vectors"] == "raw" and summary["highest"]["spearman"] == pytest.approx(highest["spearman"])
+
+
+def test_where_the_rule_chose_the_highest_one_label_says_both(tmp_path, capsys):
+    model, model_path, specs = noisy_pairs(tmp_path, seed=0)
+    with open_pairs(*specs) as pairs:
+        data = collect(model, pairs, **LABEL_GRID)
+    assert data.grid.highest is data.grid.best  # the rotation ties the raw vectors: a tie is the rule's choice
+    from streamwhiten.evaluation.report import figures
+
+    drawn = figures(data)
+    assert "also the highest on these pairs" in drawn["heatmaps"]._suptitle.get_text()
+    args = ["report", model_path, "--pairs-a", specs[0], "--pairs-b", specs[1], "--scores", specs[2], *LABEL_FLAGS]
+    assert main([*args, "-o", str(tmp_path / "r.html"), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "(chosen by the rule, and highest on these pairs)" in out and "highest    " not in out
+    assert "class=highest" not in (tmp_path / "r.html").read_text()

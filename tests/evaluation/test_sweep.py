@@ -531,3 +531,34 @@ def test_within_the_raw_sign_bits_budget_the_reference_is_those_bits_and_the_mod
     scored = json.loads(capsys.readouterr().out)["whitened"]
     assert (scored["dtype"], scored["bytes_per_vector"]) == ("binary", 2)
     assert scored["ndcg@10"] == pytest.approx(raw_bits["ndcg@10"], abs=1e-9)
+
+
+def test_tune_names_the_rules_choice_and_the_highest_score_apart_for_retrieval(tmp_path, capsys):
+    """Issue #46: under a budget the rule keeps raw int8 while centred int8 scores higher on these queries:
+    the text, the JSON and the report of the model written show both, each labelled."""
+    from streamwhiten.evaluation.report import collect, figures
+
+    task = write_task(tmp_path, seed=2, noise=1.0)
+    model_path = fitted(tmp_path, task)
+    tuned = str(tmp_path / "tuned.npz")
+    args = tune_args(task, model_path, "--dtypes", "float32,int8", "--max-bytes", "16")
+    assert main([*args, "--json", "-o", tuned]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    best, highest = summary["best"], summary["highest"]
+    within = [row for row in summary["table"] if row["bytes_per_vector"] <= 16]
+    assert (best["vectors"], best["storage"]) == ("raw", "int8")  # the rule keeps the reference
+    assert (highest["vectors"], highest["storage"]) == ("centred", "int8")
+    assert highest["ndcg@10"] == max(row["ndcg@10"] for row in within) > best["ndcg@10"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("highest    on these queries within 16 bytes per vector, not chosen by the rule:")
+    assert lines[at - 1].endswith("(chosen by the rule)") and "int8" in lines[at - 1]
+    assert lines[at + 1].endswith("(highest on these queries)") and f"{highest['ndcg@10']:7.2f}" in lines[at + 1]
+    legend = [t.get_text() for t in figures(collect(load_model(tuned)))["frontier"].axes[0].get_legend().get_texts()]
+    assert any(text.startswith("chosen by the rule: int8 beta=0 gamma=0 k=16") for text in legend)
+    assert f"highest on these queries: int8 beta=1 gamma=0 k=16: {highest['ndcg@10']:.2f}" in legend
+    assert main(["report", tuned, "-o", str(tmp_path / "r.html"), "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "(chosen by the rule)" in out and f"ndcg@10 x100 {highest['ndcg@10']:.2f} (highest on these queries)" in out
+    page = (tmp_path / "r.html").read_text()
+    assert "<th>highest on these queries</th><td>int8 beta=1 gamma=0 k=16" in page

@@ -350,3 +350,35 @@ def test_when_the_raw_vectors_are_kept_the_model_written_holds_no_transformation
     path = str(tmp_path / "tuned.npz")
     save_model(chosen, path)
     assert load_model(path).basis == "identity"
+
+
+def test_tune_names_the_rules_choice_and_the_highest_score_apart(tmp_path, capsys):
+    """Issue #46: where the rule keeps the raw vectors and a setting scores higher on these pairs by chance,
+    the text and JSON show both, each labelled (and the table marks both cells)."""
+    rng = np.random.default_rng(2)
+    n, d = 200, 8
+    a = rng.standard_normal((n, d)) * np.geomspace(3, 0.3, d) + 2
+    b = a + rng.standard_normal((n, d)) * rng.uniform(0.2, 2, (n, 1))
+    score = -np.linalg.norm(a - b, axis=1) + rng.standard_normal(n) * 0.5
+    specs, _, path = fitted(tmp_path, "noisy", a.astype(np.float32), b.astype(np.float32), score)
+    args = ["tune", path, "--pairs-a", specs[0], "--pairs-b", specs[1], "--scores", specs[2], "--betas", "0,1"]
+    args += ["--gammas", "0,0.5,1", "--ks", "8,4", "--variances", ""]
+    assert main([*args, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    best, highest = summary["best"], summary["highest"]
+    assert best["vectors"] == "raw" and summary["selection"]["kept_reference"]
+    assert highest["spearman"] == max(row["spearman"] for row in summary["table"]) > best["spearman"]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    chosen = next(line for line in lines if line.startswith("chosen "))
+    assert "the raw vectors (no transformation), k=8  (chosen by the rule; Spearman +0.00 vs raw)" in chosen
+    line = next(line for line in lines if line.startswith("highest "))
+    assert f"Spearman x100 {highest['spearman']:6.2f}" in line and "beta=0 gamma=0.5 k=8" in line
+    assert "(highest on these pairs, not chosen by the rule; Spearman +0.83 vs raw)" in line
+    assert any("*: chosen by the rule; ^: highest on these pairs" in line for line in lines)
+    row = next(line for line in lines if line.startswith("    0   0.5 |"))
+    assert f"{highest['spearman']:7.2f}^" in row
+    # where nothing scores above the choice, one line says both
+    assert main([*args, "--select", "argmax"]) == 0
+    text = capsys.readouterr().out
+    assert "(chosen by the rule, and highest on these pairs;" in text and "\nhighest " not in text

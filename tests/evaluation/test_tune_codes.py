@@ -16,13 +16,13 @@ from conftest import write_h5, write_task
 
 from streamwhiten.cli import main
 from streamwhiten.codes import CODES as ALL_CODES
-from streamwhiten.codes import NEEDS_SAMPLE, Codec, code_size, train_codec
+from streamwhiten.codes import NEEDS_SAMPLE, TUNE_CODES, Codec, code_size, train_codec
 from streamwhiten.codes.faiss_codes import layout_for
 from streamwhiten.codes.linear import CORRECTION_BYTES, LinearCode
 from streamwhiten.core import stats
 from streamwhiten.core.model import finalize, load_model, save_model
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
-from streamwhiten.evaluation.code_candidates import TUNE_CODES, fitting_codes, train_codes
+from streamwhiten.evaluation.code_candidates import fitting_codes, train_codes
 from streamwhiten.evaluation.sweep import SweepGrid, sweep, tune_retrieval
 from streamwhiten.options import RetrievalOptions
 
