@@ -136,7 +136,7 @@ def job_id_problem(model_path: str, job_id: str) -> str | None:
         where = os.path.join(*_folder_of(model_path))
         if job_id == hashlib.sha256(f"streamwhiten-job:{where}".encode()).hexdigest()[:32]:
             return None
-    return f"records the identity of a job ({job_id}) that this folder did not publish"
+    return f"published by another folder (job {job_id}), not this one"
 
 
 def input_identity(input_spec: str, part_spec: str) -> str:

@@ -136,6 +136,7 @@ def run_published(
                 manifest.version,
                 ", ".join(_inherited_files(manifest, job.model_path)),
             )
+            _warn_shared(job, manifest)
         elif manifest is not None:
             # the manifest's claims, checked every night: its version's model file is there, is the one
             # it names and records this job and version (read_manifest checked the versions' numbers)
@@ -147,7 +148,7 @@ def run_published(
         inputs, outputs = job.inputs_and_outputs()
         check_paths([job.path, *inputs], {**job.own_files, **_versioned_files(job.model_path, outputs, manifest)})
         _check_owned(publisher, outputs, manifest)
-        _follow_moved_inputs(publisher, manifest)
+        _follow_moved_inputs(publisher, manifest, copied=manifest is not None and _inherited(manifest, job_id))
         previous = statistics_before(job.model_path)
         model = fit_step(job.name, job.fitting, inputs, night.steps, progress, should_stop, restart)
         if job.apply is not None:  # a job whose apply writes a vector code records it in its model
@@ -220,12 +221,10 @@ def _identity(model_path: str, manifest: Manifest | None, new_job: bool) -> str:
         return manifest.job_id
     if not new_job:
         raise BadInputError(
-            f"{manifest_path(model_path)}: {problem} (a copy of a job's folder, a folder moved to another file "
-            "system or restored from a backup, or a manifest edited by hand); nothing was changed, and a run "
-            "deletes only the files of its own folder's job. If this folder is a job of its own, run it once "
-            "with new_job=True: it publishes a new version under this folder's identity and never deletes a "
-            "file of the job it came from (give it its own [apply] output template if its outputs are "
-            "outside its folder)",
+            f"{manifest_path(model_path)}: {problem}: a copy of a job's folder, a folder moved to another file "
+            "system or restored from a backup, or a manifest edited by hand; nothing was changed. If this folder "
+            "is a job of its own, run it once with new_job=True: it publishes a new version as this folder's job "
+            "and never deletes a file of the other",
             param="new_job",
         )
     return first_job_id(model_path)
@@ -235,6 +234,25 @@ def _inherited(manifest: Manifest, job_id: str) -> bool:
     """Whether ``manifest`` is that of the job this folder was copied from (this run makes a new job): the
     files it names are never this job's to delete (nor are those of a manifest of the earlier format)."""
     return not manifest.legacy and manifest.job_id != job_id
+
+
+def _warn_shared(job: JobFile, manifest: Manifest) -> None:
+    """Warn a new job whose output template is still that of the job it was copied from, outside its own
+    folder: both write the same files, and whichever publishes a version first owns them (the other is
+    refused when it gets there)."""
+    from ..io import remote
+
+    template = job.output or ""
+    if remote.is_url(template) or manifest.setting.get("output") != template:
+        return
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(job.path)))
+    if os.path.commonpath([folder, os.path.realpath(os.path.dirname(template))]) != folder:
+        log.warning(
+            "job %s: its [apply] output %s is outside its folder and the same as the job it was copied from: "
+            "both write the same files; give this job its own output template",
+            job.name,
+            template,
+        )
 
 
 def _inherited_files(manifest: Manifest, model_path: str) -> list[str]:
@@ -416,13 +434,14 @@ def _check_owned(publisher: _Publisher, outputs: dict, manifest: Manifest | None
             )
 
 
-def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None) -> None:
+def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copied: bool = False) -> None:
     """Point the statistics' records of inputs that are no longer where they were read at the inputs the
     manifest names now, where a job's folder was moved or mounted elsewhere with its inputs (the
     manifest's paths are relative to it): a record is moved only to an input of the same name, array,
     width and type that starts with the very rows it recorded (its sampled hash), and that no other
     record names. An update refuses a recorded input found under another path otherwise (its rows could
-    be counted twice); here the missing original and the manifest say where it went."""
+    be counted twice); here the missing original and the manifest say where it went. A folder ``copied``
+    with its inputs (a new job) follows its own copies of them, though the originals are still there."""
     from ..core.model import load_model, save_model
     from ..io import fingerprint, open_source, remote
 
@@ -432,7 +451,7 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None) -> No
     recorded = {source.path for source in before.sources}
     moved: dict = {}
     for record in before.sources:
-        if record.path is None or remote.is_url(record.path) or os.path.lexists(record.path):
+        if record.path is None or remote.is_url(record.path) or (os.path.lexists(record.path) and not copied):
             continue
         for item in manifest.inputs:
             new = item.source.path

@@ -106,7 +106,9 @@ def test_a_copied_job_sharing_inputs_and_outputs_never_deletes_the_originals_par
         assert code == EXIT_BAD_INPUT, err
         line = last_line(err)
         assert (
-            "did not publish" in line and "--new-job" in line and manifest_path(str(copy / "models" / "m.npz")) in line
+            "published by another folder" in line
+            and "--new-job" in line
+            and manifest_path(str(copy / "models" / "m.npz")) in line
         )
         assert tree_bytes(tmp_path / "out") == before
     check_rows(model_a, shard, rows_of(1500, 1))
@@ -207,7 +209,7 @@ def test_a_manifest_that_takes_another_jobs_identity_deletes_nothing_of_it(tmp_p
     for args in ((), ("--republish",)):
         code, _, err = run_cli("run", job_a, *args)
         assert code == EXIT_BAD_INPUT, err
-        assert "did not publish" in last_line(err), err
+        assert "published by another folder" in last_line(err), err
         assert tree_bytes(tmp_path / "b") == before
     check_rows(model_b, shard_b, rows_of(1500, 1))
     append_rows(shard_b, rows_of(40, 2))
@@ -256,6 +258,9 @@ def test_a_moved_job_whose_out_is_a_link_to_another_disk_keeps_working(tmp_path,
     check_rows(model, shard, rows_of(1500, 1))
     code, _, err = run_cli("run", moved / "job.toml")
     assert code == 3, err  # nothing new: not refused
+    os.symlink(moved, tmp_path / "mounted")  # the same folder reached by another path
+    code, _, err = run_cli("run", tmp_path / "mounted" / "job.toml")
+    assert code == 3, err
     append_rows(shard, rows_of(70, 2))
     assert run_job_file(str(moved / "job.toml")).action == "append"
     rows = np.concatenate([rows_of(1500, 1), rows_of(70, 2)])
@@ -264,3 +269,113 @@ def test_a_moved_job_whose_out_is_a_link_to_another_disk_keeps_working(tmp_path,
     assert report.published_version == 2
     check_rows(model, shard, rows)
     assert sorted(os.listdir(disk)) == ["day-1.v1.h5", "day-1.v1.part1.h5", "day-1.v2.h5"]
+
+
+def test_a_folder_copied_with_its_inputs_becomes_a_job_of_its_own(tmp_path, run_cli, caplog):
+    """A copy whose inputs and outputs are inside it: refused, then with --new-job its statistics follow
+    its own copies of the inputs (the originals are still there), it publishes version 2 in its own
+    folder, and the copied version 1 is left for the user (a warning names it), never deleted."""
+    job_a = write_job(tmp_path / "a")
+    append_rows(str(tmp_path / "a" / "shards" / "day-1.h5"), rows_of(1500, 1))
+    run_job_file(job_a)
+    copy = tmp_path / "c"
+    shutil.copytree(tmp_path / "a", copy)
+    model_c, shard_c = str(copy / "models" / "m.npz"), str(copy / "shards" / "day-1.h5")
+    code, _, err = run_cli("run", copy / "job.toml")
+    assert code == EXIT_BAD_INPUT and "published by another folder" in last_line(err), err
+    with caplog.at_level("WARNING", logger="streamwhiten"):
+        code, _, err = run_cli("run", copy / "job.toml", "--new-job")
+    assert code == 0, err
+    assert "never deleted by this one" in caplog.text and str(copy / "out" / "day-1.v1.h5") in caplog.text
+    assert "same files" not in caplog.text  # its outputs are its own
+    assert sorted(os.listdir(copy / "out")) == ["day-1.v1.h5", "day-1.v2.h5"]
+    assert load_model(model_c).sources[0].path == shard_c
+    append_rows(shard_c, rows_of(50, 2))
+    report = run_job_file(str(copy / "job.toml"))
+    assert report.action == "append" and report.rows_added == 50
+    check_rows(model_c, shard_c, np.concatenate([rows_of(1500, 1), rows_of(50, 2)]))
+    for _ in range(2):  # its own versions retire; the copied version 1 stays
+        run_job_file(str(copy / "job.toml"), republish=True)
+    assert sorted(os.listdir(copy / "out")) == ["day-1.v1.h5", "day-1.v3.h5", "day-1.v4.h5"]
+    check_rows(str(tmp_path / "a" / "models" / "m.npz"), str(tmp_path / "a" / "shards" / "day-1.h5"), rows_of(1500, 1))
+
+
+def test_a_new_job_that_keeps_the_originals_outside_outputs_is_warned_and_never_takes_its_files(
+    tmp_path, run_cli, caplog
+):
+    """A copy made a new job with the original's template outside its folder writes where the original
+    writes: it is warned; the version numbers it takes are its own, and the original, reaching one, is
+    refused naming the file, with nothing deleted."""
+    shard = str(tmp_path / "shards" / "day-1.h5")
+    append_rows(shard, rows_of(1500, 1))
+    original = write_job(tmp_path / "a", inputs="../shards/*.h5", output="../out/{stem}.h5")
+    run_job_file(original)
+    shutil.copytree(tmp_path / "a", tmp_path / "c")
+    with caplog.at_level("WARNING", logger="streamwhiten"):
+        code, _, err = run_cli("run", tmp_path / "c" / "job.toml", "--new-job")
+    assert code == 0 and "same files" in caplog.text, err
+    before = tree_bytes(tmp_path / "out")
+    code, _, err = run_cli("run", original, "--republish")  # its version 2 is the copy's file
+    assert code == EXIT_BAD_INPUT and "written by another job" in last_line(err) and "day-1.v2.h5" in last_line(err)
+    assert tree_bytes(tmp_path / "out") == before
+    check_rows(str(tmp_path / "a" / "models" / "m.npz"), shard, rows_of(1500, 1))
+    check_rows(str(tmp_path / "c" / "models" / "m.npz"), shard, rows_of(1500, 1))
+
+
+def test_an_identity_is_checked_against_the_folder_not_taken_from_the_manifest(tmp_path):
+    """job_id_problem: a folder's identity survives a rename and a path through a link, not a copy; the
+    identity of the previous release (a digest of the manifest's real path) holds where the manifest is."""
+    import hashlib
+
+    from streamwhiten.job.publication import first_job_id, job_id_problem
+
+    (tmp_path / "a" / "models").mkdir(parents=True)
+    model = str(tmp_path / "a" / "models" / "m.npz")
+    job_id = first_job_id(model)
+    assert job_id_problem(model, job_id) is None
+    assert first_job_id(str(tmp_path / "a" / "models" / "other.npz")) != job_id  # another model file, another job
+    old = hashlib.sha256(f"streamwhiten-job:{os.path.realpath(manifest_path(model))}".encode()).hexdigest()[:32]
+    assert job_id_problem(model, old) is None
+    os.symlink(tmp_path / "a", tmp_path / "link")
+    assert job_id_problem(str(tmp_path / "link" / "models" / "m.npz"), job_id) is None
+    shutil.copytree(tmp_path / "a" / "models", tmp_path / "copy" / "models")
+    copied = str(tmp_path / "copy" / "models" / "m.npz")
+    assert "published by another folder" in job_id_problem(copied, job_id)
+    os.rename(tmp_path / "a", tmp_path / "b")
+    moved = str(tmp_path / "b" / "models" / "m.npz")
+    assert job_id_problem(moved, job_id) is None
+    assert job_id_problem(moved, old) is not None  # bound to the path it was drawn at
+    salt, _, digest = job_id.partition("-")
+    assert job_id_problem(moved, f"{'0' * 16}-{digest}") is not None  # the salt is part of what is checked
+
+
+@pytest.mark.parametrize("output", ["out/{stem}.h5:/vectors", "out/{stem}.parquet:vec"])
+def test_a_version_cut_short_and_not_published_leaves_nothing_whatever_the_templates_form(tmp_path, output):
+    """What a republish cut short had begun is removed once a night decides to append instead, with a
+    dataset or a column in the output template too."""
+    from streamwhiten.errors import InterruptedRunError
+
+    shard = str(tmp_path / "shards" / "day-1.h5")
+    other = str(tmp_path / "shards" / "day-2.h5")
+    append_rows(shard, rows_of(800, 1))
+    append_rows(other, rows_of(800, 2))
+    job = write_job(tmp_path, output=output, publish="")
+    text = open(job).read().replace("[apply]\n", "[apply]\nchunk_rows = 128\nprogress_seconds = 0\n")
+    open(job, "w").write(text)
+    run_job_file(job)
+    calls = {"n": 0}
+
+    def stop_soon():
+        calls["n"] += 1
+        return calls["n"] > 9
+
+    with pytest.raises(InterruptedRunError):
+        run_job_file(job, should_stop=stop_soon, republish=True)
+    extension = output.split(":")[0].rsplit(".", 1)[1]
+    assert f"day-1.v2.{extension}" in os.listdir(tmp_path / "out")
+    append_rows(other, rows_of(30, 3))
+    assert run_job_file(job).action == "append"
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(
+        [f"day-1.v1.{extension}", f"day-2.v1.{extension}", f"day-2.v1.part1.{extension}"]
+    )
+    assert sorted(os.listdir(tmp_path / "models")) == ["m.manifest.json", "m.npz", "m.v1.npz"]
