@@ -131,7 +131,7 @@ def _lines(report: RunReport) -> list[str]:
         measured = (
             f"staleness {report.staleness.total:.3g} (max_staleness {report.max_staleness:g})"
             if report.staleness is not None
-            else "first publication"
+            else report.reason or "first publication"
         )
         lines.append(
             f"{report.action}: published version {report.published_version} ({measured}); "

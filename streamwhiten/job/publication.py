@@ -112,25 +112,33 @@ def _folder_digest(salt: str, model_path: str) -> str:
     return hashlib.sha256(f"streamwhiten-job:{salt}:{inode}:{name}".encode()).hexdigest()[:32]
 
 
+def _salt(model_path: str) -> str:
+    """What a job identity drawn for the manifest beside ``model_path`` starts with: a digest of where the
+    manifest is (its real path)."""
+    where = os.path.join(*_folder_of(model_path))
+    return hashlib.sha256(f"streamwhiten-job:{where}".encode()).hexdigest()[:16]
+
+
 def first_job_id(model_path: str) -> str:
     """The identity a job takes at its first publication (kept by every later one, in the manifest):
-    ``SALT-DIGEST``, where SALT is drawn from where its manifest is then and DIGEST binds it to the folder
+    ``SALT-DIGEST``, where SALT is a digest of where its manifest is then and DIGEST binds it to the folder
     instance holding the manifest (:func:`job_id_problem`). A first night cut short and run again takes the
     same one, so it finds its own parts; another model file, or a copy of the folder, never does."""
-    folder, name = _folder_of(model_path)
-    salt = hashlib.sha256(f"streamwhiten-job:{os.path.join(folder, name)}".encode()).hexdigest()[:16]
+    salt = _salt(model_path)
     return f"{salt}-{_folder_digest(salt, model_path)}"
 
 
 def job_id_problem(model_path: str, job_id: str) -> str | None:
     """None when ``job_id`` (a manifest's) is the identity of the job folder holding the manifest beside
-    ``model_path``, as that folder is now; else why not. The identity is checked against the folder itself,
-    not taken from the manifest: a copied folder (new inode), or a manifest that took another job's
-    identity, is not this job. An identity of the previous format (a digest of the manifest's real path)
-    is this job's only where the manifest still is."""
+    ``model_path``, as that folder is now; else why not. It is checked against the folder itself, not taken
+    from the manifest: the identity holds in the same folder (its inode: moved or renamed within its file
+    system, or reached through a link or a mount) and in a folder at the very place it was first published
+    (a folder restored from a backup); not in a copy elsewhere, nor in a manifest that took another job's
+    identity. An identity of the previous format (a digest of the manifest's real path) is this job's only
+    where the manifest still is."""
     if "-" in job_id:
         salt, _, digest = job_id.partition("-")
-        if digest == _folder_digest(salt, model_path):
+        if salt == _salt(model_path) or digest == _folder_digest(salt, model_path):
             return None
     else:
         where = os.path.join(*_folder_of(model_path))

@@ -127,28 +127,12 @@ def run_published(
         publisher = _Publisher(
             job.name, job_id, job.model_path, job.read, job.writing, job.output, job.publish.keep_versions
         )
-        published = None
-        if manifest is not None and _inherited(manifest, job_id):
-            log.warning(
-                "job %s: a new job: the files of version %s and earlier, which this folder's manifest names, "
-                "belong to the job it was copied from and are never deleted by this one: %s",
-                job.name,
-                manifest.version,
-                ", ".join(_inherited_files(manifest, job.model_path)),
-            )
-            _warn_shared(job, manifest)
-        elif manifest is not None:
-            # the manifest's claims, checked every night: its version's model file is there, is the one
-            # it names and records this job and version (read_manifest checked the versions' numbers)
-            published = check_model_file(job.model_path, manifest)
-            if not republish:
-                manifest = check_outputs(job.model_path, manifest, job.apply_read)
-            if not manifest.legacy:
-                _delete_retired(manifest.retired, publisher, check_first=True)
+        published, manifest = _check_claims(job, publisher, manifest, republish)
+        inherited = manifest is not None and _inherited(manifest, job_id)
         inputs, outputs = job.inputs_and_outputs()
         check_paths([job.path, *inputs], {**job.own_files, **_versioned_files(job.model_path, outputs, manifest)})
         _check_owned(publisher, outputs, manifest)
-        _follow_moved_inputs(publisher, manifest, copied=manifest is not None and _inherited(manifest, job_id))
+        _follow_moved_inputs(publisher, manifest, copied=inherited)
         previous = statistics_before(job.model_path)
         model = fit_step(job.name, job.fitting, inputs, night.steps, progress, should_stop, restart)
         if job.apply is not None:  # a job whose apply writes a vector code records it in its model
@@ -160,8 +144,8 @@ def run_published(
         staleness, reason = None, None
         if manifest is None:
             action, reason = "fit", "first publication"
-        elif _inherited(manifest, job_id):
-            action, reason = "republish", "a new job (new_job=True): published under this folder's own identity"
+        elif inherited:
+            action, reason = "republish", "a new job: published under this folder's own identity"
         else:
             staleness = _staleness(published, model)
             wanted = setting_of(model, job.writing, job.output)
@@ -222,12 +206,40 @@ def _identity(model_path: str, manifest: Manifest | None, new_job: bool) -> str:
     if not new_job:
         raise BadInputError(
             f"{manifest_path(model_path)}: {problem}: a copy of a job's folder, a folder moved to another file "
-            "system or restored from a backup, or a manifest edited by hand; nothing was changed. If this folder "
-            "is a job of its own, run it once with new_job=True: it publishes a new version as this folder's job "
-            "and never deletes a file of the other",
+            "system or restored from a backup elsewhere, or a manifest edited by hand; nothing was changed. If "
+            "this folder is a job of its own, run it once with new_job=True: it publishes a new version as this "
+            "folder's job and never deletes a file of the other",
             param="new_job",
         )
     return first_job_id(model_path)
+
+
+def _check_claims(
+    job: JobFile, publisher: _Publisher, manifest: Manifest | None, republish: bool
+) -> tuple[Any, Manifest | None]:
+    """The manifest's claims, checked every night before anything is written: its version's model file is
+    there, is the one it names and records this job and version (``read_manifest`` checked the versions'
+    numbers), its parts too unless ``republish``, and what it retires is this job's (deleted again if a run
+    was cut short). Returns the published model (None without one) and the manifest (its parts' stamps
+    brought up to date). An inherited manifest (a new job) is not checked: none of its files is this job's."""
+    if manifest is None:
+        return None, None
+    if _inherited(manifest, publisher.job_id):
+        log.warning(
+            "job %s: a new job: the files of version %s and earlier, which this folder's manifest names, "
+            "belong to the job it was copied from and are never deleted by this one: %s",
+            job.name,
+            manifest.version,
+            ", ".join(_inherited_files(manifest, job.model_path)),
+        )
+        _warn_shared(job, manifest)
+        return None, manifest
+    published = check_model_file(job.model_path, manifest)
+    if not republish:
+        manifest = check_outputs(job.model_path, manifest, job.apply_read)
+    if not manifest.legacy:
+        _delete_retired(manifest.retired, publisher, check_first=True)
+    return published, manifest
 
 
 def _inherited(manifest: Manifest, job_id: str) -> bool:

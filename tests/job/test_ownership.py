@@ -347,6 +347,11 @@ def test_an_identity_is_checked_against_the_folder_not_taken_from_the_manifest(t
     assert job_id_problem(moved, old) is not None  # bound to the path it was drawn at
     salt, _, digest = job_id.partition("-")
     assert job_id_problem(moved, f"{'0' * 16}-{digest}") is not None  # the salt is part of what is checked
+    # restored from a backup where it was first published: a new folder, at the job's own place
+    shutil.copytree(tmp_path / "b", tmp_path / "a")
+    assert job_id_problem(model, job_id) is None
+    assert job_id_problem(model, f"{salt}-{'0' * 32}") is None  # the place alone vouches, for this place only
+    assert job_id_problem(copied, f"{salt}-{'0' * 32}") is not None
 
 
 @pytest.mark.parametrize("output", ["out/{stem}.h5:/vectors", "out/{stem}.parquet:vec"])
@@ -379,3 +384,14 @@ def test_a_version_cut_short_and_not_published_leaves_nothing_whatever_the_templ
         [f"day-1.v1.{extension}", f"day-2.v1.{extension}", f"day-2.v1.part1.{extension}"]
     )
     assert sorted(os.listdir(tmp_path / "models")) == ["m.manifest.json", "m.npz", "m.v1.npz"]
+
+
+def test_new_job_needs_a_publish_table(tmp_path, run_cli):
+    folder = tmp_path / "plain"
+    (folder / "shards").mkdir(parents=True)
+    append_rows(str(folder / "shards" / "day-1.h5"), rows_of(300, 1))
+    job = folder / "job.toml"
+    job.write_text('[input]\npaths = ["shards/*.h5"]\n[model]\npath = "m.npz"\nn_components = 4\n')
+    code, _, err = run_cli("run", job, "--new-job")
+    assert code == EXIT_BAD_INPUT and "--new-job needs a [publish] table" in last_line(err), err
+    assert not os.path.exists(folder / "m.npz")
