@@ -61,6 +61,15 @@ A job file (TOML; relative paths are taken from its directory):
     is_flag=True,
     help="A job with [publish]: publish a new version from the current statistics, however stale the current one.",
 )
+@click.option(
+    "--new-job",
+    is_flag=True,
+    help=(
+        "A job with [publish] whose folder is a copy of another job's (or was moved to another file system): "
+        "make it a job of its own, which publishes a new version and never deletes the other job's files. "
+        "Without it such a folder is refused (docs/nightly.md)."
+    ),
+)
 @storage_options
 @quiet_option
 @json_option
@@ -69,6 +78,7 @@ def run(
     log_file: str | None,
     restart: bool,
     republish: bool,
+    new_job: bool,
     storage_options: tuple[str, ...],
     remote_timeout: float | None,
     quiet: bool,
@@ -104,7 +114,7 @@ def run(
         _log_to(log_file, job)
     try:
         with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
-            report = run_job(job, progress, should_stop, restart, republish)
+            report = run_job(job, progress, should_stop, restart, republish, new_job)
     except JobUpToDateError as exc:
         if as_json:
             emit(True, exc.report.to_json(), [])  # the report for cron, then exit 3
@@ -121,7 +131,7 @@ def _lines(report: RunReport) -> list[str]:
         measured = (
             f"staleness {report.staleness.total:.3g} (max_staleness {report.max_staleness:g})"
             if report.staleness is not None
-            else "first publication"
+            else report.reason or "first publication"
         )
         lines.append(
             f"{report.action}: published version {report.published_version} ({measured}); "

@@ -229,8 +229,10 @@ def read_job_file(path: str, storage_options: Any = None) -> JobFile:
     _check_tables(path, data)
     base = os.path.dirname(os.path.abspath(path))
 
-    def absolute(name: str) -> str:
-        return remote.local_path(name) if os.path.isabs(name) or remote.is_url(name) else os.path.join(base, name)
+    def absolute(name: str) -> str:  # ``a/../shards`` as ``shards``: as the manifest names it
+        if remote.is_url(name):
+            return remote.local_path(name)
+        return os.path.normpath(remote.local_path(name) if os.path.isabs(name) else os.path.join(base, name))
 
     section = {name: data.get(name, {}) for name in ("input", "model")}
     inputs = section["input"].get("paths")

@@ -94,18 +94,63 @@ PUBLICATION_ATTR = "publication"
 PUBLICATION_INFO = "publication"
 
 
-def first_job_id(model_path: str) -> str:
-    """The identity a job takes at its first publication (kept by every later one, in the manifest): a
-    digest of where its manifest is then, so that a first night cut short and run again finds its own
-    parts, and another job (another model file) never takes it."""
+def _folder_of(model_path: str) -> tuple[str, str]:
+    """The real folder of the manifest beside ``model_path`` and the manifest's name."""
     where = os.path.realpath(manifest_path(model_path))
-    return hashlib.sha256(f"streamwhiten-job:{where}".encode()).hexdigest()[:32]
+    return os.path.dirname(where), os.path.basename(where)
+
+
+def _folder_digest(salt: str, model_path: str) -> str:
+    """The digest that binds a job identity drawn with ``salt`` to the folder instance holding the manifest
+    beside ``model_path``: that folder's inode on its file system (kept by a move or a rename within the
+    file system, and by a mount elsewhere; new for a copy) and the manifest's name in it."""
+    folder, name = _folder_of(model_path)
+    try:
+        inode = os.stat(folder).st_ino
+    except OSError as exc:
+        raise StoreIOError(f"{folder}: cannot read the job's folder: {exc.strerror or exc}") from None
+    return hashlib.sha256(f"streamwhiten-job:{salt}:{inode}:{name}".encode()).hexdigest()[:32]
+
+
+def _salt(model_path: str) -> str:
+    """What a job identity drawn for the manifest beside ``model_path`` starts with: a digest of where the
+    manifest is (its real path)."""
+    where = os.path.join(*_folder_of(model_path))
+    return hashlib.sha256(f"streamwhiten-job:{where}".encode()).hexdigest()[:16]
+
+
+def first_job_id(model_path: str) -> str:
+    """The identity a job takes at its first publication (kept by every later one, in the manifest):
+    ``SALT-DIGEST``, where SALT is a digest of where its manifest is then and DIGEST binds it to the folder
+    instance holding the manifest (:func:`job_id_problem`). A first night cut short and run again takes the
+    same one, so it finds its own parts; another model file, or a copy of the folder, never does."""
+    salt = _salt(model_path)
+    return f"{salt}-{_folder_digest(salt, model_path)}"
+
+
+def job_id_problem(model_path: str, job_id: str) -> str | None:
+    """None when ``job_id`` (a manifest's) is the identity of the job folder holding the manifest beside
+    ``model_path``, as that folder is now; else why not. It is checked against the folder itself, not taken
+    from the manifest: the identity holds in the same folder (its inode: moved or renamed within its file
+    system, or reached through a link or a mount) and in a folder at the very place it was first published
+    (a folder restored from a backup); not in a copy elsewhere, nor in a manifest that took another job's
+    identity. An identity of the previous format (a digest of the manifest's real path) is this job's only
+    where the manifest still is."""
+    if "-" in job_id:
+        salt, _, digest = job_id.partition("-")
+        if salt == _salt(model_path) or digest == _folder_digest(salt, model_path):
+            return None
+    else:
+        where = os.path.join(*_folder_of(model_path))
+        if job_id == hashlib.sha256(f"streamwhiten-job:{where}".encode()).hexdigest()[:32]:
+            return None
+    return f"published by another folder (job {job_id}), not this one"
 
 
 def input_identity(input_spec: str, part_spec: str) -> str:
-    """The input a part holds rows of, as the part records it: the input's real path relative to the
-    part's own folder (so a job's folder moves or is copied with its inputs and stays bound to them), or
-    its URL; and the array named in the spec."""
+    """The input a part holds rows of, as the part records it: the input's path relative to the part's own
+    folder, both as the job names them (not resolving links, so a folder moved with its inputs, or whose
+    ``out/`` is a link to another disk, stays bound to them), or its URL; and the array named in the spec."""
     from ..io import remote, split_spec
 
     path, inner = split_spec(input_spec)
@@ -115,7 +160,19 @@ def input_identity(input_spec: str, part_spec: str) -> str:
     elif remote.is_url(part):
         where = os.path.realpath(path)
     else:
-        where = os.path.relpath(os.path.realpath(path), os.path.realpath(os.path.dirname(os.path.abspath(part))))
+        where = os.path.relpath(os.path.abspath(path), os.path.dirname(os.path.abspath(part)))
+    return f"{where}:{inner}" if inner else where
+
+
+def _earlier_input_identity(input_spec: str, part_spec: str) -> str | None:
+    """What a part written by the previous release records of its input (real paths), or None for a URL."""
+    from ..io import remote, split_spec
+
+    path, inner = split_spec(input_spec)
+    part = split_spec(part_spec)[0]
+    if remote.is_url(path) or remote.is_url(part):
+        return None
+    where = os.path.relpath(os.path.realpath(path), os.path.realpath(os.path.dirname(os.path.abspath(part))))
     return f"{where}:{inner}" if inner else where
 
 
@@ -151,7 +208,8 @@ def ownership_problem(
         return f"written as a part of version {record.get('version')}, not {version}"
     if input_spec is not None and part_spec is not None:
         wanted = input_identity(input_spec, part_spec)
-        if record.get("input") != wanted:
+        accepted = {wanted, _earlier_input_identity(input_spec, part_spec)} - {None}
+        if record.get("input") not in accepted:
             return f"holds the rows of another input ({record.get('input')}, not {wanted}): swapped, copied or linked"
     return None
 
@@ -681,6 +739,7 @@ __all__ = [
     "check_outputs",
     "first_job_id",
     "input_identity",
+    "job_id_problem",
     "manifest_path",
     "model_owner_problem",
     "output_owner_problem",

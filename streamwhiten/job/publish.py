@@ -49,6 +49,7 @@ from .publication import (
     check_model_file,
     check_outputs,
     first_job_id,
+    job_id_problem,
     manifest_path,
     model_owner_problem,
     output_owner_problem,
@@ -108,10 +109,13 @@ def run_published(
     should_stop: Callable[[], bool] | None = None,
     restart: bool = False,
     republish: bool = False,
+    new_job: bool = False,
 ) -> PublishReport:
     """Run ``job`` (which has a ``[publish]`` table): update the statistics, then publish, append or do
     nothing (see the module docstring). Returns the run's report; raises :class:`JobUpToDateError` (with
-    the report as its ``report``) when there was nothing to do."""
+    the report as its ``report``) when there was nothing to do. A folder whose manifest it did not publish
+    (a copy, a folder moved to another file system) is refused unless ``new_job``: then it publishes a
+    version of its own (:func:`_identity`)."""
     assert job.publish is not None and job.apply is not None and job.output is not None
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
@@ -119,23 +123,16 @@ def run_published(
     with job_lock(job.lock_path):
         log.info("job %s: lock %s taken", job.name, job.lock_path)
         manifest = read_manifest(job.model_path)
-        job_id = first_job_id(job.model_path) if manifest is None or manifest.job_id is None else manifest.job_id
+        job_id = _identity(job.model_path, manifest, new_job)
         publisher = _Publisher(
             job.name, job_id, job.model_path, job.read, job.writing, job.output, job.publish.keep_versions
         )
-        published = None
-        if manifest is not None:
-            # the manifest's claims, checked every night: its version's model file is there, is the one
-            # it names and records this job and version (read_manifest checked the versions' numbers)
-            published = check_model_file(job.model_path, manifest)
-            if not republish:
-                manifest = check_outputs(job.model_path, manifest, job.apply_read)
-            if not manifest.legacy:
-                _delete_retired(manifest.retired, publisher, check_first=True)
+        published, manifest = _check_claims(job, publisher, manifest, republish)
+        inherited = manifest is not None and _inherited(manifest, job_id)
         inputs, outputs = job.inputs_and_outputs()
         check_paths([job.path, *inputs], {**job.own_files, **_versioned_files(job.model_path, outputs, manifest)})
         _check_owned(publisher, outputs, manifest)
-        _follow_moved_inputs(publisher, manifest)
+        _follow_moved_inputs(publisher, manifest, copied=inherited)
         previous = statistics_before(job.model_path)
         model = fit_step(job.name, job.fitting, inputs, night.steps, progress, should_stop, restart)
         if job.apply is not None:  # a job whose apply writes a vector code records it in its model
@@ -147,6 +144,8 @@ def run_published(
         staleness, reason = None, None
         if manifest is None:
             action, reason = "fit", "first publication"
+        elif inherited:
+            action, reason = "republish", "a new job: published under this folder's own identity"
         else:
             staleness = _staleness(published, model)
             wanted = setting_of(model, job.writing, job.output)
@@ -182,6 +181,100 @@ def run_published(
             f"nothing to do: job {job.name} is up to date (published version {manifest.version})", report
         )
     return report
+
+
+# ------------------------------------------------------------------------------------------ identity
+
+
+def _identity(model_path: str, manifest: Manifest | None, new_job: bool) -> str:
+    """The identity this run writes with and deletes by: the manifest's, once checked against this folder
+    (``job_id_problem``); this folder's own for a first publication, a manifest of the earlier format, or
+    a folder that did not publish its manifest when ``new_job`` says it is a job of its own. A folder that
+    did not publish its manifest is refused otherwise (:class:`BadInputError`, nothing changed)."""
+    if manifest is None or manifest.legacy:
+        return first_job_id(model_path)
+    assert manifest.job_id is not None
+    problem = job_id_problem(model_path, manifest.job_id)
+    if problem is None and new_job:
+        raise BadInputError(
+            f"{manifest_path(model_path)}: this folder is already the job that published version "
+            f"{manifest.version}; new_job=True is for a copy of a job's folder, or one moved to another file system",
+            param="new_job",
+        )
+    if problem is None:
+        return manifest.job_id
+    if not new_job:
+        raise BadInputError(
+            f"{manifest_path(model_path)}: {problem}: a copy of a job's folder, a folder moved to another file "
+            "system or restored from a backup elsewhere, or a manifest edited by hand; nothing was changed. If "
+            "this folder is a job of its own, run it once with new_job=True: it publishes a new version as this "
+            "folder's job and never deletes a file of the other",
+            param="new_job",
+        )
+    return first_job_id(model_path)
+
+
+def _check_claims(
+    job: JobFile, publisher: _Publisher, manifest: Manifest | None, republish: bool
+) -> tuple[Any, Manifest | None]:
+    """The manifest's claims, checked every night before anything is written: its version's model file is
+    there, is the one it names and records this job and version (``read_manifest`` checked the versions'
+    numbers), its parts too unless ``republish``, and what it retires is this job's (deleted again if a run
+    was cut short). Returns the published model (None without one) and the manifest (its parts' stamps
+    brought up to date). An inherited manifest (a new job) is not checked: none of its files is this job's."""
+    if manifest is None:
+        return None, None
+    if _inherited(manifest, publisher.job_id):
+        log.warning(
+            "job %s: a new job: the files of version %s and earlier, which this folder's manifest names, "
+            "belong to the job it was copied from and are never deleted by this one: %s",
+            job.name,
+            manifest.version,
+            ", ".join(_inherited_files(manifest, job.model_path)),
+        )
+        _warn_shared(job, manifest)
+        return None, manifest
+    published = check_model_file(job.model_path, manifest)
+    if not republish:
+        manifest = check_outputs(job.model_path, manifest, job.apply_read)
+    if not manifest.legacy:
+        _delete_retired(manifest.retired, publisher, check_first=True)
+    return published, manifest
+
+
+def _inherited(manifest: Manifest, job_id: str) -> bool:
+    """Whether ``manifest`` is that of the job this folder was copied from (this run makes a new job): the
+    files it names are never this job's to delete (nor are those of a manifest of the earlier format)."""
+    return not manifest.legacy and manifest.job_id != job_id
+
+
+def _warn_shared(job: JobFile, manifest: Manifest) -> None:
+    """Warn a new job whose output template is still that of the job it was copied from, outside its own
+    folder: both write the same files, and whichever publishes a version first owns them (the other is
+    refused when it gets there)."""
+    from ..io import remote
+
+    template = job.output or ""
+    if remote.is_url(template) or manifest.setting.get("output") != template:
+        return
+    folder = os.path.realpath(os.path.dirname(os.path.abspath(job.path)))
+    if os.path.commonpath([folder, os.path.realpath(os.path.dirname(template))]) != folder:
+        log.warning(
+            "job %s: its [apply] output %s is outside its folder and the same as the job it was copied from: "
+            "both write the same files; give this job its own output template",
+            job.name,
+            template,
+        )
+
+
+def _inherited_files(manifest: Manifest, model_path: str) -> list[str]:
+    """The files an inherited manifest names: its version's and its kept versions' outputs and model files."""
+    directory = os.path.dirname(os.path.abspath(model_path))
+    return [
+        path
+        for version in (manifest.as_version, *manifest.kept)
+        for path in (*version.outputs, os.path.join(directory, version.model_file))
+    ]
 
 
 # ------------------------------------------------------------------------------------------ decisions
@@ -334,11 +427,13 @@ def _check_owned(publisher: _Publisher, outputs: dict, manifest: Manifest | None
     publishing = version + (manifest is not None)  # the version a republish (or the first run) writes
     model_file = version_model_path(publisher.model_path, publishing)
     candidates: list[tuple[str, str | None, int]] = [(model_file, None, publishing)]
+    appending = manifest is None or manifest.job_id == publisher.job_id  # else this night republishes
     for spec, output in outputs.items():
         item = manifest.input(spec) if manifest is not None else None
         if manifest is not None:
             candidates.append((versioned_output(output, publishing, 0), spec, publishing))
-        candidates.append((versioned_output(output, version, len(item.parts) if item else 0), spec, version))
+        if appending:
+            candidates.append((versioned_output(output, version, len(item.parts) if item else 0), spec, version))
     for path, spec, number in candidates:
         if spec is None:
             problem = model_owner_problem(path, publisher.job_id, number)
@@ -351,13 +446,14 @@ def _check_owned(publisher: _Publisher, outputs: dict, manifest: Manifest | None
             )
 
 
-def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None) -> None:
+def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copied: bool = False) -> None:
     """Point the statistics' records of inputs that are no longer where they were read at the inputs the
     manifest names now, where a job's folder was moved or mounted elsewhere with its inputs (the
     manifest's paths are relative to it): a record is moved only to an input of the same name, array,
     width and type that starts with the very rows it recorded (its sampled hash), and that no other
     record names. An update refuses a recorded input found under another path otherwise (its rows could
-    be counted twice); here the missing original and the manifest say where it went."""
+    be counted twice); here the missing original and the manifest say where it went. A folder ``copied``
+    with its inputs (a new job) follows its own copies of them, though the originals are still there."""
     from ..core.model import load_model, save_model
     from ..io import fingerprint, open_source, remote
 
@@ -367,7 +463,7 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None) -> No
     recorded = {source.path for source in before.sources}
     moved: dict = {}
     for record in before.sources:
-        if record.path is None or remote.is_url(record.path) or os.path.lexists(record.path):
+        if record.path is None or remote.is_url(record.path) or (os.path.lexists(record.path) and not copied):
             continue
         for item in manifest.inputs:
             new = item.source.path
@@ -462,7 +558,7 @@ def _publish(publisher: _Publisher, model: Any, inputs: list, outputs: dict, man
             publisher.name,
             manifest.version,
         )
-    elif manifest is not None:
+    elif manifest is not None and not _inherited(manifest, publisher.job_id):
         older = (manifest.as_version, *manifest.kept)
         kept = older[: publisher.keep_versions - 1]
         retired = (*older[publisher.keep_versions - 1 :], *_still_there(manifest.retired, publisher))
@@ -558,9 +654,19 @@ def _append(
 
 
 def _files_of(version: Version, publisher: _Publisher) -> list:
-    """The files of a published version: its outputs and its model file."""
+    """The files of a published version: the file or store of each output (an output spec may name a
+    dataset or column in it: ``out/day-1.v2.h5:/vectors``) and its model file."""
+    from ..io import split_spec
+
     directory = os.path.dirname(os.path.abspath(publisher.model_path))
-    return [*version.outputs, os.path.join(directory, version.model_file)]
+    return [*(split_spec(spec)[0] for spec in version.outputs), os.path.join(directory, version.model_file)]
+
+
+def _output_there(spec: str, read: ReadOptions) -> bool:
+    """Whether the file or store of the output ``spec`` (whatever dataset or column it names) is there."""
+    from ..io import exists, split_spec
+
+    return exists(split_spec(spec)[0], read)
 
 
 def _still_there(retired: Any, publisher: _Publisher) -> tuple:
@@ -591,14 +697,12 @@ def _delete_retired(retired: Any, publisher: _Publisher, check_first: bool = Fal
     proof: anyone can recompute its checksum). With ``check_first`` or ``check_only``, a file there that
     does not is refused (:class:`BadInputError`, nothing deleted); else it is left alone with a warning.
     A failure to delete is logged and tried again by the next run."""
-    from ..io import exists
-
     found = []
     directory = os.path.dirname(os.path.abspath(publisher.model_path))
     for version in retired:
         files = []
         for spec in version.outputs:
-            if not exists(spec, publisher.writing.read):
+            if not _output_there(spec, publisher.writing.read):
                 continue
             problem = output_owner_problem(
                 spec, publisher.writing.read, publisher.job_id, version.version, model_checksum=version.model_checksum

@@ -34,10 +34,11 @@ def run_job_file(
     restart: bool = False,
     storage_options: Any = None,
     republish: bool = False,
+    new_job: bool = False,
 ) -> RunReport:
     """Run the job file ``path`` (see :func:`run_job`); ``storage_options`` (the command line's) are used
     over its ``[storage]`` table."""
-    return run_job(read_job_file(path, storage_options), progress, should_stop, restart, republish)
+    return run_job(read_job_file(path, storage_options), progress, should_stop, restart, republish, new_job)
 
 
 def run_job(
@@ -46,13 +47,15 @@ def run_job(
     should_stop: Callable[[], bool] | None = None,
     restart: bool = False,
     republish: bool = False,
+    new_job: bool = False,
 ) -> RunReport:
     """Run a job: fit or update, finalize, apply; each step skipped when already up to date.
 
     A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead. A
     job with a ``[publish]`` table publishes its outputs in versions instead of rewriting them
     (:func:`streamwhiten.job.publish.run_published`, which returns a :class:`PublishReport`;
-    ``republish`` publishes a new version whatever the staleness). Returns the :class:`RunReport` of the
+    ``republish`` publishes a new version whatever the staleness; ``new_job`` makes a copied job folder,
+    or one moved to another file system, a job of its own, which is refused otherwise). Returns the :class:`RunReport` of the
     run: its ``steps``, the ``rows_added`` to the statistics, the ``outputs``, the ``bytes_written`` by
     this run (outputs only) and the ``seconds``. Raises :class:`JobUpToDateError` (a
     :class:`NothingToDoError` whose ``report`` is the report) when nothing ran.
@@ -60,11 +63,12 @@ def run_job(
     if job.publish is not None:
         from .publish import run_published
 
-        return run_published(job, progress, should_stop, restart, republish)
-    if republish:
-        raise BadInputError(
-            f"{job.path}: republish needs a [publish] table in the job file (versioned outputs)", param="republish"
-        )
+        return run_published(job, progress, should_stop, restart, republish, new_job)
+    for name, given in (("republish", republish), ("new_job", new_job)):
+        if given:
+            raise BadInputError(
+                f"{job.path}: {name} needs a [publish] table in the job file (versioned outputs)", param=name
+            )
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
     steps: list[str] = []
