@@ -1,7 +1,7 @@
 """Old module paths of 0.2.0, still reachable as attributes with a ``DeprecationWarning`` naming the new one.
 
 Modules moved in 0.3 (``streamwhiten.stats`` is ``streamwhiten.core.stats``, ...). The packages' module
-``__getattr__`` asks :func:`moved` for a name they lack, so ``streamwhiten.stats`` and ``from streamwhiten
+``__getattr__`` asks `moved` for a name they lack, so ``streamwhiten.stats`` and ``from streamwhiten
 import stats`` give the module at its new path (the same object) and warn once. Nothing is installed on
 ``sys.meta_path``: a dotted import of an old path (``import streamwhiten.stats``, ``from
 streamwhiten.model import load_model``) is not found; import the new path. These names go in 0.4.

@@ -1,7 +1,7 @@
 """Deprecated: the names this module held moved (0.3).
 
-A fit's pipeline is :mod:`streamwhiten.pipeline` (``streamwhiten.fit``), a job file and its run are
-:mod:`streamwhiten.job`. The old names still work here, with a ``DeprecationWarning``:
+A fit's pipeline is `streamwhiten.pipeline` (``streamwhiten.fit``), a job file and its run are
+`streamwhiten.job`. The old names still work here, with a ``DeprecationWarning``:
 
 ========================= ========================================================================
 old                       new
@@ -78,7 +78,7 @@ def _fit_job(
 ):
     """The 0.2 ``fit_job``: plan, run and finalize a fit, without saving; returns ``(model, fitted,
     resumed, checkpoint)`` as it did (``fitted``: the finished plan, or the Dask engine's result; save it
-    with ``save_fitted``). Built on :func:`streamwhiten.pipeline.fit`'s steps."""
+    with ``save_fitted``). Built on [`streamwhiten.pipeline.fit`][streamwhiten.pipeline.fit]'s steps."""
     from dataclasses import replace
 
     from . import pipeline

@@ -82,7 +82,7 @@ def _index_for(kind: str, dim: int, n_bytes: int, l2: bool = False) -> Any:
 
 def layout_for(kind: str, n_features: int, budget: int) -> tuple[int, int]:
     """``(dimensions kept, PQ sub-quantisers)`` of the ``kind`` code that fits ``budget`` bytes, the most
-    dimensions it can; :class:`BadInputError` below the smallest such code."""
+    dimensions it can; `BadInputError` below the smallest such code."""
     if kind not in KINDS:
         raise BadInputError(f"a faiss code is one of {', '.join(KINDS)}, got {kind!r}")
     budget = int(budget)
@@ -104,7 +104,7 @@ def layout_for(kind: str, n_features: int, budget: int) -> tuple[int, int]:
 
 
 class FaissCode(Codec):
-    """A faiss code over the centred (and possibly projected) vectors; built by :func:`train_faiss`."""
+    """A faiss code over the centred (and possibly projected) vectors; built by `train_faiss`."""
 
     family = "faiss"
 
@@ -179,7 +179,7 @@ class FaissCode(Codec):
 
     @property
     def unit(self) -> bool:
-        """Whether the code is of unit vectors, searched by faiss's L2 distance (see :func:`train_faiss`)."""
+        """Whether the code is of unit vectors, searched by faiss's L2 distance (see `train_faiss`)."""
         return bool(self._index.metric_type == _faiss().METRIC_L2)
 
     def search(self, queries: npt.ArrayLike, codes: npt.ArrayLike, k: int) -> tuple[np.ndarray, np.ndarray]:
