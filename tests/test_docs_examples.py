@@ -1,6 +1,6 @@
-"""Every ```python block of README.md and docs/*.md (the pages of the docs site) runs as written.
+"""Every code block of README.md and docs/*.md (the pages of the docs site) runs as written.
 
-Each block runs in-process (``exec``) in a fresh temporary working directory that its doc file's fixture
+**Python blocks** run in-process (``exec``) in a fresh temporary working directory that its doc file's fixture
 fills with the small files the block names (stores, a fitted ``model.npz``, exports, a published job...),
 made with the package itself. The blocks of one doc file build on each other as a reader would run
 them: they run in order in one namespace (``np`` or ``SentenceTransformer`` imported by an earlier block
@@ -8,14 +8,28 @@ is there for a later one; running one block alone runs the earlier ones of its f
 the prose supplies and a block does not define (``query``, ``rows``, ``X, y``, ``raw_corpus``...) are
 given to it, made for that block, so a name from an earlier block never stands in for one.
 
-Placeholders of a user's site are pointed at local stand-ins, each listed in ``SITE``: the S3-compatible
-server ``http://minio:9000`` at the moto server of ``tests/conftest.py`` (bucket ``emb`` holds what the
-block reads), the Dask scheduler ``tcp://head:8786`` at a ``LocalCluster``, the shared disk ``/shared/``
-at a folder of the working directory. Nothing else in a block is changed.
+**Shell blocks** (fenced ``bash``/``sh``/``shell``/``console``, or indented or bare-fenced blocks that
+start with a command; a console block's ``$`` lines without their output) are checked in the quick tier
+against the CLI, in-process: every ``streamwhiten`` command and option must exist, with the arguments
+it needs. The slow tier runs them: the blocks of one page in order, by bash (stopping at the first
+command that fails), in one temporary folder that the page's ``SHELL_PREPARE`` fills with small inputs
+under the names the page uses, with the page's own ``# job.toml`` blocks written there and
+``streamwhiten`` this worktree's. Where the prose says the inputs change between two blocks ("later,
+when new shards arrived"), ``SHELL_BEFORE`` changes them.
+
+Placeholders of a user's site are pointed at local stand-ins, each listed in ``SITE`` (``SHELL_SITE``):
+the S3-compatible server ``http://minio:9000`` at the moto server of ``tests/conftest.py`` (bucket ``emb``
+holds what the block reads; a shell block's ``s3://`` URLs reach it through the environment that fixture
+sets), the Dask scheduler ``tcp://head:8786`` at a ``LocalCluster``, the shared disk ``/shared/`` at a
+folder of the working directory. Nothing else in a block is changed.
 
 A block that cannot run here is preceded in its markdown by ``<!-- not run: REASON -->``; it is skipped
-with that reason. A failure means the doc no longer matches the code: fix the doc (or the code), not this
-test.
+with that reason (``test_shell_blocks_found`` lists the shell ones). A failure means the doc no longer
+matches the code: fix the doc (or the code), not this test.
+
+Also here: the docstrings the API page renders hold no Sphinx roles and link only what it renders,
+``mkdocs.yml`` says where the site is served, and getting-started's table of the tests that need the
+STS-B data is the tests' code.
 """
 
 from __future__ import annotations
