@@ -663,6 +663,7 @@ def test_shell_blocks_found():
     assert len(SHELL_BLOCKS) >= 20 and {"README.md", "docs/search.md", "docs/getting-started.md"} <= pages
     assert pages <= set(SHELL_PREPARE), f"pages with shell blocks but no preparer: {pages - set(SHELL_PREPARE)}"
     not_run = [f"{b.doc}:{b.line}: {b.not_run}" for b in SHELL_BLOCKS if b.not_run]
+    assert all(len(b.not_run.split()) >= 5 for b in SHELL_BLOCKS if b.not_run), "a not-run marker must say why"
     print(f"{len(SHELL_BLOCKS)} shell blocks, {len(SHELL_BLOCKS) - len(not_run)} run, {len(not_run)} not run:")
     print("\n".join(not_run))
 
