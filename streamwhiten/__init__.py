@@ -11,22 +11,33 @@ The public API (everything a user imports; documentation and examples import not
 >>> issubclass(streamwhiten.BadInputError, streamwhiten.StreamwhitenError)
 True
 
-- :func:`fit` and :func:`apply`: the pipeline of the command line, on stores of any size; :func:`with_codes`
+- [`fit`][streamwhiten.pipeline.fit] and [`apply`][streamwhiten.pipeline.apply]: the pipeline of the command line, on
+  stores of any size; [`with_codes`][streamwhiten.pipeline.with_codes]
   (a model with a vector code as its storage);
-- :func:`load_model` and :class:`Model` (a fitted whitening and its statistics), :func:`staleness` (how far a
-  published map is from a refit: a :class:`Staleness`), :func:`published` (the current :class:`Publication`
+- [`load_model`][streamwhiten.core.model.load_model] and [`Model`][streamwhiten.core.model.WhiteningModel] (a fitted
+  whitening and its statistics), [`staleness`][streamwhiten.core.staleness.staleness] (how far a
+  published map is from a refit: a [`Staleness`][streamwhiten.core.staleness.Staleness]),
+  [`published`][streamwhiten.job.publication.published] (the current
+  [`Publication`][streamwhiten.job.publication.Publication]
   of a job's versioned outputs, read through its manifest);
-- :func:`evaluate` (labelled pairs: a :class:`PairsResult`) and :func:`evaluate_retrieval` (queries, corpus
-  and qrels: a :class:`RetrievalResult`);
-- :mod:`export` (``export.export(model, "whiten.onnx")``: numpy, torch, sentence-transformers, faiss, ONNX;
-  an :class:`ExportResult`) and :mod:`serving` (the map in numpy alone); :mod:`synthetic` (the built-in
+- [`evaluate`][streamwhiten.evaluation.evaluate.evaluate] (labelled pairs: a
+  [`PairsResult`][streamwhiten.evaluation.evaluate.PairsResult]) and
+  [`evaluate_retrieval`][streamwhiten.evaluation.retrieval.evaluate_retrieval] (queries, corpus
+  and qrels: a [`RetrievalResult`][streamwhiten.evaluation.retrieval.RetrievalResult]);
+- [`export`][streamwhiten.export] (``export.export(model, "whiten.onnx")``: numpy, torch, sentence-transformers, faiss,
+  ONNX;
+  an [`ExportResult`][streamwhiten.export.ExportResult]) and [`serving`][streamwhiten.serving] (the map in numpy alone);
+  [`synthetic`][streamwhiten.synthetic] (the built-in
   anisotropic example data);
-- :class:`Whitener`, the scikit-learn transformer;
-- the exception family: :class:`StreamwhitenError` and its kinds (:class:`BadInputError`,
-  :class:`NothingToDoError`, :class:`LockedError`, :class:`StoreIOError`, ...), each with the exit code the
-  command line uses (``streamwhiten.errors`` holds the codes);
-- the option objects :class:`ReadOptions`, :class:`FitOptions`, :class:`ApplyOptions`,
-  :class:`EngineOptions`, :class:`Setting`, :class:`RetrievalOptions` (what ``evaluate_retrieval`` reads), and the outcomes :class:`FitOutcome`, :class:`ApplyOutcome`.
+- [`Whitener`][streamwhiten.whitener.Whitener], the scikit-learn transformer;
+- the exception family: `StreamwhitenError` and its kinds (`BadInputError`, `NothingToDoError`,
+  `LockedError`, `StoreIOError`, ...), each with the exit code the command line uses (``streamwhiten.errors``
+  holds the codes);
+- the option objects [`ReadOptions`][streamwhiten.options.ReadOptions], [`FitOptions`][streamwhiten.options.FitOptions],
+  [`ApplyOptions`][streamwhiten.options.ApplyOptions],
+  [`EngineOptions`][streamwhiten.options.EngineOptions], [`Setting`][streamwhiten.options.Setting],
+  [`RetrievalOptions`][streamwhiten.options.RetrievalOptions] (what ``evaluate_retrieval`` reads), and the outcomes
+  [`FitOutcome`][streamwhiten.pipeline.FitOutcome], [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome].
 
 Every result is a frozen dataclass whose ``to_json()`` gives plain JSON values: what the command's
 ``--json`` prints.

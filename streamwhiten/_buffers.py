@@ -6,10 +6,11 @@ blocks in flight and a chunk-sized buffer per worker between two decoding steps)
 zero on first touch; on a virtual machine whose freed memory goes back to the host, that first touch
 can cost as much as the block's product (``benchmarks/memory.py`` measures it). So a run hands its buffers back here when it ends and the next run in the process takes them again, as
 BLAS libraries keep their work areas. The cache holds only buffers given back, so it never holds more
-than the most any run had in use at once; :func:`release_buffers` returns them to the system.
+than the most any run had in use at once; [`release_buffers`][streamwhiten._buffers.release_buffers] returns them to the
+system.
 
 A buffer is handed back only once nothing can touch it any more (its workers and writer have
-stopped; see :func:`kept_for_next_run`), and never escapes to the caller: results are always copied
+stopped; see `kept_for_next_run`), and never escapes to the caller: results are always copied
 out of it.
 """
 
@@ -28,7 +29,7 @@ ALIGNMENT = 4096
 
 
 def _allocate(n_bytes: int) -> np.ndarray:
-    """A new buffer: ``n_bytes`` plus room to start at an aligned address (see :func:`_aligned`)."""
+    """A new buffer: ``n_bytes`` plus room to start at an aligned address (see `_aligned`)."""
     return np.empty(n_bytes + ALIGNMENT, dtype=np.uint8)
 
 
@@ -52,7 +53,7 @@ class _Cache:
     """Free buffers, and the ones lent out (weakly: one never given back is simply collected).
 
     A lent array's ``.base`` is the buffer that owns its memory (numpy collapses chains of views), which
-    is how :meth:`give_back` finds it.
+    is how `give_back` finds it.
     """
 
     def __init__(self) -> None:
@@ -97,12 +98,12 @@ _CACHE = _Cache()
 
 def take(shape: tuple[int, ...], dtype: npt.DTypeLike) -> np.ndarray:
     """An aligned, uninitialised array of ``shape`` and ``dtype``: a cached buffer when one is big
-    enough, else a new one. Hand it back with :func:`give_back` once nothing uses it."""
+    enough, else a new one. Hand it back with `give_back` once nothing uses it."""
     return _CACHE.take(shape, dtype)
 
 
 def give_back(array: np.ndarray) -> None:
-    """Keep ``array`` (from :func:`take`) for a later run; anything else is ignored."""
+    """Keep ``array`` (from `take`) for a later run; anything else is ignored."""
     _CACHE.give_back(array)
 
 
@@ -118,7 +119,7 @@ def cached_bytes() -> int:
 
 @contextlib.contextmanager
 def kept_for_next_run(*holders: PerThread | BufferPool | None) -> Iterator[None]:
-    """Hand the buffers of ``holders`` (:class:`PerThread`, :class:`BufferPool` or None) back to the
+    """Hand the buffers of ``holders`` (`PerThread`, `BufferPool` or None) back to the
     cache when the block ends, normally or by an ordinary error, after which every thread that used
     them has been joined. After a KeyboardInterrupt or SystemExit that may not hold (a second Ctrl-C
     cuts short the wait for the workers; zarr's own I/O thread may still be decoding into a block),
@@ -141,8 +142,8 @@ def _release(holders: tuple[PerThread | BufferPool | None, ...]) -> None:
 
 class PerThread:
     """One scratch buffer of ``shape`` and ``dtype`` per thread that asks (a worker's block buffer),
-    taken from the cache on first use; :meth:`release` hands them all back once the workers stopped,
-    after which :meth:`get` refuses."""
+    taken from the cache on first use; `release` hands them all back once the workers stopped,
+    after which `get` refuses."""
 
     def __init__(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         self._shape, self._dtype = tuple(shape), np.dtype(dtype)
@@ -169,8 +170,8 @@ class PerThread:
 
 
 class BufferPool:
-    """Scratch buffers of one shape and dtype handed from thread to thread: :meth:`take` one (from the
-    cache only when none is free here), :meth:`give_back` it when done with it; :meth:`release` hands
+    """Scratch buffers of one shape and dtype handed from thread to thread: `take` one (from the
+    cache only when none is free here), `give_back` it when done with it; `release` hands
     the free ones back to the cache at the end of a run (any still out are left to the collector)."""
 
     def __init__(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:

@@ -5,9 +5,9 @@ something final (a model file, a checkpoint, a progress record, an output) goes 
 Temporary names carry the writer's PID (``.NAME.tmp-PID``), so the next writer of the same path can
 tell the leftovers of a killed run (their process is gone) from a run still writing, and remove them.
 
-It also holds the two rules every writer shares: :func:`check_replaceable` (an existing output is
+It also holds the two rules every writer shares: `check_replaceable` (an existing output is
 replaced only with ``overwrite``, and only when it is an output of the same kind that streamwhiten wrote),
-and :func:`exclusive_lock` (one run at a time per job or per output, released by the OS if the run dies).
+and `exclusive_lock` (one run at a time per job or per output, released by the OS if the run dies).
 
 It sits below every package (stdlib only): stores (``io``), model files and checkpoints (``_npz``) and
 exports all write through it, and the serving path reads model files without importing ``io``.
@@ -100,7 +100,7 @@ def write_file_atomic(path: str, write: Callable[[Any], object], what: str) -> N
     """Write ``path`` by calling ``write(handle)`` on a temporary file, fsync, rename, fsync the directory.
 
     A reader sees the old file or the whole new one. On failure the temporary file is removed, ``path``
-    keeps its old content, and :class:`StoreIOError` names ``path`` and says whether an old file is kept.
+    keeps its old content, and `StoreIOError` names ``path`` and says whether an old file is kept.
     """
     path = os.fspath(path)
     remove_stale_temps(path)
@@ -144,11 +144,11 @@ def check_replaceable(
 ) -> None:
     """The one rule for an output that may exist already; every writer calls it with its own ``foreign``.
 
-    Nothing at ``path``: go on. Something there and no ``overwrite``: :class:`OutputExistsError`. With
+    Nothing at ``path``: go on. Something there and no ``overwrite``: `OutputExistsError`. With
     ``overwrite`` it may be replaced only when ``foreign(path)`` returns None, i.e. it is ``what`` (e.g.
     "an HDF5 output") as streamwhiten writes it; otherwise ``foreign`` says what it is instead ("a
     directory", "an HDF5 file holding a dataset streamwhiten did not write (/x)") and
-    :class:`ForeignOutputError` (exit 2) refuses it, so a user's file is never replaced or deleted.
+    `ForeignOutputError` (exit 2) refuses it, so a user's file is never replaced or deleted.
     ``label`` names the path in messages (a URL without credentials).
     """
     if not exists(path):
@@ -166,7 +166,7 @@ def check_replaceable(
 
 
 def link_or_kind(path: str, directory: bool) -> str | None:
-    """What a ``foreign`` check of :func:`check_replaceable` says first: "a symbolic link" (never written
+    """What a ``foreign`` check of `check_replaceable` says first: "a symbolic link" (never written
     here), "a directory" where a file is written or "a file" where a directory is; None when ``path`` is
     of the right sort (a directory when ``directory``) and its content is to be looked at."""
     import stat
@@ -189,7 +189,7 @@ def exclusive_lock(path: str, busy: Callable[[str], str], remove: bool = False):
     """Hold an exclusive ``flock`` on the file ``path`` (created if needed) for the ``with`` block.
 
     The OS releases it when the process dies, ``kill -9`` included. A second holder is not waited for:
-    :class:`LockedError` (exit 75) with the message ``busy(pid)`` (the pid written by the holder). With
+    `LockedError` (exit 75) with the message ``busy(pid)`` (the pid written by the holder). With
     ``remove`` the file is deleted before the lock is released, and a lock taken on a file that its
     previous holder deleted meanwhile is taken again on the new one, so two runs never both hold it. A
     lock file that cannot be opened for writing (another user's) is locked read-only (``flock`` needs no

@@ -33,10 +33,10 @@ def checksum(arrays: dict) -> str:
 
 
 def write_npz_atomic(path: str, arrays: dict, what: str = "file") -> str:
-    """Write ``arrays`` plus their checksum to ``path`` durably (see :func:`write_file_atomic`); returns the checksum.
+    """Write ``arrays`` plus their checksum to ``path`` durably (see `write_file_atomic`); returns the checksum.
 
     On any failure (disk full included) the temporary file is removed, ``path`` keeps its old content,
-    and :class:`~streamwhiten.errors.StoreIOError` names ``path``. Leftovers of killed writers of the
+    and `StoreIOError` names ``path``. Leftovers of killed writers of the
     same path are removed first.
     """
     digest = checksum(arrays)
@@ -50,7 +50,7 @@ def read_npy_header(handle: Any) -> tuple[tuple, bool, np.dtype]:
 
     Version 3.0 is 2.0 with a UTF-8 header (field names beyond Latin-1); numpy has no public reader
     for it, so its header is parsed here as numpy does (a Python literal, never evaluated as code).
-    Raises :class:`ValueError` (or :class:`EOFError`) for what is not such a header.
+    Raises `ValueError` (or `EOFError`) for what is not such a header.
     """
     from numpy.lib import format as npy_format
 
@@ -100,8 +100,8 @@ def npy_header(handle: Any, size: int) -> tuple[tuple, np.dtype, bool, int]:
     """``(shape, dtype, fortran_order, offset of the data)`` of the ``.npy`` array that starts at the current
     position of ``handle`` and is ``size`` bytes long, checked against ``size`` before anything is allocated.
 
-    Raises :class:`ValueError` (or :class:`EOFError`) for what is no ``.npy`` header, negative dimensions or
-    Python objects, and :class:`NpyTooShort` for a header that declares more data than there is (a
+    Raises `ValueError` (or `EOFError`) for what is no ``.npy`` header, negative dimensions or
+    Python objects, and `NpyTooShort` for a header that declares more data than there is (a
     truncated file, or a damaged header claiming a shape of hundreds of GiB: numpy would try to allocate it).
     """
     start = handle.tell()
@@ -145,8 +145,8 @@ KNOWN_FORMATS = {
 
 
 def foreign_npz(path: str, expected_format: str) -> str | None:
-    """None when ``path`` is a file of ``expected_format`` written by :func:`write_npz_atomic` (its
-    ``format`` entry says so; the checksum is left to :func:`read_npz`), else what it is instead: the
+    """None when ``path`` is a file of ``expected_format`` written by `write_npz_atomic` (its
+    ``format`` entry says so; the checksum is left to `read_npz`), else what it is instead: the
     ``foreign`` check of ``_durable.check_replaceable`` for model files, checkpoints and exported maps."""
     found = link_or_kind(path, directory=False)
     if found is not None:
@@ -164,8 +164,8 @@ def foreign_npz(path: str, expected_format: str) -> str | None:
 
 
 def check_file(path: str, what: str) -> None:
-    """Refuse a ``path`` that is missing or not a regular file (:class:`ModelFileError`), or that may not be
-    read (:class:`~streamwhiten.errors.StoreIOError`), before anything opens it (a FIFO would block)."""
+    """Refuse a ``path`` that is missing or not a regular file (`ModelFileError`), or that may not be
+    read (`StoreIOError`), before anything opens it (a FIFO would block)."""
     try:
         check_readable(path, what, directory=False)
     except ModelFileError:
@@ -175,7 +175,7 @@ def check_file(path: str, what: str) -> None:
 
 
 def read_npz(path: str, what: str, expected_format: str, version: int | tuple[int, ...]) -> dict:
-    """All arrays of a file written by :func:`write_npz_atomic`, or :class:`ModelFileError`.
+    """All arrays of a file written by `write_npz_atomic`, or `ModelFileError`.
 
     Checked in the order that gives the clearest message: readable at all, of the expected kind and
     version, then intact (checksum).

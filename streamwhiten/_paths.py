@@ -1,7 +1,7 @@
 """Local paths a command reads: the one check that each can be read, and what makes two paths one file.
 
 Every local path read (an input store, a vector of scores, a model file, a checkpoint, an exported map,
-a job file) goes through :func:`check_readable` before it is opened, so that:
+a job file) goes through `check_readable` before it is opened, so that:
 
 - a missing path is bad input (exit 2), and a path like ``file.h5/name`` that runs through a file says how
   to name something inside a store (``file.h5:/name``);
@@ -10,7 +10,7 @@ a job file) goes through :func:`check_readable` before it is opened, so that:
 - a path that may not be read (permissions) is an I/O error (exit 74), as any other failed read; a path that
   cannot name a file (a symbolic link loop, a name too long: ``errors.PATH_ERRNOS``) is bad input.
 
-A file's identity is its ``(device, inode)`` (:func:`file_identity`): a symlink and a hard link of one
+A file's identity is its ``(device, inode)`` (`file_identity`): a symlink and a hard link of one
 file are that file, however the path is spelled. Standard library only: the serving path uses it too.
 """
 
@@ -48,8 +48,8 @@ def check_readable(path: str | os.PathLike[str], what: str = "", directory: bool
 
     ``what`` names the path in messages ("model file", ...; nothing for an input store); ``directory``:
     whether a directory is acceptable (a store) or only a regular file (a model file, a job file).
-    Raises :class:`BadInputError` for a missing path, or one that is not a regular file (or directory),
-    and :class:`StoreIOError` (exit 74) for one that may not be read.
+    Raises `BadInputError` for a missing path, or one that is not a regular file (or directory),
+    and `StoreIOError` (exit 74) for one that may not be read.
     """
     path = os.fspath(path)
     named = f"{path}: {what}" if what else f"{path}:"

@@ -2,7 +2,7 @@
 
 Library code raises these; only the CLI (``streamwhiten.cli``) turns them into a one-line message and an exit code.
 A message names the library's parameters (``keep_columns``, ``overwrite=True``), never a command-line flag; the
-error carries which (:attr:`StreamwhitenError.params`), and the CLI writes each as its flag (``--keep-columns``,
+error carries which (`StreamwhitenError.params`), and the CLI writes each as its flag (``--keep-columns``,
 ``--overwrite``), as click's ``ClickException`` names the option it refuses.
 """
 
@@ -111,7 +111,7 @@ class Report(Protocol):
 
 class NothingToDoError(StreamwhitenError):
     """Everything is already up to date; ``report`` is the typed report of the run that found so (``run``'s
-    :class:`~streamwhiten.job.report.RunReport`, printed by ``run --json`` before exit 3), None where there is
+    `RunReport`, printed by ``run --json`` before exit 3), None where there is
     none."""
 
     exit_code = EXIT_NOTHING_TO_DO

@@ -1,11 +1,11 @@
 """Hand the whitening to the code that embeds queries: numpy, torch, sentence-transformers, faiss, ONNX.
 
-Every export writes the same affine map ``y = x A + b`` (see :class:`~streamwhiten.core.affine.AffineMap`),
+Every export writes the same affine map ``y = x A + b`` (see `AffineMap`),
 in float64 for ``npz`` and float32 elsewhere, optionally followed by L2 normalisation:
 
 ========================= ==================================================================================
 ``npz``                   plain arrays ``A`` (d x k), ``b``, ``mean`` and the parameters; read by
-                          :func:`streamwhiten.serving.load` or ``numpy.load`` alone
+                          [`streamwhiten.serving.load`][streamwhiten.serving.load] or ``numpy.load`` alone
 ``safetensors``           ``weight`` (k x d) and ``bias`` (k): the state dict of ``torch.nn.Linear(d, k)``
 ``sentence-transformers`` a directory with a ``Dense`` module (identity activation) and ``Normalize`` when
                           asked; with ``append_to`` a copy of a local model with these modules appended
@@ -14,7 +14,8 @@ in float64 for ``npz`` and float32 elsewhere, optionally followed by L2 normalis
                           transform, ``NormalizationTransform`` and an ``IndexScalarQuantizer`` (8 bits)
                           whose ranges are the map's int8 ranges; for binary storage an empty
                           ``IndexBinaryFlat`` for the packed sign bits, named ``*.binary.faiss``
-                          (:func:`read_faiss_binary`; the float files: :func:`read_faiss_index`)
+                          ([`read_faiss_binary`][streamwhiten.export.read_faiss_binary]; the float files:
+                          [`read_faiss_index`][streamwhiten.export.read_faiss_index])
 ``onnx``                  MatMul + Add (+ L2 normalisation), dynamic batch axis, opset 21
 ========================= ==================================================================================
 
@@ -32,7 +33,7 @@ encodes ``floor(255 (x - vmin) / vdiff)`` clipped to 0..255. With ``vmin = offse
 (we round to even), and a value beyond ``offset + 127.5 scale`` becomes code 255 (``offset + 128 scale``)
 where we clip to 127; and faiss computes in float32. Both only move values at a code boundary or beyond
 the clip (4 standard deviations). The target library is imported only by the function that needs it; a
-missing one raises :class:`BadInputError` naming the ``pip install``. Outputs are written under a temporary
+missing one raises `BadInputError` naming the ``pip install``. Outputs are written under a temporary
 name beside the target and renamed into place when complete.
 """
 
@@ -91,13 +92,13 @@ def _require(module: str, package: str, extra: str, purpose: str):
 
 
 def check_available(fmt: str) -> None:
-    """Raise the one-line :class:`BadInputError` naming the ``pip install`` if ``fmt``'s library is missing."""
+    """Raise the one-line `BadInputError` naming the ``pip install`` if ``fmt``'s library is missing."""
     for module, package, extra in REQUIREMENTS[fmt]:
         _require(module, package, extra, f"the {fmt} export")
 
 
 def format_for(path: str, fmt: str | None = None, append_to: str | None = None) -> str:
-    """The export format, told by ``path``'s name: its extension (:data:`EXTENSIONS`), or a name without
+    """The export format, told by ``path``'s name: its extension (`EXTENSIONS`), or a name without
     one of them for a ``sentence-transformers`` directory (``fmt`` or ``append_to`` saying so). ``fmt``
     must agree with the name: a file format's name ends in one of its extensions, and a directory's
     name in none of them (exit 2, listing the extensions)."""
@@ -135,7 +136,7 @@ def check_options(
     insert: str | None = None,
     dtype: str | None = None,
 ) -> None:
-    """Raise :class:`BadInputError` for an option another format than ``fmt`` takes (``dtype``: how the
+    """Raise `BadInputError` for an option another format than ``fmt`` takes (``dtype``: how the
     map's outputs are stored)."""
     if fmt == "faiss" and dtype in ("int8", "binary", "code") and index is not None:
         own = {"int8": "IndexScalarQuantizer", "binary": "IndexBinaryFlat", "code": "structure, its codec's"}[dtype]
@@ -169,17 +170,17 @@ def check_options(
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What :func:`export` wrote (``export --json`` prints :meth:`to_json`).
+    """What [`export`][streamwhiten.export.export] wrote (``export --json`` prints
+    [`to_json`][streamwhiten.export.ExportResult.to_json]).
 
     Attributes
     ----------
     format : str
-        One of :data:`FORMATS`.
+        One of `FORMATS`.
     output : str
         The file or directory written.
     params : mapping
-        The map's setting and provenance (:meth:`AffineMap.params
-        <streamwhiten.core.affine.AffineMap.params>`): ``beta``, ``gamma``, ``eps``, ``n_features``,
+        The map's setting and provenance (`AffineMap.params`): ``beta``, ``gamma``, ``eps``, ``n_features``,
         ``n_components``, ``normalize``, ``model_checksum``, ... and, with a storage, its ``dtype``,
         ``bytes_per_vector`` and ``quantization`` record.
     details : mapping
@@ -217,18 +218,19 @@ def export(
     Parameters
     ----------
     affine : AffineMap or WhiteningModel
-        From ``WhiteningModel.as_affine`` (another setting, normalisation) or :func:`streamwhiten.serving.load`;
+        From ``WhiteningModel.as_affine`` (another setting, normalisation) or
+        [`streamwhiten.serving.load`][streamwhiten.serving.load];
         a model stands for its map at its saved setting, ``model.as_affine()``.
     path : str
         The output file, or directory for ``sentence-transformers``; its name tells the format
-        (:func:`format_for`).
+        ([`format_for`][streamwhiten.export.format_for]).
     fmt : str, optional
-        One of :data:`FORMATS`; default from ``path``'s extension (else ``sentence-transformers`` with ``append_to``).
+        One of `FORMATS`; default from ``path``'s extension (else ``sentence-transformers`` with ``append_to``).
     overwrite : bool
         Replace an existing output, if it is an export of this format that streamwhiten wrote
-        (:func:`foreign_export`; otherwise :class:`~streamwhiten.errors.ForeignOutputError`). Without
-        it an existing output is refused (:class:`~streamwhiten.errors.OutputExistsError`), unless it
-        already holds what would be written: then :class:`~streamwhiten.errors.NothingToDoError` (exit 3).
+        ([`foreign_export`][streamwhiten.export.foreign_export]; otherwise `ForeignOutputError`). Without
+        it an existing output is refused (`OutputExistsError`), unless it
+        already holds what would be written: then `NothingToDoError` (exit 3).
     append_to : str, optional
         ``sentence-transformers`` only: a local model directory whose copy gets the modules appended.
     index : str, optional
@@ -237,9 +239,10 @@ def export(
         ``faiss`` with ``index``: the index metric (default ``ip`` when normalising, else ``l2``).
     insert : {"before-normalize", "end"}, optional
         ``append_to`` only: where the whitening goes in a model ending in ``Normalize`` (default: told
-        from ``affine.mean_sq_norm``, see :func:`st_insertion`).
+        from ``affine.mean_sq_norm``, see [`st_insertion`][streamwhiten.export.st_insertion]).
     codec : streamwhiten.codes.Codec or bytes, optional
-        ``faiss`` only: write the index that searches this faiss codec's rows (:func:`faiss_codec_index`);
+        ``faiss`` only: write the index that searches this faiss codec's rows
+        ([`faiss_codec_index`][streamwhiten.export.faiss_codec_index]);
         default: a model's recorded codec, when ``affine`` is a model whose storage is a code. The tool's own
         codes (``eigen``, ``bits-*``) faiss cannot scan: refused, naming what searches them.
 
@@ -314,7 +317,8 @@ def _up_to_date(path: str) -> NothingToDoError:
 def check_export_output(path: str, fmt: str, overwrite: bool) -> None:
     """The one rule for an export's output (checked before it is written, and for a directory again at
     its rename): absent, or ``overwrite`` and an export of ``fmt`` that streamwhiten wrote
-    (:func:`foreign_export`); else an ``OutputExistsError`` (exit 2), and nothing is touched."""
+    ([`foreign_export`][streamwhiten.export.foreign_export]); else an ``OutputExistsError`` (exit 2), and nothing is
+    touched."""
     check_replaceable(path, overwrite, _EXPORT_NAMES[fmt], lambda found: foreign_export(found, fmt))
 
 
@@ -431,7 +435,7 @@ def _safetensors_parts(payload: bytes) -> tuple[dict, bytes]:
 
 
 def write_safetensors(affine: AffineMap, path: str) -> None:
-    """Write the ``nn.Linear`` state dict (see :func:`safetensors_bytes`)."""
+    """Write the ``nn.Linear`` state dict (see [`safetensors_bytes`][streamwhiten.export.safetensors_bytes])."""
     payload = safetensors_bytes(affine)
     write_file_atomic(path, lambda handle: handle.write(payload), "safetensors export")
 
@@ -497,7 +501,7 @@ def onnx_model(affine: AffineMap):
 
 
 def write_onnx(affine: AffineMap, path: str) -> None:
-    """Write :func:`onnx_model` (weights inside the file)."""
+    """Write [`onnx_model`][streamwhiten.export.onnx_model] (weights inside the file)."""
     payload = onnx_model(affine).SerializeToString()
     write_file_atomic(path, lambda handle: handle.write(payload), "onnx export")
 
@@ -610,7 +614,8 @@ def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
 
 
 def _is_whitening_faiss(path: str) -> bool:
-    """Whether the faiss file ``path`` is what :func:`write_faiss` writes (faiss files carry no metadata)."""
+    """Whether the faiss file ``path`` is what [`write_faiss`][streamwhiten.export.write_faiss] writes (faiss files
+    carry no metadata)."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     # the objects faiss reads are kept referenced while their downcast views are used (those do not own them)
     try:
@@ -635,7 +640,7 @@ def faiss_bytes(
 ) -> tuple[bytes, dict]:
     """The bytes faiss's own writer gives for the ``LinearTransform`` (or, with ``factory``, the empty
     index; for int8 or binary storage, that storage's index; with ``codec``, a faiss codec's index:
-    :func:`faiss_codec_index`), and the summary entries describing it.
+    [`faiss_codec_index`][streamwhiten.export.faiss_codec_index]), and the summary entries describing it.
 
     A binary index holds no map (faiss's binary indexes take no transform): add and search the packed
     bits that ``AffineMap.encode`` gives (what the search stores), from this map."""
@@ -811,8 +816,8 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
     and the output is L2-normalised only with ``--normalize``, as ``apply --normalize``) or ``"end"``.
 
     ``insert`` chooses; without it the rows the whitening was fitted on tell (``mean_sq_norm``, their
-    mean squared norm): unit-length rows (within :data:`UNIT_NORM_TOLERANCE`) came from after a
-    ``Normalize``, rows clearly not unit-length (beyond :data:`NOT_UNIT_NORM`) from before it. Anything
+    mean squared norm): unit-length rows (within `UNIT_NORM_TOLERANCE`) came from after a
+    ``Normalize``, rows clearly not unit-length (beyond `NOT_UNIT_NORM`) from before it. Anything
     else is refused with a message saying how to choose (exit 2): a model ending in ``Normalize`` with
     no way to tell, rows nearly but not exactly unit-length, or unit-length rows and a model whose
     vectors are not (it does not end in ``Normalize``).
@@ -862,8 +867,10 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
 def plan_sentence_transformers(
     affine: AffineMap, path: str, append_to: str | None = None, insert: str | None = None
 ) -> dict:
-    """What :func:`write_sentence_transformers` writes to ``path``: the base model's ``modules`` (from its
-    ``modules.json``), where the whitening goes (:func:`st_insertion`) and the ``metadata`` recorded in
+    """What [`write_sentence_transformers`][streamwhiten.export.write_sentence_transformers] writes to ``path``: the
+    base model's ``modules`` (from its
+    ``modules.json``), where the whitening goes ([`st_insertion`][streamwhiten.export.st_insertion]) and the
+    ``metadata`` recorded in
     ``streamwhiten.json`` (the parameters, ``model_checksum``, and a digest of the base model's files),
     checked first: the base model must give vectors of the map's width."""
     _st_modules()
@@ -895,11 +902,13 @@ def plan_sentence_transformers(
 def write_sentence_transformers(
     affine: AffineMap, path: str, append_to: str | None = None, overwrite: bool = False, plan: dict | None = None
 ) -> dict:
-    """Write the Dense (+ Normalize) modules, alone or in a copy of ``append_to``; see :func:`export`.
+    """Write the Dense (+ Normalize) modules, alone or in a copy of ``append_to``; see
+    [`export`][streamwhiten.export.export].
 
     The directory is built under a hidden temporary name beside ``path`` and renamed into place when
     complete; an existing one is replaced only with ``overwrite``, and only if it is such an export.
-    ``plan`` is :func:`plan_sentence_transformers`'s (made here when not given).
+    ``plan`` is [`plan_sentence_transformers`][streamwhiten.export.plan_sentence_transformers]'s (made here when not
+    given).
     """
     import torch
 
@@ -963,7 +972,7 @@ ST_METADATA = "streamwhiten.json"
 
 
 def _st_metadata(path: str) -> tuple[str, dict] | None:
-    """``(relative path, contents)`` of the :data:`ST_METADATA` of a sentence-transformers export of ours
+    """``(relative path, contents)`` of the `ST_METADATA` of a sentence-transformers export of ours
     at ``path``, or None (no such file, or not ours)."""
     try:
         with open(os.path.join(path, "modules.json"), encoding="utf8") as handle:
@@ -996,7 +1005,7 @@ def _st_is_current(path: str, metadata: dict) -> bool:
 def _tree_sha256(root: str, output: str, skip: str | None = None) -> str:
     """A SHA-256 over the files under ``root`` (relative names and contents, in name order, links
     followed as the copy follows them), leaving out the file ``skip``; a file that cannot be read is a
-    :class:`StoreIOError` naming ``output`` (nothing was written yet)."""
+    `StoreIOError` naming ``output`` (nothing was written yet)."""
     digest = hashlib.sha256()
     names = []
     for directory, dirs, files in os.walk(root, followlinks=True):
@@ -1044,11 +1053,11 @@ _TORCH_WRITE_FAILED = ("file write failed", "failed writing file", "unexpected p
 
 def write_failure(exc: BaseException) -> str | None:
     """What went wrong, short, when ``exc`` is a failed write (disk full, I/O error) as the libraries an
-    export writes through report it -- an :class:`OSError`, safetensors' ``SafetensorError`` holding an
+    export writes through report it -- an `OSError`, safetensors' ``SafetensorError`` holding an
     OS error, torch's ``RuntimeError`` from its file writer -- else None (a bug, raised as it is).
 
     The one place that tells a library's write failure from its other errors, so every export target's
-    write failure is a :class:`~streamwhiten.errors.StoreIOError` (exit 74).
+    write failure is a `StoreIOError` (exit 74).
     """
     if isinstance(exc, OSError):
         return _os_error(exc)

@@ -1,11 +1,11 @@
 """Option objects: what a read, a fit, an apply, an engine, a publication and a retrieval evaluation take, each
 a frozen dataclass.
 
-Every field is a parameter of :data:`streamwhiten.params.PARAMS` (same name, same default, same check),
+Every field is a parameter of `streamwhiten.params.PARAMS` (same name, same default, same check),
 so an option object cannot hold a value the command line or a job file would refuse: it is checked when
-it is made, and a bad value raises the one :class:`~streamwhiten.errors.BadInputError` every other door
+it is made, and a bad value raises the one `BadInputError` every other door
 raises. Objects are passed whole (``fit(..., read=ReadOptions(block_rows=65536))``), never unpacked into
-long argument lists; change one with :func:`dataclasses.replace`, which checks again.
+long argument lists; change one with `dataclasses.replace`, which checks again.
 
 This module imports nothing but the standard library and ``params``: the command line builds these before
 numpy or numba are loaded.
@@ -91,7 +91,7 @@ def _plain(mapping: Mapping) -> dict:
 
 
 def _check_fields(options: Any) -> None:
-    """Check every field that is a parameter against :data:`params.PARAMS`."""
+    """Check every field that is a parameter against `params.PARAMS`."""
     for item in fields(options):
         if item.name in params.PARAMS:
             params.check(item.name, getattr(options, item.name))
@@ -112,7 +112,7 @@ class ReadOptions:
         Read chunks missing from a store (Zarr) or never written (HDF5) as the fill value, instead of
         refusing the store.
     storage_options : mapping, optional
-        Keyword arguments of the file systems of URL inputs and outputs (see :class:`StorageOptions`;
+        Keyword arguments of the file systems of URL inputs and outputs (see `StorageOptions`;
         None: none, the environment's configuration alone).
     remote_timeout : float
         Seconds a remote store may keep failing (refused connections, timeouts, 5xx answers) before the
@@ -134,7 +134,7 @@ class ReadOptions:
             object.__setattr__(self, "storage_options", StorageOptions(self.storage_options))
 
 
-#: The environment variable that sets :attr:`ReadOptions.remote_timeout` where it is not given.
+#: The environment variable that sets `ReadOptions.remote_timeout` where it is not given.
 REMOTE_TIMEOUT_VARIABLE = "STREAMWHITEN_REMOTE_TIMEOUT"
 
 
@@ -154,7 +154,7 @@ def default_remote_timeout() -> float:
 class Setting:
     """The whitening's parameters (``beta``, ``gamma``, ``n_components`` or ``variance``, ``eps``).
 
-    A field left None is not set here: a fit takes the default of :data:`params.PARAMS` for it, an
+    A field left None is not set here: a fit takes the default of `params.PARAMS` for it, an
     apply, export or evaluation the model's saved setting.
     """
 
@@ -299,7 +299,7 @@ class PublishOptions:
 @dataclass(frozen=True)
 class RetrievalOptions:
     """What a retrieval evaluation reads besides its queries, corpus and qrels, and how
-    (:func:`~streamwhiten.evaluation.retrieval.evaluate_retrieval` and the sweep of ``tune``).
+    ([`evaluate_retrieval`][streamwhiten.evaluation.retrieval.evaluate_retrieval] and the sweep of ``tune``).
 
     Parameters
     ----------

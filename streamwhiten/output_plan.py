@@ -1,18 +1,18 @@
 """The output plan: everything an apply output is written with, in one frozen value.
 
-An :class:`OutputPlan` is made once, by the engine, from the apply options, the model and the source
+An `OutputPlan` is made once, by the engine, from the apply options, the model and the source
 (``engine.apply.plan_output``), and handed whole to every writer: ``io.Output.create``, the sinks'
-``create`` and ``resume``, the progress record of a resumable run (:meth:`OutputPlan.resume_record`),
-the check that an existing output already holds what would be written (:meth:`OutputPlan.matches`) and
-the setting read back from one (:meth:`OutputPlan.from_attrs`). It alone turns itself into the output's
-attributes (:meth:`OutputPlan.to_attrs`), so the attribute names are written here and nowhere else: the
+``create`` and ``resume``, the progress record of a resumable run (`OutputPlan.resume_record`),
+the check that an existing output already holds what would be written (`OutputPlan.matches`) and
+the setting read back from one (`OutputPlan.from_attrs`). It alone turns itself into the output's
+attributes (`OutputPlan.to_attrs`), so the attribute names are written here and nowhere else: the
 readers use the constants below.
 
 Why a foundation module (beside ``records`` and ``options``): ``io`` writes the plan and may import
 only the foundation (and the Numba kernels), ``engine`` builds it from the model, and ``core`` names the
-codes' attribute (:data:`STORAGE_ATTR`) that ``serving`` decodes. Below all three, the plan holds no
+codes' attribute (`STORAGE_ATTR`) that ``serving`` decodes. Below all three, the plan holds no
 model and no array, only values: how the stored vectors are made (the codes' record, or a codec's) is
-given to it as a :class:`StoredAs`, whatever made them. It imports nothing but the standard library and
+given to it as a `StoredAs`, whatever made them. It imports nothing but the standard library and
 ``records``.
 """
 
@@ -65,7 +65,7 @@ def record_digest(record: Mapping[str, Any]) -> str:
 
 
 def storage_record(attrs: Mapping[str, Any]) -> Any:
-    """The storage record an output's attributes carry under :data:`STORAGE_ATTR` (a JSON object, or its
+    """The storage record an output's attributes carry under `STORAGE_ATTR` (a JSON object, or its
     text where the store keeps text, as HDF5 does); None where there is none (floats)."""
     record = attrs.get(STORAGE_ATTR) if hasattr(attrs, "get") else None
     if isinstance(record, bytes):
@@ -76,8 +76,8 @@ def storage_record(attrs: Mapping[str, Any]) -> Any:
 
 
 def recorded_rows(attrs: Mapping[str, Any]) -> tuple[int, int] | None:
-    """The input rows ``(start, stop)`` an output holds, from its :data:`ROWS_ATTR` attribute (None: every
-    row of its input; HDF5 keeps the pair as JSON text); :class:`ValueError` for a value that is no pair."""
+    """The input rows ``(start, stop)`` an output holds, from its `ROWS_ATTR` attribute (None: every
+    row of its input; HDF5 keeps the pair as JSON text); `ValueError` for a value that is no pair."""
     value = attrs.get(ROWS_ATTR)
     if value is None:
         return None
@@ -110,13 +110,13 @@ class StoredAs:
         Stored values per row and their dtype name (``"int8"``; ``"uint8"`` for bits or a codec's bytes,
         ``width`` then being its bytes per vector).
     record : mapping
-        The JSON object recorded under :data:`STORAGE_ATTR`: how the codes decode.
+        The JSON object recorded under `STORAGE_ATTR`: how the codes decode.
     digest : str
         What a resumed or up-to-date output must match: the record's digest (a codec's: that of its
         checksummed bytes).
     read_digest : callable, optional
         The digest of the record an existing output's attributes carry (the record class's own reading,
-        which checks it); default: :func:`record_digest` of the recorded JSON.
+        which checks it); default: `record_digest` of the recorded JSON.
     encoder : object, optional
         What encodes a block of floats into these codes (its ``encode(rows)``), for the writer of the plan
         (the record a model made: a plan read back from attributes has none).
@@ -161,7 +161,7 @@ class OutputPlan:
     rows
         The input rows ``(start, stop)`` written, where an apply writes part of its input.
     normalize, skip_nonfinite, fill_missing_chunks
-        What changes the values written (recorded, compared by :meth:`matches`).
+        What changes the values written (recorded, compared by `matches`).
     source, source_sha256
         The input's label, and the hash of its sampled rows where known before writing.
     model_checksum, model_params
@@ -227,9 +227,9 @@ class OutputPlan:
     def to_attrs(self) -> dict[str, Any]:
         """The attributes the output is created with: where it came from (``rows``: the input rows it
         holds, where it holds part of them), which map made it, the options it was written with, the
-        input columns it carries, for codes their kind (``dtype``) and record (:data:`STORAGE_ATTR`),
+        input columns it carries, for codes their kind (``dtype``) and record (`STORAGE_ATTR`),
         the caller's attributes, and the marks of an output not yet complete. The input hash is
-        :data:`PLACEHOLDER_SHA` until known (:meth:`commit_attrs` sets it)."""
+        `PLACEHOLDER_SHA` until known (`commit_attrs` sets it)."""
         if self.model_checksum is None:  # a plain store
             return {**self.caller_attrs, COMPLETE_ATTR: False, NONFINITE_ATTR: 0, OWNER_ATTR: __version__}
         attrs: dict[str, Any] = {
@@ -264,7 +264,7 @@ class OutputPlan:
     def from_attrs(cls, attrs: Mapping[str, Any], dtype: str | None = None) -> OutputPlan:
         """The setting an existing output was written with, as its attributes record it (``dtype``: its
         array's, which the attributes of floats do not say). What is not recorded (chunk and block rows,
-        direct I/O, checksums, the output's name) is left at its default; :class:`ValueError` for a
+        direct I/O, checksums, the output's name) is left at its default; `ValueError` for a
         damaged ``rows`` or storage record."""
         record = storage_record(attrs)
         storage = None

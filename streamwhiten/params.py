@@ -1,12 +1,12 @@
 """Every parameter, declared once: its kind, default and allowed values, and the job-file tables that
 take it.
 
-The estimator (:class:`~streamwhiten.whitener.Whitener`), the option objects of
-:mod:`streamwhiten.options` (``FitOptions``, ``ApplyOptions``, ``ReadOptions``, ...), the command line (its
+The estimator ([`Whitener`][streamwhiten.whitener.Whitener]), the option objects of
+`streamwhiten.options` (``FitOptions``, ``ApplyOptions``, ``ReadOptions``, ...), the command line (its
 options are made from this registry: type, default; their flags and help are the CLI's own, in
-:mod:`streamwhiten.cli._flags`) and job files (``[input]``, ``[model]``,
-``[apply]``, ``[publish]``: the keys each table takes are listed here) all check a value against :data:`PARAMS`, so a bad
-one is refused in the same words wherever it is given, as one :class:`BadInputError` (exit 2):
+`streamwhiten.cli._flags`) and job files (``[input]``, ``[model]``,
+``[apply]``, ``[publish]``: the keys each table takes are listed here) all check a value against `PARAMS`, so a bad
+one is refused in the same words wherever it is given, as one `BadInputError` (exit 2):
 
     beta must be a number in [0, 1], got 1.5                      (Python)
     Invalid value for '--beta': beta must be a number in [0, 1], got 1.5      (command line)
@@ -14,7 +14,7 @@ one is refused in the same words wherever it is given, as one :class:`BadInputEr
 
 A parameter that was renamed keeps its old name as an alias (``chunk_rows`` for ``block_rows``): the old
 name is still taken everywhere, and refused in its own words. Rules between parameters (``n_components``
-or ``variance``, ``k <= d``) are :func:`check_model`'s. This module imports nothing but the standard
+or ``variance``, ``k <= d``) are `check_model`'s. This module imports nothing but the standard
 library: the command line checks its options before numpy or numba are loaded.
 """
 
@@ -34,7 +34,8 @@ from .errors import BadInputError
 #: ``(eps * lambda_1)^(-gamma/2)`` instead of dividing by zero.
 DEFAULT_EPS = 1e-6
 
-#: Default tolerance of :func:`streamwhiten.core.staleness.staleness`'s ``total``: the published map is
+#: Default tolerance of [`streamwhiten.core.staleness.staleness`][streamwhiten.core.staleness.staleness]'s ``total``:
+#: the published map is
 #: kept while no direction's whitened variance (or the centre, in output standard deviations) is off by
 #: more than this. ``benchmarks/staleness_quality.py`` chose it: on the real STS-B data every published
 #: map within it lost less than 0.5 nDCG@10 and Spearman points against a refit (docs/nightly.md).
@@ -107,7 +108,7 @@ class Param:
         return True
 
     def check(self, value: _T, where: str | None = None) -> _T:
-        """``value`` if allowed, else :class:`BadInputError` ``"<where> must be <text>, got <value>"``."""
+        """``value`` if allowed, else `BadInputError` ``"<where> must be <text>, got <value>"``."""
         if not self.accepts(value):
             raise BadInputError(f"{where or self.label or self.name} must be {self.text}, got {value!r}")
         return value
@@ -152,7 +153,7 @@ def is_code_dtype(dtype: object) -> bool:
     return isinstance(dtype, str) and re.fullmatch(CODE_PATTERN, dtype) is not None
 
 
-#: Every parameter, by name (aliases included: see :data:`NAMES` for the parameters alone).
+#: Every parameter, by name (aliases included: see `NAMES` for the parameters alone).
 PARAMS: dict[str, Param] = _params(
     # the whitening (changeable after a fit without another pass over the data)
     Param(
@@ -410,12 +411,12 @@ def job_keys(table: str) -> tuple:
     return tuple(name for name, item in PARAMS.items() if table in item.job)
 
 
-#: The parameters of the whitening itself, as :func:`~streamwhiten.core.model.finalize` takes them.
+#: The parameters of the whitening itself, as `finalize` takes them.
 MODEL_PARAMS = ("beta", "gamma", "n_components", "variance", "eps")
 
 
 def check(name: str, value: _T, where: str | None = None) -> _T:
-    """``value`` if it is allowed for parameter ``name``, else :class:`BadInputError`."""
+    """``value`` if it is allowed for parameter ``name``, else `BadInputError`."""
     return PARAMS[name].check(value, where)
 
 

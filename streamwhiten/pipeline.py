@@ -3,8 +3,9 @@
 A fit is: check the paths and the existing model, plan (or plan an update of a saved model), resume from
 a matching checkpoint, run the plan on an engine (``engine.engines``), finalize, save, remove the
 checkpoint. An apply is: check the engine can write it, run it. Each takes its options as objects
-(:mod:`streamwhiten.options`) and returns one outcome type whichever engine ran:
-:class:`FitOutcome` and :class:`~streamwhiten.engine.apply.ApplyOutcome`. Library code: it raises and
+(`streamwhiten.options`) and returns one outcome type whichever engine ran:
+[`FitOutcome`][streamwhiten.pipeline.FitOutcome] and [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome]. Library
+code: it raises and
 logs through the ``streamwhiten`` logger, never prints.
 
 Examples
@@ -170,7 +171,7 @@ def fit(
         A saved model whose statistics are extended with the rows appended since, and new inputs.
     progress, should_stop
         ``progress(rows_done, rows_total)``; ``should_stop()`` turns true when a signal asks the fit to
-        stop at its next block (it checkpoints and raises :class:`InterruptedRunError`).
+        stop at its next block (it checkpoints and raises `InterruptedRunError`).
     guard : callable, optional
         A context manager factory that lets a signal wait: the save of an engine that cannot stop between
         blocks runs inside it (the command line's signal handling).
@@ -254,7 +255,8 @@ def finish_checkpoint(
     """Complete the fit or update that a killed run left in ``checkpoint`` and save its model to
     ``model_path`` (a job's first step); None when there was nothing to finish.
 
-    Unlike :func:`fit`'s resume, the checkpoint's inputs need only be a prefix of ``inputs`` (a job's inputs
+    Unlike [`fit`][streamwhiten.pipeline.fit]'s resume, the checkpoint's inputs need only be a prefix of ``inputs`` (a
+    job's inputs
     grow between runs: the rows added since are the next update's). A checkpoint that does not belong to
     the current model, or whose sources changed, is discarded (logged with ``label`` before it); one whose
     model was saved before the run was killed is removed.
@@ -460,7 +462,7 @@ def save_fitted(
     """Save the model of a finished fit, then remove its checkpoint; returns the file's checksum.
 
     When a stop was asked for (a signal during the fit's last block or its finalize), the finished plan
-    is checkpointed instead and :class:`InterruptedRunError` raised: the next run only finalizes and
+    is checkpointed instead and `InterruptedRunError` raised: the next run only finalizes and
     saves. A signal during the save itself lets the save finish (the file is whole or absent). A fit
     without a checkpoint (``checkpoint`` None: the Dask engine) is saved whatever ``should_stop`` says.
     """
@@ -579,10 +581,13 @@ def is_up_to_date(
     read: ReadOptions | None = None,
     rows: tuple[int, int] | None = None,
 ) -> bool:
-    """Whether ``output_spec`` already holds what :func:`apply` with these arguments would write (complete,
+    """Whether ``output_spec`` already holds what [`apply`][streamwhiten.pipeline.apply] with these arguments would
+    write (complete,
     the same map, input rows, options and kept columns): then writing it again changes nothing. How a job
-    skips an output that is up to date, where :func:`apply` would replace it (a job overwrites its outputs).
-    ``model`` is a model or its file; ``options``, ``read`` and ``rows`` are :func:`apply`'s."""
+    skips an output that is up to date, where [`apply`][streamwhiten.pipeline.apply] would replace it (a job overwrites
+    its outputs).
+    ``model`` is a model or its file; ``options``, ``read`` and ``rows`` are
+    [`apply`][streamwhiten.pipeline.apply]'s."""
     from .core.model import load_model
     from .engine.apply import is_up_to_date as holds_it
 

@@ -1,17 +1,17 @@
 """Records: what streamwhiten writes down about a store it read and a run it may resume, as frozen dataclasses.
 
 A record is a value: it is made whole, compared whole and changed only into a new record
-(:func:`dataclasses.replace`). It becomes JSON only where it meets a file, through ``to_dict`` and
+(`dataclasses.replace`). It becomes JSON only where it meets a file, through ``to_dict`` and
 ``from_dict``, which give and take exactly the objects the files have always held (the same keys, the
 same values, a key left out where the record has no value for it), so model files, checkpoints, progress
 records and output attributes written before these classes existed are read as they were written.
 
-- :class:`Fingerprint`: which rows of which store a fit read (a model's ``sources``, a checkpoint's
+- `Fingerprint`: which rows of which store a fit read (a model's ``sources``, a checkpoint's
   cursors, the input of an apply);
-- :class:`ResumeRecord`: the progress record of an apply (``.NAME.partial.progress.json``): the job it
+- `ResumeRecord`: the progress record of an apply (``.NAME.partial.progress.json``): the job it
   belongs to and how far it got;
-- :class:`Manifest`: the current publication of a job's outputs (``MODEL.manifest.json``): which version,
-  which model file and map, and each input's output parts (:class:`Part`), with its own checksum.
+- `Manifest`: the current publication of a job's outputs (``MODEL.manifest.json``): which version,
+  which model file and map, and each input's output parts (`Part`), with its own checksum.
 
 This module imports nothing but the standard library, below ``io`` and ``core``: both read and write them.
 """
@@ -119,7 +119,7 @@ class Fingerprint:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Fingerprint:
-        """The fingerprint recorded as the JSON object ``data`` (:class:`TypeError` if it is none)."""
+        """The fingerprint recorded as the JSON object ``data`` (`TypeError` if it is none)."""
         if not isinstance(data, Mapping):
             raise TypeError(f"a fingerprint is a JSON object, got {type(data).__name__}")
         known = {key: data[key] for key in cls.KEYS if key in data and data[key] is not None}
@@ -128,7 +128,7 @@ class Fingerprint:
 
 
 def fingerprint_of(value: Fingerprint | Mapping[str, Any]) -> Fingerprint:
-    """``value`` as a :class:`Fingerprint` (a JSON object is read with :meth:`Fingerprint.from_dict`)."""
+    """``value`` as a `Fingerprint` (a JSON object is read with `Fingerprint.from_dict`)."""
     return value if isinstance(value, Fingerprint) else Fingerprint.from_dict(value)
 
 
@@ -136,7 +136,7 @@ def fingerprint_of(value: Fingerprint | Mapping[str, Any]) -> Fingerprint:
 class ResumeRecord:
     """An apply's progress record: the job a partial output belongs to, and how far it got.
 
-    The partial output of an interrupted run is continued only by a run of the same job (:meth:`same_job`:
+    The partial output of an interrupted run is continued only by a run of the same job (`same_job`:
     every field but the two counts equal, the input's whole fingerprint included); ``rows_done`` rows are
     then durable, ``n_nonfinite`` of them written as NaN.
 
@@ -225,7 +225,7 @@ class ResumeRecord:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ResumeRecord:
-        """The record written as the JSON object ``data``; :class:`ValueError` for one that holds other keys,
+        """The record written as the JSON object ``data``; `ValueError` for one that holds other keys,
         lacks one or whose values are of the wrong kinds (a partial output it describes is not resumed)."""
         if not isinstance(data, Mapping):
             raise ValueError(f"a progress record is a JSON object, got {type(data).__name__}")
@@ -252,7 +252,7 @@ class ResumeRecord:
 
 
 def _count(value: Any, what: str, low: int = 0) -> int:
-    """``value`` if it is a whole number (not a bool) of at least ``low``, else :class:`ValueError`."""
+    """``value`` if it is a whole number (not a bool) of at least ``low``, else `ValueError`."""
     if type(value) is not int or value < low:
         raise ValueError(f"{what} must be a whole number of at least {low}, got {value!r}")
     return value
@@ -311,7 +311,7 @@ class Part:
 @dataclass(frozen=True)
 class PublishedInput:
     """An input of a publication: its ``spec``, the ``output`` the job's template gives it (the base of its
-    version-named parts), the :class:`Fingerprint` of its rows ``[0, stop)`` (so the next night knows
+    version-named parts), the `Fingerprint` of its rows ``[0, stop)`` (so the next night knows
     what is new, and refuses an input that was rewritten) and its output ``parts`` in row order."""
 
     spec: str
@@ -511,7 +511,7 @@ class Manifest:
 
     @property
     def as_version(self) -> Version:
-        """This version as a :class:`Version` (what a later manifest keeps of it)."""
+        """This version as a `Version` (what a later manifest keeps of it)."""
         return Version(self.version, self.model_file, self.outputs, self.model_checksum)
 
     def to_dict(self) -> dict[str, Any]:
@@ -539,7 +539,7 @@ class Manifest:
 
     @classmethod
     def from_dict(cls, data: Any) -> Manifest:
-        """The manifest written as the JSON object ``data``; :class:`ValueError` saying what is wrong for one
+        """The manifest written as the JSON object ``data``; `ValueError` saying what is wrong for one
         that is damaged, edited by hand (its checksum no longer matches) or of another format version."""
         data = _keys(data, "the manifest", cls._KEYS, ("updated_at", "job_id"))
         if data["format"] != cls.FORMAT:

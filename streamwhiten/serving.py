@@ -4,8 +4,8 @@ A corpus whitened offline and the queries searched against it must go through th
 module loads that map from a model file (at the setting saved in it) or from an ``.npz`` map written by
 ``streamwhiten export``, and applies it to one vector or a batch, from numpy or from torch tensors (on
 their own device and dtype). It imports numpy and streamwhiten's small numpy-only modules (the map
-itself is :class:`streamwhiten.core.affine.AffineMap`, also reachable here), never numba, h5py, zarr
-or :mod:`streamwhiten.core.model`, so a query service starts fast::
+itself is `streamwhiten.core.affine.AffineMap`, also reachable here), never numba, h5py, zarr
+or `streamwhiten.core.model`, so a query service starts fast::
 
     from streamwhiten import serving
     whiten = serving.load("model.npz")          # or an exported map.npz
@@ -15,9 +15,10 @@ or :mod:`streamwhiten.core.model`, so a query service starts fast::
     rows = serving.decode(code_rows, serving.codec("model.npz"))  # a vector code the model records
 
 The map is ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by
-L2 normalisation (see :mod:`streamwhiten.core.affine`). A model that records a storage (``tune`` chose
-int8 codes or sign bits, say) gives a map that carries its record: :meth:`AffineMap.encode` stores a
-vector as the model's outputs are stored, int8 ranges and all. :func:`decode` turns codes back into
+L2 normalisation (see `streamwhiten.core.affine`). A model that records a storage (``tune`` chose
+int8 codes or sign bits, say) gives a map that carries its record: `AffineMap.encode` stores a
+vector as the model's outputs are stored, int8 ranges and all. [`decode`][streamwhiten.serving.decode] turns codes back
+into
 floats: those of ``encode``, and those of ``apply --dtype int8|binary``, whose outputs carry their record
 (attribute ``quantization``).
 """
@@ -51,9 +52,9 @@ def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str
         A model file (``streamwhiten fit -o``) or a map written by ``streamwhiten export -o map.npz``.
         Either is checked against its SHA-256 checksum before use.
     normalize : bool, optional
-        Default of :meth:`AffineMap.transform`; default: the exported map's flag, False for a model file.
+        Default of `AffineMap.transform`; default: the exported map's flag, False for a model file.
     dtype : {"float32", "float16", "int8", "binary"}, optional
-        How :meth:`AffineMap.encode` stores vectors; default: the model's storage (or the exported map's
+        How `AffineMap.encode` stores vectors; default: the model's storage (or the exported map's
         record), float32 when there is none. int8 needs a model file (its ranges come from the statistics)
         or a map exported with its int8 record.
 
@@ -80,7 +81,7 @@ def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str
 
 def codec(path: str | os.PathLike[str]) -> Any:
     """The vector code a model file records as its storage (``streamwhiten.codes.Codec``: ``decode``,
-    ``inner_products``, ``encode``), its bytes checked; :class:`BadInputError` when it records none.
+    ``inner_products``, ``encode``), its bytes checked; `BadInputError` when it records none.
 
     The codec codes the map's outputs scaled to unit length: ``codec(path).encode(load(path,
     normalize=True).transform(x))`` are the code rows of ``x``, ``decode(rows, codec(path))`` their vectors."""
@@ -97,9 +98,10 @@ def codec(path: str | os.PathLike[str]) -> Any:
 
 def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:
     """Floats from stored ``codes``: by a vector code's codec (``record`` a ``streamwhiten.codes.Codec``, as
-    :func:`codec` gives it, or its bytes as ``Codec.to_bytes`` wrote them, checksum verified), or by a
-    storage record (int8 codes, sign bits: ``record`` a :class:`Quantization`, its dict, or the
-    attributes of the output the codes were read from; see :func:`streamwhiten.core.quantize.decode`).
+    [`codec`][streamwhiten.serving.codec] gives it, or its bytes as ``Codec.to_bytes`` wrote them, checksum verified),
+    or by a
+    storage record (int8 codes, sign bits: ``record`` a `Quantization`, its dict, or the
+    attributes of the output the codes were read from; see `streamwhiten.core.quantize.decode`).
 
     >>> import numpy as np
     >>> decode(np.array([[156, 128]], dtype=np.uint8), {"quantization": Quantization("binary", 10).to_dict()})
@@ -125,7 +127,8 @@ def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:
 
 
 def file_checksum(path: str | os.PathLike[str]) -> str:
-    """The SHA-256 checksum stored in a model file or map (not verified here; :func:`load` verifies it)."""
+    """The SHA-256 checksum stored in a model file or map (not verified here; [`load`][streamwhiten.serving.load]
+    verifies it)."""
     return _peek(os.fspath(path))[1]
 
 

@@ -2,7 +2,7 @@
 
 A real scikit-learn estimator (``BaseEstimator``, ``TransformerMixin``): ``clone``, ``Pipeline``,
 ``GridSearchCV``, ``set_output``, ``get_feature_names_out``, ``check_is_fitted`` and the HTML repr work,
-and every check of ``sklearn.utils.estimator_checks`` passes. Its parameters are checked against :data:`streamwhiten.params.PARAMS` when it fits, as
+and every check of ``sklearn.utils.estimator_checks`` passes. Its parameters are checked against `streamwhiten.params.PARAMS` when it fits, as
 the command line and job files check theirs.
 """
 
@@ -56,7 +56,7 @@ def _as_float_rows(X: Any) -> np.ndarray:
     input rules (as ``PCA`` applies them): float rows are used as they are (their byte order swapped if
     need be), integer, bool and numeric object arrays are converted to float64 (int8-quantized
     embeddings are real input), complex, non-numeric and sparse input and 1-D arrays are refused with
-    scikit-learn's words, as :class:`~streamwhiten.errors.BadInputError` (a ``ValueError``).
+    scikit-learn's words, as `BadInputError` (a ``ValueError``).
     NaN and Inf are left in place: the fit and the transform name the first such row."""
     from sklearn.utils.validation import check_array
 
@@ -105,7 +105,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         (about 1e-7 relative error, twice as fast). Means and merges are always float64.
     skip_nonfinite : bool
         ``fit`` skips (and counts) rows with NaN/Inf and ``transform`` returns NaN rows for them,
-        instead of raising :class:`~streamwhiten.errors.NonFiniteError`. The estimator's
+        instead of raising `NonFiniteError`. The estimator's
         ``allow_nan`` tag follows it.
     block_rows : int, optional
         Rows per block read from a store (default: whole store chunks, about 64 MiB) or taken from an
@@ -124,8 +124,9 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         float64 input, float32 otherwise); ``"float32"``/``"float16"`` those values cast; ``"int8"``
         codes of the unit-length vectors (a scale and offset per component, from the statistics, as the
         search stores them); ``"binary"`` the sign bits packed 8 per byte (``ceil(k / 8)`` uint8 per
-        row). ``quantization_`` is the record that decodes them. A model loaded with :meth:`load` takes
-        the storage it records (what ``tune`` chose), and :meth:`save` records this one.
+        row). ``quantization_`` is the record that decodes them. A model loaded with `load` takes
+        the storage it records (what ``tune`` chose), and [`save`][streamwhiten.whitener.Whitener.save] records this
+        one.
     storage_options : mapping, optional
         Keyword arguments of the file systems of stores named by URL (``s3://``, ``gs://``, ...), e.g.
         ``{"endpoint_url": "http://127.0.0.1:9000", "key": ..., "secret": ...}``; they win over the
@@ -136,7 +137,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     Parameters are keyword-only. Arrays follow scikit-learn's input rules: 2-D, float16, float32 and
     float64 rows are used as they are, integer, bool and numeric object arrays are converted to float64
     (as ``PCA`` does; int8-quantized embeddings are real input); complex, non-numeric, sparse and 1-D
-    input is refused with scikit-learn's message, as :class:`~streamwhiten.errors.BadInputError` (a
+    input is refused with scikit-learn's message, as `BadInputError` (a
     ``ValueError``). Stores given by spec must hold floats, as on the command line.
     Changing ``beta``, ``gamma``, ``n_components``, ``variance`` or ``eps`` after fitting (``set_params``)
     re-finalizes from the saved statistics without another pass over the data.
@@ -236,14 +237,14 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         return self.n_components_
 
     def _check_params(self, n_features: int | None = None):
-        """Check every parameter against :data:`streamwhiten.params.PARAMS` (done when fitting, not in
+        """Check every parameter against `streamwhiten.params.PARAMS` (done when fitting, not in
         ``__init__`` or ``set_params``, as scikit-learn expects)."""
         for name, value in self.get_params(deep=False).items():
             params.check(name, value)
         params.check_model(self.beta, self.gamma, self.eps, self.n_components, self.variance, n_features)
 
     def _rows(self, X: Any, reset: bool) -> np.ndarray:
-        """``X`` as 2-D float rows by scikit-learn's input rules (see :func:`_as_float_rows`); records
+        """``X`` as 2-D float rows by scikit-learn's input rules (see `_as_float_rows`); records
         (``reset``) or checks the feature count and names."""
         rows = _as_float_rows(X)
         if rows.shape[1] == 0:
@@ -439,7 +440,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
 
     @property
     def quantization_(self):
-        """The record of how ``transform`` stores its output (:class:`~streamwhiten.core.quantize.Quantization`:
+        """The record of how ``transform`` stores its output (`Quantization`:
         kind, scale and offset of int8 codes, ...), None when ``dtype`` is None."""
         if self.dtype is None:
             self._finalized()
@@ -455,7 +456,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         input, float32 otherwise. ``normalize`` (default: the ``normalize`` parameter) scales each
         output row to unit L2 norm.
 
-        A row holding NaN or Inf raises :class:`~streamwhiten.errors.NonFiniteError`, unless
+        A row holding NaN or Inf raises `NonFiniteError`, unless
         ``skip_nonfinite``: its output row is then NaN. A dask array gives a lazy dask array,
         transformed block by block when computed. As every scikit-learn transformer, it takes 2-D input
         only: one vector is ``X.reshape(1, -1)`` (``model_.transform`` and the serving path take one

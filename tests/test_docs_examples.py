@@ -1,6 +1,6 @@
-"""Every ```python block of README.md and docs/*.md (the pages of the docs site) runs as written.
+"""Every code block of README.md and docs/*.md (the pages of the docs site) runs as written.
 
-Each block runs in-process (``exec``) in a fresh temporary working directory that its doc file's fixture
+**Python blocks** run in-process (``exec``) in a fresh temporary working directory that its doc file's fixture
 fills with the small files the block names (stores, a fitted ``model.npz``, exports, a published job...),
 made with the package itself. The blocks of one doc file build on each other as a reader would run
 them: they run in order in one namespace (``np`` or ``SentenceTransformer`` imported by an earlier block
@@ -8,14 +8,28 @@ is there for a later one; running one block alone runs the earlier ones of its f
 the prose supplies and a block does not define (``query``, ``rows``, ``X, y``, ``raw_corpus``...) are
 given to it, made for that block, so a name from an earlier block never stands in for one.
 
-Placeholders of a user's site are pointed at local stand-ins, each listed in ``SITE``: the S3-compatible
-server ``http://minio:9000`` at the moto server of ``tests/conftest.py`` (bucket ``emb`` holds what the
-block reads), the Dask scheduler ``tcp://head:8786`` at a ``LocalCluster``, the shared disk ``/shared/``
-at a folder of the working directory. Nothing else in a block is changed.
+**Shell blocks** (fenced ``bash``/``sh``/``shell``/``console``, or indented or bare-fenced blocks that
+start with a command; a console block's ``$`` lines without their output) are checked in the quick tier
+against the CLI, in-process: every ``streamwhiten`` command and option must exist, with the arguments
+it needs. The slow tier runs them: the blocks of one page in order, by bash (stopping at the first
+command that fails), in one temporary folder that the page's ``SHELL_PREPARE`` fills with small inputs
+under the names the page uses, with the page's own ``# job.toml`` blocks written there and
+``streamwhiten`` this worktree's. Where the prose says the inputs change between two blocks ("later,
+when new shards arrived"), ``SHELL_BEFORE`` changes them.
+
+Placeholders of a user's site are pointed at local stand-ins, each listed in ``SITE`` (``SHELL_SITE``):
+the S3-compatible server ``http://minio:9000`` at the moto server of ``tests/conftest.py`` (bucket ``emb``
+holds what the block reads; a shell block's ``s3://`` URLs reach it through the environment that fixture
+sets), the Dask scheduler ``tcp://head:8786`` at a ``LocalCluster``, the shared disk ``/shared/`` at a
+folder of the working directory. Nothing else in a block is changed.
 
 A block that cannot run here is preceded in its markdown by ``<!-- not run: REASON -->``; it is skipped
-with that reason. A failure means the doc no longer matches the code: fix the doc (or the code), not this
-test.
+with that reason (``test_shell_blocks_found`` lists the shell ones). A failure means the doc no longer
+matches the code: fix the doc (or the code), not this test.
+
+Also here: the docstrings the API page renders hold no Sphinx roles and link only what it renders,
+``mkdocs.yml`` says where the site is served, and getting-started's table of the tests that need the
+STS-B data is the tests' code.
 """
 
 from __future__ import annotations
@@ -23,6 +37,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -41,31 +56,88 @@ D, K = 384, 256  # the docs' widths: all-MiniLM-L6-v2's 384, whitened to 256
 @dataclasses.dataclass(frozen=True)
 class Block:
     doc: str  # relative to the repository
-    line: int  # of the opening fence
-    code: str
+    line: int  # of the opening fence (or the first line of an indented block)
+    code: str  # python: the block; shell: the script a reader types (a console block's commands, no output)
     not_run: str | None  # the reason given by a marker comment right before the block
+    lang: str = "python"  # or "shell"
 
 
-def doc_blocks(path: Path) -> list[Block]:
-    """The ```python blocks of one markdown file, with the ``not run`` marker before each, if any."""
+FENCE = re.compile(r"^(\s*)```(\S*)\s*$")
+SHELL_FENCES = {"bash", "sh", "shell", "console"}
+#: The programs a block of shell commands starts with; an unfenced or bare-fenced block starting with
+#: anything else (a diagram, a formula, an error message, a command's output) holds no commands.
+PROGRAMS = {"streamwhiten", "pip", "python", "python3", "mkdir", "dask", "cd", "ls", "cat", "export"}
+
+
+def code_blocks(path: Path) -> list[tuple[int, str, str, str | None]]:
+    """Every code block of one markdown file as ``(line, language, text, not-run reason)``: fenced blocks
+    (language as written, "" for none) and indented ones (language "indented"), their text dedented."""
+    import textwrap
+
     lines = path.read_text(encoding="utf-8").splitlines()
     found, i = [], 0
     while i < len(lines):
-        if lines[i].strip() == "```python":
-            start, body = i, []
+        fence = FENCE.match(lines[i])
+        indented = lines[i].startswith("    ") and lines[i].strip() and (i == 0 or not lines[i - 1].strip())
+        if not fence and not indented:
+            i += 1
+            continue
+        start, body = i, []
+        if fence:
             i += 1
             while lines[i].strip() != "```":
                 body.append(lines[i])
                 i += 1
-            before = next((line.strip() for line in reversed(lines[:start]) if line.strip()), "")
-            marker = NOT_RUN.match(before)
-            rel = str(path.relative_to(REPO))
-            found.append(Block(rel, start + 1, "\n".join(body) + "\n", marker.group(1) if marker else None))
-        i += 1
+            i += 1
+        else:
+            while i < len(lines) and (lines[i].startswith("    ") or not lines[i].strip()):
+                body.append(lines[i])
+                i += 1
+        before = next((line.strip() for line in reversed(lines[:start]) if line.strip()), "")
+        marker = NOT_RUN.match(before)
+        text = textwrap.dedent("\n".join(body).rstrip("\n")) + "\n"
+        found.append((start + 1, fence.group(2) if fence else "indented", text, marker.group(1) if marker else None))
+    return found
+
+
+def shell_script(text: str, lang: str) -> str | None:
+    """The commands of a block, as a shell runs them, or None if it holds none. A console block (lines
+    typed after ``$ ``, continued by a trailing backslash) gives its commands without their output."""
+    lines = text.splitlines()
+    first = next((line for line in lines if line.strip() and not line.startswith("#")), "")
+    if first.startswith("$ "):
+        commands, continued = [], False
+        for line in lines:
+            if line.startswith("$ ") or continued:
+                commands.append(line[2:] if line.startswith("$ ") else line)
+                continued = line.rstrip().endswith("\\")
+        return "\n".join(commands) + "\n"
+    program = first.split(" ")[0]
+    if lang in SHELL_FENCES or (lang in ("", "indented") and (program in PROGRAMS or re.match(r"^\w+=", program))):
+        return text
+    return None
+
+
+def doc_blocks(path: Path) -> list[Block]:
+    """The ```python blocks of one markdown file, with the ``not run`` marker before each, if any."""
+    rel = str(path.relative_to(REPO))
+    return [Block(rel, line, text, reason) for line, lang, text, reason in code_blocks(path) if lang == "python"]
+
+
+def shell_blocks(path: Path) -> list[Block]:
+    """The blocks of shell commands of one markdown file (fenced bash/sh/shell/console, or indented or
+    bare-fenced commands), with the ``not run`` marker before each, if any."""
+    rel = str(path.relative_to(REPO))
+    found = []
+    for line, lang, text, reason in code_blocks(path):
+        script = shell_script(text, lang) if lang != "python" else None
+        if script is not None:
+            found.append(Block(rel, line, script, reason, "shell"))
     return found
 
 
 BLOCKS = [block for path in DOCS for block in doc_blocks(path)]
+SHELL_BLOCKS = [block for path in DOCS for block in shell_blocks(path)]
 
 
 def free_names(code: str) -> set[str]:
@@ -156,12 +228,12 @@ def fitted(path, source, **setting) -> None:
     streamwhiten.fit(source, str(path), setting=streamwhiten.Setting(**setting) if setting else None)
 
 
-def retrieval_task(workdir: Path, queries: str, corpus: str) -> None:
+def retrieval_task(workdir: Path, queries: str, corpus: str, d: int = D) -> None:
     """Queries near some corpus rows, those rows relevant (qrels.tsv), a few other pairs excluded."""
     rng = np.random.default_rng(3)
-    corpus_rows = rows(600, seed=4)
+    corpus_rows = rows(600, seed=4, d=d)
     picks = rng.choice(len(corpus_rows), 30, replace=False)
-    h5(workdir / queries, corpus_rows[picks] + 0.3 * rng.standard_normal((30, D)).astype(np.float32), "mean")
+    h5(workdir / queries, corpus_rows[picks] + 0.3 * rng.standard_normal((30, d)).astype(np.float32), "mean")
     h5(workdir / corpus, corpus_rows, "mean")
     (workdir / "qrels.tsv").write_text(
         "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{c}\t1\n" for q, c in enumerate(picks))
@@ -369,11 +441,14 @@ def site(request):
         if placeholder not in stand_ins:
             if placeholder == "http://minio:9000":
                 stand_ins[placeholder] = request.getfixturevalue("s3_server")
-            elif placeholder == "tcp://head:8786":
+            elif placeholder.startswith("tcp://head:8786"):
                 pytest.importorskip("distributed", reason="docs/dask.md needs dask[distributed]")
                 from distributed import LocalCluster
 
-                cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None)
+                tcp = {"protocol": "tcp://", "host": "127.0.0.1"} if placeholder.endswith("(tcp)") else {}
+                cluster = LocalCluster(
+                    n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None, **tcp
+                )
                 request.addfinalizer(cluster.close)
                 stand_ins[placeholder] = cluster.scheduler_address
         return stand_ins[placeholder]
@@ -448,14 +523,17 @@ def test_blocks_found():
     assert not [b for b in BLOCKS if b.doc not in PREPARE], "a doc file with python blocks has no preparer"
 
 
-def test_not_run_markers_only_before_python_blocks():
-    """A ``not run`` marker is honoured only right before a block: one anywhere else is a mistake."""
+def test_not_run_markers_only_before_code_blocks():
+    """A ``not run`` marker is honoured only right before a python or shell block: one anywhere else (or
+    before a block that is neither) is a mistake."""
+    marked = {(block.doc, block.line) for block in BLOCKS + SHELL_BLOCKS if block.not_run}
     for path in DOCS:
+        rel = str(path.relative_to(REPO))
         lines = path.read_text(encoding="utf-8").splitlines()
         for i, line in enumerate(lines):
             if NOT_RUN.match(line.strip()):
-                after = next((x.strip() for x in lines[i + 1 :] if x.strip()), "")
-                assert after == "```python", f"{path.relative_to(REPO)}:{i + 1}: marker not followed by a python block"
+                after = next(j for j in range(i + 1, len(lines)) if lines[j].strip())
+                assert (rel, after + 1) in marked, f"{rel}:{i + 1}: marker not followed by a python or shell block"
 
 
 PUBLIC_MODULES = {"streamwhiten", "streamwhiten.export", "streamwhiten.serving", "streamwhiten.synthetic"}
@@ -491,3 +569,467 @@ def test_blocks_import_only_the_public_api():
                     private.append(f"{block.doc}:{block.line}: {module}")
     assert not private, f"docs import private names: {private}"
     assert seen == set(KNOWN_PRIVATE), f"stale KNOWN_PRIVATE entries: {set(KNOWN_PRIVATE) - seen}"
+
+
+# ----------------------------------------------------------------------------- the shell blocks
+# Every block of shell commands (README.md and docs/*.md) is parsed here (quick: each `streamwhiten` command
+# must name a command and options the CLI has, each script and extra it names must exist) and, in the slow
+# tier, run as written: the blocks of one page in order, in one temporary folder that the page's preparer
+# fills with small inputs under the names the page uses, by bash, with `streamwhiten` the worktree's.
+
+
+def commands(script: str) -> list[list[str]]:
+    """The simple commands of a script, each as its words (comments dropped, continuations joined, split
+    at ``&&``, ``||``, ``;`` and ``|``; a variable set by a line of its own, ``task="..."``, expanded)."""
+    import shlex
+
+    found, variables = [], {}
+    for line in script.replace("\\\n", " ").splitlines():
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=";&|")
+        lexer.whitespace_split = True
+        words: list[str] = []
+        for word in [*lexer, ";"]:
+            if word.startswith("$") and word.strip("${}") in variables:  # set by an earlier line of the block
+                words += variables[word.strip("${}")]
+                continue
+            if word in (";", "&&", "||", "|", "&"):
+                assigned = re.match(r"^(\w+)=(.*)$", words[0], re.S) if len(words) == 1 else None
+                if assigned:
+                    variables[assigned.group(1)] = shlex.split(assigned.group(2))
+                elif words:
+                    found.append(words)
+                words = []
+            else:
+                words.append(word)
+    return found
+
+
+def cli_problems(words: list[str]) -> list[str]:
+    """What is wrong with one ``streamwhiten ...`` command line for the CLI: an unknown command or option,
+    an option without its value, an extra argument, a required argument missing (values are not checked:
+    the files they name exist only when the block runs)."""
+    import click
+
+    from streamwhiten.cli.app import cli
+
+    with cli.make_context("streamwhiten", [], resilient_parsing=True) as group:
+        if len(words) < 2 or words[1].startswith("-"):
+            return [] if words[1:] in ([], ["--help"], ["-h"], ["--version"]) else [f"group options {words[1:]}"]
+        command = cli.get_command(group, words[1])
+        if command is None:
+            return [f"no command {words[1]!r}"]
+        try:  # click's own parser: options and their values, no callbacks, no value checks
+            with click.Context(command, info_name=words[1], parent=group) as ctx:
+                values, args, _ = command.make_parser(ctx).parse_args(args=words[2:])
+        except click.UsageError as exc:
+            return [exc.format_message()]
+    if {"-h", "--help"} & set(words):
+        return []
+    problems = [f"unexpected argument {arg!r}" for arg in args]  # the parser keeps what no parameter took
+    given = {name for name, value in values.items() if value is not None and "UNSET" not in repr(value)}
+    missing = [p for p in command.params if p.required and p.name not in given]
+    return problems + [f"missing {p.name if isinstance(p, click.Argument) else '/'.join(p.opts)}" for p in missing]
+
+
+def extras() -> set[str]:
+    import tomllib
+
+    return set(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"])
+
+
+def shell_problems(block: Block) -> list[str]:
+    """What the quick check finds wrong with a block's commands, each naming the command."""
+    problems = []
+    for words in commands(block.code):
+        if words[0] == "streamwhiten":
+            problems += [f"{' '.join(words)}: {p}" for p in cli_problems(words)]
+        elif words[0] in ("python", "python3") and words[1:2] and words[1].endswith(".py"):
+            if not (REPO / words[1]).is_file():
+                problems.append(f"{' '.join(words)}: no script {words[1]}")
+        elif words[:2] == ["pip", "install"]:
+            for word in words[2:]:
+                named = re.match(r"^(?:streamwhiten|\.)\[([^\]]+)\]$", word)
+                unknown = set(named.group(1).split(",")) - extras() if named else set()
+                problems += [f"{' '.join(words)}: no extra {name!r} in pyproject.toml" for name in sorted(unknown)]
+        elif words[0] not in PROGRAMS and words[0] not in (".", "source"):
+            problems.append(f"{' '.join(words)}: {words[0]!r} is no program a docs block may run")
+    return problems
+
+
+def test_shell_blocks_found():
+    """The extraction finds the shell blocks the pages hold, every page with one has a preparer, and each
+    block not run says why (the list is printed: ``pytest -rP``)."""
+    pages = {block.doc for block in SHELL_BLOCKS}
+    assert len(SHELL_BLOCKS) >= 20 and {"README.md", "docs/search.md", "docs/getting-started.md"} <= pages
+    assert pages <= set(SHELL_PREPARE), f"pages with shell blocks but no preparer: {pages - set(SHELL_PREPARE)}"
+    not_run = [f"{b.doc}:{b.line}: {b.not_run}" for b in SHELL_BLOCKS if b.not_run]
+    assert all(len(b.not_run.split()) >= 5 for b in SHELL_BLOCKS if b.not_run), "a not-run marker must say why"
+    print(f"{len(SHELL_BLOCKS)} shell blocks, {len(SHELL_BLOCKS) - len(not_run)} run, {len(not_run)} not run:")
+    print("\n".join(not_run))
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=f"{b.doc}:{b.line}") for b in SHELL_BLOCKS])
+def test_shell_block_commands_exist(block):
+    """Each block's commands are ones the CLI has, with options it takes (in-process, no command runs):
+    a renamed or removed option fails here, in the quick tier, before the slow tier runs the pages."""
+    assert shell_problems(block) == []
+
+
+def test_the_shell_check_catches_a_wrong_option_and_command():
+    """The quick check is no formality: it refuses what the CLI would."""
+    block = Block("x.md", 1, "streamwhiten fit a.h5 -o m.npz --varaince 0.9\nstreamwhiten fitt a.h5\n", None, "shell")
+    problems = shell_problems(block)
+    assert len(problems) == 2 and "--varaince" in problems[0] and "fitt" in problems[1]
+    assert shell_problems(Block("x.md", 1, "streamwhiten info\nstreamwhiten info a b\n", None, "shell")) == [
+        "streamwhiten info: missing model_path",
+        "streamwhiten info a b: unexpected argument 'b'",
+    ]
+
+
+def parquet_shards(folder: Path, n_files: int, n_rows: int) -> None:
+    """A Hugging Face-style folder of Parquet shards with ``id``, ``url`` and ``embedding`` columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(n_files):
+        data = rows(n_rows, seed=40 + i)
+        ids = pa.array(range(i * n_rows, (i + 1) * n_rows), pa.int64())
+        urls = pa.array([f"https://example.org/{j}" for j in range(i * n_rows, (i + 1) * n_rows)])
+        vectors = pa.FixedSizeListArray.from_arrays(pa.array(data.ravel()), D)
+        table = pa.table({"id": ids, "url": urls, "embedding": vectors})
+        pq.write_table(table, folder / f"train-{i:05d}-of-{n_files:05d}.parquet", row_group_size=256)
+
+
+def empty_bucket(site) -> None:
+    """The local S3 server started and its bucket ``emb`` empty: each page writes its own outputs there."""
+    from conftest import s3fs_client
+
+    fs = s3fs_client(site("http://minio:9000"))
+    if fs.exists("emb"):
+        fs.rm("emb", recursive=True)
+    fs.mkdir("emb")
+
+
+def shell_readme(workdir: Path, site) -> None:
+    for day in (1, 2):
+        h5(workdir / "shards" / f"day-{day}.h5", rows(700, seed=10 + day))
+    zarr_store(workdir / "corpus.zarr", rows(600, seed=1))
+    empty_bucket(site)
+    upload(workdir / "corpus.zarr", "s3://emb/corpus.zarr")
+    retrieval_task(workdir, "q.h5", "c.h5")
+
+
+def shell_getting_started(workdir: Path, site) -> None:
+    h5(workdir / "corpus.h5", rows(800, seed=1), "embeddings")
+    zarr_store(workdir / "corpus.zarr", rows(800, seed=1))
+    for day in (1, 2):
+        zarr_store(workdir / "shards" / f"day-{day}.zarr", rows(500, seed=10 + day))
+
+
+def shell_stores(workdir: Path, site) -> None:
+    import lance
+    import pyarrow as pa
+
+    parquet_shards(workdir / "data", 4, 300)
+    vectors = pa.FixedSizeListArray.from_arrays(pa.array(rows(600, seed=2).ravel()), D)
+    lance.write_dataset(pa.table({"vector": vectors}), str(workdir / "vectors.lance"))
+    empty_bucket(site)
+    for day in (1, 2):
+        zarr_store(workdir / "s3" / "shards" / f"day-{day}.zarr", rows(500, seed=10 + day))
+    zarr_store(workdir / "s3" / "corpus.zarr", rows(600, seed=1))
+    parquet_shards(workdir / "s3" / "train", 1, 400)
+    (workdir / "s3" / "train" / "train-00000-of-00001.parquet").rename(workdir / "s3" / "train.parquet")
+    for name in ("shards", "corpus.zarr", "train.parquet"):
+        upload(workdir / "s3" / name, f"s3://emb/{name}")
+
+
+def shell_resume(workdir: Path, site) -> None:
+    for day in (1, 2):
+        h5(workdir / "shards" / f"day-{day}.h5", rows(700, seed=10 + day))
+
+
+def shell_nightly(workdir: Path, site) -> None:
+    for day in (1, 2):
+        h5(workdir / "shards" / f"day-{day}.h5", rows(600, seed=20 + day))
+
+
+def shell_search(workdir: Path, site) -> None:
+    """96 columns, not 384: the page trains faiss's OPQ, whose cost grows with the width, not the rows."""
+    h5(workdir / "corpus.h5", rows(1200, seed=1, d=96))
+    fitted(workdir / "model.npz", f"{workdir}/corpus.h5:/emb")
+    retrieval_task(workdir, "q.h5", "c.h5", d=96)
+
+
+def pairs(path: Path, seed: int, names=("a", "b", "score")) -> None:
+    """Labelled pairs: ``b`` is ``a`` plus noise of a spread per pair, the score minus their distance."""
+    rng = np.random.default_rng(seed)
+    a = rows(400, seed=seed)
+    b = a + rng.standard_normal(a.shape).astype(np.float32) * rng.uniform(0.1, 3, (400, 1)).astype(np.float32)
+    with h5py.File(path, "w") as handle:
+        handle[names[0]], handle[names[1]], handle[names[2]] = a, b, -np.linalg.norm(a - b, axis=1)
+
+
+def shell_evaluation(workdir: Path, site) -> None:
+    pairs(workdir / "sts.h5", 7, ("mean_a", "mean_b", "score"))
+    pairs(workdir / "dev.h5", 8)
+    pairs(workdir / "test.h5", 9)
+    retrieval_task(workdir, "queries.h5", "corpus.h5")
+    with h5py.File(workdir / "corpus.h5", "a") as handle:
+        handle["embeddings"] = handle["mean"][...]
+    (workdir / "queries.h5").rename(workdir / "test-queries.h5")
+    (workdir / "qrels.tsv").rename(workdir / "test-qrels.tsv")
+    retrieval_task(workdir, "queries.h5", "corpus-again.h5")
+
+
+def shell_serving(workdir: Path, site) -> None:
+    h5(workdir / "corpus.h5", rows(1200, seed=1), "embeddings")
+    if importlib.util.find_spec("sentence_transformers") is not None:
+        st_base(workdir / "all-MiniLM-L6-v2")
+
+
+def shell_dask(workdir: Path, site) -> None:
+    for day in (1, 2):
+        zarr_store(workdir / "shards" / f"day-{day}.zarr", rows(500, seed=10 + day))
+    h5(workdir / "corpus.h5", rows(800, seed=1), "embeddings")
+    for i in (1, 2):
+        zarr_store(workdir / "shared" / "corpus" / f"shard-{i}.zarr", rows(500, seed=20 + i))
+    zarr_store(workdir / "shared" / "corpus" / "all.zarr", rows(1000, seed=3))
+    for folder in ("models", "out"):  # the shared disk's folders the page writes into
+        (workdir / "shared" / folder).mkdir()
+    empty_bucket(site)
+    upload(workdir / "shared" / "corpus", "s3://emb/corpus")
+
+
+SHELL_PREPARE = {  # page -> what writes the inputs its shell blocks name, small, under those names
+    "README.md": shell_readme,
+    "docs/getting-started.md": shell_getting_started,
+    "docs/stores.md": shell_stores,
+    "docs/resume.md": shell_resume,
+    "docs/nightly.md": shell_nightly,
+    "docs/search.md": shell_search,
+    "docs/evaluation.md": shell_evaluation,
+    "docs/serving.md": shell_serving,
+    "docs/dask.md": shell_dask,
+}
+
+
+def new_shard(workdir: Path) -> None:
+    h5(workdir / "shards" / "day-3.h5", rows(400, seed=13))
+
+
+#: What happens before a block, as its page says (``"Later, when ... new shards arrived"``): (page, a
+#: command of the block) -> what changes the inputs.
+SHELL_BEFORE = {("docs/resume.md", "--update model.npz"): new_shard}
+#: What a block needs beyond the test extra (the torch tier installs it): a command fragment -> the module.
+SHELL_NEEDS = {"--append-to": "sentence_transformers", "--format sentence-transformers": "sentence_transformers"}
+#: Files a page's fenced ``toml`` block holds, by the name on its first line (``# job.toml``): written as is.
+TOML_NAME = re.compile(r"^# (\S+\.toml)$")
+
+
+def write_toml_blocks(doc: str, workdir: Path) -> None:
+    """The page's job files, written from its own ``toml`` blocks (so the job the page runs is the one it shows)."""
+    for _, lang, text, _ in code_blocks(REPO / doc):
+        named = TOML_NAME.match(text.splitlines()[0]) if lang == "toml" else None
+        if named:
+            (workdir / named.group(1)).write_text(text)
+
+
+def shell_env(bin_dir: Path) -> dict:
+    """The environment a block runs in: ``streamwhiten`` is this worktree's, ``python`` this interpreter."""
+    import sys
+
+    bin_dir.mkdir()
+    shim = bin_dir / "streamwhiten"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m streamwhiten "$@"\n')
+    shim.chmod(0o755)
+    path = os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), os.environ["PATH"]])
+    pythonpath = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    # One OpenMP thread, as the python blocks run with one BLAS thread: on a busy 2-core machine faiss's
+    # spinning OpenMP threads made training the page's OPQ code several times slower (the tool's own threads
+    # are its own: --threads, --workers).
+    return dict(os.environ, PATH=path, PYTHONPATH=pythonpath, HF_HUB_OFFLINE="1", MPLBACKEND="Agg", OMP_NUM_THREADS="1")
+
+
+SHELL_SITE = {  # the same stand-ins for a command line (the scheduler on TCP: the command is another process)
+    "http://minio:9000": SITE["http://minio:9000"],
+    "tcp://head:8786": lambda site, workdir: site("tcp://head:8786 (tcp)"),
+    "/shared/": lambda site, workdir: f"{workdir}/shared/",
+}
+SHELL_PAGES = sorted({block.doc for block in SHELL_BLOCKS})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("doc", SHELL_PAGES)
+def test_shell_blocks_run(doc, tmp_path, site):
+    """Every shell block of the page runs as written, in order, in one folder holding the page's inputs:
+    bash stops at the first command that fails, and so does the page."""
+    import subprocess
+    import time
+
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    SHELL_PREPARE[doc](workdir, site)
+    write_toml_blocks(doc, workdir)
+    env = shell_env(tmp_path / "bin")
+    left_out = []
+    for block in (b for b in SHELL_BLOCKS if b.doc == doc and not b.not_run):
+        needed = sorted({module for text, module in SHELL_NEEDS.items() if text in block.code})
+        if any(importlib.util.find_spec(module) is None for module in needed):
+            left_out.append(f"{doc}:{block.line} needs {', '.join(needed)} (the torch tier installs it)")
+            continue
+        for (page, command), change in SHELL_BEFORE.items():
+            if page == doc and command in block.code:
+                change(workdir)
+        script = block.code
+        for placeholder, stand_in in SHELL_SITE.items():
+            if placeholder in script:
+                script = script.replace(placeholder, stand_in(site, workdir))
+        start = time.perf_counter()
+        done = subprocess.run(
+            ["bash", "-e", "-o", "pipefail", "-c", script],
+            cwd=workdir,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        print(f"{doc}:{block.line}: exit {done.returncode} in {time.perf_counter() - start:.1f} s")
+        assert done.returncode == 0, f"{doc}:{block.line} failed as written:\n{script}\n{done.stdout}\n{done.stderr}"
+    if left_out:
+        pytest.skip("; ".join(left_out))
+
+
+# ----------------------------------------------------------------------------- the page on the STS-B data
+
+#: A marker of each data set in the tests' code (a path fragment), most specific first.
+DATA_MARKS = {
+    "neighbours-dev": "stsb/neighbours-dev/",
+    "retrieval-dev": "stsb/retrieval-dev/",
+    "sts-dev.csv": "stsb/sts-dev.csv",
+    "stsb-dev-minilm.h5": "stsb/stsb-dev-minilm.h5",
+}
+
+
+def data_of(text: str) -> str | None:
+    return next((data for mark, data in DATA_MARKS.items() if mark in text), None)
+
+
+def tests_needing_data() -> set[tuple[str, str]]:
+    """``(test, data)`` for every test function that reads the STS-B data, from the tests' code: one that
+    takes the ``stsb_path`` fixture, or reads a module constant that names a data set (directly or
+    through another constant), or names ``neighbours-dev``/``retrieval-dev`` itself."""
+    found = set()
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        if path.name == Path(__file__).name:
+            continue
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        constants: dict[str, str] = {}
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                text = ast.get_source_segment(source, node.value) or ""
+                named = {n.id for n in ast.walk(node.value) if isinstance(n, ast.Name)} & set(constants)
+                data = data_of(text) or next((constants[name] for name in sorted(named)), None)
+                if data:
+                    constants[node.targets[0].id] = data
+        for node in tree.body:
+            if not (isinstance(node, ast.FunctionDef) and node.name.startswith("test_")):
+                continue
+            test = f"{path.relative_to(REPO).as_posix()}::{node.name}"
+            names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            strings = [n.value for n in ast.walk(node) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+            found |= {(test, constants[name]) for name in names & set(constants)}
+            found |= {
+                (test, DATA_MARKS[m]) for m in ("neighbours-dev", "retrieval-dev") if any(m in s for s in strings)
+            }
+            if "stsb_path" in [arg.arg for arg in node.args.args]:
+                found.add((test, DATA_MARKS["stsb-dev-minilm.h5"]))
+    return found
+
+
+NUMBERS = {"Nine": 9, "Ten": 10, "Eleven": 11, "Twelve": 12, "Eight": 8, "Seven": 7, "Six": 6, "Five": 5}
+
+
+def test_getting_started_names_every_test_that_needs_the_stsb_data():
+    """The page's table of the tests that need the STS-B data, and its count of them, are the tests' code:
+    a new test that reads the data (or one that stops) changes the page."""
+    page = (REPO / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    section = page[page.index("### Tests that need the STS-B data") :]
+    section = section[: section.index("\n#")]
+    table = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")] if line.startswith("| `stsb/") else []
+        for test in re.findall(r"`(tests/[^`]+::\w+)`", cells[2] if cells else ""):
+            table[(test, cells[0].strip("`"))] = True
+    assert set(table) == tests_needing_data()
+    count = re.search(r"(\w+) tests \(test functions", section).group(1)
+    assert NUMBERS[count] == len({test for test, _ in table})
+    assert "STREAMWHITEN_STSB" in section and "../shared/data/stsb/" in section
+
+
+# ----------------------------------------------------------------------------- docstrings on the API page
+
+SPHINX_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|attr|mod|exc|data|obj|const|ref|term):`")
+AUTOREF = re.compile(r"\[`[^`\]]+`\]\[([\w.]+)\]")
+
+
+def test_no_sphinx_roles_in_the_package():
+    """mkdocstrings renders docstrings as markdown, where ``:class:`X``` stays raw text: cross-references
+    are autorefs links (``[`X`][streamwhiten.module.X]``) or plain backticks."""
+    found = [
+        f"{path.relative_to(REPO)}:{number}: {line.strip()}"
+        for path in sorted((REPO / "streamwhiten").rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if SPHINX_ROLE.search(line)
+    ]
+    assert found == []
+
+
+def exists(dotted: str) -> bool:
+    """Whether ``a.b.C.d`` names something: the longest importable module, then attributes."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for name in parts[cut:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_docstring_links_point_at_what_the_api_page_renders():
+    """Each autorefs link of a docstring names an object that exists and that the API page renders (a
+    public name of ``streamwhiten.__all__`` or a public member of one), so ``mkdocs build --strict`` finds it."""
+    from streamwhiten import _PUBLIC
+
+    rendered = [module if attribute is None else f"{module}.{attribute}" for module, attribute in _PUBLIC.values()]
+    links = {
+        (path.relative_to(REPO).as_posix(), target)
+        for path in sorted((REPO / "streamwhiten").rglob("*.py"))
+        for target in AUTOREF.findall(path.read_text(encoding="utf-8"))
+    }
+    assert len(links) >= 30
+    wrong = []
+    for where, target in sorted(links):
+        root = next((r for r in rendered if target == r or target.startswith(r + ".")), None)
+        if root is None or any(part.startswith("_") for part in target[len(root) :].split(".")):
+            wrong.append(f"{where}: {target} is not on the API page")
+            continue
+        if not exists(target):
+            wrong.append(f"{where}: {target} does not exist")
+    assert wrong == []
+
+
+def test_the_site_says_where_it_is_served():
+    """``site_url`` is set: without it 404.html, served for any missing path, links its styles, scripts and
+    pages from the server's root, which breaks under any other path."""
+    config = (REPO / "mkdocs.yml").read_text(encoding="utf-8")
+    site_url = re.search(r"^site_url: (\S+)$", config, re.M)
+    assert site_url and re.match(r"^https://[^/]+/(.+/)?$", site_url.group(1)), "mkdocs.yml: no site_url"

@@ -472,7 +472,7 @@ def test_every_package_is_shipped_and_checked():
 #: ``test_export_faults.py`` for ``export.py``); the tests of a package sit in ``tests/<package>/``.
 CROSS_CUTTING_TESTS = {
     "test_benchmarks.py",  # benchmarks/*.py end to end, --quick
-    "test_docs_examples.py",  # every python block of README.md and docs/*.md
+    "test_docs_examples.py",  # every python and shell block of README.md and docs/*.md, and the API docstrings
     "test_doctests.py",  # the Examples of the public docstrings, every layer
     "test_examples.py",  # examples/*.py
     "test_layout.py",  # this file

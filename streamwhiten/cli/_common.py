@@ -81,7 +81,7 @@ def work(stoppable: bool = True):
 
 
 def stop_on_signals():
-    """:func:`work` that stops at its next safe point; also what lets a save finish before a signal acts."""
+    """`work` that stops at its next safe point; also what lets a save finish before a signal acts."""
     return work(stoppable=True)
 
 
@@ -198,7 +198,7 @@ def retrieval_options_of(
     inputs: Inputs, block_rows: int | None, threads: int | None, bootstrap: int | None, seed: int | None
 ) -> RetrievalOptions:
     """The retrieval task's options (``--exclude``, the id columns, ``--bootstrap``, ``--seed``,
-    ``--threads``) and ``block_rows`` as a :class:`~streamwhiten.options.RetrievalOptions`; an option
+    ``--threads``) and ``block_rows`` as a [`RetrievalOptions`][streamwhiten.options.RetrievalOptions]; an option
     not given keeps its default."""
     from ..options import RetrievalOptions
 

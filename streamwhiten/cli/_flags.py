@@ -2,9 +2,9 @@
 mapping that turns a library error naming parameters (``keep_columns``) into one naming flags
 (``--keep-columns``), as click's ``ClickException`` names the option it refuses.
 
-The library (:mod:`streamwhiten.params`) knows parameters: names, kinds, defaults, allowed values. It never
-names a flag: an error carries the parameters it names (:attr:`~streamwhiten.errors.StreamwhitenError.params`)
-and :func:`cli_message` rewrites them here, so a Python user reads ``keep_columns`` and a command-line user
+The library (`streamwhiten.params`) knows parameters: names, kinds, defaults, allowed values. It never
+names a flag: an error carries the parameters it names (`params`)
+and `cli_message` rewrites them here, so a Python user reads ``keep_columns`` and a command-line user
 ``--keep-columns``.
 """
 
@@ -113,7 +113,7 @@ HELP: dict[str, str] = {
 
 
 def flags(name: str) -> tuple[str, ...]:
-    """The command-line spelling of parameter ``name``: its :data:`FLAGS`, else ``--name-with-dashes``."""
+    """The command-line spelling of parameter ``name``: its `FLAGS`, else ``--name-with-dashes``."""
     return FLAGS.get(name) or ("--" + name.replace("_", "-"),)
 
 

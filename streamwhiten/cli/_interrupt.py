@@ -5,14 +5,14 @@ arrives while the program starts is remembered rather than killing it with a tra
 files behind. Then, per phase:
 
 - ``work(deferred=True)``: work that can stop cleanly (a fit between blocks, an apply, saving a model).
-  The first signal only sets :data:`requested`; the work checks it at its next safe point, saves its
+  The first signal only sets `requested`; the work checks it at its next safe point, saves its
   progress and stops. A second signal raises ``KeyboardInterrupt`` at once.
 - ``work(deferred=False)``, and outside any work: ``KeyboardInterrupt`` at once (a report, an
   evaluation, the Dask engine: nothing to save).
 - once the work of the command is complete (its block ended without an exception) and while the
   program reports how it ended, a signal is only recorded: the exit code says the work is done, and a
   note says the signal came after it (``cli.app._finish``).
-- at the very end, :func:`finish` ignores both signals: at interpreter shutdown Python puts back the
+- at the very end, `finish` ignores both signals: at interpreter shutdown Python puts back the
   default handlers (which kill the process: exit -15 or -2) for every signal it had a handler for, but
   leaves an ignored one ignored, so nothing can kill the process between its last word and its exit.
 
@@ -123,7 +123,7 @@ def _quiet_unraisable(previous: Callable[[Any], object]):
 
 
 def uninstall() -> None:
-    """Put back the handlers that were there before :func:`install`."""
+    """Put back the handlers that were there before `install`."""
     previous = _state["previous"]
     _state["pending"] = None
     if previous is not None and threading.current_thread() is threading.main_thread():
@@ -140,13 +140,13 @@ def hold() -> None:
 
 
 def start_immediate() -> None:
-    """From now on (outside :func:`deferred`), a signal raises ``KeyboardInterrupt`` at once."""
+    """From now on (outside `deferred`), a signal raises ``KeyboardInterrupt`` at once."""
     _state["mode"] = _IMMEDIATE
 
 
 @contextmanager
 def deferred():
-    """Within this block the first signal only sets :data:`requested`; yields ``requested.is_set``."""
+    """Within this block the first signal only sets `requested`; yields ``requested.is_set``."""
     before = _state["mode"]
     _state["mode"] = _DEFERRED
     try:
@@ -158,9 +158,9 @@ def deferred():
 @contextmanager
 def work(stoppable: bool = True):
     """The work of a command: with ``stoppable``, a signal asks it to stop at its next safe point (yields
-    ``should_stop``, as :func:`deferred`); otherwise it raises ``KeyboardInterrupt`` at once (yields None).
+    ``should_stop``, as `deferred`); otherwise it raises ``KeyboardInterrupt`` at once (yields None).
     When the block ends without an exception, the work is complete: from then on a signal is only
-    recorded (:func:`hold`), so it cannot turn finished work into an interruption."""
+    recorded (`hold`), so it cannot turn finished work into an interruption."""
     before = _state["mode"]
     _state["mode"] = _DEFERRED if stoppable else _IMMEDIATE
     try:

@@ -1,10 +1,10 @@
-"""Command-line options made from the registry (:data:`streamwhiten.params.PARAMS`), and the option
-objects (:mod:`streamwhiten.options`) made from what was parsed.
+"""Command-line options made from the registry (`streamwhiten.params.PARAMS`), and the option
+objects (`streamwhiten.options`) made from what was parsed.
 
 Each parameter's type, check and default are declared once, in ``params``, its flags and help in
-:mod:`._flags`; a command lists
-the parameters it takes (:func:`param_options`) and turns what it parsed into the frozen objects the
-library takes (:func:`take`). A value is refused in the parameter's own words:
+`_flags`; a command lists
+the parameters it takes (`param_options`) and turns what it parsed into the frozen objects the
+library takes (`take`). A value is refused in the parameter's own words:
 ``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2). A renamed parameter's
 former flag (``--chunk-rows`` for ``--block-rows``) is still taken, hidden from ``--help``.
 """
@@ -32,7 +32,7 @@ UNSET = None
 
 
 class SpecType(click.ParamType):
-    """An option whose value is checked against :data:`streamwhiten.params.PARAMS`, as in Python and in
+    """An option whose value is checked against `streamwhiten.params.PARAMS`, as in Python and in
     job files: ``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2)."""
 
     def __init__(self, name: str):
@@ -52,7 +52,7 @@ class SpecType(click.ParamType):
 
 
 class SpecChoice(click.Choice):
-    """A parameter with choices (listed in ``--help``), refused in the words of :data:`PARAMS`."""
+    """A parameter with choices (listed in ``--help``), refused in the words of `PARAMS`."""
 
     def __init__(self, name: str):
         self.param = PARAMS[name]
@@ -87,7 +87,7 @@ class NamesType(click.ParamType):
 
 
 def spec_type(name: str) -> click.ParamType:
-    """The click type of parameter ``name``, checked against :data:`PARAMS`."""
+    """The click type of parameter ``name``, checked against `PARAMS`."""
     param = PARAMS[name]
     if param.kind is tuple:
         return NamesType()
@@ -112,7 +112,7 @@ def param_option(name: str, *, default: object = ..., help: str | None = None, s
 
 def alias_option(alias: str):
     """A renamed parameter's former flag (``--chunk-rows``), taken as before but hidden from ``--help``;
-    :func:`take` folds its value into the parameter's."""
+    `take` folds its value into the parameter's."""
     return click.option(
         "--" + alias.replace("_", "-"), alias, type=spec_type(alias), default=None, hidden=True, expose_value=True
     )
@@ -224,7 +224,7 @@ def read_options(
     storage_options: tuple[str, ...] = (),
     remote_timeout: float | None = None,
 ) -> ReadOptions:
-    """The :class:`~streamwhiten.options.ReadOptions` of what was parsed (``--dataset``, ``--block-rows``,
+    """The [`ReadOptions`][streamwhiten.options.ReadOptions] of what was parsed (``--dataset``, ``--block-rows``,
     ``--fill-missing-chunks``, ``--storage-option``, ``--remote-timeout``)."""
     from ..io import remote
     from ..options import ReadOptions
@@ -242,7 +242,7 @@ def read_options(
 
 
 def engine_of(engine: str, threads: int | None, scheduler: str | None, workers: int | None) -> EngineOptions:
-    """The :class:`~streamwhiten.options.EngineOptions` of ``--engine --threads --scheduler --workers``."""
+    """The [`EngineOptions`][streamwhiten.options.EngineOptions] of ``--engine --threads --scheduler --workers``."""
     from ..options import EngineOptions
 
     return take(EngineOptions, name=engine, threads=threads, scheduler=scheduler, workers=workers)
@@ -251,7 +251,7 @@ def engine_of(engine: str, threads: int | None, scheduler: str | None, workers: 
 def setting_of(
     beta: float | None, gamma: float | None, n_components: int | None, variance: float | None, eps: float | None
 ) -> Setting:
-    """The :class:`~streamwhiten.options.Setting` of ``--beta --gamma -k --variance --eps`` (None: not given)."""
+    """The [`Setting`][streamwhiten.options.Setting] of ``--beta --gamma -k --variance --eps`` (None: not given)."""
     from ..options import Setting
 
     return Setting(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)

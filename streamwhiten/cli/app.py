@@ -3,7 +3,7 @@ one line on stderr and an exit code.
 
 Each command is a module of its own (``fit``, ``apply``, ``info``, ``export``, ``run``, ``staleness``,
 ``eval``, ``tune``, ``report``, ``demo``): it parses, makes the option objects, calls the library and prints. Every library
-error is a :class:`~streamwhiten.errors.StreamwhitenError` carrying its exit code; it is reported here
+error is a `StreamwhitenError` carrying its exit code; it is reported here
 as one line (``streamwhiten: error: ...``).
 
 Shell completion is click's: ``eval "$(_STREAMWHITEN_COMPLETE=bash_source streamwhiten)"`` (zsh_source,

@@ -16,7 +16,7 @@ DTYPES: tuple[str, ...] = tuple(str(choice) for choice in PARAMS["dtype"].choice
 
 
 def code_names() -> str:
-    """The code names a ``NAME:BYTES`` takes, for a help text (from :data:`streamwhiten.codes.CODES`)."""
+    """The code names a ``NAME:BYTES`` takes, for a help text (from `streamwhiten.codes.CODES`)."""
     from ..codes import CODES
 
     return ", ".join(CODES)

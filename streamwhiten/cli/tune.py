@@ -58,8 +58,8 @@ class GeneratedHelp(click.Command):
 
 
 def _help() -> str:
-    """tune's ``--help``: the storages from :data:`~streamwhiten.evaluation.sweep.STORAGES`, the code families
-    a budget adds from :data:`~streamwhiten.codes.TUNE_CODES`."""
+    """tune's ``--help``: the storages from `STORAGES`, the code families
+    a budget adds from `TUNE_CODES`."""
     from ..codes import TUNE_CODES
     from ..evaluation.sweep import STORAGES
 
@@ -195,7 +195,7 @@ def tune(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    """The ``tune`` command; its help is :func:`_help`'s."""
+    """The ``tune`` command; its help is `_help`'s."""
     from ..core.model import check_model_output, load_model, save_model
 
     inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)

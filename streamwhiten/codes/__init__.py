@@ -1,9 +1,9 @@
 """Vector codes for a byte budget: the tool's own (eigen-allocated multi-bit codes, sign bits after a
-random or ITQ rotation) and faiss's (PQ, OPQ + PQ, RaBitQ, SQ), behind one :class:`~.base.Codec`
+random or ITQ rotation) and faiss's (PQ, OPQ + PQ, RaBitQ, SQ), behind one `Codec`
 interface, trained from the exact statistics (mean, covariance) and, where a code learns from data,
 a sample.
 
-Names (:data:`CODES`): ``eigen`` (bits weighted for queries like the vectors), ``eigen-iso`` (for
+Names (`CODES`): ``eigen`` (bits weighted for queries like the vectors), ``eigen-iso`` (for
 isotropic queries), ``bits-random``, ``bits-itq``, ``bits-pca`` (each ``+f`` with the per-vector
 correction, ``eigen+f`` too), and ``faiss-pq``, ``faiss-opq``, ``faiss-rabitq1``,
 ``faiss-rabitq2``, ``faiss-rabitq4``, ``faiss-sq4``, ``faiss-sq8``.
@@ -28,7 +28,7 @@ import numpy.typing as npt
 from ..errors import BadInputError, ModelFileError
 from .base import Codec, read_parts
 
-#: The codes :func:`train_codec` trains.
+#: The codes `train_codec` trains.
 CODES: tuple[str, ...] = (
     "eigen",
     "eigen-iso",
@@ -73,9 +73,9 @@ def code_size(name: str, n_features: int, budget: int) -> int | None:
     ``n_features`` values; None where even its smallest code does not fit.
 
     Each family's own size function gives it, the one its codec's ``bytes_per_vector`` comes from
-    (:func:`~.linear.linear_bytes` of :func:`~.linear.eigen_bits` or :func:`~.linear.sign_bits`;
-    faiss's reported code size, :func:`~.faiss_codes.faiss_bytes`, RaBitQ's per-vector factors
-    included), and :func:`train_codec` at that size trains exactly that code (an eigen code whose
+    (`linear_bytes` of `eigen_bits` or `sign_bits`;
+    faiss's reported code size, `faiss_bytes`, RaBitQ's per-vector factors
+    included), and `train_codec` at that size trains exactly that code (an eigen code whose
     variance runs out before its bits may take fewer bytes, never more). faiss's sizes need faiss."""
     if name not in CODES:
         raise BadInputError(f"unknown code {name!r}: one of {', '.join(CODES)}")
@@ -90,7 +90,7 @@ def code_size(name: str, n_features: int, budget: int) -> int | None:
 
 
 def _largest_size(name: str, n_features: int, budget: int) -> int:
-    """:func:`code_size`'s bytes, or :class:`BadInputError` below the smallest code."""
+    """`code_size`'s bytes, or `BadInputError` below the smallest code."""
     correction = name.endswith("+f")
     if name.startswith("eigen"):
         from .linear import eigen_bits, linear_bytes
@@ -111,7 +111,7 @@ def _largest_size(name: str, n_features: int, budget: int) -> int:
 
 def fewest_sample_rows(name: str) -> int:
     """The fewest sample rows the code ``name`` trains on: 0 for those of statistics alone, PQ's and
-    OPQ's 256 (a k-means centroid each), the others of :data:`NEEDS_SAMPLE` 2."""
+    OPQ's 256 (a k-means centroid each), the others of `NEEDS_SAMPLE` 2."""
     if name not in NEEDS_SAMPLE:
         return 0
     if name.startswith("faiss-"):
@@ -133,13 +133,13 @@ def train_codec(
     unit: bool = False,
     **faiss_options: int,
 ) -> Codec:
-    """The code ``name`` (one of :data:`CODES`) of at most ``budget`` bytes a vector, per-vector scalars
+    """The code ``name`` (one of `CODES`) of at most ``budget`` bytes a vector, per-vector scalars
     included, for vectors of this mean and covariance; ``sample`` (rows of the vectors) for the codes
-    of :data:`NEEDS_SAMPLE`, ``seed`` for their random parts; ``faiss_options`` go to
-    :func:`~.faiss_codes.train_faiss` (``iterations``, ``opq_iterations``). ``unit``: the vectors have
+    of `NEEDS_SAMPLE`, ``seed`` for their random parts; ``faiss_options`` go to
+    `train_faiss` (``iterations``, ``opq_iterations``). ``unit``: the vectors have
     unit length (the tool's outputs), so the tool's own codes estimate by the cosine with the decoded
-    vector (:mod:`.linear`) and faiss's rank by L2 distance (:func:`~.faiss_codes.train_faiss`). A budget below the code's smallest, or
-    above what the vectors' width holds, is a one-line :class:`BadInputError`."""
+    vector (`linear`) and faiss's rank by L2 distance (`train_faiss`). A budget below the code's smallest, or
+    above what the vectors' width holds, is a one-line `BadInputError`."""
     if name not in CODES:
         raise BadInputError(f"unknown code {name!r}: one of {', '.join(CODES)}")
     if isinstance(budget, bool) or int(budget) != budget:
@@ -177,8 +177,8 @@ def train_codec(
 
 
 def codec_from_bytes(data: bytes, n_features: int | None = None) -> Codec:
-    """The codec :meth:`Codec.to_bytes` wrote; :class:`~streamwhiten.errors.ModelFileError` for damaged
-    or altered bytes, :class:`BadInputError` where ``n_features`` is given and the codec codes vectors
+    """The codec `Codec.to_bytes` wrote; `ModelFileError` for damaged
+    or altered bytes, `BadInputError` where ``n_features`` is given and the codec codes vectors
     of another width."""
     family, record, arrays = read_parts(data)
     if family == "linear":

@@ -4,7 +4,7 @@ A codec turns float vectors of ``n_features`` values into rows of ``bytes_per_ve
 and any per-vector scalars, in one row, as faiss's ``sa_encode`` writes them), decodes them back to
 approximate vectors, and estimates the inner products ``<q, x>`` of float32 queries with the coded
 vectors (asymmetric: the queries are never coded). Everything a codec needs to decode is per model
-(a mean, a basis, step sizes, a faiss index's trained state) and travels as :meth:`Codec.to_bytes`:
+(a mean, a basis, step sizes, a faiss index's trained state) and travels as `Codec.to_bytes`:
 a header, named arrays and a SHA-256 of both, never a pickle.
 """
 
@@ -32,11 +32,11 @@ NOT_CODABLE = ", which a code cannot hold"
 class Codec(ABC):
     """A trained vector code: encode, decode, estimate inner products, and its byte form.
 
-    Subclasses set :attr:`family` and implement the abstract methods; :meth:`_parts` and
-    :meth:`_from_parts` are the record and arrays of :meth:`to_bytes`.
+    Subclasses set `family` and implement the abstract methods; `_parts` and
+    `_from_parts` are the record and arrays of `to_bytes`.
     """
 
-    #: The family name recorded in the byte form (what :func:`streamwhiten.codes.codec_from_bytes` dispatches on).
+    #: The family name recorded in the byte form (what `streamwhiten.codes.codec_from_bytes` dispatches on).
     family: ClassVar[str]
 
     @property
@@ -56,11 +56,11 @@ class Codec(ABC):
 
     @abstractmethod
     def encode(self, block: npt.ArrayLike) -> npt.NDArray[np.uint8]:
-        """Code rows (n x :attr:`bytes_per_vector` uint8) of the float rows ``block`` (n x :attr:`n_features`)."""
+        """Code rows (n x `bytes_per_vector` uint8) of the float rows ``block`` (n x `n_features`)."""
 
     @abstractmethod
     def decode(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
-        """The approximate vectors (n x :attr:`n_features` float32) the code rows stand for."""
+        """The approximate vectors (n x `n_features` float32) the code rows stand for."""
 
     @abstractmethod
     def inner_products(self, queries: npt.ArrayLike, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
@@ -73,7 +73,7 @@ class Codec(ABC):
     @classmethod
     @abstractmethod
     def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> Codec:
-        """The codec :meth:`_parts` described."""
+        """The codec `_parts` described."""
 
     @property
     def model_bytes(self) -> int:
@@ -100,9 +100,9 @@ class Codec(ABC):
     # ------------------------------------------------------------------------------------- input checks
 
     def check_rows(self, block: npt.ArrayLike, what: str = "rows", finite: bool = True) -> np.ndarray:
-        """``block`` as a 2-D float array of :attr:`n_features` columns, every value finite (unless
+        """``block`` as a 2-D float array of `n_features` columns, every value finite (unless
         ``finite`` is False: the caller checks what it computes from them); a one-line
-        :class:`BadInputError` (or :class:`~streamwhiten.errors.NonFiniteError` naming the row) otherwise."""
+        `BadInputError` (or `NonFiniteError` naming the row) otherwise."""
         rows = np.asarray(block)
         if rows.ndim == 1 and rows.shape[0] == self.n_features:
             rows = rows[None, :]
@@ -117,7 +117,7 @@ class Codec(ABC):
         return rows
 
     def check_codes(self, codes: npt.ArrayLike) -> npt.NDArray[np.uint8]:
-        """``codes`` as uint8 rows of :attr:`bytes_per_vector`; a one-line :class:`BadInputError` otherwise."""
+        """``codes`` as uint8 rows of `bytes_per_vector`; a one-line `BadInputError` otherwise."""
         rows = np.asarray(codes)
         if rows.ndim != 2 or rows.shape[1] != self.bytes_per_vector or rows.dtype != np.uint8:
             raise BadInputError(
@@ -128,7 +128,7 @@ class Codec(ABC):
 
 
 def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
-    """The family, record and arrays of a codec's byte form; :class:`ModelFileError` for bytes that are
+    """The family, record and arrays of a codec's byte form; `ModelFileError` for bytes that are
     not one, or whose checksum does not match (damaged or altered)."""
     data = bytes(data)
     if len(data) < len(MAGIC) + 8 + _DIGEST or not data.startswith(MAGIC):

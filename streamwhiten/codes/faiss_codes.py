@@ -88,21 +88,21 @@ def _index_for(kind: str, dim: int, n_bytes: int, l2: bool = False) -> Any:
 @functools.lru_cache(maxsize=4096)
 def faiss_bytes(kind: str, dims: int, sub: int = 0) -> int:
     """Bytes of one ``kind`` code row over ``dims`` values (``sub`` PQ sub-quantisers), as faiss reports
-    them: the ``sa_code_size`` of the index :func:`train_faiss` builds, made untrained (faiss fixes a
+    them: the ``sa_code_size`` of the index `train_faiss` builds, made untrained (faiss fixes a
     code's size when it makes the index), per-vector factors included (RaBitQ's). The family's one size:
-    :attr:`FaissCode.bytes_per_vector` reads the same number off the trained index."""
+    `FaissCode.bytes_per_vector` reads the same number off the trained index."""
     return int(_index_for(kind, int(dims), int(sub)).sa_code_size())
 
 
 def fewest_rows(kind: str) -> int:
     """The fewest sample rows the ``kind`` code trains on: PQ's (and OPQ's) k-means needs one a centroid,
-    :data:`PQ_CENTROIDS` a sub-space (faiss refuses fewer); the others 2."""
+    `PQ_CENTROIDS` a sub-space (faiss refuses fewer); the others 2."""
     return PQ_CENTROIDS if kind in ("pq", "opq") else 2
 
 
 def layout_for(kind: str, n_features: int, budget: int) -> tuple[int, int]:
     """``(dimensions kept, PQ sub-quantisers)`` of the ``kind`` code that fits ``budget`` bytes, the most
-    dimensions it can, its bytes (:func:`faiss_bytes`) within the budget; :class:`BadInputError` below
+    dimensions it can, its bytes (`faiss_bytes`) within the budget; `BadInputError` below
     the smallest such code."""
     if kind not in KINDS:
         raise BadInputError(f"a faiss code is one of {', '.join(KINDS)}, got {kind!r}")
@@ -122,7 +122,7 @@ def layout_for(kind: str, n_features: int, budget: int) -> tuple[int, int]:
 
 
 class FaissCode(Codec):
-    """A faiss code over the centred (and possibly projected) vectors; built by :func:`train_faiss`."""
+    """A faiss code over the centred (and possibly projected) vectors; built by `train_faiss`."""
 
     family = "faiss"
 
@@ -197,7 +197,7 @@ class FaissCode(Codec):
 
     @property
     def unit(self) -> bool:
-        """Whether the code is of unit vectors, searched by faiss's L2 distance (see :func:`train_faiss`)."""
+        """Whether the code is of unit vectors, searched by faiss's L2 distance (see `train_faiss`)."""
         return bool(self._index.metric_type == _faiss().METRIC_L2)
 
     def search(self, queries: npt.ArrayLike, codes: npt.ArrayLike, k: int) -> tuple[np.ndarray, np.ndarray]:

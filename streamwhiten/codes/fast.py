@@ -1,5 +1,5 @@
 """The Numba paths of the codes: encoding a block of the tool's own codes (the same bytes as
-:meth:`LinearCode.encode <streamwhiten.codes.linear.LinearCode.encode>`, quantised and packed in one
+`LinearCode.encode`, quantised and packed in one
 pass), and top-k search of float32 queries over code rows (the tool's codes by a table scan, faiss's by
 faiss's own scan).
 
@@ -58,7 +58,7 @@ def search(
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     """The ``k`` best corpus rows per query by the codec's estimate of ``<q, x>`` (best first, ties to
     the lower row; an unfilled slot holds row -1 and score -inf), never an excluded pair
-    (:class:`~streamwhiten.core.exclusions.Exclusions`)."""
+    (`Exclusions`)."""
     q = codec.check_rows(queries, "queries").astype(np.float32)
     rows = codec.check_codes(codes)
     k = int(k)
@@ -90,7 +90,7 @@ def merge_block(
 ) -> None:
     """Merge the code rows ``codes`` (corpus rows ``first_row, first_row + 1, ...``) into the top lists
     ``top_scores``/``top_rows`` of the float32 ``queries`` by the table scan, never an excluded pair
-    (``start``/``excluded``: :class:`~streamwhiten.core.exclusions.Exclusions` arrays): a corpus
+    (``start``/``excluded``: `Exclusions` arrays): a corpus
     searched block by block gives the lists of one search over all of it."""
     scales = _scales(codec, codes)
     row_scales = _row_scales(codec, codes, scales)
@@ -114,7 +114,7 @@ def _scales(codec: LinearCode, rows: np.ndarray) -> npt.NDArray[np.float32]:
 
 
 def _row_scales(codec: LinearCode, rows: np.ndarray, scales: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
-    """:meth:`LinearCode.row_scales` of the code rows, their lengths by one Numba pass (a unit code only)."""
+    """`LinearCode.row_scales` of the code rows, their lengths by one Numba pass (a unit code only)."""
     if not codec.unit:
         return np.ones(rows.shape[0], dtype=np.float32)
     norms = np.empty(rows.shape[0], dtype=np.float64)

@@ -7,7 +7,7 @@ level ``(c + 1/2 - 2^(b-1)) * step`` (a mid-rise uniform quantiser). The familie
 and the bits:
 
 - ``eigen``: the principal axes of the exact covariance, bits allocated by eigenvalue under the byte
-  budget (:func:`allocate_bits`, 0-8 bits a component, components given 0 bits dropped), the
+  budget (`allocate_bits`, 0-8 bits a component, components given 0 bits dropped), the
   components of equal bits turned among themselves by a seeded random rotation;
 - ``bits-random``: one sign bit per component of the leading principal subspace turned by a seeded
   random rotation, which spreads the variance evenly over the bits;
@@ -31,7 +31,7 @@ weighted by the query's part along it: large where the vectors share a large mea
 no cost in bytes (``||xhat||`` follows from the code). Measured on ``neighbours-dev`` and a synthetic
 store with a large mean, it finds more of the true neighbours at every budget
 (``benchmarks/codes_frontier.py``). Every level is linear in the code's bits, so a query's estimate is a sum over the
-code's bytes of a 256-entry table each (:meth:`LinearCode.lookup_tables`), as faiss scans PQ codes.
+code's bytes of a 256-entry table each (`LinearCode.lookup_tables`), as faiss scans PQ codes.
 
 Bit layout: component ``j`` takes bits ``offset[j] .. offset[j] + bits[j] - 1`` of the row's bit
 stream, least significant first; bit ``t`` of the stream is bit ``t % 8`` of byte ``t // 8``
@@ -59,7 +59,7 @@ MAX_BITS = 8
 CORRECTION_BYTES = 2
 #: The kinds of linear code and their rotations.
 KINDS = ("eigen", "bits-random", "bits-itq", "bits-pca")
-#: Component values projected per product (:meth:`LinearCode.project`): a block's components stay in
+#: Component values projected per product (`LinearCode.project`): a block's components stay in
 #: the L2 cache until quantised, and every encoder cuts the rows alike, so a BLAS that sums a row
 #: differently in a product of another height never makes two encoders' bytes differ.
 PROJECT_VALUES = 1 << 16
@@ -101,13 +101,13 @@ def gaussian_quantizer(bits: int) -> tuple[float, float]:
 
 
 def quantizer_errors(max_bits: int = MAX_BITS) -> npt.NDArray[np.float64]:
-    """The error fraction of :func:`gaussian_quantizer` at 0..``max_bits`` bits."""
+    """The error fraction of `gaussian_quantizer` at 0..``max_bits`` bits."""
     return np.array([gaussian_quantizer(b)[1] for b in range(max_bits + 1)])
 
 
 def allocate_bits(importance: npt.ArrayLike, total_bits: int, max_bits: int = MAX_BITS) -> npt.NDArray[np.int64]:
     """Bits per component (0..``max_bits``, summing to at most ``total_bits``) that minimise
-    ``sum_j importance[j] * mse(bits[j])`` (``mse`` of :func:`quantizer_errors`).
+    ``sum_j importance[j] * mse(bits[j])`` (``mse`` of `quantizer_errors`).
 
     Each added bit cuts a component's error by less than the bit before it (the errors are convex in
     the bits), so giving bits one at a time to the component whose error drops most is optimal for
@@ -129,7 +129,7 @@ def allocate_bits(importance: npt.ArrayLike, total_bits: int, max_bits: int = MA
 
 def principal_axes(covariance: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Eigenvalues (descending, floored at 0) and eigenvectors (columns) of a covariance matrix, by the
-    model's own :func:`~streamwhiten.core.eigen.eigendecomposition` (its signs fixed), so a code's axes
+    model's own `eigendecomposition` (its signs fixed), so a code's axes
     are the model's basis on every machine."""
     sigma = np.asarray(covariance, dtype=np.float64)
     if sigma.ndim != 2 or sigma.shape[0] != sigma.shape[1] or not np.all(np.isfinite(sigma)):
@@ -158,16 +158,16 @@ def itq_rotation(projected: npt.NDArray[np.float64], seed: int, iterations: int 
 
 def linear_bytes(n_bits: int, correction: bool) -> int:
     """Bytes of one row of a linear code of ``n_bits`` code bits: the bits packed 8 a byte (the last
-    byte padded), then the correction's :data:`CORRECTION_BYTES` where there is one. The family's one
-    size: :attr:`LinearCode.bytes_per_vector` and a budget's candidates (:func:`eigen_bits`,
-    :func:`sign_bits`) both take it from here."""
+    byte padded), then the correction's `CORRECTION_BYTES` where there is one. The family's one
+    size: `LinearCode.bytes_per_vector` and a budget's candidates (`eigen_bits`,
+    `sign_bits`) both take it from here."""
     return -(-int(n_bits) // 8) + (CORRECTION_BYTES if correction else 0)
 
 
 def eigen_bits(n_features: int, budget: int, correction: bool, max_bits: int = MAX_BITS) -> int:
-    """The code bits :func:`train_eigen` shares out for ``budget`` bytes a vector of ``n_features``
+    """The code bits `train_eigen` shares out for ``budget`` bytes a vector of ``n_features``
     values: 8 a byte after the correction's, at most ``max_bits`` a component (the allocation may give
-    fewer where the variance runs out, never more); :class:`BadInputError` below the smallest code."""
+    fewer where the variance runs out, never more); `BadInputError` below the smallest code."""
     smallest = 1 + (CORRECTION_BYTES if correction else 0)
     if int(budget) < smallest:
         raise BadInputError(f"a budget of {budget} bytes is below the smallest eigen code ({smallest} bytes)")
@@ -176,7 +176,7 @@ def eigen_bits(n_features: int, budget: int, correction: bool, max_bits: int = M
 
 def sign_bits(n_features: int, budget: int, correction: bool, kind: str = "bits") -> int:
     """The sign bits of the ``kind`` code of ``budget`` bytes a vector of ``n_features`` values (one a
-    component, 8 a byte after the correction's): :class:`BadInputError` below the smallest code or
+    component, 8 a byte after the correction's): `BadInputError` below the smallest code or
     past one bit a feature."""
     spare = CORRECTION_BYTES if correction else 0
     n_bits = 8 * (int(budget) - spare)
@@ -192,7 +192,7 @@ def sign_bits(n_features: int, budget: int, correction: bool, kind: str = "bits"
 
 class LinearCode(Codec):
     """A linear map, per-component uniform quantisers and an optional per-vector correction (see the
-    module's text). Built by :func:`train_eigen` or :func:`train_sign_bits`."""
+    module's text). Built by `train_eigen` or `train_sign_bits`."""
 
     family = "linear"
 
@@ -216,7 +216,7 @@ class LinearCode(Codec):
         self.bits = np.asarray(bits, dtype=np.int64).reshape(-1)
         self.step = np.asarray(step, dtype=np.float64).reshape(-1)
         self.correction = bool(correction)
-        #: Whether the code is of unit vectors (set by :meth:`with_unit`; see the module's text).
+        #: Whether the code is of unit vectors (set by `with_unit`; see the module's text).
         self.unit = False
         self.budget = int(budget)
         self.training = dict(training or {})
@@ -265,16 +265,16 @@ class LinearCode(Codec):
 
     @property
     def block_rows(self) -> int:
-        """Rows per product of :meth:`project` (:data:`PROJECT_VALUES` components)."""
+        """Rows per product of `project` (`PROJECT_VALUES` components)."""
         return max(64, PROJECT_VALUES // self.n_components)
 
     def project_into(self, rows: np.ndarray, out: npt.NDArray[np.float32]) -> None:
-        """``out = rows @ basis`` (float32, uncentred) for at most :attr:`block_rows` rows."""
+        """``out = rows @ basis`` (float32, uncentred) for at most `block_rows` rows."""
         np.matmul(rows.astype(np.float32, copy=False), self.basis, out=out)
 
     def project(self, rows: np.ndarray) -> npt.NDArray[np.float32]:
-        """The components ``z = x @ basis - mean @ basis`` (float32: a GEMM per :attr:`block_rows`
-        rows, as the affine map is applied); :class:`~streamwhiten.errors.NonFiniteError` naming a row
+        """The components ``z = x @ basis - mean @ basis`` (float32: a GEMM per `block_rows`
+        rows, as the affine map is applied); `NonFiniteError` naming a row
         whose values are not finite (NaN or Inf in a row reach its components)."""
         z: npt.NDArray[np.float32] = np.empty((rows.shape[0], self.n_components), dtype=np.float32)
         for r0 in range(0, rows.shape[0], self.block_rows):
@@ -354,7 +354,7 @@ class LinearCode(Codec):
         return self._norms(*self.unpack(codes))
 
     def _norms(self, index: npt.NDArray[np.uint8], scales: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
-        """:meth:`decoded_norms` of rows already unpacked."""
+        """`decoded_norms` of rows already unpacked."""
         levels = self.levels(index)
         along = levels @ self._mean_along
         squares = np.einsum("ij,ij->i", levels, levels)
@@ -363,7 +363,7 @@ class LinearCode(Codec):
         return out
 
     def row_scales(self, norms: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
-        """What each row's whole estimate is multiplied by, from :meth:`decoded_norms`: ``1 / ||xhat||``
+        """What each row's whole estimate is multiplied by, from `decoded_norms`: ``1 / ||xhat||``
         for a unit code (0 for a row that stands for the zero vector), else 1."""
         if not self.unit:
             return np.ones(norms.shape[0], dtype=np.float32)
@@ -384,7 +384,7 @@ class LinearCode(Codec):
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """Per query: 256-entry tables per code byte, a base and an offset, such that the estimate of
         ``<q, x>`` is ``(base + f * (offset + sum_p tables[p, code[p]])) * g`` (``f`` the row's
-        correction, ``g`` its :meth:`row_scales`).
+        correction, ``g`` its `row_scales`).
 
         A level is ``code * step + (1/2 - 2^(b-1)) step``, linear in the code's bits: bit ``i`` of
         component ``j`` adds ``(q @ basis)_j * step_j * 2^i``, wherever in the stream it lies.
@@ -457,7 +457,7 @@ def train_eigen(
     """The eigen-allocated code of at most ``budget`` bytes a vector (correction included) for vectors
     of this mean and covariance, from the statistics alone.
 
-    Bits go by :func:`allocate_bits`: a component's expected squared error is ``lambda_j mse(b_j)``, and
+    Bits go by `allocate_bits`: a component's expected squared error is ``lambda_j mse(b_j)``, and
     it enters ``<q, x>`` weighted by the query's expected ``q_j^2``: ``lambda_j + (mean . u_j)^2`` for
     queries distributed like the vectors (``queries="data"``), 1 for ``"isotropic"`` queries. With
     ``rotate``, the components given equal bits are turned by a seeded random rotation among

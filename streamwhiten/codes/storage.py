@@ -1,16 +1,16 @@
 """A codec as a model's storage: trained for the unit-length outputs of the model's map, recorded in the
-model (:class:`~streamwhiten.core.quantize.CodecRecord`: the codec's checksummed bytes), and read back.
+model (`CodecRecord`: the codec's checksummed bytes), and read back.
 
 The codec works on the vectors the search stores: ``y = x A + b`` scaled to unit length. The codes
 that need only statistics train from the exact moments of those outputs, from the model's state with
 no pass over data: ``mean_y = (1 - beta) mu A`` and ``cov_y = A^T Sigma A``, both divided by
 ``E||y||^2 = tr(cov_y) + ||mean_y||^2`` (the mean by its square root) for the unit length, as the int8
-ranges are (:func:`~streamwhiten.core.quantize.normalized_moments`). The codes that learn from data
-(:data:`~streamwhiten.codes.NEEDS_SAMPLE`) take rows of the input, mapped by the model; how many and
+ranges are (`normalized_moments`). The codes that learn from data
+(`NEEDS_SAMPLE`) take rows of the input, mapped by the model; how many and
 the seed they were drawn with are recorded.
 
 Code names on the command line and in ``eval``'s ``dtype``: ``NAME:BYTES`` (``eigen:24``,
-``faiss-pq:16``; :func:`parse_code`).
+``faiss-pq:16``; `parse_code`).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def is_code(spec: object) -> TypeGuard[str]:
 
 
 def parse_code(spec: str) -> tuple[str, int]:
-    """``("eigen", 24)`` of ``"eigen:24"``; :class:`BadInputError` for anything else."""
+    """``("eigen", 24)`` of ``"eigen:24"``; `BadInputError` for anything else."""
     name, _, budget = str(spec).partition(":")
     if name not in CODES or not budget.isascii() or not budget.isdigit() or int(budget) < 1:
         raise BadInputError(f"a code is {SPEC_HELP} (e.g. eigen:24), got {spec!r}")
@@ -92,7 +92,7 @@ def train_for(
 ) -> Codec:
     """The codec ``code`` of at most ``budget`` bytes a vector for the model's unit-length outputs
     (``raw``: the unit-length input vectors): from the statistics, and for the codes of
-    :data:`~streamwhiten.codes.NEEDS_SAMPLE` from ``sample`` (rows of the input, mapped here)."""
+    `NEEDS_SAMPLE` from ``sample`` (rows of the input, mapped here)."""
     mean, cov = unit_output_moments(model, raw)
     mapped = None
     if code in NEEDS_SAMPLE:

@@ -252,7 +252,7 @@ def merge_top_hamming(
 
     ``query_words`` (all queries x words) and ``corpus_words`` (words x rows of the block: transposed, so
     that one word of many rows is XORed and counted in one vector instruction) are bit vectors as
-    uint64 words, zero-padded alike. ``top_distances``/``top_rows`` are as in :func:`merge_top_scores`
+    uint64 words, zero-padded alike. ``top_distances``/``top_rows`` are as in `merge_top_scores`
     (an empty slot: the largest int64 and row -1), and so are the excluded rows. The block is worked
     through in tiles that stay in the L1 cache while every query passes over them.
     """
@@ -371,7 +371,7 @@ def encode_levels(
     return -1
 
 
-#: Code bytes whose tables a pass of :func:`lookup_scores` holds: two queries' tables of 16 bytes
+#: Code bytes whose tables a pass of `lookup_scores` holds: two queries' tables of 16 bytes
 #: (2 x 16 x 256 float32) stay in the L1 cache however long the codes are.
 _LOOKUP_BYTES = 16
 
@@ -393,7 +393,7 @@ def lookup_scores(
     ``row_scales`` are 1 but for a code of unit vectors (``1 / ||xhat||``).
 
     Two queries and four rows at a time, eight sums in registers (one chain of dependent additions
-    would wait on each), over the code bytes in passes of :data:`_LOOKUP_BYTES` whose tables stay in
+    would wait on each), over the code bytes in passes of `_LOOKUP_BYTES` whose tables stay in
     L1, the running sums kept in ``out`` between passes. Each sum still adds its bytes in order, so
     the result is that of the plain loop.
     """
@@ -451,7 +451,7 @@ def decoded_norms(
     levels (component ``j``: ``(c + 1/2 - 2^(b-1)) * step[j]``, ``c`` its ``bits[j]`` bits, least
     significant first, components one after another), ``f = scales[r]``, ``mean_along = mean @ B`` and
     ``mean_norm2 = ||mean||^2``: ``||mean||^2 + 2 f <mean B, l> + f^2 ||l||^2`` (``B``'s columns orthonormal).
-    One pass over each row's bytes, the reverse of :func:`encode_levels`' packing."""
+    One pass over each row's bytes, the reverse of `encode_levels`' packing."""
     n_rows = codes.shape[0]
     n_components = bits.shape[0]
     for r in range(n_rows):

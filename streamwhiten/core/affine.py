@@ -1,10 +1,11 @@
 """The whitening as an affine map ``y = x A + b``, with numpy alone (torch tensors too, on their device).
 
 ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by L2
-normalisation. :meth:`AffineMap.transform` centres before the product, ``(x - beta mu) A``, exactly as
+normalisation. `AffineMap.transform` centres before the product, ``(x - beta mu) A``, exactly as
 the engine does; exported formats that only have ``x A + b`` (nn.Linear, faiss, ONNX) agree with it to
-float32 rounding. ``WhiteningModel.as_affine`` builds it from a model; :mod:`streamwhiten.serving` loads
-it from a model file or an exported map, and :mod:`streamwhiten.export` writes it for other libraries.
+float32 rounding. ``WhiteningModel.as_affine`` builds it from a model; [`streamwhiten.serving`][streamwhiten.serving]
+loads
+it from a model file or an exported map, and [`streamwhiten.export`][streamwhiten.export] writes it for other libraries.
 Only numpy is imported (torch inside the method that transforms a tensor, which the caller's own
 import of torch made), so the serving path can use this module without numba or storage libraries.
 """
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 
 class _Rows(Protocol):
-    """What :meth:`AffineMap._check_shape` reads of a batch: an ndarray or a torch tensor."""
+    """What `AffineMap._check_shape` reads of a batch: an ndarray or a torch tensor."""
 
     @property
     def ndim(self) -> int: ...
@@ -60,17 +61,17 @@ class AffineMap:
         The setting (``eps_value`` is the absolute regulariser ``eps * lambda_1``; ``variance`` is None
         unless k was chosen by explained variance).
     normalize : bool
-        Whether :meth:`transform` scales rows to unit L2 norm by default.
+        Whether `transform` scales rows to unit L2 norm by default.
     file_checksum : str
         The content checksum of the model file the map comes from (its integrity check, stored in it);
-        provenance only, "" when unknown. What identifies the map is :attr:`checksum`.
+        provenance only, "" when unknown. What identifies the map is `checksum`.
     mean_sq_norm : float or None
         The mean squared L2 norm of the rows the map was fitted on, ``trace(scatter) / n + |mean|^2``
         (None when unknown): 1 for unit-length rows. ``export --append-to`` uses it to tell where in a
         sentence-transformers pipeline the whitening belongs (before or after its ``Normalize``).
     quantization : Quantization or None
         How the outputs are stored (int8 codes, sign bits, float16), None for float32: what
-        :meth:`encode` writes, as ``apply`` and the search store them.
+        `encode` writes, as ``apply`` and the search store them.
     """
 
     A: np.ndarray
@@ -148,7 +149,7 @@ class AffineMap:
     ) -> AffineMap:
         """No transformation: ``A = I``, ``b = 0`` (beta = gamma = 0, k = d), ``y = x`` exactly (then
         normalised if asked): the raw vectors as a map, so every export and loader serves them. ``mean``
-        is the fitted one (it enters :attr:`checksum`, not the outputs)."""
+        is the fitted one (it enters `checksum`, not the outputs)."""
         mean = np.asarray(mean, dtype=np.float64)
         d = mean.shape[0]
         return cls(
@@ -198,18 +199,18 @@ class AffineMap:
 
     @property
     def shift(self) -> np.ndarray:
-        """``beta * mean``: what :meth:`transform` subtracts before the product."""
+        """``beta * mean``: what `transform` subtracts before the product."""
         return self.beta * self.mean
 
     @property
     def dtype(self) -> str:
-        """How the outputs are stored: the :attr:`quantization`'s kind, float32 without one."""
+        """How the outputs are stored: the `quantization`'s kind, float32 without one."""
         return "float32" if self.quantization is None else self.quantization.kind
 
     def params(self) -> dict[str, Any]:
         """The setting and provenance as plain JSON-able values: ``model_checksum`` is the map's
-        :attr:`checksum`, ``model_file_checksum`` the model file's (:attr:`file_checksum`); with a
-        :attr:`quantization`, its ``dtype``, ``bytes_per_vector`` and record (``quantization``)."""
+        `checksum`, ``model_file_checksum`` the model file's (`file_checksum`); with a
+        `quantization`, its ``dtype``, ``bytes_per_vector`` and record (``quantization``)."""
         values: dict[str, Any] = {
             "beta": self.beta,
             "gamma": self.gamma,
@@ -231,18 +232,18 @@ class AffineMap:
         return values
 
     def metadata(self) -> dict[str, str]:
-        """:meth:`params` as strings (exact float reprs; the quantization record as JSON), for formats whose
+        """`params` as strings (exact float reprs; the quantization record as JSON), for formats whose
         metadata is str -> str."""
         values = dict(self.params(), format=MAP_FORMAT, format_version=MAP_VERSION, package_version=__version__)
         return {key: _text(value) for key, value in sorted(values.items())}
 
     def encode(self, x: Any) -> np.ndarray:
-        """The stored form of one vector or a batch of rows: :meth:`transform` (scaled to unit length when
+        """The stored form of one vector or a batch of rows: `transform` (scaled to unit length when
         the record says the stored vectors are), then the record's encoding (int8 codes, packed sign
         bits, float16 values), exactly as ``apply`` writes them and the search stores them; the
-        float32 values without a :attr:`quantization`.
+        float32 values without a `quantization`.
 
-        numpy input only; see :mod:`streamwhiten.core.quantize` for the encodings.
+        numpy input only; see `streamwhiten.core.quantize` for the encodings.
         """
         q = self.quantization
         if _is_torch_tensor(x):
@@ -273,7 +274,7 @@ class AffineMap:
         Raises
         ------
         BadInputError
-            Wrong width, rank or dtype; :class:`NonFiniteError` for a row holding NaN or Inf.
+            Wrong width, rank or dtype; `NonFiniteError` for a row holding NaN or Inf.
         """
         normalize = self.normalize if normalize is None else bool(normalize)
         if _is_torch_tensor(x):
@@ -355,7 +356,7 @@ def scale_rows_to_unit(out: np.ndarray, norms: np.ndarray) -> None:
     """Divide each row of ``out`` by its L2 norm ``norms`` in place; zero rows stay zero.
 
     A finite row whose norm overflowed the working dtype (``norms`` Inf) is normalised in float64
-    instead, as both the engine (``core.model.project_checked``) and :meth:`AffineMap.transform` do.
+    instead, as both the engine (``core.model.project_checked``) and `AffineMap.transform` do.
     """
     redo = ~np.isfinite(norms)
     if redo.any():

@@ -1,7 +1,7 @@
 """The (query, corpus row) pairs a search never returns, as sorted rows per query.
 
-numpy only: the exact search of :mod:`streamwhiten.evaluation.search` and the code scans of
-:mod:`streamwhiten.codes.fast` take the same object.
+numpy only: the exact search of `streamwhiten.evaluation.search` and the code scans of
+`streamwhiten.codes.fast` take the same object.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from ..errors import NonFiniteError
 
 
 def raise_if_nonfinite(values: np.ndarray, prefix: str = "", *, start: int = 0, suffix: str = "") -> None:
-    """:class:`NonFiniteError` ``"{prefix} row {row} holds NaN or Inf{suffix}"`` naming the first row
+    """`NonFiniteError` ``"{prefix} row {row} holds NaN or Inf{suffix}"`` naming the first row
     of the 2-D ``values`` that holds NaN or Inf, counted from ``start`` (a block's first row), if any."""
     finite = np.isfinite(values).all(axis=1)
     if not finite.all():

@@ -1,6 +1,6 @@
 """Finalize streaming statistics into a whitening model, and the pickle-free model file.
 
-``finalize`` turns a :class:`~streamwhiten.core.stats.Moments` state into ``Sigma_beta = U Lambda U^T``
+``finalize`` turns a `Moments` state into ``Sigma_beta = U Lambda U^T``
 (eigenvalues descending, each eigenvector's largest-magnitude entry made positive so the result is
 deterministic) and the transform ``y = (x - beta*mu) U_k (Lambda_k + eps)^(-gamma/2)``, or, with the
 ``identity`` basis, no transformation at all (``y = x``: what ``tune`` writes when the raw vectors win,
@@ -51,7 +51,7 @@ IDENTITY_FORMAT_VERSION = 2
 FORMAT_VERSIONS = (FORMAT_VERSION, IDENTITY_FORMAT_VERSION)
 #: How a model file's name ends: the name tells what a file is, for every writer of one.
 MODEL_SUFFIX = ".npz"
-#: What a model's map is built on (:attr:`WhiteningModel.basis`).
+#: What a model's map is built on (`WhiteningModel.basis`).
 BASES = ("eigen", "identity")
 
 
@@ -63,12 +63,12 @@ def check_params(
     variance: float | None = None,
     n_features: int | None = None,
 ) -> None:
-    """Raise :class:`BadInputError` for a hyper-parameter outside its range (see :mod:`streamwhiten.params`)."""
+    """Raise `BadInputError` for a hyper-parameter outside its range (see `streamwhiten.params`)."""
     check_model(beta, gamma, eps, n_components, variance, n_features)
 
 
 def float_dtype(dtype: npt.DTypeLike) -> np.dtype:
-    """``dtype`` in native byte order; :class:`BadInputError` unless it is float16, float32 or float64."""
+    """``dtype`` in native byte order; `BadInputError` unless it is float16, float32 or float64."""
     dtype = np.dtype(dtype)
     if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
         raise BadInputError(
@@ -79,7 +79,7 @@ def float_dtype(dtype: npt.DTypeLike) -> np.dtype:
 
 def float_rows(rows: npt.ArrayLike) -> np.ndarray:
     """``rows`` as an array of float16, float32 or float64 in native byte order (copied only to swap
-    bytes); integer, bool, complex and object arrays raise :class:`BadInputError`."""
+    bytes); integer, bool, complex and object arrays raise `BadInputError`."""
     if type(rows).__module__.startswith("scipy.sparse"):
         raise BadInputError(
             f"expected a dense array of rows, got a scipy.sparse {type(rows).__name__} "
@@ -105,7 +105,8 @@ class WhiteningModel:
 
     Examples
     --------
-    The model a fit produces (``Whitener.model_``, or :func:`load_model` of a saved one):
+    The model a fit produces (``Whitener.model_``, or [`load_model`][streamwhiten.core.model.load_model] of a saved
+    one):
 
     >>> import numpy as np
     >>> from streamwhiten import Whitener
@@ -197,11 +198,12 @@ class WhiteningModel:
 
     @property
     def dtype(self) -> str:
-        """How the outputs are stored: the recorded :attr:`storage`'s dtype, float32 when none is recorded."""
+        """How the outputs are stored: the recorded `storage`'s dtype, float32 when none is recorded."""
         return "float32" if self.storage is None else self.storage.dtype
 
     def quantization(self, dtype: str | None = None, normalize: bool = True) -> Quantization | None:
-        """The record of this map's outputs stored as ``dtype`` (default: :attr:`dtype`), None for
+        """The record of this map's outputs stored as ``dtype`` (default:
+        [`dtype`][streamwhiten.core.model.WhiteningModel.dtype]), None for
         float32. int8 ranges come from the statistics, for unit-length outputs (int8 codes are always of
         the unit vectors, as the search stores them, and so are bits); ``normalize`` says whether float16
         values are."""
@@ -215,8 +217,8 @@ class WhiteningModel:
         return quantization_for(dtype, self, normalize=True if dtype == "binary" else normalize)
 
     def storage_records(self) -> tuple[Quantization | None, Quantization | None]:
-        """The records of the recorded :attr:`storage` (stored vectors, re-ranking vectors): see
-        :func:`~streamwhiten.core.quantize.storage_quantizations`; ``(None, None)`` without one."""
+        """The records of the recorded `storage` (stored vectors, re-ranking vectors): see
+        `storage_quantizations`; ``(None, None)`` without one."""
         if self.storage is None:
             return None, None
         weights, shift = self.projection(np.float64)
@@ -231,9 +233,9 @@ class WhiteningModel:
     ) -> np.ndarray:
         """Whiten ``rows`` (one vector or a 2-D array of floats); float32/float16 input is computed in float32.
 
-        A row holding NaN or Inf raises :class:`NonFiniteError` naming the first one, unless
+        A row holding NaN or Inf raises `NonFiniteError` naming the first one, unless
         ``skip_nonfinite``: its output row is then NaN. Finite values that overflow raise
-        :class:`ValuesTooLargeError`.
+        `ValuesTooLargeError`.
         """
         rows = float_rows(rows)
         single = rows.ndim == 1
@@ -274,19 +276,21 @@ class WhiteningModel:
         Parameters
         ----------
         beta, gamma, n_components, variance, eps : optional
-            Another setting than the model's, re-finalized from the saved statistics (as :meth:`with_params`).
+            Another setting than the model's, re-finalized from the saved statistics (as
+            [`with_params`][streamwhiten.core.model.WhiteningModel.with_params]).
         normalize : bool
             Follow the map by L2 normalisation.
         dtype : str, optional
-            How its outputs are stored (default: the model's :attr:`storage`, float32 when it records
+            How its outputs are stored (default: the model's `storage`, float32 when it records
             none): the map then carries the record (``quantization``, None for float32) that
-            :meth:`AffineMap.encode` uses.
+            `AffineMap.encode` uses.
 
         Returns
         -------
         streamwhiten.core.affine.AffineMap
             ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``, the setting and this
-            model's file checksum; its ``transform`` gives the vectors :meth:`transform` gives, and its
+            model's file checksum; its ``transform`` gives the vectors
+            [`transform`][streamwhiten.core.model.WhiteningModel.transform] gives, and its
             ``checksum`` is what outputs made with it record as ``model_checksum``.
         """
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
@@ -433,13 +437,13 @@ def project_checked(
     overwrite_input: bool = False,
     out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, npt.NDArray[np.bool_] | None]:
-    """:func:`project`, plus a mask of the rows taken as finite input, or None when every row is.
+    """`project`, plus a mask of the rows taken as finite input, or None when every row is.
 
     The centring pass returns column sums, which are finite exactly when every centred value is:
     finiteness costs nothing unless a bad row is present, and only then are the rows scanned. Rows
     centred in place are scanned after centring, where a finite value that overflowed looks like Inf;
     a caller holding the input can tell the two apart (see ``engine.apply``). Otherwise a finite row that
-    overflows when centred, whitened or cast to ``dtype`` raises :class:`ValuesTooLargeError` with its
+    overflows when centred, whitened or cast to ``dtype`` raises `ValuesTooLargeError` with its
     index. ``out``, a C-contiguous buffer of at least ``len(rows)`` rows of ``weights``' shape and
     dtype, receives the product instead of a new array (the result is then a view of it, unless
     ``dtype`` converts it).
@@ -528,7 +532,8 @@ def finalize(
     basis: str = "eigen",
 ) -> WhiteningModel:
     """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring. ``storage``:
-    the storage to record (what ``tune`` chose), kept by :meth:`WhiteningModel.with_params`; ``basis``:
+    the storage to record (what ``tune`` chose), kept by
+    [`WhiteningModel.with_params`][streamwhiten.core.model.WhiteningModel.with_params]; ``basis``:
     ``"identity"`` for no transformation (beta = gamma = 0, all components)."""
     params: dict[str, Any] = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
     check_params(n_features=state.n_features, **params)
@@ -583,8 +588,8 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
 
 
 def file_checksum(model: WhiteningModel) -> str:
-    """The content checksum of ``model``'s file (what :func:`save_model` stores and checks on load): it
-    changes with the statistics, the setting and the package version. Not the map's (:func:`map_checksum`)."""
+    """The content checksum of ``model``'s file (what `save_model` stores and checks on load): it
+    changes with the statistics, the setting and the package version. Not the map's (`map_checksum`)."""
     return checksum(_arrays(model))
 
 
@@ -604,20 +609,20 @@ def check_model_output(path: str, overwrite: bool) -> None:
     """The one rule for writing a model file at ``path`` (``fit -o``, ``tune -o``/``--in-place``, ``run``,
     ``Whitener.save``): its name ends in ``.npz``, and an existing file is replaced only with
     ``overwrite`` and only when it is a model file written by streamwhiten (not a checkpoint, an exported
-    map or anything else); otherwise :class:`BadInputError` or an ``OutputExistsError`` (exit 2)."""
+    map or anything else); otherwise `BadInputError` or an ``OutputExistsError`` (exit 2)."""
     check_model_name(path)
     check_replaceable(os.fspath(path), overwrite, "a model file", lambda found: foreign_npz(found, FORMAT_NAME))
 
 
 def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
-    """Save ``model`` to ``path`` (an ``.npz``, replacing only a model file: :func:`check_model_output`);
+    """Save ``model`` to ``path`` (an ``.npz``, replacing only a model file: `check_model_output`);
     returns the file's content checksum."""
     check_model_output(path, overwrite)
     return write_npz_atomic(path, _arrays(model), "model file")
 
 
 def load_model(path: str) -> WhiteningModel:
-    """Load a model file written by :func:`save_model`, every field checked (see ``core.validate``): a file
+    """Load a model file written by `save_model`, every field checked (see ``core.validate``): a file
     that no fit could have written (edited, with its checksum recomputed) is refused."""
     fields = model_fields(read_npz(path, "model file", FORMAT_NAME, FORMAT_VERSIONS), path)
     state = Moments(fields.pop("n_rows"), fields.pop("mean"), fields.pop("scatter"))
@@ -627,7 +632,8 @@ def load_model(path: str) -> WhiteningModel:
 
 def read_rows_and_sources(path: str) -> tuple[int, tuple[Fingerprint, ...]] | None:
     """The rows and source records of the model file ``path``, read from their two members alone, without
-    the checks of :func:`load_model` (for a caller that loads the file with every check before it uses
+    the checks of [`load_model`][streamwhiten.core.model.load_model] (for a caller that loads the file with every check
+    before it uses
     them); None when there is no such file, or they cannot be read from it."""
     if not os.path.isfile(path):
         return None

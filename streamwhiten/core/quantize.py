@@ -7,17 +7,17 @@ Four kinds of storage, each of ``k`` components per vector:
   ``code * scale + offset``. -128 is never written, so the codes are symmetric about the offset.
   ``offset`` is the component's mean and ``scale = c * std / 127``: the codes span ``offset +- c std``
   and values beyond are clipped to the end codes. Mean and standard deviation come from the fitted
-  statistics, not from a second pass over the data (:func:`output_moments`); ``c`` is
-  :data:`DEFAULT_INT8_CLIP` (chosen by measurement: see ``docs/evaluation.md``);
+  statistics, not from a second pass over the data (`output_moments`); ``c`` is
+  `DEFAULT_INT8_CLIP` (chosen by measurement: see ``docs/evaluation.md``);
 - ``binary``: the sign bits ``y > 0``, packed 8 per byte in ``numpy.packbits`` order (big bit order:
   component 0 is the high bit of byte 0), ``ceil(k / 8)`` bytes per vector, the last byte zero-padded.
   This is the layout of faiss ``IndexBinaryFlat`` and of sentence-transformers' ``ubinary``. Decoded,
   a bit is the sign ``+1`` or ``-1``.
 
-A :class:`Quantization` travels with every output as a JSON-able dict (:meth:`Quantization.to_dict`),
-so a reader can decode the vectors without streamwhiten. A :class:`Storage` is what a model records of
+A `Quantization` travels with every output as a JSON-able dict (`Quantization.to_dict`),
+so a reader can decode the vectors without streamwhiten. A `Storage` is what a model records of
 the storage ``tune`` chose (the kind, and for bits the re-ranking); its int8 ranges follow from the
-model's statistics at its setting (:func:`storage_quantizations`), so they are recomputed, never stale.
+model's statistics at its setting (`storage_quantizations`), so they are recomputed, never stale.
 
 numpy and the foundation only (no numba, no model module): the serving path and the model file's field
 checks use it.
@@ -71,16 +71,16 @@ RECORD_FORMAT, RECORD_VERSION = "streamwhiten-quantization", 1
 #: the statistics call constant still gets a positive scale.
 _STD_FLOOR = 1e-6
 
-#: The attribute of an apply output that holds its :class:`Quantization` (int8 codes and sign bits only).
+#: The attribute of an apply output that holds its `Quantization` (int8 codes and sign bits only).
 ATTR = STORAGE_ATTR
-#: The storage kinds whose values are codes, not floats: they need a :class:`Quantization` to decode.
+#: The storage kinds whose values are codes, not floats: they need a `Quantization` to decode.
 CODED: tuple[str, ...] = CODED_DTYPES
 
 _STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "binary": np.uint8}
 
 
 class _Statistics(Protocol):
-    """What :func:`output_moments` reads of fitted statistics (a :class:`~streamwhiten.core.stats.Moments`,
+    """What `output_moments` reads of fitted statistics (a `Moments`,
     not imported here: that module brings numba)."""
 
     @property
@@ -92,7 +92,7 @@ class _Statistics(Protocol):
 
 
 class _Fitted(Protocol):
-    """What :func:`quantization_for` reads of a model (a :class:`~streamwhiten.core.model.WhiteningModel`,
+    """What `quantization_for` reads of a model (a [`WhiteningModel`][streamwhiten.core.model.WhiteningModel],
     not imported here: this module stays below the model)."""
 
     @property
@@ -105,7 +105,7 @@ class _Fitted(Protocol):
 
 
 def raise_if_overflowed(overflowed: np.ndarray, dtype: npt.DTypeLike, when: str, hint: str = "") -> None:
-    """Raise :class:`ValuesTooLargeError` for the first row marked in ``overflowed``, if any."""
+    """Raise `ValuesTooLargeError` for the first row marked in ``overflowed``, if any."""
     if np.any(overflowed):
         raise ValuesTooLargeError(
             f"values too large for {np.dtype(dtype).name} (they overflow when {when}){hint}",
@@ -115,7 +115,7 @@ def raise_if_overflowed(overflowed: np.ndarray, dtype: npt.DTypeLike, when: str,
 
 def cast_checked(values: np.ndarray, dtype: npt.DTypeLike, into: np.ndarray | None = None) -> np.ndarray:
     """``values`` cast to ``dtype`` (into ``into``'s first rows if given); raises
-    :class:`ValuesTooLargeError` naming the first row whose finite values do not fit."""
+    `ValuesTooLargeError` naming the first row whose finite values do not fit."""
     target = np.empty(values.shape, dtype) if into is None else into[: values.shape[0]]
     with np.errstate(over="ignore"):
         np.copyto(target, values, casting="same_kind")
@@ -199,8 +199,8 @@ class Quantization:
         Raises
         ------
         BadInputError
-            Wrong width; :class:`NonFiniteError` for a row holding NaN or Inf (int8 and binary cannot
-            hold them); :class:`~streamwhiten.errors.ValuesTooLargeError` for a finite value float16
+            Wrong width; `NonFiniteError` for a row holding NaN or Inf (int8 and binary cannot
+            hold them); `ValuesTooLargeError` for a finite value float16
             cannot hold.
         """
         y = np.asarray(y)
@@ -265,7 +265,7 @@ class Quantization:
         return record
 
     def digest(self) -> str:
-        """The SHA-256 of :meth:`to_dict` as sorted JSON: equal records, equal digests (what a resumed
+        """The SHA-256 of `to_dict` as sorted JSON: equal records, equal digests (what a resumed
         apply output must match)."""
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
@@ -273,7 +273,7 @@ class Quantization:
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> Quantization:
         """The record an apply output carries in its attributes (key ``quantization``: a dict, or its JSON
-        where the store keeps text, as HDF5 does); :class:`BadInputError` when there is none (a float
+        where the store keeps text, as HDF5 does); `BadInputError` when there is none (a float
         output needs no decoding)."""
         record = attrs.get(ATTR) if hasattr(attrs, "get") else None
         if isinstance(record, bytes):
@@ -289,7 +289,7 @@ class Quantization:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Quantization:
-        """The record :meth:`to_dict` wrote; :class:`BadInputError` for one that is not such a record."""
+        """The record `to_dict` wrote; `BadInputError` for one that is not such a record."""
         if not isinstance(record, dict) or record.get("format") != RECORD_FORMAT:
             raise BadInputError(f"not a {RECORD_FORMAT} record")
         if record.get("format_version") != RECORD_VERSION:
@@ -319,7 +319,7 @@ def decode(
 ) -> np.ndarray:
     """Floats from stored ``codes`` (rows of an apply output, or of ``Whitener(dtype=...)``/``encode``).
 
-    ``record`` is a :class:`Quantization`, its dict (:meth:`Quantization.to_dict`), or the attributes of
+    ``record`` is a `Quantization`, its dict (`Quantization.to_dict`), or the attributes of
     the output the codes were read from (HDF5 attrs, Zarr attrs, Parquet or Lance schema metadata as
     ``streamwhiten.io.read_attrs`` returns them): int8 codes decode to ``code * scale + offset``, bits to
     the signs +1/-1, float values to themselves.
@@ -362,7 +362,7 @@ def map_moments(
 def output_moments(
     state: _Statistics, weights: npt.ArrayLike | None = None, shift: npt.ArrayLike | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`map_moments` of the statistics ``state`` (a :class:`~streamwhiten.core.stats.Moments`)."""
+    """`map_moments` of the statistics ``state`` (a `Moments`)."""
     return map_moments(state.n_rows, state.mean, state.scatter, weights, shift)
 
 
@@ -414,7 +414,7 @@ def quantization_for(
 ) -> Quantization:
     """The record for storing ``model``'s outputs (or, with ``raw``, the raw vectors) as ``kind``.
 
-    ``model`` is a :class:`~streamwhiten.core.model.WhiteningModel` (not imported here: this module stays
+    ``model`` is a [`WhiteningModel`][streamwhiten.core.model.WhiteningModel] (not imported here: this module stays
     below the model, for the serving path).
 
     ``normalize``: the vectors are scaled to unit L2 norm before they are stored. int8 needs the
@@ -448,8 +448,8 @@ def int8_for_map(
     clip: float = DEFAULT_INT8_CLIP,
 ) -> Quantization:
     """The int8 record of ``y = (x - shift) @ weights`` (optionally scaled to unit length) from the
-    fitted statistics ``(n_rows, mean, scatter)``: :func:`map_moments`, :func:`normalized_moments`,
-    :func:`int8_quantization`."""
+    fitted statistics ``(n_rows, mean, scatter)``: `map_moments`, `normalized_moments`,
+    `int8_quantization`."""
     out_mean, variance = map_moments(n_rows, mean, scatter, weights, shift)
     if normalize:
         out_mean, variance = normalized_moments(out_mean, variance)
@@ -459,7 +459,7 @@ def int8_for_map(
 # ---------------------------------------------------------------------------------- a model's storage
 
 
-#: The ``dtype`` of a storage whose vectors are a codec's code rows (:class:`CodecRecord`).
+#: The ``dtype`` of a storage whose vectors are a codec's code rows (`CodecRecord`).
 CODE = "code"
 
 
@@ -539,7 +539,7 @@ class CodecRecord:
 
     @classmethod
     def from_dict(cls, record: Mapping[str, Any], data: bytes) -> CodecRecord:
-        """The record :meth:`to_dict` wrote, with the codec's bytes; :class:`BadInputError` if the bytes
+        """The record `to_dict` wrote, with the codec's bytes; `BadInputError` if the bytes
         are not those it names (their SHA-256) or a field is missing."""
         if not isinstance(record, Mapping):
             raise BadInputError("a codec record is a JSON object")
@@ -581,7 +581,7 @@ class Storage:
         ``code`` only: the trained codec (its bytes and what it is).
 
     The stored vectors are the map's outputs scaled to unit length (search is by cosine): their int8
-    ranges come from the statistics (:func:`storage_quantizations`).
+    ranges come from the statistics (`storage_quantizations`).
     """
 
     dtype: str = "float32"
@@ -647,8 +647,8 @@ class Storage:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any], codec_data: bytes | None = None) -> Storage:
-        """The storage :meth:`to_dict` wrote (other keys are ignored), with the codec's bytes where it
-        records a codec; :class:`BadInputError` if it is none."""
+        """The storage `to_dict` wrote (other keys are ignored), with the codec's bytes where it
+        records a codec; `BadInputError` if it is none."""
         if not isinstance(record, dict) or not isinstance(record.get("dtype"), str):
             raise BadInputError("a storage record needs a dtype")
         codec = None

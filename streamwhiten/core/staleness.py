@@ -5,13 +5,14 @@ The published map was finalized from the statistics ``(n_p, mu_p, S_p)`` of its 
 the top ``k`` eigenpairs of ``Sigma_p = Sigma_beta`` of those statistics. On its own data it gives the
 outputs the second moment ``W^T Sigma_p W = T = diag(lambda / (lambda + eps_)^gamma)`` (the identity
 for ``gamma = 1`` up to eps). The statistics keep growing, to ``(n, mu, S)`` with ``Sigma = Sigma_beta``
-of those; :func:`staleness` measures how far the published map is from what a refit on them would give,
+of those; [`staleness`][streamwhiten.core.staleness.staleness] measures how far the published map is from what a refit
+on them would give,
 with no pass over the data (a few ``d x d`` products, O(d^3); for k < d also the eigendecomposition
 of the current statistics, which the model a fit returns already holds).
 
 Every part is measured in the published map's own whitened units: with
 ``G = diag((lambda + eps~)^(-1/2))`` (the ``k`` published eigenvalues; ``eps~`` = the model's
-``eps_value``, or :data:`ROUNDING_FLOOR` ``* lambda_1`` where that is larger)
+``eps_value``, or `ROUNDING_FLOOR` ``* lambda_1`` where that is larger)
 
 - ``covariance = || G U_k^T (Sigma - Sigma_p) U_k G ||_2``: the whitened second moment of the current
   data, centred as a refit would centre it, against the one the map was meant to produce, in the
@@ -35,7 +36,7 @@ Every part is measured in the published map's own whitened units: with
 ``total = max(covariance, shift, dropped)``: 0 when a refit would give the same map (up to rotations
 inside ties of the spectrum), and in "relative variance" units throughout, so a tolerance reads the
 same on every part. ``benchmarks/staleness_quality.py`` relates it to the real change of retrieval and
-STS scores and chooses the default tolerance (``max_staleness`` in :mod:`streamwhiten.params`).
+STS scores and chooses the default tolerance (``max_staleness`` in `streamwhiten.params`).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ from ..params import DEFAULT_MAX_STALENESS, check
 from .model import WhiteningModel, finalize
 from .stats import Moments, covariance
 
-#: The parts of a :class:`Staleness`, in the order they are reported; only ``total``'s are counted.
+#: The parts of a [`Staleness`][streamwhiten.core.staleness.Staleness], in the order they are reported; only ``total``'s
+#: are counted.
 PARTS = ("covariance", "shift", "dropped", "angle")
 COUNTED = ("covariance", "shift", "dropped")
 
@@ -100,7 +102,7 @@ ROUNDING_FLOOR = 1e-10
 
 
 def _regulariser(eps_value: float, top: float) -> float:
-    """``eps_``, or :data:`ROUNDING_FLOOR` times the largest eigenvalue where that is larger."""
+    """``eps_``, or `ROUNDING_FLOOR` times the largest eigenvalue where that is larger."""
     return max(float(eps_value), ROUNDING_FLOOR * max(top, 0.0))
 
 

@@ -117,7 +117,7 @@ def block_moments(
     chunk mean follows as ``C^T C - n cbar cbar^T``: ``cbar`` is tiny, so nothing cancels, and
     ``E[xx^T] - mu mu^T`` is never formed.
 
-    Raises :class:`NonFiniteError` (with ``.row``, the index inside the chunk) on the first row that
+    Raises `NonFiniteError` (with ``.row``, the index inside the chunk) on the first row that
     holds NaN or Inf. ``workspace`` is an optional C-contiguous buffer of at least the chunk's shape in
     the working dtype, reused across calls to avoid one allocation per chunk; with
     ``overwrite_input=True`` a chunk already in the working dtype is centred in place instead.

@@ -3,13 +3,13 @@
 A file's checksum says it was not damaged, but it has no key: anyone can edit a field and recompute it.
 So every loader (``core.model.load_model``, ``engine.fit.load_checkpoint``, and ``serving``'s loaders of
 model files and maps) reads its fields through here, and a file that no fit could have written is refused
-(:class:`~streamwhiten.errors.ModelFileError`, exit 2) with one line naming the file and the field:
+(`ModelFileError`, exit 2) with one line naming the file and the field:
 
 - arrays of the right shapes and finite values; a scatter that is symmetric with a non-negative diagonal
   (and entries within the bounds of its diagonal); eigenvalues descending and non-negative; eigenvectors
   of unit length and orthonormal, whose eigendecomposition gives back ``Sigma_beta`` of the saved
   statistics (checked on random vectors: O(d^2), not O(d^3), so the serving path starts as fast);
-- every parameter through the checks of :mod:`streamwhiten.params` (as the command line checks it), and
+- every parameter through the checks of `streamwhiten.params` (as the command line checks it), and
   the rules between them: ``eps_value = eps * lambda_1``, k in [1, d] and the one ``variance`` gives;
 - counts that are whole numbers (at least 2 rows), and sources and info of the right JSON types;
 - the basis (``identity``: no transformation, only with beta = gamma = 0 and k = d);
@@ -52,7 +52,7 @@ def components_for_variance(eigvals: np.ndarray, variance: float) -> int:
 
 
 class Fields:
-    """The arrays of one file, read field by field; :meth:`fail` is the one-line error naming a field."""
+    """The arrays of one file, read field by field; `fail` is the one-line error naming a field."""
 
     def __init__(self, arrays: Mapping[str, Any], path: str, what: str):
         self.arrays, self.path, self.what = arrays, path, what

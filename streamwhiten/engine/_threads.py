@@ -45,7 +45,7 @@ def available_cores() -> int:
 
 def resolve_threads(threads: int | None, default: int | None = None) -> int:
     """Worker threads to use: ``threads`` (-1: one per core); if None, ``default``, or else one per
-    core up to :data:`MAX_DEFAULT_THREADS`."""
+    core up to `MAX_DEFAULT_THREADS`."""
     if threads is None:
         return default or min(MAX_DEFAULT_THREADS, available_cores())
     check("threads", threads)
@@ -73,7 +73,7 @@ def blas_threads(n_threads: int | None) -> Iterator[None]:
 
     For pthreads-based BLAS the limit is process-wide: it holds for every thread of the process while
     any such block is active, and only the outermost of overlapping blocks (from several threads) sets
-    and restores it. OpenMP-based BLAS counts per thread: see :func:`limit_this_thread`.
+    and restores it. OpenMP-based BLAS counts per thread: see `limit_this_thread`.
     """
     if n_threads is None:
         yield

@@ -8,9 +8,9 @@ beside the partial output, so an interrupted run (signal, crash, SIGKILL) resume
 unrecorded block and produces exactly the output an uninterrupted run would have.
 
 An output of int8 codes or sign bits (``dtype`` int8 or binary) is the float transform of each block,
-scaled to unit length, then encoded (:func:`encode_block`) with the model's
-:class:`~streamwhiten.core.quantize.Quantization`, the record the search, ``tune``, ``serving`` and
-``export`` use, so codes are equal everywhere; the output carries that record (:func:`output_attrs`).
+scaled to unit length, then encoded (`encode_block`) with the model's
+`Quantization`, the record the search, ``tune``, ``serving`` and
+``export`` use, so codes are equal everywhere; the output carries that record (`output_attrs`).
 """
 
 from __future__ import annotations
@@ -59,13 +59,13 @@ from ..params import CODED_DTYPES, is_code_dtype
 from ..records import ResumeRecord
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
-#: Worker threads of :func:`apply_model` when none are given, for an input read as stored; an input
+#: Worker threads of `apply_model` when none are given, for an input read as stored; an input
 #: whose compressed chunks are decoded here gets one per core (at most four), so cores decode at once.
 APPLY_DEFAULT_THREADS = 1
 
 
 def default_threads(source: Source) -> int:
-    """:func:`apply_model`'s worker threads for ``source`` when none are given."""
+    """`apply_model`'s worker threads for ``source`` when none are given."""
     return resolve_threads(None) if source.decoder is not None else APPLY_DEFAULT_THREADS
 
 
@@ -81,7 +81,7 @@ def check_output(model: WhiteningModel, source: Source, output_spec: str) -> Non
 def with_model_storage(options: ApplyOptions, model: WhiteningModel) -> ApplyOptions:
     """``options`` with ``dtype`` None made the model's storage (what ``tune`` chose; float32 when it records
     none): what every apply writes when no dtype is given. int8 codes and bits set ``normalize`` and refuse
-    ``skip_nonfinite`` (:class:`~streamwhiten.options.ApplyOptions`)."""
+    ``skip_nonfinite`` ([`ApplyOptions`][streamwhiten.options.ApplyOptions])."""
     if options.dtype is not None:
         return options
     recorded = model.storage.codec if model.storage is not None else None
@@ -92,19 +92,19 @@ def with_model_storage(options: ApplyOptions, model: WhiteningModel) -> ApplyOpt
 
 def output_quantization(model: WhiteningModel, dtype: str | None) -> Quantization | None:
     """The record of an output of ``dtype`` int8 or binary (codes of the unit-length vectors, int8 ranges
-    from the model's statistics, as :meth:`~streamwhiten.core.model.WhiteningModel.quantization` gives
+    from the model's statistics, as [`quantization`][streamwhiten.core.model.WhiteningModel.quantization] gives
     them everywhere); None for a float output."""
     return model.quantization(dtype) if dtype in CODED_DTYPES else None
 
 
 def encode_block(out: np.ndarray, quantization: Quantization | None) -> np.ndarray:
     """One transformed block as it is stored: ``out`` itself for a float output, else its codes
-    (:meth:`Quantization.encode`; its rows are finite: a coded output takes no ``skip_nonfinite``)."""
+    (`Quantization.encode`; its rows are finite: a coded output takes no ``skip_nonfinite``)."""
     return out if quantization is None else quantization.encode(out)
 
 
 def _quantization_digest(attrs: Mapping[str, Any]) -> str:
-    """The digest of the codes' record an output's attributes carry, read as a :class:`Quantization`."""
+    """The digest of the codes' record an output's attributes carry, read as a `Quantization`."""
     return Quantization.from_attrs(attrs).digest()
 
 
@@ -209,9 +209,9 @@ def plan_output(
     source_sha256: str | None = None,
     attrs: Mapping[str, Any] | None = None,
 ) -> OutputPlan:
-    """The one :class:`~streamwhiten.output_plan.OutputPlan` of writing ``model``'s transform of
-    ``source`` (a :class:`~streamwhiten.io.RowRange` writes part of its input) to ``output`` with
-    ``options`` (their dtype the model's storage already: :func:`with_model_storage`), read in
+    """The one `OutputPlan` of writing ``model``'s transform of
+    ``source`` (a `RowRange` writes part of its input) to ``output`` with
+    ``options`` (their dtype the model's storage already: `with_model_storage`), read in
     ``read``'s blocks: what every writer, the resume record and the is-current check take.
 
     The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
@@ -257,7 +257,7 @@ def plan_output(
 
 
 def output_is_current(output: Output, plan: OutputPlan) -> bool:
-    """Whether ``output`` is a complete output of what ``plan`` writes (:meth:`OutputPlan.matches`):
+    """Whether ``output`` is a complete output of what ``plan`` writes (`OutputPlan.matches`):
     then writing it again changes nothing. A float output's array is opened for its dtype; codes carry
     their record."""
     if not output.exists():
@@ -281,8 +281,8 @@ def is_up_to_date(
     read: ReadOptions,
     rows: tuple[int, int] | None = None,
 ) -> bool:
-    """Whether ``output_spec`` already holds what :func:`apply_model` with these arguments would write (see
-    :func:`output_is_current`; the input's rows, or the range ``rows`` of them, fingerprinted now)."""
+    """Whether ``output_spec`` already holds what `apply_model` with these arguments would write (see
+    `output_is_current`; the input's rows, or the range ``rows`` of them, fingerprinted now)."""
     output = open_output(output_spec, read)
     if not output.exists():
         return False  # nothing to compare: the input is not read
@@ -305,7 +305,7 @@ def aligned_block_rows(block_rows: int | None, source: Source, sink_chunk_rows: 
 @dataclass(frozen=True, eq=False)
 class BlockTransform:
     """What every block of one apply is whitened with: the projection (``weights``, ``shift``: see
-    :meth:`~streamwhiten.core.model.WhiteningModel.projection`), whether rows are scaled to unit length,
+    [`projection`][streamwhiten.core.model.WhiteningModel.projection]), whether rows are scaled to unit length,
     the dtype the values are cast to (None: the product's own; codes are encoded from it), whether
     non-finite input rows are written as NaN rows, and the input's label for messages."""
 
@@ -329,12 +329,12 @@ def transform_block(
     """Whiten one block read at row ``begin`` as ``how`` says; returns the output rows and how many were
     non-finite.
 
-    A row holding NaN or Inf raises :class:`NonFiniteError` naming the input and the row, unless
+    A row holding NaN or Inf raises `NonFiniteError` naming the input and the row, unless
     ``how.skip_nonfinite``: then its output row is NaN and it is counted. Finite values that overflow
-    (when centred, whitened or cast to ``how.dtype``) raise :class:`ValuesTooLargeError` naming the row.
+    (when centred, whitened or cast to ``how.dtype``) raise `ValuesTooLargeError` naming the row.
     With ``overwrite_input`` the block may be centred in place; ``reread()`` then returns the block as
     stored, read again only when some rows came out non-finite, to tell NaN/Inf input from overflow.
-    ``out`` is an optional buffer for the product (see :func:`~streamwhiten.core.model.project_checked`),
+    ``out`` is an optional buffer for the product (see `project_checked`),
     ``into`` one for the cast to ``how.dtype``.
     """
     weights, shift, normalize, dtype, label = how.weights, how.shift, how.normalize, how.dtype, how.label
@@ -432,8 +432,8 @@ def apply_model(
     attribute; it is resumed, and found up to date, as any other output. ``attrs`` are recorded on the
     output beside its own attributes (how ``run`` marks a published part with its job, version and input).
 
-    ``options`` (:class:`~streamwhiten.options.ApplyOptions`) say what is written and how, ``read``
-    (:class:`~streamwhiten.options.ReadOptions`) how the input is read and URLs are reached.
+    ``options`` ([`ApplyOptions`][streamwhiten.options.ApplyOptions]) say what is written and how, ``read``
+    ([`ReadOptions`][streamwhiten.options.ReadOptions]) how the input is read and URLs are reached.
 
     Rows holding NaN or Inf stop the run with an error naming the row, unless ``skip_nonfinite``: then
     their output rows are NaN (row alignment with the input is kept) and they are counted. Unless
@@ -504,8 +504,8 @@ class _Writing:
 
 
 def _prepare_writing(source: Source, output: Output, plan: OutputPlan, options: ApplyOptions, threads: int) -> _Writing:
-    """Check an existing output (up to date: :class:`NothingToDoError`; ours and ``overwrite``: replaced;
-    else :class:`OutputExistsError`) and make the record a resume of ``plan`` must match."""
+    """Check an existing output (up to date: `NothingToDoError`; ours and ``overwrite``: replaced;
+    else `OutputExistsError`) and make the record a resume of ``plan`` must match."""
     out_path, _ = split_spec(output.spec)
     exists = output.exists()
     if exists and options.overwrite:
@@ -662,7 +662,7 @@ class _BlockRun:
 
     def _fold(self, results: Iterable[_Whitened], writer: ThreadPoolExecutor, n_nonfinite: int) -> int:
         """Queue each block's write in row order, recording progress as it goes; a stop asked for saves
-        progress and raises :class:`InterruptedRunError`."""
+        progress and raises `InterruptedRunError`."""
         n_rows, last_record = self.source.n_rows, time.perf_counter()
         for begin, end, out, nonfinite, kept, release in results:  # written in row order by the writer
             n_nonfinite += nonfinite

@@ -1,13 +1,13 @@
 """The Dask engine: the serial engine's per-block step and merge, run as a tree reduction on a cluster.
 
 It is dask's chunk/combine/aggregate reduction, spelled out with ``dask.delayed`` so the tree is ours:
-*chunk* is one task per block of rows (spanning all columns) running :func:`~streamwhiten.engine.fit.reduce_block`,
+*chunk* is one task per block of rows (spanning all columns) running `reduce_block`,
 the serial engine's own accumulator (same jitted kernels, same NaN/Inf errors); *combine* merges
-groups of ``split_every`` consecutive states left to right with :func:`~streamwhiten.core.stats.merge`, level
+groups of ``split_every`` consecutive states left to right with `merge`, level
 by level, so the tree's shape depends only on the block layout; *aggregate* is the root, one small
 state the driver finalizes. Whichever workers run the tasks, in whatever order, the same blocks give
 the same bits. Stores are read on the workers (by path, see
-:class:`~streamwhiten.io.LazyRows`, with the storage options they were opened with); the transform writes whole Zarr chunks from the workers under
+`LazyRows`, with the storage options they were opened with); the transform writes whole Zarr chunks from the workers under
 the temporary name and the driver renames the finished store, as the serial applier does.
 
 dask and distributed are optional (``pip install 'streamwhiten[dask]'``) and imported only inside the
@@ -109,7 +109,7 @@ def dask_client(
 
 @contextlib.contextmanager
 def _cluster_errors(what: str) -> Iterator[None]:
-    """A worker that kept dying while running a task becomes a :class:`ClusterError`: dask retries a
+    """A worker that kept dying while running a task becomes a `ClusterError`: dask retries a
     lost task on another worker (``distributed.scheduler.allowed-failures`` times) before giving up."""
     try:
         killed = _require("distributed").KilledWorker
@@ -181,7 +181,7 @@ def _read_block_moments(
 
 def _store_tasks(source: Source, block_rows: int, precision: str, skip_nonfinite: bool) -> list[Any]:
     """One delayed read-and-fold per block of ``source``, cut at multiples of ``block_rows`` (the fit's
-    :func:`~streamwhiten.engine.fit.plan_blocks`, as the serial engine cuts them)."""
+    `plan_blocks`, as the serial engine cuts them)."""
     import dask
 
     task = dask.delayed(_read_block_moments, pure=False)
@@ -190,7 +190,7 @@ def _store_tasks(source: Source, block_rows: int, precision: str, skip_nonfinite
 
 
 def _merge_parts(*parts: tuple[stats.Moments, int]) -> tuple[stats.Moments, int]:
-    """The *combine* step: ``(state, n_skipped)`` pairs merged left to right with :func:`stats.merge`."""
+    """The *combine* step: ``(state, n_skipped)`` pairs merged left to right with `stats.merge`."""
     state, n_skipped = parts[0]
     for other, skipped in parts[1:]:
         state = stats.merge(state, other)
@@ -228,7 +228,7 @@ def fit_dask_array(
 ) -> FitResult:
     """Statistics of every row of a dask array; computed on ``client`` or dask's current scheduler.
 
-    Rows holding NaN or Inf raise :class:`~streamwhiten.errors.NonFiniteError` naming the row,
+    Rows holding NaN or Inf raise `NonFiniteError` naming the row,
     unless ``skip_nonfinite`` (then they are counted in ``n_skipped``).
     """
     _require("dask.array")
@@ -269,12 +269,12 @@ def fit_dask(
     *,
     read: ReadOptions | None = None,
 ) -> FitResult:
-    """:func:`~streamwhiten.engine.fit.fit_sources` on a Dask cluster: the stores are checked and fingerprinted
+    """`fit_sources` on a Dask cluster: the stores are checked and fingerprinted
     here, their blocks read and reduced on the workers (so every worker must see the same paths).
 
-    The blocks are the serial engine's (one :func:`~streamwhiten.engine.fit.plan_blocks` for both, given
+    The blocks are the serial engine's (one `plan_blocks` for both, given
     ``block_rows`` or not), so the per-block states are bit-for-bit those of the serial engine; only
-    the order of the float64 merges differs. ``read``: see :func:`~streamwhiten.engine.fit.merge_read`
+    the order of the float64 merges differs. ``read``: see `merge_read`
     (the workers read with its storage options).
     """
     _require("dask.array")
@@ -316,8 +316,8 @@ def fit_plan_dask(
     client: Any = None,
     split_every: int | None = None,
 ) -> FitResult:
-    """Run a :class:`~streamwhiten.engine.fit.FitPlan` (a fresh one: the Dask engine does not resume) on a
-    Dask cluster: :func:`fit_dask` of the plan's sources with its block size and options."""
+    """Run a `FitPlan` (a fresh one: the Dask engine does not resume) on a
+    Dask cluster: `fit_dask` of the plan's sources with its block size and options."""
     return fit_dask(
         [cursor.spec for cursor in plan.cursors],
         None,
@@ -383,14 +383,14 @@ def apply_dask(
     progress: Callable[[int, int], None] | None = None,
     output_chunk_rows: int | None = None,
 ) -> ApplyOutcome:
-    """:func:`~streamwhiten.engine.apply.apply_model` on a Dask cluster, writing a Zarr store.
+    """`apply_model` on a Dask cluster, writing a Zarr store.
 
     Workers read their blocks, transform them and write whole output chunks into the store under its
     temporary name; the driver marks it complete and renames it only after every block is written.
     On a failure the tasks still running are waited for, then the temporary store is removed; an
     existing output is never touched. ``progress(rows_done, rows_total)`` is called as blocks finish.
     ``output_chunk_rows`` sets the rows per output chunk (default: about 4 MiB per chunk). ``read``: see
-    :func:`~streamwhiten.engine.fit.merge_read` (the workers read and write with its storage options).
+    `merge_read` (the workers read and write with its storage options).
     """
     dask = _require("dask")
     distributed = _require("distributed")
@@ -464,7 +464,7 @@ def apply_dask(
 def transform_dask(model: WhiteningModel, array: Any, normalize: bool = False, skip_nonfinite: bool = False) -> Any:
     """A lazy dask array of ``model.transform`` applied block by block to the rows of ``array``.
 
-    When computed, a row holding NaN or Inf raises :class:`NonFiniteError` naming its row in ``array``,
+    When computed, a row holding NaN or Inf raises `NonFiniteError` naming its row in ``array``,
     unless ``skip_nonfinite`` (its output row is then NaN).
     """
     _require("dask.array")
@@ -495,7 +495,7 @@ def transform_dask(model: WhiteningModel, array: Any, normalize: bool = False, s
 
 def _native_floats(array: Any) -> Any:
     """``array`` as a dask array of float16, float32 or float64 in native byte order; other dtypes
-    raise :class:`BadInputError` before any task runs."""
+    raise `BadInputError` before any task runs."""
     import dask.array as da
 
     array = da.asarray(array)

@@ -1,9 +1,9 @@
 """One interface for the engines that run a fit's blocks and an apply's: serial (worker threads in this
 process) and Dask (a cluster).
 
-Both take the same :class:`~streamwhiten.engine.fit.FitPlan` and return the same
-:class:`~streamwhiten.engine.fit.FitResult` from :meth:`Engine.fit`, and the same
-:class:`~streamwhiten.engine.apply.ApplyOutcome` from :meth:`Engine.apply`; what differs between them is
+Both take the same `FitPlan` and return the same
+`FitResult` from `Engine.fit`, and the same
+[`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome] from `Engine.apply`; what differs between them is
 said by capabilities, never by comparing names: whether a fit is checkpointed (and so can resume or
 update a model), whether a signal can wait for the next block, which outputs it writes, which apply
 options it honours. The pipeline (``streamwhiten.pipeline``) and the command line ask these.
@@ -98,7 +98,7 @@ class Engine(ABC):
     serial_only: ClassVar[dict[str, str]] = {}
 
     def check_apply(self, options: ApplyOptions, given: tuple[str, ...] = ()) -> None:
-        """Refuse apply options this engine cannot honour (:class:`BadInputError`), before anything is
+        """Refuse apply options this engine cannot honour (`BadInputError`), before anything is
         opened: one set to other than its default, or named in ``given`` (set explicitly, e.g. on the
         command line, even to its default)."""
         defaults = ApplyOptions()

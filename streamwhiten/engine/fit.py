@@ -1,9 +1,9 @@
-"""The fit loop: stream row blocks from one or more sources into a :class:`~streamwhiten.core.stats.Moments`.
+"""The fit loop: stream row blocks from one or more sources into a `Moments`.
 
 Words: a store's *chunk* is its storage unit; a *block* is the rows an engine reads, reduces
-(:func:`reduce_block`) and merges, usually whole chunks or row groups. A fit is planned as a
-:class:`FitPlan`: a starting state (empty, or a saved model's for an incremental update) and one cursor
-per source saying which rows it reads and how far it got. :func:`plan_blocks` sets the block size
+(`reduce_block`) and merges, usually whole chunks or row groups. A fit is planned as a
+`FitPlan`: a starting state (empty, or a saved model's for an incremental update) and one cursor
+per source saying which rows it reads and how far it got. `plan_blocks` sets the block size
 once for every engine; blocks are aligned to its multiples and folded in a fixed order (source by
 source, block by block), so the same plan always gives the same bits, and a plan resumed from a
 checkpoint gives exactly the bits of one that never stopped. Checkpoints (state + cursors) are
@@ -13,7 +13,7 @@ Each block is read, centred and multiplied by one of a few worker threads (see `
 reused buffers per thread (see ``_buffers``), while the others work on the next blocks; this thread
 folds the results in block order. Where a store's chunks are compressed and decoded by streamwhiten
 (``io.codecs``), a reader thread fetches the stored bytes of the next blocks ahead of the workers, which
-decode them straight into their block buffers (see :func:`run_plan` for the memory this takes).
+decode them straight into their block buffers (see `run_plan` for the memory this takes).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def open_sources(
     specs: Specs, dataset: str | None = None, fill_missing_chunks: bool = False, *, read: ReadOptions | None = None
 ) -> list[Source]:
     """Open every spec (globs and directories of Parquet shards expanded into their files) and check
-    they share one width; ``read`` says how (:func:`merge_read`).
+    they share one width; ``read`` says how (`merge_read`).
 
     A single source needs at least 2 rows; among several, an empty one (a shard not yet written, say) is
     allowed: it adds no rows, is recorded with its fingerprint, and an update reads it once it grows.
@@ -274,9 +274,9 @@ def reduce_block(
     """Moments of one block read at row ``begin`` of ``label``, and how many of its rows were skipped.
 
     The per-block step of every engine (serial, resumed, Dask, in-memory arrays). A row holding NaN or
-    Inf raises :class:`NonFiniteError` naming ``label`` (None: an in-memory array) and the row, unless
+    Inf raises `NonFiniteError` naming ``label`` (None: an in-memory array) and the row, unless
     ``skip_nonfinite`` (then it is dropped and counted). ``overwrite_input`` and ``workspace`` are
-    passed to :func:`stats.block_moments`.
+    passed to `stats.block_moments`.
     """
     n_skipped = 0
     if skip_nonfinite:
@@ -310,7 +310,7 @@ def fold_array(
     """Fold an in-memory array into ``state`` block by block, as a store is folded (same blocks, same
     threads, same bits); returns the new state and how many rows were skipped.
 
-    A row holding NaN or Inf raises :class:`NonFiniteError` with its index in ``rows``.
+    A row holding NaN or Inf raises `NonFiniteError` with its index in ``rows``.
     """
     threads = min(resolve_threads(threads), max(1, -(-rows.shape[0] // block_rows)))
     dtype = stats.working_dtype(rows.dtype, precision)
@@ -347,7 +347,7 @@ def plan_blocks(sources: list[Source], block_rows: int | None = None) -> int:
     else the largest natural block among the sources (whole store chunks or row groups, about 64 MiB).
 
     Every engine (serial, resumed, Dask) cuts each source's rows at multiples of it
-    (:meth:`Source.blocks`), so all of them reduce the same blocks into the same per-block states,
+    (`Source.blocks`), so all of them reduce the same blocks into the same per-block states,
     with mixed sources too; only the order of the float64 merges can differ.
     """
     if block_rows is not None:
@@ -365,7 +365,7 @@ def plan_fit(
     *,
     read: ReadOptions | None = None,
 ) -> FitPlan:
-    """A plan reading every row of every source, from an empty state (``read``: see :func:`merge_read`)."""
+    """A plan reading every row of every source, from an empty state (``read``: see `merge_read`)."""
     params.check("precision", precision)  # before any reading
     read = merge_read(read, dataset, fill_missing_chunks)
     block_rows = block_rows if block_rows is not None else read.block_rows
@@ -478,7 +478,7 @@ def plan_update(
 
     A source recorded before must have kept its rows (append-only); a new source is read whole.
     ``read`` says how the sources are read (its dataset and missing chunks included).
-    Raises :class:`NothingToDoError` when there is nothing new.
+    Raises `NothingToDoError` when there is nothing new.
     """
     recorded_sources = list(recorded_sources)
     for index, record in enumerate(recorded_sources):
@@ -570,7 +570,7 @@ def check_checkpoint_output(path: str) -> None:
 
 
 def load_checkpoint(path: str, read: ReadOptions | None = None) -> FitPlan:
-    """Read a checkpoint; a damaged one raises :class:`ModelFileError` telling how to start over. Its
+    """Read a checkpoint; a damaged one raises `ModelFileError` telling how to start over. Its
     sources are opened with ``read``'s storage options (a checkpoint never records them)."""
     hint = "; delete it or pass restart=True to start the fit over"
     try:
@@ -601,9 +601,9 @@ def check_resumable(
     plan: FitPlan, checkpoint_path: str, options: PassOptions, base_rows: int, inputs: Sequence[str], exact: bool = True
 ) -> None:
     """Refuse to resume ``plan`` (from ``checkpoint_path``) for other inputs, options or starting model,
-    or when its sources changed: :class:`BadInputError` saying which.
+    or when its sources changed: `BadInputError` saying which.
 
-    ``options`` are the pass's (:class:`PassOptions`) and ``base_rows`` the rows of the
+    ``options`` are the pass's (`PassOptions`) and ``base_rows`` the rows of the
     model being updated (0 for a fresh fit). ``exact``: ``inputs`` (specs) must be the checkpoint's, in
     order (a fit); otherwise the checkpoint may read only inputs among them (a ``job.toml`` run, whose
     new inputs are read by the next update).
@@ -650,7 +650,7 @@ def check_sources_unchanged(plan: FitPlan, checkpoint_path: str) -> None:
 
 def _read_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
     """The dtype a source's blocks are read in: its own, but float32 for float16 (widened as read, where
-    the backend can; see :func:`_read_block_moments`)."""
+    the backend can; see `_read_block_moments`)."""
     return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
 
 
@@ -667,7 +667,7 @@ def _block_buffers(plan: FitPlan) -> tuple[PerThread, PerThread]:
     return PerThread((rows * n_features * itemsize,), np.uint8), PerThread((rows * n_features * 8,), np.uint8)
 
 
-#: The arguments of :func:`_read_block_moments` for one block.
+#: The arguments of `_read_block_moments` for one block.
 _BlockTask = tuple[
     int, int, int, Source, "tuple[PerThread, PerThread]", "FitPlan", "Future[Fetched | None] | None", "Sampler | None"
 ]
@@ -682,7 +682,7 @@ def _block_tasks(
 ) -> Iterator[_BlockTask]:
     """One task per remaining block of ``plan``, source by source; opens each source as it is reached
     (appending it to ``opened``). A source whose fingerprint still lacks its hash of sampled rows gets a
-    :class:`Sampler` (kept in ``samplers`` by cursor index, with the source) that its blocks are offered to. With a
+    `Sampler` (kept in ``samplers`` by cursor index, with the source) that its blocks are offered to. With a
     ``reader`` thread, a source whose chunks are decoded here has the stored bytes of each block fetched
     there as soon as its task is made (ahead of the workers)."""
     for index, cursor in enumerate(plan.cursors):
@@ -768,11 +768,11 @@ def run_plan(
     should_stop: Callable[[], bool] | None = None,
     threads: int | None = None,
 ) -> FitPlan:
-    """Fold every remaining block of ``plan`` (a :class:`FitPlan`) into its state; returns it, finished.
+    """Fold every remaining block of ``plan`` (a `FitPlan`) into its state; returns it, finished.
 
     With ``checkpoint_path``, a checkpoint is written every ``checkpoint_blocks`` blocks or
     ``checkpoint_seconds`` seconds, whichever comes first. When ``should_stop()`` turns true (a signal),
-    a final checkpoint is written and :class:`InterruptedRunError` raised. ``threads`` worker threads
+    a final checkpoint is written and `InterruptedRunError` raised. ``threads`` worker threads
     (default: one per core, at most four) each read and reduce whole blocks, folded in block order; a
     plan resumed from a checkpoint keeps the thread count it was started with (``plan.threads``).
 
@@ -884,7 +884,7 @@ def finalize_fit(
     result: FitResult, model_params: Mapping[str, Any] | None = None, skipped_before: int = 0
 ) -> WhiteningModel:
     """The model of a finished fit (any engine): its state finalized with ``model_params`` (beta, gamma,
-    n_components, variance, eps), recording its sources and :func:`fit_info` (``skipped_before``: rows
+    n_components, variance, eps), recording its sources and `fit_info` (``skipped_before``: rows
     an updated model had skipped already)."""
     from ..core.model import finalize
 

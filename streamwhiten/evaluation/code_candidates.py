@@ -1,16 +1,16 @@
-"""Vector codes as candidates of the retrieval sweep: each family of :mod:`streamwhiten.codes` at a byte budget.
+"""Vector codes as candidates of the retrieval sweep: each family of `streamwhiten.codes` at a byte budget.
 
 A code candidate stores the raw vectors scaled to unit length (the cosine geometry the raw reference
 searches; no whitening map: the identity) as the family's code of the most bytes within the budget
-(:func:`fitting_codes`), and searches them by the codec's estimate of ``<q, x>`` with float32 unit queries
+(`fitting_codes`), and searches them by the codec's estimate of ``<q, x>`` with float32 unit queries
 (asymmetric). The codes that need only statistics (``eigen``, ``bits-random``) train from the exact
 mean and covariance of the corpus rows scaled to unit length; those that learn from data
-(:data:`~streamwhiten.codes.NEEDS_SAMPLE`) from a seeded sample of those rows, its size and seed
-recorded (:func:`code_record`).
+(`NEEDS_SAMPLE`) from a seeded sample of those rows, its size and seed
+recorded (`code_record`).
 
 **Cost.** Two passes over the corpus: one for the statistics (``n x d x d``) and the sample, one that
-encodes each block with every code (:func:`streamwhiten.codes.fast.encode`) and merges it into each
-code's top lists: the tool's codes by the Numba table scan (:func:`streamwhiten.codes.fast.merge_block`,
+encodes each block with every code (`streamwhiten.codes.fast.encode`) and merges it into each
+code's top lists: the tool's codes by the Numba table scan (`streamwhiten.codes.fast.merge_block`,
 ``q x n x bytes`` lookups), faiss's by faiss's own scan. Memory: the queries, the sample, each code's
 top lists and one block's codes.
 """
@@ -39,7 +39,7 @@ KMEANS_ITERATIONS, OPQ_ITERATIONS = 10, 4
 
 
 def is_code(name: str) -> bool:
-    """Whether ``name`` names a code family (of :data:`~streamwhiten.codes.CODES`), not a plain storage."""
+    """Whether ``name`` names a code family (of `CODES`), not a plain storage."""
     return name in CODES
 
 
@@ -50,7 +50,7 @@ def smallest_bytes(name: str, n_features: int, limit: int = 64) -> int | None:
 
 def fitting_codes(names: Iterable[str], n_features: int, budget: int) -> dict[str, int]:
     """``{name: bytes}`` of the codes of ``names`` that fit ``budget``, in their order: the bytes a vector
-    of the largest code of each within the budget takes (:func:`~streamwhiten.codes.code_size`, the
+    of the largest code of each within the budget takes (`code_size`, the
     family's own size, faiss's as faiss reports it), which is what it trains at. Each is checked
     against the budget here, before any work."""
     out = {}

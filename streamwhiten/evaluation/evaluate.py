@@ -1,6 +1,6 @@
 """Scores on labelled pairs: cosine similarity of aligned vectors against gold scores.
 
-A :class:`PairSet` is two aligned stores of vectors A and B (row ``i`` of A pairs with row ``i`` of B)
+A `PairSet` is two aligned stores of vectors A and B (row ``i`` of A pairs with row ``i`` of B)
 and a 1-D array of gold scores. The vectors are streamed in blocks; only the per-pair cosines (one
 float64 per pair and setting) are held. Rank correlation is Spearman's rho with average ranks for ties,
 reported x100 like the literature. Nothing here assumes a particular embedding model or pooling.
@@ -198,7 +198,8 @@ def pair_cosines(
 ) -> dict:
     """Cosines of every pair, raw (key ``"raw"``) and under each ``models`` entry, in one pass over the pairs.
 
-    ``models`` maps a name to a :class:`WhiteningModel`; the transform is computed in float64. ``codecs``
+    ``models`` maps a name to a [`WhiteningModel`][streamwhiten.core.model.WhiteningModel]; the transform is computed in
+    float64. ``codecs``
     maps a name of ``models`` to a vector code (``streamwhiten.codes.Codec``) of its unit outputs: that
     entry's cosine is then the codec's estimate of ``<a, b>``, A float and B coded (as a query meets a
     stored vector).
@@ -253,7 +254,8 @@ def describe_model(model: WhiteningModel) -> dict:
 
 @dataclass(frozen=True)
 class PairsResult:
-    """The scores of a whitening on labelled pairs (what :func:`evaluate` returns, ``eval --json`` prints).
+    """The scores of a whitening on labelled pairs (what [`evaluate`][streamwhiten.evaluation.evaluate.evaluate]
+    returns, ``eval --json`` prints).
 
     Attributes
     ----------
@@ -292,7 +294,7 @@ def evaluate_pairs(
     """Spearman and Pearson (x100) of raw cosines and, given a model, of whitened cosines.
 
     A model that records a vector code as its storage scores its pairs by the codec's estimate of the
-    cosine, B coded (:func:`pair_cosines`); ``whitened`` then names the code, its bytes per vector and
+    cosine, B coded (`pair_cosines`); ``whitened`` then names the code, its bytes per vector and
     per model.
     """
     codec = None
@@ -322,12 +324,12 @@ def evaluate(
     progress: Callable[[int, int], None] | None = None,
 ) -> PairsResult:
     """Score a whitening on labelled pairs: Spearman and Pearson (x100) of the cosines of the raw pairs and,
-    given ``model`` (a :class:`WhiteningModel` or its file), of the whitened ones.
+    given ``model`` (a [`WhiteningModel`][streamwhiten.core.model.WhiteningModel] or its file), of the whitened ones.
 
     ``pairs_a`` and ``pairs_b`` are row-aligned stores (specs as ``fit`` takes them), ``scores`` their gold
     scores (a 1-D store, ``.npy``, or a CSV/TSV column: ``sts-dev.csv:4``); ``setting`` (an
     ``options.Setting``) evaluates another setting than the model's saved one, re-finalized from its
-    statistics. Returns a :class:`PairsResult`.
+    statistics. Returns a [`PairsResult`][streamwhiten.evaluation.evaluate.PairsResult].
     """
     import os
     from dataclasses import replace

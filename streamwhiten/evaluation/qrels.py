@@ -6,12 +6,12 @@ judged pair per line. A pair with ``score > 0`` is relevant, with the score as i
 third column is allowed and ignored) and lists pairs to drop from that query's candidates (its own
 text, say). Ids are the 0-based rows of the query and corpus stores, or, when a store is read with an
 id column (Parquet, Lance), the values of that column. The delimiter is found as
-:mod:`streamwhiten.io.text` says (a tab, for these files).
+`streamwhiten.io.text` says (a tab, for these files).
 
 Every problem is one line naming the file and line: a missing header, a line of the wrong length, an
 id that names no row, a score that is not a finite number, a pair given twice, no relevant pair at all,
 a relevant pair that is also excluded. Before it is read, a local file goes through the checks every
-file read does (:func:`streamwhiten._paths.check_readable`): a missing one, a directory, a FIFO or a
+file read does (`streamwhiten._paths.check_readable`): a missing one, a directory, a FIFO or a
 device is bad input (exit 2, never opened), one that may not be read an I/O error (exit 74).
 """
 

@@ -328,7 +328,7 @@ def draw_frontier(ax: Any, data: ReportData) -> None:
     """The retrieval frontier a tuned model was chosen from: the best score at each number of bytes per
     vector (with the 95% interval of its difference from raw float32), raw float32 (the reference), the
     budget, the choice. The score axis spans the reference, the choice and the candidates within
-    :data:`FRONTIER_WINDOW` points of the reference (not 0-100), so the differences that matter stay visible;
+    `FRONTIER_WINDOW` points of the reference (not 0-100), so the differences that matter stay visible;
     cheaper candidates far below are marked on its bottom edge and listed. A label sits away from the star."""
     record = data.tuned
     assert record is not None  # drawn only for a model with a retrieval tuning, as its callers check
@@ -485,7 +485,7 @@ def highest_within(record: dict) -> dict:
 
 
 def highest_apart(record: dict) -> dict | None:
-    """:func:`highest_within`'s row where it scores above the rule's choice (else None: the choice is the highest)."""
+    """`highest_within`'s row where it scores above the rule's choice (else None: the choice is the highest)."""
     highest, metric = highest_within(record), record["metric"]
     return highest if highest[metric] > record["validation"]["chosen"][metric] else None
 
@@ -572,7 +572,7 @@ def _write_bytes(path: str, payload: bytes) -> None:
 
 
 def planned_files(path: str, with_pairs: bool, with_frontier: bool = False) -> list:
-    """The files :func:`write_report` will write for ``path`` (``with_frontier``: the model records a
+    """The files `write_report` will write for ``path`` (``with_frontier``: the model records a
     retrieval tuning)."""
     kind = output_kind(path)
     if kind != "dir":
@@ -590,7 +590,7 @@ def planned_files(path: str, with_pairs: bool, with_frontier: bool = False) -> l
 
 def foreign_report(path: str) -> str | None:
     """None when ``path`` is a report file streamwhiten wrote (an HTML page whose generator, or a PNG
-    whose ``Software`` text, is :data:`GENERATOR`), else what it is instead."""
+    whose ``Software`` text, is `GENERATOR`), else what it is instead."""
     found = link_or_kind(path, directory=False)
     if found is not None:
         return found

@@ -3,7 +3,7 @@
 For each setting (the raw vectors, or a whitening; each stored as float32, float16, int8 or sign bits,
 optionally re-ranked) the queries and every corpus row are transformed, scaled to unit length and
 stored as the setting says; then each query's 100 best corpus rows are found by exact search (ties to
-the lower corpus row, excluded pairs never returned; see :mod:`.search`), and scored:
+the lower corpus row, excluded pairs never returned; see `search`), and scored:
 
 - ``ndcg@10``: ``DCG / IDCG`` with ``DCG = sum_{i=1..10} gain_i / log2(i + 1)``, the gain of the
   document at rank ``i`` its qrels score when above 0 (else 0), and ``IDCG`` the DCG of the query's
@@ -14,7 +14,7 @@ the lower corpus row, excluded pairs never returned; see :mod:`.search`), and sc
 Each is averaged over the queries that have at least one relevant document (a query judged only
 ``score <= 0`` cannot be scored and is left out, and counted) and reported x100, like the pair scores.
 Whitened and raw are compared per query: the difference of the means, with a paired bootstrap 95%
-interval (resamples of the queries, a fixed seed; :func:`paired_bootstrap`).
+interval (resamples of the queries, a fixed seed; `paired_bootstrap`).
 
 The search is computed in float64 from what each storage (``dtype``) holds: float16 values, int8 codes
 dequantized (``code * scale + offset``), sign bits compared by Hamming distance (the queries' bits
@@ -66,7 +66,7 @@ def _cutoff(name: str) -> int:
 
 
 def query_metrics(top_rows: np.ndarray, query_rows: np.ndarray, qrels: Qrels) -> dict[str, np.ndarray]:
-    """Each metric of :data:`METRICS` per query, as a fraction in [0, 1].
+    """Each metric of `METRICS` per query, as a fraction in [0, 1].
 
     Parameters
     ----------
@@ -178,7 +178,7 @@ class SearchSetting:
     """How vectors become what is searched: an optional whitening ``y = (x - shift) @ weights``, L2
     normalisation, a storage, and for bits an optional re-ranking of the top ``rescore``.
 
-    Build one with :meth:`make` (not to be confused with :class:`streamwhiten.options.Setting`, the
+    Build one with `make` (not to be confused with [`streamwhiten.options.Setting`][streamwhiten.options.Setting], the
     whitening's parameters: a search setting is those parameters as a map, plus how it is stored).
     """
 
@@ -350,7 +350,7 @@ def search_settings(
     options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, SearchResult]:
-    """:func:`run_settings` with each setting's scores: ``{setting name: SearchResult}`` of its top
+    """`run_settings` with each setting's scores: ``{setting name: SearchResult}`` of its top
     ``depth`` (``values``: the inner products, or the Hamming distances of a bit search; a re-ranked
     bit search's are its re-ranked inner products, -inf past them)."""
     names = [setting.name for setting in settings]
@@ -653,7 +653,7 @@ def evaluate_retrieval(
         Store specs (as ``fit`` takes them), open sources or arrays of vectors of one width. The
         queries are read whole; the corpus is streamed in blocks.
     qrels : str or Qrels
-        A BEIR qrels file (see :mod:`.qrels`) whose ids are rows of the stores, or values of their id
+        A BEIR qrels file (see `qrels`) whose ids are rows of the stores, or values of their id
         columns (``query_id_column``, ``corpus_id_column``: Parquet or Lance stores).
     model : WhiteningModel or str, optional
         Its setting (beta, gamma, k) is evaluated as ``whitened``; without it only ``raw`` is. A path
@@ -681,13 +681,13 @@ def evaluate_retrieval(
         Corpus rows per block read, worker threads, and ``progress(rows_done, n_rows)``.
     options : RetrievalOptions, optional
         ``exclude``, the id columns, ``bootstrap``, ``seed``, ``block_rows`` and ``threads`` as one
-        :class:`~streamwhiten.options.RetrievalOptions` (as the sweep takes them), instead of as keyword
+        [`RetrievalOptions`][streamwhiten.options.RetrievalOptions] (as the sweep takes them), instead of as keyword
         arguments: give one or the other.
 
     Returns
     -------
     RetrievalResult
-        The task, the mean of each of :data:`METRICS` (x100) raw and whitened, and the paired bootstrap
+        The task, the mean of each of `METRICS` (x100) raw and whitened, and the paired bootstrap
         interval of each difference.
     """
     from ..codes.storage import is_code, parse_code
@@ -752,7 +752,7 @@ def evaluate_retrieval(
 @dataclass(frozen=True)
 class RetrievalResult:
     """The retrieval metrics of the raw vectors and a whitening on one task (what
-    :func:`evaluate_retrieval` returns, ``eval --json`` prints).
+    [`evaluate_retrieval`][streamwhiten.evaluation.retrieval.evaluate_retrieval] returns, ``eval --json`` prints).
 
     Attributes
     ----------
@@ -765,7 +765,7 @@ class RetrievalResult:
     n_queries : int
         The queries evaluated (those with a relevant document).
     raw, whitened : mapping
-        Each of :data:`METRICS` (mean x100) with the storage (``dtype``, ``bytes_per_vector``, a
+        Each of `METRICS` (mean x100) with the storage (``dtype``, ``bytes_per_vector``, a
         re-ranking) and, whitened, the setting (``beta``, ``gamma``, ``k``); ``whitened`` is None without a
         model.
     difference : mapping or None
@@ -777,7 +777,7 @@ class RetrievalResult:
         The model file evaluated, where it was given as one.
     self_matches : SelfMatches or None
         The queries whose nearest corpus row is the query itself and not judged relevant
-        (:mod:`.self_matches`; an exclude file drops them); None where the raw vectors were not searched
+        (`self_matches`; an exclude file drops them); None where the raw vectors were not searched
         as floats (int8, bits, codes: not checked).
     """
 
@@ -814,7 +814,8 @@ class RetrievalResult:
 
 
 def retrieval_options(options: RetrievalOptions | None, given: RetrievalOptions | None = None) -> RetrievalOptions:
-    """``options`` (checked to be a :class:`RetrievalOptions`), else ``given`` (the same fields as keyword
+    """``options`` (checked to be a [`RetrievalOptions`][streamwhiten.options.RetrievalOptions]), else ``given`` (the
+    same fields as keyword
     arguments), else the defaults; both given and ``given`` not the defaults is refused."""
     if options is None:
         return given or RetrievalOptions()
@@ -835,7 +836,7 @@ def bootstrap_record(options: RetrievalOptions) -> dict:
 
 @dataclass
 class RetrievalTask:
-    """Queries, corpus, judgements and excluded pairs, opened and checked (see :func:`open_task`).
+    """Queries, corpus, judgements and excluded pairs, opened and checked (see `open_task`).
 
     ``vectors`` are the query rows evaluated (``query_rows``: those with a relevant document), read whole;
     ``corpus`` is streamed by the searches; ``excluded`` are the exclusions as the searches take them.
@@ -850,7 +851,7 @@ class RetrievalTask:
     exclude_info: dict | None
     id_columns: tuple
     opened: list = field(default_factory=list, repr=False)
-    #: How the qrels name the rows of the queries and of the corpus (two :class:`~.qrels.Ids`).
+    #: How the qrels name the rows of the queries and of the corpus (two `Ids`).
     ids: tuple = field(default=(), repr=False)
 
     @property
@@ -889,7 +890,8 @@ class RetrievalTask:
 def open_task(
     queries: Any, corpus: Any, qrels: Any, *, model: Any = None, options: RetrievalOptions | None = None
 ) -> RetrievalTask:
-    """Open and check a retrieval task (see :func:`evaluate_retrieval` for the arguments; ``options``:
+    """Open and check a retrieval task (see [`evaluate_retrieval`][streamwhiten.evaluation.retrieval.evaluate_retrieval]
+    for the arguments; ``options``:
     its exclude file and id columns): queries and corpus of one width (and the model's), the qrels and
     exclude files read against their ids, the evaluated queries read and checked for NaN/Inf. Close it
     when done (a context manager)."""

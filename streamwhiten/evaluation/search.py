@@ -4,7 +4,7 @@ Two metrics: ``"ip"``, the inner product of float vectors (larger is better; the
 vectors), and ``"hamming"``, the Hamming distance of packed bit vectors (``numpy.packbits`` rows;
 smaller is better). Every query keeps a top list of its ``depth`` best corpus rows, best first, **ties
 to the lower corpus row**, however the corpus is cut into blocks. Pairs named in an
-:class:`Exclusions` are never candidates.
+`Exclusions` are never candidates.
 
 The corpus is read one block at a time (the next block is read while the current one is searched), so
 a corpus larger than memory works: memory holds the queries, their top lists and about two blocks. A
@@ -12,9 +12,9 @@ block is turned into what is searched by the job's ``prepare`` (a whitening, a q
 its rows cut among the worker threads; then each worker searches the block for its share of the
 queries: BLAS products of tiles of rows against its queries (``ip``) or a popcount kernel (``hamming``),
 each tile merged into the top lists by a Numba kernel (``core._kernels``). Several jobs can share one
-pass over the corpus (:func:`search`). :func:`rescore` re-ranks candidate lists (the top N of a bit
+pass over the corpus (`search`). `rescore` re-ranks candidate lists (the top N of a bit
 search) with other vectors of the same rows, read in a second pass over the blocks that hold them
-(:func:`rescore_all`: many re-rankings in that one pass).
+(`rescore_all`: many re-rankings in that one pass).
 """
 
 from __future__ import annotations
@@ -115,10 +115,10 @@ def _parts(n: int, parts: int) -> list[tuple[int, int]]:
 class SearchPass:
     """The state of one pass over the corpus: its jobs' top lists and the worker threads.
 
-    :func:`search` drives one; a caller that shares work between jobs (the tuning sweep) drives its own:
-    :meth:`prepared` turns a block into what a job searches (in row slices, on the workers),
-    :meth:`search_block` merges a prepared block into the job's top lists, :meth:`results` gives them,
-    :meth:`close` ends the workers.
+    `search` drives one; a caller that shares work between jobs (the tuning sweep) drives its own:
+    `prepared` turns a block into what a job searches (in row slices, on the workers),
+    `search_block` merges a prepared block into the job's top lists, `results` gives them,
+    `close` ends the workers.
     """
 
     def __init__(self, jobs: list[SearchJob], threads: int):
@@ -205,7 +205,7 @@ class SearchPass:
 
 
 def corpus_blocks(corpus: Any, block_rows: int | None = None, rows: Any = None) -> Iterator[tuple[int, np.ndarray]]:
-    """``(start, rows)`` of an in-memory array or a :class:`~streamwhiten.io.Source`, block by block in
+    """``(start, rows)`` of an in-memory array or a `Source`, block by block in
     row order. ``rows`` (sorted), if given, limits the blocks to those holding one of them.
 
     A source is read into two buffers in turn, the next block (in another thread) while the caller
@@ -255,7 +255,7 @@ def search(
     progress: Callable[[int, int], None] | None = None,
 ) -> list[SearchResult]:
     """Run every job of ``jobs`` in one pass over ``corpus`` (an array of rows, or a
-    :class:`~streamwhiten.io.Source`); the results in the jobs' order.
+    `Source`); the results in the jobs' order.
 
     ``threads`` worker threads (default: one per core, at most 4) share each block, BLAS limited so
     that together they use every core once. ``progress(rows_done, n_rows)`` is called after each block.
@@ -348,8 +348,8 @@ def rescore(
 
 
 class Reranking:
-    """The state of one re-ranking (see :func:`rescore`) fed block by block: which rows of a block it
-    needs (:meth:`wanted`), their vectors (:meth:`feed`), and the re-ranked lists (:meth:`result`)."""
+    """The state of one re-ranking (see `rescore`) fed block by block: which rows of a block it
+    needs (`wanted`), their vectors (`feed`), and the re-ranked lists (`result`)."""
 
     def __init__(self, queries: np.ndarray, candidates: np.ndarray, depth: int):
         job = RescoreJob(queries, candidates, depth)
@@ -370,7 +370,7 @@ class Reranking:
         return wanted
 
     def feed(self, start: int, vectors: np.ndarray) -> None:
-        """The vectors of the rows :meth:`wanted` just named (in its order), as the re-ranking sees them."""
+        """The vectors of the rows `wanted` just named (in its order), as the re-ranking sees them."""
         assert self._pending is not None, "feed() follows wanted()"  # as every caller does
         begun, lo, hi, index = self._pending
         if begun != start:
@@ -399,7 +399,7 @@ class Reranking:
 
 
 def rescore_all(corpus: Any, jobs: list[RescoreJob], *, block_rows: int | None = None) -> list[SearchResult]:
-    """Every re-ranking of ``jobs`` (see :func:`rescore`) in one pass over the corpus blocks that hold a
+    """Every re-ranking of ``jobs`` (see `rescore`) in one pass over the corpus blocks that hold a
     candidate of any of them; the results in the jobs' order."""
     states = [Reranking(job.queries, job.candidates, job.depth) for job in jobs]
     wanted_rows = np.unique(np.concatenate([state.rows for state in states])) if states else np.zeros(0, np.int64)

@@ -9,7 +9,7 @@ from it only for a candidate whose advantage survives the number of candidates c
 for retrieval, pairs for labelled pairs) and the reference's row, each unit's score of each setting. With
 ``D = scores - reference`` (per unit), ``m_c`` the mean of row ``c`` and ``s_c`` its standard error, the
 paired bootstrap resamples the units (``numpy.random.default_rng(seed).integers(0, n, size=(samples, n))``,
-the resamples of :func:`~streamwhiten.evaluation.retrieval.paired_bootstrap`) and takes, in each
+the resamples of `paired_bootstrap`) and takes, in each
 resample, the largest standardized deviation over all candidates, ``max_c (m*_c - m_c) / s_c``; ``q`` is
 its ``level`` quantile. ``m_c - q s_c`` is then a lower bound of every candidate's true advantage at once
 (99% simultaneous by default), and a candidate **beats the reference** when its bound is above 0. The choice is the
@@ -20,7 +20,7 @@ and the candidates whose bound is above ``-T``: surely no more than T points wor
 **The forecast.** K-fold cross-validation over the units: the rule is run on K-1 folds, its choice is
 scored on the fold left out, and the held-out scores of all folds make the estimate of what the rule's
 choice scores on units it has not seen, with a bootstrap interval; the reference gets the same, and the
-difference between the two a paired interval (95%, :data:`FORECAST_LEVEL`).
+difference between the two a paired interval (95%, `FORECAST_LEVEL`).
 
 Why 99% and not 95%: with a thousand settings and the vector code families of a byte budget compared on
 131 queries, the 95% rule moved, in one of 100 random half splits in 4 of 12 cells of pooling and
@@ -43,7 +43,7 @@ from ..errors import BadInputError
 RULES = ("maxt", "argmax")
 #: Folds of the cross-validated forecast.
 FOLDS = 5
-#: The level of the forecast's intervals (the rule's own simultaneous level is :attr:`Rule.level`).
+#: The level of the forecast's intervals (the rule's own simultaneous level is `Rule.level`).
 FORECAST_LEVEL = 0.95
 
 
@@ -74,7 +74,7 @@ KEEP = 1 << 23
 
 def resample_counts(n_units: int, samples: int, seed: int) -> np.ndarray:
     """How often each unit is drawn in each resample (samples x units): the draws of
-    :func:`~streamwhiten.evaluation.retrieval.paired_bootstrap`, all at once."""
+    `paired_bootstrap`, all at once."""
     return np.vstack(list(Resamples(n_units, samples, seed))) if samples > 0 else np.zeros((0, n_units))
 
 
@@ -86,11 +86,11 @@ def _counts(rng: np.random.Generator, rows: int, n_units: int) -> np.ndarray:
 
 class Resamples:
     """The paired bootstrap's resamples of ``n_units`` units, ``samples`` of them from ``seed``, as blocks of
-    counts (at most :data:`BLOCK` resamples x units each) so that memory stays bounded whatever ``samples``.
+    counts (at most `BLOCK` resamples x units each) so that memory stays bounded whatever ``samples``.
 
     The generator draws ``(samples, n_units)`` indices in block order, which is the same stream as one
     draw of all of them. One object is shared by every use of the same resamples (the differences, the
-    rule, the forecast's intervals); its counts are drawn once and kept when they fit in :data:`KEEP`
+    rule, the forecast's intervals); its counts are drawn once and kept when they fit in `KEEP`
     doubles, else drawn again for each pass.
     """
 
@@ -128,7 +128,7 @@ class Resamples:
 
 @dataclass(frozen=True)
 class Rule:
-    """How :func:`select` chooses, and :func:`forecast` cross-validates the choice: one record of the rule's
+    """How `select` chooses, and `forecast` cross-validates the choice: one record of the rule's
     settings, shared by both.
 
     Parameters
@@ -247,7 +247,7 @@ def interval(
 def intervals(
     values: npt.ArrayLike, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
 ) -> list[tuple[float, float | None, float | None]]:
-    """:func:`interval` of each row of ``values`` (rows x units), all from the same resamples."""
+    """`interval` of each row of ``values`` (rows x units), all from the same resamples."""
     values = np.asarray(values, dtype=np.float64)
     means = 100.0 * values.mean(axis=1)
     if samples <= 0:
@@ -268,7 +268,7 @@ def forecast(
 ) -> dict:
     """The cross-validated estimate of what ``rule``'s choice scores on units it was not chosen on.
 
-    The units are dealt at random (``rule.seed``) into ``folds`` folds; for each, :func:`select` runs on the
+    The units are dealt at random (``rule.seed``) into ``folds`` folds; for each, `select` runs on the
     others and its choice (a candidate or the reference) is scored on that fold. Returns ``{"chosen": {score,
     low, high}, "reference": {...}, "difference": {...}, "folds", "kept_reference"}`` (x100; ``kept_reference``:
     the folds whose choice was the reference), the intervals by the paired bootstrap of the units
@@ -302,7 +302,7 @@ def spearman_units(cosines: npt.ArrayLike, gold: npt.ArrayLike, ranks: bool = Tr
     pairs standardized with the population deviation (a constant row gives zeros); ``ranks=False``: the
     values themselves, whose terms average to Pearson's r.
 
-    This puts a pair tuning in the per-unit form :func:`select` takes: the mean over all pairs is Spearman's
+    This puts a pair tuning in the per-unit form `select` takes: the mean over all pairs is Spearman's
     rho exactly; over a subset it is the linear estimate of it with the ranks of all pairs.
     """
     from .evaluate import rankdata

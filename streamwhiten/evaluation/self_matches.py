@@ -6,10 +6,10 @@ They are found from what the search of the raw vectors keeps anyway, with no pas
 query's nearest corpus row and its cosine (the top of its list). A cosine of 1 within float rounding is
 the query itself: for unit vectors ``1 - cos(q, x)`` is second order in the rounding of either, so what
 is left is the storage's own rounding of the searched rows (first order, at most its unit roundoff) and
-the queries' and corpus's float32 rounding; :func:`tolerance` allows twice each. Two different texts
+the queries' and corpus's float32 rounding; `tolerance` allows twice each. Two different texts
 are never that close. A query whose copy is judged relevant to it is not counted (the judgement says so).
 
-The library only reports them (:class:`SelfMatches`, in ``RetrievalResult.self_matches`` and
+The library only reports them (`SelfMatches`, in ``RetrievalResult.self_matches`` and
 ``tune``'s summary); the command line warns.
 """
 
@@ -32,7 +32,7 @@ def tolerance(dtype: str) -> float:
 
 @dataclass(frozen=True)
 class SelfMatches:
-    """Queries whose nearest corpus row is the query itself (cosine 1 within :attr:`tolerance`) and not
+    """Queries whose nearest corpus row is the query itself (cosine 1 within `tolerance`) and not
     judged relevant to it.
 
     Attributes
@@ -65,7 +65,7 @@ class SelfMatches:
 
 
 def find_self_matches(task: Any, rows: np.ndarray, scores: np.ndarray, dtype: str) -> SelfMatches:
-    """The :class:`SelfMatches` of ``task`` (an open :class:`~.retrieval.RetrievalTask`) from the top of
+    """The `SelfMatches` of ``task`` (an open `RetrievalTask`) from the top of
     each query's list of the raw vectors' search: ``rows`` and ``scores`` (the cosines) of each query's
     nearest corpus rows, best first, the corpus searched as ``dtype`` (``float32``, ``float16``)."""
     allowed = tolerance(dtype)

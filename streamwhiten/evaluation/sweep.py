@@ -2,13 +2,13 @@
 
 Every setting of the grid (``(beta, gamma, k)``, from the saved statistics as ``tune`` makes them) is
 stored each way asked for (float32, float16, int8, sign bits, sign bits re-ranked) and searched exactly
-(:mod:`.retrieval`: cosine, ties to the lower corpus row, excluded pairs dropped), then scored on the
+(`retrieval`: cosine, ties to the lower corpus row, excluded pairs dropped), then scored on the
 qrels. Three maps are always in the grid, whatever it is: the **raw** vectors (no transformation, the
 identity map ``y = x``), the **rotation** ``y = x U`` (beta = 0, gamma = 0, k = d: the raw cosines, but
 other sign bits and int8 ranges) and **plain centring** (beta = 1, gamma = 0, k = d). Each setting's
 difference from the raw vectors stored as float32 gets a paired bootstrap interval, and its retention is
 its score over theirs. The reference of the choice within a budget is the raw vectors in the storage with
-the most bytes that fits (:func:`reference_index`).
+the most bytes that fits (`reference_index`).
 
 **Bytes per vector** are what a search reads from disk for each corpus vector: ``4k`` (float32), ``2k``
 (float16), ``k`` (int8), ``ceil(k / 8)`` (bits), and for bits re-ranked the bits plus the vectors the
@@ -17,7 +17,7 @@ fewer or equal bytes; the **choice** is the best score within ``max_bytes`` (``t
 bytes within that many points of it), ties to fewer bytes, then the smaller k, then the grid's order.
 
 **Cost.** The corpus is read once for the raw reference and the bit searches, and once for everything
-else (more only when the top lists of all settings would not fit in :data:`TOP_LIST_BYTES`: then once per
+else (more only when the top lists of all settings would not fit in `TOP_LIST_BYTES`: then once per
 group of settings that do). In that pass each block is transformed once per ``(beta, gamma, k)``
 (``n x d x k`` multiply-adds, shared by all its storages), and each float, float16 and int8 setting
 costs one product of the queries with the block (``q x n x k``); the bits of a ``(beta, k)`` are
@@ -27,7 +27,7 @@ searched once for every gamma (a sign does not depend on the scaling), by popcou
 (``q x 100 x 16`` bytes), two blocks and one setting's transformed block.
 
 **Under a budget** a setting is searched only in the storages that fit it (none: not at all), and every
-code family of :mod:`streamwhiten.codes` that fits is a candidate too (:mod:`.code_candidates`: two more
+code family of `streamwhiten.codes` that fits is a candidate too (`code_candidates`: two more
 passes, one for the statistics of the unit rows and a sample, one to encode and search every code), its
 row named by the code (``storage`` ``eigen-24B``, ``dtype`` ``eigen``, ``code`` its record). A code is never
 the reference.
@@ -82,7 +82,7 @@ from .select import FOLDS, RULES, Resamples, Rule, forecast, select
 from .self_matches import SelfMatches, find_self_matches
 from .tune import KChoice, decompose, describe_stored, make_grid
 
-#: Resampled means held at once by :func:`bootstrap_differences` (512 MiB of doubles).
+#: Resampled means held at once by `bootstrap_differences` (512 MiB of doubles).
 RESAMPLED_VALUES = 1 << 26
 
 #: The storages swept by default (``binary+rescore``: bits whose top ``rescore`` are re-ranked).
@@ -127,22 +127,22 @@ class SweepGrid:
     eps : float, optional
         The regulariser of every setting (default: the model's).
     dtypes : sequence of str, optional
-        The storages, names of :data:`STORAGES` and code families of :data:`~streamwhiten.codes.CODES`
+        The storages, names of `STORAGES` and code families of `CODES`
         (or one comma-separated string; default: all storages, and under a budget every code of
-        :data:`~streamwhiten.codes.TUNE_CODES`, faiss's where faiss is installed, that trains on the
-        corpus's sample: PQ and OPQ need 256 rows).
+        `TUNE_CODES`, faiss's where faiss is installed, that trains on the corpus's sample: PQ and OPQ
+        need 256 rows).
     rescore, rescore_dtype, int8_clip
         How ``binary+rescore`` re-ranks (its top ``rescore`` with ``rescore_dtype`` vectors; default 100,
         as many as the evaluation keeps) and the int8 codes' span in standard deviations.
     metric : str
-        One of :data:`~streamwhiten.evaluation.retrieval.METRICS`: what the choice maximises.
+        One of `METRICS`: what the choice maximises.
     max_bytes : int, optional
         The budget of bytes per corpus vector (None: none).
     tolerance : float
         Choose the fewest bytes surely within this many points (x100) of the reference (``argmax``: of the best)
         within the budget.
     select : str
-        The selection rule, one of :data:`~streamwhiten.evaluation.select.RULES`: ``maxt`` (default) keeps
+        The selection rule, one of `RULES`: ``maxt`` (default) keeps
         the reference unless a setting beats it beyond the noise of all the settings compared; ``argmax``
         takes the best score (optimistic: the winner's curse).
     folds : int
@@ -202,7 +202,7 @@ class SweepGrid:
         self.storages()  # checks the names, rescore, rescore_dtype and int8_clip
 
     def storages(self) -> list[Storage]:
-        """The storages swept, as :class:`Storage` records (see :func:`storages_of`); none where only
+        """The storages swept, as `Storage` records (see `storages_of`); none where only
         codes are named."""
         if self.dtypes is not None and self.dtypes and all(is_code(name) for name in self.dtypes):
             return []
@@ -211,7 +211,7 @@ class SweepGrid:
 
     def codes(self) -> tuple[str, ...]:
         """The code families swept under a budget: those named in ``dtypes``, or by default every one
-        of :data:`~streamwhiten.codes.TUNE_CODES` (faiss's only where faiss is installed)."""
+        of `TUNE_CODES` (faiss's only where faiss is installed)."""
         if self.dtypes is not None:
             return tuple(name for name in dict.fromkeys(self.dtypes) if is_code(name))
         from ..codes.faiss_codes import faiss_available
@@ -225,7 +225,7 @@ def storages_of(
     rescore_dtype: str = "float32",
     int8_clip: float | None = None,
 ):
-    """The storages to sweep: :data:`STORAGES` names (default: all), as :class:`Storage` records."""
+    """The storages to sweep: `STORAGES` names (default: all), as `Storage` records."""
     names = list(STORAGES if names is None else names)
     if not names:
         raise BadInputError(f"give at least one storage to sweep: {', '.join(STORAGES)}")
@@ -399,7 +399,7 @@ def _unit(setting: Any, part: np.ndarray, _at: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _GroupPass:
-    """What every later pass of :func:`sweep_rows` shares: the task, the maps' bases, the float storages
+    """What every later pass of `sweep_rows` shares: the task, the maps' bases, the float storages
     and the re-ranked ones, the bits' top lists (by ``bits_key``), the depth, how the corpus is read, and
     which ``(candidate, storage)`` fit the budget."""
 
@@ -505,7 +505,7 @@ def bootstrap_differences(
     resamples: Resamples | None = None,
 ):
     """``(difference, low, high)`` x100 of each of ``others`` (per-query scores) minus ``reference``:
-    the paired bootstrap of :func:`~streamwhiten.evaluation.retrieval.paired_bootstrap` (the same
+    the paired bootstrap of `paired_bootstrap` (the same
     resamples, ``resamples`` when given), a block of resamples and of rows at a time."""
     reference = np.asarray(reference, np.float64)
     n = reference.shape[0]
@@ -531,7 +531,7 @@ def family_of(row: dict) -> str:
 
 
 def best_per_family(table: list, metric: str, max_bytes: int | None = None) -> list:
-    """The best row of each storage family (:func:`family_of`) within ``max_bytes``, by score (ties to
+    """The best row of each storage family (`family_of`) within ``max_bytes``, by score (ties to
     fewer bytes, then the table's order), best first: how each family does at the budget."""
     best: dict = {}
     for i, row in enumerate(table):
@@ -623,11 +623,11 @@ def choose_generalising(
     resamples: Resamples | None = None,
 ) -> tuple[int, dict]:
     """``(row, record)``: the row chosen by ``grid.select`` (the rule) among those within
-    ``grid.max_bytes`` against the reference's (:func:`reference_index`), from the per-query scores of
+    ``grid.max_bytes`` against the reference's (`reference_index`), from the per-query scores of
     ``metric`` (rows of ``per_query``, one per row of ``table``), and the record of the choice: the
     reference, how many settings beat it, and the cross-validated forecast (``grid.folds``) of both on
-    queries not chosen on (see :mod:`.select`). Rule ``argmax``: the best score within the budget (and
-    ``grid.tolerance``) as before the rule existed (:func:`choose_within`), with no reference and no
+    queries not chosen on (see `select`). Rule ``argmax``: the best score within the budget (and
+    ``grid.tolerance``) as before the rule existed (`choose_within`), with no reference and no
     forecast. ``resamples``: the queries' resamples when already made (default: ``BOOTSTRAP_SAMPLES`` of
     them from ``BOOTSTRAP_SEED``)."""
     max_bytes, tolerance, rule, folds = grid.max_bytes, grid.tolerance, grid.select, grid.folds
@@ -674,7 +674,7 @@ def choose_generalising(
 @dataclass
 class RetrievalTuneResult:
     """The scored sweep: ``table`` (every setting and storage), the raw float32 reference (``raw``), the
-    ``frontier``, the row the rule chose (``best``; the highest score is :attr:`highest`) and what it was
+    ``frontier``, the row the rule chose (``best``; the highest score is `highest`) and what it was
     chosen by."""
 
     table: list
@@ -691,13 +691,13 @@ class RetrievalTuneResult:
     selection: dict | None = None
     per_query: np.ndarray | None = field(default=None, repr=False)
     codecs: dict = field(default_factory=dict, repr=False)
-    #: The queries whose nearest corpus row is the query itself, not judged relevant (:mod:`.self_matches`).
+    #: The queries whose nearest corpus row is the query itself, not judged relevant (`self_matches`).
     self_matches: SelfMatches | None = None
 
     def model_for(self, row: dict) -> WhiteningModel:
         """The model of one row: the map at its setting (sharing its beta's eigendecomposition; the
         identity map for the raw vectors) and the storage recorded. A code's row: the identity map, with its
-        codec (:meth:`codec_for`'s, which codes the raw vectors scaled to unit length) as its storage."""
+        codec (`codec_for`'s, which codes the raw vectors scaled to unit length) as its storage."""
         if row["vectors"] == "raw" or row.get("code"):
             model = self.bases[0.0].with_params(basis="identity")
         else:
@@ -707,7 +707,7 @@ class RetrievalTuneResult:
         return replace(model, storage=self.storages[row["storage"]])
 
     def codec_for(self, row: dict):
-        """The trained :class:`~streamwhiten.codes.Codec` of a code's row (None for another row)."""
+        """The trained `Codec` of a code's row (None for another row)."""
         return self.codecs.get(row["storage"]) if row.get("code") else None
 
     def chosen_codec(self):
@@ -719,7 +719,7 @@ class RetrievalTuneResult:
 
     @property
     def highest(self) -> dict:
-        """The row scoring highest on these queries within the budget: the rule's choice (:attr:`best`)
+        """The row scoring highest on these queries within the budget: the rule's choice (`best`)
         where nothing scores above it, else the highest (ties to fewer bytes), which the rule did not take."""
         top = choose_within(self.table, self.metric, self.max_bytes)
         return self.best if not _score(top, self.metric) > _score(self.best, self.metric) else top  # a tie: the choice
@@ -762,9 +762,9 @@ def sweep(
     model : WhiteningModel
         Only its saved statistics are used for the settings, never the fitting data.
     queries, corpus, qrels
-        The retrieval task, as :func:`~streamwhiten.evaluation.retrieval.evaluate_retrieval` takes it.
+        The retrieval task, as [`evaluate_retrieval`][streamwhiten.evaluation.retrieval.evaluate_retrieval] takes it.
     grid : SweepGrid, optional
-        What is tried (settings and storages) and how the choice is made (default: :class:`SweepGrid`'s).
+        What is tried (settings and storages) and how the choice is made (default: `SweepGrid`'s).
     options : RetrievalOptions, optional
         The exclude file, id columns, bootstrap, blocks and threads, as an evaluation takes them.
     progress : callable, optional
@@ -920,7 +920,7 @@ def _checked_first(
     wanted: list,
     needs_reference: bool,
 ) -> dict[str, list[int]]:
-    """``{code: [bytes to train at]}`` (:func:`_code_sizes`) after every check that needs no pass over the
+    """``{code: [bytes to train at]}`` (`_code_sizes`) after every check that needs no pass over the
     corpus, each a one-line error: the codes' sizes against the budgets (the families' own sizes), a
     budget nothing fits, codes named with no budget, and (``needs_reference``) the rule's reference
     within each budget of ``wanted``."""
@@ -939,7 +939,7 @@ def _checked_first(
 
 def _refuse_without_reference(candidates: list[Candidate], storages: list[Storage], budgets: list) -> None:
     """The one-line error of a budget under which no setting can be the rule's reference
-    (:func:`reference_index`: the raw vectors, or beta = gamma = 0, in a storage that fits, not re-ranked),
+    (`reference_index`: the raw vectors, or beta = gamma = 0, in a storage that fits, not re-ranked),
     before any pass over the corpus."""
     for budget in budgets:
         if not any(
@@ -963,7 +963,7 @@ def _no_reference(max_bytes: int | None) -> BadInputError:
 
 def _trainable(code_sizes: dict[str, list[int]], grid: SweepGrid, n_corpus: int) -> dict[str, list[int]]:
     """The codes of ``code_sizes`` that train on the sample of a corpus of ``n_corpus`` rows (at most
-    ``grid.code_sample``; :func:`~streamwhiten.codes.fewest_sample_rows`: PQ's k-means needs 256), before
+    ``grid.code_sample``; `fewest_sample_rows`: PQ's k-means needs 256), before
     any pass: of the default codes those that do not are left out; one named in ``grid.dtypes`` is a
     one-line error."""
     sample_rows = min(grid.code_sample, n_corpus)
@@ -1003,7 +1003,7 @@ def _code_sizes(grid: SweepGrid, n_features: int, budgets: list[int]) -> dict[st
 def store_codec(model: WhiteningModel, codec: Any, record: dict[str, Any]) -> WhiteningModel:
     """The tuned identity ``model`` storing its vectors (the raw vectors scaled to unit length, its
     normalised outputs) as ``codec``'s codes: the codec's checksummed bytes recorded as its storage, with
-    the family and the sample it was trained from (``record``: :func:`code_record`)."""
+    the family and the sample it was trained from (``record``: `code_record`)."""
     from ..codes.storage import with_codec
 
     return with_codec(
@@ -1025,7 +1025,7 @@ def tune_retrieval(
     options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[WhiteningModel, dict]:
-    """Run :func:`sweep` and return the chosen model (its setting and storage, with a record in
+    """Run `sweep` and return the chosen model (its setting and storage, with a record in
     ``info["tuned"]``) and a summary (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``)."""
     result = sweep(model, queries, corpus, qrels, grid=grid, options=options, progress=progress)
     chosen = result.chosen_model()

@@ -101,7 +101,7 @@ def decompose(model: WhiteningModel, beta: float, eps: float | None = None) -> W
 @dataclass(frozen=True)
 class TuneResult:
     """The scored grid: ``table`` rows in grid order, the ``best`` row (the one the selection rule chose:
-    not always the highest score, see :attr:`highest`), and the raw baseline."""
+    not always the highest score, see `highest`), and the raw baseline."""
 
     table: list
     best: dict
@@ -129,7 +129,7 @@ class TuneResult:
 
     @property
     def highest(self) -> dict:
-        """The row scoring highest on these pairs: the rule's choice (:attr:`best`) where nothing scores
+        """The row scoring highest on these pairs: the rule's choice (`best`) where nothing scores
         above it, else the highest (ties to the smaller k), which the rule did not take (not beyond the
         noise of all compared, or a tolerance's cheaper setting was taken)."""
         top = choose(self.table, self.metric)
@@ -173,9 +173,9 @@ def grid_search(
     grid's. ``select="maxt"`` (default): the raw vectors unless a setting beats them beyond the noise of
     all the settings compared, judged by the
     paired bootstrap of the pairs (``samples`` resamples, ``seed``) on the per-pair terms of the
-    correlation (:func:`~streamwhiten.evaluation.select.spearman_units`); with ``tolerance`` > 0 the
+    correlation (`spearman_units`); with ``tolerance`` > 0 the
     smallest k surely within ``tolerance`` points of raw. The choice is forecast by ``folds``-fold
-    cross-validation over the pairs (see :mod:`.select`). ``select="argmax"``: the highest score (with
+    cross-validation over the pairs (see `select`). ``select="argmax"``: the highest score (with
     ``tolerance`` > 0, the smallest k within ``tolerance`` of it; ties to the smaller k, then the earlier
     row), optimistic by the winner's curse. Only the saved statistics of ``model`` are used, never the
     fitting data.
@@ -296,7 +296,7 @@ def _choose_pairs(
 
 
 def choose(table: list, metric: str = "spearman", tolerance: float = 0.0) -> dict:
-    """The best row of ``table`` by ``metric`` (NaN counts as worst); see :func:`grid_search`."""
+    """The best row of ``table`` by ``metric`` (NaN counts as worst); see `grid_search`."""
     scores = np.array([row[metric] for row in table], dtype=np.float64)
     scores = np.where(np.isnan(scores), -np.inf, scores)
     if not np.isfinite(scores).any():
@@ -315,7 +315,7 @@ def tune(
     progress: Callable[[int, int], None] | None = None,
     **grid: Any,
 ) -> tuple[WhiteningModel, dict]:
-    """Run :func:`grid_search` and return the chosen model (with a record in ``info["tuned"]``) and a summary.
+    """Run `grid_search` and return the chosen model (with a record in ``info["tuned"]``) and a summary.
 
     With ``test_pairs`` the chosen setting is also scored on that separate set, next to raw, so the
     choice is not judged on the pairs that made it.
@@ -346,7 +346,7 @@ def tune(
 
 
 def describe_stored(model: WhiteningModel) -> dict:
-    """:func:`describe_model` with how the outputs are stored: the model's storage (float32 without one)
+    """`describe_model` with how the outputs are stored: the model's storage (float32 without one)
     and its bytes per vector."""
     storage = model.storage
     return dict(

@@ -1,6 +1,6 @@
 """Arrow helpers shared by the Parquet and Lance backends (both hand out Arrow arrays): which column
 holds the vectors, its element type and width, the checked copy of Arrow list arrays into a block, and
-:class:`TableSink`, the resumable writer of table outputs both build on.
+`TableSink`, the resumable writer of table outputs both build on.
 
 Imported only by ``parquet`` and ``lance``, after pyarrow is known to be installed.
 """
@@ -228,12 +228,12 @@ def _decode_schema(text: str) -> pa.Schema:
 class TableSink(StoreSink):
     """A table output: the vectors as a ``fixed_size_list<float>[k]`` column (or int8 codes, or uint8 bytes
     of sign bits) after any columns kept from the input, written block by block as part files, joined
-    into the final store at :meth:`commit`.
+    into the final store at `commit`.
 
     The partial output is a hidden directory holding ``sink.json`` (shape, dtype, column, attributes,
     the kept columns' schema) and one part per block, each written under a temporary name and renamed;
     parts are fsynced before a progress record claims them, so a resumed run keeps those and rewrites
-    the rest. Backends implement :meth:`_write_part`, :meth:`_read_part` and :meth:`_join` (write the
+    the rest. Backends implement `_write_part`, `_read_part` and `_join` (write the
     final store at a temporary path from the parts' tables, durably).
     """
 

@@ -1,5 +1,5 @@
 """What the backends share beneath the storage interface (``io.abc``): the implementation of
-:class:`~streamwhiten.io.abc.Source` and :class:`~streamwhiten.io.abc.Sink` that every backend
+`Source` and `Sink` that every backend
 subclasses (remote retries, decoding in the caller's thread, durable progress and commit), and the
 helpers around stores (array checks, memory sizing, removal, chunk sizing, identities, temporary names).
 
@@ -88,7 +88,7 @@ def _physical_memory() -> int:
 
 
 def count_blocks(start: int, stop: int, block_rows: int) -> int:
-    """Ranges in ``[start, stop)`` when cut at multiples of ``block_rows`` (as :meth:`Source.blocks` does)."""
+    """Ranges in ``[start, stop)`` when cut at multiples of ``block_rows`` (as `Source.blocks` does)."""
     return max(0, (stop - 1) // block_rows - start // block_rows + 1) if stop > start else 0
 
 
@@ -111,14 +111,14 @@ def partial_path(path: str) -> str:
 
 
 def aligned_chunk_rows(rows: int, n_features: int, dtype: Any) -> int:
-    """``rows`` rounded down so that a chunk is a whole number of :data:`ALIGNMENT` blocks (which
+    """``rows`` rounded down so that a chunk is a whole number of `ALIGNMENT` blocks (which
     can be written directly), unless that would leave none."""
     step = ALIGNMENT // math.gcd(ALIGNMENT, n_features * np.dtype(dtype).itemsize)
     return int(rows - rows % step if rows >= step else rows)
 
 
 def output_chunk_rows(n_features: int, dtype: Any, n_rows: int) -> int:
-    """Rows per output chunk: about :data:`OUTPUT_CHUNK_BYTES`, and whole :data:`ALIGNMENT` blocks
+    """Rows per output chunk: about `OUTPUT_CHUNK_BYTES`, and whole `ALIGNMENT` blocks
     where possible (all rows in one chunk when they fit)."""
     rows = max(1, min(n_rows, OUTPUT_CHUNK_BYTES // (n_features * np.dtype(dtype).itemsize)))
     return rows if rows == n_rows else aligned_chunk_rows(rows, n_features, dtype)
@@ -136,10 +136,10 @@ def _inode(path: str) -> tuple[int, int] | None:
 
 
 class StoreSource(Source):
-    """What every backend's :class:`~streamwhiten.io.abc.Source` does alike: its label and identity, a
+    """What every backend's `Source` does alike: its label and identity, a
     remote read retried, compressed chunks decoded here, the default block size and fingerprint sample.
 
-    Backends implement :meth:`_read_into` (and :meth:`fetch`, :meth:`attrs`, :meth:`close` where they
+    Backends implement `_read_into` (and `fetch`, `attrs`, `close` where they
     have more to say than nothing).
     """
 
@@ -158,13 +158,13 @@ class StoreSource(Source):
 
     @property
     def identity(self) -> tuple[tuple[Any, ...], str]:
-        """Which array this is, however it was named: see :func:`identity_of` of its :attr:`location`."""
+        """Which array this is, however it was named: see `identity_of` of its `location`."""
         return identity_of(*self.location)
 
     def read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``.
 
-        ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead. A remote
+        ``fetched`` is what `fetch` returned for the same rows, if it was called ahead. A remote
         store's read is retried on transient failures (``remote.retrying``)."""
         if self.remote:
             rows: np.ndarray = remote.retrying(
@@ -182,13 +182,13 @@ class StoreSource(Source):
 
     @abstractmethod
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
-        """:meth:`read_into`, once (the base class retries it for a remote store)."""
+        """`read_into`, once (the base class retries it for a remote store)."""
 
     def _decode_into(
         self, view: np.ndarray, start: int, stop: int, fetched: Fetched | None, fill_value: Any
     ) -> np.ndarray:
-        """Rows ``[start, stop)`` decoded here (by :attr:`decoder`) into ``view``, from ``fetched`` or from
-        stored bytes fetched now; a chunk that does not decode is a :class:`CorruptStoreError`."""
+        """Rows ``[start, stop)`` decoded here (by `decoder`) into ``view``, from ``fetched`` or from
+        stored bytes fetched now; a chunk that does not decode is a `CorruptStoreError`."""
         assert self.decoder is not None and self.chunk_rows is not None
         chunks = fetched if fetched is not None else self.fetch(start, stop)
         assert chunks is not None
@@ -206,7 +206,7 @@ class StoreSource(Source):
     # -- what a fingerprint records (see ``io.fingerprint``); backends refine these
     def sample_ranges(self, n_rows: int) -> list[tuple[int, int]]:
         """Row ranges of the first ``n_rows`` whose contents a fingerprint hashes: the first and last
-        :data:`FINGERPRINT_ROWS` rows and three ranges between (start, quartiles, end)."""
+        `FINGERPRINT_ROWS` rows and three ranges between (start, quartiles, end)."""
         width = min(FINGERPRINT_ROWS, n_rows)
         starts = sorted({0, n_rows // 4, n_rows // 2, (3 * n_rows) // 4, max(0, n_rows - width)})
         return [(start, min(n_rows, start + width)) for start in starts]
@@ -222,12 +222,12 @@ class StoreSource(Source):
 
 
 class StoreSink(Sink):
-    """What every backend's :class:`~streamwhiten.io.abc.Sink` does alike: write under the temporary
+    """What every backend's `Sink` does alike: write under the temporary
     name, make progress durable, commit by rename, abort or suspend.
 
-    Backends implement :meth:`create` and :meth:`resume`, :meth:`_write`, :meth:`_sync` (make every write
-    so far durable), :meth:`_finish` (set the final attributes and make the whole store durable) and
-    :meth:`_close`.
+    Backends implement `create` and `resume`, `_write`, `_sync` (make every write
+    so far durable), `_finish` (set the final attributes and make the whole store durable) and
+    `_close`.
     """
 
     def __init__(
@@ -298,7 +298,7 @@ class StoreSink(Sink):
         durable.write_file_atomic(self.progress_path, lambda handle: handle.write(data), "progress record")
 
     def _check_replaceable(self, overwrite: bool) -> None:
-        """Refuse to replace what is at :attr:`path` now (see :attr:`replace_check`)."""
+        """Refuse to replace what is at `path` now (see `replace_check`)."""
         if self.replace_check is None:
             raise RuntimeError(f"{self.label}: a sink is opened by io.open_output, which knows what it may replace")
         self.replace_check(overwrite)
@@ -359,7 +359,7 @@ class StoreSink(Sink):
 
     @abstractmethod
     def _finish(self, attrs: dict[str, Any]) -> None:
-        """Set the final attributes and make the whole store durable (before :meth:`commit` renames it)."""
+        """Set the final attributes and make the whole store durable (before `commit` renames it)."""
 
     def _close(self) -> None:  # noqa: B027 - closing is optional: some sinks hold nothing open
         """Release what the sink holds open, keeping what it wrote."""

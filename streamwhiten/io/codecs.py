@@ -1,19 +1,19 @@
 """Decoders: a compressed chunk's stored bytes turned into its rows here, not by zarr or HDF5.
 
 zarr decodes chunks on its own event loop, and h5py runs HDF5's filter pipeline under its global lock;
-either way the worker threads of a fit wait for each other. A :class:`Decoder` is read once from a
-Zarr codec chain (:func:`zarr_decoder`) or an HDF5 filter pipeline (:func:`hdf5_decoder`); it then decodes a
+either way the worker threads of a fit wait for each other. A `Decoder` is read once from a
+Zarr codec chain (`zarr_decoder`) or an HDF5 filter pipeline (`hdf5_decoder`); it then decodes a
 chunk's stored bytes straight into a caller's buffer in whichever thread calls it, with numcodecs and
 the standard library's zlib, each of which releases the GIL while it works (and HDF5's LZF with a
-Numba kernel that does too). :func:`decode_rows` puts
+Numba kernel that does too). `decode_rows` puts
 the decoded chunks of a row range into a block (widening float16 to float32 on the way where asked).
 
 Every step checks what it decodes: sizes from the codec's own header against the chunk's, checksums
-(crc32c, fletcher32) against the data, and the decoded length; a failure is a :class:`DecodeError`
+(crc32c, fletcher32) against the data, and the decoded length; a failure is a `DecodeError`
 whose message the backend completes with the store and rows. A chain with any other codec (sharding,
 transpose, HDF5's szip, ...) has no decoder (None): the backend reads it through its library as before.
 
-Chunks are encoded for outputs here too (:func:`encoder`), so that apply compresses in its own threads.
+Chunks are encoded for outputs here too (`encoder`), so that apply compresses in its own threads.
 """
 
 from __future__ import annotations
@@ -255,14 +255,14 @@ def fetch_buffer(nbytes: int, block_bytes: int) -> np.ndarray:
     """A byte buffer for ``nbytes`` of stored chunk bytes, from the buffers kept between runs (see
     ``_buffers``): fresh memory is slow to touch. Sized to the block's decoded bytes where those are more
     (as they nearly always are), so every fetch of a run asks for the same size and reuses the same few;
-    hand it back through :meth:`Fetched.release`."""
+    hand it back through `Fetched.release`."""
     size = max(int(nbytes), int(block_bytes))
     return _buffers.take((size,), np.uint8)
 
 
 class Fetched(list[tuple[int, Any, int]]):
     """The stored bytes of a row range's chunks, ``[(chunk index, bytes or None where missing, HDF5
-    filter mask)]``, in one buffer from :func:`fetch_buffer` that :meth:`release` hands back (once
+    filter mask)]``, in one buffer from `fetch_buffer` that `release` hands back (once
     decoded: nothing may read them after)."""
 
     def __init__(self, chunks: Iterable[tuple[int, Any, int]], buffer: np.ndarray | None = None) -> None:
@@ -293,7 +293,7 @@ class Decoder:
         return " -> ".join(step.name for step in self.steps) or "raw"
 
     def decode_into(self, stored: Any, out: np.ndarray, filter_mask: int = 0) -> np.ndarray:
-        """Decode ``stored`` (one chunk's bytes) into ``out`` (a C-contiguous buffer of :attr:`nbytes`
+        """Decode ``stored`` (one chunk's bytes) into ``out`` (a C-contiguous buffer of `nbytes`
         bytes, any dtype), native-endian; ``filter_mask`` bit ``i`` set: HDF5 skipped filter ``i``."""
         target = out.reshape(-1).view(np.uint8)
         data = _u8(stored)
@@ -457,7 +457,7 @@ def decode_rows(
     store) from ``chunks``: ``(index, stored bytes or None for a missing chunk, filter mask)`` for each
     chunk the rows touch. A chunk the rows cover whole is decoded straight into ``out``; a partial one
     (the store's last chunk, or a range cut inside a chunk) through a chunk-sized buffer of its own.
-    A chunk that does not decode raises :class:`DecodeError` prefixed with ``describe(index)``.
+    A chunk that does not decode raises `DecodeError` prefixed with ``describe(index)``.
     """
     view = out[: stop - start]
     n_features = view.shape[1]
@@ -496,7 +496,7 @@ def decode_rows(
 
 
 def check_compressor(name: str) -> str:
-    """``name`` if it is one of :data:`COMPRESSORS`, else a :class:`ValueError` listing them."""
+    """``name`` if it is one of `COMPRESSORS`, else a `ValueError` listing them."""
     if name not in COMPRESSORS:
         raise ValueError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {name!r}")
     return name
@@ -520,7 +520,7 @@ def numcodecs_codec(name: str, dtype: Any) -> Any:
 
 def fletcher32_of(data: Any) -> np.ndarray:
     """The 4 bytes HDF5's fletcher32 filter stores after a chunk's ``data`` (numcodecs computes the same
-    checksum, and :class:`_Fletcher32` checks it when the chunk is read)."""
+    checksum, and `_Fletcher32` checks it when the chunk is read)."""
     from numcodecs.fletcher32 import Fletcher32
 
     stored: np.ndarray = np.frombuffer(Fletcher32().encode(_u8(data)), np.uint8)[-4:].copy()
@@ -529,7 +529,7 @@ def fletcher32_of(data: Any) -> np.ndarray:
 
 def crc32c_of(*parts: Any) -> np.ndarray:
     """The 4 bytes Zarr 3's ``crc32c`` codec stores after a chunk made of ``parts`` in order (a
-    little-endian CRC-32C; :class:`_Crc32c` checks it when the chunk is read)."""
+    little-endian CRC-32C; `_Crc32c` checks it when the chunk is read)."""
     import google_crc32c
 
     value = 0

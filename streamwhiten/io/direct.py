@@ -9,7 +9,7 @@ and the final fsync has almost nothing left to do. The output is then not in the
 for a corpus larger than memory also leaves the cached input alone.
 
 ``O_DIRECT`` needs the buffer address, the file offset and the length to be multiples of the device's
-logical block size (:data:`ALIGNMENT` covers every common device). Anything else, a platform without
+logical block size (`ALIGNMENT` covers every common device). Anything else, a platform without
 ``O_DIRECT``, or a file system that refuses it gets an ordinary buffered write: same bytes, same file.
 """
 

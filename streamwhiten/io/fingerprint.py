@@ -1,11 +1,11 @@
-"""Fingerprints: what identifies the first rows of a source, cheaply (a :class:`~streamwhiten.records.Fingerprint`).
+"""Fingerprints: what identifies the first rows of a source, cheaply (a `Fingerprint`).
 
 A fingerprint records where the array is, its shape, dtype and chunking, a digest of how its rows are
 stored where the backend has one (``layout_sha256``: a Parquet footer, Lance fragments), the backend's
 extras (an object's size and ETag, a Lance version) and the hash of a few sampled row ranges
-(``sha256_sampled``: start, quartiles, end; :meth:`Source.sample_ranges`), so an append-only store still
-matches the fingerprint of its earlier prefix. :func:`describe` takes what the metadata says (nothing is
-decoded); a pass that reads the rows anyway hashes the sampled ones with a :class:`Sampler` as they go by.
+(``sha256_sampled``: start, quartiles, end; `Source.sample_ranges`), so an append-only store still
+matches the fingerprint of its earlier prefix. `describe` takes what the metadata says (nothing is
+decoded); a pass that reads the rows anyway hashes the sampled ones with a `Sampler` as they go by.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ from .abc.store import Source
 def fingerprint(source: Source, n_rows: int | None = None) -> Fingerprint:
     """Identity of the first ``n_rows`` rows of ``source`` (all by default), cheap to compute.
 
-    Hashes a few sampled row ranges (:meth:`Source.sample_ranges`: start, quartiles, end) rather than the
+    Hashes a few sampled row ranges (`Source.sample_ranges`: start, quartiles, end) rather than the
     whole store, so an append-only store still matches the fingerprint of its earlier prefix; where the
     backend has one, adds a digest of how those rows are stored (``layout_sha256``), which an update
     compares too. The sampled rows are read in parallel where the store's compressed chunks are decoded
     here (a chunk each, decoded whole); a pass that reads the rows anyway hashes them with a
-    :class:`Sampler` instead.
+    `Sampler` instead.
     """
     result = describe(source, n_rows)
     assert result.n_rows is not None
@@ -37,9 +37,9 @@ def fingerprint(source: Source, n_rows: int | None = None) -> Fingerprint:
 
 
 def describe(source: Source, n_rows: int | None = None) -> Fingerprint:
-    """A :func:`fingerprint` without its hash of sampled rows (``sha256_sampled``): only what the
+    """A `fingerprint` without its hash of sampled rows (``sha256_sampled``): only what the
     store's metadata says, so nothing is decoded. A pass fills in the hash from the rows it reads
-    (:class:`Sampler`)."""
+    (`Sampler`)."""
     n_rows = source.n_rows if n_rows is None else int(n_rows)
     path, dataset = source.location
     return Fingerprint(
@@ -56,7 +56,7 @@ def describe(source: Source, n_rows: int | None = None) -> Fingerprint:
 
 class Sampler:
     """The rows a fingerprint of the first ``n_rows`` rows of ``source`` hashes, copied out of blocks as a
-    pass reads them (:meth:`offer`), so that the pass needs no reads of its own for the fingerprint: on
+    pass reads them (`offer`), so that the pass needs no reads of its own for the fingerprint: on
     a compressed store each sampled range costs a whole chunk's decode.
 
     Thread-safe: worker threads offer their blocks while another thread may take the digest.

@@ -163,7 +163,7 @@ class HDF5Source(StoreSource):
         return remote.version(self.path, read=self.read_options) if self.remote else {}
 
     def fetch(self, start: int, stop: int) -> Fetched | None:
-        """The stored bytes of the chunks rows ``[start, stop)`` touch, for :meth:`read_into` to decode:
+        """The stored bytes of the chunks rows ``[start, stop)`` touch, for `read_into` to decode:
         ``[(chunk index, bytes or None where unwritten and filled, filter mask)]``; None where chunks are
         not decoded here. The I/O half of a read (a copy from the page cache, or disk reads), which a
         caller may run ahead in another thread."""
@@ -316,7 +316,7 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the HDF5 file ``path`` is an output of streamwhiten (every dataset in it carries
-    :data:`OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
     if not h5py.is_hdf5(path):
         return "not an HDF5 file"
     datasets: list[tuple[str, bool]] = []
@@ -358,7 +358,7 @@ def _set_attrs(array: Any, attrs: Mapping[str, Any]) -> None:
 
 
 def _as_os_error(exc: BaseException) -> BaseException:
-    """``exc`` as an :class:`OSError` with its errno when HDF5 reports a failed system call inside it (h5py
+    """``exc`` as an `OSError` with its errno when HDF5 reports a failed system call inside it (h5py
     raises a ``ValueError`` when the disk fills as a dataset is created), else ``exc`` itself."""
     failed = re.search(r"errno = (\d+)", str(exc))
     if isinstance(exc, OSError) or not failed or not int(failed.group(1)):
@@ -388,7 +388,7 @@ def _chunk_offsets(array: Any, chunk_rows: int) -> list[int]:
 
 
 class HDF5Sink(StoreSink):
-    """An HDF5 output: chunk data written in place through :attr:`chunk_file` at :attr:`offsets`."""
+    """An HDF5 output: chunk data written in place through `chunk_file` at `offsets`."""
 
     kind = "hdf5"
     compressible = True  # through an HDF5CompressedSink
@@ -417,7 +417,7 @@ class HDF5Sink(StoreSink):
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> StoreSink:
         """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
-        With a ``compressor``, an :class:`HDF5CompressedSink` instead. With ``checksums`` the dataset
+        With a ``compressor``, an `HDF5CompressedSink` instead. With ``checksums`` the dataset
         declares HDF5's fletcher32 filter: each chunk is allocated 4 bytes longer, for its checksum."""
         if check_compressor(plan.compressor) != "none":
             return HDF5CompressedSink.create(place, plan)
@@ -525,7 +525,7 @@ _RECORD_MAGIC = b"SWC1"
 
 
 def _filters(compressor: str, dtype: Any, chunk_bytes: int) -> dict[str, Any]:
-    """``create_dataset`` options declaring what :func:`codecs.chunk_encoder` writes for HDF5."""
+    """``create_dataset`` options declaring what `codecs.chunk_encoder` writes for HDF5."""
     if compressor == "gzip":
         return {"compression": "gzip", "compression_opts": 4, "shuffle": True}
     try:
@@ -549,7 +549,7 @@ class HDF5CompressedSink(StoreSink):
     out ahead. While the run lasts, each is appended to a spool beside the partial output (through our
     own descriptor, with its index and a CRC-32, fsynced before a progress record claims it); the
     partial output is an HDF5 file holding the dataset (with its filters declared, no chunk written)
-    and its attributes. :meth:`_finish` copies the spooled chunks into it with ``write_direct_chunk``,
+    and its attributes. `_finish` copies the spooled chunks into it with ``write_direct_chunk``,
     in chunk order, so a resumed run writes the same file, and any HDF5 reader with the filters reads
     it (gzip: every HDF5; zstd and blosc: with the hdf5plugin filters).
     """

@@ -83,7 +83,7 @@ def _open(path: str, read: ReadOptions, version: int | None = None) -> Any:
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the Lance dataset ``path`` is an output of streamwhiten (its schema metadata records
-    :data:`OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
     try:
         schema = _open(path, read).schema
     except BadInputError:
@@ -237,7 +237,7 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
 
 class LanceSink(TableSink):
     """A Lance output: the vectors as a ``fixed_size_list`` column (after any columns kept from the
-    input). Blocks are written as Arrow IPC part files; :meth:`commit` writes them into a new dataset
+    input). Blocks are written as Arrow IPC part files; `commit` writes them into a new dataset
     in a temporary directory, fsyncs every file in it and renames it into place. The schema metadata
     holds the model's attributes, as a Parquet output's key-value metadata does. A rerun writes the
     same rows, not the same bytes (Lance names its data files at random)."""

@@ -1,7 +1,7 @@
 """Rows for other processes: a picklable stand-in for a source that opens its store only when read.
 
 Open file handles cannot travel to another process (h5py's cannot be pickled at all), so the Dask engine
-hands workers a :class:`LazyRows` (:func:`lazy_rows`) instead of the source.
+hands workers a `LazyRows` (`lazy_rows`) instead of the source.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .reading import open_source
 class LazyRows:
     """A picklable stand-in for a source's rows that opens the store only when a slice is read.
 
-    Each read opens the store by path (with the :class:`~streamwhiten.options.ReadOptions` the source was
+    Each read opens the store by path (with the [`ReadOptions`][streamwhiten.options.ReadOptions] the source was
     opened with: its storage options travel in memory and in the task graph only), checks it still has
     the shape seen when the job was planned, reads and closes. It also has the ``shape``, ``dtype``,
     ``ndim`` and ``__getitem__`` of an array, so ``dask.array.from_array`` can wrap it.
@@ -62,7 +62,7 @@ class LazyRows:
 
 
 def lazy_rows(source: Source) -> LazyRows:
-    """A picklable reader of ``source``'s rows for other processes (see :class:`LazyRows`)."""
+    """A picklable reader of ``source``'s rows for other processes (see `LazyRows`)."""
     path = source.path if remote.is_url(source.path) else os.path.abspath(source.path)
     return LazyRows(path, source.dataset, source.shape, source.dtype, source.label, source.read_options)
 

@@ -26,7 +26,7 @@ HEADER_BYTES = 1 << 16
 
 
 class NpySource(StoreSource):
-    """A local ``.npy`` file, memory-mapped (one named by URL is a :class:`RemoteNpySource`)."""
+    """A local ``.npy`` file, memory-mapped (one named by URL is a `RemoteNpySource`)."""
 
     kind = "npy"
 
@@ -84,7 +84,7 @@ def _no_names(path: str, name: str) -> BadInputError:
 
 def _check_header(path: str) -> None:
     """Refuse a local ``.npy`` whose header is not one, or declares more data than the file holds (before
-    numpy maps or allocates what it says): :class:`CorruptStoreError` for a file too short."""
+    numpy maps or allocates what it says): `CorruptStoreError` for a file too short."""
     with open(path, "rb") as handle:
         try:
             npy_header(handle, os.fstat(handle.fileno()).st_size)
@@ -130,7 +130,7 @@ def _header(url: str, read: ReadOptions) -> tuple[tuple[int, ...], np.dtype[Any]
 
 
 class RemoteNpySource(NpySource):
-    """A ``.npy`` object read by range requests; each block in :data:`RANGE_BYTES` parts fetched at once
+    """A ``.npy`` object read by range requests; each block in `RANGE_BYTES` parts fetched at once
     (the whole block retried when the network fails: ``Source.read_into``)."""
 
     remote = True

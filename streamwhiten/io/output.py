@@ -1,11 +1,11 @@
-"""Outputs: the one way to open a store for writing (:func:`open_output`), and the rules for what is there.
+"""Outputs: the one way to open a store for writing (`open_output`), and the rules for what is there.
 
-An :class:`Output` is a store named by a spec before and while it is written: whether something is
-there (:meth:`~Output.exists`: a remote Zarr output still being written counts as absent), whether it
-may be replaced (:func:`check_replaceable`: only an output of ours, of the same kind, with
-``overwrite``), the lock of the run writing it (:meth:`~Output.lock`), its chunk size, and the sink that
-writes it: a new one (:meth:`~Output.create`) or the partial output of an interrupted run of the same
-job (:meth:`~Output.resume`, which compares the job's :class:`~streamwhiten.records.ResumeRecord` with
+An `Output` is a store named by a spec before and while it is written: whether something is
+there (`exists`: a remote Zarr output still being written counts as absent), whether it
+may be replaced (`check_replaceable`: only an output of ours, of the same kind, with
+``overwrite``), the lock of the run writing it (`lock`), its chunk size, and the sink that
+writes it: a new one (`create`) or the partial output of an interrupted run of the same
+job (`resume`, which compares the job's `ResumeRecord` with
 the progress record beside the partial output and starts over when they differ). What an output can
 take (other columns, compression, writes from several processes, a format version) is asked of its
 sink class, never of its kind's name.
@@ -67,7 +67,7 @@ def foreign_output(path: str, kind: str | None = None, read: ReadOptions | None 
     """None when the store at ``path`` is an output streamwhiten wrote, of ``kind`` (default: the kind
     its name asks for), which ``--overwrite`` may replace; else what it is instead ("a directory", "an
     HDF5 file holding a dataset streamwhiten did not write: /x", ...). Each backend recognises its own
-    outputs by the attributes every one of them records (:data:`~streamwhiten.io.OWNER_ATTR`)."""
+    outputs by the attributes every one of them records (`OWNER_ATTR`)."""
     path = remote.local_path(path)
     found_backend = backend(kind or output_kind(path))
     if not remote.is_url(path):
@@ -86,8 +86,8 @@ def foreign_output(path: str, kind: str | None = None, read: ReadOptions | None 
 def check_replaceable(spec: str, overwrite: bool, read: ReadOptions | None = None) -> None:
     """The one rule for a store output that may exist already (apply, run, the Dask engine, the demo's
     data, local or remote; checked again at the final rename): nothing there, or ``overwrite`` and an
-    output of ours of the same kind (:func:`foreign_output`); else :class:`OutputExistsError` or
-    :class:`~streamwhiten.errors.ForeignOutputError` (both exit 2), and nothing is touched."""
+    output of ours of the same kind (`foreign_output`); else `OutputExistsError` or
+    `ForeignOutputError` (both exit 2), and nothing is touched."""
     path = remote.local_path(split_spec(spec)[0])
     found_backend = backend(output_kind(path))
     durable.check_replaceable(
@@ -107,8 +107,8 @@ def lock_path(path: str) -> str:
 
 
 def output_lock(spec: str) -> AbstractContextManager[Any]:
-    """A context holding the output's lock (:func:`lock_path`) for a whole run writing it, so a second
-    run of the same output exits 75 (:class:`~streamwhiten.errors.LockedError`) instead of replacing
+    """A context holding the output's lock (`lock_path`) for a whole run writing it, so a second
+    run of the same output exits 75 (`LockedError`) instead of replacing
     the first one's partial output; the lock file is removed on release. Object storage has no lock
     (a prefix cannot be locked): there, two runs of one output must not be started at once."""
     path = remote.local_path(split_spec(spec)[0])
@@ -133,7 +133,7 @@ def _read_record(raw: bytes | str) -> ResumeRecord | None:
         return None
 
 
-#: How long after its last change an output's stamp is trusted (:meth:`Output.stamp`): longer than any
+#: How long after its last change an output's stamp is trusted (`Output.stamp`): longer than any
 #: file system's clock tick, so that a later change always shows in the times.
 STAMP_SETTLED_S = 2.0
 
@@ -142,7 +142,7 @@ class Output:
     """An output store named by ``spec`` (``out.zarr``, ``out.h5:/emb``, ``s3://b/out.parquet:vectors``):
     what is there now, and the one way to start or continue writing it.
 
-    Made by :func:`open_output`; a name no backend writes is refused when its kind is first needed. Its
+    Made by `open_output`; a name no backend writes is refused when its kind is first needed. Its
     URLs are reached with the storage options of ``read``.
     """
 
@@ -189,7 +189,7 @@ class Output:
 
     @property
     def _local_class(self) -> type[Sink] | None:
-        """What a local output of this kind can take (a remote one may take less: :attr:`sink_class`)."""
+        """What a local output of this kind can take (a remote one may take less: `sink_class`)."""
         return self.backend.sink_class(url=False)
 
     @property
@@ -248,7 +248,7 @@ class Output:
         dataset's ``_versions``, where the records a run checks are kept. It changes when the output is
         deleted, replaced or its records are written to. A run records it to skip checking an output
         that was not touched since. None for object storage, nothing there, or an output changed less
-        than :data:`STAMP_SETTLED_S` ago (a change within the file system's clock tick could keep its
+        than `STAMP_SETTLED_S` ago (a change within the file system's clock tick could keep its
         times)."""
         if self.url:
             return None
@@ -277,19 +277,19 @@ class Output:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def foreign(self) -> str | None:
-        """None when what is there is an output of ours of this kind, else what it is (:func:`foreign_output`)."""
+        """None when what is there is an output of ours of this kind, else what it is (`foreign_output`)."""
         return foreign_output(self.path, self.kind, self.read)
 
     def check_replaceable(self, overwrite: bool) -> None:
-        """Refuse what is there unless ``overwrite`` and it is an output of ours (:func:`check_replaceable`)."""
+        """Refuse what is there unless ``overwrite`` and it is an output of ours (`check_replaceable`)."""
         check_replaceable(self.spec, overwrite, self.read)
 
     def lock(self) -> AbstractContextManager[Any]:
-        """The lock of the run writing it (:func:`output_lock`)."""
+        """The lock of the run writing it (`output_lock`)."""
         return output_lock(self.spec)
 
     def has_progress(self) -> bool:
-        """Whether an interrupted run left a progress record beside it (which :meth:`resume` compares with
+        """Whether an interrupted run left a progress record beside it (which `resume` compares with
         the job, its input's whole fingerprint included)."""
         if self.url:
             return remote.exists(self.progress_path, read=self.read)
@@ -310,7 +310,7 @@ class Output:
 
     def check_compressor(self, compressor: str) -> None:
         """Refuse a ``compressor`` that is not one of ``codecs.COMPRESSORS``, or one for an output whose
-        chunks are not compressed (:attr:`compressible`)."""
+        chunks are not compressed (`compressible`)."""
         if compressor not in COMPRESSORS:
             raise BadInputError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {compressor!r}")
         if compressor != "none" and not self.compressible:
@@ -336,20 +336,20 @@ class Output:
 
     # -- writing it
     def create(self, plan: OutputPlan, overwrite: bool = False) -> Sink:
-        """Start writing a new array as ``plan`` says (:class:`~streamwhiten.output_plan.OutputPlan`: its
+        """Start writing a new array as ``plan`` says (`OutputPlan`: its
         shape, stored dtype, chunk rows (None: about ``OUTPUT_CHUNK_BYTES`` each), compressor, format,
         checksums, direct I/O, kept columns) under a temporary name.
 
         With ``direct_io``, whole aligned chunks are written around the page cache (see ``direct``).
         Every attribute exists from the start (commit only changes values), so a resumed HDF5 output's
         metadata is laid out as an uninterrupted run's and the two files are byte for byte the same.
-        Kept columns (a schema from :meth:`Source.column_schema`) are input columns a table output carries
+        Kept columns (a schema from `Source.column_schema`) are input columns a table output carries
         row for row beside the vectors. A ``compressor`` (``codecs.COMPRESSORS``; HDF5 and Zarr outputs)
         compresses each output chunk in the writer thread. A URL is written in place instead: Zarr with
         its ``complete`` attribute set last, Parquet as part objects beside it, joined into one object that
         appears only when its upload completes. With ``checksums``, every chunk carries a checksum its
         readers verify (HDF5 fletcher32, Zarr 3 crc32c; Parquet pages always carry theirs). An existing
-        output is replaced only with ``overwrite`` (:func:`check_replaceable`).
+        output is replaced only with ``overwrite`` (`check_replaceable`).
         """
         path = self.path
         if self._local_class is None:
@@ -392,7 +392,7 @@ class Output:
 
     def resume(self, plan: OutputPlan, job: ResumeRecord) -> tuple[Sink, ResumeRecord] | None:
         """The partial output of an interrupted run of the same ``job`` (``plan``'s record:
-        :meth:`ResumeRecord.same_job`, the input's whole fingerprint included) and its progress record:
+        `ResumeRecord.same_job`, the input's whole fingerprint included) and its progress record:
         how many rows are durable.
 
         None when there is nothing to resume, or when the partial output belongs to another job or cannot
@@ -433,7 +433,7 @@ class Output:
         return sink
 
     def _check_local(self, overwrite: bool) -> None:
-        """Refuse a local output that exists (unless ``overwrite`` and it is ours: :func:`check_replaceable`)
+        """Refuse a local output that exists (unless ``overwrite`` and it is ours: `check_replaceable`)
         or whose directory does not."""
         self.check_replaceable(overwrite)
         parent = os.path.dirname(os.path.abspath(self.path)) or "."
@@ -442,7 +442,7 @@ class Output:
 
     def _check_remote(self, overwrite: bool, compressor: str) -> None:
         """Refuse an output URL of a kind object storage cannot take, one that exists (unless ``overwrite``
-        and it is ours: :func:`check_replaceable`), or one in a bucket that does not."""
+        and it is ours: `check_replaceable`), or one in a bucket that does not."""
         path = self.path
         if compressor != "none":
             raise BadInputError(
@@ -520,7 +520,7 @@ class Output:
 def open_output(spec: str, read: ReadOptions | None = None) -> Output:
     """The output named by ``spec``, its URLs reached with ``read``'s storage options; a name no backend
     writes (it must end in .zarr, .parquet, .lance or an HDF5 suffix) is refused as soon as what it is
-    matters (:attr:`Output.backend`)."""
+    matters (`Output.backend`)."""
     return Output(spec, read)
 
 

@@ -21,7 +21,7 @@ and renames it into place. Its key-value metadata holds the model's attributes (
 JSON), as the array attributes of an HDF5 or Zarr output do.
 
 A file named by URL is read through an fsspec file object per thread (range requests of
-:data:`REMOTE_READ_BYTES`, read ahead); its fingerprint adds the object's size and ETag, and a block read
+`REMOTE_READ_BYTES`, read ahead); its fingerprint adds the object's size and ETag, and a block read
 from an object that changed meanwhile is refused. A remote output's parts are objects under the hidden
 ``.NAME.partial/`` prefix, and the joined file is uploaded as one object (a multipart upload, which
 becomes visible only when it completes).
@@ -109,7 +109,7 @@ def _single_file(path: str, read: ReadOptions) -> str:
 
 
 def _remote_footer(url: str, read: ReadOptions) -> tuple[bytes, dict[str, Any]]:
-    """:func:`_footer` of a remote file: two range requests, and its ``{"size", "etag"}``."""
+    """`_footer` of a remote file: two range requests, and its ``{"size", "etag"}``."""
     where = remote.redact(url)
     version = remote.version(url, read=read)
     size = version["size"]
@@ -142,7 +142,7 @@ def _footer(path: str, read: ReadOptions) -> tuple[bytes, Any]:
 
 class _Stream:
     """Batches of one column of one row group, decoded in order; shared by the threads reading that
-    row group in parts (one at a time, under :attr:`lock`). It owns its file handle."""
+    row group in parts (one at a time, under `lock`). It owns its file handle."""
 
     def __init__(self, open_file: Callable[[], Any], group: int, column: str, batch_rows: int) -> None:
         self.lock = threading.Lock()
@@ -254,7 +254,7 @@ class ParquetSource(StoreSource):
 
     def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
         """Whole row groups (as many as make about ``target_bytes``) when a row group is at most
-        :data:`MAX_GROUP_BLOCK_BYTES`; else blocks of about ``target_bytes``, parts of a row group."""
+        `MAX_GROUP_BLOCK_BYTES`; else blocks of about ``target_bytes``, parts of a row group."""
         row_bytes = max(1, self.n_features * self.dtype.itemsize)
         if self.chunk_rows and self.chunk_rows * row_bytes <= MAX_GROUP_BLOCK_BYTES:
             return super().default_block_rows(target_bytes)
@@ -291,7 +291,7 @@ class ParquetSource(StoreSource):
 
     def _new_file(self, keep: bool = True) -> Any:
         """A new ``ParquetFile`` on the file opened at the start (closed with the source if ``keep``),
-        reading :data:`STREAM_BUFFER_BYTES` at a time."""
+        reading `STREAM_BUFFER_BYTES` at a time."""
         if self._closed:
             raise StoreIOError(f"{self.label}: read after the source was closed")
         self._check_unchanged()
@@ -368,7 +368,7 @@ class ParquetSource(StoreSource):
         return max(1, BATCH_BYTES // (self.n_features * self.dtype.itemsize))
 
     def _read_group(self, group: int, target: np.ndarray) -> None:
-        """A whole row group, decoded in batches of about :data:`BATCH_BYTES` each copied into place:
+        """A whole row group, decoded in batches of about `BATCH_BYTES` each copied into place:
         pyarrow's buffers stay small (reused, not first touched again for every row group) and hot in cache."""
         first_row, done = self._starts[group], 0
         try:
@@ -524,7 +524,7 @@ WRITE_OPTIONS = dict(
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the Parquet file ``path`` (or object) is an output of streamwhiten (its key-value
-    metadata records :data:`OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    metadata records `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
     try:
         if remote.is_url(path):
             with _open_remote(path, read) as handle:
@@ -540,7 +540,7 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
 
 class ParquetSink(TableSink):
     """A Parquet output: the vectors as a ``fixed_size_list`` column (after any columns kept from the
-    input), one row group per block, written as parts and joined into one file by :meth:`commit`."""
+    input), one row group per block, written as parts and joined into one file by `commit`."""
 
     kind = "parquet"
     part_suffix = ".parquet"

@@ -1,7 +1,7 @@
-"""Opening what is read: a store's rows as a :class:`~streamwhiten.io.abc.Source`, a whole 1-D array (gold
+"""Opening what is read: a store's rows as a `Source`, a whole 1-D array (gold
 scores), the ids of a table's rows, an array's attributes.
 
-Every function takes the :class:`~streamwhiten.options.ReadOptions` it reads with (``read=``; default:
+Every function takes the [`ReadOptions`][streamwhiten.options.ReadOptions] it reads with (``read=``; default:
 none of its fields set): the dataset, array or column of a spec that names none, whether missing chunks
 are read as the fill value, and the storage options and deadline of URLs. The store's kind is decided by
 ``spec`` and its backend found in the ``registry``; the backend's module is imported only then.
@@ -59,7 +59,7 @@ def open_source(
     """Open ``spec`` read-only and check it is a 2-D float array with at least ``min_rows`` rows (with
     ``codes``, an output of int8 codes or sign bits too: for its attributes and shape, not as input).
 
-    ``read`` says how (:class:`~streamwhiten.options.ReadOptions`): ``dataset`` names the array of a spec
+    ``read`` says how ([`ReadOptions`][streamwhiten.options.ReadOptions]): ``dataset`` names the array of a spec
     that names none; a chunk missing from the store (Zarr) or never written (HDF5) is refused when read,
     naming the rows it covers, unless ``fill_missing_chunks``: then it reads as the array's fill value; a
     URL is reached with ``storage_options`` within ``remote_timeout``. An open source is returned as it is.
@@ -95,7 +95,7 @@ def read_vector(
 
     ``spec`` is ``file.h5:/dataset``, ``dir.zarr[:/array]``, ``file.npy``, ``file.parquet:column``, or a
     column of a delimited text file: ``file.csv:NAME`` (a header field) or ``file.tsv:INDEX`` (0-based,
-    every line data; see :mod:`streamwhiten.io.text`). A store holding exactly one 1-D array needs no
+    every line data; see `streamwhiten.io.text`). A store holding exactly one 1-D array needs no
     name. An ``(n, 1)`` column is accepted and flattened. A URL is reached with ``read``'s storage options.
     """
     read = read if read is not None else ReadOptions()
@@ -130,11 +130,11 @@ def read_vector(
 
 
 def read_ids(source: Source, column: str) -> list[str]:
-    """The values of ``column`` of a table store (Parquet, Lance: :attr:`Source.tabular`), row by row, as
+    """The values of ``column`` of a table store (Parquet, Lance: `Source.tabular`), row by row, as
     strings: the ids of its rows.
 
     A store of another kind has no id column (its ids are its 0-based rows); a missing column, a null
-    id or an id given to two rows is a :class:`BadInputError` naming the store (and the rows).
+    id or an id given to two rows is a `BadInputError` naming the store (and the rows).
     """
     if not source.tabular:
         raise BadInputError(

@@ -1,14 +1,14 @@
 """The backends, registered once each: which store kinds exist, the module and classes that read and write
 each, the names that mark its files, and the optional extra that installs its library.
 
-A :class:`Backend` names its module and classes by string and imports them only when a store of its kind
-is opened (:meth:`Backend.load`), so ``import streamwhiten`` and the command line stay light and a
+A `Backend` names its module and classes by string and imports them only when a store of its kind
+is opened (`Backend.load`), so ``import streamwhiten`` and the command line stay light and a
 missing optional library costs nothing until it is needed, and then one line naming the ``pip install``.
 What a backend can do is asked of its classes (the capability attributes of
-:class:`~streamwhiten.io.abc.Source` and :class:`~streamwhiten.io.abc.Sink`), never of its kind's name.
+`Source` and `Sink`), never of its kind's name.
 
 Adding a backend: write its module (a ``Source`` subclass, and a ``Sink`` where it writes) and add its
-record to :data:`BACKENDS`.
+record to `BACKENDS`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Backend:
     name: str
     #: the module under ``streamwhiten.io`` that implements it (the only importer of its library)
     module: str
-    #: the class of its sources, in :attr:`module`
+    #: the class of its sources, in `module`
     source: str
     #: the class of its local outputs (None: it is never written)
     sink: str | None = None
@@ -65,7 +65,7 @@ class Backend:
     extra: Extra | None = None
     #: whether a store of this kind is a directory (a directory output is replaced otherwise than a file)
     directory: bool = False
-    #: the article of :attr:`name` ("an HDF5 output")
+    #: the article of `name` ("an HDF5 output")
     article: str = "a"
 
     @property
@@ -75,7 +75,7 @@ class Backend:
 
     def load(self) -> ModuleType:
         """The backend's module, imported on first use; a missing optional extra is one line saying which
-        ``pip install`` brings it (:class:`BadInputError`)."""
+        ``pip install`` brings it (`BadInputError`)."""
         try:
             return importlib.import_module(f"{__package__}.{self.module}")
         except ImportError as exc:

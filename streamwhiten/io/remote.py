@@ -7,17 +7,17 @@ Configuration is the ecosystem's: the standard environment of each file system (
 CLI's ``--storage-option KEY=VALUE``, a job file's ``[storage]`` table, ``Whitener(storage_options=...)``
 or ``ReadOptions(storage_options=...)`` from Python), which are passed to the file system as keyword
 arguments and win over the rest. There is no process-wide setting: every function here that reaches a
-URL takes the :class:`~streamwhiten.options.ReadOptions` it is reached with (``read=``), and the file
+URL takes the [`ReadOptions`][streamwhiten.options.ReadOptions] it is reached with (``read=``), and the file
 systems made are kept per protocol *and* options, so threads and callers with other options never share one.
 
 Credentials never leave this module in a message, a label or a record: URLs carrying credentials
 (``https://user:password@host/``, presigned query strings) are refused, every message that could quote an
-option's value goes through :func:`scrub` (which knows the secret values of every set of options this
-process has used: :func:`remember_secrets`, values only), and sources are recorded by their URL alone.
+option's value goes through `scrub` (which knows the secret values of every set of options this
+process has used: `remember_secrets`, values only), and sources are recorded by their URL alone.
 
-Reads and writes go through :func:`retrying`: a transient failure (a reset connection, a timeout, a 5xx
+Reads and writes go through `retrying`: a transient failure (a reset connection, a timeout, a 5xx
 answer, throttling) is retried with exponential backoff; a persistent one is a
-:class:`~streamwhiten.errors.StoreIOError` (exit 74) naming the URL; a missing object or bucket is bad
+`StoreIOError` (exit 74) naming the URL; a missing object or bucket is bad
 input (exit 2), and refused credentials an I/O error saying so.
 
 One deadline bounds the time before giving up: ``ReadOptions.remote_timeout`` seconds (parameter
@@ -25,7 +25,7 @@ One deadline bounds the time before giving up: ``ReadOptions.remote_timeout`` se
 variable ``STREAMWHITEN_REMOTE_TIMEOUT``) from the first failure of an outage, shared by every thread:
 once it is over, no call starts another attempt. The layers below retry on their own too (s3fs, then
 botocore; zarr's asynchronous file system; Lance's object store), so each is told to keep its retries
-and timeouts inside that deadline (:func:`filesystem_options`, :func:`lance_options`): a refused
+and timeouts inside that deadline (`filesystem_options`, `lance_options`): a refused
 connection comes back at once, and a request that gets no answer at all waits at most half the deadline
 to connect (at most 5 s) or to read, so the call in flight when the deadline passes ends within about
 the deadline again (a server that refuses connections: within a second).
@@ -78,12 +78,12 @@ _SECRET_ENV = (
     "AZURE_STORAGE_ACCOUNT_KEY",
 )
 
-#: The first wait before a call is tried again (doubled each time, with jitter, at most :data:`MAX_BACKOFF`
+#: The first wait before a call is tried again (doubled each time, with jitter, at most `MAX_BACKOFF`
 #: s), until the deadline (``ReadOptions.remote_timeout``) passes.
 BACKOFF = float(os.environ.get("STREAMWHITEN_REMOTE_BACKOFF", "0.2"))
 MAX_BACKOFF = 2.0
 #: Tries s3fs makes of one request whose answer was cut or timed out (its own loop, around botocore, which
-#: is told to make one): a reset connection is tried again at once, cheaply, before :func:`retrying` tries the
+#: is told to make one): a reset connection is tried again at once, cheaply, before `retrying` tries the
 #: whole block again. A refused connection is not retried there: it comes straight back here.
 S3FS_TRIES = 2
 #: Worker threads a fit or apply reading a remote store starts by default: reads wait on the network,
@@ -231,7 +231,7 @@ def options_from(items: Mapping[str, Any] | Iterable[str] | None) -> dict[str, A
 
 
 #: The secret values of every set of storage options this process has used (values only, never their
-#: names or the options): what :func:`scrub` hides.
+#: names or the options): what `scrub` hides.
 _secrets: set[str] = set()
 _secrets_lock = threading.Lock()
 
@@ -243,7 +243,7 @@ def storage_options_of(read: ReadOptions) -> dict[str, Any]:
 
 def remember_secrets(options: Mapping[str, Any] | None) -> None:
     """Add the secret values among ``options`` (those of options whose names say secret, key, token, ...)
-    to what :func:`scrub` hides from every message from now on. Every file system made here does it for
+    to what `scrub` hides from every message from now on. Every file system made here does it for
     its options; a caller may do it as soon as it holds options (the command line does)."""
     found: list[str] = []
 
@@ -304,7 +304,7 @@ def filesystem_options(url: str, read: ReadOptions) -> dict[str, Any]:
     """The keyword arguments a file system for ``url`` is made with: the storage options of ``read``, and
     no listings cache (a store being written must be seen as it is now). For S3, retries and timeouts that
     fit in ``read.remote_timeout`` (options given by the user win): botocore makes one attempt, s3fs
-    :data:`S3FS_TRIES` (:func:`_bounded`), each connecting within half the deadline (at most 5 s) and
+    `S3FS_TRIES` (`_bounded`), each connecting within half the deadline (at most 5 s) and
     waiting at most half the deadline for an answer, so one call takes at most about the deadline."""
     remember_secrets(read.storage_options)
     options = storage_options_of(read)
@@ -324,7 +324,7 @@ def filesystem_options(url: str, read: ReadOptions) -> dict[str, Any]:
 
 def _bounded(fs: Any) -> Any:
     """``fs``, its own retry loop (s3fs's ``retries``: 5 tries by default, around botocore's) reduced to
-    :data:`S3FS_TRIES`, so that the retries of all layers fit in the deadline."""
+    `S3FS_TRIES`, so that the retries of all layers fit in the deadline."""
     if hasattr(type(fs), "retries") and isinstance(getattr(fs, "retries", None), int):
         fs.retries = S3FS_TRIES
     return fs
@@ -333,7 +333,7 @@ def _bounded(fs: Any) -> Any:
 def filesystem(url: str, read: ReadOptions) -> tuple[Any, str]:
     """``(file system, path in it)`` for a remote ``url`` reached with ``read``'s storage options, the file
     system made once per protocol and options (synchronous; zarr makes its own asynchronous one, see
-    :func:`zarr_store`)."""
+    `zarr_store`)."""
     fsspec = _fsspec()
     check_url(url)
     name = protocol(url)
@@ -535,7 +535,7 @@ def _network_cause(exc: BaseException) -> BaseException | None:
 def retrying(url: str, what: str, call: Callable[..., Any], *args: Any, read: ReadOptions, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``, retried with backoff while it fails transiently, until ``read.remote_timeout``
     seconds have passed since the outage began (the first failure not followed by a success, in any
-    thread) or since this call first failed; then :func:`failure`, naming the seconds. Our own errors pass
+    thread) or since this call first failed; then `failure`, naming the seconds. Our own errors pass
     through, unless the network's failure is behind them."""
     from ..errors import StreamwhitenError
 
@@ -683,7 +683,7 @@ def prefix_version(url: str, details: dict[str, Any] | None = None, *, read: Rea
 
 
 def default_threads(threads: int | None, sources: Iterable[Any]) -> int | None:
-    """``threads`` if given; else :data:`REMOTE_THREADS` when any of ``sources`` is remote (reads wait on
+    """``threads`` if given; else `REMOTE_THREADS` when any of ``sources`` is remote (reads wait on
     the network: several requests in flight), else None (the engine's own default)."""
     if threads is not None:
         return threads

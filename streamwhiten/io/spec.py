@@ -212,7 +212,7 @@ def input_kind(path: str, read: ReadOptions | None = None) -> str:
 
 
 def _remote_kind(url: str, read: ReadOptions) -> str:
-    """:func:`input_kind` of a URL: from its name, else the objects under it, else its first bytes."""
+    """`input_kind` of a URL: from its name, else the objects under it, else its first bytes."""
     name = url.rstrip("/")
     lowered = name.lower()
     if lowered.endswith(LANCE_SUFFIX):
@@ -244,7 +244,7 @@ def _remote_kind(url: str, read: ReadOptions) -> str:
 
 
 def output_kind(path: str) -> str:
-    """The backend that writes an output at ``path``, from its name (:func:`registry.writable`'s suffixes;
+    """The backend that writes an output at ``path``, from its name (`registry.writable`'s suffixes;
     a directory store's name may end in ``/``)."""
     for backend in writable():
         name = path.rstrip("/") if backend.directory else path.lower()

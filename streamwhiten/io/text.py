@@ -102,7 +102,7 @@ def read_column(path: str, inner: str | None, read: ReadOptions | None = None) -
     """The numeric column ``inner`` of the delimited file at ``path`` as float64, and its label.
 
     ``inner`` is a header name or a 0-based index (see the module docstring). A missing header name,
-    a line too short for the column, or a value that is not a number is a :class:`BadInputError`
+    a line too short for the column, or a value that is not a number is a `BadInputError`
     naming the file and line.
     """
     label = remote.redact(path)

@@ -1,6 +1,6 @@
 """Rows ``[start, stop)`` of a source, as a source of their own: what an apply of part of an input reads.
 
-A :class:`RowRange`'s row 0 is row ``start`` of the store (:attr:`~streamwhiten.io.abc.store.Source.first_row`
+A `RowRange`'s row 0 is row ``start`` of the store (`first_row`
 says so, for messages that name a row). It reads, fetches and decodes through the source it wraps, so it
 has that source's capabilities (remote, decoder, columns); a fingerprint of it hashes rows sampled inside
 the range (start, quartiles and end of the range).
@@ -19,7 +19,7 @@ from .codecs import Fetched
 
 
 def check_rows(rows: Any, n_rows: int, label: str) -> tuple[int, int]:
-    """``rows`` as ``(start, stop)`` with ``0 <= start < stop <= n_rows``, else :class:`BadInputError`."""
+    """``rows`` as ``(start, stop)`` with ``0 <= start < stop <= n_rows``, else `BadInputError`."""
     try:
         start, stop = (int(value) for value in rows)
         exact = all(int(value) == value for value in rows)

@@ -235,7 +235,7 @@ class ZarrSource(StoreSource):
         )
 
     def fetch(self, start: int, stop: int) -> Fetched | None:
-        """The stored bytes of the chunks rows ``[start, stop)`` touch, for :meth:`read_into` to decode:
+        """The stored bytes of the chunks rows ``[start, stop)`` touch, for `read_into` to decode:
         ``[(chunk index, bytes or None where missing and filled, 0)]``; None where chunks are not
         decoded here. The I/O half of a read, which a caller may run ahead in another thread."""
         if self.decoder is None or stop <= start:
@@ -441,7 +441,7 @@ _CHUNK_KEY = re.compile(r"^(c/)?\d+([./]\d+)*$")
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the Zarr store ``path`` is an output of streamwhiten: every array in it carries
-    :data:`OWNER_ATTR` and (a local store) it holds nothing but their metadata and chunks, or (a remote
+    `OWNER_ATTR` and (a local store) it holds nothing but their metadata and chunks, or (a remote
     prefix) it holds chunks only, the remains of such an output whose metadata is gone; else what it is,
     for the message that refuses to replace it."""
     try:

@@ -14,8 +14,8 @@
     [storage]                         # optional: keyword arguments of the file systems of URLs
 
 The keys each table takes beside its own (``paths``, ``dataset``, ``path``, ``output``) are those
-:func:`streamwhiten.params.job_keys` lists, each checked as everywhere else; a mistake is one
-:class:`BadInputError` naming the file and the key. Relative paths are taken from the job file's directory.
+`streamwhiten.params.job_keys` lists, each checked as everywhere else; a mistake is one
+`BadInputError` naming the file and the key. Relative paths are taken from the job file's directory.
 """
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ def _given(table: dict, cls: type, aliases: bool = True) -> dict:
 
 
 def read_job_file(path: str, storage_options: Any = None) -> JobFile:
-    """Parse and check a job file; every mistake is one :class:`BadInputError` naming the file and key.
+    """Parse and check a job file; every mistake is one `BadInputError` naming the file and key.
 
     ``storage_options`` (the command line's ``--storage-option``) are used over the ``[storage]`` table.
     """
@@ -306,7 +306,7 @@ def template_fields(text: str):
 
 
 def check_output_template(path: str, template: str) -> None:
-    """Refuse an ``[apply] output`` template that :func:`output_for` could not fill, naming the bad field."""
+    """Refuse an ``[apply] output`` template that `output_for` could not fill, naming the bad field."""
     where = f"{path}: output in [apply] ({template!r})"
     try:
         names = list(template_fields(template))

@@ -4,19 +4,20 @@ A job with a ``[publish]`` table keeps, beside its model file ``M.npz`` (the sta
 night):
 
 - ``M.vN.npz``: published version N, an immutable copy of the model finalized when N was published;
-- ``M.manifest.json``: the current publication (a :class:`~streamwhiten.records.Manifest`): the version,
+- ``M.manifest.json``: the current publication (a `Manifest`): the version,
   its model file and map, and each input's output *parts* (``out/day-1.vN.zarr``, then
   ``out/day-1.vN.part1.zarr``, ... as nights append rows), replaced as a whole by one atomic rename.
 
-Readers resolve outputs through the manifest (:func:`published`), so they see one complete version: a
+Readers resolve outputs through the manifest ([`published`][streamwhiten.job.publication.published]), so they see one
+complete version: a
 new version's outputs are all written before the manifest names them, and older versions are deleted only
 after it does (``keep_versions`` of them are kept, so a reader that resolved the previous version can
 finish reading it). A damaged or hand-edited manifest is refused, never taken for another version.
 
 The manifest's checksum has no key, so it proves integrity, not authorship: the files vouch for
 themselves. Each part records the job that wrote it (``job_id``), its version and its input
-(:data:`PUBLICATION_ATTR`, :func:`part_attrs`), each published model file its job and version (its
-``info``); a run deletes or replaces only files that prove it (:func:`ownership_problem`), and readers
+(`PUBLICATION_ATTR`, `part_attrs`), each published model file its job and version (its
+``info``); a run deletes or replaces only files that prove it (`ownership_problem`), and readers
 refuse a part bound to another input. Local paths are relative to the manifest in the file, so a job's
 folder can be moved, copied or mounted elsewhere.
 
@@ -122,7 +123,7 @@ def _salt(model_path: str) -> str:
 def first_job_id(model_path: str) -> str:
     """The identity a job takes at its first publication (kept by every later one, in the manifest):
     ``SALT-DIGEST``, where SALT is a digest of where its manifest is then and DIGEST binds it to the folder
-    instance holding the manifest (:func:`job_id_problem`). A first night cut short and run again takes the
+    instance holding the manifest (`job_id_problem`). A first night cut short and run again takes the
     same one, so it finds its own parts; another model file, or a copy of the folder, never does."""
     salt = _salt(model_path)
     return f"{salt}-{_folder_digest(salt, model_path)}"
@@ -177,7 +178,7 @@ def _earlier_input_identity(input_spec: str, part_spec: str) -> str | None:
 
 
 def part_attrs(job_id: str, version: int, input_spec: str, part_spec: str) -> dict:
-    """The attributes a published part records beside an apply output's own (:data:`PUBLICATION_ATTR`)."""
+    """The attributes a published part records beside an apply output's own (`PUBLICATION_ATTR`)."""
     record = {"job": job_id, "version": int(version), "input": input_identity(input_spec, part_spec)}
     return {PUBLICATION_ATTR: json.dumps(record, sort_keys=True)}
 
@@ -222,7 +223,7 @@ def output_owner_problem(
     input_spec: str | None = None,
     model_checksum: str | None = None,
 ):
-    """:func:`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there); with
+    """`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there); with
     ``model_checksum``, also that the output was written by that map (read from the same attributes)."""
     from ..io import open_output
     from ..output_plan import CHECKSUM_ATTR
@@ -268,7 +269,7 @@ def model_owner_problem(path: str, job_id: str, version: int, model: Any = None)
 
 def read_manifest(model_path: str) -> Manifest | None:
     """The manifest beside ``model_path``, checked whole (format, its own checksum, every field), or None
-    when there is none. A damaged, truncated or hand-edited one is a :class:`ModelFileError` (exit 2)
+    when there is none. A damaged, truncated or hand-edited one is a `ModelFileError` (exit 2)
     naming it: it is never taken for another version."""
     from .._paths import check_readable
 
@@ -399,7 +400,7 @@ def attrs_problem(
     version: int | None = None,
     input_spec: str | None = None,
 ) -> str | None:
-    """:func:`part_problem` of a part whose output attributes ``attrs`` were read already (by a reader
+    """`part_problem` of a part whose output attributes ``attrs`` were read already (by a reader
     that opened it to read its rows too)."""
     from ..output_plan import CHECKSUM_ATTR, is_complete, recorded_rows
 
@@ -420,7 +421,7 @@ def attrs_problem(
 
 def check_model_file(model_path: str, manifest: Manifest):
     """The published model file the manifest names, loaded and checked against it (its file checksum and
-    its map's); a missing or different one is a :class:`ModelFileError` naming it."""
+    its map's); a missing or different one is a `ModelFileError` naming it."""
     from ..core.model import file_checksum, load_model, map_checksum
 
     path = os.path.join(os.path.dirname(os.path.abspath(model_path)), manifest.model_file)
@@ -458,7 +459,7 @@ def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None 
 
     A part whose file-system stamp is the one the manifest recorded is not opened (so a night does not
     cost more as parts accumulate); a part whose stamp changed, or that has none (written moments
-    before, or on object storage: ``Output.stamp``), is checked in full (:func:`part_problem`). Returns
+    before, or on object storage: ``Output.stamp``), is checked in full (`part_problem`). Returns
     ``manifest`` with the stamps of the parts checked in full brought up to date (the same object when
     none changed)."""
     from ..io import open_output
@@ -522,7 +523,8 @@ class CodeDecoder:
 
 @dataclass(frozen=True)
 class Publication:
-    """A published version of a job's outputs, as its manifest listed it when :func:`published` read it.
+    """A published version of a job's outputs, as its manifest listed it when
+    [`published`][streamwhiten.job.publication.published] read it.
 
     Everything here stays that version, whatever a run publishes meanwhile: ``parts`` and ``read`` use
     the outputs this manifest names, each checked (complete, written by this version's map, holding the
@@ -606,7 +608,7 @@ class Publication:
         version's map, the rows listed, written by this job from this input), concatenated. Float
         outputs as they are stored; int8 codes and bits decoded to floats of ``dtype`` (``code * scale +
         offset``; the signs +1/-1 of the bits), as ``streamwhiten.serving.decode`` does (for the codes
-        themselves: :meth:`read_codes`)."""
+        themselves: [`read_codes`][streamwhiten.job.publication.Publication.read_codes])."""
         blocks, record = self._read_parts(input_spec)
         if record is not None:
             return record.decode(blocks, dtype)
@@ -614,9 +616,9 @@ class Publication:
 
     def read_codes(self, input_spec: str) -> tuple[np.ndarray, Quantization | CodeDecoder]:
         """``(codes, quantization)``: the stored int8 codes or bytes of sign bits of ``input_spec`` in this
-        version (checked as :meth:`read` checks them), and their decoder
-        (:class:`~streamwhiten.serving.Quantization`: ``quantization.decode(codes)``). A publication of
-        float outputs is refused: :meth:`read` returns its rows."""
+        version (checked as [`read`][streamwhiten.job.publication.Publication.read] checks them), and their decoder
+        (`Quantization`: ``quantization.decode(codes)``). A publication of
+        float outputs is refused: [`read`][streamwhiten.job.publication.Publication.read] returns its rows."""
         blocks, record = self._read_parts(input_spec)
         if record is None:
             raise BadInputError(
@@ -719,7 +721,7 @@ def published(model_path: str, read: ReadOptions | None = None) -> Publication:
 
     Reads ``M.manifest.json`` beside ``model_path`` once (it is replaced atomically, so this is one
     whole version) and checks it; ``read`` says how URL outputs are reached. Raises
-    :class:`BadInputError` when nothing was published, and :class:`ModelFileError` for a damaged manifest.
+    `BadInputError` when nothing was published, and `ModelFileError` for a damaged manifest.
     """
     manifest = read_manifest(model_path)
     if manifest is None:

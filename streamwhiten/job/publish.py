@@ -112,10 +112,10 @@ def run_published(
     new_job: bool = False,
 ) -> PublishReport:
     """Run ``job`` (which has a ``[publish]`` table): update the statistics, then publish, append or do
-    nothing (see the module docstring). Returns the run's report; raises :class:`JobUpToDateError` (with
+    nothing (see the module docstring). Returns the run's report; raises `JobUpToDateError` (with
     the report as its ``report``) when there was nothing to do. A folder whose manifest it did not publish
     (a copy, a folder moved to another file system) is refused unless ``new_job``: then it publishes a
-    version of its own (:func:`_identity`)."""
+    version of its own (`_identity`)."""
     assert job.publish is not None and job.apply is not None and job.output is not None
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
@@ -190,7 +190,7 @@ def _identity(model_path: str, manifest: Manifest | None, new_job: bool) -> str:
     """The identity this run writes with and deletes by: the manifest's, once checked against this folder
     (``job_id_problem``); this folder's own for a first publication, a manifest of the earlier format, or
     a folder that did not publish its manifest when ``new_job`` says it is a job of its own. A folder that
-    did not publish its manifest is refused otherwise (:class:`BadInputError`, nothing changed)."""
+    did not publish its manifest is refused otherwise (`BadInputError`, nothing changed)."""
     if manifest is None or manifest.legacy:
         return first_job_id(model_path)
     assert manifest.job_id is not None
@@ -313,7 +313,7 @@ def setting_of(model: Any, writing: Writing, template: str) -> dict:
 def _why_republish(
     manifest: Manifest, wanted: dict, staleness: Any, max_staleness: float, requested: bool
 ) -> str | None:
-    """Why a new version is due (None: it is not): ``wanted`` is the job's setting now (:func:`setting_of`)."""
+    """Why a new version is due (None: it is not): ``wanted`` is the job's setting now (`setting_of`)."""
     if requested:
         return "republish requested"
     if manifest.legacy:
@@ -614,7 +614,7 @@ def _append(
 ) -> Manifest:
     """Append the rows each input gained since it was published (and new inputs) as new parts of the
     current version, written with its map (``published_model``); then switch the manifest. Returns it
-    (unchanged when there was nothing new). ``checked``: see :func:`_current_inputs`."""
+    (unchanged when there was nothing new). ``checked``: see `_current_inputs`."""
     updated = {item.spec: item for item in manifest.inputs}
     order = [item.spec for item in manifest.inputs]
     for item in _current_inputs(publisher.read, model, inputs, outputs, manifest, checked):
@@ -695,7 +695,7 @@ def _delete_retired(retired: Any, publisher: _Publisher, check_first: bool = Fal
     """Delete the files of retired versions (after the manifest that retired them is in place), each only
     when it records this job, its version and, for an output, the version's map (a manifest's word is no
     proof: anyone can recompute its checksum). With ``check_first`` or ``check_only``, a file there that
-    does not is refused (:class:`BadInputError`, nothing deleted); else it is left alone with a warning.
+    does not is refused (`BadInputError`, nothing deleted); else it is left alone with a warning.
     A failure to delete is logged and tried again by the next run."""
     found = []
     directory = os.path.dirname(os.path.abspath(publisher.model_path))

@@ -1,6 +1,6 @@
-"""What a ``run`` of a job did: :class:`RunReport` (a job that rewrites its outputs) or
-:class:`PublishReport` (one that publishes them in versions). ``run --json`` prints its ``to_json()``;
-a run with nothing to do raises :class:`JobUpToDateError`, which carries the report all the same."""
+"""What a ``run`` of a job did: `RunReport` (a job that rewrites its outputs) or
+`PublishReport` (one that publishes them in versions). ``run --json`` prints its ``to_json()``;
+a run with nothing to do raises `JobUpToDateError`, which carries the report all the same."""
 
 from __future__ import annotations
 

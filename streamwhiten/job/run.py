@@ -2,11 +2,11 @@
 
 This is the run of a job without a ``[publish]`` table: every output is rewritten whenever the model
 changes. A job with one publishes its outputs in versions and appends each night's rows
-(:mod:`streamwhiten.job.publish`).
+(`streamwhiten.job.publish`).
 
 A run that was killed is finished first (from its checkpoint: it is self-contained, so it is finished as
 planned, whatever inputs appeared since; those are picked up by the update that follows). Two runs of
-jobs keeping the same model never overlap (:func:`job_lock`). Progress is reported through the
+jobs keeping the same model never overlap (`job_lock`). Progress is reported through the
 ``streamwhiten`` logger; the command line decides where it goes.
 """
 
@@ -36,7 +36,7 @@ def run_job_file(
     republish: bool = False,
     new_job: bool = False,
 ) -> RunReport:
-    """Run the job file ``path`` (see :func:`run_job`); ``storage_options`` (the command line's) are used
+    """Run the job file ``path`` (see `run_job`); ``storage_options`` (the command line's) are used
     over its ``[storage]`` table."""
     return run_job(read_job_file(path, storage_options), progress, should_stop, restart, republish, new_job)
 
@@ -53,12 +53,12 @@ def run_job(
 
     A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead. A
     job with a ``[publish]`` table publishes its outputs in versions instead of rewriting them
-    (:func:`streamwhiten.job.publish.run_published`, which returns a :class:`PublishReport`;
+    (`streamwhiten.job.publish.run_published`, which returns a `PublishReport`;
     ``republish`` publishes a new version whatever the staleness; ``new_job`` makes a copied job folder,
-    or one moved to another file system, a job of its own, which is refused otherwise). Returns the :class:`RunReport` of the
+    or one moved to another file system, a job of its own, which is refused otherwise). Returns the `RunReport` of the
     run: its ``steps``, the ``rows_added`` to the statistics, the ``outputs``, the ``bytes_written`` by
-    this run (outputs only) and the ``seconds``. Raises :class:`JobUpToDateError` (a
-    :class:`NothingToDoError` whose ``report`` is the report) when nothing ran.
+    this run (outputs only) and the ``seconds``. Raises `JobUpToDateError` (a
+    `NothingToDoError` whose ``report`` is the report) when nothing ran.
     """
     if job.publish is not None:
         from .publish import run_published

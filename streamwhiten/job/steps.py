@@ -1,9 +1,9 @@
 """The steps every run of a job shares, versioned or not: its lock, the check of the paths it writes,
 the fit step that updates the statistics (finishing a killed run first), the apply of an input unless
 its output is up to date; and the bytes an output takes. Each takes what it uses of the job (its name, a
-:class:`~streamwhiten.job.file.Fitting` or :class:`~streamwhiten.job.file.Writing`), not the whole file.
+`Fitting` or `Writing`), not the whole file.
 
-:mod:`streamwhiten.job.run` (a job that rewrites its outputs) and :mod:`streamwhiten.job.publish` (a job
+`streamwhiten.job.run` (a job that rewrites its outputs) and `streamwhiten.job.publish` (a job
 that publishes them in versions) both build on these; neither imports the other's internals.
 """
 
@@ -30,7 +30,7 @@ log = logging.getLogger("streamwhiten")
 
 def job_lock(path: str):
     """Hold the job's exclusive lock on ``path`` (released by the OS even if the process is killed; the
-    file is removed when the run ends); a second run of the job exits with :class:`LockedError` (75).
+    file is removed when the run ends); a second run of the job exits with `LockedError` (75).
     The same lock as an apply output's (``_durable.exclusive_lock``)."""
     return exclusive_lock(
         path,
@@ -190,7 +190,7 @@ def apply_unless_current(
     """Write the transform of ``input_spec`` (its rows ``rows``) to ``output`` as job ``name`` does, unless
     ``output`` already holds what this would write: then it is kept (its leftover records tidied) and None
     is returned. ``watch``: how the write reports its progress and is asked to stop. Returns the
-    :class:`~streamwhiten.ApplyOutcome` of a write."""
+    [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome] of a write."""
     from ..io import open_output, remote, split_spec
     from ..pipeline import apply, is_up_to_date
 

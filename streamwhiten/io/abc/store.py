@@ -1,4 +1,4 @@
-"""The interface every backend implements: a :class:`Source` of rows and a :class:`Sink` for outputs.
+"""The interface every backend implements: a `Source` of rows and a `Sink` for outputs.
 
 A source is a read-only 2-D array of rows: its shape and dtype, its natural block layout (the store's
 chunk rows), rows read into a caller's buffer, what a fingerprint records of it, and its attributes. A
@@ -7,10 +7,10 @@ complete, so an interrupted or failed write never leaves something that looks fi
 that existed is touched before that rename.
 
 What a backend can do is said by capability attributes, which the engine and the command line ask
-instead of comparing kind names: a source's :attr:`~Source.remote`, :attr:`~Source.widens_float16`,
-:attr:`~Source.decoder` and :attr:`~Source.tabular`; a sink class's :attr:`~Sink.tabular`,
-:attr:`~Sink.compressible`, :attr:`~Sink.parallel_writes`, :attr:`~Sink.format_versions`,
-:attr:`~Sink.named` and :attr:`~Sink.in_place`.
+instead of comparing kind names: a source's `remote`, `widens_float16`,
+`decoder` and `tabular`; a sink class's `tabular`,
+`compressible`, `parallel_writes`, `format_versions`,
+`named` and `in_place`.
 
 This module is the interface only: abstract classes and what can be said in terms of the interface
 itself. Nothing here imports a storage library, ``remote``, ``codecs`` or ``_durable``; what the
@@ -39,11 +39,11 @@ if TYPE_CHECKING:  # names for annotations only: the interface does not load the
 
 
 class Source(ABC):
-    """A read-only 2-D array of rows in a store; iterate it with :meth:`blocks` and :meth:`read_into`.
+    """A read-only 2-D array of rows in a store; iterate it with `blocks` and `read_into`.
 
     Backends set ``path``, ``dataset``, ``shape``, ``dtype`` (native byte order: the storage library
     converts a big-endian store as it reads) and ``chunk_rows`` (rows per store chunk, None for a
-    contiguous layout) through :meth:`__init__`; ``io._store.StoreSource`` implements what they all do
+    contiguous layout) through `__init__`; ``io._store.StoreSource`` implements what they all do
     alike.
     """
 
@@ -51,7 +51,7 @@ class Source(ABC):
     kind: ClassVar[str] = "?"
     #: the store holds other columns of the same rows (a table): ``--keep-columns``, id columns
     tabular: ClassVar[bool] = False
-    #: :meth:`read_into` takes a float32 ``out`` for a float16 store (widening as it reads)
+    #: `read_into` takes a float32 ``out`` for a float16 store (widening as it reads)
     widens_float16: ClassVar[bool] = False
     #: why a source whose layout digest changed is refused, for the message
     layout_change: ClassVar[str] = "the store was rewritten"
@@ -59,7 +59,7 @@ class Source(ABC):
     #: network fails, and never by the raw local-chunk fast path
     remote: bool = False
     #: how this source's compressed chunks are decoded here, in the caller's thread (None: its library
-    #: decodes them, or they are not compressed); :meth:`fetch` reads their stored bytes ahead
+    #: decodes them, or they are not compressed); `fetch` reads their stored bytes ahead
     decoder: Decoder | None = None
     #: the row of the store that is this source's row 0 (a range of a store's rows, ``io.window``), for
     #: messages naming a row
@@ -115,7 +115,7 @@ class Source(ABC):
     @property
     def read_dtype(self) -> np.dtype[Any]:
         """The dtype of the buffer a block is best read into: float32 for a float16 store whose backend
-        widens as it reads (:attr:`widens_float16`), the store's own dtype otherwise."""
+        widens as it reads (`widens_float16`), the store's own dtype otherwise."""
         dtype = np.dtype(self.dtype)
         return np.dtype(np.float32) if self.widens_float16 and dtype == np.float16 else dtype
 
@@ -127,10 +127,10 @@ class Source(ABC):
     def read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``.
 
-        ``fetched`` is what :meth:`fetch` returned for the same rows, if it was called ahead."""
+        ``fetched`` is what `fetch` returned for the same rows, if it was called ahead."""
 
     def fetch(self, start: int, stop: int) -> Fetched | None:
-        """The stored (compressed) bytes behind rows ``[start, stop)``, read ahead of :meth:`read_into`
+        """The stored (compressed) bytes behind rows ``[start, stop)``, read ahead of `read_into`
         (in another thread, say), or None where the backend has no such split (the default)."""
         return None
 
@@ -182,7 +182,7 @@ class Source(ABC):
             start = end
 
     def n_blocks(self, block_rows: int, start: int = 0, stop: int | None = None) -> int:
-        """How many ranges :meth:`blocks` yields for the same arguments."""
+        """How many ranges `blocks` yields for the same arguments."""
         return sum(1 for _ in self.blocks(block_rows, start, stop))
 
     def close(self) -> None:  # noqa: B027 - closing is optional: many stores hold nothing open
@@ -213,10 +213,10 @@ class SinkPlace:
 
 
 class Sink(ABC):
-    """A new 2-D array being written under the temporary name ``partial``; :meth:`commit` renames it
+    """A new 2-D array being written under the temporary name ``partial``; `commit` renames it
     to ``path`` once complete.
 
-    Sinks are made by ``io.open_output`` (:meth:`create` for a new output, :meth:`resume` for an
+    Sinks are made by ``io.open_output`` (`create` for a new output, `resume` for an
     interrupted run's); ``io._store.StoreSink`` implements what every backend does alike. The class
     attributes say what the backend can do.
     """
@@ -228,19 +228,19 @@ class Sink(ABC):
     tabular: ClassVar[bool] = False
     #: compresses its chunks (``--compressor``)
     compressible: ClassVar[bool] = False
-    #: whole-chunk row ranges may be written by several processes at once (:meth:`region_writer`)
+    #: whole-chunk row ranges may be written by several processes at once (`region_writer`)
     parallel_writes: ClassVar[bool] = False
     #: the format versions a caller may choose among (``zarr_format``); empty where there is no choice
     format_versions: ClassVar[tuple[int, ...]] = ()
     #: its array always lives under a name inside the store (an HDF5 dataset): specs of it name one
     named: ClassVar[bool] = False
     #: written where it stays (object storage cannot rename a prefix): it says ``complete = false`` until
-    #: committed, and is taken for absent until then (:meth:`incomplete`)
+    #: committed, and is taken for absent until then (`incomplete`)
     in_place: ClassVar[bool] = False
 
     path: str
     dataset: str | None
-    #: the hidden temporary name it is written under until :meth:`commit`
+    #: the hidden temporary name it is written under until `commit`
     partial: str
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
@@ -249,7 +249,7 @@ class Sink(ABC):
     direct_io: bool
     #: how the URLs of this output are reached (set by ``io.open_output``)
     read_options: ReadOptions
-    #: refuses to replace what is at :attr:`path` unless ``overwrite`` and it is an output of ours of this
+    #: refuses to replace what is at `path` unless ``overwrite`` and it is an output of ours of this
     #: kind (set by ``io.open_output``: the rule is ``io.check_replaceable``)
     replace_check: Callable[[bool], None] | None
 
@@ -269,7 +269,7 @@ class Sink(ABC):
 
     @classmethod
     def incomplete(cls, path: str, read: ReadOptions) -> bool:
-        """Whether an output written in place (:attr:`in_place`) at ``path`` is one of ours not yet complete."""
+        """Whether an output written in place (`in_place`) at ``path`` is one of ours not yet complete."""
         return False
 
     @property
@@ -297,7 +297,7 @@ class Sink(ABC):
         """Make rows ``[0, record.rows_done)`` durable, then write ``record`` atomically (for a later resume)."""
 
     def region_writer(self) -> Callable[[int, np.ndarray], None]:
-        """A picklable writer of whole-chunk row ranges, for worker processes (:attr:`parallel_writes`)."""
+        """A picklable writer of whole-chunk row ranges, for worker processes (`parallel_writes`)."""
         raise BadInputError(f"{self.path}: only a Zarr output can be written by several processes at once")
 
     @abstractmethod
