@@ -106,6 +106,19 @@ def train_codec(
     )
 
 
+def check_budget(name: str, n_features: int, budget: int) -> None:
+    """Refuse, as training would (:class:`BadInputError`), a budget the code ``name`` of :data:`NEEDS_SAMPLE`
+    cannot take for vectors of ``n_features`` values: before its sample is read, not after."""
+    if name.startswith("faiss-"):
+        from .faiss_codes import layout_for
+
+        layout_for(name[len("faiss-") :], int(n_features), int(budget))
+    elif name.startswith("bits-"):
+        from .linear import sign_bit_count
+
+        sign_bit_count(name.removesuffix("+f"), int(n_features), int(budget), correction=name.endswith("+f"))
+
+
 def codec_from_bytes(data: bytes, n_features: int | None = None) -> Codec:
     """The codec :meth:`Codec.to_bytes` wrote; :class:`~streamwhiten.errors.ModelFileError` for damaged
     or altered bytes, :class:`BadInputError` where ``n_features`` is given and the codec codes vectors
@@ -128,4 +141,4 @@ def codec_from_bytes(data: bytes, n_features: int | None = None) -> Codec:
     return codec
 
 
-__all__ = ["CODES", "NEEDS_SAMPLE", "Codec", "codec_from_bytes", "train_codec"]
+__all__ = ["CODES", "NEEDS_SAMPLE", "Codec", "check_budget", "codec_from_bytes", "train_codec"]

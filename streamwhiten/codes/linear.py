@@ -465,6 +465,22 @@ def train_eigen(
     )
 
 
+def sign_bit_count(kind: str, n_features: int, budget: int, correction: bool = False) -> int:
+    """The sign bits a ``kind`` code (``bits-random``, ...) of ``budget`` bytes holds for vectors of
+    ``n_features`` values (``correction``: 2 of its bytes are the correction); :class:`BadInputError`
+    below one byte of bits or above one bit a feature (checked before any sample is read)."""
+    spare = CORRECTION_BYTES if correction else 0
+    n_bits = 8 * (int(budget) - spare)
+    if n_bits < 8:
+        raise BadInputError(f"a budget of {budget} bytes is below the smallest {kind} code ({1 + spare} bytes)")
+    if n_bits > n_features:
+        raise BadInputError(
+            f"{n_features} features hold at most {n_features // 8 + spare} bytes of sign bits, not {budget} "
+            "(take an eigen code)"
+        )
+    return n_bits
+
+
 def train_sign_bits(
     mean: npt.ArrayLike,
     covariance: npt.ArrayLike,
@@ -483,15 +499,8 @@ def train_sign_bits(
     kind = f"bits-{rotation}"
     if kind not in KINDS[1:]:
         raise BadInputError(f"a sign-bit rotation is random, itq or pca, got {rotation!r}")
-    spare = CORRECTION_BYTES if correction else 0
-    n_bits = 8 * (int(budget) - spare)
     d = centre.shape[0]
-    if n_bits < 8:
-        raise BadInputError(f"a budget of {budget} bytes is below the smallest {kind} code ({1 + spare} bytes)")
-    if n_bits > d:
-        raise BadInputError(
-            f"{d} features hold at most {d // 8 + spare} bytes of sign bits, not {budget} (take an eigen code)"
-        )
+    n_bits = sign_bit_count(kind, d, budget, correction)
     basis = vectors[:, :n_bits]
     training: dict[str, Any] = {}
     if rotation == "random":
@@ -532,6 +541,7 @@ __all__ = [
     "principal_axes",
     "quantizer_errors",
     "random_rotation",
+    "sign_bit_count",
     "train_eigen",
     "train_sign_bits",
 ]
