@@ -619,8 +619,8 @@ def with_codes(
     recorded. ``output``: save the model there too (a new ``.npz``; with ``overwrite``, replacing a model file
     of ours), as ``streamwhiten codes -o`` does. The model file then says what ``eval``, ``export`` and
     ``serving`` search and decode. ``progress`` (a :class:`~streamwhiten.progress.Reporter`) is told each
-    phase: reading the sample (rows of the input scanned) and training (one opaque step for faiss), each
-    named with the sample's size.
+    phase: reading the sample (rows of the input scanned) and training (one opaque step for faiss, named
+    with the sample's size). A budget the code cannot take is refused before the sample is read.
 
     Examples
     --------
