@@ -785,7 +785,7 @@ def sweep(
     code_tops: dict = {}
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         finish = begin(
-            progress, f"search {len(candidates)} maps in {len(storages)} storages over {task.n_corpus:,} rows"
+            progress, f"search up to {len(candidates)} maps in {len(storages)} storages over {task.n_corpus:,} rows"
         )
         reference, rows = sweep_rows(
             task,
