@@ -36,6 +36,7 @@ from . import params as _params
 from .engine.engines import Watch
 from .errors import BadInputError, InterruptedRunError, NothingToDoError
 from .options import ApplyOptions, EngineOptions, FitOptions, ReadOptions, Setting
+from .progress import Progress, phase
 
 if TYPE_CHECKING:
     from .core.model import WhiteningModel
@@ -610,6 +611,7 @@ def with_codes(
     seed: int = 0,
     output: str | None = None,
     overwrite: bool = False,
+    progress: Progress | None = None,
 ) -> WhiteningModel:
     """``model`` (or its file) with the vector code ``code`` as its storage: a codec trained for the model's
     unit-length outputs (``y = x A + b``, as search stores them), of at most ``budget`` bytes a vector
@@ -621,7 +623,9 @@ def with_codes(
     ``sample`` (an input store's spec, an open source, or an array of input rows) drawn with ``seed``, both
     recorded. ``output``: save the model there too (a new ``.npz``; with ``overwrite``, replacing a model file
     of ours), as ``streamwhiten codes -o`` does. The model file then says what ``eval``, ``export`` and
-    ``serving`` search and decode.
+    ``serving`` search and decode. ``progress`` (a `Reporter`) is told each
+    phase: reading the sample (rows of the input scanned) and training (one opaque step for faiss, named
+    with the sample's size). A budget the code cannot take is refused before the sample is read.
 
     Examples
     --------
@@ -632,7 +636,7 @@ def with_codes(
     >>> model.storage.label, model.storage.bytes_per_vector(model.n_components)
     ('eigen-4B', 4)
     """
-    from .codes import NEEDS_SAMPLE
+    from .codes import NEEDS_SAMPLE, check_budget
     from .codes.storage import is_code, parse_code, train_for, with_codec
     from .core.model import check_model_output, load_model, save_model
 
@@ -649,15 +653,19 @@ def with_codes(
     _params.check("seed", seed)
     drawn = None
     if code in NEEDS_SAMPLE:
+        check_budget(code, model.n_components, budget)  # a budget the code cannot take: before the sample is read
         if sample is None:
             raise BadInputError(f"the {code} code learns from a sample of the input rows: give sample (an input store)")
         if isinstance(sample_size, bool) or int(sample_size) != sample_size or sample_size < 2:
             raise BadInputError(f"a code's sample size is a whole number of at least 2, got {sample_size!r}")
         from .io.sample import sample_rows
 
-        drawn = sample_rows(sample, int(sample_size), int(seed))
-    codec = train_for(model, code, int(budget), sample=drawn, sample_seed=int(seed), seed=int(seed))
+        with phase(progress, "read the sample") as told:
+            drawn = sample_rows(sample, int(sample_size), int(seed), told)
     used = 0 if drawn is None else int(drawn.shape[0])
+    source = f"on {used:,} rows" if used else "from the statistics"
+    with phase(progress, f"train {code}:{int(budget)} {source}", None):
+        codec = train_for(model, code, int(budget), sample=drawn, sample_seed=int(seed), seed=int(seed))
     coded = with_codec(model, codec, code, sample_rows=used, sample_seed=int(seed) if used else 0)
     if output is not None:
         save_model(coded, os.fspath(output), overwrite=True)

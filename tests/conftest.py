@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import zarr
 
+from streamwhiten.progress import Reporter
+
 # pytest imports this file as ``tests.conftest`` (--import-mode=importlib, pyproject.toml); test modules and the
 # helper modules beside it import their helpers ``from conftest import ...`` (tests/ is on pythonpath): one module.
 sys.modules.setdefault("conftest", sys.modules[__name__])
@@ -74,6 +76,24 @@ def write_task(tmp_path, seed=0, noise=1.0, n=1500, d=16, n_queries=40, graded=F
         spec_q=write_h5(tmp_path / "q.h5", queries, chunk_rows=16),
         spec_c=write_h5(tmp_path / "c.h5", corpus, chunk_rows=256),
     )  # fmt: skip
+
+
+class Phases(Reporter):
+    """A progress reporter that records what it is told: ``begun`` holds each phase's name as it began,
+    ``ended`` as it ended, ``counts`` every ``(done, total)``."""
+
+    def __init__(self):
+        self.begun, self.ended, self.counts = [], [], []
+
+    def __call__(self, done, total):
+        self.counts.append((done, total))
+
+    def started(self, name, unit):
+        self.begun.append(name)
+
+    def finished(self, name, seconds):
+        assert seconds >= 0 and name == self.begun[-1]  # phases do not nest
+        self.ended.append(name)
 
 
 def map_checksum(A, mean, beta, gamma, eps, k) -> str:

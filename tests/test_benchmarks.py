@@ -21,6 +21,7 @@ SCRIPTS = [
     "tune_generalization.py",
     "checksum_cost.py",
     "codes_frontier.py",
+    "codes_training.py",
 ]
 RETRIEVAL_DEV = Path(os.environ.get("STREAMWHITEN_STSB", REPO.parent / "shared/data/stsb/stsb-dev-minilm.h5"))
 RETRIEVAL_DEV = RETRIEVAL_DEV.parent / "retrieval-dev"
@@ -34,8 +35,8 @@ def test_benchmark_quick_run_writes_json(tmp_path, script):
         pytest.skip("fit_remote.py needs moto[server], s3fs and dask (pip install -e '.[test]')")
     if script == "search_speed.py" and not importlib.util.find_spec("faiss"):
         pytest.skip("search_speed.py compares with faiss: pip install faiss-cpu")
-    if script == "codes_frontier.py" and not importlib.util.find_spec("faiss"):
-        pytest.skip("codes_frontier.py compares with faiss: pip install faiss-cpu")
+    if script in ("codes_frontier.py", "codes_training.py") and not importlib.util.find_spec("faiss"):
+        pytest.skip(f"{script} compares with faiss: pip install faiss-cpu")
     if script == "codes_frontier.py" and not (RETRIEVAL_DEV.parent / "neighbours-dev" / "qrels.tsv").exists():
         pytest.skip(
             f"the neighbours-dev task was not found beside {RETRIEVAL_DEV} (licensed data kept out of the repo)"

@@ -19,6 +19,7 @@ MODULES = [
     "streamwhiten.serving",
     "streamwhiten.params",
     "streamwhiten.options",
+    "streamwhiten.progress",
 ]
 
 
@@ -33,5 +34,6 @@ def test_docstring_examples(name):
         "streamwhiten.core.model",
         "streamwhiten.core.staleness",
         "streamwhiten.core.quantize",
+        "streamwhiten.progress",
     ):
         assert result.attempted > 0, f"{name} has no Examples"

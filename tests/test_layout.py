@@ -3,7 +3,7 @@
 Every module under ``streamwhiten/`` is parsed with ``ast`` (nothing is imported), its imports are
 resolved to absolute names, those inside functions included, and checked against the layers:
 
-    foundation (errors, params, options, records, output_plan, _buffers, _durable, _npz, _paths)  <  core  <  codes, io
+    foundation (errors, params, options, records, progress, output_plan, _buffers, _durable, _npz, _paths)  <  core  <  codes, io
     <  engine  <  evaluation, pipeline  <  job  <  serving, export, synthetic, whitener  <  cli
 
 (``io`` takes only the Numba kernels from ``core``: its LZF decoder is one of them, and numba stays in
@@ -36,6 +36,7 @@ FOUNDATION = {
     "_durable",
     "_npz",
     "_paths",
+    "progress",
 }
 
 #: The layers (packages, or single top-level modules) each layer may import besides itself, or single
@@ -814,6 +815,7 @@ WIDE = {
     "codes:train_codec": "a public call: every family's keyword options (faiss's passed on as they are)",
     "export:export": "a public call's keyword arguments (streamwhiten.export.export)",
     "pipeline:finish_checkpoint": "a fit's keyword arguments (pipeline.fit's), for a job's killed fit",
+    "pipeline:with_codes": "a public call's keyword arguments (streamwhiten.with_codes)",
 }
 
 

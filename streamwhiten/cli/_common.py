@@ -48,27 +48,19 @@ def strict_json(value: object):
 
 @contextmanager
 def progress_bar(description: str, quiet: bool):
-    """A ``progress(done, total)`` callback drawing a tqdm bar (rows/s, ETA) on stderr.
-
-    Silent with ``--quiet`` or when stdout is not a terminal (cron, pipes, CI).
-    """
-    enabled = not quiet and sys.stdout.isatty() and sys.stderr.isatty()
-    if not enabled:
+    """The command ``description``'s progress reporter (`Console`): a bar per phase on
+    stderr when stdout and stderr are terminals (rows/s, ETA), else one timed line per phase on stderr
+    (cron, pipes, CI); None with ``--quiet``."""
+    if quiet:
         yield None
         return
-    from tqdm import tqdm
+    from ._progress import Console
 
-    bar = tqdm(desc=description, unit="rows", unit_scale=True, dynamic_ncols=True, leave=False, file=sys.stderr)
-
-    def update(done: int, total: int) -> None:
-        if bar.total != total:
-            bar.total = total
-        bar.update(done - bar.n)
-
+    console = Console(description, terminal=sys.stdout.isatty() and sys.stderr.isatty())
     try:
-        yield update
+        yield console
     finally:
-        bar.close()
+        console.close()
 
 
 def work(stoppable: bool = True):

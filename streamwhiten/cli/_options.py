@@ -177,7 +177,7 @@ quiet_option = click.option(
     "--quiet",
     "-q",
     is_flag=True,
-    help="No progress bar (there is none anyway when stdout or stderr is not a terminal). The summary is "
+    help="No progress: no bar on a terminal, no timed line per phase on stderr when piped. The summary is "
     "still printed on stdout (redirect it, or take --json); errors go to stderr.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print a machine-readable JSON summary.")

@@ -93,7 +93,7 @@ def _configure_logging() -> None:
         handler._streamwhiten = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
     # Progress notes are for `run`, whose timestamped log is its record; other commands print a summary
-    # on stdout, so their stderr holds nothing but a failure.
+    # on stdout, and on stderr only a failure and, piped, their phases' timed lines (cli._progress).
     logger.setLevel(logging.WARNING)
     logger.propagate = False
     logging.raiseExceptions = False  # stderr that cannot be written: no traceback about it on stderr

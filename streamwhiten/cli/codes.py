@@ -8,7 +8,7 @@ import click
 
 from ..errors import BadInputError
 from ..params import PARAMS
-from ._common import emit
+from ._common import emit, progress_bar
 from ._options import json_option, quiet_option
 
 #: The plain storages a ``--dtype`` takes beside a code.
@@ -138,15 +138,17 @@ def codes(
     if sample_size is not None and sample is None:
         raise BadInputError("--sample-size: give --sample (an input store) to draw from")
     target = output_path or model_path
-    model = with_codes(
-        model_path,
-        code,
-        sample=sample,
-        sample_size=DEFAULT_CODE_SAMPLE_ROWS if sample_size is None else sample_size,
-        seed=seed,
-        output=target,
-        overwrite=True,
-    )
+    with progress_bar("codes", quiet) as progress:
+        model = with_codes(
+            model_path,
+            code,
+            sample=sample,
+            sample_size=DEFAULT_CODE_SAMPLE_ROWS if sample_size is None else sample_size,
+            seed=seed,
+            output=target,
+            overwrite=True,
+            progress=progress,
+        )
     storage = model.storage
     assert storage is not None and storage.codec is not None  # with_codes records one
     record = storage.codec

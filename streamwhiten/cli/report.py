@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..progress import phase
 from ._common import (
     emit,
     fmt_scores,
@@ -74,14 +75,14 @@ def report(
     rows = first_given(block_rows, chunk_rows)
     grid = grid_of(betas, gammas, ks, variances, metric, model.n_features)
     pairs = open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
-    try:
-        with progress_bar("report", quiet) as progress:
+    with progress_bar("report", quiet) as progress:
+        try:
             data = collect(model, pairs, block_rows=rows, progress=progress, **grid)
-    finally:
-        if pairs is not None:
-            pairs.close()
-    with stop_on_signals():  # a signal lets the files be finished
-        written = write_report(data, output_path, overwrite, title)
+        finally:
+            if pairs is not None:
+                pairs.close()
+        with stop_on_signals(), phase(progress, "draw and write the report", None):  # a signal lets it finish
+            written = write_report(data, output_path, overwrite, title)
     summary = {"model": model_path, "files": written, "effective_dimension": model.effective_dimension}
     summary.update(raw=None, best=None, highest=None)
     lines = [f"D_eff      {model.effective_dimension:.1f} of d={model.n_features}"]

@@ -11,12 +11,10 @@ import click
 from ..errors import StoreIOError
 from ._common import emit, progress_bar, stop_on_signals
 from ._options import json_option, quiet_option, read_options, storage_options
+from ._progress import LOG_DATE, LOG_FORMAT
 
 if TYPE_CHECKING:
     from ..job import JobFile, RunReport
-
-LOG_FORMAT = "%(asctime)s streamwhiten: %(message)s"
-LOG_DATE = "%Y-%m-%dT%H:%M:%S%z"
 
 
 class _LogFileHandler(logging.FileHandler):

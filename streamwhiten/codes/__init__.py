@@ -176,6 +176,19 @@ def train_codec(
     )
 
 
+def check_budget(name: str, n_features: int, budget: int) -> None:
+    """Refuse, as training would (`BadInputError`), a budget the code ``name`` of `NEEDS_SAMPLE`
+    cannot take for vectors of ``n_features`` values: before its sample is read, not after."""
+    if name.startswith("faiss-"):
+        from .faiss_codes import layout_for
+
+        layout_for(name[len("faiss-") :], int(n_features), int(budget))
+    elif name.startswith("bits-"):
+        from .linear import sign_bits
+
+        sign_bits(int(n_features), int(budget), name.endswith("+f"), name.removesuffix("+f"))
+
+
 def codec_from_bytes(data: bytes, n_features: int | None = None) -> Codec:
     """The codec `Codec.to_bytes` wrote; `ModelFileError` for damaged
     or altered bytes, `BadInputError` where ``n_features`` is given and the codec codes vectors
@@ -203,6 +216,7 @@ __all__ = [
     "NEEDS_SAMPLE",
     "TUNE_CODES",
     "Codec",
+    "check_budget",
     "code_size",
     "codec_from_bytes",
     "fewest_sample_rows",

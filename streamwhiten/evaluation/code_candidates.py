@@ -28,6 +28,7 @@ import numpy as np
 from ..codes import CODES, NEEDS_SAMPLE, Codec, code_size, train_codec
 from ..engine._threads import blas_threads
 from ..errors import StreamwhitenError
+from ..progress import steps
 from .retrieval import RetrievalTask, _finite
 from .search import corpus_blocks
 
@@ -73,11 +74,16 @@ def unit_rows(rows: np.ndarray) -> np.ndarray:
 
 
 def unit_statistics(
-    task: RetrievalTask, sample_rows: int, seed: int, block_rows: int | None = None
+    task: RetrievalTask,
+    sample_rows: int,
+    seed: int,
+    block_rows: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(mean, covariance, sample)`` of the corpus rows scaled to unit length, in one pass: the exact
     float64 moments of all of them, and the rows ``numpy.random.default_rng(seed).choice(n, size)``
-    (sorted, without replacement) of at most ``sample_rows``."""
+    (sorted, without replacement) of at most ``sample_rows``; ``progress(rows_done, n_rows)`` after each
+    block."""
     n, d = task.n_corpus, task.n_features
     picked = np.sort(np.random.default_rng(seed).choice(n, min(int(sample_rows), n), replace=False))
     sample = np.empty((picked.size, d))
@@ -88,6 +94,8 @@ def unit_statistics(
         scatter += unit.T @ unit
         lo, hi = np.searchsorted(picked, [start, start + rows.shape[0]])
         sample[lo:hi] = unit[picked[lo:hi] - start]
+        if progress is not None:
+            progress(start + rows.shape[0], n)
     mean = total / n
     return mean, scatter / n - np.outer(mean, mean), sample
 
@@ -99,12 +107,20 @@ def train_codes(
     sample: np.ndarray,
     sample_seed: int,
     threads: int = 1,
+    progress: Callable[[int, int], None] | None = None,
 ) -> list[Codec]:
     """The codec of each ``(name, bytes)``, trained from the statistics (and ``sample`` where it learns
     from data; faiss's k-means seeded by ``sample_seed``), ``threads`` codes at a time, each on one core
-    (faiss's and BLAS's own threads held to one: the codes, not their inner loops, run side by side)."""
+    (faiss's and BLAS's own threads held to one: the codes, not their inner loops, run side by side);
+    ``progress(codes_done, n_codes)`` as each is trained."""
+    step = steps(progress, len(wanted))
 
     def one(name: str, size: int) -> Codec:
+        codec = train(name, size)
+        step()
+        return codec
+
+    def train(name: str, size: int) -> Codec:
         faiss_options = {
             "iterations": KMEANS_ITERATIONS,
             "opq_iterations": OPQ_ITERATIONS,

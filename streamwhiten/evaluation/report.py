@@ -85,7 +85,8 @@ def collect(
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReportData:
-    """Compute what the report shows; with ``pairs``, score the tuning grid and the seed k curves."""
+    """Compute what the report shows; with ``pairs``, score the tuning grid and the seed k curves
+    (``progress`` is told the phases of both grids: `grid_search`)."""
     d = model.n_features
     ladder = default_ks(d) if ks is None else list(ks)
     fractions = list(DEFAULT_VARIANCES if variances is None else variances)
@@ -98,7 +99,9 @@ def collect(
         model, pairs, betas, gammas, ks, variances, metric, block_rows=block_rows, progress=progress
     )
     dense = sorted({int(round(k)) for k in np.geomspace(1, d, min(d, 40))} | {int(k) for k in ladder})
-    curve = grid_search(model, pairs, [0.0, 1.0], [0.0, 1.0], dense, [], metric, block_rows=block_rows)
+    curve = grid_search(
+        model, pairs, [0.0, 1.0], [0.0, 1.0], dense, [], metric, block_rows=block_rows, progress=progress
+    )
     data.curves = {
         beta: [(row["k"], row[metric]) for row in curve.table if row["beta"] == beta and row["gamma"] == beta]
         for beta, _, _ in SEED_SETTINGS

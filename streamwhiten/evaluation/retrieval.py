@@ -41,6 +41,7 @@ from ..errors import BadInputError, NonFiniteError
 from ..io import Source, open_source, read_ids, remote
 from ..options import RetrievalOptions
 from ..params import PARAMS, check
+from ..progress import begin, phase
 from .qrels import Ids, Qrels, read_exclude, read_qrels
 from .search import Exclusions, RescoreJob, SearchJob, SearchResult, corpus_blocks, rescore_all, search
 from .self_matches import ROUNDOFF, SelfMatches, find_self_matches
@@ -564,20 +565,29 @@ class CodeSearch:
         return f"{self.code}:{self.budget}"
 
 
-def _code_settings(task: RetrievalTask, model: WhiteningModel, code: CodeSearch) -> list[SearchSetting]:
+def _code_settings(
+    task: RetrievalTask, model: WhiteningModel, code: CodeSearch, progress: Callable[[int, int], None] | None = None
+) -> list[SearchSetting]:
     """The raw and whitened settings of a code search: the whitened vectors by the model's codec where it
     records this code, else one trained here; the raw vectors by the same code trained for them (from the
-    statistics and, for a code that learns from data, a seeded sample of the corpus)."""
-    from ..codes import NEEDS_SAMPLE, codec_from_bytes
+    statistics and, for a code that learns from data, a seeded sample of the corpus). ``progress`` is told
+    each phase (reading the sample, each training)."""
+    from ..codes import NEEDS_SAMPLE, check_budget, codec_from_bytes
     from ..codes.storage import train_for
     from ..io.sample import sample_rows
 
     sample = None
     training: dict = {}
     if code.code in NEEDS_SAMPLE:
-        sample = sample_rows(task.corpus, CODE_SAMPLE_ROWS, CODE_SAMPLE_SEED)
+        for width in {model.n_features, model.n_components}:  # the raw vectors' code and the whitened's
+            check_budget(code.code, width, code.budget)  # before the sample is read
+        with phase(progress, "read a sample of the corpus") as told:
+            sample = sample_rows(task.corpus, CODE_SAMPLE_ROWS, CODE_SAMPLE_SEED, told)
         training = {"sample_rows": int(sample.shape[0]), "sample_seed": CODE_SAMPLE_SEED}
+    source = "from the statistics" if sample is None else f"on {sample.shape[0]:,} rows"
+    finish = begin(progress, f"train {code.spec} for the raw vectors {source}", None)
     raw_codec = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED, raw=True)
+    finish()
     settings = [SearchSetting.make_code("raw", model, raw_codec, code, raw=True, training=training)]
     record = model.storage.codec if model.storage is not None else None
     if record is not None and (record.code, record.budget) == (code.code, code.budget):
@@ -585,7 +595,9 @@ def _code_settings(task: RetrievalTask, model: WhiteningModel, code: CodeSearch)
         mine = {"sample_rows": record.sample_rows, "sample_seed": record.sample_seed} if record.sample_rows else {}
         settings.append(SearchSetting.make_code("whitened", model, white, code, training=dict(mine, codec="model")))
     else:
+        finish = begin(progress, f"train {code.spec} for the whitened vectors {source}", None)
         white = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED)
+        finish()
         settings.append(SearchSetting.make_code("whitened", model, white, code, training=training))
     return settings
 
@@ -602,11 +614,12 @@ def _search_raw_and_whitened(
     where the raw vectors are searched as floats (None: int8, bits and codes are not checked)."""
     if isinstance(storage, CodeSearch):
         assert model is not None  # CodeSearch.of refuses a code without one
-        settings = _code_settings(task, model, storage)
+        settings = _code_settings(task, model, storage, progress)
     else:
         settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, **_storage_args(storage))]
         if model is not None:
             settings.append(SearchSetting.make("whitened", model, **_storage_args(storage)))
+    finish = begin(progress, f"search {len(settings)} settings over {task.n_corpus:,} rows")
     found = search_settings(
         task.vectors,
         task.corpus,
@@ -616,6 +629,7 @@ def _search_raw_and_whitened(
         options=options,
         progress=progress,
     )
+    finish()
     raw = settings[0]
     matches = None
     if raw.codec is None and raw.quantization.kind in ROUNDOFF:  # the raw cosines, as floats: checked

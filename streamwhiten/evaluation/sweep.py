@@ -51,6 +51,7 @@ from ..engine._threads import blas_threads, blas_threads_per_worker, resolve_thr
 from ..errors import BadInputError
 from ..options import RetrievalOptions
 from ..params import check
+from ..progress import begin
 from .code_candidates import (
     SAMPLE_ROWS,
     SAMPLE_SEED,
@@ -795,6 +796,9 @@ def sweep(
     code_tops: dict = {}
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         code_sizes = _trainable(code_sizes, grid, task.n_corpus)
+        finish = begin(
+            progress, f"search up to {len(candidates)} maps in {len(storages)} storages over {task.n_corpus:,} rows"
+        )
         reference, rows = sweep_rows(
             task,
             candidates,
@@ -804,19 +808,32 @@ def sweep(
             progress=progress,
             max_bytes=limit,
         )
+        finish()
         if code_sizes:
-            mean, covariance, sample = unit_statistics(task, grid.code_sample, grid.code_seed, options.block_rows)
             to_train = [(name, size) for name, sizes in code_sizes.items() for size in sizes]
-            trained = train_codes(to_train, mean, covariance, sample, grid.code_seed, resolve_threads(options.threads))
+            finish = begin(progress, f"read the corpus's statistics and a sample for {len(to_train)} codes")
+            mean, covariance, sample = unit_statistics(
+                task, grid.code_sample, grid.code_seed, options.block_rows, progress=progress
+            )
+            finish()
+            finish = begin(progress, f"train {len(to_train)} codes on {sample.shape[0]:,} rows", "codes")
+            trained = train_codes(
+                to_train, mean, covariance, sample, grid.code_seed, resolve_threads(options.threads), progress=progress
+            )
+            finish()
             for (name, _size), codec in zip(to_train, trained, strict=True):
                 codecs[f"{name}-{codec.bytes_per_vector}B"] = (name, codec)
+            finish = begin(progress, f"search {len(codecs)} codes over {task.n_corpus:,} rows")
             code_tops = search_codes(
                 task,
                 {label: codec for label, (_name, codec) in codecs.items()},
                 DEPTH,
                 options.block_rows,
+                progress=None if progress is None else partial(_rows_of, progress, task.n_corpus),
                 threads=resolve_threads(options.threads),
             )
+            finish()
+    finish = begin(progress, f"score the settings and choose ({grid.select} rule)", None)
     raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
     matches = find_self_matches(task, reference.rows, reference.values, "float32")
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
@@ -881,6 +898,7 @@ def sweep(
         resamples=resamples,
     )
     best = table[index]
+    finish()
     return RetrievalTuneResult(
         table,
         best,
@@ -898,6 +916,11 @@ def sweep(
         {label: codec for label, (_name, codec) in codecs.items()},
         matches,
     )
+
+
+def _rows_of(progress: Callable[[int, int], None], n_rows: int, done: int) -> None:
+    """``progress(done, n_rows)``: a pass that counts only the rows done, reported with their total."""
+    progress(done, n_rows)
 
 
 def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage], max_bytes: int) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..core.model import WhiteningModel, check_params, components_for_variance
 from ..errors import BadInputError
+from ..progress import begin, phase
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
 from .select import FOLDS, RULES, Resamples, Rule, forecast, spearman_units
 from .select import select as pick
@@ -216,6 +217,7 @@ def grid_search(
     n_pairs = pairs.n_pairs
     cosines = np.empty((len(settings), n_pairs))
     raw = np.empty(n_pairs)
+    finish = begin(progress, f"score {len(settings) + 1} settings on {n_pairs:,} pairs", "pairs")
     for start, a, b in pairs.blocks(block_rows):
         stop = start + a.shape[0]
         raw[start:stop] = cosine_rows(a, b)
@@ -229,7 +231,8 @@ def grid_search(
             row += stacked.shape[1]
         if progress is not None:
             progress(stop, n_pairs)
-
+    finish()
+    finish = begin(progress, f"correlate and choose ({select} rule)", None)
     table = [
         dict(setting, **correlations(values, pairs.scores)) for setting, values in zip(settings, cosines, strict=True)
     ]
@@ -245,6 +248,7 @@ def grid_search(
         selection = {"rule": "argmax", "tolerance": float(tolerance), "reference": None, "kept_reference": None}
     else:
         best, selection = _choose_pairs(table, units, reference, d, tolerance, folds, samples, seed)
+    finish()
     return TuneResult(
         table,
         best,
@@ -325,7 +329,8 @@ def tune(
     summary = result.to_json()
     summary["test"] = None
     if test_pairs is not None:
-        scored = evaluate_pairs(test_pairs, chosen, block_rows)
+        with phase(progress, f"score the choice on {test_pairs.n_pairs:,} test pairs", "pairs") as told:
+            scored = evaluate_pairs(test_pairs, chosen, block_rows, told)
         summary["test"] = {"pairs": dict(scored.pairs), "raw": dict(scored.raw), "chosen": scored.to_json()["whitened"]}
     record = {
         "metric": result.metric,

@@ -8,14 +8,16 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BadInputError
+from ..progress import Progress
 from .abc import Source
 from .reading import open_source
 
 
-def sample_rows(source: object, n_rows: int, seed: int) -> npt.NDArray[np.float64]:
+def sample_rows(source: object, n_rows: int, seed: int, progress: Progress | None = None) -> npt.NDArray[np.float64]:
     """``n_rows`` rows of ``source`` (an array, a spec or a Source; all of them when it has fewer) as
     float64, drawn without replacement by ``numpy.random.default_rng(seed)`` and read in row order, block
-    by block (only the blocks that hold one); a drawn row holding NaN or Inf is refused, naming it."""
+    by block (only the blocks that hold one); a drawn row holding NaN or Inf is refused, naming it.
+    ``progress(rows_passed, n_rows_of_the_store)`` is called after each block read."""
     if not isinstance(source, (str, os.PathLike, Source)):
         rows = np.asarray(source)
         if rows.ndim != 2 or rows.dtype.kind != "f":
@@ -37,6 +39,8 @@ def sample_rows(source: object, n_rows: int, seed: int) -> npt.NDArray[np.float6
                 if last > done:
                     out[done:last] = store.read(start, stop)[chosen[done:last] - start]
                     done = last
+                    if progress is not None:
+                        progress(stop, total)
             label = store.label
         finally:
             if not isinstance(source, Source):

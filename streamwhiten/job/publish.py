@@ -136,7 +136,7 @@ def run_published(
         previous = statistics_before(job.model_path)
         model = fit_step(job.name, job.fitting, inputs, night.steps, progress, should_stop, restart)
         if job.apply is not None:  # a job whose apply writes a vector code records it in its model
-            model = record_code(job.name, model, job.writing, inputs, job.model_path)
+            model = record_code(job.name, model, job.writing, inputs, job.model_path, progress)
         rows_added = model.n_rows - (previous.n_rows if previous is not None else 0)
         # the fit step checked that each input still starts with the rows these records describe (an
         # update checks the model it starts from: this one, unless a killed run's checkpoint was finished)

@@ -80,7 +80,7 @@ def run_job(
         before = model_rows(job.model_path)
         model = fit_step(job.name, job.fitting, inputs, steps, progress, should_stop, restart)
         if job.apply is not None:  # a job whose apply writes a vector code records it in its model
-            model = record_code(job.name, model, job.writing, inputs, job.model_path)
+            model = record_code(job.name, model, job.writing, inputs, job.model_path, progress)
         for input_spec, output in outputs.items():
             outcome = apply_unless_current(
                 job.name, model, input_spec, output, job.writing, watch=Watch(progress, should_stop)

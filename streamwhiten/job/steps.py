@@ -145,11 +145,19 @@ def _finish_pending(
     return outcome is not None
 
 
-def record_code(name: str, model: WhiteningModel, writing: Writing, inputs: list, model_path: str) -> WhiteningModel:
+def record_code(
+    name: str,
+    model: WhiteningModel,
+    writing: Writing,
+    inputs: list,
+    model_path: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> WhiteningModel:
     """``model``, recording the vector code the job's apply writes (``dtype = "NAME:BYTES"``) as its storage
     and saved to ``model_path``, so that every reader of the outputs decodes them with the model's codec.
     Trained once: updates keep it (a setting changed by the job drops it, and it is trained again). A code
-    that learns from data trains on a seeded sample of the job's first input."""
+    that learns from data trains on a seeded sample of the job's first input; ``progress`` is told its
+    phases (reading the sample, training)."""
     from ..codes import NEEDS_SAMPLE
     from ..codes.storage import parse_code, recorded_code
     from ..params import is_code_dtype
@@ -162,7 +170,7 @@ def record_code(name: str, model: WhiteningModel, writing: Writing, inputs: list
         return model
     code, _ = parse_code(str(dtype))
     sample = inputs[0] if code in NEEDS_SAMPLE else None
-    coded = with_codes(model, str(dtype), sample=sample, output=model_path, overwrite=True)
+    coded = with_codes(model, str(dtype), sample=sample, output=model_path, overwrite=True, progress=progress)
     log.info("job %s: recorded the %s code in %s", name, dtype, model_path)
     return coded
 

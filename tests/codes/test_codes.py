@@ -403,3 +403,29 @@ def test_faiss_budget_below_the_smallest_code(faiss, data):
     with pytest.raises(BadInputError) as caught:
         train_codec("faiss-pq", mean, covariance, D + 1, sample=rows)
     assert "takes 1 to" in one_line(caught)
+
+
+@pytest.mark.parametrize(
+    "name, budget, message, fits",
+    [
+        ("bits-itq", 5, "32 features hold at most 4 bytes of sign bits, not 5", 4),
+        ("bits-itq+f", 2, "below the smallest bits-itq code \\(3 bytes\\)", 6),
+        ("faiss-pq", 33, "takes 1 to 32 bytes, not 33", 4),
+        ("faiss-rabitq1", 4, "below the smallest rabitq1 code", 12),
+    ],
+)
+def test_a_budget_a_sampled_code_cannot_take_is_refused_before_the_sample_as_training_refuses_it(
+    name, budget, message, fits
+):
+    """``check_budget`` (what ``with_codes`` asks before reading a sample) refuses what training refuses,
+    in the same words."""
+    from streamwhiten.codes import check_budget
+
+    if name.startswith("faiss"):
+        pytest.importorskip("faiss")
+    rows = np.random.default_rng(0).standard_normal((300, 32))
+    with pytest.raises(BadInputError, match=message):
+        check_budget(name, 32, budget)
+    with pytest.raises(BadInputError, match=message):
+        train_codec(name, rows.mean(0), np.cov(rows.T), budget, sample=rows)
+    check_budget(name, 32, fits)  # one that fits: no error

@@ -11,7 +11,7 @@ import zipfile
 import h5py
 import numpy as np
 import pytest
-from conftest import run_subprocess, write_h5, write_task
+from conftest import Phases, run_subprocess, write_h5, write_task
 
 from streamwhiten import serving, with_codes
 from streamwhiten._npz import read_npz, write_npz_atomic
@@ -68,6 +68,33 @@ def test_a_statistics_code_needs_no_sample_and_a_sample_code_records_its_size_an
 
 
 # ------------------------------------------------------------------------------------------ model file
+
+
+def test_with_codes_tells_its_progress_each_phase_with_the_sample_size(model, task):
+    faiss_or_skip()
+    told = Phases()
+    coded = with_codes(model, "faiss-pq:6", sample=task["spec_c"], sample_size=600, seed=3, progress=told)
+    assert told.begun == told.ended == ["read the sample", "train faiss-pq:6 on 600 rows"]
+    assert coded.storage.codec.sample_rows == 600
+    assert told.counts[-1] == (1500, 1500) and [done for done, _ in told.counts] == sorted(d for d, _ in told.counts)
+    told = Phases()
+    with_codes(model, "eigen:4", progress=told)
+    assert told.ended == ["train eigen:4 from the statistics"] and told.counts == []
+
+
+def test_eval_over_a_code_tells_each_training_and_the_search(model, task):
+    faiss_or_skip()
+    told = Phases()
+    evaluate_retrieval(
+        task["spec_q"], task["spec_c"], task["qrels"], model=model, dtype="faiss-pq:6", bootstrap=0, progress=told
+    )
+    assert told.ended == [
+        "read a sample of the corpus",
+        "train faiss-pq:6 for the raw vectors on 1,500 rows",
+        "train faiss-pq:6 for the whitened vectors on 1,500 rows",
+        "search 2 settings over 1,500 rows",
+    ]
+    assert told.counts[-1] == (1500, 1500)
 
 
 def test_a_model_with_a_codec_round_trips_and_plain_files_load_as_before(tmp_path, model):

@@ -13,7 +13,7 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, Phases
 
 pytest.importorskip("matplotlib")
 
@@ -60,8 +60,13 @@ def assert_real_image(payload: bytes, min_side=200):
 
 def test_html_report_embeds_every_figure(setup, tmp_path):
     model, _, specs = setup
+    told = Phases()
     with open_pairs(*specs) as pairs:
-        data = collect(model, pairs)
+        data = collect(model, pairs, progress=told)
+    # both grids, each scored then correlated: the tuning grid, then the k curves'
+    assert told.begun == told.ended and len(told.ended) == 4
+    assert told.ended[0] == f"score {len(data.grid.table)} settings on 300 pairs"
+    assert told.ended[1::2] == ["correlate and choose (maxt rule)"] * 2 and told.ended[2].startswith("score ")
     out = str(tmp_path / "report.html")
     assert write_report(data, out) == [out]
     text = open(out, encoding="utf-8").read()

@@ -8,7 +8,7 @@ import os
 import h5py
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, Phases
 from scipy import stats as sps
 
 from streamwhiten.cli import main
@@ -185,8 +185,21 @@ def test_test_set_scores_the_choice_next_to_raw(tmp_path):
     ta, tb, tscores = anisotropic_pairs(n=500, seed=2)
     specs, model, _ = fitted(tmp_path, "m", a, b, scores)
     test_specs = write_pairs(str(tmp_path / "test.h5"), ta, tb, tscores)
+    told = Phases()
     with open_pairs(*specs) as pairs, open_pairs(*test_specs) as test_pairs:
-        chosen, summary = tune(model, pairs, test_pairs, betas=[0, 1], gammas=[0, 1], variances=[])
+        chosen, summary = tune(
+            model, pairs, test_pairs, progress=told, betas=[0, 1], gammas=[0, 1], ks=[4, 16], variances=[]
+        )
+    assert (
+        told.begun
+        == told.ended
+        == [
+            "score 9 settings on 1,200 pairs",  # 2 betas x 2 gammas x 2 ks, and the raw vectors
+            "correlate and choose (maxt rule)",
+            "score the choice on 500 test pairs",
+        ]
+    )
+    assert told.counts[-1] == (500, 500) and (1200, 1200) in told.counts
     test = summary["test"]
     assert test["raw"]["spearman"] == pytest.approx(100 * sps.spearmanr(cosine_rows(ta, tb), tscores).statistic)
     assert test["chosen"]["spearman"] == pytest.approx(direct_spearman(chosen, ta, tb, tscores), abs=1e-6)

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 import pytest
-from conftest import write_h5, write_task
+from conftest import Phases, write_h5, write_task
 
 from streamwhiten.cli import main
 from streamwhiten.codes import CODES as ALL_CODES
@@ -145,6 +145,25 @@ def test_the_candidates_of_a_budget_are_exactly_the_codes_that_fit(swept):
             assert (name in fitting) == (trained is not None), (name, budget)
             if trained is not None:
                 assert fitting[name] == code_size(name, D, budget) == trained.bytes_per_vector <= budget
+
+
+def test_the_sweep_tells_its_progress_each_phase_codes_included(tmp_path):
+    pytest.importorskip("faiss")
+    task = neighbours_task(tmp_path, n=300, n_queries=20)
+    grid = SweepGrid(betas=[0], gammas=[0], ks=[32, 8], variances=[], dtypes=("int8", "binary", "eigen", "faiss-pq"),
+                     max_bytes=8, code_sample=260)  # fmt: skip
+    told = Phases()
+    options = RetrievalOptions(exclude=task["exclude"], bootstrap=100, block_rows=128)
+    sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"], grid=grid, options=options, progress=told)
+    assert told.begun == told.ended
+    assert told.ended[0].startswith("search ") and told.ended[0].endswith(" over 300 rows")
+    assert told.ended[1:] == [
+        "read the corpus's statistics and a sample for 2 codes",
+        "train 2 codes on 260 rows",
+        "search 2 codes over 300 rows",
+        "score the settings and choose (maxt rule)",
+    ]
+    assert {(1, 2), (2, 2), (128, 300), (300, 300)} <= set(told.counts)
 
 
 def test_a_budget_under_the_smallest_code_is_one_line(tmp_path, capsys):

@@ -1,0 +1,101 @@
+"""How a long call reports its progress: rows (or steps) done, and the phases it goes through.
+
+Every long call of the library takes ``progress``: a plain ``progress(done, total)`` callable, called as
+blocks finish, or a `Reporter`, which is called the same way and is also told when each phase of
+the work starts (its name, and what its ``done``/``total`` count, or None for one opaque step such as
+faiss's training) and when it ends (its seconds). The library never prints: the command line's reporter
+draws a bar per phase on a terminal and writes one timestamped line per phase, with its time, when
+piped; a test's records what it is told.
+
+Examples
+--------
+>>> from streamwhiten.progress import Reporter, phase
+>>> class Told(Reporter):
+...     def __init__(self):
+...         self.said = []
+...     def started(self, name, unit):
+...         self.said.append(("started", name, unit))
+...     def finished(self, name, seconds):
+...         self.said.append(("finished", name))
+>>> told = Told()
+>>> with phase(told, "train eigen:4", None):
+...     pass
+>>> told.said
+[('started', 'train eigen:4', None), ('finished', 'train eigen:4')]
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+#: ``progress(done, total)``: a plain callback, or a `Reporter`
+Progress = Callable[[int, int], None]
+
+
+class Reporter:
+    """A progress callback that is also told each phase of the work; the base class ignores all of it.
+
+    ``reporter(done, total)`` reports the current phase's ``done`` of ``total`` (rows, unless the phase
+    said another unit); `started` and `finished` bracket each phase (phases do not nest: a
+    call that runs another's phases runs none of its own around them).
+    """
+
+    def __call__(self, done: int, total: int) -> None:
+        """``done`` of ``total`` of the current phase."""
+
+    def started(self, name: str, unit: str | None) -> None:
+        """The phase ``name`` began; ``unit``: what its ``done``/``total`` count (None: it reports none)."""
+
+    def finished(self, name: str, seconds: float) -> None:
+        """The phase ``name`` ended, after ``seconds`` (not called when it raised)."""
+
+
+def begin(progress: Progress | None, name: str, unit: str | None = "rows") -> Callable[[], None]:
+    """Start the phase ``name`` of ``progress``'s work (a `Reporter` is told; a plain callback or
+    None is told nothing more); returns the ``finish()`` that ends it, telling its seconds. A phase that
+    raises is never finished: call ``finish`` only once its work is done."""
+    if not isinstance(progress, Reporter):
+        return _nothing
+    progress.started(name, unit)
+    start = time.perf_counter()
+
+    def finish() -> None:
+        progress.finished(name, time.perf_counter() - start)
+
+    return finish
+
+
+def _nothing() -> None:
+    """The ``finish`` of a phase nobody is told of."""
+
+
+@contextmanager
+def phase(progress: Progress | None, name: str, unit: str | None = "rows") -> Iterator[Progress | None]:
+    """Run the block as the phase ``name`` of ``progress``'s work (`begin`, then its ``finish``
+    unless the block raises); yields ``progress`` itself, for the block's ``progress(done, total)``."""
+    finish = begin(progress, name, unit)
+    yield progress
+    finish()
+
+
+def steps(progress: Progress | None, total: int) -> Callable[[], None]:
+    """A ``step()`` that reports one more of ``total`` steps done to ``progress`` (nothing without one);
+    safe to call from several threads at once (each call counts once)."""
+    import threading
+
+    lock = threading.Lock()
+    done = [0]
+
+    def step() -> None:
+        with lock:
+            done[0] += 1
+            count = done[0]
+        if progress is not None:
+            progress(count, total)
+
+    return step
+
+
+__all__ = ["Progress", "Reporter", "begin", "phase", "steps"]
