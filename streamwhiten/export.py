@@ -252,7 +252,9 @@ def export(
     if not isinstance(affine, AffineMap) and hasattr(affine, "as_affine"):
         recorded = getattr(getattr(affine, "storage", None), "codec", None)
         if codec is None and recorded is not None:
-            codec = recorded.data
+            from .codes import record_codec
+
+            codec = record_codec(recorded, affine.n_components)  # every field checked
         affine = affine.as_affine(normalize=True) if codec is not None else affine.as_affine()
     path = os.fspath(path).rstrip("/") or os.fspath(path)
     fmt = format_for(path, fmt, append_to)

@@ -627,7 +627,7 @@ def with_codes(
     >>> model.storage.label, model.storage.bytes_per_vector(model.n_components)
     ('eigen-4B', 4)
     """
-    from .codes import NEEDS_SAMPLE
+    from .codes import NEEDS_SAMPLE, smallest_sample
     from .codes.storage import is_code, parse_code, train_for, with_codec
     from .core.model import check_model_output, load_model, save_model
 
@@ -648,6 +648,11 @@ def with_codes(
             raise BadInputError(f"the {code} code learns from a sample of the input rows: give sample (an input store)")
         if isinstance(sample_size, bool) or int(sample_size) != sample_size or sample_size < 2:
             raise BadInputError(f"a code's sample size is a whole number of at least 2, got {sample_size!r}")
+        if sample_size < smallest_sample(code):  # before the sample is read (fewer rows drawn: train_for says so)
+            raise BadInputError(
+                f"the {code} code needs a sample of at least {smallest_sample(code)} rows, not sample_size={sample_size}",
+                param="sample_size",
+            )
         from .io.sample import sample_rows
 
         drawn = sample_rows(sample, int(sample_size), int(seed))

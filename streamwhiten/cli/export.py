@@ -134,7 +134,10 @@ def export_(
                 f"the model's code ({model.storage.codec.label}) is for its saved setting: drop the model options, "
                 "or give --dtype float32 to export the map alone"
             )
-        codec, normalize = model.storage.codec.data, True  # a code is of the unit-length outputs
+        from ..codes import record_codec
+
+        # a code is of the unit-length outputs; its bytes decoded, every field checked, before anything is written
+        codec, normalize = record_codec(model.storage.codec, model.n_components), True
     affine = model.as_affine(normalize=normalize, dtype=dtype, **setting.given())
     stored = file_checksum(model_path)
     if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)

@@ -12,6 +12,7 @@ faiss is imported inside the functions that use it (``pip install faiss-cpu``).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BadInputError
-from .base import Codec
+from .base import Codec, field_error, flag, orthonormal_columns, real_array, sample_too_small, whole
 from .linear import principal_axes
 
 #: The faiss codes and what they are.
@@ -63,6 +64,16 @@ def one_omp_thread() -> Iterator[None]:
         yield
     finally:
         faiss.omp_set_num_threads(before)
+
+
+#: Centroids a PQ codebook trains by k-means (8-bit codes): faiss's k-means needs a sample row for each.
+PQ_CENTROIDS = 256
+
+
+def smallest_sample(kind: str) -> int:
+    """The fewest sample rows the faiss ``kind`` code trains on: one per k-means centroid for PQ and
+    OPQ's PQ (:data:`PQ_CENTROIDS`), else 2 (a mean and a spread)."""
+    return PQ_CENTROIDS if kind in ("pq", "opq") else 2
 
 
 def _index_for(kind: str, dim: int, n_bytes: int, l2: bool = False) -> Any:
@@ -126,7 +137,7 @@ class FaissCode(Codec):
         self.index_bytes = np.ascontiguousarray(index_bytes, dtype=np.uint8).reshape(-1)
         self.budget = int(budget)
         self.training = dict(training)
-        self._index = _faiss().deserialize_index(self.index_bytes)
+        self._index = _read_index(self.index_bytes)
         dim = self.n_features if self.basis is None else self.basis.shape[1]
         if self._index.d != dim or (self.basis is not None and self.basis.shape[0] != self.n_features):
             raise BadInputError(f"a faiss {kind} code whose index ({self._index.d} dims) does not fit its map")
@@ -228,14 +239,111 @@ class FaissCode(Codec):
 
     @classmethod
     def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> FaissCode:
-        return cls(
+        """The code the byte form describes, every field checked first (:func:`check_parts`), its faiss
+        index deserialized and checked to be the one the record names (:func:`check_index`)."""
+        check_parts(record, arrays)
+        code = cls(
             str(record["kind"]),
             arrays["mean"],
             arrays.get("basis"),
             arrays["index"],
-            budget=int(record["budget"]),
+            budget=record["budget"],
             training=dict(record.get("training") or {}),
         )
+        check_index(code)
+        return code
+
+
+def check_parts(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Refuse a faiss code's byte form that no training could have written, naming the field
+    (:func:`~.base.field_error`): a kind not in :data:`KINDS`, a budget no code of its width fits, a mean
+    or basis that is not finite, a basis without orthonormal columns or not of the layout the kind and
+    budget give (:func:`layout_for`), or index bytes that faiss cannot read."""
+    kind = record.get("kind")
+    if kind not in KINDS:
+        raise field_error("kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
+    budget = whole(record, "budget", 1)
+    projected = flag(record, "projected")
+    if not isinstance(record.get("training") or {}, dict):
+        raise field_error("training", f"must be a JSON object, got {record.get('training')!r}")
+    if set(arrays) != {"mean", "index"} | ({"basis"} if projected else set()):
+        raise field_error("arrays", f"must be mean, index{', basis' if projected else ''}, got {sorted(arrays)}")
+    mean = real_array(arrays, "mean", 1)
+    real_array(arrays, "index", 1, kind="u")
+    try:
+        dims, _ = layout_for(kind, mean.shape[0], budget)
+    except BadInputError as exc:
+        raise field_error("budget", f"fits no {kind} code of {mean.shape[0]} values ({exc})") from None
+    wanted = dims < mean.shape[0] or kind.startswith(("rabitq", "sq"))  # as train_faiss projects
+    if projected != wanted:
+        raise field_error("projected", f"is {projected}, but a {kind} code of {budget} bytes is {wanted}")
+    if projected:
+        basis = real_array(arrays, "basis", 2)
+        if basis.shape != (mean.shape[0], dims):
+            raise field_error("basis", f"has shape {basis.shape}, but a {kind} code of {budget} bytes keeps {dims}")
+        orthonormal_columns(basis)
+
+
+def _read_index(blob: np.ndarray) -> Any:
+    """faiss's index of the serialized ``blob``; :func:`~.base.field_error` for bytes faiss cannot read."""
+    faiss = _faiss()
+    try:
+        return faiss.deserialize_index(blob)
+    except (RuntimeError, MemoryError, ValueError, TypeError) as exc:
+        detail = re.sub(r"^Error in .*? at \S+:\d+: ", "", " ".join(str(exc).split()))  # faiss's own words
+        raise field_error("index", f"holds bytes faiss cannot read as an index ({detail[:120]})") from None
+
+
+def check_index(code: FaissCode) -> None:
+    """The deserialized index is the one the code's record names: its kind (PQ of the budget's
+    sub-quantisers and 8-bit codebooks, OPQ before it, RaBitQ of the kind's bits, SQ of its width), its
+    width, trained, empty, ranking by inner product or L2, code rows within the budget, and every trained
+    value finite; :func:`~.base.field_error` naming ``index`` otherwise."""
+    faiss = _faiss()
+    index, kind = code._index, code.kind
+    dims, sub = layout_for(kind, code.n_features, code.budget)
+    inner = index
+    if kind == "opq":
+        if not isinstance(index, faiss.IndexPreTransform) or index.chain.size() != 1:
+            raise field_error("index", "is not the OPQ rotation and PQ index an opq code holds")
+        rotation = faiss.downcast_VectorTransform(index.chain.at(0))
+        if not isinstance(rotation, faiss.LinearTransform) or (rotation.d_in, rotation.d_out) != (dims, dims):
+            raise field_error("index", f"holds no {dims} x {dims} rotation before its PQ")
+        _finite(faiss.vector_to_array(rotation.A), "its rotation")
+        inner = faiss.downcast_index(index.index)
+    expected = {"pq": faiss.IndexPQ, "opq": faiss.IndexPQ, "sq4": faiss.IndexScalarQuantizer}
+    expected.update(sq8=faiss.IndexScalarQuantizer, rabitq1=faiss.IndexRaBitQ)
+    expected.update(rabitq2=faiss.IndexRaBitQ, rabitq4=faiss.IndexRaBitQ)
+    if type(inner) is not expected[kind]:
+        raise field_error("index", f"is a faiss {type(inner).__name__}, not the index of a {kind} code")
+    if index.d != dims or not index.is_trained or index.ntotal != 0:
+        raise field_error(
+            "index",
+            f"is of {index.d} dims (trained {index.is_trained}, {index.ntotal} rows), not a trained, "
+            f"empty index of the {dims} dims a {kind} code of {code.budget} bytes keeps",
+        )
+    if index.metric_type not in (faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2):
+        raise field_error("index", f"ranks by faiss metric {index.metric_type}, neither inner product nor L2")
+    if isinstance(inner, faiss.IndexPQ):
+        if (inner.pq.M, inner.pq.nbits) != (sub, 8):
+            raise field_error("index", f"holds {inner.pq.M} sub-quantisers of {inner.pq.nbits} bits, not {sub} of 8")
+        _finite(faiss.vector_to_array(inner.pq.centroids), "its codebooks")
+    elif isinstance(inner, faiss.IndexRaBitQ):
+        if inner.rabitq.nb_bits != int(kind[len("rabitq") :]):
+            raise field_error("index", f"codes {inner.rabitq.nb_bits} bits a dimension, not a {kind} code's")
+        _finite(faiss.vector_to_array(inner.center), "its centre")
+    else:
+        wanted = faiss.ScalarQuantizer.QT_4bit if kind == "sq4" else faiss.ScalarQuantizer.QT_8bit
+        if inner.sq.qtype != wanted:
+            raise field_error("index", f"is a scalar quantiser of another width than a {kind} code's")
+        _finite(faiss.vector_to_array(inner.sq.trained), "its ranges")
+    if not 0 < code.bytes_per_vector <= code.budget:
+        raise field_error("index", f"writes rows of {code.bytes_per_vector} bytes, beyond the budget of {code.budget}")
+
+
+def _finite(values: np.ndarray, what: str) -> None:
+    if not np.all(np.isfinite(values)):
+        raise field_error("index", f"holds NaN or Inf in {what}")
 
 
 def train_faiss(
@@ -264,8 +372,15 @@ def train_faiss(
     d = centre.shape[0]
     dims, sub = layout_for(kind, d, budget)
     rows = np.asarray(sample, dtype=np.float64)
-    if rows.ndim != 2 or rows.shape[1] != d or rows.shape[0] < 2 or not np.all(np.isfinite(rows)):
+    if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
         raise BadInputError(f"a faiss code trains on finite rows of {d} values, got shape {rows.shape}")
+    if rows.shape[0] < smallest_sample(kind):
+        why = (
+            f"its k-means trains {PQ_CENTROIDS} centroids a codebook"
+            if kind in ("pq", "opq")
+            else "it learns the spread of its values"
+        )
+        raise sample_too_small(f"faiss-{kind}", smallest_sample(kind), rows.shape[0], why)
     basis = None
     if dims < d or kind.startswith("rabitq") or kind.startswith("sq"):
         _, vectors = principal_axes(covariance)
@@ -287,7 +402,13 @@ def train_faiss(
         opq_pq.cp.min_points_per_centroid = 1
         rotation.pq = opq_pq
     centred = (rows - centre).astype(np.float32)
-    index.train(np.ascontiguousarray(centred if basis is None else centred @ basis.astype(np.float32)))
+    try:
+        index.train(np.ascontiguousarray(centred if basis is None else centred @ basis.astype(np.float32)))
+    except RuntimeError as exc:  # faiss refuses its training data: the sample, not a bug of ours
+        detail = re.sub(r"^Error in .*? at \S+:\d+: ", "", " ".join(str(exc).split()))
+        raise BadInputError(
+            f"faiss cannot train the faiss-{kind} code on this sample of {rows.shape[0]} rows ({detail})"
+        ) from None
     if opq_pq is not None:
         _faiss().downcast_VectorTransform(index.chain.at(0)).pq = None  # it does not outlive this call
     training: dict[str, Any] = {
@@ -310,4 +431,15 @@ def train_faiss(
     return code
 
 
-__all__ = ["KINDS", "FaissCode", "faiss_available", "layout_for", "one_omp_thread", "train_faiss"]
+__all__ = [
+    "KINDS",
+    "FaissCode",
+    "check_index",
+    "check_parts",
+    "faiss_available",
+    "layout_for",
+    "one_omp_thread",
+    "smallest_sample",
+    "PQ_CENTROIDS",
+    "train_faiss",
+]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from numbers import Integral
 from typing import Any
 
@@ -211,6 +212,9 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
         storage = _check_storage(f, f.json("storage_json", dict), n_rows, mean, scatter, weights, beta * mean)
         if storage.codec is not None:
             _check_codec(f, storage, {"beta": beta, "gamma": gamma, "eps": eps, "k": k, "basis": basis})
+            # the codec's bytes are decoded (every field checked) where they are used: named from here
+            origin = f"{path}: model file field 'storage_codec'"
+            storage = replace(storage, codec=replace(storage.codec, origin=origin))
     elif "storage_codec" in arrays:
         raise f.fail("storage_codec", "is a codec that no storage record names")
     return dict(
@@ -294,6 +298,10 @@ def _check_codec(f: Fields, storage: Storage, setting: dict[str, Any]) -> None:
         raise f.fail(
             "storage_json",
             f"records a {codec.label} codec of {codec.n_features}-d vectors, but the map gives k={setting['k']}",
+        )
+    if not codec.bytes_per_vector <= codec.budget:
+        raise f.fail(
+            "storage_json", f"records a codec of {codec.bytes_per_vector} bytes a row, above its budget {codec.budget}"
         )
     if dict(codec.setting or {}) != setting:
         raise f.fail(

@@ -145,12 +145,13 @@ def code_storage(model: WhiteningModel, dtype: str) -> StoredAs:
     statistics (the codes that learn from a sample are trained with ``streamwhiten.with_codes`` first)."""
     import hashlib
 
-    from ..codes import NEEDS_SAMPLE
+    from ..codes import NEEDS_SAMPLE, record_codec
     from ..codes.storage import parse_code, recorded_code, train_for
 
     code, budget = parse_code(dtype)
     recorded = recorded_code(model, dtype)
     if recorded is not None:
+        record_codec(recorded, model.n_components)  # every field checked before anything is written
         data = recorded.data
         label, width, sample = recorded.label, recorded.bytes_per_vector, (recorded.sample_rows, recorded.sample_seed)
     elif code in NEEDS_SAMPLE:

@@ -533,7 +533,7 @@ def _code_settings(task: RetrievalTask, model: WhiteningModel, code: CodeSearch)
     """The raw and whitened settings of a code search: the whitened vectors by the model's codec where it
     records this code, else one trained here; the raw vectors by the same code trained for them (from the
     statistics and, for a code that learns from data, a seeded sample of the corpus)."""
-    from ..codes import NEEDS_SAMPLE, codec_from_bytes
+    from ..codes import NEEDS_SAMPLE, record_codec
     from ..codes.storage import train_for
     from ..io.sample import sample_rows
 
@@ -546,7 +546,7 @@ def _code_settings(task: RetrievalTask, model: WhiteningModel, code: CodeSearch)
     settings = [SearchSetting.make_code("raw", model, raw_codec, code, raw=True, training=training)]
     record = model.storage.codec if model.storage is not None else None
     if record is not None and (record.code, record.budget) == (code.code, code.budget):
-        white = codec_from_bytes(record.data, model.n_components)
+        white = record_codec(record, model.n_components)
         mine = {"sample_rows": record.sample_rows, "sample_seed": record.sample_seed} if record.sample_rows else {}
         settings.append(SearchSetting.make_code("whitened", model, white, code, training=dict(mine, codec="model")))
     else:
