@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import params
 from ..errors import BadInputError, ModelFileError
+from ..records import nul_field
 from .quantize import Quantization, Storage, storage_quantizations
 
 #: Relative tolerances of the checks that compare computed values (far above float64 rounding, far below
@@ -349,6 +350,9 @@ def _check_source(f: Fields, index: int, source: object, d: int, field: str = "s
         value = source[key]
         if not (_is_int(value) if kind is int else isinstance(value, kind)):
             raise f.fail(field, f"{where}: {key} must be {'a whole number' if kind is int else 'text'}, got {value!r}")
+    found = nul_field(source)
+    if found is not None:  # no path or name holds one: it would reach os.stat as a bare ValueError
+        raise f.fail(field, f"{where}: {found} holds a NUL byte")
     if source.get("n_rows", 0) < 0:
         raise f.fail(field, f"{where}: n_rows must be at least 0, got {source['n_rows']}")
     if source.get("n_features", d) != d:

@@ -71,6 +71,10 @@ MODEL_EDITS = {
         {"sources_json": np.array('[{"path": "x.h5", "n_rows": "many"}]')},
         r"'sources_json' source 0: n_rows must be a whole",
     ),
+    "source-nul": (  # issue #45: it reached os.stat as "ValueError: embedded null byte" (fit --update)
+        {"sources_json": np.array('[{"path": "x\\u0000.h5", "n_rows": 3}]')},
+        r"'sources_json' source 0: path holds a NUL byte",
+    ),
     "info-precision": ({"info_json": np.array('{"precision": "float128"}')}, r"'info_json' precision must be one of"),
     "format-missing": ({"n_features": np.array("8")}, r"'n_features' must be a whole number"),
 }
