@@ -580,8 +580,9 @@ def is_up_to_date(
     rows: tuple[int, int] | None = None,
 ) -> bool:
     """Whether ``output_spec`` already holds what :func:`apply` with these arguments would write (complete,
-    the same map, input rows, options and kept columns): then writing it again changes nothing. How a job
-    skips an output that is up to date, where :func:`apply` would replace it (a job overwrites its outputs).
+    the same map, input rows, options and kept columns): then writing it again changes nothing, and
+    :func:`apply` raises ``NothingToDoError`` (``overwrite`` or not). How a job skips an output that is up
+    to date before it writes (a job overwrites its outputs that are not).
     ``model`` is a model or its file; ``options``, ``read`` and ``rows`` are :func:`apply`'s."""
     from .core.model import load_model
     from .engine.apply import is_up_to_date as holds_it

@@ -75,7 +75,8 @@ EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx"
 @click.option(
     "--overwrite",
     is_flag=True,
-    help="Replace an existing export of this format written by streamwhiten (one that is up to date is kept: exit 3).",
+    help="Replace an existing export of this format written by streamwhiten that is not up to date (one that is "
+    "up to date is kept, with this flag too: exit 3, nothing to do; delete it to write it again).",
 )
 @json_option
 def export_(
