@@ -171,11 +171,17 @@ def code_name(codec: Codec) -> str:
 
 def record_codec(record: CodecRecord, n_features: int | None = None) -> Codec:
     """The codec of a model's codec record: its bytes decoded with every field checked
-    (:func:`~streamwhiten.codes.codec_from_bytes`), and what the record says of it (the code and its
+    (:func:`~streamwhiten.codes.codec_from_bytes`), within what training on unit vectors writes (the
+    model's outputs at unit length: :meth:`Codec.unit_scale_problem`), and what the record says of it (the code and its
     budget, label, width, bytes a row) the codec's own; a :class:`~streamwhiten.errors.ModelFileError`
     naming the file the record was read from (``record.origin``) otherwise."""
     where = record.origin or "the model's codec record"
     codec = codec_from_bytes(record.data, n_features, where=where)
+    found = codec.unit_scale_problem()  # a model's codec codes its outputs at unit length
+    if found is not None:
+        raise ModelFileError(
+            f"{where}: codec field {found[0]!r} {found[1]}; not written by streamwhiten as it is, refusing it"
+        )
     held = (code_name(codec), int(getattr(codec, "budget", codec.bytes_per_vector)), codec.label, codec.n_features)
     said = (record.code, record.budget, record.label, record.n_features)
     if held != said or codec.bytes_per_vector != record.bytes_per_vector:

@@ -26,6 +26,8 @@ from ..errors import BadInputError, ModelFileError
 #: The first bytes of every codec's byte form, and its format version.
 MAGIC, FORMAT_VERSION = b"SWCODEC\x00", 1
 _DIGEST = 32
+#: The rounding allowed on the bounds of a code of unit vectors (:meth:`Codec.unit_scale_problem`).
+UNIT_SLACK = 1e-6
 #: The end of the error for a row holding NaN or Inf.
 NOT_CODABLE = ", which a code cannot hold"
 
@@ -75,6 +77,15 @@ class Codec(ABC):
     @abstractmethod
     def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> Codec:
         """The codec :meth:`_parts` described."""
+
+    def unit_scale_problem(self) -> tuple[str, str] | None:
+        """``(field, problem)`` where a field lies beyond what any training on unit vectors writes (the codes
+        a model records code its outputs at unit length: their mean is no longer than 1, every centred
+        vector no longer than 2), else None. A finite but huge step or mean would code every row alike."""
+        length = float(np.linalg.norm(np.asarray(getattr(self, "mean", np.zeros(1)), dtype=np.float64)))
+        if length > 1.0 + UNIT_SLACK:
+            return "mean", f"has length {length:.6g}, beyond the 1 of a mean of unit vectors"
+        return None
 
     @property
     def model_bytes(self) -> int:
@@ -232,6 +243,7 @@ __all__ = [
     "FORMAT_VERSION",
     "MAGIC",
     "NOT_CODABLE",
+    "UNIT_SLACK",
     "Codec",
     "field_error",
     "flag",

@@ -21,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BadInputError
-from .base import Codec, field_error, flag, orthonormal_columns, real_array, sample_too_small, whole
+from .base import UNIT_SLACK, Codec, field_error, flag, orthonormal_columns, real_array, sample_too_small, whole
 from .linear import principal_axes
 
 #: The faiss codes and what they are.
@@ -66,6 +66,8 @@ def one_omp_thread() -> Iterator[None]:
         faiss.omp_set_num_threads(before)
 
 
+#: The largest magnitude a trained value of a code of unit vectors takes: an SQ range of coordinates in [-2, 2].
+UNIT_EXTENT = 4.0
 #: Centroids a PQ codebook trains by k-means (8-bit codes): faiss's k-means needs a sample row for each.
 PQ_CENTROIDS = 256
 
@@ -142,10 +144,24 @@ class FaissCode(Codec):
         if self._index.d != dim or (self.basis is not None and self.basis.shape[0] != self.n_features):
             raise BadInputError(f"a faiss {kind} code whose index ({self._index.d} dims) does not fit its map")
         self._mean32 = self.mean.astype(np.float32)
+        #: The largest magnitude of the index's trained values (set by :func:`check_index`; 0 until checked).
+        self.trained_extent = 0.0
 
     @property
     def n_features(self) -> int:
         return int(self.mean.shape[0])
+
+    def unit_scale_problem(self) -> tuple[str, str] | None:
+        """:meth:`Codec.unit_scale_problem`, and trained values (codebooks, ranges, centre, rotation) beyond
+        what any training on centred unit vectors writes: each coordinate of such a vector, and so of a
+        centroid, lies within 2, a range within 4 (:data:`UNIT_EXTENT`)."""
+        found = super().unit_scale_problem()
+        if found is None and self.trained_extent > UNIT_EXTENT * (1.0 + UNIT_SLACK):
+            found = (
+                "index",
+                f"holds a trained value of {self.trained_extent:.6g}, beyond the {UNIT_EXTENT} of unit vectors",
+            )
+        return found
 
     @property
     def bytes_per_vector(self) -> int:
@@ -302,6 +318,7 @@ def check_index(code: FaissCode) -> None:
     faiss = _faiss()
     index, kind = code._index, code.kind
     dims, sub = layout_for(kind, code.n_features, code.budget)
+    trained: list[np.ndarray] = []  # every trained value: finite, and their extent kept (unit_scale_problem)
     inner = index
     if kind == "opq":
         if not isinstance(index, faiss.IndexPreTransform) or index.chain.size() != 1:
@@ -309,7 +326,7 @@ def check_index(code: FaissCode) -> None:
         rotation = faiss.downcast_VectorTransform(index.chain.at(0))
         if not isinstance(rotation, faiss.LinearTransform) or (rotation.d_in, rotation.d_out) != (dims, dims):
             raise field_error("index", f"holds no {dims} x {dims} rotation before its PQ")
-        _finite(faiss.vector_to_array(rotation.A), "its rotation")
+        trained.append(_finite(faiss.vector_to_array(rotation.A), "its rotation"))
         inner = faiss.downcast_index(index.index)
     expected = {"pq": faiss.IndexPQ, "opq": faiss.IndexPQ, "sq4": faiss.IndexScalarQuantizer}
     expected.update(sq8=faiss.IndexScalarQuantizer, rabitq1=faiss.IndexRaBitQ)
@@ -327,23 +344,25 @@ def check_index(code: FaissCode) -> None:
     if isinstance(inner, faiss.IndexPQ):
         if (inner.pq.M, inner.pq.nbits) != (sub, 8):
             raise field_error("index", f"holds {inner.pq.M} sub-quantisers of {inner.pq.nbits} bits, not {sub} of 8")
-        _finite(faiss.vector_to_array(inner.pq.centroids), "its codebooks")
+        trained.append(_finite(faiss.vector_to_array(inner.pq.centroids), "its codebooks"))
     elif isinstance(inner, faiss.IndexRaBitQ):
         if inner.rabitq.nb_bits != int(kind[len("rabitq") :]):
             raise field_error("index", f"codes {inner.rabitq.nb_bits} bits a dimension, not a {kind} code's")
-        _finite(faiss.vector_to_array(inner.center), "its centre")
+        trained.append(_finite(faiss.vector_to_array(inner.center), "its centre"))
     else:
         wanted = faiss.ScalarQuantizer.QT_4bit if kind == "sq4" else faiss.ScalarQuantizer.QT_8bit
         if inner.sq.qtype != wanted:
             raise field_error("index", f"is a scalar quantiser of another width than a {kind} code's")
-        _finite(faiss.vector_to_array(inner.sq.trained), "its ranges")
+        trained.append(_finite(faiss.vector_to_array(inner.sq.trained), "its ranges"))
+    code.trained_extent = max(float(np.abs(values).max(initial=0.0)) for values in trained)
     if not 0 < code.bytes_per_vector <= code.budget:
         raise field_error("index", f"writes rows of {code.bytes_per_vector} bytes, beyond the budget of {code.budget}")
 
 
-def _finite(values: np.ndarray, what: str) -> None:
+def _finite(values: np.ndarray, what: str) -> np.ndarray:
     if not np.all(np.isfinite(values)):
         raise field_error("index", f"holds NaN or Inf in {what}")
+    return values
 
 
 def train_faiss(
@@ -433,6 +452,7 @@ def train_faiss(
 
 __all__ = [
     "KINDS",
+    "UNIT_EXTENT",
     "FaissCode",
     "check_index",
     "check_parts",

@@ -51,7 +51,17 @@ import numpy.typing as npt
 from ..core.eigen import eigendecomposition
 from ..core.finite import raise_if_nonfinite
 from ..errors import BadInputError
-from .base import NOT_CODABLE, Codec, field_error, flag, orthonormal_columns, real_array, sample_too_small, whole
+from .base import (
+    NOT_CODABLE,
+    UNIT_SLACK,
+    Codec,
+    field_error,
+    flag,
+    orthonormal_columns,
+    real_array,
+    sample_too_small,
+    whole,
+)
 
 #: The most bits a component gets.
 MAX_BITS = 8
@@ -337,6 +347,19 @@ class LinearCode(Codec):
         if not self.unit:
             return np.ones(norms.shape[0], dtype=np.float32)
         return self._inverse(norms).astype(np.float32)
+
+    def unit_scale_problem(self) -> tuple[str, str] | None:
+        """:meth:`Codec.unit_scale_problem`, and a step beyond the Gaussian step of its bits times 1: a
+        component of unit vectors has a spread of at most 1 (its variance is at most the covariance's trace)."""
+        found = super().unit_scale_problem()
+        if found is not None:
+            return found
+        widest = np.array([gaussian_quantizer(int(b))[0] for b in self.bits]) * (1.0 + UNIT_SLACK)
+        beyond = np.flatnonzero(self.step > widest)
+        if beyond.size:
+            j = int(beyond[0])
+            return "step", f"of component {j} is {self.step[j]:.6g}, beyond the {widest[j]:.6g} of any unit vectors"
+        return None
 
     def with_unit(self, unit: bool = True) -> LinearCode:
         """This code, for unit vectors (or not): the same bytes, another estimate (see the module's text)."""

@@ -132,6 +132,40 @@ def test_a_linear_codec_field_no_training_writes_is_refused(tmp_path, eigen_mode
     _refused_everywhere(tmp_path, tmp_path / "model.npz", field, problem, run_cli)
 
 
+def _scaled_codebooks(blob):
+    """A faiss PQ index's bytes with its codebooks scaled far beyond any unit vectors' (finite)."""
+    import faiss
+
+    index = faiss.deserialize_index(blob)
+    pq = faiss.downcast_index(index).pq
+    faiss.copy_array_to_vector(faiss.vector_to_array(pq.centroids) * 1e6, pq.centroids)
+    return faiss.serialize_index(index)
+
+
+#: finite fields that no training on unit vectors writes -> the model file's codec, refused where it is used
+UNIT_EDITS = {
+    "step-huge": ("eigen", _set("step", lambda s: s * 1e10), "step", "of component 0 is .* beyond the"),
+    "mean-long": ("eigen", _set("mean", lambda m: m * 1e6 + 1.0), "mean", "beyond the 1 of a mean of unit vectors"),
+    "faiss-mean-long": ("faiss", _set("mean", lambda m: m * 1e6 + 1.0), "mean", "beyond the 1 of a mean"),
+    "faiss-codebooks": ("faiss", _set("index", _scaled_codebooks), "index", "a trained value of .* beyond the 4"),
+}
+
+
+@pytest.mark.parametrize("case", UNIT_EDITS)
+def test_a_model_codec_scaled_beyond_any_unit_vectors_is_refused(tmp_path, request, case, run_cli):
+    """The codes a model records code its outputs at unit length: a finite step of 1e10 (the retry of a step
+    of Inf) or a mean far from the unit ball would code every row alike, so the model's codec is refused
+    where it is used; the codec alone (a codec of other vectors may hold them) decodes."""
+    family, edit, field, problem = UNIT_EDITS[case]
+    if family == "faiss":
+        pytest.importorskip("faiss")
+    source = request.getfixturevalue("eigen_model" if family == "eigen" else "faiss_model")
+    forged = rebuild(load_model(str(source)).storage.codec.data, edit)
+    codec_from_bytes(forged)  # every field is a field some training writes
+    forge_model(source, tmp_path / "model.npz", forged)
+    _refused_everywhere(tmp_path, tmp_path / "model.npz", field, problem, run_cli)
+
+
 def test_the_step_of_inf_reproducer_no_longer_writes_one_code_for_every_row(tmp_path, eigen_model, run_cli):
     """Issue #45's reproducer: before, ``apply`` wrote the same code for every row and exited 0."""
     good = load_model(str(eigen_model)).storage.codec.data
