@@ -386,6 +386,9 @@ def checkpoint_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     scatter = f.array("scatter", (d, d))
     check_scatter(f, scatter, n_rows, mean)
     meta = f.json("meta_json", dict)
+    found = nul_field(meta)
+    if found is not None:  # no spec or path holds one: it would reach os.stat as a bare ValueError
+        raise f.fail("meta_json", f"{found} holds a NUL byte")
 
     def need(key: str, test: Callable[[Any], object], text: str) -> Any:
         if key not in meta or not test(meta[key]):

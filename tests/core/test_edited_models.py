@@ -210,6 +210,10 @@ CHECKPOINT_EDITS = {
         {"meta_json": lambda v: np.array(str(v).replace('"next_row": ', '"next_row": -'))},
         r"checkpoint field 'meta_json' cursor 0: start <= next_row <= stop",
     ),
+    "spec-nul": (  # issue #45: a NUL byte in a path reaches os.stat as a bare ValueError
+        {"meta_json": lambda v: np.array(str(v).replace('"spec": "', '"spec": "\\u0000'))},
+        r"checkpoint field 'meta_json' cursors\[0\]\.spec holds a NUL byte",
+    ),
     "precision": (
         {"meta_json": lambda v: np.array(str(v).replace('"auto"', '"float128"'))},
         r"checkpoint field 'meta_json' precision must be one of",
