@@ -657,6 +657,12 @@ def with_codes(
         from .io.sample import sample_rows
 
         drawn = sample_rows(sample, int(sample_size), int(seed))
+        if drawn.shape[0] < smallest_sample(code):  # the input holds fewer rows than the code trains on
+            raise BadInputError(
+                f"the {code} code needs a sample of at least {smallest_sample(code)} rows, but the sample input "
+                f"holds {drawn.shape[0]}: give one with more rows",
+                param="sample_size",
+            )
     codec = train_for(model, code, int(budget), sample=drawn, sample_seed=int(seed), seed=int(seed))
     used = 0 if drawn is None else int(drawn.shape[0])
     coded = with_codec(model, codec, code, sample_rows=used, sample_seed=int(seed) if used else 0)

@@ -142,11 +142,7 @@ class Codec(ABC):
 def sample_too_small(code: str, smallest: int, rows: int, why: str) -> BadInputError:
     """The one-line error of a sample of ``rows`` rows, fewer than the ``smallest`` the code ``code`` trains
     on (``why``: what it learns from them)."""
-    return BadInputError(
-        f"the {code} code needs a sample of at least {smallest} rows ({why}), got {rows}: give a larger "
-        "sample_size, or a sample input with more rows",
-        param="sample_size",
-    )
+    return BadInputError(f"the {code} code needs a sample of at least {smallest} rows ({why}), got {rows}")
 
 
 def field_error(field: str, problem: str) -> ModelFileError:

@@ -297,7 +297,7 @@ def test_a_sample_smaller_than_a_code_trains_on_names_the_smallest_that_works(tm
         "codes", tmp_path / "m.npz", code, "--sample", tmp_path / "few.h5", "-o", tmp_path / "c.npz"
     )
     assert code_ == 2 and len(err.splitlines()) == 1, err
-    assert f"needs a sample of at least {smallest} rows" in err and f"got {few}" in err and "--sample-size" in err
+    assert f"needs a sample of at least {smallest} rows, but the sample input holds {few}" in err, err
     if smallest > 2:
         code_, _, err = run_cli(
             "codes",
@@ -314,4 +314,10 @@ def test_a_sample_smaller_than_a_code_trains_on_names_the_smallest_that_works(tm
     assert snapshot(tmp_path) == before
     with pytest.raises(BadInputError, match=f"at least {smallest} rows"):
         with_codes(model, code, sample=ROWS[: smallest - 1])
+    from streamwhiten.codes.storage import train_for
+
+    with pytest.raises(
+        BadInputError, match=rf"^the {name} code needs a sample of at least {smallest} rows \(.*\), got"
+    ):
+        train_for(model, name, int(code.split(":")[1]), sample=ROWS[: smallest - 1])  # as eval and tune train
     assert with_codes(model, code, sample=ROWS[:smallest], sample_size=smallest).storage.codec.sample_rows == smallest
