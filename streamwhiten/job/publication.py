@@ -330,7 +330,7 @@ def part_problem(
 
 
 def _unreadable(exc: BaseException) -> str:
-    return f"unreadable: {' '.join(str(exc).split())[:200]}"
+    return f"unreadable ({' '.join(str(exc).split())[:200]})"
 
 
 def attrs_problem(

@@ -121,6 +121,11 @@ def test_a_part_swapped_for_another_inputs_is_refused_in_one_plain_sentence(tmp_
         "../shards/day-1.h5), so it is not read"
     ), message
     assert "is holds" not in message and "newer version" not in message
+    part.write_bytes(b"not an HDF5 file")  # damaged
+    with pytest.raises(
+        BadInputError, match=r"this part of published version 1 is unreadable \(.*\), so it is not read$"
+    ):
+        published(model).read(str(tmp_path / "shards" / "day-1.h5"))
     os.remove(part)  # a missing part: the one case where a newer version may have deleted it
     with pytest.raises(
         BadInputError, match=r"this part of published version 1 is missing, so it is not read; if a newer"
