@@ -326,7 +326,10 @@ def check_index(code: FaissCode) -> None:
         rotation = faiss.downcast_VectorTransform(index.chain.at(0))
         if not isinstance(rotation, faiss.LinearTransform) or (rotation.d_in, rotation.d_out) != (dims, dims):
             raise field_error("index", f"holds no {dims} x {dims} rotation before its PQ")
-        trained.append(_finite(faiss.vector_to_array(rotation.A), "its rotation"))
+        matrix = _finite(faiss.vector_to_array(rotation.A), "its rotation").reshape(dims, dims)
+        if np.abs(matrix @ matrix.T - np.eye(dims)).max() > 1e-3:  # OPQ learns a rotation
+            raise field_error("index", "holds an OPQ matrix that is no rotation (its rows are not orthonormal)")
+        trained.append(matrix)
         inner = faiss.downcast_index(index.index)
     expected = {"pq": faiss.IndexPQ, "opq": faiss.IndexPQ, "sq4": faiss.IndexScalarQuantizer}
     expected.update(sq8=faiss.IndexScalarQuantizer, rabitq1=faiss.IndexRaBitQ)

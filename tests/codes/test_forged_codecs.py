@@ -321,3 +321,31 @@ def test_a_sample_smaller_than_a_code_trains_on_names_the_smallest_that_works(tm
     ):
         train_for(model, name, int(code.split(":")[1]), sample=ROWS[: smallest - 1])  # as eval and tune train
     assert with_codes(model, code, sample=ROWS[:smallest], sample_size=smallest).storage.codec.sample_rows == smallest
+
+
+def test_an_opq_matrix_that_is_no_rotation_is_refused():
+    """OPQ learns an orthogonal rotation: an index whose matrix is scaled (finite, of the right shape) is no
+    index OPQ trains."""
+    faiss = pytest.importorskip("faiss")
+    from streamwhiten.codes.faiss_codes import one_omp_thread
+
+    rows = ROWS[:300].astype(np.float64)
+    with one_omp_thread():
+        codec = train_codec_fast("faiss-opq", rows)
+
+    def scaled(blob):
+        index = faiss.deserialize_index(blob)
+        rotation = faiss.downcast_VectorTransform(index.chain.at(0))
+        faiss.copy_array_to_vector(faiss.vector_to_array(rotation.A) * 1.5, rotation.A)
+        return faiss.serialize_index(index)
+
+    assert codec_from_bytes(codec.to_bytes()).to_bytes() == codec.to_bytes()
+    with pytest.raises(ModelFileError, match=r"codec field 'index' holds an OPQ matrix that is no rotation"):
+        codec_from_bytes(rebuild(codec.to_bytes(), _set("index", scaled)))
+
+
+def train_codec_fast(name, rows):
+    """The code ``name`` (8 bytes) of ``rows``, its k-means and OPQ cut short: the checks, not the quality."""
+    from streamwhiten.codes import train_codec
+
+    return train_codec(name, rows.mean(0), np.cov(rows.T), 8, sample=rows, iterations=2, opq_iterations=2)
