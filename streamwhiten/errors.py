@@ -116,8 +116,8 @@ class NothingToDoError(StreamwhitenError):
 
     exit_code = EXIT_NOTHING_TO_DO
 
-    def __init__(self, message: str, report: Report | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, report: Report | None = None, param: str | tuple[str, ...] | None = None) -> None:
+        super().__init__(message, param=param)
         self.report = report
 
 

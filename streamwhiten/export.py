@@ -254,7 +254,9 @@ def export(
     if not isinstance(affine, AffineMap) and hasattr(affine, "as_affine"):
         recorded = getattr(getattr(affine, "storage", None), "codec", None)
         if codec is None and recorded is not None:
-            codec = recorded.data
+            from .codes import record_codec
+
+            codec = record_codec(recorded, affine.n_components)  # every field checked
         affine = affine.as_affine(normalize=True) if codec is not None else affine.as_affine()
     path = os.fspath(path).rstrip("/") or os.fspath(path)
     fmt = format_for(path, fmt, append_to)
@@ -275,14 +277,20 @@ def export(
     details: dict[str, Any] = {}
     if fmt == "sentence-transformers":
         plan = plan_sentence_transformers(affine, path, append_to, insert)
-        if not overwrite and os.path.lexists(path) and _st_is_current(path, plan["metadata"]):
-            raise _up_to_date(path)
+        if os.path.lexists(path):  # an export that is up to date is kept, overwrite or not (exit 3)
+            if overwrite:
+                check_export_output(path, fmt, overwrite)  # only one of ours is looked into
+            if _st_is_current(path, plan["metadata"]):
+                raise _up_to_date(path)
         check_export_output(path, fmt, overwrite)
         details.update(write_sentence_transformers(affine, path, append_to, overwrite, plan))
         return ExportResult(fmt, path, affine.params(), details)
     payload, info = export_payload(affine, fmt, index, metric, codec)
-    if not overwrite and os.path.lexists(path) and _file_is_current(path, fmt, payload):
-        raise _up_to_date(path)
+    if os.path.lexists(path):  # an export that is up to date is kept, overwrite or not (exit 3)
+        if overwrite:
+            check_export_output(path, fmt, overwrite)  # only one of ours is looked into
+        if _file_is_current(path, fmt, payload):
+            raise _up_to_date(path)
     check_export_output(path, fmt, overwrite)
     if fmt == "npz":
         details["file_checksum"] = write_npz_atomic(path, payload, "whitening map")
@@ -310,7 +318,9 @@ def export_payload(
 
 def _up_to_date(path: str) -> NothingToDoError:
     return NothingToDoError(
-        f"nothing to do: {path} is up to date (the same map, written in the same format with the same options)"
+        f"nothing to do: {path} is up to date (the same map, written in the same format with the same options); "
+        "overwrite=True replaces only an export that is not: delete it to write it again",
+        param="overwrite",
     )
 
 

@@ -247,7 +247,8 @@ class ApplyOptions:
     restart : bool
         Discard the partial output of an interrupted run instead of resuming it.
     overwrite : bool
-        Replace an existing output written by streamwhiten.
+        Replace an existing output written by streamwhiten that is not up to date (one that is up to date is
+        kept, overwrite or not: `NothingToDoError`, exit 3).
     """
 
     normalize: bool = params.default("normalize")

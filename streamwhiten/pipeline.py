@@ -583,10 +583,9 @@ def is_up_to_date(
     rows: tuple[int, int] | None = None,
 ) -> bool:
     """Whether ``output_spec`` already holds what [`apply`][streamwhiten.pipeline.apply] with these arguments would
-    write (complete,
-    the same map, input rows, options and kept columns): then writing it again changes nothing. How a job
-    skips an output that is up to date, where [`apply`][streamwhiten.pipeline.apply] would replace it (a job overwrites
-    its outputs).
+    write (complete, the same map, input rows, options and kept columns): then writing it again changes nothing,
+    and [`apply`][streamwhiten.pipeline.apply] raises ``NothingToDoError`` (``overwrite`` or not). How a job skips
+    an output that is up to date before it writes (a job overwrites its outputs that are not).
     ``model`` is a model or its file; ``options``, ``read`` and ``rows`` are
     [`apply`][streamwhiten.pipeline.apply]'s."""
     from .core.model import load_model
@@ -636,7 +635,7 @@ def with_codes(
     >>> model.storage.label, model.storage.bytes_per_vector(model.n_components)
     ('eigen-4B', 4)
     """
-    from .codes import NEEDS_SAMPLE, check_budget
+    from .codes import NEEDS_SAMPLE, check_budget, smallest_sample
     from .codes.storage import is_code, parse_code, train_for, with_codec
     from .core.model import check_model_output, load_model, save_model
 
@@ -658,10 +657,21 @@ def with_codes(
             raise BadInputError(f"the {code} code learns from a sample of the input rows: give sample (an input store)")
         if isinstance(sample_size, bool) or int(sample_size) != sample_size or sample_size < 2:
             raise BadInputError(f"a code's sample size is a whole number of at least 2, got {sample_size!r}")
+        if sample_size < smallest_sample(code):  # before the sample is read (fewer rows drawn: train_for says so)
+            raise BadInputError(
+                f"the {code} code needs a sample of at least {smallest_sample(code)} rows, not sample_size={sample_size}",
+                param="sample_size",
+            )
         from .io.sample import sample_rows
 
         with phase(progress, "read the sample") as told:
             drawn = sample_rows(sample, int(sample_size), int(seed), told)
+        if drawn.shape[0] < smallest_sample(code):  # the input holds fewer rows than the code trains on
+            raise BadInputError(
+                f"the {code} code needs a sample of at least {smallest_sample(code)} rows, but the sample input "
+                f"holds {drawn.shape[0]}: give one with more rows",
+                param="sample_size",
+            )
     used = 0 if drawn is None else int(drawn.shape[0])
     source = f"on {used:,} rows" if used else "from the statistics"
     with phase(progress, f"train {code}:{int(budget)} {source}", None):

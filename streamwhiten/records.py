@@ -234,6 +234,7 @@ class ResumeRecord:
         missing = [key for key in cls.REQUIRED if key not in data]
         if unknown or missing:
             raise ValueError(f"not a progress record of this version (other keys {unknown}, missing {missing})")
+        refuse_nul(data, "the progress record's")
         values = dict(data)
         try:
             values["source"] = Fingerprint.from_dict(values["source"])
@@ -251,6 +252,36 @@ class ResumeRecord:
 # ------------------------------------------------------------------------------------------ publication
 
 
+def nul_field(data: Any, where: str = "") -> str | None:
+    """The first field of the JSON value ``data`` (a key or a string value, at any depth) that holds a NUL
+    byte, as its path (``inputs[0].parts[1].path``), or None. No path, name or value any writer records
+    holds one (the file system refuses it in a name), so a record that does was edited: the reader names
+    the field, where the NUL would otherwise reach ``os.stat`` as a bare ``ValueError``."""
+    if isinstance(data, str):
+        return (where or "a value") if "\x00" in data else None
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            inner = f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and "\x00" in key:
+                return f"the key {key!r} of {where or 'the record'}"
+            found = nul_field(value, inner)
+            if found is not None:
+                return found
+    elif isinstance(data, (list, tuple)):
+        for i, value in enumerate(data):
+            found = nul_field(value, f"{where}[{i}]")
+            if found is not None:
+                return found
+    return None
+
+
+def refuse_nul(data: Any, what: str) -> None:
+    """`ValueError` naming the field of ``data`` that holds a NUL byte (`nul_field`), if one does."""
+    found = nul_field(data)
+    if found is not None:
+        raise ValueError(f"{what} field {found} holds a NUL byte, which no path or name can hold")
+
+
 def _count(value: Any, what: str, low: int = 0) -> int:
     """``value`` if it is a whole number (not a bool) of at least ``low``, else `ValueError`."""
     if type(value) is not int or value < low:
@@ -258,9 +289,13 @@ def _count(value: Any, what: str, low: int = 0) -> int:
     return value
 
 
-def _text(value: Any, what: str) -> str:
+def _text(value: Any, what: str, plain: bool = False) -> str:
+    """``value`` if it is a non-empty string without a NUL byte (``plain``: without any control character:
+    an identity, a stamp or a time, which no writer makes of anything but printable text)."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty string, got {value!r}")
+    if "\x00" in value or (plain and not value.isprintable()):
+        raise ValueError(f"{what} holds {'a NUL byte' if chr(0) in value else 'a control character'}: {value!r}")
     return value
 
 
@@ -304,8 +339,25 @@ class Part:
         start, stop = _count(data["start"], f"{what} start"), _count(data["stop"], f"{what} stop")
         if stop <= start:
             raise ValueError(f"{what} holds no rows (start {start}, stop {stop})")
-        stamp = None if data.get("stamp") is None else _text(data["stamp"], f"{what} stamp")
+        stamp = None if data.get("stamp") is None else _text(data["stamp"], f"{what} stamp", plain=True)
         return cls(_text(data["path"], f"{what} path"), start, stop, stamp)
+
+
+#: The fields of a fingerprint that are whole numbers (the others are text).
+_FINGERPRINT_COUNTS = ("n_rows", "n_features", "chunk_rows", "rows_read", "size", "version")
+
+
+def _check_fingerprint(source: Fingerprint) -> None:
+    """Refuse a recorded fingerprint whose fields are not what a reader takes (whole numbers of at least 0,
+    text; a NUL byte is refused with the whole record): `ValueError` naming the field."""
+    for name in Fingerprint.KEYS:
+        value = getattr(source, name)
+        if value is None:
+            continue
+        if name in _FINGERPRINT_COUNTS:
+            _count(value, name)
+        elif not isinstance(value, str) or (name == "path" and not value):  # "" is a dataset or ETag of none
+            raise ValueError(f"{name} must be text, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -349,6 +401,7 @@ class PublishedInput:
             expected = part.stop
         try:
             source = Fingerprint.from_dict(data["source"])
+            _check_fingerprint(source)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{what} ({spec}) source: {exc}") from None
         if source.n_rows != expected:
@@ -552,6 +605,7 @@ class Manifest:
         if legacy == ("job_id" in data):
             raise ValueError("format_version 2 needs a job_id, and 1 has none")
         body = {key: value for key, value in data.items() if key != "checksum"}
+        refuse_nul(body, "the manifest's")  # before any path reaches the file system
         try:
             expected = json_checksum(body)
         except (TypeError, ValueError) as exc:
@@ -582,18 +636,18 @@ class Manifest:
             raise ValueError(f"the retired versions {numbers} are not distinct versions older than the kept ones")
         if not legacy and any(item.model_checksum is None for item in kept + retired):
             raise ValueError("a kept or retired version lacks its model_checksum")
-        job_id = None if legacy else _text(data["job_id"], "job_id")
+        job_id = None if legacy else _text(data["job_id"], "job_id", plain=True)
         updated_at = data.get("updated_at")
         return cls(
             version=version,
             model_file=_file_name(data["model_file"], "model_file"),
             file_checksum=_digest(data["file_checksum"], "file_checksum"),
             model_checksum=_digest(data["model_checksum"], "model_checksum"),
-            published_at=_text(data["published_at"], "published_at"),
+            published_at=_text(data["published_at"], "published_at", plain=True),
             n_rows=_count(data["n_rows"], "n_rows", 1),
             setting=dict(data["setting"]),
             inputs=inputs,
-            updated_at=None if updated_at is None else _text(updated_at, "updated_at"),
+            updated_at=None if updated_at is None else _text(updated_at, "updated_at", plain=True),
             kept=kept,
             retired=retired,
             job_id=job_id,
@@ -609,4 +663,6 @@ __all__ = [
     "Version",
     "fingerprint_of",
     "json_checksum",
+    "nul_field",
+    "refuse_nul",
 ]

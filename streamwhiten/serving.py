@@ -85,7 +85,7 @@ def codec(path: str | os.PathLike[str]) -> Any:
 
     The codec codes the map's outputs scaled to unit length: ``codec(path).encode(load(path,
     normalize=True).transform(x))`` are the code rows of ``x``, ``decode(rows, codec(path))`` their vectors."""
-    from .codes import codec_from_bytes
+    from .codes import record_codec
 
     path = os.fspath(path)
     check_file(path, "model file")
@@ -93,7 +93,7 @@ def codec(path: str | os.PathLike[str]) -> Any:
     storage = f["storage"]
     if storage is None or storage.codec is None:
         raise BadInputError(f"{path}: the model records no vector code as its storage (add one: streamwhiten codes)")
-    return codec_from_bytes(storage.codec.data, f["n_components"])
+    return record_codec(storage.codec, f["n_components"])
 
 
 def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:

@@ -16,7 +16,7 @@ import pytest
 from conftest import map_checksum, write_h5
 
 from streamwhiten import Whitener, serving
-from streamwhiten.errors import EXIT_BAD_INPUT
+from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO
 
 D, SMALL_K = 16, 6
 SETTINGS = [
@@ -777,7 +777,9 @@ def test_faiss_binary_is_an_index_binary_flat_of_our_packed_bits(tmp_path, store
     code, _, err = run_cli("export", stored_models["binary"], "-o", tmp_path / "x.faiss", "--index", "Flat")
     assert code == EXIT_BAD_INPUT
     one_line_error(err, "--index is for float storage: binary storage is written as its own faiss IndexBinaryFlat")
-    export_ok(run_cli, stored_models["binary"], "-o", tmp_path / "bits.binary.faiss", "--overwrite")
+    # recognised as ours (not refused as another program's file), and up to date: kept, exit 3
+    code, _, err = run_cli("export", stored_models["binary"], "-o", tmp_path / "bits.binary.faiss", "--overwrite")
+    assert code == EXIT_NOTHING_TO_DO and "is up to date" in err, err
 
 
 def test_faiss_float_and_binary_exports_have_their_own_names_and_loaders(tmp_path, stored_models, run_cli):

@@ -233,3 +233,101 @@ def test_an_apply_progress_record_is_the_plain_json_and_one_written_by_hand_is_r
     assert summary.resumed_at_row == 100
     with open_source(out) as done:
         np.testing.assert_allclose(done.read(0, 400), model.transform(rows).astype(np.float32), rtol=1e-5, atol=1e-5)
+
+
+def _manifest_json() -> dict:
+    """The JSON of a manifest as a run writes it (paths relative to its folder, one input of two parts, a
+    kept version), checksum included."""
+    from streamwhiten.records import Manifest, Part, PublishedInput, Version
+
+    source = Fingerprint(path="../shards/a.h5", dataset="emb", n_rows=30, n_features=4, dtype="float32", chunk_rows=0)
+    parts = (Part("../out/a.v2.zarr", 0, 20, stamp="1700000000.0:123"), Part("../out/a.v2.1.zarr", 20, 30))
+    manifest = Manifest(
+        version=2,
+        model_file="m.v2.npz",
+        file_checksum="a" * 64,
+        model_checksum="b" * 64,
+        published_at="2026-01-01T00:00:00+00:00",
+        n_rows=30,
+        setting={"beta": 1.0, "output": "../out/{stem}.zarr"},
+        inputs=(PublishedInput("../shards/a.h5", "../out/a.zarr", source, parts),),
+        kept=(Version(1, "m.v1.npz", ("../out/a.v1.zarr",), "c" * 64),),
+        job_id="0123abcd",
+    )
+    return manifest.to_dict()
+
+
+def _with(data: dict, where: str, value) -> dict:
+    """``data`` with the field at ``where`` (``inputs.0.parts.1.path``) set to ``value`` and the checksum
+    recomputed, as anyone can."""
+    from streamwhiten.records import json_checksum
+
+    data = json.loads(json.dumps(data))
+    *path, last = [int(key) if key.isdigit() else key for key in where.split(".")]
+    target = data
+    for key in path:
+        target = target[key]
+    target[last] = value(target[last]) if callable(value) else value
+    data.pop("checksum")
+    data["checksum"] = json_checksum(data)
+    return data
+
+
+#: every text field of a manifest (paths, names, identities, times) -> how its reader names it
+MANIFEST_TEXT_FIELDS = {
+    "inputs.0.parts.0.path": r"inputs\[0\]\.parts\[0\]\.path",
+    "inputs.0.parts.1.path": r"inputs\[0\]\.parts\[1\]\.path",
+    "inputs.0.parts.0.stamp": r"inputs\[0\]\.parts\[0\]\.stamp",
+    "inputs.0.spec": r"inputs\[0\]\.spec",
+    "inputs.0.output": r"inputs\[0\]\.output",
+    "inputs.0.source.path": r"inputs\[0\]\.source\.path",
+    "inputs.0.source.dataset": r"inputs\[0\]\.source\.dataset",
+    "kept.0.outputs.0": r"kept\[0\]\.outputs\[0\]",
+    "kept.0.model_file": r"kept\[0\]\.model_file",
+    "model_file": r"model_file",
+    "setting.output": r"setting\.output",
+    "job_id": r"job_id",
+    "published_at": r"published_at",
+}
+
+
+@pytest.mark.parametrize("where", MANIFEST_TEXT_FIELDS)
+def test_a_manifest_field_holding_a_nul_byte_is_refused_naming_the_field(where):
+    """Issue #45: a part path holding a NUL byte reached ``os.stat`` and ended in ``ValueError: embedded null
+    byte`` (exit 1). No writer records one in any field: the reader names the field."""
+    from streamwhiten.records import Manifest
+
+    good = _manifest_json()
+    assert Manifest.from_dict(good).to_dict() == good  # what a run writes is read back whole
+    with pytest.raises(ValueError, match=rf"^the manifest's field {MANIFEST_TEXT_FIELDS[where]} holds a NUL byte"):
+        Manifest.from_dict(_with(good, where, lambda text: text + "\x00x"))
+
+
+@pytest.mark.parametrize(
+    "where, value, message",
+    [
+        ("job_id", "ab\ncd", "job_id holds a control character"),
+        ("inputs.0.parts.0.stamp", "1\t2", "stamp holds a control character"),
+        ("published_at", "2026\r", "published_at holds a control character"),
+        ("inputs.0.source.n_rows", 30.0, "n_rows must be a whole number"),
+        ("inputs.0.source.chunk_rows", -1, "chunk_rows must be a whole number of at least 0"),
+        ("inputs.0.source.dtype", 4, "dtype must be text"),
+        ("inputs.0.parts.0.path", "", "path must be a non-empty string"),
+    ],
+)
+def test_a_manifest_field_no_run_writes_is_refused(where, value, message):
+    from streamwhiten.records import Manifest
+
+    with pytest.raises(ValueError, match=message):
+        Manifest.from_dict(_with(_manifest_json(), where, value))
+
+
+def test_a_progress_record_holding_a_nul_byte_is_refused():
+    record = ResumeRecord(
+        "a" * 64, Fingerprint(path="/x/a.h5", n_rows=3), "/x/out.zarr", True, "float32", 3, 100, False, 1
+    ).to_dict()
+    assert ResumeRecord.from_dict(record).to_dict() == record
+    with pytest.raises(ValueError, match=r"progress record's field output holds a NUL byte"):
+        ResumeRecord.from_dict(dict(record, output="/x/out\x00.zarr"))
+    with pytest.raises(ValueError, match=r"progress record's field source\.path holds a NUL byte"):
+        ResumeRecord.from_dict(dict(record, source=dict(record["source"], path="/x/\x00")))

@@ -68,7 +68,8 @@ ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor", "checksums")
 @click.option(
     "--overwrite",
     is_flag=True,
-    help="Replace an existing output written by streamwhiten (one that is up to date is kept: exit 3).",
+    help="Replace an existing output written by streamwhiten that is not up to date (one that is up to date "
+    "is kept, with this flag too: exit 3, nothing to do; delete it to write it again).",
 )
 @param_options("fill_missing_chunks", "keep_columns", "compressor", "direct_io", "checksums")
 @storage_options

@@ -75,7 +75,8 @@ EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx"
 @click.option(
     "--overwrite",
     is_flag=True,
-    help="Replace an existing export of this format written by streamwhiten (one that is up to date is kept: exit 3).",
+    help="Replace an existing export of this format written by streamwhiten that is not up to date (one that is "
+    "up to date is kept, with this flag too: exit 3, nothing to do; delete it to write it again).",
 )
 @json_option
 def export_(
@@ -134,7 +135,10 @@ def export_(
                 f"the model's code ({model.storage.codec.label}) is for its saved setting: drop the model options, "
                 "or give --dtype float32 to export the map alone"
             )
-        codec, normalize = model.storage.codec.data, True  # a code is of the unit-length outputs
+        from ..codes import record_codec
+
+        # a code is of the unit-length outputs; its bytes decoded, every field checked, before anything is written
+        codec, normalize = record_codec(model.storage.codec, model.n_components), True
     affine = model.as_affine(normalize=normalize, dtype=dtype, **setting.given())
     stored = file_checksum(model_path)
     if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)

@@ -29,6 +29,10 @@ def info(model_path: str, as_json: bool):
     from ..job.publication import Publication, read_manifest
 
     model = load_model(model_path)
+    if model.storage is not None and model.storage.codec is not None:
+        from ..codes import record_codec
+
+        record_codec(model.storage.codec, model.n_components)  # a forged codec is refused, not described
     summary = dict(model.to_json(), model=model_path, file_checksum=file_checksum(model))
     manifest = read_manifest(model_path)  # a job with [publish]: the version its outputs hold
     publication = None if manifest is None else Publication(model_path, manifest)

@@ -23,10 +23,15 @@ Examples
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy.typing as npt
 
 from ..errors import BadInputError, ModelFileError
 from .base import Codec, read_parts
+
+if TYPE_CHECKING:
+    from ..core.quantize import CodecRecord
 
 #: The codes `train_codec` trains.
 CODES: tuple[str, ...] = (
@@ -109,16 +114,18 @@ def _largest_size(name: str, n_features: int, budget: int) -> int:
     return faiss_bytes(kind, *layout_for(kind, n_features, budget))
 
 
-def fewest_sample_rows(name: str) -> int:
-    """The fewest sample rows the code ``name`` trains on: 0 for those of statistics alone, PQ's and
-    OPQ's 256 (a k-means centroid each), the others of `NEEDS_SAMPLE` 2."""
+def smallest_sample(name: str) -> int:
+    """The fewest sample rows the code ``name`` trains on (0 for the codes trained from the statistics
+    alone): one per k-means centroid for faiss's PQ and OPQ, 2 for the others that learn from data."""
     if name not in NEEDS_SAMPLE:
         return 0
     if name.startswith("faiss-"):
-        from .faiss_codes import fewest_rows
+        from .faiss_codes import smallest_sample as faiss_smallest
 
-        return fewest_rows(name[len("faiss-") :])
-    return 2
+        return faiss_smallest(name[len("faiss-") :])
+    from .linear import ITQ_SMALLEST_SAMPLE
+
+    return ITQ_SMALLEST_SAMPLE
 
 
 def train_codec(
@@ -189,24 +196,70 @@ def check_budget(name: str, n_features: int, budget: int) -> None:
         sign_bits(int(n_features), int(budget), name.endswith("+f"), name.removesuffix("+f"))
 
 
-def codec_from_bytes(data: bytes, n_features: int | None = None) -> Codec:
-    """The codec `Codec.to_bytes` wrote; `ModelFileError` for damaged
-    or altered bytes, `BadInputError` where ``n_features`` is given and the codec codes vectors
+def codec_from_bytes(data: bytes, n_features: int | None = None, where: str | None = None) -> Codec:
+    """The codec `Codec.to_bytes` wrote, every field checked (each family's ``check_parts``: a
+    field no training could have written, such as a step of Inf or index bytes faiss cannot read, is
+    refused, not used); `ModelFileError` in one line for damaged, altered or
+    forged bytes, naming ``where`` they were read from (``model.npz: model file field 'storage_codec'``)
+    and the codec's field; `BadInputError` where ``n_features`` is given and the codec codes vectors
     of another width."""
-    family, record, arrays = read_parts(data)
-    if family == "linear":
-        from .linear import LinearCode
+    prefix = f"{where}: " if where else "the codec's bytes: "
+    try:
+        family, record, arrays = read_parts(data)
+        if family == "linear":
+            from .linear import LinearCode
 
-        codec: Codec = LinearCode._from_parts(record, arrays)
-    elif family == "faiss":
-        from .faiss_codes import FaissCode
+            codec: Codec = LinearCode._from_parts(record, arrays)
+        elif family == "faiss":
+            from .faiss_codes import FaissCode
 
-        codec = FaissCode._from_parts(record, arrays)
-    else:
-        raise ModelFileError(f"unknown codec family {family!r} (a newer streamwhiten wrote it?)")
+            codec = FaissCode._from_parts(record, arrays)
+        else:
+            raise ModelFileError(f"unknown codec family {family!r} (a newer streamwhiten wrote it?)")
+    except ModelFileError as exc:
+        raise ModelFileError(f"{prefix}{exc}; not written by streamwhiten as it is, refusing it") from None
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:  # a record no check above foresaw
+        if isinstance(exc, BadInputError):
+            raise
+        raise ModelFileError(f"{prefix}a codec record no training writes ({type(exc).__name__}: {exc})") from None
     if n_features is not None and codec.n_features != int(n_features):
         raise BadInputError(
-            f"the {codec.label} codec codes vectors of {codec.n_features} values, not {int(n_features)}"
+            f"{where + ': ' if where else ''}the {codec.label} codec codes vectors of {codec.n_features} values, "
+            f"not {int(n_features)}"
+        )
+    return codec
+
+
+def code_name(codec: Codec) -> str:
+    """The name of `CODES` that trains ``codec`` (``faiss-pq``, ``eigen-iso``, ``bits-itq+f``)."""
+    kind, correction = str(getattr(codec, "kind", "")), bool(getattr(codec, "correction", False))
+    if codec.family == "faiss":
+        return f"faiss-{kind}"
+    if kind == "eigen" and not correction:
+        return "eigen-iso" if getattr(codec, "training", {}).get("queries") == "isotropic" else "eigen"
+    return kind + ("+f" if correction else "")
+
+
+def record_codec(record: CodecRecord, n_features: int | None = None) -> Codec:
+    """The codec of a model's codec record: its bytes decoded with every field checked
+    (`codec_from_bytes`), within what training on unit vectors writes (the
+    model's outputs at unit length: `Codec.unit_scale_problem`), and what the record says of it (the code and its
+    budget, label, width, bytes a row) the codec's own; a `ModelFileError`
+    naming the file the record was read from (``record.origin``) otherwise."""
+    where = record.origin or "the model's codec record"
+    codec = codec_from_bytes(record.data, n_features, where=where)
+    found = codec.unit_scale_problem()  # a model's codec codes its outputs at unit length
+    if found is not None:
+        raise ModelFileError(
+            f"{where}: codec field {found[0]!r} {found[1]}; not written by streamwhiten as it is, refusing it"
+        )
+    held = (code_name(codec), int(getattr(codec, "budget", codec.bytes_per_vector)), codec.label, codec.n_features)
+    said = (record.code, record.budget, record.label, record.n_features)
+    if held != said or codec.bytes_per_vector != record.bytes_per_vector:
+        raise ModelFileError(
+            f"{where}: its record says {said[0]} of {said[1]} bytes ({said[2]}, {said[3]} values, "
+            f"{record.bytes_per_vector} bytes a row), but its bytes hold {held[0]} of {held[1]} bytes ({held[2]}, "
+            f"{held[3]} values, {codec.bytes_per_vector} bytes a row); not written by streamwhiten as it is, refusing it"
         )
     return codec
 
@@ -217,8 +270,10 @@ __all__ = [
     "TUNE_CODES",
     "Codec",
     "check_budget",
+    "code_name",
     "code_size",
     "codec_from_bytes",
-    "fewest_sample_rows",
+    "record_codec",
+    "smallest_sample",
     "train_codec",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import struct
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
@@ -25,6 +26,8 @@ from ..errors import BadInputError, ModelFileError
 #: The first bytes of every codec's byte form, and its format version.
 MAGIC, FORMAT_VERSION = b"SWCODEC\x00", 1
 _DIGEST = 32
+#: The rounding allowed on the bounds of a code of unit vectors (`Codec.unit_scale_problem`).
+UNIT_SLACK = 1e-6
 #: The end of the error for a row holding NaN or Inf.
 NOT_CODABLE = ", which a code cannot hold"
 
@@ -74,6 +77,15 @@ class Codec(ABC):
     @abstractmethod
     def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> Codec:
         """The codec `_parts` described."""
+
+    def unit_scale_problem(self) -> tuple[str, str] | None:
+        """``(field, problem)`` where a field lies beyond what any training on unit vectors writes (the codes
+        a model records code its outputs at unit length: their mean is no longer than 1, every centred
+        vector no longer than 2), else None. A finite but huge step or mean would code every row alike."""
+        length = float(np.linalg.norm(np.asarray(getattr(self, "mean", np.zeros(1)), dtype=np.float64)))
+        if length > 1.0 + UNIT_SLACK:
+            return "mean", f"has length {length:.6g}, beyond the 1 of a mean of unit vectors"
+        return None
 
     @property
     def model_bytes(self) -> int:
@@ -127,6 +139,61 @@ class Codec(ABC):
         return rows
 
 
+def sample_too_small(code: str, smallest: int, rows: int, why: str) -> BadInputError:
+    """The one-line error of a sample of ``rows`` rows, fewer than the ``smallest`` the code ``code`` trains
+    on (``why``: what it learns from them)."""
+    return BadInputError(f"the {code} code needs a sample of at least {smallest} rows ({why}), got {rows}")
+
+
+def field_error(field: str, problem: str) -> ModelFileError:
+    """The one-line error of a codec field that no training could have written (``step`` holds Inf, an
+    index of another kind): `streamwhiten.codes.codec_from_bytes` prefixes the file it was read from."""
+    return ModelFileError(f"codec field {field!r} {problem}")
+
+
+def real_array(arrays: dict[str, np.ndarray], name: str, ndim: int, kind: str = "f") -> np.ndarray:
+    """The array ``name`` of a codec's byte form: present, of ``ndim`` dimensions, none of them empty, of the
+    dtype ``kind`` (``"f"``: floating point, every value finite; ``"u"``: unsigned); `field_error` else."""
+    if name not in arrays:
+        raise field_error(name, "is missing")
+    value = arrays[name]
+    if value.ndim != ndim or 0 in value.shape:
+        raise field_error(name, f"must be a non-empty {ndim}-d array, got shape {tuple(value.shape)}")
+    if value.dtype.kind != kind:
+        raise field_error(name, f"must hold {'floating-point numbers' if kind == 'f' else 'bytes'}, got {value.dtype}")
+    if kind == "f" and not np.all(np.isfinite(value)):
+        raise field_error(name, "holds NaN or Inf")
+    return value
+
+
+def orthonormal_columns(basis: np.ndarray, name: str = "basis", tol: float = 1e-3) -> None:
+    """Refuse a ``basis`` whose columns are not orthonormal (every code's map is a rotation of principal
+    axes): checked on two fixed random vectors, O(d m), as the model file's eigenvectors are."""
+    d, m = basis.shape
+    if m > d:
+        raise field_error(name, f"has {m} columns, more than its {d} rows: they cannot be orthonormal")
+    probes = np.random.default_rng(20230923).standard_normal((m, 2))
+    wide = basis.astype(np.float64)
+    if np.abs(wide.T @ (wide @ probes) - probes).max() > tol * np.abs(probes).max() * max(m, 1) ** 0.5:
+        raise field_error(name, "does not have orthonormal columns")
+
+
+def whole(record: dict[str, Any], name: str, low: int = 0) -> int:
+    """The whole number ``record[name]`` (not a bool) of at least ``low``; `field_error` else."""
+    value = record.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise field_error(name, f"must be a whole number of at least {low}, got {value!r}")
+    return value
+
+
+def flag(record: dict[str, Any], name: str, default: bool | None = None) -> bool:
+    """The true/false ``record[name]`` (``default`` where absent and one is given); `field_error` else."""
+    value = record.get(name, default)
+    if not isinstance(value, bool):
+        raise field_error(name, f"must be true or false, got {value!r}")
+    return value
+
+
 def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
     """The family, record and arrays of a codec's byte form; `ModelFileError` for bytes that are
     not one, or whose checksum does not match (damaged or altered)."""
@@ -148,8 +215,12 @@ def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]
         arrays = {}
         for entry in header["arrays"]:
             dtype = np.dtype(entry["dtype"])
+            if dtype.kind not in "fiub" or dtype.itemsize == 0:
+                raise ValueError(f"array {entry['name']!r} of dtype {dtype}")
             shape = tuple(int(n) for n in entry["shape"])
-            size = dtype.itemsize * int(np.prod(shape, dtype=np.int64))
+            size = dtype.itemsize * math.prod(shape)  # Python's integers: a forged shape cannot wrap around
+            if any(n < 0 for n in shape) or offset + size > len(body):
+                raise ValueError(f"array {entry['name']!r} of shape {shape} does not fit the bytes")
             arrays[entry["name"]] = np.frombuffer(
                 body, dtype=dtype, count=size // max(dtype.itemsize, 1), offset=offset
             )
@@ -157,9 +228,24 @@ def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]
             offset += size
         if offset != len(body):
             raise ValueError("trailing bytes")
-        return str(header["family"]), dict(header["record"]), arrays
+        if not isinstance(header["record"], dict) or not isinstance(header["family"], str):
+            raise ValueError("a record that is no JSON object")
+        return header["family"], dict(header["record"]), arrays
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelFileError(f"a damaged codec header ({exc})") from None
 
 
-__all__ = ["FORMAT_VERSION", "MAGIC", "NOT_CODABLE", "Codec", "read_parts"]
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "NOT_CODABLE",
+    "UNIT_SLACK",
+    "Codec",
+    "field_error",
+    "flag",
+    "orthonormal_columns",
+    "read_parts",
+    "real_array",
+    "sample_too_small",
+    "whole",
+]

@@ -13,6 +13,7 @@ faiss is imported inside the functions that use it (``pip install faiss-cpu``).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BadInputError
-from .base import Codec
+from .base import UNIT_SLACK, Codec, field_error, flag, orthonormal_columns, real_array, sample_too_small, whole
 from .linear import principal_axes
 
 #: The faiss codes and what they are.
@@ -70,6 +71,17 @@ def one_omp_thread() -> Iterator[None]:
         faiss.omp_set_num_threads(before)
 
 
+#: The largest magnitude a trained value of a code of unit vectors takes: an SQ range of coordinates in [-2, 2].
+UNIT_EXTENT = 4.0
+#: Centroids a PQ codebook trains by k-means (8-bit codes): faiss's k-means needs a sample row for each.
+
+
+def smallest_sample(kind: str) -> int:
+    """The fewest sample rows the faiss ``kind`` code trains on: one per k-means centroid for PQ and
+    OPQ's PQ (`PQ_CENTROIDS`), else 2 (a mean and a spread)."""
+    return PQ_CENTROIDS if kind in ("pq", "opq") else 2
+
+
 def _index_for(kind: str, dim: int, n_bytes: int, l2: bool = False) -> Any:
     """An untrained faiss index (inner product, or ``l2`` distance) of ``kind`` over ``dim`` values,
     ``n_bytes`` of PQ code."""
@@ -92,12 +104,6 @@ def faiss_bytes(kind: str, dims: int, sub: int = 0) -> int:
     code's size when it makes the index), per-vector factors included (RaBitQ's). The family's one size:
     `FaissCode.bytes_per_vector` reads the same number off the trained index."""
     return int(_index_for(kind, int(dims), int(sub)).sa_code_size())
-
-
-def fewest_rows(kind: str) -> int:
-    """The fewest sample rows the ``kind`` code trains on: PQ's (and OPQ's) k-means needs one a centroid,
-    `PQ_CENTROIDS` a sub-space (faiss refuses fewer); the others 2."""
-    return PQ_CENTROIDS if kind in ("pq", "opq") else 2
 
 
 def layout_for(kind: str, n_features: int, budget: int) -> tuple[int, int]:
@@ -144,15 +150,29 @@ class FaissCode(Codec):
         self.index_bytes = np.ascontiguousarray(index_bytes, dtype=np.uint8).reshape(-1)
         self.budget = int(budget)
         self.training = dict(training)
-        self._index = _faiss().deserialize_index(self.index_bytes)
+        self._index = _read_index(self.index_bytes)
         dim = self.n_features if self.basis is None else self.basis.shape[1]
         if self._index.d != dim or (self.basis is not None and self.basis.shape[0] != self.n_features):
             raise BadInputError(f"a faiss {kind} code whose index ({self._index.d} dims) does not fit its map")
         self._mean32 = self.mean.astype(np.float32)
+        #: The largest magnitude of the index's trained values (set by `check_index`; 0 until checked).
+        self.trained_extent = 0.0
 
     @property
     def n_features(self) -> int:
         return int(self.mean.shape[0])
+
+    def unit_scale_problem(self) -> tuple[str, str] | None:
+        """`Codec.unit_scale_problem`, and trained values (codebooks, ranges, centre, rotation) beyond
+        what any training on centred unit vectors writes: each coordinate of such a vector, and so of a
+        centroid, lies within 2, a range within 4 (`UNIT_EXTENT`)."""
+        found = super().unit_scale_problem()
+        if found is None and self.trained_extent > UNIT_EXTENT * (1.0 + UNIT_SLACK):
+            found = (
+                "index",
+                f"holds a trained value of {self.trained_extent:.6g}, beyond the {UNIT_EXTENT} of unit vectors",
+            )
+        return found
 
     @property
     def bytes_per_vector(self) -> int:
@@ -246,14 +266,117 @@ class FaissCode(Codec):
 
     @classmethod
     def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> FaissCode:
-        return cls(
+        """The code the byte form describes, every field checked first (`check_parts`), its faiss
+        index deserialized and checked to be the one the record names (`check_index`)."""
+        check_parts(record, arrays)
+        code = cls(
             str(record["kind"]),
             arrays["mean"],
             arrays.get("basis"),
             arrays["index"],
-            budget=int(record["budget"]),
+            budget=record["budget"],
             training=dict(record.get("training") or {}),
         )
+        check_index(code)
+        return code
+
+
+def check_parts(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Refuse a faiss code's byte form that no training could have written, naming the field
+    (`field_error`): a kind not in `KINDS`, a budget no code of its width fits, a mean
+    or basis that is not finite, a basis without orthonormal columns or not of the layout the kind and
+    budget give (`layout_for`), or index bytes that faiss cannot read."""
+    kind = record.get("kind")
+    if kind not in KINDS:
+        raise field_error("kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
+    budget = whole(record, "budget", 1)
+    projected = flag(record, "projected")
+    if not isinstance(record.get("training") or {}, dict):
+        raise field_error("training", f"must be a JSON object, got {record.get('training')!r}")
+    if set(arrays) != {"mean", "index"} | ({"basis"} if projected else set()):
+        raise field_error("arrays", f"must be mean, index{', basis' if projected else ''}, got {sorted(arrays)}")
+    mean = real_array(arrays, "mean", 1)
+    real_array(arrays, "index", 1, kind="u")
+    try:
+        dims, _ = layout_for(kind, mean.shape[0], budget)
+    except BadInputError as exc:
+        raise field_error("budget", f"fits no {kind} code of {mean.shape[0]} values ({exc})") from None
+    wanted = dims < mean.shape[0] or kind.startswith(("rabitq", "sq"))  # as train_faiss projects
+    if projected != wanted:
+        raise field_error("projected", f"is {projected}, but a {kind} code of {budget} bytes is {wanted}")
+    if projected:
+        basis = real_array(arrays, "basis", 2)
+        if basis.shape != (mean.shape[0], dims):
+            raise field_error("basis", f"has shape {basis.shape}, but a {kind} code of {budget} bytes keeps {dims}")
+        orthonormal_columns(basis)
+
+
+def _read_index(blob: np.ndarray) -> Any:
+    """faiss's index of the serialized ``blob``; `field_error` for bytes faiss cannot read."""
+    faiss = _faiss()
+    try:
+        return faiss.deserialize_index(blob)
+    except (RuntimeError, MemoryError, ValueError, TypeError) as exc:
+        detail = re.sub(r"^Error in .*? at \S+:\d+: ", "", " ".join(str(exc).split()))  # faiss's own words
+        raise field_error("index", f"holds bytes faiss cannot read as an index ({detail[:120]})") from None
+
+
+def check_index(code: FaissCode) -> None:
+    """The deserialized index is the one the code's record names: its kind (PQ of the budget's
+    sub-quantisers and 8-bit codebooks, OPQ before it, RaBitQ of the kind's bits, SQ of its width), its
+    width, trained, empty, ranking by inner product or L2, code rows within the budget, and every trained
+    value finite; `field_error` naming ``index`` otherwise."""
+    faiss = _faiss()
+    index, kind = code._index, code.kind
+    dims, sub = layout_for(kind, code.n_features, code.budget)
+    trained: list[np.ndarray] = []  # every trained value: finite, and their extent kept (unit_scale_problem)
+    inner = index
+    if kind == "opq":
+        if not isinstance(index, faiss.IndexPreTransform) or index.chain.size() != 1:
+            raise field_error("index", "is not the OPQ rotation and PQ index an opq code holds")
+        rotation = faiss.downcast_VectorTransform(index.chain.at(0))
+        if not isinstance(rotation, faiss.LinearTransform) or (rotation.d_in, rotation.d_out) != (dims, dims):
+            raise field_error("index", f"holds no {dims} x {dims} rotation before its PQ")
+        matrix = _finite(faiss.vector_to_array(rotation.A), "its rotation").reshape(dims, dims)
+        if np.abs(matrix @ matrix.T - np.eye(dims)).max() > 1e-3:  # OPQ learns a rotation
+            raise field_error("index", "holds an OPQ matrix that is no rotation (its rows are not orthonormal)")
+        trained.append(matrix)
+        inner = faiss.downcast_index(index.index)
+    expected = {"pq": faiss.IndexPQ, "opq": faiss.IndexPQ, "sq4": faiss.IndexScalarQuantizer}
+    expected.update(sq8=faiss.IndexScalarQuantizer, rabitq1=faiss.IndexRaBitQ)
+    expected.update(rabitq2=faiss.IndexRaBitQ, rabitq4=faiss.IndexRaBitQ)
+    if type(inner) is not expected[kind]:
+        raise field_error("index", f"is a faiss {type(inner).__name__}, not the index of a {kind} code")
+    if index.d != dims or not index.is_trained or index.ntotal != 0:
+        raise field_error(
+            "index",
+            f"is of {index.d} dims (trained {index.is_trained}, {index.ntotal} rows), not a trained, "
+            f"empty index of the {dims} dims a {kind} code of {code.budget} bytes keeps",
+        )
+    if index.metric_type not in (faiss.METRIC_INNER_PRODUCT, faiss.METRIC_L2):
+        raise field_error("index", f"ranks by faiss metric {index.metric_type}, neither inner product nor L2")
+    if isinstance(inner, faiss.IndexPQ):
+        if (inner.pq.M, inner.pq.nbits) != (sub, 8):
+            raise field_error("index", f"holds {inner.pq.M} sub-quantisers of {inner.pq.nbits} bits, not {sub} of 8")
+        trained.append(_finite(faiss.vector_to_array(inner.pq.centroids), "its codebooks"))
+    elif isinstance(inner, faiss.IndexRaBitQ):
+        if inner.rabitq.nb_bits != int(kind[len("rabitq") :]):
+            raise field_error("index", f"codes {inner.rabitq.nb_bits} bits a dimension, not a {kind} code's")
+        trained.append(_finite(faiss.vector_to_array(inner.center), "its centre"))
+    else:
+        wanted = faiss.ScalarQuantizer.QT_4bit if kind == "sq4" else faiss.ScalarQuantizer.QT_8bit
+        if inner.sq.qtype != wanted:
+            raise field_error("index", f"is a scalar quantiser of another width than a {kind} code's")
+        trained.append(_finite(faiss.vector_to_array(inner.sq.trained), "its ranges"))
+    code.trained_extent = max(float(np.abs(values).max(initial=0.0)) for values in trained)
+    if not 0 < code.bytes_per_vector <= code.budget:
+        raise field_error("index", f"writes rows of {code.bytes_per_vector} bytes, beyond the budget of {code.budget}")
+
+
+def _finite(values: np.ndarray, what: str) -> np.ndarray:
+    if not np.all(np.isfinite(values)):
+        raise field_error("index", f"holds NaN or Inf in {what}")
+    return values
 
 
 def train_faiss(
@@ -282,13 +405,15 @@ def train_faiss(
     d = centre.shape[0]
     dims, sub = layout_for(kind, d, budget)
     rows = np.asarray(sample, dtype=np.float64)
-    if rows.ndim != 2 or rows.shape[1] != d or rows.shape[0] < 2 or not np.all(np.isfinite(rows)):
+    if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
         raise BadInputError(f"a faiss code trains on finite rows of {d} values, got shape {rows.shape}")
-    if rows.shape[0] < fewest_rows(kind):
-        raise BadInputError(
-            f"a faiss {kind} code trains on {fewest_rows(kind)} sample rows or more (one a k-means centroid), "
-            f"got {rows.shape[0]}"
+    if rows.shape[0] < smallest_sample(kind):
+        why = (
+            f"its k-means trains {PQ_CENTROIDS} centroids a codebook"
+            if kind in ("pq", "opq")
+            else "it learns the spread of its values"
         )
+        raise sample_too_small(f"faiss-{kind}", smallest_sample(kind), rows.shape[0], why)
     basis = None
     if dims < d or kind.startswith("rabitq") or kind.startswith("sq"):
         _, vectors = principal_axes(covariance)
@@ -312,7 +437,13 @@ def train_faiss(
         opq_pq.cp.min_points_per_centroid = 1
         rotation.pq = opq_pq
     centred = (rows - centre).astype(np.float32)
-    index.train(np.ascontiguousarray(centred if basis is None else centred @ basis.astype(np.float32)))
+    try:
+        index.train(np.ascontiguousarray(centred if basis is None else centred @ basis.astype(np.float32)))
+    except RuntimeError as exc:  # faiss refuses its training data: the sample, not a bug of ours
+        detail = re.sub(r"^Error in .*? at \S+:\d+: ", "", " ".join(str(exc).split()))
+        raise BadInputError(
+            f"faiss cannot train the faiss-{kind} code on this sample of {rows.shape[0]} rows ({detail})"
+        ) from None
     if opq_pq is not None:
         _faiss().downcast_VectorTransform(index.chain.at(0)).pq = None  # it does not outlive this call
     training: dict[str, Any] = {
@@ -336,11 +467,14 @@ __all__ = [
     "KINDS",
     "PQ_BITS",
     "PQ_CENTROIDS",
+    "UNIT_EXTENT",
     "FaissCode",
+    "check_index",
+    "check_parts",
     "faiss_available",
     "faiss_bytes",
-    "fewest_rows",
     "layout_for",
     "one_omp_thread",
+    "smallest_sample",
     "train_faiss",
 ]

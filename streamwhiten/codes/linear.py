@@ -51,10 +51,22 @@ import numpy.typing as npt
 from ..core.eigen import eigendecomposition
 from ..core.finite import raise_if_nonfinite
 from ..errors import BadInputError
-from .base import NOT_CODABLE, Codec
+from .base import (
+    NOT_CODABLE,
+    UNIT_SLACK,
+    Codec,
+    field_error,
+    flag,
+    orthonormal_columns,
+    real_array,
+    sample_too_small,
+    whole,
+)
 
 #: The most bits a component gets.
 MAX_BITS = 8
+#: The fewest sample rows ITQ learns its rotation from.
+ITQ_SMALLEST_SAMPLE = 2
 #: Bytes of the per-vector correction (float16).
 CORRECTION_BYTES = 2
 #: The kinds of linear code and their rotations.
@@ -229,6 +241,7 @@ class LinearCode(Codec):
             or np.any(self.bits < 1)
             or np.any(self.bits > MAX_BITS)
             or not np.all(self.step > 0)
+            or not np.all(np.isfinite(self.step))
             or not np.all(np.isfinite(self.basis))
             or not np.all(np.isfinite(self.mean))
         ):
@@ -369,6 +382,19 @@ class LinearCode(Codec):
             return np.ones(norms.shape[0], dtype=np.float32)
         return self._inverse(norms).astype(np.float32)
 
+    def unit_scale_problem(self) -> tuple[str, str] | None:
+        """`Codec.unit_scale_problem`, and a step beyond the Gaussian step of its bits times 1: a
+        component of unit vectors has a spread of at most 1 (its variance is at most the covariance's trace)."""
+        found = super().unit_scale_problem()
+        if found is not None:
+            return found
+        widest = np.array([gaussian_quantizer(int(b))[0] for b in self.bits]) * (1.0 + UNIT_SLACK)
+        beyond = np.flatnonzero(self.step > widest)
+        if beyond.size:
+            j = int(beyond[0])
+            return "step", f"of component {j} is {self.step[j]:.6g}, beyond the {widest[j]:.6g} of any unit vectors"
+        return None
+
     def with_unit(self, unit: bool = True) -> LinearCode:
         """This code, for unit vectors (or not): the same bytes, another estimate (see the module's text)."""
         code = copy.copy(self)
@@ -420,17 +446,56 @@ class LinearCode(Codec):
 
     @classmethod
     def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> LinearCode:
+        """The code the byte form describes, every field checked first (`check_parts`)."""
+        check_parts(record, arrays)
         code = cls(
             str(record["kind"]),
             arrays["mean"],
             arrays["basis"],
             arrays["bits"],
             arrays["step"],
-            correction=bool(record["correction"]),
-            budget=int(record["budget"]),
+            correction=record["correction"],
+            budget=record["budget"],
             training=dict(record.get("training") or {}),
         )
-        return code.with_unit(bool(record.get("unit", False)))
+        return code.with_unit(flag(record, "unit", False))
+
+
+def check_parts(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+    """Refuse a linear code's byte form that no training could have written, naming the field
+    (`field_error`): a kind that is none of `KINDS`; a mean, basis or step that is not
+    finite; a basis without orthonormal columns or of another shape; bits outside 1..`MAX_BITS` (1
+    for sign bits); a step that is not positive, or whose levels overflow; a budget the code does not fit."""
+    if record.get("kind") not in KINDS:
+        raise field_error("kind", f"must be one of {', '.join(KINDS)}, got {record.get('kind')!r}")
+    correction = flag(record, "correction")
+    flag(record, "unit", False)
+    budget = whole(record, "budget", 1)
+    if not isinstance(record.get("training") or {}, dict):
+        raise field_error("training", f"must be a JSON object, got {record.get('training')!r}")
+    if set(arrays) != {"mean", "basis", "bits", "step"}:
+        raise field_error("arrays", f"must be mean, basis, bits and step, got {sorted(arrays)}")
+    mean = real_array(arrays, "mean", 1)
+    basis = real_array(arrays, "basis", 2)
+    bits = real_array(arrays, "bits", 1, kind="u")
+    step = real_array(arrays, "step", 1)
+    if basis.shape != (mean.shape[0], bits.shape[0]) or step.shape != bits.shape:
+        raise field_error(
+            "basis",
+            f"has shape {basis.shape}, the mean {mean.shape[0]} values, bits and step {bits.shape[0]} and "
+            f"{step.shape[0]}: they do not agree",
+        )
+    widest = 1 if record["kind"] != "eigen" else MAX_BITS
+    if bits.min() < 1 or bits.max() > widest:
+        raise field_error("bits", f"must be 1 to {widest} a component for a {record['kind']} code, got {bits.max()}")
+    with np.errstate(over="ignore"):
+        levels = step * 2.0 ** bits.astype(np.float64)
+    if not np.all(step >= np.finfo(np.float64).tiny) or not np.all(np.isfinite(levels)):
+        raise field_error("step", "must be positive and small enough that every level is a finite number")
+    orthonormal_columns(basis)
+    code_bytes = -(-int(bits.astype(np.int64).sum()) // 8) + (CORRECTION_BYTES if correction else 0)
+    if code_bytes > budget:
+        raise field_error("budget", f"is {budget} bytes, but the code's rows take {code_bytes}")
 
 
 def _moments(mean: npt.ArrayLike, covariance: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], np.ndarray, np.ndarray]:
@@ -525,8 +590,10 @@ def train_sign_bits(
         if sample is None:
             raise BadInputError("ITQ learns its rotation from a sample of the vectors: give one")
         rows = np.asarray(sample, dtype=np.float64)
-        if rows.ndim != 2 or rows.shape[1] != d or rows.shape[0] < 2 or not np.all(np.isfinite(rows)):
+        if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
             raise BadInputError(f"the ITQ sample must be finite rows of {d} values, got shape {rows.shape}")
+        if rows.shape[0] < ITQ_SMALLEST_SAMPLE:
+            raise sample_too_small(kind, ITQ_SMALLEST_SAMPLE, rows.shape[0], "its rotation learns from their spread")
         basis = basis @ itq_rotation((rows - centre) @ basis, seed, iterations)
         training = {"seed": int(seed), "sample_rows": int(rows.shape[0]), "iterations": int(iterations)}
     variance = np.einsum("ij,ij->j", basis, (vectors * values) @ (vectors.T @ basis))
@@ -546,11 +613,13 @@ def train_sign_bits(
 
 __all__ = [
     "CORRECTION_BYTES",
+    "ITQ_SMALLEST_SAMPLE",
     "KINDS",
     "MAX_BITS",
     "PROJECT_VALUES",
     "LinearCode",
     "allocate_bits",
+    "check_parts",
     "eigen_bits",
     "gaussian_quantizer",
     "itq_rotation",

@@ -24,7 +24,7 @@ import numpy.typing as npt
 from ..core.model import WhiteningModel, codec_setting, project
 from ..core.quantize import CODE, CodecRecord, Storage
 from ..errors import BadInputError
-from . import CODES, NEEDS_SAMPLE, codec_from_bytes, train_codec
+from . import CODES, NEEDS_SAMPLE, record_codec, train_codec
 from .base import Codec
 
 #: How a code is named where a storage is: ``NAME:BYTES``.
@@ -143,11 +143,12 @@ def recorded_code(model: WhiteningModel, spec: str) -> CodecRecord | None:
 
 
 def model_codec(model: WhiteningModel) -> Codec | None:
-    """The codec a model records as its storage (decoded, its bytes' checksum verified), None without one."""
+    """The codec a model records as its storage (decoded, every field checked: `record_codec`),
+    None without one."""
     storage = model.storage
     if storage is None or storage.codec is None:
         return None
-    return codec_from_bytes(storage.codec.data, model.n_components)
+    return record_codec(storage.codec, model.n_components)
 
 
 def codec_summary(codec: Codec) -> dict[str, Any]:

@@ -49,7 +49,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -499,6 +499,9 @@ class CodecRecord:
     sample_rows: int = 0
     sample_seed: int = 0
     setting: Mapping[str, Any] | None = None
+    #: Where the record was read from, for messages (``model.npz: model file field 'storage_codec'``; None
+    #: for one made in memory). Not part of the record: not compared, not written.
+    origin: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, (bytes, bytearray)) or len(self.data) < 33:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from numbers import Integral
 from typing import Any
 
@@ -32,6 +33,7 @@ import numpy as np
 
 from .. import params
 from ..errors import BadInputError, ModelFileError
+from ..records import nul_field
 from .quantize import Quantization, Storage, storage_quantizations
 
 #: Relative tolerances of the checks that compare computed values (far above float64 rounding, far below
@@ -211,6 +213,9 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
         storage = _check_storage(f, f.json("storage_json", dict), n_rows, mean, scatter, weights, beta * mean)
         if storage.codec is not None:
             _check_codec(f, storage, {"beta": beta, "gamma": gamma, "eps": eps, "k": k, "basis": basis})
+            # the codec's bytes are decoded (every field checked) where they are used: named from here
+            origin = f"{path}: model file field 'storage_codec'"
+            storage = replace(storage, codec=replace(storage.codec, origin=origin))
     elif "storage_codec" in arrays:
         raise f.fail("storage_codec", "is a codec that no storage record names")
     return dict(
@@ -295,6 +300,10 @@ def _check_codec(f: Fields, storage: Storage, setting: dict[str, Any]) -> None:
             "storage_json",
             f"records a {codec.label} codec of {codec.n_features}-d vectors, but the map gives k={setting['k']}",
         )
+    if not codec.bytes_per_vector <= codec.budget:
+        raise f.fail(
+            "storage_json", f"records a codec of {codec.bytes_per_vector} bytes a row, above its budget {codec.budget}"
+        )
     if dict(codec.setting or {}) != setting:
         raise f.fail(
             "storage_json", f"records a codec trained for the setting {codec.setting}, not the saved {setting}"
@@ -341,6 +350,9 @@ def _check_source(f: Fields, index: int, source: object, d: int, field: str = "s
         value = source[key]
         if not (_is_int(value) if kind is int else isinstance(value, kind)):
             raise f.fail(field, f"{where}: {key} must be {'a whole number' if kind is int else 'text'}, got {value!r}")
+    found = nul_field(source)
+    if found is not None:  # no path or name holds one: it would reach os.stat as a bare ValueError
+        raise f.fail(field, f"{where}: {found} holds a NUL byte")
     if source.get("n_rows", 0) < 0:
         raise f.fail(field, f"{where}: n_rows must be at least 0, got {source['n_rows']}")
     if source.get("n_features", d) != d:
@@ -374,6 +386,9 @@ def checkpoint_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     scatter = f.array("scatter", (d, d))
     check_scatter(f, scatter, n_rows, mean)
     meta = f.json("meta_json", dict)
+    found = nul_field(meta)
+    if found is not None:  # no spec or path holds one: it would reach os.stat as a bare ValueError
+        raise f.fail("meta_json", f"{found} holds a NUL byte")
 
     def need(key: str, test: Callable[[Any], object], text: str) -> Any:
         if key not in meta or not test(meta[key]):

@@ -145,12 +145,13 @@ def code_storage(model: WhiteningModel, dtype: str) -> StoredAs:
     statistics (the codes that learn from a sample are trained with ``streamwhiten.with_codes`` first)."""
     import hashlib
 
-    from ..codes import NEEDS_SAMPLE
+    from ..codes import NEEDS_SAMPLE, record_codec
     from ..codes.storage import parse_code, recorded_code, train_for
 
     code, budget = parse_code(dtype)
     recorded = recorded_code(model, dtype)
     if recorded is not None:
+        record_codec(recorded, model.n_components)  # every field checked before anything is written
         data = recorded.data
         label, width, sample = recorded.label, recorded.bytes_per_vector, (recorded.sample_rows, recorded.sample_seed)
     elif code in NEEDS_SAMPLE:
@@ -503,14 +504,34 @@ class _Writing:
         return self.plan.block_rows
 
 
+def up_to_date_error(out_path: str) -> NothingToDoError:
+    """The one "nothing to do" of an apply whose output is up to date, ``overwrite`` or not (exit 3)."""
+    return NothingToDoError(
+        f"nothing to do: {out_path} is up to date (written by this model, with the same settings, from the "
+        "same input); overwrite=True replaces only an output that is not: delete it to write it again",
+        param="overwrite",
+    )
+
+
+def refuse_current(output: Output, plan: OutputPlan, overwrite: bool) -> None:
+    """`up_to_date_error` where ``output`` holds what ``plan`` writes (``plan`` with its input's hash);
+    with ``overwrite``, an existing output is first checked to be one of ours of this kind."""
+    if not output.exists():
+        return
+    if overwrite:
+        output.check_replaceable(overwrite)  # only an output of ours, of this kind, is looked into
+    if output_is_current(output, plan):
+        raise up_to_date_error(split_spec(output.spec)[0])
+
+
 def _prepare_writing(source: Source, output: Output, plan: OutputPlan, options: ApplyOptions, threads: int) -> _Writing:
-    """Check an existing output (up to date: `NothingToDoError`; ours and ``overwrite``: replaced;
+    """Check an existing output (up to date, ``overwrite`` or not: `NothingToDoError`, exit 3, so
+    that a nightly script reads "nothing to do" and pays no rewrite; else ours and ``overwrite``: replaced;
     else `OutputExistsError`) and make the record a resume of ``plan`` must match."""
     out_path, _ = split_spec(output.spec)
     exists = output.exists()
     if exists and options.overwrite:
-        output.check_replaceable(options.overwrite)  # only an output of ours, of this kind, is replaced
-    exists = exists and not options.overwrite
+        output.check_replaceable(options.overwrite)  # only an output of ours, of this kind, is looked into
     sampler = None
     if exists or (not options.restart and output.has_progress()):  # compared with what is recorded: hashed now
         source_print = fingerprint(source)
@@ -520,11 +541,9 @@ def _prepare_writing(source: Source, output: Output, plan: OutputPlan, options: 
         sha = source_print.sha256_sampled
         assert sha is not None  # fingerprint() hashes the sampled rows
         if output_is_current(output, replace(plan, source_sha256=sha)):
-            raise NothingToDoError(
-                f"nothing to do: {out_path} is up to date (written by this model, with the same "
-                "settings, from the same input)"
-            )
-        raise OutputExistsError.at(out_path)
+            raise up_to_date_error(out_path)
+        if not options.overwrite:
+            raise OutputExistsError.at(out_path)
     return _Writing(plan, plan.resume_record(source_print, threads), sampler)
 
 

@@ -41,6 +41,7 @@ from .apply import (
     check_output,
     encode_block,
     plan_output,
+    refuse_current,
     summary,
     transform_block,
     with_model_storage,
@@ -420,6 +421,7 @@ def apply_dask(
         plan = replace(plan, chunk_rows=output_chunk_rows)
         # One run per output (a second one exits 75); the output's checks and writes happen under it.
         with output.lock(), dask_client(scheduler, n_workers, client=client) as active:
+            refuse_current(output, plan, overwrite)  # up to date: kept, overwrite or not (exit 3)
             sink = output.create(plan, overwrite)
             with sink:
                 rows_per_block = aligned_block_rows(read.block_rows, source, sink.chunk_rows)

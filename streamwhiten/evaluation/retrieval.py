@@ -572,7 +572,7 @@ def _code_settings(
     records this code, else one trained here; the raw vectors by the same code trained for them (from the
     statistics and, for a code that learns from data, a seeded sample of the corpus). ``progress`` is told
     each phase (reading the sample, each training)."""
-    from ..codes import NEEDS_SAMPLE, check_budget, codec_from_bytes
+    from ..codes import NEEDS_SAMPLE, check_budget, record_codec
     from ..codes.storage import train_for
     from ..io.sample import sample_rows
 
@@ -591,7 +591,7 @@ def _code_settings(
     settings = [SearchSetting.make_code("raw", model, raw_codec, code, raw=True, training=training)]
     record = model.storage.codec if model.storage is not None else None
     if record is not None and (record.code, record.budget) == (code.code, code.budget):
-        white = codec_from_bytes(record.data, model.n_components)
+        white = record_codec(record, model.n_components)
         mine = {"sample_rows": record.sample_rows, "sample_seed": record.sample_seed} if record.sample_rows else {}
         settings.append(SearchSetting.make_code("whitened", model, white, code, training=dict(mine, codec="model")))
     else:

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .. import params
-from ..codes import TUNE_CODES, fewest_sample_rows
+from ..codes import TUNE_CODES, smallest_sample
 from ..core.model import WhiteningModel
 from ..core.quantize import DEFAULT_INT8_CLIP, Storage
 from ..engine._threads import blas_threads, blas_threads_per_worker, resolve_threads
@@ -986,15 +986,15 @@ def _no_reference(max_bytes: int | None) -> BadInputError:
 
 def _trainable(code_sizes: dict[str, list[int]], grid: SweepGrid, n_corpus: int) -> dict[str, list[int]]:
     """The codes of ``code_sizes`` that train on the sample of a corpus of ``n_corpus`` rows (at most
-    ``grid.code_sample``; `fewest_sample_rows`: PQ's k-means needs 256), before
+    ``grid.code_sample``; `smallest_sample`: PQ's k-means needs 256), before
     any pass: of the default codes those that do not are left out; one named in ``grid.dtypes`` is a
     one-line error."""
     sample_rows = min(grid.code_sample, n_corpus)
-    short = [name for name in code_sizes if sample_rows < fewest_sample_rows(name)]
+    short = [name for name in code_sizes if sample_rows < smallest_sample(name)]
     if short and grid.dtypes is not None:
         why = f"the corpus has {n_corpus}" if n_corpus < grid.code_sample else f"code_sample is {grid.code_sample}"
         raise BadInputError(
-            f"the {short[0]} code trains on {fewest_sample_rows(short[0])} sample rows or more, but {why}: "
+            f"the {short[0]} code trains on {smallest_sample(short[0])} sample rows or more, but {why}: "
             f"drop {', '.join(short)} from dtypes",
             param="dtypes",
         )

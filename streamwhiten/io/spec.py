@@ -36,8 +36,12 @@ ZARR_MARKERS = ("zarr.json", ".zarray", ".zgroup")
 
 
 def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
-    """Split ``path:inner`` into ``(path, inner)``; an explicit ``dataset`` wins over the suffix."""
+    """Split ``path:inner`` into ``(path, inner)``; an explicit ``dataset`` wins over the suffix. A spec
+    holding a NUL byte names no file (a one-line `BadInputError`, not ``os.stat``'s ``ValueError``)."""
     spec = remote.local_path(os.fspath(spec))
+    if "\x00" in spec or (dataset is not None and "\x00" in dataset):
+        shown = repr(spec if dataset is None else f"{spec}:{dataset}")
+        raise BadInputError(f"{shown}: holds a NUL byte, which no path can hold")
     path, inner = spec, None
     if remote.is_url(spec):
         scheme, rest = remote.split_url(spec)

@@ -185,7 +185,15 @@ def _load(path: str) -> dict:
 
 
 def _check_tables(path: str, data: dict) -> None:
-    """Refuse unknown keys, values of the wrong type and parameters out of range, naming file and key."""
+    """Refuse unknown keys, values of the wrong type and parameters out of range, and a value holding a
+    NUL byte (TOML's ``\\u0000``: no path or name holds one), naming file and key."""
+    from ..records import nul_field
+
+    found = nul_field(data)
+    if found is not None:
+        section, _, key = found.partition(".")
+        where = f"{key} in [{section}]" if key and isinstance(data.get(section), dict) else found
+        raise BadInputError(f"{path}: {where} holds a NUL byte (\\u0000), which no path or name can hold")
     for section, own in OWN_KEYS.items():
         table = data if section == "" else data.get(section, {})
         where = f"[{section}]" if section else "the top level"

@@ -211,7 +211,7 @@ def ownership_problem(
         wanted = input_identity(input_spec, part_spec)
         accepted = {wanted, _earlier_input_identity(input_spec, part_spec)} - {None}
         if record.get("input") not in accepted:
-            return f"holds the rows of another input ({record.get('input')}, not {wanted}): swapped, copied or linked"
+            return f"holds the rows of another input ({record.get('input')}, not {wanted})"
     return None
 
 
@@ -389,7 +389,7 @@ def part_problem(
 
 
 def _unreadable(exc: BaseException) -> str:
-    return f"unreadable: {' '.join(str(exc).split())[:200]}"
+    return f"unreadable ({' '.join(str(exc).split())[:200]})"
 
 
 def attrs_problem(
@@ -683,9 +683,18 @@ class Publication:
         return CodeDecoder(codec, sha256)
 
     def _refuse(self, part: Part, problem: str, cause: BaseException | None = None) -> NoReturn:
+        """Refuse the part ``part`` in one plain sentence: the part, the version, what is wrong with it
+        (`attrs_problem`'s phrase, a verb put before it where it has none), and only for a missing
+        part the one cause a reader can act on (a newer version published since, which deleted it)."""
+        verbs = ("holds ", "was ")
+        clause = problem if problem.startswith(verbs) else f"is {problem}"
+        hint = (
+            "; if a newer version was published since this publication was read, read the publication again"
+            if problem == "missing"
+            else ""
+        )
         raise BadInputError(
-            f"{part.path}: an output of published version {self.version} is {problem} (a newer version "
-            "was published and this one deleted? read the publication again)"
+            f"{part.path}: this part of published version {self.version} {clause}, so it is not read{hint}"
         ) from cause
 
     def to_json(self) -> dict[str, Any]:

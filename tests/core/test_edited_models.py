@@ -71,6 +71,10 @@ MODEL_EDITS = {
         {"sources_json": np.array('[{"path": "x.h5", "n_rows": "many"}]')},
         r"'sources_json' source 0: n_rows must be a whole",
     ),
+    "source-nul": (  # issue #45: it reached os.stat as "ValueError: embedded null byte" (fit --update)
+        {"sources_json": np.array('[{"path": "x\\u0000.h5", "n_rows": 3}]')},
+        r"'sources_json' source 0: path holds a NUL byte",
+    ),
     "info-precision": ({"info_json": np.array('{"precision": "float128"}')}, r"'info_json' precision must be one of"),
     "format-missing": ({"n_features": np.array("8")}, r"'n_features' must be a whole number"),
 }
@@ -205,6 +209,10 @@ CHECKPOINT_EDITS = {
     "cursor": (
         {"meta_json": lambda v: np.array(str(v).replace('"next_row": ', '"next_row": -'))},
         r"checkpoint field 'meta_json' cursor 0: start <= next_row <= stop",
+    ),
+    "spec-nul": (  # issue #45: a NUL byte in a path reaches os.stat as a bare ValueError
+        {"meta_json": lambda v: np.array(str(v).replace('"spec": "', '"spec": "\\u0000'))},
+        r"checkpoint field 'meta_json' cursors\[0\]\.spec holds a NUL byte",
     ),
     "precision": (
         {"meta_json": lambda v: np.array(str(v).replace('"auto"', '"float128"'))},

@@ -67,6 +67,7 @@ def test_refuses_to_overwrite_and_leaves_nothing_on_error(tmp_path, rows, model)
     with pytest.raises(OutputExistsError, match=r"overwrite=True"):  # another setting
         apply_model(model, spec, out, ApplyOptions(normalize=True))
     bad = rows.copy()
+    bad[0] += 1.0  # other rows than the output's (an output that is up to date is kept, overwrite or not)
     bad[1234, 5] = np.nan
     bad_spec = write_h5(tmp_path / "bad.h5", bad, chunk_rows=100)
     with pytest.raises(NonFiniteError, match=r"bad.h5:/emb: row 1234 holds NaN or Inf"):

@@ -35,7 +35,14 @@ from streamwhiten.core.model import finalize, load_model  # noqa: E402
 from streamwhiten.engine import distributed as sd  # noqa: E402
 from streamwhiten.engine.apply import apply_model  # noqa: E402
 from streamwhiten.engine.fit import fit_sources  # noqa: E402
-from streamwhiten.errors import BadInputError, ClusterError, NonFiniteError, OutputExistsError, StoreIOError  # noqa: E402
+from streamwhiten.errors import (  # noqa: E402
+    BadInputError,
+    ClusterError,
+    NonFiniteError,
+    NothingToDoError,
+    OutputExistsError,
+    StoreIOError,
+)
 from streamwhiten.io import lazy_rows, open_source, partial_path, read_attrs  # noqa: E402
 from streamwhiten.options import ApplyOptions, ReadOptions  # noqa: E402
 from streamwhiten.output_plan import OutputPlan  # noqa: E402
@@ -370,8 +377,11 @@ def test_apply_dask_failure_leaves_old_output_and_no_partial(client, stores, mod
     out = str(tmp_path / "kept.zarr")
     sd.apply_dask(model, stores.h5, out, client=client)
     before = read_all(out)
-    with pytest.raises(OutputExistsError):
-        sd.apply_dask(model, stores.h5, out, client=client)
+    for overwrite in (False, True):  # up to date: kept, overwrite or not (exit 3), as the serial engine does
+        with pytest.raises(NothingToDoError, match="is up to date"):
+            sd.apply_dask(model, stores.h5, out, ApplyOptions(overwrite=overwrite), client=client)
+    with pytest.raises(OutputExistsError):  # another setting: replaced only with overwrite
+        sd.apply_dask(model, stores.h5, out, ApplyOptions(normalize=True), client=client)
     with pytest.raises(NonFiniteError, match="nan.h5:/embeddings: row (1234|5678)"):
         sd.apply_dask(
             model,

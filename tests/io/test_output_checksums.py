@@ -116,3 +116,33 @@ def test_a_published_part_with_flipped_data_bytes_is_refused_when_read(tmp_path,
         published(str(tmp_path / "m.npz")).read(str(tmp_path / "day-1.h5"))
     _flip(file, offset, mask=0x40)
     np.testing.assert_array_equal(published(str(tmp_path / "m.npz")).read(str(tmp_path / "day-1.h5")), rows)
+
+
+def test_pyarrow_verifies_a_parquet_outputs_page_crcs_only_when_asked(tmp_path, small_model):
+    """Issue #45: the docs said any reader of the format verifies the checksums; a plain
+    ``pyarrow.parquet.read_table`` returns a flipped data page as data. With ``page_checksum_verification=True``
+    pyarrow refuses it, as the tool's own reader always does; the docs name that flag."""
+    pq = pytest.importorskip("pyarrow.parquet")
+    from conftest import REPO
+
+    from streamwhiten.errors import CorruptStoreError
+    from streamwhiten.io import open_source
+
+    (tmp_path / "m.npz").write_bytes(small_model)
+    write_h5(tmp_path / "in.h5", SMALL)
+    assert run_subprocess("apply", "m.npz", "in.h5", "-o", "out.parquet", "-q", cwd=tmp_path).returncode == 0
+    path = tmp_path / "out.parquet"
+    written = pq.read_table(path, page_checksum_verification=True)
+    _flip(*_data_byte(path), mask=0x40)
+    plain = pq.read_table(path)  # no error: the damaged page is returned as values
+    assert plain.num_rows == written.num_rows and not plain.equals(written)
+    with pytest.raises(OSError, match="CRC checksum verification failed"):
+        pq.read_table(path, page_checksum_verification=True)
+    with pytest.raises(OSError, match="CRC checksum verification failed"):
+        pq.ParquetFile(path, page_checksum_verification=True).read()
+    with pytest.raises(CorruptStoreError, match=r"out\.parquet\b.*(checksum|CRC)"):  # the tool's own reader
+        with open_source(str(path)) as source:
+            source.read(0, source.n_rows)
+    for doc in ("nightly.md", "reliability.md", "performance.md"):
+        text = (REPO / "docs" / doc).read_text()
+        assert "any reader of the format" not in text and "page_checksum_verification=True" in text, doc
