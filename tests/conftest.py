@@ -169,18 +169,24 @@ def numba_cache(tmp_path_factory):
 def run_command(*args, **kwargs) -> subprocess.CompletedProcess:
     """A ``streamwhiten`` command run in this process (``cli.main``, as the entry point runs it), its output
     captured: what ``run_subprocess`` returns, at a fraction of the cost (no interpreter, no imports, no
-    Numba cache load). A call that passes ``env``, ``cwd``, ``input`` or a ``timeout`` gets a real process:
-    so does every test that needs one for what it checks (signals, kill -9, a second process, strace)."""
+    Numba cache load); ``cwd`` is the folder it runs in. A call that passes ``env``, ``input`` or a ``timeout``
+    gets a real process: so does every test that needs one for what it checks (signals, kill -9, a second
+    process, strace, another user)."""
+    cwd = kwargs.pop("cwd", None)
     if kwargs:
-        return run_subprocess(*args, **kwargs)
+        return run_subprocess(*args, cwd=cwd, **kwargs)
     import contextlib
     import io
 
     from streamwhiten.cli import main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
+    out, err, before = io.StringIO(), io.StringIO(), os.getcwd()
+    os.chdir(cwd or before)  # contextlib.chdir is Python 3.11+
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+    finally:
+        os.chdir(before)
     return subprocess.CompletedProcess(["streamwhiten", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
