@@ -73,11 +73,11 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     a second in-process run (a test, an embedding program that redirects stderr) gets its own lines."""
 
     @property  # type: ignore[override]
-    def stream(self):
+    def stream(self) -> object:
         return sys.stderr
 
     @stream.setter
-    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it
+    def stream(self, value: object) -> None:  # StreamHandler.__init__ assigns it
         pass
 
 
