@@ -27,6 +27,7 @@ RETRIEVAL_DEV = Path(os.environ.get("STREAMWHITEN_STSB", REPO.parent / "shared/d
 RETRIEVAL_DEV = RETRIEVAL_DEV.parent / "retrieval-dev"
 
 
+@pytest.mark.slow  # a benchmark rerun (the quick tier checks each script's arguments: test_benchmark_help)
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_benchmark_quick_run_writes_json(tmp_path, script):
     if script == "fit_tables.py" and not all(importlib.util.find_spec(m) for m in ("pyarrow", "lance")):

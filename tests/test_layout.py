@@ -17,6 +17,7 @@ have the one place that imports them. A new module has to be given a layer here.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -325,11 +326,17 @@ def _is_frozen_dataclass(node: ast.ClassDef) -> bool:
 
 def runtime_imports(module: str) -> list[tuple[str, int, bool]]:
     """:func:`imports` of ``module`` but those under ``if TYPE_CHECKING:`` (read by type checkers only)."""
+    return PATCHED[module] if module in PATCHED else _runtime_imports_of_file(module)
+
+
+@functools.cache
+def _runtime_imports_of_file(module: str) -> list[tuple[str, int, bool]]:
+    """:func:`runtime_imports` of the module's file as it is (parsed once a run: the rules' tests ask often)."""
     tree = ast.parse(MODULES[module].read_text())
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             node.body = [ast.Pass()]
-    return imports(module, ast.unparse(tree)) if module not in PATCHED else PATCHED[module]
+    return imports(module, ast.unparse(tree))
 
 
 #: What a test of the rules substitutes for a module's runtime imports.

@@ -5,7 +5,7 @@ import inspect
 
 import numpy as np
 import pytest
-from conftest import anisotropic, run_subprocess, write_h5
+from conftest import anisotropic, run_command, write_h5
 
 from streamwhiten import Whitener
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
@@ -35,13 +35,13 @@ def test_a_bad_value_reads_the_same_from_python_the_cli_and_a_job_file(tmp_path,
         Whitener(**{name: value}).fit(anisotropic(50, 4))
     assert str(caught.value) == message
 
-    result = run_subprocess("fit", store, "-o", tmp_path / "m.npz", flag, toml.strip('"'))
+    result = run_command("fit", store, "-o", tmp_path / "m.npz", flag, toml.strip('"'))
     assert result.returncode == EXIT_BAD_INPUT
     assert result.stderr == f"streamwhiten: error: Invalid value for '{flag}': {message} (see --help)\n"
 
     job = tmp_path / "job.toml"
     job.write_text(f'[input]\npaths = ["{store.split(":")[0]}"]\n[model]\npath = "m.npz"\n{name} = {toml}\n')
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT
     assert result.stderr.strip().endswith(f"{job}: {name} in [model] {message[len(name) + 1 :]}"), result.stderr
     assert not (tmp_path / "m.npz").exists()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import numpy as np
-from conftest import REPO, anisotropic
+from conftest import REPO, anisotropic, run_command
 
 SMALL = anisotropic(400, 8, seed=23).astype(np.float32)
 
@@ -47,15 +47,12 @@ def run_checked(tmp_path, args, code, pattern, prefix=(), outputs=()):
         return {name: entry for name, entry in found.items() if name.split(os.sep)[0] not in outputs}
 
     before = mine(snapshot(tmp_path))
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    result = subprocess.run(
-        [*prefix, sys.executable, "-m", "streamwhiten", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=120,
-    )
+    if prefix:  # another user (setpriv ...): a process of its own
+        env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        command = [*prefix, sys.executable, "-m", "streamwhiten", *map(str, args)]
+        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    else:
+        result = run_command(*args, cwd=tmp_path)
     lines = result.stderr.splitlines()
     problems = []
     if result.returncode != code:

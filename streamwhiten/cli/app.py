@@ -85,10 +85,23 @@ for _command in (fit, apply, info, export_, demo, run, staleness, eval_, tune, r
     cli.add_command(_command)
 
 
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to ``sys.stderr`` as it is when a record is logged, not as it was when the handler was made:
+    a second in-process run (a test, an embedding program that redirects stderr) gets its own lines."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:  # StreamHandler.__init__ assigns it
+        pass
+
+
 def _configure_logging() -> None:
     logger = logging.getLogger("streamwhiten")
     if not any(getattr(h, "_streamwhiten", False) for h in logger.handlers):
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE))
         handler._streamwhiten = True  # type: ignore[attr-defined]
         logger.addHandler(handler)

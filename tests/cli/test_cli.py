@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import anisotropic, run_subprocess, write_h5, write_zarr
+from conftest import anisotropic, run_command, write_h5, write_zarr
 
 from streamwhiten.errors import EXIT_BAD_INPUT
 
@@ -192,10 +192,10 @@ def test_usage_errors_exit_non_zero(run_cli):
 
 
 def test_real_process_exit_codes(tmp_path, store):
-    ok = run_subprocess("fit", store, "-o", tmp_path / "m.npz")
+    ok = run_command("fit", store, "-o", tmp_path / "m.npz")
     assert ok.returncode == 0, ok.stderr
     assert "fitted 600 rows" in ok.stdout and ok.stderr == ""  # no progress bar off a terminal
-    bad = run_subprocess("fit", tmp_path / "missing.h5", "-o", tmp_path / "m2.npz")
+    bad = run_command("fit", tmp_path / "missing.h5", "-o", tmp_path / "m2.npz")
     assert bad.returncode == EXIT_BAD_INPUT
     assert bad.stderr.strip().count("\n") == 0 and "missing.h5" in bad.stderr
 
@@ -304,7 +304,7 @@ def test_threads_option(tmp_path, store, run_cli):
     ],
 )
 def test_fit_refuses_checkpoint_intervals_below_one(tmp_path, store, args, fragment):
-    result = run_subprocess("fit", store, "-o", tmp_path / "m.npz", *args)
+    result = run_command("fit", store, "-o", tmp_path / "m.npz", *args)
     assert result.returncode == EXIT_BAD_INPUT
     one_line_error(result.stderr, fragment, "(see --help)")
     assert not os.path.exists(tmp_path / "m.npz")
@@ -337,7 +337,7 @@ def test_numeric_options_beyond_their_limits_are_refused_by_name(tmp_path, store
     lead.update(eval=[model_path, "--queries", store, "--corpus", store, "--qrels", tmp_path / "q.tsv"])
     lead.update(tune=[model_path, "--queries", store, "--corpus", store, "--qrels", tmp_path / "q.tsv"])
     before = sorted(os.listdir(tmp_path))
-    result = run_subprocess(command, *lead[command], *args)
+    result = run_command(command, *lead[command], *args)
     assert result.returncode == EXIT_BAD_INPUT, result.stderr
     one_line_error(result.stderr, fragment)
     assert sorted(os.listdir(tmp_path)) == before
@@ -436,7 +436,7 @@ def test_run_json_keeps_the_keys_it_always_printed_also_when_there_is_nothing_to
 
 
 def test_bare_command_prints_the_help_and_exits_0():
-    done = run_subprocess()
+    done = run_command()
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.startswith("Usage: streamwhiten [OPTIONS] COMMAND") and "Commands:" in done.stdout
     assert "streamwhiten demo" in done.stdout and "_STREAMWHITEN_COMPLETE=bash_source" in done.stdout

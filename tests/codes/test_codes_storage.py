@@ -11,7 +11,7 @@ import zipfile
 import h5py
 import numpy as np
 import pytest
-from conftest import Phases, run_subprocess, write_h5, write_task
+from conftest import Phases, run_command, write_h5, write_task
 
 from streamwhiten import serving, with_codes
 from streamwhiten._npz import read_npz, write_npz_atomic
@@ -188,10 +188,10 @@ def test_a_budget_below_the_smallest_code_is_refused_by_the_cli_and_writes_nothi
     path = tmp_path / "m.npz"
     save_model(model, str(path))
     out = tmp_path / "coded.npz"
-    done = run_subprocess("codes", path, "faiss-rabitq1:4", "--sample", task["spec_c"], "-o", out)
+    done = run_command("codes", path, "faiss-rabitq1:4", "--sample", task["spec_c"], "-o", out)
     assert done.returncode == 2 and "below the smallest rabitq1 code" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and not out.exists()
-    done = run_subprocess("codes", path, "faiss-pq:6", "-o", out)
+    done = run_command("codes", path, "faiss-pq:6", "-o", out)
     assert done.returncode == 2 and "--sample" in done.stderr and not out.exists()
 
 

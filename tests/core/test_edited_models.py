@@ -10,7 +10,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import run_subprocess, write_h5
+from conftest import run_command, write_h5
 from user_files import SMALL, run_checked, snapshot
 
 
@@ -257,7 +257,7 @@ def test_an_exported_map_that_no_export_could_have_written_is_refused(tmp_path, 
     from streamwhiten.errors import ModelFileError
 
     (tmp_path / "model.npz").write_bytes(small_model)
-    assert run_subprocess("export", tmp_path / "model.npz", "-o", tmp_path / "good.npz").returncode == 0
+    assert run_command("export", tmp_path / "model.npz", "-o", tmp_path / "good.npz").returncode == 0
     serving.load(tmp_path / "good.npz")  # what export writes passes
     edits, pattern = MAP_EDITS[case]
     rewrite_npz(tmp_path / "good.npz", tmp_path / "map.npz", **edits)

@@ -307,7 +307,7 @@ def test_publishing_parameters_are_declared_once():
 def test_max_staleness_inf_is_taken_by_a_job_file_and_the_staleness_command(tmp_path):
     """``max_staleness = inf`` in ``[publish]`` and ``staleness --max-staleness inf``: never stale (issue #36:
     both were refused)."""
-    from conftest import run_subprocess
+    from conftest import run_command
 
     from streamwhiten.core.model import save_model
     from streamwhiten.job.file import read_job_file
@@ -322,8 +322,8 @@ def test_max_staleness_inf_is_taken_by_a_job_file_and_the_staleness_command(tmp_
     save_model(finalize(stats.block_moments(published), n_components=3), str(tmp_path / "published.npz"))
     save_model(finalize(stats.block_moments(current), n_components=3), str(tmp_path / "now.npz"))
     args = ("staleness", tmp_path / "now.npz", "--published", tmp_path / "published.npz", "--json")
-    strict = json.loads(run_subprocess(*args, "--max-staleness", "0").stdout)
-    never = run_subprocess(*args, "--max-staleness", "inf")
+    strict = json.loads(run_command(*args, "--max-staleness", "0").stdout)
+    never = run_command(*args, "--max-staleness", "inf")
     assert never.returncode == 0, never.stderr
     report = json.loads(never.stdout)
     assert strict["stale"] and strict["total"] > 0 and not report["stale"] and report["max_staleness"] is None

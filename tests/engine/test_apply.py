@@ -214,7 +214,7 @@ def test_apply_writes_the_models_storage_unless_told_otherwise(tmp_path, rows, m
     dtype wins; a model recording none writes float32, as before."""
     from dataclasses import replace
 
-    from conftest import run_subprocess
+    from conftest import run_command
 
     import streamwhiten
     from streamwhiten.core.model import save_model
@@ -227,7 +227,7 @@ def test_apply_writes_the_models_storage_unless_told_otherwise(tmp_path, rows, m
         out = str(tmp_path / f"out-{dtype}.zarr")
         outcome = streamwhiten.apply(path, spec, out)
         assert stored(out).dtype == written and outcome.dtype == (dtype or "float32")
-        done = run_subprocess("apply", path, spec, "-o", tmp_path / f"cli-{dtype}.h5:/v", "--json")
+        done = run_command("apply", path, spec, "-o", tmp_path / f"cli-{dtype}.h5:/v", "--json")
         assert done.returncode == 0 and stored(str(tmp_path / f"cli-{dtype}.h5:/v")).dtype == written
     path = str(tmp_path / "m-int8.npz")
     streamwhiten.apply(path, spec, str(tmp_path / "explicit.zarr"), options=ApplyOptions(dtype="float32"))
@@ -316,14 +316,14 @@ def test_quantized_outputs_are_the_codes_of_the_unit_transform_with_their_decode
 def test_apply_k_10_binary_gives_two_bytes_a_row_on_the_command_line(tmp_path, rows, model):
     import json
 
-    from conftest import run_subprocess
+    from conftest import run_command
 
     from streamwhiten.core.model import save_model
 
     save_model(model.with_params(n_components=12), str(tmp_path / "m.npz"))
     spec = write_h5(tmp_path / "in.h5", rows)
     out = tmp_path / "bits.h5"
-    done = run_subprocess("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "binary", "--json")
+    done = run_command("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "binary", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert (report["dtype"], report["n_components"], report["normalized"]) == ("binary", 10, True)
@@ -333,27 +333,27 @@ def test_apply_k_10_binary_gives_two_bytes_a_row_on_the_command_line(tmp_path, r
     np.testing.assert_array_equal(bits, np.packbits(y > 0, axis=1))
     assert not np.any(bits[:, 1] & 0b0011_1111)  # the last byte's 6 unused bits are zero
     # the same again: nothing to do (exit 3); another dtype over it: refused, or replaced with --overwrite
-    again = run_subprocess("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "binary")
+    again = run_command("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "binary")
     assert again.returncode == 3 and "is up to date" in again.stderr
-    other = run_subprocess("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "int8")
+    other = run_command("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "int8")
     assert other.returncode == 2 and "exists" in other.stderr
-    other = run_subprocess("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "int8", "--overwrite")
+    other = run_command("apply", tmp_path / "m.npz", spec, "-o", out, "-k", 10, "--dtype", "int8", "--overwrite")
     assert other.returncode == 0 and stored(str(out)).shape == (1500, 10)
     # codes are no input: read as one, a one-line exit 2 that says how to decode them
-    refused = run_subprocess("fit", out, "-o", tmp_path / "again.npz")
+    refused = run_command("fit", out, "-o", tmp_path / "again.npz")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert "got dtype int8 (int8 codes, sign bits or a vector code written by apply: decode them with" in refused.stderr
 
 
 def test_quantized_outputs_refuse_nan_rows_in_one_line_before_reading(tmp_path, rows, model):
-    from conftest import run_subprocess
+    from conftest import run_command
 
     from streamwhiten.core.model import save_model
 
     save_model(model, str(tmp_path / "m.npz"))
     spec = write_h5(tmp_path / "in.h5", rows)
     for dtype in ("int8", "binary"):
-        done = run_subprocess(
+        done = run_command(
             "apply", tmp_path / "m.npz", spec, "-o", tmp_path / "q.zarr", "--dtype", dtype, "--skip-nonfinite"
         )
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
@@ -407,7 +407,7 @@ def test_an_interrupted_quantized_apply_resumes_only_with_the_same_codes(tmp_pat
 
 
 def test_job_file_dtype_int8_writes_codes_and_is_up_to_date_after(tmp_path, rows):
-    from conftest import run_subprocess
+    from conftest import run_command
 
     from streamwhiten.core.model import load_model
 
@@ -417,16 +417,16 @@ def test_job_file_dtype_int8_writes_codes_and_is_up_to_date_after(tmp_path, rows
         f'[input]\npaths = ["{tmp_path / "in.h5"}"]\n[model]\npath = "m.npz"\nn_components = 5\n'
         '[apply]\noutput = "out/{stem}.zarr"\ndtype = "int8"\n'
     )
-    done = run_subprocess("run", job)
+    done = run_command("run", job)
     assert done.returncode == 0, done.stderr
     model = load_model(str(tmp_path / "m.npz"))
     codes = stored(str(tmp_path / "out/in.zarr"))
     np.testing.assert_array_equal(codes, model.quantization("int8").encode(model.transform(rows, normalize=True)))
     assert read_attrs(str(tmp_path / "out/in.zarr"))["quantization"]["kind"] == "int8"
-    again = run_subprocess("run", job)
+    again = run_command("run", job)
     assert again.returncode == 3, again.stderr  # the codes are what this job writes: nothing to do
     job.write_text(job.read_text() + "skip_nonfinite = true\n")
-    refused = run_subprocess("run", job)
+    refused = run_command("run", job)
     assert refused.returncode == 2 and "[apply] dtype 'int8' cannot hold the NaN rows" in refused.stderr
 
 

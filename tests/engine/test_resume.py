@@ -12,7 +12,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-from conftest import REPO, run_subprocess, write_h5
+from conftest import REPO, run_command, write_h5
 
 from streamwhiten.core.model import load_model
 from streamwhiten.engine.apply import apply_model
@@ -94,7 +94,7 @@ def store(tmp_path_factory):
 def test_fit_killed_anywhere_resumes_to_identical_statistics(tmp_path, store):
     fit_args = ["--chunk-rows", BLOCK, "--checkpoint-every", 1, "-q"]
     reference = tmp_path / "reference.npz"
-    assert run_subprocess("fit", store, "-o", reference, *fit_args).returncode == 0
+    assert run_command("fit", store, "-o", reference, *fit_args).returncode == 0
     expected = statistics(reference)
     rng = np.random.default_rng(2026)
     killed_mid_run = 0
@@ -105,7 +105,7 @@ def test_fit_killed_anywhere_resumes_to_identical_statistics(tmp_path, store):
         if kill_when(process, lambda: rows_done_of_checkpoint(checkpoint), target):
             killed_mid_run += 1
             assert not model.exists() and os.path.exists(checkpoint)
-        resumed = run_subprocess("fit", store, "-o", model, *fit_args)
+        resumed = run_command("fit", store, "-o", model, *fit_args)
         assert resumed.returncode == 0, resumed.stderr
         assert statistics(model) == expected, f"resumed after a kill at row {target} differs"
         assert not os.path.exists(checkpoint)
@@ -115,11 +115,11 @@ def test_fit_killed_anywhere_resumes_to_identical_statistics(tmp_path, store):
 @pytest.mark.slow
 def test_apply_killed_anywhere_resumes_to_identical_output(tmp_path, store):
     model = tmp_path / "m.npz"
-    assert run_subprocess("fit", store, "-o", model, "-k", 16, "-q").returncode == 0
+    assert run_command("fit", store, "-o", model, "-k", 16, "-q").returncode == 0
     # 256 rows of 16 float32 are 16 KiB: whole chunks are written around the page cache (O_DIRECT)
     apply_args = ["--chunk-rows", 256, "--normalize", "--checkpoint-seconds", 0, "-q"]
     for name in ("reference.zarr", "reference.h5"):
-        assert run_subprocess("apply", model, store, "-o", tmp_path / name, *apply_args).returncode == 0
+        assert run_command("apply", model, store, "-o", tmp_path / name, *apply_args).returncode == 0
     rng = np.random.default_rng(7)
     killed_mid_run = 0
     for i, target in enumerate(sorted(rng.integers(256, N_ROWS - 256, size=5))):
@@ -130,7 +130,7 @@ def test_apply_killed_anywhere_resumes_to_identical_output(tmp_path, store):
         if killed:
             killed_mid_run += 1
             assert not os.path.exists(output)  # nothing that looks finished
-        resumed = run_subprocess("apply", model, store, "-o", output, *apply_args, "--json")
+        resumed = run_command("apply", model, store, "-o", output, *apply_args, "--json")
         assert resumed.returncode == 0, resumed.stderr
         if killed:  # continued from its progress record, not started over
             assert json.loads(resumed.stdout)["resumed_at_row"] >= target
@@ -146,10 +146,10 @@ def test_a_killed_coded_apply_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_p
     """apply --dtype int8 (or a vector code) killed with SIGKILL mid-run, then run again: continued from its
     progress record, to every byte of an uninterrupted run (codes and their decode record)."""
     model = tmp_path / "m.npz"
-    assert run_subprocess("fit", store, "-o", model, "-k", 16, "-q").returncode == 0
+    assert run_command("fit", store, "-o", model, "-k", 16, "-q").returncode == 0
     apply_args = ["--block-rows", 256, "--dtype", dtype, "--progress-seconds", 0, "-q"]
     reference = str(tmp_path / f"reference{suffix}")
-    assert run_subprocess("apply", model, store, "-o", reference, *apply_args).returncode == 0
+    assert run_command("apply", model, store, "-o", reference, *apply_args).returncode == 0
     killed = 0
     for target in (N_ROWS // 3, N_ROWS // 2, 2 * N_ROWS // 3):
         output = str(tmp_path / f"out-{target}{suffix}")
@@ -157,7 +157,7 @@ def test_a_killed_coded_apply_resumes_to_the_bytes_of_an_uninterrupted_run(tmp_p
         if kill_when(process, lambda: rows_done_of_partial(output), target):
             killed += 1
             assert not os.path.exists(output)
-        resumed = run_subprocess("apply", model, store, "-o", output, *apply_args, "--json")
+        resumed = run_command("apply", model, store, "-o", output, *apply_args, "--json")
         assert resumed.returncode == 0, resumed.stderr
         if killed:
             assert json.loads(resumed.stdout)["resumed_at_row"] >= target
@@ -197,7 +197,7 @@ def test_signals_write_a_final_checkpoint(tmp_path, store, signum):
     assert err.count("\n") == 1 and "stopped by SIG" in err and "progress saved to" in err  # one line
     saved = load_checkpoint(checkpoint).rows_done
     assert 0 < saved < N_ROWS and saved % BLOCK == 0
-    assert run_subprocess("fit", store, "-o", model, "--chunk-rows", BLOCK).returncode == 0
+    assert run_command("fit", store, "-o", model, "--chunk-rows", BLOCK).returncode == 0
     assert load_model(str(model)).n_rows == N_ROWS
 
 
@@ -212,12 +212,12 @@ def test_damaged_checkpoints_are_refused(tmp_path, store):
     raw = open(checkpoint, "rb").read()
     for damaged in (raw[: len(raw) - 100], raw[:2000] + bytes([raw[2000] ^ 0x01]) + raw[2001:]):
         open(checkpoint, "wb").write(damaged)
-        result = run_subprocess("fit", store, "-o", model)
+        result = run_command("fit", store, "-o", model)
         assert result.returncode == EXIT_BAD_INPUT
         assert "checkpoint" in result.stderr and "--restart" in result.stderr
         assert not os.path.exists(model)
         assert open(checkpoint, "rb").read() == damaged  # never silently replaced or used
-    fresh = run_subprocess("fit", store, "-o", model, "--restart")
+    fresh = run_command("fit", store, "-o", model, "--restart")
     assert fresh.returncode == 0, fresh.stderr
     assert not os.path.exists(checkpoint) and load_model(model).n_rows == N_ROWS
 
@@ -234,7 +234,7 @@ def test_resume_against_a_modified_source_is_refused(tmp_path):
     rows[500] += 1.0  # an already-read row changes (in a sampled position: the middle of the prefix)
     rows[0] += 1.0
     write_h5(tmp_path / "s.h5", rows, chunk_rows=100)
-    result = run_subprocess("fit", spec, "-o", model)
+    result = run_command("fit", spec, "-o", model)
     assert result.returncode == EXIT_BAD_INPUT
     assert "s.h5:/emb" in result.stderr and "refusing to resume" in result.stderr
 
@@ -306,19 +306,19 @@ def write_job(directory, store, apply=True):
 
 def test_run_job_steps_and_exit_codes(tmp_path, store):
     job = write_job(tmp_path, store)
-    first = run_subprocess("run", job)
+    first = run_command("run", job)
     assert first.returncode == 0, first.stderr
     assert (tmp_path / "model.npz").exists() and (tmp_path / "out-big.zarr").exists()
     assert "T" in first.stderr.splitlines()[0][:20]  # timestamped log lines
-    again = run_subprocess("run", job)
+    again = run_command("run", job)
     assert again.returncode == EXIT_NOTHING_TO_DO, again.stderr
     (tmp_path / "job.toml").write_text(job.read_text().replace("n_components = 8", "n_components = 6"))
-    refinalized = run_subprocess("run", job, "--json")
+    refinalized = run_command("run", job, "--json")
     assert refinalized.returncode == 0 and '"finalize"' in refinalized.stdout
     with open_source(str(tmp_path / "out-big.zarr")) as out:
         assert out.n_features == 6
     (tmp_path / "job.toml").write_text("[input]\npaths = []\n")
-    bad = run_subprocess("run", job)
+    bad = run_command("run", job)
     assert bad.returncode == EXIT_BAD_INPUT and "job.toml" in bad.stderr
 
 
@@ -332,7 +332,7 @@ def test_two_concurrent_runs_one_waits_out(tmp_path, store):
         time.sleep(0.005)
     os.kill(first.pid, signal.SIGSTOP)  # hold the first run inside its locked section
     try:
-        second = run_subprocess("run", job)
+        second = run_command("run", job)
     finally:
         os.kill(first.pid, signal.SIGCONT)
     _, first_err = first.communicate(timeout=120)
@@ -364,7 +364,7 @@ def test_full_disk_during_checkpoint_keeps_the_previous_one(tmp_path, store):
         checkpoint = default_checkpoint(str(model))
         # room for one checkpoint (~19 KiB), not for a second one written beside it before the rename
         (small / "filler").write_bytes(b"\0" * (128 - 40) * 1024)
-        result = run_subprocess("fit", store, "-o", model, "--chunk-rows", BLOCK, "--checkpoint-every", 1)
+        result = run_command("fit", store, "-o", model, "--chunk-rows", BLOCK, "--checkpoint-every", 1)
         assert result.returncode == EXIT_IO, result.stderr
         assert "cannot write checkpoint" in result.stderr and "previous checkpoint is kept" in result.stderr
         assert 0 < load_checkpoint(checkpoint).rows_done < N_ROWS  # still valid, still usable
@@ -375,12 +375,12 @@ def test_full_disk_during_checkpoint_keeps_the_previous_one(tmp_path, store):
 def test_full_disk_during_output_leaves_old_output_and_no_partial(tmp_path, store):
     with tiny_filesystem(tmp_path / "small", 1024) as small:
         model = tmp_path / "m.npz"
-        assert run_subprocess("fit", store, "-o", model, "-k", 2).returncode == 0
+        assert run_command("fit", store, "-o", model, "-k", 2).returncode == 0
         output = small / "out.h5"
         small_input = write_h5(tmp_path / "small-in.h5", np.ones((10, N_FEATURES), np.float32))
-        assert run_subprocess("apply", model, small_input, "-o", output).returncode == 0
+        assert run_command("apply", model, small_input, "-o", output).returncode == 0
         before = output.read_bytes()
-        result = run_subprocess("apply", model, store, "-o", output, "--overwrite", "-k", 40)
+        result = run_command("apply", model, store, "-o", output, "--overwrite", "-k", 40)
         assert result.returncode == EXIT_IO, result.stderr
         assert output.read_bytes() == before
         assert os.listdir(small) == ["out.h5"]
@@ -571,7 +571,7 @@ def test_run_rewrites_outputs_when_apply_options_change_and_refuses_colliding_ou
 def test_job_file_values_are_type_checked(tmp_path, line, fragment):
     job = tmp_path / "job.toml"
     job.write_text(f'[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n{line}\n')
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT and fragment in result.stderr
 
 
@@ -763,7 +763,7 @@ def test_job_file_apply_chunk_rows_below_one_is_refused(tmp_path):
     job.write_text(
         '[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n[apply]\noutput = "o/{stem}.zarr"\nchunk_rows = -2\n'
     )
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT, result.stderr
     assert result.stderr.count("\n") == 1
     assert "job.toml: chunk_rows in [apply] must be a whole number of at least 1, got -2" in result.stderr
@@ -789,7 +789,7 @@ FIELDS = "the fields are {stem} (the input's file name without extension) and {n
 def test_job_file_output_templates_with_unusable_fields_are_refused(tmp_path, store, template, fragment):
     job = tmp_path / "job.toml"
     job.write_text(f'[input]\npaths = ["{store}"]\n[model]\npath = "m.npz"\n[apply]\noutput = "{template}"\n')
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("streamwhiten: error: "), result.stderr
@@ -803,6 +803,6 @@ def test_job_file_output_template_with_both_fields_and_literal_braces(tmp_path, 
         f'name = "nightly"\n[input]\npaths = ["{store}"]\n[model]\npath = "m.npz"\nn_components = 4\n'
         '[apply]\noutput = "o/{name}-{{x}}-{stem}.zarr"\n'
     )
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == 0, result.stderr
     assert os.listdir(tmp_path / "o") == ["nightly-{x}-big.zarr"]

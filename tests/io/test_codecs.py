@@ -19,7 +19,7 @@ import numcodecs
 import numpy as np
 import pytest
 import zarr
-from conftest import anisotropic, run_subprocess
+from conftest import anisotropic, run_command
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCodec
 
 from streamwhiten.errors import BadInputError, MissingChunkError
@@ -313,21 +313,20 @@ def test_apply_compressor_is_recorded_and_checked(tmp_path, applied):
     directory, spec, model, _ = applied
     model_path = str(directory / "m.npz")
     out = str(tmp_path / "out.zarr")
-    assert run_subprocess("apply", model_path, spec, "-o", out, "-q", "--compressor", "zstd").returncode == 0
-    again = run_subprocess("apply", model_path, spec, "-o", out, "-q", "--compressor", "zstd")
+    assert run_command("apply", model_path, spec, "-o", out, "-q", "--compressor", "zstd").returncode == 0
+    again = run_command("apply", model_path, spec, "-o", out, "-q", "--compressor", "zstd")
     assert again.returncode == 3, again.stderr  # up to date
-    other = run_subprocess("apply", model_path, spec, "-o", out, "-q", "--compressor", "gzip")
+    other = run_command("apply", model_path, spec, "-o", out, "-q", "--compressor", "gzip")
     assert other.returncode == 2 and "already exists" in other.stderr  # not current: another compressor
-    plain = run_subprocess("apply", model_path, spec, "-o", out, "-q")
+    plain = run_command("apply", model_path, spec, "-o", out, "-q")
     assert plain.returncode == 2 and "already exists" in plain.stderr
     assert (
-        run_subprocess("apply", model_path, spec, "-o", out, "-q", "--compressor", "gzip", "--overwrite").returncode
-        == 0
+        run_command("apply", model_path, spec, "-o", out, "-q", "--compressor", "gzip", "--overwrite").returncode == 0
     )
     assert zarr.open_array(out, mode="r").attrs["compressor"] == "gzip"
-    bad = run_subprocess("apply", model_path, spec, "-o", str(tmp_path / "o.parquet"), "-q", "--compressor", "zstd")
+    bad = run_command("apply", model_path, spec, "-o", str(tmp_path / "o.parquet"), "-q", "--compressor", "zstd")
     assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1 and "HDF5 and Zarr outputs" in bad.stderr
-    unknown = run_subprocess("apply", model_path, spec, "-o", str(tmp_path / "o.zarr"), "-q", "--compressor", "lzma")
+    unknown = run_command("apply", model_path, spec, "-o", str(tmp_path / "o.zarr"), "-q", "--compressor", "lzma")
     assert unknown.returncode == 2
 
 
@@ -406,11 +405,11 @@ def test_job_file_compressor(tmp_path, applied):
         f'n_components = 4\n[apply]\noutput = "out/{{stem}}.zarr"\ncompressor = "zstd"\n'
     )
     assert load_job(str(job)).apply.compressor == "zstd"
-    result = run_subprocess("run", job, "-q")
+    result = run_command("run", job, "-q")
     assert result.returncode == 0, result.stderr
     array = zarr.open_array(str(tmp_path / "out" / "in.zarr"), mode="r")
     assert array.attrs["compressor"] == "zstd" and "zstd" in repr(array.metadata.codecs).lower()
-    assert run_subprocess("run", job, "-q").returncode == 3  # up to date
+    assert run_command("run", job, "-q").returncode == 3  # up to date
     job.write_text(job.read_text().replace('"zstd"', '"lzma"'))
     with pytest.raises(BadInputError, match="compressor in \\[apply\\]"):
         load_job(str(job))

@@ -33,7 +33,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import anisotropic, run_subprocess
+from conftest import anisotropic, run_command
 
 ROWS, FEATURES, CHUNK = 1000, 16, 100
 BROKEN = 2  # index of the damaged chunk: rows 200..299
@@ -262,9 +262,9 @@ def test_cli_refuses_damaged_store(tmp_path, rows, model_path, kind, damage, com
     spec, _ = damaged_store(tmp_path, kind, damage, rows)
     before = sorted(os.listdir(tmp_path))
     if command == "fit":
-        result = run_subprocess("fit", spec, "-o", tmp_path / "model.npz", "-q")
+        result = run_command("fit", spec, "-o", tmp_path / "model.npz", "-q")
     else:
-        result = run_subprocess("apply", model_path, spec, "-o", f"{tmp_path / 'out.h5'}:/y", "-q")
+        result = run_command("apply", model_path, spec, "-o", f"{tmp_path / 'out.h5'}:/y", "-q")
     problems, line = one_error_line(result)
     if result.returncode != 0:
         problems += names_the_damage(line, kind, damage)
@@ -333,19 +333,17 @@ def test_fill_missing_chunks_fit_and_apply(tmp_path, holed, model_path):
     from streamwhiten.core.model import load_model
 
     spec, reference, _ = holed
-    fitted = run_subprocess("fit", spec, "-o", tmp_path / "m.npz", "-q", "--fill-missing-chunks")
+    fitted = run_command("fit", spec, "-o", tmp_path / "m.npz", "-q", "--fill-missing-chunks")
     assert fitted.returncode == 0 and not fitted.stderr, fitted.stderr
-    assert run_subprocess("fit", reference, "-o", tmp_path / "ref.npz", "-q").returncode == 0
+    assert run_command("fit", reference, "-o", tmp_path / "ref.npz", "-q").returncode == 0
     model, expected = load_model(str(tmp_path / "m.npz")), load_model(str(tmp_path / "ref.npz"))
     assert model.n_rows == expected.n_rows == ROWS
     np.testing.assert_allclose(model.state.mean, expected.state.mean, rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(model.state.scatter, expected.state.scatter, rtol=1e-10, atol=1e-9)
 
-    applied = run_subprocess(
-        "apply", model_path, spec, "-o", f"{tmp_path / 'out.h5'}:/y", "-q", "--fill-missing-chunks"
-    )
+    applied = run_command("apply", model_path, spec, "-o", f"{tmp_path / 'out.h5'}:/y", "-q", "--fill-missing-chunks")
     assert applied.returncode == 0 and not applied.stderr, applied.stderr
-    assert run_subprocess("apply", model_path, reference, "-o", f"{tmp_path / 'ref.h5'}:/y", "-q").returncode == 0
+    assert run_command("apply", model_path, reference, "-o", f"{tmp_path / 'ref.h5'}:/y", "-q").returncode == 0
     with h5py.File(tmp_path / "out.h5", "r") as out, h5py.File(tmp_path / "ref.h5", "r") as ref:
         np.testing.assert_allclose(out["y"][...], ref["y"][...], rtol=1e-6, atol=1e-6)
 
@@ -366,7 +364,7 @@ def test_fill_missing_chunks_api(holed):
 
 def test_fill_missing_chunks_does_not_hide_other_damage(tmp_path, rows):
     spec, _ = damaged_store(tmp_path, "zarr3-zstd", "garbage-chunk", rows)
-    result = run_subprocess("fit", spec, "-o", tmp_path / "m.npz", "-q", "--fill-missing-chunks")
+    result = run_command("fit", spec, "-o", tmp_path / "m.npz", "-q", "--fill-missing-chunks")
     problems, line = one_error_line(result)
     problems += names_the_damage(line, "zarr3-zstd", "garbage-chunk")
     assert not problems and not (tmp_path / "m.npz").exists(), "; ".join(problems) + f"\n{result.stderr!r}"

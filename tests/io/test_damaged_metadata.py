@@ -12,7 +12,7 @@ import os
 import h5py
 import numpy as np
 import pytest
-from conftest import run_subprocess, write_h5, write_zarr
+from conftest import run_command, write_h5, write_zarr
 from user_files import SMALL, run_checked
 
 
@@ -187,7 +187,7 @@ def test_hdf5_files_with_damaged_metadata_are_refused_as_damaged_never_an_intern
     (tmp_path / "bad.h5").write_bytes(bytes(flipped))
     (tmp_path / "m.npz").write_bytes(small_model)
     for args in (["fit", spec, "-o", "m2.npz"], ["apply", "m.npz", spec, "-o", "o.zarr"]):
-        result = run_subprocess(*args, cwd=tmp_path)
+        result = run_command(*args, cwd=tmp_path)
         assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
         assert "bad.h5" in result.stderr and "internal error" not in result.stderr
 

@@ -17,7 +17,7 @@ pa = pytest.importorskip(
 lance = pytest.importorskip("lance", reason="Lance support needs pylance (pip install 'streamwhiten[lance]')")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from conftest import REPO, run_subprocess  # noqa: E402
+from conftest import REPO, run_command  # noqa: E402
 
 from streamwhiten import Whitener  # noqa: E402
 from streamwhiten.core.model import load_model  # noqa: E402
@@ -116,7 +116,7 @@ def test_apply_to_lance_output_keeps_ids_and_resumes_after_kill(tmp_path, rows, 
         if kill_when(process, lambda: rows_done_of_partial(output), target):
             killed += 1
             assert not os.path.exists(output)
-        resumed = run_subprocess("apply", model_path, spec, "-o", output, *args, "--json")
+        resumed = run_command("apply", model_path, spec, "-o", output, *args, "--json")
         assert resumed.returncode == 0, resumed.stderr
         again = lance.dataset(output).to_table()
         assert again.equals(table)
@@ -158,7 +158,7 @@ def test_fit_killed_resumes_bit_identical(tmp_path):
     spec = write_lance(tmp_path / "big.lance", data, rows_per_file=10_000)
     fit_args = ["--chunk-rows", 400, "--checkpoint-every", 1, "-q"]
     reference = tmp_path / "reference.npz"
-    assert run_subprocess("fit", spec, "-o", reference, *fit_args).returncode == 0
+    assert run_command("fit", spec, "-o", reference, *fit_args).returncode == 0
     expected = statistics(reference)
     killed = 0
     for target in (3_000, 17_000, 31_000):
@@ -167,7 +167,7 @@ def test_fit_killed_resumes_bit_identical(tmp_path):
         process = spawn("fit", spec, "-o", model, *fit_args)
         if kill_when(process, lambda: rows_done_of_checkpoint(checkpoint), target):
             killed += 1
-        assert run_subprocess("fit", spec, "-o", model, *fit_args).returncode == 0
+        assert run_command("fit", spec, "-o", model, *fit_args).returncode == 0
         assert statistics(model) == expected
     assert killed >= 2
 
@@ -195,12 +195,12 @@ def test_bad_vectors_are_one_line_exit_2_naming_fragment_and_row(tmp_path, rows)
         ),
     }
     for name, (values, message) in cases.items():
-        done = run_subprocess("fit", dataset(name, values), "-o", model)
+        done = run_command("fit", dataset(name, values), "-o", model)
         assert done.returncode == EXIT_BAD_INPUT and done.stderr.count("\n") == 1, done.stderr
         assert f"{name}:vector: {message}" in done.stderr
-    done = run_subprocess("fit", dataset("ints.lance", [[1, 2]] * 10, pa.int64()), "-o", model)
+    done = run_command("fit", dataset("ints.lance", [[1, 2]] * 10, pa.int64()), "-o", model)
     assert done.returncode == EXIT_BAD_INPUT and "int64 values, not float16" in done.stderr
-    done = run_subprocess("fit", f"{tmp_path / 'null.lance'}:nope", "-o", model)
+    done = run_command("fit", f"{tmp_path / 'null.lance'}:nope", "-o", model)
     assert done.returncode == EXIT_BAD_INPUT and "has no vector column 'nope'" in done.stderr
     assert not model.exists()
 

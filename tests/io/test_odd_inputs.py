@@ -19,7 +19,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import run_subprocess, write_h5, write_zarr
+from conftest import run_command, write_h5, write_zarr
 from user_files import SMALL, run_checked
 
 #: How a command runs as a user who may not read a file mode 000: as such a user, or as root without
@@ -64,14 +64,14 @@ def test_update_recognises_a_recorded_file_by_its_identity_not_its_path(tmp_path
     with h5py.File(tmp_path / "g.h5", "w") as handle:
         handle.create_dataset("emb", data=first, maxshape=(None, SMALL.shape[1]), chunks=(64, SMALL.shape[1]))
     os.link(tmp_path / "g.h5", tmp_path / "l.h5")
-    assert run_subprocess("fit", tmp_path / "g.h5", "-o", tmp_path / "m.npz", "-q").returncode == 0
+    assert run_command("fit", tmp_path / "g.h5", "-o", tmp_path / "m.npz", "-q").returncode == 0
     recorded = load_model(str(tmp_path / "m.npz")).sources
     assert [s.path for s in recorded] == [os.path.realpath(tmp_path / "g.h5")]  # the record is unchanged
     run_checked(tmp_path, ["fit", "l.h5", "--update", "m.npz"], 3, r"nothing to do")
     with h5py.File(tmp_path / "g.h5", "a") as handle:
         handle["emb"].resize(len(SMALL), axis=0)
         handle["emb"][300:] = more
-    done = run_subprocess("fit", tmp_path / "l.h5", "--update", tmp_path / "m.npz", "-q", "--json")
+    done = run_command("fit", tmp_path / "l.h5", "--update", tmp_path / "m.npz", "-q", "--json")
     assert done.returncode == 0, done.stderr
     model = load_model(str(tmp_path / "m.npz"))
     assert model.n_rows == len(SMALL)  # 400: not 300 + 400 read again through the other name

@@ -11,7 +11,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import anisotropic, run_subprocess, write_h5
+from conftest import anisotropic, run_command, write_h5
 from user_files import SMALL, run_checked
 
 #: output name -> the apply options that write it
@@ -56,7 +56,7 @@ def test_flipped_data_bytes_in_an_output_are_refused_when_read(tmp_path, small_m
     (tmp_path / "m.npz").write_bytes(small_model)
     write_h5(tmp_path / "in.h5", SMALL)
     args = ["apply", "m.npz", "in.h5", "-o", name, "--chunk-rows", "100", "-q", *CHECKSUMMED_OUTPUTS[name]]
-    assert run_subprocess(*args, cwd=tmp_path).returncode == 0
+    assert run_command(*args, cwd=tmp_path).returncode == 0
     with open_source(str(tmp_path / name)) as source:
         written = source.read(0, source.n_rows).copy()
     file, offset = _data_byte(tmp_path / name)
@@ -76,9 +76,7 @@ def test_outputs_without_checksums_hold_the_same_rows_and_plain_readers_verify_t
     (tmp_path / "m.npz").write_bytes(small_model)
     write_h5(tmp_path / "in.h5", SMALL)
     for name, extra in (("a.h5", []), ("b.h5", ["--no-checksums"]), ("a.zarr", []), ("b.zarr", ["--no-checksums"])):
-        result = run_subprocess(
-            "apply", "m.npz", "in.h5", "-o", name, "--chunk-rows", "100", "-q", *extra, cwd=tmp_path
-        )
+        result = run_command("apply", "m.npz", "in.h5", "-o", name, "--chunk-rows", "100", "-q", *extra, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
     with h5py.File(tmp_path / "a.h5") as one, h5py.File(tmp_path / "b.h5") as two:
         assert one["embeddings"].fletcher32 and not two["embeddings"].fletcher32
@@ -130,7 +128,7 @@ def test_pyarrow_verifies_a_parquet_outputs_page_crcs_only_when_asked(tmp_path, 
 
     (tmp_path / "m.npz").write_bytes(small_model)
     write_h5(tmp_path / "in.h5", SMALL)
-    assert run_subprocess("apply", "m.npz", "in.h5", "-o", "out.parquet", "-q", cwd=tmp_path).returncode == 0
+    assert run_command("apply", "m.npz", "in.h5", "-o", "out.parquet", "-q", cwd=tmp_path).returncode == 0
     path = tmp_path / "out.parquet"
     written = pq.read_table(path, page_checksum_verification=True)
     _flip(*_data_byte(path), mask=0x40)

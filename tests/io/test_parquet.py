@@ -14,7 +14,7 @@ import pytest
 pa = pytest.importorskip("pyarrow", reason="Parquet support needs pyarrow (pip install 'streamwhiten[parquet]')")
 pq = pytest.importorskip("pyarrow.parquet")
 
-from conftest import REPO, run_subprocess, write_h5  # noqa: E402
+from conftest import REPO, run_command, write_h5  # noqa: E402
 
 from streamwhiten import Whitener  # noqa: E402
 from streamwhiten.core.model import load_model  # noqa: E402
@@ -296,7 +296,7 @@ def test_run_job_over_a_shard_directory(shards, rows, tmp_path):
         f'[input]\npaths = ["{shards}"]\n[model]\npath = "model.npz"\nn_components = 6\n'
         '[apply]\noutput = "out/{stem}.parquet"\nkeep_columns = ["id"]\n'
     )
-    done = run_subprocess("run", job, "-q")
+    done = run_command("run", job, "-q")
     assert done.returncode == 0, done.stderr
     model = load_model(str(tmp_path / "model.npz"))
     for i in range(3):
@@ -306,7 +306,7 @@ def test_run_job_over_a_shard_directory(shards, rows, tmp_path):
             np.stack(table.column("embedding").to_numpy(zero_copy_only=False)),
             model.transform(rows[i * 3000 : (i + 1) * 3000]),
         )
-    assert run_subprocess("run", job, "-q").returncode == EXIT_NOTHING_TO_DO
+    assert run_command("run", job, "-q").returncode == EXIT_NOTHING_TO_DO
 
 
 def test_eval_pairs_and_gold_scores_from_parquet(tmp_path, rows):
@@ -318,7 +318,7 @@ def test_eval_pairs_and_gold_scores_from_parquet(tmp_path, rows):
     np.save(tmp_path / "a.npy", a)
     np.save(tmp_path / "b.npy", b)
     np.save(tmp_path / "s.npy", scores)
-    from_parquet = run_subprocess(
+    from_parquet = run_command(
         "eval",
         "--pairs-a",
         tmp_path / "a.parquet",
@@ -328,7 +328,7 @@ def test_eval_pairs_and_gold_scores_from_parquet(tmp_path, rows):
         tmp_path / "s.parquet",
         "--json",
     )
-    from_npy = run_subprocess(
+    from_npy = run_command(
         "eval",
         "--pairs-a",
         tmp_path / "a.npy",
@@ -371,7 +371,7 @@ def test_fit_and_apply_killed_resume_bit_identical(tmp_path):
         )
     fit_args = ["--chunk-rows", 400, "--checkpoint-every", 1, "-q"]
     reference = tmp_path / "reference.npz"
-    assert run_subprocess("fit", shards, "-o", reference, *fit_args).returncode == 0
+    assert run_command("fit", shards, "-o", reference, *fit_args).returncode == 0
     expected = statistics(reference)
     rng = np.random.default_rng(2027)
     killed = 0
@@ -382,14 +382,14 @@ def test_fit_and_apply_killed_resume_bit_identical(tmp_path):
         if kill_when(process, lambda: rows_done_of_checkpoint(checkpoint), target):
             killed += 1
             assert not model.exists() and os.path.exists(checkpoint)
-        assert run_subprocess("fit", shards, "-o", model, *fit_args).returncode == 0
+        assert run_command("fit", shards, "-o", model, *fit_args).returncode == 0
         assert statistics(model) == expected
     assert killed >= 2
 
     source = shards / "part-1.parquet"
     apply_args = ["--chunk-rows", 400, "--checkpoint-seconds", 0, "--keep-columns", "id", "-q"]
     good = tmp_path / "reference.parquet"
-    assert run_subprocess("apply", reference, source, "-o", good, *apply_args).returncode == 0
+    assert run_command("apply", reference, source, "-o", good, *apply_args).returncode == 0
     killed = 0
     for target in sorted(rng.integers(800, 15_000, size=3)):
         output = str(tmp_path / f"out-{target}.parquet")
@@ -398,7 +398,7 @@ def test_fit_and_apply_killed_resume_bit_identical(tmp_path):
         if was_killed:
             killed += 1
             assert not os.path.exists(output)
-        resumed = run_subprocess("apply", reference, source, "-o", output, *apply_args, "--json")
+        resumed = run_command("apply", reference, source, "-o", output, *apply_args, "--json")
         assert resumed.returncode == 0, resumed.stderr
         if was_killed:  # continued from its progress record, not started over
             assert json.loads(resumed.stdout)["resumed_at_row"] >= target
@@ -411,7 +411,7 @@ def test_fit_and_apply_killed_resume_bit_identical(tmp_path):
 
 
 def one_line_exit_2(*args):
-    done = run_subprocess(*args)
+    done = run_command(*args)
     assert done.returncode == EXIT_BAD_INPUT, (done.returncode, done.stderr)
     assert done.stderr.count("\n") == 1, done.stderr
     return done.stderr

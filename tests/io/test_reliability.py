@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import pytest
 import zarr
-from conftest import REPO, anisotropic, run_subprocess, write_h5, write_zarr
+from conftest import REPO, anisotropic, run_command, write_h5, write_zarr
 
 import streamwhiten._durable as durable
 from streamwhiten.core.model import load_model
@@ -236,11 +236,11 @@ def test_lock_and_log_file_errors_name_the_file(tmp_path, rows):
     job.write_text(f'[input]\npaths = ["{tmp_path / "x.h5"}"]\n[model]\npath = "{tmp_path / "m" / "m.npz"}"\n')
     (tmp_path / "m").mkdir()
     os.mkdir(tmp_path / "m" / ".m.npz.lock")  # a lock path that cannot be opened as a file
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == 74
     one_line(result.stderr, ".m.npz.lock", "lock file")
     shutil.rmtree(tmp_path / "m" / ".m.npz.lock")
-    result = run_subprocess("run", job, "--log-file", tmp_path / "no-such-dir" / "log.txt")
+    result = run_command("run", job, "--log-file", tmp_path / "no-such-dir" / "log.txt")
     assert result.returncode == 74
     one_line(result.stderr, "log.txt", "cannot open the log file")
 
@@ -489,14 +489,14 @@ def test_run_never_replaces_a_users_file_at_its_output_or_model_path(fitted):
     spec, _, users, before = fitted
     job = users.parent / "job.toml"
     job.write_text(f'[input]\npaths = ["{spec}"]\n[model]\npath = "{users / "old.npz"}"\n')
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if "error" in line]
     assert len(lines) == 1 and "old.npz: exists and is not a model file written by streamwhiten" in lines[0]
     job.write_text(
         f'[input]\npaths = ["{spec}"]\n[model]\npath = "{users.parent / "j.npz"}"\n[apply]\noutput = "{users}/out.h5"\n'
     )
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == 2, result.stderr
     lines = [line for line in result.stderr.splitlines() if "error" in line]
     assert len(lines) == 1 and "out.h5: exists and is not an HDF5 output" in lines[0], result.stderr
@@ -539,7 +539,7 @@ def test_two_applies_of_one_output_the_second_exits_75(tmp_path, rows):
     and the first one's pid) and touches nothing; the first finishes; the lock file goes with it."""
     spec = write_h5(tmp_path / "in.h5", np.tile(rows, (20, 1)))
     model = tmp_path / "m.npz"
-    assert run_subprocess("fit", spec, "-o", model, "-q").returncode == 0
+    assert run_command("fit", spec, "-o", model, "-q").returncode == 0
     out = tmp_path / "out.h5"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     first = subprocess.Popen(
@@ -556,8 +556,8 @@ def test_two_applies_of_one_output_the_second_exits_75(tmp_path, rows):
         time.sleep(0.005)
     os.kill(first.pid, signal.SIGSTOP)  # hold the first one inside its locked section
     try:
-        second = run_subprocess("apply", model, spec, "-o", out, "-q")
-        also = run_subprocess("apply", model, spec, "-o", f"{out}:/other", "-q", "--overwrite")
+        second = run_command("apply", model, spec, "-o", out, "-q")
+        also = run_command("apply", model, spec, "-o", f"{out}:/other", "-q", "--overwrite")
     finally:
         os.kill(first.pid, signal.SIGCONT)
     _, first_err = first.communicate(timeout=120)
@@ -568,7 +568,7 @@ def test_two_applies_of_one_output_the_second_exits_75(tmp_path, rows):
     with h5py.File(out, "r") as handle:
         assert handle["embeddings"].shape == (len(rows) * 20, 8) and handle["embeddings"].attrs["complete"]
     assert sorted(os.listdir(tmp_path)) == ["in.h5", "m.npz", "out.h5"]
-    assert run_subprocess("apply", model, spec, "-o", out, "-q").returncode == 3
+    assert run_command("apply", model, spec, "-o", out, "-q").returncode == 3
 
 
 @pytest.mark.parametrize("name", ["../../x", "a/b", "..", "."])
@@ -581,14 +581,14 @@ def test_a_job_name_cannot_take_outputs_out_of_their_folder(tmp_path, rows, name
         f'name = "{name}"\n[input]\npaths = ["{spec}"]\n[model]\npath = "m.npz"\n[apply]\noutput = "out/{{name}}.h5"\n'
     )
     before = sorted(str(p) for p in tmp_path.rglob("*"))
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == 2, result.stderr
     one_line(result.stderr, "job.toml", "{name}", repr(name), "path separator", "stay in its folder")
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
     job.write_text(
         f'name = "{name}"\n[input]\npaths = ["{spec}"]\n[model]\npath = "m.npz"\n[apply]\noutput = "out/{{stem}}.h5"\n'
     )
-    assert run_subprocess("run", job).returncode == 0  # a name that no output uses is only a name
+    assert run_command("run", job).returncode == 0  # a name that no output uses is only a name
 
 
 def test_each_writer_tells_the_kind_of_its_output_from_its_name(tmp_path, rows, run_cli):
@@ -664,13 +664,13 @@ def finishing(tmp_path_factory):
         "apply": lambda d: ["apply", base / "model.npz", spec, "-o", d / "out.zarr", "-k", "16", "-q"],
         "export": lambda d: ["export", base / "model.npz", "-o", d / "map.npz", "-k", "16"],
     }
-    assert run_subprocess(*commands["fit"](base)).returncode == 0  # the model apply and export read
+    assert run_command(*commands["fit"](base)).returncode == 0  # the model apply and export read
     seconds = {}
     for attempt in ("warm", "ref"):  # the second, timed, run finds the caches (numba's, the page cache) warm
         (base / attempt).mkdir()
         for name, args in commands.items():
             began = time.monotonic()
-            done = run_subprocess(*args(base / attempt))
+            done = run_command(*args(base / attempt))
             seconds[name] = time.monotonic() - began
             assert done.returncode == 0, done.stderr
     return base, commands, seconds
@@ -754,7 +754,7 @@ def test_a_signal_near_the_end_never_kills_and_the_exit_code_says_what_is_on_dis
                 problems.append(f"{what}: exit 130 but the output is there")
             if len(lines) != 1 or not lines[0].startswith("streamwhiten:"):
                 problems.append(f"{what}: exit 130 without exactly one line")
-            rerun = run_subprocess(*commands[command](work))
+            rerun = run_command(*commands[command](work))
             if rerun.returncode not in (0, 3) or not _same_output(command, output, reference):
                 problems.append(f"{what}: the rerun exited {rerun.returncode} ({rerun.stderr.strip()!r})")
         else:

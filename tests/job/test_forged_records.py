@@ -14,7 +14,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
-from conftest import run_subprocess
+from conftest import run_command
 from user_files import snapshot
 
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError, ModelFileError
@@ -75,7 +75,7 @@ def test_a_manifest_field_holding_a_nul_byte_is_refused_in_one_line(tmp_path, wh
     model = str(tmp_path / "models" / "m.npz")
     forge(model, where, lambda text: text + "\x00x")
     before = unlocked(snapshot(tmp_path))
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     errors = [line for line in result.stderr.splitlines() if "error" in line]  # the log says "lock taken" first
     line = rf"^streamwhiten: error: {re.escape(manifest_path(model))}: not a manifest .*{FIELDS[where]}"
     assert result.returncode == EXIT_BAD_INPUT and len(errors) == 1, result.stderr

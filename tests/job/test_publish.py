@@ -14,7 +14,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
-from conftest import run_subprocess
+from conftest import run_command
 
 from streamwhiten.core.model import load_model
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputError, ModelFileError, NothingToDoError
@@ -203,7 +203,7 @@ def test_a_changed_setting_is_republished_and_keep_versions_1_deletes_the_old_on
 def test_run_json_reports_for_cron_and_nothing_to_do_is_exit_3_with_the_report(night):
     directory, job = night
     append_rows(directory / "shards" / "day-1.h5", rows_of(50, 7))
-    done = run_subprocess("run", job, "--json", "-q")
+    done = run_command("run", job, "--json", "-q")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     for key in (
@@ -219,10 +219,10 @@ def test_run_json_reports_for_cron_and_nothing_to_do_is_exit_3_with_the_report(n
         assert key in report
     assert report["action"] == "append" and report["rows_added"] == 50
     assert set(report["staleness"]) >= {"covariance", "shift", "dropped", "angle", "total"}
-    again = run_subprocess("run", job, "--json", "-q")
+    again = run_command("run", job, "--json", "-q")
     assert again.returncode == EXIT_NOTHING_TO_DO
     assert json.loads(again.stdout)["action"] == "nothing" and "nothing to do" in again.stderr
-    text = run_subprocess("run", job, "--republish", "-q")
+    text = run_command("run", job, "--republish", "-q")
     assert text.returncode == 0 and "republish: published version 2" in text.stdout, text.stdout
 
 
@@ -252,7 +252,7 @@ def test_a_damaged_or_hand_edited_manifest_is_refused_and_nothing_changes(night)
     for name, text in cases.items():
         open(path, "w").write(text)
         snapshot = {p: tree_bytes(str(directory / p)) for p in ("out", "models")}
-        result = run_subprocess("run", job)
+        result = run_command("run", job)
         assert result.returncode == EXIT_BAD_INPUT, (name, result.stderr)
         line = result.stderr.strip().splitlines()[-1]
         assert f"{path}: not a manifest streamwhiten could have written" in line, (name, line)
@@ -267,7 +267,7 @@ def test_outputs_or_model_file_deleted_by_hand_are_named_and_republish_recovers(
     directory, job = night
     model = str(directory / "models" / "m.npz")
     shutil.rmtree(directory / "out" / "day-1.v1.zarr")
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT
     assert "outputs of published version 1 were deleted or changed by hand" in result.stderr
     assert f"{directory / 'out' / 'day-1.v1.zarr'} (missing)" in result.stderr and "--republish" in result.stderr
@@ -276,7 +276,7 @@ def test_outputs_or_model_file_deleted_by_hand_are_named_and_republish_recovers(
     report = run_job_file(job, republish=True)
     assert report.published_version == 2 and os.path.exists(directory / "out" / "day-1.v2.zarr")
     os.remove(version_model_path(model, 2))
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert (
         result.returncode == EXIT_BAD_INPUT
         and "m.v2.npz: the model file of published version 2 is missing" in result.stderr
@@ -363,12 +363,12 @@ def test_a_night_opens_only_the_parts_touched_since_and_still_catches_one_change
     backup = str(directory / "backup.zarr")
     shutil.copytree(parts[1].path, backup)
     zarr.open(parts[1].path, mode="r+").attrs["model_checksum"] = "0" * 64
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT and f"{parts[1].path} (written by another map)" in result.stderr
     # another part copied in its place: a new stamp, so checked in full, and refused
     shutil.rmtree(parts[1].path)
     shutil.copytree(parts[2].path, parts[1].path)
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT and "holds rows (2050, 2100), not [2000, 2050)" in result.stderr
     # restored from its copy: checked in full, accepted, and the next manifest records its new stamp
     shutil.rmtree(parts[1].path)
@@ -384,7 +384,7 @@ def test_an_input_rewritten_since_it_was_published_is_refused(night):
     directory, job = night
     with h5py.File(directory / "shards" / "day-1.h5", "a") as handle:
         handle["emb"][0] = 0.0
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT and "differ from the recorded ones" in result.stderr
 
 
@@ -433,18 +433,18 @@ def test_published_rows_the_statistics_update_did_not_sample_are_still_checked(n
 def test_publish_table_values_are_checked_in_the_words_of_params(tmp_path, table, fragment):
     job = tmp_path / "job.toml"
     job.write_text(f'[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n[apply]\noutput = "o/{{stem}}.zarr"\n{table}')
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT and fragment in result.stderr, result.stderr
 
 
 def test_publish_needs_apply_and_republish_needs_publish(tmp_path):
     job = tmp_path / "job.toml"
     job.write_text('[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n[publish]\n')
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT and "[publish] publishes the outputs of [apply]" in result.stderr
     append_rows(tmp_path / "x.h5", rows_of(300, 1))
     job.write_text('[input]\npaths = ["x.h5"]\n[model]\npath = "m.npz"\n')
-    result = run_subprocess("run", job, "--republish")
+    result = run_command("run", job, "--republish")
     assert result.returncode == EXIT_BAD_INPUT and "--republish needs a [publish] table" in result.stderr
 
 
@@ -480,15 +480,15 @@ def test_versioned_names_keep_the_dataset_and_the_extension():
 def test_staleness_command_prints_each_part_the_total_and_the_verdict(night):
     directory, job = night
     model = str(directory / "models" / "m.npz")
-    fresh = run_subprocess("staleness", model, "--json")
+    fresh = run_command("staleness", model, "--json")
     assert fresh.returncode == 0, fresh.stderr
     report = json.loads(fresh.stdout)
     assert report["total"] == 0.0 and report["stale"] is False and report["published_version"] == 1
     assert report["max_staleness"] == 0.5 and report["published"] == version_model_path(model, 1)
     append_rows(directory / "shards" / "day-2.h5", rows_of(1500, 4, shift=2.0))
     shutil.copy(model, directory / "before.npz")
-    assert run_subprocess("fit", str(directory / "shards" / "day-2.h5"), "--update", model, "-q").returncode == 0
-    text = run_subprocess("staleness", model)
+    assert run_command("fit", str(directory / "shards" / "day-2.h5"), "--update", model, "-q").returncode == 0
+    text = run_command("staleness", model)
     assert text.returncode == 0, text.stderr
     for word in (
         "covariance",
@@ -503,11 +503,11 @@ def test_staleness_command_prints_each_part_the_total_and_the_verdict(night):
     from streamwhiten.core.staleness import staleness
 
     by_hand = staleness(load_model(version_model_path(model, 1)), load_model(model).state)
-    report = json.loads(run_subprocess("staleness", model, "--json", "--max-staleness", "100").stdout)
+    report = json.loads(run_command("staleness", model, "--json", "--max-staleness", "100").stdout)
     assert report["total"] == pytest.approx(by_hand.total, rel=1e-12) and report["stale"] is False
-    report = json.loads(run_subprocess("staleness", model, "--published", directory / "before.npz", "--json").stdout)
+    report = json.loads(run_command("staleness", model, "--published", directory / "before.npz", "--json").stdout)
     assert report["total"] == pytest.approx(by_hand.total, rel=1e-12) and report["published_version"] is None
-    nothing = run_subprocess("staleness", directory / "before.npz")
+    nothing = run_command("staleness", directory / "before.npz")
     assert nothing.returncode == EXIT_BAD_INPUT and "--published" in nothing.stderr
 
 
@@ -516,10 +516,10 @@ def test_info_shows_the_statistics_and_the_publication(night):
     model = str(directory / "models" / "m.npz")
     append_rows(directory / "shards" / "day-1.h5", rows_of(40, 9))
     run_job_file(job)
-    text = run_subprocess("info", model)
+    text = run_command("info", model)
     assert text.returncode == 0 and "fitted on  2,040 rows" in text.stdout
     assert "published  version 1 (m.v1.npz), finalized from 2,000 rows" in text.stdout, text.stdout
-    report = json.loads(run_subprocess("info", model, "--json").stdout)
+    report = json.loads(run_command("info", model, "--json").stdout)
     assert report["n_rows"] == 2040 and report["publication"]["version"] == 1
     assert report["publication"]["n_rows"] == 2000 and report["publication"]["inputs"][0]["rows"] == 2040
     # two checksums, each named: the statistics' map (moved on with the appended rows) and the published
@@ -642,7 +642,7 @@ def test_a_forged_retired_list_deletes_nothing_the_job_did_not_write(tmp_path):
             ),
         )
         before = everything(tmp_path)
-        result = run_subprocess("run", job)
+        result = run_command("run", job)
         assert result.returncode == EXIT_BAD_INPUT, (target, result.stderr)
         line = last_line(result)
         assert "retires version 1" in line and target in line and "nothing was deleted" in line, line
@@ -650,7 +650,7 @@ def test_a_forged_retired_list_deletes_nothing_the_job_did_not_write(tmp_path):
     # a retired model file must be the version's own name: the statistics or a user's model are refused
     for name in ("m.npz", "mine.npz"):
         forge(model, lambda data, name=name: data.update(retired=[dict(data["retired"][0], model_file=name)]))
-        result = run_subprocess("run", job)
+        result = run_command("run", job)
         assert result.returncode == EXIT_BAD_INPUT and "not a manifest streamwhiten could have written" in result.stderr
         assert os.path.exists(tmp_path / "models" / name)
 
@@ -662,7 +662,7 @@ def test_a_forged_kept_list_is_refused_when_its_version_retires(night):
     targets = user_files(directory)
     forge(model, lambda data: data["kept"][0].update(outputs=[f"../{item}" for item in targets[:2]]))
     before = everything(directory)
-    result = run_subprocess("run", job, "--republish")  # version 3 would retire version 1
+    result = run_command("run", job, "--republish")  # version 3 would retire version 1
     assert result.returncode == EXIT_BAD_INPUT and "retires version 1" in last_line(result), result.stderr
     assert everything(directory) == before and published(model).version == 2
 
@@ -678,7 +678,7 @@ def test_files_at_version_paths_the_job_never_wrote_are_neither_deleted_nor_repl
     append_rows(directory / "shards" / "day-1.h5", rows_of(50, 9))
     before = everything(directory)
     for args in ((), ("--republish",)):  # an append night would clean up an abandoned version 2
-        result = run_subprocess("run", job, *args)
+        result = run_command("run", job, *args)
         assert result.returncode == EXIT_BAD_INPUT, result.stderr
         assert "replaces only its own files" in last_line(result) and "v2." in last_line(result)
         assert everything(directory) == before
@@ -694,7 +694,7 @@ def test_a_second_job_with_the_same_output_template_is_refused(tmp_path):
     second = tmp_path / "second.toml"
     second.write_text(open(first).read().replace("models/m.npz", "models/other.npz").replace("= 8", "= 6"))
     before = everything(tmp_path / "out")
-    result = run_subprocess("run", second)
+    result = run_command("run", second)
     assert result.returncode == EXIT_BAD_INPUT and len(result.stderr.strip().splitlines()) <= 2, result.stderr
     assert "written by another job" in last_line(result) and "day-1.v1.h5" in last_line(result)
     assert everything(tmp_path / "out") == before
@@ -720,7 +720,7 @@ def test_a_part_swapped_for_another_inputs_part_is_refused_naming_it(tmp_path, h
         shutil.copy(other, part)
     else:
         os.symlink(other, part)
-    result = run_subprocess("run", job)  # a quiet night: still checked, not "up to date"
+    result = run_command("run", job)  # a quiet night: still checked, not "up to date"
     assert result.returncode == EXIT_BAD_INPUT, result.stderr
     assert f"{part} (holds the rows of another input" in last_line(result)
     with pytest.raises(BadInputError, match=f"{part}: .*another input"):
@@ -752,18 +752,18 @@ def test_forged_version_claims_are_refused_on_a_quiet_night(night):
 
             forge(model, lambda data: data.update(file_checksum=file_checksum(load_model(model))))
         forge(model, change)
-        result = run_subprocess("run", job)  # nothing new: it must not say "nothing to do"
+        result = run_command("run", job)  # nothing new: it must not say "nothing to do"
         assert result.returncode == EXIT_BAD_INPUT, (name, result.returncode, result.stderr)
         assert result.returncode != EXIT_NOTHING_TO_DO
         with pytest.raises((ModelFileError, BadInputError)):
             published(model).load_model()
-        staleness = run_subprocess("staleness", model)
+        staleness = run_command("staleness", model)
         assert staleness.returncode == EXIT_BAD_INPUT, (name, staleness.stderr)
     # versions that are not consecutive
     open(path, "w").write(good)
     run_job_file(job, republish=True)
     forge(model, lambda data: data["kept"][0].update(version=1) or data.update(version=3, model_file="m.v3.npz"))
-    result = run_subprocess("run", job)
+    result = run_command("run", job)
     assert result.returncode == EXIT_BAD_INPUT and "kept versions" in last_line(result), result.stderr
 
 
@@ -787,7 +787,7 @@ def test_a_moved_or_copied_job_folder_reads_its_own_parts(tmp_path):
     assert all(path.startswith(str(moved)) for path in publication.outputs)
     np.testing.assert_array_equal(publication.read(str(moved / "shards" / "day-1.h5")), want)
     # a night of the moved job: nothing new, then new rows appended, then a republish
-    result = run_subprocess("run", moved / "job.toml")
+    result = run_command("run", moved / "job.toml")
     assert result.returncode == EXIT_NOTHING_TO_DO, result.stderr
     append_rows(moved / "shards" / "day-1.h5", rows_of(50, 3))
     report = run_job_file(str(moved / "job.toml"))
