@@ -5,6 +5,7 @@ its own block (see ``engine._threads``), not from threads inside a kernel, which
 the cores. ``cache=True`` so the compile cost (a few seconds) is paid once per machine, not per run.
 """
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -52,6 +53,39 @@ def center_and_sum(block: np.ndarray, shift: npt.NDArray[np.float64], out: np.nd
     for group in range(ROW_GROUPS):
         total += partial[group]
     return total
+
+
+@numba.njit(nogil=True, cache=True)
+def round_and_screen(
+    near: npt.NDArray[np.float64],
+    row_norms: npt.NDArray[np.float64],
+    bound: npt.NDArray[np.float64],
+    out: npt.NDArray[np.float32],
+    undecided: npt.NDArray[np.bool_],
+) -> int:
+    """``core.product``'s screen in one pass: ``out = near`` rounded to float32, and ``undecided`` set
+    (the count returned) where ``|near - out| + row_norms[i] bound[j]`` reaches half the gap to the nearer
+    float32 neighbour (``product.half_spacing``'s formula), so that the exact sum could round otherwise."""
+    n_rows, n_cols = near.shape
+    bits = out.view(np.uint32)
+    count = 0
+    for i in range(n_rows):
+        norm = row_norms[i]
+        for j in range(n_cols):
+            value = near[i, j]
+            rounded = np.float32(value)
+            out[i, j] = rounded
+            word = bits[i, j]
+            exponent = np.int64((word >> 23) & 0xFF)
+            if exponent == 0xFF:  # Inf or NaN: nothing to decide
+                undecided[i, j] = False
+                continue
+            biased = max(exponent, 1) + (1023 - 151) - (1 if (word & 0x7FFFFF) == 0 else 0)
+            half = math.ldexp(1.0, int(biased - 1023))
+            flag = abs(value - np.float64(rounded)) + norm * bound[j] >= half
+            undecided[i, j] = flag
+            count += 1 if flag else 0
+    return count
 
 
 @numba.njit(nogil=True, cache=True)

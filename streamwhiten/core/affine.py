@@ -21,6 +21,7 @@ import numpy.typing as npt
 
 from .. import __version__
 from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
+from .product import ProductWeights, rounded_product
 from .quantize import Quantization
 
 #: The ``.npz`` affine map written by ``streamwhiten export -o map.npz``.
@@ -294,8 +295,12 @@ class AffineMap:
             for start in range(0, rows.shape[0], _BLOCK_ROWS):
                 block = rows[start : start + _BLOCK_ROWS]
                 # centred in float64, then rounded to the working dtype, as the engine's centring kernel does
-                centred = np.subtract(block, shift, dtype=np.float64)
-                np.matmul(centred.astype(work, copy=False), A, out=out[start : start + block.shape[0]])
+                centred = np.subtract(block, shift, dtype=np.float64).astype(work, copy=False)
+                into = out[start : start + block.shape[0]]
+                if work == np.float32:  # the engine's product: each value rounded once from the exact sum
+                    rounded_product(centred, A, into)
+                else:
+                    np.matmul(centred, A, out=into)
             check = np.sqrt(np.einsum("ij,ij->i", out, out)) if normalize else out.sum(axis=1)
         if not np.all(np.isfinite(check)):  # rare: a non-finite row, or only its norm or sum overflowed
             finite_out = np.isfinite(out).all(axis=1)
@@ -314,11 +319,13 @@ class AffineMap:
             raise BadInputError(f"the whitening expects {self.n_features} features, got {rows.shape[1]}")
         return rows
 
-    def _weights(self, dtype: npt.DTypeLike) -> np.ndarray:
+    def _weights(self, dtype: npt.DTypeLike) -> Any:
+        """``A`` in float64, or as :func:`rounded_product` takes its float32 rounding (cached)."""
         key = np.dtype(dtype).name
         if key not in self._cache:
-            self._cache[key] = np.ascontiguousarray(self.A, dtype=dtype)
-        return cast(np.ndarray, self._cache[key])
+            weights = np.ascontiguousarray(self.A, dtype=dtype)
+            self._cache[key] = ProductWeights.of(weights) if weights.dtype == np.float32 else weights
+        return self._cache[key]
 
     def _transform_torch(self, x: torch.Tensor, normalize: bool) -> torch.Tensor:
         import torch
