@@ -68,6 +68,10 @@ def round_and_screen(
     float32 neighbour (``product.half_spacing``'s formula), so that the exact sum could round otherwise."""
     n_rows, n_cols = near.shape
     bits = out.view(np.uint32)
+    # half the float32 gap at each biased exponent e: 2^(max(e, 1) - 151); a power of two's is halved again
+    halves = np.empty(256, dtype=np.float64)
+    for exponent in range(256):
+        halves[exponent] = math.ldexp(1.0, max(exponent, 1) - 151)
     count = 0
     for i in range(n_rows):
         norm = row_norms[i]
@@ -76,15 +80,13 @@ def round_and_screen(
             rounded = np.float32(value)
             out[i, j] = rounded
             word = bits[i, j]
-            exponent = np.int64((word >> 23) & 0xFF)
-            if exponent == 0xFF:  # Inf or NaN: nothing to decide
-                undecided[i, j] = False
-                continue
-            biased = max(exponent, 1) + (1023 - 151) - (1 if (word & 0x7FFFFF) == 0 else 0)
-            half = math.ldexp(1.0, int(biased - 1023))
-            flag = abs(value - np.float64(rounded)) + norm * bound[j] >= half
+            half = halves[(word >> 23) & 0xFF]
+            if (word & 0x7FFFFF) == 0:
+                half *= 0.5
+            # Inf and NaN are never undecided (NaN compares false; Inf's gap is taken as infinite)
+            flag = abs(value - np.float64(rounded)) + norm * bound[j] >= half and (word >> 23) & 0xFF != 0xFF
             undecided[i, j] = flag
-            count += 1 if flag else 0
+            count += flag
     return count
 
 

@@ -84,13 +84,25 @@ def rounded_product(
         raise ValueError(f"expected float32 rows of {w.wide.shape[0]} values, got {rows.dtype} {rows.shape}")
     if out is None:
         out = np.empty((rows.shape[0], w.wide.shape[1]), dtype=np.float32)
+    undecided_rows, undecided_cols = [], []
     for start in range(0, rows.shape[0], CHUNK_ROWS):
         stop = min(rows.shape[0], start + CHUNK_ROWS)
-        _rounded_block(rows[start:stop], w, out[start:stop], screen or numpy_screen)
+        at_rows, at_cols = _rounded_block(rows[start:stop], w, out[start:stop], screen or numpy_screen)
+        undecided_rows.append(at_rows + start)
+        undecided_cols.append(at_cols)
+    # decided together, so the compensated sums run once a call, not once a chunk
+    at_rows, at_cols = np.concatenate(undecided_rows), np.concatenate(undecided_cols)
+    if at_rows.size:
+        finite = np.isfinite(out[at_rows, at_cols])  # NaN, or beyond float32's range: nothing to decide
+        at_rows, at_cols = at_rows[finite], at_cols[finite]
+        out[at_rows, at_cols] = exactly_rounded(rows[at_rows].astype(np.float64) * w.wide_t[at_cols])
     return out
 
 
-def _rounded_block(rows: np.ndarray, w: ProductWeights, out: np.ndarray, screen: Screen) -> None:
+def _rounded_block(
+    rows: np.ndarray, w: ProductWeights, out: np.ndarray, screen: Screen
+) -> tuple[np.ndarray, np.ndarray]:
+    """``out`` = the float64 product of ``rows`` rounded to float32; returns where it is undecided."""
     wide = rows.astype(np.float64)
     near = wide @ w.wide  # within gamma_d |c| |a| of the exact sums
     norms = np.sqrt(np.einsum("ij,ij->i", wide, wide))
@@ -99,11 +111,11 @@ def _rounded_block(rows: np.ndarray, w: ProductWeights, out: np.ndarray, screen:
         # the Numba screen views ``out``'s bits, which needs contiguous rows
         chosen = screen if out.flags.c_contiguous else numpy_screen
         count = chosen(near, norms, w.bound, out, undecided)
-    if count:
-        rows_at, cols_at = np.nonzero(undecided)
-        finite = np.isfinite(out[rows_at, cols_at])  # NaN, or beyond float32's range: nothing to decide
-        rows_at, cols_at = rows_at[finite], cols_at[finite]
-        out[rows_at, cols_at] = exactly_rounded(wide[rows_at] * w.wide_t[cols_at])
+    if not count:
+        empty = np.empty(0, dtype=np.intp)
+        return empty, empty
+    at_rows, at_cols = np.nonzero(undecided)
+    return at_rows, at_cols
 
 
 def numpy_screen(near: np.ndarray, norms: np.ndarray, bound: np.ndarray, out: np.ndarray, undecided: np.ndarray) -> int:
