@@ -1,8 +1,8 @@
 """The whitening as an affine map ``y = x A + b``, with numpy alone (torch tensors too, on their device).
 
 ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by L2
-normalisation. :meth:`AffineMap.transform` centres before the product, ``(x - beta mu) A``, exactly as
-the engine does; exported formats that only have ``x A + b`` (nn.Linear, faiss, ONNX) agree with it to
+normalisation. :meth:`AffineMap.transform` centres before the product, ``(x - beta mu) A``, and rounds
+each float32 value once from the exact dot product, exactly as the engine does (the same bytes); exported formats that only have ``x A + b`` (nn.Linear, faiss, ONNX) agree with it to
 float32 rounding. ``WhiteningModel.as_affine`` builds it from a model; :mod:`streamwhiten.serving` loads
 it from a model file or an exported map, and :mod:`streamwhiten.export` writes it for other libraries.
 Only numpy is imported (torch inside the method that transforms a tensor, which the caller's own
@@ -262,7 +262,10 @@ class AffineMap:
         ----------
         x : array_like or torch.Tensor
             ``(d,)`` or ``(n, d)`` floats. numpy input is computed in float64 when it is float64 and in
-            float32 otherwise (as ``Whitener.transform``); a torch tensor on its own device and dtype.
+            float32 otherwise, each float32 value the float32 nearest its exact dot product
+            (:func:`~streamwhiten.core.product.rounded_product`, as ``apply`` and ``Whitener.transform``
+            compute it: the same bits for a row alone or in any batch); a torch tensor on its own device
+            and dtype, by torch.
         normalize : bool, optional
             Scale rows to unit L2 norm (zero rows stay zero); default: the map's ``normalize``.
 
