@@ -100,7 +100,7 @@ def main(argv=None):
         out_chunk_rows = output_chunk_rows(args.k, np.float32, n_rows)
         warm_page_cache(spec.split(":")[0])
         warmup = os.path.join(directory, "warmup.zarr")
-        apply_model(model, spec, warmup, normalize=True, overwrite=True)  # kernels compiled
+        apply_model(model, spec, warmup, ApplyOptions(normalize=True, overwrite=True))  # kernels compiled
         shutil.rmtree(warmup)
         rows_out = []
         for kind, name in (("hdf5", "out.h5"), ("zarr", "out.zarr")):

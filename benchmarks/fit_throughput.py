@@ -365,6 +365,7 @@ def compressed_table(directory, d, n_chunks, chunk_rows, repeats, k, stores=None
     from streamwhiten.engine._threads import available_cores
     from streamwhiten.engine.apply import apply_model
     from streamwhiten.engine.fit import fit_sources
+    from streamwhiten.options import ApplyOptions
 
     cores = available_cores()
     n_rows = n_chunks * chunk_rows
@@ -408,7 +409,7 @@ def compressed_table(directory, d, n_chunks, chunk_rows, repeats, k, stores=None
         functions[f"{name}:fit"] = lambda spec=spec, name=name: passes[name].append(fit_sources(spec).seconds)
 
         def apply(spec=spec):
-            apply_model(model, spec, out, normalize=True, overwrite=True)
+            apply_model(model, spec, out, ApplyOptions(normalize=True, overwrite=True))
             os.remove(out)
 
         functions[f"{name}:apply"] = apply

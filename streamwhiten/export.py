@@ -593,7 +593,8 @@ def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
     if not isinstance(codec, FaissCode):
         raise BadInputError(
             f"faiss cannot scan the tool's own {codec.label} codes: search them with streamwhiten.codes.fast.search "
-            "(or eval with the code as dtype), or decode them (serving.decode(rows, serving.codec(MODEL))) into a "
+            "(or eval with the code as dtype), or decode them (serving.decode(rows, serving.codec(MODEL or the output's "
+            "attributes))) into a "
             "float index; dtype float32 writes the map alone",
             param="dtype",
         )

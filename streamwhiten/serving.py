@@ -11,16 +11,16 @@ or `streamwhiten.core.model`, so a query service starts fast::
     whiten = serving.load("model.npz")          # or an exported map.npz
     y = whiten.transform(query_vector)          # same vectors as Whitener.transform / apply
     codes = whiten.encode(query_vector)         # stored as the model's storage: int8 codes, sign bits
-    vectors = serving.decode(codes_read, attrs)  # codes an apply wrote, with the attributes they carry
+    vectors = serving.decode(codes_read, attrs)  # codes an apply wrote (int8, bits, a vector code), by the
+                                                 # attributes they carry
     rows = serving.decode(code_rows, serving.codec("model.npz"))  # a vector code the model records
 
 The map is ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by
 L2 normalisation (see `streamwhiten.core.affine`). A model that records a storage (``tune`` chose
 int8 codes or sign bits, say) gives a map that carries its record: `AffineMap.encode` stores a
-vector as the model's outputs are stored, int8 ranges and all. [`decode`][streamwhiten.serving.decode] turns codes back
-into
-floats: those of ``encode``, and those of ``apply --dtype int8|binary``, whose outputs carry their record
-(attribute ``quantization``).
+vector as the model's outputs are stored, int8 ranges and all. `decode` turns codes back into
+floats: those of ``encode``, and those of ``apply --dtype int8|binary|NAME:BYTES``, whose outputs carry
+their record (attribute ``quantization``; a vector code's holds the codec's bytes).
 """
 
 from __future__ import annotations
@@ -79,15 +79,23 @@ def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str
     return _load_model(path, normalize, stored_checksum, dtype)
 
 
-def codec(path: str | os.PathLike[str]) -> Any:
-    """The vector code a model file records as its storage (``streamwhiten.codes.Codec``: ``decode``,
-    ``inner_products``, ``encode``), its bytes checked; `BadInputError` when it records none.
+def codec(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
+    """The vector code (``streamwhiten.codes.Codec``: ``decode``, ``inner_products``, ``encode``) a model
+    file records as its storage, or that coded an output: ``source`` the model file's path, or the
+    output's attributes (``dict(h5py_dataset.attrs)``, ``zarr_array.attrs``, ``read_attrs(spec)``) or
+    their ``quantization`` record, which carry the codec's bytes. Its bytes are checked against their
+    SHA-256; `BadInputError` when the model or output records no vector code.
 
     The codec codes the map's outputs scaled to unit length: ``codec(path).encode(load(path,
     normalize=True).transform(x))`` are the code rows of ``x``, ``decode(rows, codec(path))`` their vectors."""
-    from .codes import record_codec
+    from .codes import codec_from_record, record_codec
 
-    path = os.fspath(path)
+    if isinstance(source, Mapping):
+        entry = _codec_entry(source)
+        if entry is None:
+            raise BadInputError("these attributes record no vector code (an output of floats, int8 codes or bits?)")
+        return codec_from_record(entry, "the output's attributes")
+    path = os.fspath(source)
     check_file(path, "model file")
     f = model_fields(read_npz(path, "model file", MODEL_FORMAT, MODEL_VERSION), path)
     storage = f["storage"]
@@ -98,10 +106,10 @@ def codec(path: str | os.PathLike[str]) -> Any:
 
 def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:
     """Floats from stored ``codes``: by a vector code's codec (``record`` a ``streamwhiten.codes.Codec``, as
-    [`codec`][streamwhiten.serving.codec] gives it, or its bytes as ``Codec.to_bytes`` wrote them, checksum verified),
-    or by a
-    storage record (int8 codes, sign bits: ``record`` a `Quantization`, its dict, or the
-    attributes of the output the codes were read from; see `streamwhiten.core.quantize.decode`).
+    `codec` gives it, its bytes as ``Codec.to_bytes`` wrote them, checksum verified, or the attributes
+    of the output the codes were read from, which carry the codec), or by a storage record (int8 codes,
+    sign bits: ``record`` a `Quantization`, its dict, or the output's attributes; see
+    `streamwhiten.core.quantize.decode`).
 
     >>> import numpy as np
     >>> decode(np.array([[156, 128]], dtype=np.uint8), {"quantization": Quantization("binary", 10).to_dict()})
@@ -113,17 +121,19 @@ def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:
         record = codec_from_bytes(bytes(record))
     if isinstance(record, Codec):
         return np.asarray(record.decode(codes), dtype=dtype)
-    held = record.get("quantization") if isinstance(record, Mapping) else None
-    if isinstance(held, str) and held.lstrip().startswith("{"):
-        import json
-
-        held = json.loads(held)
-    if isinstance(held, Mapping) and isinstance(held.get("codec"), Mapping):
-        raise BadInputError(
-            f"these rows are {held['codec'].get('label')} codes of a vector code: the model records the codec, "
-            "so decode them with decode(rows, codec(MODEL))"
-        )
+    if isinstance(record, Mapping) and _codec_entry(record) is not None:  # a vector code's output: its codec
+        return np.asarray(codec(record).decode(codes), dtype=dtype)
     return decode_record(codes, record, dtype)
+
+
+def _codec_entry(attrs: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ``codec`` entry of a vector-code output's record: the one its attributes carry (a JSON text or
+    object), or ``attrs`` the record itself; None for anything else."""
+    from .output_plan import STORAGE_ATTR, storage_record
+
+    held = storage_record(attrs) if STORAGE_ATTR in attrs else attrs
+    entry = held.get("codec") if isinstance(held, Mapping) else None
+    return entry if isinstance(entry, Mapping) else None
 
 
 def file_checksum(path: str | os.PathLike[str]) -> str:

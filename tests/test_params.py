@@ -19,7 +19,7 @@ from streamwhiten.params import PARAMS, check
         ("gamma", -0.5, "--gamma", "-0.5", "gamma must be a number in [0, 1], got -0.5"),
         ("variance", 0.0, "--variance", "0.0", "variance must be a fraction in (0, 1], got 0.0"),
         ("eps", 0.0, "--eps", "0.0", "eps must be a positive finite number, got 0.0"),
-        ("chunk_rows", 0, "--chunk-rows", "0", "chunk_rows must be a whole number of at least 1, got 0"),
+        ("block_rows", 0, "--block-rows", "0", "block_rows must be a whole number of at least 1, got 0"),
         (
             "precision",
             "float16",

@@ -23,7 +23,8 @@ Examples
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy.typing as npt
 
@@ -264,8 +265,57 @@ def record_codec(record: CodecRecord, n_features: int | None = None) -> Codec:
     return codec
 
 
+#: What a vector-code output's record says of how its rows decode (``apply``, a job's parts).
+DECODE_HINT = (
+    "serving.decode(rows, attrs) or serving.codec(attrs), attrs the output's attributes: this record holds the "
+    "codec (data: its bytes in base64; sha256: their SHA-256)"
+)
+
+
+def codec_record_data(data: bytes) -> dict[str, str]:
+    """The entries a vector-code output's record (its ``codec`` entry) carries so it decodes from itself:
+    the codec's bytes (base64), their SHA-256 and how to decode."""
+    import base64
+    import hashlib
+
+    return {
+        "data": base64.b64encode(data).decode("ascii"),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "decode": DECODE_HINT,
+    }
+
+
+def codec_from_record(entry: Mapping[str, Any], where: str = "the output") -> Codec:
+    """The codec a vector-code output's record carries (its ``codec`` entry: ``data``, the codec's bytes in
+    base64, checked against ``sha256``); `ModelFileError` naming ``where`` and
+    the field for damaged or altered bytes. An output written before outputs carried their codec (no
+    ``data``) is a `BadInputError` saying which model file's codec decodes it."""
+    import base64
+    import binascii
+    import hashlib
+
+    label, sha = entry.get("label", "vector-code"), str(entry.get("sha256", ""))
+    text = entry.get("data")
+    if text is None:
+        raise BadInputError(
+            f"{where}: its {label} codes were written before outputs carried their codec: decode them with "
+            f"serving.decode(rows, serving.codec(MODEL)), MODEL the model file whose codec's SHA-256 is {sha}"
+        )
+    try:
+        data = base64.b64decode(str(text), validate=True)
+    except (binascii.Error, ValueError):
+        raise ModelFileError(f"{where}: field quantization.codec.data is not base64 (damaged or edited)") from None
+    if hashlib.sha256(data).hexdigest() != sha:
+        raise ModelFileError(f"{where}: field quantization.codec.data does not match its sha256 (damaged or edited)")
+    n_features = entry.get("n_features")
+    return codec_from_bytes(
+        data, None if n_features is None else int(n_features), where=f"{where}: field quantization.codec"
+    )
+
+
 __all__ = [
     "CODES",
+    "DECODE_HINT",
     "NEEDS_SAMPLE",
     "TUNE_CODES",
     "Codec",
@@ -273,6 +323,8 @@ __all__ = [
     "code_name",
     "code_size",
     "codec_from_bytes",
+    "codec_from_record",
+    "codec_record_data",
     "record_codec",
     "smallest_sample",
     "train_codec",

@@ -1,11 +1,10 @@
 """The whitening as an affine map ``y = x A + b``, with numpy alone (torch tensors too, on their device).
 
 ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by L2
-normalisation. `AffineMap.transform` centres before the product, ``(x - beta mu) A``, exactly as
-the engine does; exported formats that only have ``x A + b`` (nn.Linear, faiss, ONNX) agree with it to
-float32 rounding. ``WhiteningModel.as_affine`` builds it from a model; [`streamwhiten.serving`][streamwhiten.serving]
-loads
-it from a model file or an exported map, and [`streamwhiten.export`][streamwhiten.export] writes it for other libraries.
+normalisation. `AffineMap.transform` centres before the product, ``(x - beta mu) A``, and rounds
+each float32 value once from the exact dot product, exactly as the engine does (the same bytes); exported formats that only have ``x A + b`` (nn.Linear, faiss, ONNX) agree with it to
+float32 rounding. ``WhiteningModel.as_affine`` builds it from a model; `streamwhiten.serving` loads
+it from a model file or an exported map, and `streamwhiten.export` writes it for other libraries.
 Only numpy is imported (torch inside the method that transforms a tensor, which the caller's own
 import of torch made), so the serving path can use this module without numba or storage libraries.
 """
@@ -22,6 +21,7 @@ import numpy.typing as npt
 
 from .. import __version__
 from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
+from .product import ProductWeights, rounded_product
 from .quantize import Quantization
 
 #: The ``.npz`` affine map written by ``streamwhiten export -o map.npz``.
@@ -262,7 +262,10 @@ class AffineMap:
         ----------
         x : array_like or torch.Tensor
             ``(d,)`` or ``(n, d)`` floats. numpy input is computed in float64 when it is float64 and in
-            float32 otherwise (as ``Whitener.transform``); a torch tensor on its own device and dtype.
+            float32 otherwise, each float32 value the float32 nearest its exact dot product
+            (`rounded_product`, as ``apply`` and ``Whitener.transform``
+            compute it: the same bits for a row alone or in any batch); a torch tensor on its own device
+            and dtype, by torch.
         normalize : bool, optional
             Scale rows to unit L2 norm (zero rows stay zero); default: the map's ``normalize``.
 
@@ -295,8 +298,12 @@ class AffineMap:
             for start in range(0, rows.shape[0], _BLOCK_ROWS):
                 block = rows[start : start + _BLOCK_ROWS]
                 # centred in float64, then rounded to the working dtype, as the engine's centring kernel does
-                centred = np.subtract(block, shift, dtype=np.float64)
-                np.matmul(centred.astype(work, copy=False), A, out=out[start : start + block.shape[0]])
+                centred = np.subtract(block, shift, dtype=np.float64).astype(work, copy=False)
+                into = out[start : start + block.shape[0]]
+                if work == np.float32:  # the engine's product: each value rounded once from the exact sum
+                    rounded_product(centred, A, into)
+                else:
+                    np.matmul(centred, A, out=into)
             check = np.sqrt(np.einsum("ij,ij->i", out, out)) if normalize else out.sum(axis=1)
         if not np.all(np.isfinite(check)):  # rare: a non-finite row, or only its norm or sum overflowed
             finite_out = np.isfinite(out).all(axis=1)
@@ -315,11 +322,13 @@ class AffineMap:
             raise BadInputError(f"the whitening expects {self.n_features} features, got {rows.shape[1]}")
         return rows
 
-    def _weights(self, dtype: npt.DTypeLike) -> np.ndarray:
+    def _weights(self, dtype: npt.DTypeLike) -> Any:
+        """``A`` in float64, or as `rounded_product` takes its float32 rounding (cached)."""
         key = np.dtype(dtype).name
         if key not in self._cache:
-            self._cache[key] = np.ascontiguousarray(self.A, dtype=dtype)
-        return cast(np.ndarray, self._cache[key])
+            weights = np.ascontiguousarray(self.A, dtype=dtype)
+            self._cache[key] = ProductWeights.of(weights) if weights.dtype == np.float32 else weights
+        return self._cache[key]
 
     def _transform_torch(self, x: torch.Tensor, normalize: bool) -> torch.Tensor:
         import torch

@@ -29,6 +29,7 @@ from ..params import DEFAULT_EPS, check_model
 from ..records import Fingerprint, fingerprint_of
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
 from .eigen import eigendecomposition
+from .product import rounded_product
 from .quantize import (
     CODE,
     DEFAULT_INT8_CLIP,
@@ -424,6 +425,9 @@ def project(
 
     Centring happens before the product (never ``rows @ W - shift @ W``, which cancels when the mean
     is large). With ``overwrite_input`` a C-contiguous ``rows`` of the working dtype is centred in place.
+    In float32 each value is the float32 nearest the exact dot product of the centred row, rounded once
+    (`rounded_product`): a row gives the same bits in any batch, here,
+    in ``apply`` and in `streamwhiten.serving`.
     """
     return project_checked(rows, weights, shift, normalize, dtype, overwrite_input)[0]
 
@@ -466,7 +470,10 @@ def project_checked(
             raise ValuesTooLargeError(f"values too large for {np.dtype(work).name} arithmetic (their sums overflow)")
         centred[~finite] = 0  # keeps NaN out of the product; those output rows are set to NaN below
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked just below
-        if out is None:
+        if work == np.float32:  # each value the float32 nearest its exact dot product: any batch, same bits
+            into = None if out is None else out[: centred.shape[0]]
+            out = rounded_product(centred, weights, into, screen=_kernels.round_and_screen)
+        elif out is None:
             out = centred @ weights
         else:
             out = np.matmul(centred, weights, out=out[: centred.shape[0]])

@@ -142,10 +142,10 @@ def _codec_digest(attrs: Mapping[str, Any]) -> str:
 def code_storage(model: WhiteningModel, dtype: str) -> StoredAs:
     """The plan's storage of the vector code ``dtype`` (``NAME:BYTES``): the model's own codec where it
     records that code; else one trained here for the model's unit-length outputs from the exact
-    statistics (the codes that learn from a sample are trained with ``streamwhiten.with_codes`` first)."""
-    import hashlib
-
-    from ..codes import NEEDS_SAMPLE, record_codec
+    statistics (the codes that learn from a sample are trained with ``streamwhiten.with_codes`` first).
+    Either way the output's record carries the codec's bytes (`codec_record_data`),
+    so ``serving.codec(attrs)`` and ``published().read`` decode it with nothing else."""
+    from ..codes import NEEDS_SAMPLE, codec_record_data, record_codec
     from ..codes.storage import parse_code, recorded_code, train_for
 
     code, budget = parse_code(dtype)
@@ -168,7 +168,8 @@ def code_storage(model: WhiteningModel, dtype: str) -> StoredAs:
     else:
         codec = train_for(model, code, budget)
         data, label, width, sample = codec.to_bytes(), codec.label, codec.bytes_per_vector, (0, 0)
-    sha = hashlib.sha256(data).hexdigest()
+    carried = codec_record_data(data)  # the codec's bytes, so the output decodes from itself
+    sha = carried["sha256"]
     record = {
         "codec": {
             "code": code,
@@ -176,10 +177,9 @@ def code_storage(model: WhiteningModel, dtype: str) -> StoredAs:
             "label": label,
             "bytes_per_vector": int(width),
             "n_features": int(model.n_components),
-            "sha256": sha,
             "sample_rows": int(sample[0]),
             "sample_seed": int(sample[1]),
-            "decode": "serving.decode(rows, serving.codec(MODEL)): the codec is the model's storage",
+            **carried,
         }
     }
     return StoredAs(label, int(width), "uint8", record, sha, read_digest=_codec_digest, encoder=CodecEncoder(data))

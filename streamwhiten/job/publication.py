@@ -657,7 +657,7 @@ class Publication:
                     records.append(None)
                 elif sha is not None:  # the model is loaded and checked once per codec, not once per part
                     if sha not in decoders:
-                        decoders[sha] = self._code_decoder(part, sha)
+                        decoders[sha] = self._code_decoder(part, sha, attrs)
                     records.append(decoders[sha])
                 else:
                     records.append(Quantization.from_attrs(attrs))
@@ -668,19 +668,24 @@ class Publication:
         rows = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
         return rows, records[0]
 
-    def _code_decoder(self, part: Part, sha256: str) -> CodeDecoder:
-        """The decoder of a part stored as a vector code: the published model's codec, which must be the
-        one the part names (its bytes' SHA-256)."""
+    def _code_decoder(self, part: Part, sha256: str, attrs: Any) -> CodeDecoder:
+        """The decoder of a part stored as a vector code: the codec whose bytes the part carries (checked
+        against their SHA-256), or, for a part written before parts carried it, the published model's. A
+        published model that records a codec must record that one."""
         import hashlib
 
+        from ..codes import codec_from_record
         from ..codes.storage import model_codec
+        from ..output_plan import storage_record
 
         model = self.load_model()
         recorded = model.storage.codec if model.storage is not None else None
-        if recorded is None or hashlib.sha256(recorded.data).hexdigest() != sha256:
+        if recorded is not None and hashlib.sha256(recorded.data).hexdigest() == sha256:
+            return CodeDecoder(model_codec(model), sha256)
+        entry = storage_record(attrs)["codec"]
+        if recorded is not None or "data" not in entry:
             self._refuse(part, "coded by another codec than the published model records")
-        codec = model_codec(model)
-        return CodeDecoder(codec, sha256)
+        return CodeDecoder(codec_from_record(entry, part.path), sha256)
 
     def _refuse(self, part: Part, problem: str, cause: BaseException | None = None) -> NoReturn:
         """Refuse the part ``part`` in one plain sentence: the part, the version, what is wrong with it

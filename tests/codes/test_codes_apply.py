@@ -1,6 +1,8 @@
 """apply writes vector codes through the OutputPlan: every output kind, the Dask engine, and a faiss code the
 model records, each against the codec's own encode of the model's unit outputs (plain numpy map)."""
 
+import json
+
 import h5py
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from streamwhiten import ApplyOptions, serving, with_codes
 from streamwhiten.codes.storage import model_codec
 from streamwhiten.errors import BadInputError
 from streamwhiten.io import open_source
+from streamwhiten.output_plan import storage_record
 
 N, D, K = 1800, 24, 16
 
@@ -144,3 +147,95 @@ def test_the_estimator_records_its_code_and_saves_it(tmp_path, fitted):
     loaded = Whitener.load(tmp_path / "w.npz")  # the code is the model's storage (for search); transform: floats
     assert loaded.model_.storage.label == "eigen-3B"
     np.testing.assert_array_equal(loaded.set_params(dtype="eigen:3").transform(rows), whitener.transform(rows))
+
+
+def decoded_like_the_reference(decoded, codes, codec, model, rows):
+    """``decoded`` is the reference codec's decode of ``codes`` (the codec trained from, or recorded in, the
+    model: not read from the output), and those vectors point where the model's exact unit outputs do."""
+    np.testing.assert_array_equal(decoded, codec.decode(codes).astype(np.float32))
+    unit = unit_outputs(model, rows)
+    cosines = np.sum(decoded * unit, axis=1) / np.linalg.norm(decoded, axis=1)
+    assert np.median(cosines) > 0.8
+
+
+@pytest.mark.parametrize("suffix", [".h5", ".zarr", ".parquet"])
+@pytest.mark.parametrize("recorded", [True, False], ids=["model-records-the-code", "trained-by-apply"])
+def test_code_outputs_decode_from_their_own_attributes(tmp_path, fitted, suffix, recorded):
+    from streamwhiten.codes.storage import train_for
+    from streamwhiten.io import read_attrs
+
+    store, path, rows = fitted
+    model = streamwhiten.load_model(path)
+    if recorded:
+        path = str(tmp_path / "coded.npz")
+        model = with_codes(model, "eigen:6", output=path)
+        reference = model_codec(model)
+    else:
+        reference = train_for(model, "eigen", 6)
+    out = str(tmp_path / f"out{suffix}")
+    streamwhiten.apply(path, store, out, options=ApplyOptions(dtype="eigen:6"))
+    codes, attrs = read_codes(out), read_attrs(out)
+    assert "serving.decode(rows, attrs)" in storage_record(attrs)["codec"]["decode"]
+    decoded_like_the_reference(serving.decode(codes, attrs), codes, reference, model, rows)
+    assert serving.codec(attrs).to_bytes() == reference.to_bytes()
+    assert serving.codec(storage_record(attrs)).label == "eigen-6B"  # the record alone
+    if suffix == ".h5":  # a plain reader's attributes do as well
+        with h5py.File(out, "r") as handle:
+            (name,) = list(handle)
+            plain = dict(handle[name].attrs)
+        np.testing.assert_array_equal(serving.decode(codes, plain), reference.decode(codes))
+
+
+def test_the_cli_apply_of_a_code_the_model_lacks_writes_codes_that_decode(tmp_path, fitted, run_cli):
+    """The issue's steps (there eigen:24 at k = 384): apply a code to a model recording none, decode the output."""
+    from streamwhiten.codes.storage import train_for
+    from streamwhiten.io import read_attrs
+
+    store, path, rows = fitted
+    out = str(tmp_path / "codes.h5")
+    code, _, err = run_cli("apply", path, store, "-o", out, "--dtype", "eigen:4")
+    assert code == 0, err
+    model = streamwhiten.load_model(path)
+    assert model.storage is None or model.storage.codec is None
+    codes = read_codes(out)
+    decoded_like_the_reference(serving.decode(codes, read_attrs(out)), codes, train_for(model, "eigen", 4), model, rows)
+
+
+def test_a_damaged_or_old_code_record_is_refused_naming_the_field(tmp_path, fitted):
+    from streamwhiten.errors import ModelFileError
+    from streamwhiten.io import read_attrs
+
+    store, path, _ = fitted
+    out = str(tmp_path / "codes.zarr")
+    streamwhiten.apply(path, store, out, options=ApplyOptions(dtype="eigen:4"))
+    record = storage_record(read_attrs(out))
+    codes = read_codes(out)
+    altered = json.loads(json.dumps(record))
+    text = altered["codec"]["data"]
+    altered["codec"]["data"] = text[:100] + ("A" if text[100] != "A" else "B") + text[101:]
+    with pytest.raises(ModelFileError, match="codec.data does not match its sha256"):
+        serving.decode(codes, {"quantization": json.dumps(altered)})
+    altered["codec"]["data"] = "not base64!"
+    with pytest.raises(ModelFileError, match="codec.data is not base64"):
+        serving.codec(altered)
+    del altered["codec"]["data"]  # as outputs of earlier versions were written
+    with pytest.raises(
+        BadInputError,
+        match=f"serving.codec\\(MODEL\\)\\), MODEL the model file whose codec's SHA-256 is {record['codec']['sha256']}",
+    ):
+        serving.decode(codes, altered)
+    with pytest.raises(BadInputError, match="record no vector code"):
+        serving.codec({"quantization": json.dumps({"kind": "int8"})})
+
+
+def test_the_estimators_codes_decode_by_the_model_file_it_saves(tmp_path, fitted):
+    from streamwhiten import Whitener
+    from streamwhiten.codes.storage import train_for
+
+    _, _, rows = fitted
+    whitener = Whitener(n_components=K, dtype="eigen:3").fit(rows)
+    codes = whitener.transform(rows)
+    path = tmp_path / "w.npz"
+    whitener.save(path)  # the code is the saved model's storage: its codec's bytes
+    reference = train_for(streamwhiten.load_model(str(path)), "eigen", 3)
+    decoded_like_the_reference(serving.decode(codes, serving.codec(path)), codes, reference, whitener.model_, rows)
