@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import multiprocessing.process
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -85,9 +86,14 @@ def pytest_collection_finish(session):
     _state["heavy_at_collection"] = sorted(name for name in HEAVY if name in sys.modules)
 
 
-def pytest_runtest_logstart(nodeid, location):
-    _state["current"] = nodeid
-    _state["tests"].setdefault(nodeid, {"seconds": 0.0, "started": {}})
+import pytest  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The test now running (in an xdist worker too, where the log hooks run in the controller)."""
+    _state["current"] = item.nodeid
+    _state["tests"].setdefault(item.nodeid, {"seconds": 0.0, "started": {}})
 
 
 def pytest_runtest_logreport(report):
@@ -106,4 +112,7 @@ def pytest_sessionfinish(session, exitstatus):
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     path = Path(target) if worker is None else Path(target).with_name(f"{Path(target).stem}-{worker}.json")
     data = {key: value for key, value in _state.items() if key not in ("current", "start")}
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    data["cpu_s"] = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime  # this process's tree
+    data["worker"] = worker
     path.write_text(json.dumps(data))

@@ -46,11 +46,13 @@ def run_pytest(pytest_args: list[str], report: Path, cache_dir: str) -> tuple[in
 
 def merge_reports(paths: list[Path]) -> dict:
     """One report from the plugin's files (one per xdist worker, or the one of a plain run)."""
-    data: dict = {"tests": {}, "numba_compiles": 0, "collection_s": 0.0, "heavy_at_collection": []}
+    data: dict = {"tests": {}, "numba_compiles": 0, "collection_s": 0.0, "heavy_at_collection": [], "worker_cpu_s": {}}
     for path in paths:
         part = json.loads(path.read_text())
         data["tests"].update(part["tests"])
         data["numba_compiles"] += part.get("numba_compiles", 0)
+        if part.get("worker"):  # an xdist worker: its own tree's CPU (the controller may not count it)
+            data["worker_cpu_s"][part["worker"]] = part.get("cpu_s", 0.0)
         data["collection_s"] = max(data["collection_s"], part.get("collection_s", 0.0))
         data["heavy_at_collection"] = sorted(
             set(data["heavy_at_collection"]) | set(part.get("heavy_at_collection", []))
@@ -92,9 +94,12 @@ def main(argv: list[str] | None = None) -> int:
         report = Path(folder) / "report.json"
         cache_dir = str(Path(folder) / "numba-cache")
         code, wall, cpu = run_pytest(pytest_args, report, cache_dir)
-        data = merge_reports(sorted(Path(folder).glob("report*.json")))
+        # the controller's file first: under xdist its records lack what the workers' files hold
+        data = merge_reports(sorted(Path(folder).glob("report*.json"), key=lambda path: (path != report, path.name)))
         data["numba_cache_files"] = sum(1 for path in Path(cache_dir).rglob("*.nbc")) if Path(cache_dir).exists() else 0
-    data.update(exit=code, wall_s=wall, cpu_s=cpu, pytest_args=pytest_args)
+    workers = sum(data["worker_cpu_s"].values())
+    data.update(exit=code, wall_s=wall, pytest_args=pytest_args, controller_cpu_s=cpu)
+    data["cpu_s"] = cpu if cpu >= workers else cpu + workers  # the workers' trees where the controller missed them
     print("\n".join(summarise(data, args.top)))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -41,6 +41,31 @@ _numba_cache_for_the_run()
 STSB_DEFAULT = REPO.parent / "shared" / "data" / "stsb" / "stsb-dev-minilm.h5"
 
 
+def optional_module(name: str):
+    """The module ``name`` imported on first use of one of its attributes, not when a test file is
+    collected: collection stays free of the optional extras (dask, pyarrow, lance, matplotlib), which cost
+    seconds to import and which most runs of a few tests never touch. Pair it with :func:`needs`."""
+    import importlib
+    import types
+
+    class _OnFirstUse(types.ModuleType):
+        def __getattr__(self, attribute: str):
+            if attribute.startswith("_"):  # pytest's probes of a module's names (__test__, ...) import nothing
+                raise AttributeError(attribute)
+            return getattr(importlib.import_module(name), attribute)
+
+    return _OnFirstUse(name)
+
+
+def needs(*names: str, reason: str):
+    """A skip mark for a test file whose optional extras ``names`` are not installed, found without importing
+    them (``importlib.util.find_spec`` of each top-level package)."""
+    import importlib.util
+
+    missing = [name for name in names if importlib.util.find_spec(name.split(".")[0]) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"{reason} ({', '.join(missing)} missing)")
+
+
 def anisotropic(n_rows: int, n_features: int, seed: int = 0, offset: float = 3.0) -> np.ndarray:
     """Rows with a common offset and a decaying spectrum, float64."""
     rng = np.random.default_rng(seed)

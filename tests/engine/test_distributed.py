@@ -21,12 +21,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import REPO
+from conftest import REPO, needs, optional_module
 
-da = pytest.importorskip("dask.array")
-distributed = pytest.importorskip("distributed")
+pytestmark = needs(
+    "dask", "distributed", reason="the Dask engine needs dask[distributed]: pip install 'streamwhiten[dask]'"
+)
+da = optional_module("dask.array")
+distributed = optional_module("distributed")
+dask = optional_module("dask")
 
-import dask  # noqa: E402
 import h5py  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 

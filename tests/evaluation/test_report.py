@@ -13,11 +13,17 @@ import sys
 import h5py
 import numpy as np
 import pytest
-from conftest import REPO, Phases
+from conftest import REPO, Phases, needs
 
-pytest.importorskip("matplotlib")
+pytestmark = needs("matplotlib", reason="reports need matplotlib: pip install 'streamwhiten[report]'")
 
-from matplotlib.image import imread  # noqa: E402
+
+def imread(*args, **kwargs):
+    """matplotlib's ``imread``, imported when a test reads a figure (not when the file is collected)."""
+    from matplotlib.image import imread as read
+
+    return read(*args, **kwargs)
+
 
 from streamwhiten.cli import main  # noqa: E402
 from streamwhiten.core.model import finalize, save_model  # noqa: E402

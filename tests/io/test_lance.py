@@ -10,14 +10,14 @@ import warnings
 
 import numpy as np
 import pytest
+from conftest import REPO, needs, optional_module, run_command  # noqa: E402
 
-pa = pytest.importorskip(
-    "pyarrow", reason="Lance support needs pyarrow and pylance (pip install 'streamwhiten[lance]')"
+pytestmark = needs(
+    "pyarrow", "lance", reason="Lance support needs pyarrow and pylance (pip install 'streamwhiten[lance]')"
 )
-lance = pytest.importorskip("lance", reason="Lance support needs pylance (pip install 'streamwhiten[lance]')")
-pq = pytest.importorskip("pyarrow.parquet")
-
-from conftest import REPO, run_command  # noqa: E402
+pa = optional_module("pyarrow")
+lance = optional_module("lance")
+pq = optional_module("pyarrow.parquet")
 
 from streamwhiten import Whitener  # noqa: E402
 from streamwhiten.core.model import load_model  # noqa: E402

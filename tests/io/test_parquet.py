@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from conftest import REPO, needs, optional_module, run_command, write_h5  # noqa: E402
 
-pa = pytest.importorskip("pyarrow", reason="Parquet support needs pyarrow (pip install 'streamwhiten[parquet]')")
-pq = pytest.importorskip("pyarrow.parquet")
-
-from conftest import REPO, run_command, write_h5  # noqa: E402
+pytestmark = needs("pyarrow", reason="Parquet support needs pyarrow (pip install 'streamwhiten[parquet]')")
+pa = optional_module("pyarrow")
+pq = optional_module("pyarrow.parquet")
 
 from streamwhiten import Whitener  # noqa: E402
 from streamwhiten.core.model import load_model  # noqa: E402
