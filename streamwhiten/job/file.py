@@ -30,6 +30,7 @@ from typing import Any
 from .. import params as _params
 from ..errors import BadInputError, StoreIOError
 from ..options import ApplyOptions, EngineOptions, FitOptions, PublishOptions, ReadOptions, Setting, StorageOptions
+from ..pipeline import default_checkpoint
 
 #: Keys of each table that are not parameters, with the type their value must have.
 OWN_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
@@ -39,12 +40,6 @@ OWN_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "apply": {"output": str},
     "publish": {},
 }
-
-
-def default_checkpoint(model_path: str) -> str:
-    """``.MODEL.checkpoint`` beside the model file."""
-    head, tail = os.path.split(os.path.abspath(model_path))
-    return os.path.join(head, f".{tail}.checkpoint")
 
 
 @dataclass(frozen=True)
