@@ -65,6 +65,28 @@ def one_omp_thread() -> Iterator[None]:
         faiss.omp_set_num_threads(before)
 
 
+#: Bytes of the distance tables faiss's product quantizers make at once when they encode rows (faiss's own
+#: batches, 262,144 rows, take 6 GiB at 24 bytes a code: every row's table of 256 centroids per byte).
+PQ_TABLE_BYTES = 16 << 20
+
+
+@contextmanager
+def pq_batches(max_bytes_per_code: int) -> Iterator[None]:
+    """faiss's product quantizers encode rows (for OPQ's training too) in batches whose distance tables
+    (rows x 256 x bytes per code, float32) stay within :data:`PQ_TABLE_BYTES` for codes of up to
+    ``max_bytes_per_code`` bytes, for the duration (faiss's global batch size restored after). A row's code
+    depends on its own table only: the batches bound the memory, not the codes (the same, byte for byte,
+    for retrieval-dev's PQ and OPQ codes at 24 bytes)."""
+    faiss = _faiss()
+    before = int(faiss.cvar.product_quantizer_compute_codes_bs)
+    rows = max(64, PQ_TABLE_BYTES // (256 * 4 * max(1, int(max_bytes_per_code))))
+    faiss.cvar.product_quantizer_compute_codes_bs = min(before, rows)
+    try:
+        yield
+    finally:
+        faiss.cvar.product_quantizer_compute_codes_bs = before
+
+
 def _index_for(kind: str, dim: int, n_bytes: int, l2: bool = False) -> Any:
     """An untrained faiss index (inner product, or ``l2`` distance) of ``kind`` over ``dim`` values,
     ``n_bytes`` of PQ code."""
@@ -310,4 +332,13 @@ def train_faiss(
     return code
 
 
-__all__ = ["KINDS", "FaissCode", "faiss_available", "layout_for", "one_omp_thread", "train_faiss"]
+__all__ = [
+    "KINDS",
+    "PQ_TABLE_BYTES",
+    "FaissCode",
+    "faiss_available",
+    "layout_for",
+    "one_omp_thread",
+    "pq_batches",
+    "train_faiss",
+]

@@ -29,7 +29,7 @@ from ..codes import CODES, NEEDS_SAMPLE, Codec, train_codec
 from ..engine._threads import blas_threads
 from ..errors import BadInputError
 from .retrieval import RetrievalTask, _finite
-from .search import corpus_blocks
+from .search import corpus_slices
 
 #: The code families ``tune`` sweeps under a byte budget (by default every one of them).
 TUNE_CODES: tuple[str, ...] = (
@@ -117,7 +117,7 @@ def unit_statistics(
     picked = np.sort(np.random.default_rng(seed).choice(n, min(int(sample_rows), n), replace=False))
     sample = np.empty((picked.size, d))
     total, scatter = np.zeros(d), np.zeros((d, d))
-    for start, rows in corpus_blocks(task.corpus, block_rows):
+    for start, rows in corpus_slices(task.corpus, block_rows):
         unit = unit_rows(_finite(rows, start, task.corpus_label))
         total += unit.sum(axis=0)
         scatter += unit.T @ unit
@@ -161,7 +161,9 @@ def train_codes(
     order = sorted(
         range(len(wanted)), key=lambda i: (not wanted[i][0].endswith("opq"), not wanted[i][0].endswith("pq"))
     )
-    with _one_thread_each(any(name.startswith("faiss-") for name, _ in wanted)):
+    with _one_thread_each(
+        any(name.startswith("faiss-") for name, _ in wanted), max([0] + [size for _, size in wanted])
+    ):
         if threads <= 1 or len(wanted) <= 1:
             done = {i: one(*wanted[i]) for i in order}
         else:
@@ -172,15 +174,16 @@ def train_codes(
 
 
 @contextmanager
-def _one_thread_each(uses_faiss: bool) -> Iterator[None]:
-    """BLAS (and faiss's OpenMP, where faiss is used) held to one thread, restored after."""
+def _one_thread_each(uses_faiss: bool, max_bytes: int = 0) -> Iterator[None]:
+    """BLAS (and faiss's OpenMP, where faiss is used) held to one thread, restored after; faiss's product
+    quantizers encoding in batches of bounded memory for codes of up to ``max_bytes`` bytes."""
     with blas_threads(1):
         if not uses_faiss:
             yield
             return
-        from ..codes.faiss_codes import one_omp_thread
+        from ..codes.faiss_codes import one_omp_thread, pq_batches
 
-        with one_omp_thread():
+        with one_omp_thread(), pq_batches(max_bytes):
             yield
 
 
@@ -241,8 +244,9 @@ def search_codes(
             merge_block(codec, queries, codes, start, top_scores, top_rows, exclude.start, exclude.rows)  # type: ignore[arg-type]  # a LinearCode: the only other family
 
     uses_faiss = any(isinstance(codec, FaissCode) for codec in codecs.values())
-    with _one_thread_each(uses_faiss), ThreadPoolExecutor(max(1, threads), "streamwhiten-codes") as pool:
-        for start, rows in corpus_blocks(task.corpus, block_rows):
+    widest = max([0] + [int(codec.bytes_per_vector) for codec in codecs.values()])
+    with _one_thread_each(uses_faiss, widest), ThreadPoolExecutor(max(1, threads), "streamwhiten-codes") as pool:
+        for start, rows in corpus_slices(task.corpus, block_rows):
             unit = unit_rows(_finite(rows, start, task.corpus_label))
             for future in [pool.submit(one, name, unit, start) for name in codecs]:
                 future.result()

@@ -208,7 +208,7 @@ def test_one_pass_for_every_float_setting_and_more_only_when_the_lists_do_not_fi
         **options,
     )
     assert set(totals) == {2 * 600}  # the raw reference's pass, and one for the 9 settings x 2 storages
-    one_setting = 20 * 16 * 2 * 100  # the top lists of one setting in two storages, in bytes
+    one_setting = 20 * 16 * 2 * 100 + 20 * 8 * 8  # the top lists of one setting in two storages and its queries
     monkeypatch.setattr(sweep_module, "TOP_LIST_BYTES", 2 * one_setting)
     totals.clear()
     again = sweep(
