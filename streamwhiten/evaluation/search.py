@@ -255,20 +255,23 @@ def corpus_blocks(
             yield a, block
 
 
-def slice_rows(n_features: int, slice_bytes: int = SLICE_BYTES) -> int:
-    """Rows of a slice: ``slice_bytes`` of float64 rows of ``n_features`` values (at least 64 rows)."""
-    return max(64, int(slice_bytes) // (8 * max(1, int(n_features))))
+def slice_rows(n_features: int, slice_bytes: int | None = None) -> int:
+    """Rows of a slice: ``slice_bytes`` (default :data:`SLICE_BYTES`) of float64 rows of ``n_features``
+    values, at least 16 rows."""
+    return max(16, int(SLICE_BYTES if slice_bytes is None else slice_bytes) // (8 * max(1, int(n_features))))
 
 
 def corpus_slices(
-    corpus: Any, block_rows: int | None = None, block_bytes: int = SLICED_BLOCK_BYTES, slice_bytes: int = SLICE_BYTES
+    corpus: Any, block_rows: int | None = None, block_bytes: int | None = None, slice_bytes: int | None = None
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """:func:`corpus_blocks` cut into slices of at most :func:`slice_rows` rows, ``(start, rows)`` in row
-    order: what a caller computes on a slice in float64 (a transform, a stored form) stays within about
+    """:func:`corpus_blocks` (of about ``block_bytes`` without ``block_rows``; default
+    :data:`SLICED_BLOCK_BYTES`) cut into slices of at most :func:`slice_rows` rows, ``(start, rows)`` in
+    row order: what a caller computes on a slice in float64 (a transform, a stored form) stays within about
     ``slice_bytes`` however large the blocks read are (a store's chunk may be large). A slice is valid
     until the next one is asked for."""
     n_features = corpus.n_features if isinstance(corpus, Source) else int(np.prod(np.shape(corpus)[1:]))
     step = slice_rows(n_features, slice_bytes)
+    block_bytes = SLICED_BLOCK_BYTES if block_bytes is None else block_bytes
     for start, block in corpus_blocks(corpus, block_rows, block_bytes=block_bytes):
         for offset in range(0, block.shape[0], step):
             yield start + offset, block[offset : offset + step]

@@ -17,18 +17,23 @@ fewer or equal bytes; the **choice** is the best score within ``max_bytes`` (``t
 bytes within that many points of it), ties to fewer bytes, then the smaller k, then the grid's order.
 
 **Cost.** The corpus is read once for the raw reference and the bit searches, and once for everything
-else (more only when the top lists of all settings would not fit in :data:`TOP_LIST_BYTES`: then once per
-group of settings that do). In that pass each block is transformed once per ``(beta, gamma, k)``
-(``n x d x k`` multiply-adds, shared by all its storages), and each float, float16 and int8 setting
-costs one product of the queries with the block (``q x n x k``); the bits of a ``(beta, k)`` are
+else, in passes (:mod:`.sweep_passes`): as many as it takes to hold no more than :data:`TOP_LIST_BYTES`
+of top lists (``q x 100 x 16`` bytes a setting and storage) and queries at once. In a pass each slice of
+``n`` corpus rows is rotated once per beta (``n x d x d`` multiply-adds), each ``(beta, gamma, k)`` scales
+and truncates that rotation (``n x k``, shared by all its storages), and each float, float16 and int8
+setting costs one product of the queries with the slice (``q x n x k``); the bits of a ``(beta, k)`` are
 searched once for every gamma (a sign does not depend on the scaling), by popcount; a re-ranking costs
-``q x N x k`` on the rows it re-ranks. With ``s`` settings and ``m`` stored forms, about
-``s x n x k x (d + m q)`` multiply-adds in float64. Memory: the queries, each setting's top lists
-(``q x 100 x 16`` bytes), two blocks and one setting's transformed block.
+``q x N x k`` on the rows it re-ranks. With ``b`` betas, ``s`` settings and ``m`` stored forms, about
+``n x (b x d^2 + s x m x q x k)`` multiply-adds in float64 (a beta's rotation again in each pass that
+holds its settings). **Memory**, none of it growing with the corpus rows: the queries, the top lists of
+one pass (a pass's lists become each query's metrics as it ends), the bits' top rows, two blocks of about
+:data:`~.search.SLICED_BLOCK_BYTES` (whole chunks of a store) and a few float64 slices of
+:data:`~.search.SLICE_BYTES`.
 
 **Under a budget** a setting is searched only in the storages that fit it (none: not at all), and every
 code family of :mod:`streamwhiten.codes` that fits is a candidate too (:mod:`.code_candidates`: two more
-passes, one for the statistics of the unit rows and a sample, one to encode and search every code), its
+passes, one for the statistics of the unit rows and a sample, one to encode and search every code, both in
+slices; faiss's product quantizers encode in batches of bounded memory, :func:`~streamwhiten.codes.faiss_codes.pq_batches`), its
 row named by the code (``storage`` ``eigen-24B``, ``dtype`` ``eigen``, ``code`` its record). A code is never
 the reference.
 """

@@ -90,8 +90,8 @@ def unit_rows(product: np.ndarray, weights: np.ndarray | None, k: int) -> np.nda
     """A setting's rows from its rotation's ``product``: the first ``k`` columns times ``weights`` (None:
     as they are), scaled to unit L2 length (zero rows stay zero); a row whose values overflow raises
     :class:`~streamwhiten.errors.ValuesTooLargeError`."""
-    out = np.array(product[:, :k]) if weights is None else product[:, :k] * weights
-    with np.errstate(over="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused just below
+        out = np.array(product[:, :k]) if weights is None else product[:, :k] * weights
         norms = np.sqrt(np.einsum("ij,ij->i", out, out))
     if not np.all(np.isfinite(norms)):
         raise_if_overflowed(~np.isfinite(out).all(axis=1), out.dtype, "whitened")
