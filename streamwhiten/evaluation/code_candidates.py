@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .._buffers import trim_heap
 from ..codes import CODES, NEEDS_SAMPLE, Codec, train_codec
 from ..engine._threads import blas_threads
 from ..errors import BadInputError
@@ -123,6 +124,7 @@ def unit_statistics(
         scatter += unit.T @ unit
         lo, hi = np.searchsorted(picked, [start, start + rows.shape[0]])
         sample[lo:hi] = unit[picked[lo:hi] - start]
+    trim_heap()  # before the codes train: what the pass freed is not under their peak
     mean = total / n
     return mean, scatter / n - np.outer(mean, mean), sample
 
@@ -170,6 +172,7 @@ def train_codes(
             with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="streamwhiten-codes") as pool:
                 futures = {i: pool.submit(one, *wanted[i]) for i in order}
                 done = {i: future.result() for i, future in futures.items()}
+    trim_heap()  # faiss's and the threads' training memory, freed
     return [done[i] for i in range(len(wanted))]
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .._buffers import trim_heap
 from ..core.affine import scale_rows_to_unit
 from ..core.model import WhiteningModel, project
 from ..core.quantize import Quantization, raise_if_overflowed
@@ -152,6 +153,7 @@ def run_pass(
                     progress(start + rows.shape[0], n_rows)
     finally:
         state.close()
+        trim_heap()  # the pass's slices and scores, freed in several threads' arenas
 
 
 def _use_slice(state: SearchPass, use: Use, product: np.ndarray, start: int) -> None:
