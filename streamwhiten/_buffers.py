@@ -17,9 +17,12 @@ out of it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import threading
 import weakref
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -110,6 +113,23 @@ def give_back(array: np.ndarray) -> None:
 def release_buffers() -> int:
     """Free the scratch buffers kept for later runs; returns their size in bytes."""
     return _CACHE.release()
+
+
+def trim_heap() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing);
+    whether it could. A phase that allocated and freed much (a tuning pass: its top lists and slices, in
+    its own and its worker threads' arenas) otherwise leaves that memory mapped, under the next phase's
+    peak."""
+    trim = _malloc_trim()
+    return bool(trim is not None and trim(0) >= 0)
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc: the process's own C library
+    except (AttributeError, OSError, TypeError):  # not glibc (musl, macOS, Windows): nothing to do
+        return None
 
 
 def cached_bytes() -> int:

@@ -22,6 +22,7 @@ SCRIPTS = [
     "checksum_cost.py",
     "codes_frontier.py",
     "codes_training.py",
+    "tune_memory.py",
 ]
 RETRIEVAL_DEV = Path(os.environ.get("STREAMWHITEN_STSB", REPO.parent / "shared/data/stsb/stsb-dev-minilm.h5"))
 RETRIEVAL_DEV = RETRIEVAL_DEV.parent / "retrieval-dev"

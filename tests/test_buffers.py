@@ -1,6 +1,7 @@
 """Scratch buffers: alignment, reuse within a run and across runs, and release."""
 
 import gc
+import os
 
 import h5py
 import numpy as np
@@ -174,3 +175,26 @@ def test_an_error_mid_run_keeps_the_buffers_and_an_interrupt_drops_them(tmp_path
     assert _buffers.cached_bytes() == 0  # something might still write them: not kept
     monkeypatch.setattr(HDF5Source, "read_into", read_into)
     assert fit_sources(clean, block_rows=1000, threads=2).state == reference
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * 4096
+
+
+def test_trim_heap_hands_the_freed_heap_back_to_the_system():
+    """Memory freed in the middle of the C heap stays resident until trimmed (glibc's ``malloc_trim``)."""
+    if _buffers._malloc_trim() is None:
+        assert _buffers.trim_heap() is False  # not glibc: nothing to do, and it says so
+        return
+    if not os.path.exists("/proc/self/statm"):
+        pytest.skip("no /proc to read the resident size from")
+    _buffers.trim_heap()
+    pieces = [np.ones(8000) for _ in range(8000)]  # 64 KB each: from the heap, not mapped one by one
+    pinned = np.ones(8000)  # allocated after them, at the heap's top: free() alone trims nothing below it
+    del pieces[:]
+    gc.collect()
+    before = resident_bytes()
+    assert _buffers.trim_heap() is True
+    assert before - resident_bytes() > 256 << 20  # most of the 512 MB freed goes back
+    assert pinned.sum() == 8000

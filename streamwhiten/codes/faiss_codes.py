@@ -73,7 +73,27 @@ def one_omp_thread() -> Iterator[None]:
 
 #: The largest magnitude a trained value of a code of unit vectors takes: an SQ range of coordinates in [-2, 2].
 UNIT_EXTENT = 4.0
-#: Centroids a PQ codebook trains by k-means (8-bit codes): faiss's k-means needs a sample row for each.
+
+#: Bytes of the distance tables faiss's product quantizers make at once when they encode rows (faiss's own
+#: batches, 262,144 rows, take 6 GiB at 24 bytes a code: every row's table of 256 centroids per byte).
+PQ_TABLE_BYTES = 16 << 20
+
+
+@contextmanager
+def pq_batches(max_bytes_per_code: int) -> Iterator[None]:
+    """faiss's product quantizers encode rows (for OPQ's training too) in batches whose distance tables
+    (rows x 256 x bytes per code, float32) stay within `PQ_TABLE_BYTES` for codes of up to
+    ``max_bytes_per_code`` bytes, for the duration (faiss's global batch size restored after). A row's code
+    depends on its own table only: the batches bound the memory, not the codes (the same, byte for byte,
+    for retrieval-dev's PQ and OPQ codes at 24 bytes)."""
+    faiss = _faiss()
+    before = int(faiss.cvar.product_quantizer_compute_codes_bs)
+    rows = max(64, PQ_TABLE_BYTES // (256 * 4 * max(1, int(max_bytes_per_code))))
+    faiss.cvar.product_quantizer_compute_codes_bs = min(before, rows)
+    try:
+        yield
+    finally:
+        faiss.cvar.product_quantizer_compute_codes_bs = before
 
 
 def smallest_sample(kind: str) -> int:
@@ -467,6 +487,7 @@ __all__ = [
     "KINDS",
     "PQ_BITS",
     "PQ_CENTROIDS",
+    "PQ_TABLE_BYTES",
     "UNIT_EXTENT",
     "FaissCode",
     "check_index",
@@ -475,6 +496,7 @@ __all__ = [
     "faiss_bytes",
     "layout_for",
     "one_omp_thread",
+    "pq_batches",
     "smallest_sample",
     "train_faiss",
 ]

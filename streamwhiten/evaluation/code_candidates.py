@@ -8,11 +8,14 @@ mean and covariance of the corpus rows scaled to unit length; those that learn f
 (`NEEDS_SAMPLE`) from a seeded sample of those rows, its size and seed
 recorded (`code_record`).
 
-**Cost.** Two passes over the corpus: one for the statistics (``n x d x d``) and the sample, one that
-encodes each block with every code (`streamwhiten.codes.fast.encode`) and merges it into each
-code's top lists: the tool's codes by the Numba table scan (`streamwhiten.codes.fast.merge_block`,
-``q x n x bytes`` lookups), faiss's by faiss's own scan. Memory: the queries, the sample, each code's
-top lists and one block's codes.
+**Cost.** Two passes over the corpus in slices (`corpus_slices`): one for the statistics
+(``n x d x d``) and the sample, one that encodes each slice with every code
+(`streamwhiten.codes.fast.encode`) and merges each batch of `CODE_SEARCH_ROWS` code rows into
+each code's top lists: the tool's codes by the Numba table scan
+(`streamwhiten.codes.fast.merge_block`, ``q x n x bytes`` lookups), faiss's by faiss's own scan.
+Memory: the queries, the sample, each code's top lists and a batch of its code rows, a slice, and the
+training of the codes (faiss's product quantizers in bounded batches,
+`pq_batches`); none of it grows with the corpus rows.
 """
 
 from __future__ import annotations
@@ -25,13 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from .._buffers import trim_heap
 from ..codes import CODES, NEEDS_SAMPLE, Codec, code_size, train_codec
 from ..engine._threads import blas_threads
 from ..errors import StreamwhitenError
 from ..progress import steps
 from .retrieval import RetrievalTask, _finite
-from .search import corpus_blocks
+from .search import corpus_slices
 
+#: Code rows searched at once by `search_codes` (each search sets up faiss's index or the tool's tables
+#: once): a few bytes a row, so a batch costs little memory.
+CODE_SEARCH_ROWS = 1 << 15
 #: Corpus rows the sample-trained codes learn from (all of them when the corpus is smaller), and its seed.
 SAMPLE_ROWS, SAMPLE_SEED = 6000, 0
 #: k-means iterations of faiss's PQ codebooks (and of OPQ's first PQ) and OPQ's rotation updates while
@@ -88,7 +95,7 @@ def unit_statistics(
     picked = np.sort(np.random.default_rng(seed).choice(n, min(int(sample_rows), n), replace=False))
     sample = np.empty((picked.size, d))
     total, scatter = np.zeros(d), np.zeros((d, d))
-    for start, rows in corpus_blocks(task.corpus, block_rows):
+    for start, rows in corpus_slices(task.corpus, block_rows):
         unit = unit_rows(_finite(rows, start, task.corpus_label))
         total += unit.sum(axis=0)
         scatter += unit.T @ unit
@@ -96,6 +103,7 @@ def unit_statistics(
         sample[lo:hi] = unit[picked[lo:hi] - start]
         if progress is not None:
             progress(start + rows.shape[0], n)
+    trim_heap()  # before the codes train: what the pass freed is not under their peak
     mean = total / n
     return mean, scatter / n - np.outer(mean, mean), sample
 
@@ -142,26 +150,30 @@ def train_codes(
     order = sorted(
         range(len(wanted)), key=lambda i: (not wanted[i][0].endswith("opq"), not wanted[i][0].endswith("pq"))
     )
-    with _one_thread_each(any(name.startswith("faiss-") for name, _ in wanted)):
+    with _one_thread_each(
+        any(name.startswith("faiss-") for name, _ in wanted), max([0] + [size for _, size in wanted])
+    ):
         if threads <= 1 or len(wanted) <= 1:
             done = {i: one(*wanted[i]) for i in order}
         else:
             with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="streamwhiten-codes") as pool:
                 futures = {i: pool.submit(one, *wanted[i]) for i in order}
                 done = {i: future.result() for i, future in futures.items()}
+    trim_heap()  # faiss's and the threads' training memory, freed
     return [done[i] for i in range(len(wanted))]
 
 
 @contextmanager
-def _one_thread_each(uses_faiss: bool) -> Iterator[None]:
-    """BLAS (and faiss's OpenMP, where faiss is used) held to one thread, restored after."""
+def _one_thread_each(uses_faiss: bool, max_bytes: int = 0) -> Iterator[None]:
+    """BLAS (and faiss's OpenMP, where faiss is used) held to one thread, restored after; faiss's product
+    quantizers encoding in batches of bounded memory for codes of up to ``max_bytes`` bytes."""
     with blas_threads(1):
         if not uses_faiss:
             yield
             return
-        from ..codes.faiss_codes import one_omp_thread
+        from ..codes.faiss_codes import one_omp_thread, pq_batches
 
-        with one_omp_thread():
+        with one_omp_thread(), pq_batches(max_bytes):
             yield
 
 
@@ -211,9 +223,11 @@ def search_codes(
         for name in codecs
     }
 
-    def one(name: str, unit: np.ndarray, start: int) -> None:
-        codec = codecs[name]
-        codes = encode(codec, unit)
+    pending: dict[str, list[np.ndarray]] = {name: [] for name in codecs}  # code rows not yet searched
+
+    def search(name: str, start: int) -> None:
+        codec, codes = codecs[name], np.concatenate(pending[name])
+        pending[name] = []
         top_scores, top_rows = tops[name]
         if isinstance(codec, FaissCode):
             scores, found = codec.search(queries, codes, min(codes.shape[0], depth + extra))
@@ -221,14 +235,25 @@ def search_codes(
         else:
             merge_block(codec, queries, codes, start, top_scores, top_rows, exclude.start, exclude.rows)  # type: ignore[arg-type]  # a LinearCode: the only other family
 
+    def run(function: Callable[[str], None]) -> None:
+        for future in [pool.submit(function, name) for name in codecs]:
+            future.result()
+
     uses_faiss = any(isinstance(codec, FaissCode) for codec in codecs.values())
-    with _one_thread_each(uses_faiss), ThreadPoolExecutor(max(1, threads), "streamwhiten-codes") as pool:
-        for start, rows in corpus_blocks(task.corpus, block_rows):
+    widest = max([0] + [int(codec.bytes_per_vector) for codec in codecs.values()])
+    first = held = 0  # the first corpus row of the code rows held, and how many
+    with _one_thread_each(uses_faiss, widest), ThreadPoolExecutor(max(1, threads), "streamwhiten-codes") as pool:
+        for start, rows in corpus_slices(task.corpus, block_rows):
             unit = unit_rows(_finite(rows, start, task.corpus_label))
-            for future in [pool.submit(one, name, unit, start) for name in codecs]:
-                future.result()
+            run(lambda name, unit=unit: pending[name].append(encode(codecs[name], unit)))  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
+            first, held = (first if held else start), held + rows.shape[0]
+            if held >= CODE_SEARCH_ROWS:  # a search per batch of code rows: each costs its set-up once
+                run(lambda name, at=first: search(name, at))  # type: ignore[misc]  # as above
+                held = 0
             if progress is not None:
                 progress(start + rows.shape[0])
+        if held:
+            run(lambda name: search(name, first))
     return {name: rows for name, (_scores, rows) in tops.items()}
 
 
@@ -251,6 +276,7 @@ def code_record(codec: Codec, name: str, sample_rows: int, sample_seed: int) -> 
 
 
 __all__ = [
+    "CODE_SEARCH_ROWS",
     "KMEANS_ITERATIONS",
     "OPQ_ITERATIONS",
     "SAMPLE_ROWS",

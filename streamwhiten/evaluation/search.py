@@ -35,6 +35,12 @@ from ..io import Source
 METRICS = ("ip", "hamming")
 #: Bytes of corpus rows read per block from a store (in memory: per block handed to the workers).
 SEARCH_BLOCK_BYTES = 32 << 20
+#: Bytes of corpus rows (as stored) per block read by `corpus_slices` when no block size is given:
+#: whole chunks of a store, about this many bytes (two blocks are held: the one worked on and the next).
+SLICED_BLOCK_BYTES = 4 << 20
+#: Bytes of float64 rows of the corpus's width that a pass works on at once (a slice of a block, see
+#: `corpus_slices`): a store's block (whole chunks) may be much larger.
+SLICE_BYTES = 4 << 20
 #: Bytes of one tile of inner products (a worker's queries x rows): small enough to stay in cache
 #: while the merge kernel reads it back.
 SCORE_TILE_BYTES = 2 << 20
@@ -204,9 +210,12 @@ class SearchPass:
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
-def corpus_blocks(corpus: Any, block_rows: int | None = None, rows: Any = None) -> Iterator[tuple[int, np.ndarray]]:
+def corpus_blocks(
+    corpus: Any, block_rows: int | None = None, rows: Any = None, block_bytes: int = SEARCH_BLOCK_BYTES
+) -> Iterator[tuple[int, np.ndarray]]:
     """``(start, rows)`` of an in-memory array or a `Source`, block by block in
-    row order. ``rows`` (sorted), if given, limits the blocks to those holding one of them.
+    row order. ``rows`` (sorted), if given, limits the blocks to those holding one of them. Without
+    ``block_rows``, blocks of about ``block_bytes`` of rows as stored (a source's: whole chunks).
 
     A source is read into two buffers in turn, the next block (in another thread) while the caller
     works on this one: a block handed out is valid until the caller asks for the next one.
@@ -215,10 +224,10 @@ def corpus_blocks(corpus: Any, block_rows: int | None = None, rows: Any = None) 
     n_rows = corpus.n_rows if source else int(np.shape(corpus)[0])
     if block_rows is None:
         if source:
-            block_rows = corpus.default_block_rows(SEARCH_BLOCK_BYTES)
+            block_rows = corpus.default_block_rows(block_bytes)
         else:
             row_bytes = max(1, int(np.prod(np.shape(corpus)[1:])) * np.dtype(corpus.dtype).itemsize)
-            block_rows = max(256, SEARCH_BLOCK_BYTES // row_bytes)
+            block_rows = max(256, block_bytes // row_bytes)
     ranges = [(a, min(n_rows, a + block_rows)) for a in range(0, n_rows, block_rows)]
     if rows is not None:
         firsts = np.searchsorted(rows, [a for a, _ in ranges])
@@ -244,6 +253,28 @@ def corpus_blocks(corpus: Any, block_rows: int | None = None, rows: Any = None) 
             block = pending.result()
             pending = reader.submit(read, i + 1) if i + 1 < len(ranges) else None
             yield a, block
+
+
+def slice_rows(n_features: int, slice_bytes: int | None = None) -> int:
+    """Rows of a slice: ``slice_bytes`` (default `SLICE_BYTES`) of float64 rows of ``n_features``
+    values, at least 16 rows."""
+    return max(16, int(SLICE_BYTES if slice_bytes is None else slice_bytes) // (8 * max(1, int(n_features))))
+
+
+def corpus_slices(
+    corpus: Any, block_rows: int | None = None, block_bytes: int | None = None, slice_bytes: int | None = None
+) -> Iterator[tuple[int, np.ndarray]]:
+    """`corpus_blocks` (of about ``block_bytes`` without ``block_rows``; default
+    `SLICED_BLOCK_BYTES`) cut into slices of at most `slice_rows` rows, ``(start, rows)`` in
+    row order: what a caller computes on a slice in float64 (a transform, a stored form) stays within about
+    ``slice_bytes`` however large the blocks read are (a store's chunk may be large). A slice is valid
+    until the next one is asked for."""
+    n_features = corpus.n_features if isinstance(corpus, Source) else int(np.prod(np.shape(corpus)[1:]))
+    step = slice_rows(n_features, slice_bytes)
+    block_bytes = SLICED_BLOCK_BYTES if block_bytes is None else block_bytes
+    for start, block in corpus_blocks(corpus, block_rows, block_bytes=block_bytes):
+        for offset in range(0, block.shape[0], step):
+            yield start + offset, block[offset : offset + step]
 
 
 def search(
@@ -429,6 +460,8 @@ def _ranked(candidates: np.ndarray, values: np.ndarray, depth: int) -> SearchRes
 
 __all__ = [
     "METRICS",
+    "SLICED_BLOCK_BYTES",
+    "SLICE_BYTES",
     "Exclusions",
     "RescoreJob",
     "Reranking",
@@ -436,8 +469,10 @@ __all__ = [
     "SearchPass",
     "SearchResult",
     "corpus_blocks",
+    "corpus_slices",
     "exact_search",
     "rescore",
     "rescore_all",
     "search",
+    "slice_rows",
 ]

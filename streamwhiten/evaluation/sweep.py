@@ -17,18 +17,23 @@ fewer or equal bytes; the **choice** is the best score within ``max_bytes`` (``t
 bytes within that many points of it), ties to fewer bytes, then the smaller k, then the grid's order.
 
 **Cost.** The corpus is read once for the raw reference and the bit searches, and once for everything
-else (more only when the top lists of all settings would not fit in `TOP_LIST_BYTES`: then once per
-group of settings that do). In that pass each block is transformed once per ``(beta, gamma, k)``
-(``n x d x k`` multiply-adds, shared by all its storages), and each float, float16 and int8 setting
-costs one product of the queries with the block (``q x n x k``); the bits of a ``(beta, k)`` are
+else, in passes (`sweep_passes`): as many as it takes to hold no more than `TOP_LIST_BYTES`
+of top lists (``q x 100 x 16`` bytes a setting and storage) and queries at once. In a pass each slice of
+``n`` corpus rows is rotated once per beta (``n x d x d`` multiply-adds), each ``(beta, gamma, k)`` scales
+and truncates that rotation (``n x k``, shared by all its storages), and each float, float16 and int8
+setting costs one product of the queries with the slice (``q x n x k``); the bits of a ``(beta, k)`` are
 searched once for every gamma (a sign does not depend on the scaling), by popcount; a re-ranking costs
-``q x N x k`` on the rows it re-ranks. With ``s`` settings and ``m`` stored forms, about
-``s x n x k x (d + m q)`` multiply-adds in float64. Memory: the queries, each setting's top lists
-(``q x 100 x 16`` bytes), two blocks and one setting's transformed block.
+``q x N x k`` on the rows it re-ranks. With ``b`` betas, ``s`` settings and ``m`` stored forms, about
+``n x (b x d^2 + s x m x q x k)`` multiply-adds in float64 (a beta's rotation again in each pass that
+holds its settings). **Memory**, none of it growing with the corpus rows: the queries, the top lists of
+one pass (a pass's lists become each query's metrics as it ends), the bits' top rows, two blocks of about
+`SLICED_BLOCK_BYTES` (whole chunks of a store) and a few float64 slices of
+`SLICE_BYTES`.
 
 **Under a budget** a setting is searched only in the storages that fit it (none: not at all), and every
 code family of `streamwhiten.codes` that fits is a candidate too (`code_candidates`: two more
-passes, one for the statistics of the unit rows and a sample, one to encode and search every code), its
+passes, one for the statistics of the unit rows and a sample, one to encode and search every code, both in
+slices; faiss's product quantizers encode in batches of bounded memory, `pq_batches`), its
 row named by the code (``storage`` ``eigen-24B``, ``dtype`` ``eigen``, ``code`` its record). A code is never
 the reference.
 """
@@ -46,8 +51,8 @@ import numpy as np
 from .. import params
 from ..codes import TUNE_CODES, smallest_sample
 from ..core.model import WhiteningModel
-from ..core.quantize import DEFAULT_INT8_CLIP, Storage
-from ..engine._threads import blas_threads, blas_threads_per_worker, resolve_threads
+from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, Storage
+from ..engine._threads import resolve_threads
 from ..errors import BadInputError
 from ..options import RetrievalOptions
 from ..params import check
@@ -71,16 +76,27 @@ from .retrieval import (
     METRICS,
     RetrievalTask,
     SearchSetting,
-    _finite,
     bootstrap_record,
     mean_metrics,
     open_task,
     query_metrics,
     retrieval_options,
 )
-from .search import Reranking, SearchJob, SearchPass, SearchResult, corpus_blocks, search
+from .search import Reranking, SearchJob, SearchResult
 from .select import FOLDS, RULES, Resamples, Rule, forecast, select
 from .self_matches import SelfMatches, find_self_matches
+from .sweep_passes import (
+    IDENTITY,
+    Reading,
+    Rotation,
+    Use,
+    query_units,
+    rotation_for,
+    rotation_key,
+    run_pass,
+    scaling_for,
+    stored,
+)
 from .tune import KChoice, decompose, describe_stored, make_grid
 
 #: Resampled means held at once by `bootstrap_differences` (512 MiB of doubles).
@@ -90,8 +106,9 @@ RESAMPLED_VALUES = 1 << 26
 STORAGES = ("float32", "float16", "int8", "binary", "binary+rescore")
 #: The candidates a bit search re-ranks by default: as many as the evaluation keeps.
 DEFAULT_RESCORE = DEPTH
-#: Bytes of top lists (rows and scores of every query) one pass over the corpus keeps.
-TOP_LIST_BYTES = 256 << 20
+#: Bytes of top lists (rows and scores of every query) and of the queries they are for that one pass over
+#: the corpus holds: the settings are cut into passes that fit.
+TOP_LIST_BYTES = 48 << 20
 #: The metric chosen by, by default.
 DEFAULT_METRIC = "ndcg@10"
 
@@ -312,51 +329,50 @@ def sweep_rows(
     bases: dict,
     storages: list[Storage],
     *,
-    depth: int = DEPTH,
     options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
     max_bytes: int | None = None,
+    keep: Callable[[np.ndarray], Any] | None = None,
 ) -> tuple[SearchResult, dict]:
-    """The raw float32 reference's top lists (rows and cosines) and every ``(candidate, storage)``'s, keyed by
-    ``(candidate, storage)``: see the module docstring for the passes and their cost. The corpus is read
-    in ``options.block_rows`` blocks by ``options.threads`` threads. With ``max_bytes`` only the pairs
-    that store a vector in that many bytes or fewer are searched (and keyed)."""
+    """The raw float32 reference's top lists (rows and cosines: a few per query, kept whole) and what is kept
+    of every ``(candidate, storage)``'s, keyed by ``(candidate, storage)``: ``keep(top rows)`` (queries x
+    `DEPTH` corpus rows, best first; default: the rows themselves), called as soon as a pass has made them,
+    so that only the top lists of one pass are held (the sweep keeps each query's metrics). See the module
+    docstring for the passes and their cost. The corpus is read in ``options.block_rows`` blocks (default:
+    about `SLICED_BLOCK_BYTES`, whole chunks) by ``options.threads`` threads. With ``max_bytes`` only the
+    pairs that store a vector in that many bytes or fewer are searched (and keyed)."""
     options = options or RetrievalOptions()
-    block_rows, threads = options.block_rows, resolve_threads(options.threads)
+    keep = keep or (lambda top: top)
+    depth = DEPTH
+    reading = Reading(task.corpus, task.corpus_label, options.block_rows, resolve_threads(options.threads))
 
     def fits(candidate: Candidate, storage: Storage) -> bool:
         return max_bytes is None or storage.bytes_per_vector(candidate.k) <= max_bytes
 
     candidates = [c for c in candidates if any(fits(c, storage) for storage in storages)]
-    n_queries = task.vectors.shape[0]
-    list_bytes = n_queries * 16
-    rescored = max([storage.rescore for storage in storages] + [0])
-    bit_depth = max(depth, rescored)
-    any_bits = any(storage.dtype == "binary" for storage in storages)
+    bit_depth = max([depth] + [storage.rescore for storage in storages])
     floats = [storage for storage in storages if storage.dtype != "binary"]
     reranks = [storage for storage in storages if storage.rescore]
-    # pass 1: the raw reference and the bits of each (beta, k), gamma being any (the first)
-    first = [SearchSetting.make("raw", None, raw=True, n_features=task.n_features)]
-    bit_keys: dict = {}
-    if any_bits:
-        for candidate in candidates:
-            if not any(fits(candidate, storage) for storage in storages if storage.dtype == "binary"):
-                continue
-            key = candidate.bits_key
-            if key not in bit_keys:
-                bit_keys[key] = len(first)
-                first.append(SearchSetting.make(f"bits {key}", _map_model(bases, candidate), dtype="binary"))
-    label = task.corpus_label
-    n_rows = task.n_corpus
+    plan = _Plan(task, bases, fits, depth)
+    # pass 1: the raw reference and the bits of each (beta, k), for every gamma
+    first: list[tuple[Any, int]] = [(None, depth)]
+    if any(storage.dtype == "binary" for storage in storages):
+        wanted = [c for c in candidates if any(fits(c, s) for s in storages if s.dtype == "binary")]
+        first += [(key, bit_depth) for key in dict.fromkeys(c.bits_key for c in wanted)]
+    query_cost = task.vectors.shape[0] * 8
+    list_bytes = task.vectors.shape[0] * 16  # a top list's rows (int64) and scores (float64 or int64), per slot
+    first_groups = _groups(first, lambda item: list_bytes * item[1] + query_cost * task.n_features, TOP_LIST_BYTES)
     floated = [c for c in candidates if any(fits(c, storage) for storage in floats)]
     later = _groups(
         floated,
         lambda c: (
-            list_bytes * (depth * sum(fits(c, s) for s in floats) + sum(s.rescore for s in reranks if fits(c, s)))
+            query_cost * c.k
+            + list_bytes * depth * sum(fits(c, s) for s in floats)
+            + 2 * list_bytes * sum(s.rescore for s in reranks if fits(c, s))
         ),
         TOP_LIST_BYTES,
     )
-    first_groups = _groups(first, lambda s: list_bytes * (depth if s.name == "raw" else bit_depth), TOP_LIST_BYTES)
+    n_rows = task.n_corpus
     total = n_rows * (len(first_groups) + len(later))
     done = [0]
 
@@ -364,127 +380,113 @@ def sweep_rows(
         if progress is not None:
             progress(done[0] + rows_done, total)
 
-    results = []
+    reference = None
+    bits: dict = {}
     for group in first_groups:
-        jobs = [
-            SearchJob(
-                setting.query_vectors(task.vectors),
-                depth if setting.name == "raw" else bit_depth,
-                "hamming" if setting.quantization.kind == "binary" else "ip",
-                lambda rows, start, setting=setting: setting.searched(_finite(rows, start, label)),  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
-                task.excluded,
-            )
-            for setting in group
-        ]
-        results += search(task.corpus, jobs, block_rows=block_rows, threads=threads, progress=step)
+        uses = [plan.reference() if key is None else plan.bits(key, searched) for key, searched in group]
+        run_pass(reading, plan.rotations, uses, step)
         done[0] += n_rows
-    raw = results[0]  # the raw reference: its cosines show the queries that are corpus rows
-    reference = SearchResult(raw.rows[:, :depth], raw.values[:, :depth], raw.metric)
-    bits = {key: results[index].rows for key, index in bit_keys.items()}
+        for (key, _), use in zip(group, uses, strict=True):
+            job = use.jobs[0]
+            rows = job._state["rows"]
+            if key is None:  # the raw reference: its cosines show the queries that are corpus rows
+                values = job._state["values"]
+                reference = SearchResult(
+                    np.ascontiguousarray(rows[:, :depth]), np.ascontiguousarray(values[:, :depth]), job.metric
+                )
+            else:
+                bits[key] = rows
+        del uses  # the pass's scores and queries: only the top rows are kept
     out: dict = {}
-    shared = _GroupPass(task, bases, floats, reranks, bits, depth, block_rows, threads, fits)
     for group in later:
-        out.update(_search_group(shared, group, step))
+        out.update(_search_group(plan, group, floats, reranks, bits, reading, step, keep))
         done[0] += n_rows
     for candidate in candidates:
         for storage in storages:
             if storage.dtype == "binary" and not storage.rescore and fits(candidate, storage):
-                out[(candidate, storage)] = np.ascontiguousarray(bits[candidate.bits_key][:, :depth])
+                out[(candidate, storage)] = keep(np.ascontiguousarray(bits[candidate.bits_key][:, :depth]))
+    assert reference is not None  # the first pass always searches it
     return reference, out
 
 
-def _unit(setting: Any, part: np.ndarray, _at: int) -> np.ndarray:
-    """``setting``'s vectors of the corpus rows ``part`` (the slice's start unused)."""
-    return setting.unit(part)
+class _Plan:
+    """What the passes of `sweep_rows` share: the task, the maps' bases, the rotations (one per
+    beta, and the identity's) and the queries as each setting sees them, the budget's test and the depth."""
+
+    def __init__(self, task: Any, bases: dict, fits: Callable[[Any, Any], bool], depth: int):
+        self.task, self.bases, self.fits, self.depth = task, bases, fits, depth
+        self.rotations: dict[tuple, Rotation] = {IDENTITY: Rotation()}
+        for beta, base in bases.items():
+            self.rotations[rotation_key(beta, False)] = rotation_for(base)
+        self.queries = query_units(task.vectors, self.rotations)
+
+    def use(self, candidate: Candidate) -> Use:
+        """An empty use of ``candidate``'s unit rows (its rotation, scaling and k)."""
+        identity = candidate.basis == "identity"
+        base = None if identity else self.bases[candidate.beta]
+        return Use(rotation_key(candidate.beta, identity), scaling_for(base, candidate.gamma, candidate.k), candidate.k)
+
+    def reference(self) -> Use:
+        """The raw vectors stored as float32: the reference's search."""
+        n_features = self.task.n_features
+        quantization = SearchSetting.make("raw", None, raw=True, n_features=n_features).quantization
+        use = Use(IDENTITY, None, n_features)
+        unit = self.queries(IDENTITY, None, n_features)
+        use.jobs.append(SearchJob(unit, self.depth, "ip", partial(stored, quantization), self.task.excluded))
+        return use
+
+    def bits(self, key: tuple, depth: int) -> Use:
+        """The sign bits of the settings of ``key`` (`Candidate.bits_key`), searched to ``depth``."""
+        beta, k, basis = key
+        use = Use(rotation_key(beta, basis == "identity"), None, k)
+        quantization = Quantization("binary", k, normalized=True)
+        queries = np.packbits(self.queries(use.rotation, None, k) > 0, axis=1)
+        use.jobs.append(SearchJob(queries, depth, "hamming", partial(stored, quantization), self.task.excluded))
+        return use
 
 
-@dataclass(frozen=True)
-class _GroupPass:
-    """What every later pass of `sweep_rows` shares: the task, the maps' bases, the float storages
-    and the re-ranked ones, the bits' top lists (by ``bits_key``), the depth, how the corpus is read, and
-    which ``(candidate, storage)`` fit the budget."""
-
-    task: Any
-    bases: Any
-    floats: Any
-    reranks: Any
-    bits: Any
-    depth: int
-    block_rows: int | None
-    threads: int | None
-    fits: Callable[[Any, Any], bool]
-
-
-def _search_group(shared: _GroupPass, group: Any, progress: Callable[[int, int], None] | None) -> dict:
+def _search_group(
+    plan: _Plan,
+    group: list[Candidate],
+    floats: list[Storage],
+    reranks: list[Storage],
+    bits: dict,
+    reading: Reading,
+    progress: Callable[[int, int], None] | None,
+    keep: Callable[[np.ndarray], Any],
+) -> dict:
     """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``
-    (those within the budget: ``shared.fits(candidate, storage)``)."""
-    task, bases, floats, reranks, bits = shared.task, shared.bases, shared.floats, shared.reranks, shared.bits
-    depth, block_rows, threads, fits, label = (
-        shared.depth,
-        shared.block_rows,
-        shared.threads,
-        shared.fits,
-        task.corpus_label,
-    )
-    plans = []
-    jobs = []
+    (those within the budget: ``plan.fits(candidate, storage)``); what is kept of each top list."""
+    depth, fits = plan.depth, plan.fits
+    made = []
     for candidate in group:
-        setting = SearchSetting.make("map", _map_model(bases, candidate))
-        unit_queries = setting.unit(task.vectors)
+        use = plan.use(candidate)
+        unit_queries = plan.queries(use.rotation, use.weights, use.k)
+        model = _map_model(plan.bases, candidate)
         searched = []
         for storage in floats:
-            if not fits(candidate, storage):
-                continue
-            quantization = SearchSetting.make("s", _map_model(bases, candidate), **_args(storage)).quantization
-            job = SearchJob(
-                unit_queries,
-                depth,
-                "ip",
-                lambda unit, start, q=quantization: q.decode(q.encode(unit), np.float64),  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
-                task.excluded,
-            )
-            jobs.append(job)
-            searched.append((storage, job))
+            if fits(candidate, storage):
+                quantization = SearchSetting.make("s", model, **_args(storage)).quantization
+                use.jobs.append(SearchJob(unit_queries, depth, "ip", partial(stored, quantization), plan.task.excluded))
+                searched.append(storage)
         again = []
         for storage in reranks:
-            if not fits(candidate, storage):
-                continue
-            made = SearchSetting.make("r", _map_model(bases, candidate), **_args(storage))
-            assert made.rescore_quantization is not None  # made with the storage's rescoring
-            top = bits[candidate.bits_key]
-            again.append(
-                (
-                    storage,
-                    made.rescore_quantization,
-                    Reranking(unit_queries, top[:, : storage.rescore], storage.rescore),
-                )
-            )
-        plans.append((candidate, setting, searched, again))
-    state = SearchPass(jobs, resolve_threads(threads))
-    try:
-        with blas_threads(blas_threads_per_worker(state.threads)):
-            for start, rows in corpus_blocks(task.corpus, block_rows):
-                _finite(rows, start, label)
-                for _candidate, setting, searched, again in plans:
-                    unit = state.sliced(partial(_unit, setting), rows, start)
-                    for _storage, job in searched:
-                        state.search_block(job, state.prepared(job, unit, start), start)
-                    for _storage, quantization, reranking in again:
-                        wanted = reranking.wanted(start, rows.shape[0])
-                        picked = unit[wanted]
-                        reranking.feed(start, quantization.decode(quantization.encode(picked), np.float64))
-                if progress is not None:
-                    progress(start + rows.shape[0], task.n_corpus)
-    finally:
-        state.close()
+            if fits(candidate, storage):
+                rescored = SearchSetting.make("r", model, **_args(storage)).rescore_quantization
+                assert rescored is not None  # made with the storage's rescoring
+                top = bits[candidate.bits_key][:, : storage.rescore]
+                use.reranks.append((rescored, Reranking(unit_queries, top, storage.rescore)))
+                again.append(storage)
+        made.append((candidate, use, searched, again))
+    run_pass(reading, plan.rotations, [use for _, use, _, _ in made], progress)
     out = {}
-    for candidate, _setting, searched, again in plans:
-        for storage, job in searched:
-            out[(candidate, storage)] = np.ascontiguousarray(job._state["rows"][:, :depth])
-        for storage, _quantization, reranking in again:
+    for candidate, use, searched, again in made:
+        for storage, job in zip(searched, use.jobs, strict=True):
+            out[(candidate, storage)] = keep(np.ascontiguousarray(job._state["rows"][:, :depth]))
+        for storage, (_, reranking) in zip(again, use.reranks, strict=True):
             top = bits[candidate.bits_key]
             rows = np.concatenate([reranking.result().rows, top[:, storage.rescore :]], axis=1)
-            out[(candidate, storage)] = np.ascontiguousarray(rows[:, :depth])
+            out[(candidate, storage)] = keep(np.ascontiguousarray(rows[:, :depth]))
     return out
 
 
@@ -807,6 +809,7 @@ def sweep(
             options=options,
             progress=progress,
             max_bytes=limit,
+            keep=partial(_per_query, task),
         )
         finish()
         if code_sizes:
@@ -842,7 +845,7 @@ def sweep(
         for storage in storages:
             if (candidate, storage) not in rows:  # over the budget: not searched
                 continue
-            per_query = query_metrics(rows[(candidate, storage)], task.query_rows, task.qrels)
+            per_query = rows[(candidate, storage)]
             each.append(per_query[metric])
             table.append(
                 dict(
@@ -921,6 +924,11 @@ def sweep(
 def _rows_of(progress: Callable[[int, int], None], n_rows: int, done: int) -> None:
     """``progress(done, n_rows)``: a pass that counts only the rows done, reported with their total."""
     progress(done, n_rows)
+
+
+def _per_query(task: RetrievalTask, top: np.ndarray) -> dict[str, np.ndarray]:
+    """Each metric per query of the top lists ``top``: what the sweep keeps of a search."""
+    return query_metrics(top, task.query_rows, task.qrels)
 
 
 def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage], max_bytes: int) -> None:

@@ -395,6 +395,32 @@ def test_bad_input_is_a_one_line_error(data):
     assert "rows of 8 bytes" in one_line(caught)
 
 
+@pytest.mark.parametrize("name", ["faiss-pq", "faiss-opq"])
+def test_faiss_encodes_in_bounded_batches_to_the_same_codes(faiss, data, monkeypatch, name):
+    """Within ``pq_batches`` faiss's product quantizers (16 values a sub-space: faiss's BLAS path, whose
+    distance tables it makes for a whole batch of rows at once) train and encode in batches of 64 rows: the
+    same codec bytes and the same codes as in faiss's own batches; faiss's batch size is restored after."""
+    from streamwhiten.codes import faiss_codes
+
+    rows = np.hstack([data[0], data[0][:, :8] * 0.5]).astype(np.float32)  # 32 values: 2 bytes of 16 each
+    wide = rows.astype(np.float64)
+    mean, covariance = wide.mean(axis=0), np.cov(wide, rowvar=False, bias=True)
+    options = dict(sample=rows[:1000], seed=1, iterations=3, opq_iterations=2)
+    plain = train_codec(name, mean, covariance, 2, **options)
+    before = faiss.cvar.product_quantizer_compute_codes_bs
+    monkeypatch.setattr(faiss_codes, "PQ_TABLE_BYTES", 64 * 256 * 4 * 2)  # 64 rows of 2 bytes' tables
+    with faiss_codes.pq_batches(2):
+        assert faiss.cvar.product_quantizer_compute_codes_bs == 64
+        batched = train_codec(name, mean, covariance, 2, **options)
+        codes = batched.encode(rows)
+    assert faiss.cvar.product_quantizer_compute_codes_bs == before
+    assert batched.to_bytes() == plain.to_bytes()
+    np.testing.assert_array_equal(codes, plain.encode(rows))
+    with pytest.raises(RuntimeError), faiss_codes.pq_batches(2):
+        raise RuntimeError("an error inside")
+    assert faiss.cvar.product_quantizer_compute_codes_bs == before
+
+
 def test_faiss_budget_below_the_smallest_code(faiss, data):
     rows, mean, covariance, _ = data
     with pytest.raises(BadInputError) as caught:

@@ -208,7 +208,7 @@ def test_one_pass_for_every_float_setting_and_more_only_when_the_lists_do_not_fi
         **options,
     )
     assert set(totals) == {2 * 600}  # the raw reference's pass, and one for the 9 settings x 2 storages
-    one_setting = 20 * 16 * 2 * 100  # the top lists of one setting in two storages, in bytes
+    one_setting = 20 * 16 * 2 * 100 + 20 * 8 * 8  # the top lists of one setting in two storages and its queries
     monkeypatch.setattr(sweep_module, "TOP_LIST_BYTES", 2 * one_setting)
     totals.clear()
     again = sweep(
@@ -217,6 +217,51 @@ def test_one_pass_for_every_float_setting_and_more_only_when_the_lists_do_not_fi
     assert set(totals) == {(1 + 5) * 600}  # 8 settings and the raw vectors (no map), two per pass
     monkeypatch.undo()
     assert again.table == sweep(model, task["queries"], task["corpus"], task["qrels"], **options).table
+
+
+def test_in_many_passes_and_slices_tune_scores_and_chooses_as_numpy(tmp_path, monkeypatch, capsys):
+    """``tune --json`` with a pass per setting or two, slices of 24 rows in blocks of 100: every row's metrics
+    are numpy's (whole score matrices, a full sort per query), the argmax rule picks numpy's best row within
+    the budget (ties to fewer bytes, then smaller k, then the table's order), and the default rule chooses
+    what it chooses with one pass for everything."""
+    from streamwhiten.evaluation import search as search_module
+
+    task = write_task(tmp_path, seed=4, noise=0.9, n=900, d=12, n_queries=30, graded=True, offset=1.0)
+    model_path = fitted(tmp_path, task)
+    args = ["tune", model_path, "--queries", task["spec_q"], "--corpus", task["spec_c"], "--qrels", task["qrels"]]
+    args += ["--exclude", task["exclude"], "--betas", "0,1", "--gammas", "0,1", "--ks", "12,5", "--variances", ""]
+    args += ["--dtypes", "float32,int8,binary,binary+rescore", "--rescore", "15", "--max-bytes", "24"]
+    args += ["--bootstrap", "100", "--block-rows", "100", "--json"]
+    passes = []
+    run_pass = sweep_module.run_pass
+    monkeypatch.setattr(sweep_module, "run_pass", lambda *a: passes.append(a[2]) or run_pass(*a))
+    assert main(args) == 0
+    once = json.loads(capsys.readouterr().out)
+    assert len(passes) == 2  # the raw reference and the bits, then the rest
+    monkeypatch.setattr(sweep_module, "TOP_LIST_BYTES", 30 * 16 * 100 * 2 + 30 * 8 * 12)  # one setting, two lists
+    monkeypatch.setattr(search_module, "SLICE_BYTES", 8 * 12 * 24)  # 24 rows of 12 float64 values
+    passes.clear()
+    assert main(args) == 0
+    sliced = json.loads(capsys.readouterr().out)
+    assert len(passes) > 8 and max(len(uses) for uses in passes) <= 2
+    assert sliced["table"] == once["table"] and sliced["best"] == once["best"]
+    assert sliced["selection"] == once["selection"]
+    assert main([*args, "--select", "argmax"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    table, argmax = summary["table"], summary["best"]
+    reference = Reference(task)
+    scores = []
+    for row in table:
+        setting = (None, None, None) if row["vectors"] == "raw" else (row["beta"], row["gamma"], row["k"])
+        each = reference.metrics(reference.lists(*setting, row["dtype"], row["rescore"]))
+        for name in METRICS:
+            assert row[name] == pytest.approx(100 * each[name].mean(), abs=1e-9), (row, name)
+        scores.append(100 * each["ndcg@10"].mean())
+    within = [i for i, row in enumerate(table) if row["bytes_per_vector"] <= 24]
+    best = min(within, key=lambda i: (-round(scores[i], 9), table[i]["bytes_per_vector"], table[i]["k"], i))
+    assert {key: argmax[key] for key in ("beta", "gamma", "k", "storage")} == {
+        key: table[best][key] for key in ("beta", "gamma", "k", "storage")
+    }
 
 
 def test_the_grid_is_checked_when_made_in_the_words_of_the_command_line(tmp_path):

@@ -22,6 +22,7 @@ from streamwhiten.codes.linear import CORRECTION_BYTES, LinearCode
 from streamwhiten.core import stats
 from streamwhiten.core.model import finalize, load_model, save_model
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
+from streamwhiten.evaluation import code_candidates
 from streamwhiten.evaluation.code_candidates import fitting_codes, train_codes
 from streamwhiten.evaluation.sweep import SweepGrid, sweep, tune_retrieval
 from streamwhiten.options import RetrievalOptions
@@ -97,7 +98,9 @@ def swept(tmp_path_factory):
         max_bytes=8, metric="recall@10", code_sample=500, code_seed=4,
     )  # fmt: skip
     options = RetrievalOptions(exclude=task["exclude"], bootstrap=200, block_rows=300, threads=2)
-    return task, sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"], grid=grid, options=options)
+    with pytest.MonkeyPatch.context() as patch:  # code rows searched in batches of two blocks of 300
+        patch.setattr(code_candidates, "CODE_SEARCH_ROWS", 500)
+        return task, sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"], grid=grid, options=options)
 
 
 def test_a_code_candidate_scores_as_plain_numpy_scoring_of_its_codec_search(swept):
