@@ -30,6 +30,14 @@ da = optional_module("dask.array")
 distributed = optional_module("distributed")
 dask = optional_module("dask")
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _distributed_config():
+    """distributed adds its settings (``distributed.comm``, ``distributed.scheduler``) to dask's config when it
+    is imported: before any test here reads or sets them (the module itself imports it on first use)."""
+    import distributed as loaded  # noqa: F401
+
+
 import h5py  # noqa: E402
 from threadpoolctl import threadpool_limits  # noqa: E402
 
