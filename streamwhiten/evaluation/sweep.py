@@ -362,7 +362,9 @@ def sweep_rows(
     query_cost = task.vectors.shape[0] * 8
     list_bytes = task.vectors.shape[0] * 16  # a top list's rows (int64) and scores (float64 or int64), per slot
     first_groups = _groups(first, lambda item: list_bytes * item[1] + query_cost * task.n_features, TOP_LIST_BYTES)
-    floated = [c for c in candidates if any(fits(c, storage) for storage in floats)]
+    # the later passes: the float, float16 and int8 searches and the re-rankings of the bits (a setting
+    # whose only storage within the budget is binary+rescore is re-ranked there too)
+    floated = [c for c in candidates if any(fits(c, storage) for storage in floats + reranks)]
     later = _groups(
         floated,
         lambda c: (

@@ -160,6 +160,27 @@ def test_every_setting_in_every_storage_equals_a_numpy_evaluation(swept):
         assert row["retention"] == pytest.approx(100 * row["ndcg@10"] / result.raw["ndcg@10"])
 
 
+def test_bits_re_ranked_without_any_float_storage_are_swept_as_numpy_ranks_them(tmp_path):
+    """``binary+rescore`` among the storages with no float one (or under a budget no float storage meets):
+    its rows are searched, re-ranked and scored, not dropped (they were, while only the settings of a float
+    storage took the later pass that re-ranks)."""
+    task = write_task(tmp_path, seed=5, noise=0.8, d=12, graded=True, offset=1.5)
+    model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
+    result = sweep(
+        model, task["spec_q"], task["spec_c"], task["qrels"],
+        grid=SweepGrid(betas=[0], gammas=[0], ks=[12], variances=[], dtypes=["binary", "binary+rescore"],
+                       rescore=RESCORE, select="argmax"),
+        options=RetrievalOptions(exclude=task["exclude"], bootstrap=0, block_rows=300, threads=2),
+    )  # fmt: skip
+    assert {row["storage"] for row in result.table} == {"binary", f"binary+rescore{RESCORE}"}
+    reference = Reference(task)
+    for row in result.table:
+        setting = (None, None, None) if row["vectors"] == "raw" else (row["beta"], row["gamma"], row["k"])
+        each = reference.metrics(reference.lists(*setting, row["dtype"], row["rescore"]))
+        for name in METRICS:
+            assert row[name] == pytest.approx(100 * each[name].mean(), abs=1e-9), (row, name)
+
+
 def test_the_frontier_and_the_choice_under_a_budget(swept):
     _, _, result = swept
     table, front = result.table, result.frontier
