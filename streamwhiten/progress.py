@@ -89,11 +89,10 @@ def steps(progress: Progress | None, total: int) -> Callable[[], None]:
     done = [0]
 
     def step() -> None:
-        with lock:
+        with lock:  # the count and its report together: the counts arrive in order
             done[0] += 1
-            count = done[0]
-        if progress is not None:
-            progress(count, total)
+            if progress is not None:
+                progress(done[0], total)
 
     return step
 

@@ -1,5 +1,5 @@
-"""What a command shows while it works: a bar per phase on a terminal, one timed log line per phase when
-piped (cron, CI, ``| tee``), nothing with ``--quiet``.
+"""What a command shows while it works: a bar per phase on a terminal (then the phase's timed line), one
+timed log line per phase when piped (cron, CI, ``| tee``), nothing with ``--quiet``.
 
 The library reports through `Reporter` (rows done, and each phase as it
 starts and ends); `Console` is the command line's. A phase's line, when it ends, has the form of

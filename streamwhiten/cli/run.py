@@ -108,8 +108,7 @@ def run(
     if given:  # the command line's deadline over the job's [input] remote_timeout
         job = replace(job, read=replace(job.read, remote_timeout=read.remote_timeout))
         job = replace(job, apply_read=replace(job.apply_read, remote_timeout=read.remote_timeout))
-    if log_file:
-        _log_to(log_file, job)
+    handler = _log_to(log_file, job) if log_file else None
     try:
         with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
             report = run_job(job, progress, should_stop, restart, republish, new_job)
@@ -117,6 +116,10 @@ def run(
         if as_json:
             emit(True, exc.report.to_json(), [])  # the report for cron, then exit 3
         raise
+    finally:  # the file's handler goes with the run (a program that calls the CLI again logs nothing there)
+        if handler is not None:
+            logging.getLogger("streamwhiten").removeHandler(handler)
+            handler.close()
     emit(as_json, report.to_json(), _lines(report))
 
 
@@ -139,8 +142,8 @@ def _lines(report: RunReport) -> list[str]:
     return lines
 
 
-def _log_to(log_file: str, job: JobFile) -> None:
-    """Also log to ``log_file``, which may not be any of the job's inputs or files."""
+def _log_to(log_file: str, job: JobFile) -> logging.Handler:
+    """Also log to ``log_file``, which may not be any of the job's inputs or files: the handler added."""
     from ..io import expand_specs, refuse_input_overlap
 
     inputs = expand_specs(list(job.inputs), job.read)
@@ -152,3 +155,4 @@ def _log_to(log_file: str, job: JobFile) -> None:
         raise StoreIOError(f"{log_file}: cannot open the log file: {exc.strerror or exc}") from exc
     handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE))
     logging.getLogger("streamwhiten").addHandler(handler)
+    return handler

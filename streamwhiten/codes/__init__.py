@@ -307,10 +307,18 @@ def codec_from_record(entry: Mapping[str, Any], where: str = "the output") -> Co
         raise ModelFileError(f"{where}: field quantization.codec.data is not base64 (damaged or edited)") from None
     if hashlib.sha256(data).hexdigest() != sha:
         raise ModelFileError(f"{where}: field quantization.codec.data does not match its sha256 (damaged or edited)")
-    n_features = entry.get("n_features")
-    return codec_from_bytes(
-        data, None if n_features is None else int(n_features), where=f"{where}: field quantization.codec"
-    )
+    width = entry.get("n_features")
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+        raise ModelFileError(
+            f"{where}: field quantization.codec.n_features is {width!r}, not a width (damaged or edited)"
+        )
+    codec = codec_from_bytes(data, None, where=f"{where}: field quantization.codec")
+    if width is not None and codec.n_features != width:
+        raise ModelFileError(
+            f"{where}: field quantization.codec.n_features says {width} values, its codec codes {codec.n_features}"
+            " (damaged or edited)"
+        )
+    return codec
 
 
 __all__ = [

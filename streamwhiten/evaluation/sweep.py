@@ -334,7 +334,7 @@ def sweep_rows(
     max_bytes: int | None = None,
     keep: Callable[[np.ndarray], Any] | None = None,
 ) -> tuple[SearchResult, dict]:
-    """The raw float32 reference's top lists (rows and cosines: a few per query, kept whole) and what is kept
+    """The raw float32 reference's top lists (rows and cosines, `DEPTH` a query: small, kept whole) and what is kept
     of every ``(candidate, storage)``'s, keyed by ``(candidate, storage)``: ``keep(top rows)`` (queries x
     `DEPTH` corpus rows, best first; default: the rows themselves), called as soon as a pass has made them,
     so that only the top lists of one pass are held (the sweep keeps each query's metrics). See the module

@@ -215,6 +215,11 @@ def test_a_damaged_or_old_code_record_is_refused_naming_the_field(tmp_path, fitt
     altered["codec"]["data"] = text[:100] + ("A" if text[100] != "A" else "B") + text[101:]
     with pytest.raises(ModelFileError, match="codec.data does not match its sha256"):
         serving.decode(codes, {"quantization": json.dumps(altered)})
+    for width, said in (("abc", "is 'abc', not a width"), (0, "is 0, not a width"), (K + 1, f"says {K + 1} values")):
+        edited = json.loads(json.dumps(record))
+        edited["codec"]["n_features"] = width  # a damaged record's width: one line naming the field
+        with pytest.raises(ModelFileError, match=f"field quantization.codec.n_features {said}"):
+            serving.codec(edited)
     altered["codec"]["data"] = "not base64!"
     with pytest.raises(ModelFileError, match="codec.data is not base64"):
         serving.codec(altered)

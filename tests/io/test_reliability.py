@@ -245,6 +245,23 @@ def test_lock_and_log_file_errors_name_the_file(tmp_path, rows):
     one_line(result.stderr, "log.txt", "cannot open the log file")
 
 
+def test_a_run_log_file_is_written_for_that_run_only(tmp_path, rows):
+    """``run --log-file`` logs that run to the file and takes its handler away after it: a program (or a test)
+    that calls the CLI again in the same process writes nothing more there."""
+    import logging
+
+    write_h5(tmp_path / "x.h5", rows)
+    job = tmp_path / "job.toml"
+    job.write_text(f'[input]\npaths = ["{tmp_path / "x.h5"}"]\n[model]\npath = "{tmp_path / "m.npz"}"\n')
+    log = tmp_path / "run.log"
+    assert run_command("run", job, "--log-file", log).returncode == 0
+    written = log.read_text()
+    assert "streamwhiten" in written
+    assert not [h for h in logging.getLogger("streamwhiten").handlers if getattr(h, "baseFilename", None)]
+    assert run_command("run", job).returncode == 3  # nothing to do, logged on stderr only
+    assert log.read_text() == written
+
+
 def test_remove_checkpoint_failure_names_it(tmp_path):
     path = tmp_path / "c.ckpt"
     path.mkdir()  # os.remove cannot remove a directory
