@@ -226,7 +226,7 @@ def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
     import h5py
 
     from streamwhiten.evaluation.qrels import Ids, read_exclude, read_qrels
-    from streamwhiten.evaluation.retrieval import SearchSetting, mean_metrics, query_metrics, run_settings
+    from streamwhiten.evaluation.retrieval import SearchSetting, mean_metrics, query_metrics, search_settings
     from streamwhiten.evaluation.search import Exclusions
 
     with h5py.File(data / "corpus.h5", "r") as handle:
@@ -244,7 +244,8 @@ def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
         settings = [SearchSetting.make("float32", variant, raw=k is None)] + [
             SearchSetting.make(f"c={c}", variant, raw=k is None, dtype="int8", int8_clip=c) for c in args.clips
         ]
-        rows = run_settings(queries[query_rows], corpus, settings, exclude=exclude)
+        found = search_settings(queries[query_rows], corpus, settings, exclude=exclude)
+        rows = {name: result.rows for name, result in found.items()}
         base = mean_metrics(query_metrics(rows["float32"], query_rows, qrels))["ndcg@10"]
         unit = settings[0].unit(corpus)
         first = settings[1].quantization

@@ -309,37 +309,6 @@ def _finite(rows: np.ndarray, start: int, label: str) -> np.ndarray:
     return rows
 
 
-def run_settings(
-    queries: np.ndarray,
-    corpus: Any,
-    settings: list[SearchSetting],
-    *,
-    exclude: Exclusions | None = None,
-    depth: int = DEPTH,
-    corpus_label: str = "corpus",
-    options: RetrievalOptions | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> dict[str, np.ndarray]:
-    """Each setting's top ``depth`` corpus rows for every query row of ``queries``, in one pass over
-    ``corpus`` (an array or a Source; plus one more pass over the blocks holding the candidates of the
-    settings that re-rank bits, for all of them), read in ``options.block_rows`` blocks by
-    ``options.threads`` threads (default: ``RetrievalOptions()``'s).
-
-    Returns ``{setting name: rows (queries x depth, int64, -1 past the last candidate)}``.
-    """
-    found = search_settings(
-        queries,
-        corpus,
-        settings,
-        exclude=exclude,
-        depth=depth,
-        corpus_label=corpus_label,
-        options=options,
-        progress=progress,
-    )
-    return {name: result.rows for name, result in found.items()}
-
-
 def search_settings(
     queries: np.ndarray,
     corpus: Any,
@@ -351,8 +320,12 @@ def search_settings(
     options: RetrievalOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, SearchResult]:
-    """`run_settings` with each setting's scores: ``{setting name: SearchResult}`` of its top
-    ``depth`` (``values``: the inner products, or the Hamming distances of a bit search; a re-ranked
+    """Each setting's top ``depth`` corpus rows and their scores for every query row of ``queries``, in one
+    pass over ``corpus`` (an array or a Source; plus one more pass over the blocks holding the candidates of
+    the settings that re-rank bits, for all of them), read in ``options.block_rows`` blocks by
+    ``options.threads`` threads (default: ``RetrievalOptions()``'s): ``{setting name: SearchResult}`` of its top
+    ``depth`` (``rows``: int64, -1 past the last candidate; ``values``: the inner products, or the Hamming
+    distances of a bit search; a re-ranked
     bit search's are its re-ranked inner products, -inf past them)."""
     names = [setting.name for setting in settings]
     if len(set(names)) != len(names):
@@ -986,7 +959,6 @@ __all__ = [
     "query_metrics",
     "bootstrap_record",
     "retrieval_options",
-    "run_settings",
     "search_settings",
     "search_storage",
 ]

@@ -208,7 +208,7 @@ def reference_top(codec, queries, codes, excluded, depth):
 
 @pytest.mark.parametrize("spec", ["eigen:5", "bits-random+f:3", "faiss-pq:6"])
 def test_eval_over_codes_equals_a_numpy_search_of_the_codec(tmp_path, model, task, spec):
-    from streamwhiten.evaluation.retrieval import CodeSearch, SearchSetting, run_settings
+    from streamwhiten.evaluation.retrieval import CodeSearch, SearchSetting, search_settings
     from streamwhiten.evaluation.search import Exclusions
 
     if spec.startswith("faiss"):
@@ -218,10 +218,10 @@ def test_eval_over_codes_equals_a_numpy_search_of_the_codec(tmp_path, model, tas
     setting = SearchSetting.make_code("whitened", coded, codec, CodeSearch(spec.split(":")[0], int(spec.split(":")[1])))
     pairs = np.array(task["excluded"]).reshape(-1, 2)
     exclude = Exclusions.from_pairs(40, pairs[:, 0], pairs[:, 1])
-    top = run_settings(
+    top = search_settings(
         task["queries"], task["corpus"], [setting], exclude=exclude, depth=20, options=RetrievalOptions(block_rows=400)
     )
-    found = top["whitened"]
+    found = top["whitened"].rows
     codes = codec.encode(unit_outputs(model, task["corpus"]))
     expected, scores = reference_top(codec, unit_outputs(model, task["queries"]), codes, task["excluded"], 20)
     got = np.take_along_axis(scores, found, axis=1)  # the reference's estimate of each row found, in its order
@@ -238,12 +238,12 @@ def test_eval_over_codes_equals_a_numpy_search_of_the_codec(tmp_path, model, tas
 
 
 def test_rescore_re_ranks_the_top_n_of_the_codes_by_float32(model, task):
-    from streamwhiten.evaluation.retrieval import CodeSearch, SearchSetting, run_settings
+    from streamwhiten.evaluation.retrieval import CodeSearch, SearchSetting, search_settings
 
     coded = with_codes(model, "eigen:3")
     codec = model_codec(coded)
     setting = SearchSetting.make_code("whitened", coded, codec, CodeSearch("eigen", 3, rescore=30))
-    found = run_settings(task["queries"], task["corpus"], [setting], depth=10)["whitened"]
+    found = search_settings(task["queries"], task["corpus"], [setting], depth=10)["whitened"].rows
     unit_q, unit_c = unit_outputs(model, task["queries"]), unit_outputs(model, task["corpus"])
     codes = codec.encode(unit_c)
     _, scores = reference_top(codec, unit_q, codes, [], 30)
