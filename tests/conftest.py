@@ -80,6 +80,21 @@ def write_h5(path, data, dataset="emb", chunk_rows=None) -> str:
     return f"{path}:/{dataset}"
 
 
+def append_rows(path, data, dataset="emb") -> None:
+    """Append ``data`` to the resizable dataset ``dataset`` of the HDF5 file ``path``, made (with its folder) on
+    first use: a shard that grows night after night."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    width = data.shape[1]
+    with h5py.File(path, "a") as handle:
+        if dataset not in handle:
+            handle.create_dataset(dataset, data=data, chunks=(100, width), maxshape=(None, width))
+            return
+        stored = handle[dataset]
+        old = stored.shape[0]
+        stored.resize((old + len(data), width))
+        stored[old:] = data
+
+
 def write_zarr(path, data, chunk_rows=100, zarr_format=3) -> str:
     array = zarr.create_array(
         store=str(path),

@@ -11,9 +11,9 @@ import json
 import os
 import shutil
 
-import h5py
 import numpy as np
 import pytest
+from conftest import append_rows
 
 from streamwhiten.core.model import load_model
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
@@ -26,19 +26,6 @@ MIXING = np.random.default_rng(0).standard_normal((D, D)) * (1.0 / (1.0 + np.ara
 
 def rows_of(n, seed):
     return (3.0 + np.random.default_rng(seed).standard_normal((n, D)) @ MIXING).astype(np.float32)
-
-
-def append_rows(path, data):
-    """Append ``data`` to the resizable dataset ``emb`` of ``path`` (made on first use)."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with h5py.File(path, "a") as handle:
-        if "emb" not in handle:
-            handle.create_dataset("emb", data=data, chunks=(100, D), maxshape=(None, D))
-            return
-        dataset = handle["emb"]
-        old = dataset.shape[0]
-        dataset.resize((old + len(data), D))
-        dataset[old:] = data
 
 
 def write_job(folder, inputs="shards/day-*.h5", output="out/{stem}.h5", model="n_components = 6", publish=""):

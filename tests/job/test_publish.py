@@ -14,7 +14,7 @@ import shutil
 import h5py
 import numpy as np
 import pytest
-from conftest import run_command
+from conftest import append_rows, run_command
 
 from streamwhiten.core.model import load_model
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputError, ModelFileError, NothingToDoError
@@ -29,18 +29,6 @@ MIXING = np.random.default_rng(0).standard_normal((D, D)) * (1.0 / (1.0 + np.ara
 def rows_of(n, seed, shift=0.0):
     """``n`` rows of one fixed anisotropic distribution (``shift``: its mean moved along every column)."""
     return (3.0 + shift + np.random.default_rng(seed).standard_normal((n, D)) @ MIXING).astype(np.float32)
-
-
-def append_rows(path, data):
-    """Append ``data`` to the resizable dataset ``emb`` of ``path`` (made on first use)."""
-    with h5py.File(path, "a") as handle:
-        if "emb" not in handle:
-            handle.create_dataset("emb", data=data, chunks=(100, D), maxshape=(None, D))
-            return
-        dataset = handle["emb"]
-        old = dataset.shape[0]
-        dataset.resize((old + len(data), D))
-        dataset[old:] = data
 
 
 def write_job(directory, output="out/{stem}.zarr", publish="", model="n_components = 8", apply=""):
