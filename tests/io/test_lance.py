@@ -25,7 +25,7 @@ from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO  # noqa: E402
 from streamwhiten.io import fingerprint, input_kind, open_source  # noqa: E402
 from streamwhiten.job import default_checkpoint  # noqa: E402
 from streamwhiten.synthetic import generate_rows  # noqa: E402
-from tests.engine.test_resume import kill_when, rows_done_of_checkpoint, spawn, statistics  # noqa: E402
+from tests.engine.test_resume import kill_when, rerun_code, rows_done_of_checkpoint, spawn, statistics  # noqa: E402
 from tests.io.test_parquet import rel, two_pass, vectors  # noqa: E402
 
 
@@ -113,11 +113,12 @@ def test_apply_to_lance_output_keeps_ids_and_resumes_after_kill(tmp_path, rows, 
     for target in (2_000, 15_000):
         output = str(tmp_path / f"out-{target}.lance")
         process = spawn("apply", model_path, spec, "-o", output, *args)
-        if kill_when(process, lambda: rows_done_of_partial(output), target):
+        was_killed = kill_when(process, lambda: rows_done_of_partial(output), target)
+        if was_killed:
             killed += 1
             assert not os.path.exists(output)
         resumed = run_command("apply", model_path, spec, "-o", output, *args, "--json")
-        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.returncode == rerun_code(was_killed), resumed.stderr
         again = lance.dataset(output).to_table()
         assert again.equals(table)
     assert killed >= 1
@@ -165,9 +166,9 @@ def test_fit_killed_resumes_bit_identical(tmp_path):
         model = tmp_path / f"m-{target}.npz"
         checkpoint = default_checkpoint(str(model))
         process = spawn("fit", spec, "-o", model, *fit_args)
-        if kill_when(process, lambda: rows_done_of_checkpoint(checkpoint), target):
-            killed += 1
-        assert run_command("fit", spec, "-o", model, *fit_args).returncode == 0
+        was_killed = kill_when(process, lambda: rows_done_of_checkpoint(checkpoint), target)
+        killed += was_killed
+        assert run_command("fit", spec, "-o", model, *fit_args).returncode == rerun_code(was_killed)
         assert statistics(model) == expected
     assert killed >= 2
 

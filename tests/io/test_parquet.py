@@ -22,7 +22,14 @@ from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputErro
 from streamwhiten.io import expand_specs, fingerprint, input_kind, open_source, read_attrs  # noqa: E402
 from streamwhiten.job import default_checkpoint  # noqa: E402
 from streamwhiten.synthetic import generate_rows  # noqa: E402
-from tests.engine.test_resume import kill_when, rows_done_of_checkpoint, rows_done_of_partial, spawn, statistics  # noqa: E402
+from tests.engine.test_resume import (  # noqa: E402
+    kill_when,
+    rerun_code,
+    rows_done_of_checkpoint,
+    rows_done_of_partial,
+    spawn,
+    statistics,
+)
 
 
 def vectors(rows: np.ndarray, kind: str = "fixed"):
@@ -379,10 +386,11 @@ def test_fit_and_apply_killed_resume_bit_identical(tmp_path):
         model = tmp_path / f"m-{target}.npz"
         checkpoint = default_checkpoint(str(model))
         process = spawn("fit", shards, "-o", model, *fit_args)
-        if kill_when(process, lambda: rows_done_of_checkpoint(checkpoint), target):
+        was_killed = kill_when(process, lambda: rows_done_of_checkpoint(checkpoint), target)
+        if was_killed:
             killed += 1
             assert not model.exists() and os.path.exists(checkpoint)
-        assert run_command("fit", shards, "-o", model, *fit_args).returncode == 0
+        assert run_command("fit", shards, "-o", model, *fit_args).returncode == rerun_code(was_killed)
         assert statistics(model) == expected
     assert killed >= 2
 
@@ -399,7 +407,7 @@ def test_fit_and_apply_killed_resume_bit_identical(tmp_path):
             killed += 1
             assert not os.path.exists(output)
         resumed = run_command("apply", reference, source, "-o", output, *apply_args, "--json")
-        assert resumed.returncode == 0, resumed.stderr
+        assert resumed.returncode == rerun_code(was_killed), resumed.stderr
         if was_killed:  # continued from its progress record, not started over
             assert json.loads(resumed.stdout)["resumed_at_row"] >= target
         with open(output, "rb") as a, open(good, "rb") as b:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_IO, EXIT_NOTHING_TO_DO
 from streamwhiten.io import open_source, read_attrs, remote, split_spec
 from streamwhiten.io.output import output_exists
 from streamwhiten.options import ApplyOptions, ReadOptions
+from tests.engine.test_resume import kill_when, rerun_code
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -357,21 +357,8 @@ def _spawn(*args, env=None):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=lambda: os.nice(10),  # below the test, which must see its progress before it finishes
     )
-
-
-def _kill_when(process, reached, timeout=60.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            return False
-        if reached():
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-            return True
-        time.sleep(0.005)
-    process.kill()
-    raise AssertionError("no progress")
 
 
 @pytest.mark.slow
@@ -393,7 +380,7 @@ def test_kill_9_of_a_remote_fit_and_a_remote_apply_resume_bit_identically(tmp_pa
             return -1
 
     process = _spawn("fit", url, "-o", model, *opts, "--checkpoint-every", "1")
-    killed = _kill_when(process, lambda: rows_done() >= 2000)
+    killed = kill_when(process, rows_done, 2000)
     assert killed and not model.exists() and 0 < rows_done() < 6000
     code, out, err = run_cli("fit", url, "-o", model, *opts)
     assert code == 0 and "(resumed)" in out, err
@@ -413,7 +400,7 @@ def test_kill_9_of_a_remote_fit_and_a_remote_apply_resume_bit_identically(tmp_pa
             return -1
 
     process = _spawn("apply", tmp_path / "whole.npz", url, "-o", out, *apply_opts)
-    assert _kill_when(process, lambda: applied() >= 2000)
+    assert kill_when(process, applied, 2000)
     assert fs.exists(f"{s3_bucket[5:]}/out/w.zarr/zarr.json")  # written in place: but not complete
     assert not output_exists(out)
     code, _, err = run_cli("fit", out, "-o", tmp_path / "never.npz", "-q")
@@ -445,7 +432,7 @@ def test_a_killed_remote_parquet_output_is_never_visible_and_resumes(tmp_path, s
             return -1
 
     process = _spawn("apply", tmp_path / "m.npz", url, "-o", out, *opts)
-    assert _kill_when(process, lambda: applied() >= 3000)
+    assert kill_when(process, applied, 3000)
     assert not fs.exists(out[5:]) and not output_exists(out)
     code, text, err = run_cli("apply", tmp_path / "m.npz", url, "-o", out, *opts, "--json")
     assert code == 0 and json.loads(text)["resumed_at_row"] > 0, err
@@ -703,11 +690,11 @@ def test_credentials_never_reach_a_model_checkpoint_output_or_message(tmp_path, 
         env={"AWS_SECRET_ACCESS_KEY": "wrong-secret", "AWS_ACCESS_KEY_ID": "wrong"},
     )
     checkpoint = tmp_path / ".m.npz.checkpoint"
-    _kill_when(process, checkpoint.exists)
+    killed = kill_when(process, checkpoint.exists, True)
     files = {checkpoint: checkpoint.read_bytes()} if checkpoint.exists() else {}
     texts = [process.stderr.read()]
     result = _run("fit", url, "-o", model, "--chunk-rows", "250", *creds, env=env)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == rerun_code(killed), result.stderr
     result2 = _run("apply", model, url, "-o", f"{s3_bucket}/w.zarr", "-k", "4", *creds, env=env)
     result3 = _run("apply", model, url, "-o", f"{s3_bucket}/w.parquet", "-k", "4", *creds, env=env)
     bad = _run("fit", f"{s3_bucket}/missing.zarr", "-o", tmp_path / "x.npz", *creds, env=env)
