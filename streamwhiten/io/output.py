@@ -193,34 +193,34 @@ class Output:
         return self.backend.sink_class(url=False)
 
     @property
+    def _capabilities(self) -> type[Sink]:
+        """The local sink class, or the abstract `Sink` (every capability off) for a kind never written."""
+        return self._local_class or Sink
+
+    @property
     def tabular(self) -> bool:
         """Whether it carries other columns beside the vectors (``--keep-columns``); its row groups are blocks."""
-        local = self._local_class
-        return local is not None and local.tabular
+        return self._capabilities.tabular
 
     @property
     def compressible(self) -> bool:
         """Whether its chunks can be compressed (``--compressor``), written locally."""
-        local = self._local_class
-        return local is not None and local.compressible
+        return self._capabilities.compressible
 
     @property
     def parallel_writes(self) -> bool:
         """Whether several processes may write its whole-chunk row ranges at once (the Dask engine)."""
-        local = self._local_class
-        return local is not None and local.parallel_writes
+        return self._capabilities.parallel_writes
 
     @property
     def format_versions(self) -> tuple[int, ...]:
         """The format versions it may be written in (``zarr_format``); none where there is no choice."""
-        local = self._local_class
-        return local.format_versions if local is not None else ()
+        return self._capabilities.format_versions
 
     @property
     def named(self) -> bool:
         """Whether its array always lives under a name inside the store (an HDF5 dataset)."""
-        local = self._local_class
-        return local is not None and local.named
+        return self._capabilities.named
 
     @property
     def partial(self) -> str:
