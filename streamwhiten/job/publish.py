@@ -1,7 +1,7 @@
 """``run`` of a job with a ``[publish]`` table: versioned outputs that cost what the night added.
 
 The statistics (``M.npz``) grow every night, as in every job. The outputs are *published* in versions
-(``job.publication``): version N was written with the map of ``M.vN.npz`` and stays fixed while it is
+(``job.manifest``): version N was written with the map of ``M.vN.npz`` and stays fixed while it is
 republished. Each run:
 
 1. takes the job's lock, checks the manifest (a damaged one, a missing model file or an output part
@@ -24,7 +24,7 @@ resumable), so a run killed at any point and run again ends with byte-identical 
 already complete is skipped, the next version number is the manifest's + 1, and a part or model file left
 by a run that was cut short is resumed or replaced.
 
-A run deletes or replaces only files that prove this job wrote them (``job.publication``: each part
+A run deletes or replaces only files that prove this job wrote them (``job.ownership``: each part
 records the job, its version and its input; each published model file its job and version): never
 because a manifest names a path.
 """
@@ -44,20 +44,16 @@ from ..options import ReadOptions
 from ..pipeline import Watch
 from ..records import Manifest, Part, PublishedInput, Version
 from .file import JobFile, Writing
-from .publication import (
+from .manifest import manifest_path, read_manifest, version_model_path, versioned_output, write_manifest
+from .ownership import (
     PUBLICATION_INFO,
     check_model_file,
     check_outputs,
     first_job_id,
     job_id_problem,
-    manifest_path,
     model_owner_problem,
     output_owner_problem,
     part_attrs,
-    read_manifest,
-    version_model_path,
-    versioned_output,
-    write_manifest,
 )
 from .report import JobUpToDateError, PublishReport
 from .steps import (

@@ -6,15 +6,7 @@ import numpy.typing as npt
 
 
 @numba.njit(nogil=True, cache=True)
-def _layout(
-    step: npt.NDArray[np.float64], bits: npt.NDArray[np.int64]
-) -> tuple[
-    npt.NDArray[np.float64],
-    npt.NDArray[np.float64],
-    npt.NDArray[np.float64],
-    npt.NDArray[np.int64],
-    npt.NDArray[np.uint64],
-]:
+def _layout(step: npt.NDArray[np.float64], bits: npt.NDArray[np.int64]) -> tuple[np.ndarray, ...]:
     """`encode_levels`' tables per component: ``2^(b-1)``, the top level ``2^b - 1``, ``1 / step``, its
     first stream bit (and the total after the last), its bit offset inside its group of 8."""
     n_components = bits.shape[0]
