@@ -155,13 +155,3 @@ def _paths(manifest: Manifest, base: str, absolute: bool) -> Manifest:
         kept=tuple(version(item) for item in manifest.kept),
         retired=tuple(version(item) for item in manifest.retired),
     )
-
-
-__all__ = [
-    "MANIFEST_SUFFIX",
-    "manifest_path",
-    "read_manifest",
-    "version_model_path",
-    "versioned_output",
-    "write_manifest",
-]

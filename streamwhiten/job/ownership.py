@@ -320,21 +320,3 @@ def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None 
     if all(new is old for new, old in zip(inputs, manifest.inputs, strict=True)):
         return manifest
     return replace(manifest, inputs=tuple(inputs))
-
-
-__all__ = [
-    "PUBLICATION_ATTR",
-    "PUBLICATION_INFO",
-    "attrs_problem",
-    "check_model_file",
-    "check_outputs",
-    "first_job_id",
-    "input_identity",
-    "job_id_problem",
-    "model_owner_problem",
-    "output_owner_problem",
-    "ownership_problem",
-    "part_attrs",
-    "part_problem",
-    "unreadable",
-]

@@ -137,16 +137,7 @@ def run_published(
         # the fit step checked that each input still starts with the rows these records describe (an
         # update checks the model it starts from: this one, unless a killed run's checkpoint was finished)
         checked = previous.sources if previous is not None and "resume" not in night.steps else ()
-        staleness, reason = None, None
-        if manifest is None:
-            action, reason = "fit", "first publication"
-        elif inherited:
-            action, reason = "republish", "a new job: published under this folder's own identity"
-        else:
-            staleness = _staleness(published, model)
-            wanted = setting_of(model, job.writing, job.output)
-            reason = _why_republish(manifest, wanted, staleness, job.publish.max_staleness, republish)
-            action = "republish" if reason else "append"
+        action, reason, staleness = _decide(job, manifest, published, model, inherited, republish)
         if action in ("fit", "republish"):
             manifest = _publish(publisher, model, inputs, outputs, manifest, night)
             log.info("job %s: published version %s (%s)", job.name, manifest.version, reason)
@@ -156,7 +147,21 @@ def run_published(
             _abandon(publisher, manifest.version + 1, outputs)
             if not night.parts and not night.steps:
                 action = "nothing"
-    report = PublishReport(
+    report = _report(job, night, manifest, rows_added, began, (action, reason, staleness))
+    if action == "nothing":
+        raise JobUpToDateError(
+            f"nothing to do: job {job.name} is up to date (published version {manifest.version})", report
+        )
+    return report
+
+
+def _report(
+    job: JobFile, night: _Night, manifest: Manifest, rows_added: int, began: float, decision: tuple
+) -> PublishReport:
+    """What the run did: ``decision`` is `_decide`'s ``(action, reason, staleness)``, the action as done."""
+    assert job.publish is not None
+    action, reason, staleness = decision
+    return PublishReport(
         job=job.name,
         model=job.model_path,
         steps=tuple(night.steps),
@@ -172,11 +177,22 @@ def run_published(
         manifest=manifest_path(job.model_path),
         rows_published=sum(item.stop for item in manifest.inputs),
     )
-    if action == "nothing":
-        raise JobUpToDateError(
-            f"nothing to do: job {job.name} is up to date (published version {manifest.version})", report
-        )
-    return report
+
+
+def _decide(
+    job: JobFile, manifest: Manifest | None, published: Any, model: Any, inherited: bool, republish: bool
+) -> tuple[str, str | None, Any]:
+    """``(action, reason, staleness)``: publish version 1 (``fit``), publish a new version (``republish``:
+    a new job, or `_why_republish` says why), or ``append`` (staleness: None unless it was measured)."""
+    if manifest is None:
+        return "fit", "first publication", None
+    if inherited:
+        return "republish", "a new job: published under this folder's own identity", None
+    assert job.publish is not None and job.output is not None
+    staleness = _staleness(published, model)
+    wanted = setting_of(model, job.writing, job.output)
+    reason = _why_republish(manifest, wanted, staleness, job.publish.max_staleness, republish)
+    return ("republish" if reason else "append"), reason, staleness
 
 
 # ------------------------------------------------------------------------------------------ identity

@@ -7,3 +7,16 @@ its own block (see ``engine._threads``), not from threads inside a kernel, which
 the cores. ``cache=True`` so the compile cost (a few seconds) is paid once per machine, not per run; numba
 checks only a kernel's own file for changes, so kernels that call each other share a module.
 """
+
+from typing import TypeAlias
+
+import numpy as np
+import numpy.typing as npt
+
+#: The array types of the kernels' signatures.
+F32: TypeAlias = npt.NDArray[np.float32]
+F64: TypeAlias = npt.NDArray[np.float64]
+I64: TypeAlias = npt.NDArray[np.int64]
+U8: TypeAlias = npt.NDArray[np.uint8]
+U64: TypeAlias = npt.NDArray[np.uint64]
+Bool: TypeAlias = npt.NDArray[np.bool_]

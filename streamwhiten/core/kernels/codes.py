@@ -2,11 +2,12 @@
 
 import numba
 import numpy as np
-import numpy.typing as npt
+
+from . import F32, F64, I64, U8
 
 
 @numba.njit(nogil=True, cache=True)
-def _layout(step: npt.NDArray[np.float64], bits: npt.NDArray[np.int64]) -> tuple[np.ndarray, ...]:
+def _layout(step: F64, bits: I64) -> tuple[np.ndarray, ...]:
     """`encode_levels`' tables per component: ``2^(b-1)``, the top level ``2^b - 1``, ``1 / step``, its
     first stream bit (and the total after the last), its bit offset inside its group of 8."""
     n_components = bits.shape[0]
@@ -26,13 +27,7 @@ def _layout(step: npt.NDArray[np.float64], bits: npt.NDArray[np.int64]) -> tuple
 
 
 @numba.njit(nogil=True, cache=True)
-def encode_levels(
-    z: npt.NDArray[np.float32],
-    shift: npt.NDArray[np.float32],
-    step: npt.NDArray[np.float64],
-    bits: npt.NDArray[np.int64],
-    out: npt.NDArray[np.uint8],
-) -> int:
+def encode_levels(z: F32, shift: F32, step: F64, bits: I64, out: U8) -> int:
     """Centre the components ``z`` in place (``z -= shift``, float32) and write into the first
     ``ceil(sum(bits) / 8)`` bytes of each row of ``out`` the level index ``clip(floor(z / step +
     2^(b-1)), 0, 2^b - 1)`` of each component ``j`` (``b = bits[j]``, 1 to 8), least significant bit
@@ -92,15 +87,7 @@ _LOOKUP_BYTES = 16
 
 
 @numba.njit(nogil=True, cache=True)
-def lookup_scores(
-    tables: npt.NDArray[np.float32],
-    codes: npt.NDArray[np.uint8],
-    scales: npt.NDArray[np.float32],
-    row_scales: npt.NDArray[np.float32],
-    bases: npt.NDArray[np.float32],
-    offsets: npt.NDArray[np.float32],
-    out: npt.NDArray[np.float32],
-) -> None:
+def lookup_scores(tables: F32, codes: U8, scales: F32, row_scales: F32, bases: F32, offsets: F32, out: F32) -> None:
     """``out[i, r] = (bases[i] + scales[r] * (offsets[i] + sum_p tables[i, p, codes[r, p]])) *
     row_scales[r]`` for the queries ``i`` of ``tables`` (queries x code bytes x 256) and the code rows
     ``r`` (only their first ``tables.shape[1]`` bytes are read): the asymmetric estimate of a code whose
@@ -153,15 +140,7 @@ def lookup_scores(
 
 
 @numba.njit(nogil=True, cache=True)
-def decoded_norms(
-    codes: npt.NDArray[np.uint8],
-    bits: npt.NDArray[np.int64],
-    step: npt.NDArray[np.float64],
-    mean_along: npt.NDArray[np.float64],
-    mean_norm2: float,
-    scales: npt.NDArray[np.float32],
-    out: npt.NDArray[np.float64],
-) -> None:
+def decoded_norms(codes: U8, bits: I64, step: F64, mean_along: F64, mean_norm2: float, scales: F32, out: F64) -> None:
     """``out[r]``: the length of the vector code row ``r`` stands for, ``||mean + f B l||`` with ``l`` its
     levels (component ``j``: ``(c + 1/2 - 2^(b-1)) * step[j]``, ``c`` its ``bits[j]`` bits, least
     significant first, components one after another), ``f = scales[r]``, ``mean_along = mean @ B`` and

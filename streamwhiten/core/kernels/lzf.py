@@ -2,11 +2,12 @@
 
 import numba
 import numpy as np
-import numpy.typing as npt
+
+from . import U8
 
 
 @numba.njit(nogil=True, cache=True)
-def lzf_decompress(data: npt.NDArray[np.uint8], out: npt.NDArray[np.uint8]) -> int:
+def lzf_decompress(data: U8, out: U8) -> int:
     """Inflate the raw LZF stream ``data`` (uint8, as h5py's LZF filter stores a chunk) into ``out``
     (uint8); returns the bytes written, or -1 where the stream is damaged: a literal run or back
     reference past the end of either buffer, or a reference before the start of the output.

@@ -4,17 +4,12 @@ import math
 
 import numba
 import numpy as np
-import numpy.typing as npt
+
+from . import F32, F64, Bool
 
 
 @numba.njit(nogil=True, cache=True)
-def round_and_screen(
-    near: npt.NDArray[np.float64],
-    row_norms: npt.NDArray[np.float64],
-    bound: npt.NDArray[np.float64],
-    out: npt.NDArray[np.float32],
-    undecided: npt.NDArray[np.bool_],
-) -> int:
+def round_and_screen(near: F64, row_norms: F64, bound: F64, out: F32, undecided: Bool) -> int:
     """``core.product``'s screen in one pass: ``out = near`` rounded to float32, and ``undecided`` set
     (the count returned) where ``|near - out| + row_norms[i] bound[j]`` reaches half the gap to the nearer
     float32 neighbour (``product.half_spacing``'s formula), so that the exact sum could round otherwise."""

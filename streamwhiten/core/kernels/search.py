@@ -12,12 +12,13 @@ from typing import Any
 
 import numba
 import numpy as np
-import numpy.typing as npt
 from numba import extending, types
+
+from . import I64, U64
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _place(values: np.ndarray, rows: npt.NDArray[np.int64], value: Any, row: int, smallest_first: bool) -> None:
+def _place(values: np.ndarray, rows: I64, value: Any, row: int, smallest_first: bool) -> None:
     """Insert ``(value, row)`` into the full top list ``values``/``rows`` (best first: the largest, or the
     smallest with ``smallest_first``), dropping the last."""
     j = values.shape[0] - 1
@@ -39,13 +40,7 @@ _SCAN = 16
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _merge_line(
-    line: np.ndarray,
-    first_row: int,
-    best: np.ndarray,
-    rows: npt.NDArray[np.int64],
-    excluded: npt.NDArray[np.int64],
-    empty: Any,
-    smallest_first: bool,
+    line: np.ndarray, first_row: int, best: np.ndarray, rows: I64, excluded: I64, empty: Any, smallest_first: bool
 ) -> None:
     """Merge the values ``line`` of corpus rows ``first_row, ...`` into one query's top list ``best``/``rows``
     (see `_place`), its ``excluded`` corpus rows first set to the worst value ``empty``, which never enters."""
@@ -77,9 +72,9 @@ def merge_top_scores(
     first_row: int,
     first_query: int,
     top_scores: np.ndarray,
-    top_rows: npt.NDArray[np.int64],
-    exclude_start: npt.NDArray[np.int64],
-    exclude_rows: npt.NDArray[np.int64],
+    top_rows: I64,
+    exclude_start: I64,
+    exclude_rows: I64,
 ) -> None:
     """Merge a tile of inner products into running top lists (larger is better).
 
@@ -113,15 +108,15 @@ _HAMMING_TILE_BYTES = 32768
 
 @numba.njit(nogil=True, cache=True)
 def merge_top_hamming(
-    query_words: npt.NDArray[np.uint64],
-    corpus_words: npt.NDArray[np.uint64],
+    query_words: U64,
+    corpus_words: U64,
     first_row: int,
     first_query: int,
     stop_query: int,
-    top_distances: npt.NDArray[np.int64],
-    top_rows: npt.NDArray[np.int64],
-    exclude_start: npt.NDArray[np.int64],
-    exclude_rows: npt.NDArray[np.int64],
+    top_distances: I64,
+    top_rows: I64,
+    exclude_start: I64,
+    exclude_rows: I64,
 ) -> None:
     """Hamming distances of queries ``first_query..stop_query - 1`` to a block of corpus rows, merged
     into their running top lists (smaller is better, ties to the lower row).

@@ -3,7 +3,8 @@ mask, and the fused Chan et al. merge of two scatters."""
 
 import numba
 import numpy as np
-import numpy.typing as npt
+
+from . import F64, Bool
 
 #: Row groups of the centring pass, each summed on its own before the groups are added in order: a
 #: fixed partition, so the float64 sums (and every result) never depend on how the work is scheduled.
@@ -11,7 +12,7 @@ ROW_GROUPS = 16
 
 
 @numba.njit(nogil=True, cache=True)
-def center_and_sum(block: np.ndarray, shift: npt.NDArray[np.float64], out: np.ndarray) -> npt.NDArray[np.float64]:
+def center_and_sum(block: np.ndarray, shift: F64, out: np.ndarray) -> F64:
     """``out[:n] = block - shift`` (cast to ``out``'s dtype) in one pass, and the float64 column sums
     of the values written.
 
@@ -47,7 +48,7 @@ def center_and_sum(block: np.ndarray, shift: npt.NDArray[np.float64], out: np.nd
 
 
 @numba.njit(nogil=True, cache=True)
-def finite_row_mask(block: np.ndarray) -> npt.NDArray[np.bool_]:
+def finite_row_mask(block: np.ndarray) -> Bool:
     """True for each row whose every value is finite."""
     n_rows, n_cols = block.shape
     mask = np.ones(n_rows, dtype=np.bool_)
@@ -60,12 +61,7 @@ def finite_row_mask(block: np.ndarray) -> npt.NDArray[np.bool_]:
 
 
 @numba.njit(nogil=True, cache=True)
-def merged_scatter(
-    scatter_a: npt.NDArray[np.float64],
-    scatter_b: npt.NDArray[np.float64],
-    delta: npt.NDArray[np.float64],
-    weight: float,
-) -> npt.NDArray[np.float64]:
+def merged_scatter(scatter_a: F64, scatter_b: F64, delta: F64, weight: float) -> F64:
     """``scatter_a + scatter_b + weight * outer(delta, delta)`` in one pass (Chan et al. merge)."""
     n_cols = delta.shape[0]
     out = np.empty((n_cols, n_cols), dtype=np.float64)
