@@ -19,7 +19,7 @@ import os
 from dataclasses import replace
 
 from .. import _durable as durable
-from ..errors import ModelFileError, StoreIOError
+from ..errors import ModelFileError
 from ..records import Manifest, Version
 
 #: The name of a job's manifest, beside its model file: ``M.manifest.json`` for ``M.npz``.
@@ -63,17 +63,12 @@ def read_manifest(model_path: str) -> Manifest | None:
     """The manifest beside ``model_path``, checked whole (format, its own checksum, every field), or None
     when there is none. A damaged, truncated or hand-edited one is a `ModelFileError` (exit 2)
     naming it: it is never taken for another version."""
-    from .._paths import check_readable
+    from .._paths import read_file
 
     path = manifest_path(model_path)
     if not os.path.lexists(path):
         return None
-    check_readable(path, "manifest", directory=False)
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except OSError as exc:
-        raise StoreIOError(f"{path}: cannot read the manifest: {exc.strerror or exc}") from None
+    raw = read_file(path, "manifest")
     try:
         manifest = Manifest.from_dict(json.loads(raw.decode("utf-8")))
         expected = os.path.basename(version_model_path(model_path, manifest.version))
