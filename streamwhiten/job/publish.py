@@ -509,13 +509,7 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copie
 
 
 def _write_part(
-    publisher: _Publisher,
-    model: Any,
-    spec: str,
-    part: str,
-    rows: tuple,
-    night: _Night,
-    version: int,
+    publisher: _Publisher, model: Any, spec: str, part: str, rows: tuple, night: _Night, version: int
 ) -> Part:
     """Write the transform of input rows ``rows`` of ``spec`` to the output part ``part`` of version
     ``version``, recording the job, the version and the input in its attributes, unless it is already
@@ -636,15 +630,7 @@ def _append(
             continue
         index = len(entry.parts) if entry is not None else 0
         part = versioned_output(item.output, manifest.version, index)
-        written = _write_part(
-            publisher,
-            published_model,
-            item.spec,
-            part,
-            (start, item.stop),
-            night,
-            manifest.version,
-        )
+        written = _write_part(publisher, published_model, item.spec, part, (start, item.stop), night, manifest.version)
         parts = (*(entry.parts if entry is not None else ()), written)
         updated[item.spec] = PublishedInput(item.spec, item.output, item.source, parts)
         if entry is None:
