@@ -83,6 +83,17 @@ def check_readable(path: str | os.PathLike[str], what: str = "", directory: bool
     return status
 
 
+def read_file(path: str, what: str) -> bytes:
+    """The bytes of the small local file ``path`` (a job file, a manifest), checked by `check_readable` first;
+    a failed read is a `StoreIOError` naming ``what``."""
+    check_readable(path, what, directory=False)
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as exc:
+        raise StoreIOError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+
+
 def file_identity(path: str | os.PathLike[str]) -> tuple[int, int] | None:
     """``(device, inode)`` of the file or directory at ``path`` (symlinks followed), or None if it has none."""
     try:

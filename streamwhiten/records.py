@@ -506,7 +506,7 @@ class Manifest:
         do. None in a manifest of format 1 (an earlier release), whose files record no job.
 
     Local paths are relative to the manifest's folder in the file (so a job's folder can be moved,
-    copied or mounted elsewhere) and absolute in the record (``streamwhiten.job.publication`` converts
+    copied or mounted elsewhere) and absolute in the record (``streamwhiten.job.manifest`` converts
     them); a manifest of format 1 holds absolute paths.
     """
 
@@ -525,7 +525,7 @@ class Manifest:
 
     FORMAT: ClassVar[str] = "streamwhiten-manifest"
     FORMAT_VERSION: ClassVar[int] = 2
-    #: The format versions read (1: absolute paths, no job identity: see ``job.publication``).
+    #: The format versions read (1: absolute paths, no job identity: see ``job.manifest``).
     FORMAT_VERSIONS: ClassVar[tuple[int, ...]] = (1, 2)
     _KEYS: ClassVar[tuple[str, ...]] = (
         "format",

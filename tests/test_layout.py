@@ -6,8 +6,8 @@ resolved to absolute names, those inside functions included, and checked against
     foundation (errors, params, options, records, progress, output_plan, _buffers, _durable, _npz, _paths)  <  core  <  codes, io
     <  engine  <  evaluation, pipeline  <  job  <  serving, export, synthetic, whitener  <  cli
 
-(``io`` takes only the Numba kernels from ``core``: its LZF decoder is one of them, and numba stays in
-one module.)
+(``io`` takes only the LZF decoder from ``core``: it is a Numba kernel, and numba stays in one package,
+``core.kernels``.)
 
 A module may import its own layer and the ones listed for it in ``MAY_IMPORT``; nothing imports
 ``cli`` (but the ``__main__`` entry point); numba, the storage libraries and the optional extras each
@@ -41,14 +41,14 @@ FOUNDATION = {
 }
 
 #: The layers (packages, or single top-level modules) each layer may import besides itself, or single
-#: modules of a layer (``core._kernels``). The root package (``streamwhiten``, for ``__version__``) is
+#: modules or packages of a layer (``core.kernels.lzf``). The root package (``streamwhiten``, for ``__version__``) is
 #: importable from everywhere: it imports nothing at load.
 MAY_IMPORT = {
     "foundation": set(),
     "core": {"foundation"},
     # vector codes: trained from the statistics, searched by core's Numba kernels (codes.fast only)
     "codes": {"foundation", "core"},
-    "io": {"foundation", "core._kernels"},  # the LZF decoder is a Numba kernel
+    "io": {"foundation", "core.kernels.lzf"},  # the LZF decoder is a Numba kernel
     "engine": {"foundation", "core", "io", "codes"},
     "evaluation": {"foundation", "core", "io", "engine", "codes"},
     "serving": {"foundation", "core", "codes"},
@@ -81,7 +81,7 @@ BACKENDS = {"hdf5", "zarr", "npy", "parquet", "lance"}
 STORAGE = {"h5py", "zarr", "numcodecs", "google_crc32c", "hdf5plugin", "pyarrow", "lance", "fsspec", "s3fs"}
 #: Third-party modules and the only layers (or modules) that may import them.
 ONLY_IN = {
-    "numba": {"core._kernels"},
+    "numba": {"core.kernels"},
     **{name: {"io"} for name in STORAGE},
     "click": {"cli"},
     "tqdm": {"cli"},
@@ -121,9 +121,10 @@ def layer(module: str) -> str:
 
 
 def in_place(module: str, places: set) -> bool:
-    """Whether ``module`` is one of ``places``: layers (``io``), modules (``engine.distributed``) or full names."""
+    """Whether ``module`` is one of ``places``: layers (``io``), modules (``engine.distributed``), packages
+    (``core.kernels``, with the modules under it) or full names."""
     short = module.removeprefix("streamwhiten.")
-    return layer(module) in places or short in places or module in places
+    return layer(module) in places or any(name in places for name in (short, module, short.rpartition(".")[0]))
 
 
 def imports(module: str, source: str | None = None) -> list[tuple[str, int, bool]]:
@@ -220,7 +221,7 @@ def test_nothing_imports_the_cli():
 
 
 def test_core_is_numpy_and_numba_only():
-    """core: numpy, numba (``_kernels`` only), the standard library but threads and processes (those are
+    """core: numpy, numba (``kernels`` only), the standard library but threads and processes (those are
     the engine's), and the foundation below it (checked by the arrows). torch only as ONLY_IN allows."""
     allowed = {"__future__", "numpy", "numba", "torch"}
     engine_only = {"threading", "concurrent", "multiprocessing", "subprocess"}
@@ -546,6 +547,7 @@ def test_the_test_placement_rule_catches_a_stale_folder_and_a_stray_file(tmp_pat
         ("streamwhiten.io.parquet", "from .lance import LanceSource", "test_io_backends_never_import_each_other"),
         ("streamwhiten.engine.apply", "import h5py", "test_third_party_libraries_have_one_place"),
         ("streamwhiten.core.model", "import numba", "test_third_party_libraries_have_one_place"),
+        ("streamwhiten.io.codecs", "from ..core.kernels import codes", "test_arrows_point_down"),
         ("streamwhiten.whitener", "import dask", "test_optional_extras_are_imported_where_they_are_used"),
         ("streamwhiten.core.affine", "import threading", "test_core_is_numpy_and_numba_only"),
         ("streamwhiten.core.stats", "import scipy", "test_core_is_numpy_and_numba_only"),
@@ -813,7 +815,7 @@ WIDE = {
     "synthetic:write_store": "a public call's keyword arguments (the example data set)",
     "core.affine:AffineMap.from_eigh": "a public constructor from the parts of an eigendecomposition",
     "core.model:finalize": "a public call: the statistics and every parameter of a setting",
-    "core._kernels:merge_top_hamming": "a Numba kernel: arrays and scalars only, no records",
+    "core.kernels.search:merge_top_hamming": "a Numba kernel: arrays and scalars only, no records",
     "evaluation.retrieval:evaluate_retrieval": "a public call's keyword arguments (typed results: the next step)",
     "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
     "evaluation.search:exact_search": "a public call's keyword arguments (exact search over a store)",

@@ -42,7 +42,7 @@ def test_import_pulls_in_neither_numba_nor_storage_libraries(model_file):
         "m.transform(np.ones(12, dtype=np.float32))\n"
         "print(json.dumps(sorted(name for name in sys.modules if name.split('.')[0] in "
         "('numba', 'h5py', 'zarr', 'torch', 'scipy') or name in ('streamwhiten.core.model', 'streamwhiten.core.stats', "
-        "'streamwhiten.core._kernels', 'streamwhiten.io.hdf5', 'streamwhiten.io.zarr'))))\n"
+        "'streamwhiten.core.kernels', 'streamwhiten.io.hdf5', 'streamwhiten.io.zarr'))))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],

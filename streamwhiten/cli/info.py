@@ -26,7 +26,8 @@ def info(model_path: str, as_json: bool):
       streamwhiten info model.npz --json
     """
     from ..core.model import file_checksum, load_model
-    from ..job.publication import Publication, read_manifest
+    from ..job.manifest import read_manifest
+    from ..job.publication import Publication
 
     model = load_model(model_path)
     if model.storage is not None and model.storage.codec is not None:

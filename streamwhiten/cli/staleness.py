@@ -40,7 +40,8 @@ def staleness(model_path: str, published_path: str, max_staleness: float, as_jso
     from ..core.model import load_model
     from ..core.staleness import staleness as measure
     from ..errors import BadInputError
-    from ..job.publication import check_model_file, manifest_path, read_manifest
+    from ..job.manifest import manifest_path, read_manifest
+    from ..job.ownership import check_model_file
 
     version = None
     if published_path is None:

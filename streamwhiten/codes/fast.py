@@ -13,9 +13,10 @@ import sys
 import numpy as np
 import numpy.typing as npt
 
-from ..core._kernels import decoded_norms, encode_levels, lookup_scores, merge_top_scores
 from ..core.exclusions import Exclusions
 from ..core.finite import raise_if_nonfinite
+from ..core.kernels.codes import decoded_norms, encode_levels, lookup_scores
+from ..core.kernels.search import merge_top_scores
 from ..errors import BadInputError
 from .base import NOT_CODABLE, Codec
 from .faiss_codes import FaissCode

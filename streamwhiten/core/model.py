@@ -452,7 +452,8 @@ def project_checked(
     dtype, receives the product instead of a new array (the result is then a view of it, unless
     ``dtype`` converts it).
     """
-    from . import _kernels
+    from .kernels import statistics as kernels
+    from .kernels.product import round_and_screen
 
     work = weights.dtype
     rows = np.ascontiguousarray(rows)
@@ -460,19 +461,19 @@ def project_checked(
         rows, overwrite_input = rows.astype(work), True
     inplace = overwrite_input and rows.dtype == work and rows.flags.writeable
     centred = rows if inplace else np.empty(rows.shape, dtype=work)
-    sums = _kernels.center_and_sum(rows, np.asarray(shift, dtype=np.float64), centred)
+    sums = kernels.center_and_sum(rows, np.asarray(shift, dtype=np.float64), centred)
     finite = None
     if not np.all(np.isfinite(sums)):
-        finite = _kernels.finite_row_mask(centred)
+        finite = kernels.finite_row_mask(centred)
         if not inplace:
-            raise_if_overflowed(~finite & _kernels.finite_row_mask(rows), work, "centred")
+            raise_if_overflowed(~finite & kernels.finite_row_mask(rows), work, "centred")
         if finite.all():  # float64 input whose column sums overflowed
             raise ValuesTooLargeError(f"values too large for {np.dtype(work).name} arithmetic (their sums overflow)")
         centred[~finite] = 0  # keeps NaN out of the product; those output rows are set to NaN below
     with np.errstate(over="ignore", invalid="ignore"):  # overflow is checked just below
         if work == np.float32:  # each value the float32 nearest its exact dot product: any batch, same bits
             into = None if out is None else out[: centred.shape[0]]
-            out = rounded_product(centred, weights, into, screen=_kernels.round_and_screen)
+            out = rounded_product(centred, weights, into, screen=round_and_screen)
         elif out is None:
             out = centred @ weights
         else:

@@ -61,7 +61,7 @@ class ProductWeights:
 
 #: How `rounded_product` screens a block: ``screen(near, row_norms, bound, out, undecided) -> count``
 #: rounds ``near`` into ``out`` and marks the values it cannot decide (`numpy_screen`; the engine passes
-#: its Numba twin, ``core._kernels.round_and_screen``, which applies the same formula in one pass).
+#: its Numba twin, ``core.kernels.product.round_and_screen``, which applies the same formula in one pass).
 Screen = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray], int]
 
 

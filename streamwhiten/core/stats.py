@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from ..errors import BadInputError, NonFiniteError
 from ..params import PARAMS, check
-from . import _kernels
+from .kernels import statistics as kernels
 
 #: Rows per BLAS call when the scatter is accumulated in float32. Each sub-block's float32 product is
 #: added into a float64 total, which bounds the float32 rounding error (about 2e-7 relative at this
@@ -98,7 +98,7 @@ def _as_kernel_input(chunk: npt.ArrayLike) -> np.ndarray:
 def drop_nonfinite(chunk: npt.ArrayLike) -> tuple[np.ndarray, int]:
     """``chunk`` without its rows holding NaN or Inf, and how many were dropped."""
     chunk = _as_kernel_input(chunk)
-    mask = _kernels.finite_row_mask(chunk)
+    mask = kernels.finite_row_mask(chunk)
     n_dropped = int(mask.size - np.count_nonzero(mask))
     return (chunk if n_dropped == 0 else chunk[mask]), n_dropped
 
@@ -137,9 +137,9 @@ def block_moments(
         workspace is None or workspace.dtype != dtype or workspace.shape[0] < n_rows or workspace.shape[1] != n_features
     ):
         workspace = np.empty((n_rows, n_features), dtype=dtype)
-    sums = _kernels.center_and_sum(chunk, shift, workspace)
+    sums = kernels.center_and_sum(chunk, shift, workspace)
     if not np.all(np.isfinite(sums)):  # rare: a NaN/Inf row (they survive the centring), or overflow
-        finite = _kernels.finite_row_mask(chunk)  # centred in place or not, NaN/Inf rows stay non-finite
+        finite = kernels.finite_row_mask(chunk)  # centred in place or not, NaN/Inf rows stay non-finite
         if finite.all():
             raise _overflow(dtype, "their sums or centred values")
         bad_row = int(np.argmin(finite))
@@ -177,7 +177,7 @@ def merge(a: Moments, b: Moments) -> Moments:
     delta = b.mean - a.mean
     mean = a.mean + delta * (b.n_rows / n_rows)
     weight = a.n_rows * b.n_rows / n_rows
-    scatter = _kernels.merged_scatter(a.scatter, b.scatter, delta, weight)
+    scatter = kernels.merged_scatter(a.scatter, b.scatter, delta, weight)
     return Moments(n_rows, mean, scatter)
 
 

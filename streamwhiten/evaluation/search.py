@@ -11,7 +11,7 @@ a corpus larger than memory works: memory holds the queries, their top lists and
 block is turned into what is searched by the job's ``prepare`` (a whitening, a quantization, ...),
 its rows cut among the worker threads; then each worker searches the block for its share of the
 queries: BLAS products of tiles of rows against its queries (``ip``) or a popcount kernel (``hamming``),
-each tile merged into the top lists by a Numba kernel (``core._kernels``). Several jobs can share one
+each tile merged into the top lists by a Numba kernel (``core.kernels.search``). Several jobs can share one
 pass over the corpus (`search`). `rescore` re-ranks candidate lists (the top N of a bit
 search) with other vectors of the same rows, read in a second pass over the blocks that hold them
 (`rescore_all`: many re-rankings in that one pass).
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core import _kernels
 from ..core.exclusions import Exclusions
+from ..core.kernels import search as kernels
 from ..engine._threads import blas_threads, blas_threads_per_worker, limit_this_thread, resolve_threads
 from ..errors import BadInputError
 from ..io import Source
@@ -177,7 +177,7 @@ class SearchPass:
             words = state["words"]
 
             def run(q0: int, q1: int) -> None:
-                _kernels.merge_top_hamming(
+                kernels.merge_top_hamming(
                     words, block, start, q0, q1, state["values"], state["rows"], exclude.start, exclude.rows
                 )
 
@@ -192,7 +192,7 @@ class SearchPass:
                     t1 = min(block.shape[0], t0 + tile)
                     out = scores[:, : t1 - t0]
                     np.matmul(queries[q0:q1], block[t0:t1].T, out=out)
-                    _kernels.merge_top_scores(
+                    kernels.merge_top_scores(
                         out, start + t0, q0, state["values"], state["rows"], exclude.start, exclude.rows
                     )
 

@@ -165,7 +165,7 @@ class _Lzf(_Step):
     into = True
 
     def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
-        from ..core._kernels import lzf_decompress  # numba is loaded only for a store that needs it
+        from ..core.kernels.lzf import lzf_decompress  # numba is loaded only for a store that needs it
 
         target = out if out is not None else np.empty(nbytes, np.uint8)
         done = lzf_decompress(_u8(data), _u8(target)[:nbytes])

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from .. import params as _params
-from ..errors import BadInputError, StoreIOError
+from ..errors import BadInputError
 from ..options import ApplyOptions, EngineOptions, FitOptions, PublishOptions, ReadOptions, Setting, StorageOptions
 from ..pipeline import default_checkpoint
 
@@ -159,15 +159,10 @@ def _toml():
 
 def _load(path: str) -> dict:
     """The TOML tables of the job file ``path`` (a readable, UTF-8 file)."""
-    from .._paths import check_readable
+    from .._paths import read_file
 
     tomllib = _toml()
-    check_readable(path, "job file", directory=False)
-    try:
-        with open(path, "rb") as handle:
-            text = handle.read()
-    except OSError as exc:
-        raise StoreIOError(f"{path}: cannot read the job file: {exc.strerror or exc}") from None
+    text = read_file(path, "job file")
     try:
         return tomllib.loads(text.decode("utf-8"))
     except UnicodeDecodeError as exc:

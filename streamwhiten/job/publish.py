@@ -1,7 +1,7 @@
 """``run`` of a job with a ``[publish]`` table: versioned outputs that cost what the night added.
 
 The statistics (``M.npz``) grow every night, as in every job. The outputs are *published* in versions
-(``job.publication``): version N was written with the map of ``M.vN.npz`` and stays fixed while it is
+(``job.manifest``): version N was written with the map of ``M.vN.npz`` and stays fixed while it is
 republished. Each run:
 
 1. takes the job's lock, checks the manifest (a damaged one, a missing model file or an output part
@@ -24,7 +24,7 @@ resumable), so a run killed at any point and run again ends with byte-identical 
 already complete is skipped, the next version number is the manifest's + 1, and a part or model file left
 by a run that was cut short is resumed or replaced.
 
-A run deletes or replaces only files that prove this job wrote them (``job.publication``: each part
+A run deletes or replaces only files that prove this job wrote them (``job.ownership``: each part
 records the job, its version and its input; each published model file its job and version): never
 because a manifest names a path.
 """
@@ -44,20 +44,16 @@ from ..options import ReadOptions
 from ..pipeline import Watch
 from ..records import Manifest, Part, PublishedInput, Version
 from .file import JobFile, Writing
-from .publication import (
+from .manifest import manifest_path, read_manifest, version_model_path, versioned_output, write_manifest
+from .ownership import (
     PUBLICATION_INFO,
     check_model_file,
     check_outputs,
     first_job_id,
     job_id_problem,
-    manifest_path,
     model_owner_problem,
     output_owner_problem,
     part_attrs,
-    read_manifest,
-    version_model_path,
-    versioned_output,
-    write_manifest,
 )
 from .report import JobUpToDateError, PublishReport
 from .steps import (
@@ -141,16 +137,7 @@ def run_published(
         # the fit step checked that each input still starts with the rows these records describe (an
         # update checks the model it starts from: this one, unless a killed run's checkpoint was finished)
         checked = previous.sources if previous is not None and "resume" not in night.steps else ()
-        staleness, reason = None, None
-        if manifest is None:
-            action, reason = "fit", "first publication"
-        elif inherited:
-            action, reason = "republish", "a new job: published under this folder's own identity"
-        else:
-            staleness = _staleness(published, model)
-            wanted = setting_of(model, job.writing, job.output)
-            reason = _why_republish(manifest, wanted, staleness, job.publish.max_staleness, republish)
-            action = "republish" if reason else "append"
+        action, reason, staleness = _decide(job, manifest, published, model, inherited, republish)
         if action in ("fit", "republish"):
             manifest = _publish(publisher, model, inputs, outputs, manifest, night)
             log.info("job %s: published version %s (%s)", job.name, manifest.version, reason)
@@ -160,7 +147,21 @@ def run_published(
             _abandon(publisher, manifest.version + 1, outputs)
             if not night.parts and not night.steps:
                 action = "nothing"
-    report = PublishReport(
+    report = _report(job, night, manifest, rows_added, began, (action, reason, staleness))
+    if action == "nothing":
+        raise JobUpToDateError(
+            f"nothing to do: job {job.name} is up to date (published version {manifest.version})", report
+        )
+    return report
+
+
+def _report(
+    job: JobFile, night: _Night, manifest: Manifest, rows_added: int, began: float, decision: tuple
+) -> PublishReport:
+    """What the run did: ``decision`` is `_decide`'s ``(action, reason, staleness)``, the action as done."""
+    assert job.publish is not None
+    action, reason, staleness = decision
+    return PublishReport(
         job=job.name,
         model=job.model_path,
         steps=tuple(night.steps),
@@ -176,11 +177,22 @@ def run_published(
         manifest=manifest_path(job.model_path),
         rows_published=sum(item.stop for item in manifest.inputs),
     )
-    if action == "nothing":
-        raise JobUpToDateError(
-            f"nothing to do: job {job.name} is up to date (published version {manifest.version})", report
-        )
-    return report
+
+
+def _decide(
+    job: JobFile, manifest: Manifest | None, published: Any, model: Any, inherited: bool, republish: bool
+) -> tuple[str, str | None, Any]:
+    """``(action, reason, staleness)``: publish version 1 (``fit``), publish a new version (``republish``:
+    a new job, or `_why_republish` says why), or ``append`` (staleness: None unless it was measured)."""
+    if manifest is None:
+        return "fit", "first publication", None
+    if inherited:
+        return "republish", "a new job: published under this folder's own identity", None
+    assert job.publish is not None and job.output is not None
+    staleness = _staleness(published, model)
+    wanted = setting_of(model, job.writing, job.output)
+    reason = _why_republish(manifest, wanted, staleness, job.publish.max_staleness, republish)
+    return ("republish" if reason else "append"), reason, staleness
 
 
 # ------------------------------------------------------------------------------------------ identity
@@ -497,13 +509,7 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copie
 
 
 def _write_part(
-    publisher: _Publisher,
-    model: Any,
-    spec: str,
-    part: str,
-    rows: tuple,
-    night: _Night,
-    version: int,
+    publisher: _Publisher, model: Any, spec: str, part: str, rows: tuple, night: _Night, version: int
 ) -> Part:
     """Write the transform of input rows ``rows`` of ``spec`` to the output part ``part`` of version
     ``version``, recording the job, the version and the input in its attributes, unless it is already
@@ -624,15 +630,7 @@ def _append(
             continue
         index = len(entry.parts) if entry is not None else 0
         part = versioned_output(item.output, manifest.version, index)
-        written = _write_part(
-            publisher,
-            published_model,
-            item.spec,
-            part,
-            (start, item.stop),
-            night,
-            manifest.version,
-        )
+        written = _write_part(publisher, published_model, item.spec, part, (start, item.stop), night, manifest.version)
         parts = (*(entry.parts if entry is not None else ()), written)
         updated[item.spec] = PublishedInput(item.spec, item.output, item.source, parts)
         if entry is None:

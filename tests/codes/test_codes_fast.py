@@ -1,4 +1,4 @@
-"""The Numba paths of the tool's own codes (codes.fast, core._kernels): the fused quantise-and-pack
+"""The Numba paths of the tool's own codes (codes.fast, core.kernels.codes): the fused quantise-and-pack
 encoder and the blocked table scan, each against a plain numpy reference, at the shapes where blocked
 loops go wrong: one row, row counts that are not a multiple of the blocks, an odd number of queries,
 codes longer than one pass of tables and not a multiple of it."""
@@ -11,7 +11,7 @@ import pytest
 from streamwhiten.codes import train_codec
 from streamwhiten.codes.fast import encode, search
 from streamwhiten.codes.linear import LinearCode
-from streamwhiten.core._kernels import _LOOKUP_BYTES, lookup_scores
+from streamwhiten.core.kernels.codes import _LOOKUP_BYTES, lookup_scores
 from streamwhiten.errors import NonFiniteError
 
 D = 64

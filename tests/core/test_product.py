@@ -90,7 +90,7 @@ def test_rows_of_another_dtype_or_width_are_refused():
 
 
 def test_the_numba_screen_rounds_and_marks_exactly_as_the_numpy_one():
-    from streamwhiten.core._kernels import round_and_screen
+    from streamwhiten.core.kernels.product import round_and_screen
     from streamwhiten.core.product import numpy_screen
 
     rng = np.random.default_rng(5)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import write_h5
 
-from streamwhiten.core import _kernels
+from streamwhiten.core.kernels import search as kernels
 from streamwhiten.errors import BadInputError
 from streamwhiten.evaluation.search import Exclusions, SearchJob, exact_search, rescore, search
 from streamwhiten.io import open_source
@@ -160,7 +160,7 @@ def test_the_hamming_kernel_counts_bits_with_popcnt():
             pytest.skip("this CPU has no popcnt instruction")
     import numba
 
-    kernel = numba.njit(nogil=True)(_kernels.merge_top_hamming.py_func)  # uncached: its assembly can be read
+    kernel = numba.njit(nogil=True)(kernels.merge_top_hamming.py_func)  # uncached: its assembly can be read
     words = np.zeros((1, 1), np.uint64)
     top = np.zeros((1, 1), np.int64)
     kernel(words, words, 0, 0, 1, top, top.copy(), np.zeros(2, np.int64), np.zeros(0, np.int64))

@@ -19,7 +19,7 @@ from user_files import snapshot
 
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError, ModelFileError
 from streamwhiten.job import published, run_job_file
-from streamwhiten.job.publication import manifest_path
+from streamwhiten.job.manifest import manifest_path
 from streamwhiten.records import json_checksum
 
 D = 8

@@ -18,7 +18,7 @@ from conftest import append_rows
 from streamwhiten.core.model import load_model
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
 from streamwhiten.job import published, run_job_file
-from streamwhiten.job.publication import manifest_path, version_model_path
+from streamwhiten.job.manifest import manifest_path, version_model_path
 
 D = 12
 MIXING = np.random.default_rng(0).standard_normal((D, D)) * (1.0 / (1.0 + np.arange(D)))[:, None]
@@ -146,7 +146,7 @@ def test_a_copy_told_it_is_a_new_job_publishes_its_own_and_deletes_only_its_own(
 def retag(model_file, job_id):
     """Rewrite the published model file's record of its job, checksums recomputed (as anyone can)."""
     from streamwhiten.core.model import save_model
-    from streamwhiten.job.publication import PUBLICATION_INFO
+    from streamwhiten.job.ownership import PUBLICATION_INFO
 
     model = load_model(model_file)
     info = dict(model.info)
@@ -310,7 +310,7 @@ def test_an_identity_is_checked_against_the_folder_not_taken_from_the_manifest(t
     identity of the previous release (a digest of the manifest's real path) holds where the manifest is."""
     import hashlib
 
-    from streamwhiten.job.publication import first_job_id, job_id_problem
+    from streamwhiten.job.ownership import first_job_id, job_id_problem
 
     (tmp_path / "a" / "models").mkdir(parents=True)
     model = str(tmp_path / "a" / "models" / "m.npz")

@@ -20,7 +20,7 @@ from streamwhiten.core.model import load_model
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputError, ModelFileError, NothingToDoError
 from streamwhiten.io import open_output, open_source, read_attrs
 from streamwhiten.job import published, run_job_file
-from streamwhiten.job.publication import manifest_path, version_model_path, versioned_output
+from streamwhiten.job.manifest import manifest_path, version_model_path, versioned_output
 
 D = 16
 MIXING = np.random.default_rng(0).standard_normal((D, D)) * (1.0 / (1.0 + np.arange(D)))[:, None]
@@ -327,7 +327,7 @@ def test_a_night_opens_only_the_parts_touched_since_and_still_catches_one_change
     import zarr
 
     from streamwhiten.io import output as output_module
-    from streamwhiten.job import publication as module
+    from streamwhiten.job import ownership as module
 
     monkeypatch.setattr(output_module, "time", _Clock)
     monkeypatch.setattr(_Clock, "offset", 0.0)
@@ -853,7 +853,7 @@ def read_all_codes(spec):
 def test_a_manifest_of_the_earlier_format_is_read_and_the_next_night_publishes_in_the_new_one(night):
     from dataclasses import replace
 
-    from streamwhiten.job.publication import read_manifest, write_manifest
+    from streamwhiten.job.manifest import read_manifest, write_manifest
 
     directory, job = night
     model = str(directory / "models" / "m.npz")
@@ -902,7 +902,7 @@ def test_an_output_of_this_job_and_version_but_another_map_is_not_ours_to_delete
     """output_owner_problem checks the map from the attributes it read for ownership (one open): a part that
     records this job and version but another map's checksum is refused, naming the version."""
     from streamwhiten import Whitener, apply
-    from streamwhiten.job.publication import PUBLICATION_ATTR, output_owner_problem
+    from streamwhiten.job.ownership import PUBLICATION_ATTR, output_owner_problem
 
     rows = np.random.default_rng(0).standard_normal((200, 6)).astype(np.float32)
     np.save(tmp_path / "x.npy", rows)

@@ -180,7 +180,7 @@ def test_a_kill_at_every_step_of_a_night_then_a_rerun_is_byte_identical(tmp_path
 
 def test_a_reader_during_a_republish_sees_only_complete_versions(tmp_path):
     from streamwhiten.job import published
-    from streamwhiten.job.publication import version_model_path
+    from streamwhiten.job.manifest import version_model_path
 
     write_job(tmp_path, apply="chunk_rows = 2048\nprogress_seconds = 0")  # slow enough to read through
     specs = []

@@ -1,0 +1,322 @@
+"""What each published file records of the job that wrote it, and the checks that a file is what the
+manifest claims.
+
+The manifest's checksum has no key, so it proves integrity, not authorship: the files vouch for
+themselves. Each part records the job that wrote it (``job_id``), its version and its input
+(`PUBLICATION_ATTR`, `part_attrs`), each published model file its job and version (its
+``info``). A run deletes or replaces only files that prove it (`ownership_problem`, checked by
+``job.publish`` before it writes), and readers refuse a part bound to another input (`attrs_problem`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import replace
+from typing import Any
+
+from ..errors import BadInputError, ModelFileError, StoreIOError
+from ..options import ReadOptions
+from ..records import Manifest, Part
+from .manifest import manifest_path, version_model_path
+
+#: The attribute a published part records (JSON text): the job that wrote it, its version and its input.
+PUBLICATION_ATTR = "publication"
+#: The key of a published model file's ``info`` that records the job and version it was published as.
+PUBLICATION_INFO = "publication"
+
+
+def _folder_of(model_path: str) -> tuple[str, str]:
+    """The real folder of the manifest beside ``model_path`` and the manifest's name."""
+    where = os.path.realpath(manifest_path(model_path))
+    return os.path.dirname(where), os.path.basename(where)
+
+
+def _folder_digest(salt: str, model_path: str) -> str:
+    """The digest that binds a job identity drawn with ``salt`` to the folder instance holding the manifest
+    beside ``model_path``: that folder's inode on its file system (kept by a move or a rename within the
+    file system, and by a mount elsewhere; new for a copy) and the manifest's name in it."""
+    folder, name = _folder_of(model_path)
+    try:
+        inode = os.stat(folder).st_ino
+    except OSError as exc:
+        raise StoreIOError(f"{folder}: cannot read the job's folder: {exc.strerror or exc}") from None
+    return hashlib.sha256(f"streamwhiten-job:{salt}:{inode}:{name}".encode()).hexdigest()[:32]
+
+
+def _salt(model_path: str) -> str:
+    """What a job identity drawn for the manifest beside ``model_path`` starts with: a digest of where the
+    manifest is (its real path)."""
+    where = os.path.join(*_folder_of(model_path))
+    return hashlib.sha256(f"streamwhiten-job:{where}".encode()).hexdigest()[:16]
+
+
+def first_job_id(model_path: str) -> str:
+    """The identity a job takes at its first publication (kept by every later one, in the manifest):
+    ``SALT-DIGEST``, where SALT is a digest of where its manifest is then and DIGEST binds it to the folder
+    instance holding the manifest (`job_id_problem`). A first night cut short and run again takes the
+    same one, so it finds its own parts; another model file, or a copy of the folder, never does."""
+    salt = _salt(model_path)
+    return f"{salt}-{_folder_digest(salt, model_path)}"
+
+
+def job_id_problem(model_path: str, job_id: str) -> str | None:
+    """None when ``job_id`` (a manifest's) is the identity of the job folder holding the manifest beside
+    ``model_path``, as that folder is now; else why not. It is checked against the folder itself, not taken
+    from the manifest: the identity holds in the same folder (its inode: moved or renamed within its file
+    system, or reached through a link or a mount) and in a folder at the very place it was first published
+    (a folder restored from a backup); not in a copy elsewhere, nor in a manifest that took another job's
+    identity. An identity of the previous format (a digest of the manifest's real path) is this job's only
+    where the manifest still is."""
+    if "-" in job_id:
+        salt, _, digest = job_id.partition("-")
+        if salt == _salt(model_path) or digest == _folder_digest(salt, model_path):
+            return None
+    else:
+        where = os.path.join(*_folder_of(model_path))
+        if job_id == hashlib.sha256(f"streamwhiten-job:{where}".encode()).hexdigest()[:32]:
+            return None
+    return f"published by another folder (job {job_id}), not this one"
+
+
+def input_identity(input_spec: str, part_spec: str) -> str:
+    """The input a part holds rows of, as the part records it: the input's path relative to the part's own
+    folder, both as the job names them (not resolving links, so a folder moved with its inputs, or whose
+    ``out/`` is a link to another disk, stays bound to them), or its URL; and the array named in the spec."""
+    from ..io import remote, split_spec
+
+    path, inner = split_spec(input_spec)
+    part = split_spec(part_spec)[0]
+    if remote.is_url(path):
+        where = remote.normalize(path)
+    elif remote.is_url(part):
+        where = os.path.realpath(path)
+    else:
+        where = os.path.relpath(os.path.abspath(path), os.path.dirname(os.path.abspath(part)))
+    return f"{where}:{inner}" if inner else where
+
+
+def _earlier_input_identity(input_spec: str, part_spec: str) -> str | None:
+    """What a part written by the previous release records of its input (real paths), or None for a URL."""
+    from ..io import remote, split_spec
+
+    path, inner = split_spec(input_spec)
+    part = split_spec(part_spec)[0]
+    if remote.is_url(path) or remote.is_url(part):
+        return None
+    where = os.path.relpath(os.path.realpath(path), os.path.realpath(os.path.dirname(os.path.abspath(part))))
+    return f"{where}:{inner}" if inner else where
+
+
+def part_attrs(job_id: str, version: int, input_spec: str, part_spec: str) -> dict:
+    """The attributes a published part records beside an apply output's own (`PUBLICATION_ATTR`)."""
+    record = {"job": job_id, "version": int(version), "input": input_identity(input_spec, part_spec)}
+    return {PUBLICATION_ATTR: json.dumps(record, sort_keys=True)}
+
+
+def publication_record(attrs: dict) -> dict | None:
+    """What an output's attributes say of the publication that wrote it, or None (not a published part)."""
+    value = attrs.get(PUBLICATION_ATTR)
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    try:
+        record = json.loads(value) if isinstance(value, str) else value
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def ownership_problem(
+    attrs: dict, job_id: str, version: int, input_spec: str | None = None, part_spec: str | None = None
+) -> str | None:
+    """None when the attributes ``attrs`` of an output prove that job ``job_id`` wrote it as a part of
+    version ``version`` (of the input ``input_spec``, where given, seen from ``part_spec``); else why not."""
+    record = publication_record(attrs)
+    if record is None:
+        return "not written by a published job (a plain apply's output, or another program's file)"
+    if record.get("job") != job_id:
+        return "written by another job (another model file's publication)"
+    if record.get("version") != version:
+        return f"written as a part of version {record.get('version')}, not {version}"
+    if input_spec is not None and part_spec is not None:
+        wanted = input_identity(input_spec, part_spec)
+        accepted = {wanted, _earlier_input_identity(input_spec, part_spec)} - {None}
+        if record.get("input") not in accepted:
+            return f"holds the rows of another input ({record.get('input')}, not {wanted})"
+    return None
+
+
+def output_owner_problem(
+    spec: str,
+    read: ReadOptions | None,
+    job_id: str,
+    version: int,
+    input_spec: str | None = None,
+    model_checksum: str | None = None,
+):
+    """`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there); with
+    ``model_checksum``, also that the output was written by that map (read from the same attributes)."""
+    from ..io import open_output
+    from ..output_plan import CHECKSUM_ATTR
+
+    output = open_output(spec, read)
+    try:
+        if not output.exists():
+            return None
+        attrs = output.attrs()
+    except Exception as exc:  # noqa: BLE001 - unreadable: nothing proves it is ours
+        return unreadable(exc)
+    problem = ownership_problem(attrs, job_id, version, input_spec, spec if input_spec is not None else None)
+    if problem is None and model_checksum is not None and attrs.get(CHECKSUM_ATTR) != model_checksum:
+        return f"written by another map than version {version}'s"
+    return problem
+
+
+def model_owner_problem(path: str, job_id: str, version: int, model: Any = None) -> str | None:
+    """None when the model file ``path`` (``model``: loaded from it already) records that job ``job_id``
+    published it as version ``version`` (or nothing is there); else why not."""
+    from .._npz import foreign_npz
+    from ..core.model import FORMAT_NAME, load_model
+
+    if model is None:
+        if not os.path.lexists(path):
+            return None
+        if foreign_npz(path, FORMAT_NAME) is not None:
+            return "not a model file"
+        try:
+            model = load_model(path)
+        except Exception as exc:  # noqa: BLE001 - damaged: nothing proves it is ours
+            return unreadable(exc)
+    record = model.info.get(PUBLICATION_INFO)
+    if not isinstance(record, dict) or record.get("job") != job_id:
+        return "not a model file this job published (a fit's model, the statistics, or another job's)"
+    if record.get("version") != version:
+        return f"published as version {record.get('version')}, not {version}"
+    return None
+
+
+def part_problem(
+    part: Part,
+    model_checksum: str,
+    read: ReadOptions | None = None,
+    job_id: str | None = None,
+    version: int | None = None,
+    input_spec: str | None = None,
+) -> str | None:
+    """None when the output ``part.path`` is complete and holds the transform of the input rows
+    ``[part.start, part.stop)`` by the map ``model_checksum`` (and, with ``job_id``, records that this
+    job wrote it for version ``version`` from the input ``input_spec``); else what is wrong with it."""
+    from ..io import open_output
+
+    output = open_output(part.path, read)
+    try:
+        if not output.exists():
+            return "missing"
+        attrs = output.attrs()
+    except Exception as exc:  # noqa: BLE001 - unreadable: not what was published
+        return unreadable(exc)
+    return attrs_problem(part, attrs, model_checksum, job_id, version, input_spec)
+
+
+def unreadable(exc: BaseException) -> str:
+    """What a file that cannot be read is: nothing proves it is what was published, or ours."""
+    return f"unreadable ({' '.join(str(exc).split())[:200]})"
+
+
+def attrs_problem(
+    part: Part,
+    attrs: dict[str, Any],
+    model_checksum: str,
+    job_id: str | None = None,
+    version: int | None = None,
+    input_spec: str | None = None,
+) -> str | None:
+    """`part_problem` of a part whose output attributes ``attrs`` were read already (by a reader
+    that opened it to read its rows too)."""
+    from ..output_plan import CHECKSUM_ATTR, is_complete, recorded_rows
+
+    try:
+        held = recorded_rows(attrs)
+    except Exception as exc:  # noqa: BLE001 - unreadable: not what was published
+        return unreadable(exc)
+    if not is_complete(attrs):
+        return "not complete"
+    if attrs.get(CHECKSUM_ATTR) != model_checksum:
+        return "written by another map"
+    if held != (part.start, part.stop):
+        return f"holds rows {held}, not [{part.start}, {part.stop})"
+    if job_id is not None and version is not None:
+        return ownership_problem(attrs, job_id, version, input_spec, part.path)
+    return None
+
+
+def check_model_file(model_path: str, manifest: Manifest):
+    """The published model file the manifest names, loaded and checked against it (its file checksum and
+    its map's); a missing or different one is a `ModelFileError` naming it."""
+    from ..core.model import file_checksum, load_model, map_checksum
+
+    path = os.path.join(os.path.dirname(os.path.abspath(model_path)), manifest.model_file)
+    if manifest.model_file != os.path.basename(version_model_path(model_path, manifest.version)):
+        raise ModelFileError(  # read_manifest refuses it too; a manifest made in memory is checked here
+            f"{manifest_path(model_path)}: names {manifest.model_file} as the model file of version "
+            f"{manifest.version}; nothing was changed"
+        )
+    if not os.path.lexists(path):
+        raise ModelFileError(
+            f"{path}: the model file of published version {manifest.version} is missing (deleted by hand?); "
+            "run with republish=True to publish a new version from the current statistics",
+            param="republish",
+        )
+    model = load_model(path)
+    if file_checksum(model) != manifest.file_checksum or map_checksum(model) != manifest.model_checksum:
+        raise ModelFileError(
+            f"{path}: is not the model file {manifest_path(model_path)} published as version {manifest.version} "
+            "(its checksum differs); run with republish=True to publish a new version from the current statistics",
+            param="republish",
+        )
+    if not manifest.legacy:
+        assert manifest.job_id is not None
+        problem = model_owner_problem(path, manifest.job_id, manifest.version, model)
+        if problem is not None:
+            raise ModelFileError(
+                f"{path}: {problem}: not the model file {manifest_path(model_path)} published as version "
+                f"{manifest.version}; nothing was changed"
+            )
+    return model
+
+
+def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None = None) -> Manifest:
+    """Refuse a publication whose output parts were deleted or changed by hand, naming each of them.
+
+    A part whose file-system stamp is the one the manifest recorded is not opened (so a night does not
+    cost more as parts accumulate); a part whose stamp changed, or that has none (written moments
+    before, or on object storage: ``Output.stamp``), is checked in full (`part_problem`). Returns
+    ``manifest`` with the stamps of the parts checked in full brought up to date (the same object when
+    none changed)."""
+    from ..io import open_output
+
+    problems = []
+    inputs = []
+    for item in manifest.inputs:
+        parts = []
+        for part in item.parts:
+            stamp = open_output(part.path, read).stamp()
+            if part.stamp is not None and stamp == part.stamp:
+                parts.append(part)
+                continue
+            problem = part_problem(part, manifest.model_checksum, read, manifest.job_id, manifest.version, item.spec)
+            if problem is not None:
+                problems.append(f"{part.path} ({problem})")
+            parts.append(part if stamp == part.stamp else replace(part, stamp=stamp))
+        inputs.append(item if tuple(parts) == item.parts else replace(item, parts=tuple(parts)))
+    if problems:
+        shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        raise BadInputError(
+            f"{manifest_path(model_path)}: outputs of published version {manifest.version} were deleted or "
+            f"changed by hand: {shown}. Restore them, or run with republish=True to publish a new version",
+            param="republish",
+        )
+    if all(new is old for new, old in zip(inputs, manifest.inputs, strict=True)):
+        return manifest
+    return replace(manifest, inputs=tuple(inputs))
