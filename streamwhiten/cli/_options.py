@@ -11,8 +11,10 @@ former flag (``--chunk-rows`` for ``--block-rows``) is still taken, hidden from 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import fields
+from inspect import signature
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -22,7 +24,7 @@ from ..params import PARAMS
 from ._flags import HELP, SWITCHES, cli_message, flags
 
 if TYPE_CHECKING:
-    from ..options import EngineOptions, ReadOptions, Setting
+    from ..options import EngineOptions, ReadOptions
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
@@ -248,13 +250,29 @@ def engine_of(engine: str, threads: int | None, scheduler: str | None, workers: 
     return take(EngineOptions, name=engine, threads=threads, scheduler=scheduler, workers=workers)
 
 
-def setting_of(
-    beta: float | None, gamma: float | None, n_components: int | None, variance: float | None, eps: float | None
-) -> Setting:
-    """The [`Setting`][streamwhiten.options.Setting] of ``--beta --gamma -k --variance --eps`` (None: not given)."""
-    from ..options import Setting
+def block_rows_of(block_rows: int | None = None, chunk_rows: int | None = None) -> int | None:
+    """``--block-rows``, else its former name ``--chunk-rows`` (None: neither given)."""
+    return first_given(block_rows, chunk_rows)
 
-    return Setting(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
+
+def objects(**makers: Callable[..., object]):
+    """Decorate a command so that it takes each group of its options as the object the library takes:
+    with ``objects(read=read_options)`` the command is handed ``read=read_options(**those)`` in place of the
+    values of ``read_options``'s parameters it declares. A group's options are declared once (the
+    decorators) and turned into its object once (here); the objects are made in the order given, so their
+    errors come in that order, before the command runs."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def command(*args: Any, **values: Any) -> Any:
+            for name, make in makers.items():
+                group = {key: values.pop(key) for key in signature(make).parameters if key in values}
+                values[name] = make(**group)
+            return func(*args, **values)
+
+        return command
+
+    return decorate
 
 
 def given_names(ctx: click.Context, names: Iterable[str]) -> tuple:
@@ -268,6 +286,7 @@ __all__ = [
     "SETTING",
     "SpecChoice",
     "SpecType",
+    "block_rows_of",
     "engine_of",
     "engine_options",
     "given_names",
@@ -276,8 +295,8 @@ __all__ = [
     "param_options",
     "first_given",
     "quiet_option",
+    "objects",
     "read_options",
-    "setting_of",
     "setting_options",
     "spec_type",
     "storage_options",

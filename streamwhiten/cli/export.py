@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import BadInputError
+from ..options import Setting
 from ._common import emit, stop_on_signals
-from ._options import json_option, param_options, setting_of, setting_options
+from ._options import json_option, objects, param_options, setting_options
 
 if TYPE_CHECKING:
     from ..serving import AffineMap
@@ -79,15 +80,12 @@ EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx"
     "up to date is kept, with this flag too: exit 3, nothing to do; delete it to write it again).",
 )
 @json_option
+@objects(setting=Setting)
 def export_(
     model_path: str,
     output_path: str,
     fmt: str | None,
-    beta: float | None,
-    gamma: float | None,
-    n_components: int | None,
-    variance: float | None,
-    eps: float | None,
+    setting: Setting,
     normalize: bool,
     dtype: str | None,
     append_to: str | None,
@@ -122,7 +120,6 @@ def export_(
     where = None if insert == "auto" else insert
     chosen = format_for(output_path, fmt, append_to)
     check_options(chosen, normalize, append_to, index_factory, metric, where, dtype)
-    setting = setting_of(beta, gamma, n_components, variance, eps)
     refuse_input_overlap({output_path: "export"}, [model_path, append_to])
     model = load_model(model_path)
     if dtype is None:  # the model's storage: the options must fit it too
