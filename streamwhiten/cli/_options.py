@@ -29,9 +29,6 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 _V = TypeVar("_V")
 
-#: A parameter left out on the command line (so an object's own default, or a model's setting, applies).
-UNSET = None
-
 
 class SpecType(click.ParamType):
     """An option whose value is checked against `streamwhiten.params.PARAMS`, as in Python and in
@@ -275,6 +272,19 @@ def objects(**makers: Callable[..., object]):
     return decorate
 
 
+def pipeline_options(options: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """What fit and apply end with: ``--storage-option --remote-timeout``, the engine's options, ``--quiet``
+    and ``--json``; the command is handed its groups as the library's objects (`objects`): ``read``,
+    ``setting``, ``options`` (an ``options``: `FitOptions` or `ApplyOptions`) and ``engine``."""
+    from ..options import Setting
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        func = objects(read=read_options, setting=Setting, options=options, engine=engine_of)(func)
+        return storage_options(engine_options(quiet_option(json_option(func))))
+
+    return decorate
+
+
 def given_names(ctx: click.Context, names: Iterable[str]) -> tuple:
     """The parameters among ``names`` set on the command line (not left to their default)."""
     from click.core import ParameterSource
@@ -293,6 +303,7 @@ __all__ = [
     "json_option",
     "param_option",
     "param_options",
+    "pipeline_options",
     "first_given",
     "quiet_option",
     "objects",

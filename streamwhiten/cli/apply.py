@@ -7,24 +7,13 @@ from typing import TYPE_CHECKING
 
 import click
 
-from ..options import ApplyOptions, Setting
+from ..options import ApplyOptions
 from ._common import emit, fmt_rate, progress_bar, work
-from ._options import (
-    engine_of,
-    engine_options,
-    given_names,
-    json_option,
-    objects,
-    param_options,
-    quiet_option,
-    read_options,
-    setting_options,
-    storage_options,
-)
+from ._options import given_names, param_options, pipeline_options, setting_options
 from .codes import StorageType, code_names
 
 if TYPE_CHECKING:
-    from ..options import EngineOptions, ReadOptions
+    from ..options import EngineOptions, ReadOptions, Setting
 
 #: Apply options an engine may not take: refused when given on the command line (see ``Engine.check_apply``).
 ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor", "checksums")
@@ -79,12 +68,8 @@ ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor", "checksums")
     "is kept, with this flag too: exit 3, nothing to do; delete it to write it again).",
 )
 @param_options("fill_missing_chunks", "keep_columns", "compressor", "direct_io", "checksums")
-@storage_options
-@engine_options
-@quiet_option
-@json_option
+@pipeline_options(ApplyOptions)
 @click.pass_context
-@objects(read=read_options, setting=Setting, options=ApplyOptions, engine=engine_of)
 def apply(
     ctx: click.Context,
     model_path: str,

@@ -126,9 +126,9 @@ def eval_(
     if model is not None and changes:
         model = model.with_params(**changes)
     if mode == "pairs":
-        _pairs(model, model_path, inputs, block_rows, quiet, as_json)
+        emit(as_json, *_pairs(model, model_path, inputs, block_rows, quiet))
     else:
-        _retrieval(model, model_path, inputs, search, block_rows, quiet, as_json)
+        emit(as_json, *_retrieval(model, model_path, inputs, search, block_rows, quiet))
 
 
 def _pairs(
@@ -137,8 +137,8 @@ def _pairs(
     inputs: Inputs,
     block_rows: int | None,
     quiet: bool,
-    as_json: bool,
-) -> None:
+) -> tuple[dict, list[str]]:
+    """Score the pairs: the summary and its lines."""
     from ..evaluation.evaluate import evaluate_pairs, open_pairs
 
     assert inputs.pairs_a is not None and inputs.pairs_b is not None and inputs.scores is not None  # mode_of
@@ -160,7 +160,7 @@ def _pairs(
                 f"code      whitened B stored as {white['code']} ({white['bytes_per_vector']:,} bytes per vector, "
                 f"{white['model_bytes']:,} per model): the cosine is the code's estimate, A float"
             )
-    emit(as_json, summary, lines)
+    return summary, lines
 
 
 def _retrieval(
@@ -170,8 +170,8 @@ def _retrieval(
     search: Search,
     block_rows: int | None,
     quiet: bool,
-    as_json: bool,
-) -> None:
+) -> tuple[dict, list[str]]:
+    """Score the retrieval task: the summary and its lines (a warning first where queries find themselves)."""
     from ..evaluation.retrieval import evaluate_retrieval
 
     with progress_bar("eval", quiet) as progress:
@@ -189,7 +189,7 @@ def _retrieval(
         )
     summary = replace(result, model=model_path).to_json()
     warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)
-    emit(as_json, summary, retrieval_lines(summary))
+    return summary, retrieval_lines(summary)
 
 
 def retrieval_lines(result: dict) -> list[str]:

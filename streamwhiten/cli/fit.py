@@ -7,22 +7,12 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import BadInputError
-from ..options import FitOptions, Setting
+from ..options import FitOptions
 from ._common import emit, fmt_rate, progress_bar, stop_on_signals, work
-from ._options import (
-    engine_of,
-    engine_options,
-    json_option,
-    objects,
-    param_options,
-    quiet_option,
-    read_options,
-    setting_options,
-    storage_options,
-)
+from ._options import param_options, pipeline_options, setting_options
 
 if TYPE_CHECKING:
-    from ..options import EngineOptions, ReadOptions
+    from ..options import EngineOptions, ReadOptions, Setting
     from ..pipeline import FitOutcome
 
 
@@ -51,11 +41,7 @@ if TYPE_CHECKING:
 @click.option("--restart", is_flag=True, help="Discard an existing checkpoint and start over.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file (one written by streamwhiten).")
 @param_options("fill_missing_chunks")
-@storage_options
-@engine_options
-@quiet_option
-@json_option
-@objects(read=read_options, setting=Setting, options=FitOptions, engine=engine_of)
+@pipeline_options(FitOptions)
 def fit(
     inputs: tuple[str, ...],
     model_path: str | None,
