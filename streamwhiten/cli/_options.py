@@ -3,8 +3,8 @@ objects (`streamwhiten.options`) made from what was parsed.
 
 Each parameter's type, check and default are declared once, in ``params``, its flags and help in
 `_flags`; a command lists
-the parameters it takes (`param_options`) and turns what it parsed into the frozen objects the
-library takes (`take`). A value is refused in the parameter's own words:
+the parameters it takes (`param_options`) and is handed what it parsed as the frozen objects the
+library takes (`objects`, `take`). A value is refused in the parameter's own words:
 ``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2). A renamed parameter's
 former flag (``--chunk-rows`` for ``--block-rows``) is still taken, hidden from ``--help``.
 """
