@@ -424,9 +424,7 @@ def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]
     predicted = selection.get("forecast")
     if predicted:
         difference = predicted["difference"]
-        change = f"{difference['score']:+.2f}" + (
-            "" if difference["low"] is None else f" [{difference['low']:+.2f}, {difference['high']:+.2f}]"
-        )
+        change = fmt_interval(difference["score"], difference["low"], difference["high"])
         lines.append(
             f"forecast   {metric} x100 on {what} not chosen on ({predicted['folds']}-fold cross-validation of the "
             f"rule): chosen {_interval_text(predicted['chosen'])}, reference {_interval_text(predicted['reference'])}, "
