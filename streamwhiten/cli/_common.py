@@ -63,13 +63,10 @@ def progress_bar(description: str, quiet: bool):
         console.close()
 
 
-def work(stoppable: bool = True):
-    """The work of a command. ``stoppable``: the first SIGINT/SIGTERM asks the library to stop at its
-    next safe point (between blocks, before a save), where it saves its progress and raises an
-    interruption; a second one stops at once; yields ``should_stop``. Otherwise (the Dask engine's
-    tasks) a signal interrupts the work at once. Once the block has ended, the work is complete: a signal
-    is then only recorded (see ``_interrupt.work``)."""
-    return _interrupt.work(stoppable=stoppable)
+#: The work of a command, as signals meet it (`_interrupt.work`): with ``stoppable``, the first
+#: SIGINT/SIGTERM asks the library to stop at its next safe point; otherwise (the Dask engine's tasks) a
+#: signal interrupts it at once; once it has ended, a signal is only recorded.
+work = _interrupt.work
 
 
 def stop_on_signals():
@@ -427,9 +424,7 @@ def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]
     predicted = selection.get("forecast")
     if predicted:
         difference = predicted["difference"]
-        change = f"{difference['score']:+.2f}" + (
-            "" if difference["low"] is None else f" [{difference['low']:+.2f}, {difference['high']:+.2f}]"
-        )
+        change = fmt_interval(difference["score"], difference["low"], difference["high"])
         lines.append(
             f"forecast   {metric} x100 on {what} not chosen on ({predicted['folds']}-fold cross-validation of the "
             f"rule): chosen {_interval_text(predicted['chosen'])}, reference {_interval_text(predicted['reference'])}, "

@@ -4,10 +4,10 @@ The handlers are installed before anything heavy is imported (see ``__main__``),
 arrives while the program starts is remembered rather than killing it with a traceback or leaving
 files behind. Then, per phase:
 
-- ``work(deferred=True)``: work that can stop cleanly (a fit between blocks, an apply, saving a model).
+- ``work(stoppable=True)``: work that can stop cleanly (a fit between blocks, an apply, saving a model).
   The first signal only sets `requested`; the work checks it at its next safe point, saves its
   progress and stops. A second signal raises ``KeyboardInterrupt`` at once.
-- ``work(deferred=False)``, and outside any work: ``KeyboardInterrupt`` at once (a report, an
+- ``work(stoppable=False)``, and outside any work: ``KeyboardInterrupt`` at once (a report, an
   evaluation, the Dask engine: nothing to save).
 - once the work of the command is complete (its block ended without an exception) and while the
   program reports how it ended, a signal is only recorded: the exit code says the work is done, and a
@@ -75,7 +75,7 @@ def _raise_outside_import(frame: FrameType | None):
 
 def _retry(signum: int, frame: FrameType | None):
     """SIGALRM: raise the signal that landed in an import once the import is over, if the program is
-    still where it would have raised (a deferred block entered since then stops at its next safe point)."""
+    still where it would have raised (a stoppable `work` entered since then stops at its next safe point)."""
     pending, _state["pending"] = _state["pending"], None
     if pending is not None and pending == _state["mode"]:
         _raise_outside_import(frame)
@@ -140,25 +140,15 @@ def hold() -> None:
 
 
 def start_immediate() -> None:
-    """From now on (outside `deferred`), a signal raises ``KeyboardInterrupt`` at once."""
+    """From now on (outside a stoppable `work`), a signal raises ``KeyboardInterrupt`` at once."""
     _state["mode"] = _IMMEDIATE
 
 
 @contextmanager
-def deferred():
-    """Within this block the first signal only sets `requested`; yields ``requested.is_set``."""
-    before = _state["mode"]
-    _state["mode"] = _DEFERRED
-    try:
-        yield requested.is_set
-    finally:
-        _state["mode"] = before
-
-
-@contextmanager
 def work(stoppable: bool = True):
-    """The work of a command: with ``stoppable``, a signal asks it to stop at its next safe point (yields
-    ``should_stop``, as `deferred`); otherwise it raises ``KeyboardInterrupt`` at once (yields None).
+    """The work of a command: with ``stoppable``, the first signal only sets `requested`, which asks it to
+    stop at its next safe point (yields ``should_stop``); otherwise a signal raises ``KeyboardInterrupt`` at
+    once (yields None).
     When the block ends without an exception, the work is complete: from then on a signal is only
     recorded (`hold`), so it cannot turn finished work into an interruption."""
     before = _state["mode"]

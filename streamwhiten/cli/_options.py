@@ -3,16 +3,18 @@ objects (`streamwhiten.options`) made from what was parsed.
 
 Each parameter's type, check and default are declared once, in ``params``, its flags and help in
 `_flags`; a command lists
-the parameters it takes (`param_options`) and turns what it parsed into the frozen objects the
-library takes (`take`). A value is refused in the parameter's own words:
+the parameters it takes (`param_options`) and is handed what it parsed as the frozen objects the
+library takes (`objects`, `take`). A value is refused in the parameter's own words:
 ``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2). A renamed parameter's
 former flag (``--chunk-rows`` for ``--block-rows``) is still taken, hidden from ``--help``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import fields
+from inspect import signature
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -22,13 +24,10 @@ from ..params import PARAMS
 from ._flags import HELP, SWITCHES, cli_message, flags
 
 if TYPE_CHECKING:
-    from ..options import EngineOptions, ReadOptions, Setting
+    from ..options import EngineOptions, ReadOptions
 
 _T = TypeVar("_T")
 _V = TypeVar("_V")
-
-#: A parameter left out on the command line (so an object's own default, or a model's setting, applies).
-UNSET = None
 
 
 class SpecType(click.ParamType):
@@ -248,13 +247,42 @@ def engine_of(engine: str, threads: int | None, scheduler: str | None, workers: 
     return take(EngineOptions, name=engine, threads=threads, scheduler=scheduler, workers=workers)
 
 
-def setting_of(
-    beta: float | None, gamma: float | None, n_components: int | None, variance: float | None, eps: float | None
-) -> Setting:
-    """The [`Setting`][streamwhiten.options.Setting] of ``--beta --gamma -k --variance --eps`` (None: not given)."""
+def block_rows_of(block_rows: int | None = None, chunk_rows: int | None = None) -> int | None:
+    """``--block-rows``, else its former name ``--chunk-rows`` (None: neither given)."""
+    return first_given(block_rows, chunk_rows)
+
+
+def objects(**makers: Callable[..., object]):
+    """Decorate a command so that it takes each group of its options as the object the library takes:
+    with ``objects(read=read_options)`` the command is handed ``read=read_options(**those)`` in place of the
+    values of ``read_options``'s parameters it declares. A group's options are declared once (the
+    decorators) and turned into its object once (here); the objects are made in the order given, so their
+    errors come in that order, before the command runs."""
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def command(*args: Any, **values: Any) -> Any:
+            for name, make in makers.items():
+                group = {key: values.pop(key) for key in signature(make).parameters if key in values}
+                values[name] = make(**group)
+            return func(*args, **values)
+
+        return command
+
+    return decorate
+
+
+def pipeline_options(options: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """What fit and apply end with: ``--storage-option --remote-timeout``, the engine's options, ``--quiet``
+    and ``--json``; the command is handed its groups as the library's objects (`objects`): ``read``,
+    ``setting``, ``options`` (an ``options``: `FitOptions` or `ApplyOptions`) and ``engine``."""
     from ..options import Setting
 
-    return Setting(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        func = objects(read=read_options, setting=Setting, options=options, engine=engine_of)(func)
+        return storage_options(engine_options(quiet_option(json_option(func))))
+
+    return decorate
 
 
 def given_names(ctx: click.Context, names: Iterable[str]) -> tuple:
@@ -268,16 +296,18 @@ __all__ = [
     "SETTING",
     "SpecChoice",
     "SpecType",
+    "block_rows_of",
     "engine_of",
     "engine_options",
     "given_names",
     "json_option",
     "param_option",
     "param_options",
+    "pipeline_options",
     "first_given",
     "quiet_option",
+    "objects",
     "read_options",
-    "setting_of",
     "setting_options",
     "spec_type",
     "storage_options",

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 import click
 
+from ..options import ApplyOptions
 from ._common import emit, fmt_rate, progress_bar, work
-from ._options import (
-    engine_of,
-    engine_options,
-    given_names,
-    json_option,
-    param_options,
-    quiet_option,
-    read_options,
-    setting_of,
-    setting_options,
-    storage_options,
-)
+from ._options import given_names, param_options, pipeline_options, setting_options
 from .codes import StorageType, code_names
+
+if TYPE_CHECKING:
+    from ..options import EngineOptions, ReadOptions, Setting
 
 #: Apply options an engine may not take: refused when given on the command line (see ``Engine.check_apply``).
 ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor", "checksums")
@@ -72,43 +68,18 @@ ENGINE_SPECIFIC = ("direct_io", "keep_columns", "compressor", "checksums")
     "is kept, with this flag too: exit 3, nothing to do; delete it to write it again).",
 )
 @param_options("fill_missing_chunks", "keep_columns", "compressor", "direct_io", "checksums")
-@storage_options
-@engine_options
-@quiet_option
-@json_option
+@pipeline_options(ApplyOptions)
 @click.pass_context
 def apply(
     ctx: click.Context,
     model_path: str,
     input_spec: str,
     output_spec: str,
-    dataset: str | None,
-    beta: float | None,
-    gamma: float | None,
-    n_components: int | None,
-    variance: float | None,
-    eps: float | None,
-    normalize: bool,
-    dtype: str | None,
-    block_rows: int | None,
-    chunk_rows: int | None,
-    zarr_format: int,
-    skip_nonfinite: bool,
-    restart: bool,
-    progress_seconds: float,
     checkpoint_seconds: float | None,
-    overwrite: bool,
-    fill_missing_chunks: bool,
-    keep_columns: tuple[str, ...],
-    compressor: str,
-    direct_io: bool,
-    checksums: bool,
-    storage_options: tuple[str, ...],
-    remote_timeout: float | None,
-    engine: str,
-    scheduler: str | None,
-    workers: int | None,
-    threads: int | None,
+    read: ReadOptions,
+    setting: Setting,
+    options: ApplyOptions,
+    engine: EngineOptions,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -123,36 +94,11 @@ def apply(
       streamwhiten apply model.npz corpus.h5:/emb -o reduced.zarr -k 256 --normalize
     """
     from ..engine.engines import engine_for
-    from ..options import ApplyOptions
     from ..pipeline import apply as run_apply
 
-    source = ctx.get_parameter_source("progress_seconds")
-    if checkpoint_seconds is not None and (source is None or source.name != "COMMANDLINE"):
-        progress_seconds = _checked_seconds(checkpoint_seconds, ctx)
-    given = given_names(ctx, ENGINE_SPECIFIC)
-    read = read_options(
-        dataset=dataset,
-        block_rows=block_rows,
-        chunk_rows=chunk_rows,
-        fill_missing_chunks=fill_missing_chunks,
-        storage_options=storage_options,
-        remote_timeout=remote_timeout,
-    )
-    setting = setting_of(beta, gamma, n_components, variance, eps)
-    options = ApplyOptions(
-        normalize=normalize,
-        dtype=dtype,  # None: the model's storage
-        skip_nonfinite=skip_nonfinite,
-        zarr_format=zarr_format,
-        compressor=compressor,
-        direct_io=direct_io,
-        checksums=checksums,
-        keep_columns=keep_columns,
-        progress_seconds=progress_seconds,
-        restart=restart,
-        overwrite=overwrite,
-    )
-    runner = engine_for(engine_of(engine, threads, scheduler, workers))
+    if checkpoint_seconds is not None and not given_names(ctx, ["progress_seconds"]):
+        options = replace(options, progress_seconds=_checked_seconds(checkpoint_seconds, ctx))
+    runner = engine_for(engine)
     # The Dask applier cannot stop its tasks at a block boundary: a signal interrupts it at once.
     with progress_bar("apply", quiet) as progress, work(stoppable=runner.stops_between_blocks) as should_stop:
         outcome = run_apply(
@@ -163,7 +109,7 @@ def apply(
             options=options,
             read=read,
             engine=runner,
-            given=given,
+            given=given_names(ctx, ENGINE_SPECIFIC),
             progress=progress,
             should_stop=should_stop,
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -10,6 +10,9 @@ from ..errors import BadInputError
 from ..params import PARAMS
 from ._common import emit, progress_bar
 from ._options import json_option, quiet_option
+
+if TYPE_CHECKING:
+    from ..core.quantize import CodecRecord
 
 #: The plain storages a ``--dtype`` takes beside a code.
 DTYPES: tuple[str, ...] = tuple(str(choice) for choice in PARAMS["dtype"].choices)
@@ -90,7 +93,7 @@ def codes(
     model_path: str,
     code: str,
     sample: str | None,
-    sample_size: int,
+    sample_size: int | None,
     seed: int,
     output_path: str | None,
     in_place: bool,
@@ -116,28 +119,10 @@ def codes(
       streamwhiten codes model.npz eigen:24 -o model-codes.npz
       streamwhiten codes model.npz faiss-opq:24 --sample corpus.h5:/emb --in-place
     """
-    from ..core.model import check_model_output
     from ..pipeline import DEFAULT_CODE_SAMPLE_ROWS, with_codes
 
-    if output_path and in_place:
-        raise BadInputError("give -o/--output or --in-place, not both")
-    if not (output_path or in_place):
-        raise BadInputError("give -o/--output (a new model file) or --in-place")
-    if output_path:
-        from ..io import refuse_input_overlap
-
-        refuse_input_overlap(
-            {output_path: "model with codes (use --in-place to update the model itself)"}, [model_path, sample]
-        )
-    check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
-    from ..codes import NEEDS_SAMPLE
-    from ..codes.storage import parse_code
-
-    if parse_code(code)[0] in NEEDS_SAMPLE and sample is None:
-        raise BadInputError(f"the {code} code learns from a sample of the input rows: give --sample INPUT")
-    if sample_size is not None and sample is None:
-        raise BadInputError("--sample-size: give --sample (an input store) to draw from")
-    target = output_path or model_path
+    target = _target(model_path, sample, output_path, in_place, overwrite)
+    _check_sample(code, sample, sample_size)
     with progress_bar("codes", quiet) as progress:
         model = with_codes(
             model_path,
@@ -151,17 +136,49 @@ def codes(
         )
     storage = model.storage
     assert storage is not None and storage.codec is not None  # with_codes records one
-    record = storage.codec
-    summary = dict(record.to_dict(), model=target)
+    emit(as_json, dict(storage.codec.to_dict(), model=target), _lines(storage.codec, target))
+
+
+def _target(model_path: str, sample: str | None, output_path: str | None, in_place: bool, overwrite: bool) -> str:
+    """The model file the code is written into (``-o`` or ``--in-place``), refused before any work where it
+    may not be written."""
+    from ..core.model import check_model_output
+
+    if output_path and in_place:
+        raise BadInputError("give -o/--output or --in-place, not both")
+    if not (output_path or in_place):
+        raise BadInputError("give -o/--output (a new model file) or --in-place")
+    if output_path:
+        from ..io import refuse_input_overlap
+
+        refuse_input_overlap(
+            {output_path: "model with codes (use --in-place to update the model itself)"}, [model_path, sample]
+        )
+    check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
+    return output_path or model_path
+
+
+def _check_sample(code: str, sample: str | None, sample_size: int | None) -> None:
+    """A code that learns from data needs ``--sample``; ``--sample-size`` needs it too."""
+    from ..codes import NEEDS_SAMPLE
+    from ..codes.storage import parse_code
+
+    if parse_code(code)[0] in NEEDS_SAMPLE and sample is None:
+        raise BadInputError(f"the {code} code learns from a sample of the input rows: give --sample INPUT")
+    if sample_size is not None and sample is None:
+        raise BadInputError("--sample-size: give --sample (an input store) to draw from")
+
+
+def _lines(record: CodecRecord, target: str) -> list[str]:
+    """The code trained, what it was trained from, and the file written."""
     trained = (
         f"a sample of {record.sample_rows:,} rows (seed {record.sample_seed})"
         if record.sample_rows
         else "the statistics"
     )
-    lines = [
+    return [
         f"code       {record.label}: {record.bytes_per_vector:,} bytes per vector (per-vector scalars included), "
         f"{record.model_bytes:,} bytes per model (rotations, codebooks)",
         f"trained    for the unit-length outputs at k={record.n_features}, from {trained}",
         f"wrote      {target}",
     ]
-    emit(as_json, summary, lines)

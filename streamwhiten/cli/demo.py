@@ -9,12 +9,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import click
 import numpy as np
 
 from ._common import emit, fmt_rate, progress_bar
 from ._options import json_option, quiet_option, spec_type
+
+if TYPE_CHECKING:
+    from ..core.model import WhiteningModel
 
 
 def _mean_pair_cosine(rows: np.ndarray, seed: int = 0, n_pairs: int = 2000) -> float:
@@ -34,8 +38,7 @@ def run_demo(
     progress: Callable[[int, int], None] | None = None,
 ) -> dict:
     """Generate a store in ``directory``, fit beta=gamma=1, apply with ``k`` dims; returns a summary."""
-    from ..core.stats import Moments, block_moments, covariance, update
-    from ..io import open_source
+    from ..core.stats import block_moments
     from ..options import ApplyOptions, FitOptions, Setting
     from ..pipeline import apply, fit
     from ..synthetic import write_store
@@ -66,16 +69,7 @@ def run_demo(
     apply(model, spec, output_path, options=ApplyOptions(normalize=True, overwrite=True), progress=stage(2))
     timings["apply"] = time.perf_counter() - start
 
-    # Check the transform the way a user would: stream the input through it again and measure the
-    # covariance of the (unnormalised) output, which whitening should have made the identity.
-    check = Moments.empty(k)
-    with open_source(spec) as source:
-        sample = source.read(0, min(rows, 20_000))
-        for begin, stop in source.blocks():
-            check = update(check, model.transform(source.read(begin, stop)).astype(np.float64))
-    with open_source(output_path) as sink:
-        whitened_sample = sink.read(0, min(rows, 20_000))
-    identity_error = float(np.abs(covariance(check) - np.eye(k)).max())
+    checked = _check(model, spec, output_path, seed)
     timings["total"] = time.perf_counter() - began
     return {
         "input": spec,
@@ -87,10 +81,29 @@ def run_demo(
         "n_chunks": -(-rows // chunk_rows),
         "effective_dimension": model.effective_dimension,
         "explained_variance": float(model.explained_variance_ratio[:k].sum()),
+        **checked,
+        "seconds": timings,
+    }
+
+
+def _check(model: WhiteningModel, spec: str, output_path: str, seed: int) -> dict[str, float]:
+    """Check the transform the way a user would: stream the input through it again and measure the
+    covariance of the (unnormalised) output, which whitening should have made the identity; and the mean
+    cosine of random pairs, raw and in the output written."""
+    from ..core.stats import Moments, covariance, update
+    from ..io import open_source
+
+    check = Moments.empty(model.n_components)
+    with open_source(spec) as source:
+        sample = source.read(0, min(source.n_rows, 20_000))
+        for begin, stop in source.blocks():
+            check = update(check, model.transform(source.read(begin, stop)).astype(np.float64))
+    with open_source(output_path) as sink:
+        whitened_sample = sink.read(0, min(sink.n_rows, 20_000))
+    return {
         "mean_cosine_raw": _mean_pair_cosine(sample, seed),
         "mean_cosine_whitened": _mean_pair_cosine(whitened_sample, seed),
-        "identity_error": identity_error,
-        "seconds": timings,
+        "identity_error": float(np.abs(covariance(check) - np.eye(model.n_components)).max()),
     }
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import BadInputError
+from ..options import Setting
 from ._common import (
     Inputs,
     emit,
@@ -22,7 +23,7 @@ from ._common import (
     retrieval_options,
     retrieval_options_of,
 )
-from ._options import first_given, json_option, param_options, quiet_option, setting_of, setting_options
+from ._options import block_rows_of, json_option, objects, param_options, quiet_option, setting_options
 from ._warn import warn_self_matches
 from .codes import StorageType
 
@@ -42,6 +43,20 @@ _DTYPE_HELP = (
     "else one trained for this evaluation, the raw ones by the same code trained for them "
     "[default: the model's storage, else float32]."
 )
+
+
+@dataclass(frozen=True)
+class Search:
+    """The options of a search (retrieval only), as parsed (None: not given): how the corpus is stored
+    while searched and re-ranked, the bootstrap, and the search's threads."""
+
+    dtype: str | None
+    rescore: int | None
+    rescore_dtype: str | None
+    int8_clip: float | None
+    bootstrap: int | None
+    seed: int | None
+    threads: int | None
 
 
 @click.command(name="eval")
@@ -75,31 +90,13 @@ _DTYPE_HELP = (
 )
 @quiet_option
 @json_option
+@objects(inputs=Inputs, search=Search, block_rows=block_rows_of, setting=Setting)
 def eval_(
     model_path: str | None,
-    pairs_a: str | None,
-    pairs_b: str | None,
-    scores: str | None,
-    queries: str | None,
-    corpus: str | None,
-    qrels: str | None,
-    exclude: str | None,
-    query_ids: str | None,
-    corpus_ids: str | None,
-    beta: float | None,
-    gamma: float | None,
-    n_components: int | None,
-    variance: float | None,
-    eps: float | None,
-    dtype: str | None,
-    rescore: int | None,
-    rescore_dtype: str | None,
-    int8_clip: float | None,
-    bootstrap: int | None,
-    seed: int | None,
+    inputs: Inputs,
+    setting: Setting,
+    search: Search,
     block_rows: int | None,
-    chunk_rows: int | None,
-    threads: int | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -121,34 +118,17 @@ def eval_(
     """
     from ..core.model import load_model
 
-    inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)
-    search = Search(dtype, rescore, rescore_dtype, int8_clip, bootstrap, seed, threads)
     mode = mode_of(inputs, named(**search.__dict__))
-    rows = first_given(block_rows, chunk_rows)
-    changes = setting_of(beta, gamma, n_components, variance, eps).given()
+    changes = setting.given()
     if changes and model_path is None:
         raise BadInputError(f"--{next(iter(changes)).replace('_', '-')} and the other model options need a MODEL")
     model = load_model(model_path) if model_path else None
     if model is not None and changes:
         model = model.with_params(**changes)
     if mode == "pairs":
-        _pairs(model, model_path, inputs, rows, quiet, as_json)
+        emit(as_json, *_pairs(model, model_path, inputs, block_rows, quiet))
     else:
-        _retrieval(model, model_path, inputs, search, rows, quiet, as_json)
-
-
-@dataclass(frozen=True)
-class Search:
-    """The options of a search (retrieval only), as parsed (None: not given): how the corpus is stored
-    while searched and re-ranked, the bootstrap, and the search's threads."""
-
-    dtype: str | None
-    rescore: int | None
-    rescore_dtype: str | None
-    int8_clip: float | None
-    bootstrap: int | None
-    seed: int | None
-    threads: int | None
+        emit(as_json, *_retrieval(model, model_path, inputs, search, block_rows, quiet))
 
 
 def _pairs(
@@ -157,8 +137,8 @@ def _pairs(
     inputs: Inputs,
     block_rows: int | None,
     quiet: bool,
-    as_json: bool,
-) -> None:
+) -> tuple[dict, list[str]]:
+    """Score the pairs: the summary and its lines."""
     from ..evaluation.evaluate import evaluate_pairs, open_pairs
 
     assert inputs.pairs_a is not None and inputs.pairs_b is not None and inputs.scores is not None  # mode_of
@@ -180,7 +160,7 @@ def _pairs(
                 f"code      whitened B stored as {white['code']} ({white['bytes_per_vector']:,} bytes per vector, "
                 f"{white['model_bytes']:,} per model): the cosine is the code's estimate, A float"
             )
-    emit(as_json, summary, lines)
+    return summary, lines
 
 
 def _retrieval(
@@ -190,8 +170,8 @@ def _retrieval(
     search: Search,
     block_rows: int | None,
     quiet: bool,
-    as_json: bool,
-) -> None:
+) -> tuple[dict, list[str]]:
+    """Score the retrieval task: the summary and its lines (a warning first where queries find themselves)."""
     from ..evaluation.retrieval import evaluate_retrieval
 
     with progress_bar("eval", quiet) as progress:
@@ -209,7 +189,7 @@ def _retrieval(
         )
     summary = replace(result, model=model_path).to_json()
     warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)
-    emit(as_json, summary, retrieval_lines(summary))
+    return summary, retrieval_lines(summary)
 
 
 def retrieval_lines(result: dict) -> list[str]:

@@ -7,10 +7,13 @@ from typing import TYPE_CHECKING
 import click
 
 from ..errors import BadInputError
+from ..options import Setting
 from ._common import emit, stop_on_signals
-from ._options import json_option, param_options, setting_of, setting_options
+from ._options import json_option, objects, param_options, setting_options
 
 if TYPE_CHECKING:
+    from ..codes import Codec
+    from ..core.model import WhiteningModel
     from ..serving import AffineMap
 
 #: The formats of ``export`` (streamwhiten.export.FORMATS, not imported here to keep the CLI's start light).
@@ -79,15 +82,12 @@ EXPORT_FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx"
     "up to date is kept, with this flag too: exit 3, nothing to do; delete it to write it again).",
 )
 @json_option
+@objects(setting=Setting)
 def export_(
     model_path: str,
     output_path: str,
     fmt: str | None,
-    beta: float | None,
-    gamma: float | None,
-    n_components: int | None,
-    variance: float | None,
-    eps: float | None,
+    setting: Setting,
     normalize: bool,
     dtype: str | None,
     append_to: str | None,
@@ -117,17 +117,41 @@ def export_(
     from ..core.model import load_model
     from ..export import check_available, check_options, export, format_for
     from ..io import refuse_input_overlap
-    from ..serving import file_checksum
 
     where = None if insert == "auto" else insert
     chosen = format_for(output_path, fmt, append_to)
     check_options(chosen, normalize, append_to, index_factory, metric, where, dtype)
-    setting = setting_of(beta, gamma, n_components, variance, eps)
     refuse_input_overlap({output_path: "export"}, [model_path, append_to])
     model = load_model(model_path)
     if dtype is None:  # the model's storage: the options must fit it too
         check_options(chosen, normalize, append_to, index_factory, metric, where, model.dtype)
     check_available(chosen)
+    affine, codec = _map(model, model_path, normalize, dtype, setting)
+    with stop_on_signals():  # a signal lets the export finish (it has no point to stop at before its rename)
+        result = export(
+            affine,
+            output_path,
+            chosen,
+            overwrite=overwrite,
+            append_to=append_to,
+            index=index_factory,
+            metric=metric,
+            insert=where,
+            codec=codec,
+        )
+    summary = replace(result, model=model_path).to_json()
+    emit(as_json, summary, _lines(summary, affine, chosen, model_path, output_path, append_to, index_factory))
+
+
+def _map(
+    model: WhiteningModel, model_path: str, normalize: bool, dtype: str | None, setting: Setting
+) -> tuple[AffineMap, Codec | None]:
+    """The map to export and, where the model records a code as its storage (and --dtype does not replace
+    it), the code that goes with it."""
+    from dataclasses import replace
+
+    from ..serving import file_checksum
+
     codec = None
     if dtype is None and model.storage is not None and model.storage.codec is not None:
         if setting.given():
@@ -143,20 +167,7 @@ def export_(
     stored = file_checksum(model_path)
     if stored:  # the checksum in the file (the same unless another streamwhiten version wrote it)
         affine = replace(affine, file_checksum=stored)
-    with stop_on_signals():  # a signal lets the export finish (it has no point to stop at before its rename)
-        result = export(
-            affine,
-            output_path,
-            chosen,
-            overwrite=overwrite,
-            append_to=append_to,
-            index=index_factory,
-            metric=metric,
-            insert=where,
-            codec=codec,
-        )
-    summary = replace(result, model=model_path).to_json()
-    emit(as_json, summary, _lines(summary, affine, chosen, model_path, output_path, append_to, index_factory))
+    return affine, codec
 
 
 def _lines(

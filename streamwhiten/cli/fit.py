@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..errors import BadInputError
+from ..options import FitOptions
 from ._common import emit, fmt_rate, progress_bar, stop_on_signals, work
-from ._options import (
-    engine_of,
-    engine_options,
-    json_option,
-    param_options,
-    quiet_option,
-    read_options,
-    setting_of,
-    setting_options,
-    storage_options,
-)
+from ._options import param_options, pipeline_options, setting_options
+
+if TYPE_CHECKING:
+    from ..options import EngineOptions, ReadOptions, Setting
+    from ..pipeline import FitOutcome
 
 
 @click.command()
@@ -44,37 +41,15 @@ from ._options import (
 @click.option("--restart", is_flag=True, help="Discard an existing checkpoint and start over.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing model file (one written by streamwhiten).")
 @param_options("fill_missing_chunks")
-@storage_options
-@engine_options
-@quiet_option
-@json_option
+@pipeline_options(FitOptions)
 def fit(
     inputs: tuple[str, ...],
     model_path: str | None,
-    dataset: str | None,
-    beta: float | None,
-    gamma: float | None,
-    n_components: int | None,
-    variance: float | None,
-    eps: float | None,
-    precision: str,
-    block_rows: int | None,
-    chunk_rows: int | None,
-    skip_nonfinite: bool,
     update: str | None,
-    checkpoint: str | None,
-    checkpoint_every: int,
-    checkpoint_seconds: float,
-    resume: bool,
-    restart: bool,
-    overwrite: bool,
-    fill_missing_chunks: bool,
-    storage_options: tuple[str, ...],
-    remote_timeout: float | None,
-    engine: str,
-    scheduler: str | None,
-    workers: int | None,
-    threads: int | None,
+    read: ReadOptions,
+    setting: Setting,
+    options: FitOptions,
+    engine: EngineOptions,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -89,31 +64,11 @@ def fit(
       streamwhiten fit 'shards/day-*.h5:/emb' --update model.npz
     """
     from ..engine.engines import engine_for
-    from ..options import FitOptions
     from ..pipeline import fit as run_fit
 
     if model_path is None and update is None:
         raise BadInputError("give the model file to write with -o/--output")
-    read = read_options(
-        dataset=dataset,
-        block_rows=block_rows,
-        chunk_rows=chunk_rows,
-        fill_missing_chunks=fill_missing_chunks,
-        storage_options=storage_options,
-        remote_timeout=remote_timeout,
-    )
-    setting = setting_of(beta, gamma, n_components, variance, eps)
-    options = FitOptions(
-        precision=precision,
-        skip_nonfinite=skip_nonfinite,
-        checkpoint=checkpoint,
-        checkpoint_every=checkpoint_every,
-        checkpoint_seconds=checkpoint_seconds,
-        resume=resume,
-        restart=restart,
-        overwrite=overwrite,
-    )
-    runner = engine_for(engine_of(engine, threads, scheduler, workers))
+    runner = engine_for(engine)
     # The serial engine stops at its next block on a signal (checkpointed); a Dask fit cannot, so a
     # signal stops it at once, and only its save lets a signal wait (the file is whole or absent).
     with progress_bar("fit", quiet) as progress, work(stoppable=runner.stops_between_blocks) as should_stop:
@@ -129,20 +84,21 @@ def fit(
             should_stop=should_stop,
             guard=stop_on_signals,
         )
-    model = outcome.model
     summary = outcome.to_json()
+    emit(as_json, summary, _lines(outcome, summary, update))
+
+
+def _lines(outcome: FitOutcome, summary: dict, update: str | None) -> list[str]:
+    """What a fit read, the setting it finalized and the file it wrote."""
+    model = outcome.model
     done = f"updated {update} with {outcome.rows_read:,} new rows" if update else f"fitted {model.n_rows:,} rows"
     rate = fmt_rate(outcome.rows_read, outcome.read_seconds)
-    emit(
-        as_json,
-        summary,
-        [
-            f"{done} x {model.n_features} features from {outcome.n_sources} source(s) "
-            f"in {outcome.read_seconds:.2f} s ({rate})"
-            + (" (resumed)" if outcome.resumed else "")
-            + (f"; skipped {outcome.n_skipped:,} non-finite rows" if outcome.n_skipped else ""),
-            f"beta={model.beta:g} gamma={model.gamma:g} k={model.n_components} "
-            f"(explained variance {summary['explained_variance']:.4f}), D_eff={model.effective_dimension:.1f}",
-            f"wrote {outcome.model_path}",
-        ],
-    )
+    return [
+        f"{done} x {model.n_features} features from {outcome.n_sources} source(s) "
+        f"in {outcome.read_seconds:.2f} s ({rate})"
+        + (" (resumed)" if outcome.resumed else "")
+        + (f"; skipped {outcome.n_skipped:,} non-finite rows" if outcome.n_skipped else ""),
+        f"beta={model.beta:g} gamma={model.gamma:g} k={model.n_components} "
+        f"(explained variance {summary['explained_variance']:.4f}), D_eff={model.effective_dimension:.1f}",
+        f"wrote {outcome.model_path}",
+    ]

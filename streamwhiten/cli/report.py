@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import click
 
 from ..progress import phase
@@ -17,7 +19,10 @@ from ._common import (
     selection_lines,
     stop_on_signals,
 )
-from ._options import first_given, json_option, param_options, quiet_option
+from ._options import block_rows_of, json_option, objects, param_options, quiet_option
+
+if TYPE_CHECKING:
+    from ..evaluation.report import ReportData
 
 
 @click.command()
@@ -36,6 +41,7 @@ from ._options import first_given, json_option, param_options, quiet_option
 @param_options("block_rows", helps={"block_rows": "Pairs per block read (default: about 16 MiB of vectors)."})
 @quiet_option
 @json_option
+@objects(block_rows=block_rows_of)
 def report(
     model_path: str,
     pairs_a: str | None,
@@ -50,7 +56,6 @@ def report(
     title: str | None,
     overwrite: bool,
     block_rows: int | None,
-    chunk_rows: int | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
@@ -72,17 +77,23 @@ def report(
     with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))
     model = load_model(model_path)
     check_output(output_path, with_pairs, overwrite, retrieval_record(model) is not None)
-    rows = first_given(block_rows, chunk_rows)
     grid = grid_of(betas, gammas, ks, variances, metric, model.n_features)
     pairs = open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
     with progress_bar("report", quiet) as progress:
         try:
-            data = collect(model, pairs, block_rows=rows, progress=progress, **grid)
+            data = collect(model, pairs, block_rows=block_rows, progress=progress, **grid)
         finally:
             if pairs is not None:
                 pairs.close()
         with stop_on_signals(), phase(progress, "draw and write the report", None):  # a signal lets it finish
             written = write_report(data, output_path, overwrite, title)
+    emit(as_json, *_summary(model_path, data, written))
+
+
+def _summary(model_path: str, data: ReportData, written: list[str]) -> tuple[dict, list[str]]:
+    """The report's summary (``--json``) and its lines: the effective dimension, the choice on the pairs
+    and on the retrieval tuning the model records, and the files written."""
+    model = data.model
     summary = {"model": model_path, "files": written, "effective_dimension": model.effective_dimension}
     summary.update(raw=None, best=None, highest=None)
     lines = [f"D_eff      {model.effective_dimension:.1f} of d={model.n_features}"]
@@ -103,7 +114,7 @@ def report(
         lines += _retrieval_choice(data.tuned)
         lines += selection_lines(data.tuned.get("selection"), data.tuned["metric"], "queries")
     lines += [f"wrote      {path}" for path in written]
-    emit(as_json, summary, lines)
+    return summary, lines
 
 
 def _retrieval_choice(record: dict) -> list[str]:

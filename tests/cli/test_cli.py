@@ -143,6 +143,30 @@ def test_bad_parameters_on_apply(tmp_path, store, model_path, run_cli):
     assert not os.path.exists(tmp_path / "o.h5")
 
 
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["fit", "{store}"], "give the model file to write with -o/--output"),
+        (
+            ["fit", "{store}", "-o", "{npz}", "-k", "3", "--variance", "0.9"],
+            "give n_components (k) or variance, not both",
+        ),
+        (["fit", "{store}", "-o", "{npz}", "--scheduler", "tcp://h:1"], "--scheduler and --workers need --engine dask"),
+        (["apply", "{model}", "{store}", "-o", "{h5}", "--dtype", "int8", "--skip-nonfinite"], "cannot hold the NaN"),
+        (["eval", "--pairs-a", "{store}", "--pairs-b", "{store}", "--scores", "{store}", "-k", "3"], "need a MODEL"),
+        (["export", "{model}", "-o", "{npz}", "-k", "3", "--variance", "0.5"], "give n_components (k) or variance"),
+    ],
+)
+def test_options_refused_as_they_become_the_librarys_objects(tmp_path, store, model_path, run_cli, args, fragment):
+    """The option groups a command is handed as objects (a setting, an engine, the fit or apply options)
+    refuse what does not go together in one line, exit 2, before anything is read or written."""
+    paths = {"store": store, "model": model_path, "npz": tmp_path / "o.npz", "h5": tmp_path / "o.h5"}
+    code, out, err = run_cli(*(arg.format(**paths) for arg in args))
+    assert code == EXIT_BAD_INPUT and out == ""
+    one_line_error(err, fragment)
+    assert not (tmp_path / "o.npz").exists() and not (tmp_path / "o.h5").exists()
+
+
 def test_corrupt_truncated_and_foreign_model_files(tmp_path, store, model_path, run_cli):
     raw = open(model_path, "rb").read()
     cases = {
