@@ -7,7 +7,7 @@ it is made, and a bad value raises the one `BadInputError` every other door
 raises. Objects are passed whole (``fit(..., read=ReadOptions(block_rows=65536))``), never unpacked into
 long argument lists; change one with `dataclasses.replace`, which checks again.
 
-This module imports nothing but the standard library and ``params``: the command line builds these before
+This module imports nothing but the standard library, ``params`` and ``storage``: the command line builds these before
 numpy or numba are loaded.
 
 Examples
@@ -15,8 +15,8 @@ Examples
 >>> from streamwhiten.options import ApplyOptions, ReadOptions
 >>> ReadOptions(block_rows=65536).block_rows
 65536
->>> ApplyOptions(dtype="float16", normalize=True).dtype
-'float16'
+>>> str(ApplyOptions(dtype="eigen:24").dtype)  # parsed once into a Storage; str() spells it
+'eigen:24'
 >>> ApplyOptions(dtype="int4")
 Traceback (most recent call last):
 ...
@@ -28,11 +28,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from . import params
 from .errors import BadInputError
+from .storage import Storage, parse_storage
 
 
 class StorageOptions(Mapping):
@@ -93,7 +94,7 @@ def _plain(mapping: Mapping) -> dict:
 def _check_fields(options: Any) -> None:
     """Check every field that is a parameter against `params.PARAMS`."""
     for item in fields(options):
-        if item.name in params.PARAMS:
+        if item.name in params.PARAMS and not isinstance(getattr(options, item.name), Storage):
             params.check(item.name, getattr(options, item.name))
 
 
@@ -222,8 +223,9 @@ class ApplyOptions:
     ----------
     normalize : bool
         Scale every output row to unit L2 norm (always, for int8 and binary: see ``dtype``).
-    dtype : {"float32", "float16", "int8", "binary"} or None
-        The output values; None: the model's storage (what ``tune`` chose; float32 when it records none).
+    dtype : Storage, {"float32", "float16", "int8", "binary"}, a vector code "NAME:BYTES", or None
+        The output values, parsed into a [`Storage`][streamwhiten.storage.Storage] (``str(options.dtype)``
+        spells it); None: the model's storage (what ``tune`` chose; float32 when it records none).
         ``int8``: codes of the unit-length vectors, a scale and offset per component from the statistics;
         ``binary``: their sign bits packed 8 per byte (uint8, ``ceil(k / 8)`` per row). Both are of the
         unit vectors, as the search stores them, so they set ``normalize``; the output records how to
@@ -252,7 +254,7 @@ class ApplyOptions:
     """
 
     normalize: bool = params.default("normalize")
-    dtype: str | None = params.default("dtype")
+    dtype: Storage | None = params.default("dtype")  # type: ignore[assignment]  # parsed in __post_init__
     skip_nonfinite: bool = params.default("skip_nonfinite")
     zarr_format: int = params.default("zarr_format")
     compressor: str = params.default("compressor")
@@ -264,15 +266,21 @@ class ApplyOptions:
     overwrite: bool = False
 
     def __post_init__(self):
+        if self.dtype is not None:
+            object.__setattr__(self, "dtype", parse_storage(self.dtype))
         _check_fields(self)
         object.__setattr__(self, "keep_columns", column_names(self.keep_columns))
-        coded = self.dtype in params.CODED_DTYPES or params.is_code_dtype(self.dtype)
-        if coded:  # codes and bits are of the unit vectors, as the search stores them
+        if self.dtype is not None and self.dtype.coded:  # codes and bits are of the unit vectors, as searched
             if self.skip_nonfinite:
                 raise BadInputError(
-                    f"dtype {self.dtype!r} cannot hold the NaN rows skip_nonfinite writes; write float32 or float16"
+                    f"dtype {str(self.dtype)!r} cannot hold the NaN rows skip_nonfinite writes; write float32 or float16"
                 )
             object.__setattr__(self, "normalize", True)
+
+    def storing(self, default: Storage | None) -> ApplyOptions:
+        """These options with ``dtype`` None made ``default`` (a model's storage, what ``tune`` chose; float32
+        when None): what an apply writes when no dtype is given (coded, it sets ``normalize``)."""
+        return self if self.dtype is not None else replace(self, dtype=default or Storage())
 
 
 @dataclass(frozen=True)

@@ -144,13 +144,9 @@ _MODEL, _APPLY, _INPUT = ("model",), ("apply",), ("input",)
 #: The values of ``dtype`` that store codes, not floats (int8 codes, packed sign bits): always of unit
 #: vectors, never NaN, decoded with the record the output carries.
 CODED_DTYPES = ("int8", "binary")
-#: A vector code as a dtype: ``NAME:BYTES`` (``eigen:24``; the names are ``streamwhiten.codes.CODES``).
+#: A vector code as a dtype: ``NAME:BYTES`` (``eigen:24``; the names are ``streamwhiten.storage.CODES``, which
+#: `streamwhiten.storage.parse_storage` checks).
 CODE_PATTERN = r"[a-z][a-z0-9+-]*:[0-9]+"
-
-
-def is_code_dtype(dtype: object) -> bool:
-    """Whether ``dtype`` names a vector code (``NAME:BYTES``), which stores unit-length vectors as codes."""
-    return isinstance(dtype, str) and re.fullmatch(CODE_PATTERN, dtype) is not None
 
 
 #: Every parameter, by name (aliases included: see `NAMES` for the parameters alone).

@@ -37,10 +37,10 @@ from .engine.engines import Watch
 from .errors import BadInputError, InterruptedRunError, NothingToDoError
 from .options import ApplyOptions, EngineOptions, FitOptions, ReadOptions, Setting
 from .progress import Progress, phase
+from .storage import Storage
 
 if TYPE_CHECKING:
     from .core.model import WhiteningModel
-    from .core.quantize import Storage
     from .engine.apply import ApplyOutcome
     from .engine.fit import FitPlan
 
@@ -526,7 +526,7 @@ def apply(
         Another setting than the model's saved one (re-finalized from its statistics, no pass over data).
     options, read : ApplyOptions, ReadOptions, optional
         What is written and how; how the input is read. ``options.dtype`` None (the default without
-        ``options``) writes the model's storage (``engine.apply.with_model_storage``).
+        ``options``) writes the model's storage (`ApplyOptions.storing`).
     engine : EngineOptions or Engine, optional
         Which engine runs the blocks (default: the serial engine).
     given : tuple of str
@@ -545,7 +545,6 @@ def apply(
     ApplyOutcome
     """
     from .core.model import load_model
-    from .engine.apply import with_model_storage
     from .engine.engines import Engine, engine_for
     from .io import refuse_input_overlap
 
@@ -555,12 +554,11 @@ def apply(
     refuse_input_overlap({output_spec: "output"}, [input_spec] + ([model] if isinstance(model, str) else []))
     if isinstance(model, (str, os.PathLike)):
         model = load_model(os.fspath(model))
-    options = with_model_storage(options, model)  # before re-finalizing: a bad combination is refused first
+    options = options.storing(model.storage)  # before re-finalizing: a bad combination is refused first
     changes = (setting or Setting()).given()
     if changes:
-        from .codes.storage import recorded_code
-
-        recorded = recorded_code(model, str(options.dtype)) if _params.is_code_dtype(options.dtype) else None
+        held = model.storage if options.dtype is not None and options.dtype.names(model.storage) else None
+        recorded = held.codec if held is not None else None
         model = model.with_params(**changes)
         if recorded is not None and model.storage is None:
             raise BadInputError(
@@ -602,7 +600,7 @@ DEFAULT_CODE_SAMPLE_ROWS = 10_000
 
 def with_codes(
     model: WhiteningModel | str,
-    code: str,
+    code: str | Storage,
     budget: int | None = None,
     *,
     sample: Any = None,
@@ -616,7 +614,8 @@ def with_codes(
     unit-length outputs (``y = x A + b``, as search stores them), of at most ``budget`` bytes a vector
     (per-vector scalars included), recorded in the model (its checksummed bytes; save with ``save``).
 
-    ``code`` is a name of ``streamwhiten.codes.CODES`` with ``budget``, or ``"NAME:BYTES"`` (``"eigen:24"``).
+    ``code`` is a name of ``streamwhiten.codes.CODES`` with ``budget``, or ``"NAME:BYTES"`` (``"eigen:24"``; or
+    its `Storage`).
     The codes that need only statistics (``eigen``, ``bits-random``, ...) train from the model's state, with
     no pass over data; those that learn from data (``faiss-*``, ``bits-itq``) from ``sample_size`` rows of
     ``sample`` (an input store's spec, an open source, or an array of input rows) drawn with ``seed``, both
@@ -636,17 +635,21 @@ def with_codes(
     ('eigen-4B', 4)
     """
     from .codes import NEEDS_SAMPLE, check_budget, smallest_sample
-    from .codes.storage import is_code, parse_code, train_for, with_codec
+    from .codes.storage import train_for, with_codec
     from .core.model import check_model_output, load_model, save_model
+    from .storage import parse_storage
 
     if output is not None:  # before any work: a .npz name, replacing only a model file of ours
         check_model_output(os.fspath(output), overwrite)
     if isinstance(model, (str, os.PathLike)):
         model = load_model(os.fspath(model))
-    if is_code(code):
+    if isinstance(code, Storage) or ":" in code:
         if budget is not None:
-            raise BadInputError(f"give the budget in the code ({code!r}) or as budget, not both")
-        code, budget = parse_code(code)
+            raise BadInputError(f"give the budget in the code ({str(code)!r}) or as budget, not both")
+        named = parse_storage(code)
+        if named.code is None:
+            raise BadInputError(f"a code's storage names a code (e.g. eigen:24), got {str(named)!r}")
+        code, budget = named.code, named.budget
     if budget is None:
         raise BadInputError(f"give the {code} code a byte budget (e.g. {code}:24)")
     _params.check("seed", seed)

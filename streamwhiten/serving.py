@@ -33,10 +33,11 @@ import numpy as np
 
 from ._npz import check_file, read_npz
 from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap, mean_sq_norm
-from .core.quantize import Quantization, Storage, storage_quantizations
+from .core.quantize import Quantization, storage_quantizations
 from .core.quantize import decode as decode_record
 from .core.validate import map_fields, map_weights, model_fields
 from .errors import BadInputError
+from .storage import Storage
 
 #: The model file this module reads (the same values as ``streamwhiten.core.model.FORMAT_NAME``/``FORMAT_VERSION``,
 #: which cannot be imported here without numba).

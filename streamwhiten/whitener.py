@@ -22,6 +22,7 @@ from . import errors, params
 from .core import stats
 from .core.model import WhiteningModel, load_model, save_model
 from .errors import BadInputError
+from .storage import Storage, parse_storage
 
 if TYPE_CHECKING:
     from .records import Fingerprint
@@ -376,21 +377,25 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         """``model`` recording this estimator's ``dtype`` as its storage (kept as it is when it already does)."""
         from dataclasses import replace
 
-        from .core.quantize import DEFAULT_INT8_CLIP, Storage
+        from .core.quantize import DEFAULT_INT8_CLIP
 
-        if self.dtype is None or model.dtype == self.dtype:
+        wanted = self._storage()
+        if wanted is None or wanted.names(model.storage or Storage()):
             return model
-        if params.is_code_dtype(self.dtype):  # the code, recorded as the model's storage (its codec's bytes)
+        if wanted.code is not None:  # the code, recorded as the model's storage (its codec's bytes)
             from .codes import NEEDS_SAMPLE
-            from .codes.storage import parse_code, recorded_code
             from .pipeline import with_codes
 
-            code, _ = parse_code(str(self.dtype))
-            if recorded_code(model, str(self.dtype)) is not None or code in NEEDS_SAMPLE:
+            if wanted.code in NEEDS_SAMPLE:
                 return model  # a code that learns from a sample is recorded by with_codes, with its sample
-            return with_codes(model, str(self.dtype))
+            return with_codes(model, wanted)
         clip = model.storage.int8_clip if model.storage is not None else DEFAULT_INT8_CLIP
-        return replace(model, storage=Storage(self.dtype, int8_clip=clip))
+        return replace(model, storage=Storage(wanted.dtype, int8_clip=clip))
+
+    def _storage(self) -> Storage | None:
+        """The ``dtype`` parameter as a `Storage` (None: the floats computed in), parsed where the estimator
+        uses it: a scikit-learn parameter is kept as it was given."""
+        return None if self.dtype is None else parse_storage(self.dtype)
 
     @property
     def model_(self) -> WhiteningModel:
@@ -442,13 +447,11 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
     def quantization_(self):
         """The record of how ``transform`` stores its output (`Quantization`:
         kind, scale and offset of int8 codes, ...), None when ``dtype`` is None."""
-        if self.dtype is None:
+        wanted = self._storage()
+        if wanted is None or wanted.code is not None:  # a vector code: its codec is the model's (model_.storage)
             self._finalized()
             return None
-        if params.is_code_dtype(self.dtype):  # a vector code: its codec is the model's storage (model_.storage)
-            self._finalized()
-            return None
-        return self._finalized().quantization(self.dtype, normalize=bool(self.normalize))
+        return self._finalized().quantization(wanted.dtype, normalize=bool(self.normalize))
 
     # -- using it ------------------------------------------------------------------------------------
     def transform(self, X: Any, normalize: bool | None = None) -> np.ndarray:
@@ -468,23 +471,19 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
 
             return transform_dask(model, X, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
         rows = self._rows(X, reset=False)  # width and feature names as fitted
-        if self.dtype is None:
+        wanted = self._storage()
+        if wanted is None:
             return model.transform(rows, normalize=normalize, skip_nonfinite=self.skip_nonfinite)
-        params.check("dtype", self.dtype)
-        if params.is_code_dtype(self.dtype):  # a vector code of the unit outputs: the model's, else trained here
-            from .engine.apply import code_storage
-
-            if self.skip_nonfinite:
-                raise BadInputError(
-                    f"dtype {self.dtype!r} cannot hold the NaN rows skip_nonfinite writes: use a float dtype"
-                )
-            encoder = code_storage(model, str(self.dtype)).encoder
-            return np.asarray(encoder.encode(model.transform(rows, normalize=True).astype(np.float32, copy=False)))
-        record = model.quantization(self.dtype, normalize=normalize)
-        if record is not None and record.kind in ("int8", "binary") and self.skip_nonfinite:
+        if wanted.coded and self.skip_nonfinite:
             raise BadInputError(
-                f"dtype {self.dtype!r} cannot hold the NaN rows skip_nonfinite writes: use a float dtype"
+                f"dtype {str(wanted)!r} cannot hold the NaN rows skip_nonfinite writes: use a float dtype"
             )
+        if wanted.code is not None:  # a vector code of the unit outputs: the model's, else trained here
+            from .codes.storage import resolve
+
+            encoder = resolve(model, wanted).encoder  # type: ignore[union-attr]
+            return np.asarray(encoder.encode(model.transform(rows, normalize=True).astype(np.float32, copy=False)))
+        record = model.quantization(wanted.dtype, normalize=normalize)
         values = model.transform(
             rows, normalize=record.normalized if record else normalize, skip_nonfinite=self.skip_nonfinite
         )

@@ -257,7 +257,7 @@ def tuned_model(path, source) -> None:
     """A model that records int8 storage, as ``tune`` writes it (k = 256)."""
     import streamwhiten
     from streamwhiten.core.model import save_model
-    from streamwhiten.core.quantize import Storage
+    from streamwhiten.storage import Storage
 
     model = streamwhiten.fit(source, None, setting=streamwhiten.Setting(n_components=K)).model
     save_model(dataclasses.replace(model, storage=Storage(dtype="int8")), str(path))

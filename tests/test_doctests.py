@@ -19,6 +19,7 @@ MODULES = [
     "streamwhiten.serving",
     "streamwhiten.params",
     "streamwhiten.options",
+    "streamwhiten.storage",
     "streamwhiten.progress",
 ]
 

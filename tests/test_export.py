@@ -662,7 +662,7 @@ def stored_models(tmp_path_factory, model_path):
     from dataclasses import replace
 
     from streamwhiten.core.model import load_model, save_model
-    from streamwhiten.core.quantize import Storage
+    from streamwhiten.storage import Storage
 
     folder = tmp_path_factory.mktemp("stored")
     paths = {}

@@ -3,7 +3,7 @@
 Every module under ``streamwhiten/`` is parsed with ``ast`` (nothing is imported), its imports are
 resolved to absolute names, those inside functions included, and checked against the layers:
 
-    foundation (errors, params, options, records, progress, output_plan, _buffers, _durable, _npz, _paths)  <  core  <  codes, io
+    foundation (errors, params, options, records, progress, output_plan, storage, _buffers, _durable, _npz, _paths)  <  core  <  codes, io
     <  engine  <  evaluation, pipeline  <  job  <  serving, export, synthetic, whitener  <  cli
 
 (``io`` takes only the LZF decoder from ``core``: it is a Numba kernel, and numba stays in one package,
@@ -38,6 +38,7 @@ FOUNDATION = {
     "_npz",
     "_paths",
     "progress",
+    "storage",
 }
 
 #: The layers (packages, or single top-level modules) each layer may import besides itself, or single

@@ -17,7 +17,7 @@ from conftest import anisotropic, write_h5
 from streamwhiten import Whitener, __version__
 from streamwhiten.core.model import load_model, map_checksum
 from streamwhiten.core.quantize import Quantization
-from streamwhiten.engine.apply import aligned_block_rows, apply_model, plan_output, with_model_storage
+from streamwhiten.engine.apply import aligned_block_rows, apply_model, plan_output
 from streamwhiten.io import RowRange, fingerprint, open_output, open_source, read_attrs
 from streamwhiten.options import ApplyOptions, ReadOptions
 from streamwhiten.output_plan import OutputPlan, StoredAs, record_digest
@@ -40,7 +40,7 @@ def fitted(tmp_path_factory):
 def _plan(model, spec, output_spec, options, read=None, rows=None, sha=True):
     """The plan apply makes for these arguments (with the input's hash, as the is-current check has it)."""
     read = read or ReadOptions()
-    options = with_model_storage(options, model)
+    options = options.storing(model.storage)
     with open_source(spec, read=read, min_rows=1) as opened:
         source = opened if rows is None else RowRange(opened, *rows)
         digest = fingerprint(source).sha256_sampled if sha else None
@@ -172,23 +172,24 @@ def test_matches_fails_when_any_recorded_field_differs(tmp_path, fitted):
 def test_the_resume_record_is_the_one_apply_made_before_the_plan(tmp_path, fitted, options, read, rows, name):
     _, spec, model = fitted
     out = str(tmp_path / name)
-    options = with_model_storage(options, model)
+    options = options.storing(model.storage)
     with open_source(spec, read=read, min_rows=1) as opened:
         source = opened if rows is None else RowRange(opened, *rows)
         output = open_output(out, read)
         plan = plan_output(model, source, output, options, read)
         printed = fingerprint(source)
         # as apply's _prepare_writing made it, field by field
-        quantization = model.quantization(options.dtype) if options.dtype in ("int8", "binary") else None
+        kind = str(options.dtype)
+        quantization = model.quantization(kind) if kind in ("int8", "binary") else None
         width = model.n_components if quantization is None else quantization.width
-        dtype = np.dtype(options.dtype) if quantization is None else quantization.dtype
+        dtype = np.dtype(kind) if quantization is None else quantization.dtype
         chunk_rows = output.chunk_rows(width, dtype, source.n_rows, read.block_rows, source.default_block_rows())
         old = ResumeRecord(
             model_checksum=map_checksum(model),
             source=printed,
             output=os.path.abspath(out),
             normalize=bool(options.normalize),
-            dtype=str(np.dtype(options.dtype)) if quantization is None else quantization.kind,
+            dtype=str(np.dtype(kind)) if quantization is None else quantization.kind,
             zarr_format=int(options.zarr_format),
             block_rows=aligned_block_rows(read.block_rows, source, chunk_rows),
             skip_nonfinite=bool(options.skip_nonfinite),

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from ..errors import BadInputError
 from ..params import PARAMS
+from ..storage import CodecRecord, Storage, not_a_code, parse_storage
 from ._common import emit, progress_bar
 from ._options import json_option, quiet_option
-
-if TYPE_CHECKING:
-    from ..core.quantize import CodecRecord
 
 #: The plain storages a ``--dtype`` takes beside a code.
 DTYPES: tuple[str, ...] = tuple(str(choice) for choice in PARAMS["dtype"].choices)
@@ -26,25 +24,27 @@ def code_names() -> str:
 
 
 class CodeType(click.ParamType):
-    """A vector code ``NAME:BYTES`` (``eigen:24``), refused in one line naming the codes."""
+    """A vector code ``NAME:BYTES`` (``eigen:24``), parsed into a `Storage`; refused in one line naming the
+    codes (`StorageType` takes the plain storages too, refused in the dtype's words)."""
 
     name = "NAME:BYTES"
+    codes_only = True
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from ..codes.storage import parse_code
-
         try:
-            parse_code(value)
+            if self.codes_only and ":" not in str(value):  # a plain storage where a code is wanted
+                raise not_a_code(value)
+            return parse_storage(value)
         except BadInputError as exc:
-            self.fail(str(exc), param, ctx)
-        return value
+            self.fail(str(exc), param, ctx)  # the parameter's words name the codes too
 
 
-class StorageType(click.ParamType):
+class StorageType(CodeType):
     """``eval --dtype`` and ``apply --dtype``: a storage (float32, float16, int8, binary) or a vector code
     ``NAME:BYTES``; the shell completes the storages."""
 
     name = "DTYPE|NAME:BYTES"
+    codes_only = False
 
     def get_metavar(self, param: click.Parameter, ctx: click.Context) -> str:
         return "[" + "|".join(DTYPES) + "|NAME:BYTES]"
@@ -53,17 +53,6 @@ class StorageType(click.ParamType):
         from click.shell_completion import CompletionItem
 
         return [CompletionItem(name) for name in DTYPES if name.startswith(incomplete)]
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        from ..codes.storage import is_code
-        from ..params import check
-
-        if is_code(value):
-            return CodeType().convert(value, param, ctx)
-        try:
-            return check("dtype", value)
-        except BadInputError as exc:
-            self.fail(str(exc), param, ctx)  # the parameter's words name the codes too
 
 
 @click.command(name="codes")
@@ -91,7 +80,7 @@ class StorageType(click.ParamType):
 @json_option
 def codes(
     model_path: str,
-    code: str,
+    code: Storage,
     sample: str | None,
     sample_size: int | None,
     seed: int,
@@ -158,12 +147,11 @@ def _target(model_path: str, sample: str | None, output_path: str | None, in_pla
     return output_path or model_path
 
 
-def _check_sample(code: str, sample: str | None, sample_size: int | None) -> None:
+def _check_sample(code: Storage, sample: str | None, sample_size: int | None) -> None:
     """A code that learns from data needs ``--sample``; ``--sample-size`` needs it too."""
     from ..codes import NEEDS_SAMPLE
-    from ..codes.storage import parse_code
 
-    if parse_code(code)[0] in NEEDS_SAMPLE and sample is None:
+    if code.code in NEEDS_SAMPLE and sample is None:
         raise BadInputError(f"the {code} code learns from a sample of the input rows: give --sample INPUT")
     if sample_size is not None and sample is None:
         raise BadInputError("--sample-size: give --sample (an input store) to draw from")

@@ -29,30 +29,12 @@ from typing import TYPE_CHECKING, Any
 import numpy.typing as npt
 
 from ..errors import BadInputError, ModelFileError
+from ..storage import CODES
 from .base import Codec, read_parts
 
 if TYPE_CHECKING:
-    from ..core.quantize import CodecRecord
+    from ..storage import CodecRecord
 
-#: The codes `train_codec` trains.
-CODES: tuple[str, ...] = (
-    "eigen",
-    "eigen-iso",
-    "eigen+f",
-    "bits-random",
-    "bits-random+f",
-    "bits-itq",
-    "bits-itq+f",
-    "bits-pca",
-    "bits-pca+f",
-    "faiss-pq",
-    "faiss-opq",
-    "faiss-rabitq1",
-    "faiss-rabitq2",
-    "faiss-rabitq4",
-    "faiss-sq4",
-    "faiss-sq8",
-)
 #: The codes that learn from a sample of the vectors (the others need only the statistics).
 NEEDS_SAMPLE: tuple[str, ...] = tuple(name for name in CODES if name.startswith(("faiss-", "bits-itq")))
 #: The code families ``tune`` sweeps under a byte budget (``--max-bytes``; faiss's where faiss is

@@ -10,38 +10,27 @@ ranges are (`normalized_moments`). The codes that learn from data
 the seed they were drawn with are recorded.
 
 Code names on the command line and in ``eval``'s ``dtype``: ``NAME:BYTES`` (``eigen:24``,
-``faiss-pq:16``; `parse_code`).
+``faiss-pq:16``), parsed once into a `streamwhiten.storage.Storage`. `resolve` turns a model and a storage
+into what is stored (the record, its digest, the encoder), once per model and storage.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import replace
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..core.model import WhiteningModel, codec_setting, project
-from ..core.quantize import CODE, CodecRecord, Storage
+from ..core.model import WhiteningModel, codec_setting, map_checksum, project
+from ..core.quantize import Quantization
 from ..errors import BadInputError
-from . import CODES, NEEDS_SAMPLE, record_codec, train_codec
+from ..output_plan import StoredAs, storage_record
+from ..storage import CODE, CodecRecord, Storage
+from . import NEEDS_SAMPLE, codec_from_bytes, codec_record_data, record_codec, train_codec
 from .base import Codec
-
-#: How a code is named where a storage is: ``NAME:BYTES``.
-SPEC_HELP = "NAME:BYTES, NAME one of " + ", ".join(CODES)
-
-
-def is_code(spec: object) -> TypeGuard[str]:
-    """Whether ``spec`` names a code (``NAME:BYTES``) rather than a plain storage dtype."""
-    return isinstance(spec, str) and ":" in spec
-
-
-def parse_code(spec: str) -> tuple[str, int]:
-    """``("eigen", 24)`` of ``"eigen:24"``; `BadInputError` for anything else."""
-    name, _, budget = str(spec).partition(":")
-    if name not in CODES or not budget.isascii() or not budget.isdigit() or int(budget) < 1:
-        raise BadInputError(f"a code is {SPEC_HELP} (e.g. eigen:24), got {spec!r}")
-    return name, int(budget)
 
 
 def unit_output_moments(
@@ -134,14 +123,6 @@ def with_codec(
     return replace(model, storage=Storage(CODE, codec=record))
 
 
-def recorded_code(model: WhiteningModel, spec: str) -> CodecRecord | None:
-    """The codec record ``model`` keeps as its storage when it is the code ``spec`` (``NAME:BYTES``) names,
-    else None: where apply, a job and the estimator ask whether the model already holds the code wanted."""
-    code, budget = parse_code(spec)
-    recorded = model.storage.codec if model.storage is not None else None
-    return recorded if recorded is not None and (recorded.code, recorded.budget) == (code, budget) else None
-
-
 def model_codec(model: WhiteningModel) -> Codec | None:
     """The codec a model records as its storage (decoded, every field checked: `record_codec`),
     None without one."""
@@ -157,13 +138,158 @@ def codec_summary(codec: Codec) -> dict[str, Any]:
     return {"code": codec.label, "bytes_per_vector": codec.bytes_per_vector, "model_bytes": codec.model_bytes}
 
 
+class CodecEncoder:
+    """Encodes unit-length output rows as a vector code's rows (``streamwhiten.codes``' Numba encoder), and
+    decodes them, from the codec's checksummed bytes: what a Dask worker receives is those bytes, decoded
+    there once."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = bytes(data)
+        self._codec: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"data": self.data}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["data"])  # type: ignore[misc]
+
+    @property
+    def codec(self) -> Codec:
+        """The codec, decoded from its bytes on first use."""
+        if self._codec is None:
+            self._codec = codec_from_bytes(self.data)
+        codec: Codec = self._codec
+        return codec
+
+    def encode(self, rows: np.ndarray) -> np.ndarray:
+        from .fast import encode
+
+        return encode(self.codec, rows)
+
+    def decode(self, codes: np.ndarray, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
+        """The rows the codes stand for (unit-length vectors, approximately)."""
+        return np.asarray(self.codec.decode(codes), dtype=dtype)
+
+
+def _codec_digest(attrs: Mapping[str, Any]) -> str:
+    """The SHA-256 of the codec bytes a code output's record names (its ``codec`` entry)."""
+    record = storage_record(attrs)
+    if not isinstance(record, Mapping) or not isinstance(record.get("codec"), Mapping):
+        raise ValueError("not a vector code's record")
+    return str(record["codec"]["sha256"])
+
+
+def _quantization_digest(attrs: Mapping[str, Any]) -> str:
+    """The digest of the codes' record an output's attributes carry, read as a `Quantization`."""
+    return Quantization.from_attrs(attrs).digest()
+
+
+def _stored_code(model: WhiteningModel, storage: Storage) -> StoredAs:
+    """What stores ``model``'s outputs as the vector code ``storage`` names: the model's own codec where it
+    records that code (or ``storage`` carries one); else one trained here from the exact statistics (the
+    codes that learn from a sample are recorded with ``streamwhiten.with_codes`` first). The record carries
+    the codec's bytes (`codec_record_data`), so ``serving.codec(attrs)`` decodes an output with nothing else."""
+    recorded = storage.codec or (model.storage.codec if storage.names(model.storage) else None)  # type: ignore[union-attr]
+    if recorded is not None:
+        record_codec(recorded, model.n_components)  # every field checked before anything is written
+        data, label, width = recorded.data, recorded.label, recorded.bytes_per_vector
+        sample = (recorded.sample_rows, recorded.sample_seed)
+    elif storage.code in NEEDS_SAMPLE:
+        held = model.storage.codec if model.storage is not None else None
+        raise BadInputError(
+            f"the {storage.code} code learns from a sample of the input: record it in the model first (the codes "
+            f"command, or streamwhiten.with_codes(model, {str(storage)!r}, sample=...)); the model records "
+            + (f"the {held.label} code" if held else "no code"),
+            param="dtype",
+        )
+    else:
+        codec = train_for(model, str(storage.code), int(storage.budget or 0))
+        data, label, width, sample = codec.to_bytes(), codec.label, codec.bytes_per_vector, (0, 0)
+    carried = codec_record_data(data)  # the codec's bytes, so the output decodes from itself
+    record = {
+        "codec": {
+            "code": storage.code,
+            "budget": int(storage.budget or 0),
+            "label": label,
+            "bytes_per_vector": int(width),
+            "n_features": int(model.n_components),
+            "sample_rows": int(sample[0]),
+            "sample_seed": int(sample[1]),
+            **carried,
+        }
+    }
+    return StoredAs(
+        label, int(width), "uint8", record, carried["sha256"], read_digest=_codec_digest, encoder=CodecEncoder(data)
+    )
+
+
+def stored_as(quantization: Quantization | None) -> StoredAs | None:
+    """What stores codes made with ``quantization`` (int8 codes, sign bits; None: floats)."""
+    if quantization is None:
+        return None
+    return StoredAs(
+        quantization.kind,
+        quantization.width,
+        quantization.dtype.name,
+        quantization.to_dict(),
+        quantization.digest(),
+        read_digest=_quantization_digest,
+        encoder=quantization,
+    )
+
+
+class _Memo:
+    """The last few storages `resolve` resolved, by model and storage; ``hits`` and ``misses`` count."""
+
+    def __init__(self, size: int = 8) -> None:
+        self.size, self.hits, self.misses = size, 0, 0
+        self.entries: OrderedDict[tuple[Any, ...], StoredAs | None] = OrderedDict()
+
+
+_MEMO = _Memo()
+
+
+def resolve(model: WhiteningModel, storage: Storage | None = None) -> StoredAs | None:
+    """What is stored when ``model``'s outputs are stored as ``storage`` (None: the model's own storage,
+    float32 when it records none): None for floats; else the record an output carries, its digest and the
+    encoder (int8 codes and bits: the `Quantization` from the model's statistics, its int8 clip the
+    model's; a vector code: `_stored_code`). Memoised by the map's checksum, the model's recorded storage
+    and ``storage``, so an apply, the up-to-date check before it and the estimator train a code once."""
+    storage = storage or model.storage or Storage()
+    recorded = model.storage
+    key = (
+        map_checksum(model),
+        None if recorded is None else (recorded.int8_clip, recorded.codec and recorded.codec.sha256),
+        str(storage),
+        storage.codec and storage.codec.sha256,
+    )
+    if key in _MEMO.entries:
+        _MEMO.hits += 1
+        _MEMO.entries.move_to_end(key)
+        return _MEMO.entries[key]
+    _MEMO.misses += 1
+    if storage.dtype == CODE:
+        stored: StoredAs | None = _stored_code(model, storage)
+    else:
+        stored = stored_as(model.quantization(storage.dtype) if storage.coded else None)
+    _MEMO.entries[key] = stored
+    while len(_MEMO.entries) > _MEMO.size:
+        _MEMO.entries.popitem(last=False)
+    return stored
+
+
+def resolve_counts() -> tuple[int, int]:
+    """``(hits, misses)`` of `resolve` so far: how often a storage was resolved anew (tests count them)."""
+    return _MEMO.hits, _MEMO.misses
+
+
 __all__ = [
-    "SPEC_HELP",
+    "CodecEncoder",
     "codec_summary",
-    "is_code",
     "model_codec",
-    "parse_code",
-    "recorded_code",
+    "resolve",
+    "resolve_counts",
+    "stored_as",
     "train_for",
     "unit_output_moments",
     "unit_rows",

@@ -27,14 +27,13 @@ from .._npz import checksum, foreign_npz, read_npz, write_npz_atomic
 from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
 from ..records import Fingerprint, fingerprint_of
+from ..storage import CODE, Storage
 from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
 from .eigen import eigendecomposition
 from .product import rounded_product
 from .quantize import (
-    CODE,
     DEFAULT_INT8_CLIP,
     Quantization,
-    Storage,
     cast_checked,
     quantization_for,
     raise_if_overflowed,

@@ -49,7 +49,7 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 import numpy as np
@@ -58,13 +58,12 @@ import numpy.typing as npt
 from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
 from ..output_plan import STORAGE_ATTR
 from ..params import CODED_DTYPES, PARAMS, check
+from ..storage import CODE, DEFAULT_INT8_CLIP, Storage
 
 #: The storage kinds (the values of the ``dtype`` parameter).
 KINDS: tuple[str, ...] = PARAMS["dtype"].choices
 #: The int8 codes used: -127..127 (symmetric; -128 is never written).
 INT8_MAX = 127
-#: Standard deviations about the mean that the int8 codes span (see ``docs/evaluation.md``).
-DEFAULT_INT8_CLIP: float = float(PARAMS["int8_clip"].default)  # type: ignore[arg-type]
 #: The decode record's format name and version, written into every record.
 RECORD_FORMAT, RECORD_VERSION = "streamwhiten-quantization", 1
 #: A component's standard deviation is floored at this fraction of the largest one, so a component
@@ -459,215 +458,6 @@ def int8_for_map(
 # ---------------------------------------------------------------------------------- a model's storage
 
 
-#: The ``dtype`` of a storage whose vectors are a codec's code rows (`CodecRecord`).
-CODE = "code"
-
-
-@dataclass(frozen=True, eq=False)
-class CodecRecord:
-    """A vector code a model records as its storage: the codec's checksummed byte form (what
-    ``streamwhiten.codes.Codec.to_bytes`` wrote; opaque here, decoded with
-    ``streamwhiten.codes.codec_from_bytes`` where it is used) and what is known of it without decoding it.
-
-    Attributes
-    ----------
-    data : bytes
-        The byte form (rotations, codebooks, steps, a faiss index's trained state, and its SHA-256).
-    code : str
-        The code's name (``eigen``, ``faiss-pq``, ...; ``streamwhiten.codes.CODES``).
-    budget : int
-        The byte budget it was trained for.
-    label : str
-        Its short name and size (``eigen-24B``).
-    n_features : int
-        The width of the vectors it codes: the map's k.
-    bytes_per_vector : int
-        Bytes of a code row, per-vector scalars included.
-    sample_rows, sample_seed : int
-        The rows of the input drawn (seeded) to train a code that learns from data (0 and 0 for the
-        codes trained from the statistics alone).
-    setting : dict
-        ``beta``, ``gamma``, ``eps``, ``k`` of the map whose (unit-length) outputs it codes.
-    """
-
-    data: bytes
-    code: str
-    budget: int
-    label: str
-    n_features: int
-    bytes_per_vector: int
-    sample_rows: int = 0
-    sample_seed: int = 0
-    setting: Mapping[str, Any] | None = None
-    #: Where the record was read from, for messages (``model.npz: model file field 'storage_codec'``; None
-    #: for one made in memory). Not part of the record: not compared, not written.
-    origin: str | None = field(default=None, compare=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.data, (bytes, bytearray)) or len(self.data) < 33:
-            raise BadInputError("a codec record holds the codec's bytes")
-        object.__setattr__(self, "data", bytes(self.data))
-        for name in ("budget", "n_features", "bytes_per_vector", "sample_rows", "sample_seed"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-                raise BadInputError(f"a codec record's {name} is a whole number, got {value!r}")
-            object.__setattr__(self, name, int(value))
-        if self.n_features < 1 or self.bytes_per_vector < 1:
-            raise BadInputError("a codec record codes vectors of at least 1 value into at least 1 byte")
-        object.__setattr__(self, "setting", dict(self.setting or {}))
-
-    @property
-    def model_bytes(self) -> int:
-        """Bytes of the per-model part (the byte form), reported apart from the bytes per vector."""
-        return len(self.data)
-
-    @property
-    def sha256(self) -> str:
-        return hashlib.sha256(self.data).hexdigest()
-
-    def to_dict(self) -> dict[str, Any]:
-        """What a model file's ``storage_json`` records of the codec (its bytes are a member of their own)."""
-        return {
-            "code": self.code,
-            "budget": self.budget,
-            "label": self.label,
-            "n_features": self.n_features,
-            "bytes_per_vector": self.bytes_per_vector,
-            "model_bytes": self.model_bytes,
-            "sample_rows": self.sample_rows,
-            "sample_seed": self.sample_seed,
-            "setting": dict(self.setting or {}),
-            "sha256": self.sha256,
-        }
-
-    @classmethod
-    def from_dict(cls, record: Mapping[str, Any], data: bytes) -> CodecRecord:
-        """The record `to_dict` wrote, with the codec's bytes; `BadInputError` if the bytes
-        are not those it names (their SHA-256) or a field is missing."""
-        if not isinstance(record, Mapping):
-            raise BadInputError("a codec record is a JSON object")
-        if hashlib.sha256(bytes(data)).hexdigest() != record.get("sha256"):
-            raise BadInputError("the codec's bytes are not those its record names (their SHA-256 differs)")
-        try:
-            return cls(
-                data=bytes(data),
-                code=str(record["code"]),
-                budget=record["budget"],
-                label=str(record["label"]),
-                n_features=record["n_features"],
-                bytes_per_vector=record["bytes_per_vector"],
-                sample_rows=record.get("sample_rows", 0),
-                sample_seed=record.get("sample_seed", 0),
-                setting=record.get("setting") or {},
-            )
-        except (KeyError, TypeError) as exc:
-            raise BadInputError(f"a codec record without {exc}") from None
-
-
-@dataclass(frozen=True)
-class Storage:
-    """How a model's outputs are stored for search: what ``tune`` chose, recorded in the model file, and
-    what ``apply``, ``export``, ``serving`` and ``eval`` take by default.
-
-    Attributes
-    ----------
-    dtype : str
-        ``"float32"``, ``"float16"``, ``"int8"``, ``"binary"``, or ``"code"`` (a vector code: ``codec``).
-    rescore : int
-        ``binary`` and ``code`` only: the top ``rescore`` of the search are re-ranked with ``rescore_dtype``
-        vectors (0: none).
-    rescore_dtype : str
-        ``"float32"`` or ``"int8"``.
-    int8_clip : float
-        int8 codes (stored or re-ranked with) span each component's mean +- this many standard deviations.
-    codec : CodecRecord, optional
-        ``code`` only: the trained codec (its bytes and what it is).
-
-    The stored vectors are the map's outputs scaled to unit length (search is by cosine): their int8
-    ranges come from the statistics (`storage_quantizations`).
-    """
-
-    dtype: str = "float32"
-    rescore: int = 0
-    rescore_dtype: str = "float32"
-    int8_clip: float = DEFAULT_INT8_CLIP
-    codec: CodecRecord | None = None
-
-    def __post_init__(self) -> None:
-        if self.dtype is None:
-            raise BadInputError("a storage needs a dtype")
-        if (self.dtype == CODE) != (self.codec is not None):
-            raise BadInputError("a storage of dtype 'code' needs a codec, and only it has one")
-        for name in (
-            ("rescore", "rescore_dtype", "int8_clip")
-            if self.codec is not None
-            else (
-                "dtype",
-                "rescore",
-                "rescore_dtype",
-                "int8_clip",
-            )
-        ):
-            check(name, getattr(self, name))
-        object.__setattr__(self, "rescore", int(self.rescore))
-        object.__setattr__(self, "int8_clip", float(self.int8_clip))
-        if self.rescore and self.dtype not in ("binary", CODE):
-            raise BadInputError(f"rescore re-ranks a bit search: it needs dtype 'binary', not {self.dtype!r}")
-
-    def bytes_per_vector(self, n_components: int) -> int:
-        """Bytes a search reads from disk per corpus vector of ``n_components`` components: the stored
-        values (or bits, or a code row with its per-vector scalars), plus the vector a rescoring re-ranks
-        with. A codec's per-model part (rotations, codebooks) is not per vector: ``codec.model_bytes``."""
-        k = int(n_components)
-        if self.codec is not None:
-            stored = self.codec.bytes_per_vector
-        elif self.dtype == "binary":
-            stored = -(-k // 8)
-        else:
-            stored = k * np.dtype(_STORAGE_DTYPES[self.dtype]).itemsize
-        if self.rescore:
-            stored += k * np.dtype(_STORAGE_DTYPES[self.rescore_dtype]).itemsize
-        return int(stored)
-
-    @property
-    def label(self) -> str:
-        """``"int8"``, ``"binary+rescore100"``, ``"binary+rescore100(int8)"`` or ``"eigen-24B+rescore100"``."""
-        base = "binary" if self.codec is None else self.codec.label
-        if not self.rescore:
-            return self.dtype if self.codec is None else base
-        return f"{base}+rescore{self.rescore}" + ("" if self.rescore_dtype == "float32" else f"({self.rescore_dtype})")
-
-    def to_dict(self) -> dict[str, Any]:
-        record = {
-            "dtype": self.dtype,
-            "rescore": self.rescore,
-            "rescore_dtype": self.rescore_dtype,
-            "int8_clip": self.int8_clip,
-        }
-        if self.codec is not None:
-            record["codec"] = self.codec.to_dict()
-        return record
-
-    @classmethod
-    def from_dict(cls, record: dict[str, Any], codec_data: bytes | None = None) -> Storage:
-        """The storage `to_dict` wrote (other keys are ignored), with the codec's bytes where it
-        records a codec; `BadInputError` if it is none."""
-        if not isinstance(record, dict) or not isinstance(record.get("dtype"), str):
-            raise BadInputError("a storage record needs a dtype")
-        codec = None
-        if record.get("codec") is not None:
-            if codec_data is None:
-                raise BadInputError("a storage record of a codec needs the codec's bytes")
-            codec = CodecRecord.from_dict(record["codec"], codec_data)
-        return cls(
-            dtype=record["dtype"],
-            rescore=record.get("rescore", 0),
-            rescore_dtype=record.get("rescore_dtype", "float32"),
-            int8_clip=record.get("int8_clip", DEFAULT_INT8_CLIP),
-            codec=codec,
-        )
-
-
 def storage_quantizations(
     storage: Storage,
     n_rows: int,
@@ -695,14 +485,11 @@ def storage_quantizations(
 
 __all__ = [
     "ATTR",
-    "CODE",
     "CODED",
-    "CodecRecord",
     "DEFAULT_INT8_CLIP",
     "INT8_MAX",
     "KINDS",
     "Quantization",
-    "Storage",
     "cast_checked",
     "decode",
     "int8_for_map",

@@ -34,7 +34,8 @@ import numpy as np
 from .. import params
 from ..errors import BadInputError, ModelFileError
 from ..records import nul_field
-from .quantize import Quantization, Storage, storage_quantizations
+from ..storage import Storage
+from .quantize import Quantization, storage_quantizations
 
 #: Relative tolerances of the checks that compare computed values (far above float64 rounding, far below
 #: anything an edit would make meaningful).

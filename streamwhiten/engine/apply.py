@@ -54,8 +54,7 @@ from ..io import (
 )
 from ..io.codecs import Fetched
 from ..options import ApplyOptions, ReadOptions
-from ..output_plan import MODEL_PARAMS, STORAGE_ATTR, OutputPlan, StoredAs, storage_record
-from ..params import CODED_DTYPES, is_code_dtype
+from ..output_plan import MODEL_PARAMS, STORAGE_ATTR, OutputPlan
 from ..records import ResumeRecord
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
@@ -78,126 +77,10 @@ def check_output(model: WhiteningModel, source: Source, output_spec: str) -> Non
     refuse_input_overlap({output_spec: "output"}, [source.path])
 
 
-def with_model_storage(options: ApplyOptions, model: WhiteningModel) -> ApplyOptions:
-    """``options`` with ``dtype`` None made the model's storage (what ``tune`` chose; float32 when it records
-    none): what every apply writes when no dtype is given. int8 codes and bits set ``normalize`` and refuse
-    ``skip_nonfinite`` ([`ApplyOptions`][streamwhiten.options.ApplyOptions])."""
-    if options.dtype is not None:
-        return options
-    recorded = model.storage.codec if model.storage is not None else None
-    if recorded is not None:  # the model's vector code, as NAME:BYTES
-        return replace(options, dtype=f"{recorded.code}:{recorded.budget}")
-    return replace(options, dtype=model.dtype)
-
-
-def output_quantization(model: WhiteningModel, dtype: str | None) -> Quantization | None:
-    """The record of an output of ``dtype`` int8 or binary (codes of the unit-length vectors, int8 ranges
-    from the model's statistics, as [`quantization`][streamwhiten.core.model.WhiteningModel.quantization] gives
-    them everywhere); None for a float output."""
-    return model.quantization(dtype) if dtype in CODED_DTYPES else None
-
-
 def encode_block(out: np.ndarray, quantization: Quantization | None) -> np.ndarray:
     """One transformed block as it is stored: ``out`` itself for a float output, else its codes
     (`Quantization.encode`; its rows are finite: a coded output takes no ``skip_nonfinite``)."""
     return out if quantization is None else quantization.encode(out)
-
-
-def _quantization_digest(attrs: Mapping[str, Any]) -> str:
-    """The digest of the codes' record an output's attributes carry, read as a `Quantization`."""
-    return Quantization.from_attrs(attrs).digest()
-
-
-class CodecEncoder:
-    """Encodes unit-length output rows as a vector code's rows (``streamwhiten.codes``' Numba encoder),
-    from the codec's checksummed bytes: what a Dask worker receives is those bytes, decoded there once."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = bytes(data)
-        self._codec: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"data": self.data}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["data"])  # type: ignore[misc]
-
-    def encode(self, rows: np.ndarray) -> np.ndarray:
-        from ..codes import codec_from_bytes
-        from ..codes.fast import encode
-
-        if self._codec is None:
-            self._codec = codec_from_bytes(self.data)
-        return encode(self._codec, rows)
-
-
-def _codec_digest(attrs: Mapping[str, Any]) -> str:
-    """The SHA-256 of the codec bytes a code output's record names (its ``codec`` entry)."""
-    record = storage_record(attrs)
-    if not isinstance(record, Mapping) or not isinstance(record.get("codec"), Mapping):
-        raise ValueError("not a vector code's record")
-    return str(record["codec"]["sha256"])
-
-
-def code_storage(model: WhiteningModel, dtype: str) -> StoredAs:
-    """The plan's storage of the vector code ``dtype`` (``NAME:BYTES``): the model's own codec where it
-    records that code; else one trained here for the model's unit-length outputs from the exact
-    statistics (the codes that learn from a sample are trained with ``streamwhiten.with_codes`` first).
-    Either way the output's record carries the codec's bytes (`codec_record_data`),
-    so ``serving.codec(attrs)`` and ``published().read`` decode it with nothing else."""
-    from ..codes import NEEDS_SAMPLE, codec_record_data, record_codec
-    from ..codes.storage import parse_code, recorded_code, train_for
-
-    code, budget = parse_code(dtype)
-    recorded = recorded_code(model, dtype)
-    if recorded is not None:
-        record_codec(recorded, model.n_components)  # every field checked before anything is written
-        data = recorded.data
-        label, width, sample = recorded.label, recorded.bytes_per_vector, (recorded.sample_rows, recorded.sample_seed)
-    elif code in NEEDS_SAMPLE:
-        raise BadInputError(
-            f"the {code} code learns from a sample of the input: record it in the model first (the codes "
-            f"command, or streamwhiten.with_codes(model, {dtype!r}, sample=...)); the model records "
-            + (
-                f"the {model.storage.codec.label} code"
-                if model.storage is not None and model.storage.codec
-                else "no code"
-            ),
-            param="dtype",
-        )
-    else:
-        codec = train_for(model, code, budget)
-        data, label, width, sample = codec.to_bytes(), codec.label, codec.bytes_per_vector, (0, 0)
-    carried = codec_record_data(data)  # the codec's bytes, so the output decodes from itself
-    sha = carried["sha256"]
-    record = {
-        "codec": {
-            "code": code,
-            "budget": int(budget),
-            "label": label,
-            "bytes_per_vector": int(width),
-            "n_features": int(model.n_components),
-            "sample_rows": int(sample[0]),
-            "sample_seed": int(sample[1]),
-            **carried,
-        }
-    }
-    return StoredAs(label, int(width), "uint8", record, sha, read_digest=_codec_digest, encoder=CodecEncoder(data))
-
-
-def stored_as(quantization: Quantization | None) -> StoredAs | None:
-    """The plan's storage of codes made with ``quantization`` (None: floats)."""
-    if quantization is None:
-        return None
-    return StoredAs(
-        quantization.kind,
-        quantization.width,
-        quantization.dtype.name,
-        quantization.to_dict(),
-        quantization.digest(),
-        read_digest=_quantization_digest,
-        encoder=quantization,
-    )
 
 
 def plan_output(
@@ -212,19 +95,18 @@ def plan_output(
 ) -> OutputPlan:
     """The one `OutputPlan` of writing ``model``'s transform of
     ``source`` (a `RowRange` writes part of its input) to ``output`` with
-    ``options`` (their dtype the model's storage already: `with_model_storage`), read in
+    ``options`` (dtype None: the model's storage; what is stored: ``codes.storage.resolve``), read in
     ``read``'s blocks: what every writer, the resume record and the is-current check take.
 
     The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
     chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
     output's row groups are the blocks. ``source_sha256`` is the hash of its sampled rows where taken
     before writing; ``attrs`` are recorded beside the plan's own."""
-    if is_code_dtype(options.dtype):
-        storage: StoredAs | None = code_storage(model, str(options.dtype))
-    else:
-        storage = stored_as(output_quantization(model, options.dtype))
+    from ..codes.storage import resolve
+
+    storage = resolve(model, options.dtype)
     if storage is None:
-        width, dtype = model.n_components, np.dtype(options.dtype).name
+        width, dtype = model.n_components, np.dtype(str(options.dtype or "float32")).name
     else:
         width, dtype = storage.width, storage.dtype
     chunk_rows = output.chunk_rows(width, dtype, source.n_rows, read.block_rows, source.default_block_rows())
@@ -287,7 +169,7 @@ def is_up_to_date(
     output = open_output(output_spec, read)
     if not output.exists():
         return False  # nothing to compare: the input is not read
-    options = with_model_storage(options, model)
+    options = options.storing(model.storage)
     window = None if rows is None else _pair(rows)
     with open_source(input_spec, read=read, min_rows=1) as opened:
         source = opened if window is None else RowRange(opened, *window)
@@ -454,7 +336,7 @@ def apply_model(
     """
     began = time.perf_counter()
     options, read = options or ApplyOptions(), read or ReadOptions()
-    options = with_model_storage(options, model)
+    options = options.storing(model.storage)
     if threads is not None:
         resolve_threads(threads)  # a bad value is refused before anything is opened
     output = open_output(output_spec, read)

@@ -44,7 +44,6 @@ from .apply import (
     refuse_current,
     summary,
     transform_block,
-    with_model_storage,
 )
 from .fit import FitPlan, FitResult, Specs, check_enough_rows, merge_read, open_sources, plan_blocks, reduce_block
 
@@ -396,7 +395,7 @@ def apply_dask(
     dask = _require("dask")
     distributed = _require("distributed")
     options, read = options or ApplyOptions(), read or ReadOptions()
-    options = with_model_storage(options, model)
+    options = options.storing(model.storage)
     # what the Dask engine writes whatever was asked (DaskEngine.check_apply refuses other values):
     # uncompressed Zarr through zarr, every chunk with its checksum, no other columns
     options = replace(options, compressor="none", direct_io=True, checksums=True, keep_columns=())

@@ -46,9 +46,11 @@ SAMPLE_ROWS, SAMPLE_SEED = 6000, 0
 KMEANS_ITERATIONS, OPQ_ITERATIONS = 10, 4
 
 
-def is_code(name: str) -> bool:
-    """Whether ``name`` names a code family (of `CODES`), not a plain storage."""
-    return name in CODES
+def split_families(names: Iterable[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``names`` (``tune``'s ``dtypes``) apart, each once in its order: the plain storages and the code
+    families (of `CODES`)."""
+    unique = tuple(dict.fromkeys(names))
+    return tuple(name for name in unique if name not in CODES), tuple(name for name in unique if name in CODES)
 
 
 def smallest_bytes(name: str, n_features: int, limit: int = 64) -> int | None:
@@ -283,9 +285,9 @@ __all__ = [
     "SAMPLE_SEED",
     "code_record",
     "fitting_codes",
-    "is_code",
     "search_codes",
     "smallest_bytes",
+    "split_families",
     "train_codes",
     "unit_rows",
     "unit_statistics",

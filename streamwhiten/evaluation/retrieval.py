@@ -36,12 +36,13 @@ import numpy as np
 from ..core.affine import scale_rows_to_unit
 from ..core.finite import raise_if_nonfinite
 from ..core.model import WhiteningModel, project
-from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, Storage, quantization_for
+from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, quantization_for
 from ..errors import BadInputError, NonFiniteError
 from ..io import Source, open_source, read_ids, remote
 from ..options import RetrievalOptions
 from ..params import PARAMS, check
 from ..progress import begin, phase
+from ..storage import CODE, Storage, parse_storage
 from .qrels import Ids, Qrels, read_exclude, read_qrels
 from .search import Exclusions, RescoreJob, SearchJob, SearchResult, corpus_blocks, rescore_all, search
 from .self_matches import ROUNDOFF, SelfMatches, find_self_matches
@@ -242,7 +243,7 @@ class SearchSetting:
         name: str,
         model: WhiteningModel,
         codec: Codec,
-        search: CodeSearch,
+        search: Storage,
         *,
         raw: bool = False,
         training: dict | None = None,
@@ -251,7 +252,7 @@ class SearchSetting:
         rows (``search``: the code's name, ``eigen:24``, and its re-ranking: the top ``rescore`` re-ranked
         with ``rescore_dtype`` vectors). Bytes per vector count the code row (per-vector scalars included)
         and the re-ranking vectors; the codec's per-model bytes are reported apart (``model_bytes``)."""
-        spec, rescore, rescore_dtype, int8_clip = search.spec, search.rescore, search.rescore_dtype, search.int8_clip
+        spec, rescore, rescore_dtype, int8_clip = str(search), search.rescore, search.rescore_dtype, search.int8_clip
         check("rescore", rescore)
         check("rescore_dtype", rescore_dtype)
         width = model.n_features if raw else model.n_components
@@ -457,23 +458,31 @@ def _describe(store: Any, what: str, column: str | None) -> dict:
 
 def search_storage(
     model: Any = None,
-    dtype: str | None = None,
+    storage: Storage | None = None,
     rescore: int | None = None,
     rescore_dtype: str | None = None,
     int8_clip: float | None = None,
 ) -> Storage:
-    """The storage a search uses: each of ``dtype``, ``rescore``, ``rescore_dtype``, ``int8_clip`` as
-    given, else the model's recorded storage's (what ``tune`` chose), else the defaults (float32). A
-    ``dtype`` given without ``rescore`` does not inherit the model's re-ranking unless it is ``binary``."""
+    """The storage a search uses: ``storage`` (a plain one or a code), else the model's recorded storage
+    (what ``tune`` chose, or its code), else float32; each of ``rescore``, ``rescore_dtype``, ``int8_clip``
+    as given, else the model's storage's (a code: where the model records that code, else none). A plain
+    ``storage`` given without ``rescore`` does not inherit the model's re-ranking unless it is ``binary``."""
     recorded = getattr(model, "storage", None) or Storage()
-    dtype = recorded.dtype if dtype is None else dtype
+    wanted = storage or recorded
+    base = recorded
+    if wanted.code is not None:
+        if model is None:
+            raise BadInputError(f"the {wanted} code trains from a model's statistics: give a model")
+        base = recorded if wanted.names(recorded) else Storage()
     if rescore is None:
-        rescore = recorded.rescore if dtype == "binary" else 0
+        rescore = base.rescore if wanted.dtype in ("binary", CODE) else 0
     return Storage(
-        dtype,
+        wanted.dtype,
         rescore,
-        recorded.rescore_dtype if rescore_dtype is None else rescore_dtype,
-        recorded.int8_clip if int8_clip is None else int8_clip,
+        base.rescore_dtype if rescore_dtype is None else rescore_dtype,
+        base.int8_clip if int8_clip is None else int8_clip,
+        code=wanted.code,
+        budget=wanted.budget,
     )
 
 
@@ -491,55 +500,8 @@ CODE_SAMPLE_ROWS = 10_000
 CODE_SAMPLE_SEED = 0
 
 
-@dataclass(frozen=True)
-class CodeSearch:
-    """A search over a vector code: its name and budget, and the re-ranking of its top ``rescore``."""
-
-    code: str
-    budget: int
-    rescore: int = 0
-    rescore_dtype: str = "float32"
-    int8_clip: float = DEFAULT_INT8_CLIP
-
-    @classmethod
-    def of(
-        cls,
-        model: WhiteningModel | None,
-        spec: str,
-        rescore: int | None,
-        rescore_dtype: str | None,
-        int8_clip: float | None,
-    ) -> CodeSearch:
-        """The search of ``spec`` (``NAME:BYTES``); each of ``rescore``, ``rescore_dtype``, ``int8_clip`` as
-        given, else the model's storage's where it records this code, else none."""
-        from ..codes.storage import parse_code
-
-        name, budget = parse_code(spec)
-        if model is None:
-            raise BadInputError(f"the {spec} code trains from a model's statistics: give a model")
-        recorded = model.storage
-        mine = recorded is not None and recorded.codec is not None
-        mine = mine and (recorded.codec.code, recorded.codec.budget) == (name, budget)  # type: ignore[union-attr]
-        base = recorded if mine and recorded is not None else Storage()
-        search = cls(
-            name,
-            budget,
-            base.rescore if rescore is None else int(rescore),
-            base.rescore_dtype if rescore_dtype is None else rescore_dtype,
-            base.int8_clip if int8_clip is None else float(int8_clip),
-        )
-        check("rescore", search.rescore)
-        check("rescore_dtype", search.rescore_dtype)
-        check("int8_clip", search.int8_clip)
-        return search
-
-    @property
-    def spec(self) -> str:
-        return f"{self.code}:{self.budget}"
-
-
 def _code_settings(
-    task: RetrievalTask, model: WhiteningModel, code: CodeSearch, progress: Callable[[int, int], None] | None = None
+    task: RetrievalTask, model: WhiteningModel, code: Storage, progress: Callable[[int, int], None] | None = None
 ) -> list[SearchSetting]:
     """The raw and whitened settings of a code search: the whitened vectors by the model's codec where it
     records this code, else one trained here; the raw vectors by the same code trained for them (from the
@@ -551,25 +513,26 @@ def _code_settings(
 
     sample = None
     training: dict = {}
-    if code.code in NEEDS_SAMPLE:
+    name, budget = str(code.code), int(code.budget or 0)
+    if name in NEEDS_SAMPLE:
         for width in {model.n_features, model.n_components}:  # the raw vectors' code and the whitened's
-            check_budget(code.code, width, code.budget)  # before the sample is read
+            check_budget(name, width, budget)  # before the sample is read
         with phase(progress, "read a sample of the corpus") as told:
             sample = sample_rows(task.corpus, CODE_SAMPLE_ROWS, CODE_SAMPLE_SEED, told)
         training = {"sample_rows": int(sample.shape[0]), "sample_seed": CODE_SAMPLE_SEED}
     source = "from the statistics" if sample is None else f"on {sample.shape[0]:,} rows"
-    finish = begin(progress, f"train {code.spec} for the raw vectors {source}", None)
-    raw_codec = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED, raw=True)
+    finish = begin(progress, f"train {code} for the raw vectors {source}", None)
+    raw_codec = train_for(model, name, budget, sample=sample, sample_seed=CODE_SAMPLE_SEED, raw=True)
     finish()
     settings = [SearchSetting.make_code("raw", model, raw_codec, code, raw=True, training=training)]
     record = model.storage.codec if model.storage is not None else None
-    if record is not None and (record.code, record.budget) == (code.code, code.budget):
+    if record is not None and code.names(model.storage):
         white = record_codec(record, model.n_components)
         mine = {"sample_rows": record.sample_rows, "sample_seed": record.sample_seed} if record.sample_rows else {}
         settings.append(SearchSetting.make_code("whitened", model, white, code, training=dict(mine, codec="model")))
     else:
-        finish = begin(progress, f"train {code.spec} for the whitened vectors {source}", None)
-        white = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED)
+        finish = begin(progress, f"train {code} for the whitened vectors {source}", None)
+        white = train_for(model, name, budget, sample=sample, sample_seed=CODE_SAMPLE_SEED)
         finish()
         settings.append(SearchSetting.make_code("whitened", model, white, code, training=training))
     return settings
@@ -578,15 +541,15 @@ def _code_settings(
 def _search_raw_and_whitened(
     task: RetrievalTask,
     model: WhiteningModel | None,
-    storage: Storage | CodeSearch,
+    storage: Storage,
     options: RetrievalOptions,
     progress: Callable[[int, int], None] | None,
 ) -> tuple[list[SearchSetting], dict[str, dict[str, np.ndarray]], SelfMatches | None]:
     """Search the task's corpus for the raw vectors and (given a model) the whitened ones, stored as
     ``storage`` says, in one pass; each setting's metrics per query, and the queries that are corpus rows
     where the raw vectors are searched as floats (None: int8, bits and codes are not checked)."""
-    if isinstance(storage, CodeSearch):
-        assert model is not None  # CodeSearch.of refuses a code without one
+    if storage.code is not None:
+        assert model is not None  # search_storage refuses a code without one
         settings = _code_settings(task, model, storage, progress)
     else:
         settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, **_storage_args(storage))]
@@ -618,7 +581,7 @@ def evaluate_retrieval(
     *,
     model: WhiteningModel | None = None,
     exclude: Any = None,
-    dtype: str | None = None,
+    dtype: str | Storage | None = None,
     rescore: int | None = None,
     rescore_dtype: str | None = None,
     int8_clip: float | None = None,
@@ -677,12 +640,8 @@ def evaluate_retrieval(
         The task, the mean of each of `METRICS` (x100) raw and whitened, and the paired bootstrap
         interval of each difference.
     """
-    from ..codes.storage import is_code, parse_code
-
-    if is_code(dtype):
-        parse_code(dtype)  # before anything is read
+    named = None if dtype is None else parse_storage(dtype)  # before anything is read
     for name, value in (
-        ("dtype", None if is_code(dtype) else dtype),
         ("rescore", rescore),
         ("rescore_dtype", rescore_dtype),
     ):
@@ -706,14 +665,7 @@ def evaluate_retrieval(
 
         model_file = os.fspath(model)
         model = load_model(model_file)
-    recorded = getattr(model, "storage", None)
-    if dtype is None and recorded is not None and recorded.codec is not None:
-        dtype = f"{recorded.codec.code}:{recorded.codec.budget}"  # the model's code
-    storage: Storage | CodeSearch
-    if is_code(dtype):
-        storage = CodeSearch.of(model, dtype, rescore, rescore_dtype, int8_clip)
-    else:
-        storage = search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
+    storage = search_storage(model, named, rescore, rescore_dtype, int8_clip)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         settings, per_query, matches = _search_raw_and_whitened(task, model, storage, options, progress)
     whitened = difference = None
@@ -948,7 +900,6 @@ def open_task(
 __all__ = [
     "DEPTH",
     "METRICS",
-    "CodeSearch",
     "RetrievalResult",
     "RetrievalTask",
     "SearchSetting",

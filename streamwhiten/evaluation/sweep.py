@@ -51,20 +51,21 @@ import numpy as np
 from .. import params
 from ..codes import TUNE_CODES, smallest_sample
 from ..core.model import WhiteningModel
-from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, Storage
+from ..core.quantize import DEFAULT_INT8_CLIP, Quantization
 from ..engine._threads import resolve_threads
 from ..errors import BadInputError
 from ..options import RetrievalOptions
 from ..params import check
 from ..progress import begin
+from ..storage import Storage
 from .code_candidates import (
     SAMPLE_ROWS,
     SAMPLE_SEED,
     code_record,
     fitting_codes,
-    is_code,
     search_codes,
     smallest_bytes,
+    split_families,
     train_codes,
     unit_statistics,
 )
@@ -222,16 +223,22 @@ class SweepGrid:
     def storages(self) -> list[Storage]:
         """The storages swept, as `Storage` records (see `storages_of`); none where only
         codes are named."""
-        if self.dtypes is not None and self.dtypes and all(is_code(name) for name in self.dtypes):
+        named = self._named()
+        if named is not None and named[1] and not named[0]:
             return []
-        plain = None if self.dtypes is None else [name for name in self.dtypes if not is_code(name)]
+        plain = None if named is None else list(named[0])
         return storages_of(plain, self.rescore, self.rescore_dtype, self.int8_clip)
+
+    def _named(self) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """The plain storages and the code families ``dtypes`` names (None: the defaults)."""
+        return None if self.dtypes is None else split_families(self.dtypes)
 
     def codes(self) -> tuple[str, ...]:
         """The code families swept under a budget: those named in ``dtypes``, or by default every one
         of `TUNE_CODES` (faiss's only where faiss is installed)."""
-        if self.dtypes is not None:
-            return tuple(name for name in dict.fromkeys(self.dtypes) if is_code(name))
+        named = self._named()
+        if named is not None:
+            return named[1]
         from ..codes.faiss_codes import faiss_available
 
         return TUNE_CODES if faiss_available() else tuple(name for name in TUNE_CODES if not name.startswith("faiss-"))

@@ -159,18 +159,13 @@ def record_code(
     that learns from data trains on a seeded sample of the job's first input; ``progress`` is told its
     phases (reading the sample, training)."""
     from ..codes import NEEDS_SAMPLE
-    from ..codes.storage import parse_code, recorded_code
-    from ..params import is_code_dtype
     from ..pipeline import with_codes
 
     dtype = writing.options.dtype
-    if not is_code_dtype(dtype):
-        return model
-    if recorded_code(model, str(dtype)) is not None:
-        return model
-    code, _ = parse_code(str(dtype))
-    sample = inputs[0] if code in NEEDS_SAMPLE else None
-    coded = with_codes(model, str(dtype), sample=sample, output=model_path, overwrite=True, progress=progress)
+    if dtype is None or dtype.code is None or dtype.names(model.storage):
+        return model  # no code, or the model records it already
+    sample = inputs[0] if dtype.code in NEEDS_SAMPLE else None
+    coded = with_codes(model, dtype, sample=sample, output=model_path, overwrite=True, progress=progress)
     log.info("job %s: recorded the %s code in %s", name, dtype, model_path)
     return coded
 

@@ -244,3 +244,20 @@ def test_the_estimators_codes_decode_by_the_model_file_it_saves(tmp_path, fitted
     whitener.save(path)  # the code is the saved model's storage: its codec's bytes
     reference = train_for(streamwhiten.load_model(str(path)), "eigen", 3)
     decoded_like_the_reference(serving.decode(codes, serving.codec(path)), codes, reference, whitener.model_, rows)
+
+
+def test_an_outputs_storage_is_resolved_once_per_apply_and_the_check_before_a_rerun_reuses_it(tmp_path, fitted):
+    from streamwhiten.codes.storage import resolve_counts
+    from streamwhiten.pipeline import is_up_to_date
+
+    store, path, rows = fitted
+    model = streamwhiten.load_model(path).with_params(beta=0.937)  # a map no other test resolves
+    out, options = str(tmp_path / "out.h5"), ApplyOptions(dtype="eigen:6")
+    hits, misses = resolve_counts()
+    streamwhiten.apply(model, store, out, options=options)
+    after = resolve_counts()
+    assert (after[0] - hits, after[1] - misses) == (0, 1)  # resolved (the code trained) once, not once a layer
+    assert is_up_to_date(model, store, out, options=options)  # a job's check before it writes
+    assert resolve_counts() == (after[0] + 1, after[1])  # the same storage: remembered, not trained again
+    codec = model_codec(streamwhiten.with_codes(model, "eigen:6"))
+    assert same_rows(read_codes(out), codec.encode(unit_outputs(model, rows)))

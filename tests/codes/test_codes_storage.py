@@ -208,14 +208,15 @@ def reference_top(codec, queries, codes, excluded, depth):
 
 @pytest.mark.parametrize("spec", ["eigen:5", "bits-random+f:3", "faiss-pq:6"])
 def test_eval_over_codes_equals_a_numpy_search_of_the_codec(tmp_path, model, task, spec):
-    from streamwhiten.evaluation.retrieval import CodeSearch, SearchSetting, search_settings
+    from streamwhiten.evaluation.retrieval import SearchSetting, search_settings
     from streamwhiten.evaluation.search import Exclusions
+    from streamwhiten.storage import parse_storage
 
     if spec.startswith("faiss"):
         faiss_or_skip()
     coded = with_codes(model, spec, sample=task["corpus"], sample_size=1000)
     codec = model_codec(coded)
-    setting = SearchSetting.make_code("whitened", coded, codec, CodeSearch(spec.split(":")[0], int(spec.split(":")[1])))
+    setting = SearchSetting.make_code("whitened", coded, codec, parse_storage(spec))
     pairs = np.array(task["excluded"]).reshape(-1, 2)
     exclude = Exclusions.from_pairs(40, pairs[:, 0], pairs[:, 1])
     top = search_settings(
@@ -238,11 +239,12 @@ def test_eval_over_codes_equals_a_numpy_search_of_the_codec(tmp_path, model, tas
 
 
 def test_rescore_re_ranks_the_top_n_of_the_codes_by_float32(model, task):
-    from streamwhiten.evaluation.retrieval import CodeSearch, SearchSetting, search_settings
+    from streamwhiten.evaluation.retrieval import SearchSetting, search_settings
+    from streamwhiten.storage import parse_storage
 
     coded = with_codes(model, "eigen:3")
     codec = model_codec(coded)
-    setting = SearchSetting.make_code("whitened", coded, codec, CodeSearch("eigen", 3, rescore=30))
+    setting = SearchSetting.make_code("whitened", coded, codec, parse_storage("eigen:3", rescore=30))
     found = search_settings(task["queries"], task["corpus"], [setting], depth=10)["whitened"].rows
     unit_q, unit_c = unit_outputs(model, task["queries"]), unit_outputs(model, task["corpus"])
     codes = codec.encode(unit_c)
@@ -421,3 +423,27 @@ def test_the_codes_help_names_every_code_and_gives_examples(run_cli):
         assert name in text, name
     code, out, _ = run_cli("eval", "--help")
     assert "NAME:BYTES" in out and "eigen:24" in " ".join(out.split())
+
+
+def test_resolve_gives_what_is_stored_and_remembers_it_per_model_and_storage(model, task):
+    from streamwhiten.codes.storage import resolve, resolve_counts
+    from streamwhiten.storage import parse_storage
+
+    mine = model.with_params(gamma=0.4321)  # a map no other test resolves
+    assert resolve(mine, parse_storage("float32")) is None and resolve(mine) is None  # floats: nothing coded
+    int8 = resolve(mine, parse_storage("int8"))
+    assert int8.kind == "int8" and int8.record == mine.quantization("int8").to_dict()
+    hits, misses = resolve_counts()
+    stored = resolve(mine, parse_storage("eigen:5"))
+    assert resolve(mine, parse_storage("eigen:5")) is stored and resolve_counts() == (hits + 1, misses + 1)
+    codec = model_codec(with_codes(mine, "eigen:5"))  # the same code, trained from the same statistics
+    assert stored.kind == codec.label and stored.width == codec.bytes_per_vector
+    assert stored.record["codec"]["sha256"] == stored.digest == stored.digest_in({"quantization": stored.record})
+    unit = unit_outputs(mine, task["corpus"][:50]).astype(np.float32)
+    rows = stored.encoder.encode(unit)
+    np.testing.assert_array_equal(rows, codec.encode(unit))
+    np.testing.assert_array_equal(stored.encoder.decode(rows), codec.decode(rows).astype(np.float32))
+    coded = with_codes(mine, "eigen:5")  # a model recording the code: its own codec, whatever is asked
+    assert resolve(coded).digest == coded.storage.codec.sha256 == resolve(coded, parse_storage("eigen:5")).digest
+    with pytest.raises(BadInputError, match="learns from a sample of the input: record it in the model first"):
+        resolve(mine, parse_storage("faiss-pq:4"))

@@ -14,11 +14,11 @@ from streamwhiten import serving
 from streamwhiten._npz import write_npz_atomic
 from streamwhiten.core import stats
 from streamwhiten.core.model import _arrays, file_checksum, finalize, load_model, map_checksum, save_model
-from streamwhiten.core.quantize import Storage
 from streamwhiten.engine.apply import apply_model
 from streamwhiten.errors import BadInputError, ModelFileError
 from streamwhiten.io import open_source, read_attrs
 from streamwhiten.options import ApplyOptions
+from streamwhiten.storage import Storage
 
 D = 12
 

@@ -364,7 +364,8 @@ def test_a_recorded_storage_survives_saving_resetting_and_updating(tmp_path):
     from conftest import write_h5
 
     import streamwhiten
-    from streamwhiten.core.quantize import Storage, quantization_for
+    from streamwhiten.core.quantize import quantization_for
+    from streamwhiten.storage import Storage
 
     rows = anisotropic(400, 6, seed=4)
     store = write_h5(tmp_path / "x.h5", rows[:300])

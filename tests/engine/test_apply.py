@@ -218,7 +218,7 @@ def test_apply_writes_the_models_storage_unless_told_otherwise(tmp_path, rows, m
 
     import streamwhiten
     from streamwhiten.core.model import save_model
-    from streamwhiten.core.quantize import Storage
+    from streamwhiten.storage import Storage
 
     spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=500)
     for dtype, written in (("float16", np.float16), ("int8", np.int8), ("binary", np.uint8), (None, np.float32)):
@@ -372,8 +372,8 @@ def test_an_interrupted_quantized_apply_resumes_only_with_the_same_codes(tmp_pat
     writing other codes (bits, or int8 of other ranges) starts over."""
     from dataclasses import replace
 
-    from streamwhiten.core.quantize import Storage
     from streamwhiten.errors import InterruptedRunError
+    from streamwhiten.storage import Storage
 
     spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=100)
     read = ReadOptions(block_rows=100)
@@ -402,7 +402,7 @@ def test_an_interrupted_quantized_apply_resumes_only_with_the_same_codes(tmp_pat
         outcome = apply_model(other_model, spec, path, other, read)
         assert outcome.resumed_at_row == 0
         np.testing.assert_array_equal(
-            stored(path), other_model.quantization(other.dtype).encode(model.transform(rows, normalize=True))
+            stored(path), other_model.quantization(str(other.dtype)).encode(model.transform(rows, normalize=True))
         )
 
 

@@ -357,7 +357,7 @@ def test_apply_dask_with_no_dtype_writes_the_models_storage_as_the_serial_applie
 
     import zarr
 
-    from streamwhiten.core.quantize import Storage
+    from streamwhiten.storage import Storage
 
     for name, fitted, written in (
         ("plain", model, np.float32),
