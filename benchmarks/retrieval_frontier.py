@@ -228,6 +228,7 @@ def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
     from streamwhiten.evaluation.qrels import Ids, read_exclude, read_qrels
     from streamwhiten.evaluation.retrieval import SearchSetting, mean_metrics, query_metrics, search_settings
     from streamwhiten.evaluation.search import Exclusions
+    from streamwhiten.storage import parse_storage
 
     with h5py.File(data / "corpus.h5", "r") as handle:
         corpus = handle[pooling][()]
@@ -242,7 +243,8 @@ def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
     for k in [None] + args.ks:
         variant = model if k is None else model.with_params(n_components=k)
         settings = [SearchSetting.make("float32", variant, raw=k is None)] + [
-            SearchSetting.make(f"c={c}", variant, raw=k is None, dtype="int8", int8_clip=c) for c in args.clips
+            SearchSetting.make(f"c={c}", variant, raw=k is None, storage=parse_storage("int8", int8_clip=c))
+            for c in args.clips
         ]
         found = search_settings(queries[query_rows], corpus, settings, exclude=exclude)
         rows = {name: result.rows for name, result in found.items()}

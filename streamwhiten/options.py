@@ -224,7 +224,7 @@ class ApplyOptions:
     normalize : bool
         Scale every output row to unit L2 norm (always, for int8 and binary: see ``dtype``).
     dtype : Storage, {"float32", "float16", "int8", "binary"}, a vector code "NAME:BYTES", or None
-        The output values, parsed into a [`Storage`][streamwhiten.storage.Storage] (``str(options.dtype)``
+        The output values, parsed into a ``streamwhiten.storage.Storage`` (``str(options.dtype)``
         spells it); None: the model's storage (what ``tune`` chose; float32 when it records none).
         ``int8``: codes of the unit-length vectors, a scale and offset per component from the statistics;
         ``binary``: their sign bits packed 8 per byte (uint8, ``ceil(k / 8)`` per row). Both are of the

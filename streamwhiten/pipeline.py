@@ -637,7 +637,7 @@ def with_codes(
     from .codes import NEEDS_SAMPLE, check_budget, smallest_sample
     from .codes.storage import train_for, with_codec
     from .core.model import check_model_output, load_model, save_model
-    from .storage import parse_storage
+    from .storage import not_a_code, parse_storage
 
     if output is not None:  # before any work: a .npz name, replacing only a model file of ours
         check_model_output(os.fspath(output), overwrite)
@@ -648,7 +648,7 @@ def with_codes(
             raise BadInputError(f"give the budget in the code ({str(code)!r}) or as budget, not both")
         named = parse_storage(code)
         if named.code is None:
-            raise BadInputError(f"a code's storage names a code (e.g. eigen:24), got {str(named)!r}")
+            raise not_a_code(str(named))
         code, budget = named.code, named.budget
     if budget is None:
         raise BadInputError(f"give the {code} code a byte budget (e.g. {code}:24)")

@@ -651,8 +651,9 @@ def test_a_failure_while_copying_leaves_nothing(tmp_path, st_model, run_cli):
 def search_codes(model, rows, dtype):
     """The corpus rows as the retrieval search stores them, and the record (evaluation.retrieval)."""
     from streamwhiten.evaluation.retrieval import SearchSetting
+    from streamwhiten.storage import parse_storage
 
-    setting = SearchSetting.make("s", model, dtype=dtype)
+    setting = SearchSetting.make("s", model, storage=parse_storage(dtype))
     return setting.quantization.encode(setting.unit(rows)), setting.quantization
 
 
