@@ -481,8 +481,10 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         if wanted.code is not None:  # a vector code of the unit outputs: the model's, else trained here
             from .codes.storage import resolve
 
-            encoder = resolve(model, wanted).encoder  # type: ignore[union-attr]
-            return np.asarray(encoder.encode(model.transform(rows, normalize=True).astype(np.float32, copy=False)))
+            stored = resolve(model, wanted)
+            assert stored is not None  # a code is always stored coded
+            unit = model.transform(rows, normalize=True).astype(np.float32, copy=False)
+            return np.asarray(stored.encoder.encode(unit))
         record = model.quantization(wanted.dtype, normalize=normalize)
         values = model.transform(
             rows, normalize=record.normalized if record else normalize, skip_nonfinite=self.skip_nonfinite

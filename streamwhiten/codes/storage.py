@@ -189,17 +189,17 @@ def _stored_code(model: WhiteningModel, storage: Storage) -> StoredAs:
     records that code (or ``storage`` carries one); else one trained here from the exact statistics (the
     codes that learn from a sample are recorded with ``streamwhiten.with_codes`` first). The record carries
     the codec's bytes (`codec_record_data`), so ``serving.codec(attrs)`` decodes an output with nothing else."""
-    recorded = storage.codec or (model.storage.codec if storage.names(model.storage) else None)  # type: ignore[union-attr]
+    held = model.storage
+    recorded = storage.codec or (held.codec if held is not None and storage.names(held) else None)
     if recorded is not None:
         record_codec(recorded, model.n_components)  # every field checked before anything is written
         data, label, width = recorded.data, recorded.label, recorded.bytes_per_vector
         sample = (recorded.sample_rows, recorded.sample_seed)
     elif storage.code in NEEDS_SAMPLE:
-        held = model.storage.codec if model.storage is not None else None
         raise BadInputError(
             f"the {storage.code} code learns from a sample of the input: record it in the model first (the codes "
             f"command, or streamwhiten.with_codes(model, {str(storage)!r}, sample=...)); the model records "
-            + (f"the {held.label} code" if held else "no code"),
+            + (f"the {held.codec.label} code" if held is not None and held.codec else "no code"),
             param="dtype",
         )
     else:
