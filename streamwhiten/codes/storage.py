@@ -16,6 +16,7 @@ into what is stored (the record, its digest, the encoder), once per model and st
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import replace
@@ -239,11 +240,27 @@ def stored_as(quantization: Quantization | None) -> StoredAs | None:
 
 
 class _Memo:
-    """The last few storages `resolve` resolved, by model and storage; ``hits`` and ``misses`` count."""
+    """The last few storages `resolve` resolved, by model and storage (``hits`` and ``misses`` counted),
+    under a lock: outputs may be planned from several threads."""
 
     def __init__(self, size: int = 8) -> None:
         self.size, self.hits, self.misses = size, 0, 0
         self.entries: OrderedDict[tuple[Any, ...], StoredAs | None] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple[Any, ...]) -> tuple[bool, StoredAs | None]:
+        with self.lock:
+            found = key in self.entries
+            self.hits, self.misses = self.hits + found, self.misses + (not found)
+            if found:
+                self.entries.move_to_end(key)
+            return found, self.entries.get(key)
+
+    def put(self, key: tuple[Any, ...], stored: StoredAs | None) -> None:
+        with self.lock:
+            self.entries[key] = stored
+            while len(self.entries) > self.size:
+                self.entries.popitem(last=False)
 
 
 _MEMO = _Memo()
@@ -263,18 +280,13 @@ def resolve(model: WhiteningModel, storage: Storage | None = None) -> StoredAs |
         str(storage),
         storage.codec and storage.codec.sha256,
     )
-    if key in _MEMO.entries:
-        _MEMO.hits += 1
-        _MEMO.entries.move_to_end(key)
-        return _MEMO.entries[key]
-    _MEMO.misses += 1
-    if storage.dtype == CODE:
-        stored: StoredAs | None = _stored_code(model, storage)
-    else:
-        stored = stored_as(model.quantization(storage.dtype) if storage.coded else None)
-    _MEMO.entries[key] = stored
-    while len(_MEMO.entries) > _MEMO.size:
-        _MEMO.entries.popitem(last=False)
+    found, stored = _MEMO.get(key)
+    if not found:
+        if storage.dtype == CODE:
+            stored = _stored_code(model, storage)
+        else:
+            stored = stored_as(model.quantization(storage.dtype) if storage.coded else None)
+        _MEMO.put(key, stored)
     return stored
 
 
