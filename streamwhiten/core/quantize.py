@@ -57,7 +57,7 @@ import numpy.typing as npt
 
 from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
 from ..output_plan import STORAGE_ATTR
-from ..params import CODED_DTYPES, PARAMS, check
+from ..params import PARAMS, check
 from ..storage import CODE, DEFAULT_INT8_CLIP, Storage
 
 #: The storage kinds (the values of the ``dtype`` parameter).
@@ -69,11 +69,6 @@ RECORD_FORMAT, RECORD_VERSION = "streamwhiten-quantization", 1
 #: A component's standard deviation is floored at this fraction of the largest one, so a component
 #: the statistics call constant still gets a positive scale.
 _STD_FLOOR = 1e-6
-
-#: The attribute of an apply output that holds its `Quantization` (int8 codes and sign bits only).
-ATTR = STORAGE_ATTR
-#: The storage kinds whose values are codes, not floats: they need a `Quantization` to decode.
-CODED: tuple[str, ...] = CODED_DTYPES
 
 _STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "binary": np.uint8}
 
@@ -274,16 +269,16 @@ class Quantization:
         """The record an apply output carries in its attributes (key ``quantization``: a dict, or its JSON
         where the store keeps text, as HDF5 does); `BadInputError` when there is none (a float
         output needs no decoding)."""
-        record = attrs.get(ATTR) if hasattr(attrs, "get") else None
+        record = attrs.get(STORAGE_ATTR) if hasattr(attrs, "get") else None
         if isinstance(record, bytes):
             record = record.decode()
         if isinstance(record, str):
             try:
                 record = json.loads(record)
             except ValueError:
-                raise BadInputError(f"the {ATTR!r} attribute is not JSON") from None
+                raise BadInputError(f"the {STORAGE_ATTR!r} attribute is not JSON") from None
         if record is None:
-            raise BadInputError(f"no {ATTR!r} attribute: these vectors are stored as floats, not codes")
+            raise BadInputError(f"no {STORAGE_ATTR!r} attribute: these vectors are stored as floats, not codes")
         return cls.from_dict(record)
 
     @classmethod
@@ -484,8 +479,6 @@ def storage_quantizations(
 
 
 __all__ = [
-    "ATTR",
-    "CODED",
     "DEFAULT_INT8_CLIP",
     "INT8_MAX",
     "KINDS",
