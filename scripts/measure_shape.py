@@ -22,7 +22,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 #: Functions that turn a storage's spelling into meaning: their calls should stand only at the edges.
-STORAGE_PARSERS = frozenset({"parse_code", "is_code", "is_code_dtype", "recorded_code", "parse_storage"})
+STORAGE_PARSERS = frozenset(
+    {"parse_code", "is_code", "is_code_dtype", "recorded_code", "parse_storage", "split_families"}
+)
 
 
 def function_rows(path: Path) -> tuple[list[dict], Counter]:
