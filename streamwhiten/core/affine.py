@@ -96,45 +96,13 @@ class AffineMap:
             )
 
     @classmethod
-    def from_eigh(
-        cls,
-        eigvals: np.ndarray,
-        eigvecs: np.ndarray,
-        mean: npt.ArrayLike,
-        beta: float,
-        gamma: float,
-        eps: float,
-        eps_value: float,
-        n_components: int,
-        variance: float | None = None,
-        normalize: bool = False,
-        file_checksum: str = "",
-        mean_sq_norm: float | None = None,
-        quantization: Quantization | None = None,
-    ) -> AffineMap:
-        """The map of a finalized model: ``A = eigvecs[:, :k] * (eigvals[:k] + eps_value) ** (-gamma / 2)``.
-
-        The same arithmetic as ``WhiteningModel.projection``, so ``A`` is bit-identical to its weights.
-        """
-        k = int(n_components)
-        weights = eigvecs[:, :k] * ((eigvals[:k] + eps_value) ** (-float(gamma) / 2.0))
-        A = np.ascontiguousarray(weights, dtype=np.float64)
+    def from_weights(cls, A: np.ndarray, mean: npt.ArrayLike, beta: float, **fields: Any) -> AffineMap:
+        """The map ``x -> (x - beta mean) A`` of a finalized model: ``b = -(beta mean) A``; ``A`` is
+        ``WhiteningModel.projection``'s weights (the same bits), ``fields`` the other attributes by name
+        (``gamma``, ``eps``, ``eps_value``, ``variance``, ``normalize``, ``file_checksum``, ...)."""
+        A = np.ascontiguousarray(A, dtype=np.float64)
         mean = np.asarray(mean, dtype=np.float64)
-        b = -((float(beta) * mean) @ A)
-        return cls(
-            A=A,
-            b=b,
-            mean=mean,
-            beta=float(beta),
-            gamma=float(gamma),
-            eps=float(eps),
-            eps_value=float(eps_value),
-            variance=None if variance is None else float(variance),
-            normalize=bool(normalize),
-            file_checksum=str(file_checksum),
-            mean_sq_norm=None if mean_sq_norm is None else float(mean_sq_norm),
-            quantization=quantization,
-        )
+        return cls(A=A, b=-((float(beta) * mean) @ A), mean=mean, beta=float(beta), **fields)
 
     @classmethod
     def identity(

@@ -303,20 +303,18 @@ class WhiteningModel:
             return AffineMap.identity(
                 model.mean, model.eps, model.eps_value, normalize, file_checksum(self), fitted_norm, quantization
             )
-        return AffineMap.from_eigh(
-            model.eigvals,
-            model.eigvecs,
+        return AffineMap.from_weights(
+            model.projection(np.float64)[0],
             model.mean,
             model.beta,
-            model.gamma,
-            model.eps,
-            model.eps_value,
-            model.n_components,
-            model.variance,
-            normalize,
-            file_checksum(self),
-            fitted_norm,
-            quantization,
+            gamma=model.gamma,
+            eps=model.eps,
+            eps_value=model.eps_value,
+            variance=model.variance,
+            normalize=bool(normalize),
+            file_checksum=file_checksum(self),
+            mean_sq_norm=fitted_norm,
+            quantization=quantization,
         )
 
     def with_params(self, **changes: Any) -> WhiteningModel:
@@ -345,11 +343,11 @@ class WhiteningModel:
             basis = "identity" if same and params["n_components"] in (None, self.n_features) else "eigen"
         basis = basis or "eigen"
         storage = self.storage
-        if params["beta"] == self.beta and params["eps"] == self.eps:
-            # Sigma_beta is unchanged: reuse the eigendecomposition.
-            model = _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, storage, basis)
+        if params["beta"] == self.beta and params["eps"] == self.eps:  # Sigma_beta is unchanged: reuse its eigh
+            eigvals, eigvecs = self.eigvals, self.eigvecs
         else:
-            model = finalize(self.state, sources=self.sources, info=self.info, storage=storage, basis=basis, **params)
+            eigvals, eigvecs = _decompose(self.state, params)
+        model = _select(self.state, params, eigvals, eigvecs, self.sources, self.info, storage, basis)
         if storage is not None and storage.codec is not None and codec_setting(model) != storage.codec.setting:
             model = replace(model, storage=None)
         return model
@@ -535,25 +533,31 @@ def finalize(
     variance: float | None = None,
     sources: Iterable[Fingerprint | Mapping[str, Any]] | None = None,
     info: Mapping[str, Any] | None = None,
-    storage: Storage | None = None,
-    basis: str = "eigen",
 ) -> WhiteningModel:
-    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring. ``storage``:
-    the storage to record (what ``tune`` chose), kept by
-    [`WhiteningModel.with_params`][streamwhiten.core.model.WhiteningModel.with_params]; ``basis``:
-    ``"identity"`` for no transformation (beta = gamma = 0, all components)."""
+    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring. The identity
+    map and a recorded storage come from the result's
+    [`with_params`][streamwhiten.core.model.WhiteningModel.with_params] and ``dataclasses.replace``."""
     params: dict[str, Any] = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
+    return _select(state, params, *_decompose(state, params), sources, info)
+
+
+def _decompose(state: Moments, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(eigvals, eigvecs)`` of ``Sigma_beta``, the setting ``params`` checked first."""
     check_params(n_features=state.n_features, **params)
+    return eigendecomposition(checked_covariance(state, float(params["beta"])))
+
+
+def checked_covariance(state: Moments, beta: float) -> np.ndarray:
+    """``Sigma_beta`` of ``state``; `BadInputError` for fewer than 2 rows or a covariance that overflowed."""
     if state.n_rows < 2:
         raise BadInputError(f"at least 2 rows are needed to fit, got n_samples = {state.n_rows}")
-    sigma = covariance(state, float(beta))
+    sigma = covariance(state, beta)
     if not np.all(np.isfinite(sigma)):
         raise BadInputError(
             "the covariance overflowed (values too large for float32 products); fit again with precision='float64'",
             param="precision",
         )
-    eigvals, eigvecs = eigendecomposition(sigma)
-    return _select(state, params, eigvals, eigvecs, sources, info, storage, basis)
+    return sigma
 
 
 # ------------------------------------------------------------------------------------------ model file
