@@ -810,7 +810,6 @@ WIDE = {
     "engine.apply:apply_model": "a public call; **legacy takes the keyword arguments of before ApplyOptions",
     "engine.distributed:apply_dask": "a public call; **legacy takes the keyword arguments of before ApplyOptions",
     "engine.distributed:fit_dask": "a public call's keyword arguments (the Dask fit)",
-    "synthetic:write_store": "a public call's keyword arguments (the example data set)",
     "core._kernels:merge_top_hamming": "a Numba kernel: arrays and scalars only, no records",
     "evaluation.retrieval:evaluate_retrieval": "a public call's keyword arguments (typed results: the next step)",
     "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
