@@ -53,7 +53,7 @@ import numpy as np
 
 from ._durable import check_replaceable, fsync_dir, link_or_kind, remove_stale_temps, temp_path, write_file_atomic
 from ._npz import checksum, foreign_npz, read_npz, write_npz_atomic
-from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap
+from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap, setting_arrays
 from .errors import BadInputError, ModelFileError, NothingToDoError, StoreIOError
 
 FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx")
@@ -396,13 +396,7 @@ def npz_arrays(affine: AffineMap) -> dict:
         "A": np.ascontiguousarray(affine.A, dtype=np.float64),
         "b": np.asarray(affine.b, dtype=np.float64),
         "mean": np.asarray(affine.mean, dtype=np.float64),
-        "beta": np.array(affine.beta),
-        "gamma": np.array(affine.gamma),
-        "eps": np.array(affine.eps),
-        "eps_value": np.array(affine.eps_value),
-        "variance": np.array(np.nan if affine.variance is None else affine.variance),
-        "n_components": np.array(affine.n_components, dtype=np.int64),
-        "n_features": np.array(affine.n_features, dtype=np.int64),
+        **setting_arrays(affine),
         "normalize": np.array(affine.normalize),
         "model_checksum": np.array(affine.checksum),
         "model_file_checksum": np.array(affine.file_checksum),

@@ -251,11 +251,7 @@ class AffineMap:
         if _is_torch_tensor(x):
             return self._transform_torch(x, normalize)
         rows = np.asarray(x)
-        if rows.dtype.kind != "f" or rows.dtype.itemsize not in (2, 4, 8):
-            raise BadInputError(
-                f"expected float16, float32 or float64 values, got dtype {rows.dtype} "
-                "(convert with .astype(np.float32))"
-            )
+        float_dtype(rows.dtype)
         single = rows.ndim == 1
         rows = self._check_shape(rows[None, :] if single else rows)
         work = np.float64 if rows.dtype == np.float64 else np.float32
@@ -320,6 +316,30 @@ class AffineMap:
         if not bool(finite_out.all()):
             _raise_nonfinite(torch.isfinite(rows).all(dim=1).cpu().numpy(), finite_out.cpu().numpy(), rows.dtype)
         return out[0] if single else out
+
+
+def float_dtype(dtype: npt.DTypeLike) -> np.dtype:
+    """``dtype`` in native byte order; `BadInputError` unless it is float16, float32 or float64."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
+        raise BadInputError(
+            f"expected float16, float32 or float64 values, got dtype {dtype} (convert with .astype(np.float32))"
+        )
+    return cast(np.dtype, dtype.newbyteorder("="))
+
+
+def setting_arrays(owner: AffineMap | Any) -> dict[str, np.ndarray]:
+    """The setting of a map or a model as the 0-d arrays of its ``.npz`` (an exported map, a model file):
+    ``variance`` is NaN where k was not chosen by it."""
+    return {
+        "beta": np.array(owner.beta),
+        "gamma": np.array(owner.gamma),
+        "eps": np.array(owner.eps),
+        "eps_value": np.array(owner.eps_value),
+        "variance": np.array(np.nan if owner.variance is None else owner.variance),
+        "n_components": np.array(owner.n_components, dtype=np.int64),
+        "n_features": np.array(owner.n_features, dtype=np.int64),
+    }
 
 
 def mean_sq_norm(n_rows: int, mean: npt.ArrayLike, scatter: npt.ArrayLike) -> float:

@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -27,7 +27,7 @@ from .._npz import checksum, foreign_npz, read_npz, write_npz_atomic
 from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
 from ..records import Fingerprint, fingerprint_of
-from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
+from .affine import AffineMap, float_dtype, mean_sq_norm, scale_rows_to_unit, setting_arrays
 from .eigen import eigendecomposition
 from .product import rounded_product
 from .quantize import (
@@ -54,28 +54,6 @@ FORMAT_VERSIONS = (FORMAT_VERSION, IDENTITY_FORMAT_VERSION)
 MODEL_SUFFIX = ".npz"
 #: What a model's map is built on (`WhiteningModel.basis`).
 BASES = ("eigen", "identity")
-
-
-def check_params(
-    beta: float = 1.0,
-    gamma: float = 1.0,
-    eps: float = DEFAULT_EPS,
-    n_components: int | None = None,
-    variance: float | None = None,
-    n_features: int | None = None,
-) -> None:
-    """Raise `BadInputError` for a hyper-parameter outside its range (see `streamwhiten.params`)."""
-    check_model(beta, gamma, eps, n_components, variance, n_features)
-
-
-def float_dtype(dtype: npt.DTypeLike) -> np.dtype:
-    """``dtype`` in native byte order; `BadInputError` unless it is float16, float32 or float64."""
-    dtype = np.dtype(dtype)
-    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
-        raise BadInputError(
-            f"expected float16, float32 or float64 values, got dtype {dtype} (convert with .astype(np.float32))"
-        )
-    return cast(np.dtype, dtype.newbyteorder("="))
 
 
 def float_rows(rows: npt.ArrayLike) -> np.ndarray:
@@ -500,7 +478,7 @@ def _select(
     basis: str = "eigen",
 ) -> WhiteningModel:
     n_features = state.n_features
-    check_params(n_features=n_features, **params)
+    check_model(n_features=n_features, **params)
     if params["variance"] is not None:
         k = components_for_variance(eigvals, float(params["variance"]))
     else:
@@ -543,7 +521,7 @@ def finalize(
 
 def _decompose(state: Moments, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """``(eigvals, eigvecs)`` of ``Sigma_beta``, the setting ``params`` checked first."""
-    check_params(n_features=state.n_features, **params)
+    check_model(n_features=state.n_features, **params)
     return eigendecomposition(checked_covariance(state, float(params["beta"])))
 
 
@@ -577,13 +555,7 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
         "n_rows": np.array(model.n_rows, dtype=np.int64),
         "mean": model.state.mean,
         "scatter": model.state.scatter,
-        "beta": np.array(model.beta),
-        "gamma": np.array(model.gamma),
-        "eps": np.array(model.eps),
-        "eps_value": np.array(model.eps_value),
-        "variance": np.array(np.nan if model.variance is None else model.variance),
-        "n_components": np.array(model.n_components, dtype=np.int64),
-        "n_features": np.array(model.n_features, dtype=np.int64),
+        **setting_arrays(model),
         "eigvals": model.eigvals,
         "eigvecs": model.eigvecs,
         "sources_json": np.array(json.dumps([source.to_dict() for source in model.sources], sort_keys=True)),
@@ -667,7 +639,6 @@ __all__ = [
     "check_model_name",
     "load_model",
     "read_rows_and_sources",
-    "check_params",
     "eigendecomposition",
     "components_for_variance",
     "effective_dimension",
