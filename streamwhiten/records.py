@@ -22,7 +22,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 
@@ -71,22 +71,8 @@ class Fingerprint:
     version: int | None = None
     other: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
-    #: The keys of the JSON object that fields name.
-    KEYS: ClassVar[tuple[str, ...]] = (
-        "path",
-        "dataset",
-        "n_rows",
-        "n_features",
-        "dtype",
-        "chunk_rows",
-        "layout_sha256",
-        "sha256_sampled",
-        "sha256_read",
-        "rows_read",
-        "size",
-        "etag",
-        "version",
-    )
+    #: The keys of the JSON object that fields name (every field but ``other``; set below the class).
+    KEYS: ClassVar[tuple[str, ...]]
 
     def __post_init__(self) -> None:
         clash = sorted(set(self.other) & set(self.KEYS))
@@ -125,6 +111,9 @@ class Fingerprint:
         known = {key: data[key] for key in cls.KEYS if key in data and data[key] is not None}
         other = {key: value for key, value in data.items() if key not in cls.KEYS}
         return cls(**known, other=other)
+
+
+Fingerprint.KEYS = tuple(item.name for item in fields(Fingerprint) if item.name != "other")
 
 
 def fingerprint_of(value: Fingerprint | Mapping[str, Any]) -> Fingerprint:
@@ -180,19 +169,9 @@ class ResumeRecord:
     rows_done: int = 0
     n_nonfinite: int = 0
 
-    #: The keys every record holds (those of the job, and the counts); ``compressor``, ``keep_columns``
-    #: and ``quantization`` only where they are set.
-    REQUIRED: ClassVar[tuple[str, ...]] = (
-        "model_checksum",
-        "source",
-        "output",
-        "normalize",
-        "dtype",
-        "zarr_format",
-        "block_rows",
-        "skip_nonfinite",
-        "threads",
-    )
+    #: The keys every record holds besides the counts: the fields without a default, those of the job
+    #: (set below the class); ``compressor``, ``keep_columns`` and ``quantization`` only where they are set.
+    REQUIRED: ClassVar[tuple[str, ...]]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
@@ -247,6 +226,9 @@ class ResumeRecord:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"a progress record holds a value of the wrong kind ({exc})") from None
         return cls(**values)
+
+
+ResumeRecord.REQUIRED = tuple(item.name for item in fields(ResumeRecord) if item.default is MISSING)
 
 
 # ------------------------------------------------------------------------------------------ publication
