@@ -540,8 +540,6 @@ def checked_covariance(state: Moments, beta: float) -> np.ndarray:
 
 # ------------------------------------------------------------------------------------------ model file
 
-_FLOAT_KEYS = ("beta", "gamma", "eps", "eps_value", "variance")
-
 
 def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
     """The model file's arrays; ``storage_json`` only when a storage is recorded (a file without it is
