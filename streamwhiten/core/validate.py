@@ -69,31 +69,27 @@ class Fields:
             raise ModelFileError(f"{self.path}: {self.what} is incomplete (it has no field {field!r})")
         return np.asarray(self.arrays[field])
 
-    def integer(self, field: str, low: int = 0) -> int:
+    def scalar(self, field: str, kinds: str, what: str) -> np.ndarray:
+        """The 0-d field, if its dtype is of ``kinds`` (numpy kind codes); else it must be ``what``."""
         value = self.get(field)
-        if value.shape != () or value.dtype.kind not in "iu":
-            raise self.fail(field, f"must be a whole number, got {_show(value)}")
-        if int(value) < low:
-            raise self.fail(field, f"must be at least {low}, got {int(value)}")
-        return int(value)
+        if value.shape != () or value.dtype.kind not in kinds:
+            raise self.fail(field, f"must be {what}, got {_show(value)}")
+        return value
+
+    def integer(self, field: str, low: int = 0) -> int:
+        value = int(self.scalar(field, "iu", "a whole number"))
+        if value < low:
+            raise self.fail(field, f"must be at least {low}, got {value}")
+        return value
 
     def number(self, field: str) -> float:
-        value = self.get(field)
-        if value.shape != () or value.dtype.kind not in "fiu":
-            raise self.fail(field, f"must be a number, got {_show(value)}")
-        return float(value)
+        return float(self.scalar(field, "fiu", "a number"))
 
     def flag(self, field: str) -> bool:
-        value = self.get(field)
-        if value.shape != () or value.dtype.kind != "b":
-            raise self.fail(field, f"must be true or false, got {_show(value)}")
-        return bool(value)
+        return bool(self.scalar(field, "b", "true or false"))
 
     def text(self, field: str) -> str:
-        value = self.get(field)
-        if value.shape != () or value.dtype.kind != "U":
-            raise self.fail(field, f"must be text, got {_show(value)}")
-        return str(value)
+        return str(self.scalar(field, "U", "text"))
 
     def array(self, field: str, shape: tuple[int, ...]) -> np.ndarray:
         """A finite float array of ``shape``, as float64."""
