@@ -254,13 +254,9 @@ def export(
         plan = plan_sentence_transformers(affine, path, append_to, insert)
         _check_target(path, fmt, overwrite, lambda: _st_is_current(path, plan["metadata"]))
         details = write_sentence_transformers(affine, path, append_to, overwrite, plan)
-        return ExportResult(fmt, path, affine.params(), details)
-    payload, details = export_payload(affine, fmt, index, metric, codec)
-    _check_target(path, fmt, overwrite, lambda: _file_is_current(path, fmt, payload))
-    if fmt == "npz":
-        details = {"file_checksum": write_npz_atomic(path, payload, "whitening map")}
     else:
-        write_file_atomic(path, lambda handle: handle.write(payload), f"{fmt} export")
+        payload, details = export_payload(affine, fmt, index, metric, codec)
+        details = {**_write_file(path, fmt, overwrite, payload), **details}
     return ExportResult(fmt, path, affine.params(), details)
 
 
@@ -291,6 +287,16 @@ def _check_destination(path: str, fmt: str, dtype: str) -> None:
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
+
+
+def _write_file(path: str, fmt: str, overwrite: bool, payload: Any) -> dict[str, Any]:
+    """Write a file format's ``payload`` atomically, unless the file already holds it (`_check_target`);
+    returns what the summary adds (an ``npz`` map: its ``file_checksum``)."""
+    _check_target(path, fmt, overwrite, lambda: _file_is_current(path, fmt, payload))
+    if fmt == "npz":
+        return {"file_checksum": write_npz_atomic(path, payload, "whitening map")}
+    write_file_atomic(path, lambda handle: handle.write(payload), f"{fmt} export")
+    return {}
 
 
 def _check_target(path: str, fmt: str, overwrite: bool, is_current: Callable[[], bool]) -> None:
