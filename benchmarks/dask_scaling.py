@@ -106,7 +106,7 @@ def run(args) -> dict:
     path = os.path.join(workdir, f"dask-scaling-{args.rows}x{args.dim}{suffix}")
     try:
         began = time.perf_counter()
-        spec = write_store(path, args.rows, args.dim, chunk_rows=args.chunk_rows, dataset="embeddings")
+        spec = write_store(path, args.rows, args.dim, chunk_rows=args.chunk_rows)
         generate_seconds = time.perf_counter() - began
         load_before = os.getloadavg()
         engines = [

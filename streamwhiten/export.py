@@ -53,7 +53,7 @@ import numpy as np
 
 from ._durable import check_replaceable, fsync_dir, link_or_kind, remove_stale_temps, temp_path, write_file_atomic
 from ._npz import checksum, foreign_npz, read_npz, write_npz_atomic
-from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap
+from .core.affine import MAP_FORMAT, MAP_VERSION, AffineMap, setting_arrays
 from .errors import BadInputError, ModelFileError, NothingToDoError, StoreIOError
 
 FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx")
@@ -219,38 +219,50 @@ def export(
     ----------
     affine : AffineMap or WhiteningModel
         From ``WhiteningModel.as_affine`` (another setting, normalisation) or
-        [`streamwhiten.serving.load`][streamwhiten.serving.load];
-        a model stands for its map at its saved setting, ``model.as_affine()``.
-    path : str
+        [`streamwhiten.serving.load`][streamwhiten.serving.load]; a model stands for its map at its saved setting.
+    path, fmt : str
         The output file, or directory for ``sentence-transformers``; its name tells the format
-        ([`format_for`][streamwhiten.export.format_for]).
-    fmt : str, optional
-        One of `FORMATS`; default from ``path``'s extension (else ``sentence-transformers`` with ``append_to``).
+        ([`format_for`][streamwhiten.export.format_for]), or ``fmt``, one of `FORMATS`, says it.
     overwrite : bool
-        Replace an existing output, if it is an export of this format that streamwhiten wrote
-        ([`foreign_export`][streamwhiten.export.foreign_export]; otherwise `ForeignOutputError`). Without
-        it an existing output is refused (`OutputExistsError`), unless it
-        already holds what would be written: then `NothingToDoError` (exit 3).
-    append_to : str, optional
-        ``sentence-transformers`` only: a local model directory whose copy gets the modules appended.
-    index : str, optional
-        ``faiss`` only: a factory string (``"Flat"``, ``"HNSW32"``, ``"IVF1024,PQ32"``) for the index behind the transform.
-    metric : {"ip", "l2"}, optional
-        ``faiss`` with ``index``: the index metric (default ``ip`` when normalising, else ``l2``).
-    insert : {"before-normalize", "end"}, optional
-        ``append_to`` only: where the whitening goes in a model ending in ``Normalize`` (default: told
-        from ``affine.mean_sq_norm``, see [`st_insertion`][streamwhiten.export.st_insertion]).
+        Replace an existing output if it is an export of this format that streamwhiten wrote
+        ([`check_export_output`][streamwhiten.export.check_export_output]); without it an existing output is
+        refused. One that already holds what would be written is kept either way: `NothingToDoError` (exit 3).
+    append_to, insert : str, optional
+        ``sentence-transformers`` only: a local model directory whose copy gets the modules appended, and
+        where in a model ending in ``Normalize`` (``"before-normalize"`` or ``"end"``; default: told from
+        ``affine.mean_sq_norm``, see [`st_insertion`][streamwhiten.export.st_insertion]).
+    index, metric : str, optional
+        ``faiss`` only: a factory string (``"Flat"``, ``"HNSW32"``, ``"IVF1024,PQ32"``) for the index behind the
+        transform, and its metric, ``"ip"`` or ``"l2"`` (default ``ip`` when normalising, else ``l2``).
     codec : streamwhiten.codes.Codec or bytes, optional
         ``faiss`` only: write the index that searches this faiss codec's rows
-        ([`faiss_codec_index`][streamwhiten.export.faiss_codec_index]);
-        default: a model's recorded codec, when ``affine`` is a model whose storage is a code. The tool's own
-        codes (``eigen``, ``bits-*``) faiss cannot scan: refused, naming what searches them.
+        ([`faiss_codec_index`][streamwhiten.export.faiss_codec_index]); default: a model's recorded codec. The
+        tool's own codes (``eigen``, ``bits-*``) faiss cannot scan: refused, naming what searches them.
 
     Returns
     -------
     ExportResult
         The format, the output, the map's parameters and the format's own entries.
     """
+    path = os.fspath(path).rstrip("/") or os.fspath(path)
+    fmt = format_for(path, fmt, append_to)
+    affine, codec = _map_and_codec(affine, codec, fmt)
+    dtype = "code" if codec is not None else affine.dtype
+    check_options(fmt, affine.normalize, append_to, index, metric, insert, dtype)
+    _check_destination(path, fmt, affine.dtype)
+    if fmt == "sentence-transformers":
+        plan = plan_sentence_transformers(affine, path, append_to, insert)
+        _check_target(path, fmt, overwrite, lambda: _st_is_current(path, plan["metadata"]))
+        details = write_sentence_transformers(affine, path, append_to, overwrite, plan)
+    else:
+        payload, details = export_payload(affine, fmt, index, metric, codec)
+        details = {**_write_file(path, fmt, overwrite, payload), **details}
+    return ExportResult(fmt, path, affine.params(), details)
+
+
+def _map_and_codec(affine: Any, codec: Any, fmt: str) -> tuple[AffineMap, Any]:
+    """``affine``'s map (a model's at its saved setting, unit-length where it is coded) and the codec to
+    write: ``codec``, or a model's recorded one; refused unless the format is ``faiss``."""
     if not isinstance(affine, AffineMap) and hasattr(affine, "as_affine"):
         recorded = getattr(getattr(affine, "storage", None), "codec", None)
         if codec is None and recorded is not None:
@@ -258,46 +270,48 @@ def export(
 
             codec = record_codec(recorded, affine.n_components)  # every field checked
         affine = affine.as_affine(normalize=True) if codec is not None else affine.as_affine()
-    path = os.fspath(path).rstrip("/") or os.fspath(path)
-    fmt = format_for(path, fmt, append_to)
     if codec is not None and fmt != "faiss":
         raise BadInputError(
             f"a code is exported as a faiss index (.faiss); the {fmt} format holds the map alone: export it "
             "with dtype float32 (the codec stays in the model file: serving.codec reads it)"
         )
-    check_options(
-        fmt, affine.normalize, append_to, index, metric, insert, "code" if codec is not None else affine.dtype
-    )
+    return affine, codec
+
+
+def _check_destination(path: str, fmt: str, dtype: str) -> None:
+    """Refuse, before anything is built, a format whose library is missing, a faiss file named for the other
+    kind of faiss file (`check_faiss_name`), and an output whose directory does not exist."""
     check_available(fmt)
     if fmt == "faiss":
-        check_faiss_name(path, affine.dtype)
+        check_faiss_name(path, dtype)
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
-    details: dict[str, Any] = {}
-    if fmt == "sentence-transformers":
-        plan = plan_sentence_transformers(affine, path, append_to, insert)
-        if os.path.lexists(path):  # an export that is up to date is kept, overwrite or not (exit 3)
-            if overwrite:
-                check_export_output(path, fmt, overwrite)  # only one of ours is looked into
-            if _st_is_current(path, plan["metadata"]):
-                raise _up_to_date(path)
-        check_export_output(path, fmt, overwrite)
-        details.update(write_sentence_transformers(affine, path, append_to, overwrite, plan))
-        return ExportResult(fmt, path, affine.params(), details)
-    payload, info = export_payload(affine, fmt, index, metric, codec)
-    if os.path.lexists(path):  # an export that is up to date is kept, overwrite or not (exit 3)
+
+
+def _write_file(path: str, fmt: str, overwrite: bool, payload: Any) -> dict[str, Any]:
+    """Write a file format's ``payload`` atomically, unless the file already holds it (`_check_target`);
+    returns what the summary adds (an ``npz`` map: its ``file_checksum``)."""
+    _check_target(path, fmt, overwrite, lambda: _file_is_current(path, fmt, payload))
+    if fmt == "npz":
+        return {"file_checksum": write_npz_atomic(path, payload, "whitening map")}
+    write_file_atomic(path, lambda handle: handle.write(payload), f"{fmt} export")
+    return {}
+
+
+def _check_target(path: str, fmt: str, overwrite: bool, is_current: Callable[[], bool]) -> None:
+    """`check_export_output`, except that an output that already holds what would be written
+    (``is_current``) is kept, overwrite or not: `NothingToDoError` (exit 3)."""
+    if os.path.lexists(path):
         if overwrite:
             check_export_output(path, fmt, overwrite)  # only one of ours is looked into
-        if _file_is_current(path, fmt, payload):
-            raise _up_to_date(path)
+        if is_current():
+            raise NothingToDoError(
+                f"nothing to do: {path} is up to date (the same map, written in the same format with the same "
+                "options); overwrite=True replaces only an export that is not: delete it to write it again",
+                param="overwrite",
+            )
     check_export_output(path, fmt, overwrite)
-    if fmt == "npz":
-        details["file_checksum"] = write_npz_atomic(path, payload, "whitening map")
-    else:
-        write_file_atomic(path, lambda handle: handle.write(payload), f"{fmt} export")
-    details.update(info)
-    return ExportResult(fmt, path, affine.params(), details)
 
 
 def export_payload(
@@ -314,14 +328,6 @@ def export_payload(
     if fmt == "faiss":
         return faiss_bytes(affine, index, metric, codec)
     raise BadInputError(f"{fmt}: not a file format")
-
-
-def _up_to_date(path: str) -> NothingToDoError:
-    return NothingToDoError(
-        f"nothing to do: {path} is up to date (the same map, written in the same format with the same options); "
-        "overwrite=True replaces only an export that is not: delete it to write it again",
-        param="overwrite",
-    )
 
 
 def check_export_output(path: str, fmt: str, overwrite: bool) -> None:
@@ -396,13 +402,7 @@ def npz_arrays(affine: AffineMap) -> dict:
         "A": np.ascontiguousarray(affine.A, dtype=np.float64),
         "b": np.asarray(affine.b, dtype=np.float64),
         "mean": np.asarray(affine.mean, dtype=np.float64),
-        "beta": np.array(affine.beta),
-        "gamma": np.array(affine.gamma),
-        "eps": np.array(affine.eps),
-        "eps_value": np.array(affine.eps_value),
-        "variance": np.array(np.nan if affine.variance is None else affine.variance),
-        "n_components": np.array(affine.n_components, dtype=np.int64),
-        "n_features": np.array(affine.n_features, dtype=np.int64),
+        **setting_arrays(affine),
         "normalize": np.array(affine.normalize),
         "model_checksum": np.array(affine.checksum),
         "model_file_checksum": np.array(affine.file_checksum),
@@ -442,12 +442,6 @@ def _safetensors_parts(payload: bytes) -> tuple[dict, bytes]:
     if not isinstance(header, dict):
         raise ValueError("not a safetensors header")
     return header, payload[8 + length :]
-
-
-def write_safetensors(affine: AffineMap, path: str) -> None:
-    """Write the ``nn.Linear`` state dict (see [`safetensors_bytes`][streamwhiten.export.safetensors_bytes])."""
-    payload = safetensors_bytes(affine)
-    write_file_atomic(path, lambda handle: handle.write(payload), "safetensors export")
 
 
 def torch_linear(affine: AffineMap, dtype: Any = None, device: Any = None):
@@ -510,12 +504,6 @@ def onnx_model(affine: AffineMap):
     return model
 
 
-def write_onnx(affine: AffineMap, path: str) -> None:
-    """Write [`onnx_model`][streamwhiten.export.onnx_model] (weights inside the file)."""
-    payload = onnx_model(affine).SerializeToString()
-    write_file_atomic(path, lambda handle: handle.write(payload), "onnx export")
-
-
 # ------------------------------------------------------------------------------------------ faiss
 
 
@@ -533,9 +521,7 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
     """An empty ``IndexPreTransform``: the map, ``NormalizationTransform`` when normalising, then ``factory``'s index."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     metric = metric or ("ip" if affine.normalize else "l2")
-    if metric not in ("ip", "l2"):
-        raise BadInputError(f"unknown faiss metric {metric!r}; choose ip or l2")
-    code = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
+    code = _faiss_metric(faiss, metric)
     try:
         inner = faiss.index_factory(affine.n_components, factory, code)
     except RuntimeError as exc:
@@ -552,6 +538,13 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
     return index, metric
 
 
+def _faiss_metric(faiss: Any, metric: str) -> int:
+    """faiss's constant for ``metric`` (``"ip"`` or ``"l2"``; anything else is refused)."""
+    if metric not in ("ip", "l2"):
+        raise BadInputError(f"unknown faiss metric {metric!r}; choose ip or l2")
+    return int(faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2)
+
+
 def faiss_int8_ranges(quantization: Any) -> tuple[np.ndarray, np.ndarray]:
     """``(vmin, vdiff)`` of faiss's 8-bit scalar quantizer whose codes decode to ours (module docstring)."""
     scale, offset = quantization.scale, quantization.offset
@@ -563,11 +556,8 @@ def faiss_int8_index(affine: AffineMap, metric: str | None = None):
     then an ``IndexScalarQuantizer`` (``QT_8bit``) trained with the map's int8 ranges."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     metric = metric or "ip"
-    if metric not in ("ip", "l2"):
-        raise BadInputError(f"unknown faiss metric {metric!r}; choose ip or l2")
     k = affine.n_components
-    code = faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2
-    inner = faiss.IndexScalarQuantizer(k, faiss.ScalarQuantizer.QT_8bit, code)
+    inner = faiss.IndexScalarQuantizer(k, faiss.ScalarQuantizer.QT_8bit, _faiss_metric(faiss, metric))
     vmin, vdiff = faiss_int8_ranges(affine.quantization)
     faiss.copy_array_to_vector(np.concatenate([vmin, vdiff]), inner.sq.trained)
     inner.is_trained = True
@@ -625,7 +615,7 @@ def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
 
 
 def _is_whitening_faiss(path: str) -> bool:
-    """Whether the faiss file ``path`` is what [`write_faiss`][streamwhiten.export.write_faiss] writes (faiss files
+    """Whether the faiss file ``path`` is what [`export`][streamwhiten.export.export] writes (faiss files
     carry no metadata)."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     # the objects faiss reads are kept referenced while their downcast views are used (those do not own them)
@@ -663,53 +653,45 @@ def faiss_bytes(
                 param=("index", "metric"),
             )
         index, codec = faiss_codec_index(affine, codec)
-        payload = faiss.serialize_index(index).tobytes()
-        info: dict = {
-            "faiss": "IndexPreTransform",
-            "index": f"{codec.label} (the model's codec: add its rows with index.index.add_sa_codes)",
-            "metric": "l2" if codec.unit else "ip",
-            "read_with": "faiss.read_index",
-            "needs_training": False,
-            "code": codec.label,
-            "bytes_per_vector": codec.bytes_per_vector,
-            "model_bytes": codec.model_bytes,
-        }
+        described = f"{codec.label} (the model's codec: add its rows with index.index.add_sa_codes)"
+        info = dict(
+            _index_info(described, "l2" if codec.unit else "ip"),
+            code=codec.label,
+            bytes_per_vector=codec.bytes_per_vector,
+            model_bytes=codec.model_bytes,
+        )
     elif affine.dtype == "int8":
         index, metric = faiss_int8_index(affine, metric)
-        payload = faiss.serialize_index(index).tobytes()
-        info = {
-            "faiss": "IndexPreTransform",
-            "index": "SQ8 (ranges: the map's int8 record)",
-            "metric": metric,
-            "read_with": "faiss.read_index",
-            "needs_training": False,
-        }
+        info = _index_info("SQ8 (ranges: the map's int8 record)", metric)
     elif affine.dtype == "binary":
         bits = 8 * -(-affine.n_components // 8)
         payload = faiss.serialize_index_binary(faiss.IndexBinaryFlat(bits)).tobytes()
-        info = {
-            "faiss": "IndexBinaryFlat",
-            "index": f"{bits} bits (numpy.packbits of the signs, last byte zero-padded)",
-            "metric": "hamming",
-            "read_with": "faiss.read_index_binary",
-            "needs_training": False,
-        }
+        described = f"{bits} bits (numpy.packbits of the signs, last byte zero-padded)"
+        return payload, dict(
+            _index_info(described, "hamming"), faiss="IndexBinaryFlat", read_with="faiss.read_index_binary"
+        )
     elif factory is None:
         writer = faiss.VectorIOWriter()
         faiss.write_VectorTransform(faiss_transform(affine), writer)
-        payload = faiss.vector_to_array(writer.data).tobytes()
-        info = {"faiss": "LinearTransform", "read_with": "faiss.read_VectorTransform"}
+        return faiss.vector_to_array(writer.data).tobytes(), {
+            "faiss": "LinearTransform",
+            "read_with": "faiss.read_VectorTransform",
+        }
     else:
         index, metric = faiss_index(affine, factory, metric)
-        payload = faiss.serialize_index(index).tobytes()
-        info = {
-            "faiss": "IndexPreTransform",
-            "index": factory,
-            "metric": metric,
-            "read_with": "faiss.read_index",
-            "needs_training": not bool(index.is_trained),
-        }
-    return payload, info
+        info = _index_info(factory, metric, needs_training=not bool(index.is_trained))
+    return faiss.serialize_index(index).tobytes(), info
+
+
+def _index_info(index: str, metric: str, needs_training: bool = False) -> dict[str, Any]:
+    """The summary entries of a faiss index export (read with ``faiss.read_index``)."""
+    return {
+        "faiss": "IndexPreTransform",
+        "index": index,
+        "metric": metric,
+        "read_with": "faiss.read_index",
+        "needs_training": needs_training,
+    }
 
 
 BINARY_FAISS_SUFFIX = ".binary.faiss"
@@ -771,13 +753,6 @@ def _reads_as(reader: Callable[[str], object], path: str) -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def write_faiss(affine: AffineMap, path: str, factory: str | None = None, metric: str | None = None) -> dict:
-    """Write the ``LinearTransform`` (or, with ``factory``, the empty index) with faiss's own writer."""
-    payload, info = faiss_bytes(affine, factory, metric)
-    write_file_atomic(path, lambda handle: handle.write(payload), "faiss export")
-    return info
 
 
 # ------------------------------------------------------------------------------------------ sentence-transformers
@@ -921,61 +896,64 @@ def write_sentence_transformers(
     ``plan`` is [`plan_sentence_transformers`][streamwhiten.export.plan_sentence_transformers]'s (made here when not
     given).
     """
-    import torch
-
-    Dense, Normalize = _st_modules()
+    _st_modules()
     plan = plan if plan is not None else plan_sentence_transformers(affine, path, append_to)
     remove_stale_temps(path)
     temp = temp_path(path)
     try:
-        modules = [dict(entry) for entry in plan["modules"]]
-        if append_to is not None:
-            shutil.copytree(append_to, temp, symlinks=False)
-            if plan["insert"] == "before-normalize":  # the whitening takes its place
-                folder = str(modules.pop().get("path") or "")
-                if folder.strip("./"):
-                    _remove_tree(os.path.join(temp, folder))
-        else:
-            os.makedirs(temp)
-        dense = Dense(
-            affine.n_features,
-            affine.n_components,
-            bias=True,
-            activation_function=torch.nn.Identity(),
-            init_weight=torch.from_numpy(np.ascontiguousarray(affine.A.T, dtype=np.float32)),
-            init_bias=torch.from_numpy(np.ascontiguousarray(affine.b, dtype=np.float32)),
-        )
-        added = [dense] + ([Normalize()] if affine.normalize else [])
-        paths = []
-        for module in added:
-            entry = _module_entry(temp, modules, module)
-            os.makedirs(os.path.join(temp, entry["path"]))
-            module.save(os.path.join(temp, entry["path"]))
-            modules.append(entry)
-            paths.append(entry["path"])
-        with open(os.path.join(temp, "modules.json"), "w", encoding="utf8") as handle:
-            json.dump(modules, handle, indent=2)
+        paths = _build_st_tree(affine, temp, plan, append_to)
         # what makes a rerun find it up to date: the same metadata, and the files as they were written
         metadata = dict(plan["metadata"], tree_sha256=_tree_sha256(temp, path))
         with open(os.path.join(temp, paths[0], ST_METADATA), "w", encoding="utf8") as handle:
             json.dump(metadata, handle, indent=2, sort_keys=True)
         _fsync_tree(temp)
         _rename_dir_into_place(temp, path, overwrite)
-    except StoreIOError:
+    except BaseException as exc:
         shutil.rmtree(temp, ignore_errors=True)
-        raise
-    except Exception as exc:
-        shutil.rmtree(temp, ignore_errors=True)
-        reason = write_failure(exc)
+        failed = isinstance(exc, Exception) and not isinstance(exc, StoreIOError)
+        reason = write_failure(exc) if failed else None
         if reason is None:
             raise
         raise StoreIOError(
             f"{path}: cannot write the sentence-transformers export: {reason}; nothing was written"
         ) from exc
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
     return {"modules": paths, "appended_to": append_to, "insert": plan["insert"]}
+
+
+def _build_st_tree(affine: AffineMap, temp: str, plan: dict, append_to: str | None) -> list[str]:
+    """Build the export in the directory ``temp``: a copy of ``append_to`` (its final ``Normalize`` left out
+    where the whitening takes its place) or nothing, then the Dense (+ Normalize) modules and
+    ``modules.json``; returns the folders of the modules added."""
+    import torch
+
+    Dense, Normalize = _st_modules()
+    modules = [dict(entry) for entry in plan["modules"]]
+    if append_to is not None:
+        shutil.copytree(append_to, temp, symlinks=False)
+        if plan["insert"] == "before-normalize":  # the whitening takes its place
+            folder = str(modules.pop().get("path") or "")
+            if folder.strip("./"):
+                _remove_tree(os.path.join(temp, folder))
+    else:
+        os.makedirs(temp)
+    dense = Dense(
+        affine.n_features,
+        affine.n_components,
+        bias=True,
+        activation_function=torch.nn.Identity(),
+        init_weight=torch.from_numpy(np.ascontiguousarray(affine.A.T, dtype=np.float32)),
+        init_bias=torch.from_numpy(np.ascontiguousarray(affine.b, dtype=np.float32)),
+    )
+    paths = []
+    for module in [dense] + ([Normalize()] if affine.normalize else []):
+        entry = _module_entry(temp, modules, module)
+        os.makedirs(os.path.join(temp, entry["path"]))
+        module.save(os.path.join(temp, entry["path"]))
+        modules.append(entry)
+        paths.append(entry["path"])
+    with open(os.path.join(temp, "modules.json"), "w", encoding="utf8") as handle:
+        json.dump(modules, handle, indent=2)
+    return paths
 
 
 #: The file in the whitening's Dense folder recording the parameters and what the export was made from.
@@ -1147,13 +1125,10 @@ __all__ = [
     "npz_arrays",
     "write_npz",
     "safetensors_bytes",
-    "write_safetensors",
     "torch_linear",
     "onnx_model",
-    "write_onnx",
     "faiss_transform",
     "faiss_index",
-    "write_faiss",
     "st_output_dimension",
     "write_sentence_transformers",
 ]

@@ -22,7 +22,7 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, ClassVar
 
 
@@ -71,22 +71,8 @@ class Fingerprint:
     version: int | None = None
     other: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
-    #: The keys of the JSON object that fields name.
-    KEYS: ClassVar[tuple[str, ...]] = (
-        "path",
-        "dataset",
-        "n_rows",
-        "n_features",
-        "dtype",
-        "chunk_rows",
-        "layout_sha256",
-        "sha256_sampled",
-        "sha256_read",
-        "rows_read",
-        "size",
-        "etag",
-        "version",
-    )
+    #: The keys of the JSON object that fields name (every field but ``other``; set below the class).
+    KEYS: ClassVar[tuple[str, ...]]
 
     def __post_init__(self) -> None:
         clash = sorted(set(self.other) & set(self.KEYS))
@@ -125,6 +111,9 @@ class Fingerprint:
         known = {key: data[key] for key in cls.KEYS if key in data and data[key] is not None}
         other = {key: value for key, value in data.items() if key not in cls.KEYS}
         return cls(**known, other=other)
+
+
+Fingerprint.KEYS = tuple(item.name for item in fields(Fingerprint) if item.name != "other")
 
 
 def fingerprint_of(value: Fingerprint | Mapping[str, Any]) -> Fingerprint:
@@ -180,19 +169,9 @@ class ResumeRecord:
     rows_done: int = 0
     n_nonfinite: int = 0
 
-    #: The keys every record holds (those of the job, and the counts); ``compressor``, ``keep_columns``
-    #: and ``quantization`` only where they are set.
-    REQUIRED: ClassVar[tuple[str, ...]] = (
-        "model_checksum",
-        "source",
-        "output",
-        "normalize",
-        "dtype",
-        "zarr_format",
-        "block_rows",
-        "skip_nonfinite",
-        "threads",
-    )
+    #: The keys every record holds besides the counts: the fields without a default, those of the job
+    #: (set below the class); ``compressor``, ``keep_columns`` and ``quantization`` only where they are set.
+    REQUIRED: ClassVar[tuple[str, ...]]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "keep_columns", tuple(self.keep_columns))
@@ -247,6 +226,9 @@ class ResumeRecord:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"a progress record holds a value of the wrong kind ({exc})") from None
         return cls(**values)
+
+
+ResumeRecord.REQUIRED = tuple(item.name for item in fields(ResumeRecord) if item.default is MISSING)
 
 
 # ------------------------------------------------------------------------------------------ publication
@@ -591,9 +573,8 @@ class Manifest:
         return body
 
     @classmethod
-    def from_dict(cls, data: Any) -> Manifest:
-        """The manifest written as the JSON object ``data``; `ValueError` saying what is wrong for one
-        that is damaged, edited by hand (its checksum no longer matches) or of another format version."""
+    def _verified(cls, data: Any) -> dict[str, Any]:
+        """``data`` with the manifest's keys, format and version, and the checksum of its content."""
         data = _keys(data, "the manifest", cls._KEYS, ("updated_at", "job_id"))
         if data["format"] != cls.FORMAT:
             raise ValueError(f"format is {data['format']!r}, not {cls.FORMAT!r}")
@@ -601,8 +582,7 @@ class Manifest:
             raise ValueError(
                 f"format_version {data['format_version']!r} is not one of {cls.FORMAT_VERSIONS} (another release?)"
             )
-        legacy = data["format_version"] == 1
-        if legacy == ("job_id" in data):
+        if (data["format_version"] == 1) == ("job_id" in data):
             raise ValueError("format_version 2 needs a job_id, and 1 has none")
         body = {key: value for key, value in data.items() if key != "checksum"}
         refuse_nul(body, "the manifest's")  # before any path reaches the file system
@@ -612,6 +592,14 @@ class Manifest:
             raise ValueError(f"it holds values that are not plain JSON ({exc})") from None
         if data["checksum"] != expected:
             raise ValueError("its checksum does not match its content (damaged, or edited by hand)")
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Manifest:
+        """The manifest written as the JSON object ``data``; `ValueError` saying what is wrong for one
+        that is damaged, edited by hand (its checksum no longer matches) or of another format version."""
+        data = cls._verified(data)
+        legacy = data["format_version"] == 1
         version = _count(data["version"], "version", 1)
         if version > MAX_VERSION:
             raise ValueError(f"version {version} is more than any run publishes (at most {MAX_VERSION})")
@@ -624,18 +612,7 @@ class Manifest:
         specs = [item.spec for item in inputs]
         if len(set(specs)) != len(specs):
             raise ValueError("an input is listed twice")
-        kept = tuple(Version.from_dict(item, f"kept version {i}") for i, item in enumerate(data["kept"]))
-        retired = tuple(Version.from_dict(item, f"retired version {i}") for i, item in enumerate(data["retired"]))
-        if any(item.version >= version for item in kept + retired):
-            raise ValueError(f"a kept or retired version is not older than version {version}")
-        # the versions a run keeps are the ones just before this one, and every retired one is older
-        if [item.version for item in kept] != list(range(version - 1, version - 1 - len(kept), -1)):
-            raise ValueError(f"the kept versions {[item.version for item in kept]} are not those before {version}")
-        numbers = [item.version for item in retired]
-        if len(set(numbers)) != len(numbers) or any(number >= version - len(kept) for number in numbers):
-            raise ValueError(f"the retired versions {numbers} are not distinct versions older than the kept ones")
-        if not legacy and any(item.model_checksum is None for item in kept + retired):
-            raise ValueError("a kept or retired version lacks its model_checksum")
+        kept, retired = _history(data, version, legacy)
         job_id = None if legacy else _text(data["job_id"], "job_id", plain=True)
         updated_at = data.get("updated_at")
         return cls(
@@ -652,6 +629,23 @@ class Manifest:
             retired=retired,
             job_id=job_id,
         )
+
+
+def _history(data: dict[str, Any], version: int, legacy: bool) -> tuple[tuple[Version, ...], tuple[Version, ...]]:
+    """The manifest's ``(kept, retired)`` versions, checked: those a run keeps are the ones just before
+    ``version``, and every retired one is older."""
+    kept = tuple(Version.from_dict(item, f"kept version {i}") for i, item in enumerate(data["kept"]))
+    retired = tuple(Version.from_dict(item, f"retired version {i}") for i, item in enumerate(data["retired"]))
+    if any(item.version >= version for item in kept + retired):
+        raise ValueError(f"a kept or retired version is not older than version {version}")
+    if [item.version for item in kept] != list(range(version - 1, version - 1 - len(kept), -1)):
+        raise ValueError(f"the kept versions {[item.version for item in kept]} are not those before {version}")
+    numbers = [item.version for item in retired]
+    if len(set(numbers)) != len(numbers) or any(number >= version - len(kept) for number in numbers):
+        raise ValueError(f"the retired versions {numbers} are not distinct versions older than the kept ones")
+    if not legacy and any(item.model_checksum is None for item in kept + retired):
+        raise ValueError("a kept or retired version lacks its model_checksum")
+    return kept, retired
 
 
 __all__ = [

@@ -166,20 +166,18 @@ def _load_model(path: str, normalize: bool | None, stored_checksum: str, dtype: 
         return AffineMap.identity(
             f["mean"], f["eps"], f["eps_value"], bool(normalize), stored_checksum, fitted_norm, quantization
         )
-    return AffineMap.from_eigh(
-        f["eigvals"],
-        f["eigvecs"],
+    return AffineMap.from_weights(
+        weights,
         f["mean"],
         f["beta"],
-        f["gamma"],
-        f["eps"],
-        f["eps_value"],
-        f["n_components"],
-        f["variance"],
-        bool(normalize),
-        stored_checksum,
-        fitted_norm,
-        quantization,
+        gamma=f["gamma"],
+        eps=f["eps"],
+        eps_value=f["eps_value"],
+        variance=f["variance"],
+        normalize=bool(normalize),
+        file_checksum=stored_checksum,
+        mean_sq_norm=fitted_norm,
+        quantization=quantization,
     )
 
 

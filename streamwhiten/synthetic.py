@@ -54,24 +54,21 @@ def write_store(
     seed: int = 0,
     dtype: npt.DTypeLike = "float32",
     chunk_rows: int = 8192,
-    dataset: str = "embeddings",
-    zarr_format: int = 3,
     progress: Callable[[int, int], None] | None = None,
     checksums: bool = True,
 ) -> str:
-    """Write the data set to an HDF5 file (``.h5``) or a Zarr store (``.zarr``), replacing an old one written
-    by streamwhiten (anything else at ``path`` is refused, as by every writer); returns its spec. Written like
-    every streamwhiten output: under a temporary name, renamed when complete, with a checksum per chunk unless
-    ``checksums`` is False (a plain store, read without a verify-and-copy step).
+    """Write the data set to an HDF5 file (``.h5``, as its dataset ``embeddings``) or a Zarr store (``.zarr``,
+    format 3), replacing an old one written by streamwhiten (anything else at ``path`` is refused, as by every
+    writer); returns its spec. Written like every streamwhiten output: under a temporary name, renamed when
+    complete, with a checksum per chunk unless ``checksums`` is False (a plain store, read without a
+    verify-and-copy step).
     """
     from .io import open_output
     from .output_plan import OutputPlan
 
     chunk_rows = min(chunk_rows, n_rows)
-    spec = f"{path}:/{dataset}" if open_output(path).named else path
-    plan = OutputPlan(
-        n_rows, n_features, np.dtype(dtype).name, chunk_rows=chunk_rows, zarr_format=zarr_format, checksums=checksums
-    )
+    spec = f"{path}:/embeddings" if open_output(path).named else path
+    plan = OutputPlan(n_rows, n_features, np.dtype(dtype).name, chunk_rows=chunk_rows, checksums=checksums)
     sink = open_output(spec).create(plan, overwrite=True)
     with sink:
         step = max(chunk_rows, (64 << 20) // (n_features * np.dtype(dtype).itemsize) // chunk_rows * chunk_rows)

@@ -160,7 +160,9 @@ def test_float16_input_and_zero_rows(model_file, rows):
     got = whiten.transform(half)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
-    zero = serving.AffineMap.from_eigh(np.ones(3), np.eye(3), np.zeros(3), 1.0, 1.0, 1e-6, 1e-6, 3, normalize=True)
+    zero = serving.AffineMap.from_weights(
+        np.eye(3), np.zeros(3), 1.0, gamma=1.0, eps=1e-6, eps_value=1e-6, normalize=True
+    )
     assert np.array_equal(zero.transform(np.zeros((2, 3))), np.zeros((2, 3)))
 
 

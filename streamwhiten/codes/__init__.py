@@ -137,20 +137,11 @@ def train_codec(
         return train_sign_bits(
             mean, covariance, int(budget), rotation=rotation, sample=sample, seed=seed, correction=name.endswith("+f")
         ).with_unit(unit)
-    from .faiss_codes import train_faiss
+    from .faiss_codes import FaissTraining, train_faiss
 
     assert sample is not None  # checked above
-    return train_faiss(
-        name[len("faiss-") :],
-        mean,
-        covariance,
-        int(budget),
-        sample,
-        seed=seed,
-        sample_seed=sample_seed,
-        unit=unit,
-        **faiss_options,
-    )
+    training = FaissTraining(seed=seed, sample_seed=sample_seed, **faiss_options)
+    return train_faiss(name[len("faiss-") :], mean, covariance, int(budget), sample, training, unit)
 
 
 def check_budget(name: str, n_features: int, budget: int) -> None:

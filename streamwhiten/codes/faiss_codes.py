@@ -16,6 +16,7 @@ import functools
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -399,41 +400,75 @@ def _finite(values: np.ndarray, what: str) -> np.ndarray:
     return values
 
 
+@dataclass(frozen=True)
+class FaissTraining:
+    """How faiss trains a code, all recorded in the codec: ``seed`` seeds faiss's k-means; ``sample_seed``
+    is the seed the sample was drawn with, where the caller drew it; ``iterations`` of k-means per codebook
+    and ``opq_iterations`` of OPQ (faiss's defaults); ``opq_initial_iterations``: k-means iterations of
+    OPQ's first PQ (None: faiss's 40)."""
+
+    seed: int = 0
+    sample_seed: int | None = None
+    iterations: int = 25
+    opq_iterations: int = 50
+    opq_initial_iterations: int | None = None
+
+    def configure(self, kind: str, index: Any, dims: int, sub: int) -> Any:
+        """Set these iterations and seed on ``index`` (a ``kind`` index of ``dims`` dimensions in ``sub``
+        sub-spaces); returns OPQ's own PQ, to be kept alive while it trains (else None)."""
+        inner = index.index if kind == "opq" else index
+        if kind in ("pq", "opq"):
+            clustering = _faiss().downcast_index(inner).pq.cp
+            clustering.seed, clustering.niter = int(self.seed), int(self.iterations)
+            clustering.min_points_per_centroid = 1  # faiss warns below 39 a centroid; the result is the same
+        if kind != "opq":
+            return None
+        rotation = _faiss().downcast_VectorTransform(index.chain.at(0))
+        rotation.niter = int(self.opq_iterations)
+        if self.opq_initial_iterations is not None:
+            rotation.niter_pq_0 = int(self.opq_initial_iterations)
+        # OPQ's own PQ as faiss makes it (seed and all), only without the warning
+        opq_pq = _faiss().ProductQuantizer(dims, sub, PQ_BITS)
+        opq_pq.cp.min_points_per_centroid = 1
+        rotation.pq = opq_pq
+        return opq_pq
+
+    def record(self, kind: str, sample_rows: int) -> dict[str, Any]:
+        """What the codec records of its training (the settings ``kind`` uses, and faiss's version)."""
+        training: dict[str, Any] = {
+            "sample_rows": sample_rows,
+            "seed": int(self.seed),
+            "faiss": str(_faiss().__version__),
+        }
+        if kind in ("pq", "opq"):
+            training["kmeans_iterations"] = int(self.iterations)
+        if kind == "opq":
+            training["opq_iterations"] = int(self.opq_iterations)
+            if self.opq_initial_iterations is not None:
+                training["opq_initial_iterations"] = int(self.opq_initial_iterations)
+        if self.sample_seed is not None:
+            training["sample_seed"] = int(self.sample_seed)
+        return training
+
+
 def train_faiss(
     kind: str,
     mean: npt.ArrayLike,
     covariance: npt.ArrayLike,
     budget: int,
     sample: npt.ArrayLike,
-    *,
-    seed: int = 0,
-    sample_seed: int | None = None,
-    iterations: int = 25,
-    opq_iterations: int = 50,
-    opq_initial_iterations: int | None = None,
+    training: FaissTraining = FaissTraining(),
     unit: bool = False,
 ) -> FaissCode:
     """The faiss ``kind`` code of at most ``budget`` bytes a vector, trained on ``sample`` (rows of the
-    vectors) after centring on ``mean`` and, where it keeps fewer dimensions, projecting on the leading
-    principal axes of ``covariance``. ``seed`` seeds faiss's k-means; ``sample_seed`` (recorded) is the
-    seed the sample was drawn with, where the caller drew it; ``iterations`` of k-means per codebook and
-    ``opq_iterations`` of OPQ (faiss's defaults), both recorded; ``opq_initial_iterations``: k-means
-    iterations of OPQ's first PQ (None: faiss's 40), recorded when given. ``unit``: the vectors have unit
-    length, so the index ranks by L2 distance (which for them ranks as cosine, as faiss's own indexes of
-    unit vectors do), not by the inner product with the decoded vector, whose length errors swamp it."""
+    vectors) as ``training`` says, after centring on ``mean`` and, where it keeps fewer dimensions,
+    projecting on the leading principal axes of ``covariance``. ``unit``: the vectors have unit length,
+    so the index ranks by L2 distance (which for them ranks as cosine, as faiss's own indexes of unit
+    vectors do), not by the inner product with the decoded vector, whose length errors swamp it."""
     centre = np.asarray(mean, dtype=np.float64).reshape(-1)
     d = centre.shape[0]
     dims, sub = layout_for(kind, d, budget)
-    rows = np.asarray(sample, dtype=np.float64)
-    if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
-        raise BadInputError(f"a faiss code trains on finite rows of {d} values, got shape {rows.shape}")
-    if rows.shape[0] < smallest_sample(kind):
-        why = (
-            f"its k-means trains {PQ_CENTROIDS} centroids a codebook"
-            if kind in ("pq", "opq")
-            else "it learns the spread of its values"
-        )
-        raise sample_too_small(f"faiss-{kind}", smallest_sample(kind), rows.shape[0], why)
+    rows = _training_rows(kind, sample, d)
     basis = None
     if dims < d or kind.startswith("rabitq") or kind.startswith("sq"):
         _, vectors = principal_axes(covariance)
@@ -441,21 +476,7 @@ def train_faiss(
     index = _index_for(kind, dims, sub, l2=unit)
     if index.sa_code_size() > int(budget):  # before the training: layout_for keeps within faiss_bytes
         raise BadInputError(f"a faiss {kind} code of {index.sa_code_size()} bytes exceeds the budget of {budget}")
-    inner = index.index if kind == "opq" else index
-    if kind in ("pq", "opq"):
-        clustering = _faiss().downcast_index(inner).pq.cp
-        clustering.seed, clustering.niter = int(seed), int(iterations)
-        clustering.min_points_per_centroid = 1  # faiss warns below 39 a centroid; the result is the same
-    opq_pq = None
-    if kind == "opq":
-        rotation = _faiss().downcast_VectorTransform(index.chain.at(0))
-        rotation.niter = int(opq_iterations)
-        if opq_initial_iterations is not None:
-            rotation.niter_pq_0 = int(opq_initial_iterations)
-        # OPQ's own PQ as faiss makes it (seed and all), only without the warning; kept alive while it trains
-        opq_pq = _faiss().ProductQuantizer(dims, sub, PQ_BITS)
-        opq_pq.cp.min_points_per_centroid = 1
-        rotation.pq = opq_pq
+    opq_pq = training.configure(kind, index, dims, sub)
     centred = (rows - centre).astype(np.float32)
     try:
         index.train(np.ascontiguousarray(centred if basis is None else centred @ basis.astype(np.float32)))
@@ -466,21 +487,24 @@ def train_faiss(
         ) from None
     if opq_pq is not None:
         _faiss().downcast_VectorTransform(index.chain.at(0)).pq = None  # it does not outlive this call
-    training: dict[str, Any] = {
-        "sample_rows": int(rows.shape[0]),
-        "seed": int(seed),
-        "faiss": str(_faiss().__version__),
-    }
-    if kind in ("pq", "opq"):
-        training["kmeans_iterations"] = int(iterations)
-    if kind == "opq":
-        training["opq_iterations"] = int(opq_iterations)
-        if opq_initial_iterations is not None:
-            training["opq_initial_iterations"] = int(opq_initial_iterations)
-    if sample_seed is not None:
-        training["sample_seed"] = int(sample_seed)
     blob = _faiss().serialize_index(index)
-    return FaissCode(kind, centre, basis, blob, budget=int(budget), training=training)
+    record = training.record(kind, int(rows.shape[0]))
+    return FaissCode(kind, centre, basis, blob, budget=int(budget), training=record)
+
+
+def _training_rows(kind: str, sample: npt.ArrayLike, d: int) -> np.ndarray:
+    """``sample`` as float64 rows, refused unless finite, ``d`` wide and as many as ``kind`` trains on."""
+    rows = np.asarray(sample, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
+        raise BadInputError(f"a faiss code trains on finite rows of {d} values, got shape {rows.shape}")
+    if rows.shape[0] < smallest_sample(kind):
+        why = (
+            f"its k-means trains {PQ_CENTROIDS} centroids a codebook"
+            if kind in ("pq", "opq")
+            else "it learns the spread of its values"
+        )
+        raise sample_too_small(f"faiss-{kind}", smallest_sample(kind), rows.shape[0], why)
+    return rows
 
 
 __all__ = [
@@ -490,6 +514,7 @@ __all__ = [
     "PQ_TABLE_BYTES",
     "UNIT_EXTENT",
     "FaissCode",
+    "FaissTraining",
     "check_index",
     "check_parts",
     "faiss_available",

@@ -96,45 +96,13 @@ class AffineMap:
             )
 
     @classmethod
-    def from_eigh(
-        cls,
-        eigvals: np.ndarray,
-        eigvecs: np.ndarray,
-        mean: npt.ArrayLike,
-        beta: float,
-        gamma: float,
-        eps: float,
-        eps_value: float,
-        n_components: int,
-        variance: float | None = None,
-        normalize: bool = False,
-        file_checksum: str = "",
-        mean_sq_norm: float | None = None,
-        quantization: Quantization | None = None,
-    ) -> AffineMap:
-        """The map of a finalized model: ``A = eigvecs[:, :k] * (eigvals[:k] + eps_value) ** (-gamma / 2)``.
-
-        The same arithmetic as ``WhiteningModel.projection``, so ``A`` is bit-identical to its weights.
-        """
-        k = int(n_components)
-        weights = eigvecs[:, :k] * ((eigvals[:k] + eps_value) ** (-float(gamma) / 2.0))
-        A = np.ascontiguousarray(weights, dtype=np.float64)
+    def from_weights(cls, A: np.ndarray, mean: npt.ArrayLike, beta: float, **fields: Any) -> AffineMap:
+        """The map ``x -> (x - beta mean) A`` of a finalized model: ``b = -(beta mean) A``; ``A`` is
+        ``WhiteningModel.projection``'s weights (the same bits), ``fields`` the other attributes by name
+        (``gamma``, ``eps``, ``eps_value``, ``variance``, ``normalize``, ``file_checksum``, ...)."""
+        A = np.ascontiguousarray(A, dtype=np.float64)
         mean = np.asarray(mean, dtype=np.float64)
-        b = -((float(beta) * mean) @ A)
-        return cls(
-            A=A,
-            b=b,
-            mean=mean,
-            beta=float(beta),
-            gamma=float(gamma),
-            eps=float(eps),
-            eps_value=float(eps_value),
-            variance=None if variance is None else float(variance),
-            normalize=bool(normalize),
-            file_checksum=str(file_checksum),
-            mean_sq_norm=None if mean_sq_norm is None else float(mean_sq_norm),
-            quantization=quantization,
-        )
+        return cls(A=A, b=-((float(beta) * mean) @ A), mean=mean, beta=float(beta), **fields)
 
     @classmethod
     def identity(
@@ -283,11 +251,7 @@ class AffineMap:
         if _is_torch_tensor(x):
             return self._transform_torch(x, normalize)
         rows = np.asarray(x)
-        if rows.dtype.kind != "f" or rows.dtype.itemsize not in (2, 4, 8):
-            raise BadInputError(
-                f"expected float16, float32 or float64 values, got dtype {rows.dtype} "
-                "(convert with .astype(np.float32))"
-            )
+        float_dtype(rows.dtype)
         single = rows.ndim == 1
         rows = self._check_shape(rows[None, :] if single else rows)
         work = np.float64 if rows.dtype == np.float64 else np.float32
@@ -352,6 +316,30 @@ class AffineMap:
         if not bool(finite_out.all()):
             _raise_nonfinite(torch.isfinite(rows).all(dim=1).cpu().numpy(), finite_out.cpu().numpy(), rows.dtype)
         return out[0] if single else out
+
+
+def float_dtype(dtype: npt.DTypeLike) -> np.dtype:
+    """``dtype`` in native byte order; `BadInputError` unless it is float16, float32 or float64."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
+        raise BadInputError(
+            f"expected float16, float32 or float64 values, got dtype {dtype} (convert with .astype(np.float32))"
+        )
+    return cast(np.dtype, dtype.newbyteorder("="))
+
+
+def setting_arrays(owner: AffineMap | Any) -> dict[str, np.ndarray]:
+    """The setting of a map or a model as the 0-d arrays of its ``.npz`` (an exported map, a model file):
+    ``variance`` is NaN where k was not chosen by it."""
+    return {
+        "beta": np.array(owner.beta),
+        "gamma": np.array(owner.gamma),
+        "eps": np.array(owner.eps),
+        "eps_value": np.array(owner.eps_value),
+        "variance": np.array(np.nan if owner.variance is None else owner.variance),
+        "n_components": np.array(owner.n_components, dtype=np.int64),
+        "n_features": np.array(owner.n_features, dtype=np.int64),
+    }
 
 
 def mean_sq_norm(n_rows: int, mean: npt.ArrayLike, scatter: npt.ArrayLike) -> float:

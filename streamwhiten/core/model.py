@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +28,7 @@ from ..errors import BadInputError, NonFiniteError, ValuesTooLargeError
 from ..params import DEFAULT_EPS, check_model
 from ..records import Fingerprint, fingerprint_of
 from ..storage import CODE, Storage
-from .affine import AffineMap, mean_sq_norm, scale_rows_to_unit
+from .affine import AffineMap, float_dtype, mean_sq_norm, scale_rows_to_unit, setting_arrays
 from .eigen import eigendecomposition
 from .product import rounded_product
 from .quantize import (
@@ -53,28 +53,6 @@ FORMAT_VERSIONS = (FORMAT_VERSION, IDENTITY_FORMAT_VERSION)
 MODEL_SUFFIX = ".npz"
 #: What a model's map is built on (`WhiteningModel.basis`).
 BASES = ("eigen", "identity")
-
-
-def check_params(
-    beta: float = 1.0,
-    gamma: float = 1.0,
-    eps: float = DEFAULT_EPS,
-    n_components: int | None = None,
-    variance: float | None = None,
-    n_features: int | None = None,
-) -> None:
-    """Raise `BadInputError` for a hyper-parameter outside its range (see `streamwhiten.params`)."""
-    check_model(beta, gamma, eps, n_components, variance, n_features)
-
-
-def float_dtype(dtype: npt.DTypeLike) -> np.dtype:
-    """``dtype`` in native byte order; `BadInputError` unless it is float16, float32 or float64."""
-    dtype = np.dtype(dtype)
-    if dtype.kind != "f" or dtype.itemsize not in (2, 4, 8):
-        raise BadInputError(
-            f"expected float16, float32 or float64 values, got dtype {dtype} (convert with .astype(np.float32))"
-        )
-    return cast(np.dtype, dtype.newbyteorder("="))
 
 
 def float_rows(rows: npt.ArrayLike) -> np.ndarray:
@@ -302,20 +280,18 @@ class WhiteningModel:
             return AffineMap.identity(
                 model.mean, model.eps, model.eps_value, normalize, file_checksum(self), fitted_norm, quantization
             )
-        return AffineMap.from_eigh(
-            model.eigvals,
-            model.eigvecs,
+        return AffineMap.from_weights(
+            model.projection(np.float64)[0],
             model.mean,
             model.beta,
-            model.gamma,
-            model.eps,
-            model.eps_value,
-            model.n_components,
-            model.variance,
-            normalize,
-            file_checksum(self),
-            fitted_norm,
-            quantization,
+            gamma=model.gamma,
+            eps=model.eps,
+            eps_value=model.eps_value,
+            variance=model.variance,
+            normalize=bool(normalize),
+            file_checksum=file_checksum(self),
+            mean_sq_norm=fitted_norm,
+            quantization=quantization,
         )
 
     def with_params(self, **changes: Any) -> WhiteningModel:
@@ -344,11 +320,11 @@ class WhiteningModel:
             basis = "identity" if same and params["n_components"] in (None, self.n_features) else "eigen"
         basis = basis or "eigen"
         storage = self.storage
-        if params["beta"] == self.beta and params["eps"] == self.eps:
-            # Sigma_beta is unchanged: reuse the eigendecomposition.
-            model = _select(self.state, params, self.eigvals, self.eigvecs, self.sources, self.info, storage, basis)
+        if params["beta"] == self.beta and params["eps"] == self.eps:  # Sigma_beta is unchanged: reuse its eigh
+            eigvals, eigvecs = self.eigvals, self.eigvecs
         else:
-            model = finalize(self.state, sources=self.sources, info=self.info, storage=storage, basis=basis, **params)
+            eigvals, eigvecs = _decompose(self.state, params)
+        model = _select(self.state, params, eigvals, eigvecs, self.sources, self.info, storage, basis)
         if storage is not None and storage.codec is not None and codec_setting(model) != storage.codec.setting:
             model = replace(model, storage=None)
         return model
@@ -502,7 +478,7 @@ def _select(
     basis: str = "eigen",
 ) -> WhiteningModel:
     n_features = state.n_features
-    check_params(n_features=n_features, **params)
+    check_model(n_features=n_features, **params)
     if params["variance"] is not None:
         k = components_for_variance(eigvals, float(params["variance"]))
     else:
@@ -535,30 +511,34 @@ def finalize(
     variance: float | None = None,
     sources: Iterable[Fingerprint | Mapping[str, Any]] | None = None,
     info: Mapping[str, Any] | None = None,
-    storage: Storage | None = None,
-    basis: str = "eigen",
 ) -> WhiteningModel:
-    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring. ``storage``:
-    the storage to record (what ``tune`` chose), kept by
-    [`WhiteningModel.with_params`][streamwhiten.core.model.WhiteningModel.with_params]; ``basis``:
-    ``"identity"`` for no transformation (beta = gamma = 0, all components)."""
+    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring. The identity
+    map and a recorded storage come from the result's
+    [`with_params`][streamwhiten.core.model.WhiteningModel.with_params] and ``dataclasses.replace``."""
     params: dict[str, Any] = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
-    check_params(n_features=state.n_features, **params)
+    return _select(state, params, *_decompose(state, params), sources, info)
+
+
+def _decompose(state: Moments, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(eigvals, eigvecs)`` of ``Sigma_beta``, the setting ``params`` checked first."""
+    check_model(n_features=state.n_features, **params)
+    return eigendecomposition(checked_covariance(state, float(params["beta"])))
+
+
+def checked_covariance(state: Moments, beta: float) -> np.ndarray:
+    """``Sigma_beta`` of ``state``; `BadInputError` for fewer than 2 rows or a covariance that overflowed."""
     if state.n_rows < 2:
         raise BadInputError(f"at least 2 rows are needed to fit, got n_samples = {state.n_rows}")
-    sigma = covariance(state, float(beta))
+    sigma = covariance(state, beta)
     if not np.all(np.isfinite(sigma)):
         raise BadInputError(
             "the covariance overflowed (values too large for float32 products); fit again with precision='float64'",
             param="precision",
         )
-    eigvals, eigvecs = eigendecomposition(sigma)
-    return _select(state, params, eigvals, eigvecs, sources, info, storage, basis)
+    return sigma
 
 
 # ------------------------------------------------------------------------------------------ model file
-
-_FLOAT_KEYS = ("beta", "gamma", "eps", "eps_value", "variance")
 
 
 def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
@@ -573,13 +553,7 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
         "n_rows": np.array(model.n_rows, dtype=np.int64),
         "mean": model.state.mean,
         "scatter": model.state.scatter,
-        "beta": np.array(model.beta),
-        "gamma": np.array(model.gamma),
-        "eps": np.array(model.eps),
-        "eps_value": np.array(model.eps_value),
-        "variance": np.array(np.nan if model.variance is None else model.variance),
-        "n_components": np.array(model.n_components, dtype=np.int64),
-        "n_features": np.array(model.n_features, dtype=np.int64),
+        **setting_arrays(model),
         "eigvals": model.eigvals,
         "eigvecs": model.eigvecs,
         "sources_json": np.array(json.dumps([source.to_dict() for source in model.sources], sort_keys=True)),
@@ -663,7 +637,6 @@ __all__ = [
     "check_model_name",
     "load_model",
     "read_rows_and_sources",
-    "check_params",
     "eigendecomposition",
     "components_for_variance",
     "effective_dimension",

@@ -49,7 +49,7 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..params import DEFAULT_MAX_STALENESS, check
-from .model import WhiteningModel, finalize
+from .model import WhiteningModel, checked_covariance, finalize
 from .stats import Moments, covariance
 
 #: The parts of a [`Staleness`][streamwhiten.core.staleness.Staleness], in the order they are reported; only ``total``'s
@@ -136,15 +136,8 @@ def staleness(model: WhiteningModel, current: Moments | WhiteningModel) -> Stale
     d, k = model.n_features, model.n_components
     if state.n_features != d:
         raise BadInputError(f"the statistics have {state.n_features} features, the published model {d}")
-    if state.n_rows < 2:
-        raise BadInputError(f"at least 2 rows are needed to fit, got n_samples = {state.n_rows}")
     beta = model.beta
-    sigma = covariance(state, beta)
-    if not np.all(np.isfinite(sigma)):
-        raise BadInputError(
-            "the covariance overflowed (values too large for float32 products); fit again with precision='float64'",
-            param="precision",
-        )
+    sigma = checked_covariance(state, beta)
     regulariser = _regulariser(model.eps_value, float(model.eigvals[0]))
     scale = 1.0 / np.sqrt(model.eigvals[:k] + regulariser)
     kept = model.eigvecs[:, :k]
@@ -153,20 +146,7 @@ def staleness(model: WhiteningModel, current: Moments | WhiteningModel) -> Stale
     covariance_part = float(np.max(np.abs(np.linalg.eigvalsh(deviation))))
     offset = beta * (state.mean - model.state.mean)
     shift = float(np.linalg.norm((offset @ kept) * scale))
-    dropped = angle = 0.0
-    if k < d:
-        others = model.eigvecs[:, k:]
-        least_kept = float(np.linalg.eigvalsh(kept.T @ sigma @ kept)[0])
-        most_dropped = float(np.linalg.eigvalsh(others.T @ sigma @ others)[-1])
-        dropped = max(0.0, most_dropped - least_kept) / (max(least_kept, 0.0) + regulariser)
-        # the refit's eigenvectors: those of Sigma_beta of the current statistics (any k, gamma, eps)
-        if refit is None or refit.beta != beta or not (refit.state is state or refit.state == state):
-            refit = finalize(state, beta=beta, gamma=model.gamma, eps=model.eps, n_components=k)
-        # the largest principal angle: its sine is the largest singular value of (refit's dropped)^T kept,
-        # its cosine the smallest of (refit's kept)^T kept (both, so that it is accurate near 0 and pi/2)
-        sine = float(np.linalg.norm(refit.eigvecs[:, k:].T @ kept, ord=2))
-        cosine = float(np.linalg.svd(refit.eigvecs[:, :k].T @ kept, compute_uv=False)[-1])
-        angle = math.atan2(sine, cosine)
+    dropped, angle = _dropped_and_angle(model, state, sigma, refit, regulariser) if k < d else (0.0, 0.0)
     total = max(covariance_part, shift, dropped)
     return Staleness(
         covariance=covariance_part,
@@ -178,6 +158,27 @@ def staleness(model: WhiteningModel, current: Moments | WhiteningModel) -> Stale
         n_rows_published=model.n_rows,
         n_rows=current.n_rows,
     )
+
+
+def _dropped_and_angle(
+    model: WhiteningModel, state: Moments, sigma: np.ndarray, refit: WhiteningModel | None, regulariser: float
+) -> tuple[float, float]:
+    """The ``dropped`` and ``angle`` parts (k < d) of ``model`` against the statistics ``state`` (``sigma``:
+    their ``Sigma_beta``); ``refit``: a model finalized from them, whose eigenvectors are used when it has
+    the published beta."""
+    k = model.n_components
+    kept, others = model.eigvecs[:, :k], model.eigvecs[:, k:]
+    least_kept = float(np.linalg.eigvalsh(kept.T @ sigma @ kept)[0])
+    most_dropped = float(np.linalg.eigvalsh(others.T @ sigma @ others)[-1])
+    dropped = max(0.0, most_dropped - least_kept) / (max(least_kept, 0.0) + regulariser)
+    # the refit's eigenvectors: those of Sigma_beta of the current statistics (any k, gamma, eps)
+    if refit is None or refit.beta != model.beta or not (refit.state is state or refit.state == state):
+        refit = finalize(state, beta=model.beta, gamma=model.gamma, eps=model.eps, n_components=k)
+    # the largest principal angle: its sine is the largest singular value of (refit's dropped)^T kept,
+    # its cosine the smallest of (refit's kept)^T kept (both, so that it is accurate near 0 and pi/2)
+    sine = float(np.linalg.norm(refit.eigvecs[:, k:].T @ kept, ord=2))
+    cosine = float(np.linalg.svd(refit.eigvecs[:, :k].T @ kept, compute_uv=False)[-1])
+    return dropped, math.atan2(sine, cosine)
 
 
 __all__ = ["Staleness", "staleness", "PARTS", "COUNTED"]

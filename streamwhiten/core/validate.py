@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from numbers import Integral
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -70,31 +70,27 @@ class Fields:
             raise ModelFileError(f"{self.path}: {self.what} is incomplete (it has no field {field!r})")
         return np.asarray(self.arrays[field])
 
-    def integer(self, field: str, low: int = 0) -> int:
+    def scalar(self, field: str, kinds: str, what: str) -> np.ndarray:
+        """The 0-d field, if its dtype is of ``kinds`` (numpy kind codes); else it must be ``what``."""
         value = self.get(field)
-        if value.shape != () or value.dtype.kind not in "iu":
-            raise self.fail(field, f"must be a whole number, got {_show(value)}")
-        if int(value) < low:
-            raise self.fail(field, f"must be at least {low}, got {int(value)}")
-        return int(value)
+        if value.shape != () or value.dtype.kind not in kinds:
+            raise self.fail(field, f"must be {what}, got {_show(value)}")
+        return value
+
+    def integer(self, field: str, low: int = 0) -> int:
+        value = int(self.scalar(field, "iu", "a whole number"))
+        if value < low:
+            raise self.fail(field, f"must be at least {low}, got {value}")
+        return value
 
     def number(self, field: str) -> float:
-        value = self.get(field)
-        if value.shape != () or value.dtype.kind not in "fiu":
-            raise self.fail(field, f"must be a number, got {_show(value)}")
-        return float(value)
+        return float(self.scalar(field, "fiu", "a number"))
 
     def flag(self, field: str) -> bool:
-        value = self.get(field)
-        if value.shape != () or value.dtype.kind != "b":
-            raise self.fail(field, f"must be true or false, got {_show(value)}")
-        return bool(value)
+        return bool(self.scalar(field, "b", "true or false"))
 
     def text(self, field: str) -> str:
-        value = self.get(field)
-        if value.shape != () or value.dtype.kind != "U":
-            raise self.fail(field, f"must be text, got {_show(value)}")
-        return str(value)
+        return str(self.scalar(field, "U", "text"))
 
     def array(self, field: str, shape: tuple[int, ...]) -> np.ndarray:
         """A finite float array of ``shape``, as float64."""
@@ -116,6 +112,11 @@ class Fields:
             problem = str(exc).split(" must be ", 1)[-1]
             raise self.fail(field, f"must be {problem}") from None
 
+    def variance(self) -> float | None:
+        """The ``variance`` field: None where it is NaN (k was not chosen by explained variance)."""
+        raw = self.number("variance")
+        return None if math.isnan(raw) else self.param("variance", value=raw)
+
     def json(self, field: str, kind: type) -> Any:
         try:
             value = json.loads(self.text(field))
@@ -131,7 +132,7 @@ def _show(value: np.ndarray) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, Integral) and not isinstance(value, bool)
 
 
@@ -165,6 +166,31 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     mean = f.array("mean", (d,))
     scatter = f.array("scatter", (d, d))
     check_scatter(f, scatter, n_rows, mean)
+    eigvals, eigvecs = _eigen_fields(f, d)
+    setting = _setting_fields(f, d, eigvals)
+    # Sigma_beta = scatter / n + (1 - beta)^2 mean mean^T must be U diag(eigvals) U^T
+    probes = _probes(d)
+    sigma_probes = scatter @ probes / n_rows + (1.0 - setting["beta"]) ** 2 * np.outer(mean, mean @ probes)
+    rebuilt = eigvecs @ (eigvals[:, None] * (eigvecs.T @ probes))
+    if np.abs(sigma_probes - rebuilt).max() > EIGEN_RTOL * float(eigvals[0]) * np.abs(probes).sum(axis=0).max():
+        raise f.fail("eigvals", "and eigvecs are not the eigendecomposition of the saved statistics")
+    sources = f.json("sources_json", list)
+    for index, source in enumerate(sources):
+        _check_source(f, index, source, d)
+    info = f.json("info_json", dict)
+    _check_info(f, info)
+    basis = f.text("basis") if "basis" in arrays else "eigen"  # files of eigen maps hold none
+    if basis not in ("eigen", "identity"):
+        raise f.fail("basis", f"must be 'eigen' or 'identity', got {basis!r}")
+    identity = {"beta": 0.0, "gamma": 0.0, "n_components": d, "variance": None}
+    if basis == "identity" and any(setting[key] != value for key, value in identity.items()):
+        raise f.fail("basis", "is 'identity', but the setting is not the identity's (beta = gamma = 0, k = d)")
+    fields = dict(setting, n_rows=n_rows, mean=mean, scatter=scatter, eigvals=eigvals, eigvecs=eigvecs, basis=basis)
+    return dict(fields, sources=sources, info=info, storage=_storage_field(f, fields))
+
+
+def _eigen_fields(f: Fields, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(eigvals, eigvecs)``: eigenvalues descending and not negative, eigenvectors orthonormal."""
     eigvals = f.array("eigvals", (d,))
     eigvecs = f.array("eigvecs", (d, d))
     if float(eigvals.min()) < 0:
@@ -177,10 +203,13 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     probes = _probes(d)
     if np.abs(eigvecs.T @ (eigvecs @ probes) - probes).max() > ORTHONORMAL_TOL * np.abs(probes).max() * d:
         raise f.fail("eigvecs", "is not orthonormal")
-    beta, gamma = f.param("beta"), f.param("gamma")
-    eps = f.param("eps")
-    raw_variance = f.number("variance")
-    variance = None if math.isnan(raw_variance) else f.param("variance", value=raw_variance)
+    return eigvals, eigvecs
+
+
+def _setting_fields(f: Fields, d: int, eigvals: np.ndarray) -> dict[str, Any]:
+    """The setting (``beta``, ``gamma``, ``eps``, ``variance``, ``n_components``, ``eps_value``), each
+    through its parameter's check, and the rules between them and the eigenvalues."""
+    beta, gamma, eps, variance = f.param("beta"), f.param("gamma"), f.param("eps"), f.variance()
     k = f.integer("n_components", 1)
     if k > d:
         raise f.fail("n_components", f"is {k}, more than the model's {d} features")
@@ -193,49 +222,25 @@ def model_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     expected = eps * float(eigvals[0]) if eigvals[0] > 0 else eps
     if not math.isfinite(eps_value) or abs(eps_value - expected) > EPS_RTOL * abs(expected):
         raise f.fail("eps_value", f"is {eps_value!r}, but eps * the largest eigenvalue is {expected!r}")
-    # Sigma_beta = scatter / n + (1 - beta)^2 mean mean^T must be U diag(eigvals) U^T
-    sigma_probes = scatter @ probes / n_rows + (1.0 - beta) ** 2 * np.outer(mean, mean @ probes)
-    rebuilt = eigvecs @ (eigvals[:, None] * (eigvecs.T @ probes))
-    if np.abs(sigma_probes - rebuilt).max() > EIGEN_RTOL * float(eigvals[0]) * np.abs(probes).sum(axis=0).max():
-        raise f.fail("eigvals", "and eigvecs are not the eigendecomposition of the saved statistics")
-    sources = f.json("sources_json", list)
-    for index, source in enumerate(sources):
-        _check_source(f, index, source, d)
-    info = f.json("info_json", dict)
-    _check_info(f, info)
-    basis = f.text("basis") if "basis" in arrays else "eigen"  # files of eigen maps hold none
-    if basis not in ("eigen", "identity"):
-        raise f.fail("basis", f"must be 'eigen' or 'identity', got {basis!r}")
-    if basis == "identity" and (beta, gamma, k, variance) != (0.0, 0.0, d, None):
-        raise f.fail("basis", "is 'identity', but the setting is not the identity's (beta = gamma = 0, k = d)")
-    storage = None
-    if "storage_json" in arrays:
-        weights = map_weights(eigvals, eigvecs, eps_value, gamma, k, basis)
-        storage = _check_storage(f, f.json("storage_json", dict), n_rows, mean, scatter, weights, beta * mean)
-        if storage.codec is not None:
-            _check_codec(f, storage, {"beta": beta, "gamma": gamma, "eps": eps, "k": k, "basis": basis})
-            # the codec's bytes are decoded (every field checked) where they are used: named from here
-            origin = f"{path}: model file field 'storage_codec'"
-            storage = replace(storage, codec=replace(storage.codec, origin=origin))
-    elif "storage_codec" in arrays:
-        raise f.fail("storage_codec", "is a codec that no storage record names")
-    return dict(
-        n_rows=n_rows,
-        mean=mean,
-        scatter=scatter,
-        eigvals=eigvals,
-        eigvecs=eigvecs,
-        beta=beta,
-        gamma=gamma,
-        eps=eps,
-        eps_value=eps_value,
-        variance=variance,
-        n_components=k,
-        sources=sources,
-        info=info,
-        storage=storage,
-        basis=basis,
-    )
+    return dict(beta=beta, gamma=gamma, eps=eps, variance=variance, n_components=k, eps_value=eps_value)
+
+
+def _storage_field(f: Fields, m: dict[str, Any]) -> Storage | None:
+    """The recorded storage of the model file whose other fields are ``m``, checked (None without one)."""
+    if "storage_json" not in f.arrays:
+        if "storage_codec" in f.arrays:
+            raise f.fail("storage_codec", "is a codec that no storage record names")
+        return None
+    weights = map_weights(m["eigvals"], m["eigvecs"], m["eps_value"], m["gamma"], m["n_components"], m["basis"])
+    shift = m["beta"] * m["mean"]
+    storage = _check_storage(f, f.json("storage_json", dict), m["n_rows"], m["mean"], m["scatter"], weights, shift)
+    if storage.codec is None:
+        return storage
+    setting = {key: m[key] for key in ("beta", "gamma", "eps")}
+    _check_codec(f, storage, dict(setting, k=m["n_components"], basis=m["basis"]))
+    # the codec's bytes are decoded (every field checked) where they are used: named from here
+    origin = f"{f.path}: model file field 'storage_codec'"
+    return replace(storage, codec=replace(storage.codec, origin=origin))
 
 
 def map_weights(
@@ -375,6 +380,26 @@ def _check_info(f: Fields, info: dict[str, Any]) -> None:
         raise f.fail("info_json", f"precision must be {params.PARAMS['precision'].text}, got {info['precision']!r}")
 
 
+def _is_count(value: object) -> bool:
+    return _is_int(value) and value >= 0
+
+
+#: The entries of a checkpoint's ``meta_json``, in the order they are checked: (key, whether it must be
+#: there, the test its value passes, what it must be).
+_META_FIELDS: tuple[tuple[str, bool, Callable[[Any], object], str], ...] = (
+    ("block_rows", True, params.PARAMS["chunk_rows"].accepts, params.PARAMS["chunk_rows"].text),
+    ("precision", True, params.PARAMS["precision"].accepts, params.PARAMS["precision"].text),
+    ("skip_nonfinite", True, lambda v: isinstance(v, bool), "true or false"),
+    ("base_rows", True, _is_count, "a whole number of at least 0"),
+    ("threads", False, _is_count, "a whole number of at least 0"),
+    ("fill_missing_chunks", False, lambda v: isinstance(v, bool), "true or false"),
+    ("kept_sources", True, lambda v: isinstance(v, list), "a list"),
+    ("cursors", True, lambda v: isinstance(v, list) and v, "a list of the sources being read"),
+)
+#: The entries of a checkpoint's source cursor.
+_CURSOR_KEYS = ("spec", "fingerprint", "start", "stop", "next_row", "n_skipped")
+
+
 def checkpoint_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     """The fields of a fit checkpoint, every one checked: ``{n_rows, mean, scatter, meta}``."""
     f = Fields(arrays, path, "checkpoint")
@@ -390,48 +415,13 @@ def checkpoint_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     found = nul_field(meta)
     if found is not None:  # no spec or path holds one: it would reach os.stat as a bare ValueError
         raise f.fail("meta_json", f"{found} holds a NUL byte")
-
-    def need(key: str, test: Callable[[Any], object], text: str) -> Any:
-        if key not in meta or not test(meta[key]):
+    for key, required, test, text in _META_FIELDS:
+        if (required or key in meta) and (key not in meta or not test(meta[key])):
             raise f.fail("meta_json", f"{key} must be {text}, got {meta.get(key)!r}")
-        return meta[key]
-
-    need("block_rows", lambda v: params.PARAMS["chunk_rows"].accepts(v), params.PARAMS["chunk_rows"].text)
-    need("precision", lambda v: params.PARAMS["precision"].accepts(v), params.PARAMS["precision"].text)
-    need("skip_nonfinite", lambda v: isinstance(v, bool), "true or false")
-    base_rows = need("base_rows", lambda v: _is_int(v) and v >= 0, "a whole number of at least 0")
-    if "threads" in meta:
-        need("threads", lambda v: _is_int(v) and v >= 0, "a whole number of at least 0")
-    if "fill_missing_chunks" in meta:
-        need("fill_missing_chunks", lambda v: isinstance(v, bool), "true or false")
-    kept = need("kept_sources", lambda v: isinstance(v, list), "a list")
-    for index, source in enumerate(kept):
+    for index, source in enumerate(meta["kept_sources"]):
         _check_source(f, index, source, d, "meta_json")
-    cursors = need("cursors", lambda v: isinstance(v, list) and v, "a list of the sources being read")
-    rows_read = 0
-    for index, cursor in enumerate(cursors):
-        where = f"cursor {index}"
-        if not isinstance(cursor, dict) or set(cursor) - {
-            "spec",
-            "fingerprint",
-            "start",
-            "stop",
-            "next_row",
-            "n_skipped",
-        }:
-            raise f.fail(
-                "meta_json", f"{where} must be an object of spec, fingerprint, start, stop, next_row, n_skipped"
-            )
-        counts: list[Any] = [cursor.get(key) for key in ("start", "next_row", "stop")]
-        if not isinstance(cursor.get("spec"), str) or not all(_is_int(v) for v in counts):
-            raise f.fail("meta_json", f"{where} needs a spec (text) and start, next_row, stop (whole numbers)")
-        if not 0 <= counts[0] <= counts[1] <= counts[2]:
-            raise f.fail("meta_json", f"{where}: start <= next_row <= stop does not hold ({counts})")
-        skipped = cursor.get("n_skipped", 0)
-        if not _is_int(skipped) or skipped < 0:
-            raise f.fail("meta_json", f"{where}: n_skipped must be a whole number of at least 0, got {skipped!r}")
-        _check_source(f, index, cursor.get("fingerprint"), d, "meta_json")
-        rows_read += counts[1] - counts[0] - skipped
+    rows_read = sum(_cursor_rows(f, index, cursor, d) for index, cursor in enumerate(meta["cursors"]))
+    base_rows = meta["base_rows"]
     if n_rows != base_rows + rows_read:
         raise f.fail(
             "n_rows",
@@ -439,6 +429,23 @@ def checkpoint_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
             f"{base_rows + rows_read}",
         )
     return dict(n_rows=n_rows, mean=mean, scatter=scatter, meta=meta)
+
+
+def _cursor_rows(f: Fields, index: int, cursor: object, d: int) -> int:
+    """The rows a checkpoint's cursor ``index`` records as read (its entries checked)."""
+    where = f"cursor {index}"
+    if not isinstance(cursor, dict) or set(cursor) - set(_CURSOR_KEYS):
+        raise f.fail("meta_json", f"{where} must be an object of {', '.join(_CURSOR_KEYS)}")
+    counts: list[Any] = [cursor.get(key) for key in ("start", "next_row", "stop")]
+    if not isinstance(cursor.get("spec"), str) or not all(_is_int(v) for v in counts):
+        raise f.fail("meta_json", f"{where} needs a spec (text) and start, next_row, stop (whole numbers)")
+    if not 0 <= counts[0] <= counts[1] <= counts[2]:
+        raise f.fail("meta_json", f"{where}: start <= next_row <= stop does not hold ({counts})")
+    skipped = cursor.get("n_skipped", 0)
+    if not _is_count(skipped):
+        raise f.fail("meta_json", f"{where}: n_skipped must be a whole number of at least 0, got {skipped!r}")
+    _check_source(f, index, cursor.get("fingerprint"), d, "meta_json")
+    return int(counts[1] - counts[0] - skipped)
 
 
 def map_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
@@ -451,9 +458,7 @@ def map_fields(arrays: Mapping[str, Any], path: str) -> dict[str, Any]:
     A = f.array("A", (d, k))
     b = f.array("b", (k,))
     mean = f.array("mean", (d,))
-    beta, gamma, eps = f.param("beta"), f.param("gamma"), f.param("eps")
-    raw_variance = f.number("variance")
-    variance = None if math.isnan(raw_variance) else f.param("variance", value=raw_variance)
+    beta, gamma, eps, variance = f.param("beta"), f.param("gamma"), f.param("eps"), f.variance()
     eps_value = f.number("eps_value")
     if not math.isfinite(eps_value) or eps_value <= 0:
         raise f.fail("eps_value", f"must be a positive finite number, got {eps_value!r}")

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from ..core.model import WhiteningModel, check_params, components_for_variance
+from ..core.model import WhiteningModel, components_for_variance
 from ..errors import BadInputError
+from ..params import check_model as check_params
 from ..progress import begin, phase
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
 from .select import FOLDS, RULES, Resamples, Rule, forecast, spearman_units
