@@ -193,21 +193,15 @@ def model_owner_problem(path: str, job_id: str, version: int, model: Any = None)
     return None
 
 
-def part_problem(
-    part: Part,
-    model_checksum: str,
-    read: ReadOptions | None = None,
-    job_id: str | None = None,
-    version: int | None = None,
-    input_spec: str | None = None,
-) -> str | None:
+def part_problem(part: Part, manifest: Manifest, input_spec: str, read: ReadOptions | None = None) -> str | None:
     """None when the output ``part.path`` is complete and holds the transform of the input rows
-    ``[part.start, part.stop)`` by the map ``model_checksum`` (and, with ``job_id``, records that this
-    job wrote it for version ``version`` from the input ``input_spec``); else what is wrong with it."""
+    ``[part.start, part.stop)`` by the map of ``manifest``'s version (and, unless the manifest is of the
+    earlier format, records that its job wrote it for that version from the input ``input_spec``); else
+    what is wrong with it."""
     attrs = _attrs(part.path, read)
     if not isinstance(attrs, dict):
         return "missing" if attrs is None else attrs  # unreadable: not what was published
-    return attrs_problem(part, attrs, model_checksum, job_id, version, input_spec)
+    return attrs_problem(part, attrs, manifest, input_spec)
 
 
 def _attrs(spec: str, read: ReadOptions | None) -> dict | str | None:
@@ -227,14 +221,7 @@ def unreadable(exc: BaseException) -> str:
     return f"unreadable ({' '.join(str(exc).split())[:200]})"
 
 
-def attrs_problem(
-    part: Part,
-    attrs: dict[str, Any],
-    model_checksum: str,
-    job_id: str | None = None,
-    version: int | None = None,
-    input_spec: str | None = None,
-) -> str | None:
+def attrs_problem(part: Part, attrs: dict[str, Any], manifest: Manifest, input_spec: str) -> str | None:
     """`part_problem` of a part whose output attributes ``attrs`` were read already (by a reader
     that opened it to read its rows too)."""
     from ..output_plan import CHECKSUM_ATTR, is_complete, recorded_rows
@@ -245,12 +232,12 @@ def attrs_problem(
         return unreadable(exc)
     if not is_complete(attrs):
         return "not complete"
-    if attrs.get(CHECKSUM_ATTR) != model_checksum:
+    if attrs.get(CHECKSUM_ATTR) != manifest.model_checksum:
         return "written by another map"
     if held != (part.start, part.stop):
         return f"holds rows {held}, not [{part.start}, {part.stop})"
-    if job_id is not None and version is not None:
-        return ownership_problem(attrs, job_id, version, input_spec, part.path)
+    if manifest.job_id is not None:
+        return ownership_problem(attrs, manifest.job_id, manifest.version, input_spec, part.path)
     return None
 
 
@@ -308,7 +295,7 @@ def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None 
             if part.stamp is not None and stamp == part.stamp:
                 parts.append(part)
                 continue
-            problem = part_problem(part, manifest.model_checksum, read, manifest.job_id, manifest.version, item.spec)
+            problem = part_problem(part, manifest, item.spec, read)
             if problem is not None:
                 problems.append(f"{part.path} ({problem})")
             parts.append(part if stamp == part.stamp else replace(part, stamp=stamp))
