@@ -646,24 +646,18 @@ def _append(
 # ------------------------------------------------------------------------------------------ deleting
 
 
-def _files_of(version: Version, publisher: _Publisher) -> list:
-    """The files of a published version: the file or store of each output (an output spec may name a
-    dataset or column in it: ``out/day-1.v2.h5:/vectors``) and its model file."""
-    from ..io import split_spec
+def _still_there(retired: Any, publisher: _Publisher) -> tuple:
+    """The retired versions some of whose files are still on disk (their deletion was cut short): the
+    file or store of an output (its spec may name a dataset or column in it: ``out/day-1.v2.h5:/vectors``)
+    or the model file."""
+    from ..io import exists, split_spec
 
     directory = os.path.dirname(os.path.abspath(publisher.model_path))
-    return [*(split_spec(spec)[0] for spec in version.outputs), os.path.join(directory, version.model_file)]
 
+    def files(version: Version) -> list[str]:
+        return [*(split_spec(spec)[0] for spec in version.outputs), os.path.join(directory, version.model_file)]
 
-def _still_there(retired: Any, publisher: _Publisher) -> tuple:
-    """The retired versions some of whose files are still on disk (their deletion was cut short)."""
-    from ..io import exists
-
-    return tuple(
-        version
-        for version in retired
-        if any(exists(path, publisher.writing.read) for path in _files_of(version, publisher))
-    )
+    return tuple(version for version in retired if any(exists(path, publisher.writing.read) for path in files(version)))
 
 
 def _remove(spec: str, read: ReadOptions) -> None:
