@@ -248,6 +248,8 @@ class LinearCode(Codec):
             or not np.all(np.isfinite(self.mean))
         ):
             raise BadInputError(f"an inconsistent {kind} code (basis, bits or steps do not agree)")
+        #: Components kept (given at least one bit).
+        self.n_components = m
         self.offsets = np.concatenate([[0], np.cumsum(self.bits)[:-1]]).astype(np.int64)
         self.total_bits = int(self.bits.sum())
         self.code_bytes = linear_bytes(self.total_bits, correction=False)
@@ -262,11 +264,6 @@ class LinearCode(Codec):
     @property
     def n_features(self) -> int:
         return int(self.mean.shape[0])
-
-    @property
-    def n_components(self) -> int:
-        """Components kept (given at least one bit)."""
-        return int(self.bits.shape[0])
 
     @property
     def bytes_per_vector(self) -> int:
