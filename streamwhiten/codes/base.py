@@ -221,10 +221,8 @@ def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]
             size = dtype.itemsize * math.prod(shape)  # Python's integers: a forged shape cannot wrap around
             if any(n < 0 for n in shape) or offset + size > len(body):
                 raise ValueError(f"array {entry['name']!r} of shape {shape} does not fit the bytes")
-            arrays[entry["name"]] = np.frombuffer(
-                body, dtype=dtype, count=size // max(dtype.itemsize, 1), offset=offset
-            )
-            arrays[entry["name"]] = arrays[entry["name"]].reshape(shape).astype(dtype.newbyteorder("="))
+            stored = np.frombuffer(body, dtype=dtype, count=math.prod(shape), offset=offset)
+            arrays[entry["name"]] = stored.reshape(shape).astype(dtype.newbyteorder("="))
             offset += size
         if offset != len(body):
             raise ValueError("trailing bytes")

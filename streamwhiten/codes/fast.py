@@ -73,8 +73,7 @@ def search(
         return _faiss_search(codec, q, rows, k, start, excluded)
     if not isinstance(codec, LinearCode):
         raise BadInputError(f"no search for {type(codec).__name__} codes")
-    top_scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
-    top_rows = np.full((q.shape[0], k), -1, dtype=np.int64)
+    top_scores, top_rows = _empty_top(q.shape[0], k)
     merge_block(codec, q, rows, 0, top_scores, top_rows, start, excluded)
     return top_scores, top_rows
 
@@ -93,7 +92,7 @@ def merge_block(
     ``top_scores``/``top_rows`` of the float32 ``queries`` by the table scan, never an excluded pair
     (``start``/``excluded``: `Exclusions` arrays): a corpus
     searched block by block gives the lists of one search over all of it."""
-    scales = _scales(codec, codes)
+    scales = codec.scales(codes)
     row_scales = _row_scales(codec, codes, scales)
     tile_rows = max(64, TILE_BYTES // codec.bytes_per_vector)
     tile = np.empty((TILE_QUERIES, tile_rows), dtype=np.float32)
@@ -107,11 +106,9 @@ def merge_block(
             merge_top_scores(out, first_row + r0, q0, top_scores, top_rows, start, excluded)
 
 
-def _scales(codec: LinearCode, rows: np.ndarray) -> npt.NDArray[np.float32]:
-    if not codec.correction:
-        return np.ones(rows.shape[0], dtype=np.float32)
-    stored = np.ascontiguousarray(rows[:, codec.code_bytes :]).view(np.float16)[:, 0]
-    return stored.astype(np.float32)
+def _empty_top(n_queries: int, k: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """Top lists with every slot unfilled (score -inf, row -1)."""
+    return np.full((n_queries, k), -np.inf, dtype=np.float32), np.full((n_queries, k), -1, dtype=np.int64)
 
 
 def _row_scales(codec: LinearCode, rows: np.ndarray, scales: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
@@ -129,8 +126,7 @@ def _faiss_search(
     """faiss's top ``k`` plus as many as a query has exclusions, the excluded pairs dropped."""
     extra = int(np.diff(start).max()) if start.shape[0] > 1 else 0
     scores, found = codec.search(q, rows, min(rows.shape[0], k + extra))
-    top_scores = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
-    top_rows = np.full((q.shape[0], k), -1, dtype=np.int64)
+    top_scores, top_rows = _empty_top(q.shape[0], k)
     for i in range(q.shape[0]):
         keep = found[i] >= 0
         if start[i + 1] > start[i]:

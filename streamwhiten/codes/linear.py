@@ -75,6 +75,8 @@ KINDS = ("eigen", "bits-random", "bits-itq", "bits-pca")
 #: the L2 cache until quantised, and every encoder cuts the rows alike, so a BLAS that sums a row
 #: differently in a product of another height never makes two encoders' bytes differ.
 PROJECT_VALUES = 1 << 16
+# The arrays of a linear code's byte form, in the constructor's order.
+_ARRAYS = ("mean", "basis", "bits", "step")
 
 
 @functools.cache
@@ -246,6 +248,8 @@ class LinearCode(Codec):
             or not np.all(np.isfinite(self.mean))
         ):
             raise BadInputError(f"an inconsistent {kind} code (basis, bits or steps do not agree)")
+        #: Components kept (given at least one bit).
+        self.n_components = m
         self.offsets = np.concatenate([[0], np.cumsum(self.bits)[:-1]]).astype(np.int64)
         self.total_bits = int(self.bits.sum())
         self.code_bytes = linear_bytes(self.total_bits, correction=False)
@@ -260,11 +264,6 @@ class LinearCode(Codec):
     @property
     def n_features(self) -> int:
         return int(self.mean.shape[0])
-
-    @property
-    def n_components(self) -> int:
-        """Components kept (given at least one bit)."""
-        return int(self.bits.shape[0])
 
     @property
     def bytes_per_vector(self) -> int:
@@ -337,11 +336,13 @@ class LinearCode(Codec):
         rows = self.check_codes(codes)
         stream = np.unpackbits(rows[:, : self.code_bytes], axis=1, count=self.total_bits, bitorder="little")
         weighted = stream.astype(np.int64) << self._shift_of_bit.astype(np.int64)
-        index = np.add.reduceat(weighted, self.offsets, axis=1).astype(np.uint8)
+        return np.add.reduceat(weighted, self.offsets, axis=1).astype(np.uint8), self.scales(rows)
+
+    def scales(self, rows: npt.NDArray[np.uint8]) -> npt.NDArray[np.float32]:
+        """The per-vector corrections of checked code rows (ones without a correction)."""
         if not self.correction:
-            return index, np.ones(rows.shape[0], dtype=np.float32)
-        scales = np.ascontiguousarray(rows[:, self.code_bytes :]).view(np.float16)[:, 0].astype(np.float32)
-        return index, scales
+            return np.ones(rows.shape[0], dtype=np.float32)
+        return np.ascontiguousarray(rows[:, self.code_bytes :]).view(np.float16)[:, 0].astype(np.float32)
 
     def decode(self, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
         index, scales = self.unpack(codes)
@@ -429,20 +430,9 @@ class LinearCode(Codec):
     # -------------------------------------------------------------------------------------- byte form
 
     def _parts(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-        record: dict[str, Any] = {
-            "kind": self.kind,
-            "correction": self.correction,
-            "unit": self.unit,
-            "budget": self.budget,
-            "training": self.training,
-        }
-        arrays: dict[str, np.ndarray] = {
-            "mean": self.mean,
-            "basis": self.basis,
-            "bits": self.bits.astype(np.uint8),
-            "step": self.step,
-        }
-        return record, arrays
+        record = {"kind": self.kind, "correction": self.correction, "unit": self.unit, "budget": self.budget}
+        arrays = (self.mean, self.basis, self.bits.astype(np.uint8), self.step)
+        return {**record, "training": self.training}, dict(zip(_ARRAYS, arrays, strict=True))
 
     @classmethod
     def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> LinearCode:
@@ -450,10 +440,7 @@ class LinearCode(Codec):
         check_parts(record, arrays)
         code = cls(
             str(record["kind"]),
-            arrays["mean"],
-            arrays["basis"],
-            arrays["bits"],
-            arrays["step"],
+            *(arrays[name] for name in _ARRAYS),
             correction=record["correction"],
             budget=record["budget"],
             training=dict(record.get("training") or {}),
@@ -473,7 +460,7 @@ def check_parts(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     budget = whole(record, "budget", 1)
     if not isinstance(record.get("training") or {}, dict):
         raise field_error("training", f"must be a JSON object, got {record.get('training')!r}")
-    if set(arrays) != {"mean", "basis", "bits", "step"}:
+    if set(arrays) != set(_ARRAYS):
         raise field_error("arrays", f"must be mean, basis, bits and step, got {sorted(arrays)}")
     mean = real_array(arrays, "mean", 1)
     basis = real_array(arrays, "basis", 2)
@@ -493,12 +480,13 @@ def check_parts(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
     if not np.all(step >= np.finfo(np.float64).tiny) or not np.all(np.isfinite(levels)):
         raise field_error("step", "must be positive and small enough that every level is a finite number")
     orthonormal_columns(basis)
-    code_bytes = -(-int(bits.astype(np.int64).sum()) // 8) + (CORRECTION_BYTES if correction else 0)
+    code_bytes = linear_bytes(int(bits.astype(np.int64).sum()), correction)
     if code_bytes > budget:
         raise field_error("budget", f"is {budget} bytes, but the code's rows take {code_bytes}")
 
 
 def _moments(mean: npt.ArrayLike, covariance: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], np.ndarray, np.ndarray]:
+    """The mean, eigenvalues and eigenvectors a code trains from, checked to agree and be finite."""
     centre = np.asarray(mean, dtype=np.float64).reshape(-1)
     values, vectors = principal_axes(covariance)
     if values.shape[0] != centre.shape[0]:
@@ -552,9 +540,7 @@ def train_eigen(
             group = np.flatnonzero((kept_bits == width) & ~led_by_mean)
             if group.size > 1:
                 basis[:, group] = basis[:, group] @ random_rotation(group.size, seed + int(width))
-    variance = np.einsum("ij,ij->j", basis, (vectors * values) @ (vectors.T @ basis))
-    std = np.sqrt(np.maximum(variance, 1e-12 * max(float(values[0]), 1e-300)))
-    steps = np.array([gaussian_quantizer(int(b))[0] for b in kept_bits]) * std
+    steps = np.array([gaussian_quantizer(int(b))[0] for b in kept_bits]) * _spread(basis, values, vectors)
     training = {"queries": queries, "rotate": bool(rotate), "seed": int(seed)}
     return LinearCode(
         "eigen", centre, basis, kept_bits, steps, correction=correction, budget=int(budget), training=training
@@ -596,19 +582,17 @@ def train_sign_bits(
             raise sample_too_small(kind, ITQ_SMALLEST_SAMPLE, rows.shape[0], "its rotation learns from their spread")
         basis = basis @ itq_rotation((rows - centre) @ basis, seed, iterations)
         training = {"seed": int(seed), "sample_rows": int(rows.shape[0]), "iterations": int(iterations)}
+    steps = gaussian_quantizer(1)[0] * _spread(basis, values, vectors)
+    bits = np.ones(n_bits, dtype=np.int64)
+    return LinearCode(kind, centre, basis, bits, steps, correction=correction, budget=int(budget), training=training)
+
+
+def _spread(basis: np.ndarray, values: np.ndarray, vectors: np.ndarray) -> npt.NDArray[np.float64]:
+    """The standard deviation of each column of ``basis``'s component under the covariance of these
+    eigenvalues and eigenvectors (floored at a trillionth of the largest variance, so no step is 0)."""
     variance = np.einsum("ij,ij->j", basis, (vectors * values) @ (vectors.T @ basis))
-    std = np.sqrt(np.maximum(variance, 1e-12 * max(float(values[0]), 1e-300)))
-    steps = gaussian_quantizer(1)[0] * std
-    return LinearCode(
-        kind,
-        centre,
-        basis,
-        np.ones(n_bits, dtype=np.int64),
-        steps,
-        correction=correction,
-        budget=int(budget),
-        training=training,
-    )
+    spread: npt.NDArray[np.float64] = np.sqrt(np.maximum(variance, 1e-12 * max(float(values[0]), 1e-300)))
+    return spread
 
 
 __all__ = [

@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import params as _params
 from ..errors import BadInputError
-from ..options import ApplyOptions, EngineOptions, FitOptions, PublishOptions, ReadOptions, Setting, StorageOptions
+from ..options import ApplyOptions, EngineOptions, FitOptions, PublishOptions, ReadOptions, Setting
 from ..pipeline import default_checkpoint
 
 #: Keys of each table that are not parameters, with the type their value must have.
@@ -120,11 +120,6 @@ class JobFile:
         checkpoint and the lock."""
         return {self.model_path: "model file", self.checkpoint: "checkpoint", self.lock_path: "lock file"}
 
-    @property
-    def storage(self) -> StorageOptions | None:
-        """The ``[storage]`` table (with options given on the command line over it)."""
-        return self.read.storage_options
-
     def inputs_and_outputs(self) -> tuple[list, dict]:
         """The job's inputs as they are now (globs expanded) and the output of each (none without an
         ``[apply]`` table), refusing two inputs in one output."""
@@ -149,19 +144,14 @@ class JobFile:
         return inputs, outputs
 
 
-def _toml():
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # pragma: no cover
-        import tomli as tomllib
-    return tomllib
-
-
 def _load(path: str) -> dict:
     """The TOML tables of the job file ``path`` (a readable, UTF-8 file)."""
     from .._paths import read_file
 
-    tomllib = _toml()
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
     text = read_file(path, "job file")
     try:
         return tomllib.loads(text.decode("utf-8"))
@@ -204,13 +194,13 @@ def _check_tables(path: str, data: dict) -> None:
                 raise BadInputError(f"{path}: {key} in {where} must be of type {names}, got {value!r}")
 
 
-def _given(table: dict, cls: type, aliases: bool = True) -> dict:
+def _given(table: dict, cls: type) -> dict:
     """The keys of ``table`` that are fields of the option class ``cls`` (a parameter's former name,
     ``chunk_rows``, counting as its own, ``block_rows``)."""
     names = {item.name for item in fields(cls)}
     found = {}
     for key, value in table.items():
-        name = _params.PARAMS[key].alias_of or key if key in _params.PARAMS and aliases else key
+        name = _params.PARAMS[key].alias_of or key if key in _params.PARAMS else key
         if name in names:
             found[name] = value
     return found

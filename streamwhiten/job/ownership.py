@@ -33,6 +33,11 @@ def _folder_of(model_path: str) -> tuple[str, str]:
     return os.path.dirname(where), os.path.basename(where)
 
 
+def _digest(text: str, size: int) -> str:
+    """The first ``size`` hex digits of the SHA-256 of ``streamwhiten-job:`` and ``text``."""
+    return hashlib.sha256(f"streamwhiten-job:{text}".encode()).hexdigest()[:size]
+
+
 def _folder_digest(salt: str, model_path: str) -> str:
     """The digest that binds a job identity drawn with ``salt`` to the folder instance holding the manifest
     beside ``model_path``: that folder's inode on its file system (kept by a move or a rename within the
@@ -42,14 +47,13 @@ def _folder_digest(salt: str, model_path: str) -> str:
         inode = os.stat(folder).st_ino
     except OSError as exc:
         raise StoreIOError(f"{folder}: cannot read the job's folder: {exc.strerror or exc}") from None
-    return hashlib.sha256(f"streamwhiten-job:{salt}:{inode}:{name}".encode()).hexdigest()[:32]
+    return _digest(f"{salt}:{inode}:{name}", 32)
 
 
 def _salt(model_path: str) -> str:
     """What a job identity drawn for the manifest beside ``model_path`` starts with: a digest of where the
     manifest is (its real path)."""
-    where = os.path.join(*_folder_of(model_path))
-    return hashlib.sha256(f"streamwhiten-job:{where}".encode()).hexdigest()[:16]
+    return _digest(os.path.join(*_folder_of(model_path)), 16)
 
 
 def first_job_id(model_path: str) -> str:
@@ -73,10 +77,8 @@ def job_id_problem(model_path: str, job_id: str) -> str | None:
         salt, _, digest = job_id.partition("-")
         if salt == _salt(model_path) or digest == _folder_digest(salt, model_path):
             return None
-    else:
-        where = os.path.join(*_folder_of(model_path))
-        if job_id == hashlib.sha256(f"streamwhiten-job:{where}".encode()).hexdigest()[:32]:
-            return None
+    elif job_id == _digest(os.path.join(*_folder_of(model_path)), 32):
+        return None
     return f"published by another folder (job {job_id}), not this one"
 
 
@@ -157,16 +159,11 @@ def output_owner_problem(
 ):
     """`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there); with
     ``model_checksum``, also that the output was written by that map (read from the same attributes)."""
-    from ..io import open_output
     from ..output_plan import CHECKSUM_ATTR
 
-    output = open_output(spec, read)
-    try:
-        if not output.exists():
-            return None
-        attrs = output.attrs()
-    except Exception as exc:  # noqa: BLE001 - unreadable: nothing proves it is ours
-        return unreadable(exc)
+    attrs = _attrs(spec, read)
+    if not isinstance(attrs, dict):
+        return attrs  # nothing there (None), or unreadable: nothing proves it is ours
     problem = ownership_problem(attrs, job_id, version, input_spec, spec if input_spec is not None else None)
     if problem is None and model_checksum is not None and attrs.get(CHECKSUM_ATTR) != model_checksum:
         return f"written by another map than version {version}'s"
@@ -196,27 +193,27 @@ def model_owner_problem(path: str, job_id: str, version: int, model: Any = None)
     return None
 
 
-def part_problem(
-    part: Part,
-    model_checksum: str,
-    read: ReadOptions | None = None,
-    job_id: str | None = None,
-    version: int | None = None,
-    input_spec: str | None = None,
-) -> str | None:
+def part_problem(part: Part, manifest: Manifest, input_spec: str, read: ReadOptions | None = None) -> str | None:
     """None when the output ``part.path`` is complete and holds the transform of the input rows
-    ``[part.start, part.stop)`` by the map ``model_checksum`` (and, with ``job_id``, records that this
-    job wrote it for version ``version`` from the input ``input_spec``); else what is wrong with it."""
+    ``[part.start, part.stop)`` by the map of ``manifest``'s version (and, unless the manifest is of the
+    earlier format, records that its job wrote it for that version from the input ``input_spec``); else
+    what is wrong with it."""
+    attrs = _attrs(part.path, read)
+    if not isinstance(attrs, dict):
+        return "missing" if attrs is None else attrs  # unreadable: not what was published
+    return attrs_problem(part, attrs, manifest, input_spec)
+
+
+def _attrs(spec: str, read: ReadOptions | None) -> dict | str | None:
+    """The attributes of the output ``spec``: None when nothing is there, `unreadable`'s phrase when they
+    cannot be read."""
     from ..io import open_output
 
-    output = open_output(part.path, read)
+    output = open_output(spec, read)
     try:
-        if not output.exists():
-            return "missing"
-        attrs = output.attrs()
-    except Exception as exc:  # noqa: BLE001 - unreadable: not what was published
+        return output.attrs() if output.exists() else None
+    except Exception as exc:  # noqa: BLE001 - unreadable: what it holds is unknown
         return unreadable(exc)
-    return attrs_problem(part, attrs, model_checksum, job_id, version, input_spec)
 
 
 def unreadable(exc: BaseException) -> str:
@@ -224,14 +221,7 @@ def unreadable(exc: BaseException) -> str:
     return f"unreadable ({' '.join(str(exc).split())[:200]})"
 
 
-def attrs_problem(
-    part: Part,
-    attrs: dict[str, Any],
-    model_checksum: str,
-    job_id: str | None = None,
-    version: int | None = None,
-    input_spec: str | None = None,
-) -> str | None:
+def attrs_problem(part: Part, attrs: dict[str, Any], manifest: Manifest, input_spec: str) -> str | None:
     """`part_problem` of a part whose output attributes ``attrs`` were read already (by a reader
     that opened it to read its rows too)."""
     from ..output_plan import CHECKSUM_ATTR, is_complete, recorded_rows
@@ -242,12 +232,12 @@ def attrs_problem(
         return unreadable(exc)
     if not is_complete(attrs):
         return "not complete"
-    if attrs.get(CHECKSUM_ATTR) != model_checksum:
+    if attrs.get(CHECKSUM_ATTR) != manifest.model_checksum:
         return "written by another map"
     if held != (part.start, part.stop):
         return f"holds rows {held}, not [{part.start}, {part.stop})"
-    if job_id is not None and version is not None:
-        return ownership_problem(attrs, job_id, version, input_spec, part.path)
+    if manifest.job_id is not None:
+        return ownership_problem(attrs, manifest.job_id, manifest.version, input_spec, part.path)
     return None
 
 
@@ -305,7 +295,7 @@ def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None 
             if part.stamp is not None and stamp == part.stamp:
                 parts.append(part)
                 continue
-            problem = part_problem(part, manifest.model_checksum, read, manifest.job_id, manifest.version, item.spec)
+            problem = part_problem(part, manifest, item.spec, read)
             if problem is not None:
                 problems.append(f"{part.path} ({problem})")
             parts.append(part if stamp == part.stamp else replace(part, stamp=stamp))

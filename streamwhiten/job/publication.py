@@ -27,7 +27,7 @@ import numpy.typing as npt
 
 from ..errors import BadInputError
 from ..options import ReadOptions
-from ..records import Manifest, Part
+from ..records import Manifest, Part, PublishedInput
 from .manifest import manifest_path, read_manifest
 from .ownership import attrs_problem, check_model_file, unreadable
 
@@ -127,11 +127,8 @@ class Publication:
         transform of input rows ``[start, stop)``."""
         return self._input(input_spec).parts
 
-    def _spec(self, input_spec: str) -> str:
-        """The published input ``input_spec`` names, as the manifest names it."""
-        return self._input(input_spec).spec
-
-    def _input(self, input_spec: str):
+    def _input(self, input_spec: str) -> PublishedInput:
+        """The published input ``input_spec`` names, as the manifest records it."""
         path, inner = _key(input_spec)
         for item in self.manifest.inputs:
             other_path, other_inner = _key(item.spec)
@@ -179,9 +176,8 @@ class Publication:
         blocks: list[np.ndarray] = []
         records: list[Any] = []
         decoders: dict[str, CodeDecoder] = {}
-        manifest = self.manifest
-        spec = self._spec(input_spec)
-        for part in self.parts(input_spec):
+        entry = self._input(input_spec)
+        for part in entry.parts:
             # one open per part: its attributes are checked (as part_problem checks them), then its rows read
             try:
                 source = open_source(part.path, read=self.read_options, codes=True)
@@ -190,7 +186,7 @@ class Publication:
                 self._refuse(part, "missing" if not exists else unreadable(exc), exc)
             with source:
                 attrs = source.attrs()
-                problem = attrs_problem(part, attrs, self.model_checksum, manifest.job_id, manifest.version, spec)
+                problem = attrs_problem(part, attrs, self.manifest, entry.spec)
                 if problem is not None:
                     self._refuse(part, problem)
                 if source.n_rows != part.n_rows:

@@ -131,8 +131,8 @@ def run_published(
         _follow_moved_inputs(publisher, manifest, copied=inherited)
         previous = statistics_before(job.model_path)
         model = fit_step(job.name, job.fitting, inputs, night.steps, progress, should_stop, restart)
-        if job.apply is not None:  # a job whose apply writes a vector code records it in its model
-            model = record_code(job.name, model, job.writing, inputs, job.model_path, progress)
+        # a job whose apply writes a vector code records it in its model
+        model = record_code(job.name, model, job.writing, inputs, job.model_path, progress)
         rows_added = model.n_rows - (previous.n_rows if previous is not None else 0)
         # the fit step checked that each input still starts with the rows these records describe (an
         # update checks the model it starts from: this one, unless a killed run's checkpoint was finished)
@@ -188,8 +188,11 @@ def _decide(
         return "fit", "first publication", None
     if inherited:
         return "republish", "a new job: published under this folder's own identity", None
+    from ..core.staleness import staleness as measure
+
     assert job.publish is not None and job.output is not None
-    staleness = _staleness(published, model)
+    # the updated statistics' eigenvectors are the refit's where the angle needs them: no second eigh
+    staleness = measure(published, model)
     wanted = setting_of(model, job.writing, job.output)
     reason = _why_republish(manifest, wanted, staleness, job.publish.max_staleness, republish)
     return ("republish" if reason else "append"), reason, staleness
@@ -290,14 +293,6 @@ def _inherited_files(manifest: Manifest, model_path: str) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ decisions
-
-
-def _staleness(published: Any, model: Any):
-    """The staleness of ``published`` against the updated ``model``'s statistics (its eigenvectors are
-    the refit's where the angle needs them: no second eigendecomposition)."""
-    from ..core.staleness import staleness
-
-    return staleness(published, model)
 
 
 def setting_of(model: Any, writing: Writing, template: str) -> dict:
@@ -651,31 +646,18 @@ def _append(
 # ------------------------------------------------------------------------------------------ deleting
 
 
-def _files_of(version: Version, publisher: _Publisher) -> list:
-    """The files of a published version: the file or store of each output (an output spec may name a
-    dataset or column in it: ``out/day-1.v2.h5:/vectors``) and its model file."""
-    from ..io import split_spec
-
-    directory = os.path.dirname(os.path.abspath(publisher.model_path))
-    return [*(split_spec(spec)[0] for spec in version.outputs), os.path.join(directory, version.model_file)]
-
-
-def _output_there(spec: str, read: ReadOptions) -> bool:
-    """Whether the file or store of the output ``spec`` (whatever dataset or column it names) is there."""
+def _still_there(retired: Any, publisher: _Publisher) -> tuple:
+    """The retired versions some of whose files are still on disk (their deletion was cut short): the
+    file or store of an output (its spec may name a dataset or column in it: ``out/day-1.v2.h5:/vectors``)
+    or the model file."""
     from ..io import exists, split_spec
 
-    return exists(split_spec(spec)[0], read)
+    directory = os.path.dirname(os.path.abspath(publisher.model_path))
 
+    def files(version: Version) -> list[str]:
+        return [*(split_spec(spec)[0] for spec in version.outputs), os.path.join(directory, version.model_file)]
 
-def _still_there(retired: Any, publisher: _Publisher) -> tuple:
-    """The retired versions some of whose files are still on disk (their deletion was cut short)."""
-    from ..io import exists
-
-    return tuple(
-        version
-        for version in retired
-        if any(exists(path, publisher.writing.read) for path in _files_of(version, publisher))
-    )
+    return tuple(version for version in retired if any(exists(path, publisher.writing.read) for path in files(version)))
 
 
 def _remove(spec: str, read: ReadOptions) -> None:
@@ -695,12 +677,14 @@ def _delete_retired(retired: Any, publisher: _Publisher, check_first: bool = Fal
     proof: anyone can recompute its checksum). With ``check_first`` or ``check_only``, a file there that
     does not is refused (`BadInputError`, nothing deleted); else it is left alone with a warning.
     A failure to delete is logged and tried again by the next run."""
+    from ..io import exists, split_spec
+
     found = []
     directory = os.path.dirname(os.path.abspath(publisher.model_path))
     for version in retired:
         files = []
         for spec in version.outputs:
-            if not _output_there(spec, publisher.writing.read):
+            if not exists(split_spec(spec)[0], publisher.writing.read):  # whatever dataset or column it names
                 continue
             problem = output_owner_problem(
                 spec, publisher.writing.read, publisher.job_id, version.version, model_checksum=version.model_checksum
@@ -740,23 +724,25 @@ def _abandon(publisher: _Publisher, version: int, outputs: dict) -> None:
     it: the parts it wrote for the job's inputs (each only if it records this job and that version), the
     partial outputs it began (streamwhiten's own hidden temporaries), and its model file (if it records
     this job and version). Anything else at those paths is left alone."""
-    from ..io import exists, open_output, remote
+    from ..io import exists, open_output, remote, remove
 
+    read = publisher.writing.read
     found = False
     for spec, output in outputs.items():
         part = versioned_output(output, version, 0)
-        if exists(open_output(part, publisher.writing.read).path, publisher.writing.read):
-            problem = output_owner_problem(part, publisher.writing.read, publisher.job_id, version, spec)
+        written = open_output(part, read)
+        if exists(written.path, read):
+            problem = output_owner_problem(part, read, publisher.job_id, version, spec)
             if problem is None:
-                _remove(part, publisher.writing.read)
+                _remove(part, read)
                 found = True
             else:
                 log.warning("job %s: %s left alone: %s", publisher.name, part, problem)
-        elif not remote.is_url(part):
-            leftover = open_output(part, publisher.writing.read)
-            if os.path.lexists(leftover.partial):
-                _remove_partial(leftover)
-                found = True
+        elif not remote.is_url(part) and os.path.lexists(written.partial):
+            # the partial output of an apply cut short (and its progress record): it will not be written
+            for path in (written.partial, written.progress_path, written.partial + ".chunks"):
+                remove(path)
+            found = True
     model_file = version_model_path(publisher.model_path, version)
     if os.path.exists(model_file):
         problem = model_owner_problem(model_file, publisher.job_id, version)
@@ -767,15 +753,6 @@ def _abandon(publisher: _Publisher, version: int, outputs: dict) -> None:
             log.warning("job %s: %s left alone: %s", publisher.name, model_file, problem)
     if found:
         log.info("job %s: removed what an unpublished version %s, cut short, had begun", publisher.name, version)
-
-
-def _remove_partial(output: Any) -> None:
-    """Remove the partial output of an apply that was cut short (and its progress record), when that output
-    will not be written after all."""
-    from ..io import remove
-
-    for path in (output.partial, output.progress_path, output.partial + ".chunks"):
-        remove(path)
 
 
 __all__ = ["run_published", "setting_of"]

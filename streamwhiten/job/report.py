@@ -4,8 +4,10 @@ a run with nothing to do raises `JobUpToDateError`, which carries the report all
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
+
+import numpy as np
 
 from ..core.staleness import Staleness
 from ..errors import NothingToDoError
@@ -25,16 +27,8 @@ class RunReport:
     seconds: float
 
     def to_json(self) -> dict[str, Any]:
-        """The report as plain JSON values (what ``run --json`` prints)."""
-        return {
-            "job": self.job,
-            "model": self.model,
-            "steps": list(self.steps),
-            "rows_added": int(self.rows_added),
-            "outputs": list(self.outputs),
-            "bytes_written": int(self.bytes_written),
-            "seconds": float(self.seconds),
-        }
+        """The report as plain JSON values (what ``run --json`` prints): its fields, in order."""
+        return {item.name: _plain(getattr(self, item.name)) for item in fields(self)}
 
 
 @dataclass(frozen=True)
@@ -52,17 +46,14 @@ class PublishReport(RunReport):
     manifest: str
     rows_published: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **super().to_json(),
-            "action": self.action,
-            "reason": self.reason,
-            "published_version": int(self.published_version),
-            "staleness": None if self.staleness is None else self.staleness.to_json(),
-            "max_staleness": float(self.max_staleness),
-            "manifest": self.manifest,
-            "rows_published": int(self.rows_published),
-        }
+
+def _plain(value: Any) -> Any:
+    """A report field as a plain JSON value: a tuple as a list, a `Staleness` as its ``to_json()``."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Staleness):
+        return value.to_json()
+    return value.item() if isinstance(value, np.generic) else value
 
 
 class JobUpToDateError(NothingToDoError):
