@@ -77,6 +77,7 @@ _PUBLIC = {
     "EngineOptions": ("streamwhiten.options", "EngineOptions"),
     "Setting": ("streamwhiten.options", "Setting"),
     "RetrievalOptions": ("streamwhiten.options", "RetrievalOptions"),
+    "Watch": ("streamwhiten.progress", "Watch"),
     # the exception family (each kind carries its exit code: docs/exit-codes.md)
     "StreamwhitenError": ("streamwhiten.errors", "StreamwhitenError"),
     "BadInputError": ("streamwhiten.errors", "BadInputError"),
