@@ -6,7 +6,7 @@ The public API (everything a user imports; documentation and examples import not
 >>> sorted(name for name in streamwhiten.__all__ if not name.endswith("Error"))  # doctest: +NORMALIZE_WHITESPACE
 ['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'ExportResult', 'FitOptions', 'FitOutcome', 'Model',
  'PairsResult', 'Publication', 'ReadOptions', 'RetrievalOptions', 'RetrievalResult', 'Setting', 'Staleness',
- 'Whitener', '__version__', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit', 'load_model',
+ 'Watch', 'Whitener', '__version__', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit', 'load_model',
  'published', 'release_buffers', 'serving', 'staleness', 'synthetic', 'with_codes']
 >>> issubclass(streamwhiten.BadInputError, streamwhiten.StreamwhitenError)
 True
@@ -36,7 +36,9 @@ True
 - the option objects [`ReadOptions`][streamwhiten.options.ReadOptions], [`FitOptions`][streamwhiten.options.FitOptions],
   [`ApplyOptions`][streamwhiten.options.ApplyOptions],
   [`EngineOptions`][streamwhiten.options.EngineOptions], [`Setting`][streamwhiten.options.Setting],
-  [`RetrievalOptions`][streamwhiten.options.RetrievalOptions] (what ``evaluate_retrieval`` reads), and the outcomes
+  [`RetrievalOptions`][streamwhiten.options.RetrievalOptions] (what ``evaluate_retrieval`` reads),
+  [`Watch`][streamwhiten.progress.Watch] (how ``fit`` and ``apply`` report their progress and are asked to stop),
+  and the outcomes
   [`FitOutcome`][streamwhiten.pipeline.FitOutcome], [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome].
 
 Every result is a frozen dataclass whose ``to_json()`` gives plain JSON values: what the command's

@@ -119,7 +119,7 @@ class Cursor:
 @dataclass(frozen=True)
 class PassOptions:
     """What changes the statistics of a pass besides its rows: a checkpoint resumes only a pass of the
-    same options, and a model records them (``fit_info``)."""
+    same options, and a model records them (`finalize_fit`)."""
 
     precision: str = "auto"
     skip_nonfinite: bool = False
@@ -405,9 +405,10 @@ def _same_source(recorded: Fingerprint, source: Source) -> bool:
     return identity_of(recorded.path, recorded.dataset or "") == source.identity
 
 
-def _check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
-    """Refuse a source whose first ``recorded['n_rows']`` rows are not the ones recorded; returns the
-    fingerprint of those rows as they are now (None where ``recorded`` has no hash of them).
+def check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
+    """Refuse a source whose first ``recorded.n_rows`` rows are not the ones recorded (the check an update
+    and a resume make, and a publication's of the sources it read); returns the fingerprint of those rows
+    as they are now (None where ``recorded`` has no hash of them).
 
     ``recorded`` is a whole fingerprint (a model's, or a checkpoint's for a source read to the end), or
     one a checkpoint wrote part-way: with the hash of the sampled rows before ``rows_read`` only (a
@@ -440,13 +441,6 @@ def _check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
         if Sampler(source, n_rows).hexdigest(source, below=rows_read) != recorded.sha256_read:
             raise _changed(source, rows_read, "sha256_read")
     return None
-
-
-def check_prefix(source: Source, recorded: Fingerprint) -> None:
-    """Refuse ``source`` unless it still starts with the rows ``recorded`` (a whole fingerprint of its
-    first ``recorded.n_rows`` rows): the check an update makes, for other records of a source read before
-    (a publication's)."""
-    _check_prefix(source, recorded)
 
 
 def _changed(source: Source, n_rows: int, key: str) -> BadInputError:
@@ -499,7 +493,7 @@ def _update_cursor(source: Source, recorded_sources: list[Fingerprint], sources:
     if recorded is None:
         _refuse_if_moved(source, recorded_sources, sources)
         return Cursor(source.label, current, 0, source.n_rows, 0)
-    prefix = _check_prefix(source, recorded)
+    prefix = check_prefix(source, recorded)
     assert recorded.n_rows is not None  # every record has one (refused by _updatable otherwise)
     if prefix is not None and source.n_rows == recorded.n_rows:  # nothing appended: the whole source
         current = prefix
@@ -622,7 +616,7 @@ def check_sources_unchanged(plan: FitPlan, checkpoint_path: str) -> None:
     for cursor in plan.cursors:
         with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
             try:
-                _check_prefix(source, cursor.fingerprint)
+                check_prefix(source, cursor.fingerprint)
             except BadInputError as exc:
                 raise BadInputError(f"{exc} (refusing to resume from {checkpoint_path})") from None
 
@@ -682,12 +676,6 @@ def _block_tasks(
             yield index, begin, end, source, buffers, plan, fetched, sampler
 
 
-def _finish_fingerprint(cursor: Cursor, sampled_sha256: str) -> None:
-    """A source read to the end: its fingerprint gets the whole hash of its sampled rows in place of
-    the part-way one a checkpoint recorded."""
-    cursor.fingerprint = cursor.fingerprint.finished(sampled_sha256)
-
-
 def _record_rows_read(plan: FitPlan, samplers: dict[int, tuple[Sampler, Source]]) -> None:
     """Before a checkpoint: the fingerprint of each source being read records the hash of its sampled
     rows before ``next_row`` (``sha256_read``, ``rows_read``), which the pass has offered already, so a
@@ -705,7 +693,9 @@ def _complete_fingerprints(plan: FitPlan) -> None:
     for cursor in plan.cursors:
         if cursor.fingerprint.sha256_sampled is None:
             with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
-                _finish_fingerprint(cursor, Sampler(source, cursor.fingerprint.n_rows).hexdigest(source))
+                cursor.fingerprint = cursor.fingerprint.finished(
+                    Sampler(source, cursor.fingerprint.n_rows).hexdigest(source)
+                )
 
 
 def _read_block_moments(
@@ -817,8 +807,8 @@ class _PlanRun:
         cursor.n_skipped += skipped
         cursor.next_row = end
         if end == cursor.stop:
-            if index in self.samplers:  # the rows the pass offered; any it did not are read
-                _finish_fingerprint(cursor, self.samplers.pop(index)[0].hexdigest(source))
+            if index in self.samplers:  # the whole hash of its sampled rows: those offered, any others read
+                cursor.fingerprint = cursor.fingerprint.finished(self.samplers.pop(index)[0].hexdigest(source))
             source.close()
             self.opened.remove(source)
         plan.n_blocks += 1
@@ -851,30 +841,21 @@ def fit_sources(
     return run_plan(plan, watch, threads=threads).result()
 
 
-def fit_info(
-    n_skipped: int, precision: str = "auto", skip_nonfinite: bool = False, fill_missing_chunks: bool = False
-) -> dict[str, Any]:
-    """What a model records of the fit that made it, besides its sources: enough to tell whether a
-    later fit of the same inputs with the same options would give the same model."""
-    return {
-        "n_skipped_nonfinite": int(n_skipped),
-        "precision": precision,
-        "skip_nonfinite": bool(skip_nonfinite),
-        "fill_missing_chunks": bool(fill_missing_chunks),
-    }
-
-
 def finalize_fit(
     result: FitResult, model_params: Mapping[str, Any] | None = None, skipped_before: int = 0
 ) -> WhiteningModel:
     """The model of a finished fit (any engine): its state finalized with ``model_params`` (beta, gamma,
-    n_components, variance, eps), recording its sources and `fit_info` (``skipped_before``: rows
-    an updated model had skipped already)."""
+    n_components, variance, eps), recording its sources and what of the fit tells whether a later fit of
+    the same inputs with the same options would give the same model (``skipped_before``: rows an updated
+    model had skipped already)."""
     from ..core.model import finalize
 
-    info = fit_info(
-        skipped_before + result.n_skipped, result.precision, result.skip_nonfinite, result.fill_missing_chunks
-    )
+    info = {
+        "n_skipped_nonfinite": int(skipped_before + result.n_skipped),
+        "precision": result.precision,
+        "skip_nonfinite": bool(result.skip_nonfinite),
+        "fill_missing_chunks": bool(result.fill_missing_chunks),
+    }
     return finalize(result.state, sources=result.sources, info=info, **(model_params or {}))
 
 
