@@ -516,7 +516,7 @@ def apply(
     ApplyOutcome
     """
     from .core.model import load_model
-    from .engine.apply import Part
+    from .engine.apply import ApplyPart
     from .engine.engines import Engine, engine_for
     from .io import refuse_input_overlap
 
@@ -538,7 +538,9 @@ def apply(
                 "setting, or record a code for this one first (with_codes), or give a float dtype",
                 param="dtype",
             )
-    return runner.apply(model, input_spec, output_spec, options, read, part=Part(rows, dict(attrs or {})), watch=watch)
+    return runner.apply(
+        model, input_spec, output_spec, options, read, part=ApplyPart(rows, dict(attrs or {})), watch=watch
+    )
 
 
 def is_up_to_date(

@@ -297,7 +297,7 @@ def summary(plan: OutputPlan, sink: Sink, n_nonfinite: int, seconds: float, resu
 
 
 @dataclass(frozen=True)
-class Part:
+class ApplyPart:
     """What of the input an apply writes, and what the output records of its caller: the input rows
     ``rows = (start, stop)`` only (None: every row; the output then holds ``stop - start`` rows, its row 0
     the input's row ``start``, and records the range in its ``rows`` attribute), and ``attrs`` recorded
@@ -315,11 +315,11 @@ def apply_model(
     options: ApplyOptions | None = None,
     read: ReadOptions | None = None,
     *,
-    part: Part | None = None,
+    part: ApplyPart | None = None,
     watch: Watch = Watch(),
     threads: int | None = None,
 ) -> ApplyOutcome:
-    """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names: `Part`)
+    """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names: `ApplyPart`)
     to the new store ``output_spec``.
 
     ``options`` ([`ApplyOptions`][streamwhiten.options.ApplyOptions]) say what is written and how, ``read``
@@ -343,7 +343,7 @@ def apply_model(
     around the page cache (``O_DIRECT``), which uses no CPU and so overlaps with the computation.
     """
     began = time.perf_counter()
-    options, read, part = options or ApplyOptions(), read or ReadOptions(), part or Part()
+    options, read, part = options or ApplyOptions(), read or ReadOptions(), part or ApplyPart()
     options = options.storing(model.storage)
     if threads is not None:
         resolve_threads(threads)  # a bad value is refused before anything is opened

@@ -21,7 +21,7 @@ from ..progress import Watch
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
     from ..io import Source
-    from .apply import ApplyOutcome, Part
+    from .apply import ApplyOutcome, ApplyPart
     from .fit import Checkpoint, FitPlan, FitResult
 
 
@@ -55,11 +55,11 @@ class Engine(ABC):
         options: ApplyOptions,
         read: ReadOptions,
         *,
-        part: Part | None = None,
+        part: ApplyPart | None = None,
         watch: Watch = Watch(),
     ) -> ApplyOutcome:
         """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names, its
-        output recording ``part``'s attributes beside its own: `Part`) to ``output_spec``; an
+        output recording ``part``'s attributes beside its own: `ApplyPart`) to ``output_spec``; an
         ``ApplyOutcome``. ``watch``: how the work reports its progress and is asked to stop."""
 
     #: apply options this engine does not take, each with the message that refuses it
@@ -99,7 +99,7 @@ class SerialEngine(Engine):
         options: ApplyOptions,
         read: ReadOptions,
         *,
-        part: Part | None = None,
+        part: ApplyPart | None = None,
         watch: Watch = Watch(),
     ) -> ApplyOutcome:
         from .apply import apply_model
@@ -147,7 +147,7 @@ class DaskEngine(Engine):
         options: ApplyOptions,
         read: ReadOptions,
         *,
-        part: Part | None = None,
+        part: ApplyPart | None = None,
         watch: Watch = Watch(),
     ) -> ApplyOutcome:
         from .distributed import apply_dask
