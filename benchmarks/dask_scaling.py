@@ -38,7 +38,9 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 import numpy as np  # noqa: E402
 
 from streamwhiten.engine import distributed as sd  # noqa: E402
+from streamwhiten.engine.engines import DaskEngine  # noqa: E402
 from streamwhiten.engine.fit import fit_sources  # noqa: E402
+from streamwhiten.options import ReadOptions  # noqa: E402
 from streamwhiten.synthetic import write_store  # noqa: E402
 
 LOCAL_CONFIGS = [  # (name, processes, workers, threads per worker)
@@ -136,7 +138,10 @@ def run(args) -> dict:
                         # Threads share this process's BLAS pool: one BLAS thread each, as in a worker process.
                         limit=contextlib.nullcontext if processes else _one_blas_thread,
                         fit=lambda client=client: sd.fit_dask(
-                            spec, precision=args.precision, block_rows=args.block_rows, client=client
+                            spec,
+                            precision=args.precision,
+                            read=ReadOptions(block_rows=args.block_rows),
+                            cluster=DaskEngine(client=client),
                         ),
                     )
                 )

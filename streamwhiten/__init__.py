@@ -6,7 +6,8 @@ The public API (everything a user imports; documentation and examples import not
 >>> sorted(name for name in streamwhiten.__all__ if not name.endswith("Error"))  # doctest: +NORMALIZE_WHITESPACE
 ['ApplyOptions', 'ApplyOutcome', 'EngineOptions', 'ExportResult', 'FitOptions', 'FitOutcome', 'Model',
  'PairsResult', 'Publication', 'ReadOptions', 'RetrievalOptions', 'RetrievalResult', 'Setting', 'Staleness',
- 'Storage', 'Whitener', '__version__', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit', 'load_model',
+ 'Storage', 'Watch', 'Whitener', '__version__', 'apply', 'evaluate', 'evaluate_retrieval', 'export', 'fit',
+ 'load_model',
  'published', 'release_buffers', 'serving', 'staleness', 'synthetic', 'with_codes']
 >>> issubclass(streamwhiten.BadInputError, streamwhiten.StreamwhitenError)
 True
@@ -38,7 +39,9 @@ True
   [`EngineOptions`][streamwhiten.options.EngineOptions], [`Setting`][streamwhiten.options.Setting],
   [`RetrievalOptions`][streamwhiten.options.RetrievalOptions] (what ``evaluate_retrieval`` reads),
   [`Storage`][streamwhiten.storage.Storage] (how outputs are stored, parsed once from its spelling:
-  `ApplyOptions(dtype="eigen:24")` and every call that takes a storage do it), and the outcomes
+  `ApplyOptions(dtype="eigen:24")` and every call that takes a storage do it),
+  [`Watch`][streamwhiten.progress.Watch] (how ``fit`` and ``apply`` report their progress and are asked to stop),
+  and the outcomes
   [`FitOutcome`][streamwhiten.pipeline.FitOutcome], [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome].
 
 Every result is a frozen dataclass whose ``to_json()`` gives plain JSON values: what the command's
@@ -80,6 +83,7 @@ _PUBLIC = {
     "Setting": ("streamwhiten.options", "Setting"),
     "RetrievalOptions": ("streamwhiten.options", "RetrievalOptions"),
     "Storage": ("streamwhiten.storage", "Storage"),
+    "Watch": ("streamwhiten.progress", "Watch"),
     # the exception family (each kind carries its exit code: docs/exit-codes.md)
     "StreamwhitenError": ("streamwhiten.errors", "StreamwhitenError"),
     "BadInputError": ("streamwhiten.errors", "BadInputError"),

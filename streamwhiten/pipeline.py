@@ -28,21 +28,20 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from . import params as _params
-from .engine.engines import Watch
 from .errors import BadInputError, InterruptedRunError, NothingToDoError
 from .options import ApplyOptions, EngineOptions, FitOptions, ReadOptions, Setting
-from .progress import Progress, phase
+from .progress import Progress, Watch, phase
 from .storage import Storage
 
 if TYPE_CHECKING:
     from .core.model import WhiteningModel
     from .engine.apply import ApplyOutcome
-    from .engine.fit import FitPlan
+    from .engine.fit import FitPlan, FitResult
 
 log = logging.getLogger("streamwhiten")
 
@@ -148,9 +147,7 @@ def fit(
     read: ReadOptions | None = None,
     engine: Any = None,
     update: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    guard: Callable[[], AbstractContextManager] | None = None,
+    watch: Watch = Watch(),
 ) -> FitOutcome:
     """Fit a whitening on ``inputs`` (store specs, globs, Parquet directories) and save it to ``model_path``.
 
@@ -170,12 +167,11 @@ def fit(
         Which engine runs the blocks (default: the serial engine).
     update : str, optional
         A saved model whose statistics are extended with the rows appended since, and new inputs.
-    progress, should_stop
-        ``progress(rows_done, rows_total)``; ``should_stop()`` turns true when a signal asks the fit to
-        stop at its next block (it checkpoints and raises `InterruptedRunError`).
-    guard : callable, optional
-        A context manager factory that lets a signal wait: the save of an engine that cannot stop between
-        blocks runs inside it (the command line's signal handling).
+    watch : Watch, optional
+        How the fit reports its progress and is asked to stop: ``progress(rows_done, rows_total)``;
+        ``should_stop()`` turns true when a signal asks the fit to stop at its next block (it checkpoints
+        and raises `InterruptedRunError`); ``guard()`` lets a signal wait: the save of an engine that
+        cannot stop between blocks runs inside it (the command line's signal handling).
 
     Returns
     -------
@@ -188,8 +184,8 @@ def fit(
         update found no new rows.
     """
     from .core.model import kept_storage
-    from .engine.engines import Checkpoint, Engine, engine_for
-    from .engine.fit import finalize_fit
+    from .engine.engines import Engine, engine_for
+    from .engine.fit import Checkpoint, finalize_fit
 
     began = time.perf_counter()
     setting, options, read = setting or Setting(), options or FitOptions(), read or ReadOptions()
@@ -210,51 +206,32 @@ def fit(
     checkpoint = _prepare_model_path(inputs, model_path, params, options, read, update) if model_path else None
     planned = _plan(inputs, options, read, update, params, checkpoint, runner)
     every = Checkpoint(checkpoint, options.checkpoint_every, options.checkpoint_seconds) if checkpoint else None
-    result = runner.fit(
-        planned.plan,
-        progress=progress,
-        should_stop=should_stop,
-        checkpoint=every if runner.checkpoints else None,
-    )
+    result = runner.fit(planned.plan, watch=watch, checkpoint=every if runner.checkpoints else None)
     model = finalize_fit(result, planned.params, planned.skipped_before)
     # an update keeps the storage the model records, as it keeps its setting (a code only for its own map)
     model = kept_storage(model, planned.storage)
     checksum = None
     if model_path is not None:
-        saving = nullcontext(should_stop) if runner.stops_between_blocks or guard is None else guard()
+        saving = nullcontext(watch.should_stop) if runner.stops_between_blocks or watch.guard is None else watch.guard()
         with saving as stop:
             checksum = save_fitted(model, planned.plan, model_path, checkpoint if runner.checkpoints else None, stop)
-    return FitOutcome(
-        model,
-        model_path,
-        checksum,
-        int(result.rows_read if result.rows_read is not None else result.state.n_rows + result.n_skipped),
-        result.seconds,
-        time.perf_counter() - began,
-        int(result.n_skipped),
-        len(getattr(planned.plan, "cursors", [])) or len(result.sources),
-        int(result.n_blocks),
-        planned.resumed,
-        update is not None,
-        runner.name,
-    )
+    return _outcome(result, planned.plan, (model, model_path, checksum), began, planned.resumed, runner.name)
 
 
 def finish_checkpoint(
     inputs: Any,
     model_path: str,
-    checkpoint: str,
     *,
     setting: Setting | None = None,
     options: FitOptions | None = None,
     read: ReadOptions | None = None,
     engine: EngineOptions | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
+    watch: Watch = Watch(),
     label: str = "",
 ) -> FitOutcome | None:
-    """Complete the fit or update that a killed run left in ``checkpoint`` and save its model to
-    ``model_path`` (a job's first step); None when there was nothing to finish.
+    """Complete the fit or update that a killed run left in its checkpoint (``options.checkpoint``, by
+    default the one beside ``model_path``) and save its model to ``model_path`` (a job's first step); None
+    when there was nothing to finish.
 
     Unlike [`fit`][streamwhiten.pipeline.fit]'s resume, the checkpoint's inputs need only be a prefix of ``inputs`` (a
     job's inputs
@@ -263,12 +240,13 @@ def finish_checkpoint(
     model was saved before the run was killed is removed.
     """
     from .core.model import kept_storage, load_model
-    from .engine.engines import Checkpoint, SerialEngine
-    from .engine.fit import PassOptions, check_resumable, finalize_fit, load_checkpoint, remove_checkpoint
+    from .engine.engines import SerialEngine
+    from .engine.fit import Checkpoint, PassOptions, check_resumable, finalize_fit, load_checkpoint, remove_checkpoint
     from .errors import ModelFileError
 
     began = time.perf_counter()
     setting, fit, read = setting or Setting(), options or FitOptions(), read or ReadOptions()
+    checkpoint = fit.checkpoint or default_checkpoint(model_path)
     try:
         plan = load_checkpoint(checkpoint, read)
     except ModelFileError as exc:
@@ -301,30 +279,33 @@ def finish_checkpoint(
     )
     runner = SerialEngine((engine or EngineOptions()).threads)  # a checkpoint is the serial engine's
     result = runner.fit(
-        plan,
-        progress=progress,
-        should_stop=should_stop,
-        checkpoint=Checkpoint(checkpoint, fit.checkpoint_every, fit.checkpoint_seconds),
+        plan, watch=watch, checkpoint=Checkpoint(checkpoint, fit.checkpoint_every, fit.checkpoint_seconds)
     )
     skipped = int(previous.info.get("n_skipped_nonfinite", 0)) if previous is not None and plan.base_rows else 0
     model = finalize_fit(result, effective_params(setting.given(), previous), skipped)
     if previous is not None:  # an update keeps the recorded storage (a code only for its own map)
         model = kept_storage(model, previous.storage)
-    checksum = save_fitted(model, plan, model_path, checkpoint, should_stop)
+    checksum = save_fitted(model, plan, model_path, checkpoint, watch.should_stop)
+    return _outcome(result, plan, (model, model_path, checksum), began, True, runner.name)
+
+
+def _outcome(
+    result: FitResult,
+    plan: FitPlan,
+    saved: tuple[WhiteningModel, str | None, str | None],
+    began: float,
+    resumed: bool,
+    engine: str,
+) -> FitOutcome:
+    """What a fit that ran ``plan`` (``result``: its pass; begun at ``began``) reports, having made and saved
+    ``saved`` (the model, its path and file checksum); an update's plan starts from the model's rows."""
+    rows_read = result.rows_read if result.rows_read is not None else result.state.n_rows + result.n_skipped
+    n_sources = len(plan.cursors) or len(result.sources)
+    seconds = time.perf_counter() - began
     return FitOutcome(
-        model,
-        model_path,
-        checksum,
-        int(result.rows_read if result.rows_read is not None else result.state.n_rows + result.n_skipped),
-        result.seconds,
-        time.perf_counter() - began,
-        int(result.n_skipped),
-        len(getattr(plan, "cursors", [])),
-        int(result.n_blocks),
-        True,
-        bool(plan.base_rows),
-        runner.name,
-    )
+        *saved, int(rows_read), result.seconds, seconds, int(result.n_skipped), n_sources, int(result.n_blocks),
+        resumed, bool(plan.base_rows), engine,
+    )  # fmt: skip
 
 
 def _expanded(inputs: Any, read: ReadOptions) -> list:
@@ -362,25 +343,13 @@ def _plan(
 ) -> _Planned:
     """The plan of a fit or an update, or the checkpointed one it resumes."""
     from .core.model import load_model
-    from .engine.fit import plan_fit, plan_update
+    from .engine.fit import plan_fit
 
-    skipped_before, storage = 0, None
-    if update is not None:
-        previous = load_model(update)
-        storage = previous.storage
-        params = effective_params(params, previous)
-        planned = plan_update(
-            previous.state,
-            previous.sources,
-            inputs,
-            options.precision,
-            options.skip_nonfinite,
-            read.block_rows,
-            read=read,
-        )
-        skipped_before = int(previous.info.get("n_skipped_nonfinite", 0))
-    else:
-        planned = plan_fit(inputs, None, options.precision, options.skip_nonfinite, read.block_rows, read=read)
+    previous = None if update is None else load_model(update)
+    params = effective_params(params, previous)
+    planned = plan_fit(inputs, options.precision, options.skip_nonfinite, read.block_rows, read=read, update=previous)
+    skipped_before = 0 if previous is None else int(previous.info.get("n_skipped_nonfinite", 0))
+    storage = None if previous is None else previous.storage
     _params.check_model(n_features=planned.state.n_features, **params)  # k > d is caught before the pass
     if runner.checkpoints and checkpoint is not None:
         resumed = _resumed(planned, checkpoint, options, read, runner)
@@ -509,8 +478,7 @@ def apply(
     engine: Any = None,
     given: tuple[str, ...] = (),
     rows: tuple[int, int] | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
+    watch: Watch = Watch(),
     attrs: dict | None = None,
 ) -> ApplyOutcome:
     """Write the whitened rows of ``input_spec`` to the new store ``output_spec``.
@@ -536,6 +504,9 @@ def apply(
         ``(start, stop)``: write the input rows ``[start, stop)`` only (serial engine). The output holds
         ``stop - start`` rows and records the range in its ``rows`` attribute (how ``run`` appends a
         night's rows as a new part of a published version).
+    watch : Watch, optional
+        How the apply reports its progress and is asked to stop (``should_stop``: at its next block, its
+        progress saved for a resume; serial engine).
     attrs : dict, optional
         Attributes the output records beside its own (serial engine): ``run`` marks each published part
         with its job, version and input.
@@ -545,6 +516,7 @@ def apply(
     ApplyOutcome
     """
     from .core.model import load_model
+    from .engine.apply import ApplyPart
     from .engine.engines import Engine, engine_for
     from .io import refuse_input_overlap
 
@@ -567,7 +539,7 @@ def apply(
                 param="dtype",
             )
     return runner.apply(
-        model, input_spec, output_spec, options, read, rows=rows, attrs=attrs, watch=Watch(progress, should_stop)
+        model, input_spec, output_spec, options, read, part=ApplyPart(rows, dict(attrs or {})), watch=watch
     )
 
 
@@ -688,7 +660,6 @@ def with_codes(
 __all__ = [
     "DEFAULT_CODE_SAMPLE_ROWS",
     "FitOutcome",
-    "Watch",
     "apply",
     "check_fit_paths",
     "check_writable_dir",

@@ -28,10 +28,38 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
 
 #: ``progress(done, total)``: a plain callback, or a `Reporter`
 Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """How a long call reports its progress and is asked to stop: made once by whoever starts the work
+    (the command line, a job's run, a Python call) and passed down unchanged to every engine call (fit,
+    update, resume, apply; serial or Dask).
+
+    ``progress(done, total)`` (a plain callback or a `Reporter`) is told as blocks finish;
+    ``should_stop()`` turns true when a signal asks the work to stop at its next safe point (it saves what
+    it did and raises ``InterruptedRunError``); ``guard()`` makes a context in which a signal waits: the
+    save of an engine that cannot stop between blocks runs inside it (the command line's signal
+    handling). None: not at all.
+    """
+
+    progress: Progress | None = None
+    should_stop: Callable[[], bool] | None = None
+    guard: Callable[[], AbstractContextManager] | None = None
+
+    def stop_asked(self) -> bool:
+        """Whether a stop was asked for (never, without ``should_stop``)."""
+        return self.should_stop is not None and bool(self.should_stop())
+
+    def report(self, done: int, total: int) -> None:
+        """Tell ``progress`` that ``done`` of ``total`` are done (nothing without one)."""
+        if self.progress is not None:
+            self.progress(done, total)
 
 
 class Reporter:
@@ -97,4 +125,4 @@ def steps(progress: Progress | None, total: int) -> Callable[[], None]:
     return step
 
 
-__all__ = ["Progress", "Reporter", "begin", "phase", "steps"]
+__all__ = ["Progress", "Reporter", "Watch", "begin", "phase", "steps"]

@@ -22,6 +22,7 @@ from . import errors, params
 from .core import stats
 from .core.model import WhiteningModel, load_model, save_model
 from .errors import BadInputError
+from .progress import Watch
 from .storage import Storage, parse_storage
 
 if TYPE_CHECKING:
@@ -329,7 +330,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
             options=FitOptions(precision=self.precision, skip_nonfinite=self.skip_nonfinite),
             read=read,
             engine=EngineOptions(threads=self.n_jobs),
-            progress=progress,
+            watch=Watch(progress),
         )
         model = outcome.model
         self.state_, self.n_skipped_, self.sources_ = model.state, outcome.n_skipped, model.sources

@@ -809,10 +809,6 @@ WIDE_PLACES = ("streamwhiten.cli", "streamwhiten.whitener")
 #: must leave this list).
 WIDE = {
     "pipeline:apply": "a public call's keyword arguments (streamwhiten.apply): narrowing them breaks callers",
-    "pipeline:fit": "a public call's keyword arguments (streamwhiten.fit): narrowing them breaks callers",
-    "engine.apply:apply_model": "a public call; **legacy takes the keyword arguments of before ApplyOptions",
-    "engine.distributed:apply_dask": "a public call; **legacy takes the keyword arguments of before ApplyOptions",
-    "engine.distributed:fit_dask": "a public call's keyword arguments (the Dask fit)",
     "core.kernels.search:merge_top_hamming": "a Numba kernel: arrays and scalars only, no records",
     "evaluation.retrieval:evaluate_retrieval": "a public call's keyword arguments (typed results: the next step)",
     "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
@@ -820,7 +816,6 @@ WIDE = {
     "evaluation.report:collect": "the report's inputs, one per figure",
     "codes:train_codec": "a public call: every family's keyword options (faiss's passed on as they are)",
     "export:export": "a public call's keyword arguments (streamwhiten.export.export)",
-    "pipeline:finish_checkpoint": "a fit's keyword arguments (pipeline.fit's), for a job's killed fit",
     "pipeline:with_codes": "a public call's keyword arguments (streamwhiten.with_codes)",
 }
 

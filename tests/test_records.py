@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from conftest import anisotropic, write_h5
 
+from streamwhiten.engine.fit import Checkpoint
 from streamwhiten.options import ApplyOptions, ReadOptions
+from streamwhiten.progress import Watch
 from streamwhiten.records import Fingerprint, ResumeRecord
 
 
@@ -162,7 +164,9 @@ def test_checkpoints_hold_cursors_and_fingerprints_as_plain_json(tmp_path):
     checkpoint = str(tmp_path / "ck.npz")
     calls = iter(range(100))
     with pytest.raises(InterruptedRunError):
-        run_plan(plan_fit(spec, block_rows=100), None, checkpoint, 1, None, lambda: next(calls) >= 2, threads=1)
+        run_plan(
+            plan_fit(spec, block_rows=100), Watch(should_stop=lambda: next(calls) >= 2), Checkpoint(checkpoint, 1), 1
+        )
     arrays = read_npz(checkpoint, "checkpoint", CHECKPOINT_FORMAT, CHECKPOINT_VERSION)
     meta = json.loads(str(arrays["meta_json"]))
     taken = old_fingerprint(tmp_path / "in.h5", rows, 100)
@@ -210,7 +214,7 @@ def test_an_apply_progress_record_is_the_plain_json_and_one_written_by_hand_is_r
             out,
             ApplyOptions(progress_seconds=0),
             ReadOptions(block_rows=100),
-            should_stop=lambda: next(calls) >= 1,
+            watch=Watch(should_stop=lambda: next(calls) >= 1),
         )
     progress = tmp_path / ".out.zarr.partial.progress.json"
     written = json.loads(progress.read_text())

@@ -95,6 +95,7 @@ def apply(
     """
     from ..engine.engines import engine_for
     from ..pipeline import apply as run_apply
+    from ..progress import Watch
 
     if checkpoint_seconds is not None and not given_names(ctx, ["progress_seconds"]):
         options = replace(options, progress_seconds=_checked_seconds(checkpoint_seconds, ctx))
@@ -110,8 +111,7 @@ def apply(
             read=read,
             engine=runner,
             given=given_names(ctx, ENGINE_SPECIFIC),
-            progress=progress,
-            should_stop=should_stop,
+            watch=Watch(progress, should_stop),
         )
     normalised = " (L2-normalised)" if options.normalize else ""
     nonfinite = (

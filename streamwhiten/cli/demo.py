@@ -41,6 +41,7 @@ def run_demo(
     from ..core.stats import block_moments
     from ..options import ApplyOptions, FitOptions, Setting
     from ..pipeline import apply, fit
+    from ..progress import Watch
     from ..synthetic import write_store
 
     timings = {}
@@ -62,11 +63,11 @@ def run_demo(
 
     start = time.perf_counter()
     options = FitOptions(overwrite=True)
-    model = fit(spec, model_path, setting=Setting(n_components=k), options=options, progress=stage(1)).model
+    model = fit(spec, model_path, setting=Setting(n_components=k), options=options, watch=Watch(stage(1))).model
     timings["fit"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    apply(model, spec, output_path, options=ApplyOptions(normalize=True, overwrite=True), progress=stage(2))
+    apply(model, spec, output_path, options=ApplyOptions(normalize=True, overwrite=True), watch=Watch(stage(2)))
     timings["apply"] = time.perf_counter() - start
 
     checked = _check(model, spec, output_path, seed)

@@ -65,6 +65,7 @@ def fit(
     """
     from ..engine.engines import engine_for
     from ..pipeline import fit as run_fit
+    from ..progress import Watch
 
     if model_path is None and update is None:
         raise BadInputError("give the model file to write with -o/--output")
@@ -80,9 +81,7 @@ def fit(
             read=read,
             engine=runner,
             update=update,
-            progress=progress,
-            should_stop=should_stop,
-            guard=stop_on_signals,
+            watch=Watch(progress, should_stop, stop_on_signals),
         )
     summary = outcome.to_json()
     emit(as_json, summary, _lines(outcome, summary, update))

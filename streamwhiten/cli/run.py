@@ -100,6 +100,7 @@ def run(
     from dataclasses import replace
 
     from ..job import JobUpToDateError, read_job_file, run_job
+    from ..progress import Watch
 
     given = remote_timeout is not None
     read = read_options(storage_options=storage_options, remote_timeout=remote_timeout)
@@ -111,7 +112,7 @@ def run(
     handler = _log_to(log_file, job) if log_file else None
     try:
         with progress_bar("run", quiet) as progress, stop_on_signals() as should_stop:
-            report = run_job(job, progress, should_stop, restart, republish, new_job)
+            report = run_job(job, Watch(progress, should_stop), restart, republish, new_job)
     except JobUpToDateError as exc:
         if as_json:
             emit(True, exc.report.to_json(), [])  # the report for cron, then exit 3

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -55,6 +55,7 @@ from ..io import (
 from ..io.codecs import Fetched
 from ..options import ApplyOptions, ReadOptions
 from ..output_plan import MODEL_PARAMS, STORAGE_ATTR, OutputPlan
+from ..progress import Watch
 from ..records import ResumeRecord
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
@@ -295,6 +296,18 @@ def summary(plan: OutputPlan, sink: Sink, n_nonfinite: int, seconds: float, resu
     )
 
 
+@dataclass(frozen=True)
+class ApplyPart:
+    """What of the input an apply writes, and what the output records of its caller: the input rows
+    ``rows = (start, stop)`` only (None: every row; the output then holds ``stop - start`` rows, its row 0
+    the input's row ``start``, and records the range in its ``rows`` attribute), and ``attrs`` recorded
+    beside the output's own attributes (how ``run`` marks a published part with its job, version and
+    input). Such an output is resumed, and found up to date, as any other."""
+
+    rows: tuple[int, int] | None = None
+    attrs: Mapping[str, Any] = field(default_factory=dict)
+
+
 def apply_model(
     model: WhiteningModel,
     input_spec: str | Source,
@@ -302,27 +315,22 @@ def apply_model(
     options: ApplyOptions | None = None,
     read: ReadOptions | None = None,
     *,
+    part: ApplyPart | None = None,
+    watch: Watch = Watch(),
     threads: int | None = None,
-    rows: tuple[int, int] | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    attrs: Mapping[str, Any] | None = None,
 ) -> ApplyOutcome:
-    """Write ``model``'s transform of every row of ``input_spec`` to the new store ``output_spec``.
-
-    ``rows = (start, stop)`` writes the transform of the input rows ``[start, stop)`` only: the output
-    holds ``stop - start`` rows (its row 0 is input row ``start``) and records the range in its ``rows``
-    attribute; it is resumed, and found up to date, as any other output. ``attrs`` are recorded on the
-    output beside its own attributes (how ``run`` marks a published part with its job, version and input).
+    """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names: `ApplyPart`)
+    to the new store ``output_spec``.
 
     ``options`` ([`ApplyOptions`][streamwhiten.options.ApplyOptions]) say what is written and how, ``read``
     ([`ReadOptions`][streamwhiten.options.ReadOptions]) how the input is read and URLs are reached.
+    ``watch`` is told the rows written and asked whether to stop (`Watch`).
 
     Rows holding NaN or Inf stop the run with an error naming the row, unless ``skip_nonfinite``: then
     their output rows are NaN (row alignment with the input is kept) and they are counted. Unless
     ``restart``, the partial output of an interrupted run of the same job is continued; the rows written
     are made durable and recorded for a resume every ``progress_seconds`` (0: after every block) and when
-    stopped by ``should_stop``. ``compressor`` (HDF5 and Zarr outputs) compresses each output chunk in the
+    a stop is asked for. ``compressor`` (HDF5 and Zarr outputs) compresses each output chunk in the
     writer thread, in a form plain zarr or h5py reads; ``keep_columns`` (Parquet or Lance input and output)
     copies input columns row for row beside the vectors.
 
@@ -335,32 +343,30 @@ def apply_model(
     around the page cache (``O_DIRECT``), which uses no CPU and so overlaps with the computation.
     """
     began = time.perf_counter()
-    options, read = options or ApplyOptions(), read or ReadOptions()
+    options, read, part = options or ApplyOptions(), read or ReadOptions(), part or ApplyPart()
     options = options.storing(model.storage)
     if threads is not None:
         resolve_threads(threads)  # a bad value is refused before anything is opened
     output = open_output(output_spec, read)
     output.check_compressor(options.compressor)
     with contextlib.ExitStack() as stack:
-        source = open_source(input_spec, read=read, min_rows=1)
-        stack.callback(source.close)
-        if rows is not None:
-            source = RowRange(source, *_pair(rows))
+        source = stack.enter_context(open_source(input_spec, read=read, min_rows=1))
+        if part.rows is not None:
+            source = RowRange(source, *_pair(part.rows))
         # A remote input is read by several threads at once (reads wait on the network); a compressed one
         # is decoded by one per core.
         threads = resolve_threads(remote.default_threads(threads, [source]), default=default_threads(source))
         check_output(model, source, output_spec)
-        plan = plan_output(model, source, output, options, read, attrs=attrs)
+        plan = plan_output(model, source, output, options, read, attrs=part.attrs)
         # One run per output: a second one exits 75 rather than replace this one's partial output.
         stack.enter_context(output.lock())
         writing = _prepare_writing(source, output, plan, options, threads)
         sink, start, n_nonfinite = _open_sink(output, writing, options)
         with sink:
-            run = _BlockRun(model, source, sink, writing, options, threads, progress, should_stop)
+            run = _BlockRun(model, source, sink, writing, options, threads, watch)
             n_nonfinite = run.write_all(start, n_nonfinite)
             sink.commit(options.overwrite, plan.commit_attrs(n_nonfinite, run.source_sha256()))
-        seconds = time.perf_counter() - began
-        return summary(plan, sink, n_nonfinite, seconds, start)
+        return summary(plan, sink, n_nonfinite, time.perf_counter() - began, start)
 
 
 def _pair(rows: Any) -> tuple[int, int]:
@@ -457,11 +463,9 @@ class _BlockRun:
         writing: _Writing,
         options: ApplyOptions,
         threads: int,
-        progress: Callable[[int, int], None] | None,
-        should_stop: Callable[[], bool] | None,
+        watch: Watch,
     ) -> None:
-        self.source, self.sink, self.writing, self.options = source, sink, writing, options
-        self.progress, self.should_stop = progress, should_stop
+        self.source, self.sink, self.writing, self.options, self.watch = source, sink, writing, options, watch
         self.record = writing.record
         self.work = np.float64 if source.dtype == np.float64 else np.float32
         weights, shift = model.projection(self.work)
@@ -569,15 +573,14 @@ class _BlockRun:
             n_nonfinite += nonfinite
             self.finish_writes(keep=1)  # the previous block may still be in writing while this one is queued
             self.pending.append(writer.submit(self.write, begin, out, kept, release))
-            stopping = self.should_stop is not None and self.should_stop() and end < n_rows
+            stopping = self.watch.stop_asked() and end < n_rows
             due = time.perf_counter() - last_record >= self.options.progress_seconds
             if end < n_rows and (stopping or due):
                 self.finish_writes()
                 self.source_sha256()  # a resume compares the whole fingerprint
                 self.sink.save_progress(self.record.at(end, n_nonfinite))  # fsyncs what was written: not every block
                 last_record = time.perf_counter()
-            if self.progress is not None:
-                self.progress(end, n_rows)
+            self.watch.report(end, n_rows)
             if stopping:
                 raise InterruptedRunError(
                     f"interrupted after {end:,} of {n_rows:,} rows; run the same apply again to resume"

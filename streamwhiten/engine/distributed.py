@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -32,8 +32,10 @@ from ..core import stats
 from ..core.model import WhiteningModel, float_dtype
 from ..core.quantize import Quantization
 from ..errors import BadInputError, ClusterError, NonFiniteError, ValuesTooLargeError
-from ..io import LazyRows, Source, fingerprint, lazy_rows, open_output, open_source, split_spec
+from ..io import LazyRows, Sink, Source, fingerprint, lazy_rows, open_output, open_source, split_spec
 from ..options import ApplyOptions, ReadOptions
+from ..output_plan import OutputPlan
+from ..progress import Watch
 from .apply import (
     ApplyOutcome,
     BlockTransform,
@@ -45,7 +47,7 @@ from .apply import (
     summary,
     transform_block,
 )
-from .fit import FitPlan, FitResult, Specs, check_enough_rows, merge_read, open_sources, plan_blocks, reduce_block
+from .fit import FitResult, Specs, check_enough_rows, open_sources, plan_blocks, reduce_block
 
 #: States merged by one task of the reduction tree (dask's ``split_every``).
 SPLIT_EVERY = 8
@@ -55,6 +57,17 @@ CONNECT_TIMEOUT = 30
 CANCEL_TIMEOUT = 60
 
 _INSTALL_HINT = "the dask engine needs the optional extra: pip install 'streamwhiten[dask]'"
+
+
+class Cluster(Protocol):
+    """Where the Dask engine runs (an ``engine.engines.DaskEngine`` is one): a ``scheduler`` address, or a
+    new local cluster of ``workers`` processes (default: one per core), or an existing ``client``; and the
+    states merged by one task of a fit's reduction tree (``split_every``)."""
+
+    scheduler: str | None
+    workers: int | None
+    client: Any
+    split_every: int
 
 
 def _require(module: str) -> ModuleType:
@@ -248,88 +261,49 @@ def fit_dask_array(
     )
 
 
-def dask_moments(
-    array: Any, precision: str = "auto", client: Any = None, split_every: int = SPLIT_EVERY
-) -> stats.Moments:
-    """``Moments`` of every row of a dask array, as a tree reduction of per-block states."""
-    return fit_dask_array(array, precision, client=client, split_every=split_every).state
-
-
 def fit_dask(
     specs: Specs,
-    dataset: str | None = None,
     precision: str = "auto",
     skip_nonfinite: bool = False,
-    block_rows: int | None = None,
-    scheduler: str | None = None,
-    n_workers: int | None = None,
-    client: Any = None,
-    split_every: int = SPLIT_EVERY,
-    fill_missing_chunks: bool = False,
     *,
     read: ReadOptions | None = None,
+    cluster: Cluster | None = None,
 ) -> FitResult:
-    """`fit_sources` on a Dask cluster: the stores are checked and fingerprinted
-    here, their blocks read and reduced on the workers (so every worker must see the same paths).
+    """`fit_sources` on a Dask ``cluster`` (default: a local one, a worker process per core): the stores
+    are checked and fingerprinted here, their blocks read and reduced on the workers (so every worker
+    must see the same paths).
 
-    The blocks are the serial engine's (one `plan_blocks` for both, given
-    ``block_rows`` or not), so the per-block states are bit-for-bit those of the serial engine; only
-    the order of the float64 merges differs. ``read``: see `merge_read`
-    (the workers read with its storage options).
+    The blocks are the serial engine's (one `plan_blocks` for both, given ``read.block_rows`` or not),
+    so the per-block states are bit-for-bit those of the serial engine; only the order of the float64
+    merges differs. ``read`` says how the stores are read (the workers read with its storage options).
     """
     _require("dask.array")
     params.check("precision", precision)
-    read = merge_read(read, dataset, fill_missing_chunks)
-    fill_missing_chunks = read.fill_missing_chunks
-    block_rows = block_rows if block_rows is not None else read.block_rows
+    read = read or ReadOptions()
     sources = open_sources(specs, read=read)
     try:
         fingerprints = [fingerprint(source) for source in sources]
-        block_rows = plan_blocks(sources, block_rows)
+        block_rows = plan_blocks(sources, read.block_rows)
         parts = [task for source in sources for task in _store_tasks(source, block_rows, precision, skip_nonfinite)]
         n_rows = sum(source.n_rows for source in sources)
     finally:
         for source in sources:
             source.close()
-    with dask_client(scheduler, n_workers, client=client) as active:
+    with _connect(cluster) as active:
         began = time.perf_counter()
-        state, n_skipped = _reduce(parts, n_rows, active, split_every)
+        state, n_skipped = _reduce(parts, n_rows, active, SPLIT_EVERY if cluster is None else cluster.split_every)
         seconds = time.perf_counter() - began
     check_enough_rows(state, sources)
-    return FitResult(
-        state,
-        n_skipped,
-        fingerprints,
-        len(parts),
-        seconds,
-        n_rows,
-        precision,
-        bool(skip_nonfinite),
-        bool(fill_missing_chunks),
-    )
+    options = (precision, bool(skip_nonfinite), bool(read.fill_missing_chunks))
+    return FitResult(state, n_skipped, fingerprints, len(parts), seconds, n_rows, *options)
 
 
-def fit_plan_dask(
-    plan: FitPlan,
-    scheduler: str | None = None,
-    n_workers: int | None = None,
-    client: Any = None,
-    split_every: int | None = None,
-) -> FitResult:
-    """Run a `FitPlan` (a fresh one: the Dask engine does not resume) on a
-    Dask cluster: `fit_dask` of the plan's sources with its block size and options."""
-    return fit_dask(
-        [cursor.spec for cursor in plan.cursors],
-        None,
-        plan.precision,
-        plan.skip_nonfinite,
-        plan.block_rows,
-        scheduler=scheduler,
-        n_workers=n_workers,
-        client=client,
-        split_every=SPLIT_EVERY if split_every is None else split_every,
-        read=plan.read,
-    )
+def _connect(cluster: Cluster | None) -> contextlib.AbstractContextManager[Any]:
+    """A client of ``cluster`` (`dask_client`; None: a new local cluster), closed on exit unless it is the
+    cluster's own."""
+    if cluster is None:
+        return dask_client()
+    return dask_client(cluster.scheduler, cluster.workers, client=cluster.client)
 
 
 # --------------------------------------------------------------------------------------------- apply
@@ -377,29 +351,26 @@ def apply_dask(
     options: ApplyOptions | None = None,
     read: ReadOptions | None = None,
     *,
-    scheduler: str | None = None,
-    n_workers: int | None = None,
-    client: Any = None,
-    progress: Callable[[int, int], None] | None = None,
+    cluster: Cluster | None = None,
+    watch: Watch = Watch(),
     output_chunk_rows: int | None = None,
 ) -> ApplyOutcome:
-    """`apply_model` on a Dask cluster, writing a Zarr store.
+    """`apply_model` on a Dask ``cluster`` (default: a local one, a worker process per core), writing a
+    Zarr store.
 
     Workers read their blocks, transform them and write whole output chunks into the store under its
     temporary name; the driver marks it complete and renames it only after every block is written.
     On a failure the tasks still running are waited for, then the temporary store is removed; an
-    existing output is never touched. ``progress(rows_done, rows_total)`` is called as blocks finish.
-    ``output_chunk_rows`` sets the rows per output chunk (default: about 4 MiB per chunk). ``read``: see
-    `merge_read` (the workers read and write with its storage options).
+    existing output is never touched. ``watch.progress(rows_done, rows_total)`` is told as blocks finish
+    (a Dask apply cannot stop between blocks: a signal interrupts it). ``output_chunk_rows`` sets the rows
+    per output chunk (default: about 4 MiB per chunk). ``read``: how the workers read and write (its
+    storage options).
     """
-    dask = _require("dask")
-    distributed = _require("distributed")
     options, read = options or ApplyOptions(), read or ReadOptions()
     options = options.storing(model.storage)
     # what the Dask engine writes whatever was asked (DaskEngine.check_apply refuses other values):
     # uncompressed Zarr through zarr, every chunk with its checksum, no other columns
     options = replace(options, compressor="none", direct_io=True, checksums=True, keep_columns=())
-    normalize, skip_nonfinite, overwrite = options.normalize, options.skip_nonfinite, options.overwrite
     out_path, _ = split_spec(output_spec)
     output = open_output(output_spec, read)
     if not output.parallel_writes:
@@ -409,57 +380,65 @@ def apply_dask(
         )
     params.check("output_chunk_rows", output_chunk_rows)
     began = time.perf_counter()
-    source = open_source(input_spec, read=read, min_rows=1)
-    try:
+    with open_source(input_spec, read=read, min_rows=1) as source:
         check_output(model, source, output_spec)
-        work = np.float64 if source.dtype == np.float64 else np.float32
         plan = plan_output(model, source, output, options, read, source_sha256=fingerprint(source).sha256_sampled)
-        # int8 codes or bits: encoded by each task
-        quantization: Quantization | None = None if plan.storage is None else plan.storage.encoder
         # the Dask engine sizes its chunks itself (default: about 4 MiB each), whatever the blocks read
         plan = replace(plan, chunk_rows=output_chunk_rows)
         # One run per output (a second one exits 75); the output's checks and writes happen under it.
-        with output.lock(), dask_client(scheduler, n_workers, client=client) as active:
-            refuse_current(output, plan, overwrite)  # up to date: kept, overwrite or not (exit 3)
-            sink = output.create(plan, overwrite)
-            with sink:
-                rows_per_block = aligned_block_rows(read.block_rows, source, sink.chunk_rows)
-                lazy = lazy_rows(source)
-                rows = dask.delayed(lazy, pure=True)
-                weights, shift = model.projection(work)
-                stored = None if quantization is not None else sink.dtype
-                how = dask.delayed(
-                    BlockTransform(weights, shift, normalize, stored, skip_nonfinite, lazy.label), pure=True
-                )
-                writer = dask.delayed(sink.region_writer(), pure=True)
-                # the encoder (a codec's bytes) goes to each worker once, not with every task
-                encoder = None if quantization is None else dask.delayed(quantization, pure=True)
-                task = dask.delayed(_transform_and_write, pure=False)
-                futures = active.compute(
-                    [task(rows, begin, stop, how, writer, encoder) for begin, stop in source.blocks(rows_per_block)]
-                )
-                written, n_written, n_nonfinite = set(), 0, 0
-                try:
-                    with _cluster_errors("the transform"):
-                        done = distributed.as_completed(futures, loop=active.loop, with_results=True)
-                        for _, (begin, rows, nonfinite) in done:
-                            written.add(begin)
-                            n_written += rows
-                            n_nonfinite += nonfinite
-                            if progress is not None:
-                                progress(n_written, source.n_rows)
-                except BaseException:
-                    # Running tasks cannot be interrupted: wait for them before the temporary store
-                    # is removed, so none writes into it afterwards.
-                    _stop_tasks(active, futures, CANCEL_TIMEOUT)
-                    raise
-                if n_written != source.n_rows or len(written) != len(futures):
-                    raise ClusterError(f"the transform wrote {n_written} rows of {source.n_rows}; output discarded")
-                sink.commit(overwrite, plan.commit_attrs(n_nonfinite))
-        seconds = time.perf_counter() - began
-        return summary(plan, sink, n_nonfinite, seconds)
-    finally:
-        source.close()
+        with output.lock(), _connect(cluster) as active:
+            refuse_current(output, plan, options.overwrite)  # up to date: kept, overwrite or not (exit 3)
+            with output.create(plan, options.overwrite) as sink:
+                futures = _submit_blocks(active, model, source, sink, plan, read)
+                n_nonfinite = _gather(active, futures, source.n_rows, watch)
+                sink.commit(options.overwrite, plan.commit_attrs(n_nonfinite))
+    return summary(plan, sink, n_nonfinite, time.perf_counter() - began)
+
+
+def _submit_blocks(
+    active: Any, model: WhiteningModel, source: Source, sink: Sink, plan: OutputPlan, read: ReadOptions
+) -> list[Any]:
+    """Start one task per block of ``source`` on the client ``active``: each reads its rows, whitens them
+    (encoding them for an output of codes) and writes them into ``sink``'s chunks; returns their futures."""
+    dask = _require("dask")
+    rows_per_block = aligned_block_rows(read.block_rows, source, sink.chunk_rows)
+    lazy = lazy_rows(source)
+    rows = dask.delayed(lazy, pure=True)
+    weights, shift = model.projection(np.float64 if source.dtype == np.float64 else np.float32)
+    # int8 codes or bits: encoded by each task
+    quantization: Quantization | None = None if plan.storage is None else plan.storage.encoder
+    stored = None if quantization is not None else sink.dtype
+    how = dask.delayed(
+        BlockTransform(weights, shift, plan.normalize, stored, plan.skip_nonfinite, lazy.label), pure=True
+    )
+    writer = dask.delayed(sink.region_writer(), pure=True)
+    # the encoder (a codec's bytes) goes to each worker once, not with every task
+    encoder = None if quantization is None else dask.delayed(quantization, pure=True)
+    task = dask.delayed(_transform_and_write, pure=False)
+    return list(
+        active.compute([task(rows, begin, stop, how, writer, encoder) for begin, stop in source.blocks(rows_per_block)])
+    )
+
+
+def _gather(active: Any, futures: list[Any], n_rows: int, watch: Watch) -> int:
+    """Wait for the block tasks ``futures``, telling ``watch`` the rows written; returns the non-finite
+    rows counted. A failure first waits for the tasks still running, so none writes afterwards."""
+    distributed = _require("distributed")
+    written, n_written, n_nonfinite = set(), 0, 0
+    try:
+        with _cluster_errors("the transform"):
+            for _, (begin, rows, nonfinite) in distributed.as_completed(futures, loop=active.loop, with_results=True):
+                written.add(begin)
+                n_written += rows
+                n_nonfinite += nonfinite
+                watch.report(n_written, n_rows)
+    except BaseException:
+        # Running tasks cannot be interrupted: wait for them before the temporary store is removed.
+        _stop_tasks(active, futures, CANCEL_TIMEOUT)
+        raise
+    if n_written != n_rows or len(written) != len(futures):
+        raise ClusterError(f"the transform wrote {n_written} rows of {n_rows}; output discarded")
+    return n_nonfinite
 
 
 def transform_dask(model: WhiteningModel, array: Any, normalize: bool = False, skip_nonfinite: bool = False) -> Any:

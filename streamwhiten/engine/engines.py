@@ -12,41 +12,17 @@ options it honours. The pipeline (``streamwhiten.pipeline``) and the command lin
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BadInputError
 from ..options import ApplyOptions, EngineOptions, ReadOptions
+from ..progress import Watch
 
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
     from ..io import Source
-    from .apply import ApplyOutcome
-    from .fit import FitPlan, FitResult
-
-#: ``progress(rows_done, rows_total)``
-Progress = Callable[[int, int], None] | None
-#: ``should_stop()``: true once a signal asked the work to stop at its next safe point
-ShouldStop = Callable[[], bool] | None
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """Where a checkpointed fit saves its state, and how often: every ``every_blocks`` blocks or
-    ``every_seconds`` seconds, whichever comes first (None: not by that measure)."""
-
-    path: str
-    every_blocks: int | None = None
-    every_seconds: float | None = None
-
-
-@dataclass(frozen=True)
-class Watch:
-    """How a long call reports its ``progress`` and is asked to stop (``should_stop``); None: not at all."""
-
-    progress: Progress = None
-    should_stop: ShouldStop = None
+    from .apply import ApplyOutcome, ApplyPart
+    from .fit import Checkpoint, FitPlan, FitResult
 
 
 class Engine(ABC):
@@ -63,17 +39,11 @@ class Engine(ABC):
     output_kinds: ClassVar[tuple[str, ...] | None] = None
 
     @abstractmethod
-    def fit(
-        self,
-        plan: FitPlan,
-        *,
-        progress: Progress = None,
-        should_stop: ShouldStop = None,
-        checkpoint: Checkpoint | None = None,
-    ) -> FitResult:
+    def fit(self, plan: FitPlan, *, watch: Watch = Watch(), checkpoint: Checkpoint | None = None) -> FitResult:
         """Fold every remaining block of ``plan`` (a ``FitPlan``); returns its ``FitResult``.
 
-        ``checkpoint`` says where and how often an engine that checkpoints saves the fit, else None.
+        ``watch``: how the work reports its progress and is asked to stop (`Watch`). ``checkpoint`` says
+        where and how often an engine that checkpoints saves the fit, else None.
         """
 
     @abstractmethod
@@ -85,14 +55,12 @@ class Engine(ABC):
         options: ApplyOptions,
         read: ReadOptions,
         *,
-        rows: tuple[int, int] | None = None,
-        attrs: Mapping[str, Any] | None = None,
+        part: ApplyPart | None = None,
         watch: Watch = Watch(),
     ) -> ApplyOutcome:
-        """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``[start, stop)``
-        that ``rows`` names) to ``output_spec``; an ``ApplyOutcome``. ``attrs``: attributes the output
-        records beside its own (a published part's record of its job, version and input). ``watch``: how
-        the work reports its progress and is asked to stop."""
+        """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names, its
+        output recording ``part``'s attributes beside its own: `ApplyPart`) to ``output_spec``; an
+        ``ApplyOutcome``. ``watch``: how the work reports its progress and is asked to stop."""
 
     #: apply options this engine does not take, each with the message that refuses it
     serial_only: ClassVar[dict[str, str]] = {}
@@ -118,25 +86,10 @@ class SerialEngine(Engine):
     def __init__(self, threads: int | None = None) -> None:
         self.threads = threads
 
-    def fit(
-        self,
-        plan: FitPlan,
-        *,
-        progress: Progress = None,
-        should_stop: ShouldStop = None,
-        checkpoint: Checkpoint | None = None,
-    ) -> FitResult:
+    def fit(self, plan: FitPlan, *, watch: Watch = Watch(), checkpoint: Checkpoint | None = None) -> FitResult:
         from .fit import run_plan
 
-        return run_plan(
-            plan,
-            progress,
-            checkpoint_path=None if checkpoint is None else checkpoint.path,
-            checkpoint_blocks=None if checkpoint is None else checkpoint.every_blocks,
-            checkpoint_seconds=None if checkpoint is None else checkpoint.every_seconds,
-            should_stop=should_stop,
-            threads=self.threads,
-        ).result()
+        return run_plan(plan, watch, checkpoint, self.threads).result()
 
     def apply(
         self,
@@ -146,24 +99,12 @@ class SerialEngine(Engine):
         options: ApplyOptions,
         read: ReadOptions,
         *,
-        rows: tuple[int, int] | None = None,
-        attrs: Mapping[str, Any] | None = None,
+        part: ApplyPart | None = None,
         watch: Watch = Watch(),
     ) -> ApplyOutcome:
         from .apply import apply_model
 
-        return apply_model(
-            model,
-            input_spec,
-            output_spec,
-            options,
-            read,
-            threads=self.threads,
-            rows=rows,
-            progress=watch.progress,
-            should_stop=watch.should_stop,
-            attrs=attrs,
-        )
+        return apply_model(model, input_spec, output_spec, options, read, part=part, watch=watch, threads=self.threads)
 
 
 class DaskEngine(Engine):
@@ -182,17 +123,14 @@ class DaskEngine(Engine):
     ) -> None:
         self.scheduler, self.workers, self.client, self.split_every = scheduler, workers, client, split_every
 
-    def fit(
-        self,
-        plan: FitPlan,
-        *,
-        progress: Progress = None,
-        should_stop: ShouldStop = None,
-        checkpoint: Checkpoint | None = None,
-    ) -> FitResult:
-        from .distributed import fit_plan_dask
+    def fit(self, plan: FitPlan, *, watch: Watch = Watch(), checkpoint: Checkpoint | None = None) -> FitResult:
+        from dataclasses import replace
 
-        return fit_plan_dask(plan, self.scheduler, self.workers, self.client, self.split_every)
+        from .distributed import fit_dask
+
+        # a fresh plan (the Dask engine does not resume): its sources, block size and options
+        read = replace(plan.read, block_rows=plan.block_rows)
+        return fit_dask([c.spec for c in plan.cursors], plan.precision, plan.skip_nonfinite, read=read, cluster=self)
 
     serial_only = {
         "direct_io": "direct_io is for the serial engine (Dask workers write through zarr)",
@@ -209,28 +147,17 @@ class DaskEngine(Engine):
         options: ApplyOptions,
         read: ReadOptions,
         *,
-        rows: tuple[int, int] | None = None,
-        attrs: Mapping[str, Any] | None = None,
+        part: ApplyPart | None = None,
         watch: Watch = Watch(),
     ) -> ApplyOutcome:
         from .distributed import apply_dask
 
         self.check_apply(options)
-        if rows is not None:
+        if part is not None and part.rows is not None:
             raise BadInputError("an apply of part of an input's rows (rows=) is for the serial engine")
-        if attrs:
+        if part is not None and part.attrs:
             raise BadInputError("an apply recording attributes of its caller's (attrs=) is for the serial engine")
-        return apply_dask(
-            model,
-            input_spec,
-            output_spec,
-            options,
-            read,
-            scheduler=self.scheduler,
-            n_workers=self.workers,
-            client=self.client,
-            progress=watch.progress,
-        )
+        return apply_dask(model, input_spec, output_spec, options, read, cluster=self, watch=watch)
 
 
 def engine_for(options: EngineOptions | None = None, client: Any = None) -> Engine:
@@ -242,4 +169,4 @@ def engine_for(options: EngineOptions | None = None, client: Any = None) -> Engi
     return SerialEngine(options.threads)
 
 
-__all__ = ["DaskEngine", "Engine", "SerialEngine", "Watch", "engine_for"]
+__all__ = ["DaskEngine", "Engine", "SerialEngine", "engine_for"]

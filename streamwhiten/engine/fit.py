@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -57,14 +57,13 @@ from ..io import (
 )
 from ..io.codecs import Fetched
 from ..options import ReadOptions
+from ..progress import Watch
 from ..records import Fingerprint
 from ._threads import ordered_map, resolve_threads, worker_blas_threads
 
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
 
-#: ``progress(rows_done, rows_total)``, called after every block.
-ProgressCallback = Callable[[int, int], None]
 #: A fit's inputs: a spec (a path, URL or glob; or an open source), or several.
 Specs = str | os.PathLike[str] | Source | Iterable[str | os.PathLike[str] | Source]
 
@@ -75,17 +74,14 @@ CHECKPOINT_VERSION = 1
 # --------------------------------------------------------------------------------------------- the plan
 
 
-def merge_read(read: ReadOptions | None, dataset: str | None = None, fill_missing_chunks: bool = False) -> ReadOptions:
-    """How a fit or an apply reads: ``read`` (default: no options), with the ``dataset`` and
-    ``fill_missing_chunks`` the engine's functions also take as arguments, where those are given.
-    (``block_rows`` is taken by each function itself: ``block_rows`` given, else ``read.block_rows``.)"""
-    read = read if read is not None else ReadOptions()
-    changes: dict[str, Any] = {}
-    if dataset is not None:
-        changes["dataset"] = dataset
-    if fill_missing_chunks:
-        changes["fill_missing_chunks"] = True
-    return replace(read, **changes) if changes else read
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a checkpointed fit saves its state, and how often: every ``every_blocks`` blocks or
+    ``every_seconds`` seconds, whichever comes first (None: not by that measure)."""
+
+    path: str
+    every_blocks: int | None = None
+    every_seconds: float | None = None
 
 
 @dataclass
@@ -123,7 +119,7 @@ class Cursor:
 @dataclass(frozen=True)
 class PassOptions:
     """What changes the statistics of a pass besides its rows: a checkpoint resumes only a pass of the
-    same options, and a model records them (``fit_info``)."""
+    same options, and a model records them (`finalize_fit`)."""
 
     precision: str = "auto"
     skip_nonfinite: bool = False
@@ -224,16 +220,14 @@ def _as_list(specs: Specs) -> list[Any]:
     return list(specs)
 
 
-def open_sources(
-    specs: Specs, dataset: str | None = None, fill_missing_chunks: bool = False, *, read: ReadOptions | None = None
-) -> list[Source]:
+def open_sources(specs: Specs, *, read: ReadOptions | None = None) -> list[Source]:
     """Open every spec (globs and directories of Parquet shards expanded into their files) and check
-    they share one width; ``read`` says how (`merge_read`).
+    they share one width; ``read`` says how (its dataset, missing chunks and storage options).
 
     A single source needs at least 2 rows; among several, an empty one (a shard not yet written, say) is
     allowed: it adds no rows, is recorded with its fingerprint, and an update reads it once it grows.
     """
-    read = merge_read(read, dataset, fill_missing_chunks)
+    read = read or ReadOptions()
     specs = expand_specs(_as_list(specs), read)
     if not specs:
         raise BadInputError("no input given")
@@ -357,52 +351,71 @@ def plan_blocks(sources: list[Source], block_rows: int | None = None) -> int:
 
 def plan_fit(
     specs: Specs,
-    dataset: str | None = None,
     precision: str = "auto",
     skip_nonfinite: bool = False,
     block_rows: int | None = None,
-    fill_missing_chunks: bool = False,
     *,
     read: ReadOptions | None = None,
+    update: WhiteningModel | None = None,
 ) -> FitPlan:
-    """A plan reading every row of every source, from an empty state (``read``: see `merge_read`)."""
+    """A plan reading every row of every source from an empty state; or, with ``update`` (a saved model
+    fitted from stores), only the rows added since it read its sources, folded into its state. ``read``
+    says how the sources are read (``block_rows`` given wins over its own).
+
+    In an update, a source the model recorded must have kept its rows (append-only); a new source is read
+    whole. Raises `NothingToDoError` when there is nothing new.
+    """
     params.check("precision", precision)  # before any reading
-    read = merge_read(read, dataset, fill_missing_chunks)
+    recorded = [] if update is None else _updatable(update.sources)
+    read = read or ReadOptions()
     block_rows = block_rows if block_rows is not None else read.block_rows
     sources = open_sources(specs, read=read)
     try:
+        state = stats.Moments.empty(sources[0].n_features) if update is None else update.state
+        if sources[0].n_features != state.n_features:
+            raise BadInputError(
+                f"{sources[0].label}: has {sources[0].n_features} columns but the model has {state.n_features}"
+            )
         # Sampled rows are hashed as the pass reads them (see run_plan): no decoding here.
-        cursors = [Cursor(s.label, describe(s), 0, s.n_rows, 0) for s in sources]
-        return FitPlan(
-            stats.Moments.empty(sources[0].n_features),
+        cursors = [_update_cursor(source, recorded, sources) for source in sources]
+        kept = [r for r in recorded if not any(_same_source(r, source) for source in sources)]
+        _refuse_deleted(kept, read)
+        plan = FitPlan(
+            state,
             cursors,
             plan_blocks(sources, block_rows),
             precision,
             bool(skip_nonfinite),
+            base_rows=state.n_rows,
+            kept_sources=kept,
             read=replace(read, dataset=None),  # each cursor's spec names its array
         )
     finally:
         for source in sources:
             source.close()
+    if update is not None and plan.rows_total == 0:
+        raise NothingToDoError("nothing to do: no rows were added since the model was fitted")
+    return plan
 
 
 def _same_source(recorded: Fingerprint, source: Source) -> bool:
     """Whether the source a model or checkpoint recorded (its fingerprint) is ``source``: the same file or
     directory now (device and inode: a symlink or hard link of it counts, whatever the path), same dataset."""
-    assert recorded.path is not None  # plan_update refuses a record without one
+    assert recorded.path is not None  # _updatable refuses a record without one
     return identity_of(recorded.path, recorded.dataset or "") == source.identity
 
 
-def _check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
-    """Refuse a source whose first ``recorded['n_rows']`` rows are not the ones recorded; returns the
-    fingerprint of those rows as they are now (None where ``recorded`` has no hash of them).
+def check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
+    """Refuse a source whose first ``recorded.n_rows`` rows are not the ones recorded (the check an update
+    and a resume make, and a publication's of the sources it read); returns the fingerprint of those rows
+    as they are now (None where ``recorded`` has no hash of them).
 
     ``recorded`` is a whole fingerprint (a model's, or a checkpoint's for a source read to the end), or
     one a checkpoint wrote part-way: with the hash of the sampled rows before ``rows_read`` only (a
     source being read), or with no hash at all (a source not reached yet: no rows of it were counted).
     """
     n_rows = recorded.n_rows
-    assert n_rows is not None  # checked by plan_update (a model's record), always there (a checkpoint's)
+    assert n_rows is not None  # checked by _updatable (a model's record), always there (a checkpoint's)
     if source.n_rows < n_rows:
         raise BadInputError(
             f"{source.label}: has {source.n_rows} rows but {n_rows} were recorded; the source was "
@@ -430,13 +443,6 @@ def _check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
     return None
 
 
-def check_prefix(source: Source, recorded: Fingerprint) -> None:
-    """Refuse ``source`` unless it still starts with the rows ``recorded`` (a whole fingerprint of its
-    first ``recorded.n_rows`` rows): the check an update makes, for other records of a source read before
-    (a publication's)."""
-    _check_prefix(source, recorded)
-
-
 def _changed(source: Source, n_rows: int, key: str) -> BadInputError:
     return BadInputError(
         f"{source.label}: its first {n_rows} rows differ from the recorded ones ({key} changed); "
@@ -449,7 +455,7 @@ def _refuse_if_moved(source: Source, recorded_sources: list[Fingerprint], source
     copied): reading it again would count its rows twice."""
     given = {s.identity for s in sources}
     for recorded in recorded_sources:
-        assert recorded.path is not None and recorded.n_rows is not None  # plan_update refuses records without
+        assert recorded.path is not None and recorded.n_rows is not None  # _updatable refuses records without
         if identity_of(recorded.path, recorded.dataset or "") in given:
             continue
         if recorded.n_rows == 0 or recorded.n_rows > source.n_rows:
@@ -464,22 +470,8 @@ def _refuse_if_moved(source: Source, recorded_sources: list[Fingerprint], source
             )
 
 
-def plan_update(
-    model_state: stats.Moments,
-    recorded_sources: Iterable[Fingerprint],
-    specs: Specs,
-    precision: str = "auto",
-    skip_nonfinite: bool = False,
-    block_rows: int | None = None,
-    *,
-    read: ReadOptions | None = None,
-) -> FitPlan:
-    """A plan folding only the rows added since ``recorded_sources`` were read into ``model_state``.
-
-    A source recorded before must have kept its rows (append-only); a new source is read whole.
-    ``read`` says how the sources are read (its dataset and missing chunks included).
-    Raises `NothingToDoError` when there is nothing new.
-    """
+def _updatable(recorded_sources: Iterable[Fingerprint]) -> list[Fingerprint]:
+    """A model's records of its sources, refused unless each says enough to be updated (a fit from stores)."""
     recorded_sources = list(recorded_sources)
     for index, record in enumerate(recorded_sources):
         missing = record.missing(("path", "n_rows", "n_features", "dtype", "sha256_sampled"))
@@ -489,52 +481,36 @@ def plan_update(
                 "stores, so it cannot be updated (refit without update)",
                 param="update",
             )
-    read = merge_read(read)
-    block_rows = block_rows if block_rows is not None else read.block_rows
-    sources = open_sources(specs, read=read)
-    try:
-        if sources[0].n_features != model_state.n_features:
+    return recorded_sources
+
+
+def _update_cursor(source: Source, recorded_sources: list[Fingerprint], sources: list[Source]) -> Cursor:
+    """The cursor of ``source``: the rows appended since its record among ``recorded_sources`` (an
+    update's: they must extend those rows), or every row of a source not recorded (refused if it holds a
+    recorded source's rows: moved)."""
+    current = describe(source)  # its sampled rows are hashed as the pass reads them
+    recorded = next((r for r in recorded_sources if _same_source(r, source)), None)
+    if recorded is None:
+        _refuse_if_moved(source, recorded_sources, sources)
+        return Cursor(source.label, current, 0, source.n_rows, 0)
+    prefix = check_prefix(source, recorded)
+    assert recorded.n_rows is not None  # every record has one (refused by _updatable otherwise)
+    if prefix is not None and source.n_rows == recorded.n_rows:  # nothing appended: the whole source
+        current = prefix
+    return Cursor(source.label, current, recorded.n_rows, source.n_rows, recorded.n_rows)
+
+
+def _refuse_deleted(kept: list[Fingerprint], read: ReadOptions) -> None:
+    """Refuse an update when a recorded source not given again (``kept``) was deleted: its rows cannot be
+    taken out of the statistics."""
+    for recorded in kept:
+        assert recorded.path is not None  # every record has one (refused by _updatable otherwise)
+        if not exists(recorded.path, read):
             raise BadInputError(
-                f"{sources[0].label}: has {sources[0].n_features} columns but the model has {model_state.n_features}"
+                f"{recorded.where}: recorded in the model ({recorded.n_rows:,} rows) but deleted since; an update "
+                "cannot take rows out of the statistics (restore it, or refit from scratch without update)",
+                param="update",
             )
-        cursors: list[Cursor] = []
-        for source in sources:
-            current = describe(source)  # its sampled rows are hashed as the pass reads them
-            recorded = next((r for r in recorded_sources if _same_source(r, source)), None)
-            if recorded is None:
-                _refuse_if_moved(source, recorded_sources, sources)
-                cursors.append(Cursor(source.label, current, 0, source.n_rows, 0))
-                continue
-            prefix = _check_prefix(source, recorded)
-            assert recorded.n_rows is not None  # every record has one (refused above otherwise)
-            if prefix is not None and source.n_rows == recorded.n_rows:  # nothing appended: the whole source
-                current = prefix
-            cursors.append(Cursor(source.label, current, recorded.n_rows, source.n_rows, recorded.n_rows))
-        kept = [r for r in recorded_sources if not any(_same_source(r, source) for source in sources)]
-        for recorded in kept:
-            assert recorded.path is not None  # every record has one (refused above otherwise)
-            if not exists(recorded.path, read):
-                raise BadInputError(
-                    f"{recorded.where}: recorded in the model ({recorded.n_rows:,} rows) but deleted since; an update "
-                    "cannot take rows out of the statistics (restore it, or refit from scratch without update)",
-                    param="update",
-                )
-        plan = FitPlan(
-            model_state,
-            cursors,
-            plan_blocks(sources, block_rows),
-            precision,
-            bool(skip_nonfinite),
-            base_rows=model_state.n_rows,
-            kept_sources=kept,
-            read=replace(read, dataset=None),  # each cursor's spec names its array
-        )
-        if plan.rows_total == 0:
-            raise NothingToDoError("nothing to do: no rows were added since the model was fitted")
-        return plan
-    finally:
-        for source in sources:
-            source.close()
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
@@ -640,7 +616,7 @@ def check_sources_unchanged(plan: FitPlan, checkpoint_path: str) -> None:
     for cursor in plan.cursors:
         with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
             try:
-                _check_prefix(source, cursor.fingerprint)
+                check_prefix(source, cursor.fingerprint)
             except BadInputError as exc:
                 raise BadInputError(f"{exc} (refusing to resume from {checkpoint_path})") from None
 
@@ -700,12 +676,6 @@ def _block_tasks(
             yield index, begin, end, source, buffers, plan, fetched, sampler
 
 
-def _finish_fingerprint(cursor: Cursor, sampled_sha256: str) -> None:
-    """A source read to the end: its fingerprint gets the whole hash of its sampled rows in place of
-    the part-way one a checkpoint recorded."""
-    cursor.fingerprint = cursor.fingerprint.finished(sampled_sha256)
-
-
 def _record_rows_read(plan: FitPlan, samplers: dict[int, tuple[Sampler, Source]]) -> None:
     """Before a checkpoint: the fingerprint of each source being read records the hash of its sampled
     rows before ``next_row`` (``sha256_read``, ``rows_read``), which the pass has offered already, so a
@@ -723,7 +693,9 @@ def _complete_fingerprints(plan: FitPlan) -> None:
     for cursor in plan.cursors:
         if cursor.fingerprint.sha256_sampled is None:
             with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
-                _finish_fingerprint(cursor, Sampler(source, cursor.fingerprint.n_rows).hexdigest(source))
+                cursor.fingerprint = cursor.fingerprint.finished(
+                    Sampler(source, cursor.fingerprint.n_rows).hexdigest(source)
+                )
 
 
 def _read_block_moments(
@@ -760,21 +732,16 @@ def _read_block_moments(
 
 
 def run_plan(
-    plan: FitPlan,
-    progress: ProgressCallback | None = None,
-    checkpoint_path: str | None = None,
-    checkpoint_blocks: int | None = None,
-    checkpoint_seconds: float | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    threads: int | None = None,
+    plan: FitPlan, watch: Watch = Watch(), checkpoint: Checkpoint | None = None, threads: int | None = None
 ) -> FitPlan:
     """Fold every remaining block of ``plan`` (a `FitPlan`) into its state; returns it, finished.
 
-    With ``checkpoint_path``, a checkpoint is written every ``checkpoint_blocks`` blocks or
-    ``checkpoint_seconds`` seconds, whichever comes first. When ``should_stop()`` turns true (a signal),
-    a final checkpoint is written and `InterruptedRunError` raised. ``threads`` worker threads
-    (default: one per core, at most four) each read and reduce whole blocks, folded in block order; a
-    plan resumed from a checkpoint keeps the thread count it was started with (``plan.threads``).
+    ``watch`` is told the rows done after every block; when its ``should_stop()`` turns true (a signal),
+    a last checkpoint is written and `InterruptedRunError` raised. With a ``checkpoint``, one is written
+    to its path every ``every_blocks`` blocks or ``every_seconds`` seconds, whichever comes first.
+    ``threads`` worker threads (default: one per core, at most four) each read and reduce whole blocks,
+    folded in block order; a plan resumed from a checkpoint keeps the thread count it was started with
+    (``plan.threads``).
 
     Memory: one block buffer per worker (float32 for a float16 store), plus, for stores whose
     compressed chunks are decoded here, the stored bytes of at most ``workers + 1`` blocks (the blocks in
@@ -784,71 +751,77 @@ def run_plan(
     blocks and ``workers`` chunks; the buffers are kept for the next run (see ``_buffers``).
     """
     began = time.perf_counter()
-    last_checkpoint = began
-    blocks_since = 0
-    total = plan.rows_total
-
-    def checkpoint_due() -> bool:
-        if checkpoint_path is None:
-            return False
-        if checkpoint_blocks and blocks_since >= checkpoint_blocks:
-            return True
-        if not checkpoint_seconds:
-            return False
-        return time.perf_counter() - last_checkpoint >= checkpoint_seconds
-
     # A plan keeps its thread count across resumes: BLAS rounding can depend on its threads per call.
     # Remote sources are read by more threads than cores: their reads wait on the network.
     plan.threads = plan.threads or resolve_threads(remote.default_threads(threads, [c.spec for c in plan.cursors]))
     # Fewer blocks in the whole plan than threads: fewer workers, each with more BLAS threads.
     workers = min(plan.threads, max(1, plan.blocks_total))
-    opened: list[Source] = []
-    # cursor index: (Sampler, source) of a source whose fingerprint the pass completes
-    samplers: dict[int, tuple[Sampler, Source]] = {}
+    run = _PlanRun(plan, watch, checkpoint)
     buffers = _block_buffers(plan)
     # Fetches stored chunk bytes ahead (I/O, or a copy from the page cache) while the workers decode
     # and multiply; at most ordered_map's ``workers + 1`` blocks in flight are fetched or held.
     reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read") if workers > 1 else None
     with kept_for_next_run(*buffers):  # once the workers have stopped
-        results = ordered_map(
-            _read_block_moments,
-            _block_tasks(plan, opened, buffers, samplers, reader),
-            workers,
-            worker_blas_threads(workers),
-        )
+        tasks = _block_tasks(plan, run.opened, buffers, run.samplers, reader)
+        results = ordered_map(_read_block_moments, tasks, workers, worker_blas_threads(workers))
         try:
-            for index, _begin, end, moments, skipped, source in results:
-                cursor = plan.cursors[index]
-                plan.state = stats.merge(plan.state, moments)
-                cursor.n_skipped += skipped
-                cursor.next_row = end
-                if end == cursor.stop:
-                    if index in samplers:  # the rows the pass offered; any it did not are read
-                        _finish_fingerprint(cursor, samplers.pop(index)[0].hexdigest(source))
-                    source.close()
-                    opened.remove(source)
-                plan.n_blocks += 1
-                blocks_since += 1
-                if progress is not None:
-                    progress(plan.rows_done, total)
-                stopping = should_stop is not None and should_stop() and not plan.done
-                if checkpoint_path is not None and (stopping or checkpoint_due()):
-                    _record_rows_read(plan, samplers)  # a resume checks the rows read so far
-                    save_checkpoint(plan, checkpoint_path)
-                    last_checkpoint, blocks_since = time.perf_counter(), 0
-                if stopping:
-                    where = f"; progress saved to {checkpoint_path}" if checkpoint_path else ""
-                    raise InterruptedRunError(f"interrupted after {plan.rows_done:,} of {total:,} rows{where}")
+            for result in results:
+                run.fold(*result)
             _complete_fingerprints(plan)  # sources with no rows left to read, if any
         finally:
             results.close()  # stops the workers before their sources are closed
             if reader is not None:
                 reader.shutdown(wait=True, cancel_futures=True)
-            for source in opened:
+            for source in run.opened:
                 source.close()
     plan.seconds += time.perf_counter() - began
     check_enough_rows(plan.state, plan.cursors)
     return plan
+
+
+class _PlanRun:
+    """One run of a plan, folding its blocks in order: the sources it has open, the samplers completing
+    their fingerprints (by cursor index, with the source), and when it last checkpointed."""
+
+    def __init__(self, plan: FitPlan, watch: Watch, checkpoint: Checkpoint | None) -> None:
+        self.plan, self.watch, self.checkpoint = plan, watch, checkpoint
+        self.opened: list[Source] = []
+        self.samplers: dict[int, tuple[Sampler, Source]] = {}
+        self.last_saved, self.blocks_since = time.perf_counter(), 0
+
+    def due(self) -> bool:
+        """Whether a checkpoint is due: ``every_blocks`` blocks or ``every_seconds`` since the last one."""
+        every = self.checkpoint
+        if every is None:
+            return False
+        if every.every_blocks and self.blocks_since >= every.every_blocks:
+            return True
+        seconds = every.every_seconds
+        return seconds is not None and seconds > 0 and time.perf_counter() - self.last_saved >= seconds
+
+    def fold(self, index: int, _begin: int, end: int, moments: stats.Moments, skipped: int, source: Source) -> None:
+        """Fold one block of cursor ``index`` (read up to row ``end``), report it, checkpoint when due or a
+        stop is asked for (then raise `InterruptedRunError`)."""
+        plan, cursor = self.plan, self.plan.cursors[index]
+        plan.state = stats.merge(plan.state, moments)
+        cursor.n_skipped += skipped
+        cursor.next_row = end
+        if end == cursor.stop:
+            if index in self.samplers:  # the whole hash of its sampled rows: those offered, any others read
+                cursor.fingerprint = cursor.fingerprint.finished(self.samplers.pop(index)[0].hexdigest(source))
+            source.close()
+            self.opened.remove(source)
+        plan.n_blocks += 1
+        self.blocks_since += 1
+        self.watch.report(plan.rows_done, plan.rows_total)
+        stopping = self.watch.stop_asked() and not plan.done
+        if self.checkpoint is not None and (stopping or self.due()):
+            _record_rows_read(plan, self.samplers)  # a resume checks the rows read so far
+            save_checkpoint(plan, self.checkpoint.path)
+            self.last_saved, self.blocks_since = time.perf_counter(), 0
+        if stopping:
+            where = f"; progress saved to {self.checkpoint.path}" if self.checkpoint is not None else ""
+            raise InterruptedRunError(f"interrupted after {plan.rows_done:,} of {plan.rows_total:,} rows{where}")
 
 
 def fit_sources(
@@ -856,41 +829,33 @@ def fit_sources(
     precision: str = "auto",
     skip_nonfinite: bool = False,
     block_rows: int | None = None,
-    progress: ProgressCallback | None = None,
+    watch: Watch = Watch(),
     threads: int | None = None,
     *,
     read: ReadOptions | None = None,
 ) -> FitResult:
-    """One uninterrupted pass over every source, in order; returns the merged statistics. ``read`` says
-    how the sources are read (its dataset, missing chunks and storage options, which reach URLs)."""
-    plan = plan_fit(specs, None, precision, skip_nonfinite, block_rows, read=read)
-    return run_plan(plan, progress, threads=threads).result()
-
-
-def fit_info(
-    n_skipped: int, precision: str = "auto", skip_nonfinite: bool = False, fill_missing_chunks: bool = False
-) -> dict[str, Any]:
-    """What a model records of the fit that made it, besides its sources: enough to tell whether a
-    later fit of the same inputs with the same options would give the same model."""
-    return {
-        "n_skipped_nonfinite": int(n_skipped),
-        "precision": precision,
-        "skip_nonfinite": bool(skip_nonfinite),
-        "fill_missing_chunks": bool(fill_missing_chunks),
-    }
+    """One pass over every source, in order, without a checkpoint; returns the merged statistics.
+    ``watch`` is told the rows done (`run_plan`); ``read`` says how the sources are read (its dataset,
+    missing chunks and storage options, which reach URLs)."""
+    plan = plan_fit(specs, precision, skip_nonfinite, block_rows, read=read)
+    return run_plan(plan, watch, threads=threads).result()
 
 
 def finalize_fit(
     result: FitResult, model_params: Mapping[str, Any] | None = None, skipped_before: int = 0
 ) -> WhiteningModel:
     """The model of a finished fit (any engine): its state finalized with ``model_params`` (beta, gamma,
-    n_components, variance, eps), recording its sources and `fit_info` (``skipped_before``: rows
-    an updated model had skipped already)."""
+    n_components, variance, eps), recording its sources and what of the fit tells whether a later fit of
+    the same inputs with the same options would give the same model (``skipped_before``: rows an updated
+    model had skipped already)."""
     from ..core.model import finalize
 
-    info = fit_info(
-        skipped_before + result.n_skipped, result.precision, result.skip_nonfinite, result.fill_missing_chunks
-    )
+    info = {
+        "n_skipped_nonfinite": int(skipped_before + result.n_skipped),
+        "precision": result.precision,
+        "skip_nonfinite": bool(result.skip_nonfinite),
+        "fill_missing_chunks": bool(result.fill_missing_chunks),
+    }
     return finalize(result.state, sources=result.sources, info=info, **(model_params or {}))
 
 

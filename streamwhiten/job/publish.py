@@ -34,14 +34,14 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from ..errors import BadInputError, InterruptedRunError, StoreIOError
 from ..options import ReadOptions
-from ..pipeline import Watch
+from ..progress import Watch
 from ..records import Manifest, Part, PublishedInput, Version
 from .file import JobFile, Writing
 from .manifest import manifest_path, read_manifest, version_model_path, versioned_output, write_manifest
@@ -73,15 +73,10 @@ log = logging.getLogger("streamwhiten")
 class _Night:
     """One run: how it reports its progress and is asked to stop, and what it did (for its report)."""
 
-    progress: Callable[[int, int], None] | None = None
-    should_stop: Callable[[], bool] | None = None
+    watch: Watch = Watch()
     steps: list = field(default_factory=list)
     parts: list = field(default_factory=list)  # (spec, rows) of the parts written by this run
     bytes_written: int = 0
-
-    def stopped(self) -> bool:
-        """Whether the run was asked to stop."""
-        return self.should_stop is not None and self.should_stop()
 
 
 @dataclass(frozen=True)
@@ -101,8 +96,7 @@ class _Publisher:
 
 def run_published(
     job: JobFile,
-    progress: Callable[[int, int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
+    watch: Watch = Watch(),
     restart: bool = False,
     republish: bool = False,
     new_job: bool = False,
@@ -115,7 +109,7 @@ def run_published(
     assert job.publish is not None and job.apply is not None and job.output is not None
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
-    night = _Night(progress, should_stop)
+    night = _Night(watch)
     with job_lock(job.lock_path):
         log.info("job %s: lock %s taken", job.name, job.lock_path)
         manifest = read_manifest(job.model_path)
@@ -130,9 +124,9 @@ def run_published(
         _check_owned(publisher, outputs, manifest)
         _follow_moved_inputs(publisher, manifest, copied=inherited)
         previous = statistics_before(job.model_path)
-        model = fit_step(job.name, job.fitting, inputs, night.steps, progress, should_stop, restart)
+        model = fit_step(job.name, job.fitting, inputs, night.steps, watch, restart)
         # a job whose apply writes a vector code records it in its model
-        model = record_code(job.name, model, job.writing, inputs, job.model_path, progress)
+        model = record_code(job.name, model, job.writing, inputs, job.model_path, watch.progress)
         rows_added = model.n_rows - (previous.n_rows if previous is not None else 0)
         # the fit step checked that each input still starts with the rows these records describe (an
         # update checks the model it starts from: this one, unless a killed run's checkpoint was finished)
@@ -527,7 +521,7 @@ def _write_part(
         publisher.writing,
         rows=rows,
         attrs=part_attrs(publisher.job_id, version, spec, part),
-        watch=Watch(night.progress, night.should_stop),
+        watch=night.watch,
     )
     if outcome is None:
         return Part(part, rows[0], rows[1], stamp)
@@ -571,7 +565,7 @@ def _publish(publisher: _Publisher, model: Any, inputs: list, outputs: dict, man
         part = versioned_output(item.output, version, 0)
         written = _write_part(publisher, model, item.spec, part, (0, item.stop), night, version)
         published.append(PublishedInput(item.spec, item.output, item.source, (written,)))
-    if night.stopped():
+    if night.watch.stop_asked():
         raise InterruptedRunError(
             f"interrupted before publishing version {version}; run the same command again to finish"
         )
@@ -635,7 +629,7 @@ def _append(
         # (a run cut short while deleting them ends as an undisturbed one); the next switch drops them
         return manifest
     retired = _still_there(manifest.retired, publisher)
-    if night.stopped():
+    if night.watch.stop_asked():
         raise InterruptedRunError("interrupted before the manifest was updated; run the same command again to finish")
     new = replace(manifest, inputs=tuple(updated[spec] for spec in order), updated_at=_now(), retired=retired)
     write_manifest(publisher.model_path, new)

@@ -15,11 +15,10 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ..errors import BadInputError
-from ..pipeline import Watch
+from ..progress import Watch
 from .file import JobFile, read_job_file
 from .report import JobUpToDateError, RunReport
 from .steps import apply_unless_current, check_paths, fit_step, job_lock, model_rows, record_code, stored_bytes
@@ -29,8 +28,7 @@ log = logging.getLogger("streamwhiten")
 
 def run_job_file(
     path: str,
-    progress: Callable[[int, int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
+    watch: Watch = Watch(),
     restart: bool = False,
     storage_options: Any = None,
     republish: bool = False,
@@ -38,18 +36,18 @@ def run_job_file(
 ) -> RunReport:
     """Run the job file ``path`` (see `run_job`); ``storage_options`` (the command line's) are used
     over its ``[storage]`` table."""
-    return run_job(read_job_file(path, storage_options), progress, should_stop, restart, republish, new_job)
+    return run_job(read_job_file(path, storage_options), watch, restart, republish, new_job)
 
 
 def run_job(
     job: JobFile,
-    progress: Callable[[int, int], None] | None = None,
-    should_stop: Callable[[], bool] | None = None,
+    watch: Watch = Watch(),
     restart: bool = False,
     republish: bool = False,
     new_job: bool = False,
 ) -> RunReport:
-    """Run a job: fit or update, finalize, apply; each step skipped when already up to date.
+    """Run a job: fit or update, finalize, apply; each step skipped when already up to date. ``watch``
+    (made once, by the caller) is how every step reports its progress and is asked to stop.
 
     A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead. A
     job with a ``[publish]`` table publishes its outputs in versions instead of rewriting them
@@ -63,7 +61,7 @@ def run_job(
     if job.publish is not None:
         from .publish import run_published
 
-        return run_published(job, progress, should_stop, restart, republish, new_job)
+        return run_published(job, watch, restart, republish, new_job)
     for name, given in (("republish", republish), ("new_job", new_job)):
         if given:
             raise BadInputError(
@@ -78,13 +76,11 @@ def run_job(
         inputs, outputs = job.inputs_and_outputs()
         check_paths([job.path, *inputs], {**job.own_files, **{output: "[apply] output" for output in outputs.values()}})
         before = model_rows(job.model_path)
-        model = fit_step(job.name, job.fitting, inputs, steps, progress, should_stop, restart)
+        model = fit_step(job.name, job.fitting, inputs, steps, watch, restart)
         if job.apply is not None:  # a job whose apply writes a vector code records it in its model
-            model = record_code(job.name, model, job.writing, inputs, job.model_path, progress)
+            model = record_code(job.name, model, job.writing, inputs, job.model_path, watch.progress)
         for input_spec, output in outputs.items():
-            outcome = apply_unless_current(
-                job.name, model, input_spec, output, job.writing, watch=Watch(progress, should_stop)
-            )
+            outcome = apply_unless_current(job.name, model, input_spec, output, job.writing, watch=watch)
             if outcome is not None:
                 steps.append(f"apply {outcome.input} -> {output}")
                 written.append(output)

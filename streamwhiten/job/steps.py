@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .._durable import exclusive_lock
 from ..errors import InterruptedRunError, NothingToDoError
 from ..options import ReadOptions
-from ..pipeline import Watch
+from ..progress import Progress, Watch
 from .file import Fitting, Writing
 
 if TYPE_CHECKING:
@@ -69,12 +68,12 @@ def fit_step(
     fitting: Fitting,
     inputs: list,
     steps: list,
-    progress: Callable[[int, int], None] | None,
-    should_stop: Callable[[], bool] | None,
+    watch: Watch,
     restart: bool,
 ):
     """Finish an interrupted run of job ``name``, then fit (no model yet) or update; re-finalize when only
-    the job's setting changed. Returns the model to apply."""
+    the job's setting changed (``watch``: how each reports its progress and is asked to stop). Returns
+    the model to apply."""
     from ..core.model import file_checksum, load_model, save_model
     from ..engine.fit import remove_checkpoint
     from ..pipeline import fit
@@ -82,7 +81,7 @@ def fit_step(
     model_path = fitting.model_path
     if restart:
         remove_checkpoint(fitting.checkpoint)
-    elif os.path.exists(fitting.checkpoint) and _finish_pending(name, fitting, inputs, progress, should_stop):
+    elif os.path.exists(fitting.checkpoint) and _finish_pending(name, fitting, inputs, watch):
         steps.append("resume")
     exists = os.path.exists(model_path)
     params = fitting.setting.given()
@@ -95,8 +94,7 @@ def fit_step(
             read=fitting.read,
             engine=fitting.engine,
             update=model_path if exists else None,
-            progress=progress,
-            should_stop=should_stop,
+            watch=watch,
         )
     except NothingToDoError:
         model = load_model(model_path)
@@ -122,8 +120,7 @@ def _finish_pending(
     name: str,
     fitting: Fitting,
     inputs: list,
-    progress: Callable[[int, int], None] | None,
-    should_stop: Callable[[], bool] | None,
+    watch: Watch,
 ) -> bool:
     """Complete a fit or update a killed run left in the job's checkpoint and save the model (through
     ``pipeline``, like every fit); True if it did. A checkpoint that does not belong to the current model (or
@@ -133,13 +130,11 @@ def _finish_pending(
     outcome = finish_checkpoint(
         inputs,
         fitting.model_path,
-        fitting.checkpoint,
         setting=fitting.setting,
         options=fitting.options,
         read=fitting.read,
         engine=fitting.engine,
-        progress=progress,
-        should_stop=should_stop,
+        watch=watch,
         label=f"job {name}: ",
     )
     return outcome is not None
@@ -151,7 +146,7 @@ def record_code(
     writing: Writing,
     inputs: list,
     model_path: str,
-    progress: Callable[[int, int], None] | None = None,
+    progress: Progress | None = None,
 ) -> WhiteningModel:
     """``model``, recording the vector code the job's apply writes (``dtype = "NAME:BYTES"``) as its storage
     and saved to ``model_path``, so that every reader of the outputs decodes them with the model's codec.
@@ -188,7 +183,7 @@ def apply_unless_current(
     *,
     rows: tuple[int, int] | None = None,
     attrs: dict | None = None,
-    watch: Watch | None = None,
+    watch: Watch = Watch(),
 ) -> ApplyOutcome | None:
     """Write the transform of ``input_spec`` (its rows ``rows``) to ``output`` as job ``name`` does, unless
     ``output`` already holds what this would write: then it is kept (its leftover records tidied) and None
@@ -197,14 +192,11 @@ def apply_unless_current(
     from ..io import open_output, remote, split_spec
     from ..pipeline import apply, is_up_to_date
 
-    watch = watch or Watch()
-    should_stop = watch.should_stop
-
     if is_up_to_date(model, input_spec, output, options=writing.options, read=writing.read, rows=rows):
         log.info("job %s: %s is up to date", name, output)
         open_output(output, writing.read).tidy()  # a run killed right after writing it may have left its records
         return None
-    if should_stop is not None and should_stop():
+    if watch.stop_asked():
         raise InterruptedRunError(f"interrupted before writing {output}; run the same command again to finish")
     if not remote.is_url(output):
         os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
@@ -216,8 +208,7 @@ def apply_unless_current(
         read=writing.read,
         engine=writing.engine,
         rows=rows,
-        progress=watch.progress,
-        should_stop=should_stop,
+        watch=watch,
         attrs=attrs,
     )
     resumed = f", resumed at row {outcome.resumed_at_row:,}" if outcome.resumed_at_row else ""

@@ -11,6 +11,7 @@ from conftest import write_h5
 import streamwhiten
 from streamwhiten import ApplyOptions, serving, with_codes
 from streamwhiten.codes.storage import model_codec
+from streamwhiten.engine.engines import DaskEngine
 from streamwhiten.errors import BadInputError
 from streamwhiten.io import open_source
 from streamwhiten.output_plan import storage_record
@@ -100,7 +101,14 @@ def test_the_dask_engine_writes_the_same_codes(tmp_path, fitted):
     )
     parallel = str(tmp_path / "dask.zarr")
     with dask_client(n_workers=2) as client:  # worker processes: the encoder travels as the codec's bytes
-        apply_dask(coded, store, parallel, ApplyOptions(dtype="eigen:6"), client=client, output_chunk_rows=256)
+        apply_dask(
+            coded,
+            store,
+            parallel,
+            ApplyOptions(dtype="eigen:6"),
+            cluster=DaskEngine(client=client),
+            output_chunk_rows=256,
+        )
     np.testing.assert_array_equal(read_codes(parallel), read_codes(serial))
 
 

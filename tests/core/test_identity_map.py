@@ -15,6 +15,7 @@ from streamwhiten._npz import write_npz_atomic
 from streamwhiten.core import stats
 from streamwhiten.core.model import _arrays, file_checksum, finalize, load_model, map_checksum, save_model
 from streamwhiten.engine.apply import apply_model
+from streamwhiten.engine.engines import DaskEngine
 from streamwhiten.errors import BadInputError, ModelFileError
 from streamwhiten.io import open_source, read_attrs
 from streamwhiten.options import ApplyOptions
@@ -138,7 +139,9 @@ def test_the_dask_engine_writes_the_rows(tmp_path, rows, identity_path):
     source = write_h5(str(tmp_path / "in.h5"), rows, chunk_rows=64)
     out = str(tmp_path / "out.zarr")
     with sd.dask_client(n_workers=1) as client:
-        sd.apply_dask(load_model(identity_path), source, out, ApplyOptions(normalize=True), client=client)
+        sd.apply_dask(
+            load_model(identity_path), source, out, ApplyOptions(normalize=True), cluster=DaskEngine(client=client)
+        )
     with open_source(out) as written:
         got = written.read(0, written.n_rows)
     np.testing.assert_allclose(got, unit(rows), rtol=2e-7)

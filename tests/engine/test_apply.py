@@ -7,10 +7,11 @@ import pytest
 from conftest import anisotropic, write_h5, write_zarr
 
 from streamwhiten import Whitener
-from streamwhiten.engine.apply import apply_model
+from streamwhiten.engine.apply import ApplyPart, apply_model
 from streamwhiten.errors import BadInputError, NonFiniteError, NothingToDoError, OutputExistsError
 from streamwhiten.io import open_source, partial_path, read_attrs
 from streamwhiten.options import ApplyOptions, ReadOptions
+from streamwhiten.progress import Watch
 
 
 @pytest.fixture
@@ -384,7 +385,7 @@ def test_an_interrupted_quantized_apply_resumes_only_with_the_same_codes(tmp_pat
     def stopped(path, model=model, options=options):
         calls = iter(range(10**6))
         with pytest.raises(InterruptedRunError):
-            apply_model(model, spec, path, options, read, should_stop=lambda: next(calls) >= 3)
+            apply_model(model, spec, path, options, read, watch=Watch(should_stop=lambda: next(calls) >= 3))
         assert os.path.exists(partial_path(path)) and not os.path.exists(path)
 
     out = str(tmp_path / "out.h5")
@@ -441,7 +442,9 @@ def test_rows_writes_the_transform_of_that_range_and_records_it(tmp_path, rows, 
     start, stop = window
     spec = write_zarr(tmp_path / "in.zarr", rows, chunk_rows=250)
     out = str(tmp_path / f"part.{kind}")
-    outcome = apply_model(model, spec, out, ApplyOptions(normalize=True), ReadOptions(block_rows=100), rows=window)
+    outcome = apply_model(
+        model, spec, out, ApplyOptions(normalize=True), ReadOptions(block_rows=100), part=ApplyPart(window)
+    )
     got = read_all(out)
     assert got.shape == (stop - start, 6) and outcome.n_rows == stop - start and outcome.rows == window
     # the reference transforms the same rows alone: a one-row product takes BLAS's matrix-vector path, whose
@@ -453,10 +456,14 @@ def test_rows_writes_the_transform_of_that_range_and_records_it(tmp_path, rows, 
     assert recorded_rows(attrs) == (start, stop) and attrs["complete"] in (True, 1)
     # its input fingerprint is of the range's rows: another range of the same input is another output
     with pytest.raises(NothingToDoError):
-        apply_model(model, spec, out, ApplyOptions(normalize=True), ReadOptions(block_rows=100), rows=window)
+        apply_model(model, spec, out, ApplyOptions(normalize=True), ReadOptions(block_rows=100), part=ApplyPart(window))
     with pytest.raises(OutputExistsError):
         apply_model(
-            model, spec, out, ApplyOptions(normalize=True), rows=(start, stop - 1) if stop - start > 1 else None
+            model,
+            spec,
+            out,
+            ApplyOptions(normalize=True),
+            part=ApplyPart((start, stop - 1) if stop - start > 1 else None),
         )
 
 
@@ -464,7 +471,7 @@ def test_rows_outside_the_input_or_empty_are_refused_before_anything_is_written(
     spec = write_h5(tmp_path / "in.h5", rows)
     for bad in [(5, 5), (-1, 3), (0, 1501), (10, 2), (0.5, 3), "ab", (1,), 7]:
         with pytest.raises(BadInputError, match="rows"):
-            apply_model(model, spec, str(tmp_path / "out.h5"), rows=bad)
+            apply_model(model, spec, str(tmp_path / "out.h5"), part=ApplyPart(bad))
     assert sorted(os.listdir(tmp_path)) == ["in.h5"]
 
 
@@ -473,8 +480,8 @@ def test_rows_messages_name_the_input_row_and_nan_rows_keep_their_place(tmp_path
     bad[1234, 3] = np.nan
     spec = write_h5(tmp_path / "in.h5", bad, chunk_rows=100)
     with pytest.raises(NonFiniteError, match="row 1234 "):
-        apply_model(model, spec, str(tmp_path / "out.h5"), rows=(1000, 1500))
-    apply_model(model, spec, str(tmp_path / "out.h5"), ApplyOptions(skip_nonfinite=True), rows=(1000, 1500))
+        apply_model(model, spec, str(tmp_path / "out.h5"), part=ApplyPart((1000, 1500)))
+    apply_model(model, spec, str(tmp_path / "out.h5"), ApplyOptions(skip_nonfinite=True), part=ApplyPart((1000, 1500)))
     got = read_all(str(tmp_path / "out.h5"))
     assert np.isnan(got[234]).all() and np.isfinite(np.delete(got, 234, axis=0)).all()
 
@@ -485,7 +492,7 @@ def test_an_interrupted_apply_of_a_range_resumes_to_the_same_bytes(tmp_path, row
     spec = write_h5(tmp_path / "in.h5", rows, chunk_rows=100)
     options, read = ApplyOptions(progress_seconds=0), ReadOptions(block_rows=128)
     reference = str(tmp_path / "reference.h5")
-    apply_model(model, spec, reference, options, read, rows=(300, 1400))
+    apply_model(model, spec, reference, options, read, part=ApplyPart((300, 1400)))
     out = str(tmp_path / "out.h5")
     calls = {"n": 0}
 
@@ -494,10 +501,18 @@ def test_an_interrupted_apply_of_a_range_resumes_to_the_same_bytes(tmp_path, row
         return calls["n"] >= 3
 
     with pytest.raises(InterruptedRunError):
-        apply_model(model, spec, out, options, read, rows=(300, 1400), should_stop=stop_after_three_blocks)
+        apply_model(
+            model,
+            spec,
+            out,
+            options,
+            read,
+            part=ApplyPart((300, 1400)),
+            watch=Watch(should_stop=stop_after_three_blocks),
+        )
     assert not os.path.exists(out) and os.path.exists(partial_path(out))
     # another range does not continue the partial output of this one
-    resumed = apply_model(model, spec, out, options, read, rows=(300, 1400))
+    resumed = apply_model(model, spec, out, options, read, part=ApplyPart((300, 1400)))
     assert resumed.resumed_at_row == 384
     with open(out, "rb") as a, open(reference, "rb") as b:
         assert a.read() == b.read()
@@ -511,7 +526,7 @@ def test_rows_carry_the_kept_columns_of_the_range(tmp_path, rows, model):
 
     spec = write_parquet(tmp_path / "in.parquet", rows, row_group_size=400)
     out = str(tmp_path / "out.parquet")
-    apply_model(model, spec, out, ApplyOptions(keep_columns=("id",)), rows=(450, 1300))
+    apply_model(model, spec, out, ApplyOptions(keep_columns=("id",)), part=ApplyPart((450, 1300)))
     table = pq.read_table(out)
     assert table.column("id").to_pylist() == list(range(450, 1300))
     np.testing.assert_array_equal(read_all(out), model.transform(rows)[450:1300])
@@ -522,4 +537,6 @@ def test_the_dask_engine_refuses_rows(tmp_path, rows, model):
 
     spec = write_zarr(tmp_path / "in.zarr", rows)
     with pytest.raises(BadInputError, match="serial engine"):
-        DaskEngine().apply(model, spec, str(tmp_path / "o.zarr"), ApplyOptions(), ReadOptions(), rows=(0, 10))
+        DaskEngine().apply(
+            model, spec, str(tmp_path / "o.zarr"), ApplyOptions(), ReadOptions(), part=ApplyPart((0, 10))
+        )

@@ -45,6 +45,7 @@ from streamwhiten.cli import main  # noqa: E402
 from streamwhiten.core.model import finalize, load_model  # noqa: E402
 from streamwhiten.engine import distributed as sd  # noqa: E402
 from streamwhiten.engine.apply import apply_model  # noqa: E402
+from streamwhiten.engine.engines import DaskEngine  # noqa: E402
 from streamwhiten.engine.fit import fit_sources  # noqa: E402
 from streamwhiten.errors import (  # noqa: E402
     BadInputError,
@@ -57,6 +58,7 @@ from streamwhiten.errors import (  # noqa: E402
 from streamwhiten.io import lazy_rows, open_source, partial_path, read_attrs  # noqa: E402
 from streamwhiten.options import ApplyOptions, ReadOptions  # noqa: E402
 from streamwhiten.output_plan import OutputPlan  # noqa: E402
+from streamwhiten.progress import Watch  # noqa: E402
 from streamwhiten.synthetic import generate_rows, write_store  # noqa: E402
 from streamwhiten.whitener import Whitener  # noqa: E402
 
@@ -152,7 +154,7 @@ sys.exit(main(['fit', {str(tmp_path / "x.npy")!r}, '-o', {str(tmp_path / "d.npz"
 )
 def test_dask_moments_match_references(client, data64, chunks):
     array = da.from_array(data64, chunks=chunks)
-    state = sd.dask_moments(array, client=client)
+    state = sd.fit_dask_array(array, client=client).state
     mean, scatter = two_pass(data64)
     assert_moments_close(state, mean, scatter, data64.shape[0])
     serial = Whitener().fit(data64).state_  # the single-process engine on the same rows
@@ -162,34 +164,37 @@ def test_dask_moments_match_references(client, data64, chunks):
 def test_dask_moments_do_not_depend_on_workers_or_scheduling(client, data64):
     """The merge tree is fixed by the block layout, so 2 processes, 1 thread and 2 threads agree bit for bit."""
     array = da.from_array(data64, chunks=(700, 12))
-    on_cluster = sd.dask_moments(array, client=client)
+    on_cluster = sd.fit_dask_array(array, client=client).state
     with threadpool_limits(1):
         for scheduler in ("synchronous", "threads"):
             with dask.config.set(scheduler=scheduler):
-                assert sd.dask_moments(array) == on_cluster
+                assert sd.fit_dask_array(array).state == on_cluster
     # Another tree shape may round differently, but stays within the bound.
     assert_moments_close(
-        sd.dask_moments(array, client=client, split_every=2), on_cluster.mean, on_cluster.scatter, on_cluster.n_rows
+        sd.fit_dask_array(array, client=client, split_every=2).state,
+        on_cluster.mean,
+        on_cluster.scatter,
+        on_cluster.n_rows,
     )
 
 
 def test_dask_array_input_checks(data64):
     with pytest.raises(BadInputError, match="2-D"):
-        sd.dask_moments(da.ones(10, chunks=5))
+        sd.fit_dask_array(da.ones(10, chunks=5))
     with pytest.raises(BadInputError, match="unknown chunk sizes"):
         array = da.from_array(data64, chunks=(1000, 12))
-        sd.dask_moments(array[array[:, 0] > 0])
+        sd.fit_dask_array(array[array[:, 0] > 0])
     ints = da.from_array(np.arange(40).reshape(10, 4), chunks=(3, 4))
     with pytest.raises(
         BadInputError,
         match=r"expected float16, float32 or float64 values, got dtype int64 "
         r"\(convert with \.astype\(np\.float32\)\)",
     ):
-        sd.dask_moments(ints)  # floats only, as for in-memory arrays and stores
+        sd.fit_dask_array(ints)  # floats only, as for in-memory arrays and stores
     swapped = da.from_array(np.arange(40.0).reshape(10, 4).astype(">f8"), chunks=(3, 4))
     mean, scatter = two_pass(np.arange(40.0).reshape(10, 4))
     with dask.config.set(scheduler="synchronous"):
-        assert_moments_close(sd.dask_moments(swapped), mean, scatter, 10)
+        assert_moments_close(sd.fit_dask_array(swapped).state, mean, scatter, 10)
 
 
 def test_whitener_fits_and_transforms_dask_arrays(client, data64):
@@ -247,7 +252,7 @@ def test_whitener_dask_transform_names_nonfinite_rows_and_refuses_ints(client, d
 @pytest.mark.parametrize("block_rows", [1000, 3333])
 def test_fit_dask_on_stores_matches_serial_engine(client, stores, block_rows):
     specs = [stores.h5, stores.zarr]
-    result = sd.fit_dask(specs, block_rows=block_rows, client=client)
+    result = sd.fit_dask(specs, cluster=DaskEngine(client=client), read=ReadOptions(block_rows=block_rows))
     serial = serial_one_thread(specs, block_rows=block_rows)
     assert_moments_close(result.state, serial.state.mean, serial.state.scatter, 17_000)
     assert result.sources == serial.sources
@@ -261,16 +266,23 @@ def test_fit_dask_float64_any_layout(client, stores):
     """Float64 arithmetic: the serial engine at one block size, Dask at another, within 1e-12."""
     serial = fit_sources([stores.h5, stores.zarr], precision="float64", block_rows=1000)
     for block_rows in (777, 3333):
-        result = sd.fit_dask([stores.h5, stores.zarr], precision="float64", block_rows=block_rows, client=client)
+        result = sd.fit_dask(
+            [stores.h5, stores.zarr],
+            precision="float64",
+            cluster=DaskEngine(client=client),
+            read=ReadOptions(block_rows=block_rows),
+        )
         assert_moments_close(result.state, serial.state.mean, serial.state.scatter, 17_000)
 
 
 def test_fit_dask_nonfinite_rows(client, stores):
     # Blocks run in parallel and the first failure stops the fit: it names one of the two bad rows.
     with pytest.raises(NonFiniteError, match=r"nan.h5:/embeddings: row (1234|5678) holds NaN or Inf") as caught:
-        sd.fit_dask(stores.nan, block_rows=1000, client=client)
+        sd.fit_dask(stores.nan, cluster=DaskEngine(client=client), read=ReadOptions(block_rows=1000))
     assert f"row {caught.value.row} " in str(caught.value)
-    result = sd.fit_dask(stores.nan, block_rows=1000, client=client, skip_nonfinite=True)
+    result = sd.fit_dask(
+        stores.nan, cluster=DaskEngine(client=client), skip_nonfinite=True, read=ReadOptions(block_rows=1000)
+    )
     serial = serial_one_thread(stores.nan, block_rows=1000, skip_nonfinite=True)
     assert result.n_skipped == serial.n_skipped == 2
     assert_moments_close(result.state, serial.state.mean, serial.state.scatter, 5_998)
@@ -278,12 +290,12 @@ def test_fit_dask_nonfinite_rows(client, stores):
 
 def test_fit_dask_bad_inputs(client, stores, tmp_path):
     with pytest.raises(BadInputError, match="no such file"):
-        sd.fit_dask(str(tmp_path / "missing.h5"), client=client)
+        sd.fit_dask(str(tmp_path / "missing.h5"), cluster=DaskEngine(client=client))
     narrow = write_store(str(tmp_path / "narrow.h5"), 100, 8)
     with pytest.raises(BadInputError, match="columns"):
-        sd.fit_dask([stores.h5, narrow], client=client)
+        sd.fit_dask([stores.h5, narrow], cluster=DaskEngine(client=client))
     with pytest.raises(BadInputError, match="precision"):
-        sd.fit_dask(stores.h5, precision="float16", client=client)
+        sd.fit_dask(stores.h5, precision="float16", cluster=DaskEngine(client=client))
 
 
 def test_lazy_rows_reopen_and_notice_a_changed_store(tmp_path):
@@ -315,9 +327,9 @@ def test_apply_dask_matches_serial_applier(client, stores, model, tmp_path):
         out,
         ApplyOptions(normalize=True),
         ReadOptions(block_rows=2000),
-        client=client,
+        cluster=DaskEngine(client=client),
         output_chunk_rows=1000,
-        progress=lambda rows, total: done.append((rows, total)),
+        watch=Watch(lambda rows, total: done.append((rows, total))),
     )
     apply_model(model, stores.h5, ref, ApplyOptions(normalize=True))
     np.testing.assert_allclose(read_all(out), read_all(ref), rtol=1e-5, atol=1e-6)
@@ -334,7 +346,7 @@ def test_apply_dask_writes_the_codes_and_record_of_the_serial_applier(client, st
 
     out, ref = str(tmp_path / "out.zarr"), str(tmp_path / "ref.zarr")
     summary = sd.apply_dask(
-        model, stores.h5, out, ApplyOptions(dtype=dtype), ReadOptions(block_rows=2000), client=client,
+        model, stores.h5, out, ApplyOptions(dtype=dtype), ReadOptions(block_rows=2000), cluster=DaskEngine(client=client),
         output_chunk_rows=1000,
     )  # fmt: skip
     apply_model(model, stores.h5, ref, ApplyOptions(dtype=dtype))
@@ -364,7 +376,9 @@ def test_apply_dask_with_no_dtype_writes_the_models_storage_as_the_serial_applie
         ("coded", replace(model, storage=Storage("int8")), np.int8),
     ):
         out = str(tmp_path / f"{name}.zarr")
-        sd.apply_dask(fitted, stores.h5, out, ApplyOptions(dtype=None), client=client, output_chunk_rows=1000)
+        sd.apply_dask(
+            fitted, stores.h5, out, ApplyOptions(dtype=None), cluster=DaskEngine(client=client), output_chunk_rows=1000
+        )
         assert zarr.open_array(out, mode="r").dtype == written
 
 
@@ -376,7 +390,7 @@ def test_apply_dask_skip_nonfinite_writes_nan_rows(client, stores, model, tmp_pa
         out,
         ApplyOptions(skip_nonfinite=True),
         ReadOptions(block_rows=1000),
-        client=client,
+        cluster=DaskEngine(client=client),
         output_chunk_rows=1000,
     )
     rows = read_all(out)
@@ -386,13 +400,13 @@ def test_apply_dask_skip_nonfinite_writes_nan_rows(client, stores, model, tmp_pa
 
 def test_apply_dask_failure_leaves_old_output_and_no_partial(client, stores, model, tmp_path):
     out = str(tmp_path / "kept.zarr")
-    sd.apply_dask(model, stores.h5, out, client=client)
+    sd.apply_dask(model, stores.h5, out, cluster=DaskEngine(client=client))
     before = read_all(out)
     for overwrite in (False, True):  # up to date: kept, overwrite or not (exit 3), as the serial engine does
         with pytest.raises(NothingToDoError, match="is up to date"):
-            sd.apply_dask(model, stores.h5, out, ApplyOptions(overwrite=overwrite), client=client)
+            sd.apply_dask(model, stores.h5, out, ApplyOptions(overwrite=overwrite), cluster=DaskEngine(client=client))
     with pytest.raises(OutputExistsError):  # another setting: replaced only with overwrite
-        sd.apply_dask(model, stores.h5, out, ApplyOptions(normalize=True), client=client)
+        sd.apply_dask(model, stores.h5, out, ApplyOptions(normalize=True), cluster=DaskEngine(client=client))
     with pytest.raises(NonFiniteError, match="nan.h5:/embeddings: row (1234|5678)"):
         sd.apply_dask(
             model,
@@ -400,7 +414,7 @@ def test_apply_dask_failure_leaves_old_output_and_no_partial(client, stores, mod
             out,
             ApplyOptions(overwrite=True),
             ReadOptions(block_rows=500),
-            client=client,
+            cluster=DaskEngine(client=client),
             output_chunk_rows=500,
         )
     np.testing.assert_array_equal(read_all(out), before)
@@ -408,7 +422,13 @@ def test_apply_dask_failure_leaves_old_output_and_no_partial(client, stores, mod
     fresh = str(tmp_path / "fresh.zarr")
     with pytest.raises(NonFiniteError):
         sd.apply_dask(
-            model, stores.nan, fresh, ApplyOptions(), ReadOptions(block_rows=500), client=client, output_chunk_rows=500
+            model,
+            stores.nan,
+            fresh,
+            ApplyOptions(),
+            ReadOptions(block_rows=500),
+            cluster=DaskEngine(client=client),
+            output_chunk_rows=500,
         )
     assert not os.path.exists(fresh) and not os.path.exists(partial_path(fresh))
 
@@ -425,7 +445,7 @@ def test_apply_dask_takes_apply_model_options_alike():
     shared = [name for name in serial if name in dask_engine]
     assert shared == [name for name in dask_engine if name in serial]
     assert shared[:5] == ["model", "input_spec", "output_spec", "options", "read"]
-    assert "progress" in shared
+    assert "watch" in shared
     assert [(name, dask_engine[name].default) for name in shared] == [(name, serial[name].default) for name in shared]
     fields = {f.name for f in dataclasses.fields(ApplyOptions)} | {f.name for f in dataclasses.fields(ReadOptions)}
     assert {"dataset", "normalize", "dtype", "block_rows", "overwrite", "skip_nonfinite", "zarr_format"} <= fields
@@ -434,7 +454,7 @@ def test_apply_dask_takes_apply_model_options_alike():
 
 def test_apply_dask_refuses_hdf5_output(client, stores, model, tmp_path):
     with pytest.raises(BadInputError, match="writes Zarr only"):
-        sd.apply_dask(model, stores.h5, str(tmp_path / "out.h5"), client=client)
+        sd.apply_dask(model, stores.h5, str(tmp_path / "out.h5"), cluster=DaskEngine(client=client))
     assert os.listdir(tmp_path) == []
 
 
@@ -461,7 +481,7 @@ def test_killed_worker_becomes_a_cluster_error():
 def test_unreachable_scheduler_is_a_cluster_error(stores, monkeypatch):
     monkeypatch.setattr(sd, "CONNECT_TIMEOUT", 1)
     with pytest.raises(ClusterError, match="cannot reach the Dask scheduler at tcp://127.0.0.1:1"):
-        sd.fit_dask(stores.h5, scheduler="tcp://127.0.0.1:1")
+        sd.fit_dask(stores.h5, cluster=DaskEngine(scheduler="tcp://127.0.0.1:1"))
 
 
 @pytest.mark.slow
@@ -634,7 +654,7 @@ def test_serial_and_dask_reduce_the_same_blocks_of_mixed_sources_without_block_r
     with threadpool_limits(1):
         serial = fit_sources(specs, precision="float64", threads=1)
         with sd.dask_client(n_workers=1, processes=False) as in_process:  # the patches apply to its tasks
-            result = sd.fit_dask(specs, precision="float64", client=in_process)
+            result = sd.fit_dask(specs, precision="float64", cluster=DaskEngine(client=in_process))
     zarr_label = open_source(stores.zarr).label
     expected = [(zarr_label, b, min(b + 1000, 7000)) for b in range(0, 7000, 1000)]
     assert [key for key, _ in serial_blocks if key[0] == zarr_label] == expected  # the largest natural block

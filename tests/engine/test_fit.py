@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 from conftest import anisotropic, write_h5, write_zarr
 
-from streamwhiten.engine.fit import fit_sources, plan_fit, run_plan
+from streamwhiten.engine.fit import Checkpoint, fit_sources, plan_fit, run_plan
 from streamwhiten.errors import StoreIOError
+from streamwhiten.progress import Watch
 
 
 def test_worker_threads_reuse_one_buffer_each_and_cover_every_row(tmp_path, monkeypatch):
@@ -143,7 +144,7 @@ def test_checkpoints_read_no_rows_of_their_own(tmp_path, monkeypatch):
     reads = []
     original = Source.read
     monkeypatch.setattr(Source, "read", lambda self, a, b: reads.append((self.label, a, b)) or original(self, a, b))
-    done = run_plan(plan_fit(specs, block_rows=100), checkpoint_path=str(tmp_path / "ck"), checkpoint_blocks=1)
+    done = run_plan(plan_fit(specs, block_rows=100), checkpoint=Checkpoint(str(tmp_path / "ck"), every_blocks=1))
     assert reads == []
     assert done.sources == expected
 
@@ -160,7 +161,12 @@ def test_a_resume_checks_the_rows_read_before_the_checkpoint_and_matches_an_unin
     specs = _three_zarr_sources(tmp_path)
     checkpoint = str(tmp_path / "fit.ckpt")
     with pytest.raises(InterruptedRunError):
-        run_plan(plan_fit(specs, block_rows=100), checkpoint_path=checkpoint, should_stop=_stop_after(5), threads=2)
+        run_plan(
+            plan_fit(specs, block_rows=100),
+            checkpoint=Checkpoint(checkpoint),
+            watch=Watch(should_stop=_stop_after(5)),
+            threads=2,
+        )
     saved = load_checkpoint(checkpoint)
     assert saved.rows_done == 500 and [c.next_row for c in saved.cursors] == [300, 200, 0]
     with open_source(specs[0]) as first, open_source(specs[1]) as second, open_source(specs[2]) as third:
@@ -193,7 +199,12 @@ def test_a_checkpointed_plan_with_an_empty_source_resumes(tmp_path):
     specs = [_zstd_zarr(tmp_path / "a.zarr", data, 100), _zstd_zarr(tmp_path / "e.zarr", data[:0], 100)]
     checkpoint = str(tmp_path / "fit.ckpt")
     with pytest.raises(InterruptedRunError):
-        run_plan(plan_fit(specs, block_rows=100), checkpoint_path=checkpoint, should_stop=_stop_after(2), threads=1)
+        run_plan(
+            plan_fit(specs, block_rows=100),
+            checkpoint=Checkpoint(checkpoint),
+            watch=Watch(should_stop=_stop_after(2)),
+            threads=1,
+        )
     saved = load_checkpoint(checkpoint)
     check_sources_unchanged(saved, checkpoint)
     assert run_plan(saved, threads=1).result().sources == fit_sources(specs, block_rows=100).sources

@@ -16,7 +16,7 @@ from conftest import REPO, run_command, write_h5
 
 from streamwhiten.core.model import load_model
 from streamwhiten.engine.apply import apply_model
-from streamwhiten.engine.fit import load_checkpoint, plan_fit, run_plan, save_checkpoint
+from streamwhiten.engine.fit import Checkpoint, load_checkpoint, plan_fit, run_plan, save_checkpoint
 from streamwhiten.errors import (
     EXIT_BAD_INPUT,
     EXIT_INTERRUPTED,
@@ -31,6 +31,7 @@ from streamwhiten.io import open_source, partial_path
 from streamwhiten.job import default_checkpoint
 from streamwhiten.options import ApplyOptions, ReadOptions
 from streamwhiten.output_plan import OutputPlan
+from streamwhiten.progress import Watch
 from streamwhiten.synthetic import write_store
 
 N_ROWS, N_FEATURES, BLOCK = 60_000, 48, 300
@@ -443,7 +444,7 @@ def test_checkpoint_write_failure_is_reported_and_old_checkpoint_kept(tmp_path, 
 
     monkeypatch.setattr(_npz.np, "savez", failing)
     with pytest.raises(StoreIOError, match="previous checkpoint is kept"):
-        run_plan(plan_fit(store, block_rows=BLOCK), checkpoint_path=checkpoint, checkpoint_blocks=1)
+        run_plan(plan_fit(store, block_rows=BLOCK), checkpoint=Checkpoint(checkpoint, every_blocks=1))
     assert load_checkpoint(checkpoint).rows_done == 2 * BLOCK
     assert os.listdir(tmp_path) == ["c.ckpt"]
 
@@ -484,7 +485,12 @@ def test_restart_interrupted_before_its_first_block_is_not_resumed_with_the_old_
     output = str(tmp_path / "out.h5")
     with pytest.raises(InterruptedRunError):
         apply_model(
-            model, spec, output, ApplyOptions(progress_seconds=0), ReadOptions(block_rows=500), should_stop=lambda: True
+            model,
+            spec,
+            output,
+            ApplyOptions(progress_seconds=0),
+            ReadOptions(block_rows=500),
+            watch=Watch(should_stop=lambda: True),
         )
     assert rows_done_of_partial(output) == 500
     # `apply --restart` killed inside its first block: a fresh partial exists, nothing written yet
@@ -539,7 +545,7 @@ def test_run_finishes_an_interrupted_update_even_after_new_shards_appear(tmp_pat
     from streamwhiten.errors import InterruptedRunError
 
     with pytest.raises(InterruptedRunError):
-        run_job_file(str(job), should_stop=stop_soon)
+        run_job_file(str(job), watch=Watch(should_stop=stop_soon))
     write_h5(shards / "day-2.h5", parts[2], chunk_rows=100)  # a new shard arrives before the next run
     summary = run_job_file(str(job))
     assert summary.steps[:2] == ("resume", "update")
@@ -654,7 +660,9 @@ def test_a_pending_checkpoint_for_inputs_the_job_dropped_is_discarded(tmp_path):
     job.write_text(text.format(f'"{a.split(":")[0]}", "{b.split(":")[0]}"'))
     calls = {"n": 0}
     with pytest.raises(InterruptedRunError):
-        run_job_file(str(job), should_stop=lambda: calls.__setitem__("n", calls["n"] + 1) or calls["n"] >= 3)
+        run_job_file(
+            str(job), watch=Watch(should_stop=lambda: calls.__setitem__("n", calls["n"] + 1) or calls["n"] >= 3)
+        )
     job.write_text(text.format(f'"{b.split(":")[0]}"'))  # the job now reads b only
     summary = run_job_file(str(job))
     assert summary.steps == ("fit",)
@@ -752,7 +760,12 @@ def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_
         return calls["n"] >= 3
 
     with pytest.raises(InterruptedRunError):
-        run_plan(plan_fit(spec, block_rows=5000), checkpoint_path=checkpoint, should_stop=stop_after_three, threads=2)
+        run_plan(
+            plan_fit(spec, block_rows=5000),
+            checkpoint=Checkpoint(checkpoint),
+            watch=Watch(should_stop=stop_after_three),
+            threads=2,
+        )
     job = load_checkpoint(checkpoint)
     assert job.threads == 2 and job.rows_done == 15000
     assert run_plan(job, threads=1).state == whole  # the checkpoint's thread count wins
@@ -770,7 +783,7 @@ def test_resumes_with_few_blocks_left_keep_the_bits_of_an_uninterrupted_run(tmp_
             ApplyOptions(progress_seconds=0),
             ReadOptions(block_rows=5000),
             threads=2,
-            should_stop=stop_after_three,
+            watch=Watch(should_stop=stop_after_three),
         )
     summary = apply_model(model, spec, output, ApplyOptions(), ReadOptions(block_rows=5000), threads=2)
     assert summary.resumed_at_row == 15000

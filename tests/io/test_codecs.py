@@ -26,6 +26,7 @@ from streamwhiten.errors import BadInputError, MissingChunkError
 from streamwhiten.io import open_source
 from streamwhiten.io.codecs import DecodeError, hdf5_decoder, widen_in_place, zarr_decoder
 from streamwhiten.options import ApplyOptions, ReadOptions
+from streamwhiten.progress import Watch
 
 ROWS, FEATURES, CHUNK = 1000, 24, 128  # the last chunk holds 104 rows
 DTYPES = ["<f4", ">f4", "<f2", ">f2", "<f8"]
@@ -375,7 +376,7 @@ def test_interrupted_compressed_apply_resumes_to_the_same_output(tmp_path, appli
             target,
             ApplyOptions(compressor="gzip", progress_seconds=0),
             ReadOptions(block_rows=256),
-            should_stop=stop_after_two_blocks,
+            watch=Watch(should_stop=stop_after_two_blocks),
         )
     assert not os.path.exists(target)
     partial = tmp_path / f".{output}.partial"

@@ -18,6 +18,7 @@ pq = optional_module("pyarrow.parquet")
 
 from streamwhiten import Whitener  # noqa: E402
 from streamwhiten.core.model import load_model  # noqa: E402
+from streamwhiten.engine.engines import DaskEngine  # noqa: E402
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputError  # noqa: E402
 from streamwhiten.io import expand_specs, fingerprint, input_kind, open_source, read_attrs  # noqa: E402
 from streamwhiten.job import default_checkpoint  # noqa: E402
@@ -355,7 +356,7 @@ def test_dask_engine_reads_parquet(shards, rows):
 
     specs = expand_specs([str(shards)])
     with sd.dask_client(n_workers=1) as client:
-        result = sd.fit_dask(specs, precision="float64", client=client)
+        result = sd.fit_dask(specs, precision="float64", cluster=DaskEngine(client=client))
     mean, cov = two_pass(rows)
     assert result.state.n_rows == 9000
     assert rel(result.state.scatter / 9000, cov) <= 1e-12 and rel(result.state.mean, mean) <= 1e-12

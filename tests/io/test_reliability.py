@@ -22,6 +22,7 @@ from conftest import REPO, anisotropic, run_command, run_subprocess, write_h5, w
 
 import streamwhiten._durable as durable
 from streamwhiten.core.model import load_model
+from streamwhiten.engine.engines import DaskEngine
 from streamwhiten.engine.fit import remove_checkpoint
 from streamwhiten.errors import MissingChunkError, StoreIOError
 from streamwhiten.options import ApplyOptions, ReadOptions
@@ -158,8 +159,8 @@ def test_dask_engine_refuses_a_missing_chunk(tmp_path, rows):
     spec = write_zarr(tmp_path / "z.zarr", rows, chunk_rows=100)
     os.remove(os.path.join(spec, zarr.open_array(spec, mode="r").metadata.encode_chunk_key((4, 0))))
     with pytest.raises(MissingChunkError, match=r"rows 400\.\.499"):
-        fit_dask(spec, block_rows=300, n_workers=1)
-    result = fit_dask(spec, block_rows=300, n_workers=1, fill_missing_chunks=True)
+        fit_dask(spec, cluster=DaskEngine(workers=1), read=ReadOptions(block_rows=300))
+    result = fit_dask(spec, cluster=DaskEngine(workers=1), read=ReadOptions(block_rows=300, fill_missing_chunks=True))
     assert result.state.n_rows == 1200
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from conftest import REPO, S3_SECRET, anisotropic, s3fs_client, start_moto, write_zarr
 
+from streamwhiten.engine.engines import DaskEngine
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_IO, EXIT_NOTHING_TO_DO
 from streamwhiten.io import open_source, read_attrs, remote, split_spec
 from streamwhiten.io.output import output_exists
@@ -490,12 +491,19 @@ def test_dask_fit_and_apply_from_s3_equal_the_serial_engine(tmp_path, s3_bucket,
         Client(cluster) as client,
     ):
         read = ReadOptions(storage_options=options)  # given to every call: there is no process-wide setting
-        distributed = fit_dask([url], client=client, read=read)
+        distributed = fit_dask([url], cluster=DaskEngine(client=client), read=read)
         serial = fit_sources([url], read=read)
         given = [f"--storage-option={key}={value}" for key, value in options.items()]
         assert run_cli("fit", url, "-o", tmp_path / "m.npz", "-q", *given)[0] == 0
         model = load_model(tmp_path / "m.npz")
-        apply_dask(model, url, f"{s3_bucket}/w.zarr", ApplyOptions(), replace(read, block_rows=500), client=client)
+        apply_dask(
+            model,
+            url,
+            f"{s3_bucket}/w.zarr",
+            ApplyOptions(),
+            replace(read, block_rows=500),
+            cluster=DaskEngine(client=client),
+        )
         written = open_source(f"{s3_bucket}/w.zarr", read=read).read(0, 4000)
     np.testing.assert_allclose(distributed.state.scatter, serial.state.scatter, rtol=1e-12)
     np.testing.assert_allclose(distributed.state.mean, serial.state.mean, rtol=1e-12)

@@ -19,6 +19,7 @@ from streamwhiten.core.model import load_model
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
 from streamwhiten.job import published, run_job_file
 from streamwhiten.job.manifest import manifest_path, version_model_path
+from streamwhiten.progress import Watch
 
 D = 12
 MIXING = np.random.default_rng(0).standard_normal((D, D)) * (1.0 / (1.0 + np.arange(D)))[:, None]
@@ -358,7 +359,7 @@ def test_a_version_cut_short_and_not_published_leaves_nothing_whatever_the_templ
         return calls["n"] > 9
 
     with pytest.raises(InterruptedRunError):
-        run_job_file(job, should_stop=stop_soon, republish=True)
+        run_job_file(job, watch=Watch(should_stop=stop_soon), republish=True)
     extension = output.split(":")[0].rsplit(".", 1)[1]
     assert f"day-1.v2.{extension}" in os.listdir(tmp_path / "out")
     append_rows(other, rows_of(30, 3))

@@ -21,6 +21,7 @@ from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputErro
 from streamwhiten.io import open_output, open_source, read_attrs
 from streamwhiten.job import published, run_job_file
 from streamwhiten.job.manifest import manifest_path, version_model_path, versioned_output
+from streamwhiten.progress import Watch
 
 D = 16
 MIXING = np.random.default_rng(0).standard_normal((D, D)) * (1.0 / (1.0 + np.arange(D)))[:, None]
@@ -563,7 +564,7 @@ def test_a_republish_cut_short_then_not_needed_leaves_nothing_behind(tmp_path):
         return calls["n"] > 10
 
     with pytest.raises(InterruptedRunError):
-        run_job_file(job, should_stop=stop_soon, republish=True)
+        run_job_file(job, watch=Watch(should_stop=stop_soon), republish=True)
     assert os.path.exists(tmp_path / "out" / "day-1.v2.h5") and os.path.exists(
         tmp_path / "out" / ".day-2.v2.h5.partial"
     )
@@ -888,7 +889,7 @@ def test_a_first_night_cut_short_finds_its_own_parts_when_run_again(tmp_path):
         return calls["n"] > 12
 
     with pytest.raises(InterruptedRunError):
-        run_job_file(job, should_stop=stop_soon)
+        run_job_file(job, watch=Watch(should_stop=stop_soon))
     assert os.path.exists(tmp_path / "out" / "day-1.v1.h5") and not os.path.exists(
         manifest_path(str(tmp_path / "models" / "m.npz"))
     )
