@@ -518,12 +518,12 @@ def test_tests_follow_the_package():
 
 
 def test_the_test_placement_rule_catches_a_stale_folder_and_a_stray_file(tmp_path):
-    for folder in ("io/abc", "pipeline", "plan"):
+    for folder in ("io/abc", "flow", "plan"):
         (tmp_path / folder).mkdir(parents=True)
-    paths = [tmp_path / name for name in ("io", "io/abc", "pipeline", "plan")]
+    paths = [tmp_path / name for name in ("io", "io/abc", "flow", "plan")]
     paths += [tmp_path / name for name in ("test_export_faults.py", "test_buffers.py", "test_odds_and_ends.py")]
     assert misplaced_tests(tmp_path, paths) == [
-        "tests/pipeline/: streamwhiten/pipeline/ is no package",
+        "tests/flow/: streamwhiten/flow/ is no package",
         "tests/plan/: streamwhiten/plan/ is no package",
         "tests/test_odds_and_ends.py: move it to tests/<package>/ of what it tests",
     ]
@@ -808,7 +808,7 @@ WIDE_PLACES = ("streamwhiten.cli", "streamwhiten.whitener")
 #: Wider functions elsewhere, each with why (none may be added without one; one that became narrow
 #: must leave this list).
 WIDE = {
-    "pipeline:apply": "a public call's keyword arguments (streamwhiten.apply): narrowing them breaks callers",
+    "pipeline.applying:apply": "a public call's keyword arguments (streamwhiten.apply): narrowing them breaks callers",
     "core.kernels.search:merge_top_hamming": "a Numba kernel: arrays and scalars only, no records",
     "evaluation.retrieval:evaluate_retrieval": "a public call's keyword arguments (typed results: the next step)",
     "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
@@ -816,7 +816,7 @@ WIDE = {
     "evaluation.report:collect": "the report's inputs, one per figure",
     "codes:train_codec": "a public call: every family's keyword options (faiss's passed on as they are)",
     "export:export": "a public call's keyword arguments (streamwhiten.export.export)",
-    "pipeline:with_codes": "a public call's keyword arguments (streamwhiten.with_codes)",
+    "pipeline.coding:with_codes": "a public call's keyword arguments (streamwhiten.with_codes)",
 }
 
 

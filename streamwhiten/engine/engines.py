@@ -160,9 +160,11 @@ class DaskEngine(Engine):
         return apply_dask(model, input_spec, output_spec, options, read, cluster=self, watch=watch)
 
 
-def engine_for(options: EngineOptions | None = None, client: Any = None) -> Engine:
-    """The engine ``options`` name (default: serial), made with its settings; ``client`` (Dask) is an
-    existing ``distributed.Client`` to run on."""
+def engine_for(options: EngineOptions | Engine | None = None, client: Any = None) -> Engine:
+    """The engine ``options`` name (default: serial), made with its settings (an `Engine` is itself);
+    ``client`` (Dask) is an existing ``distributed.Client`` to run on."""
+    if isinstance(options, Engine):
+        return options
     options = options or EngineOptions()
     if options.name == "dask" or client is not None:
         return DaskEngine(options.scheduler, options.workers, client, options.split_every)

@@ -1,0 +1,45 @@
+"""The pipeline of a fit and of an apply: the one path the command line, ``run`` and ``Whitener`` take.
+
+One module per thing it runs: ``fitting`` (a fit, and finishing a killed one), ``applying`` (an apply, and
+whether an output is up to date), ``coding`` (a model with a vector code), ``paths`` (what a fit writes).
+
+A fit is: check the paths and the existing model, plan (or plan an update of a saved model), resume from
+a matching checkpoint, run the plan on an engine (``engine.engines``), finalize, save, remove the
+checkpoint. An apply is: check the engine can write it, run it. Each takes its options as objects
+(`streamwhiten.options`) and returns one outcome type whichever engine ran:
+[`FitOutcome`][streamwhiten.pipeline.FitOutcome] and [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome]. Library
+code: it raises and
+logs through the ``streamwhiten`` logger, never prints.
+
+Examples
+--------
+>>> import numpy as np, tempfile, os
+>>> import streamwhiten
+>>> from streamwhiten.options import Setting
+>>> directory = tempfile.mkdtemp()
+>>> rows = np.random.default_rng(0).standard_normal((1000, 8)).astype(np.float32)
+>>> np.save(os.path.join(directory, "x.npy"), rows)
+>>> outcome = streamwhiten.fit(os.path.join(directory, "x.npy"), os.path.join(directory, "m.npz"),
+...                            setting=Setting(n_components=4))
+>>> outcome.model.n_rows, outcome.model.n_components
+(1000, 4)
+"""
+
+from .applying import apply, is_up_to_date
+from .coding import DEFAULT_CODE_SAMPLE_ROWS, with_codes
+from .fitting import FitOutcome, finish_checkpoint, fit, model_is_current
+from .paths import check_fit_paths, check_writable_dir, default_checkpoint
+
+__all__ = [
+    "DEFAULT_CODE_SAMPLE_ROWS",
+    "FitOutcome",
+    "apply",
+    "check_fit_paths",
+    "check_writable_dir",
+    "default_checkpoint",
+    "finish_checkpoint",
+    "fit",
+    "is_up_to_date",
+    "model_is_current",
+    "with_codes",
+]
