@@ -814,7 +814,6 @@ WIDE = {
     "core.affine:AffineMap.from_eigh": "a public constructor from the parts of an eigendecomposition",
     "core.model:finalize": "a public call: the statistics and every parameter of a setting",
     "core._kernels:merge_top_hamming": "a Numba kernel: arrays and scalars only, no records",
-    "evaluation.retrieval:evaluate_retrieval": "a public call's keyword arguments (typed results: the next step)",
     "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
     "evaluation.search:exact_search": "a public call's keyword arguments (exact search over a store)",
     "evaluation.report:collect": "the report's inputs, one per figure",

@@ -192,20 +192,19 @@ def _retrieval(
     quiet: bool,
     as_json: bool,
 ) -> None:
-    from ..evaluation.retrieval import evaluate_retrieval
+    from ..evaluation.retrieval import evaluate_retrieval, resolve_storage
 
+    options = retrieval_options_of(inputs, block_rows, search.threads, search.bootstrap, search.seed)
+    storage = resolve_storage(model, search.dtype, search.rescore, search.rescore_dtype, search.int8_clip)
     with progress_bar("eval", quiet) as progress:
         result = evaluate_retrieval(
             inputs.queries,
             inputs.corpus,
             inputs.qrels,
             model=model,
+            storage=storage,
+            options=options,
             progress=progress,
-            options=retrieval_options_of(inputs, block_rows, search.threads, search.bootstrap, search.seed),
-            dtype=search.dtype,
-            rescore=search.rescore,
-            rescore_dtype=search.rescore_dtype,
-            int8_clip=search.int8_clip,
         )
     summary = replace(result, model=model_path).to_json()
     warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)

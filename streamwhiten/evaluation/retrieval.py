@@ -611,25 +611,45 @@ def _search_raw_and_whitened(
     return settings, metrics, matches
 
 
+def resolve_storage(
+    model: WhiteningModel | None = None,
+    dtype: str | None = None,
+    rescore: int | None = None,
+    rescore_dtype: str | None = None,
+    int8_clip: float | None = None,
+) -> Storage | CodeSearch:
+    """How a search stores the corpus, checked: a vector code ``NAME:BYTES`` as a `CodeSearch`, else a
+    `Storage` (`search_storage`); each of ``dtype``, ``rescore``, ``rescore_dtype``, ``int8_clip`` as given,
+    else the model's recorded storage's (its code where it records one), else the defaults."""
+    from ..codes.storage import is_code, parse_code
+
+    if is_code(dtype):
+        parse_code(dtype)  # before anything is read
+    for name, value in (
+        ("dtype", None if is_code(dtype) else dtype),
+        ("rescore", rescore),
+        ("rescore_dtype", rescore_dtype),
+        ("int8_clip", int8_clip),
+    ):
+        if value is not None:
+            check(name, value)  # before anything is read
+    recorded = getattr(model, "storage", None)
+    if dtype is None and recorded is not None and recorded.codec is not None:
+        dtype = f"{recorded.codec.code}:{recorded.codec.budget}"  # the model's code
+    if is_code(dtype):
+        return CodeSearch.of(model, dtype, rescore, rescore_dtype, int8_clip)
+    return search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
+
+
 def evaluate_retrieval(
     queries: Any,
     corpus: Any,
     qrels: Any,
     *,
-    model: WhiteningModel | None = None,
-    exclude: Any = None,
-    dtype: str | None = None,
-    rescore: int | None = None,
-    rescore_dtype: str | None = None,
-    int8_clip: float | None = None,
-    query_id_column: str | None = None,
-    corpus_id_column: str | None = None,
-    bootstrap: int = BOOTSTRAP_SAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-    block_rows: int | None = None,
-    threads: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    model: WhiteningModel | str | os.PathLike | None = None,
+    storage: str | Storage | CodeSearch | None = None,
     options: RetrievalOptions | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> RetrievalResult:
     """Retrieval metrics (x100) of the raw vectors and, given a model, of its whitening, on the same
     queries, with a paired bootstrap interval of each difference.
@@ -641,35 +661,26 @@ def evaluate_retrieval(
         queries are read whole; the corpus is streamed in blocks.
     qrels : str or Qrels
         A BEIR qrels file (see `qrels`) whose ids are rows of the stores, or values of their id
-        columns (``query_id_column``, ``corpus_id_column``: Parquet or Lance stores).
+        columns (``options.query_id_column``, ``options.corpus_id_column``: Parquet or Lance stores).
     model : WhiteningModel or str, optional
         Its setting (beta, gamma, k) is evaluated as ``whitened``; without it only ``raw`` is. A path
         is loaded.
-    exclude : str, optional
-        A file of ``(query, corpus)`` pairs dropped from that query's candidates.
-    dtype : str, optional
+    storage : str, Storage or CodeSearch, optional
         How the corpus is stored while searched, raw and whitened alike: ``float32``, ``float16``,
         ``int8`` (needs the model: its statistics set the scales, raw ones included), ``binary``, or a
         vector code ``NAME:BYTES`` (``eigen:24``, ``faiss-pq:16``; ``streamwhiten.codes.CODES``; needs the
         model): the unit vectors' code rows, searched by the codec's estimate of ``<q, x>`` for float32
         queries; the whitened vectors by the model's codec where it records that code, else one trained
         from the statistics (and for ``faiss-*`` and ``bits-itq`` a seeded sample of 10,000 corpus rows),
-        the raw vectors by the same code trained for them. Default: the model's storage (what ``tune``
-        chose, or its code), float32 without one.
-    rescore, rescore_dtype : optional
-        With ``binary`` or a code: re-rank the top ``rescore`` with ``float32`` or ``int8`` vectors
-        (default: the model's storage's, else none).
-    int8_clip : float, optional
-        Standard deviations the int8 codes span about each component's mean (default: the model's
-        storage's, else 4).
-    bootstrap, seed
-        Resamples of the queries for the intervals (0: none), and the generator's seed.
-    block_rows, threads, progress
-        Corpus rows per block read, worker threads, and ``progress(rows_done, n_rows)``.
+        the raw vectors by the same code trained for them. A name takes its re-ranking and int8 span from
+        the model's storage (`resolve_storage`, which also makes one from each setting); default: the
+        model's storage (what ``tune`` chose, or its code), float32 without one.
     options : RetrievalOptions, optional
-        ``exclude``, the id columns, ``bootstrap``, ``seed``, ``block_rows`` and ``threads`` as one
-        [`RetrievalOptions`][streamwhiten.options.RetrievalOptions] (as the sweep takes them), instead of as keyword
-        arguments: give one or the other.
+        The exclude file (``(query, corpus)`` pairs dropped from that query's candidates), the id columns,
+        ``bootstrap`` and ``seed`` (resamples of the queries for the intervals, 0: none, and the generator's
+        seed), ``block_rows`` and ``threads``, as one [`RetrievalOptions`][streamwhiten.options.RetrievalOptions].
+    progress : callable, optional
+        ``progress(rows_done, n_rows)``.
 
     Returns
     -------
@@ -677,56 +688,23 @@ def evaluate_retrieval(
         The task, the mean of each of `METRICS` (x100) raw and whitened, and the paired bootstrap
         interval of each difference.
     """
-    from ..codes.storage import is_code, parse_code
-
-    if is_code(dtype):
-        parse_code(dtype)  # before anything is read
-    for name, value in (
-        ("dtype", None if is_code(dtype) else dtype),
-        ("rescore", rescore),
-        ("rescore_dtype", rescore_dtype),
-    ):
-        if value is not None:
-            check(name, value)  # before anything is read
-    if int8_clip is not None:
-        check("int8_clip", int8_clip)
-    keywords = RetrievalOptions(
-        exclude=exclude,
-        query_id_column=query_id_column,
-        corpus_id_column=corpus_id_column,
-        bootstrap=bootstrap,
-        seed=seed,
-        block_rows=block_rows,
-        threads=threads,
-    )
-    options = retrieval_options(options, keywords)
+    options = retrieval_options(options)
     model_file = None
     if isinstance(model, (str, os.PathLike)):
         from ..core.model import load_model
 
         model_file = os.fspath(model)
         model = load_model(model_file)
-    recorded = getattr(model, "storage", None)
-    if dtype is None and recorded is not None and recorded.codec is not None:
-        dtype = f"{recorded.codec.code}:{recorded.codec.budget}"  # the model's code
-    storage: Storage | CodeSearch
-    if is_code(dtype):
-        storage = CodeSearch.of(model, dtype, rescore, rescore_dtype, int8_clip)
-    else:
-        storage = search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
+    if storage is None or isinstance(storage, str):
+        storage = resolve_storage(model, storage)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         settings, per_query, matches = _search_raw_and_whitened(task, model, storage, options, progress)
     whitened = difference = None
     if model is not None:
         whitened = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
         difference = paired_bootstrap(per_query["raw"], per_query["whitened"], options.bootstrap, options.seed)
-    described = task.describe()
     return RetrievalResult(
-        queries=described["queries"],
-        corpus=described["corpus"],
-        qrels=described["qrels"],
-        exclude=described["exclude"],
-        n_queries=described["n_queries"],
+        **task.describe(),
         raw=dict(mean_metrics(per_query["raw"]), **settings[0].params),
         whitened=whitened,
         difference=difference,
@@ -800,19 +778,12 @@ class RetrievalResult:
         }
 
 
-def retrieval_options(options: RetrievalOptions | None, given: RetrievalOptions | None = None) -> RetrievalOptions:
-    """``options`` (checked to be a [`RetrievalOptions`][streamwhiten.options.RetrievalOptions]), else ``given`` (the
-    same fields as keyword
-    arguments), else the defaults; both given and ``given`` not the defaults is refused."""
+def retrieval_options(options: RetrievalOptions | None) -> RetrievalOptions:
+    """``options`` (checked to be a [`RetrievalOptions`][streamwhiten.options.RetrievalOptions]), else the defaults."""
     if options is None:
-        return given or RetrievalOptions()
+        return RetrievalOptions()
     if not isinstance(options, RetrievalOptions):
         raise BadInputError(f"options must be a RetrievalOptions, got {type(options).__name__}")
-    if given is not None and given != RetrievalOptions():
-        raise BadInputError(
-            "give exclude, the id columns, bootstrap, seed, block_rows and threads as options=RetrievalOptions(...) "
-            "or as keyword arguments, not both"
-        )
     return options
 
 
@@ -958,6 +929,7 @@ __all__ = [
     "paired_bootstrap",
     "query_metrics",
     "bootstrap_record",
+    "resolve_storage",
     "retrieval_options",
     "search_settings",
     "search_storage",
