@@ -66,6 +66,7 @@ def report(
     """
     from ..core.model import load_model
     from ..evaluation.report import check_output, collect, retrieval_record, write_report
+    from ..evaluation.tune import PairGrid
     from ..io import refuse_input_overlap
 
     refuse_input_overlap({output_path: "report"}, [model_path, pairs_a, pairs_b, scores], nested=False)
@@ -77,7 +78,7 @@ def report(
     pairs = open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
     with progress_bar("report", quiet) as progress:
         try:
-            data = collect(model, pairs, block_rows=rows, progress=progress, **grid)
+            data = collect(model, pairs, PairGrid(**grid), block_rows=rows, progress=progress)
         finally:
             if pairs is not None:
                 pairs.close()

@@ -262,6 +262,7 @@ def _pairs(
     model: WhiteningModel, inputs: Inputs, test: Inputs, grid: dict[str, Any], block_rows: int | None, quiet: bool
 ) -> tuple[WhiteningModel, dict]:
     from ..evaluation.evaluate import open_pairs
+    from ..evaluation.tune import PairGrid
     from ..evaluation.tune import tune as run_tune
 
     assert inputs.pairs_a is not None and inputs.pairs_b is not None and inputs.scores is not None  # mode_of
@@ -269,7 +270,9 @@ def _pairs(
         test_pairs = open_pairs_given(test.pairs_a, test.pairs_b, test.scores, "--test-a, --test-b and --test-scores")
         try:
             with progress_bar("tune", quiet) as progress:
-                return run_tune(model, pairs, test_pairs, block_rows, progress, **grid)
+                return run_tune(
+                    model, pairs, test_pairs, grid=PairGrid(**grid), block_rows=block_rows, progress=progress
+                )
         finally:
             if test_pairs is not None:
                 test_pairs.close()

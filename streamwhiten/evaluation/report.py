@@ -26,7 +26,7 @@ from .._durable import check_replaceable, link_or_kind
 from ..core.model import WhiteningModel, components_for_variance
 from ..errors import BadInputError, StoreIOError
 from .evaluate import PairSet
-from .tune import DEFAULT_VARIANCES, TuneResult, default_ks, grid_search
+from .tune import DEFAULT_VARIANCES, PairGrid, TuneResult, default_ks, grid_search
 
 #: Files written when the output is a directory.
 FIGURE_FILES = {
@@ -77,31 +77,26 @@ def retrieval_record(model: WhiteningModel) -> dict | None:
 def collect(
     model: WhiteningModel,
     pairs: PairSet | None = None,
-    betas: Sequence[float] | None = None,
-    gammas: Sequence[float] | None = None,
-    ks: Sequence[int] | None = None,
-    variances: Sequence[float] | None = None,
-    metric: str = "spearman",
+    grid: PairGrid | None = None,
+    *,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReportData:
-    """Compute what the report shows; with ``pairs``, score the tuning grid and the seed k curves
+    """Compute what the report shows; with ``pairs``, score the tuning ``grid`` and the seed k curves
     (``progress`` is told the phases of both grids: `grid_search`)."""
-    d = model.n_features
-    ladder = default_ks(d) if ks is None else list(ks)
-    fractions = list(DEFAULT_VARIANCES if variances is None else variances)
+    grid = PairGrid() if grid is None else grid
+    d, metric = model.n_features, grid.metric
+    ladder = default_ks(d) if grid.ks is None else list(grid.ks)
+    fractions = list(DEFAULT_VARIANCES if grid.variances is None else grid.variances)
     k_marks = [(f"k={k}", int(k)) for k in ladder]
     k_marks += [(f"{v:.0%}", components_for_variance(model.eigvals, float(v))) for v in fractions]
     data = ReportData(model, k_marks, metric=metric)
     if pairs is None:
         return data
-    data.grid = grid_search(
-        model, pairs, betas, gammas, ks, variances, metric, block_rows=block_rows, progress=progress
-    )
+    data.grid = grid_search(model, pairs, grid, block_rows=block_rows, progress=progress)
     dense = sorted({int(round(k)) for k in np.geomspace(1, d, min(d, 40))} | {int(k) for k in ladder})
-    curve = grid_search(
-        model, pairs, [0.0, 1.0], [0.0, 1.0], dense, [], metric, block_rows=block_rows, progress=progress
-    )
+    seeds = PairGrid((0.0, 1.0), (0.0, 1.0), tuple(dense), (), metric)
+    curve = grid_search(model, pairs, seeds, block_rows=block_rows, progress=progress)
     data.curves = {
         beta: [(row["k"], row[metric]) for row in curve.table if row["beta"] == beta and row["gamma"] == beta]
         for beta, _, _ in SEED_SETTINGS
