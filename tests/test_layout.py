@@ -814,7 +814,6 @@ WIDE = {
     "core.affine:AffineMap.from_eigh": "a public constructor from the parts of an eigendecomposition",
     "core.model:finalize": "a public call: the statistics and every parameter of a setting",
     "core._kernels:merge_top_hamming": "a Numba kernel: arrays and scalars only, no records",
-    "evaluation.search:exact_search": "a public call's keyword arguments (exact search over a store)",
     "codes.faiss_codes:train_faiss": "faiss's training settings, passed to faiss as they are",
     "codes:train_codec": "a public call: every family's keyword options (faiss's passed on as they are)",
     "export:export": "a public call's keyword arguments (streamwhiten.export.export)",
