@@ -281,7 +281,8 @@ def _pairs(
 def _retrieval(
     model: WhiteningModel, inputs: Inputs, sweep: Sweep, grid: dict[str, Any], block_rows: int | None, quiet: bool
 ) -> tuple[WhiteningModel, dict]:
-    from ..evaluation.sweep import SweepGrid, tune_retrieval
+    from ..evaluation.sweep import SweepGrid
+    from ..evaluation.sweep import sweep as run_sweep
 
     given: dict[str, Any] = {
         name: value
@@ -296,9 +297,10 @@ def _retrieval(
     swept = SweepGrid(dtypes=dtypes, max_bytes=sweep.max_bytes, **given, **grid)
     options = retrieval_options_of(inputs, block_rows, sweep.threads, sweep.bootstrap, sweep.seed)
     with progress_bar("tune", quiet) as progress:
-        chosen, summary = tune_retrieval(
+        result = run_sweep(
             model, inputs.queries, inputs.corpus, inputs.qrels, grid=swept, options=options, progress=progress
         )
+    chosen, summary = result.tuned()
     warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)
     return chosen, summary
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from ..core.affine import scale_rows_to_unit
 from ..core.finite import raise_if_nonfinite
-from ..core.model import WhiteningModel, project
+from ..core.model import WhiteningModel, load_model, project
 from ..core.quantize import DEFAULT_INT8_CLIP, Quantization, Storage, quantization_for
 from ..errors import BadInputError, NonFiniteError
 from ..io import Source, open_source, read_ids, remote
@@ -333,16 +333,46 @@ def search_settings(
     # A re-ranking deeper than the corpus re-ranks all of it: its top lists are never longer (each holds
     # queries x depth rows, so --rescore 10**9 would otherwise ask for hundreds of GiB).
     n_corpus = int(corpus.shape[0] if isinstance(corpus, np.ndarray) else corpus.n_rows)
-    reranked_depth = {setting.name: min(setting.rescore, n_corpus) for setting in settings}
-    wanted = {name: max(depth, reranked) for name, reranked in reranked_depth.items()}
+    reranked = {setting.name: min(setting.rescore, n_corpus) for setting in settings}
+    wanted = {name: max(depth, deeper) for name, deeper in reranked.items()}
     block_rows, threads = (options or RetrievalOptions()).block_rows, (options or RetrievalOptions()).threads
+    jobs = _search_jobs(queries, settings, wanted, exclude, corpus_label)
+    coded = [setting for setting in settings if setting.codec is not None]
+    found = iter(search(corpus, jobs, block_rows=block_rows, threads=threads, progress=progress) if jobs else [])
+    code_found = iter(_search_codes(queries, corpus, coded, wanted, exclude, corpus_label, block_rows, progress))
+    results = [next(code_found) if setting.codec is not None else next(found) for setting in settings]
+    again = [
+        RescoreJob(
+            setting.unit(queries),
+            result.rows[:, : reranked[setting.name]],
+            reranked[setting.name],
+            lambda block, start, setting=setting: setting.rescored(block),  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
+        )
+        for setting, result in zip(settings, results, strict=True)
+        if setting.rescore
+    ]
+    rescored = iter(rescore_all(corpus, again, block_rows=block_rows))
+    return {
+        setting.name: _top(result, next(rescored) if setting.rescore else None, reranked[setting.name], depth)
+        for setting, result in zip(settings, results, strict=True)
+    }
+
+
+def _search_jobs(
+    queries: np.ndarray,
+    settings: list[SearchSetting],
+    wanted: dict[str, int],
+    exclude: Exclusions | None,
+    corpus_label: str,
+) -> list[SearchJob]:
+    """The search of each setting stored as floats, int8 or bits (not a code): its queries, its ``wanted``
+    depth, and how a block of corpus rows read becomes what it searches (checked for NaN/Inf)."""
     jobs = []
     for setting in settings:
         if setting.n_features is not None and setting.n_features != queries.shape[1]:
             raise BadInputError(
                 f"setting {setting.name!r} expects {setting.n_features} features, the vectors have {queries.shape[1]}"
             )
-    coded = [setting for setting in settings if setting.codec is not None]
     for setting in settings:
         if setting.codec is not None:
             continue
@@ -352,34 +382,19 @@ def search_settings(
             return setting.searched(_finite(rows, start, corpus_label))
 
         jobs.append(SearchJob(setting.query_vectors(queries), wanted[setting.name], metric, prepare, exclude))
-    found = iter(search(corpus, jobs, block_rows=block_rows, threads=threads, progress=progress) if jobs else [])
-    code_found = iter(_search_codes(queries, corpus, coded, wanted, exclude, corpus_label, block_rows, progress))
-    results = [next(code_found) if setting.codec is not None else next(found) for setting in settings]
-    again = [
-        RescoreJob(
-            setting.unit(queries),
-            result.rows[:, : reranked_depth[setting.name]],
-            reranked_depth[setting.name],
-            lambda block, start, setting=setting: setting.rescored(block),  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
-        )
-        for setting, result in zip(settings, results, strict=True)
-        if setting.rescore
-    ]
-    reranked = iter(rescore_all(corpus, again, block_rows=block_rows))
-    out = {}
-    for setting, result in zip(settings, results, strict=True):
-        rows, values = result.rows, result.values
-        if setting.rescore:
-            ranked = next(reranked)
-            rows = np.concatenate([ranked.rows, rows[:, reranked_depth[setting.name] :]], axis=1)
-            values = np.full(rows.shape, -np.inf, dtype=ranked.values.dtype)
-            values[:, : ranked.values.shape[1]] = ranked.values
-        out[setting.name] = SearchResult(
-            np.ascontiguousarray(rows[:, :depth]),
-            np.ascontiguousarray(values[:, :depth]),
-            "ip" if setting.rescore else result.metric,
-        )
-    return out
+    return jobs
+
+
+def _top(result: SearchResult, ranked: SearchResult | None, reranked: int, depth: int) -> SearchResult:
+    """The top ``depth`` of a search, its first ``reranked`` rows replaced by their re-ranking ``ranked``
+    (then scored by inner products, -inf past them) where it re-ranks."""
+    rows, values = result.rows, result.values
+    if ranked is not None:
+        rows = np.concatenate([ranked.rows, rows[:, reranked:]], axis=1)
+        values = np.full(rows.shape, -np.inf, dtype=ranked.values.dtype)
+        values[:, : ranked.values.shape[1]] = ranked.values
+    metric = "ip" if ranked is not None else result.metric
+    return SearchResult(np.ascontiguousarray(rows[:, :depth]), np.ascontiguousarray(values[:, :depth]), metric)
 
 
 def _search_codes(
@@ -620,7 +635,16 @@ def resolve_storage(
 ) -> Storage | CodeSearch:
     """How a search stores the corpus, checked: a vector code ``NAME:BYTES`` as a `CodeSearch`, else a
     `Storage` (`search_storage`); each of ``dtype``, ``rescore``, ``rescore_dtype``, ``int8_clip`` as given,
-    else the model's recorded storage's (its code where it records one), else the defaults."""
+    else the model's recorded storage's (its code where it records one), else the defaults.
+
+    ``int8`` needs the model (its statistics set the scales, raw ones included); so does a vector code
+    (``eigen:24``, ``faiss-pq:16``; ``streamwhiten.codes.CODES``): the unit vectors' code rows, searched by
+    the codec's estimate of ``<q, x>`` for float32 queries; the whitened vectors by the model's codec where
+    it records that code, else one trained from the statistics (and for ``faiss-*`` and ``bits-itq`` a
+    seeded sample of 10,000 corpus rows), the raw vectors by the same code trained for them. ``rescore``
+    re-ranks the top N of bits or a code with ``rescore_dtype`` (float32 or int8) vectors; ``int8_clip``:
+    the standard deviations the int8 codes span about each component's mean (default 4).
+    """
     from ..codes.storage import is_code, parse_code
 
     if is_code(dtype):
@@ -652,7 +676,7 @@ def evaluate_retrieval(
     progress: Callable[[int, int], None] | None = None,
 ) -> RetrievalResult:
     """Retrieval metrics (x100) of the raw vectors and, given a model, of its whitening, on the same
-    queries, with a paired bootstrap interval of each difference.
+    queries, with a paired bootstrap interval of each difference (a `RetrievalResult`).
 
     Parameters
     ----------
@@ -666,35 +690,20 @@ def evaluate_retrieval(
         Its setting (beta, gamma, k) is evaluated as ``whitened``; without it only ``raw`` is. A path
         is loaded.
     storage : str, Storage or CodeSearch, optional
-        How the corpus is stored while searched, raw and whitened alike: ``float32``, ``float16``,
-        ``int8`` (needs the model: its statistics set the scales, raw ones included), ``binary``, or a
-        vector code ``NAME:BYTES`` (``eigen:24``, ``faiss-pq:16``; ``streamwhiten.codes.CODES``; needs the
-        model): the unit vectors' code rows, searched by the codec's estimate of ``<q, x>`` for float32
-        queries; the whitened vectors by the model's codec where it records that code, else one trained
-        from the statistics (and for ``faiss-*`` and ``bits-itq`` a seeded sample of 10,000 corpus rows),
-        the raw vectors by the same code trained for them. A name takes its re-ranking and int8 span from
-        the model's storage (`resolve_storage`, which also makes one from each setting); default: the
-        model's storage (what ``tune`` chose, or its code), float32 without one.
+        How the corpus is stored while searched, raw and whitened alike: a name (``float32``, ``float16``,
+        ``int8``, ``binary`` or a vector code ``NAME:BYTES``) with the re-ranking and int8 span of the
+        model's storage, or what `resolve_storage` makes of each setting (see there); default: the model's
+        storage (what ``tune`` chose, or its code), float32 without one.
     options : RetrievalOptions, optional
         The exclude file (``(query, corpus)`` pairs dropped from that query's candidates), the id columns,
         ``bootstrap`` and ``seed`` (resamples of the queries for the intervals, 0: none, and the generator's
         seed), ``block_rows`` and ``threads``, as one [`RetrievalOptions`][streamwhiten.options.RetrievalOptions].
     progress : callable, optional
         ``progress(rows_done, n_rows)``.
-
-    Returns
-    -------
-    RetrievalResult
-        The task, the mean of each of `METRICS` (x100) raw and whitened, and the paired bootstrap
-        interval of each difference.
     """
     options = retrieval_options(options)
-    model_file = None
-    if isinstance(model, (str, os.PathLike)):
-        from ..core.model import load_model
-
-        model_file = os.fspath(model)
-        model = load_model(model_file)
+    model_file = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    model = load_model(model_file) if model_file is not None else cast("WhiteningModel | None", model)
     if storage is None or isinstance(storage, str):
         storage = resolve_storage(model, storage)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
@@ -854,66 +863,79 @@ def open_task(
     exclude files read against their ids, the evaluated queries read and checked for NaN/Inf. Close it
     when done (a context manager)."""
     options = retrieval_options(options)
-    exclude, query_id_column, corpus_id_column = options.exclude, options.query_id_column, options.corpus_id_column
+    id_columns = (options.query_id_column, options.corpus_id_column)
     opened: list = []
     try:
-        query_store, mine = _open(queries)
-        if mine:
-            opened.append(cast(Source, query_store))  # open_source's
-        corpus_store, mine = _open(corpus)
-        if mine:
-            opened.append(cast(Source, corpus_store))  # open_source's
-        n_features = query_store.n_features if isinstance(query_store, Source) else query_store.shape[1]
-        corpus_features = corpus_store.n_features if isinstance(corpus_store, Source) else corpus_store.shape[1]
-        if n_features != corpus_features:
-            raise BadInputError(
-                f"queries and corpus differ in width: {_label(query_store, 'queries')} has {n_features} columns "
-                f"but {_label(corpus_store, 'corpus')} has {corpus_features}"
-            )
-        if model is not None and model.n_features != n_features:
-            raise BadInputError(
-                f"the model expects {model.n_features} features but {_label(corpus_store, 'corpus')} has {n_features}"
-            )
-        query_ids = _ids(query_store, query_id_column, "queries")
-        corpus_ids = _ids(corpus_store, corpus_id_column, "corpus")
-        judged = qrels if isinstance(qrels, Qrels) else read_qrels(qrels, query_ids, corpus_ids)
+        query_store, corpus_store = _open_stores(queries, corpus, model, opened)
+        ids = (_ids(query_store, id_columns[0], "queries"), _ids(corpus_store, id_columns[1], "corpus"))
+        judged = qrels if isinstance(qrels, Qrels) else read_qrels(qrels, *ids)
         query_rows = judged.query_rows()
-        excluded = Exclusions.none(query_rows.size)
-        exclude_info = None
-        if exclude is not None:
-            ex_queries, ex_rows = read_exclude(os.fspath(exclude), query_ids, corpus_ids, judged)
-            position = np.searchsorted(query_rows, ex_queries)
-            keep = (position < query_rows.size) & (query_rows[np.minimum(position, query_rows.size - 1)] == ex_queries)
-            excluded = Exclusions.from_pairs(query_rows.size, position[keep], ex_rows[keep])
-            exclude_info = {
-                "exclude": remote.redact(str(exclude)),
-                "n_pairs": int(ex_queries.size),
-                "n_pairs_used": int(keep.sum()),
-            }
-        if isinstance(query_store, Source):
-            vectors = query_store.read(0, query_store.n_rows)[query_rows]
-        else:
-            vectors = np.asarray(query_store)[query_rows]
-        finite = np.isfinite(vectors).all(axis=1)
-        if not finite.all():
-            row = int(query_rows[np.argmin(finite)])
-            raise NonFiniteError(f"{_label(query_store, 'queries')}: row {row} holds NaN or Inf", row=row)
+        excluded, exclude_info = _exclusions(options.exclude, ids, judged, query_rows)
+        vectors = _query_vectors(query_store, query_rows)
     except BaseException:
         for store in opened:
             store.close()
         raise
     return RetrievalTask(
-        query_store,
-        corpus_store,
-        judged,
-        query_rows,
-        vectors,
-        excluded,
-        exclude_info,
-        (query_id_column, corpus_id_column),
-        opened,
-        (query_ids, corpus_ids),
+        query_store, corpus_store, judged, query_rows, vectors, excluded, exclude_info, id_columns, opened, ids
     )
+
+
+def _open_stores(
+    queries: Any, corpus: Any, model: Any, opened: list
+) -> tuple[Source | np.ndarray, Source | np.ndarray]:
+    """The queries and the corpus opened (those opened here added to ``opened``), checked to be of one width,
+    the model's."""
+    stores = []
+    for spec in (queries, corpus):
+        store, mine = _open(spec)
+        if mine:
+            opened.append(cast(Source, store))  # open_source's
+        stores.append(store)
+    query_store, corpus_store = stores
+    n_features = query_store.n_features if isinstance(query_store, Source) else query_store.shape[1]
+    corpus_features = corpus_store.n_features if isinstance(corpus_store, Source) else corpus_store.shape[1]
+    if n_features != corpus_features:
+        raise BadInputError(
+            f"queries and corpus differ in width: {_label(query_store, 'queries')} has {n_features} columns "
+            f"but {_label(corpus_store, 'corpus')} has {corpus_features}"
+        )
+    if model is not None and model.n_features != n_features:
+        raise BadInputError(
+            f"the model expects {model.n_features} features but {_label(corpus_store, 'corpus')} has {n_features}"
+        )
+    return query_store, corpus_store
+
+
+def _exclusions(
+    exclude: Any, ids: tuple[Ids, Ids], judged: Qrels, query_rows: np.ndarray
+) -> tuple[Exclusions, dict | None]:
+    """The excluded pairs of the evaluated queries as the searches take them, and what the result records
+    of the exclude file (None without one)."""
+    if exclude is None:
+        return Exclusions.none(query_rows.size), None
+    ex_queries, ex_rows = read_exclude(os.fspath(exclude), *ids, judged)
+    position = np.searchsorted(query_rows, ex_queries)
+    keep = (position < query_rows.size) & (query_rows[np.minimum(position, query_rows.size - 1)] == ex_queries)
+    excluded = Exclusions.from_pairs(query_rows.size, position[keep], ex_rows[keep])
+    return excluded, {
+        "exclude": remote.redact(str(exclude)),
+        "n_pairs": int(ex_queries.size),
+        "n_pairs_used": int(keep.sum()),
+    }
+
+
+def _query_vectors(store: Source | np.ndarray, query_rows: np.ndarray) -> np.ndarray:
+    """The evaluated queries' vectors, read whole, checked for NaN/Inf."""
+    if isinstance(store, Source):
+        vectors = store.read(0, store.n_rows)[query_rows]
+    else:
+        vectors = np.asarray(store)[query_rows]
+    finite = np.isfinite(vectors).all(axis=1)
+    if not finite.all():
+        row = int(query_rows[np.argmin(finite)])
+        raise NonFiniteError(f"{_label(store, 'queries')}: row {row} holds NaN or Inf", row=row)
+    return vectors
 
 
 __all__ = [

@@ -343,62 +343,29 @@ def sweep_rows(
     pairs that store a vector in that many bytes or fewer are searched (and keyed)."""
     options = options or RetrievalOptions()
     keep = keep or (lambda top: top)
-    depth = DEPTH
     reading = Reading(task.corpus, task.corpus_label, options.block_rows, resolve_threads(options.threads))
 
     def fits(candidate: Candidate, storage: Storage) -> bool:
         return max_bytes is None or storage.bytes_per_vector(candidate.k) <= max_bytes
 
     candidates = [c for c in candidates if any(fits(c, storage) for storage in storages)]
-    bit_depth = max([depth] + [storage.rescore for storage in storages])
     floats = [storage for storage in storages if storage.dtype != "binary"]
     reranks = [storage for storage in storages if storage.rescore]
-    plan = _Plan(task, bases, fits, depth)
-    # pass 1: the raw reference and the bits of each (beta, k), for every gamma
-    first: list[tuple[Any, int]] = [(None, depth)]
-    if any(storage.dtype == "binary" for storage in storages):
-        wanted = [c for c in candidates if any(fits(c, s) for s in storages if s.dtype == "binary")]
-        first += [(key, bit_depth) for key in dict.fromkeys(c.bits_key for c in wanted)]
-    query_cost = task.vectors.shape[0] * 8
-    list_bytes = task.vectors.shape[0] * 16  # a top list's rows (int64) and scores (float64 or int64), per slot
-    first_groups = _groups(first, lambda item: list_bytes * item[1] + query_cost * task.n_features, TOP_LIST_BYTES)
-    # the later passes: the float, float16 and int8 searches and the re-rankings of the bits (a setting
-    # whose only storage within the budget is binary+rescore is re-ranked there too)
-    floated = [c for c in candidates if any(fits(c, storage) for storage in floats + reranks)]
-    later = _groups(
-        floated,
-        lambda c: (
-            query_cost * c.k
-            + list_bytes * depth * sum(fits(c, s) for s in floats)
-            + 2 * list_bytes * sum(s.rescore for s in reranks if fits(c, s))
-        ),
-        TOP_LIST_BYTES,
-    )
+    plan = _Plan(task, bases, fits, DEPTH)
+    first, later = _passes(plan, candidates, storages)
     n_rows = task.n_corpus
-    total = n_rows * (len(first_groups) + len(later))
-    done = [0]
+    done, total = [0], n_rows * (len(first) + len(later))
 
     def step(rows_done: int, _: int):
         if progress is not None:
             progress(done[0] + rows_done, total)
 
-    reference = None
-    bits: dict = {}
-    for group in first_groups:
-        uses = [plan.reference() if key is None else plan.bits(key, searched) for key, searched in group]
-        run_pass(reading, plan.rotations, uses, step)
+    reference, bits = None, {}
+    for group in first:  # the raw reference and the bits of each (beta, k), for every gamma
+        found = _search_first(plan, group, reading, step)
+        reference = found.pop(None, reference)
+        bits.update(found)
         done[0] += n_rows
-        for (key, _), use in zip(group, uses, strict=True):
-            job = use.jobs[0]
-            rows = job._state["rows"]
-            if key is None:  # the raw reference: its cosines show the queries that are corpus rows
-                values = job._state["values"]
-                reference = SearchResult(
-                    np.ascontiguousarray(rows[:, :depth]), np.ascontiguousarray(values[:, :depth]), job.metric
-                )
-            else:
-                bits[key] = rows
-        del uses  # the pass's scores and queries: only the top rows are kept
     out: dict = {}
     for group in later:
         out.update(_search_group(plan, group, floats, reranks, bits, reading, step, keep))
@@ -406,7 +373,7 @@ def sweep_rows(
     for candidate in candidates:
         for storage in storages:
             if storage.dtype == "binary" and not storage.rescore and fits(candidate, storage):
-                out[(candidate, storage)] = keep(np.ascontiguousarray(bits[candidate.bits_key][:, :depth]))
+                out[(candidate, storage)] = keep(np.ascontiguousarray(bits[candidate.bits_key][:, :DEPTH]))
     assert reference is not None  # the first pass always searches it
     return reference, out
 
@@ -445,6 +412,54 @@ class _Plan:
         queries = np.packbits(self.queries(use.rotation, None, k) > 0, axis=1)
         use.jobs.append(SearchJob(queries, depth, "hamming", partial(stored, quantization), self.task.excluded))
         return use
+
+
+def _passes(plan: _Plan, candidates: list[Candidate], storages: list[Storage]) -> tuple[list[list], list[list]]:
+    """The passes of `sweep_rows`, each holding at most `TOP_LIST_BYTES` of top lists and queries: the first
+    ones search the raw reference (key None) and the bits of each (beta, k) (`Candidate.bits_key`), each with
+    its depth; the later ones the maps whose float, float16 and int8 searches and re-rankings of the bits fit
+    (a setting whose only storage within the budget is binary+rescore is re-ranked there too)."""
+    task, depth, fits = plan.task, plan.depth, plan.fits
+    bit_depth = max([depth] + [storage.rescore for storage in storages])
+    floats = [storage for storage in storages if storage.dtype != "binary"]
+    reranks = [storage for storage in storages if storage.rescore]
+    first: list[tuple[Any, int]] = [(None, depth)]
+    if any(storage.dtype == "binary" for storage in storages):
+        wanted = [c for c in candidates if any(fits(c, s) for s in storages if s.dtype == "binary")]
+        first += [(key, bit_depth) for key in dict.fromkeys(c.bits_key for c in wanted)]
+    query_cost = task.vectors.shape[0] * 8
+    list_bytes = task.vectors.shape[0] * 16  # a top list's rows (int64) and scores (float64 or int64), per slot
+    first_groups = _groups(first, lambda item: list_bytes * item[1] + query_cost * task.n_features, TOP_LIST_BYTES)
+    floated = [c for c in candidates if any(fits(c, storage) for storage in floats + reranks)]
+    later = _groups(
+        floated,
+        lambda c: (
+            query_cost * c.k
+            + list_bytes * depth * sum(fits(c, s) for s in floats)
+            + 2 * list_bytes * sum(s.rescore for s in reranks if fits(c, s))
+        ),
+        TOP_LIST_BYTES,
+    )
+    return first_groups, later
+
+
+def _search_first(plan: _Plan, group: list[tuple[Any, int]], reading: Reading, progress: Callable) -> dict:
+    """One first pass (see `_passes`): ``{None: the raw reference's SearchResult, bits key: its top rows}``."""
+    depth = plan.depth
+    uses = [plan.reference() if key is None else plan.bits(key, searched) for key, searched in group]
+    run_pass(reading, plan.rotations, uses, progress)
+    out: dict = {}
+    for (key, _), use in zip(group, uses, strict=True):
+        job = use.jobs[0]
+        rows = job._state["rows"]
+        if key is None:  # the raw reference: its cosines show the queries that are corpus rows
+            values = job._state["values"]
+            out[None] = SearchResult(
+                np.ascontiguousarray(rows[:, :depth]), np.ascontiguousarray(values[:, :depth]), job.metric
+            )
+        else:
+            out[key] = rows
+    return out  # the pass's scores and queries go with its uses: only the top rows are kept
 
 
 def _search_group(
@@ -729,6 +744,52 @@ class RetrievalTuneResult:
         top = choose_within(self.table, self.metric, self.max_bytes)
         return self.best if not _score(top, self.metric) > _score(self.best, self.metric) else top  # a tie: the choice
 
+    def tuned(self) -> tuple[WhiteningModel, dict]:
+        """The chosen model (its setting and storage, with a record in ``info["tuned"]``) and a summary
+        (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``): what ``tune`` writes and prints."""
+        chosen, best = self.chosen_model(), self.best
+        described = dict(describe_stored(chosen), rescore=best["rescore"], rescore_dtype=best["rescore_dtype"])
+        if best.get("code"):  # the raw vectors coded: what is stored is the code, not the map's floats
+            described.update(dtype=best["dtype"], bytes_per_vector=best["bytes_per_vector"], code=best["code"])
+        summary = dict(self.to_json(), chosen=described, test=None)
+        return replace(chosen, info=dict(chosen.info, tuned=self._record(described))), summary
+
+    def _record(self, described: dict) -> dict:
+        """The record of the tuning a tuned model keeps: the setting, the validation, the choice, the frontier
+        and the best of each storage family."""
+        keep = (
+            "beta",
+            "gamma",
+            "k",
+            "storage",
+            "bytes_per_vector",
+            self.metric,
+            "retention",
+            "difference",
+            "low",
+            "high",
+        )
+        task, best = self.task, self.best
+        return {
+            "mode": "retrieval",
+            "metric": self.metric,
+            "max_bytes": self.max_bytes,
+            "tolerance": self.tolerance,
+            "setting": described,
+            "validation": {
+                **{key: task[key] for key in ("queries", "corpus", "qrels", "n_queries")},
+                "raw": {key: self.raw[key] for key in (*METRICS, "bytes_per_vector")},
+                "chosen": {key: best[key] for key in (*METRICS, "retention", "difference", "low", "high")},
+            },
+            "selection": self.selection,
+            "frontier": [{key: row[key] for key in keep} for row in self.frontier],
+            "families": [
+                dict({key: row[key] for key in keep}, family=family_of(row))
+                for row in best_per_family(self.table, self.metric, self.max_bytes)
+            ],
+            "grid_size": len(self.table),
+        }
+
     def to_json(self) -> dict[str, Any]:
         """The sweep and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row
         the rule chose, ``highest`` the row scoring highest on these queries within the budget."""
@@ -782,6 +843,48 @@ def sweep(
     if not isinstance(grid, SweepGrid):
         raise BadInputError(f"grid must be a SweepGrid, got {type(grid).__name__}")
     options = retrieval_options(options)
+    plan = _sweep_plan(model, grid, budgets)
+    with open_task(queries, corpus, qrels, model=model, options=options) as task:
+        plan = replace(plan, code_sizes=_trainable(plan.code_sizes, grid, task.n_corpus))
+        finish = begin(
+            progress,
+            f"search up to {len(plan.candidates)} maps in {len(plan.storages)} storages over {task.n_corpus:,} rows",
+        )
+        keep = partial(_per_query, task)
+        reference, rows = sweep_rows(
+            task,
+            plan.candidates,
+            plan.bases,
+            plan.storages,
+            options=options,
+            progress=progress,
+            max_bytes=plan.limit,
+            keep=keep,
+        )
+        finish()
+        codecs = _sweep_codes(task, grid, plan.code_sizes, options, progress)
+    finish = begin(progress, f"score the settings and choose ({grid.select} rule)", None)
+    result = _scored(task, plan, grid, options, reference, rows, codecs)
+    finish()
+    return result
+
+
+@dataclass(frozen=True)
+class _SweepPlan:
+    """What a sweep searches: the maps (``candidates``, their ``bases``), the storages, ``{code: [bytes to
+    train at]}`` and the largest budget (``limit``; None: none)."""
+
+    candidates: list[Candidate]
+    bases: dict
+    storages: list[Storage]
+    code_sizes: dict[str, list[int]]
+    limit: int | None
+    n_features: int
+
+
+def _sweep_plan(model: WhiteningModel, grid: SweepGrid, budgets: Any) -> _SweepPlan:
+    """The maps, storages and codes of a sweep, after every check that needs no pass over the corpus: the
+    grid with the references of the budgets (``budgets``, default ``grid.max_bytes``) added."""
     storages = grid.storages()
     wanted = [grid.max_bytes] if budgets is None else list(budgets)
     raw_ks = [k for k in (reference_k(model.n_features, budget) for budget in wanted) if k is not None]
@@ -792,121 +895,103 @@ def sweep(
     candidates, bases = retrieval_grid(
         model, grid.betas, grid.gammas, grid.ks, grid.variances, grid.eps, raw_ks=tuple(dict.fromkeys(raw_ks))
     )
-    metric, bootstrap, seed = grid.metric, options.bootstrap, options.seed
     limit = None if None in wanted else max(budget for budget in wanted if budget is not None)
     needs_reference = budgets is not None or grid.select != "argmax"
     code_sizes = _checked_first(grid, model.n_features, candidates, storages, wanted, needs_reference)
-    codecs: dict = {}
-    code_tops: dict = {}
-    with open_task(queries, corpus, qrels, model=model, options=options) as task:
-        code_sizes = _trainable(code_sizes, grid, task.n_corpus)
-        finish = begin(
-            progress, f"search up to {len(candidates)} maps in {len(storages)} storages over {task.n_corpus:,} rows"
-        )
-        reference, rows = sweep_rows(
-            task,
-            candidates,
-            bases,
-            storages,
-            options=options,
-            progress=progress,
-            max_bytes=limit,
-            keep=partial(_per_query, task),
-        )
-        finish()
-        if code_sizes:
-            to_train = [(name, size) for name, sizes in code_sizes.items() for size in sizes]
-            finish = begin(progress, f"read the corpus's statistics and a sample for {len(to_train)} codes")
-            mean, covariance, sample = unit_statistics(
-                task, grid.code_sample, grid.code_seed, options.block_rows, progress=progress
-            )
-            finish()
-            finish = begin(progress, f"train {len(to_train)} codes on {sample.shape[0]:,} rows", "codes")
-            trained = train_codes(
-                to_train, mean, covariance, sample, grid.code_seed, resolve_threads(options.threads), progress=progress
-            )
-            finish()
-            for (name, _size), codec in zip(to_train, trained, strict=True):
-                codecs[f"{name}-{codec.bytes_per_vector}B"] = (name, codec)
-            finish = begin(progress, f"search {len(codecs)} codes over {task.n_corpus:,} rows")
-            code_tops = search_codes(
-                task,
-                {label: codec for label, (_name, codec) in codecs.items()},
-                DEPTH,
-                options.block_rows,
-                progress=None if progress is None else partial(_rows_of, progress, task.n_corpus),
-                threads=resolve_threads(options.threads),
-            )
-            finish()
-    finish = begin(progress, f"score the settings and choose ({grid.select} rule)", None)
-    raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
-    matches = find_self_matches(task, reference.rows, reference.values, "float32")
-    raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
-    table, each = [], []
-    for candidate in candidates:
-        for storage in storages:
-            if (candidate, storage) not in rows:  # over the budget: not searched
-                continue
-            per_query = rows[(candidate, storage)]
-            each.append(per_query[metric])
-            table.append(
-                dict(
-                    beta=candidate.beta,
-                    gamma=candidate.gamma,
-                    k=candidate.k,
-                    k_label=candidate.k_label,
-                    vectors=candidate.vectors,
-                    storage=storage.label,
-                    dtype=storage.dtype,
-                    rescore=storage.rescore,
-                    rescore_dtype=storage.rescore_dtype if storage.rescore else None,
-                    bytes_per_vector=storage.bytes_per_vector(candidate.k),
-                    **mean_metrics(per_query),
-                )
-            )
-    for label, (name, codec) in codecs.items():
-        per_query = query_metrics(code_tops[label], task.query_rows, task.qrels)
-        each.append(per_query[metric])
-        table.append(
-            dict(
-                beta=0.0,
-                gamma=0.0,
-                k=model.n_features,
-                k_label=str(model.n_features),
-                vectors="raw",
-                storage=label,
-                dtype=name,
-                rescore=0,
-                rescore_dtype=None,
-                bytes_per_vector=int(codec.bytes_per_vector),
-                code=code_record(codec, name, min(grid.code_sample, task.n_corpus), grid.code_seed),
-                **mean_metrics(per_query),
-            )
-        )
-    # one set of resamples of the queries for the intervals, the rule and its forecast
-    resamples = Resamples(len(raw_each[metric]), bootstrap or BOOTSTRAP_SAMPLES, seed)
-    differences = bootstrap_differences(raw_each[metric], each, bootstrap, seed, resamples=resamples)
-    for row, (difference, low, high) in zip(table, differences, strict=True):
-        row.update(
-            retention=100.0 * row[metric] / raw[metric] if raw[metric] > 0 else None,
-            difference=difference,
-            low=low,
-            high=high,
-        )
-    each_query = np.stack(each)
-    index, selection = choose_generalising(
-        table,
-        each_query,
-        metric,
-        model.n_features,
-        grid,
-        resamples=resamples,
+    return _SweepPlan(candidates, bases, storages, code_sizes, limit, model.n_features)
+
+
+def _sweep_codes(
+    task: RetrievalTask,
+    grid: SweepGrid,
+    code_sizes: dict[str, list[int]],
+    options: RetrievalOptions,
+    progress: Callable[[int, int], None] | None,
+) -> dict[str, tuple[str, Any, np.ndarray]]:
+    """``{label: (family, codec, top rows)}``: each code of ``code_sizes`` trained on the unit rows'
+    statistics and a sample (one pass), then all searched (one more)."""
+    if not code_sizes:
+        return {}
+    to_train = [(name, size) for name, sizes in code_sizes.items() for size in sizes]
+    finish = begin(progress, f"read the corpus's statistics and a sample for {len(to_train)} codes")
+    mean, covariance, sample = unit_statistics(
+        task, grid.code_sample, grid.code_seed, options.block_rows, progress=progress
     )
-    best = table[index]
     finish()
+    finish = begin(progress, f"train {len(to_train)} codes on {sample.shape[0]:,} rows", "codes")
+    threads = resolve_threads(options.threads)
+    trained = train_codes(to_train, mean, covariance, sample, grid.code_seed, threads, progress=progress)
+    finish()
+    codecs = {
+        f"{name}-{codec.bytes_per_vector}B": (name, codec) for (name, _), codec in zip(to_train, trained, strict=True)
+    }
+    finish = begin(progress, f"search {len(codecs)} codes over {task.n_corpus:,} rows")
+    told = None if progress is None else partial(_rows_of, progress, task.n_corpus)
+    tops = search_codes(
+        task,
+        {label: codec for label, (_, codec) in codecs.items()},
+        DEPTH,
+        options.block_rows,
+        progress=told,
+        threads=threads,
+    )
+    finish()
+    return {label: (name, codec, tops[label]) for label, (name, codec) in codecs.items()}
+
+
+def _map_row(candidate: Candidate, storage: Storage, scores: dict[str, float]) -> dict[str, Any]:
+    """The table row of a map stored one way (before its difference from the reference)."""
+    return dict(
+        beta=candidate.beta,
+        gamma=candidate.gamma,
+        k=candidate.k,
+        k_label=candidate.k_label,
+        vectors=candidate.vectors,
+        storage=storage.label,
+        dtype=storage.dtype,
+        rescore=storage.rescore,
+        rescore_dtype=storage.rescore_dtype if storage.rescore else None,
+        bytes_per_vector=storage.bytes_per_vector(candidate.k),
+        **scores,
+    )
+
+
+def _scored(
+    task: RetrievalTask,
+    plan: _SweepPlan,
+    grid: SweepGrid,
+    options: RetrievalOptions,
+    reference: SearchResult,
+    rows: dict,
+    codecs: dict[str, tuple[str, Any, np.ndarray]],
+) -> RetrievalTuneResult:
+    """The table of every map and storage searched and every code, each against the raw float32 reference
+    with its paired bootstrap interval, and the rule's choice."""
+    metric, d = grid.metric, plan.n_features
+    raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
+    raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * d)
+    searched = [(c, s) for c in plan.candidates for s in plan.storages if (c, s) in rows]  # the rest: over the budget
+    table = [_map_row(c, s, mean_metrics(rows[(c, s)])) for c, s in searched]
+    each = [rows[pair][metric] for pair in searched]
+    sample_rows = min(grid.code_sample, task.n_corpus)
+    for label, (name, codec, top) in codecs.items():
+        per_query = query_metrics(top, task.query_rows, task.qrels)
+        code = code_record(codec, name, sample_rows, grid.code_seed)
+        row = _map_row(Candidate(0.0, 0.0, d, str(d), "raw", "identity"), Storage(), {})
+        row.update(storage=label, dtype=name, bytes_per_vector=int(codec.bytes_per_vector), code=code)
+        table.append(dict(row, **mean_metrics(per_query)))
+        each.append(per_query[metric])
+    # one set of resamples of the queries for the intervals, the rule and its forecast
+    resamples = Resamples(len(raw_each[metric]), options.bootstrap or BOOTSTRAP_SAMPLES, options.seed)
+    differences = bootstrap_differences(raw_each[metric], each, options.bootstrap, options.seed, resamples=resamples)
+    for row, (difference, low, high) in zip(table, differences, strict=True):
+        retention = 100.0 * row[metric] / raw[metric] if raw[metric] > 0 else None
+        row.update(retention=retention, difference=difference, low=low, high=high)
+    each_query = np.stack(each)
+    index, selection = choose_generalising(table, each_query, metric, d, grid, resamples=resamples)
     return RetrievalTuneResult(
         table,
-        best,
+        table[index],
         raw,
         frontier(table, metric),
         metric,
@@ -914,12 +999,12 @@ def sweep(
         grid.tolerance,
         task.describe(),
         bootstrap_record(options),
-        bases,
-        {storage.label: storage for storage in storages},
+        plan.bases,
+        {storage.label: storage for storage in plan.storages},
         selection,
         each_query,
-        {label: codec for label, (_name, codec) in codecs.items()},
-        matches,
+        {label: codec for label, (_, codec, _) in codecs.items()},
+        find_self_matches(task, reference.rows, reference.values, "float32"),
     )
 
 
@@ -1048,79 +1133,6 @@ def store_codec(model: WhiteningModel, codec: Any, record: dict[str, Any]) -> Wh
     )
 
 
-def tune_retrieval(
-    model: WhiteningModel,
-    queries: Any,
-    corpus: Any,
-    qrels: Any,
-    *,
-    grid: SweepGrid | None = None,
-    options: RetrievalOptions | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[WhiteningModel, dict]:
-    """Run `sweep` and return the chosen model (its setting and storage, with a record in
-    ``info["tuned"]``) and a summary (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``)."""
-    result = sweep(model, queries, corpus, qrels, grid=grid, options=options, progress=progress)
-    chosen = result.chosen_model()
-    best = result.best
-    summary = result.to_json()
-    storage = chosen.storage
-    if best.get("code"):  # the raw vectors coded: what is stored is the code, not the map's floats
-        described = dict(
-            describe_stored(chosen),
-            dtype=best["dtype"],
-            bytes_per_vector=best["bytes_per_vector"],
-            rescore=0,
-            rescore_dtype=None,
-            code=best["code"],
-        )
-    else:
-        assert storage is not None  # model_for records the row's storage
-        described = dict(
-            describe_stored(chosen),
-            rescore=storage.rescore,
-            rescore_dtype=storage.rescore_dtype if storage.rescore else None,
-        )
-    keep = (
-        "beta",
-        "gamma",
-        "k",
-        "storage",
-        "bytes_per_vector",
-        result.metric,
-        "retention",
-        "difference",
-        "low",
-        "high",
-    )
-    record = {
-        "mode": "retrieval",
-        "metric": result.metric,
-        "max_bytes": result.max_bytes,
-        "tolerance": result.tolerance,
-        "setting": described,
-        "validation": {
-            "queries": result.task["queries"],
-            "corpus": result.task["corpus"],
-            "qrels": result.task["qrels"],
-            "n_queries": result.task["n_queries"],
-            "raw": {key: result.raw[key] for key in (*METRICS, "bytes_per_vector")},
-            "chosen": {key: best[key] for key in (*METRICS, "retention", "difference", "low", "high")},
-        },
-        "selection": result.selection,
-        "frontier": [{key: row[key] for key in keep} for row in result.frontier],
-        "families": [
-            dict({key: row[key] for key in keep}, family=family_of(row))
-            for row in best_per_family(result.table, result.metric, result.max_bytes)
-        ],
-        "grid_size": len(result.table),
-    }
-    chosen = replace(chosen, info=dict(chosen.info, tuned=record))
-    summary["chosen"] = described
-    summary["test"] = None
-    return chosen, summary
-
-
 __all__ = [
     "DEFAULT_METRIC",
     "DEFAULT_RESCORE",
@@ -1142,5 +1154,4 @@ __all__ = [
     "store_codec",
     "sweep",
     "sweep_rows",
-    "tune_retrieval",
 ]

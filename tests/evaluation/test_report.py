@@ -168,16 +168,16 @@ def test_a_model_tuned_for_retrieval_draws_its_frontier(tmp_path, capsys):
     from conftest import write_task
 
     from streamwhiten.core import stats
-    from streamwhiten.evaluation.sweep import SweepGrid, tune_retrieval
+    from streamwhiten.evaluation.sweep import SweepGrid, sweep
     from streamwhiten.options import RetrievalOptions
 
     task = write_task(tmp_path, seed=1, n=400, n_queries=15)
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
-    tuned, summary = tune_retrieval(
+    tuned, summary = sweep(
         model, task["spec_q"], task["spec_c"], task["qrels"],
         grid=SweepGrid(betas=[0, 1], gammas=[0, 1], ks=[16, 4], variances=[], max_bytes=20),
         options=RetrievalOptions(bootstrap=50),
-    )  # fmt: skip
+    ).tuned()  # fmt: skip
     save_model(tuned, str(tmp_path / "tuned.npz"))
     assert main(["report", str(tmp_path / "tuned.npz"), "-o", str(tmp_path / "figures"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
