@@ -225,6 +225,7 @@ def frontier(data: Path, pooling: str, args, check: list) -> tuple[list, dict]:
 def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
     import h5py
 
+    from streamwhiten.core.quantize import Storage
     from streamwhiten.evaluation.qrels import Ids, read_exclude, read_qrels
     from streamwhiten.evaluation.retrieval import SearchSetting, mean_metrics, query_metrics, search_settings
     from streamwhiten.evaluation.search import Exclusions
@@ -242,7 +243,8 @@ def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:
     for k in [None] + args.ks:
         variant = model if k is None else model.with_params(n_components=k)
         settings = [SearchSetting.make("float32", variant, raw=k is None)] + [
-            SearchSetting.make(f"c={c}", variant, raw=k is None, dtype="int8", int8_clip=c) for c in args.clips
+            SearchSetting.make(f"c={c}", variant, raw=k is None, storage=Storage("int8", int8_clip=c))
+            for c in args.clips
         ]
         found = search_settings(queries[query_rows], corpus, settings, exclude=exclude)
         rows = {name: result.rows for name, result in found.items()}

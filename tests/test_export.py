@@ -650,9 +650,10 @@ def test_a_failure_while_copying_leaves_nothing(tmp_path, st_model, run_cli):
 
 def search_codes(model, rows, dtype):
     """The corpus rows as the retrieval search stores them, and the record (evaluation.retrieval)."""
+    from streamwhiten.core.quantize import Storage
     from streamwhiten.evaluation.retrieval import SearchSetting
 
-    setting = SearchSetting.make("s", model, dtype=dtype)
+    setting = SearchSetting.make("s", model, storage=Storage(dtype))
     return setting.quantization.encode(setting.unit(rows)), setting.quantization
 
 

@@ -88,15 +88,8 @@ def report(
     summary.update(raw=None, best=None, highest=None)
     lines = [f"D_eff      {model.effective_dimension:.1f} of d={model.n_features}"]
     if data.grid is not None:
-        best, highest = data.grid.best, data.grid.highest
-        summary["raw"], summary["best"], summary["highest"] = data.grid.raw, best, highest
-        lines.append(f"raw        {fmt_scores(data.grid.raw)}")
-        lines.append(
-            f"chosen     {fmt_scores(best)}   {fmt_setting(best)}  (chosen by the rule"
-            + (", and highest on these pairs)" if highest is best else ")")
-        )
-        if highest is not best:
-            lines.append(f"highest    {fmt_scores(highest)}   {fmt_setting(highest)}  (highest on these pairs)")
+        summary.update(raw=data.grid.raw, best=data.grid.best, highest=data.grid.highest)
+        lines += _grid_lines(data.grid.raw, data.grid.best, data.grid.highest)
     summary["frontier"] = None if data.tuned is None else data.tuned["frontier"]
     summary["selection"] = None if data.tuned is None else data.tuned.get("selection")
     if data.tuned is not None:
@@ -105,6 +98,18 @@ def report(
         lines += selection_lines(data.tuned.get("selection"), data.tuned["metric"], "queries")
     lines += [f"wrote      {path}" for path in written]
     emit(as_json, summary, lines)
+
+
+def _grid_lines(raw: dict, best: dict, highest: dict) -> list[str]:
+    """Raw, the rule's choice and the setting highest on the pairs where it is another."""
+    lines = [
+        f"raw        {fmt_scores(raw)}",
+        f"chosen     {fmt_scores(best)}   {fmt_setting(best)}  (chosen by the rule"
+        + (", and highest on these pairs)" if highest is best else ")"),
+    ]
+    if highest is not best:
+        lines.append(f"highest    {fmt_scores(highest)}   {fmt_setting(highest)}  (highest on these pairs)")
+    return lines
 
 
 def _retrieval_choice(record: dict) -> list[str]:

@@ -196,37 +196,23 @@ def tune(
     as_json: bool,
 ) -> None:
     """The ``tune`` command; its help is `_help`'s."""
-    from ..core.model import check_model_output, load_model, save_model
+    from ..core.model import load_model, save_model
 
     inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)
     test = Inputs(pairs_a=test_a, pairs_b=test_b, scores=test_scores)
     sweep = Sweep(max_bytes, dtypes, rescore, rescore_dtype, int8_clip, bootstrap, seed, threads)
     mode = mode_of(inputs, named(**sweep.__dict__))
-    if mode == "pairs" and metric in RETRIEVAL_METRICS:
-        raise BadInputError(f"--metric {metric} is a retrieval metric; for pairs: {', '.join(PAIR_METRICS)}")
-    if mode == "retrieval" and metric in PAIR_METRICS:
-        raise BadInputError(f"--metric {metric} is a pair metric; for retrieval: {', '.join(RETRIEVAL_METRICS)}")
-    if mode == "retrieval" and test.given(PAIRS):
-        raise BadInputError("--test-a/--test-b/--test-scores are held-out pairs: give them with labelled pairs")
-    if output_path and in_place:
-        raise BadInputError("give -o/--output or --in-place, not both")
-    read = [model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, queries, corpus, qrels, exclude]
-    if output_path:
-        from ..io import refuse_input_overlap
-
-        refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"}, read)
-    if output_path or in_place:  # before any work: a .npz name, replacing only a model file of ours
-        check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
+    _refuse_before_work(mode, metric, inputs, test, model_path, output_path, in_place, overwrite)
     model = load_model(model_path)
-    rows = first_given(block_rows, chunk_rows)
-    chosen_metric = metric or ("spearman" if mode == "pairs" else "ndcg@10")
+    metric = metric or ("spearman" if mode == "pairs" else "ndcg@10")
     grid = dict(
-        grid_of(betas, gammas, ks, variances, chosen_metric, model.n_features),
+        grid_of(betas, gammas, ks, variances, metric, model.n_features),
         tolerance=tolerance,
         eps=eps,
         select=select_rule,
         folds=folds,
     )
+    rows = first_given(block_rows, chunk_rows)
     if mode == "pairs":
         chosen, summary = _pairs(model, inputs, test, grid, rows, quiet)
     else:
@@ -235,13 +221,43 @@ def tune(
     if target:
         with stop_on_signals():  # a signal lets the save finish: the file is whole or absent
             summary["file_checksum"] = save_model(chosen, target, overwrite=bool(in_place or overwrite))
-    summary["model"] = model_path
-    summary["written"] = target
+    summary.update(model=model_path, written=target)
     if mode == "pairs":
-        lines = _lines(summary, model, chosen, chosen_metric, tolerance, target)
+        emit(as_json, summary, _lines(summary, model, chosen, metric, tolerance, target))
     else:
-        lines = retrieval_lines(summary, model, chosen, target)
-    emit(as_json, summary, lines)
+        emit(as_json, summary, retrieval_lines(summary, model, chosen, target))
+
+
+def _refuse_before_work(
+    mode: str,
+    metric: str | None,
+    inputs: Inputs,
+    test: Inputs,
+    model_path: str,
+    output_path: str | None,
+    in_place: bool,
+    overwrite: bool,
+) -> None:
+    """The one-line errors of options that do not go together, and of an output that cannot be written,
+    before anything is read."""
+    from ..core.model import check_model_output
+
+    if mode == "pairs" and metric in RETRIEVAL_METRICS:
+        raise BadInputError(f"--metric {metric} is a retrieval metric; for pairs: {', '.join(PAIR_METRICS)}")
+    if mode == "retrieval" and metric in PAIR_METRICS:
+        raise BadInputError(f"--metric {metric} is a pair metric; for retrieval: {', '.join(RETRIEVAL_METRICS)}")
+    if mode == "retrieval" and test.given(PAIRS):
+        raise BadInputError("--test-a/--test-b/--test-scores are held-out pairs: give them with labelled pairs")
+    if output_path and in_place:
+        raise BadInputError("give -o/--output or --in-place, not both")
+    if output_path:
+        from ..io import refuse_input_overlap
+
+        pairs = [inputs.pairs_a, inputs.pairs_b, inputs.scores, test.pairs_a, test.pairs_b, test.scores]
+        read = [model_path, *pairs, inputs.queries, inputs.corpus, inputs.qrels, inputs.exclude]
+        refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"}, read)
+    if output_path or in_place:  # before any work: a .npz name, replacing only a model file of ours
+        check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
 
 
 @dataclass(frozen=True)
@@ -415,7 +431,7 @@ def _row_text(row: dict, metric: str) -> str:
 
 def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target: str | None) -> list[str]:
     """The text of a retrieval sweep: the task, the frontier, the budget and the choice, and what was written."""
-    metric, raw, best = summary["metric"], summary["raw"], summary["best"]
+    metric, raw = summary["metric"], summary["raw"]
     storages = sorted({row["storage"] for row in summary["table"]})
     settings = len(summary["table"]) // max(1, len(storages))
     lines = [
@@ -428,12 +444,29 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
         "fewer or as many bytes):",
         f"  bytes  storage                vectors                    k  {metric:>7}  retain   vs raw float32 [95%]",
         *(_row_text(row, metric) for row in summary["frontier"]),
+        *_choice_lines(summary),
+        *selection_lines(summary.get("selection"), metric, "queries"),
+        *_verdict_lines(summary),
     ]
-    budget = summary["max_bytes"]
+    if target:
+        storage = chosen.storage
+        assert storage is not None  # a retrieval tuning records the storage it chose
+        lines.append(
+            f"wrote      {target} ({_setting_text(chosen)}, storage "
+            f"{storage.label}); `apply`, `export` and `eval` now use them"
+        )
+    else:
+        lines.append("model not changed (pass -o NEW or --in-place to save the chosen setting and storage)")
+    return lines
+
+
+def _choice_lines(summary: dict) -> list[str]:
+    """The budget and the rule's choice, the setting highest on the queries where it is another, and the
+    reference the choice was measured against."""
+    metric, best, budget, tolerance = summary["metric"], summary["best"], summary["max_bytes"], summary["tolerance"]
     within = f"within {budget:,} bytes per vector" if budget is not None else "with no byte budget"
-    tolerance = summary["tolerance"]
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
-    lines.append(
+    lines = [
         f"chosen     {within}"
         + (
             ""
@@ -443,7 +476,7 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
             else f" (the fewest bytes surely within {tolerance:g} points of the reference)"
         )
         + ":"
-    )
+    ]
     highest = summary.get("highest")
     apart = highest is not None and not same_row(best, highest)
     lines.append(
@@ -463,7 +496,13 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
             else f"reference  the rotation's first {reference['k']} components as {reference['storage']}, "
             f"{reference['bytes_per_vector']:,} bytes per vector (the raw vectors' sign bits do not fit the budget)"
         )
-    lines += selection_lines(summary.get("selection"), metric, "queries")
+    return lines
+
+
+def _verdict_lines(summary: dict) -> list[str]:
+    """What won (a code, the raw vectors, plain centring) and how the choice stands against raw float32."""
+    raw, best, budget = summary["raw"], summary["best"], summary["max_bytes"]
+    lines = []
     if best.get("code"):
         lines.append(
             f"           {'an' if best['dtype'][0] in 'aeio' else 'a'} {best['dtype']} code wins: the raw vectors "
@@ -490,13 +529,4 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
             if budget is not None and raw["bytes_per_vector"] > budget
             else "           it loses to raw float32 beyond noise"
         )
-    if target:
-        storage = chosen.storage
-        assert storage is not None  # a retrieval tuning records the storage it chose
-        lines.append(
-            f"wrote      {target} ({_setting_text(chosen)}, storage "
-            f"{storage.label}); `apply`, `export` and `eval` now use them"
-        )
-    else:
-        lines.append("model not changed (pass -o NEW or --in-place to save the chosen setting and storage)")
     return lines

@@ -201,33 +201,27 @@ class SearchSetting:
         model: WhiteningModel | None = None,
         *,
         raw: bool = False,
-        dtype: str = "float32",
-        rescore: int = 0,
-        rescore_dtype: str = "float32",
-        int8_clip: float = DEFAULT_INT8_CLIP,
+        storage: Storage | None = None,
         n_features: int | None = None,
     ) -> SearchSetting:
-        """The raw vectors (``raw``, or no ``model``) or ``model``'s whitening, stored as ``dtype``.
+        """The raw vectors (``raw``, or no ``model``) or ``model``'s whitening, stored as ``storage`` says
+        (default: float32).
 
         int8 storage (and int8 rescoring) takes its scale and offset from ``model``'s statistics, so
         it needs a model for raw vectors too; ``n_features`` is the width when there is no model.
         """
-        if dtype is None:
-            raise BadInputError("give a dtype to store the searched vectors as")
-        check("dtype", dtype)
-        check("rescore", rescore)
-        check("rescore_dtype", rescore_dtype)
-        storage = Storage(dtype, rescore, rescore_dtype, int8_clip)  # checks rescore needs binary
+        storage = Storage() if storage is None else storage
+        dtype, rescore, rescore_dtype, clip = storage.dtype, storage.rescore, storage.rescore_dtype, storage.int8_clip
         raw = raw or model is None
         width = None if model is not None else n_features
-        quantization = quantization_for(dtype, model, raw=raw, normalize=True, clip=int8_clip, n_components=width)
+        quantization = quantization_for(dtype, model, raw=raw, normalize=True, clip=clip, n_components=width)
         again = None
         if rescore:
-            again = quantization_for(rescore_dtype, model, raw=raw, normalize=True, clip=int8_clip, n_components=width)
+            again = quantization_for(rescore_dtype, model, raw=raw, normalize=True, clip=clip, n_components=width)
         weights = shift = None
         params: dict = {"dtype": dtype, "bytes_per_vector": storage.bytes_per_vector(quantization.n_components)}
         if "int8" in (dtype, rescore_dtype if rescore else None):
-            params["int8_clip"] = float(int8_clip)
+            params["int8_clip"] = float(clip)
         if rescore:
             params.update(rescore=int(rescore), rescore_dtype=rescore_dtype)
         if not raw:
@@ -492,15 +486,6 @@ def search_storage(
     )
 
 
-def _storage_args(storage: Storage) -> dict:
-    return dict(
-        dtype=storage.dtype,
-        rescore=storage.rescore,
-        rescore_dtype=storage.rescore_dtype,
-        int8_clip=storage.int8_clip,
-    )
-
-
 #: Corpus rows drawn (seeded) to train a code that learns from data when ``eval`` trains one.
 CODE_SAMPLE_ROWS = 10_000
 CODE_SAMPLE_SEED = 0
@@ -604,9 +589,9 @@ def _search_raw_and_whitened(
         assert model is not None  # CodeSearch.of refuses a code without one
         settings = _code_settings(task, model, storage, progress)
     else:
-        settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, **_storage_args(storage))]
+        settings = [SearchSetting.make("raw", model, raw=True, storage=storage, n_features=task.n_features)]
         if model is not None:
-            settings.append(SearchSetting.make("whitened", model, **_storage_args(storage)))
+            settings.append(SearchSetting.make("whitened", model, storage=storage))
     finish = begin(progress, f"search {len(settings)} settings over {task.n_corpus:,} rows")
     found = search_settings(
         task.vectors,

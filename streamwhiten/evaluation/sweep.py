@@ -483,13 +483,13 @@ def _search_group(
         searched = []
         for storage in floats:
             if fits(candidate, storage):
-                quantization = SearchSetting.make("s", model, **_args(storage)).quantization
+                quantization = SearchSetting.make("s", model, storage=storage).quantization
                 use.jobs.append(SearchJob(unit_queries, depth, "ip", partial(stored, quantization), plan.task.excluded))
                 searched.append(storage)
         again = []
         for storage in reranks:
             if fits(candidate, storage):
-                rescored = SearchSetting.make("r", model, **_args(storage)).rescore_quantization
+                rescored = SearchSetting.make("r", model, storage=storage).rescore_quantization
                 assert rescored is not None  # made with the storage's rescoring
                 top = bits[candidate.bits_key][:, : storage.rescore]
                 use.reranks.append((rescored, Reranking(unit_queries, top, storage.rescore)))
@@ -505,12 +505,6 @@ def _search_group(
             rows = np.concatenate([reranking.result().rows, top[:, storage.rescore :]], axis=1)
             out[(candidate, storage)] = keep(np.ascontiguousarray(rows[:, :depth]))
     return out
-
-
-def _args(storage: Storage) -> dict:
-    return dict(
-        dtype=storage.dtype, rescore=storage.rescore, rescore_dtype=storage.rescore_dtype, int8_clip=storage.int8_clip
-    )
 
 
 # ------------------------------------------------------------------------------------- scores and choice
