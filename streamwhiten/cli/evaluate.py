@@ -197,15 +197,8 @@ def _retrieval(
     options = retrieval_options_of(inputs, block_rows, search.threads, search.bootstrap, search.seed)
     storage = resolve_storage(model, search.dtype, search.rescore, search.rescore_dtype, search.int8_clip)
     with progress_bar("eval", quiet) as progress:
-        result = evaluate_retrieval(
-            inputs.queries,
-            inputs.corpus,
-            inputs.qrels,
-            model=model,
-            storage=storage,
-            options=options,
-            progress=progress,
-        )
+        task = (inputs.queries, inputs.corpus, inputs.qrels)
+        result = evaluate_retrieval(*task, model=model, storage=storage, options=options, progress=progress)
     summary = replace(result, model=model_path).to_json()
     warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)
     emit(as_json, summary, retrieval_lines(summary))

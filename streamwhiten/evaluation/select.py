@@ -156,11 +156,16 @@ class Rule:
     def __post_init__(self) -> None:
         if self.name not in RULES:
             raise BadInputError(f"the selection rule must be one of {', '.join(RULES)}, got {self.name!r}")
-        tolerance = self.tolerance
-        if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
-            raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
+        check_tolerance(self.tolerance)
         if self.cost is not None:
             object.__setattr__(self, "cost", tuple(float(value) for value in self.cost))
+
+
+def check_tolerance(tolerance: object) -> float:
+    """``tolerance`` as a float, checked to be a finite number >= 0 (the points a choice may give up)."""
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+        raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
+    return float(tolerance)
 
 
 def _check(scores: npt.ArrayLike, reference: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -318,6 +323,7 @@ def spearman_units(cosines: npt.ArrayLike, gold: npt.ArrayLike, ranks: bool = Tr
 
 
 __all__ = [
+    "check_tolerance",
     "BLOCK",
     "FOLDS",
     "FORECAST_LEVEL",

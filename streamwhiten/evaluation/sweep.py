@@ -83,7 +83,7 @@ from .retrieval import (
     retrieval_options,
 )
 from .search import Reranking, SearchJob, SearchResult
-from .select import FOLDS, RULES, Resamples, Rule, forecast, select
+from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, forecast, select
 from .self_matches import SelfMatches, find_self_matches
 from .sweep_passes import (
     IDENTITY,
@@ -196,10 +196,7 @@ class SweepGrid:
         if self.metric not in METRICS:
             raise BadInputError(f"metric must be one of {', '.join(METRICS)} for retrieval, got {self.metric!r}")
         check("max_bytes", self.max_bytes)
-        tolerance = self.tolerance
-        if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
-            raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
-        object.__setattr__(self, "tolerance", float(tolerance))
+        object.__setattr__(self, "tolerance", check_tolerance(self.tolerance))
         if self.select not in RULES:
             raise BadInputError(f"select must be one of {', '.join(RULES)}, got {self.select!r}", param="select")
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
@@ -266,28 +263,20 @@ def storages_of(
     return out
 
 
-def retrieval_grid(
-    model: WhiteningModel,
-    betas: Sequence[float] | None = None,
-    gammas: Sequence[float] | None = None,
-    ks: Sequence[int] | None = None,
-    variances: Sequence[float] | None = None,
-    eps: float | None = None,
-    raw_ks: Sequence[int] = (),
-):
-    """``(candidates, bases)``: the maps of the grid (as ``tune``'s, each ``(beta, gamma, k)`` once) with
+def retrieval_grid(model: WhiteningModel, grid: SweepGrid, raw_ks: Sequence[int] = ()) -> tuple[list[Candidate], dict]:
+    """``(candidates, bases)``: the maps of ``grid`` (as ``tune``'s, each ``(beta, gamma, k)`` once) with
     the raw (identity), rotation and centring maps added, and the model re-finalized at each beta (its
-    eigendecomposition). ``raw_ks``: the rotation truncated to these k is added too (the reference of a
-    budget too small for the raw vectors' sign bits)."""
+    eigendecomposition, with ``grid.eps``). ``raw_ks``: the rotation truncated to these k is added too (the
+    reference of a budget too small for the raw vectors' sign bits)."""
     d = model.n_features
-    betas, gammas, choices = make_grid(d, betas, gammas, ks, variances)
+    betas, gammas, choices = make_grid(d, grid.betas, grid.gammas, grid.ks, grid.variances)
     wanted = [(beta, gamma, choice) for beta in betas for gamma in gammas for choice in choices]
     bases: dict = {}
     out: dict = {}
     added = [(0.0, 0.0, None), (1.0, 0.0, None)] + [(0.0, 0.0, KChoice(n_components=int(k))) for k in raw_ks]
     for beta, gamma, choice in wanted + added:
         if beta not in bases:
-            bases[beta] = decompose(model, beta, eps)
+            bases[beta] = decompose(model, beta, grid.eps)
         k = d if choice is None else choice.resolve(bases[beta].eigvals)
         key = (beta, gamma, k)
         if key in out:
@@ -886,9 +875,7 @@ def _sweep_plan(model: WhiteningModel, grid: SweepGrid, budgets: Any) -> _SweepP
         raw_ks = []  # a truncated rotation's bits are the reference of a small budget only when bits are swept
     if budgets is None and grid.select == "argmax":
         raw_ks = []  # argmax needs no reference: the grid of before the rule
-    candidates, bases = retrieval_grid(
-        model, grid.betas, grid.gammas, grid.ks, grid.variances, grid.eps, raw_ks=tuple(dict.fromkeys(raw_ks))
-    )
+    candidates, bases = retrieval_grid(model, grid, raw_ks=tuple(dict.fromkeys(raw_ks)))
     limit = None if None in wanted else max(budget for budget in wanted if budget is not None)
     needs_reference = budgets is not None or grid.select != "argmax"
     code_sizes = _checked_first(grid, model.n_features, candidates, storages, wanted, needs_reference)

@@ -13,7 +13,6 @@ pairs are read once for the whole grid.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -24,7 +23,7 @@ from ..core.model import WhiteningModel, check_params, components_for_variance
 from ..errors import BadInputError
 from ..progress import begin, phase
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
-from .select import FOLDS, RULES, Resamples, Rule, forecast, spearman_units
+from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, forecast, spearman_units
 from .select import select as pick
 
 DEFAULT_BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -189,9 +188,7 @@ class PairGrid:
                 object.__setattr__(self, name, tuple(getattr(self, name)))
         if self.metric not in METRICS:
             raise BadInputError(f"metric must be one of {METRICS}, got {self.metric!r}")
-        tolerance = self.tolerance
-        if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
-            raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
+        object.__setattr__(self, "tolerance", check_tolerance(self.tolerance))
         if self.eps is not None:
             check_params(eps=self.eps)
         if self.select not in RULES:
