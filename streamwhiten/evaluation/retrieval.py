@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -464,28 +464,6 @@ def _describe(store: Any, what: str, column: str | None) -> dict:
     return {"label": _label(store, what), "n_rows": int(n_rows), "n_features": int(n_features), "id_column": column}
 
 
-def search_storage(
-    model: Any = None,
-    dtype: str | None = None,
-    rescore: int | None = None,
-    rescore_dtype: str | None = None,
-    int8_clip: float | None = None,
-) -> Storage:
-    """The storage a search uses: each of ``dtype``, ``rescore``, ``rescore_dtype``, ``int8_clip`` as
-    given, else the model's recorded storage's (what ``tune`` chose), else the defaults (float32). A
-    ``dtype`` given without ``rescore`` does not inherit the model's re-ranking unless it is ``binary``."""
-    recorded = getattr(model, "storage", None) or Storage()
-    dtype = recorded.dtype if dtype is None else dtype
-    if rescore is None:
-        rescore = recorded.rescore if dtype == "binary" else 0
-    return Storage(
-        dtype,
-        rescore,
-        recorded.rescore_dtype if rescore_dtype is None else rescore_dtype,
-        recorded.int8_clip if int8_clip is None else int8_clip,
-    )
-
-
 #: Corpus rows drawn (seeded) to train a code that learns from data when ``eval`` trains one.
 CODE_SAMPLE_ROWS = 10_000
 CODE_SAMPLE_SEED = 0
@@ -619,7 +597,7 @@ def resolve_storage(
     int8_clip: float | None = None,
 ) -> Storage | CodeSearch:
     """How a search stores the corpus, checked: a vector code ``NAME:BYTES`` as a `CodeSearch`, else a
-    `Storage` (`search_storage`); each of ``dtype``, ``rescore``, ``rescore_dtype``, ``int8_clip`` as given,
+    `Storage`; each of ``dtype``, ``rescore``, ``rescore_dtype``, ``int8_clip`` as given,
     else the model's recorded storage's (its code where it records one), else the defaults.
 
     ``int8`` needs the model (its statistics set the scales, raw ones included); so does a vector code
@@ -647,7 +625,11 @@ def resolve_storage(
         dtype = f"{recorded.codec.code}:{recorded.codec.budget}"  # the model's code
     if is_code(dtype):
         return CodeSearch.of(model, dtype, rescore, rescore_dtype, int8_clip)
-    return search_storage(model, dtype, rescore, rescore_dtype, int8_clip)
+    base = recorded or Storage()  # a dtype given inherits the re-ranking only as binary
+    dtype = base.dtype if dtype is None else dtype
+    rescore = (base.rescore if dtype == "binary" else 0) if rescore is None else rescore
+    rescore_dtype = base.rescore_dtype if rescore_dtype is None else rescore_dtype
+    return Storage(dtype, rescore, rescore_dtype, base.int8_clip if int8_clip is None else int8_clip)
 
 
 def evaluate_retrieval(
@@ -755,21 +737,13 @@ class RetrievalResult:
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON values: ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw",
         "whitened", "difference", "bootstrap", "model", "self_matches"}``."""
-        return {
-            "queries": dict(self.queries),
-            "corpus": dict(self.corpus),
-            "qrels": dict(self.qrels),
-            "exclude": None if self.exclude is None else dict(self.exclude),
-            "n_queries": int(self.n_queries),
-            "raw": dict(self.raw),
-            "whitened": None if self.whitened is None else dict(self.whitened),
-            "difference": None
-            if self.difference is None
-            else {name: dict(values) for name, values in self.difference.items()},
-            "bootstrap": dict(self.bootstrap),
-            "model": self.model,
-            "self_matches": None if self.self_matches is None else self.self_matches.to_json(),
-        }
+        out = {item.name: _plain(getattr(self, item.name)) for item in fields(self)}
+        return dict(out, self_matches=None if self.self_matches is None else self.self_matches.to_json())
+
+
+def _plain(value: Any) -> Any:
+    """A mapping (and the mappings in it) as plain dicts; anything else as it is."""
+    return {key: _plain(item) for key, item in value.items()} if isinstance(value, Mapping) else value
 
 
 def retrieval_options(options: RetrievalOptions | None) -> RetrievalOptions:
@@ -939,5 +913,4 @@ __all__ = [
     "resolve_storage",
     "retrieval_options",
     "search_settings",
-    "search_storage",
 ]

@@ -161,6 +161,37 @@ class Rule:
             object.__setattr__(self, "cost", tuple(float(value) for value in self.cost))
 
 
+def rule_choice(
+    units: np.ndarray,
+    reference: int,
+    others: list[int],
+    rule: Rule,
+    folds: int,
+    resamples: Resamples,
+    described: dict,
+) -> tuple[int, dict]:
+    """The row of ``units`` the rule chooses among ``others`` against ``reference`` (the reference where none
+    beats it beyond the noise), and the record of the choice: the reference (``described``), how many beat
+    it, the bound, and the ``folds``-fold forecast (`forecast`) where there are enough units for it."""
+    picked = select(units[others], units[reference], rule, resamples=resamples)
+    index = reference if picked.index is None else others[picked.index]
+    predicted = None
+    if units.shape[1] >= 2 * folds:
+        predicted = forecast(units[others], units[reference], rule, folds=folds, resamples=resamples)
+    return index, {
+        "rule": rule.name,
+        "tolerance": float(rule.tolerance),
+        "reference": described,
+        "kept_reference": index == reference,
+        "n_compared": len(others),
+        "n_beating": picked.n_beating,
+        "critical": picked.critical,
+        "level": rule.level,
+        "bound": None if index == reference else float(picked.bound[others.index(index)]),
+        "forecast": predicted,
+    }
+
+
 def check_tolerance(tolerance: object) -> float:
     """``tolerance`` as a float, checked to be a finite number >= 0 (the points a choice may give up)."""
     if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
@@ -324,6 +355,7 @@ def spearman_units(cosines: npt.ArrayLike, gold: npt.ArrayLike, ranks: bool = Tr
 
 __all__ = [
     "check_tolerance",
+    "rule_choice",
     "BLOCK",
     "FOLDS",
     "FORECAST_LEVEL",

@@ -83,7 +83,7 @@ from .retrieval import (
     retrieval_options,
 )
 from .search import Reranking, SearchJob, SearchResult
-from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, forecast, select
+from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, rule_choice
 from .self_matches import SelfMatches, find_self_matches
 from .sweep_passes import (
     IDENTITY,
@@ -652,26 +652,8 @@ def choose_generalising(
         samples=samples,
         seed=seed,
     )
-    picked = select(per_query[others], per_query[reference], chooser, resamples=resamples)
-    index = reference if picked.index is None else others[picked.index]
-    n_queries = per_query.shape[1]
-    predicted = None
-    if n_queries >= 2 * folds:
-        predicted = forecast(per_query[others], per_query[reference], chooser, folds=folds, resamples=resamples)
-    ref = table[reference]
-    record = {
-        "rule": rule,
-        "tolerance": tolerance,
-        "reference": {key: ref[key] for key in ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector")},
-        "kept_reference": index == reference,
-        "n_compared": len(others),
-        "n_beating": picked.n_beating,
-        "critical": picked.critical,
-        "level": chooser.level,
-        "bound": None if index == reference else float(picked.bound[others.index(index)]),
-        "forecast": predicted,
-    }
-    return index, record
+    described = {key: table[reference][key] for key in ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector")}
+    return rule_choice(per_query, reference, others, chooser, folds, resamples, described)
 
 
 @dataclass
@@ -833,17 +815,9 @@ def sweep(
             progress,
             f"search up to {len(plan.candidates)} maps in {len(plan.storages)} storages over {task.n_corpus:,} rows",
         )
-        keep = partial(_per_query, task)
-        reference, rows = sweep_rows(
-            task,
-            plan.candidates,
-            plan.bases,
-            plan.storages,
-            options=options,
-            progress=progress,
-            max_bytes=plan.limit,
-            keep=keep,
-        )
+        keep = partial(query_metrics, query_rows=task.query_rows, qrels=task.qrels)
+        maps = (plan.candidates, plan.bases, plan.storages)
+        reference, rows = sweep_rows(task, *maps, options=options, progress=progress, max_bytes=plan.limit, keep=keep)
         finish()
         codecs = _sweep_codes(task, grid, plan.code_sizes, options, progress)
     finish = begin(progress, f"score the settings and choose ({grid.select} rule)", None)
@@ -992,11 +966,6 @@ def _scored(
 def _rows_of(progress: Callable[[int, int], None], n_rows: int, done: int) -> None:
     """``progress(done, n_rows)``: a pass that counts only the rows done, reported with their total."""
     progress(done, n_rows)
-
-
-def _per_query(task: RetrievalTask, top: np.ndarray) -> dict[str, np.ndarray]:
-    """Each metric per query of the top lists ``top``: what the sweep keeps of a search."""
-    return query_metrics(top, task.query_rows, task.qrels)
 
 
 def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage], max_bytes: int) -> None:

@@ -23,8 +23,7 @@ from ..core.model import WhiteningModel, check_params, components_for_variance
 from ..errors import BadInputError
 from ..progress import begin, phase
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
-from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, forecast, spearman_units
-from .select import select as pick
+from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, rule_choice, spearman_units
 
 DEFAULT_BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -305,29 +304,12 @@ def grid_search(
 
 def _choose_pairs(table: list[dict[str, Any]], units: Any, reference: int, d: int, grid: PairGrid) -> tuple[dict, dict]:
     """The max-t choice among the rows of ``table`` against the raw row ``reference``, and its record."""
-    tolerance, folds, samples, seed = float(grid.tolerance), grid.folds, grid.samples, grid.seed
     others = [i for i in range(len(table)) if i != reference]
-    rule = Rule(
-        cost=tuple(table[i]["k"] for i in others), reference_cost=d, tolerance=tolerance, samples=samples, seed=seed
-    )
-    resamples = Resamples(units.shape[1], samples, seed)  # one set for the rule and the forecast's intervals
-    picked = pick(units[others], units[reference], rule, resamples=resamples)
-    index = reference if picked.index is None else others[picked.index]
-    predicted = None
-    if units.shape[1] >= 2 * folds:
-        predicted = forecast(units[others], units[reference], rule, folds=folds, resamples=resamples)
-    record = {
-        "rule": "maxt",
-        "tolerance": float(tolerance),
-        "reference": {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"},
-        "kept_reference": index == reference,
-        "n_compared": len(others),
-        "n_beating": picked.n_beating,
-        "critical": picked.critical,
-        "level": rule.level,
-        "bound": None if index == reference else float(picked.bound[others.index(index)]),
-        "forecast": predicted,
-    }
+    costs = tuple(table[i]["k"] for i in others)
+    rule = Rule(cost=costs, reference_cost=d, tolerance=grid.tolerance, samples=grid.samples, seed=grid.seed)
+    resamples = Resamples(units.shape[1], grid.samples, grid.seed)  # one set for the rule and the forecast's intervals
+    described = {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"}
+    index, record = rule_choice(units, reference, others, rule, grid.folds, resamples, described)
     return table[index], record
 
 
