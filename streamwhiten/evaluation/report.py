@@ -218,27 +218,14 @@ def draw_k_curve(ax: Any, data: ReportData) -> None:
     ax.axhline(data.raw, color="black", ls="--", lw=1.2, label=f"raw vectors: {data.raw:.2f}")
     best, highest = data.grid.best, data.grid.highest
     apart = highest is not best
-    ax.plot(
-        best["k"],
-        best[data.metric],
-        "*",
-        ms=14,
-        color="#27ae60",
-        zorder=4,
-        label=f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best[data.metric]:.2f}",
+    _mark_choice(
+        ax,
+        (best["k"], best[data.metric]),
+        f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best[data.metric]:.2f}",
+        (highest["k"], highest[data.metric]) if apart else None,
+        f"highest on these pairs: {_setting(highest)}: {highest[data.metric]:.2f}",
+        (14, 8),
     )
-    if apart:
-        ax.plot(
-            highest["k"],
-            highest[data.metric],
-            "D",
-            ms=8,
-            mfc="none",
-            mec=HIGHEST_COLOR,
-            mew=2,
-            zorder=4,
-            label=f"highest on these pairs: {_setting(highest)}: {highest[data.metric]:.2f}",
-        )
     ax.set_xscale("log", base=2)
     ax.set_title(f"{name} against k for the seed settings")
     ax.set_xlabel("kept components k (log scale)")
@@ -460,28 +447,23 @@ def _draw_choice(ax: Any, record: dict, star: tuple) -> None:
     if record.get("max_bytes") is not None:
         ax.axvline(record["max_bytes"], color="#e67e22", ls=":", lw=1.5, label=f"budget: {record['max_bytes']:,} bytes")
     highest = highest_apart(record)
-    ax.plot(
-        *star,
-        "*",
-        ms=15,
-        color="#27ae60",
-        zorder=4,
-        label=f"chosen by the rule{'' if highest else ', and highest'}: {setting['dtype']} "
-        f"beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: {star[1]:.2f}",
-    )
+    point, text = None, ""
     if highest is not None:
-        ax.plot(
-            highest["bytes_per_vector"],
-            highest[metric],
-            "D",
-            ms=10,
-            mfc="none",
-            mec=HIGHEST_COLOR,
-            mew=2,
-            zorder=4,
-            label=f"highest on these queries: {highest['storage']} beta={highest['beta']:g} "
-            f"gamma={highest['gamma']:g} k={highest['k']}: {highest[metric]:.2f}",
-        )
+        point = (highest["bytes_per_vector"], highest[metric])
+        text = f"highest on these queries: {highest['storage']} {_bgk(highest)}: {highest[metric]:.2f}"
+    label = f"chosen by the rule{'' if highest else ', and highest'}: {setting['dtype']} {_bgk(setting)}"
+    _mark_choice(ax, star, f"{label}: {star[1]:.2f}", point, text, (15, 10))
+
+
+def _bgk(row: dict) -> str:
+    return f"beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']}"
+
+
+def _mark_choice(ax: Any, chosen: tuple, label: str, highest: tuple | None, highest_label: str, sizes: tuple) -> None:
+    """The rule's choice as a green star and, where it is another, the highest as a hollow diamond."""
+    ax.plot(*chosen, "*", ms=sizes[0], color="#27ae60", zorder=4, label=label)
+    if highest is not None:
+        ax.plot(*highest, "D", ms=sizes[1], mfc="none", mec=HIGHEST_COLOR, mew=2, zorder=4, label=highest_label)
 
 
 def _budget_reference(record: dict, raw_bytes: int) -> tuple[int, float, str] | None:
@@ -507,7 +489,7 @@ def _setting(row: dict) -> str:
     """A row's setting in a label: ``beta=0 gamma=0 k=384``, or the raw vectors."""
     if row.get("vectors") == "raw" and not row.get("code"):
         return f"raw vectors, k={row['k']}"
-    return f"beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']}"
+    return _bgk(row)
 
 
 def highest_within(record: dict) -> dict:
@@ -846,7 +828,7 @@ def _tuning_rows(record: dict) -> list[tuple[str, str]]:
         ("budget", "none" if budget is None else f"{budget:,} bytes per vector"),
         (
             "chosen by the rule",
-            f"{setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: "
+            f"{setting['dtype']} {_bgk(setting)}: "
             f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector"
             + ("" if highest else " (also the highest on these queries)"),
         ),
@@ -855,7 +837,7 @@ def _tuning_rows(record: dict) -> list[tuple[str, str]]:
         rows.append(
             (
                 "highest on these queries",
-                f"{highest['storage']} beta={highest['beta']:g} gamma={highest['gamma']:g} k={highest['k']}: "
+                f"{highest['storage']} {_bgk(highest)}: "
                 f"{highest[metric]:.2f} at {highest['bytes_per_vector']:,} bytes per vector (not chosen by the rule)",
             )
         )
