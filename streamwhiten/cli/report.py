@@ -73,29 +73,27 @@ def report(
     with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))
     model = load_model(model_path)
     check_output(output_path, with_pairs, overwrite, retrieval_record(model) is not None)
-    rows = first_given(block_rows, chunk_rows)
-    grid = grid_of(betas, gammas, ks, variances, metric, model.n_features)
+    grid = PairGrid(**grid_of(betas, gammas, ks, variances, metric, model.n_features))
     pairs = open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
     with progress_bar("report", quiet) as progress:
         try:
-            data = collect(model, pairs, PairGrid(**grid), block_rows=rows, progress=progress)
+            data = collect(model, pairs, grid, block_rows=first_given(block_rows, chunk_rows), progress=progress)
         finally:
             if pairs is not None:
                 pairs.close()
         with stop_on_signals(), phase(progress, "draw and write the report", None):  # a signal lets it finish
             written = write_report(data, output_path, overwrite, title)
     summary = {"model": model_path, "files": written, "effective_dimension": model.effective_dimension}
-    summary.update(raw=None, best=None, highest=None)
     lines = [f"D_eff      {model.effective_dimension:.1f} of d={model.n_features}"]
+    raw = best = highest = None
     if data.grid is not None:
-        summary.update(raw=data.grid.raw, best=data.grid.best, highest=data.grid.highest)
-        lines += _grid_lines(data.grid.raw, data.grid.best, data.grid.highest)
-    summary["frontier"] = None if data.tuned is None else data.tuned["frontier"]
-    summary["selection"] = None if data.tuned is None else data.tuned.get("selection")
-    if data.tuned is not None:
-        lines.append(f"frontier   {len(data.tuned['frontier'])} settings, from the retrieval tuning the model records")
-        lines += _retrieval_choice(data.tuned)
-        lines += selection_lines(data.tuned.get("selection"), data.tuned["metric"], "queries")
+        raw, best, highest = data.grid.raw, data.grid.best, data.grid.highest
+        lines += _grid_lines(raw, best, highest)
+    tuned = data.tuned or {}
+    summary.update(
+        raw=raw, best=best, highest=highest, frontier=tuned.get("frontier"), selection=tuned.get("selection")
+    )
+    lines += _retrieval_choice(tuned) if tuned else []
     lines += [f"wrote      {path}" for path in written]
     emit(as_json, summary, lines)
 
@@ -113,16 +111,18 @@ def _grid_lines(raw: dict, best: dict, highest: dict) -> list[str]:
 
 
 def _retrieval_choice(record: dict) -> list[str]:
-    """The retrieval tuning's choice, and the setting highest on its queries where that is another."""
+    """The retrieval tuning the model records: its frontier, its choice, the setting highest on its queries
+    where that is another, and the rule's record."""
     from ..evaluation.report import highest_apart
 
     metric, setting = record["metric"], record["setting"]
     score = record["validation"]["chosen"][metric]
     highest = highest_apart(record)
     lines = [
+        f"frontier   {len(record['frontier'])} settings, from the retrieval tuning the model records",
         f"chosen     {setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}, "
         f"{setting['bytes_per_vector']:,} bytes per vector: {metric} x100 {score:.2f} (chosen by the rule"
-        + (")" if highest else ", and highest on these queries)")
+        + (")" if highest else ", and highest on these queries)"),
     ]
     if highest is not None:
         lines.append(
@@ -130,4 +130,4 @@ def _retrieval_choice(record: dict) -> list[str]:
             f"{highest['bytes_per_vector']:,} bytes per vector: {metric} x100 {highest[metric]:.2f} "
             "(highest on these queries)"
         )
-    return lines
+    return lines + selection_lines(record.get("selection"), metric, "queries")

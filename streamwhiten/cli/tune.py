@@ -38,9 +38,6 @@ from ._warn import warn_self_matches
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
 
-#: The options of a retrieval sweep (refused with labelled pairs).
-SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed", "threads")
-
 
 class GeneratedHelp(click.Command):
     """A command whose help is made by ``make_help()`` when first shown: it names what the library's
@@ -196,39 +193,28 @@ def tune(
     as_json: bool,
 ) -> None:
     """The ``tune`` command; its help is `_help`'s."""
-    from ..core.model import load_model, save_model
+    from ..core.model import load_model
 
     inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)
     test = Inputs(pairs_a=test_a, pairs_b=test_b, scores=test_scores)
     sweep = Sweep(max_bytes, dtypes, rescore, rescore_dtype, int8_clip, bootstrap, seed, threads)
     mode = mode_of(inputs, named(**sweep.__dict__))
-    _refuse_before_work(mode, metric, inputs, test, model_path, output_path, in_place, overwrite)
+    target = _checked_target(mode, metric, inputs, test, model_path, output_path, in_place, overwrite)
     model = load_model(model_path)
     metric = metric or ("spearman" if mode == "pairs" else "ndcg@10")
-    grid = dict(
-        grid_of(betas, gammas, ks, variances, metric, model.n_features),
-        tolerance=tolerance,
-        eps=eps,
-        select=select_rule,
-        folds=folds,
-    )
+    grid = dict(grid_of(betas, gammas, ks, variances, metric, model.n_features), tolerance=tolerance, eps=eps)
+    grid.update(select=select_rule, folds=folds)
     rows = first_given(block_rows, chunk_rows)
-    if mode == "pairs":
-        chosen, summary = _pairs(model, inputs, test, grid, rows, quiet)
-    else:
-        chosen, summary = _retrieval(model, inputs, sweep, grid, rows, quiet)
-    target = model_path if in_place else output_path
-    if target:
-        with stop_on_signals():  # a signal lets the save finish: the file is whole or absent
-            summary["file_checksum"] = save_model(chosen, target, overwrite=bool(in_place or overwrite))
-    summary.update(model=model_path, written=target)
+    run = _pairs if mode == "pairs" else _retrieval
+    chosen, summary = run(model, inputs, test, sweep, grid, rows, quiet)
+    _save(chosen, summary, model_path, target, bool(in_place or overwrite))
     if mode == "pairs":
         emit(as_json, summary, _lines(summary, model, chosen, metric, tolerance, target))
     else:
         emit(as_json, summary, retrieval_lines(summary, model, chosen, target))
 
 
-def _refuse_before_work(
+def _checked_target(
     mode: str,
     metric: str | None,
     inputs: Inputs,
@@ -237,9 +223,9 @@ def _refuse_before_work(
     output_path: str | None,
     in_place: bool,
     overwrite: bool,
-) -> None:
-    """The one-line errors of options that do not go together, and of an output that cannot be written,
-    before anything is read."""
+) -> str | None:
+    """The file the tuned model is written to (None: none), checked before anything is read, with the
+    one-line errors of options that do not go together."""
     from ..core.model import check_model_output
 
     if mode == "pairs" and metric in RETRIEVAL_METRICS:
@@ -258,6 +244,18 @@ def _refuse_before_work(
         refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"}, read)
     if output_path or in_place:  # before any work: a .npz name, replacing only a model file of ours
         check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
+    return model_path if in_place else output_path
+
+
+def _save(chosen: WhiteningModel, summary: dict, model_path: str, target: str | None, overwrite: bool) -> None:
+    """Write the chosen model to ``target`` (if any; a signal lets the save finish: the file is whole or
+    absent), and record in ``summary`` the model read and the file written."""
+    from ..core.model import save_model
+
+    if target:
+        with stop_on_signals():
+            summary["file_checksum"] = save_model(chosen, target, overwrite=overwrite)
+    summary.update(model=model_path, written=target)
 
 
 @dataclass(frozen=True)
@@ -275,7 +273,13 @@ class Sweep:
 
 
 def _pairs(
-    model: WhiteningModel, inputs: Inputs, test: Inputs, grid: dict[str, Any], block_rows: int | None, quiet: bool
+    model: WhiteningModel,
+    inputs: Inputs,
+    test: Inputs,
+    sweep: Sweep,
+    grid: dict[str, Any],
+    block_rows: int | None,
+    quiet: bool,
 ) -> tuple[WhiteningModel, dict]:
     from ..evaluation.evaluate import open_pairs
     from ..evaluation.tune import PairGrid
@@ -295,7 +299,13 @@ def _pairs(
 
 
 def _retrieval(
-    model: WhiteningModel, inputs: Inputs, sweep: Sweep, grid: dict[str, Any], block_rows: int | None, quiet: bool
+    model: WhiteningModel,
+    inputs: Inputs,
+    test: Inputs,
+    sweep: Sweep,
+    grid: dict[str, Any],
+    block_rows: int | None,
+    quiet: bool,
 ) -> tuple[WhiteningModel, dict]:
     from ..evaluation.sweep import SweepGrid
     from ..evaluation.sweep import sweep as run_sweep
