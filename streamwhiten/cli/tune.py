@@ -204,14 +204,13 @@ def tune(
     metric = metric or ("spearman" if mode == "pairs" else "ndcg@10")
     grid = dict(grid_of(betas, gammas, ks, variances, metric, model.n_features), tolerance=tolerance, eps=eps)
     grid.update(select=select_rule, folds=folds)
-    rows = first_given(block_rows, chunk_rows)
-    run = _pairs if mode == "pairs" else _retrieval
-    chosen, summary = run(model, inputs, test, sweep, grid, rows, quiet)
-    _save(chosen, summary, model_path, target, bool(in_place or overwrite))
     if mode == "pairs":
-        emit(as_json, summary, _lines(summary, model, chosen, metric, tolerance, target))
+        chosen, summary = _pairs(model, inputs, test, grid, first_given(block_rows, chunk_rows), quiet)
     else:
-        emit(as_json, summary, retrieval_lines(summary, model, chosen, target))
+        chosen, summary = _retrieval(model, inputs, sweep, grid, first_given(block_rows, chunk_rows), quiet)
+    _save(chosen, summary, model_path, target, bool(in_place or overwrite))
+    lines = (_lines if mode == "pairs" else retrieval_lines)(summary, model, chosen, target)
+    emit(as_json, summary, lines)
 
 
 def _checked_target(
@@ -273,13 +272,7 @@ class Sweep:
 
 
 def _pairs(
-    model: WhiteningModel,
-    inputs: Inputs,
-    test: Inputs,
-    sweep: Sweep,
-    grid: dict[str, Any],
-    block_rows: int | None,
-    quiet: bool,
+    model: WhiteningModel, inputs: Inputs, test: Inputs, grid: dict[str, Any], block_rows: int | None, quiet: bool
 ) -> tuple[WhiteningModel, dict]:
     from ..evaluation.evaluate import open_pairs
     from ..evaluation.tune import PairGrid
@@ -299,13 +292,7 @@ def _pairs(
 
 
 def _retrieval(
-    model: WhiteningModel,
-    inputs: Inputs,
-    test: Inputs,
-    sweep: Sweep,
-    grid: dict[str, Any],
-    block_rows: int | None,
-    quiet: bool,
+    model: WhiteningModel, inputs: Inputs, sweep: Sweep, grid: dict[str, Any], block_rows: int | None, quiet: bool
 ) -> tuple[WhiteningModel, dict]:
     from ..evaluation.sweep import SweepGrid
     from ..evaluation.sweep import sweep as run_sweep
@@ -337,9 +324,10 @@ def same_row(a: dict | None, b: dict | None) -> bool:
     return a is b or (a is not None and b is not None and all(a.get(key) == b.get(key) for key in keys))
 
 
-def _lines(
-    summary: dict, model: WhiteningModel, chosen: WhiteningModel, metric: str, tolerance: float, target: str | None
-) -> list[str]:
+def _lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target: str | None) -> list[str]:
+    """The text of a tuning on pairs: the table, raw, the choice (and the highest where it is another), the
+    test pairs' scores and what was written."""
+    metric, tolerance = summary["metric"], summary["tolerance"]
     best, raw, highest = summary["best"], summary["raw"], summary["highest"]
     name = metric.capitalize()
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"

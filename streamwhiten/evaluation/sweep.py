@@ -606,13 +606,7 @@ def reference_index(table: list, n_features: int, max_bytes: int | None = None) 
 def _within(table: list, max_bytes: int | None) -> list[int]:
     eligible = [i for i, row in enumerate(table) if max_bytes is None or row["bytes_per_vector"] <= max_bytes]
     if not eligible:
-        smallest = min(table, key=lambda row: row["bytes_per_vector"])
-        raise BadInputError(
-            f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
-            f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise max_bytes "
-            "or add smaller k to ks",
-            param=("max_bytes", "ks"),
-        )
+        raise _nothing_fits(max_bytes, min(table, key=lambda row: row["bytes_per_vector"]))
     return eligible
 
 
@@ -973,11 +967,17 @@ def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage]
     pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
     if pairs and min(pairs)[0] > max_bytes:
         size, k, label = min(pairs)
-        raise BadInputError(
-            f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes {size} ({label} at k={k}); "
-            "raise max_bytes or add smaller k to ks",
-            param=("max_bytes", "ks"),
-        )
+        raise _nothing_fits(max_bytes, {"bytes_per_vector": size, "storage": label, "k": k})
+
+
+def _nothing_fits(max_bytes: int | None, smallest: dict) -> BadInputError:
+    """The error of a budget no setting fits, naming the ``smallest`` (a row: its bytes, storage and k)."""
+    return BadInputError(
+        f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
+        f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise max_bytes "
+        "or add smaller k to ks",
+        param=("max_bytes", "ks"),
+    )
 
 
 def _checked_first(

@@ -194,23 +194,16 @@ class PairGrid:
             raise BadInputError(f"select must be one of {', '.join(RULES)}, got {self.select!r}")
 
 
-@dataclass
-class _Plans:
-    """Each beta's eigendecomposition, its rotation and the (gamma, k) weights of its settings, and the
-    settings (table rows without scores) in the order the weights' columns hold them."""
-
-    bases: dict = field(default_factory=dict)
-    plans: list = field(default_factory=list)
-    settings: list = field(default_factory=list)
-
-
-def _plans(model: WhiteningModel, grid: PairGrid) -> _Plans:
-    """One rotation per beta and one weight column per (gamma, k) of it: what scoring a block needs."""
+def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
+    """``(bases, plans, settings)``: each beta's eigendecomposition; its shift, rotation and the weight
+    column of each of its (gamma, k) (what scoring a block needs); the settings (table rows without
+    scores) in the order the columns hold them."""
     d = model.n_features
     betas, gammas, choices = make_grid(d, grid.betas, grid.gammas, grid.ks, grid.variances)
-    out = _Plans()
+    bases: dict = {}
+    plans, settings = [], []
     for beta in betas:
-        base = out.bases[beta] = decompose(model, beta, grid.eps)
+        base = bases[beta] = decompose(model, beta, grid.eps)
         resolved = [(choice, choice.resolve(base.eigvals)) for choice in choices]
         columns = []
         for gamma in gammas:
@@ -223,24 +216,25 @@ def _plans(model: WhiteningModel, grid: PairGrid) -> _Plans:
                 if gamma == 0.0 and k == d:
                     vectors = "rotated" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
                 setting = {"beta": beta, "gamma": gamma, "k": k, "k_label": choice.label, "variance": choice.variance}
-                out.settings.append(setting | {"vectors": vectors})
-        out.plans.append((beta * base.mean, base.eigvecs, np.stack(columns, axis=1)))
-    return out
+                settings.append(setting | {"vectors": vectors})
+        plans.append((beta * base.mean, base.eigvecs, np.stack(columns, axis=1)))
+    return bases, plans, settings
 
 
 def _pair_cosines(
-    pairs: PairSet, plans: _Plans, block_rows: int | None, progress: Callable[[int, int], None] | None
+    pairs: PairSet, plans: list, block_rows: int | None, progress: Callable[[int, int], None] | None
 ) -> np.ndarray:
-    """The cosine of every pair under every setting of ``plans`` (one row each) and, last, the raw vectors',
-    in one pass over the pairs."""
+    """The cosine of every pair under every setting of ``plans`` (a row each, in the order of their columns)
+    and, last, the raw vectors', in one pass over the pairs."""
     n_pairs = pairs.n_pairs
-    cosines = np.empty((len(plans.settings) + 1, n_pairs))
-    finish = begin(progress, f"score {len(plans.settings) + 1} settings on {n_pairs:,} pairs", "pairs")
+    n_settings = sum(stacked.shape[1] for _, _, stacked in plans) + 1
+    cosines = np.empty((n_settings, n_pairs))
+    finish = begin(progress, f"score {n_settings} settings on {n_pairs:,} pairs", "pairs")
     for start, a, b in pairs.blocks(block_rows):
         stop = start + a.shape[0]
         cosines[-1, start:stop] = cosine_rows(a, b)
         row = 0
-        for shift, eigvecs, stacked in plans.plans:
+        for shift, eigvecs, stacked in plans:
             ya, yb = (a - shift) @ eigvecs, (b - shift) @ eigvecs
             dots = (ya * yb) @ stacked
             norms = np.sqrt(((ya * ya) @ stacked) * ((yb * yb) @ stacked))
@@ -279,16 +273,16 @@ def grid_search(
         raise BadInputError(f"grid must be a PairGrid, got {type(grid).__name__}")
     pairs.check_width(model.n_features)
     d, metric, tolerance = model.n_features, grid.metric, float(grid.tolerance)
-    plans = _plans(model, grid)
+    bases, plans, settings = _plans(model, grid)
     cosines = _pair_cosines(pairs, plans, block_rows, progress)
     finish = begin(progress, f"correlate and choose ({grid.select} rule)", None)
     table = [
         dict(setting, **correlations(values, pairs.scores))
-        for setting, values in zip(plans.settings, cosines[:-1], strict=True)
+        for setting, values in zip(settings, cosines[:-1], strict=True)
     ]
     raw_scores = correlations(cosines[-1], pairs.scores)
     # the raw vectors (the identity map): the last row, the reference
-    plans.bases.setdefault(0.0, decompose(model, 0.0, grid.eps))
+    bases.setdefault(0.0, decompose(model, 0.0, grid.eps))
     table.append(dict(beta=0.0, gamma=0.0, k=d, k_label=str(d), variance=None, vectors="raw", **raw_scores))
     units, _ = spearman_units(cosines, pairs.scores, ranks=metric == "spearman")
     if grid.select == "argmax":
@@ -297,9 +291,7 @@ def grid_search(
     else:
         best, selection = _choose_pairs(table, units, len(table) - 1, d, grid)
     finish()
-    return TuneResult(
-        table, best, raw_scores, metric, pairs.describe(), plans.bases, tolerance, selection, units, cosines
-    )
+    return TuneResult(table, best, raw_scores, metric, pairs.describe(), bases, tolerance, selection, units, cosines)
 
 
 def _choose_pairs(table: list[dict[str, Any]], units: Any, reference: int, d: int, grid: PairGrid) -> tuple[dict, dict]:
