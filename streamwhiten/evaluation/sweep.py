@@ -217,12 +217,32 @@ class SweepGrid:
         self.storages()  # checks the names, rescore, rescore_dtype and int8_clip
 
     def storages(self) -> list[Storage]:
-        """The storages swept, as `Storage` records (see `storages_of`); none where only
-        codes are named."""
+        """The storages swept: the `STORAGES` names of ``dtypes`` (default: all) as `Storage` records; none
+        where only codes are named."""
         if self.dtypes is not None and self.dtypes and all(is_code(name) for name in self.dtypes):
             return []
         plain = None if self.dtypes is None else [name for name in self.dtypes if not is_code(name)]
-        return storages_of(plain, self.rescore, self.rescore_dtype, self.int8_clip)
+        names = list(STORAGES if plain is None else plain)
+        if not names:
+            raise BadInputError(f"give at least one storage to sweep: {', '.join(STORAGES)}")
+        rescore, rescore_dtype = self.rescore, self.rescore_dtype
+        clip = DEFAULT_INT8_CLIP if self.int8_clip is None else self.int8_clip
+        check("int8_clip", clip)
+        check("rescore_dtype", rescore_dtype)
+        out = []
+        for name in dict.fromkeys(names):
+            if name not in STORAGES:
+                raise BadInputError(f"dtypes: {name!r} is not one of {', '.join(STORAGES)} or a code", param="dtypes")
+            if name == "binary+rescore":
+                check("rescore", rescore)
+                if not rescore:
+                    raise BadInputError(
+                        "binary+rescore needs rescore=N of at least 1 (the candidates re-ranked)", param="rescore"
+                    )
+                out.append(Storage("binary", rescore, rescore_dtype, clip))
+            else:
+                out.append(Storage(name, int8_clip=clip))
+        return out
 
     def codes(self) -> tuple[str, ...]:
         """The code families swept under a budget: those named in ``dtypes``, or by default every one
@@ -232,35 +252,6 @@ class SweepGrid:
         from ..codes.faiss_codes import faiss_available
 
         return TUNE_CODES if faiss_available() else tuple(name for name in TUNE_CODES if not name.startswith("faiss-"))
-
-
-def storages_of(
-    names: Sequence[str] | None = None,
-    rescore: int = DEFAULT_RESCORE,
-    rescore_dtype: str = "float32",
-    int8_clip: float | None = None,
-):
-    """The storages to sweep: `STORAGES` names (default: all), as `Storage` records."""
-    names = list(STORAGES if names is None else names)
-    if not names:
-        raise BadInputError(f"give at least one storage to sweep: {', '.join(STORAGES)}")
-    clip = DEFAULT_INT8_CLIP if int8_clip is None else int8_clip
-    check("int8_clip", clip)
-    check("rescore_dtype", rescore_dtype)
-    out = []
-    for name in dict.fromkeys(names):
-        if name not in STORAGES:
-            raise BadInputError(f"dtypes: {name!r} is not one of {', '.join(STORAGES)} or a code", param="dtypes")
-        if name == "binary+rescore":
-            check("rescore", rescore)
-            if not rescore:
-                raise BadInputError(
-                    "binary+rescore needs rescore=N of at least 1 (the candidates re-ranked)", param="rescore"
-                )
-            out.append(Storage("binary", rescore, rescore_dtype, clip))
-        else:
-            out.append(Storage(name, int8_clip=clip))
-    return out
 
 
 def retrieval_grid(model: WhiteningModel, grid: SweepGrid, raw_ks: Sequence[int] = ()) -> tuple[list[Candidate], dict]:
@@ -1100,7 +1091,6 @@ __all__ = [
     "family_of",
     "frontier",
     "retrieval_grid",
-    "storages_of",
     "store_codec",
     "sweep",
     "sweep_rows",
