@@ -246,8 +246,6 @@ class SearchSetting:
         with ``rescore_dtype`` vectors). Bytes per vector count the code row (per-vector scalars included)
         and the re-ranking vectors; the codec's per-model bytes are reported apart (``model_bytes``)."""
         spec, rescore, rescore_dtype, int8_clip = search.spec, search.rescore, search.rescore_dtype, search.int8_clip
-        check("rescore", rescore)
-        check("rescore_dtype", rescore_dtype)
         width = model.n_features if raw else model.n_components
         if codec.n_features != width:
             raise BadInputError(f"the {codec.label} codec codes vectors of {codec.n_features} values, not {width}")
@@ -479,6 +477,10 @@ class CodeSearch:
     rescore_dtype: str = "float32"
     int8_clip: float = DEFAULT_INT8_CLIP
 
+    def __post_init__(self) -> None:
+        for name in ("rescore", "rescore_dtype", "int8_clip"):
+            check(name, getattr(self, name))
+
     @classmethod
     def of(
         cls,
@@ -499,17 +501,13 @@ class CodeSearch:
         mine = recorded is not None and recorded.codec is not None
         mine = mine and (recorded.codec.code, recorded.codec.budget) == (name, budget)  # type: ignore[union-attr]
         base = recorded if mine and recorded is not None else Storage()
-        search = cls(
+        return cls(
             name,
             budget,
             base.rescore if rescore is None else int(rescore),
             base.rescore_dtype if rescore_dtype is None else rescore_dtype,
             base.int8_clip if int8_clip is None else float(int8_clip),
         )
-        check("rescore", search.rescore)
-        check("rescore_dtype", search.rescore_dtype)
-        check("int8_clip", search.int8_clip)
-        return search
 
     @property
     def spec(self) -> str:
