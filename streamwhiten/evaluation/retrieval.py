@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -457,9 +457,38 @@ def _ids(store: Any, column: str | None, what: str) -> Ids:
     return Ids(label, n_rows, read_ids(store, column), column)
 
 
-def _describe(store: Any, what: str, column: str | None) -> dict:
-    n_rows, n_features = (store.n_rows, store.n_features) if isinstance(store, Source) else store.shape
-    return {"label": _label(store, what), "n_rows": int(n_rows), "n_features": int(n_features), "id_column": column}
+@dataclass(frozen=True)
+class StoreInfo:
+    """A store of a retrieval task: its label, rows and width, and the id column that names its rows (None:
+    their numbers)."""
+
+    label: str
+    n_rows: int
+    n_features: int
+    id_column: str | None
+
+    @classmethod
+    def of(cls, store: Any, what: str, column: str | None) -> StoreInfo:
+        n_rows, n_features = (store.n_rows, store.n_features) if isinstance(store, Source) else store.shape
+        return cls(_label(store, what), int(n_rows), int(n_features), column)
+
+
+@dataclass(frozen=True)
+class ExcludeInfo:
+    """The exclude file of a retrieval task (redacted), its pairs, and those of the evaluated queries."""
+
+    exclude: str
+    n_pairs: int
+    n_pairs_used: int
+
+
+@dataclass(frozen=True)
+class BootstrapInfo:
+    """The paired bootstrap of the intervals: resamples of the queries, the generator's seed, the level."""
+
+    samples: int
+    seed: int
+    level: float = BOOTSTRAP_LEVEL
 
 
 #: Corpus rows drawn (seeded) to train a code that learns from data when ``eval`` trains one.
@@ -695,11 +724,11 @@ class RetrievalResult:
 
     Attributes
     ----------
-    queries, corpus : mapping
+    queries, corpus : StoreInfo
         Each store's ``label``, ``n_rows``, ``n_features`` and ``id_column``.
     qrels : mapping
         The judgements read: the file, judged pairs and queries, relevant pairs.
-    exclude : mapping or None
+    exclude : ExcludeInfo or None
         The exclude file, its pairs and the pairs used; None without one.
     n_queries : int
         The queries evaluated (those with a relevant document).
@@ -710,7 +739,7 @@ class RetrievalResult:
     difference : mapping or None
         Each metric's ``{"difference", "low", "high"}``: whitened minus raw (x100) with its paired bootstrap
         interval (None bounds with no resamples); None without a model.
-    bootstrap : mapping
+    bootstrap : BootstrapInfo
         ``samples``, ``seed`` and ``level`` of the intervals.
     model : str or None
         The model file evaluated, where it was given as one.
@@ -720,28 +749,31 @@ class RetrievalResult:
         as floats (int8, bits, codes: not checked).
     """
 
-    queries: Mapping[str, Any]
-    corpus: Mapping[str, Any]
+    queries: StoreInfo
+    corpus: StoreInfo
     qrels: Mapping[str, Any]
-    exclude: Mapping[str, Any] | None
+    exclude: ExcludeInfo | None
     n_queries: int
     raw: Mapping[str, Any]
     whitened: Mapping[str, Any] | None
     difference: Mapping[str, Mapping[str, float | None]] | None
-    bootstrap: Mapping[str, Any]
+    bootstrap: BootstrapInfo
     model: str | None = None
     self_matches: SelfMatches | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON values: ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw",
         "whitened", "difference", "bootstrap", "model", "self_matches"}``."""
-        out = {item.name: _plain(getattr(self, item.name)) for item in fields(self)}
+        out = {item.name: plain(getattr(self, item.name)) for item in fields(self) if item.name != "self_matches"}
         return dict(out, self_matches=None if self.self_matches is None else self.self_matches.to_json())
 
 
-def _plain(value: Any) -> Any:
-    """A mapping (and the mappings in it) as plain dicts; anything else as it is."""
-    return {key: _plain(item) for key, item in value.items()} if isinstance(value, Mapping) else value
+def plain(value: Any) -> Any:
+    """A record (a dataclass: `StoreInfo`, `ExcludeInfo`, `BootstrapInfo`), a mapping and what they hold as
+    plain JSON values (dicts in field order); anything else as it is."""
+    if is_dataclass(value) and not isinstance(value, type):
+        value = asdict(value)
+    return {key: plain(item) for key, item in value.items()} if isinstance(value, Mapping) else value
 
 
 def retrieval_options(options: RetrievalOptions | None) -> RetrievalOptions:
@@ -753,9 +785,9 @@ def retrieval_options(options: RetrievalOptions | None) -> RetrievalOptions:
     return options
 
 
-def bootstrap_record(options: RetrievalOptions) -> dict:
-    """The bootstrap as a result records it: ``{"samples", "seed", "level"}``."""
-    return {"samples": int(options.bootstrap), "seed": int(options.seed), "level": BOOTSTRAP_LEVEL}
+def bootstrap_record(options: RetrievalOptions) -> BootstrapInfo:
+    """The bootstrap as a result records it."""
+    return BootstrapInfo(int(options.bootstrap), int(options.seed))
 
 
 @dataclass
@@ -772,7 +804,7 @@ class RetrievalTask:
     query_rows: np.ndarray
     vectors: np.ndarray
     excluded: Exclusions
-    exclude_info: dict | None
+    exclude_info: ExcludeInfo | None
     id_columns: tuple
     opened: list = field(default_factory=list, repr=False)
     #: How the qrels name the rows of the queries and of the corpus (two `Ids`).
@@ -792,8 +824,8 @@ class RetrievalTask:
 
     def describe(self) -> dict:
         return {
-            "queries": _describe(self.queries, "queries", self.id_columns[0]),
-            "corpus": _describe(self.corpus, "corpus", self.id_columns[1]),
+            "queries": StoreInfo.of(self.queries, "queries", self.id_columns[0]),
+            "corpus": StoreInfo.of(self.corpus, "corpus", self.id_columns[1]),
             "qrels": self.qrels.describe(),
             "exclude": self.exclude_info,
             "n_queries": int(self.query_rows.size),
@@ -866,7 +898,7 @@ def _open_stores(
 
 def _exclusions(
     exclude: Any, ids: tuple[Ids, Ids], judged: Qrels, query_rows: np.ndarray
-) -> tuple[Exclusions, dict | None]:
+) -> tuple[Exclusions, ExcludeInfo | None]:
     """The excluded pairs of the evaluated queries as the searches take them, and what the result records
     of the exclude file (None without one)."""
     if exclude is None:
@@ -875,11 +907,7 @@ def _exclusions(
     position = np.searchsorted(query_rows, ex_queries)
     keep = (position < query_rows.size) & (query_rows[np.minimum(position, query_rows.size - 1)] == ex_queries)
     excluded = Exclusions.from_pairs(query_rows.size, position[keep], ex_rows[keep])
-    return excluded, {
-        "exclude": remote.redact(str(exclude)),
-        "n_pairs": int(ex_queries.size),
-        "n_pairs_used": int(keep.sum()),
-    }
+    return excluded, ExcludeInfo(remote.redact(str(exclude)), int(ex_queries.size), int(keep.sum()))
 
 
 def _query_vectors(store: Source | np.ndarray, query_rows: np.ndarray) -> np.ndarray:
@@ -898,6 +926,10 @@ def _query_vectors(store: Source | np.ndarray, query_rows: np.ndarray) -> np.nda
 __all__ = [
     "DEPTH",
     "METRICS",
+    "BootstrapInfo",
+    "ExcludeInfo",
+    "StoreInfo",
+    "plain",
     "CodeSearch",
     "RetrievalResult",
     "RetrievalTask",

@@ -74,11 +74,13 @@ from .retrieval import (
     BOOTSTRAP_SEED,
     DEPTH,
     METRICS,
+    BootstrapInfo,
     RetrievalTask,
     SearchSetting,
     bootstrap_record,
     mean_metrics,
     open_task,
+    plain,
     query_metrics,
     retrieval_options,
 )
@@ -655,7 +657,7 @@ class RetrievalTuneResult:
     max_bytes: int | None
     tolerance: float
     task: dict
-    bootstrap: dict
+    bootstrap: BootstrapInfo
     bases: dict = field(repr=False)
     storages: dict = field(repr=False)
     selection: dict | None = None
@@ -727,7 +729,7 @@ class RetrievalTuneResult:
             "tolerance": self.tolerance,
             "setting": described,
             "validation": {
-                **{key: task[key] for key in ("queries", "corpus", "qrels", "n_queries")},
+                **plain({key: task[key] for key in ("queries", "corpus", "qrels", "n_queries")}),
                 "raw": {key: self.raw[key] for key in (*METRICS, "bytes_per_vector")},
                 "chosen": {key: best[key] for key in (*METRICS, "retention", "difference", "low", "high")},
             },
@@ -744,7 +746,7 @@ class RetrievalTuneResult:
         """The sweep and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row
         the rule chose, ``highest`` the row scoring highest on these queries within the budget."""
         return dict(
-            self.task,
+            plain(self.task),
             mode="retrieval",
             metric=self.metric,
             max_bytes=self.max_bytes,
@@ -754,7 +756,7 @@ class RetrievalTuneResult:
             highest=self.highest,
             frontier=self.frontier,
             table=self.table,
-            bootstrap=self.bootstrap,
+            bootstrap=plain(self.bootstrap),
             selection=self.selection,
             self_matches=None if self.self_matches is None else self.self_matches.to_json(),
         )

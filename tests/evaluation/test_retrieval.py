@@ -284,7 +284,7 @@ def test_options_are_one_checked_object(task):
     args = (task["spec_q"], task["spec_c"], task["qrels"])
     options = RetrievalOptions(exclude=task["exclude"], bootstrap=150, seed=3, block_rows=300, threads=2)
     result = evaluate_retrieval(*args, model=model, options=options, storage="int8")
-    assert result.exclude["n_pairs"] == len(task["excluded"]) and result.bootstrap["samples"] == 150
+    assert result.exclude.n_pairs == len(task["excluded"]) and result.bootstrap.samples == 150
     assert result == evaluate_retrieval(*args, model=model, options=options, storage=resolve_storage(model, "int8"))
     with pytest.raises(BadInputError, match=r"^options must be a RetrievalOptions, got dict$"):
         evaluate_retrieval(*args, options={"bootstrap": 10})  # type: ignore[arg-type]
