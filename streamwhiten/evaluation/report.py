@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from .._durable import check_replaceable, link_or_kind
+from .._durable import check_replaceable, link_or_kind, write_file_atomic
 from ..core.model import WhiteningModel, components_for_variance
-from ..errors import BadInputError, StoreIOError
+from ..errors import BadInputError
 from .evaluate import PairSet
 from .tune import DEFAULT_VARIANCES, PairGrid, TuneResult, default_ks, grid_search
 
@@ -577,15 +577,7 @@ def output_kind(path: str) -> str:
 
 
 def _write_bytes(path: str, payload: bytes) -> None:
-    temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "wb") as handle:
-            handle.write(payload)
-        os.replace(temp, path)
-    except OSError as exc:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise StoreIOError(f"{path}: cannot write the report: {exc}") from exc
+    write_file_atomic(path, lambda handle: handle.write(payload), "the report")
 
 
 def planned_files(path: str, with_pairs: bool, with_frontier: bool = False) -> list:

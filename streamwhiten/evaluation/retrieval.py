@@ -41,7 +41,7 @@ from ..errors import BadInputError, NonFiniteError
 from ..io import Source, open_source, read_ids, remote
 from ..options import RetrievalOptions
 from ..params import PARAMS, check
-from ..progress import begin, phase
+from ..progress import phase
 from .qrels import Ids, Qrels, read_exclude, read_qrels
 from .search import Exclusions, RescoreJob, SearchJob, SearchResult, corpus_blocks, rescore_all, search
 from .self_matches import ROUNDOFF, SelfMatches, find_self_matches
@@ -563,9 +563,8 @@ def _code_settings(
             sample = sample_rows(task.corpus, CODE_SAMPLE_ROWS, CODE_SAMPLE_SEED, told)
         training = {"sample_rows": int(sample.shape[0]), "sample_seed": CODE_SAMPLE_SEED}
     source = "from the statistics" if sample is None else f"on {sample.shape[0]:,} rows"
-    finish = begin(progress, f"train {code.spec} for the raw vectors {source}", None)
-    raw_codec = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED, raw=True)
-    finish()
+    with phase(progress, f"train {code.spec} for the raw vectors {source}", None):
+        raw_codec = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED, raw=True)
     settings = [SearchSetting.make_code("raw", model, raw_codec, code, raw=True, training=training)]
     record = model.storage.codec if model.storage is not None else None
     if record is not None and (record.code, record.budget) == (code.code, code.budget):
@@ -573,9 +572,8 @@ def _code_settings(
         mine = {"sample_rows": record.sample_rows, "sample_seed": record.sample_seed} if record.sample_rows else {}
         settings.append(SearchSetting.make_code("whitened", model, white, code, training=dict(mine, codec="model")))
     else:
-        finish = begin(progress, f"train {code.spec} for the whitened vectors {source}", None)
-        white = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED)
-        finish()
+        with phase(progress, f"train {code.spec} for the whitened vectors {source}", None):
+            white = train_for(model, code.code, code.budget, sample=sample, sample_seed=CODE_SAMPLE_SEED)
         settings.append(SearchSetting.make_code("whitened", model, white, code, training=training))
     return settings
 
@@ -597,17 +595,16 @@ def _search_raw_and_whitened(
         settings = [SearchSetting.make("raw", model, raw=True, storage=storage, n_features=task.n_features)]
         if model is not None:
             settings.append(SearchSetting.make("whitened", model, storage=storage))
-    finish = begin(progress, f"search {len(settings)} settings over {task.n_corpus:,} rows")
-    found = search_settings(
-        task.vectors,
-        task.corpus,
-        settings,
-        exclude=task.excluded,
-        corpus_label=task.corpus_label,
-        options=options,
-        progress=progress,
-    )
-    finish()
+    with phase(progress, f"search {len(settings)} settings over {task.n_corpus:,} rows"):
+        found = search_settings(
+            task.vectors,
+            task.corpus,
+            settings,
+            exclude=task.excluded,
+            corpus_label=task.corpus_label,
+            options=options,
+            progress=progress,
+        )
     raw = settings[0]
     matches = None
     if raw.codec is None and raw.quantization.kind in ROUNDOFF:  # the raw cosines, as floats: checked
@@ -711,7 +708,7 @@ def evaluate_retrieval(
         raw=dict(mean_metrics(per_query["raw"]), **settings[0].params),
         whitened=whitened,
         difference=difference,
-        bootstrap=bootstrap_record(options),
+        bootstrap=BootstrapInfo(options.bootstrap, options.seed),
         model=model_file,
         self_matches=matches,
     )
@@ -783,11 +780,6 @@ def retrieval_options(options: RetrievalOptions | None) -> RetrievalOptions:
     if not isinstance(options, RetrievalOptions):
         raise BadInputError(f"options must be a RetrievalOptions, got {type(options).__name__}")
     return options
-
-
-def bootstrap_record(options: RetrievalOptions) -> BootstrapInfo:
-    """The bootstrap as a result records it."""
-    return BootstrapInfo(int(options.bootstrap), int(options.seed))
 
 
 @dataclass
@@ -939,7 +931,6 @@ __all__ = [
     "open_task",
     "paired_bootstrap",
     "query_metrics",
-    "bootstrap_record",
     "resolve_storage",
     "retrieval_options",
     "search_settings",

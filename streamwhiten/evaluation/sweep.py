@@ -56,7 +56,7 @@ from ..engine._threads import resolve_threads
 from ..errors import BadInputError
 from ..options import RetrievalOptions
 from ..params import check
-from ..progress import begin
+from ..progress import phase
 from .code_candidates import (
     SAMPLE_ROWS,
     SAMPLE_SEED,
@@ -77,7 +77,6 @@ from .retrieval import (
     BootstrapInfo,
     RetrievalTask,
     SearchSetting,
-    bootstrap_record,
     mean_metrics,
     open_task,
     plain,
@@ -798,19 +797,16 @@ def sweep(
     plan = _sweep_plan(model, grid, budgets)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         plan = replace(plan, code_sizes=_trainable(plan.code_sizes, grid, task.n_corpus))
-        finish = begin(
-            progress,
-            f"search up to {len(plan.candidates)} maps in {len(plan.storages)} storages over {task.n_corpus:,} rows",
-        )
         keep = partial(query_metrics, query_rows=task.query_rows, qrels=task.qrels)
         maps = (plan.candidates, plan.bases, plan.storages)
-        reference, rows = sweep_rows(task, *maps, options=options, progress=progress, max_bytes=plan.limit, keep=keep)
-        finish()
+        searched = f"search up to {len(plan.candidates)} maps in {len(plan.storages)} storages"
+        with phase(progress, f"{searched} over {task.n_corpus:,} rows"):
+            reference, rows = sweep_rows(
+                task, *maps, options=options, progress=progress, max_bytes=plan.limit, keep=keep
+            )
         codecs = _sweep_codes(task, grid, plan.code_sizes, options, progress)
-    finish = begin(progress, f"score the settings and choose ({grid.select} rule)", None)
-    result = _scored(task, plan, grid, options, reference, rows, codecs)
-    finish()
-    return result
+    with phase(progress, f"score the settings and choose ({grid.select} rule)", None):
+        return _scored(task, plan, grid, options, reference, rows, codecs)
 
 
 @dataclass(frozen=True)
@@ -855,29 +851,18 @@ def _sweep_codes(
     if not code_sizes:
         return {}
     to_train = [(name, size) for name, sizes in code_sizes.items() for size in sizes]
-    finish = begin(progress, f"read the corpus's statistics and a sample for {len(to_train)} codes")
-    mean, covariance, sample = unit_statistics(
-        task, grid.code_sample, grid.code_seed, options.block_rows, progress=progress
-    )
-    finish()
-    finish = begin(progress, f"train {len(to_train)} codes on {sample.shape[0]:,} rows", "codes")
+    with phase(progress, f"read the corpus's statistics and a sample for {len(to_train)} codes"):
+        mean, covariance, sample = unit_statistics(task, grid.code_sample, grid.code_seed, options.block_rows, progress)
     threads = resolve_threads(options.threads)
-    trained = train_codes(to_train, mean, covariance, sample, grid.code_seed, threads, progress=progress)
-    finish()
+    with phase(progress, f"train {len(to_train)} codes on {sample.shape[0]:,} rows", "codes"):
+        trained = train_codes(to_train, mean, covariance, sample, grid.code_seed, threads, progress=progress)
     codecs = {
         f"{name}-{codec.bytes_per_vector}B": (name, codec) for (name, _), codec in zip(to_train, trained, strict=True)
     }
-    finish = begin(progress, f"search {len(codecs)} codes over {task.n_corpus:,} rows")
     told = None if progress is None else partial(_rows_of, progress, task.n_corpus)
-    tops = search_codes(
-        task,
-        {label: codec for label, (_, codec) in codecs.items()},
-        DEPTH,
-        options.block_rows,
-        progress=told,
-        threads=threads,
-    )
-    finish()
+    with phase(progress, f"search {len(codecs)} codes over {task.n_corpus:,} rows"):
+        searched = {label: codec for label, (_, codec) in codecs.items()}
+        tops = search_codes(task, searched, DEPTH, options.block_rows, progress=told, threads=threads)
     return {label: (name, codec, tops[label]) for label, (name, codec) in codecs.items()}
 
 
@@ -940,7 +925,7 @@ def _scored(
         grid.max_bytes,
         grid.tolerance,
         task.describe(),
-        bootstrap_record(options),
+        BootstrapInfo(options.bootstrap, options.seed),
         plan.bases,
         {storage.label: storage for storage in plan.storages},
         selection,
