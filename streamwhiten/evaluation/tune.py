@@ -21,7 +21,7 @@ import numpy as np
 
 from ..core.model import WhiteningModel, check_params, components_for_variance
 from ..errors import BadInputError
-from ..progress import begin, phase
+from ..progress import phase
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
 from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, rule_choice, spearman_units
 
@@ -229,21 +229,20 @@ def _pair_cosines(
     n_pairs = pairs.n_pairs
     n_settings = sum(stacked.shape[1] for _, _, stacked in plans) + 1
     cosines = np.empty((n_settings, n_pairs))
-    finish = begin(progress, f"score {n_settings} settings on {n_pairs:,} pairs", "pairs")
-    for start, a, b in pairs.blocks(block_rows):
-        stop = start + a.shape[0]
-        cosines[-1, start:stop] = cosine_rows(a, b)
-        row = 0
-        for shift, eigvecs, stacked in plans:
-            ya, yb = (a - shift) @ eigvecs, (b - shift) @ eigvecs
-            dots = (ya * yb) @ stacked
-            norms = np.sqrt(((ya * ya) @ stacked) * ((yb * yb) @ stacked))
-            block = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
-            cosines[row : row + stacked.shape[1], start:stop] = block.T
-            row += stacked.shape[1]
-        if progress is not None:
-            progress(stop, n_pairs)
-    finish()
+    with phase(progress, f"score {n_settings} settings on {n_pairs:,} pairs", "pairs"):
+        for start, a, b in pairs.blocks(block_rows):
+            stop = start + a.shape[0]
+            cosines[-1, start:stop] = cosine_rows(a, b)
+            row = 0
+            for shift, eigvecs, stacked in plans:
+                ya, yb = (a - shift) @ eigvecs, (b - shift) @ eigvecs
+                dots = (ya * yb) @ stacked
+                norms = np.sqrt(((ya * ya) @ stacked) * ((yb * yb) @ stacked))
+                block = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+                cosines[row : row + stacked.shape[1], start:stop] = block.T
+                row += stacked.shape[1]
+            if progress is not None:
+                progress(stop, n_pairs)
     return cosines
 
 
@@ -275,22 +274,21 @@ def grid_search(
     d, metric, tolerance = model.n_features, grid.metric, float(grid.tolerance)
     bases, plans, settings = _plans(model, grid)
     cosines = _pair_cosines(pairs, plans, block_rows, progress)
-    finish = begin(progress, f"correlate and choose ({grid.select} rule)", None)
-    table = [
-        dict(setting, **correlations(values, pairs.scores))
-        for setting, values in zip(settings, cosines[:-1], strict=True)
-    ]
-    raw_scores = correlations(cosines[-1], pairs.scores)
-    # the raw vectors (the identity map): the last row, the reference
-    bases.setdefault(0.0, decompose(model, 0.0, grid.eps))
-    table.append(dict(beta=0.0, gamma=0.0, k=d, k_label=str(d), variance=None, vectors="raw", **raw_scores))
-    units, _ = spearman_units(cosines, pairs.scores, ranks=metric == "spearman")
-    if grid.select == "argmax":
-        best = choose(table, metric, tolerance)
-        selection = {"rule": "argmax", "tolerance": tolerance, "reference": None, "kept_reference": None}
-    else:
-        best, selection = _choose_pairs(table, units, len(table) - 1, d, grid)
-    finish()
+    with phase(progress, f"correlate and choose ({grid.select} rule)", None):
+        table = [
+            dict(setting, **correlations(values, pairs.scores))
+            for setting, values in zip(settings, cosines[:-1], strict=True)
+        ]
+        raw_scores = correlations(cosines[-1], pairs.scores)
+        # the raw vectors (the identity map): the last row, the reference
+        bases.setdefault(0.0, decompose(model, 0.0, grid.eps))
+        table.append(dict(beta=0.0, gamma=0.0, k=d, k_label=str(d), variance=None, vectors="raw", **raw_scores))
+        units, _ = spearman_units(cosines, pairs.scores, ranks=metric == "spearman")
+        if grid.select == "argmax":
+            best = choose(table, metric, tolerance)
+            selection = {"rule": "argmax", "tolerance": tolerance, "reference": None, "kept_reference": None}
+        else:
+            best, selection = _choose_pairs(table, units, len(table) - 1, d, grid)
     return TuneResult(table, best, raw_scores, metric, pairs.describe(), bases, tolerance, selection, units, cosines)
 
 
