@@ -90,9 +90,8 @@ def report(
         raw, best, highest = data.grid.raw, data.grid.best, data.grid.highest
         lines += _grid_lines(raw, best, highest)
     tuned = data.tuned or {}
-    summary.update(
-        raw=raw, best=best, highest=highest, frontier=tuned.get("frontier"), selection=tuned.get("selection")
-    )
+    summary.update(raw=raw, best=best, highest=highest)
+    summary.update(frontier=tuned.get("frontier"), selection=tuned.get("selection"))
     lines += _retrieval_choice(tuned) if tuned else []
     lines += [f"wrote      {path}" for path in written]
     emit(as_json, summary, lines)
