@@ -577,7 +577,7 @@ def output_kind(path: str) -> str:
 
 
 def _write_bytes(path: str, payload: bytes) -> None:
-    write_file_atomic(path, lambda handle: handle.write(payload), "the report")
+    write_file_atomic(path, lambda handle: handle.write(payload), "report")
 
 
 def planned_files(path: str, with_pairs: bool, with_frontier: bool = False) -> list:
