@@ -30,7 +30,7 @@ sys.path.insert(0, REPO)
 from streamwhiten.core.model import finalize  # noqa: E402
 from streamwhiten.engine.fit import fit_sources  # noqa: E402
 from streamwhiten.evaluation.evaluate import correlations, open_pairs, pair_cosines  # noqa: E402
-from streamwhiten.evaluation.tune import grid_search  # noqa: E402
+from streamwhiten.evaluation.tune import PairGrid, grid_search  # noqa: E402
 
 DEFAULT_DATA = os.environ.get(
     "STREAMWHITEN_STSB", os.path.normpath(os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))
@@ -63,7 +63,7 @@ def tuned_row(data: str, pooling: str, model) -> dict:
     """The grid's best on all pairs (in-sample) and a two-fold held-out check."""
     specs = (f"{data}:/{pooling}_a", f"{data}:/{pooling}_b", f"{data}:/score")
     with open_pairs(*specs) as pairs:
-        result = grid_search(model, pairs, select="argmax")  # the literature's in-sample best
+        result = grid_search(model, pairs, grid=PairGrid(select="argmax"))  # the literature's in-sample best
         a, b, scores = pairs.a.read(0, pairs.n_pairs), pairs.b.read(0, pairs.n_pairs), pairs.scores
     best = result.best
     row = {
@@ -86,10 +86,9 @@ def tuned_row(data: str, pooling: str, model) -> dict:
             halves[name] = paths
         for tune_on, test_on in (("even", "odd"), ("odd", "even")):
             with open_pairs(*halves[tune_on]) as tune_pairs, open_pairs(*halves[test_on]) as test_pairs:
-                chosen = grid_search(model, tune_pairs, select="argmax")
-                test = grid_search(
-                    model, test_pairs, [chosen.best["beta"]], [chosen.best["gamma"]], [chosen.best["k"]], []
-                )
+                chosen = grid_search(model, tune_pairs, grid=PairGrid(select="argmax"))
+                fixed = PairGrid((chosen.best["beta"],), (chosen.best["gamma"],), (chosen.best["k"],), ())
+                test = grid_search(model, test_pairs, fixed)
             folds.append(
                 {
                     "tuned_on": tune_on,

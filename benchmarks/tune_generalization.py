@@ -216,7 +216,7 @@ def pairs(args) -> list[dict]:
     from streamwhiten.core.model import finalize
     from streamwhiten.evaluation.evaluate import open_pairs, spearman
     from streamwhiten.evaluation.select import Rule, select, spearman_units
-    from streamwhiten.evaluation.tune import grid_search
+    from streamwhiten.evaluation.tune import PairGrid, grid_search
 
     out = []
     for pooling in args.poolings:
@@ -224,7 +224,7 @@ def pairs(args) -> list[dict]:
         with open_pairs(*specs) as opened:
             a, b = opened.a.read(0, opened.n_pairs), opened.b.read(0, opened.n_pairs)
             model = finalize(stats.block_moments(np.vstack([a, b]).astype(np.float64)))
-            result = grid_search(model, opened, **{k: v for k, v in args.grid.items() if k != "dtypes"})
+            result = grid_search(model, opened, grid=PairGrid(**{k: v for k, v in args.grid.items() if k != "dtypes"}))
             gold = np.asarray(opened.scores, np.float64)
         cosines, table, d = result.cosines, result.table, model.n_features
         assert cosines is not None

@@ -810,10 +810,6 @@ WIDE_PLACES = ("streamwhiten.cli", "streamwhiten.whitener")
 WIDE = {
     "pipeline.applying:apply": "a public call's keyword arguments (streamwhiten.apply): narrowing them breaks callers",
     "core.kernels.search:merge_top_hamming": "a Numba kernel: arrays and scalars only, no records",
-    "evaluation.retrieval:evaluate_retrieval": "a public call's keyword arguments (typed results: the next step)",
-    "evaluation.tune:grid_search": "a public call's keyword arguments (tune)",
-    "evaluation.search:exact_search": "a public call's keyword arguments (exact search over a store)",
-    "evaluation.report:collect": "the report's inputs, one per figure",
     "codes:train_codec": "a public call: every family's keyword options (faiss's passed on as they are)",
     "export:export": "a public call's keyword arguments (streamwhiten.export.export)",
     "pipeline.coding:with_codes": "a public call's keyword arguments (streamwhiten.with_codes)",

@@ -29,6 +29,7 @@ from .codes import StorageType
 
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
+    from ..storage import Storage
 
 #: How the corpus is stored while searched, and the re-ranking (retrieval only).
 STORAGE_OPTIONS = ("dtype", "rescore", "rescore_dtype", "int8_clip")
@@ -50,7 +51,7 @@ class Search:
     """The options of a search (retrieval only), as parsed (None: not given): how the corpus is stored
     while searched and re-ranked, the bootstrap, and the search's threads."""
 
-    dtype: str | None
+    dtype: Storage | None
     rescore: int | None
     rescore_dtype: str | None
     int8_clip: float | None
@@ -172,21 +173,13 @@ def _retrieval(
     quiet: bool,
 ) -> tuple[dict, list[str]]:
     """Score the retrieval task: the summary and its lines (a warning first where queries find themselves)."""
-    from ..evaluation.retrieval import evaluate_retrieval
+    from ..evaluation.retrieval import evaluate_retrieval, resolve_storage
 
+    options = retrieval_options_of(inputs, block_rows, search.threads, search.bootstrap, search.seed)
+    storage = resolve_storage(model, search.dtype, search.rescore, search.rescore_dtype, search.int8_clip)
     with progress_bar("eval", quiet) as progress:
-        result = evaluate_retrieval(
-            inputs.queries,
-            inputs.corpus,
-            inputs.qrels,
-            model=model,
-            progress=progress,
-            options=retrieval_options_of(inputs, block_rows, search.threads, search.bootstrap, search.seed),
-            dtype=search.dtype,
-            rescore=search.rescore,
-            rescore_dtype=search.rescore_dtype,
-            int8_clip=search.int8_clip,
-        )
+        task = (inputs.queries, inputs.corpus, inputs.qrels)
+        result = evaluate_retrieval(*task, model=model, storage=storage, options=options, progress=progress)
     summary = replace(result, model=model_path).to_json()
     warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)
     return summary, retrieval_lines(summary)

@@ -71,17 +71,18 @@ def report(
     """
     from ..core.model import load_model
     from ..evaluation.report import check_output, collect, retrieval_record, write_report
+    from ..evaluation.tune import PairGrid
     from ..io import refuse_input_overlap
 
     refuse_input_overlap({output_path: "report"}, [model_path, pairs_a, pairs_b, scores], nested=False)
     with_pairs = any(spec is not None for spec in (pairs_a, pairs_b, scores))
     model = load_model(model_path)
     check_output(output_path, with_pairs, overwrite, retrieval_record(model) is not None)
-    grid = grid_of(betas, gammas, ks, variances, metric, model.n_features)
+    grid = PairGrid(**grid_of(betas, gammas, ks, variances, metric, model.n_features))
     pairs = open_pairs_given(pairs_a, pairs_b, scores, "--pairs-a, --pairs-b and --scores")
     with progress_bar("report", quiet) as progress:
         try:
-            data = collect(model, pairs, block_rows=block_rows, progress=progress, **grid)
+            data = collect(model, pairs, grid, block_rows=block_rows, progress=progress)
         finally:
             if pairs is not None:
                 pairs.close()
@@ -95,39 +96,44 @@ def _summary(model_path: str, data: ReportData, written: list[str]) -> tuple[dic
     and on the retrieval tuning the model records, and the files written."""
     model = data.model
     summary = {"model": model_path, "files": written, "effective_dimension": model.effective_dimension}
-    summary.update(raw=None, best=None, highest=None)
     lines = [f"D_eff      {model.effective_dimension:.1f} of d={model.n_features}"]
+    raw = best = highest = None
     if data.grid is not None:
-        best, highest = data.grid.best, data.grid.highest
-        summary["raw"], summary["best"], summary["highest"] = data.grid.raw, best, highest
-        lines.append(f"raw        {fmt_scores(data.grid.raw)}")
-        lines.append(
-            f"chosen     {fmt_scores(best)}   {fmt_setting(best)}  (chosen by the rule"
-            + (", and highest on these pairs)" if highest is best else ")")
-        )
-        if highest is not best:
-            lines.append(f"highest    {fmt_scores(highest)}   {fmt_setting(highest)}  (highest on these pairs)")
-    summary["frontier"] = None if data.tuned is None else data.tuned["frontier"]
-    summary["selection"] = None if data.tuned is None else data.tuned.get("selection")
-    if data.tuned is not None:
-        lines.append(f"frontier   {len(data.tuned['frontier'])} settings, from the retrieval tuning the model records")
-        lines += _retrieval_choice(data.tuned)
-        lines += selection_lines(data.tuned.get("selection"), data.tuned["metric"], "queries")
+        raw, best, highest = data.grid.raw, data.grid.best, data.grid.highest
+        lines += _grid_lines(raw, best, highest)
+    tuned = data.tuned or {}
+    summary.update(raw=raw, best=best, highest=highest)
+    summary.update(frontier=tuned.get("frontier"), selection=tuned.get("selection"))
+    lines += _retrieval_choice(tuned) if tuned else []
     lines += [f"wrote      {path}" for path in written]
     return summary, lines
 
 
+def _grid_lines(raw: dict, best: dict, highest: dict) -> list[str]:
+    """Raw, the rule's choice and the setting highest on the pairs where it is another."""
+    lines = [
+        f"raw        {fmt_scores(raw)}",
+        f"chosen     {fmt_scores(best)}   {fmt_setting(best)}  (chosen by the rule"
+        + (", and highest on these pairs)" if highest is best else ")"),
+    ]
+    if highest is not best:
+        lines.append(f"highest    {fmt_scores(highest)}   {fmt_setting(highest)}  (highest on these pairs)")
+    return lines
+
+
 def _retrieval_choice(record: dict) -> list[str]:
-    """The retrieval tuning's choice, and the setting highest on its queries where that is another."""
+    """The retrieval tuning the model records: its frontier, its choice, the setting highest on its queries
+    where that is another, and the rule's record."""
     from ..evaluation.report import highest_apart
 
     metric, setting = record["metric"], record["setting"]
     score = record["validation"]["chosen"][metric]
     highest = highest_apart(record)
     lines = [
+        f"frontier   {len(record['frontier'])} settings, from the retrieval tuning the model records",
         f"chosen     {setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}, "
         f"{setting['bytes_per_vector']:,} bytes per vector: {metric} x100 {score:.2f} (chosen by the rule"
-        + (")" if highest else ", and highest on these queries)")
+        + (")" if highest else ", and highest on these queries)"),
     ]
     if highest is not None:
         lines.append(
@@ -135,4 +141,4 @@ def _retrieval_choice(record: dict) -> list[str]:
             f"{highest['bytes_per_vector']:,} bytes per vector: {metric} x100 {highest[metric]:.2f} "
             "(highest on these queries)"
         )
-    return lines
+    return lines + selection_lines(record.get("selection"), metric, "queries")

@@ -38,9 +38,6 @@ from ._warn import warn_self_matches
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
 
-#: The options of a retrieval sweep (refused with labelled pairs).
-SWEEP_OPTIONS = ("max_bytes", "dtypes", "rescore", "rescore_dtype", "int8_clip", "bootstrap", "seed", "threads")
-
 
 class GeneratedHelp(click.Command):
     """A command whose help is made by ``make_help()`` when first shown: it names what the library's
@@ -196,12 +193,40 @@ def tune(
     as_json: bool,
 ) -> None:
     """The ``tune`` command; its help is `_help`'s."""
-    from ..core.model import check_model_output, load_model, save_model
+    from ..core.model import load_model
 
     inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)
     test = Inputs(pairs_a=test_a, pairs_b=test_b, scores=test_scores)
     sweep = Sweep(max_bytes, dtypes, rescore, rescore_dtype, int8_clip, bootstrap, seed, threads)
     mode = mode_of(inputs, named(**sweep.__dict__))
+    target = _checked_target(mode, metric, inputs, test, model_path, output_path, in_place, overwrite)
+    model = load_model(model_path)
+    metric = metric or ("spearman" if mode == "pairs" else "ndcg@10")
+    grid = dict(grid_of(betas, gammas, ks, variances, metric, model.n_features), tolerance=tolerance, eps=eps)
+    grid.update(select=select_rule, folds=folds)
+    if mode == "pairs":
+        chosen, summary = _pairs(model, inputs, test, grid, first_given(block_rows, chunk_rows), quiet)
+    else:
+        chosen, summary = _retrieval(model, inputs, sweep, grid, first_given(block_rows, chunk_rows), quiet)
+    _save(chosen, summary, model_path, target, bool(in_place or overwrite))
+    lines = (_lines if mode == "pairs" else retrieval_lines)(summary, model, chosen, target)
+    emit(as_json, summary, lines)
+
+
+def _checked_target(
+    mode: str,
+    metric: str | None,
+    inputs: Inputs,
+    test: Inputs,
+    model_path: str,
+    output_path: str | None,
+    in_place: bool,
+    overwrite: bool,
+) -> str | None:
+    """The file the tuned model is written to (None: none), checked before anything is read, with the
+    one-line errors of options that do not go together."""
+    from ..core.model import check_model_output
+
     if mode == "pairs" and metric in RETRIEVAL_METRICS:
         raise BadInputError(f"--metric {metric} is a retrieval metric; for pairs: {', '.join(PAIR_METRICS)}")
     if mode == "retrieval" and metric in PAIR_METRICS:
@@ -210,38 +235,26 @@ def tune(
         raise BadInputError("--test-a/--test-b/--test-scores are held-out pairs: give them with labelled pairs")
     if output_path and in_place:
         raise BadInputError("give -o/--output or --in-place, not both")
-    read = [model_path, pairs_a, pairs_b, scores, test_a, test_b, test_scores, queries, corpus, qrels, exclude]
     if output_path:
         from ..io import refuse_input_overlap
 
+        pairs = [inputs.pairs_a, inputs.pairs_b, inputs.scores, test.pairs_a, test.pairs_b, test.scores]
+        read = [model_path, *pairs, inputs.queries, inputs.corpus, inputs.qrels, inputs.exclude]
         refuse_input_overlap({output_path: "tuned model (use --in-place to update the model itself)"}, read)
     if output_path or in_place:  # before any work: a .npz name, replacing only a model file of ours
         check_model_output(output_path or model_path, overwrite=bool(in_place or overwrite))
-    model = load_model(model_path)
-    rows = first_given(block_rows, chunk_rows)
-    chosen_metric = metric or ("spearman" if mode == "pairs" else "ndcg@10")
-    grid = dict(
-        grid_of(betas, gammas, ks, variances, chosen_metric, model.n_features),
-        tolerance=tolerance,
-        eps=eps,
-        select=select_rule,
-        folds=folds,
-    )
-    if mode == "pairs":
-        chosen, summary = _pairs(model, inputs, test, grid, rows, quiet)
-    else:
-        chosen, summary = _retrieval(model, inputs, sweep, grid, rows, quiet)
-    target = model_path if in_place else output_path
+    return model_path if in_place else output_path
+
+
+def _save(chosen: WhiteningModel, summary: dict, model_path: str, target: str | None, overwrite: bool) -> None:
+    """Write the chosen model to ``target`` (if any; a signal lets the save finish: the file is whole or
+    absent), and record in ``summary`` the model read and the file written."""
+    from ..core.model import save_model
+
     if target:
-        with stop_on_signals():  # a signal lets the save finish: the file is whole or absent
-            summary["file_checksum"] = save_model(chosen, target, overwrite=bool(in_place or overwrite))
-    summary["model"] = model_path
-    summary["written"] = target
-    if mode == "pairs":
-        lines = _lines(summary, model, chosen, chosen_metric, tolerance, target)
-    else:
-        lines = retrieval_lines(summary, model, chosen, target)
-    emit(as_json, summary, lines)
+        with stop_on_signals():
+            summary["file_checksum"] = save_model(chosen, target, overwrite=overwrite)
+    summary.update(model=model_path, written=target)
 
 
 @dataclass(frozen=True)
@@ -262,6 +275,7 @@ def _pairs(
     model: WhiteningModel, inputs: Inputs, test: Inputs, grid: dict[str, Any], block_rows: int | None, quiet: bool
 ) -> tuple[WhiteningModel, dict]:
     from ..evaluation.evaluate import open_pairs
+    from ..evaluation.tune import PairGrid
     from ..evaluation.tune import tune as run_tune
 
     assert inputs.pairs_a is not None and inputs.pairs_b is not None and inputs.scores is not None  # mode_of
@@ -269,7 +283,9 @@ def _pairs(
         test_pairs = open_pairs_given(test.pairs_a, test.pairs_b, test.scores, "--test-a, --test-b and --test-scores")
         try:
             with progress_bar("tune", quiet) as progress:
-                return run_tune(model, pairs, test_pairs, block_rows, progress, **grid)
+                return run_tune(
+                    model, pairs, test_pairs, grid=PairGrid(**grid), block_rows=block_rows, progress=progress
+                )
         finally:
             if test_pairs is not None:
                 test_pairs.close()
@@ -278,7 +294,8 @@ def _pairs(
 def _retrieval(
     model: WhiteningModel, inputs: Inputs, sweep: Sweep, grid: dict[str, Any], block_rows: int | None, quiet: bool
 ) -> tuple[WhiteningModel, dict]:
-    from ..evaluation.sweep import SweepGrid, tune_retrieval
+    from ..evaluation.sweep import SweepGrid
+    from ..evaluation.sweep import sweep as run_sweep
 
     given: dict[str, Any] = {
         name: value
@@ -293,9 +310,10 @@ def _retrieval(
     swept = SweepGrid(dtypes=dtypes, max_bytes=sweep.max_bytes, **given, **grid)
     options = retrieval_options_of(inputs, block_rows, sweep.threads, sweep.bootstrap, sweep.seed)
     with progress_bar("tune", quiet) as progress:
-        chosen, summary = tune_retrieval(
+        result = run_sweep(
             model, inputs.queries, inputs.corpus, inputs.qrels, grid=swept, options=options, progress=progress
         )
+    chosen, summary = result.tuned()
     warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)
     return chosen, summary
 
@@ -306,9 +324,10 @@ def same_row(a: dict | None, b: dict | None) -> bool:
     return a is b or (a is not None and b is not None and all(a.get(key) == b.get(key) for key in keys))
 
 
-def _lines(
-    summary: dict, model: WhiteningModel, chosen: WhiteningModel, metric: str, tolerance: float, target: str | None
-) -> list[str]:
+def _lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target: str | None) -> list[str]:
+    """The text of a tuning on pairs: the table, raw, the choice (and the highest where it is another), the
+    test pairs' scores and what was written."""
+    metric, tolerance = summary["metric"], summary["tolerance"]
     best, raw, highest = summary["best"], summary["raw"], summary["highest"]
     name = metric.capitalize()
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
@@ -410,7 +429,7 @@ def _row_text(row: dict, metric: str) -> str:
 
 def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target: str | None) -> list[str]:
     """The text of a retrieval sweep: the task, the frontier, the budget and the choice, and what was written."""
-    metric, raw, best = summary["metric"], summary["raw"], summary["best"]
+    metric, raw = summary["metric"], summary["raw"]
     storages = sorted({row["storage"] for row in summary["table"]})
     settings = len(summary["table"]) // max(1, len(storages))
     lines = [
@@ -423,12 +442,29 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
         "fewer or as many bytes):",
         f"  bytes  storage                vectors                    k  {metric:>7}  retain   vs raw float32 [95%]",
         *(_row_text(row, metric) for row in summary["frontier"]),
+        *_choice_lines(summary),
+        *selection_lines(summary.get("selection"), metric, "queries"),
+        *_verdict_lines(summary),
     ]
-    budget = summary["max_bytes"]
+    if target:
+        storage = chosen.storage
+        assert storage is not None  # a retrieval tuning records the storage it chose
+        lines.append(
+            f"wrote      {target} ({_setting_text(chosen)}, storage "
+            f"{storage.label}); `apply`, `export` and `eval` now use them"
+        )
+    else:
+        lines.append("model not changed (pass -o NEW or --in-place to save the chosen setting and storage)")
+    return lines
+
+
+def _choice_lines(summary: dict) -> list[str]:
+    """The budget and the rule's choice, the setting highest on the queries where it is another, and the
+    reference the choice was measured against."""
+    metric, best, budget, tolerance = summary["metric"], summary["best"], summary["max_bytes"], summary["tolerance"]
     within = f"within {budget:,} bytes per vector" if budget is not None else "with no byte budget"
-    tolerance = summary["tolerance"]
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
-    lines.append(
+    lines = [
         f"chosen     {within}"
         + (
             ""
@@ -438,7 +474,7 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
             else f" (the fewest bytes surely within {tolerance:g} points of the reference)"
         )
         + ":"
-    )
+    ]
     highest = summary.get("highest")
     apart = highest is not None and not same_row(best, highest)
     lines.append(
@@ -458,7 +494,13 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
             else f"reference  the rotation's first {reference['k']} components as {reference['storage']}, "
             f"{reference['bytes_per_vector']:,} bytes per vector (the raw vectors' sign bits do not fit the budget)"
         )
-    lines += selection_lines(summary.get("selection"), metric, "queries")
+    return lines
+
+
+def _verdict_lines(summary: dict) -> list[str]:
+    """What won (a code, the raw vectors, plain centring) and how the choice stands against raw float32."""
+    raw, best, budget = summary["raw"], summary["best"], summary["max_bytes"]
+    lines = []
     if best.get("code"):
         lines.append(
             f"           {'an' if best['dtype'][0] in 'aeio' else 'a'} {best['dtype']} code wins: the raw vectors "
@@ -485,13 +527,4 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
             if budget is not None and raw["bytes_per_vector"] > budget
             else "           it loses to raw float32 beyond noise"
         )
-    if target:
-        storage = chosen.storage
-        assert storage is not None  # a retrieval tuning records the storage it chose
-        lines.append(
-            f"wrote      {target} ({_setting_text(chosen)}, storage "
-            f"{storage.label}); `apply`, `export` and `eval` now use them"
-        )
-    else:
-        lines.append("model not changed (pass -o NEW or --in-place to save the chosen setting and storage)")
     return lines

@@ -336,10 +336,8 @@ def evaluate(
 
     from ..core.model import load_model
 
-    model_file = None
-    if isinstance(model, (str, os.PathLike)):
-        model_file = os.fspath(model)
-        model = load_model(model_file)
+    model_file = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    model = load_model(model_file) if model_file is not None else model
     changes = setting.given() if setting is not None else {}
     if changes:
         if model is None:

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from .._durable import check_replaceable, link_or_kind
+from .._durable import check_replaceable, link_or_kind, write_file_atomic
 from ..core.model import WhiteningModel, components_for_variance
-from ..errors import BadInputError, StoreIOError
+from ..errors import BadInputError
 from .evaluate import PairSet
-from .tune import DEFAULT_VARIANCES, TuneResult, default_ks, grid_search
+from .tune import DEFAULT_VARIANCES, PairGrid, TuneResult, default_ks, grid_search
 
 #: Files written when the output is a directory.
 FIGURE_FILES = {
@@ -77,31 +77,26 @@ def retrieval_record(model: WhiteningModel) -> dict | None:
 def collect(
     model: WhiteningModel,
     pairs: PairSet | None = None,
-    betas: Sequence[float] | None = None,
-    gammas: Sequence[float] | None = None,
-    ks: Sequence[int] | None = None,
-    variances: Sequence[float] | None = None,
-    metric: str = "spearman",
+    grid: PairGrid | None = None,
+    *,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> ReportData:
-    """Compute what the report shows; with ``pairs``, score the tuning grid and the seed k curves
+    """Compute what the report shows; with ``pairs``, score the tuning ``grid`` and the seed k curves
     (``progress`` is told the phases of both grids: `grid_search`)."""
-    d = model.n_features
-    ladder = default_ks(d) if ks is None else list(ks)
-    fractions = list(DEFAULT_VARIANCES if variances is None else variances)
+    grid = PairGrid() if grid is None else grid
+    d, metric = model.n_features, grid.metric
+    ladder = default_ks(d) if grid.ks is None else list(grid.ks)
+    fractions = list(DEFAULT_VARIANCES if grid.variances is None else grid.variances)
     k_marks = [(f"k={k}", int(k)) for k in ladder]
     k_marks += [(f"{v:.0%}", components_for_variance(model.eigvals, float(v))) for v in fractions]
     data = ReportData(model, k_marks, metric=metric)
     if pairs is None:
         return data
-    data.grid = grid_search(
-        model, pairs, betas, gammas, ks, variances, metric, block_rows=block_rows, progress=progress
-    )
+    data.grid = grid_search(model, pairs, grid, block_rows=block_rows, progress=progress)
     dense = sorted({int(round(k)) for k in np.geomspace(1, d, min(d, 40))} | {int(k) for k in ladder})
-    curve = grid_search(
-        model, pairs, [0.0, 1.0], [0.0, 1.0], dense, [], metric, block_rows=block_rows, progress=progress
-    )
+    seeds = PairGrid((0.0, 1.0), (0.0, 1.0), tuple(dense), (), metric)
+    curve = grid_search(model, pairs, seeds, block_rows=block_rows, progress=progress)
     data.curves = {
         beta: [(row["k"], row[metric]) for row in curve.table if row["beta"] == beta and row["gamma"] == beta]
         for beta, _, _ in SEED_SETTINGS
@@ -223,27 +218,14 @@ def draw_k_curve(ax: Any, data: ReportData) -> None:
     ax.axhline(data.raw, color="black", ls="--", lw=1.2, label=f"raw vectors: {data.raw:.2f}")
     best, highest = data.grid.best, data.grid.highest
     apart = highest is not best
-    ax.plot(
-        best["k"],
-        best[data.metric],
-        "*",
-        ms=14,
-        color="#27ae60",
-        zorder=4,
-        label=f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best[data.metric]:.2f}",
+    _mark_choice(
+        ax,
+        (best["k"], best[data.metric]),
+        f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best[data.metric]:.2f}",
+        (highest["k"], highest[data.metric]) if apart else None,
+        f"highest on these pairs: {_setting(highest)}: {highest[data.metric]:.2f}",
+        (14, 8),
     )
-    if apart:
-        ax.plot(
-            highest["k"],
-            highest[data.metric],
-            "D",
-            ms=8,
-            mfc="none",
-            mec=HIGHEST_COLOR,
-            mew=2,
-            zorder=4,
-            label=f"highest on these pairs: {_setting(highest)}: {highest[data.metric]:.2f}",
-        )
     ax.set_xscale("log", base=2)
     ax.set_title(f"{name} against k for the seed settings")
     ax.set_xlabel("kept components k (log scale)")
@@ -262,8 +244,6 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
 
     grid, metric = data.grid, data.metric
     assert grid is not None and data.raw is not None  # drawn with pairs only
-    betas = list(dict.fromkeys(row["beta"] for row in grid.table))
-    gammas = list(dict.fromkeys(row["gamma"] for row in grid.table))
     labels = list(dict.fromkeys(row["k_label"] for row in grid.table))
     values = np.array([row[metric] for row in grid.table], dtype=np.float64)
     finite = values[np.isfinite(values)]
@@ -274,39 +254,7 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
     axes = np.atleast_1d(figure.subplots(n_rows, n_cols, squeeze=False)).ravel()
     image = None
     for ax, label in zip(axes, labels, strict=False):
-        cells = {(row["beta"], row["gamma"]): row for row in grid.table if row["k_label"] == label}
-        matrix = np.array([[cells[(b, g)][metric] for g in gammas] for b in betas])
-        image = ax.imshow(matrix, cmap="RdBu", norm=norm, aspect="auto", origin="lower")
-        for i, beta in enumerate(betas):
-            for j, gamma in enumerate(gammas):
-                row = cells[(beta, gamma)]
-                value = row[metric]
-                shade = norm(value) if np.isfinite(value) else 0.5
-                ax.text(
-                    j,
-                    i,
-                    f"{value:.2f}",
-                    ha="center",
-                    va="center",
-                    fontsize=7,
-                    color="white" if abs(shade - 0.5) > 0.35 else "black",
-                    fontweight="bold" if row is grid.best or row is grid.highest else "normal",
-                )
-                if row is grid.best:
-                    ax.add_patch(_outline(i, j))
-                elif row is grid.highest:
-                    ax.add_patch(_outline(i, j, HIGHEST_COLOR, "--"))
-        ks = sorted({row["k"] for row in cells.values()})
-        title = (
-            f"k = {label}"
-            if not label.endswith("%")
-            else (f"{label} variance (k = {ks[0]}" + (f"..{ks[-1]})" if len(ks) > 1 else ")"))
-        )
-        ax.set_title(title, fontsize=10)
-        ax.set_xticks(range(len(gammas)), [f"{g:g}" for g in gammas], fontsize=8)
-        ax.set_yticks(range(len(betas)), [f"{b:g}" for b in betas], fontsize=8)
-        ax.set_xlabel("gamma", fontsize=8)
-        ax.set_ylabel("beta", fontsize=8)
+        image = _draw_heatmap(ax, grid, metric, label, norm)
     for ax in axes[len(labels) :]:
         ax.set_visible(False)
     bar = figure.colorbar(image, ax=list(axes[: len(labels)]), shrink=0.9, pad=0.02)
@@ -323,6 +271,47 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
     figure.suptitle(title, fontsize=11)
 
 
+def _draw_heatmap(ax: Any, grid: TuneResult, metric: str, label: str, norm: Any) -> Any:
+    """The heat map of the score over (beta, gamma) at one k choice (``label``), each cell's score written
+    in it, the rule's choice and the highest outlined; the image (for the colour bar)."""
+    betas = list(dict.fromkeys(row["beta"] for row in grid.table))
+    gammas = list(dict.fromkeys(row["gamma"] for row in grid.table))
+    cells = {(row["beta"], row["gamma"]): row for row in grid.table if row["k_label"] == label}
+    matrix = np.array([[cells[(b, g)][metric] for g in gammas] for b in betas])
+    image = ax.imshow(matrix, cmap="RdBu", norm=norm, aspect="auto", origin="lower")
+    for i, beta in enumerate(betas):
+        for j, gamma in enumerate(gammas):
+            row = cells[(beta, gamma)]
+            value = row[metric]
+            shade = norm(value) if np.isfinite(value) else 0.5
+            ax.text(
+                j,
+                i,
+                f"{value:.2f}",
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white" if abs(shade - 0.5) > 0.35 else "black",
+                fontweight="bold" if row is grid.best or row is grid.highest else "normal",
+            )
+            if row is grid.best:
+                ax.add_patch(_outline(i, j))
+            elif row is grid.highest:
+                ax.add_patch(_outline(i, j, HIGHEST_COLOR, "--"))
+    ks = sorted({row["k"] for row in cells.values()})
+    title = (
+        f"k = {label}"
+        if not label.endswith("%")
+        else (f"{label} variance (k = {ks[0]}" + (f"..{ks[-1]})" if len(ks) > 1 else ")"))
+    )
+    ax.set_title(title, fontsize=10)
+    ax.set_xticks(range(len(gammas)), [f"{g:g}" for g in gammas], fontsize=8)
+    ax.set_yticks(range(len(betas)), [f"{b:g}" for b in betas], fontsize=8)
+    ax.set_xlabel("gamma", fontsize=8)
+    ax.set_ylabel("beta", fontsize=8)
+    return image
+
+
 #: Points (x100) below the reference's score that the frontier's score axis still shows.
 FRONTIER_WINDOW = 10.0
 
@@ -335,34 +324,74 @@ def draw_frontier(ax: Any, data: ReportData) -> None:
     cheaper candidates far below are marked on its bottom edge and listed. A label sits away from the star."""
     record = data.tuned
     assert record is not None  # drawn only for a model with a retrieval tuning, as its callers check
-    metric = record["metric"]
-    rows = record["frontier"]
-    raw = record["validation"]["raw"]
-    chosen = record["validation"]["chosen"]
-    setting = record["setting"]
+    metric, rows = record["metric"], record["frontier"]
+    raw, chosen = record["validation"]["raw"], record["validation"]["chosen"]
     reference = _budget_reference(record, raw["bytes_per_vector"])
-    x = np.array([row["bytes_per_vector"] for row in rows], dtype=np.float64)
-    y = np.array([row[metric] for row in rows], dtype=np.float64)
-    # the view: the reference, the choice and every candidate within FRONTIER_WINDOW points of the reference;
-    # the cheap ones far below are marked on the bottom edge and listed with their scores
-    inside = y >= raw[metric] - FRONTIER_WINDOW
-    shown = np.concatenate([y[inside], [raw[metric], chosen[metric]], [reference[1]] if reference else []])
-    pad = max(0.12 * float(shown.max() - shown.min()), 0.3)
-    low, high = float(shown.min()) - pad, float(shown.max()) + pad
-    ax.step(x, y, where="post", color="#1f4e79", lw=1.2, alpha=0.6)
-    star = (float(setting["bytes_per_vector"]), float(chosen[metric]))
+    view = _FrontierView.of(rows, metric, (raw[metric], chosen[metric]) + ((reference[1],) if reference else ()))
+    ax.step(view.x, view.y, where="post", color="#1f4e79", lw=1.2, alpha=0.6)
+    star = (float(record["setting"]["bytes_per_vector"]), float(chosen[metric]))
+    below = _draw_candidates(ax, rows, view, raw[metric], star)
+    _draw_reference(ax, raw, metric, reference)
+    _draw_choice(ax, record, star)
+    if below:
+        ax.text(
+            0.01,
+            0.98,
+            "below the view (v):\n" + "\n".join(below),
+            transform=ax.transAxes,
+            va="top",
+            fontsize=7,
+            color="#1b4f72",
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(view.low, view.high)
+    ax.set_xlabel("bytes per corpus vector read by a search (log scale)")
+    ax.set_ylabel(f"{metric} x100")
+    ax.set_title(
+        f"Retrieval frontier: the highest {metric} per size\n({record['validation']['n_queries']:,} queries; bars: 95% interval)",
+        fontsize=10,
+    )
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+
+
+@dataclass(frozen=True)
+class _FrontierView:
+    """The frontier's points (bytes ``x``, score ``y``), those ``inside`` the view, and the view's score range."""
+
+    x: np.ndarray
+    y: np.ndarray
+    inside: np.ndarray
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, rows: list, metric: str, shown: tuple) -> _FrontierView:
+        """The view: the scores ``shown`` (the reference's first) and every candidate within
+        `FRONTIER_WINDOW` points of the reference; the cheap ones far below fall outside."""
+        x = np.array([row["bytes_per_vector"] for row in rows], dtype=np.float64)
+        y = np.array([row[metric] for row in rows], dtype=np.float64)
+        inside = y >= shown[0] - FRONTIER_WINDOW
+        scores = np.concatenate([y[inside], shown])
+        pad = max(0.12 * float(scores.max() - scores.min()), 0.3)
+        return cls(x, y, inside, float(scores.min()) - pad, float(scores.max()) + pad)
+
+
+def _draw_candidates(ax: Any, rows: list, view: _FrontierView, raw_score: float, star: tuple) -> list[str]:
+    """Each frontier point with its interval and label (away from the ``star``); those below the view are
+    marked on its bottom edge and returned as lines to list."""
     below = []
-    for i, (row, xi, yi) in enumerate(zip(rows, x, y, strict=True)):
+    for i, (row, xi, yi) in enumerate(zip(rows, view.x, view.y, strict=True)):
         if row["low"] is not None:  # clipped to the axis: an interval can reach far past the candidates
-            ax.plot([xi, xi], [raw[metric] + row["low"], raw[metric] + row["high"]], color="#7fb3d5", lw=3, alpha=0.6)
-        if not inside[i]:
-            ax.plot(xi, low, "v", ms=6, color="#1f4e79", clip_on=False, zorder=3)
+            ax.plot([xi, xi], [raw_score + row["low"], raw_score + row["high"]], color="#7fb3d5", lw=3, alpha=0.6)
+        if not view.inside[i]:
+            ax.plot(xi, view.low, "v", ms=6, color="#1f4e79", clip_on=False, zorder=3)
             below.append(f"{row['storage']} k={row['k']} ({xi:g} B): {yi:.1f}")
             continue
         ax.plot(xi, yi, "o", ms=5, color="#1f4e79", zorder=3)
         if (xi, yi) == star:
             continue  # the chosen point is named by the star's legend entry
-        near_star = abs(np.log2(xi / star[0])) < 2.0 and abs(yi - star[1]) < 0.25 * (high - low)
+        near_star = abs(np.log2(xi / star[0])) < 2.0 and abs(yi - star[1]) < 0.25 * (view.high - view.low)
         above = yi > star[1] if near_star else i % 2 == 0  # away from the star, else alternating
         left = near_star and xi < star[0]
         ax.annotate(
@@ -375,6 +404,11 @@ def draw_frontier(ax: Any, data: ReportData) -> None:
             color="#1b4f72",
             clip_on=True,
         )
+    return below
+
+
+def _draw_reference(ax: Any, raw: dict, metric: str, reference: tuple[int, float, str] | None) -> None:
+    """Raw float32's line and point, and under a budget the reference it was measured against."""
     role = "" if reference else "reference: "
     ax.axhline(
         raw[metric],
@@ -405,51 +439,31 @@ def draw_frontier(ax: Any, data: ReportData) -> None:
             zorder=4,
             label=f"reference: {ref_name} ({ref_bytes:,} B): {ref_score:.2f}",
         )
+
+
+def _draw_choice(ax: Any, record: dict, star: tuple) -> None:
+    """The budget, the rule's choice (the ``star``) and the setting highest on the queries where it is another."""
+    metric, setting = record["metric"], record["setting"]
     if record.get("max_bytes") is not None:
         ax.axvline(record["max_bytes"], color="#e67e22", ls=":", lw=1.5, label=f"budget: {record['max_bytes']:,} bytes")
     highest = highest_apart(record)
-    ax.plot(
-        *star,
-        "*",
-        ms=15,
-        color="#27ae60",
-        zorder=4,
-        label=f"chosen by the rule{'' if highest else ', and highest'}: {setting['dtype']} "
-        f"beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: {chosen[metric]:.2f}",
-    )
+    point, text = None, ""
     if highest is not None:
-        ax.plot(
-            highest["bytes_per_vector"],
-            highest[metric],
-            "D",
-            ms=10,
-            mfc="none",
-            mec=HIGHEST_COLOR,
-            mew=2,
-            zorder=4,
-            label=f"highest on these queries: {highest['storage']} beta={highest['beta']:g} "
-            f"gamma={highest['gamma']:g} k={highest['k']}: {highest[metric]:.2f}",
-        )
-    if below:
-        ax.text(
-            0.01,
-            0.98,
-            "below the view (v):\n" + "\n".join(below),
-            transform=ax.transAxes,
-            va="top",
-            fontsize=7,
-            color="#1b4f72",
-        )
-    ax.set_xscale("log", base=2)
-    ax.set_ylim(low, high)
-    ax.set_xlabel("bytes per corpus vector read by a search (log scale)")
-    ax.set_ylabel(f"{metric} x100")
-    ax.set_title(
-        f"Retrieval frontier: the highest {metric} per size\n({record['validation']['n_queries']:,} queries; bars: 95% interval)",
-        fontsize=10,
-    )
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+        point = (highest["bytes_per_vector"], highest[metric])
+        text = f"highest on these queries: {highest['storage']} {_bgk(highest)}: {highest[metric]:.2f}"
+    label = f"chosen by the rule{'' if highest else ', and highest'}: {setting['dtype']} {_bgk(setting)}"
+    _mark_choice(ax, star, f"{label}: {star[1]:.2f}", point, text, (15, 10))
+
+
+def _bgk(row: dict) -> str:
+    return f"beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']}"
+
+
+def _mark_choice(ax: Any, chosen: tuple, label: str, highest: tuple | None, highest_label: str, sizes: tuple) -> None:
+    """The rule's choice as a green star and, where it is another, the highest as a hollow diamond."""
+    ax.plot(*chosen, "*", ms=sizes[0], color="#27ae60", zorder=4, label=label)
+    if highest is not None:
+        ax.plot(*highest, "D", ms=sizes[1], mfc="none", mec=HIGHEST_COLOR, mew=2, zorder=4, label=highest_label)
 
 
 def _budget_reference(record: dict, raw_bytes: int) -> tuple[int, float, str] | None:
@@ -475,7 +489,7 @@ def _setting(row: dict) -> str:
     """A row's setting in a label: ``beta=0 gamma=0 k=384``, or the raw vectors."""
     if row.get("vectors") == "raw" and not row.get("code"):
         return f"raw vectors, k={row['k']}"
-    return f"beta={row['beta']:g} gamma={row['gamma']:g} k={row['k']}"
+    return _bgk(row)
 
 
 def highest_within(record: dict) -> dict:
@@ -563,15 +577,7 @@ def output_kind(path: str) -> str:
 
 
 def _write_bytes(path: str, payload: bytes) -> None:
-    temp = os.path.join(os.path.dirname(os.path.abspath(path)), f".{os.path.basename(path)}.tmp-{os.getpid()}")
-    try:
-        with open(temp, "wb") as handle:
-            handle.write(payload)
-        os.replace(temp, path)
-    except OSError as exc:
-        if os.path.exists(temp):
-            os.remove(temp)
-        raise StoreIOError(f"{path}: cannot write the report: {exc}") from exc
+    write_file_atomic(path, lambda handle: handle.write(payload), "report")
 
 
 def planned_files(path: str, with_pairs: bool, with_frontier: bool = False) -> list:
@@ -757,34 +763,9 @@ def _forecast_rows(selection: dict | None, metric: str) -> list[tuple[str, str]]
 
 def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]:
     """The section on retrieval: the choice tune made, its figure and the frontier it was tuned on."""
-    parts: list[str] = []
     record = data.tuned
     assert record is not None  # drawn only for a model tuned for retrieval
     metric = record["metric"]
-    raw = record["validation"]["raw"]
-    setting = record["setting"]
-    budget = record.get("max_bytes")
-    rows = [
-        ("queries", f"{record['validation']['n_queries']:,} with a relevant document"),
-        (f"raw float32 {metric}", f"{raw[metric]:.2f} at {raw['bytes_per_vector']:,} bytes per vector"),
-        ("budget", "none" if budget is None else f"{budget:,} bytes per vector"),
-        (
-            "chosen by the rule",
-            f"{setting['dtype']} beta={setting['beta']:g} gamma={setting['gamma']:g} k={setting['k']}: "
-            f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector"
-            + ("" if highest_apart(record) else " (also the highest on these queries)"),
-        ),
-    ]
-    highest = highest_apart(record)
-    if highest is not None:
-        rows.append(
-            (
-                "highest on these queries",
-                f"{highest['storage']} beta={highest['beta']:g} gamma={highest['gamma']:g} k={highest['k']}: "
-                f"{highest[metric]:.2f} at {highest['bytes_per_vector']:,} bytes per vector (not chosen by the rule)",
-            )
-        )
-    rows += _forecast_rows(record.get("selection"), metric)
     head = "".join(
         f"<th>{h}</th>"
         for h in ("bytes", "storage", "beta", "gamma", "k", f"{metric} x100", "retention", "vs raw [95%]")
@@ -793,14 +774,12 @@ def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[s
         f"<tr><td>{row['bytes_per_vector']:,}</td><td>{html.escape(row['storage'])}</td><td>{row['beta']:g}</td>"
         f"<td>{row['gamma']:g}</td><td>{row['k']}</td><td>{row[metric]:.2f}</td>"
         f"<td>{'' if row['retention'] is None else format(row['retention'], '.1f') + '%'}</td>"
-        f"<td>{row['difference']:+.2f}"
-        + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
-        + "</td></tr>"
+        f"<td>{_versus_raw(row)}</td></tr>"
         for row in record["frontier"]
     )
-    parts += [
+    parts = [
         "<h2>Retrieval: the frontier it was tuned on</h2>",
-        _table(rows),
+        _table(_tuning_rows(record)),
         image("frontier", f"The highest {metric} at each number of bytes per vector, the choice and the budget."),
         f"<table class='grid'><tr>{head}</tr>{body}</table>",
     ]
@@ -808,17 +787,53 @@ def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[s
     if families:  # each storage and code family's best within the budget, best first
         cells = "".join(
             f"<tr><td>{html.escape(row['family'])}</td><td>{html.escape(row['storage'])}</td>"
-            f"<td>{row['bytes_per_vector']:,}</td><td>{row[metric]:.2f}</td><td>{row['difference']:+.2f}"
-            + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
-            + "</td></tr>"
+            f"<td>{row['bytes_per_vector']:,}</td><td>{row[metric]:.2f}</td><td>{_versus_raw(row)}</td></tr>"
             for row in families
         )
+        within = "the budget" if record.get("max_bytes") is not None else "the grid"
         parts += [
-            f"<h3>The best of each storage and code within {'the budget' if budget is not None else 'the grid'}</h3>",
+            f"<h3>The best of each storage and code within {within}</h3>",
             "<table class='grid'><tr><th>family</th><th>storage</th><th>bytes</th>"
             f"<th>{metric} x100</th><th>vs raw [95%]</th></tr>{cells}</table>",
         ]
     return parts
+
+
+def _versus_raw(row: dict) -> str:
+    """A row's difference from raw float32, with its interval where it has one."""
+    return f"{row['difference']:+.2f}" + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
+
+
+def _tuning_rows(record: dict) -> list[tuple[str, str]]:
+    """The retrieval tuning in (name, value) rows: the queries, raw float32, the budget, the choice, the
+    highest where it is another, and the forecast."""
+    metric, raw, setting, budget = (
+        record["metric"],
+        record["validation"]["raw"],
+        record["setting"],
+        record.get("max_bytes"),
+    )
+    highest = highest_apart(record)
+    rows = [
+        ("queries", f"{record['validation']['n_queries']:,} with a relevant document"),
+        (f"raw float32 {metric}", f"{raw[metric]:.2f} at {raw['bytes_per_vector']:,} bytes per vector"),
+        ("budget", "none" if budget is None else f"{budget:,} bytes per vector"),
+        (
+            "chosen by the rule",
+            f"{setting['dtype']} {_bgk(setting)}: "
+            f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector"
+            + ("" if highest else " (also the highest on these queries)"),
+        ),
+    ]
+    if highest is not None:
+        rows.append(
+            (
+                "highest on these queries",
+                f"{highest['storage']} {_bgk(highest)}: "
+                f"{highest[metric]:.2f} at {highest['bytes_per_vector']:,} bytes per vector (not chosen by the rule)",
+            )
+        )
+    return rows + _forecast_rows(record.get("selection"), metric)
 
 
 def render_html(data: ReportData, images: dict, title: str | None = None) -> str:

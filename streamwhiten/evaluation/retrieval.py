@@ -28,20 +28,20 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..core.affine import scale_rows_to_unit
 from ..core.finite import raise_if_nonfinite
-from ..core.model import WhiteningModel, project
+from ..core.model import WhiteningModel, load_model, project
 from ..core.quantize import Quantization, quantization_for
 from ..errors import BadInputError, NonFiniteError
 from ..io import Source, open_source, read_ids, remote
 from ..options import RetrievalOptions
 from ..params import PARAMS, check
-from ..progress import begin, phase
+from ..progress import phase
 from ..storage import CODE, Storage, parse_storage
 from .qrels import Ids, Qrels, read_exclude, read_qrels
 from .search import Exclusions, RescoreJob, SearchJob, SearchResult, corpus_blocks, rescore_all, search
@@ -211,25 +211,20 @@ class SearchSetting:
         int8 storage (and int8 rescoring) takes its scale and offset from ``model``'s statistics, so
         it needs a model for raw vectors too; ``n_features`` is the width when there is no model.
         """
-        storage = storage or Storage()
+        storage = Storage() if storage is None else storage
         if storage.code is not None:
             raise BadInputError(f"the {storage} code is searched by its codec: make_code")
-        dtype, rescore, rescore_dtype, int8_clip = (
-            storage.dtype,
-            storage.rescore,
-            storage.rescore_dtype,
-            storage.int8_clip,
-        )
+        dtype, rescore, rescore_dtype, clip = storage.dtype, storage.rescore, storage.rescore_dtype, storage.int8_clip
         raw = raw or model is None
         width = None if model is not None else n_features
-        quantization = quantization_for(dtype, model, raw=raw, normalize=True, clip=int8_clip, n_components=width)
+        quantization = quantization_for(dtype, model, raw=raw, normalize=True, clip=clip, n_components=width)
         again = None
         if rescore:
-            again = quantization_for(rescore_dtype, model, raw=raw, normalize=True, clip=int8_clip, n_components=width)
+            again = quantization_for(rescore_dtype, model, raw=raw, normalize=True, clip=clip, n_components=width)
         weights = shift = None
         params: dict = {"dtype": dtype, "bytes_per_vector": storage.bytes_per_vector(quantization.n_components)}
         if "int8" in (dtype, rescore_dtype if rescore else None):
-            params["int8_clip"] = float(int8_clip)
+            params["int8_clip"] = float(clip)
         if rescore:
             params.update(rescore=int(rescore), rescore_dtype=rescore_dtype)
         if not raw:
@@ -254,8 +249,6 @@ class SearchSetting:
         with ``rescore_dtype`` vectors). Bytes per vector count the code row (per-vector scalars included)
         and the re-ranking vectors; the codec's per-model bytes are reported apart (``model_bytes``)."""
         spec, rescore, rescore_dtype, int8_clip = str(search), search.rescore, search.rescore_dtype, search.int8_clip
-        check("rescore", rescore)
-        check("rescore_dtype", rescore_dtype)
         width = model.n_features if raw else model.n_components
         if codec.n_features != width:
             raise BadInputError(f"the {codec.label} codec codes vectors of {codec.n_features} values, not {width}")
@@ -335,16 +328,46 @@ def search_settings(
     # A re-ranking deeper than the corpus re-ranks all of it: its top lists are never longer (each holds
     # queries x depth rows, so --rescore 10**9 would otherwise ask for hundreds of GiB).
     n_corpus = int(corpus.shape[0] if isinstance(corpus, np.ndarray) else corpus.n_rows)
-    reranked_depth = {setting.name: min(setting.rescore, n_corpus) for setting in settings}
-    wanted = {name: max(depth, reranked) for name, reranked in reranked_depth.items()}
+    reranked = {setting.name: min(setting.rescore, n_corpus) for setting in settings}
+    wanted = {name: max(depth, deeper) for name, deeper in reranked.items()}
     block_rows, threads = (options or RetrievalOptions()).block_rows, (options or RetrievalOptions()).threads
+    jobs = _search_jobs(queries, settings, wanted, exclude, corpus_label)
+    coded = [setting for setting in settings if setting.codec is not None]
+    found = iter(search(corpus, jobs, block_rows=block_rows, threads=threads, progress=progress) if jobs else [])
+    code_found = iter(_search_codes(queries, corpus, coded, wanted, exclude, corpus_label, block_rows, progress))
+    results = [next(code_found) if setting.codec is not None else next(found) for setting in settings]
+    again = [
+        RescoreJob(
+            setting.unit(queries),
+            result.rows[:, : reranked[setting.name]],
+            reranked[setting.name],
+            lambda block, start, setting=setting: setting.rescored(block),  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
+        )
+        for setting, result in zip(settings, results, strict=True)
+        if setting.rescore
+    ]
+    rescored = iter(rescore_all(corpus, again, block_rows=block_rows))
+    return {
+        setting.name: _top(result, next(rescored) if setting.rescore else None, reranked[setting.name], depth)
+        for setting, result in zip(settings, results, strict=True)
+    }
+
+
+def _search_jobs(
+    queries: np.ndarray,
+    settings: list[SearchSetting],
+    wanted: dict[str, int],
+    exclude: Exclusions | None,
+    corpus_label: str,
+) -> list[SearchJob]:
+    """The search of each setting stored as floats, int8 or bits (not a code): its queries, its ``wanted``
+    depth, and how a block of corpus rows read becomes what it searches (checked for NaN/Inf)."""
     jobs = []
     for setting in settings:
         if setting.n_features is not None and setting.n_features != queries.shape[1]:
             raise BadInputError(
                 f"setting {setting.name!r} expects {setting.n_features} features, the vectors have {queries.shape[1]}"
             )
-    coded = [setting for setting in settings if setting.codec is not None]
     for setting in settings:
         if setting.codec is not None:
             continue
@@ -354,34 +377,19 @@ def search_settings(
             return setting.searched(_finite(rows, start, corpus_label))
 
         jobs.append(SearchJob(setting.query_vectors(queries), wanted[setting.name], metric, prepare, exclude))
-    found = iter(search(corpus, jobs, block_rows=block_rows, threads=threads, progress=progress) if jobs else [])
-    code_found = iter(_search_codes(queries, corpus, coded, wanted, exclude, corpus_label, block_rows, progress))
-    results = [next(code_found) if setting.codec is not None else next(found) for setting in settings]
-    again = [
-        RescoreJob(
-            setting.unit(queries),
-            result.rows[:, : reranked_depth[setting.name]],
-            reranked_depth[setting.name],
-            lambda block, start, setting=setting: setting.rescored(block),  # type: ignore[misc]  # mypy cannot infer a lambda whose default binds the loop variable (python/mypy#15459)
-        )
-        for setting, result in zip(settings, results, strict=True)
-        if setting.rescore
-    ]
-    reranked = iter(rescore_all(corpus, again, block_rows=block_rows))
-    out = {}
-    for setting, result in zip(settings, results, strict=True):
-        rows, values = result.rows, result.values
-        if setting.rescore:
-            ranked = next(reranked)
-            rows = np.concatenate([ranked.rows, rows[:, reranked_depth[setting.name] :]], axis=1)
-            values = np.full(rows.shape, -np.inf, dtype=ranked.values.dtype)
-            values[:, : ranked.values.shape[1]] = ranked.values
-        out[setting.name] = SearchResult(
-            np.ascontiguousarray(rows[:, :depth]),
-            np.ascontiguousarray(values[:, :depth]),
-            "ip" if setting.rescore else result.metric,
-        )
-    return out
+    return jobs
+
+
+def _top(result: SearchResult, ranked: SearchResult | None, reranked: int, depth: int) -> SearchResult:
+    """The top ``depth`` of a search, its first ``reranked`` rows replaced by their re-ranking ``ranked``
+    (then scored by inner products, -inf past them) where it re-ranks."""
+    rows, values = result.rows, result.values
+    if ranked is not None:
+        rows = np.concatenate([ranked.rows, rows[:, reranked:]], axis=1)
+        values = np.full(rows.shape, -np.inf, dtype=ranked.values.dtype)
+        values[:, : ranked.values.shape[1]] = ranked.values
+    metric = "ip" if ranked is not None else result.metric
+    return SearchResult(np.ascontiguousarray(rows[:, :depth]), np.ascontiguousarray(values[:, :depth]), metric)
 
 
 def _search_codes(
@@ -452,39 +460,38 @@ def _ids(store: Any, column: str | None, what: str) -> Ids:
     return Ids(label, n_rows, read_ids(store, column), column)
 
 
-def _describe(store: Any, what: str, column: str | None) -> dict:
-    n_rows, n_features = (store.n_rows, store.n_features) if isinstance(store, Source) else store.shape
-    return {"label": _label(store, what), "n_rows": int(n_rows), "n_features": int(n_features), "id_column": column}
+@dataclass(frozen=True)
+class StoreInfo:
+    """A store of a retrieval task: its label, rows and width, and the id column that names its rows (None:
+    their numbers)."""
+
+    label: str
+    n_rows: int
+    n_features: int
+    id_column: str | None
+
+    @classmethod
+    def of(cls, store: Any, what: str, column: str | None) -> StoreInfo:
+        n_rows, n_features = (store.n_rows, store.n_features) if isinstance(store, Source) else store.shape
+        return cls(_label(store, what), int(n_rows), int(n_features), column)
 
 
-def search_storage(
-    model: Any = None,
-    storage: Storage | None = None,
-    rescore: int | None = None,
-    rescore_dtype: str | None = None,
-    int8_clip: float | None = None,
-) -> Storage:
-    """The storage a search uses: ``storage`` (a plain one or a code), else the model's recorded storage
-    (what ``tune`` chose, or its code), else float32; each of ``rescore``, ``rescore_dtype``, ``int8_clip``
-    as given, else the model's storage's (a code: where the model records that code, else none). A plain
-    ``storage`` given without ``rescore`` does not inherit the model's re-ranking unless it is ``binary``."""
-    recorded = getattr(model, "storage", None) or Storage()
-    wanted = storage or recorded
-    base = recorded
-    if wanted.code is not None:
-        if model is None:
-            raise BadInputError(f"the {wanted} code trains from a model's statistics: give a model")
-        base = recorded if wanted.names(recorded) else Storage()
-    if rescore is None:
-        rescore = base.rescore if wanted.dtype in ("binary", CODE) else 0
-    return Storage(
-        wanted.dtype,
-        rescore,
-        base.rescore_dtype if rescore_dtype is None else rescore_dtype,
-        base.int8_clip if int8_clip is None else int8_clip,
-        code=wanted.code,
-        budget=wanted.budget,
-    )
+@dataclass(frozen=True)
+class ExcludeInfo:
+    """The exclude file of a retrieval task (redacted), its pairs, and those of the evaluated queries."""
+
+    exclude: str
+    n_pairs: int
+    n_pairs_used: int
+
+
+@dataclass(frozen=True)
+class BootstrapInfo:
+    """The paired bootstrap of the intervals: resamples of the queries, the generator's seed, the level."""
+
+    samples: int
+    seed: int
+    level: float = BOOTSTRAP_LEVEL
 
 
 #: Corpus rows drawn (seeded) to train a code that learns from data when ``eval`` trains one.
@@ -513,9 +520,8 @@ def _code_settings(
             sample = sample_rows(task.corpus, CODE_SAMPLE_ROWS, CODE_SAMPLE_SEED, told)
         training = {"sample_rows": int(sample.shape[0]), "sample_seed": CODE_SAMPLE_SEED}
     source = "from the statistics" if sample is None else f"on {sample.shape[0]:,} rows"
-    finish = begin(progress, f"train {code} for the raw vectors {source}", None)
-    raw_codec = train_for(model, name, budget, sample=sample, sample_seed=CODE_SAMPLE_SEED, raw=True)
-    finish()
+    with phase(progress, f"train {code} for the raw vectors {source}", None):
+        raw_codec = train_for(model, name, budget, sample=sample, sample_seed=CODE_SAMPLE_SEED, raw=True)
     settings = [SearchSetting.make_code("raw", model, raw_codec, code, raw=True, training=training)]
     record = model.storage.codec if model.storage is not None else None
     if record is not None and code.names(model.storage):
@@ -523,9 +529,8 @@ def _code_settings(
         mine = {"sample_rows": record.sample_rows, "sample_seed": record.sample_seed} if record.sample_rows else {}
         settings.append(SearchSetting.make_code("whitened", model, white, code, training=dict(mine, codec="model")))
     else:
-        finish = begin(progress, f"train {code} for the whitened vectors {source}", None)
-        white = train_for(model, name, budget, sample=sample, sample_seed=CODE_SAMPLE_SEED)
-        finish()
+        with phase(progress, f"train {code} for the whitened vectors {source}", None):
+            white = train_for(model, name, budget, sample=sample, sample_seed=CODE_SAMPLE_SEED)
         settings.append(SearchSetting.make_code("whitened", model, white, code, training=training))
     return settings
 
@@ -541,23 +546,22 @@ def _search_raw_and_whitened(
     ``storage`` says, in one pass; each setting's metrics per query, and the queries that are corpus rows
     where the raw vectors are searched as floats (None: int8, bits and codes are not checked)."""
     if storage.code is not None:
-        assert model is not None  # search_storage refuses a code without one
+        assert model is not None  # resolve_storage refuses a code without one
         settings = _code_settings(task, model, storage, progress)
     else:
-        settings = [SearchSetting.make("raw", model, raw=True, n_features=task.n_features, storage=storage)]
+        settings = [SearchSetting.make("raw", model, raw=True, storage=storage, n_features=task.n_features)]
         if model is not None:
             settings.append(SearchSetting.make("whitened", model, storage=storage))
-    finish = begin(progress, f"search {len(settings)} settings over {task.n_corpus:,} rows")
-    found = search_settings(
-        task.vectors,
-        task.corpus,
-        settings,
-        exclude=task.excluded,
-        corpus_label=task.corpus_label,
-        options=options,
-        progress=progress,
-    )
-    finish()
+    with phase(progress, f"search {len(settings)} settings over {task.n_corpus:,} rows"):
+        found = search_settings(
+            task.vectors,
+            task.corpus,
+            settings,
+            exclude=task.excluded,
+            corpus_label=task.corpus_label,
+            options=options,
+            progress=progress,
+        )
     raw = settings[0]
     matches = None
     if raw.codec is None and raw.quantization.kind in ROUNDOFF:  # the raw cosines, as floats: checked
@@ -566,28 +570,57 @@ def _search_raw_and_whitened(
     return settings, metrics, matches
 
 
+def resolve_storage(
+    model: WhiteningModel | None = None,
+    dtype: str | Storage | None = None,
+    rescore: int | None = None,
+    rescore_dtype: str | None = None,
+    int8_clip: float | None = None,
+) -> Storage:
+    """How a search stores the corpus, checked: ``dtype`` (a name, parsed here, or a `Storage`: its dtype or
+    code), else the model's recorded storage (what ``tune`` chose, or its code), else float32; each of
+    ``rescore``, ``rescore_dtype``, ``int8_clip`` as given, else the model's storage's (a code: where the model
+    records that code, else none). A plain ``dtype`` given without ``rescore`` does not inherit the model's
+    re-ranking unless it is ``binary``.
+
+    ``int8`` needs the model (its statistics set the scales, raw ones included); so does a vector code
+    (``eigen:24``, ``faiss-pq:16``; ``streamwhiten.codes.CODES``): the unit vectors' code rows, searched by
+    the codec's estimate of ``<q, x>`` for float32 queries; the whitened vectors by the model's codec where
+    it records that code, else one trained from the statistics (and for ``faiss-*`` and ``bits-itq`` a
+    seeded sample of 10,000 corpus rows), the raw vectors by the same code trained for them. ``rescore``
+    re-ranks the top N of bits or a code with ``rescore_dtype`` (float32 or int8) vectors; ``int8_clip``:
+    the standard deviations the int8 codes span about each component's mean (default 4).
+    """
+    wanted = None if dtype is None else parse_storage(dtype)  # before anything is read
+    for name, value in (("rescore", rescore), ("rescore_dtype", rescore_dtype), ("int8_clip", int8_clip)):
+        if value is not None:
+            check(name, value)
+    recorded = getattr(model, "storage", None) or Storage()
+    wanted = wanted or recorded
+    base = recorded
+    if wanted.code is not None:
+        if model is None:
+            raise BadInputError(f"the {wanted} code trains from a model's statistics: give a model")
+        base = recorded if wanted.names(recorded) else Storage()
+    if rescore is None:  # a plain dtype given inherits the re-ranking only as binary
+        rescore = base.rescore if wanted.dtype in ("binary", CODE) else 0
+    rescore_dtype = base.rescore_dtype if rescore_dtype is None else rescore_dtype
+    clip = base.int8_clip if int8_clip is None else int8_clip
+    return Storage(wanted.dtype, rescore, rescore_dtype, clip, code=wanted.code, budget=wanted.budget)
+
+
 def evaluate_retrieval(
     queries: Any,
     corpus: Any,
     qrels: Any,
     *,
-    model: WhiteningModel | None = None,
-    exclude: Any = None,
-    dtype: str | Storage | None = None,
-    rescore: int | None = None,
-    rescore_dtype: str | None = None,
-    int8_clip: float | None = None,
-    query_id_column: str | None = None,
-    corpus_id_column: str | None = None,
-    bootstrap: int = BOOTSTRAP_SAMPLES,
-    seed: int = BOOTSTRAP_SEED,
-    block_rows: int | None = None,
-    threads: int | None = None,
-    progress: Callable[[int, int], None] | None = None,
+    model: WhiteningModel | str | os.PathLike | None = None,
+    storage: str | Storage | None = None,
     options: RetrievalOptions | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> RetrievalResult:
     """Retrieval metrics (x100) of the raw vectors and, given a model, of its whitening, on the same
-    queries, with a paired bootstrap interval of each difference.
+    queries, with a paired bootstrap interval of each difference (a `RetrievalResult`).
 
     Parameters
     ----------
@@ -596,85 +629,41 @@ def evaluate_retrieval(
         queries are read whole; the corpus is streamed in blocks.
     qrels : str or Qrels
         A BEIR qrels file (see `qrels`) whose ids are rows of the stores, or values of their id
-        columns (``query_id_column``, ``corpus_id_column``: Parquet or Lance stores).
+        columns (``options.query_id_column``, ``options.corpus_id_column``: Parquet or Lance stores).
     model : WhiteningModel or str, optional
         Its setting (beta, gamma, k) is evaluated as ``whitened``; without it only ``raw`` is. A path
         is loaded.
-    exclude : str, optional
-        A file of ``(query, corpus)`` pairs dropped from that query's candidates.
-    dtype : str, optional
-        How the corpus is stored while searched, raw and whitened alike: ``float32``, ``float16``,
-        ``int8`` (needs the model: its statistics set the scales, raw ones included), ``binary``, or a
-        vector code ``NAME:BYTES`` (``eigen:24``, ``faiss-pq:16``; ``streamwhiten.codes.CODES``; needs the
-        model): the unit vectors' code rows, searched by the codec's estimate of ``<q, x>`` for float32
-        queries; the whitened vectors by the model's codec where it records that code, else one trained
-        from the statistics (and for ``faiss-*`` and ``bits-itq`` a seeded sample of 10,000 corpus rows),
-        the raw vectors by the same code trained for them. Default: the model's storage (what ``tune``
-        chose, or its code), float32 without one.
-    rescore, rescore_dtype : optional
-        With ``binary`` or a code: re-rank the top ``rescore`` with ``float32`` or ``int8`` vectors
-        (default: the model's storage's, else none).
-    int8_clip : float, optional
-        Standard deviations the int8 codes span about each component's mean (default: the model's
-        storage's, else 4).
-    bootstrap, seed
-        Resamples of the queries for the intervals (0: none), and the generator's seed.
-    block_rows, threads, progress
-        Corpus rows per block read, worker threads, and ``progress(rows_done, n_rows)``.
+    storage : str or Storage, optional
+        How the corpus is stored while searched, raw and whitened alike: a name (``float32``, ``float16``,
+        ``int8``, ``binary`` or a vector code ``NAME:BYTES``) with the re-ranking and int8 span of the
+        model's storage, or a `Storage` as it is (what `resolve_storage` makes of each setting, see there);
+        default: the model's storage (what ``tune`` chose, or its code), float32 without one.
     options : RetrievalOptions, optional
-        ``exclude``, the id columns, ``bootstrap``, ``seed``, ``block_rows`` and ``threads`` as one
-        [`RetrievalOptions`][streamwhiten.options.RetrievalOptions] (as the sweep takes them), instead of as keyword
-        arguments: give one or the other.
-
-    Returns
-    -------
-    RetrievalResult
-        The task, the mean of each of `METRICS` (x100) raw and whitened, and the paired bootstrap
-        interval of each difference.
+        The exclude file (``(query, corpus)`` pairs dropped from that query's candidates), the id columns,
+        ``bootstrap`` and ``seed`` (resamples of the queries for the intervals, 0: none, and the generator's
+        seed), ``block_rows`` and ``threads``, as one [`RetrievalOptions`][streamwhiten.options.RetrievalOptions].
+    progress : callable, optional
+        ``progress(rows_done, n_rows)``.
     """
-    named = None if dtype is None else parse_storage(dtype)  # before anything is read
-    for name, value in (
-        ("rescore", rescore),
-        ("rescore_dtype", rescore_dtype),
-    ):
-        if value is not None:
-            check(name, value)  # before anything is read
-    if int8_clip is not None:
-        check("int8_clip", int8_clip)
-    keywords = RetrievalOptions(
-        exclude=exclude,
-        query_id_column=query_id_column,
-        corpus_id_column=corpus_id_column,
-        bootstrap=bootstrap,
-        seed=seed,
-        block_rows=block_rows,
-        threads=threads,
-    )
-    options = retrieval_options(options, keywords)
-    model_file = None
-    if isinstance(model, (str, os.PathLike)):
-        from ..core.model import load_model
-
-        model_file = os.fspath(model)
-        model = load_model(model_file)
-    storage = search_storage(model, named, rescore, rescore_dtype, int8_clip)
+    options = retrieval_options(options)
+    model_file = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    model = load_model(model_file) if model_file is not None else cast("WhiteningModel | None", model)
+    if isinstance(storage, Storage):  # as it is, its re-ranking and clip too (a code: checked to have a model)
+        storage = resolve_storage(model, storage, storage.rescore, storage.rescore_dtype, storage.int8_clip)
+    else:
+        storage = resolve_storage(model, storage)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         settings, per_query, matches = _search_raw_and_whitened(task, model, storage, options, progress)
     whitened = difference = None
     if model is not None:
         whitened = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
         difference = paired_bootstrap(per_query["raw"], per_query["whitened"], options.bootstrap, options.seed)
-    described = task.describe()
     return RetrievalResult(
-        queries=described["queries"],
-        corpus=described["corpus"],
-        qrels=described["qrels"],
-        exclude=described["exclude"],
-        n_queries=described["n_queries"],
+        **task.describe(),
         raw=dict(mean_metrics(per_query["raw"]), **settings[0].params),
         whitened=whitened,
         difference=difference,
-        bootstrap=bootstrap_record(options),
+        bootstrap=BootstrapInfo(options.bootstrap, options.seed),
         model=model_file,
         self_matches=matches,
     )
@@ -687,11 +676,11 @@ class RetrievalResult:
 
     Attributes
     ----------
-    queries, corpus : mapping
+    queries, corpus : StoreInfo
         Each store's ``label``, ``n_rows``, ``n_features`` and ``id_column``.
     qrels : mapping
         The judgements read: the file, judged pairs and queries, relevant pairs.
-    exclude : mapping or None
+    exclude : ExcludeInfo or None
         The exclude file, its pairs and the pairs used; None without one.
     n_queries : int
         The queries evaluated (those with a relevant document).
@@ -702,7 +691,7 @@ class RetrievalResult:
     difference : mapping or None
         Each metric's ``{"difference", "low", "high"}``: whitened minus raw (x100) with its paired bootstrap
         interval (None bounds with no resamples); None without a model.
-    bootstrap : mapping
+    bootstrap : BootstrapInfo
         ``samples``, ``seed`` and ``level`` of the intervals.
     model : str or None
         The model file evaluated, where it was given as one.
@@ -712,57 +701,40 @@ class RetrievalResult:
         as floats (int8, bits, codes: not checked).
     """
 
-    queries: Mapping[str, Any]
-    corpus: Mapping[str, Any]
+    queries: StoreInfo
+    corpus: StoreInfo
     qrels: Mapping[str, Any]
-    exclude: Mapping[str, Any] | None
+    exclude: ExcludeInfo | None
     n_queries: int
     raw: Mapping[str, Any]
     whitened: Mapping[str, Any] | None
     difference: Mapping[str, Mapping[str, float | None]] | None
-    bootstrap: Mapping[str, Any]
+    bootstrap: BootstrapInfo
     model: str | None = None
     self_matches: SelfMatches | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON values: ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw",
         "whitened", "difference", "bootstrap", "model", "self_matches"}``."""
-        return {
-            "queries": dict(self.queries),
-            "corpus": dict(self.corpus),
-            "qrels": dict(self.qrels),
-            "exclude": None if self.exclude is None else dict(self.exclude),
-            "n_queries": int(self.n_queries),
-            "raw": dict(self.raw),
-            "whitened": None if self.whitened is None else dict(self.whitened),
-            "difference": None
-            if self.difference is None
-            else {name: dict(values) for name, values in self.difference.items()},
-            "bootstrap": dict(self.bootstrap),
-            "model": self.model,
-            "self_matches": None if self.self_matches is None else self.self_matches.to_json(),
-        }
+        out = {item.name: plain(getattr(self, item.name)) for item in fields(self) if item.name != "self_matches"}
+        return dict(out, self_matches=None if self.self_matches is None else self.self_matches.to_json())
 
 
-def retrieval_options(options: RetrievalOptions | None, given: RetrievalOptions | None = None) -> RetrievalOptions:
-    """``options`` (checked to be a [`RetrievalOptions`][streamwhiten.options.RetrievalOptions]), else ``given`` (the
-    same fields as keyword
-    arguments), else the defaults; both given and ``given`` not the defaults is refused."""
+def plain(value: Any) -> Any:
+    """A record (a dataclass: `StoreInfo`, `ExcludeInfo`, `BootstrapInfo`), a mapping and what they hold as
+    plain JSON values (dicts in field order); anything else as it is."""
+    if is_dataclass(value) and not isinstance(value, type):
+        value = asdict(value)
+    return {key: plain(item) for key, item in value.items()} if isinstance(value, Mapping) else value
+
+
+def retrieval_options(options: RetrievalOptions | None) -> RetrievalOptions:
+    """``options`` (checked to be a [`RetrievalOptions`][streamwhiten.options.RetrievalOptions]), else the defaults."""
     if options is None:
-        return given or RetrievalOptions()
+        return RetrievalOptions()
     if not isinstance(options, RetrievalOptions):
         raise BadInputError(f"options must be a RetrievalOptions, got {type(options).__name__}")
-    if given is not None and given != RetrievalOptions():
-        raise BadInputError(
-            "give exclude, the id columns, bootstrap, seed, block_rows and threads as options=RetrievalOptions(...) "
-            "or as keyword arguments, not both"
-        )
     return options
-
-
-def bootstrap_record(options: RetrievalOptions) -> dict:
-    """The bootstrap as a result records it: ``{"samples", "seed", "level"}``."""
-    return {"samples": int(options.bootstrap), "seed": int(options.seed), "level": BOOTSTRAP_LEVEL}
 
 
 @dataclass
@@ -779,7 +751,7 @@ class RetrievalTask:
     query_rows: np.ndarray
     vectors: np.ndarray
     excluded: Exclusions
-    exclude_info: dict | None
+    exclude_info: ExcludeInfo | None
     id_columns: tuple
     opened: list = field(default_factory=list, repr=False)
     #: How the qrels name the rows of the queries and of the corpus (two `Ids`).
@@ -799,8 +771,8 @@ class RetrievalTask:
 
     def describe(self) -> dict:
         return {
-            "queries": _describe(self.queries, "queries", self.id_columns[0]),
-            "corpus": _describe(self.corpus, "corpus", self.id_columns[1]),
+            "queries": StoreInfo.of(self.queries, "queries", self.id_columns[0]),
+            "corpus": StoreInfo.of(self.corpus, "corpus", self.id_columns[1]),
             "qrels": self.qrels.describe(),
             "exclude": self.exclude_info,
             "n_queries": int(self.query_rows.size),
@@ -827,71 +799,84 @@ def open_task(
     exclude files read against their ids, the evaluated queries read and checked for NaN/Inf. Close it
     when done (a context manager)."""
     options = retrieval_options(options)
-    exclude, query_id_column, corpus_id_column = options.exclude, options.query_id_column, options.corpus_id_column
+    id_columns = (options.query_id_column, options.corpus_id_column)
     opened: list = []
     try:
-        query_store, mine = _open(queries)
-        if mine:
-            opened.append(cast(Source, query_store))  # open_source's
-        corpus_store, mine = _open(corpus)
-        if mine:
-            opened.append(cast(Source, corpus_store))  # open_source's
-        n_features = query_store.n_features if isinstance(query_store, Source) else query_store.shape[1]
-        corpus_features = corpus_store.n_features if isinstance(corpus_store, Source) else corpus_store.shape[1]
-        if n_features != corpus_features:
-            raise BadInputError(
-                f"queries and corpus differ in width: {_label(query_store, 'queries')} has {n_features} columns "
-                f"but {_label(corpus_store, 'corpus')} has {corpus_features}"
-            )
-        if model is not None and model.n_features != n_features:
-            raise BadInputError(
-                f"the model expects {model.n_features} features but {_label(corpus_store, 'corpus')} has {n_features}"
-            )
-        query_ids = _ids(query_store, query_id_column, "queries")
-        corpus_ids = _ids(corpus_store, corpus_id_column, "corpus")
-        judged = qrels if isinstance(qrels, Qrels) else read_qrels(qrels, query_ids, corpus_ids)
+        query_store, corpus_store = _open_stores(queries, corpus, model, opened)
+        ids = (_ids(query_store, id_columns[0], "queries"), _ids(corpus_store, id_columns[1], "corpus"))
+        judged = qrels if isinstance(qrels, Qrels) else read_qrels(qrels, *ids)
         query_rows = judged.query_rows()
-        excluded = Exclusions.none(query_rows.size)
-        exclude_info = None
-        if exclude is not None:
-            ex_queries, ex_rows = read_exclude(os.fspath(exclude), query_ids, corpus_ids, judged)
-            position = np.searchsorted(query_rows, ex_queries)
-            keep = (position < query_rows.size) & (query_rows[np.minimum(position, query_rows.size - 1)] == ex_queries)
-            excluded = Exclusions.from_pairs(query_rows.size, position[keep], ex_rows[keep])
-            exclude_info = {
-                "exclude": remote.redact(str(exclude)),
-                "n_pairs": int(ex_queries.size),
-                "n_pairs_used": int(keep.sum()),
-            }
-        if isinstance(query_store, Source):
-            vectors = query_store.read(0, query_store.n_rows)[query_rows]
-        else:
-            vectors = np.asarray(query_store)[query_rows]
-        finite = np.isfinite(vectors).all(axis=1)
-        if not finite.all():
-            row = int(query_rows[np.argmin(finite)])
-            raise NonFiniteError(f"{_label(query_store, 'queries')}: row {row} holds NaN or Inf", row=row)
+        excluded, exclude_info = _exclusions(options.exclude, ids, judged, query_rows)
+        vectors = _query_vectors(query_store, query_rows)
     except BaseException:
         for store in opened:
             store.close()
         raise
     return RetrievalTask(
-        query_store,
-        corpus_store,
-        judged,
-        query_rows,
-        vectors,
-        excluded,
-        exclude_info,
-        (query_id_column, corpus_id_column),
-        opened,
-        (query_ids, corpus_ids),
+        query_store, corpus_store, judged, query_rows, vectors, excluded, exclude_info, id_columns, opened, ids
     )
+
+
+def _open_stores(
+    queries: Any, corpus: Any, model: Any, opened: list
+) -> tuple[Source | np.ndarray, Source | np.ndarray]:
+    """The queries and the corpus opened (those opened here added to ``opened``), checked to be of one width,
+    the model's."""
+    stores = []
+    for spec in (queries, corpus):
+        store, mine = _open(spec)
+        if mine:
+            opened.append(cast(Source, store))  # open_source's
+        stores.append(store)
+    query_store, corpus_store = stores
+    n_features = query_store.n_features if isinstance(query_store, Source) else query_store.shape[1]
+    corpus_features = corpus_store.n_features if isinstance(corpus_store, Source) else corpus_store.shape[1]
+    if n_features != corpus_features:
+        raise BadInputError(
+            f"queries and corpus differ in width: {_label(query_store, 'queries')} has {n_features} columns "
+            f"but {_label(corpus_store, 'corpus')} has {corpus_features}"
+        )
+    if model is not None and model.n_features != n_features:
+        raise BadInputError(
+            f"the model expects {model.n_features} features but {_label(corpus_store, 'corpus')} has {n_features}"
+        )
+    return query_store, corpus_store
+
+
+def _exclusions(
+    exclude: Any, ids: tuple[Ids, Ids], judged: Qrels, query_rows: np.ndarray
+) -> tuple[Exclusions, ExcludeInfo | None]:
+    """The excluded pairs of the evaluated queries as the searches take them, and what the result records
+    of the exclude file (None without one)."""
+    if exclude is None:
+        return Exclusions.none(query_rows.size), None
+    ex_queries, ex_rows = read_exclude(os.fspath(exclude), *ids, judged)
+    position = np.searchsorted(query_rows, ex_queries)
+    keep = (position < query_rows.size) & (query_rows[np.minimum(position, query_rows.size - 1)] == ex_queries)
+    excluded = Exclusions.from_pairs(query_rows.size, position[keep], ex_rows[keep])
+    return excluded, ExcludeInfo(remote.redact(str(exclude)), int(ex_queries.size), int(keep.sum()))
+
+
+def _query_vectors(store: Source | np.ndarray, query_rows: np.ndarray) -> np.ndarray:
+    """The evaluated queries' vectors, read whole, checked for NaN/Inf."""
+    if isinstance(store, Source):
+        vectors = store.read(0, store.n_rows)[query_rows]
+    else:
+        vectors = np.asarray(store)[query_rows]
+    finite = np.isfinite(vectors).all(axis=1)
+    if not finite.all():
+        row = int(query_rows[np.argmin(finite)])
+        raise NonFiniteError(f"{_label(store, 'queries')}: row {row} holds NaN or Inf", row=row)
+    return vectors
 
 
 __all__ = [
     "DEPTH",
     "METRICS",
+    "BootstrapInfo",
+    "ExcludeInfo",
+    "StoreInfo",
+    "plain",
     "RetrievalResult",
     "RetrievalTask",
     "SearchSetting",
@@ -900,8 +885,7 @@ __all__ = [
     "open_task",
     "paired_bootstrap",
     "query_metrics",
-    "bootstrap_record",
+    "resolve_storage",
     "retrieval_options",
     "search_settings",
-    "search_storage",
 ]

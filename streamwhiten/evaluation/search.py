@@ -313,12 +313,12 @@ def exact_search(
     *,
     metric: str = "ip",
     exclude: Exclusions | None = None,
-    prepare: Callable[[np.ndarray, int], np.ndarray] | None = None,
     block_rows: int | None = None,
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SearchResult:
-    """The ``depth`` best corpus rows of each query, best first, ties to the lower row.
+    """The ``depth`` best corpus rows of each query, best first, ties to the lower row (one `SearchJob`
+    through `search`, which also takes a ``prepare`` of the rows read and several jobs in one pass).
 
     Parameters
     ----------
@@ -326,7 +326,7 @@ def exact_search(
         Float rows (``metric="ip"``: inner products in their dtype, float32 or float64) or uint8 rows of
         packed bits (``"hamming"``).
     corpus : ndarray or Source
-        Rows as searched, or as read and turned into that by ``prepare(rows, start)``.
+        Rows as searched.
     exclude : Exclusions, optional
         Pairs never returned.
 
@@ -334,7 +334,7 @@ def exact_search(
     -------
     SearchResult
     """
-    job = SearchJob(queries, depth, metric, prepare, exclude)
+    job = SearchJob(queries, depth, metric, exclude=exclude)
     return search(corpus, [job], block_rows=block_rows, threads=threads, progress=progress)[0]
 
 

@@ -156,11 +156,47 @@ class Rule:
     def __post_init__(self) -> None:
         if self.name not in RULES:
             raise BadInputError(f"the selection rule must be one of {', '.join(RULES)}, got {self.name!r}")
-        tolerance = self.tolerance
-        if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
-            raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
+        check_tolerance(self.tolerance)
         if self.cost is not None:
             object.__setattr__(self, "cost", tuple(float(value) for value in self.cost))
+
+
+def rule_choice(
+    units: np.ndarray,
+    reference: int,
+    others: list[int],
+    rule: Rule,
+    folds: int,
+    resamples: Resamples,
+    described: dict,
+) -> tuple[int, dict]:
+    """The row of ``units`` the rule chooses among ``others`` against ``reference`` (the reference where none
+    beats it beyond the noise), and the record of the choice: the reference (``described``), how many beat
+    it, the bound, and the ``folds``-fold forecast (`forecast`) where there are enough units for it."""
+    picked = select(units[others], units[reference], rule, resamples=resamples)
+    index = reference if picked.index is None else others[picked.index]
+    predicted = None
+    if units.shape[1] >= 2 * folds:
+        predicted = forecast(units[others], units[reference], rule, folds=folds, resamples=resamples)
+    return index, {
+        "rule": rule.name,
+        "tolerance": float(rule.tolerance),
+        "reference": described,
+        "kept_reference": index == reference,
+        "n_compared": len(others),
+        "n_beating": picked.n_beating,
+        "critical": picked.critical,
+        "level": rule.level,
+        "bound": None if index == reference else float(picked.bound[others.index(index)]),
+        "forecast": predicted,
+    }
+
+
+def check_tolerance(tolerance: object) -> float:
+    """``tolerance`` as a float, checked to be a finite number >= 0 (the points a choice may give up)."""
+    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
+        raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
+    return float(tolerance)
 
 
 def _check(scores: npt.ArrayLike, reference: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -318,6 +354,8 @@ def spearman_units(cosines: npt.ArrayLike, gold: npt.ArrayLike, ranks: bool = Tr
 
 
 __all__ = [
+    "check_tolerance",
+    "rule_choice",
     "BLOCK",
     "FOLDS",
     "FORECAST_LEVEL",

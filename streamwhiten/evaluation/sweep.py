@@ -56,7 +56,7 @@ from ..engine._threads import resolve_threads
 from ..errors import BadInputError
 from ..options import RetrievalOptions
 from ..params import check
-from ..progress import begin
+from ..progress import phase
 from ..storage import Storage
 from .code_candidates import (
     SAMPLE_ROWS,
@@ -75,16 +75,17 @@ from .retrieval import (
     BOOTSTRAP_SEED,
     DEPTH,
     METRICS,
+    BootstrapInfo,
     RetrievalTask,
     SearchSetting,
-    bootstrap_record,
     mean_metrics,
     open_task,
+    plain,
     query_metrics,
     retrieval_options,
 )
 from .search import Reranking, SearchJob, SearchResult
-from .select import FOLDS, RULES, Resamples, Rule, forecast, select
+from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, rule_choice
 from .self_matches import SelfMatches, find_self_matches
 from .sweep_passes import (
     IDENTITY,
@@ -197,10 +198,7 @@ class SweepGrid:
         if self.metric not in METRICS:
             raise BadInputError(f"metric must be one of {', '.join(METRICS)} for retrieval, got {self.metric!r}")
         check("max_bytes", self.max_bytes)
-        tolerance = self.tolerance
-        if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
-            raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
-        object.__setattr__(self, "tolerance", float(tolerance))
+        object.__setattr__(self, "tolerance", check_tolerance(self.tolerance))
         if self.select not in RULES:
             raise BadInputError(f"select must be one of {', '.join(RULES)}, got {self.select!r}", param="select")
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
@@ -221,13 +219,32 @@ class SweepGrid:
         self.storages()  # checks the names, rescore, rescore_dtype and int8_clip
 
     def storages(self) -> list[Storage]:
-        """The storages swept, as `Storage` records (see `storages_of`); none where only
-        codes are named."""
+        """The storages swept: the `STORAGES` names of ``dtypes`` (default: all) as `Storage` records; none
+        where only codes are named."""
         named = self._named()
         if named is not None and named[1] and not named[0]:
             return []
-        plain = None if named is None else list(named[0])
-        return storages_of(plain, self.rescore, self.rescore_dtype, self.int8_clip)
+        names = list(STORAGES if named is None else named[0])
+        if not names:
+            raise BadInputError(f"give at least one storage to sweep: {', '.join(STORAGES)}")
+        rescore, rescore_dtype = self.rescore, self.rescore_dtype
+        clip = DEFAULT_INT8_CLIP if self.int8_clip is None else self.int8_clip
+        check("int8_clip", clip)
+        check("rescore_dtype", rescore_dtype)
+        out = []
+        for name in names:
+            if name not in STORAGES:
+                raise BadInputError(f"dtypes: {name!r} is not one of {', '.join(STORAGES)} or a code", param="dtypes")
+            if name == "binary+rescore":
+                check("rescore", rescore)
+                if not rescore:
+                    raise BadInputError(
+                        "binary+rescore needs rescore=N of at least 1 (the candidates re-ranked)", param="rescore"
+                    )
+                out.append(Storage("binary", rescore, rescore_dtype, clip))
+            else:
+                out.append(Storage(name, int8_clip=clip))
+        return out
 
     def _named(self) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
         """The plain storages and the code families ``dtypes`` names (None: the defaults)."""
@@ -244,57 +261,20 @@ class SweepGrid:
         return TUNE_CODES if faiss_available() else tuple(name for name in TUNE_CODES if not name.startswith("faiss-"))
 
 
-def storages_of(
-    names: Sequence[str] | None = None,
-    rescore: int = DEFAULT_RESCORE,
-    rescore_dtype: str = "float32",
-    int8_clip: float | None = None,
-):
-    """The storages to sweep: `STORAGES` names (default: all), as `Storage` records."""
-    names = list(STORAGES if names is None else names)
-    if not names:
-        raise BadInputError(f"give at least one storage to sweep: {', '.join(STORAGES)}")
-    clip = DEFAULT_INT8_CLIP if int8_clip is None else int8_clip
-    check("int8_clip", clip)
-    check("rescore_dtype", rescore_dtype)
-    out = []
-    for name in dict.fromkeys(names):
-        if name not in STORAGES:
-            raise BadInputError(f"dtypes: {name!r} is not one of {', '.join(STORAGES)} or a code", param="dtypes")
-        if name == "binary+rescore":
-            check("rescore", rescore)
-            if not rescore:
-                raise BadInputError(
-                    "binary+rescore needs rescore=N of at least 1 (the candidates re-ranked)", param="rescore"
-                )
-            out.append(Storage("binary", rescore, rescore_dtype, clip))
-        else:
-            out.append(Storage(name, int8_clip=clip))
-    return out
-
-
-def retrieval_grid(
-    model: WhiteningModel,
-    betas: Sequence[float] | None = None,
-    gammas: Sequence[float] | None = None,
-    ks: Sequence[int] | None = None,
-    variances: Sequence[float] | None = None,
-    eps: float | None = None,
-    raw_ks: Sequence[int] = (),
-):
-    """``(candidates, bases)``: the maps of the grid (as ``tune``'s, each ``(beta, gamma, k)`` once) with
+def retrieval_grid(model: WhiteningModel, grid: SweepGrid, raw_ks: Sequence[int] = ()) -> tuple[list[Candidate], dict]:
+    """``(candidates, bases)``: the maps of ``grid`` (as ``tune``'s, each ``(beta, gamma, k)`` once) with
     the raw (identity), rotation and centring maps added, and the model re-finalized at each beta (its
-    eigendecomposition). ``raw_ks``: the rotation truncated to these k is added too (the reference of a
-    budget too small for the raw vectors' sign bits)."""
+    eigendecomposition, with ``grid.eps``). ``raw_ks``: the rotation truncated to these k is added too (the
+    reference of a budget too small for the raw vectors' sign bits)."""
     d = model.n_features
-    betas, gammas, choices = make_grid(d, betas, gammas, ks, variances)
+    betas, gammas, choices = make_grid(d, grid.betas, grid.gammas, grid.ks, grid.variances)
     wanted = [(beta, gamma, choice) for beta in betas for gamma in gammas for choice in choices]
     bases: dict = {}
     out: dict = {}
     added = [(0.0, 0.0, None), (1.0, 0.0, None)] + [(0.0, 0.0, KChoice(n_components=int(k))) for k in raw_ks]
     for beta, gamma, choice in wanted + added:
         if beta not in bases:
-            bases[beta] = decompose(model, beta, eps)
+            bases[beta] = decompose(model, beta, grid.eps)
         k = d if choice is None else choice.resolve(bases[beta].eigvals)
         key = (beta, gamma, k)
         if key in out:
@@ -350,62 +330,29 @@ def sweep_rows(
     pairs that store a vector in that many bytes or fewer are searched (and keyed)."""
     options = options or RetrievalOptions()
     keep = keep or (lambda top: top)
-    depth = DEPTH
     reading = Reading(task.corpus, task.corpus_label, options.block_rows, resolve_threads(options.threads))
 
     def fits(candidate: Candidate, storage: Storage) -> bool:
         return max_bytes is None or storage.bytes_per_vector(candidate.k) <= max_bytes
 
     candidates = [c for c in candidates if any(fits(c, storage) for storage in storages)]
-    bit_depth = max([depth] + [storage.rescore for storage in storages])
     floats = [storage for storage in storages if storage.dtype != "binary"]
     reranks = [storage for storage in storages if storage.rescore]
-    plan = _Plan(task, bases, fits, depth)
-    # pass 1: the raw reference and the bits of each (beta, k), for every gamma
-    first: list[tuple[Any, int]] = [(None, depth)]
-    if any(storage.dtype == "binary" for storage in storages):
-        wanted = [c for c in candidates if any(fits(c, s) for s in storages if s.dtype == "binary")]
-        first += [(key, bit_depth) for key in dict.fromkeys(c.bits_key for c in wanted)]
-    query_cost = task.vectors.shape[0] * 8
-    list_bytes = task.vectors.shape[0] * 16  # a top list's rows (int64) and scores (float64 or int64), per slot
-    first_groups = _groups(first, lambda item: list_bytes * item[1] + query_cost * task.n_features, TOP_LIST_BYTES)
-    # the later passes: the float, float16 and int8 searches and the re-rankings of the bits (a setting
-    # whose only storage within the budget is binary+rescore is re-ranked there too)
-    floated = [c for c in candidates if any(fits(c, storage) for storage in floats + reranks)]
-    later = _groups(
-        floated,
-        lambda c: (
-            query_cost * c.k
-            + list_bytes * depth * sum(fits(c, s) for s in floats)
-            + 2 * list_bytes * sum(s.rescore for s in reranks if fits(c, s))
-        ),
-        TOP_LIST_BYTES,
-    )
+    plan = _Plan(task, bases, fits, DEPTH)
+    first, later = _passes(plan, candidates, storages)
     n_rows = task.n_corpus
-    total = n_rows * (len(first_groups) + len(later))
-    done = [0]
+    done, total = [0], n_rows * (len(first) + len(later))
 
     def step(rows_done: int, _: int):
         if progress is not None:
             progress(done[0] + rows_done, total)
 
-    reference = None
-    bits: dict = {}
-    for group in first_groups:
-        uses = [plan.reference() if key is None else plan.bits(key, searched) for key, searched in group]
-        run_pass(reading, plan.rotations, uses, step)
+    reference, bits = None, {}
+    for group in first:  # the raw reference and the bits of each (beta, k), for every gamma
+        found = _search_first(plan, group, reading, step)
+        reference = found.pop(None, reference)
+        bits.update(found)
         done[0] += n_rows
-        for (key, _), use in zip(group, uses, strict=True):
-            job = use.jobs[0]
-            rows = job._state["rows"]
-            if key is None:  # the raw reference: its cosines show the queries that are corpus rows
-                values = job._state["values"]
-                reference = SearchResult(
-                    np.ascontiguousarray(rows[:, :depth]), np.ascontiguousarray(values[:, :depth]), job.metric
-                )
-            else:
-                bits[key] = rows
-        del uses  # the pass's scores and queries: only the top rows are kept
     out: dict = {}
     for group in later:
         out.update(_search_group(plan, group, floats, reranks, bits, reading, step, keep))
@@ -413,7 +360,7 @@ def sweep_rows(
     for candidate in candidates:
         for storage in storages:
             if storage.dtype == "binary" and not storage.rescore and fits(candidate, storage):
-                out[(candidate, storage)] = keep(np.ascontiguousarray(bits[candidate.bits_key][:, :depth]))
+                out[(candidate, storage)] = keep(np.ascontiguousarray(bits[candidate.bits_key][:, :DEPTH]))
     assert reference is not None  # the first pass always searches it
     return reference, out
 
@@ -452,6 +399,54 @@ class _Plan:
         queries = np.packbits(self.queries(use.rotation, None, k) > 0, axis=1)
         use.jobs.append(SearchJob(queries, depth, "hamming", partial(stored, quantization), self.task.excluded))
         return use
+
+
+def _passes(plan: _Plan, candidates: list[Candidate], storages: list[Storage]) -> tuple[list[list], list[list]]:
+    """The passes of `sweep_rows`, each holding at most `TOP_LIST_BYTES` of top lists and queries: the first
+    ones search the raw reference (key None) and the bits of each (beta, k) (`Candidate.bits_key`), each with
+    its depth; the later ones the maps whose float, float16 and int8 searches and re-rankings of the bits fit
+    (a setting whose only storage within the budget is binary+rescore is re-ranked there too)."""
+    task, depth, fits = plan.task, plan.depth, plan.fits
+    bit_depth = max([depth] + [storage.rescore for storage in storages])
+    floats = [storage for storage in storages if storage.dtype != "binary"]
+    reranks = [storage for storage in storages if storage.rescore]
+    first: list[tuple[Any, int]] = [(None, depth)]
+    if any(storage.dtype == "binary" for storage in storages):
+        wanted = [c for c in candidates if any(fits(c, s) for s in storages if s.dtype == "binary")]
+        first += [(key, bit_depth) for key in dict.fromkeys(c.bits_key for c in wanted)]
+    query_cost = task.vectors.shape[0] * 8
+    list_bytes = task.vectors.shape[0] * 16  # a top list's rows (int64) and scores (float64 or int64), per slot
+    first_groups = _groups(first, lambda item: list_bytes * item[1] + query_cost * task.n_features, TOP_LIST_BYTES)
+    floated = [c for c in candidates if any(fits(c, storage) for storage in floats + reranks)]
+    later = _groups(
+        floated,
+        lambda c: (
+            query_cost * c.k
+            + list_bytes * depth * sum(fits(c, s) for s in floats)
+            + 2 * list_bytes * sum(s.rescore for s in reranks if fits(c, s))
+        ),
+        TOP_LIST_BYTES,
+    )
+    return first_groups, later
+
+
+def _search_first(plan: _Plan, group: list[tuple[Any, int]], reading: Reading, progress: Callable) -> dict:
+    """One first pass (see `_passes`): ``{None: the raw reference's SearchResult, bits key: its top rows}``."""
+    depth = plan.depth
+    uses = [plan.reference() if key is None else plan.bits(key, searched) for key, searched in group]
+    run_pass(reading, plan.rotations, uses, progress)
+    out: dict = {}
+    for (key, _), use in zip(group, uses, strict=True):
+        job = use.jobs[0]
+        rows = job._state["rows"]
+        if key is None:  # the raw reference: its cosines show the queries that are corpus rows
+            values = job._state["values"]
+            out[None] = SearchResult(
+                np.ascontiguousarray(rows[:, :depth]), np.ascontiguousarray(values[:, :depth]), job.metric
+            )
+        else:
+            out[key] = rows
+    return out  # the pass's scores and queries go with its uses: only the top rows are kept
 
 
 def _search_group(
@@ -609,13 +604,7 @@ def reference_index(table: list, n_features: int, max_bytes: int | None = None) 
 def _within(table: list, max_bytes: int | None) -> list[int]:
     eligible = [i for i, row in enumerate(table) if max_bytes is None or row["bytes_per_vector"] <= max_bytes]
     if not eligible:
-        smallest = min(table, key=lambda row: row["bytes_per_vector"])
-        raise BadInputError(
-            f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
-            f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise max_bytes "
-            "or add smaller k to ks",
-            param=("max_bytes", "ks"),
-        )
+        raise _nothing_fits(max_bytes, min(table, key=lambda row: row["bytes_per_vector"]))
     return eligible
 
 
@@ -655,26 +644,8 @@ def choose_generalising(
         samples=samples,
         seed=seed,
     )
-    picked = select(per_query[others], per_query[reference], chooser, resamples=resamples)
-    index = reference if picked.index is None else others[picked.index]
-    n_queries = per_query.shape[1]
-    predicted = None
-    if n_queries >= 2 * folds:
-        predicted = forecast(per_query[others], per_query[reference], chooser, folds=folds, resamples=resamples)
-    ref = table[reference]
-    record = {
-        "rule": rule,
-        "tolerance": tolerance,
-        "reference": {key: ref[key] for key in ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector")},
-        "kept_reference": index == reference,
-        "n_compared": len(others),
-        "n_beating": picked.n_beating,
-        "critical": picked.critical,
-        "level": chooser.level,
-        "bound": None if index == reference else float(picked.bound[others.index(index)]),
-        "forecast": predicted,
-    }
-    return index, record
+    described = {key: table[reference][key] for key in ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector")}
+    return rule_choice(per_query, reference, others, chooser, folds, resamples, described)
 
 
 @dataclass
@@ -691,7 +662,7 @@ class RetrievalTuneResult:
     max_bytes: int | None
     tolerance: float
     task: dict
-    bootstrap: dict
+    bootstrap: BootstrapInfo
     bases: dict = field(repr=False)
     storages: dict = field(repr=False)
     selection: dict | None = None
@@ -730,11 +701,57 @@ class RetrievalTuneResult:
         top = choose_within(self.table, self.metric, self.max_bytes)
         return self.best if not _score(top, self.metric) > _score(self.best, self.metric) else top  # a tie: the choice
 
+    def tuned(self) -> tuple[WhiteningModel, dict]:
+        """The chosen model (its setting and storage, with a record in ``info["tuned"]``) and a summary
+        (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``): what ``tune`` writes and prints."""
+        chosen, best = self.chosen_model(), self.best
+        described = dict(describe_stored(chosen), rescore=best["rescore"], rescore_dtype=best["rescore_dtype"])
+        if best.get("code"):  # the raw vectors coded: what is stored is the code, not the map's floats
+            described.update(dtype=best["dtype"], bytes_per_vector=best["bytes_per_vector"], code=best["code"])
+        summary = dict(self.to_json(), chosen=described, test=None)
+        return replace(chosen, info=dict(chosen.info, tuned=self._record(described))), summary
+
+    def _record(self, described: dict) -> dict:
+        """The record of the tuning a tuned model keeps: the setting, the validation, the choice, the frontier
+        and the best of each storage family."""
+        keep = (
+            "beta",
+            "gamma",
+            "k",
+            "storage",
+            "bytes_per_vector",
+            self.metric,
+            "retention",
+            "difference",
+            "low",
+            "high",
+        )
+        task, best = self.task, self.best
+        return {
+            "mode": "retrieval",
+            "metric": self.metric,
+            "max_bytes": self.max_bytes,
+            "tolerance": self.tolerance,
+            "setting": described,
+            "validation": {
+                **plain({key: task[key] for key in ("queries", "corpus", "qrels", "n_queries")}),
+                "raw": {key: self.raw[key] for key in (*METRICS, "bytes_per_vector")},
+                "chosen": {key: best[key] for key in (*METRICS, "retention", "difference", "low", "high")},
+            },
+            "selection": self.selection,
+            "frontier": [{key: row[key] for key in keep} for row in self.frontier],
+            "families": [
+                dict({key: row[key] for key in keep}, family=family_of(row))
+                for row in best_per_family(self.table, self.metric, self.max_bytes)
+            ],
+            "grid_size": len(self.table),
+        }
+
     def to_json(self) -> dict[str, Any]:
         """The sweep and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row
         the rule chose, ``highest`` the row scoring highest on these queries within the budget."""
         return dict(
-            self.task,
+            plain(self.task),
             mode="retrieval",
             metric=self.metric,
             max_bytes=self.max_bytes,
@@ -744,7 +761,7 @@ class RetrievalTuneResult:
             highest=self.highest,
             frontier=self.frontier,
             table=self.table,
-            bootstrap=self.bootstrap,
+            bootstrap=plain(self.bootstrap),
             selection=self.selection,
             self_matches=None if self.self_matches is None else self.self_matches.to_json(),
         )
@@ -783,6 +800,37 @@ def sweep(
     if not isinstance(grid, SweepGrid):
         raise BadInputError(f"grid must be a SweepGrid, got {type(grid).__name__}")
     options = retrieval_options(options)
+    plan = _sweep_plan(model, grid, budgets)
+    with open_task(queries, corpus, qrels, model=model, options=options) as task:
+        plan = replace(plan, code_sizes=_trainable(plan.code_sizes, grid, task.n_corpus))
+        keep = partial(query_metrics, query_rows=task.query_rows, qrels=task.qrels)
+        maps = (plan.candidates, plan.bases, plan.storages)
+        searched = f"search up to {len(plan.candidates)} maps in {len(plan.storages)} storages"
+        with phase(progress, f"{searched} over {task.n_corpus:,} rows"):
+            reference, rows = sweep_rows(
+                task, *maps, options=options, progress=progress, max_bytes=plan.limit, keep=keep
+            )
+        codecs = _sweep_codes(task, grid, plan.code_sizes, options, progress)
+    with phase(progress, f"score the settings and choose ({grid.select} rule)", None):
+        return _scored(task, plan, grid, options, reference, rows, codecs)
+
+
+@dataclass(frozen=True)
+class _SweepPlan:
+    """What a sweep searches: the maps (``candidates``, their ``bases``), the storages, ``{code: [bytes to
+    train at]}`` and the largest budget (``limit``; None: none)."""
+
+    candidates: list[Candidate]
+    bases: dict
+    storages: list[Storage]
+    code_sizes: dict[str, list[int]]
+    limit: int | None
+    n_features: int
+
+
+def _sweep_plan(model: WhiteningModel, grid: SweepGrid, budgets: Any) -> _SweepPlan:
+    """The maps, storages and codes of a sweep, after every check that needs no pass over the corpus: the
+    grid with the references of the budgets (``budgets``, default ``grid.max_bytes``) added."""
     storages = grid.storages()
     wanted = [grid.max_bytes] if budgets is None else list(budgets)
     raw_ks = [k for k in (reference_k(model.n_features, budget) for budget in wanted) if k is not None]
@@ -790,137 +838,106 @@ def sweep(
         raw_ks = []  # a truncated rotation's bits are the reference of a small budget only when bits are swept
     if budgets is None and grid.select == "argmax":
         raw_ks = []  # argmax needs no reference: the grid of before the rule
-    candidates, bases = retrieval_grid(
-        model, grid.betas, grid.gammas, grid.ks, grid.variances, grid.eps, raw_ks=tuple(dict.fromkeys(raw_ks))
-    )
-    metric, bootstrap, seed = grid.metric, options.bootstrap, options.seed
+    candidates, bases = retrieval_grid(model, grid, raw_ks=tuple(dict.fromkeys(raw_ks)))
     limit = None if None in wanted else max(budget for budget in wanted if budget is not None)
     needs_reference = budgets is not None or grid.select != "argmax"
     code_sizes = _checked_first(grid, model.n_features, candidates, storages, wanted, needs_reference)
-    codecs: dict = {}
-    code_tops: dict = {}
-    with open_task(queries, corpus, qrels, model=model, options=options) as task:
-        code_sizes = _trainable(code_sizes, grid, task.n_corpus)
-        finish = begin(
-            progress, f"search up to {len(candidates)} maps in {len(storages)} storages over {task.n_corpus:,} rows"
-        )
-        reference, rows = sweep_rows(
-            task,
-            candidates,
-            bases,
-            storages,
-            options=options,
-            progress=progress,
-            max_bytes=limit,
-            keep=partial(_per_query, task),
-        )
-        finish()
-        if code_sizes:
-            to_train = [(name, size) for name, sizes in code_sizes.items() for size in sizes]
-            finish = begin(progress, f"read the corpus's statistics and a sample for {len(to_train)} codes")
-            mean, covariance, sample = unit_statistics(
-                task, grid.code_sample, grid.code_seed, options.block_rows, progress=progress
-            )
-            finish()
-            finish = begin(progress, f"train {len(to_train)} codes on {sample.shape[0]:,} rows", "codes")
-            trained = train_codes(
-                to_train, mean, covariance, sample, grid.code_seed, resolve_threads(options.threads), progress=progress
-            )
-            finish()
-            for (name, _size), codec in zip(to_train, trained, strict=True):
-                codecs[f"{name}-{codec.bytes_per_vector}B"] = (name, codec)
-            finish = begin(progress, f"search {len(codecs)} codes over {task.n_corpus:,} rows")
-            code_tops = search_codes(
-                task,
-                {label: codec for label, (_name, codec) in codecs.items()},
-                DEPTH,
-                options.block_rows,
-                progress=None if progress is None else partial(_rows_of, progress, task.n_corpus),
-                threads=resolve_threads(options.threads),
-            )
-            finish()
-    finish = begin(progress, f"score the settings and choose ({grid.select} rule)", None)
-    raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
-    matches = find_self_matches(task, reference.rows, reference.values, "float32")
-    raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * model.n_features)
-    table, each = [], []
-    for candidate in candidates:
-        for storage in storages:
-            if (candidate, storage) not in rows:  # over the budget: not searched
-                continue
-            per_query = rows[(candidate, storage)]
-            each.append(per_query[metric])
-            table.append(
-                dict(
-                    beta=candidate.beta,
-                    gamma=candidate.gamma,
-                    k=candidate.k,
-                    k_label=candidate.k_label,
-                    vectors=candidate.vectors,
-                    storage=storage.label,
-                    dtype=storage.dtype,
-                    rescore=storage.rescore,
-                    rescore_dtype=storage.rescore_dtype if storage.rescore else None,
-                    bytes_per_vector=storage.bytes_per_vector(candidate.k),
-                    **mean_metrics(per_query),
-                )
-            )
-    for label, (name, codec) in codecs.items():
-        per_query = query_metrics(code_tops[label], task.query_rows, task.qrels)
-        each.append(per_query[metric])
-        table.append(
-            dict(
-                beta=0.0,
-                gamma=0.0,
-                k=model.n_features,
-                k_label=str(model.n_features),
-                vectors="raw",
-                storage=label,
-                dtype=name,
-                rescore=0,
-                rescore_dtype=None,
-                bytes_per_vector=int(codec.bytes_per_vector),
-                code=code_record(codec, name, min(grid.code_sample, task.n_corpus), grid.code_seed),
-                **mean_metrics(per_query),
-            )
-        )
-    # one set of resamples of the queries for the intervals, the rule and its forecast
-    resamples = Resamples(len(raw_each[metric]), bootstrap or BOOTSTRAP_SAMPLES, seed)
-    differences = bootstrap_differences(raw_each[metric], each, bootstrap, seed, resamples=resamples)
-    for row, (difference, low, high) in zip(table, differences, strict=True):
-        row.update(
-            retention=100.0 * row[metric] / raw[metric] if raw[metric] > 0 else None,
-            difference=difference,
-            low=low,
-            high=high,
-        )
-    each_query = np.stack(each)
-    index, selection = choose_generalising(
-        table,
-        each_query,
-        metric,
-        model.n_features,
-        grid,
-        resamples=resamples,
+    return _SweepPlan(candidates, bases, storages, code_sizes, limit, model.n_features)
+
+
+def _sweep_codes(
+    task: RetrievalTask,
+    grid: SweepGrid,
+    code_sizes: dict[str, list[int]],
+    options: RetrievalOptions,
+    progress: Callable[[int, int], None] | None,
+) -> dict[str, tuple[str, Any, np.ndarray]]:
+    """``{label: (family, codec, top rows)}``: each code of ``code_sizes`` trained on the unit rows'
+    statistics and a sample (one pass), then all searched (one more)."""
+    if not code_sizes:
+        return {}
+    to_train = [(name, size) for name, sizes in code_sizes.items() for size in sizes]
+    with phase(progress, f"read the corpus's statistics and a sample for {len(to_train)} codes"):
+        mean, covariance, sample = unit_statistics(task, grid.code_sample, grid.code_seed, options.block_rows, progress)
+    threads = resolve_threads(options.threads)
+    with phase(progress, f"train {len(to_train)} codes on {sample.shape[0]:,} rows", "codes"):
+        trained = train_codes(to_train, mean, covariance, sample, grid.code_seed, threads, progress=progress)
+    codecs = {
+        f"{name}-{codec.bytes_per_vector}B": (name, codec) for (name, _), codec in zip(to_train, trained, strict=True)
+    }
+    told = None if progress is None else partial(_rows_of, progress, task.n_corpus)
+    with phase(progress, f"search {len(codecs)} codes over {task.n_corpus:,} rows"):
+        searched = {label: codec for label, (_, codec) in codecs.items()}
+        tops = search_codes(task, searched, DEPTH, options.block_rows, progress=told, threads=threads)
+    return {label: (name, codec, tops[label]) for label, (name, codec) in codecs.items()}
+
+
+def _map_row(candidate: Candidate, storage: Storage, scores: dict[str, float]) -> dict[str, Any]:
+    """The table row of a map stored one way (before its difference from the reference)."""
+    return dict(
+        beta=candidate.beta,
+        gamma=candidate.gamma,
+        k=candidate.k,
+        k_label=candidate.k_label,
+        vectors=candidate.vectors,
+        storage=storage.label,
+        dtype=storage.dtype,
+        rescore=storage.rescore,
+        rescore_dtype=storage.rescore_dtype if storage.rescore else None,
+        bytes_per_vector=storage.bytes_per_vector(candidate.k),
+        **scores,
     )
-    best = table[index]
-    finish()
+
+
+def _scored(
+    task: RetrievalTask,
+    plan: _SweepPlan,
+    grid: SweepGrid,
+    options: RetrievalOptions,
+    reference: SearchResult,
+    rows: dict,
+    codecs: dict[str, tuple[str, Any, np.ndarray]],
+) -> RetrievalTuneResult:
+    """The table of every map and storage searched and every code, each against the raw float32 reference
+    with its paired bootstrap interval, and the rule's choice."""
+    metric, d = grid.metric, plan.n_features
+    raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
+    raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * d)
+    searched = [(c, s) for c in plan.candidates for s in plan.storages if (c, s) in rows]  # the rest: over the budget
+    table = [_map_row(c, s, mean_metrics(rows[(c, s)])) for c, s in searched]
+    each = [rows[pair][metric] for pair in searched]
+    sample_rows = min(grid.code_sample, task.n_corpus)
+    for label, (name, codec, top) in codecs.items():
+        per_query = query_metrics(top, task.query_rows, task.qrels)
+        code = code_record(codec, name, sample_rows, grid.code_seed)
+        row = _map_row(Candidate(0.0, 0.0, d, str(d), "raw", "identity"), Storage(), {})
+        row.update(storage=label, dtype=name, bytes_per_vector=int(codec.bytes_per_vector), code=code)
+        table.append(dict(row, **mean_metrics(per_query)))
+        each.append(per_query[metric])
+    # one set of resamples of the queries for the intervals, the rule and its forecast
+    resamples = Resamples(len(raw_each[metric]), options.bootstrap or BOOTSTRAP_SAMPLES, options.seed)
+    differences = bootstrap_differences(raw_each[metric], each, options.bootstrap, options.seed, resamples=resamples)
+    for row, (difference, low, high) in zip(table, differences, strict=True):
+        retention = 100.0 * row[metric] / raw[metric] if raw[metric] > 0 else None
+        row.update(retention=retention, difference=difference, low=low, high=high)
+    each_query = np.stack(each)
+    index, selection = choose_generalising(table, each_query, metric, d, grid, resamples=resamples)
     return RetrievalTuneResult(
         table,
-        best,
+        table[index],
         raw,
         frontier(table, metric),
         metric,
         grid.max_bytes,
         grid.tolerance,
         task.describe(),
-        bootstrap_record(options),
-        bases,
-        {storage.label: storage for storage in storages},
+        BootstrapInfo(options.bootstrap, options.seed),
+        plan.bases,
+        {storage.label: storage for storage in plan.storages},
         selection,
         each_query,
-        {label: codec for label, (_name, codec) in codecs.items()},
-        matches,
+        {label: codec for label, (_, codec, _) in codecs.items()},
+        find_self_matches(task, reference.rows, reference.values, "float32"),
     )
 
 
@@ -929,21 +946,22 @@ def _rows_of(progress: Callable[[int, int], None], n_rows: int, done: int) -> No
     progress(done, n_rows)
 
 
-def _per_query(task: RetrievalTask, top: np.ndarray) -> dict[str, np.ndarray]:
-    """Each metric per query of the top lists ``top``: what the sweep keeps of a search."""
-    return query_metrics(top, task.query_rows, task.qrels)
-
-
 def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage], max_bytes: int) -> None:
     """The one-line error of a budget no setting fits (before any pass over the corpus)."""
     pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
     if pairs and min(pairs)[0] > max_bytes:
         size, k, label = min(pairs)
-        raise BadInputError(
-            f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes {size} ({label} at k={k}); "
-            "raise max_bytes or add smaller k to ks",
-            param=("max_bytes", "ks"),
-        )
+        raise _nothing_fits(max_bytes, {"bytes_per_vector": size, "storage": label, "k": k})
+
+
+def _nothing_fits(max_bytes: int | None, smallest: dict) -> BadInputError:
+    """The error of a budget no setting fits, naming the ``smallest`` (a row: its bytes, storage and k)."""
+    return BadInputError(
+        f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
+        f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise max_bytes "
+        "or add smaller k to ks",
+        param=("max_bytes", "ks"),
+    )
 
 
 def _checked_first(
@@ -1049,79 +1067,6 @@ def store_codec(model: WhiteningModel, codec: Any, record: dict[str, Any]) -> Wh
     )
 
 
-def tune_retrieval(
-    model: WhiteningModel,
-    queries: Any,
-    corpus: Any,
-    qrels: Any,
-    *,
-    grid: SweepGrid | None = None,
-    options: RetrievalOptions | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[WhiteningModel, dict]:
-    """Run `sweep` and return the chosen model (its setting and storage, with a record in
-    ``info["tuned"]``) and a summary (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``)."""
-    result = sweep(model, queries, corpus, qrels, grid=grid, options=options, progress=progress)
-    chosen = result.chosen_model()
-    best = result.best
-    summary = result.to_json()
-    storage = chosen.storage
-    if best.get("code"):  # the raw vectors coded: what is stored is the code, not the map's floats
-        described = dict(
-            describe_stored(chosen),
-            dtype=best["dtype"],
-            bytes_per_vector=best["bytes_per_vector"],
-            rescore=0,
-            rescore_dtype=None,
-            code=best["code"],
-        )
-    else:
-        assert storage is not None  # model_for records the row's storage
-        described = dict(
-            describe_stored(chosen),
-            rescore=storage.rescore,
-            rescore_dtype=storage.rescore_dtype if storage.rescore else None,
-        )
-    keep = (
-        "beta",
-        "gamma",
-        "k",
-        "storage",
-        "bytes_per_vector",
-        result.metric,
-        "retention",
-        "difference",
-        "low",
-        "high",
-    )
-    record = {
-        "mode": "retrieval",
-        "metric": result.metric,
-        "max_bytes": result.max_bytes,
-        "tolerance": result.tolerance,
-        "setting": described,
-        "validation": {
-            "queries": result.task["queries"],
-            "corpus": result.task["corpus"],
-            "qrels": result.task["qrels"],
-            "n_queries": result.task["n_queries"],
-            "raw": {key: result.raw[key] for key in (*METRICS, "bytes_per_vector")},
-            "chosen": {key: best[key] for key in (*METRICS, "retention", "difference", "low", "high")},
-        },
-        "selection": result.selection,
-        "frontier": [{key: row[key] for key in keep} for row in result.frontier],
-        "families": [
-            dict({key: row[key] for key in keep}, family=family_of(row))
-            for row in best_per_family(result.table, result.metric, result.max_bytes)
-        ],
-        "grid_size": len(result.table),
-    }
-    chosen = replace(chosen, info=dict(chosen.info, tuned=record))
-    summary["chosen"] = described
-    summary["test"] = None
-    return chosen, summary
-
-
 __all__ = [
     "DEFAULT_METRIC",
     "DEFAULT_RESCORE",
@@ -1139,9 +1084,7 @@ __all__ = [
     "family_of",
     "frontier",
     "retrieval_grid",
-    "storages_of",
     "store_codec",
     "sweep",
     "sweep_rows",
-    "tune_retrieval",
 ]

@@ -13,7 +13,6 @@ pairs are read once for the whole grid.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -23,10 +22,9 @@ import numpy as np
 from ..core.model import WhiteningModel, components_for_variance
 from ..errors import BadInputError
 from ..params import check_model as check_params
-from ..progress import begin, phase
+from ..progress import phase
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
-from .select import FOLDS, RULES, Resamples, Rule, forecast, spearman_units
-from .select import select as pick
+from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, rule_choice, spearman_units
 
 DEFAULT_BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -152,24 +150,112 @@ class TuneResult:
         }
 
 
+@dataclass(frozen=True)
+class PairGrid:
+    """What a tuning on labelled pairs tries and how it chooses, checked when made (see `grid_search`).
+
+    Parameters
+    ----------
+    betas, gammas, ks, variances : sequence, optional
+        The grid (None: the defaults; an empty sequence: none of them), checked against the data width by
+        `make_grid`.
+    metric : str
+        One of `METRICS`: what the choice maximises.
+    tolerance : float
+        The cheapest setting (the smallest k) surely within this many points of raw (``argmax``: of the top).
+    eps : float, optional
+        The regulariser of every setting (default: the model's).
+    select, folds, samples, seed
+        The selection rule (one of `RULES`), the folds of its forecast, and the paired bootstrap's resamples
+        and seed.
+    """
+
+    betas: tuple[float, ...] | None = None
+    gammas: tuple[float, ...] | None = None
+    ks: tuple[int, ...] | None = None
+    variances: tuple[float, ...] | None = None
+    metric: str = "spearman"
+    tolerance: float = 0.0
+    eps: float | None = None
+    select: str = "maxt"
+    folds: int = FOLDS
+    samples: int = 1000
+    seed: int = 0
+
+    def __post_init__(self):
+        for name in ("betas", "gammas", "ks", "variances"):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.metric not in METRICS:
+            raise BadInputError(f"metric must be one of {METRICS}, got {self.metric!r}")
+        object.__setattr__(self, "tolerance", check_tolerance(self.tolerance))
+        if self.eps is not None:
+            check_params(eps=self.eps)
+        if self.select not in RULES:
+            raise BadInputError(f"select must be one of {', '.join(RULES)}, got {self.select!r}")
+
+
+def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
+    """``(bases, plans, settings)``: each beta's eigendecomposition; its shift, rotation and the weight
+    column of each of its (gamma, k) (what scoring a block needs); the settings (table rows without
+    scores) in the order the columns hold them."""
+    d = model.n_features
+    betas, gammas, choices = make_grid(d, grid.betas, grid.gammas, grid.ks, grid.variances)
+    bases: dict = {}
+    plans, settings = [], []
+    for beta in betas:
+        base = bases[beta] = decompose(model, beta, grid.eps)
+        resolved = [(choice, choice.resolve(base.eigvals)) for choice in choices]
+        columns = []
+        for gamma in gammas:
+            weights = (base.eigvals + base.eps_value) ** (-gamma)
+            for choice, k in resolved:
+                column = np.zeros(d)
+                column[:k] = weights[:k]
+                columns.append(column)
+                vectors = "whitened"
+                if gamma == 0.0 and k == d:
+                    vectors = "rotated" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
+                setting = {"beta": beta, "gamma": gamma, "k": k, "k_label": choice.label, "variance": choice.variance}
+                settings.append(setting | {"vectors": vectors})
+        plans.append((beta * base.mean, base.eigvecs, np.stack(columns, axis=1)))
+    return bases, plans, settings
+
+
+def _pair_cosines(
+    pairs: PairSet, plans: list, block_rows: int | None, progress: Callable[[int, int], None] | None
+) -> np.ndarray:
+    """The cosine of every pair under every setting of ``plans`` (a row each, in the order of their columns)
+    and, last, the raw vectors', in one pass over the pairs."""
+    n_pairs = pairs.n_pairs
+    n_settings = sum(stacked.shape[1] for _, _, stacked in plans) + 1
+    cosines = np.empty((n_settings, n_pairs))
+    with phase(progress, f"score {n_settings} settings on {n_pairs:,} pairs", "pairs"):
+        for start, a, b in pairs.blocks(block_rows):
+            stop = start + a.shape[0]
+            cosines[-1, start:stop] = cosine_rows(a, b)
+            row = 0
+            for shift, eigvecs, stacked in plans:
+                ya, yb = (a - shift) @ eigvecs, (b - shift) @ eigvecs
+                dots = (ya * yb) @ stacked
+                norms = np.sqrt(((ya * ya) @ stacked) * ((yb * yb) @ stacked))
+                block = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+                cosines[row : row + stacked.shape[1], start:stop] = block.T
+                row += stacked.shape[1]
+            if progress is not None:
+                progress(stop, n_pairs)
+    return cosines
+
+
 def grid_search(
     model: WhiteningModel,
     pairs: PairSet,
-    betas: Sequence[float] | None = None,
-    gammas: Sequence[float] | None = None,
-    ks: Sequence[int] | None = None,
-    variances: Sequence[float] | None = None,
-    metric: str = "spearman",
-    tolerance: float = 0.0,
-    eps: float | None = None,
+    grid: PairGrid | None = None,
+    *,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-    select: str = "maxt",
-    folds: int = FOLDS,
-    samples: int = 1000,
-    seed: int = 0,
 ) -> TuneResult:
-    """Score every (beta, gamma, k) of the grid on ``pairs`` and choose one by ``metric``.
+    """Score every (beta, gamma, k) of ``grid`` on ``pairs`` and choose one by ``grid.metric``.
 
     The raw vectors (no transformation: the identity map) are a row of the table, the last, beside the
     grid's. ``select="maxt"`` (default): the raw vectors unless a setting beats them beyond the noise of
@@ -182,121 +268,39 @@ def grid_search(
     row), optimistic by the winner's curse. Only the saved statistics of ``model`` are used, never the
     fitting data.
     """
-    if metric not in METRICS:
-        raise BadInputError(f"metric must be one of {METRICS}, got {metric!r}")
-    if not (isinstance(tolerance, (int, float)) and math.isfinite(tolerance) and tolerance >= 0):
-        raise BadInputError(f"tolerance must be a number >= 0, got {tolerance!r}")
-    if eps is not None:
-        check_params(eps=eps)
-    if select not in RULES:
-        raise BadInputError(f"select must be one of {', '.join(RULES)}, got {select!r}")
+    grid = PairGrid() if grid is None else grid
+    if not isinstance(grid, PairGrid):
+        raise BadInputError(f"grid must be a PairGrid, got {type(grid).__name__}")
     pairs.check_width(model.n_features)
-    d = model.n_features
-    betas, gammas, choices = make_grid(d, betas, gammas, ks, variances)
-
-    bases, plans, settings = {}, [], []
-    for beta in betas:
-        base = decompose(model, beta, eps)
-        bases[beta] = base
-        resolved = [(choice, choice.resolve(base.eigvals)) for choice in choices]
-        columns = []
-        for gamma in gammas:
-            weights = (base.eigvals + base.eps_value) ** (-gamma)
-            for choice, k in resolved:
-                column = np.zeros(d)
-                column[:k] = weights[:k]
-                columns.append(column)
-                vectors = "whitened"
-                if gamma == 0.0 and k == d:
-                    vectors = "rotated" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
-                settings.append(
-                    {"beta": beta, "gamma": gamma, "k": k, "k_label": choice.label, "variance": choice.variance}
-                    | {"vectors": vectors}
-                )
-        plans.append((beta * base.mean, base.eigvecs, np.stack(columns, axis=1)))
-
-    n_pairs = pairs.n_pairs
-    cosines = np.empty((len(settings), n_pairs))
-    raw = np.empty(n_pairs)
-    finish = begin(progress, f"score {len(settings) + 1} settings on {n_pairs:,} pairs", "pairs")
-    for start, a, b in pairs.blocks(block_rows):
-        stop = start + a.shape[0]
-        raw[start:stop] = cosine_rows(a, b)
-        row = 0
-        for shift, eigvecs, stacked in plans:
-            ya, yb = (a - shift) @ eigvecs, (b - shift) @ eigvecs
-            dots = (ya * yb) @ stacked
-            norms = np.sqrt(((ya * ya) @ stacked) * ((yb * yb) @ stacked))
-            block = np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
-            cosines[row : row + stacked.shape[1], start:stop] = block.T
-            row += stacked.shape[1]
-        if progress is not None:
-            progress(stop, n_pairs)
-    finish()
-    finish = begin(progress, f"correlate and choose ({select} rule)", None)
-    table = [
-        dict(setting, **correlations(values, pairs.scores)) for setting, values in zip(settings, cosines, strict=True)
-    ]
-    raw_scores = correlations(raw, pairs.scores)
-    # the raw vectors (the identity map): the last row, the reference
-    bases.setdefault(0.0, decompose(model, 0.0, eps))
-    table.append(dict(beta=0.0, gamma=0.0, k=d, k_label=str(d), variance=None, vectors="raw", **raw_scores))
-    cosines = np.vstack([cosines, raw[None]])
-    units, _ = spearman_units(cosines, pairs.scores, ranks=metric == "spearman")
-    reference = len(table) - 1
-    if select == "argmax":
-        best = choose(table, metric, tolerance)
-        selection = {"rule": "argmax", "tolerance": float(tolerance), "reference": None, "kept_reference": None}
-    else:
-        best, selection = _choose_pairs(table, units, reference, d, tolerance, folds, samples, seed)
-    finish()
-    return TuneResult(
-        table,
-        best,
-        raw_scores,
-        metric,
-        pairs.describe(),
-        bases,
-        float(tolerance),
-        selection=selection,
-        per_pair=units,
-        cosines=cosines,
-    )
+    d, metric, tolerance = model.n_features, grid.metric, float(grid.tolerance)
+    bases, plans, settings = _plans(model, grid)
+    cosines = _pair_cosines(pairs, plans, block_rows, progress)
+    with phase(progress, f"correlate and choose ({grid.select} rule)", None):
+        table = [
+            dict(setting, **correlations(values, pairs.scores))
+            for setting, values in zip(settings, cosines[:-1], strict=True)
+        ]
+        raw_scores = correlations(cosines[-1], pairs.scores)
+        # the raw vectors (the identity map): the last row, the reference
+        bases.setdefault(0.0, decompose(model, 0.0, grid.eps))
+        table.append(dict(beta=0.0, gamma=0.0, k=d, k_label=str(d), variance=None, vectors="raw", **raw_scores))
+        units, _ = spearman_units(cosines, pairs.scores, ranks=metric == "spearman")
+        if grid.select == "argmax":
+            best = choose(table, metric, tolerance)
+            selection = {"rule": "argmax", "tolerance": tolerance, "reference": None, "kept_reference": None}
+        else:
+            best, selection = _choose_pairs(table, units, len(table) - 1, d, grid)
+    return TuneResult(table, best, raw_scores, metric, pairs.describe(), bases, tolerance, selection, units, cosines)
 
 
-def _choose_pairs(
-    table: list[dict[str, Any]],
-    units: Any,
-    reference: Any,
-    d: int,
-    tolerance: float,
-    folds: int,
-    samples: int,
-    seed: int,
-) -> tuple[dict, dict]:
+def _choose_pairs(table: list[dict[str, Any]], units: Any, reference: int, d: int, grid: PairGrid) -> tuple[dict, dict]:
     """The max-t choice among the rows of ``table`` against the raw row ``reference``, and its record."""
     others = [i for i in range(len(table)) if i != reference]
-    rule = Rule(
-        cost=tuple(table[i]["k"] for i in others), reference_cost=d, tolerance=tolerance, samples=samples, seed=seed
-    )
-    resamples = Resamples(units.shape[1], samples, seed)  # one set for the rule and the forecast's intervals
-    picked = pick(units[others], units[reference], rule, resamples=resamples)
-    index = reference if picked.index is None else others[picked.index]
-    predicted = None
-    if units.shape[1] >= 2 * folds:
-        predicted = forecast(units[others], units[reference], rule, folds=folds, resamples=resamples)
-    record = {
-        "rule": "maxt",
-        "tolerance": float(tolerance),
-        "reference": {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"},
-        "kept_reference": index == reference,
-        "n_compared": len(others),
-        "n_beating": picked.n_beating,
-        "critical": picked.critical,
-        "level": rule.level,
-        "bound": None if index == reference else float(picked.bound[others.index(index)]),
-        "forecast": predicted,
-    }
+    costs = tuple(table[i]["k"] for i in others)
+    rule = Rule(cost=costs, reference_cost=d, tolerance=grid.tolerance, samples=grid.samples, seed=grid.seed)
+    resamples = Resamples(units.shape[1], grid.samples, grid.seed)  # one set for the rule and the forecast's intervals
+    described = {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"}
+    index, record = rule_choice(units, reference, others, rule, grid.folds, resamples, described)
     return table[index], record
 
 
@@ -316,16 +320,17 @@ def tune(
     model: WhiteningModel,
     pairs: PairSet,
     test_pairs: PairSet | None = None,
+    *,
+    grid: PairGrid | None = None,
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-    **grid: Any,
 ) -> tuple[WhiteningModel, dict]:
     """Run `grid_search` and return the chosen model (with a record in ``info["tuned"]``) and a summary.
 
     With ``test_pairs`` the chosen setting is also scored on that separate set, next to raw, so the
     choice is not judged on the pairs that made it.
     """
-    result = grid_search(model, pairs, block_rows=block_rows, progress=progress, **grid)
+    result = grid_search(model, pairs, grid, block_rows=block_rows, progress=progress)
     chosen = result.chosen_model()
     summary = result.to_json()
     summary["test"] = None
@@ -365,6 +370,7 @@ def describe_stored(model: WhiteningModel) -> dict:
 __all__ = [
     "describe_stored",
     "grid_search",
+    "PairGrid",
     "tune",
     "choose",
     "decompose",

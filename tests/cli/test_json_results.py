@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, anisotropic, write_h5
 
 import streamwhiten
-from streamwhiten import export, load_model
+from streamwhiten import RetrievalOptions, export, load_model
 
 DOCS = REPO / "docs" / "cli.md"
 #: What changes from one run to the next: the time a run took, and where it wrote.
@@ -108,7 +108,7 @@ def test_eval_on_a_retrieval_task_prints_the_retrieval_result(tmp_path, model_pa
     task = (f"{tmp_path / 'task.h5'}:/q", f"{tmp_path / 'task.h5'}:/c", str(qrels))
     args = ("eval", model_path, "--queries", task[0], "--corpus", task[1], "--qrels", task[2], "--bootstrap", "50")
     out = printed(run_cli, *args)
-    result = streamwhiten.evaluate_retrieval(*task, model=model_path, bootstrap=50)
+    result = streamwhiten.evaluate_retrieval(*task, model=model_path, options=RetrievalOptions(bootstrap=50))
     assert isinstance(result, streamwhiten.RetrievalResult) and result.model == model_path
     assert out == plain(result.to_json())
     assert set(out) == documented_keys()["eval (retrieval)"]

@@ -86,7 +86,13 @@ def test_eval_over_a_code_tells_each_training_and_the_search(model, task):
     faiss_or_skip()
     told = Phases()
     evaluate_retrieval(
-        task["spec_q"], task["spec_c"], task["qrels"], model=model, dtype="faiss-pq:6", bootstrap=0, progress=told
+        task["spec_q"],
+        task["spec_c"],
+        task["qrels"],
+        model=model,
+        progress=told,
+        storage="faiss-pq:6",
+        options=RetrievalOptions(bootstrap=0),
     )
     assert told.ended == [
         "read a sample of the corpus",
@@ -230,7 +236,11 @@ def test_eval_over_codes_equals_a_numpy_search_of_the_codec(tmp_path, model, tas
     assert not any((q, int(c)) in set(map(tuple, task["excluded"])) for q in range(40) for c in found[q])
     # the library call: the model's own codec for the whitened vectors, the same code trained for the raw ones
     result = evaluate_retrieval(
-        task["spec_q"], task["spec_c"], task["qrels"], model=coded, exclude=task["exclude"], bootstrap=0
+        task["spec_q"],
+        task["spec_c"],
+        task["qrels"],
+        model=coded,
+        options=RetrievalOptions(exclude=task["exclude"], bootstrap=0),
     )
     white, raw = result.whitened, result.raw
     assert (white["dtype"], white["code"], white["codec"]) == (spec, codec.label, "model")

@@ -31,7 +31,7 @@ from streamwhiten.engine.fit import fit_sources  # noqa: E402
 from streamwhiten.errors import BadInputError, OutputExistsError  # noqa: E402
 from streamwhiten.evaluation.evaluate import open_pairs  # noqa: E402
 from streamwhiten.evaluation.report import collect, write_report  # noqa: E402
-from streamwhiten.evaluation.tune import grid_search  # noqa: E402
+from streamwhiten.evaluation.tune import PairGrid, grid_search  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -86,7 +86,7 @@ def test_html_report_embeds_every_figure(setup, tmp_path):
 def test_png_dashboard_and_directory(setup, tmp_path):
     model, _, specs = setup
     with open_pairs(*specs) as pairs:
-        data = collect(model, pairs, betas=[0, 1], gammas=[0, 0.5, 1], ks=[12, 4], variances=[0.9])
+        data = collect(model, pairs, grid=PairGrid(betas=[0, 1], gammas=[0, 0.5, 1], ks=[12, 4], variances=[0.9]))
     png = str(tmp_path / "report.png")
     write_report(data, png)
     assert_real_image(open(png, "rb").read(), min_side=800)
@@ -104,8 +104,8 @@ def test_png_dashboard_and_directory(setup, tmp_path):
 def test_curves_are_the_seed_settings_of_the_grid(setup):
     model, _, specs = setup
     with open_pairs(*specs) as pairs:
-        data = collect(model, pairs, variances=[])
-        reference = grid_search(model, pairs, betas=[0, 1], gammas=[0, 1], ks=[12, 3], variances=[])
+        data = collect(model, pairs, grid=PairGrid(variances=[]))
+        reference = grid_search(model, pairs, grid=PairGrid(betas=[0, 1], gammas=[0, 1], ks=[12, 3], variances=[]))
     for row in reference.table:
         if row["beta"] == row["gamma"]:
             assert dict(data.curves[row["beta"]])[row["k"]] == pytest.approx(row["spearman"], abs=1e-12)
@@ -168,16 +168,16 @@ def test_a_model_tuned_for_retrieval_draws_its_frontier(tmp_path, capsys):
     from conftest import write_task
 
     from streamwhiten.core import stats
-    from streamwhiten.evaluation.sweep import SweepGrid, tune_retrieval
+    from streamwhiten.evaluation.sweep import SweepGrid, sweep
     from streamwhiten.options import RetrievalOptions
 
     task = write_task(tmp_path, seed=1, n=400, n_queries=15)
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)))
-    tuned, summary = tune_retrieval(
+    tuned, summary = sweep(
         model, task["spec_q"], task["spec_c"], task["qrels"],
         grid=SweepGrid(betas=[0, 1], gammas=[0, 1], ks=[16, 4], variances=[], max_bytes=20),
         options=RetrievalOptions(bootstrap=50),
-    )  # fmt: skip
+    ).tuned()  # fmt: skip
     save_model(tuned, str(tmp_path / "tuned.npz"))
     assert main(["report", str(tmp_path / "tuned.npz"), "-o", str(tmp_path / "figures"), "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -276,7 +276,7 @@ def test_the_report_names_the_rules_choice_and_the_highest_score_apart(tmp_path,
 
     model, model_path, specs = noisy_pairs(tmp_path, seed=2)
     with open_pairs(*specs) as pairs:
-        data = collect(model, pairs, **LABEL_GRID)
+        data = collect(model, pairs, grid=PairGrid(**LABEL_GRID))
     grid = data.grid
     highest, best = grid.highest, grid.best
     assert best["vectors"] == "raw" and grid.selection["kept_reference"]  # the rule keeps the raw vectors
@@ -309,7 +309,7 @@ def test_the_report_names_the_rules_choice_and_the_highest_score_apart(tmp_path,
 def test_where_the_rule_chose_the_highest_one_label_says_both(tmp_path, capsys):
     model, model_path, specs = noisy_pairs(tmp_path, seed=0)
     with open_pairs(*specs) as pairs:
-        data = collect(model, pairs, **LABEL_GRID)
+        data = collect(model, pairs, grid=PairGrid(**LABEL_GRID))
     assert data.grid.highest is data.grid.best  # the rotation ties the raw vectors: a tie is the rule's choice
     from streamwhiten.evaluation.report import figures
 

@@ -24,6 +24,7 @@ from streamwhiten.evaluation.retrieval import (
     mean_metrics,
     paired_bootstrap,
     query_metrics,
+    resolve_storage,
 )
 from streamwhiten.options import RetrievalOptions
 
@@ -88,7 +89,7 @@ def test_a_tie_goes_to_the_lower_corpus_row(tmp_path):
     corpus = np.array([[0.0, 1.0], [1.0, -1.0], [1.0, 0.1], [-1.0, 0.0], [0.0, -1.0], [1.0, 0.1]])
     queries = np.array([[1.0, 0.1]])
     path = write_qrels(tmp_path / "qrels.tsv", [(0, 5, 1)])
-    result = evaluate_retrieval(queries, corpus, path, bootstrap=0).raw
+    result = evaluate_retrieval(queries, corpus, path, options=RetrievalOptions(bootstrap=0)).raw
     assert result["mrr@10"] == 50.0 and result["recall@1"] == 0.0
     assert result["ndcg@10"] == pytest.approx(100 / math.log2(3), abs=1e-12)
 
@@ -165,9 +166,12 @@ def task(tmp_path):
 def test_raw_and_whitened_metrics_equal_a_numpy_evaluation(task, threads, block_rows):
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)), n_components=16)
     result = evaluate_retrieval(
-        task["spec_q"], task["spec_c"], task["qrels"], model=model, exclude=task["exclude"],
-        threads=threads, block_rows=block_rows,
-    )  # fmt: skip
+        task["spec_q"],
+        task["spec_c"],
+        task["qrels"],
+        model=model,
+        options=RetrievalOptions(exclude=task["exclude"], threads=threads, block_rows=block_rows),
+    )
     weights, shift = model.projection(np.float64)
     raw, raw_each = numpy_evaluation(task["queries"], task["corpus"], task["triples"], task["excluded"])
     white, white_each = numpy_evaluation(
@@ -196,7 +200,12 @@ def test_quantized_storage_equals_a_numpy_evaluation_of_the_decoded_vectors(task
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)), beta=1.0, gamma=1.0, n_components=20)
     queries = np.vstack([task["queries"], task["queries"][:1]])  # query 40 is judged, not relevant
     result = evaluate_retrieval(
-        queries, task["corpus"], task["qrels"], model=model, exclude=task["exclude"], dtype=storage, bootstrap=0
+        queries,
+        task["corpus"],
+        task["qrels"],
+        model=model,
+        storage=storage,
+        options=RetrievalOptions(exclude=task["exclude"], bootstrap=0),
     )
     weights, shift = model.projection(np.float64)
 
@@ -232,14 +241,22 @@ def test_quantized_storage_equals_a_numpy_evaluation_of_the_decoded_vectors(task
 def test_bits_rescored_over_the_whole_corpus_rank_as_the_float_search(task):
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)), n_components=16)
     args = (task["spec_q"], task["spec_c"], task["qrels"])
-    floats = evaluate_retrieval(*args, model=model, exclude=task["exclude"], bootstrap=0)
+    floats = evaluate_retrieval(*args, model=model, options=RetrievalOptions(exclude=task["exclude"], bootstrap=0))
     rescored = evaluate_retrieval(
-        *args, model=model, exclude=task["exclude"], dtype="binary", rescore=2000, block_rows=500, bootstrap=0
+        *args,
+        model=model,
+        storage=resolve_storage(model, dtype="binary", rescore=2000),
+        options=RetrievalOptions(exclude=task["exclude"], block_rows=500, bootstrap=0),
     )
-    bits = evaluate_retrieval(*args, model=model, exclude=task["exclude"], dtype="binary", bootstrap=0)
+    bits = evaluate_retrieval(
+        *args, model=model, storage="binary", options=RetrievalOptions(exclude=task["exclude"], bootstrap=0)
+    )
     # issue #36: a re-ranking deeper than the corpus re-ranks all of it (10**9 asked for 447 GiB of top lists)
     deepest = evaluate_retrieval(
-        *args, model=model, exclude=task["exclude"], dtype="binary", rescore=10**9, bootstrap=0
+        *args,
+        model=model,
+        storage=resolve_storage(model, dtype="binary", rescore=10**9),
+        options=RetrievalOptions(exclude=task["exclude"], bootstrap=0),
     )
     for name in ("raw", "whitened"):
         assert {m: getattr(rescored, name)[m] for m in METRICS} == {m: getattr(floats, name)[m] for m in METRICS}
@@ -262,22 +279,17 @@ def test_the_bootstrap_is_paired_seeded_and_optional():
     assert mean_metrics({"a": np.array([0.5, 1.0])}) == {"a": 75.0}
 
 
-def test_options_given_as_one_object_give_what_keywords_give(task):
+def test_options_are_one_checked_object(task):
     model = finalize(stats.block_moments(task["corpus"].astype(np.float64)), n_components=8)
     args = (task["spec_q"], task["spec_c"], task["qrels"])
-    keywords = evaluate_retrieval(
-        *args, model=model, exclude=task["exclude"], bootstrap=150, seed=3, block_rows=300, threads=2, dtype="int8"
-    )
     options = RetrievalOptions(exclude=task["exclude"], bootstrap=150, seed=3, block_rows=300, threads=2)
-    assert evaluate_retrieval(*args, model=model, options=options, dtype="int8") == keywords
-    assert keywords.exclude["n_pairs"] == len(task["excluded"]) and keywords.bootstrap["samples"] == 150
-    # one or the other: a keyword beside the object would be silently lost
-    with pytest.raises(BadInputError, match=r"^give exclude, the id columns, .* not both$"):
-        evaluate_retrieval(*args, options=options, bootstrap=10)
+    result = evaluate_retrieval(*args, model=model, options=options, storage="int8")
+    assert result.exclude.n_pairs == len(task["excluded"]) and result.bootstrap.samples == 150
+    assert result == evaluate_retrieval(*args, model=model, options=options, storage=resolve_storage(model, "int8"))
     with pytest.raises(BadInputError, match=r"^options must be a RetrievalOptions, got dict$"):
         evaluate_retrieval(*args, options={"bootstrap": 10})  # type: ignore[arg-type]
     with pytest.raises(BadInputError, match=r"^seed must be a whole number, 0 or more, got -1$"):
-        evaluate_retrieval(*args, seed=-1)
+        RetrievalOptions(seed=-1)
 
 
 def test_ids_from_parquet_id_columns_give_what_rows_give(tmp_path, task):
@@ -296,24 +308,34 @@ def test_ids_from_parquet_id_columns_give_what_rows_give(tmp_path, task):
         "query-id\tcorpus-id\n" + "".join(f"q-{q:05d}\tdoc-{c:05d}\n" for q, c in task["excluded"])
     )
     by_id = evaluate_retrieval(
-        f"{tmp_path}/q.parquet:embedding", f"{tmp_path}/c.parquet:embedding", tmp_path / "qrels-ids.tsv",
-        exclude=tmp_path / "exclude-ids.tsv", query_id_column="id", corpus_id_column="id", bootstrap=0,
-    )  # fmt: skip
-    by_row = evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], exclude=task["exclude"], bootstrap=0)
+        f"{tmp_path}/q.parquet:embedding",
+        f"{tmp_path}/c.parquet:embedding",
+        tmp_path / "qrels-ids.tsv",
+        options=RetrievalOptions(
+            exclude=tmp_path / "exclude-ids.tsv", query_id_column="id", corpus_id_column="id", bootstrap=0
+        ),
+    )
+    by_row = evaluate_retrieval(
+        task["spec_q"], task["spec_c"], task["qrels"], options=RetrievalOptions(exclude=task["exclude"], bootstrap=0)
+    )
     assert by_id.raw == by_row.raw
     with pytest.raises(BadInputError, match=r"q\.parquet:embedding: has no column 'key' to read ids from$"):
         evaluate_retrieval(
-            f"{tmp_path}/q.parquet:embedding", f"{tmp_path}/c.parquet:embedding", tmp_path / "qrels-ids.tsv",
-            query_id_column="key",
-        )  # fmt: skip
+            f"{tmp_path}/q.parquet:embedding",
+            f"{tmp_path}/c.parquet:embedding",
+            tmp_path / "qrels-ids.tsv",
+            options=RetrievalOptions(query_id_column="key"),
+        )
     write_qrels(tmp_path / "qrels-ids.tsv", [("q-00000", "doc-00001", 1), ("q-00001", "doc-99999", 1)])
     with pytest.raises(
         BadInputError, match=r"qrels-ids\.tsv: line 3: corpus-id 'doc-99999' is not an id in column 'id' "
     ):
         evaluate_retrieval(
-            f"{tmp_path}/q.parquet:embedding", f"{tmp_path}/c.parquet:embedding", tmp_path / "qrels-ids.tsv",
-            query_id_column="id", corpus_id_column="id",
-        )  # fmt: skip
+            f"{tmp_path}/q.parquet:embedding",
+            f"{tmp_path}/c.parquet:embedding",
+            tmp_path / "qrels-ids.tsv",
+            options=RetrievalOptions(query_id_column="id", corpus_id_column="id"),
+        )
 
 
 # ---------------------------------------------------------------------------------------- bad input
@@ -353,10 +375,14 @@ def test_bad_qrels_are_one_line_naming_file_and_line(tmp_path, task, text, messa
 def test_bad_exclude_files_and_stores(tmp_path, task):
     (tmp_path / "ex.tsv").write_text(f"query-id\tcorpus-id\n3\t{task['triples'][3][1]}\n")
     with pytest.raises(BadInputError, match=r"ex\.tsv: line 2: excludes the pair of query row 3 and corpus row \d+, "):
-        evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], exclude=tmp_path / "ex.tsv")
+        evaluate_retrieval(
+            task["spec_q"], task["spec_c"], task["qrels"], options=RetrievalOptions(exclude=tmp_path / "ex.tsv")
+        )
     (tmp_path / "ex.tsv").write_text("query\tcorpus\n3\t1\n")
     with pytest.raises(BadInputError, match=r"ex\.tsv: line 1: expected the header 'query-id<TAB>corpus-id'"):
-        evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], exclude=tmp_path / "ex.tsv")
+        evaluate_retrieval(
+            task["spec_q"], task["spec_c"], task["qrels"], options=RetrievalOptions(exclude=tmp_path / "ex.tsv")
+        )
     narrow = write_h5(tmp_path / "narrow.h5", task["corpus"][:, :20])
     with pytest.raises(BadInputError, match=r"^queries and corpus differ in width: .*q\.h5:/emb has 24 columns but "):
         evaluate_retrieval(task["spec_q"], narrow, task["qrels"])
@@ -364,25 +390,28 @@ def test_bad_exclude_files_and_stores(tmp_path, task):
     with pytest.raises(BadInputError, match=r"the model expects 20 features but .*c\.h5:/emb has 24"):
         evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], model=model)
     with pytest.raises(BadInputError, match="int8 storage needs a fitted model"):
-        evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], dtype="int8")
+        evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], storage="int8")
     with pytest.raises(BadInputError, match="rescore re-ranks a bit search"):
-        evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], rescore=10)
-    for options, message in (
+        resolve_storage(None, rescore=10)
+    for storage, message in (
         ({"dtype": "int4"}, 'dtype must be "float32", "float16", "int8", "binary" or a vector code NAME:BYTES'),
         ({"dtype": "binary", "rescore": 5, "rescore_dtype": "binary"}, "rescore_dtype must be"),
         ({"rescore": -1}, "rescore must be a whole number, 0 or more, got -1"),
-        ({"bootstrap": 1.5}, "bootstrap must be a whole number of resamples"),
-        ({"model": model, "dtype": "int8", "int8_clip": 0.0}, "int8_clip must be a number of standard deviations"),
+        ({"dtype": "int8", "int8_clip": 0.0}, "int8_clip must be a number of standard deviations"),
     ):
         with pytest.raises(BadInputError, match=f"^{re.escape(message)}"):
-            evaluate_retrieval(task["spec_q"], narrow, task["qrels"], **options)  # checked before anything is read
+            resolve_storage(model, **storage)  # checked before anything is read
+    with pytest.raises(BadInputError, match="^bootstrap must be a whole number of resamples"):
+        RetrievalOptions(bootstrap=1.5)
     with pytest.raises(BadInputError, match=r"an id column needs a Parquet or Lance store; the ids of a hdf5 store"):
-        evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], corpus_id_column="id")
+        evaluate_retrieval(
+            task["spec_q"], task["spec_c"], task["qrels"], options=RetrievalOptions(corpus_id_column="id")
+        )
     corpus = task["corpus"].copy()
     corpus[1234, 5] = np.nan
     bad = write_h5(tmp_path / "nan.h5", corpus, chunk_rows=100)
     with pytest.raises(NonFiniteError, match=r"nan\.h5:/emb: row 1234 holds NaN or Inf$"):
-        evaluate_retrieval(task["spec_q"], bad, task["qrels"], block_rows=500)
+        evaluate_retrieval(task["spec_q"], bad, task["qrels"], options=RetrievalOptions(block_rows=500))
 
 
 def test_read_exclude_keeps_pairs_of_queries_without_judgements(tmp_path):
@@ -400,9 +429,11 @@ def test_stsb_retrieval_dev_raw_numbers_match_its_readme(pooling, expected):
     if not (RETRIEVAL_DEV / "qrels.tsv").exists():
         pytest.skip(f"the STS-B retrieval task was not found at {RETRIEVAL_DEV} (licensed data kept out of the repo)")
     result = evaluate_retrieval(
-        f"{RETRIEVAL_DEV}/queries.h5:/{pooling}", f"{RETRIEVAL_DEV}/corpus.h5:/{pooling}",
-        RETRIEVAL_DEV / "qrels.tsv", exclude=RETRIEVAL_DEV / "exclude.tsv", bootstrap=0,
-    ).raw  # fmt: skip
+        f"{RETRIEVAL_DEV}/queries.h5:/{pooling}",
+        f"{RETRIEVAL_DEV}/corpus.h5:/{pooling}",
+        RETRIEVAL_DEV / "qrels.tsv",
+        options=RetrievalOptions(exclude=RETRIEVAL_DEV / "exclude.tsv", bootstrap=0),
+    ).raw
     got = tuple(round(result[name], 2) for name in ("ndcg@10", "recall@10", "mrr@10"))
     assert got == expected
 
@@ -427,9 +458,13 @@ def test_cli_eval_json_keeps_the_library_shape_with_intervals(tmp_path, capsys):
     assert main([*args, "--seed", "4", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     expected = evaluate_retrieval(
-        task["spec_q"], task["spec_c"], task["qrels"], model=load_model(model_path), exclude=task["exclude"],
-        dtype="int8", bootstrap=300, seed=4,
-    )  # fmt: skip
+        task["spec_q"],
+        task["spec_c"],
+        task["qrels"],
+        model=load_model(model_path),
+        storage="int8",
+        options=RetrievalOptions(exclude=task["exclude"], bootstrap=300, seed=4),
+    )
     assert out == json.loads(json.dumps(replace(expected, model=model_path).to_json()))
     for name in ("raw", "whitened"):
         assert {"ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10", "dtype", "bytes_per_vector"} <= set(

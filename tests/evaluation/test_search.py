@@ -87,7 +87,8 @@ def test_a_streamed_store_gives_what_the_array_gives_and_prepare_sees_each_row_o
         return rows.astype(np.float64) * 2
 
     with open_source(spec) as source:
-        streamed = exact_search(queries.astype(np.float64), source, 30, prepare=prepare, block_rows=256, threads=2)
+        job = SearchJob(queries.astype(np.float64), 30, "ip", prepare)
+        streamed = search(source, [job], block_rows=256, threads=2)[0]
     in_memory = exact_search(queries.astype(np.float64), corpus.astype(np.float64) * 2, 30)
     np.testing.assert_array_equal(streamed.rows, in_memory.rows)
     np.testing.assert_array_equal(streamed.values, in_memory.values)

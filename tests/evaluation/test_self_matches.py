@@ -13,6 +13,7 @@ from conftest import write_h5, write_task
 from streamwhiten.core import stats
 from streamwhiten.core.model import finalize, save_model
 from streamwhiten.evaluation.retrieval import evaluate_retrieval
+from streamwhiten.options import RetrievalOptions
 
 N_QUERIES, N_COPIED = 40, 30
 
@@ -68,7 +69,7 @@ def warnings_in(err: str) -> list[str]:
 
 def test_the_library_reports_the_queries_that_are_corpus_rows_and_prints_nothing(tmp_path, capsys):
     task = self_matched_task(tmp_path)
-    result = evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], bootstrap=0)
+    result = evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], options=RetrievalOptions(bootstrap=0))
     assert capsys.readouterr() == ("", "")  # data, never a print
     found = result.self_matches
     reference = numpy_self_matches(task["queries"], task["corpus"], task["relevant"])
@@ -80,7 +81,7 @@ def test_the_library_reports_the_queries_that_are_corpus_rows_and_prints_nothing
     # float16 storage rounds the searched rows: its own tolerance still finds them all
     assert (
         evaluate_retrieval(
-            task["spec_q"], task["spec_c"], task["qrels"], dtype="float16", bootstrap=0
+            task["spec_q"], task["spec_c"], task["qrels"], storage="float16", options=RetrievalOptions(bootstrap=0)
         ).self_matches.count
         == N_COPIED
     )
@@ -88,7 +89,7 @@ def test_the_library_reports_the_queries_that_are_corpus_rows_and_prints_nothing
 
 def test_a_copy_judged_relevant_is_no_self_match(tmp_path):
     task = write_task(tmp_path, seed=1, noise=0.0)  # each query is its relevant document, exactly
-    result = evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], bootstrap=0)
+    result = evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], options=RetrievalOptions(bootstrap=0))
     assert result.self_matches.count == 0 and result.raw["recall@1"] == 100.0
 
 

@@ -16,7 +16,7 @@ from streamwhiten.core.model import finalize, load_model, save_model
 from streamwhiten.engine.fit import fit_sources
 from streamwhiten.errors import BadInputError
 from streamwhiten.evaluation.evaluate import cosine_rows, open_pairs
-from streamwhiten.evaluation.tune import choose, decompose, default_ks, grid_search, make_grid, tune
+from streamwhiten.evaluation.tune import PairGrid, choose, decompose, default_ks, grid_search, make_grid, tune
 
 STSB = os.environ.get("STREAMWHITEN_STSB", os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))
 
@@ -96,7 +96,10 @@ def test_grid_scores_equal_direct_scoring_of_every_setting(tmp_path):
     specs, model, _ = fitted(tmp_path, "m", a, b, scores)
     with open_pairs(*specs) as pairs:
         result = grid_search(
-            model, pairs, betas=[0, 0.5, 1], gammas=[0, 0.6, 1], ks=[10, 7, 2], variances=[0.8], block_rows=64
+            model,
+            pairs,
+            grid=PairGrid(betas=[0, 0.5, 1], gammas=[0, 0.6, 1], ks=[10, 7, 2], variances=[0.8]),
+            block_rows=64,
         )
     assert len(result.table) == 3 * 3 * 4 + 1  # and the raw vectors (no transformation), last
     raw_row = result.table[-1]
@@ -188,7 +191,11 @@ def test_test_set_scores_the_choice_next_to_raw(tmp_path):
     told = Phases()
     with open_pairs(*specs) as pairs, open_pairs(*test_specs) as test_pairs:
         chosen, summary = tune(
-            model, pairs, test_pairs, progress=told, betas=[0, 1], gammas=[0, 1], ks=[4, 16], variances=[]
+            model,
+            pairs,
+            test_pairs,
+            grid=PairGrid(betas=[0, 1], gammas=[0, 1], ks=[4, 16], variances=[]),
+            progress=told,
         )
     assert (
         told.begun
@@ -338,8 +345,8 @@ def test_the_default_rule_keeps_raw_when_no_setting_beats_it_beyond_noise(tmp_pa
     gold = cosine_rows(a, b) + rng.normal(0, 0.3, 400)
     specs, model, _ = fitted(tmp_path, "m", a, b, gold)
     with open_pairs(*specs) as pairs:
-        kept = grid_search(model, pairs, betas=[0.25, 0.5, 1], variances=[])  # no raw row: it is added
-        old = grid_search(model, pairs, betas=[0.25, 0.5, 1], variances=[], select="argmax")
+        kept = grid_search(model, pairs, grid=PairGrid(betas=[0.25, 0.5, 1], variances=[]))  # no raw row: it is added
+        old = grid_search(model, pairs, grid=PairGrid(betas=[0.25, 0.5, 1], variances=[], select="argmax"))
     assert (kept.best["beta"], kept.best["gamma"], kept.best["k"]) == (0.0, 0.0, 6)
     assert kept.best["spearman"] == pytest.approx(kept.raw["spearman"], abs=1e-9)
     assert kept.chosen_model().beta == 0.0 and kept.selection["kept_reference"]
@@ -355,7 +362,7 @@ def test_when_the_raw_vectors_are_kept_the_model_written_holds_no_transformation
     a, b, scores = geometry_pairs()  # the gold score is the raw cosine: nothing beats the raw vectors
     specs, model, _ = fitted(tmp_path, "m", a, b, scores)
     with open_pairs(*specs) as pairs:
-        chosen, summary = tune(model, pairs, betas=[0, 1], gammas=[0, 1], ks=[6, 3], variances=[])
+        chosen, summary = tune(model, pairs, grid=PairGrid(betas=[0, 1], gammas=[0, 1], ks=[6, 3], variances=[]))
     assert summary["selection"]["kept_reference"] and summary["best"]["vectors"] == "raw"
     assert summary["best"] is summary["table"][-1] and summary["best"]["spearman"] == summary["raw"]["spearman"]
     assert chosen.basis == "identity" and chosen.info["tuned"]["setting"]["basis"] == "identity"

@@ -24,7 +24,7 @@ from streamwhiten.core.model import finalize, load_model, save_model
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
 from streamwhiten.evaluation import code_candidates
 from streamwhiten.evaluation.code_candidates import fitting_codes, train_codes
-from streamwhiten.evaluation.sweep import SweepGrid, sweep, tune_retrieval
+from streamwhiten.evaluation.sweep import SweepGrid, sweep
 from streamwhiten.options import RetrievalOptions
 
 D = 32
@@ -194,7 +194,7 @@ def test_the_chosen_code_is_recorded_in_the_result_the_model_and_the_json(tmp_pa
     assert result.best["dtype"] == "eigen" and result.selection["kept_reference"] is False
     codec = result.chosen_codec()
     digest = hashlib.sha256(codec.to_bytes()).hexdigest()
-    chosen, summary = tune_retrieval(model, task["spec_q"], task["spec_c"], task["qrels"], grid=grid, options=options)
+    chosen, summary = result.tuned()
     setting = chosen.info["tuned"]["setting"]
     assert (setting["dtype"], setting["bytes_per_vector"], setting["code"]["sha256"]) == ("eigen", 16, digest)
     assert summary["chosen"]["code"]["label"] == "eigen-16B"
