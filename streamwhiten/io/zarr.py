@@ -489,9 +489,22 @@ def _only_chunks(url: str, read: ReadOptions) -> bool:
 _CHUNK_TAIL = re.compile(r"(^|/)(c/)?\d+([./]\d+)*$")
 
 
-def _format(plan: OutputPlan) -> Literal[2, 3]:
-    """The Zarr format version ``plan`` writes (``zarr_format``: checked to be 2 or 3 by its options)."""
-    return 2 if int(plan.zarr_format) == 2 else 3
+def _new_array(
+    store: Any, dataset: str | None, plan: OutputPlan, compressor: str, overwrite: bool = False, **options: Any
+) -> Any:
+    """A new array in ``store`` (under the name ``dataset`` in a new group, if named) laid out as ``plan``
+    says, its chunks declared as ``compressor`` wrote them; ``options`` go to ``create_array``, and
+    ``overwrite`` to the unnamed array's only (a group opened to write is new)."""
+    shape, dtype = plan.shape, np.dtype(plan.dtype)
+    zarr_format: Literal[2, 3] = 2 if int(plan.zarr_format) == 2 else 3  # checked to be 2 or 3 by the plan's options
+    compressors = _compressors(compressor, dtype, zarr_format, plan.checksums)
+    layout = {"shape": shape, "chunks": (int(plan.chunk_rows or 0), shape[1]), "dtype": dtype, **options}
+    if dataset:
+        root = zarr.open_group(store=store, mode="w", zarr_format=zarr_format)
+        return root.create_array(dataset, compressors=compressors, **layout)
+    return zarr.create_array(
+        store=store, compressors=compressors, zarr_format=zarr_format, overwrite=overwrite, **layout
+    )
 
 
 class ZarrSink(StoreSink):
@@ -520,26 +533,9 @@ class ZarrSink(StoreSink):
 
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> ZarrSink:
-        dataset, partial, attrs = place.dataset, place.partial, plan.to_attrs()
-        shape, dtype, chunk_rows = plan.shape, np.dtype(plan.dtype), int(plan.chunk_rows or 0)
-        zarr_format, compressor, checksums, direct_io = _format(plan), plan.compressor, plan.checksums, plan.direct_io
-        compressors = _compressors(check_compressor(compressor), dtype, zarr_format, checksums)
-        if dataset:
-            root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
-            array = root.create_array(
-                dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype, compressors=compressors
-            )
-        else:
-            array = zarr.create_array(
-                store=partial,
-                shape=shape,
-                chunks=(chunk_rows, shape[1]),
-                dtype=dtype,
-                compressors=compressors,
-                zarr_format=zarr_format,
-            )
-        array.attrs.update(attrs)
-        return cls(place, array, direct_io, compressor)
+        array = _new_array(place.partial, place.dataset, plan, check_compressor(plan.compressor))
+        array.attrs.update(plan.to_attrs())
+        return cls(place, array, plan.direct_io, plan.compressor)
 
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> ZarrSink:
@@ -683,35 +679,13 @@ class RemoteZarrSink(ZarrSink):
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> RemoteZarrSink:
         # the compressor is never other than "none": refused for object storage (Output.create)
-        path, dataset, read, attrs = place.path, place.dataset, place.read, plan.to_attrs()
-        shape, dtype, chunk_rows = plan.shape, np.dtype(plan.dtype), int(plan.chunk_rows or 0)
-        zarr_format, checksums = _format(plan), plan.checksums
-        compressors = _compressors("none", dtype, zarr_format, checksums)
+        path, read = place.path, place.read
         # an earlier run's leftovers (never complete), or the old output
         remote.remove(path, recursive=True, read=read)
         store = remote.zarr_store(path, read_only=False, read=read)
 
         def make() -> Any:
-            if dataset:
-                root = zarr.open_group(store=store, mode="w", zarr_format=zarr_format)
-                return root.create_array(
-                    dataset,
-                    shape=shape,
-                    chunks=(chunk_rows, shape[1]),
-                    dtype=dtype,
-                    compressors=compressors,
-                    attributes=dict(attrs),
-                )
-            return zarr.create_array(
-                store=store,
-                shape=shape,
-                chunks=(chunk_rows, shape[1]),
-                dtype=dtype,
-                compressors=compressors,
-                zarr_format=zarr_format,
-                attributes=dict(attrs),
-                overwrite=True,
-            )
+            return _new_array(store, place.dataset, plan, "none", overwrite=True, attributes=dict(plan.to_attrs()))
 
         return cls(place, remote.retrying(path, "create the output", make, read=read))
 
