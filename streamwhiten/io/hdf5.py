@@ -429,6 +429,14 @@ class _HDF5File(StoreSink):
     named = True
     default_dataset = "embeddings"
 
+    def __init__(
+        self, place: SinkPlace, shape: tuple[int, ...], dtype: Any, chunk_rows: int, direct_io: bool, checksums: bool
+    ) -> None:
+        super().__init__(place, shape, dtype, chunk_rows, direct_io)
+        #: whether each chunk's stored bytes are followed by their fletcher32 checksum (HDF5's filter, declared
+        #: on the dataset after any compression)
+        self.checksums = checksums
+
     def _finish_file(self, attrs: dict[str, Any], fill: Callable[[Any], None] | None = None) -> None:
         """Sync and close what the sink writes through, then reopen the file to ``fill`` its dataset
         (if given) and set its final ``attrs``, and make it durable."""
@@ -460,18 +468,15 @@ class HDF5Sink(_HDF5File):
         shape: tuple[int, ...],
         dtype: Any,
         chunk_rows: int,
+        direct_io: bool,
+        checksums: bool,
         offsets: list[int],
-        direct_io: bool = True,
-        checksums: bool = False,
     ) -> None:
-        super().__init__(place, shape, dtype, chunk_rows, direct_io)
-        partial = place.partial
+        super().__init__(place, shape, dtype, chunk_rows, direct_io, checksums)
         #: byte offset of each chunk in the file
         self.offsets = offsets
-        #: whether each chunk is followed by its fletcher32 checksum (HDF5's filter, declared on the dataset)
-        self.checksums = checksums
         #: our own descriptor for writing chunk data in place
-        self.chunk_file: ChunkFile | None = ChunkFile(partial, direct=direct_io)
+        self.chunk_file: ChunkFile | None = ChunkFile(place.partial, direct=direct_io)
 
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> StoreSink:
@@ -484,7 +489,7 @@ class HDF5Sink(_HDF5File):
         layout.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
         place, offsets = _lay_out(place, plan, True, dcpl=layout, fill_time="never")
         chunk_rows = int(plan.chunk_rows or 0)
-        return cls(place, plan.shape, np.dtype(plan.dtype), chunk_rows, offsets, plan.direct_io, bool(plan.checksums))
+        return cls(place, plan.shape, np.dtype(plan.dtype), chunk_rows, plan.direct_io, bool(plan.checksums), offsets)
 
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> StoreSink:
@@ -502,7 +507,7 @@ class HDF5Sink(_HDF5File):
                 raise OSError(f"{partial}: a finished compressed output; not resumed")
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             offsets = _chunk_offsets(array, chunk_rows)
-        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, offsets, direct_io, checksums)
+        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, direct_io, checksums, offsets)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self.chunk_file is not None
@@ -575,20 +580,17 @@ class HDF5CompressedSink(_HDF5File):
         shape: tuple[int, ...],
         dtype: Any,
         chunk_rows: int,
+        direct_io: bool,
+        checksums: bool,
         compressor: str,
-        direct_io: bool = True,
         chunks: int = 0,
-        checksums: bool = False,
     ) -> None:
-        super().__init__(place, shape, dtype, chunk_rows, direct_io)
-        partial = place.partial
+        super().__init__(place, shape, dtype, chunk_rows, direct_io, checksums)
         self.compressor = compressor
-        #: whether each compressed chunk is followed by its fletcher32 checksum (the last filter)
-        self.checksums = checksums
         self._encode = chunk_encoder(compressor, dtype, "hdf5")
         #: chunks spooled so far (they are written in order: the next one's index)
         self.chunks = chunks
-        self._spool: BinaryIO | None = open(self.spool_path(partial), "ab", buffering=0)
+        self._spool: BinaryIO | None = open(self.spool_path(place.partial), "ab", buffering=0)
 
     @staticmethod
     def spool_path(partial: str) -> str:
@@ -602,7 +604,7 @@ class HDF5CompressedSink(_HDF5File):
         if os.path.exists(spool):
             os.remove(spool)
         place, _ = _lay_out(place, plan, False, **options)
-        return cls(place, shape, dtype, chunk_rows, plan.compressor, plan.direct_io, checksums=bool(plan.checksums))
+        return cls(place, shape, dtype, chunk_rows, plan.direct_io, bool(plan.checksums), plan.compressor)
 
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> HDF5CompressedSink:
@@ -625,7 +627,7 @@ class HDF5CompressedSink(_HDF5File):
         if kept != done:
             raise OSError(f"{spool}: holds {kept} intact chunks, its progress record claims {done}")
         os.truncate(spool, end)
-        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, compressor, direct_io, kept, checksums)
+        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, direct_io, checksums, compressor, kept)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self._spool is not None
