@@ -35,14 +35,7 @@ from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..options import ReadOptions
 from . import remote
-from ._arrow import (
-    TableSink,
-    TableSource,
-    copy_vectors,
-    read_attrs,
-    read_numeric_column,
-    vector_length,
-)
+from ._arrow import TableSink, TableSource, copy_vectors, read_attrs, read_numeric_column, vector_length
 from ._messages import first_line, io_error
 from ._store import OWNER_ATTR
 from .codecs import Fetched

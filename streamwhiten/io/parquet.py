@@ -43,14 +43,7 @@ import pyarrow.parquet as pq
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..options import ReadOptions
 from . import remote
-from ._arrow import (
-    TableSink,
-    TableSource,
-    copy_vectors,
-    read_attrs,
-    read_numeric_column,
-    vector_length,
-)
+from ._arrow import TableSink, TableSource, copy_vectors, read_attrs, read_numeric_column, vector_length
 from ._messages import first_line, io_error
 from ._store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR
 from .codecs import Fetched

@@ -641,12 +641,7 @@ class ZarrRegionWriter:
             read = self.read if self.read is not None else ReadOptions()
             array = _open_remote_array(self.partial, self.dataset, read)
             remote.retrying(
-                self.partial,
-                f"write rows {start}..{stop - 1}",
-                array.__setitem__,
-                slice(start, stop),
-                block,
-                read=read,
+                self.partial, f"write rows {start}..{stop - 1}", array.__setitem__, slice(start, stop), block, read=read
             )
             return
         try:
