@@ -242,9 +242,8 @@ class ZarrSource(StoreSource):
             return None
         assert self._chunk_root is not None and self.chunk_rows is not None
         self._check_range(start, stop)
-        handles: list[
-            tuple[int, Any]
-        ] = []  # (chunk index, its open file, or None where missing and read as the fill value)
+        # (chunk index, its open file, or None where missing and read as the fill value)
+        handles: list[tuple[int, Any]] = []
         index = start // self.chunk_rows
         try:
             for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
@@ -294,26 +293,7 @@ class ZarrSource(StoreSource):
             widen_in_place(region, view.size)
             return view
         if self.raw_root is None:
-            if not self.fill_missing_chunks and stop > start:
-                self._refuse_missing(start, stop)
-            try:  # zarr decodes straight into the caller's buffer
-                with np.errstate(all="ignore"):
-                    self._node.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
-            except OSError as exc:
-                # a failed system call (but a chunk that is a directory is damage); an OSError without an
-                # errno is a codec's (gzip)
-                if exc.errno is not None and not isinstance(exc, IsADirectoryError):
-                    raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
-                raise CorruptStoreError(
-                    f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
-                    f"({exc.__class__.__name__}: {first_line(exc)})"
-                ) from exc
-            except Exception as exc:  # a codec failing on the bytes it was given: the chunk is damaged
-                raise CorruptStoreError(
-                    f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
-                    f"({exc.__class__.__name__}: {first_line(exc)})"
-                ) from exc
-            return view
+            return self._read_by_zarr(start, stop, view)
         # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
         # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
         self._check_range(start, stop)
@@ -340,6 +320,24 @@ class ZarrSource(StoreSource):
                 target[...] = self._node.metadata.fill_value or 0
             except OSError as exc:
                 raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
+        return view
+
+    def _read_by_zarr(self, start: int, stop: int, view: np.ndarray) -> np.ndarray:
+        """Rows ``[start, stop)`` into ``view``, decoded by zarr straight into it."""
+        if not self.fill_missing_chunks and stop > start:
+            self._refuse_missing(start, stop)
+        try:
+            with np.errstate(all="ignore"):
+                self._node.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
+        except Exception as exc:
+            # a failed system call is an I/O error (but a chunk that is a directory is damage, and an OSError
+            # without an errno is a codec's, gzip's); a codec failing on the bytes it was given: damage
+            if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, IsADirectoryError):
+                raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
+            raise CorruptStoreError(
+                f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
+                f"({exc.__class__.__name__}: {first_line(exc)})"
+            ) from exc
         return view
 
     def _open_chunk(self, path: str, index: int) -> io.FileIO:
