@@ -191,6 +191,11 @@ class StoreSource(Source):
         finally:
             chunks.release()
 
+    def _chunk_span(self, index: int) -> tuple[int, int]:
+        """The rows ``[lo, hi)`` of (row) chunk ``index``, for messages."""
+        assert self.chunk_rows is not None
+        return index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+
     def _describe(self, index: int) -> str:
         """What is wrong with chunk ``index`` that does not decode, for the message (backends with a decoder)."""
         return f"chunk {index} is damaged and cannot be decoded"

@@ -181,7 +181,7 @@ class HDF5Source(StoreSource):
             try:
                 info = self._node.id.get_chunk_info_by_coord((index * rows, 0))
             except (OSError, ValueError, RuntimeError) as exc:
-                self._raise_read_error(exc, index * rows, min(self.n_rows, (index + 1) * rows))
+                self._raise_read_error(exc, *self._chunk_span(index))
             found.append((index, None if info is None or info.byte_offset is None else info))
         buffer = fetch_buffer(
             sum(info.size for _, info in found if info is not None),
@@ -193,7 +193,7 @@ class HDF5Source(StoreSource):
             if info is None:  # unwritten, and filled (refused above otherwise)
                 chunks.append((index, None, 0))
                 continue
-            view = buffer[offset : offset + info.size]
+            view, (lo, hi) = buffer[offset : offset + info.size], self._chunk_span(index)
             try:  # through a descriptor of our own: h5py would hold the GIL for the whole copy
                 done = 0
                 while done < info.size:
@@ -201,15 +201,12 @@ class HDF5Source(StoreSource):
                     count = os.preadv(self._fd, [view[done:]], info.byte_offset + done)  # type: ignore[list-item]
                     if count == 0:
                         raise CorruptStoreError(
-                            f"{self.label}: rows {index * rows}..{min(self.n_rows, (index + 1) * rows) - 1} cannot be "
-                            f"read, the file is truncated (it ends inside their chunk)"
+                            f"{self.label}: rows {lo}..{hi - 1} cannot be read, the file is truncated (it ends inside "
+                            "their chunk)"
                         )
                     done += count
             except OSError as exc:
-                raise StoreIOError(
-                    f"{self.label}: cannot read rows {index * rows}.."
-                    f"{min(self.n_rows, (index + 1) * rows) - 1}: {io_error(exc)}"
-                ) from exc
+                raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
             chunks.append((index, view, info.filter_mask))
             offset += info.size
         return Fetched(chunks, buffer)
@@ -244,8 +241,7 @@ class HDF5Source(StoreSource):
         ) from exc
 
     def _describe(self, index: int) -> str:
-        assert self.chunk_rows is not None
-        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        lo, hi = self._chunk_span(index)
         return f"the chunk of rows {lo}..{hi - 1} is damaged and cannot be decoded"
 
     def _refuse_unwritten(self, start: int, stop: int) -> None:

@@ -276,8 +276,7 @@ class ZarrSource(StoreSource):
         return Fetched(chunks, buffer)
 
     def _read_error(self, exc: OSError, index: int) -> StoreIOError:
-        assert self.chunk_rows is not None
-        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        lo, hi = self._chunk_span(index)
         return StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}")
 
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
@@ -307,9 +306,9 @@ class ZarrSource(StoreSource):
                 with self._open_chunk(path, index) as handle:
                     size = os.fstat(handle.fileno()).st_size
                     if size != rows * row_bytes:
-                        first, last = index * rows, min(self.n_rows, (index + 1) * rows) - 1
+                        first, end = self._chunk_span(index)
                         raise CorruptStoreError(
-                            f"{self.label}: chunk {self._chunk_key(index)} (rows {first}..{last}) has {size} bytes, "
+                            f"{self.label}: chunk {self._chunk_key(index)} (rows {first}..{end - 1}) has {size} bytes, "
                             f"not {rows * row_bytes}: it is truncated or damaged"
                         )
                     handle.seek((lo - index * rows) * row_bytes)
@@ -347,8 +346,7 @@ class ZarrSource(StoreSource):
         try:
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):
-                assert self.chunk_rows is not None
-                lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+                lo, hi = self._chunk_span(index)
                 what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
                 raise CorruptStoreError(
                     f"{self.label}: chunk {self._chunk_key(index)} (rows {lo}..{hi - 1}) is {what}, not a chunk "
@@ -364,8 +362,7 @@ class ZarrSource(StoreSource):
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
 
     def _describe(self, index: int) -> str:
-        assert self.chunk_rows is not None
-        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        lo, hi = self._chunk_span(index)
         return f"chunk {self._chunk_key(index)} (rows {lo}..{hi - 1}) is damaged and cannot be decoded"
 
     def _chunk_key(self, index: int, column: int = 0) -> str:
