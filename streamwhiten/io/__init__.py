@@ -41,38 +41,17 @@ from ._store import (
 from .abc.store import Sink, Source
 from .fingerprint import Sampler, describe, fingerprint
 from .lazy import LazyRows, lazy_rows
-from .output import (
-    Output,
-    check_replaceable,
-    foreign_output,
-    lock_path,
-    open_output,
-    output_lock,
-)
+from .output import Output, open_output
 from .reading import exists, open_source, read_attrs, read_ids, read_vector
-from .registry import BACKENDS, Backend, backend
-from .spec import (
-    HDF5_SUFFIXES,
-    ZARR_SUFFIX,
-    expand_specs,
-    input_kind,
-    output_kind,
-    refuse_input_overlap,
-    refuse_shared_outputs,
-    same_file,
-    split_spec,
-)
-from .window import RowRange, check_rows
+from .registry import backend
+from .spec import expand_specs, input_kind, refuse_input_overlap, refuse_shared_outputs, same_file, split_spec
+from .window import RowRange
 
 __all__ = [
-    "BACKENDS",
     "DEFAULT_BLOCK_BYTES",
     "FINGERPRINT_ROWS",
-    "HDF5_SUFFIXES",
     "OUTPUT_CHUNK_BYTES",
     "OWNER_ATTR",
-    "ZARR_SUFFIX",
-    "Backend",
     "LazyRows",
     "Output",
     "RowRange",
@@ -81,23 +60,17 @@ __all__ = [
     "Source",
     "aligned_chunk_rows",
     "backend",
-    "check_replaceable",
-    "check_rows",
     "count_blocks",
     "describe",
     "exists",
     "expand_specs",
     "fingerprint",
-    "foreign_output",
     "identity_of",
     "input_kind",
     "lazy_rows",
-    "lock_path",
     "open_output",
     "open_source",
     "output_chunk_rows",
-    "output_kind",
-    "output_lock",
     "partial_path",
     "read_attrs",
     "read_ids",

@@ -1,6 +1,7 @@
 """Arrow helpers shared by the Parquet and Lance backends (both hand out Arrow arrays): which column
-holds the vectors, its element type and width, the checked copy of Arrow list arrays into a block, and
-`TableSink`, the resumable writer of table outputs both build on.
+holds the vectors, its element type and width, the checked copy of Arrow list arrays into a block,
+`TableSource`, what their sources share, and `TableSink`, the resumable writer of table outputs both
+build on.
 
 Imported only by ``parquet`` and ``lance``, after pyarrow is known to be installed.
 """
@@ -8,6 +9,7 @@ Imported only by ``parquet`` and ``lance``, after pyarrow is known to be install
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 import os
 from abc import abstractmethod
@@ -23,7 +25,7 @@ from ..errors import BadInputError, StoreIOError
 from ..output_plan import OutputPlan
 from . import remote
 from ._messages import io_error, name_not_found
-from ._store import StoreSink, remove
+from ._store import StoreSink, StoreSource, remove
 from .abc.store import SinkPlace
 
 #: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's
@@ -215,6 +217,47 @@ _ARROW_VALUES = {
     np.dtype(np.int8): pa.int8(),
     np.dtype(np.uint8): pa.uint8(),
 }
+
+
+class TableSource(StoreSource):
+    """What the sources of a list column of a table share: the column chosen from its schema, and the
+    rows of its pieces (Parquet row groups, Lance fragments)."""
+
+    tabular = True
+    dataset: str  # the vector column, chosen when the table is opened
+    #: the first row of each piece, then the end of the last
+    _starts: list[int]
+
+    def _choose(
+        self, path: str, schema: pa.Schema, dataset: str | None, metadata: Mapping[bytes, bytes] | None
+    ) -> tuple[str, np.dtype[Any], int | None]:
+        """The vector column (``dataset``, else the one the table's attributes in ``metadata`` or its
+        ``schema`` makes plain), its element dtype, and its vectors' length where its type says it."""
+        self._attrs = read_attrs(metadata)
+        column = choose_column(path, schema, dataset, self._attrs.get("column"))
+        self._column_label, self._schema = f"{path}:{column}", schema
+        dtype, width = vector_type(self._column_label, schema.field(column))
+        return column, dtype, width
+
+    def _pieces(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+        """``(piece, a, b)``: the rows ``[a, b)`` of the table in each piece ``[start, stop)`` touches."""
+        piece = bisect.bisect_right(self._starts, start) - 1
+        while start < stop:
+            while self._starts[piece + 1] <= start:  # empty pieces
+                piece += 1
+            end = min(stop, self._starts[piece + 1])
+            yield piece, start, end
+            start, piece = end, piece + 1
+
+    @property
+    def label(self) -> str:
+        return self._column_label
+
+    def attrs(self) -> dict[str, Any]:
+        return dict(self._attrs)
+
+    def column_schema(self, names: list[str]) -> pa.Schema:
+        return kept_columns(self.path, self._schema, names)
 
 
 def _encode_schema(schema: pa.Schema) -> str:

@@ -124,14 +124,6 @@ def output_chunk_rows(n_features: int, dtype: Any, n_rows: int) -> int:
     return rows if rows == n_rows else aligned_chunk_rows(rows, n_features, dtype)
 
 
-def _inode(path: str) -> tuple[int, int] | None:
-    try:
-        status = os.stat(path)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
-
-
 # --------------------------------------------------------------------------------------------- sources
 
 
@@ -199,6 +191,11 @@ class StoreSource(Source):
         finally:
             chunks.release()
 
+    def _chunk_span(self, index: int) -> tuple[int, int]:
+        """The rows ``[lo, hi)`` of (row) chunk ``index``, for messages."""
+        assert self.chunk_rows is not None
+        return index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+
     def _describe(self, index: int) -> str:
         """What is wrong with chunk ``index`` that does not decode, for the message (backends with a decoder)."""
         return f"chunk {index} is damaged and cannot be decoded"
@@ -233,16 +230,13 @@ class StoreSink(Sink):
     def __init__(
         self, place: SinkPlace, shape: tuple[int, ...], dtype: Any, chunk_rows: int, direct_io: bool = True
     ) -> None:
-        path, partial = place.path, place.partial
-        self.path = path
-        self.dataset = place.dataset
-        self.partial = partial
+        self.path, self.dataset, self.partial = place.path, place.dataset, place.partial
         self.shape = tuple(int(n) for n in shape)
         self.dtype = np.dtype(dtype)
         self.chunk_rows = int(chunk_rows)
         self.direct_io = direct_io
         #: the partial output this sink writes: another run that replaced it must not be committed by this one
-        self.partial_inode = _inode(partial)
+        self.partial_inode = file_identity(self.partial)
         self.read_options = place.read
         self.replace_check = None
 
@@ -275,10 +269,7 @@ class StoreSink(Sink):
         so the stored chunk is exactly the rows), directly where aligned. ``columns`` (tabular sinks
         only) are other columns of the same rows, carried from the input."""
         try:
-            if columns is None:
-                self._write(start, block)
-            else:
-                self._write(start, block, columns)
+            self._write(start, block, columns)
         except StoreIOError:  # ours already (a remote write that gave up): it names the store and rows
             raise
         except OSError as exc:
@@ -307,7 +298,7 @@ class StoreSink(Sink):
         """Set ``attrs`` and ``complete = True``, make everything durable, and rename into place
         (replacing an old output only if ``overwrite`` and it is an output of ours: ``io.check_replaceable``)."""
         try:
-            if _inode(self.partial) != self.partial_inode:
+            if file_identity(self.partial) != self.partial_inode:
                 raise OSError(
                     f"{self.partial} was replaced by another run writing the same output; this one is not committed"
                 )

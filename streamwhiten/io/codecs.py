@@ -81,6 +81,13 @@ class _Step:
     def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         raise NotImplementedError
 
+    def _into(self, codec: Any, data: np.ndarray, out: np.ndarray | None, nbytes: int, size: int) -> np.ndarray:
+        """``data`` decoded by the numcodecs ``codec`` into ``out`` (or a new buffer) once its frame's
+        header says it holds ``size`` bytes, the chunk's ``nbytes``."""
+        if size != nbytes:
+            raise DecodeError(f"{self.name} frame holds {size} bytes, the chunk has {nbytes}")
+        return _u8(codec.decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+
 
 class _Zstd(_Step):
     name, into = "zstd", True
@@ -91,9 +98,7 @@ class _Zstd(_Step):
         size = _zstd_content_size(data)
         if size is None:  # no size in the header: let zstd allocate, then check what came out
             return _u8(Zstd().decode(data))
-        if size != nbytes:
-            raise DecodeError(f"zstd frame holds {size} bytes, the chunk has {nbytes}")
-        return _u8(Zstd().decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+        return self._into(Zstd(), data, out, nbytes, size)
 
 
 class _Blosc(_Step):
@@ -107,9 +112,7 @@ class _Blosc(_Step):
         size, _, stored = (int(v) for v in data[4:16].view("<u4"))
         if stored != data.size:  # blosc itself would read past the end of a truncated frame
             raise DecodeError(f"blosc frame says {stored} bytes, {data.size} are stored")
-        if size != nbytes:
-            raise DecodeError(f"blosc frame holds {size} bytes, the chunk has {nbytes}")
-        return _u8(Blosc().decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+        return self._into(Blosc(), data, out, nbytes, size)
 
 
 class _LZ4(_Step):
@@ -120,7 +123,7 @@ class _LZ4(_Step):
 
         if data.size < 4 or int(data[:4].view("<u4")[0]) != nbytes:
             raise DecodeError(f"lz4 frame does not hold the chunk's {nbytes} bytes")
-        return _u8(LZ4().decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+        return self._into(LZ4(), data, out, nbytes, nbytes)
 
 
 #: Compressed bytes inflated per call: each call's output is a new bytes object, small enough to come
@@ -205,9 +208,9 @@ class _Shuffle(_Step):
     def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         if data.size != nbytes:
             raise DecodeError(f"{data.size} bytes to unshuffle, the chunk has {nbytes}")
-        if self.itemsize <= 1 or nbytes % self.itemsize or self.itemsize not in (2, 4, 8):
-            if self.itemsize <= 1:
-                return data
+        if self.itemsize <= 1:
+            return data
+        if nbytes % self.itemsize or self.itemsize not in (2, 4, 8):
             from numcodecs import Shuffle
 
             return _u8(Shuffle(self.itemsize).decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
@@ -347,50 +350,32 @@ def zarr_decoder(array: Any) -> Decoder | None:
         for codec in reversed(codecs[1:]):
             name, config = _name_config(codec)
             name = name.removeprefix("numcodecs.")
-            if name == "zstd":
-                steps.append(_Zstd())
-            elif name == "blosc":
-                steps.append(_Blosc())
-            elif name == "gzip":
-                steps.append(_Zlib(31, "gzip"))
-            elif name == "zlib":
-                steps.append(_Zlib(15, "zlib"))
-            elif name == "lz4":
-                steps.append(_LZ4())
-            elif name == "crc32c":
-                steps.append(_Crc32c())
-            elif name == "shuffle":
-                steps.append(_Shuffle(int(config.get("elementsize", 4))))
-            else:
+            step = _Crc32c() if name == "crc32c" else _numcodecs_step(name, int(config.get("elementsize", 4)))
+            if step is None:
                 return None
+            steps.append(step)
     else:
         if metadata.order != "C":
             return None
         for codec in ([metadata.compressor] if metadata.compressor is not None else []) + list(
             reversed(metadata.filters or [])
         ):
-            step = _numcodecs_step(codec)
+            step = _numcodecs_step(getattr(codec, "codec_id", None), getattr(codec, "elementsize", 0))
             if step is None:
                 return None
             steps.append(step)
     return Decoder(steps, nbytes, dtype)
 
 
-def _numcodecs_step(codec: Any) -> _Step | None:
-    codec_id = getattr(codec, "codec_id", None)
-    if codec_id == "zstd":
-        return _Zstd()
-    if codec_id == "blosc":
-        return _Blosc()
-    if codec_id == "zlib":
-        return _Zlib(15, "zlib")
-    if codec_id == "gzip":
-        return _Zlib(31, "gzip")
-    if codec_id == "lz4":
-        return _LZ4()
-    if codec_id == "shuffle":
-        return _Shuffle(int(codec.elementsize))
-    return None
+def _numcodecs_step(name: str | None, elementsize: int) -> _Step | None:
+    """The step decoding the numcodecs codec ``name`` (a Zarr 2 codec id, or a Zarr 3 codec name), None
+    for one we leave to zarr."""
+    if name == "shuffle":
+        return _Shuffle(int(elementsize))
+    if name in ("gzip", "zlib"):
+        return _Zlib(31 if name == "gzip" else 15, name)
+    step = {"zstd": _Zstd, "blosc": _Blosc, "lz4": _LZ4}.get(name or "")
+    return step() if step is not None else None
 
 
 def hdf5_decoder(dataset: Any) -> Decoder | None:

@@ -25,7 +25,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, BinaryIO, NoReturn
 
@@ -181,7 +181,7 @@ class HDF5Source(StoreSource):
             try:
                 info = self._node.id.get_chunk_info_by_coord((index * rows, 0))
             except (OSError, ValueError, RuntimeError) as exc:
-                self._raise_read_error(exc, index * rows, min(self.n_rows, (index + 1) * rows))
+                self._raise_read_error(exc, *self._chunk_span(index))
             found.append((index, None if info is None or info.byte_offset is None else info))
         buffer = fetch_buffer(
             sum(info.size for _, info in found if info is not None),
@@ -193,7 +193,7 @@ class HDF5Source(StoreSource):
             if info is None:  # unwritten, and filled (refused above otherwise)
                 chunks.append((index, None, 0))
                 continue
-            view = buffer[offset : offset + info.size]
+            view, (lo, hi) = buffer[offset : offset + info.size], self._chunk_span(index)
             try:  # through a descriptor of our own: h5py would hold the GIL for the whole copy
                 done = 0
                 while done < info.size:
@@ -201,15 +201,12 @@ class HDF5Source(StoreSource):
                     count = os.preadv(self._fd, [view[done:]], info.byte_offset + done)  # type: ignore[list-item]
                     if count == 0:
                         raise CorruptStoreError(
-                            f"{self.label}: rows {index * rows}..{min(self.n_rows, (index + 1) * rows) - 1} cannot be "
-                            f"read, the file is truncated (it ends inside their chunk)"
+                            f"{self.label}: rows {lo}..{hi - 1} cannot be read, the file is truncated (it ends inside "
+                            "their chunk)"
                         )
                     done += count
             except OSError as exc:
-                raise StoreIOError(
-                    f"{self.label}: cannot read rows {index * rows}.."
-                    f"{min(self.n_rows, (index + 1) * rows) - 1}: {io_error(exc)}"
-                ) from exc
+                raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
             chunks.append((index, view, info.filter_mask))
             offset += info.size
         return Fetched(chunks, buffer)
@@ -244,8 +241,7 @@ class HDF5Source(StoreSource):
         ) from exc
 
     def _describe(self, index: int) -> str:
-        assert self.chunk_rows is not None
-        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        lo, hi = self._chunk_span(index)
         return f"the chunk of rows {lo}..{hi - 1} is damaged and cannot be decoded"
 
     def _refuse_unwritten(self, start: int, stop: int) -> None:
@@ -387,13 +383,80 @@ def _chunk_offsets(array: Any, chunk_rows: int) -> list[int]:
     return offsets
 
 
-class HDF5Sink(StoreSink):
-    """An HDF5 output: chunk data written in place through `chunk_file` at `offsets`."""
+def _lay_out(place: SinkPlace, plan: OutputPlan, in_place: bool, **options: Any) -> tuple[SinkPlace, list[int]]:
+    """Create the file ``place.partial`` holding the plan's dataset (with ``options`` for
+    ``create_dataset``, and HDF5's fletcher32 filter with ``checksums``: h5py declares it after any
+    compression, so it checks the stored bytes) and its attributes, and close it. ``in_place``: chunks
+    aligned for direct I/O, and their byte offsets returned (else none). Returns the place, its dataset
+    named."""
+    dataset, shape, chunk_rows = place.dataset or _HDF5File.default_dataset, plan.shape, int(plan.chunk_rows or 0)
+    aligned = {"alignment_threshold": ALIGNMENT, "alignment_interval": ALIGNMENT} if in_place else {}
+    handle, offsets = None, []
+    try:
+        handle = h5py.File(place.partial, "w", rdcc_nbytes=0, **aligned)
+        array = handle.create_dataset(
+            dataset,
+            shape=shape,
+            dtype=np.dtype(plan.dtype),
+            chunks=(chunk_rows, shape[1]),
+            fletcher32=bool(plan.checksums),
+            **options,
+        )
+        array.attrs.update({key: _attr(value) for key, value in plan.to_attrs().items()})
+        if in_place:
+            handle.flush()
+            offsets = _chunk_offsets(array, chunk_rows)
+        handle.close()
+        handle = None
+    except (OSError, RuntimeError, ValueError) as exc:
+        _close_quietly(handle)
+        failure = _as_os_error(exc)
+        if failure is exc:
+            raise
+        raise failure from exc
+    return replace(place, dataset=dataset), offsets
+
+
+class _HDF5File(StoreSink):
+    """What both HDF5 outputs share: the kind, and finishing the file in place."""
 
     kind = "hdf5"
-    compressible = True  # through an HDF5CompressedSink
+    compressible = True
     named = True
     default_dataset = "embeddings"
+
+    def __init__(
+        self, place: SinkPlace, shape: tuple[int, ...], dtype: Any, chunk_rows: int, direct_io: bool, checksums: bool
+    ) -> None:
+        super().__init__(place, shape, dtype, chunk_rows, direct_io)
+        #: whether each chunk's stored bytes are followed by their fletcher32 checksum (HDF5's filter, declared
+        #: on the dataset after any compression)
+        self.checksums = checksums
+
+    def _finish_file(self, attrs: dict[str, Any], fill: Callable[[Any], None] | None = None) -> None:
+        """Sync and close what the sink writes through, then reopen the file to ``fill`` its dataset
+        (if given) and set its final ``attrs``, and make it durable."""
+        self._sync()
+        self._close()
+        handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)
+        try:
+            array = handle[self.dataset]
+            if fill is not None:
+                fill(array)
+            _set_attrs(array, attrs)
+            handle.flush()
+        except BaseException:
+            _close_quietly(handle)
+            raise
+        handle.close()
+        with open(self.partial, "rb+") as file:
+            os.fsync(file.fileno())
+
+
+class HDF5Sink(_HDF5File):
+    """An HDF5 output: chunk data written in place through `chunk_file` at `offsets`."""
+
+    compressible = True  # through an HDF5CompressedSink
 
     def __init__(
         self,
@@ -401,18 +464,15 @@ class HDF5Sink(StoreSink):
         shape: tuple[int, ...],
         dtype: Any,
         chunk_rows: int,
+        direct_io: bool,
+        checksums: bool,
         offsets: list[int],
-        direct_io: bool = True,
-        checksums: bool = False,
     ) -> None:
-        super().__init__(place, shape, dtype, chunk_rows, direct_io)
-        partial = place.partial
+        super().__init__(place, shape, dtype, chunk_rows, direct_io, checksums)
         #: byte offset of each chunk in the file
         self.offsets = offsets
-        #: whether each chunk is followed by its fletcher32 checksum (HDF5's filter, declared on the dataset)
-        self.checksums = checksums
         #: our own descriptor for writing chunk data in place
-        self.chunk_file: ChunkFile | None = ChunkFile(partial, direct=direct_io)
+        self.chunk_file: ChunkFile | None = ChunkFile(place.partial, direct=direct_io)
 
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> StoreSink:
@@ -421,50 +481,17 @@ class HDF5Sink(StoreSink):
         declares HDF5's fletcher32 filter: each chunk is allocated 4 bytes longer, for its checksum."""
         if check_compressor(plan.compressor) != "none":
             return HDF5CompressedSink.create(place, plan)
-        partial, dataset = place.partial, place.dataset or cls.default_dataset
-        shape, dtype, chunk_rows, checksums = (
-            plan.shape,
-            np.dtype(plan.dtype),
-            int(plan.chunk_rows or 0),
-            plan.checksums,
-        )
-        attrs, direct_io = plan.to_attrs(), plan.direct_io
-        handle = None
-        try:
-            handle = h5py.File(partial, "w", rdcc_nbytes=0, alignment_threshold=ALIGNMENT, alignment_interval=ALIGNMENT)
-            layout = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
-            layout.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-            array = handle.create_dataset(
-                dataset,
-                shape=shape,
-                dtype=dtype,
-                chunks=(chunk_rows, shape[1]),
-                dcpl=layout,
-                fill_time="never",
-                fletcher32=bool(checksums),
-            )
-            array.attrs.update({key: _attr(value) for key, value in attrs.items()})
-            handle.flush()
-            offsets = _chunk_offsets(array, chunk_rows)
-            handle.close()
-            handle = None
-        except (OSError, RuntimeError, ValueError) as exc:
-            _close_quietly(handle)
-            failure = _as_os_error(exc)
-            if failure is exc:
-                raise
-            raise failure from exc
-        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, offsets, direct_io, bool(checksums))
+        layout = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        layout.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
+        place, offsets = _lay_out(place, plan, True, dcpl=layout, fill_time="never")
+        chunk_rows = int(plan.chunk_rows or 0)
+        return cls(place, plan.shape, np.dtype(plan.dtype), chunk_rows, plan.direct_io, bool(plan.checksums), offsets)
 
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> StoreSink:
         """Reopen the partial output of an interrupted run (read-only, to find its layout), of which
         ``rows_done`` rows are durable."""
-        partial, dataset, direct_io = (
-            place.partial,
-            place.dataset or cls.default_dataset,
-            plan.direct_io,
-        )
+        partial, dataset, direct_io = place.partial, place.dataset or cls.default_dataset, plan.direct_io
         if os.path.exists(HDF5CompressedSink.spool_path(partial)):
             return HDF5CompressedSink.resume(place, plan, rows_done)
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
@@ -476,7 +503,7 @@ class HDF5Sink(StoreSink):
                 raise OSError(f"{partial}: a finished compressed output; not resumed")
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
             offsets = _chunk_offsets(array, chunk_rows)
-        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, offsets, direct_io, checksums)
+        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, direct_io, checksums, offsets)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self.chunk_file is not None
@@ -498,18 +525,7 @@ class HDF5Sink(StoreSink):
             self.chunk_file.fsync()
 
     def _finish(self, attrs: dict[str, Any]) -> None:
-        self._sync()
-        self._close()
-        handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)
-        try:
-            _set_attrs(handle[self.dataset], attrs)
-            handle.flush()
-        except BaseException:
-            _close_quietly(handle)
-            raise
-        handle.close()
-        with open(self.partial, "rb+") as file:
-            os.fsync(file.fileno())
+        self._finish_file(attrs)
 
     def _close(self) -> None:
         if self.chunk_file is not None:
@@ -542,7 +558,7 @@ def _filters(compressor: str, dtype: Any, chunk_bytes: int) -> dict[str, Any]:
     return {"compression": H5Z_BLOSC, "compression_opts": (2, 2, np.dtype(dtype).itemsize, chunk_bytes, 5, 1, 1)}
 
 
-class HDF5CompressedSink(StoreSink):
+class HDF5CompressedSink(_HDF5File):
     """An HDF5 output whose chunks are compressed here (``--compressor``), in the writer thread.
 
     Compressed chunks have sizes known only once written, so they cannot go in place into a file laid
@@ -554,31 +570,23 @@ class HDF5CompressedSink(StoreSink):
     it (gzip: every HDF5; zstd and blosc: with the hdf5plugin filters).
     """
 
-    kind = "hdf5"
-    compressible = True
-    named = True
-    default_dataset = "embeddings"
-
     def __init__(
         self,
         place: SinkPlace,
         shape: tuple[int, ...],
         dtype: Any,
         chunk_rows: int,
+        direct_io: bool,
+        checksums: bool,
         compressor: str,
-        direct_io: bool = True,
         chunks: int = 0,
-        checksums: bool = False,
     ) -> None:
-        super().__init__(place, shape, dtype, chunk_rows, direct_io)
-        partial = place.partial
+        super().__init__(place, shape, dtype, chunk_rows, direct_io, checksums)
         self.compressor = compressor
-        #: whether each compressed chunk is followed by its fletcher32 checksum (the last filter)
-        self.checksums = checksums
         self._encode = chunk_encoder(compressor, dtype, "hdf5")
         #: chunks spooled so far (they are written in order: the next one's index)
         self.chunks = chunks
-        self._spool: BinaryIO | None = open(self.spool_path(partial), "ab", buffering=0)
+        self._spool: BinaryIO | None = open(self.spool_path(place.partial), "ab", buffering=0)
 
     @staticmethod
     def spool_path(partial: str) -> str:
@@ -586,45 +594,19 @@ class HDF5CompressedSink(StoreSink):
 
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> HDF5CompressedSink:
-        partial, dataset = place.partial, place.dataset or cls.default_dataset
-        shape, dtype, chunk_rows, checksums = (
-            plan.shape,
-            np.dtype(plan.dtype),
-            int(plan.chunk_rows or 0),
-            plan.checksums,
-        )
-        attrs, direct_io, compressor = plan.to_attrs(), plan.direct_io, plan.compressor
-        options = _filters(compressor, dtype, chunk_rows * shape[1] * np.dtype(dtype).itemsize)
-        options["fletcher32"] = bool(checksums)  # h5py declares it after the compression: it checks the stored bytes
-        spool = cls.spool_path(partial)
+        shape, dtype, chunk_rows = plan.shape, np.dtype(plan.dtype), int(plan.chunk_rows or 0)
+        options = _filters(plan.compressor, dtype, chunk_rows * shape[1] * dtype.itemsize)
+        spool = cls.spool_path(place.partial)
         if os.path.exists(spool):
             os.remove(spool)
-        handle = None
-        try:
-            handle = h5py.File(partial, "w", rdcc_nbytes=0)
-            array = handle.create_dataset(dataset, shape=shape, dtype=dtype, chunks=(chunk_rows, shape[1]), **options)
-            array.attrs.update({key: _attr(value) for key, value in attrs.items()})
-            handle.close()
-            handle = None
-        except (OSError, RuntimeError, ValueError) as exc:
-            _close_quietly(handle)
-            failure = _as_os_error(exc)
-            if failure is exc:
-                raise
-            raise failure from exc
-        return cls(
-            replace(place, dataset=dataset), shape, dtype, chunk_rows, compressor, direct_io, checksums=bool(checksums)
-        )
+        place, _ = _lay_out(place, plan, False, **options)
+        return cls(place, shape, dtype, chunk_rows, plan.direct_io, bool(plan.checksums), plan.compressor)
 
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> HDF5CompressedSink:
         """Reopen an interrupted run's output: keep the spooled chunks its progress record claims (the
         ``rows_done`` rows, whole and intact), drop any after them (the resumed run writes those again)."""
-        partial, dataset, direct_io = (
-            place.partial,
-            place.dataset or cls.default_dataset,
-            plan.direct_io,
-        )
+        partial, dataset, direct_io = place.partial, place.dataset or cls.default_dataset, plan.direct_io
         with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
             array = handle[dataset]
             shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
@@ -641,7 +623,7 @@ class HDF5CompressedSink(StoreSink):
         if kept != done:
             raise OSError(f"{spool}: holds {kept} intact chunks, its progress record claims {done}")
         os.truncate(spool, end)
-        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, compressor, direct_io, kept, checksums)
+        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, direct_io, checksums, compressor, kept)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self._spool is not None
@@ -665,30 +647,21 @@ class HDF5CompressedSink(StoreSink):
             os.fsync(self._spool.fileno())
 
     def _finish(self, attrs: dict[str, Any]) -> None:
-        self._sync()
-        self._close()
+        self._finish_file(attrs, self._copy_in)
+        os.remove(self.spool_path(self.partial))
+
+    def _copy_in(self, array: Any) -> None:
+        """Write the spooled chunks into ``array``, checking they are all there."""
         spool = self.spool_path(self.partial)
-        handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)
-        try:
-            array = handle[self.dataset]
-            with open(spool, "rb") as chunks:
-                count = 0
-                for index, offset, size in _records(chunks):
-                    chunks.seek(offset)
-                    array.id.write_direct_chunk((index * self.chunk_rows, 0), chunks.read(size))
-                    count += 1
-            expected = -(-self.shape[0] // self.chunk_rows)
-            if count != expected:
-                raise OSError(f"{spool}: holds {count} of the output's {expected} chunks")
-            _set_attrs(array, attrs)
-            handle.flush()
-        except BaseException:
-            _close_quietly(handle)
-            raise
-        handle.close()
-        with open(self.partial, "rb+") as file:
-            os.fsync(file.fileno())
-        os.remove(spool)
+        with open(spool, "rb") as chunks:
+            count = 0
+            for index, offset, size in _records(chunks):
+                chunks.seek(offset)
+                array.id.write_direct_chunk((index * self.chunk_rows, 0), chunks.read(size))
+                count += 1
+        expected = -(-self.shape[0] // self.chunk_rows)
+        if count != expected:
+            raise OSError(f"{spool}: holds {count} of the output's {expected} chunks")
 
     def _close(self) -> None:
         if self._spool is not None:

@@ -35,18 +35,9 @@ from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..options import ReadOptions
 from . import remote
-from ._arrow import (
-    TableSink,
-    choose_column,
-    copy_vectors,
-    kept_columns,
-    read_attrs,
-    read_numeric_column,
-    vector_length,
-    vector_type,
-)
+from ._arrow import TableSink, TableSource, copy_vectors, read_attrs, read_numeric_column, vector_length
 from ._messages import first_line, io_error
-from ._store import OWNER_ATTR, StoreSource
+from ._store import OWNER_ATTR
 from .codecs import Fetched
 
 
@@ -91,23 +82,18 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
     return None if OWNER_ATTR in read_attrs(schema.metadata) else "a Lance dataset streamwhiten did not write"
 
 
-class LanceSource(StoreSource):
+class LanceSource(TableSource):
     """The vectors of a list column of one version of a Lance dataset."""
 
     kind = "lance"
-    tabular = True
     layout_change = "fragments holding them were changed: rows deleted or updated, or the dataset compacted"
-    dataset: str  # the vector column, chosen when the dataset is opened
 
     def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
         read = read if read is not None else ReadOptions()
         handle = _open(path, read)
         schema = handle.schema
-        self._attrs = read_attrs(schema.metadata)
-        column = choose_column(path, schema, dataset, self._attrs.get("column"))
-        self._column_label = f"{path}:{column}"
-        dtype, width = vector_type(self._column_label, schema.field(column))
-        self._schema, self.version = schema, handle.version
+        column, dtype, width = self._choose(path, schema, dataset, schema.metadata)
+        self.version = handle.version
         self.remote = remote.is_url(path)
         try:
             fragments = handle.get_fragments()
@@ -133,13 +119,6 @@ class LanceSource(StoreSource):
         raise BadInputError(
             f"{self._column_label}: has no rows, so the length of the vectors of its list column is unknown"
         )
-
-    @property
-    def label(self) -> str:
-        return self._column_label
-
-    def attrs(self) -> dict[str, Any]:
-        return dict(self._attrs)
 
     # -- fingerprint
     def layout_digest(self, n_rows: int) -> str:
@@ -170,21 +149,11 @@ class LanceSource(StoreSource):
                 raise
             raise _lance_error(self.label, f"fragment {fragment_id}", exc) from exc
 
-    def _fragments(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
-        """``(index, a, b)``: the rows ``[a, b)`` of the dataset in each fragment ``[start, stop)`` touches."""
-        index = bisect.bisect_right(self._starts, start) - 1
-        while start < stop:
-            while self._starts[index + 1] <= start:
-                index += 1
-            end = min(stop, self._starts[index + 1])
-            yield index, start, end
-            start, index = end, index + 1
-
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
-        for index, a, b in self._fragments(start, stop):
+        for index, a, b in self._pieces(start, stop):
             first = self._starts[index]
             table = self._fragment_table(index, [self.dataset], a - first, b - a)
             done = 0
@@ -204,14 +173,11 @@ class LanceSource(StoreSource):
         return view
 
     # -- other columns of the same rows
-    def column_schema(self, names: list[str]) -> pa.Schema:
-        return kept_columns(self.path, self._schema, names)
-
     def read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         schema = self.column_schema(names)
         tables = [
             self._fragment_table(index, list(names), a - self._starts[index], b - a).cast(schema)
-            for index, a, b in self._fragments(start, stop)
+            for index, a, b in self._pieces(start, stop)
         ]
         return pa.concat_tables(tables) if tables else schema.empty_table()
 

@@ -524,12 +524,4 @@ def open_output(spec: str, read: ReadOptions | None = None) -> Output:
     return Output(spec, read)
 
 
-__all__ = [
-    "Output",
-    "check_replaceable",
-    "foreign_output",
-    "lock_path",
-    "open_output",
-    "output_exists",
-    "output_lock",
-]
+__all__ = ["Output", "check_replaceable", "foreign_output", "lock_path", "open_output", "output_exists", "output_lock"]

@@ -29,7 +29,6 @@ becomes visible only when it completes).
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import os
 import threading
@@ -44,18 +43,9 @@ import pyarrow.parquet as pq
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..options import ReadOptions
 from . import remote
-from ._arrow import (
-    TableSink,
-    choose_column,
-    copy_vectors,
-    kept_columns,
-    read_attrs,
-    read_numeric_column,
-    vector_length,
-    vector_type,
-)
+from ._arrow import TableSink, TableSource, copy_vectors, read_attrs, read_numeric_column, vector_length
 from ._messages import first_line, io_error
-from ._store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR, StoreSource
+from ._store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR
 from .codecs import Fetched
 from .spec import parquet_files
 
@@ -180,13 +170,11 @@ class _Stream:
                 pass
 
 
-class ParquetSource(StoreSource):
+class ParquetSource(TableSource):
     """The vectors of a list column of one Parquet file."""
 
     kind = "parquet"
-    tabular = True
     layout_change = "the Parquet file was rewritten (Parquet files are never appended to: put new rows in new files)"
-    dataset: str  # the vector column, chosen when the file is opened
 
     def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
         read = read if read is not None else ReadOptions()
@@ -208,12 +196,8 @@ class ParquetSource(StoreSource):
             raise CorruptStoreError(f"{path}: not a readable Parquet file ({first_line(exc)})") from exc
         try:
             metadata = handle.metadata
-            self._attrs = read_attrs(metadata.metadata)
-            schema = handle.schema_arrow
-            column = choose_column(path, schema, dataset, self._attrs.get("column"))
-            self._column_label = f"{path}:{column}"
-            dtype, width = vector_type(self._column_label, schema.field(column))
-            self._schema, self._metadata, self._footer_sha = schema, metadata, hashlib.sha256(footer).hexdigest()
+            column, dtype, width = self._choose(path, handle.schema_arrow, dataset, metadata.metadata)
+            self._metadata, self._footer_sha = metadata, hashlib.sha256(footer).hexdigest()
             self._stat = stat if self.remote else (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
             self._group_rows = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
             self._starts = np.concatenate([[0], np.cumsum(self._group_rows, dtype=np.int64)]).tolist()
@@ -244,13 +228,6 @@ class ParquetSource(StoreSource):
             f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
             "unknown (leave empty files out)"
         )
-
-    @property
-    def label(self) -> str:
-        return self._column_label
-
-    def attrs(self) -> dict[str, Any]:
-        return dict(self._attrs)
 
     def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
         """Whole row groups (as many as make about ``target_bytes``) when a row group is at most
@@ -339,21 +316,11 @@ class ParquetSource(StoreSource):
                 f"({done} of {target.shape[0]} read from row {first_row:,}): the file is damaged"
             )
 
-    def _groups(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
-        """``(group, a, b)``: the rows ``[a, b)`` of the file in each row group that ``[start, stop)`` touches."""
-        group = bisect.bisect_right(self._starts, start) - 1
-        while start < stop:
-            while self._starts[group + 1] <= start:  # empty row groups
-                group += 1
-            end = min(stop, self._starts[group + 1])
-            yield group, start, end
-            start, group = end, group + 1
-
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
-        for group, a, b in self._groups(start, stop):
+        for group, a, b in self._pieces(start, stop):
             target = view[a - start : b - start]
             g_lo, g_hi = self._starts[group], self._starts[group + 1]
             if (a, b) == (g_lo, g_hi):
@@ -452,9 +419,6 @@ class ParquetSource(StoreSource):
                         del self._streams[group]
 
     # -- other columns of the same rows
-    def column_schema(self, names: list[str]) -> pa.Schema:
-        return kept_columns(self.path, self._schema, names)
-
     def read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         if self.remote:
             return remote.retrying(
@@ -471,7 +435,7 @@ class ParquetSource(StoreSource):
     def _read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         schema = self.column_schema(names)
         tables = []
-        for group, a, b in self._groups(start, stop):
+        for group, a, b in self._pieces(start, stop):
             try:
                 table = self._file().read_row_group(group, columns=list(names), use_threads=False)
             except (OSError, pa.ArrowException) as exc:

@@ -88,9 +88,7 @@ def open_source(
     return source
 
 
-def read_vector(
-    spec: str, dataset: str | None = None, min_length: int = 1, *, read: ReadOptions | None = None
-) -> tuple[np.ndarray, str]:
+def read_vector(spec: str, *, read: ReadOptions | None = None) -> tuple[np.ndarray, str]:
     """A whole 1-D numeric array (e.g. gold scores) as float64, and its label.
 
     ``spec`` is ``file.h5:/dataset``, ``dir.zarr[:/array]``, ``file.npy``, ``file.parquet:column``, or a
@@ -99,7 +97,7 @@ def read_vector(
     name. An ``(n, 1)`` column is accepted and flattened. A URL is reached with ``read``'s storage options.
     """
     read = read if read is not None else ReadOptions()
-    path, inner = split_spec(spec, dataset)
+    path, inner = split_spec(spec)
     if remote.is_url(path):
         if not exists(path, read):
             raise BadInputError(f"{remote.redact(path)}: no such object or prefix{_missing_bucket(path, read)}")
@@ -124,8 +122,8 @@ def read_vector(
         raise BadInputError(f"{label}: expected a 1-D array, got shape {values.shape}")
     if values.dtype.kind not in "fiub":
         raise BadInputError(f"{label}: expected numbers, got dtype {values.dtype}")
-    if values.shape[0] < min_length:
-        raise BadInputError(f"{label}: has {values.shape[0]} value(s); at least {min_length} are needed")
+    if values.shape[0] < 1:
+        raise BadInputError(f"{label}: has {values.shape[0]} value(s); at least 1 are needed")
     return values.astype(np.float64), label
 
 

@@ -51,9 +51,8 @@ class Backend:
     kind: str
     #: its name in messages ("HDF5", "Zarr", ...)
     name: str
-    #: the module under ``streamwhiten.io`` that implements it (the only importer of its library)
-    module: str
-    #: the class of its sources, in `module`
+    #: the class of its sources, in the module under ``streamwhiten.io`` named `kind` (the only importer
+    #: of its library)
     source: str
     #: the class of its local outputs (None: it is never written)
     sink: str | None = None
@@ -77,7 +76,7 @@ class Backend:
         """The backend's module, imported on first use; a missing optional extra is one line saying which
         ``pip install`` brings it (`BadInputError`)."""
         try:
-            return importlib.import_module(f"{__package__}.{self.module}")
+            return importlib.import_module(f"{__package__}.{self.kind}")
         except ImportError as exc:
             extra = self.extra
             if extra is None or (exc.name or "").split(".")[0] not in extra.modules:
@@ -109,7 +108,6 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "hdf5",
             "HDF5",
-            "hdf5",
             "HDF5Source",
             sink="HDF5Sink",
             suffixes=(".h5", ".hdf5", ".hdf", ".he5"),
@@ -118,18 +116,16 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "zarr",
             "Zarr",
-            "zarr",
             "ZarrSource",
             sink="ZarrSink",
             remote_sink="RemoteZarrSink",
             suffixes=(".zarr",),
             directory=True,
         ),
-        Backend("npy", "NumPy", "npy", "NpySource", suffixes=(".npy",)),
+        Backend("npy", "NumPy", "NpySource", suffixes=(".npy",)),
         Backend(
             "parquet",
             "Parquet",
-            "parquet",
             "ParquetSource",
             sink="ParquetSink",
             remote_sink="ParquetSink",
@@ -139,7 +135,6 @@ BACKENDS: dict[str, Backend] = {
         Backend(
             "lance",
             "Lance",
-            "lance",
             "LanceSource",
             sink="LanceSink",
             suffixes=(".lance",),

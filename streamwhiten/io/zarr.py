@@ -242,9 +242,8 @@ class ZarrSource(StoreSource):
             return None
         assert self._chunk_root is not None and self.chunk_rows is not None
         self._check_range(start, stop)
-        handles: list[
-            tuple[int, Any]
-        ] = []  # (chunk index, its open file, or None where missing and read as the fill value)
+        # (chunk index, its open file, or None where missing and read as the fill value)
+        handles: list[tuple[int, Any]] = []
         index = start // self.chunk_rows
         try:
             for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
@@ -277,8 +276,7 @@ class ZarrSource(StoreSource):
         return Fetched(chunks, buffer)
 
     def _read_error(self, exc: OSError, index: int) -> StoreIOError:
-        assert self.chunk_rows is not None
-        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        lo, hi = self._chunk_span(index)
         return StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}")
 
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
@@ -294,26 +292,7 @@ class ZarrSource(StoreSource):
             widen_in_place(region, view.size)
             return view
         if self.raw_root is None:
-            if not self.fill_missing_chunks and stop > start:
-                self._refuse_missing(start, stop)
-            try:  # zarr decodes straight into the caller's buffer
-                with np.errstate(all="ignore"):
-                    self._node.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
-            except OSError as exc:
-                # a failed system call (but a chunk that is a directory is damage); an OSError without an
-                # errno is a codec's (gzip)
-                if exc.errno is not None and not isinstance(exc, IsADirectoryError):
-                    raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
-                raise CorruptStoreError(
-                    f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
-                    f"({exc.__class__.__name__}: {first_line(exc)})"
-                ) from exc
-            except Exception as exc:  # a codec failing on the bytes it was given: the chunk is damaged
-                raise CorruptStoreError(
-                    f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
-                    f"({exc.__class__.__name__}: {first_line(exc)})"
-                ) from exc
-            return view
+            return self._read_by_zarr(start, stop, view)
         # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
         # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
         self._check_range(start, stop)
@@ -327,9 +306,9 @@ class ZarrSource(StoreSource):
                 with self._open_chunk(path, index) as handle:
                     size = os.fstat(handle.fileno()).st_size
                     if size != rows * row_bytes:
-                        first, last = index * rows, min(self.n_rows, (index + 1) * rows) - 1
+                        first, end = self._chunk_span(index)
                         raise CorruptStoreError(
-                            f"{self.label}: chunk {self._chunk_key(index)} (rows {first}..{last}) has {size} bytes, "
+                            f"{self.label}: chunk {self._chunk_key(index)} (rows {first}..{end - 1}) has {size} bytes, "
                             f"not {rows * row_bytes}: it is truncated or damaged"
                         )
                     handle.seek((lo - index * rows) * row_bytes)
@@ -342,6 +321,24 @@ class ZarrSource(StoreSource):
                 raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
         return view
 
+    def _read_by_zarr(self, start: int, stop: int, view: np.ndarray) -> np.ndarray:
+        """Rows ``[start, stop)`` into ``view``, decoded by zarr straight into it."""
+        if not self.fill_missing_chunks and stop > start:
+            self._refuse_missing(start, stop)
+        try:
+            with np.errstate(all="ignore"):
+                self._node.get_basic_selection(np.s_[start:stop], out=_ND_BUFFER.from_numpy_array(view))
+        except Exception as exc:
+            # a failed system call is an I/O error (but a chunk that is a directory is damage, and an OSError
+            # without an errno is a codec's, gzip's); a codec failing on the bytes it was given: damage
+            if isinstance(exc, OSError) and exc.errno is not None and not isinstance(exc, IsADirectoryError):
+                raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
+            raise CorruptStoreError(
+                f"{self.label}: rows {start}..{stop - 1} cannot be decoded, a chunk is damaged "
+                f"({exc.__class__.__name__}: {first_line(exc)})"
+            ) from exc
+        return view
+
     def _open_chunk(self, path: str, index: int) -> io.FileIO:
         """The chunk file of chunk ``index`` opened for reading; one that is not a regular file (a directory,
         a FIFO: opened without blocking) is damaged data, not an I/O error."""
@@ -349,8 +346,7 @@ class ZarrSource(StoreSource):
         try:
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):
-                assert self.chunk_rows is not None
-                lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+                lo, hi = self._chunk_span(index)
                 what = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
                 raise CorruptStoreError(
                     f"{self.label}: chunk {self._chunk_key(index)} (rows {lo}..{hi - 1}) is {what}, not a chunk "
@@ -366,8 +362,7 @@ class ZarrSource(StoreSource):
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
 
     def _describe(self, index: int) -> str:
-        assert self.chunk_rows is not None
-        lo, hi = index * self.chunk_rows, min(self.n_rows, (index + 1) * self.chunk_rows)
+        lo, hi = self._chunk_span(index)
         return f"chunk {self._chunk_key(index)} (rows {lo}..{hi - 1}) is damaged and cannot be decoded"
 
     def _chunk_key(self, index: int, column: int = 0) -> str:
@@ -489,9 +484,22 @@ def _only_chunks(url: str, read: ReadOptions) -> bool:
 _CHUNK_TAIL = re.compile(r"(^|/)(c/)?\d+([./]\d+)*$")
 
 
-def _format(plan: OutputPlan) -> Literal[2, 3]:
-    """The Zarr format version ``plan`` writes (``zarr_format``: checked to be 2 or 3 by its options)."""
-    return 2 if int(plan.zarr_format) == 2 else 3
+def _new_array(
+    store: Any, dataset: str | None, plan: OutputPlan, compressor: str, overwrite: bool = False, **options: Any
+) -> Any:
+    """A new array in ``store`` (under the name ``dataset`` in a new group, if named) laid out as ``plan``
+    says, its chunks declared as ``compressor`` wrote them; ``options`` go to ``create_array``, and
+    ``overwrite`` to the unnamed array's only (a group opened to write is new)."""
+    shape, dtype = plan.shape, np.dtype(plan.dtype)
+    zarr_format: Literal[2, 3] = 2 if int(plan.zarr_format) == 2 else 3  # checked to be 2 or 3 by the plan's options
+    compressors = _compressors(compressor, dtype, zarr_format, plan.checksums)
+    layout = {"shape": shape, "chunks": (int(plan.chunk_rows or 0), shape[1]), "dtype": dtype, **options}
+    if dataset:
+        root = zarr.open_group(store=store, mode="w", zarr_format=zarr_format)
+        return root.create_array(dataset, compressors=compressors, **layout)
+    return zarr.create_array(
+        store=store, compressors=compressors, zarr_format=zarr_format, overwrite=overwrite, **layout
+    )
 
 
 class ZarrSink(StoreSink):
@@ -520,26 +528,9 @@ class ZarrSink(StoreSink):
 
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> ZarrSink:
-        dataset, partial, attrs = place.dataset, place.partial, plan.to_attrs()
-        shape, dtype, chunk_rows = plan.shape, np.dtype(plan.dtype), int(plan.chunk_rows or 0)
-        zarr_format, compressor, checksums, direct_io = _format(plan), plan.compressor, plan.checksums, plan.direct_io
-        compressors = _compressors(check_compressor(compressor), dtype, zarr_format, checksums)
-        if dataset:
-            root = zarr.open_group(store=partial, mode="w", zarr_format=zarr_format)
-            array = root.create_array(
-                dataset, shape=shape, chunks=(chunk_rows, shape[1]), dtype=dtype, compressors=compressors
-            )
-        else:
-            array = zarr.create_array(
-                store=partial,
-                shape=shape,
-                chunks=(chunk_rows, shape[1]),
-                dtype=dtype,
-                compressors=compressors,
-                zarr_format=zarr_format,
-            )
-        array.attrs.update(attrs)
-        return cls(place, array, direct_io, compressor)
+        array = _new_array(place.partial, place.dataset, plan, check_compressor(plan.compressor))
+        array.attrs.update(plan.to_attrs())
+        return cls(place, array, plan.direct_io, plan.compressor)
 
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> ZarrSink:
@@ -645,12 +636,7 @@ class ZarrRegionWriter:
             read = self.read if self.read is not None else ReadOptions()
             array = _open_remote_array(self.partial, self.dataset, read)
             remote.retrying(
-                self.partial,
-                f"write rows {start}..{stop - 1}",
-                array.__setitem__,
-                slice(start, stop),
-                block,
-                read=read,
+                self.partial, f"write rows {start}..{stop - 1}", array.__setitem__, slice(start, stop), block, read=read
             )
             return
         try:
@@ -683,35 +669,13 @@ class RemoteZarrSink(ZarrSink):
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> RemoteZarrSink:
         # the compressor is never other than "none": refused for object storage (Output.create)
-        path, dataset, read, attrs = place.path, place.dataset, place.read, plan.to_attrs()
-        shape, dtype, chunk_rows = plan.shape, np.dtype(plan.dtype), int(plan.chunk_rows or 0)
-        zarr_format, checksums = _format(plan), plan.checksums
-        compressors = _compressors("none", dtype, zarr_format, checksums)
+        path, read = place.path, place.read
         # an earlier run's leftovers (never complete), or the old output
         remote.remove(path, recursive=True, read=read)
         store = remote.zarr_store(path, read_only=False, read=read)
 
         def make() -> Any:
-            if dataset:
-                root = zarr.open_group(store=store, mode="w", zarr_format=zarr_format)
-                return root.create_array(
-                    dataset,
-                    shape=shape,
-                    chunks=(chunk_rows, shape[1]),
-                    dtype=dtype,
-                    compressors=compressors,
-                    attributes=dict(attrs),
-                )
-            return zarr.create_array(
-                store=store,
-                shape=shape,
-                chunks=(chunk_rows, shape[1]),
-                dtype=dtype,
-                compressors=compressors,
-                zarr_format=zarr_format,
-                attributes=dict(attrs),
-                overwrite=True,
-            )
+            return _new_array(store, place.dataset, plan, "none", overwrite=True, attributes=dict(plan.to_attrs()))
 
         return cls(place, remote.retrying(path, "create the output", make, read=read))
 

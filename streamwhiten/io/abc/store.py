@@ -181,9 +181,9 @@ class Source(ABC):
             yield start, end
             start = end
 
-    def n_blocks(self, block_rows: int, start: int = 0, stop: int | None = None) -> int:
-        """How many ranges `blocks` yields for the same arguments."""
-        return sum(1 for _ in self.blocks(block_rows, start, stop))
+    def n_blocks(self, block_rows: int) -> int:
+        """How many ranges `blocks` yields for all the rows in blocks of ``block_rows``."""
+        return sum(1 for _ in self.blocks(block_rows))
 
     def close(self) -> None:  # noqa: B027 - closing is optional: many stores hold nothing open
         """Release what the source holds open."""
