@@ -250,10 +250,14 @@ class Storage:
 
     @property
     def label(self) -> str:
-        """``"int8"``, ``"binary+rescore100"``, ``"binary+rescore100(int8)"`` or ``"eigen-24B+rescore100"``."""
-        base = "binary" if self.codec is None else self.codec.label
+        """``"int8"``, ``"binary+rescore100"``, ``"binary+rescore100(int8)"``, ``"eigen-24B+rescore100"`` (a
+        trained code's label) or ``"eigen:24"`` (a code named, not yet trained)."""
+        if self.codec is not None:
+            base = self.codec.label
+        else:
+            base = str(self) if self.dtype == CODE else self.dtype
         if not self.rescore:
-            return self.dtype if self.codec is None else base
+            return base
         return f"{base}+rescore{self.rescore}" + ("" if self.rescore_dtype == "float32" else f"({self.rescore_dtype})")
 
     def to_dict(self) -> dict[str, Any]:

@@ -92,3 +92,17 @@ def test_apply_options_hold_the_parsed_value_and_refuse_a_bad_one_when_made():
         ApplyOptions(dtype="nope:3")
     with pytest.raises(BadInputError, match=r"^dtype 'binary' cannot hold the NaN rows skip_nonfinite writes"):
         ApplyOptions(dtype="binary", skip_nonfinite=True)
+
+
+def test_the_label_of_a_named_code_is_its_spelling_until_it_is_trained():
+    from streamwhiten.storage import parse_storage
+
+    assert parse_storage("eigen:24").label == "eigen:24"
+    assert parse_storage("bits-itq:8", rescore=100).label == "bits-itq:8+rescore100"
+    assert parse_storage("binary", rescore=100, rescore_dtype="int8").label == "binary+rescore100(int8)"
+    assert [parse_storage(name).label for name in ("float32", "float16", "int8", "binary")] == [
+        "float32",
+        "float16",
+        "int8",
+        "binary",
+    ]

@@ -16,6 +16,7 @@ into what is stored (the record, its digest, the encoder), once per model and st
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -271,11 +272,14 @@ def resolve(model: WhiteningModel, storage: Storage | None = None) -> StoredAs |
     float32 when it records none): None for floats; else the record an output carries, its digest and the
     encoder (int8 codes and bits: the `Quantization` from the model's statistics, its int8 clip the
     model's; a vector code: `_stored_code`). Memoised by the map's checksum, the model's recorded storage
-    and ``storage``, so an apply, the up-to-date check before it and the estimator train a code once."""
+    and ``storage``, so an apply, the up-to-date check before it and the estimator train a code once; and
+    by the statistics, which the int8 ranges and a trained code come from (two models can share a map:
+    at beta = 0 the map holds no mean, at gamma = 0 no eigenvalue)."""
     storage = storage or model.storage or Storage()
     recorded = model.storage
     key = (
         map_checksum(model),
+        _statistics_digest(model),
         None if recorded is None else (recorded.int8_clip, recorded.codec and recorded.codec.sha256),
         str(storage),
         storage.codec and storage.codec.sha256,
@@ -288,6 +292,15 @@ def resolve(model: WhiteningModel, storage: Storage | None = None) -> StoredAs |
             stored = stored_as(model.quantization(storage.dtype) if storage.coded else None)
         _MEMO.put(key, stored)
     return stored
+
+
+def _statistics_digest(model: WhiteningModel) -> str:
+    """The SHA-256 of the model's statistics (rows, mean, scatter)."""
+    state = model.state
+    digest = hashlib.sha256(np.int64(state.n_rows).tobytes())
+    for values in (state.mean, state.scatter):
+        digest.update(np.ascontiguousarray(values, dtype=np.float64).tobytes())
+    return digest.hexdigest()
 
 
 def resolve_counts() -> tuple[int, int]:

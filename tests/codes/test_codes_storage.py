@@ -457,3 +457,26 @@ def test_resolve_gives_what_is_stored_and_remembers_it_per_model_and_storage(mod
     assert resolve(coded).digest == coded.storage.codec.sha256 == resolve(coded, parse_storage("eigen:5")).digest
     with pytest.raises(BadInputError, match="learns from a sample of the input: record it in the model first"):
         resolve(mine, parse_storage("faiss-pq:4"))
+
+
+def test_models_that_share_a_map_but_not_their_statistics_resolve_to_their_own_records():
+    """At beta = gamma = 0 the map is the eigenvectors alone (no mean, no eigenvalue), so two data sets with the
+    same axes give one map checksum; their int8 ranges and codes come from their own statistics."""
+    import hashlib
+    import itertools
+
+    from streamwhiten.codes.storage import resolve, train_for
+    from streamwhiten.core.model import map_checksum
+    from streamwhiten.storage import parse_storage
+
+    def fitted(scale):
+        rows = np.array([[a * scale, b * 2.0, c * 1.0] for a, b, c in itertools.product([1, -1], repeat=3)])
+        return finalize(stats.block_moments(rows), beta=0.0, gamma=0.0)
+
+    small, large = fitted(3.0), fitted(10.0)
+    assert map_checksum(small) == map_checksum(large)
+    for model in (small, large):  # each resolved after the other: a memo keyed by the map alone gave the first's
+        assert resolve(model, parse_storage("int8")).digest == model.quantization("int8").digest()
+    for model in (small, large):  # the code each model's own statistics train, not the other's
+        trained = hashlib.sha256(train_for(model, "eigen", 2).to_bytes()).hexdigest()
+        assert resolve(model, parse_storage("eigen:2")).digest == trained
