@@ -366,6 +366,8 @@ def apply_dask(
     per output chunk (default: about 4 MiB per chunk). ``read``: how the workers read and write (its
     storage options).
     """
+    _require("dask")  # a missing extra is said first, before the output is checked or a code trained
+    _require("distributed")
     options, read = options or ApplyOptions(), read or ReadOptions()
     options = options.storing(model.storage)
     # what the Dask engine writes whatever was asked (DaskEngine.check_apply refuses other values):

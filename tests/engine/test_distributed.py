@@ -134,13 +134,22 @@ import streamwhiten, streamwhiten.cli.app, streamwhiten.engine.fit, streamwhiten
 from streamwhiten.whitener import Whitener
 Whitener().fit(np.load({str(tmp_path / "x.npy")!r}))
 from streamwhiten.cli import main
-assert main(['fit', {str(tmp_path / "x.npy")!r}, '-o', {str(tmp_path / "m.npz")!r}, '-q']) == 0
-sys.exit(main(['fit', {str(tmp_path / "x.npy")!r}, '-o', {str(tmp_path / "d.npz")!r}, '--engine', 'dask']))
+command = sys.argv[1]
+if command == 'fit':
+    assert main(['fit', {str(tmp_path / "x.npy")!r}, '-o', {str(tmp_path / "m.npz")!r}, '-q']) == 0
+    sys.exit(main(['fit', {str(tmp_path / "x.npy")!r}, '-o', {str(tmp_path / "d.npz")!r}, '--engine', 'dask']))
+# the missing extra first, before the output is checked (its folder is missing too) or a code trained
+out = {str(tmp_path / "nowhere" / "y.zarr")!r}
+sys.exit(main(['apply', {str(tmp_path / "m.npz")!r}, {str(tmp_path / "x.npy")!r}, '-o', out, '--engine', 'dask',
+               '--dtype', 'eigen:2']))
 """
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2, done.stderr
-    assert "pip install 'streamwhiten[dask]'" in done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
+    for command in ("fit", "apply"):
+        done = subprocess.run(
+            [sys.executable, "-c", code, command], cwd=ROOT, capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 2, done.stderr
+        assert "pip install 'streamwhiten[dask]'" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
     assert (tmp_path / "m.npz").exists() and not (tmp_path / "d.npz").exists()
 
 
