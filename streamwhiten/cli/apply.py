@@ -113,7 +113,7 @@ def apply(
             given=given_names(ctx, ENGINE_SPECIFIC),
             watch=Watch(progress, should_stop),
         )
-    normalised = " (L2-normalised)" if options.normalize else ""
+    normalised = " (L2-normalised)" if outcome.normalized else ""
     nonfinite = (
         f"; {outcome.n_nonfinite_rows:,} non-finite input rows written as NaN" if outcome.n_nonfinite_rows else ""
     )

@@ -269,3 +269,14 @@ def test_an_outputs_storage_is_resolved_once_per_apply_and_the_check_before_a_re
     assert resolve_counts() == (after[0] + 1, after[1])  # the same storage: remembered, not trained again
     codec = model_codec(streamwhiten.with_codes(model, "eigen:6"))
     assert same_rows(read_codes(out), codec.encode(unit_outputs(model, rows)))
+
+
+def test_the_cli_says_an_output_of_the_models_code_is_unit_length(tmp_path, fitted, run_cli):
+    """A model that records a code writes unit-length rows coded (``normalized`` in its attributes) without
+    --normalize: the summary says so, as it does for --normalize (it read the options, not the output)."""
+    store, path, _ = fitted
+    with_codes(path, "eigen:6", output=str(tmp_path / "coded.npz"))
+    code, out, err = run_cli("apply", tmp_path / "coded.npz", store, "-o", tmp_path / "o.h5")
+    assert code == 0 and "eigen-6B vectors (L2-normalised) to" in out, (out, err)
+    code, out, err = run_cli("apply", path, store, "-o", tmp_path / "f.h5")
+    assert code == 0 and "float32 vectors to" in out and "normalised" not in out, (out, err)
