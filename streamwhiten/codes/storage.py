@@ -16,7 +16,6 @@ into what is stored (the record, its digest, the encoder), once per model and st
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -26,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..core.model import WhiteningModel, codec_setting, map_checksum, project
+from ..core.model import WhiteningModel, codec_setting, file_checksum, project
 from ..core.quantize import Quantization
 from ..errors import BadInputError
 from ..output_plan import StoredAs, storage_record
@@ -271,19 +270,12 @@ def resolve(model: WhiteningModel, storage: Storage | None = None) -> StoredAs |
     """What is stored when ``model``'s outputs are stored as ``storage`` (None: the model's own storage,
     float32 when it records none): None for floats; else the record an output carries, its digest and the
     encoder (int8 codes and bits: the `Quantization` from the model's statistics, its int8 clip the
-    model's; a vector code: `_stored_code`). Memoised by the map's checksum, the model's recorded storage
-    and ``storage``, so an apply, the up-to-date check before it and the estimator train a code once; and
-    by the statistics, which the int8 ranges and a trained code come from (two models can share a map:
-    at beta = 0 the map holds no mean, at gamma = 0 no eigenvalue)."""
+    model's; a vector code: `_stored_code`). Memoised by the model's content checksum (`file_checksum`:
+    its statistics, which the int8 ranges and a trained code come from, its setting and its recorded
+    storage; two models can share a map, at beta = 0 or gamma = 0) and by ``storage``, so an apply, the
+    up-to-date check before it and the estimator train a code once."""
     storage = storage or model.storage or Storage()
-    recorded = model.storage
-    key = (
-        map_checksum(model),
-        _statistics_digest(model),
-        None if recorded is None else (recorded.int8_clip, recorded.codec and recorded.codec.sha256),
-        str(storage),
-        storage.codec and storage.codec.sha256,
-    )
+    key = (file_checksum(model), str(storage), storage.codec and storage.codec.sha256)
     found, stored = _MEMO.get(key)
     if not found:
         if storage.dtype == CODE:
@@ -292,15 +284,6 @@ def resolve(model: WhiteningModel, storage: Storage | None = None) -> StoredAs |
             stored = stored_as(model.quantization(storage.dtype) if storage.coded else None)
         _MEMO.put(key, stored)
     return stored
-
-
-def _statistics_digest(model: WhiteningModel) -> str:
-    """The SHA-256 of the model's statistics (rows, mean, scatter)."""
-    state = model.state
-    digest = hashlib.sha256(np.int64(state.n_rows).tobytes())
-    for values in (state.mean, state.scatter):
-        digest.update(np.ascontiguousarray(values, dtype=np.float64).tobytes())
-    return digest.hexdigest()
 
 
 def resolve_counts() -> tuple[int, int]:
