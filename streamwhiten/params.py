@@ -311,7 +311,7 @@ PARAMS: dict[str, Param] = _params(
     ),
     Param("output_chunk_rows", int, None, _COUNT, 1, none=True),
     # object storage: how long a remote store may keep failing before a command gives up (seconds), and
-    # the keyword arguments of the file systems of URLs (Whitener(storage_options=...), ReadOptions)
+    # the keyword arguments of the file systems of URLs (ReadOptions, which Whitener(read=...) takes)
     Param(
         "remote_timeout",
         float,

@@ -1,16 +1,14 @@
 """The scikit-learn transformer: ``Whitener().fit(store).transform(rows)``.
 
-A real scikit-learn estimator (``BaseEstimator``, ``TransformerMixin``): ``clone``, ``Pipeline``,
-``GridSearchCV``, ``set_output``, ``get_feature_names_out``, ``check_is_fitted`` and the HTML repr work,
-and every check of ``sklearn.utils.estimator_checks`` passes. Its parameters are checked against `streamwhiten.params.PARAMS` when it fits, as
-the command line and job files check theirs.
+A real scikit-learn estimator: every check of ``sklearn.utils.estimator_checks`` passes. Its parameters
+are checked against `streamwhiten.params.PARAMS` when it fits, as the command line and job files check theirs.
 """
 
 from __future__ import annotations
 
-import copy
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -22,6 +20,7 @@ from . import errors, params
 from .core import stats
 from .core.model import WhiteningModel, load_model, save_model
 from .errors import BadInputError
+from .options import ReadOptions
 from .progress import Watch
 from .storage import Storage, parse_storage
 
@@ -49,16 +48,8 @@ def _is_store_spec(data: object) -> bool:
     return isinstance(data, Source)
 
 
-#: The dtypes rows are used in as they are; anything else numeric is converted to the first (float64).
-FLOAT_DTYPES = (np.float64, np.float32, np.float16)
-
-
 def _as_float_rows(X: Any) -> np.ndarray:
-    """``X`` as a 2-D array of float64, float32 or float16 rows in native byte order, by scikit-learn's
-    input rules (as ``PCA`` applies them): float rows are used as they are (their byte order swapped if
-    need be), integer, bool and numeric object arrays are converted to float64 (int8-quantized
-    embeddings are real input), complex, non-numeric and sparse input and 1-D arrays are refused with
-    scikit-learn's words, as `BadInputError` (a ``ValueError``).
+    """``X`` as 2-D float rows in native byte order, by scikit-learn's input rules (see the class Notes);
     NaN and Inf are left in place: the fit and the transform name the first such row."""
     from sklearn.utils.validation import check_array
 
@@ -75,7 +66,9 @@ def _as_float_rows(X: Any) -> np.ndarray:
     else:
         rows = X
     try:
-        return check_array(rows, dtype=FLOAT_DTYPES, ensure_all_finite=False, ensure_min_samples=1)
+        return check_array(
+            rows, dtype=(np.float64, np.float32, np.float16), ensure_all_finite=False, ensure_min_samples=1
+        )
     except ValueError as exc:
         raise BadInputError(str(exc)) from None
 
@@ -107,40 +100,30 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         (about 1e-7 relative error, twice as fast). Means and merges are always float64.
     skip_nonfinite : bool
         ``fit`` skips (and counts) rows with NaN/Inf and ``transform`` returns NaN rows for them,
-        instead of raising `NonFiniteError`. The estimator's
-        ``allow_nan`` tag follows it.
-    block_rows : int, optional
-        Rows per block read from a store (default: whole store chunks, about 64 MiB) or taken from an
-        in-memory array (default 65536).
+        instead of raising `NonFiniteError`. The ``allow_nan`` tag follows it.
     n_jobs : int, optional
         Worker threads, each reducing whole blocks (default: one per core, at most four; -1: one per
-        core). Memory is about one block per thread, kept for the next fit in the process until
-        ``streamwhiten.release_buffers()``; the same ``n_jobs`` and ``block_rows`` on the same
-        machine give the same bits (float32 BLAS rounding can depend on its threads per call).
-    fill_missing_chunks : bool
-        Read chunks missing from a Zarr store (or never written in an HDF5 dataset) as the array's
-        fill value. By default such a store is refused with an error naming the rows: a hole in an
-        embedding store is almost always damage, not data.
-    dtype : {"float32", "float16", "int8", "binary"}, optional
+        core). Memory is about one block per thread, kept until ``streamwhiten.release_buffers()``; the
+        same ``n_jobs`` and ``block_rows`` on the same machine give the same bits.
+    dtype : {"float32", "float16", "int8", "binary"} or a vector code "NAME:BYTES", optional
         How ``transform`` returns the vectors: None (the default) the floats it computes in (float64 for
         float64 input, float32 otherwise); ``"float32"``/``"float16"`` those values cast; ``"int8"``
-        codes of the unit-length vectors (a scale and offset per component, from the statistics, as the
-        search stores them); ``"binary"`` the sign bits packed 8 per byte (``ceil(k / 8)`` uint8 per
-        row). ``quantization_`` is the record that decodes them. A model loaded with `load` takes
-        the storage it records (what ``tune`` chose), and [`save`][streamwhiten.whitener.Whitener.save] records this
-        one.
-    storage_options : mapping, optional
-        Keyword arguments of the file systems of stores named by URL (``s3://``, ``gs://``, ...), e.g.
-        ``{"endpoint_url": "http://127.0.0.1:9000", "key": ..., "secret": ...}``; they win over the
-        environment's configuration, and are never shown (``repr``) or recorded.
+        codes of the unit-length vectors (a scale and offset per component, from the statistics);
+        ``"binary"`` their sign bits packed 8 per byte (``ceil(k / 8)`` uint8 per row); ``quantization_``
+        decodes them. `load` takes the storage a model records, [`save`][streamwhiten.whitener.Whitener.save]
+        records this one.
+    read : ReadOptions, optional
+        How stores are read, as ``streamwhiten.fit`` takes it (default ``ReadOptions()``): ``block_rows``
+        (rows per block; an in-memory array's default is 65536), ``fill_missing_chunks``,
+        ``storage_options`` (the file systems' keyword arguments of URL stores: never shown by ``repr``,
+        never recorded), ``dataset`` (the ``dataset`` of `fit` wins over it), ``remote_timeout``.
 
     Notes
     -----
     Parameters are keyword-only. Arrays follow scikit-learn's input rules: 2-D, float16, float32 and
     float64 rows are used as they are, integer, bool and numeric object arrays are converted to float64
-    (as ``PCA`` does; int8-quantized embeddings are real input); complex, non-numeric, sparse and 1-D
-    input is refused with scikit-learn's message, as `BadInputError` (a
-    ``ValueError``). Stores given by spec must hold floats, as on the command line.
+    (as ``PCA`` does); complex, non-numeric, sparse and 1-D input is refused with scikit-learn's message,
+    as `BadInputError` (a ``ValueError``). Stores given by spec must hold floats, as on the command line.
     Changing ``beta``, ``gamma``, ``n_components``, ``variance`` or ``eps`` after fitting (``set_params``)
     re-finalizes from the saved statistics without another pass over the data.
 
@@ -178,11 +161,9 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         normalize: bool = _D["normalize"],
         precision: str = _D["precision"],
         skip_nonfinite: bool = _D["skip_nonfinite"],
-        block_rows: int | None = _D["block_rows"],
         n_jobs: int | None = _D["n_jobs"],
-        fill_missing_chunks: bool = _D["fill_missing_chunks"],
         dtype: str | None = None,
-        storage_options: Any = _D["storage_options"],
+        read: ReadOptions | None = None,
     ):
         self.beta = beta
         self.gamma = gamma
@@ -192,30 +173,9 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         self.normalize = normalize
         self.precision = precision
         self.skip_nonfinite = skip_nonfinite
-        self.block_rows = block_rows
         self.n_jobs = n_jobs
-        self.fill_missing_chunks = fill_missing_chunks
         self.dtype = dtype
-        self.storage_options = storage_options
-
-    # -- displays: storage options by name only (their values are often secrets) ---------------------
-    def _shown(self) -> Whitener:
-        """This estimator as its displays show it: ``storage_options`` by their names alone."""
-        if not self.storage_options or not isinstance(self.storage_options, Mapping):
-            return self
-        from .options import StorageOptions
-
-        shown = copy.copy(self)
-        shown.storage_options = StorageOptions(dict.fromkeys(self.storage_options))
-        return shown
-
-    def __repr__(self, N_CHAR_MAX: int = 700) -> str:
-        return BaseEstimator.__repr__(self._shown(), N_CHAR_MAX)
-
-    def _get_params_html(
-        self, *args: Any, **kwargs: Any
-    ):  # the parameter table of the HTML display (scikit-learn >= 1.7)
-        return BaseEstimator._get_params_html(self._shown(), *args, **kwargs)
+        self.read = read  # its storage options show their names only (`StorageOptions`): repr hides the secrets
 
     # -- scikit-learn protocol ------------------------------------------------------------------------
     def set_params(self, **params: Any) -> Whitener:
@@ -242,7 +202,10 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         """Check every parameter against `streamwhiten.params.PARAMS` (done when fitting, not in
         ``__init__`` or ``set_params``, as scikit-learn expects)."""
         for name, value in self.get_params(deep=False).items():
-            params.check(name, value)
+            if name != "read":
+                params.check(name, value)
+        if self.read is not None and not isinstance(self.read, ReadOptions):
+            raise BadInputError(f"read must be a ReadOptions or None, got {self.read!r}")
         params.check_model(self.beta, self.gamma, self.eps, self.n_components, self.variance, n_features)
 
     def _rows(self, X: Any, reset: bool) -> np.ndarray:
@@ -271,7 +234,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
             state, n_skipped = fold_array(
                 state,
                 rows,
-                int(self.block_rows or IN_MEMORY_CHUNK_ROWS),
+                int(self.read and self.read.block_rows or IN_MEMORY_CHUNK_ROWS),
                 self.precision,
                 self.skip_nonfinite,
                 self.n_jobs,
@@ -312,18 +275,15 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
 
     def _fit_stores(self, specs: list[str], dataset: str | None, progress: Callable[[int, int], None] | None) -> None:
         """Fit on stores by the one pipeline of the command line (``streamwhiten.fit``), saving nothing."""
-        from .options import EngineOptions, FitOptions, ReadOptions, Setting
+        from .options import EngineOptions, FitOptions, Setting
         from .pipeline import fit
 
         setting = Setting(
             beta=self.beta, gamma=self.gamma, n_components=self.n_components, variance=self.variance, eps=self.eps
         )
-        read = ReadOptions(
-            dataset=dataset,
-            block_rows=self.block_rows,
-            fill_missing_chunks=self.fill_missing_chunks,
-            storage_options=self.storage_options,
-        )
+        read = self.read or ReadOptions()
+        if dataset is not None:
+            read = replace(read, dataset=dataset)
         outcome = fit(
             specs,
             setting=setting,
@@ -335,18 +295,21 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         model = outcome.model
         self.state_, self.n_skipped_, self.sources_ = model.state, outcome.n_skipped, model.sources
         self.n_features_in_ = model.n_features
-        key = (self.beta, self.gamma, self.eps, self.n_components, self.variance, self.dtype)
-        self._model = (key, self._with_storage(model))
+        self._model = (self._key(), self._with_storage(model))
 
     def fit_transform(self, X: Any, y: object = None, normalize: bool | None = None, **fit_params: Any) -> np.ndarray:
         """``fit(X).transform(X)``; for a store spec, use ``fit`` and then transform arrays."""
         return self.fit(X, y, **fit_params).transform(X, normalize=normalize)
 
     # -- the finalized model -------------------------------------------------------------------------
+    def _key(self) -> tuple:
+        """What the cached model was finalized with: the setting and ``dtype``."""
+        return (self.beta, self.gamma, self.eps, self.n_components, self.variance, self.dtype)
+
     def _finalized(self) -> WhiteningModel:
         if "state_" not in self.__dict__:
             raise NotFittedError("this Whitener is not fitted yet: call fit or partial_fit first")
-        key = (self.beta, self.gamma, self.eps, self.n_components, self.variance, self.dtype)
+        key = self._key()
         cached = self.__dict__.get("_model")
         if cached is not None and cached[0] == key and cached[1].state is self.state_:
             return cached[1]
@@ -366,7 +329,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
                     self.sources_,
                     precision=self.precision,
                     skip_nonfinite=bool(self.skip_nonfinite),
-                    fill_missing_chunks=bool(self.fill_missing_chunks),
+                    fill_missing_chunks=bool(self.read and self.read.fill_missing_chunks),
                 ),
                 model_params,
             )
@@ -499,8 +462,7 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Whitener:
-        model = load_model(os.fspath(path))
-        return cls.from_model(model)
+        return cls.from_model(load_model(os.fspath(path)))
 
     @classmethod
     def from_model(cls, model: WhiteningModel) -> Whitener:
@@ -518,6 +480,5 @@ class Whitener(ClassNamePrefixFeaturesOutMixin, TransformerMixin, BaseEstimator)
         whitener.sources_ = model.sources
         whitener.n_skipped_ = int(model.info.get("n_skipped_nonfinite", 0))
         whitener.n_features_in_ = model.n_features
-        key = (whitener.beta, whitener.gamma, whitener.eps, whitener.n_components, whitener.variance, whitener.dtype)
-        whitener._model = (key, model)
+        whitener._model = (whitener._key(), model)
         return whitener

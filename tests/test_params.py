@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from conftest import anisotropic, run_command, write_h5
 
-from streamwhiten import Whitener
+from streamwhiten import ReadOptions, Whitener
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
 from streamwhiten.params import PARAMS, check
 
@@ -32,7 +32,8 @@ from streamwhiten.params import PARAMS, check
 def test_a_bad_value_reads_the_same_from_python_the_cli_and_a_job_file(tmp_path, name, value, flag, toml, message):
     store = write_h5(tmp_path / "in.h5", anisotropic(50, 4).astype(np.float32))
     with pytest.raises(BadInputError) as caught:
-        Whitener(**{name: value}).fit(anisotropic(50, 4))
+        given = {"read": ReadOptions(**{name: value})} if name == "block_rows" else {name: value}
+        Whitener(**given).fit(anisotropic(50, 4))
     assert str(caught.value) == message
 
     result = run_command("fit", store, "-o", tmp_path / "m.npz", flag, toml.strip('"'))
@@ -48,15 +49,17 @@ def test_a_bad_value_reads_the_same_from_python_the_cli_and_a_job_file(tmp_path,
 
 
 #: The estimator's own defaults where a declared one does not fit it: ``dtype`` None returns the floats
-#: it computes in (float64 for float64 input, as scikit-learn expects), where apply's default is float32.
-ESTIMATOR_DEFAULTS = {"dtype": None}
+#: it computes in (float64 for float64 input, as scikit-learn expects), where apply's default is float32;
+#: ``read`` None reads as ``ReadOptions()`` does.
+ESTIMATOR_DEFAULTS = {"dtype": None, "read": None}
 
 
 def test_the_estimator_declares_the_specs_defaults():
     signature = inspect.signature(Whitener)
     assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in signature.parameters.values())
     for name, parameter in signature.parameters.items():
-        assert parameter.default == ESTIMATOR_DEFAULTS.get(name, PARAMS[name].default), name
+        expected = ESTIMATOR_DEFAULTS[name] if name in ESTIMATOR_DEFAULTS else PARAMS[name].default
+        assert parameter.default == expected, name
     assert PARAMS["dtype"].accepts(None)  # the estimator's default is one the parameter allows
 
 

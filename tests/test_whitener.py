@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import anisotropic, write_h5, write_zarr
 
-from streamwhiten import Whitener
+from streamwhiten import ReadOptions, Whitener
 from streamwhiten.errors import BadInputError, NonFiniteError, NotFittedError
 
 
@@ -37,6 +37,31 @@ def test_fit_several_sources_equals_concatenation(tmp_path):
     specs = [write_h5(tmp_path / "a.h5", a), write_zarr(tmp_path / "b.zarr", b)]
     model = Whitener().fit(specs)
     np.testing.assert_allclose(model.covariance_, np.cov(np.vstack([a, b]), rowvar=False, bias=True), rtol=1e-10)
+
+
+def test_read_options_are_one_parameter_that_clones_pickles_and_hides_its_secrets(tmp_path):
+    import pickle
+
+    from sklearn.base import clone
+
+    from streamwhiten.engine.fit import fit_sources
+
+    rows = anisotropic(700, 6, seed=2)
+    spec = write_h5(tmp_path / "a.h5", rows, dataset="x", chunk_rows=64)
+    read = ReadOptions(dataset="x", block_rows=100, storage_options={"key": "id", "secret": "s3cr3t-value"})
+    whitener = Whitener(n_components=3, read=read)
+    assert clone(whitener).get_params()["read"] == read and whitener.set_params(read=read).read is read
+    fitted = whitener.fit(str(tmp_path / "a.h5"))  # the dataset and the blocks are read's
+    assert fitted.state_ == fit_sources(spec, block_rows=100).state != fit_sources(spec).state
+    shown = [repr(fitted), fitted._repr_html_()]
+    assert all("s3cr3t-value" not in text and "secret" in text for text in shown)
+    again = pickle.loads(pickle.dumps(fitted))
+    assert again.read == read and again.read.storage_options["secret"] == "s3cr3t-value"
+    np.testing.assert_array_equal(again.transform(rows), fitted.transform(rows))
+    filled = Whitener(read=ReadOptions(fill_missing_chunks=True)).fit(rows).model_.info["fill_missing_chunks"]
+    assert filled is True and Whitener().fit(rows).model_.info["fill_missing_chunks"] is False
+    with pytest.raises(BadInputError, match=r"^read must be a ReadOptions or None, got \{'block_rows': 5\}"):
+        Whitener(read={"block_rows": 5}).fit(rows)
 
 
 def test_changing_parameters_needs_no_new_pass(tmp_path):

@@ -4,7 +4,7 @@ fsspec: URLs, storage options, redaction, retries, fingerprints. The only module
 Configuration is the ecosystem's: the standard environment of each file system (``AWS_ENDPOINT_URL``,
 ``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ``GOOGLE_APPLICATION_CREDENTIALS``, ...), fsspec's own config
 (``~/.config/fsspec/*.json``, ``FSSPEC_S3_*`` variables), and storage options given by the caller (the
-CLI's ``--storage-option KEY=VALUE``, a job file's ``[storage]`` table, ``Whitener(storage_options=...)``
+CLI's ``--storage-option KEY=VALUE``, a job file's ``[storage]`` table, ``Whitener(read=...)``
 or ``ReadOptions(storage_options=...)`` from Python), which are passed to the file system as keyword
 arguments and win over the rest. There is no process-wide setting: every function here that reaches a
 URL takes the [`ReadOptions`][streamwhiten.options.ReadOptions] it is reached with (``read=``), and the file

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from streamwhiten import Whitener
+from streamwhiten import ReadOptions, Whitener
 from streamwhiten.core import stats
 from streamwhiten.engine._threads import blas_threads, ordered_map, resolve_threads
 from streamwhiten.engine.fit import fit_sources, fold_array
@@ -153,7 +153,7 @@ def test_same_threads_same_bits_and_store_equals_memory(tmp_path):
         handle.create_dataset("x", data=rows, chunks=(1000, 16))
     first = fit_sources(f"{path}:/x", block_rows=2000, threads=3).state
     again = fit_sources(f"{path}:/x", block_rows=2000, threads=3).state
-    memory = Whitener(block_rows=2000, n_jobs=3).fit(rows).state_
+    memory = Whitener(read=ReadOptions(block_rows=2000), n_jobs=3).fit(rows).state_
     assert first == again == memory
 
 

@@ -20,7 +20,7 @@ streamwhiten itself (``io.codecs``), so every codec it decodes is among the kind
 in Zarr (v2 and v3), deflate + shuffle, fletcher32, LZF and the blosc and zstd plugin filters in HDF5.
 
 A missing Zarr chunk may be read as the array's fill value only when asked: ``--fill-missing-chunks``
-on ``fit``/``apply``, ``Whitener(fill_missing_chunks=True)``.
+on ``fit``/``apply``, ``Whitener(read=ReadOptions(fill_missing_chunks=True))``.
 """
 
 from __future__ import annotations
@@ -350,12 +350,12 @@ def test_fill_missing_chunks_fit_and_apply(tmp_path, holed, model_path):
 
 @pytest.mark.parametrize("holed", ["zarr3", "zarr3-zstd"], indirect=True)
 def test_fill_missing_chunks_api(holed):
-    from streamwhiten import Whitener
+    from streamwhiten import ReadOptions, Whitener
 
     spec, _, filled = holed
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        fitted = Whitener(fill_missing_chunks=True).fit(spec)
+        fitted = Whitener(read=ReadOptions(fill_missing_chunks=True)).fit(spec)
     expected = Whitener().fit(filled)
     assert fitted.n_samples_seen_ == ROWS
     np.testing.assert_allclose(fitted.mean_, expected.mean_, rtol=1e-10, atol=1e-12)

@@ -19,7 +19,7 @@ pa = optional_module("pyarrow")
 lance = optional_module("lance")
 pq = optional_module("pyarrow.parquet")
 
-from streamwhiten import Whitener  # noqa: E402
+from streamwhiten import ReadOptions, Whitener  # noqa: E402
 from streamwhiten.core.model import load_model  # noqa: E402
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO  # noqa: E402
 from streamwhiten.io import fingerprint, input_kind, open_source  # noqa: E402
@@ -52,7 +52,7 @@ def test_fit_equals_two_pass_statistics(tmp_path, rows, kind, precision, bound):
         np.testing.assert_array_equal(source.read(950, 2050), rows[950:2050])  # across fragments
     mean, cov = two_pass(rows)
     for chunk_rows in (None, 700):
-        w = Whitener(precision=precision, block_rows=chunk_rows).fit(spec)
+        w = Whitener(precision=precision, read=ReadOptions(block_rows=chunk_rows)).fit(spec)
         assert w.n_samples_seen_ == 6000
         assert rel(w.mean_, mean) <= bound and rel(w.covariance_, cov) <= bound
 

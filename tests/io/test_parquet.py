@@ -16,7 +16,7 @@ pytestmark = needs("pyarrow", reason="Parquet support needs pyarrow (pip install
 pa = optional_module("pyarrow")
 pq = optional_module("pyarrow.parquet")
 
-from streamwhiten import Whitener  # noqa: E402
+from streamwhiten import ReadOptions, Whitener  # noqa: E402
 from streamwhiten.core.model import load_model  # noqa: E402
 from streamwhiten.engine.engines import DaskEngine  # noqa: E402
 from streamwhiten.errors import EXIT_BAD_INPUT, EXIT_NOTHING_TO_DO, BadInputError  # noqa: E402
@@ -180,7 +180,7 @@ def test_fit_equals_two_pass_statistics(shards, rows, precision, bound):
         w = Whitener(precision=precision).fit(spec)
         assert w.n_samples_seen_ == 9000 and len(w.sources_) == 3
         assert rel(w.mean_, mean) <= bound and rel(w.covariance_, cov) <= bound
-    w = Whitener(precision=precision, block_rows=512).fit(str(shards))  # blocks that cut row groups
+    w = Whitener(precision=precision, read=ReadOptions(block_rows=512)).fit(str(shards))  # blocks that cut row groups
     assert rel(w.covariance_, cov) <= bound
 
 

@@ -182,7 +182,7 @@ def test_the_estimator_takes_storage_options_and_never_shows_their_values(
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret-0000")
     remote.clear_cache()
     options = {"endpoint_url": s3_server, "key": "sw-test-key", "secret": S3_SECRET}
-    fitted = Whitener(n_components=4, storage_options=options).fit(url)
+    fitted = Whitener(n_components=4, read=ReadOptions(storage_options=options)).fit(url)
     local = Whitener(n_components=4).fit(str(tmp_path / "c.zarr"))
     np.testing.assert_array_equal(fitted.model_.state.scatter, local.model_.state.scatter)
     assert fitted.sources_[0].path == url
@@ -190,7 +190,7 @@ def test_the_estimator_takes_storage_options_and_never_shows_their_values(
     assert all(S3_SECRET not in text for text in shown) and "secret" in shown[0]
     assert S3_SECRET not in remote.scrub(f"a message quoting {S3_SECRET}")  # the secrets of options used
     with pytest.raises(BadInputError, match="^storage_options must be a mapping"):
-        Whitener(storage_options=["endpoint_url=x"]).fit(url)
+        Whitener(read=ReadOptions(storage_options=["endpoint_url=x"])).fit(url)
 
 
 # --------------------------------------------------------------------------------- fit and apply
