@@ -1,14 +1,7 @@
 """Option objects: what a read, a fit, an apply, an engine, a publication and a retrieval evaluation take, each
-a frozen dataclass.
-
-Every field is a parameter of `streamwhiten.params.PARAMS` (same name, same default, same check),
-so an option object cannot hold a value the command line or a job file would refuse: it is checked when
-it is made, and a bad value raises the one `BadInputError` every other door
-raises. Objects are passed whole (``fit(..., read=ReadOptions(block_rows=65536))``), never unpacked into
-long argument lists; change one with `dataclasses.replace`, which checks again.
-
-This module imports nothing but the standard library, ``params`` and ``storage``: the command line builds these before
-numpy or numba are loaded.
+a frozen dataclass, checked when made against `streamwhiten.params.PARAMS` (the command line's and job files'
+words: `BadInputError`). Pass them whole (``fit(..., read=ReadOptions(block_rows=65536))``); change one with
+`dataclasses.replace`, which checks again. Standard library only, so the CLI builds them before numpy loads.
 
 Examples
 --------
@@ -37,18 +30,14 @@ from .storage import Storage, parse_storage
 
 
 class StorageOptions(Mapping):
-    """Keyword arguments for the file systems of URLs (``endpoint_url``, ``key``, ``anon``, ...), read-only.
-
-    A mapping that cannot be changed after it is made and never shows its values (they are often
-    secrets): ``repr`` lists the keys only. It pickles (Dask workers get it in their tasks) and compares
-    by value.
-    """
+    """Keyword arguments for the file systems of URLs (``endpoint_url``, ``key``, ``anon``, ...): a read-only
+    mapping whose ``repr`` lists the keys only (values are often secrets); it pickles and compares by value."""
 
     __slots__ = ("_items",)
     _items: dict[str, Any]
 
     def __init__(self, items: Mapping[str, Any] | None = None):
-        object.__setattr__(self, "_items", _deep_copy(dict(items or {})))
+        object.__setattr__(self, "_items", _plain(dict(items or {})))
         for key in self._items:
             if not isinstance(key, str):
                 raise BadInputError(f"storage option names must be strings, got {key!r}")
@@ -80,14 +69,11 @@ class StorageOptions(Mapping):
 
     def to_dict(self) -> dict:
         """A deep copy as plain dicts (for the file system's keyword arguments)."""
-        return _deep_copy(self._items)
-
-
-def _deep_copy(mapping: dict) -> dict:
-    return {key: _deep_copy(value) if isinstance(value, dict) else value for key, value in mapping.items()}
+        return _plain(self._items)
 
 
 def _plain(mapping: Mapping) -> dict:
+    """A deep copy as plain dicts."""
     return {key: _plain(value) if isinstance(value, Mapping) else value for key, value in mapping.items()}
 
 
@@ -113,11 +99,11 @@ class ReadOptions:
         Read chunks missing from a store (Zarr) or never written (HDF5) as the fill value, instead of
         refusing the store.
     storage_options : mapping, optional
-        Keyword arguments of the file systems of URL inputs and outputs (see `StorageOptions`;
-        None: none, the environment's configuration alone).
+        Keyword arguments of the file systems of URL inputs and outputs (`StorageOptions`; None: the
+        environment's configuration alone).
     remote_timeout : float
-        Seconds a remote store may keep failing (refused connections, timeouts, 5xx answers) before the
-        read or write gives up (default: ``STREAMWHITEN_REMOTE_TIMEOUT``, else the parameter's default).
+        Seconds a remote store may keep failing before the read or write gives up (default:
+        ``STREAMWHITEN_REMOTE_TIMEOUT``, else the parameter's default).
     """
 
     dataset: str | None = None
@@ -153,11 +139,8 @@ def default_remote_timeout() -> float:
 
 @dataclass(frozen=True)
 class Setting:
-    """The whitening's parameters (``beta``, ``gamma``, ``n_components`` or ``variance``, ``eps``).
-
-    A field left None is not set here: a fit takes the default of `params.PARAMS` for it, an
-    apply, export or evaluation the model's saved setting.
-    """
+    """The whitening's parameters (``beta``, ``gamma``, ``n_components`` or ``variance``, ``eps``); one left
+    None is not set: a fit takes its default, an apply, export or evaluation the model's saved setting."""
 
     beta: float | None = None
     gamma: float | None = None
@@ -224,15 +207,12 @@ class ApplyOptions:
     normalize : bool
         Scale every output row to unit L2 norm (always, for int8 and binary: see ``dtype``).
     dtype : Storage, {"float32", "float16", "int8", "binary"}, a vector code "NAME:BYTES", or None
-        The output values, parsed into a ``streamwhiten.storage.Storage`` (``str(options.dtype)``
-        spells it); None: the model's storage (what ``tune`` chose; float32 when it records none).
-        ``int8``: codes of the unit-length vectors, a scale and offset per component from the statistics;
-        ``binary``: their sign bits packed 8 per byte (uint8, ``ceil(k / 8)`` per row). Both are of the
-        unit vectors, as the search stores them, so they set ``normalize``; the output records how to
-        decode them (``streamwhiten.serving.decode``).
+        The output values, parsed into a `Storage` (``str(options.dtype)`` spells it); None: the model's
+        storage (what ``tune`` chose; float32 when it records none). ``int8`` codes (a scale and offset per
+        component, from the statistics), ``binary`` sign bits (``ceil(k / 8)`` uint8 per row) and vector
+        codes are of the unit vectors, so they set ``normalize``; the output records how to decode them.
     skip_nonfinite : bool
-        Write NaN rows for input rows holding NaN or Inf instead of refusing them (float outputs only:
-        int8 codes and bits cannot hold NaN).
+        Write NaN rows for input rows holding NaN or Inf instead of refusing them (float outputs only).
     zarr_format : {2, 3}
         The format of a Zarr output.
     compressor : {"none", "zstd", "blosc", "gzip"}
@@ -240,8 +220,7 @@ class ApplyOptions:
     direct_io : bool
         Write whole output chunks around the page cache where the file system allows it.
     checksums : bool
-        Store a checksum with every output chunk, verified when read: HDF5's fletcher32 filter, Zarr 3's
-        crc32c codec (Parquet pages always carry theirs; Zarr 2 and Lance outputs have none).
+        Store a checksum with every output chunk, verified when read (HDF5's fletcher32, Zarr 3's crc32c).
     keep_columns : tuple of str
         Input columns (Parquet or Lance input) copied row for row into a Parquet or Lance output.
     progress_seconds : float
@@ -249,8 +228,8 @@ class ApplyOptions:
     restart : bool
         Discard the partial output of an interrupted run instead of resuming it.
     overwrite : bool
-        Replace an existing output written by streamwhiten that is not up to date (one that is up to date is
-        kept, overwrite or not: `NothingToDoError`, exit 3).
+        Replace an existing output written by streamwhiten that is not up to date (an up-to-date one is
+        kept: `NothingToDoError`).
     """
 
     normalize: bool = params.default("normalize")
@@ -278,8 +257,7 @@ class ApplyOptions:
             object.__setattr__(self, "normalize", True)
 
     def storing(self, default: Storage | None) -> ApplyOptions:
-        """These options with ``dtype`` None made ``default`` (a model's storage, what ``tune`` chose; float32
-        when None): what an apply writes when no dtype is given (coded, it sets ``normalize``)."""
+        """These options with ``dtype`` None made ``default`` (a model's storage; float32 when None)."""
         return self if self.dtype is not None else replace(self, dtype=default or Storage())
 
 
@@ -290,11 +268,10 @@ class PublishOptions:
     Parameters
     ----------
     max_staleness : float
-        Tolerance of the published map's staleness total (``core.staleness``): while within it, each
-        night's new rows are appended with the published map; above it, a new version is published.
+        Tolerance of the published map's staleness total: within it, new rows are appended with the
+        published map; above it, a new version is published.
     keep_versions : int
-        Published versions kept on disk, the current one included; older ones are deleted once a new
-        version is in place.
+        Published versions kept on disk, the current one included.
     """
 
     max_staleness: float = params.default("max_staleness")
@@ -315,8 +292,7 @@ class RetrievalOptions:
     exclude : str or path, optional
         A file of ``(query, corpus)`` pairs dropped from that query's candidates.
     query_id_column, corpus_id_column : str, optional
-        Parquet or Lance stores: the columns holding the ids the qrels and exclude file use (None: the ids
-        are 0-based rows).
+        Parquet or Lance stores: the columns of the ids the qrels and exclude file use (None: 0-based rows).
     bootstrap : int
         Resamples of the queries for each paired 95% interval (0: none).
     seed : int
