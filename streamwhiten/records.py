@@ -1,19 +1,10 @@
-"""Records: what streamwhiten writes down about a store it read and a run it may resume, as frozen dataclasses.
+"""Records: what streamwhiten writes down about a store it read (`Fingerprint`), an apply it may resume
+(`ResumeRecord`) and a job's publication (`Manifest`), as frozen dataclasses.
 
-A record is a value: it is made whole, compared whole and changed only into a new record
-(`dataclasses.replace`). It becomes JSON only where it meets a file, through ``to_dict`` and
-``from_dict``, which give and take exactly the objects the files have always held (the same keys, the
-same values, a key left out where the record has no value for it), so model files, checkpoints, progress
-records and output attributes written before these classes existed are read as they were written.
-
-- `Fingerprint`: which rows of which store a fit read (a model's ``sources``, a checkpoint's
-  cursors, the input of an apply);
-- `ResumeRecord`: the progress record of an apply (``.NAME.partial.progress.json``): the job it
-  belongs to and how far it got;
-- `Manifest`: the current publication of a job's outputs (``MODEL.manifest.json``): which version,
-  which model file and map, and each input's output parts (`Part`), with its own checksum.
-
-This module imports nothing but the standard library, below ``io`` and ``core``: both read and write them.
+A record becomes JSON only where it meets a file, through ``to_dict`` and ``from_dict``, which give and take
+exactly the objects the files have always held (a key left out where the record has no value), so files
+written before these classes existed are read as they were written. Standard library only: ``io`` and
+``core`` both use them.
 """
 
 from __future__ import annotations
@@ -30,11 +21,8 @@ from typing import Any, ClassVar
 class Fingerprint:
     """What identifies the first ``n_rows`` rows of a store, cheap to take (``io.fingerprint``).
 
-    Every field is None where the record holds no value for it (its key is absent from the JSON): a
-    fingerprint taken before the pass hashed its rows has no ``sha256_sampled`` yet, and one a
-    checkpoint wrote part-way has the partial-read pair instead (``sha256_read``, ``rows_read``: the hash
-    of the sampled rows before ``rows_read``); a source recorded by a caller of ``finalize`` may hold
-    less still (an update then refuses it).
+    A field is None where the record holds no value (its key is absent from the JSON): before the pass
+    hashed the rows there is no ``sha256_sampled``; a checkpoint written part-way has the partial pair.
 
     Attributes
     ----------
@@ -50,8 +38,7 @@ class Fingerprint:
     sha256_read, rows_read
         A part-way hash: of the sampled rows before ``rows_read`` only.
     size, etag, version
-        The backends' extras: an object's (or a prefix's) bytes and ETag or digest, a Lance dataset's
-        version. Not compared by an update: appends change them.
+        The backends' extras (an object's bytes and ETag, a Lance version); an update ignores them.
     other : mapping
         Keys of the JSON object that no field above names, kept as they were.
     """
@@ -123,11 +110,8 @@ def fingerprint_of(value: Fingerprint | Mapping[str, Any]) -> Fingerprint:
 
 @dataclass(frozen=True)
 class ResumeRecord:
-    """An apply's progress record: the job a partial output belongs to, and how far it got.
-
-    The partial output of an interrupted run is continued only by a run of the same job (`same_job`:
-    every field but the two counts equal, the input's whole fingerprint included); ``rows_done`` rows are
-    then durable, ``n_nonfinite`` of them written as NaN.
+    """An apply's progress record: the job a partial output belongs to, and how far it got; a partial output
+    is continued only by a run of the same job (`same_job`: every field but the two counts equal).
 
     Attributes
     ----------
@@ -139,16 +123,9 @@ class ResumeRecord:
         The output's absolute path, or its URL normalised.
     normalize, dtype, zarr_format, block_rows, skip_nonfinite, threads
         How it is written (threads too: BLAS rounding can depend on its threads per call).
-    compressor : str
-        The output's compressor ("none": absent from the JSON).
-    keep_columns : tuple of str
-        Input columns carried into the output (none: absent from the JSON).
-    quantization : str, optional
-        int8 codes and sign bits: the digest of the decode record the output carries
-        (``Quantization.digest``; float outputs: None, absent from the JSON).
-    rows : tuple of int, optional
-        ``(start, stop)``: the input rows written, where an apply writes part of its input (absent from the
-        JSON otherwise).
+    compressor, keep_columns, quantization, rows
+        The compressor, the input columns carried, the digest of a codes' decode record, the input rows
+        ``(start, stop)`` written: each absent from the JSON where not set ("none", (), None, None).
     rows_done, n_nonfinite : int
         Rows written and durable, and how many of them were non-finite input.
     """
@@ -169,8 +146,7 @@ class ResumeRecord:
     rows_done: int = 0
     n_nonfinite: int = 0
 
-    #: The keys every record holds besides the counts: the fields without a default, those of the job
-    #: (set below the class); ``compressor``, ``keep_columns`` and ``quantization`` only where they are set.
+    #: The keys every record holds besides the counts: the fields without a default (set below the class).
     REQUIRED: ClassVar[tuple[str, ...]]
 
     def __post_init__(self) -> None:
@@ -190,14 +166,10 @@ class ResumeRecord:
         """The JSON object of this record, as apply has always written it."""
         data: dict[str, Any] = {name: getattr(self, name) for name in self.REQUIRED}
         data["source"] = self.source.to_dict()
-        if self.compressor != "none":
-            data["compressor"] = self.compressor
-        if self.keep_columns:
-            data["keep_columns"] = list(self.keep_columns)
-        if self.quantization is not None:
-            data["quantization"] = self.quantization
-        if self.rows is not None:
-            data["rows"] = list(self.rows)
+        for name, unset in (("compressor", "none"), ("keep_columns", ()), ("quantization", None), ("rows", None)):
+            value = getattr(self, name)
+            if value != unset:
+                data[name] = list(value) if isinstance(value, tuple) else value
         data["rows_done"] = self.rows_done
         data["n_nonfinite"] = self.n_nonfinite
         return data
@@ -235,10 +207,8 @@ ResumeRecord.REQUIRED = tuple(item.name for item in fields(ResumeRecord) if item
 
 
 def nul_field(data: Any, where: str = "") -> str | None:
-    """The first field of the JSON value ``data`` (a key or a string value, at any depth) that holds a NUL
-    byte, as its path (``inputs[0].parts[1].path``), or None. No path, name or value any writer records
-    holds one (the file system refuses it in a name), so a record that does was edited: the reader names
-    the field, where the NUL would otherwise reach ``os.stat`` as a bare ``ValueError``."""
+    """The path (``inputs[0].parts[1].path``) of the first key or string in ``data`` holding a NUL byte, or
+    None: no writer records one, so the reader names the field before it reaches ``os.stat``."""
     if isinstance(data, str):
         return (where or "a value") if "\x00" in data else None
     if isinstance(data, Mapping):
@@ -272,8 +242,7 @@ def _count(value: Any, what: str, low: int = 0) -> int:
 
 
 def _text(value: Any, what: str, plain: bool = False) -> str:
-    """``value`` if it is a non-empty string without a NUL byte (``plain``: without any control character:
-    an identity, a stamp or a time, which no writer makes of anything but printable text)."""
+    """``value`` if it is a non-empty string without a NUL byte (``plain``: printable text only)."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty string, got {value!r}")
     if "\x00" in value or (plain and not value.isprintable()):
@@ -295,10 +264,9 @@ def _keys(data: Any, what: str, required: Iterable[str], optional: Iterable[str]
 
 @dataclass(frozen=True)
 class Part:
-    """One output part of a published input: the output ``path`` (a store spec, as ``apply -o`` takes it)
-    holding the transform of the input rows ``[start, stop)``. ``stamp``: the output's file-system stamp
-    when it was last checked (``Output.stamp``; None for object storage or a manifest written before
-    stamps): while it is unchanged, the part is not opened again to be checked."""
+    """One output part of a published input: the output ``path`` (a store spec) holding the transform of
+    the input rows ``[start, stop)``; ``stamp``: its file-system stamp when last checked (None: none), which
+    spares opening an unchanged part again."""
 
     path: str
     start: int
@@ -330,8 +298,7 @@ _FINGERPRINT_COUNTS = ("n_rows", "n_features", "chunk_rows", "rows_read", "size"
 
 
 def _check_fingerprint(source: Fingerprint) -> None:
-    """Refuse a recorded fingerprint whose fields are not what a reader takes (whole numbers of at least 0,
-    text; a NUL byte is refused with the whole record): `ValueError` naming the field."""
+    """`ValueError` naming a recorded fingerprint's field that is not a whole number >= 0 or text."""
     for name in Fingerprint.KEYS:
         value = getattr(source, name)
         if value is None:
@@ -344,9 +311,8 @@ def _check_fingerprint(source: Fingerprint) -> None:
 
 @dataclass(frozen=True)
 class PublishedInput:
-    """An input of a publication: its ``spec``, the ``output`` the job's template gives it (the base of its
-    version-named parts), the `Fingerprint` of its rows ``[0, stop)`` (so the next night knows
-    what is new, and refuses an input that was rewritten) and its output ``parts`` in row order."""
+    """An input of a publication: its ``spec``, the ``output`` its version-named parts are based on, the
+    `Fingerprint` of its rows ``[0, stop)`` (what the next night appends to) and its ``parts`` in row order."""
 
     spec: str
     output: str
@@ -453,43 +419,33 @@ def json_checksum(body: Mapping[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class Manifest:
-    """The current publication of a job's outputs: what ``MODEL.manifest.json`` holds.
-
-    It is replaced as a whole by one atomic rename, so a reader sees one complete version or the one
-    before; its ``checksum`` (of everything else, as canonical JSON) is checked when it is read, so a
-    damaged or hand-edited manifest is refused, never taken for another version.
+    """The current publication of a job's outputs: what ``MODEL.manifest.json`` holds, replaced whole by one
+    atomic rename; its ``checksum`` (of the rest, as canonical JSON) refuses a damaged or edited manifest.
 
     Attributes
     ----------
     version : int
         The published version (1, 2, ...).
-    model_file : str
-        The published model file beside the manifest (``MODEL.vN.npz``), an immutable copy of the model
-        finalized at publication; ``file_checksum`` is that file's content checksum.
+    model_file, file_checksum : str
+        The published model file beside the manifest (``MODEL.vN.npz``) and its content checksum.
     model_checksum : str
-        The map the outputs were written with (``AffineMap.checksum``, the outputs' ``model_checksum``).
-    published_at : str
-        When the version was published (UTC, ISO 8601); ``updated_at`` when parts were last appended.
+        The map the outputs were written with (``AffineMap.checksum``).
+    published_at, updated_at : str
+        When the version was published, and parts last appended (UTC, ISO 8601).
     n_rows : int
         The rows of the statistics the version was finalized from.
     setting : mapping
-        What the outputs were written with: the whitening's parameters and the ``[apply]`` options that
-        change what is written; another setting in the job publishes a new version.
+        The whitening's parameters and the ``[apply]`` options the outputs were written with.
     inputs : tuple of PublishedInput
         Each input and its output parts.
-    kept : tuple of Version
-        Earlier versions still on disk (``keep_versions``), newest first.
-    retired : tuple of Version
-        Versions whose files are deleted once this manifest is in place (again by a later run if that was
-        cut short).
+    kept, retired : tuple of Version
+        Earlier versions still on disk, newest first; versions whose files are deleted once this is in place.
     job_id : str
-        The job's identity, drawn at its first publication and kept by every later one: each file a
-        publication writes records it (with its version), and a run deletes or replaces only files that
-        do. None in a manifest of format 1 (an earlier release), whose files record no job.
+        The job's identity, recorded by every file a publication writes: a run deletes or replaces only
+        those. None in a manifest of format 1, whose files record none.
 
-    Local paths are relative to the manifest's folder in the file (so a job's folder can be moved,
-    copied or mounted elsewhere) and absolute in the record (``streamwhiten.job.manifest`` converts
-    them); a manifest of format 1 holds absolute paths.
+    Local paths are relative to the manifest's folder in the file and absolute in the record
+    (``streamwhiten.job.manifest`` converts them; format 1 holds absolute paths).
     """
 
     version: int
