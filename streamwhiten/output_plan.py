@@ -1,19 +1,11 @@
 """The output plan: everything an apply output is written with, in one frozen value.
 
-An `OutputPlan` is made once, by the engine, from the apply options, the model and the source
-(``engine.apply.plan_output``), and handed whole to every writer: ``io.Output.create``, the sinks'
-``create`` and ``resume``, the progress record of a resumable run (`OutputPlan.resume_record`),
-the check that an existing output already holds what would be written (`OutputPlan.matches`) and
-the setting read back from one (`OutputPlan.from_attrs`). It alone turns itself into the output's
-attributes (`OutputPlan.to_attrs`), so the attribute names are written here and nowhere else: the
-readers use the constants below.
-
-Why a foundation module (beside ``records`` and ``options``): ``io`` writes the plan and may import
-only the foundation (and the Numba kernels), ``engine`` builds it from the model, and ``core`` names the
-codes' attribute (`STORAGE_ATTR`) that ``serving`` decodes. Below all three, the plan holds no
-model and no array, only values: how the stored vectors are made (the codes' record, or a codec's) is
-given to it as a `StoredAs`, whatever made them. It imports nothing but the standard library and
-``records``.
+An `OutputPlan` is made once by the engine (``engine.apply.plan_output``) and handed whole to every writer,
+the progress record (`OutputPlan.resume_record`), the up-to-date check (`OutputPlan.matches`) and the
+setting read back from an output (`OutputPlan.from_attrs`). It alone writes the output's attributes
+(`OutputPlan.to_attrs`); readers use the names below. A foundation module (standard library and
+``records`` only): ``io`` writes the plan, ``engine`` builds it, ``core`` names `STORAGE_ATTR`; it holds
+values only, the stored codes described by a `StoredAs`.
 """
 
 from __future__ import annotations
@@ -28,11 +20,9 @@ from . import __version__
 from .records import Fingerprint, ResumeRecord
 
 # -- the attribute names of an output (read elsewhere through these constants)
-#: The attribute every store output of streamwhiten carries: how an existing store is recognised as an
-#: output of ours, which ``overwrite`` may replace.
+#: Every output of streamwhiten carries it: what ``overwrite`` may replace.
 OWNER_ATTR = "streamwhiten_version"
-#: False until the output is committed (an output written in place on object storage counts as absent
-#: until then).
+#: False until the output is committed (until then it counts as absent).
 COMPLETE_ATTR = "complete"
 #: The checksum of the map that wrote the output (``AffineMap.checksum``).
 CHECKSUM_ATTR = "model_checksum"
@@ -53,8 +43,8 @@ NONFINITE_ATTR = "n_nonfinite_rows"
 MODEL_PARAMS = ("beta", "gamma", "eps", "eps_value", "n_components")
 #: What an output written before an option existed was written with (missing from its attributes).
 _OPTION_DEFAULTS = {COMPRESSOR_ATTR: "none"}
-#: The input hash an output records until it is known (set at commit): a placeholder of its size keeps
-#: every attribute in place from the start, so a resumed HDF5 output is laid out as an uninterrupted one.
+#: The input hash recorded until it is known at commit: of its size, so a resumed HDF5 output's layout is
+#: that of an uninterrupted one.
 PLACEHOLDER_SHA = "0" * 64
 
 
@@ -65,8 +55,8 @@ def record_digest(record: Mapping[str, Any]) -> str:
 
 
 def storage_record(attrs: Mapping[str, Any]) -> Any:
-    """The storage record an output's attributes carry under `STORAGE_ATTR` (a JSON object, or its
-    text where the store keeps text, as HDF5 does); None where there is none (floats)."""
+    """The storage record an output's attributes carry under `STORAGE_ATTR` (JSON, or its text as HDF5
+    keeps it); None for floats."""
     record = attrs.get(STORAGE_ATTR) if hasattr(attrs, "get") else None
     if isinstance(record, bytes):
         record = record.decode()
@@ -76,8 +66,8 @@ def storage_record(attrs: Mapping[str, Any]) -> Any:
 
 
 def recorded_rows(attrs: Mapping[str, Any]) -> tuple[int, int] | None:
-    """The input rows ``(start, stop)`` an output holds, from its `ROWS_ATTR` attribute (None: every
-    row of its input; HDF5 keeps the pair as JSON text); `ValueError` for a value that is no pair."""
+    """The input rows ``(start, stop)`` an output holds (`ROWS_ATTR`; None: every row); `ValueError` for a
+    value that is no pair."""
     value = attrs.get(ROWS_ATTR)
     if value is None:
         return None
@@ -93,8 +83,7 @@ def is_complete(attrs: Mapping[str, Any]) -> bool:
 
 
 def is_incomplete_output(attrs: Any) -> bool:
-    """Whether ``attrs`` are those of an output of ours that is not complete (written in place, not yet
-    committed: taken for absent)."""
+    """Whether ``attrs`` are those of an output of ours not yet committed (taken for absent)."""
     return isinstance(attrs, Mapping) and COMPLETE_ATTR in attrs and CHECKSUM_ATTR in attrs and not attrs[COMPLETE_ATTR]
 
 
@@ -107,19 +96,15 @@ class StoredAs:
     kind : str
         What the output's ``dtype`` attribute says (``"int8"``, ``"binary"``; a codec's label).
     width, dtype
-        Stored values per row and their dtype name (``"int8"``; ``"uint8"`` for bits or a codec's bytes,
-        ``width`` then being its bytes per vector).
+        Stored values per row and their dtype name (``"uint8"`` for bits or a codec's bytes per vector).
     record : mapping
         The JSON object recorded under `STORAGE_ATTR`: how the codes decode.
     digest : str
-        What a resumed or up-to-date output must match: the record's digest (a codec's: that of its
-        checksummed bytes).
+        What a resumed or up-to-date output must match: the record's digest (a codec's: of its bytes).
     read_digest : callable, optional
-        The digest of the record an existing output's attributes carry (the record class's own reading,
-        which checks it); default: `record_digest` of the recorded JSON.
+        The digest of the record an existing output carries (default: `record_digest` of the JSON).
     encoder : object, optional
-        What encodes a block of floats into these codes (its ``encode(rows)``), for the writer of the plan
-        (the record a model made: a plan read back from attributes has none).
+        What encodes a block of floats into these codes (``encode(rows)``; None when read back).
     """
 
     kind: str
@@ -139,10 +124,7 @@ class StoredAs:
 
 @dataclass(frozen=True)
 class OutputPlan:
-    """What one output is written with, from the options, the model and the source to every writer.
-
-    A plan without ``model_checksum`` is a plain store (the example data set, a test's array): its
-    attributes are only the marks of an output of ours.
+    """What one output is written with; without ``model_checksum``, a plain store (the example data).
 
     Attributes
     ----------
@@ -154,8 +136,7 @@ class OutputPlan:
     chunk_rows, block_rows
         Rows per output chunk (None: the backend's default size) and per block written.
     compressor, zarr_format, direct_io, checksums
-        How the chunks are written (``compressor`` and ``zarr_format`` are recorded where the output kind
-        offers the choice: ``records_compressor``, ``records_format``).
+        How the chunks are written (the first two recorded where the kind offers the choice: ``records_*``).
     kept_columns, kept_schema
         Input columns carried beside the vectors, and their types (the backend library's schema).
     rows
@@ -225,11 +206,9 @@ class OutputPlan:
         return options
 
     def to_attrs(self) -> dict[str, Any]:
-        """The attributes the output is created with: where it came from (``rows``: the input rows it
-        holds, where it holds part of them), which map made it, the options it was written with, the
-        input columns it carries, for codes their kind (``dtype``) and record (`STORAGE_ATTR`),
-        the caller's attributes, and the marks of an output not yet complete. The input hash is
-        `PLACEHOLDER_SHA` until known (`commit_attrs` sets it)."""
+        """The attributes the output is created with: its source and rows, map, options, kept columns,
+        codes' kind and record, the caller's, and the marks of an output not yet complete (the input hash
+        is `PLACEHOLDER_SHA` until `commit_attrs` sets it)."""
         if self.model_checksum is None:  # a plain store
             return {**self.caller_attrs, COMPLETE_ATTR: False, NONFINITE_ATTR: 0, OWNER_ATTR: __version__}
         attrs: dict[str, Any] = {
@@ -253,8 +232,7 @@ class OutputPlan:
         return attrs
 
     def commit_attrs(self, n_nonfinite_rows: int, source_sha256: str | None = None) -> dict[str, Any]:
-        """The attributes set when the output is committed: the caller's again, the non-finite rows
-        counted, and the input's hash where it was taken while writing."""
+        """The attributes set at commit: the caller's again, the non-finite rows, the input hash if taken."""
         attrs = {**self.caller_attrs, NONFINITE_ATTR: n_nonfinite_rows}
         if source_sha256 is not None:
             attrs[SOURCE_SHA_ATTR] = source_sha256
@@ -263,9 +241,7 @@ class OutputPlan:
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any], dtype: str | None = None) -> OutputPlan:
         """The setting an existing output was written with, as its attributes record it (``dtype``: its
-        array's, which the attributes of floats do not say). What is not recorded (chunk and block rows,
-        direct I/O, checksums, the output's name) is left at its default; `ValueError` for a
-        damaged ``rows`` or storage record."""
+        array's); what is not recorded keeps its default. `ValueError` for a damaged rows or storage record."""
         record = storage_record(attrs)
         storage = None
         if record is not None:  # codes: the record says their kind, width and dtype
@@ -295,10 +271,8 @@ class OutputPlan:
         )
 
     def matches(self, attrs: Mapping[str, Any], dtype: str | None = None) -> bool:
-        """Whether an output whose attributes are ``attrs`` (its array of ``dtype``: needed for floats) is
-        complete and holds what this plan writes: the same map, input rows (the sampled hash, and the
-        range ``rows``), normalisation, stored values (floats: the dtype, and no codes; codes: the same
-        record digest), recorded options and kept columns. An unreadable record is no match."""
+        """Whether an output whose attributes are ``attrs`` (its array of ``dtype``) is complete and holds what
+        this plan writes: map, input rows, normalisation, stored values, recorded options, kept columns."""
         try:
             if self.storage is None:
                 same_values = dtype is not None and str(dtype) == self.dtype and STORAGE_ATTR not in attrs
@@ -322,9 +296,8 @@ class OutputPlan:
 
     # -- the progress record
     def resume_record(self, source: Fingerprint, threads: int) -> ResumeRecord:
-        """What must match for a partial output to be continued rather than started over: this plan, the
-        input's whole fingerprint ``source``, and the worker ``threads`` (BLAS rounding can depend on its
-        threads per call)."""
+        """What must match for a partial output to be continued: this plan, the input's whole fingerprint and
+        the worker ``threads`` (BLAS rounding can depend on them)."""
         assert self.model_checksum is not None, "a plain store is not resumed"
         return ResumeRecord(
             model_checksum=self.model_checksum,
