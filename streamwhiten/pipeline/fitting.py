@@ -27,17 +27,11 @@ from .paths import check_fit_paths, check_writable_dir, default_checkpoint
 log = logging.getLogger("streamwhiten")
 
 
-# ---------------------------------------------------------------------------------------------------- fit
-
-
 @dataclass(frozen=True)
 class FitOutcome:
-    """What a fit did, whichever engine ran it.
-
-    ``model`` is the finalized model (saved to ``model_path`` unless that is None), ``file_checksum`` the
-    content checksum of the file written; ``rows_read`` and ``read_seconds`` are this run's pass (an
-    update reads only what was added), ``seconds`` the whole call.
-    """
+    """What a fit did, whichever engine ran it: the finalized ``model`` (saved to ``model_path`` unless None,
+    ``file_checksum`` the file's), this run's pass (``rows_read``, ``read_seconds``: an update reads only
+    what was added) and ``seconds``, the whole call."""
 
     model: WhiteningModel
     model_path: str | None
@@ -75,8 +69,7 @@ class FitOutcome:
 
 @dataclass
 class _Planned:
-    """A fit ready to run: its plan, whether it resumes a checkpoint, the setting to finalize with and
-    the rows an updated model had skipped already."""
+    """A fit ready to run: its plan, whether it resumes, the setting, an updated model's skipped rows."""
 
     plan: FitPlan
     resumed: bool
@@ -114,9 +107,8 @@ def fit(
     update : str, optional
         A saved model whose statistics are extended with the rows appended since, and new inputs.
     watch : Watch, optional
-        Its progress (``progress(rows_done, rows_total)``) and when to stop: ``should_stop()`` turns true
-        when a signal asks the fit to stop at its next block (it checkpoints and raises
-        `InterruptedRunError`); the save of an engine that cannot stop between blocks runs in ``guard()``.
+        Its progress (``progress(rows_done, rows_total)``) and when to stop (``should_stop()``: it
+        checkpoints and raises `InterruptedRunError`).
 
     Returns
     -------
@@ -148,16 +140,16 @@ def fit(
 def _save(
     model: WhiteningModel, plan: FitPlan, model_path: str, checkpoint: str | None, runner: Any, watch: Watch
 ) -> str:
-    """Save the fitted model and remove its checkpoint; an engine that cannot stop between blocks saves
-    inside the watch's guard (a signal then waits for the save)."""
+    """Save the fitted model and remove its checkpoint (inside the watch's guard for an engine that cannot
+    stop between blocks)."""
     saving = nullcontext(watch.should_stop) if runner.stops_between_blocks or watch.guard is None else watch.guard()
     with saving as stop:
         return save_fitted(model, plan, model_path, checkpoint if runner.checkpoints else None, stop)
 
 
 def _refuse_early(params: dict, update: str | None, options: FitOptions, checkpoints: bool) -> None:
-    """What a fit refuses before it reads a row: a setting out of range, a model to update that cannot be
-    read (a FIFO, an unreadable file), an update or a resume on an engine that keeps no checkpoint."""
+    """Refuse, before a row is read, a bad setting, an unreadable model to update, and an update or resume
+    on an engine that keeps no checkpoint."""
     _params.check_model(**params)
     if update is not None:
         from .._npz import check_file
@@ -181,15 +173,12 @@ def finish_checkpoint(
     watch: Watch = Watch(),
     label: str = "",
 ) -> FitOutcome | None:
-    """Complete the fit or update that a killed run left in its checkpoint (``options.checkpoint``, by
-    default the one beside ``model_path``) and save its model to ``model_path`` (a job's first step); None
-    when there was nothing to finish.
+    """Complete the fit or update a killed run left in its checkpoint (``options.checkpoint``, default
+    beside ``model_path``) and save its model (a job's first step); None when there was nothing to finish.
 
-    Unlike [`fit`][streamwhiten.pipeline.fit]'s resume, the checkpoint's inputs need only be a prefix of ``inputs`` (a
-    job's inputs
-    grow between runs: the rows added since are the next update's). A checkpoint that does not belong to
-    the current model, or whose sources changed, is discarded (logged with ``label`` before it); one whose
-    model was saved before the run was killed is removed.
+    The checkpoint's inputs need only be a prefix of ``inputs`` (a job's inputs grow between runs). One
+    that does not belong to the current model, or whose sources changed, is discarded (logged with
+    ``label``); one whose model was saved before the kill is removed.
     """
     from ..core.model import kept_storage
     from ..engine.engines import SerialEngine
@@ -202,13 +191,8 @@ def finish_checkpoint(
     if pending is None:
         return None
     plan, previous = pending
-    log.info(
-        "%sfinishing the interrupted run in %s (%s of %s rows done)",
-        label,
-        checkpoint,
-        f"{plan.rows_done:,}",
-        f"{plan.rows_total:,}",
-    )
+    done = f"{plan.rows_done:,} of {plan.rows_total:,}"
+    log.info("%sfinishing the interrupted run in %s (%s rows done)", label, checkpoint, done)
     runner = SerialEngine((engine or EngineOptions()).threads)  # a checkpoint is the serial engine's
     result = runner.fit(
         plan, watch=watch, checkpoint=Checkpoint(checkpoint, fit.checkpoint_every, fit.checkpoint_seconds)
@@ -224,8 +208,8 @@ def finish_checkpoint(
 def _pending(
     checkpoint: str, inputs: Any, model_path: str, fit: FitOptions, read: ReadOptions, label: str
 ) -> tuple[FitPlan, WhiteningModel | None] | None:
-    """The plan a killed run left in ``checkpoint``, with the model it updates (None: a first fit); None,
-    the checkpoint removed, when its model was saved before the kill or it no longer matches."""
+    """The plan a killed run left in ``checkpoint`` and the model it updates (None: a first fit); None, the
+    checkpoint removed, when its model was saved before the kill or it no longer matches."""
     from ..core.model import load_model
     from ..engine.fit import PassOptions, check_resumable, load_checkpoint, remove_checkpoint
     from ..errors import ModelFileError
@@ -258,8 +242,7 @@ def _outcome(
     resumed: bool,
     engine: str,
 ) -> FitOutcome:
-    """What a fit that ran ``plan`` (``result``: its pass; begun at ``began``) reports, having made and saved
-    ``saved`` (the model, its path and file checksum); an update's plan starts from the model's rows."""
+    """The outcome of a fit that ran ``plan`` (``result``) since ``began``, ``saved``: (model, path, checksum)."""
     rows_read = result.rows_read if result.rows_read is not None else result.state.n_rows + result.n_skipped
     n_sources = len(plan.cursors) or len(result.sources)
     seconds = time.perf_counter() - began
@@ -280,8 +263,8 @@ def _expanded(inputs: Any, read: ReadOptions) -> list:
 def _prepare_model_path(
     inputs: Any, model_path: str, params: dict, options: FitOptions, read: ReadOptions, update: str | None
 ) -> str:
-    """Check the model file and checkpoint paths (before anything is read or written); returns the
-    checkpoint path. An existing model is refused (or nothing to do) unless ``options.overwrite``."""
+    """Check the model file and checkpoint paths before anything is read or written; returns the checkpoint
+    path. An existing model is refused (or nothing to do) unless ``options.overwrite``."""
     from .._durable import remove_stale_temps
     from ..core.model import check_model_name, check_model_output
     from ..engine.fit import check_checkpoint_output
@@ -329,17 +312,14 @@ def _resumed(planned: Any, checkpoint: str, options: FitOptions, read: ReadOptio
         return None
     plan = load_checkpoint(checkpoint, read)
     check_resumable(plan, checkpoint, planned.options, planned.base_rows, [c.spec for c in planned.cursors])
+    same_bits = "so the result is the same bits"
     if read.block_rows is not None and int(read.block_rows) != plan.block_rows:
         log.info(
-            "resuming with the checkpoint's %s rows per block (not %s), so the result is the same bits",
-            plan.block_rows,
-            read.block_rows,
+            "resuming with the checkpoint's %s rows per block (not %s), %s", plan.block_rows, read.block_rows, same_bits
         )
     threads = getattr(runner, "threads", None)
     if threads is not None and plan.threads and int(threads) != plan.threads:
-        log.info(
-            "resuming with the checkpoint's %s threads (not %s), so the result is the same bits", plan.threads, threads
-        )
+        log.info("resuming with the checkpoint's %s threads (not %s), %s", plan.threads, threads, same_bits)
     log.info("resuming from %s: %s of %s rows already done", checkpoint, f"{plan.rows_done:,}", f"{plan.rows_total:,}")
     return plan
 
@@ -347,8 +327,7 @@ def _resumed(planned: Any, checkpoint: str, options: FitOptions, read: ReadOptio
 def _refuse_existing_model(
     inputs: Any, model_path: str, update: str | None, params: dict, options: FitOptions, read: ReadOptions
 ) -> None:
-    """An existing model file is replaced only with ``overwrite`` (or updated in place); one that already
-    holds what this fit would write is nothing to do."""
+    """Refuse an existing model file (`NothingToDoError` when it holds what this fit would write)."""
     from ..errors import OutputExistsError
     from ..io import same_file
 
@@ -360,8 +339,8 @@ def _refuse_existing_model(
 
 
 def model_is_current(model_path: str, inputs: Any, params: dict, options: FitOptions, read: ReadOptions) -> bool:
-    """Whether ``model_path`` holds the model a fit of ``inputs`` with these options would write: the
-    same sources (fingerprints), precision, NaN handling and parameters. Then there is nothing to do."""
+    """Whether ``model_path`` holds what a fit of ``inputs`` with these options would write: the same source
+    fingerprints, precision, NaN handling and parameters."""
     from ..core.model import DEFAULT_EPS, file_checksum, load_model
     from ..engine.fit import open_sources
     from ..errors import ModelFileError
@@ -392,10 +371,8 @@ def save_fitted(
 ) -> str:
     """Save the model of a finished fit, then remove its checkpoint; returns the file's checksum.
 
-    When a stop was asked for (a signal during the fit's last block or its finalize), the finished plan
-    is checkpointed instead and `InterruptedRunError` raised: the next run only finalizes and
-    saves. A signal during the save itself lets the save finish (the file is whole or absent). A fit
-    without a checkpoint (``checkpoint`` None: the Dask engine) is saved whatever ``should_stop`` says.
+    When a stop was asked for, the finished plan is checkpointed instead and `InterruptedRunError` raised
+    (the next run only saves); a fit without a checkpoint (Dask) is saved whatever ``should_stop`` says.
     """
     from ..core.model import save_model
     from ..engine.fit import remove_checkpoint, save_checkpoint
