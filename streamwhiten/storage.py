@@ -1,14 +1,10 @@
 """A storage as one value: what a user names and what a model records.
 
 A `Storage` is how vectors are stored for search: ``float32``, ``float16``, ``int8`` codes, ``binary``
-sign bits, or a vector code ``NAME:BYTES`` (``eigen:24``), with the re-ranking of a bit or code search's
-top ``rescore`` and the int8 clip. A user's spelling is parsed once, where it comes in (`parse_storage`:
-the command line, a job file, `ApplyOptions`, the estimator, ``eval``), and everything below takes the
-value; ``str(storage)`` gives the spelling back (``"int8"``, ``"eigen:24"``) for messages and JSON. A
-model records the same value, a code's with the trained codec (`CodecRecord`: its checksummed bytes).
-
-A foundation module (the standard library and ``params`` alone), so the option objects can hold a
-storage and ``core`` can record one.
+sign bits, or a vector code ``NAME:BYTES`` (``eigen:24``), with its ``rescore`` and int8 clip. A user's
+spelling is parsed once where it comes in (`parse_storage`); ``str(storage)`` spells it back for messages
+and JSON. A model records the same value, a code's with its trained codec (`CodecRecord`). Standard
+library and ``params`` only, so option objects hold one and ``core`` records one.
 
 >>> storage = parse_storage("eigen:24", rescore=100)
 >>> str(storage), storage.code, storage.budget, storage.rescore
@@ -59,29 +55,11 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "int8": 1}
 
 @dataclass(frozen=True, eq=False)
 class CodecRecord:
-    """A vector code a model records as its storage: the codec's checksummed byte form (what
-    ``streamwhiten.codes.Codec.to_bytes`` wrote; opaque here, decoded with
-    ``streamwhiten.codes.codec_from_bytes`` where it is used) and what is known of it without decoding it.
-
-    Attributes
-    ----------
-    data : bytes
-        The byte form (rotations, codebooks, steps, a faiss index's trained state, and its SHA-256).
-    code : str
-        The code's name (``eigen``, ``faiss-pq``, ...; `CODES`).
-    budget : int
-        The byte budget it was trained for.
-    label : str
-        Its short name and size (``eigen-24B``).
-    n_features : int
-        The width of the vectors it codes: the map's k.
-    bytes_per_vector : int
-        Bytes of a code row, per-vector scalars included.
-    sample_rows, sample_seed : int
-        The rows of the input drawn (seeded) to train a code that learns from data (0 and 0 for the
-        codes trained from the statistics alone).
-    setting : dict
-        ``beta``, ``gamma``, ``eps``, ``k`` of the map whose (unit-length) outputs it codes.
+    """A vector code a model records as its storage: the codec's checksummed byte form (``data``, what
+    ``Codec.to_bytes`` wrote; opaque here) and what is known of it without decoding it: its ``code`` name
+    and byte ``budget``, ``label`` (``eigen-24B``), ``n_features`` (the map's k), ``bytes_per_vector`` (a
+    code row, per-vector scalars included), the seeded input sample it learned from (``sample_rows``,
+    ``sample_seed``; 0 for codes of the statistics alone) and the ``setting`` of the map it codes.
     """
 
     data: bytes
@@ -93,8 +71,7 @@ class CodecRecord:
     sample_rows: int = 0
     sample_seed: int = 0
     setting: Mapping[str, Any] | None = None
-    #: Where the record was read from, for messages (``model.npz: model file field 'storage_codec'``; None
-    #: for one made in memory). Not part of the record: not compared, not written.
+    #: Where the record was read from, for messages (None: made in memory); not compared, not written.
     origin: str | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -160,8 +137,7 @@ class CodecRecord:
 
 @dataclass(frozen=True)
 class Storage:
-    """How vectors are stored for search: what a user names (`parse_storage`), what ``tune`` chose and a
-    model file records, what ``apply``, ``export``, ``serving`` and ``eval`` take.
+    """How vectors are stored for search: what a user names (`parse_storage`) and a model file records.
 
     Attributes
     ----------
@@ -176,13 +152,11 @@ class Storage:
     int8_clip : float
         int8 codes (stored or re-ranked with) span each component's mean +- this many standard deviations.
     codec : CodecRecord, optional
-        ``code`` only, in a model: the trained codec (its bytes and what it is). A storage a user names has
-        none: it is trained or found in the model (``codes.storage.resolve``).
+        ``code`` only, in a model: the trained codec (a storage a user names has none).
     code, budget : str and int, optional
         ``code`` only: the code's name (`CODES`) and byte budget (default: the codec's).
 
-    The stored vectors are the map's outputs scaled to unit length (search is by cosine): their int8
-    ranges come from the statistics (``core.quantize.storage_quantizations``).
+    The stored vectors are the map's outputs scaled to unit length (search is by cosine).
     """
 
     dtype: str = "float32"
@@ -232,9 +206,8 @@ class Storage:
         return other is not None and str(other) == str(self)
 
     def bytes_per_vector(self, n_components: int) -> int:
-        """Bytes a search reads from disk per corpus vector of ``n_components`` components: the stored
-        values (or bits, or a code row with its per-vector scalars), plus the vector a rescoring re-ranks
-        with. A codec's per-model part (rotations, codebooks) is not per vector: ``codec.model_bytes``."""
+        """Bytes a search reads per corpus vector of ``n_components`` components: the stored values (bits, a
+        code row), plus the vector a rescoring re-ranks with (a codec's own bytes: ``codec.model_bytes``)."""
         k = int(n_components)
         if self.dtype == CODE:
             if self.codec is None:
@@ -305,10 +278,8 @@ def _check_code(name: object, budget: object, spelling: str) -> None:
 
 
 def parse_storage(value: str | Storage, **settings: Any) -> Storage:
-    """The storage ``value`` names (``"float32"``, ``"float16"``, ``"int8"``, ``"binary"`` or a code
-    ``"NAME:BYTES"``), with ``settings`` (``rescore``, ``rescore_dtype``, ``int8_clip``) where given; a
-    `Storage` is taken as it is (``settings`` replacing its own). Bad input is one `BadInputError` naming
-    the value: the dtype's words, or for a code the names it takes."""
+    """The storage ``value`` names (a dtype or ``"NAME:BYTES"``; a `Storage` as it is) with ``settings``
+    (``rescore``, ``rescore_dtype``, ``int8_clip``) where given; `BadInputError` naming a bad value."""
     if isinstance(value, Storage):
         return replace(value, **settings) if settings else value
     if isinstance(value, str) and ":" in value:
