@@ -1,9 +1,8 @@
 """One exception family for streamwhiten; each kind carries the exit code the CLI uses.
 
-Library code raises these; only the CLI (``streamwhiten.cli``) turns them into a one-line message and an exit code.
-A message names the library's parameters (``keep_columns``, ``overwrite=True``), never a command-line flag; the
-error carries which (`StreamwhitenError.params`), and the CLI writes each as its flag (``--keep-columns``,
-``--overwrite``), as click's ``ClickException`` names the option it refuses.
+Only the CLI turns them into a one-line message and an exit code. A message names the library's parameters
+(``keep_columns``, ``overwrite=True``), which the error carries (`StreamwhitenError.params`) for the CLI
+to write as flags (``--keep-columns``).
 """
 
 import errno
@@ -18,16 +17,13 @@ EXIT_IO = 74  # sysexits EX_IOERR: disk full, unwritable output
 EXIT_LOCKED = 75  # sysexits EX_TEMPFAIL: another run of the same job, or writing the same output, holds the lock
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell convention
 
-#: The errno values of a failed system call that say the path given is wrong, not that the disk failed: a
-#: symbolic link loop, a name too long. Bad input (exit 2) wherever they are met, as a missing file is.
+#: The errno values that say the path given is wrong (a link loop, a name too long), not the disk: bad input.
 PATH_ERRNOS = (errno.ELOOP, errno.ENAMETOOLONG)
 
 
 class StreamwhitenError(Exception):
-    """Base class: a failure the user can act on, reported as one line.
-
-    ``param``: the parameter (or parameters, a tuple) the message names, as written in it (``keep_columns``,
-    ``overwrite=True``); ``params`` holds them all, ``param`` the first (None where it names none)."""
+    """Base class: a failure the user can act on, reported as one line; ``params``: the parameters the
+    message names, as written in it (``overwrite=True``)."""
 
     exit_code = EXIT_INTERNAL
 
@@ -110,9 +106,7 @@ class Report(Protocol):
 
 
 class NothingToDoError(StreamwhitenError):
-    """Everything is already up to date; ``report`` is the typed report of the run that found so (``run``'s
-    `RunReport`, printed by ``run --json`` before exit 3), None where there is
-    none."""
+    """Everything is already up to date; ``report``: the typed report of the run that found so (None: none)."""
 
     exit_code = EXIT_NOTHING_TO_DO
 

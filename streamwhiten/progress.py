@@ -1,11 +1,8 @@
 """How a long call reports its progress: rows (or steps) done, and the phases it goes through.
 
-Every long call of the library takes ``progress``: a plain ``progress(done, total)`` callable, called as
-blocks finish, or a `Reporter`, which is called the same way and is also told when each phase of
-the work starts (its name, and what its ``done``/``total`` count, or None for one opaque step such as
-faiss's training) and when it ends (its seconds). The library never prints: the command line's reporter
-draws a bar per phase on a terminal and writes one timestamped line per phase, with its time, when
-piped; a test's records what it is told.
+Every long call takes ``progress``: a plain ``progress(done, total)`` callable, called as blocks finish,
+or a `Reporter`, also told when each phase starts (its name and unit, None for one opaque step) and ends
+(its seconds). The library never prints: the command line's reporter draws the bars.
 
 Examples
 --------
@@ -37,15 +34,12 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class Watch:
-    """How a long call reports its progress and is asked to stop: made once by whoever starts the work
-    (the command line, a job's run, a Python call) and passed down unchanged to every engine call (fit,
-    update, resume, apply; serial or Dask).
+    """How a long call reports its progress and is asked to stop, passed unchanged to every engine call.
 
-    ``progress(done, total)`` (a plain callback or a `Reporter`) is told as blocks finish;
-    ``should_stop()`` turns true when a signal asks the work to stop at its next safe point (it saves what
-    it did and raises ``InterruptedRunError``); ``guard()`` makes a context in which a signal waits: the
-    save of an engine that cannot stop between blocks runs inside it (the command line's signal
-    handling). None: not at all.
+    ``progress(done, total)`` (a callback or a `Reporter`) is told as blocks finish; ``should_stop()`` turns
+    true when a signal asks the work to stop at its next safe point (it saves what it did and raises
+    ``InterruptedRunError``); ``guard()`` makes a context in which a signal waits (the save of an engine that
+    cannot stop between blocks). None: not at all.
     """
 
     progress: Progress | None = None
@@ -63,12 +57,8 @@ class Watch:
 
 
 class Reporter:
-    """A progress callback that is also told each phase of the work; the base class ignores all of it.
-
-    ``reporter(done, total)`` reports the current phase's ``done`` of ``total`` (rows, unless the phase
-    said another unit); `started` and `finished` bracket each phase (phases do not nest: a
-    call that runs another's phases runs none of its own around them).
-    """
+    """A progress callback that is also told each phase of the work (`started`, `finished`; phases do not
+    nest); the base class ignores all of it."""
 
     def __call__(self, done: int, total: int) -> None:
         """``done`` of ``total`` of the current phase."""
@@ -81,9 +71,8 @@ class Reporter:
 
 
 def begin(progress: Progress | None, name: str, unit: str | None = "rows") -> Callable[[], None]:
-    """Start the phase ``name`` of ``progress``'s work (a `Reporter` is told; a plain callback or
-    None is told nothing more); returns the ``finish()`` that ends it, telling its seconds. A phase that
-    raises is never finished: call ``finish`` only once its work is done."""
+    """Start the phase ``name`` (only a `Reporter` is told); returns the ``finish()`` that ends it with its
+    seconds, to call once its work is done (a phase that raises is never finished)."""
     if not isinstance(progress, Reporter):
         return _nothing
     progress.started(name, unit)
@@ -101,16 +90,14 @@ def _nothing() -> None:
 
 @contextmanager
 def phase(progress: Progress | None, name: str, unit: str | None = "rows") -> Iterator[Progress | None]:
-    """Run the block as the phase ``name`` of ``progress``'s work (`begin`, then its ``finish``
-    unless the block raises); yields ``progress`` itself, for the block's ``progress(done, total)``."""
+    """Run the block as the phase ``name`` (`begin`, then ``finish`` unless it raises); yields ``progress``."""
     finish = begin(progress, name, unit)
     yield progress
     finish()
 
 
 def steps(progress: Progress | None, total: int) -> Callable[[], None]:
-    """A ``step()`` that reports one more of ``total`` steps done to ``progress`` (nothing without one);
-    safe to call from several threads at once (each call counts once)."""
+    """A thread-safe ``step()`` that reports one more of ``total`` steps done to ``progress``."""
     import threading
 
     lock = threading.Lock()
