@@ -140,6 +140,7 @@ def _params(*items: Param) -> dict[str, Param]:
 
 
 _MODEL, _APPLY, _INPUT = ("model",), ("apply",), ("input",)
+_PRECISIONS, _COMPRESSORS = ("auto", "float32", "float64"), ("none", "zstd", "blosc", "gzip")
 
 #: The values of ``dtype`` that store codes, not floats (int8 codes, packed sign bits): always of unit
 #: vectors, never NaN, decoded with the record the output carries.
@@ -159,14 +160,7 @@ PARAMS: dict[str, Param] = _params(
     Param("eps", float, DEFAULT_EPS, "a positive finite number", 0.0, None, closed="right", job=_MODEL),
     Param("normalize", bool, False, "true or false", job=_APPLY),
     # how the data is read and reduced
-    Param(
-        "precision",
-        str,
-        "auto",
-        "one of 'auto', 'float32', 'float64'",
-        choices=("auto", "float32", "float64"),
-        job=_MODEL,
-    ),
+    Param("precision", str, "auto", "one of 'auto', 'float32', 'float64'", choices=_PRECISIONS, job=_MODEL),
     Param("skip_nonfinite", bool, False, "true or false", job=("model", "apply")),
     Param("fill_missing_chunks", bool, False, "true or false", job=_INPUT),
     Param("block_rows", int, None, _COUNT, 1, none=True, job=("model", "apply"), aliases=("chunk_rows",)),
@@ -189,14 +183,7 @@ PARAMS: dict[str, Param] = _params(
     ),
     Param("zarr_format", int, 3, "2 or 3", choices=(2, 3), job=_APPLY),
     Param("direct_io", bool, True, "true or false", job=_APPLY),
-    Param(
-        "compressor",
-        str,
-        "none",
-        '"none", "zstd", "blosc" or "gzip"',
-        choices=("none", "zstd", "blosc", "gzip"),
-        job=_APPLY,
-    ),
+    Param("compressor", str, "none", '"none", "zstd", "blosc" or "gzip"', choices=_COMPRESSORS, job=_APPLY),
     Param("checksums", bool, True, "true or false", job=_APPLY),
     Param("keep_columns", tuple, (), "a list of column names", job=_APPLY),
     Param("output_chunk_rows", int, None, _COUNT, 1, none=True),
