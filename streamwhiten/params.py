@@ -12,10 +12,9 @@ one is refused in the same words wherever it is given, as one `BadInputError` (e
     Invalid value for '--beta': beta must be a number in [0, 1], got 1.5      (command line)
     job.toml: beta in [model] must be a number in [0, 1], got 1.5            (job file)
 
-A parameter that was renamed keeps its old name as an alias (``chunk_rows`` for ``block_rows``): the old
-name is still taken everywhere, and refused in its own words. Rules between parameters (``n_components``
-or ``variance``, ``k <= d``) are `check_model`'s. This module imports nothing but the standard
-library: the command line checks its options before numpy or numba are loaded.
+A renamed parameter keeps its old name as an alias (``chunk_rows`` for ``block_rows``), refused in its own
+words. Rules between parameters are `check_model`'s. Standard library only: the command line checks its
+options before numpy loads.
 """
 
 from __future__ import annotations
@@ -48,15 +47,11 @@ _T = TypeVar("_T")
 class Param:
     """One parameter: what kind of value it takes and which ones are allowed.
 
-    ``kind`` is ``int``, ``float``, ``bool``, ``str`` (a value of the command line or a job file is
-    read as that kind) or ``dict`` (a mapping with names, text, for keys); numbers must be finite and lie in ``[low, high]``, with only the ends named in
-    ``closed`` ("both", "left", "right", "neither") included; a ``str`` must be one of ``choices``;
-    ``also`` lists other allowed values (-1 for "one per core"); ``none`` allows None (automatic).
-    ``text`` says what the value must be, after "must be". A ``tuple`` kind takes a list of names (or
-    one comma-separated string).
-
-    Where it is given: ``job`` names the job-file tables that take it as a key; ``aliases`` are former
-    names, still taken as keyword arguments and keys (and, by the command line, as options).
+    ``kind`` is ``int``, ``float``, ``bool``, ``str``, ``dict`` (text keys) or ``tuple`` (names, or one
+    comma-separated string); numbers are finite and in ``[low, high]`` (``closed``: which ends are in); a
+    ``str`` is one of ``choices`` or matches ``pattern``; ``also``: other allowed values (-1, one per
+    core); ``none`` allows None; ``text`` follows "must be". ``job``: the job-file tables that take it;
+    ``aliases``: former names, still taken.
     """
 
     name: str
