@@ -465,21 +465,8 @@ class Manifest:
     FORMAT_VERSION: ClassVar[int] = 2
     #: The format versions read (1: absolute paths, no job identity: see ``job.manifest``).
     FORMAT_VERSIONS: ClassVar[tuple[int, ...]] = (1, 2)
-    _KEYS: ClassVar[tuple[str, ...]] = (
-        "format",
-        "format_version",
-        "version",
-        "model_file",
-        "file_checksum",
-        "model_checksum",
-        "published_at",
-        "n_rows",
-        "setting",
-        "inputs",
-        "kept",
-        "retired",
-        "checksum",
-    )
+    #: The keys every manifest holds: the format's, the fields but the two optional ones, the checksum.
+    _KEYS: ClassVar[tuple[str, ...]]
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "setting", dict(self.setting))
@@ -531,7 +518,7 @@ class Manifest:
     @classmethod
     def _verified(cls, data: Any) -> dict[str, Any]:
         """``data`` with the manifest's keys, format and version, and the checksum of its content."""
-        data = _keys(data, "the manifest", cls._KEYS, ("updated_at", "job_id"))
+        data = _keys(data, "the manifest", cls._KEYS, _OPTIONAL)
         if data["format"] != cls.FORMAT:
             raise ValueError(f"format is {data['format']!r}, not {cls.FORMAT!r}")
         if data["format_version"] not in cls.FORMAT_VERSIONS or type(data["format_version"]) is not int:
@@ -585,6 +572,15 @@ class Manifest:
             retired=retired,
             job_id=job_id,
         )
+
+
+_OPTIONAL = ("updated_at", "job_id")
+Manifest._KEYS = (
+    "format",
+    "format_version",
+    *(f.name for f in fields(Manifest) if f.name not in _OPTIONAL),
+    "checksum",
+)
 
 
 def _history(data: dict[str, Any], version: int, legacy: bool) -> tuple[tuple[Version, ...], tuple[Version, ...]]:
