@@ -1,5 +1,4 @@
-"""What every command shares: printing the summary (text or ``--json``), the progress bar, how a
-command's work meets signals, and the formats of numbers and settings."""
+"""What commands share: the summary (text or ``--json``), progress, signals, options and formats."""
 
 from __future__ import annotations
 
@@ -48,9 +47,7 @@ def strict_json(value: object):
 
 @contextmanager
 def progress_bar(description: str, quiet: bool):
-    """The command ``description``'s progress reporter (`Console`): a bar per phase on
-    stderr when stdout and stderr are terminals (rows/s, ETA), else one timed line per phase on stderr
-    (cron, pipes, CI); None with ``--quiet``."""
+    """The progress reporter (`Console`): bars on a terminal, else a timed line per phase; None with ``--quiet``."""
     if quiet:
         yield None
         return
@@ -63,9 +60,7 @@ def progress_bar(description: str, quiet: bool):
         console.close()
 
 
-#: The work of a command, as signals meet it (`_interrupt.work`): with ``stoppable``, the first
-#: SIGINT/SIGTERM asks the library to stop at its next safe point; otherwise (the Dask engine's tasks) a
-#: signal interrupts it at once; once it has ended, a signal is only recorded.
+#: The work of a command, as signals meet it (`_interrupt.work`).
 work = _interrupt.work
 
 
@@ -97,8 +92,7 @@ def fmt_setting(row: dict) -> str:
 def pair_options(
     required: bool, prefix: str = "pairs", scores: str = "scores", what: str = "labelled pairs", brief: bool = False
 ):
-    """``--<prefix>-a/--<prefix>-b/--<scores>``: two aligned vector stores and their gold scores (``brief``:
-    their help refers to ``--pairs-a``'s for the formats, for a second set of pairs)."""
+    """``--<prefix>-a/--<prefix>-b/--<scores>``: aligned stores and gold scores (``brief``: shorter help)."""
     names = (f"{prefix}_a", f"{prefix}_b", scores.replace("-", "_"))
     formats = (
         ("", " (as --scores)")
@@ -159,9 +153,7 @@ def retrieval_options(func: Callable[..., Any]):
 
 @dataclass(frozen=True)
 class Inputs:
-    """The specs of what a command scores or tunes on, as parsed (None: not given): labelled pairs
-    (``--pairs-a/--pairs-b/--scores``) or a retrieval task (``--queries/--corpus/--qrels``, ``--exclude``
-    and the id columns)."""
+    """The specs a command scores or tunes on (None: not given): labelled pairs or a retrieval task."""
 
     pairs_a: str | None = None
     pairs_b: str | None = None
@@ -186,9 +178,7 @@ def named(**values: object) -> tuple[str, ...]:
 def retrieval_options_of(
     inputs: Inputs, block_rows: int | None, threads: int | None, bootstrap: int | None, seed: int | None
 ) -> RetrievalOptions:
-    """The retrieval task's options (``--exclude``, the id columns, ``--bootstrap``, ``--seed``,
-    ``--threads``) and ``block_rows`` as a [`RetrievalOptions`][streamwhiten.options.RetrievalOptions]; an option
-    not given keeps its default."""
+    """The retrieval task's options as a `RetrievalOptions` (one not given keeps its default)."""
     from ..options import RetrievalOptions
 
     return RetrievalOptions(
@@ -202,9 +192,8 @@ def retrieval_options_of(
 
 
 def mode_of(inputs: Inputs, search_given: tuple[str, ...] = ()) -> str:
-    """``"pairs"`` or ``"retrieval"``: which of the two exclusive inputs was given (all of its required
-    options), else a one-line error. ``search_given`` (the names of the search options given) are refused
-    with labelled pairs."""
+    """``"pairs"`` or ``"retrieval"``: which input was given whole, else an error; ``search_given``
+    (search options given) are refused with pairs."""
     pairs = inputs.given(PAIRS)
     task = inputs.given(RETRIEVAL)
     if pairs and task:
@@ -288,8 +277,7 @@ RETRIEVAL_METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
 
 
 def grid_options(purpose: str, retrieval: bool = False):
-    """``--betas/--gammas/--ks/--variances/--metric``: the (beta, gamma, k) grid shared by tune and report
-    (``retrieval``: the metric may be a retrieval one too, its default the mode's)."""
+    """``--betas/--gammas/--ks/--variances/--metric``: tune's and report's grid (``retrieval``: its metrics too)."""
     metric = (
         click.option(
             "--metric",
@@ -301,35 +289,20 @@ def grid_options(purpose: str, retrieval: bool = False):
         else click.option("--metric", type=click.Choice(list(PAIR_METRICS)), default="spearman", show_default=True)
     )
 
+    lists = [
+        ("--betas", f"Betas {purpose}, comma-separated [default: 0,0.25,0.5,0.75,1]."),
+        ("--gammas", f"Gammas {purpose} [default: 0,0.25,0.5,0.75,1]."),
+        (
+            "--ks",
+            f"Component counts k {purpose}; 'd' is the full width [default: d and the powers of two from 8 below it].",
+        ),
+        ("--variances", f"Explained-variance fractions {purpose}, each as a k [default: 0.9,0.95,0.99; '' for none]."),
+    ]
+
     def decorate(func: Callable[..., Any]):
-        for option in reversed(
-            [
-                click.option(
-                    "--betas",
-                    default=None,
-                    metavar="LIST",
-                    help=f"Betas {purpose}, comma-separated [default: 0,0.25,0.5,0.75,1].",
-                ),
-                click.option(
-                    "--gammas", default=None, metavar="LIST", help=f"Gammas {purpose} [default: 0,0.25,0.5,0.75,1]."
-                ),
-                click.option(
-                    "--ks",
-                    default=None,
-                    metavar="LIST",
-                    help=f"Component counts k {purpose}; 'd' is the full width "
-                    "[default: d and the powers of two from 8 below it].",
-                ),
-                click.option(
-                    "--variances",
-                    default=None,
-                    metavar="LIST",
-                    help=f"Explained-variance fractions {purpose}, each as a k [default: 0.9,0.95,0.99; '' for none].",
-                ),
-                metric,
-            ]
-        ):
-            func = option(func)
+        func = metric(func)
+        for flag, text in reversed(lists):
+            func = click.option(flag, default=None, metavar="LIST", help=text)(func)
         return func
 
     return decorate
