@@ -227,7 +227,12 @@ def export(
     affine, codec = _map_and_codec(affine, codec, fmt)
     dtype = "code" if codec is not None else affine.dtype
     check_options(fmt, affine.normalize, append_to, index, metric, insert, dtype)
-    _check_destination(path, fmt, affine.dtype)
+    check_available(fmt)
+    if fmt == "faiss":
+        check_faiss_name(path, affine.dtype)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise BadInputError(f"{path}: directory {parent} does not exist")
     if fmt == "sentence-transformers":
         plan = plan_sentence_transformers(affine, path, append_to, insert)
         _check_target(path, fmt, overwrite, lambda: _st_is_current(path, plan["metadata"]))
@@ -253,16 +258,6 @@ def _map_and_codec(affine: Any, codec: Any, fmt: str) -> tuple[AffineMap, Any]:
             "with dtype float32 (the codec stays in the model file: serving.codec reads it)"
         )
     return affine, codec
-
-
-def _check_destination(path: str, fmt: str, dtype: str) -> None:
-    """Refuse a missing library, a misnamed faiss file (`check_faiss_name`) or a missing directory."""
-    check_available(fmt)
-    if fmt == "faiss":
-        check_faiss_name(path, dtype)
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise BadInputError(f"{path}: directory {parent} does not exist")
 
 
 def _write_file(path: str, fmt: str, overwrite: bool, payload: Any) -> dict[str, Any]:
@@ -358,9 +353,6 @@ def _file_is_current(path: str, fmt: str, payload: Any) -> bool:
         return False
 
 
-# ------------------------------------------------------------------------------------------ npz
-
-
 def npz_arrays(affine: AffineMap) -> dict:
     """An ``.npz`` map's arrays: ``A``, ``b``, ``mean`` (float64), the parameters, a ``quantization_json``."""
     return {
@@ -386,9 +378,6 @@ def npz_arrays(affine: AffineMap) -> dict:
 def write_npz(affine: AffineMap, path: str) -> str:
     """Write the ``.npz`` map (with its own checksum, as model files); returns that checksum."""
     return write_npz_atomic(path, npz_arrays(affine), "whitening map")
-
-
-# ------------------------------------------------------------------------------------------ safetensors / torch
 
 
 def safetensors_bytes(affine: AffineMap) -> bytes:
@@ -420,9 +409,6 @@ def torch_linear(affine: AffineMap, dtype: Any = None, device: Any = None):
         layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(affine.A.T, dtype=np.float32)))
         layer.bias.copy_(torch.from_numpy(np.ascontiguousarray(affine.b, dtype=np.float32)))
     return layer.to(dtype=dtype or torch.float32, device=device)
-
-
-# ------------------------------------------------------------------------------------------ onnx
 
 
 def onnx_model(affine: AffineMap):
@@ -470,9 +456,6 @@ def onnx_model(affine: AffineMap):
     helper.set_model_props(model, affine.metadata())
     onnx.checker.check_model(model, full_check=True)
     return model
-
-
-# ------------------------------------------------------------------------------------------ faiss
 
 
 def faiss_transform(affine: AffineMap):
@@ -714,9 +697,6 @@ def _reads_as(reader: Callable[[str], object], path: str) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------------------ sentence-transformers
-
-
 def _st_modules():
     _require("torch", "torch", "sentence-transformers", "the sentence-transformers export")
     _require(
@@ -750,11 +730,6 @@ def st_output_dimension(model_dir: str) -> int:
     return int(width)
 
 
-def ends_in_normalize(modules: list) -> bool:
-    """Whether a sentence-transformers pipeline (its ``modules.json`` entries) ends in ``Normalize``."""
-    return bool(modules) and str(modules[-1].get("type", "")).rsplit(".", 1)[-1] == "Normalize"
-
-
 def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, base: str) -> str:
     """Where ``--append-to`` puts the whitening in the pipeline ``modules`` of the model ``base``:
     ``"before-normalize"`` (instead of its final ``Normalize``) or ``"end"``.
@@ -763,7 +738,7 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
     `UNIT_NORM_TOLERANCE`) came from after a ``Normalize``, clearly not (beyond `NOT_UNIT_NORM`) from
     before it. What cannot be told is refused, saying how to choose (exit 2).
     """
-    normalizes = ends_in_normalize(modules)
+    normalizes = bool(modules) and str(modules[-1].get("type", "")).rsplit(".", 1)[-1] == "Normalize"
     if insert == "before-normalize":
         if not normalizes:
             raise BadInputError(
@@ -966,15 +941,6 @@ def _remove_tree(path: str) -> None:
         os.remove(path)
 
 
-def _os_error(exc: OSError) -> str:
-    """What went wrong, short: copytree's ``shutil.Error`` holds a list of (source, target, reason)."""
-    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
-        source, _, reason = exc.args[0][0]
-        more = len(exc.args[0]) - 1
-        return f"copying {source}: {reason}" + (f" (and {more} more)" if more else "")
-    return str(exc.strerror or exc)
-
-
 #: A Rust ``std::io::Error`` in a message (safetensors: ``(os error 28)`` or ``Os { code: 28, ...``).
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
 #: What torch's file writer says when a write fails (a ``RuntimeError``, its errno lost).
@@ -984,8 +950,12 @@ _TORCH_WRITE_FAILED = ("file write failed", "failed writing file", "unexpected p
 def write_failure(exc: BaseException) -> str | None:
     """What went wrong, short, when ``exc`` is a failed write (an `OSError`, or safetensors' or torch's
     report of one), so that it becomes a `StoreIOError` (exit 74); else None (a bug, raised as it is)."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        source, _, reason = exc.args[0][0]  # copytree's list of (source, target, reason)
+        more = len(exc.args[0]) - 1
+        return f"copying {source}: {reason}" + (f" (and {more} more)" if more else "")
     if isinstance(exc, OSError):
-        return _os_error(exc)
+        return str(exc.strerror or exc)
     text = str(exc)
     found = _RUST_OS_ERROR.search(text)
     if found:

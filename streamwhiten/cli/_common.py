@@ -86,9 +86,6 @@ def fmt_setting(row: dict) -> str:
     return text
 
 
-# ---------------------------------------------------------------------------- labelled pairs and grids
-
-
 def pair_options(
     required: bool, prefix: str = "pairs", scores: str = "scores", what: str = "labelled pairs", brief: bool = False
 ):
@@ -324,34 +321,6 @@ def grid_of(
         variances=number_list(variances, "variances"),
         metric=metric,
     )
-
-
-__all__ = [
-    "Inputs",
-    "named",
-    "selection_lines",
-    "PAIR_METRICS",
-    "RETRIEVAL",
-    "RETRIEVAL_METRICS",
-    "emit",
-    "fmt_interval",
-    "mode_of",
-    "noise",
-    "retrieval_options",
-    "retrieval_options_of",
-    "fmt_rate",
-    "fmt_scores",
-    "fmt_setting",
-    "grid_of",
-    "grid_options",
-    "number_list",
-    "open_pairs_given",
-    "pair_options",
-    "progress_bar",
-    "stop_on_signals",
-    "strict_json",
-    "work",
-]
 
 
 def _interval_text(entry: dict) -> str:

@@ -148,17 +148,11 @@ SETTING = ("beta", "gamma", "n_components", "variance", "eps")
 def setting_options(purpose: str = "fit"):
     """``--beta --gamma -k --variance --eps``: for a fit their defaults, elsewhere the model's saved setting."""
     if purpose == "fit":
-        helps = {"eps": f"{HELP['eps']} [default: {PARAMS['eps'].default:g}]"}
-        defaults = {name: None for name in SETTING}
-        helps.update(
-            beta=f"{HELP['beta']} [default: 1]",
-            gamma=f"{HELP['gamma']} [default: 1]",
-            n_components=f"{HELP['n_components']} [default: all d]",
-        )
-        return param_options(*SETTING, defaults=defaults, helps=helps)
-    model = " [default: the model's]"
-    helps = {name: HELP[name] + model for name in SETTING}
-    return param_options(*SETTING, defaults={name: None for name in SETTING}, helps=helps)
+        shown = {"beta": "1", "gamma": "1", "n_components": "all d", "eps": f"{PARAMS['eps'].default:g}"}
+    else:
+        shown = dict.fromkeys(SETTING, "the model's")
+    helps = {name: f"{HELP[name]} [default: {shown[name]}]" if name in shown else HELP[name] for name in SETTING}
+    return param_options(*SETTING, defaults=dict.fromkeys(SETTING), helps=helps)
 
 
 quiet_option = click.option(
@@ -274,26 +268,3 @@ def given_names(ctx: click.Context, names: Iterable[str]) -> tuple:
     from click.core import ParameterSource
 
     return tuple(name for name in names if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE)
-
-
-__all__ = [
-    "SETTING",
-    "SpecChoice",
-    "SpecType",
-    "block_rows_of",
-    "engine_of",
-    "engine_options",
-    "given_names",
-    "json_option",
-    "param_option",
-    "param_options",
-    "pipeline_options",
-    "first_given",
-    "quiet_option",
-    "objects",
-    "read_options",
-    "setting_options",
-    "spec_type",
-    "storage_options",
-    "take",
-]

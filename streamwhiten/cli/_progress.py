@@ -45,7 +45,6 @@ class Console(Reporter):
         self._closed = threading.Event()
         self._ticker: threading.Thread | None = None
 
-    # ------------------------------------------------------------------ what the library calls
     def __call__(self, done: int, total: int) -> None:
         if not self.terminal:
             return
@@ -74,7 +73,6 @@ class Console(Reporter):
             self._phase = None
             self._line(f"{name}: {fmt_seconds(seconds)}")
 
-    # ------------------------------------------------------------------ the command's side
     def close(self) -> None:
         """Stop the ticker and take the bar off the screen (a phase cut short says nothing more)."""
         self._closed.set()

@@ -100,8 +100,6 @@ class Codec(ABC):
         body = MAGIC + struct.pack("<II", FORMAT_VERSION, len(header)) + header + b"".join(payload)
         return body + hashlib.sha256(body).digest()
 
-    # ------------------------------------------------------------------------------------- input checks
-
     def check_rows(self, block: npt.ArrayLike, what: str = "rows", finite: bool = True) -> np.ndarray:
         """``block`` as 2-D float rows of `n_features` values, finite unless ``finite`` is False;
         `BadInputError` (or `NonFiniteError` naming the row) otherwise."""

@@ -23,16 +23,8 @@ from ..errors import BadInputError
 from .base import UNIT_SLACK, Codec, field_error, flag, orthonormal_columns, real_array, sample_too_small, whole
 from .linear import principal_axes
 
-#: The faiss codes and what they are.
-KINDS = {
-    "pq": "product quantisation, 8-bit codebooks, one byte per sub-vector",
-    "opq": "OPQ rotation, then PQ with 8-bit codebooks",
-    "rabitq1": "RaBitQ, 1 bit a dimension (+ its per-vector factors)",
-    "rabitq2": "RaBitQ, 2 bits a dimension (+ its per-vector factors)",
-    "rabitq4": "RaBitQ, 4 bits a dimension (+ its per-vector factors)",
-    "sq4": "4-bit scalar quantisation",
-    "sq8": "8-bit scalar quantisation",
-}
+#: The faiss codes: PQ and OPQ + PQ (8-bit codebooks), RaBitQ (1, 2 or 4 bits a dimension), SQ (4 or 8 bits).
+KINDS = ("pq", "opq", "rabitq1", "rabitq2", "rabitq4", "sq4", "sq8")
 
 #: Bits of a PQ sub-space's code, and its centroids.
 PQ_BITS = 8

@@ -240,8 +240,6 @@ class LinearCode(Codec):
     def label(self) -> str:
         return f"{self.kind}{'+f' if self.correction else ''}-{self.bytes_per_vector}B"
 
-    # ------------------------------------------------------------------------------------------- coding
-
     @property
     def block_rows(self) -> int:
         """Rows per product of `project` (`PROJECT_VALUES` components)."""
@@ -384,8 +382,6 @@ class LinearCode(Codec):
         tables = per_bit.reshape(q.shape[0], self.code_bytes, 8) @ byte_bits.T.astype(np.float64)
         offset = along @ ((0.5 - self._half) * self.step)
         return tables.astype(np.float32), (q @ self.mean).astype(np.float32), offset.astype(np.float32)
-
-    # -------------------------------------------------------------------------------------- byte form
 
     def _parts(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         record = {"kind": self.kind, "correction": self.correction, "unit": self.unit, "budget": self.budget}
