@@ -314,8 +314,7 @@ _EXPORT_NAMES = {
 
 
 def foreign_export(path: str, fmt: str) -> str | None:
-    """None when ``path`` is a streamwhiten export of ``fmt`` (by its metadata; a faiss file by its
-    structure), else what it is instead."""
+    """None when ``path`` is a streamwhiten export of ``fmt`` (by metadata; faiss: structure), else what it is."""
     found = link_or_kind(path, directory=fmt == "sentence-transformers")
     if found is not None:
         return found
@@ -469,7 +468,7 @@ def faiss_transform(affine: AffineMap):
 
 
 def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
-    """An empty ``IndexPreTransform``: the map, ``NormalizationTransform`` when normalising, then ``factory``'s index."""
+    """An empty ``IndexPreTransform``: the map, ``NormalizationTransform`` if normalising, the ``factory`` index."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     metric = metric or ("ip" if affine.normalize else "l2")
     code = _faiss_metric(faiss, metric)
@@ -503,8 +502,7 @@ def faiss_int8_ranges(quantization: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def faiss_int8_index(affine: AffineMap, metric: str | None = None):
-    """An empty ``IndexPreTransform``: the map, ``NormalizationTransform``, then an 8-bit
-    ``IndexScalarQuantizer`` trained with the map's int8 ranges."""
+    """An empty ``IndexPreTransform``: the map, ``NormalizationTransform``, an 8-bit SQ on the int8 ranges."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     metric = metric or "ip"
     k = affine.n_components
@@ -910,8 +908,7 @@ def _st_is_current(path: str, metadata: dict) -> bool:
 
 
 def _tree_sha256(root: str, output: str, skip: str | None = None) -> str:
-    """A SHA-256 over the names and contents of the files under ``root`` but ``skip``, in name order;
-    `StoreIOError` naming ``output`` for a file that cannot be read."""
+    """A SHA-256 of the names and contents under ``root`` but ``skip``; `StoreIOError` naming ``output``."""
     digest = hashlib.sha256()
     names = []
     for directory, dirs, files in os.walk(root, followlinks=True):

@@ -189,8 +189,7 @@ def retrieval_options_of(
 
 
 def mode_of(inputs: Inputs, search_given: tuple[str, ...] = ()) -> str:
-    """``"pairs"`` or ``"retrieval"``: which input was given whole, else an error; ``search_given``
-    (search options given) are refused with pairs."""
+    """``"pairs"`` or ``"retrieval"``, whichever was given whole (``search_given`` are refused with pairs)."""
     pairs = inputs.given(PAIRS)
     task = inputs.given(RETRIEVAL)
     if pairs and task:

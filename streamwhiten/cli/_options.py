@@ -123,8 +123,7 @@ def param_options(*names: str, defaults: dict | None = None, helps: dict | None 
 
 
 def take(cls: type[_T], **values: object) -> _T:
-    """An instance of ``cls`` from the parsed ``values`` it has fields for (former flags included); None
-    keeps a field's default that is not None."""
+    """An instance of ``cls`` from the parsed ``values`` (former flags included); None keeps a non-None default."""
     kwargs: dict[str, object] = {}
     for item in fields(cls):  # type: ignore[arg-type]
         names = (item.name, *(PARAMS[item.name].aliases if item.name in PARAMS else ()))

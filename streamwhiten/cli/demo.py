@@ -83,9 +83,8 @@ def run_demo(
 
 
 def _check(model: WhiteningModel, spec: str, output_path: str, seed: int) -> dict[str, float]:
-    """Check the transform the way a user would: stream the input through it again and measure the
-    covariance of the (unnormalised) output, which whitening should have made the identity; and the mean
-    cosine of random pairs, raw and in the output written."""
+    """Check as a user would: the covariance of the output before normalising (the identity, if whitened)
+    and the mean cosine of random pairs, raw and in the output written."""
     from ..core.stats import Moments, covariance, update
     from ..io import open_source
 

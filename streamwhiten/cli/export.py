@@ -146,8 +146,7 @@ def export_(
 def _map(
     model: WhiteningModel, model_path: str, normalize: bool, dtype: str | None, setting: Setting
 ) -> tuple[AffineMap, Codec | None]:
-    """The map to export and, where the model records a code as its storage (and --dtype does not replace
-    it), the code that goes with it."""
+    """The map to export and the model's recorded code that goes with it (unless --dtype replaces it)."""
     from dataclasses import replace
 
     from ..serving import file_checksum

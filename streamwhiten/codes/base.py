@@ -138,8 +138,7 @@ def field_error(field: str, problem: str) -> ModelFileError:
 
 
 def real_array(arrays: dict[str, np.ndarray], name: str, ndim: int, kind: str = "f") -> np.ndarray:
-    """The array ``name``: present, ``ndim``-d, not empty, of dtype ``kind`` (``"f"``: finite floats,
-    ``"u"``: unsigned); `field_error` else."""
+    """The non-empty ``ndim``-d array ``name`` of dtype ``kind`` (``"f"``: finite floats, ``"u"``: unsigned)."""
     if name not in arrays:
         raise field_error(name, "is missing")
     value = arrays[name]
@@ -180,8 +179,7 @@ def flag(record: dict[str, Any], name: str, default: bool | None = None) -> bool
 
 
 def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
-    """The family, record and arrays of a codec's byte form; `ModelFileError` for bytes that are not one
-    or fail their checksum."""
+    """A codec byte form's family, record and arrays; `ModelFileError` if it is not one or fails its checksum."""
     data = bytes(data)
     if len(data) < len(MAGIC) + 8 + _DIGEST or not data.startswith(MAGIC):
         raise ModelFileError("not a streamwhiten codec (its bytes do not start with the codec header)")

@@ -109,8 +109,7 @@ def faiss_bytes(kind: str, dims: int, sub: int = 0) -> int:
 
 
 def layout_for(kind: str, n_features: int, budget: int) -> tuple[int, int]:
-    """``(dimensions kept, PQ sub-quantisers)`` of the widest ``kind`` code within ``budget`` bytes;
-    `BadInputError` below the smallest."""
+    """``(dimensions kept, PQ sub-quantisers)`` of the widest ``kind`` code within ``budget``; else `BadInputError`."""
     if kind not in KINDS:
         raise BadInputError(f"a faiss code is one of {', '.join(KINDS)}, got {kind!r}")
     budget = int(budget)

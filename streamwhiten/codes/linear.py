@@ -143,8 +143,7 @@ def itq_rotation(projected: npt.NDArray[np.float64], seed: int, iterations: int 
 
 
 def linear_bytes(n_bits: int, correction: bool) -> int:
-    """Bytes of a row of ``n_bits`` code bits (packed 8 a byte) and the correction's `CORRECTION_BYTES`:
-    the family's one size."""
+    """Bytes of a row of ``n_bits`` code bits (8 a byte) and any correction: the family's one size."""
     return -(-int(n_bits) // 8) + (CORRECTION_BYTES if correction else 0)
 
 
@@ -158,8 +157,7 @@ def eigen_bits(n_features: int, budget: int, correction: bool, max_bits: int = M
 
 
 def sign_bits(n_features: int, budget: int, correction: bool, kind: str = "bits") -> int:
-    """The sign bits of a ``kind`` code of ``budget`` bytes (8 a byte after the correction's);
-    `BadInputError` below the smallest code or past one bit a feature."""
+    """The sign bits of a ``kind`` code of ``budget`` bytes; `BadInputError` below the smallest or past d bits."""
     spare = CORRECTION_BYTES if correction else 0
     n_bits = 8 * (int(budget) - spare)
     if n_bits < 8:
@@ -173,8 +171,7 @@ def sign_bits(n_features: int, budget: int, correction: bool, kind: str = "bits"
 
 
 class LinearCode(Codec):
-    """A linear map, per-component uniform quantisers and an optional correction (module text); built by
-    `train_eigen` or `train_sign_bits`."""
+    """A linear map, uniform quantisers and an optional correction (module text); see `train_eigen`."""
 
     family = "linear"
 
