@@ -77,9 +77,7 @@ def install() -> bool:
         return False
     requested.clear()
     received.clear()
-    _state["mode"] = _STARTUP
-    _state["pending"] = None
-    _state["raised"] = False
+    _state.update(mode=_STARTUP, pending=None, raised=False)
     previous: dict[int, Any] = {sig: signal.signal(sig, _handler) for sig in _SIGNALS}
     _state["previous"] = previous
     if hasattr(signal, "SIGALRM"):
@@ -142,8 +140,7 @@ def work(stoppable: bool = True):
 def finish() -> bool:
     """Before exit (main thread only): ignore SIGINT and SIGTERM, which shutdown's default handlers would
     die of, and stop the retry timer; returns whether a signal was ever received."""
-    _state["mode"] = _STARTUP
-    _state["pending"] = None
+    _state.update(mode=_STARTUP, pending=None)
     if threading.current_thread() is threading.main_thread() and _state["previous"] is not None:
         for sig in _SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
