@@ -231,18 +231,17 @@ def noise(low: float | None, high: float | None) -> str:
     return "within noise"
 
 
-def fmt_interval(difference: float, low: float | None, high: float | None) -> str:
+def fmt_interval(value: float, low: float | None, high: float | None, sign: str = "+") -> str:
     if low is None or high is None:
-        return f"{difference:+.2f}"
-    return f"{difference:+.2f} [{low:+.2f}, {high:+.2f}]"
+        return f"{value:{sign}.2f}"
+    return f"{value:{sign}.2f} [{low:{sign}.2f}, {high:{sign}.2f}]"
 
 
 def open_pairs_given(a: str | None, b: str | None, scores: str | None, flags: str):
     """Open a pair set when all three specs are given; ``None`` when none is; an error when only some are."""
     from ..evaluation.evaluate import open_pairs
 
-    given = [spec is not None for spec in (a, b, scores)]
-    if not any(given):
+    if a is None and b is None and scores is None:
         return None
     if a is None or b is None or scores is None:
         raise BadInputError(f"give all three of {flags}, or none")
@@ -322,12 +321,6 @@ def grid_of(
     )
 
 
-def _interval_text(entry: dict) -> str:
-    if entry["low"] is None:
-        return f"{entry['score']:.2f}"
-    return f"{entry['score']:.2f} [{entry['low']:.2f}, {entry['high']:.2f}]"
-
-
 def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]:
     """How the choice was made and the cross-validated forecast of what it will score on unseen ``what``."""
     if not selection:
@@ -366,9 +359,12 @@ def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]
     if predicted:
         difference = predicted["difference"]
         change = fmt_interval(difference["score"], difference["low"], difference["high"])
+        chosen, reference = (
+            fmt_interval(p["score"], p["low"], p["high"], "") for p in (predicted["chosen"], predicted["reference"])
+        )
         lines.append(
             f"forecast   {metric} x100 on {what} not chosen on ({predicted['folds']}-fold cross-validation of the "
-            f"rule): chosen {_interval_text(predicted['chosen'])}, reference {_interval_text(predicted['reference'])}, "
+            f"rule): chosen {chosen}, reference {reference}, "
             f"difference {change}; the reference kept in {predicted['kept_reference']} of {predicted['folds']} folds"
         )
     return lines
