@@ -729,8 +729,7 @@ def st_output_dimension(model_dir: str) -> int:
 
 
 def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, base: str) -> str:
-    """Where ``--append-to`` puts the whitening in the pipeline ``modules`` of the model ``base``:
-    ``"before-normalize"`` (instead of its final ``Normalize``) or ``"end"``.
+    """Where ``--append-to`` puts the whitening in ``base``'s ``modules``: ``"before-normalize"`` or ``"end"``.
 
     ``insert`` chooses; else the fitted rows' mean squared norm tells: unit-length (within
     `UNIT_NORM_TOLERANCE`) came from after a ``Normalize``, clearly not (beyond `NOT_UNIT_NORM`) from

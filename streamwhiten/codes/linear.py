@@ -1,5 +1,4 @@
-"""The tool's own codes: a linear map of the centred vectors, a uniform scalar quantiser per component
-with its own bit count, and one per-vector correction scalar.
+"""The tool's own codes: a linear map of the centred vectors, per-component quantisers, an optional correction.
 
 Every code is ``z = (x - mean) @ basis`` (orthonormal columns), then component ``j`` quantised to
 ``bits[j]`` bits, ``c = clip(floor(z / step + 2^(b-1)), 0, 2^b - 1)``, standing for the level
@@ -457,8 +456,7 @@ def train_eigen(
     seed: int = 0,
     max_bits: int = MAX_BITS,
 ) -> LinearCode:
-    """The eigen-allocated code of at most ``budget`` bytes a vector (correction included), from the
-    statistics alone.
+    """The eigen-allocated code of at most ``budget`` bytes a vector (correction included), from statistics alone.
 
     `allocate_bits` weighs component ``j``'s error ``lambda_j mse(b_j)`` by the query's expected ``q_j^2``:
     ``lambda_j + (mean . u_j)^2`` for ``queries="data"``, 1 for ``"isotropic"``. With ``rotate``, the
