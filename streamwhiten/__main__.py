@@ -1,9 +1,5 @@
-"""``python -m streamwhiten`` and the ``streamwhiten`` command.
-
-The signal handlers go in before the CLI and its libraries are imported, so a SIGINT/SIGTERM that
-arrives while the program starts ends it cleanly (exit 130, one line) instead of half-way; and the CLI
-ignores both once it has said how it ended (``_interrupt.finish``), so none can kill the process while
-the interpreter shuts down.
+"""``python -m streamwhiten`` and the ``streamwhiten`` command: the signal handlers go in before the CLI and
+its libraries are imported, so a signal while starting ends it cleanly (exit 130, one line).
 """
 
 import sys

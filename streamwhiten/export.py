@@ -19,22 +19,14 @@ in float64 for ``npz`` and float32 elsewhere, optionally followed by L2 normalis
 ``onnx``                  MatMul + Add (+ L2 normalisation), dynamic batch axis, opset 21
 ========================= ==================================================================================
 
-The parameters and the source model's checksum go into each format's own metadata where it has a place
-(npz arrays, safetensors header, ONNX ``metadata_props``, a ``streamwhiten.json`` in the Dense module's
-folder); a faiss file has none. A map that carries a storage (``AffineMap.quantization``: the model's, or
-``dtype``) records it there too: its ``dtype``, ``bytes_per_vector`` and the decode record
-(``quantization``, the int8 scale and offset of every component), so that vectors stored that way can be
-read without streamwhiten.
+The parameters, the source model's checksum and a storage's record (``dtype``, ``bytes_per_vector``, the
+int8 ``quantization``) go into each format's metadata (npz arrays, safetensors header, ONNX
+``metadata_props``, ``streamwhiten.json`` beside the Dense module); a faiss file has none.
 
-faiss's 8-bit scalar quantizer decodes code ``c`` of a component as ``vmin + (c + 0.5) vdiff / 255`` and
-encodes ``floor(255 (x - vmin) / vdiff)`` clipped to 0..255. With ``vmin = offset - 127.5 scale`` and
-``vdiff = 255 scale`` its codes 0..254 are our codes -127..127 (plus 127) and decode to the same values,
-``offset + code * scale``. Two differences remain: faiss rounds a value exactly halfway between two codes up
-(we round to even), and a value beyond ``offset + 127.5 scale`` becomes code 255 (``offset + 128 scale``)
-where we clip to 127; and faiss computes in float32. Both only move values at a code boundary or beyond
-the clip (4 standard deviations). The target library is imported only by the function that needs it; a
-missing one raises `BadInputError` naming the ``pip install``. Outputs are written under a temporary
-name beside the target and renamed into place when complete.
+faiss's 8-bit scalar quantizer with ``vmin = offset - 127.5 scale`` and ``vdiff = 255 scale`` decodes its
+codes 0..254 to our codes -127..127, ``offset + code * scale``; it differs only at a code boundary (it rounds
+halves up, in float32) and beyond the clip (code 255). Each target library is imported where it is needed
+(missing: `BadInputError` naming the ``pip install``); outputs are written beside the target and renamed in.
 """
 
 from __future__ import annotations
@@ -58,16 +50,11 @@ from .errors import BadInputError, ModelFileError, NothingToDoError, StoreIOErro
 
 FORMATS = ("npz", "safetensors", "sentence-transformers", "faiss", "onnx")
 EXTENSIONS = {".npz": "npz", ".safetensors": "safetensors", ".onnx": "onnx", ".faiss": "faiss", ".index": "faiss"}
-#: Where ``--append-to`` puts the whitening in a model that ends in ``Normalize``: instead of it (the
-#: whitening then takes the vectors before it), or after it, at the end of the pipeline.
+#: Where ``--append-to`` puts the whitening in a model ending in ``Normalize``: instead of it, or after it.
 INSERTS = ("before-normalize", "end")
-#: ``|E|x|^2 - 1|`` up to which the rows a whitening was fitted on are taken as unit-length: float32
-#: rows normalised and then stored in float16 are within about 1e-4 of it (each value rounded to 2^-11
-#: relative, and the float32 scatter to about 1e-6), so this leaves a tenfold margin.
+#: ``|E|x|^2 - 1|`` up to which fitted rows count as unit-length (float16-stored unit rows: about 1e-4).
 UNIT_NORM_TOLERANCE = 1e-3
-#: ... and beyond which they are taken as not unit-length (pooled sentence vectors are far from it: the
-#: STS-B MiniLM mean-pooled vectors have a mean squared norm of 26). Between the two, which side of a
-#: ``Normalize`` they came from cannot be told, and ``--insert`` must say it.
+#: ... and beyond which they do not (pooled vectors are far off); in between ``--insert`` must say it.
 NOT_UNIT_NORM = 0.1
 #: The ONNX operator set written: recent, and run by onnxruntime 1.18+ and onnxruntime-web.
 ONNX_OPSET = 21
@@ -98,10 +85,8 @@ def check_available(fmt: str) -> None:
 
 
 def format_for(path: str, fmt: str | None = None, append_to: str | None = None) -> str:
-    """The export format, told by ``path``'s name: its extension (`EXTENSIONS`), or a name without
-    one of them for a ``sentence-transformers`` directory (``fmt`` or ``append_to`` saying so). ``fmt``
-    must agree with the name: a file format's name ends in one of its extensions, and a directory's
-    name in none of them (exit 2, listing the extensions)."""
+    """The export format, told by ``path``'s extension (`EXTENSIONS`), or ``sentence-transformers`` for a
+    directory (``fmt`` or ``append_to`` saying so); ``fmt`` must agree with the name (exit 2)."""
     extension = os.path.splitext(os.fspath(path).rstrip("/"))[1].lower()
     named = EXTENSIONS.get(extension)
     if fmt is not None:
@@ -136,8 +121,7 @@ def check_options(
     insert: str | None = None,
     dtype: str | None = None,
 ) -> None:
-    """Raise `BadInputError` for an option another format than ``fmt`` takes (``dtype``: how the
-    map's outputs are stored)."""
+    """Raise `BadInputError` for an option another format than ``fmt`` takes (``dtype``: the storage)."""
     if fmt == "faiss" and dtype in ("int8", "binary", "code") and index is not None:
         own = {"int8": "IndexScalarQuantizer", "binary": "IndexBinaryFlat", "code": "structure, its codec's"}[dtype]
         raise BadInputError(
@@ -170,8 +154,7 @@ def check_options(
 
 @dataclass(frozen=True)
 class ExportResult:
-    """What [`export`][streamwhiten.export.export] wrote (``export --json`` prints
-    [`to_json`][streamwhiten.export.ExportResult.to_json]).
+    """What [`export`][streamwhiten.export.export] wrote (``export --json`` prints `to_json`).
 
     Attributes
     ----------
@@ -180,15 +163,13 @@ class ExportResult:
     output : str
         The file or directory written.
     params : mapping
-        The map's setting and provenance (`AffineMap.params`): ``beta``, ``gamma``, ``eps``, ``n_features``,
-        ``n_components``, ``normalize``, ``model_checksum``, ... and, with a storage, its ``dtype``,
-        ``bytes_per_vector`` and ``quantization`` record.
+        The map's setting and provenance (`AffineMap.params`), with a storage's ``dtype``,
+        ``bytes_per_vector`` and ``quantization``.
     details : mapping
-        What the format adds: ``file_checksum`` (npz), ``opset`` (onnx), ``faiss``, ``index``, ``metric``,
-        ``read_with``, ``needs_training`` (faiss), ``modules``, ``appended_to``, ``insert``
-        (sentence-transformers).
+        The format's own entries: ``file_checksum`` (npz), ``opset`` (onnx), ``faiss``, ``index``, ``metric``,
+        ``read_with``, ``needs_training`` (faiss), ``modules``, ``appended_to``, ``insert`` (sentence-transformers).
     model : str or None
-        The model file the map came from, where the caller names it (the command line does).
+        The model file the map came from, where the caller names it.
     """
 
     format: str
@@ -218,26 +199,23 @@ def export(
     Parameters
     ----------
     affine : AffineMap or WhiteningModel
-        From ``WhiteningModel.as_affine`` (another setting, normalisation) or
-        [`streamwhiten.serving.load`][streamwhiten.serving.load]; a model stands for its map at its saved setting.
+        From ``WhiteningModel.as_affine`` or [`streamwhiten.serving.load`][streamwhiten.serving.load]; a model
+        stands for its map at its saved setting.
     path, fmt : str
-        The output file, or directory for ``sentence-transformers``; its name tells the format
+        The output file (a directory for ``sentence-transformers``); its name tells the format
         ([`format_for`][streamwhiten.export.format_for]), or ``fmt``, one of `FORMATS`, says it.
     overwrite : bool
-        Replace an existing output if it is an export of this format that streamwhiten wrote
-        ([`check_export_output`][streamwhiten.export.check_export_output]); without it an existing output is
-        refused. One that already holds what would be written is kept either way: `NothingToDoError` (exit 3).
+        Replace an existing output that is a streamwhiten export of this format (`check_export_output`); else
+        it is refused. One already holding what would be written is kept: `NothingToDoError` (exit 3).
     append_to, insert : str, optional
         ``sentence-transformers`` only: a local model directory whose copy gets the modules appended, and
-        where in a model ending in ``Normalize`` (``"before-normalize"`` or ``"end"``; default: told from
-        ``affine.mean_sq_norm``, see [`st_insertion`][streamwhiten.export.st_insertion]).
+        where in a model ending in ``Normalize`` (``"before-normalize"`` or ``"end"``; default: `st_insertion`).
     index, metric : str, optional
         ``faiss`` only: a factory string (``"Flat"``, ``"HNSW32"``, ``"IVF1024,PQ32"``) for the index behind the
         transform, and its metric, ``"ip"`` or ``"l2"`` (default ``ip`` when normalising, else ``l2``).
     codec : streamwhiten.codes.Codec or bytes, optional
-        ``faiss`` only: write the index that searches this faiss codec's rows
-        ([`faiss_codec_index`][streamwhiten.export.faiss_codec_index]); default: a model's recorded codec. The
-        tool's own codes (``eigen``, ``bits-*``) faiss cannot scan: refused, naming what searches them.
+        ``faiss`` only: write the index that searches this faiss codec's rows (`faiss_codec_index`); default:
+        a model's recorded codec. The tool's own codes (``eigen``, ``bits-*``) are refused.
 
     Returns
     -------
@@ -249,7 +227,12 @@ def export(
     affine, codec = _map_and_codec(affine, codec, fmt)
     dtype = "code" if codec is not None else affine.dtype
     check_options(fmt, affine.normalize, append_to, index, metric, insert, dtype)
-    _check_destination(path, fmt, affine.dtype)
+    check_available(fmt)
+    if fmt == "faiss":
+        check_faiss_name(path, affine.dtype)
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise BadInputError(f"{path}: directory {parent} does not exist")
     if fmt == "sentence-transformers":
         plan = plan_sentence_transformers(affine, path, append_to, insert)
         _check_target(path, fmt, overwrite, lambda: _st_is_current(path, plan["metadata"]))
@@ -261,8 +244,7 @@ def export(
 
 
 def _map_and_codec(affine: Any, codec: Any, fmt: str) -> tuple[AffineMap, Any]:
-    """``affine``'s map (a model's at its saved setting, unit-length where it is coded) and the codec to
-    write: ``codec``, or a model's recorded one; refused unless the format is ``faiss``."""
+    """The map (a model's at its setting, unit-length where coded) and the codec (``codec`` or the model's)."""
     if not isinstance(affine, AffineMap) and hasattr(affine, "as_affine"):
         recorded = getattr(getattr(affine, "storage", None), "codec", None)
         if codec is None and recorded is not None:
@@ -278,20 +260,8 @@ def _map_and_codec(affine: Any, codec: Any, fmt: str) -> tuple[AffineMap, Any]:
     return affine, codec
 
 
-def _check_destination(path: str, fmt: str, dtype: str) -> None:
-    """Refuse, before anything is built, a format whose library is missing, a faiss file named for the other
-    kind of faiss file (`check_faiss_name`), and an output whose directory does not exist."""
-    check_available(fmt)
-    if fmt == "faiss":
-        check_faiss_name(path, dtype)
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise BadInputError(f"{path}: directory {parent} does not exist")
-
-
 def _write_file(path: str, fmt: str, overwrite: bool, payload: Any) -> dict[str, Any]:
-    """Write a file format's ``payload`` atomically, unless the file already holds it (`_check_target`);
-    returns what the summary adds (an ``npz`` map: its ``file_checksum``)."""
+    """Write ``payload`` atomically unless the file holds it; returns an npz map's ``file_checksum``."""
     _check_target(path, fmt, overwrite, lambda: _file_is_current(path, fmt, payload))
     if fmt == "npz":
         return {"file_checksum": write_npz_atomic(path, payload, "whitening map")}
@@ -300,8 +270,7 @@ def _write_file(path: str, fmt: str, overwrite: bool, payload: Any) -> dict[str,
 
 
 def _check_target(path: str, fmt: str, overwrite: bool, is_current: Callable[[], bool]) -> None:
-    """`check_export_output`, except that an output that already holds what would be written
-    (``is_current``) is kept, overwrite or not: `NothingToDoError` (exit 3)."""
+    """`check_export_output`, but an output that ``is_current`` is kept: `NothingToDoError` (exit 3)."""
     if os.path.lexists(path):
         if overwrite:
             check_export_output(path, fmt, overwrite)  # only one of ours is looked into
@@ -317,8 +286,7 @@ def _check_target(path: str, fmt: str, overwrite: bool, is_current: Callable[[],
 def export_payload(
     affine: AffineMap, fmt: str, index: str | None = None, metric: str | None = None, codec: Any = None
 ) -> tuple[Any, dict]:
-    """What a file format writes, ``(payload, summary entries)``: the arrays of an ``npz`` map, else the
-    file's bytes (``codec``: the faiss format writes its index)."""
+    """``(payload, summary entries)`` of a file format: an ``npz`` map's arrays, else the file's bytes."""
     if fmt == "npz":
         return npz_arrays(affine), {}
     if fmt == "safetensors":
@@ -331,10 +299,8 @@ def export_payload(
 
 
 def check_export_output(path: str, fmt: str, overwrite: bool) -> None:
-    """The one rule for an export's output (checked before it is written, and for a directory again at
-    its rename): absent, or ``overwrite`` and an export of ``fmt`` that streamwhiten wrote
-    ([`foreign_export`][streamwhiten.export.foreign_export]); else an ``OutputExistsError`` (exit 2), and nothing is
-    touched."""
+    """An export's output is absent, or ``overwrite`` and a streamwhiten export of ``fmt`` (`foreign_export`);
+    else ``OutputExistsError`` (exit 2), nothing touched."""
     check_replaceable(path, overwrite, _EXPORT_NAMES[fmt], lambda found: foreign_export(found, fmt))
 
 
@@ -348,10 +314,7 @@ _EXPORT_NAMES = {
 
 
 def foreign_export(path: str, fmt: str) -> str | None:
-    """None when ``path`` is an export of ``fmt`` streamwhiten wrote (its metadata says
-    ``format = streamwhiten-affine``; a faiss file, which has no metadata, when it is what ``export``
-    writes: a ``LinearTransform``, or an ``IndexPreTransform`` starting with one and holding no vectors),
-    else what it is instead."""
+    """None when ``path`` is a streamwhiten export of ``fmt`` (by metadata; faiss: structure), else what it is."""
     found = link_or_kind(path, directory=fmt == "sentence-transformers")
     if found is not None:
         return found
@@ -389,12 +352,8 @@ def _file_is_current(path: str, fmt: str, payload: Any) -> bool:
         return False
 
 
-# ------------------------------------------------------------------------------------------ npz
-
-
 def npz_arrays(affine: AffineMap) -> dict:
-    """The arrays of an ``.npz`` map: ``A``, ``b``, ``mean`` (float64), the parameters, and the storage's
-    decode record (``quantization_json``) when the map carries one."""
+    """An ``.npz`` map's arrays: ``A``, ``b``, ``mean`` (float64), the parameters, a ``quantization_json``."""
     return {
         "format": np.array(MAP_FORMAT),
         "format_version": np.array(MAP_VERSION, dtype=np.int64),
@@ -418,9 +377,6 @@ def npz_arrays(affine: AffineMap) -> dict:
 def write_npz(affine: AffineMap, path: str) -> str:
     """Write the ``.npz`` map (with its own checksum, as model files); returns that checksum."""
     return write_npz_atomic(path, npz_arrays(affine), "whitening map")
-
-
-# ------------------------------------------------------------------------------------------ safetensors / torch
 
 
 def safetensors_bytes(affine: AffineMap) -> bytes:
@@ -452,9 +408,6 @@ def torch_linear(affine: AffineMap, dtype: Any = None, device: Any = None):
         layer.weight.copy_(torch.from_numpy(np.ascontiguousarray(affine.A.T, dtype=np.float32)))
         layer.bias.copy_(torch.from_numpy(np.ascontiguousarray(affine.b, dtype=np.float32)))
     return layer.to(dtype=dtype or torch.float32, device=device)
-
-
-# ------------------------------------------------------------------------------------------ onnx
 
 
 def onnx_model(affine: AffineMap):
@@ -504,9 +457,6 @@ def onnx_model(affine: AffineMap):
     return model
 
 
-# ------------------------------------------------------------------------------------------ faiss
-
-
 def faiss_transform(affine: AffineMap):
     """A trained ``faiss.LinearTransform`` computing ``x A + b`` in float32 (faiss stores ``A^T``)."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
@@ -518,7 +468,7 @@ def faiss_transform(affine: AffineMap):
 
 
 def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
-    """An empty ``IndexPreTransform``: the map, ``NormalizationTransform`` when normalising, then ``factory``'s index."""
+    """An empty ``IndexPreTransform``: the map, ``NormalizationTransform`` if normalising, the ``factory`` index."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     metric = metric or ("ip" if affine.normalize else "l2")
     code = _faiss_metric(faiss, metric)
@@ -552,8 +502,7 @@ def faiss_int8_ranges(quantization: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def faiss_int8_index(affine: AffineMap, metric: str | None = None):
-    """An empty ``IndexPreTransform``: the map, ``NormalizationTransform`` (int8 codes are of unit vectors),
-    then an ``IndexScalarQuantizer`` (``QT_8bit``) trained with the map's int8 ranges."""
+    """An empty ``IndexPreTransform``: the map, ``NormalizationTransform``, an 8-bit SQ on the int8 ranges."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     metric = metric or "ip"
     k = affine.n_components
@@ -567,13 +516,9 @@ def faiss_int8_index(affine: AffineMap, metric: str | None = None):
 
 
 def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
-    """An empty ``IndexPreTransform`` that searches ``codec``'s code rows (a faiss codec of
-    ``streamwhiten.codes``, trained for the map's unit-length outputs): the map, ``NormalizationTransform``,
-    the codec's centring and projection (a ``LinearTransform``), any rotation of its own (OPQ), then its
-    trained index. ``index.index.add_sa_codes(rows)`` (the inner index: faiss's ``IndexPreTransform`` does not
-    take codes) adds the rows the codec encoded; ``index.search(x)`` of raw query vectors then ranks them as
-    the codec's estimate of ``<q, y>`` does (the scores: faiss's inner products without the per-query
-    constant ``<q, mean>``, or for a code of unit vectors, the tool's, faiss's L2 distances)."""
+    """An empty ``IndexPreTransform`` searching a faiss ``codec``'s rows: the map, ``NormalizationTransform``,
+    the codec's centring and projection, its OPQ rotation if any, then its trained index. Add the encoded
+    rows with ``index.index.add_sa_codes(rows)``; ``index.search(x)`` of raw queries ranks as the codec does."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     from .codes import Codec, codec_from_bytes
     from .codes.faiss_codes import FaissCode
@@ -615,10 +560,9 @@ def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
 
 
 def _is_whitening_faiss(path: str) -> bool:
-    """Whether the faiss file ``path`` is what [`export`][streamwhiten.export.export] writes (faiss files
-    carry no metadata)."""
+    """Whether the faiss file ``path`` is what `export` writes (the objects read stay referenced while
+    their downcast views, which do not own them, are used)."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
-    # the objects faiss reads are kept referenced while their downcast views are used (those do not own them)
     try:
         transform = faiss.read_VectorTransform(path)
     except RuntimeError:  # not a transform: an index?
@@ -639,12 +583,9 @@ def _is_whitening_faiss(path: str) -> bool:
 def faiss_bytes(
     affine: AffineMap, factory: str | None = None, metric: str | None = None, codec: Any = None
 ) -> tuple[bytes, dict]:
-    """The bytes faiss's own writer gives for the ``LinearTransform`` (or, with ``factory``, the empty
-    index; for int8 or binary storage, that storage's index; with ``codec``, a faiss codec's index:
-    [`faiss_codec_index`][streamwhiten.export.faiss_codec_index]), and the summary entries describing it.
-
-    A binary index holds no map (faiss's binary indexes take no transform): add and search the packed
-    bits that ``AffineMap.encode`` gives (what the search stores), from this map."""
+    """faiss's bytes for the ``LinearTransform`` (with ``factory`` the empty index; for int8 or binary storage
+    its index; with ``codec`` `faiss_codec_index`) and the summary entries. A binary index holds no map: add
+    and search the packed bits ``AffineMap.encode`` gives."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     if codec is not None:
         if factory is not None or metric not in (None, "ip"):
@@ -698,8 +639,7 @@ BINARY_FAISS_SUFFIX = ".binary.faiss"
 
 
 def check_faiss_name(path: str, dtype: str | None) -> None:
-    """Keep the two kinds of faiss file apart by name, as faiss needs two loaders for them: a binary index
-    (sign-bit storage, read with ``faiss.read_index_binary``) is named ``*.binary.faiss``, and nothing else is."""
+    """A binary index (read with ``faiss.read_index_binary``) is named ``*.binary.faiss``, nothing else is."""
     binary_name = path.lower().endswith(BINARY_FAISS_SUFFIX)
     if dtype == "binary" and not binary_name:
         raise BadInputError(
@@ -755,9 +695,6 @@ def _reads_as(reader: Callable[[str], object], path: str) -> bool:
     return True
 
 
-# ------------------------------------------------------------------------------------------ sentence-transformers
-
-
 def _st_modules():
     _require("torch", "torch", "sentence-transformers", "the sentence-transformers export")
     _require(
@@ -791,24 +728,14 @@ def st_output_dimension(model_dir: str) -> int:
     return int(width)
 
 
-def ends_in_normalize(modules: list) -> bool:
-    """Whether a sentence-transformers pipeline (its ``modules.json`` entries) ends in ``Normalize``."""
-    return bool(modules) and str(modules[-1].get("type", "")).rsplit(".", 1)[-1] == "Normalize"
-
-
 def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, base: str) -> str:
-    """Where ``--append-to`` puts the whitening in the pipeline ``modules`` of the model ``base``:
-    ``"before-normalize"`` (instead of its final ``Normalize``: the whitening takes the vectors before it,
-    and the output is L2-normalised only with ``--normalize``, as ``apply --normalize``) or ``"end"``.
+    """Where ``--append-to`` puts the whitening in ``base``'s ``modules``: ``"before-normalize"`` or ``"end"``.
 
-    ``insert`` chooses; without it the rows the whitening was fitted on tell (``mean_sq_norm``, their
-    mean squared norm): unit-length rows (within `UNIT_NORM_TOLERANCE`) came from after a
-    ``Normalize``, rows clearly not unit-length (beyond `NOT_UNIT_NORM`) from before it. Anything
-    else is refused with a message saying how to choose (exit 2): a model ending in ``Normalize`` with
-    no way to tell, rows nearly but not exactly unit-length, or unit-length rows and a model whose
-    vectors are not (it does not end in ``Normalize``).
+    ``insert`` chooses; else the fitted rows' mean squared norm tells: unit-length (within
+    `UNIT_NORM_TOLERANCE`) came from after a ``Normalize``, clearly not (beyond `NOT_UNIT_NORM`) from
+    before it. What cannot be told is refused, saying how to choose (exit 2).
     """
-    normalizes = ends_in_normalize(modules)
+    normalizes = bool(modules) and str(modules[-1].get("type", "")).rsplit(".", 1)[-1] == "Normalize"
     if insert == "before-normalize":
         if not normalizes:
             raise BadInputError(
@@ -853,12 +780,8 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
 def plan_sentence_transformers(
     affine: AffineMap, path: str, append_to: str | None = None, insert: str | None = None
 ) -> dict:
-    """What [`write_sentence_transformers`][streamwhiten.export.write_sentence_transformers] writes to ``path``: the
-    base model's ``modules`` (from its
-    ``modules.json``), where the whitening goes ([`st_insertion`][streamwhiten.export.st_insertion]) and the
-    ``metadata`` recorded in
-    ``streamwhiten.json`` (the parameters, ``model_checksum``, and a digest of the base model's files),
-    checked first: the base model must give vectors of the map's width."""
+    """What `write_sentence_transformers` writes to ``path``: the base model's ``modules``, the ``insert``
+    (`st_insertion`) and the ``metadata`` of ``streamwhiten.json``; the base must give the map's width."""
     _st_modules()
     modules, where, base_digest = [], None, None
     if append_to is not None:
@@ -888,14 +811,8 @@ def plan_sentence_transformers(
 def write_sentence_transformers(
     affine: AffineMap, path: str, append_to: str | None = None, overwrite: bool = False, plan: dict | None = None
 ) -> dict:
-    """Write the Dense (+ Normalize) modules, alone or in a copy of ``append_to``; see
-    [`export`][streamwhiten.export.export].
-
-    The directory is built under a hidden temporary name beside ``path`` and renamed into place when
-    complete; an existing one is replaced only with ``overwrite``, and only if it is such an export.
-    ``plan`` is [`plan_sentence_transformers`][streamwhiten.export.plan_sentence_transformers]'s (made here when not
-    given).
-    """
+    """Write the Dense (+ Normalize) modules, alone or in a copy of ``append_to``, in a temporary directory
+    renamed into place; ``plan``: `plan_sentence_transformers`'s (made here when not given)."""
     _st_modules()
     plan = plan if plan is not None else plan_sentence_transformers(affine, path, append_to)
     remove_stale_temps(path)
@@ -921,9 +838,8 @@ def write_sentence_transformers(
 
 
 def _build_st_tree(affine: AffineMap, temp: str, plan: dict, append_to: str | None) -> list[str]:
-    """Build the export in the directory ``temp``: a copy of ``append_to`` (its final ``Normalize`` left out
-    where the whitening takes its place) or nothing, then the Dense (+ Normalize) modules and
-    ``modules.json``; returns the folders of the modules added."""
+    """Build the export in ``temp`` (a copy of ``append_to``, less a replaced ``Normalize``, then the
+    modules and ``modules.json``); returns the folders of the modules added."""
     import torch
 
     Dense, Normalize = _st_modules()
@@ -961,8 +877,7 @@ ST_METADATA = "streamwhiten.json"
 
 
 def _st_metadata(path: str) -> tuple[str, dict] | None:
-    """``(relative path, contents)`` of the `ST_METADATA` of a sentence-transformers export of ours
-    at ``path``, or None (no such file, or not ours)."""
+    """``(relative path, contents)`` of our `ST_METADATA` in the export at ``path``, or None."""
     try:
         with open(os.path.join(path, "modules.json"), encoding="utf8") as handle:
             modules = json.load(handle)
@@ -992,9 +907,7 @@ def _st_is_current(path: str, metadata: dict) -> bool:
 
 
 def _tree_sha256(root: str, output: str, skip: str | None = None) -> str:
-    """A SHA-256 over the files under ``root`` (relative names and contents, in name order, links
-    followed as the copy follows them), leaving out the file ``skip``; a file that cannot be read is a
-    `StoreIOError` naming ``output`` (nothing was written yet)."""
+    """A SHA-256 of the names and contents under ``root`` but ``skip``; `StoreIOError` naming ``output``."""
     digest = hashlib.sha256()
     names = []
     for directory, dirs, files in os.walk(root, followlinks=True):
@@ -1024,32 +937,21 @@ def _remove_tree(path: str) -> None:
         os.remove(path)
 
 
-def _os_error(exc: OSError) -> str:
-    """What went wrong, short: copytree's ``shutil.Error`` holds a list of (source, target, reason)."""
-    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
-        source, _, reason = exc.args[0][0]
-        more = len(exc.args[0]) - 1
-        return f"copying {source}: {reason}" + (f" (and {more} more)" if more else "")
-    return str(exc.strerror or exc)
-
-
-#: A Rust ``std::io::Error`` in a message (safetensors' ``SafetensorError``: ``I/O error: No space left on
-#: device (os error 28)``, or its debug form ``Os { code: 28, ...``).
+#: A Rust ``std::io::Error`` in a message (safetensors: ``(os error 28)`` or ``Os { code: 28, ...``).
 _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
 #: What torch's file writer says when a write fails (a ``RuntimeError``, its errno lost).
 _TORCH_WRITE_FAILED = ("file write failed", "failed writing file", "unexpected pos")
 
 
 def write_failure(exc: BaseException) -> str | None:
-    """What went wrong, short, when ``exc`` is a failed write (disk full, I/O error) as the libraries an
-    export writes through report it -- an `OSError`, safetensors' ``SafetensorError`` holding an
-    OS error, torch's ``RuntimeError`` from its file writer -- else None (a bug, raised as it is).
-
-    The one place that tells a library's write failure from its other errors, so every export target's
-    write failure is a `StoreIOError` (exit 74).
-    """
+    """What went wrong, short, when ``exc`` is a failed write (an `OSError`, or safetensors' or torch's
+    report of one), so that it becomes a `StoreIOError` (exit 74); else None (a bug, raised as it is)."""
+    if isinstance(exc, shutil.Error) and exc.args and isinstance(exc.args[0], list) and exc.args[0]:
+        source, _, reason = exc.args[0][0]  # copytree's list of (source, target, reason)
+        more = len(exc.args[0]) - 1
+        return f"copying {source}: {reason}" + (f" (and {more} more)" if more else "")
     if isinstance(exc, OSError):
-        return _os_error(exc)
+        return str(exc.strerror or exc)
     text = str(exc)
     found = _RUST_OS_ERROR.search(text)
     if found:
@@ -1086,8 +988,7 @@ def _rename_dir_into_place(temp: str, path: str, overwrite: bool) -> None:
     final = os.path.abspath(path)
     if os.path.lexists(final):
         check_export_output(path, "sentence-transformers", overwrite)  # again: it may have changed meanwhile
-        # a directory cannot replace anything atomically: move the old output aside first (a later run
-        # puts it back if this one dies before the new one is in place)
+        # no atomic replace for a directory: the old one is moved aside first (a later run restores it)
         old = temp_path(final, "old")
         os.rename(final, old)
         os.rename(temp, final)

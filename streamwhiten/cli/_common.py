@@ -1,5 +1,4 @@
-"""What every command shares: printing the summary (text or ``--json``), the progress bar, how a
-command's work meets signals, and the formats of numbers and settings."""
+"""What commands share: the summary (text or ``--json``), progress, signals, options and formats."""
 
 from __future__ import annotations
 
@@ -48,9 +47,7 @@ def strict_json(value: object):
 
 @contextmanager
 def progress_bar(description: str, quiet: bool):
-    """The command ``description``'s progress reporter (`Console`): a bar per phase on
-    stderr when stdout and stderr are terminals (rows/s, ETA), else one timed line per phase on stderr
-    (cron, pipes, CI); None with ``--quiet``."""
+    """The progress reporter (`Console`): bars on a terminal, else a timed line per phase; None with ``--quiet``."""
     if quiet:
         yield None
         return
@@ -63,9 +60,7 @@ def progress_bar(description: str, quiet: bool):
         console.close()
 
 
-#: The work of a command, as signals meet it (`_interrupt.work`): with ``stoppable``, the first
-#: SIGINT/SIGTERM asks the library to stop at its next safe point; otherwise (the Dask engine's tasks) a
-#: signal interrupts it at once; once it has ended, a signal is only recorded.
+#: The work of a command, as signals meet it (`_interrupt.work`).
 work = _interrupt.work
 
 
@@ -91,14 +86,10 @@ def fmt_setting(row: dict) -> str:
     return text
 
 
-# ---------------------------------------------------------------------------- labelled pairs and grids
-
-
 def pair_options(
     required: bool, prefix: str = "pairs", scores: str = "scores", what: str = "labelled pairs", brief: bool = False
 ):
-    """``--<prefix>-a/--<prefix>-b/--<scores>``: two aligned vector stores and their gold scores (``brief``:
-    their help refers to ``--pairs-a``'s for the formats, for a second set of pairs)."""
+    """``--<prefix>-a/--<prefix>-b/--<scores>``: aligned stores and gold scores (``brief``: shorter help)."""
     names = (f"{prefix}_a", f"{prefix}_b", scores.replace("-", "_"))
     formats = (
         ("", " (as --scores)")
@@ -159,9 +150,7 @@ def retrieval_options(func: Callable[..., Any]):
 
 @dataclass(frozen=True)
 class Inputs:
-    """The specs of what a command scores or tunes on, as parsed (None: not given): labelled pairs
-    (``--pairs-a/--pairs-b/--scores``) or a retrieval task (``--queries/--corpus/--qrels``, ``--exclude``
-    and the id columns)."""
+    """The specs a command scores or tunes on (None: not given): labelled pairs or a retrieval task."""
 
     pairs_a: str | None = None
     pairs_b: str | None = None
@@ -186,9 +175,7 @@ def named(**values: object) -> tuple[str, ...]:
 def retrieval_options_of(
     inputs: Inputs, block_rows: int | None, threads: int | None, bootstrap: int | None, seed: int | None
 ) -> RetrievalOptions:
-    """The retrieval task's options (``--exclude``, the id columns, ``--bootstrap``, ``--seed``,
-    ``--threads``) and ``block_rows`` as a [`RetrievalOptions`][streamwhiten.options.RetrievalOptions]; an option
-    not given keeps its default."""
+    """The retrieval task's options as a `RetrievalOptions` (one not given keeps its default)."""
     from ..options import RetrievalOptions
 
     return RetrievalOptions(
@@ -202,9 +189,7 @@ def retrieval_options_of(
 
 
 def mode_of(inputs: Inputs, search_given: tuple[str, ...] = ()) -> str:
-    """``"pairs"`` or ``"retrieval"``: which of the two exclusive inputs was given (all of its required
-    options), else a one-line error. ``search_given`` (the names of the search options given) are refused
-    with labelled pairs."""
+    """``"pairs"`` or ``"retrieval"``, whichever was given whole (``search_given`` are refused with pairs)."""
     pairs = inputs.given(PAIRS)
     task = inputs.given(RETRIEVAL)
     if pairs and task:
@@ -246,18 +231,17 @@ def noise(low: float | None, high: float | None) -> str:
     return "within noise"
 
 
-def fmt_interval(difference: float, low: float | None, high: float | None) -> str:
+def fmt_interval(value: float, low: float | None, high: float | None, sign: str = "+") -> str:
     if low is None or high is None:
-        return f"{difference:+.2f}"
-    return f"{difference:+.2f} [{low:+.2f}, {high:+.2f}]"
+        return f"{value:{sign}.2f}"
+    return f"{value:{sign}.2f} [{low:{sign}.2f}, {high:{sign}.2f}]"
 
 
 def open_pairs_given(a: str | None, b: str | None, scores: str | None, flags: str):
     """Open a pair set when all three specs are given; ``None`` when none is; an error when only some are."""
     from ..evaluation.evaluate import open_pairs
 
-    given = [spec is not None for spec in (a, b, scores)]
-    if not any(given):
+    if a is None and b is None and scores is None:
         return None
     if a is None or b is None or scores is None:
         raise BadInputError(f"give all three of {flags}, or none")
@@ -288,8 +272,7 @@ RETRIEVAL_METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
 
 
 def grid_options(purpose: str, retrieval: bool = False):
-    """``--betas/--gammas/--ks/--variances/--metric``: the (beta, gamma, k) grid shared by tune and report
-    (``retrieval``: the metric may be a retrieval one too, its default the mode's)."""
+    """``--betas/--gammas/--ks/--variances/--metric``: tune's and report's grid (``retrieval``: its metrics too)."""
     metric = (
         click.option(
             "--metric",
@@ -301,35 +284,20 @@ def grid_options(purpose: str, retrieval: bool = False):
         else click.option("--metric", type=click.Choice(list(PAIR_METRICS)), default="spearman", show_default=True)
     )
 
+    lists = [
+        ("--betas", f"Betas {purpose}, comma-separated [default: 0,0.25,0.5,0.75,1]."),
+        ("--gammas", f"Gammas {purpose} [default: 0,0.25,0.5,0.75,1]."),
+        (
+            "--ks",
+            f"Component counts k {purpose}; 'd' is the full width [default: d and the powers of two from 8 below it].",
+        ),
+        ("--variances", f"Explained-variance fractions {purpose}, each as a k [default: 0.9,0.95,0.99; '' for none]."),
+    ]
+
     def decorate(func: Callable[..., Any]):
-        for option in reversed(
-            [
-                click.option(
-                    "--betas",
-                    default=None,
-                    metavar="LIST",
-                    help=f"Betas {purpose}, comma-separated [default: 0,0.25,0.5,0.75,1].",
-                ),
-                click.option(
-                    "--gammas", default=None, metavar="LIST", help=f"Gammas {purpose} [default: 0,0.25,0.5,0.75,1]."
-                ),
-                click.option(
-                    "--ks",
-                    default=None,
-                    metavar="LIST",
-                    help=f"Component counts k {purpose}; 'd' is the full width "
-                    "[default: d and the powers of two from 8 below it].",
-                ),
-                click.option(
-                    "--variances",
-                    default=None,
-                    metavar="LIST",
-                    help=f"Explained-variance fractions {purpose}, each as a k [default: 0.9,0.95,0.99; '' for none].",
-                ),
-                metric,
-            ]
-        ):
-            func = option(func)
+        func = metric(func)
+        for flag, text in reversed(lists):
+            func = click.option(flag, default=None, metavar="LIST", help=text)(func)
         return func
 
     return decorate
@@ -351,40 +319,6 @@ def grid_of(
         variances=number_list(variances, "variances"),
         metric=metric,
     )
-
-
-__all__ = [
-    "Inputs",
-    "named",
-    "selection_lines",
-    "PAIR_METRICS",
-    "RETRIEVAL",
-    "RETRIEVAL_METRICS",
-    "emit",
-    "fmt_interval",
-    "mode_of",
-    "noise",
-    "retrieval_options",
-    "retrieval_options_of",
-    "fmt_rate",
-    "fmt_scores",
-    "fmt_setting",
-    "grid_of",
-    "grid_options",
-    "number_list",
-    "open_pairs_given",
-    "pair_options",
-    "progress_bar",
-    "stop_on_signals",
-    "strict_json",
-    "work",
-]
-
-
-def _interval_text(entry: dict) -> str:
-    if entry["low"] is None:
-        return f"{entry['score']:.2f}"
-    return f"{entry['score']:.2f} [{entry['low']:.2f}, {entry['high']:.2f}]"
 
 
 def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]:
@@ -425,9 +359,12 @@ def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]
     if predicted:
         difference = predicted["difference"]
         change = fmt_interval(difference["score"], difference["low"], difference["high"])
+        chosen, reference = (
+            fmt_interval(p["score"], p["low"], p["high"], "") for p in (predicted["chosen"], predicted["reference"])
+        )
         lines.append(
             f"forecast   {metric} x100 on {what} not chosen on ({predicted['folds']}-fold cross-validation of the "
-            f"rule): chosen {_interval_text(predicted['chosen'])}, reference {_interval_text(predicted['reference'])}, "
+            f"rule): chosen {chosen}, reference {reference}, "
             f"difference {change}; the reference kept in {predicted['kept_reference']} of {predicted['folds']} folds"
         )
     return lines

@@ -1,11 +1,6 @@
-"""The command line's own words for the library's parameters: each option's flags and help, and the
-mapping that turns a library error naming parameters (``keep_columns``) into one naming flags
-(``--keep-columns``), as click's ``ClickException`` names the option it refuses.
-
-The library (`streamwhiten.params`) knows parameters: names, kinds, defaults, allowed values. It never
-names a flag: an error carries the parameters it names (`params`)
-and `cli_message` rewrites them here, so a Python user reads ``keep_columns`` and a command-line user
-``--keep-columns``.
+"""The command line's words for the library's parameters: each option's flags and help, and
+`cli_message`, which rewrites the parameters a library error names (``keep_columns``) as flags
+(``--keep-columns``): the library never names a flag.
 """
 
 from __future__ import annotations
@@ -138,8 +133,7 @@ def _replace(name: str, match: re.Match[str]) -> str:
 
 
 def _named(exc: BaseException) -> list[str]:
-    """The parameters ``exc`` names, and those of the errors it wraps: one it was raised from whose
-    message it repeats (``f"{label}: {exc}"``) names what that one named."""
+    """The parameters ``exc`` names, and those of the wrapped errors whose message it repeats."""
     seen = list(exc.params) if isinstance(exc, StreamwhitenError) else []
     text, inner, steps = str(exc), exc.__cause__ or exc.__context__, 0
     while inner is not None and steps < 20 and str(inner) and str(inner) in text:
@@ -150,13 +144,11 @@ def _named(exc: BaseException) -> list[str]:
 
 
 def cli_message(exc: BaseException) -> str:
-    """The message of ``exc`` as the command line says it: every parameter the error names
-    (``keep_columns``, ``overwrite=True``, ``precision='float64'``) written as its option
-    (``--keep-columns``, ``--overwrite``, ``--precision float64``)."""
+    """The message of ``exc`` with every parameter it names written as its option (``overwrite=True``:
+    ``--overwrite``, ``precision='float64'``: ``--precision float64``)."""
     text = str(exc)
     for name in dict.fromkeys(_named(exc)):
-        # where the message gives the parameter a value (``dataset='emb'``), that form alone names it: the
-        # bare word may be prose there ("has no 2-D dataset")
+        # where the message gives it a value (``dataset='emb'``), only that form names it: the bare word is prose
         value = "=('[^']*'|[\\w.+-]+)" if re.search(rf"(?<![\w.+-]){re.escape(name)}=", text) else "()?"
         pattern = re.compile(rf"(?<![\w.+-]){re.escape(name)}{value}(?![\w-])")
         text = pattern.sub(partial(_replace, name), text)

@@ -1,30 +1,13 @@
 """SIGINT and SIGTERM for the command line: stop at a safe point, never half-way through a write.
 
-The handlers are installed before anything heavy is imported (see ``__main__``), so a signal that
-arrives while the program starts is remembered rather than killing it with a traceback or leaving
-files behind. Then, per phase:
-
-- ``work(stoppable=True)``: work that can stop cleanly (a fit between blocks, an apply, saving a model).
-  The first signal only sets `requested`; the work checks it at its next safe point, saves its
-  progress and stops. A second signal raises ``KeyboardInterrupt`` at once.
-- ``work(stoppable=False)``, and outside any work: ``KeyboardInterrupt`` at once (a report, an
-  evaluation, the Dask engine: nothing to save).
-- once the work of the command is complete (its block ended without an exception) and while the
-  program reports how it ended, a signal is only recorded: the exit code says the work is done, and a
-  note says the signal came after it (``cli.app._finish``).
-- at the very end, `finish` ignores both signals: at interpreter shutdown Python puts back the
-  default handlers (which kill the process: exit -15 or -2) for every signal it had a handler for, but
-  leaves an ignored one ignored, so nothing can kill the process between its last word and its exit.
-
-``KeyboardInterrupt`` is raised once at most: a further signal, arriving while the program unwinds or
-reports the first, is only recorded, so cleanup code and the report are never cut short.
-
-Never inside an import: an exception raised while a module (a C extension above all) is being
-initialised is turned by some libraries into an ``ImportError`` with a traceback, or leaves the
-interpreter to die by SIGINT on exit. A signal that lands in an import is raised as soon as the
-import is over (polled with a short SIGALRM timer where the platform has one).
-
-Only this module and ``cli`` touch signal handlers; the library sees a ``should_stop()`` callable.
+The handlers are installed before anything heavy is imported (``__main__``): a signal while starting is
+remembered. In ``work(stoppable=True)`` (a fit, an apply, a save) the first signal only sets `requested`,
+checked at the next safe point; a second, or any signal in ``work(stoppable=False)`` or outside work,
+raises ``KeyboardInterrupt`` at once. Once the work is complete a signal is only recorded (a note, not a
+failure: ``cli.app._finish``), and `finish` ignores both so that shutdown cannot be killed.
+``KeyboardInterrupt`` is raised once at most, and never inside an import (some C extensions turn it into
+an ``ImportError`` or die): there it waits for the import's end (a short SIGALRM timer). The library sees
+only a ``should_stop()`` callable.
 """
 
 from __future__ import annotations
@@ -74,8 +57,7 @@ def _raise_outside_import(frame: FrameType | None):
 
 
 def _retry(signum: int, frame: FrameType | None):
-    """SIGALRM: raise the signal that landed in an import once the import is over, if the program is
-    still where it would have raised (a stoppable `work` entered since then stops at its next safe point)."""
+    """SIGALRM: raise a signal that landed in an import once it is over, if still in the same mode."""
     pending, _state["pending"] = _state["pending"], None
     if pending is not None and pending == _state["mode"]:
         _raise_outside_import(frame)
@@ -95,9 +77,7 @@ def install() -> bool:
         return False
     requested.clear()
     received.clear()
-    _state["mode"] = _STARTUP
-    _state["pending"] = None
-    _state["raised"] = False
+    _state.update(mode=_STARTUP, pending=None, raised=False)
     previous: dict[int, Any] = {sig: signal.signal(sig, _handler) for sig in _SIGNALS}
     _state["previous"] = previous
     if hasattr(signal, "SIGALRM"):
@@ -108,10 +88,8 @@ def install() -> bool:
 
 
 def _quiet_unraisable(previous: Callable[[Any], object]):
-    """A signal's KeyboardInterrupt that lands in a callback Python cannot raise from (a weakref's, a
-    destructor's) is only recorded: the stop was already requested, and the traceback would be noise. So
-    is, once a signal was received, any error of a destructor: a KeyboardInterrupt raised inside a
-    library's constructor leaves a half-built object whose destructor then fails (zipfile's, for one)."""
+    """Drop an unraisable KeyboardInterrupt (a callback's, a destructor's), and, once a signal came, any
+    destructor's error (a half-built object's): the stop was requested, the traceback would be noise."""
 
     def hook(unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, KeyboardInterrupt) or requested.is_set():
@@ -146,11 +124,9 @@ def start_immediate() -> None:
 
 @contextmanager
 def work(stoppable: bool = True):
-    """The work of a command: with ``stoppable``, the first signal only sets `requested`, which asks it to
-    stop at its next safe point (yields ``should_stop``); otherwise a signal raises ``KeyboardInterrupt`` at
-    once (yields None).
-    When the block ends without an exception, the work is complete: from then on a signal is only
-    recorded (`hold`), so it cannot turn finished work into an interruption."""
+    """The work of a command: with ``stoppable`` the first signal only sets `requested` (yields
+    ``should_stop``), else it raises at once (yields None); once the block ends cleanly, signals are only
+    recorded (`hold`)."""
     before = _state["mode"]
     _state["mode"] = _DEFERRED if stoppable else _IMMEDIATE
     try:
@@ -162,11 +138,9 @@ def work(stoppable: bool = True):
 
 
 def finish() -> bool:
-    """The program is about to exit: ignore SIGINT and SIGTERM from now on (Python's shutdown would put the
-    default handlers back, and a signal then would kill the process), and stop the retry timer. Returns
-    whether a signal was received at any time. In the main thread only (elsewhere: does nothing)."""
-    _state["mode"] = _STARTUP
-    _state["pending"] = None
+    """Before exit (main thread only): ignore SIGINT and SIGTERM, which shutdown's default handlers would
+    die of, and stop the retry timer; returns whether a signal was ever received."""
+    _state.update(mode=_STARTUP, pending=None)
     if threading.current_thread() is threading.main_thread() and _state["previous"] is not None:
         for sig in _SIGNALS:
             signal.signal(sig, signal.SIG_IGN)

@@ -1,12 +1,6 @@
-"""Command-line options made from the registry (`streamwhiten.params.PARAMS`), and the option
-objects (`streamwhiten.options`) made from what was parsed.
-
-Each parameter's type, check and default are declared once, in ``params``, its flags and help in
-`_flags`; a command lists
-the parameters it takes (`param_options`) and is handed what it parsed as the frozen objects the
-library takes (`objects`, `take`). A value is refused in the parameter's own words:
-``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2). A renamed parameter's
-former flag (``--chunk-rows`` for ``--block-rows``) is still taken, hidden from ``--help``.
+"""Command-line options made from the registry (`streamwhiten.params.PARAMS`; flags and help in `_flags`),
+and the frozen option objects (`streamwhiten.options`) made from what was parsed (`objects`, `take`).
+A renamed parameter's former flag (``--chunk-rows``) is still taken, hidden from ``--help``.
 """
 
 from __future__ import annotations
@@ -31,8 +25,7 @@ _V = TypeVar("_V")
 
 
 class SpecType(click.ParamType):
-    """An option whose value is checked against `streamwhiten.params.PARAMS`, as in Python and in
-    job files: ``Invalid value for '--beta': beta must be a number in [0, 1], got 1.5`` (exit 2)."""
+    """An option checked against `PARAMS`, refused in its words (``Invalid value for '--beta': ...``, exit 2)."""
 
     def __init__(self, name: str):
         self.param = PARAMS[name]
@@ -94,8 +87,7 @@ def spec_type(name: str) -> click.ParamType:
 
 
 def param_option(name: str, *, default: object = ..., help: str | None = None, show_default: bool | None = None):
-    """The click option of parameter ``name``: its flags, type, help and (unless ``default`` is given,
-    e.g. None for "the model's") its declared default, shown in ``--help``."""
+    """The click option of parameter ``name``: flags, type, help and its default (or ``default``)."""
     param = PARAMS[name]
     text = help if help is not None else HELP.get(name, "")
     if param.kind is bool:
@@ -110,16 +102,14 @@ def param_option(name: str, *, default: object = ..., help: str | None = None, s
 
 
 def alias_option(alias: str):
-    """A renamed parameter's former flag (``--chunk-rows``), taken as before but hidden from ``--help``;
-    `take` folds its value into the parameter's."""
+    """A renamed parameter's former flag, hidden from ``--help``; `take` folds its value in."""
     return click.option(
         "--" + alias.replace("_", "-"), alias, type=spec_type(alias), default=None, hidden=True, expose_value=True
     )
 
 
 def param_options(*names: str, defaults: dict | None = None, helps: dict | None = None):
-    """Decorate a command with the options of parameters ``names`` (and the hidden former flags of those
-    renamed); ``defaults`` and ``helps`` override a parameter's declared default or help text here."""
+    """Decorate a command with the options of ``names`` (and former flags); ``defaults``/``helps`` override."""
     defaults, helps = defaults or {}, helps or {}
 
     def decorate(func: Callable[..., Any]):
@@ -133,9 +123,7 @@ def param_options(*names: str, defaults: dict | None = None, helps: dict | None 
 
 
 def take(cls: type[_T], **values: object) -> _T:
-    """An instance of the option class ``cls`` from the parsed ``values`` it has fields for (a renamed
-    parameter's former flag counts as its own: ``chunk_rows`` for ``block_rows``). Values left unset
-    (None) where the field's default is not None keep the default."""
+    """An instance of ``cls`` from the parsed ``values`` (former flags included); None keeps a non-None default."""
     kwargs: dict[str, object] = {}
     for item in fields(cls):  # type: ignore[arg-type]
         names = (item.name, *(PARAMS[item.name].aliases if item.name in PARAMS else ()))
@@ -148,7 +136,7 @@ def take(cls: type[_T], **values: object) -> _T:
 
 
 def first_given(*values: _V | None) -> _V | None:
-    """The first of ``values`` that is not None (a parameter's, then its former flag's), else None."""
+    """The first of ``values`` that is not None, else None."""
     return next((value for value in values if value is not None), None)
 
 
@@ -159,17 +147,11 @@ SETTING = ("beta", "gamma", "n_components", "variance", "eps")
 def setting_options(purpose: str = "fit"):
     """``--beta --gamma -k --variance --eps``: for a fit their defaults, elsewhere the model's saved setting."""
     if purpose == "fit":
-        helps = {"eps": f"{HELP['eps']} [default: {PARAMS['eps'].default:g}]"}
-        defaults = {name: None for name in SETTING}
-        helps.update(
-            beta=f"{HELP['beta']} [default: 1]",
-            gamma=f"{HELP['gamma']} [default: 1]",
-            n_components=f"{HELP['n_components']} [default: all d]",
-        )
-        return param_options(*SETTING, defaults=defaults, helps=helps)
-    model = " [default: the model's]"
-    helps = {name: HELP[name] + model for name in SETTING}
-    return param_options(*SETTING, defaults={name: None for name in SETTING}, helps=helps)
+        shown = {"beta": "1", "gamma": "1", "n_components": "all d", "eps": f"{PARAMS['eps'].default:g}"}
+    else:
+        shown = dict.fromkeys(SETTING, "the model's")
+    helps = {name: f"{HELP[name]} [default: {shown[name]}]" if name in shown else HELP[name] for name in SETTING}
+    return param_options(*SETTING, defaults=dict.fromkeys(SETTING), helps=helps)
 
 
 quiet_option = click.option(
@@ -223,8 +205,7 @@ def read_options(
     storage_options: tuple[str, ...] = (),
     remote_timeout: float | None = None,
 ) -> ReadOptions:
-    """The [`ReadOptions`][streamwhiten.options.ReadOptions] of what was parsed (``--dataset``, ``--block-rows``,
-    ``--fill-missing-chunks``, ``--storage-option``, ``--remote-timeout``)."""
+    """The `ReadOptions` of what was parsed."""
     from ..io import remote
     from ..options import ReadOptions
 
@@ -241,7 +222,7 @@ def read_options(
 
 
 def engine_of(engine: str, threads: int | None, scheduler: str | None, workers: int | None) -> EngineOptions:
-    """The [`EngineOptions`][streamwhiten.options.EngineOptions] of ``--engine --threads --scheduler --workers``."""
+    """The `EngineOptions` of ``--engine --threads --scheduler --workers``."""
     from ..options import EngineOptions
 
     return take(EngineOptions, name=engine, threads=threads, scheduler=scheduler, workers=workers)
@@ -253,11 +234,8 @@ def block_rows_of(block_rows: int | None = None, chunk_rows: int | None = None) 
 
 
 def objects(**makers: Callable[..., object]):
-    """Decorate a command so that it takes each group of its options as the object the library takes:
-    with ``objects(read=read_options)`` the command is handed ``read=read_options(**those)`` in place of the
-    values of ``read_options``'s parameters it declares. A group's options are declared once (the
-    decorators) and turned into its object once (here); the objects are made in the order given, so their
-    errors come in that order, before the command runs."""
+    """Hand a command each group of its options as one object: with ``objects(read=read_options)`` it gets
+    ``read=read_options(**those)`` instead of those values; made in order, before the command runs."""
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(func)
@@ -273,9 +251,8 @@ def objects(**makers: Callable[..., object]):
 
 
 def pipeline_options(options: type) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """What fit and apply end with: ``--storage-option --remote-timeout``, the engine's options, ``--quiet``
-    and ``--json``; the command is handed its groups as the library's objects (`objects`): ``read``,
-    ``setting``, ``options`` (an ``options``: `FitOptions` or `ApplyOptions`) and ``engine``."""
+    """Fit's and apply's storage, engine, ``--quiet`` and ``--json`` options; the command gets ``read``,
+    ``setting``, ``options`` (an ``options`` instance) and ``engine`` (`objects`)."""
     from ..options import Setting
 
     def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
@@ -290,26 +267,3 @@ def given_names(ctx: click.Context, names: Iterable[str]) -> tuple:
     from click.core import ParameterSource
 
     return tuple(name for name in names if ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE)
-
-
-__all__ = [
-    "SETTING",
-    "SpecChoice",
-    "SpecType",
-    "block_rows_of",
-    "engine_of",
-    "engine_options",
-    "given_names",
-    "json_option",
-    "param_option",
-    "param_options",
-    "pipeline_options",
-    "first_given",
-    "quiet_option",
-    "objects",
-    "read_options",
-    "setting_options",
-    "spec_type",
-    "storage_options",
-    "take",
-]

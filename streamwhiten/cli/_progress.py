@@ -1,12 +1,7 @@
-"""What a command shows while it works: a bar per phase on a terminal (then the phase's timed line), one
-timed log line per phase when piped (cron, CI, ``| tee``), nothing with ``--quiet``.
-
-The library reports through `Reporter` (rows done, and each phase as it
-starts and ends); `Console` is the command line's. A phase's line, when it ends, has the form of
-``run``'s log (``2026-11-29T05:40:14+0000 streamwhiten: codes: train faiss-opq:24 on 10,000 rows: 38.6 s``);
-piped, a phase still running after `ANNOUNCE_AFTER` seconds is announced when it began, so that a
-long opaque step (faiss's training, which no bar can follow) is never silent. On a terminal a phase that
-counts rows shows a bar, one that does not a spinner with its elapsed time.
+"""What a command shows while it works (`Console`, the command line's `Reporter`): a bar (or a spinner,
+for a phase that counts nothing) per phase on a terminal, then the phase's timed line in the form of
+``run``'s log; piped, only those lines, a phase still running after `ANNOUNCE_AFTER` seconds announced so
+that a long opaque step is never silent; nothing with ``--quiet``.
 """
 
 from __future__ import annotations
@@ -39,9 +34,7 @@ def fmt_seconds(seconds: float) -> str:
 
 
 class Console(Reporter):
-    """The command ``command``'s progress: on a ``terminal`` a tqdm bar (or spinner) per phase on stderr,
-    else one timestamped line per phase on stderr; rows reported outside any phase draw the command's own
-    bar on a terminal, as before phases were reported."""
+    """The command ``command``'s progress on stderr (rows outside a phase draw the command's own bar)."""
 
     def __init__(self, command: str, terminal: bool) -> None:
         self.command, self.terminal = command, terminal
@@ -52,7 +45,6 @@ class Console(Reporter):
         self._closed = threading.Event()
         self._ticker: threading.Thread | None = None
 
-    # ------------------------------------------------------------------ what the library calls
     def __call__(self, done: int, total: int) -> None:
         if not self.terminal:
             return
@@ -81,7 +73,6 @@ class Console(Reporter):
             self._phase = None
             self._line(f"{name}: {fmt_seconds(seconds)}")
 
-    # ------------------------------------------------------------------ the command's side
     def close(self) -> None:
         """Stop the ticker and take the bar off the screen (a phase cut short says nothing more)."""
         self._closed.set()

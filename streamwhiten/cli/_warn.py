@@ -14,8 +14,7 @@ def warn(text: str) -> None:
 
 
 def warn_self_matches(matches: dict[str, Any] | None, excluded: bool) -> None:
-    """The queries that are corpus rows (``self_matches`` of a retrieval result or sweep), when no
-    ``--exclude`` was given: how many, and the exclude file that drops them."""
+    """Warn of queries that are corpus rows (``self_matches``) when no ``--exclude`` was given."""
     if excluded or not matches or not matches["count"]:
         return
     warn(

@@ -1,13 +1,5 @@
-"""The ``streamwhiten`` command: the group of commands, and the entry point that maps every way out to
-one line on stderr and an exit code.
-
-Each command is a module of its own (``fit``, ``apply``, ``info``, ``export``, ``run``, ``staleness``,
-``eval``, ``tune``, ``report``, ``demo``): it parses, makes the option objects, calls the library and prints. Every library
-error is a `StreamwhitenError` carrying its exit code; it is reported here
-as one line (``streamwhiten: error: ...``).
-
-Shell completion is click's: ``eval "$(_STREAMWHITEN_COMPLETE=bash_source streamwhiten)"`` (zsh_source,
-fish_source for those shells).
+"""The ``streamwhiten`` command group (a module per command), and the entry point that maps every way out
+to one line on stderr and an exit code (a `StreamwhitenError` carries its own). Shell completion is click's.
 """
 
 from __future__ import annotations
@@ -64,8 +56,7 @@ def cli():
     """
 
 
-#: Each command's line in the bare command's list: whole (click would cut a first sentence short), and
-#: short enough for one line of an 80-column terminal.
+#: Each command's line in the bare command's list: whole, and within an 80-column line.
 SUMMARIES = {
     "fit": "Fit a whitening model on stores, in one streaming pass.",
     "apply": "Transform a store with a model; write the vectors or codes.",
@@ -86,8 +77,7 @@ for _command in (fit, apply, info, export_, demo, run, staleness, eval_, tune, r
 
 
 class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes to ``sys.stderr`` as it is when a record is logged, not as it was when the handler was made:
-    a second in-process run (a test, an embedding program that redirects stderr) gets its own lines."""
+    """Writes to ``sys.stderr`` as it is when a record is logged (in-process runs redirect it)."""
 
     @property  # type: ignore[override]
     def stream(self) -> object:
@@ -105,13 +95,11 @@ def _configure_logging() -> None:
         handler.setFormatter(logging.Formatter(LOG_FORMAT, LOG_DATE))
         handler._streamwhiten = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
-    # Progress notes are for `run`, whose timestamped log is its record; other commands print a summary
-    # on stdout, and on stderr only a failure and, piped, their phases' timed lines (cli._progress).
+    # progress notes are for `run`'s log; other commands print a summary and, on stderr, only failures
     logger.setLevel(logging.WARNING)
     logger.propagate = False
     logging.raiseExceptions = False  # stderr that cannot be written: no traceback about it on stderr
-    # After a store failed to decode, zarr's pending read tasks are reported as destroyed when the
-    # process exits: noise after the one line that said what went wrong.
+    # zarr's pending reads after a failed decode are reported as destroyed at exit: noise
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
@@ -160,8 +148,7 @@ def _main(argv: Sequence[str] | None) -> int:
 
 
 def _finish(code: int) -> int:
-    """From here to the exit no signal can kill the process (``_interrupt.finish``). One received after
-    the work was complete changes nothing on disk: the exit code stays that of the work, with a note."""
+    """No signal can kill the process from here (``_interrupt.finish``); one after the work only adds a note."""
     if _interrupt.finish() and code == 0:
         click.echo(
             f"streamwhiten: {_interrupt.signal_name()} received too late to stop the command: its work is complete",
@@ -171,8 +158,7 @@ def _finish(code: int) -> int:
 
 
 def _one_line(exc: BaseException) -> str:
-    """The message of ``exc`` on one line (some libraries' messages span several), without secrets; the
-    parameters a library error names are written as their flags (``keep_columns``: ``--keep-columns``)."""
+    """The message of ``exc`` on one line, without secrets, parameters written as flags (`cli_message`)."""
     text = " ".join(cli_message(exc).split())
     remote = sys.modules.get("streamwhiten.io.remote")  # loaded when a URL or storage option was used
     return remote.scrub(text) if remote is not None else text

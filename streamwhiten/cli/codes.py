@@ -40,8 +40,7 @@ class CodeType(click.ParamType):
 
 
 class StorageType(CodeType):
-    """``eval --dtype`` and ``apply --dtype``: a storage (float32, float16, int8, binary) or a vector code
-    ``NAME:BYTES``; the shell completes the storages."""
+    """``--dtype``: a storage (float32, float16, int8, binary) or a code ``NAME:BYTES``; completes the storages."""
 
     name = "DTYPE|NAME:BYTES"
     codes_only = False
@@ -129,8 +128,7 @@ def codes(
 
 
 def _target(model_path: str, sample: str | None, output_path: str | None, in_place: bool, overwrite: bool) -> str:
-    """The model file the code is written into (``-o`` or ``--in-place``), refused before any work where it
-    may not be written."""
+    """The model file to write the code into (``-o`` or ``--in-place``), checked before any work."""
     from ..core.model import check_model_output
 
     if output_path and in_place:

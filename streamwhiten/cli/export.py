@@ -140,14 +140,13 @@ def export_(
             codec=codec,
         )
     summary = replace(result, model=model_path).to_json()
-    emit(as_json, summary, _lines(summary, affine, chosen, model_path, output_path, append_to, index_factory))
+    emit(as_json, summary, _lines(summary, affine, output_path))
 
 
 def _map(
     model: WhiteningModel, model_path: str, normalize: bool, dtype: str | None, setting: Setting
 ) -> tuple[AffineMap, Codec | None]:
-    """The map to export and, where the model records a code as its storage (and --dtype does not replace
-    it), the code that goes with it."""
+    """The map to export and the model's recorded code that goes with it (unless --dtype replaces it)."""
     from dataclasses import replace
 
     from ..serving import file_checksum
@@ -170,15 +169,9 @@ def _map(
     return affine, codec
 
 
-def _lines(
-    summary: dict,
-    affine: AffineMap,
-    fmt: str,
-    model_path: str,
-    output_path: str,
-    append_to: str | None,
-    index_factory: str | None,
-) -> list[str]:
+def _lines(summary: dict, affine: AffineMap, output_path: str) -> list[str]:
+    """What was written, the map, where it came from, its storage (``summary``: the ``--json`` object)."""
+    fmt, model_path, append_to = summary["format"], summary["model"], summary.get("appended_to")
     what = {
         "faiss": f"faiss {summary.get('faiss')}",
         "sentence-transformers": "sentence-transformers modules " + ", ".join(summary.get("modules") or []),
@@ -209,6 +202,6 @@ def _lines(
         )
     if summary.get("needs_training"):
         lines.append(
-            f"note  the {index_factory} index needs training before add: index.train(vectors) whitens them first"
+            f"note  the {summary['index']} index needs training before add: index.train(vectors) whitens them first"
         )
     return lines

@@ -18,8 +18,7 @@ if TYPE_CHECKING:
 
 
 class _LogFileHandler(logging.FileHandler):
-    """A log file whose write errors (disk full) stop the run with one line naming the file, rather
-    than logging's traceback on stderr."""
+    """A log file whose write errors (disk full) stop the run with one line naming it, not a traceback."""
 
     def handleError(self, record: logging.LogRecord):
         exc = sys.exc_info()[1]

@@ -1,12 +1,7 @@
-"""Vector codes for a byte budget: the tool's own (eigen-allocated multi-bit codes, sign bits after a
-random or ITQ rotation) and faiss's (PQ, OPQ + PQ, RaBitQ, SQ), behind one `Codec`
-interface, trained from the exact statistics (mean, covariance) and, where a code learns from data,
-a sample.
-
-Names (`CODES`): ``eigen`` (bits weighted for queries like the vectors), ``eigen-iso`` (for
-isotropic queries), ``bits-random``, ``bits-itq``, ``bits-pca`` (each ``+f`` with the per-vector
-correction, ``eigen+f`` too), and ``faiss-pq``, ``faiss-opq``, ``faiss-rabitq1``,
-``faiss-rabitq2``, ``faiss-rabitq4``, ``faiss-sq4``, ``faiss-sq8``.
+"""Vector codes for a byte budget, behind one `Codec` interface, trained from the exact mean and
+covariance (and a sample where a code learns from data): the tool's own (`CODES`: ``eigen``, ``eigen-iso``
+for isotropic queries, ``bits-random``, ``bits-itq``, ``bits-pca``, each ``+f`` with the per-vector
+correction) and faiss's (``faiss-pq``, ``faiss-opq``, ``faiss-rabitq1/2/4``, ``faiss-sq4``, ``faiss-sq8``).
 
 Examples
 --------
@@ -37,21 +32,13 @@ if TYPE_CHECKING:
 
 #: The codes that learn from a sample of the vectors (the others need only the statistics).
 NEEDS_SAMPLE: tuple[str, ...] = tuple(name for name in CODES if name.startswith(("faiss-", "bits-itq")))
-#: The code families ``tune`` sweeps under a byte budget (``--max-bytes``; faiss's where faiss is
-#: installed), by default, in `CODES`'s order; ``tune --help`` lists them from here. Left out: the corrected
-#: and PCA variants of the sign bits, which the default sweep does not weigh.
+#: The codes ``tune --max-bytes`` sweeps by default (faiss's where installed; ``tune --help`` lists them).
 TUNE_CODES: tuple[str, ...] = tuple(name for name in CODES if name not in ("bits-itq+f", "bits-pca", "bits-pca+f"))
 
 
 def code_size(name: str, n_features: int, budget: int) -> int | None:
-    """The bytes a vector of the largest ``name`` code within ``budget`` bytes takes, for vectors of
-    ``n_features`` values; None where even its smallest code does not fit.
-
-    Each family's own size function gives it, the one its codec's ``bytes_per_vector`` comes from
-    (`linear_bytes` of `eigen_bits` or `sign_bits`;
-    faiss's reported code size, `faiss_bytes`, RaBitQ's per-vector factors
-    included), and `train_codec` at that size trains exactly that code (an eigen code whose
-    variance runs out before its bits may take fewer bytes, never more). faiss's sizes need faiss."""
+    """The bytes a row of the largest ``name`` code within ``budget`` takes (None: none fits), by the
+    family's own size function, so `train_codec` at that size trains that code; faiss's sizes need faiss."""
     if name not in CODES:
         raise BadInputError(f"unknown code {name!r}: one of {', '.join(CODES)}")
     if name.startswith("faiss-"):
@@ -85,8 +72,7 @@ def _largest_size(name: str, n_features: int, budget: int) -> int:
 
 
 def smallest_sample(name: str) -> int:
-    """The fewest sample rows the code ``name`` trains on (0 for the codes trained from the statistics
-    alone): one per k-means centroid for faiss's PQ and OPQ, 2 for the others that learn from data."""
+    """The fewest sample rows the code ``name`` trains on (0: from the statistics alone)."""
     if name not in NEEDS_SAMPLE:
         return 0
     if name.startswith("faiss-"):
@@ -110,13 +96,9 @@ def train_codec(
     unit: bool = False,
     **faiss_options: int,
 ) -> Codec:
-    """The code ``name`` (one of `CODES`) of at most ``budget`` bytes a vector, per-vector scalars
-    included, for vectors of this mean and covariance; ``sample`` (rows of the vectors) for the codes
-    of `NEEDS_SAMPLE`, ``seed`` for their random parts; ``faiss_options`` go to
-    `train_faiss` (``iterations``, ``opq_iterations``). ``unit``: the vectors have
-    unit length (the tool's outputs), so the tool's own codes estimate by the cosine with the decoded
-    vector (`linear`) and faiss's rank by L2 distance (`train_faiss`). A budget below the code's smallest, or
-    above what the vectors' width holds, is a one-line `BadInputError`."""
+    """The code ``name`` (one of `CODES`) of at most ``budget`` bytes a vector for this mean and covariance;
+    ``sample`` for `NEEDS_SAMPLE`, ``seed`` for random parts, ``faiss_options`` to `train_faiss`. ``unit``:
+    unit-length vectors (the tool's outputs). A budget that fits no code is a `BadInputError`."""
     if name not in CODES:
         raise BadInputError(f"unknown code {name!r}: one of {', '.join(CODES)}")
     if isinstance(budget, bool) or int(budget) != budget:
@@ -145,8 +127,7 @@ def train_codec(
 
 
 def check_budget(name: str, n_features: int, budget: int) -> None:
-    """Refuse, as training would (`BadInputError`), a budget the code ``name`` of `NEEDS_SAMPLE`
-    cannot take for vectors of ``n_features`` values: before its sample is read, not after."""
+    """Refuse, as training would, a budget a code of `NEEDS_SAMPLE` cannot take, before its sample is read."""
     if name.startswith("faiss-"):
         from .faiss_codes import layout_for
 
@@ -158,12 +139,8 @@ def check_budget(name: str, n_features: int, budget: int) -> None:
 
 
 def codec_from_bytes(data: bytes, n_features: int | None = None, where: str | None = None) -> Codec:
-    """The codec `Codec.to_bytes` wrote, every field checked (each family's ``check_parts``: a
-    field no training could have written, such as a step of Inf or index bytes faiss cannot read, is
-    refused, not used); `ModelFileError` in one line for damaged, altered or
-    forged bytes, naming ``where`` they were read from (``model.npz: model file field 'storage_codec'``)
-    and the codec's field; `BadInputError` where ``n_features`` is given and the codec codes vectors
-    of another width."""
+    """The codec `Codec.to_bytes` wrote, every field checked; `ModelFileError` naming ``where`` and the
+    field for damaged, altered or forged bytes; `BadInputError` for a width other than ``n_features``."""
     prefix = f"{where}: " if where else "the codec's bytes: "
     try:
         family, record, arrays = read_parts(data)
@@ -202,11 +179,8 @@ def code_name(codec: Codec) -> str:
 
 
 def record_codec(record: CodecRecord, n_features: int | None = None) -> Codec:
-    """The codec of a model's codec record: its bytes decoded with every field checked
-    (`codec_from_bytes`), within what training on unit vectors writes (the
-    model's outputs at unit length: `Codec.unit_scale_problem`), and what the record says of it (the code and its
-    budget, label, width, bytes a row) the codec's own; a `ModelFileError`
-    naming the file the record was read from (``record.origin``) otherwise."""
+    """The codec of a model's record (`codec_from_bytes`), within unit-vector bounds
+    (`Codec.unit_scale_problem`) and agreeing with the record; else `ModelFileError` naming ``record.origin``."""
     where = record.origin or "the model's codec record"
     codec = codec_from_bytes(record.data, n_features, where=where)
     found = codec.unit_scale_problem()  # a model's codec codes its outputs at unit length
@@ -233,8 +207,7 @@ DECODE_HINT = (
 
 
 def codec_record_data(data: bytes) -> dict[str, str]:
-    """The entries a vector-code output's record (its ``codec`` entry) carries so it decodes from itself:
-    the codec's bytes (base64), their SHA-256 and how to decode."""
+    """A vector-code output's ``codec`` entries: the codec's bytes (base64), their SHA-256, how to decode."""
     import base64
     import hashlib
 
@@ -246,10 +219,8 @@ def codec_record_data(data: bytes) -> dict[str, str]:
 
 
 def codec_from_record(entry: Mapping[str, Any], where: str = "the output") -> Codec:
-    """The codec a vector-code output's record carries (its ``codec`` entry: ``data``, the codec's bytes in
-    base64, checked against ``sha256``); `ModelFileError` naming ``where`` and
-    the field for damaged or altered bytes. An output written before outputs carried their codec (no
-    ``data``) is a `BadInputError` saying which model file's codec decodes it."""
+    """The codec of a vector-code output's ``codec`` entry (``data`` checked against ``sha256``);
+    `ModelFileError` naming ``where`` and the field if damaged; `BadInputError` for an entry without data."""
     import base64
     import binascii
     import hashlib

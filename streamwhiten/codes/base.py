@@ -1,11 +1,8 @@
 """The codec interface every vector code implements, and its checksummed byte form.
 
-A codec turns float vectors of ``n_features`` values into rows of ``bytes_per_vector`` uint8 (the code
-and any per-vector scalars, in one row, as faiss's ``sa_encode`` writes them), decodes them back to
-approximate vectors, and estimates the inner products ``<q, x>`` of float32 queries with the coded
-vectors (asymmetric: the queries are never coded). Everything a codec needs to decode is per model
-(a mean, a basis, step sizes, a faiss index's trained state) and travels as `Codec.to_bytes`:
-a header, named arrays and a SHA-256 of both, never a pickle.
+A codec turns float vectors into rows of ``bytes_per_vector`` uint8 (code and per-vector scalars, as
+faiss's ``sa_encode`` writes them), decodes them, and estimates ``<q, x>`` of uncoded float queries with
+coded vectors. Its per-model state travels as `Codec.to_bytes`: a header, named arrays and a SHA-256.
 """
 
 from __future__ import annotations
@@ -33,11 +30,7 @@ NOT_CODABLE = ", which a code cannot hold"
 
 
 class Codec(ABC):
-    """A trained vector code: encode, decode, estimate inner products, and its byte form.
-
-    Subclasses set `family` and implement the abstract methods; `_parts` and
-    `_from_parts` are the record and arrays of `to_bytes`.
-    """
+    """A trained vector code: encode, decode, estimate inner products, and its byte form (`_parts`)."""
 
     #: The family name recorded in the byte form (what `streamwhiten.codes.codec_from_bytes` dispatches on).
     family: ClassVar[str]
@@ -79,9 +72,8 @@ class Codec(ABC):
         """The codec `_parts` described."""
 
     def unit_scale_problem(self) -> tuple[str, str] | None:
-        """``(field, problem)`` where a field lies beyond what any training on unit vectors writes (the codes
-        a model records code its outputs at unit length: their mean is no longer than 1, every centred
-        vector no longer than 2), else None. A finite but huge step or mean would code every row alike."""
+        """``(field, problem)`` where a field lies beyond what training on unit vectors writes (a model's
+        code codes unit-length outputs), else None: a huge step or mean would code every row alike."""
         length = float(np.linalg.norm(np.asarray(getattr(self, "mean", np.zeros(1)), dtype=np.float64)))
         if length > 1.0 + UNIT_SLACK:
             return "mean", f"has length {length:.6g}, beyond the 1 of a mean of unit vectors"
@@ -93,11 +85,10 @@ class Codec(ABC):
         return len(self.to_bytes())
 
     def to_bytes(self) -> bytes:
-        """The codec as bytes: magic, version, header length, JSON header (family, record, array
-        names, dtypes and shapes), the arrays' raw little-endian bytes, and a SHA-256 of all before it."""
+        """Magic, version, header length, JSON header (family, record, array layout), the arrays'
+        little-endian bytes, and a SHA-256 of all before it."""
         record, arrays = self._parts()
-        layout = []
-        payload = []
+        layout, payload = [], []
         for name, array in arrays.items():
             array = np.ascontiguousarray(array)
             little = array.astype(array.dtype.newbyteorder("<"), copy=False)
@@ -109,11 +100,8 @@ class Codec(ABC):
         body = MAGIC + struct.pack("<II", FORMAT_VERSION, len(header)) + header + b"".join(payload)
         return body + hashlib.sha256(body).digest()
 
-    # ------------------------------------------------------------------------------------- input checks
-
     def check_rows(self, block: npt.ArrayLike, what: str = "rows", finite: bool = True) -> np.ndarray:
-        """``block`` as a 2-D float array of `n_features` columns, every value finite (unless
-        ``finite`` is False: the caller checks what it computes from them); a one-line
+        """``block`` as 2-D float rows of `n_features` values, finite unless ``finite`` is False;
         `BadInputError` (or `NonFiniteError` naming the row) otherwise."""
         rows = np.asarray(block)
         if rows.ndim == 1 and rows.shape[0] == self.n_features:
@@ -140,20 +128,17 @@ class Codec(ABC):
 
 
 def sample_too_small(code: str, smallest: int, rows: int, why: str) -> BadInputError:
-    """The one-line error of a sample of ``rows`` rows, fewer than the ``smallest`` the code ``code`` trains
-    on (``why``: what it learns from them)."""
+    """The error of a sample of ``rows`` rows, fewer than the ``smallest`` the code trains on (``why``)."""
     return BadInputError(f"the {code} code needs a sample of at least {smallest} rows ({why}), got {rows}")
 
 
 def field_error(field: str, problem: str) -> ModelFileError:
-    """The one-line error of a codec field that no training could have written (``step`` holds Inf, an
-    index of another kind): `streamwhiten.codes.codec_from_bytes` prefixes the file it was read from."""
+    """The error of a codec field no training could write (`codec_from_bytes` prefixes the file)."""
     return ModelFileError(f"codec field {field!r} {problem}")
 
 
 def real_array(arrays: dict[str, np.ndarray], name: str, ndim: int, kind: str = "f") -> np.ndarray:
-    """The array ``name`` of a codec's byte form: present, of ``ndim`` dimensions, none of them empty, of the
-    dtype ``kind`` (``"f"``: floating point, every value finite; ``"u"``: unsigned); `field_error` else."""
+    """The non-empty ``ndim``-d array ``name`` of dtype ``kind`` (``"f"``: finite floats, ``"u"``: unsigned)."""
     if name not in arrays:
         raise field_error(name, "is missing")
     value = arrays[name]
@@ -167,8 +152,7 @@ def real_array(arrays: dict[str, np.ndarray], name: str, ndim: int, kind: str = 
 
 
 def orthonormal_columns(basis: np.ndarray, name: str = "basis", tol: float = 1e-3) -> None:
-    """Refuse a ``basis`` whose columns are not orthonormal (every code's map is a rotation of principal
-    axes): checked on two fixed random vectors, O(d m), as the model file's eigenvectors are."""
+    """Refuse a ``basis`` whose columns are not orthonormal (checked on two fixed random vectors, O(d m))."""
     d, m = basis.shape
     if m > d:
         raise field_error(name, f"has {m} columns, more than its {d} rows: they cannot be orthonormal")
@@ -195,8 +179,7 @@ def flag(record: dict[str, Any], name: str, default: bool | None = None) -> bool
 
 
 def read_parts(data: bytes) -> tuple[str, dict[str, Any], dict[str, np.ndarray]]:
-    """The family, record and arrays of a codec's byte form; `ModelFileError` for bytes that are
-    not one, or whose checksum does not match (damaged or altered)."""
+    """A codec byte form's family, record and arrays; `ModelFileError` if it is not one or fails its checksum."""
     data = bytes(data)
     if len(data) < len(MAGIC) + 8 + _DIGEST or not data.startswith(MAGIC):
         raise ModelFileError("not a streamwhiten codec (its bytes do not start with the codec header)")

@@ -1,13 +1,10 @@
 """faiss's codes as codecs, through faiss itself: PQ, OPQ + PQ, RaBitQ (1, 2 or 4 bits), SQ4, SQ8.
 
-The vectors are centred on the exact mean and, where the code keeps fewer dimensions than the vectors
-have (RaBitQ and SQ at small budgets, PQ where the sub-quantisers do not divide the width), projected
-on the leading principal axes of the exact covariance; faiss trains its quantiser on a sample of those
-(its size and seed are recorded) and encodes with ``sa_encode``. The trained faiss index is kept as
-``faiss.serialize_index`` bytes inside the codec's checksummed byte form (never a pickle). A search
-hands the code rows to a copy of that index (``add_sa_codes``) and lets faiss scan them.
-
-faiss is imported inside the functions that use it (``pip install faiss-cpu``).
+The vectors are centred on the exact mean and, where the code keeps fewer dimensions, projected on the
+leading principal axes; faiss trains on a sample of those (size and seed recorded) and encodes with
+``sa_encode``. The trained index travels as ``faiss.serialize_index`` bytes in the codec's checksummed
+byte form; a search adds the code rows to a copy (``add_sa_codes``) and lets faiss scan them. faiss is
+imported where it is used (``pip install faiss-cpu``).
 """
 
 from __future__ import annotations
@@ -26,16 +23,8 @@ from ..errors import BadInputError
 from .base import UNIT_SLACK, Codec, field_error, flag, orthonormal_columns, real_array, sample_too_small, whole
 from .linear import principal_axes
 
-#: The faiss codes and what they are.
-KINDS = {
-    "pq": "product quantisation, 8-bit codebooks, one byte per sub-vector",
-    "opq": "OPQ rotation, then PQ with 8-bit codebooks",
-    "rabitq1": "RaBitQ, 1 bit a dimension (+ its per-vector factors)",
-    "rabitq2": "RaBitQ, 2 bits a dimension (+ its per-vector factors)",
-    "rabitq4": "RaBitQ, 4 bits a dimension (+ its per-vector factors)",
-    "sq4": "4-bit scalar quantisation",
-    "sq8": "8-bit scalar quantisation",
-}
+#: The faiss codes: PQ and OPQ + PQ (8-bit codebooks), RaBitQ (1, 2 or 4 bits a dimension), SQ (4 or 8 bits).
+KINDS = ("pq", "opq", "rabitq1", "rabitq2", "rabitq4", "sq4", "sq8")
 
 #: Bits of a PQ sub-space's code, and its centroids.
 PQ_BITS = 8
@@ -61,8 +50,7 @@ def faiss_available() -> bool:
 
 @contextmanager
 def one_omp_thread() -> Iterator[None]:
-    """faiss's OpenMP held to one thread for the duration (restored after), where several codes train or
-    search side by side in threads of their own."""
+    """faiss's OpenMP held to one thread for the duration, where codes train or search in threads of their own."""
     faiss = _faiss()
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
@@ -75,18 +63,15 @@ def one_omp_thread() -> Iterator[None]:
 #: The largest magnitude a trained value of a code of unit vectors takes: an SQ range of coordinates in [-2, 2].
 UNIT_EXTENT = 4.0
 
-#: Bytes of the distance tables faiss's product quantizers make at once when they encode rows (faiss's own
-#: batches, 262,144 rows, take 6 GiB at 24 bytes a code: every row's table of 256 centroids per byte).
+#: Bytes of the distance tables faiss's product quantizers make at once when encoding (its own batches
+#: take 6 GiB at 24 bytes a code).
 PQ_TABLE_BYTES = 16 << 20
 
 
 @contextmanager
 def pq_batches(max_bytes_per_code: int) -> Iterator[None]:
-    """faiss's product quantizers encode rows (for OPQ's training too) in batches whose distance tables
-    (rows x 256 x bytes per code, float32) stay within `PQ_TABLE_BYTES` for codes of up to
-    ``max_bytes_per_code`` bytes, for the duration (faiss's global batch size restored after). A row's code
-    depends on its own table only: the batches bound the memory, not the codes (the same, byte for byte,
-    for retrieval-dev's PQ and OPQ codes at 24 bytes)."""
+    """faiss's product quantizers encode in batches whose distance tables stay within `PQ_TABLE_BYTES` for
+    codes of up to ``max_bytes_per_code`` bytes, for the duration; the batches bound memory, not the codes."""
     faiss = _faiss()
     before = int(faiss.cvar.product_quantizer_compute_codes_bs)
     rows = max(64, PQ_TABLE_BYTES // (256 * 4 * max(1, int(max_bytes_per_code))))
@@ -98,14 +83,12 @@ def pq_batches(max_bytes_per_code: int) -> Iterator[None]:
 
 
 def smallest_sample(kind: str) -> int:
-    """The fewest sample rows the faiss ``kind`` code trains on: one per k-means centroid for PQ and
-    OPQ's PQ (`PQ_CENTROIDS`), else 2 (a mean and a spread)."""
+    """The fewest sample rows a ``kind`` code trains on: a k-means centroid's worth for PQ and OPQ, else 2."""
     return PQ_CENTROIDS if kind in ("pq", "opq") else 2
 
 
 def _index_for(kind: str, dim: int, n_bytes: int, l2: bool = False) -> Any:
-    """An untrained faiss index (inner product, or ``l2`` distance) of ``kind`` over ``dim`` values,
-    ``n_bytes`` of PQ code."""
+    """An untrained ``kind`` index (inner product, or ``l2``) over ``dim`` values, ``n_bytes`` of PQ code."""
     faiss = _faiss()
     metric = faiss.METRIC_L2 if l2 else faiss.METRIC_INNER_PRODUCT
     if kind == "pq":
@@ -120,17 +103,13 @@ def _index_for(kind: str, dim: int, n_bytes: int, l2: bool = False) -> Any:
 
 @functools.lru_cache(maxsize=4096)
 def faiss_bytes(kind: str, dims: int, sub: int = 0) -> int:
-    """Bytes of one ``kind`` code row over ``dims`` values (``sub`` PQ sub-quantisers), as faiss reports
-    them: the ``sa_code_size`` of the index `train_faiss` builds, made untrained (faiss fixes a
-    code's size when it makes the index), per-vector factors included (RaBitQ's). The family's one size:
-    `FaissCode.bytes_per_vector` reads the same number off the trained index."""
+    """Bytes of a ``kind`` code row over ``dims`` values (``sub`` PQ sub-quantisers): faiss's ``sa_code_size``
+    of the untrained index, per-vector factors included; the family's one size."""
     return int(_index_for(kind, int(dims), int(sub)).sa_code_size())
 
 
 def layout_for(kind: str, n_features: int, budget: int) -> tuple[int, int]:
-    """``(dimensions kept, PQ sub-quantisers)`` of the ``kind`` code that fits ``budget`` bytes, the most
-    dimensions it can, its bytes (`faiss_bytes`) within the budget; `BadInputError` below
-    the smallest such code."""
+    """``(dimensions kept, PQ sub-quantisers)`` of the widest ``kind`` code within ``budget``; else `BadInputError`."""
     if kind not in KINDS:
         raise BadInputError(f"a faiss code is one of {', '.join(KINDS)}, got {kind!r}")
     budget = int(budget)
@@ -184,9 +163,8 @@ class FaissCode(Codec):
         return int(self.mean.shape[0])
 
     def unit_scale_problem(self) -> tuple[str, str] | None:
-        """`Codec.unit_scale_problem`, and trained values (codebooks, ranges, centre, rotation) beyond
-        what any training on centred unit vectors writes: each coordinate of such a vector, and so of a
-        centroid, lies within 2, a range within 4 (`UNIT_EXTENT`)."""
+        """`Codec.unit_scale_problem`, and trained values beyond what training on centred unit vectors
+        writes (`UNIT_EXTENT`)."""
         found = super().unit_scale_problem()
         if found is None and self.trained_extent > UNIT_EXTENT * (1.0 + UNIT_SLACK):
             found = (
@@ -242,12 +220,8 @@ class FaissCode(Codec):
         return bool(self._index.metric_type == _faiss().METRIC_L2)
 
     def search(self, queries: npt.ArrayLike, codes: npt.ArrayLike, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """faiss's top ``k`` (estimates of ``<q, x>``, rows) of the queries over the code rows.
-
-        For a code of unit vectors faiss ranks by the squared distance ``D`` of the centred, mapped query
-        to the decoded row, and ``||q - x||^2 = ||q||^2 + 1 - 2 <q, x>`` turns it into the estimate
-        ``(||q||^2 + 1 - D - r) / 2``, ``r`` the query's centred part the projection drops (0 where all
-        dimensions are kept; the rows' own dropped part is taken as 0)."""
+        """faiss's top ``k`` (estimates of ``<q, x>``, rows). A unit code's squared distance ``D`` becomes
+        ``(||q||^2 + 1 - D - r) / 2``, ``r`` the query's centred part the projection drops."""
         q = self.check_rows(queries, "queries")
         index, transform = self.searcher(codes)
         if self.unit:
@@ -287,8 +261,7 @@ class FaissCode(Codec):
 
     @classmethod
     def _from_parts(cls, record: dict[str, Any], arrays: dict[str, np.ndarray]) -> FaissCode:
-        """The code the byte form describes, every field checked first (`check_parts`), its faiss
-        index deserialized and checked to be the one the record names (`check_index`)."""
+        """The code the byte form describes, checked (`check_parts`, then `check_index`)."""
         check_parts(record, arrays)
         code = cls(
             str(record["kind"]),
@@ -303,10 +276,8 @@ class FaissCode(Codec):
 
 
 def check_parts(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Refuse a faiss code's byte form that no training could have written, naming the field
-    (`field_error`): a kind not in `KINDS`, a budget no code of its width fits, a mean
-    or basis that is not finite, a basis without orthonormal columns or not of the layout the kind and
-    budget give (`layout_for`), or index bytes that faiss cannot read."""
+    """Refuse, naming the field (`field_error`), a faiss code's byte form no training could write: an
+    unknown kind, a budget no code fits, arrays not finite, a basis not orthonormal or not of `layout_for`."""
     kind = record.get("kind")
     if kind not in KINDS:
         raise field_error("kind", f"must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -343,10 +314,8 @@ def _read_index(blob: np.ndarray) -> Any:
 
 
 def check_index(code: FaissCode) -> None:
-    """The deserialized index is the one the code's record names: its kind (PQ of the budget's
-    sub-quantisers and 8-bit codebooks, OPQ before it, RaBitQ of the kind's bits, SQ of its width), its
-    width, trained, empty, ranking by inner product or L2, code rows within the budget, and every trained
-    value finite; `field_error` naming ``index`` otherwise."""
+    """The deserialized index is the one the record names (kind, width, trained, empty, inner product or L2,
+    rows within the budget, trained values finite); `field_error` naming ``index`` otherwise."""
     faiss = _faiss()
     index, kind = code._index, code.kind
     dims, sub = layout_for(kind, code.n_features, code.budget)
@@ -402,10 +371,8 @@ def _finite(values: np.ndarray, what: str) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FaissTraining:
-    """How faiss trains a code, all recorded in the codec: ``seed`` seeds faiss's k-means; ``sample_seed``
-    is the seed the sample was drawn with, where the caller drew it; ``iterations`` of k-means per codebook
-    and ``opq_iterations`` of OPQ (faiss's defaults); ``opq_initial_iterations``: k-means iterations of
-    OPQ's first PQ (None: faiss's 40)."""
+    """How faiss trains a code (recorded in the codec): k-means ``seed``, the sample's ``sample_seed``,
+    ``iterations`` per codebook, ``opq_iterations``, and ``opq_initial_iterations`` (None: faiss's 40)."""
 
     seed: int = 0
     sample_seed: int | None = None
@@ -414,8 +381,7 @@ class FaissTraining:
     opq_initial_iterations: int | None = None
 
     def configure(self, kind: str, index: Any, dims: int, sub: int) -> Any:
-        """Set these iterations and seed on ``index`` (a ``kind`` index of ``dims`` dimensions in ``sub``
-        sub-spaces); returns OPQ's own PQ, to be kept alive while it trains (else None)."""
+        """Set these on ``index``; returns OPQ's own PQ, kept alive while it trains (else None)."""
         inner = index.index if kind == "opq" else index
         if kind in ("pq", "opq"):
             clustering = _faiss().downcast_index(inner).pq.cp
@@ -434,7 +400,7 @@ class FaissTraining:
         return opq_pq
 
     def record(self, kind: str, sample_rows: int) -> dict[str, Any]:
-        """What the codec records of its training (the settings ``kind`` uses, and faiss's version)."""
+        """What the codec records of its training (the settings ``kind`` uses, faiss's version)."""
         training: dict[str, Any] = {
             "sample_rows": sample_rows,
             "seed": int(self.seed),
@@ -460,11 +426,9 @@ def train_faiss(
     training: FaissTraining = FaissTraining(),
     unit: bool = False,
 ) -> FaissCode:
-    """The faiss ``kind`` code of at most ``budget`` bytes a vector, trained on ``sample`` (rows of the
-    vectors) as ``training`` says, after centring on ``mean`` and, where it keeps fewer dimensions,
-    projecting on the leading principal axes of ``covariance``. ``unit``: the vectors have unit length,
-    so the index ranks by L2 distance (which for them ranks as cosine, as faiss's own indexes of unit
-    vectors do), not by the inner product with the decoded vector, whose length errors swamp it."""
+    """The faiss ``kind`` code of at most ``budget`` bytes a vector, trained on ``sample`` as ``training``
+    says. ``unit``: unit vectors, ranked by L2 distance (as cosine), not by the inner product with the
+    decoded vector, whose length errors swamp it."""
     centre = np.asarray(mean, dtype=np.float64).reshape(-1)
     d = centre.shape[0]
     dims, sub = layout_for(kind, d, budget)
@@ -493,7 +457,7 @@ def train_faiss(
 
 
 def _training_rows(kind: str, sample: npt.ArrayLike, d: int) -> np.ndarray:
-    """``sample`` as float64 rows, refused unless finite, ``d`` wide and as many as ``kind`` trains on."""
+    """``sample`` as float64 rows: finite, ``d`` wide, as many as ``kind`` trains on."""
     rows = np.asarray(sample, dtype=np.float64)
     if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
         raise BadInputError(f"a faiss code trains on finite rows of {d} values, got shape {rows.shape}")

@@ -1,9 +1,5 @@
-"""The Numba paths of the codes: encoding a block of the tool's own codes (the same bytes as
-`LinearCode.encode`, quantised and packed in one
-pass), and top-k search of float32 queries over code rows (the tool's codes by a table scan, faiss's by
-faiss's own scan).
-
-Apart from the codecs themselves so that decoding (the serving path) never needs numba.
+"""The Numba paths of the codes: encoding the tool's own codes in one pass (`LinearCode.encode`'s bytes),
+and top-k search over code rows (a table scan; faiss's by faiss). Apart, so decoding never needs numba.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ TILE_QUERIES = 32
 
 
 def encode(codec: Codec, block: npt.ArrayLike) -> npt.NDArray[np.uint8]:
-    """``codec.encode(block)``, byte for byte, with the tool's own codes quantised and packed by one
-    Numba pass over blocks of rows instead of numpy's several over all of them."""
+    """``codec.encode(block)``, byte for byte; the tool's own codes by one Numba pass per block of rows."""
     if not isinstance(codec, LinearCode) or sys.byteorder != "little":  # the kernel writes words as bytes
         return codec.encode(block)
     rows = codec.check_rows(block, finite=False)
@@ -57,9 +52,8 @@ def search(
     *,
     exclude: Exclusions | None = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-    """The ``k`` best corpus rows per query by the codec's estimate of ``<q, x>`` (best first, ties to
-    the lower row; an unfilled slot holds row -1 and score -inf), never an excluded pair
-    (`Exclusions`)."""
+    """The ``k`` best corpus rows per query by the codec's estimate of ``<q, x>`` (best first, ties to the
+    lower row, unfilled: row -1, score -inf), never an excluded pair."""
     q = codec.check_rows(queries, "queries").astype(np.float32)
     rows = codec.check_codes(codes)
     k = int(k)
@@ -88,10 +82,8 @@ def merge_block(
     start: npt.NDArray[np.int64],
     excluded: npt.NDArray[np.int64],
 ) -> None:
-    """Merge the code rows ``codes`` (corpus rows ``first_row, first_row + 1, ...``) into the top lists
-    ``top_scores``/``top_rows`` of the float32 ``queries`` by the table scan, never an excluded pair
-    (``start``/``excluded``: `Exclusions` arrays): a corpus
-    searched block by block gives the lists of one search over all of it."""
+    """Merge ``codes`` (corpus rows from ``first_row``) into the queries' top lists by the table scan, never
+    an excluded pair (`Exclusions` arrays): block by block gives one search's lists."""
     scales = codec.scales(codes)
     row_scales = _row_scales(codec, codes, scales)
     tile_rows = max(64, TILE_BYTES // codec.bytes_per_vector)

@@ -1,41 +1,24 @@
-"""The tool's own codes: a linear map of the centred vectors, a uniform scalar quantiser per component
-with its own bit count, and one per-vector correction scalar.
+"""The tool's own codes: a linear map of the centred vectors, per-component quantisers, an optional correction.
 
-Every code here is ``z = (x - mean) @ basis`` (``basis``: orthonormal columns), then component ``j``
-quantised to ``bits[j]`` bits, ``c = clip(floor(z / step + 2^(b-1)), 0, 2^b - 1)``, standing for the
-level ``(c + 1/2 - 2^(b-1)) * step`` (a mid-rise uniform quantiser). The families differ in the basis
-and the bits:
+Every code is ``z = (x - mean) @ basis`` (orthonormal columns), then component ``j`` quantised to
+``bits[j]`` bits, ``c = clip(floor(z / step + 2^(b-1)), 0, 2^b - 1)``, standing for the level
+``(c + 1/2 - 2^(b-1)) * step`` (mid-rise uniform). The families differ in the basis and the bits:
+``eigen`` (principal axes, bits by eigenvalue under the budget, `allocate_bits`, equal-bit components
+turned by a seeded random rotation), ``bits-random`` (sign bits of the leading principal subspace turned
+by a seeded rotation), ``bits-itq`` (turned by ITQ, Gong & Lazebnik, learnt on a sample) and ``bits-pca``
+(sign bits of the principal components, as ``--dtype binary``).
 
-- ``eigen``: the principal axes of the exact covariance, bits allocated by eigenvalue under the byte
-  budget (`allocate_bits`, 0-8 bits a component, components given 0 bits dropped), the
-  components of equal bits turned among themselves by a seeded random rotation;
-- ``bits-random``: one sign bit per component of the leading principal subspace turned by a seeded
-  random rotation, which spreads the variance evenly over the bits;
-- ``bits-itq``: the same subspace turned by ITQ (iterative quantisation, Gong & Lazebnik) learnt on a
-  sample;
-- ``bits-pca``: sign bits of the leading principal components themselves (what ``--dtype binary``
-  stores today), for comparison.
+The optional correction ``f = ||x - mean||^2 / <xhat, x - mean>`` (``xhat = basis @ levels``, stored as
+float16 after the code bits) makes the decoded vector's error orthogonal to it (as RaBitQ does), so the
+estimate ``<q, mean> + f <q @ basis, levels>`` of ``<q, x>`` does not shrink towards zero.
 
-The correction ``f = ||x - mean||^2 / <xhat, x - mean>`` (``xhat = basis @ levels``) scales the decoded
-vector so that its error is orthogonal to the vector (as RaBitQ's estimator does): the estimate
-``<q, mean> + f <q @ basis, levels>`` of ``<q, x>`` is then unbiased for queries whose part across
-``x`` has mean zero, where the uncorrected one shrinks towards zero. It is stored as float16 after the
-code bits (2 bytes). It is optional: measured on ``neighbours-dev`` its 2 bytes buy less recall than 16
-more code bits (``benchmarks/codes_frontier.py``).
+A code of **unit** vectors (``unit=True``: the tool's outputs) stands for ``xhat / ||xhat||``: the
+quantiser's error along the vector, which a large common mean carries into every score, is dropped at no
+cost in bytes (``benchmarks/codes_frontier.py`` measures both choices). Every level is linear in the
+code's bits, so an estimate is a sum of one 256-entry table per code byte (`LinearCode.lookup_tables`).
 
-A code of **unit** vectors (``unit=True``: the tool's outputs, ``y / ||y||``, whose cosine a search
-ranks by) stands for the decoded vector scaled to unit length, ``xhat / ||xhat||``: its estimate of
-``<q, x>`` is the cosine of ``q`` with ``xhat``. A vector's length is known to be 1, so the
-quantiser's error along the vector (which the plain estimate ``<q, xhat>`` carries into every score,
-weighted by the query's part along it: large where the vectors share a large mean) is dropped at
-no cost in bytes (``||xhat||`` follows from the code). Measured on ``neighbours-dev`` and a synthetic
-store with a large mean, it finds more of the true neighbours at every budget
-(``benchmarks/codes_frontier.py``). Every level is linear in the code's bits, so a query's estimate is a sum over the
-code's bytes of a 256-entry table each (`LinearCode.lookup_tables`), as faiss scans PQ codes.
-
-Bit layout: component ``j`` takes bits ``offset[j] .. offset[j] + bits[j] - 1`` of the row's bit
-stream, least significant first; bit ``t`` of the stream is bit ``t % 8`` of byte ``t // 8``
-(numpy's ``bitorder="little"``).
+Bit layout: component ``j`` takes bits ``offset[j] .. offset[j] + bits[j] - 1`` of the row's bit stream,
+least significant first; bit ``t`` is bit ``t % 8`` of byte ``t // 8`` (numpy's ``bitorder="little"``).
 """
 
 from __future__ import annotations
@@ -71,9 +54,8 @@ ITQ_SMALLEST_SAMPLE = 2
 CORRECTION_BYTES = 2
 #: The kinds of linear code and their rotations.
 KINDS = ("eigen", "bits-random", "bits-itq", "bits-pca")
-#: Component values projected per product (`LinearCode.project`): a block's components stay in
-#: the L2 cache until quantised, and every encoder cuts the rows alike, so a BLAS that sums a row
-#: differently in a product of another height never makes two encoders' bytes differ.
+#: Component values projected per product (`LinearCode.project`): they stay in cache, and every encoder
+#: cuts the rows alike, so a BLAS summing differently by product height never makes their bytes differ.
 PROJECT_VALUES = 1 << 16
 # The arrays of a linear code's byte form, in the constructor's order.
 _ARRAYS = ("mean", "basis", "bits", "step")
@@ -81,12 +63,8 @@ _ARRAYS = ("mean", "basis", "bits", "step")
 
 @functools.cache
 def gaussian_quantizer(bits: int) -> tuple[float, float]:
-    """``(step, mse)`` of the mid-rise uniform quantiser with ``2^bits`` levels that has the least mean
-    squared error on a standard normal variable (golden-section search on a fine grid).
-
-    ``mse`` is the fraction of a component's variance left as error: 1 at 0 bits, about 0.363 at 1 bit,
-    roughly a quarter less per added bit.
-    """
+    """``(step, mse)`` of the ``2^bits``-level mid-rise uniform quantiser with the least mean squared error
+    on a standard normal variable (golden-section search); ``mse``: the variance fraction left (0.363 at 1 bit)."""
     if bits == 0:
         return 0.0, 1.0
     grid = np.linspace(-9.0, 9.0, 36001)
@@ -120,14 +98,9 @@ def quantizer_errors(max_bits: int = MAX_BITS) -> npt.NDArray[np.float64]:
 
 
 def allocate_bits(importance: npt.ArrayLike, total_bits: int, max_bits: int = MAX_BITS) -> npt.NDArray[np.int64]:
-    """Bits per component (0..``max_bits``, summing to at most ``total_bits``) that minimise
-    ``sum_j importance[j] * mse(bits[j])`` (``mse`` of `quantizer_errors`).
-
-    Each added bit cuts a component's error by less than the bit before it (the errors are convex in
-    the bits), so giving bits one at a time to the component whose error drops most is optimal for
-    this separable objective (the greedy of marginal allocation, Fox 1966). From the eigenvalues alone:
-    no pass over data. Ties go to the lower component.
-    """
+    """Bits per component (0..``max_bits``, at most ``total_bits`` in all) minimising
+    ``sum_j importance[j] * mse(bits[j])``: the errors are convex in the bits, so giving each bit to the
+    component whose error drops most is optimal (marginal allocation, Fox 1966); ties go to the lower one."""
     weights = np.asarray(importance, dtype=np.float64)
     errors = quantizer_errors(max_bits)
     bits = np.zeros(weights.shape[0], dtype=np.int64)
@@ -142,9 +115,8 @@ def allocate_bits(importance: npt.ArrayLike, total_bits: int, max_bits: int = MA
 
 
 def principal_axes(covariance: npt.ArrayLike) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Eigenvalues (descending, floored at 0) and eigenvectors (columns) of a covariance matrix, by the
-    model's own `eigendecomposition` (its signs fixed), so a code's axes
-    are the model's basis on every machine."""
+    """Eigenvalues (descending, floored at 0) and eigenvectors of a covariance by the model's own
+    `eigendecomposition`, so a code's axes are the model's basis on every machine."""
     sigma = np.asarray(covariance, dtype=np.float64)
     if sigma.ndim != 2 or sigma.shape[0] != sigma.shape[1] or not np.all(np.isfinite(sigma)):
         raise BadInputError(f"a codec trains from a finite square covariance, got shape {sigma.shape}")
@@ -159,9 +131,8 @@ def random_rotation(size: int, seed: int) -> npt.NDArray[np.float64]:
 
 
 def itq_rotation(projected: npt.NDArray[np.float64], seed: int, iterations: int = 50) -> npt.NDArray[np.float64]:
-    """The rotation ``R`` that ITQ learns for the centred, projected sample rows ``projected``: it
-    alternates ``B = sign(V R)`` and the orthogonal Procrustes solution ``R = P Q^T`` of ``V^T B = P S Q^T``,
-    from a seeded random rotation."""
+    """ITQ's rotation for the centred, projected rows: alternate ``B = sign(V R)`` and the Procrustes
+    ``R = P Q^T`` of ``V^T B = P S Q^T``, from a seeded random rotation."""
     rotation = random_rotation(projected.shape[1], seed)
     for _ in range(iterations):
         signs = np.where(projected @ rotation >= 0, 1.0, -1.0)
@@ -171,17 +142,13 @@ def itq_rotation(projected: npt.NDArray[np.float64], seed: int, iterations: int 
 
 
 def linear_bytes(n_bits: int, correction: bool) -> int:
-    """Bytes of one row of a linear code of ``n_bits`` code bits: the bits packed 8 a byte (the last
-    byte padded), then the correction's `CORRECTION_BYTES` where there is one. The family's one
-    size: `LinearCode.bytes_per_vector` and a budget's candidates (`eigen_bits`,
-    `sign_bits`) both take it from here."""
+    """Bytes of a row of ``n_bits`` code bits (8 a byte) and any correction: the family's one size."""
     return -(-int(n_bits) // 8) + (CORRECTION_BYTES if correction else 0)
 
 
 def eigen_bits(n_features: int, budget: int, correction: bool, max_bits: int = MAX_BITS) -> int:
-    """The code bits `train_eigen` shares out for ``budget`` bytes a vector of ``n_features``
-    values: 8 a byte after the correction's, at most ``max_bits`` a component (the allocation may give
-    fewer where the variance runs out, never more); `BadInputError` below the smallest code."""
+    """The code bits `train_eigen` shares out for ``budget`` bytes (8 a byte after the correction's, at
+    most ``max_bits`` a component); `BadInputError` below the smallest code."""
     smallest = 1 + (CORRECTION_BYTES if correction else 0)
     if int(budget) < smallest:
         raise BadInputError(f"a budget of {budget} bytes is below the smallest eigen code ({smallest} bytes)")
@@ -189,9 +156,7 @@ def eigen_bits(n_features: int, budget: int, correction: bool, max_bits: int = M
 
 
 def sign_bits(n_features: int, budget: int, correction: bool, kind: str = "bits") -> int:
-    """The sign bits of the ``kind`` code of ``budget`` bytes a vector of ``n_features`` values (one a
-    component, 8 a byte after the correction's): `BadInputError` below the smallest code or
-    past one bit a feature."""
+    """The sign bits of a ``kind`` code of ``budget`` bytes; `BadInputError` below the smallest or past d bits."""
     spare = CORRECTION_BYTES if correction else 0
     n_bits = 8 * (int(budget) - spare)
     if n_bits < 8:
@@ -205,8 +170,7 @@ def sign_bits(n_features: int, budget: int, correction: bool, kind: str = "bits"
 
 
 class LinearCode(Codec):
-    """A linear map, per-component uniform quantisers and an optional per-vector correction (see the
-    module's text). Built by `train_eigen` or `train_sign_bits`."""
+    """A linear map, uniform quantisers and an optional correction (module text); see `train_eigen`."""
 
     family = "linear"
 
@@ -256,8 +220,7 @@ class LinearCode(Codec):
         self._half = 2.0 ** (self.bits - 1)
         self._component_of_bit = np.repeat(np.arange(m), self.bits)
         self._shift_of_bit = (np.arange(self.total_bits) - self.offsets[self._component_of_bit]).astype(np.uint8)
-        #: ``mean @ basis``: the components' shift (float32 as the encoder subtracts it) and the mean's
-        #: part of a decoded vector's length (float64)
+        #: ``mean @ basis``: the components' shift (float32, as encoded) and the mean's part of a length
         self._mean_along = self.mean @ self.basis.astype(np.float64)
         self._shift32 = self._mean_along.astype(np.float32)
 
@@ -273,8 +236,6 @@ class LinearCode(Codec):
     def label(self) -> str:
         return f"{self.kind}{'+f' if self.correction else ''}-{self.bytes_per_vector}B"
 
-    # ------------------------------------------------------------------------------------------- coding
-
     @property
     def block_rows(self) -> int:
         """Rows per product of `project` (`PROJECT_VALUES` components)."""
@@ -285,9 +246,8 @@ class LinearCode(Codec):
         np.matmul(rows.astype(np.float32, copy=False), self.basis, out=out)
 
     def project(self, rows: np.ndarray) -> npt.NDArray[np.float32]:
-        """The components ``z = x @ basis - mean @ basis`` (float32: a GEMM per `block_rows`
-        rows, as the affine map is applied); `NonFiniteError` naming a row
-        whose values are not finite (NaN or Inf in a row reach its components)."""
+        """The components ``z = x @ basis - mean @ basis`` (float32, a GEMM per `block_rows` rows);
+        `NonFiniteError` naming a row that is not finite."""
         z: npt.NDArray[np.float32] = np.empty((rows.shape[0], self.n_components), dtype=np.float32)
         for r0 in range(0, rows.shape[0], self.block_rows):
             r1 = min(rows.shape[0], r0 + self.block_rows)
@@ -331,8 +291,7 @@ class LinearCode(Codec):
         return stored[:, None]
 
     def unpack(self, codes: npt.ArrayLike) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
-        """The level indexes (n x components) and the per-vector scales (n, ones without a correction)
-        of code rows."""
+        """The level indexes (n x components) and per-vector scales (ones without a correction) of code rows."""
         rows = self.check_codes(codes)
         stream = np.unpackbits(rows[:, : self.code_bytes], axis=1, count=self.total_bits, bitorder="little")
         weighted = stream.astype(np.int64) << self._shift_of_bit.astype(np.int64)
@@ -363,8 +322,7 @@ class LinearCode(Codec):
         return out
 
     def decoded_norms(self, codes: npt.ArrayLike) -> npt.NDArray[np.float64]:
-        """The length of the vector each code row stands for before a unit code scales it,
-        ``||mean + f basis @ levels||`` (from the levels: the basis's columns are orthonormal)."""
+        """``||mean + f basis @ levels||`` of each code row (before a unit code scales it)."""
         return self._norms(*self.unpack(codes))
 
     def _norms(self, index: npt.NDArray[np.uint8], scales: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
@@ -377,15 +335,13 @@ class LinearCode(Codec):
         return out
 
     def row_scales(self, norms: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
-        """What each row's whole estimate is multiplied by, from `decoded_norms`: ``1 / ||xhat||``
-        for a unit code (0 for a row that stands for the zero vector), else 1."""
+        """Each row's estimate factor from `decoded_norms`: ``1 / ||xhat||`` (0 for zero) for a unit code, else 1."""
         if not self.unit:
             return np.ones(norms.shape[0], dtype=np.float32)
         return self._inverse(norms).astype(np.float32)
 
     def unit_scale_problem(self) -> tuple[str, str] | None:
-        """`Codec.unit_scale_problem`, and a step beyond the Gaussian step of its bits times 1: a
-        component of unit vectors has a spread of at most 1 (its variance is at most the covariance's trace)."""
+        """`Codec.unit_scale_problem`, and a step beyond its bits' Gaussian step (unit vectors spread at most 1)."""
         found = super().unit_scale_problem()
         if found is not None:
             return found
@@ -409,13 +365,9 @@ class LinearCode(Codec):
     def lookup_tables(
         self, queries: npt.ArrayLike
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-        """Per query: 256-entry tables per code byte, a base and an offset, such that the estimate of
-        ``<q, x>`` is ``(base + f * (offset + sum_p tables[p, code[p]])) * g`` (``f`` the row's
-        correction, ``g`` its `row_scales`).
-
-        A level is ``code * step + (1/2 - 2^(b-1)) step``, linear in the code's bits: bit ``i`` of
-        component ``j`` adds ``(q @ basis)_j * step_j * 2^i``, wherever in the stream it lies.
-        """
+        """Per query: a 256-entry table per code byte, a base and an offset; the estimate of ``<q, x>`` is
+        ``(base + f * (offset + sum_p tables[p, code[p]])) * g`` (``f``: correction, ``g``: `row_scales`),
+        as bit ``i`` of component ``j`` adds ``(q @ basis)_j * step_j * 2^i``."""
         q = self.check_rows(queries, "queries").astype(np.float64)
         along = q @ self.basis.astype(np.float64)
         per_bit = np.zeros((q.shape[0], self.code_bytes * 8))
@@ -426,8 +378,6 @@ class LinearCode(Codec):
         tables = per_bit.reshape(q.shape[0], self.code_bytes, 8) @ byte_bits.T.astype(np.float64)
         offset = along @ ((0.5 - self._half) * self.step)
         return tables.astype(np.float32), (q @ self.mean).astype(np.float32), offset.astype(np.float32)
-
-    # -------------------------------------------------------------------------------------- byte form
 
     def _parts(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
         record = {"kind": self.kind, "correction": self.correction, "unit": self.unit, "budget": self.budget}
@@ -449,10 +399,9 @@ class LinearCode(Codec):
 
 
 def check_parts(record: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
-    """Refuse a linear code's byte form that no training could have written, naming the field
-    (`field_error`): a kind that is none of `KINDS`; a mean, basis or step that is not
-    finite; a basis without orthonormal columns or of another shape; bits outside 1..`MAX_BITS` (1
-    for sign bits); a step that is not positive, or whose levels overflow; a budget the code does not fit."""
+    """Refuse, naming the field (`field_error`), a linear code's byte form no training could write: an
+    unknown kind, arrays not finite or not agreeing, a basis not orthonormal, bits outside 1..`MAX_BITS`
+    (1 for sign bits), a step not positive or overflowing, a budget the code does not fit."""
     if record.get("kind") not in KINDS:
         raise field_error("kind", f"must be one of {', '.join(KINDS)}, got {record.get('kind')!r}")
     correction = flag(record, "correction")
@@ -507,21 +456,13 @@ def train_eigen(
     seed: int = 0,
     max_bits: int = MAX_BITS,
 ) -> LinearCode:
-    """The eigen-allocated code of at most ``budget`` bytes a vector (correction included) for vectors
-    of this mean and covariance, from the statistics alone.
+    """The eigen-allocated code of at most ``budget`` bytes a vector (correction included), from statistics alone.
 
-    Bits go by `allocate_bits`: a component's expected squared error is ``lambda_j mse(b_j)``, and
-    it enters ``<q, x>`` weighted by the query's expected ``q_j^2``: ``lambda_j + (mean . u_j)^2`` for
-    queries distributed like the vectors (``queries="data"``), 1 for ``"isotropic"`` queries. With
-    ``rotate``, the components given equal bits are turned by a seeded random rotation among
-    themselves (as SAQ does), which evens their variances and so their quantisers' use of the levels;
-    each step is then the rotated component's standard deviation times the Gaussian step.
-
-    A component whose query weight comes mostly from the mean (``(mean . u_j)^2 > lambda_j``, as for
-    the directions near the mean of unit vectors with a large common part) keeps its own axis: turned
-    with the others it would take on their larger variance as error, which the mean's weight then
-    multiplies into every estimate (on such data the rotated code found a fifth of the neighbours
-    the unrotated one did; ``benchmarks/codes_frontier.py``'s synthetic store).
+    `allocate_bits` weighs component ``j``'s error ``lambda_j mse(b_j)`` by the query's expected ``q_j^2``:
+    ``lambda_j + (mean . u_j)^2`` for ``queries="data"``, 1 for ``"isotropic"``. With ``rotate``, the
+    components of equal bits are turned by a seeded random rotation (as SAQ does) to even their variances,
+    except those whose weight comes mostly from the mean (``(mean . u_j)^2 > lambda_j``): turned, they would
+    take on the others' error, which the mean multiplies into every estimate.
     """
     centre, values, vectors = _moments(mean, covariance)
     if queries not in ("data", "isotropic"):
@@ -558,9 +499,8 @@ def train_sign_bits(
     correction: bool = False,
     iterations: int = 50,
 ) -> LinearCode:
-    """One sign bit per component of the leading principal subspace (as many components as the budget
-    holds bits), turned by ``rotation``: ``"random"`` (seeded), ``"itq"`` (learnt on ``sample``, rows of
-    the vectors) or ``"pca"`` (none)."""
+    """A sign bit per component of the leading principal subspace the budget holds, turned by ``rotation``:
+    ``"random"`` (seeded), ``"itq"`` (learnt on ``sample``) or ``"pca"`` (none)."""
     centre, values, vectors = _moments(mean, covariance)
     kind = f"bits-{rotation}"
     if kind not in KINDS[1:]:
@@ -588,8 +528,7 @@ def train_sign_bits(
 
 
 def _spread(basis: np.ndarray, values: np.ndarray, vectors: np.ndarray) -> npt.NDArray[np.float64]:
-    """The standard deviation of each column of ``basis``'s component under the covariance of these
-    eigenvalues and eigenvectors (floored at a trillionth of the largest variance, so no step is 0)."""
+    """Each ``basis`` component's standard deviation under this covariance (floored so no step is 0)."""
     variance = np.einsum("ij,ij->j", basis, (vectors * values) @ (vectors.T @ basis))
     spread: npt.NDArray[np.float64] = np.sqrt(np.maximum(variance, 1e-12 * max(float(values[0]), 1e-300)))
     return spread
