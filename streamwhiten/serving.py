@@ -37,14 +37,16 @@ from .core.quantize import Quantization, storage_quantizations
 from .core.quantize import decode as decode_record
 from .core.validate import map_fields, map_weights, model_fields
 from .errors import BadInputError
-from .storage import Storage
+from .storage import CODE, Storage
 
 #: The model file this module reads (the same values as ``streamwhiten.core.model.FORMAT_NAME``/``FORMAT_VERSION``,
 #: which cannot be imported here without numba).
 MODEL_FORMAT, MODEL_VERSION = "streamwhiten-model", (1, 2)
 
 
-def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str | None = None) -> AffineMap:
+def load(
+    path: str | os.PathLike[str], normalize: bool | None = None, dtype: str | Storage | None = None
+) -> AffineMap:
     """Load the affine map of a model file (at its saved setting) or of an exported ``.npz`` map.
 
     Parameters
@@ -54,10 +56,10 @@ def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str
         Either is checked against its SHA-256 checksum before use.
     normalize : bool, optional
         Default of `AffineMap.transform`; default: the exported map's flag, False for a model file.
-    dtype : {"float32", "float16", "int8", "binary"}, optional
-        How `AffineMap.encode` stores vectors; default: the model's storage (or the exported map's
-        record), float32 when there is none. int8 needs a model file (its ranges come from the statistics)
-        or a map exported with its int8 record.
+    dtype : {"float32", "float16", "int8", "binary"} or Storage, optional
+        How `AffineMap.encode` stores vectors (a name keeps the model's int8 clip); default: the model's
+        storage (or the exported map's record), float32 when there is none. int8 needs a model file (its
+        ranges come from the statistics) or a map exported with its int8 record.
 
     Returns
     -------
@@ -70,10 +72,6 @@ def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str
     """
     path = os.fspath(path)
     check_file(path, "model file or map")
-    if dtype is not None:
-        from .params import check
-
-        check("dtype", dtype)
     kind, stored_checksum = _peek(path)
     if kind == MAP_FORMAT:
         return _load_map(path, normalize, dtype)
@@ -107,24 +105,51 @@ def codec(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
 
 def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:
     """Floats from stored ``codes``: by a vector code's codec (``record`` a ``streamwhiten.codes.Codec``, as
-    `codec` gives it, its bytes as ``Codec.to_bytes`` wrote them, checksum verified, or the attributes
-    of the output the codes were read from, which carry the codec), or by a storage record (int8 codes,
-    sign bits: ``record`` a `Quantization`, its dict, or the output's attributes; see
-    `streamwhiten.core.quantize.decode`).
+    `codec` gives it, its bytes as ``Codec.to_bytes`` wrote them, checksum verified, a model's recorded
+    `Storage` of a code, or the attributes of the output the codes were read from, which carry the codec),
+    or by a storage record (int8 codes, sign bits: ``record`` a `Quantization`, its dict, or the output's
+    attributes; see `streamwhiten.core.quantize.decode`); or by what ``codes.storage.resolve`` resolved
+    (a ``StoredAs``, or its encoder).
 
     >>> import numpy as np
     >>> decode(np.array([[156, 128]], dtype=np.uint8), {"quantization": Quantization("binary", 10).to_dict()})
     array([[ 1., -1., -1.,  1.,  1.,  1., -1., -1.,  1., -1.]], dtype=float32)
     """
-    from .codes import Codec, codec_from_bytes
+    from .codes import Codec, codec_from_bytes, record_codec
+    from .output_plan import StoredAs
 
+    if isinstance(record, StoredAs):
+        record = record.encoder
+    if isinstance(record, Storage):
+        if record.codec is None:
+            raise BadInputError(
+                f"a {record} storage decodes by the ranges its output records: give the output's attributes"
+            )
+        record = record_codec(record.codec)
     if isinstance(record, (bytes, bytearray, memoryview)):
         record = codec_from_bytes(bytes(record))
+    if isinstance(getattr(record, "codec", None), Codec):  # a resolved code's encoder
+        record = record.codec
     if isinstance(record, Codec):
         return np.asarray(record.decode(codes), dtype=dtype)
     if isinstance(record, Mapping) and _codec_entry(record) is not None:  # a vector code's output: its codec
         return np.asarray(codec(record).decode(codes), dtype=dtype)
     return decode_record(codes, record, dtype)
+
+
+def _storage(dtype: str | Storage | None, held: Storage) -> Storage:
+    """What `load` encodes with: ``dtype`` (a name keeps ``held``'s int8 clip) where it names another storage
+    than ``held`` (the model's or the map's), else ``held``."""
+    if dtype is None:
+        return held
+    wanted = Storage(dtype, int8_clip=held.int8_clip) if isinstance(dtype, str) else dtype
+    if wanted.dtype == CODE:
+        raise BadInputError(
+            f"load encodes as float32, float16, int8 or binary, not the {wanted} code: its rows are "
+            "serving.codec(path).encode(load(path, normalize=True).transform(x))",
+            param="dtype",
+        )
+    return held if wanted.names(held) else wanted
 
 
 def _codec_entry(attrs: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -152,12 +177,10 @@ def _peek(path: str) -> tuple[str | None, str]:
         return None, ""
 
 
-def _load_model(path: str, normalize: bool | None, stored_checksum: str, dtype: str | None) -> AffineMap:
+def _load_model(path: str, normalize: bool | None, stored_checksum: str, dtype: str | Storage | None) -> AffineMap:
     f = model_fields(read_npz(path, "model file", MODEL_FORMAT, MODEL_VERSION), path)
     fitted_norm = mean_sq_norm(f["n_rows"], f["mean"], f["scatter"])
-    storage = f["storage"] or Storage()
-    if dtype is not None and dtype != storage.dtype:
-        storage = Storage(dtype=dtype, int8_clip=storage.int8_clip)
+    storage = _storage(dtype, f["storage"] or Storage())
     weights = map_weights(f["eigvals"], f["eigvecs"], f["eps_value"], f["gamma"], f["n_components"], f["basis"])
     quantization, _ = storage_quantizations(
         storage, f["n_rows"], f["mean"], f["scatter"], weights, f["beta"] * f["mean"]
@@ -181,19 +204,21 @@ def _load_model(path: str, normalize: bool | None, stored_checksum: str, dtype: 
     )
 
 
-def _load_map(path: str, normalize: bool | None, dtype: str | None) -> AffineMap:
+def _load_map(path: str, normalize: bool | None, dtype: str | Storage | None) -> AffineMap:
     fields = map_fields(read_npz(path, "whitening map", MAP_FORMAT, MAP_VERSION), path)
     stored = fields.pop("normalize")
     recorded = fields.pop("quantization")
-    if dtype is not None and dtype != (recorded.kind if recorded is not None else "float32"):
-        if dtype == "int8":
+    kind = recorded.kind if recorded is not None else "float32"
+    wanted = _storage(dtype, Storage(kind)).dtype
+    if wanted != kind:
+        if wanted == "int8":
             raise BadInputError(
                 f"{path}: int8 storage needs ranges from the fitted statistics, which a map holds only when it "
                 "was exported with them (export with dtype='int8'); load the model file instead",
                 param="dtype",
             )
         k = int(fields["A"].shape[1])
-        recorded = None if dtype == "float32" else Quantization(dtype, k, normalized=True)
+        recorded = None if wanted == "float32" else Quantization(wanted, k, normalized=True)
     return AffineMap(normalize=stored if normalize is None else bool(normalize), quantization=recorded, **fields)
 
 

@@ -141,12 +141,12 @@ def codec_summary(codec: Codec) -> dict[str, Any]:
 
 class CodecEncoder:
     """Encodes unit-length output rows as a vector code's rows (``streamwhiten.codes``' Numba encoder), and
-    decodes them, from the codec's checksummed bytes: what a Dask worker receives is those bytes, decoded
-    there once."""
+    decodes them, from the codec's checksummed bytes (``codec``: already decoded from them): what a Dask
+    worker receives is those bytes, decoded there once."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, codec: Codec | None = None) -> None:
         self.data = bytes(data)
-        self._codec: Any = None
+        self._codec: Any = codec
 
     def __getstate__(self) -> dict[str, Any]:
         return {"data": self.data}

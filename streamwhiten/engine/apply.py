@@ -157,29 +157,6 @@ def output_is_current(output: Output, plan: OutputPlan) -> bool:
     return plan.matches(attrs, dtype)
 
 
-def is_up_to_date(
-    model: WhiteningModel,
-    input_spec: str | Source,
-    output_spec: str,
-    options: ApplyOptions,
-    read: ReadOptions,
-    rows: tuple[int, int] | None = None,
-) -> bool:
-    """Whether ``output_spec`` already holds what `apply_model` with these arguments would write (see
-    `output_is_current`; the input's rows, or the range ``rows`` of them, fingerprinted now)."""
-    output = open_output(output_spec, read)
-    if not output.exists():
-        return False  # nothing to compare: the input is not read
-    options = options.storing(model.storage)
-    window = None if rows is None else _pair(rows)
-    with open_source(input_spec, read=read, min_rows=1) as opened:
-        source = opened if window is None else RowRange(opened, *window)
-        source_sha = fingerprint(source).sha256_sampled
-        assert source_sha is not None  # fingerprint() hashes the sampled rows
-        plan = plan_output(model, source, output, options, read, source_sha256=source_sha)
-    return output_is_current(output, plan)
-
-
 def aligned_block_rows(block_rows: int | None, source: Source, sink_chunk_rows: int) -> int:
     """Rows per block rounded to whole output chunks, so no output chunk is written by two blocks."""
     rows_per_block = block_rows or source.default_block_rows()

@@ -18,6 +18,7 @@ Examples
 
 from __future__ import annotations
 
+import base64
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -32,6 +33,7 @@ from .manifest import manifest_path, read_manifest
 from .ownership import attrs_problem, check_model_file, unreadable
 
 if TYPE_CHECKING:
+    from ..codes.storage import CodecEncoder
     from ..core.model import WhiteningModel
     from ..core.quantize import Quantization
 
@@ -46,22 +48,6 @@ def _codec_sha(attrs: Any) -> str | None:
         return None
     codec = record.get("codec") if isinstance(record, dict) else None
     return str(codec["sha256"]) if isinstance(codec, dict) and "sha256" in codec else None
-
-
-@dataclass(frozen=True)
-class CodeDecoder:
-    """How a publication's vector-code rows decode: the published model's codec (``decode``), named by the
-    SHA-256 of its bytes (``digest``: the same in every part)."""
-
-    codec: Any
-    sha256: str
-
-    def decode(self, codes: np.ndarray, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
-        """The rows the codes stand for (the codec's decode: unit-length vectors, approximately)."""
-        return np.asarray(self.codec.decode(codes), dtype=dtype)
-
-    def digest(self) -> str:
-        return self.sha256
 
 
 @dataclass(frozen=True)
@@ -154,11 +140,12 @@ class Publication:
             return record.decode(blocks, dtype)
         return blocks
 
-    def read_codes(self, input_spec: str) -> tuple[np.ndarray, Quantization | CodeDecoder]:
-        """``(codes, quantization)``: the stored int8 codes or bytes of sign bits of ``input_spec`` in this
-        version (checked as [`read`][streamwhiten.job.publication.Publication.read] checks them), and their decoder
-        (`Quantization`: ``quantization.decode(codes)``). A publication of
-        float outputs is refused: [`read`][streamwhiten.job.publication.Publication.read] returns its rows."""
+    def read_codes(self, input_spec: str) -> tuple[np.ndarray, Quantization | CodecEncoder]:
+        """``(codes, decoder)``: the stored int8 codes, bytes of sign bits or vector-code rows of ``input_spec``
+        in this version (checked as [`read`][streamwhiten.job.publication.Publication.read] checks them), and
+        their decoder (``decoder.decode(codes)``: a `Quantization`, or a vector code's
+        ``codes.storage.CodecEncoder``). A publication of float outputs is refused:
+        [`read`][streamwhiten.job.publication.Publication.read] returns its rows."""
         blocks, record = self._read_parts(input_spec)
         if record is None:
             raise BadInputError(
@@ -166,16 +153,14 @@ class Publication:
             )
         return blocks, record
 
-    def _read_parts(self, input_spec: str):
-        """The stored rows of ``input_spec``'s parts, each checked, concatenated; and the codes' record
-        (None for float outputs), the same in every part."""
-        from ..core.quantize import Quantization
+    def _read_parts(self, input_spec: str) -> tuple[np.ndarray, Any]:
+        """The stored rows of ``input_spec``'s parts, each checked, concatenated; and their decoder (None
+        for float outputs), the same in every part."""
         from ..io import open_output, open_source
-        from ..output_plan import STORAGE_ATTR
 
         blocks: list[np.ndarray] = []
-        records: list[Any] = []
-        decoders: dict[str, CodeDecoder] = {}
+        decoders: list[tuple[str | None, Any]] = []
+        codecs: dict[str, CodecEncoder] = {}
         entry = self._input(input_spec)
         for part in entry.parts:
             # one open per part: its attributes are checked (as part_problem checks them), then its rows read
@@ -191,40 +176,43 @@ class Publication:
                     self._refuse(part, problem)
                 if source.n_rows != part.n_rows:
                     raise BadInputError(f"{part.path}: holds {source.n_rows} rows, not the {part.n_rows} published")
-                sha = _codec_sha(attrs) if STORAGE_ATTR in attrs else None
-                if STORAGE_ATTR not in attrs:
-                    records.append(None)
-                elif sha is not None:  # the model is loaded and checked once per codec, not once per part
-                    if sha not in decoders:
-                        decoders[sha] = self._code_decoder(part, sha, attrs)
-                    records.append(decoders[sha])
-                else:
-                    records.append(Quantization.from_attrs(attrs))
+                decoders.append(self._decoder(part, attrs, codecs))
                 blocks.append(source.read(0, source.n_rows))
-        digests = {None if record is None else record.digest() for record in records}
-        if len(digests) > 1:
+        if len({digest for digest, _ in decoders}) > 1:
             raise BadInputError(f"{self.path}: the parts of {input_spec} hold differently encoded rows")
         rows = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
-        return rows, records[0]
+        return rows, decoders[0][1]
 
-    def _code_decoder(self, part: Part, sha256: str, attrs: Any) -> CodeDecoder:
-        """The decoder of a part stored as a vector code: the codec whose bytes the part carries (checked
-        against their SHA-256), or, for a part written before parts carried it, the published model's. A
-        published model that records a codec must record that one."""
-        import hashlib
-
+    def _decoder(self, part: Part, attrs: Any, codecs: dict[str, CodecEncoder]) -> tuple[str | None, Any]:
+        """``(digest, decoder)`` of a part's stored rows: ``(None, None)`` for floats; int8 codes and bits by
+        the `Quantization` they record; a vector code by the published model's codec (``codes.storage.resolve``,
+        once per codec: ``codecs``), which must be the one the part names (the SHA-256 of its bytes), or, where
+        the model records none, by the codec's bytes the part carries (checked against their SHA-256)."""
         from ..codes import codec_from_record
-        from ..codes.storage import model_codec
-        from ..output_plan import storage_record
+        from ..codes.storage import CodecEncoder, resolve
+        from ..core.quantize import Quantization
+        from ..output_plan import STORAGE_ATTR, storage_record
 
-        model = self.load_model()
-        recorded = model.storage.codec if model.storage is not None else None
-        if recorded is not None and hashlib.sha256(recorded.data).hexdigest() == sha256:
-            return CodeDecoder(model_codec(model), sha256)
-        entry = storage_record(attrs)["codec"]
-        if recorded is not None or "data" not in entry:
-            self._refuse(part, "coded by another codec than the published model records")
-        return CodeDecoder(codec_from_record(entry, part.path), sha256)
+        if STORAGE_ATTR not in attrs:
+            return None, None
+        sha = _codec_sha(attrs)
+        if sha is None:
+            quantization = Quantization.from_attrs(attrs)
+            return quantization.digest(), quantization
+        if sha not in codecs:  # the model is loaded and checked once per codec, not once per part
+            model = self.load_model()
+            entry = storage_record(attrs)["codec"]
+            if model.storage is not None and model.storage.codec is not None:
+                stored = resolve(model)
+                if stored is None or stored.digest != sha:
+                    self._refuse(part, "coded by another codec than the published model records")
+                codecs[sha] = stored.encoder
+            elif "data" not in entry:
+                self._refuse(part, "coded by another codec than the published model records")
+            else:
+                codec = codec_from_record(entry, part.path)  # its bytes checked against their SHA-256
+                codecs[sha] = CodecEncoder(base64.b64decode(entry["data"]), codec)
+        return sha, codecs[sha]
 
     def _refuse(self, part: Part, problem: str, cause: BaseException | None = None) -> NoReturn:
         """Refuse the part ``part`` in one plain sentence: the part, the version, what is wrong with it

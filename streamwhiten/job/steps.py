@@ -186,31 +186,33 @@ def apply_unless_current(
     watch: Watch = Watch(),
 ) -> ApplyOutcome | None:
     """Write the transform of ``input_spec`` (its rows ``rows``) to ``output`` as job ``name`` does, unless
-    ``output`` already holds what this would write: then it is kept (its leftover records tidied) and None
-    is returned. ``watch``: how the write reports its progress and is asked to stop. Returns the
+    ``output`` already holds what this would write (the apply's own check, on its one plan: it raises
+    ``NothingToDoError``): then it is kept (its leftover records tidied) and None is returned. ``watch``: how
+    the write reports its progress and is asked to stop. Returns the
     [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome] of a write."""
     from ..io import open_output, remote, split_spec
-    from ..pipeline import apply, is_up_to_date
+    from ..pipeline import apply
 
-    if is_up_to_date(model, input_spec, output, options=writing.options, read=writing.read, rows=rows):
-        log.info("job %s: %s is up to date", name, output)
-        open_output(output, writing.read).tidy()  # a run killed right after writing it may have left its records
-        return None
     if watch.stop_asked():
         raise InterruptedRunError(f"interrupted before writing {output}; run the same command again to finish")
     if not remote.is_url(output):
         os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
-    outcome = apply(
-        model,
-        input_spec,
-        output,
-        options=writing.options,
-        read=writing.read,
-        engine=writing.engine,
-        rows=rows,
-        watch=watch,
-        attrs=attrs,
-    )
+    try:
+        outcome = apply(
+            model,
+            input_spec,
+            output,
+            options=writing.options,
+            read=writing.read,
+            engine=writing.engine,
+            rows=rows,
+            watch=watch,
+            attrs=attrs,
+        )
+    except NothingToDoError:
+        log.info("job %s: %s is up to date", name, output)
+        open_output(output, writing.read).tidy()  # a run killed right after writing it may have left its records
+        return None
     resumed = f", resumed at row {outcome.resumed_at_row:,}" if outcome.resumed_at_row else ""
     log.info("job %s: wrote %s (%s rows%s)", name, output, f"{outcome.n_rows:,}", resumed)
     return outcome

@@ -1,7 +1,7 @@
 """The pipeline of a fit and of an apply: the one path the command line, ``run`` and ``Whitener`` take.
 
-One module per thing it runs: ``fitting`` (a fit, and finishing a killed one), ``applying`` (an apply, and
-whether an output is up to date), ``coding`` (a model with a vector code), ``paths`` (what a fit writes).
+One module per thing it runs: ``fitting`` (a fit, and finishing a killed one), ``applying`` (an apply),
+``coding`` (a model with a vector code), ``paths`` (what a fit writes).
 
 A fit is: check the paths and the existing model, plan (or plan an update of a saved model), resume from
 a matching checkpoint, run the plan on an engine (``engine.engines``), finalize, save, remove the
@@ -25,7 +25,7 @@ Examples
 (1000, 4)
 """
 
-from .applying import apply, is_up_to_date
+from .applying import apply
 from .coding import DEFAULT_CODE_SAMPLE_ROWS, with_codes
 from .fitting import FitOutcome, finish_checkpoint, fit, model_is_current
 from .paths import check_fit_paths, check_writable_dir, default_checkpoint
@@ -39,7 +39,6 @@ __all__ = [
     "default_checkpoint",
     "finish_checkpoint",
     "fit",
-    "is_up_to_date",
     "model_is_current",
     "with_codes",
 ]

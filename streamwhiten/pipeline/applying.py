@@ -1,4 +1,5 @@
-"""An apply: check the engine can write it, run it; and whether an output already holds what it would write."""
+"""An apply: check the engine can write it, run it (an output that already holds what it would write is kept:
+``NothingToDoError``)."""
 
 from __future__ import annotations
 
@@ -92,25 +93,3 @@ def _at_setting(model: WhiteningModel, changes: dict, options: ApplyOptions) -> 
         )
     return model
 
-
-def is_up_to_date(
-    model: WhiteningModel | str,
-    input_spec: str,
-    output_spec: str,
-    *,
-    options: ApplyOptions | None = None,
-    read: ReadOptions | None = None,
-    rows: tuple[int, int] | None = None,
-) -> bool:
-    """Whether ``output_spec`` already holds what [`apply`][streamwhiten.pipeline.apply] with these arguments would
-    write (complete, the same map, input rows, options and kept columns): then writing it again changes nothing,
-    and [`apply`][streamwhiten.pipeline.apply] raises ``NothingToDoError`` (``overwrite`` or not). How a job skips
-    an output that is up to date before it writes (a job overwrites its outputs that are not).
-    ``model`` is a model or its file; ``options``, ``read`` and ``rows`` are
-    [`apply`][streamwhiten.pipeline.apply]'s."""
-    from ..core.model import load_model
-    from ..engine.apply import is_up_to_date as holds_it
-
-    if isinstance(model, (str, os.PathLike)):
-        model = load_model(os.fspath(model))
-    return holds_it(model, input_spec, output_spec, options or ApplyOptions(dtype=None), read or ReadOptions(), rows)
