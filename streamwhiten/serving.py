@@ -44,9 +44,7 @@ from .storage import CODE, Storage
 MODEL_FORMAT, MODEL_VERSION = "streamwhiten-model", (1, 2)
 
 
-def load(
-    path: str | os.PathLike[str], normalize: bool | None = None, dtype: str | Storage | None = None
-) -> AffineMap:
+def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str | Storage | None = None) -> AffineMap:
     """Load the affine map of a model file (at its saved setting) or of an exported ``.npz`` map.
 
     Parameters

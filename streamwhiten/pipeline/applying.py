@@ -92,4 +92,3 @@ def _at_setting(model: WhiteningModel, changes: dict, options: ApplyOptions) -> 
             param="dtype",
         )
     return model
-
