@@ -1,26 +1,18 @@
 """Whiten queries where they are embedded: the affine map ``y = x A + b`` with numpy alone.
 
-A corpus whitened offline and the queries searched against it must go through the same map. This
-module loads that map from a model file (at the setting saved in it) or from an ``.npz`` map written by
-``streamwhiten export``, and applies it to one vector or a batch, from numpy or from torch tensors (on
-their own device and dtype). It imports numpy and streamwhiten's small numpy-only modules (the map
-itself is `streamwhiten.core.affine.AffineMap`, also reachable here), never numba, h5py, zarr
-or `streamwhiten.core.model`, so a query service starts fast::
+The queries searched against a corpus whitened offline must go through the same map. This module loads it
+from a model file (at its saved setting) or an exported ``.npz`` map and applies it to numpy arrays or
+torch tensors. It never imports numba, h5py, zarr or `streamwhiten.core.model`, so a service starts fast::
 
     from streamwhiten import serving
     whiten = serving.load("model.npz")          # or an exported map.npz
     y = whiten.transform(query_vector)          # same vectors as Whitener.transform / apply
     codes = whiten.encode(query_vector)         # stored as the model's storage: int8 codes, sign bits
-    vectors = serving.decode(codes_read, attrs)  # codes an apply wrote (int8, bits, a vector code), by the
-                                                 # attributes they carry
+    vectors = serving.decode(codes_read, attrs)  # codes an apply wrote, by the attributes they carry
     rows = serving.decode(code_rows, serving.codec("model.npz"))  # a vector code the model records
 
-The map is ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by
-L2 normalisation (see `streamwhiten.core.affine`). A model that records a storage (``tune`` chose
-int8 codes or sign bits, say) gives a map that carries its record: `AffineMap.encode` stores a
-vector as the model's outputs are stored, int8 ranges and all. `decode` turns codes back into
-floats: those of ``encode``, and those of ``apply --dtype int8|binary|NAME:BYTES``, whose outputs carry
-their record (attribute ``quantization``; a vector code's holds the codec's bytes).
+The map is ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` and ``b = -(beta mu) A``, optionally L2-normalised
+(`streamwhiten.core.affine`); a model's recorded storage travels with it (`AffineMap.encode`).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """A codec as a model's storage: trained for the unit-length outputs of the model's map, recorded in the
-model (`CodecRecord`: the codec's checksummed bytes), and read back.
+model (`CodecRecord`), read back; and `resolve`, which turns a model and a `streamwhiten.storage.Storage`
+into what is stored (record, digest, encoder), once per model and storage.
 
-The codec works on the vectors the search stores: ``y = x A + b`` scaled to unit length. The codes
-that need only statistics train from the exact moments of those outputs, from the model's state with
-no pass over data: ``mean_y = (1 - beta) mu A`` and ``cov_y = A^T Sigma A``, both divided by
-``E||y||^2 = tr(cov_y) + ||mean_y||^2`` (the mean by its square root) for the unit length, as the int8
-ranges are (`normalized_moments`). The codes that learn from data
-(`NEEDS_SAMPLE`) take rows of the input, mapped by the model; how many and
-the seed they were drawn with are recorded.
-
-Code names on the command line and in ``eval``'s ``dtype``: ``NAME:BYTES`` (``eigen:24``,
-``faiss-pq:16``), parsed once into a `streamwhiten.storage.Storage`. `resolve` turns a model and a storage
-into what is stored (the record, its digest, the encoder), once per model and storage.
+The codes that need only statistics train from the exact moments of the unit-length outputs, from the
+model's state with no pass over data: ``mean_y = (1 - beta) mu A`` and ``cov_y = A^T Sigma A``, divided
+by ``E||y||^2 = tr(cov_y) + ||mean_y||^2`` (the mean by its square root). The codes that learn from data
+(`NEEDS_SAMPLE`) take mapped rows of the input; how many and the seed are recorded.
 """
 
 from __future__ import annotations

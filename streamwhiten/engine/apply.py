@@ -1,16 +1,10 @@
-"""The chunked applier: stream rows through a model and write the reduced vectors to a new store.
+"""The chunked applier: stream rows (all, or ``[start, stop)``) through a model into a new store.
 
-An apply writes every row of its input, or the rows ``[start, stop)`` of it (``rows``: the output then
-holds ``stop - start`` rows and its ``rows`` attribute says which). The output is written under a
-temporary name and renamed only once complete. Every few seconds (and
-when stopped by a signal) the rows written so far are made durable and recorded in a progress file
-beside the partial output, so an interrupted run (signal, crash, SIGKILL) resumes at the first
-unrecorded block and produces exactly the output an uninterrupted run would have.
-
-An output of int8 codes or sign bits (``dtype`` int8 or binary) is the float transform of each block,
-scaled to unit length, then encoded (`encode_block`) with the model's
-`Quantization`, the record the search, ``tune``, ``serving`` and
-``export`` use, so codes are equal everywhere; the output carries that record (`output_attrs`).
+The output is written under a temporary name and renamed once complete; every few seconds (and when
+stopped) the rows written are made durable and recorded beside it, so an interrupted run resumes at the
+first unrecorded block and ends with the bytes of an uninterrupted one. Codes (int8, bits, a vector code)
+are the unit-length transform encoded by the resolved storage's encoder (``codes.storage.resolve``), the
+record every reader decodes with.
 """
 
 from __future__ import annotations
@@ -79,8 +73,7 @@ def check_output(model: WhiteningModel, source: Source, output_spec: str) -> Non
 
 
 def encode_block(out: np.ndarray, quantization: Quantization | None) -> np.ndarray:
-    """One transformed block as it is stored: ``out`` itself for a float output, else its codes
-    (`Quantization.encode`; its rows are finite: a coded output takes no ``skip_nonfinite``)."""
+    """One transformed block as stored: ``out`` for floats, else its codes (its rows are finite)."""
     return out if quantization is None else quantization.encode(out)
 
 
@@ -94,15 +87,11 @@ def plan_output(
     source_sha256: str | None = None,
     attrs: Mapping[str, Any] | None = None,
 ) -> OutputPlan:
-    """The one `OutputPlan` of writing ``model``'s transform of
-    ``source`` (a `RowRange` writes part of its input) to ``output`` with
-    ``options`` (dtype None: the model's storage; what is stored: ``codes.storage.resolve``), read in
-    ``read``'s blocks: what every writer, the resume record and the is-current check take.
-
-    The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
-    chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
-    output's row groups are the blocks. ``source_sha256`` is the hash of its sampled rows where taken
-    before writing; ``attrs`` are recorded beside the plan's own."""
+    """The one `OutputPlan` of writing ``model``'s transform of ``source`` (a `RowRange`: part of it) to
+    ``output`` with ``options`` (what is stored: ``codes.storage.resolve``), in ``read``'s blocks: what
+    every writer, the resume record and the is-current check take. Output chunks are no larger than the
+    user's blocks, so blocks stay aligned; ``source_sha256``: the sampled rows' hash where taken before
+    writing; ``attrs``: recorded beside the plan's own."""
     from ..codes.storage import resolve
 
     storage = resolve(model, options.dtype)
@@ -141,9 +130,8 @@ def plan_output(
 
 
 def output_is_current(output: Output, plan: OutputPlan) -> bool:
-    """Whether ``output`` is a complete output of what ``plan`` writes (`OutputPlan.matches`):
-    then writing it again changes nothing. A float output's array is opened for its dtype; codes carry
-    their record."""
+    """Whether ``output`` is a complete output of what ``plan`` writes (`OutputPlan.matches`): then
+    writing it again changes nothing."""
     if not output.exists():
         return False
     try:
@@ -165,10 +153,8 @@ def aligned_block_rows(block_rows: int | None, source: Source, sink_chunk_rows: 
 
 @dataclass(frozen=True, eq=False)
 class BlockTransform:
-    """What every block of one apply is whitened with: the projection (``weights``, ``shift``: see
-    [`projection`][streamwhiten.core.model.WhiteningModel.projection]), whether rows are scaled to unit length,
-    the dtype the values are cast to (None: the product's own; codes are encoded from it), whether
-    non-finite input rows are written as NaN rows, and the input's label for messages."""
+    """What every block of one apply is whitened with: the projection, unit length or not, the dtype cast
+    to (None: the product's own), whether non-finite rows are written as NaN, the input's label."""
 
     weights: np.ndarray
     shift: npt.ArrayLike
@@ -190,13 +176,10 @@ def transform_block(
     """Whiten one block read at row ``begin`` as ``how`` says; returns the output rows and how many were
     non-finite.
 
-    A row holding NaN or Inf raises `NonFiniteError` naming the input and the row, unless
-    ``how.skip_nonfinite``: then its output row is NaN and it is counted. Finite values that overflow
-    (when centred, whitened or cast to ``how.dtype``) raise `ValuesTooLargeError` naming the row.
-    With ``overwrite_input`` the block may be centred in place; ``reread()`` then returns the block as
-    stored, read again only when some rows came out non-finite, to tell NaN/Inf input from overflow.
-    ``out`` is an optional buffer for the product (see `project_checked`),
-    ``into`` one for the cast to ``how.dtype``.
+    A NaN or Inf row raises `NonFiniteError` naming it, unless ``how.skip_nonfinite`` (its output row is
+    NaN, counted); overflow raises `ValuesTooLargeError` naming the row. With ``overwrite_input`` the block
+    may be centred in place; ``reread()`` then gives it as stored, to tell NaN/Inf input from overflow.
+    ``out`` and ``into`` are optional buffers for the product and the cast.
     """
     weights, shift, normalize, dtype, label = how.weights, how.shift, how.normalize, how.dtype, how.label
     try:
@@ -257,8 +240,7 @@ class ApplyOutcome:
 
 
 def summary(plan: OutputPlan, sink: Sink, n_nonfinite: int, seconds: float, resumed_at_row: int = 0) -> ApplyOutcome:
-    """What an apply run of ``plan`` reports (``dtype``: the storage, ``"binary"`` for bits stored as uint8
-    bytes)."""
+    """What an apply run of ``plan`` reports (``dtype``: the storage's kind)."""
     return ApplyOutcome(
         input=plan.source,
         output=sink.label,
@@ -275,11 +257,9 @@ def summary(plan: OutputPlan, sink: Sink, n_nonfinite: int, seconds: float, resu
 
 @dataclass(frozen=True)
 class ApplyPart:
-    """What of the input an apply writes, and what the output records of its caller: the input rows
-    ``rows = (start, stop)`` only (None: every row; the output then holds ``stop - start`` rows, its row 0
-    the input's row ``start``, and records the range in its ``rows`` attribute), and ``attrs`` recorded
-    beside the output's own attributes (how ``run`` marks a published part with its job, version and
-    input). Such an output is resumed, and found up to date, as any other."""
+    """What of the input an apply writes: the rows ``(start, stop)`` only (None: every row; the range is
+    recorded in the output's ``rows`` attribute); and ``attrs`` recorded beside the output's own (how
+    ``run`` marks a published part)."""
 
     rows: tuple[int, int] | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)
@@ -303,21 +283,12 @@ def apply_model(
     ([`ReadOptions`][streamwhiten.options.ReadOptions]) how the input is read and URLs are reached.
     ``watch`` is told the rows written and asked whether to stop (`Watch`).
 
-    Rows holding NaN or Inf stop the run with an error naming the row, unless ``skip_nonfinite``: then
-    their output rows are NaN (row alignment with the input is kept) and they are counted. Unless
-    ``restart``, the partial output of an interrupted run of the same job is continued; the rows written
-    are made durable and recorded for a resume every ``progress_seconds`` (0: after every block) and when
-    a stop is asked for. ``compressor`` (HDF5 and Zarr outputs) compresses each output chunk in the
-    writer thread, in a form plain zarr or h5py reads; ``keep_columns`` (Parquet or Lance input and output)
-    copies input columns row for row beside the vectors.
-
-    ``threads`` worker threads each read and transform whole blocks, which a writer thread writes in
-    row order while the next block is computed. The default, 1, computes in this thread with
-    multi-threaded BLAS: concurrent blocks were measured to slow each other down on a 2-core machine
-    (see docs/performance.md); more threads can pay on more cores. An input whose compressed chunks are
-    decoded here defaults to one thread per core (at most four), decoding at once, with a reader thread
-    fetching the stored bytes of the next blocks ahead. With ``direct_io`` whole output chunks are written
-    around the page cache (``O_DIRECT``), which uses no CPU and so overlaps with the computation.
+    Rows holding NaN or Inf stop the run naming the row, unless ``skip_nonfinite`` (their rows are NaN,
+    counted). Unless ``restart``, an interrupted run's partial output is continued; progress is recorded
+    every ``progress_seconds`` and when a stop is asked for. ``threads`` workers each transform whole
+    blocks, written in row order by a writer thread; the default, 1, computes here with multi-threaded
+    BLAS (concurrent blocks slowed each other on 2 cores: docs/performance.md), and an input whose
+    compressed chunks are decoded here gets one per core (at most four).
     """
     began = time.perf_counter()
     options, read, part = options or ApplyOptions(), read or ReadOptions(), part or ApplyPart()
@@ -357,8 +328,8 @@ def _pair(rows: Any) -> tuple[int, int]:
 
 @dataclass
 class _Writing:
-    """How one apply writes its output: its plan, the record a resume must match, and the sampler that
-    hashes the input's sampled rows as the blocks are read (None when hashed up front)."""
+    """How one apply writes: its plan, the record a resume must match, and the sampler hashing the input's
+    sampled rows as read (None when hashed up front)."""
 
     plan: OutputPlan
     record: ResumeRecord
@@ -379,8 +350,8 @@ def up_to_date_error(out_path: str) -> NothingToDoError:
 
 
 def refuse_current(output: Output, plan: OutputPlan, overwrite: bool) -> None:
-    """`up_to_date_error` where ``output`` holds what ``plan`` writes (``plan`` with its input's hash);
-    with ``overwrite``, an existing output is first checked to be one of ours of this kind."""
+    """`up_to_date_error` where ``output`` holds what ``plan`` (with its input's hash) writes; with
+    ``overwrite``, an existing output is first checked to be ours."""
     if not output.exists():
         return
     if overwrite:
@@ -390,9 +361,8 @@ def refuse_current(output: Output, plan: OutputPlan, overwrite: bool) -> None:
 
 
 def _prepare_writing(source: Source, output: Output, plan: OutputPlan, options: ApplyOptions, threads: int) -> _Writing:
-    """Check an existing output (up to date, ``overwrite`` or not: `NothingToDoError`, exit 3, so
-    that a nightly script reads "nothing to do" and pays no rewrite; else ours and ``overwrite``: replaced;
-    else `OutputExistsError`) and make the record a resume of ``plan`` must match."""
+    """Check an existing output (up to date: `NothingToDoError`, ``overwrite`` or not; else ours and
+    ``overwrite``: replaced; else `OutputExistsError`) and make the record a resume of ``plan`` must match."""
     out_path, _ = split_spec(output.spec)
     exists = output.exists()
     if exists and options.overwrite:
@@ -413,9 +383,8 @@ def _prepare_writing(source: Source, output: Output, plan: OutputPlan, options: 
 
 
 def _open_sink(output: Output, writing: _Writing, options: ApplyOptions) -> tuple[Sink, int, int]:
-    """``(sink, first row to write, non-finite rows so far)``: the partial output of an interrupted run of
-    the same job, resumed, or a new one (its input's hash set at commit: it may be taken from the rows as
-    they are read)."""
+    """``(sink, first row to write, non-finite rows so far)``: an interrupted run's partial output, resumed,
+    or a new one."""
     resumed = None if options.restart else output.resume(writing.plan, writing.record)
     if resumed is not None:
         return resumed[0], resumed[1].rows_done, resumed[1].n_nonfinite
@@ -428,9 +397,8 @@ _Whitened = tuple[int, int, np.ndarray, int, Any, Callable[[], None]]
 
 
 class _BlockRun:
-    """The blocks of one apply: worker threads read, centre and project them into pooled buffers, and a
-    writer thread writes them in row order while the next ones are computed; progress is recorded for a
-    resume every ``progress_seconds`` and when a stop is asked for."""
+    """The blocks of one apply: workers read, centre and project them into pooled buffers; a writer thread
+    writes them in row order; progress is recorded for a resume."""
 
     def __init__(
         self,

@@ -1,15 +1,9 @@
 """The files of a job's published versions and the manifest that names them.
 
-A job with a ``[publish]`` table keeps, beside its model file ``M.npz`` (the statistics, updated every
-night):
-
-- ``M.vN.npz``: published version N, an immutable copy of the model finalized when N was published;
-- ``M.manifest.json``: the current publication (a `Manifest`): the version,
-  its model file and map, and each input's output *parts* (``out/day-1.vN.zarr``, then
-  ``out/day-1.vN.part1.zarr``, ... as nights append rows), replaced as a whole by one atomic rename.
-
-A damaged or hand-edited manifest is refused, never taken for another version. Local paths are relative
-to the manifest in the file, so a job's folder can be moved, copied or mounted elsewhere.
+Beside its statistics ``M.npz``, a ``[publish]`` job keeps ``M.vN.npz`` (version N's model, immutable)
+and ``M.manifest.json`` (a `Manifest`: the version, its model file and map, each input's output parts),
+replaced whole by one atomic rename. A damaged or edited manifest is refused; its local paths are
+relative to it, so a job's folder can be moved, copied or mounted elsewhere.
 """
 
 from __future__ import annotations

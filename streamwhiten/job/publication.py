@@ -1,11 +1,8 @@
 """Reading a job's published outputs through its manifest: one complete version, each part checked.
 
-Readers resolve outputs through the manifest ([`published`][streamwhiten.job.publication.published]), so they
-see one complete version (the files and the manifest: ``job.manifest``): a new version's outputs are all
-written before the manifest names them, and older versions are deleted only after it does (``keep_versions``
-of them are kept, so a reader that resolved the previous version can finish reading it). Each part is
-checked before it is read (complete, this version's map, the rows listed, written by this job from this
-input: ``job.ownership``).
+[`published`][streamwhiten.job.publication.published] reads the manifest once: a version's outputs are all
+written before the manifest names them and deleted only after a newer one does (``keep_versions`` kept),
+and each part is checked before it is read (complete, this version's map, the rows listed, this job's).
 
 Examples
 --------

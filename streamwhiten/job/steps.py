@@ -1,10 +1,6 @@
-"""The steps every run of a job shares, versioned or not: its lock, the check of the paths it writes,
-the fit step that updates the statistics (finishing a killed run first), the apply of an input unless
-its output is up to date; and the bytes an output takes. Each takes what it uses of the job (its name, a
-`Fitting` or `Writing`), not the whole file.
-
-`streamwhiten.job.run` (a job that rewrites its outputs) and `streamwhiten.job.publish` (a job
-that publishes them in versions) both build on these; neither imports the other's internals.
+"""The steps every run of a job shares: its lock, the check of the paths it writes, the fit step
+(finishing a killed run first), the apply of an input unless its output is up to date, and the bytes an
+output takes; used by `streamwhiten.job.run` and `streamwhiten.job.publish`.
 """
 
 from __future__ import annotations
