@@ -69,14 +69,11 @@ def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str
 
 
 def codec(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
-    """The vector code (``streamwhiten.codes.Codec``: ``decode``, ``inner_products``, ``encode``) a model
-    file records as its storage, or that coded an output: ``source`` the model file's path, or the
-    output's attributes (``dict(h5py_dataset.attrs)``, ``zarr_array.attrs``, ``read_attrs(spec)``) or
-    their ``quantization`` record, which carry the codec's bytes. Its bytes are checked against their
-    SHA-256; `BadInputError` when the model or output records no vector code.
-
-    The codec codes the map's outputs scaled to unit length: ``codec(path).encode(load(path,
-    normalize=True).transform(x))`` are the code rows of ``x``, ``decode(rows, codec(path))`` their vectors."""
+    """The vector code (``streamwhiten.codes.Codec``: ``decode``, ``inner_products``, ``encode``) a model file
+    records, or that coded an output: ``source`` the model file's path, or the output's attributes
+    (``read_attrs(spec)``, h5py or zarr attrs) or their ``quantization`` record, which carry the codec's
+    bytes, checked against their SHA-256; `BadInputError` when it records none. It codes the map's outputs
+    at unit length: ``codec(path).encode(load(path, normalize=True).transform(x))``."""
     from .codes import codec_from_record, record_codec
 
     if isinstance(source, Mapping):
@@ -94,12 +91,10 @@ def codec(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
 
 
 def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:
-    """Floats from stored ``codes``: by a vector code's codec (``record`` a ``streamwhiten.codes.Codec``, as
-    `codec` gives it, its bytes as ``Codec.to_bytes`` wrote them, checksum verified, a model's recorded
-    `Storage` of a code, or the attributes of the output the codes were read from, which carry the codec),
-    or by a storage record (int8 codes, sign bits: ``record`` a `Quantization`, its dict, or the output's
-    attributes; see `streamwhiten.core.quantize.decode`); or by what ``codes.storage.resolve`` resolved
-    (a ``StoredAs``, or its encoder).
+    """Floats from stored ``codes``, by ``record``: a vector code's codec (a ``streamwhiten.codes.Codec`` as
+    `codec` gives it, its bytes, a model's recorded `Storage` of a code, or the output's attributes, which
+    carry it); int8 codes' and bits' record (a `Quantization`, its dict, or the output's attributes); or
+    what ``codes.storage.resolve`` gives (a ``StoredAs``, or its encoder).
 
     >>> import numpy as np
     >>> decode(np.array([[156, 128]], dtype=np.uint8), {"quantization": Quantization("binary", 10).to_dict()})

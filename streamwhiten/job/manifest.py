@@ -37,9 +37,8 @@ def version_model_path(model_path: str, version: int) -> str:
 
 
 def versioned_output(output_spec: str, version: int, part: int = 0) -> str:
-    """The path of part ``part`` of version ``version`` of the output ``output_spec``: ``out/day-1.v3.zarr``
-    for part 0, ``out/day-1.v3.part1.zarr`` for part 1, ... (a dataset or column named in the spec is kept:
-    ``out/day-1.v3.h5:/vectors``)."""
+    """Part ``part`` of version ``version`` of the output ``output_spec``: ``out/day-1.v3.zarr``, then
+    ``out/day-1.v3.part1.zarr``, ... (a dataset or column in the spec kept)."""
     from ..io import split_spec
 
     path, inner = split_spec(output_spec)
@@ -54,9 +53,8 @@ def versioned_output(output_spec: str, version: int, part: int = 0) -> str:
 
 
 def read_manifest(model_path: str) -> Manifest | None:
-    """The manifest beside ``model_path``, checked whole (format, its own checksum, every field), or None
-    when there is none. A damaged, truncated or hand-edited one is a `ModelFileError` (exit 2)
-    naming it: it is never taken for another version."""
+    """The manifest beside ``model_path``, checked whole, or None when there is none; a damaged or edited
+    one is a `ModelFileError` naming it, never taken for another version."""
     from .._paths import read_file
 
     path = manifest_path(model_path)
@@ -85,8 +83,7 @@ def read_manifest(model_path: str) -> Manifest | None:
 
 
 def write_manifest(model_path: str, manifest: Manifest) -> str:
-    """Replace the manifest beside ``model_path`` by ``manifest`` in one atomic rename (temp file, fsync,
-    rename, directory fsync); returns its path."""
+    """Replace the manifest beside ``model_path`` by ``manifest`` in one atomic rename; returns its path."""
     path = manifest_path(model_path)
     stored = manifest if manifest.legacy else _paths(manifest, _base(path), absolute=False)
     data = (json.dumps(stored.to_dict(), indent=2, sort_keys=True) + "\n").encode()
@@ -100,8 +97,8 @@ def _base(path: str) -> str:
 
 
 def _moved(spec: str, base: str, absolute: bool, real: bool = False) -> str:
-    """The local ``spec`` (a path, with the array it names) made absolute from, or relative to, ``base``
-    (``real``: as real paths, as a fingerprint records them); a URL as it is."""
+    """The local ``spec`` made absolute from, or relative to, ``base`` (``real``: as real paths, as a
+    fingerprint records them); a URL as it is."""
     from ..io import remote, split_spec
 
     path = split_spec(spec)[0]
@@ -117,9 +114,8 @@ def _moved(spec: str, base: str, absolute: bool, real: bool = False) -> str:
 
 
 def _paths(manifest: Manifest, base: str, absolute: bool) -> Manifest:
-    """``manifest`` with every local path (inputs, their fingerprints, outputs, parts, versions kept or
-    retired) absolute (as runs and readers use them) or relative to the manifest's folder ``base`` (as
-    the file holds them, so that the job's folder can be moved, copied or mounted elsewhere)."""
+    """``manifest`` with every local path absolute (as runs and readers use them) or relative to its folder
+    ``base`` (as the file holds them, so the job's folder can move)."""
 
     def move(spec: str) -> str:
         return _moved(spec, base, absolute)

@@ -49,13 +49,9 @@ def _codec_sha(attrs: Any) -> str | None:
 
 @dataclass(frozen=True)
 class Publication:
-    """A published version of a job's outputs, as its manifest listed it when
-    [`published`][streamwhiten.job.publication.published] read it.
-
-    Everything here stays that version, whatever a run publishes meanwhile: ``parts`` and ``read`` use
-    the outputs this manifest names, each checked (complete, written by this version's map, holding the
-    rows listed) before it is read. The version read stays on disk while a newer one is published
-    (``keep_versions``, at least 2 by default), so a reader can finish it.
+    """A published version of a job's outputs, as [`published`][streamwhiten.job.publication.published]
+    read its manifest: it stays that version whatever a run publishes meanwhile (kept on disk for
+    ``keep_versions``), and each part is checked before it is read.
     """
 
     model_path: str
@@ -105,9 +101,8 @@ class Publication:
         return check_model_file(self.model_path, self.manifest)
 
     def parts(self, input_spec: str) -> tuple[Part, ...]:
-        """The output parts of ``input_spec`` (as the job names it, or another path to the same file, with
-        or without the dataset a file of one dataset needs none for), in row order: part ``i`` holds the
-        transform of input rows ``[start, stop)``."""
+        """The output parts of ``input_spec`` (as the job names it, or another path to the same file), in row
+        order: each holds the transform of input rows ``[start, stop)``."""
         return self._input(input_spec).parts
 
     def _input(self, input_spec: str) -> PublishedInput:
@@ -115,10 +110,8 @@ class Publication:
         path, inner = _key(input_spec)
         for item in self.manifest.inputs:
             other_path, other_inner = _key(item.spec)
-            if (
-                item.spec == input_spec
-                or (path == other_path and None in (inner, other_inner))
-                or ((path, inner) == (other_path, other_inner))
+            if item.spec == input_spec or (
+                path == other_path and (inner == other_inner or None in (inner, other_inner))
             ):
                 return item
         raise BadInputError(
@@ -127,10 +120,8 @@ class Publication:
         )
 
     def read(self, input_spec: str, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
-        """The whitened rows of ``input_spec`` in this version: its parts, each checked (complete, this
-        version's map, the rows listed, written by this job from this input), concatenated. Float
-        outputs as they are stored; int8 codes and bits decoded to floats of ``dtype`` (``code * scale +
-        offset``; the signs +1/-1 of the bits), as ``streamwhiten.serving.decode`` does (for the codes
+        """The whitened rows of ``input_spec`` in this version: its parts, each checked, concatenated. Floats as
+        stored; codes decoded to floats of ``dtype`` as ``streamwhiten.serving.decode`` does (the codes
         themselves: [`read_codes`][streamwhiten.job.publication.Publication.read_codes])."""
         blocks, record = self._read_parts(input_spec)
         if record is not None:
@@ -151,8 +142,8 @@ class Publication:
         return blocks, record
 
     def _read_parts(self, input_spec: str) -> tuple[np.ndarray, Any]:
-        """The stored rows of ``input_spec``'s parts, each checked, concatenated; and their decoder (None
-        for float outputs), the same in every part."""
+        """The stored rows of ``input_spec``'s parts, each checked, concatenated, and their one decoder
+        (None for floats)."""
         from ..io import open_output, open_source
 
         blocks: list[np.ndarray] = []
@@ -181,10 +172,9 @@ class Publication:
         return rows, decoders[0][1]
 
     def _decoder(self, part: Part, attrs: Any, codecs: dict[str, CodecEncoder]) -> tuple[str | None, Any]:
-        """``(digest, decoder)`` of a part's stored rows: ``(None, None)`` for floats; int8 codes and bits by
-        the `Quantization` they record; a vector code by the published model's codec (``codes.storage.resolve``,
-        once per codec: ``codecs``), which must be the one the part names (the SHA-256 of its bytes), or, where
-        the model records none, by the codec's bytes the part carries (checked against their SHA-256)."""
+        """``(digest, decoder)`` of a part's rows: none for floats; the `Quantization` int8 codes and bits
+        record; for a vector code the published model's codec (``codes.storage.resolve``), which must be the
+        one the part names, or where the model records none the codec's bytes the part carries (checked)."""
         from ..codes import codec_from_record
         from ..codes.storage import CodecEncoder, resolve
         from ..core.quantize import Quantization
@@ -212,9 +202,8 @@ class Publication:
         return sha, codecs[sha]
 
     def _refuse(self, part: Part, problem: str, cause: BaseException | None = None) -> NoReturn:
-        """Refuse the part ``part`` in one plain sentence: the part, the version, what is wrong with it
-        (`attrs_problem`'s phrase, a verb put before it where it has none), and only for a missing
-        part the one cause a reader can act on (a newer version published since, which deleted it)."""
+        """Refuse ``part`` in one sentence: the part, the version, what is wrong (`attrs_problem`'s phrase),
+        and for a missing part the cause a reader can act on (a newer version deleted it)."""
         verbs = ("holds ", "was ")
         clause = problem if problem.startswith(verbs) else f"is {problem}"
         hint = (
@@ -257,9 +246,9 @@ def _key(spec: str) -> tuple[str, str | None]:
 def published(model_path: str, read: ReadOptions | None = None) -> Publication:
     """The current publication of the job keeping ``model_path``: one call, one consistent version.
 
-    Reads ``M.manifest.json`` beside ``model_path`` once (it is replaced atomically, so this is one
-    whole version) and checks it; ``read`` says how URL outputs are reached. Raises
-    `BadInputError` when nothing was published, and `ModelFileError` for a damaged manifest.
+    Reads the manifest beside ``model_path`` once (replaced atomically: one whole version) and checks it;
+    ``read`` says how URL outputs are reached. Raises `BadInputError` when nothing was published, and
+    `ModelFileError` for a damaged manifest.
     """
     manifest = read_manifest(model_path)
     if manifest is None:

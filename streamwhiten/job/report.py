@@ -34,9 +34,8 @@ class RunReport:
 @dataclass(frozen=True)
 class PublishReport(RunReport):
     """One run of a job with a ``[publish]`` table: its ``action`` (``fit``, ``republish``, ``append`` or
-    ``nothing``) and why, the ``published_version`` it leaves, the ``staleness`` of that version's map
-    against the statistics (None on the first publication, and on the first of a new job), its
-    ``manifest`` and the input rows published."""
+    ``nothing``) and why, the ``published_version``, its map's ``staleness`` (None on a first publication),
+    the ``manifest`` and the input rows published."""
 
     action: str
     reason: str | None

@@ -24,9 +24,8 @@ log = logging.getLogger("streamwhiten")
 
 
 def job_lock(path: str):
-    """Hold the job's exclusive lock on ``path`` (released by the OS even if the process is killed; the
-    file is removed when the run ends); a second run of the job exits with `LockedError` (75).
-    The same lock as an apply output's (``_durable.exclusive_lock``)."""
+    """Hold the job's exclusive lock on ``path`` (an apply output's: ``_durable.exclusive_lock``); a second
+    run of the job exits with `LockedError` (75)."""
     return exclusive_lock(
         path,
         lambda holder: f"{path}: another run of this job is in progress (pid {holder}); not starting a second one",
@@ -43,10 +42,8 @@ class Before:
 
 
 def statistics_before(model_path: str) -> Before | None:
-    """The rows and source records of the statistics in ``model_path`` now, before the fit step (None
-    when there is none yet, or none that can be read). Read without the checks of ``load_model``: the
-    fit step loads the same file with every check, under the job's lock, before anything of this is
-    used (a damaged file stops the run there)."""
+    """The rows and source records of the statistics in ``model_path`` before the fit step (None when there
+    is none that can be read), unchecked: the fit step loads the file with every check before they are used."""
     from ..core.model import read_rows_and_sources
 
     found = read_rows_and_sources(model_path)
@@ -67,9 +64,8 @@ def fit_step(
     watch: Watch,
     restart: bool,
 ):
-    """Finish an interrupted run of job ``name``, then fit (no model yet) or update; re-finalize when only
-    the job's setting changed (``watch``: how each reports its progress and is asked to stop). Returns
-    the model to apply."""
+    """Finish an interrupted run of job ``name``, then fit or update; re-finalize when only the job's setting
+    changed. Returns the model to apply."""
     from ..core.model import file_checksum, load_model, save_model
     from ..engine.fit import remove_checkpoint
     from ..pipeline import fit
@@ -118,9 +114,8 @@ def _finish_pending(
     inputs: list,
     watch: Watch,
 ) -> bool:
-    """Complete a fit or update a killed run left in the job's checkpoint and save the model (through
-    ``pipeline``, like every fit); True if it did. A checkpoint that does not belong to the current model (or
-    whose sources changed) is discarded."""
+    """Complete the fit or update a killed run left in the job's checkpoint; True if it did (a checkpoint
+    of another model or sources is discarded)."""
     from ..pipeline import finish_checkpoint
 
     outcome = finish_checkpoint(
@@ -144,11 +139,9 @@ def record_code(
     model_path: str,
     progress: Progress | None = None,
 ) -> WhiteningModel:
-    """``model``, recording the vector code the job's apply writes (``dtype = "NAME:BYTES"``) as its storage
-    and saved to ``model_path``, so that every reader of the outputs decodes them with the model's codec.
-    Trained once: updates keep it (a setting changed by the job drops it, and it is trained again). A code
-    that learns from data trains on a seeded sample of the job's first input; ``progress`` is told its
-    phases (reading the sample, training)."""
+    """``model`` recording the vector code the job's apply writes as its storage, saved to ``model_path``,
+    so every reader decodes the outputs with the model's codec. Trained once (a changed setting drops it);
+    a code that learns from data trains on a seeded sample of the first input."""
     from ..codes import NEEDS_SAMPLE
     from ..pipeline import with_codes
 
@@ -182,10 +175,9 @@ def apply_unless_current(
     watch: Watch = Watch(),
 ) -> ApplyOutcome | None:
     """Write the transform of ``input_spec`` (its rows ``rows``) to ``output`` as job ``name`` does, unless
-    ``output`` already holds what this would write (the apply's own check, on its one plan: it raises
-    ``NothingToDoError``): then it is kept (its leftover records tidied) and None is returned. ``watch``: how
-    the write reports its progress and is asked to stop. Returns the
-    [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome] of a write."""
+    ``output`` already holds it (apply's own check, on its one plan: ``NothingToDoError``): then it is kept,
+    its leftover records tidied, and None returned. Returns the write's
+    [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome]."""
     from ..io import open_output, remote, split_spec
     from ..pipeline import apply
 

@@ -3,13 +3,10 @@
 One module per thing it runs: ``fitting`` (a fit, and finishing a killed one), ``applying`` (an apply),
 ``coding`` (a model with a vector code), ``paths`` (what a fit writes).
 
-A fit is: check the paths and the existing model, plan (or plan an update of a saved model), resume from
-a matching checkpoint, run the plan on an engine (``engine.engines``), finalize, save, remove the
-checkpoint. An apply is: check the engine can write it, run it. Each takes its options as objects
-(`streamwhiten.options`) and returns one outcome type whichever engine ran:
-[`FitOutcome`][streamwhiten.pipeline.FitOutcome] and [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome]. Library
-code: it raises and
-logs through the ``streamwhiten`` logger, never prints.
+A fit checks its paths, plans (or plans an update), resumes a matching checkpoint, runs on an engine,
+finalizes and saves; an apply checks the engine can write it and runs it. Each takes option objects and
+returns one outcome type whichever engine ran ([`FitOutcome`][streamwhiten.pipeline.FitOutcome],
+[`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome]); it raises and logs, never prints.
 
 Examples
 --------

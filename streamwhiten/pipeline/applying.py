@@ -41,23 +41,24 @@ def apply(
     setting : Setting, optional
         Another setting than the model's saved one (re-finalized from its statistics, no pass over data).
     options, read, engine : ApplyOptions, ReadOptions, EngineOptions or Engine, optional
-        What is written and how (``options.dtype`` None, the default without ``options``, writes the
-        model's storage: `ApplyOptions.storing`); how the input is read; which engine runs the blocks
-        (default: the serial engine).
+        What is written and how (``options.dtype`` None, the default, writes the model's storage); how the
+        input is read; which engine runs the blocks (default: the serial engine).
     given : tuple of str
-        Apply options set explicitly (the command line's): an engine refuses those it does not take even
-        when set to their default.
+        Apply options set explicitly (the command line's): an engine refuses those it does not take.
     rows, attrs : (int, int), dict, optional
-        Serial engine: write the input rows ``[start, stop)`` only, the range recorded in the output's
-        ``rows`` attribute; and attributes the output records beside its own (how ``run`` appends a
-        night's rows as a new part of a published version, marked with its job, version and input).
+        Serial engine: write the input rows ``[start, stop)`` only (recorded in the output's ``rows``
+        attribute); attributes the output records beside its own (how ``run`` marks a published part).
     watch : Watch, optional
-        Its progress, and when to stop (``should_stop``: at its next block, its progress saved for a
-        resume; serial engine).
+        Its progress, and when to stop (at its next block, its progress saved for a resume; serial engine).
 
     Returns
     -------
     ApplyOutcome
+
+    Raises
+    ------
+    NothingToDoError
+        ``output_spec`` already holds what this would write (it is kept, ``overwrite`` or not).
     """
     from ..core.model import load_model
     from ..engine.apply import ApplyPart

@@ -33,16 +33,14 @@ def with_codes(
     unit-length outputs (``y = x A + b``, as search stores them), of at most ``budget`` bytes a vector
     (per-vector scalars included), recorded in the model (its checksummed bytes; save with ``save``).
 
-    ``code`` is a name of ``streamwhiten.codes.CODES`` with ``budget``, or ``"NAME:BYTES"`` (``"eigen:24"``; or
-    its `Storage`).
-    The codes that need only statistics (``eigen``, ``bits-random``, ...) train from the model's state, with
-    no pass over data; those that learn from data (``faiss-*``, ``bits-itq``) from ``sample_size`` rows of
-    ``sample`` (an input store's spec, an open source, or an array of input rows) drawn with ``seed``, both
-    recorded. ``output``: save the model there too (a new ``.npz``; with ``overwrite``, replacing a model file
-    of ours), as ``streamwhiten codes -o`` does. The model file then says what ``eval``, ``export`` and
-    ``serving`` search and decode. ``progress`` (a `Reporter`) is told each
-    phase: reading the sample (rows of the input scanned) and training (one opaque step for faiss, named
-    with the sample's size). A budget the code cannot take is refused before the sample is read.
+    ``code`` is a name of ``streamwhiten.codes.CODES`` with ``budget``, or ``"NAME:BYTES"`` (``"eigen:24"``)
+    or its `Storage`. The codes that need only statistics (``eigen``, ``bits-random``, ...) train from the
+    model's state, with no pass over data; those that learn from data (``faiss-*``, ``bits-itq``) from
+    ``sample_size`` rows of ``sample`` (an input store's spec, an open source, or an array of input rows)
+    drawn with ``seed``, both recorded. ``output``: save the model there too (a new ``.npz``; with
+    ``overwrite``, replacing a model file of ours), as ``streamwhiten codes -o`` does. ``progress`` is told
+    each phase (reading the sample, training). A budget the code cannot take is refused before the sample
+    is read.
 
     Examples
     --------
