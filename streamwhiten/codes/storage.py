@@ -161,7 +161,7 @@ class CodecEncoder:
         return np.asarray(self.codec.decode(codes), dtype=dtype)
 
 
-def _codec_digest(attrs: Mapping[str, Any]) -> str:
+def codec_digest(attrs: Mapping[str, Any]) -> str:
     """The SHA-256 of the codec bytes a code output's record names (its ``codec`` entry)."""
     record = storage_record(attrs)
     if not isinstance(record, Mapping) or not isinstance(record.get("codec"), Mapping):
@@ -208,7 +208,7 @@ def _stored_code(model: WhiteningModel, storage: Storage) -> StoredAs:
         }
     }
     return StoredAs(
-        label, int(width), "uint8", record, carried["sha256"], read_digest=_codec_digest, encoder=CodecEncoder(data)
+        label, int(width), "uint8", record, carried["sha256"], read_digest=codec_digest, encoder=CodecEncoder(data)
     )
 
 
@@ -278,6 +278,7 @@ def resolve_counts() -> tuple[int, int]:
 
 __all__ = [
     "CodecEncoder",
+    "codec_digest",
     "codec_summary",
     "model_codec",
     "resolve",

@@ -276,12 +276,9 @@ def apply_model(
     watch: Watch = Watch(),
     threads: int | None = None,
 ) -> ApplyOutcome:
-    """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names: `ApplyPart`)
-    to the new store ``output_spec``.
-
-    ``options`` ([`ApplyOptions`][streamwhiten.options.ApplyOptions]) say what is written and how, ``read``
-    ([`ReadOptions`][streamwhiten.options.ReadOptions]) how the input is read and URLs are reached.
-    ``watch`` is told the rows written and asked whether to stop (`Watch`).
+    """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names) to the new
+    store ``output_spec``, as ``options`` say, reading as ``read`` says; ``watch`` is told the rows written
+    and asked whether to stop.
 
     Rows holding NaN or Inf stop the run naming the row, unless ``skip_nonfinite`` (their rows are NaN,
     counted). Unless ``restart``, an interrupted run's partial output is continued; progress is recorded

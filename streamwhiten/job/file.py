@@ -70,14 +70,10 @@ class Writing:
 
 @dataclass(frozen=True)
 class JobFile:
-    """A checked ``job.toml``: paths made absolute, every setting as an option object.
-
-    ``read`` is how the inputs are read by the fit (``[input]``, ``[storage]`` and the ``[model]``
-    block size); ``apply_read`` the same with the ``[apply]`` block size. ``apply`` is None without an
-    ``[apply]`` table; ``output`` is its output template. ``publish`` is None without a ``[publish]``
-    table: then every output is rewritten whenever the model changes; with one, the outputs are published
-    in versions (``job.publish``).
-    """
+    """A checked ``job.toml``: paths made absolute, every setting as an option object. ``read``: how the fit
+    reads the inputs; ``apply_read`` the same with the ``[apply]`` block size; ``apply``, ``output`` and
+    ``publish``: None without their tables (without ``[publish]`` every output is rewritten as the model
+    changes)."""
 
     path: str
     name: str

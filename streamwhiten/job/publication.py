@@ -35,18 +35,6 @@ if TYPE_CHECKING:
     from ..core.quantize import Quantization
 
 
-def _codec_sha(attrs: Any) -> str | None:
-    """The SHA-256 of the codec a vector-code output names (its record's ``codec`` entry), else None."""
-    from ..output_plan import storage_record
-
-    try:
-        record = storage_record(attrs)
-    except Exception:  # noqa: BLE001 - not a record of ours: read as Quantization's, which says what is wrong
-        return None
-    codec = record.get("codec") if isinstance(record, dict) else None
-    return str(codec["sha256"]) if isinstance(codec, dict) and "sha256" in codec else None
-
-
 @dataclass(frozen=True)
 class Publication:
     """A published version of a job's outputs, as [`published`][streamwhiten.job.publication.published]
@@ -176,13 +164,16 @@ class Publication:
         record; for a vector code the published model's codec (``codes.storage.resolve``), which must be the
         one the part names, or where the model records none the codec's bytes the part carries (checked)."""
         from ..codes import codec_from_record
-        from ..codes.storage import CodecEncoder, resolve
+        from ..codes.storage import CodecEncoder, codec_digest, resolve
         from ..core.quantize import Quantization
         from ..output_plan import STORAGE_ATTR, storage_record
 
         if STORAGE_ATTR not in attrs:
             return None, None
-        sha = _codec_sha(attrs)
+        try:
+            sha: str | None = codec_digest(attrs)  # the digest resolve gives a vector code's output
+        except Exception:  # noqa: BLE001 - not a vector code's record: read as Quantization's, which says what is wrong
+            sha = None
         if sha is None:
             quantization = Quantization.from_attrs(attrs)
             return quantization.digest(), quantization
