@@ -59,7 +59,6 @@ class _Night:
 
     watch: Watch = Watch()
     steps: list = field(default_factory=list)
-    parts: list = field(default_factory=list)  # (spec, rows) of the parts written by this run
     bytes_written: int = 0
 
 
@@ -120,7 +119,7 @@ def run_published(
             assert manifest is not None
             manifest = _append(publisher, model, published, inputs, outputs, manifest, night, checked)
             _abandon(publisher, manifest.version + 1, outputs)
-            if not night.parts and not night.steps:
+            if not night.steps:  # every part written is a step too
                 action = "nothing"
     report = _report(job, night, manifest, rows_added, began, (action, reason, staleness))
     if action == "nothing":
@@ -488,7 +487,6 @@ def _write_part(
     )
     if outcome is None:
         return Part(part, rows[0], rows[1], stamp)
-    night.parts.append((part, rows))
     night.bytes_written += stored_bytes(part, read)
     night.steps.append(f"apply {outcome.input} rows {rows[0]}..{rows[1] - 1} -> {part}")
     return Part(part, rows[0], rows[1], output.stamp())
