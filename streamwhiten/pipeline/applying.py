@@ -36,13 +36,12 @@ def apply(
     model : WhiteningModel or str
         The model, or its file.
     input_spec, output_spec : str
-        The input store, and the output (``out.h5[:/dataset]``, ``out.zarr``, ``out.parquet[:column]``,
-        ``out.lance[:column]``; ``s3://...`` for Zarr and Parquet).
+        The input store, and the output (``out.h5[:/dataset]``, ``out.zarr``, ``out.parquet[:column]``, ...).
     setting : Setting, optional
         Another setting than the model's saved one (re-finalized from its statistics, no pass over data).
     options, read, engine : ApplyOptions, ReadOptions, EngineOptions or Engine, optional
-        What is written and how (``options.dtype`` None, the default, writes the model's storage); how the
-        input is read; which engine runs the blocks (default: the serial engine).
+        What is written (``options.dtype`` None, the default: the model's storage); how the input is read;
+        the engine that runs the blocks (default: serial).
     given : tuple of str
         Apply options set explicitly (the command line's): an engine refuses those it does not take.
     rows, attrs : (int, int), dict, optional
