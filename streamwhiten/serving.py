@@ -123,8 +123,7 @@ def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:
 
 
 def _storage(dtype: str | Storage | None, held: Storage) -> Storage:
-    """What `load` encodes with: ``dtype`` (a name keeps ``held``'s int8 clip) where it names another storage
-    than ``held`` (the model's or the map's), else ``held``."""
+    """What `load` encodes with: ``dtype`` (a name keeps ``held``'s int8 clip) or, by default, ``held``."""
     if dtype is None:
         return held
     wanted = Storage(dtype, int8_clip=held.int8_clip) if isinstance(dtype, str) else dtype
@@ -138,8 +137,7 @@ def _storage(dtype: str | Storage | None, held: Storage) -> Storage:
 
 
 def _codec_entry(attrs: Mapping[str, Any]) -> Mapping[str, Any] | None:
-    """The ``codec`` entry of a vector-code output's record: the one its attributes carry (a JSON text or
-    object), or ``attrs`` the record itself; None for anything else."""
+    """The ``codec`` entry of a vector-code output's record (``attrs`` or the record itself), else None."""
     from .output_plan import STORAGE_ATTR, storage_record
 
     held = storage_record(attrs) if STORAGE_ATTR in attrs else attrs
@@ -148,8 +146,7 @@ def _codec_entry(attrs: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def file_checksum(path: str | os.PathLike[str]) -> str:
-    """The SHA-256 checksum stored in a model file or map (not verified here; [`load`][streamwhiten.serving.load]
-    verifies it)."""
+    """The SHA-256 checksum stored in a model file or map (not verified: `load` verifies it)."""
     return _peek(os.fspath(path))[1]
 
 

@@ -73,8 +73,7 @@ def train_for(
     raw: bool = False,
     **faiss_options: int,
 ) -> Codec:
-    """The codec ``code`` of at most ``budget`` bytes a vector for the model's unit-length outputs (``raw``:
-    inputs), from the statistics and, for `NEEDS_SAMPLE`, ``sample`` (input rows, mapped here)."""
+    """The codec ``code`` of ``budget`` bytes for the model's unit outputs (``raw``: inputs), from its statistics."""
     mean, cov = unit_output_moments(model, raw)
     mapped = None
     if code in NEEDS_SAMPLE:
@@ -130,8 +129,7 @@ def codec_summary(codec: Codec) -> dict[str, Any]:
 
 
 class CodecEncoder:
-    """Encodes unit-length rows as a vector code's rows (Numba) and decodes them, from the codec's
-    checksummed bytes (``codec``: already decoded from them): a Dask worker gets the bytes, decoded once."""
+    """Encodes unit rows as a vector code's rows (Numba) and decodes them, from the codec's checksummed bytes."""
 
     def __init__(self, data: bytes, codec: Codec | None = None) -> None:
         self.data = bytes(data)
@@ -175,9 +173,8 @@ def _quantization_digest(attrs: Mapping[str, Any]) -> str:
 
 
 def _stored_code(model: WhiteningModel, storage: Storage) -> StoredAs:
-    """What stores ``model``'s outputs as the vector code ``storage`` names: the codec ``storage`` carries or
-    the model records, else one trained from the statistics (a code that learns from a sample must be
-    recorded first). The record carries the codec's bytes, so an output decodes from itself."""
+    """What stores ``model``'s outputs as the code ``storage`` names: the codec it carries or the model records, else
+    one trained from the statistics; the record carries the codec's bytes, so an output decodes from itself."""
     held = model.storage
     recorded = storage.codec or (held.codec if held is not None and storage.names(held) else None)
     if recorded is not None:

@@ -130,8 +130,7 @@ def plan_output(
 
 
 def output_is_current(output: Output, plan: OutputPlan) -> bool:
-    """Whether ``output`` is a complete output of what ``plan`` writes (`OutputPlan.matches`): then
-    writing it again changes nothing."""
+    """Whether ``output`` is a complete output of what ``plan`` writes (`OutputPlan.matches`)."""
     if not output.exists():
         return False
     try:
@@ -153,8 +152,7 @@ def aligned_block_rows(block_rows: int | None, source: Source, sink_chunk_rows: 
 
 @dataclass(frozen=True, eq=False)
 class BlockTransform:
-    """What every block of one apply is whitened with: the projection, unit length or not, the dtype cast
-    to (None: the product's own), whether non-finite rows are written as NaN, the input's label."""
+    """What every block of one apply is whitened with, cast to, and labelled with."""
 
     weights: np.ndarray
     shift: npt.ArrayLike
@@ -207,11 +205,9 @@ def transform_block(
 def _join(writer: ThreadPoolExecutor) -> None:
     """Wait for the writer thread to finish, even through another Ctrl-C (its writes take milliseconds)."""
     while True:
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             writer.shutdown(wait=True)
             return
-        except KeyboardInterrupt:
-            continue
 
 
 @dataclass(frozen=True)
@@ -257,9 +253,8 @@ def summary(plan: OutputPlan, sink: Sink, n_nonfinite: int, seconds: float, resu
 
 @dataclass(frozen=True)
 class ApplyPart:
-    """What of the input an apply writes: the rows ``(start, stop)`` only (None: every row; the range is
-    recorded in the output's ``rows`` attribute); and ``attrs`` recorded beside the output's own (how
-    ``run`` marks a published part)."""
+    """What of the input an apply writes (rows ``(start, stop)``; None: all, recorded in its ``rows`` attribute),
+    and ``attrs`` recorded beside the output's own (how ``run`` marks a published part)."""
 
     rows: tuple[int, int] | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)
@@ -325,8 +320,7 @@ def _pair(rows: Any) -> tuple[int, int]:
 
 @dataclass
 class _Writing:
-    """How one apply writes: its plan, the record a resume must match, and the sampler hashing the input's
-    sampled rows as read (None when hashed up front)."""
+    """How one apply writes: its plan, the resume record, and the sampler hashing rows as read."""
 
     plan: OutputPlan
     record: ResumeRecord
@@ -347,8 +341,7 @@ def up_to_date_error(out_path: str) -> NothingToDoError:
 
 
 def refuse_current(output: Output, plan: OutputPlan, overwrite: bool) -> None:
-    """`up_to_date_error` where ``output`` holds what ``plan`` (with its input's hash) writes; with
-    ``overwrite``, an existing output is first checked to be ours."""
+    """`up_to_date_error` where ``output`` holds what ``plan`` writes (with ``overwrite``: ours checked first)."""
     if not output.exists():
         return
     if overwrite:
@@ -358,8 +351,7 @@ def refuse_current(output: Output, plan: OutputPlan, overwrite: bool) -> None:
 
 
 def _prepare_writing(source: Source, output: Output, plan: OutputPlan, options: ApplyOptions, threads: int) -> _Writing:
-    """Check an existing output (up to date: `NothingToDoError`, ``overwrite`` or not; else ours and
-    ``overwrite``: replaced; else `OutputExistsError`) and make the record a resume of ``plan`` must match."""
+    """Check an existing output (current, ours, ``overwrite``) and make the record a resume must match."""
     out_path, _ = split_spec(output.spec)
     exists = output.exists()
     if exists and options.overwrite:
@@ -380,8 +372,7 @@ def _prepare_writing(source: Source, output: Output, plan: OutputPlan, options: 
 
 
 def _open_sink(output: Output, writing: _Writing, options: ApplyOptions) -> tuple[Sink, int, int]:
-    """``(sink, first row to write, non-finite rows so far)``: an interrupted run's partial output, resumed,
-    or a new one."""
+    """``(sink, first row to write, non-finite rows so far)``: a partial output resumed, or a new one."""
     resumed = None if options.restart else output.resume(writing.plan, writing.record)
     if resumed is not None:
         return resumed[0], resumed[1].rows_done, resumed[1].n_nonfinite
@@ -394,8 +385,7 @@ _Whitened = tuple[int, int, np.ndarray, int, Any, Callable[[], None]]
 
 
 class _BlockRun:
-    """The blocks of one apply: workers read, centre and project them into pooled buffers; a writer thread
-    writes them in row order; progress is recorded for a resume."""
+    """The blocks of one apply: projected by workers, written in row order by a writer thread, resumable."""
 
     def __init__(
         self,
@@ -508,8 +498,7 @@ class _BlockRun:
         return n_nonfinite
 
     def _fold(self, results: Iterable[_Whitened], writer: ThreadPoolExecutor, n_nonfinite: int) -> int:
-        """Queue each block's write in row order, recording progress as it goes; a stop asked for saves
-        progress and raises `InterruptedRunError`."""
+        """Queue each block's write in row order, saving progress; a stop saves it and raises."""
         n_rows, last_record = self.source.n_rows, time.perf_counter()
         for begin, end, out, nonfinite, kept, release in results:  # written in row order by the writer
             n_nonfinite += nonfinite

@@ -37,8 +37,7 @@ def version_model_path(model_path: str, version: int) -> str:
 
 
 def versioned_output(output_spec: str, version: int, part: int = 0) -> str:
-    """Part ``part`` of version ``version`` of the output ``output_spec``: ``out/day-1.v3.zarr``, then
-    ``out/day-1.v3.part1.zarr``, ... (a dataset or column in the spec kept)."""
+    """Part ``part`` of version ``version`` of ``output_spec``: ``out/day-1.v3.zarr``, ``out/day-1.v3.part1.zarr``."""
     from ..io import split_spec
 
     path, inner = split_spec(output_spec)
@@ -53,8 +52,7 @@ def versioned_output(output_spec: str, version: int, part: int = 0) -> str:
 
 
 def read_manifest(model_path: str) -> Manifest | None:
-    """The manifest beside ``model_path``, checked whole, or None when there is none; a damaged or edited
-    one is a `ModelFileError` naming it, never taken for another version."""
+    """The manifest beside ``model_path``, checked whole (a `ModelFileError` when damaged), or None."""
     from .._paths import read_file
 
     path = manifest_path(model_path)
@@ -97,8 +95,7 @@ def _base(path: str) -> str:
 
 
 def _moved(spec: str, base: str, absolute: bool, real: bool = False) -> str:
-    """The local ``spec`` made absolute from, or relative to, ``base`` (``real``: as real paths, as a
-    fingerprint records them); a URL as it is."""
+    """The local ``spec`` made absolute from, or relative to, ``base`` (``real``: real paths); a URL as it is."""
     from ..io import remote, split_spec
 
     path = split_spec(spec)[0]
@@ -114,8 +111,7 @@ def _moved(spec: str, base: str, absolute: bool, real: bool = False) -> str:
 
 
 def _paths(manifest: Manifest, base: str, absolute: bool) -> Manifest:
-    """``manifest`` with every local path absolute (as runs and readers use them) or relative to its folder
-    ``base`` (as the file holds them, so the job's folder can move)."""
+    """``manifest`` with every local path absolute, or relative to its folder ``base`` (as the file holds them)."""
 
     def move(spec: str) -> str:
         return _moved(spec, base, absolute)

@@ -35,8 +35,7 @@ def _digest(text: str, size: int) -> str:
 
 
 def _folder_digest(salt: str, model_path: str) -> str:
-    """The digest binding a job identity drawn with ``salt`` to the folder holding the manifest: its inode
-    (kept by a move, a rename or a mount; new for a copy) and the manifest's name."""
+    """Binds an identity drawn with ``salt`` to the manifest's folder: its inode and the manifest's name."""
     folder, name = _folder_of(model_path)
     try:
         inode = os.stat(folder).st_ino
@@ -51,16 +50,14 @@ def _salt(model_path: str) -> str:
 
 
 def first_job_id(model_path: str) -> str:
-    """The identity a job takes at its first publication: ``SALT-DIGEST`` (`_salt`, `_folder_digest`). A
-    first night cut short and run again takes the same one; a copy of the folder never does."""
+    """A job's identity from its first publication on: ``SALT-DIGEST`` (`_salt`, `_folder_digest`)."""
     salt = _salt(model_path)
     return f"{salt}-{_folder_digest(salt, model_path)}"
 
 
 def job_id_problem(model_path: str, job_id: str) -> str | None:
-    """None when ``job_id`` (a manifest's) is the identity of the folder holding the manifest as it is now
-    (the same folder, moved, renamed or mounted, or one at the place it was first published); else why not.
-    An identity of the previous format holds only where the manifest still is."""
+    """None when ``job_id`` (a manifest's) is the identity of the manifest's folder as it is now (moved, renamed,
+    mounted or at its first place); else why not."""
     if "-" in job_id:
         salt, _, digest = job_id.partition("-")
         if salt == _salt(model_path) or digest == _folder_digest(salt, model_path):
@@ -71,10 +68,8 @@ def job_id_problem(model_path: str, job_id: str) -> str | None:
 
 
 def input_identity(input_spec: str, part_spec: str, earlier: bool = False) -> str | None:
-    """The input a part holds rows of, as the part records it: the input's path relative to the part's
-    folder, as the job names them (links unresolved, so a folder moved with its inputs stays bound to them),
-    or its URL; and the array in the spec. ``earlier``: as the previous release recorded it (real paths;
-    None for a URL)."""
+    """The input a part holds rows of, as it records it: the input's path relative to the part's folder (links
+    unresolved) or its URL, and the array; ``earlier``: as the previous release did (real paths; None: URL)."""
     from ..io import remote, split_spec
 
     path, inner = split_spec(input_spec)
@@ -113,8 +108,7 @@ def publication_record(attrs: dict) -> dict | None:
 def ownership_problem(
     attrs: dict, job_id: str, version: int, input_spec: str | None = None, part_spec: str | None = None
 ) -> str | None:
-    """None when the attributes ``attrs`` of an output prove that job ``job_id`` wrote it as a part of
-    version ``version`` (of the input ``input_spec``, where given, seen from ``part_spec``); else why not."""
+    """None when ``attrs`` prove job ``job_id`` wrote the output as version ``version``'s part; else why not."""
     record = publication_record(attrs)
     if record is None:
         return "not written by a published job (a plain apply's output, or another program's file)"
@@ -138,8 +132,7 @@ def output_owner_problem(
     input_spec: str | None = None,
     model_checksum: str | None = None,
 ):
-    """`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there); with
-    ``model_checksum``, also that the output was written by that map (read from the same attributes)."""
+    """`ownership_problem` of the output ``spec`` now (and, given ``model_checksum``, written by that map)."""
     from ..output_plan import CHECKSUM_ATTR
 
     attrs = _attrs(spec, read)
@@ -152,8 +145,7 @@ def output_owner_problem(
 
 
 def model_owner_problem(path: str, job_id: str, version: int, model: Any = None) -> str | None:
-    """None when the model file ``path`` (``model``: loaded from it already) records that job ``job_id``
-    published it as version ``version`` (or nothing is there); else why not."""
+    """None when the model file ``path`` records job ``job_id``'s version ``version`` (or is absent); else why."""
     from .._npz import foreign_npz
     from ..core.model import FORMAT_NAME, load_model
 
@@ -175,9 +167,8 @@ def model_owner_problem(path: str, job_id: str, version: int, model: Any = None)
 
 
 def part_problem(part: Part, manifest: Manifest, input_spec: str, read: ReadOptions | None = None) -> str | None:
-    """None when the output ``part.path`` is complete, holds the input rows ``[part.start, part.stop)`` by
-    ``manifest``'s map, and (unless of the earlier format) records its job, version and input; else what
-    is wrong with it."""
+    """None when ``part.path`` is complete, holds input rows ``[start, stop)`` by ``manifest``'s map and records
+    its job, version and input; else what is wrong with it."""
     attrs = _attrs(part.path, read)
     if not isinstance(attrs, dict):
         return "missing" if attrs is None else attrs  # unreadable: not what was published
@@ -185,8 +176,7 @@ def part_problem(part: Part, manifest: Manifest, input_spec: str, read: ReadOpti
 
 
 def _attrs(spec: str, read: ReadOptions | None) -> dict | str | None:
-    """The attributes of the output ``spec``: None when nothing is there, `unreadable`'s phrase when they
-    cannot be read."""
+    """The output's attributes: None when nothing is there, `unreadable`'s phrase when they cannot be read."""
     from ..io import open_output
 
     output = open_output(spec, read)
@@ -202,8 +192,7 @@ def unreadable(exc: BaseException) -> str:
 
 
 def attrs_problem(part: Part, attrs: dict[str, Any], manifest: Manifest, input_spec: str) -> str | None:
-    """`part_problem` of a part whose output attributes ``attrs`` were read already (by a reader
-    that opened it to read its rows too)."""
+    """`part_problem` of a part whose attributes ``attrs`` were read already."""
     from ..output_plan import CHECKSUM_ATTR, is_complete, recorded_rows
 
     try:
@@ -256,9 +245,8 @@ def check_model_file(model_path: str, manifest: Manifest):
 
 
 def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None = None) -> Manifest:
-    """Refuse a publication whose output parts were deleted or changed by hand, naming each of them. A
-    part whose stamp is the recorded one is not opened (a night costs no more as parts accumulate); others
-    are checked in full (`part_problem`). Returns ``manifest`` with their stamps brought up to date."""
+    """Refuse a publication whose parts were deleted or changed by hand, naming them; a part whose stamp is
+    the recorded one is not opened. Returns ``manifest`` with the stamps of those checked brought up to date."""
     from ..io import open_output
 
     problems = []

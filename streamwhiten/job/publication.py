@@ -89,8 +89,7 @@ class Publication:
         return check_model_file(self.model_path, self.manifest)
 
     def parts(self, input_spec: str) -> tuple[Part, ...]:
-        """The output parts of ``input_spec`` (as the job names it, or another path to the same file), in row
-        order: each holds the transform of input rows ``[start, stop)``."""
+        """The parts of ``input_spec`` (or another path to its file) in row order, each input rows ``[start, stop)``."""
         return self._input(input_spec).parts
 
     def _input(self, input_spec: str) -> PublishedInput:
@@ -130,8 +129,7 @@ class Publication:
         return blocks, record
 
     def _read_parts(self, input_spec: str) -> tuple[np.ndarray, Any]:
-        """The stored rows of ``input_spec``'s parts, each checked, concatenated, and their one decoder
-        (None for floats)."""
+        """``input_spec``'s parts' stored rows, each checked, concatenated, and their one decoder (None: floats)."""
         from ..io import open_output, open_source
 
         blocks: list[np.ndarray] = []
@@ -160,9 +158,8 @@ class Publication:
         return rows, decoders[0][1]
 
     def _decoder(self, part: Part, attrs: Any, codecs: dict[str, CodecEncoder]) -> tuple[str | None, Any]:
-        """``(digest, decoder)`` of a part's rows: none for floats; the `Quantization` int8 codes and bits
-        record; for a vector code the published model's codec (``codes.storage.resolve``), which must be the
-        one the part names, or where the model records none the codec's bytes the part carries (checked)."""
+        """``(digest, decoder)`` of a part's rows: none for floats, the `Quantization` codes record, or the published
+        model's resolved codec, which must be the part's (else, where the model has none, the part's own bytes)."""
         from ..codes import codec_from_record
         from ..codes.storage import CodecEncoder, codec_digest, resolve
         from ..core.quantize import Quantization
@@ -193,8 +190,7 @@ class Publication:
         return sha, codecs[sha]
 
     def _refuse(self, part: Part, problem: str, cause: BaseException | None = None) -> NoReturn:
-        """Refuse ``part`` in one sentence: the part, the version, what is wrong (`attrs_problem`'s phrase),
-        and for a missing part the cause a reader can act on (a newer version deleted it)."""
+        """Refuse ``part`` in one sentence: the part, the version, what is wrong (and why, where it is missing)."""
         verbs = ("holds ", "was ")
         clause = problem if problem.startswith(verbs) else f"is {problem}"
         hint = (

@@ -64,8 +64,7 @@ class _Night:
 
 @dataclass(frozen=True)
 class _Publisher:
-    """What the steps of a publication use of the job: its name, its id (what every file it writes
-    records), its model file, how it reads and writes, its output template and the versions it keeps."""
+    """What a publication's steps use of the job: name, id, model file, reading, writing, template, versions."""
 
     name: str
     job_id: str
@@ -83,9 +82,8 @@ def run_published(
     republish: bool = False,
     new_job: bool = False,
 ) -> PublishReport:
-    """Run ``job`` (which has a ``[publish]`` table): update the statistics, then publish, append or do
-    nothing. Returns the run's report; `JobUpToDateError` (carrying it) when there was nothing to do. A
-    folder whose manifest it did not publish is refused unless ``new_job`` (`_identity`)."""
+    """Run ``job`` (with ``[publish]``): update the statistics, then publish, append or raise `JobUpToDateError`
+    (carrying the report); a folder whose manifest it did not publish is refused unless ``new_job``."""
     assert job.publish is not None and job.apply is not None and job.output is not None
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
@@ -156,8 +154,7 @@ def _report(
 def _decide(
     job: JobFile, manifest: Manifest | None, published: Any, model: Any, inherited: bool, republish: bool
 ) -> tuple[str, str | None, Any]:
-    """``(action, reason, staleness)``: ``fit``, ``republish`` (a new job, or `_why_republish` says why) or
-    ``append`` (staleness: None unless measured)."""
+    """``(action, reason, staleness)``: ``fit``, ``republish`` or ``append`` (`_why_republish` says why)."""
     if manifest is None:
         return "fit", "first publication", None
     if inherited:
@@ -176,9 +173,8 @@ def _decide(
 
 
 def _identity(model_path: str, manifest: Manifest | None, new_job: bool) -> str:
-    """The identity this run writes with and deletes by: the manifest's, once checked against this folder
-    (``job_id_problem``); else this folder's own (a first publication, an earlier format, or ``new_job``).
-    A folder that did not publish its manifest is refused otherwise (`BadInputError`)."""
+    """The identity this run writes and deletes by: the manifest's, checked against this folder; else this
+    folder's own (first publication, earlier format, ``new_job``); a folder not the publisher is refused."""
     if manifest is None or manifest.legacy:
         return first_job_id(model_path)
     assert manifest.job_id is not None
@@ -205,10 +201,8 @@ def _identity(model_path: str, manifest: Manifest | None, new_job: bool) -> str:
 def _check_claims(
     job: JobFile, publisher: _Publisher, manifest: Manifest | None, republish: bool
 ) -> tuple[Any, Manifest | None]:
-    """The manifest's claims, checked before anything is written: its model file (and its parts unless
-    ``republish``) are this job's version, and what it retires is this job's (deleted again if a run was cut
-    short). Returns the published model (None without one) and the manifest (stamps brought up to date).
-    An inherited manifest (a new job) is not checked: none of its files is this job's."""
+    """The manifest's claims, checked before anything is written (model file, parts unless ``republish``, what it
+    retires); returns the published model and the manifest (an inherited one unchecked: none of it is ours)."""
     if manifest is None:
         return None, None
     if _inherited(manifest, publisher.job_id):
@@ -235,8 +229,7 @@ def _inherited(manifest: Manifest, job_id: str) -> bool:
 
 
 def _warn_shared(job: JobFile, manifest: Manifest) -> None:
-    """Warn a new job whose output template is still its original's, outside its folder: both write the
-    same files."""
+    """Warn a new job whose output template is its original's, outside its folder: both write the same files."""
     from ..io import remote
 
     template = job.output or ""
@@ -266,9 +259,8 @@ def _inherited_files(manifest: Manifest, model_path: str) -> list[str]:
 
 
 def setting_of(model: Any, writing: Writing, template: str) -> dict:
-    """What a job's outputs are written with, as a manifest records it (another one publishes a new
-    version): the whitening's parameters as given, the ``[apply]`` options that change what is written,
-    the output ``template``."""
+    """What a job's outputs are written with, as a manifest records it (another publishes a new version): the
+    whitening's parameters as given, the ``[apply]`` options that change what is written, the ``template``."""
     options = writing.options
     return {
         "beta": float(model.beta),
@@ -324,10 +316,8 @@ def _current_inputs(
     manifest: Manifest | None = None,
     checked: Sequence[Any] = (),
 ) -> list:
-    """Each input with the rows the statistics hold of it (what a version publishes). An input ``manifest``
-    lists must still start with the rows it published, unless its published fingerprint is in ``checked``
-    (the records this run's fit step checked against the inputs as they are now). Called after the fit
-    step: a record of ``model`` that still describes the input's rows is their fingerprint."""
+    """Each input with the rows the statistics hold of it (what a version publishes); one ``manifest`` lists
+    must still start with its published rows, unless this run's fit step checked them (``checked``)."""
     from ..engine.fit import check_prefix
     from ..io import identity_of, open_source
 
@@ -359,8 +349,7 @@ def _current_inputs(
 
 
 def _rows_fingerprint(source: Any, stop: int, recorded: Any):
-    """``fingerprint(source, stop)``: ``recorded`` (checked by this run's fit step) where it describes
-    those rows as stored now."""
+    """``fingerprint(source, stop)``, or ``recorded`` where it still describes those rows as stored now."""
     from ..io import describe, fingerprint
 
     if (
@@ -373,8 +362,7 @@ def _rows_fingerprint(source: Any, stop: int, recorded: Any):
 
 
 def _versioned_files(model_path: str, outputs: dict, manifest: Manifest | None) -> dict[str, str]:
-    """The files this night may write, each with what it is: the manifest, the current and next version's
-    model files, each output's next-version part and next part of this one."""
+    """The files this night may write (manifest, model files, next parts), each with what it is."""
     version = 1 if manifest is None else manifest.version
     written = {
         manifest_path(model_path): "manifest",
@@ -389,8 +377,7 @@ def _versioned_files(model_path: str, outputs: dict, manifest: Manifest | None) 
 
 
 def _check_owned(publisher: _Publisher, outputs: dict, manifest: Manifest | None) -> None:
-    """Refuse, before any work, a file where this night may write a part or a model file that does not
-    record this job and that version: a run replaces only its own files."""
+    """Refuse, before any work, a file where this night may write that is not this job's of that version."""
     version = 1 if manifest is None else manifest.version
     publishing = version + (manifest is not None)  # the version a republish (or the first run) writes
     model_file = version_model_path(publisher.model_path, publishing)
@@ -415,10 +402,8 @@ def _check_owned(publisher: _Publisher, outputs: dict, manifest: Manifest | None
 
 
 def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copied: bool = False) -> None:
-    """Point the statistics' records of inputs no longer where they were read at the inputs the manifest
-    names now (a job's folder moved with its inputs): only to an input of the same name, array, width and
-    type that starts with the very rows recorded (its sampled hash) and that no other record names. A
-    folder ``copied`` with its inputs (a new job) follows its own copies."""
+    """Point the statistics' records of moved inputs at those the manifest names now: only an input of the same
+    name, array, width and type holding the very rows recorded (``copied``: a new job follows its copies)."""
     from ..core.model import load_model, save_model
     from ..io import fingerprint, open_source, remote
 
@@ -464,9 +449,8 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copie
 def _write_part(
     publisher: _Publisher, model: Any, spec: str, part: str, rows: tuple, night: _Night, version: int
 ) -> Part:
-    """Write input rows ``rows`` of ``spec`` to the part ``part`` of version ``version`` (recording the
-    job, version and input) unless it is already there; a file there not of this job, version and input is
-    refused. Returns the manifest's record of the part, with its stamp."""
+    """Write input rows ``rows`` of ``spec`` as the part ``part`` of ``version`` unless it is there already (a
+    file there not this job's is refused); returns the manifest's record of the part, with its stamp."""
     from ..io import open_output
 
     read = publisher.writing.read
@@ -500,8 +484,7 @@ def _now() -> str:
 
 
 def _publish(publisher: _Publisher, model: Any, inputs: list, outputs: dict, manifest: Any, night: _Night) -> Manifest:
-    """Publish version N+1 (1 without a manifest): every part 0 and the model file, then the manifest
-    switch, then delete the versions beyond ``keep_versions``. Returns the new manifest."""
+    """Publish version N+1: every part 0 and the model file, the manifest switch, then retire old versions."""
     from ..core.model import file_checksum, load_model, map_checksum, save_model
 
     version = 1 if manifest is None else manifest.version + 1
@@ -567,8 +550,7 @@ def _append(
     night: _Night,
     checked: Sequence[Any] = (),
 ) -> Manifest:
-    """Append the rows each input gained (and new inputs) as new parts of the current version, with its
-    map (``published_model``); then switch the manifest. Returns it (``checked``: see `_current_inputs`)."""
+    """Append each input's new rows as parts of the current version (``published_model``'s map), then switch."""
     updated = {item.spec: item for item in manifest.inputs}
     order = [item.spec for item in manifest.inputs]
     for item in _current_inputs(publisher.read, model, inputs, outputs, manifest, checked):
@@ -623,10 +605,8 @@ def _remove(spec: str, read: ReadOptions) -> None:
 
 
 def _delete_retired(retired: Any, publisher: _Publisher, check_first: bool = False, check_only: bool = False) -> None:
-    """Delete the files of retired versions, each only when it records this job, its version and, for an
-    output, the version's map (a manifest's word is no proof). With ``check_first`` or ``check_only`` a file
-    that does not is refused (nothing deleted); else it is left with a warning. A failed delete is logged
-    and tried again by the next run."""
+    """Delete retired versions' files, each only if it records this job, version and map; ``check_first`` or
+    ``check_only``: one that does not is refused, nothing deleted (else left with a warning)."""
     from ..io import exists, split_spec
 
     found = []
@@ -670,8 +650,7 @@ def _delete_retired(retired: Any, publisher: _Publisher, check_first: bool = Fal
 
 
 def _abandon(publisher: _Publisher, version: int, outputs: dict) -> None:
-    """Remove what a cut-short publication of ``version`` left, once a run decided not to publish it: its
-    parts and model file (each only if it records this job and that version) and its partial outputs."""
+    """Remove the parts, partial outputs and model file a cut-short, unpublished ``version`` left (if ours)."""
     from ..io import exists, open_output, remote, remove
 
     read = publisher.writing.read

@@ -29,8 +29,7 @@ def run_job_file(
     republish: bool = False,
     new_job: bool = False,
 ) -> RunReport:
-    """Run the job file ``path`` (see `run_job`); ``storage_options`` (the command line's) are used
-    over its ``[storage]`` table."""
+    """Run the job file ``path`` (`run_job`); ``storage_options`` are used over its ``[storage]`` table."""
     return run_job(read_job_file(path, storage_options), watch, restart, republish, new_job)
 
 

@@ -24,8 +24,7 @@ log = logging.getLogger("streamwhiten")
 
 
 def job_lock(path: str):
-    """Hold the job's exclusive lock on ``path`` (an apply output's: ``_durable.exclusive_lock``); a second
-    run of the job exits with `LockedError` (75)."""
+    """Hold the job's exclusive lock on ``path``; a second run of the job exits with `LockedError` (75)."""
     return exclusive_lock(
         path,
         lambda holder: f"{path}: another run of this job is in progress (pid {holder}); not starting a second one",
@@ -42,8 +41,7 @@ class Before:
 
 
 def statistics_before(model_path: str) -> Before | None:
-    """The rows and source records of the statistics in ``model_path`` before the fit step (None when there
-    is none that can be read), unchecked: the fit step loads the file with every check before they are used."""
+    """The rows and source records in ``model_path`` before the fit step (unchecked; None without any)."""
     from ..core.model import read_rows_and_sources
 
     found = read_rows_and_sources(model_path)
@@ -64,8 +62,7 @@ def fit_step(
     watch: Watch,
     restart: bool,
 ):
-    """Finish an interrupted run of job ``name``, then fit or update; re-finalize when only the job's setting
-    changed. Returns the model to apply."""
+    """Finish a killed run, then fit or update (re-finalize a changed setting); returns the model to apply."""
     from ..core.model import file_checksum, load_model, save_model
     from ..engine.fit import remove_checkpoint
     from ..pipeline import fit
@@ -114,8 +111,7 @@ def _finish_pending(
     inputs: list,
     watch: Watch,
 ) -> bool:
-    """Complete the fit or update a killed run left in the job's checkpoint; True if it did (a checkpoint
-    of another model or sources is discarded)."""
+    """Complete the fit a killed run left in the job's checkpoint; True if it did."""
     from ..pipeline import finish_checkpoint
 
     outcome = finish_checkpoint(
@@ -139,9 +135,8 @@ def record_code(
     model_path: str,
     progress: Progress | None = None,
 ) -> WhiteningModel:
-    """``model`` recording the vector code the job's apply writes as its storage, saved to ``model_path``,
-    so every reader decodes the outputs with the model's codec. Trained once (a changed setting drops it);
-    a code that learns from data trains on a seeded sample of the first input."""
+    """``model`` recording the vector code the job's apply writes (trained once; a sample of the first input for a
+    code that learns from data), saved to ``model_path``: every reader decodes with the model's codec."""
     from ..codes import NEEDS_SAMPLE
     from ..pipeline import with_codes
 
@@ -155,8 +150,7 @@ def record_code(
 
 
 def check_paths(sources: list, written: dict[str, str]) -> None:
-    """Refuse a file the run writes (``written``: path -> what it is) over one of the ``sources`` it reads
-    (the job file and the inputs) or over another, before any work."""
+    """Refuse, before any work, a file the run writes (``written``) over one it reads or over another."""
     from ..io import refuse_input_overlap, refuse_shared_outputs
 
     refuse_input_overlap(written, sources)
@@ -174,10 +168,8 @@ def apply_unless_current(
     attrs: dict | None = None,
     watch: Watch = Watch(),
 ) -> ApplyOutcome | None:
-    """Write the transform of ``input_spec`` (its rows ``rows``) to ``output`` as job ``name`` does, unless
-    ``output`` already holds it (apply's own check, on its one plan: ``NothingToDoError``): then it is kept,
-    its leftover records tidied, and None returned. Returns the write's
-    [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome]."""
+    """Write ``input_spec`` (its rows ``rows``) to ``output`` as job ``name`` does, unless it holds that already
+    (apply's own check on its one plan): then it is kept, tidied, and None returned; else the `ApplyOutcome`."""
     from ..io import open_output, remote, split_spec
     from ..pipeline import apply
 

@@ -78,8 +78,7 @@ def apply(
 
 
 def _at_setting(model: WhiteningModel, changes: dict, options: ApplyOptions) -> WhiteningModel:
-    """``model`` re-finalized at the setting ``changes`` gives (no pass over data); refused where the code
-    it is asked to write is recorded for its saved setting only."""
+    """``model`` re-finalized at ``changes``; refused where the code it writes is for its saved setting."""
     if not changes:
         return model
     held = model.storage if options.dtype is not None and options.dtype.names(model.storage) else None

@@ -92,8 +92,7 @@ def _code_and_budget(code: str | Storage, budget: int | None) -> tuple[str, int]
 
 
 def _sample(code: str, sample: Any, sample_size: int, seed: int, progress: Progress | None) -> Any:
-    """``sample_size`` input rows of ``sample`` drawn with ``seed``, for a code that learns from data; its
-    size is checked before a row is read, the rows drawn after."""
+    """``sample_size`` rows of ``sample`` drawn with ``seed`` (its size checked before a row is read)."""
     from ..codes import smallest_sample
     from ..io.sample import sample_rows
 
