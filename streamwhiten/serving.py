@@ -31,8 +31,7 @@ from .core.validate import map_fields, map_weights, model_fields
 from .errors import BadInputError
 from .storage import CODE, Storage
 
-#: The model file this module reads (the same values as ``streamwhiten.core.model.FORMAT_NAME``/``FORMAT_VERSION``,
-#: which cannot be imported here without numba).
+#: The model file this module reads (``core.model.FORMAT_NAME``/``FORMAT_VERSION``, not importable without numba).
 MODEL_FORMAT, MODEL_VERSION = "streamwhiten-model", (1, 2)
 
 

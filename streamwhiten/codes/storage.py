@@ -2,10 +2,9 @@
 model (`CodecRecord`), read back; and `resolve`, which turns a model and a `streamwhiten.storage.Storage`
 into what is stored (record, digest, encoder), once per model and storage.
 
-The codes that need only statistics train from the exact moments of the unit-length outputs, from the
-model's state with no pass over data: ``mean_y = (1 - beta) mu A`` and ``cov_y = A^T Sigma A``, divided
-by ``E||y||^2 = tr(cov_y) + ||mean_y||^2`` (the mean by its square root). The codes that learn from data
-(`NEEDS_SAMPLE`) take mapped rows of the input; how many and the seed are recorded.
+Codes train from the exact moments of the unit outputs, ``mean_y = (1 - beta) mu A`` and
+``cov_y = A^T Sigma A`` over ``E||y||^2 = tr(cov_y) + ||mean_y||^2`` (the mean over its root), or
+(`NEEDS_SAMPLE`) from input rows.
 """
 
 from __future__ import annotations
@@ -252,10 +251,8 @@ _MEMO = _Memo()
 
 def resolve(model: WhiteningModel, storage: Storage | None = None) -> StoredAs | None:
     """What is stored when ``model``'s outputs are stored as ``storage`` (None: the model's own): None for
-    floats; else the record an output carries, its digest and the encoder (which also decodes): int8 codes
-    and bits by the `Quantization` of the model's statistics, a vector code by `_stored_code`. Memoised by
-    the model's content checksum (`file_checksum`: statistics, setting, recorded storage) and ``storage``,
-    so a code is trained once however many outputs, readers and estimators ask."""
+    floats, else the record an output carries, its digest and the encoder, which also decodes. Memoised by
+    the model's content checksum (`file_checksum`) and ``storage``: a code is trained once."""
     storage = storage or model.storage or Storage()
     key = (file_checksum(model), str(storage), storage.codec and storage.codec.sha256)
     found, stored = _MEMO.get(key)

@@ -1,10 +1,8 @@
 """The chunked applier: stream rows (all, or ``[start, stop)``) through a model into a new store.
 
-The output is written under a temporary name and renamed once complete; every few seconds (and when
-stopped) the rows written are made durable and recorded beside it, so an interrupted run resumes at the
-first unrecorded block and ends with the bytes of an uninterrupted one. Codes (int8, bits, a vector code)
-are the unit-length transform encoded by the resolved storage's encoder (``codes.storage.resolve``), the
-record every reader decodes with.
+Written under a temporary name and renamed once complete, with its progress recorded so an interrupted run
+resumes to the bytes of an uninterrupted one; codes are the unit-length rows encoded by the resolved
+storage's encoder (``codes.storage.resolve``).
 """
 
 from __future__ import annotations
@@ -87,11 +85,9 @@ def plan_output(
     source_sha256: str | None = None,
     attrs: Mapping[str, Any] | None = None,
 ) -> OutputPlan:
-    """The one `OutputPlan` of writing ``model``'s transform of ``source`` (a `RowRange`: part of it) to
-    ``output`` with ``options`` (what is stored: ``codes.storage.resolve``), in ``read``'s blocks: what
-    every writer, the resume record and the is-current check take. Output chunks are no larger than the
-    user's blocks, so blocks stay aligned; ``source_sha256``: the sampled rows' hash where taken before
-    writing; ``attrs``: recorded beside the plan's own."""
+    """The one `OutputPlan` of writing ``model``'s transform of ``source`` to ``output`` with ``options`` (what is
+    stored: ``codes.storage.resolve``), in ``read``'s blocks, chunks no larger; ``source_sha256``: the sampled
+    rows' hash where taken before writing; ``attrs``: recorded beside the plan's own."""
     from ..codes.storage import resolve
 
     storage = resolve(model, options.dtype)
@@ -171,14 +167,10 @@ def transform_block(
     reread: Callable[[], np.ndarray] | None = None,
     into: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Whiten one block read at row ``begin`` as ``how`` says; returns the output rows and how many were
-    non-finite.
-
-    A NaN or Inf row raises `NonFiniteError` naming it, unless ``how.skip_nonfinite`` (its output row is
-    NaN, counted); overflow raises `ValuesTooLargeError` naming the row. With ``overwrite_input`` the block
-    may be centred in place; ``reread()`` then gives it as stored, to tell NaN/Inf input from overflow.
-    ``out`` and ``into`` are optional buffers for the product and the cast.
-    """
+    """Whiten one block read at row ``begin`` as ``how`` says: ``(rows out, non-finite rows)``. A NaN or Inf
+    row raises `NonFiniteError` unless ``how.skip_nonfinite`` (a NaN row, counted); overflow raises
+    `ValuesTooLargeError`, both naming the row. With ``overwrite_input`` the block may be centred in place
+    (``reread()`` gives it as stored, to tell NaN input from overflow); ``out``, ``into``: buffers."""
     weights, shift, normalize, dtype, label = how.weights, how.shift, how.normalize, how.dtype, how.label
     try:
         out, finite = project_checked(rows, weights, shift, normalize, None, overwrite_input=overwrite_input, out=out)
@@ -275,12 +267,10 @@ def apply_model(
     store ``output_spec``, as ``options`` say, reading as ``read`` says; ``watch`` is told the rows written
     and asked whether to stop.
 
-    Rows holding NaN or Inf stop the run naming the row, unless ``skip_nonfinite`` (their rows are NaN,
-    counted). Unless ``restart``, an interrupted run's partial output is continued; progress is recorded
-    every ``progress_seconds`` and when a stop is asked for. ``threads`` workers each transform whole
-    blocks, written in row order by a writer thread; the default, 1, computes here with multi-threaded
-    BLAS (concurrent blocks slowed each other on 2 cores: docs/performance.md), and an input whose
-    compressed chunks are decoded here gets one per core (at most four).
+    Unless ``restart``, an interrupted run's partial output is continued. ``threads`` workers transform
+    whole blocks, written in row order by a writer thread; the default, 1, computes here with multi-threaded
+    BLAS (concurrent blocks slowed each other on 2 cores: docs/performance.md); a compressed input decoded
+    here gets one per core (at most four).
     """
     began = time.perf_counter()
     options, read, part = options or ApplyOptions(), read or ReadOptions(), part or ApplyPart()
@@ -293,8 +283,7 @@ def apply_model(
         source = stack.enter_context(open_source(input_spec, read=read, min_rows=1))
         if part.rows is not None:
             source = RowRange(source, *_pair(part.rows))
-        # A remote input is read by several threads at once (reads wait on the network); a compressed one
-        # is decoded by one per core.
+        # a remote input is read by several threads at once; a compressed one is decoded by one per core
         threads = resolve_threads(remote.default_threads(threads, [source]), default=default_threads(source))
         check_output(model, source, output_spec)
         plan = plan_output(model, source, output, options, read, attrs=part.attrs)
@@ -475,8 +464,7 @@ class _BlockRun:
     def write_all(self, start: int, n_nonfinite: int) -> int:
         """Write every block from row ``start``; returns the non-finite rows counted in all."""
         source = self.source
-        # Stored (compressed) bytes of the next blocks are fetched ahead by a reader thread: at most the
-        # ``workers + 1`` blocks ordered_map has in flight.
+        # a reader thread fetches the stored bytes of the ``workers + 1`` blocks ordered_map has in flight
         reader = None
         if self.workers > 1 and source.decoder is not None:
             reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")

@@ -13,9 +13,8 @@
     max_staleness = 0.5               # + keep_versions (see job.publish and docs/nightly.md)
     [storage]                         # optional: keyword arguments of the file systems of URLs
 
-The keys each table takes beside its own (``paths``, ``dataset``, ``path``, ``output``) are those
-`streamwhiten.params.job_keys` lists, each checked as everywhere else; a mistake is one
-`BadInputError` naming the file and the key. Relative paths are taken from the job file's directory.
+Each table's parameters are those `streamwhiten.params.job_keys` lists; a mistake is one `BadInputError`
+naming the file and the key. Relative paths are taken from the job file's directory.
 """
 
 from __future__ import annotations

@@ -37,10 +37,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Publication:
-    """A published version of a job's outputs, as [`published`][streamwhiten.job.publication.published]
-    read its manifest: it stays that version whatever a run publishes meanwhile (kept on disk for
-    ``keep_versions``), and each part is checked before it is read.
-    """
+    """A published version of a job's outputs, as [`published`][streamwhiten.job.publication.published] read
+    it: that version whatever a run publishes meanwhile, each part checked before it is read."""
 
     model_path: str
     manifest: Manifest
@@ -116,11 +114,9 @@ class Publication:
         return blocks
 
     def read_codes(self, input_spec: str) -> tuple[np.ndarray, Quantization | CodecEncoder]:
-        """``(codes, decoder)``: the stored int8 codes, bytes of sign bits or vector-code rows of ``input_spec``
-        in this version (checked as [`read`][streamwhiten.job.publication.Publication.read] checks them), and
-        their decoder (``decoder.decode(codes)``: a `Quantization`, or a vector code's
-        ``codes.storage.CodecEncoder``). A publication of float outputs is refused:
-        [`read`][streamwhiten.job.publication.Publication.read] returns its rows."""
+        """``(codes, decoder)``: the stored codes of ``input_spec`` in this version, checked as
+        [`read`][streamwhiten.job.publication.Publication.read] checks them, and ``decoder.decode(codes)``'s
+        decoder (a `Quantization`, or a vector code's ``codes.storage.CodecEncoder``); floats are refused."""
         blocks, record = self._read_parts(input_spec)
         if record is None:
             raise BadInputError(
@@ -233,9 +229,8 @@ def _key(spec: str) -> tuple[str, str | None]:
 def published(model_path: str, read: ReadOptions | None = None) -> Publication:
     """The current publication of the job keeping ``model_path``: one call, one consistent version.
 
-    Reads the manifest beside ``model_path`` once (replaced atomically: one whole version) and checks it;
-    ``read`` says how URL outputs are reached. Raises `BadInputError` when nothing was published, and
-    `ModelFileError` for a damaged manifest.
+    Reads the manifest beside ``model_path`` once and checks it; ``read`` says how URL outputs are reached.
+    Raises `BadInputError` when nothing was published, and `ModelFileError` for a damaged manifest.
     """
     manifest = read_manifest(model_path)
     if manifest is None:

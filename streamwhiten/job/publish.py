@@ -1,16 +1,11 @@
 """``run`` of a job with a ``[publish]`` table: versioned outputs that cost what the night added.
 
-The outputs are published in versions (``job.manifest``): version N is written with the map of
-``M.vN.npz`` and stays fixed while it stands. Each run takes the job's lock, checks the manifest and what it
-retires, fits or updates the statistics, then publishes version 1 (``fit``), a new version (``republish``:
-staleness above ``max_staleness``, ``--republish``, or another job setting), appends the rows each input
-gained as new parts of version N (``append``), or has nothing to do (exit 3).
-
-A publication writes every part 0 and ``M.vN.npz`` beside the current version, switches the manifest by
-one atomic rename, then deletes the versions beyond ``keep_versions``; an append writes each input's new
-rows as its next part, then switches the manifest. Every part is a resumable apply of a range of input
-rows, so a run killed anywhere and run again ends with byte-identical outputs. A run deletes or replaces
-only files that prove this job wrote them (``job.ownership``), never because a manifest names a path.
+Version N (``job.manifest``) is written with the map of ``M.vN.npz``. Each run checks the manifest, fits
+or updates the statistics, then publishes version 1 (``fit``) or a new version (``republish``: stale map,
+``--republish`` or another setting), appends each input's new rows as parts of version N (``append``), or
+has nothing to do (exit 3). Outputs are written beside the current version, then the manifest is switched
+by one atomic rename; every part is a resumable apply of input rows, so a killed run run again ends with
+the same bytes. A run deletes or replaces only files proving this job wrote them (``job.ownership``).
 """
 
 from __future__ import annotations
@@ -103,11 +98,9 @@ def run_published(
         _follow_moved_inputs(publisher, manifest, copied=inherited)
         previous = statistics_before(job.model_path)
         model = fit_step(job.name, job.fitting, inputs, night.steps, watch, restart)
-        # a job whose apply writes a vector code records it in its model
         model = record_code(job.name, model, job.writing, inputs, job.model_path, watch.progress)
         rows_added = model.n_rows - (previous.n_rows if previous is not None else 0)
-        # the fit step checked that each input still starts with the rows these records describe (an
-        # update checks the model it starts from: this one, unless a killed run's checkpoint was finished)
+        # the fit step checked these records against the inputs (unless it finished a killed run's checkpoint)
         checked = previous.sources if previous is not None and "resume" not in night.steps else ()
         action, reason, staleness = _decide(job, manifest, published, model, inherited, republish)
         if action in ("fit", "republish"):
@@ -513,8 +506,7 @@ def _publish(publisher: _Publisher, model: Any, inputs: list, outputs: dict, man
             f"interrupted before publishing version {version}; run the same command again to finish"
         )
     model_file = version_model_path(publisher.model_path, version)
-    # the published copy records the job and the version it was published as (what lets a later run
-    # delete it, and no other file)
+    # the published copy records its job and version: what lets a later run delete it, and no other file
     tagged = replace(model, info={**model.info, PUBLICATION_INFO: {"job": publisher.job_id, "version": version}})
     problem = model_owner_problem(model_file, publisher.job_id, version)
     if problem is not None:
@@ -566,8 +558,7 @@ def _append(
         if entry is None:
             order.append(item.spec)
     if all(updated[spec] is manifest.input(spec) for spec in order):
-        # nothing new: the manifest stays as it is, even if it still lists retired versions deleted since
-        # (a run cut short while deleting them ends as an undisturbed one); the next switch drops them
+        # nothing new: the manifest stays as it is (retired versions deleted since are dropped at the next switch)
         return manifest
     retired = _still_there(manifest.retired, publisher)
     if night.watch.stop_asked():
