@@ -41,14 +41,12 @@ def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str
     Parameters
     ----------
     path : str or os.PathLike
-        A model file (``streamwhiten fit -o``) or a map written by ``streamwhiten export -o map.npz``.
-        Either is checked against its SHA-256 checksum before use.
+        A model file or a map written by ``streamwhiten export -o map.npz``, checked against its SHA-256.
     normalize : bool, optional
         Default of `AffineMap.transform`; default: the exported map's flag, False for a model file.
     dtype : {"float32", "float16", "int8", "binary"} or Storage, optional
         How `AffineMap.encode` stores vectors (a name keeps the model's int8 clip); default: the model's
-        storage (or the exported map's record), float32 when there is none. int8 needs a model file (its
-        ranges come from the statistics) or a map exported with its int8 record.
+        storage (or the map's record), else float32. int8 needs a model file or a map exported with int8.
 
     Returns
     -------
@@ -68,11 +66,10 @@ def load(path: str | os.PathLike[str], normalize: bool | None = None, dtype: str
 
 
 def codec(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
-    """The vector code (``streamwhiten.codes.Codec``: ``decode``, ``inner_products``, ``encode``) a model file
-    records, or that coded an output: ``source`` the model file's path, or the output's attributes
-    (``read_attrs(spec)``, h5py or zarr attrs) or their ``quantization`` record, which carry the codec's
-    bytes, checked against their SHA-256; `BadInputError` when it records none. It codes the map's outputs
-    at unit length: ``codec(path).encode(load(path, normalize=True).transform(x))``."""
+    """The vector code (``streamwhiten.codes.Codec``) a model file records, or that coded an output: ``source``
+    the model file's path, or the output's attributes or ``quantization`` record (which carry the codec's
+    bytes, checked against their SHA-256); `BadInputError` when it records none. It codes the unit-length
+    outputs: ``codec(path).encode(load(path, normalize=True).transform(x))``."""
     from .codes import codec_from_record, record_codec
 
     if isinstance(source, Mapping):
@@ -90,10 +87,9 @@ def codec(source: str | os.PathLike[str] | Mapping[str, Any]) -> Any:
 
 
 def decode(codes: Any, record: Any, dtype: Any = np.float32) -> np.ndarray:
-    """Floats from stored ``codes``, by ``record``: a vector code's codec (a ``streamwhiten.codes.Codec`` as
-    `codec` gives it, its bytes, a model's recorded `Storage` of a code, or the output's attributes, which
-    carry it); int8 codes' and bits' record (a `Quantization`, its dict, or the output's attributes); or
-    what ``codes.storage.resolve`` gives (a ``StoredAs``, or its encoder).
+    """Floats from stored ``codes``, by ``record``: a vector code's codec (a ``Codec`` as `codec` gives it, its
+    bytes, a model's `Storage` of a code), an int8 or bits record (a `Quantization` or its dict), an output's
+    attributes (which carry either), or what ``codes.storage.resolve`` gives (a ``StoredAs`` or its encoder).
 
     >>> import numpy as np
     >>> decode(np.array([[156, 128]], dtype=np.uint8), {"quantization": Quantization("binary", 10).to_dict()})

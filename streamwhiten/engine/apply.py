@@ -1,8 +1,5 @@
-"""The chunked applier: stream rows (all, or ``[start, stop)``) through a model into a new store.
-
-Written under a temporary name and renamed once complete, with its progress recorded so an interrupted run
-resumes to the bytes of an uninterrupted one; codes are the unit-length rows encoded by the resolved
-storage's encoder (``codes.storage.resolve``).
+"""The chunked applier: stream rows (all, or ``[start, stop)``) through a model into a new store, written
+under a temporary name, resumable to the bytes of an uninterrupted run; codes by the resolved storage.
 """
 
 from __future__ import annotations

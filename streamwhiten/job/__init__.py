@@ -1,8 +1,5 @@
-"""Jobs: a ``job.toml`` file and the ``streamwhiten run`` of it.
-
-``file`` reads and checks a job file into a `JobFile`; ``run`` runs it (fit or update, finalize, apply,
-each step skipped when up to date) under a lock. A ``[publish]`` job publishes versions (``publish``),
-read through a manifest (``publication``: [`published`][streamwhiten.job.publication.published]).
+"""Jobs: a ``job.toml`` file (``file``: a `JobFile`) and its ``streamwhiten run`` (``run``; a ``[publish]``
+job: ``publish``), read back through a manifest ([`published`][streamwhiten.job.publication.published]).
 """
 
 from .file import JobFile, default_checkpoint, read_job_file

@@ -195,9 +195,7 @@ def _given(table: dict, cls: type) -> dict:
 
 def read_job_file(path: str, storage_options: Any = None) -> JobFile:
     """Parse and check a job file; every mistake is one `BadInputError` naming the file and key.
-
-    ``storage_options`` (the command line's ``--storage-option``) are used over the ``[storage]`` table.
-    """
+    ``storage_options`` (the command line's ``--storage-option``) are used over the ``[storage]`` table."""
     from ..io import remote
 
     data = _load(path)

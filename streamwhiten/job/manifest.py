@@ -1,9 +1,6 @@
-"""The files of a job's published versions and the manifest that names them.
-
-Beside its statistics ``M.npz``, a ``[publish]`` job keeps ``M.vN.npz`` (version N's model, immutable)
-and ``M.manifest.json`` (a `Manifest`: the version, its model file and map, each input's output parts),
-replaced whole by one atomic rename. A damaged or edited manifest is refused; its local paths are
-relative to it, so a job's folder can be moved, copied or mounted elsewhere.
+"""The files of a job's published versions: ``M.vN.npz`` (version N's model) and ``M.manifest.json`` (a
+`Manifest`), replaced whole by one atomic rename, refused when damaged; its local paths are relative to it,
+so a job's folder can be moved, copied or mounted elsewhere.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """What each published file records of the job that wrote it, and the checks that a file is what the
-manifest claims. The manifest's checksum proves integrity, not authorship: each part records its job,
-version and input (`part_attrs`), each published model file its job and version, and a run deletes or
-replaces only files that prove it (`ownership_problem`); readers refuse a part of another input.
+manifest claims (whose checksum proves integrity, not authorship): a run deletes or replaces only files
+that prove it is theirs (`ownership_problem`); readers refuse a part of another input.
 """
 
 from __future__ import annotations

@@ -105,9 +105,8 @@ class Publication:
         )
 
     def read(self, input_spec: str, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
-        """The whitened rows of ``input_spec`` in this version: its parts, each checked, concatenated. Floats as
-        stored; codes decoded to floats of ``dtype`` as ``streamwhiten.serving.decode`` does (the codes
-        themselves: [`read_codes`][streamwhiten.job.publication.Publication.read_codes])."""
+        """The whitened rows of ``input_spec`` in this version: its parts, each checked, concatenated; codes
+        decoded to floats of ``dtype`` as ``streamwhiten.serving.decode`` decodes them."""
         blocks, record = self._read_parts(input_spec)
         if record is not None:
             return record.decode(blocks, dtype)
@@ -227,11 +226,8 @@ def _key(spec: str) -> tuple[str, str | None]:
 
 
 def published(model_path: str, read: ReadOptions | None = None) -> Publication:
-    """The current publication of the job keeping ``model_path``: one call, one consistent version.
-
-    Reads the manifest beside ``model_path`` once and checks it; ``read`` says how URL outputs are reached.
-    Raises `BadInputError` when nothing was published, and `ModelFileError` for a damaged manifest.
-    """
+    """The current publication of the job keeping ``model_path``: one manifest read, one consistent version
+    (``read``: how URL outputs are reached). `BadInputError` when none was published; `ModelFileError`."""
     manifest = read_manifest(model_path)
     if manifest is None:
         raise BadInputError(

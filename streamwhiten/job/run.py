@@ -1,8 +1,5 @@
-"""``streamwhiten run job.toml``: fit or update, finalize, apply; each step skipped when up to date.
-
-A job without a ``[publish]`` table rewrites every output whenever the model changes (one with it
-publishes versions: `streamwhiten.job.publish`). A killed run is finished first, from its self-contained
-checkpoint; two runs of one job never overlap (`job_lock`). Progress goes to the ``streamwhiten`` logger.
+"""``streamwhiten run job.toml`` of a job without ``[publish]``: fit or update, finalize, apply, each step
+skipped when up to date; every output is rewritten when the model changes (``job.publish`` versions them).
 """
 
 from __future__ import annotations
@@ -40,14 +37,11 @@ def run_job(
     republish: bool = False,
     new_job: bool = False,
 ) -> RunReport:
-    """Run a job: fit or update, finalize, apply; each step skipped when already up to date. ``watch`` is
-    how every step reports its progress and is asked to stop.
-
-    A killed run is finished first (``restart`` discards it). A job with a ``[publish]`` table publishes
-    versions instead (`streamwhiten.job.publish.run_published`, a `PublishReport`; ``republish``: a new
-    version whatever the staleness; ``new_job``: a copied or moved folder becomes a job of its own).
-    Returns the `RunReport` (``steps``, ``rows_added``, ``outputs``, ``bytes_written``, ``seconds``);
-    raises `JobUpToDateError` (carrying it) when nothing ran.
+    """Run a job: fit or update, finalize, apply, each step skipped when up to date; ``watch``: progress and
+    stop. A killed run is finished first (``restart`` discards it). A ``[publish]`` job publishes versions
+    (`streamwhiten.job.publish.run_published`: a `PublishReport`; ``republish``: a new version whatever the
+    staleness; ``new_job``: a copied folder becomes a job of its own). Returns the `RunReport`; raises
+    `JobUpToDateError` (carrying it) when nothing ran.
     """
     if job.publish is not None:
         from .publish import run_published

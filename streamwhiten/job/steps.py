@@ -1,6 +1,5 @@
-"""The steps every run of a job shares: its lock, the check of the paths it writes, the fit step
-(finishing a killed run first), the apply of an input unless its output is up to date, and the bytes an
-output takes; used by `streamwhiten.job.run` and `streamwhiten.job.publish`.
+"""The steps every run of a job shares (`streamwhiten.job.run`, `streamwhiten.job.publish`): its lock, the
+paths it writes, the fit step, an apply unless its output is up to date, the bytes an output takes.
 """
 
 from __future__ import annotations

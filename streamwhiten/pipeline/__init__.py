@@ -1,8 +1,6 @@
 """The pipeline of a fit and of an apply: the one path the command line, ``run`` and ``Whitener`` take.
 
-One module per thing it runs: ``fitting`` (a fit, and finishing a killed one), ``applying`` (an apply),
-``coding`` (a model with a vector code), ``paths`` (what a fit writes).
-
+Modules: ``fitting`` (a fit; finishing a killed one), ``applying``, ``coding`` (a vector code), ``paths``.
 A fit checks its paths, plans (or plans an update), resumes a matching checkpoint, runs on an engine,
 finalizes and saves; an apply checks the engine can write it and runs it. Each takes option objects and
 returns one outcome type whichever engine ran ([`FitOutcome`][streamwhiten.pipeline.FitOutcome],
