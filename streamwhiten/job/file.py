@@ -58,7 +58,8 @@ class Fitting:
 
 @dataclass(frozen=True)
 class Writing:
-    """How a job writes its outputs: its ``[apply]`` options, how it reads for them, and the engine."""
+    """How a job writes its outputs: its ``[apply]`` options, how it reads the inputs for them (``[apply]``
+    block size), and the engine that runs the blocks."""
 
     options: ApplyOptions
     read: ReadOptions
