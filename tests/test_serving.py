@@ -201,6 +201,21 @@ def test_bad_input_is_refused(model_file):
         whiten.transform(rows)
 
 
+def test_load_takes_a_storage_value_as_it_takes_its_name(model_file, tmp_path, rows):
+    from streamwhiten.storage import Storage
+
+    for name in ("float16", "int8", "binary"):
+        by_name, by_value = serving.load(model_file, dtype=name), serving.load(model_file, dtype=Storage(name))
+        np.testing.assert_array_equal(by_value.encode(rows[:50]), by_name.encode(rows[:50]))
+    # a value's own int8 clip is used: narrower ranges, other codes than the default's
+    narrow = serving.load(model_file, dtype=Storage("int8", int8_clip=1.0)).encode(rows[:50])
+    assert np.any(narrow != serving.load(model_file, dtype="int8").encode(rows[:50]))
+    with pytest.raises(BadInputError, match="not the eigen:4 code"):
+        serving.load(model_file, dtype=Storage("code", code="eigen", budget=4))
+    with pytest.raises(BadInputError, match="dtype must be"):
+        serving.load(model_file, dtype="int4")
+
+
 def test_damaged_missing_and_foreign_files_are_refused(model_file, tmp_path):
     with pytest.raises(ModelFileError, match="not found"):
         serving.load(tmp_path / "missing.npz")

@@ -1,17 +1,10 @@
 """A codec as a model's storage: trained for the unit-length outputs of the model's map, recorded in the
-model (`CodecRecord`: the codec's checksummed bytes), and read back.
+model (`CodecRecord`), read back; and `resolve`, which turns a model and a `streamwhiten.storage.Storage`
+into what is stored (record, digest, encoder), once per model and storage.
 
-The codec works on the vectors the search stores: ``y = x A + b`` scaled to unit length. The codes
-that need only statistics train from the exact moments of those outputs, from the model's state with
-no pass over data: ``mean_y = (1 - beta) mu A`` and ``cov_y = A^T Sigma A``, both divided by
-``E||y||^2 = tr(cov_y) + ||mean_y||^2`` (the mean by its square root) for the unit length, as the int8
-ranges are (`normalized_moments`). The codes that learn from data
-(`NEEDS_SAMPLE`) take rows of the input, mapped by the model; how many and
-the seed they were drawn with are recorded.
-
-Code names on the command line and in ``eval``'s ``dtype``: ``NAME:BYTES`` (``eigen:24``,
-``faiss-pq:16``), parsed once into a `streamwhiten.storage.Storage`. `resolve` turns a model and a storage
-into what is stored (the record, its digest, the encoder), once per model and storage.
+Codes train from the exact moments of the unit outputs, ``mean_y = (1 - beta) mu A`` and
+``cov_y = A^T Sigma A`` over ``E||y||^2 = tr(cov_y) + ||mean_y||^2`` (the mean over its root), or
+(`NEEDS_SAMPLE`) from input rows.
 """
 
 from __future__ import annotations
@@ -37,8 +30,7 @@ from .base import Codec
 def unit_output_moments(
     model: WhiteningModel | None, raw: bool = False
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
-    """Mean and covariance of the model's unit-length outputs (``raw``: of the unit-length input
-    vectors), from its statistics alone (see the module's text)."""
+    """Mean and covariance of the model's unit-length outputs (``raw``: inputs), from its statistics."""
     if model is None:
         raise BadInputError("a code trains from a model's statistics: give a model")
     state = model.state
@@ -56,7 +48,7 @@ def unit_output_moments(
 
 
 def unit_rows(model: WhiteningModel, rows: npt.ArrayLike, raw: bool = False) -> npt.NDArray[np.float64]:
-    """Input rows mapped as the storage holds them: the model's outputs (``raw``: the rows) at unit length."""
+    """Input rows as the storage holds them: the model's outputs (``raw``: the rows) at unit length."""
     x = np.asarray(rows, dtype=np.float64)
     if x.ndim != 2 or x.shape[1] != model.n_features:
         raise BadInputError(f"a code's sample must be rows of {model.n_features} values, got shape {x.shape}")
@@ -80,9 +72,7 @@ def train_for(
     raw: bool = False,
     **faiss_options: int,
 ) -> Codec:
-    """The codec ``code`` of at most ``budget`` bytes a vector for the model's unit-length outputs
-    (``raw``: the unit-length input vectors): from the statistics, and for the codes of
-    `NEEDS_SAMPLE` from ``sample`` (rows of the input, mapped here)."""
+    """The codec ``code`` of ``budget`` bytes for the model's unit outputs (``raw``: inputs), from its statistics."""
     mean, cov = unit_output_moments(model, raw)
     mapped = None
     if code in NEEDS_SAMPLE:
@@ -125,8 +115,7 @@ def with_codec(
 
 
 def model_codec(model: WhiteningModel) -> Codec | None:
-    """The codec a model records as its storage (decoded, every field checked: `record_codec`),
-    None without one."""
+    """The codec a model records as its storage (every field checked: `record_codec`), None without one."""
     storage = model.storage
     if storage is None or storage.codec is None:
         return None
@@ -134,19 +123,16 @@ def model_codec(model: WhiteningModel) -> Codec | None:
 
 
 def codec_summary(codec: Codec) -> dict[str, Any]:
-    """What a result reports of a codec: its label, bytes per vector (per-vector scalars included) and
-    its per-model bytes (rotations, codebooks), apart."""
+    """What a result reports of a codec: its label, bytes per vector and per-model bytes."""
     return {"code": codec.label, "bytes_per_vector": codec.bytes_per_vector, "model_bytes": codec.model_bytes}
 
 
 class CodecEncoder:
-    """Encodes unit-length output rows as a vector code's rows (``streamwhiten.codes``' Numba encoder), and
-    decodes them, from the codec's checksummed bytes: what a Dask worker receives is those bytes, decoded
-    there once."""
+    """Encodes unit rows as a vector code's rows (Numba) and decodes them, from the codec's checksummed bytes."""
 
-    def __init__(self, data: bytes) -> None:
+    def __init__(self, data: bytes, codec: Codec | None = None) -> None:
         self.data = bytes(data)
-        self._codec: Any = None
+        self._codec: Any = codec
 
     def __getstate__(self) -> dict[str, Any]:
         return {"data": self.data}
@@ -172,7 +158,7 @@ class CodecEncoder:
         return np.asarray(self.codec.decode(codes), dtype=dtype)
 
 
-def _codec_digest(attrs: Mapping[str, Any]) -> str:
+def codec_digest(attrs: Mapping[str, Any]) -> str:
     """The SHA-256 of the codec bytes a code output's record names (its ``codec`` entry)."""
     record = storage_record(attrs)
     if not isinstance(record, Mapping) or not isinstance(record.get("codec"), Mapping):
@@ -186,10 +172,8 @@ def _quantization_digest(attrs: Mapping[str, Any]) -> str:
 
 
 def _stored_code(model: WhiteningModel, storage: Storage) -> StoredAs:
-    """What stores ``model``'s outputs as the vector code ``storage`` names: the model's own codec where it
-    records that code (or ``storage`` carries one); else one trained here from the exact statistics (the
-    codes that learn from a sample are recorded with ``streamwhiten.with_codes`` first). The record carries
-    the codec's bytes (`codec_record_data`), so ``serving.codec(attrs)`` decodes an output with nothing else."""
+    """What stores ``model``'s outputs as the code ``storage`` names: the codec it carries or the model records, else
+    one trained from the statistics; the record carries the codec's bytes, so an output decodes from itself."""
     held = model.storage
     recorded = storage.codec or (held.codec if held is not None and storage.names(held) else None)
     if recorded is not None:
@@ -220,7 +204,7 @@ def _stored_code(model: WhiteningModel, storage: Storage) -> StoredAs:
         }
     }
     return StoredAs(
-        label, int(width), "uint8", record, carried["sha256"], read_digest=_codec_digest, encoder=CodecEncoder(data)
+        label, int(width), "uint8", record, carried["sha256"], read_digest=codec_digest, encoder=CodecEncoder(data)
     )
 
 
@@ -240,8 +224,7 @@ def stored_as(quantization: Quantization | None) -> StoredAs | None:
 
 
 class _Memo:
-    """The last few storages `resolve` resolved, by model and storage (``hits`` and ``misses`` counted),
-    under a lock: outputs may be planned from several threads."""
+    """The last few storages `resolve` resolved (``hits`` and ``misses`` counted), under a lock."""
 
     def __init__(self, size: int = 8) -> None:
         self.size, self.hits, self.misses = size, 0, 0
@@ -267,13 +250,9 @@ _MEMO = _Memo()
 
 
 def resolve(model: WhiteningModel, storage: Storage | None = None) -> StoredAs | None:
-    """What is stored when ``model``'s outputs are stored as ``storage`` (None: the model's own storage,
-    float32 when it records none): None for floats; else the record an output carries, its digest and the
-    encoder (int8 codes and bits: the `Quantization` from the model's statistics, its int8 clip the
-    model's; a vector code: `_stored_code`). Memoised by the model's content checksum (`file_checksum`:
-    its statistics, which the int8 ranges and a trained code come from, its setting and its recorded
-    storage; two models can share a map, at beta = 0 or gamma = 0) and by ``storage``, so an apply, the
-    up-to-date check before it and the estimator train a code once."""
+    """What is stored when ``model``'s outputs are stored as ``storage`` (None: the model's own): None for
+    floats, else the record an output carries, its digest and the encoder, which also decodes. Memoised by
+    the model's content checksum (`file_checksum`) and ``storage``: a code is trained once."""
     storage = storage or model.storage or Storage()
     key = (file_checksum(model), str(storage), storage.codec and storage.codec.sha256)
     found, stored = _MEMO.get(key)
@@ -287,12 +266,13 @@ def resolve(model: WhiteningModel, storage: Storage | None = None) -> StoredAs |
 
 
 def resolve_counts() -> tuple[int, int]:
-    """``(hits, misses)`` of `resolve` so far: how often a storage was resolved anew (tests count them)."""
+    """``(hits, misses)`` of `resolve` so far (tests count them)."""
     return _MEMO.hits, _MEMO.misses
 
 
 __all__ = [
     "CodecEncoder",
+    "codec_digest",
     "codec_summary",
     "model_codec",
     "resolve",

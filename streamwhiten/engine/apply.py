@@ -1,16 +1,5 @@
-"""The chunked applier: stream rows through a model and write the reduced vectors to a new store.
-
-An apply writes every row of its input, or the rows ``[start, stop)`` of it (``rows``: the output then
-holds ``stop - start`` rows and its ``rows`` attribute says which). The output is written under a
-temporary name and renamed only once complete. Every few seconds (and
-when stopped by a signal) the rows written so far are made durable and recorded in a progress file
-beside the partial output, so an interrupted run (signal, crash, SIGKILL) resumes at the first
-unrecorded block and produces exactly the output an uninterrupted run would have.
-
-An output of int8 codes or sign bits (``dtype`` int8 or binary) is the float transform of each block,
-scaled to unit length, then encoded (`encode_block`) with the model's
-`Quantization`, the record the search, ``tune``, ``serving`` and
-``export`` use, so codes are equal everywhere; the output carries that record (`output_attrs`).
+"""The chunked applier: stream rows (all, or ``[start, stop)``) through a model into a new store, written
+under a temporary name, resumable to the bytes of an uninterrupted run; codes by the resolved storage.
 """
 
 from __future__ import annotations
@@ -79,8 +68,7 @@ def check_output(model: WhiteningModel, source: Source, output_spec: str) -> Non
 
 
 def encode_block(out: np.ndarray, quantization: Quantization | None) -> np.ndarray:
-    """One transformed block as it is stored: ``out`` itself for a float output, else its codes
-    (`Quantization.encode`; its rows are finite: a coded output takes no ``skip_nonfinite``)."""
+    """One transformed block as stored: ``out`` for floats, else its codes (its rows are finite)."""
     return out if quantization is None else quantization.encode(out)
 
 
@@ -94,15 +82,9 @@ def plan_output(
     source_sha256: str | None = None,
     attrs: Mapping[str, Any] | None = None,
 ) -> OutputPlan:
-    """The one `OutputPlan` of writing ``model``'s transform of
-    ``source`` (a `RowRange` writes part of its input) to ``output`` with
-    ``options`` (dtype None: the model's storage; what is stored: ``codes.storage.resolve``), read in
-    ``read``'s blocks: what every writer, the resume record and the is-current check take.
-
-    The user's block size wins: output chunks no larger, so blocks stay aligned (with the input's
-    chunks too, usually); chunks that are not whole 4 KiB blocks are written buffered. A Parquet
-    output's row groups are the blocks. ``source_sha256`` is the hash of its sampled rows where taken
-    before writing; ``attrs`` are recorded beside the plan's own."""
+    """The one `OutputPlan` of writing ``model``'s transform of ``source`` to ``output`` with ``options`` (what is
+    stored: ``codes.storage.resolve``), in ``read``'s blocks, chunks no larger; ``source_sha256``: the sampled
+    rows' hash where taken before writing; ``attrs``: recorded beside the plan's own."""
     from ..codes.storage import resolve
 
     storage = resolve(model, options.dtype)
@@ -141,9 +123,7 @@ def plan_output(
 
 
 def output_is_current(output: Output, plan: OutputPlan) -> bool:
-    """Whether ``output`` is a complete output of what ``plan`` writes (`OutputPlan.matches`):
-    then writing it again changes nothing. A float output's array is opened for its dtype; codes carry
-    their record."""
+    """Whether ``output`` is a complete output of what ``plan`` writes (`OutputPlan.matches`)."""
     if not output.exists():
         return False
     try:
@@ -157,29 +137,6 @@ def output_is_current(output: Output, plan: OutputPlan) -> bool:
     return plan.matches(attrs, dtype)
 
 
-def is_up_to_date(
-    model: WhiteningModel,
-    input_spec: str | Source,
-    output_spec: str,
-    options: ApplyOptions,
-    read: ReadOptions,
-    rows: tuple[int, int] | None = None,
-) -> bool:
-    """Whether ``output_spec`` already holds what `apply_model` with these arguments would write (see
-    `output_is_current`; the input's rows, or the range ``rows`` of them, fingerprinted now)."""
-    output = open_output(output_spec, read)
-    if not output.exists():
-        return False  # nothing to compare: the input is not read
-    options = options.storing(model.storage)
-    window = None if rows is None else _pair(rows)
-    with open_source(input_spec, read=read, min_rows=1) as opened:
-        source = opened if window is None else RowRange(opened, *window)
-        source_sha = fingerprint(source).sha256_sampled
-        assert source_sha is not None  # fingerprint() hashes the sampled rows
-        plan = plan_output(model, source, output, options, read, source_sha256=source_sha)
-    return output_is_current(output, plan)
-
-
 def aligned_block_rows(block_rows: int | None, source: Source, sink_chunk_rows: int) -> int:
     """Rows per block rounded to whole output chunks, so no output chunk is written by two blocks."""
     rows_per_block = block_rows or source.default_block_rows()
@@ -188,10 +145,7 @@ def aligned_block_rows(block_rows: int | None, source: Source, sink_chunk_rows: 
 
 @dataclass(frozen=True, eq=False)
 class BlockTransform:
-    """What every block of one apply is whitened with: the projection (``weights``, ``shift``: see
-    [`projection`][streamwhiten.core.model.WhiteningModel.projection]), whether rows are scaled to unit length,
-    the dtype the values are cast to (None: the product's own; codes are encoded from it), whether
-    non-finite input rows are written as NaN rows, and the input's label for messages."""
+    """What every block of one apply is whitened with, cast to, and labelled with."""
 
     weights: np.ndarray
     shift: npt.ArrayLike
@@ -210,17 +164,10 @@ def transform_block(
     reread: Callable[[], np.ndarray] | None = None,
     into: np.ndarray | None = None,
 ) -> tuple[np.ndarray, int]:
-    """Whiten one block read at row ``begin`` as ``how`` says; returns the output rows and how many were
-    non-finite.
-
-    A row holding NaN or Inf raises `NonFiniteError` naming the input and the row, unless
-    ``how.skip_nonfinite``: then its output row is NaN and it is counted. Finite values that overflow
-    (when centred, whitened or cast to ``how.dtype``) raise `ValuesTooLargeError` naming the row.
-    With ``overwrite_input`` the block may be centred in place; ``reread()`` then returns the block as
-    stored, read again only when some rows came out non-finite, to tell NaN/Inf input from overflow.
-    ``out`` is an optional buffer for the product (see `project_checked`),
-    ``into`` one for the cast to ``how.dtype``.
-    """
+    """Whiten one block read at row ``begin`` as ``how`` says: ``(rows out, non-finite rows)``. A NaN or Inf
+    row raises `NonFiniteError` unless ``how.skip_nonfinite`` (a NaN row, counted); overflow raises
+    `ValuesTooLargeError`, both naming the row. With ``overwrite_input`` the block may be centred in place
+    (``reread()`` gives it as stored, to tell NaN input from overflow); ``out``, ``into``: buffers."""
     weights, shift, normalize, dtype, label = how.weights, how.shift, how.normalize, how.dtype, how.label
     try:
         out, finite = project_checked(rows, weights, shift, normalize, None, overwrite_input=overwrite_input, out=out)
@@ -247,11 +194,9 @@ def transform_block(
 def _join(writer: ThreadPoolExecutor) -> None:
     """Wait for the writer thread to finish, even through another Ctrl-C (its writes take milliseconds)."""
     while True:
-        try:
+        with contextlib.suppress(KeyboardInterrupt):
             writer.shutdown(wait=True)
             return
-        except KeyboardInterrupt:
-            continue
 
 
 @dataclass(frozen=True)
@@ -280,8 +225,7 @@ class ApplyOutcome:
 
 
 def summary(plan: OutputPlan, sink: Sink, n_nonfinite: int, seconds: float, resumed_at_row: int = 0) -> ApplyOutcome:
-    """What an apply run of ``plan`` reports (``dtype``: the storage, ``"binary"`` for bits stored as uint8
-    bytes)."""
+    """What an apply run of ``plan`` reports (``dtype``: the storage's kind)."""
     return ApplyOutcome(
         input=plan.source,
         output=sink.label,
@@ -298,11 +242,8 @@ def summary(plan: OutputPlan, sink: Sink, n_nonfinite: int, seconds: float, resu
 
 @dataclass(frozen=True)
 class ApplyPart:
-    """What of the input an apply writes, and what the output records of its caller: the input rows
-    ``rows = (start, stop)`` only (None: every row; the output then holds ``stop - start`` rows, its row 0
-    the input's row ``start``, and records the range in its ``rows`` attribute), and ``attrs`` recorded
-    beside the output's own attributes (how ``run`` marks a published part with its job, version and
-    input). Such an output is resumed, and found up to date, as any other."""
+    """What of the input an apply writes (rows ``(start, stop)``; None: all, recorded in its ``rows`` attribute),
+    and ``attrs`` recorded beside the output's own (how ``run`` marks a published part)."""
 
     rows: tuple[int, int] | None = None
     attrs: Mapping[str, Any] = field(default_factory=dict)
@@ -319,28 +260,14 @@ def apply_model(
     watch: Watch = Watch(),
     threads: int | None = None,
 ) -> ApplyOutcome:
-    """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names: `ApplyPart`)
-    to the new store ``output_spec``.
+    """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names) to the new
+    store ``output_spec``, as ``options`` say, reading as ``read`` says; ``watch`` is told the rows written
+    and asked whether to stop.
 
-    ``options`` ([`ApplyOptions`][streamwhiten.options.ApplyOptions]) say what is written and how, ``read``
-    ([`ReadOptions`][streamwhiten.options.ReadOptions]) how the input is read and URLs are reached.
-    ``watch`` is told the rows written and asked whether to stop (`Watch`).
-
-    Rows holding NaN or Inf stop the run with an error naming the row, unless ``skip_nonfinite``: then
-    their output rows are NaN (row alignment with the input is kept) and they are counted. Unless
-    ``restart``, the partial output of an interrupted run of the same job is continued; the rows written
-    are made durable and recorded for a resume every ``progress_seconds`` (0: after every block) and when
-    a stop is asked for. ``compressor`` (HDF5 and Zarr outputs) compresses each output chunk in the
-    writer thread, in a form plain zarr or h5py reads; ``keep_columns`` (Parquet or Lance input and output)
-    copies input columns row for row beside the vectors.
-
-    ``threads`` worker threads each read and transform whole blocks, which a writer thread writes in
-    row order while the next block is computed. The default, 1, computes in this thread with
-    multi-threaded BLAS: concurrent blocks were measured to slow each other down on a 2-core machine
-    (see docs/performance.md); more threads can pay on more cores. An input whose compressed chunks are
-    decoded here defaults to one thread per core (at most four), decoding at once, with a reader thread
-    fetching the stored bytes of the next blocks ahead. With ``direct_io`` whole output chunks are written
-    around the page cache (``O_DIRECT``), which uses no CPU and so overlaps with the computation.
+    Unless ``restart``, an interrupted run's partial output is continued. ``threads`` workers transform
+    whole blocks, written in row order by a writer thread; the default, 1, computes here with multi-threaded
+    BLAS (concurrent blocks slowed each other on 2 cores: docs/performance.md); a compressed input decoded
+    here gets one per core (at most four).
     """
     began = time.perf_counter()
     options, read, part = options or ApplyOptions(), read or ReadOptions(), part or ApplyPart()
@@ -353,8 +280,7 @@ def apply_model(
         source = stack.enter_context(open_source(input_spec, read=read, min_rows=1))
         if part.rows is not None:
             source = RowRange(source, *_pair(part.rows))
-        # A remote input is read by several threads at once (reads wait on the network); a compressed one
-        # is decoded by one per core.
+        # a remote input is read by several threads at once; a compressed one is decoded by one per core
         threads = resolve_threads(remote.default_threads(threads, [source]), default=default_threads(source))
         check_output(model, source, output_spec)
         plan = plan_output(model, source, output, options, read, attrs=part.attrs)
@@ -380,8 +306,7 @@ def _pair(rows: Any) -> tuple[int, int]:
 
 @dataclass
 class _Writing:
-    """How one apply writes its output: its plan, the record a resume must match, and the sampler that
-    hashes the input's sampled rows as the blocks are read (None when hashed up front)."""
+    """How one apply writes: its plan, the resume record, and the sampler hashing rows as read."""
 
     plan: OutputPlan
     record: ResumeRecord
@@ -402,8 +327,7 @@ def up_to_date_error(out_path: str) -> NothingToDoError:
 
 
 def refuse_current(output: Output, plan: OutputPlan, overwrite: bool) -> None:
-    """`up_to_date_error` where ``output`` holds what ``plan`` writes (``plan`` with its input's hash);
-    with ``overwrite``, an existing output is first checked to be one of ours of this kind."""
+    """`up_to_date_error` where ``output`` holds what ``plan`` writes (with ``overwrite``: ours checked first)."""
     if not output.exists():
         return
     if overwrite:
@@ -413,9 +337,7 @@ def refuse_current(output: Output, plan: OutputPlan, overwrite: bool) -> None:
 
 
 def _prepare_writing(source: Source, output: Output, plan: OutputPlan, options: ApplyOptions, threads: int) -> _Writing:
-    """Check an existing output (up to date, ``overwrite`` or not: `NothingToDoError`, exit 3, so
-    that a nightly script reads "nothing to do" and pays no rewrite; else ours and ``overwrite``: replaced;
-    else `OutputExistsError`) and make the record a resume of ``plan`` must match."""
+    """Check an existing output (current, ours, ``overwrite``) and make the record a resume must match."""
     out_path, _ = split_spec(output.spec)
     exists = output.exists()
     if exists and options.overwrite:
@@ -436,9 +358,7 @@ def _prepare_writing(source: Source, output: Output, plan: OutputPlan, options: 
 
 
 def _open_sink(output: Output, writing: _Writing, options: ApplyOptions) -> tuple[Sink, int, int]:
-    """``(sink, first row to write, non-finite rows so far)``: the partial output of an interrupted run of
-    the same job, resumed, or a new one (its input's hash set at commit: it may be taken from the rows as
-    they are read)."""
+    """``(sink, first row to write, non-finite rows so far)``: a partial output resumed, or a new one."""
     resumed = None if options.restart else output.resume(writing.plan, writing.record)
     if resumed is not None:
         return resumed[0], resumed[1].rows_done, resumed[1].n_nonfinite
@@ -451,9 +371,7 @@ _Whitened = tuple[int, int, np.ndarray, int, Any, Callable[[], None]]
 
 
 class _BlockRun:
-    """The blocks of one apply: worker threads read, centre and project them into pooled buffers, and a
-    writer thread writes them in row order while the next ones are computed; progress is recorded for a
-    resume every ``progress_seconds`` and when a stop is asked for."""
+    """The blocks of one apply: projected by workers, written in row order by a writer thread, resumable."""
 
     def __init__(
         self,
@@ -543,8 +461,7 @@ class _BlockRun:
     def write_all(self, start: int, n_nonfinite: int) -> int:
         """Write every block from row ``start``; returns the non-finite rows counted in all."""
         source = self.source
-        # Stored (compressed) bytes of the next blocks are fetched ahead by a reader thread: at most the
-        # ``workers + 1`` blocks ordered_map has in flight.
+        # a reader thread fetches the stored bytes of the ``workers + 1`` blocks ordered_map has in flight
         reader = None
         if self.workers > 1 and source.decoder is not None:
             reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read")
@@ -566,8 +483,7 @@ class _BlockRun:
         return n_nonfinite
 
     def _fold(self, results: Iterable[_Whitened], writer: ThreadPoolExecutor, n_nonfinite: int) -> int:
-        """Queue each block's write in row order, recording progress as it goes; a stop asked for saves
-        progress and raises `InterruptedRunError`."""
+        """Queue each block's write in row order, saving progress; a stop saves it and raises."""
         n_rows, last_record = self.source.n_rows, time.perf_counter()
         for begin, end, out, nonfinite, kept, release in results:  # written in row order by the writer
             n_nonfinite += nonfinite

@@ -13,9 +13,8 @@
     max_staleness = 0.5               # + keep_versions (see job.publish and docs/nightly.md)
     [storage]                         # optional: keyword arguments of the file systems of URLs
 
-The keys each table takes beside its own (``paths``, ``dataset``, ``path``, ``output``) are those
-`streamwhiten.params.job_keys` lists, each checked as everywhere else; a mistake is one
-`BadInputError` naming the file and the key. Relative paths are taken from the job file's directory.
+Each table's parameters are those `streamwhiten.params.job_keys` lists; a mistake is one `BadInputError`
+naming the file and the key. Relative paths are taken from the job file's directory.
 """
 
 from __future__ import annotations
@@ -44,8 +43,7 @@ OWN_KEYS: dict[str, dict[str, type | tuple[type, ...]]] = {
 
 @dataclass(frozen=True)
 class Fitting:
-    """How a job keeps its statistics: the model file, the whitening's ``setting`` (its ``[model]``
-    parameters), the fit ``options``, how it reads the inputs (``read``) and the ``engine``."""
+    """How a job keeps its statistics: model file, ``[model]`` setting, fit options, ``read``, ``engine``."""
 
     model_path: str
     setting: Setting
@@ -70,14 +68,8 @@ class Writing:
 
 @dataclass(frozen=True)
 class JobFile:
-    """A checked ``job.toml``: paths made absolute, every setting as an option object.
-
-    ``read`` is how the inputs are read by the fit (``[input]``, ``[storage]`` and the ``[model]``
-    block size); ``apply_read`` the same with the ``[apply]`` block size. ``apply`` is None without an
-    ``[apply]`` table; ``output`` is its output template. ``publish`` is None without a ``[publish]``
-    table: then every output is rewritten whenever the model changes; with one, the outputs are published
-    in versions (``job.publish``).
-    """
+    """A checked ``job.toml``: paths absolute, every setting an option object (``read``: the fit's reading,
+    ``apply_read``: the apply's; ``apply``, ``output``, ``publish``: None without their tables)."""
 
     path: str
     name: str
@@ -116,13 +108,11 @@ class JobFile:
 
     @property
     def own_files(self) -> dict[str, str]:
-        """The files a run of the job keeps beside its outputs, each with what it is: the model file, its
-        checkpoint and the lock."""
+        """The model file, its checkpoint and the lock, each with what it is."""
         return {self.model_path: "model file", self.checkpoint: "checkpoint", self.lock_path: "lock file"}
 
     def inputs_and_outputs(self) -> tuple[list, dict]:
-        """The job's inputs as they are now (globs expanded) and the output of each (none without an
-        ``[apply]`` table), refusing two inputs in one output."""
+        """The job's inputs now (globs expanded) and each one's output, refusing two inputs in one output."""
         from ..io import expand_specs, remote, split_spec
 
         inputs = expand_specs(list(self.inputs), self.read)
@@ -165,8 +155,7 @@ def _load(path: str) -> dict:
 
 
 def _check_tables(path: str, data: dict) -> None:
-    """Refuse unknown keys, values of the wrong type and parameters out of range, and a value holding a
-    NUL byte (TOML's ``\\u0000``: no path or name holds one), naming file and key."""
+    """Refuse unknown keys, wrong types, values out of range and NUL bytes, naming the file and key."""
     from ..records import nul_field
 
     found = nul_field(data)
@@ -195,8 +184,7 @@ def _check_tables(path: str, data: dict) -> None:
 
 
 def _given(table: dict, cls: type) -> dict:
-    """The keys of ``table`` that are fields of the option class ``cls`` (a parameter's former name,
-    ``chunk_rows``, counting as its own, ``block_rows``)."""
+    """The keys of ``table`` that are fields of the option class ``cls`` (former names counting as theirs)."""
     names = {item.name for item in fields(cls)}
     found = {}
     for key, value in table.items():
@@ -208,9 +196,7 @@ def _given(table: dict, cls: type) -> dict:
 
 def read_job_file(path: str, storage_options: Any = None) -> JobFile:
     """Parse and check a job file; every mistake is one `BadInputError` naming the file and key.
-
-    ``storage_options`` (the command line's ``--storage-option``) are used over the ``[storage]`` table.
-    """
+    ``storage_options`` (the command line's ``--storage-option``) are used over the ``[storage]`` table."""
     from ..io import remote
 
     data = _load(path)
@@ -315,8 +301,7 @@ def check_output_template(path: str, template: str) -> None:
 
 
 def check_field(path: str, name: str, value: str, what: str) -> None:
-    """Refuse a value for the ``{name}`` of an output template that would leave the output's folder or
-    name none: a path separator, ``..``, ``.`` or nothing (exit 2)."""
+    """Refuse a template's ``{name}`` value that would leave the output's folder: a separator, ``..``, ``.``, ''."""
     if value in ("", ".", "..") or any(sep in value for sep in ("/", "\\", os.sep, os.altsep or "/", "\0")):
         raise BadInputError(
             f"{path}: {{{name}}} in the [apply] output would be {what}, which holds a path separator or is "

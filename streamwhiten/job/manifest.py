@@ -1,15 +1,6 @@
-"""The files of a job's published versions and the manifest that names them.
-
-A job with a ``[publish]`` table keeps, beside its model file ``M.npz`` (the statistics, updated every
-night):
-
-- ``M.vN.npz``: published version N, an immutable copy of the model finalized when N was published;
-- ``M.manifest.json``: the current publication (a `Manifest`): the version,
-  its model file and map, and each input's output *parts* (``out/day-1.vN.zarr``, then
-  ``out/day-1.vN.part1.zarr``, ... as nights append rows), replaced as a whole by one atomic rename.
-
-A damaged or hand-edited manifest is refused, never taken for another version. Local paths are relative
-to the manifest in the file, so a job's folder can be moved, copied or mounted elsewhere.
+"""The files of a job's published versions: ``M.vN.npz`` (version N's model) and ``M.manifest.json`` (a
+`Manifest`), replaced whole by one atomic rename, refused when damaged; its local paths are relative to it,
+so a job's folder can be moved, copied or mounted elsewhere.
 """
 
 from __future__ import annotations
@@ -43,9 +34,7 @@ def version_model_path(model_path: str, version: int) -> str:
 
 
 def versioned_output(output_spec: str, version: int, part: int = 0) -> str:
-    """The path of part ``part`` of version ``version`` of the output ``output_spec``: ``out/day-1.v3.zarr``
-    for part 0, ``out/day-1.v3.part1.zarr`` for part 1, ... (a dataset or column named in the spec is kept:
-    ``out/day-1.v3.h5:/vectors``)."""
+    """Part ``part`` of version ``version`` of ``output_spec``: ``out/day-1.v3.zarr``, ``out/day-1.v3.part1.zarr``."""
     from ..io import split_spec
 
     path, inner = split_spec(output_spec)
@@ -60,9 +49,7 @@ def versioned_output(output_spec: str, version: int, part: int = 0) -> str:
 
 
 def read_manifest(model_path: str) -> Manifest | None:
-    """The manifest beside ``model_path``, checked whole (format, its own checksum, every field), or None
-    when there is none. A damaged, truncated or hand-edited one is a `ModelFileError` (exit 2)
-    naming it: it is never taken for another version."""
+    """The manifest beside ``model_path``, checked whole (a `ModelFileError` when damaged), or None."""
     from .._paths import read_file
 
     path = manifest_path(model_path)
@@ -91,8 +78,7 @@ def read_manifest(model_path: str) -> Manifest | None:
 
 
 def write_manifest(model_path: str, manifest: Manifest) -> str:
-    """Replace the manifest beside ``model_path`` by ``manifest`` in one atomic rename (temp file, fsync,
-    rename, directory fsync); returns its path."""
+    """Replace the manifest beside ``model_path`` by ``manifest`` in one atomic rename; returns its path."""
     path = manifest_path(model_path)
     stored = manifest if manifest.legacy else _paths(manifest, _base(path), absolute=False)
     data = (json.dumps(stored.to_dict(), indent=2, sort_keys=True) + "\n").encode()
@@ -106,8 +92,7 @@ def _base(path: str) -> str:
 
 
 def _moved(spec: str, base: str, absolute: bool, real: bool = False) -> str:
-    """The local ``spec`` (a path, with the array it names) made absolute from, or relative to, ``base``
-    (``real``: as real paths, as a fingerprint records them); a URL as it is."""
+    """The local ``spec`` made absolute from, or relative to, ``base`` (``real``: real paths); a URL as it is."""
     from ..io import remote, split_spec
 
     path = split_spec(spec)[0]
@@ -123,9 +108,7 @@ def _moved(spec: str, base: str, absolute: bool, real: bool = False) -> str:
 
 
 def _paths(manifest: Manifest, base: str, absolute: bool) -> Manifest:
-    """``manifest`` with every local path (inputs, their fingerprints, outputs, parts, versions kept or
-    retired) absolute (as runs and readers use them) or relative to the manifest's folder ``base`` (as
-    the file holds them, so that the job's folder can be moved, copied or mounted elsewhere)."""
+    """``manifest`` with every local path absolute, or relative to its folder ``base`` (as the file holds them)."""
 
     def move(spec: str) -> str:
         return _moved(spec, base, absolute)

@@ -1,11 +1,6 @@
 """What each published file records of the job that wrote it, and the checks that a file is what the
-manifest claims.
-
-The manifest's checksum has no key, so it proves integrity, not authorship: the files vouch for
-themselves. Each part records the job that wrote it (``job_id``), its version and its input
-(`PUBLICATION_ATTR`, `part_attrs`), each published model file its job and version (its
-``info``). A run deletes or replaces only files that prove it (`ownership_problem`, checked by
-``job.publish`` before it writes), and readers refuse a part bound to another input (`attrs_problem`).
+manifest claims (whose checksum proves integrity, not authorship): a run deletes or replaces only files
+that prove it is theirs (`ownership_problem`); readers refuse a part of another input.
 """
 
 from __future__ import annotations
@@ -39,9 +34,7 @@ def _digest(text: str, size: int) -> str:
 
 
 def _folder_digest(salt: str, model_path: str) -> str:
-    """The digest that binds a job identity drawn with ``salt`` to the folder instance holding the manifest
-    beside ``model_path``: that folder's inode on its file system (kept by a move or a rename within the
-    file system, and by a mount elsewhere; new for a copy) and the manifest's name in it."""
+    """Binds an identity drawn with ``salt`` to the manifest's folder: its inode and the manifest's name."""
     folder, name = _folder_of(model_path)
     try:
         inode = os.stat(folder).st_ino
@@ -51,28 +44,19 @@ def _folder_digest(salt: str, model_path: str) -> str:
 
 
 def _salt(model_path: str) -> str:
-    """What a job identity drawn for the manifest beside ``model_path`` starts with: a digest of where the
-    manifest is (its real path)."""
+    """What a job identity starts with: a digest of the manifest's real path."""
     return _digest(os.path.join(*_folder_of(model_path)), 16)
 
 
 def first_job_id(model_path: str) -> str:
-    """The identity a job takes at its first publication (kept by every later one, in the manifest):
-    ``SALT-DIGEST``, where SALT is a digest of where its manifest is then and DIGEST binds it to the folder
-    instance holding the manifest (`job_id_problem`). A first night cut short and run again takes the
-    same one, so it finds its own parts; another model file, or a copy of the folder, never does."""
+    """A job's identity from its first publication on: ``SALT-DIGEST`` (`_salt`, `_folder_digest`)."""
     salt = _salt(model_path)
     return f"{salt}-{_folder_digest(salt, model_path)}"
 
 
 def job_id_problem(model_path: str, job_id: str) -> str | None:
-    """None when ``job_id`` (a manifest's) is the identity of the job folder holding the manifest beside
-    ``model_path``, as that folder is now; else why not. It is checked against the folder itself, not taken
-    from the manifest: the identity holds in the same folder (its inode: moved or renamed within its file
-    system, or reached through a link or a mount) and in a folder at the very place it was first published
-    (a folder restored from a backup); not in a copy elsewhere, nor in a manifest that took another job's
-    identity. An identity of the previous format (a digest of the manifest's real path) is this job's only
-    where the manifest still is."""
+    """None when ``job_id`` (a manifest's) is the identity of the manifest's folder as it is now (moved, renamed,
+    mounted or at its first place); else why not."""
     if "-" in job_id:
         salt, _, digest = job_id.partition("-")
         if salt == _salt(model_path) or digest == _folder_digest(salt, model_path):
@@ -82,32 +66,23 @@ def job_id_problem(model_path: str, job_id: str) -> str | None:
     return f"published by another folder (job {job_id}), not this one"
 
 
-def input_identity(input_spec: str, part_spec: str) -> str:
-    """The input a part holds rows of, as the part records it: the input's path relative to the part's own
-    folder, both as the job names them (not resolving links, so a folder moved with its inputs, or whose
-    ``out/`` is a link to another disk, stays bound to them), or its URL; and the array named in the spec."""
+def input_identity(input_spec: str, part_spec: str, earlier: bool = False) -> str | None:
+    """The input a part holds rows of, as it records it: the input's path relative to the part's folder (links
+    unresolved) or its URL, and the array; ``earlier``: as the previous release did (real paths; None: URL)."""
     from ..io import remote, split_spec
 
     path, inner = split_spec(input_spec)
     part = split_spec(part_spec)[0]
-    if remote.is_url(path):
+    if earlier and (remote.is_url(path) or remote.is_url(part)):
+        return None
+    if earlier:
+        where = os.path.relpath(os.path.realpath(path), os.path.realpath(os.path.dirname(os.path.abspath(part))))
+    elif remote.is_url(path):
         where = remote.normalize(path)
     elif remote.is_url(part):
         where = os.path.realpath(path)
     else:
         where = os.path.relpath(os.path.abspath(path), os.path.dirname(os.path.abspath(part)))
-    return f"{where}:{inner}" if inner else where
-
-
-def _earlier_input_identity(input_spec: str, part_spec: str) -> str | None:
-    """What a part written by the previous release records of its input (real paths), or None for a URL."""
-    from ..io import remote, split_spec
-
-    path, inner = split_spec(input_spec)
-    part = split_spec(part_spec)[0]
-    if remote.is_url(path) or remote.is_url(part):
-        return None
-    where = os.path.relpath(os.path.realpath(path), os.path.realpath(os.path.dirname(os.path.abspath(part))))
     return f"{where}:{inner}" if inner else where
 
 
@@ -132,8 +107,7 @@ def publication_record(attrs: dict) -> dict | None:
 def ownership_problem(
     attrs: dict, job_id: str, version: int, input_spec: str | None = None, part_spec: str | None = None
 ) -> str | None:
-    """None when the attributes ``attrs`` of an output prove that job ``job_id`` wrote it as a part of
-    version ``version`` (of the input ``input_spec``, where given, seen from ``part_spec``); else why not."""
+    """None when ``attrs`` prove job ``job_id`` wrote the output as version ``version``'s part; else why not."""
     record = publication_record(attrs)
     if record is None:
         return "not written by a published job (a plain apply's output, or another program's file)"
@@ -143,7 +117,7 @@ def ownership_problem(
         return f"written as a part of version {record.get('version')}, not {version}"
     if input_spec is not None and part_spec is not None:
         wanted = input_identity(input_spec, part_spec)
-        accepted = {wanted, _earlier_input_identity(input_spec, part_spec)} - {None}
+        accepted = {wanted, input_identity(input_spec, part_spec, earlier=True)} - {None}
         if record.get("input") not in accepted:
             return f"holds the rows of another input ({record.get('input')}, not {wanted})"
     return None
@@ -157,8 +131,7 @@ def output_owner_problem(
     input_spec: str | None = None,
     model_checksum: str | None = None,
 ):
-    """`ownership_problem` of the output ``spec`` as it is now (None also when nothing is there); with
-    ``model_checksum``, also that the output was written by that map (read from the same attributes)."""
+    """`ownership_problem` of the output ``spec`` now (and, given ``model_checksum``, written by that map)."""
     from ..output_plan import CHECKSUM_ATTR
 
     attrs = _attrs(spec, read)
@@ -171,8 +144,7 @@ def output_owner_problem(
 
 
 def model_owner_problem(path: str, job_id: str, version: int, model: Any = None) -> str | None:
-    """None when the model file ``path`` (``model``: loaded from it already) records that job ``job_id``
-    published it as version ``version`` (or nothing is there); else why not."""
+    """None when the model file ``path`` records job ``job_id``'s version ``version`` (or is absent); else why."""
     from .._npz import foreign_npz
     from ..core.model import FORMAT_NAME, load_model
 
@@ -194,10 +166,8 @@ def model_owner_problem(path: str, job_id: str, version: int, model: Any = None)
 
 
 def part_problem(part: Part, manifest: Manifest, input_spec: str, read: ReadOptions | None = None) -> str | None:
-    """None when the output ``part.path`` is complete and holds the transform of the input rows
-    ``[part.start, part.stop)`` by the map of ``manifest``'s version (and, unless the manifest is of the
-    earlier format, records that its job wrote it for that version from the input ``input_spec``); else
-    what is wrong with it."""
+    """None when ``part.path`` is complete, holds input rows ``[start, stop)`` by ``manifest``'s map and records
+    its job, version and input; else what is wrong with it."""
     attrs = _attrs(part.path, read)
     if not isinstance(attrs, dict):
         return "missing" if attrs is None else attrs  # unreadable: not what was published
@@ -205,8 +175,7 @@ def part_problem(part: Part, manifest: Manifest, input_spec: str, read: ReadOpti
 
 
 def _attrs(spec: str, read: ReadOptions | None) -> dict | str | None:
-    """The attributes of the output ``spec``: None when nothing is there, `unreadable`'s phrase when they
-    cannot be read."""
+    """The output's attributes: None when nothing is there, `unreadable`'s phrase when they cannot be read."""
     from ..io import open_output
 
     output = open_output(spec, read)
@@ -222,8 +191,7 @@ def unreadable(exc: BaseException) -> str:
 
 
 def attrs_problem(part: Part, attrs: dict[str, Any], manifest: Manifest, input_spec: str) -> str | None:
-    """`part_problem` of a part whose output attributes ``attrs`` were read already (by a reader
-    that opened it to read its rows too)."""
+    """`part_problem` of a part whose attributes ``attrs`` were read already."""
     from ..output_plan import CHECKSUM_ATTR, is_complete, recorded_rows
 
     try:
@@ -242,8 +210,7 @@ def attrs_problem(part: Part, attrs: dict[str, Any], manifest: Manifest, input_s
 
 
 def check_model_file(model_path: str, manifest: Manifest):
-    """The published model file the manifest names, loaded and checked against it (its file checksum and
-    its map's); a missing or different one is a `ModelFileError` naming it."""
+    """The published model file the manifest names, loaded and checked against it; `ModelFileError`."""
     from ..core.model import file_checksum, load_model, map_checksum
 
     path = os.path.join(os.path.dirname(os.path.abspath(model_path)), manifest.model_file)
@@ -277,13 +244,8 @@ def check_model_file(model_path: str, manifest: Manifest):
 
 
 def check_outputs(model_path: str, manifest: Manifest, read: ReadOptions | None = None) -> Manifest:
-    """Refuse a publication whose output parts were deleted or changed by hand, naming each of them.
-
-    A part whose file-system stamp is the one the manifest recorded is not opened (so a night does not
-    cost more as parts accumulate); a part whose stamp changed, or that has none (written moments
-    before, or on object storage: ``Output.stamp``), is checked in full (`part_problem`). Returns
-    ``manifest`` with the stamps of the parts checked in full brought up to date (the same object when
-    none changed)."""
+    """Refuse a publication whose parts were deleted or changed by hand, naming them; a part whose stamp is
+    the recorded one is not opened. Returns ``manifest`` with the stamps of those checked brought up to date."""
     from ..io import open_output
 
     problems = []

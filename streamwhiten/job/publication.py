@@ -1,11 +1,8 @@
 """Reading a job's published outputs through its manifest: one complete version, each part checked.
 
-Readers resolve outputs through the manifest ([`published`][streamwhiten.job.publication.published]), so they
-see one complete version (the files and the manifest: ``job.manifest``): a new version's outputs are all
-written before the manifest names them, and older versions are deleted only after it does (``keep_versions``
-of them are kept, so a reader that resolved the previous version can finish reading it). Each part is
-checked before it is read (complete, this version's map, the rows listed, written by this job from this
-input: ``job.ownership``).
+[`published`][streamwhiten.job.publication.published] reads the manifest once: a version's outputs are all
+written before the manifest names them and deleted only after a newer one does (``keep_versions`` kept),
+and each part is checked before it is read (complete, this version's map, the rows listed, this job's).
 
 Examples
 --------
@@ -18,6 +15,7 @@ Examples
 
 from __future__ import annotations
 
+import base64
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -32,48 +30,15 @@ from .manifest import manifest_path, read_manifest
 from .ownership import attrs_problem, check_model_file, unreadable
 
 if TYPE_CHECKING:
+    from ..codes.storage import CodecEncoder
     from ..core.model import WhiteningModel
     from ..core.quantize import Quantization
 
 
-def _codec_sha(attrs: Any) -> str | None:
-    """The SHA-256 of the codec a vector-code output names (its record's ``codec`` entry), else None."""
-    from ..output_plan import storage_record
-
-    try:
-        record = storage_record(attrs)
-    except Exception:  # noqa: BLE001 - not a record of ours: read as Quantization's, which says what is wrong
-        return None
-    codec = record.get("codec") if isinstance(record, dict) else None
-    return str(codec["sha256"]) if isinstance(codec, dict) and "sha256" in codec else None
-
-
-@dataclass(frozen=True)
-class CodeDecoder:
-    """How a publication's vector-code rows decode: the published model's codec (``decode``), named by the
-    SHA-256 of its bytes (``digest``: the same in every part)."""
-
-    codec: Any
-    sha256: str
-
-    def decode(self, codes: np.ndarray, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
-        """The rows the codes stand for (the codec's decode: unit-length vectors, approximately)."""
-        return np.asarray(self.codec.decode(codes), dtype=dtype)
-
-    def digest(self) -> str:
-        return self.sha256
-
-
 @dataclass(frozen=True)
 class Publication:
-    """A published version of a job's outputs, as its manifest listed it when
-    [`published`][streamwhiten.job.publication.published] read it.
-
-    Everything here stays that version, whatever a run publishes meanwhile: ``parts`` and ``read`` use
-    the outputs this manifest names, each checked (complete, written by this version's map, holding the
-    rows listed) before it is read. The version read stays on disk while a newer one is published
-    (``keep_versions``, at least 2 by default), so a reader can finish it.
-    """
+    """A published version of a job's outputs, as [`published`][streamwhiten.job.publication.published] read
+    it: that version whatever a run publishes meanwhile, each part checked before it is read."""
 
     model_path: str
     manifest: Manifest
@@ -122,9 +87,7 @@ class Publication:
         return check_model_file(self.model_path, self.manifest)
 
     def parts(self, input_spec: str) -> tuple[Part, ...]:
-        """The output parts of ``input_spec`` (as the job names it, or another path to the same file, with
-        or without the dataset a file of one dataset needs none for), in row order: part ``i`` holds the
-        transform of input rows ``[start, stop)``."""
+        """The parts of ``input_spec`` (or another path to its file) in row order, each input rows ``[start, stop)``."""
         return self._input(input_spec).parts
 
     def _input(self, input_spec: str) -> PublishedInput:
@@ -132,10 +95,8 @@ class Publication:
         path, inner = _key(input_spec)
         for item in self.manifest.inputs:
             other_path, other_inner = _key(item.spec)
-            if (
-                item.spec == input_spec
-                or (path == other_path and None in (inner, other_inner))
-                or ((path, inner) == (other_path, other_inner))
+            if item.spec == input_spec or (
+                path == other_path and (inner == other_inner or None in (inner, other_inner))
             ):
                 return item
         raise BadInputError(
@@ -144,21 +105,17 @@ class Publication:
         )
 
     def read(self, input_spec: str, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
-        """The whitened rows of ``input_spec`` in this version: its parts, each checked (complete, this
-        version's map, the rows listed, written by this job from this input), concatenated. Float
-        outputs as they are stored; int8 codes and bits decoded to floats of ``dtype`` (``code * scale +
-        offset``; the signs +1/-1 of the bits), as ``streamwhiten.serving.decode`` does (for the codes
-        themselves: [`read_codes`][streamwhiten.job.publication.Publication.read_codes])."""
+        """The whitened rows of ``input_spec`` in this version: its parts, each checked, concatenated; codes
+        decoded to floats of ``dtype`` as ``streamwhiten.serving.decode`` decodes them."""
         blocks, record = self._read_parts(input_spec)
         if record is not None:
             return record.decode(blocks, dtype)
         return blocks
 
-    def read_codes(self, input_spec: str) -> tuple[np.ndarray, Quantization | CodeDecoder]:
-        """``(codes, quantization)``: the stored int8 codes or bytes of sign bits of ``input_spec`` in this
-        version (checked as [`read`][streamwhiten.job.publication.Publication.read] checks them), and their decoder
-        (`Quantization`: ``quantization.decode(codes)``). A publication of
-        float outputs is refused: [`read`][streamwhiten.job.publication.Publication.read] returns its rows."""
+    def read_codes(self, input_spec: str) -> tuple[np.ndarray, Quantization | CodecEncoder]:
+        """``(codes, decoder)``: the stored codes of ``input_spec`` in this version, checked as
+        [`read`][streamwhiten.job.publication.Publication.read] checks them, and ``decoder.decode(codes)``'s
+        decoder (a `Quantization`, or a vector code's ``codes.storage.CodecEncoder``); floats are refused."""
         blocks, record = self._read_parts(input_spec)
         if record is None:
             raise BadInputError(
@@ -166,16 +123,13 @@ class Publication:
             )
         return blocks, record
 
-    def _read_parts(self, input_spec: str):
-        """The stored rows of ``input_spec``'s parts, each checked, concatenated; and the codes' record
-        (None for float outputs), the same in every part."""
-        from ..core.quantize import Quantization
+    def _read_parts(self, input_spec: str) -> tuple[np.ndarray, Any]:
+        """``input_spec``'s parts' stored rows, each checked, concatenated, and their one decoder (None: floats)."""
         from ..io import open_output, open_source
-        from ..output_plan import STORAGE_ATTR
 
         blocks: list[np.ndarray] = []
-        records: list[Any] = []
-        decoders: dict[str, CodeDecoder] = {}
+        decoders: list[tuple[str | None, Any]] = []
+        codecs: dict[str, CodecEncoder] = {}
         entry = self._input(input_spec)
         for part in entry.parts:
             # one open per part: its attributes are checked (as part_problem checks them), then its rows read
@@ -191,45 +145,47 @@ class Publication:
                     self._refuse(part, problem)
                 if source.n_rows != part.n_rows:
                     raise BadInputError(f"{part.path}: holds {source.n_rows} rows, not the {part.n_rows} published")
-                sha = _codec_sha(attrs) if STORAGE_ATTR in attrs else None
-                if STORAGE_ATTR not in attrs:
-                    records.append(None)
-                elif sha is not None:  # the model is loaded and checked once per codec, not once per part
-                    if sha not in decoders:
-                        decoders[sha] = self._code_decoder(part, sha, attrs)
-                    records.append(decoders[sha])
-                else:
-                    records.append(Quantization.from_attrs(attrs))
+                decoders.append(self._decoder(part, attrs, codecs))
                 blocks.append(source.read(0, source.n_rows))
-        digests = {None if record is None else record.digest() for record in records}
-        if len(digests) > 1:
+        if len({digest for digest, _ in decoders}) > 1:
             raise BadInputError(f"{self.path}: the parts of {input_spec} hold differently encoded rows")
         rows = np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
-        return rows, records[0]
+        return rows, decoders[0][1]
 
-    def _code_decoder(self, part: Part, sha256: str, attrs: Any) -> CodeDecoder:
-        """The decoder of a part stored as a vector code: the codec whose bytes the part carries (checked
-        against their SHA-256), or, for a part written before parts carried it, the published model's. A
-        published model that records a codec must record that one."""
-        import hashlib
-
+    def _decoder(self, part: Part, attrs: Any, codecs: dict[str, CodecEncoder]) -> tuple[str | None, Any]:
+        """``(digest, decoder)`` of a part's rows: none for floats, the `Quantization` codes record, or the published
+        model's resolved codec, which must be the part's (else, where the model has none, the part's own bytes)."""
         from ..codes import codec_from_record
-        from ..codes.storage import model_codec
-        from ..output_plan import storage_record
+        from ..codes.storage import CodecEncoder, codec_digest, resolve
+        from ..core.quantize import Quantization
+        from ..output_plan import STORAGE_ATTR, storage_record
 
-        model = self.load_model()
-        recorded = model.storage.codec if model.storage is not None else None
-        if recorded is not None and hashlib.sha256(recorded.data).hexdigest() == sha256:
-            return CodeDecoder(model_codec(model), sha256)
-        entry = storage_record(attrs)["codec"]
-        if recorded is not None or "data" not in entry:
-            self._refuse(part, "coded by another codec than the published model records")
-        return CodeDecoder(codec_from_record(entry, part.path), sha256)
+        if STORAGE_ATTR not in attrs:
+            return None, None
+        try:
+            sha: str | None = codec_digest(attrs)  # the digest resolve gives a vector code's output
+        except Exception:  # noqa: BLE001 - not a vector code's record: read as Quantization's, which says what is wrong
+            sha = None
+        if sha is None:
+            quantization = Quantization.from_attrs(attrs)
+            return quantization.digest(), quantization
+        if sha not in codecs:  # the model is loaded and checked once per codec, not once per part
+            model = self.load_model()
+            entry = storage_record(attrs)["codec"]
+            if model.storage is not None and model.storage.codec is not None:
+                stored = resolve(model)
+                if stored is None or stored.digest != sha:
+                    self._refuse(part, "coded by another codec than the published model records")
+                codecs[sha] = stored.encoder
+            elif "data" not in entry:
+                self._refuse(part, "coded by another codec than the published model records")
+            else:
+                codec = codec_from_record(entry, part.path)  # its bytes checked against their SHA-256
+                codecs[sha] = CodecEncoder(base64.b64decode(entry["data"]), codec)
+        return sha, codecs[sha]
 
     def _refuse(self, part: Part, problem: str, cause: BaseException | None = None) -> NoReturn:
-        """Refuse the part ``part`` in one plain sentence: the part, the version, what is wrong with it
-        (`attrs_problem`'s phrase, a verb put before it where it has none), and only for a missing
-        part the one cause a reader can act on (a newer version published since, which deleted it)."""
+        """Refuse ``part`` in one sentence: the part, the version, what is wrong (and why, where it is missing)."""
         verbs = ("holds ", "was ")
         clause = problem if problem.startswith(verbs) else f"is {problem}"
         hint = (
@@ -270,12 +226,8 @@ def _key(spec: str) -> tuple[str, str | None]:
 
 
 def published(model_path: str, read: ReadOptions | None = None) -> Publication:
-    """The current publication of the job keeping ``model_path``: one call, one consistent version.
-
-    Reads ``M.manifest.json`` beside ``model_path`` once (it is replaced atomically, so this is one
-    whole version) and checks it; ``read`` says how URL outputs are reached. Raises
-    `BadInputError` when nothing was published, and `ModelFileError` for a damaged manifest.
-    """
+    """The current publication of the job keeping ``model_path``: one manifest read, one consistent version
+    (``read``: how URL outputs are reached). `BadInputError` when none was published; `ModelFileError`."""
     manifest = read_manifest(model_path)
     if manifest is None:
         raise BadInputError(

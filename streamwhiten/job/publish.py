@@ -1,32 +1,11 @@
 """``run`` of a job with a ``[publish]`` table: versioned outputs that cost what the night added.
 
-The statistics (``M.npz``) grow every night, as in every job. The outputs are *published* in versions
-(``job.manifest``): version N was written with the map of ``M.vN.npz`` and stays fixed while it is
-republished. Each run:
-
-1. takes the job's lock, checks the manifest (a damaged one, a missing model file or an output part
-   deleted by hand stop the run before anything is written), and deletes versions retired by the last
-   publication if a run was cut short before it did;
-2. finishes a pending checkpoint and fits or updates the statistics (``rows_added``);
-3. first run (no manifest): publishes version 1 (action ``fit``);
-4. otherwise measures the staleness of the published map against the statistics (``core.staleness``). If it
-   is above ``max_staleness``, or ``run --republish``, or the job's setting (the whitening's parameters,
-   the ``[apply]`` options that change what is written, the output template) is not the published one,
-   it publishes version N+1 (action ``republish``); else it appends the rows each input gained since (and
-   new inputs) as new output parts of version N (action ``append``), or has nothing to do (exit 3).
-
-A publication writes every input's part 0 (``out/day-1.vN.zarr``, input rows ``[0, stop)``) and
-``M.vN.npz`` *beside* the current version, then switches the manifest by one atomic rename, then deletes
-the versions beyond ``keep_versions``. An append writes the new rows of an input (``[old stop, new stop)``) as
-its next part (``out/day-1.vN.part1.zarr``, ...), then switches the manifest. Old rows are never rewritten
-while a version stands. Every part is an ordinary apply of a range of input rows (temp, complete, rename,
-resumable), so a run killed at any point and run again ends with byte-identical outputs: a part that is
-already complete is skipped, the next version number is the manifest's + 1, and a part or model file left
-by a run that was cut short is resumed or replaced.
-
-A run deletes or replaces only files that prove this job wrote them (``job.ownership``: each part
-records the job, its version and its input; each published model file its job and version): never
-because a manifest names a path.
+Version N (``job.manifest``) is written with the map of ``M.vN.npz``. Each run checks the manifest, fits
+or updates the statistics, then publishes version 1 (``fit``) or a new version (``republish``: stale map,
+``--republish`` or another setting), appends each input's new rows as parts of version N (``append``), or
+has nothing to do (exit 3). Outputs are written beside the current version, then the manifest is switched
+by one atomic rename; every part is a resumable apply of input rows, so a killed run run again ends with
+the same bytes. A run deletes or replaces only files proving this job wrote them (``job.ownership``).
 """
 
 from __future__ import annotations
@@ -75,15 +54,12 @@ class _Night:
 
     watch: Watch = Watch()
     steps: list = field(default_factory=list)
-    parts: list = field(default_factory=list)  # (spec, rows) of the parts written by this run
     bytes_written: int = 0
 
 
 @dataclass(frozen=True)
 class _Publisher:
-    """What the steps of a publication use of the job: its name (for the log), its id (what every file it
-    writes records), its model file (the manifest and the published model files stand beside it), how it
-    reads its inputs and writes its outputs, its output template and the versions it keeps."""
+    """What a publication's steps use of the job: name, id, model file, reading, writing, template, versions."""
 
     name: str
     job_id: str
@@ -101,11 +77,8 @@ def run_published(
     republish: bool = False,
     new_job: bool = False,
 ) -> PublishReport:
-    """Run ``job`` (which has a ``[publish]`` table): update the statistics, then publish, append or do
-    nothing (see the module docstring). Returns the run's report; raises `JobUpToDateError` (with
-    the report as its ``report``) when there was nothing to do. A folder whose manifest it did not publish
-    (a copy, a folder moved to another file system) is refused unless ``new_job``: then it publishes a
-    version of its own (`_identity`)."""
+    """Run ``job`` (with ``[publish]``): update the statistics, then publish, append or raise `JobUpToDateError`
+    (carrying the report); a folder whose manifest it did not publish is refused unless ``new_job``."""
     assert job.publish is not None and job.apply is not None and job.output is not None
     began = time.perf_counter()
     os.makedirs(os.path.dirname(job.model_path), exist_ok=True)
@@ -125,11 +98,9 @@ def run_published(
         _follow_moved_inputs(publisher, manifest, copied=inherited)
         previous = statistics_before(job.model_path)
         model = fit_step(job.name, job.fitting, inputs, night.steps, watch, restart)
-        # a job whose apply writes a vector code records it in its model
         model = record_code(job.name, model, job.writing, inputs, job.model_path, watch.progress)
         rows_added = model.n_rows - (previous.n_rows if previous is not None else 0)
-        # the fit step checked that each input still starts with the rows these records describe (an
-        # update checks the model it starts from: this one, unless a killed run's checkpoint was finished)
+        # the fit step checked these records against the inputs (unless it finished a killed run's checkpoint)
         checked = previous.sources if previous is not None and "resume" not in night.steps else ()
         action, reason, staleness = _decide(job, manifest, published, model, inherited, republish)
         if action in ("fit", "republish"):
@@ -139,7 +110,7 @@ def run_published(
             assert manifest is not None
             manifest = _append(publisher, model, published, inputs, outputs, manifest, night, checked)
             _abandon(publisher, manifest.version + 1, outputs)
-            if not night.parts and not night.steps:
+            if not night.steps:  # every part written is a step too
                 action = "nothing"
     report = _report(job, night, manifest, rows_added, began, (action, reason, staleness))
     if action == "nothing":
@@ -176,8 +147,7 @@ def _report(
 def _decide(
     job: JobFile, manifest: Manifest | None, published: Any, model: Any, inherited: bool, republish: bool
 ) -> tuple[str, str | None, Any]:
-    """``(action, reason, staleness)``: publish version 1 (``fit``), publish a new version (``republish``:
-    a new job, or `_why_republish` says why), or ``append`` (staleness: None unless it was measured)."""
+    """``(action, reason, staleness)``: ``fit``, ``republish`` or ``append`` (`_why_republish` says why)."""
     if manifest is None:
         return "fit", "first publication", None
     if inherited:
@@ -196,10 +166,8 @@ def _decide(
 
 
 def _identity(model_path: str, manifest: Manifest | None, new_job: bool) -> str:
-    """The identity this run writes with and deletes by: the manifest's, once checked against this folder
-    (``job_id_problem``); this folder's own for a first publication, a manifest of the earlier format, or
-    a folder that did not publish its manifest when ``new_job`` says it is a job of its own. A folder that
-    did not publish its manifest is refused otherwise (`BadInputError`, nothing changed)."""
+    """The identity this run writes and deletes by: the manifest's, checked against this folder; else this
+    folder's own (first publication, earlier format, ``new_job``); a folder not the publisher is refused."""
     if manifest is None or manifest.legacy:
         return first_job_id(model_path)
     assert manifest.job_id is not None
@@ -226,11 +194,8 @@ def _identity(model_path: str, manifest: Manifest | None, new_job: bool) -> str:
 def _check_claims(
     job: JobFile, publisher: _Publisher, manifest: Manifest | None, republish: bool
 ) -> tuple[Any, Manifest | None]:
-    """The manifest's claims, checked every night before anything is written: its version's model file is
-    there, is the one it names and records this job and version (``read_manifest`` checked the versions'
-    numbers), its parts too unless ``republish``, and what it retires is this job's (deleted again if a run
-    was cut short). Returns the published model (None without one) and the manifest (its parts' stamps
-    brought up to date). An inherited manifest (a new job) is not checked: none of its files is this job's."""
+    """The manifest's claims, checked before anything is written (model file, parts unless ``republish``, what it
+    retires); returns the published model and the manifest (an inherited one unchecked: none of it is ours)."""
     if manifest is None:
         return None, None
     if _inherited(manifest, publisher.job_id):
@@ -252,15 +217,12 @@ def _check_claims(
 
 
 def _inherited(manifest: Manifest, job_id: str) -> bool:
-    """Whether ``manifest`` is that of the job this folder was copied from (this run makes a new job): the
-    files it names are never this job's to delete (nor are those of a manifest of the earlier format)."""
+    """Whether ``manifest`` is that of the job this folder was copied from: its files are never this job's."""
     return not manifest.legacy and manifest.job_id != job_id
 
 
 def _warn_shared(job: JobFile, manifest: Manifest) -> None:
-    """Warn a new job whose output template is still that of the job it was copied from, outside its own
-    folder: both write the same files, and whichever publishes a version first owns them (the other is
-    refused when it gets there)."""
+    """Warn a new job whose output template is its original's, outside its folder: both write the same files."""
     from ..io import remote
 
     template = job.output or ""
@@ -290,9 +252,8 @@ def _inherited_files(manifest: Manifest, model_path: str) -> list[str]:
 
 
 def setting_of(model: Any, writing: Writing, template: str) -> dict:
-    """What a job's outputs are written with, as a manifest records it: the whitening's parameters (as
-    given: ``variance``, not the k it chose), the ``[apply]`` options that change what is written
-    (``writing``), and the output ``template``. Another setting publishes a new version."""
+    """What a job's outputs are written with, as a manifest records it (another publishes a new version): the
+    whitening's parameters as given, the ``[apply]`` options that change what is written, the ``template``."""
     options = writing.options
     return {
         "beta": float(model.beta),
@@ -332,8 +293,7 @@ def _why_republish(
 
 @dataclass(frozen=True)
 class _Input:
-    """An input of the job now: its spec, output template result, the rows of it the statistics hold,
-    and the fingerprint of those rows."""
+    """An input of the job now: its spec, output, the rows the statistics hold and their fingerprint."""
 
     spec: str
     output: str
@@ -349,15 +309,8 @@ def _current_inputs(
     manifest: Manifest | None = None,
     checked: Sequence[Any] = (),
 ) -> list:
-    """Each input with the rows the statistics hold of it (those are what a version publishes: rows
-    that arrived after the fit read the input wait for the next night). An input ``manifest`` lists must
-    still start with the rows it published (an input rewritten since is refused); that is not checked
-    again where the published fingerprint is the input's record in ``checked``: the records of the model
-    the fit step of this run updated, each of which it checked against its input as it is now.
-
-    Called after the fit step, which read or checked the sampled rows of every input's record in
-    ``model``: a record that still describes the input's first ``stop`` rows as stored now is their
-    fingerprint, taken again only where it does not (an object rewritten since: then it differs)."""
+    """Each input with the rows the statistics hold of it (what a version publishes); one ``manifest`` lists
+    must still start with its published rows, unless this run's fit step checked them (``checked``)."""
     from ..engine.fit import check_prefix
     from ..io import identity_of, open_source
 
@@ -389,8 +342,7 @@ def _current_inputs(
 
 
 def _rows_fingerprint(source: Any, stop: int, recorded: Any):
-    """``fingerprint(source, stop)``: ``recorded`` (the statistics' record of ``source``, whose sampled rows
-    the fit step of this run read or checked) where it describes those rows as they are stored now."""
+    """``fingerprint(source, stop)``, or ``recorded`` where it still describes those rows as stored now."""
     from ..io import describe, fingerprint
 
     if (
@@ -403,9 +355,7 @@ def _rows_fingerprint(source: Any, stop: int, recorded: Any):
 
 
 def _versioned_files(model_path: str, outputs: dict, manifest: Manifest | None) -> dict[str, str]:
-    """The files this night may write beside the model file ``model_path``, each with what it is: the
-    manifest, the current and the next version's model files, and each output's part of the next version
-    and next part of this one (checked against the inputs and each other before any work)."""
+    """The files this night may write (manifest, model files, next parts), each with what it is."""
     version = 1 if manifest is None else manifest.version
     written = {
         manifest_path(model_path): "manifest",
@@ -420,10 +370,7 @@ def _versioned_files(model_path: str, outputs: dict, manifest: Manifest | None) 
 
 
 def _check_owned(publisher: _Publisher, outputs: dict, manifest: Manifest | None) -> None:
-    """Refuse, before any work, a file where this night may write a part or a model file (the next
-    version's, or the current version's next part) that does not record this job and that version: a
-    run replaces only its own files (another job writing to the same output template, a plain apply's
-    output, a user's file at a version's path)."""
+    """Refuse, before any work, a file where this night may write that is not this job's of that version."""
     version = 1 if manifest is None else manifest.version
     publishing = version + (manifest is not None)  # the version a republish (or the first run) writes
     model_file = version_model_path(publisher.model_path, publishing)
@@ -448,13 +395,8 @@ def _check_owned(publisher: _Publisher, outputs: dict, manifest: Manifest | None
 
 
 def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copied: bool = False) -> None:
-    """Point the statistics' records of inputs that are no longer where they were read at the inputs the
-    manifest names now, where a job's folder was moved or mounted elsewhere with its inputs (the
-    manifest's paths are relative to it): a record is moved only to an input of the same name, array,
-    width and type that starts with the very rows it recorded (its sampled hash), and that no other
-    record names. An update refuses a recorded input found under another path otherwise (its rows could
-    be counted twice); here the missing original and the manifest say where it went. A folder ``copied``
-    with its inputs (a new job) follows its own copies of them, though the originals are still there."""
+    """Point the statistics' records of moved inputs at those the manifest names now: only an input of the same
+    name, array, width and type holding the very rows recorded (``copied``: a new job follows its copies)."""
     from ..core.model import load_model, save_model
     from ..io import fingerprint, open_source, remote
 
@@ -500,11 +442,8 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copie
 def _write_part(
     publisher: _Publisher, model: Any, spec: str, part: str, rows: tuple, night: _Night, version: int
 ) -> Part:
-    """Write the transform of input rows ``rows`` of ``spec`` to the output part ``part`` of version
-    ``version``, recording the job, the version and the input in its attributes, unless it is already
-    there (complete, same map, input rows and options): then it is kept as it is. A file there that does
-    not record this job, version and input is refused, never replaced. Returns the manifest's record of
-    the part, with the stamp it had when it was found good or was written."""
+    """Write input rows ``rows`` of ``spec`` as the part ``part`` of ``version`` unless it is there already (a
+    file there not this job's is refused); returns the manifest's record of the part, with its stamp."""
     from ..io import open_output
 
     read = publisher.writing.read
@@ -525,7 +464,6 @@ def _write_part(
     )
     if outcome is None:
         return Part(part, rows[0], rows[1], stamp)
-    night.parts.append((part, rows))
     night.bytes_written += stored_bytes(part, read)
     night.steps.append(f"apply {outcome.input} rows {rows[0]}..{rows[1] - 1} -> {part}")
     return Part(part, rows[0], rows[1], output.stamp())
@@ -539,9 +477,7 @@ def _now() -> str:
 
 
 def _publish(publisher: _Publisher, model: Any, inputs: list, outputs: dict, manifest: Any, night: _Night) -> Manifest:
-    """Publish version N+1 (1 without a manifest): every input's part 0 and its model file, written
-    beside the current version; then the manifest switch; then the versions beyond ``keep_versions``
-    are deleted. Returns the new manifest."""
+    """Publish version N+1: every part 0 and the model file, the manifest switch, then retire old versions."""
     from ..core.model import file_checksum, load_model, map_checksum, save_model
 
     version = 1 if manifest is None else manifest.version + 1
@@ -570,8 +506,7 @@ def _publish(publisher: _Publisher, model: Any, inputs: list, outputs: dict, man
             f"interrupted before publishing version {version}; run the same command again to finish"
         )
     model_file = version_model_path(publisher.model_path, version)
-    # the published copy records the job and the version it was published as (what lets a later run
-    # delete it, and no other file)
+    # the published copy records its job and version: what lets a later run delete it, and no other file
     tagged = replace(model, info={**model.info, PUBLICATION_INFO: {"job": publisher.job_id, "version": version}})
     problem = model_owner_problem(model_file, publisher.job_id, version)
     if problem is not None:
@@ -607,9 +542,7 @@ def _append(
     night: _Night,
     checked: Sequence[Any] = (),
 ) -> Manifest:
-    """Append the rows each input gained since it was published (and new inputs) as new parts of the
-    current version, written with its map (``published_model``); then switch the manifest. Returns it
-    (unchanged when there was nothing new). ``checked``: see `_current_inputs`."""
+    """Append each input's new rows as parts of the current version (``published_model``'s map), then switch."""
     updated = {item.spec: item for item in manifest.inputs}
     order = [item.spec for item in manifest.inputs]
     for item in _current_inputs(publisher.read, model, inputs, outputs, manifest, checked):
@@ -625,8 +558,7 @@ def _append(
         if entry is None:
             order.append(item.spec)
     if all(updated[spec] is manifest.input(spec) for spec in order):
-        # nothing new: the manifest stays as it is, even if it still lists retired versions deleted since
-        # (a run cut short while deleting them ends as an undisturbed one); the next switch drops them
+        # nothing new: the manifest stays as it is (retired versions deleted since are dropped at the next switch)
         return manifest
     retired = _still_there(manifest.retired, publisher)
     if night.watch.stop_asked():
@@ -641,9 +573,7 @@ def _append(
 
 
 def _still_there(retired: Any, publisher: _Publisher) -> tuple:
-    """The retired versions some of whose files are still on disk (their deletion was cut short): the
-    file or store of an output (its spec may name a dataset or column in it: ``out/day-1.v2.h5:/vectors``)
-    or the model file."""
+    """The retired versions some of whose files (an output's store, the model file) are still there."""
     from ..io import exists, split_spec
 
     directory = os.path.dirname(os.path.abspath(publisher.model_path))
@@ -666,11 +596,8 @@ def _remove(spec: str, read: ReadOptions) -> None:
 
 
 def _delete_retired(retired: Any, publisher: _Publisher, check_first: bool = False, check_only: bool = False) -> None:
-    """Delete the files of retired versions (after the manifest that retired them is in place), each only
-    when it records this job, its version and, for an output, the version's map (a manifest's word is no
-    proof: anyone can recompute its checksum). With ``check_first`` or ``check_only``, a file there that
-    does not is refused (`BadInputError`, nothing deleted); else it is left alone with a warning.
-    A failure to delete is logged and tried again by the next run."""
+    """Delete retired versions' files, each only if it records this job, version and map; ``check_first`` or
+    ``check_only``: one that does not is refused, nothing deleted (else left with a warning)."""
     from ..io import exists, split_spec
 
     found = []
@@ -714,10 +641,7 @@ def _delete_retired(retired: Any, publisher: _Publisher, check_first: bool = Fal
 
 
 def _abandon(publisher: _Publisher, version: int, outputs: dict) -> None:
-    """Remove what a publication of ``version`` cut short left behind, once a run decided not to publish
-    it: the parts it wrote for the job's inputs (each only if it records this job and that version), the
-    partial outputs it began (streamwhiten's own hidden temporaries), and its model file (if it records
-    this job and version). Anything else at those paths is left alone."""
+    """Remove the parts, partial outputs and model file a cut-short, unpublished ``version`` left (if ours)."""
     from ..io import exists, open_output, remote, remove
 
     read = publisher.writing.read

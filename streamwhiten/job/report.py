@@ -15,8 +15,7 @@ from ..errors import NothingToDoError
 
 @dataclass(frozen=True)
 class RunReport:
-    """One run of a job: the ``steps`` that ran, the ``rows_added`` to its statistics, its ``outputs``,
-    the ``bytes_written`` by this run (outputs only) and the ``seconds`` it took."""
+    """One run of a job: its ``steps``, ``rows_added``, ``outputs``, ``bytes_written`` and ``seconds``."""
 
     job: str
     model: str
@@ -33,10 +32,8 @@ class RunReport:
 
 @dataclass(frozen=True)
 class PublishReport(RunReport):
-    """One run of a job with a ``[publish]`` table: its ``action`` (``fit``, ``republish``, ``append`` or
-    ``nothing``) and why, the ``published_version`` it leaves, the ``staleness`` of that version's map
-    against the statistics (None on the first publication, and on the first of a new job), its
-    ``manifest`` and the input rows published."""
+    """A ``[publish]`` run: its ``action`` and why, the ``published_version``, its map's ``staleness`` (None on a
+    first publication), the ``manifest`` and the input rows published."""
 
     action: str
     reason: str | None
@@ -57,8 +54,7 @@ def _plain(value: Any) -> Any:
 
 
 class JobUpToDateError(NothingToDoError):
-    """Nothing to do: the job is up to date (exit 3). ``report`` is the run's report all the same (cron's
-    ``run --json`` prints it)."""
+    """Nothing to do: the job is up to date (exit 3); ``report`` is the run's report all the same."""
 
     report: RunReport
 

@@ -1,13 +1,5 @@
-"""``streamwhiten run job.toml``: fit or update, finalize, apply; each step skipped when up to date.
-
-This is the run of a job without a ``[publish]`` table: every output is rewritten whenever the model
-changes. A job with one publishes its outputs in versions and appends each night's rows
-(`streamwhiten.job.publish`).
-
-A run that was killed is finished first (from its checkpoint: it is self-contained, so it is finished as
-planned, whatever inputs appeared since; those are picked up by the update that follows). Two runs of
-jobs keeping the same model never overlap (`job_lock`). Progress is reported through the
-``streamwhiten`` logger; the command line decides where it goes.
+"""``streamwhiten run job.toml`` of a job without ``[publish]``: fit or update, finalize, apply, each step
+skipped when up to date; every output is rewritten when the model changes (``job.publish`` versions them).
 """
 
 from __future__ import annotations
@@ -34,8 +26,7 @@ def run_job_file(
     republish: bool = False,
     new_job: bool = False,
 ) -> RunReport:
-    """Run the job file ``path`` (see `run_job`); ``storage_options`` (the command line's) are used
-    over its ``[storage]`` table."""
+    """Run the job file ``path`` (`run_job`); ``storage_options`` are used over its ``[storage]`` table."""
     return run_job(read_job_file(path, storage_options), watch, restart, republish, new_job)
 
 
@@ -46,17 +37,11 @@ def run_job(
     republish: bool = False,
     new_job: bool = False,
 ) -> RunReport:
-    """Run a job: fit or update, finalize, apply; each step skipped when already up to date. ``watch``
-    (made once, by the caller) is how every step reports its progress and is asked to stop.
-
-    A run that was killed is finished first (from its checkpoint); ``restart`` discards it instead. A
-    job with a ``[publish]`` table publishes its outputs in versions instead of rewriting them
-    (`streamwhiten.job.publish.run_published`, which returns a `PublishReport`;
-    ``republish`` publishes a new version whatever the staleness; ``new_job`` makes a copied job folder,
-    or one moved to another file system, a job of its own, which is refused otherwise). Returns the `RunReport` of the
-    run: its ``steps``, the ``rows_added`` to the statistics, the ``outputs``, the ``bytes_written`` by
-    this run (outputs only) and the ``seconds``. Raises `JobUpToDateError` (a
-    `NothingToDoError` whose ``report`` is the report) when nothing ran.
+    """Run a job: fit or update, finalize, apply, each step skipped when up to date; ``watch``: progress and
+    stop. A killed run is finished first (``restart`` discards it). A ``[publish]`` job publishes versions
+    (`streamwhiten.job.publish.run_published`: a `PublishReport`; ``republish``: a new version whatever the
+    staleness; ``new_job``: a copied folder becomes a job of its own). Returns the `RunReport`; raises
+    `JobUpToDateError` (carrying it) when nothing ran.
     """
     if job.publish is not None:
         from .publish import run_published

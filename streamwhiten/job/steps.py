@@ -1,10 +1,5 @@
-"""The steps every run of a job shares, versioned or not: its lock, the check of the paths it writes,
-the fit step that updates the statistics (finishing a killed run first), the apply of an input unless
-its output is up to date; and the bytes an output takes. Each takes what it uses of the job (its name, a
-`Fitting` or `Writing`), not the whole file.
-
-`streamwhiten.job.run` (a job that rewrites its outputs) and `streamwhiten.job.publish` (a job
-that publishes them in versions) both build on these; neither imports the other's internals.
+"""The steps every run of a job shares (`streamwhiten.job.run`, `streamwhiten.job.publish`): its lock, the
+paths it writes, the fit step, an apply unless its output is up to date, the bytes an output takes.
 """
 
 from __future__ import annotations
@@ -28,9 +23,7 @@ log = logging.getLogger("streamwhiten")
 
 
 def job_lock(path: str):
-    """Hold the job's exclusive lock on ``path`` (released by the OS even if the process is killed; the
-    file is removed when the run ends); a second run of the job exits with `LockedError` (75).
-    The same lock as an apply output's (``_durable.exclusive_lock``)."""
+    """Hold the job's exclusive lock on ``path``; a second run of the job exits with `LockedError` (75)."""
     return exclusive_lock(
         path,
         lambda holder: f"{path}: another run of this job is in progress (pid {holder}); not starting a second one",
@@ -47,10 +40,7 @@ class Before:
 
 
 def statistics_before(model_path: str) -> Before | None:
-    """The rows and source records of the statistics in ``model_path`` now, before the fit step (None
-    when there is none yet, or none that can be read). Read without the checks of ``load_model``: the
-    fit step loads the same file with every check, under the job's lock, before anything of this is
-    used (a damaged file stops the run there)."""
+    """The rows and source records in ``model_path`` before the fit step (unchecked; None without any)."""
     from ..core.model import read_rows_and_sources
 
     found = read_rows_and_sources(model_path)
@@ -71,9 +61,7 @@ def fit_step(
     watch: Watch,
     restart: bool,
 ):
-    """Finish an interrupted run of job ``name``, then fit (no model yet) or update; re-finalize when only
-    the job's setting changed (``watch``: how each reports its progress and is asked to stop). Returns
-    the model to apply."""
+    """Finish a killed run, then fit or update (re-finalize a changed setting); returns the model to apply."""
     from ..core.model import file_checksum, load_model, save_model
     from ..engine.fit import remove_checkpoint
     from ..pipeline import fit
@@ -122,9 +110,7 @@ def _finish_pending(
     inputs: list,
     watch: Watch,
 ) -> bool:
-    """Complete a fit or update a killed run left in the job's checkpoint and save the model (through
-    ``pipeline``, like every fit); True if it did. A checkpoint that does not belong to the current model (or
-    whose sources changed) is discarded."""
+    """Complete the fit a killed run left in the job's checkpoint; True if it did."""
     from ..pipeline import finish_checkpoint
 
     outcome = finish_checkpoint(
@@ -148,11 +134,8 @@ def record_code(
     model_path: str,
     progress: Progress | None = None,
 ) -> WhiteningModel:
-    """``model``, recording the vector code the job's apply writes (``dtype = "NAME:BYTES"``) as its storage
-    and saved to ``model_path``, so that every reader of the outputs decodes them with the model's codec.
-    Trained once: updates keep it (a setting changed by the job drops it, and it is trained again). A code
-    that learns from data trains on a seeded sample of the job's first input; ``progress`` is told its
-    phases (reading the sample, training)."""
+    """``model`` recording the vector code the job's apply writes (trained once; a sample of the first input for a
+    code that learns from data), saved to ``model_path``: every reader decodes with the model's codec."""
     from ..codes import NEEDS_SAMPLE
     from ..pipeline import with_codes
 
@@ -166,8 +149,7 @@ def record_code(
 
 
 def check_paths(sources: list, written: dict[str, str]) -> None:
-    """Refuse a file the run writes (``written``: path -> what it is) over one of the ``sources`` it reads
-    (the job file and the inputs) or over another, before any work."""
+    """Refuse, before any work, a file the run writes (``written``) over one it reads or over another."""
     from ..io import refuse_input_overlap, refuse_shared_outputs
 
     refuse_input_overlap(written, sources)
@@ -185,32 +167,31 @@ def apply_unless_current(
     attrs: dict | None = None,
     watch: Watch = Watch(),
 ) -> ApplyOutcome | None:
-    """Write the transform of ``input_spec`` (its rows ``rows``) to ``output`` as job ``name`` does, unless
-    ``output`` already holds what this would write: then it is kept (its leftover records tidied) and None
-    is returned. ``watch``: how the write reports its progress and is asked to stop. Returns the
-    [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome] of a write."""
+    """Write ``input_spec`` (its rows ``rows``) to ``output`` as job ``name`` does, unless it holds that already
+    (apply's own check on its one plan): then it is kept, tidied, and None returned; else the `ApplyOutcome`."""
     from ..io import open_output, remote, split_spec
-    from ..pipeline import apply, is_up_to_date
+    from ..pipeline import apply
 
-    if is_up_to_date(model, input_spec, output, options=writing.options, read=writing.read, rows=rows):
-        log.info("job %s: %s is up to date", name, output)
-        open_output(output, writing.read).tidy()  # a run killed right after writing it may have left its records
-        return None
     if watch.stop_asked():
         raise InterruptedRunError(f"interrupted before writing {output}; run the same command again to finish")
     if not remote.is_url(output):
         os.makedirs(os.path.dirname(os.path.abspath(split_spec(output)[0])), exist_ok=True)
-    outcome = apply(
-        model,
-        input_spec,
-        output,
-        options=writing.options,
-        read=writing.read,
-        engine=writing.engine,
-        rows=rows,
-        watch=watch,
-        attrs=attrs,
-    )
+    try:
+        outcome = apply(
+            model,
+            input_spec,
+            output,
+            options=writing.options,
+            read=writing.read,
+            engine=writing.engine,
+            rows=rows,
+            watch=watch,
+            attrs=attrs,
+        )
+    except NothingToDoError:
+        log.info("job %s: %s is up to date", name, output)
+        open_output(output, writing.read).tidy()  # a run killed right after writing it may have left its records
+        return None
     resumed = f", resumed at row {outcome.resumed_at_row:,}" if outcome.resumed_at_row else ""
     log.info("job %s: wrote %s (%s rows%s)", name, output, f"{outcome.n_rows:,}", resumed)
     return outcome

@@ -1,15 +1,10 @@
 """The pipeline of a fit and of an apply: the one path the command line, ``run`` and ``Whitener`` take.
 
-One module per thing it runs: ``fitting`` (a fit, and finishing a killed one), ``applying`` (an apply, and
-whether an output is up to date), ``coding`` (a model with a vector code), ``paths`` (what a fit writes).
-
-A fit is: check the paths and the existing model, plan (or plan an update of a saved model), resume from
-a matching checkpoint, run the plan on an engine (``engine.engines``), finalize, save, remove the
-checkpoint. An apply is: check the engine can write it, run it. Each takes its options as objects
-(`streamwhiten.options`) and returns one outcome type whichever engine ran:
-[`FitOutcome`][streamwhiten.pipeline.FitOutcome] and [`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome]. Library
-code: it raises and
-logs through the ``streamwhiten`` logger, never prints.
+Modules: ``fitting`` (a fit; finishing a killed one), ``applying``, ``coding`` (a vector code), ``paths``.
+A fit checks its paths, plans (or plans an update), resumes a matching checkpoint, runs on an engine,
+finalizes and saves; an apply checks the engine can write it and runs it. Each takes option objects and
+returns one outcome type whichever engine ran ([`FitOutcome`][streamwhiten.pipeline.FitOutcome],
+[`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome]); it raises and logs, never prints.
 
 Examples
 --------
@@ -25,7 +20,7 @@ Examples
 (1000, 4)
 """
 
-from .applying import apply, is_up_to_date
+from .applying import apply
 from .coding import DEFAULT_CODE_SAMPLE_ROWS, with_codes
 from .fitting import FitOutcome, finish_checkpoint, fit, model_is_current
 from .paths import check_fit_paths, check_writable_dir, default_checkpoint
@@ -39,7 +34,6 @@ __all__ = [
     "default_checkpoint",
     "finish_checkpoint",
     "fit",
-    "is_up_to_date",
     "model_is_current",
     "with_codes",
 ]

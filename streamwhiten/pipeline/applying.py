@@ -1,4 +1,5 @@
-"""An apply: check the engine can write it, run it; and whether an output already holds what it would write."""
+"""An apply: check the engine can write it, run it (an output that already holds what it would write is kept:
+``NothingToDoError``)."""
 
 from __future__ import annotations
 
@@ -35,28 +36,28 @@ def apply(
     model : WhiteningModel or str
         The model, or its file.
     input_spec, output_spec : str
-        The input store, and the output (``out.h5[:/dataset]``, ``out.zarr``, ``out.parquet[:column]``,
-        ``out.lance[:column]``; ``s3://...`` for Zarr and Parquet).
+        The input store, and the output (``out.h5[:/dataset]``, ``out.zarr``, ``out.parquet[:column]``, ...).
     setting : Setting, optional
         Another setting than the model's saved one (re-finalized from its statistics, no pass over data).
     options, read, engine : ApplyOptions, ReadOptions, EngineOptions or Engine, optional
-        What is written and how (``options.dtype`` None, the default without ``options``, writes the
-        model's storage: `ApplyOptions.storing`); how the input is read; which engine runs the blocks
-        (default: the serial engine).
+        What is written (``options.dtype`` None, the default: the model's storage); how the input is read;
+        the engine that runs the blocks (default: serial).
     given : tuple of str
-        Apply options set explicitly (the command line's): an engine refuses those it does not take even
-        when set to their default.
+        Apply options set explicitly (the command line's): an engine refuses those it does not take.
     rows, attrs : (int, int), dict, optional
-        Serial engine: write the input rows ``[start, stop)`` only, the range recorded in the output's
-        ``rows`` attribute; and attributes the output records beside its own (how ``run`` appends a
-        night's rows as a new part of a published version, marked with its job, version and input).
+        Serial engine: write the input rows ``[start, stop)`` only (recorded in the output's ``rows``
+        attribute); attributes the output records beside its own (how ``run`` marks a published part).
     watch : Watch, optional
-        Its progress, and when to stop (``should_stop``: at its next block, its progress saved for a
-        resume; serial engine).
+        Its progress, and when to stop (at its next block, its progress saved for a resume; serial engine).
 
     Returns
     -------
     ApplyOutcome
+
+    Raises
+    ------
+    NothingToDoError
+        ``output_spec`` already holds what this would write (it is kept, ``overwrite`` or not).
     """
     from ..core.model import load_model
     from ..engine.apply import ApplyPart
@@ -77,8 +78,7 @@ def apply(
 
 
 def _at_setting(model: WhiteningModel, changes: dict, options: ApplyOptions) -> WhiteningModel:
-    """``model`` re-finalized at the setting ``changes`` gives (no pass over data); refused where the code
-    it is asked to write is recorded for its saved setting only."""
+    """``model`` re-finalized at ``changes``; refused where the code it writes is for its saved setting."""
     if not changes:
         return model
     held = model.storage if options.dtype is not None and options.dtype.names(model.storage) else None
@@ -91,26 +91,3 @@ def _at_setting(model: WhiteningModel, changes: dict, options: ApplyOptions) -> 
             param="dtype",
         )
     return model
-
-
-def is_up_to_date(
-    model: WhiteningModel | str,
-    input_spec: str,
-    output_spec: str,
-    *,
-    options: ApplyOptions | None = None,
-    read: ReadOptions | None = None,
-    rows: tuple[int, int] | None = None,
-) -> bool:
-    """Whether ``output_spec`` already holds what [`apply`][streamwhiten.pipeline.apply] with these arguments would
-    write (complete, the same map, input rows, options and kept columns): then writing it again changes nothing,
-    and [`apply`][streamwhiten.pipeline.apply] raises ``NothingToDoError`` (``overwrite`` or not). How a job skips
-    an output that is up to date before it writes (a job overwrites its outputs that are not).
-    ``model`` is a model or its file; ``options``, ``read`` and ``rows`` are
-    [`apply`][streamwhiten.pipeline.apply]'s."""
-    from ..core.model import load_model
-    from ..engine.apply import is_up_to_date as holds_it
-
-    if isinstance(model, (str, os.PathLike)):
-        model = load_model(os.fspath(model))
-    return holds_it(model, input_spec, output_spec, options or ApplyOptions(dtype=None), read or ReadOptions(), rows)

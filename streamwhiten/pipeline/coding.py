@@ -29,20 +29,15 @@ def with_codes(
     overwrite: bool = False,
     progress: Progress | None = None,
 ) -> WhiteningModel:
-    """``model`` (or its file) with the vector code ``code`` as its storage: a codec trained for the model's
-    unit-length outputs (``y = x A + b``, as search stores them), of at most ``budget`` bytes a vector
-    (per-vector scalars included), recorded in the model (its checksummed bytes; save with ``save``).
+    """``model`` (or its file) with the vector code ``code`` as its storage: a codec of at most ``budget``
+    bytes a vector (scalars included) trained for the model's unit-length outputs, recorded in the model.
 
-    ``code`` is a name of ``streamwhiten.codes.CODES`` with ``budget``, or ``"NAME:BYTES"`` (``"eigen:24"``; or
-    its `Storage`).
-    The codes that need only statistics (``eigen``, ``bits-random``, ...) train from the model's state, with
-    no pass over data; those that learn from data (``faiss-*``, ``bits-itq``) from ``sample_size`` rows of
-    ``sample`` (an input store's spec, an open source, or an array of input rows) drawn with ``seed``, both
-    recorded. ``output``: save the model there too (a new ``.npz``; with ``overwrite``, replacing a model file
-    of ours), as ``streamwhiten codes -o`` does. The model file then says what ``eval``, ``export`` and
-    ``serving`` search and decode. ``progress`` (a `Reporter`) is told each
-    phase: reading the sample (rows of the input scanned) and training (one opaque step for faiss, named
-    with the sample's size). A budget the code cannot take is refused before the sample is read.
+    ``code`` is a name of ``streamwhiten.codes.CODES`` with ``budget``, or ``"NAME:BYTES"`` (``"eigen:24"``)
+    or its `Storage`. Codes that need only statistics (``eigen``, ``bits-random``, ...) train from the
+    model's state; those that learn from data (``faiss-*``, ``bits-itq``) from ``sample_size`` rows of
+    ``sample`` (an input's spec, an open source, or an array) drawn with ``seed``, both recorded. ``output``:
+    save the model there too (with ``overwrite``, replacing a model file of ours). ``progress`` is told each
+    phase. A budget the code cannot take is refused before the sample is read.
 
     Examples
     --------
@@ -94,8 +89,7 @@ def _code_and_budget(code: str | Storage, budget: int | None) -> tuple[str, int]
 
 
 def _sample(code: str, sample: Any, sample_size: int, seed: int, progress: Progress | None) -> Any:
-    """``sample_size`` input rows of ``sample`` drawn with ``seed``, for a code that learns from data; its
-    size is checked before a row is read, the rows drawn after."""
+    """``sample_size`` rows of ``sample`` drawn with ``seed`` (its size checked before a row is read)."""
     from ..codes import smallest_sample
     from ..io.sample import sample_rows
 

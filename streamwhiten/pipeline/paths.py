@@ -22,8 +22,7 @@ def default_checkpoint(model_path: str) -> str:
 
 
 def check_fit_paths(inputs: Any, model_path: str, checkpoint: str | None = None, update: str | None = None) -> str:
-    """Refuse a model file or checkpoint over an input, over each other, or a checkpoint over the model
-    being updated, before anything is written; returns the checkpoint path (the default one if none)."""
+    """Refuse a model file or checkpoint over an input or each other; returns the checkpoint path."""
     from ..io import refuse_input_overlap, refuse_shared_outputs, remote
 
     for path, what in ((model_path, "model file"), (checkpoint, "checkpoint"), (update, "model to update")):

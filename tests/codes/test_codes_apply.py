@@ -2,6 +2,7 @@
 model records, each against the codec's own encode of the model's unit outputs (plain numpy map)."""
 
 import json
+from dataclasses import replace
 
 import h5py
 import numpy as np
@@ -12,7 +13,7 @@ import streamwhiten
 from streamwhiten import ApplyOptions, serving, with_codes
 from streamwhiten.codes.storage import model_codec
 from streamwhiten.engine.engines import DaskEngine
-from streamwhiten.errors import BadInputError
+from streamwhiten.errors import BadInputError, NothingToDoError
 from streamwhiten.io import open_source
 from streamwhiten.output_plan import storage_record
 
@@ -256,7 +257,6 @@ def test_the_estimators_codes_decode_by_the_model_file_it_saves(tmp_path, fitted
 
 def test_an_outputs_storage_is_resolved_once_per_apply_and_the_check_before_a_rerun_reuses_it(tmp_path, fitted):
     from streamwhiten.codes.storage import resolve_counts
-    from streamwhiten.pipeline import is_up_to_date
 
     store, path, rows = fitted
     model = streamwhiten.load_model(path).with_params(beta=0.937)  # a map no other test resolves
@@ -265,7 +265,8 @@ def test_an_outputs_storage_is_resolved_once_per_apply_and_the_check_before_a_re
     streamwhiten.apply(model, store, out, options=options)
     after = resolve_counts()
     assert (after[0] - hits, after[1] - misses) == (0, 1)  # resolved (the code trained) once, not once a layer
-    assert is_up_to_date(model, store, out, options=options)  # a job's check before it writes
+    with pytest.raises(NothingToDoError):  # a rerun (a job's): found up to date on its one plan
+        streamwhiten.apply(model, store, out, options=replace(options, overwrite=True))
     assert resolve_counts() == (after[0] + 1, after[1])  # the same storage: remembered, not trained again
     codec = model_codec(streamwhiten.with_codes(model, "eigen:6"))
     assert same_rows(read_codes(out), codec.encode(unit_outputs(model, rows)))

@@ -316,6 +316,14 @@ def test_serving_decodes_what_the_codec_decodes_without_numba(tmp_path, model, t
     rows = codec.encode(unit_outputs(model, task["corpus"][:50]))
     np.testing.assert_array_equal(serving.decode(rows, serving.codec(str(path))), codec.decode(rows))
     np.testing.assert_array_equal(serving.decode(rows, codec.to_bytes()), codec.decode(rows))
+    # the storage value a model records, and what codes.storage.resolve resolves (or its encoder), decode alike
+    from streamwhiten.codes.storage import resolve
+    from streamwhiten.storage import Storage
+
+    for record in (coded.storage, resolve(coded), resolve(coded).encoder):
+        np.testing.assert_array_equal(serving.decode(rows, record), codec.decode(rows))
+    with pytest.raises(BadInputError, match="int8 storage decodes by the ranges its output records"):
+        serving.decode(rows, Storage("int8"))
     np.save(tmp_path / "rows.npy", rows)
     script = (
         "import sys, numpy as np; from streamwhiten import serving; "

@@ -235,15 +235,15 @@ def test_apply_writes_the_models_storage_unless_told_otherwise(tmp_path, rows, m
     assert stored(str(tmp_path / "explicit.zarr")).dtype == np.float32
     # dtype None at the engine's own entry point is the model's storage too (not the input's dtype), and so
     # in its up-to-date check
-    from streamwhiten.engine.apply import is_up_to_date
-
     coded, unset = replace(model, storage=Storage("int8")), ApplyOptions(dtype=None)
     for name, fitted, written in (("plain.h5", model, np.float32), ("coded.h5", coded, np.int8)):
         out = str(tmp_path / name)
         assert apply_model(fitted, spec, out, unset).dtype == np.dtype(written).name
         assert stored(out).dtype == written
-        assert is_up_to_date(fitted, spec, out, unset, ReadOptions())
-    assert not is_up_to_date(model, spec, str(tmp_path / "coded.h5"), unset, ReadOptions())
+        with pytest.raises(NothingToDoError, match="is up to date"):
+            apply_model(fitted, spec, out, replace(unset, overwrite=True))
+    rewritten = apply_model(model, spec, str(tmp_path / "coded.h5"), replace(unset, overwrite=True))
+    assert rewritten.dtype == "float32" and stored(str(tmp_path / "coded.h5")).dtype == np.float32
 
 
 # ------------------------------------------------------------------- int8 codes and sign bits (issue #26)

@@ -822,6 +822,10 @@ def test_a_publication_of_codes_reads_back_decoded_and_as_codes(tmp_path, dtype)
     np.testing.assert_array_equal(codes, raw)
     decoded = publication.read(shard)
     assert decoded.dtype == np.float32 and decoded.shape == (2100, 8)
+    # the decoder read_codes gives (a Quantization, or the published codec's resolved encoder) decodes them
+    # as read() does, alone and through serving.decode
+    np.testing.assert_array_equal(quantization.decode(codes), decoded)
+    np.testing.assert_array_equal(serving.decode(codes, quantization), decoded)
     # every part decodes from itself: its attributes carry its record (a vector code's: the codec's bytes)
     on_their_own = [serving.decode(read_all_codes(path), read_attrs(path)) for path in publication.outputs]
     np.testing.assert_array_equal(np.concatenate(on_their_own), decoded)
@@ -837,6 +841,29 @@ def test_a_publication_of_codes_reads_back_decoded_and_as_codes(tmp_path, dtype)
     else:  # int8: within half a quantization step of the exact value (or clipped at the range's end)
         step = np.asarray(quantization.scale)
         assert np.mean(np.abs(decoded - want) <= step / 2 + 1e-6) > 0.99
+
+
+def test_a_part_coded_by_another_codec_than_the_published_model_records_is_refused(tmp_path):
+    from streamwhiten.codes import codec_record_data
+    from streamwhiten.codes.storage import train_for
+    from streamwhiten.output_plan import storage_record
+
+    job = write_job(tmp_path, output="out/{stem}.h5", apply='dtype = "eigen:4"')
+    append_rows(tmp_path / "shards" / "day-1.h5", rows_of(1500, 1))
+    run_job_file(job)
+    publication = published(str(tmp_path / "models" / "m.npz"))
+    shard, (part,) = str(tmp_path / "shards" / "day-1.h5"), publication.outputs
+    assert publication.read(shard).shape == (1500, 8)
+    # the part's record names another codec, of the same kind and size, with its own (genuine) bytes
+    other = train_for(load_model(publication.model_file).with_params(beta=0.5), "eigen", 4)
+    record = storage_record(read_attrs(part))
+    record["codec"].update(codec_record_data(other.to_bytes()))
+    with h5py.File(part.partition(":")[0], "a") as handle:
+        (name,) = list(handle)
+        handle[name].attrs["quantization"] = json.dumps(record)
+    for read in (publication.read, publication.read_codes):
+        with pytest.raises(BadInputError, match="coded by another codec than the published model records"):
+            read(shard)
 
 
 def test_a_publication_of_floats_is_read_as_floats_and_has_no_codes(night):
