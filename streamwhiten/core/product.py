@@ -1,13 +1,10 @@
 """The one float32 product of the whitening, ``(x - shift) A``: the same bits for a row in any batch.
 
-BLAS sums each dot product of a float32 matrix product in an order that depends on the batch's shape
-(one row goes through gemv, a block through gemm, with other blockings) and on the machine, so a row
-whitened alone and the same row whitened in a block differed in their last bits. Here each output value
-is *defined* as the float32 nearest (ties to even) to the exact dot product of the row's float32 centred
-values with the float32 weights: one number, whatever batch, BLAS or machine computes it. ``apply``, the
-estimator, ``Model.transform`` and `streamwhiten.serving` all call `rounded_product`.
-
-How it gets that number at about the price of one float64 matrix product:
+BLAS sums a dot product in an order that depends on the batch's shape and the machine, so a row alone
+and in a block differed in their last bits. Here each value is *defined* as the float32 nearest (ties to
+even) the exact dot product of the float32 centred row and weights; ``apply``, the estimator,
+``Model.transform`` and `streamwhiten.serving` all call `rounded_product`. At about the price of one
+float64 matrix product:
 
 1. The product of two float32 numbers is exact in float64, so the float64 product ``C A`` (BLAS, any
    order) differs from the exact sums only by summation error, at most ``gamma_d sum_j |c_j a_j| <=
@@ -71,13 +68,10 @@ def rounded_product(
     out: np.ndarray | None = None,
     screen: Screen | None = None,
 ) -> np.ndarray:
-    """``centred @ weights`` (float32 rows, d x k float32 weights) with each value the float32 nearest to
-    the exact dot product (ties to even): bit for bit the same for a row alone, in any batch, on any
-    machine. ``out`` (C-contiguous float32, ``len(centred)`` x k) receives it when given; ``screen``
-    (default `numpy_screen`) only changes how fast the undecided values are found, never the result.
-
-    A row holding NaN or Inf gives NaN or Inf values, as a float32 product would; a value beyond float32's
-    range is Inf (no float32 partial sum overflows on the way, as it could in a float32 product)."""
+    """``centred @ weights`` (float32) with each value the float32 nearest the exact dot product: the same
+    bits for a row alone or in any batch, on any machine. ``out`` (C-contiguous) receives it when given;
+    ``screen`` (default `numpy_screen`) changes only the speed. NaN or Inf rows give NaN or Inf values, and
+    a value beyond float32's range is Inf."""
     w = weights if isinstance(weights, ProductWeights) else ProductWeights.of(weights)
     rows = np.asarray(centred)
     if rows.dtype != np.float32 or rows.ndim != 2 or rows.shape[1] != w.wide.shape[0]:

@@ -1,12 +1,9 @@
 """Block-parallel execution on one machine: worker threads, each with its own BLAS thread count.
 
-A fit is one BLAS product per block plus a little memory-bound work (read, centre). Running that work
-between multi-threaded BLAS calls leaves cores idle, and running it beside them makes two thread pools
-fight over the cores. Instead, each of ``threads`` worker threads does whole blocks (read, centre,
-product) with BLAS limited to ``cores // threads`` threads per call, so the memory-bound part of one
-block overlaps the product of another. Numba kernels and BLAS release the GIL. Results come back in
-submission order, so the caller folds them in the same order, and gets the same bits, however the
-threads interleave.
+Each of ``threads`` workers does whole blocks (read, centre, product) with BLAS limited to
+``cores // threads`` threads, so the memory-bound part of one block overlaps the product of another
+instead of idling cores or fighting BLAS's own pool. Results come back in submission order, so the
+caller folds them in one order and gets the same bits however the threads interleave.
 """
 
 from __future__ import annotations
@@ -68,12 +65,10 @@ _LIMIT: dict[str, Any] = {"depth": 0, "context": None}
 
 @contextlib.contextmanager
 def blas_threads(n_threads: int | None) -> Iterator[None]:
-    """Limit BLAS (OpenBLAS, MKL, BLIS) to ``n_threads`` per call for the duration; None, or no
-    threadpoolctl, leaves it alone.
+    """Limit BLAS to ``n_threads`` per call for the duration (None, or no threadpoolctl: left alone).
 
-    For pthreads-based BLAS the limit is process-wide: it holds for every thread of the process while
-    any such block is active, and only the outermost of overlapping blocks (from several threads) sets
-    and restores it. OpenMP-based BLAS counts per thread: see `limit_this_thread`.
+    For pthreads-based BLAS the limit is process-wide: only the outermost of overlapping blocks (from
+    several threads) sets and restores it. OpenMP-based BLAS counts per thread: `limit_this_thread`.
     """
     if n_threads is None:
         yield
@@ -111,12 +106,9 @@ def ordered_map(
 ) -> Generator[_T, None, None]:
     """``function(*item)`` for each item, computed by ``threads`` worker threads, yielded in item order.
 
-    At most ``threads + 1`` items are in flight, so memory stays bounded however many items there are.
-    With one thread everything runs in the calling thread. ``blas_per_thread`` limits BLAS in every
-    worker (and, for process-wide BLAS limits, in the process) until the workers are done. An error
-    raised by ``items`` itself surfaces only after the results of the items before it, so errors come
-    in item order. Closing the generator early (an error or an interruption in the consumer) cancels
-    what has not started and waits for what has.
+    At most ``threads + 1`` items are in flight (bounded memory); one thread runs in the caller's.
+    ``blas_per_thread`` limits BLAS in every worker. An error raised by ``items`` surfaces after the
+    results before it. Closing the generator early cancels what has not started and waits for what has.
     """
     if threads <= 1:
         with blas_threads(blas_per_thread):

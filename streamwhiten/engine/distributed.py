@@ -1,17 +1,12 @@
 """The Dask engine: the serial engine's per-block step and merge, run as a tree reduction on a cluster.
 
-It is dask's chunk/combine/aggregate reduction, spelled out with ``dask.delayed`` so the tree is ours:
-*chunk* is one task per block of rows (spanning all columns) running `reduce_block`,
-the serial engine's own accumulator (same jitted kernels, same NaN/Inf errors); *combine* merges
-groups of ``split_every`` consecutive states left to right with `merge`, level
-by level, so the tree's shape depends only on the block layout; *aggregate* is the root, one small
-state the driver finalizes. Whichever workers run the tasks, in whatever order, the same blocks give
-the same bits. Stores are read on the workers (by path, see
-`LazyRows`, with the storage options they were opened with); the transform writes whole Zarr chunks from the workers under
-the temporary name and the driver renames the finished store, as the serial applier does.
+dask's chunk/combine/aggregate, spelled out with ``dask.delayed`` so the tree is ours: one
+`reduce_block` task per block of rows, then groups of ``split_every`` states merged left to right,
+level by level, so the tree depends only on the block layout and any workers give the same bits.
+Workers read stores by path (`LazyRows`); the transform writes whole Zarr chunks from the workers
+under the temporary name and the driver renames the finished store.
 
-dask and distributed are optional (``pip install 'streamwhiten[dask]'``) and imported only inside the
-functions here, so ``import streamwhiten`` and the serial engine never need them.
+dask and distributed are optional (``pip install 'streamwhiten[dask]'``), imported only in functions.
 """
 
 from __future__ import annotations
@@ -60,9 +55,8 @@ _INSTALL_HINT = "the dask engine needs the optional extra: pip install 'streamwh
 
 
 class Cluster(Protocol):
-    """Where the Dask engine runs (an ``engine.engines.DaskEngine`` is one): a ``scheduler`` address, or a
-    new local cluster of ``workers`` processes (default: one per core), or an existing ``client``; and the
-    states merged by one task of a fit's reduction tree (``split_every``)."""
+    """Where the Dask engine runs (a ``DaskEngine``): a ``scheduler`` address, a new local cluster of
+    ``workers`` processes, or a ``client``; and the states one task merges (``split_every``)."""
 
     scheduler: str | None
     workers: int | None
@@ -122,8 +116,7 @@ def dask_client(
 
 @contextlib.contextmanager
 def _cluster_errors(what: str) -> Iterator[None]:
-    """A worker that kept dying while running a task becomes a `ClusterError`: dask retries a
-    lost task on another worker (``distributed.scheduler.allowed-failures`` times) before giving up."""
+    """A worker that kept dying while running a task (past dask's retries) becomes a `ClusterError`."""
     try:
         killed = _require("distributed").KilledWorker
     except BadInputError:  # plain dask schedulers cannot lose a worker
@@ -151,28 +144,26 @@ def _compute(graph: Any, client: Any, what: str) -> Any:
 
 
 def _rows_array(array: Any) -> Any:
-    """``array`` as a 2-D floating dask array whose every block spans all columns."""
+    """``array`` as a 2-D dask array of native-order floats whose every block spans all columns; another
+    dtype raises `BadInputError` before any task runs."""
     import dask.array as da
 
     array = da.asarray(array)
+    native = float_dtype(array.dtype)
+    if array.dtype != native:
+        array = array.astype(native)
     if array.ndim != 2:
         raise BadInputError(f"expected a 2-D dask array (rows x features), got shape {array.shape}")
     if any(np.isnan(size) for size in array.chunks[0]):
         raise BadInputError("the dask array has unknown chunk sizes: call array.compute_chunk_sizes() first")
-    if array.dtype.kind in "iub":
-        array = array.astype(np.float64)
-    if array.dtype.kind != "f":
-        raise BadInputError(f"expected floating-point rows, got dtype {array.dtype}")
     if array.numblocks[1] > 1:
         array = array.rechunk({1: -1})
     return array
 
 
 def _block_tasks(array: Any, label: str, precision: str, skip_nonfinite: bool) -> list[Any]:
-    """The *chunk* step: one delayed ``reduce_block`` per row block of ``array``, in row order.
-
-    A block is never centred in place: it may be a view of the caller's data, or data dask keeps.
-    """
+    """The *chunk* step: one delayed ``reduce_block`` per row block of ``array``, in row order (never
+    centred in place: a block may be the caller's data, or data dask keeps)."""
     import dask
 
     task = dask.delayed(reduce_block, pure=True)
@@ -187,14 +178,12 @@ def _block_tasks(array: Any, label: str, precision: str, skip_nonfinite: bool) -
 def _read_block_moments(
     rows: LazyRows, begin: int, stop: int, precision: str, skip_nonfinite: bool
 ) -> tuple[stats.Moments, int]:
-    """The *chunk* step for a store: read rows ``[begin, stop)`` in the task and fold them; the block
-    is this task's own, so it is centred in place, as in the serial engine."""
+    """The *chunk* step for a store: read rows ``[begin, stop)`` in the task and fold them (in place)."""
     return reduce_block(rows[begin:stop], begin, rows.label, precision, skip_nonfinite, overwrite_input=True)
 
 
 def _store_tasks(source: Source, block_rows: int, precision: str, skip_nonfinite: bool) -> list[Any]:
-    """One delayed read-and-fold per block of ``source``, cut at multiples of ``block_rows`` (the fit's
-    `plan_blocks`, as the serial engine cuts them)."""
+    """One delayed read-and-fold per block of ``source``, cut as the serial engine cuts them."""
     import dask
 
     task = dask.delayed(_read_block_moments, pure=False)
@@ -239,25 +228,17 @@ def fit_dask_array(
     split_every: int = SPLIT_EVERY,
     label: str = "dask array",
 ) -> FitResult:
-    """Statistics of every row of a dask array; computed on ``client`` or dask's current scheduler.
-
-    Rows holding NaN or Inf raise `NonFiniteError` naming the row,
-    unless ``skip_nonfinite`` (then they are counted in ``n_skipped``).
-    """
+    """Statistics of every row of a dask array, on ``client`` or dask's current scheduler (NaN or Inf:
+    `NonFiniteError`, unless ``skip_nonfinite`` counts them in ``n_skipped``)."""
     _require("dask.array")
     params.check("precision", precision)
-    array = _rows_array(_native_floats(array))
+    array = _rows_array(array)
     parts = _block_tasks(array, label, precision, skip_nonfinite)
     began = time.perf_counter()
     state, n_skipped = _reduce(parts, int(array.shape[0]), client, split_every)
+    seconds = time.perf_counter() - began
     return FitResult(
-        state,
-        n_skipped,
-        [],
-        len(parts),
-        time.perf_counter() - began,
-        precision=precision,
-        skip_nonfinite=bool(skip_nonfinite),
+        state, n_skipped, [], len(parts), seconds, precision=precision, skip_nonfinite=bool(skip_nonfinite)
     )
 
 
@@ -269,13 +250,10 @@ def fit_dask(
     read: ReadOptions | None = None,
     cluster: Cluster | None = None,
 ) -> FitResult:
-    """`fit_sources` on a Dask ``cluster`` (default: a local one, a worker process per core): the stores
-    are checked and fingerprinted here, their blocks read and reduced on the workers (so every worker
-    must see the same paths).
-
-    The blocks are the serial engine's (one `plan_blocks` for both, given ``read.block_rows`` or not),
-    so the per-block states are bit-for-bit those of the serial engine; only the order of the float64
-    merges differs. ``read`` says how the stores are read (the workers read with its storage options).
+    """`fit_sources` on a Dask ``cluster`` (default: a local one, a worker process per core): stores are
+    checked and fingerprinted here, read and reduced on the workers (which must see the same paths).
+    The blocks are the serial engine's (`plan_blocks`), so the per-block states are bit-for-bit its
+    own; only the order of the float64 merges differs.
     """
     _require("dask.array")
     params.check("precision", precision)
@@ -299,8 +277,7 @@ def fit_dask(
 
 
 def _connect(cluster: Cluster | None) -> contextlib.AbstractContextManager[Any]:
-    """A client of ``cluster`` (`dask_client`; None: a new local cluster), closed on exit unless it is the
-    cluster's own."""
+    """A client of ``cluster`` (None: a new local cluster), closed on exit unless it is the cluster's own."""
     if cluster is None:
         return dask_client()
     return dask_client(cluster.scheduler, cluster.workers, client=cluster.client)
@@ -317,8 +294,7 @@ def _transform_and_write(
     writer: Callable[[int, np.ndarray], object],
     quantization: Quantization | None = None,
 ) -> tuple[int, int, int]:
-    """Read rows ``[begin, stop)``, whiten them as ``how`` says (in place: the block is this task's own),
-    encode them for an output of codes (``quantization``), and write them."""
+    """Read rows ``[begin, stop)``, whiten them in place as ``how`` says, encode and write them."""
     out, n_nonfinite = transform_block(rows[begin:stop], begin, how, reread=lambda: rows[begin:stop])
     writer(begin, encode_block(out, quantization))
     return begin, out.shape[0], n_nonfinite
@@ -355,16 +331,12 @@ def apply_dask(
     watch: Watch = Watch(),
     output_chunk_rows: int | None = None,
 ) -> ApplyOutcome:
-    """`apply_model` on a Dask ``cluster`` (default: a local one, a worker process per core), writing a
-    Zarr store.
+    """`apply_model` on a Dask ``cluster`` (default: a local one), writing a Zarr store.
 
-    Workers read their blocks, transform them and write whole output chunks into the store under its
-    temporary name; the driver marks it complete and renames it only after every block is written.
-    On a failure the tasks still running are waited for, then the temporary store is removed; an
-    existing output is never touched. ``watch.progress(rows_done, rows_total)`` is told as blocks finish
-    (a Dask apply cannot stop between blocks: a signal interrupts it). ``output_chunk_rows`` sets the rows
-    per output chunk (default: about 4 MiB per chunk). ``read``: how the workers read and write (its
-    storage options).
+    Workers write whole output chunks under the temporary name; the driver renames it only after every
+    block is written. On a failure the running tasks are waited for, then the temporary store removed;
+    an existing output is never touched. ``watch`` is told rows as blocks finish (a signal interrupts).
+    ``output_chunk_rows``: rows per output chunk (default: about 4 MiB per chunk).
     """
     _require("dask")  # a missing extra is said first, before the output is checked or a code trained
     _require("distributed")
@@ -400,8 +372,7 @@ def apply_dask(
 def _submit_blocks(
     active: Any, model: WhiteningModel, source: Source, sink: Sink, plan: OutputPlan, read: ReadOptions
 ) -> list[Any]:
-    """Start one task per block of ``source`` on the client ``active``: each reads its rows, whitens them
-    (encoding them for an output of codes) and writes them into ``sink``'s chunks; returns their futures."""
+    """Start one read-whiten-encode-write task per block of ``source`` on ``active``; their futures."""
     dask = _require("dask")
     rows_per_block = aligned_block_rows(read.block_rows, source, sink.chunk_rows)
     lazy = lazy_rows(source)
@@ -423,8 +394,8 @@ def _submit_blocks(
 
 
 def _gather(active: Any, futures: list[Any], n_rows: int, watch: Watch) -> int:
-    """Wait for the block tasks ``futures``, telling ``watch`` the rows written; returns the non-finite
-    rows counted. A failure first waits for the tasks still running, so none writes afterwards."""
+    """Wait for the block tasks, telling ``watch`` the rows written; returns the non-finite rows counted.
+    A failure first waits for the tasks still running, so none writes afterwards."""
     distributed = _require("distributed")
     written, n_written, n_nonfinite = set(), 0, 0
     try:
@@ -444,13 +415,10 @@ def _gather(active: Any, futures: list[Any], n_rows: int, watch: Watch) -> int:
 
 
 def transform_dask(model: WhiteningModel, array: Any, normalize: bool = False, skip_nonfinite: bool = False) -> Any:
-    """A lazy dask array of ``model.transform`` applied block by block to the rows of ``array``.
-
-    When computed, a row holding NaN or Inf raises `NonFiniteError` naming its row in ``array``,
-    unless ``skip_nonfinite`` (its output row is then NaN).
-    """
+    """A lazy dask array of ``model.transform`` of ``array``'s blocks (NaN or Inf: `NonFiniteError` naming
+    the row in ``array``, unless ``skip_nonfinite`` writes a NaN row)."""
     _require("dask.array")
-    array = _rows_array(_native_floats(array))
+    array = _rows_array(array)
     if array.shape[1] != model.n_features:
         raise BadInputError(f"the model expects {model.n_features} features, got {array.shape[1]}")
     work = np.float64 if array.dtype == np.float64 else np.float32
@@ -473,13 +441,3 @@ def transform_dask(model: WhiteningModel, array: Any, normalize: bool = False, s
     return array.map_blocks(
         whiten, dtype=work, chunks=(array.chunks[0], (model.n_components,)), meta=np.empty((0, 0), dtype=work)
     )
-
-
-def _native_floats(array: Any) -> Any:
-    """``array`` as a dask array of float16, float32 or float64 in native byte order; other dtypes
-    raise `BadInputError` before any task runs."""
-    import dask.array as da
-
-    array = da.asarray(array)
-    native = float_dtype(array.dtype)
-    return array if array.dtype == native else array.astype(native)

@@ -1,12 +1,9 @@
 """One interface for the engines that run a fit's blocks and an apply's: serial (worker threads in this
 process) and Dask (a cluster).
 
-Both take the same `FitPlan` and return the same
-`FitResult` from `Engine.fit`, and the same
-[`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome] from `Engine.apply`; what differs between them is
-said by capabilities, never by comparing names: whether a fit is checkpointed (and so can resume or
-update a model), whether a signal can wait for the next block, which outputs it writes, which apply
-options it honours. The pipeline (``streamwhiten.pipeline``) and the command line ask these.
+Both take the same `FitPlan` and give the same `FitResult` and ``ApplyOutcome``; what differs is said by
+capabilities, never by comparing names (checkpoints, stopping between blocks, outputs, apply options),
+which the pipeline and the command line ask.
 """
 
 from __future__ import annotations
@@ -40,11 +37,8 @@ class Engine(ABC):
 
     @abstractmethod
     def fit(self, plan: FitPlan, *, watch: Watch = Watch(), checkpoint: Checkpoint | None = None) -> FitResult:
-        """Fold every remaining block of ``plan`` (a ``FitPlan``); returns its ``FitResult``.
-
-        ``watch``: how the work reports its progress and is asked to stop (`Watch`). ``checkpoint`` says
-        where and how often an engine that checkpoints saves the fit, else None.
-        """
+        """Fold every remaining block of ``plan``; ``watch`` reports progress and asks to stop, ``checkpoint``
+        says where and how often an engine that checkpoints saves."""
 
     @abstractmethod
     def apply(
@@ -58,17 +52,15 @@ class Engine(ABC):
         part: ApplyPart | None = None,
         watch: Watch = Watch(),
     ) -> ApplyOutcome:
-        """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names, its
-        output recording ``part``'s attributes beside its own: `ApplyPart`) to ``output_spec``; an
-        ``ApplyOutcome``. ``watch``: how the work reports its progress and is asked to stop."""
+        """Write ``model``'s transform of every row of ``input_spec`` (or those ``part`` names, its attributes
+        recorded beside the output's) to ``output_spec``; ``watch`` reports progress and asks to stop."""
 
     #: apply options this engine does not take, each with the message that refuses it
     serial_only: ClassVar[dict[str, str]] = {}
 
     def check_apply(self, options: ApplyOptions, given: tuple[str, ...] = ()) -> None:
-        """Refuse apply options this engine cannot honour (`BadInputError`), before anything is
-        opened: one set to other than its default, or named in ``given`` (set explicitly, e.g. on the
-        command line, even to its default)."""
+        """Refuse apply options this engine cannot honour before anything is opened: one set to other than
+        its default, or named in ``given`` (set explicitly, even to its default)."""
         defaults = ApplyOptions()
         for name, message in self.serial_only.items():
             if name in given or getattr(options, name) != getattr(defaults, name):
@@ -76,8 +68,7 @@ class Engine(ABC):
 
 
 class SerialEngine(Engine):
-    """Worker threads in this process, each reading and reducing whole blocks (``threads``; default one
-    per core, at most four, for a fit; one with multi-threaded BLAS for an apply)."""
+    """Worker threads in this process (``threads``; default: one per core, at most four, for a fit)."""
 
     name = "serial"
     checkpoints = True
@@ -108,10 +99,8 @@ class SerialEngine(Engine):
 
 
 class DaskEngine(Engine):
-    """A Dask cluster: ``scheduler`` (an address), a local cluster of ``workers`` processes, or ``client``.
-
-    Every worker must see the stores at the same paths (shared storage) or read them from object storage.
-    """
+    """A Dask cluster: ``scheduler`` (an address), a local cluster of ``workers`` processes, or ``client``;
+    every worker must see the stores at the same paths, or read them from object storage."""
 
     name = "dask"
     checkpoints = False
