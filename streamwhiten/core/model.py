@@ -262,25 +262,16 @@ class WhiteningModel:
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
         model = self.with_params(**changes) if changes else self
-        quantization = model.quantization(dtype)  # stored vectors are unit-length, as the search stores them
         fitted_norm = mean_sq_norm(model.n_rows, model.mean, model.state.scatter)
-        if model.basis == "identity":
-            return AffineMap.identity(
-                model.mean, model.eps, model.eps_value, normalize, file_checksum(self), fitted_norm, quantization
-            )
-        return AffineMap.from_weights(
-            model.projection(np.float64)[0],
-            model.mean,
-            model.beta,
-            gamma=model.gamma,
-            eps=model.eps,
-            eps_value=model.eps_value,
-            variance=model.variance,
-            normalize=bool(normalize),
-            file_checksum=file_checksum(self),
-            mean_sq_norm=fitted_norm,
-            quantization=quantization,
+        extra: dict[str, Any] = dict(
+            normalize=bool(normalize), file_checksum=file_checksum(self), mean_sq_norm=fitted_norm
         )
+        quantization = model.quantization(dtype)  # stored vectors are unit-length, as the search stores them
+        if model.basis == "identity":
+            return AffineMap.identity(model.mean, model.eps, model.eps_value, quantization=quantization, **extra)
+        setting = dict(gamma=model.gamma, eps=model.eps, eps_value=model.eps_value, variance=model.variance)
+        weights = model.projection(np.float64)[0]
+        return AffineMap.from_weights(weights, model.mean, model.beta, quantization=quantization, **setting, **extra)
 
     def with_params(self, **changes: Any) -> WhiteningModel:
         """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data.
@@ -460,21 +451,12 @@ def _select(
     else:
         k = int(params["n_components"] or n_features)
     top = float(eigvals[0]) if eigvals.size else 0.0
-    eps_value = float(params["eps"]) * top if top > 0 else float(params["eps"])
+    beta, gamma, eps = (float(params[name]) for name in ("beta", "gamma", "eps"))
+    variance = None if params["variance"] is None else float(params["variance"])
+    recorded = tuple(fingerprint_of(source) for source in sources or ())
+    eps_value = eps * top if top > 0 else eps
     return WhiteningModel(
-        state=state,
-        beta=float(params["beta"]),
-        gamma=float(params["gamma"]),
-        eps=float(params["eps"]),
-        n_components=k,
-        variance=None if params["variance"] is None else float(params["variance"]),
-        eigvals=eigvals,
-        eigvecs=eigvecs,
-        eps_value=eps_value,
-        sources=tuple(fingerprint_of(source) for source in sources or ()),
-        info=dict(info or {}),
-        storage=storage,
-        basis=basis,
+        state, beta, gamma, eps, k, variance, eigvals, eigvecs, eps_value, recorded, dict(info or {}), storage, basis
     )
 
 

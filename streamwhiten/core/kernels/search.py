@@ -76,13 +76,9 @@ def merge_top_scores(
     exclude_start: I64,
     exclude_rows: I64,
 ) -> None:
-    """Merge a tile of inner products into running top lists (larger is better).
-
-    ``scores[i, j]`` is the score of query ``first_query + i`` against corpus row ``first_row + j``;
-    ``top_scores``/``top_rows`` (queries x depth, of all queries) hold each query's best so far, best
-    first, ties to the lower row. The corpus rows ``exclude_rows[exclude_start[q]:exclude_start[q + 1]]``
-    (sorted) are never candidates of query ``q``; the tile's entries for them are set to -inf here. A
-    -inf or NaN score never enters a list.
+    """Merge a tile of inner products (``scores[i, j]``: query ``first_query + i``, corpus row
+    ``first_row + j``) into the running top lists of all queries (larger is better). The rows
+    ``exclude_rows[exclude_start[q]:exclude_start[q + 1]]`` are set to -inf; -inf or NaN never enters.
     """
     for i in range(scores.shape[0]):
         query = first_query + i
@@ -119,13 +115,10 @@ def merge_top_hamming(
     exclude_rows: I64,
 ) -> None:
     """Hamming distances of queries ``first_query..stop_query - 1`` to a block of corpus rows, merged
-    into their running top lists (smaller is better, ties to the lower row).
+    into their running top lists (smaller is better) as in `merge_top_scores`.
 
-    ``query_words`` (all queries x words) and ``corpus_words`` (words x rows of the block: transposed, so
-    that one word of many rows is XORed and counted in one vector instruction) are bit vectors as
-    uint64 words, zero-padded alike. ``top_distances``/``top_rows`` are as in `merge_top_scores`
-    (an empty slot: the largest int64 and row -1), and so are the excluded rows. The block is worked
-    through in tiles that stay in the L1 cache while every query passes over them.
+    ``corpus_words`` is transposed (words x rows), so one word of many rows is XORed and counted in one
+    vector instruction; the block is worked through in tiles that stay in L1.
     """
     n_words, n_rows = corpus_words.shape
     empty = np.iinfo(np.int64).max
