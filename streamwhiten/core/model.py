@@ -242,22 +242,18 @@ class WhiteningModel:
         Parameters
         ----------
         beta, gamma, n_components, variance, eps : optional
-            Another setting than the model's, re-finalized from the saved statistics (as
-            [`with_params`][streamwhiten.core.model.WhiteningModel.with_params]).
+            Another setting, re-finalized from the saved statistics (as `with_params`).
         normalize : bool
             Follow the map by L2 normalisation.
         dtype : str, optional
-            How its outputs are stored (default: the model's `storage`, float32 when it records
-            none): the map then carries the record (``quantization``, None for float32) that
+            How its outputs are stored (default: the model's `storage`, else float32): the record
             `AffineMap.encode` uses.
 
         Returns
         -------
         streamwhiten.core.affine.AffineMap
-            ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``, the setting and this
-            model's file checksum; its ``transform`` gives the vectors
-            [`transform`][streamwhiten.core.model.WhiteningModel.transform] gives, and its
-            ``checksum`` is what outputs made with it record as ``model_checksum``.
+            ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``: the vectors `transform`
+            gives; its ``checksum`` is what outputs made with it record as ``model_checksum``.
         """
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
@@ -492,9 +488,6 @@ def checked_covariance(state: Moments, beta: float) -> np.ndarray:
             param="precision",
         )
     return sigma
-
-
-# ------------------------------------------------------------------------------------------ model file
 
 
 def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:

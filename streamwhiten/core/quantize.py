@@ -385,9 +385,6 @@ def int8_for_map(
     return int8_quantization(out_mean, variance, clip=clip, normalized=normalize)
 
 
-# ---------------------------------------------------------------------------------- a model's storage
-
-
 def storage_quantizations(
     storage: Storage,
     n_rows: int,

@@ -226,7 +226,6 @@ def _storage_field(f: Fields, m: dict[str, Any]) -> Storage | None:
         return storage
     setting = {key: m[key] for key in ("beta", "gamma", "eps")}
     _check_codec(f, storage, dict(setting, k=m["n_components"], basis=m["basis"]))
-    # the codec's bytes are decoded (every field checked) where they are used: named from here
     origin = f"{f.path}: model file field 'storage_codec'"
     return replace(storage, codec=replace(storage.codec, origin=origin))
 

@@ -73,9 +73,6 @@ def _require(module: str) -> ModuleType:
         raise BadInputError(f"{_INSTALL_HINT} ({exc})") from exc
 
 
-# ------------------------------------------------------------------------------------------- cluster
-
-
 @contextlib.contextmanager
 def dask_client(
     scheduler: str | None = None,
@@ -138,9 +135,6 @@ def _compute(graph: Any, client: Any, what: str) -> Any:
         if client is not None:
             return client.compute(graph).result()
         return dask.compute(graph)[0]
-
-
-# ----------------------------------------------------------------------------------------------- fit
 
 
 def _rows_array(array: Any) -> Any:
@@ -283,9 +277,6 @@ def _connect(cluster: Cluster | None) -> contextlib.AbstractContextManager[Any]:
     return dask_client(cluster.scheduler, cluster.workers, client=cluster.client)
 
 
-# --------------------------------------------------------------------------------------------- apply
-
-
 def _transform_and_write(
     rows: LazyRows,
     begin: int,
@@ -342,8 +333,7 @@ def apply_dask(
     _require("distributed")
     options, read = options or ApplyOptions(), read or ReadOptions()
     options = options.storing(model.storage)
-    # what the Dask engine writes whatever was asked (DaskEngine.check_apply refuses other values):
-    # uncompressed Zarr through zarr, every chunk with its checksum, no other columns
+    # what the Dask engine writes whatever was asked (DaskEngine.check_apply refuses other values)
     options = replace(options, compressor="none", direct_io=True, checksums=True, keep_columns=())
     out_path, _ = split_spec(output_spec)
     output = open_output(output_spec, read)
@@ -357,9 +347,7 @@ def apply_dask(
     with open_source(input_spec, read=read, min_rows=1) as source:
         check_output(model, source, output_spec)
         plan = plan_output(model, source, output, options, read, source_sha256=fingerprint(source).sha256_sampled)
-        # the Dask engine sizes its chunks itself (default: about 4 MiB each), whatever the blocks read
-        plan = replace(plan, chunk_rows=output_chunk_rows)
-        # One run per output (a second one exits 75); the output's checks and writes happen under it.
+        plan = replace(plan, chunk_rows=output_chunk_rows)  # sized here (default: about 4 MiB a chunk)
         with output.lock(), _connect(cluster) as active:
             refuse_current(output, plan, options.overwrite)  # up to date: kept, overwrite or not (exit 3)
             with output.create(plan, options.overwrite) as sink:
@@ -378,15 +366,13 @@ def _submit_blocks(
     lazy = lazy_rows(source)
     rows = dask.delayed(lazy, pure=True)
     weights, shift = model.projection(np.float64 if source.dtype == np.float64 else np.float32)
-    # int8 codes or bits: encoded by each task
     quantization: Quantization | None = None if plan.storage is None else plan.storage.encoder
     stored = None if quantization is not None else sink.dtype
     how = dask.delayed(
         BlockTransform(weights, shift, plan.normalize, stored, plan.skip_nonfinite, lazy.label), pure=True
     )
     writer = dask.delayed(sink.region_writer(), pure=True)
-    # the encoder (a codec's bytes) goes to each worker once, not with every task
-    encoder = None if quantization is None else dask.delayed(quantization, pure=True)
+    encoder = None if quantization is None else dask.delayed(quantization, pure=True)  # once per worker
     task = dask.delayed(_transform_and_write, pure=False)
     return list(
         active.compute([task(rows, begin, stop, how, writer, encoder) for begin, stop in source.blocks(rows_per_block)])
@@ -406,7 +392,6 @@ def _gather(active: Any, futures: list[Any], n_rows: int, watch: Watch) -> int:
                 n_nonfinite += nonfinite
                 watch.report(n_written, n_rows)
     except BaseException:
-        # Running tasks cannot be interrupted: wait for them before the temporary store is removed.
         _stop_tasks(active, futures, CANCEL_TIMEOUT)
         raise
     if n_written != n_rows or len(written) != len(futures):

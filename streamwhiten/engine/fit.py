@@ -63,9 +63,6 @@ CHECKPOINT_FORMAT = "streamwhiten-checkpoint"
 CHECKPOINT_VERSION = 1
 
 
-# --------------------------------------------------------------------------------------------- the plan
-
-
 @dataclass(frozen=True)
 class Checkpoint:
     """Where a checkpointed fit saves its state, and how often: every ``every_blocks`` blocks or
@@ -336,7 +333,6 @@ def plan_fit(
             raise BadInputError(
                 f"{sources[0].label}: has {sources[0].n_features} columns but the model has {state.n_features}"
             )
-        # Sampled rows are hashed as the pass reads them (see run_plan): no decoding here.
         cursors = [_update_cursor(source, recorded, sources) for source in sources]
         kept = [r for r in recorded if not any(_same_source(r, source) for source in sources)]
         _refuse_deleted(kept, read)
@@ -466,9 +462,6 @@ def _refuse_deleted(kept: list[Fingerprint], read: ReadOptions) -> None:
             )
 
 
-# ------------------------------------------------------------------------------------------ checkpoints
-
-
 def save_checkpoint(plan: FitPlan, path: str) -> None:
     """Write the plan's state and cursors atomically (temp file, fsync, rename) with a checksum."""
     meta = {
@@ -566,9 +559,6 @@ def check_sources_unchanged(plan: FitPlan, checkpoint_path: str) -> None:
                 check_prefix(source, cursor.fingerprint)
             except BadInputError as exc:
                 raise BadInputError(f"{exc} (refusing to resume from {checkpoint_path})") from None
-
-
-# --------------------------------------------------------------------------------------------- running
 
 
 def _read_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
@@ -682,13 +672,11 @@ def run_plan(
     decodes: at most ``2 x workers + 1`` blocks and ``workers`` chunks, kept for the next run.
     """
     began = time.perf_counter()
-    # Kept across resumes (BLAS rounding can depend on its threads); more for remote sources (network waits).
+    # kept across resumes (BLAS rounding can depend on its threads); more for remote sources (network waits)
     plan.threads = plan.threads or resolve_threads(remote.default_threads(threads, [c.spec for c in plan.cursors]))
-    # Fewer blocks in the whole plan than threads: fewer workers, each with more BLAS threads.
-    workers = min(plan.threads, max(1, plan.blocks_total))
+    workers = min(plan.threads, max(1, plan.blocks_total))  # fewer blocks: fewer workers, more BLAS threads
     run = _PlanRun(plan, watch, checkpoint)
     buffers = _block_buffers(plan)
-    # fetches stored chunk bytes ahead while the workers decode and multiply
     reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read") if workers > 1 else None
     with kept_for_next_run(*buffers):  # once the workers have stopped
         tasks = _block_tasks(plan, run.opened, buffers, run.samplers, reader)
