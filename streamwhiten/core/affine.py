@@ -77,8 +77,7 @@ class AffineMap:
 
     @classmethod
     def from_weights(cls, A: np.ndarray, mean: npt.ArrayLike, beta: float, **fields: Any) -> AffineMap:
-        """The map ``x -> (x - beta mean) A`` of a finalized model (``b = -(beta mean) A``); ``fields``: the
-        other attributes by name."""
+        """The map ``x -> (x - beta mean) A``; ``fields``: the other attributes by name."""
         A = np.ascontiguousarray(A, dtype=np.float64)
         mean = np.asarray(mean, dtype=np.float64)
         return cls(A=A, b=-((float(beta) * mean) @ A), mean=mean, beta=float(beta), **fields)
@@ -170,8 +169,7 @@ class AffineMap:
         return values
 
     def metadata(self) -> dict[str, str]:
-        """`params` as strings (exact float reprs; the quantization record as JSON), for formats whose
-        metadata is str -> str."""
+        """`params` as strings (exact float reprs, records as JSON), for str -> str metadata."""
         values = dict(self.params(), format=MAP_FORMAT, format_version=MAP_VERSION, package_version=__version__)
         return {key: _text(value) for key, value in sorted(values.items())}
 
@@ -310,8 +308,7 @@ def mean_sq_norm(n_rows: int, mean: npt.ArrayLike, scatter: npt.ArrayLike) -> fl
 
 
 def scale_rows_to_unit(out: np.ndarray, norms: np.ndarray) -> None:
-    """Divide each row of ``out`` by its L2 norm ``norms`` in place (zero rows stay zero; a row whose
-    norm overflowed is normalised in float64)."""
+    """Divide each row by its L2 norm in place (zero rows stay zero; overflowed norms in float64)."""
     redo = ~np.isfinite(norms)
     if redo.any():
         wide = out[redo].astype(np.float64)

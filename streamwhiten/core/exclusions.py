@@ -16,8 +16,7 @@ from ..errors import BadInputError
 
 @dataclass(frozen=True)
 class Exclusions:
-    """Corpus rows that are never candidates of a query: for query ``q``, the sorted rows
-    ``rows[start[q]:start[q + 1]]``."""
+    """Corpus rows never candidates of a query ``q``: ``rows[start[q]:start[q + 1]]``, sorted."""
 
     start: np.ndarray
     rows: np.ndarray

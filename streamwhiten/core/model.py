@@ -53,8 +53,7 @@ BASES = ("eigen", "identity")
 
 
 def float_rows(rows: npt.ArrayLike) -> np.ndarray:
-    """``rows`` as an array of float16, float32 or float64 in native byte order (copied only to swap
-    bytes); integer, bool, complex and object arrays raise `BadInputError`."""
+    """``rows`` as native-order float16/32/64 (copied only to swap bytes); other kinds: `BadInputError`."""
     if type(rows).__module__.startswith("scipy.sparse"):
         raise BadInputError(
             f"expected a dense array of rows, got a scipy.sparse {type(rows).__name__} "
@@ -160,8 +159,7 @@ class WhiteningModel:
         return (self.eigvals[: self.n_components] + self.eps_value) ** (-self.gamma / 2.0)
 
     def projection(self, dtype: npt.DTypeLike = np.float64) -> tuple[np.ndarray, np.ndarray]:
-        """``(W, shift)`` with ``y = (x - shift) @ W``: ``W = U_k diag(scales)``, ``shift = beta * mu``
-        (``W = I``, ``shift = 0`` for the identity basis)."""
+        """``(W, shift)`` with ``y = (x - shift) @ W``: ``U_k diag(scales)`` and ``beta * mu`` (or ``I``, 0)."""
         if self.basis == "identity":
             return np.eye(self.n_features, dtype=dtype), np.zeros(self.n_features)
         weights = self.eigvecs[:, : self.n_components] * self.scales()
@@ -540,8 +538,7 @@ def check_model_output(path: str, overwrite: bool) -> None:
 
 
 def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
-    """Save ``model`` to ``path`` (an ``.npz``, replacing only a model file: `check_model_output`);
-    returns the file's content checksum."""
+    """Save ``model`` to ``path`` (`check_model_output`); returns the file's content checksum."""
     check_model_output(path, overwrite)
     return write_npz_atomic(path, _arrays(model), "model file")
 
@@ -555,8 +552,7 @@ def load_model(path: str) -> WhiteningModel:
 
 
 def read_rows_and_sources(path: str) -> tuple[int, tuple[Fingerprint, ...]] | None:
-    """The rows and source records of the model file ``path``, read without the checks of `load_model` (for a
-    caller that loads it before using them); None when they cannot be read."""
+    """The rows and source records of a model file, read without `load_model`'s checks (None: unreadable)."""
     if not os.path.isfile(path):
         return None
     try:

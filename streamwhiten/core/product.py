@@ -137,8 +137,7 @@ def half_spacing(values: np.ndarray) -> np.ndarray:
 
 
 def exactly_rounded(products: np.ndarray) -> np.ndarray:
-    """The float32 nearest (ties to even) to the exact sum of each row of ``products`` (float64, each
-    exact), as a float32 vector."""
+    """The float32 nearest (ties to even) the exact sum of each row of ``products`` (float64, each exact)."""
     if products.shape[0] < _ONE_BY_ONE:
         return np.array([_fsum_rounded(row) for row in products], dtype=np.float32)
     total, error, magnitude = _sum2(products)
@@ -153,8 +152,7 @@ def exactly_rounded(products: np.ndarray) -> np.ndarray:
 
 
 def _sum2(products: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ogita, Rump and Oishi's Sum2 of each row, column by column (TwoSum, errors summed apart): the sum,
-    its correction and the sum of absolute values."""
+    """Ogita, Rump and Oishi's Sum2 of each row: the sum, its correction and the sum of magnitudes."""
     columns = np.asfortranarray(products)
     total = columns[:, 0].copy()
     error = np.zeros_like(total)

@@ -95,8 +95,7 @@ def raise_if_overflowed(overflowed: np.ndarray, dtype: npt.DTypeLike, when: str,
 
 
 def cast_checked(values: np.ndarray, dtype: npt.DTypeLike, into: np.ndarray | None = None) -> np.ndarray:
-    """``values`` cast to ``dtype`` (into ``into``'s first rows if given); raises
-    `ValuesTooLargeError` naming the first row whose finite values do not fit."""
+    """``values`` cast to ``dtype`` (into ``into``); `ValuesTooLargeError` for finite values that overflow."""
     target = np.empty(values.shape, dtype) if into is None else into[: values.shape[0]]
     with np.errstate(over="ignore"):
         np.copyto(target, values, casting="same_kind")
@@ -182,8 +181,7 @@ class Quantization:
         return codes.astype(np.int8)
 
     def decode(self, codes: npt.ArrayLike, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
-        """The rows as floats of ``dtype``: the values, ``code * scale + offset`` (computed in float64),
-        or the signs +1/-1 of the bits."""
+        """The rows as floats of ``dtype``: the values, ``code * scale + offset``, or the bits' signs +1/-1."""
         codes = np.asarray(codes)
         if codes.ndim != 2 or codes.shape[1] != self.width or codes.dtype != self.dtype:
             raise BadInputError(
@@ -227,8 +225,7 @@ class Quantization:
         return record
 
     def digest(self) -> str:
-        """The SHA-256 of `to_dict` as sorted JSON: equal records, equal digests (what a resumed
-        apply output must match)."""
+        """The SHA-256 of `to_dict` as sorted JSON (what a resumed apply output must match)."""
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 

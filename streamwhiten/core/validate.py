@@ -126,8 +126,7 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 
 def check_scatter(fields: Fields, scatter: np.ndarray, n_rows: int, mean: np.ndarray, field: str = "scatter") -> None:
-    """A sum of outer products of centred rows: symmetric, a diagonal not negative, no entry above its
-    diagonal's bound, to rounding."""
+    """A scatter: symmetric, a diagonal not negative, no entry above its diagonal's bound (to rounding)."""
     diagonal = np.diag(scatter)
     scale = float(np.abs(diagonal).max(initial=0.0))
     slack = SYMMETRY_RTOL * scale + 1e-12 * n_rows * float(np.square(mean).max(initial=0.0))

@@ -41,8 +41,7 @@ def available_cores() -> int:
 
 
 def resolve_threads(threads: int | None, default: int | None = None) -> int:
-    """Worker threads to use: ``threads`` (-1: one per core); if None, ``default``, or else one per
-    core up to `MAX_DEFAULT_THREADS`."""
+    """``threads`` (-1: one per core); None: ``default``, or one per core up to `MAX_DEFAULT_THREADS`."""
     if threads is None:
         return default or min(MAX_DEFAULT_THREADS, available_cores())
     check("threads", threads)

@@ -222,8 +222,7 @@ def fit_dask_array(
     split_every: int = SPLIT_EVERY,
     label: str = "dask array",
 ) -> FitResult:
-    """Statistics of every row of a dask array, on ``client`` or dask's current scheduler (NaN or Inf:
-    `NonFiniteError`, unless ``skip_nonfinite`` counts them in ``n_skipped``)."""
+    """Statistics of every row of a dask array, on ``client`` or dask's current scheduler."""
     _require("dask.array")
     params.check("precision", precision)
     array = _rows_array(array)
@@ -380,8 +379,7 @@ def _submit_blocks(
 
 
 def _gather(active: Any, futures: list[Any], n_rows: int, watch: Watch) -> int:
-    """Wait for the block tasks, telling ``watch`` the rows written; returns the non-finite rows counted.
-    A failure first waits for the tasks still running, so none writes afterwards."""
+    """Wait for the block tasks, telling ``watch``; a failure waits for the running ones first."""
     distributed = _require("distributed")
     written, n_written, n_nonfinite = set(), 0, 0
     try:

@@ -59,8 +59,7 @@ class Engine(ABC):
     serial_only: ClassVar[dict[str, str]] = {}
 
     def check_apply(self, options: ApplyOptions, given: tuple[str, ...] = ()) -> None:
-        """Refuse apply options this engine cannot honour before anything is opened: one set to other than
-        its default, or named in ``given`` (set explicitly, even to its default)."""
+        """Refuse apply options this engine cannot honour: one not at its default, or named in ``given``."""
         defaults = ApplyOptions()
         for name, message in self.serial_only.items():
             if name in given or getattr(options, name) != getattr(defaults, name):
@@ -150,8 +149,7 @@ class DaskEngine(Engine):
 
 
 def engine_for(options: EngineOptions | Engine | None = None, client: Any = None) -> Engine:
-    """The engine ``options`` name (default: serial), made with its settings (an `Engine` is itself);
-    ``client`` (Dask) is an existing ``distributed.Client`` to run on."""
+    """The engine ``options`` name (default: serial); ``client``: a ``distributed.Client`` to run on."""
     if isinstance(options, Engine):
         return options
     options = options or EngineOptions()

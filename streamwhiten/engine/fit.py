@@ -65,8 +65,7 @@ CHECKPOINT_VERSION = 1
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """Where a checkpointed fit saves its state, and how often: every ``every_blocks`` blocks or
-    ``every_seconds`` seconds, whichever comes first (None: not by that measure)."""
+    """Where a fit saves its state, every ``every_blocks`` blocks or ``every_seconds`` (first to come)."""
 
     path: str
     every_blocks: int | None = None
@@ -100,8 +99,7 @@ class Cursor:
 
 @dataclass(frozen=True)
 class PassOptions:
-    """What changes the statistics of a pass besides its rows: a checkpoint resumes only a pass of the
-    same options, and a model records them (`finalize_fit`)."""
+    """What changes a pass's statistics besides its rows: a checkpoint resumes only the same."""
 
     precision: str = "auto"
     skip_nonfinite: bool = False
@@ -267,8 +265,7 @@ def fold_array(
     skip_nonfinite: bool = False,
     threads: int | None = None,
 ) -> tuple[stats.Moments, int]:
-    """Fold an in-memory array into ``state`` as a store is folded (same blocks, threads and bits);
-    returns the new state and how many rows were skipped (`reduce_block`)."""
+    """Fold an in-memory array into ``state`` as a store is folded; the state and the rows skipped."""
     threads = min(resolve_threads(threads), max(1, -(-rows.shape[0] // block_rows)))
     dtype = stats.working_dtype(rows.dtype, precision)
     workspaces = PerThread((min(block_rows, rows.shape[0]), rows.shape[1]), dtype)
@@ -609,8 +606,7 @@ def _block_tasks(
 
 
 def _record_rows_read(plan: FitPlan, samplers: dict[int, tuple[Sampler, Source]]) -> None:
-    """Before a checkpoint: each source being read records the hash of its sampled rows before
-    ``next_row`` (offered already), which a resume checks."""
+    """Before a checkpoint: record each source's hash of its sampled rows below ``next_row``."""
     for index, (sampler, source) in list(samplers.items()):
         cursor = plan.cursors[index]
         cursor.fingerprint = cursor.fingerprint.read_to(
@@ -757,8 +753,7 @@ def fit_sources(
 def finalize_fit(
     result: FitResult, model_params: Mapping[str, Any] | None = None, skipped_before: int = 0
 ) -> WhiteningModel:
-    """The model of a finished fit (any engine), finalized with ``model_params``, recording its sources and
-    pass options (``skipped_before``: rows an updated model had skipped already)."""
+    """The model of a finished fit, recording its sources and pass options (`finalize`)."""
     from ..core.model import finalize
 
     info = {

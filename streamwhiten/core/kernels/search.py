@@ -19,8 +19,7 @@ from . import I64, U64
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _place(values: np.ndarray, rows: I64, value: Any, row: int, smallest_first: bool) -> None:
-    """Insert ``(value, row)`` into the full top list ``values``/``rows`` (best first: the largest, or the
-    smallest with ``smallest_first``), dropping the last."""
+    """Insert ``(value, row)`` into a full top list (best first), dropping the last."""
     j = values.shape[0] - 1
     while j > 0:
         above, above_row = values[j - 1], rows[j - 1]
@@ -88,8 +87,7 @@ def merge_top_scores(
 
 @extending.intrinsic
 def _popcount(typingctx: Any, word: Any) -> tuple[Any, Callable[..., Any]]:
-    """The number of set bits of a uint64, as LLVM's ``ctpop`` (one ``popcnt``, or ``vpopcntq`` on a
-    vector of words, where the CPU has them)."""
+    """The set bits of a uint64, as LLVM's ``ctpop`` (``popcnt``, or ``vpopcntq`` on vectors)."""
     signature = types.uint64(types.uint64)
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
