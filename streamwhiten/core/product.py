@@ -113,9 +113,8 @@ def _rounded_block(
 
 
 def numpy_screen(near: np.ndarray, norms: np.ndarray, bound: np.ndarray, out: np.ndarray, undecided: np.ndarray) -> int:
-    """``out = near`` rounded to float32 (to nearest, ties to even), and ``undecided`` marked where
-    ``|near - out| + norms[i] bound[j]`` reaches `half_spacing` of ``out``: where the exact sum,
-    that close to ``near``, might round to another float32."""
+    """``out = near`` rounded to float32, and ``undecided`` marked where ``|near - out| + norms[i]
+    bound[j]`` reaches `half_spacing` of ``out`` (the exact sum might round to another float32)."""
     out[...] = near
     slack = np.abs(near - out)
     slack += np.multiply.outer(norms, bound)

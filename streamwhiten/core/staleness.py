@@ -121,16 +121,7 @@ def staleness(model: WhiteningModel, current: Moments | WhiteningModel) -> Stale
     shift = float(np.linalg.norm((offset @ kept) * scale))
     dropped, angle = _dropped_and_angle(model, state, sigma, refit, regulariser) if k < d else (0.0, 0.0)
     total = max(covariance_part, shift, dropped)
-    return Staleness(
-        covariance=covariance_part,
-        shift=shift,
-        dropped=dropped,
-        angle=angle,
-        total=total,
-        n_components=k,
-        n_rows_published=model.n_rows,
-        n_rows=current.n_rows,
-    )
+    return Staleness(covariance_part, shift, dropped, angle, total, k, model.n_rows, current.n_rows)
 
 
 def _dropped_and_angle(

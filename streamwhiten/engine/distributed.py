@@ -127,16 +127,6 @@ def _cluster_errors(what: str) -> Iterator[None]:
         ) from None
 
 
-def _compute(graph: Any, client: Any, what: str) -> Any:
-    """Compute ``graph`` on ``client`` or, without one, on dask's current scheduler."""
-    import dask
-
-    with _cluster_errors(what):
-        if client is not None:
-            return client.compute(graph).result()
-        return dask.compute(graph)[0]
-
-
 def _rows_array(array: Any) -> Any:
     """``array`` as a 2-D dask array of native-order floats whose every block spans all columns; another
     dtype raises `BadInputError` before any task runs."""
@@ -194,19 +184,17 @@ def _merge_parts(*parts: tuple[stats.Moments, int]) -> tuple[stats.Moments, int]
     return state, n_skipped
 
 
-def _tree(parts: list[Any], split_every: int) -> Any:
-    """The reduction tree over ``parts``: its shape depends only on ``len(parts)`` and ``split_every``."""
+def _reduce(parts: list[Any], n_rows: int, client: Any, split_every: int) -> tuple[stats.Moments, int]:
+    """The reduction tree over ``parts`` (its shape set by their number and ``split_every`` alone), computed
+    on ``client`` (None: dask's current scheduler), its rows checked."""
     import dask
 
     params.check("split_every", split_every)
     task = dask.delayed(_merge_parts, pure=True)
     while len(parts) > 1:
         parts = [task(*parts[i : i + split_every]) for i in range(0, len(parts), split_every)]
-    return parts[0]
-
-
-def _reduce(parts: list[Any], n_rows: int, client: Any, split_every: int) -> tuple[stats.Moments, int]:
-    state, n_skipped = _compute(_tree(parts, split_every), client, "the fit")
+    with _cluster_errors("the fit"):
+        state, n_skipped = client.compute(parts[0]).result() if client is not None else dask.compute(parts[0])[0]
     if state.n_rows + n_skipped != n_rows:  # a lost or repeated block would show here
         raise ClusterError(
             f"the fit counted {state.n_rows + n_skipped} rows of {n_rows}; the statistics were discarded"

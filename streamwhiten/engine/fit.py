@@ -659,13 +659,10 @@ def run_plan(
 ) -> FitPlan:
     """Fold every remaining block of ``plan`` into its state; returns it, finished.
 
-    ``watch`` is told the rows done after every block; when it asks to stop, a last checkpoint is written
-    and `InterruptedRunError` raised. ``checkpoint`` says where and how often to save. ``threads`` workers
-    (default: one per core, at most four; a resumed plan keeps its own) reduce whole blocks, folded in order.
-
-    Memory: one block buffer per worker, plus, for chunks decoded here, the stored bytes of at most
-    ``workers + 1`` blocks in flight and one chunk-sized buffer per worker for chained or partial
-    decodes: at most ``2 x workers + 1`` blocks and ``workers`` chunks, kept for the next run.
+    ``watch`` is told the rows done; when it asks to stop, a last checkpoint is written and
+    `InterruptedRunError` raised. ``threads`` workers (default: one per core, at most four; a resumed plan
+    keeps its own) reduce whole blocks. Memory: at most ``2 x workers + 1`` blocks (a buffer per worker,
+    stored bytes of the blocks in flight) and ``workers`` chunks, kept for the next run.
     """
     began = time.perf_counter()
     # kept across resumes (BLAS rounding can depend on its threads); more for remote sources (network waits)
