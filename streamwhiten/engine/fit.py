@@ -333,16 +333,9 @@ def plan_fit(
         cursors = [_update_cursor(source, recorded, sources) for source in sources]
         kept = [r for r in recorded if not any(_same_source(r, source) for source in sources)]
         _refuse_deleted(kept, read)
-        plan = FitPlan(
-            state,
-            cursors,
-            plan_blocks(sources, block_rows),
-            precision,
-            bool(skip_nonfinite),
-            base_rows=state.n_rows,
-            kept_sources=kept,
-            read=replace(read, dataset=None),  # each cursor's spec names its array
-        )
+        blocks = plan_blocks(sources, block_rows)
+        plan_read = replace(read, dataset=None)  # each cursor's spec names its array
+        plan = FitPlan(state, cursors, blocks, precision, bool(skip_nonfinite), state.n_rows, kept, read=plan_read)
     finally:
         for source in sources:
             source.close()
@@ -497,21 +490,12 @@ def load_checkpoint(path: str, read: ReadOptions | None = None) -> FitPlan:
         raise ModelFileError(f"{exc}{hint}", param="restart") from None
     meta = fields["meta"]
     state = stats.Moments(fields["n_rows"], fields["mean"], fields["scatter"])
-    return FitPlan(
-        state,
-        [Cursor.from_dict(cursor) for cursor in meta["cursors"]],
-        int(meta["block_rows"]),
-        meta["precision"],
-        bool(meta["skip_nonfinite"]),
-        int(meta["base_rows"]),
-        [Fingerprint.from_dict(source) for source in meta["kept_sources"]],
-        threads=int(meta.get("threads", 0)),
-        read=replace(
-            read if read is not None else ReadOptions(),
-            dataset=None,
-            fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)),
-        ),
-    )
+    cursors = [Cursor.from_dict(cursor) for cursor in meta["cursors"]]
+    kept = [Fingerprint.from_dict(source) for source in meta["kept_sources"]]
+    options = (int(meta["block_rows"]), meta["precision"], bool(meta["skip_nonfinite"]), int(meta["base_rows"]))
+    fill = bool(meta.get("fill_missing_chunks", False))
+    read = replace(read or ReadOptions(), dataset=None, fill_missing_chunks=fill)
+    return FitPlan(state, cursors, *options, kept, threads=int(meta.get("threads", 0)), read=read)
 
 
 def check_resumable(
