@@ -1,9 +1,7 @@
 """The whitening as an affine map ``y = x A + b``, with numpy alone (torch tensors too, on their device).
 
-``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``, optionally followed by L2
-normalisation. `AffineMap.transform` centres before the product and rounds each float32 value once
-from the exact dot product, as the engine does (the same bytes); formats that only have ``x A + b``
-(nn.Linear, faiss, ONNX) agree to float32 rounding. Only numpy is imported, for the serving path.
+`AffineMap.transform` centres before the product and rounds each float32 value once from the exact dot
+product, as the engine does (the same bytes); ``x A + b`` formats (nn.Linear, faiss, ONNX) agree to rounding.
 """
 
 from __future__ import annotations

@@ -1,8 +1,4 @@
-"""The (query, corpus row) pairs a search never returns, as sorted rows per query.
-
-numpy only: the exact search of `streamwhiten.evaluation.search` and the code scans of
-`streamwhiten.codes.fast` take the same object.
-"""
+"""The (query, corpus row) pairs a search never returns, as sorted rows per query (numpy only)."""
 
 from __future__ import annotations
 

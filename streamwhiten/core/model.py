@@ -195,12 +195,8 @@ class WhiteningModel:
         dtype: npt.DTypeLike | None = None,
         skip_nonfinite: bool = False,
     ) -> np.ndarray:
-        """Whiten ``rows`` (one vector or a 2-D array of floats); float32/float16 input is computed in float32.
-
-        A row holding NaN or Inf raises `NonFiniteError` naming the first one, unless
-        ``skip_nonfinite``: its output row is then NaN. Finite values that overflow raise
-        `ValuesTooLargeError`.
-        """
+        """Whiten ``rows`` (one vector or a 2-D array); float32/float16 input is computed in float32. NaN or
+        Inf raises `NonFiniteError`, unless ``skip_nonfinite`` (a NaN row); overflow `ValuesTooLargeError`."""
         rows = float_rows(rows)
         single = rows.ndim == 1
         if single:
@@ -270,9 +266,8 @@ class WhiteningModel:
     def with_params(self, **changes: Any) -> WhiteningModel:
         """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data.
 
-        ``basis="identity"`` gives the identity map (beta = gamma = 0, k = d), ``basis="eigen"`` the
-        setting's map; without it an identity model stays one unless another setting is asked for. A
-        recorded codec codes one map's outputs: another map records no storage (see `kept_storage`)."""
+        ``basis="identity"`` gives the identity map (beta = gamma = 0, k = d), ``basis="eigen"`` the setting's;
+        without it an identity model stays one unless another setting is asked for (`kept_storage`)."""
         basis = changes.pop("basis", None)
         if basis is not None and basis not in BASES:
             raise BadInputError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
@@ -328,8 +323,7 @@ class WhiteningModel:
 
 
 def kept_storage(model: WhiteningModel, storage: Storage | None) -> WhiteningModel:
-    """``model`` recording ``storage``, unless it is a vector code trained for another map (then dropped:
-    train one for the new setting with ``streamwhiten.with_codes``)."""
+    """``model`` recording ``storage``, unless it is a vector code of another map (train one: ``with_codes``)."""
     if storage is None or (storage.codec is not None and codec_setting(model) != storage.codec.setting):
         return model
     return replace(model, storage=storage)
@@ -364,9 +358,8 @@ def project(
 ) -> np.ndarray:
     """``(rows - shift) @ weights`` in ``weights``' dtype, rows optionally scaled to unit L2 norm.
 
-    Centring comes before the product (``rows @ W - shift @ W`` cancels for a large mean); with
-    ``overwrite_input`` it is done in place. In float32 each value is rounded once from the exact dot
-    product (`rounded_product`): a row gives the same bits in any batch, here, in ``apply`` and ``serving``.
+    Centring comes first (``rows @ W - shift @ W`` cancels for a large mean), in place with
+    ``overwrite_input``; float32 values are rounded once from the exact dot product (`rounded_product`).
     """
     return project_checked(rows, weights, shift, normalize, dtype, overwrite_input)[0]
 
@@ -531,8 +524,7 @@ def check_model_name(path: str) -> None:
 
 
 def check_model_output(path: str, overwrite: bool) -> None:
-    """The one rule for writing a model file at ``path``: its name ends in ``.npz``, and an existing file is
-    replaced only with ``overwrite`` and only if it is a model file (`BadInputError`, ``OutputExistsError``)."""
+    """Refuse a name not ending in ``.npz``, and an existing file unless ``overwrite`` and it is a model file."""
     check_model_name(path)
     check_replaceable(os.fspath(path), overwrite, "a model file", lambda found: foreign_npz(found, FORMAT_NAME))
 

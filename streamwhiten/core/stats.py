@@ -106,11 +106,9 @@ def block_moments(
 ) -> Moments:
     """Moments of one chunk of rows, in one pass over the data plus the scatter product.
 
-    Rows are centred on a float64 estimate of the mean (from sampled rows) with exact float64 sums of
-    the centred values, so the scatter ``C^T C - n cbar cbar^T`` cancels nothing (``cbar`` is tiny).
-    The first row holding NaN or Inf raises `NonFiniteError` (``.row``: its index in the chunk). The
-    centred rows go into ``workspace`` (reused, at least the chunk's shape and working dtype), or, with
-    ``overwrite_input``, into the chunk itself.
+    Rows are centred on a float64 estimate of the mean with exact float64 sums, so ``C^T C - n cbar
+    cbar^T`` cancels nothing. NaN or Inf raises `NonFiniteError` (``.row`` in the chunk). The centred
+    rows go into ``workspace`` (reused if it fits), or the chunk itself with ``overwrite_input``.
     """
     chunk = _as_kernel_input(chunk)
     n_rows, n_features = chunk.shape

@@ -1,13 +1,8 @@
 """Every field of a model file, a fit checkpoint and an exported map, checked when it is loaded.
 
-A checksum has no key: anyone can edit a field and recompute it. So every loader reads its fields
-through here, and a file that no fit could have written is refused (`ModelFileError`, exit 2) in one
-line naming the file and the field: shapes and finite values; a scatter that is one; eigenpairs that
-are orthonormal, descending and give back ``Sigma_beta`` (checked on random vectors: O(d^2)); every
-parameter through `streamwhiten.params` and the rules between them; JSON sources and info of the right
-types; the basis; a recorded storage whose records the saved statistics give, and its codec.
-
-numpy and the foundation only (no numba): the serving path uses it.
+A checksum has no key: anyone can edit a field and recompute it. So every loader reads its fields here,
+and a file that no fit could have written is refused (`ModelFileError`, exit 2) in one line naming the
+file and the field. numpy and the foundation only (no numba): the serving path uses it.
 """
 
 from __future__ import annotations

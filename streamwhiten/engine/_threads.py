@@ -1,9 +1,8 @@
 """Block-parallel execution on one machine: worker threads, each with its own BLAS thread count.
 
-Each of ``threads`` workers does whole blocks (read, centre, product) with BLAS limited to
-``cores // threads`` threads, so the memory-bound part of one block overlaps the product of another
-instead of idling cores or fighting BLAS's own pool. Results come back in submission order, so the
-caller folds them in one order and gets the same bits however the threads interleave.
+Each of ``threads`` workers does whole blocks with BLAS limited to ``cores // threads`` threads, so the
+memory-bound part of one block overlaps the product of another; results come back in submission order,
+so the caller gets the same bits however the threads interleave.
 """
 
 from __future__ import annotations
@@ -64,11 +63,8 @@ _LIMIT: dict[str, Any] = {"depth": 0, "context": None}
 
 @contextlib.contextmanager
 def blas_threads(n_threads: int | None) -> Iterator[None]:
-    """Limit BLAS to ``n_threads`` per call for the duration (None, or no threadpoolctl: left alone).
-
-    For pthreads-based BLAS the limit is process-wide: only the outermost of overlapping blocks (from
-    several threads) sets and restores it. OpenMP-based BLAS counts per thread: `limit_this_thread`.
-    """
+    """Limit BLAS to ``n_threads`` per call for the duration (None, or no threadpoolctl: left alone). A
+    pthreads BLAS limit is process-wide: only the outermost of overlapping blocks sets and restores it."""
     if n_threads is None:
         yield
         return
@@ -105,9 +101,8 @@ def ordered_map(
 ) -> Generator[_T, None, None]:
     """``function(*item)`` for each item, computed by ``threads`` worker threads, yielded in item order.
 
-    At most ``threads + 1`` items are in flight (bounded memory); one thread runs in the caller's.
-    ``blas_per_thread`` limits BLAS in every worker. An error raised by ``items`` surfaces after the
-    results before it. Closing the generator early cancels what has not started and waits for what has.
+    At most ``threads + 1`` items are in flight; one thread runs in the caller's. ``blas_per_thread``
+    limits BLAS in every worker. Errors come in item order; closing early cancels what has not started.
     """
     if threads <= 1:
         with blas_threads(blas_per_thread):

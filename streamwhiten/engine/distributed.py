@@ -1,17 +1,15 @@
 """The Dask engine: the serial engine's per-block step and merge, run as a tree reduction on a cluster.
 
-dask's chunk/combine/aggregate, spelled out with ``dask.delayed`` so the tree is ours: one
-`reduce_block` task per block of rows, then groups of ``split_every`` states merged left to right,
-level by level, so the tree depends only on the block layout and any workers give the same bits.
-Workers read stores by path (`LazyRows`); the transform writes whole Zarr chunks from the workers
-under the temporary name and the driver renames the finished store.
-
-dask and distributed are optional (``pip install 'streamwhiten[dask]'``), imported only in functions.
+One `reduce_block` task per block, then groups of ``split_every`` states merged left to right, level by
+level: the tree depends only on the block layout, so any workers give the same bits. Workers read stores
+by path (`LazyRows`) and write whole Zarr chunks under the temporary name. dask and distributed are
+optional (``pip install 'streamwhiten[dask]'``), imported only in functions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import time
@@ -65,8 +63,6 @@ class Cluster(Protocol):
 
 
 def _require(module: str) -> ModuleType:
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as exc:
@@ -231,11 +227,9 @@ def fit_dask(
     read: ReadOptions | None = None,
     cluster: Cluster | None = None,
 ) -> FitResult:
-    """`fit_sources` on a Dask ``cluster`` (default: a local one, a worker process per core): stores are
-    checked and fingerprinted here, read and reduced on the workers (which must see the same paths).
-    The blocks are the serial engine's (`plan_blocks`), so the per-block states are bit-for-bit its
-    own; only the order of the float64 merges differs.
-    """
+    """`fit_sources` on a Dask ``cluster`` (default: a local one): stores are fingerprinted here, read and
+    reduced on the workers (which must see the same paths), in the serial engine's blocks (`plan_blocks`),
+    so the per-block states are bit-for-bit its own; only the order of the float64 merges differs."""
     _require("dask.array")
     params.check("precision", precision)
     read = read or ReadOptions()
@@ -311,10 +305,9 @@ def apply_dask(
 ) -> ApplyOutcome:
     """`apply_model` on a Dask ``cluster`` (default: a local one), writing a Zarr store.
 
-    Workers write whole output chunks under the temporary name; the driver renames it only after every
-    block is written. On a failure the running tasks are waited for, then the temporary store removed;
-    an existing output is never touched. ``watch`` is told rows as blocks finish (a signal interrupts).
-    ``output_chunk_rows``: rows per output chunk (default: about 4 MiB per chunk).
+    Workers write whole output chunks under the temporary name, renamed only once every block is written;
+    on a failure the running tasks are waited for, then the temporary store removed. ``watch`` is told
+    rows as blocks finish. ``output_chunk_rows``: rows per output chunk (default: about 4 MiB a chunk).
     """
     _require("dask")  # a missing extra is said first, before the output is checked or a code trained
     _require("distributed")

@@ -1,14 +1,12 @@
-"""One interface for the engines that run a fit's blocks and an apply's: serial (worker threads in this
-process) and Dask (a cluster).
-
-Both take the same `FitPlan` and give the same `FitResult` and ``ApplyOutcome``; what differs is said by
-capabilities, never by comparing names (checkpoints, stopping between blocks, outputs, apply options),
-which the pipeline and the command line ask.
+"""One interface for the serial engine (worker threads here) and the Dask engine (a cluster): the same
+`FitPlan` in, the same `FitResult` and ``ApplyOutcome`` out; what differs is said by capabilities, never
+by comparing names.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BadInputError
@@ -112,8 +110,6 @@ class DaskEngine(Engine):
         self.scheduler, self.workers, self.client, self.split_every = scheduler, workers, client, split_every
 
     def fit(self, plan: FitPlan, *, watch: Watch = Watch(), checkpoint: Checkpoint | None = None) -> FitResult:
-        from dataclasses import replace
-
         from .distributed import fit_dask
 
         # a fresh plan (the Dask engine does not resume): its sources, block size and options

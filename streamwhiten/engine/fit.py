@@ -1,11 +1,8 @@
 """The fit loop: stream row blocks from one or more sources into a `Moments`.
 
-A fit is a `FitPlan`: a starting state (empty, or a saved model's for an update) and one cursor per
-source (which rows it reads, how far it got). `plan_blocks` sets one block size for every engine, and
-blocks are folded in a fixed order (source by source, block by block), so a plan resumed from a
-checkpoint gives exactly the bits of one that never stopped. Worker threads (``_threads``) read,
-centre and multiply blocks into reused buffers (``_buffers``); this thread folds them in order. Chunks
-that streamwhiten decodes (``io.codecs``) are fetched ahead by a reader thread (memory: `run_plan`).
+A `FitPlan` is a starting state (empty, or a model's for an update) and one cursor per source. Blocks
+(`plan_blocks`) are reduced by worker threads (``_threads``) into reused buffers (``_buffers``) and folded
+in a fixed order, so a plan resumed from a checkpoint gives exactly the bits of one that never stopped.
 """
 
 from __future__ import annotations
@@ -194,11 +191,9 @@ def _as_list(specs: Specs) -> list[Any]:
 
 
 def open_sources(specs: Specs, *, read: ReadOptions | None = None) -> list[Source]:
-    """Open every spec (globs and Parquet shard directories expanded) as ``read`` says; all share one width.
-
-    A single source needs at least 2 rows; among several, an empty one (a shard not yet written) is
-    allowed: it is recorded with its fingerprint, and an update reads it once it grows.
-    """
+    """Open every spec (globs and Parquet shard directories expanded) as ``read`` says; all share one
+    width. A single source needs at least 2 rows; among several, an empty one (a shard not yet written) is
+    allowed: it is recorded with its fingerprint, and an update reads it once it grows."""
     read = read or ReadOptions()
     specs = expand_specs(_as_list(specs), read)
     if not specs:
@@ -237,11 +232,9 @@ def reduce_block(
     overwrite_input: bool = False,
     workspace: np.ndarray | None = None,
 ) -> tuple[stats.Moments, int]:
-    """Moments of one block read at row ``begin`` of ``label``, and how many of its rows were skipped.
-
-    The per-block step of every engine. A row holding NaN or Inf raises `NonFiniteError` naming
-    ``label`` (None: an in-memory array) and the row, unless ``skip_nonfinite`` (dropped and counted).
-    """
+    """Moments of one block read at row ``begin`` of ``label``, and how many rows were skipped: every
+    engine's per-block step. NaN or Inf raises `NonFiniteError` naming ``label`` (None: an in-memory
+    array) and the row, unless ``skip_nonfinite`` (dropped and counted)."""
     n_skipped = 0
     if skip_nonfinite:
         rows, n_skipped = stats.drop_nonfinite(rows)
@@ -351,12 +344,9 @@ def _same_source(recorded: Fingerprint, source: Source) -> bool:
 
 
 def check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
-    """Refuse a source whose first ``recorded.n_rows`` rows are not the ones recorded (an update's,
-    a resume's and a publication's check); returns those rows' fingerprint now (None without a hash).
-
-    ``recorded`` is whole (a model's), or a checkpoint's written part-way: hashed only below
-    ``rows_read`` (a source being read), or not hashed (a source not reached yet).
-    """
+    """Refuse a source whose first ``recorded.n_rows`` rows are not the ones recorded; returns those rows'
+    fingerprint now (None without a hash). A checkpoint's ``recorded`` may be hashed only below
+    ``rows_read`` (a source being read), or not at all (a source not reached yet)."""
     n_rows = recorded.n_rows
     assert n_rows is not None  # checked by _updatable (a model's record), always there (a checkpoint's)
     if source.n_rows < n_rows:
@@ -645,8 +635,7 @@ def run_plan(
 
     ``watch`` is told the rows done; when it asks to stop, a last checkpoint is written and
     `InterruptedRunError` raised. ``threads`` workers (default: one per core, at most four; a resumed plan
-    keeps its own) reduce whole blocks. Memory: at most ``2 x workers + 1`` blocks (a buffer per worker,
-    stored bytes of the blocks in flight) and ``workers`` chunks, kept for the next run.
+    keeps its own). Memory: at most ``2 x workers + 1`` blocks and ``workers`` chunks, kept for the next run.
     """
     began = time.perf_counter()
     # kept across resumes (BLAS rounding can depend on its threads); more for remote sources (network waits)

@@ -1,10 +1,7 @@
 """Exact search: tiles of inner products, or Hamming distances, merged into running top lists.
 
-A top list holds a query's best candidates so far, best first: by score descending (inner products) or
-by distance ascending (Hamming), equal values by row ascending, so ties go to the lower corpus row
-whatever the order the rows arrive in. An empty slot holds row -1 and the worst value (-inf, or the
-largest int64). Every comparison takes the row into account, so the lists are the same however the
-corpus is cut into blocks and tiles.
+A top list holds a query's best so far, best first, ties to the lower corpus row (an empty slot: row -1
+and the worst value), so the lists are the same however the corpus is cut into blocks and tiles.
 """
 
 from collections.abc import Callable
@@ -112,12 +109,8 @@ def merge_top_hamming(
     exclude_start: I64,
     exclude_rows: I64,
 ) -> None:
-    """Hamming distances of queries ``first_query..stop_query - 1`` to a block of corpus rows, merged
-    into their running top lists (smaller is better) as in `merge_top_scores`.
-
-    ``corpus_words`` is transposed (words x rows), so one word of many rows is XORed and counted in one
-    vector instruction; the block is worked through in tiles that stay in L1.
-    """
+    """Hamming distances of queries ``first_query..stop_query - 1`` to a block of corpus rows (``corpus_words``
+    transposed: words x rows, for vector XOR), merged into top lists as in `merge_top_scores`, in L1 tiles."""
     n_words, n_rows = corpus_words.shape
     empty = np.iinfo(np.int64).max
     tile = max(_SCAN, (_HAMMING_TILE_BYTES // (8 * n_words)) // _SCAN * _SCAN)

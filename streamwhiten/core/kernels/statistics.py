@@ -13,12 +13,9 @@ ROW_GROUPS = 16
 
 @numba.njit(nogil=True, cache=True)
 def center_and_sum(block: np.ndarray, shift: F64, out: np.ndarray) -> F64:
-    """``out[:n] = block - shift`` (cast to ``out``'s dtype, which may be ``block`` itself) in one pass, and
-    the float64 column sums of the rounded values written, so ``C^T C - n cbar cbar^T`` is exact.
-
-    No branch, so it vectorises: a NaN or Inf makes its column sum non-finite, which the caller checks
-    once. Each row goes through a private buffer: reading and writing one array would not vectorise.
-    """
+    """``out[:n] = block - shift`` (in ``out``'s dtype; ``out`` may be ``block``) in one pass, and the float64
+    column sums of the rounded values written, so ``C^T C - n cbar cbar^T`` is exact. No branch, so it
+    vectorises (a NaN or Inf shows in its column sum); each row goes through a private buffer."""
     n_rows, n_cols = block.shape
     partial = np.zeros((ROW_GROUPS, n_cols), dtype=np.float64)
     row = np.empty(n_cols, dtype=out.dtype)
