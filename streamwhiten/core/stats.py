@@ -29,6 +29,7 @@ True
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -167,6 +168,11 @@ def merge(a: Moments, b: Moments) -> Moments:
     weight = a.n_rows * b.n_rows / n_rows
     scatter = kernels.merged_scatter(a.scatter, b.scatter, delta, weight)
     return Moments(n_rows, mean, scatter)
+
+
+def update(state: Moments, chunk: npt.ArrayLike, precision: str = "auto", **options: Any) -> Moments:
+    """``merge(state, block_moments(block))``: fold one more block of rows into the state."""
+    return merge(state, block_moments(chunk, precision, **options))
 
 
 def covariance(state: Moments, beta: float = 1.0) -> np.ndarray:

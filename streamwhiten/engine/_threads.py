@@ -63,16 +63,13 @@ _LIMIT: dict[str, Any] = {"depth": 0, "context": None}
 
 @contextlib.contextmanager
 def blas_threads(n_threads: int | None) -> Iterator[None]:
-    """Limit BLAS to ``n_threads`` per call for the duration (None, or no threadpoolctl: left alone). A
-    pthreads BLAS limit is process-wide: only the outermost of overlapping blocks sets and restores it."""
+    """Limit BLAS to ``n_threads`` per call for the duration (None: left alone). A pthreads BLAS limit is
+    process-wide: only the outermost of overlapping blocks sets and restores it."""
     if n_threads is None:
         yield
         return
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        yield
-        return
+    from threadpoolctl import threadpool_limits  # a dependency, imported when first needed
+
     with _LIMIT_LOCK:
         if _LIMIT["depth"] == 0:
             _LIMIT["context"] = threadpool_limits(limits=max(1, n_threads), user_api="blas")
@@ -89,10 +86,8 @@ def blas_threads(n_threads: int | None) -> Iterator[None]:
 
 def limit_this_thread(n_threads: int) -> None:
     """Limit BLAS in the calling (worker) thread; needed where the limit is per thread (OpenMP)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover
-        return
+    from threadpoolctl import threadpool_limits
+
     threadpool_limits(limits=max(1, n_threads), user_api="blas")  # lasts as long as the worker thread
 
 

@@ -50,6 +50,8 @@ CONNECT_TIMEOUT = 30
 CANCEL_TIMEOUT = 60
 
 _INSTALL_HINT = "the dask engine needs the optional extra: pip install 'streamwhiten[dask]'"
+#: What writes a block's rows from its first row: a sink's region writer, shipped to the workers.
+_Writer = Callable[[int, np.ndarray], object]
 
 
 class Cluster(Protocol):
@@ -259,16 +261,11 @@ def _connect(cluster: Cluster | None) -> contextlib.AbstractContextManager[Any]:
 
 
 def _transform_and_write(
-    rows: LazyRows,
-    begin: int,
-    stop: int,
-    how: BlockTransform,
-    writer: Callable[[int, np.ndarray], object],
-    quantization: Quantization | None = None,
+    rows: LazyRows, begin: int, stop: int, how: BlockTransform, writer: _Writer, encoder: Quantization | None = None
 ) -> tuple[int, int, int]:
     """Read rows ``[begin, stop)``, whiten them in place as ``how`` says, encode and write them."""
     out, n_nonfinite = transform_block(rows[begin:stop], begin, how, reread=lambda: rows[begin:stop])
-    writer(begin, encode_block(out, quantization))
+    writer(begin, encode_block(out, encoder))
     return begin, out.shape[0], n_nonfinite
 
 

@@ -17,7 +17,7 @@ def rel(a, b):
 def fold(rows, chunk_rows, precision="auto"):
     state = stats.Moments.empty(rows.shape[1])
     for start in range(0, rows.shape[0], chunk_rows):
-        state = stats.merge(state, stats.block_moments(rows[start : start + chunk_rows], precision))
+        state = stats.update(state, rows[start : start + chunk_rows], precision)
     return state
 
 
