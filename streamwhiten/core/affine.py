@@ -1,17 +1,13 @@
 """The whitening as an affine map ``y = x A + b``, with numpy alone (torch tensors too, on their device).
 
-``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k) and ``b = -(beta mu) A``, optionally followed by L2
-normalisation. `AffineMap.transform` centres before the product, ``(x - beta mu) A``, and rounds
-each float32 value once from the exact dot product, exactly as the engine does (the same bytes); exported formats that only have ``x A + b`` (nn.Linear, faiss, ONNX) agree with it to
-float32 rounding. ``WhiteningModel.as_affine`` builds it from a model; `streamwhiten.serving` loads
-it from a model file or an exported map, and `streamwhiten.export` writes it for other libraries.
-Only numpy is imported (torch inside the method that transforms a tensor, which the caller's own
-import of torch made), so the serving path can use this module without numba or storage libraries.
+`AffineMap.transform` centres before the product and rounds each float32 value once from the exact dot
+product, as the engine does (the same bytes); ``x A + b`` formats (nn.Linear, faiss, ONNX) agree to rounding.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol, TypeVar, cast
@@ -47,31 +43,13 @@ _R = TypeVar("_R", bound=_Rows)
 
 @dataclass(frozen=True, eq=False)
 class AffineMap:
-    """The whitening as ``y = x A + b``, optionally followed by L2 normalisation.
+    """The whitening as ``y = x A + b`` (float64 ``A``, ``b``, fitted ``mean`` and the setting), optionally
+    followed by L2 normalisation (``normalize``, the default of `transform`).
 
-    Attributes
-    ----------
-    A : ndarray, float64, d x k
-        ``U_k (Lambda_k + eps_)^(-gamma/2)``.
-    b : ndarray, float64, k
-        ``-(beta mu) A``.
-    mean : ndarray, float64, d
-        The fitted mean ``mu``.
-    beta, gamma, eps, eps_value, variance
-        The setting (``eps_value`` is the absolute regulariser ``eps * lambda_1``; ``variance`` is None
-        unless k was chosen by explained variance).
-    normalize : bool
-        Whether `transform` scales rows to unit L2 norm by default.
-    file_checksum : str
-        The content checksum of the model file the map comes from (its integrity check, stored in it);
-        provenance only, "" when unknown. What identifies the map is `checksum`.
-    mean_sq_norm : float or None
-        The mean squared L2 norm of the rows the map was fitted on, ``trace(scatter) / n + |mean|^2``
-        (None when unknown): 1 for unit-length rows. ``export --append-to`` uses it to tell where in a
-        sentence-transformers pipeline the whitening belongs (before or after its ``Normalize``).
-    quantization : Quantization or None
-        How the outputs are stored (int8 codes, sign bits, float16), None for float32: what
-        `encode` writes, as ``apply`` and the search store them.
+    ``file_checksum`` is the source model file's (provenance only, "" when unknown; `checksum` identifies
+    the map). ``mean_sq_norm`` is the fitted rows' mean squared norm (1 for unit-length rows; None when
+    unknown): ``export --append-to`` places the map before or after a ``Normalize`` by it.
+    ``quantization`` says how `encode` stores the outputs (None: float32).
     """
 
     A: np.ndarray
@@ -97,9 +75,7 @@ class AffineMap:
 
     @classmethod
     def from_weights(cls, A: np.ndarray, mean: npt.ArrayLike, beta: float, **fields: Any) -> AffineMap:
-        """The map ``x -> (x - beta mean) A`` of a finalized model: ``b = -(beta mean) A``; ``A`` is
-        ``WhiteningModel.projection``'s weights (the same bits), ``fields`` the other attributes by name
-        (``gamma``, ``eps``, ``eps_value``, ``variance``, ``normalize``, ``file_checksum``, ...)."""
+        """The map ``x -> (x - beta mean) A``; ``fields``: the other attributes by name."""
         A = np.ascontiguousarray(A, dtype=np.float64)
         mean = np.asarray(mean, dtype=np.float64)
         return cls(A=A, b=-((float(beta) * mean) @ A), mean=mean, beta=float(beta), **fields)
@@ -116,8 +92,7 @@ class AffineMap:
         quantization: Quantization | None = None,
     ) -> AffineMap:
         """No transformation: ``A = I``, ``b = 0`` (beta = gamma = 0, k = d), ``y = x`` exactly (then
-        normalised if asked): the raw vectors as a map, so every export and loader serves them. ``mean``
-        is the fitted one (it enters `checksum`, not the outputs)."""
+        normalised if asked); ``mean`` enters `checksum`, not the outputs."""
         mean = np.asarray(mean, dtype=np.float64)
         d = mean.shape[0]
         return cls(
@@ -146,15 +121,9 @@ class AffineMap:
 
     @property
     def checksum(self) -> str:
-        """The SHA-256 of the map itself, recorded as ``model_checksum`` by every output made with it
-        (``apply``'s arrays, each export format's metadata) and shown by ``info``: equal checksums mean
-        the same map, so queries and corpus vectors can be checked to come from one.
-
-        It covers the float64 bytes of ``mean`` and ``A`` (with their shapes) and ``beta``, ``gamma``,
-        ``eps`` and k; ``b = -(beta mean) A`` follows from them (its last bits depend on the BLAS
-        that computes it, so it is left out), and the L2 normalisation is recorded beside it
-        (``normalized``). A map re-finalized at another setting from the same model has another checksum.
-        """
+        """The SHA-256 of the map, recorded as ``model_checksum`` by every output made with it: equal
+        checksums, the same map. It covers ``mean`` and ``A`` (float64, with shapes), beta, gamma, eps and
+        k; not ``b``, which follows from them (its last bits depend on the BLAS)."""
         if "checksum" not in self._cache:
             digest = hashlib.sha256(b"streamwhiten affine map 1")
             for name, array in (("mean", self.mean), ("A", self.A)):
@@ -176,9 +145,7 @@ class AffineMap:
         return "float32" if self.quantization is None else self.quantization.kind
 
     def params(self) -> dict[str, Any]:
-        """The setting and provenance as plain JSON-able values: ``model_checksum`` is the map's
-        `checksum`, ``model_file_checksum`` the model file's (`file_checksum`); with a
-        `quantization`, its ``dtype``, ``bytes_per_vector`` and record (``quantization``)."""
+        """The setting, `checksum` (``model_checksum``), `file_checksum` and any `quantization` as JSON values."""
         values: dict[str, Any] = {
             "beta": self.beta,
             "gamma": self.gamma,
@@ -200,19 +167,13 @@ class AffineMap:
         return values
 
     def metadata(self) -> dict[str, str]:
-        """`params` as strings (exact float reprs; the quantization record as JSON), for formats whose
-        metadata is str -> str."""
+        """`params` as strings (exact float reprs, records as JSON), for str -> str metadata."""
         values = dict(self.params(), format=MAP_FORMAT, format_version=MAP_VERSION, package_version=__version__)
         return {key: _text(value) for key, value in sorted(values.items())}
 
     def encode(self, x: Any) -> np.ndarray:
-        """The stored form of one vector or a batch of rows: `transform` (scaled to unit length when
-        the record says the stored vectors are), then the record's encoding (int8 codes, packed sign
-        bits, float16 values), exactly as ``apply`` writes them and the search stores them; the
-        float32 values without a `quantization`.
-
-        numpy input only; see `streamwhiten.core.quantize` for the encodings.
-        """
+        """The stored form of numpy rows: `transform` (unit length as the record says), then the record's
+        encoding, exactly as ``apply`` writes them; float32 values without a `quantization`."""
         q = self.quantization
         if _is_torch_tensor(x):
             raise BadInputError("encode takes numpy rows (the codes are numpy arrays); convert with .numpy()")
@@ -229,11 +190,8 @@ class AffineMap:
         Parameters
         ----------
         x : array_like or torch.Tensor
-            ``(d,)`` or ``(n, d)`` floats. numpy input is computed in float64 when it is float64 and in
-            float32 otherwise, each float32 value the float32 nearest its exact dot product
-            (`rounded_product`, as ``apply`` and ``Whitener.transform``
-            compute it: the same bits for a row alone or in any batch); a torch tensor on its own device
-            and dtype, by torch.
+            ``(d,)`` or ``(n, d)`` floats. numpy float64 is computed in float64, other floats in float32
+            (`rounded_product`: the same bits for a row alone or in any batch); a tensor by torch.
         normalize : bool, optional
             Scale rows to unit L2 norm (zero rows stay zero); default: the map's ``normalize``.
 
@@ -329,8 +287,7 @@ def float_dtype(dtype: npt.DTypeLike) -> np.dtype:
 
 
 def setting_arrays(owner: AffineMap | Any) -> dict[str, np.ndarray]:
-    """The setting of a map or a model as the 0-d arrays of its ``.npz`` (an exported map, a model file):
-    ``variance`` is NaN where k was not chosen by it."""
+    """The setting of a map or a model as the 0-d arrays of its ``.npz`` (``variance`` NaN when unused)."""
     return {
         "beta": np.array(owner.beta),
         "gamma": np.array(owner.gamma),
@@ -343,18 +300,13 @@ def setting_arrays(owner: AffineMap | Any) -> dict[str, np.ndarray]:
 
 
 def mean_sq_norm(n_rows: int, mean: npt.ArrayLike, scatter: npt.ArrayLike) -> float:
-    """The mean squared L2 norm of ``n_rows`` rows from their mean and centred scatter:
-    ``E|x|^2 = trace(scatter) / n + |mean|^2`` (1 for unit-length rows)."""
+    """``E|x|^2 = trace(scatter) / n + |mean|^2`` of ``n_rows`` rows (1 for unit-length rows)."""
     mean = np.asarray(mean, dtype=np.float64)
     return float(np.trace(np.asarray(scatter, dtype=np.float64)) / max(1, int(n_rows)) + mean @ mean)
 
 
 def scale_rows_to_unit(out: np.ndarray, norms: np.ndarray) -> None:
-    """Divide each row of ``out`` by its L2 norm ``norms`` in place; zero rows stay zero.
-
-    A finite row whose norm overflowed the working dtype (``norms`` Inf) is normalised in float64
-    instead, as both the engine (``core.model.project_checked``) and `AffineMap.transform` do.
-    """
+    """Divide each row by its L2 norm in place (zero rows stay zero; overflowed norms in float64)."""
     redo = ~np.isfinite(norms)
     if redo.any():
         wide = out[redo].astype(np.float64)
@@ -385,11 +337,7 @@ def _text(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, dict):
-        import json
-
         return json.dumps(value, sort_keys=True)
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
+    return repr(value) if isinstance(value, float) else str(value)

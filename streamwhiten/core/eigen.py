@@ -1,8 +1,5 @@
 """The eigendecomposition of a covariance with the signs fixed, so the same matrix gives the same basis
-on every machine (LAPACK may return either sign of an eigenvector).
-
-numpy only (no numba): the codes, which the serving path may decode, take their principal axes here as
-the model does.
+on every machine (LAPACK may return either sign). numpy only: the codes take their axes here too.
 """
 
 from __future__ import annotations

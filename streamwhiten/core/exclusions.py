@@ -1,8 +1,4 @@
-"""The (query, corpus row) pairs a search never returns, as sorted rows per query.
-
-numpy only: the exact search of `streamwhiten.evaluation.search` and the code scans of
-`streamwhiten.codes.fast` take the same object.
-"""
+"""The (query, corpus row) pairs a search never returns, as sorted rows per query (numpy only)."""
 
 from __future__ import annotations
 
@@ -16,8 +12,7 @@ from ..errors import BadInputError
 
 @dataclass(frozen=True)
 class Exclusions:
-    """Corpus rows that are never candidates of a query: for query ``q``, the sorted rows
-    ``rows[start[q]:start[q + 1]]``."""
+    """Corpus rows never candidates of a query ``q``: ``rows[start[q]:start[q + 1]]``, sorted."""
 
     start: np.ndarray
     rows: np.ndarray

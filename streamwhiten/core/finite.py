@@ -1,7 +1,4 @@
-"""The one error for rows holding NaN or Inf that a caller cannot skip: it names the first such row.
-
-numpy only: the codes (which the serving path may decode) and the evaluation's searches raise it alike.
-"""
+"""The one error for rows holding NaN or Inf that a caller cannot skip: it names the first such row."""
 
 from __future__ import annotations
 

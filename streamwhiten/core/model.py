@@ -1,12 +1,9 @@
 """Finalize streaming statistics into a whitening model, and the pickle-free model file.
 
-``finalize`` turns a `Moments` state into ``Sigma_beta = U Lambda U^T``
-(eigenvalues descending, each eigenvector's largest-magnitude entry made positive so the result is
-deterministic) and the transform ``y = (x - beta*mu) U_k (Lambda_k + eps)^(-gamma/2)``, or, with the
-``identity`` basis, no transformation at all (``y = x``: what ``tune`` writes when the raw vectors win,
-the statistics kept for int8 ranges and for another setting). The model file
-is an ``.npz`` of plain arrays (readable with numpy alone, ``allow_pickle=False``) with a format
-version and a SHA-256 of its contents, so a changed or truncated file is refused rather than used.
+``finalize`` eigendecomposes ``Sigma_beta = U Lambda U^T`` of a `Moments` state (deterministic signs)
+into ``y = (x - beta*mu) U_k (Lambda_k + eps)^(-gamma/2)``; the ``identity`` basis is ``y = x`` (what
+``tune`` writes when the raw vectors win). The model file is an ``.npz`` of plain arrays with a format
+version and a SHA-256 of its contents, so a changed or truncated file is refused.
 """
 
 from __future__ import annotations
@@ -56,8 +53,7 @@ BASES = ("eigen", "identity")
 
 
 def float_rows(rows: npt.ArrayLike) -> np.ndarray:
-    """``rows`` as an array of float16, float32 or float64 in native byte order (copied only to swap
-    bytes); integer, bool, complex and object arrays raise `BadInputError`."""
+    """``rows`` as native-order float16/32/64 (copied only to swap bytes); other kinds: `BadInputError`."""
     if type(rows).__module__.startswith("scipy.sparse"):
         raise BadInputError(
             f"expected a dense array of rows, got a scipy.sparse {type(rows).__name__} "
@@ -128,12 +124,8 @@ class WhiteningModel:
     def __post_init__(self) -> None:
         if self.basis not in BASES:
             raise BadInputError(f"basis must be one of {', '.join(BASES)}, got {self.basis!r}")
-        if self.basis == "identity" and (self.beta, self.gamma, self.n_components, self.variance) != (
-            0.0,
-            0.0,
-            self.n_features,
-            None,
-        ):
+        identity = (0.0, 0.0, self.n_features, None)
+        if self.basis == "identity" and (self.beta, self.gamma, self.n_components, self.variance) != identity:
             raise BadInputError("the identity map has beta = gamma = 0 and all components (no variance fraction)")
 
     @property
@@ -167,8 +159,7 @@ class WhiteningModel:
         return (self.eigvals[: self.n_components] + self.eps_value) ** (-self.gamma / 2.0)
 
     def projection(self, dtype: npt.DTypeLike = np.float64) -> tuple[np.ndarray, np.ndarray]:
-        """``(W, shift)`` with ``y = (x - shift) @ W``: ``W = U_k diag(scales)``, ``shift = beta * mu``
-        (``W = I``, ``shift = 0`` for the identity basis)."""
+        """``(W, shift)`` with ``y = (x - shift) @ W``: ``U_k diag(scales)`` and ``beta * mu`` (or ``I``, 0)."""
         if self.basis == "identity":
             return np.eye(self.n_features, dtype=dtype), np.zeros(self.n_features)
         weights = self.eigvecs[:, : self.n_components] * self.scales()
@@ -180,23 +171,18 @@ class WhiteningModel:
         return "float32" if self.storage is None else self.storage.dtype
 
     def quantization(self, dtype: str | None = None, normalize: bool = True) -> Quantization | None:
-        """The record of this map's outputs stored as ``dtype`` (default:
-        [`dtype`][streamwhiten.core.model.WhiteningModel.dtype]), None for
-        float32. int8 ranges come from the statistics, for unit-length outputs (int8 codes are always of
-        the unit vectors, as the search stores them, and so are bits); ``normalize`` says whether float16
-        values are."""
+        """The record of this map's outputs stored as ``dtype`` (default: `dtype`), None for float32. int8
+        and bits are of the unit vectors, as the search stores them; ``normalize`` says whether float16 is."""
         dtype = self.dtype if dtype is None else dtype
         if dtype in ("float32", CODE):  # a codec decodes its own rows (``streamwhiten.codes``)
             return None
         if dtype == "int8":
             clip = self.storage.int8_clip if self.storage is not None else DEFAULT_INT8_CLIP
             return quantization_for("int8", self, normalize=True, clip=clip)
-        # a sign does not change with the norm: bits are recorded as of the unit vectors, as the search stores them
         return quantization_for(dtype, self, normalize=True if dtype == "binary" else normalize)
 
     def storage_records(self) -> tuple[Quantization | None, Quantization | None]:
-        """The records of the recorded `storage` (stored vectors, re-ranking vectors): see
-        `storage_quantizations`; ``(None, None)`` without one."""
+        """The records (stored, re-ranking) of the recorded `storage` (`storage_quantizations`), or Nones."""
         if self.storage is None:
             return None, None
         weights, shift = self.projection(np.float64)
@@ -209,12 +195,8 @@ class WhiteningModel:
         dtype: npt.DTypeLike | None = None,
         skip_nonfinite: bool = False,
     ) -> np.ndarray:
-        """Whiten ``rows`` (one vector or a 2-D array of floats); float32/float16 input is computed in float32.
-
-        A row holding NaN or Inf raises `NonFiniteError` naming the first one, unless
-        ``skip_nonfinite``: its output row is then NaN. Finite values that overflow raise
-        `ValuesTooLargeError`.
-        """
+        """Whiten ``rows`` (one vector or a 2-D array); float32/float16 input is computed in float32. NaN or
+        Inf raises `NonFiniteError`, unless ``skip_nonfinite`` (a NaN row); overflow `ValuesTooLargeError`."""
         rows = float_rows(rows)
         single = rows.ndim == 1
         if single:
@@ -254,54 +236,38 @@ class WhiteningModel:
         Parameters
         ----------
         beta, gamma, n_components, variance, eps : optional
-            Another setting than the model's, re-finalized from the saved statistics (as
-            [`with_params`][streamwhiten.core.model.WhiteningModel.with_params]).
+            Another setting, re-finalized from the saved statistics (as `with_params`).
         normalize : bool
             Follow the map by L2 normalisation.
         dtype : str, optional
-            How its outputs are stored (default: the model's `storage`, float32 when it records
-            none): the map then carries the record (``quantization``, None for float32) that
+            How its outputs are stored (default: the model's `storage`, else float32): the record
             `AffineMap.encode` uses.
 
         Returns
         -------
         streamwhiten.core.affine.AffineMap
-            ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``, the setting and this
-            model's file checksum; its ``transform`` gives the vectors
-            [`transform`][streamwhiten.core.model.WhiteningModel.transform] gives, and its
-            ``checksum`` is what outputs made with it record as ``model_checksum``.
+            ``A = U_k (Lambda_k + eps_)^(-gamma/2)`` (d x k), ``b = -(beta mu) A``: the vectors `transform`
+            gives; its ``checksum`` is what outputs made with it record as ``model_checksum``.
         """
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
         model = self.with_params(**changes) if changes else self
-        quantization = model.quantization(dtype)  # stored vectors are unit-length, as the search stores them
         fitted_norm = mean_sq_norm(model.n_rows, model.mean, model.state.scatter)
-        if model.basis == "identity":
-            return AffineMap.identity(
-                model.mean, model.eps, model.eps_value, normalize, file_checksum(self), fitted_norm, quantization
-            )
-        return AffineMap.from_weights(
-            model.projection(np.float64)[0],
-            model.mean,
-            model.beta,
-            gamma=model.gamma,
-            eps=model.eps,
-            eps_value=model.eps_value,
-            variance=model.variance,
-            normalize=bool(normalize),
-            file_checksum=file_checksum(self),
-            mean_sq_norm=fitted_norm,
-            quantization=quantization,
+        extra: dict[str, Any] = dict(
+            normalize=bool(normalize), file_checksum=file_checksum(self), mean_sq_norm=fitted_norm
         )
+        quantization = model.quantization(dtype)  # stored vectors are unit-length, as the search stores them
+        if model.basis == "identity":
+            return AffineMap.identity(model.mean, model.eps, model.eps_value, quantization=quantization, **extra)
+        setting = dict(gamma=model.gamma, eps=model.eps, eps_value=model.eps_value, variance=model.variance)
+        weights = model.projection(np.float64)[0]
+        return AffineMap.from_weights(weights, model.mean, model.beta, quantization=quantization, **setting, **extra)
 
     def with_params(self, **changes: Any) -> WhiteningModel:
         """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data.
 
-        ``basis="identity"`` gives the identity map (no transformation; its setting is beta = gamma = 0,
-        k = d), ``basis="eigen"`` the map of the setting. Without ``basis`` an identity model stays one
-        unless another setting than the identity's is asked for (that setting's map, then). A recorded
-        codec (storage ``code``) is trained for the outputs of one map: another map records no storage
-        (train a codec for it with ``streamwhiten.with_codes``)."""
+        ``basis="identity"`` gives the identity map (beta = gamma = 0, k = d), ``basis="eigen"`` the setting's;
+        without it an identity model stays one unless another setting is asked for (`kept_storage`)."""
         basis = changes.pop("basis", None)
         if basis is not None and basis not in BASES:
             raise BadInputError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
@@ -318,16 +284,12 @@ class WhiteningModel:
         elif basis is None and self.basis == "identity":
             same = (params["beta"], params["gamma"], params["variance"]) == (0.0, 0.0, None)
             basis = "identity" if same and params["n_components"] in (None, self.n_features) else "eigen"
-        basis = basis or "eigen"
-        storage = self.storage
         if params["beta"] == self.beta and params["eps"] == self.eps:  # Sigma_beta is unchanged: reuse its eigh
             eigvals, eigvecs = self.eigvals, self.eigvecs
         else:
             eigvals, eigvecs = _decompose(self.state, params)
-        model = _select(self.state, params, eigvals, eigvecs, self.sources, self.info, storage, basis)
-        if storage is not None and storage.codec is not None and codec_setting(model) != storage.codec.setting:
-            model = replace(model, storage=None)
-        return model
+        model = _select(self.state, params, eigvals, eigvecs, self.sources, self.info, None, basis or "eigen")
+        return kept_storage(model, self.storage)
 
     def storage_summary(self) -> dict[str, Any] | None:
         """The recorded storage (dtype, rescore, bytes per vector, the int8 record), or None."""
@@ -361,9 +323,7 @@ class WhiteningModel:
 
 
 def kept_storage(model: WhiteningModel, storage: Storage | None) -> WhiteningModel:
-    """``model`` recording ``storage`` (an update's, kept as its setting is), except a vector code trained
-    for another map than ``model``'s: a codec codes one setting's outputs, so it is dropped then (train one
-    for the new setting with ``streamwhiten.with_codes``)."""
+    """``model`` recording ``storage``, unless it is a vector code of another map (train one: ``with_codes``)."""
     if storage is None or (storage.codec is not None and codec_setting(model) != storage.codec.setting):
         return model
     return replace(model, storage=storage)
@@ -398,11 +358,8 @@ def project(
 ) -> np.ndarray:
     """``(rows - shift) @ weights`` in ``weights``' dtype, rows optionally scaled to unit L2 norm.
 
-    Centring happens before the product (never ``rows @ W - shift @ W``, which cancels when the mean
-    is large). With ``overwrite_input`` a C-contiguous ``rows`` of the working dtype is centred in place.
-    In float32 each value is the float32 nearest the exact dot product of the centred row, rounded once
-    (`rounded_product`): a row gives the same bits in any batch, here,
-    in ``apply`` and in `streamwhiten.serving`.
+    Centring comes first (``rows @ W - shift @ W`` cancels for a large mean), in place with
+    ``overwrite_input``; float32 values are rounded once from the exact dot product (`rounded_product`).
     """
     return project_checked(rows, weights, shift, normalize, dtype, overwrite_input)[0]
 
@@ -418,14 +375,11 @@ def project_checked(
 ) -> tuple[np.ndarray, npt.NDArray[np.bool_] | None]:
     """`project`, plus a mask of the rows taken as finite input, or None when every row is.
 
-    The centring pass returns column sums, which are finite exactly when every centred value is:
-    finiteness costs nothing unless a bad row is present, and only then are the rows scanned. Rows
-    centred in place are scanned after centring, where a finite value that overflowed looks like Inf;
-    a caller holding the input can tell the two apart (see ``engine.apply``). Otherwise a finite row that
-    overflows when centred, whitened or cast to ``dtype`` raises `ValuesTooLargeError` with its
-    index. ``out``, a C-contiguous buffer of at least ``len(rows)`` rows of ``weights``' shape and
-    dtype, receives the product instead of a new array (the result is then a view of it, unless
-    ``dtype`` converts it).
+    The centring pass's column sums are finite exactly when every centred value is, so rows are scanned
+    only when a bad one is present. Rows centred in place are scanned after centring, where an overflow
+    looks like Inf (a caller holding the input tells them apart: ``engine.apply``); otherwise a finite row
+    that overflows raises `ValuesTooLargeError`. ``out``, a C-contiguous buffer of at least ``len(rows)``
+    rows, receives the product (the result is then a view of it, unless ``dtype`` converts it).
     """
     from .kernels import statistics as kernels
     from .kernels.product import round_and_screen
@@ -484,21 +438,12 @@ def _select(
     else:
         k = int(params["n_components"] or n_features)
     top = float(eigvals[0]) if eigvals.size else 0.0
-    eps_value = float(params["eps"]) * top if top > 0 else float(params["eps"])
+    beta, gamma, eps = (float(params[name]) for name in ("beta", "gamma", "eps"))
+    variance = None if params["variance"] is None else float(params["variance"])
+    recorded = tuple(fingerprint_of(source) for source in sources or ())
+    eps_value = eps * top if top > 0 else eps
     return WhiteningModel(
-        state=state,
-        beta=float(params["beta"]),
-        gamma=float(params["gamma"]),
-        eps=float(params["eps"]),
-        n_components=k,
-        variance=None if params["variance"] is None else float(params["variance"]),
-        eigvals=eigvals,
-        eigvecs=eigvecs,
-        eps_value=eps_value,
-        sources=tuple(fingerprint_of(source) for source in sources or ()),
-        info=dict(info or {}),
-        storage=storage,
-        basis=basis,
+        state, beta, gamma, eps, k, variance, eigvals, eigvecs, eps_value, recorded, dict(info or {}), storage, basis
     )
 
 
@@ -512,9 +457,7 @@ def finalize(
     sources: Iterable[Fingerprint | Mapping[str, Any]] | None = None,
     info: Mapping[str, Any] | None = None,
 ) -> WhiteningModel:
-    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k; see the module docstring. The identity
-    map and a recorded storage come from the result's
-    [`with_params`][streamwhiten.core.model.WhiteningModel.with_params] and ``dataclasses.replace``."""
+    """Eigendecompose ``Sigma_beta`` of ``state`` and choose k (see the module docstring)."""
     params: dict[str, Any] = dict(beta=beta, gamma=gamma, eps=eps, n_components=n_components, variance=variance)
     return _select(state, params, *_decompose(state, params), sources, info)
 
@@ -538,12 +481,8 @@ def checked_covariance(state: Moments, beta: float) -> np.ndarray:
     return sigma
 
 
-# ------------------------------------------------------------------------------------------ model file
-
-
 def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
-    """The model file's arrays; ``storage_json`` only when a storage is recorded (a file without it is
-    read as float32, as every file written before storages were)."""
+    """The model file's arrays (``storage_json`` only when a storage is recorded)."""
     arrays = {
         "format": np.array(FORMAT_NAME),
         "format_version": np.array(
@@ -569,14 +508,12 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
 
 
 def file_checksum(model: WhiteningModel) -> str:
-    """The content checksum of ``model``'s file (what `save_model` stores and checks on load): it
-    changes with the statistics, the setting and the package version. Not the map's (`map_checksum`)."""
+    """The content checksum of ``model``'s file (stored by `save_model`); not the map's (`map_checksum`)."""
     return checksum(_arrays(model))
 
 
 def map_checksum(model: WhiteningModel) -> str:
-    """The checksum of the map ``model`` applies at its setting (``AffineMap.checksum``): what ``apply``
-    records as ``model_checksum``, as ``export`` and ``info`` do."""
+    """The checksum of ``model``'s map (``AffineMap.checksum``): what outputs record as ``model_checksum``."""
     return model.as_affine().checksum
 
 
@@ -587,24 +524,19 @@ def check_model_name(path: str) -> None:
 
 
 def check_model_output(path: str, overwrite: bool) -> None:
-    """The one rule for writing a model file at ``path`` (``fit -o``, ``tune -o``/``--in-place``, ``run``,
-    ``Whitener.save``): its name ends in ``.npz``, and an existing file is replaced only with
-    ``overwrite`` and only when it is a model file written by streamwhiten (not a checkpoint, an exported
-    map or anything else); otherwise `BadInputError` or an ``OutputExistsError`` (exit 2)."""
+    """Refuse a name not ending in ``.npz``, and an existing file unless ``overwrite`` and it is a model file."""
     check_model_name(path)
     check_replaceable(os.fspath(path), overwrite, "a model file", lambda found: foreign_npz(found, FORMAT_NAME))
 
 
 def save_model(model: WhiteningModel, path: str, overwrite: bool = True) -> str:
-    """Save ``model`` to ``path`` (an ``.npz``, replacing only a model file: `check_model_output`);
-    returns the file's content checksum."""
+    """Save ``model`` to ``path`` (`check_model_output`); returns the file's content checksum."""
     check_model_output(path, overwrite)
     return write_npz_atomic(path, _arrays(model), "model file")
 
 
 def load_model(path: str) -> WhiteningModel:
-    """Load a model file written by `save_model`, every field checked (see ``core.validate``): a file
-    that no fit could have written (edited, with its checksum recomputed) is refused."""
+    """Load a model file written by `save_model`, every field checked (``core.validate``)."""
     fields = model_fields(read_npz(path, "model file", FORMAT_NAME, FORMAT_VERSIONS), path)
     state = Moments(fields.pop("n_rows"), fields.pop("mean"), fields.pop("scatter"))
     sources = tuple(Fingerprint.from_dict(source) for source in fields.pop("sources"))  # JSON only in the file
@@ -612,10 +544,7 @@ def load_model(path: str) -> WhiteningModel:
 
 
 def read_rows_and_sources(path: str) -> tuple[int, tuple[Fingerprint, ...]] | None:
-    """The rows and source records of the model file ``path``, read from their two members alone, without
-    the checks of [`load_model`][streamwhiten.core.model.load_model] (for a caller that loads the file with every check
-    before it uses
-    them); None when there is no such file, or they cannot be read from it."""
+    """The rows and source records of a model file, read without `load_model`'s checks (None: unreadable)."""
     if not os.path.isfile(path):
         return None
     try:

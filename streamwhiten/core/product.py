@@ -1,13 +1,10 @@
 """The one float32 product of the whitening, ``(x - shift) A``: the same bits for a row in any batch.
 
-BLAS sums each dot product of a float32 matrix product in an order that depends on the batch's shape
-(one row goes through gemv, a block through gemm, with other blockings) and on the machine, so a row
-whitened alone and the same row whitened in a block differed in their last bits. Here each output value
-is *defined* as the float32 nearest (ties to even) to the exact dot product of the row's float32 centred
-values with the float32 weights: one number, whatever batch, BLAS or machine computes it. ``apply``, the
-estimator, ``Model.transform`` and `streamwhiten.serving` all call `rounded_product`.
-
-How it gets that number at about the price of one float64 matrix product:
+BLAS sums a dot product in an order that depends on the batch's shape and the machine, so a row alone
+and in a block differed in their last bits. Here each value is *defined* as the float32 nearest (ties to
+even) the exact dot product of the float32 centred row and weights; ``apply``, the estimator,
+``Model.transform`` and `streamwhiten.serving` all call `rounded_product`. At about the price of one
+float64 matrix product:
 
 1. The product of two float32 numbers is exact in float64, so the float64 product ``C A`` (BLAS, any
    order) differs from the exact sums only by summation error, at most ``gamma_d sum_j |c_j a_j| <=
@@ -71,13 +68,10 @@ def rounded_product(
     out: np.ndarray | None = None,
     screen: Screen | None = None,
 ) -> np.ndarray:
-    """``centred @ weights`` (float32 rows, d x k float32 weights) with each value the float32 nearest to
-    the exact dot product (ties to even): bit for bit the same for a row alone, in any batch, on any
-    machine. ``out`` (C-contiguous float32, ``len(centred)`` x k) receives it when given; ``screen``
-    (default `numpy_screen`) only changes how fast the undecided values are found, never the result.
-
-    A row holding NaN or Inf gives NaN or Inf values, as a float32 product would; a value beyond float32's
-    range is Inf (no float32 partial sum overflows on the way, as it could in a float32 product)."""
+    """``centred @ weights`` (float32) with each value the float32 nearest the exact dot product: the same
+    bits for a row alone or in any batch, on any machine. ``out`` (C-contiguous) receives it when given;
+    ``screen`` (default `numpy_screen`) changes only the speed. NaN or Inf rows give NaN or Inf values, and
+    a value beyond float32's range is Inf."""
     w = weights if isinstance(weights, ProductWeights) else ProductWeights.of(weights)
     rows = np.asarray(centred)
     if rows.dtype != np.float32 or rows.ndim != 2 or rows.shape[1] != w.wide.shape[0]:
@@ -119,9 +113,8 @@ def _rounded_block(
 
 
 def numpy_screen(near: np.ndarray, norms: np.ndarray, bound: np.ndarray, out: np.ndarray, undecided: np.ndarray) -> int:
-    """``out = near`` rounded to float32 (to nearest, ties to even), and ``undecided`` marked where
-    ``|near - out| + norms[i] bound[j]`` reaches `half_spacing` of ``out``: where the exact sum,
-    that close to ``near``, might round to another float32."""
+    """``out = near`` rounded to float32, and ``undecided`` marked where ``|near - out| + norms[i]
+    bound[j]`` reaches `half_spacing` of ``out`` (the exact sum might round to another float32)."""
     out[...] = near
     slack = np.abs(near - out)
     slack += np.multiply.outer(norms, bound)
@@ -143,8 +136,7 @@ def half_spacing(values: np.ndarray) -> np.ndarray:
 
 
 def exactly_rounded(products: np.ndarray) -> np.ndarray:
-    """The float32 nearest (ties to even) to the exact sum of each row of ``products`` (float64, each
-    exact), as a float32 vector."""
+    """The float32 nearest (ties to even) the exact sum of each row of ``products`` (float64, each exact)."""
     if products.shape[0] < _ONE_BY_ONE:
         return np.array([_fsum_rounded(row) for row in products], dtype=np.float32)
     total, error, magnitude = _sum2(products)
@@ -159,8 +151,7 @@ def exactly_rounded(products: np.ndarray) -> np.ndarray:
 
 
 def _sum2(products: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ogita, Rump and Oishi's Sum2 of each row, column by column (TwoSum, errors summed apart): the sum,
-    its correction and the sum of absolute values."""
+    """Ogita, Rump and Oishi's Sum2 of each row: the sum, its correction and the sum of magnitudes."""
     columns = np.asfortranarray(products)
     total = columns[:, 0].copy()
     error = np.zeros_like(total)

@@ -1,26 +1,15 @@
 """Quantized storage of transformed vectors, and the record that says how to decode it.
 
-Four kinds of storage, each of ``k`` components per vector:
-
 - ``float32``, ``float16``: the values, cast (float16 refuses a finite value it cannot hold);
-- ``int8``: ``code = clip(rint((y - offset) / scale), -127, 127)`` per component, decoded as
-  ``code * scale + offset``. -128 is never written, so the codes are symmetric about the offset.
-  ``offset`` is the component's mean and ``scale = c * std / 127``: the codes span ``offset +- c std``
-  and values beyond are clipped to the end codes. Mean and standard deviation come from the fitted
-  statistics, not from a second pass over the data (`output_moments`); ``c`` is
-  `DEFAULT_INT8_CLIP` (chosen by measurement: see ``docs/evaluation.md``);
-- ``binary``: the sign bits ``y > 0``, packed 8 per byte in ``numpy.packbits`` order (big bit order:
-  component 0 is the high bit of byte 0), ``ceil(k / 8)`` bytes per vector, the last byte zero-padded.
-  This is the layout of faiss ``IndexBinaryFlat`` and of sentence-transformers' ``ubinary``. Decoded,
-  a bit is the sign ``+1`` or ``-1``.
+- ``int8``: ``code = clip(rint((y - offset) / scale), -127, 127)``, decoded as ``code * scale + offset``;
+  ``offset`` is the component's mean and ``scale = c * std / 127`` (`DEFAULT_INT8_CLIP`, measured in
+  ``docs/evaluation.md``), both from the fitted statistics (`map_moments`), not a second pass;
+- ``binary``: the sign bits ``y > 0`` in ``numpy.packbits`` order (component 0 the high bit of byte 0),
+  as faiss ``IndexBinaryFlat`` and sentence-transformers' ``ubinary``; decoded as ``+1``/``-1``.
 
-A `Quantization` travels with every output as a JSON-able dict (`Quantization.to_dict`),
-so a reader can decode the vectors without streamwhiten. A `Storage` is what a model records of
-the storage ``tune`` chose (the kind, and for bits the re-ranking); its int8 ranges follow from the
-model's statistics at its setting (`storage_quantizations`), so they are recomputed, never stale.
-
-numpy and the foundation only (no numba, no model module): the serving path and the model file's field
-checks use it.
+A `Quantization` travels with every output as a JSON-able dict, so a reader can decode the vectors
+without streamwhiten; a model's recorded int8 ranges are recomputed from its statistics
+(`storage_quantizations`), never stale. numpy only: the serving path uses it.
 
 Examples
 --------
@@ -74,8 +63,7 @@ _STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8
 
 
 class _Statistics(Protocol):
-    """What `output_moments` reads of fitted statistics (a `Moments`,
-    not imported here: that module brings numba)."""
+    """What `quantization_for` reads of fitted statistics (a `Moments`, whose module brings numba)."""
 
     @property
     def n_rows(self) -> int: ...
@@ -86,8 +74,7 @@ class _Statistics(Protocol):
 
 
 class _Fitted(Protocol):
-    """What `quantization_for` reads of a model (a [`WhiteningModel`][streamwhiten.core.model.WhiteningModel],
-    not imported here: this module stays below the model)."""
+    """What `quantization_for` reads of a model (a ``WhiteningModel``: this module stays below it)."""
 
     @property
     def state(self) -> _Statistics: ...
@@ -108,8 +95,7 @@ def raise_if_overflowed(overflowed: np.ndarray, dtype: npt.DTypeLike, when: str,
 
 
 def cast_checked(values: np.ndarray, dtype: npt.DTypeLike, into: np.ndarray | None = None) -> np.ndarray:
-    """``values`` cast to ``dtype`` (into ``into``'s first rows if given); raises
-    `ValuesTooLargeError` naming the first row whose finite values do not fit."""
+    """``values`` cast to ``dtype`` (into ``into``); `ValuesTooLargeError` for finite values that overflow."""
     target = np.empty(values.shape, dtype) if into is None else into[: values.shape[0]]
     with np.errstate(over="ignore"):
         np.copyto(target, values, casting="same_kind")
@@ -129,21 +115,9 @@ def cast_checked(values: np.ndarray, dtype: npt.DTypeLike, into: np.ndarray | No
 
 @dataclass(frozen=True, eq=False)
 class Quantization:
-    """How vectors of ``n_components`` values are stored, and how to decode them.
-
-    Attributes
-    ----------
-    kind : str
-        ``"float32"``, ``"float16"``, ``"int8"`` or ``"binary"``.
-    n_components : int
-        k, the components of a decoded vector.
-    normalized : bool
-        Whether the vectors were scaled to unit L2 norm before they were stored.
-    scale, offset : ndarray, float64, k, or None
-        int8 only: ``value = code * scale + offset``.
-    clip : float or None
-        int8 only: the codes span ``offset +- clip`` standard deviations of each component.
-    """
+    """How vectors of ``n_components`` values are stored as ``kind`` (scaled to unit length first when
+    ``normalized``), and how to decode them; int8 only: ``value = code * scale + offset``, the codes
+    spanning ``offset +- clip`` standard deviations."""
 
     kind: str
     n_components: int
@@ -188,15 +162,8 @@ class Quantization:
         return self.width * self.dtype.itemsize
 
     def encode(self, y: npt.ArrayLike) -> np.ndarray:
-        """The stored form of the rows ``y`` (n x k floats).
-
-        Raises
-        ------
-        BadInputError
-            Wrong width; `NonFiniteError` for a row holding NaN or Inf (int8 and binary cannot
-            hold them); `ValuesTooLargeError` for a finite value float16
-            cannot hold.
-        """
+        """The stored form of the rows ``y`` (n x k floats): `BadInputError` for the wrong width,
+        `NonFiniteError` for NaN or Inf in int8 or bits, `ValuesTooLargeError` for float16 overflow."""
         y = np.asarray(y)
         if y.ndim != 2 or y.shape[1] != self.n_components:
             raise BadInputError(f"expected rows of {self.n_components} components, got shape {y.shape}")
@@ -214,8 +181,7 @@ class Quantization:
         return codes.astype(np.int8)
 
     def decode(self, codes: npt.ArrayLike, dtype: npt.DTypeLike = np.float32) -> np.ndarray:
-        """The rows as floats of ``dtype``: the values, ``code * scale + offset`` (computed in float64),
-        or the signs +1/-1 of the bits."""
+        """The rows as floats of ``dtype``: the values, ``code * scale + offset``, or the bits' signs +1/-1."""
         codes = np.asarray(codes)
         if codes.ndim != 2 or codes.shape[1] != self.width or codes.dtype != self.dtype:
             raise BadInputError(
@@ -259,16 +225,13 @@ class Quantization:
         return record
 
     def digest(self) -> str:
-        """The SHA-256 of `to_dict` as sorted JSON: equal records, equal digests (what a resumed
-        apply output must match)."""
+        """The SHA-256 of `to_dict` as sorted JSON (what a resumed apply output must match)."""
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
 
     @classmethod
     def from_attrs(cls, attrs: Mapping[str, Any]) -> Quantization:
-        """The record an apply output carries in its attributes (key ``quantization``: a dict, or its JSON
-        where the store keeps text, as HDF5 does); `BadInputError` when there is none (a float
-        output needs no decoding)."""
+        """The record in an apply output's attributes (a dict, or its JSON); `BadInputError` if none."""
         record = attrs.get(STORAGE_ATTR) if hasattr(attrs, "get") else None
         if isinstance(record, bytes):
             record = record.decode()
@@ -311,12 +274,8 @@ class Quantization:
 def decode(
     codes: npt.ArrayLike, record: Quantization | Mapping[str, Any], dtype: npt.DTypeLike = np.float32
 ) -> np.ndarray:
-    """Floats from stored ``codes`` (rows of an apply output, or of ``Whitener(dtype=...)``/``encode``).
-
-    ``record`` is a `Quantization`, its dict (`Quantization.to_dict`), or the attributes of
-    the output the codes were read from (HDF5 attrs, Zarr attrs, Parquet or Lance schema metadata as
-    ``streamwhiten.io.read_attrs`` returns them): int8 codes decode to ``code * scale + offset``, bits to
-    the signs +1/-1, float values to themselves.
+    """Floats from stored ``codes``; ``record`` is a `Quantization`, its dict, or the attributes of the
+    output they were read from (``streamwhiten.io.read_attrs``).
 
     >>> import numpy as np
     >>> decode(np.array([[156, 128]], dtype=np.uint8), {"quantization": Quantization("binary", 10).to_dict()})
@@ -337,13 +296,8 @@ def map_moments(
     weights: npt.ArrayLike | None = None,
     shift: npt.ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and variance of each component of ``y = (x - shift) @ weights`` over ``n_rows`` rows of mean
-    ``mean`` and centred scatter ``scatter`` (the fitted statistics), from the statistics alone.
-
-    ``mean_j = (mu - shift) @ weights[:, j]`` and ``var_j = weights[:, j]^T Sigma_1 weights[:, j]`` with
-    ``Sigma_1 = scatter / n``; for ``shift = beta mu`` the mean is ``(1 - beta) mu @ weights[:, j]``.
-    Without ``weights`` the map is the identity (raw vectors, less ``shift``).
-    """
+    """Mean and variance of each component of ``y = (x - shift) @ weights`` from the fitted statistics:
+    ``(mu - shift) @ w_j`` and ``w_j^T (scatter / n) w_j``; no ``weights``: the identity map."""
     sigma = np.asarray(scatter, dtype=np.float64) / float(n_rows)
     centre = np.asarray(mean, dtype=np.float64) - (0.0 if shift is None else np.asarray(shift, dtype=np.float64))
     if weights is None:
@@ -353,20 +307,9 @@ def map_moments(
     return centre @ weights, np.clip(variance, 0.0, None)
 
 
-def output_moments(
-    state: _Statistics, weights: npt.ArrayLike | None = None, shift: npt.ArrayLike | None = None
-) -> tuple[np.ndarray, np.ndarray]:
-    """`map_moments` of the statistics ``state`` (a `Moments`)."""
-    return map_moments(state.n_rows, state.mean, state.scatter, weights, shift)
-
-
 def normalized_moments(mean: npt.ArrayLike, variance: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
-    """The approximate mean and variance of each component of ``y / ||y||``: both divided by
-    ``E||y||^2 = sum_j (var_j + mean_j^2)`` (the mean by its square root).
-
-    Exact when every row has the same norm; for the spread of real norms see the measurement in
-    ``docs/evaluation.md``.
-    """
+    """The approximate mean and variance of each component of ``y / ||y||``: divided by ``E||y||^2`` (the
+    mean by its square root); exact when every row has the same norm (see ``docs/evaluation.md``)."""
     mean = np.asarray(mean, dtype=np.float64)
     variance = np.asarray(variance, dtype=np.float64)
     energy = float(np.sum(variance + mean**2))
@@ -378,11 +321,8 @@ def normalized_moments(mean: npt.ArrayLike, variance: npt.ArrayLike) -> tuple[np
 def int8_quantization(
     mean: npt.ArrayLike, variance: npt.ArrayLike, clip: float = DEFAULT_INT8_CLIP, normalized: bool = False
 ) -> Quantization:
-    """The int8 record whose codes span ``mean +- clip * sqrt(variance)`` per component.
-
-    A standard deviation below ``1e-6`` of the largest is raised to it (a constant component still
-    decodes to its mean).
-    """
+    """The int8 record whose codes span ``mean +- clip * sqrt(variance)`` per component (a standard
+    deviation is floored at ``1e-6`` of the largest: a constant component still decodes to its mean)."""
     check("int8_clip", clip)
     std = np.sqrt(np.asarray(variance, dtype=np.float64))
     top = float(std.max()) if std.size else 0.0
@@ -406,15 +346,9 @@ def quantization_for(
     clip: float = DEFAULT_INT8_CLIP,
     n_components: int | None = None,
 ) -> Quantization:
-    """The record for storing ``model``'s outputs (or, with ``raw``, the raw vectors) as ``kind``.
-
-    ``model`` is a [`WhiteningModel`][streamwhiten.core.model.WhiteningModel] (not imported here: this module stays
-    below the model, for the serving path).
-
-    ``normalize``: the vectors are scaled to unit L2 norm before they are stored. int8 needs the
-    model, for its statistics (raw vectors included); the other kinds need only the width, from the
-    model or ``n_components``.
-    """
+    """The record for storing ``model``'s outputs (or, with ``raw``, the raw vectors) as ``kind``, scaled to
+    unit length first with ``normalize``. int8 needs the model's statistics; other kinds only the width
+    (the model's or ``n_components``)."""
     if kind is None:
         raise BadInputError("give a storage kind (dtype) to quantize for")
     check("dtype", kind)
@@ -441,16 +375,11 @@ def int8_for_map(
     normalize: bool = True,
     clip: float = DEFAULT_INT8_CLIP,
 ) -> Quantization:
-    """The int8 record of ``y = (x - shift) @ weights`` (optionally scaled to unit length) from the
-    fitted statistics ``(n_rows, mean, scatter)``: `map_moments`, `normalized_moments`,
-    `int8_quantization`."""
+    """The int8 record of ``y = (x - shift) @ weights`` (unit length with ``normalize``) from the statistics."""
     out_mean, variance = map_moments(n_rows, mean, scatter, weights, shift)
     if normalize:
         out_mean, variance = normalized_moments(out_mean, variance)
     return int8_quantization(out_mean, variance, clip=clip, normalized=normalize)
-
-
-# ---------------------------------------------------------------------------------- a model's storage
 
 
 def storage_quantizations(
@@ -489,7 +418,6 @@ __all__ = [
     "int8_quantization",
     "map_moments",
     "normalized_moments",
-    "output_moments",
     "quantization_for",
     "raise_if_overflowed",
     "storage_quantizations",

@@ -1,9 +1,7 @@
-"""Streaming first and second moments: the state and three pure functions.
-
-The state is ``(n_rows, mean, scatter)`` with ``scatter = sum_i (x_i - mean)^T (x_i - mean)``, all in
-float64. ``block_moments`` computes it for one block of rows (centred on the block's own mean, never as
-``E[xx^T] - mu mu^T``), ``merge`` combines two states exactly (Chan, Golub & LeVeque pairwise update),
-``covariance`` gives ``Sigma_beta`` in closed form. No I/O happens here.
+"""Streaming first and second moments: the state ``(n_rows, mean, scatter)`` (float64, ``scatter =
+sum_i (x_i - mean)^T (x_i - mean)``) and three pure functions: ``block_moments`` of one block (centred on
+its own mean, never ``E[xx^T] - mu mu^T``), ``merge`` of two states (Chan, Golub & LeVeque) and
+``covariance`` (``Sigma_beta`` in closed form).
 
 Examples
 --------
@@ -37,15 +35,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BadInputError, NonFiniteError
-from ..params import PARAMS, check
+from ..params import check
 from .kernels import statistics as kernels
 
-#: Rows per BLAS call when the scatter is accumulated in float32. Each sub-block's float32 product is
-#: added into a float64 total, which bounds the float32 rounding error (about 2e-7 relative at this
-#: size) however long the chunk is; smaller sub-blocks are slightly more accurate but measurably slower.
+#: Rows per float32 BLAS call, each added into a float64 total: bounds the rounding error (about 2e-7
+#: relative) however long the chunk is.
 GEMM_ROWS = 65536
-
-PRECISIONS = PARAMS["precision"].choices
 
 
 @dataclass(frozen=True)
@@ -112,15 +107,9 @@ def block_moments(
 ) -> Moments:
     """Moments of one chunk of rows, in one pass over the data plus the scatter product.
 
-    Rows are centred on a float64 estimate of the chunk mean (from a few sampled rows), the exact
-    float64 sums of the centred values are taken in the same pass, and the scatter about the true
-    chunk mean follows as ``C^T C - n cbar cbar^T``: ``cbar`` is tiny, so nothing cancels, and
-    ``E[xx^T] - mu mu^T`` is never formed.
-
-    Raises `NonFiniteError` (with ``.row``, the index inside the chunk) on the first row that
-    holds NaN or Inf. ``workspace`` is an optional C-contiguous buffer of at least the chunk's shape in
-    the working dtype, reused across calls to avoid one allocation per chunk; with
-    ``overwrite_input=True`` a chunk already in the working dtype is centred in place instead.
+    Rows are centred on a float64 estimate of the mean with exact float64 sums, so ``C^T C - n cbar
+    cbar^T`` cancels nothing. NaN or Inf raises `NonFiniteError` (``.row`` in the chunk). The centred
+    rows go into ``workspace`` (reused if it fits), or the chunk itself with ``overwrite_input``.
     """
     chunk = _as_kernel_input(chunk)
     n_rows, n_features = chunk.shape

@@ -1,23 +1,8 @@
 """Every field of a model file, a fit checkpoint and an exported map, checked when it is loaded.
 
-A file's checksum says it was not damaged, but it has no key: anyone can edit a field and recompute it.
-So every loader (``core.model.load_model``, ``engine.fit.load_checkpoint``, and ``serving``'s loaders of
-model files and maps) reads its fields through here, and a file that no fit could have written is refused
-(`ModelFileError`, exit 2) with one line naming the file and the field:
-
-- arrays of the right shapes and finite values; a scatter that is symmetric with a non-negative diagonal
-  (and entries within the bounds of its diagonal); eigenvalues descending and non-negative; eigenvectors
-  of unit length and orthonormal, whose eigendecomposition gives back ``Sigma_beta`` of the saved
-  statistics (checked on random vectors: O(d^2), not O(d^3), so the serving path starts as fast);
-- every parameter through the checks of `streamwhiten.params` (as the command line checks it), and
-  the rules between them: ``eps_value = eps * lambda_1``, k in [1, d] and the one ``variance`` gives;
-- counts that are whole numbers (at least 2 rows), and sources and info of the right JSON types;
-- the basis (``identity``: no transformation, only with beta = gamma = 0 and k = d);
-- a recorded storage (what ``tune`` chose): a dtype, re-ranking and clip each parameter allows, its bytes
-  per vector, and int8 ranges that are those the saved statistics give at the saved setting; a recorded
-  codec (``storage_codec``, its bytes) matching the SHA-256 its record names, of the map's width and setting.
-
-numpy and the foundation only (no numba): the serving path uses it.
+A checksum has no key: anyone can edit a field and recompute it. So every loader reads its fields here,
+and a file that no fit could have written is refused (`ModelFileError`, exit 2) in one line naming the
+file and the field. numpy and the foundation only (no numba): the serving path uses it.
 """
 
 from __future__ import annotations
@@ -37,8 +22,7 @@ from ..records import nul_field
 from ..storage import Storage
 from .quantize import Quantization, storage_quantizations
 
-#: Relative tolerances of the checks that compare computed values (far above float64 rounding, far below
-#: anything an edit would make meaningful).
+#: Relative tolerances of the checks that compare computed values (far above float64 rounding).
 SYMMETRY_RTOL = 1e-9
 ORTHONORMAL_TOL = 1e-6
 EIGEN_RTOL = 1e-6
@@ -137,8 +121,7 @@ def _is_int(value: object) -> TypeGuard[int]:
 
 
 def check_scatter(fields: Fields, scatter: np.ndarray, n_rows: int, mean: np.ndarray, field: str = "scatter") -> None:
-    """A sum of outer products of centred rows: symmetric, with a diagonal that is not negative and no entry
-    above its diagonal's bound, to rounding (of the sums, and of the centring of ``n_rows`` rows about ``mean``)."""
+    """A scatter: symmetric, a diagonal not negative, no entry above its diagonal's bound (to rounding)."""
     diagonal = np.diag(scatter)
     scale = float(np.abs(diagonal).max(initial=0.0))
     slack = SYMMETRY_RTOL * scale + 1e-12 * n_rows * float(np.square(mean).max(initial=0.0))
@@ -207,8 +190,7 @@ def _eigen_fields(f: Fields, d: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _setting_fields(f: Fields, d: int, eigvals: np.ndarray) -> dict[str, Any]:
-    """The setting (``beta``, ``gamma``, ``eps``, ``variance``, ``n_components``, ``eps_value``), each
-    through its parameter's check, and the rules between them and the eigenvalues."""
+    """The setting, each through its parameter's check, and the rules between them and the eigenvalues."""
     beta, gamma, eps, variance = f.param("beta"), f.param("gamma"), f.param("eps"), f.variance()
     k = f.integer("n_components", 1)
     if k > d:
@@ -238,7 +220,6 @@ def _storage_field(f: Fields, m: dict[str, Any]) -> Storage | None:
         return storage
     setting = {key: m[key] for key in ("beta", "gamma", "eps")}
     _check_codec(f, storage, dict(setting, k=m["n_components"], basis=m["basis"]))
-    # the codec's bytes are decoded (every field checked) where they are used: named from here
     origin = f"{f.path}: model file field 'storage_codec'"
     return replace(storage, codec=replace(storage.codec, origin=origin))
 
@@ -252,8 +233,7 @@ def map_weights(
     return eigvecs[:, :k] * ((eigvals[:k] + eps_value) ** (-gamma / 2.0))
 
 
-#: Relative tolerance of the int8 ranges a model file records against those its statistics give (the
-#: same arithmetic gives the same bits; this only allows another BLAS's rounding).
+#: Relative tolerance of recorded int8 ranges against those the statistics give (another BLAS's rounding).
 RANGES_RTOL = 1e-9
 
 
@@ -266,8 +246,7 @@ def _check_storage(
     weights: np.ndarray,
     shift: np.ndarray,
 ) -> Storage:
-    """The storage a model file records, checked: a storage the parameters allow, its bytes per vector,
-    and the records (int8 ranges) that its statistics give at its setting."""
+    """The storage a model file records, checked: its parameters, bytes per vector and records."""
     codec_data = None
     if record.get("codec") is not None:
         raw = f.arrays.get("storage_codec")
@@ -297,8 +276,7 @@ def _check_storage(
 
 
 def _check_codec(f: Fields, storage: Storage, setting: dict[str, Any]) -> None:
-    """A recorded codec codes the outputs of the saved setting: its width is k, its setting the saved one.
-    Its bytes are decoded (and their own SHA-256 checked) by ``streamwhiten.codes`` where they are used."""
+    """A recorded codec codes the saved setting's outputs (width k); ``streamwhiten.codes`` checks its bytes."""
     codec = storage.codec
     assert codec is not None  # checked by the caller
     if codec.n_features != setting["k"]:
@@ -325,11 +303,7 @@ def _check_record(f: Fields, key: str, recorded: Any, expected: Quantization | N
         found = Quantization.from_dict(recorded)
     except BadInputError as exc:
         raise f.fail("storage_json", f"{key}: {exc}") from None
-    same = (found.kind, found.n_components, found.normalized) == (
-        expected.kind,
-        expected.n_components,
-        expected.normalized,
-    )
+    same = all(getattr(found, name) == getattr(expected, name) for name in ("kind", "n_components", "normalized"))
     if same and expected.kind == "int8":
         same = found.clip == expected.clip and all(
             np.allclose(getattr(found, name), getattr(expected, name), rtol=RANGES_RTOL, atol=0)
@@ -341,8 +315,7 @@ def _check_record(f: Fields, key: str, recorded: Any, expected: Quantization | N
         )
 
 
-#: The fields of a recorded source (a fingerprint) and their JSON types, where present; others are the
-#: backends' own.
+#: The fields of a recorded source (a fingerprint) and their JSON types, where present.
 _SOURCE_FIELDS = {"path": str, "dataset": str, "n_rows": int, "n_features": int, "dtype": str}
 
 
@@ -384,8 +357,7 @@ def _is_count(value: object) -> bool:
     return _is_int(value) and value >= 0
 
 
-#: The entries of a checkpoint's ``meta_json``, in the order they are checked: (key, whether it must be
-#: there, the test its value passes, what it must be).
+#: A checkpoint's ``meta_json`` entries, in checking order: (key, required, test, what it must be).
 _META_FIELDS: tuple[tuple[str, bool, Callable[[Any], object], str], ...] = (
     ("block_rows", True, params.PARAMS["chunk_rows"].accepts, params.PARAMS["chunk_rows"].text),
     ("precision", True, params.PARAMS["precision"].accepts, params.PARAMS["precision"].text),

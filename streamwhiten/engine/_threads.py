@@ -1,12 +1,8 @@
 """Block-parallel execution on one machine: worker threads, each with its own BLAS thread count.
 
-A fit is one BLAS product per block plus a little memory-bound work (read, centre). Running that work
-between multi-threaded BLAS calls leaves cores idle, and running it beside them makes two thread pools
-fight over the cores. Instead, each of ``threads`` worker threads does whole blocks (read, centre,
-product) with BLAS limited to ``cores // threads`` threads per call, so the memory-bound part of one
-block overlaps the product of another. Numba kernels and BLAS release the GIL. Results come back in
-submission order, so the caller folds them in the same order, and gets the same bits, however the
-threads interleave.
+Each of ``threads`` workers does whole blocks with BLAS limited to ``cores // threads`` threads, so the
+memory-bound part of one block overlaps the product of another; results come back in submission order,
+so the caller gets the same bits however the threads interleave.
 """
 
 from __future__ import annotations
@@ -44,8 +40,7 @@ def available_cores() -> int:
 
 
 def resolve_threads(threads: int | None, default: int | None = None) -> int:
-    """Worker threads to use: ``threads`` (-1: one per core); if None, ``default``, or else one per
-    core up to `MAX_DEFAULT_THREADS`."""
+    """``threads`` (-1: one per core); None: ``default``, or one per core up to `MAX_DEFAULT_THREADS`."""
     if threads is None:
         return default or min(MAX_DEFAULT_THREADS, available_cores())
     check("threads", threads)
@@ -68,21 +63,13 @@ _LIMIT: dict[str, Any] = {"depth": 0, "context": None}
 
 @contextlib.contextmanager
 def blas_threads(n_threads: int | None) -> Iterator[None]:
-    """Limit BLAS (OpenBLAS, MKL, BLIS) to ``n_threads`` per call for the duration; None, or no
-    threadpoolctl, leaves it alone.
-
-    For pthreads-based BLAS the limit is process-wide: it holds for every thread of the process while
-    any such block is active, and only the outermost of overlapping blocks (from several threads) sets
-    and restores it. OpenMP-based BLAS counts per thread: see `limit_this_thread`.
-    """
+    """Limit BLAS to ``n_threads`` per call for the duration (None: left alone). A pthreads BLAS limit is
+    process-wide: only the outermost of overlapping blocks sets and restores it."""
     if n_threads is None:
         yield
         return
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - threadpoolctl is a dependency
-        yield
-        return
+    from threadpoolctl import threadpool_limits  # a dependency, imported when first needed
+
     with _LIMIT_LOCK:
         if _LIMIT["depth"] == 0:
             _LIMIT["context"] = threadpool_limits(limits=max(1, n_threads), user_api="blas")
@@ -99,10 +86,8 @@ def blas_threads(n_threads: int | None) -> Iterator[None]:
 
 def limit_this_thread(n_threads: int) -> None:
     """Limit BLAS in the calling (worker) thread; needed where the limit is per thread (OpenMP)."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover
-        return
+    from threadpoolctl import threadpool_limits
+
     threadpool_limits(limits=max(1, n_threads), user_api="blas")  # lasts as long as the worker thread
 
 
@@ -111,12 +96,8 @@ def ordered_map(
 ) -> Generator[_T, None, None]:
     """``function(*item)`` for each item, computed by ``threads`` worker threads, yielded in item order.
 
-    At most ``threads + 1`` items are in flight, so memory stays bounded however many items there are.
-    With one thread everything runs in the calling thread. ``blas_per_thread`` limits BLAS in every
-    worker (and, for process-wide BLAS limits, in the process) until the workers are done. An error
-    raised by ``items`` itself surfaces only after the results of the items before it, so errors come
-    in item order. Closing the generator early (an error or an interruption in the consumer) cancels
-    what has not started and waits for what has.
+    At most ``threads + 1`` items are in flight; one thread runs in the caller's. ``blas_per_thread``
+    limits BLAS in every worker. Errors come in item order; closing early cancels what has not started.
     """
     if threads <= 1:
         with blas_threads(blas_per_thread):

@@ -1,22 +1,15 @@
 """The Dask engine: the serial engine's per-block step and merge, run as a tree reduction on a cluster.
 
-It is dask's chunk/combine/aggregate reduction, spelled out with ``dask.delayed`` so the tree is ours:
-*chunk* is one task per block of rows (spanning all columns) running `reduce_block`,
-the serial engine's own accumulator (same jitted kernels, same NaN/Inf errors); *combine* merges
-groups of ``split_every`` consecutive states left to right with `merge`, level
-by level, so the tree's shape depends only on the block layout; *aggregate* is the root, one small
-state the driver finalizes. Whichever workers run the tasks, in whatever order, the same blocks give
-the same bits. Stores are read on the workers (by path, see
-`LazyRows`, with the storage options they were opened with); the transform writes whole Zarr chunks from the workers under
-the temporary name and the driver renames the finished store, as the serial applier does.
-
-dask and distributed are optional (``pip install 'streamwhiten[dask]'``) and imported only inside the
-functions here, so ``import streamwhiten`` and the serial engine never need them.
+One `reduce_block` task per block, then groups of ``split_every`` states merged left to right, level by
+level: the tree depends only on the block layout, so any workers give the same bits. Workers read stores
+by path (`LazyRows`) and write whole Zarr chunks under the temporary name. dask and distributed are
+optional (``pip install 'streamwhiten[dask]'``), imported only in functions.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import time
@@ -57,12 +50,13 @@ CONNECT_TIMEOUT = 30
 CANCEL_TIMEOUT = 60
 
 _INSTALL_HINT = "the dask engine needs the optional extra: pip install 'streamwhiten[dask]'"
+#: What writes a block's rows from its first row: a sink's region writer, shipped to the workers.
+_Writer = Callable[[int, np.ndarray], object]
 
 
 class Cluster(Protocol):
-    """Where the Dask engine runs (an ``engine.engines.DaskEngine`` is one): a ``scheduler`` address, or a
-    new local cluster of ``workers`` processes (default: one per core), or an existing ``client``; and the
-    states merged by one task of a fit's reduction tree (``split_every``)."""
+    """Where the Dask engine runs (a ``DaskEngine``): a ``scheduler`` address, a new local cluster of
+    ``workers`` processes, or a ``client``; and the states one task merges (``split_every``)."""
 
     scheduler: str | None
     workers: int | None
@@ -71,15 +65,10 @@ class Cluster(Protocol):
 
 
 def _require(module: str) -> ModuleType:
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise BadInputError(f"{_INSTALL_HINT} ({exc})") from exc
-
-
-# ------------------------------------------------------------------------------------------- cluster
 
 
 @contextlib.contextmanager
@@ -122,8 +111,7 @@ def dask_client(
 
 @contextlib.contextmanager
 def _cluster_errors(what: str) -> Iterator[None]:
-    """A worker that kept dying while running a task becomes a `ClusterError`: dask retries a
-    lost task on another worker (``distributed.scheduler.allowed-failures`` times) before giving up."""
+    """A worker that kept dying while running a task (past dask's retries) becomes a `ClusterError`."""
     try:
         killed = _require("distributed").KilledWorker
     except BadInputError:  # plain dask schedulers cannot lose a worker
@@ -137,42 +125,27 @@ def _cluster_errors(what: str) -> Iterator[None]:
         ) from None
 
 
-def _compute(graph: Any, client: Any, what: str) -> Any:
-    """Compute ``graph`` on ``client`` or, without one, on dask's current scheduler."""
-    import dask
-
-    with _cluster_errors(what):
-        if client is not None:
-            return client.compute(graph).result()
-        return dask.compute(graph)[0]
-
-
-# ----------------------------------------------------------------------------------------------- fit
-
-
 def _rows_array(array: Any) -> Any:
-    """``array`` as a 2-D floating dask array whose every block spans all columns."""
+    """``array`` as a 2-D dask array of native-order floats whose every block spans all columns; another
+    dtype raises `BadInputError` before any task runs."""
     import dask.array as da
 
     array = da.asarray(array)
+    native = float_dtype(array.dtype)
+    if array.dtype != native:
+        array = array.astype(native)
     if array.ndim != 2:
         raise BadInputError(f"expected a 2-D dask array (rows x features), got shape {array.shape}")
     if any(np.isnan(size) for size in array.chunks[0]):
         raise BadInputError("the dask array has unknown chunk sizes: call array.compute_chunk_sizes() first")
-    if array.dtype.kind in "iub":
-        array = array.astype(np.float64)
-    if array.dtype.kind != "f":
-        raise BadInputError(f"expected floating-point rows, got dtype {array.dtype}")
     if array.numblocks[1] > 1:
         array = array.rechunk({1: -1})
     return array
 
 
 def _block_tasks(array: Any, label: str, precision: str, skip_nonfinite: bool) -> list[Any]:
-    """The *chunk* step: one delayed ``reduce_block`` per row block of ``array``, in row order.
-
-    A block is never centred in place: it may be a view of the caller's data, or data dask keeps.
-    """
+    """The *chunk* step: one delayed ``reduce_block`` per row block of ``array``, in row order (never
+    centred in place: a block may be the caller's data, or data dask keeps)."""
     import dask
 
     task = dask.delayed(reduce_block, pure=True)
@@ -187,14 +160,12 @@ def _block_tasks(array: Any, label: str, precision: str, skip_nonfinite: bool) -
 def _read_block_moments(
     rows: LazyRows, begin: int, stop: int, precision: str, skip_nonfinite: bool
 ) -> tuple[stats.Moments, int]:
-    """The *chunk* step for a store: read rows ``[begin, stop)`` in the task and fold them; the block
-    is this task's own, so it is centred in place, as in the serial engine."""
+    """The *chunk* step for a store: read rows ``[begin, stop)`` in the task and fold them (in place)."""
     return reduce_block(rows[begin:stop], begin, rows.label, precision, skip_nonfinite, overwrite_input=True)
 
 
 def _store_tasks(source: Source, block_rows: int, precision: str, skip_nonfinite: bool) -> list[Any]:
-    """One delayed read-and-fold per block of ``source``, cut at multiples of ``block_rows`` (the fit's
-    `plan_blocks`, as the serial engine cuts them)."""
+    """One delayed read-and-fold per block of ``source``, cut as the serial engine cuts them."""
     import dask
 
     task = dask.delayed(_read_block_moments, pure=False)
@@ -211,19 +182,17 @@ def _merge_parts(*parts: tuple[stats.Moments, int]) -> tuple[stats.Moments, int]
     return state, n_skipped
 
 
-def _tree(parts: list[Any], split_every: int) -> Any:
-    """The reduction tree over ``parts``: its shape depends only on ``len(parts)`` and ``split_every``."""
+def _reduce(parts: list[Any], n_rows: int, client: Any, split_every: int) -> tuple[stats.Moments, int]:
+    """The reduction tree over ``parts`` (its shape set by their number and ``split_every`` alone), computed
+    on ``client`` (None: dask's current scheduler), its rows checked."""
     import dask
 
     params.check("split_every", split_every)
     task = dask.delayed(_merge_parts, pure=True)
     while len(parts) > 1:
         parts = [task(*parts[i : i + split_every]) for i in range(0, len(parts), split_every)]
-    return parts[0]
-
-
-def _reduce(parts: list[Any], n_rows: int, client: Any, split_every: int) -> tuple[stats.Moments, int]:
-    state, n_skipped = _compute(_tree(parts, split_every), client, "the fit")
+    with _cluster_errors("the fit"):
+        state, n_skipped = client.compute(parts[0]).result() if client is not None else dask.compute(parts[0])[0]
     if state.n_rows + n_skipped != n_rows:  # a lost or repeated block would show here
         raise ClusterError(
             f"the fit counted {state.n_rows + n_skipped} rows of {n_rows}; the statistics were discarded"
@@ -239,25 +208,16 @@ def fit_dask_array(
     split_every: int = SPLIT_EVERY,
     label: str = "dask array",
 ) -> FitResult:
-    """Statistics of every row of a dask array; computed on ``client`` or dask's current scheduler.
-
-    Rows holding NaN or Inf raise `NonFiniteError` naming the row,
-    unless ``skip_nonfinite`` (then they are counted in ``n_skipped``).
-    """
+    """Statistics of every row of a dask array, on ``client`` or dask's current scheduler."""
     _require("dask.array")
     params.check("precision", precision)
-    array = _rows_array(_native_floats(array))
+    array = _rows_array(array)
     parts = _block_tasks(array, label, precision, skip_nonfinite)
     began = time.perf_counter()
     state, n_skipped = _reduce(parts, int(array.shape[0]), client, split_every)
+    seconds = time.perf_counter() - began
     return FitResult(
-        state,
-        n_skipped,
-        [],
-        len(parts),
-        time.perf_counter() - began,
-        precision=precision,
-        skip_nonfinite=bool(skip_nonfinite),
+        state, n_skipped, [], len(parts), seconds, precision=precision, skip_nonfinite=bool(skip_nonfinite)
     )
 
 
@@ -269,14 +229,9 @@ def fit_dask(
     read: ReadOptions | None = None,
     cluster: Cluster | None = None,
 ) -> FitResult:
-    """`fit_sources` on a Dask ``cluster`` (default: a local one, a worker process per core): the stores
-    are checked and fingerprinted here, their blocks read and reduced on the workers (so every worker
-    must see the same paths).
-
-    The blocks are the serial engine's (one `plan_blocks` for both, given ``read.block_rows`` or not),
-    so the per-block states are bit-for-bit those of the serial engine; only the order of the float64
-    merges differs. ``read`` says how the stores are read (the workers read with its storage options).
-    """
+    """`fit_sources` on a Dask ``cluster`` (default: a local one): stores are fingerprinted here, read and
+    reduced on the workers (which must see the same paths), in the serial engine's blocks (`plan_blocks`),
+    so the per-block states are bit-for-bit its own; only the order of the float64 merges differs."""
     _require("dask.array")
     params.check("precision", precision)
     read = read or ReadOptions()
@@ -299,28 +254,18 @@ def fit_dask(
 
 
 def _connect(cluster: Cluster | None) -> contextlib.AbstractContextManager[Any]:
-    """A client of ``cluster`` (`dask_client`; None: a new local cluster), closed on exit unless it is the
-    cluster's own."""
+    """A client of ``cluster`` (None: a new local cluster), closed on exit unless it is the cluster's own."""
     if cluster is None:
         return dask_client()
     return dask_client(cluster.scheduler, cluster.workers, client=cluster.client)
 
 
-# --------------------------------------------------------------------------------------------- apply
-
-
 def _transform_and_write(
-    rows: LazyRows,
-    begin: int,
-    stop: int,
-    how: BlockTransform,
-    writer: Callable[[int, np.ndarray], object],
-    quantization: Quantization | None = None,
+    rows: LazyRows, begin: int, stop: int, how: BlockTransform, writer: _Writer, encoder: Quantization | None = None
 ) -> tuple[int, int, int]:
-    """Read rows ``[begin, stop)``, whiten them as ``how`` says (in place: the block is this task's own),
-    encode them for an output of codes (``quantization``), and write them."""
+    """Read rows ``[begin, stop)``, whiten them in place as ``how`` says, encode and write them."""
     out, n_nonfinite = transform_block(rows[begin:stop], begin, how, reread=lambda: rows[begin:stop])
-    writer(begin, encode_block(out, quantization))
+    writer(begin, encode_block(out, encoder))
     return begin, out.shape[0], n_nonfinite
 
 
@@ -355,23 +300,17 @@ def apply_dask(
     watch: Watch = Watch(),
     output_chunk_rows: int | None = None,
 ) -> ApplyOutcome:
-    """`apply_model` on a Dask ``cluster`` (default: a local one, a worker process per core), writing a
-    Zarr store.
+    """`apply_model` on a Dask ``cluster`` (default: a local one), writing a Zarr store.
 
-    Workers read their blocks, transform them and write whole output chunks into the store under its
-    temporary name; the driver marks it complete and renames it only after every block is written.
-    On a failure the tasks still running are waited for, then the temporary store is removed; an
-    existing output is never touched. ``watch.progress(rows_done, rows_total)`` is told as blocks finish
-    (a Dask apply cannot stop between blocks: a signal interrupts it). ``output_chunk_rows`` sets the rows
-    per output chunk (default: about 4 MiB per chunk). ``read``: how the workers read and write (its
-    storage options).
+    Workers write whole output chunks under the temporary name, renamed only once every block is written;
+    on a failure the running tasks are waited for, then the temporary store removed. ``watch`` is told
+    rows as blocks finish. ``output_chunk_rows``: rows per output chunk (default: about 4 MiB a chunk).
     """
     _require("dask")  # a missing extra is said first, before the output is checked or a code trained
     _require("distributed")
     options, read = options or ApplyOptions(), read or ReadOptions()
     options = options.storing(model.storage)
-    # what the Dask engine writes whatever was asked (DaskEngine.check_apply refuses other values):
-    # uncompressed Zarr through zarr, every chunk with its checksum, no other columns
+    # what the Dask engine writes whatever was asked (DaskEngine.check_apply refuses other values)
     options = replace(options, compressor="none", direct_io=True, checksums=True, keep_columns=())
     out_path, _ = split_spec(output_spec)
     output = open_output(output_spec, read)
@@ -385,9 +324,7 @@ def apply_dask(
     with open_source(input_spec, read=read, min_rows=1) as source:
         check_output(model, source, output_spec)
         plan = plan_output(model, source, output, options, read, source_sha256=fingerprint(source).sha256_sampled)
-        # the Dask engine sizes its chunks itself (default: about 4 MiB each), whatever the blocks read
-        plan = replace(plan, chunk_rows=output_chunk_rows)
-        # One run per output (a second one exits 75); the output's checks and writes happen under it.
+        plan = replace(plan, chunk_rows=output_chunk_rows)  # sized here (default: about 4 MiB a chunk)
         with output.lock(), _connect(cluster) as active:
             refuse_current(output, plan, options.overwrite)  # up to date: kept, overwrite or not (exit 3)
             with output.create(plan, options.overwrite) as sink:
@@ -400,22 +337,19 @@ def apply_dask(
 def _submit_blocks(
     active: Any, model: WhiteningModel, source: Source, sink: Sink, plan: OutputPlan, read: ReadOptions
 ) -> list[Any]:
-    """Start one task per block of ``source`` on the client ``active``: each reads its rows, whitens them
-    (encoding them for an output of codes) and writes them into ``sink``'s chunks; returns their futures."""
+    """Start one read-whiten-encode-write task per block of ``source`` on ``active``; their futures."""
     dask = _require("dask")
     rows_per_block = aligned_block_rows(read.block_rows, source, sink.chunk_rows)
     lazy = lazy_rows(source)
     rows = dask.delayed(lazy, pure=True)
     weights, shift = model.projection(np.float64 if source.dtype == np.float64 else np.float32)
-    # int8 codes or bits: encoded by each task
     quantization: Quantization | None = None if plan.storage is None else plan.storage.encoder
     stored = None if quantization is not None else sink.dtype
     how = dask.delayed(
         BlockTransform(weights, shift, plan.normalize, stored, plan.skip_nonfinite, lazy.label), pure=True
     )
     writer = dask.delayed(sink.region_writer(), pure=True)
-    # the encoder (a codec's bytes) goes to each worker once, not with every task
-    encoder = None if quantization is None else dask.delayed(quantization, pure=True)
+    encoder = None if quantization is None else dask.delayed(quantization, pure=True)  # once per worker
     task = dask.delayed(_transform_and_write, pure=False)
     return list(
         active.compute([task(rows, begin, stop, how, writer, encoder) for begin, stop in source.blocks(rows_per_block)])
@@ -423,8 +357,7 @@ def _submit_blocks(
 
 
 def _gather(active: Any, futures: list[Any], n_rows: int, watch: Watch) -> int:
-    """Wait for the block tasks ``futures``, telling ``watch`` the rows written; returns the non-finite
-    rows counted. A failure first waits for the tasks still running, so none writes afterwards."""
+    """Wait for the block tasks, telling ``watch``; a failure waits for the running ones first."""
     distributed = _require("distributed")
     written, n_written, n_nonfinite = set(), 0, 0
     try:
@@ -435,7 +368,6 @@ def _gather(active: Any, futures: list[Any], n_rows: int, watch: Watch) -> int:
                 n_nonfinite += nonfinite
                 watch.report(n_written, n_rows)
     except BaseException:
-        # Running tasks cannot be interrupted: wait for them before the temporary store is removed.
         _stop_tasks(active, futures, CANCEL_TIMEOUT)
         raise
     if n_written != n_rows or len(written) != len(futures):
@@ -444,13 +376,10 @@ def _gather(active: Any, futures: list[Any], n_rows: int, watch: Watch) -> int:
 
 
 def transform_dask(model: WhiteningModel, array: Any, normalize: bool = False, skip_nonfinite: bool = False) -> Any:
-    """A lazy dask array of ``model.transform`` applied block by block to the rows of ``array``.
-
-    When computed, a row holding NaN or Inf raises `NonFiniteError` naming its row in ``array``,
-    unless ``skip_nonfinite`` (its output row is then NaN).
-    """
+    """A lazy dask array of ``model.transform`` of ``array``'s blocks (NaN or Inf: `NonFiniteError` naming
+    the row in ``array``, unless ``skip_nonfinite`` writes a NaN row)."""
     _require("dask.array")
-    array = _rows_array(_native_floats(array))
+    array = _rows_array(array)
     if array.shape[1] != model.n_features:
         raise BadInputError(f"the model expects {model.n_features} features, got {array.shape[1]}")
     work = np.float64 if array.dtype == np.float64 else np.float32
@@ -473,13 +402,3 @@ def transform_dask(model: WhiteningModel, array: Any, normalize: bool = False, s
     return array.map_blocks(
         whiten, dtype=work, chunks=(array.chunks[0], (model.n_components,)), meta=np.empty((0, 0), dtype=work)
     )
-
-
-def _native_floats(array: Any) -> Any:
-    """``array`` as a dask array of float16, float32 or float64 in native byte order; other dtypes
-    raise `BadInputError` before any task runs."""
-    import dask.array as da
-
-    array = da.asarray(array)
-    native = float_dtype(array.dtype)
-    return array if array.dtype == native else array.astype(native)

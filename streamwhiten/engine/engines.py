@@ -1,17 +1,12 @@
-"""One interface for the engines that run a fit's blocks and an apply's: serial (worker threads in this
-process) and Dask (a cluster).
-
-Both take the same `FitPlan` and return the same
-`FitResult` from `Engine.fit`, and the same
-[`ApplyOutcome`][streamwhiten.engine.apply.ApplyOutcome] from `Engine.apply`; what differs between them is
-said by capabilities, never by comparing names: whether a fit is checkpointed (and so can resume or
-update a model), whether a signal can wait for the next block, which outputs it writes, which apply
-options it honours. The pipeline (``streamwhiten.pipeline``) and the command line ask these.
+"""One interface for the serial engine (worker threads here) and the Dask engine (a cluster): the same
+`FitPlan` in, the same `FitResult` and ``ApplyOutcome`` out; what differs is said by capabilities, never
+by comparing names.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import BadInputError
@@ -40,11 +35,8 @@ class Engine(ABC):
 
     @abstractmethod
     def fit(self, plan: FitPlan, *, watch: Watch = Watch(), checkpoint: Checkpoint | None = None) -> FitResult:
-        """Fold every remaining block of ``plan`` (a ``FitPlan``); returns its ``FitResult``.
-
-        ``watch``: how the work reports its progress and is asked to stop (`Watch`). ``checkpoint`` says
-        where and how often an engine that checkpoints saves the fit, else None.
-        """
+        """Fold every remaining block of ``plan``; ``watch`` reports progress and asks to stop, ``checkpoint``
+        says where and how often an engine that checkpoints saves."""
 
     @abstractmethod
     def apply(
@@ -58,17 +50,14 @@ class Engine(ABC):
         part: ApplyPart | None = None,
         watch: Watch = Watch(),
     ) -> ApplyOutcome:
-        """Write ``model``'s transform of every row of ``input_spec`` (or of the rows ``part`` names, its
-        output recording ``part``'s attributes beside its own: `ApplyPart`) to ``output_spec``; an
-        ``ApplyOutcome``. ``watch``: how the work reports its progress and is asked to stop."""
+        """Write ``model``'s transform of every row of ``input_spec`` (or those ``part`` names, its attributes
+        recorded beside the output's) to ``output_spec``; ``watch`` reports progress and asks to stop."""
 
     #: apply options this engine does not take, each with the message that refuses it
     serial_only: ClassVar[dict[str, str]] = {}
 
     def check_apply(self, options: ApplyOptions, given: tuple[str, ...] = ()) -> None:
-        """Refuse apply options this engine cannot honour (`BadInputError`), before anything is
-        opened: one set to other than its default, or named in ``given`` (set explicitly, e.g. on the
-        command line, even to its default)."""
+        """Refuse apply options this engine cannot honour: one not at its default, or named in ``given``."""
         defaults = ApplyOptions()
         for name, message in self.serial_only.items():
             if name in given or getattr(options, name) != getattr(defaults, name):
@@ -76,8 +65,7 @@ class Engine(ABC):
 
 
 class SerialEngine(Engine):
-    """Worker threads in this process, each reading and reducing whole blocks (``threads``; default one
-    per core, at most four, for a fit; one with multi-threaded BLAS for an apply)."""
+    """Worker threads in this process (``threads``; default: one per core, at most four, for a fit)."""
 
     name = "serial"
     checkpoints = True
@@ -108,10 +96,8 @@ class SerialEngine(Engine):
 
 
 class DaskEngine(Engine):
-    """A Dask cluster: ``scheduler`` (an address), a local cluster of ``workers`` processes, or ``client``.
-
-    Every worker must see the stores at the same paths (shared storage) or read them from object storage.
-    """
+    """A Dask cluster: ``scheduler`` (an address), a local cluster of ``workers`` processes, or ``client``;
+    every worker must see the stores at the same paths, or read them from object storage."""
 
     name = "dask"
     checkpoints = False
@@ -124,8 +110,6 @@ class DaskEngine(Engine):
         self.scheduler, self.workers, self.client, self.split_every = scheduler, workers, client, split_every
 
     def fit(self, plan: FitPlan, *, watch: Watch = Watch(), checkpoint: Checkpoint | None = None) -> FitResult:
-        from dataclasses import replace
-
         from .distributed import fit_dask
 
         # a fresh plan (the Dask engine does not resume): its sources, block size and options
@@ -161,8 +145,7 @@ class DaskEngine(Engine):
 
 
 def engine_for(options: EngineOptions | Engine | None = None, client: Any = None) -> Engine:
-    """The engine ``options`` name (default: serial), made with its settings (an `Engine` is itself);
-    ``client`` (Dask) is an existing ``distributed.Client`` to run on."""
+    """The engine ``options`` name (default: serial); ``client``: a ``distributed.Client`` to run on."""
     if isinstance(options, Engine):
         return options
     options = options or EngineOptions()

@@ -1,19 +1,8 @@
 """The fit loop: stream row blocks from one or more sources into a `Moments`.
 
-Words: a store's *chunk* is its storage unit; a *block* is the rows an engine reads, reduces
-(`reduce_block`) and merges, usually whole chunks or row groups. A fit is planned as a
-`FitPlan`: a starting state (empty, or a saved model's for an incremental update) and one cursor
-per source saying which rows it reads and how far it got. `plan_blocks` sets the block size
-once for every engine; blocks are aligned to its multiples and folded in a fixed order (source by
-source, block by block), so the same plan always gives the same bits, and a plan resumed from a
-checkpoint gives exactly the bits of one that never stopped. Checkpoints (state + cursors) are
-written atomically with a checksum. (A *job* is a ``job.toml`` and its run, see ``streamwhiten.job``.)
-
-Each block is read, centred and multiplied by one of a few worker threads (see ``_threads``), with
-reused buffers per thread (see ``_buffers``), while the others work on the next blocks; this thread
-folds the results in block order. Where a store's chunks are compressed and decoded by streamwhiten
-(``io.codecs``), a reader thread fetches the stored bytes of the next blocks ahead of the workers, which
-decode them straight into their block buffers (see `run_plan` for the memory this takes).
+A `FitPlan` is a starting state (empty, or a model's for an update) and one cursor per source. Blocks
+(`plan_blocks`) are reduced by worker threads (``_threads``) into reused buffers (``_buffers``) and folded
+in a fixed order, so a plan resumed from a checkpoint gives exactly the bits of one that never stopped.
 """
 
 from __future__ import annotations
@@ -23,7 +12,7 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import astuple, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -71,13 +60,9 @@ CHECKPOINT_FORMAT = "streamwhiten-checkpoint"
 CHECKPOINT_VERSION = 1
 
 
-# --------------------------------------------------------------------------------------------- the plan
-
-
 @dataclass(frozen=True)
 class Checkpoint:
-    """Where a checkpointed fit saves its state, and how often: every ``every_blocks`` blocks or
-    ``every_seconds`` seconds, whichever comes first (None: not by that measure)."""
+    """Where a fit saves its state, every ``every_blocks`` blocks or ``every_seconds`` (first to come)."""
 
     path: str
     every_blocks: int | None = None
@@ -101,14 +86,7 @@ class Cursor:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object a checkpoint records of this cursor."""
-        return {
-            "spec": self.spec,
-            "fingerprint": self.fingerprint.to_dict(),
-            "start": self.start,
-            "stop": self.stop,
-            "next_row": self.next_row,
-            "n_skipped": self.n_skipped,
-        }
+        return dict(vars(self), fingerprint=self.fingerprint.to_dict())
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Cursor:
@@ -118,8 +96,7 @@ class Cursor:
 
 @dataclass(frozen=True)
 class PassOptions:
-    """What changes the statistics of a pass besides its rows: a checkpoint resumes only a pass of the
-    same options, and a model records them (`finalize_fit`)."""
+    """What changes a pass's statistics besides its rows: a checkpoint resumes only the same."""
 
     precision: str = "auto"
     skip_nonfinite: bool = False
@@ -181,16 +158,9 @@ class FitPlan:
 
     def result(self) -> FitResult:
         """What the finished plan produced (sources: those read, then those an update kept)."""
+        sources = self.sources + self.kept_sources
         return FitResult(
-            self.state,
-            self.n_skipped,
-            self.sources + self.kept_sources,
-            self.n_blocks,
-            self.seconds,
-            self.rows_done,
-            precision=self.precision,
-            skip_nonfinite=self.skip_nonfinite,
-            fill_missing_chunks=self.fill_missing_chunks,
+            self.state, self.n_skipped, sources, self.n_blocks, self.seconds, self.rows_done, *astuple(self.options)
         )
 
 
@@ -221,12 +191,9 @@ def _as_list(specs: Specs) -> list[Any]:
 
 
 def open_sources(specs: Specs, *, read: ReadOptions | None = None) -> list[Source]:
-    """Open every spec (globs and directories of Parquet shards expanded into their files) and check
-    they share one width; ``read`` says how (its dataset, missing chunks and storage options).
-
-    A single source needs at least 2 rows; among several, an empty one (a shard not yet written, say) is
-    allowed: it adds no rows, is recorded with its fingerprint, and an update reads it once it grows.
-    """
+    """Open every spec (globs and Parquet shard directories expanded) as ``read`` says; all share one
+    width. A single source needs at least 2 rows; among several, an empty one (a shard not yet written) is
+    allowed: it is recorded with its fingerprint, and an update reads it once it grows."""
     read = read or ReadOptions()
     specs = expand_specs(_as_list(specs), read)
     if not specs:
@@ -265,13 +232,9 @@ def reduce_block(
     overwrite_input: bool = False,
     workspace: np.ndarray | None = None,
 ) -> tuple[stats.Moments, int]:
-    """Moments of one block read at row ``begin`` of ``label``, and how many of its rows were skipped.
-
-    The per-block step of every engine (serial, resumed, Dask, in-memory arrays). A row holding NaN or
-    Inf raises `NonFiniteError` naming ``label`` (None: an in-memory array) and the row, unless
-    ``skip_nonfinite`` (then it is dropped and counted). ``overwrite_input`` and ``workspace`` are
-    passed to `stats.block_moments`.
-    """
+    """Moments of one block read at row ``begin`` of ``label``, and how many rows were skipped: every
+    engine's per-block step. NaN or Inf raises `NonFiniteError` naming ``label`` (None: an in-memory
+    array) and the row, unless ``skip_nonfinite`` (dropped and counted)."""
     n_skipped = 0
     if skip_nonfinite:
         rows, n_skipped = stats.drop_nonfinite(rows)
@@ -281,16 +244,10 @@ def reduce_block(
         assert exc.row is not None  # block_moments names the row
         row = begin + exc.row
         if label is None:
-            raise NonFiniteError(
-                f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)",
-                row=row,
-                param="skip_nonfinite",
-            ) from None
-        raise NonFiniteError(
-            f"{label}: row {row} holds NaN or Inf (skip such rows with skip_nonfinite=True)",
-            row=row,
-            param="skip_nonfinite",
-        ) from None
+            message = f"row {row} holds NaN or Inf (use skip_nonfinite=True to skip such rows)"
+        else:
+            message = f"{label}: row {row} holds NaN or Inf (skip such rows with skip_nonfinite=True)"
+        raise NonFiniteError(message, row=row, param="skip_nonfinite") from None
 
 
 def fold_array(
@@ -301,11 +258,7 @@ def fold_array(
     skip_nonfinite: bool = False,
     threads: int | None = None,
 ) -> tuple[stats.Moments, int]:
-    """Fold an in-memory array into ``state`` block by block, as a store is folded (same blocks, same
-    threads, same bits); returns the new state and how many rows were skipped.
-
-    A row holding NaN or Inf raises `NonFiniteError` with its index in ``rows``.
-    """
+    """Fold an in-memory array into ``state`` as a store is folded; the state and the rows skipped."""
     threads = min(resolve_threads(threads), max(1, -(-rows.shape[0] // block_rows)))
     dtype = stats.working_dtype(rows.dtype, precision)
     workspaces = PerThread((min(block_rows, rows.shape[0]), rows.shape[1]), dtype)
@@ -337,12 +290,9 @@ def check_enough_rows(state: stats.Moments, sources: Iterable[object]) -> None:
 
 
 def plan_blocks(sources: list[Source], block_rows: int | None = None) -> int:
-    """The block size of a fit over ``sources``, the same for every engine: ``block_rows`` if given,
-    else the largest natural block among the sources (whole store chunks or row groups, about 64 MiB).
-
-    Every engine (serial, resumed, Dask) cuts each source's rows at multiples of it
-    (`Source.blocks`), so all of them reduce the same blocks into the same per-block states,
-    with mixed sources too; only the order of the float64 merges can differ.
+    """The block size of a fit over ``sources``: ``block_rows`` if given, else the largest natural block
+    among them (whole chunks or row groups, about 64 MiB). Every engine cuts rows at its multiples, so
+    all reduce the same blocks into the same per-block states; only the order of the merges can differ.
     """
     if block_rows is not None:
         return int(params.check("chunk_rows", block_rows))
@@ -358,12 +308,9 @@ def plan_fit(
     read: ReadOptions | None = None,
     update: WhiteningModel | None = None,
 ) -> FitPlan:
-    """A plan reading every row of every source from an empty state; or, with ``update`` (a saved model
-    fitted from stores), only the rows added since it read its sources, folded into its state. ``read``
-    says how the sources are read (``block_rows`` given wins over its own).
-
-    In an update, a source the model recorded must have kept its rows (append-only); a new source is read
-    whole. Raises `NothingToDoError` when there is nothing new.
+    """A plan reading every row of every source from an empty state; or, with ``update`` (a model fitted
+    from stores), only the rows appended since, folded into its state (a new source is read whole;
+    `NothingToDoError` when nothing is new). ``block_rows`` given wins over ``read``'s.
     """
     params.check("precision", precision)  # before any reading
     recorded = [] if update is None else _updatable(update.sources)
@@ -376,20 +323,12 @@ def plan_fit(
             raise BadInputError(
                 f"{sources[0].label}: has {sources[0].n_features} columns but the model has {state.n_features}"
             )
-        # Sampled rows are hashed as the pass reads them (see run_plan): no decoding here.
         cursors = [_update_cursor(source, recorded, sources) for source in sources]
         kept = [r for r in recorded if not any(_same_source(r, source) for source in sources)]
         _refuse_deleted(kept, read)
-        plan = FitPlan(
-            state,
-            cursors,
-            plan_blocks(sources, block_rows),
-            precision,
-            bool(skip_nonfinite),
-            base_rows=state.n_rows,
-            kept_sources=kept,
-            read=replace(read, dataset=None),  # each cursor's spec names its array
-        )
+        blocks = plan_blocks(sources, block_rows)
+        plan_read = replace(read, dataset=None)  # each cursor's spec names its array
+        plan = FitPlan(state, cursors, blocks, precision, bool(skip_nonfinite), state.n_rows, kept, read=plan_read)
     finally:
         for source in sources:
             source.close()
@@ -399,21 +338,15 @@ def plan_fit(
 
 
 def _same_source(recorded: Fingerprint, source: Source) -> bool:
-    """Whether the source a model or checkpoint recorded (its fingerprint) is ``source``: the same file or
-    directory now (device and inode: a symlink or hard link of it counts, whatever the path), same dataset."""
+    """Whether the recorded fingerprint is ``source``: the same file (device and inode) and dataset."""
     assert recorded.path is not None  # _updatable refuses a record without one
     return identity_of(recorded.path, recorded.dataset or "") == source.identity
 
 
 def check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
-    """Refuse a source whose first ``recorded.n_rows`` rows are not the ones recorded (the check an update
-    and a resume make, and a publication's of the sources it read); returns the fingerprint of those rows
-    as they are now (None where ``recorded`` has no hash of them).
-
-    ``recorded`` is a whole fingerprint (a model's, or a checkpoint's for a source read to the end), or
-    one a checkpoint wrote part-way: with the hash of the sampled rows before ``rows_read`` only (a
-    source being read), or with no hash at all (a source not reached yet: no rows of it were counted).
-    """
+    """Refuse a source whose first ``recorded.n_rows`` rows are not the ones recorded; returns those rows'
+    fingerprint now (None without a hash). A checkpoint's ``recorded`` may be hashed only below
+    ``rows_read`` (a source being read), or not at all (a source not reached yet)."""
     n_rows = recorded.n_rows
     assert n_rows is not None  # checked by _updatable (a model's record), always there (a checkpoint's)
     if source.n_rows < n_rows:
@@ -451,8 +384,7 @@ def _changed(source: Source, n_rows: int, key: str) -> BadInputError:
 
 
 def _refuse_if_moved(source: Source, recorded_sources: list[Fingerprint], sources: list[Source]) -> None:
-    """Refuse a 'new' source whose rows are those of a recorded source that was not given (moved or
-    copied): reading it again would count its rows twice."""
+    """Refuse a 'new' source holding a recorded source's rows (moved or copied): they would count twice."""
     given = {s.identity for s in sources}
     for recorded in recorded_sources:
         assert recorded.path is not None and recorded.n_rows is not None  # _updatable refuses records without
@@ -471,7 +403,7 @@ def _refuse_if_moved(source: Source, recorded_sources: list[Fingerprint], source
 
 
 def _updatable(recorded_sources: Iterable[Fingerprint]) -> list[Fingerprint]:
-    """A model's records of its sources, refused unless each says enough to be updated (a fit from stores)."""
+    """A model's source records, refused unless each says enough to be updated (a fit from stores)."""
     recorded_sources = list(recorded_sources)
     for index, record in enumerate(recorded_sources):
         missing = record.missing(("path", "n_rows", "n_features", "dtype", "sha256_sampled"))
@@ -485,9 +417,7 @@ def _updatable(recorded_sources: Iterable[Fingerprint]) -> list[Fingerprint]:
 
 
 def _update_cursor(source: Source, recorded_sources: list[Fingerprint], sources: list[Source]) -> Cursor:
-    """The cursor of ``source``: the rows appended since its record among ``recorded_sources`` (an
-    update's: they must extend those rows), or every row of a source not recorded (refused if it holds a
-    recorded source's rows: moved)."""
+    """The cursor of ``source``: the rows appended since its record, or every row of a new source."""
     current = describe(source)  # its sampled rows are hashed as the pass reads them
     recorded = next((r for r in recorded_sources if _same_source(r, source)), None)
     if recorded is None:
@@ -501,8 +431,7 @@ def _update_cursor(source: Source, recorded_sources: list[Fingerprint], sources:
 
 
 def _refuse_deleted(kept: list[Fingerprint], read: ReadOptions) -> None:
-    """Refuse an update when a recorded source not given again (``kept``) was deleted: its rows cannot be
-    taken out of the statistics."""
+    """Refuse an update whose recorded sources not given again (``kept``) were deleted."""
     for recorded in kept:
         assert recorded.path is not None  # every record has one (refused by _updatable otherwise)
         if not exists(recorded.path, read):
@@ -511,9 +440,6 @@ def _refuse_deleted(kept: list[Fingerprint], read: ReadOptions) -> None:
                 "cannot take rows out of the statistics (restore it, or refit from scratch without update)",
                 param="update",
             )
-
-
-# ------------------------------------------------------------------------------------------ checkpoints
 
 
 def save_checkpoint(plan: FitPlan, path: str) -> None:
@@ -540,14 +466,12 @@ def save_checkpoint(plan: FitPlan, path: str) -> None:
 
 
 def check_checkpoint_output(path: str) -> None:
-    """Refuse a checkpoint path holding anything but a fit checkpoint (a file named by ``--checkpoint``):
-    a fit replaces its checkpoint and removes it when done, so that file would be lost (exit 2)."""
+    """Refuse a checkpoint path holding anything but a fit checkpoint, which a fit replaces and removes."""
     check_replaceable(path, True, "a fit checkpoint", lambda found: foreign_npz(found, CHECKPOINT_FORMAT))
 
 
 def load_checkpoint(path: str, read: ReadOptions | None = None) -> FitPlan:
-    """Read a checkpoint; a damaged one raises `ModelFileError` telling how to start over. Its
-    sources are opened with ``read``'s storage options (a checkpoint never records them)."""
+    """Read a checkpoint (`ModelFileError` if damaged); its sources open with ``read``'s storage options."""
     hint = "; delete it or pass restart=True to start the fit over"
     try:
         arrays = read_npz(path, "checkpoint", CHECKPOINT_FORMAT, CHECKPOINT_VERSION)
@@ -556,33 +480,20 @@ def load_checkpoint(path: str, read: ReadOptions | None = None) -> FitPlan:
         raise ModelFileError(f"{exc}{hint}", param="restart") from None
     meta = fields["meta"]
     state = stats.Moments(fields["n_rows"], fields["mean"], fields["scatter"])
-    return FitPlan(
-        state,
-        [Cursor.from_dict(cursor) for cursor in meta["cursors"]],
-        int(meta["block_rows"]),
-        meta["precision"],
-        bool(meta["skip_nonfinite"]),
-        int(meta["base_rows"]),
-        [Fingerprint.from_dict(source) for source in meta["kept_sources"]],
-        threads=int(meta.get("threads", 0)),
-        read=replace(
-            read if read is not None else ReadOptions(),
-            dataset=None,
-            fill_missing_chunks=bool(meta.get("fill_missing_chunks", False)),
-        ),
-    )
+    cursors = [Cursor.from_dict(cursor) for cursor in meta["cursors"]]
+    kept = [Fingerprint.from_dict(source) for source in meta["kept_sources"]]
+    options = (int(meta["block_rows"]), meta["precision"], bool(meta["skip_nonfinite"]), int(meta["base_rows"]))
+    fill = bool(meta.get("fill_missing_chunks", False))
+    read = replace(read or ReadOptions(), dataset=None, fill_missing_chunks=fill)
+    return FitPlan(state, cursors, *options, kept, threads=int(meta.get("threads", 0)), read=read)
 
 
 def check_resumable(
     plan: FitPlan, checkpoint_path: str, options: PassOptions, base_rows: int, inputs: Sequence[str], exact: bool = True
 ) -> None:
-    """Refuse to resume ``plan`` (from ``checkpoint_path``) for other inputs, options or starting model,
-    or when its sources changed: `BadInputError` saying which.
-
-    ``options`` are the pass's (`PassOptions`) and ``base_rows`` the rows of the
-    model being updated (0 for a fresh fit). ``exact``: ``inputs`` (specs) must be the checkpoint's, in
-    order (a fit); otherwise the checkpoint may read only inputs among them (a ``job.toml`` run, whose
-    new inputs are read by the next update).
+    """Refuse to resume ``plan`` for other inputs, options (`PassOptions`) or starting model (``base_rows``:
+    0 for a fresh fit), or when its sources changed. ``exact``: ``inputs`` must be the checkpoint's, in
+    order; otherwise it may read only inputs among them (a ``job.toml`` run).
     """
     hint = f"; pass restart=True to discard {checkpoint_path} and start over"
     if exact:
@@ -621,20 +532,14 @@ def check_sources_unchanged(plan: FitPlan, checkpoint_path: str) -> None:
                 raise BadInputError(f"{exc} (refusing to resume from {checkpoint_path})") from None
 
 
-# --------------------------------------------------------------------------------------------- running
-
-
 def _read_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
-    """The dtype a source's blocks are read in: its own, but float32 for float16 (widened as read, where
-    the backend can; see `_read_block_moments`)."""
+    """The dtype a source's blocks are read in: its own, but float32 for float16."""
     return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
 
 
 def _block_buffers(plan: FitPlan) -> tuple[PerThread, PerThread]:
-    """Two reused byte buffers per worker thread: one large enough for a block of the widest dtype among
-    the sources still to read, which each source's blocks are read into as that source's dtype (float32
-    for float16); and one for a block in float64, taken only where rows are centred into another dtype
-    than they were read in (float32 rows with ``precision='float64'``)."""
+    """Two reused byte buffers per worker: one for a block of the widest read dtype of the sources left,
+    one for a float64 block where rows are centred into another dtype than read (``precision='float64'``)."""
     remaining = [cursor for cursor in plan.cursors if not cursor.done] or plan.cursors
     itemsize = max(_read_dtype(c.fingerprint.dtype).itemsize for c in remaining)
     rows = max(1, min(plan.block_rows, plan.rows_total - plan.rows_done))
@@ -656,11 +561,9 @@ def _block_tasks(
     samplers: dict[int, tuple[Sampler, Source]],
     reader: ThreadPoolExecutor | None = None,
 ) -> Iterator[_BlockTask]:
-    """One task per remaining block of ``plan``, source by source; opens each source as it is reached
-    (appending it to ``opened``). A source whose fingerprint still lacks its hash of sampled rows gets a
-    `Sampler` (kept in ``samplers`` by cursor index, with the source) that its blocks are offered to. With a
-    ``reader`` thread, a source whose chunks are decoded here has the stored bytes of each block fetched
-    there as soon as its task is made (ahead of the workers)."""
+    """One task per remaining block of ``plan``, opening each source as reached (into ``opened``). A source
+    not hashed yet gets a `Sampler` (in ``samplers`` by cursor index); a ``reader`` thread fetches ahead
+    the stored bytes of blocks that are decoded here."""
     for index, cursor in enumerate(plan.cursors):
         if cursor.done:
             continue
@@ -677,9 +580,7 @@ def _block_tasks(
 
 
 def _record_rows_read(plan: FitPlan, samplers: dict[int, tuple[Sampler, Source]]) -> None:
-    """Before a checkpoint: the fingerprint of each source being read records the hash of its sampled
-    rows before ``next_row`` (``sha256_read``, ``rows_read``), which the pass has offered already, so a
-    resume can check them without this run reading anything. Sources not reached have no hash yet."""
+    """Before a checkpoint: record each source's hash of its sampled rows below ``next_row``."""
     for index, (sampler, source) in list(samplers.items()):
         cursor = plan.cursors[index]
         cursor.fingerprint = cursor.fingerprint.read_to(
@@ -688,8 +589,7 @@ def _record_rows_read(plan: FitPlan, samplers: dict[int, tuple[Sampler, Source]]
 
 
 def _complete_fingerprints(plan: FitPlan) -> None:
-    """After the pass: fingerprints of sources it had no rows to read from (an empty source, say) are
-    taken by reading."""
+    """After the pass: hash the sources it read no rows of (an empty source, say)."""
     for cursor in plan.cursors:
         if cursor.fingerprint.sha256_sampled is None:
             with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
@@ -708,18 +608,15 @@ def _read_block_moments(
     fetched: Future[Fetched | None] | None = None,
     sampler: Sampler | None = None,
 ) -> tuple[int, int, int, stats.Moments, int, Source]:
-    """The work of one block in a worker thread: read it into this thread's buffer (decoding the stored
-    bytes ``fetched`` ahead, where given; widening float16 to float32 where the backend can), offer it to
-    the source's fingerprint ``sampler`` (where given), then its moments (centred in that buffer, or in
-    this thread's second one when the working dtype differs), with ``plan``'s precision and handling of
-    non-finite rows (which no block changes)."""
+    """One block in a worker thread: read it into this thread's buffer (decoding bytes ``fetched`` ahead),
+    offer it to ``sampler``, then its moments (centred in that buffer, or the second one for another dtype)."""
     reads, workspaces = buffers
     shape = (end - begin, source.n_features)
-    dtype = source.read_dtype
+    into = as_array(reads.get(), shape, source.read_dtype)
     if fetched is not None:
-        rows = source.read_into(begin, end, as_array(reads.get(), shape, dtype), fetched=fetched.result())
+        rows = source.read_into(begin, end, into, fetched=fetched.result())
     else:
-        rows = source.read_into(begin, end, as_array(reads.get(), shape, dtype))
+        rows = source.read_into(begin, end, into)
     if sampler is not None:
         sampler.offer(begin, rows)
     precision = plan.precision
@@ -734,32 +631,18 @@ def _read_block_moments(
 def run_plan(
     plan: FitPlan, watch: Watch = Watch(), checkpoint: Checkpoint | None = None, threads: int | None = None
 ) -> FitPlan:
-    """Fold every remaining block of ``plan`` (a `FitPlan`) into its state; returns it, finished.
+    """Fold every remaining block of ``plan`` into its state; returns it, finished.
 
-    ``watch`` is told the rows done after every block; when its ``should_stop()`` turns true (a signal),
-    a last checkpoint is written and `InterruptedRunError` raised. With a ``checkpoint``, one is written
-    to its path every ``every_blocks`` blocks or ``every_seconds`` seconds, whichever comes first.
-    ``threads`` worker threads (default: one per core, at most four) each read and reduce whole blocks,
-    folded in block order; a plan resumed from a checkpoint keeps the thread count it was started with
-    (``plan.threads``).
-
-    Memory: one block buffer per worker (float32 for a float16 store), plus, for stores whose
-    compressed chunks are decoded here, the stored bytes of at most ``workers + 1`` blocks (the blocks in
-    flight: fetched ahead by a reader thread, or being decoded), each in a buffer the size of a decoded
-    block, and per worker one chunk-sized buffer while a chain of two decoding steps (deflate, then
-    shuffle) or a chunk the block covers only in part is decoded. So at most ``2 x workers + 1``
-    blocks and ``workers`` chunks; the buffers are kept for the next run (see ``_buffers``).
+    ``watch`` is told the rows done; when it asks to stop, a last checkpoint is written and
+    `InterruptedRunError` raised. ``threads`` workers (default: one per core, at most four; a resumed plan
+    keeps its own). Memory: at most ``2 x workers + 1`` blocks and ``workers`` chunks, kept for the next run.
     """
     began = time.perf_counter()
-    # A plan keeps its thread count across resumes: BLAS rounding can depend on its threads per call.
-    # Remote sources are read by more threads than cores: their reads wait on the network.
+    # kept across resumes (BLAS rounding can depend on its threads); more for remote sources (network waits)
     plan.threads = plan.threads or resolve_threads(remote.default_threads(threads, [c.spec for c in plan.cursors]))
-    # Fewer blocks in the whole plan than threads: fewer workers, each with more BLAS threads.
-    workers = min(plan.threads, max(1, plan.blocks_total))
+    workers = min(plan.threads, max(1, plan.blocks_total))  # fewer blocks: fewer workers, more BLAS threads
     run = _PlanRun(plan, watch, checkpoint)
     buffers = _block_buffers(plan)
-    # Fetches stored chunk bytes ahead (I/O, or a copy from the page cache) while the workers decode
-    # and multiply; at most ordered_map's ``workers + 1`` blocks in flight are fetched or held.
     reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read") if workers > 1 else None
     with kept_for_next_run(*buffers):  # once the workers have stopped
         tasks = _block_tasks(plan, run.opened, buffers, run.samplers, reader)
@@ -780,8 +663,7 @@ def run_plan(
 
 
 class _PlanRun:
-    """One run of a plan, folding its blocks in order: the sources it has open, the samplers completing
-    their fingerprints (by cursor index, with the source), and when it last checkpointed."""
+    """One run of a plan: its open sources, the samplers hashing them, and when it last checkpointed."""
 
     def __init__(self, plan: FitPlan, watch: Watch, checkpoint: Checkpoint | None) -> None:
         self.plan, self.watch, self.checkpoint = plan, watch, checkpoint
@@ -800,8 +682,7 @@ class _PlanRun:
         return seconds is not None and seconds > 0 and time.perf_counter() - self.last_saved >= seconds
 
     def fold(self, index: int, _begin: int, end: int, moments: stats.Moments, skipped: int, source: Source) -> None:
-        """Fold one block of cursor ``index`` (read up to row ``end``), report it, checkpoint when due or a
-        stop is asked for (then raise `InterruptedRunError`)."""
+        """Fold one block of cursor ``index``, report it, checkpoint when due or asked to stop (then raise)."""
         plan, cursor = self.plan, self.plan.cursors[index]
         plan.state = stats.merge(plan.state, moments)
         cursor.n_skipped += skipped
@@ -834,9 +715,7 @@ def fit_sources(
     *,
     read: ReadOptions | None = None,
 ) -> FitResult:
-    """One pass over every source, in order, without a checkpoint; returns the merged statistics.
-    ``watch`` is told the rows done (`run_plan`); ``read`` says how the sources are read (its dataset,
-    missing chunks and storage options, which reach URLs)."""
+    """One pass over every source, in order, without a checkpoint (`plan_fit`, `run_plan`)."""
     plan = plan_fit(specs, precision, skip_nonfinite, block_rows, read=read)
     return run_plan(plan, watch, threads=threads).result()
 
@@ -844,10 +723,7 @@ def fit_sources(
 def finalize_fit(
     result: FitResult, model_params: Mapping[str, Any] | None = None, skipped_before: int = 0
 ) -> WhiteningModel:
-    """The model of a finished fit (any engine): its state finalized with ``model_params`` (beta, gamma,
-    n_components, variance, eps), recording its sources and what of the fit tells whether a later fit of
-    the same inputs with the same options would give the same model (``skipped_before``: rows an updated
-    model had skipped already)."""
+    """The model of a finished fit, recording its sources and pass options (`finalize`)."""
     from ..core.model import finalize
 
     info = {

@@ -14,8 +14,8 @@ from streamwhiten.core.quantize import (
     INT8_MAX,
     Quantization,
     int8_quantization,
+    map_moments,
     normalized_moments,
-    output_moments,
     quantization_for,
 )
 from streamwhiten.errors import BadInputError, NonFiniteError, ValuesTooLargeError
@@ -27,17 +27,19 @@ def rows():
 
 
 @pytest.mark.parametrize("beta, gamma, k", [(1.0, 1.0, 10), (0.5, 0.25, 6), (0.0, 0.0, 4)])
-def test_output_moments_are_those_of_the_transformed_rows(rows, beta, gamma, k):
+def test_map_moments_are_those_of_the_transformed_rows(rows, beta, gamma, k):
     """mean (1 - beta) mu A_j and variance A_j^T Sigma_1 A_j, from the statistics alone, equal numpy's
     float64 mean and (population) variance of y = (x - beta mu) A."""
     model = finalize(stats.block_moments(rows), beta=beta, gamma=gamma, n_components=k)
     weights, shift = model.projection(np.float64)
     y = (rows - shift) @ weights
-    mean, variance = output_moments(model.state, weights, shift)
+    mean, variance = map_moments(model.n_rows, model.mean, model.state.scatter, weights, shift)
     np.testing.assert_allclose(mean, y.mean(axis=0), rtol=1e-9, atol=1e-9)
     np.testing.assert_allclose(variance, y.var(axis=0), rtol=1e-9)
     np.testing.assert_allclose(mean, (1 - beta) * model.mean @ weights, rtol=1e-12, atol=1e-12)
-    raw_mean, raw_variance = output_moments(model.state)  # the identity map: the raw vectors
+    raw_mean, raw_variance = map_moments(
+        model.n_rows, model.mean, model.state.scatter
+    )  # the identity map: the raw vectors
     np.testing.assert_allclose(raw_mean, rows.mean(axis=0), rtol=1e-12)
     np.testing.assert_allclose(raw_variance, rows.var(axis=0), rtol=1e-9)
 

@@ -28,19 +28,13 @@ def _layout(step: F64, bits: I64) -> tuple[np.ndarray, ...]:
 
 @numba.njit(nogil=True, cache=True)
 def encode_levels(z: F32, shift: F32, step: F64, bits: I64, out: U8) -> int:
-    """Centre the components ``z`` in place (``z -= shift``, float32) and write into the first
-    ``ceil(sum(bits) / 8)`` bytes of each row of ``out`` the level index ``clip(floor(z / step +
-    2^(b-1)), 0, 2^b - 1)`` of each component ``j`` (``b = bits[j]``, 1 to 8), least significant bit
-    first, components one after another; stream bit ``t`` is bit ``t % 8`` of byte ``t // 8``.
-    Returns the first row holding a NaN or Inf after centring (rows before it are written), or -1.
+    """Centre ``z`` in place (``z -= shift``) and write into each row of ``out`` the level index
+    ``clip(floor(z / step + 2^(b-1)), 0, 2^b - 1)`` of each component (``b = bits[j]``, 1 to 8), least
+    significant bit first; stream bit ``t`` is bit ``t % 8`` of byte ``t // 8``. Returns the first row
+    holding NaN or Inf after centring (rows before it written), or -1.
 
-    Per row, one branch-free pass quantises (so it vectorises), then groups of 8 components (at
-    most 64 bits) are shifted together into a word and the word into the row's bit stream. The pass
-    multiplies by ``1 / step`` rather than dividing: the product is within a few units in the last
-    place of the quotient, so the two floors differ only when ``z / step + 2^(b-1)`` lies within
-    ``1e-12 (|t| + 256)`` of an integer; such a row (a rare one) is quantised again by the division,
-    so the bytes are those of the division everywhere. Little-endian: the stream's 64-bit words are
-    written out as bytes through a view.
+    It multiplies by ``1 / step``; a row with a value within ``1e-12 (|t| + 256)`` of an integer, where
+    the floors could differ, is quantised again by the division, so the bytes are the division's.
     """
     n_rows, n_components = z.shape
     half, top, inverse, start, within_group = _layout(step, bits)
@@ -89,15 +83,10 @@ _LOOKUP_BYTES = 16
 @numba.njit(nogil=True, cache=True)
 def lookup_scores(tables: F32, codes: U8, scales: F32, row_scales: F32, bases: F32, offsets: F32, out: F32) -> None:
     """``out[i, r] = (bases[i] + scales[r] * (offsets[i] + sum_p tables[i, p, codes[r, p]])) *
-    row_scales[r]`` for the queries ``i`` of ``tables`` (queries x code bytes x 256) and the code rows
-    ``r`` (only their first ``tables.shape[1]`` bytes are read): the asymmetric estimate of a code whose
-    value is linear in its bits, one table look-up per code byte (as faiss scans 8-bit PQ codes);
-    ``row_scales`` are 1 but for a code of unit vectors (``1 / ||xhat||``).
+    row_scales[r]``: one table look-up per code byte (as faiss scans 8-bit PQ codes).
 
-    Two queries and four rows at a time, eight sums in registers (one chain of dependent additions
-    would wait on each), over the code bytes in passes of `_LOOKUP_BYTES` whose tables stay in
-    L1, the running sums kept in ``out`` between passes. Each sum still adds its bytes in order, so
-    the result is that of the plain loop.
+    Two queries and four rows at a time (eight independent sums), over passes of `_LOOKUP_BYTES`
+    whose tables stay in L1; each sum still adds its bytes in order, as the plain loop does.
     """
     n_queries, n_bytes, _ = tables.shape
     n_rows = codes.shape[0]

@@ -8,15 +8,10 @@ from . import U8
 
 @numba.njit(nogil=True, cache=True)
 def lzf_decompress(data: U8, out: U8) -> int:
-    """Inflate the raw LZF stream ``data`` (uint8, as h5py's LZF filter stores a chunk) into ``out``
-    (uint8); returns the bytes written, or -1 where the stream is damaged: a literal run or back
-    reference past the end of either buffer, or a reference before the start of the output.
-
-    The format (liblzf): a control byte below 32 starts a run of ``ctrl + 1`` literal bytes; any other
-    is a back reference of ``(ctrl >> 5) + 2`` bytes (plus a length byte when that field is 7) to
-    ``1 + ((ctrl & 31) << 8) + next byte`` bytes before the output position, copied byte by byte since
-    source and destination may overlap.
-    """
+    """Inflate the raw LZF stream ``data`` into ``out``; returns the bytes written, or -1 for a damaged
+    stream. liblzf's format: a control byte below 32 starts ``ctrl + 1`` literal bytes; any other is a
+    back reference of ``(ctrl >> 5) + 2`` bytes (plus a length byte when that field is 7), ``1 + ((ctrl &
+    31) << 8) + next byte`` back, copied byte by byte (they may overlap)."""
     n_in, n_out = data.size, out.size
     ip = 0
     op = 0

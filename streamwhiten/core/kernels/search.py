@@ -1,10 +1,7 @@
 """Exact search: tiles of inner products, or Hamming distances, merged into running top lists.
 
-A top list holds a query's best candidates so far, best first: by score descending (inner products) or
-by distance ascending (Hamming), equal values by row ascending, so ties go to the lower corpus row
-whatever the order the rows arrive in. An empty slot holds row -1 and the worst value (-inf, or the
-largest int64). Every comparison takes the row into account, so the lists are the same however the
-corpus is cut into blocks and tiles.
+A top list holds a query's best so far, best first, ties to the lower corpus row (an empty slot: row -1
+and the worst value), so the lists are the same however the corpus is cut into blocks and tiles.
 """
 
 from collections.abc import Callable
@@ -19,8 +16,7 @@ from . import I64, U64
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _place(values: np.ndarray, rows: I64, value: Any, row: int, smallest_first: bool) -> None:
-    """Insert ``(value, row)`` into the full top list ``values``/``rows`` (best first: the largest, or the
-    smallest with ``smallest_first``), dropping the last."""
+    """Insert ``(value, row)`` into a full top list (best first), dropping the last."""
     j = values.shape[0] - 1
     while j > 0:
         above, above_row = values[j - 1], rows[j - 1]
@@ -76,13 +72,9 @@ def merge_top_scores(
     exclude_start: I64,
     exclude_rows: I64,
 ) -> None:
-    """Merge a tile of inner products into running top lists (larger is better).
-
-    ``scores[i, j]`` is the score of query ``first_query + i`` against corpus row ``first_row + j``;
-    ``top_scores``/``top_rows`` (queries x depth, of all queries) hold each query's best so far, best
-    first, ties to the lower row. The corpus rows ``exclude_rows[exclude_start[q]:exclude_start[q + 1]]``
-    (sorted) are never candidates of query ``q``; the tile's entries for them are set to -inf here. A
-    -inf or NaN score never enters a list.
+    """Merge a tile of inner products (``scores[i, j]``: query ``first_query + i``, corpus row
+    ``first_row + j``) into the running top lists of all queries (larger is better). The rows
+    ``exclude_rows[exclude_start[q]:exclude_start[q + 1]]`` are set to -inf; -inf or NaN never enters.
     """
     for i in range(scores.shape[0]):
         query = first_query + i
@@ -92,8 +84,7 @@ def merge_top_scores(
 
 @extending.intrinsic
 def _popcount(typingctx: Any, word: Any) -> tuple[Any, Callable[..., Any]]:
-    """The number of set bits of a uint64, as LLVM's ``ctpop`` (one ``popcnt``, or ``vpopcntq`` on a
-    vector of words, where the CPU has them)."""
+    """The set bits of a uint64, as LLVM's ``ctpop`` (``popcnt``, or ``vpopcntq`` on vectors)."""
     signature = types.uint64(types.uint64)
 
     def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
@@ -118,15 +109,8 @@ def merge_top_hamming(
     exclude_start: I64,
     exclude_rows: I64,
 ) -> None:
-    """Hamming distances of queries ``first_query..stop_query - 1`` to a block of corpus rows, merged
-    into their running top lists (smaller is better, ties to the lower row).
-
-    ``query_words`` (all queries x words) and ``corpus_words`` (words x rows of the block: transposed, so
-    that one word of many rows is XORed and counted in one vector instruction) are bit vectors as
-    uint64 words, zero-padded alike. ``top_distances``/``top_rows`` are as in `merge_top_scores`
-    (an empty slot: the largest int64 and row -1), and so are the excluded rows. The block is worked
-    through in tiles that stay in the L1 cache while every query passes over them.
-    """
+    """Hamming distances of queries ``first_query..stop_query - 1`` to a block of corpus rows (``corpus_words``
+    transposed: words x rows, for vector XOR), merged into top lists as in `merge_top_scores`, in L1 tiles."""
     n_words, n_rows = corpus_words.shape
     empty = np.iinfo(np.int64).max
     tile = max(_SCAN, (_HAMMING_TILE_BYTES // (8 * n_words)) // _SCAN * _SCAN)

@@ -13,18 +13,9 @@ ROW_GROUPS = 16
 
 @numba.njit(nogil=True, cache=True)
 def center_and_sum(block: np.ndarray, shift: F64, out: np.ndarray) -> F64:
-    """``out[:n] = block - shift`` (cast to ``out``'s dtype) in one pass, and the float64 column sums
-    of the values written.
-
-    The sums are of the rounded values actually stored in ``out``, so ``sum (c - cbar)(c - cbar)^T =
-    C^T C - n cbar cbar^T`` holds exactly for the centred rows ``c``; with ``shift`` near the mean,
-    ``cbar`` is small and the correction cancels nothing. ``out`` may be ``block`` itself.
-
-    The loop has no branch, so it vectorises: a NaN or Inf anywhere makes its column sum non-finite
-    (finite float16/32 values cannot overflow a float64 sum), which the caller checks once. Each row is
-    centred into a small private buffer first: with ``out`` the same array as ``block`` the compiler
-    could not vectorise a loop that reads and writes it (3x slower), and the extra copy costs little.
-    """
+    """``out[:n] = block - shift`` (in ``out``'s dtype; ``out`` may be ``block``) in one pass, and the float64
+    column sums of the rounded values written, so ``C^T C - n cbar cbar^T`` is exact. No branch, so it
+    vectorises (a NaN or Inf shows in its column sum); each row goes through a private buffer."""
     n_rows, n_cols = block.shape
     partial = np.zeros((ROW_GROUPS, n_cols), dtype=np.float64)
     row = np.empty(n_cols, dtype=out.dtype)
