@@ -1,14 +1,9 @@
 """Specs: the strings that name an array in a store, globs of them, and the paths outputs may take.
 
-A *spec* is ``file.h5:/group/dataset`` (or ``file.h5`` with a separate dataset name), ``dir.zarr``,
-``dir.zarr:/group/array`` or ``dir.zarr/group/array``, ``file.npy``, ``file.parquet:column`` (a directory
-of Parquet shards is expanded into its files, as a glob is) or ``dir.lance:column``. Which backend reads
-a path is decided here from its name and what a directory holds (and, for a file of unknown extension,
-its HDF5 signature), never by the backends themselves.
-
-Any of these may be a URL (``s3://bucket/corpus.zarr``, ``gs://...``, ``https://...``; see ``remote``):
-its kind is told the same way, from its name, the objects under it or its first bytes; globs are
-expanded over object prefixes. ``file://`` URLs are local paths.
+A *spec* is ``file.h5:/group/dataset``, ``dir.zarr[:/group/array]`` or ``dir.zarr/group/array``,
+``file.npy``, ``file.parquet:column`` (a directory of shards expands into its files, as a glob does) or
+``dir.lance:column``, local or a URL (``s3://...``; ``file://`` is local). Which backend reads it is
+decided here, from its name, what a directory or prefix holds, or its first bytes.
 """
 
 from __future__ import annotations
@@ -33,6 +28,8 @@ LANCE_SUFFIX = BACKENDS["lance"].suffixes[0]
 TEXT_SUFFIXES = (".csv", ".tsv")
 #: Files whose presence marks a directory as a Zarr store (v3, v2 array, v2 group).
 ZARR_MARKERS = ("zarr.json", ".zarray", ".zgroup")
+#: The endings of store names (and of text files, which a spec may name a column of).
+_STORE_SUFFIXES = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX)
 
 
 def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
@@ -47,7 +44,7 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
         scheme, rest = remote.split_url(spec)
         if ":" in rest:
             head, _, tail = rest.rpartition(":")
-            suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX) + TEXT_SUFFIXES
+            suffixes = _STORE_SUFFIXES + TEXT_SUFFIXES
             if head and "/" in head and (tail.startswith("/") or head.rstrip("/").lower().endswith(suffixes)):
                 path, inner = scheme + head, tail
     elif not os.path.exists(spec) and ":" in spec:
@@ -55,7 +52,7 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
         # ``a:b`` names an array inside a store only when that is unambiguous: the inner part starts
         # with "/", or the head is an existing path or has a store suffix; otherwise ':' is part of a
         # file name (e.g. a timestamp).
-        suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX) + TEXT_SUFFIXES
+        suffixes = _STORE_SUFFIXES + TEXT_SUFFIXES
         if head and (tail.startswith("/") or os.path.exists(head) or head.rstrip("/").lower().endswith(suffixes)):
             path, inner = head, tail
     if dataset is not None:
@@ -67,8 +64,7 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
 
 def expand_specs(specs: Iterable[Any], read: ReadOptions | None = None) -> list[Any]:
     """Expand glob patterns (``'shards/day-*.h5:/emb'``) that name no file literally, and directories of
-    Parquet shards (the Hugging Face layout), into their files, sorted for a stable order (URLs are
-    listed with ``read``'s storage options)."""
+    Parquet shards, into their files, sorted for a stable order."""
     read = read if read is not None else ReadOptions()
     expanded: list[Any] = []
     for spec in specs:
@@ -111,10 +107,7 @@ def _expand_url(path: str, suffix: str, spec: str, read: ReadOptions) -> list[st
             result.extend(_expand_url(match, suffix, match + suffix, read))
         return result
     if (
-        not any(
-            path.rstrip("/").lower().endswith(s)
-            for s in (ZARR_SUFFIX, LANCE_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX) + HDF5_SUFFIXES
-        )
+        not path.rstrip("/").lower().endswith(_STORE_SUFFIXES)
         and remote.isdir(path, read=read)
         and input_kind(path, read) == "parquet"
     ):
@@ -179,13 +172,9 @@ def zarr_store_above(path: str) -> tuple[str, str] | None:
 
 
 def input_kind(path: str, read: ReadOptions | None = None) -> str:
-    """The backend that reads the existing ``path``: ``"hdf5"``, ``"zarr"``, ``"npy"``, ``"parquet"``
-    (a file, or a directory of Parquet files) or ``"lance"``.
-
-    A directory is a Lance dataset (``.lance``, or a ``_versions`` folder), a Zarr store (its metadata
-    files, or ``.zarr`` in its path), a directory of Parquet shards, or else taken for Zarr (whose
-    reader then says what is missing).
-    """
+    """The backend that reads the existing ``path``: ``"hdf5"``, ``"zarr"``, ``"npy"``, ``"parquet"`` or
+    ``"lance"``. A directory is Lance (``.lance``, ``_versions``), Zarr (its metadata, ``.zarr`` in its path),
+    Parquet shards, or else taken for Zarr (whose reader then says what is missing)."""
     if remote.is_url(path):
         return _remote_kind(path, read if read is not None else ReadOptions())
     if os.path.isdir(path):
@@ -291,8 +280,7 @@ class _Place:
 
 
 def refuse_shared_outputs(*outputs: tuple[Any, str]) -> None:
-    """Refuse two outputs of one command, given as ``(path, what)`` pairs, that are the same file (one
-    would overwrite or delete the other). Each path is resolved once (a job's outputs may be many)."""
+    """Refuse two outputs of one command, given as ``(path, what)`` pairs, that are the same file."""
     seen: dict[Any, tuple[str, str]] = {}
     for path, what in outputs:
         if path is None:
@@ -310,14 +298,9 @@ def refuse_shared_outputs(*outputs: tuple[Any, str]) -> None:
 
 
 def refuse_input_overlap(outputs: dict[Any, str], inputs: Iterable[Any], nested: bool = True) -> None:
-    """Refuse, before anything is written, an output that would replace or write into an input.
-
-    ``outputs`` maps each output path (or spec) to what it is ("model file", ...); ``inputs`` are the
-    specs or paths read. An output is refused when it is an input, resolves to one (symlinks), lies
-    inside one or holds one (directory stores, unless ``nested`` is false: an output directory that
-    only receives new files), or is a hard link of one, whatever ``overwrite`` says. Each path is
-    resolved once (a job may have many inputs and outputs).
-    """
+    """Refuse, before anything is written, an output (``outputs``: path -> what it is, "model file", ...)
+    that is one of ``inputs``, resolves to one (symlinks, hard links), lies inside one or holds one (unless
+    not ``nested``: an output directory that only receives new files). Each path is resolved once."""
     places = [_Place(split_spec(os.fspath(spec))[0]) for spec in inputs if spec is not None]
     urls = [place for place in places if place.url]
     exact: dict[Any, str] = {}  # an input's real path or (device, inode) -> the input
