@@ -48,14 +48,9 @@ def name_not_found(
     other: str = "",
     problem: str | None = None,
 ) -> BadInputError:
-    """The one way every backend says that a name is not in a store, or that a store holding several
-    candidates needs one: what was asked, what the store holds, and how to name one.
-
-    ``asked`` is the name given (None: none was, and the store holds no single candidate); ``what`` the
-    kind of thing looked for ("2-D dataset", "vector column"); ``found`` the names of those the store
-    holds; ``separator`` what joins the store and a name in a spec (``:/`` or ``:``); ``option``: whether
-    ``dataset`` may name it too; ``other``: more about what the store holds (its other columns);
-    ``problem``: what is wrong with ``asked``, if not that it is missing ("/grp is a group, not a dataset").
+    """The one way every backend says that a name (``asked``; None: none given) is not in a store, or that
+    one is needed: the ``what`` looked for, the names ``found``, and how to name one (``separator``; with
+    ``option``, ``dataset=`` too); ``other``: more the store holds; ``problem``: what is wrong instead.
 
     ``in.h5: has no 2-D dataset /embeddings; its 2-D datasets: /emb (name it as in.h5:/emb, or with dataset='emb')``
     """

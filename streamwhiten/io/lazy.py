@@ -21,12 +21,9 @@ from .reading import open_source
 
 @dataclass(frozen=True)
 class LazyRows:
-    """A picklable stand-in for a source's rows that opens the store only when a slice is read.
-
-    Each read opens the store by path (with the [`ReadOptions`][streamwhiten.options.ReadOptions] the source was
-    opened with: its storage options travel in memory and in the task graph only), checks it still has
-    the shape seen when the job was planned, reads and closes. It also has the ``shape``, ``dtype``,
-    ``ndim`` and ``__getitem__`` of an array, so ``dask.array.from_array`` can wrap it.
+    """A picklable stand-in for a source's rows: each read opens the store by path (with its
+    [`ReadOptions`][streamwhiten.options.ReadOptions]), checks its shape is still the one planned, reads and
+    closes. It has an array's ``shape``, ``dtype``, ``ndim`` and ``__getitem__``, for ``dask.array.from_array``.
     """
 
     path: str

@@ -150,7 +150,6 @@ class Output:
     def __repr__(self) -> str:
         return f"Output({remote.redact(self.spec)!r})"
 
-    # -- what it is and can take
     @cached_property
     def backend(self) -> Backend:
         """The backend that writes it, from its name (refused only when first asked, so that other mistakes
@@ -221,7 +220,6 @@ class Output:
         """The progress record of an interrupted run, beside the partial output."""
         return self.partial + ".progress.json"
 
-    # -- what is there
     def exists(self) -> bool:
         """Whether an output is there (a remote one written in place counts only once complete)."""
         return output_exists(self.path, self.read)
@@ -308,7 +306,6 @@ class Output:
         rows = output_chunk_rows(n_features, dtype, n_rows)
         return min(rows, int(block_rows)) if block_rows else rows
 
-    # -- writing it
     def create(self, plan: OutputPlan, overwrite: bool = False) -> Sink:
         """Start writing a new array as ``plan`` (`OutputPlan`) says, under a temporary name (a URL: in
         place, Zarr with ``complete`` set last, Parquet as parts joined when the upload completes). Chunk rows
@@ -378,7 +375,6 @@ class Output:
             return None
         return self._bind(sink), recorded
 
-    # -- the rules behind create and resume
     @property
     def _place(self) -> SinkPlace:
         """Where its sink writes: the path, array, temporary name, and how URLs are reached."""

@@ -17,6 +17,7 @@ retries and timeouts inside that deadline (`filesystem_options`, `lance_options`
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
@@ -162,8 +163,6 @@ def basename(url: str) -> str:
 def parse_option(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` as ``(key, value)``; the value as JSON where it parses (``true``, ``3``,
     ``{"a": 1}``), else as a string. The key may be dotted (``client_kwargs.region_name``)."""
-    import json
-
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key:

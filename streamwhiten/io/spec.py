@@ -49,9 +49,7 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
                 path, inner = scheme + head, tail
     elif not os.path.exists(spec) and ":" in spec:
         head, _, tail = spec.rpartition(":")
-        # ``a:b`` names an array inside a store only when that is unambiguous: the inner part starts
-        # with "/", or the head is an existing path or has a store suffix; otherwise ':' is part of a
-        # file name (e.g. a timestamp).
+        # ``a:b`` names an array inside a store only when unambiguous; else ':' is part of a file name
         suffixes = _STORE_SUFFIXES + TEXT_SUFFIXES
         if head and (tail.startswith("/") or os.path.exists(head) or head.rstrip("/").lower().endswith(suffixes)):
             path, inner = head, tail
