@@ -124,11 +124,9 @@ def check_replaceable(
     exists: Callable[[str], bool] = os.path.lexists,
     label: str | None = None,
 ) -> None:
-    """The one rule for an output that may exist already: nothing at ``path``, or ``overwrite`` and
-    ``foreign(path)`` None (it is ``what`` as streamwhiten writes it); else `OutputExistsError`, or
-    `ForeignOutputError` naming what ``foreign`` says it is, so a user's file is never replaced.
-    ``label`` names the path in messages (a URL without credentials).
-    """
+    """The one rule for an output that may exist already: nothing at ``path`` (named ``label`` in messages), or
+    ``overwrite`` and ``foreign(path)`` None (it is ``what`` as we write it); else `OutputExistsError`, or
+    `ForeignOutputError` naming what ``foreign`` says it is, so a user's file is never replaced."""
     if not exists(path):
         return
     label = label or os.fspath(path)
@@ -163,12 +161,10 @@ def link_or_kind(path: str, directory: bool) -> str | None:
 
 @contextmanager
 def exclusive_lock(path: str, busy: Callable[[str], str], remove: bool = False):
-    """Hold an exclusive ``flock`` on the file ``path`` (created if needed) for the ``with`` block; the OS
-    releases it when the process dies. A second holder is not waited for: `LockedError` (exit 75) with
-    ``busy(pid)``. With ``remove`` the file is deleted before release, and a lock on a file deleted meanwhile
-    is taken again on the new one. Another user's lock file is locked read-only; where no lock file can be
-    made, nothing can be written either, so no lock is held.
-    """
+    """Hold an exclusive ``flock`` on the file ``path`` (created if needed; released by the OS if the process
+    dies) for the ``with`` block; a second holder gets `LockedError` (exit 75) saying ``busy(pid)``. With
+    ``remove`` the file is deleted before release (a lock on a file deleted meanwhile is taken on the new one).
+    Another user's lock file is locked read-only; where none can be made, nothing can be written, so no lock."""
     while True:
         writable = True
         try:

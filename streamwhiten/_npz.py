@@ -42,9 +42,8 @@ def write_npz_atomic(path: str, arrays: dict, what: str = "file") -> str:
 
 def read_npy_header(handle: Any) -> tuple[tuple, bool, np.dtype]:
     """``(shape, fortran_order, dtype)`` of the ``.npy`` header at ``handle``'s position, left just after it,
-    for format versions 1.0, 2.0 and 3.0 (a UTF-8 header numpy has no public reader for: parsed here as a
-    Python literal, never evaluated). Raises `ValueError` (or `EOFError`) for what is not such a header.
-    """
+    for versions 1.0, 2.0 and 3.0 (UTF-8, which numpy has no public reader for: parsed as a literal, never
+    evaluated); `ValueError` (or `EOFError`) for what is not such a header."""
     from numpy.lib import format as npy_format
 
     version = npy_format.read_magic(handle)
@@ -92,8 +91,7 @@ class NpyTooShort(ValueError):
 def npy_header(handle: Any, size: int) -> tuple[tuple, np.dtype, bool, int]:
     """``(shape, dtype, fortran_order, offset of the data)`` of the ``.npy`` array of ``size`` bytes at
     ``handle``'s position, checked before anything is allocated: `ValueError` (or `EOFError`) for no header,
-    negative dimensions or objects, `NpyTooShort` for more data declared than there is.
-    """
+    negative dimensions or objects, `NpyTooShort` for more data declared than there is."""
     start = handle.tell()
     shape, fortran, dtype = read_npy_header(handle)
     if any(int(n) < 0 for n in shape):
@@ -166,18 +164,16 @@ def check_file(path: str, what: str) -> None:
 def read_npz(path: str, what: str, expected_format: str, version: int | tuple[int, ...]) -> dict:
     """All arrays of a file written by `write_npz_atomic`, or `ModelFileError`, checked in the order of the
     clearest message: readable, of the expected kind and version, then intact (checksum)."""
-    path = os.fspath(path)
+    path, expected = os.fspath(path), KNOWN_FORMATS.get(expected_format, what)
     check_file(path, what)
     try:
         data = np.load(path, allow_pickle=False)
     except ValueError:  # numpy's message talks about pickles; the point is that this is no .npz archive
-        raise ModelFileError(
-            f"{path}: is not {KNOWN_FORMATS.get(expected_format, what)} (not an .npz archive)"
-        ) from None
+        raise ModelFileError(f"{path}: is not {expected} (not an .npz archive)") from None
     except (zipfile.BadZipFile, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
         raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
     if not isinstance(data, np.lib.npyio.NpzFile):
-        raise ModelFileError(f"{path}: is a plain .npy array, not {KNOWN_FORMATS.get(expected_format, what)}")
+        raise ModelFileError(f"{path}: is a plain .npy array, not {expected}")
     try:
         with data:
             _check_members(data, path, what)
@@ -189,7 +185,7 @@ def read_npz(path: str, what: str, expected_format: str, version: int | tuple[in
     found = str(arrays.get("format", ""))
     if found != expected_format:
         kind = KNOWN_FORMATS.get(found, "not written by streamwhiten")
-        raise ModelFileError(f"{path}: expected {KNOWN_FORMATS.get(expected_format, what)}, but this file is {kind}")
+        raise ModelFileError(f"{path}: expected {expected}, but this file is {kind}")
     try:
         found_version = int(arrays.get("format_version", -1))
     except (TypeError, ValueError):

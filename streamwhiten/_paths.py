@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 
 from .errors import PATH_ERRNOS, BadInputError, StoreIOError
 
@@ -22,24 +23,29 @@ _KINDS = (
 )
 
 
-def _inside_a_file(path: str) -> str:
-    """For a missing ``path`` that runs through a file (``store.h5/name``), how to name what is inside it."""
+def split_above(path: str, found: Callable[[str], bool]) -> tuple[str, str] | None:
+    """``(the nearest path above path that found() accepts, the rest of path below it)``, or None."""
     head = path.rstrip("/")
     rest: list[str] = []
     while head and head not in ("/", "."):
         head, tail = os.path.split(head)
         rest.insert(0, tail)
-        if head and os.path.isfile(head):
-            inner = "/".join(rest)
-            return f"; {head} is a file: to name {inner!r} inside it, write {head}:/{inner}"
-    return ""
+        if head and found(head):
+            return head, "/".join(rest)
+    return None
+
+
+def _inside_a_file(path: str) -> str:
+    """For a missing ``path`` that runs through a file (``store.h5/name``), how to name what is inside it."""
+    if (above := split_above(path, os.path.isfile)) is None:
+        return ""
+    head, inner = above
+    return f"; {head} is a file: to name {inner!r} inside it, write {head}:/{inner}"
 
 
 def check_readable(path: str | os.PathLike[str], what: str = "", directory: bool = True) -> os.stat_result:
     """The status of the local ``path`` to be read (``what`` names it in messages; ``directory``: whether a
-    directory is acceptable), else `BadInputError` (missing, not a regular file or directory) or
-    `StoreIOError` (exit 74: may not be read).
-    """
+    directory is acceptable), else `BadInputError` (missing, not a file) or `StoreIOError` (may not be read)."""
     path = os.fspath(path)
     named = f"{path}: {what}" if what else f"{path}:"
     try:

@@ -22,11 +22,8 @@ def first_line(exc: BaseException) -> str:
 
 
 def io_error(exc: BaseException) -> str:
-    """An OS or storage-library error as a short one-line reason (without a second copy of the path).
-
-    HDF5 reports a failed system call inside a long multi-line message; its ``error message = '...'``
-    part is the reason (e.g. "No space left on device").
-    """
+    """An OS or storage-library error as a short one-line reason, without a second copy of the path (of
+    HDF5's long message, its ``error message = '...'`` part: "No space left on device")."""
     strerror = getattr(exc, "strerror", None)
     if strerror:
         return str(strerror)
@@ -59,16 +56,12 @@ def name_not_found(
         head = f"{label}: name the {what} to read" if found else f"{label}: holds no {what}"
     else:
         head = f"{label}: {problem or f'has no {what} {asked}'}"
-    if found:
-        holds = f"; its {what}s: {shown}"
-    else:
-        holds = f"; it holds no {what}" if asked is not None else ""
+    holds, how = (f"; it holds no {what}" if asked is not None else ""), ""
     if found:
         first = found[0].lstrip("/")
+        holds = f"; its {what}s: {shown}"
         how = f" (name {'it' if len(found) == 1 else 'one'} as {label}{separator}{first}"
         how += f", or with dataset={first!r})" if option else ")"
-    else:
-        how = ""
     return BadInputError(f"{head}{holds}{other}{how}", param="dataset" if found and option else None)
 
 

@@ -38,11 +38,9 @@ def _target(out: np.ndarray | None, nbytes: int) -> np.ndarray:
 
 
 def _u8(buffer: Any) -> np.ndarray:
-    return (
-        np.frombuffer(buffer, dtype=np.uint8)
-        if not isinstance(buffer, np.ndarray)
-        else buffer.reshape(-1).view(np.uint8)
-    )
+    if isinstance(buffer, np.ndarray):
+        return buffer.reshape(-1).view(np.uint8)
+    return np.frombuffer(buffer, dtype=np.uint8)
 
 
 def _zstd_content_size(data: np.ndarray) -> int | None:
@@ -310,40 +308,32 @@ def _name_config(codec: Any) -> tuple[str, dict[str, Any]]:
 def zarr_decoder(array: Any) -> Decoder | None:
     """The decoder of a Zarr array's chunks (whole rows, C order, no sharding), or None to let zarr decode."""
     metadata = array.metadata
-    if array.ndim != 2 or array.chunks[1] != array.shape[1]:
-        return None
     dtype = np.dtype(array.dtype)
-    if dtype.kind != "f":
+    if array.ndim != 2 or array.chunks[1] != array.shape[1] or dtype.kind != "f":
         return None
     nbytes = int(np.prod(array.chunks)) * dtype.itemsize
-    steps: list[_Step] = []
     if metadata.zarr_format == 3:
         codecs = list(metadata.codecs)
-        if not codecs:
-            return None
-        name, config = _name_config(codecs[0])
+        name, config = _name_config(codecs[0]) if codecs else ("", {})
         if name != "bytes":
             return None  # sharding, transpose, ...
         endian = config.get("endian", sys.byteorder)
         dtype = dtype.newbyteorder("<" if endian == "little" else ">")
-        for codec in reversed(codecs[1:]):
-            name, config = _name_config(codec)
-            name = name.removeprefix("numcodecs.")
-            step = _Crc32c() if name == "crc32c" else _numcodecs_step(name, int(config.get("elementsize", 4)))
-            if step is None:
-                return None
-            steps.append(step)
+        found = [_zarr3_step(*_name_config(codec)) for codec in reversed(codecs[1:])]
+    elif metadata.order != "C":
+        return None
     else:
-        if metadata.order != "C":
-            return None
-        for codec in ([metadata.compressor] if metadata.compressor is not None else []) + list(
-            reversed(metadata.filters or [])
-        ):
-            step = _numcodecs_step(getattr(codec, "codec_id", None), getattr(codec, "elementsize", 0))
-            if step is None:
-                return None
-            steps.append(step)
-    return Decoder(steps, nbytes, dtype)
+        chain = [metadata.compressor] if metadata.compressor is not None else []
+        chain += reversed(metadata.filters or [])
+        found = [_numcodecs_step(getattr(c, "codec_id", None), getattr(c, "elementsize", 0)) for c in chain]
+    steps = [step for step in found if step is not None]
+    return Decoder(steps, nbytes, dtype) if len(steps) == len(found) else None
+
+
+def _zarr3_step(name: str, config: dict[str, Any]) -> _Step | None:
+    """The step decoding the Zarr 3 codec ``name`` (with ``config``), None for one we leave to zarr."""
+    name = name.removeprefix("numcodecs.")
+    return _Crc32c() if name == "crc32c" else _numcodecs_step(name, int(config.get("elementsize", 4)))
 
 
 def _numcodecs_step(name: str | None, elementsize: int) -> _Step | None:
@@ -387,12 +377,9 @@ def hdf5_decoder(dataset: Any) -> Decoder | None:
 
 
 def widen_in_place(region: np.ndarray, n_values: int) -> None:
-    """``region`` holds ``n_values`` float16 values in its second half (bytes ``2n..4n``); make it the
-    same values as float32 (bytes ``0..4n``), in cache-sized pieces and without another buffer.
-
-    Piece by piece from the front: a piece's float32 bytes end at ``4b``, before the float16 bytes of
-    every later piece start (``2n + 2b``), so nothing is overwritten before it is read.
-    """
+    """Widen the ``n_values`` float16 values in ``region``'s second half (bytes ``2n..4n``) to float32 over
+    all of it, in place, piece by piece from the front: a piece's float32 bytes end at ``4b``, before the
+    float16 bytes of every later piece start (``2n + 2b``), so nothing is overwritten before it is read."""
     source = region[2 * n_values : 4 * n_values].view(np.float16)
     target = region[: 4 * n_values].view(np.float32)
     step = 1 << 16

@@ -45,8 +45,7 @@ def describe(source: Source, n_rows: int | None = None) -> Fingerprint:
 
 class Sampler:
     """The rows a fingerprint of the first ``n_rows`` rows of ``source`` hashes, copied out of blocks as a
-    pass reads them (`offer`), so the pass needs no reads of its own (on a compressed store, a chunk's
-    decode each). Thread-safe."""
+    pass reads them (`offer`), so the pass needs no reads of its own. Thread-safe."""
 
     def __init__(self, source: Source, n_rows: int | None = None) -> None:
         n_rows = source.n_rows if n_rows is None else int(n_rows)

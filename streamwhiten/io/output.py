@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from .. import _durable as durable
-from .._durable import remove_stale_temps
 from ..errors import BadInputError, StoreIOError
 from ..options import ReadOptions
 from ..output_plan import OutputPlan
@@ -74,42 +73,6 @@ def foreign_output(path: str, kind: str | None = None, read: ReadOptions | None 
         raise
     except Exception as exc:  # noqa: BLE001 - unreadable: not known to be ours, so not replaced
         return f"it cannot be read as one: {first_line(exc)}"
-
-
-def check_replaceable(spec: str, overwrite: bool, read: ReadOptions | None = None) -> None:
-    """The one rule for a store output that may exist already: nothing there, or ``overwrite`` and an output
-    of ours of the same kind (`foreign_output`); else `OutputExistsError` or `ForeignOutputError` (exit 2)."""
-    path = remote.local_path(split_spec(spec)[0])
-    found_backend = backend(output_kind(path))
-    durable.check_replaceable(
-        path,
-        overwrite,
-        found_backend.output_name,
-        lambda found: foreign_output(found, found_backend.kind, read),
-        exists=lambda found: output_exists(found, read),
-        label=remote.redact(path),
-    )
-
-
-def lock_path(path: str) -> str:
-    """``.NAME.lock`` beside the output ``path``: the lock of the run writing it."""
-    head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
-    return os.path.join(head, f".{tail}.lock")
-
-
-def output_lock(spec: str) -> AbstractContextManager[Any]:
-    """A context holding the output's lock (`lock_path`) for a whole run writing it, so a second run of it
-    exits 75 (`LockedError`); the lock file is removed on release. Object storage has no lock."""
-    path = remote.local_path(split_spec(spec)[0])
-    if remote.is_url(path):
-        return contextlib.nullcontext()
-    _check_parent(path)
-    lock: AbstractContextManager[Any] = durable.exclusive_lock(
-        lock_path(path),
-        lambda holder: f"{path}: another run is writing this output (pid {holder}); not starting a second one",
-        remove=True,
-    )
-    return lock
 
 
 def _check_parent(path: str) -> None:
@@ -176,14 +139,9 @@ class Output:
         return found
 
     @property
-    def _local_class(self) -> type[Sink] | None:
-        """What a local output of this kind can take (a remote one may take less: `sink_class`)."""
-        return self.backend.sink_class(url=False)
-
-    @property
     def _capabilities(self) -> type[Sink]:
-        """The local sink class, or the abstract `Sink` (every capability off) for a kind never written."""
-        return self._local_class or Sink
+        """The local sink class (a remote one may take less), or the abstract `Sink` for a kind never written."""
+        return self.backend.sink_class(url=False) or Sink
 
     @property
     def tabular(self) -> bool:
@@ -260,12 +218,31 @@ class Output:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def check_replaceable(self, overwrite: bool) -> None:
-        """Refuse what is there unless ``overwrite`` and it is an output of ours (`check_replaceable`)."""
-        check_replaceable(self.spec, overwrite, self.read)
+        """The one rule for an output that may exist already: nothing there, or ``overwrite`` and an output
+        of ours of the same kind (`foreign_output`); else `OutputExistsError` or `ForeignOutputError` (exit 2)."""
+        kind, read = self.kind, self.read
+        durable.check_replaceable(
+            self.path,
+            overwrite,
+            self.backend.output_name,
+            lambda found: foreign_output(found, kind, read),
+            exists=lambda found: output_exists(found, read),
+            label=remote.redact(self.path),
+        )
 
     def lock(self) -> AbstractContextManager[Any]:
-        """The lock of the run writing it (`output_lock`)."""
-        return output_lock(self.spec)
+        """A context holding the lock ``.NAME.lock`` beside it for a whole run writing it, so a second run
+        exits 75 (`LockedError`); the lock file is removed on release. Object storage has no lock."""
+        if self.url:
+            return contextlib.nullcontext()
+        _check_parent(self.path)
+        head, tail = os.path.split(os.path.abspath(self.path.rstrip("/")))
+        lock: AbstractContextManager[Any] = durable.exclusive_lock(
+            os.path.join(head, f".{tail}.lock"),
+            lambda holder: f"{self.path}: another run is writing this output (pid {holder}); not starting a second one",
+            remove=True,
+        )
+        return lock
 
     def has_progress(self) -> bool:
         """Whether an interrupted run left a progress record beside it (which `resume` compares with the job)."""
@@ -283,7 +260,7 @@ class Output:
         with self.lock():
             if not os.path.lexists(self.partial):
                 remove(self.progress_path)
-                remove_stale_temps(self.progress_path)
+                durable.remove_stale_temps(self.progress_path)
 
     def check_compressor(self, compressor: str) -> None:
         """Refuse a ``compressor`` not in ``codecs.COMPRESSORS``, or any for an output not `compressible`."""
@@ -313,7 +290,7 @@ class Output:
         (`check_replaceable`); kept columns need a table output; a compressor an HDF5 or Zarr one.
         """
         path = self.path
-        if self._local_class is None:
+        if self._capabilities is Sink:
             raise BadInputError(f"{path}: writing {self.kind} outputs is not supported; write .parquet, .zarr or .h5")
         columns = plan.kept_schema
         if columns is not None and len(columns) and not self.tabular:
@@ -325,7 +302,8 @@ class Output:
         if self.url:
             self._check_remote(overwrite, plan.compressor)
         else:
-            self._check_local(overwrite)
+            self.check_replaceable(overwrite)
+            _check_parent(self.path)
         sink_class = self.sink_class
         dtype = np.dtype(plan.dtype)
         if dtype not in OUTPUT_DTYPES:  # floats, int8 codes or packed sign bits (uint8)
@@ -358,8 +336,8 @@ class Output:
         if self.url:
             return self._resume_remote(replace(plan, direct_io=False), job)
         partial, progress = self.partial, self.progress_path
-        remove_stale_temps(self.path)
-        remove_stale_temps(progress)
+        durable.remove_stale_temps(self.path)
+        durable.remove_stale_temps(progress)
         try:
             with open(progress, "rb") as handle:
                 recorded = _read_record(handle.read())
@@ -386,12 +364,6 @@ class Output:
         sink.replace_check = self.check_replaceable
         return sink
 
-    def _check_local(self, overwrite: bool) -> None:
-        """Refuse a local output that exists (unless ``overwrite`` and it is ours: `check_replaceable`)
-        or whose directory does not."""
-        self.check_replaceable(overwrite)
-        _check_parent(self.path)
-
     def _check_remote(self, overwrite: bool, compressor: str) -> None:
         """Refuse an output URL of a kind object storage cannot take, one that exists (unless ``overwrite``
         and it is ours: `check_replaceable`), or one in a bucket that does not."""
@@ -414,9 +386,9 @@ class Output:
         than ``needed`` bytes free."""
         path, partial = self.path, self.partial
         try:
-            remove_stale_temps(path)
+            durable.remove_stale_temps(path)
             self._discard_local()  # a record of an earlier partial must never describe this one
-            remove_stale_temps(self.progress_path)
+            durable.remove_stale_temps(self.progress_path)
         except OSError as exc:
             raise StoreIOError(
                 f"{partial}: cannot remove the partial output of an earlier run: {io_error(exc)}"
@@ -476,4 +448,4 @@ def open_output(spec: str, read: ReadOptions | None = None) -> Output:
     return Output(spec, read)
 
 
-__all__ = ["Output", "check_replaceable", "foreign_output", "lock_path", "open_output", "output_exists", "output_lock"]
+__all__ = ["Output", "foreign_output", "open_output", "output_exists"]

@@ -51,13 +51,9 @@ def _refuse_incomplete(source: Source) -> None:
 def open_source(
     spec: str | Source, *, read: ReadOptions | None = None, min_rows: int = 1, codes: bool = False
 ) -> Source:
-    """Open ``spec`` read-only and check it is a 2-D float array with at least ``min_rows`` rows (with
-    ``codes``, an output of int8 codes or sign bits too: for its attributes and shape, not as input).
-
-    ``read`` ([`ReadOptions`][streamwhiten.options.ReadOptions]) gives the ``dataset`` of a spec that names
-    none, whether a missing chunk reads as the fill value (``fill_missing_chunks``; else it is refused when
-    read) and how URLs are reached. An open source is returned as it is.
-    """
+    """Open ``spec`` (an open source: as it is) read-only and check it is a 2-D float array of at least
+    ``min_rows`` rows (with ``codes``, int8 codes or sign bits too, for their attributes). ``read`` gives the
+    ``dataset`` of a spec naming none, ``fill_missing_chunks`` and how URLs are reached."""
     if isinstance(spec, Source):
         return spec
     read = read if read is not None else ReadOptions()

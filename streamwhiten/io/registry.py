@@ -27,25 +27,20 @@ if TYPE_CHECKING:  # type names only: the store classes are below this module's 
 
 @dataclass(frozen=True)
 class Extra:
-    """The optional extra a backend's library comes with: ``pip install 'streamwhiten[NAME]'``."""
+    """The optional extra a backend's library comes with (``pip install 'streamwhiten[NAME]'``): its ``name``,
+    the ``library`` pip installs, ``what`` it reads (for the message) and the top-level ``modules`` it brings."""
 
-    #: the extra's name
     name: str
-    #: the library it installs, as ``pip`` spells it
     library: str
-    #: what it reads and writes, for the message ("Parquet", "Lance datasets")
     what: str
-    #: the top-level modules whose absence means the extra is missing
     modules: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Backend:
-    """One store kind: where its code is and what names it."""
+    """One store kind (``kind``, as specs name it; ``name`` in messages): where its code is and what names it."""
 
-    #: the kind, as specs and messages name it ("hdf5", "zarr", ...)
     kind: str
-    #: its name in messages ("HDF5", "Zarr", ...)
     name: str
     #: the class of its sources, in the module ``streamwhiten.io.KIND`` (the only importer of its library)
     source: str

@@ -197,8 +197,9 @@ _secrets: set[str] = set()
 _secrets_lock = threading.Lock()
 
 
-def storage_options_of(read: ReadOptions) -> dict[str, Any]:
-    """The storage options of ``read`` as plain keyword arguments (a copy; none: empty)."""
+def _storage_options(read: ReadOptions) -> dict[str, Any]:
+    """The storage options of ``read`` as plain keyword arguments (a copy), their secrets remembered."""
+    remember_secrets(read.storage_options)
     return read.storage_options.to_dict() if read.storage_options is not None else {}
 
 
@@ -259,8 +260,7 @@ def filesystem_options(url: str, read: ReadOptions) -> dict[str, Any]:
     """The keyword arguments of a file system for ``url``: ``read``'s storage options, no listings cache (a
     store being written must be seen as it is now) and, for S3, retries and timeouts within
     ``read.remote_timeout`` (one botocore attempt, half the deadline to connect or answer; the user's win)."""
-    remember_secrets(read.storage_options)
-    options = storage_options_of(read)
+    options = _storage_options(read)
     options.setdefault("use_listings_cache", False)
     if protocol(url) == "s3":
         # s3fs otherwise asks for an object's size (a HEAD) before every whole-object GET, to split large
@@ -325,8 +325,7 @@ _LANCE_NAMES = {
 def lance_options(url: str, read: ReadOptions) -> dict[str, str]:
     """The storage options of ``read`` as pylance (object_store) spells them (``endpoint_url``:
     ``aws_endpoint``, ...; its own ``aws_*``, ``google_*``, ... as they are); an ``http://`` endpoint allowed."""
-    remember_secrets(read.storage_options)
-    options = storage_options_of(read)
+    options = _storage_options(read)
     flat = dict(options.get("client_kwargs") or {}, **{k: v for k, v in options.items() if k != "client_kwargs"})
     result = {}
     for key, value in flat.items():
@@ -399,9 +398,8 @@ def classify(exc: BaseException) -> str:
     for item in chain:
         if isinstance(item, PermissionError) or _AUTH_TEXT.search(str(item)) and isinstance(item, OSError):
             return "auth"
-    for item in chain:
-        if isinstance(item, FileNotFoundError):
-            return "missing"
+    if any(isinstance(item, FileNotFoundError) for item in chain):
+        return "missing"
     for item in chain:
         names = {cls.__name__ for cls in type(item).__mro__}
         if names & _TRANSIENT_NAMES or isinstance(item, (ConnectionError, TimeoutError)):
@@ -588,10 +586,8 @@ def prefix_version(url: str, details: dict[str, Any] | None = None, *, read: Rea
 
 
 def default_threads(threads: int | None, sources: Iterable[Any]) -> int | None:
-    """``threads`` if given; else `REMOTE_THREADS` when any of ``sources`` is remote (reads wait on
-    the network: several requests in flight), else None (the engine's own default)."""
+    """``threads`` if given, else `REMOTE_THREADS` when any of ``sources`` is remote, else None (the default)."""
     if threads is not None:
         return threads
-    if any(getattr(source, "remote", False) or (isinstance(source, str) and is_remote(source)) for source in sources):
-        return REMOTE_THREADS
-    return None
+    remote = any(getattr(source, "remote", False) or is_remote(source) for source in sources)
+    return REMOTE_THREADS if remote else None

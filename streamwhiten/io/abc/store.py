@@ -213,7 +213,7 @@ class Sink(ABC):
     direct_io: bool
     #: how the URLs of this output are reached (set by ``io.open_output``)
     read_options: ReadOptions
-    #: refuses to replace what is at `path` (set by ``io.open_output``: ``io.check_replaceable``)
+    #: refuses to replace what is at `path` (set by ``io.open_output``: ``Output.check_replaceable``)
     replace_check: Callable[[bool], None] | None
 
     @classmethod
@@ -262,7 +262,7 @@ class Sink(ABC):
     @abstractmethod
     def commit(self, overwrite: bool = False, attrs: Mapping[str, Any] | None = None) -> None:
         """Set ``attrs`` and ``complete = True``, make everything durable, and rename into place
-        (replacing an old output only if ``overwrite`` and it is an output of ours: ``io.check_replaceable``)."""
+        (replacing an old output only if ``overwrite`` and it is an output of ours: ``Output.check_replaceable``)."""
 
     @abstractmethod
     def abort(self) -> None:
