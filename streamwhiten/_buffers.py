@@ -1,17 +1,11 @@
 """Block-sized scratch buffers, kept between runs in this process.
 
-Every fit and apply works in a few buffers the size of a block (one per worker thread, plus apply's
-outputs in flight, plus, on a store whose compressed chunks are decoded here, the stored bytes of the
-blocks in flight and a chunk-sized buffer per worker between two decoding steps). Allocated afresh for each run, they come back as pages the kernel must find and
-zero on first touch; on a virtual machine whose freed memory goes back to the host, that first touch
-can cost as much as the block's product (``benchmarks/memory.py`` measures it). So a run hands its buffers back here when it ends and the next run in the process takes them again, as
-BLAS libraries keep their work areas. The cache holds only buffers given back, so it never holds more
-than the most any run had in use at once; [`release_buffers`][streamwhiten._buffers.release_buffers] returns them to the
-system.
-
-A buffer is handed back only once nothing can touch it any more (its workers and writer have
-stopped; see `kept_for_next_run`), and never escapes to the caller: results are always copied
-out of it.
+Fresh buffers come back as pages the kernel must find and zero on first touch, which on a virtual machine
+can cost as much as the block's product (``benchmarks/memory.py``). So a run hands its buffers back here
+when it ends and the next run takes them again, as BLAS keeps its work areas; the cache never holds more
+than the most any run had in use at once, and
+[`release_buffers`][streamwhiten._buffers.release_buffers] returns them to the system. A buffer is handed
+back only once nothing can touch it (`kept_for_next_run`), and results are always copied out of it.
 """
 
 from __future__ import annotations
@@ -53,11 +47,8 @@ def _aligned(owner: np.ndarray, shape: tuple[int, ...], dtype: npt.DTypeLike) ->
 
 
 class _Cache:
-    """Free buffers, and the ones lent out (weakly: one never given back is simply collected).
-
-    A lent array's ``.base`` is the buffer that owns its memory (numpy collapses chains of views), which
-    is how `give_back` finds it.
-    """
+    """Free buffers, and the ones lent out (weakly: one never given back is simply collected), found again
+    by a lent array's ``.base`` (numpy collapses chains of views)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -116,10 +107,8 @@ def release_buffers() -> int:
 
 
 def trim_heap() -> bool:
-    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``; elsewhere nothing);
-    whether it could. A phase that allocated and freed much (a tuning pass: its top lists and slices, in
-    its own and its worker threads' arenas) otherwise leaves that memory mapped, under the next phase's
-    peak."""
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``); whether it could. A phase
+    that allocated and freed much (a tuning pass) otherwise leaves that memory under the next one's peak."""
     trim = _malloc_trim()
     return bool(trim is not None and trim(0) >= 0)
 
@@ -139,12 +128,9 @@ def cached_bytes() -> int:
 
 @contextlib.contextmanager
 def kept_for_next_run(*holders: PerThread | BufferPool | None) -> Iterator[None]:
-    """Hand the buffers of ``holders`` (`PerThread`, `BufferPool` or None) back to the
-    cache when the block ends, normally or by an ordinary error, after which every thread that used
-    them has been joined. After a KeyboardInterrupt or SystemExit that may not hold (a second Ctrl-C
-    cuts short the wait for the workers; zarr's own I/O thread may still be decoding into a block),
-    so then they are left to the garbage collector, never reused while something might write them.
-    """
+    """Hand the buffers of ``holders`` back to the cache when the block ends normally or by an ordinary
+    error (every thread that used them joined). After a KeyboardInterrupt or SystemExit a thread may still
+    write them, so they are left to the garbage collector instead."""
     try:
         yield
     except Exception:
@@ -161,9 +147,8 @@ def _release(holders: tuple[PerThread | BufferPool | None, ...]) -> None:
 
 
 class PerThread:
-    """One scratch buffer of ``shape`` and ``dtype`` per thread that asks (a worker's block buffer),
-    taken from the cache on first use; `release` hands them all back once the workers stopped,
-    after which `get` refuses."""
+    """One scratch buffer of ``shape`` and ``dtype`` per thread that asks, from the cache; `release` hands
+    them all back once the workers stopped, after which `get` refuses."""
 
     def __init__(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         self._shape, self._dtype = tuple(shape), np.dtype(dtype)
@@ -190,9 +175,8 @@ class PerThread:
 
 
 class BufferPool:
-    """Scratch buffers of one shape and dtype handed from thread to thread: `take` one (from the
-    cache only when none is free here), `give_back` it when done with it; `release` hands
-    the free ones back to the cache at the end of a run (any still out are left to the collector)."""
+    """Scratch buffers of one shape and dtype handed from thread to thread (`take`, `give_back`); `release`
+    hands the free ones back to the cache at the end of a run."""
 
     def __init__(self, shape: tuple[int, ...], dtype: npt.DTypeLike) -> None:
         self._shape, self._dtype = tuple(shape), np.dtype(dtype)

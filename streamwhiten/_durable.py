@@ -1,20 +1,14 @@
 """Durable file replacement: write under a temporary name, fsync, rename, fsync the directory.
 
-A rename is only durable once the directory holding it is fsynced, so every rename that makes
-something final (a model file, a checkpoint, a progress record, an output) goes through here.
-Temporary names carry the writer's PID (``.NAME.tmp-PID``), so the next writer of the same path can
-tell the leftovers of a killed run (their process is gone) from a run still writing, and remove them.
-
-It also holds the two rules every writer shares: `check_replaceable` (an existing output is
-replaced only with ``overwrite``, and only when it is an output of the same kind that streamwhiten wrote),
-and `exclusive_lock` (one run at a time per job or per output, released by the OS if the run dies).
-
-It sits below every package (stdlib only): stores (``io``), model files and checkpoints (``_npz``) and
-exports all write through it, and the serving path reads model files without importing ``io``.
+Every rename that makes something final goes through here (a rename is durable only once its directory
+is fsynced). Temporary names carry the writer's PID (``.NAME.tmp-PID``), so the next writer can tell a
+killed run's leftovers from a live one's. Also the two rules every writer shares: `check_replaceable` and
+`exclusive_lock`. Standard library only: it sits below every package.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -28,10 +22,7 @@ from .errors import ForeignOutputError, LockedError, OutputExistsError, StoreIOE
 
 
 def fsync_dir(path: str) -> None:
-    """fsync a directory, so that renames and new entries in it survive a power loss.
-
-    Ignored where the file system cannot fsync a directory (EINVAL): nothing more can be done there.
-    """
+    """fsync a directory, so that renames and new entries in it survive a power loss (where it can)."""
     try:
         fd = os.open(path or ".", os.O_RDONLY)
     except OSError:
@@ -64,12 +55,8 @@ def _alive(pid: int) -> bool:
 
 
 def remove_stale_temps(path: str) -> list[str]:
-    """Remove what killed runs writing ``path`` left beside it; returns the paths removed.
-
-    That is ``.NAME.tmp-PID`` (and ``.NAME.old-PID``, an output moved aside while being replaced) of
-    processes that no longer exist. An ``.old`` directory is put back when ``path`` itself is missing
-    (the run died between moving it aside and renaming the new one in), so nothing is lost.
-    """
+    """Remove the ``.NAME.tmp-PID`` and ``.NAME.old-PID`` that dead processes writing ``path`` left beside it;
+    returns the paths removed. An ``.old`` one is put back where ``path`` itself is missing."""
     head, tail = os.path.split(os.path.abspath(os.fspath(path).rstrip("/")))
     pattern = re.compile(rf"^\.{re.escape(tail)}\.(tmp|old)-(\d+)$")
     removed: list[str] = []
@@ -97,11 +84,8 @@ def remove_stale_temps(path: str) -> list[str]:
 
 
 def write_file_atomic(path: str, write: Callable[[Any], object], what: str) -> None:
-    """Write ``path`` by calling ``write(handle)`` on a temporary file, fsync, rename, fsync the directory.
-
-    A reader sees the old file or the whole new one. On failure the temporary file is removed, ``path``
-    keeps its old content, and `StoreIOError` names ``path`` and says whether an old file is kept.
-    """
+    """Write ``path`` by calling ``write(handle)`` on a temporary file, fsync, rename, fsync the directory:
+    a reader sees the old file or the whole new one. A failure is a `StoreIOError`, ``path`` left as it was."""
     path = os.fspath(path)
     remove_stale_temps(path)
     temp = temp_path(path)
@@ -128,10 +112,8 @@ def write_file_atomic(path: str, write: Callable[[Any], object], what: str) -> N
 
 
 def _remove_quietly(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass
 
 
 def check_replaceable(
@@ -142,15 +124,9 @@ def check_replaceable(
     exists: Callable[[str], bool] = os.path.lexists,
     label: str | None = None,
 ) -> None:
-    """The one rule for an output that may exist already; every writer calls it with its own ``foreign``.
-
-    Nothing at ``path``: go on. Something there and no ``overwrite``: `OutputExistsError`. With
-    ``overwrite`` it may be replaced only when ``foreign(path)`` returns None, i.e. it is ``what`` (e.g.
-    "an HDF5 output") as streamwhiten writes it; otherwise ``foreign`` says what it is instead ("a
-    directory", "an HDF5 file holding a dataset streamwhiten did not write (/x)") and
-    `ForeignOutputError` (exit 2) refuses it, so a user's file is never replaced or deleted.
-    ``label`` names the path in messages (a URL without credentials).
-    """
+    """The one rule for an output that may exist already: nothing at ``path`` (named ``label`` in messages), or
+    ``overwrite`` and ``foreign(path)`` None (it is ``what`` as we write it); else `OutputExistsError`, or
+    `ForeignOutputError` naming what ``foreign`` says it is, so a user's file is never replaced."""
     if not exists(path):
         return
     label = label or os.fspath(path)
@@ -166,9 +142,8 @@ def check_replaceable(
 
 
 def link_or_kind(path: str, directory: bool) -> str | None:
-    """What a ``foreign`` check of `check_replaceable` says first: "a symbolic link" (never written
-    here), "a directory" where a file is written or "a file" where a directory is; None when ``path`` is
-    of the right sort (a directory when ``directory``) and its content is to be looked at."""
+    """What a ``foreign`` check of `check_replaceable` says first ("a symbolic link", "a directory" where a
+    file is written, ...); None when ``path`` is of the right sort and its content is to be looked at."""
     import stat
 
     if os.path.islink(path):
@@ -186,16 +161,10 @@ def link_or_kind(path: str, directory: bool) -> str | None:
 
 @contextmanager
 def exclusive_lock(path: str, busy: Callable[[str], str], remove: bool = False):
-    """Hold an exclusive ``flock`` on the file ``path`` (created if needed) for the ``with`` block.
-
-    The OS releases it when the process dies, ``kill -9`` included. A second holder is not waited for:
-    `LockedError` (exit 75) with the message ``busy(pid)`` (the pid written by the holder). With
-    ``remove`` the file is deleted before the lock is released, and a lock taken on a file that its
-    previous holder deleted meanwhile is taken again on the new one, so two runs never both hold it. A
-    lock file that cannot be opened for writing (another user's) is locked read-only (``flock`` needs no
-    write access); a directory that can take no lock file at all (no permission, read-only) holds no
-    lock: nothing can be written there either, and the caller's own writes fail with their own message.
-    """
+    """Hold an exclusive ``flock`` on the file ``path`` (created if needed; released by the OS if the process
+    dies) for the ``with`` block; a second holder gets `LockedError` (exit 75) saying ``busy(pid)``. With
+    ``remove`` the file is deleted before release (a lock on a file deleted meanwhile is taken on the new one).
+    Another user's lock file is locked read-only; where none can be made, nothing can be written, so no lock."""
     while True:
         writable = True
         try:
@@ -234,8 +203,5 @@ def exclusive_lock(path: str, busy: Callable[[str], str], remove: bool = False):
         yield
     finally:
         if remove:
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+            _remove_quietly(path)
         os.close(fd)

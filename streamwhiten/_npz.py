@@ -33,25 +33,17 @@ def checksum(arrays: dict) -> str:
 
 
 def write_npz_atomic(path: str, arrays: dict, what: str = "file") -> str:
-    """Write ``arrays`` plus their checksum to ``path`` durably (see `write_file_atomic`); returns the checksum.
-
-    On any failure (disk full included) the temporary file is removed, ``path`` keeps its old content,
-    and `StoreIOError` names ``path``. Leftovers of killed writers of the
-    same path are removed first.
-    """
+    """Write ``arrays`` plus their checksum to ``path`` durably (`write_file_atomic`: on failure ``path`` is
+    left as it was); returns the checksum."""
     digest = checksum(arrays)
     write_file_atomic(path, lambda handle: np.savez(handle, **arrays, checksum=np.array(digest)), what)
     return digest
 
 
 def read_npy_header(handle: Any) -> tuple[tuple, bool, np.dtype]:
-    """``(shape, fortran_order, dtype)`` of the ``.npy`` header at the current position of ``handle``, left
-    just after it, for every format version numpy reads (1.0, 2.0 and 3.0), with numpy's public API only.
-
-    Version 3.0 is 2.0 with a UTF-8 header (field names beyond Latin-1); numpy has no public reader
-    for it, so its header is parsed here as numpy does (a Python literal, never evaluated as code).
-    Raises `ValueError` (or `EOFError`) for what is not such a header.
-    """
+    """``(shape, fortran_order, dtype)`` of the ``.npy`` header at ``handle``'s position, left just after it,
+    for versions 1.0, 2.0 and 3.0 (UTF-8, which numpy has no public reader for: parsed as a literal, never
+    evaluated); `ValueError` (or `EOFError`) for what is not such a header."""
     from numpy.lib import format as npy_format
 
     version = npy_format.read_magic(handle)
@@ -97,13 +89,9 @@ class NpyTooShort(ValueError):
 
 
 def npy_header(handle: Any, size: int) -> tuple[tuple, np.dtype, bool, int]:
-    """``(shape, dtype, fortran_order, offset of the data)`` of the ``.npy`` array that starts at the current
-    position of ``handle`` and is ``size`` bytes long, checked against ``size`` before anything is allocated.
-
-    Raises `ValueError` (or `EOFError`) for what is no ``.npy`` header, negative dimensions or
-    Python objects, and `NpyTooShort` for a header that declares more data than there is (a
-    truncated file, or a damaged header claiming a shape of hundreds of GiB: numpy would try to allocate it).
-    """
+    """``(shape, dtype, fortran_order, offset of the data)`` of the ``.npy`` array of ``size`` bytes at
+    ``handle``'s position, checked before anything is allocated: `ValueError` (or `EOFError`) for no header,
+    negative dimensions or objects, `NpyTooShort` for more data declared than there is."""
     start = handle.tell()
     shape, fortran, dtype = read_npy_header(handle)
     if any(int(n) < 0 for n in shape):
@@ -145,9 +133,8 @@ KNOWN_FORMATS = {
 
 
 def foreign_npz(path: str, expected_format: str) -> str | None:
-    """None when ``path`` is a file of ``expected_format`` written by `write_npz_atomic` (its
-    ``format`` entry says so; the checksum is left to `read_npz`), else what it is instead: the
-    ``foreign`` check of ``_durable.check_replaceable`` for model files, checkpoints and exported maps."""
+    """None when ``path`` is a file of ``expected_format`` written by `write_npz_atomic`, else what it is
+    instead: the ``foreign`` check of ``_durable.check_replaceable`` for model files, checkpoints and maps."""
     found = link_or_kind(path, directory=False)
     if found is not None:
         return found
@@ -175,23 +162,18 @@ def check_file(path: str, what: str) -> None:
 
 
 def read_npz(path: str, what: str, expected_format: str, version: int | tuple[int, ...]) -> dict:
-    """All arrays of a file written by `write_npz_atomic`, or `ModelFileError`.
-
-    Checked in the order that gives the clearest message: readable at all, of the expected kind and
-    version, then intact (checksum).
-    """
-    path = os.fspath(path)
+    """All arrays of a file written by `write_npz_atomic`, or `ModelFileError`, checked in the order of the
+    clearest message: readable, of the expected kind and version, then intact (checksum)."""
+    path, expected = os.fspath(path), KNOWN_FORMATS.get(expected_format, what)
     check_file(path, what)
     try:
         data = np.load(path, allow_pickle=False)
     except ValueError:  # numpy's message talks about pickles; the point is that this is no .npz archive
-        raise ModelFileError(
-            f"{path}: is not {KNOWN_FORMATS.get(expected_format, what)} (not an .npz archive)"
-        ) from None
+        raise ModelFileError(f"{path}: is not {expected} (not an .npz archive)") from None
     except (zipfile.BadZipFile, OSError, EOFError, KeyError, zipfile.LargeZipFile) as exc:
         raise ModelFileError(f"{path}: {what} is corrupt or truncated ({exc.__class__.__name__}: {exc})") from exc
     if not isinstance(data, np.lib.npyio.NpzFile):
-        raise ModelFileError(f"{path}: is a plain .npy array, not {KNOWN_FORMATS.get(expected_format, what)}")
+        raise ModelFileError(f"{path}: is a plain .npy array, not {expected}")
     try:
         with data:
             _check_members(data, path, what)
@@ -203,7 +185,7 @@ def read_npz(path: str, what: str, expected_format: str, version: int | tuple[in
     found = str(arrays.get("format", ""))
     if found != expected_format:
         kind = KNOWN_FORMATS.get(found, "not written by streamwhiten")
-        raise ModelFileError(f"{path}: expected {KNOWN_FORMATS.get(expected_format, what)}, but this file is {kind}")
+        raise ModelFileError(f"{path}: expected {expected}, but this file is {kind}")
     try:
         found_version = int(arrays.get("format_version", -1))
     except (TypeError, ValueError):

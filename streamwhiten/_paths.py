@@ -1,23 +1,16 @@
 """Local paths a command reads: the one check that each can be read, and what makes two paths one file.
 
-Every local path read (an input store, a vector of scores, a model file, a checkpoint, an exported map,
-a job file) goes through `check_readable` before it is opened, so that:
-
-- a missing path is bad input (exit 2), and a path like ``file.h5/name`` that runs through a file says how
-  to name something inside a store (``file.h5:/name``);
-- anything but a regular file or a directory (a FIFO, a device, a socket) is refused at once, instead of
-  blocking on the open or reading without end;
-- a path that may not be read (permissions) is an I/O error (exit 74), as any other failed read; a path that
-  cannot name a file (a symbolic link loop, a name too long: ``errors.PATH_ERRNOS``) is bad input.
-
-A file's identity is its ``(device, inode)`` (`file_identity`): a symlink and a hard link of one
-file are that file, however the path is spelled. Standard library only: the serving path uses it too.
+Every local path read goes through `check_readable` before it is opened: a missing path is bad input
+(exit 2, saying how to name something inside a store), anything but a regular file or directory is
+refused at once (a FIFO would block), a path that may not be read is an I/O error (exit 74). A file's
+identity is its ``(device, inode)`` (`file_identity`). Standard library only: the serving path uses it.
 """
 
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 
 from .errors import PATH_ERRNOS, BadInputError, StoreIOError
 
@@ -30,27 +23,29 @@ _KINDS = (
 )
 
 
-def _inside_a_file(path: str) -> str:
-    """For a missing ``path`` that runs through a file (``store.h5/name``), how to name what is inside it."""
+def split_above(path: str, found: Callable[[str], bool]) -> tuple[str, str] | None:
+    """``(the nearest path above path that found() accepts, the rest of path below it)``, or None."""
     head = path.rstrip("/")
     rest: list[str] = []
     while head and head not in ("/", "."):
         head, tail = os.path.split(head)
         rest.insert(0, tail)
-        if head and os.path.isfile(head):
-            inner = "/".join(rest)
-            return f"; {head} is a file: to name {inner!r} inside it, write {head}:/{inner}"
-    return ""
+        if head and found(head):
+            return head, "/".join(rest)
+    return None
+
+
+def _inside_a_file(path: str) -> str:
+    """For a missing ``path`` that runs through a file (``store.h5/name``), how to name what is inside it."""
+    if (above := split_above(path, os.path.isfile)) is None:
+        return ""
+    head, inner = above
+    return f"; {head} is a file: to name {inner!r} inside it, write {head}:/{inner}"
 
 
 def check_readable(path: str | os.PathLike[str], what: str = "", directory: bool = True) -> os.stat_result:
-    """The status of the local ``path`` to be read, or the error that says why it cannot be.
-
-    ``what`` names the path in messages ("model file", ...; nothing for an input store); ``directory``:
-    whether a directory is acceptable (a store) or only a regular file (a model file, a job file).
-    Raises `BadInputError` for a missing path, or one that is not a regular file (or directory),
-    and `StoreIOError` (exit 74) for one that may not be read.
-    """
+    """The status of the local ``path`` to be read (``what`` names it in messages; ``directory``: whether a
+    directory is acceptable), else `BadInputError` (missing, not a file) or `StoreIOError` (may not be read)."""
     path = os.fspath(path)
     named = f"{path}: {what}" if what else f"{path}:"
     try:

@@ -1,26 +1,10 @@
 """Reading and writing embedding stores: specs, one module per backend, outputs written durably.
 
-The layout, as zarr 3 cuts it:
-
-- ``abc.store``: the interface, `Source` and `Sink`, with their capability attributes
-  (what a backend can do is asked of them, never of its kind's name); no storage library, no helper;
-  ``_store``: what every backend shares beneath it (``StoreSource``, ``StoreSink``: retries, decoding,
-  durable commits) and the helpers around stores (array checks, chunk sizing, removal, temporary names);
-- ``hdf5``, ``zarr``, ``npy``, ``parquet``, ``lance``: the backends, each the only importer of its library
-  (pyarrow and pylance are optional extras; ``_arrow`` holds what the last two share, ``direct`` what
-  makes writes fast), registered once each in ``registry`` and imported only when a store of its kind
-  is opened;
-- ``codecs``: decoding compressed chunks apart from reading them (a `Decoder`), below
-  every store module;
-- ``spec``: what the user names (paths, ``file.h5:/dataset``, globs, URLs) and which backend it is;
-- ``reading`` (`open_source`, `read_vector`, `read_ids`), ``output`` (`open_output`:
-  the one way to write), ``window`` (`RowRange`: rows ``[start, stop)`` of a source),
-  ``fingerprint``, ``lazy`` (rows for other processes), ``text`` (CSV/TSV columns);
-- ``remote``: object storage and other URLs through fsspec, every call with the storage options it is
-  given (a [`ReadOptions`][streamwhiten.options.ReadOptions]), never a process-wide setting.
-
-``streamwhiten._durable`` (below this package: model files and checkpoints need it too) makes writes
-safe. The names here are what the rest of the package uses.
+Cut as zarr 3 cuts it (see docs/architecture.md): the interface ``abc.store`` and what the backends
+share beneath it (``_store``), one module per backend found through ``registry``, ``codecs``, ``spec``,
+``reading``, ``output``, ``window``, ``fingerprint``, ``lazy``, ``text`` and ``remote`` (URLs through
+fsspec, with the [`ReadOptions`][streamwhiten.options.ReadOptions] each call is given). The names here
+are what the rest of the package uses.
 """
 
 from __future__ import annotations

@@ -22,11 +22,8 @@ def first_line(exc: BaseException) -> str:
 
 
 def io_error(exc: BaseException) -> str:
-    """An OS or storage-library error as a short one-line reason (without a second copy of the path).
-
-    HDF5 reports a failed system call inside a long multi-line message; its ``error message = '...'``
-    part is the reason (e.g. "No space left on device").
-    """
+    """An OS or storage-library error as a short one-line reason, without a second copy of the path (of
+    HDF5's long message, its ``error message = '...'`` part: "No space left on device")."""
     strerror = getattr(exc, "strerror", None)
     if strerror:
         return str(strerror)
@@ -48,14 +45,9 @@ def name_not_found(
     other: str = "",
     problem: str | None = None,
 ) -> BadInputError:
-    """The one way every backend says that a name is not in a store, or that a store holding several
-    candidates needs one: what was asked, what the store holds, and how to name one.
-
-    ``asked`` is the name given (None: none was, and the store holds no single candidate); ``what`` the
-    kind of thing looked for ("2-D dataset", "vector column"); ``found`` the names of those the store
-    holds; ``separator`` what joins the store and a name in a spec (``:/`` or ``:``); ``option``: whether
-    ``dataset`` may name it too; ``other``: more about what the store holds (its other columns);
-    ``problem``: what is wrong with ``asked``, if not that it is missing ("/grp is a group, not a dataset").
+    """The one way every backend says that a name (``asked``; None: none given) is not in a store, or that
+    one is needed: the ``what`` looked for, the names ``found``, and how to name one (``separator``; with
+    ``option``, ``dataset=`` too); ``other``: more the store holds; ``problem``: what is wrong instead.
 
     ``in.h5: has no 2-D dataset /embeddings; its 2-D datasets: /emb (name it as in.h5:/emb, or with dataset='emb')``
     """
@@ -64,16 +56,12 @@ def name_not_found(
         head = f"{label}: name the {what} to read" if found else f"{label}: holds no {what}"
     else:
         head = f"{label}: {problem or f'has no {what} {asked}'}"
-    if found:
-        holds = f"; its {what}s: {shown}"
-    else:
-        holds = f"; it holds no {what}" if asked is not None else ""
+    holds, how = (f"; it holds no {what}" if asked is not None else ""), ""
     if found:
         first = found[0].lstrip("/")
+        holds = f"; its {what}s: {shown}"
         how = f" (name {'it' if len(found) == 1 else 'one'} as {label}{separator}{first}"
         how += f", or with dataset={first!r})" if option else ")"
-    else:
-        how = ""
     return BadInputError(f"{head}{holds}{other}{how}", param="dataset" if found and option else None)
 
 

@@ -1,14 +1,11 @@
-"""What the backends share beneath the storage interface (``io.abc``): the implementation of
-`Source` and `Sink` that every backend
-subclasses (remote retries, decoding in the caller's thread, durable progress and commit), and the
-helpers around stores (array checks, memory sizing, removal, chunk sizing, identities, temporary names).
-
-The interface itself imports none of this: it says what a source and a sink are; this module says how
-the backends do the parts they all do alike.
+"""What the backends share beneath the storage interface (``io.abc``): `StoreSource` and `StoreSink`
+(remote retries, decoding in the caller's thread, durable progress and commit), and the helpers around
+stores (array checks, removal, chunk sizing, identities, temporary names).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -48,8 +45,7 @@ def remove(path: str) -> None:
         os.remove(path)
 
 
-#: The dtypes of an output of codes (``apply --dtype int8``, ``binary``): not input, but opened for their
-#: attributes.
+#: The dtypes of an output of codes (``apply --dtype int8``, ``binary``): opened for their attributes only.
 CODE_DTYPES = (np.dtype(np.int8), np.dtype(np.uint8))
 
 
@@ -93,9 +89,8 @@ def count_blocks(start: int, stop: int, block_rows: int) -> int:
 
 
 def identity_of(path: str, dataset: str | None = "") -> tuple[tuple[Any, ...], str]:
-    """The identity of the array ``dataset`` of the file or directory at ``path`` (a source's, or one a
-    model recorded), taken now: the ``(device, inode)`` of the file, so a symlink or a hard link of a file
-    is that file whatever its path (a URL, or a path that no longer exists: the normalised path)."""
+    """The identity of the array ``dataset`` at ``path``, taken now: its file's ``(device, inode)``, so a link
+    of a file is that file (a URL, or a path that no longer exists: the normalised path)."""
     if remote.is_url(path):
         return ("url", remote.normalize(path)), dataset or ""
     found = file_identity(path)
@@ -124,29 +119,24 @@ def output_chunk_rows(n_features: int, dtype: Any, n_rows: int) -> int:
     return rows if rows == n_rows else aligned_chunk_rows(rows, n_features, dtype)
 
 
-# --------------------------------------------------------------------------------------------- sources
+def _label(path: str, dataset: str | None) -> str:
+    """A store and its array, for messages (a URL without credentials)."""
+    path = remote.redact(path)
+    return f"{path}:/{dataset}" if dataset else path
 
 
 class StoreSource(Source):
-    """What every backend's `Source` does alike: its label and identity, a
-    remote read retried, compressed chunks decoded here, the default block size and fingerprint sample.
-
-    Backends implement `_read_into` (and `fetch`, `attrs`, `close` where they
-    have more to say than nothing).
-    """
+    """What every backend's `Source` does alike (label, identity, remote retries, decoding here, block size,
+    fingerprint sample); backends implement `_read_into` (and `fetch`, `attrs`, `close` where needed)."""
 
     @property
     def label(self) -> str:
-        path = remote.redact(self.path)
-        return f"{path}:/{self.dataset}" if self.dataset else path
+        return _label(self.path, self.dataset)
 
     @property
     def location(self) -> tuple[str, str]:
-        """``(real path, dataset)``: where the array is, as a fingerprint records it (a URL: its normalised
-        form, without credentials)."""
-        if remote.is_url(self.path):
-            return remote.normalize(self.path), self.dataset or ""
-        return os.path.realpath(self.path), self.dataset or ""
+        path = remote.normalize(self.path) if remote.is_url(self.path) else os.path.realpath(self.path)
+        return path, self.dataset or ""
 
     @property
     def identity(self) -> tuple[tuple[Any, ...], str]:
@@ -154,23 +144,14 @@ class StoreSource(Source):
         return identity_of(*self.location)
 
     def read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
-        """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``.
-
-        ``fetched`` is what `fetch` returned for the same rows, if it was called ahead. A remote
-        store's read is retried on transient failures (``remote.retrying``)."""
-        if self.remote:
-            rows: np.ndarray = remote.retrying(
-                self.path,
-                f"read rows {start}..{stop - 1}",
-                self._read_into,
-                start,
-                stop,
-                out,
-                fetched,
-                read=self.read_options,
-            )
-            return rows
-        return self._read_into(start, stop, out, fetched)
+        """`Source.read_into`, retried on transient failures for a remote store (``remote.retrying``)."""
+        if not self.remote:
+            return self._read_into(start, stop, out, fetched)
+        what = f"read rows {start}..{stop - 1}"
+        rows: np.ndarray = remote.retrying(
+            self.path, what, self._read_into, start, stop, out, fetched, read=self.read_options
+        )
+        return rows
 
     @abstractmethod
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
@@ -200,7 +181,6 @@ class StoreSource(Source):
         """What is wrong with chunk ``index`` that does not decode, for the message (backends with a decoder)."""
         return f"chunk {index} is damaged and cannot be decoded"
 
-    # -- what a fingerprint records (see ``io.fingerprint``); backends refine these
     def sample_ranges(self, n_rows: int) -> list[tuple[int, int]]:
         """Row ranges of the first ``n_rows`` whose contents a fingerprint hashes: the first and last
         `FINGERPRINT_ROWS` rows and three ranges between (start, quartiles, end)."""
@@ -215,17 +195,9 @@ class StoreSource(Source):
         return base * max(1, target_bytes // (base * row_bytes))
 
 
-# ----------------------------------------------------------------------------------------------- sinks
-
-
 class StoreSink(Sink):
-    """What every backend's `Sink` does alike: write under the temporary
-    name, make progress durable, commit by rename, abort or suspend.
-
-    Backends implement `create` and `resume`, `_write`, `_sync` (make every write
-    so far durable), `_finish` (set the final attributes and make the whole store durable) and
-    `_close`.
-    """
+    """What every backend's `Sink` does alike (write under the temporary name, durable progress, commit by
+    rename, abort, suspend); backends implement `create`, `resume`, `_write`, `_sync`, `_finish`, `_close`."""
 
     def __init__(
         self, place: SinkPlace, shape: tuple[int, ...], dtype: Any, chunk_rows: int, direct_io: bool = True
@@ -242,17 +214,14 @@ class StoreSink(Sink):
 
     @property
     def remote(self) -> bool:
-        """Whether it is written to object storage (or another URL)."""
         return remote.is_url(self.partial)
 
     @property
-    def label(self) -> str:  # a URL without credentials
-        path = remote.redact(self.path)
-        return f"{path}:/{self.dataset}" if self.dataset else path
+    def label(self) -> str:
+        return _label(self.path, self.dataset)
 
     @property
     def progress_path(self) -> str:
-        """Sidecar JSON beside the partial output: how many rows are safely written, and for which job."""
         return partial_path(self.path) + ".progress.json"
 
     def covered(self, start: int, block: np.ndarray) -> Iterator[tuple[int, int, int, int, int, np.ndarray]]:
@@ -265,9 +234,7 @@ class StoreSink(Sink):
             yield index, lo, hi, a, b, np.ascontiguousarray(block[a - start : b - start], dtype=self.dtype)
 
     def write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
-        """Write ``block`` at row ``start``: every output chunk it covers whole as raw bytes (uncompressed,
-        so the stored chunk is exactly the rows), directly where aligned. ``columns`` (tabular sinks
-        only) are other columns of the same rows, carried from the input."""
+        """`Sink.write`: `_write`, its OS errors as a `StoreIOError` naming the rows."""
         try:
             self._write(start, block, columns)
         except StoreIOError:  # ours already (a remote write that gave up): it names the store and rows
@@ -277,7 +244,6 @@ class StoreSink(Sink):
             raise StoreIOError(f"{self.label}: cannot write rows {start}..{stop - 1}: {io_error(exc)}") from exc
 
     def save_progress(self, record: ResumeRecord) -> None:
-        """Make rows ``[0, record.rows_done)`` durable, then write ``record`` atomically (for a later resume)."""
         try:
             self._sync()
         except OSError as exc:
@@ -295,8 +261,6 @@ class StoreSink(Sink):
         self.replace_check(overwrite)
 
     def commit(self, overwrite: bool = False, attrs: Mapping[str, Any] | None = None) -> None:
-        """Set ``attrs`` and ``complete = True``, make everything durable, and rename into place
-        (replacing an old output only if ``overwrite`` and it is an output of ours: ``io.check_replaceable``)."""
         try:
             if file_identity(self.partial) != self.partial_inode:
                 raise OSError(
@@ -327,19 +291,14 @@ class StoreSink(Sink):
             raise StoreIOError(f"{self.path}: cannot finish writing: {io_error(exc)}") from exc
 
     def abort(self) -> None:
-        """Remove the temporary output; the target path is left as it was."""
-        try:
+        with contextlib.suppress(Exception):
             self._close()
-        except Exception:
-            pass
         remove(self.partial)
         remove(self.progress_path)
 
     def suspend(self) -> None:
-        """Close, keeping the partial output and its progress record for a later resume."""
         self._close()
 
-    # -- what each backend does
     @abstractmethod
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         """Write ``block`` (and, for a tabular sink, ``columns``) at row ``start``."""

@@ -1,19 +1,10 @@
 """Decoders: a compressed chunk's stored bytes turned into its rows here, not by zarr or HDF5.
 
-zarr decodes chunks on its own event loop, and h5py runs HDF5's filter pipeline under its global lock;
-either way the worker threads of a fit wait for each other. A `Decoder` is read once from a
-Zarr codec chain (`zarr_decoder`) or an HDF5 filter pipeline (`hdf5_decoder`); it then decodes a
-chunk's stored bytes straight into a caller's buffer in whichever thread calls it, with numcodecs and
-the standard library's zlib, each of which releases the GIL while it works (and HDF5's LZF with a
-Numba kernel that does too). `decode_rows` puts
-the decoded chunks of a row range into a block (widening float16 to float32 on the way where asked).
-
-Every step checks what it decodes: sizes from the codec's own header against the chunk's, checksums
-(crc32c, fletcher32) against the data, and the decoded length; a failure is a `DecodeError`
-whose message the backend completes with the store and rows. A chain with any other codec (sharding,
-transpose, HDF5's szip, ...) has no decoder (None): the backend reads it through its library as before.
-
-Chunks are encoded for outputs here too (`encoder`), so that apply compresses in its own threads.
+zarr decodes on its own event loop and h5py under its global lock, so worker threads would wait for each
+other. A `Decoder`, read once from a Zarr codec chain (`zarr_decoder`) or an HDF5 filter pipeline
+(`hdf5_decoder`), decodes a chunk straight into a caller's buffer in the calling thread, with codecs that
+release the GIL. Every step checks sizes, checksums and the decoded length (a `DecodeError`); a chain
+with any other codec has no decoder (None) and is read through its library. `chunk_encoder` compresses outputs.
 """
 
 from __future__ import annotations
@@ -41,15 +32,15 @@ class DecodeError(ValueError):
     """A chunk's stored bytes do not decode to the chunk: its message says why, without the store."""
 
 
-# ------------------------------------------------------------------------------------------------ steps
+def _target(out: np.ndarray | None, nbytes: int) -> np.ndarray:
+    """``out``, or a new buffer of ``nbytes`` bytes where there is none."""
+    return out if out is not None else np.empty(nbytes, np.uint8)
 
 
 def _u8(buffer: Any) -> np.ndarray:
-    return (
-        np.frombuffer(buffer, dtype=np.uint8)
-        if not isinstance(buffer, np.ndarray)
-        else buffer.reshape(-1).view(np.uint8)
-    )
+    if isinstance(buffer, np.ndarray):
+        return buffer.reshape(-1).view(np.uint8)
+    return np.frombuffer(buffer, dtype=np.uint8)
 
 
 def _zstd_content_size(data: np.ndarray) -> int | None:
@@ -82,11 +73,10 @@ class _Step:
         raise NotImplementedError
 
     def _into(self, codec: Any, data: np.ndarray, out: np.ndarray | None, nbytes: int, size: int) -> np.ndarray:
-        """``data`` decoded by the numcodecs ``codec`` into ``out`` (or a new buffer) once its frame's
-        header says it holds ``size`` bytes, the chunk's ``nbytes``."""
+        """``data`` decoded by ``codec`` into ``out`` once its header's ``size`` is the chunk's ``nbytes``."""
         if size != nbytes:
             raise DecodeError(f"{self.name} frame holds {size} bytes, the chunk has {nbytes}")
-        return _u8(codec.decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
+        return _u8(codec.decode(data, out=_target(out, nbytes)))
 
 
 class _Zstd(_Step):
@@ -142,7 +132,7 @@ class _Zlib(_Step):
         self.wbits, self.name = wbits, name
 
     def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
-        target = out if out is not None else np.empty(nbytes, np.uint8)
+        target = _target(out, nbytes)
         inflater = zlib.decompressobj(self.wbits)
         source = memoryview(data)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
         done = 0
@@ -170,7 +160,7 @@ class _Lzf(_Step):
     def __call__(self, data: np.ndarray, out: np.ndarray | None, nbytes: int) -> np.ndarray:
         from ..core.kernels.lzf import lzf_decompress  # numba is loaded only for a store that needs it
 
-        target = out if out is not None else np.empty(nbytes, np.uint8)
+        target = _target(out, nbytes)
         done = lzf_decompress(_u8(data), _u8(target)[:nbytes])
         if done != nbytes:
             why = "is damaged" if done < 0 else f"holds {done} bytes"
@@ -179,12 +169,8 @@ class _Lzf(_Step):
 
 
 def unshuffle(data: np.ndarray, out: np.ndarray, itemsize: int) -> None:
-    """Undo a byte shuffle (HDF5's filter, numcodecs' ``Shuffle``): ``data`` holds byte ``k`` of every
-    element in its ``k``-th plane; ``out`` gets the elements (little-endian byte order of the planes).
-
-    Built with numpy in cache-sized pieces (each element assembled by shifts and ors), which releases
-    the GIL as it works; numcodecs' own loop holds it, and would stall the other worker threads.
-    """
+    """Undo a byte shuffle: ``data`` holds byte ``k`` of every element in its ``k``-th plane; ``out`` gets
+    the elements. numpy's shifts and ors in cache-sized pieces release the GIL, numcodecs' loop does not."""
     count = data.size // itemsize
     planes = data[: count * itemsize].reshape(itemsize, count)
     wide = out.reshape(-1)[: count * itemsize].view(f"<u{itemsize}")
@@ -213,8 +199,8 @@ class _Shuffle(_Step):
         if nbytes % self.itemsize or self.itemsize not in (2, 4, 8):
             from numcodecs import Shuffle
 
-            return _u8(Shuffle(self.itemsize).decode(data, out=out if out is not None else np.empty(nbytes, np.uint8)))
-        target = out if out is not None else np.empty(nbytes, np.uint8)
+            return _u8(Shuffle(self.itemsize).decode(data, out=_target(out, nbytes)))
+        target = _target(out, nbytes)
         unshuffle(data, target, self.itemsize)
         return target
 
@@ -251,22 +237,16 @@ class _Fletcher32(_Step):
             raise DecodeError("fletcher32 checksum mismatch") from None
 
 
-# ------------------------------------------------------------------------------------------- fetched bytes
-
-
 def fetch_buffer(nbytes: int, block_bytes: int) -> np.ndarray:
-    """A byte buffer for ``nbytes`` of stored chunk bytes, from the buffers kept between runs (see
-    ``_buffers``): fresh memory is slow to touch. Sized to the block's decoded bytes where those are more
-    (as they nearly always are), so every fetch of a run asks for the same size and reuses the same few;
-    hand it back through `Fetched.release`."""
+    """A reused byte buffer for ``nbytes`` of stored chunk bytes, at least ``block_bytes`` so that every fetch
+    of a run asks for the same size (fresh memory is slow to touch); handed back by `Fetched.release`."""
     size = max(int(nbytes), int(block_bytes))
     return _buffers.take((size,), np.uint8)
 
 
 class Fetched(list[tuple[int, Any, int]]):
-    """The stored bytes of a row range's chunks, ``[(chunk index, bytes or None where missing, HDF5
-    filter mask)]``, in one buffer from `fetch_buffer` that `release` hands back (once
-    decoded: nothing may read them after)."""
+    """The stored bytes of a row range's chunks, ``[(chunk index, bytes or None where missing, HDF5 filter
+    mask)]``, in one buffer from `fetch_buffer` that `release` hands back once decoded."""
 
     def __init__(self, chunks: Iterable[tuple[int, Any, int]], buffer: np.ndarray | None = None) -> None:
         super().__init__(chunks)
@@ -276,9 +256,6 @@ class Fetched(list[tuple[int, Any, int]]):
         if self._buffer is not None:
             _buffers.give_back(self._buffer)
         self._buffer = None
-
-
-# --------------------------------------------------------------------------------------------- decoders
 
 
 class Decoder:
@@ -331,40 +308,32 @@ def _name_config(codec: Any) -> tuple[str, dict[str, Any]]:
 def zarr_decoder(array: Any) -> Decoder | None:
     """The decoder of a Zarr array's chunks (whole rows, C order, no sharding), or None to let zarr decode."""
     metadata = array.metadata
-    if array.ndim != 2 or array.chunks[1] != array.shape[1]:
-        return None
     dtype = np.dtype(array.dtype)
-    if dtype.kind != "f":
+    if array.ndim != 2 or array.chunks[1] != array.shape[1] or dtype.kind != "f":
         return None
     nbytes = int(np.prod(array.chunks)) * dtype.itemsize
-    steps: list[_Step] = []
     if metadata.zarr_format == 3:
         codecs = list(metadata.codecs)
-        if not codecs:
-            return None
-        name, config = _name_config(codecs[0])
+        name, config = _name_config(codecs[0]) if codecs else ("", {})
         if name != "bytes":
             return None  # sharding, transpose, ...
         endian = config.get("endian", sys.byteorder)
         dtype = dtype.newbyteorder("<" if endian == "little" else ">")
-        for codec in reversed(codecs[1:]):
-            name, config = _name_config(codec)
-            name = name.removeprefix("numcodecs.")
-            step = _Crc32c() if name == "crc32c" else _numcodecs_step(name, int(config.get("elementsize", 4)))
-            if step is None:
-                return None
-            steps.append(step)
+        found = [_zarr3_step(*_name_config(codec)) for codec in reversed(codecs[1:])]
+    elif metadata.order != "C":
+        return None
     else:
-        if metadata.order != "C":
-            return None
-        for codec in ([metadata.compressor] if metadata.compressor is not None else []) + list(
-            reversed(metadata.filters or [])
-        ):
-            step = _numcodecs_step(getattr(codec, "codec_id", None), getattr(codec, "elementsize", 0))
-            if step is None:
-                return None
-            steps.append(step)
-    return Decoder(steps, nbytes, dtype)
+        chain = [metadata.compressor] if metadata.compressor is not None else []
+        chain += reversed(metadata.filters or [])
+        found = [_numcodecs_step(getattr(c, "codec_id", None), getattr(c, "elementsize", 0)) for c in chain]
+    steps = [step for step in found if step is not None]
+    return Decoder(steps, nbytes, dtype) if len(steps) == len(found) else None
+
+
+def _zarr3_step(name: str, config: dict[str, Any]) -> _Step | None:
+    """The step decoding the Zarr 3 codec ``name`` (with ``config``), None for one we leave to zarr."""
+    name = name.removeprefix("numcodecs.")
+    return _Crc32c() if name == "crc32c" else _numcodecs_step(name, int(config.get("elementsize", 4)))
 
 
 def _numcodecs_step(name: str | None, elementsize: int) -> _Step | None:
@@ -378,11 +347,13 @@ def _numcodecs_step(name: str | None, elementsize: int) -> _Step | None:
     return step() if step is not None else None
 
 
-def hdf5_decoder(dataset: Any) -> Decoder | None:
-    """The decoder of an h5py dataset's chunks (whole rows, filters we know), or None to let HDF5 decode.
+#: The HDF5 filters decoded by a step made from the filter's place alone.
+_HDF5_STEPS: dict[int, type[_Step]] = {H5Z_FLETCHER32: _Fletcher32, H5Z_LZF: _Lzf, H5Z_BLOSC: _Blosc, H5Z_ZSTD: _Zstd}
 
-    An unfiltered dataset has no decoder either: HDF5 reads it straight into the caller's buffer.
-    """
+
+def hdf5_decoder(dataset: Any) -> Decoder | None:
+    """The decoder of an h5py dataset's chunks (whole rows, filters we know), or None to let HDF5 decode
+    (an unfiltered dataset too: HDF5 reads it straight into the caller's buffer)."""
     dtype = np.dtype(dataset.dtype)
     if dataset.chunks is None or dataset.ndim != 2 or dataset.chunks[1] != dataset.shape[1] or dtype.kind != "f":
         return None
@@ -397,30 +368,18 @@ def hdf5_decoder(dataset: Any) -> Decoder | None:
             steps.append(_Zlib(15, "deflate", index))
         elif code == H5Z_SHUFFLE:
             steps.append(_Shuffle(int(values[0]) if values else dtype.itemsize, index))
-        elif code == H5Z_FLETCHER32:
-            steps.append(_Fletcher32(index))
-        elif code == H5Z_LZF:
-            steps.append(_Lzf(index))
-        elif code == H5Z_BLOSC:
-            steps.append(_Blosc(index))
-        elif code == H5Z_ZSTD:
-            steps.append(_Zstd(index))
+        elif code in _HDF5_STEPS:
+            steps.append(_HDF5_STEPS[code](index))
         else:
             return None  # szip, scaleoffset, nbit, other plugins: HDF5 decodes them
     steps.reverse()
     return Decoder(steps, int(np.prod(dataset.chunks)) * dtype.itemsize, dtype)
 
 
-# ---------------------------------------------------------------------------------------------- blocks
-
-
 def widen_in_place(region: np.ndarray, n_values: int) -> None:
-    """``region`` holds ``n_values`` float16 values in its second half (bytes ``2n..4n``); make it the
-    same values as float32 (bytes ``0..4n``), in cache-sized pieces and without another buffer.
-
-    Piece by piece from the front: a piece's float32 bytes end at ``4b``, before the float16 bytes of
-    every later piece start (``2n + 2b``), so nothing is overwritten before it is read.
-    """
+    """Widen the ``n_values`` float16 values in ``region``'s second half (bytes ``2n..4n``) to float32 over
+    all of it, in place, piece by piece from the front: a piece's float32 bytes end at ``4b``, before the
+    float16 bytes of every later piece start (``2n + 2b``), so nothing is overwritten before it is read."""
     source = region[2 * n_values : 4 * n_values].view(np.float16)
     target = region[: 4 * n_values].view(np.float32)
     step = 1 << 16
@@ -438,12 +397,9 @@ def decode_rows(
     fill_value: Any,
     describe: Callable[[int], str],
 ) -> np.ndarray:
-    """Rows ``[start, stop)`` into ``out`` (C-contiguous, the store's dtype or float32 for a float16
-    store) from ``chunks``: ``(index, stored bytes or None for a missing chunk, filter mask)`` for each
-    chunk the rows touch. A chunk the rows cover whole is decoded straight into ``out``; a partial one
-    (the store's last chunk, or a range cut inside a chunk) through a chunk-sized buffer of its own.
-    A chunk that does not decode raises `DecodeError` prefixed with ``describe(index)``.
-    """
+    """Rows ``[start, stop)`` into ``out`` (C-contiguous; float32 for a float16 store) from ``chunks``
+    (`Fetched`): a whole chunk straight into ``out``, a partial one through a chunk-sized buffer. A chunk
+    that does not decode raises `DecodeError` prefixed with ``describe(index)``."""
     view = out[: stop - start]
     n_features = view.shape[1]
     stored = decoder.dtype.newbyteorder("=")
@@ -477,9 +433,6 @@ def decode_rows(
     return view
 
 
-# ----------------------------------------------------------------------------------------------- outputs
-
-
 def check_compressor(name: str) -> str:
     """``name`` if it is one of `COMPRESSORS`, else a `ValueError` listing them."""
     if name not in COMPRESSORS:
@@ -488,9 +441,8 @@ def check_compressor(name: str) -> str:
 
 
 def numcodecs_codec(name: str, dtype: Any) -> Any:
-    """The numcodecs codec that ``--compressor name`` writes a chunk with (None for ``none``): zstd at
-    level 3 (zstd's default, which Zarr 3's level 0 means), blosc with lz4 at level 5 and byte shuffle,
-    gzip at level 4."""
+    """The numcodecs codec of ``--compressor name`` (None for ``none``): zstd level 3 (what Zarr 3's level 0
+    means), blosc lz4 level 5 with byte shuffle, gzip level 4."""
     from numcodecs import Blosc, GZip, Zstd
 
     check_compressor(name)
@@ -504,8 +456,7 @@ def numcodecs_codec(name: str, dtype: Any) -> Any:
 
 
 def fletcher32_of(data: Any) -> np.ndarray:
-    """The 4 bytes HDF5's fletcher32 filter stores after a chunk's ``data`` (numcodecs computes the same
-    checksum, and `_Fletcher32` checks it when the chunk is read)."""
+    """The 4 bytes HDF5's fletcher32 filter stores after a chunk's ``data`` (checked by `_Fletcher32`)."""
     from numcodecs.fletcher32 import Fletcher32
 
     stored: np.ndarray = np.frombuffer(Fletcher32().encode(_u8(data)), np.uint8)[-4:].copy()
@@ -513,8 +464,7 @@ def fletcher32_of(data: Any) -> np.ndarray:
 
 
 def crc32c_of(*parts: Any) -> np.ndarray:
-    """The 4 bytes Zarr 3's ``crc32c`` codec stores after a chunk made of ``parts`` in order (a
-    little-endian CRC-32C; `_Crc32c` checks it when the chunk is read)."""
+    """The 4 bytes Zarr 3's ``crc32c`` codec stores after a chunk made of ``parts`` (checked by `_Crc32c`)."""
     import google_crc32c
 
     value = 0
@@ -525,10 +475,8 @@ def crc32c_of(*parts: Any) -> np.ndarray:
 
 
 def chunk_encoder(name: str, dtype: Any, layout: str) -> Callable[[np.ndarray], bytes] | None:
-    """``encode(chunk) -> bytes`` for ``--compressor name`` (None for ``none``): a whole chunk (a
-    C-contiguous array) as the ``layout`` ("zarr" or "hdf5") stores it. HDF5's gzip is its deflate filter
-    (a zlib stream) after byte shuffle, as h5py writes ``compression="gzip", shuffle=True``; its zstd and
-    blosc are the registered filters' plain frames."""
+    """``encode(chunk) -> bytes`` for ``--compressor name`` (None for ``none``), as the ``layout`` ("zarr" or
+    "hdf5") stores a whole chunk; HDF5's gzip is deflate after byte shuffle, as h5py writes it."""
     codec = numcodecs_codec(name, dtype)
     if codec is None:
         return None

@@ -1,16 +1,10 @@
 """Positional file writes that bypass the page cache (``O_DIRECT``), for the chunk data of outputs.
 
-A buffered write copies every byte into newly allocated page-cache pages and leaves them dirty
-until the final fsync writes them out. For outputs of many gigabytes that copy, and first touching
-that much cache (slow on virtual machines whose free memory goes back to the host), were measured to
-cost more than computing the rows. With ``O_DIRECT`` the device reads the bytes straight from the
-caller's buffer, using no CPU, so a writer thread overlaps the write with the next block's product,
-and the final fsync has almost nothing left to do. The output is then not in the page cache, which
-for a corpus larger than memory also leaves the cached input alone.
-
-``O_DIRECT`` needs the buffer address, the file offset and the length to be multiples of the device's
-logical block size (`ALIGNMENT` covers every common device). Anything else, a platform without
-``O_DIRECT``, or a file system that refuses it gets an ordinary buffered write: same bytes, same file.
+A buffered write copies every byte into fresh page-cache pages (slow to touch on virtual machines), which
+was measured to cost more than computing the rows. With ``O_DIRECT`` the device reads the caller's buffer,
+so a writer thread overlaps the write with the next product, and the cached input is left alone. It needs
+the address, offset and length to be multiples of `ALIGNMENT`; anything else, or a platform or file system
+without it, gets an ordinary buffered write: same bytes, same file.
 """
 
 from __future__ import annotations
@@ -45,12 +39,8 @@ def _pwrite_all(fd: int, view: memoryview, offset: int) -> None:
 
 
 class ChunkFile:
-    """One file written at byte offsets: directly where aligned and allowed, buffered otherwise.
-
-    ``create`` makes (or truncates) the file; otherwise it must exist. ``direct=False`` writes
-    everything buffered. Both descriptors name the same inode, so an fsync of the file through any
-    descriptor makes every write durable.
-    """
+    """One file written at byte offsets: directly where aligned and allowed (``direct``), buffered otherwise.
+    ``create`` makes (or truncates) the file; otherwise it must exist."""
 
     def __init__(self, path: str, create: bool = False, direct: bool = True):
         self._fd: int | None = os.open(path, os.O_WRONLY | ((os.O_CREAT | os.O_TRUNC) if create else 0), 0o666)

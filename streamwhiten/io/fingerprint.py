@@ -1,11 +1,9 @@
 """Fingerprints: what identifies the first rows of a source, cheaply (a `Fingerprint`).
 
-A fingerprint records where the array is, its shape, dtype and chunking, a digest of how its rows are
-stored where the backend has one (``layout_sha256``: a Parquet footer, Lance fragments), the backend's
-extras (an object's size and ETag, a Lance version) and the hash of a few sampled row ranges
-(``sha256_sampled``: start, quartiles, end; `Source.sample_ranges`), so an append-only store still
-matches the fingerprint of its earlier prefix. `describe` takes what the metadata says (nothing is
-decoded); a pass that reads the rows anyway hashes the sampled ones with a `Sampler` as they go by.
+Where the array is, its shape, dtype and chunking, a digest of how its rows are stored where the backend
+has one (``layout_sha256``), the backend's extras (size, ETag, version) and the hash of a few sampled row
+ranges (``sha256_sampled``: start, quartiles, end), so an append-only store still matches the fingerprint
+of its earlier prefix. `describe` reads only metadata; a pass hashes the sampled rows with a `Sampler`.
 """
 
 from __future__ import annotations
@@ -22,24 +20,15 @@ from .abc.store import Source
 
 
 def fingerprint(source: Source, n_rows: int | None = None) -> Fingerprint:
-    """Identity of the first ``n_rows`` rows of ``source`` (all by default), cheap to compute.
-
-    Hashes a few sampled row ranges (`Source.sample_ranges`: start, quartiles, end) rather than the
-    whole store, so an append-only store still matches the fingerprint of its earlier prefix; where the
-    backend has one, adds a digest of how those rows are stored (``layout_sha256``), which an update
-    compares too. The sampled rows are read in parallel where the store's compressed chunks are decoded
-    here (a chunk each, decoded whole); a pass that reads the rows anyway hashes them with a
-    `Sampler` instead.
-    """
+    """Identity of the first ``n_rows`` rows of ``source`` (all by default), cheap to compute: `describe`
+    and the hash of the sampled rows, read now (a pass that reads the rows anyway uses a `Sampler`)."""
     result = describe(source, n_rows)
     assert result.n_rows is not None
     return replace(result, sha256_sampled=Sampler(source, result.n_rows).hexdigest(source))
 
 
 def describe(source: Source, n_rows: int | None = None) -> Fingerprint:
-    """A `fingerprint` without its hash of sampled rows (``sha256_sampled``): only what the
-    store's metadata says, so nothing is decoded. A pass fills in the hash from the rows it reads
-    (`Sampler`)."""
+    """A `fingerprint` without its hash of sampled rows (``sha256_sampled``): only what the metadata says."""
     n_rows = source.n_rows if n_rows is None else int(n_rows)
     path, dataset = source.location
     return Fingerprint(
@@ -56,11 +45,7 @@ def describe(source: Source, n_rows: int | None = None) -> Fingerprint:
 
 class Sampler:
     """The rows a fingerprint of the first ``n_rows`` rows of ``source`` hashes, copied out of blocks as a
-    pass reads them (`offer`), so that the pass needs no reads of its own for the fingerprint: on
-    a compressed store each sampled range costs a whole chunk's decode.
-
-    Thread-safe: worker threads offer their blocks while another thread may take the digest.
-    """
+    pass reads them (`offer`), so the pass needs no reads of its own. Thread-safe."""
 
     def __init__(self, source: Source, n_rows: int | None = None) -> None:
         n_rows = source.n_rows if n_rows is None else int(n_rows)
@@ -70,9 +55,8 @@ class Sampler:
         self._lock = threading.Lock()
 
     def offer(self, start: int, rows: np.ndarray) -> None:
-        """Keep the sampled rows among ``rows`` (rows ``start, start + len(rows)`` of the source, in its
-        dtype or widened from float16: the widening is exact, so narrowing back gives the stored bytes).
-        Call it before the rows are changed in place (centred)."""
+        """Keep the sampled rows among ``rows`` (from row ``start``; widened from float16 is fine: exact),
+        before they are changed in place (centred)."""
         stop = start + len(rows)
         with self._lock:
             for (first, last), kept, seen in zip(self.ranges, self.rows, self.seen, strict=True):
@@ -82,9 +66,8 @@ class Sampler:
                     seen[low - first : high - first] = True
 
     def hexdigest(self, source: Source, below: int | None = None) -> str:
-        """The hash of the sampled rows (a fingerprint's ``sha256_sampled``), reading from ``source``
-        those not offered; with ``below``, of the sampled rows before row ``below`` only (what a
-        checkpoint records of a source read that far: no reads are needed once the pass is there)."""
+        """The hash of the sampled rows (``sha256_sampled``), reading from ``source`` those not offered; with
+        ``below``, of the sampled rows before row ``below`` only (a checkpoint of a source read that far)."""
         with self._lock:
             clipped = [
                 (index, first, last if below is None else min(last, below))

@@ -21,13 +21,8 @@ from .reading import open_source
 
 @dataclass(frozen=True)
 class LazyRows:
-    """A picklable stand-in for a source's rows that opens the store only when a slice is read.
-
-    Each read opens the store by path (with the [`ReadOptions`][streamwhiten.options.ReadOptions] the source was
-    opened with: its storage options travel in memory and in the task graph only), checks it still has
-    the shape seen when the job was planned, reads and closes. It also has the ``shape``, ``dtype``,
-    ``ndim`` and ``__getitem__`` of an array, so ``dask.array.from_array`` can wrap it.
-    """
+    """A picklable stand-in for a source's rows: each read opens the store by path (with its ``read``
+    options), checks its shape is still the one planned, reads and closes; an array for ``dask.array``."""
 
     path: str
     dataset: str | None
@@ -41,10 +36,6 @@ class LazyRows:
 
     def __repr__(self) -> str:  # never show the storage options
         return f"LazyRows({self.label!r}, shape={self.shape})"
-
-    @property
-    def fill_missing_chunks(self) -> bool:
-        return self.read.fill_missing_chunks
 
     def __getitem__(self, key: Any) -> np.ndarray:
         key = key if isinstance(key, tuple) else (key,)

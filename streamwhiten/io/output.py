@@ -1,14 +1,9 @@
 """Outputs: the one way to open a store for writing (`open_output`), and the rules for what is there.
 
-An `Output` is a store named by a spec before and while it is written: whether something is
-there (`exists`: a remote Zarr output still being written counts as absent), whether it
-may be replaced (`check_replaceable`: only an output of ours, of the same kind, with
-``overwrite``), the lock of the run writing it (`lock`), its chunk size, and the sink that
-writes it: a new one (`create`) or the partial output of an interrupted run of the same
-job (`resume`, which compares the job's `ResumeRecord` with
-the progress record beside the partial output and starts over when they differ). What an output can
-take (other columns, compression, writes from several processes, a format version) is asked of its
-sink class, never of its kind's name.
+An `Output` is a store named by a spec: whether something is there, whether it may be replaced
+(`check_replaceable`: only an output of ours, of the same kind, with ``overwrite``), the lock of the run
+writing it, and its sink: a new one (`create`) or an interrupted run's partial output (`resume`, when the
+job's `ResumeRecord` matches the one beside it). What an output can take is asked of its sink class.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from .. import _durable as durable
-from .._durable import remove_stale_temps
 from ..errors import BadInputError, StoreIOError
 from ..options import ReadOptions
 from ..output_plan import OutputPlan
@@ -51,8 +45,8 @@ def _read_options(read: ReadOptions | None) -> ReadOptions:
 
 
 def output_exists(path: str, read: ReadOptions | None = None) -> bool:
-    """Whether an output is at ``path``. One written in place on object storage that is not complete (its
-    ``complete`` attribute false: a run still writing it, or killed) counts as absent, as everywhere here."""
+    """Whether an output is at ``path``; one written in place on object storage that is not complete counts
+    as absent."""
     path = remote.local_path(split_spec(path)[0])
     if not remote.is_url(path):
         return os.path.lexists(path)
@@ -64,10 +58,8 @@ def output_exists(path: str, read: ReadOptions | None = None) -> bool:
 
 
 def foreign_output(path: str, kind: str | None = None, read: ReadOptions | None = None) -> str | None:
-    """None when the store at ``path`` is an output streamwhiten wrote, of ``kind`` (default: the kind
-    its name asks for), which ``--overwrite`` may replace; else what it is instead ("a directory", "an
-    HDF5 file holding a dataset streamwhiten did not write: /x", ...). Each backend recognises its own
-    outputs by the attributes every one of them records (`OWNER_ATTR`)."""
+    """None when the store at ``path`` is an output of ours of ``kind`` (default: the one its name asks for),
+    which ``overwrite`` may replace; else what it is instead ("a directory", ...), as its backend says."""
     path = remote.local_path(path)
     found_backend = backend(kind or output_kind(path))
     if not remote.is_url(path):
@@ -83,46 +75,11 @@ def foreign_output(path: str, kind: str | None = None, read: ReadOptions | None 
         return f"it cannot be read as one: {first_line(exc)}"
 
 
-def check_replaceable(spec: str, overwrite: bool, read: ReadOptions | None = None) -> None:
-    """The one rule for a store output that may exist already (apply, run, the Dask engine, the demo's
-    data, local or remote; checked again at the final rename): nothing there, or ``overwrite`` and an
-    output of ours of the same kind (`foreign_output`); else `OutputExistsError` or
-    `ForeignOutputError` (both exit 2), and nothing is touched."""
-    path = remote.local_path(split_spec(spec)[0])
-    found_backend = backend(output_kind(path))
-    durable.check_replaceable(
-        path,
-        overwrite,
-        found_backend.output_name,
-        lambda found: foreign_output(found, found_backend.kind, read),
-        exists=lambda found: output_exists(found, read),
-        label=remote.redact(path),
-    )
-
-
-def lock_path(path: str) -> str:
-    """``.NAME.lock`` beside the output ``path``: the lock of the run writing it."""
-    head, tail = os.path.split(os.path.abspath(path.rstrip("/")))
-    return os.path.join(head, f".{tail}.lock")
-
-
-def output_lock(spec: str) -> AbstractContextManager[Any]:
-    """A context holding the output's lock (`lock_path`) for a whole run writing it, so a second
-    run of the same output exits 75 (`LockedError`) instead of replacing
-    the first one's partial output; the lock file is removed on release. Object storage has no lock
-    (a prefix cannot be locked): there, two runs of one output must not be started at once."""
-    path = remote.local_path(split_spec(spec)[0])
-    if remote.is_url(path):
-        return contextlib.nullcontext()
+def _check_parent(path: str) -> None:
+    """Refuse a local output ``path`` whose directory does not exist."""
     parent = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(parent):
         raise BadInputError(f"{path}: directory {parent} does not exist")
-    lock: AbstractContextManager[Any] = durable.exclusive_lock(
-        lock_path(path),
-        lambda holder: f"{path}: another run is writing this output (pid {holder}); not starting a second one",
-        remove=True,
-    )
-    return lock
 
 
 def _read_record(raw: bytes | str) -> ResumeRecord | None:
@@ -140,11 +97,7 @@ STAMP_SETTLED_S = 2.0
 
 class Output:
     """An output store named by ``spec`` (``out.zarr``, ``out.h5:/emb``, ``s3://b/out.parquet:vectors``):
-    what is there now, and the one way to start or continue writing it.
-
-    Made by `open_output`; a name no backend writes is refused when its kind is first needed. Its
-    URLs are reached with the storage options of ``read``.
-    """
+    what is there now, and the one way to start or continue writing it (its URLs reached with ``read``)."""
 
     def __init__(self, spec: str, read: ReadOptions | None = None) -> None:
         path, dataset = split_spec(os.fspath(spec))
@@ -152,8 +105,7 @@ class Output:
         #: the output's path or URL, and the array inside it (None: the backend's default)
         self.path: str = remote.local_path(path)
         self.dataset = dataset
-        #: how its URLs are reached (the storage options and deadline of ``read``; an input's dataset or
-        #: missing-chunk rule is not the output's)
+        #: how its URLs are reached (an input's dataset or missing-chunk rule is not the output's)
         self.read = replace(_read_options(read), dataset=None, fill_missing_chunks=False)
         #: whether it is named by URL (written to object storage)
         self.url = remote.is_url(self.path)
@@ -161,11 +113,10 @@ class Output:
     def __repr__(self) -> str:
         return f"Output({remote.redact(self.spec)!r})"
 
-    # -- what it is and can take
     @cached_property
     def backend(self) -> Backend:
-        """The backend that writes it, from its name (a name no backend writes is refused here, when
-        first asked, so that other mistakes of a command are reported in their usual order)."""
+        """The backend that writes it, from its name (refused only when first asked, so that other mistakes
+        of a command are reported in their usual order)."""
         return backend(output_kind(self.path))
 
     @property
@@ -188,14 +139,9 @@ class Output:
         return found
 
     @property
-    def _local_class(self) -> type[Sink] | None:
-        """What a local output of this kind can take (a remote one may take less: `sink_class`)."""
-        return self.backend.sink_class(url=False)
-
-    @property
     def _capabilities(self) -> type[Sink]:
-        """The local sink class, or the abstract `Sink` (every capability off) for a kind never written."""
-        return self._local_class or Sink
+        """The local sink class (a remote one may take less), or the abstract `Sink` for a kind never written."""
+        return self.backend.sink_class(url=False) or Sink
 
     @property
     def tabular(self) -> bool:
@@ -232,7 +178,6 @@ class Output:
         """The progress record of an interrupted run, beside the partial output."""
         return self.partial + ".progress.json"
 
-    # -- what is there
     def exists(self) -> bool:
         """Whether an output is there (a remote one written in place counts only once complete)."""
         return output_exists(self.path, self.read)
@@ -242,14 +187,10 @@ class Output:
         return read_attrs(self.spec, self.read)
 
     def stamp(self) -> str | None:
-        """A digest of what the file system says of the output, read without opening it: the identity,
-        size and times of the file, or of a directory, the entries directly in it, and the entries of
-        each directory on the way to its array (``out.zarr:/a/b``: ``a`` and ``a/b``) and of a Lance
-        dataset's ``_versions``, where the records a run checks are kept. It changes when the output is
-        deleted, replaced or its records are written to. A run records it to skip checking an output
-        that was not touched since. None for object storage, nothing there, or an output changed less
-        than `STAMP_SETTLED_S` ago (a change within the file system's clock tick could keep its
-        times)."""
+        """A digest of the identity, size and times of the output's file, or of the entries of its directory,
+        of each directory on the way to its array and of a Lance ``_versions``: it changes when the output or
+        its records change, so a run can skip checking an output not touched since. None for object
+        storage, nothing there, or a change less than `STAMP_SETTLED_S` ago (within a clock tick)."""
         if self.url:
             return None
         try:
@@ -276,29 +217,42 @@ class Output:
         )
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def foreign(self) -> str | None:
-        """None when what is there is an output of ours of this kind, else what it is (`foreign_output`)."""
-        return foreign_output(self.path, self.kind, self.read)
-
     def check_replaceable(self, overwrite: bool) -> None:
-        """Refuse what is there unless ``overwrite`` and it is an output of ours (`check_replaceable`)."""
-        check_replaceable(self.spec, overwrite, self.read)
+        """The one rule for an output that may exist already: nothing there, or ``overwrite`` and an output
+        of ours of the same kind (`foreign_output`); else `OutputExistsError` or `ForeignOutputError` (exit 2)."""
+        kind, read = self.kind, self.read
+        durable.check_replaceable(
+            self.path,
+            overwrite,
+            self.backend.output_name,
+            lambda found: foreign_output(found, kind, read),
+            exists=lambda found: output_exists(found, read),
+            label=remote.redact(self.path),
+        )
 
     def lock(self) -> AbstractContextManager[Any]:
-        """The lock of the run writing it (`output_lock`)."""
-        return output_lock(self.spec)
+        """A context holding the lock ``.NAME.lock`` beside it for a whole run writing it, so a second run
+        exits 75 (`LockedError`); the lock file is removed on release. Object storage has no lock."""
+        if self.url:
+            return contextlib.nullcontext()
+        _check_parent(self.path)
+        head, tail = os.path.split(os.path.abspath(self.path.rstrip("/")))
+        lock: AbstractContextManager[Any] = durable.exclusive_lock(
+            os.path.join(head, f".{tail}.lock"),
+            lambda holder: f"{self.path}: another run is writing this output (pid {holder}); not starting a second one",
+            remove=True,
+        )
+        return lock
 
     def has_progress(self) -> bool:
-        """Whether an interrupted run left a progress record beside it (which `resume` compares with
-        the job, its input's whole fingerprint included)."""
+        """Whether an interrupted run left a progress record beside it (which `resume` compares with the job)."""
         if self.url:
             return remote.exists(self.progress_path, read=self.read)
         return os.path.exists(self.progress_path)
 
     def tidy(self) -> None:
-        """Remove what the run that completed this output left behind when it was killed right after its
-        final rename: its progress record (when no partial output is being written) and its lock file
-        (taken and released here: a run writing it now holds it, and this waits for none)."""
+        """Remove the progress record (when no partial output is being written) and lock file that a run killed
+        right after its final rename left behind (the lock is taken here: a run writing it now holds it)."""
         if self.url:
             if not remote.exists(self.partial, read=self.read) and remote.exists(self.progress_path, read=self.read):
                 remote.remove(self.progress_path, read=self.read)
@@ -306,11 +260,10 @@ class Output:
         with self.lock():
             if not os.path.lexists(self.partial):
                 remove(self.progress_path)
-                remove_stale_temps(self.progress_path)
+                durable.remove_stale_temps(self.progress_path)
 
     def check_compressor(self, compressor: str) -> None:
-        """Refuse a ``compressor`` that is not one of ``codecs.COMPRESSORS``, or one for an output whose
-        chunks are not compressed (`compressible`)."""
+        """Refuse a ``compressor`` not in ``codecs.COMPRESSORS``, or any for an output not `compressible`."""
         if compressor not in COMPRESSORS:
             raise BadInputError(f"compressor must be one of {', '.join(COMPRESSORS)}, got {compressor!r}")
         if compressor != "none" and not self.compressible:
@@ -323,36 +276,21 @@ class Output:
     def chunk_rows(
         self, n_features: int, dtype: Any, n_rows: int, block_rows: int | None, source_block_rows: int
     ) -> int:
-        """Rows per output chunk when its input is read in blocks of ``block_rows`` (the user's) or else
-        ``source_block_rows`` (the input's natural blocks).
-
-        HDF5 and Zarr chunks are about ``OUTPUT_CHUNK_BYTES`` (whole 4 KiB blocks, to be written
-        directly), no larger than the user's block; a table output's row groups are the blocks themselves.
-        """
+        """Rows per output chunk: a table's row groups are the blocks (``block_rows``, else the input's
+        ``source_block_rows``); other chunks about ``OUTPUT_CHUNK_BYTES``, at most the user's block."""
         if self.tabular:
             return int(block_rows or source_block_rows)
         rows = output_chunk_rows(n_features, dtype, n_rows)
         return min(rows, int(block_rows)) if block_rows else rows
 
-    # -- writing it
     def create(self, plan: OutputPlan, overwrite: bool = False) -> Sink:
-        """Start writing a new array as ``plan`` says (`OutputPlan`: its
-        shape, stored dtype, chunk rows (None: about ``OUTPUT_CHUNK_BYTES`` each), compressor, format,
-        checksums, direct I/O, kept columns) under a temporary name.
-
-        With ``direct_io``, whole aligned chunks are written around the page cache (see ``direct``).
-        Every attribute exists from the start (commit only changes values), so a resumed HDF5 output's
-        metadata is laid out as an uninterrupted run's and the two files are byte for byte the same.
-        Kept columns (a schema from `Source.column_schema`) are input columns a table output carries
-        row for row beside the vectors. A ``compressor`` (``codecs.COMPRESSORS``; HDF5 and Zarr outputs)
-        compresses each output chunk in the writer thread. A URL is written in place instead: Zarr with
-        its ``complete`` attribute set last, Parquet as part objects beside it, joined into one object that
-        appears only when its upload completes. With ``checksums``, every chunk carries a checksum its
-        readers verify (HDF5 fletcher32, Zarr 3 crc32c; Parquet pages always carry theirs). An existing
-        output is replaced only with ``overwrite`` (`check_replaceable`).
+        """Start writing a new array as ``plan`` (`OutputPlan`) says, under a temporary name (a URL: in
+        place, Zarr with ``complete`` set last, Parquet as parts joined when the upload completes). Chunk rows
+        default to about ``OUTPUT_CHUNK_BYTES``; an existing output is replaced only with ``overwrite``
+        (`check_replaceable`); kept columns need a table output; a compressor an HDF5 or Zarr one.
         """
         path = self.path
-        if self._local_class is None:
+        if self._capabilities is Sink:
             raise BadInputError(f"{path}: writing {self.kind} outputs is not supported; write .parquet, .zarr or .h5")
         columns = plan.kept_schema
         if columns is not None and len(columns) and not self.tabular:
@@ -364,7 +302,8 @@ class Output:
         if self.url:
             self._check_remote(overwrite, plan.compressor)
         else:
-            self._check_local(overwrite)
+            self.check_replaceable(overwrite)
+            _check_parent(self.path)
         sink_class = self.sink_class
         dtype = np.dtype(plan.dtype)
         if dtype not in OUTPUT_DTYPES:  # floats, int8 codes or packed sign bits (uint8)
@@ -391,20 +330,14 @@ class Output:
         return self._bind(sink)
 
     def resume(self, plan: OutputPlan, job: ResumeRecord) -> tuple[Sink, ResumeRecord] | None:
-        """The partial output of an interrupted run of the same ``job`` (``plan``'s record:
-        `ResumeRecord.same_job`, the input's whole fingerprint included) and its progress record:
-        how many rows are durable.
-
-        None when there is nothing to resume, or when the partial output belongs to another job or cannot
-        be opened; then it is removed, so the caller starts over. On object storage the progress record is
-        an object beside the output (written whole by one PUT), so a killed run is resumed from any
-        machine, a Dask driver's included.
-        """
+        """The partial output of an interrupted run of the same ``job`` (`ResumeRecord.same_job`) and its
+        progress record (how many rows are durable); None, having removed it, when there is none, it belongs
+        to another job or cannot be opened. On object storage the record is an object beside the output."""
         if self.url:
             return self._resume_remote(replace(plan, direct_io=False), job)
         partial, progress = self.partial, self.progress_path
-        remove_stale_temps(self.path)
-        remove_stale_temps(progress)
+        durable.remove_stale_temps(self.path)
+        durable.remove_stale_temps(progress)
         try:
             with open(progress, "rb") as handle:
                 recorded = _read_record(handle.read())
@@ -420,7 +353,6 @@ class Output:
             return None
         return self._bind(sink), recorded
 
-    # -- the rules behind create and resume
     @property
     def _place(self) -> SinkPlace:
         """Where its sink writes: the path, array, temporary name, and how URLs are reached."""
@@ -431,14 +363,6 @@ class Output:
         sink.read_options = self.read
         sink.replace_check = self.check_replaceable
         return sink
-
-    def _check_local(self, overwrite: bool) -> None:
-        """Refuse a local output that exists (unless ``overwrite`` and it is ours: `check_replaceable`)
-        or whose directory does not."""
-        self.check_replaceable(overwrite)
-        parent = os.path.dirname(os.path.abspath(self.path)) or "."
-        if not os.path.isdir(parent):
-            raise BadInputError(f"{self.path}: directory {parent} does not exist")
 
     def _check_remote(self, overwrite: bool, compressor: str) -> None:
         """Refuse an output URL of a kind object storage cannot take, one that exists (unless ``overwrite``
@@ -453,8 +377,7 @@ class Output:
         remote.check_url(path)
         self.sink_class  # noqa: B018 - refuses a kind object storage cannot take
         self.check_replaceable(overwrite)
-        head, rest = remote.split_url(path)
-        root = head + rest.split("/", 1)[0]
+        root = remote.bucket(path)
         if not remote.exists(root, read=self.read):
             raise BadInputError(f"{remote.redact(root)}: no such bucket or container for the output")
 
@@ -463,11 +386,9 @@ class Output:
         than ``needed`` bytes free."""
         path, partial = self.path, self.partial
         try:
-            remove_stale_temps(path)
-            remove(partial)
-            remove(self.progress_path)  # a record of an earlier partial must never describe this one
-            remove(partial + ".chunks")  # an earlier compressed HDF5 output's spool
-            remove_stale_temps(self.progress_path)
+            durable.remove_stale_temps(path)
+            self._discard_local()  # a record of an earlier partial must never describe this one
+            durable.remove_stale_temps(self.progress_path)
         except OSError as exc:
             raise StoreIOError(
                 f"{partial}: cannot remove the partial output of an earlier run: {io_error(exc)}"
@@ -483,19 +404,23 @@ class Output:
     def _discard_local(self) -> None:
         remove(self.partial)
         remove(self.progress_path)
-        remove(self.partial + ".chunks")
+        remove(self.partial + ".chunks")  # a compressed HDF5 output's spool
+
+    def _discard_remote(self) -> None:
+        remote.remove(self.progress_path, read=self.read)
+        remote.remove(self.partial, recursive=True, read=self.read)
 
     def _resume_remote(self, plan: OutputPlan, job: ResumeRecord) -> tuple[Sink, ResumeRecord] | None:
         sink_class = self.backend.sink_class(url=True)
         if sink_class is None:
             return None
-        partial, progress = self.partial, self.progress_path
+        progress = self.progress_path
         try:
             raw: bytes | None = remote.cat(progress, read=self.read)
         except BadInputError:
             raw = None
         recorded = None if raw is None else _read_record(raw)
-        data = self.path if sink_class.in_place else partial
+        data = self.path if sink_class.in_place else self.partial
         if (
             recorded is None
             or not recorded.same_job(job)
@@ -504,15 +429,14 @@ class Output:
         ):
             if raw is not None:
                 remote.remove(progress, read=self.read)
-            remote.remove(partial, recursive=True, read=self.read)
+            remote.remove(self.partial, recursive=True, read=self.read)
             return None
         try:
             sink = sink_class.resume(self._place, plan, recorded.rows_done)
         except StoreIOError:
             raise
         except Exception:  # unreadable: start over (it was never complete)
-            remote.remove(progress, read=self.read)
-            remote.remove(partial, recursive=True, read=self.read)
+            self._discard_remote()
             return None
         return self._bind(sink), recorded
 
@@ -524,4 +448,4 @@ def open_output(spec: str, read: ReadOptions | None = None) -> Output:
     return Output(spec, read)
 
 
-__all__ = ["Output", "check_replaceable", "foreign_output", "lock_path", "open_output", "output_exists", "output_lock"]
+__all__ = ["Output", "foreign_output", "open_output", "output_exists"]

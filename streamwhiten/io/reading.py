@@ -1,10 +1,6 @@
-"""Opening what is read: a store's rows as a `Source`, a whole 1-D array (gold
-scores), the ids of a table's rows, an array's attributes.
-
-Every function takes the [`ReadOptions`][streamwhiten.options.ReadOptions] it reads with (``read=``; default:
-none of its fields set): the dataset, array or column of a spec that names none, whether missing chunks
-are read as the fill value, and the storage options and deadline of URLs. The store's kind is decided by
-``spec`` and its backend found in the ``registry``; the backend's module is imported only then.
+"""Opening what is read: a store's rows as a `Source`, a whole 1-D array (gold scores), the ids of a
+table's rows, an array's attributes; each with the [`ReadOptions`][streamwhiten.options.ReadOptions] it
+reads with (``read=``). The store's kind is decided by ``spec``, its backend imported from the ``registry``.
 """
 
 from __future__ import annotations
@@ -35,8 +31,7 @@ def exists(path: str, read: ReadOptions | None = None) -> bool:
 
 
 def _missing_bucket(url: str, read: ReadOptions) -> str:
-    head, rest = remote.split_url(url)
-    root = head + rest.split("/", 1)[0]
+    root = remote.bucket(url)
     try:
         return "" if remote.exists(root, read=read) else f" (the bucket {remote.redact(root)} does not exist)"
     except Exception:
@@ -56,14 +51,9 @@ def _refuse_incomplete(source: Source) -> None:
 def open_source(
     spec: str | Source, *, read: ReadOptions | None = None, min_rows: int = 1, codes: bool = False
 ) -> Source:
-    """Open ``spec`` read-only and check it is a 2-D float array with at least ``min_rows`` rows (with
-    ``codes``, an output of int8 codes or sign bits too: for its attributes and shape, not as input).
-
-    ``read`` says how ([`ReadOptions`][streamwhiten.options.ReadOptions]): ``dataset`` names the array of a spec
-    that names none; a chunk missing from the store (Zarr) or never written (HDF5) is refused when read,
-    naming the rows it covers, unless ``fill_missing_chunks``: then it reads as the array's fill value; a
-    URL is reached with ``storage_options`` within ``remote_timeout``. An open source is returned as it is.
-    """
+    """Open ``spec`` (an open source: as it is) read-only and check it is a 2-D float array of at least
+    ``min_rows`` rows (with ``codes``, int8 codes or sign bits too, for their attributes). ``read`` gives the
+    ``dataset`` of a spec naming none, ``fill_missing_chunks`` and how URLs are reached."""
     if isinstance(spec, Source):
         return spec
     read = read if read is not None else ReadOptions()
@@ -89,12 +79,9 @@ def open_source(
 
 
 def read_vector(spec: str, *, read: ReadOptions | None = None) -> tuple[np.ndarray, str]:
-    """A whole 1-D numeric array (e.g. gold scores) as float64, and its label.
-
-    ``spec`` is ``file.h5:/dataset``, ``dir.zarr[:/array]``, ``file.npy``, ``file.parquet:column``, or a
-    column of a delimited text file: ``file.csv:NAME`` (a header field) or ``file.tsv:INDEX`` (0-based,
-    every line data; see `streamwhiten.io.text`). A store holding exactly one 1-D array needs no
-    name. An ``(n, 1)`` column is accepted and flattened. A URL is reached with ``read``'s storage options.
+    """A whole 1-D numeric array (e.g. gold scores) as float64, and its label: ``file.h5:/dataset``,
+    ``dir.zarr[:/array]``, ``file.npy``, ``file.parquet:column``, ``file.csv:NAME`` or ``file.tsv:INDEX``
+    (see `streamwhiten.io.text`); a store holding one 1-D array needs no name; ``(n, 1)`` is flattened.
     """
     read = read if read is not None else ReadOptions()
     path, inner = split_spec(spec)
@@ -128,12 +115,8 @@ def read_vector(spec: str, *, read: ReadOptions | None = None) -> tuple[np.ndarr
 
 
 def read_ids(source: Source, column: str) -> list[str]:
-    """The values of ``column`` of a table store (Parquet, Lance: `Source.tabular`), row by row, as
-    strings: the ids of its rows.
-
-    A store of another kind has no id column (its ids are its 0-based rows); a missing column, a null
-    id or an id given to two rows is a `BadInputError` naming the store (and the rows).
-    """
+    """The values of ``column`` of a table store (`Source.tabular`), row by row, as strings: its rows' ids.
+    Another kind of store, a missing column, a null id or one id for two rows is a `BadInputError`."""
     if not source.tabular:
         raise BadInputError(
             f"{source.label}: an id column needs a Parquet or Lance store; the ids of a {source.kind} store "

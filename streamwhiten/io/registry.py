@@ -1,12 +1,8 @@
-"""The backends, registered once each: which store kinds exist, the module and classes that read and write
-each, the names that mark its files, and the optional extra that installs its library.
+"""The backends, registered once each: the store kinds, the module and classes that read and write each,
+the names that mark its files, and the optional extra that installs its library.
 
-A `Backend` names its module and classes by string and imports them only when a store of its kind
-is opened (`Backend.load`), so ``import streamwhiten`` and the command line stay light and a
-missing optional library costs nothing until it is needed, and then one line naming the ``pip install``.
-What a backend can do is asked of its classes (the capability attributes of
-`Source` and `Sink`), never of its kind's name.
-
+A backend's module is imported only when a store of its kind is opened (`Backend.load`), so
+``import streamwhiten`` stays light and a missing optional library is one line naming the ``pip install``.
 Adding a backend: write its module (a ``Source`` subclass, and a ``Sink`` where it writes) and add its
 record to `BACKENDS`.
 """
@@ -31,28 +27,22 @@ if TYPE_CHECKING:  # type names only: the store classes are below this module's 
 
 @dataclass(frozen=True)
 class Extra:
-    """The optional extra a backend's library comes with: ``pip install 'streamwhiten[NAME]'``."""
+    """The optional extra a backend's library comes with (``pip install 'streamwhiten[NAME]'``): its ``name``,
+    the ``library`` pip installs, ``what`` it reads (for the message) and the top-level ``modules`` it brings."""
 
-    #: the extra's name
     name: str
-    #: the library it installs, as ``pip`` spells it
     library: str
-    #: what it reads and writes, for the message ("Parquet", "Lance datasets")
     what: str
-    #: the top-level modules whose absence means the extra is missing
     modules: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Backend:
-    """One store kind: where its code is and what names it."""
+    """One store kind (``kind``, as specs name it; ``name`` in messages): where its code is and what names it."""
 
-    #: the kind, as specs and messages name it ("hdf5", "zarr", ...)
     kind: str
-    #: its name in messages ("HDF5", "Zarr", ...)
     name: str
-    #: the class of its sources, in the module under ``streamwhiten.io`` named `kind` (the only importer
-    #: of its library)
+    #: the class of its sources, in the module ``streamwhiten.io.KIND`` (the only importer of its library)
     source: str
     #: the class of its local outputs (None: it is never written)
     sink: str | None = None
@@ -105,14 +95,7 @@ class Backend:
 BACKENDS: dict[str, Backend] = {
     backend.kind: backend
     for backend in (
-        Backend(
-            "hdf5",
-            "HDF5",
-            "HDF5Source",
-            sink="HDF5Sink",
-            suffixes=(".h5", ".hdf5", ".hdf", ".he5"),
-            article="an",
-        ),
+        Backend("hdf5", "HDF5", "HDF5Source", sink="HDF5Sink", suffixes=(".h5", ".hdf5", ".hdf", ".he5"), article="an"),
         Backend(
             "zarr",
             "Zarr",

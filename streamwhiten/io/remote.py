@@ -1,39 +1,23 @@
 """Object storage and other remote file systems (``s3://``, ``gs://``, ``az://``, ``https://``, ...) through
-fsspec: URLs, storage options, redaction, retries, fingerprints. The only module that imports fsspec.
+fsspec, the only importer of fsspec: URLs, storage options, redaction, retries, fingerprints.
 
-Configuration is the ecosystem's: the standard environment of each file system (``AWS_ENDPOINT_URL``,
-``AWS_PROFILE``, ``AWS_ACCESS_KEY_ID``, ``GOOGLE_APPLICATION_CREDENTIALS``, ...), fsspec's own config
-(``~/.config/fsspec/*.json``, ``FSSPEC_S3_*`` variables), and storage options given by the caller (the
-CLI's ``--storage-option KEY=VALUE``, a job file's ``[storage]`` table, ``Whitener(read=...)``
-or ``ReadOptions(storage_options=...)`` from Python), which are passed to the file system as keyword
-arguments and win over the rest. There is no process-wide setting: every function here that reaches a
-URL takes the [`ReadOptions`][streamwhiten.options.ReadOptions] it is reached with (``read=``), and the file
-systems made are kept per protocol *and* options, so threads and callers with other options never share one.
+Configuration is the ecosystem's (``AWS_ENDPOINT_URL``, ``AWS_PROFILE``, fsspec's config, ...) plus the
+storage options of the [`ReadOptions`][streamwhiten.options.ReadOptions] each call takes (``read=``), which
+win. There is no process-wide setting: file systems are kept per protocol *and* options.
 
-Credentials never leave this module in a message, a label or a record: URLs carrying credentials
-(``https://user:password@host/``, presigned query strings) are refused, every message that could quote an
-option's value goes through `scrub` (which knows the secret values of every set of options this
-process has used: `remember_secrets`, values only), and sources are recorded by their URL alone.
+Credentials never leave this module: URLs carrying them are refused, every message goes through `scrub`
+(which knows the secret values of every set of options used), and sources are recorded by URL alone.
 
-Reads and writes go through `retrying`: a transient failure (a reset connection, a timeout, a 5xx
-answer, throttling) is retried with exponential backoff; a persistent one is a
-`StoreIOError` (exit 74) naming the URL; a missing object or bucket is bad
-input (exit 2), and refused credentials an I/O error saying so.
-
-One deadline bounds the time before giving up: ``ReadOptions.remote_timeout`` seconds (parameter
-``remote_timeout`` in ``streamwhiten.params``, 10 by default; ``--remote-timeout`` or the environment
-variable ``STREAMWHITEN_REMOTE_TIMEOUT``) from the first failure of an outage, shared by every thread:
-once it is over, no call starts another attempt. The layers below retry on their own too (s3fs, then
-botocore; zarr's asynchronous file system; Lance's object store), so each is told to keep its retries
-and timeouts inside that deadline (`filesystem_options`, `lance_options`): a refused
-connection comes back at once, and a request that gets no answer at all waits at most half the deadline
-to connect (at most 5 s) or to read, so the call in flight when the deadline passes ends within about
-the deadline again (a server that refuses connections: within a second).
+`retrying` retries a transient failure with backoff until ``read.remote_timeout`` seconds have passed
+since the outage began (shared by every thread); then a `StoreIOError` (exit 74). A missing object is bad
+input (exit 2). The layers below (s3fs, botocore, Lance's object store) are told to keep their own
+retries and timeouts inside that deadline (`filesystem_options`, `lance_options`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import re
@@ -43,22 +27,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import BadInputError, StoreIOError
+from ..errors import BadInputError, CorruptStoreError, StoreIOError, StreamwhitenError
 from ..options import ReadOptions
 
 #: ``scheme://`` at the start of a spec.
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*)://")
 #: Spellings of one protocol (``s3a://`` is Hadoop's name for S3).
-_ALIASES = {
-    "s3a": "s3",
-    "s3n": "s3",
-    "gcs": "gs",
-    "abfs": "az",
-    "abfss": "az",
-    "adl": "az",
-    "http": "http",
-    "https": "https",
-}
+_ALIASES = {"s3a": "s3", "s3n": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "adl": "az"}
 #: Query parameters that make a URL a credential (presigned S3/GCS URLs, Azure SAS tokens).
 _SIGNED = re.compile(
     r"(^|&)(x-amz-signature|x-amz-credential|x-amz-security-token|x-goog-signature|"
@@ -69,35 +44,23 @@ _SIGNED = re.compile(
 _SECRET_NAME = re.compile(r"secret|password|passwd|token|credential|key|sas|auth|session", re.IGNORECASE)
 #: Environment variables whose values are secrets, scrubbed from messages too.
 _SECRET_ENV = (
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_ACCESS_KEY_ID",
-    "AZURE_STORAGE_KEY",
-    "AZURE_STORAGE_SAS_TOKEN",
-    "AZURE_STORAGE_CONNECTION_STRING",
-    "AZURE_STORAGE_ACCOUNT_KEY",
-)
+    "AWS_SECRET_ACCESS_KEY AWS_SESSION_TOKEN AWS_ACCESS_KEY_ID AZURE_STORAGE_KEY AZURE_STORAGE_SAS_TOKEN "
+    "AZURE_STORAGE_CONNECTION_STRING AZURE_STORAGE_ACCOUNT_KEY"
+).split()
 
-#: The first wait before a call is tried again (doubled each time, with jitter, at most `MAX_BACKOFF`
-#: s), until the deadline (``ReadOptions.remote_timeout``) passes.
+#: The first wait before a call is tried again (doubled each time, with jitter, at most `MAX_BACKOFF` s).
 BACKOFF = float(os.environ.get("STREAMWHITEN_REMOTE_BACKOFF", "0.2"))
 MAX_BACKOFF = 2.0
-#: Tries s3fs makes of one request whose answer was cut or timed out (its own loop, around botocore, which
-#: is told to make one): a reset connection is tried again at once, cheaply, before `retrying` tries the
-#: whole block again. A refused connection is not retried there: it comes straight back here.
+#: Tries s3fs makes of one request whose answer was cut or timed out (botocore is told to make one): a reset
+#: connection is tried again at once, cheaply, before `retrying` tries the whole block again.
 S3FS_TRIES = 2
-#: Worker threads a fit or apply reading a remote store starts by default: reads wait on the network,
-#: so several requests are kept in flight (memory stays about one block per thread).
+#: Worker threads a fit or apply reading a remote store starts by default: reads wait on the network.
 REMOTE_THREADS = 8
 
 #: Since when the remote stores have been failing (monotonic clock; None while they answer): every
-#: thread's retries share one outage, so all of them give up together. (Not a setting: a fact about the
-#: network, which every caller shares.)
+#: thread's retries share one outage, so all of them give up together.
 _outage: dict[str, float | None] = {"since": None}
 _outage_lock = threading.Lock()
-
-
-# ---------------------------------------------------------------------------------------------- URLs
 
 
 def is_url(spec: object) -> bool:
@@ -111,9 +74,7 @@ def is_remote(spec: object) -> bool:
 
 
 def protocol(url: str) -> str:
-    match = _URL.match(url)
-    assert match is not None  # callers pass URLs (is_url)
-    scheme = match.group(1).lower()
+    scheme = split_url(url)[0][:-3].lower()
     return _ALIASES.get(scheme, scheme)
 
 
@@ -160,6 +121,12 @@ def redact(url: str) -> str:
     return f"{parts.scheme}://{netloc}{parts.path}"
 
 
+def bucket(url: str) -> str:
+    """The bucket or container of ``url`` (``s3://b/x/y``: ``s3://b``)."""
+    head, rest = split_url(url)
+    return head + rest.split("/", 1)[0]
+
+
 def normalize(url: str) -> str:
     """One spelling of a remote location: canonical scheme, no credentials, no repeated or trailing ``/``,
     no ``.`` segments; for comparing outputs with inputs and recording sources."""
@@ -193,14 +160,9 @@ def basename(url: str) -> str:
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
-# ----------------------------------------------------------------------------------- storage options
-
-
 def parse_option(text: str) -> tuple[str, object]:
     """``KEY=VALUE`` as ``(key, value)``; the value as JSON where it parses (``true``, ``3``,
     ``{"a": 1}``), else as a string. The key may be dotted (``client_kwargs.region_name``)."""
-    import json
-
     key, sep, value = text.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -230,21 +192,19 @@ def options_from(items: Mapping[str, Any] | Iterable[str] | None) -> dict[str, A
     return result
 
 
-#: The secret values of every set of storage options this process has used (values only, never their
-#: names or the options): what `scrub` hides.
+#: The secret values of every set of storage options this process has used: what `scrub` hides.
 _secrets: set[str] = set()
 _secrets_lock = threading.Lock()
 
 
-def storage_options_of(read: ReadOptions) -> dict[str, Any]:
-    """The storage options of ``read`` as plain keyword arguments (a copy; none: empty)."""
+def _storage_options(read: ReadOptions) -> dict[str, Any]:
+    """The storage options of ``read`` as plain keyword arguments (a copy), their secrets remembered."""
+    remember_secrets(read.storage_options)
     return read.storage_options.to_dict() if read.storage_options is not None else {}
 
 
 def remember_secrets(options: Mapping[str, Any] | None) -> None:
-    """Add the secret values among ``options`` (those of options whose names say secret, key, token, ...)
-    to what `scrub` hides from every message from now on. Every file system made here does it for
-    its options; a caller may do it as soon as it holds options (the command line does)."""
+    """Add the values of ``options`` whose names say secret, key, token, ... to what `scrub` hides from now on."""
     found: list[str] = []
 
     def walk(mapping: Mapping[str, Any]) -> None:
@@ -274,17 +234,13 @@ def scrub(text: str) -> str:
     return text
 
 
-# ----------------------------------------------------------------------------------- file systems
-
-#: File systems made, by (protocol, storage options, deadline): one per set of options, shared by the
-#: threads that use the same ones.
+#: File systems made, by (protocol, storage options, deadline), shared by the threads that use the same ones.
 _filesystems: dict[tuple[str, Any, float], Any] = {}
 _filesystems_lock = threading.Lock()
 
 
 def clear_cache() -> None:
-    """Forget the file systems made so far (the next call makes them again: after the environment they
-    read changed, say)."""
+    """Forget the file systems made so far (after the environment they read changed, say)."""
     with _filesystems_lock:
         _filesystems.clear()
 
@@ -301,13 +257,10 @@ def _fsspec() -> Any:
 
 
 def filesystem_options(url: str, read: ReadOptions) -> dict[str, Any]:
-    """The keyword arguments a file system for ``url`` is made with: the storage options of ``read``, and
-    no listings cache (a store being written must be seen as it is now). For S3, retries and timeouts that
-    fit in ``read.remote_timeout`` (options given by the user win): botocore makes one attempt, s3fs
-    `S3FS_TRIES` (`_bounded`), each connecting within half the deadline (at most 5 s) and
-    waiting at most half the deadline for an answer, so one call takes at most about the deadline."""
-    remember_secrets(read.storage_options)
-    options = storage_options_of(read)
+    """The keyword arguments of a file system for ``url``: ``read``'s storage options, no listings cache (a
+    store being written must be seen as it is now) and, for S3, retries and timeouts within
+    ``read.remote_timeout`` (one botocore attempt, half the deadline to connect or answer; the user's win)."""
+    options = _storage_options(read)
     options.setdefault("use_listings_cache", False)
     if protocol(url) == "s3":
         # s3fs otherwise asks for an object's size (a HEAD) before every whole-object GET, to split large
@@ -323,17 +276,14 @@ def filesystem_options(url: str, read: ReadOptions) -> dict[str, Any]:
 
 
 def _bounded(fs: Any) -> Any:
-    """``fs``, its own retry loop (s3fs's ``retries``: 5 tries by default, around botocore's) reduced to
-    `S3FS_TRIES`, so that the retries of all layers fit in the deadline."""
+    """``fs`` with s3fs's own retry loop (5 tries by default) cut to `S3FS_TRIES`, to fit in the deadline."""
     if hasattr(type(fs), "retries") and isinstance(getattr(fs, "retries", None), int):
         fs.retries = S3FS_TRIES
     return fs
 
 
 def filesystem(url: str, read: ReadOptions) -> tuple[Any, str]:
-    """``(file system, path in it)`` for a remote ``url`` reached with ``read``'s storage options, the file
-    system made once per protocol and options (synchronous; zarr makes its own asynchronous one, see
-    `zarr_store`)."""
+    """``(file system, path in it)`` for a remote ``url``, made once per protocol and ``read``'s options."""
     fsspec = _fsspec()
     check_url(url)
     name = protocol(url)
@@ -373,11 +323,9 @@ _LANCE_NAMES = {
 
 
 def lance_options(url: str, read: ReadOptions) -> dict[str, str]:
-    """The storage options of ``read`` as pylance (object_store) spells them: fsspec's S3 names mapped
-    (``endpoint_url`` to ``aws_endpoint``, ...), object_store's own (``aws_*``, ``google_*``, ``azure_*``,
-    ``allow_http``) passed as they are; an ``http://`` endpoint (a local S3-compatible server) allowed."""
-    remember_secrets(read.storage_options)
-    options = storage_options_of(read)
+    """The storage options of ``read`` as pylance (object_store) spells them (``endpoint_url``:
+    ``aws_endpoint``, ...; its own ``aws_*``, ``google_*``, ... as they are); an ``http://`` endpoint allowed."""
+    options = _storage_options(read)
     flat = dict(options.get("client_kwargs") or {}, **{k: v for k, v in options.items() if k != "client_kwargs"})
     result = {}
     for key, value in flat.items():
@@ -411,8 +359,6 @@ def zarr_store(url: str, read_only: bool, read: ReadOptions) -> Any:
     return store
 
 
-# ------------------------------------------------------------------------------------ failures
-
 #: Words of a message that mark a failure as passing: worth another try.
 _TRANSIENT_TEXT = re.compile(
     r"(\((5\d\d|429)\)|\b(HTTP|status|code)[ =:/]*(5\d\d|429)\b|\b(5\d\d|429),? ?(message=|Server|Service|Internal|"
@@ -422,31 +368,13 @@ _TRANSIENT_TEXT = re.compile(
     r"Broken pipe|EOF occurred|IncompleteRead|Response payload is not completed|Cannot connect)\b)",
     re.IGNORECASE,
 )
-#: Exception class names that mark a failure as passing (from aiohttp, botocore, urllib3, fsspec, ...).
-_TRANSIENT_NAMES = (
-    "ConnectionError",
-    "ConnectionResetError",
-    "ConnectionAbortedError",
-    "ConnectionRefusedError",
-    "BrokenPipeError",
-    "TimeoutError",
-    "ServerDisconnectedError",
-    "ClientOSError",
-    "ClientPayloadError",
-    "ClientConnectorError",
-    "ServerTimeoutError",
-    "EndpointConnectionError",
-    "ConnectionClosedError",
-    "ReadTimeoutError",
-    "ConnectTimeoutError",
-    "IncompleteReadError",
-    "ResponseStreamingError",
-    "FSTimeoutError",
-    "ProtocolError",
-    "IncompleteRead",
-    "ContentLengthError",
-    "ClientResponseError",
-    "ServerDisconnected",
+#: Exception class names (any in the class's bases) that mark a failure as passing (aiohttp, botocore, urllib3,
+#: fsspec, ...); the built-in ConnectionError and TimeoutError and their subclasses are passing too.
+_TRANSIENT_NAMES = frozenset(
+    "ConnectionError ServerDisconnectedError ClientOSError ClientPayloadError ClientConnectorError ServerTimeoutError "
+    "EndpointConnectionError ConnectionClosedError ReadTimeoutError ConnectTimeoutError IncompleteReadError "
+    "ResponseStreamingError FSTimeoutError ProtocolError IncompleteRead ContentLengthError ClientResponseError "
+    "ServerDisconnected".split()
 )
 _AUTH_TEXT = re.compile(
     r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|Forbidden|\b403\b|\b401\b|"
@@ -470,12 +398,11 @@ def classify(exc: BaseException) -> str:
     for item in chain:
         if isinstance(item, PermissionError) or _AUTH_TEXT.search(str(item)) and isinstance(item, OSError):
             return "auth"
-    for item in chain:
-        if isinstance(item, FileNotFoundError):
-            return "missing"
+    if any(isinstance(item, FileNotFoundError) for item in chain):
+        return "missing"
     for item in chain:
         names = {cls.__name__ for cls in type(item).__mro__}
-        if names & set(_TRANSIENT_NAMES) or isinstance(item, (ConnectionError, TimeoutError)):
+        if names & _TRANSIENT_NAMES or isinstance(item, (ConnectionError, TimeoutError)):
             return "transient"
         if isinstance(item, OSError) and item.errno in (104, 110, 111, 32, 103, 113):
             return "transient"
@@ -524,8 +451,6 @@ stats = {"retries": 0, "failures": 0}
 def _network_cause(exc: BaseException) -> BaseException | None:
     """The network failure behind one of our errors that a backend raised ``from`` it (a read it took for
     damaged data or a disk's failure, as it would be locally), else None."""
-    from ..errors import CorruptStoreError
-
     cause = exc.__cause__
     if isinstance(exc, (CorruptStoreError, StoreIOError)) and cause is not None and classify(cause) != "other":
         return cause
@@ -534,11 +459,8 @@ def _network_cause(exc: BaseException) -> BaseException | None:
 
 def retrying(url: str, what: str, call: Callable[..., Any], *args: Any, read: ReadOptions, **kwargs: Any) -> Any:
     """``call(*args, **kwargs)``, retried with backoff while it fails transiently, until ``read.remote_timeout``
-    seconds have passed since the outage began (the first failure not followed by a success, in any
-    thread) or since this call first failed; then `failure`, naming the seconds. Our own errors pass
-    through, unless the network's failure is behind them."""
-    from ..errors import StreamwhitenError
-
+    seconds have passed since the outage began (in any thread) or this call first failed; then `failure`.
+    Our own errors pass through, unless the network's failure is behind them."""
     attempt, first = 0, None
     while True:
         try:
@@ -572,38 +494,35 @@ def retrying(url: str, what: str, call: Callable[..., Any], *args: Any, read: Re
         return result
 
 
-# ------------------------------------------------------------------------------- simple operations
+def _call(url: str, what: str, method: str, *args: Any, read: ReadOptions, **kwargs: Any) -> Any:
+    """The file system's ``method`` on the path of ``url`` (then ``args``), through `retrying`."""
+    fs, path = filesystem(url, read)
+    return retrying(url, what, getattr(fs, method), path, *args, read=read, **kwargs)
 
 
 def info(url: str, *, read: ReadOptions) -> dict[str, Any]:
     """The metadata of one object."""
-    fs, path = filesystem(url, read)
-    found: dict[str, Any] = retrying(url, "read its metadata", fs.info, path, read=read)
-    return found
+    return dict(_call(url, "read its metadata", "info", read=read))
 
 
 def exists(url: str, *, read: ReadOptions) -> bool:
     """Whether an object or a prefix is at ``url``."""
-    fs, path = filesystem(url, read)
-    return bool(retrying(url, "check whether it exists", fs.exists, path, read=read))
+    return bool(_call(url, "check whether it exists", "exists", read=read))
 
 
 def isdir(url: str, *, read: ReadOptions) -> bool:
     """Whether ``url`` is a prefix (of a store's objects)."""
-    fs, path = filesystem(url, read)
-    return bool(retrying(url, "check whether it is a prefix", fs.isdir, path, read=read))
+    return bool(_call(url, "check whether it is a prefix", "isdir", read=read))
 
 
 def cat(url: str, start: int | None = None, end: int | None = None, *, read: ReadOptions) -> bytes:
     """Bytes ``[start, end)`` of one object (all of it by default)."""
-    fs, path = filesystem(url, read)
-    return bytes(retrying(url, f"read bytes {start}..{end}", fs.cat_file, path, start=start, end=end, read=read))
+    return bytes(_call(url, f"read bytes {start}..{end}", "cat_file", start=start, end=end, read=read))
 
 
 def put_bytes(url: str, data: bytes, *, read: ReadOptions) -> None:
     """Write one whole object (a single PUT: readers see the old object or the new one, never a part)."""
-    fs, path = filesystem(url, read)
-    retrying(url, "write", fs.pipe_file, path, data, read=read)
+    _call(url, "write", "pipe_file", data, read=read)
 
 
 def remove(url: str, recursive: bool = False, *, read: ReadOptions) -> None:
@@ -621,41 +540,25 @@ def remove(url: str, recursive: bool = False, *, read: ReadOptions) -> None:
 
 def find(url: str, detail: bool = False, *, read: ReadOptions) -> Any:
     """Every object under the prefix ``url`` (as URLs, sorted), or ``{url: info}`` with ``detail``."""
-    fs, path = filesystem(url, read)
-    found = retrying(url, "list", fs.find, path, detail=True, read=read)
-    head = split_url(url)[0]
-    full = {_as_url(head, key, fs): value for key, value in found.items()}
+    found = _call(url, "list", "find", detail=True, read=read)
+    full = {_as_url(url, key): value for key, value in found.items()}
     return full if detail else sorted(full)
 
 
 def glob(pattern: str, *, read: ReadOptions) -> list[str]:
     """The objects whose URLs match ``pattern``, sorted."""
-    fs, path = filesystem(pattern, read)
-    head = split_url(pattern)[0]
-    return sorted(_as_url(head, key, fs) for key in retrying(pattern, "list", fs.glob, path, read=read))
+    return sorted(_as_url(pattern, key) for key in _call(pattern, "list", "glob", read=read))
 
 
-def _as_url(head: str, key: str, fs: Any) -> str:
-    if "://" in key:
-        return key
-    return head + key.lstrip("/")
+def _as_url(url: str, key: str) -> str:
+    """A key a listing of ``url`` gave, as a URL of the same scheme."""
+    return key if "://" in key else split_url(url)[0] + key.lstrip("/")
 
 
 def etag_of(details: dict[str, Any]) -> str:
     """The version of an object as its store says it: ETag (S3, Azure), generation or md5 (GCS), else
     the modification time."""
-    for key in (
-        "ETag",
-        "etag",
-        "generation",
-        "md5Hash",
-        "version_id",
-        "VersionId",
-        "LastModified",
-        "mtime",
-        "last_modified",
-        "updated",
-    ):
+    for key in "ETag etag generation md5Hash version_id VersionId LastModified mtime last_modified updated".split():
         if details.get(key) not in (None, ""):
             return str(details[key]).strip('"')
     return ""
@@ -683,10 +586,8 @@ def prefix_version(url: str, details: dict[str, Any] | None = None, *, read: Rea
 
 
 def default_threads(threads: int | None, sources: Iterable[Any]) -> int | None:
-    """``threads`` if given; else `REMOTE_THREADS` when any of ``sources`` is remote (reads wait on
-    the network: several requests in flight), else None (the engine's own default)."""
+    """``threads`` if given, else `REMOTE_THREADS` when any of ``sources`` is remote, else None (the default)."""
     if threads is not None:
         return threads
-    if any(getattr(source, "remote", False) or (isinstance(source, str) and is_remote(source)) for source in sources):
-        return REMOTE_THREADS
-    return None
+    remote = any(getattr(source, "remote", False) or is_remote(source) for source in sources)
+    return REMOTE_THREADS if remote else None

@@ -1,14 +1,9 @@
 """Specs: the strings that name an array in a store, globs of them, and the paths outputs may take.
 
-A *spec* is ``file.h5:/group/dataset`` (or ``file.h5`` with a separate dataset name), ``dir.zarr``,
-``dir.zarr:/group/array`` or ``dir.zarr/group/array``, ``file.npy``, ``file.parquet:column`` (a directory
-of Parquet shards is expanded into its files, as a glob is) or ``dir.lance:column``. Which backend reads
-a path is decided here from its name and what a directory holds (and, for a file of unknown extension,
-its HDF5 signature), never by the backends themselves.
-
-Any of these may be a URL (``s3://bucket/corpus.zarr``, ``gs://...``, ``https://...``; see ``remote``):
-its kind is told the same way, from its name, the objects under it or its first bytes; globs are
-expanded over object prefixes. ``file://`` URLs are local paths.
+A *spec* is ``file.h5:/group/dataset``, ``dir.zarr[:/group/array]`` or ``dir.zarr/group/array``,
+``file.npy``, ``file.parquet:column`` (a directory of shards expands into its files, as a glob does) or
+``dir.lance:column``, local or a URL (``s3://...``; ``file://`` is local). Which backend reads it is
+decided here, from its name, what a directory or prefix holds, or its first bytes.
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from .._paths import split_above
 from ..errors import BadInputError
 from ..options import ReadOptions
 from . import remote
@@ -33,6 +29,9 @@ LANCE_SUFFIX = BACKENDS["lance"].suffixes[0]
 TEXT_SUFFIXES = (".csv", ".tsv")
 #: Files whose presence marks a directory as a Zarr store (v3, v2 array, v2 group).
 ZARR_MARKERS = ("zarr.json", ".zarray", ".zgroup")
+#: The endings of store names, and of the files a spec may name something inside (text files too).
+_STORE_SUFFIXES = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX)
+_SPEC_SUFFIXES = _STORE_SUFFIXES + TEXT_SUFFIXES
 
 
 def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
@@ -47,16 +46,12 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
         scheme, rest = remote.split_url(spec)
         if ":" in rest:
             head, _, tail = rest.rpartition(":")
-            suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX) + TEXT_SUFFIXES
-            if head and "/" in head and (tail.startswith("/") or head.rstrip("/").lower().endswith(suffixes)):
+            if head and "/" in head and (tail.startswith("/") or head.rstrip("/").lower().endswith(_SPEC_SUFFIXES)):
                 path, inner = scheme + head, tail
     elif not os.path.exists(spec) and ":" in spec:
         head, _, tail = spec.rpartition(":")
-        # ``a:b`` names an array inside a store only when that is unambiguous: the inner part starts
-        # with "/", or the head is an existing path or has a store suffix; otherwise ':' is part of a
-        # file name (e.g. a timestamp).
-        suffixes = HDF5_SUFFIXES + (ZARR_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX, LANCE_SUFFIX) + TEXT_SUFFIXES
-        if head and (tail.startswith("/") or os.path.exists(head) or head.rstrip("/").lower().endswith(suffixes)):
+        # ``a:b`` names an array inside a store only when unambiguous; else ':' is part of a file name
+        if head and (tail.startswith("/") or os.path.exists(head) or head.rstrip("/").lower().endswith(_SPEC_SUFFIXES)):
             path, inner = head, tail
     if dataset is not None:
         inner = dataset
@@ -67,8 +62,7 @@ def split_spec(spec: str, dataset: str | None = None) -> tuple[str, str | None]:
 
 def expand_specs(specs: Iterable[Any], read: ReadOptions | None = None) -> list[Any]:
     """Expand glob patterns (``'shards/day-*.h5:/emb'``) that name no file literally, and directories of
-    Parquet shards (the Hugging Face layout), into their files, sorted for a stable order (URLs are
-    listed with ``read``'s storage options)."""
+    Parquet shards, into their files, sorted for a stable order."""
     read = read if read is not None else ReadOptions()
     expanded: list[Any] = []
     for spec in specs:
@@ -81,16 +75,14 @@ def expand_specs(specs: Iterable[Any], read: ReadOptions | None = None) -> list[
         if remote.is_url(path):
             expanded.extend(_expand_url(path, suffix, spec, read))
             continue
+        matches = None
         if any(ch in path for ch in "*?[") and not os.path.exists(path):
             matches = sorted(glob.glob(path))
             if not matches:
                 raise BadInputError(f"{path}: the pattern matches no file")
-        else:
-            matches = None
         for match in matches if matches is not None else [path]:
             if os.path.isdir(match) and input_kind(match, read) == "parquet":
-                files = parquet_files(match, read)
-                expanded.extend(name + suffix for name in files)
+                expanded.extend(name + suffix for name in parquet_files(match, read))
             elif matches is not None:
                 expanded.append(match + suffix)
             else:
@@ -106,15 +98,9 @@ def _expand_url(path: str, suffix: str, spec: str, read: ReadOptions) -> list[st
         stores = sorted({_store_root(m) for m in matches})
         if not stores:
             raise BadInputError(f"{remote.redact(path)}: the pattern matches no object")
-        result = []
-        for match in stores:
-            result.extend(_expand_url(match, suffix, match + suffix, read))
-        return result
+        return [found for match in stores for found in _expand_url(match, suffix, match + suffix, read)]
     if (
-        not any(
-            path.rstrip("/").lower().endswith(s)
-            for s in (ZARR_SUFFIX, LANCE_SUFFIX, NPY_SUFFIX, PARQUET_SUFFIX) + HDF5_SUFFIXES
-        )
+        not path.rstrip("/").lower().endswith(_STORE_SUFFIXES)
         and remote.isdir(path, read=read)
         and input_kind(path, read) == "parquet"
     ):
@@ -161,31 +147,19 @@ def _is_lance(path: str) -> bool:
 def _is_zarr(path: str) -> bool:
     if any(os.path.exists(os.path.join(path, marker)) for marker in ZARR_MARKERS):
         return True
-    parts = os.path.abspath(path).split(os.sep)
-    return any(part.endswith(ZARR_SUFFIX) for part in parts)
+    return any(part.endswith(ZARR_SUFFIX) for part in os.path.abspath(path).split(os.sep))
 
 
 def zarr_store_above(path: str) -> tuple[str, str] | None:
     """For a local ``dir.zarr/name`` that does not exist: ``(dir.zarr, name)``, the Zarr store it runs
     through and the name inside it (whose reader then says what the store holds); else None."""
-    head = path.rstrip("/")
-    rest: list[str] = []
-    while head and head not in ("/", "."):
-        head, tail = os.path.split(head)
-        rest.insert(0, tail)
-        if head and os.path.isdir(head) and _is_zarr(head):
-            return head, "/".join(rest)
-    return None
+    return split_above(path, lambda head: os.path.isdir(head) and _is_zarr(head))
 
 
 def input_kind(path: str, read: ReadOptions | None = None) -> str:
-    """The backend that reads the existing ``path``: ``"hdf5"``, ``"zarr"``, ``"npy"``, ``"parquet"``
-    (a file, or a directory of Parquet files) or ``"lance"``.
-
-    A directory is a Lance dataset (``.lance``, or a ``_versions`` folder), a Zarr store (its metadata
-    files, or ``.zarr`` in its path), a directory of Parquet shards, or else taken for Zarr (whose
-    reader then says what is missing).
-    """
+    """The backend that reads the existing ``path``: ``"hdf5"``, ``"zarr"``, ``"npy"``, ``"parquet"`` or
+    ``"lance"``. A directory is Lance (``.lance``, ``_versions``), Zarr (its metadata, ``.zarr`` in its path),
+    Parquet shards, or else taken for Zarr (whose reader then says what is missing)."""
     if remote.is_url(path):
         return _remote_kind(path, read if read is not None else ReadOptions())
     if os.path.isdir(path):
@@ -291,8 +265,7 @@ class _Place:
 
 
 def refuse_shared_outputs(*outputs: tuple[Any, str]) -> None:
-    """Refuse two outputs of one command, given as ``(path, what)`` pairs, that are the same file (one
-    would overwrite or delete the other). Each path is resolved once (a job's outputs may be many)."""
+    """Refuse two outputs of one command, given as ``(path, what)`` pairs, that are the same file."""
     seen: dict[Any, tuple[str, str]] = {}
     for path, what in outputs:
         if path is None:
@@ -301,25 +274,17 @@ def refuse_shared_outputs(*outputs: tuple[Any, str]) -> None:
         keys: list[Any] = [("url", place.url)] if place.url else [("path", place.real)]
         if place.inode is not None:
             keys.append(("inode", place.inode))
-        for key in keys:
-            if key in seen:
-                first, first_what = seen[key]
-                raise BadInputError(f"{first}: given as both the {first_what} and the {what}; choose another path")
-        for key in keys:
-            seen[key] = (place.path, what)
+        clash = next((seen[key] for key in keys if key in seen), None)
+        if clash is not None:
+            raise BadInputError(f"{clash[0]}: given as both the {clash[1]} and the {what}; choose another path")
+        seen.update(dict.fromkeys(keys, (place.path, what)))
 
 
 def refuse_input_overlap(outputs: dict[Any, str], inputs: Iterable[Any], nested: bool = True) -> None:
-    """Refuse, before anything is written, an output that would replace or write into an input.
-
-    ``outputs`` maps each output path (or spec) to what it is ("model file", ...); ``inputs`` are the
-    specs or paths read. An output is refused when it is an input, resolves to one (symlinks), lies
-    inside one or holds one (directory stores, unless ``nested`` is false: an output directory that
-    only receives new files), or is a hard link of one, whatever ``overwrite`` says. Each path is
-    resolved once (a job may have many inputs and outputs).
-    """
+    """Refuse, before anything is written, an output (``outputs``: path -> what it is, "model file", ...)
+    that is one of ``inputs`` or a link of one, or (``nested``) lies inside one or holds one."""
     places = [_Place(split_spec(os.fspath(spec))[0]) for spec in inputs if spec is not None]
-    urls = [place for place in places if place.url]
+    urls = [(place.url, place.path) for place in places if place.url]
     exact: dict[Any, str] = {}  # an input's real path or (device, inode) -> the input
     holding: dict[str, str] = {}  # a directory holding an input, or the input itself -> the input
     for place in places:
@@ -334,15 +299,9 @@ def refuse_input_overlap(outputs: dict[Any, str], inputs: Iterable[Any], nested:
         if output is None:
             continue
         out = _Place(split_spec(os.fspath(output))[0])
-        found: str | None = None
         if out.url:
-            for place in urls:
-                assert place.url is not None
-                if out.url == place.url or (
-                    nested and (remote.contains(out.url, place.url) or remote.contains(place.url, out.url))
-                ):
-                    found = place.path
-                    break
+            inside = remote.contains if nested else str.__eq__  # one under the other, or the same location
+            found = next((path for url, path in urls if inside(out.url, url) or inside(url, out.url)), None)
         else:
             found = exact.get(out.real) or (exact.get(out.inode) if out.inode is not None else None)
             if found is None and nested:  # the output holds an input, or lies inside one

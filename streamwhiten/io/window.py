@@ -1,9 +1,7 @@
 """Rows ``[start, stop)`` of a source, as a source of their own: what an apply of part of an input reads.
 
-A `RowRange`'s row 0 is row ``start`` of the store (`first_row`
-says so, for messages that name a row). It reads, fetches and decodes through the source it wraps, so it
-has that source's capabilities (remote, decoder, columns); a fingerprint of it hashes rows sampled inside
-the range (start, quartiles and end of the range).
+A `RowRange`'s row 0 is row ``start`` of the store (`first_row`). It reads through the source it wraps,
+with its capabilities; a fingerprint of it hashes rows sampled inside the range.
 """
 
 from __future__ import annotations
@@ -42,7 +40,6 @@ class RowRange(StoreSource):
         )
         self.base, self.start, self.stop = base, start, stop
         self.first_row = base.first_row + start
-        # the capabilities of the source it reads through
         self.kind = base.kind  # type: ignore[misc]
         self.tabular = base.tabular  # type: ignore[misc]
         self.widens_float16 = base.widens_float16  # type: ignore[misc]

@@ -1,21 +1,10 @@
 """The interface every backend implements: a `Source` of rows and a `Sink` for outputs.
 
-A source is a read-only 2-D array of rows: its shape and dtype, its natural block layout (the store's
-chunk rows), rows read into a caller's buffer, what a fingerprint records of it, and its attributes. A
-sink is a new 2-D array written under a hidden temporary name and renamed into place only when
-complete, so an interrupted or failed write never leaves something that looks finished, and nothing
-that existed is touched before that rename.
-
-What a backend can do is said by capability attributes, which the engine and the command line ask
-instead of comparing kind names: a source's `remote`, `widens_float16`,
-`decoder` and `tabular`; a sink class's `tabular`,
-`compressible`, `parallel_writes`, `format_versions`,
-`named` and `in_place`.
-
-This module is the interface only: abstract classes and what can be said in terms of the interface
-itself. Nothing here imports a storage library, ``remote``, ``codecs`` or ``_durable``; what the
-backends share beneath it (retries, decoding, durable commits, the helpers around stores) is in
-``streamwhiten.io._store``.
+A source is a read-only 2-D array: shape, dtype, natural blocks, rows read into a caller's buffer, what a
+fingerprint records, attributes. A sink writes a new 2-D array under a hidden temporary name, renamed into
+place only when complete, so nothing unfinished looks finished and nothing existing is touched before.
+What a backend can do is said by capability attributes, asked instead of kind names. The interface only:
+what the backends share beneath it is in ``streamwhiten.io._store``.
 """
 
 from __future__ import annotations
@@ -39,13 +28,8 @@ if TYPE_CHECKING:  # names for annotations only: the interface does not load the
 
 
 class Source(ABC):
-    """A read-only 2-D array of rows in a store; iterate it with `blocks` and `read_into`.
-
-    Backends set ``path``, ``dataset``, ``shape``, ``dtype`` (native byte order: the storage library
-    converts a big-endian store as it reads) and ``chunk_rows`` (rows per store chunk, None for a
-    contiguous layout) through `__init__`; ``io._store.StoreSource`` implements what they all do
-    alike.
-    """
+    """A read-only 2-D array of rows in a store; iterate it with `blocks` and `read_into`. ``dtype`` is in
+    native byte order; ``chunk_rows`` is None for a contiguous layout."""
 
     #: the store kind, for messages (``registry.Backend.kind``)
     kind: ClassVar[str] = "?"
@@ -55,14 +39,11 @@ class Source(ABC):
     widens_float16: ClassVar[bool] = False
     #: why a source whose layout digest changed is refused, for the message
     layout_change: ClassVar[str] = "the store was rewritten"
-    #: the store is read over the network (a URL): blocks are read by more threads, retried when the
-    #: network fails, and never by the raw local-chunk fast path
+    #: the store is read over the network (a URL): by more threads, retried, never by the local fast path
     remote: bool = False
-    #: how this source's compressed chunks are decoded here, in the caller's thread (None: its library
-    #: decodes them, or they are not compressed); `fetch` reads their stored bytes ahead
+    #: how its compressed chunks are decoded in the caller's thread (None: by its library, or not compressed)
     decoder: Decoder | None = None
-    #: the row of the store that is this source's row 0 (a range of a store's rows, ``io.window``), for
-    #: messages naming a row
+    #: the row of the store that is this source's row 0 (``io.window``), for messages naming a row
     first_row: int = 0
 
     def __init__(
@@ -79,8 +60,7 @@ class Source(ABC):
         self.shape = tuple(int(s) for s in shape)
         self.dtype: np.dtype[Any] = np.dtype(dtype).newbyteorder("=")
         self.chunk_rows = chunk_rows
-        #: how it was opened (read chunks missing from the store as the fill value, reach URLs with
-        #: these storage options)
+        #: how it was opened (missing chunks, storage options)
         self.read_options = read if read is not None else ReadOptions()
 
     @property
@@ -114,8 +94,7 @@ class Source(ABC):
 
     @property
     def read_dtype(self) -> np.dtype[Any]:
-        """The dtype of the buffer a block is best read into: float32 for a float16 store whose backend
-        widens as it reads (`widens_float16`), the store's own dtype otherwise."""
+        """The dtype a block is best read into: float32 for a float16 store that `widens_float16`, else its own."""
         dtype = np.dtype(self.dtype)
         return np.dtype(np.float32) if self.widens_float16 and dtype == np.float16 else dtype
 
@@ -125,9 +104,8 @@ class Source(ABC):
 
     @abstractmethod
     def read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
-        """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``.
-
-        ``fetched`` is what `fetch` returned for the same rows, if it was called ahead."""
+        """Rows ``[start, stop)`` into the preallocated ``out`` (C-contiguous); returns ``out[:stop - start]``
+        (``fetched``: what `fetch` returned for the same rows, if it was called ahead)."""
 
     def fetch(self, start: int, stop: int) -> Fetched | None:
         """The stored (compressed) bytes behind rows ``[start, stop)``, read ahead of `read_into`
@@ -138,21 +116,18 @@ class Source(ABC):
         """The array's attributes (an output's record of the model that wrote it, for instance)."""
         return {}
 
-    # -- what a fingerprint records (see ``io.fingerprint``); backends refine these
     @abstractmethod
     def sample_ranges(self, n_rows: int) -> list[tuple[int, int]]:
         """Row ranges of the first ``n_rows`` whose contents a fingerprint hashes."""
 
     def layout_digest(self, n_rows: int) -> str | None:
-        """A digest of how the first ``n_rows`` rows are stored (a Parquet footer, Lance fragments), for
-        stores whose structure says whether they changed; None where there is none (HDF5, Zarr, npy)."""
+        """A digest of how the first ``n_rows`` rows are stored (a Parquet footer, Lance fragments), or None."""
         return None
 
     def fingerprint_extra(self) -> dict[str, Any]:
         """More fields a fingerprint records, not compared by an update (``size``, ``etag``, ``version``)."""
         return {}
 
-    # -- other columns of the same rows (tabular stores only)
     def column_schema(self, names: list[str]) -> Any:
         """The types of the columns ``names`` (to carry them into an output), checking they exist."""
         raise BadInputError(
@@ -197,14 +172,10 @@ class Source(ABC):
         self.close()
 
 
-# ----------------------------------------------------------------------------------------------- sinks
-
-
 @dataclass(frozen=True)
 class SinkPlace:
-    """Where a sink writes: the output's ``path`` (or URL) and ``dataset`` (None: the backend's default),
-    the hidden temporary name ``partial`` it is written under until committed, and ``read``, how its URLs
-    are reached."""
+    """Where a sink writes: ``path`` (or URL), ``dataset`` (None: the backend's default), the temporary name
+    ``partial`` until committed, and ``read``, how its URLs are reached."""
 
     path: str
     dataset: str | None
@@ -213,18 +184,12 @@ class SinkPlace:
 
 
 class Sink(ABC):
-    """A new 2-D array being written under the temporary name ``partial``; `commit` renames it
-    to ``path`` once complete.
-
-    Sinks are made by ``io.open_output`` (`create` for a new output, `resume` for an
-    interrupted run's); ``io._store.StoreSink`` implements what every backend does alike. The class
-    attributes say what the backend can do.
-    """
+    """A new 2-D array being written under the temporary name ``partial``; `commit` renames it to ``path``
+    once complete. Made by ``io.open_output``; the class attributes say what the backend can do."""
 
     #: the store kind, for messages (``registry.Backend.kind``)
     kind: ClassVar[str] = "?"
-    #: carries other columns of the same rows beside the vectors (``--keep-columns``); its blocks are
-    #: written as row groups or fragments of any size
+    #: carries other columns beside the vectors (``--keep-columns``); blocks are row groups of any size
     tabular: ClassVar[bool] = False
     #: compresses its chunks (``--compressor``)
     compressible: ClassVar[bool] = False
@@ -234,8 +199,7 @@ class Sink(ABC):
     format_versions: ClassVar[tuple[int, ...]] = ()
     #: its array always lives under a name inside the store (an HDF5 dataset): specs of it name one
     named: ClassVar[bool] = False
-    #: written where it stays (object storage cannot rename a prefix): it says ``complete = false`` until
-    #: committed, and is taken for absent until then (`incomplete`)
+    #: written where it stays (object storage), ``complete = false`` and taken for absent until committed
     in_place: ClassVar[bool] = False
 
     path: str
@@ -249,23 +213,18 @@ class Sink(ABC):
     direct_io: bool
     #: how the URLs of this output are reached (set by ``io.open_output``)
     read_options: ReadOptions
-    #: refuses to replace what is at `path` unless ``overwrite`` and it is an output of ours of this
-    #: kind (set by ``io.open_output``: the rule is ``io.check_replaceable``)
+    #: refuses to replace what is at `path` (set by ``io.open_output``: ``Output.check_replaceable``)
     replace_check: Callable[[bool], None] | None
 
-    # -- how a sink is made (by ``io.open_output``)
     @classmethod
     @abstractmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> Sink:
-        """A new output under the temporary name ``place.partial``, laid out as ``plan`` says (its shape,
-        stored dtype, chunk rows, compressor, format version, checksums, direct I/O, kept columns: those
-        that apply to the backend), with the plan's attributes set from the start."""
+        """A new output under ``place.partial``, laid out as ``plan`` says, its attributes set from the start."""
 
     @classmethod
     @abstractmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> Sink:
-        """The partial output of an interrupted run of the same ``plan``, of which ``rows_done`` rows are
-        durable (its layout is read from the partial output itself)."""
+        """The partial output of an interrupted run of the same ``plan``, ``rows_done`` rows of it durable."""
 
     @classmethod
     def incomplete(cls, path: str, read: ReadOptions) -> bool:
@@ -303,7 +262,7 @@ class Sink(ABC):
     @abstractmethod
     def commit(self, overwrite: bool = False, attrs: Mapping[str, Any] | None = None) -> None:
         """Set ``attrs`` and ``complete = True``, make everything durable, and rename into place
-        (replacing an old output only if ``overwrite`` and it is an output of ours: ``io.check_replaceable``)."""
+        (replacing an old output only if ``overwrite`` and it is an output of ours: ``Output.check_replaceable``)."""
 
     @abstractmethod
     def abort(self) -> None:
