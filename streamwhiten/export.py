@@ -209,7 +209,8 @@ def export(
         it is refused. One already holding what would be written is kept: `NothingToDoError` (exit 3).
     append_to, insert : str, optional
         ``sentence-transformers`` only: a local model directory whose copy gets the modules appended, and
-        where in a model ending in ``Normalize`` (``"before-normalize"`` or ``"end"``; default: `st_insertion`).
+        where in a model ending in ``Normalize`` (``"before-normalize"`` or ``"end"``; default: told from
+        ``affine.mean_sq_norm``, `st_insertion`).
     index, metric : str, optional
         ``faiss`` only: a factory string (``"Flat"``, ``"HNSW32"``, ``"IVF1024,PQ32"``) for the index behind the
         transform, and its metric, ``"ip"`` or ``"l2"`` (default ``ip`` when normalising, else ``l2``).

@@ -220,7 +220,8 @@ class ApplyOptions:
     direct_io : bool
         Write whole output chunks around the page cache where the file system allows it.
     checksums : bool
-        Store a checksum with every output chunk, verified when read (HDF5's fletcher32, Zarr 3's crc32c).
+        Store a checksum with every output chunk, verified when read (HDF5's fletcher32, Zarr 3's crc32c;
+        Parquet pages always carry theirs, Zarr 2 and Lance outputs have none).
     keep_columns : tuple of str
         Input columns (Parquet or Lance input) copied row for row into a Parquet or Lance output.
     progress_seconds : float

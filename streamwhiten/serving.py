@@ -121,7 +121,7 @@ def _storage(dtype: str | Storage | None, held: Storage) -> Storage:
     """What `load` encodes with: ``dtype`` (a name keeps ``held``'s int8 clip) or, by default, ``held``."""
     if dtype is None:
         return held
-    wanted = Storage(dtype, int8_clip=held.int8_clip) if isinstance(dtype, str) else dtype
+    wanted = dtype if isinstance(dtype, Storage) else Storage(dtype, int8_clip=held.int8_clip)  # which checks it
     if wanted.dtype == CODE:
         raise BadInputError(
             f"load encodes as float32, float16, int8 or binary, not the {wanted} code: its rows are "

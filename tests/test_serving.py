@@ -212,8 +212,9 @@ def test_load_takes_a_storage_value_as_it_takes_its_name(model_file, tmp_path, r
     assert np.any(narrow != serving.load(model_file, dtype="int8").encode(rows[:50]))
     with pytest.raises(BadInputError, match="not the eigen:4 code"):
         serving.load(model_file, dtype=Storage("code", code="eigen", budget=4))
-    with pytest.raises(BadInputError, match="dtype must be"):
-        serving.load(model_file, dtype="int4")
+    for wrong in ("int4", 5, b"int8"):  # refused in the parameter's words, as before a Storage was taken
+        with pytest.raises(BadInputError, match="dtype must be"):
+            serving.load(model_file, dtype=wrong)
 
 
 def test_damaged_missing_and_foreign_files_are_refused(model_file, tmp_path):

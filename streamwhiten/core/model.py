@@ -267,7 +267,8 @@ class WhiteningModel:
         """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data.
 
         ``basis="identity"`` gives the identity map (beta = gamma = 0, k = d), ``basis="eigen"`` the setting's;
-        without it an identity model stays one unless another setting is asked for (`kept_storage`)."""
+        without it an identity model stays one unless another setting is asked for. A recorded vector code
+        codes one map's outputs: another map records no storage (train one for it: ``with_codes``)."""
         basis = changes.pop("basis", None)
         if basis is not None and basis not in BASES:
             raise BadInputError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")

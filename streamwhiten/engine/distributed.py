@@ -325,9 +325,10 @@ def apply_dask(
         check_output(model, source, output_spec)
         plan = plan_output(model, source, output, options, read, source_sha256=fingerprint(source).sha256_sampled)
         plan = replace(plan, chunk_rows=output_chunk_rows)  # sized here (default: about 4 MiB a chunk)
-        with output.lock(), _connect(cluster) as active:
-            refuse_current(output, plan, options.overwrite)  # up to date: kept, overwrite or not (exit 3)
-            with output.create(plan, options.overwrite) as sink:
+        with output.lock():
+            # up to date: kept (exit 3) before any cluster is reached, so a job's current outputs cost none
+            refuse_current(output, plan, options.overwrite)
+            with _connect(cluster) as active, output.create(plan, options.overwrite) as sink:
                 futures = _submit_blocks(active, model, source, sink, plan, read)
                 n_nonfinite = _gather(active, futures, source.n_rows, watch)
                 sink.commit(options.overwrite, plan.commit_attrs(n_nonfinite))

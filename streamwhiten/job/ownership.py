@@ -34,7 +34,8 @@ def _digest(text: str, size: int) -> str:
 
 
 def _folder_digest(salt: str, model_path: str) -> str:
-    """Binds an identity drawn with ``salt`` to the manifest's folder: its inode and the manifest's name."""
+    """Binds an identity drawn with ``salt`` to the manifest's folder: its inode (kept by a move, a rename or a
+    mount; new for a copy, which so never passes for the job) and the manifest's name."""
     folder, name = _folder_of(model_path)
     try:
         inode = os.stat(folder).st_ino
@@ -68,7 +69,8 @@ def job_id_problem(model_path: str, job_id: str) -> str | None:
 
 def input_identity(input_spec: str, part_spec: str, earlier: bool = False) -> str | None:
     """The input a part holds rows of, as it records it: the input's path relative to the part's folder (links
-    unresolved) or its URL, and the array; ``earlier``: as the previous release did (real paths; None: URL)."""
+    unresolved: a folder moved with its inputs, or whose ``out/`` links to another disk, stays bound to them) or
+    its URL, and the array; ``earlier``: as the previous release did (real paths; None: URL)."""
     from ..io import remote, split_spec
 
     path, inner = split_spec(input_spec)

@@ -227,7 +227,8 @@ def _key(spec: str) -> tuple[str, str | None]:
 
 def published(model_path: str, read: ReadOptions | None = None) -> Publication:
     """The current publication of the job keeping ``model_path``: one manifest read, one consistent version
-    (``read``: how URL outputs are reached). `BadInputError` when none was published; `ModelFileError`."""
+    (``read``: how URL outputs are reached). `BadInputError` when none was published; `ModelFileError` for a
+    damaged manifest."""
     manifest = read_manifest(model_path)
     if manifest is None:
         raise BadInputError(

@@ -442,6 +442,20 @@ def test_apply_dask_failure_leaves_old_output_and_no_partial(client, stores, mod
     assert not os.path.exists(fresh) and not os.path.exists(partial_path(fresh))
 
 
+def test_apply_dask_finds_an_up_to_date_output_without_reaching_a_cluster(client, stores, model, tmp_path, monkeypatch):
+    # a job's apply (engine = "dask") skips a current output by apply's NothingToDoError: no cluster is
+    # started or reached for it, so a night with nothing to write does not depend on the scheduler
+    out = str(tmp_path / "current.zarr")
+    sd.apply_dask(model, stores.h5, out, cluster=DaskEngine(client=client))
+    monkeypatch.setattr(sd, "CONNECT_TIMEOUT", 1)
+    with pytest.raises(NothingToDoError, match="is up to date"):
+        sd.apply_dask(
+            model, stores.h5, out, ApplyOptions(overwrite=True), cluster=DaskEngine(scheduler="tcp://127.0.0.1:1")
+        )
+    with pytest.raises(ClusterError, match="cannot reach the Dask scheduler"):  # one to write still needs it
+        sd.apply_dask(model, stores.h5, str(tmp_path / "new.zarr"), cluster=DaskEngine(scheduler="tcp://127.0.0.1:1"))
+
+
 def test_apply_dask_takes_apply_model_options_alike():
     """apply_dask is apply_model on a cluster: the options they share travel as the same two objects
     (ApplyOptions, ReadOptions: normalize, dtype, overwrite, skip_nonfinite, zarr_format, dataset,
