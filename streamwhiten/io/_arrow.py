@@ -1,10 +1,6 @@
-"""Arrow helpers shared by the Parquet and Lance backends (both hand out Arrow arrays): which column
-holds the vectors, its element type and width, the checked copy of Arrow list arrays into a block,
-`TableSource`, what their sources share, and `TableSink`, the resumable writer of table outputs both
-build on.
-
-Imported only by ``parquet`` and ``lance``, after pyarrow is known to be installed.
-"""
+"""What the Parquet and Lance backends share (imported only by them, after pyarrow is known to be
+installed): the vector column and its type, the checked copy of Arrow list arrays into a block,
+`TableSource` and `TableSink`, the resumable writer of table outputs."""
 
 from __future__ import annotations
 
@@ -14,6 +10,7 @@ import json
 import os
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any
 
@@ -21,10 +18,10 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _durable as durable
-from ..errors import BadInputError, StoreIOError
+from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..output_plan import OutputPlan
 from . import remote
-from ._messages import io_error, name_not_found
+from ._messages import first_line, io_error, name_not_found
 from ._store import StoreSink, StoreSource, remove
 from .abc.store import SinkPlace
 
@@ -45,6 +42,16 @@ FLOAT_TYPES: dict[Any, np.dtype[Any]] = {
 CODE_TYPES = {pa.int8(): np.dtype(np.int8), pa.uint8(): np.dtype(np.uint8)}
 #: The column types a vector column may have, for messages.
 VECTOR_TYPES = "list<float16|float32|float64>, large_list<...> or fixed_size_list<...>[d]"
+
+
+def table_error(
+    label: str, what: str, exc: BaseException, damage: str = "cannot be decoded, the file is damaged or truncated"
+) -> StoreIOError | CorruptStoreError:
+    """A pyarrow or pylance failure as ours: a failed system call is an I/O error, anything else damaged
+    data (``damage`` says so)."""
+    if isinstance(exc, OSError) and getattr(exc, "errno", None):
+        return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
+    return CorruptStoreError(f"{label}: {what} {damage} ({exc.__class__.__name__}: {first_line(exc)})")
 
 
 def storage_type(arrow_type: pa.DataType) -> pa.DataType:
@@ -133,14 +140,14 @@ def vector_type(label: str, field: pa.Field) -> tuple[np.dtype[Any], int | None]
     if not is_list(arrow_type):
         raise BadInputError(f"{label}: column {field.name!r} is {field.type}, not a vector column ({VECTOR_TYPES})")
     element = arrow_type.value_type
+    width = arrow_type.list_size if pa.types.is_fixed_size_list(arrow_type) else None
     if element in CODE_TYPES:  # codes an apply wrote: refused as input by check_array, with its hint
-        return CODE_TYPES[element], arrow_type.list_size if pa.types.is_fixed_size_list(arrow_type) else None
+        return CODE_TYPES[element], width
     if element not in FLOAT_TYPES:
         raise BadInputError(
             f"{label}: column {field.name!r} holds {element} values, not float16, float32 or float64 "
             f"({field.type}; cast it to a float type first)"
         )
-    width = arrow_type.list_size if pa.types.is_fixed_size_list(arrow_type) else None
     return FLOAT_TYPES[element], width
 
 
@@ -161,6 +168,11 @@ def vector_length(array: pa.Array, where: str) -> int:
     if length == 0:
         raise BadInputError(f"{where}: empty vector")
     return length
+
+
+def row_names(prefix: str, first: int) -> Callable[[int], str]:
+    """Names of the rows from ``first`` on for `copy_vectors`' messages: ``prefix`` then the row number."""
+    return lambda i: f"{prefix}{first + i:,}"
 
 
 def copy_vectors(array: pa.Array, target: np.ndarray, where: Callable[[int], str]) -> None:
@@ -260,14 +272,6 @@ class TableSource(StoreSource):
         return kept_columns(self.path, self._schema, names)
 
 
-def _encode_schema(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
-def _decode_schema(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-
-
 class TableSink(StoreSink):
     """A table output: the vectors as a ``fixed_size_list<float>[k]`` column (or int8 codes, or uint8 bytes
     of sign bits) after any columns kept from the input, written block by block as part files, joined
@@ -324,18 +328,15 @@ class TableSink(StoreSink):
             "chunk_rows": int(chunk_rows),
             "column": column,
             "attrs": attrs,
-            "columns": _encode_schema(columns),
+            "columns": base64.b64encode(columns.serialize().to_pybytes()).decode(),
         }
+        data = json.dumps(record, sort_keys=True).encode()
         if remote.is_url(partial):  # parts are objects under the partial prefix (any machine can resume them)
-            data = json.dumps(record, sort_keys=True).encode()
             remote.put_bytes(remote.join(partial, _SINK_FILE), data, read=read)
-            return cls(replace(place, dataset=column), shape, dtype, chunk_rows, attrs, columns)
-        os.mkdir(partial)
-        durable.write_file_atomic(
-            os.path.join(partial, _SINK_FILE),
-            lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
-            "output description",
-        )
+        else:
+            os.mkdir(partial)
+            where = os.path.join(partial, _SINK_FILE)
+            durable.write_file_atomic(where, lambda handle: handle.write(data), "output description")
         return cls(replace(place, dataset=column), shape, dtype, chunk_rows, attrs, columns)
 
     @classmethod
@@ -357,7 +358,7 @@ class TableSink(StoreSink):
             record["dtype"],
             record["chunk_rows"],
             record["attrs"],
-            _decode_schema(record["columns"]),
+            pa.ipc.read_schema(pa.py_buffer(base64.b64decode(record["columns"]))),
         )
 
     def _part_path(self, start: int) -> str:
@@ -407,7 +408,7 @@ class TableSink(StoreSink):
         )
         expected = 0
         for start, part in parts:
-            table = self._read_remote_part(part) if self.remote else self._read_part(part)
+            table = self._read_part(pa.BufferReader(remote.cat(part, read=self.read_options)) if self.remote else part)
             if start != expected or not table.schema.equals(self.schema, check_metadata=False):
                 raise StoreIOError(
                     f"{self.path}: the partial output {self.partial} is damaged (part {part} starts at "
@@ -455,9 +456,6 @@ class TableSink(StoreSink):
             remove(temp)
             raise
 
-    def _read_remote_part(self, url: str) -> pa.Table:
-        return self._read_part(pa.BufferReader(remote.cat(url, read=self.read_options)))
-
     def _commit_remote(self, overwrite: bool, schema: pa.Schema) -> None:
         """Upload the joined parts as one object: it appears only when the upload completes (one multipart
         upload, aborted on failure), so it is never seen half-written; then drop the parts and the record."""
@@ -473,21 +471,17 @@ class TableSink(StoreSink):
             self._join(handle, schema, self._tables())
         except BaseException:
             discard = getattr(handle, "discard", None)  # abort the multipart upload: nothing becomes visible
-            try:
+            with suppress(Exception):
                 discard() if discard is not None else None
-            except Exception:
-                pass
             raise
         handle.close()  # completes the upload: the object appears whole
 
     def abort(self) -> None:
         if not self.remote:
             return super().abort()
-        try:
+        with suppress(Exception):  # parts under a hidden prefix never look like an output
             remote.remove(self.partial, recursive=True, read=self.read_options)
             remote.remove(self.progress_path, read=self.read_options)
-        except Exception:  # parts under a hidden prefix never look like an output
-            pass
 
     # -- what each backend does
     @abstractmethod

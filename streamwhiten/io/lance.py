@@ -1,20 +1,11 @@
 """Lance datasets through pylance: a source of vectors held in a list column, other columns of the same
-rows, and 1-D columns. The only module that imports lance.
+rows, 1-D columns, and a sink. The only module that imports lance.
 
-A source reads one version of the dataset (the latest when it is opened), fragment by fragment in the
-dataset's order: a block's rows are read with ``LanceFragment.to_table(offset=..., limit=...)`` in the
-worker thread that asked for them, through a dataset handle of that thread's own. Every vector is
-checked as it is copied: a null vector or value, or a vector of another length, is refused naming the
-dataset, fragment and row.
-
-Appends add fragments after the old ones, so the rows an earlier fit read stay a prefix: a fingerprint
-holds a digest of the fragments that store that prefix (their ids, data files, row counts and deletion
-files) beside sampled rows, so an update reads only new fragments and refuses a dataset whose old
-fragments were changed (rows deleted, compacted, rewritten). The fingerprint also records the version.
-
-A dataset named by URL (``s3://``, ``gs://``, ``az://``) is read through pylance's own object store, with
-the storage options it was opened with translated to its names (``remote.lance_options``); writing one is not
-supported (write Parquet or Zarr to object storage).
+A source reads one version of the dataset (the latest when opened), fragment by fragment, in the worker
+thread that asks, through that thread's own dataset handle; every vector is checked as it is copied.
+Appends add fragments after the old ones, so a fingerprint holds a digest of the fragments holding the
+rows an earlier fit read: an update reads only new fragments, and refuses changed old ones. A dataset
+named by URL is read through pylance's own object store (``remote.lance_options``), never written.
 """
 
 from __future__ import annotations
@@ -35,20 +26,23 @@ from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..options import ReadOptions
 from . import remote
-from ._arrow import TableSink, TableSource, copy_vectors, read_attrs, read_numeric_column, vector_length
+from ._arrow import (
+    TableSink,
+    TableSource,
+    copy_vectors,
+    read_attrs,
+    read_numeric_column,
+    row_names,
+    table_error,
+    vector_length,
+)
 from ._messages import first_line, io_error
 from ._store import OWNER_ATTR
 from .codecs import Fetched
 
 
 def _lance_error(label: str, what: str, exc: BaseException) -> StoreIOError | CorruptStoreError:
-    """A pylance failure as ours: a failed system call is an I/O error, anything else damaged data."""
-    if isinstance(exc, OSError) and getattr(exc, "errno", None):
-        return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
-    return CorruptStoreError(
-        f"{label}: {what} cannot be read, the dataset is damaged or incomplete "
-        f"({exc.__class__.__name__}: {first_line(exc)})"
-    )
+    return table_error(label, what, exc, "cannot be read, the dataset is damaged or incomplete")
 
 
 def _open(path: str, read: ReadOptions, version: int | None = None) -> Any:
@@ -154,17 +148,12 @@ class LanceSource(TableSource):
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
         for index, a, b in self._pieces(start, stop):
-            first = self._starts[index]
-            table = self._fragment_table(index, [self.dataset], a - first, b - a)
-            done = 0
-            fragment_id = self._fragment_ids[index]
+            table = self._fragment_table(index, [self.dataset], a - self._starts[index], b - a)
+            done, fragment_id = 0, self._fragment_ids[index]
             for array in table.column(0).chunks:
-                n = len(array)
-                where = (lambda row, fragment: lambda i: f"{self.label}: fragment {fragment}, row {row + i:,}")(
-                    a + done, fragment_id
-                )
-                copy_vectors(array, view[a - start + done : a - start + done + n], where)
-                done += n
+                where = row_names(f"{self.label}: fragment {fragment_id}, row ", a + done)
+                copy_vectors(array, view[a - start + done :][: len(array)], where)
+                done += len(array)
             if done != b - a:
                 raise CorruptStoreError(
                     f"{self.label}: fragment {fragment_id} gave {done} of the {b - a} rows asked "

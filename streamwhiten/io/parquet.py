@@ -1,30 +1,13 @@
 """Parquet through pyarrow: a source of vectors held in a list column, other columns of the same rows,
-1-D columns (gold scores), and a sink that writes a ``fixed_size_list`` column. The only module that
-imports ``pyarrow.parquet``.
+1-D columns (gold scores), and a sink (``_arrow.TableSink``) that writes a ``fixed_size_list`` column.
+The only module that imports ``pyarrow.parquet``.
 
-One file is one source (a directory or glob of shards is expanded into its files by ``spec``). Row
-groups are the natural blocks: a block covering whole row groups decodes each in the worker thread
-that asked for it (pyarrow decodes without holding the GIL), through a ``ParquetFile`` of that thread's
-own, in batches of a few MiB copied into the block as they come. A block covering part of a row group
-(row groups larger than a block, or of uneven sizes) reads it from a stream of such batches shared by
-the threads, so each row group is still decoded about once. Every vector is checked as it is copied: a null vector
-or value, or a vector of another length, is refused naming the file, row group and row. Page checksums (CRC-32),
-where the writer stored them, are verified: without them, finite garbage in an uncompressed page
-cannot be told from data.
-
-Parquet files are never appended to, so a file's fingerprint holds a digest of its footer (row counts,
-row groups, schema, column statistics): an update refuses a file that was rewritten.
-
-The sink (see ``_arrow.TableSink``) writes each block as a part file (one row group) in a hidden
-``.NAME.partial`` directory; committing streams the parts into one file under a temporary name, fsyncs
-and renames it into place. Its key-value metadata holds the model's attributes (``streamwhiten``,
-JSON), as the array attributes of an HDF5 or Zarr output do.
-
-A file named by URL is read through an fsspec file object per thread (range requests of
-`REMOTE_READ_BYTES`, read ahead); its fingerprint adds the object's size and ETag, and a block read
-from an object that changed meanwhile is refused. A remote output's parts are objects under the hidden
-``.NAME.partial/`` prefix, and the joined file is uploaded as one object (a multipart upload, which
-becomes visible only when it completes).
+One file is one source. Row groups are the natural blocks: a whole one is decoded in the worker thread
+that asks for it, through that thread's own ``ParquetFile``, in batches of a few MiB; parts of one are
+read from a stream of batches the threads share, so each is decoded about once. Every vector is checked
+as it is copied, and page checksums are verified where the writer stored them. Files are never appended
+to: a fingerprint holds a digest of the footer, so an update refuses a rewritten file. A file named by URL
+is read through an fsspec file object per thread; a block read from an object that changed is refused.
 """
 
 from __future__ import annotations
@@ -34,6 +17,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from typing import Any
 
 import numpy as np
@@ -43,7 +27,16 @@ import pyarrow.parquet as pq
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..options import ReadOptions
 from . import remote
-from ._arrow import TableSink, TableSource, copy_vectors, read_attrs, read_numeric_column, vector_length
+from ._arrow import (
+    TableSink,
+    TableSource,
+    copy_vectors,
+    read_attrs,
+    read_numeric_column,
+    row_names,
+    table_error,
+    vector_length,
+)
 from ._messages import first_line, io_error
 from ._store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR
 from .codecs import Fetched
@@ -64,21 +57,13 @@ STREAM_BUFFER_BYTES = 1 << 20
 REMOTE_READ_BYTES = 8 << 20
 
 
-def _open_remote(url: str, read: ReadOptions) -> Any:
-    """A read-only fsspec file object on the remote ``url``."""
-    fs, key = remote.filesystem(url, read)
+def _opened(path: str, read: ReadOptions) -> Any:
+    """``path`` for pyarrow to open: a local path itself, a URL as a read-only fsspec file object."""
+    if not remote.is_url(path):
+        return path
+    fs, key = remote.filesystem(path, read)
     return remote.retrying(
-        url, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead", read=read
-    )
-
-
-def _arrow_error(label: str, what: str, exc: BaseException) -> StoreIOError | CorruptStoreError:
-    """A pyarrow failure as ours: a failed system call is an I/O error, anything else damaged data."""
-    if isinstance(exc, OSError) and getattr(exc, "errno", None):
-        return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
-    return CorruptStoreError(
-        f"{label}: {what} cannot be decoded, the file is damaged or truncated "
-        f"({exc.__class__.__name__}: {first_line(exc)})"
+        path, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead", read=read
     )
 
 
@@ -98,36 +83,28 @@ def _single_file(path: str, read: ReadOptions) -> str:
     )
 
 
-def _remote_footer(url: str, read: ReadOptions) -> tuple[bytes, dict[str, Any]]:
-    """`_footer` of a remote file: two range requests, and its ``{"size", "etag"}``."""
-    where = remote.redact(url)
-    version = remote.version(url, read=read)
-    size = version["size"]
+def _footer(path: str, read: ReadOptions) -> tuple[bytes, Any]:
+    """The raw footer (thrift file metadata) of a Parquet file, its magic checked, and the file's stat (a
+    remote one's ``{"size", "etag"}``; its footer in two range requests)."""
+    if remote.is_url(path):
+        version = remote.version(path, read=read)
+        return _check_footer(
+            remote.redact(path), version["size"], lambda a, b: remote.cat(path, a, b, read=read)
+        ), version
+    with open(path, "rb") as handle:
+        stat = os.fstat(handle.fileno())
+        return _check_footer(path, stat.st_size, lambda a, b: os.pread(handle.fileno(), b - a, a)), stat
+
+
+def _check_footer(where: str, size: int, cat: Callable[[int, int], bytes]) -> bytes:
+    """The footer of a file of ``size`` bytes whose bytes ``[a, b)`` are ``cat(a, b)``."""
     if size < 12:
         raise CorruptStoreError(f"{where}: not a Parquet file, or truncated ({size} bytes)")
-    tail = remote.cat(url, size - 8, size, read=read)
+    tail = cat(size - 8, size)
     length = int.from_bytes(tail[:4], "little")
     if tail[4:] != b"PAR1" or length + 12 > size:
         raise CorruptStoreError(f"{where}: not a Parquet file, or truncated (no valid footer at its end)")
-    return remote.cat(url, size - 8 - length, size - 8, read=read), version
-
-
-def _footer(path: str, read: ReadOptions) -> tuple[bytes, Any]:
-    """The raw footer (thrift file metadata) of a Parquet file and the file's stat (a remote one's
-    ``{"size", "etag"}``), checking its magic."""
-    if remote.is_url(path):
-        return _remote_footer(path, read)
-    with open(path, "rb") as handle:
-        stat = os.fstat(handle.fileno())
-        if stat.st_size < 12:
-            raise CorruptStoreError(f"{path}: not a Parquet file, or truncated ({stat.st_size} bytes)")
-        handle.seek(stat.st_size - 8)
-        tail = handle.read(8)
-        length = int.from_bytes(tail[:4], "little")
-        if tail[4:] != b"PAR1" or length + 12 > stat.st_size:
-            raise CorruptStoreError(f"{path}: not a Parquet file, or truncated (no valid footer at its end)")
-        handle.seek(stat.st_size - 8 - length)
-        return handle.read(length), stat
+    return cat(size - 8 - length, size - 8)
 
 
 class _Stream:
@@ -164,10 +141,17 @@ class _Stream:
     def close(self) -> None:
         handle, self._handle, self._batches, self.pending = self._handle, None, None, None
         if handle is not None:
-            try:
+            with suppress(Exception):
                 handle.close()
-            except Exception:
-                pass
+
+
+def _head(handle: Any, label: str, group: int, column: str, rows: int) -> Any:
+    """The first ``rows`` rows of ``column`` of row group ``group`` (one batch)."""
+    try:
+        batches = handle.iter_batches(batch_size=rows, row_groups=[group], columns=[column], use_threads=False)
+        return next(batches).column(0)
+    except (OSError, pa.ArrowException, StopIteration) as exc:
+        raise table_error(label, f"row group {group}", exc) from exc
 
 
 class ParquetSource(TableSource):
@@ -183,7 +167,7 @@ class ParquetSource(TableSource):
         try:
             footer, stat = _footer(path, read)
             handle = pq.ParquetFile(
-                _open_remote(path, read) if self.remote else path,
+                _opened(path, read),
                 pre_buffer=False,
                 buffer_size=STREAM_BUFFER_BYTES,
                 page_checksum_verification=True,
@@ -216,14 +200,9 @@ class ParquetSource(TableSource):
     def _first_width(self, handle: Any, column: str) -> int:
         """The length of the first vector (of a list column, whose type does not say)."""
         for group, rows in enumerate(self._group_rows):
-            if rows == 0:
-                continue
-            where = f"{self._column_label}: row group {group}, row {self._starts[group]:,}"
-            try:
-                batch = next(handle.iter_batches(batch_size=1, row_groups=[group], columns=[column], use_threads=False))
-            except (OSError, pa.ArrowException, StopIteration) as exc:
-                raise _arrow_error(self._column_label, f"row group {group}", exc) from exc
-            return vector_length(batch.column(0), where)
+            if rows:
+                where = f"{self._column_label}: row group {group}, row {self._starts[group]:,}"
+                return vector_length(_head(handle, self._column_label, group, column, 1), where)
         raise BadInputError(
             f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
             "unknown (leave empty files out)"
@@ -274,14 +253,14 @@ class ParquetSource(TableSource):
         self._check_unchanged()
         try:
             handle = pq.ParquetFile(
-                _open_remote(self.path, self.read_options) if self.remote else self.path,
+                _opened(self.path, self.read_options),
                 metadata=self._metadata,
                 page_checksum_verification=True,
                 pre_buffer=False,
                 buffer_size=STREAM_BUFFER_BYTES,
             )
         except (OSError, pa.ArrowException) as exc:
-            raise _arrow_error(self.label, "the file", exc) from exc
+            raise table_error(self.label, "the file", exc) from exc
         if keep:
             with self._lock:
                 self._handles.append(handle)
@@ -294,22 +273,11 @@ class ParquetSource(TableSource):
             handle = self._local.handle = self._new_file()
         return handle
 
-    def _where(self, group: int, first_row: int) -> Callable[[int], str]:
-        return lambda i: f"{self.label}: row group {group}, row {first_row + i:,}"
-
-    def _copy(self, arrays: list[Any], group: int, first_row: int, target: np.ndarray) -> None:
-        """Check and copy the arrays (consecutive rows from ``first_row`` on) into ``target``."""
-        done = 0
-        for array in arrays:
-            n = min(len(array), target.shape[0] - done)
-            if n <= 0:
-                break
-            copy_vectors(
-                array.slice(0, n) if n < len(array) else array,
-                target[done : done + n],
-                self._where(group, first_row + done),
-            )
-            done += n
+    def _copy(self, array: Any, group: int, first_row: int, target: np.ndarray) -> None:
+        """Check and copy the rows of ``array`` (from ``first_row`` on) into ``target``, which it must fill."""
+        done = min(len(array), target.shape[0])
+        rows = array.slice(0, done) if done < len(array) else array
+        copy_vectors(rows, target[:done], row_names(f"{self.label}: row group {group}, row ", first_row))
         if done != target.shape[0]:
             raise CorruptStoreError(
                 f"{self.label}: row group {group} holds fewer rows than its metadata says "
@@ -344,10 +312,10 @@ class ParquetSource(TableSource):
             )
             for batch in batches:
                 n = min(batch.num_rows, target.shape[0] - done)
-                self._copy([batch.column(0)], group, first_row + done, target[done : done + n])
+                self._copy(batch.column(0), group, first_row + done, target[done : done + n])
                 done += n
         except (OSError, pa.ArrowException) as exc:
-            raise _arrow_error(self.label, f"row group {group}", exc) from exc
+            raise table_error(self.label, f"row group {group}", exc) from exc
         if done != target.shape[0]:
             raise CorruptStoreError(
                 f"{self.label}: row group {group} holds fewer rows than its metadata says "
@@ -355,14 +323,8 @@ class ParquetSource(TableSource):
             )
 
     def _read_head(self, group: int, rows: int, target: np.ndarray) -> None:
-        try:
-            batches = self._file().iter_batches(
-                batch_size=rows, row_groups=[group], columns=[self.dataset], use_threads=False
-            )
-            array = next(batches).column(0)
-        except (OSError, pa.ArrowException, StopIteration) as exc:
-            raise _arrow_error(self.label, f"row group {group}", exc) from exc
-        self._copy([array], group, self._starts[group], target)
+        array = _head(self._file(), self.label, group, self.dataset, rows)
+        self._copy(array, group, self._starts[group], target)
 
     def _stream(self, group: int) -> _Stream:
         with self._lock:
@@ -400,7 +362,7 @@ class ParquetSource(TableSource):
                         continue
                     b = min(hi, p1)
                     self._copy(
-                        [array.slice(filled - p0, b - filled)], group, first_row + filled, target[filled - lo : b - lo]
+                        array.slice(filled - p0, b - filled), group, first_row + filled, target[filled - lo : b - lo]
                     )
                     filled = b
                     if b == p1:
@@ -411,7 +373,7 @@ class ParquetSource(TableSource):
                     f"({stream.position:,} of {self._group_rows[group]:,}): the file is damaged"
                 ) from None
             except (OSError, pa.ArrowException) as exc:
-                raise _arrow_error(self.label, f"row group {group}", exc) from exc
+                raise table_error(self.label, f"row group {group}", exc) from exc
             if stream.pending is None and stream.position >= self._group_rows[group]:
                 stream.close()  # read to its end: nothing more to share
                 with self._lock:
@@ -420,17 +382,10 @@ class ParquetSource(TableSource):
 
     # -- other columns of the same rows
     def read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
-        if self.remote:
-            return remote.retrying(
-                self.path,
-                f"read rows {start}..{stop - 1}",
-                self._read_columns,
-                start,
-                stop,
-                names,
-                read=self.read_options,
-            )
-        return self._read_columns(start, stop, names)
+        if not self.remote:
+            return self._read_columns(start, stop, names)
+        what = f"read rows {start}..{stop - 1}"
+        return remote.retrying(self.path, what, self._read_columns, start, stop, names, read=self.read_options)
 
     def _read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         schema = self.column_schema(names)
@@ -439,7 +394,7 @@ class ParquetSource(TableSource):
             try:
                 table = self._file().read_row_group(group, columns=list(names), use_threads=False)
             except (OSError, pa.ArrowException) as exc:
-                raise _arrow_error(self.path, f"row group {group}", exc) from exc
+                raise table_error(self.path, f"row group {group}", exc) from exc
             g_lo = self._starts[group]
             tables.append(table.slice(a - g_lo, b - a))
         return pa.concat_tables(tables) if tables else schema.empty_table()
@@ -453,26 +408,23 @@ class ParquetSource(TableSource):
             with stream.lock:
                 stream.close()
         for handle in handles:
-            try:
+            with suppress(Exception):
                 handle.close()
-            except Exception:
-                pass
 
 
 def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` (or the file's only numeric column), whole, and its label."""
     path = _single_file(path, read)
-    where = _open_remote(path, read) if remote.is_url(path) else path
     try:
-        schema = pq.read_schema(where)
+        schema = pq.read_schema(_opened(path, read))
     except (OSError, pa.ArrowException) as exc:
-        raise _arrow_error(path, "the file", exc) from exc
+        raise table_error(path, "the file", exc) from exc
 
     def read_column(name: str, label: str) -> pa.ChunkedArray:
         try:
-            return pq.read_table(_open_remote(path, read) if remote.is_url(path) else path, columns=[name]).column(0)
+            return pq.read_table(_opened(path, read), columns=[name]).column(0)
         except (OSError, pa.ArrowException) as exc:
-            raise _arrow_error(label, "the column", exc) from exc
+            raise table_error(label, "the column", exc) from exc
 
     return read_numeric_column(path, schema, inner, read_column)
 
@@ -491,7 +443,7 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
     metadata records `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
     try:
         if remote.is_url(path):
-            with _open_remote(path, read) as handle:
+            with _opened(path, read) as handle:
                 metadata = pq.read_metadata(handle).metadata
         else:
             metadata = pq.read_metadata(path).metadata
