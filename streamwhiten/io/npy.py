@@ -159,10 +159,10 @@ class RemoteNpySource(NpySource):
         fs, key = remote.filesystem(self.path, self.read_options)
         what = f"read rows {start}..{stop - 1}"
         parts = fs.cat_ranges([key] * (len(edges) - 1), edges[:-1], edges[1:], on_error="raise")
-        target = view.reshape(-1).view(np.uint8) if self._stored == self.dtype else None
-        done = 0
-        raw = bytearray() if target is None else None
-        for part, (a, b) in zip(parts, zip(edges[:-1], edges[1:], strict=True), strict=True):
+        # the bytes go straight into ``view`` where stored as it is, else through a buffer of their own
+        same = self._stored == self.dtype
+        target = view.reshape(-1).view(np.uint8) if same else np.empty(last - first, np.uint8)
+        for part, a, b in zip(parts, edges[:-1], edges[1:], strict=True):
             if isinstance(part, BaseException):
                 raise remote.failure(self.path, what, part)
             if len(part) != b - a:
@@ -170,13 +170,9 @@ class RemoteNpySource(NpySource):
                     f"{self.label}: the file shrank while being read (rows {start}..{stop - 1} "
                     "are past its end): it is being rewritten or was truncated"
                 )
-            if target is not None:
-                target[done : done + len(part)] = np.frombuffer(part, np.uint8)
-            else:
-                raw += part
-            done += len(part)
-        if raw is not None:
-            view[...] = np.frombuffer(bytes(raw), self._stored).reshape(view.shape)
+            target[a - first : b - first] = np.frombuffer(part, np.uint8)
+        if not same:
+            view[...] = target.view(self._stored).reshape(view.shape)
         return view
 
 

@@ -54,23 +54,15 @@ def read_text(path: str, read: ReadOptions | None = None) -> str:
         raise BadInputError(f"{label}: line {line}: not UTF-8 text") from None
 
 
-def delimiter_for(path: str, first_line: str) -> str:
-    """A tab for ``.tsv``, else a tab if ``first_line`` holds one, else a comma."""
-    if str(path).lower().endswith(".tsv") or "\t" in first_line:
-        return "\t"
-    return ","
-
-
 def read_rows(path: str, read: ReadOptions | None = None) -> list[tuple[int, list[str]]]:
     """``(line number, fields)`` of every non-blank line of the delimited file at ``path``."""
     text = read_text(path, read)
     lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
     first = next((line for line in lines if line.strip()), "")
-    if delimiter_for(path, first) == "\t":
+    if str(path).lower().endswith(".tsv") or "\t" in first:
         return [(number, line.split("\t")) for number, line in enumerate(lines, 1) if line.strip()]
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=",", strict=True)
-    rows = []
-    start = 1
+    rows, start = [], 1
     try:
         for fields in reader:
             if any(field.strip() for field in fields):
@@ -79,14 +71,6 @@ def read_rows(path: str, read: ReadOptions | None = None) -> list[tuple[int, lis
     except csv.Error as exc:
         raise BadInputError(f"{remote.redact(path)}: line {reader.line_num}: {exc}") from None
     return rows
-
-
-def column_spec(inner: str | None) -> int | str:
-    """A column as the spec names it: an int for an index (digits), else the header name."""
-    if inner is None or not inner.strip():
-        raise BadInputError("name a column: file.csv:NAME (a header field) or file.csv:INDEX (0-based, no header)")
-    inner = inner.strip()
-    return int(inner) if inner.isascii() and inner.isdigit() else inner  # "²".isdigit() too
 
 
 def _first_line(rows: list[tuple[int, list[str]]]) -> str:
@@ -111,8 +95,9 @@ def read_column(path: str, inner: str | None, read: ReadOptions | None = None) -
             f"{label}: no column named; {_first_line(read_rows(path, read))}: write {label}:NAME for a "
             f"header field, or {label}:INDEX for a 0-based column (every line data)"
         )
-    column = column_spec(inner)
-    label = f"{label}:{inner.strip()}"
+    inner = inner.strip()
+    column: int | str = int(inner) if inner.isascii() and inner.isdigit() else inner  # "²".isdigit() too
+    label = f"{label}:{inner}"
     rows = read_rows(path, read)
     if isinstance(column, str):
         if not rows:

@@ -1,20 +1,12 @@
 """Zarr (v2 and v3) through zarr-python 3: a source of rows, a sink, 1-D arrays, and the writer Dask
 workers use. The only module that imports zarr.
 
-Uncompressed chunks of a local store hold exactly their rows' bytes, so they are read straight into
-the caller's buffer and written as raw chunk files (around the page cache where aligned). Compressed
-chunks of a codec chain ``codecs`` knows (bytes + zstd / blosc / gzip / zlib / lz4 / shuffle / crc32c,
-v2 or v3) are read from their files and decoded here, in the calling thread, straight into the
-caller's buffer; anything else (sharding, transpose, a remote store) goes through zarr's codec
-pipeline. Outputs are written as chunk files by us too, compressed where asked. A chunk missing from
-the store is refused, not read as the fill value, unless the source's ``fill_missing_chunks`` says
-otherwise.
-
-A store named by URL is read and written through zarr's ``FsspecStore`` (see ``remote``), never by the raw
-local-chunk path nor decoded here; its chunk listing is taken once, for the missing-chunk check and the
-fingerprint. A remote output is written in place, since an object store cannot rename a prefix: its
-metadata says ``complete = false`` until the last chunk is written, and every reader here takes such an
-output for absent.
+A local store's uncompressed chunk files are read straight into the caller's buffer, and those of a codec
+chain ``codecs`` knows are decoded here, in the calling thread; anything else (sharding, transpose, a
+remote store) goes through zarr. Outputs are written as chunk files by us too. A missing chunk is refused
+unless ``fill_missing_chunks`` says otherwise. A store named by URL goes through zarr's ``FsspecStore``;
+a remote output is written in place (a prefix cannot be renamed), its metadata saying ``complete =
+false`` until the last chunk is written, and every reader here takes such an output for absent.
 """
 
 from __future__ import annotations
@@ -26,6 +18,7 @@ import re
 import stat
 import sys
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NoReturn
 
@@ -248,36 +241,30 @@ class ZarrSource(StoreSource):
         try:
             for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
                 try:
-                    handles.append(
-                        (index, self._open_chunk(os.path.join(self._chunk_root, self._chunk_key(index)), index))
-                    )
+                    handle = self._open_chunk(os.path.join(self._chunk_root, self._chunk_key(index)), index)
                 except FileNotFoundError:
                     if not self.fill_missing_chunks:
                         self._raise_missing(index)
-                    handles.append((index, None))
+                    handle = None
+                handles.append((index, handle))
             sizes = [0 if handle is None else os.fstat(handle.fileno()).st_size for _, handle in handles]
             buffer = fetch_buffer(sum(sizes), (stop - start) * self.n_features * self.dtype.itemsize)
             chunks: list[tuple[int, Any, int]] = []
             offset = 0
             for (index, handle), size in zip(handles, sizes, strict=True):
-                if handle is None:
-                    chunks.append((index, None, 0))
-                    continue
-                view = buffer[offset : offset + size]
-                _read_exactly(handle, memoryview(view), handle.name)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
+                view = None if handle is None else buffer[offset : offset + size]
+                if handle is not None:
+                    _read_exactly(handle, memoryview(view), handle.name)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
                 chunks.append((index, view, 0))
                 offset += size
         except OSError as exc:
-            raise self._read_error(exc, index) from exc
+            lo, hi = self._chunk_span(index)
+            raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
         finally:
             for _, handle in handles:
                 if handle is not None:
                     handle.close()
         return Fetched(chunks, buffer)
-
-    def _read_error(self, exc: OSError, index: int) -> StoreIOError:
-        lo, hi = self._chunk_span(index)
-        return StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}")
 
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
@@ -440,10 +427,8 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
     prefix) it holds chunks only, the remains of such an output whose metadata is gone; else what it is,
     for the message that refuses to replace it."""
     try:
-        if remote.is_url(path):
-            store = remote.zarr_store(path, read_only=True, read=read)
-        else:
-            store = LocalStore(path, read_only=True)
+        url = remote.is_url(path)
+        store = remote.zarr_store(path, read_only=True, read=read) if url else LocalStore(path, read_only=True)
         node = zarr.open(store=store, mode="r")
     except (BadInputError, StoreIOError):
         raise
@@ -550,25 +535,16 @@ class ZarrSink(StoreSink):
             self._unsynced.add(index)
             path = os.path.join(root, self.array.metadata.encode_chunk_key((index, 0)))
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            pad: np.ndarray | None = None
             if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
-                pad = np.full(
-                    (self.chunk_rows - data.shape[0], self.shape[1]), self.array.metadata.fill_value or 0, self.dtype
+                fill = self.array.metadata.fill_value or 0
+                data = np.concatenate(
+                    [data, np.full((self.chunk_rows - data.shape[0], self.shape[1]), fill, self.dtype)]
                 )
-                data = np.concatenate([data, pad]) if self._encode is not None else data
+            stored = data if self._encode is None else np.frombuffer(self._encode(data), np.uint8)
             with ChunkFile(path, create=True, direct=self.direct_io and self._encode is None) as chunk_file:
-                if self._encode is not None:
-                    stored = np.frombuffer(self._encode(data), np.uint8)
-                    chunk_file.write_at(0, stored)
-                    if self.checksums:
-                        chunk_file.write_at(stored.nbytes, crc32c_of(stored))
-                    continue
-                chunk_file.write_at(0, data)
-                if pad is not None:
-                    chunk_file.write_at(data.nbytes, pad)
-                if self.checksums:  # the crc32c of the whole stored chunk (the pad included) after it
-                    end = data.nbytes + (0 if pad is None else pad.nbytes)
-                    chunk_file.write_at(end, crc32c_of(data) if pad is None else crc32c_of(data, pad))
+                chunk_file.write_at(0, stored)
+                if self.checksums:  # the crc32c of the whole stored chunk after it
+                    chunk_file.write_at(stored.nbytes, crc32c_of(stored))
 
     def _sync(self) -> None:
         """fsync the chunk files written since the last sync, and their directories."""
@@ -681,8 +657,7 @@ class RemoteZarrSink(ZarrSink):
 
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> RemoteZarrSink:
-        path, read = place.path, place.read
-        return cls(place, _open_remote_array(path, place.dataset, read))
+        return cls(place, _open_remote_array(place.path, place.dataset, place.read))
 
     @classmethod
     def incomplete(cls, path: str, read: ReadOptions) -> bool:
@@ -701,16 +676,9 @@ class RemoteZarrSink(ZarrSink):
         return False
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
-        stop = start + block.shape[0]
-        data = np.ascontiguousarray(block, dtype=self.dtype)
-        remote.retrying(
-            self.path,
-            f"write rows {start}..{stop - 1}",
-            self.array.__setitem__,
-            slice(start, stop),
-            data,
-            read=self.read_options,
-        )
+        stop, data = start + block.shape[0], np.ascontiguousarray(block, dtype=self.dtype)
+        what = f"write rows {start}..{stop - 1}"
+        remote.retrying(self.path, what, self.array.__setitem__, slice(start, stop), data, read=self.read_options)
 
     def _sync(self) -> None:
         pass  # an object is durable once its PUT is acknowledged
@@ -724,11 +692,9 @@ class RemoteZarrSink(ZarrSink):
         remote.remove(self.progress_path, read=self.read_options)
 
     def abort(self) -> None:
-        try:
+        with suppress(Exception):  # the network is failing: what is left says complete = false, so it is absent
             remote.remove(self.path, recursive=True, read=self.read_options)
             remote.remove(self.progress_path, read=self.read_options)
-        except Exception:  # the network is failing: what is left says complete = false, so it is absent
-            pass
 
     def region_writer(self) -> ZarrRegionWriter:
         return ZarrRegionWriter(self.path, self.dataset, self.shape, self.chunk_rows, self.label, self.read_options)
