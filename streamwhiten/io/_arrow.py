@@ -352,14 +352,9 @@ class TableSink(StoreSink):
         for name in [] if remote.is_url(partial) else os.listdir(partial):  # parts a killed run was writing
             if name.endswith(".tmp"):
                 os.remove(os.path.join(partial, name))
-        return cls(
-            replace(place, dataset=record["column"]),
-            record["shape"],
-            record["dtype"],
-            record["chunk_rows"],
-            record["attrs"],
-            pa.ipc.read_schema(pa.py_buffer(base64.b64decode(record["columns"]))),
-        )
+        columns = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(record["columns"])))
+        shape, dtype, chunk_rows, attrs = record["shape"], record["dtype"], record["chunk_rows"], record["attrs"]
+        return cls(replace(place, dataset=record["column"]), shape, dtype, chunk_rows, attrs, columns)
 
     def _part_path(self, start: int) -> str:
         name = f"part-{start:015d}{self.part_suffix}"
@@ -429,8 +424,11 @@ class TableSink(StoreSink):
         and rename it into place (replacing an old output only if ``overwrite`` and it is ours)."""
         record = dict(self.attrs, **(attrs or {}), complete=True, column=self.dataset)
         schema = self.schema.with_metadata({ATTRS_KEY: json.dumps(record, sort_keys=True, default=str).encode()})
-        if self.remote:
-            self._commit_remote(overwrite, schema)
+        if self.remote:  # one object, which appears only when its multipart upload completes
+            self._check_replaceable(overwrite)
+            remote.retrying(self.path, "upload the output", self._upload, schema, read=self.read_options)
+            remote.remove(self.partial, recursive=True, read=self.read_options)
+            remote.remove(self.progress_path, read=self.read_options)
             return
         final = os.path.abspath(self.path.rstrip("/"))
         temp = durable.temp_path(final)
@@ -447,24 +445,14 @@ class TableSink(StoreSink):
             durable.fsync_dir(os.path.dirname(final))
             remove(self.partial)
             remove(self.progress_path)
-        except (OSError, RuntimeError, pa.ArrowException) as exc:
+        except BaseException as exc:
             remove(temp)
-            if isinstance(exc, StoreIOError):
+            if isinstance(exc, StoreIOError) or not isinstance(exc, (OSError, RuntimeError, pa.ArrowException)):
                 raise
             raise StoreIOError(f"{self.path}: cannot finish writing: {io_error(exc)}") from exc
-        except BaseException:
-            remove(temp)
-            raise
-
-    def _commit_remote(self, overwrite: bool, schema: pa.Schema) -> None:
-        """Upload the joined parts as one object: it appears only when the upload completes (one multipart
-        upload, aborted on failure), so it is never seen half-written; then drop the parts and the record."""
-        self._check_replaceable(overwrite)
-        remote.retrying(self.path, "upload the output", self._upload, schema, read=self.read_options)
-        remote.remove(self.partial, recursive=True, read=self.read_options)
-        remote.remove(self.progress_path, read=self.read_options)
 
     def _upload(self, schema: pa.Schema) -> None:
+        """Join the parts into one upload, aborted (nothing becomes visible) on failure."""
         fs, key = remote.filesystem(self.path, self.read_options)
         handle = fs.open(key, "wb", block_size=64 << 20)
         try:
