@@ -72,7 +72,7 @@ def _datasets(group: Any, ndim: int) -> list[str]:
 
 def _find_dataset(handle: Any, label: str, inner: str | None, ndim: int, option: bool = True) -> str:
     """The dataset ``inner`` of the open file, or its only ``ndim``-D dataset when none is named; else the
-    one-line error that says what the file holds (see ``base.name_not_found``)."""
+    one-line error that says what the file holds (``_messages.name_not_found``)."""
     what = f"{ndim}-D dataset"
     if inner is None:
         found = _datasets(handle, ndim)
@@ -82,17 +82,10 @@ def _find_dataset(handle: Any, label: str, inner: str | None, ndim: int, option:
     node = handle.get(inner)
     if isinstance(node, h5py.Dataset):
         return inner
-    if isinstance(node, h5py.Group):
-        inside = _datasets(node, ndim)
-        raise name_not_found(
-            label,
-            f"/{inner}",
-            what,
-            inside or _datasets(handle, ndim),
-            option=option,
-            problem=f"/{inner} is a group, not a dataset",
-        )
-    raise name_not_found(label, f"/{inner}", what, _datasets(handle, ndim), option=option)
+    group = isinstance(node, h5py.Group)  # the datasets inside it, if any, else the file's
+    found = (_datasets(node, ndim) if group else []) or _datasets(handle, ndim)
+    problem = f"/{inner} is a group, not a dataset" if group else None
+    raise name_not_found(label, f"/{inner}", what, found, option=option, problem=problem)
 
 
 def _errno(exc: BaseException) -> int:
@@ -157,10 +150,8 @@ class HDF5Source(StoreSource):
         return remote.version(self.path, read=self.read_options) if self.remote else {}
 
     def fetch(self, start: int, stop: int) -> Fetched | None:
-        """The stored bytes of the chunks rows ``[start, stop)`` touch, for `read_into` to decode:
-        ``[(chunk index, bytes or None where unwritten and filled, filter mask)]``; None where chunks are
-        not decoded here. The I/O half of a read (a copy from the page cache, or disk reads), which a
-        caller may run ahead in another thread."""
+        """The stored bytes of the chunks rows ``[start, stop)`` touch, for `read_into` to decode (None where
+        chunks are not decoded here): the I/O half of a read, which a caller may run ahead in another thread."""
         if self.decoder is None or stop <= start:
             return None
         if not 0 <= start <= stop <= self.n_rows:
@@ -207,18 +198,19 @@ class HDF5Source(StoreSource):
 
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
-        if self.decoder is not None and stop > start:
+        if stop <= start:
+            return view
+        if self.decoder is not None:
             return self._decode_into(view, start, stop, fetched, self._node.fillvalue)
-        if view.dtype != self.dtype and stop > start:  # float16 rows into a float32 buffer: widened here
+        if view.dtype != self.dtype:  # float16 rows into a float32 buffer: widened here
             region = view.reshape(-1).view(np.uint8)
             self.read_into(start, stop, region[region.size // 2 :].view(self.dtype).reshape(view.shape))
             widen_in_place(region, view.size)
             return view
-        if self._sparse and not self.fill_missing_chunks and stop > start:
+        if self._sparse and not self.fill_missing_chunks:
             self._refuse_unwritten(start, stop)
         try:
-            if stop > start:
-                self._node.read_direct(out, np.s_[start:stop], np.s_[0 : stop - start])
+            self._node.read_direct(out, np.s_[start:stop], np.s_[0 : stop - start])
         except (OSError, ValueError, RuntimeError) as exc:
             self._raise_read_error(exc, start, stop)
         return view

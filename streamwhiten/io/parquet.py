@@ -42,12 +42,9 @@ from ._store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR
 from .codecs import Fetched
 from .spec import parquet_files
 
-#: A row group up to this size is read whole as one block; larger ones are read in blocks of about
-#: ``DEFAULT_BLOCK_BYTES`` through a shared stream.
+#: A row group up to this size is read whole as one block; larger ones in parts, through a shared stream.
 MAX_GROUP_BLOCK_BYTES = 256 << 20
-#: Bytes per batch a row group is decoded in: small batches reuse warm memory, where one
-#: read_row_group call per large row group first touches all it allocates (benchmarks/fit_tables.py
-#: compares the two).
+#: Bytes per batch a row group is decoded in: small batches reuse warm memory (benchmarks/fit_tables.py).
 BATCH_BYTES = 2 << 20
 #: Streams kept open per source (the least recently used is dropped beyond this).
 MAX_STREAMS = 8
@@ -64,6 +61,17 @@ def _opened(path: str, read: ReadOptions) -> Any:
     fs, key = remote.filesystem(path, read)
     return remote.retrying(
         path, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead", read=read
+    )
+
+
+def _parquet_file(path: str, read: ReadOptions, metadata: Any = None) -> Any:
+    """A ``ParquetFile`` on ``path`` reading `STREAM_BUFFER_BYTES` at a time, checking page checksums."""
+    return pq.ParquetFile(
+        _opened(path, read),
+        metadata=metadata,
+        pre_buffer=False,
+        buffer_size=STREAM_BUFFER_BYTES,
+        page_checksum_verification=True,
     )
 
 
@@ -166,12 +174,7 @@ class ParquetSource(TableSource):
         self.remote = remote.is_url(path)
         try:
             footer, stat = _footer(path, read)
-            handle = pq.ParquetFile(
-                _opened(path, read),
-                pre_buffer=False,
-                buffer_size=STREAM_BUFFER_BYTES,
-                page_checksum_verification=True,
-            )
+            handle = _parquet_file(path, read)
         except (BadInputError, FileNotFoundError, PermissionError):
             raise
         except (OSError, pa.ArrowException, ValueError) as exc:
@@ -216,8 +219,7 @@ class ParquetSource(TableSource):
             return super().default_block_rows(target_bytes)
         return max(1, target_bytes // row_bytes)
 
-    # -- fingerprint: the footer says whether the file is the one recorded; rows are sampled at the start
-    # of row groups, where reading a few costs decoding only a few
+    # -- fingerprint: the footer, and rows sampled at the start of row groups (the cheapest to decode)
     def layout_digest(self, n_rows: int) -> str:
         return self._footer_sha
 
@@ -246,19 +248,12 @@ class ParquetSource(TableSource):
             raise CorruptStoreError(f"{self.label}: the file changed while being read (it was replaced or rewritten)")
 
     def _new_file(self, keep: bool = True) -> Any:
-        """A new ``ParquetFile`` on the file opened at the start (closed with the source if ``keep``),
-        reading `STREAM_BUFFER_BYTES` at a time."""
+        """A new ``ParquetFile`` on the file opened at the start (closed with the source if ``keep``)."""
         if self._closed:
             raise StoreIOError(f"{self.label}: read after the source was closed")
         self._check_unchanged()
         try:
-            handle = pq.ParquetFile(
-                _opened(self.path, self.read_options),
-                metadata=self._metadata,
-                page_checksum_verification=True,
-                pre_buffer=False,
-                buffer_size=STREAM_BUFFER_BYTES,
-            )
+            handle = _parquet_file(self.path, self.read_options, self._metadata)
         except (OSError, pa.ArrowException) as exc:
             raise table_error(self.label, "the file", exc) from exc
         if keep:
@@ -335,10 +330,8 @@ class ParquetSource(TableSource):
                 while len(self._streams) > MAX_STREAMS:
                     _, evicted = self._streams.popitem(last=False)
                     if evicted.lock.acquire(blocking=False):  # else a thread still reads it; it goes with it
-                        try:
-                            evicted.close()
-                        finally:
-                            evicted.lock.release()
+                        evicted.close()  # (it raises nothing)
+                        evicted.lock.release()
             self._streams.move_to_end(group)
             return stream
 
@@ -395,8 +388,7 @@ class ParquetSource(TableSource):
                 table = self._file().read_row_group(group, columns=list(names), use_threads=False)
             except (OSError, pa.ArrowException) as exc:
                 raise table_error(self.path, f"row group {group}", exc) from exc
-            g_lo = self._starts[group]
-            tables.append(table.slice(a - g_lo, b - a))
+            tables.append(table.slice(a - self._starts[group], b - a))
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def close(self) -> None:
@@ -471,12 +463,11 @@ class ParquetSink(TableSink):
         return pq.read_table(path)
 
     def _join(self, temp: Any, schema: pa.Schema, tables: Iterator[pa.Table]) -> None:
-        """Stream the parts into one file (a row group each) at ``temp`` (a path, or a remote file object
-        whose upload the caller completes) and fsync it."""
+        """Stream the parts into one file (a row group each) at ``temp`` (a path, fsynced, or a remote file
+        object whose upload the caller completes)."""
         with pq.ParquetWriter(temp, schema, **WRITE_OPTIONS) as writer:
             for table in tables:
                 writer.write_table(table, row_group_size=max(1, table.num_rows))
-        if not isinstance(temp, str):
-            return
-        with open(temp, "rb") as handle:
-            os.fsync(handle.fileno())
+        if isinstance(temp, str):
+            with open(temp, "rb") as handle:
+                os.fsync(handle.fileno())
