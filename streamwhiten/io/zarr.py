@@ -74,7 +74,10 @@ def raw_chunk_root(array: Any) -> str | None:
     return os.path.join(str(array.store.root), array.path)
 
 
-def _read_exactly(handle: io.FileIO, buffer: memoryview, path: str) -> None:
+def _read_exactly(handle: io.FileIO, array: np.ndarray, path: str) -> None:
+    """Fill ``array`` from ``handle``; a file that ends first is damaged."""
+    # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
+    buffer = memoryview(array).cast("B")  # type: ignore[arg-type]
     done = 0
     while done < len(buffer):
         count = handle.readinto(buffer[done:])
@@ -252,9 +255,10 @@ class ZarrSource(StoreSource):
             chunks: list[tuple[int, Any, int]] = []
             offset = 0
             for (index, handle), size in zip(handles, sizes, strict=True):
-                view = None if handle is None else buffer[offset : offset + size]
+                view = None
                 if handle is not None:
-                    _read_exactly(handle, memoryview(view), handle.name)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
+                    view = buffer[offset : offset + size]
+                    _read_exactly(handle, view, handle.name)
                 chunks.append((index, view, 0))
                 offset += size
         except OSError as exc:
@@ -299,7 +303,7 @@ class ZarrSource(StoreSource):
                             f"not {rows * row_bytes}: it is truncated or damaged"
                         )
                     handle.seek((lo - index * rows) * row_bytes)
-                    _read_exactly(handle, memoryview(target).cast("B"), path)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
+                    _read_exactly(handle, target, path)
             except FileNotFoundError:
                 if not self.fill_missing_chunks:
                     self._raise_missing(index)
@@ -434,16 +438,14 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
         raise
     except Exception:  # noqa: BLE001 - whatever zarr says, it is no store of ours
         return None if remote.is_url(path) and _only_chunks(path, read) else "not a Zarr store"
-    if isinstance(node, zarr.Array):
-        arrays = {"": node}
-    else:
-        arrays = {name: member for name, member in node.members(max_depth=None) if isinstance(member, zarr.Array)}
+    members = [("", node)] if isinstance(node, zarr.Array) else node.members(max_depth=None)
+    arrays = {name: member for name, member in members if isinstance(member, zarr.Array)}
     if not arrays:
         return "a Zarr group holding no array"
     for name, array in arrays.items():
         if OWNER_ATTR not in array.attrs:
             return f"a Zarr store holding an array streamwhiten did not write: /{name}"
-    if remote.is_url(path):
+    if url:
         return None
     for root, _, files in os.walk(path):
         for name in files:
@@ -568,9 +570,7 @@ class ZarrSink(StoreSink):
 
     def _finish(self, attrs: dict[str, Any]) -> None:
         self.array.attrs.update(attrs)
-        self._sync()
-        # Every file (chunks written through zarr or by other processes were not tracked) and directory;
-        # what was synced already has nothing left to write.
+        # every file and directory: chunks written through zarr or by other processes were not tracked
         for directory, _, files in os.walk(self.partial, topdown=False):
             for name in files:
                 with open(os.path.join(directory, name), "rb") as handle:
@@ -611,9 +611,8 @@ class ZarrRegionWriter:
         if remote.is_url(self.partial):
             read = self.read if self.read is not None else ReadOptions()
             array = _open_remote_array(self.partial, self.dataset, read)
-            remote.retrying(
-                self.partial, f"write rows {start}..{stop - 1}", array.__setitem__, slice(start, stop), block, read=read
-            )
+            what = f"write rows {start}..{stop - 1}"
+            remote.retrying(self.partial, what, array.__setitem__, slice(start, stop), block, read=read)
             return
         try:
             array = zarr.open_array(store=self.partial, path=self.dataset or "", mode="r+")
@@ -645,15 +644,13 @@ class RemoteZarrSink(ZarrSink):
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> RemoteZarrSink:
         # the compressor is never other than "none": refused for object storage (Output.create)
-        path, read = place.path, place.read
-        # an earlier run's leftovers (never complete), or the old output
-        remote.remove(path, recursive=True, read=read)
+        path, read, attrs = place.path, place.read, dict(plan.to_attrs())
+        remote.remove(path, recursive=True, read=read)  # an earlier run's leftovers (never complete), or the old output
         store = remote.zarr_store(path, read_only=False, read=read)
-
-        def make() -> Any:
-            return _new_array(store, place.dataset, plan, "none", overwrite=True, attributes=dict(plan.to_attrs()))
-
-        return cls(place, remote.retrying(path, "create the output", make, read=read))
+        array = remote.retrying(
+            path, "create the output", _new_array, store, place.dataset, plan, "none", True, attributes=attrs, read=read
+        )
+        return cls(place, array)
 
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> RemoteZarrSink:
@@ -695,6 +692,3 @@ class RemoteZarrSink(ZarrSink):
         with suppress(Exception):  # the network is failing: what is left says complete = false, so it is absent
             remote.remove(self.path, recursive=True, read=self.read_options)
             remote.remove(self.progress_path, read=self.read_options)
-
-    def region_writer(self) -> ZarrRegionWriter:
-        return ZarrRegionWriter(self.path, self.dataset, self.shape, self.chunk_rows, self.label, self.read_options)
