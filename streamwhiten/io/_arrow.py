@@ -25,8 +25,7 @@ from ._messages import first_line, io_error, name_not_found
 from ._store import StoreSink, StoreSource, remove
 from .abc.store import SinkPlace
 
-#: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's
-#: attributes as JSON.
+#: Key of the metadata (Parquet key-value, Lance schema) holding an output's attributes as JSON.
 ATTRS_KEY = b"streamwhiten"
 #: Column of an output when its spec names none.
 DEFAULT_COLUMN = "embedding"
@@ -37,8 +36,7 @@ FLOAT_TYPES: dict[Any, np.dtype[Any]] = {
     pa.float32(): np.dtype(np.float32),
     pa.float64(): np.dtype(np.float64),
 }
-#: Arrow element types of an output of codes (``apply --dtype int8|binary``): opened for its attributes,
-#: refused as input (see ``check_array``).
+#: Arrow element types of an output of codes: opened for its attributes, refused as input (``check_array``).
 CODE_TYPES = {pa.int8(): np.dtype(np.int8), pa.uint8(): np.dtype(np.uint8)}
 #: The column types a vector column may have, for messages.
 VECTOR_TYPES = "list<float16|float32|float64>, large_list<...> or fixed_size_list<...>[d]"
@@ -110,9 +108,7 @@ def read_numeric_column(
     path: str, schema: pa.Schema, inner: str | None, read_column: Callable[[str, str], Any]
 ) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` of the table at ``path`` (or its only numeric column), whole, and its
-    label: a 1-D array (gold scores, ids) that Parquet and Lance files hold alike. ``read_column(name,
-    label)`` reads one column as the backend does (a ``pa.ChunkedArray``); a missing or non-numeric
-    column, or a null, is a one-line refusal."""
+    label; ``read_column(name, label)`` reads one column as the backend does (a ``pa.ChunkedArray``)."""
     numeric = [
         f.name
         for f in schema
@@ -176,9 +172,8 @@ def row_names(prefix: str, first: int) -> Callable[[int], str]:
 
 
 def copy_vectors(array: pa.Array, target: np.ndarray, where: Callable[[int], str]) -> None:
-    """Copy the list array ``array`` (one vector per entry) into ``target`` (``len(array) x d``),
-    refusing null vectors, null values and rows of another length; ``where(i)`` names entry ``i`` for
-    the message (file, row group and row)."""
+    """Copy the list array ``array`` into ``target`` (``len(array) x d``), refusing null vectors, null values
+    and rows of another length; ``where(i)`` names entry ``i`` for the message."""
     array = array.storage if isinstance(array, pa.ExtensionArray) else array
     n, d = target.shape
     if len(array) != n:
@@ -217,8 +212,6 @@ def read_attrs(metadata: Mapping[bytes, bytes] | None) -> dict[str, Any]:
         return {}
     return attrs if isinstance(attrs, dict) else {}
 
-
-# ----------------------------------------------------------------------------------------------- sinks
 
 _SINK_FILE = "sink.json"
 #: The Arrow type of an output's values: floats, int8 codes, sign bits packed 8 per byte (uint8).
@@ -273,16 +266,10 @@ class TableSource(StoreSource):
 
 
 class TableSink(StoreSink):
-    """A table output: the vectors as a ``fixed_size_list<float>[k]`` column (or int8 codes, or uint8 bytes
-    of sign bits) after any columns kept from the input, written block by block as part files, joined
-    into the final store at `commit`.
-
-    The partial output is a hidden directory holding ``sink.json`` (shape, dtype, column, attributes,
-    the kept columns' schema) and one part per block, each written under a temporary name and renamed;
-    parts are fsynced before a progress record claims them, so a resumed run keeps those and rewrites
-    the rest. Backends implement `_write_part`, `_read_part` and `_join` (write the
-    final store at a temporary path from the parts' tables, durably).
-    """
+    """A table output: the vectors as a ``fixed_size_list`` column after any columns kept from the input,
+    written block by block as part files in a hidden directory (beside ``sink.json``, which describes the
+    output), joined into the final store at `commit`. Backends implement `_write_part`, `_read_part` and
+    `_join`."""
 
     tabular = True
     part_suffix = ".part"
@@ -471,7 +458,6 @@ class TableSink(StoreSink):
             remote.remove(self.partial, recursive=True, read=self.read_options)
             remote.remove(self.progress_path, read=self.read_options)
 
-    # -- what each backend does
     @abstractmethod
     def _write_part(self, table: pa.Table, path: Any) -> None:
         """Write ``table`` as one part at ``path`` (a file name, or a buffer for a remote part)."""

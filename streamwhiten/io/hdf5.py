@@ -1,12 +1,10 @@
 """HDF5 through h5py: a source of rows, 1-D arrays (gold scores) and a sink. The only module that
 imports h5py (besides ``spec.input_kind``'s signature check).
 
-Chunks filtered as ``codecs`` knows are read through a descriptor of our own (where ``get_chunk_info``
-puts them) and decoded here, outside h5py's global lock, so worker threads decode at once. A sink's file
-is laid out with every chunk allocated up front, the rows are written in place through our own
-descriptor, and a fresh handle sets the attributes at the end: a failed write (disk full) never leaves
-HDF5 holding a half-flushed file. A file named by URL is read (never written) through an fsspec file
-object, much slower than the other stores (docs/performance.md).
+Chunks filtered as ``codecs`` knows are read through a descriptor of our own and decoded here, outside
+h5py's global lock. A sink's file is laid out with every chunk allocated, the rows are written in place
+through our own descriptor, and a fresh handle sets the attributes at the end, so a failed write never
+leaves HDF5 holding a half-flushed file. A file named by URL is read (never written) through fsspec.
 """
 
 from __future__ import annotations
@@ -280,9 +278,6 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
         return handle[inner][()], f"{remote.redact(path)}:/{inner}"
 
 
-# ----------------------------------------------------------------------------------------------- sink
-
-
 def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the HDF5 file ``path`` is an output of streamwhiten (every dataset in it carries
     `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
@@ -313,10 +308,8 @@ def _attr(value: Any) -> Any:
 
 
 def _set_attrs(array: Any, attrs: Mapping[str, Any]) -> None:
-    """Set the final attributes in place (``modify``: an attribute that exists keeps its place in the
-    file) and leave one that already holds its value alone (rewriting a string attribute moves it in the
-    file's heap), so finishing an output again -- a run killed between finishing and renaming it,
-    resumed -- writes the same bytes as finishing it once."""
+    """Set the final attributes in place, leaving one that holds its value already alone, so finishing an
+    output again (killed between finishing and renaming it, resumed) writes the same bytes as once."""
     for key, value in attrs.items():
         value = _attr(value)
         if key in array.attrs:
@@ -345,10 +338,8 @@ def _chunk_offsets(array: Any, chunk_rows: int) -> list[int]:
 
 
 def _lay_out(place: SinkPlace, plan: OutputPlan, aligned: bool, **options: Any) -> SinkPlace:
-    """Create the file ``place.partial`` holding the plan's dataset and its attributes, and close it.
-    ``options`` go to ``create_dataset``; with ``checksums`` h5py declares fletcher32 after any compression,
-    so it checks the stored bytes; ``aligned``: chunks aligned for direct I/O. Returns the place, its
-    dataset named."""
+    """Create the file ``place.partial`` holding the plan's dataset (``options`` go to ``create_dataset``;
+    ``aligned``: chunks aligned for direct I/O) and its attributes, close it, and return the place."""
     dataset, shape, chunk_rows = place.dataset or _HDF5File.default_dataset, plan.shape, int(plan.chunk_rows or 0)
     alignment = {"alignment_threshold": ALIGNMENT, "alignment_interval": ALIGNMENT} if aligned else {}
     handle = None
@@ -484,8 +475,6 @@ class HDF5Sink(_HDF5File):
             self.chunk_file = None
 
 
-# ------------------------------------------------------------------------------------- compressed sink
-
 #: A chunk record in the spool: magic, chunk index, stored size, CRC-32 of the stored bytes.
 _RECORD = struct.Struct("<4sIQI")
 _RECORD_MAGIC = b"SWC1"
@@ -510,14 +499,9 @@ def _filters(compressor: str, dtype: Any, chunk_bytes: int) -> dict[str, Any]:
 
 
 class HDF5CompressedSink(_HDF5File):
-    """An HDF5 output whose chunks are compressed here (``--compressor``), in the writer thread.
-
-    Compressed chunks have sizes known only once written, so while the run lasts each is appended to a
-    spool beside the partial output (with its index and a CRC-32, fsynced before a progress record claims
-    it); the partial output holds the dataset (its filters declared, no chunk written) and attributes.
-    `_finish` copies the spooled chunks in with ``write_direct_chunk``, in order, so a resumed run writes
-    the same file, which any HDF5 reader with the filters reads (zstd and blosc: with hdf5plugin).
-    """
+    """An HDF5 output whose chunks are compressed here, in the writer thread: their sizes are known only
+    once written, so each is appended to a spool beside the partial output (with its index and a CRC-32),
+    and `_finish` copies them in with ``write_direct_chunk``, in order (a resumed run writes the same file)."""
 
     def __init__(
         self, place: SinkPlace, array: Any, direct_io: bool, rows_done: int = 0, compressor: str | None = None

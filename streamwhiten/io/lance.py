@@ -1,11 +1,10 @@
 """Lance datasets through pylance: a source of vectors held in a list column, other columns of the same
 rows, 1-D columns, and a sink. The only module that imports lance.
 
-A source reads one version of the dataset (the latest when opened), fragment by fragment, in the worker
-thread that asks, through that thread's own dataset handle; every vector is checked as it is copied.
-Appends add fragments after the old ones, so a fingerprint holds a digest of the fragments holding the
-rows an earlier fit read: an update reads only new fragments, and refuses changed old ones. A dataset
-named by URL is read through pylance's own object store (``remote.lance_options``), never written.
+A source reads one version of the dataset, in the worker thread that asks, through that thread's own
+handle. Appends add fragments after the old ones, so a fingerprint holds a digest of the fragments an
+earlier fit read: an update refuses changed ones. A dataset named by URL is read (never written) through
+pylance's own object store.
 """
 
 from __future__ import annotations
@@ -114,7 +113,6 @@ class LanceSource(TableSource):
             f"{self._column_label}: has no rows, so the length of the vectors of its list column is unknown"
         )
 
-    # -- fingerprint
     def layout_digest(self, n_rows: int) -> str:
         count = bisect.bisect_left(self._starts, n_rows)  # fragments holding rows [0, n_rows)
         described = [self._fragment_meta[i] for i in range(min(count, len(self._fragment_meta)))]
@@ -123,7 +121,6 @@ class LanceSource(TableSource):
     def fingerprint_extra(self) -> dict[str, Any]:
         return {"version": int(self.version)}
 
-    # -- reading
     def _dataset(self) -> Any:
         """This thread's own handle on the version opened at the start."""
         handle = getattr(self._local, "handle", None)
@@ -161,7 +158,6 @@ class LanceSource(TableSource):
                 )
         return view
 
-    # -- other columns of the same rows
     def read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         schema = self.column_schema(names)
         tables = [
@@ -187,15 +183,10 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
     return read_numeric_column(path, handle.schema, inner, read_column)
 
 
-# ----------------------------------------------------------------------------------------------- sink
-
-
 class LanceSink(TableSink):
-    """A Lance output: the vectors as a ``fixed_size_list`` column (after any columns kept from the
-    input). Blocks are written as Arrow IPC part files; `commit` writes them into a new dataset
-    in a temporary directory, fsyncs every file in it and renames it into place. The schema metadata
-    holds the model's attributes, as a Parquet output's key-value metadata does. A rerun writes the
-    same rows, not the same bytes (Lance names its data files at random)."""
+    """A Lance output: parts are Arrow IPC files, joined at `commit` into a new dataset in a temporary
+    directory, fsynced and renamed into place. A rerun writes the same rows, not the same bytes (Lance names
+    its data files at random)."""
 
     kind = "lance"
     part_suffix = ".arrow"

@@ -1,13 +1,10 @@
 """Parquet through pyarrow: a source of vectors held in a list column, other columns of the same rows,
-1-D columns (gold scores), and a sink (``_arrow.TableSink``) that writes a ``fixed_size_list`` column.
-The only module that imports ``pyarrow.parquet``.
+1-D columns (gold scores), and a sink. The only module that imports ``pyarrow.parquet``.
 
-One file is one source. Row groups are the natural blocks: a whole one is decoded in the worker thread
-that asks for it, through that thread's own ``ParquetFile``, in batches of a few MiB; parts of one are
-read from a stream of batches the threads share, so each is decoded about once. Every vector is checked
-as it is copied, and page checksums are verified where the writer stored them. Files are never appended
-to: a fingerprint holds a digest of the footer, so an update refuses a rewritten file. A file named by URL
-is read through an fsspec file object per thread; a block read from an object that changed is refused.
+One file is one source; row groups are its blocks. A whole one is decoded in the worker thread that asks
+for it, through that thread's own ``ParquetFile``, in small batches; parts of one come from a stream the
+threads share, so each is decoded about once. Page checksums are verified where stored. Files are never
+appended to: a fingerprint holds a digest of the footer, so an update refuses a rewritten file.
 """
 
 from __future__ import annotations
@@ -234,7 +231,6 @@ class ParquetSource(TableSource):
         picks = sorted({groups[0], groups[count // 4], groups[count // 2], groups[(3 * count) // 4], groups[-1]})
         return [(self._starts[g], min(self._starts[g] + FINGERPRINT_ROWS, self._starts[g + 1], n_rows)) for g in picks]
 
-    # -- reading
     def _check_unchanged(self) -> None:
         if self.remote:
             if remote.version(self.path, read=self.read_options) != self._stat:
@@ -373,7 +369,6 @@ class ParquetSource(TableSource):
                     if self._streams.get(group) is stream:
                         del self._streams[group]
 
-    # -- other columns of the same rows
     def read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         if not self.remote:
             return self._read_columns(start, stop, names)
@@ -421,10 +416,7 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
     return read_numeric_column(path, schema, inner, read_column)
 
 
-# ----------------------------------------------------------------------------------------------- sink
-
-#: How parts and the final file are written: floats do not compress or repeat, and the settings are
-#: fixed so that a rerun writes the same bytes.
+#: How parts and the final file are written: floats do not compress; fixed, so a rerun writes the same bytes.
 WRITE_OPTIONS = dict(
     compression="none", use_dictionary=False, write_statistics=True, version="2.6", write_page_checksum=True
 )
@@ -447,8 +439,7 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
 
 
 class ParquetSink(TableSink):
-    """A Parquet output: the vectors as a ``fixed_size_list`` column (after any columns kept from the
-    input), one row group per block, written as parts and joined into one file by `commit`."""
+    """A Parquet output: one row group per block, written as parts and joined into one file by `commit`."""
 
     kind = "parquet"
     part_suffix = ".parquet"

@@ -83,12 +83,8 @@ def _first_line(rows: list[tuple[int, list[str]]]) -> str:
 
 
 def read_column(path: str, inner: str | None, read: ReadOptions | None = None) -> tuple[np.ndarray, str]:
-    """The numeric column ``inner`` of the delimited file at ``path`` as float64, and its label.
-
-    ``inner`` is a header name or a 0-based index (see the module docstring). A missing header name,
-    a line too short for the column, or a value that is not a number is a `BadInputError`
-    naming the file and line.
-    """
+    """The numeric column ``inner`` (a header name or a 0-based index) of the delimited file at ``path``
+    as float64, and its label; a missing column or a value that is not a number names the line."""
     label = remote.redact(path)
     if inner is None or not inner.strip():
         raise BadInputError(

@@ -1,12 +1,10 @@
 """Zarr (v2 and v3) through zarr-python 3: a source of rows, a sink, 1-D arrays, and the writer Dask
 workers use. The only module that imports zarr.
 
-A local store's uncompressed chunk files are read straight into the caller's buffer, and those of a codec
-chain ``codecs`` knows are decoded here, in the calling thread; anything else (sharding, transpose, a
-remote store) goes through zarr. Outputs are written as chunk files by us too. A missing chunk is refused
-unless ``fill_missing_chunks`` says otherwise. A store named by URL goes through zarr's ``FsspecStore``;
-a remote output is written in place (a prefix cannot be renamed), its metadata saying ``complete =
-false`` until the last chunk is written, and every reader here takes such an output for absent.
+A local store's chunk files are read (and written) by us: raw ones straight into the caller's buffer,
+those of a codec chain ``codecs`` knows decoded here; anything else (sharding, a remote store) goes through
+zarr. A missing chunk is refused unless ``fill_missing_chunks``. A remote output is written in place, its
+metadata saying ``complete = false`` until the last chunk is written: readers here take it for absent.
 """
 
 from __future__ import annotations
@@ -231,9 +229,8 @@ class ZarrSource(StoreSource):
         )
 
     def fetch(self, start: int, stop: int) -> Fetched | None:
-        """The stored bytes of the chunks rows ``[start, stop)`` touch, for `read_into` to decode:
-        ``[(chunk index, bytes or None where missing and filled, 0)]``; None where chunks are not
-        decoded here. The I/O half of a read, which a caller may run ahead in another thread."""
+        """The stored bytes of the chunks rows ``[start, stop)`` touch, for `read_into` to decode (None where
+        chunks are not decoded here): the I/O half of a read, which a caller may run ahead in another thread."""
         if self.decoder is None or stop <= start:
             return None
         assert self._chunk_root is not None and self.chunk_rows is not None
@@ -398,9 +395,6 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
     return values, (f"{label}:/{inner}" if inner else label)
 
 
-# ----------------------------------------------------------------------------------------------- sink
-
-
 def _compressors(name: str, dtype: Any, zarr_format: int, checksums: bool = False) -> Any:
     """What zarr is told ``--compressor name`` wrote (the chunks themselves are encoded here), and with
     ``checksums`` (Zarr 3; format 2 has no checksum after its compressor) the crc32c after it."""
@@ -426,10 +420,9 @@ _CHUNK_KEY = re.compile(r"^(c/)?\d+([./]\d+)*$")
 
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
-    """None when the Zarr store ``path`` is an output of streamwhiten: every array in it carries
-    `OWNER_ATTR` and (a local store) it holds nothing but their metadata and chunks, or (a remote
-    prefix) it holds chunks only, the remains of such an output whose metadata is gone; else what it is,
-    for the message that refuses to replace it."""
+    """None when the Zarr store ``path`` is an output of streamwhiten (every array carries `OWNER_ATTR`, and
+    nothing but their metadata and chunks is there; remote: or chunks only, what is left of one), else what
+    it is, for the message that refuses to replace it."""
     try:
         url = remote.is_url(path)
         store = remote.zarr_store(path, read_only=True, read=read) if url else LocalStore(path, read_only=True)
@@ -474,9 +467,8 @@ _CHUNK_TAIL = re.compile(r"(^|/)(c/)?\d+([./]\d+)*$")
 def _new_array(
     store: Any, dataset: str | None, plan: OutputPlan, compressor: str, overwrite: bool = False, **options: Any
 ) -> Any:
-    """A new array in ``store`` (under the name ``dataset`` in a new group, if named) laid out as ``plan``
-    says, its chunks declared as ``compressor`` wrote them; ``options`` go to ``create_array``, and
-    ``overwrite`` to the unnamed array's only (a group opened to write is new)."""
+    """A new array in ``store`` (named ``dataset`` in a new group, if named) laid out as ``plan`` says, its
+    chunks declared as ``compressor`` wrote them; ``options`` go to ``create_array``."""
     shape, dtype = plan.shape, np.dtype(plan.dtype)
     zarr_format: Literal[2, 3] = 2 if int(plan.zarr_format) == 2 else 3  # checked to be 2 or 3 by the plan's options
     compressors = _compressors(compressor, dtype, zarr_format, plan.checksums)
@@ -585,11 +577,8 @@ class ZarrSink(StoreSink):
 
 @dataclass(frozen=True)
 class ZarrRegionWriter:
-    """Writes row ranges into a Zarr sink still under its temporary name, from any process.
-
-    Every range must cover whole output chunks (the last one may end at the last row), so no chunk
-    file is ever written by two tasks and concurrent writers need no lock.
-    """
+    """Writes row ranges of whole output chunks into a Zarr sink still under its temporary name, from any
+    process: no chunk file is written by two tasks, so concurrent writers need no lock."""
 
     partial: str
     dataset: str | None
@@ -629,11 +618,9 @@ def _open_remote_array(url: str, dataset: str | None, read: ReadOptions) -> Any:
 
 
 class RemoteZarrSink(ZarrSink):
-    """A Zarr output on object storage, written in place (a prefix cannot be renamed): the metadata is
-    written first with ``complete = false``, then the chunks (whole ones, each one PUT, retried when the
-    network fails), then the metadata again with ``complete = true``, last. Readers here take an output
-    without it for absent (``Output.exists``, ``open_source``), and a killed run leaves its progress
-    record as an object beside the output (``.NAME.partial.progress.json``), so any machine resumes it."""
+    """A Zarr output on object storage, written in place (a prefix cannot be renamed): the metadata with
+    ``complete = false``, the chunks (each one PUT, retried), then ``complete = true``. A killed run leaves
+    its progress record as an object beside the output, so any machine resumes it."""
 
     compressible = False
     in_place = True
