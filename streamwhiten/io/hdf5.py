@@ -56,13 +56,13 @@ def _unallocated(node: Any) -> bool:
     return bool(node.id.get_num_chunks() < expected)
 
 
-def _datasets(group: Any, ndim: int) -> list[str]:
-    """Paths (``/a/b``) of the ``ndim``-D datasets in ``group``, in the file's order."""
+def _datasets(group: Any, ndim: int | None = None) -> list[str]:
+    """Paths (``/a/b``) of the (``ndim``-D) datasets in ``group``, in the file's order."""
     found: list[str] = []
     prefix = group.name.rstrip("/")
     group.visititems(
         lambda name, obj: (
-            found.append(f"{prefix}/{name}") if isinstance(obj, h5py.Dataset) and obj.ndim == ndim else None
+            found.append(f"{prefix}/{name}") if isinstance(obj, h5py.Dataset) and ndim in (None, obj.ndim) else None
         )
     )
     return found
@@ -86,6 +86,10 @@ def _find_dataset(handle: Any, label: str, inner: str | None, ndim: int, option:
     raise name_not_found(label, f"/{inner}", what, found, option=option, problem=problem)
 
 
+#: Bytes per range request of a remote HDF5 file (read ahead: chunks are mostly read in order).
+REMOTE_READ_BYTES = 4 << 20
+
+
 def _errno(exc: BaseException) -> int:
     """The errno of a failed system call HDF5 reports inside ``exc``'s message (0: none)."""
     failed = re.search(r"errno = (\d+)", str(exc))
@@ -96,7 +100,11 @@ def _open_file(path: str, read: ReadOptions) -> Any:
     """The file at ``path`` (local, or a URL through fsspec) open to read: an I/O error where the system
     refused (permissions, a failing disk), else a file HDF5 cannot open is not an HDF5 file (bad input)."""
     try:
-        return h5py.File(_remote_file(path, read) if remote.is_url(path) else path, "r")
+        if not remote.is_url(path):
+            return h5py.File(path, "r")
+        fs, key = remote.filesystem(path, read)
+        ahead = {"block_size": REMOTE_READ_BYTES, "cache_type": "readahead"}
+        return h5py.File(remote.retrying(path, "open", fs.open, key, "rb", **ahead, read=read), "r")
     except OSError as exc:
         if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
             raise StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}") from exc
@@ -260,17 +268,6 @@ class HDF5Source(StoreSource):
             self._file.close()
 
 
-#: Bytes per range request of a remote HDF5 file (read ahead: chunks are mostly read in order).
-REMOTE_READ_BYTES = 4 << 20
-
-
-def _remote_file(url: str, read: ReadOptions) -> Any:
-    fs, key = remote.filesystem(url, read)
-    return remote.retrying(
-        url, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead", read=read
-    )
-
-
 def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.ndarray, str]:
     """The 1-D dataset ``inner`` (or the file's only one), whole, and its label."""
     with _open_file(path, read) as handle, _walking(path):
@@ -283,28 +280,20 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
     `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
     if not h5py.is_hdf5(path):
         return "not an HDF5 file"
-    datasets: list[tuple[str, bool]] = []
     try:
         with h5py.File(path, "r") as handle:
-            handle.visititems(
-                lambda name, node: (
-                    datasets.append((name, OWNER_ATTR in node.attrs)) if isinstance(node, h5py.Dataset) else None
-                )
-            )
+            datasets = _datasets(handle)
+            theirs = [name for name in datasets if OWNER_ATTR not in handle[name].attrs]
     except (OSError, RuntimeError, KeyError) as exc:
         return f"an HDF5 file that cannot be read: {first_line(exc)}"
-    theirs = [name for name, ours in datasets if not ours]
     if theirs:
-        return f"an HDF5 file holding a dataset streamwhiten did not write: /{theirs[0]}"
+        return f"an HDF5 file holding a dataset streamwhiten did not write: {theirs[0]}"
     return None if datasets else "an HDF5 file holding no dataset"
 
 
 def _attr(value: Any) -> Any:
-    if value is None:
-        return "none"
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value)
-    return value
+    """An attribute's value as the file holds it: None as "none", lists and mappings as JSON."""
+    return "none" if value is None else json.dumps(value) if isinstance(value, (list, tuple, dict)) else value
 
 
 def _set_attrs(array: Any, attrs: Mapping[str, Any]) -> None:
@@ -389,8 +378,7 @@ class _HDF5File(StoreSink):
     def _open(
         cls: type[_Sink], place: SinkPlace, direct_io: bool, rows_done: int, compressor: str | None = None
     ) -> _Sink:
-        """The sink of the partial output at ``place`` (read-only, to find its layout), of which ``rows_done``
-        rows are durable."""
+        """The sink of the partial output at ``place`` (opened read-only, to find its layout)."""
         place = replace(place, dataset=place.dataset or cls.default_dataset)
         with h5py.File(place.partial, "r", rdcc_nbytes=0) as handle:
             return cls(place, handle[place.dataset], direct_io, rows_done, compressor)
