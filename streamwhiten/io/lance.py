@@ -45,24 +45,22 @@ def _lance_error(label: str, what: str, exc: BaseException) -> StoreIOError | Co
 
 
 def _open(path: str, read: ReadOptions, version: int | None = None) -> Any:
-    if remote.is_url(path):
-        options = remote.lance_options(path, read)
-        try:
+    url = remote.is_url(path)
+    options = remote.lance_options(path, read) if url else None
+    try:
+        if url:
             return remote.retrying(
                 path, "open", lance.dataset, path, version=version, storage_options=options, read=read
             )
-        except StoreIOError:
-            raise
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise BadInputError(
-                f"{remote.redact(path)}: cannot open as a Lance dataset ({remote.scrub(first_line(exc))})"
-            ) from None
-    try:
         return lance.dataset(path, version=version)
+    except StoreIOError:
+        raise
     except (OSError, ValueError, RuntimeError) as exc:
-        if isinstance(exc, OSError) and getattr(exc, "errno", None):
+        if not url and isinstance(exc, OSError) and getattr(exc, "errno", None):
             raise StoreIOError(f"{path}: cannot read: {io_error(exc)}") from exc
-        raise BadInputError(f"{path}: cannot open as a Lance dataset ({first_line(exc)})") from exc
+        reason = remote.scrub(first_line(exc)) if url else first_line(exc)
+        error = BadInputError(f"{remote.redact(path)}: cannot open as a Lance dataset ({reason})")
+        raise error from (None if url else exc)  # a remote one's cause may name a secret
 
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:

@@ -31,13 +31,13 @@ class NpySource(StoreSource):
     kind = "npy"
 
     def __new__(cls, path: str, dataset: str | None, read: ReadOptions | None = None) -> NpySource:
+        if dataset:
+            raise _no_names(path, dataset)
         if cls is NpySource and remote.is_url(path):
             return super().__new__(RemoteNpySource)
         return super().__new__(cls)
 
     def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
-        if dataset:
-            raise _no_names(path, dataset)
         try:
             _check_header(path)
             array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -136,8 +136,6 @@ class RemoteNpySource(NpySource):
     remote = True
 
     def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
-        if dataset:
-            raise _no_names(path, dataset)
         read = read if read is not None else ReadOptions()
         shape, dtype, self._offset, self._size = _header(path, read)
         self._version = remote.version(path, read=read)
