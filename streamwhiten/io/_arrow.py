@@ -109,24 +109,19 @@ def read_numeric_column(
 ) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` of the table at ``path`` (or its only numeric column), whole, and its
     label; ``read_column(name, label)`` reads one column as the backend does (a ``pa.ChunkedArray``)."""
-    numeric = [
-        f.name
-        for f in schema
-        if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
-    ]
+    kinds = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    numeric = [f.name for f in schema if any(kind(f.type) for kind in kinds)]
     if inner is None or inner not in schema.names:
         if inner is not None or len(numeric) != 1:
-            raise not_found(
-                path, None if inner is None else repr(inner), "numeric column", numeric, schema, option=False
-            )
+            asked = None if inner is None else repr(inner)
+            raise not_found(path, asked, "numeric column", numeric, schema, option=False)
         inner = numeric[0]
     label = f"{path}:{inner}"
     if inner not in numeric:
         raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
     column = read_column(inner, label)
     if column.null_count:
-        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-        raise BadInputError(f"{label}: row {row:,} is null")
+        raise BadInputError(f"{label}: row {_first(column.is_null()):,} is null")
     return column.to_numpy(), label
 
 
@@ -147,7 +142,8 @@ def vector_type(label: str, field: pa.Field) -> tuple[np.dtype[Any], int | None]
     return FLOAT_TYPES[element], width
 
 
-def _first(mask: pa.Array) -> int:
+def _first(mask: Any) -> int:
+    """The first position ``mask`` (an Arrow array or chunked array of booleans) holds True at."""
     return int(np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False)))[0])
 
 
@@ -157,10 +153,8 @@ def vector_length(array: pa.Array, where: str) -> int:
     array = array.storage if isinstance(array, pa.ExtensionArray) else array
     if not array.is_valid().to_numpy(zero_copy_only=False)[0]:
         raise BadInputError(f"{where}: null vector")
-    if pa.types.is_fixed_size_list(array.type):
-        length: int = array.type.list_size
-    else:
-        length = int(array.offsets[1].as_py() - array.offsets[0].as_py())
+    fixed = pa.types.is_fixed_size_list(array.type)
+    length = int(array.type.list_size if fixed else array.offsets[1].as_py() - array.offsets[0].as_py())
     if length == 0:
         raise BadInputError(f"{where}: empty vector")
     return length
@@ -199,8 +193,7 @@ def copy_vectors(array: pa.Array, target: np.ndarray, where: Callable[[int], str
     if values.null_count:
         position = _first(values.is_null())
         raise BadInputError(f"{where(position // d)}: value {position % d} of the vector is null")
-    flat = values.to_numpy(zero_copy_only=False)
-    np.copyto(target, flat.reshape(n, d), casting="no")
+    np.copyto(target, values.to_numpy(zero_copy_only=False).reshape(n, d), casting="no")
 
 
 def read_attrs(metadata: Mapping[bytes, bytes] | None) -> dict[str, Any]:
