@@ -237,6 +237,17 @@ class TableSource(StoreSource):
         dtype, width = vector_type(self._column_label, schema.field(column))
         return column, dtype, width
 
+    def _first_width(self, head: Callable[[int], Any], name: Callable[[int], str], hint: str = "") -> int:
+        """The length of the first vector (of a list column, whose type does not say): ``head(piece)`` reads
+        the first row of a piece, ``name(piece)`` names it."""
+        for piece in range(len(self._starts) - 1):
+            if self._starts[piece + 1] > self._starts[piece]:
+                where = f"{self._column_label}: {name(piece)}, row {self._starts[piece]:,}"
+                return vector_length(head(piece), where)
+        raise BadInputError(
+            f"{self._column_label}: has no rows, so the length of the vectors of its list column is unknown{hint}"
+        )
+
     def _pieces(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
         """``(piece, a, b)``: the rows ``[a, b)`` of the table in each piece ``[start, stop)`` touches."""
         piece = bisect.bisect_right(self._starts, start) - 1

@@ -33,7 +33,6 @@ from ._arrow import (
     read_numeric_column,
     row_names,
     table_error,
-    vector_length,
 )
 from ._messages import first_line, io_error
 from ._store import OWNER_ATTR
@@ -97,19 +96,11 @@ class LanceSource(TableSource):
         self._local = threading.local()
         self._local.handle = handle
         if width is None:
-            width = self._first_width(column)
+            width = self._first_width(
+                lambda index: self._fragment_table(index, [column], 0, 1).column(0).combine_chunks(),
+                lambda index: f"fragment {self._fragment_ids[index]}",
+            )
         super().__init__(path, column, (self._starts[-1], width), dtype, None, read)
-
-    def _first_width(self, column: str) -> int:
-        for index, fragment_id in enumerate(self._fragment_ids):
-            if self._starts[index + 1] == self._starts[index]:
-                continue
-            table = self._fragment_table(index, [column], 0, 1)
-            where = f"{self._column_label}: fragment {fragment_id}, row {self._starts[index]:,}"
-            return vector_length(table.column(0).combine_chunks(), where)
-        raise BadInputError(
-            f"{self._column_label}: has no rows, so the length of the vectors of its list column is unknown"
-        )
 
     def layout_digest(self, n_rows: int) -> str:
         count = bisect.bisect_left(self._starts, n_rows)  # fragments holding rows [0, n_rows)

@@ -32,7 +32,6 @@ from ._arrow import (
     read_numeric_column,
     row_names,
     table_error,
-    vector_length,
 )
 from ._messages import first_line, io_error
 from ._store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR
@@ -186,7 +185,11 @@ class ParquetSource(TableSource):
             self._group_rows = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
             self._starts = np.concatenate([[0], np.cumsum(self._group_rows, dtype=np.int64)]).tolist()
             if width is None:
-                width = self._first_width(handle, column)
+                width = self._first_width(
+                    lambda group: _head(handle, self._column_label, group, column, 1),
+                    lambda group: f"row group {group}",
+                    " (leave empty files out)",
+                )
             chunk_rows = self._group_rows[0] if self._group_rows and self._group_rows[0] > 0 else None
         finally:
             handle.close()
@@ -196,17 +199,6 @@ class ParquetSource(TableSource):
         self._handles: list[Any] = []
         self._streams: OrderedDict[int, _Stream] = OrderedDict()
         self._closed = False
-
-    def _first_width(self, handle: Any, column: str) -> int:
-        """The length of the first vector (of a list column, whose type does not say)."""
-        for group, rows in enumerate(self._group_rows):
-            if rows:
-                where = f"{self._column_label}: row group {group}, row {self._starts[group]:,}"
-                return vector_length(_head(handle, self._column_label, group, column, 1), where)
-        raise BadInputError(
-            f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
-            "unknown (leave empty files out)"
-        )
 
     def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
         """Whole row groups (as many as make about ``target_bytes``) when a row group is at most
