@@ -123,11 +123,8 @@ def _open_node(
         prefix = f"/{inner}" if inner else ""
         arrays = _arrays(node, ndim, prefix)
         if len(arrays) != 1:
-            if inner:
-                raise name_not_found(
-                    label, f"/{inner}", what, arrays, option=option, problem=f"/{inner} is a group, not an array"
-                )
-            raise name_not_found(label, None, what, arrays, option=option)
+            problem = f"/{inner} is a group, not an array" if inner else None
+            raise name_not_found(label, prefix or None, what, arrays, option=option, problem=problem)
         inner = arrays[0].strip("/")
         node = node[arrays[0][len(prefix) + 1 :]]
     _check_grid(node, f"{label}:/{inner}" if inner else label)
@@ -217,15 +214,13 @@ class ZarrSource(StoreSource):
         unchanged (an update does not compare it: appends change it)."""
         if not self.remote:
             return {}
+        url, read = self._array_url(), self.read_options
         if not self._listable:  # http(s): no listing; the metadata object's version
             return remote.version(
-                remote.join(self._array_url(), "zarr.json" if self._node.metadata.zarr_format == 3 else ".zarray"),
-                read=self.read_options,
+                remote.join(url, "zarr.json" if self._node.metadata.zarr_format == 3 else ".zarray"), read=read
             )
         return remote.prefix_version(
-            self._array_url(),
-            {remote.join(self._array_url(), key): item for key, item in self._objects().items()},
-            read=self.read_options,
+            url, {remote.join(url, key): item for key, item in self._objects().items()}, read=read
         )
 
     def fetch(self, start: int, stop: int) -> Fetched | None:
