@@ -45,8 +45,7 @@ VECTOR_TYPES = "list<float16|float32|float64>, large_list<...> or fixed_size_lis
 def table_error(
     label: str, what: str, exc: BaseException, damage: str = "cannot be decoded, the file is damaged or truncated"
 ) -> StoreIOError | CorruptStoreError:
-    """A pyarrow or pylance failure as ours: a failed system call is an I/O error, anything else damaged
-    data (``damage`` says so)."""
+    """A pyarrow or pylance failure as ours: a failed system call is an I/O error, else damaged data (``damage``)."""
     if isinstance(exc, OSError) and getattr(exc, "errno", None):
         return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
     return CorruptStoreError(f"{label}: {what} {damage} ({exc.__class__.__name__}: {first_line(exc)})")
@@ -73,8 +72,7 @@ def describe_columns(schema: pa.Schema) -> str:
 
 
 def kept_columns(path: str, schema: pa.Schema, names: list[str]) -> pa.Schema:
-    """The schema of the columns ``names`` of a table at ``path`` (``--keep-columns``), or a one-line
-    error naming the first one it lacks and the columns it has."""
+    """The schema of the columns ``names`` of a table at ``path`` (``--keep-columns``), or a one-line refusal."""
     missing = [name for name in names if name not in schema.names]
     if missing:
         raise BadInputError(f"{path}: has no column {missing[0]!r} to keep; its columns are {describe_columns(schema)}")
@@ -148,8 +146,7 @@ def _first(mask: Any) -> int:
 
 
 def vector_length(array: pa.Array, where: str) -> int:
-    """Values in the first entry of a list array: the width of the vectors; a null or empty first
-    vector is refused, with ``where`` (file, row group or fragment, row) naming it."""
+    """The length of the first vector of a list array; a null or empty one is refused, ``where`` naming it."""
     array = array.storage if isinstance(array, pa.ExtensionArray) else array
     if not array.is_valid().to_numpy(zero_copy_only=False)[0]:
         raise BadInputError(f"{where}: null vector")
@@ -218,8 +215,7 @@ _ARROW_VALUES = {
 
 
 class TableSource(StoreSource):
-    """What the sources of a list column of a table share: the column chosen from its schema, and the
-    rows of its pieces (Parquet row groups, Lance fragments)."""
+    """What the sources of a table's list column share: the column, and the rows of its pieces (groups, fragments)."""
 
     tabular = True
     dataset: str  # the vector column, chosen when the table is opened
@@ -270,10 +266,9 @@ class TableSource(StoreSource):
 
 
 class TableSink(StoreSink):
-    """A table output: the vectors as a ``fixed_size_list`` column after any columns kept from the input,
-    written block by block as part files in a hidden directory (beside ``sink.json``, which describes the
-    output), joined into the final store at `commit`. Backends implement `_write_part`, `_read_part` and
-    `_join`."""
+    """A table output: the vectors as a ``fixed_size_list`` column after any columns kept from the input, written
+    block by block as part files in a hidden directory (beside ``sink.json``, which describes the output),
+    joined into the final store at `commit`. Backends implement `_write_part`, `_read_part` and `_join`."""
 
     tabular = True
     part_suffix = ".part"
@@ -411,8 +406,7 @@ class TableSink(StoreSink):
             )
 
     def commit(self, overwrite: bool = False, attrs: Mapping[str, Any] | None = None) -> None:
-        """Join the parts into the final store with the final attributes, under a temporary name, durably,
-        and rename it into place (replacing an old output only if ``overwrite`` and it is ours)."""
+        """Join the parts into the final store under a temporary name, durably, and rename it into place."""
         record = dict(self.attrs, **(attrs or {}), complete=True, column=self.dataset)
         schema = self.schema.with_metadata({ATTRS_KEY: json.dumps(record, sort_keys=True, default=str).encode()})
         if self.remote:  # one object, which appears only when its multipart upload completes

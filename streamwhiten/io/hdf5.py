@@ -69,8 +69,7 @@ def _datasets(group: Any, ndim: int | None = None) -> list[str]:
 
 
 def _find_dataset(handle: Any, label: str, inner: str | None, ndim: int, option: bool = True) -> str:
-    """The dataset ``inner`` of the open file, or its only ``ndim``-D dataset when none is named; else the
-    one-line error that says what the file holds (``_messages.name_not_found``)."""
+    """The dataset ``inner`` of the open file, or its only ``ndim``-D dataset when none is named."""
     what = f"{ndim}-D dataset"
     if inner is None:
         found = _datasets(handle, ndim)
@@ -276,8 +275,7 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
 
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
-    """None when the HDF5 file ``path`` is an output of streamwhiten (every dataset in it carries
-    `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    """None when the HDF5 file ``path`` is an output of ours (every dataset carries `OWNER_ATTR`), else what it is."""
     if not h5py.is_hdf5(path):
         return "not an HDF5 file"
     try:
@@ -367,8 +365,7 @@ class _HDF5File(StoreSink):
     def __init__(
         self, place: SinkPlace, array: Any, direct_io: bool, rows_done: int = 0, compressor: str | None = None
     ) -> None:
-        """The sink of the open dataset ``array``, of which ``rows_done`` rows are durable (a compressed
-        output's ``compressor``: None where it records one)."""
+        """The sink of the open dataset ``array``, ``rows_done`` rows durable (``compressor``: None, as recorded)."""
         super().__init__(place, array.shape, array.dtype, int(array.chunks[0]), direct_io)
         #: whether each chunk's stored bytes are followed by their fletcher32 checksum (HDF5's filter, declared
         #: on the dataset after any compression)
@@ -390,8 +387,7 @@ class _HDF5File(StoreSink):
         return (HDF5CompressedSink if spooled else HDF5Sink)._open(place, plan.direct_io, rows_done)
 
     def _finish_file(self, attrs: dict[str, Any], fill: Callable[[Any], None] | None = None) -> None:
-        """Sync and close what the sink writes through, then reopen the file to ``fill`` its dataset
-        (if given) and set its final ``attrs``, and make it durable."""
+        """Close what the sink writes through, reopen the file to ``fill`` its dataset and set ``attrs``, durably."""
         self._sync()
         self._close()
         handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)

@@ -63,8 +63,7 @@ def _open(path: str, read: ReadOptions, version: int | None = None) -> Any:
 
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
-    """None when the Lance dataset ``path`` is an output of streamwhiten (its schema metadata records
-    `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    """None when the Lance dataset ``path`` is an output of ours (its schema records `OWNER_ATTR`), else what it is."""
     try:
         schema = _open(path, read).schema
     except BadInputError:
@@ -173,9 +172,8 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
 
 
 class LanceSink(TableSink):
-    """A Lance output: parts are Arrow IPC files, joined at `commit` into a new dataset in a temporary
-    directory, fsynced and renamed into place. A rerun writes the same rows, not the same bytes (Lance names
-    its data files at random)."""
+    """A Lance output: Arrow IPC parts joined at `commit` into a new dataset, fsynced and renamed into place; a
+    rerun writes the same rows, not the same bytes (Lance names its data files at random)."""
 
     kind = "lance"
     part_suffix = ".arrow"

@@ -130,8 +130,7 @@ def _header(url: str, read: ReadOptions) -> tuple[tuple[int, ...], np.dtype[Any]
 
 
 class RemoteNpySource(NpySource):
-    """A ``.npy`` object read by range requests; each block in `RANGE_BYTES` parts fetched at once
-    (the whole block retried when the network fails: ``Source.read_into``)."""
+    """A ``.npy`` object read by range requests, each block in `RANGE_BYTES` parts fetched at once."""
 
     remote = True
 

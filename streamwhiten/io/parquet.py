@@ -415,8 +415,7 @@ WRITE_OPTIONS = dict(
 
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
-    """None when the Parquet file ``path`` (or object) is an output of streamwhiten (its key-value
-    metadata records `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    """None when the Parquet file ``path`` is an output of ours (its metadata records `OWNER_ATTR`), else what it is."""
     try:
         if remote.is_url(path):
             with _opened(path, read) as handle:
@@ -446,8 +445,7 @@ class ParquetSink(TableSink):
         return pq.read_table(path)
 
     def _join(self, temp: Any, schema: pa.Schema, tables: Iterator[pa.Table]) -> None:
-        """Stream the parts into one file (a row group each) at ``temp`` (a path, fsynced, or a remote file
-        object whose upload the caller completes)."""
+        """Stream the parts into one file at ``temp``: a path (fsynced) or a remote file object the caller completes."""
         with pq.ParquetWriter(temp, schema, **WRITE_OPTIONS) as writer:
             for table in tables:
                 writer.write_table(table, row_group_size=max(1, table.num_rows))

@@ -118,10 +118,7 @@ def read_column(path: str, inner: str | None, read: ReadOptions | None = None) -
         try:
             values[i] = float(text)
         except ValueError:
-            hint = (
-                " (an index reads every line as data; name the column to skip a header line)"
-                if isinstance(column, int) and i == 0
-                else ""
-            )
+            first = isinstance(column, int) and i == 0
+            hint = " (an index reads every line as data; name the column to skip a header line)" if first else ""
             raise BadInputError(f"{label}: line {number}: {text!r} is not a number{hint}") from None
     return values, label

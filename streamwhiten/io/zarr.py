@@ -104,8 +104,7 @@ def _arrays(group: Any, ndim: int, prefix: str = "") -> list[str]:
 def _open_node(
     path: str, inner: str | None, ndim: int, read: ReadOptions, option: bool = True
 ) -> tuple[Any, str | None]:
-    """The array ``inner`` of the store at ``path`` (or its only ``ndim``-D array), and its path in the store;
-    a name it does not hold is one line saying what it holds (``_messages.name_not_found``)."""
+    """The array ``inner`` of the store at ``path`` (or its only ``ndim``-D array), and its path in the store."""
     label, what = remote.redact(path), f"{ndim}-D array"
     try:
         node = _open_path(path, inner or "", read)
@@ -150,8 +149,7 @@ def _not_there(path: str, label: str, inner: str | None, ndim: int, option: bool
 
 
 def _check_grid(node: Any, label: str) -> None:
-    """Refuse an array whose metadata declares a chunk (or shard) of length 0 or a negative length: no data
-    could have been written that way, and reading it would divide by zero."""
+    """Refuse an array whose metadata declares a chunk (or shard) length below 1: reading it would divide by 0."""
     grids = [("chunk", tuple(node.chunks))]
     if getattr(node, "shards", None):
         grids.append(("shard", tuple(node.shards)))
@@ -210,8 +208,7 @@ class ZarrSource(StoreSource):
         return self._listing
 
     def fingerprint_extra(self) -> dict[str, Any]:
-        """A remote store's total size and a digest of every object's key, size and ETag: the same store,
-        unchanged (an update does not compare it: appends change it)."""
+        """A remote store's total size and a digest of every object's key, size and ETag (appends change it)."""
         if not self.remote:
             return {}
         url, read = self._array_url(), self.read_options
@@ -391,8 +388,7 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
 
 
 def _compressors(name: str, dtype: Any, zarr_format: int, checksums: bool = False) -> Any:
-    """What zarr is told ``--compressor name`` wrote (the chunks themselves are encoded here), and with
-    ``checksums`` (Zarr 3; format 2 has no checksum after its compressor) the crc32c after it."""
+    """What zarr is told ``--compressor name`` wrote (encoded here), then the crc32c with ``checksums`` (Zarr 3)."""
     if zarr_format == 2:
         return None if name == "none" else numcodecs_codec(name, dtype)
     crc = [Crc32cCodec()] if checksums else []
@@ -448,8 +444,7 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
 
 
 def _only_chunks(url: str, read: ReadOptions) -> bool:
-    """Whether the prefix ``url`` holds nothing but Zarr chunk objects: what is left of a remote output
-    of ours whose metadata is gone (written in place, it is taken for absent and written again)."""
+    """Whether the prefix ``url`` holds only Zarr chunks: what is left of a remote output whose metadata is gone."""
     base = remote.normalize(url).rstrip("/")
     keys = [remote.normalize(found)[len(base) + 1 :] for found in remote.find(url, read=read)]
     return bool(keys) and all(_CHUNK_TAIL.search(key) for key in keys)
@@ -477,8 +472,7 @@ def _new_array(
 
 
 class ZarrSink(StoreSink):
-    """A Zarr output: chunks written as chunk files by us, raw or compressed here with ``compressor``
-    (zarr writes the metadata, and any chunk a block covers only in part)."""
+    """A Zarr output: whole chunks written as chunk files by us, raw or compressed here; zarr writes the rest."""
 
     kind = "zarr"
     compressible = True
