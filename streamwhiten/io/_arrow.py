@@ -378,13 +378,10 @@ class TableSink(StoreSink):
 
     def _tables(self) -> Iterator[pa.Table]:
         """The parts' tables in row order, checking that they cover every row exactly once."""
-        if self.remote:
-            names = [remote.basename(url) for url in remote.find(self.partial, read=self.read_options)]
-        else:
-            names = os.listdir(self.partial)
+        listed = remote.find(self.partial, read=self.read_options) if self.remote else os.listdir(self.partial)
         parts = sorted(
             (int(name[5:20]), self._part_path(int(name[5:20])))
-            for name in names
+            for name in map(remote.basename, listed)
             if name.startswith("part-") and name.endswith(self.part_suffix)
         )
         expected = 0

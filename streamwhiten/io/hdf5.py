@@ -367,8 +367,7 @@ class _HDF5File(StoreSink):
     ) -> None:
         """The sink of the open dataset ``array``, ``rows_done`` rows durable (``compressor``: None, as recorded)."""
         super().__init__(place, array.shape, array.dtype, int(array.chunks[0]), direct_io)
-        #: whether each chunk's stored bytes are followed by their fletcher32 checksum (HDF5's filter, declared
-        #: on the dataset after any compression)
+        #: whether each chunk's stored bytes are followed by their fletcher32 checksum (after any compression)
         self.checksums = bool(array.fletcher32)
 
     @classmethod

@@ -1,8 +1,4 @@
-"""NumPy ``.npy`` files, memory-mapped: a source of rows and 1-D arrays.
-
-A ``.npy`` named by URL is read with range requests: its header once, then each block's bytes, in parts
-fetched concurrently (see ``remote``).
-"""
+"""NumPy ``.npy`` files, memory-mapped: a source of rows and 1-D arrays (one named by URL: by range requests)."""
 
 from __future__ import annotations
 
