@@ -31,13 +31,9 @@ ATTRS_KEY = b"streamwhiten"
 DEFAULT_COLUMN = "embedding"
 
 #: Arrow element types a vector column may hold, as numpy dtypes.
-FLOAT_TYPES: dict[Any, np.dtype[Any]] = {
-    pa.float16(): np.dtype(np.float16),
-    pa.float32(): np.dtype(np.float32),
-    pa.float64(): np.dtype(np.float64),
-}
+FLOAT_TYPES = {pa.from_numpy_dtype(dtype): dtype for dtype in map(np.dtype, ("float16", "float32", "float64"))}
 #: Arrow element types of an output of codes: opened for its attributes, refused as input (``check_array``).
-CODE_TYPES = {pa.int8(): np.dtype(np.int8), pa.uint8(): np.dtype(np.uint8)}
+CODE_TYPES = {pa.from_numpy_dtype(dtype): dtype for dtype in map(np.dtype, ("int8", "uint8"))}
 #: The column types a vector column may have, for messages.
 VECTOR_TYPES = "list<float16|float32|float64>, large_list<...> or fixed_size_list<...>[d]"
 
@@ -204,14 +200,6 @@ def read_attrs(metadata: Mapping[bytes, bytes] | None) -> dict[str, Any]:
 
 
 _SINK_FILE = "sink.json"
-#: The Arrow type of an output's values: floats, int8 codes, sign bits packed 8 per byte (uint8).
-_ARROW_VALUES = {
-    np.dtype(np.float16): pa.float16(),
-    np.dtype(np.float32): pa.float32(),
-    np.dtype(np.float64): pa.float64(),
-    np.dtype(np.int8): pa.int8(),
-    np.dtype(np.uint8): pa.uint8(),
-}
 
 
 class TableSource(StoreSource):
@@ -289,7 +277,8 @@ class TableSink(StoreSink):
         self.attrs = dict(attrs)
         #: the columns carried from the input, before the vectors
         self.columns = columns
-        vectors = pa.field(self.dataset, pa.list_(_ARROW_VALUES[self.dtype], self.shape[1]))
+        # floats, int8 codes, or sign bits packed 8 per byte (uint8)
+        vectors = pa.field(self.dataset, pa.list_(pa.from_numpy_dtype(self.dtype), self.shape[1]))
         self.schema = pa.schema(list(columns) + [vectors])
         self._unsynced: list[str] = []
 
