@@ -38,9 +38,8 @@ from ._messages import first_line, io_error
 from ._store import OWNER_ATTR
 from .codecs import Fetched
 
-
-def _lance_error(label: str, what: str, exc: BaseException) -> StoreIOError | CorruptStoreError:
-    return table_error(label, what, exc, "cannot be read, the dataset is damaged or incomplete")
+#: What a pylance failure other than a system call's says of the dataset (see ``_arrow.table_error``).
+_DAMAGED = "cannot be read, the dataset is damaged or incomplete"
 
 
 def _open(path: str, read: ReadOptions, version: int | None = None) -> Any:
@@ -90,7 +89,7 @@ class LanceSource(TableSource):
             self._fragment_meta = [fragment.metadata.to_json() for fragment in fragments]
             counts = [fragment.count_rows() for fragment in fragments]
         except (OSError, ValueError, RuntimeError) as exc:
-            raise _lance_error(self._column_label, "the fragment list", exc) from exc
+            raise table_error(self._column_label, "the fragment list", exc, _DAMAGED) from exc
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
         self._local = threading.local()
         self._local.handle = handle
@@ -126,7 +125,7 @@ class LanceSource(TableSource):
         except (OSError, ValueError, RuntimeError) as exc:
             if isinstance(exc, (BadInputError, StoreIOError)):
                 raise
-            raise _lance_error(self.label, f"fragment {fragment_id}", exc) from exc
+            raise table_error(self.label, f"fragment {fragment_id}", exc, _DAMAGED) from exc
 
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
@@ -166,7 +165,7 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
         try:
             return handle.to_table(columns=[name]).column(0)
         except (OSError, ValueError, RuntimeError) as exc:
-            raise _lance_error(label, "the column", exc) from exc
+            raise table_error(label, "the column", exc, _DAMAGED) from exc
 
     return read_numeric_column(path, handle.schema, inner, read_column)
 

@@ -273,8 +273,7 @@ class ZarrSource(StoreSource):
             return view
         if self.raw_root is None:
             return self._read_by_zarr(start, stop, view)
-        # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
-        # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
+        # raw chunks are the rows' bytes: one copy from the page cache (zarr's pipeline copies several times)
         self._check_range(start, stop)
         assert self.chunk_rows is not None
         rows, row_bytes = self.chunk_rows, self.n_features * self.dtype.itemsize
@@ -503,8 +502,7 @@ class ZarrSink(StoreSink):
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> ZarrSink:
         array = zarr.open_array(store=place.partial, path=place.dataset or "", mode="r+")
-        compressor = str(array.attrs.get(COMPRESSOR_ATTR, "none"))
-        return cls(place, array, plan.direct_io, compressor)
+        return cls(place, array, plan.direct_io, str(array.attrs.get(COMPRESSOR_ATTR, "none")))
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         root = self._root
