@@ -78,10 +78,9 @@ def kept_columns(path: str, schema: pa.Schema, names: list[str]) -> pa.Schema:
 def choose_column(label: str, schema: pa.Schema, column: str | None, preferred: str | None = None) -> str:
     """The vector column: ``column`` if given (it must exist), else ``preferred`` (the column a
     streamwhiten output recorded), else the only list column of ``schema``."""
-    names = list(schema.names)
-    if column is not None and column in names:
+    if column is not None and column in schema.names:
         return column
-    if column is None and preferred is not None and preferred in names:
+    if column is None and preferred is not None and preferred in schema.names:
         return preferred
     lists: list[str] = [field.name for field in schema if is_list(field.type)]
     if column is None and len(lists) == 1:

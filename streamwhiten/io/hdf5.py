@@ -16,7 +16,7 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import replace
 from typing import Any, BinaryIO, NoReturn, TypeVar
@@ -385,15 +385,14 @@ class _HDF5File(StoreSink):
         spooled = os.path.exists(HDF5CompressedSink.spool_path(place.partial))
         return (HDF5CompressedSink if spooled else HDF5Sink)._open(place, plan.direct_io, rows_done)
 
-    def _finish_file(self, attrs: dict[str, Any], fill: Callable[[Any], None] | None = None) -> None:
-        """Close what the sink writes through, reopen the file to ``fill`` its dataset and set ``attrs``, durably."""
+    def _finish(self, attrs: dict[str, Any]) -> None:
+        """Close what the sink writes through, reopen the file to `_fill` its dataset and set ``attrs``, durably."""
         self._sync()
         self._close()
         handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)
         try:
             array = handle[self.dataset]
-            if fill is not None:
-                fill(array)
+            self._fill(array)
             _set_attrs(array, attrs)
             handle.flush()
         except BaseException:
@@ -402,6 +401,9 @@ class _HDF5File(StoreSink):
         handle.close()
         with open(self.partial, "rb+") as file:
             os.fsync(file.fileno())
+
+    def _fill(self, array: Any) -> None:  # noqa: B027 - only a compressed output has chunks left to write
+        """Write what the dataset still lacks, before its final attributes."""
 
 
 class HDF5Sink(_HDF5File):
@@ -448,9 +450,6 @@ class HDF5Sink(_HDF5File):
     def _sync(self) -> None:
         if self.chunk_file is not None:
             self.chunk_file.fsync()
-
-    def _finish(self, attrs: dict[str, Any]) -> None:
-        self._finish_file(attrs)
 
     def _close(self) -> None:
         if self.chunk_file is not None:
@@ -528,10 +527,10 @@ class HDF5CompressedSink(_HDF5File):
             os.fsync(self._spool.fileno())
 
     def _finish(self, attrs: dict[str, Any]) -> None:
-        self._finish_file(attrs, self._copy_in)
+        super()._finish(attrs)
         os.remove(self.spool_path(self.partial))
 
-    def _copy_in(self, array: Any) -> None:
+    def _fill(self, array: Any) -> None:
         """Write the spooled chunks into ``array``, checking they are all there."""
         spool = self.spool_path(self.partial)
         with open(spool, "rb") as chunks:
