@@ -338,14 +338,11 @@ class ParquetSource(TableSource):
                     assert stream.pending is not None  # next_batch sets it (or raises)
                     p0, array = stream.pending
                     p1 = p0 + len(array)
-                    if p1 <= filled:
-                        stream.pending = None
-                        continue
                     b = min(hi, p1)
-                    self._copy(
-                        array.slice(filled - p0, b - filled), group, first_row + filled, target[filled - lo : b - lo]
-                    )
-                    filled = b
+                    if b > filled:  # else the batch ends before the rows asked for
+                        rows = array.slice(filled - p0, b - filled)
+                        self._copy(rows, group, first_row + filled, target[filled - lo : b - lo])
+                        filled = b
                     if b == p1:
                         stream.pending = None
             except StopIteration:
