@@ -76,8 +76,7 @@ def kept_columns(path: str, schema: pa.Schema, names: list[str]) -> pa.Schema:
 
 
 def choose_column(label: str, schema: pa.Schema, column: str | None, preferred: str | None = None) -> str:
-    """The vector column: ``column`` if given (it must exist), else ``preferred`` (the column a
-    streamwhiten output recorded), else the only list column of ``schema``."""
+    """The vector column: ``column``, else ``preferred`` (recorded by an output of ours), else the only list column."""
     if column is not None and column in schema.names:
         return column
     if column is None and preferred is not None and preferred in schema.names:
@@ -158,8 +157,7 @@ def row_names(prefix: str, first: int) -> Callable[[int], str]:
 
 
 def copy_vectors(array: pa.Array, target: np.ndarray, where: Callable[[int], str]) -> None:
-    """Copy the list array ``array`` into ``target`` (``len(array) x d``), refusing null vectors, null values
-    and rows of another length; ``where(i)`` names entry ``i`` for the message."""
+    """Copy the list array ``array`` into ``target``, refusing nulls and rows of another length (``where(i)``: row)."""
     array = array.storage if isinstance(array, pa.ExtensionArray) else array
     n, d = target.shape
     if len(array) != n:
@@ -212,8 +210,7 @@ class TableSource(StoreSource):
     def _choose(
         self, path: str, schema: pa.Schema, dataset: str | None, metadata: Mapping[bytes, bytes] | None
     ) -> tuple[str, np.dtype[Any], int | None]:
-        """The vector column (``dataset``, else the one the table's attributes in ``metadata`` or its
-        ``schema`` makes plain), its element dtype, and its vectors' length where its type says it."""
+        """The vector column (as `choose_column` finds it), its element dtype, and its width where its type says it."""
         self._attrs = read_attrs(metadata)
         column = choose_column(path, schema, dataset, self._attrs.get("column"))
         self._column_label, self._schema = f"{path}:{column}", schema

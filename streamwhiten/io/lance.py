@@ -1,10 +1,9 @@
 """Lance datasets through pylance: a source of vectors held in a list column, other columns of the same
 rows, 1-D columns, and a sink. The only module that imports lance.
 
-A source reads one version of the dataset, in the worker thread that asks, through that thread's own
-handle. Appends add fragments after the old ones, so a fingerprint holds a digest of the fragments an
-earlier fit read: an update refuses changed ones. A dataset named by URL is read (never written) through
-pylance's own object store.
+A source reads one version of the dataset through each thread's own handle. Appends add fragments after
+the old ones, so a fingerprint holds a digest of the fragments an earlier fit read: an update refuses
+changed ones. A dataset named by URL is read (never written) through pylance's own object store.
 """
 
 from __future__ import annotations

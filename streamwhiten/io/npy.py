@@ -79,8 +79,7 @@ def _no_names(path: str, name: str) -> BadInputError:
 
 
 def _check_header(path: str) -> None:
-    """Refuse a local ``.npy`` whose header is not one, or declares more data than the file holds (before
-    numpy maps or allocates what it says): `CorruptStoreError` for a file too short."""
+    """Refuse a local ``.npy`` whose header is not one or claims more data than the file holds (before mapping it)."""
     with open(path, "rb") as handle:
         try:
             npy_header(handle, os.fstat(handle.fileno()).st_size)

@@ -1,9 +1,8 @@
 """Parquet through pyarrow: a source of vectors held in a list column, other columns of the same rows,
 1-D columns (gold scores), and a sink. The only module that imports ``pyarrow.parquet``.
 
-One file is one source; row groups are its blocks. A whole one is decoded in the worker thread that asks
-for it, through that thread's own ``ParquetFile``, in small batches; parts of one come from a stream the
-threads share, so each is decoded about once. Page checksums are verified where stored. Files are never
+One file is one source. A whole row group is decoded through the worker thread's own ``ParquetFile``;
+parts of one come from a stream the threads share, so each is decoded about once. Files are never
 appended to: a fingerprint holds a digest of the footer, so an update refuses a rewritten file.
 """
 
@@ -88,8 +87,7 @@ def _single_file(path: str, read: ReadOptions) -> str:
 
 
 def _footer(path: str, read: ReadOptions) -> tuple[bytes, Any]:
-    """The raw footer (thrift file metadata) of a Parquet file, its magic checked, and the file's stat (a
-    remote one's ``{"size", "etag"}``; its footer in two range requests)."""
+    """The raw footer of a Parquet file, its magic checked, and the file's stat (a remote one's ``{size, etag}``)."""
     if remote.is_url(path):
         version = remote.version(path, read=read)
         return _check_footer(
@@ -286,8 +284,7 @@ class ParquetSource(TableSource):
         return max(1, BATCH_BYTES // (self.n_features * self.dtype.itemsize))
 
     def _read_group(self, group: int, target: np.ndarray) -> None:
-        """A whole row group, decoded in batches of about `BATCH_BYTES` each copied into place:
-        pyarrow's buffers stay small (reused, not first touched again for every row group) and hot in cache."""
+        """A whole row group, in batches of about `BATCH_BYTES` copied into place: pyarrow's buffers stay hot."""
         first_row, done = self._starts[group], 0
         try:
             batches = self._file().iter_batches(

@@ -1,15 +1,10 @@
 """Delimited text files (CSV, TSV): one numeric column as a vector, and the rows of small tables (qrels).
 
-A column is named in the spec after the file, as for the other stores:
-
-- ``file.csv:NAME``: the first line is a header and ``NAME`` is one of its fields;
-- ``file.csv:INDEX`` (digits only): the 0-based column ``INDEX``, and every line is data (no header),
-  as in STS-B's ``sts-dev.csv``, whose gold score is ``sts-dev.csv:4``.
-
-The delimiter is a tab for ``.tsv``; for any other name, a tab if the first line holds one, else a
-comma. Tab-separated lines are split on tabs alone (no quoting: STS-B's sentences hold unbalanced
-quotes); comma-separated ones follow the usual CSV quoting. Blank lines are skipped; lines are
-counted from 1, blank ones included, in every message. Local paths and URLs are read the same way.
+A column is named after the file: ``file.csv:NAME``, a field of the header (the first line), or
+``file.csv:INDEX`` (digits), the 0-based column of a file whose every line is data (STS-B's gold score is
+``sts-dev.csv:4``). The delimiter is a tab for ``.tsv`` or where the first line holds one, else a comma;
+tab-separated lines are split on tabs alone (STS-B's sentences hold unbalanced quotes), comma-separated
+ones follow CSV quoting. Blank lines are skipped but counted (from 1) in every message.
 """
 
 from __future__ import annotations
