@@ -1,6 +1,5 @@
-"""What the Parquet and Lance backends share (imported only by them, after pyarrow is known to be
-installed): the vector column and its type, the checked copy of Arrow list arrays into a block,
-`TableSource` and `TableSink`, the resumable writer of table outputs."""
+"""What the Parquet and Lance backends share (imported only by them, once pyarrow is known to be there): the
+vector column and its type, the checked copy of Arrow lists into a block, `TableSource` and `TableSink`."""
 
 from __future__ import annotations
 

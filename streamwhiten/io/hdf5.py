@@ -1,10 +1,9 @@
 """HDF5 through h5py: a source of rows, 1-D arrays (gold scores) and a sink. The only module that
 imports h5py (besides ``spec.input_kind``'s signature check).
 
-Chunks filtered as ``codecs`` knows are read through a descriptor of our own and decoded here, outside
-h5py's global lock. A sink's file is laid out with every chunk allocated, the rows are written in place
-through our own descriptor, and a fresh handle sets the attributes at the end, so a failed write never
-leaves HDF5 holding a half-flushed file. A file named by URL is read (never written) through fsspec.
+Chunks filtered as ``codecs`` knows are read through our own descriptor and decoded here, outside h5py's
+global lock. A sink's rows are written in place, through our own descriptor, into chunks allocated up front,
+so a failed write never leaves HDF5 holding a half-flushed file. A URL is read (never written) via fsspec.
 """
 
 from __future__ import annotations

@@ -411,11 +411,7 @@ WRITE_OPTIONS = dict(
 def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the Parquet file ``path`` is an output of ours (its metadata records `OWNER_ATTR`), else what it is."""
     try:
-        if remote.is_url(path):
-            with _opened(path, read) as handle:
-                metadata = pq.read_metadata(handle).metadata
-        else:
-            metadata = pq.read_metadata(path).metadata
+        metadata = pq.read_metadata(_opened(path, read)).metadata
     except StoreIOError:
         raise
     except (OSError, ValueError, pa.ArrowException):

@@ -1,10 +1,9 @@
 """Zarr (v2 and v3) through zarr-python 3: a source of rows, a sink, 1-D arrays, and the writer Dask
 workers use. The only module that imports zarr.
 
-A local store's chunk files are read (and written) by us: raw ones straight into the caller's buffer,
-those of a codec chain ``codecs`` knows decoded here; anything else (sharding, a remote store) goes through
-zarr. A missing chunk is refused unless ``fill_missing_chunks``. A remote output is written in place, its
-metadata saying ``complete = false`` until the last chunk is written: readers here take it for absent.
+A local store's chunk files are read and written by us (raw ones straight into the caller's buffer, those
+of a codec chain ``codecs`` knows decoded here); sharded and remote stores go through zarr. A remote output
+is written in place, ``complete = false`` until its last chunk is written: readers here take it for absent.
 """
 
 from __future__ import annotations
