@@ -217,8 +217,7 @@ class TableSource(StoreSource):
         return column, dtype, width
 
     def _first_width(self, head: Callable[[int], Any], name: Callable[[int], str], hint: str = "") -> int:
-        """The length of the first vector (of a list column, whose type does not say): ``head(piece)`` reads
-        the first row of a piece, ``name(piece)`` names it."""
+        """The length of the first vector: ``head(piece)`` reads a piece's first row, ``name(piece)`` names it."""
         for piece in range(len(self._starts) - 1):
             if self._starts[piece + 1] > self._starts[piece]:
                 where = f"{self._column_label}: {name(piece)}, row {self._starts[piece]:,}"

@@ -324,8 +324,7 @@ def _chunk_offsets(array: Any, chunk_rows: int) -> list[int]:
 
 
 def _lay_out(place: SinkPlace, plan: OutputPlan, aligned: bool, **options: Any) -> SinkPlace:
-    """Create the file ``place.partial`` holding the plan's dataset (``options`` go to ``create_dataset``;
-    ``aligned``: chunks aligned for direct I/O) and its attributes, close it, and return the place."""
+    """Create the file ``place.partial`` holding the plan's dataset and attributes; returns the place, dataset named."""
     dataset, shape, chunk_rows = place.dataset or _HDF5File.default_dataset, plan.shape, int(plan.chunk_rows or 0)
     alignment = {"alignment_threshold": ALIGNMENT, "alignment_interval": ALIGNMENT} if aligned else {}
     handle = None
@@ -423,8 +422,7 @@ class HDF5Sink(_HDF5File):
 
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> StoreSink:
-        """Lay out a new file at ``partial`` (chunks allocated, attributes set; with ``checksums`` each
-        chunk 4 bytes longer, for its fletcher32); with a ``compressor``, an `HDF5CompressedSink` instead."""
+        """Lay out a new file at ``partial``, its chunks allocated (an `HDF5CompressedSink` with a ``compressor``)."""
         if check_compressor(plan.compressor) != "none":
             return HDF5CompressedSink.create(place, plan)
         layout = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
@@ -480,9 +478,8 @@ def _filters(compressor: str, dtype: Any, chunk_bytes: int) -> dict[str, Any]:
 
 
 class HDF5CompressedSink(_HDF5File):
-    """An HDF5 output whose chunks are compressed here, in the writer thread: their sizes are known only
-    once written, so each is appended to a spool beside the partial output (with its index and a CRC-32),
-    and `_finish` copies them in with ``write_direct_chunk``, in order (a resumed run writes the same file)."""
+    """An HDF5 output compressed in the writer thread: chunks, sized only once written, are spooled beside the
+    partial output with their index and a CRC-32, and `_finish` copies them in, in order."""
 
     def __init__(
         self, place: SinkPlace, array: Any, direct_io: bool, rows_done: int = 0, compressor: str | None = None
@@ -554,8 +551,7 @@ class HDF5CompressedSink(_HDF5File):
 
 
 def _keep_spooled(spool: str, done: int) -> int:
-    """Keep the first ``done`` chunks of ``spool`` (a progress record claims them: they are whole and
-    intact), drop any after them (a resumed run writes those again); a new output's spool is made empty."""
+    """Keep the chunks of ``spool`` a progress record claims (the first ``done``), drop the rest (or make it empty)."""
     kept, end = 0, 0
     with open(spool, "ab+") as handle:
         handle.seek(0)
