@@ -1,10 +1,5 @@
-"""Arrow helpers shared by the Parquet and Lance backends (both hand out Arrow arrays): which column
-holds the vectors, its element type and width, the checked copy of Arrow list arrays into a block,
-`TableSource`, what their sources share, and `TableSink`, the resumable writer of table outputs both
-build on.
-
-Imported only by ``parquet`` and ``lance``, after pyarrow is known to be installed.
-"""
+"""What the Parquet and Lance backends share (imported only by them, once pyarrow is known to be there): the
+vector column and its type, the checked copy of Arrow lists into a block, `TableSource` and `TableSink`."""
 
 from __future__ import annotations
 
@@ -14,6 +9,7 @@ import json
 import os
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import suppress
 from dataclasses import replace
 from typing import Any
 
@@ -21,30 +17,33 @@ import numpy as np
 import pyarrow as pa
 
 from .. import _durable as durable
-from ..errors import BadInputError, StoreIOError
+from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..output_plan import OutputPlan
 from . import remote
-from ._messages import io_error, name_not_found
+from ._messages import first_line, io_error, name_not_found
 from ._store import StoreSink, StoreSource, remove
 from .abc.store import SinkPlace
 
-#: Key of the metadata (Parquet key-value metadata, Lance schema metadata) holding an output's
-#: attributes as JSON.
+#: Key of the metadata (Parquet key-value, Lance schema) holding an output's attributes as JSON.
 ATTRS_KEY = b"streamwhiten"
 #: Column of an output when its spec names none.
 DEFAULT_COLUMN = "embedding"
 
 #: Arrow element types a vector column may hold, as numpy dtypes.
-FLOAT_TYPES: dict[Any, np.dtype[Any]] = {
-    pa.float16(): np.dtype(np.float16),
-    pa.float32(): np.dtype(np.float32),
-    pa.float64(): np.dtype(np.float64),
-}
-#: Arrow element types of an output of codes (``apply --dtype int8|binary``): opened for its attributes,
-#: refused as input (see ``check_array``).
-CODE_TYPES = {pa.int8(): np.dtype(np.int8), pa.uint8(): np.dtype(np.uint8)}
+FLOAT_TYPES = {pa.from_numpy_dtype(dtype): dtype for dtype in map(np.dtype, ("float16", "float32", "float64"))}
+#: Arrow element types of an output of codes: opened for its attributes, refused as input (``check_array``).
+CODE_TYPES = {pa.from_numpy_dtype(dtype): dtype for dtype in map(np.dtype, ("int8", "uint8"))}
 #: The column types a vector column may have, for messages.
 VECTOR_TYPES = "list<float16|float32|float64>, large_list<...> or fixed_size_list<...>[d]"
+
+
+def table_error(
+    label: str, what: str, exc: BaseException, damage: str = "cannot be decoded, the file is damaged or truncated"
+) -> StoreIOError | CorruptStoreError:
+    """A pyarrow or pylance failure as ours: a failed system call is an I/O error, else damaged data (``damage``)."""
+    if isinstance(exc, OSError) and getattr(exc, "errno", None):
+        return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
+    return CorruptStoreError(f"{label}: {what} {damage} ({exc.__class__.__name__}: {first_line(exc)})")
 
 
 def storage_type(arrow_type: pa.DataType) -> pa.DataType:
@@ -68,8 +67,7 @@ def describe_columns(schema: pa.Schema) -> str:
 
 
 def kept_columns(path: str, schema: pa.Schema, names: list[str]) -> pa.Schema:
-    """The schema of the columns ``names`` of a table at ``path`` (``--keep-columns``), or a one-line
-    error naming the first one it lacks and the columns it has."""
+    """The schema of the columns ``names`` of a table at ``path`` (``--keep-columns``), or a one-line refusal."""
     missing = [name for name in names if name not in schema.names]
     if missing:
         raise BadInputError(f"{path}: has no column {missing[0]!r} to keep; its columns are {describe_columns(schema)}")
@@ -77,12 +75,10 @@ def kept_columns(path: str, schema: pa.Schema, names: list[str]) -> pa.Schema:
 
 
 def choose_column(label: str, schema: pa.Schema, column: str | None, preferred: str | None = None) -> str:
-    """The vector column: ``column`` if given (it must exist), else ``preferred`` (the column a
-    streamwhiten output recorded), else the only list column of ``schema``."""
-    names = list(schema.names)
-    if column is not None and column in names:
+    """The vector column: ``column``, else ``preferred`` (recorded by an output of ours), else the only list column."""
+    if column is not None and column in schema.names:
         return column
-    if column is None and preferred is not None and preferred in names:
+    if column is None and preferred is not None and preferred in schema.names:
         return preferred
     lists: list[str] = [field.name for field in schema if is_list(field.type)]
     if column is None and len(lists) == 1:
@@ -103,27 +99,20 @@ def read_numeric_column(
     path: str, schema: pa.Schema, inner: str | None, read_column: Callable[[str, str], Any]
 ) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` of the table at ``path`` (or its only numeric column), whole, and its
-    label: a 1-D array (gold scores, ids) that Parquet and Lance files hold alike. ``read_column(name,
-    label)`` reads one column as the backend does (a ``pa.ChunkedArray``); a missing or non-numeric
-    column, or a null, is a one-line refusal."""
-    numeric = [
-        f.name
-        for f in schema
-        if pa.types.is_integer(f.type) or pa.types.is_floating(f.type) or pa.types.is_boolean(f.type)
-    ]
+    label; ``read_column(name, label)`` reads one column as the backend does (a ``pa.ChunkedArray``)."""
+    kinds = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    numeric = [f.name for f in schema if any(kind(f.type) for kind in kinds)]
     if inner is None or inner not in schema.names:
         if inner is not None or len(numeric) != 1:
-            raise not_found(
-                path, None if inner is None else repr(inner), "numeric column", numeric, schema, option=False
-            )
+            asked = None if inner is None else repr(inner)
+            raise not_found(path, asked, "numeric column", numeric, schema, option=False)
         inner = numeric[0]
     label = f"{path}:{inner}"
     if inner not in numeric:
         raise BadInputError(f"{label}: holds {schema.field(inner).type}, not numbers")
     column = read_column(inner, label)
     if column.null_count:
-        row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
-        raise BadInputError(f"{label}: row {row:,} is null")
+        raise BadInputError(f"{label}: row {_first(column.is_null()):,} is null")
     return column.to_numpy(), label
 
 
@@ -133,40 +122,41 @@ def vector_type(label: str, field: pa.Field) -> tuple[np.dtype[Any], int | None]
     if not is_list(arrow_type):
         raise BadInputError(f"{label}: column {field.name!r} is {field.type}, not a vector column ({VECTOR_TYPES})")
     element = arrow_type.value_type
+    width = arrow_type.list_size if pa.types.is_fixed_size_list(arrow_type) else None
     if element in CODE_TYPES:  # codes an apply wrote: refused as input by check_array, with its hint
-        return CODE_TYPES[element], arrow_type.list_size if pa.types.is_fixed_size_list(arrow_type) else None
+        return CODE_TYPES[element], width
     if element not in FLOAT_TYPES:
         raise BadInputError(
             f"{label}: column {field.name!r} holds {element} values, not float16, float32 or float64 "
             f"({field.type}; cast it to a float type first)"
         )
-    width = arrow_type.list_size if pa.types.is_fixed_size_list(arrow_type) else None
     return FLOAT_TYPES[element], width
 
 
-def _first(mask: pa.Array) -> int:
+def _first(mask: Any) -> int:
+    """The first position ``mask`` (an Arrow array or chunked array of booleans) holds True at."""
     return int(np.flatnonzero(np.asarray(mask.to_numpy(zero_copy_only=False)))[0])
 
 
 def vector_length(array: pa.Array, where: str) -> int:
-    """Values in the first entry of a list array: the width of the vectors; a null or empty first
-    vector is refused, with ``where`` (file, row group or fragment, row) naming it."""
+    """The length of the first vector of a list array; a null or empty one is refused, ``where`` naming it."""
     array = array.storage if isinstance(array, pa.ExtensionArray) else array
     if not array.is_valid().to_numpy(zero_copy_only=False)[0]:
         raise BadInputError(f"{where}: null vector")
-    if pa.types.is_fixed_size_list(array.type):
-        length: int = array.type.list_size
-    else:
-        length = int(array.offsets[1].as_py() - array.offsets[0].as_py())
+    fixed = pa.types.is_fixed_size_list(array.type)
+    length = int(array.type.list_size if fixed else array.offsets[1].as_py() - array.offsets[0].as_py())
     if length == 0:
         raise BadInputError(f"{where}: empty vector")
     return length
 
 
+def row_names(prefix: str, first: int) -> Callable[[int], str]:
+    """Names of the rows from ``first`` on for `copy_vectors`' messages: ``prefix`` then the row number."""
+    return lambda i: f"{prefix}{first + i:,}"
+
+
 def copy_vectors(array: pa.Array, target: np.ndarray, where: Callable[[int], str]) -> None:
-    """Copy the list array ``array`` (one vector per entry) into ``target`` (``len(array) x d``),
-    refusing null vectors, null values and rows of another length; ``where(i)`` names entry ``i`` for
-    the message (file, row group and row)."""
+    """Copy the list array ``array`` into ``target``, refusing nulls and rows of another length (``where(i)``: row)."""
     array = array.storage if isinstance(array, pa.ExtensionArray) else array
     n, d = target.shape
     if len(array) != n:
@@ -192,8 +182,7 @@ def copy_vectors(array: pa.Array, target: np.ndarray, where: Callable[[int], str
     if values.null_count:
         position = _first(values.is_null())
         raise BadInputError(f"{where(position // d)}: value {position % d} of the vector is null")
-    flat = values.to_numpy(zero_copy_only=False)
-    np.copyto(target, flat.reshape(n, d), casting="no")
+    np.copyto(target, values.to_numpy(zero_copy_only=False).reshape(n, d), casting="no")
 
 
 def read_attrs(metadata: Mapping[bytes, bytes] | None) -> dict[str, Any]:
@@ -206,22 +195,11 @@ def read_attrs(metadata: Mapping[bytes, bytes] | None) -> dict[str, Any]:
     return attrs if isinstance(attrs, dict) else {}
 
 
-# ----------------------------------------------------------------------------------------------- sinks
-
 _SINK_FILE = "sink.json"
-#: The Arrow type of an output's values: floats, int8 codes, sign bits packed 8 per byte (uint8).
-_ARROW_VALUES = {
-    np.dtype(np.float16): pa.float16(),
-    np.dtype(np.float32): pa.float32(),
-    np.dtype(np.float64): pa.float64(),
-    np.dtype(np.int8): pa.int8(),
-    np.dtype(np.uint8): pa.uint8(),
-}
 
 
 class TableSource(StoreSource):
-    """What the sources of a list column of a table share: the column chosen from its schema, and the
-    rows of its pieces (Parquet row groups, Lance fragments)."""
+    """What the sources of a table's list column share: the column, and the rows of its pieces (groups, fragments)."""
 
     tabular = True
     dataset: str  # the vector column, chosen when the table is opened
@@ -231,13 +209,22 @@ class TableSource(StoreSource):
     def _choose(
         self, path: str, schema: pa.Schema, dataset: str | None, metadata: Mapping[bytes, bytes] | None
     ) -> tuple[str, np.dtype[Any], int | None]:
-        """The vector column (``dataset``, else the one the table's attributes in ``metadata`` or its
-        ``schema`` makes plain), its element dtype, and its vectors' length where its type says it."""
+        """The vector column (as `choose_column` finds it), its element dtype, and its width where its type says it."""
         self._attrs = read_attrs(metadata)
         column = choose_column(path, schema, dataset, self._attrs.get("column"))
         self._column_label, self._schema = f"{path}:{column}", schema
         dtype, width = vector_type(self._column_label, schema.field(column))
         return column, dtype, width
+
+    def _first_width(self, head: Callable[[int], Any], name: Callable[[int], str], hint: str = "") -> int:
+        """The length of the first vector: ``head(piece)`` reads a piece's first row, ``name(piece)`` names it."""
+        for piece in range(len(self._starts) - 1):
+            if self._starts[piece + 1] > self._starts[piece]:
+                where = f"{self._column_label}: {name(piece)}, row {self._starts[piece]:,}"
+                return vector_length(head(piece), where)
+        raise BadInputError(
+            f"{self._column_label}: has no rows, so the length of the vectors of its list column is unknown{hint}"
+        )
 
     def _pieces(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
         """``(piece, a, b)``: the rows ``[a, b)`` of the table in each piece ``[start, stop)`` touches."""
@@ -260,25 +247,10 @@ class TableSource(StoreSource):
         return kept_columns(self.path, self._schema, names)
 
 
-def _encode_schema(schema: pa.Schema) -> str:
-    return base64.b64encode(schema.serialize().to_pybytes()).decode()
-
-
-def _decode_schema(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-
-
 class TableSink(StoreSink):
-    """A table output: the vectors as a ``fixed_size_list<float>[k]`` column (or int8 codes, or uint8 bytes
-    of sign bits) after any columns kept from the input, written block by block as part files, joined
-    into the final store at `commit`.
-
-    The partial output is a hidden directory holding ``sink.json`` (shape, dtype, column, attributes,
-    the kept columns' schema) and one part per block, each written under a temporary name and renamed;
-    parts are fsynced before a progress record claims them, so a resumed run keeps those and rewrites
-    the rest. Backends implement `_write_part`, `_read_part` and `_join` (write the
-    final store at a temporary path from the parts' tables, durably).
-    """
+    """A table output: the vectors as a ``fixed_size_list`` column after any columns kept from the input, written
+    block by block as part files in a hidden directory (beside ``sink.json``, which describes the output),
+    joined into the final store at `commit`. Backends implement `_write_part`, `_read_part` and `_join`."""
 
     tabular = True
     part_suffix = ".part"
@@ -299,7 +271,8 @@ class TableSink(StoreSink):
         self.attrs = dict(attrs)
         #: the columns carried from the input, before the vectors
         self.columns = columns
-        vectors = pa.field(self.dataset, pa.list_(_ARROW_VALUES[self.dtype], self.shape[1]))
+        # floats, int8 codes, or sign bits packed 8 per byte (uint8)
+        vectors = pa.field(self.dataset, pa.list_(pa.from_numpy_dtype(self.dtype), self.shape[1]))
         self.schema = pa.schema(list(columns) + [vectors])
         self._unsynced: list[str] = []
 
@@ -324,18 +297,15 @@ class TableSink(StoreSink):
             "chunk_rows": int(chunk_rows),
             "column": column,
             "attrs": attrs,
-            "columns": _encode_schema(columns),
+            "columns": base64.b64encode(columns.serialize().to_pybytes()).decode(),
         }
+        data = json.dumps(record, sort_keys=True).encode()
         if remote.is_url(partial):  # parts are objects under the partial prefix (any machine can resume them)
-            data = json.dumps(record, sort_keys=True).encode()
             remote.put_bytes(remote.join(partial, _SINK_FILE), data, read=read)
-            return cls(replace(place, dataset=column), shape, dtype, chunk_rows, attrs, columns)
-        os.mkdir(partial)
-        durable.write_file_atomic(
-            os.path.join(partial, _SINK_FILE),
-            lambda handle: handle.write(json.dumps(record, sort_keys=True).encode()),
-            "output description",
-        )
+        else:
+            os.mkdir(partial)
+            where = os.path.join(partial, _SINK_FILE)
+            durable.write_file_atomic(where, lambda handle: handle.write(data), "output description")
         return cls(replace(place, dataset=column), shape, dtype, chunk_rows, attrs, columns)
 
     @classmethod
@@ -351,14 +321,9 @@ class TableSink(StoreSink):
         for name in [] if remote.is_url(partial) else os.listdir(partial):  # parts a killed run was writing
             if name.endswith(".tmp"):
                 os.remove(os.path.join(partial, name))
-        return cls(
-            replace(place, dataset=record["column"]),
-            record["shape"],
-            record["dtype"],
-            record["chunk_rows"],
-            record["attrs"],
-            _decode_schema(record["columns"]),
-        )
+        columns = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(record["columns"])))
+        shape, dtype, chunk_rows, attrs = record["shape"], record["dtype"], record["chunk_rows"], record["attrs"]
+        return cls(replace(place, dataset=record["column"]), shape, dtype, chunk_rows, attrs, columns)
 
     def _part_path(self, start: int) -> str:
         name = f"part-{start:015d}{self.part_suffix}"
@@ -396,18 +361,15 @@ class TableSink(StoreSink):
 
     def _tables(self) -> Iterator[pa.Table]:
         """The parts' tables in row order, checking that they cover every row exactly once."""
-        if self.remote:
-            names = [remote.basename(url) for url in remote.find(self.partial, read=self.read_options)]
-        else:
-            names = os.listdir(self.partial)
+        listed = remote.find(self.partial, read=self.read_options) if self.remote else os.listdir(self.partial)
         parts = sorted(
             (int(name[5:20]), self._part_path(int(name[5:20])))
-            for name in names
+            for name in map(remote.basename, listed)
             if name.startswith("part-") and name.endswith(self.part_suffix)
         )
         expected = 0
         for start, part in parts:
-            table = self._read_remote_part(part) if self.remote else self._read_part(part)
+            table = self._read_part(pa.BufferReader(remote.cat(part, read=self.read_options)) if self.remote else part)
             if start != expected or not table.schema.equals(self.schema, check_metadata=False):
                 raise StoreIOError(
                     f"{self.path}: the partial output {self.partial} is damaged (part {part} starts at "
@@ -424,12 +386,14 @@ class TableSink(StoreSink):
             )
 
     def commit(self, overwrite: bool = False, attrs: Mapping[str, Any] | None = None) -> None:
-        """Join the parts into the final store with the final attributes, under a temporary name, durably,
-        and rename it into place (replacing an old output only if ``overwrite`` and it is ours)."""
+        """Join the parts into the final store under a temporary name, durably, and rename it into place."""
         record = dict(self.attrs, **(attrs or {}), complete=True, column=self.dataset)
         schema = self.schema.with_metadata({ATTRS_KEY: json.dumps(record, sort_keys=True, default=str).encode()})
-        if self.remote:
-            self._commit_remote(overwrite, schema)
+        if self.remote:  # one object, which appears only when its multipart upload completes
+            self._check_replaceable(overwrite)
+            remote.retrying(self.path, "upload the output", self._upload, schema, read=self.read_options)
+            remote.remove(self.partial, recursive=True, read=self.read_options)
+            remote.remove(self.progress_path, read=self.read_options)
             return
         final = os.path.abspath(self.path.rstrip("/"))
         temp = durable.temp_path(final)
@@ -446,50 +410,32 @@ class TableSink(StoreSink):
             durable.fsync_dir(os.path.dirname(final))
             remove(self.partial)
             remove(self.progress_path)
-        except (OSError, RuntimeError, pa.ArrowException) as exc:
+        except BaseException as exc:
             remove(temp)
-            if isinstance(exc, StoreIOError):
+            if isinstance(exc, StoreIOError) or not isinstance(exc, (OSError, RuntimeError, pa.ArrowException)):
                 raise
             raise StoreIOError(f"{self.path}: cannot finish writing: {io_error(exc)}") from exc
-        except BaseException:
-            remove(temp)
-            raise
-
-    def _read_remote_part(self, url: str) -> pa.Table:
-        return self._read_part(pa.BufferReader(remote.cat(url, read=self.read_options)))
-
-    def _commit_remote(self, overwrite: bool, schema: pa.Schema) -> None:
-        """Upload the joined parts as one object: it appears only when the upload completes (one multipart
-        upload, aborted on failure), so it is never seen half-written; then drop the parts and the record."""
-        self._check_replaceable(overwrite)
-        remote.retrying(self.path, "upload the output", self._upload, schema, read=self.read_options)
-        remote.remove(self.partial, recursive=True, read=self.read_options)
-        remote.remove(self.progress_path, read=self.read_options)
 
     def _upload(self, schema: pa.Schema) -> None:
+        """Join the parts into one upload, aborted (nothing becomes visible) on failure."""
         fs, key = remote.filesystem(self.path, self.read_options)
         handle = fs.open(key, "wb", block_size=64 << 20)
         try:
             self._join(handle, schema, self._tables())
         except BaseException:
             discard = getattr(handle, "discard", None)  # abort the multipart upload: nothing becomes visible
-            try:
+            with suppress(Exception):
                 discard() if discard is not None else None
-            except Exception:
-                pass
             raise
         handle.close()  # completes the upload: the object appears whole
 
     def abort(self) -> None:
         if not self.remote:
             return super().abort()
-        try:
+        with suppress(Exception):  # parts under a hidden prefix never look like an output
             remote.remove(self.partial, recursive=True, read=self.read_options)
             remote.remove(self.progress_path, read=self.read_options)
-        except Exception:  # parts under a hidden prefix never look like an output
-            pass
 
-    # -- what each backend does
     @abstractmethod
     def _write_part(self, table: pa.Table, path: Any) -> None:
         """Write ``table`` as one part at ``path`` (a file name, or a buffer for a remote part)."""

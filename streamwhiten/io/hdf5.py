@@ -1,19 +1,9 @@
-"""HDF5 through h5py: a source of rows, a sink that writes chunk data through its own descriptor, and
-1-D arrays (gold scores). The only module that imports h5py (besides ``spec.input_kind``'s signature check).
+"""HDF5 through h5py: a source of rows, 1-D arrays (gold scores) and a sink. The only module that
+imports h5py (besides ``spec.input_kind``'s signature check).
 
-A filtered (compressed) dataset whose filters ``codecs`` knows (deflate, shuffle, fletcher32, and the
-blosc and zstd plugins' filter ids) is read chunk by chunk (where ``get_chunk_info`` puts each, through a
-descriptor of our own, as ``read_direct_chunk`` would but without holding the GIL) and decoded here,
-outside h5py's global lock, so worker threads decode at once; HDF5's own pipeline would serialise them.
-
-A sink's file is laid out by HDF5 with every chunk allocated up front at an aligned offset and never
-filled; then the library's handle is closed, the rows are written in place through a descriptor of
-our own, and at the end a fresh handle sets the attributes and is closed at once. So a failed data
-write (disk full) never leaves HDF5 holding a half-flushed file it would report or crash on later.
-
-A file named by URL is read (never written) through an fsspec file object: HDF5 asks for small pieces
-(metadata, then each chunk) one at a time, holding the GIL in the file object's callbacks, so it is much
-slower than Zarr, npy or Parquet over the same network (see the figures in docs/performance.md).
+Chunks filtered as ``codecs`` knows are read through our own descriptor and decoded here, outside h5py's
+global lock. A sink's rows are written in place, through our own descriptor, into chunks allocated up front,
+so a failed write never leaves HDF5 holding a half-flushed file. A URL is read (never written) via fsspec.
 """
 
 from __future__ import annotations
@@ -25,9 +15,10 @@ import os
 import re
 import struct
 import zlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
 from dataclasses import replace
-from typing import Any, BinaryIO, NoReturn
+from typing import Any, BinaryIO, NoReturn, TypeVar
 
 import h5py
 import numpy as np
@@ -64,21 +55,20 @@ def _unallocated(node: Any) -> bool:
     return bool(node.id.get_num_chunks() < expected)
 
 
-def _datasets(group: Any, ndim: int) -> list[str]:
-    """Paths (``/a/b``) of the ``ndim``-D datasets in ``group``, in the file's order."""
+def _datasets(group: Any, ndim: int | None = None) -> list[str]:
+    """Paths (``/a/b``) of the (``ndim``-D) datasets in ``group``, in the file's order."""
     found: list[str] = []
     prefix = group.name.rstrip("/")
     group.visititems(
         lambda name, obj: (
-            found.append(f"{prefix}/{name}") if isinstance(obj, h5py.Dataset) and obj.ndim == ndim else None
+            found.append(f"{prefix}/{name}") if isinstance(obj, h5py.Dataset) and ndim in (None, obj.ndim) else None
         )
     )
     return found
 
 
 def _find_dataset(handle: Any, label: str, inner: str | None, ndim: int, option: bool = True) -> str:
-    """The dataset ``inner`` of the open file, or its only ``ndim``-D dataset when none is named; else the
-    one-line error that says what the file holds (see ``base.name_not_found``)."""
+    """The dataset ``inner`` of the open file, or its only ``ndim``-D dataset when none is named."""
     what = f"{ndim}-D dataset"
     if inner is None:
         found = _datasets(handle, ndim)
@@ -88,40 +78,51 @@ def _find_dataset(handle: Any, label: str, inner: str | None, ndim: int, option:
     node = handle.get(inner)
     if isinstance(node, h5py.Dataset):
         return inner
-    if isinstance(node, h5py.Group):
-        inside = _datasets(node, ndim)
-        raise name_not_found(
-            label,
-            f"/{inner}",
-            what,
-            inside or _datasets(handle, ndim),
-            option=option,
-            problem=f"/{inner} is a group, not a dataset",
-        )
-    raise name_not_found(label, f"/{inner}", what, _datasets(handle, ndim), option=option)
+    group = isinstance(node, h5py.Group)  # the datasets inside it, if any, else the file's
+    found = (_datasets(node, ndim) if group else []) or _datasets(handle, ndim)
+    problem = f"/{inner} is a group, not a dataset" if group else None
+    raise name_not_found(label, f"/{inner}", what, found, option=option, problem=problem)
 
 
-def _open_error(path: str, exc: OSError) -> StoreIOError | BadInputError:
-    """A file HDF5 cannot open: an I/O error where the system refused (permissions, a failing disk), else
-    not an HDF5 file (bad input)."""
-    if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
-        return StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}")
-    return BadInputError(f"{remote.redact(path)}: cannot open as HDF5 ({remote.scrub(first_line(exc))})")
+#: Bytes per range request of a remote HDF5 file (read ahead: chunks are mostly read in order).
+REMOTE_READ_BYTES = 4 << 20
 
 
-def _metadata_error(path: str, exc: BaseException) -> StoreIOError | CorruptStoreError:
-    """HDF5's error walking a file's metadata (its groups, object headers, chunk index): an I/O error
-    where a system call failed, else damaged metadata (``RuntimeError: Object visitation failed``...)."""
+def _errno(exc: BaseException) -> int:
+    """The errno of a failed system call HDF5 reports inside ``exc``'s message (0: none)."""
     failed = re.search(r"errno = (\d+)", str(exc))
-    if (failed and int(failed.group(1))) or getattr(exc, "errno", None):  # a system call failed (EMFILE, EIO...)
-        return StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}")
-    return CorruptStoreError(
-        f"{remote.redact(path)}: the HDF5 file's metadata is damaged ({remote.scrub(first_line(exc))})"
-    )
+    return int(failed.group(1)) if failed else 0
 
 
-#: What h5py raises for metadata it cannot walk or decode (never one of ours).
-_METADATA_ERRORS = (RuntimeError, KeyError, ValueError, OSError, TypeError)
+def _open_file(path: str, read: ReadOptions) -> Any:
+    """The file at ``path`` (local, or a URL through fsspec) open to read: an I/O error where the system
+    refused (permissions, a failing disk), else a file HDF5 cannot open is not an HDF5 file (bad input)."""
+    try:
+        if not remote.is_url(path):
+            return h5py.File(path, "r")
+        fs, key = remote.filesystem(path, read)
+        ahead = {"block_size": REMOTE_READ_BYTES, "cache_type": "readahead"}
+        return h5py.File(remote.retrying(path, "open", fs.open, key, "rb", **ahead, read=read), "r")
+    except OSError as exc:
+        if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
+            raise StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}") from exc
+        raise BadInputError(f"{remote.redact(path)}: cannot open as HDF5 ({remote.scrub(first_line(exc))})") from exc
+
+
+@contextmanager
+def _walking(path: str) -> Iterator[None]:
+    """HDF5's errors walking a file's metadata as ours: an I/O error where a system call failed (EMFILE,
+    EIO...), else damaged metadata (``RuntimeError: Object visitation failed``...)."""
+    try:
+        yield
+    except (BadInputError, StoreIOError):
+        raise
+    except (RuntimeError, KeyError, ValueError, OSError, TypeError) as exc:
+        if _errno(exc) or getattr(exc, "errno", None):
+            raise StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}") from exc
+        raise CorruptStoreError(
+            f"{remote.redact(path)}: the HDF5 file's metadata is damaged ({remote.scrub(first_line(exc))})"
+        ) from exc
 
 
 class HDF5Source(StoreSource):
@@ -134,27 +135,17 @@ class HDF5Source(StoreSource):
     def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
         read = read if read is not None else ReadOptions()
         self.remote = remote.is_url(path)
+        self._file = _open_file(path, read)
         try:
-            self._file = h5py.File(_remote_file(path, read) if self.remote else path, "r")
-        except OSError as exc:
-            raise _open_error(path, exc) from exc
-        try:
-            dataset = _find_dataset(self._file, remote.redact(path), dataset, 2)
-            node = self._file[dataset]
-            self._node = node
-            super().__init__(path, dataset, node.shape, node.dtype, node.chunks[0] if node.chunks else None, read)
-            self._sparse = _unallocated(node)
-            # how its compressed chunks are decoded here (None: HDF5 reads them)
-            # (local files only: a remote one is read through its fsspec file object)
-            self.decoder = None if self.remote else hdf5_decoder(node)
-            #: our own descriptor for reading stored chunks (``get_chunk_info`` gives absolute offsets)
-            self._fd = os.open(path, os.O_RDONLY) if self.decoder is not None else None
-        except (BadInputError, StoreIOError):
-            self._file.close()
-            raise
-        except _METADATA_ERRORS as exc:
-            self._file.close()
-            raise _metadata_error(path, exc) from exc
+            with _walking(path):
+                dataset = _find_dataset(self._file, remote.redact(path), dataset, 2)
+                node = self._node = self._file[dataset]
+                super().__init__(path, dataset, node.shape, node.dtype, node.chunks[0] if node.chunks else None, read)
+                self._sparse = _unallocated(node)
+                # compressed chunks are decoded here (a remote file's are read through its fsspec file object)
+                self.decoder = None if self.remote else hdf5_decoder(node)
+                #: our own descriptor for reading stored chunks (``get_chunk_info`` gives absolute offsets)
+                self._fd = os.open(path, os.O_RDONLY) if self.decoder is not None else None
         except BaseException:
             self._file.close()
             raise
@@ -163,10 +154,8 @@ class HDF5Source(StoreSource):
         return remote.version(self.path, read=self.read_options) if self.remote else {}
 
     def fetch(self, start: int, stop: int) -> Fetched | None:
-        """The stored bytes of the chunks rows ``[start, stop)`` touch, for `read_into` to decode:
-        ``[(chunk index, bytes or None where unwritten and filled, filter mask)]``; None where chunks are
-        not decoded here. The I/O half of a read (a copy from the page cache, or disk reads), which a
-        caller may run ahead in another thread."""
+        """The stored bytes of the chunks rows ``[start, stop)`` touch, for `read_into` to decode (None where
+        chunks are not decoded here): the I/O half of a read, which a caller may run ahead in another thread."""
         if self.decoder is None or stop <= start:
             return None
         if not 0 <= start <= stop <= self.n_rows:
@@ -213,27 +202,26 @@ class HDF5Source(StoreSource):
 
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
-        if self.decoder is not None and stop > start:
+        if stop <= start:
+            return view
+        if self.decoder is not None:
             return self._decode_into(view, start, stop, fetched, self._node.fillvalue)
-        if view.dtype != self.dtype and stop > start:  # float16 rows into a float32 buffer: widened here
+        if view.dtype != self.dtype:  # float16 rows into a float32 buffer: widened here
             region = view.reshape(-1).view(np.uint8)
             self.read_into(start, stop, region[region.size // 2 :].view(self.dtype).reshape(view.shape))
             widen_in_place(region, view.size)
             return view
-        if self._sparse and not self.fill_missing_chunks and stop > start:
+        if self._sparse and not self.fill_missing_chunks:
             self._refuse_unwritten(start, stop)
         try:
-            if stop > start:
-                self._node.read_direct(out, np.s_[start:stop], np.s_[0 : stop - start])
+            self._node.read_direct(out, np.s_[start:stop], np.s_[0 : stop - start])
         except (OSError, ValueError, RuntimeError) as exc:
             self._raise_read_error(exc, start, stop)
         return view
 
     def _raise_read_error(self, exc: BaseException, start: int, stop: int) -> NoReturn:
-        # HDF5 reports a failed system call with its errno; anything else (a checksum or filter
-        # failure, an address past the end of a truncated file) is damaged data.
-        failed = re.search(r"errno = (\d+)", str(exc))
-        if failed and int(failed.group(1)):
+        # anything but a failed system call (a checksum or filter failure, an address past the end) is damage
+        if _errno(exc):
             raise StoreIOError(f"{self.label}: cannot read rows {start}..{stop - 1}: {io_error(exc)}") from exc
         raise CorruptStoreError(
             f"{self.label}: rows {start}..{stop - 1} cannot be read, the file is damaged or "
@@ -266,10 +254,8 @@ class HDF5Source(StoreSource):
                     )
 
     def attrs(self) -> dict[str, Any]:
-        try:
+        with _walking(self.path):
             return dict(self._node.attrs)
-        except _METADATA_ERRORS as exc:
-            raise _metadata_error(self.path, exc) from exc
 
     def close(self) -> None:
         fd = getattr(self, "_fd", None)  # None too where __init__ failed before opening it
@@ -280,70 +266,36 @@ class HDF5Source(StoreSource):
             self._file.close()
 
 
-#: Bytes per range request of a remote HDF5 file (read ahead: chunks are mostly read in order).
-REMOTE_READ_BYTES = 4 << 20
-
-
-def _remote_file(url: str, read: ReadOptions) -> Any:
-    fs, key = remote.filesystem(url, read)
-    return remote.retrying(
-        url, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead", read=read
-    )
-
-
 def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.ndarray, str]:
     """The 1-D dataset ``inner`` (or the file's only one), whole, and its label."""
-    try:
-        handle = h5py.File(_remote_file(path, read) if remote.is_url(path) else path, "r")
-    except OSError as exc:
-        raise _open_error(path, exc) from exc
-    with handle:
-        try:
-            inner = _find_dataset(handle, remote.redact(path), inner, 1, option=False)
-            return handle[inner][()], f"{remote.redact(path)}:/{inner}"
-        except (BadInputError, StoreIOError):
-            raise
-        except _METADATA_ERRORS as exc:
-            raise _metadata_error(path, exc) from exc
-
-
-# ----------------------------------------------------------------------------------------------- sink
+    with _open_file(path, read) as handle, _walking(path):
+        inner = _find_dataset(handle, remote.redact(path), inner, 1, option=False)
+        return handle[inner][()], f"{remote.redact(path)}:/{inner}"
 
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
-    """None when the HDF5 file ``path`` is an output of streamwhiten (every dataset in it carries
-    `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    """None when the HDF5 file ``path`` is an output of ours (every dataset carries `OWNER_ATTR`), else what it is."""
     if not h5py.is_hdf5(path):
         return "not an HDF5 file"
-    datasets: list[tuple[str, bool]] = []
     try:
         with h5py.File(path, "r") as handle:
-            handle.visititems(
-                lambda name, node: (
-                    datasets.append((name, OWNER_ATTR in node.attrs)) if isinstance(node, h5py.Dataset) else None
-                )
-            )
+            datasets = _datasets(handle)
+            theirs = [name for name in datasets if OWNER_ATTR not in handle[name].attrs]
     except (OSError, RuntimeError, KeyError) as exc:
         return f"an HDF5 file that cannot be read: {first_line(exc)}"
-    theirs = [name for name, ours in datasets if not ours]
     if theirs:
-        return f"an HDF5 file holding a dataset streamwhiten did not write: /{theirs[0]}"
+        return f"an HDF5 file holding a dataset streamwhiten did not write: {theirs[0]}"
     return None if datasets else "an HDF5 file holding no dataset"
 
 
 def _attr(value: Any) -> Any:
-    if value is None:
-        return "none"
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value)
-    return value
+    """An attribute's value as the file holds it: None as "none", lists and mappings as JSON."""
+    return "none" if value is None else json.dumps(value) if isinstance(value, (list, tuple, dict)) else value
 
 
 def _set_attrs(array: Any, attrs: Mapping[str, Any]) -> None:
-    """Set the final attributes in place (``modify``: an attribute that exists keeps its place in the
-    file) and leave one that already holds its value alone (rewriting a string attribute moves it in the
-    file's heap), so finishing an output again -- a run killed between finishing and renaming it,
-    resumed -- writes the same bytes as finishing it once."""
+    """Set the final attributes in place, leaving one that holds its value already alone, so finishing an
+    output again (killed between finishing and renaming it, resumed) writes the same bytes as once."""
     for key, value in attrs.items():
         value = _attr(value)
         if key in array.attrs:
@@ -353,22 +305,10 @@ def _set_attrs(array: Any, attrs: Mapping[str, Any]) -> None:
         array.attrs.modify(key, value)
 
 
-def _as_os_error(exc: BaseException) -> BaseException:
-    """``exc`` as an `OSError` with its errno when HDF5 reports a failed system call inside it (h5py
-    raises a ``ValueError`` when the disk fills as a dataset is created), else ``exc`` itself."""
-    failed = re.search(r"errno = (\d+)", str(exc))
-    if isinstance(exc, OSError) or not failed or not int(failed.group(1)):
-        return exc
-    number = int(failed.group(1))
-    return OSError(number, os.strerror(number))
-
-
 def _close_quietly(handle: Any) -> None:
-    try:
+    with suppress(Exception):
         if handle is not None and handle.id.valid:
             handle.close()
-    except Exception:
-        pass
 
 
 def _chunk_offsets(array: Any, chunk_rows: int) -> list[int]:
@@ -383,17 +323,13 @@ def _chunk_offsets(array: Any, chunk_rows: int) -> list[int]:
     return offsets
 
 
-def _lay_out(place: SinkPlace, plan: OutputPlan, in_place: bool, **options: Any) -> tuple[SinkPlace, list[int]]:
-    """Create the file ``place.partial`` holding the plan's dataset (with ``options`` for
-    ``create_dataset``, and HDF5's fletcher32 filter with ``checksums``: h5py declares it after any
-    compression, so it checks the stored bytes) and its attributes, and close it. ``in_place``: chunks
-    aligned for direct I/O, and their byte offsets returned (else none). Returns the place, its dataset
-    named."""
+def _lay_out(place: SinkPlace, plan: OutputPlan, aligned: bool, **options: Any) -> SinkPlace:
+    """Create the file ``place.partial`` holding the plan's dataset and attributes; returns the place, dataset named."""
     dataset, shape, chunk_rows = place.dataset or _HDF5File.default_dataset, plan.shape, int(plan.chunk_rows or 0)
-    aligned = {"alignment_threshold": ALIGNMENT, "alignment_interval": ALIGNMENT} if in_place else {}
-    handle, offsets = None, []
+    alignment = {"alignment_threshold": ALIGNMENT, "alignment_interval": ALIGNMENT} if aligned else {}
+    handle = None
     try:
-        handle = h5py.File(place.partial, "w", rdcc_nbytes=0, **aligned)
+        handle = h5py.File(place.partial, "w", rdcc_nbytes=0, **alignment)
         array = handle.create_dataset(
             dataset,
             shape=shape,
@@ -403,22 +339,21 @@ def _lay_out(place: SinkPlace, plan: OutputPlan, in_place: bool, **options: Any)
             **options,
         )
         array.attrs.update({key: _attr(value) for key, value in plan.to_attrs().items()})
-        if in_place:
-            handle.flush()
-            offsets = _chunk_offsets(array, chunk_rows)
         handle.close()
-        handle = None
     except (OSError, RuntimeError, ValueError) as exc:
         _close_quietly(handle)
-        failure = _as_os_error(exc)
-        if failure is exc:
+        number = _errno(exc)  # h5py raises a ValueError when the disk fills as a dataset is created
+        if isinstance(exc, OSError) or not number:
             raise
-        raise failure from exc
-    return replace(place, dataset=dataset), offsets
+        raise OSError(number, os.strerror(number)) from exc
+    return replace(place, dataset=dataset)
+
+
+_Sink = TypeVar("_Sink", bound="_HDF5File")
 
 
 class _HDF5File(StoreSink):
-    """What both HDF5 outputs share: the kind, and finishing the file in place."""
+    """What both HDF5 outputs share: the kind, the layout read back from the file, finishing it in place."""
 
     kind = "hdf5"
     compressible = True
@@ -426,23 +361,36 @@ class _HDF5File(StoreSink):
     default_dataset = "embeddings"
 
     def __init__(
-        self, place: SinkPlace, shape: tuple[int, ...], dtype: Any, chunk_rows: int, direct_io: bool, checksums: bool
+        self, place: SinkPlace, array: Any, direct_io: bool, rows_done: int = 0, compressor: str | None = None
     ) -> None:
-        super().__init__(place, shape, dtype, chunk_rows, direct_io)
-        #: whether each chunk's stored bytes are followed by their fletcher32 checksum (HDF5's filter, declared
-        #: on the dataset after any compression)
-        self.checksums = checksums
+        """The sink of the open dataset ``array``, ``rows_done`` rows durable (``compressor``: None, as recorded)."""
+        super().__init__(place, array.shape, array.dtype, int(array.chunks[0]), direct_io)
+        #: whether each chunk's stored bytes are followed by their fletcher32 checksum (after any compression)
+        self.checksums = bool(array.fletcher32)
 
-    def _finish_file(self, attrs: dict[str, Any], fill: Callable[[Any], None] | None = None) -> None:
-        """Sync and close what the sink writes through, then reopen the file to ``fill`` its dataset
-        (if given) and set its final ``attrs``, and make it durable."""
+    @classmethod
+    def _open(
+        cls: type[_Sink], place: SinkPlace, direct_io: bool, rows_done: int, compressor: str | None = None
+    ) -> _Sink:
+        """The sink of the partial output at ``place`` (opened read-only, to find its layout)."""
+        place = replace(place, dataset=place.dataset or cls.default_dataset)
+        with h5py.File(place.partial, "r", rdcc_nbytes=0) as handle:
+            return cls(place, handle[place.dataset], direct_io, rows_done, compressor)
+
+    @classmethod
+    def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> StoreSink:
+        """Reopen the partial output of an interrupted run (compressed where its spool is there)."""
+        spooled = os.path.exists(HDF5CompressedSink.spool_path(place.partial))
+        return (HDF5CompressedSink if spooled else HDF5Sink)._open(place, plan.direct_io, rows_done)
+
+    def _finish(self, attrs: dict[str, Any]) -> None:
+        """Close what the sink writes through, reopen the file to `_fill` its dataset and set ``attrs``, durably."""
         self._sync()
         self._close()
         handle = h5py.File(self.partial, "r+", rdcc_nbytes=0)
         try:
             array = handle[self.dataset]
-            if fill is not None:
-                fill(array)
+            self._fill(array)
             _set_attrs(array, attrs)
             handle.flush()
         except BaseException:
@@ -452,58 +400,34 @@ class _HDF5File(StoreSink):
         with open(self.partial, "rb+") as file:
             os.fsync(file.fileno())
 
+    def _fill(self, array: Any) -> None:  # noqa: B027 - only a compressed output has chunks left to write
+        """Write what the dataset still lacks, before its final attributes."""
+
 
 class HDF5Sink(_HDF5File):
     """An HDF5 output: chunk data written in place through `chunk_file` at `offsets`."""
 
-    compressible = True  # through an HDF5CompressedSink
-
     def __init__(
-        self,
-        place: SinkPlace,
-        shape: tuple[int, ...],
-        dtype: Any,
-        chunk_rows: int,
-        direct_io: bool,
-        checksums: bool,
-        offsets: list[int],
+        self, place: SinkPlace, array: Any, direct_io: bool, rows_done: int = 0, compressor: str | None = None
     ) -> None:
-        super().__init__(place, shape, dtype, chunk_rows, direct_io, checksums)
+        if array.compression is not None or array.id.get_create_plist().get_nfilters() > int(bool(array.fletcher32)):
+            # a compressed output whose spool was already copied in and removed (killed between its
+            # finish and its rename): its chunks cannot be written in place; it is written again
+            raise OSError(f"{place.partial}: a finished compressed output; not resumed")
+        super().__init__(place, array, direct_io)
         #: byte offset of each chunk in the file
-        self.offsets = offsets
+        self.offsets = _chunk_offsets(array, self.chunk_rows)
         #: our own descriptor for writing chunk data in place
         self.chunk_file: ChunkFile | None = ChunkFile(place.partial, direct=direct_io)
 
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> StoreSink:
-        """Lay out a new file at ``partial`` (chunks allocated, attributes set) and close HDF5's handle.
-        With a ``compressor``, an `HDF5CompressedSink` instead. With ``checksums`` the dataset
-        declares HDF5's fletcher32 filter: each chunk is allocated 4 bytes longer, for its checksum."""
+        """Lay out a new file at ``partial``, its chunks allocated (an `HDF5CompressedSink` with a ``compressor``)."""
         if check_compressor(plan.compressor) != "none":
             return HDF5CompressedSink.create(place, plan)
         layout = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
         layout.set_alloc_time(h5py.h5d.ALLOC_TIME_EARLY)
-        place, offsets = _lay_out(place, plan, True, dcpl=layout, fill_time="never")
-        chunk_rows = int(plan.chunk_rows or 0)
-        return cls(place, plan.shape, np.dtype(plan.dtype), chunk_rows, plan.direct_io, bool(plan.checksums), offsets)
-
-    @classmethod
-    def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> StoreSink:
-        """Reopen the partial output of an interrupted run (read-only, to find its layout), of which
-        ``rows_done`` rows are durable."""
-        partial, dataset, direct_io = place.partial, place.dataset or cls.default_dataset, plan.direct_io
-        if os.path.exists(HDF5CompressedSink.spool_path(partial)):
-            return HDF5CompressedSink.resume(place, plan, rows_done)
-        with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
-            array = handle[dataset]
-            checksums = bool(array.fletcher32)
-            if array.compression is not None or array.id.get_create_plist().get_nfilters() > int(checksums):
-                # a compressed output whose spool was already copied in and removed (killed between its
-                # finish and its rename): its chunks cannot be written in place; it is written again
-                raise OSError(f"{partial}: a finished compressed output; not resumed")
-            shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
-            offsets = _chunk_offsets(array, chunk_rows)
-        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, direct_io, checksums, offsets)
+        return cls._open(_lay_out(place, plan, True, dcpl=layout, fill_time="never"), plan.direct_io, 0)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self.chunk_file is not None
@@ -524,16 +448,11 @@ class HDF5Sink(_HDF5File):
         if self.chunk_file is not None:
             self.chunk_file.fsync()
 
-    def _finish(self, attrs: dict[str, Any]) -> None:
-        self._finish_file(attrs)
-
     def _close(self) -> None:
         if self.chunk_file is not None:
             self.chunk_file.close()
             self.chunk_file = None
 
-
-# ------------------------------------------------------------------------------------- compressed sink
 
 #: A chunk record in the spool: magic, chunk index, stored size, CRC-32 of the stored bytes.
 _RECORD = struct.Struct("<4sIQI")
@@ -559,33 +478,17 @@ def _filters(compressor: str, dtype: Any, chunk_bytes: int) -> dict[str, Any]:
 
 
 class HDF5CompressedSink(_HDF5File):
-    """An HDF5 output whose chunks are compressed here (``--compressor``), in the writer thread.
-
-    Compressed chunks have sizes known only once written, so they cannot go in place into a file laid
-    out ahead. While the run lasts, each is appended to a spool beside the partial output (through our
-    own descriptor, with its index and a CRC-32, fsynced before a progress record claims it); the
-    partial output is an HDF5 file holding the dataset (with its filters declared, no chunk written)
-    and its attributes. `_finish` copies the spooled chunks into it with ``write_direct_chunk``,
-    in chunk order, so a resumed run writes the same file, and any HDF5 reader with the filters reads
-    it (gzip: every HDF5; zstd and blosc: with the hdf5plugin filters).
-    """
+    """An HDF5 output compressed in the writer thread: chunks, sized only once written, are spooled beside the
+    partial output with their index and a CRC-32, and `_finish` copies them in, in order."""
 
     def __init__(
-        self,
-        place: SinkPlace,
-        shape: tuple[int, ...],
-        dtype: Any,
-        chunk_rows: int,
-        direct_io: bool,
-        checksums: bool,
-        compressor: str,
-        chunks: int = 0,
+        self, place: SinkPlace, array: Any, direct_io: bool, rows_done: int = 0, compressor: str | None = None
     ) -> None:
-        super().__init__(place, shape, dtype, chunk_rows, direct_io, checksums)
-        self.compressor = compressor
-        self._encode = chunk_encoder(compressor, dtype, "hdf5")
+        super().__init__(place, array, direct_io)
+        self.compressor = compressor or str(array.attrs.get(COMPRESSOR_ATTR, "gzip"))
+        self._encode = chunk_encoder(self.compressor, self.dtype, "hdf5")
         #: chunks spooled so far (they are written in order: the next one's index)
-        self.chunks = chunks
+        self.chunks = _keep_spooled(self.spool_path(place.partial), -(-int(rows_done) // self.chunk_rows))
         self._spool: BinaryIO | None = open(self.spool_path(place.partial), "ab", buffering=0)
 
     @staticmethod
@@ -594,36 +497,9 @@ class HDF5CompressedSink(_HDF5File):
 
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> HDF5CompressedSink:
-        shape, dtype, chunk_rows = plan.shape, np.dtype(plan.dtype), int(plan.chunk_rows or 0)
-        options = _filters(plan.compressor, dtype, chunk_rows * shape[1] * dtype.itemsize)
-        spool = cls.spool_path(place.partial)
-        if os.path.exists(spool):
-            os.remove(spool)
-        place, _ = _lay_out(place, plan, False, **options)
-        return cls(place, shape, dtype, chunk_rows, plan.direct_io, bool(plan.checksums), plan.compressor)
-
-    @classmethod
-    def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> HDF5CompressedSink:
-        """Reopen an interrupted run's output: keep the spooled chunks its progress record claims (the
-        ``rows_done`` rows, whole and intact), drop any after them (the resumed run writes those again)."""
-        partial, dataset, direct_io = place.partial, place.dataset or cls.default_dataset, plan.direct_io
-        with h5py.File(partial, "r", rdcc_nbytes=0) as handle:
-            array = handle[dataset]
-            shape, dtype, chunk_rows = array.shape, array.dtype, int(array.chunks[0])
-            compressor = str(array.attrs.get(COMPRESSOR_ATTR, "gzip"))
-            checksums = bool(array.fletcher32)
-        done = -(-int(rows_done) // chunk_rows)
-        spool = cls.spool_path(partial)
-        kept, end = 0, 0
-        with open(spool, "rb") as handle:
-            for index, offset, size in _records(handle):
-                if index != kept or kept == done:
-                    break
-                kept, end = kept + 1, offset + size
-        if kept != done:
-            raise OSError(f"{spool}: holds {kept} intact chunks, its progress record claims {done}")
-        os.truncate(spool, end)
-        return cls(replace(place, dataset=dataset), shape, dtype, chunk_rows, direct_io, checksums, compressor, kept)
+        dtype, chunk_rows = np.dtype(plan.dtype), int(plan.chunk_rows or 0)
+        options = _filters(plan.compressor, dtype, chunk_rows * plan.shape[1] * dtype.itemsize)
+        return cls._open(_lay_out(place, plan, False, **options), plan.direct_io, 0, plan.compressor)
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         assert self._spool is not None
@@ -647,10 +523,10 @@ class HDF5CompressedSink(_HDF5File):
             os.fsync(self._spool.fileno())
 
     def _finish(self, attrs: dict[str, Any]) -> None:
-        self._finish_file(attrs, self._copy_in)
+        super()._finish(attrs)
         os.remove(self.spool_path(self.partial))
 
-    def _copy_in(self, array: Any) -> None:
+    def _fill(self, array: Any) -> None:
         """Write the spooled chunks into ``array``, checking they are all there."""
         spool = self.spool_path(self.partial)
         with open(spool, "rb") as chunks:
@@ -670,10 +546,23 @@ class HDF5CompressedSink(_HDF5File):
 
     def abort(self) -> None:
         super().abort()
-        try:
+        with suppress(FileNotFoundError):
             os.remove(self.spool_path(self.partial))
-        except FileNotFoundError:
-            pass
+
+
+def _keep_spooled(spool: str, done: int) -> int:
+    """Keep the chunks of ``spool`` a progress record claims (the first ``done``), drop the rest (or make it empty)."""
+    kept, end = 0, 0
+    with open(spool, "ab+") as handle:
+        handle.seek(0)
+        for index, offset, size in _records(handle):
+            if index != kept or kept == done:
+                break
+            kept, end = kept + 1, offset + size
+    if kept != done:
+        raise OSError(f"{spool}: holds {kept} intact chunks, its progress record claims {done}")
+    os.truncate(spool, end)
+    return kept
 
 
 def _records(handle: BinaryIO) -> Iterator[tuple[int, int, int]]:

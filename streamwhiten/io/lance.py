@@ -1,20 +1,9 @@
 """Lance datasets through pylance: a source of vectors held in a list column, other columns of the same
-rows, and 1-D columns. The only module that imports lance.
+rows, 1-D columns, and a sink. The only module that imports lance.
 
-A source reads one version of the dataset (the latest when it is opened), fragment by fragment in the
-dataset's order: a block's rows are read with ``LanceFragment.to_table(offset=..., limit=...)`` in the
-worker thread that asked for them, through a dataset handle of that thread's own. Every vector is
-checked as it is copied: a null vector or value, or a vector of another length, is refused naming the
-dataset, fragment and row.
-
-Appends add fragments after the old ones, so the rows an earlier fit read stay a prefix: a fingerprint
-holds a digest of the fragments that store that prefix (their ids, data files, row counts and deletion
-files) beside sampled rows, so an update reads only new fragments and refuses a dataset whose old
-fragments were changed (rows deleted, compacted, rewritten). The fingerprint also records the version.
-
-A dataset named by URL (``s3://``, ``gs://``, ``az://``) is read through pylance's own object store, with
-the storage options it was opened with translated to its names (``remote.lance_options``); writing one is not
-supported (write Parquet or Zarr to object storage).
+A source reads one version of the dataset through each thread's own handle. Appends add fragments after
+the old ones, so a fingerprint holds a digest of the fragments an earlier fit read: an update refuses
+changed ones. A dataset named by URL is read (never written) through pylance's own object store.
 """
 
 from __future__ import annotations
@@ -35,46 +24,44 @@ from .. import _durable as durable
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..options import ReadOptions
 from . import remote
-from ._arrow import TableSink, TableSource, copy_vectors, read_attrs, read_numeric_column, vector_length
+from ._arrow import (
+    TableSink,
+    TableSource,
+    copy_vectors,
+    read_attrs,
+    read_numeric_column,
+    row_names,
+    table_error,
+)
 from ._messages import first_line, io_error
 from ._store import OWNER_ATTR
 from .codecs import Fetched
 
-
-def _lance_error(label: str, what: str, exc: BaseException) -> StoreIOError | CorruptStoreError:
-    """A pylance failure as ours: a failed system call is an I/O error, anything else damaged data."""
-    if isinstance(exc, OSError) and getattr(exc, "errno", None):
-        return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
-    return CorruptStoreError(
-        f"{label}: {what} cannot be read, the dataset is damaged or incomplete "
-        f"({exc.__class__.__name__}: {first_line(exc)})"
-    )
+#: What a pylance failure other than a system call's says of the dataset (see ``_arrow.table_error``).
+_DAMAGED = "cannot be read, the dataset is damaged or incomplete"
 
 
 def _open(path: str, read: ReadOptions, version: int | None = None) -> Any:
-    if remote.is_url(path):
-        options = remote.lance_options(path, read)
-        try:
+    url = remote.is_url(path)
+    options = remote.lance_options(path, read) if url else None
+    try:
+        if url:
             return remote.retrying(
                 path, "open", lance.dataset, path, version=version, storage_options=options, read=read
             )
-        except StoreIOError:
-            raise
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise BadInputError(
-                f"{remote.redact(path)}: cannot open as a Lance dataset ({remote.scrub(first_line(exc))})"
-            ) from None
-    try:
         return lance.dataset(path, version=version)
+    except StoreIOError:
+        raise
     except (OSError, ValueError, RuntimeError) as exc:
-        if isinstance(exc, OSError) and getattr(exc, "errno", None):
+        if not url and isinstance(exc, OSError) and getattr(exc, "errno", None):
             raise StoreIOError(f"{path}: cannot read: {io_error(exc)}") from exc
-        raise BadInputError(f"{path}: cannot open as a Lance dataset ({first_line(exc)})") from exc
+        reason = remote.scrub(first_line(exc)) if url else first_line(exc)
+        error = BadInputError(f"{remote.redact(path)}: cannot open as a Lance dataset ({reason})")
+        raise error from (None if url else exc)  # a remote one's cause may name a secret
 
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
-    """None when the Lance dataset ``path`` is an output of streamwhiten (its schema metadata records
-    `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    """None when the Lance dataset ``path`` is an output of ours (its schema records `OWNER_ATTR`), else what it is."""
     try:
         schema = _open(path, read).schema
     except BadInputError:
@@ -101,26 +88,17 @@ class LanceSource(TableSource):
             self._fragment_meta = [fragment.metadata.to_json() for fragment in fragments]
             counts = [fragment.count_rows() for fragment in fragments]
         except (OSError, ValueError, RuntimeError) as exc:
-            raise _lance_error(self._column_label, "the fragment list", exc) from exc
+            raise table_error(self._column_label, "the fragment list", exc, _DAMAGED) from exc
         self._starts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
         self._local = threading.local()
         self._local.handle = handle
         if width is None:
-            width = self._first_width(column)
+            width = self._first_width(
+                lambda index: self._fragment_table(index, [column], 0, 1).column(0).combine_chunks(),
+                lambda index: f"fragment {self._fragment_ids[index]}",
+            )
         super().__init__(path, column, (self._starts[-1], width), dtype, None, read)
 
-    def _first_width(self, column: str) -> int:
-        for index, fragment_id in enumerate(self._fragment_ids):
-            if self._starts[index + 1] == self._starts[index]:
-                continue
-            table = self._fragment_table(index, [column], 0, 1)
-            where = f"{self._column_label}: fragment {fragment_id}, row {self._starts[index]:,}"
-            return vector_length(table.column(0).combine_chunks(), where)
-        raise BadInputError(
-            f"{self._column_label}: has no rows, so the length of the vectors of its list column is unknown"
-        )
-
-    # -- fingerprint
     def layout_digest(self, n_rows: int) -> str:
         count = bisect.bisect_left(self._starts, n_rows)  # fragments holding rows [0, n_rows)
         described = [self._fragment_meta[i] for i in range(min(count, len(self._fragment_meta)))]
@@ -129,7 +107,6 @@ class LanceSource(TableSource):
     def fingerprint_extra(self) -> dict[str, Any]:
         return {"version": int(self.version)}
 
-    # -- reading
     def _dataset(self) -> Any:
         """This thread's own handle on the version opened at the start."""
         handle = getattr(self._local, "handle", None)
@@ -147,24 +124,19 @@ class LanceSource(TableSource):
         except (OSError, ValueError, RuntimeError) as exc:
             if isinstance(exc, (BadInputError, StoreIOError)):
                 raise
-            raise _lance_error(self.label, f"fragment {fragment_id}", exc) from exc
+            raise table_error(self.label, f"fragment {fragment_id}", exc, _DAMAGED) from exc
 
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
         if not 0 <= start <= stop <= self.n_rows:
             raise StoreIOError(f"{self.label}: rows {start}..{stop - 1} are outside its {self.n_rows} rows")
         for index, a, b in self._pieces(start, stop):
-            first = self._starts[index]
-            table = self._fragment_table(index, [self.dataset], a - first, b - a)
-            done = 0
-            fragment_id = self._fragment_ids[index]
+            table = self._fragment_table(index, [self.dataset], a - self._starts[index], b - a)
+            done, fragment_id = 0, self._fragment_ids[index]
             for array in table.column(0).chunks:
-                n = len(array)
-                where = (lambda row, fragment: lambda i: f"{self.label}: fragment {fragment}, row {row + i:,}")(
-                    a + done, fragment_id
-                )
-                copy_vectors(array, view[a - start + done : a - start + done + n], where)
-                done += n
+                where = row_names(f"{self.label}: fragment {fragment_id}, row ", a + done)
+                copy_vectors(array, view[a - start + done :][: len(array)], where)
+                done += len(array)
             if done != b - a:
                 raise CorruptStoreError(
                     f"{self.label}: fragment {fragment_id} gave {done} of the {b - a} rows asked "
@@ -172,7 +144,6 @@ class LanceSource(TableSource):
                 )
         return view
 
-    # -- other columns of the same rows
     def read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         schema = self.column_schema(names)
         tables = [
@@ -193,20 +164,14 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
         try:
             return handle.to_table(columns=[name]).column(0)
         except (OSError, ValueError, RuntimeError) as exc:
-            raise _lance_error(label, "the column", exc) from exc
+            raise table_error(label, "the column", exc, _DAMAGED) from exc
 
     return read_numeric_column(path, handle.schema, inner, read_column)
 
 
-# ----------------------------------------------------------------------------------------------- sink
-
-
 class LanceSink(TableSink):
-    """A Lance output: the vectors as a ``fixed_size_list`` column (after any columns kept from the
-    input). Blocks are written as Arrow IPC part files; `commit` writes them into a new dataset
-    in a temporary directory, fsyncs every file in it and renames it into place. The schema metadata
-    holds the model's attributes, as a Parquet output's key-value metadata does. A rerun writes the
-    same rows, not the same bytes (Lance names its data files at random)."""
+    """A Lance output: Arrow IPC parts joined at `commit` into a new dataset, fsynced and renamed into place; a
+    rerun writes the same rows, not the same bytes (Lance names its data files at random)."""
 
     kind = "lance"
     part_suffix = ".arrow"

@@ -1,8 +1,4 @@
-"""NumPy ``.npy`` files, memory-mapped: a source of rows and 1-D arrays.
-
-A ``.npy`` named by URL is read with range requests: its header once, then each block's bytes, in parts
-fetched concurrently (see ``remote``).
-"""
+"""NumPy ``.npy`` files, memory-mapped: a source of rows and 1-D arrays (one named by URL: by range requests)."""
 
 from __future__ import annotations
 
@@ -31,13 +27,13 @@ class NpySource(StoreSource):
     kind = "npy"
 
     def __new__(cls, path: str, dataset: str | None, read: ReadOptions | None = None) -> NpySource:
+        if dataset:
+            raise _no_names(path, dataset)
         if cls is NpySource and remote.is_url(path):
             return super().__new__(RemoteNpySource)
         return super().__new__(cls)
 
     def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
-        if dataset:
-            raise _no_names(path, dataset)
         try:
             _check_header(path)
             array = np.load(path, mmap_mode="r", allow_pickle=False)
@@ -83,8 +79,7 @@ def _no_names(path: str, name: str) -> BadInputError:
 
 
 def _check_header(path: str) -> None:
-    """Refuse a local ``.npy`` whose header is not one, or declares more data than the file holds (before
-    numpy maps or allocates what it says): `CorruptStoreError` for a file too short."""
+    """Refuse a local ``.npy`` whose header is not one or claims more data than the file holds (before mapping it)."""
     with open(path, "rb") as handle:
         try:
             npy_header(handle, os.fstat(handle.fileno()).st_size)
@@ -130,14 +125,11 @@ def _header(url: str, read: ReadOptions) -> tuple[tuple[int, ...], np.dtype[Any]
 
 
 class RemoteNpySource(NpySource):
-    """A ``.npy`` object read by range requests; each block in `RANGE_BYTES` parts fetched at once
-    (the whole block retried when the network fails: ``Source.read_into``)."""
+    """A ``.npy`` object read by range requests, each block in `RANGE_BYTES` parts fetched at once."""
 
     remote = True
 
     def __init__(self, path: str, dataset: str | None, read: ReadOptions | None = None) -> None:
-        if dataset:
-            raise _no_names(path, dataset)
         read = read if read is not None else ReadOptions()
         shape, dtype, self._offset, self._size = _header(path, read)
         self._version = remote.version(path, read=read)
@@ -159,10 +151,10 @@ class RemoteNpySource(NpySource):
         fs, key = remote.filesystem(self.path, self.read_options)
         what = f"read rows {start}..{stop - 1}"
         parts = fs.cat_ranges([key] * (len(edges) - 1), edges[:-1], edges[1:], on_error="raise")
-        target = view.reshape(-1).view(np.uint8) if self._stored == self.dtype else None
-        done = 0
-        raw = bytearray() if target is None else None
-        for part, (a, b) in zip(parts, zip(edges[:-1], edges[1:], strict=True), strict=True):
+        # the bytes go straight into ``view`` where stored as it is, else through a buffer of their own
+        same = self._stored == self.dtype
+        target = view.reshape(-1).view(np.uint8) if same else np.empty(last - first, np.uint8)
+        for part, a, b in zip(parts, edges[:-1], edges[1:], strict=True):
             if isinstance(part, BaseException):
                 raise remote.failure(self.path, what, part)
             if len(part) != b - a:
@@ -170,13 +162,9 @@ class RemoteNpySource(NpySource):
                     f"{self.label}: the file shrank while being read (rows {start}..{stop - 1} "
                     "are past its end): it is being rewritten or was truncated"
                 )
-            if target is not None:
-                target[done : done + len(part)] = np.frombuffer(part, np.uint8)
-            else:
-                raw += part
-            done += len(part)
-        if raw is not None:
-            view[...] = np.frombuffer(bytes(raw), self._stored).reshape(view.shape)
+            target[a - first : b - first] = np.frombuffer(part, np.uint8)
+        if not same:
+            view[...] = target.view(self._stored).reshape(view.shape)
         return view
 
 

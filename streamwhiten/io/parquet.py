@@ -1,30 +1,9 @@
 """Parquet through pyarrow: a source of vectors held in a list column, other columns of the same rows,
-1-D columns (gold scores), and a sink that writes a ``fixed_size_list`` column. The only module that
-imports ``pyarrow.parquet``.
+1-D columns (gold scores), and a sink. The only module that imports ``pyarrow.parquet``.
 
-One file is one source (a directory or glob of shards is expanded into its files by ``spec``). Row
-groups are the natural blocks: a block covering whole row groups decodes each in the worker thread
-that asked for it (pyarrow decodes without holding the GIL), through a ``ParquetFile`` of that thread's
-own, in batches of a few MiB copied into the block as they come. A block covering part of a row group
-(row groups larger than a block, or of uneven sizes) reads it from a stream of such batches shared by
-the threads, so each row group is still decoded about once. Every vector is checked as it is copied: a null vector
-or value, or a vector of another length, is refused naming the file, row group and row. Page checksums (CRC-32),
-where the writer stored them, are verified: without them, finite garbage in an uncompressed page
-cannot be told from data.
-
-Parquet files are never appended to, so a file's fingerprint holds a digest of its footer (row counts,
-row groups, schema, column statistics): an update refuses a file that was rewritten.
-
-The sink (see ``_arrow.TableSink``) writes each block as a part file (one row group) in a hidden
-``.NAME.partial`` directory; committing streams the parts into one file under a temporary name, fsyncs
-and renames it into place. Its key-value metadata holds the model's attributes (``streamwhiten``,
-JSON), as the array attributes of an HDF5 or Zarr output do.
-
-A file named by URL is read through an fsspec file object per thread (range requests of
-`REMOTE_READ_BYTES`, read ahead); its fingerprint adds the object's size and ETag, and a block read
-from an object that changed meanwhile is refused. A remote output's parts are objects under the hidden
-``.NAME.partial/`` prefix, and the joined file is uploaded as one object (a multipart upload, which
-becomes visible only when it completes).
+One file is one source. A whole row group is decoded through the worker thread's own ``ParquetFile``;
+parts of one come from a stream the threads share, so each is decoded about once. Files are never
+appended to: a fingerprint holds a digest of the footer, so an update refuses a rewritten file.
 """
 
 from __future__ import annotations
@@ -34,6 +13,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from typing import Any
 
 import numpy as np
@@ -43,18 +23,23 @@ import pyarrow.parquet as pq
 from ..errors import BadInputError, CorruptStoreError, StoreIOError
 from ..options import ReadOptions
 from . import remote
-from ._arrow import TableSink, TableSource, copy_vectors, read_attrs, read_numeric_column, vector_length
+from ._arrow import (
+    TableSink,
+    TableSource,
+    copy_vectors,
+    read_attrs,
+    read_numeric_column,
+    row_names,
+    table_error,
+)
 from ._messages import first_line, io_error
 from ._store import DEFAULT_BLOCK_BYTES, FINGERPRINT_ROWS, OWNER_ATTR
 from .codecs import Fetched
 from .spec import parquet_files
 
-#: A row group up to this size is read whole as one block; larger ones are read in blocks of about
-#: ``DEFAULT_BLOCK_BYTES`` through a shared stream.
+#: A row group up to this size is read whole as one block; larger ones in parts, through a shared stream.
 MAX_GROUP_BLOCK_BYTES = 256 << 20
-#: Bytes per batch a row group is decoded in: small batches reuse warm memory, where one
-#: read_row_group call per large row group first touches all it allocates (benchmarks/fit_tables.py
-#: compares the two).
+#: Bytes per batch a row group is decoded in: small batches reuse warm memory (benchmarks/fit_tables.py).
 BATCH_BYTES = 2 << 20
 #: Streams kept open per source (the least recently used is dropped beyond this).
 MAX_STREAMS = 8
@@ -64,21 +49,24 @@ STREAM_BUFFER_BYTES = 1 << 20
 REMOTE_READ_BYTES = 8 << 20
 
 
-def _open_remote(url: str, read: ReadOptions) -> Any:
-    """A read-only fsspec file object on the remote ``url``."""
-    fs, key = remote.filesystem(url, read)
+def _opened(path: str, read: ReadOptions) -> Any:
+    """``path`` for pyarrow to open: a local path itself, a URL as a read-only fsspec file object."""
+    if not remote.is_url(path):
+        return path
+    fs, key = remote.filesystem(path, read)
     return remote.retrying(
-        url, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead", read=read
+        path, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead", read=read
     )
 
 
-def _arrow_error(label: str, what: str, exc: BaseException) -> StoreIOError | CorruptStoreError:
-    """A pyarrow failure as ours: a failed system call is an I/O error, anything else damaged data."""
-    if isinstance(exc, OSError) and getattr(exc, "errno", None):
-        return StoreIOError(f"{label}: cannot read {what}: {io_error(exc)}")
-    return CorruptStoreError(
-        f"{label}: {what} cannot be decoded, the file is damaged or truncated "
-        f"({exc.__class__.__name__}: {first_line(exc)})"
+def _parquet_file(path: str, read: ReadOptions, metadata: Any = None) -> Any:
+    """A ``ParquetFile`` on ``path`` reading `STREAM_BUFFER_BYTES` at a time, checking page checksums."""
+    return pq.ParquetFile(
+        _opened(path, read),
+        metadata=metadata,
+        pre_buffer=False,
+        buffer_size=STREAM_BUFFER_BYTES,
+        page_checksum_verification=True,
     )
 
 
@@ -98,36 +86,27 @@ def _single_file(path: str, read: ReadOptions) -> str:
     )
 
 
-def _remote_footer(url: str, read: ReadOptions) -> tuple[bytes, dict[str, Any]]:
-    """`_footer` of a remote file: two range requests, and its ``{"size", "etag"}``."""
-    where = remote.redact(url)
-    version = remote.version(url, read=read)
-    size = version["size"]
+def _footer(path: str, read: ReadOptions) -> tuple[bytes, Any]:
+    """The raw footer of a Parquet file, its magic checked, and the file's stat (a remote one's ``{size, etag}``)."""
+    if remote.is_url(path):
+        version = remote.version(path, read=read)
+        return _check_footer(
+            remote.redact(path), version["size"], lambda a, b: remote.cat(path, a, b, read=read)
+        ), version
+    with open(path, "rb") as handle:
+        stat = os.fstat(handle.fileno())
+        return _check_footer(path, stat.st_size, lambda a, b: os.pread(handle.fileno(), b - a, a)), stat
+
+
+def _check_footer(where: str, size: int, cat: Callable[[int, int], bytes]) -> bytes:
+    """The footer of a file of ``size`` bytes whose bytes ``[a, b)`` are ``cat(a, b)``."""
     if size < 12:
         raise CorruptStoreError(f"{where}: not a Parquet file, or truncated ({size} bytes)")
-    tail = remote.cat(url, size - 8, size, read=read)
+    tail = cat(size - 8, size)
     length = int.from_bytes(tail[:4], "little")
     if tail[4:] != b"PAR1" or length + 12 > size:
         raise CorruptStoreError(f"{where}: not a Parquet file, or truncated (no valid footer at its end)")
-    return remote.cat(url, size - 8 - length, size - 8, read=read), version
-
-
-def _footer(path: str, read: ReadOptions) -> tuple[bytes, Any]:
-    """The raw footer (thrift file metadata) of a Parquet file and the file's stat (a remote one's
-    ``{"size", "etag"}``), checking its magic."""
-    if remote.is_url(path):
-        return _remote_footer(path, read)
-    with open(path, "rb") as handle:
-        stat = os.fstat(handle.fileno())
-        if stat.st_size < 12:
-            raise CorruptStoreError(f"{path}: not a Parquet file, or truncated ({stat.st_size} bytes)")
-        handle.seek(stat.st_size - 8)
-        tail = handle.read(8)
-        length = int.from_bytes(tail[:4], "little")
-        if tail[4:] != b"PAR1" or length + 12 > stat.st_size:
-            raise CorruptStoreError(f"{path}: not a Parquet file, or truncated (no valid footer at its end)")
-        handle.seek(stat.st_size - 8 - length)
-        return handle.read(length), stat
+    return cat(size - 8 - length, size - 8)
 
 
 class _Stream:
@@ -164,10 +143,17 @@ class _Stream:
     def close(self) -> None:
         handle, self._handle, self._batches, self.pending = self._handle, None, None, None
         if handle is not None:
-            try:
+            with suppress(Exception):
                 handle.close()
-            except Exception:
-                pass
+
+
+def _head(handle: Any, label: str, group: int, column: str, rows: int) -> Any:
+    """The first ``rows`` rows of ``column`` of row group ``group`` (one batch)."""
+    try:
+        batches = handle.iter_batches(batch_size=rows, row_groups=[group], columns=[column], use_threads=False)
+        return next(batches).column(0)
+    except (OSError, pa.ArrowException, StopIteration) as exc:
+        raise table_error(label, f"row group {group}", exc) from exc
 
 
 class ParquetSource(TableSource):
@@ -182,12 +168,7 @@ class ParquetSource(TableSource):
         self.remote = remote.is_url(path)
         try:
             footer, stat = _footer(path, read)
-            handle = pq.ParquetFile(
-                _open_remote(path, read) if self.remote else path,
-                pre_buffer=False,
-                buffer_size=STREAM_BUFFER_BYTES,
-                page_checksum_verification=True,
-            )
+            handle = _parquet_file(path, read)
         except (BadInputError, FileNotFoundError, PermissionError):
             raise
         except (OSError, pa.ArrowException, ValueError) as exc:
@@ -202,7 +183,11 @@ class ParquetSource(TableSource):
             self._group_rows = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
             self._starts = np.concatenate([[0], np.cumsum(self._group_rows, dtype=np.int64)]).tolist()
             if width is None:
-                width = self._first_width(handle, column)
+                width = self._first_width(
+                    lambda group: _head(handle, self._column_label, group, column, 1),
+                    lambda group: f"row group {group}",
+                    " (leave empty files out)",
+                )
             chunk_rows = self._group_rows[0] if self._group_rows and self._group_rows[0] > 0 else None
         finally:
             handle.close()
@@ -213,22 +198,6 @@ class ParquetSource(TableSource):
         self._streams: OrderedDict[int, _Stream] = OrderedDict()
         self._closed = False
 
-    def _first_width(self, handle: Any, column: str) -> int:
-        """The length of the first vector (of a list column, whose type does not say)."""
-        for group, rows in enumerate(self._group_rows):
-            if rows == 0:
-                continue
-            where = f"{self._column_label}: row group {group}, row {self._starts[group]:,}"
-            try:
-                batch = next(handle.iter_batches(batch_size=1, row_groups=[group], columns=[column], use_threads=False))
-            except (OSError, pa.ArrowException, StopIteration) as exc:
-                raise _arrow_error(self._column_label, f"row group {group}", exc) from exc
-            return vector_length(batch.column(0), where)
-        raise BadInputError(
-            f"{self._column_label}: has no rows, so the length of the vectors of its list column is "
-            "unknown (leave empty files out)"
-        )
-
     def default_block_rows(self, target_bytes: int = DEFAULT_BLOCK_BYTES) -> int:
         """Whole row groups (as many as make about ``target_bytes``) when a row group is at most
         `MAX_GROUP_BLOCK_BYTES`; else blocks of about ``target_bytes``, parts of a row group."""
@@ -237,8 +206,7 @@ class ParquetSource(TableSource):
             return super().default_block_rows(target_bytes)
         return max(1, target_bytes // row_bytes)
 
-    # -- fingerprint: the footer says whether the file is the one recorded; rows are sampled at the start
-    # of row groups, where reading a few costs decoding only a few
+    # -- fingerprint: the footer, and rows sampled at the start of row groups (the cheapest to decode)
     def layout_digest(self, n_rows: int) -> str:
         return self._footer_sha
 
@@ -253,7 +221,6 @@ class ParquetSource(TableSource):
         picks = sorted({groups[0], groups[count // 4], groups[count // 2], groups[(3 * count) // 4], groups[-1]})
         return [(self._starts[g], min(self._starts[g] + FINGERPRINT_ROWS, self._starts[g + 1], n_rows)) for g in picks]
 
-    # -- reading
     def _check_unchanged(self) -> None:
         if self.remote:
             if remote.version(self.path, read=self.read_options) != self._stat:
@@ -267,21 +234,14 @@ class ParquetSource(TableSource):
             raise CorruptStoreError(f"{self.label}: the file changed while being read (it was replaced or rewritten)")
 
     def _new_file(self, keep: bool = True) -> Any:
-        """A new ``ParquetFile`` on the file opened at the start (closed with the source if ``keep``),
-        reading `STREAM_BUFFER_BYTES` at a time."""
+        """A new ``ParquetFile`` on the file opened at the start (closed with the source if ``keep``)."""
         if self._closed:
             raise StoreIOError(f"{self.label}: read after the source was closed")
         self._check_unchanged()
         try:
-            handle = pq.ParquetFile(
-                _open_remote(self.path, self.read_options) if self.remote else self.path,
-                metadata=self._metadata,
-                page_checksum_verification=True,
-                pre_buffer=False,
-                buffer_size=STREAM_BUFFER_BYTES,
-            )
+            handle = _parquet_file(self.path, self.read_options, self._metadata)
         except (OSError, pa.ArrowException) as exc:
-            raise _arrow_error(self.label, "the file", exc) from exc
+            raise table_error(self.label, "the file", exc) from exc
         if keep:
             with self._lock:
                 self._handles.append(handle)
@@ -294,22 +254,11 @@ class ParquetSource(TableSource):
             handle = self._local.handle = self._new_file()
         return handle
 
-    def _where(self, group: int, first_row: int) -> Callable[[int], str]:
-        return lambda i: f"{self.label}: row group {group}, row {first_row + i:,}"
-
-    def _copy(self, arrays: list[Any], group: int, first_row: int, target: np.ndarray) -> None:
-        """Check and copy the arrays (consecutive rows from ``first_row`` on) into ``target``."""
-        done = 0
-        for array in arrays:
-            n = min(len(array), target.shape[0] - done)
-            if n <= 0:
-                break
-            copy_vectors(
-                array.slice(0, n) if n < len(array) else array,
-                target[done : done + n],
-                self._where(group, first_row + done),
-            )
-            done += n
+    def _copy(self, array: Any, group: int, first_row: int, target: np.ndarray) -> None:
+        """Check and copy the rows of ``array`` (from ``first_row`` on) into ``target``, which it must fill."""
+        done = min(len(array), target.shape[0])
+        rows = array.slice(0, done) if done < len(array) else array
+        copy_vectors(rows, target[:done], row_names(f"{self.label}: row group {group}, row ", first_row))
         if done != target.shape[0]:
             raise CorruptStoreError(
                 f"{self.label}: row group {group} holds fewer rows than its metadata says "
@@ -335,8 +284,7 @@ class ParquetSource(TableSource):
         return max(1, BATCH_BYTES // (self.n_features * self.dtype.itemsize))
 
     def _read_group(self, group: int, target: np.ndarray) -> None:
-        """A whole row group, decoded in batches of about `BATCH_BYTES` each copied into place:
-        pyarrow's buffers stay small (reused, not first touched again for every row group) and hot in cache."""
+        """A whole row group, in batches of about `BATCH_BYTES` copied into place: pyarrow's buffers stay hot."""
         first_row, done = self._starts[group], 0
         try:
             batches = self._file().iter_batches(
@@ -344,10 +292,10 @@ class ParquetSource(TableSource):
             )
             for batch in batches:
                 n = min(batch.num_rows, target.shape[0] - done)
-                self._copy([batch.column(0)], group, first_row + done, target[done : done + n])
+                self._copy(batch.column(0), group, first_row + done, target[done : done + n])
                 done += n
         except (OSError, pa.ArrowException) as exc:
-            raise _arrow_error(self.label, f"row group {group}", exc) from exc
+            raise table_error(self.label, f"row group {group}", exc) from exc
         if done != target.shape[0]:
             raise CorruptStoreError(
                 f"{self.label}: row group {group} holds fewer rows than its metadata says "
@@ -355,14 +303,8 @@ class ParquetSource(TableSource):
             )
 
     def _read_head(self, group: int, rows: int, target: np.ndarray) -> None:
-        try:
-            batches = self._file().iter_batches(
-                batch_size=rows, row_groups=[group], columns=[self.dataset], use_threads=False
-            )
-            array = next(batches).column(0)
-        except (OSError, pa.ArrowException, StopIteration) as exc:
-            raise _arrow_error(self.label, f"row group {group}", exc) from exc
-        self._copy([array], group, self._starts[group], target)
+        array = _head(self._file(), self.label, group, self.dataset, rows)
+        self._copy(array, group, self._starts[group], target)
 
     def _stream(self, group: int) -> _Stream:
         with self._lock:
@@ -373,10 +315,8 @@ class ParquetSource(TableSource):
                 while len(self._streams) > MAX_STREAMS:
                     _, evicted = self._streams.popitem(last=False)
                     if evicted.lock.acquire(blocking=False):  # else a thread still reads it; it goes with it
-                        try:
-                            evicted.close()
-                        finally:
-                            evicted.lock.release()
+                        evicted.close()  # (it raises nothing)
+                        evicted.lock.release()
             self._streams.move_to_end(group)
             return stream
 
@@ -395,14 +335,11 @@ class ParquetSource(TableSource):
                     assert stream.pending is not None  # next_batch sets it (or raises)
                     p0, array = stream.pending
                     p1 = p0 + len(array)
-                    if p1 <= filled:
-                        stream.pending = None
-                        continue
                     b = min(hi, p1)
-                    self._copy(
-                        [array.slice(filled - p0, b - filled)], group, first_row + filled, target[filled - lo : b - lo]
-                    )
-                    filled = b
+                    if b > filled:  # else the batch ends before the rows asked for
+                        rows = array.slice(filled - p0, b - filled)
+                        self._copy(rows, group, first_row + filled, target[filled - lo : b - lo])
+                        filled = b
                     if b == p1:
                         stream.pending = None
             except StopIteration:
@@ -411,26 +348,18 @@ class ParquetSource(TableSource):
                     f"({stream.position:,} of {self._group_rows[group]:,}): the file is damaged"
                 ) from None
             except (OSError, pa.ArrowException) as exc:
-                raise _arrow_error(self.label, f"row group {group}", exc) from exc
+                raise table_error(self.label, f"row group {group}", exc) from exc
             if stream.pending is None and stream.position >= self._group_rows[group]:
                 stream.close()  # read to its end: nothing more to share
                 with self._lock:
                     if self._streams.get(group) is stream:
                         del self._streams[group]
 
-    # -- other columns of the same rows
     def read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
-        if self.remote:
-            return remote.retrying(
-                self.path,
-                f"read rows {start}..{stop - 1}",
-                self._read_columns,
-                start,
-                stop,
-                names,
-                read=self.read_options,
-            )
-        return self._read_columns(start, stop, names)
+        if not self.remote:
+            return self._read_columns(start, stop, names)
+        what = f"read rows {start}..{stop - 1}"
+        return remote.retrying(self.path, what, self._read_columns, start, stop, names, read=self.read_options)
 
     def _read_columns(self, start: int, stop: int, names: list[str]) -> pa.Table:
         schema = self.column_schema(names)
@@ -439,9 +368,8 @@ class ParquetSource(TableSource):
             try:
                 table = self._file().read_row_group(group, columns=list(names), use_threads=False)
             except (OSError, pa.ArrowException) as exc:
-                raise _arrow_error(self.path, f"row group {group}", exc) from exc
-            g_lo = self._starts[group]
-            tables.append(table.slice(a - g_lo, b - a))
+                raise table_error(self.path, f"row group {group}", exc) from exc
+            tables.append(table.slice(a - self._starts[group], b - a))
         return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def close(self) -> None:
@@ -453,48 +381,37 @@ class ParquetSource(TableSource):
             with stream.lock:
                 stream.close()
         for handle in handles:
-            try:
+            with suppress(Exception):
                 handle.close()
-            except Exception:
-                pass
 
 
 def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.ndarray, str]:
     """The numeric column ``inner`` (or the file's only numeric column), whole, and its label."""
     path = _single_file(path, read)
-    where = _open_remote(path, read) if remote.is_url(path) else path
     try:
-        schema = pq.read_schema(where)
+        schema = pq.read_schema(_opened(path, read))
     except (OSError, pa.ArrowException) as exc:
-        raise _arrow_error(path, "the file", exc) from exc
+        raise table_error(path, "the file", exc) from exc
 
     def read_column(name: str, label: str) -> pa.ChunkedArray:
         try:
-            return pq.read_table(_open_remote(path, read) if remote.is_url(path) else path, columns=[name]).column(0)
+            return pq.read_table(_opened(path, read), columns=[name]).column(0)
         except (OSError, pa.ArrowException) as exc:
-            raise _arrow_error(label, "the column", exc) from exc
+            raise table_error(label, "the column", exc) from exc
 
     return read_numeric_column(path, schema, inner, read_column)
 
 
-# ----------------------------------------------------------------------------------------------- sink
-
-#: How parts and the final file are written: floats do not compress or repeat, and the settings are
-#: fixed so that a rerun writes the same bytes.
+#: How parts and the final file are written: floats do not compress; fixed, so a rerun writes the same bytes.
 WRITE_OPTIONS = dict(
     compression="none", use_dictionary=False, write_statistics=True, version="2.6", write_page_checksum=True
 )
 
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
-    """None when the Parquet file ``path`` (or object) is an output of streamwhiten (its key-value
-    metadata records `OWNER_ATTR`), else what it is, for the message that refuses to replace it."""
+    """None when the Parquet file ``path`` is an output of ours (its metadata records `OWNER_ATTR`), else what it is."""
     try:
-        if remote.is_url(path):
-            with _open_remote(path, read) as handle:
-                metadata = pq.read_metadata(handle).metadata
-        else:
-            metadata = pq.read_metadata(path).metadata
+        metadata = pq.read_metadata(_opened(path, read)).metadata
     except StoreIOError:
         raise
     except (OSError, ValueError, pa.ArrowException):
@@ -503,8 +420,7 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
 
 
 class ParquetSink(TableSink):
-    """A Parquet output: the vectors as a ``fixed_size_list`` column (after any columns kept from the
-    input), one row group per block, written as parts and joined into one file by `commit`."""
+    """A Parquet output: one row group per block, written as parts and joined into one file by `commit`."""
 
     kind = "parquet"
     part_suffix = ".parquet"
@@ -519,12 +435,10 @@ class ParquetSink(TableSink):
         return pq.read_table(path)
 
     def _join(self, temp: Any, schema: pa.Schema, tables: Iterator[pa.Table]) -> None:
-        """Stream the parts into one file (a row group each) at ``temp`` (a path, or a remote file object
-        whose upload the caller completes) and fsync it."""
+        """Stream the parts into one file at ``temp``: a path (fsynced) or a remote file object the caller completes."""
         with pq.ParquetWriter(temp, schema, **WRITE_OPTIONS) as writer:
             for table in tables:
                 writer.write_table(table, row_group_size=max(1, table.num_rows))
-        if not isinstance(temp, str):
-            return
-        with open(temp, "rb") as handle:
-            os.fsync(handle.fileno())
+        if isinstance(temp, str):
+            with open(temp, "rb") as handle:
+                os.fsync(handle.fileno())

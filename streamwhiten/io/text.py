@@ -1,15 +1,10 @@
 """Delimited text files (CSV, TSV): one numeric column as a vector, and the rows of small tables (qrels).
 
-A column is named in the spec after the file, as for the other stores:
-
-- ``file.csv:NAME``: the first line is a header and ``NAME`` is one of its fields;
-- ``file.csv:INDEX`` (digits only): the 0-based column ``INDEX``, and every line is data (no header),
-  as in STS-B's ``sts-dev.csv``, whose gold score is ``sts-dev.csv:4``.
-
-The delimiter is a tab for ``.tsv``; for any other name, a tab if the first line holds one, else a
-comma. Tab-separated lines are split on tabs alone (no quoting: STS-B's sentences hold unbalanced
-quotes); comma-separated ones follow the usual CSV quoting. Blank lines are skipped; lines are
-counted from 1, blank ones included, in every message. Local paths and URLs are read the same way.
+A column is named after the file: ``file.csv:NAME``, a field of the header (the first line), or
+``file.csv:INDEX`` (digits), the 0-based column of a file whose every line is data (STS-B's gold score is
+``sts-dev.csv:4``). The delimiter is a tab for ``.tsv`` or where the first line holds one, else a comma;
+tab-separated lines are split on tabs alone (STS-B's sentences hold unbalanced quotes), comma-separated
+ones follow CSV quoting. Blank lines are skipped but counted (from 1) in every message.
 """
 
 from __future__ import annotations
@@ -54,23 +49,15 @@ def read_text(path: str, read: ReadOptions | None = None) -> str:
         raise BadInputError(f"{label}: line {line}: not UTF-8 text") from None
 
 
-def delimiter_for(path: str, first_line: str) -> str:
-    """A tab for ``.tsv``, else a tab if ``first_line`` holds one, else a comma."""
-    if str(path).lower().endswith(".tsv") or "\t" in first_line:
-        return "\t"
-    return ","
-
-
 def read_rows(path: str, read: ReadOptions | None = None) -> list[tuple[int, list[str]]]:
     """``(line number, fields)`` of every non-blank line of the delimited file at ``path``."""
     text = read_text(path, read)
     lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
     first = next((line for line in lines if line.strip()), "")
-    if delimiter_for(path, first) == "\t":
+    if str(path).lower().endswith(".tsv") or "\t" in first:
         return [(number, line.split("\t")) for number, line in enumerate(lines, 1) if line.strip()]
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=",", strict=True)
-    rows = []
-    start = 1
+    rows, start = [], 1
     try:
         for fields in reader:
             if any(field.strip() for field in fields):
@@ -79,14 +66,6 @@ def read_rows(path: str, read: ReadOptions | None = None) -> list[tuple[int, lis
     except csv.Error as exc:
         raise BadInputError(f"{remote.redact(path)}: line {reader.line_num}: {exc}") from None
     return rows
-
-
-def column_spec(inner: str | None) -> int | str:
-    """A column as the spec names it: an int for an index (digits), else the header name."""
-    if inner is None or not inner.strip():
-        raise BadInputError("name a column: file.csv:NAME (a header field) or file.csv:INDEX (0-based, no header)")
-    inner = inner.strip()
-    return int(inner) if inner.isascii() and inner.isdigit() else inner  # "²".isdigit() too
 
 
 def _first_line(rows: list[tuple[int, list[str]]]) -> str:
@@ -99,20 +78,17 @@ def _first_line(rows: list[tuple[int, list[str]]]) -> str:
 
 
 def read_column(path: str, inner: str | None, read: ReadOptions | None = None) -> tuple[np.ndarray, str]:
-    """The numeric column ``inner`` of the delimited file at ``path`` as float64, and its label.
-
-    ``inner`` is a header name or a 0-based index (see the module docstring). A missing header name,
-    a line too short for the column, or a value that is not a number is a `BadInputError`
-    naming the file and line.
-    """
+    """The numeric column ``inner`` (a header name or a 0-based index) of the delimited file at ``path``
+    as float64, and its label; a missing column or a value that is not a number names the line."""
     label = remote.redact(path)
     if inner is None or not inner.strip():
         raise BadInputError(
             f"{label}: no column named; {_first_line(read_rows(path, read))}: write {label}:NAME for a "
             f"header field, or {label}:INDEX for a 0-based column (every line data)"
         )
-    column = column_spec(inner)
-    label = f"{label}:{inner.strip()}"
+    inner = inner.strip()
+    column: int | str = int(inner) if inner.isascii() and inner.isdigit() else inner  # "²".isdigit() too
+    label = f"{label}:{inner}"
     rows = read_rows(path, read)
     if isinstance(column, str):
         if not rows:
@@ -137,10 +113,7 @@ def read_column(path: str, inner: str | None, read: ReadOptions | None = None) -
         try:
             values[i] = float(text)
         except ValueError:
-            hint = (
-                " (an index reads every line as data; name the column to skip a header line)"
-                if isinstance(column, int) and i == 0
-                else ""
-            )
+            first = isinstance(column, int) and i == 0
+            hint = " (an index reads every line as data; name the column to skip a header line)" if first else ""
             raise BadInputError(f"{label}: line {number}: {text!r} is not a number{hint}") from None
     return values, label

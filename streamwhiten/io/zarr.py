@@ -1,20 +1,9 @@
 """Zarr (v2 and v3) through zarr-python 3: a source of rows, a sink, 1-D arrays, and the writer Dask
 workers use. The only module that imports zarr.
 
-Uncompressed chunks of a local store hold exactly their rows' bytes, so they are read straight into
-the caller's buffer and written as raw chunk files (around the page cache where aligned). Compressed
-chunks of a codec chain ``codecs`` knows (bytes + zstd / blosc / gzip / zlib / lz4 / shuffle / crc32c,
-v2 or v3) are read from their files and decoded here, in the calling thread, straight into the
-caller's buffer; anything else (sharding, transpose, a remote store) goes through zarr's codec
-pipeline. Outputs are written as chunk files by us too, compressed where asked. A chunk missing from
-the store is refused, not read as the fill value, unless the source's ``fill_missing_chunks`` says
-otherwise.
-
-A store named by URL is read and written through zarr's ``FsspecStore`` (see ``remote``), never by the raw
-local-chunk path nor decoded here; its chunk listing is taken once, for the missing-chunk check and the
-fingerprint. A remote output is written in place, since an object store cannot rename a prefix: its
-metadata says ``complete = false`` until the last chunk is written, and every reader here takes such an
-output for absent.
+A local store's chunk files are read and written by us (raw ones straight into the caller's buffer, those
+of a codec chain ``codecs`` knows decoded here); sharded and remote stores go through zarr. A remote output
+is written in place, ``complete = false`` until its last chunk is written: readers here take it for absent.
 """
 
 from __future__ import annotations
@@ -26,6 +15,7 @@ import re
 import stat
 import sys
 from collections.abc import Callable, Mapping
+from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, NoReturn
 
@@ -81,7 +71,10 @@ def raw_chunk_root(array: Any) -> str | None:
     return os.path.join(str(array.store.root), array.path)
 
 
-def _read_exactly(handle: io.FileIO, buffer: memoryview, path: str) -> None:
+def _read_exactly(handle: io.FileIO, array: np.ndarray, path: str) -> None:
+    """Fill ``array`` from ``handle``; a file that ends first is damaged."""
+    # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
+    buffer = memoryview(array).cast("B")  # type: ignore[arg-type]
     done = 0
     while done < len(buffer):
         count = handle.readinto(buffer[done:])
@@ -110,8 +103,7 @@ def _arrays(group: Any, ndim: int, prefix: str = "") -> list[str]:
 def _open_node(
     path: str, inner: str | None, ndim: int, read: ReadOptions, option: bool = True
 ) -> tuple[Any, str | None]:
-    """The array ``inner`` of the store at ``path`` (or its only ``ndim``-D array), and its path in the store;
-    a name it does not hold is one line saying what it holds (``_messages.name_not_found``)."""
+    """The array ``inner`` of the store at ``path`` (or its only ``ndim``-D array), and its path in the store."""
     label, what = remote.redact(path), f"{ndim}-D array"
     try:
         node = _open_path(path, inner or "", read)
@@ -129,11 +121,8 @@ def _open_node(
         prefix = f"/{inner}" if inner else ""
         arrays = _arrays(node, ndim, prefix)
         if len(arrays) != 1:
-            if inner:
-                raise name_not_found(
-                    label, f"/{inner}", what, arrays, option=option, problem=f"/{inner} is a group, not an array"
-                )
-            raise name_not_found(label, None, what, arrays, option=option)
+            problem = f"/{inner} is a group, not an array" if inner else None
+            raise name_not_found(label, prefix or None, what, arrays, option=option, problem=problem)
         inner = arrays[0].strip("/")
         node = node[arrays[0][len(prefix) + 1 :]]
     _check_grid(node, f"{label}:/{inner}" if inner else label)
@@ -159,8 +148,7 @@ def _not_there(path: str, label: str, inner: str | None, ndim: int, option: bool
 
 
 def _check_grid(node: Any, label: str) -> None:
-    """Refuse an array whose metadata declares a chunk (or shard) of length 0 or a negative length: no data
-    could have been written that way, and reading it would divide by zero."""
+    """Refuse an array whose metadata declares a chunk (or shard) length below 1: reading it would divide by 0."""
     grids = [("chunk", tuple(node.chunks))]
     if getattr(node, "shards", None):
         grids.append(("shard", tuple(node.shards)))
@@ -219,25 +207,21 @@ class ZarrSource(StoreSource):
         return self._listing
 
     def fingerprint_extra(self) -> dict[str, Any]:
-        """A remote store's total size and a digest of every object's key, size and ETag: the same store,
-        unchanged (an update does not compare it: appends change it)."""
+        """A remote store's total size and a digest of every object's key, size and ETag (appends change it)."""
         if not self.remote:
             return {}
+        url, read = self._array_url(), self.read_options
         if not self._listable:  # http(s): no listing; the metadata object's version
             return remote.version(
-                remote.join(self._array_url(), "zarr.json" if self._node.metadata.zarr_format == 3 else ".zarray"),
-                read=self.read_options,
+                remote.join(url, "zarr.json" if self._node.metadata.zarr_format == 3 else ".zarray"), read=read
             )
         return remote.prefix_version(
-            self._array_url(),
-            {remote.join(self._array_url(), key): item for key, item in self._objects().items()},
-            read=self.read_options,
+            url, {remote.join(url, key): item for key, item in self._objects().items()}, read=read
         )
 
     def fetch(self, start: int, stop: int) -> Fetched | None:
-        """The stored bytes of the chunks rows ``[start, stop)`` touch, for `read_into` to decode:
-        ``[(chunk index, bytes or None where missing and filled, 0)]``; None where chunks are not
-        decoded here. The I/O half of a read, which a caller may run ahead in another thread."""
+        """The stored bytes of the chunks rows ``[start, stop)`` touch, for `read_into` to decode (None where
+        chunks are not decoded here): the I/O half of a read, which a caller may run ahead in another thread."""
         if self.decoder is None or stop <= start:
             return None
         assert self._chunk_root is not None and self.chunk_rows is not None
@@ -248,36 +232,31 @@ class ZarrSource(StoreSource):
         try:
             for index in range(start // self.chunk_rows, (stop - 1) // self.chunk_rows + 1):
                 try:
-                    handles.append(
-                        (index, self._open_chunk(os.path.join(self._chunk_root, self._chunk_key(index)), index))
-                    )
+                    handle = self._open_chunk(os.path.join(self._chunk_root, self._chunk_key(index)), index)
                 except FileNotFoundError:
                     if not self.fill_missing_chunks:
                         self._raise_missing(index)
-                    handles.append((index, None))
+                    handle = None
+                handles.append((index, handle))
             sizes = [0 if handle is None else os.fstat(handle.fileno()).st_size for _, handle in handles]
             buffer = fetch_buffer(sum(sizes), (stop - start) * self.n_features * self.dtype.itemsize)
             chunks: list[tuple[int, Any, int]] = []
             offset = 0
             for (index, handle), size in zip(handles, sizes, strict=True):
-                if handle is None:
-                    chunks.append((index, None, 0))
-                    continue
-                view = buffer[offset : offset + size]
-                _read_exactly(handle, memoryview(view), handle.name)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
+                view = None
+                if handle is not None:
+                    view = buffer[offset : offset + size]
+                    _read_exactly(handle, view, handle.name)
                 chunks.append((index, view, 0))
                 offset += size
         except OSError as exc:
-            raise self._read_error(exc, index) from exc
+            lo, hi = self._chunk_span(index)
+            raise StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}") from exc
         finally:
             for _, handle in handles:
                 if handle is not None:
                     handle.close()
         return Fetched(chunks, buffer)
-
-    def _read_error(self, exc: OSError, index: int) -> StoreIOError:
-        lo, hi = self._chunk_span(index)
-        return StoreIOError(f"{self.label}: cannot read rows {lo}..{hi - 1}: {io_error(exc)}")
 
     def _read_into(self, start: int, stop: int, out: np.ndarray, fetched: Fetched | None = None) -> np.ndarray:
         view = out[: stop - start]
@@ -293,8 +272,7 @@ class ZarrSource(StoreSource):
             return view
         if self.raw_root is None:
             return self._read_by_zarr(start, stop, view)
-        # Uncompressed chunks are the rows' bytes: read them from the chunk files into the buffer, one
-        # copy from the page cache, as h5py's read_direct does (zarr's own pipeline copies several times).
+        # raw chunks are the rows' bytes: one copy from the page cache (zarr's pipeline copies several times)
         self._check_range(start, stop)
         assert self.chunk_rows is not None
         rows, row_bytes = self.chunk_rows, self.n_features * self.dtype.itemsize
@@ -312,7 +290,7 @@ class ZarrSource(StoreSource):
                             f"not {rows * row_bytes}: it is truncated or damaged"
                         )
                     handle.seek((lo - index * rows) * row_bytes)
-                    _read_exactly(handle, memoryview(target).cast("B"), path)  # type: ignore[arg-type]  # numpy's stubs give ndarray __buffer__ on Python 3.12+ only
+                    _read_exactly(handle, target, path)
             except FileNotFoundError:
                 if not self.fill_missing_chunks:
                     self._raise_missing(index)
@@ -407,12 +385,8 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
     return values, (f"{label}:/{inner}" if inner else label)
 
 
-# ----------------------------------------------------------------------------------------------- sink
-
-
 def _compressors(name: str, dtype: Any, zarr_format: int, checksums: bool = False) -> Any:
-    """What zarr is told ``--compressor name`` wrote (the chunks themselves are encoded here), and with
-    ``checksums`` (Zarr 3; format 2 has no checksum after its compressor) the crc32c after it."""
+    """What zarr is told ``--compressor name`` wrote (encoded here), then the crc32c with ``checksums`` (Zarr 3)."""
     if zarr_format == 2:
         return None if name == "none" else numcodecs_codec(name, dtype)
     crc = [Crc32cCodec()] if checksums else []
@@ -435,30 +409,25 @@ _CHUNK_KEY = re.compile(r"^(c/)?\d+([./]\d+)*$")
 
 
 def foreign_output(path: str, read: ReadOptions) -> str | None:
-    """None when the Zarr store ``path`` is an output of streamwhiten: every array in it carries
-    `OWNER_ATTR` and (a local store) it holds nothing but their metadata and chunks, or (a remote
-    prefix) it holds chunks only, the remains of such an output whose metadata is gone; else what it is,
-    for the message that refuses to replace it."""
+    """None when the Zarr store ``path`` is an output of streamwhiten (every array carries `OWNER_ATTR`, and
+    nothing but their metadata and chunks is there; remote: or chunks only, what is left of one), else what
+    it is, for the message that refuses to replace it."""
     try:
-        if remote.is_url(path):
-            store = remote.zarr_store(path, read_only=True, read=read)
-        else:
-            store = LocalStore(path, read_only=True)
+        url = remote.is_url(path)
+        store = remote.zarr_store(path, read_only=True, read=read) if url else LocalStore(path, read_only=True)
         node = zarr.open(store=store, mode="r")
     except (BadInputError, StoreIOError):
         raise
     except Exception:  # noqa: BLE001 - whatever zarr says, it is no store of ours
         return None if remote.is_url(path) and _only_chunks(path, read) else "not a Zarr store"
-    if isinstance(node, zarr.Array):
-        arrays = {"": node}
-    else:
-        arrays = {name: member for name, member in node.members(max_depth=None) if isinstance(member, zarr.Array)}
+    members = [("", node)] if isinstance(node, zarr.Array) else node.members(max_depth=None)
+    arrays = {name: member for name, member in members if isinstance(member, zarr.Array)}
     if not arrays:
         return "a Zarr group holding no array"
     for name, array in arrays.items():
         if OWNER_ATTR not in array.attrs:
             return f"a Zarr store holding an array streamwhiten did not write: /{name}"
-    if remote.is_url(path):
+    if url:
         return None
     for root, _, files in os.walk(path):
         for name in files:
@@ -473,8 +442,7 @@ def foreign_output(path: str, read: ReadOptions) -> str | None:
 
 
 def _only_chunks(url: str, read: ReadOptions) -> bool:
-    """Whether the prefix ``url`` holds nothing but Zarr chunk objects: what is left of a remote output
-    of ours whose metadata is gone (written in place, it is taken for absent and written again)."""
+    """Whether the prefix ``url`` holds only Zarr chunks: what is left of a remote output whose metadata is gone."""
     base = remote.normalize(url).rstrip("/")
     keys = [remote.normalize(found)[len(base) + 1 :] for found in remote.find(url, read=read)]
     return bool(keys) and all(_CHUNK_TAIL.search(key) for key in keys)
@@ -487,9 +455,8 @@ _CHUNK_TAIL = re.compile(r"(^|/)(c/)?\d+([./]\d+)*$")
 def _new_array(
     store: Any, dataset: str | None, plan: OutputPlan, compressor: str, overwrite: bool = False, **options: Any
 ) -> Any:
-    """A new array in ``store`` (under the name ``dataset`` in a new group, if named) laid out as ``plan``
-    says, its chunks declared as ``compressor`` wrote them; ``options`` go to ``create_array``, and
-    ``overwrite`` to the unnamed array's only (a group opened to write is new)."""
+    """A new array in ``store`` (named ``dataset`` in a new group, if named) laid out as ``plan`` says, its
+    chunks declared as ``compressor`` wrote them; ``options`` go to ``create_array``."""
     shape, dtype = plan.shape, np.dtype(plan.dtype)
     zarr_format: Literal[2, 3] = 2 if int(plan.zarr_format) == 2 else 3  # checked to be 2 or 3 by the plan's options
     compressors = _compressors(compressor, dtype, zarr_format, plan.checksums)
@@ -503,8 +470,7 @@ def _new_array(
 
 
 class ZarrSink(StoreSink):
-    """A Zarr output: chunks written as chunk files by us, raw or compressed here with ``compressor``
-    (zarr writes the metadata, and any chunk a block covers only in part)."""
+    """A Zarr output: whole chunks written as chunk files by us, raw or compressed here; zarr writes the rest."""
 
     kind = "zarr"
     compressible = True
@@ -535,8 +501,7 @@ class ZarrSink(StoreSink):
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> ZarrSink:
         array = zarr.open_array(store=place.partial, path=place.dataset or "", mode="r+")
-        compressor = str(array.attrs.get(COMPRESSOR_ATTR, "none"))
-        return cls(place, array, plan.direct_io, compressor)
+        return cls(place, array, plan.direct_io, str(array.attrs.get(COMPRESSOR_ATTR, "none")))
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
         root = self._root
@@ -550,25 +515,16 @@ class ZarrSink(StoreSink):
             self._unsynced.add(index)
             path = os.path.join(root, self.array.metadata.encode_chunk_key((index, 0)))
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            pad: np.ndarray | None = None
             if data.shape[0] < self.chunk_rows:  # an edge chunk is stored at full size, padded with the fill value
-                pad = np.full(
-                    (self.chunk_rows - data.shape[0], self.shape[1]), self.array.metadata.fill_value or 0, self.dtype
+                fill = self.array.metadata.fill_value or 0
+                data = np.concatenate(
+                    [data, np.full((self.chunk_rows - data.shape[0], self.shape[1]), fill, self.dtype)]
                 )
-                data = np.concatenate([data, pad]) if self._encode is not None else data
+            stored = data if self._encode is None else np.frombuffer(self._encode(data), np.uint8)
             with ChunkFile(path, create=True, direct=self.direct_io and self._encode is None) as chunk_file:
-                if self._encode is not None:
-                    stored = np.frombuffer(self._encode(data), np.uint8)
-                    chunk_file.write_at(0, stored)
-                    if self.checksums:
-                        chunk_file.write_at(stored.nbytes, crc32c_of(stored))
-                    continue
-                chunk_file.write_at(0, data)
-                if pad is not None:
-                    chunk_file.write_at(data.nbytes, pad)
-                if self.checksums:  # the crc32c of the whole stored chunk (the pad included) after it
-                    end = data.nbytes + (0 if pad is None else pad.nbytes)
-                    chunk_file.write_at(end, crc32c_of(data) if pad is None else crc32c_of(data, pad))
+                chunk_file.write_at(0, stored)
+                if self.checksums:  # the crc32c of the whole stored chunk after it
+                    chunk_file.write_at(stored.nbytes, crc32c_of(stored))
 
     def _sync(self) -> None:
         """fsync the chunk files written since the last sync, and their directories."""
@@ -592,9 +548,7 @@ class ZarrSink(StoreSink):
 
     def _finish(self, attrs: dict[str, Any]) -> None:
         self.array.attrs.update(attrs)
-        self._sync()
-        # Every file (chunks written through zarr or by other processes were not tracked) and directory;
-        # what was synced already has nothing left to write.
+        # every file and directory: chunks written through zarr or by other processes were not tracked
         for directory, _, files in os.walk(self.partial, topdown=False):
             for name in files:
                 with open(os.path.join(directory, name), "rb") as handle:
@@ -609,11 +563,8 @@ class ZarrSink(StoreSink):
 
 @dataclass(frozen=True)
 class ZarrRegionWriter:
-    """Writes row ranges into a Zarr sink still under its temporary name, from any process.
-
-    Every range must cover whole output chunks (the last one may end at the last row), so no chunk
-    file is ever written by two tasks and concurrent writers need no lock.
-    """
+    """Writes row ranges of whole output chunks into a Zarr sink still under its temporary name, from any
+    process: no chunk file is written by two tasks, so concurrent writers need no lock."""
 
     partial: str
     dataset: str | None
@@ -635,9 +586,8 @@ class ZarrRegionWriter:
         if remote.is_url(self.partial):
             read = self.read if self.read is not None else ReadOptions()
             array = _open_remote_array(self.partial, self.dataset, read)
-            remote.retrying(
-                self.partial, f"write rows {start}..{stop - 1}", array.__setitem__, slice(start, stop), block, read=read
-            )
+            what = f"write rows {start}..{stop - 1}"
+            remote.retrying(self.partial, what, array.__setitem__, slice(start, stop), block, read=read)
             return
         try:
             array = zarr.open_array(store=self.partial, path=self.dataset or "", mode="r+")
@@ -654,11 +604,9 @@ def _open_remote_array(url: str, dataset: str | None, read: ReadOptions) -> Any:
 
 
 class RemoteZarrSink(ZarrSink):
-    """A Zarr output on object storage, written in place (a prefix cannot be renamed): the metadata is
-    written first with ``complete = false``, then the chunks (whole ones, each one PUT, retried when the
-    network fails), then the metadata again with ``complete = true``, last. Readers here take an output
-    without it for absent (``Output.exists``, ``open_source``), and a killed run leaves its progress
-    record as an object beside the output (``.NAME.partial.progress.json``), so any machine resumes it."""
+    """A Zarr output on object storage, written in place (a prefix cannot be renamed): the metadata with
+    ``complete = false``, the chunks (each one PUT, retried), then ``complete = true``. A killed run leaves
+    its progress record as an object beside the output, so any machine resumes it."""
 
     compressible = False
     in_place = True
@@ -669,20 +617,17 @@ class RemoteZarrSink(ZarrSink):
     @classmethod
     def create(cls, place: SinkPlace, plan: OutputPlan) -> RemoteZarrSink:
         # the compressor is never other than "none": refused for object storage (Output.create)
-        path, read = place.path, place.read
-        # an earlier run's leftovers (never complete), or the old output
-        remote.remove(path, recursive=True, read=read)
+        path, read, attrs = place.path, place.read, dict(plan.to_attrs())
+        remote.remove(path, recursive=True, read=read)  # an earlier run's leftovers (never complete), or the old output
         store = remote.zarr_store(path, read_only=False, read=read)
-
-        def make() -> Any:
-            return _new_array(store, place.dataset, plan, "none", overwrite=True, attributes=dict(plan.to_attrs()))
-
-        return cls(place, remote.retrying(path, "create the output", make, read=read))
+        array = remote.retrying(
+            path, "create the output", _new_array, store, place.dataset, plan, "none", True, attributes=attrs, read=read
+        )
+        return cls(place, array)
 
     @classmethod
     def resume(cls, place: SinkPlace, plan: OutputPlan, rows_done: int) -> RemoteZarrSink:
-        path, read = place.path, place.read
-        return cls(place, _open_remote_array(path, place.dataset, read))
+        return cls(place, _open_remote_array(place.path, place.dataset, place.read))
 
     @classmethod
     def incomplete(cls, path: str, read: ReadOptions) -> bool:
@@ -701,16 +646,9 @@ class RemoteZarrSink(ZarrSink):
         return False
 
     def _write(self, start: int, block: np.ndarray, columns: Any = None) -> None:
-        stop = start + block.shape[0]
-        data = np.ascontiguousarray(block, dtype=self.dtype)
-        remote.retrying(
-            self.path,
-            f"write rows {start}..{stop - 1}",
-            self.array.__setitem__,
-            slice(start, stop),
-            data,
-            read=self.read_options,
-        )
+        stop, data = start + block.shape[0], np.ascontiguousarray(block, dtype=self.dtype)
+        what = f"write rows {start}..{stop - 1}"
+        remote.retrying(self.path, what, self.array.__setitem__, slice(start, stop), data, read=self.read_options)
 
     def _sync(self) -> None:
         pass  # an object is durable once its PUT is acknowledged
@@ -724,11 +662,6 @@ class RemoteZarrSink(ZarrSink):
         remote.remove(self.progress_path, read=self.read_options)
 
     def abort(self) -> None:
-        try:
+        with suppress(Exception):  # the network is failing: what is left says complete = false, so it is absent
             remote.remove(self.path, recursive=True, read=self.read_options)
             remote.remove(self.progress_path, read=self.read_options)
-        except Exception:  # the network is failing: what is left says complete = false, so it is absent
-            pass
-
-    def region_writer(self) -> ZarrRegionWriter:
-        return ZarrRegionWriter(self.path, self.dataset, self.shape, self.chunk_rows, self.label, self.read_options)

@@ -198,12 +198,15 @@ def test_an_hdf5_error_with_a_system_errno_is_an_io_error_not_damaged_metadata()
     import errno
 
     from streamwhiten.errors import CorruptStoreError, StoreIOError
-    from streamwhiten.io.hdf5 import _metadata_error
+    from streamwhiten.io.hdf5 import _walking
+
+    def raised(exc):
+        with pytest.raises((StoreIOError, CorruptStoreError)) as found, _walking("f.h5"):
+            raise exc
+        return found.value
 
     for code in (errno.EMFILE, errno.ENOMEM, errno.EIO, errno.EACCES):
-        assert isinstance(_metadata_error("f.h5", OSError(code, os.strerror(code))), StoreIOError)
-    assert isinstance(
-        _metadata_error("f.h5", OSError("Can't read data (errno = 5, error message = 'x')")), StoreIOError
-    )
+        assert isinstance(raised(OSError(code, os.strerror(code))), StoreIOError)
+    assert isinstance(raised(OSError("Can't read data (errno = 5, error message = 'x')")), StoreIOError)
     for damaged in (RuntimeError("Object visitation failed"), OSError("bad object header version number")):
-        assert isinstance(_metadata_error("f.h5", damaged), CorruptStoreError)
+        assert type(raised(damaged)) is CorruptStoreError
