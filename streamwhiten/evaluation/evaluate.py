@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
@@ -253,6 +253,42 @@ def describe_model(model: WhiteningModel) -> dict:
 
 
 @dataclass(frozen=True)
+class PairScores:
+    """Spearman's rho and Pearson's r (x100) of the cosines against the gold scores."""
+
+    spearman: float
+    pearson: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+#: The fields of `WhitenedPairScores` that only a model recording a vector code fills.
+_CODE_FIELDS = ("code", "bytes_per_vector", "model_bytes")
+
+
+@dataclass(frozen=True)
+class WhitenedPairScores(PairScores):
+    """The scores of the whitened cosines with the model's setting (`describe_model`) and, where the model
+    records a vector code (B scored as its code), the ``code``, its ``bytes_per_vector`` and ``model_bytes``
+    (None without one, and left out of `to_json`)."""
+
+    beta: float
+    gamma: float
+    k: int
+    eps: float
+    variance: float | None
+    basis: str
+    code: str | None = None
+    bytes_per_vector: int | None = None
+    model_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        return out if self.code is not None else {key: out[key] for key in out if key not in _CODE_FIELDS}
+
+
+@dataclass(frozen=True)
 class PairsResult:
     """The scores of a whitening on labelled pairs (what [`evaluate`][streamwhiten.evaluation.evaluate.evaluate]
     returns, ``eval --json`` prints).
@@ -261,26 +297,25 @@ class PairsResult:
     ----------
     pairs : mapping
         What was scored: ``a``, ``b`` and ``scores`` (the stores' labels), ``n_pairs``, ``n_features``.
-    raw : mapping
+    raw : PairScores
         ``spearman`` and ``pearson`` (x100) of the raw cosines.
-    whitened : mapping or None
-        The same of the whitened cosines, with the setting (``beta``, ``gamma``, ``k``, ``eps``,
-        ``variance``); None without a model.
+    whitened : WhitenedPairScores or None
+        The same of the whitened cosines, with the setting; None without a model.
     model : str or None
         The model file scored, where it was given as one.
     """
 
     pairs: Mapping[str, Any]
-    raw: Mapping[str, float]
-    whitened: Mapping[str, Any] | None
+    raw: PairScores
+    whitened: WhitenedPairScores | None
     model: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON values: ``{"pairs", "raw", "whitened", "model"}``."""
         return {
             "pairs": dict(self.pairs),
-            "raw": dict(self.raw),
-            "whitened": None if self.whitened is None else dict(self.whitened),
+            "raw": self.raw.to_json(),
+            "whitened": None if self.whitened is None else self.whitened.to_json(),
             "model": self.model,
         }
 
@@ -307,10 +342,11 @@ def evaluate_pairs(
     )
     whitened = None
     if model is not None:
-        whitened = dict(correlations(cosines["whitened"], pairs.scores), **describe_model(model))
-        if codec is not None:
-            whitened.update(codec_summary(codec))
-    return PairsResult(pairs.describe(), correlations(cosines["raw"], pairs.scores), whitened)
+        coded = {} if codec is None else codec_summary(codec)
+        whitened = WhitenedPairScores(
+            **correlations(cosines["whitened"], pairs.scores), **describe_model(model), **coded
+        )
+    return PairsResult(pairs.describe(), PairScores(**correlations(cosines["raw"], pairs.scores)), whitened)
 
 
 def evaluate(
@@ -349,7 +385,9 @@ def evaluate(
 
 __all__ = [
     "PairSet",
+    "PairScores",
     "PairsResult",
+    "WhitenedPairScores",
     "evaluate",
     "open_pairs",
     "rankdata",

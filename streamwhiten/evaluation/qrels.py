@@ -86,16 +86,29 @@ class Qrels:
         """The query rows with at least one relevant pair, ascending: the queries evaluated."""
         return np.unique(self.queries[self.grades > 0])
 
-    def describe(self) -> dict:
+    def describe(self) -> QrelsInfo:
         relevant = self.grades > 0
-        return {
-            "qrels": self.label,
-            "n_pairs": self.n_pairs,
-            "n_relevant": int(relevant.sum()),
-            "n_queries": int(np.unique(self.queries).size),
-            "n_queries_with_relevant": int(np.unique(self.queries[relevant]).size),
-            "graded": bool(np.any(self.grades[relevant] != 1)),
-        }
+        return QrelsInfo(
+            self.label,
+            self.n_pairs,
+            int(relevant.sum()),
+            int(np.unique(self.queries).size),
+            int(np.unique(self.queries[relevant]).size),
+            bool(np.any(self.grades[relevant] != 1)),
+        )
+
+
+@dataclass(frozen=True)
+class QrelsInfo:
+    """What a result records of the judgements read: the file, its judged pairs, the relevant ones, the queries
+    judged, those with a relevant document, and whether the grades differ from 1."""
+
+    qrels: str
+    n_pairs: int
+    n_relevant: int
+    n_queries: int
+    n_queries_with_relevant: int
+    graded: bool
 
 
 def _row(value: str, ids: Ids, lookup: dict | None, label: str, line: int, what: str) -> int:
@@ -198,4 +211,4 @@ def read_exclude(path: str, queries: Ids, corpus: Ids, qrels: Qrels | None = Non
     return q_rows, c_rows
 
 
-__all__ = ["EXCLUDE_HEADER", "QRELS_HEADER", "Ids", "Qrels", "read_exclude", "read_qrels"]
+__all__ = ["EXCLUDE_HEADER", "QRELS_HEADER", "Ids", "Qrels", "QrelsInfo", "read_exclude", "read_qrels"]

@@ -43,7 +43,7 @@ from ..options import RetrievalOptions
 from ..params import PARAMS, check
 from ..progress import phase
 from ..storage import CODE, Storage, parse_storage
-from .qrels import Ids, Qrels, read_exclude, read_qrels
+from .qrels import Ids, Qrels, QrelsInfo, read_exclude, read_qrels
 from .search import Exclusions, RescoreJob, SearchJob, SearchResult, corpus_blocks, rescore_all, search
 from .self_matches import ROUNDOFF, SelfMatches, find_self_matches
 
@@ -656,17 +656,98 @@ def evaluate_retrieval(
         settings, per_query, matches = _search_raw_and_whitened(task, model, storage, options, progress)
     whitened = difference = None
     if model is not None:
-        whitened = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
-        difference = paired_bootstrap(per_query["raw"], per_query["whitened"], options.bootstrap, options.seed)
+        whitened = RetrievalScores.of(per_query["whitened"], settings[1].params)
+        difference = RetrievalDifference.of(
+            paired_bootstrap(per_query["raw"], per_query["whitened"], options.bootstrap, options.seed)
+        )
     return RetrievalResult(
         **task.describe(),
-        raw=dict(mean_metrics(per_query["raw"]), **settings[0].params),
+        raw=RetrievalScores.of(per_query["raw"], settings[0].params),
         whitened=whitened,
         difference=difference,
         bootstrap=BootstrapInfo(options.bootstrap, options.seed),
         model=model_file,
         self_matches=matches,
     )
+
+
+class _ByMetric:
+    """Fields named after `METRICS`, ``ndcg@10`` as ``ndcg_10``."""
+
+    def metric(self, name: str) -> Any:
+        """The field of the metric ``name`` (one of `METRICS`)."""
+        return getattr(self, name.replace("@", "_"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrievalScores(_ByMetric):
+    """One setting's scores: each of `METRICS` (the mean over the queries, x100), how the corpus was stored
+    (``dtype``: a storage or a code ``NAME:BYTES``; the ``code``'s label, its ``model_bytes``, training sample
+    and ``codec`` "model" where it is the model's own; ``int8_clip``; the re-ranking) and, whitened, the
+    setting (``beta``, ``gamma``, ``k``). None: does not apply, and left out of `to_json`."""
+
+    ndcg_10: float
+    recall_1: float
+    recall_10: float
+    recall_100: float
+    mrr_10: float
+    dtype: str
+    code: str | None = None
+    bytes_per_vector: int
+    int8_clip: float | None = None
+    rescore: int | None = None
+    rescore_dtype: str | None = None
+    model_bytes: int | None = None
+    sample_rows: int | None = None
+    sample_seed: int | None = None
+    codec: str | None = None
+    beta: float | None = None
+    gamma: float | None = None
+    k: int | None = None
+
+    @classmethod
+    def of(cls, per_query: dict[str, np.ndarray], params: dict[str, Any]) -> RetrievalScores:
+        """The means of `query_metrics`' ``per_query`` with a `SearchSetting`'s ``params``."""
+        means: dict[str, Any] = {name.replace("@", "_"): value for name, value in mean_metrics(per_query).items()}
+        return cls(**means, **params)
+
+    def to_json(self) -> dict[str, Any]:
+        """Each metric by its name in `METRICS`, then the fields that apply."""
+        out: dict[str, Any] = {name: self.metric(name) for name in METRICS}
+        keys = [item.name for item in fields(self)[len(METRICS) :]]
+        if self.code is not None:  # a code's int8 span is its re-ranking's: recorded after it
+            keys.remove("int8_clip")
+            keys.insert(keys.index("model_bytes"), "int8_clip")
+        out.update((key, getattr(self, key)) for key in keys if getattr(self, key) is not None)
+        return out
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Whitened minus raw of one metric (x100) with its paired bootstrap interval (None bounds: no resamples)."""
+
+    difference: float
+    low: float | None
+    high: float | None
+
+
+@dataclass(frozen=True)
+class RetrievalDifference(_ByMetric):
+    """The `Difference` of each of `METRICS`."""
+
+    ndcg_10: Difference
+    recall_1: Difference
+    recall_10: Difference
+    recall_100: Difference
+    mrr_10: Difference
+
+    @classmethod
+    def of(cls, differences: dict[str, dict]) -> RetrievalDifference:
+        """From `paired_bootstrap`'s ``{metric: {"difference", "low", "high"}}``."""
+        return cls(**{name.replace("@", "_"): Difference(**value) for name, value in differences.items()})
+
+    def to_json(self) -> dict[str, Any]:
+        return {name: asdict(self.metric(name)) for name in METRICS}
 
 
 @dataclass(frozen=True)
@@ -678,19 +759,17 @@ class RetrievalResult:
     ----------
     queries, corpus : StoreInfo
         Each store's ``label``, ``n_rows``, ``n_features`` and ``id_column``.
-    qrels : mapping
+    qrels : QrelsInfo
         The judgements read: the file, judged pairs and queries, relevant pairs.
     exclude : ExcludeInfo or None
         The exclude file, its pairs and the pairs used; None without one.
     n_queries : int
         The queries evaluated (those with a relevant document).
-    raw, whitened : mapping
-        Each of `METRICS` (mean x100) with the storage (``dtype``, ``bytes_per_vector``, a
-        re-ranking) and, whitened, the setting (``beta``, ``gamma``, ``k``); ``whitened`` is None without a
-        model.
-    difference : mapping or None
-        Each metric's ``{"difference", "low", "high"}``: whitened minus raw (x100) with its paired bootstrap
-        interval (None bounds with no resamples); None without a model.
+    raw, whitened : RetrievalScores
+        Each of `METRICS` (mean x100) with the storage and, whitened, the setting; ``whitened`` is None
+        without a model.
+    difference : RetrievalDifference or None
+        Each metric's whitened minus raw (x100) with its paired bootstrap interval; None without a model.
     bootstrap : BootstrapInfo
         ``samples``, ``seed`` and ``level`` of the intervals.
     model : str or None
@@ -703,12 +782,12 @@ class RetrievalResult:
 
     queries: StoreInfo
     corpus: StoreInfo
-    qrels: Mapping[str, Any]
+    qrels: QrelsInfo
     exclude: ExcludeInfo | None
     n_queries: int
-    raw: Mapping[str, Any]
-    whitened: Mapping[str, Any] | None
-    difference: Mapping[str, Mapping[str, float | None]] | None
+    raw: RetrievalScores
+    whitened: RetrievalScores | None
+    difference: RetrievalDifference | None
     bootstrap: BootstrapInfo
     model: str | None = None
     self_matches: SelfMatches | None = None
@@ -716,13 +795,14 @@ class RetrievalResult:
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON values: ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw",
         "whitened", "difference", "bootstrap", "model", "self_matches"}``."""
-        out = {item.name: plain(getattr(self, item.name)) for item in fields(self) if item.name != "self_matches"}
-        return dict(out, self_matches=None if self.self_matches is None else self.self_matches.to_json())
+        return {item.name: plain(getattr(self, item.name)) for item in fields(self)}
 
 
 def plain(value: Any) -> Any:
-    """A record (a dataclass: `StoreInfo`, `ExcludeInfo`, `BootstrapInfo`), a mapping and what they hold as
-    plain JSON values (dicts in field order); anything else as it is."""
+    """A record (its ``to_json()``, else a dataclass's fields), a mapping and what they hold as plain JSON
+    values (dicts in field order); anything else as it is."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
     if is_dataclass(value) and not isinstance(value, type):
         value = asdict(value)
     return {key: plain(item) for key, item in value.items()} if isinstance(value, Mapping) else value
@@ -874,10 +954,14 @@ __all__ = [
     "DEPTH",
     "METRICS",
     "BootstrapInfo",
+    "Difference",
     "ExcludeInfo",
+    "QrelsInfo",
     "StoreInfo",
     "plain",
+    "RetrievalDifference",
     "RetrievalResult",
+    "RetrievalScores",
     "RetrievalTask",
     "SearchSetting",
     "evaluate_retrieval",
