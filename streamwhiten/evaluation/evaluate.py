@@ -9,15 +9,17 @@ reported x100 like the literature. Nothing here assumes a particular embedding m
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..core.model import WhiteningModel, project
-from ..errors import BadInputError, NonFiniteError
+from ..core.finite import raise_if_nonfinite
+from ..core.model import WhiteningModel, load_model, project
+from ..errors import BadInputError
 from ..io import Source, open_source, read_vector
 
 #: Bytes of one block of pair vectors (A or B) read at a time.
@@ -105,10 +107,6 @@ class PairSet:
     def n_features(self) -> int:
         return self.a.n_features
 
-    @property
-    def label(self) -> str:
-        return f"A={self.a.label}, B={self.b.label}, scores={self.scores_label}"
-
     def describe(self) -> dict:
         return {
             "a": self.a.label,
@@ -132,14 +130,9 @@ class PairSet:
         """``(start, a_rows, b_rows)`` in float64, block by block; raises on a row holding NaN or Inf."""
         block_rows = int(block_rows or self.default_block_rows())
         for start, stop in self.a.blocks(block_rows):
-            rows = []
-            for source in (self.a, self.b):
-                block = source.read(start, stop).astype(np.float64)
-                finite = np.isfinite(block).all(axis=1)
-                if not finite.all():
-                    bad = start + int(np.argmin(finite))
-                    raise NonFiniteError(f"{source.label}: row {bad} holds NaN or Inf", row=bad)
-                rows.append(block)
+            rows = [source.read(start, stop).astype(np.float64) for source in (self.a, self.b)]
+            for source, block in zip((self.a, self.b), rows, strict=True):
+                raise_if_nonfinite(block, f"{source.label}:", start=start)
             yield start, rows[0], rows[1]
 
     def close(self) -> None:
@@ -160,13 +153,12 @@ def open_pairs(a_spec: str, b_spec: str, scores_spec: str) -> PairSet:
     if bad.size:
         what = "NaN" if np.isnan(scores[bad[0]]) else "infinite"
         raise BadInputError(f"{scores_label}: score {bad[0]} is {what} ({bad.size} non-finite score(s) in all)")
-    a = open_source(a_spec, min_rows=MIN_PAIRS)
+    opened: list[Source] = []
     try:
+        a = open_source(a_spec, min_rows=MIN_PAIRS)
+        opened.append(a)
         b = open_source(b_spec, min_rows=MIN_PAIRS)
-    except BaseException:
-        a.close()
-        raise
-    try:
+        opened.append(b)
         if a.n_rows != b.n_rows:
             raise BadInputError(
                 f"pair stores differ in length: {a.label} has {a.n_rows} rows but {b.label} has {b.n_rows}"
@@ -180,8 +172,8 @@ def open_pairs(a_spec: str, b_spec: str, scores_spec: str) -> PairSet:
         if np.all(scores == scores[0]):
             raise BadInputError(f"{scores_label}: every score is {scores[0]:g}; a correlation needs them to vary")
     except BaseException:
-        a.close()
-        b.close()
+        for source in opened:
+            source.close()
         raise
     return PairSet(a, b, scores, scores_label)
 
@@ -367,11 +359,6 @@ def evaluate(
     ``options.Setting``) evaluates another setting than the model's saved one, re-finalized from its
     statistics. Returns a [`PairsResult`][streamwhiten.evaluation.evaluate.PairsResult].
     """
-    import os
-    from dataclasses import replace
-
-    from ..core.model import load_model
-
     model_file = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     model = load_model(model_file) if model_file is not None else model
     changes = setting.given() if setting is not None else {}

@@ -29,7 +29,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import numpy as np
 
@@ -50,6 +50,7 @@ from .self_matches import ROUNDOFF, SelfMatches, find_self_matches
 if TYPE_CHECKING:
     from ..codes import Codec
 
+T = TypeVar("T")
 #: The metrics, in the order they are reported.
 METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
 #: Corpus rows kept per query: what recall@100 needs.
@@ -61,10 +62,6 @@ BOOTSTRAP_LEVEL = 0.95
 
 
 # --------------------------------------------------------------------------------------------- metrics
-
-
-def _cutoff(name: str) -> int:
-    return int(name.split("@")[1])
 
 
 def query_metrics(top_rows: np.ndarray, query_rows: np.ndarray, qrels: Qrels) -> dict[str, np.ndarray]:
@@ -115,17 +112,10 @@ def query_metrics(top_rows: np.ndarray, query_rows: np.ndarray, qrels: Qrels) ->
     width = min(10, gain.shape[1])
     dcg = (gain[:, :width] / np.log2(np.arange(width) + 2.0)).sum(axis=1)
     hits = gain > 0
-    out = {}
-    for name in METRICS:
-        k = _cutoff(name)
-        if name.startswith("ndcg"):
-            out[name] = dcg / ideal
-        elif name.startswith("recall"):
-            out[name] = hits[:, :k].sum(axis=1) / n_relevant
-        else:
-            top = hits[:, :k]
-            first_hit = np.argmax(top, axis=1)
-            out[name] = np.where(top.any(axis=1), 1.0 / (first_hit + 1.0), 0.0)
+    top = hits[:, :10]
+    out = {"ndcg@10": dcg / ideal}
+    out.update({f"recall@{k}": hits[:, :k].sum(axis=1) / n_relevant for k in (1, 10, 100)})
+    out["mrr@10"] = np.where(top.any(axis=1), 1.0 / (np.argmax(top, axis=1) + 1.0), 0.0)
     return out
 
 
@@ -140,7 +130,7 @@ def paired_bootstrap(
     samples: int = BOOTSTRAP_SAMPLES,
     seed: int = BOOTSTRAP_SEED,
     level: float = BOOTSTRAP_LEVEL,
-) -> dict[str, dict]:
+) -> dict[str, Difference]:
     """The mean per-query difference ``second - first`` of each metric, x100, with a paired bootstrap
     interval.
 
@@ -150,26 +140,20 @@ def paired_bootstrap(
     linear interpolation) of the resampled mean differences. ``samples = 0`` gives no interval.
     """
     names = list(first)
-    diffs = {name: np.asarray(second[name], np.float64) - np.asarray(first[name], np.float64) for name in names}
-    n = diffs[names[0]].shape[0] if names else 0
-    out: dict[str, dict[str, float | None]] = {
-        name: {"difference": 100.0 * float(diffs[name].mean()) if n else math.nan} for name in names
-    }
+    diffs = np.array([np.asarray(second[name], np.float64) - np.asarray(first[name], np.float64) for name in names])
+    n = diffs.shape[1] if names else 0
     if samples <= 0 or n == 0:
-        for name in names:
-            out[name].update(low=None, high=None)
-        return out
+        return {name: Difference(100.0 * float(diffs[i].mean()) if n else math.nan) for i, name in enumerate(names)}
     rng = np.random.default_rng(seed)
-    means = {name: np.empty(samples) for name in names}
+    means = np.empty((samples, len(names)))
     for i in range(samples):
         index = rng.integers(0, n, size=n)
-        for name in names:
-            means[name][i] = diffs[name][index].mean()
-    tails = [100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0]
-    for name in names:
-        low, high = np.percentile(means[name], tails)
-        out[name].update(low=100.0 * float(low), high=100.0 * float(high))
-    return out
+        means[i] = [row[index].mean() for row in diffs]  # each a 1-D mean, as numpy sums it
+    low, high = np.percentile(means, [100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0], axis=0)
+    return {
+        name: Difference(100.0 * float(diffs[i].mean()), 100.0 * float(low[i]), 100.0 * float(high[i]))
+        for i, name in enumerate(names)
+    }
 
 
 # -------------------------------------------------------------------------------------------- settings
@@ -435,29 +419,25 @@ def _search_codes(
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _open(spec: Any) -> tuple[Source | np.ndarray, bool]:
-    """A Source or array for ``spec`` (a spec string, a Source or an array); whether we opened it."""
-    if isinstance(spec, Source):
-        return spec, False
+def _open(spec: Any, what: str, column: str | None, opened: list) -> tuple[Source | np.ndarray, StoreInfo]:
+    """A Source or array for ``spec`` (a spec string, opened here and added to ``opened``; a Source or an
+    array as it is) and what the result records of it."""
     if isinstance(spec, np.ndarray):
         if spec.ndim != 2 or spec.dtype.kind != "f":
             raise BadInputError(f"expected a 2-D array of float vectors, got {spec.dtype} of shape {spec.shape}")
-        return spec, False
-    return open_source(spec), True
+        return spec, StoreInfo(f"the {what} array", int(spec.shape[0]), int(spec.shape[1]), column)
+    if not isinstance(spec, Source):
+        spec = open_source(spec)
+        opened.append(spec)
+    return spec, StoreInfo(spec.label, int(spec.n_rows), int(spec.n_features), column)
 
 
-def _label(store: Any, what: str) -> str:
-    return store.label if isinstance(store, Source) else f"the {what} array"
-
-
-def _ids(store: Any, column: str | None, what: str) -> Ids:
-    label = _label(store, what)
-    n_rows = store.n_rows if isinstance(store, Source) else store.shape[0]
-    if column is None:
-        return Ids(label, n_rows)
+def _ids(store: Any, info: StoreInfo, what: str) -> Ids:
+    if info.id_column is None:
+        return Ids(info.label, info.n_rows)
     if not isinstance(store, Source):
         raise BadInputError(f"an id column needs a Parquet or Lance store; the {what} are an array")
-    return Ids(label, n_rows, read_ids(store, column), column)
+    return Ids(info.label, info.n_rows, read_ids(store, info.id_column), info.id_column)
 
 
 @dataclass(frozen=True)
@@ -469,11 +449,6 @@ class StoreInfo:
     n_rows: int
     n_features: int
     id_column: str | None
-
-    @classmethod
-    def of(cls, store: Any, what: str, column: str | None) -> StoreInfo:
-        n_rows, n_features = (store.n_rows, store.n_features) if isinstance(store, Source) else store.shape
-        return cls(_label(store, what), int(n_rows), int(n_features), column)
 
 
 @dataclass(frozen=True)
@@ -656,13 +631,13 @@ def evaluate_retrieval(
         settings, per_query, matches = _search_raw_and_whitened(task, model, storage, options, progress)
     whitened = difference = None
     if model is not None:
-        whitened = RetrievalScores.of(per_query["whitened"], settings[1].params)
+        whitened = RetrievalScores.of(mean_metrics(per_query["whitened"]), **settings[1].params)
         difference = RetrievalDifference.of(
             paired_bootstrap(per_query["raw"], per_query["whitened"], options.bootstrap, options.seed)
         )
     return RetrievalResult(
         **task.describe(),
-        raw=RetrievalScores.of(per_query["raw"], settings[0].params),
+        raw=RetrievalScores.of(mean_metrics(per_query["raw"]), **settings[0].params),
         whitened=whitened,
         difference=difference,
         bootstrap=BootstrapInfo(options.bootstrap, options.seed),
@@ -671,26 +646,46 @@ def evaluate_retrieval(
     )
 
 
-class _ByMetric:
-    """Fields named after `METRICS`, ``ndcg@10`` as ``ndcg_10``."""
+@dataclass(frozen=True, kw_only=True)
+class ByMetric(Generic[T]):
+    """One value per metric of `METRICS`, ``ndcg@10`` as the field ``ndcg_10``."""
 
-    def metric(self, name: str) -> Any:
-        """The field of the metric ``name`` (one of `METRICS`)."""
+    ndcg_10: T
+    recall_1: T
+    recall_10: T
+    recall_100: T
+    mrr_10: T
+
+    @classmethod
+    def of(cls: type[M], values: Mapping[str, Any], **more: Any) -> M:
+        """From ``{metric name: value}`` and the fields ``more``."""
+        return cls(**{name.replace("@", "_"): value for name, value in values.items()}, **more)
+
+    def metric(self, name: str) -> T:
+        """The value of the metric ``name``."""
         return getattr(self, name.replace("@", "_"))
+
+    def to_json(self) -> dict[str, Any]:
+        """Each metric by its name in `METRICS`, then the other fields that are not None."""
+        out = {name: plain(self.metric(name)) for name in METRICS}
+        keys = [item.name for item in fields(self)[len(METRICS) :]]
+        if getattr(self, "code", None) is not None:  # a code records its int8 span after its re-ranking
+            keys.remove("int8_clip")
+            keys.insert(keys.index("model_bytes"), "int8_clip")
+        out.update((key, getattr(self, key)) for key in keys if getattr(self, key) is not None)
+        return out
+
+
+M = TypeVar("M", bound=ByMetric)
 
 
 @dataclass(frozen=True, kw_only=True)
-class RetrievalScores(_ByMetric):
+class RetrievalScores(ByMetric[float]):
     """One setting's scores: each of `METRICS` (the mean over the queries, x100), how the corpus was stored
     (``dtype``: a storage or a code ``NAME:BYTES``; the ``code``'s label, its ``model_bytes``, training sample
     and ``codec`` "model" where it is the model's own; ``int8_clip``; the re-ranking) and, whitened, the
     setting (``beta``, ``gamma``, ``k``). None: does not apply, and left out of `to_json`."""
 
-    ndcg_10: float
-    recall_1: float
-    recall_10: float
-    recall_100: float
-    mrr_10: float
     dtype: str
     code: str | None = None
     bytes_per_vector: int
@@ -705,49 +700,18 @@ class RetrievalScores(_ByMetric):
     gamma: float | None = None
     k: int | None = None
 
-    @classmethod
-    def of(cls, per_query: dict[str, np.ndarray], params: dict[str, Any]) -> RetrievalScores:
-        """The means of `query_metrics`' ``per_query`` with a `SearchSetting`'s ``params``."""
-        means: dict[str, Any] = {name.replace("@", "_"): value for name, value in mean_metrics(per_query).items()}
-        return cls(**means, **params)
-
-    def to_json(self) -> dict[str, Any]:
-        """Each metric by its name in `METRICS`, then the fields that apply."""
-        out: dict[str, Any] = {name: self.metric(name) for name in METRICS}
-        keys = [item.name for item in fields(self)[len(METRICS) :]]
-        if self.code is not None:  # a code's int8 span is its re-ranking's: recorded after it
-            keys.remove("int8_clip")
-            keys.insert(keys.index("model_bytes"), "int8_clip")
-        out.update((key, getattr(self, key)) for key in keys if getattr(self, key) is not None)
-        return out
-
 
 @dataclass(frozen=True)
 class Difference:
     """Whitened minus raw of one metric (x100) with its paired bootstrap interval (None bounds: no resamples)."""
 
     difference: float
-    low: float | None
-    high: float | None
+    low: float | None = None
+    high: float | None = None
 
 
-@dataclass(frozen=True)
-class RetrievalDifference(_ByMetric):
+class RetrievalDifference(ByMetric[Difference]):
     """The `Difference` of each of `METRICS`."""
-
-    ndcg_10: Difference
-    recall_1: Difference
-    recall_10: Difference
-    recall_100: Difference
-    mrr_10: Difference
-
-    @classmethod
-    def of(cls, differences: dict[str, dict]) -> RetrievalDifference:
-        """From `paired_bootstrap`'s ``{metric: {"difference", "low", "high"}}``."""
-        return cls(**{name.replace("@", "_"): Difference(**value) for name, value in differences.items()})
-
-    def to_json(self) -> dict[str, Any]:
-        return {name: asdict(self.metric(name)) for name in METRICS}
 
 
 @dataclass(frozen=True)
@@ -822,7 +786,8 @@ class RetrievalTask:
     """Queries, corpus, judgements and excluded pairs, opened and checked (see `open_task`).
 
     ``vectors`` are the query rows evaluated (``query_rows``: those with a relevant document), read whole;
-    ``corpus`` is streamed by the searches; ``excluded`` are the exclusions as the searches take them.
+    ``corpus`` is streamed by the searches; ``excluded`` are the exclusions as the searches take them;
+    ``stores`` what the result records of the queries and the corpus, ``ids`` how the qrels name their rows.
     """
 
     queries: Source | np.ndarray
@@ -832,10 +797,9 @@ class RetrievalTask:
     vectors: np.ndarray
     excluded: Exclusions
     exclude_info: ExcludeInfo | None
-    id_columns: tuple
+    stores: tuple[StoreInfo, StoreInfo]
+    ids: tuple[Ids, Ids]
     opened: list = field(default_factory=list, repr=False)
-    #: How the qrels name the rows of the queries and of the corpus (two `Ids`).
-    ids: tuple = field(default=(), repr=False)
 
     @property
     def n_features(self) -> int:
@@ -843,20 +807,18 @@ class RetrievalTask:
 
     @property
     def corpus_label(self) -> str:
-        return _label(self.corpus, "corpus")
+        return self.stores[1].label
 
     @property
     def n_corpus(self) -> int:
-        return int(self.corpus.n_rows if isinstance(self.corpus, Source) else self.corpus.shape[0])
+        return self.stores[1].n_rows
 
     def describe(self) -> dict:
-        return {
-            "queries": StoreInfo.of(self.queries, "queries", self.id_columns[0]),
-            "corpus": StoreInfo.of(self.corpus, "corpus", self.id_columns[1]),
-            "qrels": self.qrels.describe(),
-            "exclude": self.exclude_info,
-            "n_queries": int(self.query_rows.size),
-        }
+        queries, corpus = self.stores
+        n_queries = int(self.query_rows.size)
+        return dict(
+            queries=queries, corpus=corpus, qrels=self.qrels.describe(), exclude=self.exclude_info, n_queries=n_queries
+        )
 
     def close(self) -> None:
         for store in self.opened:
@@ -874,53 +836,41 @@ def open_task(
     queries: Any, corpus: Any, qrels: Any, *, model: Any = None, options: RetrievalOptions | None = None
 ) -> RetrievalTask:
     """Open and check a retrieval task (see [`evaluate_retrieval`][streamwhiten.evaluation.retrieval.evaluate_retrieval]
-    for the arguments; ``options``:
-    its exclude file and id columns): queries and corpus of one width (and the model's), the qrels and
-    exclude files read against their ids, the evaluated queries read and checked for NaN/Inf. Close it
-    when done (a context manager)."""
+    for the arguments; ``options``: its exclude file and id columns): queries and corpus of one width (and the
+    model's), the qrels and exclude files read against their ids, the evaluated queries read and checked for
+    NaN/Inf. Close it when done (a context manager)."""
     options = retrieval_options(options)
-    id_columns = (options.query_id_column, options.corpus_id_column)
     opened: list = []
     try:
-        query_store, corpus_store = _open_stores(queries, corpus, model, opened)
-        ids = (_ids(query_store, id_columns[0], "queries"), _ids(corpus_store, id_columns[1], "corpus"))
+        query_store, query_info = _open(queries, "queries", options.query_id_column, opened)
+        corpus_store, corpus_info = _open(corpus, "corpus", options.corpus_id_column, opened)
+        _check_widths(query_info, corpus_info, model)
+        ids = (_ids(query_store, query_info, "queries"), _ids(corpus_store, corpus_info, "corpus"))
         judged = qrels if isinstance(qrels, Qrels) else read_qrels(qrels, *ids)
         query_rows = judged.query_rows()
         excluded, exclude_info = _exclusions(options.exclude, ids, judged, query_rows)
-        vectors = _query_vectors(query_store, query_rows)
+        vectors = _query_vectors(query_store, query_rows, query_info.label)
     except BaseException:
         for store in opened:
             store.close()
         raise
+    stores = (query_info, corpus_info)
     return RetrievalTask(
-        query_store, corpus_store, judged, query_rows, vectors, excluded, exclude_info, id_columns, opened, ids
+        query_store, corpus_store, judged, query_rows, vectors, excluded, exclude_info, stores, ids, opened
     )
 
 
-def _open_stores(
-    queries: Any, corpus: Any, model: Any, opened: list
-) -> tuple[Source | np.ndarray, Source | np.ndarray]:
-    """The queries and the corpus opened (those opened here added to ``opened``), checked to be of one width,
-    the model's."""
-    stores = []
-    for spec in (queries, corpus):
-        store, mine = _open(spec)
-        if mine:
-            opened.append(cast(Source, store))  # open_source's
-        stores.append(store)
-    query_store, corpus_store = stores
-    n_features = query_store.n_features if isinstance(query_store, Source) else query_store.shape[1]
-    corpus_features = corpus_store.n_features if isinstance(corpus_store, Source) else corpus_store.shape[1]
-    if n_features != corpus_features:
+def _check_widths(queries: StoreInfo, corpus: StoreInfo, model: Any) -> None:
+    """Queries and corpus of one width, the model's."""
+    if queries.n_features != corpus.n_features:
         raise BadInputError(
-            f"queries and corpus differ in width: {_label(query_store, 'queries')} has {n_features} columns "
-            f"but {_label(corpus_store, 'corpus')} has {corpus_features}"
+            f"queries and corpus differ in width: {queries.label} has {queries.n_features} columns "
+            f"but {corpus.label} has {corpus.n_features}"
         )
-    if model is not None and model.n_features != n_features:
+    if model is not None and model.n_features != queries.n_features:
         raise BadInputError(
-            f"the model expects {model.n_features} features but {_label(corpus_store, 'corpus')} has {n_features}"
+            f"the model expects {model.n_features} features but {corpus.label} has {queries.n_features}"
         )
-    return query_store, corpus_store
 
 
 def _exclusions(
@@ -937,16 +887,13 @@ def _exclusions(
     return excluded, ExcludeInfo(remote.redact(str(exclude)), int(ex_queries.size), int(keep.sum()))
 
 
-def _query_vectors(store: Source | np.ndarray, query_rows: np.ndarray) -> np.ndarray:
+def _query_vectors(store: Source | np.ndarray, query_rows: np.ndarray, label: str) -> np.ndarray:
     """The evaluated queries' vectors, read whole, checked for NaN/Inf."""
-    if isinstance(store, Source):
-        vectors = store.read(0, store.n_rows)[query_rows]
-    else:
-        vectors = np.asarray(store)[query_rows]
+    vectors = (store.read(0, store.n_rows) if isinstance(store, Source) else np.asarray(store))[query_rows]
     finite = np.isfinite(vectors).all(axis=1)
     if not finite.all():
         row = int(query_rows[np.argmin(finite)])
-        raise NonFiniteError(f"{_label(store, 'queries')}: row {row} holds NaN or Inf", row=row)
+        raise NonFiniteError(f"{label}: row {row} holds NaN or Inf", row=row)
     return vectors
 
 

@@ -275,9 +275,9 @@ def test_the_bootstrap_is_paired_seeded_and_optional():
     second = {"a": first["a"] + 0.01, "b": first["b"] + rng.normal(0, 0.1, 300)}
     out = paired_bootstrap(first, second, samples=500, seed=3)
     assert out == paired_bootstrap(first, second, samples=500, seed=3)
-    assert out["a"]["low"] == pytest.approx(1.0) and out["a"]["high"] == pytest.approx(1.0)  # paired: no noise
-    assert out["b"]["low"] < out["b"]["difference"] < out["b"]["high"]
-    assert paired_bootstrap(first, second, samples=0)["b"]["low"] is None
+    assert out["a"].low == pytest.approx(1.0) and out["a"].high == pytest.approx(1.0)  # paired: no noise
+    assert out["b"].low < out["b"].difference < out["b"].high
+    assert paired_bootstrap(first, second, samples=0)["b"].low is None
     assert mean_metrics({"a": np.array([0.5, 1.0])}) == {"a": 75.0}
 
 
