@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -42,8 +43,23 @@ class Ids:
     ids: Sequence[str] | None = None
     column: str | None = None
 
+    @cached_property
     def lookup(self) -> dict | None:
         return None if self.ids is None else {value: row for row, value in enumerate(self.ids)}
+
+    def row(self, value: str, where: str, what: str) -> int:
+        """The row ``value`` names, else one line naming the file and line (``where``) and the column (``what``)."""
+        if self.lookup is not None:
+            row = self.lookup.get(value)
+        else:  # "²".isdigit() too
+            row = int(value) if value.isascii() and value.isdigit() and int(value) < self.n_rows else None
+        if row is None:
+            raise BadInputError(f"{where}: {what} {value!r} is not {self.describe()}")
+        return row
+
+    def name(self, row: int) -> str:
+        """Row ``row`` as a qrels file names it: its id, else its number."""
+        return str(row if self.ids is None else self.ids[row])
 
     def describe(self) -> str:
         if self.ids is None:
@@ -111,17 +127,6 @@ class QrelsInfo:
     graded: bool
 
 
-def _row(value: str, ids: Ids, lookup: dict | None, label: str, line: int, what: str) -> int:
-    if lookup is not None:
-        row = lookup.get(value)
-        if row is None:
-            raise BadInputError(f"{label}: line {line}: {what} {value!r} is not {ids.describe()}")
-        return row
-    if not (value.isascii() and value.isdigit()) or int(value) >= ids.n_rows:  # "²".isdigit() too
-        raise BadInputError(f"{label}: line {line}: {what} {value!r} is not {ids.describe()}")
-    return int(value)
-
-
 def _table(path: str, header: tuple, columns: tuple) -> tuple[str, list]:
     """The data lines of the file at ``path``, after checking its header starts with ``header``."""
     label = remote.redact(str(path))
@@ -153,14 +158,13 @@ def read_qrels(path: str, queries: Ids, corpus: Ids) -> Qrels:
         One line naming the file and line: see the module docstring.
     """
     label, lines = _table(path, QRELS_HEADER, (3,))
-    query_lookup, corpus_lookup = queries.lookup(), corpus.lookup()
     n = len(lines)
     q_rows, c_rows = np.empty(n, np.int64), np.empty(n, np.int64)
     grades, numbers = np.empty(n, np.float64), np.empty(n, np.int64)
     for i, (number, fields) in enumerate(lines):
         query_id, corpus_id, score = (field.strip() for field in fields)
-        q_rows[i] = _row(query_id, queries, query_lookup, label, number, "query-id")
-        c_rows[i] = _row(corpus_id, corpus, corpus_lookup, label, number, "corpus-id")
+        q_rows[i] = queries.row(query_id, f"{label}: line {number}", "query-id")
+        c_rows[i] = corpus.row(corpus_id, f"{label}: line {number}", "corpus-id")
         try:
             grades[i] = float(score)
         except ValueError:
@@ -190,12 +194,10 @@ def read_exclude(path: str, queries: Ids, corpus: Ids, qrels: Qrels | None = Non
     With ``qrels``, a listed pair that ``qrels`` calls relevant is refused (it could never be found).
     """
     label, lines = _table(path, EXCLUDE_HEADER, (2, 3))
-    query_lookup, corpus_lookup = queries.lookup(), corpus.lookup()
     pairs: dict[tuple[int, int], int] = {}
     for number, fields in lines:
-        q = _row(fields[0].strip(), queries, query_lookup, label, number, "query-id")
-        c = _row(fields[1].strip(), corpus, corpus_lookup, label, number, "corpus-id")
-        pairs.setdefault((q, c), number)
+        q = queries.row(fields[0].strip(), f"{label}: line {number}", "query-id")
+        pairs.setdefault((q, corpus.row(fields[1].strip(), f"{label}: line {number}", "corpus-id")), number)
     if qrels is not None and pairs:
         relevant = qrels.relevant()
         for q, c, line in zip(relevant.queries, relevant.rows, relevant.lines, strict=True):
@@ -205,9 +207,7 @@ def read_exclude(path: str, queries: Ids, corpus: Ids, qrels: Qrels | None = Non
                     f"{label}: line {number}: excludes the pair of query row {q} and corpus row {c}, "
                     f"which {qrels.label} line {line} calls relevant"
                 )
-    if not pairs:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    q_rows, c_rows = (np.asarray(values, dtype=np.int64) for values in zip(*sorted(pairs), strict=True))
+    q_rows, c_rows = np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2).T.copy()
     return q_rows, c_rows
 
 

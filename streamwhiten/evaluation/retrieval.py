@@ -198,24 +198,15 @@ class SearchSetting:
         storage = Storage() if storage is None else storage
         if storage.code is not None:
             raise BadInputError(f"the {storage} code is searched by its codec: make_code")
-        dtype, rescore, rescore_dtype, clip = storage.dtype, storage.rescore, storage.rescore_dtype, storage.int8_clip
-        raw = raw or model is None
-        width = None if model is not None else n_features
-        quantization = quantization_for(dtype, model, raw=raw, normalize=True, clip=clip, n_components=width)
-        again = None
-        if rescore:
-            again = quantization_for(rescore_dtype, model, raw=raw, normalize=True, clip=clip, n_components=width)
-        weights = shift = None
-        params: dict = {"dtype": dtype, "bytes_per_vector": storage.bytes_per_vector(quantization.n_components)}
-        if "int8" in (dtype, rescore_dtype if rescore else None):
-            params["int8_clip"] = float(clip)
-        if rescore:
-            params.update(rescore=int(rescore), rescore_dtype=rescore_dtype)
-        if not raw:
-            assert model is not None  # raw without one
-            weights, shift = model.projection(np.float64)
-            params.update(beta=model.beta, gamma=model.gamma, k=model.n_components)
-        return cls(name, quantization, weights, shift, int(rescore), again, params)
+        raw, width = raw or model is None, None if model is not None else n_features
+        quantization = quantization_for(
+            storage.dtype, model, raw=raw, normalize=True, clip=storage.int8_clip, n_components=width
+        )
+        params: dict = {"dtype": storage.dtype, "bytes_per_vector": storage.bytes_per_vector(quantization.n_components)}
+        if storage.dtype == "int8":
+            params["int8_clip"] = float(storage.int8_clip)
+        again, weights, shift = _rescoring_and_map(model, storage, raw, params, width)
+        return cls(name, quantization, weights, shift, int(storage.rescore), again, params)
 
     @classmethod
     def make_code(
@@ -232,26 +223,14 @@ class SearchSetting:
         rows (``search``: the code's name, ``eigen:24``, and its re-ranking: the top ``rescore`` re-ranked
         with ``rescore_dtype`` vectors). Bytes per vector count the code row (per-vector scalars included)
         and the re-ranking vectors; the codec's per-model bytes are reported apart (``model_bytes``)."""
-        spec, rescore, rescore_dtype, int8_clip = str(search), search.rescore, search.rescore_dtype, search.int8_clip
         width = model.n_features if raw else model.n_components
         if codec.n_features != width:
             raise BadInputError(f"the {codec.label} codec codes vectors of {codec.n_features} values, not {width}")
-        again = None
-        params: dict = {"dtype": spec, "code": codec.label, "bytes_per_vector": codec.bytes_per_vector}
-        if rescore:
-            again = quantization_for(rescore_dtype, model, raw=raw, normalize=True, clip=int8_clip)
-            params["bytes_per_vector"] += again.bytes_per_vector
-            params.update(rescore=int(rescore), rescore_dtype=rescore_dtype)
-            if rescore_dtype == "int8":
-                params["int8_clip"] = float(int8_clip)
-        params["model_bytes"] = codec.model_bytes
-        params.update(training or {})
-        weights = shift = None
-        if not raw:
-            weights, shift = model.projection(np.float64)
-            params.update(beta=model.beta, gamma=model.gamma, k=model.n_components)
+        params: dict = dict(training or {}, dtype=str(search), code=codec.label, model_bytes=codec.model_bytes)
+        again, weights, shift = _rescoring_and_map(model, search, raw, params)
+        params["bytes_per_vector"] = codec.bytes_per_vector + (again.bytes_per_vector if again is not None else 0)
         floats = Quantization("float32", width, normalized=True)
-        return cls(name, floats, weights, shift, int(rescore), again, params, codec)
+        return cls(name, floats, weights, shift, int(search.rescore), again, params, codec)
 
     @property
     def n_features(self) -> int | None:
@@ -281,6 +260,25 @@ class SearchSetting:
         """Queries as searched: float64 unit vectors, or their sign bits for a bit search."""
         unit = self.unit(rows)
         return np.packbits(unit > 0, axis=1) if self.quantization.kind == "binary" else unit
+
+
+def _rescoring_and_map(
+    model: WhiteningModel | None, storage: Storage, raw: bool, params: dict, width: int | None = None
+) -> tuple[Quantization | None, np.ndarray | None, np.ndarray | None]:
+    """The re-ranking's quantization (None: none) and the whitening's weights and shift (None: the raw
+    vectors), their fields added to a search setting's ``params``."""
+    again = weights = shift = None
+    if storage.rescore:
+        dtype, clip = storage.rescore_dtype, storage.int8_clip
+        again = quantization_for(dtype, model, raw=raw, normalize=True, clip=clip, n_components=width)
+        params.update(rescore=int(storage.rescore), rescore_dtype=dtype)
+        if dtype == "int8":
+            params["int8_clip"] = float(clip)
+    if not raw:
+        assert model is not None  # raw without one
+        weights, shift = model.projection(np.float64)
+        params.update(beta=model.beta, gamma=model.gamma, k=model.n_components)
+    return again, weights, shift
 
 
 def _finite(rows: np.ndarray, start: int, label: str) -> np.ndarray:
@@ -570,9 +568,8 @@ def resolve_storage(
     for name, value in (("rescore", rescore), ("rescore_dtype", rescore_dtype), ("int8_clip", int8_clip)):
         if value is not None:
             check(name, value)
-    recorded = getattr(model, "storage", None) or Storage()
+    base = recorded = getattr(model, "storage", None) or Storage()
     wanted = wanted or recorded
-    base = recorded
     if wanted.code is not None:
         if model is None:
             raise BadInputError(f"the {wanted} code trains from a model's statistics: give a model")
@@ -623,24 +620,21 @@ def evaluate_retrieval(
     options = retrieval_options(options)
     model_file = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     model = load_model(model_file) if model_file is not None else cast("WhiteningModel | None", model)
-    if isinstance(storage, Storage):  # as it is, its re-ranking and clip too (a code: checked to have a model)
-        storage = resolve_storage(model, storage, storage.rescore, storage.rescore_dtype, storage.int8_clip)
-    else:
-        storage = resolve_storage(model, storage)
+    given = (storage.rescore, storage.rescore_dtype, storage.int8_clip) if isinstance(storage, Storage) else ()
+    storage = resolve_storage(model, storage, *given)  # a Storage as it is (a code: checked to have a model)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         settings, per_query, matches = _search_raw_and_whitened(task, model, storage, options, progress)
-    whitened = difference = None
+    scores = [RetrievalScores.of(mean_metrics(per_query[each.name]), **each.params) for each in settings]
+    bootstrap, difference = BootstrapInfo(options.bootstrap, options.seed), None
     if model is not None:
-        whitened = RetrievalScores.of(mean_metrics(per_query["whitened"]), **settings[1].params)
-        difference = RetrievalDifference.of(
-            paired_bootstrap(per_query["raw"], per_query["whitened"], options.bootstrap, options.seed)
-        )
+        differences = paired_bootstrap(per_query["raw"], per_query["whitened"], bootstrap.samples, bootstrap.seed)
+        difference = RetrievalDifference.of(differences)
     return RetrievalResult(
         **task.describe(),
-        raw=RetrievalScores.of(mean_metrics(per_query["raw"]), **settings[0].params),
-        whitened=whitened,
+        raw=scores[0],
+        whitened=scores[1] if model is not None else None,
         difference=difference,
-        bootstrap=BootstrapInfo(options.bootstrap, options.seed),
+        bootstrap=bootstrap,
         model=model_file,
         self_matches=matches,
     )
