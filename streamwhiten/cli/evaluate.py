@@ -148,19 +148,19 @@ def _pairs(
         with progress_bar("eval", quiet) as progress:
             result = evaluate_pairs(pairs, model, block_rows, progress)
     summary = replace(result, model=model_path).to_json()
-    described, raw, white = summary["pairs"], summary["raw"], summary["whitened"]
+    described, raw, white = result.pairs, result.raw, result.whitened
     lines = [
         f"pairs     {described['n_pairs']:,} pairs of {described['n_features']}-d vectors "
         f"(A {described['a']}, B {described['b']}, scores {described['scores']})",
-        f"raw       {fmt_scores(raw)}",
+        f"raw       {fmt_scores(summary['raw'])}",
     ]
     if white is not None:
-        delta = white["spearman"] - raw["spearman"]
-        lines.append(f"whitened  {fmt_scores(white)}   {fmt_setting(white)}  (Spearman {delta:+.2f} vs raw)")
-        if "code" in white:
+        shown = f"{fmt_scores(summary['whitened'])}   {fmt_setting(summary['whitened'])}"
+        lines.append(f"whitened  {shown}  (Spearman {white.spearman - raw.spearman:+.2f} vs raw)")
+        if white.code is not None:
             lines.append(
-                f"code      whitened B stored as {white['code']} ({white['bytes_per_vector']:,} bytes per vector, "
-                f"{white['model_bytes']:,} per model): the cosine is the code's estimate, A float"
+                f"code      whitened B stored as {white.code} ({white.bytes_per_vector:,} bytes per vector, "
+                f"{white.model_bytes:,} per model): the cosine is the code's estimate, A float"
             )
     return summary, lines
 

@@ -1,9 +1,8 @@
 """Scores on labelled pairs: cosine similarity of aligned vectors against gold scores.
 
-A `PairSet` is two aligned stores of vectors A and B (row ``i`` of A pairs with row ``i`` of B)
-and a 1-D array of gold scores. The vectors are streamed in blocks; only the per-pair cosines (one
-float64 per pair and setting) are held. Rank correlation is Spearman's rho with average ranks for ties,
-reported x100 like the literature. Nothing here assumes a particular embedding model or pooling.
+A `PairSet` is two aligned stores of vectors A and B (row ``i`` of A pairs with row ``i`` of B) and a 1-D
+array of gold scores. The vectors are streamed in blocks; only the per-pair cosines (one float64 per pair
+and setting) are held. Spearman's rho takes average ranks for ties; scores are reported x100.
 """
 
 from __future__ import annotations
@@ -190,17 +189,14 @@ def pair_cosines(
 ) -> dict:
     """Cosines of every pair, raw (key ``"raw"``) and under each ``models`` entry, in one pass over the pairs.
 
-    ``models`` maps a name to a [`WhiteningModel`][streamwhiten.core.model.WhiteningModel]; the transform is computed in
-    float64. ``codecs``
-    maps a name of ``models`` to a vector code (``streamwhiten.codes.Codec``) of its unit outputs: that
-    entry's cosine is then the codec's estimate of ``<a, b>``, A float and B coded (as a query meets a
-    stored vector).
+    ``models`` maps a name to a [`WhiteningModel`][streamwhiten.core.model.WhiteningModel]; the transform is
+    computed in float64. ``codecs`` maps a name of ``models`` to a vector code (``streamwhiten.codes.Codec``)
+    of its unit outputs: that entry's cosine is then the codec's estimate of ``<a, b>``, A float and B coded
+    (as a query meets a stored vector).
     """
-    models = dict(models or {})
-    projections = {}
-    for name, model in models.items():
+    for model in (models or {}).values():
         pairs.check_width(model.n_features)
-        projections[name] = model.projection(np.float64)
+    projections = {name: model.projection(np.float64) for name, model in (models or {}).items()}
     codecs = {name: codec for name, codec in (codecs or {}).items() if codec is not None}
     out = {name: np.empty(pairs.n_pairs) for name in ["raw", *projections]}
     for start, a, b in pairs.blocks(block_rows):
@@ -208,11 +204,10 @@ def pair_cosines(
         out["raw"][start:stop] = cosine_rows(a, b)
         for name, (weights, shift) in projections.items():
             if name in codecs:  # A float, B as its code: the codec's estimate of <a, b> of the unit vectors
-                unit_a = project(a, weights, shift, normalize=True)
-                unit_b = project(b, weights, shift, normalize=True)
+                unit_a, unit_b = (project(rows, weights, shift, normalize=True) for rows in (a, b))
                 out[name][start:stop] = pair_estimates(codecs[name], unit_a, unit_b)
-                continue
-            out[name][start:stop] = cosine_rows(project(a, weights, shift), project(b, weights, shift))
+            else:
+                out[name][start:stop] = cosine_rows(project(a, weights, shift), project(b, weights, shift))
         if progress is not None:
             progress(stop, pairs.n_pairs)
     return out

@@ -1,18 +1,16 @@
 """Relevance judgements (qrels) and excluded pairs for retrieval evaluation, read from BEIR's TSV files.
 
-A qrels file is BEIR's ``qrels/*.tsv``: a header line ``query-id<TAB>corpus-id<TAB>score`` and one
-judged pair per line. A pair with ``score > 0`` is relevant, with the score as its grade (nDCG's gain);
-``score <= 0`` is judged not relevant. An exclude file has the header ``query-id<TAB>corpus-id`` (a
-third column is allowed and ignored) and lists pairs to drop from that query's candidates (its own
-text, say). Ids are the 0-based rows of the query and corpus stores, or, when a store is read with an
-id column (Parquet, Lance), the values of that column. The delimiter is found as
-`streamwhiten.io.text` says (a tab, for these files).
+A qrels file is BEIR's ``qrels/*.tsv``: the header ``query-id<TAB>corpus-id<TAB>score`` and one judged pair
+a line, relevant when ``score > 0`` (the score its grade, nDCG's gain). An exclude file has the header
+``query-id<TAB>corpus-id`` (a third column is ignored) and lists pairs to drop from that query's candidates
+(its own text, say). Ids are the 0-based rows of the query and corpus stores, or the values of a store's id
+column (Parquet, Lance). The delimiter is found as `streamwhiten.io.text` says (a tab, for these files).
 
-Every problem is one line naming the file and line: a missing header, a line of the wrong length, an
-id that names no row, a score that is not a finite number, a pair given twice, no relevant pair at all,
-a relevant pair that is also excluded. Before it is read, a local file goes through the checks every
-file read does (`streamwhiten._paths.check_readable`): a missing one, a directory, a FIFO or a
-device is bad input (exit 2, never opened), one that may not be read an I/O error (exit 74).
+Every problem is one line naming the file and line: a missing header, a line of the wrong length, an id
+that names no row, a score that is not a finite number, a pair given twice, no relevant pair at all, a
+relevant pair that is also excluded. A local file first goes through the checks of every file read
+(`streamwhiten._paths.check_readable`): a missing one, a directory, a FIFO or a device is bad input (exit 2,
+never opened), one that may not be read an I/O error (exit 74).
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Retrieval evaluation: exact cosine search of queries over a corpus, scored against relevance judgements.
 
-For each setting (the raw vectors, or a whitening; each stored as float32, float16, int8 or sign bits,
-optionally re-ranked) the queries and every corpus row are transformed, scaled to unit length and
-stored as the setting says; then each query's 100 best corpus rows are found by exact search (ties to
-the lower corpus row, excluded pairs never returned; see `search`), and scored:
+For each setting (the raw vectors, or a whitening; stored as float32, float16, int8 or sign bits, optionally
+re-ranked) the queries and every corpus row are transformed, scaled to unit length and stored as the setting
+says; each query's 100 best corpus rows are found by exact search (ties to the lower corpus row, excluded
+pairs never returned; see `search`), and scored:
 
 - ``ndcg@10``: ``DCG / IDCG`` with ``DCG = sum_{i=1..10} gain_i / log2(i + 1)``, the gain of the
   document at rank ``i`` its qrels score when above 0 (else 0), and ``IDCG`` the DCG of the query's
@@ -11,16 +11,14 @@ the lower corpus row, excluded pairs never returned; see `search`), and scored:
 - ``recall@k`` (k = 1, 10, 100): relevant documents in the top k over the query's relevant documents;
 - ``mrr@10``: ``1 / rank`` of the first relevant document in the top 10, 0 if there is none.
 
-Each is averaged over the queries that have at least one relevant document (a query judged only
-``score <= 0`` cannot be scored and is left out, and counted) and reported x100, like the pair scores.
-Whitened and raw are compared per query: the difference of the means, with a paired bootstrap 95%
-interval (resamples of the queries, a fixed seed; `paired_bootstrap`).
+Each is averaged over the queries with a relevant document (one judged only ``score <= 0`` is left out,
+and counted) and reported x100. Whitened and raw are compared per query: the difference of the means, with
+a paired bootstrap 95% interval (resamples of the queries, a fixed seed; `paired_bootstrap`).
 
 The search is computed in float64 from what each storage (``dtype``) holds: float16 values, int8 codes
-dequantized (``code * scale + offset``), sign bits compared by Hamming distance (the queries' bits
-too); ``rescore=N`` re-ranks the top N of a bit search by the float query's inner product with the
-corpus rows stored as ``rescore_dtype`` (float32 or int8), read in a second pass over the blocks that
-hold them (one pass for every setting that re-ranks).
+dequantized (``code * scale + offset``), sign bits compared by Hamming distance (the queries' bits too);
+``rescore=N`` re-ranks the top N of a bit search by the float query's inner product with the corpus rows
+stored as ``rescore_dtype`` (float32 or int8), read in one more pass over the blocks that hold them.
 """
 
 from __future__ import annotations
@@ -302,8 +300,7 @@ def search_settings(
     the settings that re-rank bits, for all of them), read in ``options.block_rows`` blocks by
     ``options.threads`` threads (default: ``RetrievalOptions()``'s): ``{setting name: SearchResult}`` of its top
     ``depth`` (``rows``: int64, -1 past the last candidate; ``values``: the inner products, or the Hamming
-    distances of a bit search; a re-ranked
-    bit search's are its re-ranked inner products, -inf past them)."""
+    distances of a bit search; a re-ranked bit search's are its re-ranked inner products, -inf past them)."""
     names = [setting.name for setting in settings]
     if len(set(names)) != len(names):
         raise BadInputError(f"settings need distinct names, got {names}")
@@ -350,7 +347,6 @@ def _search_jobs(
             raise BadInputError(
                 f"setting {setting.name!r} expects {setting.n_features} features, the vectors have {queries.shape[1]}"
             )
-    for setting in settings:
         if setting.codec is not None:
             continue
         metric = "hamming" if setting.quantization.kind == "binary" else "ip"
@@ -551,18 +547,17 @@ def resolve_storage(
     int8_clip: float | None = None,
 ) -> Storage:
     """How a search stores the corpus, checked: ``dtype`` (a name, parsed here, or a `Storage`: its dtype or
-    code), else the model's recorded storage (what ``tune`` chose, or its code), else float32; each of
-    ``rescore``, ``rescore_dtype``, ``int8_clip`` as given, else the model's storage's (a code: where the model
-    records that code, else none). A plain ``dtype`` given without ``rescore`` does not inherit the model's
-    re-ranking unless it is ``binary``.
+    code), else the model's recorded storage (what ``tune`` chose, or its code), else float32; ``rescore``,
+    ``rescore_dtype``, ``int8_clip`` as given, else the model's storage's (a code: where the model records that
+    code). A plain ``dtype`` given without ``rescore`` inherits the model's re-ranking only as ``binary``.
 
     ``int8`` needs the model (its statistics set the scales, raw ones included); so does a vector code
-    (``eigen:24``, ``faiss-pq:16``; ``streamwhiten.codes.CODES``): the unit vectors' code rows, searched by
-    the codec's estimate of ``<q, x>`` for float32 queries; the whitened vectors by the model's codec where
-    it records that code, else one trained from the statistics (and for ``faiss-*`` and ``bits-itq`` a
-    seeded sample of 10,000 corpus rows), the raw vectors by the same code trained for them. ``rescore``
-    re-ranks the top N of bits or a code with ``rescore_dtype`` (float32 or int8) vectors; ``int8_clip``:
-    the standard deviations the int8 codes span about each component's mean (default 4).
+    (``eigen:24``, ``faiss-pq:16``; ``streamwhiten.codes.CODES``), searched by the codec's estimate of
+    ``<q, x>`` for float32 queries: the whitened vectors by the model's codec where it records that code, else
+    one trained from the statistics (``faiss-*``, ``bits-itq``: and a seeded sample of 10,000 corpus rows), the
+    raw vectors by the same code trained for them. ``rescore`` re-ranks the top N of bits or a code with
+    ``rescore_dtype`` (float32 or int8) vectors; ``int8_clip``: the standard deviations the int8 codes span
+    about each component's mean (default 4).
     """
     wanted = None if dtype is None else parse_storage(dtype)  # before anything is read
     for name, value in (("rescore", rescore), ("rescore_dtype", rescore_dtype), ("int8_clip", int8_clip)):

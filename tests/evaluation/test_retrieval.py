@@ -20,6 +20,7 @@ from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError, NonFiniteError
 from streamwhiten.evaluation.qrels import Ids, read_exclude, read_qrels
 from streamwhiten.evaluation.retrieval import (
     METRICS,
+    RetrievalScores,
     evaluate_retrieval,
     mean_metrics,
     paired_bootstrap,
@@ -279,6 +280,25 @@ def test_the_bootstrap_is_paired_seeded_and_optional():
     assert out["b"].low < out["b"].difference < out["b"].high
     assert paired_bootstrap(first, second, samples=0)["b"].low is None
     assert mean_metrics({"a": np.array([0.5, 1.0])}) == {"a": 75.0}
+
+
+def test_scores_print_their_fields_in_the_order_the_search_settings_record_them():
+    """`RetrievalScores.to_json`: the metrics, then what applies (None left out), a code's int8 span after its
+    re-ranking (as ``make_code`` records it), a plain storage's before (as ``make`` does)."""
+    metrics = dict.fromkeys(METRICS, 50.0)
+    bits = RetrievalScores.of(
+        metrics, dtype="binary", bytes_per_vector=18, int8_clip=4.0, rescore=20, rescore_dtype="int8"
+    )
+    code = RetrievalScores.of(
+        metrics, dtype="eigen:8", code="eigen-8B", bytes_per_vector=24, int8_clip=4.0, rescore=20,
+        rescore_dtype="int8", model_bytes=1671, beta=1.0, gamma=1.0, k=16,
+    )  # fmt: skip
+    assert list(bits.to_json()) == [*METRICS, "dtype", "bytes_per_vector", "int8_clip", "rescore", "rescore_dtype"]
+    assert list(code.to_json()) == [
+        *METRICS, "dtype", "code", "bytes_per_vector", "rescore", "rescore_dtype", "int8_clip", "model_bytes",
+        "beta", "gamma", "k",
+    ]  # fmt: skip
+    assert bits.metric("recall@10") == bits.recall_10 == 50.0 and bits.to_json()["int8_clip"] == 4.0
 
 
 def test_options_are_one_checked_object(task):
