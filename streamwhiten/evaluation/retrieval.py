@@ -162,8 +162,9 @@ class SearchSetting:
     """How vectors become what is searched: an optional whitening ``y = (x - shift) @ weights``, L2
     normalisation, a storage, and for bits an optional re-ranking of the top ``rescore``.
 
-    Build one with `make` (not to be confused with [`streamwhiten.options.Setting`][streamwhiten.options.Setting], the
-    whitening's parameters: a search setting is those parameters as a map, plus how it is stored).
+    Build one with `make` or `make_code` (not [`streamwhiten.options.Setting`][streamwhiten.options.Setting], the
+    whitening's parameters: a search setting is those as a map, plus how it is stored); ``params`` are the
+    storage and setting fields of its `RetrievalScores`.
     """
 
     name: str
@@ -657,12 +658,11 @@ class ByMetric(Generic[T]):
     def to_json(self) -> dict[str, Any]:
         """Each metric by its name in `METRICS`, then the other fields that are not None."""
         out = {name: plain(self.metric(name)) for name in METRICS}
-        keys = [item.name for item in fields(self)[len(METRICS) :]]
-        if getattr(self, "code", None) is not None:  # a code records its int8 span after its re-ranking
-            keys.remove("int8_clip")
-            keys.insert(keys.index("model_bytes"), "int8_clip")
-        out.update((key, getattr(self, key)) for key in keys if getattr(self, key) is not None)
+        out.update((key, getattr(self, key)) for key in self._keys() if getattr(self, key) is not None)
         return out
+
+    def _keys(self) -> list[str]:
+        return [item.name for item in fields(self)[len(METRICS) :]]
 
 
 M = TypeVar("M", bound=ByMetric)
@@ -688,6 +688,13 @@ class RetrievalScores(ByMetric[float]):
     beta: float | None = None
     gamma: float | None = None
     k: int | None = None
+
+    def _keys(self) -> list[str]:
+        keys = super()._keys()
+        if self.code is not None:  # a code records its int8 span after its re-ranking (as make_code did)
+            keys.remove("int8_clip")
+            keys.insert(keys.index("model_bytes"), "int8_clip")
+        return keys
 
 
 @dataclass(frozen=True)
