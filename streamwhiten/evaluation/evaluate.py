@@ -246,13 +246,6 @@ class PairScores:
     spearman: float
     pearson: float
 
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-#: The fields of `WhitenedPairScores` that only a model recording a vector code fills.
-_CODE_FIELDS = ("code", "bytes_per_vector", "model_bytes")
-
 
 @dataclass(frozen=True)
 class WhitenedPairScores(PairScores):
@@ -272,7 +265,9 @@ class WhitenedPairScores(PairScores):
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        return out if self.code is not None else {key: out[key] for key in out if key not in _CODE_FIELDS}
+        if self.code is None:  # no vector code recorded: its fields left out
+            del out["code"], out["bytes_per_vector"], out["model_bytes"]
+        return out
 
 
 @dataclass(frozen=True)
@@ -301,7 +296,7 @@ class PairsResult:
         """The result as plain JSON values: ``{"pairs", "raw", "whitened", "model"}``."""
         return {
             "pairs": dict(self.pairs),
-            "raw": self.raw.to_json(),
+            "raw": asdict(self.raw),
             "whitened": None if self.whitened is None else self.whitened.to_json(),
             "model": self.model,
         }

@@ -532,8 +532,7 @@ def _search_raw_and_whitened(
             options=options,
             progress=progress,
         )
-    raw = settings[0]
-    matches = None
+    raw, matches = settings[0], None
     if raw.codec is None and raw.quantization.kind in ROUNDOFF:  # the raw cosines, as floats: checked
         matches = find_self_matches(task, found["raw"].rows, found["raw"].values, raw.quantization.kind)
     metrics = {name: query_metrics(top.rows, task.query_rows, task.qrels) for name, top in found.items()}
@@ -810,11 +809,8 @@ class RetrievalTask:
         return self.stores[1].n_rows
 
     def describe(self) -> dict:
-        queries, corpus = self.stores
-        n_queries = int(self.query_rows.size)
-        return dict(
-            queries=queries, corpus=corpus, qrels=self.qrels.describe(), exclude=self.exclude_info, n_queries=n_queries
-        )
+        info = dict(qrels=self.qrels.describe(), exclude=self.exclude_info, n_queries=int(self.query_rows.size))
+        return dict(queries=self.stores[0], corpus=self.stores[1], **info)
 
     def close(self) -> None:
         for store in self.opened:
