@@ -29,6 +29,7 @@ from .codes import StorageType
 
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
+    from ..evaluation.retrieval import Difference, RetrievalResult, RetrievalScores
     from ..storage import Storage
 
 #: How the corpus is stored while searched, and the re-ranking (retrieval only).
@@ -147,19 +148,19 @@ def _pairs(
         with progress_bar("eval", quiet) as progress:
             result = evaluate_pairs(pairs, model, block_rows, progress)
     summary = replace(result, model=model_path).to_json()
-    described, raw, white = summary["pairs"], summary["raw"], summary["whitened"]
+    described, raw, white = result.pairs, result.raw, result.whitened
     lines = [
         f"pairs     {described['n_pairs']:,} pairs of {described['n_features']}-d vectors "
         f"(A {described['a']}, B {described['b']}, scores {described['scores']})",
-        f"raw       {fmt_scores(raw)}",
+        f"raw       {fmt_scores(summary['raw'])}",
     ]
     if white is not None:
-        delta = white["spearman"] - raw["spearman"]
-        lines.append(f"whitened  {fmt_scores(white)}   {fmt_setting(white)}  (Spearman {delta:+.2f} vs raw)")
-        if "code" in white:
+        shown = f"{fmt_scores(summary['whitened'])}   {fmt_setting(summary['whitened'])}"
+        lines.append(f"whitened  {shown}  (Spearman {white.spearman - raw.spearman:+.2f} vs raw)")
+        if white.code is not None:
             lines.append(
-                f"code      whitened B stored as {white['code']} ({white['bytes_per_vector']:,} bytes per vector, "
-                f"{white['model_bytes']:,} per model): the cosine is the code's estimate, A float"
+                f"code      whitened B stored as {white.code} ({white.bytes_per_vector:,} bytes per vector, "
+                f"{white.model_bytes:,} per model): the cosine is the code's estimate, A float"
             )
     return summary, lines
 
@@ -180,81 +181,67 @@ def _retrieval(
     with progress_bar("eval", quiet) as progress:
         task = (inputs.queries, inputs.corpus, inputs.qrels)
         result = evaluate_retrieval(*task, model=model, storage=storage, options=options, progress=progress)
-    summary = replace(result, model=model_path).to_json()
+    result = replace(result, model=model_path)
+    summary = result.to_json()
     warn_self_matches(summary["self_matches"], excluded=inputs.exclude is not None)
-    return summary, retrieval_lines(summary)
+    return summary, retrieval_lines(result)
 
 
-def retrieval_lines(result: dict) -> list[str]:
-    """The text of a retrieval evaluation (``RetrievalResult.to_json()``): the task, the storage, each metric
-    raw and whitened with the difference and its interval, and a plain verdict on nDCG@10."""
-    queries, corpus, qrels = result["queries"], result["corpus"], result["qrels"]
-    raw, white, diff = result["raw"], result["whitened"], result["difference"]
+def retrieval_lines(result: RetrievalResult) -> list[str]:
+    """The text of a retrieval evaluation: the task, the storage, each metric raw and whitened with the
+    difference and its interval, and a plain verdict on nDCG@10."""
+    from ..evaluation.retrieval import METRICS
+
+    queries, corpus, qrels, exclude = result.queries, result.corpus, result.qrels, result.exclude
+    raw, white, diff = result.raw, result.whitened, result.difference
     lines = [
-        f"queries   {result['n_queries']:,} with a relevant document (of {qrels['n_queries']:,} judged) from "
-        f"{queries['label']}",
-        f"corpus    {corpus['n_rows']:,} vectors of {corpus['n_features']}-d from {corpus['label']}",
-        f"qrels     {qrels['qrels']}: {qrels['n_pairs']:,} judged pairs, {qrels['n_relevant']:,} relevant"
-        + (
-            f"; exclude {result['exclude']['exclude']}: {result['exclude']['n_pairs']:,} pairs"
-            if result["exclude"]
-            else ""
-        ),
-        f"storage   {_storage(raw)}: raw {raw['bytes_per_vector']:,} bytes per vector"
-        + (f", whitened {white['bytes_per_vector']:,} (k={white['k']})" if white else ""),
+        f"queries   {result.n_queries:,} with a relevant document (of {qrels.n_queries:,} judged) from {queries.label}",
+        f"corpus    {corpus.n_rows:,} vectors of {corpus.n_features}-d from {corpus.label}",
+        f"qrels     {qrels.qrels}: {qrels.n_pairs:,} judged pairs, {qrels.n_relevant:,} relevant"
+        + (f"; exclude {exclude.exclude}: {exclude.n_pairs:,} pairs" if exclude else ""),
+        f"storage   {_storage(raw)}: raw {raw.bytes_per_vector:,} bytes per vector"
+        + (f", whitened {white.bytes_per_vector:,} (k={white.k})" if white else ""),
     ]
-    if "model_bytes" in raw:  # a code's rotations and codebooks: per model, not per vector
+    if raw.model_bytes is not None:  # a code's rotations and codebooks: per model, not per vector
+        own = ", the model's own codec)" if white and white.codec == "model" else ")"
         lines.append(
-            f"codes     {raw['code']}: per model {raw['model_bytes']:,} bytes raw"
-            + (f", {white['model_bytes']:,} whitened ({white['code']}" if white else "")
-            + (", the model's own codec)" if white and white.get("codec") == "model" else ")" if white else "")
-            + (
-                f"; trained on {raw['sample_rows']:,} corpus rows (seed {raw['sample_seed']})"
-                if "sample_rows" in raw
-                else ""
-            )
+            f"codes     {raw.code}: per model {raw.model_bytes:,} bytes raw"
+            + (f", {white.model_bytes:,} whitened ({white.code}{own}" if white else "")
+            + (f"; trained on {raw.sample_rows:,} corpus rows (seed {raw.sample_seed})" if raw.sample_rows else "")
         )
-    if white is None:
+    if white is None or diff is None:
         lines.append("metric        raw   (x100)")
-        lines += [f"{name:<10} {raw[name]:7.2f}" for name in _metrics(raw)]
-        return lines
-    samples = result["bootstrap"]["samples"]
+        return lines + [f"{name:<10} {raw.metric(name):7.2f}" for name in METRICS]
+    samples = result.bootstrap.samples
     lines.append(
         "metric        raw  whitened  whitened - raw"
         + (f" [95% interval, {samples:,} resamples of the queries]" if samples else " (no interval: --bootstrap 0)")
     )
-    for name in _metrics(raw):
-        d = diff[name]
+    for name in METRICS:
+        d = diff.metric(name)
+        shown = fmt_interval(d.difference, d.low, d.high)
         lines.append(
-            f"{name:<10} {raw[name]:7.2f}   {white[name]:7.2f}  {fmt_interval(d['difference'], d['low'], d['high']):<24}"
-            f" {noise(d['low'], d['high'])}"
+            f"{name:<10} {raw.metric(name):7.2f}   {white.metric(name):7.2f}  {shown:<24} {noise(d.low, d.high)}"
         )
-    lines.append(f"setting   {fmt_setting(white)}")
-    lines.append("verdict   " + verdict(diff["ndcg@10"], "nDCG@10"))
-    return lines
+    lines.append(f"setting   {fmt_setting(white.to_json())}")
+    return [*lines, "verdict   " + verdict(diff.ndcg_10, "nDCG@10")]
 
 
-def verdict(d: dict, name: str) -> str:
+def verdict(d: Difference, name: str) -> str:
     """One sentence: whether whitening or raw wins on ``name``, or the difference is within noise."""
-    shown = fmt_interval(d["difference"], d["low"], d["high"])
-    if d["low"] is None:
+    shown = fmt_interval(d.difference, d.low, d.high)
+    if d.low is None or d.high is None:
         return f"{name}: whitened {shown} vs raw; no interval to tell it from noise (--bootstrap 0)"
-    if d["low"] > 0:
+    if d.low > 0:
         return f"{name}: whitening wins, {shown}: the 95% interval is above 0"
-    if d["high"] < 0:
+    if d.high < 0:
         return f"{name}: raw wins, whitened {shown}: the 95% interval is below 0; keep the raw vectors"
     return f"{name}: within noise, {shown}: the 95% interval holds 0, so no difference was measured"
 
 
-def _metrics(row: dict) -> list[str]:
-    from ..evaluation.retrieval import METRICS
-
-    return [name for name in METRICS if name in row]
-
-
-def _storage(row: dict) -> str:
+def _storage(scores: RetrievalScores) -> str:
     """How the corpus is stored, in words; the bytes of a re-ranking include the vectors it reads."""
-    stored = f"code {row['dtype']}" if "code" in row else "binary"
-    if row.get("rescore"):
-        return f"{stored}, the top {row['rescore']} re-ranked with {row['rescore_dtype']} vectors"
-    return stored if "code" in row else row["dtype"]
+    stored = f"code {scores.dtype}" if scores.code else "binary"
+    if scores.rescore:
+        return f"{stored}, the top {scores.rescore} re-ranked with {scores.rescore_dtype} vectors"
+    return stored if scores.code else scores.dtype

@@ -1,23 +1,24 @@
 """Scores on labelled pairs: cosine similarity of aligned vectors against gold scores.
 
-A `PairSet` is two aligned stores of vectors A and B (row ``i`` of A pairs with row ``i`` of B)
-and a 1-D array of gold scores. The vectors are streamed in blocks; only the per-pair cosines (one
-float64 per pair and setting) are held. Rank correlation is Spearman's rho with average ranks for ties,
-reported x100 like the literature. Nothing here assumes a particular embedding model or pooling.
+A `PairSet` is two aligned stores of vectors A and B (row ``i`` of A pairs with row ``i`` of B) and a 1-D
+array of gold scores. The vectors are streamed in blocks; only the per-pair cosines (one float64 per pair
+and setting) are held. Spearman's rho takes average ranks for ties; scores are reported x100.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..core.model import WhiteningModel, project
-from ..errors import BadInputError, NonFiniteError
+from ..core.finite import raise_if_nonfinite
+from ..core.model import WhiteningModel, load_model, project
+from ..errors import BadInputError
 from ..io import Source, open_source, read_vector
 
 #: Bytes of one block of pair vectors (A or B) read at a time.
@@ -105,10 +106,6 @@ class PairSet:
     def n_features(self) -> int:
         return self.a.n_features
 
-    @property
-    def label(self) -> str:
-        return f"A={self.a.label}, B={self.b.label}, scores={self.scores_label}"
-
     def describe(self) -> dict:
         return {
             "a": self.a.label,
@@ -132,14 +129,9 @@ class PairSet:
         """``(start, a_rows, b_rows)`` in float64, block by block; raises on a row holding NaN or Inf."""
         block_rows = int(block_rows or self.default_block_rows())
         for start, stop in self.a.blocks(block_rows):
-            rows = []
-            for source in (self.a, self.b):
-                block = source.read(start, stop).astype(np.float64)
-                finite = np.isfinite(block).all(axis=1)
-                if not finite.all():
-                    bad = start + int(np.argmin(finite))
-                    raise NonFiniteError(f"{source.label}: row {bad} holds NaN or Inf", row=bad)
-                rows.append(block)
+            rows = [source.read(start, stop).astype(np.float64) for source in (self.a, self.b)]
+            for source, block in zip((self.a, self.b), rows, strict=True):
+                raise_if_nonfinite(block, f"{source.label}:", start=start)
             yield start, rows[0], rows[1]
 
     def close(self) -> None:
@@ -160,13 +152,12 @@ def open_pairs(a_spec: str, b_spec: str, scores_spec: str) -> PairSet:
     if bad.size:
         what = "NaN" if np.isnan(scores[bad[0]]) else "infinite"
         raise BadInputError(f"{scores_label}: score {bad[0]} is {what} ({bad.size} non-finite score(s) in all)")
-    a = open_source(a_spec, min_rows=MIN_PAIRS)
+    opened: list[Source] = []
     try:
+        a = open_source(a_spec, min_rows=MIN_PAIRS)
+        opened.append(a)
         b = open_source(b_spec, min_rows=MIN_PAIRS)
-    except BaseException:
-        a.close()
-        raise
-    try:
+        opened.append(b)
         if a.n_rows != b.n_rows:
             raise BadInputError(
                 f"pair stores differ in length: {a.label} has {a.n_rows} rows but {b.label} has {b.n_rows}"
@@ -180,8 +171,8 @@ def open_pairs(a_spec: str, b_spec: str, scores_spec: str) -> PairSet:
         if np.all(scores == scores[0]):
             raise BadInputError(f"{scores_label}: every score is {scores[0]:g}; a correlation needs them to vary")
     except BaseException:
-        a.close()
-        b.close()
+        for source in opened:
+            source.close()
         raise
     return PairSet(a, b, scores, scores_label)
 
@@ -198,17 +189,14 @@ def pair_cosines(
 ) -> dict:
     """Cosines of every pair, raw (key ``"raw"``) and under each ``models`` entry, in one pass over the pairs.
 
-    ``models`` maps a name to a [`WhiteningModel`][streamwhiten.core.model.WhiteningModel]; the transform is computed in
-    float64. ``codecs``
-    maps a name of ``models`` to a vector code (``streamwhiten.codes.Codec``) of its unit outputs: that
-    entry's cosine is then the codec's estimate of ``<a, b>``, A float and B coded (as a query meets a
-    stored vector).
+    ``models`` maps a name to a [`WhiteningModel`][streamwhiten.core.model.WhiteningModel]; the transform is
+    computed in float64. ``codecs`` maps a name of ``models`` to a vector code (``streamwhiten.codes.Codec``)
+    of its unit outputs: that entry's cosine is then the codec's estimate of ``<a, b>``, A float and B coded
+    (as a query meets a stored vector).
     """
-    models = dict(models or {})
-    projections = {}
-    for name, model in models.items():
+    for model in (models or {}).values():
         pairs.check_width(model.n_features)
-        projections[name] = model.projection(np.float64)
+    projections = {name: model.projection(np.float64) for name, model in (models or {}).items()}
     codecs = {name: codec for name, codec in (codecs or {}).items() if codec is not None}
     out = {name: np.empty(pairs.n_pairs) for name in ["raw", *projections]}
     for start, a, b in pairs.blocks(block_rows):
@@ -216,11 +204,10 @@ def pair_cosines(
         out["raw"][start:stop] = cosine_rows(a, b)
         for name, (weights, shift) in projections.items():
             if name in codecs:  # A float, B as its code: the codec's estimate of <a, b> of the unit vectors
-                unit_a = project(a, weights, shift, normalize=True)
-                unit_b = project(b, weights, shift, normalize=True)
+                unit_a, unit_b = (project(rows, weights, shift, normalize=True) for rows in (a, b))
                 out[name][start:stop] = pair_estimates(codecs[name], unit_a, unit_b)
-                continue
-            out[name][start:stop] = cosine_rows(project(a, weights, shift), project(b, weights, shift))
+            else:
+                out[name][start:stop] = cosine_rows(project(a, weights, shift), project(b, weights, shift))
         if progress is not None:
             progress(stop, pairs.n_pairs)
     return out
@@ -253,6 +240,37 @@ def describe_model(model: WhiteningModel) -> dict:
 
 
 @dataclass(frozen=True)
+class PairScores:
+    """Spearman's rho and Pearson's r (x100) of the cosines against the gold scores."""
+
+    spearman: float
+    pearson: float
+
+
+@dataclass(frozen=True)
+class WhitenedPairScores(PairScores):
+    """The scores of the whitened cosines with the model's setting (`describe_model`) and, where the model
+    records a vector code (B scored as its code), the ``code``, its ``bytes_per_vector`` and ``model_bytes``
+    (None without one, and left out of `to_json`)."""
+
+    beta: float
+    gamma: float
+    k: int
+    eps: float
+    variance: float | None
+    basis: str
+    code: str | None = None
+    bytes_per_vector: int | None = None
+    model_bytes: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        if self.code is None:  # no vector code recorded: its fields left out
+            del out["code"], out["bytes_per_vector"], out["model_bytes"]
+        return out
+
+
+@dataclass(frozen=True)
 class PairsResult:
     """The scores of a whitening on labelled pairs (what [`evaluate`][streamwhiten.evaluation.evaluate.evaluate]
     returns, ``eval --json`` prints).
@@ -261,26 +279,25 @@ class PairsResult:
     ----------
     pairs : mapping
         What was scored: ``a``, ``b`` and ``scores`` (the stores' labels), ``n_pairs``, ``n_features``.
-    raw : mapping
+    raw : PairScores
         ``spearman`` and ``pearson`` (x100) of the raw cosines.
-    whitened : mapping or None
-        The same of the whitened cosines, with the setting (``beta``, ``gamma``, ``k``, ``eps``,
-        ``variance``); None without a model.
+    whitened : WhitenedPairScores or None
+        The same of the whitened cosines, with the setting; None without a model.
     model : str or None
         The model file scored, where it was given as one.
     """
 
     pairs: Mapping[str, Any]
-    raw: Mapping[str, float]
-    whitened: Mapping[str, Any] | None
+    raw: PairScores
+    whitened: WhitenedPairScores | None
     model: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON values: ``{"pairs", "raw", "whitened", "model"}``."""
         return {
             "pairs": dict(self.pairs),
-            "raw": dict(self.raw),
-            "whitened": None if self.whitened is None else dict(self.whitened),
+            "raw": asdict(self.raw),
+            "whitened": None if self.whitened is None else self.whitened.to_json(),
             "model": self.model,
         }
 
@@ -307,10 +324,11 @@ def evaluate_pairs(
     )
     whitened = None
     if model is not None:
-        whitened = dict(correlations(cosines["whitened"], pairs.scores), **describe_model(model))
-        if codec is not None:
-            whitened.update(codec_summary(codec))
-    return PairsResult(pairs.describe(), correlations(cosines["raw"], pairs.scores), whitened)
+        coded = {} if codec is None else codec_summary(codec)
+        whitened = WhitenedPairScores(
+            **correlations(cosines["whitened"], pairs.scores), **describe_model(model), **coded
+        )
+    return PairsResult(pairs.describe(), PairScores(**correlations(cosines["raw"], pairs.scores)), whitened)
 
 
 def evaluate(
@@ -331,11 +349,6 @@ def evaluate(
     ``options.Setting``) evaluates another setting than the model's saved one, re-finalized from its
     statistics. Returns a [`PairsResult`][streamwhiten.evaluation.evaluate.PairsResult].
     """
-    import os
-    from dataclasses import replace
-
-    from ..core.model import load_model
-
     model_file = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     model = load_model(model_file) if model_file is not None else model
     changes = setting.given() if setting is not None else {}
@@ -349,7 +362,9 @@ def evaluate(
 
 __all__ = [
     "PairSet",
+    "PairScores",
     "PairsResult",
+    "WhitenedPairScores",
     "evaluate",
     "open_pairs",
     "rankdata",

@@ -1,18 +1,16 @@
 """Relevance judgements (qrels) and excluded pairs for retrieval evaluation, read from BEIR's TSV files.
 
-A qrels file is BEIR's ``qrels/*.tsv``: a header line ``query-id<TAB>corpus-id<TAB>score`` and one
-judged pair per line. A pair with ``score > 0`` is relevant, with the score as its grade (nDCG's gain);
-``score <= 0`` is judged not relevant. An exclude file has the header ``query-id<TAB>corpus-id`` (a
-third column is allowed and ignored) and lists pairs to drop from that query's candidates (its own
-text, say). Ids are the 0-based rows of the query and corpus stores, or, when a store is read with an
-id column (Parquet, Lance), the values of that column. The delimiter is found as
-`streamwhiten.io.text` says (a tab, for these files).
+A qrels file is BEIR's ``qrels/*.tsv``: the header ``query-id<TAB>corpus-id<TAB>score`` and one judged pair
+a line, relevant when ``score > 0`` (the score its grade, nDCG's gain). An exclude file has the header
+``query-id<TAB>corpus-id`` (a third column is ignored) and lists pairs to drop from that query's candidates
+(its own text, say). Ids are the 0-based rows of the query and corpus stores, or the values of a store's id
+column (Parquet, Lance). The delimiter is found as `streamwhiten.io.text` says (a tab, for these files).
 
-Every problem is one line naming the file and line: a missing header, a line of the wrong length, an
-id that names no row, a score that is not a finite number, a pair given twice, no relevant pair at all,
-a relevant pair that is also excluded. Before it is read, a local file goes through the checks every
-file read does (`streamwhiten._paths.check_readable`): a missing one, a directory, a FIFO or a
-device is bad input (exit 2, never opened), one that may not be read an I/O error (exit 74).
+Every problem is one line naming the file and line: a missing header, a line of the wrong length, an id
+that names no row, a score that is not a finite number, a pair given twice, no relevant pair at all, a
+relevant pair that is also excluded. A local file first goes through the checks of every file read
+(`streamwhiten._paths.check_readable`): a missing one, a directory, a FIFO or a device is bad input (exit 2,
+never opened), one that may not be read an I/O error (exit 74).
 """
 
 from __future__ import annotations
@@ -20,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -42,8 +41,23 @@ class Ids:
     ids: Sequence[str] | None = None
     column: str | None = None
 
+    @cached_property
     def lookup(self) -> dict | None:
         return None if self.ids is None else {value: row for row, value in enumerate(self.ids)}
+
+    def row(self, value: str, where: str, what: str) -> int:
+        """The row ``value`` names, else one line naming the file and line (``where``) and the column (``what``)."""
+        if self.lookup is not None:
+            row = self.lookup.get(value)
+        else:  # "²".isdigit() too
+            row = int(value) if value.isascii() and value.isdigit() and int(value) < self.n_rows else None
+        if row is None:
+            raise BadInputError(f"{where}: {what} {value!r} is not {self.describe()}")
+        return row
+
+    def name(self, row: int) -> str:
+        """Row ``row`` as a qrels file names it: its id, else its number."""
+        return str(row if self.ids is None else self.ids[row])
 
     def describe(self) -> str:
         if self.ids is None:
@@ -86,27 +100,29 @@ class Qrels:
         """The query rows with at least one relevant pair, ascending: the queries evaluated."""
         return np.unique(self.queries[self.grades > 0])
 
-    def describe(self) -> dict:
+    def describe(self) -> QrelsInfo:
         relevant = self.grades > 0
-        return {
-            "qrels": self.label,
-            "n_pairs": self.n_pairs,
-            "n_relevant": int(relevant.sum()),
-            "n_queries": int(np.unique(self.queries).size),
-            "n_queries_with_relevant": int(np.unique(self.queries[relevant]).size),
-            "graded": bool(np.any(self.grades[relevant] != 1)),
-        }
+        return QrelsInfo(
+            self.label,
+            self.n_pairs,
+            int(relevant.sum()),
+            int(np.unique(self.queries).size),
+            int(np.unique(self.queries[relevant]).size),
+            bool(np.any(self.grades[relevant] != 1)),
+        )
 
 
-def _row(value: str, ids: Ids, lookup: dict | None, label: str, line: int, what: str) -> int:
-    if lookup is not None:
-        row = lookup.get(value)
-        if row is None:
-            raise BadInputError(f"{label}: line {line}: {what} {value!r} is not {ids.describe()}")
-        return row
-    if not (value.isascii() and value.isdigit()) or int(value) >= ids.n_rows:  # "²".isdigit() too
-        raise BadInputError(f"{label}: line {line}: {what} {value!r} is not {ids.describe()}")
-    return int(value)
+@dataclass(frozen=True)
+class QrelsInfo:
+    """What a result records of the judgements read: the file, its judged pairs, the relevant ones, the queries
+    judged, those with a relevant document, and whether the grades differ from 1."""
+
+    qrels: str
+    n_pairs: int
+    n_relevant: int
+    n_queries: int
+    n_queries_with_relevant: int
+    graded: bool
 
 
 def _table(path: str, header: tuple, columns: tuple) -> tuple[str, list]:
@@ -140,14 +156,13 @@ def read_qrels(path: str, queries: Ids, corpus: Ids) -> Qrels:
         One line naming the file and line: see the module docstring.
     """
     label, lines = _table(path, QRELS_HEADER, (3,))
-    query_lookup, corpus_lookup = queries.lookup(), corpus.lookup()
     n = len(lines)
     q_rows, c_rows = np.empty(n, np.int64), np.empty(n, np.int64)
     grades, numbers = np.empty(n, np.float64), np.empty(n, np.int64)
     for i, (number, fields) in enumerate(lines):
         query_id, corpus_id, score = (field.strip() for field in fields)
-        q_rows[i] = _row(query_id, queries, query_lookup, label, number, "query-id")
-        c_rows[i] = _row(corpus_id, corpus, corpus_lookup, label, number, "corpus-id")
+        q_rows[i] = queries.row(query_id, f"{label}: line {number}", "query-id")
+        c_rows[i] = corpus.row(corpus_id, f"{label}: line {number}", "corpus-id")
         try:
             grades[i] = float(score)
         except ValueError:
@@ -177,12 +192,10 @@ def read_exclude(path: str, queries: Ids, corpus: Ids, qrels: Qrels | None = Non
     With ``qrels``, a listed pair that ``qrels`` calls relevant is refused (it could never be found).
     """
     label, lines = _table(path, EXCLUDE_HEADER, (2, 3))
-    query_lookup, corpus_lookup = queries.lookup(), corpus.lookup()
     pairs: dict[tuple[int, int], int] = {}
     for number, fields in lines:
-        q = _row(fields[0].strip(), queries, query_lookup, label, number, "query-id")
-        c = _row(fields[1].strip(), corpus, corpus_lookup, label, number, "corpus-id")
-        pairs.setdefault((q, c), number)
+        q = queries.row(fields[0].strip(), f"{label}: line {number}", "query-id")
+        pairs.setdefault((q, corpus.row(fields[1].strip(), f"{label}: line {number}", "corpus-id")), number)
     if qrels is not None and pairs:
         relevant = qrels.relevant()
         for q, c, line in zip(relevant.queries, relevant.rows, relevant.lines, strict=True):
@@ -192,10 +205,8 @@ def read_exclude(path: str, queries: Ids, corpus: Ids, qrels: Qrels | None = Non
                     f"{label}: line {number}: excludes the pair of query row {q} and corpus row {c}, "
                     f"which {qrels.label} line {line} calls relevant"
                 )
-    if not pairs:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    q_rows, c_rows = (np.asarray(values, dtype=np.int64) for values in zip(*sorted(pairs), strict=True))
+    q_rows, c_rows = np.array(sorted(pairs), dtype=np.int64).reshape(-1, 2).T.copy()
     return q_rows, c_rows
 
 
-__all__ = ["EXCLUDE_HEADER", "QRELS_HEADER", "Ids", "Qrels", "read_exclude", "read_qrels"]
+__all__ = ["EXCLUDE_HEADER", "QRELS_HEADER", "Ids", "Qrels", "QrelsInfo", "read_exclude", "read_qrels"]

@@ -1,9 +1,9 @@
 """Retrieval evaluation: exact cosine search of queries over a corpus, scored against relevance judgements.
 
-For each setting (the raw vectors, or a whitening; each stored as float32, float16, int8 or sign bits,
-optionally re-ranked) the queries and every corpus row are transformed, scaled to unit length and
-stored as the setting says; then each query's 100 best corpus rows are found by exact search (ties to
-the lower corpus row, excluded pairs never returned; see `search`), and scored:
+For each setting (the raw vectors, or a whitening; stored as float32, float16, int8 or sign bits, optionally
+re-ranked) the queries and every corpus row are transformed, scaled to unit length and stored as the setting
+says; each query's 100 best corpus rows are found by exact search (ties to the lower corpus row, excluded
+pairs never returned; see `search`), and scored:
 
 - ``ndcg@10``: ``DCG / IDCG`` with ``DCG = sum_{i=1..10} gain_i / log2(i + 1)``, the gain of the
   document at rank ``i`` its qrels score when above 0 (else 0), and ``IDCG`` the DCG of the query's
@@ -11,16 +11,14 @@ the lower corpus row, excluded pairs never returned; see `search`), and scored:
 - ``recall@k`` (k = 1, 10, 100): relevant documents in the top k over the query's relevant documents;
 - ``mrr@10``: ``1 / rank`` of the first relevant document in the top 10, 0 if there is none.
 
-Each is averaged over the queries that have at least one relevant document (a query judged only
-``score <= 0`` cannot be scored and is left out, and counted) and reported x100, like the pair scores.
-Whitened and raw are compared per query: the difference of the means, with a paired bootstrap 95%
-interval (resamples of the queries, a fixed seed; `paired_bootstrap`).
+Each is averaged over the queries with a relevant document (one judged only ``score <= 0`` is left out,
+and counted) and reported x100. Whitened and raw are compared per query: the difference of the means, with
+a paired bootstrap 95% interval (resamples of the queries, a fixed seed; `paired_bootstrap`).
 
 The search is computed in float64 from what each storage (``dtype``) holds: float16 values, int8 codes
-dequantized (``code * scale + offset``), sign bits compared by Hamming distance (the queries' bits
-too); ``rescore=N`` re-ranks the top N of a bit search by the float query's inner product with the
-corpus rows stored as ``rescore_dtype`` (float32 or int8), read in a second pass over the blocks that
-hold them (one pass for every setting that re-ranks).
+dequantized (``code * scale + offset``), sign bits compared by Hamming distance (the queries' bits too);
+``rescore=N`` re-ranks the top N of a bit search by the float query's inner product with the corpus rows
+stored as ``rescore_dtype`` (float32 or int8), read in one more pass over the blocks that hold them.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, fields, is_dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import numpy as np
 
@@ -43,13 +41,14 @@ from ..options import RetrievalOptions
 from ..params import PARAMS, check
 from ..progress import phase
 from ..storage import CODE, Storage, parse_storage
-from .qrels import Ids, Qrels, read_exclude, read_qrels
+from .qrels import Ids, Qrels, QrelsInfo, read_exclude, read_qrels
 from .search import Exclusions, RescoreJob, SearchJob, SearchResult, corpus_blocks, rescore_all, search
 from .self_matches import ROUNDOFF, SelfMatches, find_self_matches
 
 if TYPE_CHECKING:
     from ..codes import Codec
 
+T = TypeVar("T")
 #: The metrics, in the order they are reported.
 METRICS = ("ndcg@10", "recall@1", "recall@10", "recall@100", "mrr@10")
 #: Corpus rows kept per query: what recall@100 needs.
@@ -61,10 +60,6 @@ BOOTSTRAP_LEVEL = 0.95
 
 
 # --------------------------------------------------------------------------------------------- metrics
-
-
-def _cutoff(name: str) -> int:
-    return int(name.split("@")[1])
 
 
 def query_metrics(top_rows: np.ndarray, query_rows: np.ndarray, qrels: Qrels) -> dict[str, np.ndarray]:
@@ -115,17 +110,10 @@ def query_metrics(top_rows: np.ndarray, query_rows: np.ndarray, qrels: Qrels) ->
     width = min(10, gain.shape[1])
     dcg = (gain[:, :width] / np.log2(np.arange(width) + 2.0)).sum(axis=1)
     hits = gain > 0
-    out = {}
-    for name in METRICS:
-        k = _cutoff(name)
-        if name.startswith("ndcg"):
-            out[name] = dcg / ideal
-        elif name.startswith("recall"):
-            out[name] = hits[:, :k].sum(axis=1) / n_relevant
-        else:
-            top = hits[:, :k]
-            first_hit = np.argmax(top, axis=1)
-            out[name] = np.where(top.any(axis=1), 1.0 / (first_hit + 1.0), 0.0)
+    top = hits[:, :10]
+    out = {"ndcg@10": dcg / ideal}
+    out.update({f"recall@{k}": hits[:, :k].sum(axis=1) / n_relevant for k in (1, 10, 100)})
+    out["mrr@10"] = np.where(top.any(axis=1), 1.0 / (np.argmax(top, axis=1) + 1.0), 0.0)
     return out
 
 
@@ -140,7 +128,7 @@ def paired_bootstrap(
     samples: int = BOOTSTRAP_SAMPLES,
     seed: int = BOOTSTRAP_SEED,
     level: float = BOOTSTRAP_LEVEL,
-) -> dict[str, dict]:
+) -> dict[str, Difference]:
     """The mean per-query difference ``second - first`` of each metric, x100, with a paired bootstrap
     interval.
 
@@ -150,26 +138,20 @@ def paired_bootstrap(
     linear interpolation) of the resampled mean differences. ``samples = 0`` gives no interval.
     """
     names = list(first)
-    diffs = {name: np.asarray(second[name], np.float64) - np.asarray(first[name], np.float64) for name in names}
-    n = diffs[names[0]].shape[0] if names else 0
-    out: dict[str, dict[str, float | None]] = {
-        name: {"difference": 100.0 * float(diffs[name].mean()) if n else math.nan} for name in names
-    }
+    diffs = np.array([np.asarray(second[name], np.float64) - np.asarray(first[name], np.float64) for name in names])
+    n = diffs.shape[1] if names else 0
     if samples <= 0 or n == 0:
-        for name in names:
-            out[name].update(low=None, high=None)
-        return out
+        return {name: Difference(100.0 * float(diffs[i].mean()) if n else math.nan) for i, name in enumerate(names)}
     rng = np.random.default_rng(seed)
-    means = {name: np.empty(samples) for name in names}
+    means = np.empty((samples, len(names)))
     for i in range(samples):
         index = rng.integers(0, n, size=n)
-        for name in names:
-            means[name][i] = diffs[name][index].mean()
-    tails = [100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0]
-    for name in names:
-        low, high = np.percentile(means[name], tails)
-        out[name].update(low=100.0 * float(low), high=100.0 * float(high))
-    return out
+        means[i] = [row[index].mean() for row in diffs]  # each a 1-D mean, as numpy sums it
+    low, high = np.percentile(means, [100.0 * (1.0 - level) / 2.0, 100.0 * (1.0 + level) / 2.0], axis=0)
+    return {
+        name: Difference(100.0 * float(diffs[i].mean()), 100.0 * float(low[i]), 100.0 * float(high[i]))
+        for i, name in enumerate(names)
+    }
 
 
 # -------------------------------------------------------------------------------------------- settings
@@ -180,8 +162,9 @@ class SearchSetting:
     """How vectors become what is searched: an optional whitening ``y = (x - shift) @ weights``, L2
     normalisation, a storage, and for bits an optional re-ranking of the top ``rescore``.
 
-    Build one with `make` (not to be confused with [`streamwhiten.options.Setting`][streamwhiten.options.Setting], the
-    whitening's parameters: a search setting is those parameters as a map, plus how it is stored).
+    Build one with `make` or `make_code` (not [`streamwhiten.options.Setting`][streamwhiten.options.Setting], the
+    whitening's parameters: a search setting is those as a map, plus how it is stored); ``params`` are the
+    storage and setting fields of its `RetrievalScores`.
     """
 
     name: str
@@ -214,24 +197,15 @@ class SearchSetting:
         storage = Storage() if storage is None else storage
         if storage.code is not None:
             raise BadInputError(f"the {storage} code is searched by its codec: make_code")
-        dtype, rescore, rescore_dtype, clip = storage.dtype, storage.rescore, storage.rescore_dtype, storage.int8_clip
-        raw = raw or model is None
-        width = None if model is not None else n_features
-        quantization = quantization_for(dtype, model, raw=raw, normalize=True, clip=clip, n_components=width)
-        again = None
-        if rescore:
-            again = quantization_for(rescore_dtype, model, raw=raw, normalize=True, clip=clip, n_components=width)
-        weights = shift = None
-        params: dict = {"dtype": dtype, "bytes_per_vector": storage.bytes_per_vector(quantization.n_components)}
-        if "int8" in (dtype, rescore_dtype if rescore else None):
-            params["int8_clip"] = float(clip)
-        if rescore:
-            params.update(rescore=int(rescore), rescore_dtype=rescore_dtype)
-        if not raw:
-            assert model is not None  # raw without one
-            weights, shift = model.projection(np.float64)
-            params.update(beta=model.beta, gamma=model.gamma, k=model.n_components)
-        return cls(name, quantization, weights, shift, int(rescore), again, params)
+        raw, width = raw or model is None, None if model is not None else n_features
+        quantization = quantization_for(
+            storage.dtype, model, raw=raw, normalize=True, clip=storage.int8_clip, n_components=width
+        )
+        params: dict = {"dtype": storage.dtype, "bytes_per_vector": storage.bytes_per_vector(quantization.n_components)}
+        if storage.dtype == "int8":
+            params["int8_clip"] = float(storage.int8_clip)
+        again, weights, shift = _rescoring_and_map(model, storage, raw, params, width)
+        return cls(name, quantization, weights, shift, int(storage.rescore), again, params)
 
     @classmethod
     def make_code(
@@ -248,26 +222,14 @@ class SearchSetting:
         rows (``search``: the code's name, ``eigen:24``, and its re-ranking: the top ``rescore`` re-ranked
         with ``rescore_dtype`` vectors). Bytes per vector count the code row (per-vector scalars included)
         and the re-ranking vectors; the codec's per-model bytes are reported apart (``model_bytes``)."""
-        spec, rescore, rescore_dtype, int8_clip = str(search), search.rescore, search.rescore_dtype, search.int8_clip
         width = model.n_features if raw else model.n_components
         if codec.n_features != width:
             raise BadInputError(f"the {codec.label} codec codes vectors of {codec.n_features} values, not {width}")
-        again = None
-        params: dict = {"dtype": spec, "code": codec.label, "bytes_per_vector": codec.bytes_per_vector}
-        if rescore:
-            again = quantization_for(rescore_dtype, model, raw=raw, normalize=True, clip=int8_clip)
-            params["bytes_per_vector"] += again.bytes_per_vector
-            params.update(rescore=int(rescore), rescore_dtype=rescore_dtype)
-            if rescore_dtype == "int8":
-                params["int8_clip"] = float(int8_clip)
-        params["model_bytes"] = codec.model_bytes
-        params.update(training or {})
-        weights = shift = None
-        if not raw:
-            weights, shift = model.projection(np.float64)
-            params.update(beta=model.beta, gamma=model.gamma, k=model.n_components)
+        params: dict = dict(training or {}, dtype=str(search), code=codec.label, model_bytes=codec.model_bytes)
+        again, weights, shift = _rescoring_and_map(model, search, raw, params)
+        params["bytes_per_vector"] = codec.bytes_per_vector + (again.bytes_per_vector if again is not None else 0)
         floats = Quantization("float32", width, normalized=True)
-        return cls(name, floats, weights, shift, int(rescore), again, params, codec)
+        return cls(name, floats, weights, shift, int(search.rescore), again, params, codec)
 
     @property
     def n_features(self) -> int | None:
@@ -299,6 +261,25 @@ class SearchSetting:
         return np.packbits(unit > 0, axis=1) if self.quantization.kind == "binary" else unit
 
 
+def _rescoring_and_map(
+    model: WhiteningModel | None, storage: Storage, raw: bool, params: dict, width: int | None = None
+) -> tuple[Quantization | None, np.ndarray | None, np.ndarray | None]:
+    """The re-ranking's quantization (None: none) and the whitening's weights and shift (None: the raw
+    vectors), their fields added to a search setting's ``params``."""
+    again = weights = shift = None
+    if storage.rescore:
+        dtype, clip = storage.rescore_dtype, storage.int8_clip
+        again = quantization_for(dtype, model, raw=raw, normalize=True, clip=clip, n_components=width)
+        params.update(rescore=int(storage.rescore), rescore_dtype=dtype)
+        if dtype == "int8":
+            params["int8_clip"] = float(clip)
+    if not raw:
+        assert model is not None  # raw without one
+        weights, shift = model.projection(np.float64)
+        params.update(beta=model.beta, gamma=model.gamma, k=model.n_components)
+    return again, weights, shift
+
+
 def _finite(rows: np.ndarray, start: int, label: str) -> np.ndarray:
     raise_if_nonfinite(rows, f"{label}:", start=start)
     return rows
@@ -320,8 +301,7 @@ def search_settings(
     the settings that re-rank bits, for all of them), read in ``options.block_rows`` blocks by
     ``options.threads`` threads (default: ``RetrievalOptions()``'s): ``{setting name: SearchResult}`` of its top
     ``depth`` (``rows``: int64, -1 past the last candidate; ``values``: the inner products, or the Hamming
-    distances of a bit search; a re-ranked
-    bit search's are its re-ranked inner products, -inf past them)."""
+    distances of a bit search; a re-ranked bit search's are its re-ranked inner products, -inf past them)."""
     names = [setting.name for setting in settings]
     if len(set(names)) != len(names):
         raise BadInputError(f"settings need distinct names, got {names}")
@@ -368,7 +348,6 @@ def _search_jobs(
             raise BadInputError(
                 f"setting {setting.name!r} expects {setting.n_features} features, the vectors have {queries.shape[1]}"
             )
-    for setting in settings:
         if setting.codec is not None:
             continue
         metric = "hamming" if setting.quantization.kind == "binary" else "ip"
@@ -435,29 +414,25 @@ def _search_codes(
 # ------------------------------------------------------------------------------------------ evaluation
 
 
-def _open(spec: Any) -> tuple[Source | np.ndarray, bool]:
-    """A Source or array for ``spec`` (a spec string, a Source or an array); whether we opened it."""
-    if isinstance(spec, Source):
-        return spec, False
+def _open(spec: Any, what: str, column: str | None, opened: list) -> tuple[Source | np.ndarray, StoreInfo]:
+    """A Source or array for ``spec`` (a spec string, opened here and added to ``opened``; a Source or an
+    array as it is) and what the result records of it."""
     if isinstance(spec, np.ndarray):
         if spec.ndim != 2 or spec.dtype.kind != "f":
             raise BadInputError(f"expected a 2-D array of float vectors, got {spec.dtype} of shape {spec.shape}")
-        return spec, False
-    return open_source(spec), True
+        return spec, StoreInfo(f"the {what} array", int(spec.shape[0]), int(spec.shape[1]), column)
+    if not isinstance(spec, Source):
+        spec = open_source(spec)
+        opened.append(spec)
+    return spec, StoreInfo(spec.label, int(spec.n_rows), int(spec.n_features), column)
 
 
-def _label(store: Any, what: str) -> str:
-    return store.label if isinstance(store, Source) else f"the {what} array"
-
-
-def _ids(store: Any, column: str | None, what: str) -> Ids:
-    label = _label(store, what)
-    n_rows = store.n_rows if isinstance(store, Source) else store.shape[0]
-    if column is None:
-        return Ids(label, n_rows)
+def _ids(store: Any, info: StoreInfo, what: str) -> Ids:
+    if info.id_column is None:
+        return Ids(info.label, info.n_rows)
     if not isinstance(store, Source):
         raise BadInputError(f"an id column needs a Parquet or Lance store; the {what} are an array")
-    return Ids(label, n_rows, read_ids(store, column), column)
+    return Ids(info.label, info.n_rows, read_ids(store, info.id_column), info.id_column)
 
 
 @dataclass(frozen=True)
@@ -469,11 +444,6 @@ class StoreInfo:
     n_rows: int
     n_features: int
     id_column: str | None
-
-    @classmethod
-    def of(cls, store: Any, what: str, column: str | None) -> StoreInfo:
-        n_rows, n_features = (store.n_rows, store.n_features) if isinstance(store, Source) else store.shape
-        return cls(_label(store, what), int(n_rows), int(n_features), column)
 
 
 @dataclass(frozen=True)
@@ -562,8 +532,7 @@ def _search_raw_and_whitened(
             options=options,
             progress=progress,
         )
-    raw = settings[0]
-    matches = None
+    raw, matches = settings[0], None
     if raw.codec is None and raw.quantization.kind in ROUNDOFF:  # the raw cosines, as floats: checked
         matches = find_self_matches(task, found["raw"].rows, found["raw"].values, raw.quantization.kind)
     metrics = {name: query_metrics(top.rows, task.query_rows, task.qrels) for name, top in found.items()}
@@ -578,26 +547,24 @@ def resolve_storage(
     int8_clip: float | None = None,
 ) -> Storage:
     """How a search stores the corpus, checked: ``dtype`` (a name, parsed here, or a `Storage`: its dtype or
-    code), else the model's recorded storage (what ``tune`` chose, or its code), else float32; each of
-    ``rescore``, ``rescore_dtype``, ``int8_clip`` as given, else the model's storage's (a code: where the model
-    records that code, else none). A plain ``dtype`` given without ``rescore`` does not inherit the model's
-    re-ranking unless it is ``binary``.
+    code), else the model's recorded storage (what ``tune`` chose, or its code), else float32; ``rescore``,
+    ``rescore_dtype``, ``int8_clip`` as given, else the model's storage's (a code: where the model records that
+    code). A plain ``dtype`` given without ``rescore`` inherits the model's re-ranking only as ``binary``.
 
     ``int8`` needs the model (its statistics set the scales, raw ones included); so does a vector code
-    (``eigen:24``, ``faiss-pq:16``; ``streamwhiten.codes.CODES``): the unit vectors' code rows, searched by
-    the codec's estimate of ``<q, x>`` for float32 queries; the whitened vectors by the model's codec where
-    it records that code, else one trained from the statistics (and for ``faiss-*`` and ``bits-itq`` a
-    seeded sample of 10,000 corpus rows), the raw vectors by the same code trained for them. ``rescore``
-    re-ranks the top N of bits or a code with ``rescore_dtype`` (float32 or int8) vectors; ``int8_clip``:
-    the standard deviations the int8 codes span about each component's mean (default 4).
+    (``eigen:24``, ``faiss-pq:16``; ``streamwhiten.codes.CODES``), searched by the codec's estimate of
+    ``<q, x>`` for float32 queries: the whitened vectors by the model's codec where it records that code, else
+    one trained from the statistics (``faiss-*``, ``bits-itq``: and a seeded sample of 10,000 corpus rows), the
+    raw vectors by the same code trained for them. ``rescore`` re-ranks the top N of bits or a code with
+    ``rescore_dtype`` (float32 or int8) vectors; ``int8_clip``: the standard deviations the int8 codes span
+    about each component's mean (default 4).
     """
     wanted = None if dtype is None else parse_storage(dtype)  # before anything is read
     for name, value in (("rescore", rescore), ("rescore_dtype", rescore_dtype), ("int8_clip", int8_clip)):
         if value is not None:
             check(name, value)
-    recorded = getattr(model, "storage", None) or Storage()
+    base = recorded = getattr(model, "storage", None) or Storage()
     wanted = wanted or recorded
-    base = recorded
     if wanted.code is not None:
         if model is None:
             raise BadInputError(f"the {wanted} code trains from a model's statistics: give a model")
@@ -648,25 +615,98 @@ def evaluate_retrieval(
     options = retrieval_options(options)
     model_file = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
     model = load_model(model_file) if model_file is not None else cast("WhiteningModel | None", model)
-    if isinstance(storage, Storage):  # as it is, its re-ranking and clip too (a code: checked to have a model)
-        storage = resolve_storage(model, storage, storage.rescore, storage.rescore_dtype, storage.int8_clip)
-    else:
-        storage = resolve_storage(model, storage)
+    given = (storage.rescore, storage.rescore_dtype, storage.int8_clip) if isinstance(storage, Storage) else ()
+    storage = resolve_storage(model, storage, *given)  # a Storage as it is (a code: checked to have a model)
     with open_task(queries, corpus, qrels, model=model, options=options) as task:
         settings, per_query, matches = _search_raw_and_whitened(task, model, storage, options, progress)
-    whitened = difference = None
+    scores = [RetrievalScores.of(mean_metrics(per_query[each.name]), **each.params) for each in settings]
+    bootstrap, difference = BootstrapInfo(options.bootstrap, options.seed), None
     if model is not None:
-        whitened = dict(mean_metrics(per_query["whitened"]), **settings[1].params)
-        difference = paired_bootstrap(per_query["raw"], per_query["whitened"], options.bootstrap, options.seed)
+        differences = paired_bootstrap(per_query["raw"], per_query["whitened"], bootstrap.samples, bootstrap.seed)
+        difference = RetrievalDifference.of(differences)
     return RetrievalResult(
         **task.describe(),
-        raw=dict(mean_metrics(per_query["raw"]), **settings[0].params),
-        whitened=whitened,
+        raw=scores[0],
+        whitened=scores[1] if model is not None else None,
         difference=difference,
-        bootstrap=BootstrapInfo(options.bootstrap, options.seed),
+        bootstrap=bootstrap,
         model=model_file,
         self_matches=matches,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ByMetric(Generic[T]):
+    """One value per metric of `METRICS`, ``ndcg@10`` as the field ``ndcg_10``."""
+
+    ndcg_10: T
+    recall_1: T
+    recall_10: T
+    recall_100: T
+    mrr_10: T
+
+    @classmethod
+    def of(cls: type[M], values: Mapping[str, Any], **more: Any) -> M:
+        """From ``{metric name: value}`` and the fields ``more``."""
+        return cls(**{name.replace("@", "_"): value for name, value in values.items()}, **more)
+
+    def metric(self, name: str) -> T:
+        """The value of the metric ``name``."""
+        return getattr(self, name.replace("@", "_"))
+
+    def to_json(self) -> dict[str, Any]:
+        """Each metric by its name in `METRICS`, then the other fields that are not None."""
+        out = {name: plain(self.metric(name)) for name in METRICS}
+        out.update((key, getattr(self, key)) for key in self._keys() if getattr(self, key) is not None)
+        return out
+
+    def _keys(self) -> list[str]:
+        return [item.name for item in fields(self)[len(METRICS) :]]
+
+
+M = TypeVar("M", bound=ByMetric)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetrievalScores(ByMetric[float]):
+    """One setting's scores: each of `METRICS` (the mean over the queries, x100), how the corpus was stored
+    (``dtype``: a storage or a code ``NAME:BYTES``; the ``code``'s label, its ``model_bytes``, training sample
+    and ``codec`` "model" where it is the model's own; ``int8_clip``; the re-ranking) and, whitened, the
+    setting (``beta``, ``gamma``, ``k``). None: does not apply, and left out of `to_json`."""
+
+    dtype: str
+    code: str | None = None
+    bytes_per_vector: int
+    int8_clip: float | None = None
+    rescore: int | None = None
+    rescore_dtype: str | None = None
+    model_bytes: int | None = None
+    sample_rows: int | None = None
+    sample_seed: int | None = None
+    codec: str | None = None
+    beta: float | None = None
+    gamma: float | None = None
+    k: int | None = None
+
+    def _keys(self) -> list[str]:
+        keys = super()._keys()
+        if self.code is not None:  # a code records its int8 span after its re-ranking (as make_code did)
+            keys.remove("int8_clip")
+            keys.insert(keys.index("model_bytes"), "int8_clip")
+        return keys
+
+
+@dataclass(frozen=True)
+class Difference:
+    """Whitened minus raw of one metric (x100) with its paired bootstrap interval (None bounds: no resamples)."""
+
+    difference: float
+    low: float | None = None
+    high: float | None = None
+
+
+class RetrievalDifference(ByMetric[Difference]):
+    """The `Difference` of each of `METRICS`."""
 
 
 @dataclass(frozen=True)
@@ -678,19 +718,17 @@ class RetrievalResult:
     ----------
     queries, corpus : StoreInfo
         Each store's ``label``, ``n_rows``, ``n_features`` and ``id_column``.
-    qrels : mapping
+    qrels : QrelsInfo
         The judgements read: the file, judged pairs and queries, relevant pairs.
     exclude : ExcludeInfo or None
         The exclude file, its pairs and the pairs used; None without one.
     n_queries : int
         The queries evaluated (those with a relevant document).
-    raw, whitened : mapping
-        Each of `METRICS` (mean x100) with the storage (``dtype``, ``bytes_per_vector``, a
-        re-ranking) and, whitened, the setting (``beta``, ``gamma``, ``k``); ``whitened`` is None without a
-        model.
-    difference : mapping or None
-        Each metric's ``{"difference", "low", "high"}``: whitened minus raw (x100) with its paired bootstrap
-        interval (None bounds with no resamples); None without a model.
+    raw, whitened : RetrievalScores
+        Each of `METRICS` (mean x100) with the storage and, whitened, the setting; ``whitened`` is None
+        without a model.
+    difference : RetrievalDifference or None
+        Each metric's whitened minus raw (x100) with its paired bootstrap interval; None without a model.
     bootstrap : BootstrapInfo
         ``samples``, ``seed`` and ``level`` of the intervals.
     model : str or None
@@ -703,12 +741,12 @@ class RetrievalResult:
 
     queries: StoreInfo
     corpus: StoreInfo
-    qrels: Mapping[str, Any]
+    qrels: QrelsInfo
     exclude: ExcludeInfo | None
     n_queries: int
-    raw: Mapping[str, Any]
-    whitened: Mapping[str, Any] | None
-    difference: Mapping[str, Mapping[str, float | None]] | None
+    raw: RetrievalScores
+    whitened: RetrievalScores | None
+    difference: RetrievalDifference | None
     bootstrap: BootstrapInfo
     model: str | None = None
     self_matches: SelfMatches | None = None
@@ -716,13 +754,14 @@ class RetrievalResult:
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON values: ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw",
         "whitened", "difference", "bootstrap", "model", "self_matches"}``."""
-        out = {item.name: plain(getattr(self, item.name)) for item in fields(self) if item.name != "self_matches"}
-        return dict(out, self_matches=None if self.self_matches is None else self.self_matches.to_json())
+        return {item.name: plain(getattr(self, item.name)) for item in fields(self)}
 
 
 def plain(value: Any) -> Any:
-    """A record (a dataclass: `StoreInfo`, `ExcludeInfo`, `BootstrapInfo`), a mapping and what they hold as
-    plain JSON values (dicts in field order); anything else as it is."""
+    """A record (its ``to_json()``, else a dataclass's fields), a mapping and what they hold as plain JSON
+    values (dicts in field order); anything else as it is."""
+    if hasattr(value, "to_json"):
+        return value.to_json()
     if is_dataclass(value) and not isinstance(value, type):
         value = asdict(value)
     return {key: plain(item) for key, item in value.items()} if isinstance(value, Mapping) else value
@@ -742,7 +781,8 @@ class RetrievalTask:
     """Queries, corpus, judgements and excluded pairs, opened and checked (see `open_task`).
 
     ``vectors`` are the query rows evaluated (``query_rows``: those with a relevant document), read whole;
-    ``corpus`` is streamed by the searches; ``excluded`` are the exclusions as the searches take them.
+    ``corpus`` is streamed by the searches; ``excluded`` are the exclusions as the searches take them;
+    ``stores`` what the result records of the queries and the corpus, ``ids`` how the qrels name their rows.
     """
 
     queries: Source | np.ndarray
@@ -752,10 +792,9 @@ class RetrievalTask:
     vectors: np.ndarray
     excluded: Exclusions
     exclude_info: ExcludeInfo | None
-    id_columns: tuple
+    stores: tuple[StoreInfo, StoreInfo]
+    ids: tuple[Ids, Ids]
     opened: list = field(default_factory=list, repr=False)
-    #: How the qrels name the rows of the queries and of the corpus (two `Ids`).
-    ids: tuple = field(default=(), repr=False)
 
     @property
     def n_features(self) -> int:
@@ -763,20 +802,15 @@ class RetrievalTask:
 
     @property
     def corpus_label(self) -> str:
-        return _label(self.corpus, "corpus")
+        return self.stores[1].label
 
     @property
     def n_corpus(self) -> int:
-        return int(self.corpus.n_rows if isinstance(self.corpus, Source) else self.corpus.shape[0])
+        return self.stores[1].n_rows
 
     def describe(self) -> dict:
-        return {
-            "queries": StoreInfo.of(self.queries, "queries", self.id_columns[0]),
-            "corpus": StoreInfo.of(self.corpus, "corpus", self.id_columns[1]),
-            "qrels": self.qrels.describe(),
-            "exclude": self.exclude_info,
-            "n_queries": int(self.query_rows.size),
-        }
+        info = dict(qrels=self.qrels.describe(), exclude=self.exclude_info, n_queries=int(self.query_rows.size))
+        return dict(queries=self.stores[0], corpus=self.stores[1], **info)
 
     def close(self) -> None:
         for store in self.opened:
@@ -794,53 +828,41 @@ def open_task(
     queries: Any, corpus: Any, qrels: Any, *, model: Any = None, options: RetrievalOptions | None = None
 ) -> RetrievalTask:
     """Open and check a retrieval task (see [`evaluate_retrieval`][streamwhiten.evaluation.retrieval.evaluate_retrieval]
-    for the arguments; ``options``:
-    its exclude file and id columns): queries and corpus of one width (and the model's), the qrels and
-    exclude files read against their ids, the evaluated queries read and checked for NaN/Inf. Close it
-    when done (a context manager)."""
+    for the arguments; ``options``: its exclude file and id columns): queries and corpus of one width (and the
+    model's), the qrels and exclude files read against their ids, the evaluated queries read and checked for
+    NaN/Inf. Close it when done (a context manager)."""
     options = retrieval_options(options)
-    id_columns = (options.query_id_column, options.corpus_id_column)
     opened: list = []
     try:
-        query_store, corpus_store = _open_stores(queries, corpus, model, opened)
-        ids = (_ids(query_store, id_columns[0], "queries"), _ids(corpus_store, id_columns[1], "corpus"))
+        query_store, query_info = _open(queries, "queries", options.query_id_column, opened)
+        corpus_store, corpus_info = _open(corpus, "corpus", options.corpus_id_column, opened)
+        _check_widths(query_info, corpus_info, model)
+        ids = (_ids(query_store, query_info, "queries"), _ids(corpus_store, corpus_info, "corpus"))
         judged = qrels if isinstance(qrels, Qrels) else read_qrels(qrels, *ids)
         query_rows = judged.query_rows()
         excluded, exclude_info = _exclusions(options.exclude, ids, judged, query_rows)
-        vectors = _query_vectors(query_store, query_rows)
+        vectors = _query_vectors(query_store, query_rows, query_info.label)
     except BaseException:
         for store in opened:
             store.close()
         raise
+    stores = (query_info, corpus_info)
     return RetrievalTask(
-        query_store, corpus_store, judged, query_rows, vectors, excluded, exclude_info, id_columns, opened, ids
+        query_store, corpus_store, judged, query_rows, vectors, excluded, exclude_info, stores, ids, opened
     )
 
 
-def _open_stores(
-    queries: Any, corpus: Any, model: Any, opened: list
-) -> tuple[Source | np.ndarray, Source | np.ndarray]:
-    """The queries and the corpus opened (those opened here added to ``opened``), checked to be of one width,
-    the model's."""
-    stores = []
-    for spec in (queries, corpus):
-        store, mine = _open(spec)
-        if mine:
-            opened.append(cast(Source, store))  # open_source's
-        stores.append(store)
-    query_store, corpus_store = stores
-    n_features = query_store.n_features if isinstance(query_store, Source) else query_store.shape[1]
-    corpus_features = corpus_store.n_features if isinstance(corpus_store, Source) else corpus_store.shape[1]
-    if n_features != corpus_features:
+def _check_widths(queries: StoreInfo, corpus: StoreInfo, model: Any) -> None:
+    """Queries and corpus of one width, the model's."""
+    if queries.n_features != corpus.n_features:
         raise BadInputError(
-            f"queries and corpus differ in width: {_label(query_store, 'queries')} has {n_features} columns "
-            f"but {_label(corpus_store, 'corpus')} has {corpus_features}"
+            f"queries and corpus differ in width: {queries.label} has {queries.n_features} columns "
+            f"but {corpus.label} has {corpus.n_features}"
         )
-    if model is not None and model.n_features != n_features:
+    if model is not None and model.n_features != queries.n_features:
         raise BadInputError(
-            f"the model expects {model.n_features} features but {_label(corpus_store, 'corpus')} has {n_features}"
+            f"the model expects {model.n_features} features but {corpus.label} has {queries.n_features}"
         )
-    return query_store, corpus_store
 
 
 def _exclusions(
@@ -857,16 +879,13 @@ def _exclusions(
     return excluded, ExcludeInfo(remote.redact(str(exclude)), int(ex_queries.size), int(keep.sum()))
 
 
-def _query_vectors(store: Source | np.ndarray, query_rows: np.ndarray) -> np.ndarray:
+def _query_vectors(store: Source | np.ndarray, query_rows: np.ndarray, label: str) -> np.ndarray:
     """The evaluated queries' vectors, read whole, checked for NaN/Inf."""
-    if isinstance(store, Source):
-        vectors = store.read(0, store.n_rows)[query_rows]
-    else:
-        vectors = np.asarray(store)[query_rows]
+    vectors = (store.read(0, store.n_rows) if isinstance(store, Source) else np.asarray(store))[query_rows]
     finite = np.isfinite(vectors).all(axis=1)
     if not finite.all():
         row = int(query_rows[np.argmin(finite)])
-        raise NonFiniteError(f"{_label(store, 'queries')}: row {row} holds NaN or Inf", row=row)
+        raise NonFiniteError(f"{label}: row {row} holds NaN or Inf", row=row)
     return vectors
 
 
@@ -874,10 +893,14 @@ __all__ = [
     "DEPTH",
     "METRICS",
     "BootstrapInfo",
+    "Difference",
     "ExcludeInfo",
+    "QrelsInfo",
     "StoreInfo",
     "plain",
+    "RetrievalDifference",
     "RetrievalResult",
+    "RetrievalScores",
     "RetrievalTask",
     "SearchSetting",
     "evaluate_retrieval",

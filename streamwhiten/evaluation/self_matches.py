@@ -74,18 +74,13 @@ def find_self_matches(task: Any, rows: np.ndarray, scores: np.ndarray, dtype: st
     lines = np.flatnonzero((top_rows >= 0) & (top >= 1.0 - allowed))
     relevant = task.qrels.relevant()
     judged = set(zip(relevant.queries.tolist(), relevant.rows.tolist(), strict=True))
-    query_ids, corpus_ids = task.ids if task.ids else (None, None)
+    query_ids, corpus_ids = task.ids
     pairs = []
     for line in lines.tolist():
         query, row = int(task.query_rows[line]), int(top_rows[line])
         if (query, row) not in judged:
-            pairs.append((_id(query_ids, query), _id(corpus_ids, row)))
+            pairs.append((query_ids.name(query), corpus_ids.name(row)))
     return SelfMatches(tuple(pairs), int(top_rows.shape[0]), allowed)
-
-
-def _id(ids: Any, row: int) -> str:
-    """Row ``row`` as a qrels file names it: its value in the id column, else the row itself."""
-    return str(row) if ids is None or ids.ids is None else str(ids.ids[row])
 
 
 __all__ = ["ROUNDOFF", "SelfMatches", "find_self_matches", "tolerance"]

@@ -337,7 +337,8 @@ def tune(
     if test_pairs is not None:
         with phase(progress, f"score the choice on {test_pairs.n_pairs:,} test pairs", "pairs") as told:
             scored = evaluate_pairs(test_pairs, chosen, block_rows, told)
-        summary["test"] = {"pairs": dict(scored.pairs), "raw": dict(scored.raw), "chosen": scored.to_json()["whitened"]}
+        test = scored.to_json()
+        summary["test"] = {"pairs": test["pairs"], "raw": test["raw"], "chosen": test["whitened"]}
     record = {
         "metric": result.metric,
         "tolerance": result.tolerance,

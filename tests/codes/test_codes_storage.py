@@ -243,9 +243,9 @@ def test_eval_over_codes_equals_a_numpy_search_of_the_codec(tmp_path, model, tas
         options=RetrievalOptions(exclude=task["exclude"], bootstrap=0),
     )
     white, raw = result.whitened, result.raw
-    assert (white["dtype"], white["code"], white["codec"]) == (spec, codec.label, "model")
-    assert white["bytes_per_vector"] == codec.bytes_per_vector and white["model_bytes"] == codec.model_bytes
-    assert raw["code"].split("-")[0] == codec.label.split("-")[0] and raw["bytes_per_vector"] <= int(spec.split(":")[1])
+    assert (white.dtype, white.code, white.codec) == (spec, codec.label, "model")
+    assert white.bytes_per_vector == codec.bytes_per_vector and white.model_bytes == codec.model_bytes
+    assert raw.code.split("-")[0] == codec.label.split("-")[0] and raw.bytes_per_vector <= int(spec.split(":")[1])
 
 
 def test_rescore_re_ranks_the_top_n_of_the_codes_by_float32(model, task):

@@ -108,11 +108,12 @@ def test_streamed_scores_match_direct_recomputation(tmp_path):
         result = evaluate_pairs(pairs, model, block_rows=11)  # many blocks, a short tail
     raw_cos = cosine_rows(a, b)
     white_cos = cosine_rows(model.transform(a.astype(np.float64)), model.transform(b.astype(np.float64)))
-    assert result.raw["spearman"] == pytest.approx(100 * sps.spearmanr(raw_cos, scores).statistic, abs=1e-9)
-    assert result.raw["pearson"] == pytest.approx(100 * sps.pearsonr(raw_cos, scores).statistic, abs=1e-9)
-    assert result.whitened["spearman"] == pytest.approx(100 * sps.spearmanr(white_cos, scores).statistic, abs=1e-6)
-    assert result.whitened["pearson"] == pytest.approx(100 * sps.pearsonr(white_cos, scores).statistic, abs=1e-6)
-    assert result.whitened["k"] == 7 and result.pairs["n_pairs"] == a.shape[0]
+    assert result.raw.spearman == pytest.approx(100 * sps.spearmanr(raw_cos, scores).statistic, abs=1e-9)
+    assert result.raw.pearson == pytest.approx(100 * sps.pearsonr(raw_cos, scores).statistic, abs=1e-9)
+    assert result.whitened.spearman == pytest.approx(100 * sps.spearmanr(white_cos, scores).statistic, abs=1e-6)
+    assert result.whitened.pearson == pytest.approx(100 * sps.pearsonr(white_cos, scores).statistic, abs=1e-6)
+    assert result.whitened.k == 7 and result.pairs["n_pairs"] == a.shape[0]
+    assert result.whitened.code is None and "code" not in result.whitened.to_json()  # no vector code recorded
 
 
 def test_block_size_does_not_change_cosines(tmp_path):
@@ -133,7 +134,7 @@ def test_pairs_from_npy_and_zarr(tmp_path):
     np.save(tmp_path / "s.npy", scores[:, None])  # an (n, 1) column is accepted
     with open_pairs(str(tmp_path / "a.npy"), str(tmp_path / "b.zarr"), str(tmp_path / "s.npy")) as pairs:
         result = evaluate_pairs(pairs)
-    assert result.raw["spearman"] == pytest.approx(100 * sps.spearmanr(cosine_rows(a, b), scores).statistic)
+    assert result.raw.spearman == pytest.approx(100 * sps.spearmanr(cosine_rows(a, b), scores).statistic)
 
 
 def test_read_vector_finds_the_only_1d_dataset_and_names_choices(tmp_path):

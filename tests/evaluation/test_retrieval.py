@@ -20,6 +20,7 @@ from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError, NonFiniteError
 from streamwhiten.evaluation.qrels import Ids, read_exclude, read_qrels
 from streamwhiten.evaluation.retrieval import (
     METRICS,
+    RetrievalScores,
     evaluate_retrieval,
     mean_metrics,
     paired_bootstrap,
@@ -90,8 +91,8 @@ def test_a_tie_goes_to_the_lower_corpus_row(tmp_path):
     queries = np.array([[1.0, 0.1]])
     path = write_qrels(tmp_path / "qrels.tsv", [(0, 5, 1)])
     result = evaluate_retrieval(queries, corpus, path, options=RetrievalOptions(bootstrap=0)).raw
-    assert result["mrr@10"] == 50.0 and result["recall@1"] == 0.0
-    assert result["ndcg@10"] == pytest.approx(100 / math.log2(3), abs=1e-12)
+    assert result.mrr_10 == 50.0 and result.recall_1 == 0.0
+    assert result.ndcg_10 == pytest.approx(100 / math.log2(3), abs=1e-12)
 
 
 # ------------------------------------------------------------------- against an independent numpy evaluation
@@ -178,21 +179,22 @@ def test_raw_and_whitened_metrics_equal_a_numpy_evaluation(task, threads, block_
         task["queries"], task["corpus"], task["triples"], task["excluded"],
         transform=lambda x: (np.asarray(x, np.float64) - shift) @ weights,
     )  # fmt: skip
-    assert result.n_queries == 40 and result.qrels["n_queries"] == 41
+    assert result.n_queries == 40 and result.qrels.n_queries == 41
     for name in METRICS:
-        assert result.raw[name] == pytest.approx(raw[name], abs=1e-9)
-        assert result.whitened[name] == pytest.approx(white[name], abs=1e-9)
-        diff = result.difference[name]
-        assert diff["difference"] == pytest.approx(white[name] - raw[name], abs=1e-9)
-        assert diff["low"] <= diff["difference"] <= diff["high"]
-    assert (result.whitened["k"], result.raw["dtype"], result.raw["bytes_per_vector"]) == (16, "float32", 96)
+        assert result.raw.metric(name) == pytest.approx(raw[name], abs=1e-9)
+        assert result.whitened.metric(name) == pytest.approx(white[name], abs=1e-9)
+        diff = result.difference.metric(name)
+        assert diff.difference == pytest.approx(white[name] - raw[name], abs=1e-9)
+        assert diff.low <= diff.difference <= diff.high
+    assert (result.whitened.k, result.raw.dtype, result.raw.bytes_per_vector) == (16, "float32", 96)
+    assert result.raw.beta is None and "beta" not in result.raw.to_json()  # what does not apply is left out
     # the bootstrap, recomputed as documented
     rng = np.random.default_rng(0)
     diffs = np.array(white_each["ndcg@10"]) - np.array(raw_each["ndcg@10"])
     means = [diffs[rng.integers(0, 40, size=40)].mean() for _ in range(1000)]
     low, high = np.percentile(means, [2.5, 97.5])
-    assert result.difference["ndcg@10"]["low"] == pytest.approx(100 * low, abs=1e-9)
-    assert result.difference["ndcg@10"]["high"] == pytest.approx(100 * high, abs=1e-9)
+    assert result.difference.ndcg_10.low == pytest.approx(100 * low, abs=1e-9)
+    assert result.difference.ndcg_10.high == pytest.approx(100 * high, abs=1e-9)
 
 
 @pytest.mark.parametrize("storage", ["float16", "int8", "binary"])
@@ -235,7 +237,7 @@ def test_quantized_storage_equals_a_numpy_evaluation_of_the_decoded_vectors(task
             scores = yq @ stored.T
         expected, _ = scored(scores, task["triples"], task["excluded"])
         for metric in METRICS:
-            assert getattr(result, name)[metric] == pytest.approx(expected[metric], abs=1e-9), (name, metric)
+            assert getattr(result, name).metric(metric) == pytest.approx(expected[metric], abs=1e-9), (name, metric)
 
 
 def test_bits_rescored_over_the_whole_corpus_rank_as_the_float_search(task):
@@ -259,12 +261,13 @@ def test_bits_rescored_over_the_whole_corpus_rank_as_the_float_search(task):
         options=RetrievalOptions(exclude=task["exclude"], bootstrap=0),
     )
     for name in ("raw", "whitened"):
-        assert {m: getattr(rescored, name)[m] for m in METRICS} == {m: getattr(floats, name)[m] for m in METRICS}
-        assert {m: getattr(deepest, name)[m] for m in METRICS} == {m: getattr(floats, name)[m] for m in METRICS}
-    assert bits.whitened["ndcg@10"] != floats.whitened["ndcg@10"]
+        expected = [getattr(floats, name).metric(m) for m in METRICS]
+        assert [getattr(rescored, name).metric(m) for m in METRICS] == expected
+        assert [getattr(deepest, name).metric(m) for m in METRICS] == expected
+    assert bits.whitened.ndcg_10 != floats.whitened.ndcg_10
     # bytes per vector: the bits and the float32 vectors the re-ranking reads from disk
-    assert rescored.whitened["bytes_per_vector"] == 2 + 16 * 4 and rescored.whitened["rescore"] == 2000
-    assert bits.whitened["bytes_per_vector"] == 2
+    assert rescored.whitened.bytes_per_vector == 2 + 16 * 4 and rescored.whitened.rescore == 2000
+    assert bits.whitened.bytes_per_vector == 2
 
 
 def test_the_bootstrap_is_paired_seeded_and_optional():
@@ -273,10 +276,29 @@ def test_the_bootstrap_is_paired_seeded_and_optional():
     second = {"a": first["a"] + 0.01, "b": first["b"] + rng.normal(0, 0.1, 300)}
     out = paired_bootstrap(first, second, samples=500, seed=3)
     assert out == paired_bootstrap(first, second, samples=500, seed=3)
-    assert out["a"]["low"] == pytest.approx(1.0) and out["a"]["high"] == pytest.approx(1.0)  # paired: no noise
-    assert out["b"]["low"] < out["b"]["difference"] < out["b"]["high"]
-    assert paired_bootstrap(first, second, samples=0)["b"]["low"] is None
+    assert out["a"].low == pytest.approx(1.0) and out["a"].high == pytest.approx(1.0)  # paired: no noise
+    assert out["b"].low < out["b"].difference < out["b"].high
+    assert paired_bootstrap(first, second, samples=0)["b"].low is None
     assert mean_metrics({"a": np.array([0.5, 1.0])}) == {"a": 75.0}
+
+
+def test_scores_print_their_fields_in_the_order_the_search_settings_record_them():
+    """`RetrievalScores.to_json`: the metrics, then what applies (None left out), a code's int8 span after its
+    re-ranking (as ``make_code`` records it), a plain storage's before (as ``make`` does)."""
+    metrics = dict.fromkeys(METRICS, 50.0)
+    bits = RetrievalScores.of(
+        metrics, dtype="binary", bytes_per_vector=18, int8_clip=4.0, rescore=20, rescore_dtype="int8"
+    )
+    code = RetrievalScores.of(
+        metrics, dtype="eigen:8", code="eigen-8B", bytes_per_vector=24, int8_clip=4.0, rescore=20,
+        rescore_dtype="int8", model_bytes=1671, beta=1.0, gamma=1.0, k=16,
+    )  # fmt: skip
+    assert list(bits.to_json()) == [*METRICS, "dtype", "bytes_per_vector", "int8_clip", "rescore", "rescore_dtype"]
+    assert list(code.to_json()) == [
+        *METRICS, "dtype", "code", "bytes_per_vector", "rescore", "rescore_dtype", "int8_clip", "model_bytes",
+        "beta", "gamma", "k",
+    ]  # fmt: skip
+    assert bits.metric("recall@10") == bits.recall_10 == 50.0 and bits.to_json()["int8_clip"] == 4.0
 
 
 def test_options_are_one_checked_object(task):
@@ -434,7 +456,7 @@ def test_stsb_retrieval_dev_raw_numbers_match_its_readme(pooling, expected):
         RETRIEVAL_DEV / "qrels.tsv",
         options=RetrievalOptions(exclude=RETRIEVAL_DEV / "exclude.tsv", bootstrap=0),
     ).raw
-    got = tuple(round(result[name], 2) for name in ("ndcg@10", "recall@10", "mrr@10"))
+    got = tuple(round(result.metric(name), 2) for name in ("ndcg@10", "recall@10", "mrr@10"))
     assert got == expected
 
 

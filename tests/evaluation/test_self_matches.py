@@ -76,7 +76,7 @@ def test_the_library_reports_the_queries_that_are_corpus_rows_and_prints_nothing
     assert list(found.pairs) == task["copies"] == reference
     assert (found.count, found.n_queries) == (N_COPIED, N_QUERIES)
     assert found.tolerance == pytest.approx(6 * 2.0**-24)
-    assert result.raw["recall@1"] < 100 * (N_QUERIES - N_COPIED) / N_QUERIES + 1e-9  # the copies come first
+    assert result.raw.recall_1 < 100 * (N_QUERIES - N_COPIED) / N_QUERIES + 1e-9  # the copies come first
     assert result.to_json()["self_matches"]["pairs"][0] == ["0", str(task["corpus"].shape[0] - N_COPIED)]
     # float16 storage rounds the searched rows: its own tolerance still finds them all
     assert (
@@ -90,7 +90,7 @@ def test_the_library_reports_the_queries_that_are_corpus_rows_and_prints_nothing
 def test_a_copy_judged_relevant_is_no_self_match(tmp_path):
     task = write_task(tmp_path, seed=1, noise=0.0)  # each query is its relevant document, exactly
     result = evaluate_retrieval(task["spec_q"], task["spec_c"], task["qrels"], options=RetrievalOptions(bootstrap=0))
-    assert result.self_matches.count == 0 and result.raw["recall@1"] == 100.0
+    assert result.self_matches.count == 0 and result.raw.recall_1 == 100.0
 
 
 def test_eval_warns_once_with_the_count_and_the_fix_and_not_with_exclude(tmp_path, run_cli):
