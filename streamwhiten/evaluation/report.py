@@ -26,7 +26,7 @@ from .._durable import check_replaceable, link_or_kind, write_file_atomic
 from ..core.model import WhiteningModel, components_for_variance
 from ..errors import BadInputError
 from .evaluate import PairSet
-from .tune import DEFAULT_VARIANCES, PairGrid, TuneResult, default_ks, grid_search
+from .tune import DEFAULT_VARIANCES, PairGrid, PairRow, TuneResult, default_ks, grid_search
 
 #: Files written when the output is a directory.
 FIGURE_FILES = {
@@ -65,6 +65,11 @@ class ReportData:
     def raw(self) -> float | None:
         return None if self.grid is None else self.grid.raw[self.metric]
 
+    def k_labels(self) -> list[str]:
+        """The k choices of the grid's maps (not the raw vectors' row), in order: one heat map each."""
+        assert self.grid is not None  # asked with pairs only
+        return list(dict.fromkeys(row.k_label for row in self.grid.table if row.vectors != "raw"))
+
 
 def retrieval_record(model: WhiteningModel) -> dict | None:
     """``model.info["tuned"]`` when it records a retrieval tuning with a frontier, else None."""
@@ -98,7 +103,7 @@ def collect(
     seeds = PairGrid((0.0, 1.0), (0.0, 1.0), tuple(dense), (), metric)
     curve = grid_search(model, pairs, seeds, block_rows=block_rows, progress=progress)
     data.curves = {
-        beta: [(row["k"], row[metric]) for row in curve.table if row["beta"] == beta and row["gamma"] == beta]
+        beta: [(row.k, row.score(metric)) for row in curve.table if row.beta == beta and row.gamma == beta]
         for beta, _, _ in SEED_SETTINGS
     }
     return data
@@ -216,14 +221,14 @@ def draw_k_curve(ax: Any, data: ReportData) -> None:
         points = data.curves[beta]
         ax.plot([k for k, _ in points], [s for _, s in points], "o-", ms=3, lw=1.5, color=color, label=label)
     ax.axhline(data.raw, color="black", ls="--", lw=1.2, label=f"raw vectors: {data.raw:.2f}")
-    best, highest = data.grid.best, data.grid.highest
+    best, highest, metric = data.grid.best, data.grid.highest, data.metric
     apart = highest is not best
     _mark_choice(
         ax,
-        (best["k"], best[data.metric]),
-        f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best[data.metric]:.2f}",
-        (highest["k"], highest[data.metric]) if apart else None,
-        f"highest on these pairs: {_setting(highest)}: {highest[data.metric]:.2f}",
+        (best.k, best.score(metric)),
+        f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best.score(metric):.2f}",
+        (highest.k, highest.score(metric)) if apart else None,
+        f"highest on these pairs: {_setting(highest)}: {highest.score(metric):.2f}",
         (14, 8),
     )
     ax.set_xscale("log", base=2)
@@ -231,7 +236,7 @@ def draw_k_curve(ax: Any, data: ReportData) -> None:
     ax.set_xlabel("kept components k (log scale)")
     ax.set_ylabel(f"{name} on the pairs")
     everything = [s for points in data.curves.values() for _, s in points if np.isfinite(s)] + [data.raw]
-    top = max(everything + [best[data.metric], highest[data.metric]])
+    top = max(everything + [best.score(metric), highest.score(metric)])
     low = max(min(everything), top - 25.0)  # keep the interesting band readable; lower points fall off
     ax.set_ylim(low - 0.5, top + 0.5)
     ax.grid(True, alpha=0.3)
@@ -244,8 +249,8 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
 
     grid, metric = data.grid, data.metric
     assert grid is not None and data.raw is not None  # drawn with pairs only
-    labels = list(dict.fromkeys(row["k_label"] for row in grid.table))
-    values = np.array([row[metric] for row in grid.table], dtype=np.float64)
+    labels = data.k_labels()
+    values = np.array([row.score(metric) for row in grid.table], dtype=np.float64)
     finite = values[np.isfinite(values)]
     raw = data.raw
     norm = TwoSlopeNorm(vcenter=raw, vmin=min(finite.min(), raw - 0.05), vmax=max(finite.max(), raw + 0.05))
@@ -262,27 +267,28 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
     best, highest = grid.best, grid.highest
     title = (
         f"{_metric_name(data)} over (beta, gamma) for each k (raw {raw:.2f})\ngreen box: chosen by the rule, "
-        f"{_setting(best)} ({best[metric]:.2f})"
+        f"{_setting(best)} ({best.score(metric):.2f})"
     )
     if highest is best:
         title += ", also the highest on these pairs"
     else:
-        title += f"; dashed box: highest on these pairs, {_setting(highest)} ({highest[metric]:.2f})"
+        title += f"; dashed box: highest on these pairs, {_setting(highest)} ({highest.score(metric):.2f})"
     figure.suptitle(title, fontsize=11)
 
 
 def _draw_heatmap(ax: Any, grid: TuneResult, metric: str, label: str, norm: Any) -> Any:
     """The heat map of the score over (beta, gamma) at one k choice (``label``), each cell's score written
     in it, the rule's choice and the highest outlined; the image (for the colour bar)."""
-    betas = list(dict.fromkeys(row["beta"] for row in grid.table))
-    gammas = list(dict.fromkeys(row["gamma"] for row in grid.table))
-    cells = {(row["beta"], row["gamma"]): row for row in grid.table if row["k_label"] == label}
-    matrix = np.array([[cells[(b, g)][metric] for g in gammas] for b in betas])
+    maps = [row for row in grid.table if row.vectors != "raw"]
+    betas = list(dict.fromkeys(row.beta for row in maps))
+    gammas = list(dict.fromkeys(row.gamma for row in maps))
+    cells = {(row.beta, row.gamma): row for row in grid.table if row.k_label == label}  # raw: the last, its cell
+    matrix = np.array([[cells[(b, g)].score(metric) for g in gammas] for b in betas])
     image = ax.imshow(matrix, cmap="RdBu", norm=norm, aspect="auto", origin="lower")
     for i, beta in enumerate(betas):
         for j, gamma in enumerate(gammas):
             row = cells[(beta, gamma)]
-            value = row[metric]
+            value = row.score(metric)
             shade = norm(value) if np.isfinite(value) else 0.5
             ax.text(
                 j,
@@ -298,7 +304,7 @@ def _draw_heatmap(ax: Any, grid: TuneResult, metric: str, label: str, norm: Any)
                 ax.add_patch(_outline(i, j))
             elif row is grid.highest:
                 ax.add_patch(_outline(i, j, HIGHEST_COLOR, "--"))
-    ks = sorted({row["k"] for row in cells.values()})
+    ks = sorted({row.k for row in cells.values()})
     title = (
         f"k = {label}"
         if not label.endswith("%")
@@ -485,11 +491,11 @@ def _outline(i: int, j: int, color: str = "#27ae60", style: str = "-"):
     return Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=color, lw=2.5, ls=style)
 
 
-def _setting(row: dict) -> str:
+def _setting(row: PairRow) -> str:
     """A row's setting in a label: ``beta=0 gamma=0 k=384``, or the raw vectors."""
-    if row.get("vectors") == "raw" and not row.get("code"):
-        return f"raw vectors, k={row['k']}"
-    return _bgk(row)
+    if row.vectors == "raw":
+        return f"raw vectors, k={row.k}"
+    return f"beta={row.beta:g} gamma={row.gamma:g} k={row.k}"
 
 
 def highest_within(record: dict) -> dict:
@@ -519,7 +525,7 @@ def figures(data: ReportData) -> dict:
         figure = Figure(figsize=(8, 5), layout="constrained")
         draw_k_curve(figure.add_subplot(), data)
         out["k_curve"] = figure
-        n_panels = len({row["k_label"] for row in data.grid.table})
+        n_panels = len(data.k_labels())
         n_rows = -(-n_panels // min(5, n_panels))
         figure = Figure(figsize=(3.2 * min(5, n_panels) + 1.5, 2.9 * n_rows + 0.8), layout="constrained")
         draw_heatmaps(figure, data)
@@ -534,7 +540,7 @@ def figures(data: ReportData) -> dict:
 def dashboard(data: ReportData):
     """Every panel on one figure: spectrum, variance and k curve on top, the heat maps below."""
     Figure = _matplotlib()
-    n_panels = len({row["k_label"] for row in data.grid.table}) if data.grid is not None else 0
+    n_panels = len(data.k_labels()) if data.grid is not None else 0
     heat_rows = -(-n_panels // min(5, n_panels)) if n_panels else 0
     width = max(18.0, 3.2 * min(5, n_panels) + 1.5) if n_panels else 13.0
     width += 6.5 if data.tuned is not None else 0.0
@@ -681,7 +687,7 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
     grid, metric, name = data.grid, data.metric, _metric_name(data)
     assert grid is not None  # drawn only for a report with a grid
     best = grid.best
-    seeds = {(row["beta"], row["gamma"], row["k"]): row for row in grid.table}
+    seeds = {(row.beta, row.gamma, row.k): row for row in grid.table}
     rows = [
         (
             "pairs",
@@ -694,12 +700,14 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
         if role.startswith("highest") and picked is best:
             continue
         also = ", and highest on these pairs" if picked is best and highest is best else ""
-        change = picked[metric] - grid.raw[metric]
-        rows.append((f"{role} ({name})", f"{picked[metric]:.2f} at {_setting(picked)} ({change:+.2f} vs raw){also}"))
+        score = picked.score(metric)
+        rows.append(
+            (f"{role} ({name})", f"{score:.2f} at {_setting(picked)} ({score - grid.raw[metric]:+.2f} vs raw){also}")
+        )
     for beta, label, _ in SEED_SETTINGS:
         seed = seeds.get((beta, beta, model.n_features))
         if seed is not None:
-            rows.append((f"{label}, full d", f"{seed[metric]:.2f}"))
+            rows.append((f"{label}, full d", f"{seed.score(metric):.2f}"))
     parts += [
         "<h2>Scores on labelled pairs</h2>",
         _table(rows),
@@ -715,9 +723,9 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
     header = "".join(f"<th>{h}</th>" for h in ("beta", "gamma", "k", "k choice", "Spearman x100", "Pearson x100"))
     body = "".join(
         f"<tr{' class=chosen' if row is best else ' class=highest' if row is highest else ''}>"
-        f"<td>{row['beta']:g}</td><td>{row['gamma']:g}</td>"
-        f"<td>{row['k']}</td><td>{html.escape(row['k_label'])}</td><td>{row['spearman']:.2f}</td>"
-        f"<td>{row['pearson']:.2f}</td></tr>"
+        f"<td>{row.beta:g}</td><td>{row.gamma:g}</td>"
+        f"<td>{row.k}</td><td>{html.escape(row.k_label)}</td><td>{row.spearman:.2f}</td>"
+        f"<td>{row.pearson:.2f}</td></tr>"
         for row in grid.table
     )
     parts.append(

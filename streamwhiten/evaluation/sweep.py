@@ -99,7 +99,7 @@ from .sweep_passes import (
     scaling_for,
     stored,
 )
-from .tune import KChoice, decompose, describe_stored, make_grid
+from .tune import KChoice, decompose, describe_stored, json_rows, make_grid
 
 #: Resampled means held at once by `bootstrap_differences` (512 MiB of doubles).
 RESAMPLED_VALUES = 1 << 26
@@ -133,6 +133,58 @@ class Candidate:
     def bits_key(self) -> tuple:
         """What its sign bits depend on (not gamma: a sign does not change with the scaling)."""
         return (self.beta, self.k, self.basis)
+
+
+@dataclass(frozen=True)
+class SweepRow:
+    """One map stored one way, or a code of the raw unit vectors (``code``: its record, `code_record`), and
+    its scores: a row of `RetrievalTuneResult`'s table. ``scores``: each metric of `METRICS` (x100);
+    ``retention``: the score of the chosen metric over raw float32's (%, None where raw scores 0);
+    ``difference``, ``low``, ``high``: its difference from raw float32 and the paired bootstrap interval."""
+
+    beta: float
+    gamma: float
+    k: int
+    k_label: str
+    vectors: str
+    storage: str
+    dtype: str
+    rescore: int
+    rescore_dtype: str | None
+    bytes_per_vector: int
+    scores: dict[str, float]
+    retention: float | None
+    difference: float
+    low: float | None
+    high: float | None
+    code: dict[str, Any] | None = None
+
+    def score(self, metric: str) -> float:
+        """The score of ``metric``, a missing or NaN one as the worst (-inf)."""
+        value = self.scores[metric]
+        return -math.inf if value is None or math.isnan(value) else float(value)
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as plain JSON values: the setting and storage, the code's record where there is one, the
+        scores, then the retention and the interval."""
+        out = {name: getattr(self, name) for name in _ROW_HEAD}
+        out.update({} if self.code is None else {"code": self.code}, **self.scores)
+        return dict(out, retention=self.retention, difference=self.difference, low=self.low, high=self.high)
+
+
+#: The fields of a `SweepRow` that come first in its JSON.
+_ROW_HEAD = (
+    "beta",
+    "gamma",
+    "k",
+    "k_label",
+    "vectors",
+    "storage",
+    "dtype",
+    "rescore",
+    "rescore_dtype",
+    "bytes_per_vector",
+)
 
 
 @dataclass(frozen=True)
@@ -525,54 +577,46 @@ def bootstrap_differences(
     return [(float(d), float(lo), float(hi)) for d, lo, hi in zip(differences, low, high, strict=True)]
 
 
-def family_of(row: dict) -> str:
+def family_of(row: SweepRow) -> str:
     """The storage family of a row: its code (``eigen``, ``faiss-pq``, ...) or its storage (``int8``,
     ``binary+rescore100``)."""
-    return str(row["dtype"] if row.get("code") else row["storage"])
+    return row.dtype if row.code else row.storage
 
 
-def best_per_family(table: list, metric: str, max_bytes: int | None = None) -> list:
+def best_per_family(table: list[SweepRow], metric: str, max_bytes: int | None = None) -> list[SweepRow]:
     """The best row of each storage family (`family_of`) within ``max_bytes``, by score (ties to
     fewer bytes, then the table's order), best first: how each family does at the budget."""
     best: dict = {}
     for i, row in enumerate(table):
-        if max_bytes is not None and row["bytes_per_vector"] > max_bytes:
+        if max_bytes is not None and row.bytes_per_vector > max_bytes:
             continue
-        key = (-_score(row, metric), row["bytes_per_vector"], i)
+        key = (-row.score(metric), row.bytes_per_vector, i)
         family = family_of(row)
         if family not in best or key < best[family][0]:
             best[family] = (key, row)
     return [row for _key, row in sorted(best.values(), key=lambda item: item[0])]
 
 
-def frontier(table: list, metric: str) -> list:
+def frontier(table: list[SweepRow], metric: str) -> list[SweepRow]:
     """The rows no other row beats at fewer or equal bytes, by bytes ascending (each better than the last)."""
-    order = sorted(
-        range(len(table)),
-        key=lambda i: (table[i]["bytes_per_vector"], -_score(table[i], metric), table[i]["k"], i),
-    )
     out, best = [], -math.inf
-    for i in order:
-        if _score(table[i], metric) > best:
-            out.append(table[i])
-            best = _score(table[i], metric)
+    for row in sorted(
+        table, key=lambda row: (row.bytes_per_vector, -row.score(metric), row.k)
+    ):  # stable: ties in order
+        if row.score(metric) > best:
+            out.append(row)
+            best = row.score(metric)
     return out
 
 
-def _score(row: dict, metric: str) -> float:
-    value = row[metric]
-    return -math.inf if value is None or math.isnan(value) else float(value)
-
-
-def choose_within(table: list, metric: str, max_bytes: int | None = None, tolerance: float = 0.0) -> dict:
+def choose_within(table: list[SweepRow], metric: str, max_bytes: int | None = None, tolerance: float = 0.0) -> SweepRow:
     """The best row within ``max_bytes`` bytes per vector (see the module docstring)."""
-    eligible = _within(table, max_bytes)
-    top = max(_score(table[i], metric) for i in eligible)
+    eligible = [table[i] for i in _within(table, max_bytes)]
+    top = max(row.score(metric) for row in eligible)
     if top == -math.inf:
         raise BadInputError(f"no setting within the budget gives a finite {metric}")
-    near = [i for i in eligible if _score(table[i], metric) >= top - tolerance]
-    best = min(near, key=lambda i: (table[i]["bytes_per_vector"], -_score(table[i], metric), table[i]["k"], i))
-    return table[best]
+    near = [row for row in eligible if row.score(metric) >= top - tolerance]
+    return min(near, key=lambda row: (row.bytes_per_vector, -row.score(metric), row.k))  # ties: the first
 
 
 def reference_k(n_features: int, max_bytes: int | None) -> int | None:
@@ -582,7 +626,7 @@ def reference_k(n_features: int, max_bytes: int | None) -> int | None:
     return max(1, min(n_features, 8 * int(max_bytes)))
 
 
-def reference_index(table: list, n_features: int, max_bytes: int | None = None) -> int:
+def reference_index(table: list[SweepRow], n_features: int, max_bytes: int | None = None) -> int:
     """The row of the reference within ``max_bytes``: the raw vectors (no transformation, ``vectors`` "raw",
     no re-ranking) in the storage with the most bytes that fits (float32, then float16, int8, sign bits:
     raw float32 with no budget, the raw sign bits ``ceil(d / 8)`` bytes); when not even the raw sign bits
@@ -590,26 +634,27 @@ def reference_index(table: list, n_features: int, max_bytes: int | None = None) 
     fits = [
         i
         for i, row in enumerate(table)
-        if not row["rescore"] and not row.get("code") and (max_bytes is None or row["bytes_per_vector"] <= max_bytes)
+        if not row.rescore and not row.code and (max_bytes is None or row.bytes_per_vector <= max_bytes)
     ]
-    raw = [i for i in fits if table[i]["vectors"] == "raw"]
+    raw = [i for i in fits if table[i].vectors == "raw"]
     if raw:
-        return min(raw, key=lambda i: (-table[i]["bytes_per_vector"], i))
-    rotated = [i for i in fits if table[i]["beta"] == 0 and table[i]["gamma"] == 0]
+        return min(raw, key=lambda i: (-table[i].bytes_per_vector, i))
+    rotated = [i for i in fits if table[i].beta == 0 and table[i].gamma == 0]
     if not rotated:
         raise _no_reference(max_bytes)
-    return min(rotated, key=lambda i: (-table[i]["bytes_per_vector"], -table[i]["k"], i))
+    return min(rotated, key=lambda i: (-table[i].bytes_per_vector, -table[i].k, i))
 
 
-def _within(table: list, max_bytes: int | None) -> list[int]:
-    eligible = [i for i, row in enumerate(table) if max_bytes is None or row["bytes_per_vector"] <= max_bytes]
+def _within(table: list[SweepRow], max_bytes: int | None) -> list[int]:
+    eligible = [i for i, row in enumerate(table) if max_bytes is None or row.bytes_per_vector <= max_bytes]
     if not eligible:
-        raise _nothing_fits(max_bytes, min(table, key=lambda row: row["bytes_per_vector"]))
+        smallest = min(table, key=lambda row: row.bytes_per_vector)
+        raise _nothing_fits(max_bytes, smallest.bytes_per_vector, smallest.k, smallest.storage)
     return eligible
 
 
 def choose_generalising(
-    table: list,
+    table: list[SweepRow],
     per_query: np.ndarray,
     metric: str,
     n_features: int,
@@ -629,8 +674,8 @@ def choose_generalising(
     samples, seed = (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED) if resamples is None else (resamples.samples, resamples.seed)
     eligible = _within(table, max_bytes)
     if rule == "argmax":  # the old choice exactly (ties to fewer bytes, the tolerance from the best): no reference
-        metric_rows = [table[i] for i in eligible]
-        index = eligible[metric_rows.index(choose_within(metric_rows, metric, None, tolerance))]
+        chosen = choose_within([table[i] for i in eligible], metric, None, tolerance)
+        index = next(i for i in eligible if table[i] is chosen)
         return index, {"rule": "argmax", "tolerance": tolerance, "reference": None, "kept_reference": None}
     reference = reference_index(table, n_features, max_bytes)
     others = [i for i in eligible if i != reference]
@@ -638,13 +683,13 @@ def choose_generalising(
     if resamples is None or not resamples.are(per_query.shape[1], samples, seed):
         resamples = Resamples(per_query.shape[1], samples, seed)
     chooser = Rule(
-        cost=tuple(table[i]["bytes_per_vector"] for i in others),
-        reference_cost=table[reference]["bytes_per_vector"],
+        cost=tuple(table[i].bytes_per_vector for i in others),
+        reference_cost=table[reference].bytes_per_vector,
         tolerance=tolerance,
         samples=samples,
         seed=seed,
     )
-    described = {key: table[reference][key] for key in ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector")}
+    described = _pick(table[reference].to_json(), ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector"))
     return rule_choice(per_query, reference, others, chooser, folds, resamples, described)
 
 
@@ -654,10 +699,10 @@ class RetrievalTuneResult:
     ``frontier``, the row the rule chose (``best``; the highest score is `highest`) and what it was
     chosen by."""
 
-    table: list
-    best: dict
+    table: list[SweepRow]
+    best: SweepRow
     raw: dict
-    frontier: list
+    frontier: list[SweepRow]
     metric: str
     max_bytes: int | None
     tolerance: float
@@ -671,21 +716,21 @@ class RetrievalTuneResult:
     #: The queries whose nearest corpus row is the query itself, not judged relevant (`self_matches`).
     self_matches: SelfMatches | None = None
 
-    def model_for(self, row: dict) -> WhiteningModel:
+    def model_for(self, row: SweepRow) -> WhiteningModel:
         """The model of one row: the map at its setting (sharing its beta's eigendecomposition; the
         identity map for the raw vectors) and the storage recorded. A code's row: the identity map, with its
         codec (`codec_for`'s, which codes the raw vectors scaled to unit length) as its storage."""
-        if row["vectors"] == "raw" or row.get("code"):
+        if row.vectors == "raw" or row.code:
             model = self.bases[0.0].with_params(basis="identity")
         else:
-            model = self.bases[row["beta"]].with_params(gamma=row["gamma"], n_components=row["k"])
-        if row.get("code"):
-            return store_codec(model, self.codec_for(row), row["code"])
-        return replace(model, storage=self.storages[row["storage"]])
+            model = self.bases[row.beta].with_params(gamma=row.gamma, n_components=row.k)
+        if row.code:
+            return store_codec(model, self.codec_for(row), row.code)
+        return replace(model, storage=self.storages[row.storage])
 
-    def codec_for(self, row: dict):
+    def codec_for(self, row: SweepRow):
         """The trained `Codec` of a code's row (None for another row)."""
-        return self.codecs.get(row["storage"]) if row.get("code") else None
+        return self.codecs.get(row.storage) if row.code else None
 
     def chosen_codec(self):
         """The chosen row's codec, where the choice is a code (else None)."""
@@ -695,19 +740,19 @@ class RetrievalTuneResult:
         return self.model_for(self.best)
 
     @property
-    def highest(self) -> dict:
+    def highest(self) -> SweepRow:
         """The row scoring highest on these queries within the budget: the rule's choice (`best`)
         where nothing scores above it, else the highest (ties to fewer bytes), which the rule did not take."""
         top = choose_within(self.table, self.metric, self.max_bytes)
-        return self.best if not _score(top, self.metric) > _score(self.best, self.metric) else top  # a tie: the choice
+        return self.best if not top.score(self.metric) > self.best.score(self.metric) else top  # a tie: the choice
 
     def tuned(self) -> tuple[WhiteningModel, dict]:
         """The chosen model (its setting and storage, with a record in ``info["tuned"]``) and a summary
         (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``): what ``tune`` writes and prints."""
         chosen, best = self.chosen_model(), self.best
-        described = dict(describe_stored(chosen), rescore=best["rescore"], rescore_dtype=best["rescore_dtype"])
-        if best.get("code"):  # the raw vectors coded: what is stored is the code, not the map's floats
-            described.update(dtype=best["dtype"], bytes_per_vector=best["bytes_per_vector"], code=best["code"])
+        described = dict(describe_stored(chosen), rescore=best.rescore, rescore_dtype=best.rescore_dtype)
+        if best.code:  # the raw vectors coded: what is stored is the code, not the map's floats
+            described.update(dtype=best.dtype, bytes_per_vector=best.bytes_per_vector, code=best.code)
         summary = dict(self.to_json(), chosen=described, test=None)
         return replace(chosen, info=dict(chosen.info, tuned=self._record(described))), summary
 
@@ -726,7 +771,7 @@ class RetrievalTuneResult:
             "low",
             "high",
         )
-        task, best = self.task, self.best
+        task, best = self.task, self.best.to_json()
         return {
             "mode": "retrieval",
             "metric": self.metric,
@@ -739,9 +784,9 @@ class RetrievalTuneResult:
                 "chosen": {key: best[key] for key in (*METRICS, "retention", "difference", "low", "high")},
             },
             "selection": self.selection,
-            "frontier": [{key: row[key] for key in keep} for row in self.frontier],
+            "frontier": [_pick(row.to_json(), keep) for row in self.frontier],
             "families": [
-                dict({key: row[key] for key in keep}, family=family_of(row))
+                dict(_pick(row.to_json(), keep), family=family_of(row))
                 for row in best_per_family(self.table, self.metric, self.max_bytes)
             ],
             "grid_size": len(self.table),
@@ -750,6 +795,7 @@ class RetrievalTuneResult:
     def to_json(self) -> dict[str, Any]:
         """The sweep and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row
         the rule chose, ``highest`` the row scoring highest on these queries within the budget."""
+        as_json = json_rows(self.table)
         return dict(
             plain(self.task),
             mode="retrieval",
@@ -757,14 +803,18 @@ class RetrievalTuneResult:
             max_bytes=self.max_bytes,
             tolerance=self.tolerance,
             raw=self.raw,
-            best=self.best,
-            highest=self.highest,
-            frontier=self.frontier,
-            table=self.table,
+            best=as_json(self.best),
+            highest=as_json(self.highest),
+            frontier=[as_json(row) for row in self.frontier],
+            table=[as_json(row) for row in self.table],
             bootstrap=plain(self.bootstrap),
             selection=self.selection,
             self_matches=None if self.self_matches is None else self.self_matches.to_json(),
         )
+
+
+def _pick(row: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    return {key: row[key] for key in keys}
 
 
 def sweep(
@@ -872,8 +922,8 @@ def _sweep_codes(
     return {label: (name, codec, tops[label]) for label, (name, codec) in codecs.items()}
 
 
-def _map_row(candidate: Candidate, storage: Storage, scores: dict[str, float]) -> dict[str, Any]:
-    """The table row of a map stored one way (before its difference from the reference)."""
+def _head(candidate: Candidate, storage: Storage) -> dict[str, Any]:
+    """The `SweepRow` fields up to ``bytes_per_vector`` of a map stored one way."""
     return dict(
         beta=candidate.beta,
         gamma=candidate.gamma,
@@ -885,7 +935,6 @@ def _map_row(candidate: Candidate, storage: Storage, scores: dict[str, float]) -
         rescore=storage.rescore,
         rescore_dtype=storage.rescore_dtype if storage.rescore else None,
         bytes_per_vector=storage.bytes_per_vector(candidate.k),
-        **scores,
     )
 
 
@@ -904,22 +953,24 @@ def _scored(
     raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * d)
     searched = [(c, s) for c in plan.candidates for s in plan.storages if (c, s) in rows]  # the rest: over the budget
-    table = [_map_row(c, s, mean_metrics(rows[(c, s)])) for c, s in searched]
-    each = [rows[pair][metric] for pair in searched]
+    made: list[tuple[dict, dict, dict | None]] = [(_head(c, s), rows[(c, s)], None) for c, s in searched]
+    raw_map = Candidate(0.0, 0.0, d, str(d), "raw", "identity")
     sample_rows = min(grid.code_sample, task.n_corpus)
-    for label, (name, codec, top) in codecs.items():
-        per_query = query_metrics(top, task.query_rows, task.qrels)
-        code = code_record(codec, name, sample_rows, grid.code_seed)
-        row = _map_row(Candidate(0.0, 0.0, d, str(d), "raw", "identity"), Storage(), {})
-        row.update(storage=label, dtype=name, bytes_per_vector=int(codec.bytes_per_vector), code=code)
-        table.append(dict(row, **mean_metrics(per_query)))
-        each.append(per_query[metric])
+    for label, (name, codec, top) in codecs.items():  # (head, per-query metrics, code record)
+        head = dict(_head(raw_map, Storage()), storage=label, dtype=name, bytes_per_vector=int(codec.bytes_per_vector))
+        record = code_record(codec, name, sample_rows, grid.code_seed)
+        made.append((head, query_metrics(top, task.query_rows, task.qrels), record))
+    each = [per_query[metric] for _, per_query, _ in made]
     # one set of resamples of the queries for the intervals, the rule and its forecast
     resamples = Resamples(len(raw_each[metric]), options.bootstrap or BOOTSTRAP_SAMPLES, options.seed)
     differences = bootstrap_differences(raw_each[metric], each, options.bootstrap, options.seed, resamples=resamples)
-    for row, (difference, low, high) in zip(table, differences, strict=True):
-        retention = 100.0 * row[metric] / raw[metric] if raw[metric] > 0 else None
-        row.update(retention=retention, difference=difference, low=low, high=high)
+    table = []
+    for (head, per_query, code), (difference, low, high) in zip(made, differences, strict=True):
+        scores = mean_metrics(per_query)
+        retention = 100.0 * scores[metric] / raw[metric] if raw[metric] > 0 else None
+        table.append(
+            SweepRow(**head, scores=scores, retention=retention, difference=difference, low=low, high=high, code=code)
+        )
     each_query = np.stack(each)
     index, selection = choose_generalising(table, each_query, metric, d, grid, resamples=resamples)
     return RetrievalTuneResult(
@@ -950,15 +1001,14 @@ def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage]
     """The one-line error of a budget no setting fits (before any pass over the corpus)."""
     pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
     if pairs and min(pairs)[0] > max_bytes:
-        size, k, label = min(pairs)
-        raise _nothing_fits(max_bytes, {"bytes_per_vector": size, "storage": label, "k": k})
+        raise _nothing_fits(max_bytes, *min(pairs))
 
 
-def _nothing_fits(max_bytes: int | None, smallest: dict) -> BadInputError:
-    """The error of a budget no setting fits, naming the ``smallest`` (a row: its bytes, storage and k)."""
+def _nothing_fits(max_bytes: int | None, size: int, k: int, storage: str) -> BadInputError:
+    """The error of a budget no setting fits, naming the smallest: its bytes, k and storage."""
     return BadInputError(
         f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
-        f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise max_bytes "
+        f"{size} ({storage} at k={k}); raise max_bytes "
         "or add smaller k to ks",
         param=("max_bytes", "ks"),
     )
@@ -1075,6 +1125,7 @@ __all__ = [
     "Candidate",
     "RetrievalTuneResult",
     "SweepGrid",
+    "SweepRow",
     "best_per_family",
     "bootstrap_differences",
     "choose_generalising",

@@ -14,7 +14,7 @@ pairs are read once for the whole grid.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -99,12 +99,43 @@ def decompose(model: WhiteningModel, beta: float, eps: float | None = None) -> W
 
 
 @dataclass(frozen=True)
+class PairRow:
+    """One setting of the pairs grid and its scores (x100): a row of `TuneResult`'s table. ``k_label``: the
+    k as the grid named it (a count or a variance fraction); ``vectors``: ``raw`` (the identity map),
+    ``rotated``, ``centred`` or ``whitened``."""
+
+    beta: float
+    gamma: float
+    k: int
+    k_label: str
+    variance: float | None
+    vectors: str
+    spearman: float
+    pearson: float
+
+    def score(self, metric: str) -> float:
+        """The score of ``metric`` (one of `METRICS`)."""
+        return float(getattr(self, metric))
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as plain JSON values, the fields in order."""
+        return asdict(self)
+
+
+def json_rows(table: Sequence[Any]) -> Callable[[Any], dict[str, Any]]:
+    """``as_json(row)``: the JSON of a row of ``table`` (its ``to_json()``), one dict per row, so that a row
+    chosen (``best``) is the very dict of its row in the JSON table too."""
+    made = {id(row): row.to_json() for row in table}
+    return lambda row: made[id(row)]
+
+
+@dataclass(frozen=True)
 class TuneResult:
     """The scored grid: ``table`` rows in grid order, the ``best`` row (the one the selection rule chose:
     not always the highest score, see `highest`), and the raw baseline."""
 
-    table: list
-    best: dict
+    table: list[PairRow]
+    best: PairRow
     raw: dict
     metric: str
     pairs: dict
@@ -114,37 +145,38 @@ class TuneResult:
     per_pair: np.ndarray | None = field(default=None, repr=False)
     cosines: np.ndarray | None = field(default=None, repr=False)
 
-    def model_for(self, row: dict) -> WhiteningModel:
+    def model_for(self, row: PairRow) -> WhiteningModel:
         """The model of one table row (shares its beta's eigendecomposition; the identity map for the raw
         vectors' row)."""
-        if row.get("vectors") == "raw":
+        if row.vectors == "raw":
             return self.bases[0.0].with_params(basis="identity")
-        base = self.bases[row["beta"]]
-        if row["variance"] is not None:
-            return base.with_params(gamma=row["gamma"], variance=row["variance"])
-        return base.with_params(gamma=row["gamma"], n_components=row["k"])
+        base = self.bases[row.beta]
+        if row.variance is not None:
+            return base.with_params(gamma=row.gamma, variance=row.variance)
+        return base.with_params(gamma=row.gamma, n_components=row.k)
 
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
 
     @property
-    def highest(self) -> dict:
+    def highest(self) -> PairRow:
         """The row scoring highest on these pairs: the rule's choice (`best`) where nothing scores
         above it, else the highest (ties to the smaller k), which the rule did not take (not beyond the
         noise of all compared, or a tolerance's cheaper setting was taken)."""
         top = choose(self.table, self.metric)
-        return self.best if not top[self.metric] > self.best[self.metric] else top  # a tie is the rule's choice
+        return self.best if not top.score(self.metric) > self.best.score(self.metric) else top  # a tie: the choice
 
     def to_json(self) -> dict[str, Any]:
         """The grid and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row the
         rule chose, ``highest`` the row scoring highest on these pairs (the same row when they agree)."""
+        as_json = json_rows(self.table)
         return {
             "metric": self.metric,
             "tolerance": self.tolerance,
             "raw": self.raw,
-            "best": self.best,
-            "highest": self.highest,
-            "table": self.table,
+            "best": as_json(self.best),
+            "highest": as_json(self.highest),
+            "table": [as_json(row) for row in self.table],
             "pairs": self.pairs,
             "selection": self.selection,
         }
@@ -197,7 +229,7 @@ class PairGrid:
 
 def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
     """``(bases, plans, settings)``: each beta's eigendecomposition; its shift, rotation and the weight
-    column of each of its (gamma, k) (what scoring a block needs); the settings (table rows without
+    column of each of its (gamma, k) (what scoring a block needs); the settings (`PairRow` fields but the
     scores) in the order the columns hold them."""
     d = model.n_features
     betas, gammas, choices = make_grid(d, grid.betas, grid.gammas, grid.ks, grid.variances)
@@ -216,8 +248,7 @@ def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
                 vectors = "whitened"
                 if gamma == 0.0 and k == d:
                     vectors = "rotated" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
-                setting = {"beta": beta, "gamma": gamma, "k": k, "k_label": choice.label, "variance": choice.variance}
-                settings.append(setting | {"vectors": vectors})
+                settings.append((beta, gamma, k, choice.label, choice.variance, vectors))
         plans.append((beta * base.mean, base.eigvecs, np.stack(columns, axis=1)))
     return bases, plans, settings
 
@@ -277,13 +308,13 @@ def grid_search(
     cosines = _pair_cosines(pairs, plans, block_rows, progress)
     with phase(progress, f"correlate and choose ({grid.select} rule)", None):
         table = [
-            dict(setting, **correlations(values, pairs.scores))
+            PairRow(*setting, **correlations(values, pairs.scores))
             for setting, values in zip(settings, cosines[:-1], strict=True)
         ]
         raw_scores = correlations(cosines[-1], pairs.scores)
         # the raw vectors (the identity map): the last row, the reference
         bases.setdefault(0.0, decompose(model, 0.0, grid.eps))
-        table.append(dict(beta=0.0, gamma=0.0, k=d, k_label=str(d), variance=None, vectors="raw", **raw_scores))
+        table.append(PairRow(0.0, 0.0, d, str(d), None, "raw", **raw_scores))
         units, _ = spearman_units(cosines, pairs.scores, ranks=metric == "spearman")
         if grid.select == "argmax":
             best = choose(table, metric, tolerance)
@@ -293,10 +324,10 @@ def grid_search(
     return TuneResult(table, best, raw_scores, metric, pairs.describe(), bases, tolerance, selection, units, cosines)
 
 
-def _choose_pairs(table: list[dict[str, Any]], units: Any, reference: int, d: int, grid: PairGrid) -> tuple[dict, dict]:
+def _choose_pairs(table: list[PairRow], units: Any, reference: int, d: int, grid: PairGrid) -> tuple[PairRow, dict]:
     """The max-t choice among the rows of ``table`` against the raw row ``reference``, and its record."""
     others = [i for i in range(len(table)) if i != reference]
-    costs = tuple(table[i]["k"] for i in others)
+    costs = tuple(table[i].k for i in others)
     rule = Rule(cost=costs, reference_cost=d, tolerance=grid.tolerance, samples=grid.samples, seed=grid.seed)
     resamples = Resamples(units.shape[1], grid.samples, grid.seed)  # one set for the rule and the forecast's intervals
     described = {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"}
@@ -304,15 +335,15 @@ def _choose_pairs(table: list[dict[str, Any]], units: Any, reference: int, d: in
     return table[index], record
 
 
-def choose(table: list, metric: str = "spearman", tolerance: float = 0.0) -> dict:
+def choose(table: list[PairRow], metric: str = "spearman", tolerance: float = 0.0) -> PairRow:
     """The best row of ``table`` by ``metric`` (NaN counts as worst); see `grid_search`."""
-    scores = np.array([row[metric] for row in table], dtype=np.float64)
+    scores = np.array([row.score(metric) for row in table], dtype=np.float64)
     scores = np.where(np.isnan(scores), -np.inf, scores)
     if not np.isfinite(scores).any():
         raise BadInputError(f"no setting of the grid gives a finite {metric} score (are all cosines equal?)")
     top = scores.max()
     eligible = [i for i in range(len(table)) if scores[i] >= top - tolerance]
-    best = min(eligible, key=lambda i: (table[i]["k"], -scores[i], i))
+    best = min(eligible, key=lambda i: (table[i].k, -scores[i], i))
     return table[best]
 
 
@@ -345,7 +376,7 @@ def tune(
         "validation": {
             "pairs": result.pairs,
             "raw": result.raw,
-            "chosen": {key: result.best[key] for key in ("spearman", "pearson")},
+            "chosen": {"spearman": result.best.spearman, "pearson": result.best.pearson},
         },
         "test": summary["test"],
         "selection": result.selection,
@@ -371,6 +402,7 @@ __all__ = [
     "describe_stored",
     "grid_search",
     "PairGrid",
+    "PairRow",
     "tune",
     "choose",
     "decompose",
