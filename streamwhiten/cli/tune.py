@@ -21,7 +21,6 @@ from ._common import (
     grid_of,
     grid_options,
     mode_of,
-    named,
     noise,
     number_list,
     open_pairs_given,
@@ -34,6 +33,7 @@ from ._common import (
 )
 from ._options import first_given, json_option, param_options, quiet_option
 from ._warn import warn_self_matches
+from .evaluate import SearchFlags
 
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
@@ -197,8 +197,8 @@ def tune(
 
     inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)
     test = Inputs(pairs_a=test_a, pairs_b=test_b, scores=test_scores)
-    sweep = Sweep(max_bytes, dtypes, rescore, rescore_dtype, int8_clip, bootstrap, seed, threads)
-    mode = mode_of(inputs, named(**sweep.__dict__))
+    sweep = Sweep(rescore, rescore_dtype, int8_clip, bootstrap, seed, threads, max_bytes=max_bytes, dtypes=dtypes)
+    mode = mode_of(inputs, sweep.given())
     target = _checked_target(mode, metric, inputs, test, model_path, output_path, in_place, overwrite)
     model = load_model(model_path)
     metric = metric or ("spearman" if mode == "pairs" else "ndcg@10")
@@ -258,17 +258,12 @@ def _save(chosen: WhiteningModel, summary: dict, model_path: str, target: str | 
 
 
 @dataclass(frozen=True)
-class Sweep:
-    """The options of a retrieval sweep, as parsed (None: not given; refused with labelled pairs)."""
+class Sweep(SearchFlags):
+    """The options of a retrieval sweep, as parsed (None: not given; refused with labelled pairs): the
+    budget, the storages and codes swept, and the options of a search."""
 
     max_bytes: int | None
     dtypes: str | None
-    rescore: int | None
-    rescore_dtype: str | None
-    int8_clip: float | None
-    bootstrap: int | None
-    seed: int | None
-    threads: int | None
 
 
 def _pairs(

@@ -420,6 +420,11 @@ def test_a_budget_nothing_fits_and_other_mistakes_are_one_line(tmp_path, capsys)
     args = ["tune", model_path, "--pairs-a", task["spec_q"], "--pairs-b", task["spec_q"], "--scores", task["qrels"]]
     assert main([*args, "--max-bytes", "10"]) == EXIT_BAD_INPUT
     assert "--max-bytes is for a retrieval task" in capsys.readouterr().err
+    # a command's own search option is named before those eval and tune share, whatever their order
+    assert main([*args, "--seed", "3", "--dtypes", "int8"]) == EXIT_BAD_INPUT
+    assert "--dtypes is for a retrieval task" in capsys.readouterr().err
+    assert main(["eval", model_path, *args[2:], "--threads", "2", "--dtype", "int8"]) == EXIT_BAD_INPUT
+    assert "--dtype is for a retrieval task" in capsys.readouterr().err
 
 
 def test_pair_tuning_keeps_its_shape_and_says_how_the_vectors_are_stored(tmp_path, capsys):
