@@ -922,20 +922,15 @@ def _sweep_codes(
     return {label: (name, codec, tops[label]) for label, (name, codec) in codecs.items()}
 
 
-def _head(candidate: Candidate, storage: Storage) -> dict[str, Any]:
+#: The `SweepRow` fields up to ``bytes_per_vector``: the setting and how it is stored.
+_Head = tuple[float, float, int, str, str, str, str, int, str | None, int]
+
+
+def _head(candidate: Candidate, storage: Storage) -> _Head:
     """The `SweepRow` fields up to ``bytes_per_vector`` of a map stored one way."""
-    return dict(
-        beta=candidate.beta,
-        gamma=candidate.gamma,
-        k=candidate.k,
-        k_label=candidate.k_label,
-        vectors=candidate.vectors,
-        storage=storage.label,
-        dtype=storage.dtype,
-        rescore=storage.rescore,
-        rescore_dtype=storage.rescore_dtype if storage.rescore else None,
-        bytes_per_vector=storage.bytes_per_vector(candidate.k),
-    )
+    c, rescore_dtype = candidate, storage.rescore_dtype if storage.rescore else None
+    setting = (c.beta, c.gamma, c.k, c.k_label, c.vectors)
+    return (*setting, storage.label, storage.dtype, storage.rescore, rescore_dtype, storage.bytes_per_vector(c.k))
 
 
 def _scored(
@@ -953,13 +948,13 @@ def _scored(
     raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * d)
     searched = [(c, s) for c in plan.candidates for s in plan.storages if (c, s) in rows]  # the rest: over the budget
-    made: list[tuple[dict, dict, dict | None]] = [(_head(c, s), rows[(c, s)], None) for c, s in searched]
+    made: list[tuple[_Head, dict, dict | None]] = [(_head(c, s), rows[(c, s)], None) for c, s in searched]
     raw_map = Candidate(0.0, 0.0, d, str(d), "raw", "identity")
     sample_rows = min(grid.code_sample, task.n_corpus)
     for label, (name, codec, top) in codecs.items():  # (head, per-query metrics, code record)
-        head = dict(_head(raw_map, Storage()), storage=label, dtype=name, bytes_per_vector=int(codec.bytes_per_vector))
+        coded: _Head = (*_head(raw_map, Storage())[:5], label, name, 0, None, int(codec.bytes_per_vector))
         record = code_record(codec, name, sample_rows, grid.code_seed)
-        made.append((head, query_metrics(top, task.query_rows, task.qrels), record))
+        made.append((coded, query_metrics(top, task.query_rows, task.qrels), record))
     each = [per_query[metric] for _, per_query, _ in made]
     # one set of resamples of the queries for the intervals, the rule and its forecast
     resamples = Resamples(len(raw_each[metric]), options.bootstrap or BOOTSTRAP_SAMPLES, options.seed)
@@ -968,9 +963,7 @@ def _scored(
     for (head, per_query, code), (difference, low, high) in zip(made, differences, strict=True):
         scores = mean_metrics(per_query)
         retention = 100.0 * scores[metric] / raw[metric] if raw[metric] > 0 else None
-        table.append(
-            SweepRow(**head, scores=scores, retention=retention, difference=difference, low=low, high=high, code=code)
-        )
+        table.append(SweepRow(*head, scores, retention, difference, low, high, code))
     each_query = np.stack(each)
     index, selection = choose_generalising(table, each_query, metric, d, grid, resamples=resamples)
     return RetrievalTuneResult(
