@@ -31,12 +31,21 @@ from ._common import (
     selection_lines,
     stop_on_signals,
 )
-from ._options import first_given, json_option, param_options, quiet_option
+from ._options import block_rows_of, json_option, objects, param_options, quiet_option
 from ._warn import warn_self_matches
 from .evaluate import SearchFlags
 
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
+
+
+@dataclass(frozen=True)
+class Sweep(SearchFlags):
+    """The options of a retrieval sweep, as parsed (None: not given; refused with labelled pairs): the
+    budget, the storages and codes swept, and the options of a search."""
+
+    max_bytes: int | None
+    dtypes: str | None
 
 
 class GeneratedHelp(click.Command):
@@ -153,20 +162,14 @@ def _help() -> str:
 )
 @quiet_option
 @json_option
+@objects(inputs=Inputs, sweep=Sweep, block_rows=block_rows_of)
 def tune(
     model_path: str,
-    pairs_a: str | None,
-    pairs_b: str | None,
-    scores: str | None,
+    inputs: Inputs,
+    sweep: Sweep,
     test_a: str | None,
     test_b: str | None,
     test_scores: str | None,
-    queries: str | None,
-    corpus: str | None,
-    qrels: str | None,
-    exclude: str | None,
-    query_ids: str | None,
-    corpus_ids: str | None,
     betas: str | None,
     gammas: str | None,
     ks: str | None,
@@ -176,28 +179,17 @@ def tune(
     select_rule: str,
     folds: int,
     eps: float | None,
-    max_bytes: int | None,
-    rescore: int | None,
-    rescore_dtype: str | None,
-    int8_clip: float | None,
-    bootstrap: int | None,
-    seed: int | None,
-    threads: int | None,
-    dtypes: str | None,
     output_path: str | None,
     in_place: bool,
     overwrite: bool,
     block_rows: int | None,
-    chunk_rows: int | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
     """The ``tune`` command; its help is `_help`'s."""
     from ..core.model import load_model
 
-    inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)
     test = Inputs(pairs_a=test_a, pairs_b=test_b, scores=test_scores)
-    sweep = Sweep(rescore, rescore_dtype, int8_clip, bootstrap, seed, threads, max_bytes=max_bytes, dtypes=dtypes)
     mode = mode_of(inputs, sweep.given())
     target = _checked_target(mode, metric, inputs, test, model_path, output_path, in_place, overwrite)
     model = load_model(model_path)
@@ -205,9 +197,9 @@ def tune(
     grid = dict(grid_of(betas, gammas, ks, variances, metric, model.n_features), tolerance=tolerance, eps=eps)
     grid.update(select=select_rule, folds=folds)
     if mode == "pairs":
-        chosen, summary = _pairs(model, inputs, test, grid, first_given(block_rows, chunk_rows), quiet)
+        chosen, summary = _pairs(model, inputs, test, grid, block_rows, quiet)
     else:
-        chosen, summary = _retrieval(model, inputs, sweep, grid, first_given(block_rows, chunk_rows), quiet)
+        chosen, summary = _retrieval(model, inputs, sweep, grid, block_rows, quiet)
     _save(chosen, summary, model_path, target, bool(in_place or overwrite))
     lines = (_lines if mode == "pairs" else retrieval_lines)(summary, model, chosen, target)
     emit(as_json, summary, lines)
@@ -255,15 +247,6 @@ def _save(chosen: WhiteningModel, summary: dict, model_path: str, target: str | 
         with stop_on_signals():
             summary["file_checksum"] = save_model(chosen, target, overwrite=overwrite)
     summary.update(model=model_path, written=target)
-
-
-@dataclass(frozen=True)
-class Sweep(SearchFlags):
-    """The options of a retrieval sweep, as parsed (None: not given; refused with labelled pairs): the
-    budget, the storages and codes swept, and the options of a search."""
-
-    max_bytes: int | None
-    dtypes: str | None
 
 
 def _pairs(

@@ -180,12 +180,7 @@ def _one_thread_each(uses_faiss: bool, max_bytes: int = 0) -> Iterator[None]:
 
 
 def _merge_found(
-    top_scores: np.ndarray,
-    top_rows: np.ndarray,
-    scores: np.ndarray,
-    found: np.ndarray,
-    start: int,
-    exclude: Any,
+    top_scores: np.ndarray, top_rows: np.ndarray, scores: np.ndarray, found: np.ndarray, start: int, exclude: Any
 ) -> None:
     """Merge faiss's block results (block rows ``found``, -1 for none) into the top lists, excluded
     pairs dropped, best first, ties to the lower row."""

@@ -72,12 +72,6 @@ BLOCK = 1000
 KEEP = 1 << 23
 
 
-def resample_counts(n_units: int, samples: int, seed: int) -> np.ndarray:
-    """How often each unit is drawn in each resample (samples x units): the draws of
-    `paired_bootstrap`, all at once."""
-    return np.vstack(list(Resamples(n_units, samples, seed))) if samples > 0 else np.zeros((0, n_units))
-
-
 def _counts(rng: np.random.Generator, rows: int, n_units: int) -> np.ndarray:
     index = rng.integers(0, n_units, size=(rows, n_units))
     flat = (np.arange(rows)[:, None] * n_units + index).ravel()
@@ -162,13 +156,7 @@ class Rule:
 
 
 def rule_choice(
-    units: np.ndarray,
-    reference: int,
-    others: list[int],
-    rule: Rule,
-    folds: int,
-    resamples: Resamples,
-    described: dict,
+    units: np.ndarray, reference: int, others: list[int], rule: Rule, folds: int, resamples: Resamples, described: dict
 ) -> tuple[int, dict]:
     """The row of ``units`` the rule chooses among ``others`` against ``reference`` (the reference where none
     beats it beyond the noise), and the record of the choice: the reference (``described``), how many beat
@@ -212,11 +200,7 @@ def _check(scores: npt.ArrayLike, reference: npt.ArrayLike) -> tuple[np.ndarray,
 
 
 def select(
-    scores: npt.ArrayLike,
-    reference: npt.ArrayLike,
-    rule: Rule | None = None,
-    *,
-    resamples: Resamples | None = None,
+    scores: npt.ArrayLike, reference: npt.ArrayLike, rule: Rule | None = None, *, resamples: Resamples | None = None
 ) -> Selection:
     """Choose a candidate row of ``scores`` or the ``reference`` (see the module docstring).
 
@@ -365,7 +349,6 @@ __all__ = [
     "forecast",
     "interval",
     "intervals",
-    "resample_counts",
     "select",
     "spearman_units",
 ]

@@ -1,48 +1,34 @@
 """The retrieval sweep: beta, gamma, k and the storage for search, chosen under a byte budget.
 
-Every setting of the grid (``(beta, gamma, k)``, from the saved statistics as ``tune`` makes them) is
-stored each way asked for (float32, float16, int8, sign bits, sign bits re-ranked) and searched exactly
-(`retrieval`: cosine, ties to the lower corpus row, excluded pairs dropped), then scored on the
-qrels. Three maps are always in the grid, whatever it is: the **raw** vectors (no transformation, the
-identity map ``y = x``), the **rotation** ``y = x U`` (beta = 0, gamma = 0, k = d: the raw cosines, but
-other sign bits and int8 ranges) and **plain centring** (beta = 1, gamma = 0, k = d). Each setting's
-difference from the raw vectors stored as float32 gets a paired bootstrap interval, and its retention is
-its score over theirs. The reference of the choice within a budget is the raw vectors in the storage with
-the most bytes that fits (`reference_index`).
+Every setting ``(beta, gamma, k)`` of the grid (from the saved statistics, as ``tune`` makes them) is
+stored each way asked for (float32, float16, int8, sign bits, sign bits re-ranked), searched exactly
+(`retrieval`: cosine, ties to the lower corpus row, excluded pairs dropped) and scored on the qrels.
+Three maps are always in the grid: the **raw** vectors (the identity map ``y = x``), the **rotation**
+``y = x U`` (beta = gamma = 0, k = d: the raw cosines, other sign bits and int8 ranges) and **plain
+centring** (beta = 1, gamma = 0, k = d). Each row's difference from raw float32 gets a paired bootstrap
+interval, and its retention is its score over raw float32's.
 
-**Bytes per vector** are what a search reads from disk for each corpus vector: ``4k`` (float32), ``2k``
-(float16), ``k`` (int8), ``ceil(k / 8)`` (bits), and for bits re-ranked the bits plus the vectors the
-re-ranking reads (``ceil(k / 8) + 4k`` or ``+ k``). The **frontier** is the settings no other beats at
-fewer or equal bytes; the **choice** is the best score within ``max_bytes`` (``tolerance`` > 0: the fewest
-bytes within that many points of it), ties to fewer bytes, then the smaller k, then the grid's order.
+**Bytes per vector** are what a search reads for each corpus vector: ``4k``, ``2k``, ``k``, ``ceil(k / 8)``,
+and for bits re-ranked the bits plus the vectors re-ranked (``+ 4k`` or ``+ k``). The **frontier** is the
+rows no other beats at fewer or equal bytes; ``argmax`` takes the best score within ``max_bytes``
+(``tolerance`` > 0: the fewest bytes within that many points of it), ties to fewer bytes, the smaller k,
+the grid's order; the default rule starts from the reference (`reference_index`, see `select`).
 
-**Cost.** The corpus is read once for the raw reference and the bit searches, and once for everything
-else, in passes (`sweep_passes`): as many as it takes to hold no more than `TOP_LIST_BYTES`
-of top lists (``q x 100 x 16`` bytes a setting and storage) and queries at once. In a pass each slice of
-``n`` corpus rows is rotated once per beta (``n x d x d`` multiply-adds), each ``(beta, gamma, k)`` scales
-and truncates that rotation (``n x k``, shared by all its storages), and each float, float16 and int8
-setting costs one product of the queries with the slice (``q x n x k``); the bits of a ``(beta, k)`` are
-searched once for every gamma (a sign does not depend on the scaling), by popcount; a re-ranking costs
-``q x N x k`` on the rows it re-ranks. With ``b`` betas, ``s`` settings and ``m`` stored forms, about
-``n x (b x d^2 + s x m x q x k)`` multiply-adds in float64 (a beta's rotation again in each pass that
-holds its settings). **Memory**, none of it growing with the corpus rows: the queries, the top lists of
-one pass (a pass's lists become each query's metrics as it ends), the bits' top rows, two blocks of about
-`SLICED_BLOCK_BYTES` (whole chunks of a store) and a few float64 slices of
-`SLICE_BYTES`.
+**Cost.** One pass over the corpus for the raw reference and the bits, then passes for the rest
+(`sweep_passes`), as many as it takes to hold at most `TOP_LIST_BYTES` of top lists and queries: about
+``n x (b x d^2 + s x m x q x k)`` multiply-adds for ``b`` betas, ``s`` settings and ``m`` stored forms (the
+bits of a ``(beta, k)`` once for every gamma, by popcount). **Memory** does not grow with the corpus rows.
 
-**Under a budget** a setting is searched only in the storages that fit it (none: not at all), and every
-code family of `streamwhiten.codes` that fits is a candidate too (`code_candidates`: two more
-passes, one for the statistics of the unit rows and a sample, one to encode and search every code, both in
-slices; faiss's product quantizers encode in batches of bounded memory, `pq_batches`), its
-row named by the code (``storage`` ``eigen-24B``, ``dtype`` ``eigen``, ``code`` its record). A code is never
-the reference.
+**Under a budget** a setting is searched only in the storages that fit it, and every code family of
+`streamwhiten.codes` that fits is a candidate too (`code_candidates`, two more passes), its row named by
+the code (``storage`` ``eigen-24B``, ``dtype`` ``eigen``, ``code`` its record). A code is never the reference.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any
 
@@ -167,24 +153,9 @@ class SweepRow:
     def to_json(self) -> dict[str, Any]:
         """The row as plain JSON values: the setting and storage, the code's record where there is one, the
         scores, then the retention and the interval."""
-        out = {name: getattr(self, name) for name in _ROW_HEAD}
+        out = {item.name: getattr(self, item.name) for item in fields(self)[:10]}  # up to bytes_per_vector
         out.update({} if self.code is None else {"code": self.code}, **self.scores)
         return dict(out, retention=self.retention, difference=self.difference, low=self.low, high=self.high)
-
-
-#: The fields of a `SweepRow` that come first in its JSON.
-_ROW_HEAD = (
-    "beta",
-    "gamma",
-    "k",
-    "k_label",
-    "vectors",
-    "storage",
-    "dtype",
-    "rescore",
-    "rescore_dtype",
-    "bytes_per_vector",
-)
 
 
 @dataclass(frozen=True)
@@ -194,29 +165,24 @@ class SweepGrid:
     Parameters
     ----------
     betas, gammas, ks, variances : sequence, optional
-        The grid, as ``tune``'s (None: its default; an empty sequence: none of them). A k above the data
-        width is refused by the sweep, which knows it.
+        The grid, as ``tune``'s (None: its default; empty: none). The sweep refuses a k above the width.
     eps : float, optional
         The regulariser of every setting (default: the model's).
-    dtypes : sequence of str, optional
-        The storages, names of `STORAGES` and code families of `CODES`
-        (or one comma-separated string; default: all storages, and under a budget every code of
-        `TUNE_CODES`, faiss's where faiss is installed, that trains on the corpus's sample: PQ and OPQ
-        need 256 rows).
+    dtypes : sequence of str, or str, optional
+        Names of `STORAGES` and code families of `CODES`, or one comma-separated string (default: every
+        storage, and under a budget each code of `TUNE_CODES` that trains on the corpus's sample, faiss's
+        where faiss is installed).
     rescore, rescore_dtype, int8_clip
-        How ``binary+rescore`` re-ranks (its top ``rescore`` with ``rescore_dtype`` vectors; default 100,
-        as many as the evaluation keeps) and the int8 codes' span in standard deviations.
+        ``binary+rescore`` re-ranks its top ``rescore`` (default 100) with ``rescore_dtype`` vectors; the
+        int8 codes' span in standard deviations.
     metric : str
         One of `METRICS`: what the choice maximises.
     max_bytes : int, optional
         The budget of bytes per corpus vector (None: none).
     tolerance : float
-        Choose the fewest bytes surely within this many points (x100) of the reference (``argmax``: of the best)
-        within the budget.
+        Choose the fewest bytes surely within this many points (x100) of the reference (``argmax``: of the best).
     select : str
-        The selection rule, one of `RULES`: ``maxt`` (default) keeps
-        the reference unless a setting beats it beyond the noise of all the settings compared; ``argmax``
-        takes the best score (optimistic: the winner's curse).
+        One of `RULES`: ``maxt`` (default, see `select`) or ``argmax`` (the best score: the winner's curse).
     folds : int
         Folds of the queries for the cross-validated forecast of the choice.
     code_sample, code_seed : int
@@ -725,7 +691,11 @@ class RetrievalTuneResult:
         else:
             model = self.bases[row.beta].with_params(gamma=row.gamma, n_components=row.k)
         if row.code:
-            return store_codec(model, self.codec_for(row), row.code)
+            from ..codes.storage import with_codec  # the raw unit vectors coded: the codec is the storage
+
+            code = row.code
+            rows, seed = int(code.get("sample_rows", 0)), int(code.get("sample_seed", 0))
+            return with_codec(model, self.codec_for(row), code["family"], sample_rows=rows, sample_seed=seed)
         return replace(model, storage=self.storages[row.storage])
 
     def codec_for(self, row: SweepRow):
@@ -915,7 +885,7 @@ def _sweep_codes(
     codecs = {
         f"{name}-{codec.bytes_per_vector}B": (name, codec) for (name, _), codec in zip(to_train, trained, strict=True)
     }
-    told = None if progress is None else partial(_rows_of, progress, task.n_corpus)
+    told = None if progress is None else lambda done: progress(done, task.n_corpus)
     with phase(progress, f"search {len(codecs)} codes over {task.n_corpus:,} rows"):
         searched = {label: codec for label, (_, codec) in codecs.items()}
         tops = search_codes(task, searched, DEPTH, options.block_rows, progress=told, threads=threads)
@@ -983,11 +953,6 @@ def _scored(
         {label: codec for label, (_, codec, _) in codecs.items()},
         find_self_matches(task, reference.rows, reference.values, "float32"),
     )
-
-
-def _rows_of(progress: Callable[[int, int], None], n_rows: int, done: int) -> None:
-    """``progress(done, n_rows)``: a pass that counts only the rows done, reported with their total."""
-    progress(done, n_rows)
 
 
 def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage], max_bytes: int) -> None:
@@ -1095,21 +1060,6 @@ def _code_sizes(grid: SweepGrid, n_features: int, budgets: list[int]) -> dict[st
     return {name: sizes for name, sizes in out.items() if sizes}
 
 
-def store_codec(model: WhiteningModel, codec: Any, record: dict[str, Any]) -> WhiteningModel:
-    """The tuned identity ``model`` storing its vectors (the raw vectors scaled to unit length, its
-    normalised outputs) as ``codec``'s codes: the codec's checksummed bytes recorded as its storage, with
-    the family and the sample it was trained from (``record``: `code_record`)."""
-    from ..codes.storage import with_codec
-
-    return with_codec(
-        model,
-        codec,
-        record["family"],
-        sample_rows=int(record.get("sample_rows", 0)),
-        sample_seed=int(record.get("sample_seed", 0)),
-    )
-
-
 __all__ = [
     "DEFAULT_METRIC",
     "DEFAULT_RESCORE",
@@ -1128,7 +1078,6 @@ __all__ = [
     "family_of",
     "frontier",
     "retrieval_grid",
-    "store_codec",
     "sweep",
     "sweep_rows",
 ]

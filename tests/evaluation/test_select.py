@@ -164,7 +164,6 @@ def test_resamples_in_blocks_give_the_results_of_one_draw_of_all(monkeypatch, ke
     resamples = select_module.Resamples(n, samples, seed, block=7)
     for _ in range(2):  # a second pass reads the kept counts or draws them again, alike
         np.testing.assert_array_equal(np.vstack(list(resamples)), counts)
-    np.testing.assert_array_equal(select_module.resample_counts(n, samples, seed), counts)
     # the rule: the critical value of the plain loops, with the blocks given or made
     _, critical, bounds = numpy_maxt(scores, reference, samples, seed, Rule().level)
     for given in (resamples, None):
