@@ -275,15 +275,8 @@ def _retrieval(
     from ..evaluation.sweep import SweepGrid
     from ..evaluation.sweep import sweep as run_sweep
 
-    given: dict[str, Any] = {
-        name: value
-        for name, value in (
-            ("rescore", sweep.rescore),
-            ("rescore_dtype", sweep.rescore_dtype),
-            ("int8_clip", sweep.int8_clip),
-        )
-        if value is not None
-    }
+    shared = ("rescore", "rescore_dtype", "int8_clip")
+    given = {name: getattr(sweep, name) for name in shared if getattr(sweep, name) is not None}
     dtypes = number_list(sweep.dtypes, "dtypes", str) if sweep.dtypes is not None else None
     swept = SweepGrid(dtypes=dtypes, max_bytes=sweep.max_bytes, **given, **grid)
     options = retrieval_options_of(inputs, block_rows, sweep.threads, sweep.bootstrap, sweep.seed)

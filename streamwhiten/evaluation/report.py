@@ -1,12 +1,9 @@
 """Pictures of a model and of its tuning: spectrum, explained variance, Spearman heat maps and k curves,
 and, for a model tuned for retrieval (``tune --queries ...``), the frontier it was chosen from.
 
-matplotlib (the optional ``[report]`` extra) is imported inside the functions that draw. Figures are
-built with the object-oriented ``Figure`` API on the Agg canvas, never through ``pyplot``, so reports
-render headless (CI, servers) and never change the backend of a program that imports streamwhiten.
-
-Outputs: ``report.html`` (one self-contained page, PNGs embedded as base64), ``report.png`` (every
-panel on one image) or a directory (one PNG per figure).
+matplotlib (the ``[report]`` extra) is imported where it draws, through the ``Figure`` API on the Agg
+canvas, never ``pyplot``: reports render headless and never change a program's backend. Outputs:
+``report.html`` (one page, PNGs inline), ``report.png`` (every panel) or a directory (a PNG per figure).
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import io
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -868,9 +866,7 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
         ("condition number", f"{summary['condition_number']:.4g}"),
     ]
     parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Model</h2>", _table(spectrum_rows)]
-
-    def image(name: str, caption: str) -> str:
-        return _figure(images, name, caption)
+    image = partial(_figure, images)
 
     parts.append(
         image(

@@ -1,20 +1,15 @@
 """Exact nearest-neighbour search over a corpus in memory or streamed from a store.
 
-Two metrics: ``"ip"``, the inner product of float vectors (larger is better; the cosine, for unit
-vectors), and ``"hamming"``, the Hamming distance of packed bit vectors (``numpy.packbits`` rows;
-smaller is better). Every query keeps a top list of its ``depth`` best corpus rows, best first, **ties
-to the lower corpus row**, however the corpus is cut into blocks. Pairs named in an
-`Exclusions` are never candidates.
+Two metrics: ``"ip"``, the inner product of float vectors (larger is better; the cosine of unit vectors),
+and ``"hamming"``, the Hamming distance of ``numpy.packbits`` rows (smaller is better). Each query keeps
+its ``depth`` best corpus rows, best first, **ties to the lower corpus row** however the corpus is cut
+into blocks; pairs named in an `Exclusions` are never candidates.
 
-The corpus is read one block at a time (the next block is read while the current one is searched), so
-a corpus larger than memory works: memory holds the queries, their top lists and about two blocks. A
-block is turned into what is searched by the job's ``prepare`` (a whitening, a quantization, ...),
-its rows cut among the worker threads; then each worker searches the block for its share of the
-queries: BLAS products of tiles of rows against its queries (``ip``) or a popcount kernel (``hamming``),
-each tile merged into the top lists by a Numba kernel (``core.kernels.search``). Several jobs can share one
-pass over the corpus (`search`). `rescore` re-ranks candidate lists (the top N of a bit
-search) with other vectors of the same rows, read in a second pass over the blocks that hold them
-(`rescore_all`: many re-rankings in that one pass).
+The corpus is read a block at a time (the next one while this one is searched), so it may be larger than
+memory. A job's ``prepare`` turns a block into what is searched (on the worker threads, in row slices);
+each worker then searches it for its share of the queries (BLAS tiles or a popcount kernel, merged by
+``core.kernels.search``). Jobs can share a pass (`search`); `rescore` re-ranks candidate lists with other
+vectors of the same rows in a second pass (`rescore_all`: many re-rankings at once).
 """
 
 from __future__ import annotations

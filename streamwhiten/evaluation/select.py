@@ -1,32 +1,27 @@
 """Choosing a setting that holds on queries it was not chosen on, and saying what it will score.
 
-The best of many noisy scores is high by chance (the winner's curse): on 262 queries, the arg-max of
-1,250 settings scored +0.6 nDCG@10 above raw float32 and 3.7 below it on other queries. So a tuning starts
-from a **reference** (the raw vectors, in the most faithful storage the budget allows) and moves away
-from it only for a candidate whose advantage survives the number of candidates compared.
+The best of many noisy scores is high by chance (the winner's curse: on 262 queries, the arg-max of 1,250
+settings scored +0.6 nDCG@10 above raw float32 and 3.7 below it on other queries). So a tuning starts from
+a **reference** (the raw vectors, in the most faithful storage the budget allows) and leaves it only for a
+candidate whose advantage survives the number of candidates compared.
 
-**The rule (max-t).** Everything works on a per-unit score table: ``scores`` (candidates x units: queries
-for retrieval, pairs for labelled pairs) and the reference's row, each unit's score of each setting. With
-``D = scores - reference`` (per unit), ``m_c`` the mean of row ``c`` and ``s_c`` its standard error, the
-paired bootstrap resamples the units (``numpy.random.default_rng(seed).integers(0, n, size=(samples, n))``,
-the resamples of `paired_bootstrap`) and takes, in each
-resample, the largest standardized deviation over all candidates, ``max_c (m*_c - m_c) / s_c``; ``q`` is
-its ``level`` quantile. ``m_c - q s_c`` is then a lower bound of every candidate's true advantage at once
-(99% simultaneous by default), and a candidate **beats the reference** when its bound is above 0. The choice is the
-candidate with the highest bound among those that beat it; when none does, the reference. With
-``tolerance`` T > 0 the choice is instead the cheapest (fewest bytes, smallest k) among the reference
-and the candidates whose bound is above ``-T``: surely no more than T points worse than the reference.
+**The rule (max-t)** works on a table of per-unit scores (candidates x units: queries or pairs) and the
+reference's row. With ``D = scores - reference``, ``m_c`` the mean of row ``c`` and ``s_c`` its standard
+error, the paired bootstrap of the units (the resamples of `paired_bootstrap`) gives in each resample the
+largest standardized deviation ``max_c (m*_c - m_c) / s_c``; with ``q`` its ``level`` quantile, ``m_c - q
+s_c`` bounds every candidate's true advantage at once (99% by default). A candidate **beats the
+reference** when its bound is above 0; the choice is the highest bound among those, else the reference.
+With ``tolerance`` T > 0: the cheapest (fewest bytes, smallest k) of the reference and the candidates
+whose bound is above ``-T``.
 
-**The forecast.** K-fold cross-validation over the units: the rule is run on K-1 folds, its choice is
-scored on the fold left out, and the held-out scores of all folds make the estimate of what the rule's
-choice scores on units it has not seen, with a bootstrap interval; the reference gets the same, and the
-difference between the two a paired interval (95%, `FORECAST_LEVEL`).
+**The forecast**: K-fold cross-validation over the units (the rule run on K-1 folds, its choice scored on
+the fold left out) estimates what the choice scores on unseen units, next to the reference, with 95%
+paired bootstrap intervals (`FORECAST_LEVEL`).
 
-Why 99% and not 95%: with a thousand settings and the vector code families of a byte budget compared on
-131 queries, the 95% rule moved, in one of 100 random half splits in 4 of 12 cells of pooling and
-budget, to a setting that then lost more than one point of nDCG@10 on the other half; at 99% it moved in
-none of the 1,200, and still found the real gains of the benchmark's synthetic task and of CLS pairs in
-all 20 of its splits (``benchmarks/tune_generalization.py``).
+Why 99%: with a thousand settings and the codes of a budget on 131 queries, the 95% rule moved in 4 of 12
+cells (pooling x budget), in one of 100 half splits, to a setting that lost over a point of nDCG@10 on the
+other half; at 99% in none of the 1,200, and it still found the real gains of the synthetic task and of
+CLS pairs in all 20 splits (``benchmarks/tune_generalization.py``).
 """
 
 from __future__ import annotations

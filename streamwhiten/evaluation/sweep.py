@@ -85,7 +85,7 @@ from .sweep_passes import (
     scaling_for,
     stored,
 )
-from .tune import KChoice, decompose, describe_stored, json_rows, make_grid
+from .tune import KChoice, decompose, describe_stored, json_rows, make_grid, vectors_of
 
 #: Resampled means held at once by `bootstrap_differences` (512 MiB of doubles).
 RESAMPLED_VALUES = 1 << 26
@@ -297,18 +297,17 @@ def retrieval_grid(model: WhiteningModel, grid: SweepGrid, raw_ks: Sequence[int]
         key = (beta, gamma, k)
         if key in out:
             continue
-        vectors = "whitened"
-        if gamma == 0.0 and k == d:
-            vectors = "rotated" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
-        out[key] = Candidate(beta, gamma, k, str(k) if choice is None else choice.label, vectors)
+        label = str(k) if choice is None else choice.label
+        out[key] = Candidate(beta, gamma, k, label, vectors_of(beta, gamma, k, d))
     out[("identity",)] = Candidate(0.0, 0.0, d, str(d), "raw", "identity")
     return list(out.values()), bases
 
 
-def _map_model(bases: dict, candidate: Candidate) -> WhiteningModel:
-    if candidate.basis == "identity":
-        return bases[0.0].with_params(basis="identity")
-    return bases[candidate.beta].with_params(gamma=candidate.gamma, n_components=candidate.k)
+def _map_model(bases: dict, identity: bool, beta: float, gamma: float, k: int) -> WhiteningModel:
+    """The map of a setting (re-finalized from its beta's eigendecomposition), or the identity."""
+    return (
+        bases[0.0].with_params(basis="identity") if identity else bases[beta].with_params(gamma=gamma, n_components=k)
+    )
 
 
 def _groups(items: list, cost: Callable, budget: int) -> list[list]:
@@ -339,13 +338,10 @@ def sweep_rows(
     max_bytes: int | None = None,
     keep: Callable[[np.ndarray], Any] | None = None,
 ) -> tuple[SearchResult, dict]:
-    """The raw float32 reference's top lists (rows and cosines, `DEPTH` a query: small, kept whole) and what is kept
-    of every ``(candidate, storage)``'s, keyed by ``(candidate, storage)``: ``keep(top rows)`` (queries x
-    `DEPTH` corpus rows, best first; default: the rows themselves), called as soon as a pass has made them,
-    so that only the top lists of one pass are held (the sweep keeps each query's metrics). See the module
-    docstring for the passes and their cost. The corpus is read in ``options.block_rows`` blocks (default:
-    about `SLICED_BLOCK_BYTES`, whole chunks) by ``options.threads`` threads. With ``max_bytes`` only the
-    pairs that store a vector in that many bytes or fewer are searched (and keyed)."""
+    """The raw float32 reference's top lists (`DEPTH` rows and cosines a query) and ``keep(top rows)`` of every
+    ``(candidate, storage)`` within ``max_bytes``, keyed by it; ``keep`` (default: the rows) is called as a
+    pass makes them, so only one pass's lists are held. The passes and their cost: see the module docstring.
+    """
     options = options or RetrievalOptions()
     keep = keep or (lambda top: top)
     reading = Reading(task.corpus, task.corpus_label, options.block_rows, resolve_threads(options.threads))
@@ -484,7 +480,7 @@ def _search_group(
     for candidate in group:
         use = plan.use(candidate)
         unit_queries = plan.queries(use.rotation, use.weights, use.k)
-        model = _map_model(plan.bases, candidate)
+        model = _map_model(plan.bases, candidate.basis == "identity", candidate.beta, candidate.gamma, candidate.k)
         searched = []
         for storage in floats:
             if fits(candidate, storage):
@@ -628,14 +624,11 @@ def choose_generalising(
     *,
     resamples: Resamples | None = None,
 ) -> tuple[int, dict]:
-    """``(row, record)``: the row chosen by ``grid.select`` (the rule) among those within
-    ``grid.max_bytes`` against the reference's (`reference_index`), from the per-query scores of
-    ``metric`` (rows of ``per_query``, one per row of ``table``), and the record of the choice: the
-    reference, how many settings beat it, and the cross-validated forecast (``grid.folds``) of both on
-    queries not chosen on (see `select`). Rule ``argmax``: the best score within the budget (and
-    ``grid.tolerance``) as before the rule existed (`choose_within`), with no reference and no
-    forecast. ``resamples``: the queries' resamples when already made (default: ``BOOTSTRAP_SAMPLES`` of
-    them from ``BOOTSTRAP_SEED``)."""
+    """``(row, record)``: the row ``grid.select`` chooses within ``grid.max_bytes`` against the reference
+    (`reference_index`) from the per-query scores of ``metric`` (a row of ``per_query`` per row of ``table``),
+    and the record: the reference, how many beat it, the ``grid.folds``-fold forecast (see `select`).
+    ``argmax``: `choose_within`'s row, no reference, no forecast. ``resamples``: the queries' resamples if made.
+    """
     max_bytes, tolerance, rule, folds = grid.max_bytes, grid.tolerance, grid.select, grid.folds
     samples, seed = (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED) if resamples is None else (resamples.samples, resamples.seed)
     eligible = _within(table, max_bytes)
@@ -686,10 +679,7 @@ class RetrievalTuneResult:
         """The model of one row: the map at its setting (sharing its beta's eigendecomposition; the
         identity map for the raw vectors) and the storage recorded. A code's row: the identity map, with its
         codec (`codec_for`'s, which codes the raw vectors scaled to unit length) as its storage."""
-        if row.vectors == "raw" or row.code:
-            model = self.bases[0.0].with_params(basis="identity")
-        else:
-            model = self.bases[row.beta].with_params(gamma=row.gamma, n_components=row.k)
+        model = _map_model(self.bases, row.vectors == "raw" or bool(row.code), row.beta, row.gamma, row.k)
         if row.code:
             from ..codes.storage import with_codec  # the raw unit vectors coded: the codec is the storage
 
@@ -701,10 +691,6 @@ class RetrievalTuneResult:
     def codec_for(self, row: SweepRow):
         """The trained `Codec` of a code's row (None for another row)."""
         return self.codecs.get(row.storage) if row.code else None
-
-    def chosen_codec(self):
-        """The chosen row's codec, where the choice is a code (else None)."""
-        return self.codec_for(self.best)
 
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
@@ -813,8 +799,7 @@ def sweep(
     progress : callable, optional
         ``progress(rows_done, n_rows)`` over all the passes.
     budgets : sequence of int or None, optional
-        Byte budgets whose references must be in the grid (default: ``grid.max_bytes``'s), for a caller that
-        chooses under several budgets from one sweep (the table's rows and ``per_query``).
+        Budgets whose references the grid must hold (default: ``grid.max_bytes``), to choose under each later.
     """
     grid = SweepGrid() if grid is None else grid
     if not isinstance(grid, SweepGrid):

@@ -1,14 +1,12 @@
 """The one-pass grid: choose beta, gamma and k for a fitted model from labelled pairs.
 
-The model file keeps the fitting statistics ``(n, mu, M)``, so ``Sigma_beta = M/n + (1-beta)^2 mu mu^T``
-is available for every beta in closed form: the fitting data is never read again. Each beta costs one
-eigendecomposition ``Sigma_beta = U Lambda U^T``; gamma and k then only reweight and truncate the same
-rotated pair vectors ``y = (x - beta*mu) U``. The cosine of a pair under ``(gamma, k)`` is
+The model keeps ``(n, mu, M)``, so ``Sigma_beta = M/n + (1-beta)^2 mu mu^T`` exists for every beta without
+reading the fitting data again. Each beta costs one eigendecomposition ``U Lambda U^T``; gamma and k only
+reweight and truncate the rotated pairs ``y = (x - beta*mu) U``: with ``w = (Lambda + eps_)^(-gamma)``,
 
-    sum_{j<k} ya_j yb_j w_j / sqrt(sum_{j<k} ya_j^2 w_j * sum_{j<k} yb_j^2 w_j),  w = (Lambda + eps_)^(-gamma),
+    cos = sum_{j<k} ya_j yb_j w_j / sqrt(sum_{j<k} ya_j^2 w_j * sum_{j<k} yb_j^2 w_j),
 
-so every (gamma, k) of one beta comes from three small matrix products per block of pairs, and the
-pairs are read once for the whole grid.
+three small products per block of pairs give every (gamma, k) of a beta, in one read of the pairs.
 """
 
 from __future__ import annotations
@@ -90,6 +88,14 @@ def make_grid(
     choices = [KChoice(n_components=int(k)) for k in unique(ks)]
     choices += [KChoice(variance=float(v)) for v in unique(variances)]
     return [float(b) for b in unique(betas)], [float(g) for g in unique(gammas)], choices
+
+
+def vectors_of(beta: float, gamma: float, k: int, n_features: int) -> str:
+    """What a setting's vectors are: ``rotated`` (beta = gamma = 0, all k: the raw cosines), ``centred``
+    (beta = 1, gamma = 0, all k) or ``whitened``."""
+    if gamma == 0.0 and k == n_features and beta in (0.0, 1.0):
+        return "rotated" if beta == 0.0 else "centred"
+    return "whitened"
 
 
 def decompose(model: WhiteningModel, beta: float, eps: float | None = None) -> WhiteningModel:
@@ -189,8 +195,7 @@ class PairGrid:
     Parameters
     ----------
     betas, gammas, ks, variances : sequence, optional
-        The grid (None: the defaults; an empty sequence: none of them), checked against the data width by
-        `make_grid`.
+        The grid (None: the defaults; empty: none), checked against the data width by `make_grid`.
     metric : str
         One of `METRICS`: what the choice maximises.
     tolerance : float
@@ -198,8 +203,7 @@ class PairGrid:
     eps : float, optional
         The regulariser of every setting (default: the model's).
     select, folds, samples, seed
-        The selection rule (one of `RULES`), the folds of its forecast, and the paired bootstrap's resamples
-        and seed.
+        The rule (one of `RULES`), its forecast's folds, the paired bootstrap's resamples and seed.
     """
 
     betas: tuple[float, ...] | None = None
@@ -245,10 +249,7 @@ def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
                 column = np.zeros(d)
                 column[:k] = weights[:k]
                 columns.append(column)
-                vectors = "whitened"
-                if gamma == 0.0 and k == d:
-                    vectors = "rotated" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
-                settings.append((beta, gamma, k, choice.label, choice.variance, vectors))
+                settings.append((beta, gamma, k, choice.label, choice.variance, vectors_of(beta, gamma, k, d)))
         plans.append((beta * base.mean, base.eigvecs, np.stack(columns, axis=1)))
     return bases, plans, settings
 
@@ -286,18 +287,14 @@ def grid_search(
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> TuneResult:
-    """Score every (beta, gamma, k) of ``grid`` on ``pairs`` and choose one by ``grid.metric``.
+    """Score every (beta, gamma, k) of ``grid`` on ``pairs`` and choose one by ``grid.metric``, from the saved
+    statistics of ``model`` only. The raw vectors (the identity map) are the table's last row.
 
-    The raw vectors (no transformation: the identity map) are a row of the table, the last, beside the
-    grid's. ``select="maxt"`` (default): the raw vectors unless a setting beats them beyond the noise of
-    all the settings compared, judged by the
-    paired bootstrap of the pairs (``samples`` resamples, ``seed``) on the per-pair terms of the
-    correlation (`spearman_units`); with ``tolerance`` > 0 the
-    smallest k surely within ``tolerance`` points of raw. The choice is forecast by ``folds``-fold
-    cross-validation over the pairs (see `select`). ``select="argmax"``: the highest score (with
-    ``tolerance`` > 0, the smallest k within ``tolerance`` of it; ties to the smaller k, then the earlier
-    row), optimistic by the winner's curse. Only the saved statistics of ``model`` are used, never the
-    fitting data.
+    ``select="maxt"`` (default): the raw vectors unless a setting beats them beyond the noise of all compared
+    (the paired bootstrap of the per-pair terms, `spearman_units`); with ``tolerance`` > 0, the smallest k
+    surely within ``tolerance`` points of raw; forecast by ``folds``-fold cross-validation (see `select`).
+    ``select="argmax"``: the highest score (with ``tolerance``, the smallest k within it of the top; ties to
+    the smaller k, then the earlier row), optimistic by the winner's curse.
     """
     grid = PairGrid() if grid is None else grid
     if not isinstance(grid, PairGrid):
