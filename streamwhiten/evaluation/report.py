@@ -123,6 +123,13 @@ def _metric_name(data: ReportData) -> str:
     return f"{data.metric.capitalize()} x100"
 
 
+def _finish(ax: Any, legend: str, *labels: str) -> None:
+    """The ``labels`` (title, x, y), a light grid and the legend at ``legend``: how every plot ends."""
+    ax.set(**dict(zip(("title", "xlabel", "ylabel"), labels, strict=False)))
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc=legend, fontsize=8)
+
+
 def draw_spectrum(ax: Any, data: ReportData) -> None:
     """Eigenvalues of Sigma_beta on a log scale, the eps floor and D_eff."""
     model = data.model
@@ -144,15 +151,9 @@ def draw_spectrum(ax: Any, data: ReportData) -> None:
     )
     zeros = int((~positive).sum())
     title = f"Eigenvalue spectrum of $\\Sigma_\\beta$ ($\\beta$={model.beta:g}, d={model.n_features})"
-    ax.set_title(
-        title
-        + (f"\n{zeros} eigenvalue(s) numerically zero (< {NUMERICAL_ZERO:g} x largest), not drawn" if zeros else "")
-    )
-    ax.set_xlabel("component i (descending eigenvalue)")
-    ax.set_ylabel("eigenvalue (log scale)")
+    title += f"\n{zeros} eigenvalue(s) numerically zero (< {NUMERICAL_ZERO:g} x largest), not drawn" if zeros else ""
+    _finish(ax, "upper right", title, "component i (descending eigenvalue)", "eigenvalue (log scale)")
     ax.set_xlim(0.5, eigvals.size + 0.5)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
 
 
 def draw_variance(ax: Any, data: ReportData) -> None:
@@ -203,12 +204,9 @@ def draw_variance(ax: Any, data: ReportData) -> None:
     )
     ax.set_xscale("log", base=2)
     ax.set_xlim(1, model.n_features * 1.15)
-    ax.set_title("Cumulative explained variance, with the k choices")
-    ax.set_xlabel("kept components k (log scale)")
-    ax.set_ylabel("fraction of the variance explained")
     ax.set_ylim(0, 1.08)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    title = "Cumulative explained variance, with the k choices"
+    _finish(ax, "lower right", title, "kept components k (log scale)", "fraction of the variance explained")
 
 
 def draw_k_curve(ax: Any, data: ReportData) -> None:
@@ -230,15 +228,12 @@ def draw_k_curve(ax: Any, data: ReportData) -> None:
         (14, 8),
     )
     ax.set_xscale("log", base=2)
-    ax.set_title(f"{name} against k for the seed settings")
-    ax.set_xlabel("kept components k (log scale)")
-    ax.set_ylabel(f"{name} on the pairs")
     everything = [s for points in data.curves.values() for _, s in points if np.isfinite(s)] + [data.raw]
     top = max(everything + [best.score(metric), highest.score(metric)])
     low = max(min(everything), top - 25.0)  # keep the interesting band readable; lower points fall off
     ax.set_ylim(low - 0.5, top + 0.5)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    title = f"{name} against k for the seed settings"
+    _finish(ax, "lower right", title, "kept components k (log scale)", f"{name} on the pairs")
 
 
 def draw_heatmaps(figure: Any, data: ReportData) -> None:
@@ -349,14 +344,11 @@ def draw_frontier(ax: Any, data: ReportData) -> None:
         )
     ax.set_xscale("log", base=2)
     ax.set_ylim(view.low, view.high)
-    ax.set_xlabel("bytes per corpus vector read by a search (log scale)")
-    ax.set_ylabel(f"{metric} x100")
-    ax.set_title(
-        f"Retrieval frontier: the highest {metric} per size\n({record['validation']['n_queries']:,} queries; bars: 95% interval)",
-        fontsize=10,
-    )
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set(xlabel="bytes per corpus vector read by a search (log scale)", ylabel=f"{metric} x100")
+    queries = record["validation"]["n_queries"]
+    title = f"Retrieval frontier: the highest {metric} per size\n({queries:,} queries; bars: 95% interval)"
+    ax.set_title(title, fontsize=10)
+    _finish(ax, "lower right")
 
 
 @dataclass(frozen=True)
