@@ -123,6 +123,10 @@ def _metric_name(data: ReportData) -> str:
     return f"{data.metric.capitalize()} x100"
 
 
+#: How a point's label is written beside it.
+_NOTE = dict(textcoords="offset points", fontsize=7, color="#1b4f72")
+
+
 def _finish(ax: Any, legend: str, *labels: str) -> None:
     """The ``labels`` (title, x, y), a light grid and the legend at ``legend``: how every plot ends."""
     ax.set(**dict(zip(("title", "xlabel", "ylabel"), labels, strict=False)))
@@ -167,38 +171,17 @@ def draw_variance(ax: Any, data: ReportData) -> None:
         ax.plot(k, ratio[k - 1], "o", ms=5, color="#2e86c1", zorder=3)
         if k == model.n_features:
             continue
-        ax.annotate(
-            f"k={k}: {ratio[k - 1]:.1%}",
-            (k, ratio[k - 1]),
-            textcoords="offset points",
-            xytext=(-4, 5),
-            ha="right",
-            fontsize=7,
-            color="#1b4f72",
-        )
+        ax.annotate(f"k={k}: {ratio[k - 1]:.1%}", (k, ratio[k - 1]), xytext=(-4, 5), ha="right", **_NOTE)
     fractions = [(label, k) for label, k in data.k_marks if label.endswith("%")]
     for label, k in fractions:  # a variance threshold: a dotted guide from the left edge to its k
         level = float(label.rstrip("%")) / 100.0
-        ax.plot(
-            [1, k],
-            [level, level],
-            ls=":",
-            lw=1.0,
-            color="#e67e22",
-            label="explained-variance thresholds" if (label, k) == fractions[0] else None,
-        )
+        named = "explained-variance thresholds" if (label, k) == fractions[0] else None
+        ax.plot([1, k], [level, level], ls=":", lw=1.0, color="#e67e22", label=named)
         ax.plot([k, k], [0, ratio[k - 1]], ls=":", lw=1.0, color="#e67e22")
         ax.plot(k, ratio[k - 1], "o", ms=5, color="#e67e22", zorder=3)
         ax.text(1.1, level, f"{label} → k={k}", fontsize=7, color="#a04000", va="bottom")
-    ax.plot(
-        model.n_components,
-        ratio[model.n_components - 1],
-        "*",
-        ms=13,
-        color="#c0392b",
-        zorder=4,
-        label=f"model's k = {model.n_components}",
-    )
+    k = model.n_components
+    ax.plot(k, ratio[k - 1], "*", ms=13, color="#c0392b", zorder=4, label=f"model's k = {k}")
     ax.axvline(
         model.effective_dimension, color="#8e44ad", ls="--", lw=1.2, label=f"D_eff = {model.effective_dimension:.1f}"
     )
@@ -390,51 +373,24 @@ def _draw_candidates(ax: Any, rows: list, view: _FrontierView, raw_score: float,
         near_star = abs(np.log2(xi / star[0])) < 2.0 and abs(yi - star[1]) < 0.25 * (view.high - view.low)
         above = yi > star[1] if near_star else i % 2 == 0  # away from the star, else alternating
         left = near_star and xi < star[0]
-        ax.annotate(
-            f"{row['storage']} k={row['k']}",
-            (xi, yi),
-            textcoords="offset points",
-            xytext=(-5 if left else 5, 7 if above else -12),
-            ha="right" if left else "left",
-            fontsize=7,
-            color="#1b4f72",
-            clip_on=True,
-        )
+        offset, side = (-5 if left else 5, 7 if above else -12), "right" if left else "left"
+        text = f"{row['storage']} k={row['k']}"
+        ax.annotate(text, (xi, yi), xytext=offset, ha=side, clip_on=True, **_NOTE)
     return below
 
 
 def _draw_reference(ax: Any, raw: dict, metric: str, reference: tuple[int, float, str] | None) -> None:
     """Raw float32's line and point, and under a budget the reference it was measured against."""
     role = "" if reference else "reference: "
-    ax.axhline(
-        raw[metric],
-        color="black",
-        ls="--",
-        lw=1.2,
-        label=f"{role}raw float32 ({raw['bytes_per_vector']:,} B): {raw[metric]:.2f}",
-    )
-    ax.plot(raw["bytes_per_vector"], raw[metric], "s", ms=7, color="black", zorder=3)
-    ax.annotate(
-        "raw float32" + ("" if reference else " (reference)"),
-        (raw["bytes_per_vector"], raw[metric]),
-        textcoords="offset points",
-        xytext=(-6, 7),
-        ha="right",
-        fontsize=8,
-    )
+    point = (raw["bytes_per_vector"], raw[metric])
+    ax.axhline(point[1], color="black", ls="--", lw=1.2, label=f"{role}raw float32 ({point[0]:,} B): {point[1]:.2f}")
+    ax.plot(*point, "s", ms=7, color="black", zorder=3)
+    text = "raw float32" + ("" if reference else " (reference)")
+    ax.annotate(text, point, textcoords="offset points", xytext=(-6, 7), ha="right", fontsize=8)
     if reference:  # under a budget the reference is the raw vectors in the storage that fits
         (ref_bytes, ref_score, ref_name) = reference
-        ax.plot(
-            ref_bytes,
-            ref_score,
-            "s",
-            ms=9,
-            mfc="none",
-            mec="black",
-            mew=1.8,
-            zorder=4,
-            label=f"reference: {ref_name} ({ref_bytes:,} B): {ref_score:.2f}",
-        )
+        label = f"reference: {ref_name} ({ref_bytes:,} B): {ref_score:.2f}"
+        ax.plot(ref_bytes, ref_score, "s", ms=9, mfc="none", mec="black", mew=1.8, zorder=4, label=label)
 
 
 def _draw_choice(ax: Any, record: dict, star: tuple) -> None:
