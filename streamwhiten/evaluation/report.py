@@ -143,21 +143,20 @@ def draw_spectrum(ax: Any, data: ReportData) -> None:
     positive = eigvals > NUMERICAL_ZERO * (eigvals[0] if eigvals.size and eigvals[0] > 0 else 1.0)
     ax.semilogy(index[positive], eigvals[positive], color="#1f4e79", lw=1.6, label="eigenvalue $\\lambda_i$")
     if model.eps_value > 0:
-        ax.axhline(
-            model.eps_value,
-            color="#7f7f7f",
-            ls=":",
-            lw=1.2,
-            label=f"eps floor {model.eps_value:.2g} (added before the power)",
-        )
-    ax.axvline(
-        model.effective_dimension, color="#8e44ad", ls="--", lw=1.2, label=f"D_eff = {model.effective_dimension:.1f}"
-    )
+        label = f"eps floor {model.eps_value:.2g} (added before the power)"
+        ax.axhline(model.eps_value, color="#7f7f7f", ls=":", lw=1.2, label=label)
+    _mark_effective_dimension(ax, model)
     zeros = int((~positive).sum())
     title = f"Eigenvalue spectrum of $\\Sigma_\\beta$ ($\\beta$={model.beta:g}, d={model.n_features})"
     title += f"\n{zeros} eigenvalue(s) numerically zero (< {NUMERICAL_ZERO:g} x largest), not drawn" if zeros else ""
     _finish(ax, "upper right", title, "component i (descending eigenvalue)", "eigenvalue (log scale)")
     ax.set_xlim(0.5, eigvals.size + 0.5)
+
+
+def _mark_effective_dimension(ax: Any, model: WhiteningModel) -> None:
+    """D_eff as a dashed vertical line."""
+    dimension = model.effective_dimension
+    ax.axvline(dimension, color="#8e44ad", ls="--", lw=1.2, label=f"D_eff = {dimension:.1f}")
 
 
 def draw_variance(ax: Any, data: ReportData) -> None:
@@ -182,9 +181,7 @@ def draw_variance(ax: Any, data: ReportData) -> None:
         ax.text(1.1, level, f"{label} → k={k}", fontsize=7, color="#a04000", va="bottom")
     k = model.n_components
     ax.plot(k, ratio[k - 1], "*", ms=13, color="#c0392b", zorder=4, label=f"model's k = {k}")
-    ax.axvline(
-        model.effective_dimension, color="#8e44ad", ls="--", lw=1.2, label=f"D_eff = {model.effective_dimension:.1f}"
-    )
+    _mark_effective_dimension(ax, model)
     ax.set_xscale("log", base=2)
     ax.set_xlim(1, model.n_features * 1.15)
     ax.set_ylim(0, 1.08)
@@ -266,16 +263,9 @@ def _draw_heatmap(ax: Any, grid: TuneResult, metric: str, label: str, norm: Any)
             row = cells[(beta, gamma)]
             value = row.score(metric)
             shade = norm(value) if np.isfinite(value) else 0.5
-            ax.text(
-                j,
-                i,
-                f"{value:.2f}",
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white" if abs(shade - 0.5) > 0.35 else "black",
-                fontweight="bold" if row is grid.best or row is grid.highest else "normal",
-            )
+            color = "white" if abs(shade - 0.5) > 0.35 else "black"
+            weight = "bold" if row is grid.best or row is grid.highest else "normal"
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=color, fontweight=weight)
             if row is grid.best:
                 ax.add_patch(_outline(i, j))
             elif row is grid.highest:
@@ -316,15 +306,8 @@ def draw_frontier(ax: Any, data: ReportData) -> None:
     _draw_reference(ax, raw, metric, reference)
     _draw_choice(ax, record, star)
     if below:
-        ax.text(
-            0.01,
-            0.98,
-            "below the view (v):\n" + "\n".join(below),
-            transform=ax.transAxes,
-            va="top",
-            fontsize=7,
-            color="#1b4f72",
-        )
+        listed = "below the view (v):\n" + "\n".join(below)
+        ax.text(0.01, 0.98, listed, transform=ax.transAxes, va="top", fontsize=7, color="#1b4f72")
     ax.set_xscale("log", base=2)
     ax.set_ylim(view.low, view.high)
     ax.set(xlabel="bytes per corpus vector read by a search (log scale)", ylabel=f"{metric} x100")
