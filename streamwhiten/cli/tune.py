@@ -303,6 +303,7 @@ def _lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target:
     name = metric.capitalize()
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
     also = same_row(best, highest)
+    within = f"within {tolerance:g} of the top score" if argmax else f"surely within {tolerance:g} of raw"
     lines = [
         f"validation {summary['pairs']['n_pairs']:,} pairs of {model.n_features}-d vectors; "
         f"{len(summary['table'])} settings from the saved statistics of {model.n_rows:,} rows (no pass over the "
@@ -311,15 +312,7 @@ def _lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target:
         f"raw        {fmt_scores(raw)}",
         f"chosen     {fmt_scores(best)}   {fmt_setting(best)}  "
         f"(chosen by the rule{', and highest on these pairs' if also else ''}; "
-        f"{name} {best[metric] - raw[metric]:+.2f} vs raw"
-        + (
-            ""
-            if not tolerance
-            else f"; smallest k within {tolerance:g} of the top score"
-            if argmax
-            else f"; smallest k surely within {tolerance:g} of raw"
-        )
-        + ")",
+        f"{name} {best[metric] - raw[metric]:+.2f} vs raw{f'; smallest k {within}' if tolerance else ''})",
     ]
     if not also:
         lines.append(
@@ -435,17 +428,10 @@ def _choice_lines(summary: dict) -> list[str]:
     metric, best, budget, tolerance = summary["metric"], summary["best"], summary["max_bytes"], summary["tolerance"]
     within = f"within {budget:,} bytes per vector" if budget is not None else "with no byte budget"
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
-    lines = [
-        f"chosen     {within}"
-        + (
-            ""
-            if not tolerance
-            else f" (the fewest bytes within {tolerance:g} points of the best)"
-            if argmax
-            else f" (the fewest bytes surely within {tolerance:g} points of the reference)"
-        )
-        + ":"
-    ]
+    near = (
+        f"within {tolerance:g} points of the best" if argmax else f"surely within {tolerance:g} points of the reference"
+    )
+    lines = [f"chosen     {within}{f' (the fewest bytes {near})' if tolerance else ''}:"]
     highest = summary.get("highest")
     apart = highest is not None and not same_row(best, highest)
     lines.append(
