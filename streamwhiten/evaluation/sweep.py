@@ -940,19 +940,11 @@ def _scored(
     )
 
 
-def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage], max_bytes: int) -> None:
-    """The one-line error of a budget no setting fits (before any pass over the corpus)."""
-    pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
-    if pairs and min(pairs)[0] > max_bytes:
-        raise _nothing_fits(max_bytes, *min(pairs))
-
-
 def _nothing_fits(max_bytes: int | None, size: int, k: int, storage: str) -> BadInputError:
     """The error of a budget no setting fits, naming the smallest: its bytes, k and storage."""
     return BadInputError(
-        f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
-        f"{size} ({storage} at k={k}); raise max_bytes "
-        "or add smaller k to ks",
+        f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes {size} ({storage} at "
+        f"k={k}); raise max_bytes or add smaller k to ks",
         param=("max_bytes", "ks"),
     )
 
@@ -970,8 +962,9 @@ def _checked_first(
     budget nothing fits, codes named with no budget, and (``needs_reference``) the rule's reference
     within each budget of ``wanted``."""
     code_sizes = _code_sizes(grid, n_features, [budget for budget in wanted if budget is not None])
-    if wanted and None not in wanted and not code_sizes:
-        _refuse_if_nothing_fits(candidates, storages, max(wanted))
+    pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
+    if wanted and None not in wanted and not code_sizes and pairs and min(pairs)[0] > max(wanted):
+        raise _nothing_fits(max(wanted), *min(pairs))
     if not storages and not code_sizes:
         raise BadInputError(
             "codes are swept under a byte budget only: give max_bytes, or a storage in dtypes",
