@@ -454,34 +454,33 @@ def _choice_lines(summary: dict) -> list[str]:
     return lines
 
 
+#: What the text says where the raw vectors or plain centring win.
+_WON = {
+    "raw": "the raw vectors win: no whitening beats them (the model written holds no transformation)",
+    "centred": "plain centring wins (beta=1 gamma=0 k=d: the mean removed, nothing rescaled or dropped)",
+}
+
+
 def _verdict_lines(summary: dict) -> list[str]:
     """What won (a code, the raw vectors, plain centring) and how the choice stands against raw float32."""
-    raw, best, budget = summary["raw"], summary["best"], summary["max_bytes"]
+    raw, best, budget, pad = summary["raw"], summary["best"], summary["max_bytes"], " " * 11
     lines = []
     if best.get("code"):
+        article = "an" if best["dtype"][0] in "aeio" else "a"
+        coded = f"{best['bytes_per_vector']:,} bytes (its codec: {best['code']['model_bytes']:,} bytes per model)"
         lines.append(
-            f"           {'an' if best['dtype'][0] in 'aeio' else 'a'} {best['dtype']} code wins: the raw vectors "
-            "scaled to unit length, coded in "
-            f"{best['bytes_per_vector']:,} bytes (its codec: {best['code']['model_bytes']:,} bytes per model)"
+            f"{pad}{article} {best['dtype']} code wins: the raw vectors scaled to unit length, coded in {coded}"
         )
-    elif best["vectors"] == "raw":
-        lines.append(
-            "           the raw vectors win: no whitening beats them (the model written holds no transformation)"
-        )
-    elif best["vectors"] == "centred":
-        lines.append(
-            "           plain centring wins (beta=1 gamma=0 k=d: the mean removed, nothing rescaled or dropped)"
-        )
+    elif best["vectors"] in _WON:
+        lines.append(pad + _WON[best["vectors"]])
     if best["low"] is not None and best["low"] <= 0 <= best["high"]:
+        fewer = raw["bytes_per_vector"] / best["bytes_per_vector"]
         lines.append(
-            f"           against raw float32 the difference is within noise; it stores "
-            f"{raw['bytes_per_vector'] / best['bytes_per_vector']:.1f}x fewer bytes per vector"
+            f"{pad}against raw float32 the difference is within noise; it stores {fewer:.1f}x fewer bytes per vector"
         )
     elif best["high"] is not None and best["high"] < 0:
-        lines.append(
-            f"           it loses to raw float32 beyond noise; raw float32 takes {raw['bytes_per_vector']:,} bytes "
-            "per vector (more than the budget)"
-            if budget is not None and raw["bytes_per_vector"] > budget
-            else "           it loses to raw float32 beyond noise"
-        )
+        over = budget is not None and raw["bytes_per_vector"] > budget
+        takes = f"; raw float32 takes {raw['bytes_per_vector']:,} bytes per vector (more than the budget)"
+        takes = takes if over else ""
+        lines.append(f"{pad}it loses to raw float32 beyond noise{takes}")
     return lines
