@@ -715,18 +715,7 @@ class RetrievalTuneResult:
     def _record(self, described: dict) -> dict:
         """The record of the tuning a tuned model keeps: the setting, the validation, the choice, the frontier
         and the best of each storage family."""
-        keep = (
-            "beta",
-            "gamma",
-            "k",
-            "storage",
-            "bytes_per_vector",
-            self.metric,
-            "retention",
-            "difference",
-            "low",
-            "high",
-        )
+        keep = ("beta", "gamma", "k", "storage", "bytes_per_vector", self.metric, *_VERSUS_RAW)
         task, best = self.task, self.best.to_json()
         return {
             "mode": "retrieval",
@@ -737,7 +726,7 @@ class RetrievalTuneResult:
             "validation": {
                 **plain({key: task[key] for key in ("queries", "corpus", "qrels", "n_queries")}),
                 "raw": {key: self.raw[key] for key in (*METRICS, "bytes_per_vector")},
-                "chosen": {key: best[key] for key in (*METRICS, "retention", "difference", "low", "high")},
+                "chosen": _pick(best, (*METRICS, *_VERSUS_RAW)),
             },
             "selection": self.selection,
             "frontier": [_pick(row.to_json(), keep) for row in self.frontier],
@@ -767,6 +756,10 @@ class RetrievalTuneResult:
             selection=self.selection,
             self_matches=None if self.self_matches is None else self.self_matches.to_json(),
         )
+
+
+#: What a row says of itself against raw float32: its retention and the interval of its difference.
+_VERSUS_RAW = ("retention", "difference", "low", "high")
 
 
 def _pick(row: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
