@@ -617,13 +617,9 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
     assert grid is not None  # drawn only for a report with a grid
     best = grid.best
     seeds = {(row.beta, row.gamma, row.k): row for row in grid.table}
-    rows = [
-        (
-            "pairs",
-            f"{grid.pairs['n_pairs']:,} (A {grid.pairs['a']}, B {grid.pairs['b']}, scores {grid.pairs['scores']})",
-        ),
-        (f"raw {name}", f"{grid.raw[metric]:.2f}"),
-    ]
+    described = grid.pairs
+    pairs = f"{described['n_pairs']:,} (A {described['a']}, B {described['b']}, scores {described['scores']})"
+    rows = [("pairs", pairs), (f"raw {name}", f"{grid.raw[metric]:.2f}")]
     highest = grid.highest
     for role, picked in (("chosen by the rule", best), ("highest on these pairs", highest)):
         if role.startswith("highest") and picked is best:
@@ -637,17 +633,13 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
         seed = seeds.get((beta, beta, model.n_features))
         if seed is not None:
             rows.append((f"{label}, full d", f"{seed.score(metric):.2f}"))
+    boxes = "white is the raw score, blue beats it, red loses; the green box marks the setting chosen by the rule"
+    boxes += ("" if highest is best else ", the dashed box the highest on these pairs") + "."
     parts += [
         "<h2>Scores on labelled pairs</h2>",
         _table(rows),
         image("k_curve", f"{name} against k for beta=gamma=1 and beta=gamma=0; dashed: the raw vectors."),
-        image(
-            "heatmaps",
-            f"{name} over (beta, gamma), one map per k; white is the raw score, "
-            "blue beats it, red loses; the green box marks the setting chosen by the rule"
-            + ("" if highest is best else ", the dashed box the highest on these pairs")
-            + ".",
-        ),
+        image("heatmaps", f"{name} over (beta, gamma), one map per k; {boxes}"),
     ]
     header = "".join(f"<th>{h}</th>" for h in ("beta", "gamma", "k", "k choice", "Spearman x100", "Pearson x100"))
     body = "".join(

@@ -641,13 +641,8 @@ def choose_generalising(
     per_query = np.asarray(per_query, dtype=np.float64)
     if resamples is None or not resamples.are(per_query.shape[1], samples, seed):
         resamples = Resamples(per_query.shape[1], samples, seed)
-    chooser = Rule(
-        cost=tuple(table[i].bytes_per_vector for i in others),
-        reference_cost=table[reference].bytes_per_vector,
-        tolerance=tolerance,
-        samples=samples,
-        seed=seed,
-    )
+    costs, reference_cost = tuple(table[i].bytes_per_vector for i in others), table[reference].bytes_per_vector
+    chooser = Rule(cost=costs, reference_cost=reference_cost, tolerance=tolerance, samples=samples, seed=seed)
     described = _pick(table[reference].to_json(), ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector"))
     return rule_choice(per_query, reference, others, chooser, folds, resamples, described)
 
