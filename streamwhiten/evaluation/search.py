@@ -8,8 +8,8 @@ into blocks; pairs named in an `Exclusions` are never candidates.
 The corpus is read a block at a time (the next one while this one is searched), so it may be larger than
 memory. A job's ``prepare`` turns a block into what is searched (on the worker threads, in row slices);
 each worker then searches it for its share of the queries (BLAS tiles or a popcount kernel, merged by
-``core.kernels.search``). Jobs can share a pass (`search`); `rescore` re-ranks candidate lists with other
-vectors of the same rows in a second pass (`rescore_all`: many re-rankings at once).
+``core.kernels.search``). Jobs can share a pass (`search`); `rescore_all` re-ranks candidate lists (each a
+`RescoreJob`) with other vectors of the same rows, in one pass over the blocks that hold them.
 """
 
 from __future__ import annotations
@@ -336,8 +336,9 @@ def exact_search(
 @dataclass
 class RescoreJob:
     """One re-ranking in a pass over the corpus blocks that hold candidates: ``queries`` (float rows),
-    ``candidates`` (queries x N corpus rows, -1: none), the top ``depth`` kept, the corpus rows turned into
-    the vectors they are re-ranked with by ``prepare(rows, start)``."""
+    ``candidates`` (queries x N corpus rows, -1: none; e.g. a Hamming search's), the top ``depth`` kept, by
+    the inner product with the corpus rows as ``prepare(rows, start)`` makes them (best first, ties to the
+    lower row)."""
 
     queries: np.ndarray
     candidates: np.ndarray
@@ -355,26 +356,8 @@ class RescoreJob:
             raise BadInputError(f"expected one list of candidates per query, got shape {self.candidates.shape}")
 
 
-def rescore(
-    queries: np.ndarray,
-    candidates: np.ndarray,
-    corpus: Any,
-    depth: int,
-    *,
-    prepare: Callable[[np.ndarray, int], np.ndarray] | None = None,
-    block_rows: int | None = None,
-) -> SearchResult:
-    """Re-rank each query's candidate rows by the inner product of ``queries`` (float rows) with the
-    corpus rows (as ``prepare`` makes them), best first, ties to the lower row; the best ``depth``.
-
-    ``candidates`` is queries x N corpus rows (-1: none), e.g. the rows of a Hamming search. Only the
-    corpus blocks holding a candidate are read, once each.
-    """
-    return rescore_all(corpus, [RescoreJob(queries, candidates, depth, prepare)], block_rows=block_rows)[0]
-
-
 class Reranking:
-    """The state of one re-ranking (see `rescore`) fed block by block: which rows of a block it
+    """The state of one re-ranking (a `RescoreJob`) fed block by block: which rows of a block it
     needs (`wanted`), their vectors (`feed`), and the re-ranked lists (`result`)."""
 
     def __init__(self, queries: np.ndarray, candidates: np.ndarray, depth: int):
@@ -425,8 +408,8 @@ class Reranking:
 
 
 def rescore_all(corpus: Any, jobs: list[RescoreJob], *, block_rows: int | None = None) -> list[SearchResult]:
-    """Every re-ranking of ``jobs`` (see `rescore`) in one pass over the corpus blocks that hold a
-    candidate of any of them; the results in the jobs' order."""
+    """Every re-ranking of ``jobs`` in one pass over the corpus blocks that hold a candidate of any of them
+    (each read once); the results in the jobs' order."""
     states = [Reranking(job.queries, job.candidates, job.depth) for job in jobs]
     wanted_rows = np.unique(np.concatenate([state.rows for state in states])) if states else np.zeros(0, np.int64)
     for start, rows in corpus_blocks(corpus, block_rows, wanted_rows):
@@ -466,7 +449,6 @@ __all__ = [
     "corpus_blocks",
     "corpus_slices",
     "exact_search",
-    "rescore",
     "rescore_all",
     "search",
     "slice_rows",
