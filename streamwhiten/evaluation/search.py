@@ -250,22 +250,15 @@ def corpus_blocks(
             yield a, block
 
 
-def slice_rows(n_features: int, slice_bytes: int | None = None) -> int:
-    """Rows of a slice: ``slice_bytes`` (default `SLICE_BYTES`) of float64 rows of ``n_features``
-    values, at least 16 rows."""
-    return max(16, int(SLICE_BYTES if slice_bytes is None else slice_bytes) // (8 * max(1, int(n_features))))
-
-
 def corpus_slices(
     corpus: Any, block_rows: int | None = None, block_bytes: int | None = None, slice_bytes: int | None = None
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """`corpus_blocks` (of about ``block_bytes`` without ``block_rows``; default
-    `SLICED_BLOCK_BYTES`) cut into slices of at most `slice_rows` rows, ``(start, rows)`` in
-    row order: what a caller computes on a slice in float64 (a transform, a stored form) stays within about
-    ``slice_bytes`` however large the blocks read are (a store's chunk may be large). A slice is valid
-    until the next one is asked for."""
+    """`corpus_blocks` (of about ``block_bytes`` without ``block_rows``; default `SLICED_BLOCK_BYTES`) cut
+    into slices of about ``slice_bytes`` (default `SLICE_BYTES`) of float64 rows, 16 at least: ``(start, rows)``
+    in row order. What a caller computes on a slice in float64 stays that small however large a store's
+    chunks are. A slice is valid until the next one is asked for."""
     n_features = corpus.n_features if isinstance(corpus, Source) else int(np.prod(np.shape(corpus)[1:]))
-    step = slice_rows(n_features, slice_bytes)
+    step = max(16, int(SLICE_BYTES if slice_bytes is None else slice_bytes) // (8 * max(1, int(n_features))))
     block_bytes = SLICED_BLOCK_BYTES if block_bytes is None else block_bytes
     for start, block in corpus_blocks(corpus, block_rows, block_bytes=block_bytes):
         for offset in range(0, block.shape[0], step):
@@ -451,5 +444,4 @@ __all__ = [
     "exact_search",
     "rescore_all",
     "search",
-    "slice_rows",
 ]
