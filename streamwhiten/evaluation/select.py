@@ -252,17 +252,11 @@ def select(
     return Selection(int(np.argmax(bound)), advantage, bound, critical, rule.name)
 
 
-def interval(
-    values: npt.ArrayLike, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
-) -> tuple[float, float | None, float | None]:
-    """``(mean, low, high)`` x100 of per-unit ``values``: the mean and its bootstrap percentile interval."""
-    return intervals(np.asarray(values, dtype=np.float64)[None], samples, seed, level, resamples)[0]
-
-
 def intervals(
     values: npt.ArrayLike, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
 ) -> list[tuple[float, float | None, float | None]]:
-    """`interval` of each row of ``values`` (rows x units), all from the same resamples."""
+    """``(mean, low, high)`` x100 of each row of per-unit ``values`` (rows x units): the mean and its bootstrap
+    percentile interval, all from the same resamples."""
     values = np.asarray(values, dtype=np.float64)
     means = 100.0 * values.mean(axis=1)
     if samples <= 0:
@@ -342,7 +336,6 @@ __all__ = [
     "Resamples",
     "Selection",
     "forecast",
-    "interval",
     "intervals",
     "select",
     "spearman_units",
