@@ -446,14 +446,12 @@ def figures(data: ReportData) -> dict:
     """The report's figures by name (``spectrum``, ``variance``, and with pairs ``k_curve``, ``heatmaps``)."""
     Figure = _matplotlib()
     out = {}
-    for name, draw in (("spectrum", draw_spectrum), ("variance", draw_variance)):
+    plots = [("spectrum", draw_spectrum), ("variance", draw_variance)]
+    for name, draw in plots + ([("k_curve", draw_k_curve)] if data.grid is not None else []):
         figure = Figure(figsize=(8, 5), layout="constrained")
         draw(figure.add_subplot(), data)
         out[name] = figure
     if data.grid is not None:
-        figure = Figure(figsize=(8, 5), layout="constrained")
-        draw_k_curve(figure.add_subplot(), data)
-        out["k_curve"] = figure
         n_panels = len(data.k_labels())
         n_rows = -(-n_panels // min(5, n_panels))
         figure = Figure(figsize=(3.2 * min(5, n_panels) + 1.5, 2.9 * n_rows + 0.8), layout="constrained")
@@ -733,35 +731,24 @@ def _versus_raw(row: dict) -> str:
     return f"{row['difference']:+.2f}" + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
 
 
+_ALSO_HIGHEST = " (also the highest on these queries)"
+
+
 def _tuning_rows(record: dict) -> list[tuple[str, str]]:
     """The retrieval tuning in (name, value) rows: the queries, raw float32, the budget, the choice, the
     highest where it is another, and the forecast."""
-    metric, raw, setting, budget = (
-        record["metric"],
-        record["validation"]["raw"],
-        record["setting"],
-        record.get("max_bytes"),
-    )
-    highest = highest_apart(record)
+    metric, validation, setting = record["metric"], record["validation"], record["setting"]
+    raw, budget, highest = validation["raw"], record.get("max_bytes"), highest_apart(record)
+    chosen = f"{validation['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector"
     rows = [
-        ("queries", f"{record['validation']['n_queries']:,} with a relevant document"),
+        ("queries", f"{validation['n_queries']:,} with a relevant document"),
         (f"raw float32 {metric}", f"{raw[metric]:.2f} at {raw['bytes_per_vector']:,} bytes per vector"),
         ("budget", "none" if budget is None else f"{budget:,} bytes per vector"),
-        (
-            "chosen by the rule",
-            f"{setting['dtype']} {_bgk(setting)}: "
-            f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector"
-            + ("" if highest else " (also the highest on these queries)"),
-        ),
+        ("chosen by the rule", f"{setting['dtype']} {_bgk(setting)}: {chosen}" + ("" if highest else _ALSO_HIGHEST)),
     ]
     if highest is not None:
-        rows.append(
-            (
-                "highest on these queries",
-                f"{highest['storage']} {_bgk(highest)}: "
-                f"{highest[metric]:.2f} at {highest['bytes_per_vector']:,} bytes per vector (not chosen by the rule)",
-            )
-        )
+        score = f"{highest[metric]:.2f} at {highest['bytes_per_vector']:,} bytes per vector (not chosen by the rule)"
+        rows.append(("highest on these queries", f"{highest['storage']} {_bgk(highest)}: {score}"))
     return rows + _forecast_rows(record.get("selection"), metric)
 
 
