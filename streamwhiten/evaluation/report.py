@@ -519,15 +519,9 @@ def planned_files(path: str, with_pairs: bool, with_frontier: bool = False) -> l
     kind = output_kind(path)
     if kind != "dir":
         return [path]
-    names = [
-        key
-        for key in FIGURE_FILES
-        if key in ("spectrum", "variance")
-        or (with_pairs and key in ("k_curve", "heatmaps"))
-        or key == "frontier"
-        and with_frontier
-    ]
-    return [os.path.join(path, FIGURE_FILES[name]) for name in names]
+    wanted = {"spectrum", "variance"} | ({"k_curve", "heatmaps"} if with_pairs else set())
+    wanted |= {"frontier"} if with_frontier else set()
+    return [os.path.join(path, FIGURE_FILES[name]) for name in FIGURE_FILES if name in wanted]
 
 
 def foreign_report(path: str) -> str | None:

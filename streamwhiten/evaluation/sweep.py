@@ -103,10 +103,8 @@ DEFAULT_METRIC = "ndcg@10"
 
 @dataclass(frozen=True)
 class Candidate:
-    """One map of the grid: ``(beta, gamma, k)`` (``k_label``: as the grid named it, a count or a
-    variance fraction) and what it is: ``raw`` (no transformation: the identity map, ``basis``
-    ``"identity"``), ``rotated`` (the rotation ``y = x U``, the raw cosines), ``centred`` (plain
-    centring) or ``whitened``."""
+    """One map of the grid: ``(beta, gamma, k)`` (``k_label``: as the grid named k) and its ``vectors``: ``raw``
+    (the identity map, ``basis`` ``"identity"``), ``rotated``, ``centred`` or ``whitened`` (`vectors_of`)."""
 
     beta: float
     gamma: float
@@ -945,10 +943,9 @@ def _checked_first(
     wanted: list,
     needs_reference: bool,
 ) -> dict[str, list[int]]:
-    """``{code: [bytes to train at]}`` (`_code_sizes`) after every check that needs no pass over the
-    corpus, each a one-line error: the codes' sizes against the budgets (the families' own sizes), a
-    budget nothing fits, codes named with no budget, and (``needs_reference``) the rule's reference
-    within each budget of ``wanted``."""
+    """``{code: [bytes to train at]}`` (`_code_sizes`) after every check that needs no pass, each a one-line
+    error: codes against the budgets, a budget nothing fits, codes with no budget, and (``needs_reference``)
+    the rule's reference within each budget of ``wanted``."""
     code_sizes = _code_sizes(grid, n_features, [budget for budget in wanted if budget is not None])
     pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
     if wanted and None not in wanted and not code_sizes and pairs and min(pairs)[0] > max(wanted):
@@ -988,10 +985,8 @@ def _no_reference(max_bytes: int | None) -> BadInputError:
 
 
 def _trainable(code_sizes: dict[str, list[int]], grid: SweepGrid, n_corpus: int) -> dict[str, list[int]]:
-    """The codes of ``code_sizes`` that train on the sample of a corpus of ``n_corpus`` rows (at most
-    ``grid.code_sample``; `smallest_sample`: PQ's k-means needs 256), before
-    any pass: of the default codes those that do not are left out; one named in ``grid.dtypes`` is a
-    one-line error."""
+    """The codes of ``code_sizes`` that train on the sample of ``n_corpus`` rows (`smallest_sample`: PQ's
+    k-means needs 256), before any pass: a default code that does not is left out, a named one refused."""
     sample_rows = min(grid.code_sample, n_corpus)
     short = [name for name in code_sizes if sample_rows < smallest_sample(name)]
     if short and grid.dtypes is not None:
