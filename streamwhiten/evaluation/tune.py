@@ -32,12 +32,8 @@ DEFAULT_VARIANCES = (0.9, 0.95, 0.99)
 def default_ks(n_features: int) -> list[int]:
     """``d`` and the powers of two below it, descending (from 8 up when d > 16, else from 1)."""
     low = 8 if n_features > 16 else 1
-    ks = {n_features}
-    power = low
-    while power < n_features:
-        ks.add(power)
-        power *= 2
-    return sorted(ks, reverse=True)
+    powers = {low << i for i in range(n_features.bit_length()) if low << i < n_features}
+    return sorted(powers | {n_features}, reverse=True)
 
 
 @dataclass(frozen=True)
