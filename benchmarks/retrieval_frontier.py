@@ -169,6 +169,7 @@ def frontier(data: Path, pooling: str, args, check: list) -> tuple[list, dict]:
     from streamwhiten.core.model import finalize
     from streamwhiten.engine.fit import fit_sources
     from streamwhiten.evaluation.sweep import SweepGrid, choose_within, sweep
+    from streamwhiten.evaluation.tune import json_rows
     from streamwhiten.options import RetrievalOptions
 
     corpus_spec, queries_spec = f"{data}/corpus.h5:/{pooling}", f"{data}/queries.h5:/{pooling}"
@@ -184,7 +185,9 @@ def frontier(data: Path, pooling: str, args, check: list) -> tuple[list, dict]:
     raw_each = reference.metrics(reference.run(model, None, None, None, "float32"))
     got = [result.raw[m] for m in METRICS]
     check.append(max(abs(a - 100 * float(np.mean(raw_each[m]))) for a, m in zip(got, METRICS, strict=True)))
-    for row in result.table:
+    as_json = json_rows(result.table)  # the rows as JSON, a frontier row the very dict of its table row
+    table, front = [as_json(row) for row in result.table], [as_json(row) for row in result.frontier]
+    for row in table:
         beta = None if row.get("vectors") == "raw" else row["beta"]  # the raw vectors: no transformation at all
         each = reference.metrics(
             reference.run(model, beta, row["gamma"], row["k"], row["dtype"], row["rescore"], "float32")
@@ -206,20 +209,20 @@ def frontier(data: Path, pooling: str, args, check: list) -> tuple[list, dict]:
         except Exception as exc:  # noqa: BLE001 - a budget nothing fits is reported as such
             budgets.append({"pooling": pooling, "max_bytes": budget, "chosen": str(exc)})
             continue
-        budgets.append(dict(chosen, pooling=pooling, max_bytes=budget))
-    for row in result.frontier:
+        budgets.append(dict(as_json(chosen), pooling=pooling, max_bytes=budget))
+    for row in front:
         row["pooling"] = pooling
     info = {
         "model": model,
         "readme_match": readme == README_RAW[pooling],
         "readme_got": readme,
         "raw": result.raw,
-        "table": result.table,
+        "table": table,
         "budgets": budgets,
         "seconds": seconds,
         "settings": len(result.table),
     }
-    return result.frontier, info
+    return front, info
 
 
 def int8_sweep(data: Path, pooling: str, model, args) -> list[dict]:

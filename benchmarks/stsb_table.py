@@ -70,10 +70,10 @@ def tuned_row(data: str, pooling: str, model) -> dict:
         "pooling": pooling,
         "setting": "tuned",
         "raw": result.raw["spearman"],
-        "beta": best["beta"],
-        "gamma": best["gamma"],
-        "k": best["k"],
-        "tuned": best["spearman"],
+        "beta": best.beta,
+        "gamma": best.gamma,
+        "k": best.k,
+        "tuned": best.spearman,
         "grid_size": len(result.table),
     }
     folds = []
@@ -87,16 +87,16 @@ def tuned_row(data: str, pooling: str, model) -> dict:
         for tune_on, test_on in (("even", "odd"), ("odd", "even")):
             with open_pairs(*halves[tune_on]) as tune_pairs, open_pairs(*halves[test_on]) as test_pairs:
                 chosen = grid_search(model, tune_pairs, grid=PairGrid(select="argmax"))
-                fixed = PairGrid((chosen.best["beta"],), (chosen.best["gamma"],), (chosen.best["k"],), ())
+                fixed = PairGrid((chosen.best.beta,), (chosen.best.gamma,), (chosen.best.k,), ())
                 test = grid_search(model, test_pairs, fixed)
             folds.append(
                 {
                     "tuned_on": tune_on,
-                    "beta": chosen.best["beta"],
-                    "gamma": chosen.best["gamma"],
-                    "k": chosen.best["k"],
+                    "beta": chosen.best.beta,
+                    "gamma": chosen.best.gamma,
+                    "k": chosen.best.k,
                     "test_raw": test.raw["spearman"],
-                    "test_tuned": test.table[0]["spearman"],
+                    "test_tuned": test.table[0].spearman,
                 }
             )
     row["held_out"] = folds

@@ -92,8 +92,8 @@ def main(argv=None) -> int:
                 "cpu_s": round(cpu, 1),
                 "load_before": round(load[0], 1),
                 "load_after": round(os.getloadavg()[0], 1),
-                "chosen": result.best["storage"],
-                "recall@10": round(result.best["recall@10"], 2),
+                "chosen": result.best.storage,
+                "recall@10": round(result.best.scores["recall@10"], 2),
             }
         )
         print(rows[-1], flush=True)

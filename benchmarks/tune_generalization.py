@@ -54,7 +54,7 @@ TARGET_MEAN, TARGET_WORST, TARGET_FOUND = -0.2, -1.0, 0.8
 
 def argmax_row(table: list, means: np.ndarray, eligible: list) -> int:
     """The old choice: the best mean, ties to fewer bytes, then the smaller k, then the grid's order."""
-    return min(eligible, key=lambda i: (-means[i], table[i]["bytes_per_vector"], table[i]["k"], i))
+    return min(eligible, key=lambda i: (-means[i], table[i].bytes_per_vector, table[i].k, i))
 
 
 def splits_of(n_units: int, n_splits: int, seed: int):
@@ -69,7 +69,7 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
     from streamwhiten.evaluation.select import Rule, forecast, select
     from streamwhiten.evaluation.sweep import reference_index
 
-    bytes_of = np.array([row["bytes_per_vector"] for row in table])
+    bytes_of = np.array([row.bytes_per_vector for row in table])
     rows = []
     for budget in budgets:
         eligible = [i for i in range(len(table)) if budget is None or bytes_of[i] <= budget]
@@ -81,7 +81,7 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
         coarse = [
             i
             for i in others
-            if table[i]["beta"] in COARSE and table[i]["gamma"] in COARSE and not table[i]["k_label"].endswith("%")
+            if table[i].beta in COARSE and table[i].gamma in COARSE and not table[i].k_label.endswith("%")
         ]
         kept_coarse, argmax_codes = 0, 0
         for chosen_on, unseen in splits_of(per_query.shape[1], args.splits, args.seed):
@@ -96,7 +96,7 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
             kept_coarse += few_row == reference
             gaps["coarse"].append(100 * float((per_query[few_row, unseen] - per_query[reference, unseen]).mean()))
             argmax_choice = argmax_row(table, means, eligible)
-            argmax_codes += bool(table[argmax_choice].get("code"))
+            argmax_codes += bool(table[argmax_choice].code)
             for rule, row in (("argmax", argmax_choice), ("maxt", new)):
                 gaps[rule].append(100 * float((per_query[row, unseen] - per_query[reference, unseen]).mean()))
             if args.forecast:
@@ -112,9 +112,9 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
             {
                 "task": name,
                 "budget": "none" if budget is None else budget,
-                "reference": f"{ref['vectors']} {ref['storage']} k={ref['k']} ({ref['bytes_per_vector']} B)",
+                "reference": f"{ref.vectors} {ref.storage} k={ref.k} ({ref.bytes_per_vector} B)",
                 "compared": len(others),
-                "codes compared": sum(bool(table[i].get("code")) for i in others),
+                "codes compared": sum(bool(table[i].code) for i in others),
                 "argmax chose a code": f"{argmax_codes}/{args.splits}",
                 "argmax mean": float(np.mean(gaps["argmax"])),
                 "argmax worst": float(np.min(gaps["argmax"])),
@@ -127,9 +127,7 @@ def retrieval_splits(name: str, table: list, per_query: np.ndarray, n_features: 
                 "coarse kept": f"{kept_coarse}/{args.splits}",
                 "forecast error": float(np.mean(np.abs(errors))) if errors else None,
                 "forecast covers": f"{covered}/{args.splits}" if errors else None,
-                "moved to": sorted({f"{r['storage']} b={r['beta']:g} g={r['gamma']:g} k={r['k']}" for r in moved_to})[
-                    :3
-                ],
+                "moved to": sorted({f"{r.storage} b={r.beta:g} g={r.gamma:g} k={r.k}" for r in moved_to})[:3],
                 "_gaps": gaps,
                 "_kept": kept,
             }
@@ -195,8 +193,8 @@ def synthetic(args) -> tuple[list, dict]:
     assert result.per_query is not None
     table = result.table
     rows = retrieval_splits("synthetic", table, result.per_query, d, args, [None])
-    centred = next(i for i, r in enumerate(table) if r["vectors"] == "centred" and r["storage"] == "float32")
-    raw = next(i for i, r in enumerate(table) if r["vectors"] == "raw" and r["storage"] == "float32")
+    centred = next(i for i, r in enumerate(table) if r.vectors == "centred" and r.storage == "float32")
+    raw = next(i for i, r in enumerate(table) if r.vectors == "raw" and r.storage == "float32")
     gain = 100 * float((result.per_query[centred] - result.per_query[raw]).mean())
     found = 0
     from streamwhiten.evaluation.select import Rule, select
@@ -204,7 +202,7 @@ def synthetic(args) -> tuple[list, dict]:
     for chosen_on, _unseen in splits_of(result.per_query.shape[1], args.splits, args.seed):
         others = [i for i in range(len(table)) if i != raw]
         picked = select(result.per_query[others][:, chosen_on], result.per_query[raw, chosen_on], Rule(seed=args.seed))
-        found += picked.index is not None and table[others[picked.index]]["beta"] > 0
+        found += picked.index is not None and table[others[picked.index]].beta > 0
     rows[0]["centring gain"] = gain
     rows[0]["found"] = f"{found}/{args.splits}"
     return rows, {"centring_gain_all_queries": gain, "found": found, "splits": args.splits}
@@ -228,14 +226,14 @@ def pairs(args) -> list[dict]:
             gold = np.asarray(opened.scores, np.float64)
         cosines, table, d = result.cosines, result.table, model.n_features
         assert cosines is not None
-        reference = next(i for i, r in enumerate(table) if r["vectors"] == "raw")  # the identity map
+        reference = next(i for i, r in enumerate(table) if r.vectors == "raw")  # the identity map
         others = [i for i in range(len(table)) if i != reference]
         gaps: dict = {"argmax": [], "maxt": []}
         kept = 0
         for chosen_on, unseen in splits_of(gold.size, args.splits, args.seed):
             units, _ = spearman_units(cosines[:, chosen_on], gold[chosen_on])
             means = units.mean(axis=1)
-            best = min(range(len(table)), key=lambda i: (-means[i], table[i]["k"], i))
+            best = min(range(len(table)), key=lambda i: (-means[i], table[i].k, i))
             picked = select(units[others], units[reference], Rule(seed=args.seed))
             new = reference if picked.index is None else others[picked.index]
             kept += new == reference

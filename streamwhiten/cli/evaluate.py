@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 import click
@@ -48,17 +48,29 @@ _DTYPE_HELP = (
 
 
 @dataclass(frozen=True)
-class Search:
-    """The options of a search (retrieval only), as parsed (None: not given): how the corpus is stored
-    while searched and re-ranked, the bootstrap, and the search's threads."""
+class SearchFlags:
+    """The options of a search (retrieval only) that eval and tune share, as parsed (None: not given): how
+    the corpus is re-ranked and its int8 span, the bootstrap, and the search's threads."""
 
-    dtype: Storage | None
     rescore: int | None
     rescore_dtype: str | None
     int8_clip: float | None
     bootstrap: int | None
     seed: int | None
     threads: int | None
+
+    def given(self) -> tuple[str, ...]:
+        """The names of the options given, a command's own before these: what labelled pairs refuse."""
+        shared = [option.name for option in fields(SearchFlags)]
+        names = [option.name for option in fields(self) if option.name not in shared] + shared
+        return named(**{name: getattr(self, name) for name in names})
+
+
+@dataclass(frozen=True)
+class Search(SearchFlags):
+    """eval's search options: how the corpus is stored while searched (``--dtype``), and the shared ones."""
+
+    dtype: Storage | None
 
 
 @click.command(name="eval")
@@ -120,7 +132,7 @@ def eval_(
     """
     from ..core.model import load_model
 
-    mode = mode_of(inputs, named(**search.__dict__))
+    mode = mode_of(inputs, search.given())
     changes = setting.given()
     if changes and model_path is None:
         raise BadInputError(f"--{next(iter(changes)).replace('_', '-')} and the other model options need a MODEL")

@@ -99,7 +99,8 @@ def _summary(model_path: str, data: ReportData, written: list[str]) -> tuple[dic
     lines = [f"D_eff      {model.effective_dimension:.1f} of d={model.n_features}"]
     raw = best = highest = None
     if data.grid is not None:
-        raw, best, highest = data.grid.raw, data.grid.best, data.grid.highest
+        raw, best = data.grid.raw, data.grid.best.to_json()
+        highest = best if data.grid.highest is data.grid.best else data.grid.highest.to_json()
         lines += _grid_lines(raw, best, highest)
     tuned = data.tuned or {}
     summary.update(raw=raw, best=best, highest=highest)

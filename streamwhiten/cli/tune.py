@@ -21,7 +21,6 @@ from ._common import (
     grid_of,
     grid_options,
     mode_of,
-    named,
     noise,
     number_list,
     open_pairs_given,
@@ -32,11 +31,21 @@ from ._common import (
     selection_lines,
     stop_on_signals,
 )
-from ._options import first_given, json_option, param_options, quiet_option
+from ._options import block_rows_of, json_option, objects, param_options, quiet_option
 from ._warn import warn_self_matches
+from .evaluate import SearchFlags
 
 if TYPE_CHECKING:
     from ..core.model import WhiteningModel
+
+
+@dataclass(frozen=True)
+class Sweep(SearchFlags):
+    """The options of a retrieval sweep, as parsed (None: not given; refused with labelled pairs): the
+    budget, the storages and codes swept, and the options of a search."""
+
+    max_bytes: int | None
+    dtypes: str | None
 
 
 class GeneratedHelp(click.Command):
@@ -153,20 +162,14 @@ def _help() -> str:
 )
 @quiet_option
 @json_option
+@objects(inputs=Inputs, sweep=Sweep, block_rows=block_rows_of)
 def tune(
     model_path: str,
-    pairs_a: str | None,
-    pairs_b: str | None,
-    scores: str | None,
+    inputs: Inputs,
+    sweep: Sweep,
     test_a: str | None,
     test_b: str | None,
     test_scores: str | None,
-    queries: str | None,
-    corpus: str | None,
-    qrels: str | None,
-    exclude: str | None,
-    query_ids: str | None,
-    corpus_ids: str | None,
     betas: str | None,
     gammas: str | None,
     ks: str | None,
@@ -176,38 +179,27 @@ def tune(
     select_rule: str,
     folds: int,
     eps: float | None,
-    max_bytes: int | None,
-    rescore: int | None,
-    rescore_dtype: str | None,
-    int8_clip: float | None,
-    bootstrap: int | None,
-    seed: int | None,
-    threads: int | None,
-    dtypes: str | None,
     output_path: str | None,
     in_place: bool,
     overwrite: bool,
     block_rows: int | None,
-    chunk_rows: int | None,
     quiet: bool,
     as_json: bool,
 ) -> None:
     """The ``tune`` command; its help is `_help`'s."""
     from ..core.model import load_model
 
-    inputs = Inputs(pairs_a, pairs_b, scores, queries, corpus, qrels, exclude, query_ids, corpus_ids)
     test = Inputs(pairs_a=test_a, pairs_b=test_b, scores=test_scores)
-    sweep = Sweep(max_bytes, dtypes, rescore, rescore_dtype, int8_clip, bootstrap, seed, threads)
-    mode = mode_of(inputs, named(**sweep.__dict__))
+    mode = mode_of(inputs, sweep.given())
     target = _checked_target(mode, metric, inputs, test, model_path, output_path, in_place, overwrite)
     model = load_model(model_path)
     metric = metric or ("spearman" if mode == "pairs" else "ndcg@10")
     grid = dict(grid_of(betas, gammas, ks, variances, metric, model.n_features), tolerance=tolerance, eps=eps)
     grid.update(select=select_rule, folds=folds)
     if mode == "pairs":
-        chosen, summary = _pairs(model, inputs, test, grid, first_given(block_rows, chunk_rows), quiet)
+        chosen, summary = _pairs(model, inputs, test, grid, block_rows, quiet)
     else:
-        chosen, summary = _retrieval(model, inputs, sweep, grid, first_given(block_rows, chunk_rows), quiet)
+        chosen, summary = _retrieval(model, inputs, sweep, grid, block_rows, quiet)
     _save(chosen, summary, model_path, target, bool(in_place or overwrite))
     lines = (_lines if mode == "pairs" else retrieval_lines)(summary, model, chosen, target)
     emit(as_json, summary, lines)
@@ -257,20 +249,6 @@ def _save(chosen: WhiteningModel, summary: dict, model_path: str, target: str | 
     summary.update(model=model_path, written=target)
 
 
-@dataclass(frozen=True)
-class Sweep:
-    """The options of a retrieval sweep, as parsed (None: not given; refused with labelled pairs)."""
-
-    max_bytes: int | None
-    dtypes: str | None
-    rescore: int | None
-    rescore_dtype: str | None
-    int8_clip: float | None
-    bootstrap: int | None
-    seed: int | None
-    threads: int | None
-
-
 def _pairs(
     model: WhiteningModel, inputs: Inputs, test: Inputs, grid: dict[str, Any], block_rows: int | None, quiet: bool
 ) -> tuple[WhiteningModel, dict]:
@@ -297,15 +275,8 @@ def _retrieval(
     from ..evaluation.sweep import SweepGrid
     from ..evaluation.sweep import sweep as run_sweep
 
-    given: dict[str, Any] = {
-        name: value
-        for name, value in (
-            ("rescore", sweep.rescore),
-            ("rescore_dtype", sweep.rescore_dtype),
-            ("int8_clip", sweep.int8_clip),
-        )
-        if value is not None
-    }
+    shared = ("rescore", "rescore_dtype", "int8_clip")
+    given = {name: getattr(sweep, name) for name in shared if getattr(sweep, name) is not None}
     dtypes = number_list(sweep.dtypes, "dtypes", str) if sweep.dtypes is not None else None
     swept = SweepGrid(dtypes=dtypes, max_bytes=sweep.max_bytes, **given, **grid)
     options = retrieval_options_of(inputs, block_rows, sweep.threads, sweep.bootstrap, sweep.seed)
@@ -332,6 +303,7 @@ def _lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target:
     name = metric.capitalize()
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
     also = same_row(best, highest)
+    within = f"within {tolerance:g} of the top score" if argmax else f"surely within {tolerance:g} of raw"
     lines = [
         f"validation {summary['pairs']['n_pairs']:,} pairs of {model.n_features}-d vectors; "
         f"{len(summary['table'])} settings from the saved statistics of {model.n_rows:,} rows (no pass over the "
@@ -340,15 +312,7 @@ def _lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target:
         f"raw        {fmt_scores(raw)}",
         f"chosen     {fmt_scores(best)}   {fmt_setting(best)}  "
         f"(chosen by the rule{', and highest on these pairs' if also else ''}; "
-        f"{name} {best[metric] - raw[metric]:+.2f} vs raw"
-        + (
-            ""
-            if not tolerance
-            else f"; smallest k within {tolerance:g} of the top score"
-            if argmax
-            else f"; smallest k surely within {tolerance:g} of raw"
-        )
-        + ")",
+        f"{name} {best[metric] - raw[metric]:+.2f} vs raw{f'; smallest k {within}' if tolerance else ''})",
     ]
     if not also:
         lines.append(
@@ -464,17 +428,10 @@ def _choice_lines(summary: dict) -> list[str]:
     metric, best, budget, tolerance = summary["metric"], summary["best"], summary["max_bytes"], summary["tolerance"]
     within = f"within {budget:,} bytes per vector" if budget is not None else "with no byte budget"
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
-    lines = [
-        f"chosen     {within}"
-        + (
-            ""
-            if not tolerance
-            else f" (the fewest bytes within {tolerance:g} points of the best)"
-            if argmax
-            else f" (the fewest bytes surely within {tolerance:g} points of the reference)"
-        )
-        + ":"
-    ]
+    near = (
+        f"within {tolerance:g} points of the best" if argmax else f"surely within {tolerance:g} points of the reference"
+    )
+    lines = [f"chosen     {within}{f' (the fewest bytes {near})' if tolerance else ''}:"]
     highest = summary.get("highest")
     apart = highest is not None and not same_row(best, highest)
     lines.append(
@@ -497,34 +454,33 @@ def _choice_lines(summary: dict) -> list[str]:
     return lines
 
 
+#: What the text says where the raw vectors or plain centring win.
+_WON = {
+    "raw": "the raw vectors win: no whitening beats them (the model written holds no transformation)",
+    "centred": "plain centring wins (beta=1 gamma=0 k=d: the mean removed, nothing rescaled or dropped)",
+}
+
+
 def _verdict_lines(summary: dict) -> list[str]:
     """What won (a code, the raw vectors, plain centring) and how the choice stands against raw float32."""
-    raw, best, budget = summary["raw"], summary["best"], summary["max_bytes"]
+    raw, best, budget, pad = summary["raw"], summary["best"], summary["max_bytes"], " " * 11
     lines = []
     if best.get("code"):
+        article = "an" if best["dtype"][0] in "aeio" else "a"
+        coded = f"{best['bytes_per_vector']:,} bytes (its codec: {best['code']['model_bytes']:,} bytes per model)"
         lines.append(
-            f"           {'an' if best['dtype'][0] in 'aeio' else 'a'} {best['dtype']} code wins: the raw vectors "
-            "scaled to unit length, coded in "
-            f"{best['bytes_per_vector']:,} bytes (its codec: {best['code']['model_bytes']:,} bytes per model)"
+            f"{pad}{article} {best['dtype']} code wins: the raw vectors scaled to unit length, coded in {coded}"
         )
-    elif best["vectors"] == "raw":
-        lines.append(
-            "           the raw vectors win: no whitening beats them (the model written holds no transformation)"
-        )
-    elif best["vectors"] == "centred":
-        lines.append(
-            "           plain centring wins (beta=1 gamma=0 k=d: the mean removed, nothing rescaled or dropped)"
-        )
+    elif best["vectors"] in _WON:
+        lines.append(pad + _WON[best["vectors"]])
     if best["low"] is not None and best["low"] <= 0 <= best["high"]:
+        fewer = raw["bytes_per_vector"] / best["bytes_per_vector"]
         lines.append(
-            f"           against raw float32 the difference is within noise; it stores "
-            f"{raw['bytes_per_vector'] / best['bytes_per_vector']:.1f}x fewer bytes per vector"
+            f"{pad}against raw float32 the difference is within noise; it stores {fewer:.1f}x fewer bytes per vector"
         )
     elif best["high"] is not None and best["high"] < 0:
-        lines.append(
-            f"           it loses to raw float32 beyond noise; raw float32 takes {raw['bytes_per_vector']:,} bytes "
-            "per vector (more than the budget)"
-            if budget is not None and raw["bytes_per_vector"] > budget
-            else "           it loses to raw float32 beyond noise"
-        )
+        over = budget is not None and raw["bytes_per_vector"] > budget
+        takes = f"; raw float32 takes {raw['bytes_per_vector']:,} bytes per vector (more than the budget)"
+        takes = takes if over else ""
+        lines.append(f"{pad}it loses to raw float32 beyond noise{takes}")
     return lines

@@ -1,21 +1,16 @@
 """Vector codes as candidates of the retrieval sweep: each family of `streamwhiten.codes` at a byte budget.
 
-A code candidate stores the raw vectors scaled to unit length (the cosine geometry the raw reference
-searches; no whitening map: the identity) as the family's code of the most bytes within the budget
-(`fitting_codes`), and searches them by the codec's estimate of ``<q, x>`` with float32 unit queries
-(asymmetric). The codes that need only statistics (``eigen``, ``bits-random``) train from the exact
-mean and covariance of the corpus rows scaled to unit length; those that learn from data
-(`NEEDS_SAMPLE`) from a seeded sample of those rows, its size and seed
-recorded (`code_record`).
+A code candidate stores the raw vectors scaled to unit length (the raw reference's cosine geometry; the
+identity map) as the family's largest code within the budget (`fitting_codes`), searched by the codec's
+estimate of ``<q, x>`` with float32 unit queries. Codes that need only statistics (``eigen``,
+``bits-random``) train from the exact mean and covariance of the unit corpus rows; those that learn
+from data (`NEEDS_SAMPLE`) from a seeded sample of them, recorded (`code_record`).
 
-**Cost.** Two passes over the corpus in slices (`corpus_slices`): one for the statistics
-(``n x d x d``) and the sample, one that encodes each slice with every code
-(`streamwhiten.codes.fast.encode`) and merges each batch of `CODE_SEARCH_ROWS` code rows into
-each code's top lists: the tool's codes by the Numba table scan
-(`streamwhiten.codes.fast.merge_block`, ``q x n x bytes`` lookups), faiss's by faiss's own scan.
-Memory: the queries, the sample, each code's top lists and a batch of its code rows, a slice, and the
-training of the codes (faiss's product quantizers in bounded batches,
-`pq_batches`); none of it grows with the corpus rows.
+**Cost.** Two passes in slices (`corpus_slices`): the statistics (``n x d x d``) and the sample, then
+each slice encoded by every code and merged, `CODE_SEARCH_ROWS` code rows at a time, into each code's
+top lists (the tool's codes by the Numba table scan, faiss's by faiss). Memory (the queries, the sample,
+top lists, a batch of code rows, a slice, training in bounded batches: `pq_batches`) does not grow with
+the corpus rows.
 """
 
 from __future__ import annotations
@@ -124,29 +119,19 @@ def train_codes(
     (faiss's and BLAS's own threads held to one: the codes, not their inner loops, run side by side);
     ``progress(codes_done, n_codes)`` as each is trained."""
     step = steps(progress, len(wanted))
+    faiss_options = dict(
+        iterations=KMEANS_ITERATIONS, opq_iterations=OPQ_ITERATIONS, opq_initial_iterations=KMEANS_ITERATIONS
+    )
 
     def one(name: str, size: int) -> Codec:
-        codec = train(name, size)
+        learns = name in NEEDS_SAMPLE  # the raw rows scaled to unit length (unit=True)
+        extra = faiss_options if name.startswith("faiss-") else {}
+        picked, seed = (sample, sample_seed) if learns else (None, None)
+        codec = train_codec(
+            name, mean, covariance, size, sample=picked, seed=sample_seed, sample_seed=seed, unit=True, **extra
+        )
         step()
         return codec
-
-    def train(name: str, size: int) -> Codec:
-        faiss_options = {
-            "iterations": KMEANS_ITERATIONS,
-            "opq_iterations": OPQ_ITERATIONS,
-            "opq_initial_iterations": KMEANS_ITERATIONS,
-        }
-        return train_codec(
-            name,
-            mean,
-            covariance,
-            size,
-            sample=sample if name in NEEDS_SAMPLE else None,
-            seed=sample_seed,
-            sample_seed=sample_seed if name in NEEDS_SAMPLE else None,
-            unit=True,  # the raw rows scaled to unit length
-            **(faiss_options if name.startswith("faiss-") else {}),
-        )
 
     # the slowest first (OPQ, then PQ), so that the others fill the other threads meanwhile
     order = sorted(
@@ -180,12 +165,7 @@ def _one_thread_each(uses_faiss: bool, max_bytes: int = 0) -> Iterator[None]:
 
 
 def _merge_found(
-    top_scores: np.ndarray,
-    top_rows: np.ndarray,
-    scores: np.ndarray,
-    found: np.ndarray,
-    start: int,
-    exclude: Any,
+    top_scores: np.ndarray, top_rows: np.ndarray, scores: np.ndarray, found: np.ndarray, start: int, exclude: Any
 ) -> None:
     """Merge faiss's block results (block rows ``found``, -1 for none) into the top lists, excluded
     pairs dropped, best first, ties to the lower row."""

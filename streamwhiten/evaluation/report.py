@@ -1,12 +1,9 @@
 """Pictures of a model and of its tuning: spectrum, explained variance, Spearman heat maps and k curves,
 and, for a model tuned for retrieval (``tune --queries ...``), the frontier it was chosen from.
 
-matplotlib (the optional ``[report]`` extra) is imported inside the functions that draw. Figures are
-built with the object-oriented ``Figure`` API on the Agg canvas, never through ``pyplot``, so reports
-render headless (CI, servers) and never change the backend of a program that imports streamwhiten.
-
-Outputs: ``report.html`` (one self-contained page, PNGs embedded as base64), ``report.png`` (every
-panel on one image) or a directory (one PNG per figure).
+matplotlib (the ``[report]`` extra) is imported where it draws, through the ``Figure`` API on the Agg
+canvas, never ``pyplot``: reports render headless and never change a program's backend. Outputs:
+``report.html`` (one page, PNGs inline), ``report.png`` (every panel) or a directory (a PNG per figure).
 """
 
 from __future__ import annotations
@@ -17,6 +14,7 @@ import io
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,7 +24,7 @@ from .._durable import check_replaceable, link_or_kind, write_file_atomic
 from ..core.model import WhiteningModel, components_for_variance
 from ..errors import BadInputError
 from .evaluate import PairSet
-from .tune import DEFAULT_VARIANCES, PairGrid, TuneResult, default_ks, grid_search
+from .tune import DEFAULT_VARIANCES, PairGrid, PairRow, TuneResult, default_ks, grid_search
 
 #: Files written when the output is a directory.
 FIGURE_FILES = {
@@ -65,6 +63,11 @@ class ReportData:
     def raw(self) -> float | None:
         return None if self.grid is None else self.grid.raw[self.metric]
 
+    def k_labels(self) -> list[str]:
+        """The k choices of the grid's maps (not the raw vectors' row), in order: one heat map each."""
+        assert self.grid is not None  # asked with pairs only
+        return list(dict.fromkeys(row.k_label for row in self.grid.table if row.vectors != "raw"))
+
 
 def retrieval_record(model: WhiteningModel) -> dict | None:
     """``model.info["tuned"]`` when it records a retrieval tuning with a frontier, else None."""
@@ -98,7 +101,7 @@ def collect(
     seeds = PairGrid((0.0, 1.0), (0.0, 1.0), tuple(dense), (), metric)
     curve = grid_search(model, pairs, seeds, block_rows=block_rows, progress=progress)
     data.curves = {
-        beta: [(row["k"], row[metric]) for row in curve.table if row["beta"] == beta and row["gamma"] == beta]
+        beta: [(row.k, row.score(metric)) for row in curve.table if row.beta == beta and row.gamma == beta]
         for beta, _, _ in SEED_SETTINGS
     }
     return data
@@ -120,6 +123,17 @@ def _metric_name(data: ReportData) -> str:
     return f"{data.metric.capitalize()} x100"
 
 
+#: How a point's label is written beside it.
+_NOTE = dict(textcoords="offset points", fontsize=7, color="#1b4f72")
+
+
+def _finish(ax: Any, legend: str, *labels: str) -> None:
+    """The ``labels`` (title, x, y), a light grid and the legend at ``legend``: how every plot ends."""
+    ax.set(**dict(zip(("title", "xlabel", "ylabel"), labels, strict=False)))
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc=legend, fontsize=8)
+
+
 def draw_spectrum(ax: Any, data: ReportData) -> None:
     """Eigenvalues of Sigma_beta on a log scale, the eps floor and D_eff."""
     model = data.model
@@ -129,27 +143,20 @@ def draw_spectrum(ax: Any, data: ReportData) -> None:
     positive = eigvals > NUMERICAL_ZERO * (eigvals[0] if eigvals.size and eigvals[0] > 0 else 1.0)
     ax.semilogy(index[positive], eigvals[positive], color="#1f4e79", lw=1.6, label="eigenvalue $\\lambda_i$")
     if model.eps_value > 0:
-        ax.axhline(
-            model.eps_value,
-            color="#7f7f7f",
-            ls=":",
-            lw=1.2,
-            label=f"eps floor {model.eps_value:.2g} (added before the power)",
-        )
-    ax.axvline(
-        model.effective_dimension, color="#8e44ad", ls="--", lw=1.2, label=f"D_eff = {model.effective_dimension:.1f}"
-    )
+        label = f"eps floor {model.eps_value:.2g} (added before the power)"
+        ax.axhline(model.eps_value, color="#7f7f7f", ls=":", lw=1.2, label=label)
+    _mark_effective_dimension(ax, model)
     zeros = int((~positive).sum())
     title = f"Eigenvalue spectrum of $\\Sigma_\\beta$ ($\\beta$={model.beta:g}, d={model.n_features})"
-    ax.set_title(
-        title
-        + (f"\n{zeros} eigenvalue(s) numerically zero (< {NUMERICAL_ZERO:g} x largest), not drawn" if zeros else "")
-    )
-    ax.set_xlabel("component i (descending eigenvalue)")
-    ax.set_ylabel("eigenvalue (log scale)")
+    title += f"\n{zeros} eigenvalue(s) numerically zero (< {NUMERICAL_ZERO:g} x largest), not drawn" if zeros else ""
+    _finish(ax, "upper right", title, "component i (descending eigenvalue)", "eigenvalue (log scale)")
     ax.set_xlim(0.5, eigvals.size + 0.5)
-    ax.grid(True, which="major", alpha=0.3)
-    ax.legend(loc="upper right", fontsize=8)
+
+
+def _mark_effective_dimension(ax: Any, model: WhiteningModel) -> None:
+    """D_eff as a dashed vertical line."""
+    dimension = model.effective_dimension
+    ax.axvline(dimension, color="#8e44ad", ls="--", lw=1.2, label=f"D_eff = {dimension:.1f}")
 
 
 def draw_variance(ax: Any, data: ReportData) -> None:
@@ -163,49 +170,23 @@ def draw_variance(ax: Any, data: ReportData) -> None:
         ax.plot(k, ratio[k - 1], "o", ms=5, color="#2e86c1", zorder=3)
         if k == model.n_features:
             continue
-        ax.annotate(
-            f"k={k}: {ratio[k - 1]:.1%}",
-            (k, ratio[k - 1]),
-            textcoords="offset points",
-            xytext=(-4, 5),
-            ha="right",
-            fontsize=7,
-            color="#1b4f72",
-        )
+        ax.annotate(f"k={k}: {ratio[k - 1]:.1%}", (k, ratio[k - 1]), xytext=(-4, 5), ha="right", **_NOTE)
     fractions = [(label, k) for label, k in data.k_marks if label.endswith("%")]
     for label, k in fractions:  # a variance threshold: a dotted guide from the left edge to its k
         level = float(label.rstrip("%")) / 100.0
-        ax.plot(
-            [1, k],
-            [level, level],
-            ls=":",
-            lw=1.0,
-            color="#e67e22",
-            label="explained-variance thresholds" if (label, k) == fractions[0] else None,
-        )
+        named = "explained-variance thresholds" if (label, k) == fractions[0] else None
+        ax.plot([1, k], [level, level], ls=":", lw=1.0, color="#e67e22", label=named)
         ax.plot([k, k], [0, ratio[k - 1]], ls=":", lw=1.0, color="#e67e22")
         ax.plot(k, ratio[k - 1], "o", ms=5, color="#e67e22", zorder=3)
         ax.text(1.1, level, f"{label} → k={k}", fontsize=7, color="#a04000", va="bottom")
-    ax.plot(
-        model.n_components,
-        ratio[model.n_components - 1],
-        "*",
-        ms=13,
-        color="#c0392b",
-        zorder=4,
-        label=f"model's k = {model.n_components}",
-    )
-    ax.axvline(
-        model.effective_dimension, color="#8e44ad", ls="--", lw=1.2, label=f"D_eff = {model.effective_dimension:.1f}"
-    )
+    k = model.n_components
+    ax.plot(k, ratio[k - 1], "*", ms=13, color="#c0392b", zorder=4, label=f"model's k = {k}")
+    _mark_effective_dimension(ax, model)
     ax.set_xscale("log", base=2)
     ax.set_xlim(1, model.n_features * 1.15)
-    ax.set_title("Cumulative explained variance, with the k choices")
-    ax.set_xlabel("kept components k (log scale)")
-    ax.set_ylabel("fraction of the variance explained")
     ax.set_ylim(0, 1.08)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    title = "Cumulative explained variance, with the k choices"
+    _finish(ax, "lower right", title, "kept components k (log scale)", "fraction of the variance explained")
 
 
 def draw_k_curve(ax: Any, data: ReportData) -> None:
@@ -216,26 +197,23 @@ def draw_k_curve(ax: Any, data: ReportData) -> None:
         points = data.curves[beta]
         ax.plot([k for k, _ in points], [s for _, s in points], "o-", ms=3, lw=1.5, color=color, label=label)
     ax.axhline(data.raw, color="black", ls="--", lw=1.2, label=f"raw vectors: {data.raw:.2f}")
-    best, highest = data.grid.best, data.grid.highest
+    best, highest, metric = data.grid.best, data.grid.highest, data.metric
     apart = highest is not best
     _mark_choice(
         ax,
-        (best["k"], best[data.metric]),
-        f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best[data.metric]:.2f}",
-        (highest["k"], highest[data.metric]) if apart else None,
-        f"highest on these pairs: {_setting(highest)}: {highest[data.metric]:.2f}",
+        (best.k, best.score(metric)),
+        f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best.score(metric):.2f}",
+        (highest.k, highest.score(metric)) if apart else None,
+        f"highest on these pairs: {_setting(highest)}: {highest.score(metric):.2f}",
         (14, 8),
     )
     ax.set_xscale("log", base=2)
-    ax.set_title(f"{name} against k for the seed settings")
-    ax.set_xlabel("kept components k (log scale)")
-    ax.set_ylabel(f"{name} on the pairs")
     everything = [s for points in data.curves.values() for _, s in points if np.isfinite(s)] + [data.raw]
-    top = max(everything + [best[data.metric], highest[data.metric]])
+    top = max(everything + [best.score(metric), highest.score(metric)])
     low = max(min(everything), top - 25.0)  # keep the interesting band readable; lower points fall off
     ax.set_ylim(low - 0.5, top + 0.5)
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    title = f"{name} against k for the seed settings"
+    _finish(ax, "lower right", title, "kept components k (log scale)", f"{name} on the pairs")
 
 
 def draw_heatmaps(figure: Any, data: ReportData) -> None:
@@ -244,8 +222,8 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
 
     grid, metric = data.grid, data.metric
     assert grid is not None and data.raw is not None  # drawn with pairs only
-    labels = list(dict.fromkeys(row["k_label"] for row in grid.table))
-    values = np.array([row[metric] for row in grid.table], dtype=np.float64)
+    labels = data.k_labels()
+    values = np.array([row.score(metric) for row in grid.table], dtype=np.float64)
     finite = values[np.isfinite(values)]
     raw = data.raw
     norm = TwoSlopeNorm(vcenter=raw, vmin=min(finite.min(), raw - 0.05), vmax=max(finite.max(), raw + 0.05))
@@ -262,43 +240,37 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
     best, highest = grid.best, grid.highest
     title = (
         f"{_metric_name(data)} over (beta, gamma) for each k (raw {raw:.2f})\ngreen box: chosen by the rule, "
-        f"{_setting(best)} ({best[metric]:.2f})"
+        f"{_setting(best)} ({best.score(metric):.2f})"
     )
     if highest is best:
         title += ", also the highest on these pairs"
     else:
-        title += f"; dashed box: highest on these pairs, {_setting(highest)} ({highest[metric]:.2f})"
+        title += f"; dashed box: highest on these pairs, {_setting(highest)} ({highest.score(metric):.2f})"
     figure.suptitle(title, fontsize=11)
 
 
 def _draw_heatmap(ax: Any, grid: TuneResult, metric: str, label: str, norm: Any) -> Any:
     """The heat map of the score over (beta, gamma) at one k choice (``label``), each cell's score written
     in it, the rule's choice and the highest outlined; the image (for the colour bar)."""
-    betas = list(dict.fromkeys(row["beta"] for row in grid.table))
-    gammas = list(dict.fromkeys(row["gamma"] for row in grid.table))
-    cells = {(row["beta"], row["gamma"]): row for row in grid.table if row["k_label"] == label}
-    matrix = np.array([[cells[(b, g)][metric] for g in gammas] for b in betas])
+    maps = [row for row in grid.table if row.vectors != "raw"]
+    betas = list(dict.fromkeys(row.beta for row in maps))
+    gammas = list(dict.fromkeys(row.gamma for row in maps))
+    cells = {(row.beta, row.gamma): row for row in grid.table if row.k_label == label}  # raw: the last, its cell
+    matrix = np.array([[cells[(b, g)].score(metric) for g in gammas] for b in betas])
     image = ax.imshow(matrix, cmap="RdBu", norm=norm, aspect="auto", origin="lower")
     for i, beta in enumerate(betas):
         for j, gamma in enumerate(gammas):
             row = cells[(beta, gamma)]
-            value = row[metric]
+            value = row.score(metric)
             shade = norm(value) if np.isfinite(value) else 0.5
-            ax.text(
-                j,
-                i,
-                f"{value:.2f}",
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white" if abs(shade - 0.5) > 0.35 else "black",
-                fontweight="bold" if row is grid.best or row is grid.highest else "normal",
-            )
+            color = "white" if abs(shade - 0.5) > 0.35 else "black"
+            weight = "bold" if row is grid.best or row is grid.highest else "normal"
+            ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7, color=color, fontweight=weight)
             if row is grid.best:
                 ax.add_patch(_outline(i, j))
             elif row is grid.highest:
                 ax.add_patch(_outline(i, j, HIGHEST_COLOR, "--"))
-    ks = sorted({row["k"] for row in cells.values()})
+    ks = sorted({row.k for row in cells.values()})
     title = (
         f"k = {label}"
         if not label.endswith("%")
@@ -334,25 +306,15 @@ def draw_frontier(ax: Any, data: ReportData) -> None:
     _draw_reference(ax, raw, metric, reference)
     _draw_choice(ax, record, star)
     if below:
-        ax.text(
-            0.01,
-            0.98,
-            "below the view (v):\n" + "\n".join(below),
-            transform=ax.transAxes,
-            va="top",
-            fontsize=7,
-            color="#1b4f72",
-        )
+        listed = "below the view (v):\n" + "\n".join(below)
+        ax.text(0.01, 0.98, listed, transform=ax.transAxes, va="top", fontsize=7, color="#1b4f72")
     ax.set_xscale("log", base=2)
     ax.set_ylim(view.low, view.high)
-    ax.set_xlabel("bytes per corpus vector read by a search (log scale)")
-    ax.set_ylabel(f"{metric} x100")
-    ax.set_title(
-        f"Retrieval frontier: the highest {metric} per size\n({record['validation']['n_queries']:,} queries; bars: 95% interval)",
-        fontsize=10,
-    )
-    ax.grid(True, alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set(xlabel="bytes per corpus vector read by a search (log scale)", ylabel=f"{metric} x100")
+    queries = record["validation"]["n_queries"]
+    title = f"Retrieval frontier: the highest {metric} per size\n({queries:,} queries; bars: 95% interval)"
+    ax.set_title(title, fontsize=10)
+    _finish(ax, "lower right")
 
 
 @dataclass(frozen=True)
@@ -394,51 +356,24 @@ def _draw_candidates(ax: Any, rows: list, view: _FrontierView, raw_score: float,
         near_star = abs(np.log2(xi / star[0])) < 2.0 and abs(yi - star[1]) < 0.25 * (view.high - view.low)
         above = yi > star[1] if near_star else i % 2 == 0  # away from the star, else alternating
         left = near_star and xi < star[0]
-        ax.annotate(
-            f"{row['storage']} k={row['k']}",
-            (xi, yi),
-            textcoords="offset points",
-            xytext=(-5 if left else 5, 7 if above else -12),
-            ha="right" if left else "left",
-            fontsize=7,
-            color="#1b4f72",
-            clip_on=True,
-        )
+        offset, side = (-5 if left else 5, 7 if above else -12), "right" if left else "left"
+        text = f"{row['storage']} k={row['k']}"
+        ax.annotate(text, (xi, yi), xytext=offset, ha=side, clip_on=True, **_NOTE)
     return below
 
 
 def _draw_reference(ax: Any, raw: dict, metric: str, reference: tuple[int, float, str] | None) -> None:
     """Raw float32's line and point, and under a budget the reference it was measured against."""
     role = "" if reference else "reference: "
-    ax.axhline(
-        raw[metric],
-        color="black",
-        ls="--",
-        lw=1.2,
-        label=f"{role}raw float32 ({raw['bytes_per_vector']:,} B): {raw[metric]:.2f}",
-    )
-    ax.plot(raw["bytes_per_vector"], raw[metric], "s", ms=7, color="black", zorder=3)
-    ax.annotate(
-        "raw float32" + ("" if reference else " (reference)"),
-        (raw["bytes_per_vector"], raw[metric]),
-        textcoords="offset points",
-        xytext=(-6, 7),
-        ha="right",
-        fontsize=8,
-    )
+    point = (raw["bytes_per_vector"], raw[metric])
+    ax.axhline(point[1], color="black", ls="--", lw=1.2, label=f"{role}raw float32 ({point[0]:,} B): {point[1]:.2f}")
+    ax.plot(*point, "s", ms=7, color="black", zorder=3)
+    text = "raw float32" + ("" if reference else " (reference)")
+    ax.annotate(text, point, textcoords="offset points", xytext=(-6, 7), ha="right", fontsize=8)
     if reference:  # under a budget the reference is the raw vectors in the storage that fits
         (ref_bytes, ref_score, ref_name) = reference
-        ax.plot(
-            ref_bytes,
-            ref_score,
-            "s",
-            ms=9,
-            mfc="none",
-            mec="black",
-            mew=1.8,
-            zorder=4,
-            label=f"reference: {ref_name} ({ref_bytes:,} B): {ref_score:.2f}",
-        )
+        label = f"reference: {ref_name} ({ref_bytes:,} B): {ref_score:.2f}"
+        ax.plot(ref_bytes, ref_score, "s", ms=9, mfc="none", mec="black", mew=1.8, zorder=4, label=label)
 
 
 def _draw_choice(ax: Any, record: dict, star: tuple) -> None:
@@ -485,11 +420,11 @@ def _outline(i: int, j: int, color: str = "#27ae60", style: str = "-"):
     return Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=color, lw=2.5, ls=style)
 
 
-def _setting(row: dict) -> str:
+def _setting(row: PairRow) -> str:
     """A row's setting in a label: ``beta=0 gamma=0 k=384``, or the raw vectors."""
-    if row.get("vectors") == "raw" and not row.get("code"):
-        return f"raw vectors, k={row['k']}"
-    return _bgk(row)
+    if row.vectors == "raw":
+        return f"raw vectors, k={row.k}"
+    return f"beta={row.beta:g} gamma={row.gamma:g} k={row.k}"
 
 
 def highest_within(record: dict) -> dict:
@@ -511,15 +446,13 @@ def figures(data: ReportData) -> dict:
     """The report's figures by name (``spectrum``, ``variance``, and with pairs ``k_curve``, ``heatmaps``)."""
     Figure = _matplotlib()
     out = {}
-    for name, draw in (("spectrum", draw_spectrum), ("variance", draw_variance)):
+    plots = [("spectrum", draw_spectrum), ("variance", draw_variance)]
+    for name, draw in plots + ([("k_curve", draw_k_curve)] if data.grid is not None else []):
         figure = Figure(figsize=(8, 5), layout="constrained")
         draw(figure.add_subplot(), data)
         out[name] = figure
     if data.grid is not None:
-        figure = Figure(figsize=(8, 5), layout="constrained")
-        draw_k_curve(figure.add_subplot(), data)
-        out["k_curve"] = figure
-        n_panels = len({row["k_label"] for row in data.grid.table})
+        n_panels = len(data.k_labels())
         n_rows = -(-n_panels // min(5, n_panels))
         figure = Figure(figsize=(3.2 * min(5, n_panels) + 1.5, 2.9 * n_rows + 0.8), layout="constrained")
         draw_heatmaps(figure, data)
@@ -534,7 +467,7 @@ def figures(data: ReportData) -> dict:
 def dashboard(data: ReportData):
     """Every panel on one figure: spectrum, variance and k curve on top, the heat maps below."""
     Figure = _matplotlib()
-    n_panels = len({row["k_label"] for row in data.grid.table}) if data.grid is not None else 0
+    n_panels = len(data.k_labels()) if data.grid is not None else 0
     heat_rows = -(-n_panels // min(5, n_panels)) if n_panels else 0
     width = max(18.0, 3.2 * min(5, n_panels) + 1.5) if n_panels else 13.0
     width += 6.5 if data.tuned is not None else 0.0
@@ -586,15 +519,9 @@ def planned_files(path: str, with_pairs: bool, with_frontier: bool = False) -> l
     kind = output_kind(path)
     if kind != "dir":
         return [path]
-    names = [
-        key
-        for key in FIGURE_FILES
-        if key in ("spectrum", "variance")
-        or (with_pairs and key in ("k_curve", "heatmaps"))
-        or key == "frontier"
-        and with_frontier
-    ]
-    return [os.path.join(path, FIGURE_FILES[name]) for name in names]
+    wanted = {"spectrum", "variance"} | ({"k_curve", "heatmaps"} if with_pairs else set())
+    wanted |= {"frontier"} if with_frontier else set()
+    return [os.path.join(path, FIGURE_FILES[name]) for name in FIGURE_FILES if name in wanted]
 
 
 def foreign_report(path: str) -> str | None:
@@ -681,43 +608,37 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
     grid, metric, name = data.grid, data.metric, _metric_name(data)
     assert grid is not None  # drawn only for a report with a grid
     best = grid.best
-    seeds = {(row["beta"], row["gamma"], row["k"]): row for row in grid.table}
-    rows = [
-        (
-            "pairs",
-            f"{grid.pairs['n_pairs']:,} (A {grid.pairs['a']}, B {grid.pairs['b']}, scores {grid.pairs['scores']})",
-        ),
-        (f"raw {name}", f"{grid.raw[metric]:.2f}"),
-    ]
+    seeds = {(row.beta, row.gamma, row.k): row for row in grid.table}
+    described = grid.pairs
+    pairs = f"{described['n_pairs']:,} (A {described['a']}, B {described['b']}, scores {described['scores']})"
+    rows = [("pairs", pairs), (f"raw {name}", f"{grid.raw[metric]:.2f}")]
     highest = grid.highest
     for role, picked in (("chosen by the rule", best), ("highest on these pairs", highest)):
         if role.startswith("highest") and picked is best:
             continue
         also = ", and highest on these pairs" if picked is best and highest is best else ""
-        change = picked[metric] - grid.raw[metric]
-        rows.append((f"{role} ({name})", f"{picked[metric]:.2f} at {_setting(picked)} ({change:+.2f} vs raw){also}"))
+        score = picked.score(metric)
+        rows.append(
+            (f"{role} ({name})", f"{score:.2f} at {_setting(picked)} ({score - grid.raw[metric]:+.2f} vs raw){also}")
+        )
     for beta, label, _ in SEED_SETTINGS:
         seed = seeds.get((beta, beta, model.n_features))
         if seed is not None:
-            rows.append((f"{label}, full d", f"{seed[metric]:.2f}"))
+            rows.append((f"{label}, full d", f"{seed.score(metric):.2f}"))
+    boxes = "white is the raw score, blue beats it, red loses; the green box marks the setting chosen by the rule"
+    boxes += ("" if highest is best else ", the dashed box the highest on these pairs") + "."
     parts += [
         "<h2>Scores on labelled pairs</h2>",
         _table(rows),
         image("k_curve", f"{name} against k for beta=gamma=1 and beta=gamma=0; dashed: the raw vectors."),
-        image(
-            "heatmaps",
-            f"{name} over (beta, gamma), one map per k; white is the raw score, "
-            "blue beats it, red loses; the green box marks the setting chosen by the rule"
-            + ("" if highest is best else ", the dashed box the highest on these pairs")
-            + ".",
-        ),
+        image("heatmaps", f"{name} over (beta, gamma), one map per k; {boxes}"),
     ]
     header = "".join(f"<th>{h}</th>" for h in ("beta", "gamma", "k", "k choice", "Spearman x100", "Pearson x100"))
     body = "".join(
         f"<tr{' class=chosen' if row is best else ' class=highest' if row is highest else ''}>"
-        f"<td>{row['beta']:g}</td><td>{row['gamma']:g}</td>"
-        f"<td>{row['k']}</td><td>{html.escape(row['k_label'])}</td><td>{row['spearman']:.2f}</td>"
-        f"<td>{row['pearson']:.2f}</td></tr>"
+        f"<td>{row.beta:g}</td><td>{row.gamma:g}</td>"
+        f"<td>{row.k}</td><td>{html.escape(row.k_label)}</td><td>{row.spearman:.2f}</td>"
+        f"<td>{row.pearson:.2f}</td></tr>"
         for row in grid.table
     )
     parts.append(
@@ -804,35 +725,24 @@ def _versus_raw(row: dict) -> str:
     return f"{row['difference']:+.2f}" + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
 
 
+_ALSO_HIGHEST = " (also the highest on these queries)"
+
+
 def _tuning_rows(record: dict) -> list[tuple[str, str]]:
     """The retrieval tuning in (name, value) rows: the queries, raw float32, the budget, the choice, the
     highest where it is another, and the forecast."""
-    metric, raw, setting, budget = (
-        record["metric"],
-        record["validation"]["raw"],
-        record["setting"],
-        record.get("max_bytes"),
-    )
-    highest = highest_apart(record)
+    metric, validation, setting = record["metric"], record["validation"], record["setting"]
+    raw, budget, highest = validation["raw"], record.get("max_bytes"), highest_apart(record)
+    chosen = f"{validation['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector"
     rows = [
-        ("queries", f"{record['validation']['n_queries']:,} with a relevant document"),
+        ("queries", f"{validation['n_queries']:,} with a relevant document"),
         (f"raw float32 {metric}", f"{raw[metric]:.2f} at {raw['bytes_per_vector']:,} bytes per vector"),
         ("budget", "none" if budget is None else f"{budget:,} bytes per vector"),
-        (
-            "chosen by the rule",
-            f"{setting['dtype']} {_bgk(setting)}: "
-            f"{record['validation']['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector"
-            + ("" if highest else " (also the highest on these queries)"),
-        ),
+        ("chosen by the rule", f"{setting['dtype']} {_bgk(setting)}: {chosen}" + ("" if highest else _ALSO_HIGHEST)),
     ]
     if highest is not None:
-        rows.append(
-            (
-                "highest on these queries",
-                f"{highest['storage']} {_bgk(highest)}: "
-                f"{highest[metric]:.2f} at {highest['bytes_per_vector']:,} bytes per vector (not chosen by the rule)",
-            )
-        )
+        score = f"{highest[metric]:.2f} at {highest['bytes_per_vector']:,} bytes per vector (not chosen by the rule)"
+        rows.append(("highest on these queries", f"{highest['storage']} {_bgk(highest)}: {score}"))
     return rows + _forecast_rows(record.get("selection"), metric)
 
 
@@ -860,9 +770,7 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
         ("condition number", f"{summary['condition_number']:.4g}"),
     ]
     parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Model</h2>", _table(spectrum_rows)]
-
-    def image(name: str, caption: str) -> str:
-        return _figure(images, name, caption)
+    image = partial(_figure, images)
 
     parts.append(
         image(

@@ -1,20 +1,15 @@
 """Exact nearest-neighbour search over a corpus in memory or streamed from a store.
 
-Two metrics: ``"ip"``, the inner product of float vectors (larger is better; the cosine, for unit
-vectors), and ``"hamming"``, the Hamming distance of packed bit vectors (``numpy.packbits`` rows;
-smaller is better). Every query keeps a top list of its ``depth`` best corpus rows, best first, **ties
-to the lower corpus row**, however the corpus is cut into blocks. Pairs named in an
-`Exclusions` are never candidates.
+Two metrics: ``"ip"``, the inner product of float vectors (larger is better; the cosine of unit vectors),
+and ``"hamming"``, the Hamming distance of ``numpy.packbits`` rows (smaller is better). Each query keeps
+its ``depth`` best corpus rows, best first, **ties to the lower corpus row** however the corpus is cut
+into blocks; pairs named in an `Exclusions` are never candidates.
 
-The corpus is read one block at a time (the next block is read while the current one is searched), so
-a corpus larger than memory works: memory holds the queries, their top lists and about two blocks. A
-block is turned into what is searched by the job's ``prepare`` (a whitening, a quantization, ...),
-its rows cut among the worker threads; then each worker searches the block for its share of the
-queries: BLAS products of tiles of rows against its queries (``ip``) or a popcount kernel (``hamming``),
-each tile merged into the top lists by a Numba kernel (``core.kernels.search``). Several jobs can share one
-pass over the corpus (`search`). `rescore` re-ranks candidate lists (the top N of a bit
-search) with other vectors of the same rows, read in a second pass over the blocks that hold them
-(`rescore_all`: many re-rankings in that one pass).
+The corpus is read a block at a time (the next one while this one is searched), so it may be larger than
+memory. A job's ``prepare`` turns a block into what is searched (on the worker threads, in row slices);
+each worker then searches it for its share of the queries (BLAS tiles or a popcount kernel, merged by
+``core.kernels.search``). Jobs can share a pass (`search`); `rescore_all` re-ranks candidate lists (each a
+`RescoreJob`) with other vectors of the same rows, in one pass over the blocks that hold them.
 """
 
 from __future__ import annotations
@@ -255,22 +250,15 @@ def corpus_blocks(
             yield a, block
 
 
-def slice_rows(n_features: int, slice_bytes: int | None = None) -> int:
-    """Rows of a slice: ``slice_bytes`` (default `SLICE_BYTES`) of float64 rows of ``n_features``
-    values, at least 16 rows."""
-    return max(16, int(SLICE_BYTES if slice_bytes is None else slice_bytes) // (8 * max(1, int(n_features))))
-
-
 def corpus_slices(
     corpus: Any, block_rows: int | None = None, block_bytes: int | None = None, slice_bytes: int | None = None
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """`corpus_blocks` (of about ``block_bytes`` without ``block_rows``; default
-    `SLICED_BLOCK_BYTES`) cut into slices of at most `slice_rows` rows, ``(start, rows)`` in
-    row order: what a caller computes on a slice in float64 (a transform, a stored form) stays within about
-    ``slice_bytes`` however large the blocks read are (a store's chunk may be large). A slice is valid
-    until the next one is asked for."""
+    """`corpus_blocks` (of about ``block_bytes`` without ``block_rows``; default `SLICED_BLOCK_BYTES`) cut
+    into slices of about ``slice_bytes`` (default `SLICE_BYTES`) of float64 rows, 16 at least: ``(start, rows)``
+    in row order. What a caller computes on a slice in float64 stays that small however large a store's
+    chunks are. A slice is valid until the next one is asked for."""
     n_features = corpus.n_features if isinstance(corpus, Source) else int(np.prod(np.shape(corpus)[1:]))
-    step = slice_rows(n_features, slice_bytes)
+    step = max(16, int(SLICE_BYTES if slice_bytes is None else slice_bytes) // (8 * max(1, int(n_features))))
     block_bytes = SLICED_BLOCK_BYTES if block_bytes is None else block_bytes
     for start, block in corpus_blocks(corpus, block_rows, block_bytes=block_bytes):
         for offset in range(0, block.shape[0], step):
@@ -341,8 +329,9 @@ def exact_search(
 @dataclass
 class RescoreJob:
     """One re-ranking in a pass over the corpus blocks that hold candidates: ``queries`` (float rows),
-    ``candidates`` (queries x N corpus rows, -1: none), the top ``depth`` kept, the corpus rows turned into
-    the vectors they are re-ranked with by ``prepare(rows, start)``."""
+    ``candidates`` (queries x N corpus rows, -1: none; e.g. a Hamming search's), the top ``depth`` kept, by
+    the inner product with the corpus rows as ``prepare(rows, start)`` makes them (best first, ties to the
+    lower row)."""
 
     queries: np.ndarray
     candidates: np.ndarray
@@ -360,26 +349,8 @@ class RescoreJob:
             raise BadInputError(f"expected one list of candidates per query, got shape {self.candidates.shape}")
 
 
-def rescore(
-    queries: np.ndarray,
-    candidates: np.ndarray,
-    corpus: Any,
-    depth: int,
-    *,
-    prepare: Callable[[np.ndarray, int], np.ndarray] | None = None,
-    block_rows: int | None = None,
-) -> SearchResult:
-    """Re-rank each query's candidate rows by the inner product of ``queries`` (float rows) with the
-    corpus rows (as ``prepare`` makes them), best first, ties to the lower row; the best ``depth``.
-
-    ``candidates`` is queries x N corpus rows (-1: none), e.g. the rows of a Hamming search. Only the
-    corpus blocks holding a candidate are read, once each.
-    """
-    return rescore_all(corpus, [RescoreJob(queries, candidates, depth, prepare)], block_rows=block_rows)[0]
-
-
 class Reranking:
-    """The state of one re-ranking (see `rescore`) fed block by block: which rows of a block it
+    """The state of one re-ranking (a `RescoreJob`) fed block by block: which rows of a block it
     needs (`wanted`), their vectors (`feed`), and the re-ranked lists (`result`)."""
 
     def __init__(self, queries: np.ndarray, candidates: np.ndarray, depth: int):
@@ -430,8 +401,8 @@ class Reranking:
 
 
 def rescore_all(corpus: Any, jobs: list[RescoreJob], *, block_rows: int | None = None) -> list[SearchResult]:
-    """Every re-ranking of ``jobs`` (see `rescore`) in one pass over the corpus blocks that hold a
-    candidate of any of them; the results in the jobs' order."""
+    """Every re-ranking of ``jobs`` in one pass over the corpus blocks that hold a candidate of any of them
+    (each read once); the results in the jobs' order."""
     states = [Reranking(job.queries, job.candidates, job.depth) for job in jobs]
     wanted_rows = np.unique(np.concatenate([state.rows for state in states])) if states else np.zeros(0, np.int64)
     for start, rows in corpus_blocks(corpus, block_rows, wanted_rows):
@@ -471,8 +442,6 @@ __all__ = [
     "corpus_blocks",
     "corpus_slices",
     "exact_search",
-    "rescore",
     "rescore_all",
     "search",
-    "slice_rows",
 ]

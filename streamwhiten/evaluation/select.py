@@ -1,32 +1,27 @@
 """Choosing a setting that holds on queries it was not chosen on, and saying what it will score.
 
-The best of many noisy scores is high by chance (the winner's curse): on 262 queries, the arg-max of
-1,250 settings scored +0.6 nDCG@10 above raw float32 and 3.7 below it on other queries. So a tuning starts
-from a **reference** (the raw vectors, in the most faithful storage the budget allows) and moves away
-from it only for a candidate whose advantage survives the number of candidates compared.
+The best of many noisy scores is high by chance (the winner's curse: on 262 queries, the arg-max of 1,250
+settings scored +0.6 nDCG@10 above raw float32 and 3.7 below it on other queries). So a tuning starts from
+a **reference** (the raw vectors, in the most faithful storage the budget allows) and leaves it only for a
+candidate whose advantage survives the number of candidates compared.
 
-**The rule (max-t).** Everything works on a per-unit score table: ``scores`` (candidates x units: queries
-for retrieval, pairs for labelled pairs) and the reference's row, each unit's score of each setting. With
-``D = scores - reference`` (per unit), ``m_c`` the mean of row ``c`` and ``s_c`` its standard error, the
-paired bootstrap resamples the units (``numpy.random.default_rng(seed).integers(0, n, size=(samples, n))``,
-the resamples of `paired_bootstrap`) and takes, in each
-resample, the largest standardized deviation over all candidates, ``max_c (m*_c - m_c) / s_c``; ``q`` is
-its ``level`` quantile. ``m_c - q s_c`` is then a lower bound of every candidate's true advantage at once
-(99% simultaneous by default), and a candidate **beats the reference** when its bound is above 0. The choice is the
-candidate with the highest bound among those that beat it; when none does, the reference. With
-``tolerance`` T > 0 the choice is instead the cheapest (fewest bytes, smallest k) among the reference
-and the candidates whose bound is above ``-T``: surely no more than T points worse than the reference.
+**The rule (max-t)** works on a table of per-unit scores (candidates x units: queries or pairs) and the
+reference's row. With ``D = scores - reference``, ``m_c`` the mean of row ``c`` and ``s_c`` its standard
+error, the paired bootstrap of the units (the resamples of `paired_bootstrap`) gives in each resample the
+largest standardized deviation ``max_c (m*_c - m_c) / s_c``; with ``q`` its ``level`` quantile, ``m_c - q
+s_c`` bounds every candidate's true advantage at once (99% by default). A candidate **beats the
+reference** when its bound is above 0; the choice is the highest bound among those, else the reference.
+With ``tolerance`` T > 0: the cheapest (fewest bytes, smallest k) of the reference and the candidates
+whose bound is above ``-T``.
 
-**The forecast.** K-fold cross-validation over the units: the rule is run on K-1 folds, its choice is
-scored on the fold left out, and the held-out scores of all folds make the estimate of what the rule's
-choice scores on units it has not seen, with a bootstrap interval; the reference gets the same, and the
-difference between the two a paired interval (95%, `FORECAST_LEVEL`).
+**The forecast**: K-fold cross-validation over the units (the rule run on K-1 folds, its choice scored on
+the fold left out) estimates what the choice scores on unseen units, next to the reference, with 95%
+paired bootstrap intervals (`FORECAST_LEVEL`).
 
-Why 99% and not 95%: with a thousand settings and the vector code families of a byte budget compared on
-131 queries, the 95% rule moved, in one of 100 random half splits in 4 of 12 cells of pooling and
-budget, to a setting that then lost more than one point of nDCG@10 on the other half; at 99% it moved in
-none of the 1,200, and still found the real gains of the benchmark's synthetic task and of CLS pairs in
-all 20 of its splits (``benchmarks/tune_generalization.py``).
+Why 99%: with a thousand settings and the codes of a budget on 131 queries, the 95% rule moved in 4 of 12
+cells (pooling x budget), in one of 100 half splits, to a setting that lost over a point of nDCG@10 on the
+other half; at 99% in none of the 1,200, and it still found the real gains of the synthetic task and of
+CLS pairs in all 20 splits (``benchmarks/tune_generalization.py``).
 """
 
 from __future__ import annotations
@@ -70,12 +65,6 @@ BLOCK = 1000
 #: Counts kept in memory for reuse when all of them take at most this many doubles (64 MiB); larger
 #: tables are drawn again, block by block, for each pass.
 KEEP = 1 << 23
-
-
-def resample_counts(n_units: int, samples: int, seed: int) -> np.ndarray:
-    """How often each unit is drawn in each resample (samples x units): the draws of
-    `paired_bootstrap`, all at once."""
-    return np.vstack(list(Resamples(n_units, samples, seed))) if samples > 0 else np.zeros((0, n_units))
 
 
 def _counts(rng: np.random.Generator, rows: int, n_units: int) -> np.ndarray:
@@ -162,13 +151,7 @@ class Rule:
 
 
 def rule_choice(
-    units: np.ndarray,
-    reference: int,
-    others: list[int],
-    rule: Rule,
-    folds: int,
-    resamples: Resamples,
-    described: dict,
+    units: np.ndarray, reference: int, others: list[int], rule: Rule, folds: int, resamples: Resamples, described: dict
 ) -> tuple[int, dict]:
     """The row of ``units`` the rule chooses among ``others`` against ``reference`` (the reference where none
     beats it beyond the noise), and the record of the choice: the reference (``described``), how many beat
@@ -212,11 +195,7 @@ def _check(scores: npt.ArrayLike, reference: npt.ArrayLike) -> tuple[np.ndarray,
 
 
 def select(
-    scores: npt.ArrayLike,
-    reference: npt.ArrayLike,
-    rule: Rule | None = None,
-    *,
-    resamples: Resamples | None = None,
+    scores: npt.ArrayLike, reference: npt.ArrayLike, rule: Rule | None = None, *, resamples: Resamples | None = None
 ) -> Selection:
     """Choose a candidate row of ``scores`` or the ``reference`` (see the module docstring).
 
@@ -273,17 +252,11 @@ def select(
     return Selection(int(np.argmax(bound)), advantage, bound, critical, rule.name)
 
 
-def interval(
-    values: npt.ArrayLike, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
-) -> tuple[float, float | None, float | None]:
-    """``(mean, low, high)`` x100 of per-unit ``values``: the mean and its bootstrap percentile interval."""
-    return intervals(np.asarray(values, dtype=np.float64)[None], samples, seed, level, resamples)[0]
-
-
 def intervals(
     values: npt.ArrayLike, samples: int, seed: int, level: float = 0.95, resamples: Resamples | None = None
 ) -> list[tuple[float, float | None, float | None]]:
-    """`interval` of each row of ``values`` (rows x units), all from the same resamples."""
+    """``(mean, low, high)`` x100 of each row of per-unit ``values`` (rows x units): the mean and its bootstrap
+    percentile interval, all from the same resamples."""
     values = np.asarray(values, dtype=np.float64)
     means = 100.0 * values.mean(axis=1)
     if samples <= 0:
@@ -363,9 +336,7 @@ __all__ = [
     "Resamples",
     "Selection",
     "forecast",
-    "interval",
     "intervals",
-    "resample_counts",
     "select",
     "spearman_units",
 ]

@@ -1,48 +1,34 @@
 """The retrieval sweep: beta, gamma, k and the storage for search, chosen under a byte budget.
 
-Every setting of the grid (``(beta, gamma, k)``, from the saved statistics as ``tune`` makes them) is
-stored each way asked for (float32, float16, int8, sign bits, sign bits re-ranked) and searched exactly
-(`retrieval`: cosine, ties to the lower corpus row, excluded pairs dropped), then scored on the
-qrels. Three maps are always in the grid, whatever it is: the **raw** vectors (no transformation, the
-identity map ``y = x``), the **rotation** ``y = x U`` (beta = 0, gamma = 0, k = d: the raw cosines, but
-other sign bits and int8 ranges) and **plain centring** (beta = 1, gamma = 0, k = d). Each setting's
-difference from the raw vectors stored as float32 gets a paired bootstrap interval, and its retention is
-its score over theirs. The reference of the choice within a budget is the raw vectors in the storage with
-the most bytes that fits (`reference_index`).
+Every setting ``(beta, gamma, k)`` of the grid (from the saved statistics, as ``tune`` makes them) is
+stored each way asked for (float32, float16, int8, sign bits, sign bits re-ranked), searched exactly
+(`retrieval`: cosine, ties to the lower corpus row, excluded pairs dropped) and scored on the qrels.
+Three maps are always in the grid: the **raw** vectors (the identity map ``y = x``), the **rotation**
+``y = x U`` (beta = gamma = 0, k = d: the raw cosines, other sign bits and int8 ranges) and **plain
+centring** (beta = 1, gamma = 0, k = d). Each row's difference from raw float32 gets a paired bootstrap
+interval, and its retention is its score over raw float32's.
 
-**Bytes per vector** are what a search reads from disk for each corpus vector: ``4k`` (float32), ``2k``
-(float16), ``k`` (int8), ``ceil(k / 8)`` (bits), and for bits re-ranked the bits plus the vectors the
-re-ranking reads (``ceil(k / 8) + 4k`` or ``+ k``). The **frontier** is the settings no other beats at
-fewer or equal bytes; the **choice** is the best score within ``max_bytes`` (``tolerance`` > 0: the fewest
-bytes within that many points of it), ties to fewer bytes, then the smaller k, then the grid's order.
+**Bytes per vector** are what a search reads for each corpus vector: ``4k``, ``2k``, ``k``, ``ceil(k / 8)``,
+and for bits re-ranked the bits plus the vectors re-ranked (``+ 4k`` or ``+ k``). The **frontier** is the
+rows no other beats at fewer or equal bytes; ``argmax`` takes the best score within ``max_bytes``
+(``tolerance`` > 0: the fewest bytes within that many points of it), ties to fewer bytes, the smaller k,
+the grid's order; the default rule starts from the reference (`reference_index`, see `select`).
 
-**Cost.** The corpus is read once for the raw reference and the bit searches, and once for everything
-else, in passes (`sweep_passes`): as many as it takes to hold no more than `TOP_LIST_BYTES`
-of top lists (``q x 100 x 16`` bytes a setting and storage) and queries at once. In a pass each slice of
-``n`` corpus rows is rotated once per beta (``n x d x d`` multiply-adds), each ``(beta, gamma, k)`` scales
-and truncates that rotation (``n x k``, shared by all its storages), and each float, float16 and int8
-setting costs one product of the queries with the slice (``q x n x k``); the bits of a ``(beta, k)`` are
-searched once for every gamma (a sign does not depend on the scaling), by popcount; a re-ranking costs
-``q x N x k`` on the rows it re-ranks. With ``b`` betas, ``s`` settings and ``m`` stored forms, about
-``n x (b x d^2 + s x m x q x k)`` multiply-adds in float64 (a beta's rotation again in each pass that
-holds its settings). **Memory**, none of it growing with the corpus rows: the queries, the top lists of
-one pass (a pass's lists become each query's metrics as it ends), the bits' top rows, two blocks of about
-`SLICED_BLOCK_BYTES` (whole chunks of a store) and a few float64 slices of
-`SLICE_BYTES`.
+**Cost.** One pass over the corpus for the raw reference and the bits, then passes for the rest
+(`sweep_passes`), as many as it takes to hold at most `TOP_LIST_BYTES` of top lists and queries: about
+``n x (b x d^2 + s x m x q x k)`` multiply-adds for ``b`` betas, ``s`` settings and ``m`` stored forms (the
+bits of a ``(beta, k)`` once for every gamma, by popcount). **Memory** does not grow with the corpus rows.
 
-**Under a budget** a setting is searched only in the storages that fit it (none: not at all), and every
-code family of `streamwhiten.codes` that fits is a candidate too (`code_candidates`: two more
-passes, one for the statistics of the unit rows and a sample, one to encode and search every code, both in
-slices; faiss's product quantizers encode in batches of bounded memory, `pq_batches`), its
-row named by the code (``storage`` ``eigen-24B``, ``dtype`` ``eigen``, ``code`` its record). A code is never
-the reference.
+**Under a budget** a setting is searched only in the storages that fit it, and every code family of
+`streamwhiten.codes` that fits is a candidate too (`code_candidates`, two more passes), its row named by
+the code (``storage`` ``eigen-24B``, ``dtype`` ``eigen``, ``code`` its record). A code is never the reference.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import partial
 from typing import Any
 
@@ -99,7 +85,7 @@ from .sweep_passes import (
     scaling_for,
     stored,
 )
-from .tune import KChoice, decompose, describe_stored, make_grid
+from .tune import KChoice, decompose, describe_stored, json_rows, make_grid, vectors_of
 
 #: Resampled means held at once by `bootstrap_differences` (512 MiB of doubles).
 RESAMPLED_VALUES = 1 << 26
@@ -117,10 +103,8 @@ DEFAULT_METRIC = "ndcg@10"
 
 @dataclass(frozen=True)
 class Candidate:
-    """One map of the grid: ``(beta, gamma, k)`` (``k_label``: as the grid named it, a count or a
-    variance fraction) and what it is: ``raw`` (no transformation: the identity map, ``basis``
-    ``"identity"``), ``rotated`` (the rotation ``y = x U``, the raw cosines), ``centred`` (plain
-    centring) or ``whitened``."""
+    """One map of the grid: ``(beta, gamma, k)`` (``k_label``: as the grid named k) and its ``vectors``: ``raw``
+    (the identity map, ``basis`` ``"identity"``), ``rotated``, ``centred`` or ``whitened`` (`vectors_of`)."""
 
     beta: float
     gamma: float
@@ -136,35 +120,67 @@ class Candidate:
 
 
 @dataclass(frozen=True)
+class SweepRow:
+    """One map stored one way, or a code of the raw unit vectors (``code``: its record, `code_record`), and
+    its scores: a row of `RetrievalTuneResult`'s table. ``scores``: each metric of `METRICS` (x100);
+    ``retention``: the score of the chosen metric over raw float32's (%, None where raw scores 0);
+    ``difference``, ``low``, ``high``: its difference from raw float32 and the paired bootstrap interval."""
+
+    beta: float
+    gamma: float
+    k: int
+    k_label: str
+    vectors: str
+    storage: str
+    dtype: str
+    rescore: int
+    rescore_dtype: str | None
+    bytes_per_vector: int
+    scores: dict[str, float]
+    retention: float | None
+    difference: float
+    low: float | None
+    high: float | None
+    code: dict[str, Any] | None = None
+
+    def score(self, metric: str) -> float:
+        """The score of ``metric``, a missing or NaN one as the worst (-inf)."""
+        value = self.scores[metric]
+        return -math.inf if value is None or math.isnan(value) else float(value)
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as plain JSON values: the setting and storage, the code's record where there is one, the
+        scores, then the retention and the interval."""
+        out = {item.name: getattr(self, item.name) for item in fields(self)[:10]}  # up to bytes_per_vector
+        out.update({} if self.code is None else {"code": self.code}, **self.scores)
+        return dict(out, retention=self.retention, difference=self.difference, low=self.low, high=self.high)
+
+
+@dataclass(frozen=True)
 class SweepGrid:
     """What a retrieval sweep tries and how it chooses, checked when made (see the module docstring).
 
     Parameters
     ----------
     betas, gammas, ks, variances : sequence, optional
-        The grid, as ``tune``'s (None: its default; an empty sequence: none of them). A k above the data
-        width is refused by the sweep, which knows it.
+        The grid, as ``tune``'s (None: its default; empty: none). The sweep refuses a k above the width.
     eps : float, optional
         The regulariser of every setting (default: the model's).
-    dtypes : sequence of str, optional
-        The storages, names of `STORAGES` and code families of `CODES`
-        (or one comma-separated string; default: all storages, and under a budget every code of
-        `TUNE_CODES`, faiss's where faiss is installed, that trains on the corpus's sample: PQ and OPQ
-        need 256 rows).
+    dtypes : sequence of str, or str, optional
+        Names of `STORAGES` and code families of `CODES`, or one comma-separated string (default: every
+        storage, and under a budget each code of `TUNE_CODES` that trains on the corpus's sample, faiss's
+        where faiss is installed).
     rescore, rescore_dtype, int8_clip
-        How ``binary+rescore`` re-ranks (its top ``rescore`` with ``rescore_dtype`` vectors; default 100,
-        as many as the evaluation keeps) and the int8 codes' span in standard deviations.
+        ``binary+rescore`` re-ranks its top ``rescore`` (default 100) with ``rescore_dtype`` vectors; the
+        int8 codes' span in standard deviations.
     metric : str
         One of `METRICS`: what the choice maximises.
     max_bytes : int, optional
         The budget of bytes per corpus vector (None: none).
     tolerance : float
-        Choose the fewest bytes surely within this many points (x100) of the reference (``argmax``: of the best)
-        within the budget.
+        Choose the fewest bytes surely within this many points (x100) of the reference (``argmax``: of the best).
     select : str
-        The selection rule, one of `RULES`: ``maxt`` (default) keeps
-        the reference unless a setting beats it beyond the noise of all the settings compared; ``argmax``
-        takes the best score (optimistic: the winner's curse).
+        One of `RULES`: ``maxt`` (default, see `select`) or ``argmax`` (the best score: the winner's curse).
     folds : int
         Folds of the queries for the cross-validated forecast of the choice.
     code_sample, code_seed : int
@@ -279,18 +295,17 @@ def retrieval_grid(model: WhiteningModel, grid: SweepGrid, raw_ks: Sequence[int]
         key = (beta, gamma, k)
         if key in out:
             continue
-        vectors = "whitened"
-        if gamma == 0.0 and k == d:
-            vectors = "rotated" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
-        out[key] = Candidate(beta, gamma, k, str(k) if choice is None else choice.label, vectors)
+        label = str(k) if choice is None else choice.label
+        out[key] = Candidate(beta, gamma, k, label, vectors_of(beta, gamma, k, d))
     out[("identity",)] = Candidate(0.0, 0.0, d, str(d), "raw", "identity")
     return list(out.values()), bases
 
 
-def _map_model(bases: dict, candidate: Candidate) -> WhiteningModel:
-    if candidate.basis == "identity":
-        return bases[0.0].with_params(basis="identity")
-    return bases[candidate.beta].with_params(gamma=candidate.gamma, n_components=candidate.k)
+def _map_model(bases: dict, identity: bool, beta: float, gamma: float, k: int) -> WhiteningModel:
+    """The map of a setting (re-finalized from its beta's eigendecomposition), or the identity."""
+    return (
+        bases[0.0].with_params(basis="identity") if identity else bases[beta].with_params(gamma=gamma, n_components=k)
+    )
 
 
 def _groups(items: list, cost: Callable, budget: int) -> list[list]:
@@ -321,13 +336,10 @@ def sweep_rows(
     max_bytes: int | None = None,
     keep: Callable[[np.ndarray], Any] | None = None,
 ) -> tuple[SearchResult, dict]:
-    """The raw float32 reference's top lists (rows and cosines, `DEPTH` a query: small, kept whole) and what is kept
-    of every ``(candidate, storage)``'s, keyed by ``(candidate, storage)``: ``keep(top rows)`` (queries x
-    `DEPTH` corpus rows, best first; default: the rows themselves), called as soon as a pass has made them,
-    so that only the top lists of one pass are held (the sweep keeps each query's metrics). See the module
-    docstring for the passes and their cost. The corpus is read in ``options.block_rows`` blocks (default:
-    about `SLICED_BLOCK_BYTES`, whole chunks) by ``options.threads`` threads. With ``max_bytes`` only the
-    pairs that store a vector in that many bytes or fewer are searched (and keyed)."""
+    """The raw float32 reference's top lists (`DEPTH` rows and cosines a query) and ``keep(top rows)`` of every
+    ``(candidate, storage)`` within ``max_bytes``, keyed by it; ``keep`` (default: the rows) is called as a
+    pass makes them, so only one pass's lists are held. The passes and their cost: see the module docstring.
+    """
     options = options or RetrievalOptions()
     keep = keep or (lambda top: top)
     reading = Reading(task.corpus, task.corpus_label, options.block_rows, resolve_threads(options.threads))
@@ -466,7 +478,7 @@ def _search_group(
     for candidate in group:
         use = plan.use(candidate)
         unit_queries = plan.queries(use.rotation, use.weights, use.k)
-        model = _map_model(plan.bases, candidate)
+        model = _map_model(plan.bases, candidate.basis == "identity", candidate.beta, candidate.gamma, candidate.k)
         searched = []
         for storage in floats:
             if fits(candidate, storage):
@@ -525,54 +537,46 @@ def bootstrap_differences(
     return [(float(d), float(lo), float(hi)) for d, lo, hi in zip(differences, low, high, strict=True)]
 
 
-def family_of(row: dict) -> str:
+def family_of(row: SweepRow) -> str:
     """The storage family of a row: its code (``eigen``, ``faiss-pq``, ...) or its storage (``int8``,
     ``binary+rescore100``)."""
-    return str(row["dtype"] if row.get("code") else row["storage"])
+    return row.dtype if row.code else row.storage
 
 
-def best_per_family(table: list, metric: str, max_bytes: int | None = None) -> list:
+def best_per_family(table: list[SweepRow], metric: str, max_bytes: int | None = None) -> list[SweepRow]:
     """The best row of each storage family (`family_of`) within ``max_bytes``, by score (ties to
     fewer bytes, then the table's order), best first: how each family does at the budget."""
     best: dict = {}
     for i, row in enumerate(table):
-        if max_bytes is not None and row["bytes_per_vector"] > max_bytes:
+        if max_bytes is not None and row.bytes_per_vector > max_bytes:
             continue
-        key = (-_score(row, metric), row["bytes_per_vector"], i)
+        key = (-row.score(metric), row.bytes_per_vector, i)
         family = family_of(row)
         if family not in best or key < best[family][0]:
             best[family] = (key, row)
     return [row for _key, row in sorted(best.values(), key=lambda item: item[0])]
 
 
-def frontier(table: list, metric: str) -> list:
+def frontier(table: list[SweepRow], metric: str) -> list[SweepRow]:
     """The rows no other row beats at fewer or equal bytes, by bytes ascending (each better than the last)."""
-    order = sorted(
-        range(len(table)),
-        key=lambda i: (table[i]["bytes_per_vector"], -_score(table[i], metric), table[i]["k"], i),
-    )
     out, best = [], -math.inf
-    for i in order:
-        if _score(table[i], metric) > best:
-            out.append(table[i])
-            best = _score(table[i], metric)
+    for row in sorted(
+        table, key=lambda row: (row.bytes_per_vector, -row.score(metric), row.k)
+    ):  # stable: ties in order
+        if row.score(metric) > best:
+            out.append(row)
+            best = row.score(metric)
     return out
 
 
-def _score(row: dict, metric: str) -> float:
-    value = row[metric]
-    return -math.inf if value is None or math.isnan(value) else float(value)
-
-
-def choose_within(table: list, metric: str, max_bytes: int | None = None, tolerance: float = 0.0) -> dict:
+def choose_within(table: list[SweepRow], metric: str, max_bytes: int | None = None, tolerance: float = 0.0) -> SweepRow:
     """The best row within ``max_bytes`` bytes per vector (see the module docstring)."""
-    eligible = _within(table, max_bytes)
-    top = max(_score(table[i], metric) for i in eligible)
+    eligible = [table[i] for i in _within(table, max_bytes)]
+    top = max(row.score(metric) for row in eligible)
     if top == -math.inf:
         raise BadInputError(f"no setting within the budget gives a finite {metric}")
-    near = [i for i in eligible if _score(table[i], metric) >= top - tolerance]
-    best = min(near, key=lambda i: (table[i]["bytes_per_vector"], -_score(table[i], metric), table[i]["k"], i))
-    return table[best]
+    near = [row for row in eligible if row.score(metric) >= top - tolerance]
+    return min(near, key=lambda row: (row.bytes_per_vector, -row.score(metric), row.k))  # ties: the first
 
 
 def reference_k(n_features: int, max_bytes: int | None) -> int | None:
@@ -582,7 +586,7 @@ def reference_k(n_features: int, max_bytes: int | None) -> int | None:
     return max(1, min(n_features, 8 * int(max_bytes)))
 
 
-def reference_index(table: list, n_features: int, max_bytes: int | None = None) -> int:
+def reference_index(table: list[SweepRow], n_features: int, max_bytes: int | None = None) -> int:
     """The row of the reference within ``max_bytes``: the raw vectors (no transformation, ``vectors`` "raw",
     no re-ranking) in the storage with the most bytes that fits (float32, then float16, int8, sign bits:
     raw float32 with no budget, the raw sign bits ``ceil(d / 8)`` bytes); when not even the raw sign bits
@@ -590,26 +594,27 @@ def reference_index(table: list, n_features: int, max_bytes: int | None = None) 
     fits = [
         i
         for i, row in enumerate(table)
-        if not row["rescore"] and not row.get("code") and (max_bytes is None or row["bytes_per_vector"] <= max_bytes)
+        if not row.rescore and not row.code and (max_bytes is None or row.bytes_per_vector <= max_bytes)
     ]
-    raw = [i for i in fits if table[i]["vectors"] == "raw"]
+    raw = [i for i in fits if table[i].vectors == "raw"]
     if raw:
-        return min(raw, key=lambda i: (-table[i]["bytes_per_vector"], i))
-    rotated = [i for i in fits if table[i]["beta"] == 0 and table[i]["gamma"] == 0]
+        return min(raw, key=lambda i: (-table[i].bytes_per_vector, i))
+    rotated = [i for i in fits if table[i].beta == 0 and table[i].gamma == 0]
     if not rotated:
         raise _no_reference(max_bytes)
-    return min(rotated, key=lambda i: (-table[i]["bytes_per_vector"], -table[i]["k"], i))
+    return min(rotated, key=lambda i: (-table[i].bytes_per_vector, -table[i].k, i))
 
 
-def _within(table: list, max_bytes: int | None) -> list[int]:
-    eligible = [i for i, row in enumerate(table) if max_bytes is None or row["bytes_per_vector"] <= max_bytes]
+def _within(table: list[SweepRow], max_bytes: int | None) -> list[int]:
+    eligible = [i for i, row in enumerate(table) if max_bytes is None or row.bytes_per_vector <= max_bytes]
     if not eligible:
-        raise _nothing_fits(max_bytes, min(table, key=lambda row: row["bytes_per_vector"]))
+        smallest = min(table, key=lambda row: row.bytes_per_vector)
+        raise _nothing_fits(max_bytes, smallest.bytes_per_vector, smallest.k, smallest.storage)
     return eligible
 
 
 def choose_generalising(
-    table: list,
+    table: list[SweepRow],
     per_query: np.ndarray,
     metric: str,
     n_features: int,
@@ -617,34 +622,26 @@ def choose_generalising(
     *,
     resamples: Resamples | None = None,
 ) -> tuple[int, dict]:
-    """``(row, record)``: the row chosen by ``grid.select`` (the rule) among those within
-    ``grid.max_bytes`` against the reference's (`reference_index`), from the per-query scores of
-    ``metric`` (rows of ``per_query``, one per row of ``table``), and the record of the choice: the
-    reference, how many settings beat it, and the cross-validated forecast (``grid.folds``) of both on
-    queries not chosen on (see `select`). Rule ``argmax``: the best score within the budget (and
-    ``grid.tolerance``) as before the rule existed (`choose_within`), with no reference and no
-    forecast. ``resamples``: the queries' resamples when already made (default: ``BOOTSTRAP_SAMPLES`` of
-    them from ``BOOTSTRAP_SEED``)."""
+    """``(row, record)``: the row ``grid.select`` chooses within ``grid.max_bytes`` against the reference
+    (`reference_index`) from the per-query scores of ``metric`` (a row of ``per_query`` per row of ``table``),
+    and the record: the reference, how many beat it, the ``grid.folds``-fold forecast (see `select`).
+    ``argmax``: `choose_within`'s row, no reference, no forecast. ``resamples``: the queries' resamples if made.
+    """
     max_bytes, tolerance, rule, folds = grid.max_bytes, grid.tolerance, grid.select, grid.folds
     samples, seed = (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED) if resamples is None else (resamples.samples, resamples.seed)
     eligible = _within(table, max_bytes)
     if rule == "argmax":  # the old choice exactly (ties to fewer bytes, the tolerance from the best): no reference
-        metric_rows = [table[i] for i in eligible]
-        index = eligible[metric_rows.index(choose_within(metric_rows, metric, None, tolerance))]
+        chosen = choose_within([table[i] for i in eligible], metric, None, tolerance)
+        index = next(i for i in eligible if table[i] is chosen)
         return index, {"rule": "argmax", "tolerance": tolerance, "reference": None, "kept_reference": None}
     reference = reference_index(table, n_features, max_bytes)
     others = [i for i in eligible if i != reference]
     per_query = np.asarray(per_query, dtype=np.float64)
     if resamples is None or not resamples.are(per_query.shape[1], samples, seed):
         resamples = Resamples(per_query.shape[1], samples, seed)
-    chooser = Rule(
-        cost=tuple(table[i]["bytes_per_vector"] for i in others),
-        reference_cost=table[reference]["bytes_per_vector"],
-        tolerance=tolerance,
-        samples=samples,
-        seed=seed,
-    )
-    described = {key: table[reference][key] for key in ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector")}
+    costs, reference_cost = tuple(table[i].bytes_per_vector for i in others), table[reference].bytes_per_vector
+    chooser = Rule(cost=costs, reference_cost=reference_cost, tolerance=tolerance, samples=samples, seed=seed)
+    described = _pick(table[reference].to_json(), ("beta", "gamma", "k", "vectors", "storage", "bytes_per_vector"))
     return rule_choice(per_query, reference, others, chooser, folds, resamples, described)
 
 
@@ -654,10 +651,10 @@ class RetrievalTuneResult:
     ``frontier``, the row the rule chose (``best``; the highest score is `highest`) and what it was
     chosen by."""
 
-    table: list
-    best: dict
+    table: list[SweepRow]
+    best: SweepRow
     raw: dict
-    frontier: list
+    frontier: list[SweepRow]
     metric: str
     max_bytes: int | None
     tolerance: float
@@ -671,62 +668,48 @@ class RetrievalTuneResult:
     #: The queries whose nearest corpus row is the query itself, not judged relevant (`self_matches`).
     self_matches: SelfMatches | None = None
 
-    def model_for(self, row: dict) -> WhiteningModel:
+    def model_for(self, row: SweepRow) -> WhiteningModel:
         """The model of one row: the map at its setting (sharing its beta's eigendecomposition; the
         identity map for the raw vectors) and the storage recorded. A code's row: the identity map, with its
         codec (`codec_for`'s, which codes the raw vectors scaled to unit length) as its storage."""
-        if row["vectors"] == "raw" or row.get("code"):
-            model = self.bases[0.0].with_params(basis="identity")
-        else:
-            model = self.bases[row["beta"]].with_params(gamma=row["gamma"], n_components=row["k"])
-        if row.get("code"):
-            return store_codec(model, self.codec_for(row), row["code"])
-        return replace(model, storage=self.storages[row["storage"]])
+        model = _map_model(self.bases, row.vectors == "raw" or bool(row.code), row.beta, row.gamma, row.k)
+        if row.code:
+            from ..codes.storage import with_codec  # the raw unit vectors coded: the codec is the storage
 
-    def codec_for(self, row: dict):
+            code = row.code
+            rows, seed = int(code.get("sample_rows", 0)), int(code.get("sample_seed", 0))
+            return with_codec(model, self.codec_for(row), code["family"], sample_rows=rows, sample_seed=seed)
+        return replace(model, storage=self.storages[row.storage])
+
+    def codec_for(self, row: SweepRow):
         """The trained `Codec` of a code's row (None for another row)."""
-        return self.codecs.get(row["storage"]) if row.get("code") else None
-
-    def chosen_codec(self):
-        """The chosen row's codec, where the choice is a code (else None)."""
-        return self.codec_for(self.best)
+        return self.codecs.get(row.storage) if row.code else None
 
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
 
     @property
-    def highest(self) -> dict:
+    def highest(self) -> SweepRow:
         """The row scoring highest on these queries within the budget: the rule's choice (`best`)
         where nothing scores above it, else the highest (ties to fewer bytes), which the rule did not take."""
         top = choose_within(self.table, self.metric, self.max_bytes)
-        return self.best if not _score(top, self.metric) > _score(self.best, self.metric) else top  # a tie: the choice
+        return self.best if not top.score(self.metric) > self.best.score(self.metric) else top  # a tie: the choice
 
     def tuned(self) -> tuple[WhiteningModel, dict]:
         """The chosen model (its setting and storage, with a record in ``info["tuned"]``) and a summary
         (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``): what ``tune`` writes and prints."""
         chosen, best = self.chosen_model(), self.best
-        described = dict(describe_stored(chosen), rescore=best["rescore"], rescore_dtype=best["rescore_dtype"])
-        if best.get("code"):  # the raw vectors coded: what is stored is the code, not the map's floats
-            described.update(dtype=best["dtype"], bytes_per_vector=best["bytes_per_vector"], code=best["code"])
+        described = dict(describe_stored(chosen), rescore=best.rescore, rescore_dtype=best.rescore_dtype)
+        if best.code:  # the raw vectors coded: what is stored is the code, not the map's floats
+            described.update(dtype=best.dtype, bytes_per_vector=best.bytes_per_vector, code=best.code)
         summary = dict(self.to_json(), chosen=described, test=None)
         return replace(chosen, info=dict(chosen.info, tuned=self._record(described))), summary
 
     def _record(self, described: dict) -> dict:
         """The record of the tuning a tuned model keeps: the setting, the validation, the choice, the frontier
         and the best of each storage family."""
-        keep = (
-            "beta",
-            "gamma",
-            "k",
-            "storage",
-            "bytes_per_vector",
-            self.metric,
-            "retention",
-            "difference",
-            "low",
-            "high",
-        )
-        task, best = self.task, self.best
+        keep = ("beta", "gamma", "k", "storage", "bytes_per_vector", self.metric, *_VERSUS_RAW)
+        task, best = self.task, self.best.to_json()
         return {
             "mode": "retrieval",
             "metric": self.metric,
@@ -736,12 +719,12 @@ class RetrievalTuneResult:
             "validation": {
                 **plain({key: task[key] for key in ("queries", "corpus", "qrels", "n_queries")}),
                 "raw": {key: self.raw[key] for key in (*METRICS, "bytes_per_vector")},
-                "chosen": {key: best[key] for key in (*METRICS, "retention", "difference", "low", "high")},
+                "chosen": _pick(best, (*METRICS, *_VERSUS_RAW)),
             },
             "selection": self.selection,
-            "frontier": [{key: row[key] for key in keep} for row in self.frontier],
+            "frontier": [_pick(row.to_json(), keep) for row in self.frontier],
             "families": [
-                dict({key: row[key] for key in keep}, family=family_of(row))
+                dict(_pick(row.to_json(), keep), family=family_of(row))
                 for row in best_per_family(self.table, self.metric, self.max_bytes)
             ],
             "grid_size": len(self.table),
@@ -750,6 +733,7 @@ class RetrievalTuneResult:
     def to_json(self) -> dict[str, Any]:
         """The sweep and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row
         the rule chose, ``highest`` the row scoring highest on these queries within the budget."""
+        as_json = json_rows(self.table)
         return dict(
             plain(self.task),
             mode="retrieval",
@@ -757,14 +741,22 @@ class RetrievalTuneResult:
             max_bytes=self.max_bytes,
             tolerance=self.tolerance,
             raw=self.raw,
-            best=self.best,
-            highest=self.highest,
-            frontier=self.frontier,
-            table=self.table,
+            best=as_json(self.best),
+            highest=as_json(self.highest),
+            frontier=[as_json(row) for row in self.frontier],
+            table=[as_json(row) for row in self.table],
             bootstrap=plain(self.bootstrap),
             selection=self.selection,
             self_matches=None if self.self_matches is None else self.self_matches.to_json(),
         )
+
+
+#: What a row says of itself against raw float32: its retention and the interval of its difference.
+_VERSUS_RAW = ("retention", "difference", "low", "high")
+
+
+def _pick(row: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    return {key: row[key] for key in keys}
 
 
 def sweep(
@@ -793,8 +785,7 @@ def sweep(
     progress : callable, optional
         ``progress(rows_done, n_rows)`` over all the passes.
     budgets : sequence of int or None, optional
-        Byte budgets whose references must be in the grid (default: ``grid.max_bytes``'s), for a caller that
-        chooses under several budgets from one sweep (the table's rows and ``per_query``).
+        Budgets whose references the grid must hold (default: ``grid.max_bytes``), to choose under each later.
     """
     grid = SweepGrid() if grid is None else grid
     if not isinstance(grid, SweepGrid):
@@ -865,28 +856,22 @@ def _sweep_codes(
     codecs = {
         f"{name}-{codec.bytes_per_vector}B": (name, codec) for (name, _), codec in zip(to_train, trained, strict=True)
     }
-    told = None if progress is None else partial(_rows_of, progress, task.n_corpus)
+    told = None if progress is None else lambda done: progress(done, task.n_corpus)
     with phase(progress, f"search {len(codecs)} codes over {task.n_corpus:,} rows"):
         searched = {label: codec for label, (_, codec) in codecs.items()}
         tops = search_codes(task, searched, DEPTH, options.block_rows, progress=told, threads=threads)
     return {label: (name, codec, tops[label]) for label, (name, codec) in codecs.items()}
 
 
-def _map_row(candidate: Candidate, storage: Storage, scores: dict[str, float]) -> dict[str, Any]:
-    """The table row of a map stored one way (before its difference from the reference)."""
-    return dict(
-        beta=candidate.beta,
-        gamma=candidate.gamma,
-        k=candidate.k,
-        k_label=candidate.k_label,
-        vectors=candidate.vectors,
-        storage=storage.label,
-        dtype=storage.dtype,
-        rescore=storage.rescore,
-        rescore_dtype=storage.rescore_dtype if storage.rescore else None,
-        bytes_per_vector=storage.bytes_per_vector(candidate.k),
-        **scores,
-    )
+#: The `SweepRow` fields up to ``bytes_per_vector``: the setting and how it is stored.
+_Head = tuple[float, float, int, str, str, str, str, int, str | None, int]
+
+
+def _head(candidate: Candidate, storage: Storage) -> _Head:
+    """The `SweepRow` fields up to ``bytes_per_vector`` of a map stored one way."""
+    c, rescore_dtype = candidate, storage.rescore_dtype if storage.rescore else None
+    setting = (c.beta, c.gamma, c.k, c.k_label, c.vectors)
+    return (*setting, storage.label, storage.dtype, storage.rescore, rescore_dtype, storage.bytes_per_vector(c.k))
 
 
 def _scored(
@@ -904,22 +889,22 @@ def _scored(
     raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * d)
     searched = [(c, s) for c in plan.candidates for s in plan.storages if (c, s) in rows]  # the rest: over the budget
-    table = [_map_row(c, s, mean_metrics(rows[(c, s)])) for c, s in searched]
-    each = [rows[pair][metric] for pair in searched]
+    made: list[tuple[_Head, dict, dict | None]] = [(_head(c, s), rows[(c, s)], None) for c, s in searched]
+    raw_map = Candidate(0.0, 0.0, d, str(d), "raw", "identity")
     sample_rows = min(grid.code_sample, task.n_corpus)
-    for label, (name, codec, top) in codecs.items():
-        per_query = query_metrics(top, task.query_rows, task.qrels)
-        code = code_record(codec, name, sample_rows, grid.code_seed)
-        row = _map_row(Candidate(0.0, 0.0, d, str(d), "raw", "identity"), Storage(), {})
-        row.update(storage=label, dtype=name, bytes_per_vector=int(codec.bytes_per_vector), code=code)
-        table.append(dict(row, **mean_metrics(per_query)))
-        each.append(per_query[metric])
+    for label, (name, codec, top) in codecs.items():  # (head, per-query metrics, code record)
+        coded: _Head = (*_head(raw_map, Storage())[:5], label, name, 0, None, int(codec.bytes_per_vector))
+        record = code_record(codec, name, sample_rows, grid.code_seed)
+        made.append((coded, query_metrics(top, task.query_rows, task.qrels), record))
+    each = [per_query[metric] for _, per_query, _ in made]
     # one set of resamples of the queries for the intervals, the rule and its forecast
     resamples = Resamples(len(raw_each[metric]), options.bootstrap or BOOTSTRAP_SAMPLES, options.seed)
     differences = bootstrap_differences(raw_each[metric], each, options.bootstrap, options.seed, resamples=resamples)
-    for row, (difference, low, high) in zip(table, differences, strict=True):
-        retention = 100.0 * row[metric] / raw[metric] if raw[metric] > 0 else None
-        row.update(retention=retention, difference=difference, low=low, high=high)
+    table = []
+    for (head, per_query, code), (difference, low, high) in zip(made, differences, strict=True):
+        scores = mean_metrics(per_query)
+        retention = 100.0 * scores[metric] / raw[metric] if raw[metric] > 0 else None
+        table.append(SweepRow(*head, scores, retention, difference, low, high, code))
     each_query = np.stack(each)
     index, selection = choose_generalising(table, each_query, metric, d, grid, resamples=resamples)
     return RetrievalTuneResult(
@@ -941,25 +926,11 @@ def _scored(
     )
 
 
-def _rows_of(progress: Callable[[int, int], None], n_rows: int, done: int) -> None:
-    """``progress(done, n_rows)``: a pass that counts only the rows done, reported with their total."""
-    progress(done, n_rows)
-
-
-def _refuse_if_nothing_fits(candidates: list[Candidate], storages: list[Storage], max_bytes: int) -> None:
-    """The one-line error of a budget no setting fits (before any pass over the corpus)."""
-    pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
-    if pairs and min(pairs)[0] > max_bytes:
-        size, k, label = min(pairs)
-        raise _nothing_fits(max_bytes, {"bytes_per_vector": size, "storage": label, "k": k})
-
-
-def _nothing_fits(max_bytes: int | None, smallest: dict) -> BadInputError:
-    """The error of a budget no setting fits, naming the ``smallest`` (a row: its bytes, storage and k)."""
+def _nothing_fits(max_bytes: int | None, size: int, k: int, storage: str) -> BadInputError:
+    """The error of a budget no setting fits, naming the smallest: its bytes, k and storage."""
     return BadInputError(
-        f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes "
-        f"{smallest['bytes_per_vector']} ({smallest['storage']} at k={smallest['k']}); raise max_bytes "
-        "or add smaller k to ks",
+        f"no setting stores a vector in {max_bytes} bytes or fewer: the smallest takes {size} ({storage} at "
+        f"k={k}); raise max_bytes or add smaller k to ks",
         param=("max_bytes", "ks"),
     )
 
@@ -972,13 +943,13 @@ def _checked_first(
     wanted: list,
     needs_reference: bool,
 ) -> dict[str, list[int]]:
-    """``{code: [bytes to train at]}`` (`_code_sizes`) after every check that needs no pass over the
-    corpus, each a one-line error: the codes' sizes against the budgets (the families' own sizes), a
-    budget nothing fits, codes named with no budget, and (``needs_reference``) the rule's reference
-    within each budget of ``wanted``."""
+    """``{code: [bytes to train at]}`` (`_code_sizes`) after every check that needs no pass, each a one-line
+    error: codes against the budgets, a budget nothing fits, codes with no budget, and (``needs_reference``)
+    the rule's reference within each budget of ``wanted``."""
     code_sizes = _code_sizes(grid, n_features, [budget for budget in wanted if budget is not None])
-    if wanted and None not in wanted and not code_sizes:
-        _refuse_if_nothing_fits(candidates, storages, max(wanted))
+    pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
+    if wanted and None not in wanted and not code_sizes and pairs and min(pairs)[0] > max(wanted):
+        raise _nothing_fits(max(wanted), *min(pairs))
     if not storages and not code_sizes:
         raise BadInputError(
             "codes are swept under a byte budget only: give max_bytes, or a storage in dtypes",
@@ -1014,10 +985,8 @@ def _no_reference(max_bytes: int | None) -> BadInputError:
 
 
 def _trainable(code_sizes: dict[str, list[int]], grid: SweepGrid, n_corpus: int) -> dict[str, list[int]]:
-    """The codes of ``code_sizes`` that train on the sample of a corpus of ``n_corpus`` rows (at most
-    ``grid.code_sample``; `smallest_sample`: PQ's k-means needs 256), before
-    any pass: of the default codes those that do not are left out; one named in ``grid.dtypes`` is a
-    one-line error."""
+    """The codes of ``code_sizes`` that train on the sample of ``n_corpus`` rows (`smallest_sample`: PQ's
+    k-means needs 256), before any pass: a default code that does not is left out, a named one refused."""
     sample_rows = min(grid.code_sample, n_corpus)
     short = [name for name in code_sizes if sample_rows < smallest_sample(name)]
     if short and grid.dtypes is not None:
@@ -1052,21 +1021,6 @@ def _code_sizes(grid: SweepGrid, n_features: int, budgets: list[int]) -> dict[st
     return {name: sizes for name, sizes in out.items() if sizes}
 
 
-def store_codec(model: WhiteningModel, codec: Any, record: dict[str, Any]) -> WhiteningModel:
-    """The tuned identity ``model`` storing its vectors (the raw vectors scaled to unit length, its
-    normalised outputs) as ``codec``'s codes: the codec's checksummed bytes recorded as its storage, with
-    the family and the sample it was trained from (``record``: `code_record`)."""
-    from ..codes.storage import with_codec
-
-    return with_codec(
-        model,
-        codec,
-        record["family"],
-        sample_rows=int(record.get("sample_rows", 0)),
-        sample_seed=int(record.get("sample_seed", 0)),
-    )
-
-
 __all__ = [
     "DEFAULT_METRIC",
     "DEFAULT_RESCORE",
@@ -1075,6 +1029,7 @@ __all__ = [
     "Candidate",
     "RetrievalTuneResult",
     "SweepGrid",
+    "SweepRow",
     "best_per_family",
     "bootstrap_differences",
     "choose_generalising",
@@ -1084,7 +1039,6 @@ __all__ = [
     "family_of",
     "frontier",
     "retrieval_grid",
-    "store_codec",
     "sweep",
     "sweep_rows",
 ]

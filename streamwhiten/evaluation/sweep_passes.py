@@ -1,21 +1,14 @@
 """The retrieval sweep's passes over the corpus: one rotation per beta shared by its settings, in slices.
 
-Every setting ``(beta, gamma, k)`` of the grid maps a row ``x`` to the first ``k`` columns of the
-rotation ``P = (x - beta mu) U`` scaled by ``w = (Lambda_k + eps_)^(-gamma/2)``, then to unit length;
-the raw vectors (the identity map) are ``x`` itself at unit length. So the settings of one beta share
-one product of a slice of corpus rows (``n x d x d`` multiply-adds), and each of its gammas and ks costs
-only a column scaling and a truncation (``n x k``) instead of a product of its own (``n x d x k``). A
-sign does not change with a positive scale, so the sign bits of a ``(beta, k)`` are those of ``P``'s
-first ``k`` columns, for every gamma.
+A setting ``(beta, gamma, k)`` maps a row ``x`` to the first ``k`` columns of ``P = (x - beta mu) U`` scaled
+by ``w = (Lambda_k + eps_)^(-gamma/2)``, then to unit length (the raw vectors: ``x`` at unit length). So
+the settings of one beta share one product per slice of corpus rows (``n x d x d``), and each gamma and
+k costs only a scaling and a truncation (``n x k``). A sign does not change with a positive scale: the
+sign bits of a ``(beta, k)`` are those of ``P``'s first ``k`` columns, for every gamma.
 
-A pass (`run_pass`) reads the corpus in blocks (`Reading.block_rows`, by default whole
-chunks of a store, about `SLICED_BLOCK_BYTES`) and works on each block in slices of
-about `SLICE_BYTES` of float64 rows (`corpus_slices`): per slice and
-beta, the rotation; per setting, its unit rows; per search of the setting, their stored form, searched
-into its top lists; per re-ranking, the stored form of the rows it re-ranks. **Memory:** the top lists and the queries of the pass's searches (the caller
-cuts its settings into passes that fit a budget), two blocks as read, and about four slices of float64
-work (the slice as read, its rotation, one setting's unit rows and their stored form); nothing grows
-with the corpus's rows.
+A pass (`run_pass`) reads the corpus in blocks (`Reading.block_rows`; by default whole chunks, about
+`SLICED_BLOCK_BYTES`) and works in float64 slices of about `SLICE_BYTES` (`corpus_slices`). **Memory:** the
+pass's top lists and queries, two blocks and about four slices; nothing grows with the corpus's rows.
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """The one-pass grid: choose beta, gamma and k for a fitted model from labelled pairs.
 
-The model file keeps the fitting statistics ``(n, mu, M)``, so ``Sigma_beta = M/n + (1-beta)^2 mu mu^T``
-is available for every beta in closed form: the fitting data is never read again. Each beta costs one
-eigendecomposition ``Sigma_beta = U Lambda U^T``; gamma and k then only reweight and truncate the same
-rotated pair vectors ``y = (x - beta*mu) U``. The cosine of a pair under ``(gamma, k)`` is
+The model keeps ``(n, mu, M)``, so ``Sigma_beta = M/n + (1-beta)^2 mu mu^T`` exists for every beta without
+reading the fitting data again. Each beta costs one eigendecomposition ``U Lambda U^T``; gamma and k only
+reweight and truncate the rotated pairs ``y = (x - beta*mu) U``: with ``w = (Lambda + eps_)^(-gamma)``,
 
-    sum_{j<k} ya_j yb_j w_j / sqrt(sum_{j<k} ya_j^2 w_j * sum_{j<k} yb_j^2 w_j),  w = (Lambda + eps_)^(-gamma),
+    cos = sum_{j<k} ya_j yb_j w_j / sqrt(sum_{j<k} ya_j^2 w_j * sum_{j<k} yb_j^2 w_j),
 
-so every (gamma, k) of one beta comes from three small matrix products per block of pairs, and the
-pairs are read once for the whole grid.
+three small products per block of pairs give every (gamma, k) of a beta, in one read of the pairs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -34,12 +32,8 @@ DEFAULT_VARIANCES = (0.9, 0.95, 0.99)
 def default_ks(n_features: int) -> list[int]:
     """``d`` and the powers of two below it, descending (from 8 up when d > 16, else from 1)."""
     low = 8 if n_features > 16 else 1
-    ks = {n_features}
-    power = low
-    while power < n_features:
-        ks.add(power)
-        power *= 2
-    return sorted(ks, reverse=True)
+    powers = {low << i for i in range(n_features.bit_length()) if low << i < n_features}
+    return sorted(powers | {n_features}, reverse=True)
 
 
 @dataclass(frozen=True)
@@ -92,6 +86,14 @@ def make_grid(
     return [float(b) for b in unique(betas)], [float(g) for g in unique(gammas)], choices
 
 
+def vectors_of(beta: float, gamma: float, k: int, n_features: int) -> str:
+    """What a setting's vectors are: ``rotated`` (beta = gamma = 0, all k: the raw cosines), ``centred``
+    (beta = 1, gamma = 0, all k) or ``whitened``."""
+    if gamma == 0.0 and k == n_features and beta in (0.0, 1.0):
+        return "rotated" if beta == 0.0 else "centred"
+    return "whitened"
+
+
 def decompose(model: WhiteningModel, beta: float, eps: float | None = None) -> WhiteningModel:
     """``model`` re-finalized at ``beta`` (gamma 1, all components) from its saved statistics."""
     eps = model.eps if eps is None else eps
@@ -99,12 +101,43 @@ def decompose(model: WhiteningModel, beta: float, eps: float | None = None) -> W
 
 
 @dataclass(frozen=True)
+class PairRow:
+    """One setting of the pairs grid and its scores (x100): a row of `TuneResult`'s table. ``k_label``: the
+    k as the grid named it (a count or a variance fraction); ``vectors``: ``raw`` (the identity map),
+    ``rotated``, ``centred`` or ``whitened``."""
+
+    beta: float
+    gamma: float
+    k: int
+    k_label: str
+    variance: float | None
+    vectors: str
+    spearman: float
+    pearson: float
+
+    def score(self, metric: str) -> float:
+        """The score of ``metric`` (one of `METRICS`)."""
+        return float(getattr(self, metric))
+
+    def to_json(self) -> dict[str, Any]:
+        """The row as plain JSON values, the fields in order."""
+        return asdict(self)
+
+
+def json_rows(table: Sequence[Any]) -> Callable[[Any], dict[str, Any]]:
+    """``as_json(row)``: the JSON of a row of ``table`` (its ``to_json()``), one dict per row, so that a row
+    chosen (``best``) is the very dict of its row in the JSON table too."""
+    made = {id(row): row.to_json() for row in table}
+    return lambda row: made[id(row)]
+
+
+@dataclass(frozen=True)
 class TuneResult:
     """The scored grid: ``table`` rows in grid order, the ``best`` row (the one the selection rule chose:
     not always the highest score, see `highest`), and the raw baseline."""
 
-    table: list
-    best: dict
+    table: list[PairRow]
+    best: PairRow
     raw: dict
     metric: str
     pairs: dict
@@ -114,37 +147,38 @@ class TuneResult:
     per_pair: np.ndarray | None = field(default=None, repr=False)
     cosines: np.ndarray | None = field(default=None, repr=False)
 
-    def model_for(self, row: dict) -> WhiteningModel:
+    def model_for(self, row: PairRow) -> WhiteningModel:
         """The model of one table row (shares its beta's eigendecomposition; the identity map for the raw
         vectors' row)."""
-        if row.get("vectors") == "raw":
+        if row.vectors == "raw":
             return self.bases[0.0].with_params(basis="identity")
-        base = self.bases[row["beta"]]
-        if row["variance"] is not None:
-            return base.with_params(gamma=row["gamma"], variance=row["variance"])
-        return base.with_params(gamma=row["gamma"], n_components=row["k"])
+        base = self.bases[row.beta]
+        if row.variance is not None:
+            return base.with_params(gamma=row.gamma, variance=row.variance)
+        return base.with_params(gamma=row.gamma, n_components=row.k)
 
     def chosen_model(self) -> WhiteningModel:
         return self.model_for(self.best)
 
     @property
-    def highest(self) -> dict:
+    def highest(self) -> PairRow:
         """The row scoring highest on these pairs: the rule's choice (`best`) where nothing scores
         above it, else the highest (ties to the smaller k), which the rule did not take (not beyond the
         noise of all compared, or a tolerance's cheaper setting was taken)."""
         top = choose(self.table, self.metric)
-        return self.best if not top[self.metric] > self.best[self.metric] else top  # a tie is the rule's choice
+        return self.best if not top.score(self.metric) > self.best.score(self.metric) else top  # a tie: the choice
 
     def to_json(self) -> dict[str, Any]:
         """The grid and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row the
         rule chose, ``highest`` the row scoring highest on these pairs (the same row when they agree)."""
+        as_json = json_rows(self.table)
         return {
             "metric": self.metric,
             "tolerance": self.tolerance,
             "raw": self.raw,
-            "best": self.best,
-            "highest": self.highest,
-            "table": self.table,
+            "best": as_json(self.best),
+            "highest": as_json(self.highest),
+            "table": [as_json(row) for row in self.table],
             "pairs": self.pairs,
             "selection": self.selection,
         }
@@ -157,8 +191,7 @@ class PairGrid:
     Parameters
     ----------
     betas, gammas, ks, variances : sequence, optional
-        The grid (None: the defaults; an empty sequence: none of them), checked against the data width by
-        `make_grid`.
+        The grid (None: the defaults; empty: none), checked against the data width by `make_grid`.
     metric : str
         One of `METRICS`: what the choice maximises.
     tolerance : float
@@ -166,8 +199,7 @@ class PairGrid:
     eps : float, optional
         The regulariser of every setting (default: the model's).
     select, folds, samples, seed
-        The selection rule (one of `RULES`), the folds of its forecast, and the paired bootstrap's resamples
-        and seed.
+        The rule (one of `RULES`), its forecast's folds, the paired bootstrap's resamples and seed.
     """
 
     betas: tuple[float, ...] | None = None
@@ -197,7 +229,7 @@ class PairGrid:
 
 def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
     """``(bases, plans, settings)``: each beta's eigendecomposition; its shift, rotation and the weight
-    column of each of its (gamma, k) (what scoring a block needs); the settings (table rows without
+    column of each of its (gamma, k) (what scoring a block needs); the settings (`PairRow` fields but the
     scores) in the order the columns hold them."""
     d = model.n_features
     betas, gammas, choices = make_grid(d, grid.betas, grid.gammas, grid.ks, grid.variances)
@@ -213,11 +245,7 @@ def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
                 column = np.zeros(d)
                 column[:k] = weights[:k]
                 columns.append(column)
-                vectors = "whitened"
-                if gamma == 0.0 and k == d:
-                    vectors = "rotated" if beta == 0.0 else "centred" if beta == 1.0 else "whitened"
-                setting = {"beta": beta, "gamma": gamma, "k": k, "k_label": choice.label, "variance": choice.variance}
-                settings.append(setting | {"vectors": vectors})
+                settings.append((beta, gamma, k, choice.label, choice.variance, vectors_of(beta, gamma, k, d)))
         plans.append((beta * base.mean, base.eigvecs, np.stack(columns, axis=1)))
     return bases, plans, settings
 
@@ -255,18 +283,14 @@ def grid_search(
     block_rows: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> TuneResult:
-    """Score every (beta, gamma, k) of ``grid`` on ``pairs`` and choose one by ``grid.metric``.
+    """Score every (beta, gamma, k) of ``grid`` on ``pairs`` and choose one by ``grid.metric``, from the saved
+    statistics of ``model`` only. The raw vectors (the identity map) are the table's last row.
 
-    The raw vectors (no transformation: the identity map) are a row of the table, the last, beside the
-    grid's. ``select="maxt"`` (default): the raw vectors unless a setting beats them beyond the noise of
-    all the settings compared, judged by the
-    paired bootstrap of the pairs (``samples`` resamples, ``seed``) on the per-pair terms of the
-    correlation (`spearman_units`); with ``tolerance`` > 0 the
-    smallest k surely within ``tolerance`` points of raw. The choice is forecast by ``folds``-fold
-    cross-validation over the pairs (see `select`). ``select="argmax"``: the highest score (with
-    ``tolerance`` > 0, the smallest k within ``tolerance`` of it; ties to the smaller k, then the earlier
-    row), optimistic by the winner's curse. Only the saved statistics of ``model`` are used, never the
-    fitting data.
+    ``select="maxt"`` (default): the raw vectors unless a setting beats them beyond the noise of all compared
+    (the paired bootstrap of the per-pair terms, `spearman_units`); with ``tolerance`` > 0, the smallest k
+    surely within ``tolerance`` points of raw; forecast by ``folds``-fold cross-validation (see `select`).
+    ``select="argmax"``: the highest score (with ``tolerance``, the smallest k within it of the top; ties to
+    the smaller k, then the earlier row), optimistic by the winner's curse.
     """
     grid = PairGrid() if grid is None else grid
     if not isinstance(grid, PairGrid):
@@ -277,13 +301,13 @@ def grid_search(
     cosines = _pair_cosines(pairs, plans, block_rows, progress)
     with phase(progress, f"correlate and choose ({grid.select} rule)", None):
         table = [
-            dict(setting, **correlations(values, pairs.scores))
+            PairRow(*setting, **correlations(values, pairs.scores))
             for setting, values in zip(settings, cosines[:-1], strict=True)
         ]
         raw_scores = correlations(cosines[-1], pairs.scores)
         # the raw vectors (the identity map): the last row, the reference
         bases.setdefault(0.0, decompose(model, 0.0, grid.eps))
-        table.append(dict(beta=0.0, gamma=0.0, k=d, k_label=str(d), variance=None, vectors="raw", **raw_scores))
+        table.append(PairRow(0.0, 0.0, d, str(d), None, "raw", **raw_scores))
         units, _ = spearman_units(cosines, pairs.scores, ranks=metric == "spearman")
         if grid.select == "argmax":
             best = choose(table, metric, tolerance)
@@ -293,10 +317,10 @@ def grid_search(
     return TuneResult(table, best, raw_scores, metric, pairs.describe(), bases, tolerance, selection, units, cosines)
 
 
-def _choose_pairs(table: list[dict[str, Any]], units: Any, reference: int, d: int, grid: PairGrid) -> tuple[dict, dict]:
+def _choose_pairs(table: list[PairRow], units: Any, reference: int, d: int, grid: PairGrid) -> tuple[PairRow, dict]:
     """The max-t choice among the rows of ``table`` against the raw row ``reference``, and its record."""
     others = [i for i in range(len(table)) if i != reference]
-    costs = tuple(table[i]["k"] for i in others)
+    costs = tuple(table[i].k for i in others)
     rule = Rule(cost=costs, reference_cost=d, tolerance=grid.tolerance, samples=grid.samples, seed=grid.seed)
     resamples = Resamples(units.shape[1], grid.samples, grid.seed)  # one set for the rule and the forecast's intervals
     described = {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"}
@@ -304,15 +328,15 @@ def _choose_pairs(table: list[dict[str, Any]], units: Any, reference: int, d: in
     return table[index], record
 
 
-def choose(table: list, metric: str = "spearman", tolerance: float = 0.0) -> dict:
+def choose(table: list[PairRow], metric: str = "spearman", tolerance: float = 0.0) -> PairRow:
     """The best row of ``table`` by ``metric`` (NaN counts as worst); see `grid_search`."""
-    scores = np.array([row[metric] for row in table], dtype=np.float64)
+    scores = np.array([row.score(metric) for row in table], dtype=np.float64)
     scores = np.where(np.isnan(scores), -np.inf, scores)
     if not np.isfinite(scores).any():
         raise BadInputError(f"no setting of the grid gives a finite {metric} score (are all cosines equal?)")
     top = scores.max()
     eligible = [i for i in range(len(table)) if scores[i] >= top - tolerance]
-    best = min(eligible, key=lambda i: (table[i]["k"], -scores[i], i))
+    best = min(eligible, key=lambda i: (table[i].k, -scores[i], i))
     return table[best]
 
 
@@ -346,7 +370,7 @@ def tune(
         "validation": {
             "pairs": result.pairs,
             "raw": result.raw,
-            "chosen": {key: result.best[key] for key in ("spearman", "pearson")},
+            "chosen": {"spearman": result.best.spearman, "pearson": result.best.pearson},
         },
         "test": summary["test"],
         "selection": result.selection,
@@ -372,6 +396,7 @@ __all__ = [
     "describe_stored",
     "grid_search",
     "PairGrid",
+    "PairRow",
     "tune",
     "choose",
     "decompose",

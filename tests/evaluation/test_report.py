@@ -107,8 +107,8 @@ def test_curves_are_the_seed_settings_of_the_grid(setup):
         data = collect(model, pairs, grid=PairGrid(variances=[]))
         reference = grid_search(model, pairs, grid=PairGrid(betas=[0, 1], gammas=[0, 1], ks=[12, 3], variances=[]))
     for row in reference.table:
-        if row["beta"] == row["gamma"]:
-            assert dict(data.curves[row["beta"]])[row["k"]] == pytest.approx(row["spearman"], abs=1e-12)
+        if row.beta == row.gamma:
+            assert dict(data.curves[row.beta])[row.k] == pytest.approx(row.spearman, abs=1e-12)
     ks = [k for k, _ in data.curves[1.0]]
     assert ks == sorted(ks) and ks[0] == 1 and ks[-1] == model.n_features
 
@@ -279,23 +279,23 @@ def test_the_report_names_the_rules_choice_and_the_highest_score_apart(tmp_path,
         data = collect(model, pairs, grid=PairGrid(**LABEL_GRID))
     grid = data.grid
     highest, best = grid.highest, grid.best
-    assert best["vectors"] == "raw" and grid.selection["kept_reference"]  # the rule keeps the raw vectors
-    assert highest["spearman"] == max(row["spearman"] for row in grid.table) > best["spearman"] + 0.5
-    assert (highest["beta"], highest["gamma"], highest["k"]) == (0, 0.5, 8)
+    assert best.vectors == "raw" and grid.selection["kept_reference"]  # the rule keeps the raw vectors
+    assert highest.spearman == max(row.spearman for row in grid.table) > best.spearman + 0.5
+    assert (highest.beta, highest.gamma, highest.k) == (0, 0.5, 8)
     drawn = figures(data)
     title = drawn["heatmaps"]._suptitle.get_text()
-    assert f"green box: chosen by the rule, raw vectors, k=8 ({best['spearman']:.2f})" in title
-    assert f"dashed box: highest on these pairs, beta=0 gamma=0.5 k=8 ({highest['spearman']:.2f})" in title
+    assert f"green box: chosen by the rule, raw vectors, k=8 ({best.spearman:.2f})" in title
+    assert f"dashed box: highest on these pairs, beta=0 gamma=0.5 k=8 ({highest.spearman:.2f})" in title
     boxes = [p for ax in drawn["heatmaps"].axes for p in ax.patches if isinstance(p, Rectangle)]
     assert sorted(p.get_linestyle() for p in boxes) == ["-", "--"]  # one box each
     legend = [t.get_text() for t in drawn["k_curve"].axes[0].get_legend().get_texts()]
-    assert f"chosen by the rule: raw vectors, k=8: {best['spearman']:.2f}" in legend
-    assert f"highest on these pairs: beta=0 gamma=0.5 k=8: {highest['spearman']:.2f}" in legend
+    assert f"chosen by the rule: raw vectors, k=8: {best.spearman:.2f}" in legend
+    assert f"highest on these pairs: beta=0 gamma=0.5 k=8: {highest.spearman:.2f}" in legend
     page = str(tmp_path / "r.html")
     write_report(data, page)
     text = open(page, encoding="utf-8").read()
-    assert f"chosen by the rule (Spearman x100)</th><td>{best['spearman']:.2f} at raw vectors, k=8" in text
-    assert f"highest on these pairs (Spearman x100)</th><td>{highest['spearman']:.2f} at beta=0 gamma=0.5" in text
+    assert f"chosen by the rule (Spearman x100)</th><td>{best.spearman:.2f} at raw vectors, k=8" in text
+    assert f"highest on these pairs (Spearman x100)</th><td>{highest.spearman:.2f} at beta=0 gamma=0.5" in text
     assert text.count("class=chosen") == 1 and text.count("class=highest") == 1 and "best" not in text.lower()
     args = ["report", model_path, "--pairs-a", specs[0], "--pairs-b", specs[1], "--scores", specs[2], *LABEL_FLAGS]
     assert main([*args, "-o", str(tmp_path / "again.png"), "-q"]) == 0
@@ -303,7 +303,7 @@ def test_the_report_names_the_rules_choice_and_the_highest_score_apart(tmp_path,
     assert "(chosen by the rule)" in out and "highest    Spearman x100  85.83" in out
     assert main([*args, "-o", str(tmp_path / "json.png"), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
-    assert summary["best"]["vectors"] == "raw" and summary["highest"]["spearman"] == pytest.approx(highest["spearman"])
+    assert summary["best"]["vectors"] == "raw" and summary["highest"]["spearman"] == pytest.approx(highest.spearman)
 
 
 def test_where_the_rule_chose_the_highest_one_label_says_both(tmp_path, capsys):
@@ -320,3 +320,17 @@ def test_where_the_rule_chose_the_highest_one_label_says_both(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "(chosen by the rule, and highest on these pairs)" in out and "highest    " not in out
     assert "class=highest" not in (tmp_path / "r.html").read_text()
+
+
+def test_the_heat_maps_are_of_the_grids_k_choices_whatever_the_raw_vectors_row(tmp_path):
+    """The raw vectors' row (beta = gamma = 0, k = d) is no k choice of its own: a grid without k = d, or
+    without beta = 0, drew a heat map for it with cells the grid does not have (a KeyError)."""
+    from streamwhiten.evaluation.report import figures
+
+    model, _, specs = noisy_pairs(tmp_path, seed=0)  # d = 8
+    with open_pairs(*specs) as pairs:
+        data = collect(model, pairs, grid=PairGrid(betas=[0.5, 1], gammas=[0, 1], ks=[4, 2], variances=[0.9]))
+    assert data.k_labels() == ["4", "2", "90%"] and data.grid.table[-1].vectors == "raw"
+    maps = [ax for ax in figures(data)["heatmaps"].axes if ax.get_visible() and ax.images]
+    assert [ax.get_title() for ax in maps][:2] == ["k = 4", "k = 2"] and len(maps) == 3
+    assert all(ax.images[0].get_array().shape == (2, 2) for ax in maps)  # beta 0.5, 1 by gamma 0, 1

@@ -8,7 +8,7 @@ from conftest import write_h5
 
 from streamwhiten.core.kernels import search as kernels
 from streamwhiten.errors import BadInputError
-from streamwhiten.evaluation.search import Exclusions, SearchJob, exact_search, rescore, search
+from streamwhiten.evaluation.search import Exclusions, RescoreJob, SearchJob, exact_search, rescore_all, search
 from streamwhiten.io import open_source
 
 
@@ -119,14 +119,14 @@ def test_rescore_ranks_the_candidates_by_inner_product_ties_to_the_lower_row(tmp
     candidates[0, 25:] = -1
     spec = write_h5(tmp_path / "c.h5", corpus, chunk_rows=50)
     with open_source(spec) as source:
-        result = rescore(queries, candidates, source, 20, block_rows=64)
+        result = rescore_all(source, [RescoreJob(queries, candidates, 20)], block_rows=64)[0]
     scores = queries @ corpus.T.astype(np.float64)
     for q in range(5):
         rows = candidates[q][candidates[q] >= 0]
         expected = rows[np.lexsort((rows, -scores[q, rows]))][:20]
         np.testing.assert_array_equal(result.rows[q], expected)
         np.testing.assert_array_equal(result.values[q], scores[q, expected])
-    assert rescore(queries, candidates[:, :3], corpus, 5).rows[:, 3:].tolist() == [[-1, -1]] * 5
+    assert rescore_all(corpus, [RescoreJob(queries, candidates[:, :3], 5)])[0].rows[:, 3:].tolist() == [[-1, -1]] * 5
 
 
 def test_equal_to_faiss_flat_indexes():

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from streamwhiten.errors import BadInputError
-from streamwhiten.evaluation.select import Rule, forecast, interval, select, spearman_units
+from streamwhiten.evaluation.select import Rule, forecast, intervals, select, spearman_units
 
 
 def numpy_maxt(scores, reference, samples, seed, level):
@@ -99,7 +99,7 @@ def test_the_forecast_scores_each_fold_on_a_choice_made_without_it():
     assert out["reference"]["score"] == pytest.approx(100 * reference.mean())
     assert out["difference"]["low"] > 0
     # the forecast's intervals are 95% ones, whatever the rule's simultaneous level (99% by default)
-    _, low, high = interval(scores[7], 200, 2, level=0.95)
+    _, low, high = intervals(scores[7][None], 200, 2, level=0.95)[0]
     assert (out["chosen"]["low"], out["chosen"]["high"]) == pytest.approx((low, high))
     strict = forecast(scores, reference, Rule(samples=200, seed=2, level=0.999), folds=4)
     assert (strict["chosen"]["low"], strict["chosen"]["high"]) == pytest.approx((low, high))
@@ -164,7 +164,6 @@ def test_resamples_in_blocks_give_the_results_of_one_draw_of_all(monkeypatch, ke
     resamples = select_module.Resamples(n, samples, seed, block=7)
     for _ in range(2):  # a second pass reads the kept counts or draws them again, alike
         np.testing.assert_array_equal(np.vstack(list(resamples)), counts)
-    np.testing.assert_array_equal(select_module.resample_counts(n, samples, seed), counts)
     # the rule: the critical value of the plain loops, with the blocks given or made
     _, critical, bounds = numpy_maxt(scores, reference, samples, seed, Rule().level)
     for given in (resamples, None):
@@ -175,7 +174,7 @@ def test_resamples_in_blocks_give_the_results_of_one_draw_of_all(monkeypatch, ke
     for values in (reference, scores[1] - reference):
         means = 100.0 * (counts @ values) / n
         low, high = np.percentile(means, [2.5, 97.5])
-        assert select_module.interval(values, samples, seed, resamples=resamples) == pytest.approx(
+        assert select_module.intervals(values[None], samples, seed, resamples=resamples)[0] == pytest.approx(
             (100.0 * values.mean(), low, high), rel=1e-12
         )
     # the forecast's three intervals come from the same resamples whether shared or made inside

@@ -19,7 +19,7 @@ from streamwhiten.core.model import finalize, load_model, save_model
 from streamwhiten.errors import EXIT_BAD_INPUT, BadInputError
 from streamwhiten.evaluation import sweep as sweep_module
 from streamwhiten.evaluation.retrieval import METRICS
-from streamwhiten.evaluation.sweep import SweepGrid, choose_within, frontier, sweep
+from streamwhiten.evaluation.sweep import SweepGrid, SweepRow, choose_within, frontier, sweep
 from streamwhiten.options import RetrievalOptions
 
 RESCORE = 15
@@ -135,29 +135,29 @@ def test_every_setting_in_every_storage_equals_a_numpy_evaluation(swept):
     raw_each = reference.metrics(reference.lists(None, None, None, "float32"))
     for name in METRICS:
         assert result.raw[name] == pytest.approx(100 * raw_each[name].mean(), abs=1e-9)
-    settings = {(row["beta"], row["gamma"], row["k"]) for row in result.table if row["vectors"] != "raw"}
+    settings = {(row.beta, row.gamma, row.k) for row in result.table if row.vectors != "raw"}
     # the grid, and the rotation and plain centring added to it; and the raw vectors (no transformation)
     assert settings == {(b, g, k) for b in (0, 0.5) for g in (0.5, 1) for k in (12, 5)} | {(0, 0, 12), (1, 0, 12)}
-    raw_rows = [row for row in result.table if row["vectors"] == "raw"]
-    assert {row["storage"] for row in raw_rows} == {row["storage"] for row in result.table}
-    assert all((row["beta"], row["gamma"], row["k"]) == (0, 0, 12) for row in raw_rows)
-    assert {row["storage"] for row in result.table} == {
+    raw_rows = [row for row in result.table if row.vectors == "raw"]
+    assert {row.storage for row in raw_rows} == {row.storage for row in result.table}
+    assert all((row.beta, row.gamma, row.k) == (0, 0, 12) for row in raw_rows)
+    assert {row.storage for row in result.table} == {
         "float32", "float16", "int8", "binary", f"binary+rescore{RESCORE}",
     }  # fmt: skip
-    kinds = {(row["beta"], row["gamma"], row["k"]): row["vectors"] for row in result.table if row["vectors"] != "raw"}
+    kinds = {(row.beta, row.gamma, row.k): row.vectors for row in result.table if row.vectors != "raw"}
     assert kinds[(0, 0, 12)] == "rotated" and kinds[(1, 0, 12)] == "centred" and kinds[(0.5, 1, 5)] == "whitened"
     for row in result.table:
-        storage, rescore = row["dtype"], row["rescore"]
-        setting = (None, None, None) if row["vectors"] == "raw" else (row["beta"], row["gamma"], row["k"])
+        storage, rescore = row.dtype, row.rescore
+        setting = (None, None, None) if row.vectors == "raw" else (row.beta, row.gamma, row.k)
         each = reference.metrics(reference.lists(*setting, storage, rescore))
         for name in METRICS:
-            assert row[name] == pytest.approx(100 * each[name].mean(), abs=1e-9), (row, name)
-        k = row["k"]
+            assert row.scores[name] == pytest.approx(100 * each[name].mean(), abs=1e-9), (row, name)
+        k = row.k
         expected_bytes = {"float32": 4 * k, "float16": 2 * k, "int8": k, "binary": -(-k // 8)}[storage]
-        assert row["bytes_per_vector"] == expected_bytes + (4 * k if rescore else 0)
+        assert row.bytes_per_vector == expected_bytes + (4 * k if rescore else 0)
         difference, low, high = reference.bootstrap(raw_each["ndcg@10"], each["ndcg@10"], 200)
-        assert (row["difference"], row["low"], row["high"]) == pytest.approx((difference, low, high), abs=1e-9)
-        assert row["retention"] == pytest.approx(100 * row["ndcg@10"] / result.raw["ndcg@10"])
+        assert (row.difference, row.low, row.high) == pytest.approx((difference, low, high), abs=1e-9)
+        assert row.retention == pytest.approx(100 * row.scores["ndcg@10"] / result.raw["ndcg@10"])
 
 
 def test_bits_re_ranked_without_any_float_storage_are_swept_as_numpy_ranks_them(tmp_path):
@@ -172,44 +172,46 @@ def test_bits_re_ranked_without_any_float_storage_are_swept_as_numpy_ranks_them(
                        rescore=RESCORE, select="argmax"),
         options=RetrievalOptions(exclude=task["exclude"], bootstrap=0, block_rows=300, threads=2),
     )  # fmt: skip
-    assert {row["storage"] for row in result.table} == {"binary", f"binary+rescore{RESCORE}"}
+    assert {row.storage for row in result.table} == {"binary", f"binary+rescore{RESCORE}"}
     reference = Reference(task)
     for row in result.table:
-        setting = (None, None, None) if row["vectors"] == "raw" else (row["beta"], row["gamma"], row["k"])
-        each = reference.metrics(reference.lists(*setting, row["dtype"], row["rescore"]))
+        setting = (None, None, None) if row.vectors == "raw" else (row.beta, row.gamma, row.k)
+        each = reference.metrics(reference.lists(*setting, row.dtype, row.rescore))
         for name in METRICS:
-            assert row[name] == pytest.approx(100 * each[name].mean(), abs=1e-9), (row, name)
+            assert row.scores[name] == pytest.approx(100 * each[name].mean(), abs=1e-9), (row, name)
 
 
 def test_the_frontier_and_the_choice_under_a_budget(swept):
     _, _, result = swept
     table, front = result.table, result.frontier
     assert front == frontier(table, "ndcg@10")
-    sizes = [row["bytes_per_vector"] for row in front]
-    scores = [row["ndcg@10"] for row in front]
+    sizes = [row.bytes_per_vector for row in front]
+    scores = [row.scores["ndcg@10"] for row in front]
     assert sizes == sorted(set(sizes)) and scores == sorted(set(scores))  # each better than the last, for more bytes
     for row in table:  # no setting beats the frontier at its size
-        assert any(f["bytes_per_vector"] <= row["bytes_per_vector"] and f["ndcg@10"] >= row["ndcg@10"] for f in front)
+        assert any(
+            f.bytes_per_vector <= row.bytes_per_vector and f.scores["ndcg@10"] >= row.scores["ndcg@10"] for f in front
+        )
     for budget in (1, 2, 6, 12, 30, 48, 1000):
-        within = [row for row in table if row["bytes_per_vector"] <= budget]
+        within = [row for row in table if row.bytes_per_vector <= budget]
         if not within:
             with pytest.raises(BadInputError, match=f"^no setting stores a vector in {budget} bytes or fewer"):
                 choose_within(table, "ndcg@10", budget)
             continue
         chosen = choose_within(table, "ndcg@10", budget)
-        top = max(row["ndcg@10"] for row in within)
-        assert chosen["bytes_per_vector"] <= budget and chosen["ndcg@10"] == top
-        assert chosen["bytes_per_vector"] == min(r["bytes_per_vector"] for r in within if r["ndcg@10"] == top)
+        top = max(row.scores["ndcg@10"] for row in within)
+        assert chosen.bytes_per_vector <= budget and chosen.scores["ndcg@10"] == top
+        assert chosen.bytes_per_vector == min(r.bytes_per_vector for r in within if r.scores["ndcg@10"] == top)
         assert chosen in front  # the best within a budget is on the frontier
     # a tolerance trades points for bytes: the fewest bytes within 5 points of the best
     relaxed = choose_within(table, "recall@10", None, tolerance=5.0)
-    top = max(row["recall@10"] for row in table)
-    assert relaxed["bytes_per_vector"] == min(r["bytes_per_vector"] for r in table if r["recall@10"] >= top - 5.0)
+    top = max(row.scores["recall@10"] for row in table)
+    assert relaxed.bytes_per_vector == min(r.bytes_per_vector for r in table if r.scores["recall@10"] >= top - 5.0)
     chosen_model = result.model_for(result.best)
     assert (chosen_model.beta, chosen_model.gamma, chosen_model.n_components) == (
-        result.best["beta"], result.best["gamma"], result.best["k"],
+        result.best.beta, result.best.gamma, result.best.k,
     )  # fmt: skip
-    assert chosen_model.storage.label == result.best["storage"]
+    assert chosen_model.storage.label == result.best.storage
 
 
 def test_one_pass_for_every_float_setting_and_more_only_when_the_lists_do_not_fit(tmp_path, monkeypatch):
@@ -418,6 +420,11 @@ def test_a_budget_nothing_fits_and_other_mistakes_are_one_line(tmp_path, capsys)
     args = ["tune", model_path, "--pairs-a", task["spec_q"], "--pairs-b", task["spec_q"], "--scores", task["qrels"]]
     assert main([*args, "--max-bytes", "10"]) == EXIT_BAD_INPUT
     assert "--max-bytes is for a retrieval task" in capsys.readouterr().err
+    # a command's own search option is named before those eval and tune share, whatever their order
+    assert main([*args, "--seed", "3", "--dtypes", "int8"]) == EXIT_BAD_INPUT
+    assert "--dtypes is for a retrieval task" in capsys.readouterr().err
+    assert main(["eval", model_path, *args[2:], "--threads", "2", "--dtype", "int8"]) == EXIT_BAD_INPUT
+    assert "--dtype is for a retrieval task" in capsys.readouterr().err
 
 
 def test_pair_tuning_keeps_its_shape_and_says_how_the_vectors_are_stored(tmp_path, capsys):
@@ -475,21 +482,24 @@ def test_the_default_rule_keeps_the_reference_within_noise_and_forecasts_both(tm
     assert "nothing beats the reference beyond noise" in text and "forecast" in text and "5-fold" in text
 
 
+def sweep_row(beta, gamma, k, dtype, vectors, rescore=0, score=0.0):
+    """A table row of ``k`` components stored as ``dtype`` (its bytes as a sweep counts them)."""
+    size = {"float32": 4 * k, "float16": 2 * k, "int8": k, "binary": -(-k // 8)}[dtype] + 4 * k * bool(rescore)
+    scores = {"ndcg@10": score}
+    return SweepRow(beta, gamma, k, str(k), vectors, dtype, dtype, rescore, None, size, scores, None, 0.0, None, None)
+
+
 def test_the_reference_is_the_raw_vectors_in_the_most_bytes_within_the_budget():
     from streamwhiten.evaluation.sweep import reference_index, reference_k
 
-    def row(beta, gamma, k, dtype, rescore=0):
-        size = {"float32": 4 * k, "float16": 2 * k, "int8": k, "binary": -(-k // 8)}[dtype] + 4 * k * bool(rescore)
-        return dict(beta=beta, gamma=gamma, k=k, dtype=dtype, rescore=rescore, bytes_per_vector=size)
-
     table = [
-        row(b, 0.0, k, s) | {"vectors": "rotated" if b == 0 and k == 384 else "centred" if k == 384 else "whitened"}
+        sweep_row(b, 0.0, k, s, "rotated" if b == 0 and k == 384 else "centred" if k == 384 else "whitened")
         for b in (0.0, 1.0)
         for k in (384, 192, 96, 64)
         for s in ("float32", "float16", "int8", "binary")
     ]
-    raw = [row(0.0, 0.0, 384, s) | {"vectors": "raw"} for s in ("float32", "float16", "int8", "binary")]
-    table += [row(0.0, 0.0, 384, "binary", rescore=100) | {"vectors": "raw"}, *raw]
+    raw = [sweep_row(0.0, 0.0, 384, s, "raw") for s in ("float32", "float16", "int8", "binary")]
+    table += [sweep_row(0.0, 0.0, 384, "binary", "raw", rescore=100), *raw]
     # the raw vectors (no transformation) in the storage with the most bytes that fits; below their sign
     # bits, the rotation's bits truncated
     expected = {None: ("raw", "float32", 384), 1600: ("raw", "float32", 384), 800: ("raw", "float16", 384),
@@ -497,7 +507,7 @@ def test_the_reference_is_the_raw_vectors_in_the_most_bytes_within_the_budget():
                 24: ("whitened", "binary", 192), 12: ("whitened", "binary", 96), 8: ("whitened", "binary", 64)}  # fmt: skip
     for budget, (vectors, dtype, k) in expected.items():
         chosen = table[reference_index(table, 384, budget)]
-        assert (chosen["beta"], chosen["gamma"], chosen["vectors"], chosen["dtype"], chosen["k"], chosen["rescore"]) == (
+        assert (chosen.beta, chosen.gamma, chosen.vectors, chosen.dtype, chosen.k, chosen.rescore) == (
             0.0, 0.0, vectors, dtype, k, 0,
         ), budget  # fmt: skip
     assert [reference_k(384, b) for b in (None, 48, 24, 12)] == [None, None, 192, 96]
@@ -528,16 +538,14 @@ def test_bootstrap_differences_in_blocks_equal_the_indexed_resamples(monkeypatch
 def test_argmax_needs_no_reference_and_forecasts_nothing():
     # no raw row (beta = gamma = 0) fits 8 bytes: the default rule has no reference, argmax chooses as before
     table = [
-        dict(beta=1.0, gamma=0.0, k=4, vectors="centred", storage="int8", bytes_per_vector=4, rescore=False, score=0.5),
-        dict(
-            beta=1.0, gamma=1.0, k=8, vectors="whitened", storage="int8", bytes_per_vector=8, rescore=False, score=0.6
-        ),
-        dict(beta=0.0, gamma=0.0, k=8, vectors="raw", storage="float32", bytes_per_vector=32, rescore=False, score=0.9),
+        sweep_row(1.0, 0.0, 4, "int8", "centred", score=0.5),
+        sweep_row(1.0, 1.0, 8, "int8", "whitened", score=0.6),
+        sweep_row(0.0, 0.0, 8, "float32", "raw", score=0.9),
     ]
     per_query = np.array([[0.5, 0.4, 0.6, 0.5] * 3, [0.6, 0.7, 0.5, 0.6] * 3, [0.9] * 12])
-    args = (table, per_query, "score", 8)
+    args = (table, per_query, "ndcg@10", 8)
     index, record = sweep_module.choose_generalising(*args, SweepGrid(max_bytes=8, select="argmax", tolerance=0.2))
-    assert table[index] is choose_within(table, "score", 8, tolerance=0.2) and index == 0
+    assert table[index] is choose_within(table, "ndcg@10", 8, tolerance=0.2) and index == 0
     assert record["reference"] is None and "forecast" not in record and record["tolerance"] == 0.2
     index, _ = sweep_module.choose_generalising(*args, SweepGrid(max_bytes=8, select="argmax"))
     assert index == 1
@@ -628,3 +636,25 @@ def test_tune_names_the_rules_choice_and_the_highest_score_apart_for_retrieval(t
     assert "(chosen by the rule)" in out and f"ndcg@10 x100 {highest['ndcg@10']:.2f} (highest on these queries)" in out
     page = (tmp_path / "r.html").read_text()
     assert "<th>highest on these queries</th><td>int8 beta=1 gamma=0 k=16" in page
+
+
+def test_a_rows_json_has_the_keys_of_tune_json_in_their_order():
+    from dataclasses import replace
+
+    row = sweep_row(0.5, 1.0, 8, "int8", "whitened", score=40.0)
+    head = [
+        "beta",
+        "gamma",
+        "k",
+        "k_label",
+        "vectors",
+        "storage",
+        "dtype",
+        "rescore",
+        "rescore_dtype",
+        "bytes_per_vector",
+    ]
+    tail = ["retention", "difference", "low", "high"]
+    assert list(row.to_json()) == [*head, "ndcg@10", *tail] and row.to_json()["ndcg@10"] == 40.0
+    coded = replace(row, code={"family": "eigen"})  # a code's record comes before the scores
+    assert list(coded.to_json()) == [*head, "code", "ndcg@10", *tail] and coded.to_json()["code"] == {"family": "eigen"}

@@ -16,7 +16,7 @@ from streamwhiten.core.model import finalize, load_model, save_model
 from streamwhiten.engine.fit import fit_sources
 from streamwhiten.errors import BadInputError
 from streamwhiten.evaluation.evaluate import cosine_rows, open_pairs
-from streamwhiten.evaluation.tune import PairGrid, choose, decompose, default_ks, grid_search, make_grid, tune
+from streamwhiten.evaluation.tune import PairGrid, PairRow, choose, decompose, default_ks, grid_search, make_grid, tune
 
 STSB = os.environ.get("STREAMWHITEN_STSB", os.path.join(REPO, "..", "shared", "data", "stsb", "stsb-dev-minilm.h5"))
 
@@ -103,18 +103,18 @@ def test_grid_scores_equal_direct_scoring_of_every_setting(tmp_path):
         )
     assert len(result.table) == 3 * 3 * 4 + 1  # and the raw vectors (no transformation), last
     raw_row = result.table[-1]
-    assert raw_row["vectors"] == "raw" and (raw_row["beta"], raw_row["gamma"], raw_row["k"]) == (0.0, 0.0, 10)
-    assert raw_row["spearman"] == pytest.approx(100 * sps.spearmanr(cosine_rows(a, b), scores).statistic)
+    assert raw_row.vectors == "raw" and (raw_row.beta, raw_row.gamma, raw_row.k) == (0.0, 0.0, 10)
+    assert raw_row.spearman == pytest.approx(100 * sps.spearmanr(cosine_rows(a, b), scores).statistic)
     for row in result.table[:-1]:
         reference = finalize(
             model.state,
-            beta=row["beta"],
-            gamma=row["gamma"],
-            n_components=None if row["variance"] else row["k"],
-            variance=row["variance"],
+            beta=row.beta,
+            gamma=row.gamma,
+            n_components=None if row.variance else row.k,
+            variance=row.variance,
         )
-        assert reference.n_components == row["k"]
-        assert row["spearman"] == pytest.approx(direct_spearman(reference, a, b, scores), abs=1e-8)
+        assert reference.n_components == row.k
+        assert row.spearman == pytest.approx(direct_spearman(reference, a, b, scores), abs=1e-8)
     assert result.raw["spearman"] == pytest.approx(100 * sps.spearmanr(cosine_rows(a, b), scores).statistic)
 
 
@@ -127,12 +127,12 @@ def test_only_a_rotation_preserves_a_geometric_ranking(tmp_path):
     with open_pairs(*specs) as pairs:
         result = grid_search(model, pairs)
     best = result.best
-    assert (best["beta"], best["gamma"], best["k"]) == (0.0, 0.0, 6)
-    assert best["spearman"] == pytest.approx(100.0, abs=1e-6)
+    assert (best.beta, best.gamma, best.k) == (0.0, 0.0, 6)
+    assert best.spearman == pytest.approx(100.0, abs=1e-6)
     assert result.raw["spearman"] == pytest.approx(100.0, abs=1e-9)
     # Any centring or rescaling visibly loses; so does dropping even the quietest direction.
-    assert max(row["spearman"] for row in result.table if (row["beta"], row["gamma"]) != (0.0, 0.0)) < 99.5
-    assert max(row["spearman"] for row in result.table if row["k"] < 6) < 100.0 - 1e-3
+    assert max(row.spearman for row in result.table if (row.beta, row.gamma) != (0.0, 0.0)) < 99.5
+    assert max(row.spearman for row in result.table if row.k < 6) < 100.0 - 1e-3
 
 
 def test_whitening_wins_where_the_signal_is_quiet(tmp_path):
@@ -140,25 +140,38 @@ def test_whitening_wins_where_the_signal_is_quiet(tmp_path):
     specs, model, path = fitted(tmp_path, "m", a, b, scores, beta=0.0, gamma=0.0)
     with open_pairs(*specs) as pairs:
         result = grid_search(model, pairs)
-    assert (result.best["beta"], result.best["gamma"], result.best["k"]) == (1.0, 1.0, 16)
-    assert result.raw["spearman"] < 15 and result.best["spearman"] > result.raw["spearman"] + 50
+    assert (result.best.beta, result.best.gamma, result.best.k) == (1.0, 1.0, 16)
+    assert result.raw["spearman"] < 15 and result.best.spearman > result.raw["spearman"] + 50
     # The choice is the grid's argmax by independent recomputation.
     chosen = result.chosen_model()
     reference = max(result.table, key=lambda row: direct_spearman(result.model_for(row), a, b, scores))
-    assert (reference["beta"], reference["gamma"], reference["k"]) == (chosen.beta, chosen.gamma, chosen.n_components)
+    assert (reference.beta, reference.gamma, reference.k) == (chosen.beta, chosen.gamma, chosen.n_components)
+
+
+def row_of(k, spearman):
+    return PairRow(0.5, 1.0, k, str(k), None, "whitened", spearman, 0.0)
 
 
 def test_tolerance_prefers_fewer_dimensions():
-    table = [
-        {"k": 64, "spearman": 80.0},
-        {"k": 16, "spearman": 79.7},
-        {"k": 8, "spearman": 75.0},
-        {"k": 32, "spearman": float("nan")},
-    ]
-    assert choose(table)["k"] == 64
-    assert choose(table, tolerance=0.5)["k"] == 16
+    table = [row_of(64, 80.0), row_of(16, 79.7), row_of(8, 75.0), row_of(32, float("nan"))]
+    assert choose(table) is table[0]
+    assert choose(table, tolerance=0.5) is table[1]
     with pytest.raises(BadInputError, match="no setting of the grid gives a finite"):
-        choose([{"k": 1, "spearman": float("nan")}])
+        choose([row_of(1, float("nan"))])
+
+
+def test_a_rows_json_is_its_fields_in_order_and_the_choice_is_its_rows_dict(tmp_path):
+    assert list(row_of(8, 75.0).to_json().items()) == [
+        ("beta", 0.5), ("gamma", 1.0), ("k", 8), ("k_label", "8"), ("variance", None), ("vectors", "whitened"),
+        ("spearman", 75.0), ("pearson", 0.0),
+    ]  # fmt: skip
+    a, b, scores = geometry_pairs()
+    specs, model, _ = fitted(tmp_path, "m", a, b, scores)
+    with open_pairs(*specs) as pairs:
+        result = grid_search(model, pairs, PairGrid(betas=[0, 1], gammas=[0, 1], ks=[6, 3], variances=[]))
+    summary = result.to_json()
+    assert summary["table"] == [row.to_json() for row in result.table]
+    assert summary["best"] is summary["table"][result.table.index(result.best)]
 
 
 def test_default_k_ladder():
@@ -347,15 +360,15 @@ def test_the_default_rule_keeps_raw_when_no_setting_beats_it_beyond_noise(tmp_pa
     with open_pairs(*specs) as pairs:
         kept = grid_search(model, pairs, grid=PairGrid(betas=[0.25, 0.5, 1], variances=[]))  # no raw row: it is added
         old = grid_search(model, pairs, grid=PairGrid(betas=[0.25, 0.5, 1], variances=[], select="argmax"))
-    assert (kept.best["beta"], kept.best["gamma"], kept.best["k"]) == (0.0, 0.0, 6)
-    assert kept.best["spearman"] == pytest.approx(kept.raw["spearman"], abs=1e-9)
+    assert (kept.best.beta, kept.best.gamma, kept.best.k) == (0.0, 0.0, 6)
+    assert kept.best.spearman == pytest.approx(kept.raw["spearman"], abs=1e-9)
     assert kept.chosen_model().beta == 0.0 and kept.selection["kept_reference"]
     assert kept.selection["n_beating"] == 0 and kept.selection["n_compared"] == len(kept.table) - 1
-    assert old.best["spearman"] == max(row["spearman"] for row in old.table)  # the old rule: the best of the grid
+    assert old.best.spearman == max(row.spearman for row in old.table)  # the old rule: the best of the grid
     predicted = kept.selection["forecast"]
     assert predicted["kept_reference"] == 5 and predicted["difference"]["score"] == 0
     # the per-pair terms average to each row's Spearman
-    np.testing.assert_allclose(kept.per_pair.mean(axis=1) * 100, [row["spearman"] for row in kept.table], atol=1e-9)
+    np.testing.assert_allclose(kept.per_pair.mean(axis=1) * 100, [row.spearman for row in kept.table], atol=1e-9)
 
 
 def test_when_the_raw_vectors_are_kept_the_model_written_holds_no_transformation(tmp_path):

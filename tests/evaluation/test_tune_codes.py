@@ -105,31 +105,31 @@ def swept(tmp_path_factory):
 
 def test_a_code_candidate_scores_as_plain_numpy_scoring_of_its_codec_search(swept):
     task, result = swept
-    rows = [row for row in result.table if row.get("code")]
+    rows = [row for row in result.table if row.code]
     assert rows
     for row in rows:
         codec = result.codec_for(row)
-        assert isinstance(codec, Codec) and codec.bytes_per_vector == row["bytes_per_vector"] <= 8
+        assert isinstance(codec, Codec) and codec.bytes_per_vector == row.bytes_per_vector <= 8
         expected = numpy_scores(codec, task)
         for name, value in expected.items():
-            assert row[name] == pytest.approx(value, abs=1e-9), (row["storage"], name)
+            assert row.scores[name] == pytest.approx(value, abs=1e-9), (row.storage, name)
     # trained from the exact statistics of the corpus rows scaled to unit length (and, for the codes that
     # learn from data, the seeded sample of them that the result records)
     x = unit(task["corpus"])
     mean, covariance = x.mean(axis=0), np.cov(x, rowvar=False, bias=True)
     for row in rows:
-        name, codec = row["dtype"], result.codec_for(row)
+        name, codec = row.dtype, result.codec_for(row)
         if name in NEEDS_SAMPLE:
-            assert (row["code"]["sample_rows"], row["code"]["sample_seed"]) == (500, 4)
+            assert (row.code["sample_rows"], row.code["sample_seed"]) == (500, 4)
             continue
-        again = train_codec(name, mean, covariance, row["bytes_per_vector"], seed=4, unit=True)
+        again = train_codec(name, mean, covariance, row.bytes_per_vector, seed=4, unit=True)
         assert np.allclose(again.decode(again.encode(x[:50])), codec.decode(codec.encode(x[:50])), atol=1e-5)
-        assert row["code"]["sha256"] == hashlib.sha256(codec.to_bytes()).hexdigest()
+        assert row.code["sha256"] == hashlib.sha256(codec.to_bytes()).hexdigest()
 
 
 def test_the_candidates_of_a_budget_are_exactly_the_codes_that_fit(swept):
     task, result = swept
-    assert {row["dtype"] for row in result.table if row.get("code")} == set(fitting_codes(CODES, D, 8))
+    assert {row.dtype for row in result.table if row.code} == set(fitting_codes(CODES, D, 8))
     pytest.importorskip("faiss")
     rng = np.random.default_rng(0)
     sample = rng.standard_normal((300, D)) * np.geomspace(2, 0.1, D)
@@ -191,8 +191,8 @@ def test_the_chosen_code_is_recorded_in_the_result_the_model_and_the_json(tmp_pa
     options = RetrievalOptions(exclude=task["exclude"], bootstrap=200)
     result = sweep(model, task["spec_q"], task["spec_c"], task["qrels"], grid=grid, options=options)
     # 16 bytes of eigen code against 32 sign bits (the reference): the code wins beyond the noise
-    assert result.best["dtype"] == "eigen" and result.selection["kept_reference"] is False
-    codec = result.chosen_codec()
+    assert result.best.dtype == "eigen" and result.selection["kept_reference"] is False
+    codec = result.codec_for(result.best)
     digest = hashlib.sha256(codec.to_bytes()).hexdigest()
     chosen, summary = result.tuned()
     setting = chosen.info["tuned"]["setting"]
@@ -225,15 +225,15 @@ def test_the_chosen_code_is_recorded_in_the_result_the_model_and_the_json(tmp_pa
 
 def test_a_budget_prunes_only_what_cannot_fit_it(swept, tmp_path):
     task, result = swept
-    assert all(row["bytes_per_vector"] <= 8 for row in result.table)
+    assert all(row.bytes_per_vector <= 8 for row in result.table)
     # the same grid with no budget, its rows within 8 bytes: the same rows, the same scores
     grid = SweepGrid(betas=[0, 1], gammas=[0, 1], ks=[32, 16, 8], variances=[], dtypes=("int8", "binary"),
                      metric="recall@10")  # fmt: skip
     options = RetrievalOptions(exclude=task["exclude"], bootstrap=200, block_rows=300, threads=2)
     full = sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"], grid=grid, options=options)
-    key = lambda row: (row["beta"], row["gamma"], row["k"], row["storage"])  # noqa: E731
-    within = {key(row): row["recall@10"] for row in full.table if row["bytes_per_vector"] <= 8}
-    pruned = {key(row): row["recall@10"] for row in result.table if not row.get("code")}
+    key = lambda row: (row.beta, row.gamma, row.k, row.storage)  # noqa: E731
+    within = {key(row): row.scores["recall@10"] for row in full.table if row.bytes_per_vector <= 8}
+    pruned = {key(row): row.scores["recall@10"] for row in result.table if not row.code}
     assert len(full.table) > len(within) and pruned == within
 
 
@@ -338,7 +338,7 @@ def test_a_code_that_cannot_train_on_the_corpus_is_refused_or_left_out_before_an
     # the default codes: those that train on 200 rows, and nothing else left out
     grid = SweepGrid(betas=[0], gammas=[0], ks=[32], variances=[], max_bytes=8, metric="recall@10")
     result = sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"], grid=grid)
-    swept = {row["dtype"] for row in result.table if row.get("code")}
+    swept = {row.dtype for row in result.table if row.code}
     assert swept == set(fitting_codes(TUNE_CODES, D, 8)) - {"faiss-pq", "faiss-opq"}
 
 
@@ -355,7 +355,7 @@ def test_a_budget_without_a_reference_is_refused_before_any_pass(tmp_path, capsy
     # argmax needs no reference: the same grid is scored
     result = sweep(model_of(task), task["spec_q"], task["spec_c"], task["qrels"],
                    grid=SweepGrid(dtypes=("eigen", "int8"), ks=[32], variances=[], max_bytes=25, select="argmax"))  # fmt: skip
-    assert result.best["bytes_per_vector"] <= 25
+    assert result.best.bytes_per_vector <= 25
 
 
 @pytest.mark.slow
