@@ -6,6 +6,7 @@ credentials never reach a file or a message."""
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import socket
@@ -118,6 +119,20 @@ def test_transient_failures_are_retried_and_lasting_ones_are_one_store_io_error(
         remote.retrying(
             "s3://b/x", "read", lambda: (_ for _ in ()).throw(PermissionError("InvalidAccessKeyId")), read=deadline
         )
+
+
+def test_a_timeout_that_is_no_builtin_timeout_error_is_transient():
+    """urllib3's TimeoutError, and asyncio's or concurrent.futures' on Python 3.10, derive from Exception, not
+    the built-in TimeoutError, and often say nothing: known by their class name, they are retried."""
+    urllib3 = pytest.importorskip("urllib3")
+
+    class TimeoutError(Exception):  # noqa: A001 - asyncio.TimeoutError as Python 3.10 defines it
+        pass
+
+    for timeout in (urllib3.exceptions.TimeoutError(), TimeoutError()):
+        assert not isinstance(timeout, builtins.TimeoutError) and str(timeout) == ""
+        assert remote.classify(timeout) == "transient"
+    assert remote.classify(RuntimeError("the object is not a store")) == "other"
 
 
 # ------------------------------------------------------------------------- storage options, no global
