@@ -324,6 +324,37 @@ def test_overwrite_never_replaces_a_users_objects_on_s3(tmp_path, s3_bucket, s3_
     assert read_attrs(f"{s3_bucket}/out/x.zarr")["n_components"] == 3
 
 
+def test_reading_a_parquet_objects_footer_or_column_closes_the_file_it_opened(s3_bucket, s3_server):
+    """Whether a Parquet object may be replaced, and a column of it, are read through an fsspec file that
+    pyarrow never closes: closed when read, not left open with its read-ahead buffer until a collection."""
+    import gc
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import s3fs
+
+    from streamwhiten.io import parquet
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"score": [0.5, 1.0, 2.0]}), buffer)
+    fs = s3fs_client(s3_server)
+    fs.pipe(f"{s3_bucket[5:]}/theirs.parquet", buffer.getvalue())
+    fs.pipe(f"{s3_bucket[5:]}/damaged.parquet", b"PAR1 mine")
+    url, read = f"{s3_bucket}/theirs.parquet", ReadOptions()
+    gc.collect()
+    gc.disable()  # a file left open stays so (a reference cycle) until this test looks
+    try:
+        found = parquet.foreign_output(url, read), parquet.foreign_output(f"{s3_bucket}/damaged.parquet", read)
+        values, _ = parquet.read_vector(url, "score", read)
+        left = [item for item in gc.get_objects() if isinstance(item, s3fs.core.S3File) and not item.closed]
+    finally:
+        gc.enable()
+    assert found == ("a Parquet file streamwhiten did not write", "not a Parquet file")
+    assert values.tolist() == [0.5, 1.0, 2.0]
+    assert left == []
+
+
 def test_update_from_s3_picks_up_appended_rows_and_new_shards(tmp_path, s3_bucket, s3_server, run_cli):
     data = anisotropic(4000, 12, seed=3)  # float64: the update equals the refit to rounding of the merge
     first = write_zarr(tmp_path / "a.zarr", data[:2500], chunk_rows=250)
