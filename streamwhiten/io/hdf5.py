@@ -103,6 +103,8 @@ def _open_file(path: str, read: ReadOptions) -> Any:
         fs, key = remote.filesystem(path, read)
         ahead = {"block_size": REMOTE_READ_BYTES, "cache_type": "readahead"}
         return h5py.File(remote.retrying(path, "open", fs.open, key, "rb", **ahead, read=read), "r")
+    except StoreIOError:  # the network gave up (an OSError too): exit 74, not a file that is no HDF5
+        raise
     except OSError as exc:
         if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
             raise StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}") from exc

@@ -135,6 +135,24 @@ def test_a_timeout_that_is_no_builtin_timeout_error_is_transient():
     assert remote.classify(RuntimeError("the object is not a store")) == "other"
 
 
+def test_an_hdf5_object_that_cannot_be_reached_is_an_io_error_not_a_file_that_is_no_hdf5(monkeypatch):
+    """Opening a remote HDF5 file through a store that stopped answering gives up after remote_timeout with
+    the StoreIOError every backend raises (exit 74); it was taken for a file HDF5 cannot open (exit 2)."""
+    pytest.importorskip("s3fs")
+    from streamwhiten.errors import StoreIOError
+    from streamwhiten.io.hdf5 import HDF5Source
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "sw-test-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sw-test-secret")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    read = ReadOptions(remote_timeout=0.5, storage_options={"endpoint_url": f"http://127.0.0.1:{port}"})
+    with pytest.raises(StoreIOError, match=r"^s3://b/x\.h5: cannot open after \d+ attempts .*remote_timeout=0\.5"):
+        HDF5Source("s3://b/x.h5", None, read)
+
+
 # ------------------------------------------------------------------------- storage options, no global
 
 
