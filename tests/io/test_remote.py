@@ -149,7 +149,7 @@ def test_an_hdf5_object_that_cannot_be_reached_is_an_io_error_not_a_file_that_is
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     read = ReadOptions(remote_timeout=0.5, storage_options={"endpoint_url": f"http://127.0.0.1:{port}"})
-    with pytest.raises(StoreIOError, match=r"^s3://b/x\.h5: cannot open after \d+ attempts .*remote_timeout=0\.5"):
+    with pytest.raises(StoreIOError, match=r"^s3://b/x\.h5: cannot open .*\(remote_timeout=0\.5\)"):
         HDF5Source("s3://b/x.h5", None, read)
 
 
