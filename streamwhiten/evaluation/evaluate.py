@@ -282,7 +282,8 @@ class PairsResult:
     raw : PairScores
         ``spearman`` and ``pearson`` (x100) of the raw cosines.
     whitened : WhitenedPairScores or None
-        The same of the whitened cosines, with the setting; None without a model.
+        The same of the whitened cosines, with the setting (``beta``, ``gamma``, ``k``, ``eps``, ``variance``,
+        ``basis``) and any vector code the model records; None without a model.
     model : str or None
         The model file scored, where it was given as one.
     """

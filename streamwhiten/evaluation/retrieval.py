@@ -725,10 +725,12 @@ class RetrievalResult:
     n_queries : int
         The queries evaluated (those with a relevant document).
     raw, whitened : RetrievalScores
-        Each of `METRICS` (mean x100) with the storage and, whitened, the setting; ``whitened`` is None
-        without a model.
+        Each of `METRICS` (mean x100, ``ndcg@10`` as ``ndcg_10``) with the storage (``dtype``,
+        ``bytes_per_vector``, a re-ranking, a code's fields) and, whitened, the setting (``beta``, ``gamma``,
+        ``k``); ``whitened`` is None without a model.
     difference : RetrievalDifference or None
-        Each metric's whitened minus raw (x100) with its paired bootstrap interval; None without a model.
+        Each metric's ``Difference`` (``difference``, ``low``, ``high``): whitened minus raw (x100) with its
+        paired bootstrap interval (None bounds with no resamples); None without a model.
     bootstrap : BootstrapInfo
         ``samples``, ``seed`` and ``level`` of the intervals.
     model : str or None

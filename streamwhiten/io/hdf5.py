@@ -103,6 +103,8 @@ def _open_file(path: str, read: ReadOptions) -> Any:
         fs, key = remote.filesystem(path, read)
         ahead = {"block_size": REMOTE_READ_BYTES, "cache_type": "readahead"}
         return h5py.File(remote.retrying(path, "open", fs.open, key, "rb", **ahead, read=read), "r")
+    except StoreIOError:  # the network gave up (an OSError too): exit 74, not a file that is no HDF5
+        raise
     except OSError as exc:
         if getattr(exc, "errno", None) in (errno.EACCES, errno.EPERM, errno.EIO):
             raise StoreIOError(f"{remote.redact(path)}: cannot read: {io_error(exc)}") from exc
@@ -338,6 +340,8 @@ def _lay_out(place: SinkPlace, plan: OutputPlan, aligned: bool, **options: Any) 
             fletcher32=bool(plan.checksums),
             **options,
         )
+        # every attribute from the start (commit only changes values): a resumed output's metadata is laid out
+        # as an uninterrupted run's, so the two files are the same bytes
         array.attrs.update({key: _attr(value) for key, value in plan.to_attrs().items()})
         handle.close()
     except (OSError, RuntimeError, ValueError) as exc:
@@ -479,7 +483,8 @@ def _filters(compressor: str, dtype: Any, chunk_bytes: int) -> dict[str, Any]:
 
 class HDF5CompressedSink(_HDF5File):
     """An HDF5 output compressed in the writer thread: chunks, sized only once written, are spooled beside the
-    partial output with their index and a CRC-32, and `_finish` copies them in, in order."""
+    partial output with their index and a CRC-32 (fsynced before a progress record claims them), and `_finish`
+    copies them in, in order, so a resumed run writes the same file."""
 
     def __init__(
         self, place: SinkPlace, array: Any, direct_io: bool, rows_done: int = 0, compressor: str | None = None

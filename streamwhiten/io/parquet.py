@@ -13,7 +13,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,18 @@ def _opened(path: str, read: ReadOptions) -> Any:
     return remote.retrying(
         path, "open", fs.open, key, "rb", block_size=REMOTE_READ_BYTES, cache_type="readahead", read=read
     )
+
+
+@contextmanager
+def _reading(path: str, read: ReadOptions) -> Iterator[Any]:
+    """`_opened` for one read of pyarrow's, a remote file closed after it: pyarrow never closes a file object
+    it is given, and an fsspec file (its read-ahead buffer) stays open in a reference cycle until collected."""
+    opened = _opened(path, read)
+    try:
+        yield opened
+    finally:
+        if opened is not path:
+            opened.close()
 
 
 def _parquet_file(path: str, read: ReadOptions, metadata: Any = None) -> Any:
@@ -389,13 +401,15 @@ def read_vector(path: str, inner: str | None, read: ReadOptions) -> tuple[np.nda
     """The numeric column ``inner`` (or the file's only numeric column), whole, and its label."""
     path = _single_file(path, read)
     try:
-        schema = pq.read_schema(_opened(path, read))
+        with _reading(path, read) as where:
+            schema = pq.read_schema(where)
     except (OSError, pa.ArrowException) as exc:
         raise table_error(path, "the file", exc) from exc
 
     def read_column(name: str, label: str) -> pa.ChunkedArray:
         try:
-            return pq.read_table(_opened(path, read), columns=[name]).column(0)
+            with _reading(path, read) as where:
+                return pq.read_table(where, columns=[name]).column(0)
         except (OSError, pa.ArrowException) as exc:
             raise table_error(label, "the column", exc) from exc
 
@@ -411,7 +425,8 @@ WRITE_OPTIONS = dict(
 def foreign_output(path: str, read: ReadOptions) -> str | None:
     """None when the Parquet file ``path`` is an output of ours (its metadata records `OWNER_ATTR`), else what it is."""
     try:
-        metadata = pq.read_metadata(_opened(path, read)).metadata
+        with _reading(path, read) as where:
+            metadata = pq.read_metadata(where).metadata
     except StoreIOError:
         raise
     except (OSError, ValueError, pa.ArrowException):

@@ -369,12 +369,13 @@ _TRANSIENT_TEXT = re.compile(
     re.IGNORECASE,
 )
 #: Exception class names (any in the class's bases) that mark a failure as passing (aiohttp, botocore, urllib3,
-#: fsspec, ...); the built-in ConnectionError and TimeoutError and their subclasses are passing too.
+#: fsspec, ...); the built-in ConnectionError and TimeoutError and their subclasses are passing too. By name as
+#: well: a timeout of asyncio or concurrent.futures on Python 3.10, or urllib3's, is no built-in TimeoutError.
 _TRANSIENT_NAMES = frozenset(
-    "ConnectionError ServerDisconnectedError ClientOSError ClientPayloadError ClientConnectorError ServerTimeoutError "
-    "EndpointConnectionError ConnectionClosedError ReadTimeoutError ConnectTimeoutError IncompleteReadError "
-    "ResponseStreamingError FSTimeoutError ProtocolError IncompleteRead ContentLengthError ClientResponseError "
-    "ServerDisconnected".split()
+    "ConnectionError TimeoutError ServerDisconnectedError ClientOSError ClientPayloadError ClientConnectorError "
+    "ServerTimeoutError EndpointConnectionError ConnectionClosedError ReadTimeoutError ConnectTimeoutError "
+    "IncompleteReadError ResponseStreamingError FSTimeoutError ProtocolError IncompleteRead ContentLengthError "
+    "ClientResponseError ServerDisconnected".split()
 )
 _AUTH_TEXT = re.compile(
     r"InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|Forbidden|\b403\b|\b401\b|"

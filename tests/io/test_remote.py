@@ -6,6 +6,7 @@ credentials never reach a file or a message."""
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import socket
@@ -118,6 +119,38 @@ def test_transient_failures_are_retried_and_lasting_ones_are_one_store_io_error(
         remote.retrying(
             "s3://b/x", "read", lambda: (_ for _ in ()).throw(PermissionError("InvalidAccessKeyId")), read=deadline
         )
+
+
+def test_a_timeout_that_is_no_builtin_timeout_error_is_transient():
+    """urllib3's TimeoutError, and asyncio's or concurrent.futures' on Python 3.10, derive from Exception, not
+    the built-in TimeoutError, and often say nothing: known by their class name, they are retried."""
+    urllib3 = pytest.importorskip("urllib3")
+
+    class TimeoutError(Exception):  # noqa: A001 - asyncio.TimeoutError as Python 3.10 defines it
+        pass
+
+    for timeout in (urllib3.exceptions.TimeoutError(), TimeoutError()):
+        assert not isinstance(timeout, builtins.TimeoutError) and str(timeout) == ""
+        assert remote.classify(timeout) == "transient"
+    assert remote.classify(RuntimeError("the object is not a store")) == "other"
+
+
+def test_an_hdf5_object_that_cannot_be_reached_is_an_io_error_not_a_file_that_is_no_hdf5(monkeypatch):
+    """Opening a remote HDF5 file through a store that stopped answering gives up after remote_timeout with
+    the StoreIOError every backend raises (exit 74); it was taken for a file HDF5 cannot open (exit 2)."""
+    pytest.importorskip("s3fs")
+    from streamwhiten.errors import StoreIOError
+    from streamwhiten.io.hdf5 import HDF5Source
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "sw-test-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sw-test-secret")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    read = ReadOptions(remote_timeout=0.5, storage_options={"endpoint_url": f"http://127.0.0.1:{port}"})
+    with pytest.raises(StoreIOError, match=r"^s3://b/x\.h5: cannot open .*\(remote_timeout=0\.5\)"):
+        HDF5Source("s3://b/x.h5", None, read)
 
 
 # ------------------------------------------------------------------------- storage options, no global
@@ -307,6 +340,37 @@ def test_overwrite_never_replaces_a_users_objects_on_s3(tmp_path, s3_bucket, s3_
     )
     assert code == 0, err
     assert read_attrs(f"{s3_bucket}/out/x.zarr")["n_components"] == 3
+
+
+def test_reading_a_parquet_objects_footer_or_column_closes_the_file_it_opened(s3_bucket, s3_server):
+    """Whether a Parquet object may be replaced, and a column of it, are read through an fsspec file that
+    pyarrow never closes: closed when read, not left open with its read-ahead buffer until a collection."""
+    import gc
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import s3fs
+
+    from streamwhiten.io import parquet
+
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"score": [0.5, 1.0, 2.0]}), buffer)
+    fs = s3fs_client(s3_server)
+    fs.pipe(f"{s3_bucket[5:]}/theirs.parquet", buffer.getvalue())
+    fs.pipe(f"{s3_bucket[5:]}/damaged.parquet", b"PAR1 mine")
+    url, read = f"{s3_bucket}/theirs.parquet", ReadOptions()
+    gc.collect()
+    gc.disable()  # a file left open stays so (a reference cycle) until this test looks
+    try:
+        found = parquet.foreign_output(url, read), parquet.foreign_output(f"{s3_bucket}/damaged.parquet", read)
+        values, _ = parquet.read_vector(url, "score", read)
+        left = [item for item in gc.get_objects() if isinstance(item, s3fs.core.S3File) and not item.closed]
+    finally:
+        gc.enable()
+    assert found == ("a Parquet file streamwhiten did not write", "not a Parquet file")
+    assert values.tolist() == [0.5, 1.0, 2.0]
+    assert left == []
 
 
 def test_update_from_s3_picks_up_appended_rows_and_new_shards(tmp_path, s3_bucket, s3_server, run_cli):
