@@ -214,7 +214,7 @@ class AffineMap:
         rows = self._check_shape(rows[None, :] if single else rows)
         work = np.float64 if rows.dtype == np.float64 else np.float32
         A = self._weights(work)
-        shift = self.beta * self.mean
+        shift = self.shift
         out = np.empty((rows.shape[0], self.n_components), dtype=work)
         with np.errstate(over="ignore", invalid="ignore"):  # non-finite rows are reported just below
             for start in range(0, rows.shape[0], _BLOCK_ROWS):
@@ -322,10 +322,7 @@ def _raise_nonfinite(finite_in: npt.ArrayLike, finite_out: npt.ArrayLike, dtype:
         raise NonFiniteError(f"row {row} holds NaN or Inf", row=row)
     bad_out = ~np.asarray(finite_out, dtype=bool)
     name = getattr(dtype, "name", None) or str(dtype)
-    raise ValuesTooLargeError(
-        f"values too large for {name} (they overflow when whitened)",
-        row=int(np.argmax(bad_out)) if bad_out.any() else None,
-    )
+    raise ValuesTooLargeError(f"values too large for {name} (they overflow when whitened)", row=int(np.argmax(bad_out)))
 
 
 def _is_torch_tensor(x: object) -> bool:
@@ -336,8 +333,6 @@ def _is_torch_tensor(x: object) -> bool:
 def _text(value: object) -> str:
     if value is None:
         return ""
-    if isinstance(value, dict):
+    if isinstance(value, (dict, bool)):  # JSON: true / false for a flag
         return json.dumps(value, sort_keys=True)
-    if isinstance(value, bool):
-        return "true" if value else "false"
     return repr(value) if isinstance(value, float) else str(value)

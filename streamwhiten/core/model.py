@@ -269,15 +269,13 @@ class WhiteningModel:
         ``basis="identity"`` gives the identity map (beta = gamma = 0, k = d), ``basis="eigen"`` the setting's;
         without it an identity model stays one unless another setting is asked for. A recorded vector code
         codes one map's outputs: another map records no storage (train one for it: ``with_codes``)."""
-        basis = changes.pop("basis", None)
-        if basis is not None and basis not in BASES:
-            raise BadInputError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
+        basis = changes.pop("basis", None)  # a name not in BASES is refused by the model built
         params: dict[str, Any] = dict(
             beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance
         )
-        if "n_components" in changes and changes["n_components"] is not None:
+        if changes.get("n_components") is not None:
             params["variance"] = None
-        if "variance" in changes and changes["variance"] is not None:
+        if changes.get("variance") is not None:
             params["n_components"] = None
         params.update(changes)
         if basis == "identity":
@@ -294,7 +292,15 @@ class WhiteningModel:
 
     def storage_summary(self) -> dict[str, Any] | None:
         """The recorded storage (dtype, rescore, bytes per vector, the int8 record), or None."""
-        return None if self.storage is None else _storage_json(self)
+        if self.storage is None:
+            return None
+        stored, again = self.storage_records()
+        return dict(
+            self.storage.to_dict(),
+            bytes_per_vector=self.storage.bytes_per_vector(self.n_components),
+            quantization=None if stored is None else stored.to_dict(),
+            rescore_quantization=None if again is None else again.to_dict(),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """Parameters and spectrum summary as plain JSON values (what ``info --json`` prints)."""
@@ -316,7 +322,7 @@ class WhiteningModel:
             "eigval_min": float(eigvals[-1]),
             "condition_number": float(eigvals[0] / eigvals[-1]) if eigvals[-1] > 0 else math.inf,
             "model_checksum": map_checksum(self),
-            "storage": None if self.storage is None else self.storage_summary(),
+            "storage": self.storage_summary(),
             "components_for_variance": {str(v): components_for_variance(eigvals, v) for v in (0.5, 0.9, 0.95, 0.99)},
             "sources": [source.to_dict() for source in self.sources],
             "info": self.info,
@@ -333,20 +339,6 @@ def kept_storage(model: WhiteningModel, storage: Storage | None) -> WhiteningMod
 def codec_setting(model: WhiteningModel) -> dict[str, Any]:
     """The setting a codec records (``CodecRecord.setting``): that of the map whose outputs it codes."""
     return {"beta": model.beta, "gamma": model.gamma, "eps": model.eps, "k": model.n_components, "basis": model.basis}
-
-
-def _storage_json(model: WhiteningModel) -> dict[str, Any]:
-    """What a model file records of its storage: the choice, its bytes per vector and its records."""
-    storage = model.storage
-    if storage is None:
-        raise ValueError("the model records no storage")
-    stored, again = model.storage_records()
-    return dict(
-        storage.to_dict(),
-        bytes_per_vector=storage.bytes_per_vector(model.n_components),
-        quantization=None if stored is None else stored.to_dict(),
-        rescore_quantization=None if again is None else again.to_dict(),
-    )
 
 
 def project(
@@ -502,7 +494,7 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
     if model.basis != "eigen":  # absent in the files of eigen maps, as in every file written before bases
         arrays["basis"] = np.array(model.basis)
     if model.storage is not None:
-        arrays["storage_json"] = np.array(json.dumps(_storage_json(model), sort_keys=True))
+        arrays["storage_json"] = np.array(json.dumps(model.storage_summary(), sort_keys=True))
         if model.storage.codec is not None:  # the codec's own checksummed bytes, never a pickle
             arrays["storage_codec"] = np.frombuffer(model.storage.codec.data, dtype=np.uint8)
     return arrays
@@ -567,7 +559,6 @@ __all__ = [
     "check_model_name",
     "load_model",
     "read_rows_and_sources",
-    "eigendecomposition",
     "components_for_variance",
     "effective_dimension",
     "file_checksum",

@@ -104,12 +104,8 @@ def cast_checked(values: np.ndarray, dtype: npt.DTypeLike, into: np.ndarray | No
             sums = target.sum(axis=1, dtype=np.float32)
         if not np.all(np.isfinite(sums)):
             lost = ~np.isfinite(target).all(axis=1) & np.isfinite(values).all(axis=1)
-            raise_if_overflowed(
-                lost,
-                np.dtype(dtype),
-                "cast",
-                f"; the largest {np.dtype(dtype).name} is {float(np.finfo(dtype).max):g}, write float32",
-            )
+            hint = f"; the largest {np.dtype(dtype).name} is {float(np.finfo(dtype).max):g}, write float32"
+            raise_if_overflowed(lost, dtype, "cast", hint)
     return target
 
 

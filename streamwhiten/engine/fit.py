@@ -16,7 +16,6 @@ from dataclasses import astuple, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from .. import params
 from .._buffers import PerThread, as_array, kept_for_next_run
@@ -184,18 +183,12 @@ class FitResult:
         return rows / self.seconds if self.seconds > 0 else float("nan")
 
 
-def _as_list(specs: Specs) -> list[Any]:
-    if isinstance(specs, (str, Source)) or hasattr(specs, "__fspath__"):
-        return [specs]
-    return list(specs)
-
-
 def open_sources(specs: Specs, *, read: ReadOptions | None = None) -> list[Source]:
     """Open every spec (globs and Parquet shard directories expanded) as ``read`` says; all share one
     width. A single source needs at least 2 rows; among several, an empty one (a shard not yet written) is
     allowed: it is recorded with its fingerprint, and an update reads it once it grows."""
     read = read or ReadOptions()
-    specs = expand_specs(_as_list(specs), read)
+    specs = expand_specs([specs] if isinstance(specs, (str, os.PathLike, Source)) else list(specs), read)
     if not specs:
         raise BadInputError("no input given")
     min_rows = 2 if len(specs) == 1 else 0
@@ -388,11 +381,9 @@ def _refuse_if_moved(source: Source, recorded_sources: list[Fingerprint], source
     given = {s.identity for s in sources}
     for recorded in recorded_sources:
         assert recorded.path is not None and recorded.n_rows is not None  # _updatable refuses records without
-        if identity_of(recorded.path, recorded.dataset or "") in given:
-            continue
-        if recorded.n_rows == 0 or recorded.n_rows > source.n_rows:
-            continue  # an empty recorded source shares its (empty) prefix with everything
-        if recorded.n_features != source.n_features or recorded.dtype != str(source.dtype):
+        given_again = identity_of(recorded.path, recorded.dataset or "") in given
+        alike = recorded.n_features == source.n_features and recorded.dtype == str(source.dtype)
+        if given_again or not alike or not 0 < recorded.n_rows <= source.n_rows:  # empty: a prefix of everything
             continue
         if fingerprint(source, recorded.n_rows).sha256_sampled == recorded.sha256_sampled:
             raise BadInputError(
@@ -532,16 +523,11 @@ def check_sources_unchanged(plan: FitPlan, checkpoint_path: str) -> None:
                 raise BadInputError(f"{exc} (refusing to resume from {checkpoint_path})") from None
 
 
-def _read_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
-    """The dtype a source's blocks are read in: its own, but float32 for float16."""
-    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
-
-
 def _block_buffers(plan: FitPlan) -> tuple[PerThread, PerThread]:
     """Two reused byte buffers per worker: one for a block of the widest read dtype of the sources left,
     one for a float64 block where rows are centred into another dtype than read (``precision='float64'``)."""
     remaining = [cursor for cursor in plan.cursors if not cursor.done] or plan.cursors
-    itemsize = max(_read_dtype(c.fingerprint.dtype).itemsize for c in remaining)
+    itemsize = max(4, *(np.dtype(c.fingerprint.dtype).itemsize for c in remaining))  # float16 is read as float32
     rows = max(1, min(plan.block_rows, plan.rows_total - plan.rows_done))
     n_features = remaining[0].fingerprint.n_features
     assert n_features is not None  # a cursor's fingerprint is a whole description (io.describe)
@@ -579,25 +565,6 @@ def _block_tasks(
             yield index, begin, end, source, buffers, plan, fetched, sampler
 
 
-def _record_rows_read(plan: FitPlan, samplers: dict[int, tuple[Sampler, Source]]) -> None:
-    """Before a checkpoint: record each source's hash of its sampled rows below ``next_row``."""
-    for index, (sampler, source) in list(samplers.items()):
-        cursor = plan.cursors[index]
-        cursor.fingerprint = cursor.fingerprint.read_to(
-            cursor.next_row, sampler.hexdigest(source, below=cursor.next_row)
-        )
-
-
-def _complete_fingerprints(plan: FitPlan) -> None:
-    """After the pass: hash the sources it read no rows of (an empty source, say)."""
-    for cursor in plan.cursors:
-        if cursor.fingerprint.sha256_sampled is None:
-            with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
-                cursor.fingerprint = cursor.fingerprint.finished(
-                    Sampler(source, cursor.fingerprint.n_rows).hexdigest(source)
-                )
-
-
 def _read_block_moments(
     index: int,
     begin: int,
@@ -619,12 +586,11 @@ def _read_block_moments(
         rows = source.read_into(begin, end, into)
     if sampler is not None:
         sampler.offer(begin, rows)
-    precision = plan.precision
-    work = stats.working_dtype(rows.dtype, precision)
+    work = stats.working_dtype(rows.dtype, plan.precision)
     workspace = None
     if work != rows.dtype and rows.dtype != np.float16:  # float16 is widened in a copy of its own
         workspace = as_array(workspaces.get(), shape, work)
-    moments, skipped = reduce_block(rows, begin, source.label, precision, plan.skip_nonfinite, True, workspace)
+    moments, skipped = reduce_block(rows, begin, source.label, plan.precision, plan.skip_nonfinite, True, workspace)
     return index, begin, end, moments, skipped, source
 
 
@@ -650,7 +616,12 @@ def run_plan(
         try:
             for result in results:
                 run.fold(*result)
-            _complete_fingerprints(plan)  # sources with no rows left to read, if any
+            for cursor in plan.cursors:  # hash the sources the pass read no rows of (an empty one, say)
+                if cursor.fingerprint.sha256_sampled is None:
+                    with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
+                        cursor.fingerprint = cursor.fingerprint.finished(
+                            Sampler(source, cursor.fingerprint.n_rows).hexdigest(source)
+                        )
         finally:
             results.close()  # stops the workers before their sources are closed
             if reader is not None:
@@ -697,7 +668,9 @@ class _PlanRun:
         self.watch.report(plan.rows_done, plan.rows_total)
         stopping = self.watch.stop_asked() and not plan.done
         if self.checkpoint is not None and (stopping or self.due()):
-            _record_rows_read(plan, self.samplers)  # a resume checks the rows read so far
+            for reading, (sampler, opened) in self.samplers.items():  # a resume checks the rows read so far
+                at = plan.cursors[reading]
+                at.fingerprint = at.fingerprint.read_to(at.next_row, sampler.hexdigest(opened, below=at.next_row))
             save_checkpoint(plan, self.checkpoint.path)
             self.last_saved, self.blocks_since = time.perf_counter(), 0
         if stopping:
