@@ -1,9 +1,8 @@
 """Every field of a model file, a fit checkpoint and an exported map, checked when it is loaded.
 
 A checksum has no key: anyone can edit a field and recompute it. So every loader reads its fields here,
-and a file that no fit could have written is refused (`ModelFileError`, exit 2) in one line naming the
-file and the field. numpy and the foundation only (no numba): the serving path uses it.
-"""
+and a file no fit could have written is refused (`ModelFileError`, exit 2) in one line naming the file
+and the field. numpy and the foundation only (no numba): the serving path uses it."""
 
 from __future__ import annotations
 
