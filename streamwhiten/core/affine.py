@@ -43,13 +43,12 @@ _R = TypeVar("_R", bound=_Rows)
 
 @dataclass(frozen=True, eq=False)
 class AffineMap:
-    """The whitening as ``y = x A + b`` (float64 ``A``, ``b``, fitted ``mean`` and the setting), optionally
-    followed by L2 normalisation (``normalize``, the default of `transform`).
+    """The whitening as ``y = x A + b`` (float64 ``A``, ``b``, fitted ``mean`` and the setting), then L2
+    normalisation if ``normalize`` (`transform`'s default).
 
-    ``file_checksum`` is the source model file's (provenance only, "" when unknown; `checksum` identifies
-    the map). ``mean_sq_norm`` is the fitted rows' mean squared norm (1 for unit-length rows; None when
-    unknown): ``export --append-to`` places the map before or after a ``Normalize`` by it.
-    ``quantization`` says how `encode` stores the outputs (None: float32).
+    ``file_checksum``: the source model file's (provenance only, "" if unknown; `checksum` names the map).
+    ``mean_sq_norm``: the fitted rows' mean squared norm (None if unknown), which places the map before or
+    after a ``Normalize`` in ``export --append-to``. ``quantization``: how `encode` stores (None: float32).
     """
 
     A: np.ndarray
@@ -121,9 +120,8 @@ class AffineMap:
 
     @property
     def checksum(self) -> str:
-        """The SHA-256 of the map, recorded as ``model_checksum`` by every output made with it: equal
-        checksums, the same map. It covers ``mean`` and ``A`` (float64, with shapes), beta, gamma, eps and
-        k; not ``b``, which follows from them (its last bits depend on the BLAS)."""
+        """The map's SHA-256 (every output's ``model_checksum``): of ``mean`` and ``A`` (float64, with shapes),
+        beta, gamma, eps and k; not ``b``, which follows from them (its last bits depend on the BLAS)."""
         if "checksum" not in self._cache:
             digest = hashlib.sha256(b"streamwhiten affine map 1")
             for name, array in (("mean", self.mean), ("A", self.A)):
@@ -146,18 +144,9 @@ class AffineMap:
 
     def params(self) -> dict[str, Any]:
         """The setting, `checksum` (``model_checksum``), `file_checksum` and any `quantization` as JSON values."""
-        values: dict[str, Any] = {
-            "beta": self.beta,
-            "gamma": self.gamma,
-            "eps": self.eps,
-            "eps_value": self.eps_value,
-            "variance": self.variance,
-            "n_components": self.n_components,
-            "n_features": self.n_features,
-            "normalize": self.normalize,
-            "model_checksum": self.checksum,
-            "model_file_checksum": self.file_checksum,
-        }
+        names = ("beta", "gamma", "eps", "eps_value", "variance", "n_components", "n_features", "normalize")
+        values: dict[str, Any] = {name: getattr(self, name) for name in names}
+        values.update(model_checksum=self.checksum, model_file_checksum=self.file_checksum)
         if self.quantization is not None:
             values.update(
                 dtype=self.quantization.kind,
@@ -214,7 +203,7 @@ class AffineMap:
         rows = self._check_shape(rows[None, :] if single else rows)
         work = np.float64 if rows.dtype == np.float64 else np.float32
         A = self._weights(work)
-        shift = self.beta * self.mean
+        shift = self.shift
         out = np.empty((rows.shape[0], self.n_components), dtype=work)
         with np.errstate(over="ignore", invalid="ignore"):  # non-finite rows are reported just below
             for start in range(0, rows.shape[0], _BLOCK_ROWS):
@@ -288,15 +277,9 @@ def float_dtype(dtype: npt.DTypeLike) -> np.dtype:
 
 def setting_arrays(owner: AffineMap | Any) -> dict[str, np.ndarray]:
     """The setting of a map or a model as the 0-d arrays of its ``.npz`` (``variance`` NaN when unused)."""
-    return {
-        "beta": np.array(owner.beta),
-        "gamma": np.array(owner.gamma),
-        "eps": np.array(owner.eps),
-        "eps_value": np.array(owner.eps_value),
-        "variance": np.array(np.nan if owner.variance is None else owner.variance),
-        "n_components": np.array(owner.n_components, dtype=np.int64),
-        "n_features": np.array(owner.n_features, dtype=np.int64),
-    }
+    arrays = {name: np.array(getattr(owner, name)) for name in ("beta", "gamma", "eps", "eps_value")}
+    arrays["variance"] = np.array(np.nan if owner.variance is None else owner.variance)
+    return arrays | {name: np.array(getattr(owner, name), dtype=np.int64) for name in ("n_components", "n_features")}
 
 
 def mean_sq_norm(n_rows: int, mean: npt.ArrayLike, scatter: npt.ArrayLike) -> float:
@@ -322,10 +305,7 @@ def _raise_nonfinite(finite_in: npt.ArrayLike, finite_out: npt.ArrayLike, dtype:
         raise NonFiniteError(f"row {row} holds NaN or Inf", row=row)
     bad_out = ~np.asarray(finite_out, dtype=bool)
     name = getattr(dtype, "name", None) or str(dtype)
-    raise ValuesTooLargeError(
-        f"values too large for {name} (they overflow when whitened)",
-        row=int(np.argmax(bad_out)) if bad_out.any() else None,
-    )
+    raise ValuesTooLargeError(f"values too large for {name} (they overflow when whitened)", row=int(np.argmax(bad_out)))
 
 
 def _is_torch_tensor(x: object) -> bool:
@@ -336,8 +316,6 @@ def _is_torch_tensor(x: object) -> bool:
 def _text(value: object) -> str:
     if value is None:
         return ""
-    if isinstance(value, dict):
+    if isinstance(value, (dict, bool)):  # JSON: true / false for a flag
         return json.dumps(value, sort_keys=True)
-    if isinstance(value, bool):
-        return "true" if value else "false"
     return repr(value) if isinstance(value, float) else str(value)

@@ -1,10 +1,9 @@
 """Finalize streaming statistics into a whitening model, and the pickle-free model file.
 
-``finalize`` eigendecomposes ``Sigma_beta = U Lambda U^T`` of a `Moments` state (deterministic signs)
-into ``y = (x - beta*mu) U_k (Lambda_k + eps)^(-gamma/2)``; the ``identity`` basis is ``y = x`` (what
-``tune`` writes when the raw vectors win). The model file is an ``.npz`` of plain arrays with a format
-version and a SHA-256 of its contents, so a changed or truncated file is refused.
-"""
+``finalize`` eigendecomposes ``Sigma_beta = U Lambda U^T`` of a `Moments` state (deterministic signs) into
+``y = (x - beta*mu) U_k (Lambda_k + eps)^(-gamma/2)``; the ``identity`` basis is ``y = x`` (``tune``'s map when
+the raw vectors win). The model file: plain arrays in an ``.npz``, with a format version and a SHA-256 of
+its contents, so a changed or truncated file is refused."""
 
 from __future__ import annotations
 
@@ -41,8 +40,7 @@ from .validate import components_for_variance, model_fields
 
 FORMAT_NAME = "streamwhiten-model"
 FORMAT_VERSION = 1
-#: The version a file of the identity map is written in: releases that read only version 1 refuse it
-#: instead of reading it as the rotation of its eigenbasis (they know no ``basis``).
+#: The identity map's file version: releases reading only version 1 refuse it (they know no ``basis``).
 IDENTITY_FORMAT_VERSION = 2
 #: The model file versions this release reads.
 FORMAT_VERSIONS = (FORMAT_VERSION, IDENTITY_FORMAT_VERSION)
@@ -50,18 +48,6 @@ FORMAT_VERSIONS = (FORMAT_VERSION, IDENTITY_FORMAT_VERSION)
 MODEL_SUFFIX = ".npz"
 #: What a model's map is built on (`WhiteningModel.basis`).
 BASES = ("eigen", "identity")
-
-
-def float_rows(rows: npt.ArrayLike) -> np.ndarray:
-    """``rows`` as native-order float16/32/64 (copied only to swap bytes); other kinds: `BadInputError`."""
-    if type(rows).__module__.startswith("scipy.sparse"):
-        raise BadInputError(
-            f"expected a dense array of rows, got a scipy.sparse {type(rows).__name__} "
-            "(sparse input is not supported; convert with .toarray())"
-        )
-    rows = np.asarray(rows)
-    native = float_dtype(rows.dtype)
-    return rows if rows.dtype == native else rows.astype(native)
 
 
 def effective_dimension(eigvals: np.ndarray) -> float:
@@ -176,10 +162,8 @@ class WhiteningModel:
         dtype = self.dtype if dtype is None else dtype
         if dtype in ("float32", CODE):  # a codec decodes its own rows (``streamwhiten.codes``)
             return None
-        if dtype == "int8":
-            clip = self.storage.int8_clip if self.storage is not None else DEFAULT_INT8_CLIP
-            return quantization_for("int8", self, normalize=True, clip=clip)
-        return quantization_for(dtype, self, normalize=True if dtype == "binary" else normalize)
+        clip = DEFAULT_INT8_CLIP if self.storage is None else self.storage.int8_clip  # int8's only
+        return quantization_for(dtype, self, normalize=normalize or dtype in ("int8", "binary"), clip=clip)
 
     def storage_records(self) -> tuple[Quantization | None, Quantization | None]:
         """The records (stored, re-ranking) of the recorded `storage` (`storage_quantizations`), or Nones."""
@@ -197,7 +181,13 @@ class WhiteningModel:
     ) -> np.ndarray:
         """Whiten ``rows`` (one vector or a 2-D array); float32/float16 input is computed in float32. NaN or
         Inf raises `NonFiniteError`, unless ``skip_nonfinite`` (a NaN row); overflow `ValuesTooLargeError`."""
-        rows = float_rows(rows)
+        if type(rows).__module__.startswith("scipy.sparse"):
+            raise BadInputError(
+                f"expected a dense array of rows, got a scipy.sparse {type(rows).__name__} "
+                "(sparse input is not supported; convert with .toarray())"
+            )
+        rows = np.asarray(rows)
+        rows = rows.astype(float_dtype(rows.dtype), copy=False)  # native order, copied only to swap bytes
         single = rows.ndim == 1
         if single:
             rows = rows[None, :]
@@ -252,10 +242,8 @@ class WhiteningModel:
         given = dict(beta=beta, gamma=gamma, n_components=n_components, variance=variance, eps=eps)
         changes = {name: value for name, value in given.items() if value is not None}
         model = self.with_params(**changes) if changes else self
-        fitted_norm = mean_sq_norm(model.n_rows, model.mean, model.state.scatter)
-        extra: dict[str, Any] = dict(
-            normalize=bool(normalize), file_checksum=file_checksum(self), mean_sq_norm=fitted_norm
-        )
+        norm = mean_sq_norm(model.n_rows, model.mean, model.state.scatter)
+        extra: dict[str, Any] = dict(normalize=bool(normalize), file_checksum=file_checksum(self), mean_sq_norm=norm)
         quantization = model.quantization(dtype)  # stored vectors are unit-length, as the search stores them
         if model.basis == "identity":
             return AffineMap.identity(model.mean, model.eps, model.eps_value, quantization=quantization, **extra)
@@ -266,18 +254,15 @@ class WhiteningModel:
     def with_params(self, **changes: Any) -> WhiteningModel:
         """Re-finalize with other ``beta``/``gamma``/``eps``/``n_components``/``variance``, without the data.
 
-        ``basis="identity"`` gives the identity map (beta = gamma = 0, k = d), ``basis="eigen"`` the setting's;
-        without it an identity model stays one unless another setting is asked for. A recorded vector code
-        codes one map's outputs: another map records no storage (train one for it: ``with_codes``)."""
-        basis = changes.pop("basis", None)
-        if basis is not None and basis not in BASES:
-            raise BadInputError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
+        ``basis``: ``"identity"`` (beta = gamma = 0, k = d) or ``"eigen"``; without it an identity model stays
+        one unless another setting is asked for. Another map drops a recorded vector code (see ``with_codes``)."""
+        basis = changes.pop("basis", None)  # a name not in BASES is refused by the model built
         params: dict[str, Any] = dict(
             beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance
         )
-        if "n_components" in changes and changes["n_components"] is not None:
+        if changes.get("n_components") is not None:
             params["variance"] = None
-        if "variance" in changes and changes["variance"] is not None:
+        if changes.get("variance") is not None:
             params["n_components"] = None
         params.update(changes)
         if basis == "identity":
@@ -289,34 +274,33 @@ class WhiteningModel:
             eigvals, eigvecs = self.eigvals, self.eigvecs
         else:
             eigvals, eigvecs = _decompose(self.state, params)
-        model = _select(self.state, params, eigvals, eigvecs, self.sources, self.info, None, basis or "eigen")
+        model = _select(self.state, params, eigvals, eigvecs, self.sources, self.info, basis or "eigen")
         return kept_storage(model, self.storage)
 
     def storage_summary(self) -> dict[str, Any] | None:
         """The recorded storage (dtype, rescore, bytes per vector, the int8 record), or None."""
-        return None if self.storage is None else _storage_json(self)
+        if self.storage is None:
+            return None
+        stored, again = self.storage_records()
+        return dict(
+            self.storage.to_dict(),
+            bytes_per_vector=self.storage.bytes_per_vector(self.n_components),
+            quantization=None if stored is None else stored.to_dict(),
+            rescore_quantization=None if again is None else again.to_dict(),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """Parameters and spectrum summary as plain JSON values (what ``info --json`` prints)."""
         eigvals = self.eigvals
-        ratio = self.explained_variance_ratio
-        return {
-            "n_rows": self.n_rows,
-            "n_features": self.n_features,
-            "basis": self.basis,
-            "n_components": self.n_components,
-            "beta": self.beta,
-            "gamma": self.gamma,
-            "eps": self.eps,
-            "eps_value": self.eps_value,
-            "variance": self.variance,
-            "explained_variance": float(ratio[: self.n_components].sum()),
+        names = ("n_rows", "n_features", "basis", "n_components", "beta", "gamma", "eps", "eps_value", "variance")
+        return {name: getattr(self, name) for name in names} | {
+            "explained_variance": float(self.explained_variance_ratio[: self.n_components].sum()),
             "effective_dimension": self.effective_dimension,
             "eigval_max": float(eigvals[0]),
             "eigval_min": float(eigvals[-1]),
             "condition_number": float(eigvals[0] / eigvals[-1]) if eigvals[-1] > 0 else math.inf,
             "model_checksum": map_checksum(self),
-            "storage": None if self.storage is None else self.storage_summary(),
+            "storage": self.storage_summary(),
             "components_for_variance": {str(v): components_for_variance(eigvals, v) for v in (0.5, 0.9, 0.95, 0.99)},
             "sources": [source.to_dict() for source in self.sources],
             "info": self.info,
@@ -333,20 +317,6 @@ def kept_storage(model: WhiteningModel, storage: Storage | None) -> WhiteningMod
 def codec_setting(model: WhiteningModel) -> dict[str, Any]:
     """The setting a codec records (``CodecRecord.setting``): that of the map whose outputs it codes."""
     return {"beta": model.beta, "gamma": model.gamma, "eps": model.eps, "k": model.n_components, "basis": model.basis}
-
-
-def _storage_json(model: WhiteningModel) -> dict[str, Any]:
-    """What a model file records of its storage: the choice, its bytes per vector and its records."""
-    storage = model.storage
-    if storage is None:
-        raise ValueError("the model records no storage")
-    stored, again = model.storage_records()
-    return dict(
-        storage.to_dict(),
-        bytes_per_vector=storage.bytes_per_vector(model.n_components),
-        quantization=None if stored is None else stored.to_dict(),
-        rescore_quantization=None if again is None else again.to_dict(),
-    )
 
 
 def project(
@@ -376,11 +346,10 @@ def project_checked(
 ) -> tuple[np.ndarray, npt.NDArray[np.bool_] | None]:
     """`project`, plus a mask of the rows taken as finite input, or None when every row is.
 
-    The centring pass's column sums are finite exactly when every centred value is, so rows are scanned
-    only when a bad one is present. Rows centred in place are scanned after centring, where an overflow
-    looks like Inf (a caller holding the input tells them apart: ``engine.apply``); otherwise a finite row
-    that overflows raises `ValuesTooLargeError`. ``out``, a C-contiguous buffer of at least ``len(rows)``
-    rows, receives the product (the result is then a view of it, unless ``dtype`` converts it).
+    Rows are scanned only when the centring pass's column sums are not finite. Rows centred in place are
+    scanned after centring, where an overflow looks like Inf (``engine.apply`` tells them apart); else a
+    finite row that overflows raises `ValuesTooLargeError`. ``out`` (C-contiguous, ``len(rows)`` rows or
+    more) receives the product: the result is a view of it, unless ``dtype`` converts it.
     """
     from .kernels import statistics as kernels
     from .kernels.product import round_and_screen
@@ -429,22 +398,18 @@ def _select(
     eigvecs: np.ndarray,
     sources: Iterable[Fingerprint | Mapping[str, Any]] | None,
     info: Mapping[str, Any] | None,
-    storage: Storage | None = None,
     basis: str = "eigen",
 ) -> WhiteningModel:
-    n_features = state.n_features
-    check_model(n_features=n_features, **params)
-    if params["variance"] is not None:
-        k = components_for_variance(eigvals, float(params["variance"]))
-    else:
-        k = int(params["n_components"] or n_features)
-    top = float(eigvals[0]) if eigvals.size else 0.0
-    beta, gamma, eps = (float(params[name]) for name in ("beta", "gamma", "eps"))
+    check_model(n_features=state.n_features, **params)
     variance = None if params["variance"] is None else float(params["variance"])
+    k = int(params["n_components"] or state.n_features)
+    if variance is not None:  # k chosen by the variance explained
+        k = components_for_variance(eigvals, variance)
+    beta, gamma, eps = (float(params[name]) for name in ("beta", "gamma", "eps"))
+    eps_value = eps * float(eigvals[0]) if eigvals.size and eigvals[0] > 0 else eps
     recorded = tuple(fingerprint_of(source) for source in sources or ())
-    eps_value = eps * top if top > 0 else eps
     return WhiteningModel(
-        state, beta, gamma, eps, k, variance, eigvals, eigvecs, eps_value, recorded, dict(info or {}), storage, basis
+        state, beta, gamma, eps, k, variance, eigvals, eigvecs, eps_value, recorded, dict(info or {}), None, basis
     )
 
 
@@ -502,7 +467,7 @@ def _arrays(model: WhiteningModel) -> dict[str, np.ndarray]:
     if model.basis != "eigen":  # absent in the files of eigen maps, as in every file written before bases
         arrays["basis"] = np.array(model.basis)
     if model.storage is not None:
-        arrays["storage_json"] = np.array(json.dumps(_storage_json(model), sort_keys=True))
+        arrays["storage_json"] = np.array(json.dumps(model.storage_summary(), sort_keys=True))
         if model.storage.codec is not None:  # the codec's own checksummed bytes, never a pickle
             arrays["storage_codec"] = np.frombuffer(model.storage.codec.data, dtype=np.uint8)
     return arrays
@@ -567,13 +532,11 @@ __all__ = [
     "check_model_name",
     "load_model",
     "read_rows_and_sources",
-    "eigendecomposition",
     "components_for_variance",
     "effective_dimension",
     "file_checksum",
     "map_checksum",
     "codec_setting",
     "float_dtype",
-    "float_rows",
     "DEFAULT_EPS",
 ]

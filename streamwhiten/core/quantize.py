@@ -55,8 +55,7 @@ KINDS: tuple[str, ...] = PARAMS["dtype"].choices
 INT8_MAX = 127
 #: The decode record's format name and version, written into every record.
 RECORD_FORMAT, RECORD_VERSION = "streamwhiten-quantization", 1
-#: A component's standard deviation is floored at this fraction of the largest one, so a component
-#: the statistics call constant still gets a positive scale.
+#: A standard deviation's floor, as a fraction of the largest: a constant component still gets a scale.
 _STD_FLOOR = 1e-6
 
 _STORAGE_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8, "binary": np.uint8}
@@ -104,20 +103,15 @@ def cast_checked(values: np.ndarray, dtype: npt.DTypeLike, into: np.ndarray | No
             sums = target.sum(axis=1, dtype=np.float32)
         if not np.all(np.isfinite(sums)):
             lost = ~np.isfinite(target).all(axis=1) & np.isfinite(values).all(axis=1)
-            raise_if_overflowed(
-                lost,
-                np.dtype(dtype),
-                "cast",
-                f"; the largest {np.dtype(dtype).name} is {float(np.finfo(dtype).max):g}, write float32",
-            )
+            hint = f"; the largest {np.dtype(dtype).name} is {float(np.finfo(dtype).max):g}, write float32"
+            raise_if_overflowed(lost, dtype, "cast", hint)
     return target
 
 
 @dataclass(frozen=True, eq=False)
 class Quantization:
-    """How vectors of ``n_components`` values are stored as ``kind`` (scaled to unit length first when
-    ``normalized``), and how to decode them; int8 only: ``value = code * scale + offset``, the codes
-    spanning ``offset +- clip`` standard deviations."""
+    """How vectors of ``n_components`` values are stored as ``kind`` (unit length first if ``normalized``) and
+    decoded; int8: ``value = code * scale + offset``, the codes spanning ``offset +- clip`` standard deviations."""
 
     kind: str
     n_components: int
@@ -346,9 +340,8 @@ def quantization_for(
     clip: float = DEFAULT_INT8_CLIP,
     n_components: int | None = None,
 ) -> Quantization:
-    """The record for storing ``model``'s outputs (or, with ``raw``, the raw vectors) as ``kind``, scaled to
-    unit length first with ``normalize``. int8 needs the model's statistics; other kinds only the width
-    (the model's or ``n_components``)."""
+    """The record storing ``model``'s outputs (``raw``: its inputs) as ``kind``, unit length with ``normalize``;
+    int8 needs the model's statistics, other kinds the width (the model's or ``n_components``)."""
     if kind is None:
         raise BadInputError("give a storage kind (dtype) to quantize for")
     check("dtype", kind)
@@ -401,9 +394,7 @@ def storage_quantizations(
             return int8_for_map(n_rows, mean, scatter, weights, shift, normalize=True, clip=storage.int8_clip)
         return Quantization(kind, k, normalized=True)
 
-    again = None
-    if storage.rescore:
-        again = record(storage.rescore_dtype) or Quantization("float32", k, normalized=True)
+    again = (record(storage.rescore_dtype) or Quantization("float32", k, normalized=True)) if storage.rescore else None
     return record(storage.dtype), again
 
 

@@ -1,9 +1,8 @@
 """Every field of a model file, a fit checkpoint and an exported map, checked when it is loaded.
 
 A checksum has no key: anyone can edit a field and recompute it. So every loader reads its fields here,
-and a file that no fit could have written is refused (`ModelFileError`, exit 2) in one line naming the
-file and the field. numpy and the foundation only (no numba): the serving path uses it.
-"""
+and a file no fit could have written is refused (`ModelFileError`, exit 2) in one line naming the file
+and the field. numpy and the foundation only (no numba): the serving path uses it."""
 
 from __future__ import annotations
 
@@ -195,11 +194,9 @@ def _setting_fields(f: Fields, d: int, eigvals: np.ndarray) -> dict[str, Any]:
     k = f.integer("n_components", 1)
     if k > d:
         raise f.fail("n_components", f"is {k}, more than the model's {d} features")
-    if variance is not None and k != components_for_variance(eigvals, variance):
-        raise f.fail(
-            "n_components",
-            f"is {k}, but the variance {variance:g} it was chosen by gives {components_for_variance(eigvals, variance)}",
-        )
+    chosen = k if variance is None else components_for_variance(eigvals, variance)
+    if k != chosen:
+        raise f.fail("n_components", f"is {k}, but the variance {variance:g} it was chosen by gives {chosen}")
     eps_value = f.number("eps_value")
     expected = eps * float(eigvals[0]) if eigvals[0] > 0 else eps
     if not math.isfinite(eps_value) or abs(eps_value - expected) > EPS_RTOL * abs(expected):
@@ -209,13 +206,13 @@ def _setting_fields(f: Fields, d: int, eigvals: np.ndarray) -> dict[str, Any]:
 
 def _storage_field(f: Fields, m: dict[str, Any]) -> Storage | None:
     """The recorded storage of the model file whose other fields are ``m``, checked (None without one)."""
-    if "storage_json" not in f.arrays:
-        if "storage_codec" in f.arrays:
-            raise f.fail("storage_codec", "is a codec that no storage record names")
+    record = f.json("storage_json", dict) if "storage_json" in f.arrays else None
+    if (record or {}).get("codec") is None and "storage_codec" in f.arrays:
+        raise f.fail("storage_codec", "is a codec that no storage record names")
+    if record is None:
         return None
     weights = map_weights(m["eigvals"], m["eigvecs"], m["eps_value"], m["gamma"], m["n_components"], m["basis"])
-    shift = m["beta"] * m["mean"]
-    storage = _check_storage(f, f.json("storage_json", dict), m["n_rows"], m["mean"], m["scatter"], weights, shift)
+    storage = _check_storage(f, record, m["n_rows"], m["mean"], m["scatter"], weights, m["beta"] * m["mean"])
     if storage.codec is None:
         return storage
     setting = {key: m[key] for key in ("beta", "gamma", "eps")}
@@ -256,8 +253,6 @@ def _check_storage(
         if raw.dtype != np.uint8 or raw.ndim != 1:
             raise f.fail("storage_codec", f"must be 1-D uint8 bytes, got {raw.dtype} of shape {raw.shape}")
         codec_data = raw.tobytes()
-    elif "storage_codec" in f.arrays:
-        raise f.fail("storage_codec", "is a codec that no storage record names")
     try:
         storage = Storage.from_dict(record, codec_data)
     except BadInputError as exc:
@@ -347,7 +342,7 @@ def _check_info(f: Fields, info: dict[str, Any]) -> None:
         if key not in info:
             continue
         value = info[key]
-        if not (_is_int(value) and value >= 0 if kind is int else isinstance(value, kind)):
+        if not (_is_count(value) if kind is int else isinstance(value, kind)):
             raise f.fail("info_json", f"{key} must be {kind.__name__}{' >= 0' if kind is int else ''}, got {value!r}")
     if "precision" in info and not params.PARAMS["precision"].accepts(info["precision"]):
         raise f.fail("info_json", f"precision must be {params.PARAMS['precision'].text}, got {info['precision']!r}")

@@ -16,7 +16,6 @@ from dataclasses import astuple, dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import numpy.typing as npt
 
 from .. import params
 from .._buffers import PerThread, as_array, kept_for_next_run
@@ -117,8 +116,7 @@ class FitPlan:
     seconds: float = 0.0
     n_blocks: int = 0
     threads: int = 0  # worker threads, fixed when the plan first runs (0: not yet)
-    #: how its sources are opened (never recorded in a checkpoint but ``fill_missing_chunks``: read chunks
-    #: missing from a store as its fill value; its storage options are the caller's)
+    #: how its sources are opened (a checkpoint records only ``fill_missing_chunks``: storage is the caller's)
     read: ReadOptions = field(default_factory=ReadOptions, compare=False)
 
     @property
@@ -142,23 +140,13 @@ class FitPlan:
         return all(cursor.done for cursor in self.cursors)
 
     @property
-    def blocks_total(self) -> int:
-        """Blocks of the whole plan, done or not."""
-        return sum(count_blocks(c.start, c.stop, self.block_rows) for c in self.cursors)
-
-    @property
-    def sources(self) -> list[Fingerprint]:
-        """Fingerprints of every source read, as recorded in the model."""
-        return [cursor.fingerprint for cursor in self.cursors]
-
-    @property
     def options(self) -> PassOptions:
         """What changes the statistics besides the rows."""
         return PassOptions(self.precision, self.skip_nonfinite, self.fill_missing_chunks)
 
     def result(self) -> FitResult:
         """What the finished plan produced (sources: those read, then those an update kept)."""
-        sources = self.sources + self.kept_sources
+        sources = [cursor.fingerprint for cursor in self.cursors] + self.kept_sources
         return FitResult(
             self.state, self.n_skipped, sources, self.n_blocks, self.seconds, self.rows_done, *astuple(self.options)
         )
@@ -184,18 +172,11 @@ class FitResult:
         return rows / self.seconds if self.seconds > 0 else float("nan")
 
 
-def _as_list(specs: Specs) -> list[Any]:
-    if isinstance(specs, (str, Source)) or hasattr(specs, "__fspath__"):
-        return [specs]
-    return list(specs)
-
-
 def open_sources(specs: Specs, *, read: ReadOptions | None = None) -> list[Source]:
-    """Open every spec (globs and Parquet shard directories expanded) as ``read`` says; all share one
-    width. A single source needs at least 2 rows; among several, an empty one (a shard not yet written) is
-    allowed: it is recorded with its fingerprint, and an update reads it once it grows."""
+    """Open every spec (globs and Parquet shard directories expanded) as ``read`` says, all of one width:
+    one source needs 2 rows; among several, an empty one (a shard not yet written) is read once it grows."""
     read = read or ReadOptions()
-    specs = expand_specs(_as_list(specs), read)
+    specs = expand_specs([specs] if isinstance(specs, (str, os.PathLike, Source)) else list(specs), read)
     if not specs:
         raise BadInputError("no input given")
     min_rows = 2 if len(specs) == 1 else 0
@@ -203,17 +184,17 @@ def open_sources(specs: Specs, *, read: ReadOptions | None = None) -> list[Sourc
     seen: dict[tuple[tuple[Any, ...], str], int] = {}
     try:
         for spec in specs:
-            sources.append(open_source(spec, read=read, min_rows=min_rows))
-            key = sources[-1].identity
-            if key in seen:
-                how = "" if sources[-1].location == sources[seen[key]].location else ", the same file by another path"
+            source = open_source(spec, read=read, min_rows=min_rows)
+            sources.append(source)
+            first = sources[seen.setdefault(source.identity, len(sources) - 1)]  # the same file given before
+            if first is not source:
+                how = "" if source.location == first.location else ", the same file by another path"
                 raise BadInputError(
-                    f"{sources[-1].label}: given twice (also as {sources[seen[key]].label}{how}); each input is read once"
+                    f"{source.label}: given twice (also as {first.label}{how}); each input is read once"
                 )
-            seen[key] = len(sources) - 1
-            if sources[-1].n_features != sources[0].n_features:
+            if source.n_features != sources[0].n_features:
                 raise BadInputError(
-                    f"{sources[-1].label}: has {sources[-1].n_features} columns but "
+                    f"{source.label}: has {source.n_features} columns but "
                     f"{sources[0].label} has {sources[0].n_features}"
                 )
     except BaseException:
@@ -232,9 +213,8 @@ def reduce_block(
     overwrite_input: bool = False,
     workspace: np.ndarray | None = None,
 ) -> tuple[stats.Moments, int]:
-    """Moments of one block read at row ``begin`` of ``label``, and how many rows were skipped: every
-    engine's per-block step. NaN or Inf raises `NonFiniteError` naming ``label`` (None: an in-memory
-    array) and the row, unless ``skip_nonfinite`` (dropped and counted)."""
+    """Every engine's per-block step: the moments of a block read at row ``begin`` of ``label`` (None: an
+    array), and the rows skipped. NaN or Inf: `NonFiniteError` naming the row, unless ``skip_nonfinite``."""
     n_skipped = 0
     if skip_nonfinite:
         rows, n_skipped = stats.drop_nonfinite(rows)
@@ -290,10 +270,8 @@ def check_enough_rows(state: stats.Moments, sources: Iterable[object]) -> None:
 
 
 def plan_blocks(sources: list[Source], block_rows: int | None = None) -> int:
-    """The block size of a fit over ``sources``: ``block_rows`` if given, else the largest natural block
-    among them (whole chunks or row groups, about 64 MiB). Every engine cuts rows at its multiples, so
-    all reduce the same blocks into the same per-block states; only the order of the merges can differ.
-    """
+    """``block_rows`` if given, else the largest natural block of ``sources`` (whole chunks or row groups,
+    about 64 MiB): every engine reduces the same blocks, so only the order of the merges can differ."""
     if block_rows is not None:
         return int(params.check("chunk_rows", block_rows))
     return max(source.default_block_rows() for source in sources)
@@ -310,8 +288,7 @@ def plan_fit(
 ) -> FitPlan:
     """A plan reading every row of every source from an empty state; or, with ``update`` (a model fitted
     from stores), only the rows appended since, folded into its state (a new source is read whole;
-    `NothingToDoError` when nothing is new). ``block_rows`` given wins over ``read``'s.
-    """
+    `NothingToDoError` when nothing is new). ``block_rows`` given wins over ``read``'s."""
     params.check("precision", precision)  # before any reading
     recorded = [] if update is None else _updatable(update.sources)
     read = read or ReadOptions()
@@ -344,9 +321,8 @@ def _same_source(recorded: Fingerprint, source: Source) -> bool:
 
 
 def check_prefix(source: Source, recorded: Fingerprint) -> Fingerprint | None:
-    """Refuse a source whose first ``recorded.n_rows`` rows are not the ones recorded; returns those rows'
-    fingerprint now (None without a hash). A checkpoint's ``recorded`` may be hashed only below
-    ``rows_read`` (a source being read), or not at all (a source not reached yet)."""
+    """Refuse a source whose first ``recorded.n_rows`` rows are not those recorded; their fingerprint now (None
+    without a hash). A checkpoint's record is hashed below ``rows_read`` (being read) or not at all (not yet)."""
     n_rows = recorded.n_rows
     assert n_rows is not None  # checked by _updatable (a model's record), always there (a checkpoint's)
     if source.n_rows < n_rows:
@@ -388,11 +364,9 @@ def _refuse_if_moved(source: Source, recorded_sources: list[Fingerprint], source
     given = {s.identity for s in sources}
     for recorded in recorded_sources:
         assert recorded.path is not None and recorded.n_rows is not None  # _updatable refuses records without
-        if identity_of(recorded.path, recorded.dataset or "") in given:
-            continue
-        if recorded.n_rows == 0 or recorded.n_rows > source.n_rows:
-            continue  # an empty recorded source shares its (empty) prefix with everything
-        if recorded.n_features != source.n_features or recorded.dtype != str(source.dtype):
+        given_again = identity_of(recorded.path, recorded.dataset or "") in given
+        alike = recorded.n_features == source.n_features and recorded.dtype == str(source.dtype)
+        if given_again or not alike or not 0 < recorded.n_rows <= source.n_rows:  # empty: a prefix of everything
             continue
         if fingerprint(source, recorded.n_rows).sha256_sampled == recorded.sha256_sampled:
             raise BadInputError(
@@ -444,16 +418,9 @@ def _refuse_deleted(kept: list[Fingerprint], read: ReadOptions) -> None:
 
 def save_checkpoint(plan: FitPlan, path: str) -> None:
     """Write the plan's state and cursors atomically (temp file, fsync, rename) with a checksum."""
-    meta = {
-        "cursors": [cursor.to_dict() for cursor in plan.cursors],
-        "block_rows": plan.block_rows,
-        "precision": plan.precision,
-        "skip_nonfinite": plan.skip_nonfinite,
-        "base_rows": plan.base_rows,
-        "kept_sources": [source.to_dict() for source in plan.kept_sources],
-        "threads": plan.threads,
-        "fill_missing_chunks": plan.fill_missing_chunks,
-    }
+    names = ("block_rows", "precision", "skip_nonfinite", "base_rows", "threads", "fill_missing_chunks")
+    meta = {name: getattr(plan, name) for name in names}
+    meta.update(cursors=[c.to_dict() for c in plan.cursors], kept_sources=[s.to_dict() for s in plan.kept_sources])
     arrays = {
         "format": np.array(CHECKPOINT_FORMAT),
         "format_version": np.array(CHECKPOINT_VERSION, dtype=np.int64),
@@ -493,8 +460,7 @@ def check_resumable(
 ) -> None:
     """Refuse to resume ``plan`` for other inputs, options (`PassOptions`) or starting model (``base_rows``:
     0 for a fresh fit), or when its sources changed. ``exact``: ``inputs`` must be the checkpoint's, in
-    order; otherwise it may read only inputs among them (a ``job.toml`` run).
-    """
+    order; otherwise it may read only inputs among them (a ``job.toml`` run)."""
     hint = f"; pass restart=True to discard {checkpoint_path} and start over"
     if exact:
         other = [c.spec for c in plan.cursors] != list(inputs)
@@ -532,16 +498,11 @@ def check_sources_unchanged(plan: FitPlan, checkpoint_path: str) -> None:
                 raise BadInputError(f"{exc} (refusing to resume from {checkpoint_path})") from None
 
 
-def _read_dtype(dtype: npt.DTypeLike | None) -> np.dtype:
-    """The dtype a source's blocks are read in: its own, but float32 for float16."""
-    return np.dtype(np.float32) if np.dtype(dtype) == np.float16 else np.dtype(dtype)
-
-
 def _block_buffers(plan: FitPlan) -> tuple[PerThread, PerThread]:
     """Two reused byte buffers per worker: one for a block of the widest read dtype of the sources left,
     one for a float64 block where rows are centred into another dtype than read (``precision='float64'``)."""
     remaining = [cursor for cursor in plan.cursors if not cursor.done] or plan.cursors
-    itemsize = max(_read_dtype(c.fingerprint.dtype).itemsize for c in remaining)
+    itemsize = max(4, *(np.dtype(c.fingerprint.dtype).itemsize for c in remaining))  # float16 is read as float32
     rows = max(1, min(plan.block_rows, plan.rows_total - plan.rows_done))
     n_features = remaining[0].fingerprint.n_features
     assert n_features is not None  # a cursor's fingerprint is a whole description (io.describe)
@@ -561,9 +522,8 @@ def _block_tasks(
     samplers: dict[int, tuple[Sampler, Source]],
     reader: ThreadPoolExecutor | None = None,
 ) -> Iterator[_BlockTask]:
-    """One task per remaining block of ``plan``, opening each source as reached (into ``opened``). A source
-    not hashed yet gets a `Sampler` (in ``samplers`` by cursor index); a ``reader`` thread fetches ahead
-    the stored bytes of blocks that are decoded here."""
+    """One task per remaining block, opening each source as reached (into ``opened``); an unhashed source
+    gets a `Sampler` (``samplers[cursor index]``); a ``reader`` thread fetches ahead the bytes to decode."""
     for index, cursor in enumerate(plan.cursors):
         if cursor.done:
             continue
@@ -577,25 +537,6 @@ def _block_tasks(
         for begin, end in source.blocks(plan.block_rows, cursor.next_row, cursor.stop):
             fetched = ahead.submit(source.fetch, begin, end) if ahead is not None else None
             yield index, begin, end, source, buffers, plan, fetched, sampler
-
-
-def _record_rows_read(plan: FitPlan, samplers: dict[int, tuple[Sampler, Source]]) -> None:
-    """Before a checkpoint: record each source's hash of its sampled rows below ``next_row``."""
-    for index, (sampler, source) in list(samplers.items()):
-        cursor = plan.cursors[index]
-        cursor.fingerprint = cursor.fingerprint.read_to(
-            cursor.next_row, sampler.hexdigest(source, below=cursor.next_row)
-        )
-
-
-def _complete_fingerprints(plan: FitPlan) -> None:
-    """After the pass: hash the sources it read no rows of (an empty source, say)."""
-    for cursor in plan.cursors:
-        if cursor.fingerprint.sha256_sampled is None:
-            with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
-                cursor.fingerprint = cursor.fingerprint.finished(
-                    Sampler(source, cursor.fingerprint.n_rows).hexdigest(source)
-                )
 
 
 def _read_block_moments(
@@ -619,12 +560,11 @@ def _read_block_moments(
         rows = source.read_into(begin, end, into)
     if sampler is not None:
         sampler.offer(begin, rows)
-    precision = plan.precision
-    work = stats.working_dtype(rows.dtype, precision)
+    work = stats.working_dtype(rows.dtype, plan.precision)
     workspace = None
     if work != rows.dtype and rows.dtype != np.float16:  # float16 is widened in a copy of its own
         workspace = as_array(workspaces.get(), shape, work)
-    moments, skipped = reduce_block(rows, begin, source.label, precision, plan.skip_nonfinite, True, workspace)
+    moments, skipped = reduce_block(rows, begin, source.label, plan.precision, plan.skip_nonfinite, True, workspace)
     return index, begin, end, moments, skipped, source
 
 
@@ -635,12 +575,12 @@ def run_plan(
 
     ``watch`` is told the rows done; when it asks to stop, a last checkpoint is written and
     `InterruptedRunError` raised. ``threads`` workers (default: one per core, at most four; a resumed plan
-    keeps its own). Memory: at most ``2 x workers + 1`` blocks and ``workers`` chunks, kept for the next run.
-    """
+    keeps its own). Memory: at most ``2 x workers + 1`` blocks and ``workers`` chunks, kept for the next run."""
     began = time.perf_counter()
     # kept across resumes (BLAS rounding can depend on its threads); more for remote sources (network waits)
     plan.threads = plan.threads or resolve_threads(remote.default_threads(threads, [c.spec for c in plan.cursors]))
-    workers = min(plan.threads, max(1, plan.blocks_total))  # fewer blocks: fewer workers, more BLAS threads
+    blocks = sum(count_blocks(c.start, c.stop, plan.block_rows) for c in plan.cursors)  # done or not
+    workers = min(plan.threads, max(1, blocks))  # fewer blocks: fewer workers, more BLAS threads
     run = _PlanRun(plan, watch, checkpoint)
     buffers = _block_buffers(plan)
     reader = ThreadPoolExecutor(1, thread_name_prefix="streamwhiten-read") if workers > 1 else None
@@ -650,7 +590,12 @@ def run_plan(
         try:
             for result in results:
                 run.fold(*result)
-            _complete_fingerprints(plan)  # sources with no rows left to read, if any
+            for cursor in plan.cursors:  # hash the sources the pass read no rows of (an empty one, say)
+                if cursor.fingerprint.sha256_sampled is None:
+                    with open_source(cursor.spec, read=plan.read, min_rows=0) as source:
+                        cursor.fingerprint = cursor.fingerprint.finished(
+                            Sampler(source, cursor.fingerprint.n_rows).hexdigest(source)
+                        )
         finally:
             results.close()  # stops the workers before their sources are closed
             if reader is not None:
@@ -671,11 +616,8 @@ class _PlanRun:
         self.samplers: dict[int, tuple[Sampler, Source]] = {}
         self.last_saved, self.blocks_since = time.perf_counter(), 0
 
-    def due(self) -> bool:
+    def due(self, every: Checkpoint) -> bool:
         """Whether a checkpoint is due: ``every_blocks`` blocks or ``every_seconds`` since the last one."""
-        every = self.checkpoint
-        if every is None:
-            return False
         if every.every_blocks and self.blocks_since >= every.every_blocks:
             return True
         seconds = every.every_seconds
@@ -696,8 +638,10 @@ class _PlanRun:
         self.blocks_since += 1
         self.watch.report(plan.rows_done, plan.rows_total)
         stopping = self.watch.stop_asked() and not plan.done
-        if self.checkpoint is not None and (stopping or self.due()):
-            _record_rows_read(plan, self.samplers)  # a resume checks the rows read so far
+        if self.checkpoint is not None and (stopping or self.due(self.checkpoint)):
+            for reading, (sampler, opened) in self.samplers.items():  # a resume checks the rows read so far
+                at = plan.cursors[reading]
+                at.fingerprint = at.fingerprint.read_to(at.next_row, sampler.hexdigest(opened, below=at.next_row))
             save_checkpoint(plan, self.checkpoint.path)
             self.last_saved, self.blocks_since = time.perf_counter(), 0
         if stopping:

@@ -146,7 +146,7 @@ def test_checkpoints_read_no_rows_of_their_own(tmp_path, monkeypatch):
     monkeypatch.setattr(Source, "read", lambda self, a, b: reads.append((self.label, a, b)) or original(self, a, b))
     done = run_plan(plan_fit(specs, block_rows=100), checkpoint=Checkpoint(str(tmp_path / "ck"), every_blocks=1))
     assert reads == []
-    assert done.sources == expected
+    assert done.result().sources == expected
 
 
 def test_a_resume_checks_the_rows_read_before_the_checkpoint_and_matches_an_uninterrupted_fit(tmp_path):
