@@ -305,13 +305,7 @@ def check_export_output(path: str, fmt: str, overwrite: bool) -> None:
     check_replaceable(path, overwrite, _EXPORT_NAMES[fmt], lambda found: foreign_export(found, fmt))
 
 
-_EXPORT_NAMES = {
-    "npz": "an npz export",
-    "safetensors": "a safetensors export",
-    "onnx": "an ONNX export",
-    "faiss": "a faiss export",
-    "sentence-transformers": "a sentence-transformers export",
-}
+_EXPORT_NAMES = {fmt: f"a {fmt} export" for fmt in FORMATS} | {"npz": "an npz export", "onnx": "an ONNX export"}
 
 
 def foreign_export(path: str, fmt: str) -> str | None:
@@ -530,8 +524,7 @@ def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
         raise BadInputError(
             f"faiss cannot scan the tool's own {codec.label} codes: search them with streamwhiten.codes.fast.search "
             "(or eval with the code as dtype), or decode them (serving.decode(rows, serving.codec(MODEL or the output's "
-            "attributes))) into a "
-            "float index; dtype float32 writes the map alone",
+            "attributes))) into a float index; dtype float32 writes the map alone",
             param="dtype",
         )
     if codec.n_features != affine.n_components:
@@ -957,11 +950,9 @@ def write_failure(exc: BaseException) -> str | None:
     found = _RUST_OS_ERROR.search(text)
     if found:
         return os.strerror(int(found.group(1) or found.group(2)))
-    if type(exc).__name__ == "SafetensorError" and ("IoError" in text or "I/O error" in text):
-        return " ".join(text.split())[:200]
-    if isinstance(exc, RuntimeError) and any(words in text.lower() for words in _TORCH_WRITE_FAILED):
-        return " ".join(text.split())[:200]
-    return None
+    safetensors = type(exc).__name__ == "SafetensorError" and ("IoError" in text or "I/O error" in text)
+    torch = isinstance(exc, RuntimeError) and any(words in text.lower() for words in _TORCH_WRITE_FAILED)
+    return " ".join(text.split())[:200] if safetensors or torch else None
 
 
 def _module_entry(root: str, modules: list, module: Any) -> dict:

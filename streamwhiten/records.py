@@ -250,6 +250,11 @@ def _text(value: Any, what: str, plain: bool = False) -> str:
     return value
 
 
+def _set(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` less its None values: a record leaves out the keys it has no value for."""
+    return {key: value for key, value in data.items() if value is not None}
+
+
 def _keys(data: Any, what: str, required: Iterable[str], optional: Iterable[str] = ()) -> Mapping[str, Any]:
     """``data`` if it is a JSON object with every key of ``required`` and no other than ``optional``."""
     if not isinstance(data, Mapping):
@@ -278,10 +283,7 @@ class Part:
         return self.stop - self.start
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"path": self.path, "start": self.start, "stop": self.stop}
-        if self.stamp is not None:
-            data["stamp"] = self.stamp
-        return data
+        return _set({"path": self.path, "start": self.start, "stop": self.stop, "stamp": self.stamp})
 
     @classmethod
     def from_dict(cls, data: Any, what: str = "part") -> Part:
@@ -371,10 +373,8 @@ class Version:
         object.__setattr__(self, "outputs", tuple(self.outputs))
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"version": self.version, "model_file": self.model_file, "outputs": list(self.outputs)}
-        if self.model_checksum is not None:
-            data["model_checksum"] = self.model_checksum
-        return data
+        data = {"version": self.version, "model_file": self.model_file, "outputs": list(self.outputs)}
+        return _set({**data, "model_checksum": self.model_checksum})
 
     @classmethod
     def from_dict(cls, data: Any, what: str = "version") -> Version:
@@ -507,11 +507,10 @@ class Manifest:
             "inputs": [item.to_dict() for item in self.inputs],
             "kept": [item.to_dict() for item in self.kept],
             "retired": [item.to_dict() for item in self.retired],
+            "updated_at": self.updated_at,
+            "job_id": self.job_id,
         }
-        if self.updated_at is not None:
-            body["updated_at"] = self.updated_at
-        if self.job_id is not None:
-            body["job_id"] = self.job_id
+        body = _set(body)
         body["checksum"] = json_checksum(body)
         return body
 
