@@ -199,12 +199,14 @@ def _check_claims(
     if manifest is None:
         return None, None
     if _inherited(manifest, publisher.job_id):
+        directory = os.path.dirname(os.path.abspath(job.model_path))
+        older = (manifest.as_version, *manifest.kept)
         log.warning(
             "job %s: a new job: the files of version %s and earlier, which this folder's manifest names, "
             "belong to the job it was copied from and are never deleted by this one: %s",
             job.name,
             manifest.version,
-            ", ".join(_inherited_files(manifest, job.model_path)),
+            ", ".join(path for item in older for path in (*item.outputs, os.path.join(directory, item.model_file))),
         )
         _warn_shared(job, manifest)
         return None, manifest
@@ -236,16 +238,6 @@ def _warn_shared(job: JobFile, manifest: Manifest) -> None:
             job.name,
             template,
         )
-
-
-def _inherited_files(manifest: Manifest, model_path: str) -> list[str]:
-    """The files an inherited manifest names: its version's and its kept versions' outputs and model files."""
-    directory = os.path.dirname(os.path.abspath(model_path))
-    return [
-        path
-        for version in (manifest.as_version, *manifest.kept)
-        for path in (*version.outputs, os.path.join(directory, version.model_file))
-    ]
 
 
 # ------------------------------------------------------------------------------------------ decisions
@@ -312,7 +304,7 @@ def _current_inputs(
     """Each input with the rows the statistics hold of it (what a version publishes); one ``manifest`` lists
     must still start with its published rows, unless this run's fit step checked them (``checked``)."""
     from ..engine.fit import check_prefix
-    from ..io import identity_of, open_source
+    from ..io import describe, fingerprint, identity_of, open_source
 
     found = []
     for spec in inputs:
@@ -337,21 +329,11 @@ def _current_inputs(
                     f"{source.label}: has {source.n_rows} rows but the statistics hold {stop} of it; the input "
                     "was changed, not appended to"
                 )
-            found.append(_Input(spec, outputs[spec], stop, _rows_fingerprint(source, stop, recorded) if stop else None))
+            # the recorded fingerprint (stop > 0: there is one) where it still describes the rows as stored now
+            if stop and replace(recorded, sha256_sampled=None) != describe(source, stop):
+                recorded = fingerprint(source, stop)
+            found.append(_Input(spec, outputs[spec], stop, recorded if stop else None))
     return found
-
-
-def _rows_fingerprint(source: Any, stop: int, recorded: Any):
-    """``fingerprint(source, stop)``, or ``recorded`` where it still describes those rows as stored now."""
-    from ..io import describe, fingerprint
-
-    if (
-        recorded is not None
-        and recorded.n_rows == stop
-        and replace(recorded, sha256_sampled=None) == describe(source, stop)
-    ):
-        return recorded
-    return fingerprint(source, stop)
 
 
 def _versioned_files(model_path: str, outputs: dict, manifest: Manifest | None) -> dict[str, str]:
