@@ -490,20 +490,15 @@ def _faiss_metric(faiss: Any, metric: str) -> int:
     return int(faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2)
 
 
-def faiss_int8_ranges(quantization: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(vmin, vdiff)`` of faiss's 8-bit scalar quantizer whose codes decode to ours (module docstring)."""
-    scale, offset = quantization.scale, quantization.offset
-    return (offset - 127.5 * scale).astype(np.float32), (255.0 * scale).astype(np.float32)
-
-
 def faiss_int8_index(affine: AffineMap, metric: str | None = None):
     """An empty ``IndexPreTransform``: the map, ``NormalizationTransform``, an 8-bit SQ on the int8 ranges."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     metric = metric or "ip"
     k = affine.n_components
     inner = faiss.IndexScalarQuantizer(k, faiss.ScalarQuantizer.QT_8bit, _faiss_metric(faiss, metric))
-    vmin, vdiff = faiss_int8_ranges(affine.quantization)
-    faiss.copy_array_to_vector(np.concatenate([vmin, vdiff]), inner.sq.trained)
+    scale, offset = affine.quantization.scale, affine.quantization.offset
+    vmin_vdiff = np.concatenate([offset - 127.5 * scale, 255.0 * scale])  # its codes decode to ours (module docstring)
+    faiss.copy_array_to_vector(vmin_vdiff.astype(np.float32), inner.sq.trained)
     inner.is_trained = True
     index = faiss.IndexPreTransform(faiss.NormalizationTransform(k, 2.0), inner)
     index.prepend_transform(faiss_transform(affine))
@@ -651,42 +646,39 @@ def read_faiss_index(path: str):
     """Read a float faiss export (an index: ``IndexPreTransform``, or an int8 ``IndexScalarQuantizer``
     behind one) with ``faiss.read_index``; a binary index is refused in one line naming its loader."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "reading a faiss export")
-    try:
-        return faiss.read_index(os.fspath(path))
-    except RuntimeError as error:
-        if _reads_as(faiss.read_index_binary, path):
-            raise BadInputError(
-                f"{path}: a binary faiss index (sign bits): read it with faiss.read_index_binary "
-                "(streamwhiten.export.read_faiss_binary)"
-            ) from None
-        if _reads_as(faiss.read_VectorTransform, path):
-            raise BadInputError(
-                f"{path}: a faiss LinearTransform, not an index: read it with faiss.read_VectorTransform"
-            ) from None
-        raise BadInputError(f"{path}: not a faiss index: {str(error).strip().splitlines()[-1]}") from None
+    binary = (
+        "a binary faiss index (sign bits): read it with faiss.read_index_binary (streamwhiten.export.read_faiss_binary)"
+    )
+    transform = "a faiss LinearTransform, not an index: read it with faiss.read_VectorTransform"
+    others = {faiss.read_index_binary: binary, faiss.read_VectorTransform: transform}
+    return _read_faiss(path, faiss.read_index, "a faiss index", others)
 
 
 def read_faiss_binary(path: str):
     """Read a binary faiss export (``*.binary.faiss``, an ``IndexBinaryFlat`` of packed sign bits) with
     ``faiss.read_index_binary``; a float index is refused in one line naming its loader."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "reading a faiss export")
+    floats = (
+        "a float faiss file, not a binary index: read it with faiss.read_index (streamwhiten.export.read_faiss_index)"
+    )
+    others = {faiss.read_index: floats, faiss.read_VectorTransform: floats}
+    return _read_faiss(path, faiss.read_index_binary, "a binary faiss index", others)
+
+
+def _read_faiss(path: str, reader: Callable[[str], Any], what: str, others: dict) -> Any:
+    """``reader(path)``; where it fails, `BadInputError` naming the loader of the first of ``others``
+    (``{reader: message}``) that reads it, or saying it is not ``what``."""
     try:
-        return faiss.read_index_binary(os.fspath(path))
+        return reader(os.fspath(path))
     except RuntimeError as error:
-        if _reads_as(faiss.read_index, path) or _reads_as(faiss.read_VectorTransform, path):
-            raise BadInputError(
-                f"{path}: a float faiss file, not a binary index: read it with faiss.read_index "
-                "(streamwhiten.export.read_faiss_index)"
-            ) from None
-        raise BadInputError(f"{path}: not a binary faiss index: {str(error).strip().splitlines()[-1]}") from None
-
-
-def _reads_as(reader: Callable[[str], object], path: str) -> bool:
-    try:
-        reader(os.fspath(path))
-    except RuntimeError:
-        return False
-    return True
+        last = str(error).strip().splitlines()[-1]
+    for other, message in others.items():
+        try:
+            other(os.fspath(path))
+        except RuntimeError:
+            continue
+        raise BadInputError(f"{path}: {message}")
+    raise BadInputError(f"{path}: not {what}: {last}")
 
 
 def _st_modules():
@@ -1011,7 +1003,6 @@ __all__ = [
     "plan_sentence_transformers",
     "faiss_bytes",
     "faiss_int8_index",
-    "faiss_int8_ranges",
     "format_for",
     "check_options",
     "check_available",

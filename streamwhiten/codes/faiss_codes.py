@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BadInputError
-from .base import UNIT_SLACK, Codec, field_error, flag, orthonormal_columns, real_array, sample_too_small, whole
-from .linear import principal_axes
+from .base import UNIT_SLACK, Codec, field_error, flag, orthonormal_columns, real_array, whole
+from .linear import principal_axes, sample_rows
 
 #: The faiss codes: PQ and OPQ + PQ (8-bit codebooks), RaBitQ (1, 2 or 4 bits a dimension), SQ (4 or 8 bits).
 KINDS = ("pq", "opq", "rabitq1", "rabitq2", "rabitq4", "sq4", "sq8")
@@ -416,7 +416,9 @@ def train_faiss(
     centre = np.asarray(mean, dtype=np.float64).reshape(-1)
     d = centre.shape[0]
     dims, sub = layout_for(kind, d, budget)
-    rows = _training_rows(kind, sample, d)
+    pq = kind in ("pq", "opq")
+    why = f"its k-means trains {PQ_CENTROIDS} centroids a codebook" if pq else "it learns the spread of its values"
+    rows = sample_rows(sample, d, "a faiss code trains on", (f"faiss-{kind}", smallest_sample(kind), why))
     basis = None
     if dims < d or kind.startswith("rabitq") or kind.startswith("sq"):
         _, vectors = principal_axes(covariance)
@@ -438,21 +440,6 @@ def train_faiss(
     blob = _faiss().serialize_index(index)
     record = training.record(kind, int(rows.shape[0]))
     return FaissCode(kind, centre, basis, blob, budget=int(budget), training=record)
-
-
-def _training_rows(kind: str, sample: npt.ArrayLike, d: int) -> np.ndarray:
-    """``sample`` as float64 rows: finite, ``d`` wide, as many as ``kind`` trains on."""
-    rows = np.asarray(sample, dtype=np.float64)
-    if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
-        raise BadInputError(f"a faiss code trains on finite rows of {d} values, got shape {rows.shape}")
-    if rows.shape[0] < smallest_sample(kind):
-        why = (
-            f"its k-means trains {PQ_CENTROIDS} centroids a codebook"
-            if kind in ("pq", "opq")
-            else "it learns the spread of its values"
-        )
-        raise sample_too_small(f"faiss-{kind}", smallest_sample(kind), rows.shape[0], why)
-    return rows
 
 
 __all__ = [

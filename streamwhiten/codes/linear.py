@@ -508,16 +508,24 @@ def train_sign_bits(
     elif rotation == "itq":
         if sample is None:
             raise BadInputError("ITQ learns its rotation from a sample of the vectors: give one")
-        rows = np.asarray(sample, dtype=np.float64)
-        if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
-            raise BadInputError(f"the ITQ sample must be finite rows of {d} values, got shape {rows.shape}")
-        if rows.shape[0] < ITQ_SMALLEST_SAMPLE:
-            raise sample_too_small(kind, ITQ_SMALLEST_SAMPLE, rows.shape[0], "its rotation learns from their spread")
+        why = "its rotation learns from their spread"
+        rows = sample_rows(sample, d, "the ITQ sample must be", (kind, ITQ_SMALLEST_SAMPLE, why))
         basis = basis @ itq_rotation((rows - centre) @ basis, seed, iterations)
         training = {"seed": int(seed), "sample_rows": int(rows.shape[0]), "iterations": int(iterations)}
     steps = gaussian_quantizer(1)[0] * _spread(basis, values, vectors)
     bits = np.ones(n_bits, dtype=np.int64)
     return LinearCode(kind, centre, basis, bits, steps, correction=correction, budget=int(budget), training=training)
+
+
+def sample_rows(sample: npt.ArrayLike, d: int, must: str, smallest: tuple[str, int, str]) -> np.ndarray:
+    """``sample`` as float64 rows, finite and ``d`` wide (else `BadInputError` after ``must``), at least
+    as many as ``smallest`` (``(code, rows, why)``: else `sample_too_small`)."""
+    rows = np.asarray(sample, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
+        raise BadInputError(f"{must} finite rows of {d} values, got shape {rows.shape}")
+    if rows.shape[0] < smallest[1]:
+        raise sample_too_small(smallest[0], smallest[1], rows.shape[0], smallest[2])
+    return rows
 
 
 def _spread(basis: np.ndarray, values: np.ndarray, vectors: np.ndarray) -> npt.NDArray[np.float64]:
@@ -543,6 +551,7 @@ __all__ = [
     "principal_axes",
     "quantizer_errors",
     "random_rotation",
+    "sample_rows",
     "sign_bits",
     "train_eigen",
     "train_sign_bits",
