@@ -682,10 +682,7 @@ def _read_faiss(path: str, reader: Callable[[str], Any], what: str, others: dict
 
 
 def _st_modules():
-    _require("torch", "torch", "sentence-transformers", "the sentence-transformers export")
-    _require(
-        "sentence_transformers", "sentence-transformers", "sentence-transformers", "the sentence-transformers export"
-    )
+    check_available("sentence-transformers")
     try:
         from sentence_transformers.sentence_transformer.modules import Dense, Normalize
     except ImportError:  # releases before 6
@@ -722,14 +719,12 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
     before it. What cannot be told is refused, saying how to choose (exit 2).
     """
     normalizes = bool(modules) and str(modules[-1].get("type", "")).rsplit(".", 1)[-1] == "Normalize"
-    if insert == "before-normalize":
-        if not normalizes:
-            raise BadInputError(
-                f"{base}: insert='before-normalize': the model does not end in a Normalize module; use insert='end'",
-                param="insert",
-            )
-        return insert
-    if insert == "end":
+    if insert == "before-normalize" and not normalizes:
+        raise BadInputError(
+            f"{base}: insert='before-normalize': the model does not end in a Normalize module; use insert='end'",
+            param="insert",
+        )
+    if insert in INSERTS:
         return insert
     choose = (
         "pass insert='before-normalize' if they are the model's vectors before its Normalize (e.g. embeddings "
@@ -895,13 +890,9 @@ def _st_is_current(path: str, metadata: dict) -> bool:
 def _tree_sha256(root: str, output: str, skip: str | None = None) -> str:
     """A SHA-256 of the names and contents under ``root`` but ``skip``; `StoreIOError` naming ``output``."""
     digest = hashlib.sha256()
-    names = []
-    for directory, dirs, files in os.walk(root, followlinks=True):
-        dirs.sort()
-        names += [os.path.relpath(os.path.join(directory, name), root) for name in files]
-    for relative in sorted(names):
-        if relative == skip:
-            continue
+    walk = os.walk(root, followlinks=True)
+    names = sorted(os.path.relpath(os.path.join(folder, name), root) for folder, _, files in walk for name in files)
+    for relative in [name for name in names if name != skip]:
         try:
             with open(os.path.join(root, relative), "rb") as handle:
                 digest.update(relative.encode() + b"\0")

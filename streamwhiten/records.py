@@ -211,19 +211,14 @@ def nul_field(data: Any, where: str = "") -> str | None:
     None: no writer records one, so the reader names the field before it reaches ``os.stat``."""
     if isinstance(data, str):
         return (where or "a value") if "\x00" in data else None
-    if isinstance(data, Mapping):
-        for key, value in data.items():
-            inner = f"{where}.{key}" if where else str(key)
-            if isinstance(key, str) and "\x00" in key:
-                return f"the key {key!r} of {where or 'the record'}"
-            found = nul_field(value, inner)
-            if found is not None:
-                return found
-    elif isinstance(data, (list, tuple)):
-        for i, value in enumerate(data):
-            found = nul_field(value, f"{where}[{i}]")
-            if found is not None:
-                return found
+    mapping = isinstance(data, Mapping)
+    items = data.items() if mapping else enumerate(data) if isinstance(data, (list, tuple)) else ()
+    for key, value in items:
+        if mapping and isinstance(key, str) and "\x00" in key:
+            return f"the key {key!r} of {where or 'the record'}"
+        found = nul_field(value, (f"{where}.{key}" if where else str(key)) if mapping else f"{where}[{key}]")
+        if found is not None:
+            return found
     return None
 
 

@@ -401,9 +401,8 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copie
                 continue
             spec = f"{new}:{record.dataset}" if record.dataset else new
             with open_source(spec, read=publisher.read, min_rows=0) as source:
-                if record.n_rows is None or source.n_rows < record.n_rows:
-                    continue
-                if fingerprint(source, record.n_rows).sha256_sampled != record.sha256_sampled:
+                short = record.n_rows is None or source.n_rows < record.n_rows
+                if short or fingerprint(source, record.n_rows).sha256_sampled != record.sha256_sampled:
                     continue
             moved[record.path] = new
             break
@@ -597,14 +596,15 @@ def _delete_retired(retired: Any, publisher: _Publisher, check_first: bool = Fal
         if os.path.lexists(model_file):
             files.append((model_file, model_owner_problem(model_file, publisher.job_id, version.version), True))
         found.append((version, files))
-    if check_first or check_only:
-        for version, files in found:
-            for path, problem, _ in files:
-                if problem is not None:
-                    raise BadInputError(
-                        f"{manifest_path(publisher.model_path)}: retires version {version.version}, which lists {path}: "
-                        f"{problem}; nothing was deleted (a run deletes only its own files)"
-                    )
+    refused = [
+        (version, path, problem) for version, files in found for path, problem, _ in files if problem is not None
+    ]
+    if (check_first or check_only) and refused:
+        version, path, problem = refused[0]
+        raise BadInputError(
+            f"{manifest_path(publisher.model_path)}: retires version {version.version}, which lists {path}: "
+            f"{problem}; nothing was deleted (a run deletes only its own files)"
+        )
     if check_only:
         return
     for version, files in found:
