@@ -101,10 +101,8 @@ def format_for(path: str, fmt: str | None = None, append_to: str | None = None) 
             endings = " or ".join(ext for ext, kind in EXTENSIONS.items() if kind == fmt)
             raise BadInputError(f"{path}: the name of a {fmt} export must end in {endings}")
         return fmt
-    if named is not None:
-        return named
-    if append_to is not None:
-        return "sentence-transformers"
+    if named is not None or append_to is not None:
+        return named or "sentence-transformers"
     raise BadInputError(
         f"{path}: cannot tell the export format from the name; end it in "
         f"{', '.join(EXTENSIONS)}, or pass fmt='sentence-transformers' (or append_to) for a directory",
@@ -466,9 +464,8 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
     """An empty ``IndexPreTransform``: the map, ``NormalizationTransform`` if normalising, the ``factory`` index."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     metric = metric or ("ip" if affine.normalize else "l2")
-    code = _faiss_metric(faiss, metric)
     try:
-        inner = faiss.index_factory(affine.n_components, factory, code)
+        inner = faiss.index_factory(affine.n_components, factory, _faiss_metric(faiss, metric))
     except RuntimeError as exc:
         raise BadInputError(
             f"index={factory!r}: faiss cannot build it for {affine.n_components}-d vectors "
@@ -549,8 +546,7 @@ def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
 
 
 def _is_whitening_faiss(path: str) -> bool:
-    """Whether the faiss file ``path`` is what `export` writes (the objects read stay referenced while
-    their downcast views, which do not own them, are used)."""
+    """Whether the faiss file ``path`` is what `export` writes (what is read outlives its downcast views)."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     try:
         transform = faiss.read_VectorTransform(path)
@@ -666,8 +662,7 @@ def read_faiss_binary(path: str):
 
 
 def _read_faiss(path: str, reader: Callable[[str], Any], what: str, others: dict) -> Any:
-    """``reader(path)``; where it fails, `BadInputError` naming the loader of the first of ``others``
-    (``{reader: message}``) that reads it, or saying it is not ``what``."""
+    """``reader(path)``, else `BadInputError`: the message of the first of ``others`` that reads it, or not ``what``."""
     try:
         return reader(os.fspath(path))
     except RuntimeError as error:

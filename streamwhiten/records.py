@@ -578,8 +578,7 @@ Manifest._KEYS = (
 
 
 def _history(data: dict[str, Any], version: int, legacy: bool) -> tuple[tuple[Version, ...], tuple[Version, ...]]:
-    """The manifest's ``(kept, retired)`` versions, checked: those a run keeps are the ones just before
-    ``version``, and every retired one is older."""
+    """The manifest's ``(kept, retired)`` versions, checked: those just before ``version``, and older ones."""
     kept = tuple(Version.from_dict(item, f"kept version {i}") for i, item in enumerate(data["kept"]))
     retired = tuple(Version.from_dict(item, f"retired version {i}") for i, item in enumerate(data["retired"]))
     if any(item.version >= version for item in kept + retired):

@@ -163,8 +163,7 @@ class FaissCode(Codec):
         return int(self.mean.shape[0])
 
     def unit_scale_problem(self) -> tuple[str, str] | None:
-        """`Codec.unit_scale_problem`, and trained values beyond what training on centred unit vectors
-        writes (`UNIT_EXTENT`)."""
+        """`Codec.unit_scale_problem`, and trained values beyond the `UNIT_EXTENT` of centred unit vectors."""
         found = super().unit_scale_problem()
         if found is None and self.trained_extent > UNIT_EXTENT * (1.0 + UNIT_SLACK):
             found = (

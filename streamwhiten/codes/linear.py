@@ -518,8 +518,7 @@ def train_sign_bits(
 
 
 def sample_rows(sample: npt.ArrayLike, d: int, must: str, smallest: tuple[str, int, str]) -> np.ndarray:
-    """``sample`` as float64 rows, finite and ``d`` wide (else `BadInputError` after ``must``), at least
-    as many as ``smallest`` (``(code, rows, why)``: else `sample_too_small`)."""
+    """``sample`` as float64 rows, finite and ``d`` wide, at least ``smallest`` ``(code, rows, why)`` of them."""
     rows = np.asarray(sample, dtype=np.float64)
     if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
         raise BadInputError(f"{must} finite rows of {d} values, got shape {rows.shape}")
