@@ -493,8 +493,8 @@ def faiss_int8_index(affine: AffineMap, metric: str | None = None):
     metric = metric or "ip"
     k = affine.n_components
     inner = faiss.IndexScalarQuantizer(k, faiss.ScalarQuantizer.QT_8bit, _faiss_metric(faiss, metric))
-    scale, offset = affine.quantization.scale, affine.quantization.offset
-    vmin_vdiff = np.concatenate([offset - 127.5 * scale, 255.0 * scale])  # its codes decode to ours (module docstring)
+    q: Any = affine.quantization  # vmin and vdiff: its codes decode to ours (module docstring)
+    vmin_vdiff = np.concatenate([q.offset - 127.5 * q.scale, 255.0 * q.scale])
     faiss.copy_array_to_vector(vmin_vdiff.astype(np.float32), inner.sq.trained)
     inner.is_trained = True
     index = faiss.IndexPreTransform(faiss.NormalizationTransform(k, 2.0), inner)

@@ -329,8 +329,8 @@ def _current_inputs(
                     f"{source.label}: has {source.n_rows} rows but the statistics hold {stop} of it; the input "
                     "was changed, not appended to"
                 )
-            # the recorded fingerprint (stop > 0: there is one) where it still describes the rows as stored now
-            if stop and replace(recorded, sha256_sampled=None) != describe(source, stop):
+            # the recorded fingerprint where it still describes the rows as stored now
+            if stop and recorded is not None and replace(recorded, sha256_sampled=None) != describe(source, stop):
                 recorded = fingerprint(source, stop)
             found.append(_Input(spec, outputs[spec], stop, recorded if stop else None))
     return found
