@@ -203,9 +203,6 @@ class ResumeRecord:
 ResumeRecord.REQUIRED = tuple(item.name for item in fields(ResumeRecord) if item.default is MISSING)
 
 
-# ------------------------------------------------------------------------------------------ publication
-
-
 def nul_field(data: Any, where: str = "") -> str | None:
     """The path (``inputs[0].parts[1].path``) of the first key or string in ``data`` holding a NUL byte, or
     None: no writer records one, so the reader names the field before it reaches ``os.stat``."""

@@ -162,9 +162,6 @@ def _decide(
     return ("republish" if reason else "append"), reason, staleness
 
 
-# ------------------------------------------------------------------------------------------ identity
-
-
 def _identity(model_path: str, manifest: Manifest | None, new_job: bool) -> str:
     """The identity this run writes and deletes by: the manifest's, checked against this folder; else this
     folder's own (first publication, earlier format, ``new_job``); a folder not the publisher is refused."""
@@ -240,9 +237,6 @@ def _warn_shared(job: JobFile, manifest: Manifest) -> None:
         )
 
 
-# ------------------------------------------------------------------------------------------ decisions
-
-
 def setting_of(model: Any, writing: Writing, template: str) -> dict:
     """What a job's outputs are written with, as a manifest records it (another publishes a new version): the
     whitening's parameters as given, the ``[apply]`` options that change what is written, the ``template``."""
@@ -278,9 +272,6 @@ def _why_republish(
     if staleness.exceeds(max_staleness):
         return f"staleness {staleness.total:.3g} > max_staleness {max_staleness:g}"
     return None
-
-
-# ------------------------------------------------------------------------------------------ the inputs
 
 
 @dataclass(frozen=True)
@@ -417,9 +408,6 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copie
         )
 
 
-# ------------------------------------------------------------------------------------------ the parts
-
-
 def _write_part(
     publisher: _Publisher, model: Any, spec: str, part: str, rows: tuple, night: _Night, version: int
 ) -> Part:
@@ -452,9 +440,6 @@ def _write_part(
 
 def _now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-# ------------------------------------------------------------------------------------------ publishing
 
 
 def _publish(publisher: _Publisher, model: Any, inputs: list, outputs: dict, manifest: Any, night: _Night) -> Manifest:
@@ -548,9 +533,6 @@ def _append(
     write_manifest(publisher.model_path, new)
     night.steps.append(f"append to version {manifest.version}")
     return new
-
-
-# ------------------------------------------------------------------------------------------ deleting
 
 
 def _still_there(retired: Any, publisher: _Publisher) -> tuple:
