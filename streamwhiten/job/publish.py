@@ -509,27 +509,22 @@ def _append(
     checked: Sequence[Any] = (),
 ) -> Manifest:
     """Append each input's new rows as parts of the current version (``published_model``'s map), then switch."""
-    updated = {item.spec: item for item in manifest.inputs}
-    order = [item.spec for item in manifest.inputs]
+    updated = {item.spec: item for item in manifest.inputs}  # in the manifest's order, a new input last
     for item in _current_inputs(publisher.read, model, inputs, outputs, manifest, checked):
-        entry = updated.get(item.spec)
-        start = entry.stop if entry is not None else 0
+        earlier = updated[item.spec].parts if item.spec in updated else ()
+        start = earlier[-1].stop if earlier else 0
         if item.stop <= start:
             continue
-        index = len(entry.parts) if entry is not None else 0
-        part = versioned_output(item.output, manifest.version, index)
+        part = versioned_output(item.output, manifest.version, len(earlier))
         written = _write_part(publisher, published_model, item.spec, part, (start, item.stop), night, manifest.version)
-        parts = (*(entry.parts if entry is not None else ()), written)
-        updated[item.spec] = PublishedInput(item.spec, item.output, item.source, parts)
-        if entry is None:
-            order.append(item.spec)
-    if all(updated[spec] is manifest.input(spec) for spec in order):
+        updated[item.spec] = PublishedInput(item.spec, item.output, item.source, (*earlier, written))
+    if all(entry is manifest.input(spec) for spec, entry in updated.items()):
         # nothing new: the manifest stays as it is (retired versions deleted since are dropped at the next switch)
         return manifest
     retired = _still_there(manifest.retired, publisher)
     if night.watch.stop_asked():
         raise InterruptedRunError("interrupted before the manifest was updated; run the same command again to finish")
-    new = replace(manifest, inputs=tuple(updated[spec] for spec in order), updated_at=_now(), retired=retired)
+    new = replace(manifest, inputs=tuple(updated.values()), updated_at=_now(), retired=retired)
     write_manifest(publisher.model_path, new)
     night.steps.append(f"append to version {manifest.version}")
     return new
