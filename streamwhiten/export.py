@@ -101,10 +101,8 @@ def format_for(path: str, fmt: str | None = None, append_to: str | None = None) 
             endings = " or ".join(ext for ext, kind in EXTENSIONS.items() if kind == fmt)
             raise BadInputError(f"{path}: the name of a {fmt} export must end in {endings}")
         return fmt
-    if named is not None:
-        return named
-    if append_to is not None:
-        return "sentence-transformers"
+    if named is not None or append_to is not None:
+        return named or "sentence-transformers"
     raise BadInputError(
         f"{path}: cannot tell the export format from the name; end it in "
         f"{', '.join(EXTENSIONS)}, or pass fmt='sentence-transformers' (or append_to) for a directory",
@@ -305,13 +303,7 @@ def check_export_output(path: str, fmt: str, overwrite: bool) -> None:
     check_replaceable(path, overwrite, _EXPORT_NAMES[fmt], lambda found: foreign_export(found, fmt))
 
 
-_EXPORT_NAMES = {
-    "npz": "an npz export",
-    "safetensors": "a safetensors export",
-    "onnx": "an ONNX export",
-    "faiss": "a faiss export",
-    "sentence-transformers": "a sentence-transformers export",
-}
+_EXPORT_NAMES = {fmt: f"a {fmt} export" for fmt in FORMATS} | {"npz": "an npz export", "onnx": "an ONNX export"}
 
 
 def foreign_export(path: str, fmt: str) -> str | None:
@@ -472,9 +464,8 @@ def faiss_index(affine: AffineMap, factory: str, metric: str | None = None):
     """An empty ``IndexPreTransform``: the map, ``NormalizationTransform`` if normalising, the ``factory`` index."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     metric = metric or ("ip" if affine.normalize else "l2")
-    code = _faiss_metric(faiss, metric)
     try:
-        inner = faiss.index_factory(affine.n_components, factory, code)
+        inner = faiss.index_factory(affine.n_components, factory, _faiss_metric(faiss, metric))
     except RuntimeError as exc:
         raise BadInputError(
             f"index={factory!r}: faiss cannot build it for {affine.n_components}-d vectors "
@@ -496,20 +487,15 @@ def _faiss_metric(faiss: Any, metric: str) -> int:
     return int(faiss.METRIC_INNER_PRODUCT if metric == "ip" else faiss.METRIC_L2)
 
 
-def faiss_int8_ranges(quantization: Any) -> tuple[np.ndarray, np.ndarray]:
-    """``(vmin, vdiff)`` of faiss's 8-bit scalar quantizer whose codes decode to ours (module docstring)."""
-    scale, offset = quantization.scale, quantization.offset
-    return (offset - 127.5 * scale).astype(np.float32), (255.0 * scale).astype(np.float32)
-
-
 def faiss_int8_index(affine: AffineMap, metric: str | None = None):
     """An empty ``IndexPreTransform``: the map, ``NormalizationTransform``, an 8-bit SQ on the int8 ranges."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     metric = metric or "ip"
     k = affine.n_components
     inner = faiss.IndexScalarQuantizer(k, faiss.ScalarQuantizer.QT_8bit, _faiss_metric(faiss, metric))
-    vmin, vdiff = faiss_int8_ranges(affine.quantization)
-    faiss.copy_array_to_vector(np.concatenate([vmin, vdiff]), inner.sq.trained)
+    q: Any = affine.quantization  # vmin and vdiff: its codes decode to ours (module docstring)
+    vmin_vdiff = np.concatenate([q.offset - 127.5 * q.scale, 255.0 * q.scale])
+    faiss.copy_array_to_vector(vmin_vdiff.astype(np.float32), inner.sq.trained)
     inner.is_trained = True
     index = faiss.IndexPreTransform(faiss.NormalizationTransform(k, 2.0), inner)
     index.prepend_transform(faiss_transform(affine))
@@ -530,8 +516,7 @@ def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
         raise BadInputError(
             f"faiss cannot scan the tool's own {codec.label} codes: search them with streamwhiten.codes.fast.search "
             "(or eval with the code as dtype), or decode them (serving.decode(rows, serving.codec(MODEL or the output's "
-            "attributes))) into a "
-            "float index; dtype float32 writes the map alone",
+            "attributes))) into a float index; dtype float32 writes the map alone",
             param="dtype",
         )
     if codec.n_features != affine.n_components:
@@ -561,8 +546,7 @@ def faiss_codec_index(affine: AffineMap, codec: Any) -> Any:
 
 
 def _is_whitening_faiss(path: str) -> bool:
-    """Whether the faiss file ``path`` is what `export` writes (the objects read stay referenced while
-    their downcast views, which do not own them, are used)."""
+    """Whether the faiss file ``path`` is what `export` writes (what is read outlives its downcast views)."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "the faiss export")
     try:
         transform = faiss.read_VectorTransform(path)
@@ -658,49 +642,42 @@ def read_faiss_index(path: str):
     """Read a float faiss export (an index: ``IndexPreTransform``, or an int8 ``IndexScalarQuantizer``
     behind one) with ``faiss.read_index``; a binary index is refused in one line naming its loader."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "reading a faiss export")
-    try:
-        return faiss.read_index(os.fspath(path))
-    except RuntimeError as error:
-        if _reads_as(faiss.read_index_binary, path):
-            raise BadInputError(
-                f"{path}: a binary faiss index (sign bits): read it with faiss.read_index_binary "
-                "(streamwhiten.export.read_faiss_binary)"
-            ) from None
-        if _reads_as(faiss.read_VectorTransform, path):
-            raise BadInputError(
-                f"{path}: a faiss LinearTransform, not an index: read it with faiss.read_VectorTransform"
-            ) from None
-        raise BadInputError(f"{path}: not a faiss index: {str(error).strip().splitlines()[-1]}") from None
+    binary = (
+        "a binary faiss index (sign bits): read it with faiss.read_index_binary (streamwhiten.export.read_faiss_binary)"
+    )
+    transform = "a faiss LinearTransform, not an index: read it with faiss.read_VectorTransform"
+    others = {faiss.read_index_binary: binary, faiss.read_VectorTransform: transform}
+    return _read_faiss(path, faiss.read_index, "a faiss index", others)
 
 
 def read_faiss_binary(path: str):
     """Read a binary faiss export (``*.binary.faiss``, an ``IndexBinaryFlat`` of packed sign bits) with
     ``faiss.read_index_binary``; a float index is refused in one line naming its loader."""
     faiss = _require("faiss", "faiss-cpu", "faiss", "reading a faiss export")
+    floats = (
+        "a float faiss file, not a binary index: read it with faiss.read_index (streamwhiten.export.read_faiss_index)"
+    )
+    others = {faiss.read_index: floats, faiss.read_VectorTransform: floats}
+    return _read_faiss(path, faiss.read_index_binary, "a binary faiss index", others)
+
+
+def _read_faiss(path: str, reader: Callable[[str], Any], what: str, others: dict) -> Any:
+    """``reader(path)``, else `BadInputError`: the message of the first of ``others`` that reads it, or not ``what``."""
     try:
-        return faiss.read_index_binary(os.fspath(path))
+        return reader(os.fspath(path))
     except RuntimeError as error:
-        if _reads_as(faiss.read_index, path) or _reads_as(faiss.read_VectorTransform, path):
-            raise BadInputError(
-                f"{path}: a float faiss file, not a binary index: read it with faiss.read_index "
-                "(streamwhiten.export.read_faiss_index)"
-            ) from None
-        raise BadInputError(f"{path}: not a binary faiss index: {str(error).strip().splitlines()[-1]}") from None
-
-
-def _reads_as(reader: Callable[[str], object], path: str) -> bool:
-    try:
-        reader(os.fspath(path))
-    except RuntimeError:
-        return False
-    return True
+        last = str(error).strip().splitlines()[-1]
+    for other, message in others.items():
+        try:
+            other(os.fspath(path))
+        except RuntimeError:
+            continue
+        raise BadInputError(f"{path}: {message}")
+    raise BadInputError(f"{path}: not {what}: {last}")
 
 
 def _st_modules():
-    _require("torch", "torch", "sentence-transformers", "the sentence-transformers export")
-    _require(
-        "sentence_transformers", "sentence-transformers", "sentence-transformers", "the sentence-transformers export"
-    )
+    check_available("sentence-transformers")
     try:
         from sentence_transformers.sentence_transformer.modules import Dense, Normalize
     except ImportError:  # releases before 6
@@ -737,14 +714,12 @@ def st_insertion(modules: list, mean_sq_norm: float | None, insert: str | None, 
     before it. What cannot be told is refused, saying how to choose (exit 2).
     """
     normalizes = bool(modules) and str(modules[-1].get("type", "")).rsplit(".", 1)[-1] == "Normalize"
-    if insert == "before-normalize":
-        if not normalizes:
-            raise BadInputError(
-                f"{base}: insert='before-normalize': the model does not end in a Normalize module; use insert='end'",
-                param="insert",
-            )
-        return insert
-    if insert == "end":
+    if insert == "before-normalize" and not normalizes:
+        raise BadInputError(
+            f"{base}: insert='before-normalize': the model does not end in a Normalize module; use insert='end'",
+            param="insert",
+        )
+    if insert in INSERTS:
         return insert
     choose = (
         "pass insert='before-normalize' if they are the model's vectors before its Normalize (e.g. embeddings "
@@ -910,13 +885,9 @@ def _st_is_current(path: str, metadata: dict) -> bool:
 def _tree_sha256(root: str, output: str, skip: str | None = None) -> str:
     """A SHA-256 of the names and contents under ``root`` but ``skip``; `StoreIOError` naming ``output``."""
     digest = hashlib.sha256()
-    names = []
-    for directory, dirs, files in os.walk(root, followlinks=True):
-        dirs.sort()
-        names += [os.path.relpath(os.path.join(directory, name), root) for name in files]
-    for relative in sorted(names):
-        if relative == skip:
-            continue
+    walk = os.walk(root, followlinks=True)
+    names = sorted(os.path.relpath(os.path.join(folder, name), root) for folder, _, files in walk for name in files)
+    for relative in [name for name in names if name != skip]:
         try:
             with open(os.path.join(root, relative), "rb") as handle:
                 digest.update(relative.encode() + b"\0")
@@ -957,11 +928,9 @@ def write_failure(exc: BaseException) -> str | None:
     found = _RUST_OS_ERROR.search(text)
     if found:
         return os.strerror(int(found.group(1) or found.group(2)))
-    if type(exc).__name__ == "SafetensorError" and ("IoError" in text or "I/O error" in text):
-        return " ".join(text.split())[:200]
-    if isinstance(exc, RuntimeError) and any(words in text.lower() for words in _TORCH_WRITE_FAILED):
-        return " ".join(text.split())[:200]
-    return None
+    safetensors = type(exc).__name__ == "SafetensorError" and ("IoError" in text or "I/O error" in text)
+    torch = isinstance(exc, RuntimeError) and any(words in text.lower() for words in _TORCH_WRITE_FAILED)
+    return " ".join(text.split())[:200] if safetensors or torch else None
 
 
 def _module_entry(root: str, modules: list, module: Any) -> dict:
@@ -1020,7 +989,6 @@ __all__ = [
     "plan_sentence_transformers",
     "faiss_bytes",
     "faiss_int8_index",
-    "faiss_int8_ranges",
     "format_for",
     "check_options",
     "check_available",

@@ -203,27 +203,19 @@ class ResumeRecord:
 ResumeRecord.REQUIRED = tuple(item.name for item in fields(ResumeRecord) if item.default is MISSING)
 
 
-# ------------------------------------------------------------------------------------------ publication
-
-
 def nul_field(data: Any, where: str = "") -> str | None:
     """The path (``inputs[0].parts[1].path``) of the first key or string in ``data`` holding a NUL byte, or
     None: no writer records one, so the reader names the field before it reaches ``os.stat``."""
     if isinstance(data, str):
         return (where or "a value") if "\x00" in data else None
-    if isinstance(data, Mapping):
-        for key, value in data.items():
-            inner = f"{where}.{key}" if where else str(key)
-            if isinstance(key, str) and "\x00" in key:
-                return f"the key {key!r} of {where or 'the record'}"
-            found = nul_field(value, inner)
-            if found is not None:
-                return found
-    elif isinstance(data, (list, tuple)):
-        for i, value in enumerate(data):
-            found = nul_field(value, f"{where}[{i}]")
-            if found is not None:
-                return found
+    mapping = isinstance(data, Mapping)
+    items = data.items() if mapping else enumerate(data) if isinstance(data, (list, tuple)) else ()
+    for key, value in items:
+        if mapping and isinstance(key, str) and "\x00" in key:
+            return f"the key {key!r} of {where or 'the record'}"
+        found = nul_field(value, (f"{where}.{key}" if where else str(key)) if mapping else f"{where}[{key}]")
+        if found is not None:
+            return found
     return None
 
 
@@ -248,6 +240,11 @@ def _text(value: Any, what: str, plain: bool = False) -> str:
     if "\x00" in value or (plain and not value.isprintable()):
         raise ValueError(f"{what} holds {'a NUL byte' if chr(0) in value else 'a control character'}: {value!r}")
     return value
+
+
+def _set(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` less its None values: a record leaves out the keys it has no value for."""
+    return {key: value for key, value in data.items() if value is not None}
 
 
 def _keys(data: Any, what: str, required: Iterable[str], optional: Iterable[str] = ()) -> Mapping[str, Any]:
@@ -278,10 +275,7 @@ class Part:
         return self.stop - self.start
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"path": self.path, "start": self.start, "stop": self.stop}
-        if self.stamp is not None:
-            data["stamp"] = self.stamp
-        return data
+        return _set({"path": self.path, "start": self.start, "stop": self.stop, "stamp": self.stamp})
 
     @classmethod
     def from_dict(cls, data: Any, what: str = "part") -> Part:
@@ -371,10 +365,8 @@ class Version:
         object.__setattr__(self, "outputs", tuple(self.outputs))
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"version": self.version, "model_file": self.model_file, "outputs": list(self.outputs)}
-        if self.model_checksum is not None:
-            data["model_checksum"] = self.model_checksum
-        return data
+        data = {"version": self.version, "model_file": self.model_file, "outputs": list(self.outputs)}
+        return _set({**data, "model_checksum": self.model_checksum})
 
     @classmethod
     def from_dict(cls, data: Any, what: str = "version") -> Version:
@@ -507,11 +499,10 @@ class Manifest:
             "inputs": [item.to_dict() for item in self.inputs],
             "kept": [item.to_dict() for item in self.kept],
             "retired": [item.to_dict() for item in self.retired],
+            "updated_at": self.updated_at,
+            "job_id": self.job_id,
         }
-        if self.updated_at is not None:
-            body["updated_at"] = self.updated_at
-        if self.job_id is not None:
-            body["job_id"] = self.job_id
+        body = _set(body)
         body["checksum"] = json_checksum(body)
         return body
 
@@ -584,8 +575,7 @@ Manifest._KEYS = (
 
 
 def _history(data: dict[str, Any], version: int, legacy: bool) -> tuple[tuple[Version, ...], tuple[Version, ...]]:
-    """The manifest's ``(kept, retired)`` versions, checked: those a run keeps are the ones just before
-    ``version``, and every retired one is older."""
+    """The manifest's ``(kept, retired)`` versions, checked: those just before ``version``, and older ones."""
     kept = tuple(Version.from_dict(item, f"kept version {i}") for i, item in enumerate(data["kept"]))
     retired = tuple(Version.from_dict(item, f"retired version {i}") for i, item in enumerate(data["retired"]))
     if any(item.version >= version for item in kept + retired):

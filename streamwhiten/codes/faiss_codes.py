@@ -20,8 +20,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import BadInputError
-from .base import UNIT_SLACK, Codec, field_error, flag, orthonormal_columns, real_array, sample_too_small, whole
-from .linear import principal_axes
+from .base import UNIT_SLACK, Codec, field_error, flag, orthonormal_columns, real_array, whole
+from .linear import principal_axes, sample_rows
 
 #: The faiss codes: PQ and OPQ + PQ (8-bit codebooks), RaBitQ (1, 2 or 4 bits a dimension), SQ (4 or 8 bits).
 KINDS = ("pq", "opq", "rabitq1", "rabitq2", "rabitq4", "sq4", "sq8")
@@ -163,8 +163,7 @@ class FaissCode(Codec):
         return int(self.mean.shape[0])
 
     def unit_scale_problem(self) -> tuple[str, str] | None:
-        """`Codec.unit_scale_problem`, and trained values beyond what training on centred unit vectors
-        writes (`UNIT_EXTENT`)."""
+        """`Codec.unit_scale_problem`, and trained values beyond the `UNIT_EXTENT` of centred unit vectors."""
         found = super().unit_scale_problem()
         if found is None and self.trained_extent > UNIT_EXTENT * (1.0 + UNIT_SLACK):
             found = (
@@ -199,21 +198,6 @@ class FaissCode(Codec):
             np.divide(out, norms, out=out, where=norms > 0)
         return out
 
-    def searcher(self, codes: npt.ArrayLike) -> tuple[Any, Any]:
-        """A faiss index holding the code rows, and the transform (or None) queries go through first."""
-        faiss = _faiss()
-        index = faiss.deserialize_index(self.index_bytes)
-        transform = None
-        if isinstance(index, faiss.IndexPreTransform):
-            outer = index
-            transform = faiss.downcast_VectorTransform(outer.chain.at(0))
-            index = faiss.downcast_index(outer.index)
-            # the outer index owns both: keep it alive while they are used
-            index.referenced_objects = [outer]
-            transform.referenced_objects = [outer]
-        index.add_sa_codes(np.ascontiguousarray(self.check_codes(codes)))
-        return index, transform
-
     @property
     def unit(self) -> bool:
         """Whether the code is of unit vectors, searched by faiss's L2 distance (see `train_faiss`)."""
@@ -223,22 +207,23 @@ class FaissCode(Codec):
         """faiss's top ``k`` (estimates of ``<q, x>``, rows). A unit code's squared distance ``D`` becomes
         ``(||q||^2 + 1 - D - r) / 2``, ``r`` the query's centred part the projection drops."""
         q = self.check_rows(queries, "queries")
-        index, transform = self.searcher(codes)
-        if self.unit:
-            centred = q.astype(np.float64) - self.mean
-            mapped = self._mapped(q)
-            if transform is not None:  # OPQ's rotation keeps lengths
-                mapped = transform.apply(mapped)
-            distances, rows = index.search(mapped, int(k))
-            dropped = np.einsum("ij,ij->i", centred, centred) - np.einsum("ij,ij->i", mapped, mapped, dtype=np.float64)
-            lengths = np.einsum("ij,ij->i", q, q, dtype=np.float64)
-            scores = 0.5 * ((lengths + 1.0 - np.maximum(dropped, 0.0))[:, None] - distances)
-            return np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows.astype(np.int64)
-        mapped = self._mapped(q, centre=False)
-        if transform is not None:
-            mapped = transform.apply(mapped)
+        faiss = _faiss()
+        index = faiss.deserialize_index(self.index_bytes)
+        mapped = self._mapped(q, centre=self.unit)
+        if isinstance(index, faiss.IndexPreTransform):  # OPQ: its rotation (which keeps lengths), then its PQ
+            outer = index
+            index = faiss.downcast_index(outer.index)
+            index.referenced_objects = [outer]  # the outer index owns it: kept alive while it is used
+            mapped = faiss.downcast_VectorTransform(outer.chain.at(0)).apply(mapped)
+        index.add_sa_codes(np.ascontiguousarray(self.check_codes(codes)))
         scores, rows = index.search(mapped, int(k))
-        return scores + (q @ self.mean).astype(np.float32)[:, None], rows.astype(np.int64)
+        if not self.unit:
+            return scores + (q @ self.mean).astype(np.float32)[:, None], rows.astype(np.int64)
+        centred = q.astype(np.float64) - self.mean
+        dropped = np.einsum("ij,ij->i", centred, centred) - np.einsum("ij,ij->i", mapped, mapped, dtype=np.float64)
+        lengths = np.einsum("ij,ij->i", q, q, dtype=np.float64)
+        scores = 0.5 * ((lengths + 1.0 - np.maximum(dropped, 0.0))[:, None] - scores)
+        return np.where(rows >= 0, scores, -np.inf).astype(np.float32), rows.astype(np.int64)
 
     def inner_products(self, queries: npt.ArrayLike, codes: npt.ArrayLike) -> npt.NDArray[np.float32]:
         n = self.check_codes(codes).shape[0]
@@ -332,10 +317,8 @@ def check_index(code: FaissCode) -> None:
             raise field_error("index", "holds an OPQ matrix that is no rotation (its rows are not orthonormal)")
         trained.append(matrix)
         inner = faiss.downcast_index(index.index)
-    expected = {"pq": faiss.IndexPQ, "opq": faiss.IndexPQ, "sq4": faiss.IndexScalarQuantizer}
-    expected.update(sq8=faiss.IndexScalarQuantizer, rabitq1=faiss.IndexRaBitQ)
-    expected.update(rabitq2=faiss.IndexRaBitQ, rabitq4=faiss.IndexRaBitQ)
-    if type(inner) is not expected[kind]:
+    other = faiss.IndexRaBitQ if kind.startswith("rabitq") else faiss.IndexScalarQuantizer
+    if type(inner) is not (faiss.IndexPQ if kind in ("pq", "opq") else other):
         raise field_error("index", f"is a faiss {type(inner).__name__}, not the index of a {kind} code")
     if index.d != dims or not index.is_trained or index.ntotal != 0:
         raise field_error(
@@ -432,7 +415,9 @@ def train_faiss(
     centre = np.asarray(mean, dtype=np.float64).reshape(-1)
     d = centre.shape[0]
     dims, sub = layout_for(kind, d, budget)
-    rows = _training_rows(kind, sample, d)
+    pq = kind in ("pq", "opq")
+    why = f"its k-means trains {PQ_CENTROIDS} centroids a codebook" if pq else "it learns the spread of its values"
+    rows = sample_rows(sample, d, "a faiss code trains on", (f"faiss-{kind}", smallest_sample(kind), why))
     basis = None
     if dims < d or kind.startswith("rabitq") or kind.startswith("sq"):
         _, vectors = principal_axes(covariance)
@@ -454,21 +439,6 @@ def train_faiss(
     blob = _faiss().serialize_index(index)
     record = training.record(kind, int(rows.shape[0]))
     return FaissCode(kind, centre, basis, blob, budget=int(budget), training=record)
-
-
-def _training_rows(kind: str, sample: npt.ArrayLike, d: int) -> np.ndarray:
-    """``sample`` as float64 rows: finite, ``d`` wide, as many as ``kind`` trains on."""
-    rows = np.asarray(sample, dtype=np.float64)
-    if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
-        raise BadInputError(f"a faiss code trains on finite rows of {d} values, got shape {rows.shape}")
-    if rows.shape[0] < smallest_sample(kind):
-        why = (
-            f"its k-means trains {PQ_CENTROIDS} centroids a codebook"
-            if kind in ("pq", "opq")
-            else "it learns the spread of its values"
-        )
-        raise sample_too_small(f"faiss-{kind}", smallest_sample(kind), rows.shape[0], why)
-    return rows
 
 
 __all__ = [

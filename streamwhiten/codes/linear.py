@@ -204,12 +204,9 @@ class LinearCode(Codec):
             or self.basis.shape != (self.mean.shape[0], m)
             or self.step.shape != (m,)
             or m == 0
-            or np.any(self.bits < 1)
-            or np.any(self.bits > MAX_BITS)
+            or np.any((self.bits < 1) | (self.bits > MAX_BITS))
             or not np.all(self.step > 0)
-            or not np.all(np.isfinite(self.step))
-            or not np.all(np.isfinite(self.basis))
-            or not np.all(np.isfinite(self.mean))
+            or not all(np.isfinite(values).all() for values in (self.step, self.basis, self.mean))
         ):
             raise BadInputError(f"an inconsistent {kind} code (basis, bits or steps do not agree)")
         #: Components kept (given at least one bit).
@@ -321,12 +318,8 @@ class LinearCode(Codec):
         out: npt.NDArray[np.float32] = estimate.astype(np.float32)
         return out
 
-    def decoded_norms(self, codes: npt.ArrayLike) -> npt.NDArray[np.float64]:
-        """``||mean + f basis @ levels||`` of each code row (before a unit code scales it)."""
-        return self._norms(*self.unpack(codes))
-
     def _norms(self, index: npt.NDArray[np.uint8], scales: npt.NDArray[np.float32]) -> npt.NDArray[np.float64]:
-        """`decoded_norms` of rows already unpacked."""
+        """``||mean + f basis @ levels||`` of each unpacked code row (before a unit code scales it)."""
         levels = self.levels(index)
         along = levels @ self._mean_along
         squares = np.einsum("ij,ij->i", levels, levels)
@@ -335,7 +328,7 @@ class LinearCode(Codec):
         return out
 
     def row_scales(self, norms: npt.NDArray[np.float64]) -> npt.NDArray[np.float32]:
-        """Each row's estimate factor from `decoded_norms`: ``1 / ||xhat||`` (0 for zero) for a unit code, else 1."""
+        """Each row's estimate factor from its decoded length: ``1 / ||xhat||`` (0 for zero) for a unit code, else 1."""
         if not self.unit:
             return np.ones(norms.shape[0], dtype=np.float32)
         return self._inverse(norms).astype(np.float32)
@@ -515,16 +508,23 @@ def train_sign_bits(
     elif rotation == "itq":
         if sample is None:
             raise BadInputError("ITQ learns its rotation from a sample of the vectors: give one")
-        rows = np.asarray(sample, dtype=np.float64)
-        if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
-            raise BadInputError(f"the ITQ sample must be finite rows of {d} values, got shape {rows.shape}")
-        if rows.shape[0] < ITQ_SMALLEST_SAMPLE:
-            raise sample_too_small(kind, ITQ_SMALLEST_SAMPLE, rows.shape[0], "its rotation learns from their spread")
+        why = "its rotation learns from their spread"
+        rows = sample_rows(sample, d, "the ITQ sample must be", (kind, ITQ_SMALLEST_SAMPLE, why))
         basis = basis @ itq_rotation((rows - centre) @ basis, seed, iterations)
         training = {"seed": int(seed), "sample_rows": int(rows.shape[0]), "iterations": int(iterations)}
     steps = gaussian_quantizer(1)[0] * _spread(basis, values, vectors)
     bits = np.ones(n_bits, dtype=np.int64)
     return LinearCode(kind, centre, basis, bits, steps, correction=correction, budget=int(budget), training=training)
+
+
+def sample_rows(sample: npt.ArrayLike, d: int, must: str, smallest: tuple[str, int, str]) -> np.ndarray:
+    """``sample`` as float64 rows, finite and ``d`` wide, at least ``smallest`` ``(code, rows, why)`` of them."""
+    rows = np.asarray(sample, dtype=np.float64)
+    if rows.ndim != 2 or rows.shape[1] != d or not np.all(np.isfinite(rows)):
+        raise BadInputError(f"{must} finite rows of {d} values, got shape {rows.shape}")
+    if rows.shape[0] < smallest[1]:
+        raise sample_too_small(smallest[0], smallest[1], rows.shape[0], smallest[2])
+    return rows
 
 
 def _spread(basis: np.ndarray, values: np.ndarray, vectors: np.ndarray) -> npt.NDArray[np.float64]:
@@ -550,6 +550,7 @@ __all__ = [
     "principal_axes",
     "quantizer_errors",
     "random_rotation",
+    "sample_rows",
     "sign_bits",
     "train_eigen",
     "train_sign_bits",

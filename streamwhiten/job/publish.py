@@ -162,9 +162,6 @@ def _decide(
     return ("republish" if reason else "append"), reason, staleness
 
 
-# ------------------------------------------------------------------------------------------ identity
-
-
 def _identity(model_path: str, manifest: Manifest | None, new_job: bool) -> str:
     """The identity this run writes and deletes by: the manifest's, checked against this folder; else this
     folder's own (first publication, earlier format, ``new_job``); a folder not the publisher is refused."""
@@ -199,12 +196,14 @@ def _check_claims(
     if manifest is None:
         return None, None
     if _inherited(manifest, publisher.job_id):
+        directory = os.path.dirname(os.path.abspath(job.model_path))
+        older = (manifest.as_version, *manifest.kept)
         log.warning(
             "job %s: a new job: the files of version %s and earlier, which this folder's manifest names, "
             "belong to the job it was copied from and are never deleted by this one: %s",
             job.name,
             manifest.version,
-            ", ".join(_inherited_files(manifest, job.model_path)),
+            ", ".join(path for item in older for path in (*item.outputs, os.path.join(directory, item.model_file))),
         )
         _warn_shared(job, manifest)
         return None, manifest
@@ -236,19 +235,6 @@ def _warn_shared(job: JobFile, manifest: Manifest) -> None:
             job.name,
             template,
         )
-
-
-def _inherited_files(manifest: Manifest, model_path: str) -> list[str]:
-    """The files an inherited manifest names: its version's and its kept versions' outputs and model files."""
-    directory = os.path.dirname(os.path.abspath(model_path))
-    return [
-        path
-        for version in (manifest.as_version, *manifest.kept)
-        for path in (*version.outputs, os.path.join(directory, version.model_file))
-    ]
-
-
-# ------------------------------------------------------------------------------------------ decisions
 
 
 def setting_of(model: Any, writing: Writing, template: str) -> dict:
@@ -288,9 +274,6 @@ def _why_republish(
     return None
 
 
-# ------------------------------------------------------------------------------------------ the inputs
-
-
 @dataclass(frozen=True)
 class _Input:
     """An input of the job now: its spec, output, the rows the statistics hold and their fingerprint."""
@@ -312,7 +295,7 @@ def _current_inputs(
     """Each input with the rows the statistics hold of it (what a version publishes); one ``manifest`` lists
     must still start with its published rows, unless this run's fit step checked them (``checked``)."""
     from ..engine.fit import check_prefix
-    from ..io import identity_of, open_source
+    from ..io import describe, fingerprint, identity_of, open_source
 
     found = []
     for spec in inputs:
@@ -337,21 +320,11 @@ def _current_inputs(
                     f"{source.label}: has {source.n_rows} rows but the statistics hold {stop} of it; the input "
                     "was changed, not appended to"
                 )
-            found.append(_Input(spec, outputs[spec], stop, _rows_fingerprint(source, stop, recorded) if stop else None))
+            # the recorded fingerprint where it still describes the rows as stored now
+            if stop and recorded is not None and replace(recorded, sha256_sampled=None) != describe(source, stop):
+                recorded = fingerprint(source, stop)
+            found.append(_Input(spec, outputs[spec], stop, recorded if stop else None))
     return found
-
-
-def _rows_fingerprint(source: Any, stop: int, recorded: Any):
-    """``fingerprint(source, stop)``, or ``recorded`` where it still describes those rows as stored now."""
-    from ..io import describe, fingerprint
-
-    if (
-        recorded is not None
-        and recorded.n_rows == stop
-        and replace(recorded, sha256_sampled=None) == describe(source, stop)
-    ):
-        return recorded
-    return fingerprint(source, stop)
 
 
 def _versioned_files(model_path: str, outputs: dict, manifest: Manifest | None) -> dict[str, str]:
@@ -419,9 +392,8 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copie
                 continue
             spec = f"{new}:{record.dataset}" if record.dataset else new
             with open_source(spec, read=publisher.read, min_rows=0) as source:
-                if record.n_rows is None or source.n_rows < record.n_rows:
-                    continue
-                if fingerprint(source, record.n_rows).sha256_sampled != record.sha256_sampled:
+                short = record.n_rows is None or source.n_rows < record.n_rows
+                if short or fingerprint(source, record.n_rows).sha256_sampled != record.sha256_sampled:
                     continue
             moved[record.path] = new
             break
@@ -434,9 +406,6 @@ def _follow_moved_inputs(publisher: _Publisher, manifest: Manifest | None, copie
         log.info(
             "job %s: input %s was moved to %s with the job's folder; the statistics follow it", publisher.name, old, new
         )
-
-
-# ------------------------------------------------------------------------------------------ the parts
 
 
 def _write_part(
@@ -471,9 +440,6 @@ def _write_part(
 
 def _now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-# ------------------------------------------------------------------------------------------ publishing
 
 
 def _publish(publisher: _Publisher, model: Any, inputs: list, outputs: dict, manifest: Any, night: _Night) -> Manifest:
@@ -543,33 +509,25 @@ def _append(
     checked: Sequence[Any] = (),
 ) -> Manifest:
     """Append each input's new rows as parts of the current version (``published_model``'s map), then switch."""
-    updated = {item.spec: item for item in manifest.inputs}
-    order = [item.spec for item in manifest.inputs]
+    updated = {item.spec: item for item in manifest.inputs}  # in the manifest's order, a new input last
     for item in _current_inputs(publisher.read, model, inputs, outputs, manifest, checked):
-        entry = updated.get(item.spec)
-        start = entry.stop if entry is not None else 0
+        earlier = updated[item.spec].parts if item.spec in updated else ()
+        start = earlier[-1].stop if earlier else 0
         if item.stop <= start:
             continue
-        index = len(entry.parts) if entry is not None else 0
-        part = versioned_output(item.output, manifest.version, index)
+        part = versioned_output(item.output, manifest.version, len(earlier))
         written = _write_part(publisher, published_model, item.spec, part, (start, item.stop), night, manifest.version)
-        parts = (*(entry.parts if entry is not None else ()), written)
-        updated[item.spec] = PublishedInput(item.spec, item.output, item.source, parts)
-        if entry is None:
-            order.append(item.spec)
-    if all(updated[spec] is manifest.input(spec) for spec in order):
+        updated[item.spec] = PublishedInput(item.spec, item.output, item.source, (*earlier, written))
+    if all(entry is manifest.input(spec) for spec, entry in updated.items()):
         # nothing new: the manifest stays as it is (retired versions deleted since are dropped at the next switch)
         return manifest
     retired = _still_there(manifest.retired, publisher)
     if night.watch.stop_asked():
         raise InterruptedRunError("interrupted before the manifest was updated; run the same command again to finish")
-    new = replace(manifest, inputs=tuple(updated[spec] for spec in order), updated_at=_now(), retired=retired)
+    new = replace(manifest, inputs=tuple(updated.values()), updated_at=_now(), retired=retired)
     write_manifest(publisher.model_path, new)
     night.steps.append(f"append to version {manifest.version}")
     return new
-
-
-# ------------------------------------------------------------------------------------------ deleting
 
 
 def _still_there(retired: Any, publisher: _Publisher) -> tuple:
@@ -615,14 +573,15 @@ def _delete_retired(retired: Any, publisher: _Publisher, check_first: bool = Fal
         if os.path.lexists(model_file):
             files.append((model_file, model_owner_problem(model_file, publisher.job_id, version.version), True))
         found.append((version, files))
-    if check_first or check_only:
-        for version, files in found:
-            for path, problem, _ in files:
-                if problem is not None:
-                    raise BadInputError(
-                        f"{manifest_path(publisher.model_path)}: retires version {version.version}, which lists {path}: "
-                        f"{problem}; nothing was deleted (a run deletes only its own files)"
-                    )
+    refused = [
+        (version, path, problem) for version, files in found for path, problem, _ in files if problem is not None
+    ]
+    if (check_first or check_only) and refused:
+        version, path, problem = refused[0]
+        raise BadInputError(
+            f"{manifest_path(publisher.model_path)}: retires version {version.version}, which lists {path}: "
+            f"{problem}; nothing was deleted (a run deletes only its own files)"
+        )
     if check_only:
         return
     for version, files in found:
