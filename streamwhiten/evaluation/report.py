@@ -227,9 +227,7 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
     finite = values[np.isfinite(values)]
     raw = data.raw
     norm = TwoSlopeNorm(vcenter=raw, vmin=min(finite.min(), raw - 0.05), vmax=max(finite.max(), raw + 0.05))
-    n_cols = min(5, len(labels))
-    n_rows = -(-len(labels) // n_cols)
-    axes = np.atleast_1d(figure.subplots(n_rows, n_cols, squeeze=False)).ravel()
+    axes = np.atleast_1d(figure.subplots(*_heat_layout(len(labels))[::-1], squeeze=False)).ravel()
     image = None
     for ax, label in zip(axes, labels, strict=False):
         image = _draw_heatmap(ax, grid, metric, label, norm)
@@ -247,6 +245,11 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
     else:
         title += f"; dashed box: highest on these pairs, {_setting(highest)} ({highest.score(metric):.2f})"
     figure.suptitle(title, fontsize=11)
+
+
+def _heat_layout(n_panels: int) -> tuple[int, int]:
+    """``(columns, rows)`` of ``n_panels`` heat maps: five to a row."""
+    return min(5, n_panels), -(-n_panels // min(5, n_panels))
 
 
 def _draw_heatmap(ax: Any, grid: TuneResult, metric: str, label: str, norm: Any) -> Any:
@@ -452,9 +455,8 @@ def figures(data: ReportData) -> dict:
         draw(figure.add_subplot(), data)
         out[name] = figure
     if data.grid is not None:
-        n_panels = len(data.k_labels())
-        n_rows = -(-n_panels // min(5, n_panels))
-        figure = Figure(figsize=(3.2 * min(5, n_panels) + 1.5, 2.9 * n_rows + 0.8), layout="constrained")
+        n_cols, n_rows = _heat_layout(len(data.k_labels()))
+        figure = Figure(figsize=(3.2 * n_cols + 1.5, 2.9 * n_rows + 0.8), layout="constrained")
         draw_heatmaps(figure, data)
         out["heatmaps"] = figure
     if data.tuned is not None:
@@ -467,9 +469,8 @@ def figures(data: ReportData) -> dict:
 def dashboard(data: ReportData):
     """Every panel on one figure: spectrum, variance and k curve on top, the heat maps below."""
     Figure = _matplotlib()
-    n_panels = len(data.k_labels()) if data.grid is not None else 0
-    heat_rows = -(-n_panels // min(5, n_panels)) if n_panels else 0
-    width = max(18.0, 3.2 * min(5, n_panels) + 1.5) if n_panels else 13.0
+    n_cols, heat_rows = _heat_layout(len(data.k_labels())) if data.grid is not None else (0, 0)
+    width = max(18.0, 3.2 * n_cols + 1.5) if heat_rows else 13.0
     width += 6.5 if data.tuned is not None else 0.0
     figure = Figure(figsize=(width, 5.2 + 2.9 * heat_rows + (0.8 if heat_rows else 0)), layout="constrained")
     if heat_rows:
@@ -577,11 +578,9 @@ def write_report(data: ReportData, path: str, overwrite: bool = False, title: st
     drawn = figures(data)
     if kind == "dir":
         os.makedirs(path, exist_ok=True)
-        written = []
-        for name, figure in drawn.items():
-            target = os.path.join(path, FIGURE_FILES[name])
+        written = [os.path.join(path, FIGURE_FILES[name]) for name in drawn]
+        for target, figure in zip(written, drawn.values(), strict=True):
             _write_bytes(target, png_bytes(figure))
-            written.append(target)
         return written
     _write_bytes(path, render_html(data, {name: png_bytes(fig) for name, fig in drawn.items()}, title).encode())
     return [path]
@@ -613,9 +612,8 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
     pairs = f"{described['n_pairs']:,} (A {described['a']}, B {described['b']}, scores {described['scores']})"
     rows = [("pairs", pairs), (f"raw {name}", f"{grid.raw[metric]:.2f}")]
     highest = grid.highest
-    for role, picked in (("chosen by the rule", best), ("highest on these pairs", highest)):
-        if role.startswith("highest") and picked is best:
-            continue
+    roles = [("chosen by the rule", best)] + ([] if highest is best else [("highest on these pairs", highest)])
+    for role, picked in roles:
         also = ", and highest on these pairs" if picked is best and highest is best else ""
         score = picked.score(metric)
         rows.append(
@@ -668,12 +666,7 @@ def _forecast_rows(selection: dict | None, metric: str) -> list[tuple[str, str]]
         rows.append(("rule", "argmax: the best score of all (optimistic)"))
     predicted = selection.get("forecast")
     if predicted:
-
-        def text(entry: dict) -> str:
-            return f"{entry['score']:.2f}" + (
-                "" if entry["low"] is None else f" [{entry['low']:.2f}, {entry['high']:.2f}]"
-            )
-
+        text = lambda entry: _interval(entry["score"], entry["low"], entry["high"])  # noqa: E731
         rows.append(
             (f"forecast {metric} on unseen queries",
              f"chosen {text(predicted['chosen'])}, reference {text(predicted['reference'])} "
@@ -720,9 +713,14 @@ def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[s
     return parts
 
 
+def _interval(value: float, low: float | None, high: float | None, sign: str = "") -> str:
+    """``value`` and its interval where it has one, to two decimals (``sign`` "+": signed)."""
+    return f"{value:{sign}.2f}" + ("" if low is None else f" [{low:{sign}.2f}, {high:{sign}.2f}]")
+
+
 def _versus_raw(row: dict) -> str:
     """A row's difference from raw float32, with its interval where it has one."""
-    return f"{row['difference']:+.2f}" + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
+    return _interval(row["difference"], row["low"], row["high"], "+")
 
 
 _ALSO_HIGHEST = " (also the highest on these queries)"
@@ -751,18 +749,13 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
     model = data.model
     summary = model.to_json()
     title = title or "streamwhiten report"
+    setting = f"beta={model.beta:g}, gamma={model.gamma:g}, k={model.n_components}, eps={model.eps:g}"
+    entropy = "exp of the entropy of the normalised eigenvalues"
     spectrum_rows = [
         ("fitted on", f"{model.n_rows:,} rows x {model.n_features} features"),
-        (
-            "transform",
-            f"beta={model.beta:g}, gamma={model.gamma:g}, k={model.n_components}, eps={model.eps:g} "
-            f"(absolute {model.eps_value:.3g})",
-        ),
+        ("transform", f"{setting} (absolute {model.eps_value:.3g})"),
         ("explained variance by k", f"{summary['explained_variance']:.4f}"),
-        (
-            "effective dimension D_eff",
-            f"{model.effective_dimension:.1f} (exp of the entropy of the normalised eigenvalues)",
-        ),
+        ("effective dimension D_eff", f"{model.effective_dimension:.1f} ({entropy})"),
         (
             "k for 90% / 95% / 99% variance",
             " / ".join(str(summary["components_for_variance"][v]) for v in ("0.9", "0.95", "0.99")),
@@ -771,14 +764,11 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
     ]
     parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Model</h2>", _table(spectrum_rows)]
     image = partial(_figure, images)
-
-    parts.append(
-        image(
-            "spectrum",
-            "Eigenvalues of Sigma_beta (log scale): a fast decay means few directions carry most of the variance.",
-        )
-    )
-    parts.append(image("variance", "Cumulative explained variance: how much each k choice keeps."))
+    decay = "a fast decay means few directions carry most of the variance."
+    parts += [
+        image("spectrum", f"Eigenvalues of Sigma_beta (log scale): {decay}"),
+        image("variance", "Cumulative explained variance: how much each k choice keeps."),
+    ]
     if data.grid is not None:
         parts += _pairs_html(data, image)
     if data.tuned is not None:

@@ -397,7 +397,17 @@ class Reranking:
             )
 
     def result(self) -> SearchResult:
-        return _ranked(self.candidates, self.values, self.depth)
+        """Each query's candidates by value (best first, ties to the lower row), the best ``depth``."""
+        candidates, values, depth = self.candidates, self.values, self.depth
+        rows_key = np.where(candidates >= 0, candidates, np.iinfo(np.int64).max)
+        order = np.lexsort((rows_key, -values), axis=-1)[:, :depth]
+        top_rows = np.take_along_axis(candidates, order, axis=1)
+        top_values = np.take_along_axis(values, order, axis=1)
+        if top_rows.shape[1] < depth:
+            pad = depth - top_rows.shape[1]
+            top_rows = np.pad(top_rows, ((0, 0), (0, pad)), constant_values=-1)
+            top_values = np.pad(top_values, ((0, 0), (0, pad)), constant_values=-np.inf)
+        return SearchResult(top_rows, top_values, "ip")
 
 
 def rescore_all(corpus: Any, jobs: list[RescoreJob], *, block_rows: int | None = None) -> list[SearchResult]:
@@ -407,26 +417,9 @@ def rescore_all(corpus: Any, jobs: list[RescoreJob], *, block_rows: int | None =
     wanted_rows = np.unique(np.concatenate([state.rows for state in states])) if states else np.zeros(0, np.int64)
     for start, rows in corpus_blocks(corpus, block_rows, wanted_rows):
         for job, state in zip(jobs, states, strict=True):
-            wanted = state.wanted(start, rows.shape[0])
-            if wanted.size:
-                picked = np.ascontiguousarray(rows[wanted])
-                state.feed(start, picked if job.prepare is None else job.prepare(picked, start))
-            else:
-                state.feed(start, np.zeros((0, state.queries.shape[1])))
+            picked = np.ascontiguousarray(rows[state.wanted(start, rows.shape[0])])  # none: fed to close the block
+            state.feed(start, picked if job.prepare is None or not picked.size else job.prepare(picked, start))
     return [state.result() for state in states]
-
-
-def _ranked(candidates: np.ndarray, values: np.ndarray, depth: int) -> SearchResult:
-    """Each query's candidates by value (best first, ties to the lower row), the best ``depth``."""
-    rows_key = np.where(candidates >= 0, candidates, np.iinfo(np.int64).max)
-    order = np.lexsort((rows_key, -values), axis=-1)[:, :depth]
-    top_rows = np.take_along_axis(candidates, order, axis=1)
-    top_values = np.take_along_axis(values, order, axis=1)
-    if top_rows.shape[1] < depth:
-        pad = depth - top_rows.shape[1]
-        top_rows = np.pad(top_rows, ((0, 0), (0, pad)), constant_values=-1)
-        top_values = np.pad(top_values, ((0, 0), (0, pad)), constant_values=-np.inf)
-    return SearchResult(top_rows, top_values, "ip")
 
 
 __all__ = [

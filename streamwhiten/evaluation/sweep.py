@@ -219,11 +219,14 @@ class SweepGrid:
             raise BadInputError(f"select must be one of {', '.join(RULES)}, got {self.select!r}", param="select")
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
             raise BadInputError(f"folds must be an integer of at least 2, got {self.folds!r}", param="folds")
-        for name, values in (("beta", self.betas), ("gamma", self.gammas), ("n_components", self.ks)):
+        for name, values in (
+            ("beta", self.betas),
+            ("gamma", self.gammas),
+            ("n_components", self.ks),
+            ("variance", self.variances),
+        ):
             for value in values or ():
                 check(name, value)
-        for value in self.variances or ():
-            check("variance", value)
         if self.eps is not None:
             check("eps", self.eps)
         for name in ("code_sample", "code_seed"):
@@ -310,19 +313,16 @@ def _map_model(bases: dict, identity: bool, beta: float, gamma: float, k: int) -
 
 def _groups(items: list, cost: Callable, budget: int) -> list[list]:
     """``items`` cut in order into groups whose summed ``cost`` stays within ``budget`` (one at least)."""
-    groups: list[list] = []
-    current: list = []
+    groups: list[list] = [[]]
     used = 0
     for item in items:
         size = cost(item)
-        if current and used + size > budget:
-            groups.append(current)
-            current, used = [], 0
-        current.append(item)
+        if groups[-1] and used + size > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(item)
         used += size
-    if current:
-        groups.append(current)
-    return groups
+    return [group for group in groups if group]
 
 
 def sweep_rows(
@@ -348,9 +348,7 @@ def sweep_rows(
         return max_bytes is None or storage.bytes_per_vector(candidate.k) <= max_bytes
 
     candidates = [c for c in candidates if any(fits(c, storage) for storage in storages)]
-    floats = [storage for storage in storages if storage.dtype != "binary"]
-    reranks = [storage for storage in storages if storage.rescore]
-    plan = _Plan(task, bases, fits, DEPTH)
+    plan = _Plan(task, bases, fits, DEPTH, storages)
     first, later = _passes(plan, candidates, storages)
     n_rows = task.n_corpus
     done, total = [0], n_rows * (len(first) + len(later))
@@ -367,7 +365,7 @@ def sweep_rows(
         done[0] += n_rows
     out: dict = {}
     for group in later:
-        out.update(_search_group(plan, group, floats, reranks, bits, reading, step, keep))
+        out.update(_search_group(plan, group, bits, reading, step, keep))
         done[0] += n_rows
     for candidate in candidates:
         for storage in storages:
@@ -379,10 +377,13 @@ def sweep_rows(
 
 class _Plan:
     """What the passes of `sweep_rows` share: the task, the maps' bases, the rotations (one per
-    beta, and the identity's) and the queries as each setting sees them, the budget's test and the depth."""
+    beta, and the identity's) and the queries as each setting sees them, the budget's test, the depth, and the
+    storages searched as floats and re-ranked."""
 
-    def __init__(self, task: Any, bases: dict, fits: Callable[[Any, Any], bool], depth: int):
+    def __init__(self, task: Any, bases: dict, fits: Callable[[Any, Any], bool], depth: int, storages: list[Storage]):
         self.task, self.bases, self.fits, self.depth = task, bases, fits, depth
+        self.floats = [storage for storage in storages if storage.dtype != "binary"]
+        self.reranks = [storage for storage in storages if storage.rescore]
         self.rotations: dict[tuple, Rotation] = {IDENTITY: Rotation()}
         for beta, base in bases.items():
             self.rotations[rotation_key(beta, False)] = rotation_for(base)
@@ -418,10 +419,8 @@ def _passes(plan: _Plan, candidates: list[Candidate], storages: list[Storage]) -
     ones search the raw reference (key None) and the bits of each (beta, k) (`Candidate.bits_key`), each with
     its depth; the later ones the maps whose float, float16 and int8 searches and re-rankings of the bits fit
     (a setting whose only storage within the budget is binary+rescore is re-ranked there too)."""
-    task, depth, fits = plan.task, plan.depth, plan.fits
+    task, depth, fits, floats, reranks = plan.task, plan.depth, plan.fits, plan.floats, plan.reranks
     bit_depth = max([depth] + [storage.rescore for storage in storages])
-    floats = [storage for storage in storages if storage.dtype != "binary"]
-    reranks = [storage for storage in storages if storage.rescore]
     first: list[tuple[Any, int]] = [(None, depth)]
     if any(storage.dtype == "binary" for storage in storages):
         wanted = [c for c in candidates if any(fits(c, s) for s in storages if s.dtype == "binary")]
@@ -444,28 +443,19 @@ def _passes(plan: _Plan, candidates: list[Candidate], storages: list[Storage]) -
 
 def _search_first(plan: _Plan, group: list[tuple[Any, int]], reading: Reading, progress: Callable) -> dict:
     """One first pass (see `_passes`): ``{None: the raw reference's SearchResult, bits key: its top rows}``."""
-    depth = plan.depth
     uses = [plan.reference() if key is None else plan.bits(key, searched) for key, searched in group]
     run_pass(reading, plan.rotations, uses, progress)
-    out: dict = {}
-    for (key, _), use in zip(group, uses, strict=True):
-        job = use.jobs[0]
-        rows = job._state["rows"]
-        if key is None:  # the raw reference: its cosines show the queries that are corpus rows
-            values = job._state["values"]
-            out[None] = SearchResult(
-                np.ascontiguousarray(rows[:, :depth]), np.ascontiguousarray(values[:, :depth]), job.metric
-            )
-        else:
-            out[key] = rows
+    jobs = {key: use.jobs[0] for (key, _), use in zip(group, uses, strict=True)}
+    out: dict = {key: job._state["rows"] for key, job in jobs.items()}
+    if None in jobs:  # the raw reference: its cosines show the queries that are corpus rows
+        top = [np.ascontiguousarray(jobs[None]._state[name][:, : plan.depth]) for name in ("rows", "values")]
+        out[None] = SearchResult(*top, jobs[None].metric)
     return out  # the pass's scores and queries go with its uses: only the top rows are kept
 
 
 def _search_group(
     plan: _Plan,
     group: list[Candidate],
-    floats: list[Storage],
-    reranks: list[Storage],
     bits: dict,
     reading: Reading,
     progress: Callable[[int, int], None] | None,
@@ -480,13 +470,13 @@ def _search_group(
         unit_queries = plan.queries(use.rotation, use.weights, use.k)
         model = _map_model(plan.bases, candidate.basis == "identity", candidate.beta, candidate.gamma, candidate.k)
         searched = []
-        for storage in floats:
+        for storage in plan.floats:
             if fits(candidate, storage):
                 quantization = SearchSetting.make("s", model, storage=storage).quantization
                 use.jobs.append(SearchJob(unit_queries, depth, "ip", partial(stored, quantization), plan.task.excluded))
                 searched.append(storage)
         again = []
-        for storage in reranks:
+        for storage in plan.reranks:
             if fits(candidate, storage):
                 rescored = SearchSetting.make("r", model, storage=storage).rescore_quantization
                 assert rescored is not None  # made with the storage's rescoring
@@ -517,9 +507,8 @@ def bootstrap_differences(
     level: float = BOOTSTRAP_LEVEL,
     resamples: Resamples | None = None,
 ):
-    """``(difference, low, high)`` x100 of each of ``others`` (per-query scores) minus ``reference``:
-    the paired bootstrap of `paired_bootstrap` (the same
-    resamples, ``resamples`` when given), a block of resamples and of rows at a time."""
+    """``(difference, low, high)`` x100 of each of ``others`` (per-query scores) minus ``reference``: the paired
+    bootstrap of `paired_bootstrap` (the same resamples, ``resamples`` when given), a block of rows at a time."""
     reference = np.asarray(reference, np.float64)
     n = reference.shape[0]
     diffs = np.asarray(others, np.float64).reshape(len(others), n) - reference
@@ -560,9 +549,7 @@ def best_per_family(table: list[SweepRow], metric: str, max_bytes: int | None = 
 def frontier(table: list[SweepRow], metric: str) -> list[SweepRow]:
     """The rows no other row beats at fewer or equal bytes, by bytes ascending (each better than the last)."""
     out, best = [], -math.inf
-    for row in sorted(
-        table, key=lambda row: (row.bytes_per_vector, -row.score(metric), row.k)
-    ):  # stable: ties in order
+    for row in sorted(table, key=lambda row: (row.bytes_per_vector, -row.score(metric), row.k)):  # ties in order
         if row.score(metric) > best:
             out.append(row)
             best = row.score(metric)
@@ -825,13 +812,11 @@ def _sweep_plan(model: WhiteningModel, grid: SweepGrid, budgets: Any) -> _SweepP
     storages = grid.storages()
     wanted = [grid.max_bytes] if budgets is None else list(budgets)
     raw_ks = [k for k in (reference_k(model.n_features, budget) for budget in wanted) if k is not None]
-    if not any(storage.dtype == "binary" and not storage.rescore for storage in storages):
+    needs_reference = budgets is not None or grid.select != "argmax"  # argmax alone: the grid of before the rule
+    if not needs_reference or not any(storage.dtype == "binary" and not storage.rescore for storage in storages):
         raw_ks = []  # a truncated rotation's bits are the reference of a small budget only when bits are swept
-    if budgets is None and grid.select == "argmax":
-        raw_ks = []  # argmax needs no reference: the grid of before the rule
     candidates, bases = retrieval_grid(model, grid, raw_ks=tuple(dict.fromkeys(raw_ks)))
     limit = None if None in wanted else max(budget for budget in wanted if budget is not None)
-    needs_reference = budgets is not None or grid.select != "argmax"
     code_sizes = _checked_first(grid, model.n_features, candidates, storages, wanted, needs_reference)
     return _SweepPlan(candidates, bases, storages, code_sizes, limit, model.n_features)
 
@@ -890,10 +875,9 @@ def _scored(
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * d)
     searched = [(c, s) for c in plan.candidates for s in plan.storages if (c, s) in rows]  # the rest: over the budget
     made: list[tuple[_Head, dict, dict | None]] = [(_head(c, s), rows[(c, s)], None) for c, s in searched]
-    raw_map = Candidate(0.0, 0.0, d, str(d), "raw", "identity")
     sample_rows = min(grid.code_sample, task.n_corpus)
     for label, (name, codec, top) in codecs.items():  # (head, per-query metrics, code record)
-        coded: _Head = (*_head(raw_map, Storage())[:5], label, name, 0, None, int(codec.bytes_per_vector))
+        coded: _Head = (0.0, 0.0, d, str(d), "raw", label, name, 0, None, int(codec.bytes_per_vector))
         record = code_record(codec, name, sample_rows, grid.code_seed)
         made.append((coded, query_metrics(top, task.query_rows, task.qrels), record))
     each = [per_query[metric] for _, per_query, _ in made]
@@ -955,16 +939,7 @@ def _checked_first(
             "codes are swept under a byte budget only: give max_bytes, or a storage in dtypes",
             param=("max_bytes", "dtypes"),
         )
-    if needs_reference:
-        _refuse_without_reference(candidates, storages, wanted)
-    return code_sizes
-
-
-def _refuse_without_reference(candidates: list[Candidate], storages: list[Storage], budgets: list) -> None:
-    """The one-line error of a budget under which no setting can be the rule's reference
-    (`reference_index`: the raw vectors, or beta = gamma = 0, in a storage that fits, not re-ranked),
-    before any pass over the corpus."""
-    for budget in budgets:
+    for budget in wanted if needs_reference else ():  # a reference (`reference_index`) within each budget
         if not any(
             not storage.rescore
             and (budget is None or storage.bytes_per_vector(candidate.k) <= budget)
@@ -973,6 +948,7 @@ def _refuse_without_reference(candidates: list[Candidate], storages: list[Storag
             for storage in storages
         ):
             raise _no_reference(budget)
+    return code_sizes
 
 
 def _no_reference(max_bytes: int | None) -> BadInputError:

@@ -72,14 +72,9 @@ def make_grid(
         raise BadInputError("the grid is empty: give at least one gamma")
     if not ks and not variances:
         raise BadInputError("the grid is empty: give at least one k or explained-variance fraction")
-    for beta in betas:
-        check_params(beta=beta)
-    for gamma in gammas:
-        check_params(gamma=gamma)
-    for k in ks:
-        check_params(n_components=k, n_features=n_features)
-    for variance in variances:
-        check_params(variance=variance)
+    for name, values in (("beta", betas), ("gamma", gammas), ("n_components", ks), ("variance", variances)):
+        for value in values:
+            check_params(n_features=n_features, **{name: value})
     unique = lambda values: list(dict.fromkeys(values))  # noqa: E731 - keep the order given
     choices = [KChoice(n_components=int(k)) for k in unique(ks)]
     choices += [KChoice(variance=float(v)) for v in unique(variances)]
@@ -312,20 +307,15 @@ def grid_search(
         if grid.select == "argmax":
             best = choose(table, metric, tolerance)
             selection = {"rule": "argmax", "tolerance": tolerance, "reference": None, "kept_reference": None}
-        else:
-            best, selection = _choose_pairs(table, units, len(table) - 1, d, grid)
+        else:  # max-t against the raw row (the last); one set of resamples for the rule and the forecast
+            costs = tuple(row.k for row in table[:-1])
+            rule = Rule(cost=costs, reference_cost=d, tolerance=tolerance, samples=grid.samples, seed=grid.seed)
+            resamples = Resamples(units.shape[1], grid.samples, grid.seed)
+            described = {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"}
+            others = list(range(len(table) - 1))
+            index, selection = rule_choice(units, len(table) - 1, others, rule, grid.folds, resamples, described)
+            best = table[index]
     return TuneResult(table, best, raw_scores, metric, pairs.describe(), bases, tolerance, selection, units, cosines)
-
-
-def _choose_pairs(table: list[PairRow], units: Any, reference: int, d: int, grid: PairGrid) -> tuple[PairRow, dict]:
-    """The max-t choice among the rows of ``table`` against the raw row ``reference``, and its record."""
-    others = [i for i in range(len(table)) if i != reference]
-    costs = tuple(table[i].k for i in others)
-    rule = Rule(cost=costs, reference_cost=d, tolerance=grid.tolerance, samples=grid.samples, seed=grid.seed)
-    resamples = Resamples(units.shape[1], grid.samples, grid.seed)  # one set for the rule and the forecast's intervals
-    described = {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"}
-    index, record = rule_choice(units, reference, others, rule, grid.folds, resamples, described)
-    return table[index], record
 
 
 def choose(table: list[PairRow], metric: str = "spearman", tolerance: float = 0.0) -> PairRow:
