@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -257,16 +258,13 @@ def _pairs(
     from ..evaluation.tune import tune as run_tune
 
     assert inputs.pairs_a is not None and inputs.pairs_b is not None and inputs.scores is not None  # mode_of
-    with open_pairs(inputs.pairs_a, inputs.pairs_b, inputs.scores) as pairs:
-        test_pairs = open_pairs_given(test.pairs_a, test.pairs_b, test.scores, "--test-a, --test-b and --test-scores")
-        try:
-            with progress_bar("tune", quiet) as progress:
-                return run_tune(
-                    model, pairs, test_pairs, grid=PairGrid(**grid), block_rows=block_rows, progress=progress
-                )
-        finally:
-            if test_pairs is not None:
-                test_pairs.close()
+    flags = "--test-a, --test-b and --test-scores"
+    with (
+        open_pairs(inputs.pairs_a, inputs.pairs_b, inputs.scores) as pairs,
+        open_pairs_given(test.pairs_a, test.pairs_b, test.scores, flags) or nullcontext() as test_pairs,
+        progress_bar("tune", quiet) as progress,
+    ):
+        return run_tune(model, pairs, test_pairs, grid=PairGrid(**grid), block_rows=block_rows, progress=progress)
 
 
 def _retrieval(
@@ -289,12 +287,6 @@ def _retrieval(
     return chosen, summary
 
 
-def same_row(a: dict | None, b: dict | None) -> bool:
-    """Whether two rows of a tuning table are one setting (one storage): the rule's choice and the highest."""
-    keys = ("beta", "gamma", "k", "k_label", "vectors", "storage")
-    return a is b or (a is not None and b is not None and all(a.get(key) == b.get(key) for key in keys))
-
-
 def _lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target: str | None) -> list[str]:
     """The text of a tuning on pairs: the table, raw, the choice (and the highest where it is another), the
     test pairs' scores and what was written."""
@@ -302,7 +294,7 @@ def _lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target:
     best, raw, highest = summary["best"], summary["raw"], summary["highest"]
     name = metric.capitalize()
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
-    also = same_row(best, highest)
+    also = best is highest  # one dict per row of the table (`json_rows`)
     within = f"within {tolerance:g} of the top score" if argmax else f"surely within {tolerance:g} of raw"
     lines = [
         f"validation {summary['pairs']['n_pairs']:,} pairs of {model.n_features}-d vectors; "
@@ -338,7 +330,7 @@ def table_lines(result: dict[str, Any], what: str = "pairs") -> list[str]:
     starred, the one highest on these ``what`` marked ``^`` where it is another."""
     table, best, metric = result["table"], result["best"], result["metric"]
     highest = result.get("highest")
-    apart = highest is not None and not same_row(best, highest)
+    apart = highest is not None and highest is not best
     labels = list(dict.fromkeys(row["k_label"] for row in table if row.get("vectors") != "raw"))
     fractions = [label for label in labels if label.endswith("%")]
     width = 7
@@ -433,7 +425,7 @@ def _choice_lines(summary: dict) -> list[str]:
     )
     lines = [f"chosen     {within}{f' (the fewest bytes {near})' if tolerance else ''}:"]
     highest = summary.get("highest")
-    apart = highest is not None and not same_row(best, highest)
+    apart = highest is not None and highest is not best
     lines.append(
         _row_text(best, metric) + ("  (chosen by the rule)" if apart else "  (chosen by the rule, and highest)")
     )

@@ -274,12 +274,8 @@ def _draw_heatmap(ax: Any, grid: TuneResult, metric: str, label: str, norm: Any)
             elif row is grid.highest:
                 ax.add_patch(_outline(i, j, HIGHEST_COLOR, "--"))
     ks = sorted({row.k for row in cells.values()})
-    title = (
-        f"k = {label}"
-        if not label.endswith("%")
-        else (f"{label} variance (k = {ks[0]}" + (f"..{ks[-1]})" if len(ks) > 1 else ")"))
-    )
-    ax.set_title(title, fontsize=10)
+    span = f"{ks[0]}..{ks[-1]}" if len(ks) > 1 else f"{ks[0]}"
+    ax.set_title(f"{label} variance (k = {span})" if label.endswith("%") else f"k = {label}", fontsize=10)
     ax.set_xticks(range(len(gammas)), [f"{g:g}" for g in gammas], fontsize=8)
     ax.set_yticks(range(len(betas)), [f"{b:g}" for b in betas], fontsize=8)
     ax.set_xlabel("gamma", fontsize=8)

@@ -229,12 +229,10 @@ class SweepGrid:
                 check(name, value)
         if self.eps is not None:
             check("eps", self.eps)
-        for name in ("code_sample", "code_seed"):
+        for name, least in (("code_sample", 1), ("code_seed", 0)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "code_sample" else 0):
-                raise BadInputError(
-                    f"{name} must be a whole number of at least {int(name == 'code_sample')}, got {value!r}"
-                )
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise BadInputError(f"{name} must be a whole number of at least {least}, got {value!r}")
         self.storages()  # checks the names, rescore, rescore_dtype and int8_clip
 
     def storages(self) -> list[Storage]:
@@ -246,21 +244,20 @@ class SweepGrid:
         names = list(STORAGES if named is None else named[0])
         if not names:
             raise BadInputError(f"give at least one storage to sweep: {', '.join(STORAGES)}")
-        rescore, rescore_dtype = self.rescore, self.rescore_dtype
         clip = DEFAULT_INT8_CLIP if self.int8_clip is None else self.int8_clip
         check("int8_clip", clip)
-        check("rescore_dtype", rescore_dtype)
+        check("rescore_dtype", self.rescore_dtype)
         out = []
         for name in names:
             if name not in STORAGES:
                 raise BadInputError(f"dtypes: {name!r} is not one of {', '.join(STORAGES)} or a code", param="dtypes")
             if name == "binary+rescore":
-                check("rescore", rescore)
-                if not rescore:
+                check("rescore", self.rescore)
+                if not self.rescore:
                     raise BadInputError(
                         "binary+rescore needs rescore=N of at least 1 (the candidates re-ranked)", param="rescore"
                     )
-                out.append(Storage("binary", rescore, rescore_dtype, clip))
+                out.append(Storage("binary", self.rescore, self.rescore_dtype, clip))
             else:
                 out.append(Storage(name, int8_clip=clip))
         return out
@@ -469,20 +466,16 @@ def _search_group(
         use = plan.use(candidate)
         unit_queries = plan.queries(use.rotation, use.weights, use.k)
         model = _map_model(plan.bases, candidate.basis == "identity", candidate.beta, candidate.gamma, candidate.k)
-        searched = []
-        for storage in plan.floats:
-            if fits(candidate, storage):
-                quantization = SearchSetting.make("s", model, storage=storage).quantization
-                use.jobs.append(SearchJob(unit_queries, depth, "ip", partial(stored, quantization), plan.task.excluded))
-                searched.append(storage)
-        again = []
-        for storage in plan.reranks:
-            if fits(candidate, storage):
-                rescored = SearchSetting.make("r", model, storage=storage).rescore_quantization
-                assert rescored is not None  # made with the storage's rescoring
-                top = bits[candidate.bits_key][:, : storage.rescore]
-                use.reranks.append((rescored, Reranking(unit_queries, top, storage.rescore)))
-                again.append(storage)
+        searched = [storage for storage in plan.floats if fits(candidate, storage)]
+        for storage in searched:
+            quantization = SearchSetting.make("s", model, storage=storage).quantization
+            use.jobs.append(SearchJob(unit_queries, depth, "ip", partial(stored, quantization), plan.task.excluded))
+        again = [storage for storage in plan.reranks if fits(candidate, storage)]
+        for storage in again:
+            rescored = SearchSetting.make("r", model, storage=storage).rescore_quantization
+            assert rescored is not None  # made with the storage's rescoring
+            top = bits[candidate.bits_key][:, : storage.rescore]
+            use.reranks.append((rescored, Reranking(unit_queries, top, storage.rescore)))
         made.append((candidate, use, searched, again))
     run_pass(reading, plan.rotations, [use for _, use, _, _ in made], progress)
     out = {}
@@ -535,15 +528,11 @@ def family_of(row: SweepRow) -> str:
 def best_per_family(table: list[SweepRow], metric: str, max_bytes: int | None = None) -> list[SweepRow]:
     """The best row of each storage family (`family_of`) within ``max_bytes``, by score (ties to
     fewer bytes, then the table's order), best first: how each family does at the budget."""
+    within = [row for row in table if max_bytes is None or row.bytes_per_vector <= max_bytes]
     best: dict = {}
-    for i, row in enumerate(table):
-        if max_bytes is not None and row.bytes_per_vector > max_bytes:
-            continue
-        key = (-row.score(metric), row.bytes_per_vector, i)
-        family = family_of(row)
-        if family not in best or key < best[family][0]:
-            best[family] = (key, row)
-    return [row for _key, row in sorted(best.values(), key=lambda item: item[0])]
+    for row in sorted(within, key=lambda row: (-row.score(metric), row.bytes_per_vector)):  # stable: ties in order
+        best.setdefault(family_of(row), row)
+    return list(best.values())
 
 
 def frontier(table: list[SweepRow], metric: str) -> list[SweepRow]:
