@@ -50,9 +50,8 @@ class Sweep(SearchFlags):
 
 
 class GeneratedHelp(click.Command):
-    """A command whose help is made by ``make_help()`` when first shown: it names what the library's
-    registries hold (the storages a sweep takes, the code families a budget adds), which the command
-    line does not import to start."""
+    """A command whose help is made by ``make_help()`` when first shown: it names what the library's registries
+    hold (the storages a sweep takes, the code families a budget adds), not imported to start."""
 
     def __init__(self, *args: Any, make_help: Callable[[], str], **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -65,8 +64,7 @@ class GeneratedHelp(click.Command):
 
 
 def _help() -> str:
-    """tune's ``--help``: the storages from `STORAGES`, the code families
-    a budget adds from `TUNE_CODES`."""
+    """tune's ``--help``: the storages from `STORAGES`, the code families a budget adds from `TUNE_CODES`."""
     from ..codes import TUNE_CODES
     from ..evaluation.sweep import STORAGES
 
@@ -370,11 +368,8 @@ _VECTORS = {"raw": "raw (no map)", "rotated": "rotation", "centred": "centring",
 
 
 def _row_text(row: dict, metric: str) -> str:
-    what = (
-        "raw, unit, coded"
-        if row.get("code")
-        else _VECTORS[row["vectors"]] or f"beta={row['beta']:g} gamma={row['gamma']:g}"
-    )
+    setting = f"beta={row['beta']:g} gamma={row['gamma']:g}"
+    what = "raw, unit, coded" if row.get("code") else _VECTORS[row["vectors"]] or setting
     retention = "" if row["retention"] is None else f"{row['retention']:6.1f}%"
     interval = fmt_interval(row["difference"], row["low"], row["high"])
     return (
@@ -426,9 +421,7 @@ def _choice_lines(summary: dict) -> list[str]:
     lines = [f"chosen     {within}{f' (the fewest bytes {near})' if tolerance else ''}:"]
     highest = summary.get("highest")
     apart = highest is not None and highest is not best
-    lines.append(
-        _row_text(best, metric) + ("  (chosen by the rule)" if apart else "  (chosen by the rule, and highest)")
-    )
+    lines.append(_row_text(best, metric) + "  (chosen by the rule" + ("" if apart else ", and highest") + ")")
     if apart and highest is not None:
         lines += [
             f"highest    on these queries {within}, not chosen by the rule:",

@@ -511,8 +511,7 @@ def _write_bytes(path: str, payload: bytes) -> None:
 
 
 def planned_files(path: str, with_pairs: bool, with_frontier: bool = False) -> list:
-    """The files `write_report` will write for ``path`` (``with_frontier``: the model records a
-    retrieval tuning)."""
+    """The files `write_report` writes for ``path`` (``with_frontier``: the model records a retrieval tuning)."""
     kind = output_kind(path)
     if kind != "dir":
         return [path]

@@ -228,11 +228,8 @@ def corpus_blocks(
         firsts = np.searchsorted(rows, [a for a, _ in ranges])
         lasts = np.searchsorted(rows, [b for _, b in ranges])
         ranges = [r for r, f, last in zip(ranges, firsts, lasts, strict=True) if last > f]
-    if not source:
-        for a, b in ranges:
-            yield a, corpus[a:b]
-        return
-    if not ranges:
+    if not source or not ranges:
+        yield from ((a, corpus[a:b]) for a, b in ranges)
         return
     width = max(b - a for a, b in ranges)
     buffers = [np.empty((width, corpus.n_features), dtype=corpus.read_dtype) for _ in range(min(2, len(ranges)))]
@@ -273,8 +270,7 @@ def search(
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[SearchResult]:
-    """Run every job of ``jobs`` in one pass over ``corpus`` (an array of rows, or a
-    `Source`); the results in the jobs' order.
+    """Run every job of ``jobs`` in one pass over ``corpus`` (an array of rows, or a `Source`), in order.
 
     ``threads`` worker threads (default: one per core, at most 4) share each block, BLAS limited so
     that together they use every core once. ``progress(rows_done, n_rows)`` is called after each block.
@@ -411,8 +407,7 @@ class Reranking:
 
 
 def rescore_all(corpus: Any, jobs: list[RescoreJob], *, block_rows: int | None = None) -> list[SearchResult]:
-    """Every re-ranking of ``jobs`` in one pass over the corpus blocks that hold a candidate of any of them
-    (each read once); the results in the jobs' order."""
+    """Every re-ranking of ``jobs`` in one pass over the blocks that hold a candidate (each read once), in order."""
     states = [Reranking(job.queries, job.candidates, job.depth) for job in jobs]
     wanted_rows = np.unique(np.concatenate([state.rows for state in states])) if states else np.zeros(0, np.int64)
     for start, rows in corpus_blocks(corpus, block_rows, wanted_rows):

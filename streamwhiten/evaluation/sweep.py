@@ -292,11 +292,9 @@ def retrieval_grid(model: WhiteningModel, grid: SweepGrid, raw_ks: Sequence[int]
         if beta not in bases:
             bases[beta] = decompose(model, beta, grid.eps)
         k = d if choice is None else choice.resolve(bases[beta].eigvals)
-        key = (beta, gamma, k)
-        if key in out:
-            continue
-        label = str(k) if choice is None else choice.label
-        out[key] = Candidate(beta, gamma, k, label, vectors_of(beta, gamma, k, d))
+        if (beta, gamma, k) not in out:
+            label = str(k) if choice is None else choice.label
+            out[(beta, gamma, k)] = Candidate(beta, gamma, k, label, vectors_of(beta, gamma, k, d))
     out[("identity",)] = Candidate(0.0, 0.0, d, str(d), "raw", "identity")
     return list(out.values()), bases
 
@@ -335,8 +333,7 @@ def sweep_rows(
 ) -> tuple[SearchResult, dict]:
     """The raw float32 reference's top lists (`DEPTH` rows and cosines a query) and ``keep(top rows)`` of every
     ``(candidate, storage)`` within ``max_bytes``, keyed by it; ``keep`` (default: the rows) is called as a
-    pass makes them, so only one pass's lists are held. The passes and their cost: see the module docstring.
-    """
+    pass makes them, so only one pass's lists are held. The passes and their cost: see the module docstring."""
     options = options or RetrievalOptions()
     keep = keep or (lambda top: top)
     reading = Reading(task.corpus, task.corpus_label, options.block_rows, resolve_threads(options.threads))
@@ -373,9 +370,8 @@ def sweep_rows(
 
 
 class _Plan:
-    """What the passes of `sweep_rows` share: the task, the maps' bases, the rotations (one per
-    beta, and the identity's) and the queries as each setting sees them, the budget's test, the depth, and the
-    storages searched as floats and re-ranked."""
+    """What the passes of `sweep_rows` share: the task, the maps' bases, the rotations (one per beta, and the
+    identity's), the queries as each setting sees them, the budget's test, the depth and the storages searched."""
 
     def __init__(self, task: Any, bases: dict, fits: Callable[[Any, Any], bool], depth: int, storages: list[Storage]):
         self.task, self.bases, self.fits, self.depth = task, bases, fits, depth
@@ -520,8 +516,7 @@ def bootstrap_differences(
 
 
 def family_of(row: SweepRow) -> str:
-    """The storage family of a row: its code (``eigen``, ``faiss-pq``, ...) or its storage (``int8``,
-    ``binary+rescore100``)."""
+    """The storage family of a row: its code (``eigen``, ``faiss-pq``, ...) or storage (``binary+rescore100``)."""
     return row.dtype if row.code else row.storage
 
 
@@ -601,8 +596,7 @@ def choose_generalising(
     """``(row, record)``: the row ``grid.select`` chooses within ``grid.max_bytes`` against the reference
     (`reference_index`) from the per-query scores of ``metric`` (a row of ``per_query`` per row of ``table``),
     and the record: the reference, how many beat it, the ``grid.folds``-fold forecast (see `select`).
-    ``argmax``: `choose_within`'s row, no reference, no forecast. ``resamples``: the queries' resamples if made.
-    """
+    ``argmax``: `choose_within`'s row, no reference, no forecast. ``resamples``: the queries' resamples if made."""
     max_bytes, tolerance, rule, folds = grid.max_bytes, grid.tolerance, grid.select, grid.folds
     samples, seed = (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED) if resamples is None else (resamples.samples, resamples.seed)
     eligible = _within(table, max_bytes)
@@ -624,8 +618,7 @@ def choose_generalising(
 @dataclass
 class RetrievalTuneResult:
     """The scored sweep: ``table`` (every setting and storage), the raw float32 reference (``raw``), the
-    ``frontier``, the row the rule chose (``best``; the highest score is `highest`) and what it was
-    chosen by."""
+    ``frontier``, the row the rule chose (``best``; the highest score is `highest`) and what it was chosen by."""
 
     table: list[SweepRow]
     best: SweepRow
@@ -652,9 +645,8 @@ class RetrievalTuneResult:
         if row.code:
             from ..codes.storage import with_codec  # the raw unit vectors coded: the codec is the storage
 
-            code = row.code
-            rows, seed = int(code.get("sample_rows", 0)), int(code.get("sample_seed", 0))
-            return with_codec(model, self.codec_for(row), code["family"], sample_rows=rows, sample_seed=seed)
+            rows, seed = int(row.code.get("sample_rows", 0)), int(row.code.get("sample_seed", 0))
+            return with_codec(model, self.codec_for(row), row.code["family"], sample_rows=rows, sample_seed=seed)
         return replace(model, storage=self.storages[row.storage])
 
     def codec_for(self, row: SweepRow):

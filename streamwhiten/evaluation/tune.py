@@ -128,8 +128,7 @@ def json_rows(table: Sequence[Any]) -> Callable[[Any], dict[str, Any]]:
 
 @dataclass(frozen=True)
 class TuneResult:
-    """The scored grid: ``table`` rows in grid order, the ``best`` row (the one the selection rule chose:
-    not always the highest score, see `highest`), and the raw baseline."""
+    """The scored grid: ``table`` in grid order, the ``best`` row (the rule's choice, see `highest`) and raw."""
 
     table: list[PairRow]
     best: PairRow
@@ -143,8 +142,7 @@ class TuneResult:
     cosines: np.ndarray | None = field(default=None, repr=False)
 
     def model_for(self, row: PairRow) -> WhiteningModel:
-        """The model of one table row (shares its beta's eigendecomposition; the identity map for the raw
-        vectors' row)."""
+        """The model of one table row (sharing its beta's eigendecomposition; the raw row's: the identity map)."""
         if row.vectors == "raw":
             return self.bases[0.0].with_params(basis="identity")
         base = self.bases[row.beta]
@@ -346,8 +344,7 @@ def tune(
     """
     result = grid_search(model, pairs, grid, block_rows=block_rows, progress=progress)
     chosen = result.chosen_model()
-    summary = result.to_json()
-    summary["test"] = None
+    summary = dict(result.to_json(), test=None)
     if test_pairs is not None:
         with phase(progress, f"score the choice on {test_pairs.n_pairs:,} test pairs", "pairs") as told:
             scored = evaluate_pairs(test_pairs, chosen, block_rows, told)
@@ -372,8 +369,7 @@ def tune(
 
 
 def describe_stored(model: WhiteningModel) -> dict:
-    """`describe_model` with how the outputs are stored: the model's storage (float32 without one)
-    and its bytes per vector."""
+    """`describe_model` with the outputs' storage (float32 without one) and its bytes per vector."""
     storage = model.storage
     return dict(
         describe_model(model),
