@@ -214,8 +214,7 @@ def _checked_target(
     in_place: bool,
     overwrite: bool,
 ) -> str | None:
-    """The file the tuned model is written to (None: none), checked before anything is read, with the
-    one-line errors of options that do not go together."""
+    """The file the tuned model goes to (None: none), checked before anything is read; clashing options refused."""
     from ..core.model import check_model_output
 
     if mode == "pairs" and metric in RETRIEVAL_METRICS:
@@ -286,8 +285,7 @@ def _retrieval(
 
 
 def _lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target: str | None) -> list[str]:
-    """The text of a tuning on pairs: the table, raw, the choice (and the highest where it is another), the
-    test pairs' scores and what was written."""
+    """The text of a tuning on pairs: the table, raw, the choice, the highest, the test scores, what was written."""
     metric, tolerance = summary["metric"], summary["tolerance"]
     best, raw, highest = summary["best"], summary["raw"], summary["highest"]
     name = metric.capitalize()
@@ -327,8 +325,8 @@ def table_lines(result: dict[str, Any], what: str = "pairs") -> list[str]:
     """The grid as one line per (beta, gamma) with one column per k choice: the cell the rule chose
     starred, the one highest on these ``what`` marked ``^`` where it is another."""
     table, best, metric = result["table"], result["best"], result["metric"]
-    highest = result.get("highest")
-    apart = highest is not None and highest is not best
+    highest = result["highest"]
+    apart = highest is not best
     labels = list(dict.fromkeys(row["k_label"] for row in table if row.get("vectors") != "raw"))
     fractions = [label for label in labels if label.endswith("%")]
     width = 7
@@ -410,8 +408,7 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
 
 
 def _choice_lines(summary: dict) -> list[str]:
-    """The budget and the rule's choice, the setting highest on the queries where it is another, and the
-    reference the choice was measured against."""
+    """The budget, the rule's choice, the highest where it is another, and the reference it was measured against."""
     metric, best, budget, tolerance = summary["metric"], summary["best"], summary["max_bytes"], summary["tolerance"]
     within = f"within {budget:,} bytes per vector" if budget is not None else "with no byte budget"
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
@@ -453,9 +450,8 @@ def _verdict_lines(summary: dict) -> list[str]:
     if best.get("code"):
         article = "an" if best["dtype"][0] in "aeio" else "a"
         coded = f"{best['bytes_per_vector']:,} bytes (its codec: {best['code']['model_bytes']:,} bytes per model)"
-        lines.append(
-            f"{pad}{article} {best['dtype']} code wins: the raw vectors scaled to unit length, coded in {coded}"
-        )
+        wins = f"{article} {best['dtype']} code wins"
+        lines.append(f"{pad}{wins}: the raw vectors scaled to unit length, coded in {coded}")
     elif best["vectors"] in _WON:
         lines.append(pad + _WON[best["vectors"]])
     if best["low"] is not None and best["low"] <= 0 <= best["high"]:

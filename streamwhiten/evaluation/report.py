@@ -72,9 +72,8 @@ class ReportData:
 def retrieval_record(model: WhiteningModel) -> dict | None:
     """``model.info["tuned"]`` when it records a retrieval tuning with a frontier, else None."""
     record = model.info.get("tuned")
-    if isinstance(record, dict) and record.get("mode") == "retrieval" and record.get("frontier"):
-        return record
-    return None
+    found = isinstance(record, dict) and record.get("mode") == "retrieval" and record.get("frontier")
+    return record if found else None
 
 
 def collect(
@@ -199,14 +198,10 @@ def draw_k_curve(ax: Any, data: ReportData) -> None:
     ax.axhline(data.raw, color="black", ls="--", lw=1.2, label=f"raw vectors: {data.raw:.2f}")
     best, highest, metric = data.grid.best, data.grid.highest, data.metric
     apart = highest is not best
-    _mark_choice(
-        ax,
-        (best.k, best.score(metric)),
-        f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best.score(metric):.2f}",
-        (highest.k, highest.score(metric)) if apart else None,
-        f"highest on these pairs: {_setting(highest)}: {highest.score(metric):.2f}",
-        (14, 8),
-    )
+    chosen = f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best.score(metric):.2f}"
+    top = f"highest on these pairs: {_setting(highest)}: {highest.score(metric):.2f}"
+    point = (highest.k, highest.score(metric)) if apart else None
+    _mark_choice(ax, (best.k, best.score(metric)), chosen, point, top, (14, 8))
     ax.set_xscale("log", base=2)
     everything = [s for points in data.curves.values() for _, s in points if np.isfinite(s)] + [data.raw]
     top = max(everything + [best.score(metric), highest.score(metric)])
@@ -288,11 +283,10 @@ FRONTIER_WINDOW = 10.0
 
 
 def draw_frontier(ax: Any, data: ReportData) -> None:
-    """The retrieval frontier a tuned model was chosen from: the best score at each number of bytes per
-    vector (with the 95% interval of its difference from raw float32), raw float32 (the reference), the
-    budget, the choice. The score axis spans the reference, the choice and the candidates within
-    `FRONTIER_WINDOW` points of the reference (not 0-100), so the differences that matter stay visible;
-    cheaper candidates far below are marked on its bottom edge and listed. A label sits away from the star."""
+    """The retrieval frontier a tuned model was chosen from: the best score per bytes per vector (with the 95%
+    interval against raw float32), raw float32, the budget and the choice. The score axis spans the reference,
+    the choice and the candidates within `FRONTIER_WINDOW` points of the reference, so the differences that
+    matter stay visible; cheaper candidates far below are marked on its bottom edge and listed."""
     record = data.tuned
     assert record is not None  # drawn only for a model with a retrieval tuning, as its callers check
     metric, rows = record["metric"], record["frontier"]
@@ -401,9 +395,8 @@ def _mark_choice(ax: Any, chosen: tuple, label: str, highest: tuple | None, high
 
 
 def _budget_reference(record: dict, raw_bytes: int) -> tuple[int, float, str] | None:
-    """``(bytes, score, name)`` of the reference a tuning under a budget was measured against, when it is not
-    raw float32 (which the frontier draws anyway); its score is the forecast's, which for a setting fixed in
-    advance is its mean over every query, as in the table."""
+    """``(bytes, score, name)`` of the reference a tuning under a budget was measured against where it is not raw
+    float32 (drawn anyway); its score is the forecast's: for a setting fixed in advance, its mean over the queries."""
     selection = record.get("selection") or {}
     reference = selection.get("reference")
     predicted = (selection.get("forecast") or {}).get("reference")
@@ -427,9 +420,8 @@ def _setting(row: PairRow) -> str:
 
 
 def highest_within(record: dict) -> dict:
-    """The frontier row of a retrieval tuning's record scoring highest on its queries within its budget
-    (the frontier's scores rise with its bytes: the last row that fits). The rule's choice is another row
-    where the highest did not beat the reference beyond the noise of all compared."""
+    """The frontier row of a retrieval tuning's record scoring highest on its queries within its budget (the
+    last that fits); the rule chose another where it did not beat the reference beyond the noise."""
     budget, metric = record.get("max_bytes"), record["metric"]
     rows = [row for row in record["frontier"] if budget is None or row["bytes_per_vector"] <= budget]
     return max(rows, key=lambda row: (row[metric], -row["bytes_per_vector"]))
@@ -597,8 +589,6 @@ def _figure(images: dict, name: str, caption: str) -> str:
 
 def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]:
     """The section on labelled pairs: the raw, best and seed scores, their figures and the full grid."""
-    model = data.model
-    parts: list[str] = []
     grid, metric, name = data.grid, data.metric, _metric_name(data)
     assert grid is not None  # drawn only for a report with a grid
     best = grid.best
@@ -615,12 +605,12 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
             (f"{role} ({name})", f"{score:.2f} at {_setting(picked)} ({score - grid.raw[metric]:+.2f} vs raw){also}")
         )
     for beta, label, _ in SEED_SETTINGS:
-        seed = seeds.get((beta, beta, model.n_features))
+        seed = seeds.get((beta, beta, data.model.n_features))
         if seed is not None:
             rows.append((f"{label}, full d", f"{seed.score(metric):.2f}"))
     boxes = "white is the raw score, blue beats it, red loses; the green box marks the setting chosen by the rule"
     boxes += ("" if highest is best else ", the dashed box the highest on these pairs") + "."
-    parts += [
+    parts = [
         "<h2>Scores on labelled pairs</h2>",
         _table(rows),
         image("k_curve", f"{name} against k for beta=gamma=1 and beta=gamma=0; dashed: the raw vectors."),
@@ -722,8 +712,7 @@ _ALSO_HIGHEST = " (also the highest on these queries)"
 
 
 def _tuning_rows(record: dict) -> list[tuple[str, str]]:
-    """The retrieval tuning in (name, value) rows: the queries, raw float32, the budget, the choice, the
-    highest where it is another, and the forecast."""
+    """The retrieval tuning as (name, value) rows: queries, raw, budget, choice, the highest, the forecast."""
     metric, validation, setting = record["metric"], record["validation"], record["setting"]
     raw, budget, highest = validation["raw"], record.get("max_bytes"), highest_apart(record)
     chosen = f"{validation['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector"

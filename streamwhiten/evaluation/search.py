@@ -116,11 +116,9 @@ def _parts(n: int, parts: int) -> list[tuple[int, int]]:
 class SearchPass:
     """The state of one pass over the corpus: its jobs' top lists and the worker threads.
 
-    `search` drives one; a caller that shares work between jobs (the tuning sweep) drives its own:
-    `prepared` turns a block into what a job searches (in row slices, on the workers),
-    `search_block` merges a prepared block into the job's top lists, `results` gives them,
-    `close` ends the workers.
-    """
+    `search` drives one; a caller sharing work between jobs (the tuning sweep) drives its own: `prepared`
+    turns a block into what a job searches (in row slices, on the workers), `search_block` merges it into
+    the job's top lists, `results` gives them, `close` ends the workers."""
 
     def __init__(self, jobs: list[SearchJob], threads: int):
         self.jobs = jobs
@@ -208,9 +206,9 @@ class SearchPass:
 def corpus_blocks(
     corpus: Any, block_rows: int | None = None, rows: Any = None, block_bytes: int = SEARCH_BLOCK_BYTES
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """``(start, rows)`` of an in-memory array or a `Source`, block by block in
-    row order. ``rows`` (sorted), if given, limits the blocks to those holding one of them. Without
-    ``block_rows``, blocks of about ``block_bytes`` of rows as stored (a source's: whole chunks).
+    """``(start, rows)`` of an in-memory array or a `Source`, block by block in row order. ``rows`` (sorted), if
+    given, keeps the blocks holding one of them. Without ``block_rows``, blocks of about ``block_bytes`` of rows
+    as stored (a source's: whole chunks).
 
     A source is read into two buffers in turn, the next block (in another thread) while the caller
     works on this one: a block handed out is valid until the caller asks for the next one.
@@ -235,8 +233,7 @@ def corpus_blocks(
     buffers = [np.empty((width, corpus.n_features), dtype=corpus.read_dtype) for _ in range(min(2, len(ranges)))]
 
     def read(i: int):
-        a, b = ranges[i]
-        return corpus.read_into(a, b, buffers[i % len(buffers)])
+        return corpus.read_into(*ranges[i], buffers[i % len(buffers)])
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwhiten-read") as reader:
         pending: Future[np.ndarray] | None = reader.submit(read, 0)
@@ -250,10 +247,9 @@ def corpus_blocks(
 def corpus_slices(
     corpus: Any, block_rows: int | None = None, block_bytes: int | None = None, slice_bytes: int | None = None
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """`corpus_blocks` (of about ``block_bytes`` without ``block_rows``; default `SLICED_BLOCK_BYTES`) cut
-    into slices of about ``slice_bytes`` (default `SLICE_BYTES`) of float64 rows, 16 at least: ``(start, rows)``
-    in row order. What a caller computes on a slice in float64 stays that small however large a store's
-    chunks are. A slice is valid until the next one is asked for."""
+    """`corpus_blocks` (of about ``block_bytes`` without ``block_rows``; default `SLICED_BLOCK_BYTES`) cut into
+    slices of about ``slice_bytes`` (default `SLICE_BYTES`) of float64 rows, 16 at least: ``(start, rows)`` in
+    order, so float64 work on a slice stays small however large a store's chunks. Valid until the next."""
     n_features = corpus.n_features if isinstance(corpus, Source) else int(np.prod(np.shape(corpus)[1:]))
     step = max(16, int(SLICE_BYTES if slice_bytes is None else slice_bytes) // (8 * max(1, int(n_features))))
     block_bytes = SLICED_BLOCK_BYTES if block_bytes is None else block_bytes
@@ -324,10 +320,9 @@ def exact_search(
 
 @dataclass
 class RescoreJob:
-    """One re-ranking in a pass over the corpus blocks that hold candidates: ``queries`` (float rows),
-    ``candidates`` (queries x N corpus rows, -1: none; e.g. a Hamming search's), the top ``depth`` kept, by
-    the inner product with the corpus rows as ``prepare(rows, start)`` makes them (best first, ties to the
-    lower row)."""
+    """One re-ranking in a pass over the blocks holding candidates: ``queries`` (float rows), ``candidates``
+    (queries x N corpus rows, -1: none; e.g. a Hamming search's), the top ``depth`` kept by the inner product
+    with the rows as ``prepare(rows, start)`` makes them (best first, ties to the lower row)."""
 
     queries: np.ndarray
     candidates: np.ndarray

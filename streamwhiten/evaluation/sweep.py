@@ -121,10 +121,9 @@ class Candidate:
 
 @dataclass(frozen=True)
 class SweepRow:
-    """One map stored one way, or a code of the raw unit vectors (``code``: its record, `code_record`), and
-    its scores: a row of `RetrievalTuneResult`'s table. ``scores``: each metric of `METRICS` (x100);
-    ``retention``: the score of the chosen metric over raw float32's (%, None where raw scores 0);
-    ``difference``, ``low``, ``high``: its difference from raw float32 and the paired bootstrap interval."""
+    """One map stored one way, or a code of the raw unit vectors (``code``: `code_record`), and its scores (x100,
+    each of `METRICS`): a row of `RetrievalTuneResult`'s table. ``retention``: the chosen metric over raw float32's
+    (%, None where raw scores 0); ``difference``, ``low``, ``high``: against raw float32, the paired interval."""
 
     beta: float
     gamma: float
@@ -149,8 +148,7 @@ class SweepRow:
         return -math.inf if value is None or math.isnan(value) else float(value)
 
     def to_json(self) -> dict[str, Any]:
-        """The row as plain JSON values: the setting and storage, the code's record where there is one, the
-        scores, then the retention and the interval."""
+        """The row as plain JSON: the setting, storage, the code's record if any, scores, retention, interval."""
         out = {item.name: getattr(self, item.name) for item in fields(self)[:10]}  # up to bytes_per_vector
         out.update({} if self.code is None else {"code": self.code}, **self.scores)
         return dict(out, retention=self.retention, difference=self.difference, low=self.low, high=self.high)
@@ -236,8 +234,7 @@ class SweepGrid:
         self.storages()  # checks the names, rescore, rescore_dtype and int8_clip
 
     def storages(self) -> list[Storage]:
-        """The storages swept: the `STORAGES` names of ``dtypes`` (default: all) as `Storage` records; none
-        where only codes are named."""
+        """The `STORAGES` named in ``dtypes`` (default: all) as `Storage` records; none where only codes are named."""
         named = self._named()
         if named is not None and named[1] and not named[0]:
             return []
@@ -267,8 +264,7 @@ class SweepGrid:
         return None if self.dtypes is None else split_families(self.dtypes)
 
     def codes(self) -> tuple[str, ...]:
-        """The code families swept under a budget: those named in ``dtypes``, or by default every one
-        of `TUNE_CODES` (faiss's only where faiss is installed)."""
+        """The code families swept under a budget: ``dtypes``' or every `TUNE_CODES` (faiss's where installed)."""
         named = self._named()
         if named is not None:
             return named[1]
@@ -278,10 +274,9 @@ class SweepGrid:
 
 
 def retrieval_grid(model: WhiteningModel, grid: SweepGrid, raw_ks: Sequence[int] = ()) -> tuple[list[Candidate], dict]:
-    """``(candidates, bases)``: the maps of ``grid`` (as ``tune``'s, each ``(beta, gamma, k)`` once) with
-    the raw (identity), rotation and centring maps added, and the model re-finalized at each beta (its
-    eigendecomposition, with ``grid.eps``). ``raw_ks``: the rotation truncated to these k is added too (the
-    reference of a budget too small for the raw vectors' sign bits)."""
+    """``(candidates, bases)``: the maps of ``grid`` (as ``tune``'s, each ``(beta, gamma, k)`` once) with the
+    raw (identity), rotation and centring maps, and the model re-finalized at each beta (with ``grid.eps``);
+    with the rotation truncated to each k of ``raw_ks`` (the reference of a budget too small for raw bits)."""
     d = model.n_features
     betas, gammas, choices = make_grid(d, grid.betas, grid.gammas, grid.ks, grid.variances)
     wanted = [(beta, gamma, choice) for beta in betas for gamma in gammas for choice in choices]
@@ -409,9 +404,8 @@ class _Plan:
 
 def _passes(plan: _Plan, candidates: list[Candidate], storages: list[Storage]) -> tuple[list[list], list[list]]:
     """The passes of `sweep_rows`, each holding at most `TOP_LIST_BYTES` of top lists and queries: the first
-    ones search the raw reference (key None) and the bits of each (beta, k) (`Candidate.bits_key`), each with
-    its depth; the later ones the maps whose float, float16 and int8 searches and re-rankings of the bits fit
-    (a setting whose only storage within the budget is binary+rescore is re-ranked there too)."""
+    ones search the raw reference (key None) and the bits of each `Candidate.bits_key`, each with its depth;
+    the later ones the float, float16 and int8 searches and the re-rankings of the bits that fit."""
     task, depth, fits, floats, reranks = plan.task, plan.depth, plan.fits, plan.floats, plan.reranks
     bit_depth = max([depth] + [storage.rescore for storage in storages])
     first: list[tuple[Any, int]] = [(None, depth)]
@@ -441,21 +435,15 @@ def _search_first(plan: _Plan, group: list[tuple[Any, int]], reading: Reading, p
     jobs = {key: use.jobs[0] for (key, _), use in zip(group, uses, strict=True)}
     out: dict = {key: job._state["rows"] for key, job in jobs.items()}
     if None in jobs:  # the raw reference: its cosines show the queries that are corpus rows
-        top = [np.ascontiguousarray(jobs[None]._state[name][:, : plan.depth]) for name in ("rows", "values")]
-        out[None] = SearchResult(*top, jobs[None].metric)
+        rows, values = (np.ascontiguousarray(jobs[None]._state[name][:, : plan.depth]) for name in ("rows", "values"))
+        out[None] = SearchResult(rows, values, jobs[None].metric)
     return out  # the pass's scores and queries go with its uses: only the top rows are kept
 
 
 def _search_group(
-    plan: _Plan,
-    group: list[Candidate],
-    bits: dict,
-    reading: Reading,
-    progress: Callable[[int, int], None] | None,
-    keep: Callable[[np.ndarray], Any],
+    plan: _Plan, group: list[Candidate], bits: dict, reading: Reading, progress: Callable, keep: Callable
 ) -> dict:
-    """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``
-    (those within the budget: ``plan.fits(candidate, storage)``); what is kept of each top list."""
+    """One pass for the float, float16 and int8 searches and the re-rankings of ``group`` that fit; the kept lists."""
     depth, fits = plan.depth, plan.fits
     made = []
     for candidate in group:
@@ -521,8 +509,7 @@ def family_of(row: SweepRow) -> str:
 
 
 def best_per_family(table: list[SweepRow], metric: str, max_bytes: int | None = None) -> list[SweepRow]:
-    """The best row of each storage family (`family_of`) within ``max_bytes``, by score (ties to
-    fewer bytes, then the table's order), best first: how each family does at the budget."""
+    """The best row of each storage family (`family_of`) within ``max_bytes`` (ties to fewer bytes), best first."""
     within = [row for row in table if max_bytes is None or row.bytes_per_vector <= max_bytes]
     best: dict = {}
     for row in sorted(within, key=lambda row: (-row.score(metric), row.bytes_per_vector)):  # stable: ties in order
@@ -558,22 +545,19 @@ def reference_k(n_features: int, max_bytes: int | None) -> int | None:
 
 
 def reference_index(table: list[SweepRow], n_features: int, max_bytes: int | None = None) -> int:
-    """The row of the reference within ``max_bytes``: the raw vectors (no transformation, ``vectors`` "raw",
-    no re-ranking) in the storage with the most bytes that fits (float32, then float16, int8, sign bits:
-    raw float32 with no budget, the raw sign bits ``ceil(d / 8)`` bytes); when not even the raw sign bits
-    fit, the rotation ``y = x U`` (beta = gamma = 0) truncated to the k that fits, most bytes first."""
+    """The row of the reference within ``max_bytes``: the raw vectors (``vectors`` "raw", not re-ranked) in the
+    storage with the most bytes that fits (float32, float16, int8, then sign bits, ``ceil(d / 8)`` bytes); when
+    not even those fit, the rotation ``y = x U`` (beta = gamma = 0) truncated to the k that fits."""
     fits = [
         i
         for i, row in enumerate(table)
         if not row.rescore and not row.code and (max_bytes is None or row.bytes_per_vector <= max_bytes)
     ]
-    raw = [i for i in fits if table[i].vectors == "raw"]
-    if raw:
-        return min(raw, key=lambda i: (-table[i].bytes_per_vector, i))
+    raw = [i for i in fits if table[i].vectors == "raw"]  # all at k = d
     rotated = [i for i in fits if table[i].beta == 0 and table[i].gamma == 0]
-    if not rotated:
+    if not raw and not rotated:
         raise _no_reference(max_bytes)
-    return min(rotated, key=lambda i: (-table[i].bytes_per_vector, -table[i].k, i))
+    return min(raw or rotated, key=lambda i: (-table[i].bytes_per_vector, -table[i].k, i))
 
 
 def _within(table: list[SweepRow], max_bytes: int | None) -> list[int]:
@@ -638,9 +622,8 @@ class RetrievalTuneResult:
     self_matches: SelfMatches | None = None
 
     def model_for(self, row: SweepRow) -> WhiteningModel:
-        """The model of one row: the map at its setting (sharing its beta's eigendecomposition; the
-        identity map for the raw vectors) and the storage recorded. A code's row: the identity map, with its
-        codec (`codec_for`'s, which codes the raw vectors scaled to unit length) as its storage."""
+        """The model of one row: its map (sharing its beta's eigendecomposition; raw: the identity) and storage;
+        a code's row: the identity map with its codec (`codec_for`, of the raw unit vectors) as its storage."""
         model = _map_model(self.bases, row.vectors == "raw" or bool(row.code), row.beta, row.gamma, row.k)
         if row.code:
             from ..codes.storage import with_codec  # the raw unit vectors coded: the codec is the storage
@@ -658,14 +641,12 @@ class RetrievalTuneResult:
 
     @property
     def highest(self) -> SweepRow:
-        """The row scoring highest on these queries within the budget: the rule's choice (`best`)
-        where nothing scores above it, else the highest (ties to fewer bytes), which the rule did not take."""
+        """The row scoring highest on these queries within the budget (ties to fewer bytes), else `best`."""
         top = choose_within(self.table, self.metric, self.max_bytes)
         return self.best if not top.score(self.metric) > self.best.score(self.metric) else top  # a tie: the choice
 
     def tuned(self) -> tuple[WhiteningModel, dict]:
-        """The chosen model (its setting and storage, with a record in ``info["tuned"]``) and a summary
-        (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``): what ``tune`` writes and prints."""
+        """The chosen model (its record in ``info["tuned"]``) and ``tune``'s summary (``chosen``: its setting)."""
         chosen, best = self.chosen_model(), self.best
         described = dict(describe_stored(chosen), rescore=best.rescore, rescore_dtype=best.rescore_dtype)
         if best.code:  # the raw vectors coded: what is stored is the code, not the map's floats
@@ -674,8 +655,7 @@ class RetrievalTuneResult:
         return replace(chosen, info=dict(chosen.info, tuned=self._record(described))), summary
 
     def _record(self, described: dict) -> dict:
-        """The record of the tuning a tuned model keeps: the setting, the validation, the choice, the frontier
-        and the best of each storage family."""
+        """The record a tuned model keeps: the setting, validation, choice, frontier and each family's best."""
         keep = ("beta", "gamma", "k", "storage", "bytes_per_vector", self.metric, *_VERSUS_RAW)
         task, best = self.task, self.best.to_json()
         return {
@@ -699,8 +679,7 @@ class RetrievalTuneResult:
         }
 
     def to_json(self) -> dict[str, Any]:
-        """The sweep and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row
-        the rule chose, ``highest`` the row scoring highest on these queries within the budget."""
+        """The sweep as plain JSON (``tune --json``'s core): ``best`` is the rule's row, ``highest`` the top score's."""
         as_json = json_rows(self.table)
         return dict(
             plain(self.task),
@@ -776,8 +755,7 @@ def sweep(
 
 @dataclass(frozen=True)
 class _SweepPlan:
-    """What a sweep searches: the maps (``candidates``, their ``bases``), the storages, ``{code: [bytes to
-    train at]}`` and the largest budget (``limit``; None: none)."""
+    """What a sweep searches: maps, bases, storages, ``{code: [bytes]}``, the largest budget (``limit``)."""
 
     candidates: list[Candidate]
     bases: dict
@@ -788,8 +766,7 @@ class _SweepPlan:
 
 
 def _sweep_plan(model: WhiteningModel, grid: SweepGrid, budgets: Any) -> _SweepPlan:
-    """The maps, storages and codes of a sweep, after every check that needs no pass over the corpus: the
-    grid with the references of the budgets (``budgets``, default ``grid.max_bytes``) added."""
+    """The maps (with the references of ``budgets``, default ``grid.max_bytes``), storages and codes, checked."""
     storages = grid.storages()
     wanted = [grid.max_bytes] if budgets is None else list(budgets)
     raw_ks = [k for k in (reference_k(model.n_features, budget) for budget in wanted) if k is not None]
@@ -809,8 +786,7 @@ def _sweep_codes(
     options: RetrievalOptions,
     progress: Callable[[int, int], None] | None,
 ) -> dict[str, tuple[str, Any, np.ndarray]]:
-    """``{label: (family, codec, top rows)}``: each code of ``code_sizes`` trained on the unit rows'
-    statistics and a sample (one pass), then all searched (one more)."""
+    """``{label: (family, codec, top rows)}``: the codes trained on the unit rows (one pass), then searched (one)."""
     if not code_sizes:
         return {}
     to_train = [(name, size) for name, sizes in code_sizes.items() for size in sizes]
@@ -849,8 +825,7 @@ def _scored(
     rows: dict,
     codecs: dict[str, tuple[str, Any, np.ndarray]],
 ) -> RetrievalTuneResult:
-    """The table of every map and storage searched and every code, each against the raw float32 reference
-    with its paired bootstrap interval, and the rule's choice."""
+    """The table of every map, storage and code against raw float32 (paired intervals), and the rule's choice."""
     metric, d = grid.metric, plan.n_features
     raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * d)
@@ -908,9 +883,8 @@ def _checked_first(
     wanted: list,
     needs_reference: bool,
 ) -> dict[str, list[int]]:
-    """``{code: [bytes to train at]}`` (`_code_sizes`) after every check that needs no pass, each a one-line
-    error: codes against the budgets, a budget nothing fits, codes with no budget, and (``needs_reference``)
-    the rule's reference within each budget of ``wanted``."""
+    """``{code: [bytes to train at]}`` (`_code_sizes`) after the checks that need no pass: codes against the
+    budgets, a budget nothing fits, codes with no budget, the reference within each budget (``needs_reference``)."""
     code_sizes = _code_sizes(grid, n_features, [budget for budget in wanted if budget is not None])
     pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
     if wanted and None not in wanted and not code_sizes and pairs and min(pairs)[0] > max(wanted):
@@ -942,8 +916,7 @@ def _no_reference(max_bytes: int | None) -> BadInputError:
 
 
 def _trainable(code_sizes: dict[str, list[int]], grid: SweepGrid, n_corpus: int) -> dict[str, list[int]]:
-    """The codes of ``code_sizes`` that train on the sample of ``n_corpus`` rows (`smallest_sample`: PQ's
-    k-means needs 256), before any pass: a default code that does not is left out, a named one refused."""
+    """Those of ``code_sizes`` that train on the sample (`smallest_sample`): the others dropped, or refused if named."""
     sample_rows = min(grid.code_sample, n_corpus)
     short = [name for name in code_sizes if sample_rows < smallest_sample(name)]
     if short and grid.dtypes is not None:
@@ -957,8 +930,7 @@ def _trainable(code_sizes: dict[str, list[int]], grid: SweepGrid, n_corpus: int)
 
 
 def _code_sizes(grid: SweepGrid, n_features: int, budgets: list[int]) -> dict[str, list[int]]:
-    """``{code: [bytes to train at]}``: each code of ``grid.codes()`` at each budget it fits (none without
-    a budget); a one-line error when codes were named and none fits the smallest budget."""
+    """``{code: [bytes]}``: each of ``grid.codes()`` at each budget it fits; an error where named ones fit none."""
     names = grid.codes()
     if not names or not budgets:
         return {}

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..core.model import WhiteningModel, components_for_variance
 from ..errors import BadInputError
+from ..params import check
 from ..params import check_model as check_params
 from ..progress import phase
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
@@ -72,9 +73,11 @@ def make_grid(
         raise BadInputError("the grid is empty: give at least one gamma")
     if not ks and not variances:
         raise BadInputError("the grid is empty: give at least one k or explained-variance fraction")
-    for name, values in (("beta", betas), ("gamma", gammas), ("n_components", ks), ("variance", variances)):
+    for name, values in (("beta", betas), ("gamma", gammas), ("variance", variances)):
         for value in values:
-            check_params(n_features=n_features, **{name: value})
+            check(name, value)
+    for k in ks:
+        check_params(n_components=k, n_features=n_features)
     unique = lambda values: list(dict.fromkeys(values))  # noqa: E731 - keep the order given
     choices = [KChoice(n_components=int(k)) for k in unique(ks)]
     choices += [KChoice(variance=float(v)) for v in unique(variances)]
@@ -97,9 +100,8 @@ def decompose(model: WhiteningModel, beta: float, eps: float | None = None) -> W
 
 @dataclass(frozen=True)
 class PairRow:
-    """One setting of the pairs grid and its scores (x100): a row of `TuneResult`'s table. ``k_label``: the
-    k as the grid named it (a count or a variance fraction); ``vectors``: ``raw`` (the identity map),
-    ``rotated``, ``centred`` or ``whitened``."""
+    """One setting of the pairs grid and its scores (x100): a row of `TuneResult`'s table. ``k_label``: k as
+    the grid named it (a count or a variance fraction); ``vectors``: ``raw`` (identity) or as `vectors_of`."""
 
     beta: float
     gamma: float
@@ -120,8 +122,7 @@ class PairRow:
 
 
 def json_rows(table: Sequence[Any]) -> Callable[[Any], dict[str, Any]]:
-    """``as_json(row)``: the JSON of a row of ``table`` (its ``to_json()``), one dict per row, so that a row
-    chosen (``best``) is the very dict of its row in the JSON table too."""
+    """``as_json(row)``: one ``to_json()`` dict per row of ``table``, so that ``best`` is the very dict of its row."""
     made = {id(row): row.to_json() for row in table}
     return lambda row: made[id(row)]
 
@@ -155,15 +156,13 @@ class TuneResult:
 
     @property
     def highest(self) -> PairRow:
-        """The row scoring highest on these pairs: the rule's choice (`best`) where nothing scores
-        above it, else the highest (ties to the smaller k), which the rule did not take (not beyond the
-        noise of all compared, or a tolerance's cheaper setting was taken)."""
+        """The row scoring highest on these pairs (ties to the smaller k) where it scores above `best` (which it
+        did not beat beyond the noise of all compared, or a tolerance's cheaper setting won), else `best`."""
         top = choose(self.table, self.metric)
         return self.best if not top.score(self.metric) > self.best.score(self.metric) else top  # a tie: the choice
 
     def to_json(self) -> dict[str, Any]:
-        """The grid and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row the
-        rule chose, ``highest`` the row scoring highest on these pairs (the same row when they agree)."""
+        """The grid as plain JSON (``tune --json``'s core): ``best`` is the rule's row, ``highest`` the top score's."""
         as_json = json_rows(self.table)
         return {
             "metric": self.metric,
@@ -221,9 +220,8 @@ class PairGrid:
 
 
 def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
-    """``(bases, plans, settings)``: each beta's eigendecomposition; its shift, rotation and the weight
-    column of each of its (gamma, k) (what scoring a block needs); the settings (`PairRow` fields but the
-    scores) in the order the columns hold them."""
+    """``(bases, plans, settings)``: each beta's eigendecomposition; its shift, rotation and weight column per
+    (gamma, k), what scoring a block needs; the settings (`PairRow` fields but the scores) in column order."""
     d = model.n_features
     betas, gammas, choices = make_grid(d, grid.betas, grid.gammas, grid.ks, grid.variances)
     bases: dict = {}
@@ -246,8 +244,7 @@ def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
 def _pair_cosines(
     pairs: PairSet, plans: list, block_rows: int | None, progress: Callable[[int, int], None] | None
 ) -> np.ndarray:
-    """The cosine of every pair under every setting of ``plans`` (a row each, in the order of their columns)
-    and, last, the raw vectors', in one pass over the pairs."""
+    """The cosine of every pair under every setting of ``plans`` (a row each) and, last, raw's, in one pass."""
     n_pairs = pairs.n_pairs
     n_settings = sum(stacked.shape[1] for _, _, stacked in plans) + 1
     cosines = np.empty((n_settings, n_pairs))
