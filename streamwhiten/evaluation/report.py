@@ -248,8 +248,7 @@ def _heat_layout(n_panels: int) -> tuple[int, int]:
 
 
 def _draw_heatmap(ax: Any, grid: TuneResult, metric: str, label: str, norm: Any) -> Any:
-    """The heat map of the score over (beta, gamma) at one k choice (``label``), each cell's score written
-    in it, the rule's choice and the highest outlined; the image (for the colour bar)."""
+    """The heat map over (beta, gamma) at k choice ``label``: each cell's score, the choices outlined; the image."""
     maps = [row for row in grid.table if row.vectors != "raw"]
     betas = list(dict.fromkeys(row.beta for row in maps))
     gammas = list(dict.fromkeys(row.gamma for row in maps))
@@ -333,8 +332,7 @@ class _FrontierView:
 
 
 def _draw_candidates(ax: Any, rows: list, view: _FrontierView, raw_score: float, star: tuple) -> list[str]:
-    """Each frontier point with its interval and label (away from the ``star``); those below the view are
-    marked on its bottom edge and returned as lines to list."""
+    """Each frontier point, interval and label (away from the ``star``); those below the view: marked, returned."""
     below = []
     for i, (row, xi, yi) in enumerate(zip(rows, view.x, view.y, strict=True)):
         if row["low"] is not None:  # clipped to the axis: an interval can reach far past the candidates

@@ -73,11 +73,13 @@ def make_grid(
         raise BadInputError("the grid is empty: give at least one gamma")
     if not ks and not variances:
         raise BadInputError("the grid is empty: give at least one k or explained-variance fraction")
-    for name, values in (("beta", betas), ("gamma", gammas), ("variance", variances)):
+    for name, values in (("beta", betas), ("gamma", gammas)):
         for value in values:
             check(name, value)
     for k in ks:
         check_params(n_components=k, n_features=n_features)
+    for variance in variances:
+        check("variance", variance)
     unique = lambda values: list(dict.fromkeys(values))  # noqa: E731 - keep the order given
     choices = [KChoice(n_components=int(k)) for k in unique(ks)]
     choices += [KChoice(variance=float(v)) for v in unique(variances)]
