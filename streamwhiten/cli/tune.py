@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -49,9 +50,8 @@ class Sweep(SearchFlags):
 
 
 class GeneratedHelp(click.Command):
-    """A command whose help is made by ``make_help()`` when first shown: it names what the library's
-    registries hold (the storages a sweep takes, the code families a budget adds), which the command
-    line does not import to start."""
+    """A command whose help is made by ``make_help()`` when first shown: it names what the library's registries
+    hold (the storages a sweep takes, the code families a budget adds), not imported to start."""
 
     def __init__(self, *args: Any, make_help: Callable[[], str], **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -64,8 +64,7 @@ class GeneratedHelp(click.Command):
 
 
 def _help() -> str:
-    """tune's ``--help``: the storages from `STORAGES`, the code families
-    a budget adds from `TUNE_CODES`."""
+    """tune's ``--help``: the storages from `STORAGES`, the code families a budget adds from `TUNE_CODES`."""
     from ..codes import TUNE_CODES
     from ..evaluation.sweep import STORAGES
 
@@ -215,8 +214,7 @@ def _checked_target(
     in_place: bool,
     overwrite: bool,
 ) -> str | None:
-    """The file the tuned model is written to (None: none), checked before anything is read, with the
-    one-line errors of options that do not go together."""
+    """The file the tuned model goes to (None: none), checked before anything is read; clashing options refused."""
     from ..core.model import check_model_output
 
     if mode == "pairs" and metric in RETRIEVAL_METRICS:
@@ -257,16 +255,13 @@ def _pairs(
     from ..evaluation.tune import tune as run_tune
 
     assert inputs.pairs_a is not None and inputs.pairs_b is not None and inputs.scores is not None  # mode_of
-    with open_pairs(inputs.pairs_a, inputs.pairs_b, inputs.scores) as pairs:
-        test_pairs = open_pairs_given(test.pairs_a, test.pairs_b, test.scores, "--test-a, --test-b and --test-scores")
-        try:
-            with progress_bar("tune", quiet) as progress:
-                return run_tune(
-                    model, pairs, test_pairs, grid=PairGrid(**grid), block_rows=block_rows, progress=progress
-                )
-        finally:
-            if test_pairs is not None:
-                test_pairs.close()
+    flags = "--test-a, --test-b and --test-scores"
+    with (
+        open_pairs(inputs.pairs_a, inputs.pairs_b, inputs.scores) as pairs,
+        open_pairs_given(test.pairs_a, test.pairs_b, test.scores, flags) or nullcontext() as test_pairs,
+        progress_bar("tune", quiet) as progress,
+    ):
+        return run_tune(model, pairs, test_pairs, grid=PairGrid(**grid), block_rows=block_rows, progress=progress)
 
 
 def _retrieval(
@@ -289,20 +284,13 @@ def _retrieval(
     return chosen, summary
 
 
-def same_row(a: dict | None, b: dict | None) -> bool:
-    """Whether two rows of a tuning table are one setting (one storage): the rule's choice and the highest."""
-    keys = ("beta", "gamma", "k", "k_label", "vectors", "storage")
-    return a is b or (a is not None and b is not None and all(a.get(key) == b.get(key) for key in keys))
-
-
 def _lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel, target: str | None) -> list[str]:
-    """The text of a tuning on pairs: the table, raw, the choice (and the highest where it is another), the
-    test pairs' scores and what was written."""
+    """The text of a tuning on pairs: the table, raw, the choice, the highest, the test scores, what was written."""
     metric, tolerance = summary["metric"], summary["tolerance"]
     best, raw, highest = summary["best"], summary["raw"], summary["highest"]
     name = metric.capitalize()
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
-    also = same_row(best, highest)
+    also = best is highest  # one dict per row of the table (`json_rows`)
     within = f"within {tolerance:g} of the top score" if argmax else f"surely within {tolerance:g} of raw"
     lines = [
         f"validation {summary['pairs']['n_pairs']:,} pairs of {model.n_features}-d vectors; "
@@ -337,8 +325,8 @@ def table_lines(result: dict[str, Any], what: str = "pairs") -> list[str]:
     """The grid as one line per (beta, gamma) with one column per k choice: the cell the rule chose
     starred, the one highest on these ``what`` marked ``^`` where it is another."""
     table, best, metric = result["table"], result["best"], result["metric"]
-    highest = result.get("highest")
-    apart = highest is not None and not same_row(best, highest)
+    highest = result["highest"]
+    apart = highest is not best
     labels = list(dict.fromkeys(row["k_label"] for row in table if row.get("vectors") != "raw"))
     fractions = [label for label in labels if label.endswith("%")]
     width = 7
@@ -378,11 +366,8 @@ _VECTORS = {"raw": "raw (no map)", "rotated": "rotation", "centred": "centring",
 
 
 def _row_text(row: dict, metric: str) -> str:
-    what = (
-        "raw, unit, coded"
-        if row.get("code")
-        else _VECTORS[row["vectors"]] or f"beta={row['beta']:g} gamma={row['gamma']:g}"
-    )
+    setting = f"beta={row['beta']:g} gamma={row['gamma']:g}"
+    what = "raw, unit, coded" if row.get("code") else _VECTORS[row["vectors"]] or setting
     retention = "" if row["retention"] is None else f"{row['retention']:6.1f}%"
     interval = fmt_interval(row["difference"], row["low"], row["high"])
     return (
@@ -423,8 +408,7 @@ def retrieval_lines(summary: dict, model: WhiteningModel, chosen: WhiteningModel
 
 
 def _choice_lines(summary: dict) -> list[str]:
-    """The budget and the rule's choice, the setting highest on the queries where it is another, and the
-    reference the choice was measured against."""
+    """The budget, the rule's choice, the highest where it is another, and the reference it was measured against."""
     metric, best, budget, tolerance = summary["metric"], summary["best"], summary["max_bytes"], summary["tolerance"]
     within = f"within {budget:,} bytes per vector" if budget is not None else "with no byte budget"
     argmax = (summary.get("selection") or {}).get("rule") == "argmax"
@@ -433,10 +417,8 @@ def _choice_lines(summary: dict) -> list[str]:
     )
     lines = [f"chosen     {within}{f' (the fewest bytes {near})' if tolerance else ''}:"]
     highest = summary.get("highest")
-    apart = highest is not None and not same_row(best, highest)
-    lines.append(
-        _row_text(best, metric) + ("  (chosen by the rule)" if apart else "  (chosen by the rule, and highest)")
-    )
+    apart = highest is not None and highest is not best
+    lines.append(_row_text(best, metric) + "  (chosen by the rule" + ("" if apart else ", and highest") + ")")
     if apart and highest is not None:
         lines += [
             f"highest    on these queries {within}, not chosen by the rule:",
@@ -468,9 +450,8 @@ def _verdict_lines(summary: dict) -> list[str]:
     if best.get("code"):
         article = "an" if best["dtype"][0] in "aeio" else "a"
         coded = f"{best['bytes_per_vector']:,} bytes (its codec: {best['code']['model_bytes']:,} bytes per model)"
-        lines.append(
-            f"{pad}{article} {best['dtype']} code wins: the raw vectors scaled to unit length, coded in {coded}"
-        )
+        wins = f"{article} {best['dtype']} code wins"
+        lines.append(f"{pad}{wins}: the raw vectors scaled to unit length, coded in {coded}")
     elif best["vectors"] in _WON:
         lines.append(pad + _WON[best["vectors"]])
     if best["low"] is not None and best["low"] <= 0 <= best["high"]:

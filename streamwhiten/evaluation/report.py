@@ -72,9 +72,8 @@ class ReportData:
 def retrieval_record(model: WhiteningModel) -> dict | None:
     """``model.info["tuned"]`` when it records a retrieval tuning with a frontier, else None."""
     record = model.info.get("tuned")
-    if isinstance(record, dict) and record.get("mode") == "retrieval" and record.get("frontier"):
-        return record
-    return None
+    found = isinstance(record, dict) and record.get("mode") == "retrieval" and record.get("frontier")
+    return record if found else None
 
 
 def collect(
@@ -199,14 +198,10 @@ def draw_k_curve(ax: Any, data: ReportData) -> None:
     ax.axhline(data.raw, color="black", ls="--", lw=1.2, label=f"raw vectors: {data.raw:.2f}")
     best, highest, metric = data.grid.best, data.grid.highest, data.metric
     apart = highest is not best
-    _mark_choice(
-        ax,
-        (best.k, best.score(metric)),
-        f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best.score(metric):.2f}",
-        (highest.k, highest.score(metric)) if apart else None,
-        f"highest on these pairs: {_setting(highest)}: {highest.score(metric):.2f}",
-        (14, 8),
-    )
+    chosen = f"chosen by the rule{'' if apart else ', and highest'}: {_setting(best)}: {best.score(metric):.2f}"
+    top = f"highest on these pairs: {_setting(highest)}: {highest.score(metric):.2f}"
+    point = (highest.k, highest.score(metric)) if apart else None
+    _mark_choice(ax, (best.k, best.score(metric)), chosen, point, top, (14, 8))
     ax.set_xscale("log", base=2)
     everything = [s for points in data.curves.values() for _, s in points if np.isfinite(s)] + [data.raw]
     top = max(everything + [best.score(metric), highest.score(metric)])
@@ -227,9 +222,7 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
     finite = values[np.isfinite(values)]
     raw = data.raw
     norm = TwoSlopeNorm(vcenter=raw, vmin=min(finite.min(), raw - 0.05), vmax=max(finite.max(), raw + 0.05))
-    n_cols = min(5, len(labels))
-    n_rows = -(-len(labels) // n_cols)
-    axes = np.atleast_1d(figure.subplots(n_rows, n_cols, squeeze=False)).ravel()
+    axes = np.atleast_1d(figure.subplots(*_heat_layout(len(labels))[::-1], squeeze=False)).ravel()
     image = None
     for ax, label in zip(axes, labels, strict=False):
         image = _draw_heatmap(ax, grid, metric, label, norm)
@@ -249,9 +242,13 @@ def draw_heatmaps(figure: Any, data: ReportData) -> None:
     figure.suptitle(title, fontsize=11)
 
 
+def _heat_layout(n_panels: int) -> tuple[int, int]:
+    """``(columns, rows)`` of ``n_panels`` heat maps: five to a row."""
+    return min(5, n_panels), -(-n_panels // min(5, n_panels))
+
+
 def _draw_heatmap(ax: Any, grid: TuneResult, metric: str, label: str, norm: Any) -> Any:
-    """The heat map of the score over (beta, gamma) at one k choice (``label``), each cell's score written
-    in it, the rule's choice and the highest outlined; the image (for the colour bar)."""
+    """The heat map over (beta, gamma) at k choice ``label``: each cell's score, the choices outlined; the image."""
     maps = [row for row in grid.table if row.vectors != "raw"]
     betas = list(dict.fromkeys(row.beta for row in maps))
     gammas = list(dict.fromkeys(row.gamma for row in maps))
@@ -271,12 +268,8 @@ def _draw_heatmap(ax: Any, grid: TuneResult, metric: str, label: str, norm: Any)
             elif row is grid.highest:
                 ax.add_patch(_outline(i, j, HIGHEST_COLOR, "--"))
     ks = sorted({row.k for row in cells.values()})
-    title = (
-        f"k = {label}"
-        if not label.endswith("%")
-        else (f"{label} variance (k = {ks[0]}" + (f"..{ks[-1]})" if len(ks) > 1 else ")"))
-    )
-    ax.set_title(title, fontsize=10)
+    span = f"{ks[0]}..{ks[-1]}" if len(ks) > 1 else f"{ks[0]}"
+    ax.set_title(f"{label} variance (k = {span})" if label.endswith("%") else f"k = {label}", fontsize=10)
     ax.set_xticks(range(len(gammas)), [f"{g:g}" for g in gammas], fontsize=8)
     ax.set_yticks(range(len(betas)), [f"{b:g}" for b in betas], fontsize=8)
     ax.set_xlabel("gamma", fontsize=8)
@@ -289,11 +282,10 @@ FRONTIER_WINDOW = 10.0
 
 
 def draw_frontier(ax: Any, data: ReportData) -> None:
-    """The retrieval frontier a tuned model was chosen from: the best score at each number of bytes per
-    vector (with the 95% interval of its difference from raw float32), raw float32 (the reference), the
-    budget, the choice. The score axis spans the reference, the choice and the candidates within
-    `FRONTIER_WINDOW` points of the reference (not 0-100), so the differences that matter stay visible;
-    cheaper candidates far below are marked on its bottom edge and listed. A label sits away from the star."""
+    """The retrieval frontier a tuned model was chosen from: the best score per bytes per vector (with the 95%
+    interval against raw float32), raw float32, the budget and the choice. The score axis spans the reference,
+    the choice and the candidates within `FRONTIER_WINDOW` points of the reference, so the differences that
+    matter stay visible; cheaper candidates far below are marked on its bottom edge and listed."""
     record = data.tuned
     assert record is not None  # drawn only for a model with a retrieval tuning, as its callers check
     metric, rows = record["metric"], record["frontier"]
@@ -340,8 +332,7 @@ class _FrontierView:
 
 
 def _draw_candidates(ax: Any, rows: list, view: _FrontierView, raw_score: float, star: tuple) -> list[str]:
-    """Each frontier point with its interval and label (away from the ``star``); those below the view are
-    marked on its bottom edge and returned as lines to list."""
+    """Each frontier point, interval and label (away from the ``star``); those below the view: marked, returned."""
     below = []
     for i, (row, xi, yi) in enumerate(zip(rows, view.x, view.y, strict=True)):
         if row["low"] is not None:  # clipped to the axis: an interval can reach far past the candidates
@@ -402,9 +393,8 @@ def _mark_choice(ax: Any, chosen: tuple, label: str, highest: tuple | None, high
 
 
 def _budget_reference(record: dict, raw_bytes: int) -> tuple[int, float, str] | None:
-    """``(bytes, score, name)`` of the reference a tuning under a budget was measured against, when it is not
-    raw float32 (which the frontier draws anyway); its score is the forecast's, which for a setting fixed in
-    advance is its mean over every query, as in the table."""
+    """``(bytes, score, name)`` of the reference a tuning under a budget was measured against where it is not raw
+    float32 (drawn anyway); its score is the forecast's: for a setting fixed in advance, its mean over the queries."""
     selection = record.get("selection") or {}
     reference = selection.get("reference")
     predicted = (selection.get("forecast") or {}).get("reference")
@@ -428,9 +418,8 @@ def _setting(row: PairRow) -> str:
 
 
 def highest_within(record: dict) -> dict:
-    """The frontier row of a retrieval tuning's record scoring highest on its queries within its budget
-    (the frontier's scores rise with its bytes: the last row that fits). The rule's choice is another row
-    where the highest did not beat the reference beyond the noise of all compared."""
+    """The frontier row of a retrieval tuning's record scoring highest on its queries within its budget (the
+    last that fits); the rule chose another where it did not beat the reference beyond the noise."""
     budget, metric = record.get("max_bytes"), record["metric"]
     rows = [row for row in record["frontier"] if budget is None or row["bytes_per_vector"] <= budget]
     return max(rows, key=lambda row: (row[metric], -row["bytes_per_vector"]))
@@ -452,9 +441,8 @@ def figures(data: ReportData) -> dict:
         draw(figure.add_subplot(), data)
         out[name] = figure
     if data.grid is not None:
-        n_panels = len(data.k_labels())
-        n_rows = -(-n_panels // min(5, n_panels))
-        figure = Figure(figsize=(3.2 * min(5, n_panels) + 1.5, 2.9 * n_rows + 0.8), layout="constrained")
+        n_cols, n_rows = _heat_layout(len(data.k_labels()))
+        figure = Figure(figsize=(3.2 * n_cols + 1.5, 2.9 * n_rows + 0.8), layout="constrained")
         draw_heatmaps(figure, data)
         out["heatmaps"] = figure
     if data.tuned is not None:
@@ -467,9 +455,8 @@ def figures(data: ReportData) -> dict:
 def dashboard(data: ReportData):
     """Every panel on one figure: spectrum, variance and k curve on top, the heat maps below."""
     Figure = _matplotlib()
-    n_panels = len(data.k_labels()) if data.grid is not None else 0
-    heat_rows = -(-n_panels // min(5, n_panels)) if n_panels else 0
-    width = max(18.0, 3.2 * min(5, n_panels) + 1.5) if n_panels else 13.0
+    n_cols, heat_rows = _heat_layout(len(data.k_labels())) if data.grid is not None else (0, 0)
+    width = max(18.0, 3.2 * n_cols + 1.5) if heat_rows else 13.0
     width += 6.5 if data.tuned is not None else 0.0
     figure = Figure(figsize=(width, 5.2 + 2.9 * heat_rows + (0.8 if heat_rows else 0)), layout="constrained")
     if heat_rows:
@@ -514,8 +501,7 @@ def _write_bytes(path: str, payload: bytes) -> None:
 
 
 def planned_files(path: str, with_pairs: bool, with_frontier: bool = False) -> list:
-    """The files `write_report` will write for ``path`` (``with_frontier``: the model records a
-    retrieval tuning)."""
+    """The files `write_report` writes for ``path`` (``with_frontier``: the model records a retrieval tuning)."""
     kind = output_kind(path)
     if kind != "dir":
         return [path]
@@ -577,11 +563,9 @@ def write_report(data: ReportData, path: str, overwrite: bool = False, title: st
     drawn = figures(data)
     if kind == "dir":
         os.makedirs(path, exist_ok=True)
-        written = []
-        for name, figure in drawn.items():
-            target = os.path.join(path, FIGURE_FILES[name])
+        written = [os.path.join(path, FIGURE_FILES[name]) for name in drawn]
+        for target, figure in zip(written, drawn.values(), strict=True):
             _write_bytes(target, png_bytes(figure))
-            written.append(target)
         return written
     _write_bytes(path, render_html(data, {name: png_bytes(fig) for name, fig in drawn.items()}, title).encode())
     return [path]
@@ -603,8 +587,6 @@ def _figure(images: dict, name: str, caption: str) -> str:
 
 def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]:
     """The section on labelled pairs: the raw, best and seed scores, their figures and the full grid."""
-    model = data.model
-    parts: list[str] = []
     grid, metric, name = data.grid, data.metric, _metric_name(data)
     assert grid is not None  # drawn only for a report with a grid
     best = grid.best
@@ -613,21 +595,20 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
     pairs = f"{described['n_pairs']:,} (A {described['a']}, B {described['b']}, scores {described['scores']})"
     rows = [("pairs", pairs), (f"raw {name}", f"{grid.raw[metric]:.2f}")]
     highest = grid.highest
-    for role, picked in (("chosen by the rule", best), ("highest on these pairs", highest)):
-        if role.startswith("highest") and picked is best:
-            continue
+    roles = [("chosen by the rule", best)] + ([] if highest is best else [("highest on these pairs", highest)])
+    for role, picked in roles:
         also = ", and highest on these pairs" if picked is best and highest is best else ""
         score = picked.score(metric)
         rows.append(
             (f"{role} ({name})", f"{score:.2f} at {_setting(picked)} ({score - grid.raw[metric]:+.2f} vs raw){also}")
         )
     for beta, label, _ in SEED_SETTINGS:
-        seed = seeds.get((beta, beta, model.n_features))
+        seed = seeds.get((beta, beta, data.model.n_features))
         if seed is not None:
             rows.append((f"{label}, full d", f"{seed.score(metric):.2f}"))
     boxes = "white is the raw score, blue beats it, red loses; the green box marks the setting chosen by the rule"
     boxes += ("" if highest is best else ", the dashed box the highest on these pairs") + "."
-    parts += [
+    parts = [
         "<h2>Scores on labelled pairs</h2>",
         _table(rows),
         image("k_curve", f"{name} against k for beta=gamma=1 and beta=gamma=0; dashed: the raw vectors."),
@@ -668,12 +649,7 @@ def _forecast_rows(selection: dict | None, metric: str) -> list[tuple[str, str]]
         rows.append(("rule", "argmax: the best score of all (optimistic)"))
     predicted = selection.get("forecast")
     if predicted:
-
-        def text(entry: dict) -> str:
-            return f"{entry['score']:.2f}" + (
-                "" if entry["low"] is None else f" [{entry['low']:.2f}, {entry['high']:.2f}]"
-            )
-
+        text = lambda entry: _interval(entry["score"], entry["low"], entry["high"])  # noqa: E731
         rows.append(
             (f"forecast {metric} on unseen queries",
              f"chosen {text(predicted['chosen'])}, reference {text(predicted['reference'])} "
@@ -720,17 +696,21 @@ def _frontier_html(data: ReportData, image: Callable[[str, str], str]) -> list[s
     return parts
 
 
+def _interval(value: float, low: float | None, high: float | None, sign: str = "") -> str:
+    """``value`` and its interval where it has one, to two decimals (``sign`` "+": signed)."""
+    return f"{value:{sign}.2f}" + ("" if low is None else f" [{low:{sign}.2f}, {high:{sign}.2f}]")
+
+
 def _versus_raw(row: dict) -> str:
     """A row's difference from raw float32, with its interval where it has one."""
-    return f"{row['difference']:+.2f}" + ("" if row["low"] is None else f" [{row['low']:+.2f}, {row['high']:+.2f}]")
+    return _interval(row["difference"], row["low"], row["high"], "+")
 
 
 _ALSO_HIGHEST = " (also the highest on these queries)"
 
 
 def _tuning_rows(record: dict) -> list[tuple[str, str]]:
-    """The retrieval tuning in (name, value) rows: the queries, raw float32, the budget, the choice, the
-    highest where it is another, and the forecast."""
+    """The retrieval tuning as (name, value) rows: queries, raw, budget, choice, the highest, the forecast."""
     metric, validation, setting = record["metric"], record["validation"], record["setting"]
     raw, budget, highest = validation["raw"], record.get("max_bytes"), highest_apart(record)
     chosen = f"{validation['chosen'][metric]:.2f} at {setting['bytes_per_vector']:,} bytes per vector"
@@ -751,18 +731,13 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
     model = data.model
     summary = model.to_json()
     title = title or "streamwhiten report"
+    setting = f"beta={model.beta:g}, gamma={model.gamma:g}, k={model.n_components}, eps={model.eps:g}"
+    entropy = "exp of the entropy of the normalised eigenvalues"
     spectrum_rows = [
         ("fitted on", f"{model.n_rows:,} rows x {model.n_features} features"),
-        (
-            "transform",
-            f"beta={model.beta:g}, gamma={model.gamma:g}, k={model.n_components}, eps={model.eps:g} "
-            f"(absolute {model.eps_value:.3g})",
-        ),
+        ("transform", f"{setting} (absolute {model.eps_value:.3g})"),
         ("explained variance by k", f"{summary['explained_variance']:.4f}"),
-        (
-            "effective dimension D_eff",
-            f"{model.effective_dimension:.1f} (exp of the entropy of the normalised eigenvalues)",
-        ),
+        ("effective dimension D_eff", f"{model.effective_dimension:.1f} ({entropy})"),
         (
             "k for 90% / 95% / 99% variance",
             " / ".join(str(summary["components_for_variance"][v]) for v in ("0.9", "0.95", "0.99")),
@@ -771,14 +746,11 @@ def render_html(data: ReportData, images: dict, title: str | None = None) -> str
     ]
     parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Model</h2>", _table(spectrum_rows)]
     image = partial(_figure, images)
-
-    parts.append(
-        image(
-            "spectrum",
-            "Eigenvalues of Sigma_beta (log scale): a fast decay means few directions carry most of the variance.",
-        )
-    )
-    parts.append(image("variance", "Cumulative explained variance: how much each k choice keeps."))
+    decay = "a fast decay means few directions carry most of the variance."
+    parts += [
+        image("spectrum", f"Eigenvalues of Sigma_beta (log scale): {decay}"),
+        image("variance", "Cumulative explained variance: how much each k choice keeps."),
+    ]
     if data.grid is not None:
         parts += _pairs_html(data, image)
     if data.tuned is not None:

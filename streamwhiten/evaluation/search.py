@@ -116,11 +116,9 @@ def _parts(n: int, parts: int) -> list[tuple[int, int]]:
 class SearchPass:
     """The state of one pass over the corpus: its jobs' top lists and the worker threads.
 
-    `search` drives one; a caller that shares work between jobs (the tuning sweep) drives its own:
-    `prepared` turns a block into what a job searches (in row slices, on the workers),
-    `search_block` merges a prepared block into the job's top lists, `results` gives them,
-    `close` ends the workers.
-    """
+    `search` drives one; a caller sharing work between jobs (the tuning sweep) drives its own: `prepared`
+    turns a block into what a job searches (in row slices, on the workers), `search_block` merges it into
+    the job's top lists, `results` gives them, `close` ends the workers."""
 
     def __init__(self, jobs: list[SearchJob], threads: int):
         self.jobs = jobs
@@ -208,9 +206,9 @@ class SearchPass:
 def corpus_blocks(
     corpus: Any, block_rows: int | None = None, rows: Any = None, block_bytes: int = SEARCH_BLOCK_BYTES
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """``(start, rows)`` of an in-memory array or a `Source`, block by block in
-    row order. ``rows`` (sorted), if given, limits the blocks to those holding one of them. Without
-    ``block_rows``, blocks of about ``block_bytes`` of rows as stored (a source's: whole chunks).
+    """``(start, rows)`` of an in-memory array or a `Source`, block by block in row order. ``rows`` (sorted), if
+    given, keeps the blocks holding one of them. Without ``block_rows``, blocks of about ``block_bytes`` of rows
+    as stored (a source's: whole chunks).
 
     A source is read into two buffers in turn, the next block (in another thread) while the caller
     works on this one: a block handed out is valid until the caller asks for the next one.
@@ -228,18 +226,14 @@ def corpus_blocks(
         firsts = np.searchsorted(rows, [a for a, _ in ranges])
         lasts = np.searchsorted(rows, [b for _, b in ranges])
         ranges = [r for r, f, last in zip(ranges, firsts, lasts, strict=True) if last > f]
-    if not source:
-        for a, b in ranges:
-            yield a, corpus[a:b]
-        return
-    if not ranges:
+    if not source or not ranges:
+        yield from ((a, corpus[a:b]) for a, b in ranges)
         return
     width = max(b - a for a, b in ranges)
     buffers = [np.empty((width, corpus.n_features), dtype=corpus.read_dtype) for _ in range(min(2, len(ranges)))]
 
     def read(i: int):
-        a, b = ranges[i]
-        return corpus.read_into(a, b, buffers[i % len(buffers)])
+        return corpus.read_into(*ranges[i], buffers[i % len(buffers)])
 
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="streamwhiten-read") as reader:
         pending: Future[np.ndarray] | None = reader.submit(read, 0)
@@ -253,10 +247,9 @@ def corpus_blocks(
 def corpus_slices(
     corpus: Any, block_rows: int | None = None, block_bytes: int | None = None, slice_bytes: int | None = None
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """`corpus_blocks` (of about ``block_bytes`` without ``block_rows``; default `SLICED_BLOCK_BYTES`) cut
-    into slices of about ``slice_bytes`` (default `SLICE_BYTES`) of float64 rows, 16 at least: ``(start, rows)``
-    in row order. What a caller computes on a slice in float64 stays that small however large a store's
-    chunks are. A slice is valid until the next one is asked for."""
+    """`corpus_blocks` (of about ``block_bytes`` without ``block_rows``; default `SLICED_BLOCK_BYTES`) cut into
+    slices of about ``slice_bytes`` (default `SLICE_BYTES`) of float64 rows, 16 at least: ``(start, rows)`` in
+    order, so float64 work on a slice stays small however large a store's chunks. Valid until the next."""
     n_features = corpus.n_features if isinstance(corpus, Source) else int(np.prod(np.shape(corpus)[1:]))
     step = max(16, int(SLICE_BYTES if slice_bytes is None else slice_bytes) // (8 * max(1, int(n_features))))
     block_bytes = SLICED_BLOCK_BYTES if block_bytes is None else block_bytes
@@ -273,8 +266,7 @@ def search(
     threads: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[SearchResult]:
-    """Run every job of ``jobs`` in one pass over ``corpus`` (an array of rows, or a
-    `Source`); the results in the jobs' order.
+    """Run every job of ``jobs`` in one pass over ``corpus`` (an array of rows, or a `Source`), in order.
 
     ``threads`` worker threads (default: one per core, at most 4) share each block, BLAS limited so
     that together they use every core once. ``progress(rows_done, n_rows)`` is called after each block.
@@ -328,10 +320,9 @@ def exact_search(
 
 @dataclass
 class RescoreJob:
-    """One re-ranking in a pass over the corpus blocks that hold candidates: ``queries`` (float rows),
-    ``candidates`` (queries x N corpus rows, -1: none; e.g. a Hamming search's), the top ``depth`` kept, by
-    the inner product with the corpus rows as ``prepare(rows, start)`` makes them (best first, ties to the
-    lower row)."""
+    """One re-ranking in a pass over the blocks holding candidates: ``queries`` (float rows), ``candidates``
+    (queries x N corpus rows, -1: none; e.g. a Hamming search's), the top ``depth`` kept by the inner product
+    with the rows as ``prepare(rows, start)`` makes them (best first, ties to the lower row)."""
 
     queries: np.ndarray
     candidates: np.ndarray
@@ -397,36 +388,28 @@ class Reranking:
             )
 
     def result(self) -> SearchResult:
-        return _ranked(self.candidates, self.values, self.depth)
+        """Each query's candidates by value (best first, ties to the lower row), the best ``depth``."""
+        candidates, values, depth = self.candidates, self.values, self.depth
+        rows_key = np.where(candidates >= 0, candidates, np.iinfo(np.int64).max)
+        order = np.lexsort((rows_key, -values), axis=-1)[:, :depth]
+        top_rows = np.take_along_axis(candidates, order, axis=1)
+        top_values = np.take_along_axis(values, order, axis=1)
+        if top_rows.shape[1] < depth:
+            pad = depth - top_rows.shape[1]
+            top_rows = np.pad(top_rows, ((0, 0), (0, pad)), constant_values=-1)
+            top_values = np.pad(top_values, ((0, 0), (0, pad)), constant_values=-np.inf)
+        return SearchResult(top_rows, top_values, "ip")
 
 
 def rescore_all(corpus: Any, jobs: list[RescoreJob], *, block_rows: int | None = None) -> list[SearchResult]:
-    """Every re-ranking of ``jobs`` in one pass over the corpus blocks that hold a candidate of any of them
-    (each read once); the results in the jobs' order."""
+    """Every re-ranking of ``jobs`` in one pass over the blocks that hold a candidate (each read once), in order."""
     states = [Reranking(job.queries, job.candidates, job.depth) for job in jobs]
     wanted_rows = np.unique(np.concatenate([state.rows for state in states])) if states else np.zeros(0, np.int64)
     for start, rows in corpus_blocks(corpus, block_rows, wanted_rows):
         for job, state in zip(jobs, states, strict=True):
-            wanted = state.wanted(start, rows.shape[0])
-            if wanted.size:
-                picked = np.ascontiguousarray(rows[wanted])
-                state.feed(start, picked if job.prepare is None else job.prepare(picked, start))
-            else:
-                state.feed(start, np.zeros((0, state.queries.shape[1])))
+            picked = np.ascontiguousarray(rows[state.wanted(start, rows.shape[0])])  # none: fed to close the block
+            state.feed(start, picked if job.prepare is None or not picked.size else job.prepare(picked, start))
     return [state.result() for state in states]
-
-
-def _ranked(candidates: np.ndarray, values: np.ndarray, depth: int) -> SearchResult:
-    """Each query's candidates by value (best first, ties to the lower row), the best ``depth``."""
-    rows_key = np.where(candidates >= 0, candidates, np.iinfo(np.int64).max)
-    order = np.lexsort((rows_key, -values), axis=-1)[:, :depth]
-    top_rows = np.take_along_axis(candidates, order, axis=1)
-    top_values = np.take_along_axis(values, order, axis=1)
-    if top_rows.shape[1] < depth:
-        pad = depth - top_rows.shape[1]
-        top_rows = np.pad(top_rows, ((0, 0), (0, pad)), constant_values=-1)
-        top_values = np.pad(top_values, ((0, 0), (0, pad)), constant_values=-np.inf)
-    return SearchResult(top_rows, top_values, "ip")
 
 
 __all__ = [

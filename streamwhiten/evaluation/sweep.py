@@ -121,10 +121,9 @@ class Candidate:
 
 @dataclass(frozen=True)
 class SweepRow:
-    """One map stored one way, or a code of the raw unit vectors (``code``: its record, `code_record`), and
-    its scores: a row of `RetrievalTuneResult`'s table. ``scores``: each metric of `METRICS` (x100);
-    ``retention``: the score of the chosen metric over raw float32's (%, None where raw scores 0);
-    ``difference``, ``low``, ``high``: its difference from raw float32 and the paired bootstrap interval."""
+    """One map stored one way, or a code of the raw unit vectors (``code``: `code_record`), and its scores (x100,
+    each of `METRICS`): a row of `RetrievalTuneResult`'s table. ``retention``: the chosen metric over raw float32's
+    (%, None where raw scores 0); ``difference``, ``low``, ``high``: against raw float32, the paired interval."""
 
     beta: float
     gamma: float
@@ -149,8 +148,7 @@ class SweepRow:
         return -math.inf if value is None or math.isnan(value) else float(value)
 
     def to_json(self) -> dict[str, Any]:
-        """The row as plain JSON values: the setting and storage, the code's record where there is one, the
-        scores, then the retention and the interval."""
+        """The row as plain JSON: the setting, storage, the code's record if any, scores, retention, interval."""
         out = {item.name: getattr(self, item.name) for item in fields(self)[:10]}  # up to bytes_per_vector
         out.update({} if self.code is None else {"code": self.code}, **self.scores)
         return dict(out, retention=self.retention, difference=self.difference, low=self.low, high=self.high)
@@ -219,45 +217,44 @@ class SweepGrid:
             raise BadInputError(f"select must be one of {', '.join(RULES)}, got {self.select!r}", param="select")
         if isinstance(self.folds, bool) or not isinstance(self.folds, int) or self.folds < 2:
             raise BadInputError(f"folds must be an integer of at least 2, got {self.folds!r}", param="folds")
-        for name, values in (("beta", self.betas), ("gamma", self.gammas), ("n_components", self.ks)):
+        for name, values in (
+            ("beta", self.betas),
+            ("gamma", self.gammas),
+            ("n_components", self.ks),
+            ("variance", self.variances),
+        ):
             for value in values or ():
                 check(name, value)
-        for value in self.variances or ():
-            check("variance", value)
         if self.eps is not None:
             check("eps", self.eps)
-        for name in ("code_sample", "code_seed"):
+        for name, least in (("code_sample", 1), ("code_seed", 0)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "code_sample" else 0):
-                raise BadInputError(
-                    f"{name} must be a whole number of at least {int(name == 'code_sample')}, got {value!r}"
-                )
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise BadInputError(f"{name} must be a whole number of at least {least}, got {value!r}")
         self.storages()  # checks the names, rescore, rescore_dtype and int8_clip
 
     def storages(self) -> list[Storage]:
-        """The storages swept: the `STORAGES` names of ``dtypes`` (default: all) as `Storage` records; none
-        where only codes are named."""
+        """The `STORAGES` named in ``dtypes`` (default: all) as `Storage` records; none where only codes are named."""
         named = self._named()
         if named is not None and named[1] and not named[0]:
             return []
         names = list(STORAGES if named is None else named[0])
         if not names:
             raise BadInputError(f"give at least one storage to sweep: {', '.join(STORAGES)}")
-        rescore, rescore_dtype = self.rescore, self.rescore_dtype
         clip = DEFAULT_INT8_CLIP if self.int8_clip is None else self.int8_clip
         check("int8_clip", clip)
-        check("rescore_dtype", rescore_dtype)
+        check("rescore_dtype", self.rescore_dtype)
         out = []
         for name in names:
             if name not in STORAGES:
                 raise BadInputError(f"dtypes: {name!r} is not one of {', '.join(STORAGES)} or a code", param="dtypes")
             if name == "binary+rescore":
-                check("rescore", rescore)
-                if not rescore:
+                check("rescore", self.rescore)
+                if not self.rescore:
                     raise BadInputError(
                         "binary+rescore needs rescore=N of at least 1 (the candidates re-ranked)", param="rescore"
                     )
-                out.append(Storage("binary", rescore, rescore_dtype, clip))
+                out.append(Storage("binary", self.rescore, self.rescore_dtype, clip))
             else:
                 out.append(Storage(name, int8_clip=clip))
         return out
@@ -267,8 +264,7 @@ class SweepGrid:
         return None if self.dtypes is None else split_families(self.dtypes)
 
     def codes(self) -> tuple[str, ...]:
-        """The code families swept under a budget: those named in ``dtypes``, or by default every one
-        of `TUNE_CODES` (faiss's only where faiss is installed)."""
+        """The code families swept under a budget: ``dtypes``' or every `TUNE_CODES` (faiss's where installed)."""
         named = self._named()
         if named is not None:
             return named[1]
@@ -278,10 +274,9 @@ class SweepGrid:
 
 
 def retrieval_grid(model: WhiteningModel, grid: SweepGrid, raw_ks: Sequence[int] = ()) -> tuple[list[Candidate], dict]:
-    """``(candidates, bases)``: the maps of ``grid`` (as ``tune``'s, each ``(beta, gamma, k)`` once) with
-    the raw (identity), rotation and centring maps added, and the model re-finalized at each beta (its
-    eigendecomposition, with ``grid.eps``). ``raw_ks``: the rotation truncated to these k is added too (the
-    reference of a budget too small for the raw vectors' sign bits)."""
+    """``(candidates, bases)``: the maps of ``grid`` (as ``tune``'s, each ``(beta, gamma, k)`` once) with the
+    raw (identity), rotation and centring maps, and the model re-finalized at each beta (with ``grid.eps``);
+    with the rotation truncated to each k of ``raw_ks`` (the reference of a budget too small for raw bits)."""
     d = model.n_features
     betas, gammas, choices = make_grid(d, grid.betas, grid.gammas, grid.ks, grid.variances)
     wanted = [(beta, gamma, choice) for beta in betas for gamma in gammas for choice in choices]
@@ -292,11 +287,9 @@ def retrieval_grid(model: WhiteningModel, grid: SweepGrid, raw_ks: Sequence[int]
         if beta not in bases:
             bases[beta] = decompose(model, beta, grid.eps)
         k = d if choice is None else choice.resolve(bases[beta].eigvals)
-        key = (beta, gamma, k)
-        if key in out:
-            continue
-        label = str(k) if choice is None else choice.label
-        out[key] = Candidate(beta, gamma, k, label, vectors_of(beta, gamma, k, d))
+        if (beta, gamma, k) not in out:
+            label = str(k) if choice is None else choice.label
+            out[(beta, gamma, k)] = Candidate(beta, gamma, k, label, vectors_of(beta, gamma, k, d))
     out[("identity",)] = Candidate(0.0, 0.0, d, str(d), "raw", "identity")
     return list(out.values()), bases
 
@@ -310,19 +303,16 @@ def _map_model(bases: dict, identity: bool, beta: float, gamma: float, k: int) -
 
 def _groups(items: list, cost: Callable, budget: int) -> list[list]:
     """``items`` cut in order into groups whose summed ``cost`` stays within ``budget`` (one at least)."""
-    groups: list[list] = []
-    current: list = []
+    groups: list[list] = [[]]
     used = 0
     for item in items:
         size = cost(item)
-        if current and used + size > budget:
-            groups.append(current)
-            current, used = [], 0
-        current.append(item)
+        if groups[-1] and used + size > budget:
+            groups.append([])
+            used = 0
+        groups[-1].append(item)
         used += size
-    if current:
-        groups.append(current)
-    return groups
+    return [group for group in groups if group]
 
 
 def sweep_rows(
@@ -338,8 +328,7 @@ def sweep_rows(
 ) -> tuple[SearchResult, dict]:
     """The raw float32 reference's top lists (`DEPTH` rows and cosines a query) and ``keep(top rows)`` of every
     ``(candidate, storage)`` within ``max_bytes``, keyed by it; ``keep`` (default: the rows) is called as a
-    pass makes them, so only one pass's lists are held. The passes and their cost: see the module docstring.
-    """
+    pass makes them, so only one pass's lists are held. The passes and their cost: see the module docstring."""
     options = options or RetrievalOptions()
     keep = keep or (lambda top: top)
     reading = Reading(task.corpus, task.corpus_label, options.block_rows, resolve_threads(options.threads))
@@ -348,9 +337,7 @@ def sweep_rows(
         return max_bytes is None or storage.bytes_per_vector(candidate.k) <= max_bytes
 
     candidates = [c for c in candidates if any(fits(c, storage) for storage in storages)]
-    floats = [storage for storage in storages if storage.dtype != "binary"]
-    reranks = [storage for storage in storages if storage.rescore]
-    plan = _Plan(task, bases, fits, DEPTH)
+    plan = _Plan(task, bases, fits, DEPTH, storages)
     first, later = _passes(plan, candidates, storages)
     n_rows = task.n_corpus
     done, total = [0], n_rows * (len(first) + len(later))
@@ -367,7 +354,7 @@ def sweep_rows(
         done[0] += n_rows
     out: dict = {}
     for group in later:
-        out.update(_search_group(plan, group, floats, reranks, bits, reading, step, keep))
+        out.update(_search_group(plan, group, bits, reading, step, keep))
         done[0] += n_rows
     for candidate in candidates:
         for storage in storages:
@@ -378,11 +365,13 @@ def sweep_rows(
 
 
 class _Plan:
-    """What the passes of `sweep_rows` share: the task, the maps' bases, the rotations (one per
-    beta, and the identity's) and the queries as each setting sees them, the budget's test and the depth."""
+    """What the passes of `sweep_rows` share: the task, the maps' bases, the rotations (one per beta, and the
+    identity's), the queries as each setting sees them, the budget's test, the depth and the storages searched."""
 
-    def __init__(self, task: Any, bases: dict, fits: Callable[[Any, Any], bool], depth: int):
+    def __init__(self, task: Any, bases: dict, fits: Callable[[Any, Any], bool], depth: int, storages: list[Storage]):
         self.task, self.bases, self.fits, self.depth = task, bases, fits, depth
+        self.floats = [storage for storage in storages if storage.dtype != "binary"]
+        self.reranks = [storage for storage in storages if storage.rescore]
         self.rotations: dict[tuple, Rotation] = {IDENTITY: Rotation()}
         for beta, base in bases.items():
             self.rotations[rotation_key(beta, False)] = rotation_for(base)
@@ -415,13 +404,10 @@ class _Plan:
 
 def _passes(plan: _Plan, candidates: list[Candidate], storages: list[Storage]) -> tuple[list[list], list[list]]:
     """The passes of `sweep_rows`, each holding at most `TOP_LIST_BYTES` of top lists and queries: the first
-    ones search the raw reference (key None) and the bits of each (beta, k) (`Candidate.bits_key`), each with
-    its depth; the later ones the maps whose float, float16 and int8 searches and re-rankings of the bits fit
-    (a setting whose only storage within the budget is binary+rescore is re-ranked there too)."""
-    task, depth, fits = plan.task, plan.depth, plan.fits
+    ones search the raw reference (key None) and the bits of each `Candidate.bits_key`, each with its depth;
+    the later ones the float, float16 and int8 searches and the re-rankings of the bits that fit."""
+    task, depth, fits, floats, reranks = plan.task, plan.depth, plan.fits, plan.floats, plan.reranks
     bit_depth = max([depth] + [storage.rescore for storage in storages])
-    floats = [storage for storage in storages if storage.dtype != "binary"]
-    reranks = [storage for storage in storages if storage.rescore]
     first: list[tuple[Any, int]] = [(None, depth)]
     if any(storage.dtype == "binary" for storage in storages):
         wanted = [c for c in candidates if any(fits(c, s) for s in storages if s.dtype == "binary")]
@@ -444,55 +430,36 @@ def _passes(plan: _Plan, candidates: list[Candidate], storages: list[Storage]) -
 
 def _search_first(plan: _Plan, group: list[tuple[Any, int]], reading: Reading, progress: Callable) -> dict:
     """One first pass (see `_passes`): ``{None: the raw reference's SearchResult, bits key: its top rows}``."""
-    depth = plan.depth
     uses = [plan.reference() if key is None else plan.bits(key, searched) for key, searched in group]
     run_pass(reading, plan.rotations, uses, progress)
-    out: dict = {}
-    for (key, _), use in zip(group, uses, strict=True):
-        job = use.jobs[0]
-        rows = job._state["rows"]
-        if key is None:  # the raw reference: its cosines show the queries that are corpus rows
-            values = job._state["values"]
-            out[None] = SearchResult(
-                np.ascontiguousarray(rows[:, :depth]), np.ascontiguousarray(values[:, :depth]), job.metric
-            )
-        else:
-            out[key] = rows
+    jobs = {key: use.jobs[0] for (key, _), use in zip(group, uses, strict=True)}
+    out: dict = {key: job._state["rows"] for key, job in jobs.items()}
+    if None in jobs:  # the raw reference: its cosines show the queries that are corpus rows
+        rows, values = (np.ascontiguousarray(jobs[None]._state[name][:, : plan.depth]) for name in ("rows", "values"))
+        out[None] = SearchResult(rows, values, jobs[None].metric)
     return out  # the pass's scores and queries go with its uses: only the top rows are kept
 
 
 def _search_group(
-    plan: _Plan,
-    group: list[Candidate],
-    floats: list[Storage],
-    reranks: list[Storage],
-    bits: dict,
-    reading: Reading,
-    progress: Callable[[int, int], None] | None,
-    keep: Callable[[np.ndarray], Any],
+    plan: _Plan, group: list[Candidate], bits: dict, reading: Reading, progress: Callable, keep: Callable
 ) -> dict:
-    """One pass over the corpus for the float, float16 and int8 searches and the re-rankings of ``group``
-    (those within the budget: ``plan.fits(candidate, storage)``); what is kept of each top list."""
+    """One pass for the float, float16 and int8 searches and the re-rankings of ``group`` that fit; the kept lists."""
     depth, fits = plan.depth, plan.fits
     made = []
     for candidate in group:
         use = plan.use(candidate)
         unit_queries = plan.queries(use.rotation, use.weights, use.k)
         model = _map_model(plan.bases, candidate.basis == "identity", candidate.beta, candidate.gamma, candidate.k)
-        searched = []
-        for storage in floats:
-            if fits(candidate, storage):
-                quantization = SearchSetting.make("s", model, storage=storage).quantization
-                use.jobs.append(SearchJob(unit_queries, depth, "ip", partial(stored, quantization), plan.task.excluded))
-                searched.append(storage)
-        again = []
-        for storage in reranks:
-            if fits(candidate, storage):
-                rescored = SearchSetting.make("r", model, storage=storage).rescore_quantization
-                assert rescored is not None  # made with the storage's rescoring
-                top = bits[candidate.bits_key][:, : storage.rescore]
-                use.reranks.append((rescored, Reranking(unit_queries, top, storage.rescore)))
-                again.append(storage)
+        searched = [storage for storage in plan.floats if fits(candidate, storage)]
+        for storage in searched:
+            quantization = SearchSetting.make("s", model, storage=storage).quantization
+            use.jobs.append(SearchJob(unit_queries, depth, "ip", partial(stored, quantization), plan.task.excluded))
+        again = [storage for storage in plan.reranks if fits(candidate, storage)]
+        for storage in again:
+            rescored = SearchSetting.make("r", model, storage=storage).rescore_quantization
+            assert rescored is not None  # made with the storage's rescoring
+            top = bits[candidate.bits_key][:, : storage.rescore]
+            use.reranks.append((rescored, Reranking(unit_queries, top, storage.rescore)))
         made.append((candidate, use, searched, again))
     run_pass(reading, plan.rotations, [use for _, use, _, _ in made], progress)
     out = {}
@@ -517,9 +484,8 @@ def bootstrap_differences(
     level: float = BOOTSTRAP_LEVEL,
     resamples: Resamples | None = None,
 ):
-    """``(difference, low, high)`` x100 of each of ``others`` (per-query scores) minus ``reference``:
-    the paired bootstrap of `paired_bootstrap` (the same
-    resamples, ``resamples`` when given), a block of resamples and of rows at a time."""
+    """``(difference, low, high)`` x100 of each of ``others`` (per-query scores) minus ``reference``: the paired
+    bootstrap of `paired_bootstrap` (the same resamples, ``resamples`` when given), a block of rows at a time."""
     reference = np.asarray(reference, np.float64)
     n = reference.shape[0]
     diffs = np.asarray(others, np.float64).reshape(len(others), n) - reference
@@ -538,31 +504,23 @@ def bootstrap_differences(
 
 
 def family_of(row: SweepRow) -> str:
-    """The storage family of a row: its code (``eigen``, ``faiss-pq``, ...) or its storage (``int8``,
-    ``binary+rescore100``)."""
+    """The storage family of a row: its code (``eigen``, ``faiss-pq``, ...) or storage (``binary+rescore100``)."""
     return row.dtype if row.code else row.storage
 
 
 def best_per_family(table: list[SweepRow], metric: str, max_bytes: int | None = None) -> list[SweepRow]:
-    """The best row of each storage family (`family_of`) within ``max_bytes``, by score (ties to
-    fewer bytes, then the table's order), best first: how each family does at the budget."""
+    """The best row of each storage family (`family_of`) within ``max_bytes`` (ties to fewer bytes), best first."""
+    within = [row for row in table if max_bytes is None or row.bytes_per_vector <= max_bytes]
     best: dict = {}
-    for i, row in enumerate(table):
-        if max_bytes is not None and row.bytes_per_vector > max_bytes:
-            continue
-        key = (-row.score(metric), row.bytes_per_vector, i)
-        family = family_of(row)
-        if family not in best or key < best[family][0]:
-            best[family] = (key, row)
-    return [row for _key, row in sorted(best.values(), key=lambda item: item[0])]
+    for row in sorted(within, key=lambda row: (-row.score(metric), row.bytes_per_vector)):  # stable: ties in order
+        best.setdefault(family_of(row), row)
+    return list(best.values())
 
 
 def frontier(table: list[SweepRow], metric: str) -> list[SweepRow]:
     """The rows no other row beats at fewer or equal bytes, by bytes ascending (each better than the last)."""
     out, best = [], -math.inf
-    for row in sorted(
-        table, key=lambda row: (row.bytes_per_vector, -row.score(metric), row.k)
-    ):  # stable: ties in order
+    for row in sorted(table, key=lambda row: (row.bytes_per_vector, -row.score(metric), row.k)):  # ties in order
         if row.score(metric) > best:
             out.append(row)
             best = row.score(metric)
@@ -587,22 +545,19 @@ def reference_k(n_features: int, max_bytes: int | None) -> int | None:
 
 
 def reference_index(table: list[SweepRow], n_features: int, max_bytes: int | None = None) -> int:
-    """The row of the reference within ``max_bytes``: the raw vectors (no transformation, ``vectors`` "raw",
-    no re-ranking) in the storage with the most bytes that fits (float32, then float16, int8, sign bits:
-    raw float32 with no budget, the raw sign bits ``ceil(d / 8)`` bytes); when not even the raw sign bits
-    fit, the rotation ``y = x U`` (beta = gamma = 0) truncated to the k that fits, most bytes first."""
+    """The row of the reference within ``max_bytes``: the raw vectors (``vectors`` "raw", not re-ranked) in the
+    storage with the most bytes that fits (float32, float16, int8, then sign bits, ``ceil(d / 8)`` bytes); when
+    not even those fit, the rotation ``y = x U`` (beta = gamma = 0) truncated to the k that fits."""
     fits = [
         i
         for i, row in enumerate(table)
         if not row.rescore and not row.code and (max_bytes is None or row.bytes_per_vector <= max_bytes)
     ]
-    raw = [i for i in fits if table[i].vectors == "raw"]
-    if raw:
-        return min(raw, key=lambda i: (-table[i].bytes_per_vector, i))
+    raw = [i for i in fits if table[i].vectors == "raw"]  # all at k = d
     rotated = [i for i in fits if table[i].beta == 0 and table[i].gamma == 0]
-    if not rotated:
+    if not raw and not rotated:
         raise _no_reference(max_bytes)
-    return min(rotated, key=lambda i: (-table[i].bytes_per_vector, -table[i].k, i))
+    return min(raw or rotated, key=lambda i: (-table[i].bytes_per_vector, -table[i].k, i))
 
 
 def _within(table: list[SweepRow], max_bytes: int | None) -> list[int]:
@@ -625,8 +580,7 @@ def choose_generalising(
     """``(row, record)``: the row ``grid.select`` chooses within ``grid.max_bytes`` against the reference
     (`reference_index`) from the per-query scores of ``metric`` (a row of ``per_query`` per row of ``table``),
     and the record: the reference, how many beat it, the ``grid.folds``-fold forecast (see `select`).
-    ``argmax``: `choose_within`'s row, no reference, no forecast. ``resamples``: the queries' resamples if made.
-    """
+    ``argmax``: `choose_within`'s row, no reference, no forecast. ``resamples``: the queries' resamples if made."""
     max_bytes, tolerance, rule, folds = grid.max_bytes, grid.tolerance, grid.select, grid.folds
     samples, seed = (BOOTSTRAP_SAMPLES, BOOTSTRAP_SEED) if resamples is None else (resamples.samples, resamples.seed)
     eligible = _within(table, max_bytes)
@@ -648,8 +602,7 @@ def choose_generalising(
 @dataclass
 class RetrievalTuneResult:
     """The scored sweep: ``table`` (every setting and storage), the raw float32 reference (``raw``), the
-    ``frontier``, the row the rule chose (``best``; the highest score is `highest`) and what it was
-    chosen by."""
+    ``frontier``, the row the rule chose (``best``; the highest score is `highest`) and what it was chosen by."""
 
     table: list[SweepRow]
     best: SweepRow
@@ -669,16 +622,14 @@ class RetrievalTuneResult:
     self_matches: SelfMatches | None = None
 
     def model_for(self, row: SweepRow) -> WhiteningModel:
-        """The model of one row: the map at its setting (sharing its beta's eigendecomposition; the
-        identity map for the raw vectors) and the storage recorded. A code's row: the identity map, with its
-        codec (`codec_for`'s, which codes the raw vectors scaled to unit length) as its storage."""
+        """The model of one row: its map (sharing its beta's eigendecomposition; raw: the identity) and storage;
+        a code's row: the identity map with its codec (`codec_for`, of the raw unit vectors) as its storage."""
         model = _map_model(self.bases, row.vectors == "raw" or bool(row.code), row.beta, row.gamma, row.k)
         if row.code:
             from ..codes.storage import with_codec  # the raw unit vectors coded: the codec is the storage
 
-            code = row.code
-            rows, seed = int(code.get("sample_rows", 0)), int(code.get("sample_seed", 0))
-            return with_codec(model, self.codec_for(row), code["family"], sample_rows=rows, sample_seed=seed)
+            rows, seed = int(row.code.get("sample_rows", 0)), int(row.code.get("sample_seed", 0))
+            return with_codec(model, self.codec_for(row), row.code["family"], sample_rows=rows, sample_seed=seed)
         return replace(model, storage=self.storages[row.storage])
 
     def codec_for(self, row: SweepRow):
@@ -690,14 +641,12 @@ class RetrievalTuneResult:
 
     @property
     def highest(self) -> SweepRow:
-        """The row scoring highest on these queries within the budget: the rule's choice (`best`)
-        where nothing scores above it, else the highest (ties to fewer bytes), which the rule did not take."""
+        """The row scoring highest on these queries within the budget (ties to fewer bytes), else `best`."""
         top = choose_within(self.table, self.metric, self.max_bytes)
         return self.best if not top.score(self.metric) > self.best.score(self.metric) else top  # a tie: the choice
 
     def tuned(self) -> tuple[WhiteningModel, dict]:
-        """The chosen model (its setting and storage, with a record in ``info["tuned"]``) and a summary
-        (``chosen`` holds the setting, ``dtype`` and ``bytes_per_vector``): what ``tune`` writes and prints."""
+        """The chosen model (its record in ``info["tuned"]``) and ``tune``'s summary (``chosen``: its setting)."""
         chosen, best = self.chosen_model(), self.best
         described = dict(describe_stored(chosen), rescore=best.rescore, rescore_dtype=best.rescore_dtype)
         if best.code:  # the raw vectors coded: what is stored is the code, not the map's floats
@@ -706,8 +655,7 @@ class RetrievalTuneResult:
         return replace(chosen, info=dict(chosen.info, tuned=self._record(described))), summary
 
     def _record(self, described: dict) -> dict:
-        """The record of the tuning a tuned model keeps: the setting, the validation, the choice, the frontier
-        and the best of each storage family."""
+        """The record a tuned model keeps: the setting, validation, choice, frontier and each family's best."""
         keep = ("beta", "gamma", "k", "storage", "bytes_per_vector", self.metric, *_VERSUS_RAW)
         task, best = self.task, self.best.to_json()
         return {
@@ -731,8 +679,7 @@ class RetrievalTuneResult:
         }
 
     def to_json(self) -> dict[str, Any]:
-        """The sweep and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row
-        the rule chose, ``highest`` the row scoring highest on these queries within the budget."""
+        """The sweep as plain JSON (``tune --json``'s core): ``best`` is the rule's row, ``highest`` the top score's."""
         as_json = json_rows(self.table)
         return dict(
             plain(self.task),
@@ -808,8 +755,7 @@ def sweep(
 
 @dataclass(frozen=True)
 class _SweepPlan:
-    """What a sweep searches: the maps (``candidates``, their ``bases``), the storages, ``{code: [bytes to
-    train at]}`` and the largest budget (``limit``; None: none)."""
+    """What a sweep searches: maps, bases, storages, ``{code: [bytes]}``, the largest budget (``limit``)."""
 
     candidates: list[Candidate]
     bases: dict
@@ -820,18 +766,15 @@ class _SweepPlan:
 
 
 def _sweep_plan(model: WhiteningModel, grid: SweepGrid, budgets: Any) -> _SweepPlan:
-    """The maps, storages and codes of a sweep, after every check that needs no pass over the corpus: the
-    grid with the references of the budgets (``budgets``, default ``grid.max_bytes``) added."""
+    """The maps (with the references of ``budgets``, default ``grid.max_bytes``), storages and codes, checked."""
     storages = grid.storages()
     wanted = [grid.max_bytes] if budgets is None else list(budgets)
     raw_ks = [k for k in (reference_k(model.n_features, budget) for budget in wanted) if k is not None]
-    if not any(storage.dtype == "binary" and not storage.rescore for storage in storages):
+    needs_reference = budgets is not None or grid.select != "argmax"  # argmax alone: the grid of before the rule
+    if not needs_reference or not any(storage.dtype == "binary" and not storage.rescore for storage in storages):
         raw_ks = []  # a truncated rotation's bits are the reference of a small budget only when bits are swept
-    if budgets is None and grid.select == "argmax":
-        raw_ks = []  # argmax needs no reference: the grid of before the rule
     candidates, bases = retrieval_grid(model, grid, raw_ks=tuple(dict.fromkeys(raw_ks)))
     limit = None if None in wanted else max(budget for budget in wanted if budget is not None)
-    needs_reference = budgets is not None or grid.select != "argmax"
     code_sizes = _checked_first(grid, model.n_features, candidates, storages, wanted, needs_reference)
     return _SweepPlan(candidates, bases, storages, code_sizes, limit, model.n_features)
 
@@ -843,8 +786,7 @@ def _sweep_codes(
     options: RetrievalOptions,
     progress: Callable[[int, int], None] | None,
 ) -> dict[str, tuple[str, Any, np.ndarray]]:
-    """``{label: (family, codec, top rows)}``: each code of ``code_sizes`` trained on the unit rows'
-    statistics and a sample (one pass), then all searched (one more)."""
+    """``{label: (family, codec, top rows)}``: the codes trained on the unit rows (one pass), then searched (one)."""
     if not code_sizes:
         return {}
     to_train = [(name, size) for name, sizes in code_sizes.items() for size in sizes]
@@ -883,17 +825,15 @@ def _scored(
     rows: dict,
     codecs: dict[str, tuple[str, Any, np.ndarray]],
 ) -> RetrievalTuneResult:
-    """The table of every map and storage searched and every code, each against the raw float32 reference
-    with its paired bootstrap interval, and the rule's choice."""
+    """The table of every map, storage and code against raw float32 (paired intervals), and the rule's choice."""
     metric, d = grid.metric, plan.n_features
     raw_each = query_metrics(reference.rows, task.query_rows, task.qrels)
     raw: dict[str, Any] = dict(mean_metrics(raw_each), dtype="float32", bytes_per_vector=4 * d)
     searched = [(c, s) for c in plan.candidates for s in plan.storages if (c, s) in rows]  # the rest: over the budget
     made: list[tuple[_Head, dict, dict | None]] = [(_head(c, s), rows[(c, s)], None) for c, s in searched]
-    raw_map = Candidate(0.0, 0.0, d, str(d), "raw", "identity")
     sample_rows = min(grid.code_sample, task.n_corpus)
     for label, (name, codec, top) in codecs.items():  # (head, per-query metrics, code record)
-        coded: _Head = (*_head(raw_map, Storage())[:5], label, name, 0, None, int(codec.bytes_per_vector))
+        coded: _Head = (0.0, 0.0, d, str(d), "raw", label, name, 0, None, int(codec.bytes_per_vector))
         record = code_record(codec, name, sample_rows, grid.code_seed)
         made.append((coded, query_metrics(top, task.query_rows, task.qrels), record))
     each = [per_query[metric] for _, per_query, _ in made]
@@ -943,9 +883,8 @@ def _checked_first(
     wanted: list,
     needs_reference: bool,
 ) -> dict[str, list[int]]:
-    """``{code: [bytes to train at]}`` (`_code_sizes`) after every check that needs no pass, each a one-line
-    error: codes against the budgets, a budget nothing fits, codes with no budget, and (``needs_reference``)
-    the rule's reference within each budget of ``wanted``."""
+    """``{code: [bytes to train at]}`` (`_code_sizes`) after the checks that need no pass: codes against the
+    budgets, a budget nothing fits, codes with no budget, the reference within each budget (``needs_reference``)."""
     code_sizes = _code_sizes(grid, n_features, [budget for budget in wanted if budget is not None])
     pairs = [(storage.bytes_per_vector(c.k), c.k, storage.label) for c in candidates for storage in storages]
     if wanted and None not in wanted and not code_sizes and pairs and min(pairs)[0] > max(wanted):
@@ -955,16 +894,7 @@ def _checked_first(
             "codes are swept under a byte budget only: give max_bytes, or a storage in dtypes",
             param=("max_bytes", "dtypes"),
         )
-    if needs_reference:
-        _refuse_without_reference(candidates, storages, wanted)
-    return code_sizes
-
-
-def _refuse_without_reference(candidates: list[Candidate], storages: list[Storage], budgets: list) -> None:
-    """The one-line error of a budget under which no setting can be the rule's reference
-    (`reference_index`: the raw vectors, or beta = gamma = 0, in a storage that fits, not re-ranked),
-    before any pass over the corpus."""
-    for budget in budgets:
+    for budget in wanted if needs_reference else ():  # a reference (`reference_index`) within each budget
         if not any(
             not storage.rescore
             and (budget is None or storage.bytes_per_vector(candidate.k) <= budget)
@@ -973,6 +903,7 @@ def _refuse_without_reference(candidates: list[Candidate], storages: list[Storag
             for storage in storages
         ):
             raise _no_reference(budget)
+    return code_sizes
 
 
 def _no_reference(max_bytes: int | None) -> BadInputError:
@@ -985,8 +916,7 @@ def _no_reference(max_bytes: int | None) -> BadInputError:
 
 
 def _trainable(code_sizes: dict[str, list[int]], grid: SweepGrid, n_corpus: int) -> dict[str, list[int]]:
-    """The codes of ``code_sizes`` that train on the sample of ``n_corpus`` rows (`smallest_sample`: PQ's
-    k-means needs 256), before any pass: a default code that does not is left out, a named one refused."""
+    """Those of ``code_sizes`` that train on the sample (`smallest_sample`): the others dropped, or refused if named."""
     sample_rows = min(grid.code_sample, n_corpus)
     short = [name for name in code_sizes if sample_rows < smallest_sample(name)]
     if short and grid.dtypes is not None:
@@ -1000,8 +930,7 @@ def _trainable(code_sizes: dict[str, list[int]], grid: SweepGrid, n_corpus: int)
 
 
 def _code_sizes(grid: SweepGrid, n_features: int, budgets: list[int]) -> dict[str, list[int]]:
-    """``{code: [bytes to train at]}``: each code of ``grid.codes()`` at each budget it fits (none without
-    a budget); a one-line error when codes were named and none fits the smallest budget."""
+    """``{code: [bytes]}``: each of ``grid.codes()`` at each budget it fits; an error where named ones fit none."""
     names = grid.codes()
     if not names or not budgets:
         return {}

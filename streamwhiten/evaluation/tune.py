@@ -19,6 +19,7 @@ import numpy as np
 
 from ..core.model import WhiteningModel, components_for_variance
 from ..errors import BadInputError
+from ..params import check
 from ..params import check_model as check_params
 from ..progress import phase
 from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
@@ -72,14 +73,13 @@ def make_grid(
         raise BadInputError("the grid is empty: give at least one gamma")
     if not ks and not variances:
         raise BadInputError("the grid is empty: give at least one k or explained-variance fraction")
-    for beta in betas:
-        check_params(beta=beta)
-    for gamma in gammas:
-        check_params(gamma=gamma)
+    for name, values in (("beta", betas), ("gamma", gammas)):
+        for value in values:
+            check(name, value)
     for k in ks:
         check_params(n_components=k, n_features=n_features)
     for variance in variances:
-        check_params(variance=variance)
+        check("variance", variance)
     unique = lambda values: list(dict.fromkeys(values))  # noqa: E731 - keep the order given
     choices = [KChoice(n_components=int(k)) for k in unique(ks)]
     choices += [KChoice(variance=float(v)) for v in unique(variances)]
@@ -102,9 +102,8 @@ def decompose(model: WhiteningModel, beta: float, eps: float | None = None) -> W
 
 @dataclass(frozen=True)
 class PairRow:
-    """One setting of the pairs grid and its scores (x100): a row of `TuneResult`'s table. ``k_label``: the
-    k as the grid named it (a count or a variance fraction); ``vectors``: ``raw`` (the identity map),
-    ``rotated``, ``centred`` or ``whitened``."""
+    """One setting of the pairs grid and its scores (x100): a row of `TuneResult`'s table. ``k_label``: k as
+    the grid named it (a count or a variance fraction); ``vectors``: ``raw`` (identity) or as `vectors_of`."""
 
     beta: float
     gamma: float
@@ -125,16 +124,14 @@ class PairRow:
 
 
 def json_rows(table: Sequence[Any]) -> Callable[[Any], dict[str, Any]]:
-    """``as_json(row)``: the JSON of a row of ``table`` (its ``to_json()``), one dict per row, so that a row
-    chosen (``best``) is the very dict of its row in the JSON table too."""
+    """``as_json(row)``: one ``to_json()`` dict per row of ``table``, so that ``best`` is the very dict of its row."""
     made = {id(row): row.to_json() for row in table}
     return lambda row: made[id(row)]
 
 
 @dataclass(frozen=True)
 class TuneResult:
-    """The scored grid: ``table`` rows in grid order, the ``best`` row (the one the selection rule chose:
-    not always the highest score, see `highest`), and the raw baseline."""
+    """The scored grid: ``table`` in grid order, the ``best`` row (the rule's choice, see `highest`) and raw."""
 
     table: list[PairRow]
     best: PairRow
@@ -148,8 +145,7 @@ class TuneResult:
     cosines: np.ndarray | None = field(default=None, repr=False)
 
     def model_for(self, row: PairRow) -> WhiteningModel:
-        """The model of one table row (shares its beta's eigendecomposition; the identity map for the raw
-        vectors' row)."""
+        """The model of one table row (sharing its beta's eigendecomposition; the raw row's: the identity map)."""
         if row.vectors == "raw":
             return self.bases[0.0].with_params(basis="identity")
         base = self.bases[row.beta]
@@ -162,15 +158,13 @@ class TuneResult:
 
     @property
     def highest(self) -> PairRow:
-        """The row scoring highest on these pairs: the rule's choice (`best`) where nothing scores
-        above it, else the highest (ties to the smaller k), which the rule did not take (not beyond the
-        noise of all compared, or a tolerance's cheaper setting was taken)."""
+        """The row scoring highest on these pairs (ties to the smaller k) where it scores above `best` (which it
+        did not beat beyond the noise of all compared, or a tolerance's cheaper setting won), else `best`."""
         top = choose(self.table, self.metric)
         return self.best if not top.score(self.metric) > self.best.score(self.metric) else top  # a tie: the choice
 
     def to_json(self) -> dict[str, Any]:
-        """The grid and the choice as plain JSON values (the core of ``tune --json``): ``best`` is the row the
-        rule chose, ``highest`` the row scoring highest on these pairs (the same row when they agree)."""
+        """The grid as plain JSON (``tune --json``'s core): ``best`` is the rule's row, ``highest`` the top score's."""
         as_json = json_rows(self.table)
         return {
             "metric": self.metric,
@@ -228,9 +222,8 @@ class PairGrid:
 
 
 def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
-    """``(bases, plans, settings)``: each beta's eigendecomposition; its shift, rotation and the weight
-    column of each of its (gamma, k) (what scoring a block needs); the settings (`PairRow` fields but the
-    scores) in the order the columns hold them."""
+    """``(bases, plans, settings)``: each beta's eigendecomposition; its shift, rotation and weight column per
+    (gamma, k), what scoring a block needs; the settings (`PairRow` fields but the scores) in column order."""
     d = model.n_features
     betas, gammas, choices = make_grid(d, grid.betas, grid.gammas, grid.ks, grid.variances)
     bases: dict = {}
@@ -253,8 +246,7 @@ def _plans(model: WhiteningModel, grid: PairGrid) -> tuple[dict, list, list]:
 def _pair_cosines(
     pairs: PairSet, plans: list, block_rows: int | None, progress: Callable[[int, int], None] | None
 ) -> np.ndarray:
-    """The cosine of every pair under every setting of ``plans`` (a row each, in the order of their columns)
-    and, last, the raw vectors', in one pass over the pairs."""
+    """The cosine of every pair under every setting of ``plans`` (a row each) and, last, raw's, in one pass."""
     n_pairs = pairs.n_pairs
     n_settings = sum(stacked.shape[1] for _, _, stacked in plans) + 1
     cosines = np.empty((n_settings, n_pairs))
@@ -312,20 +304,15 @@ def grid_search(
         if grid.select == "argmax":
             best = choose(table, metric, tolerance)
             selection = {"rule": "argmax", "tolerance": tolerance, "reference": None, "kept_reference": None}
-        else:
-            best, selection = _choose_pairs(table, units, len(table) - 1, d, grid)
+        else:  # max-t against the raw row (the last); one set of resamples for the rule and the forecast
+            costs = tuple(row.k for row in table[:-1])
+            rule = Rule(cost=costs, reference_cost=d, tolerance=tolerance, samples=grid.samples, seed=grid.seed)
+            resamples = Resamples(units.shape[1], grid.samples, grid.seed)
+            described = {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"}
+            others = list(range(len(table) - 1))
+            index, selection = rule_choice(units, len(table) - 1, others, rule, grid.folds, resamples, described)
+            best = table[index]
     return TuneResult(table, best, raw_scores, metric, pairs.describe(), bases, tolerance, selection, units, cosines)
-
-
-def _choose_pairs(table: list[PairRow], units: Any, reference: int, d: int, grid: PairGrid) -> tuple[PairRow, dict]:
-    """The max-t choice among the rows of ``table`` against the raw row ``reference``, and its record."""
-    others = [i for i in range(len(table)) if i != reference]
-    costs = tuple(table[i].k for i in others)
-    rule = Rule(cost=costs, reference_cost=d, tolerance=grid.tolerance, samples=grid.samples, seed=grid.seed)
-    resamples = Resamples(units.shape[1], grid.samples, grid.seed)  # one set for the rule and the forecast's intervals
-    described = {"beta": 0.0, "gamma": 0.0, "k": d, "vectors": "raw"}
-    index, record = rule_choice(units, reference, others, rule, grid.folds, resamples, described)
-    return table[index], record
 
 
 def choose(table: list[PairRow], metric: str = "spearman", tolerance: float = 0.0) -> PairRow:
@@ -356,8 +343,7 @@ def tune(
     """
     result = grid_search(model, pairs, grid, block_rows=block_rows, progress=progress)
     chosen = result.chosen_model()
-    summary = result.to_json()
-    summary["test"] = None
+    summary = dict(result.to_json(), test=None)
     if test_pairs is not None:
         with phase(progress, f"score the choice on {test_pairs.n_pairs:,} test pairs", "pairs") as told:
             scored = evaluate_pairs(test_pairs, chosen, block_rows, told)
@@ -382,8 +368,7 @@ def tune(
 
 
 def describe_stored(model: WhiteningModel) -> dict:
-    """`describe_model` with how the outputs are stored: the model's storage (float32 without one)
-    and its bytes per vector."""
+    """`describe_model` with the outputs' storage (float32 without one) and its bytes per vector."""
     storage = model.storage
     return dict(
         describe_model(model),
