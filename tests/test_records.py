@@ -189,8 +189,8 @@ def test_checkpoints_hold_cursors_and_fingerprints_as_plain_json(tmp_path):
     write_npz_atomic(checkpoint, arrays, "checkpoint")
     done = run_plan(load_checkpoint(checkpoint), threads=1)
     whole = fit_sources(spec, block_rows=100, threads=1)
-    assert done.state.n_rows == 700 and done.sources == whole.sources
-    assert done.sources[0].to_dict() == old_fingerprint(tmp_path / "in.h5", rows, 100)
+    assert done.state.n_rows == 700 and done.result().sources == whole.sources
+    assert done.result().sources[0].to_dict() == old_fingerprint(tmp_path / "in.h5", rows, 100)
     np.testing.assert_array_equal(done.state.scatter, whole.state.scatter)
 
 
