@@ -256,7 +256,9 @@ class WhiteningModel:
 
         ``basis``: ``"identity"`` (beta = gamma = 0, k = d) or ``"eigen"``; without it an identity model stays
         one unless another setting is asked for. Another map drops a recorded vector code (see ``with_codes``)."""
-        basis = changes.pop("basis", None)  # a name not in BASES is refused by the model built
+        basis = changes.pop("basis", None)
+        if basis is not None and basis not in BASES:  # before the setting's checks and the eigendecomposition
+            raise BadInputError(f"basis must be one of {', '.join(BASES)}, got {basis!r}")
         params: dict[str, Any] = dict(
             beta=self.beta, gamma=self.gamma, eps=self.eps, n_components=self.n_components, variance=self.variance
         )

@@ -73,6 +73,9 @@ def test_with_params_keeps_the_identity_only_for_its_own_setting(fitted):
     assert raw.with_params(n_components=4).basis == "eigen"
     with pytest.raises(BadInputError, match="basis must be one of eigen, identity"):
         fitted.with_params(basis="pca")
+    # the basis is checked first: a bad basis is the error named, before the setting or any eigendecomposition
+    with pytest.raises(BadInputError, match="basis must be one of eigen, identity"):
+        fitted.with_params(basis="pca", beta=5.0)
 
 
 def test_the_model_file_records_the_basis_under_its_checksum(tmp_path, fitted, identity_path):
