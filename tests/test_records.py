@@ -187,7 +187,7 @@ def test_checkpoints_hold_cursors_and_fingerprints_as_plain_json(tmp_path):
     arrays = {key: arrays[key] for key in arrays if key != "checksum"}
     arrays["meta_json"] = np.array(json.dumps(meta, sort_keys=True))
     write_npz_atomic(checkpoint, arrays, "checkpoint")
-    done = run_plan(load_checkpoint(checkpoint), threads=1).result()
+    done = run_plan(load_checkpoint(checkpoint), threads=1)
     whole = fit_sources(spec, block_rows=100, threads=1)
     assert done.state.n_rows == 700 and done.result().sources == whole.sources
     assert done.result().sources[0].to_dict() == old_fingerprint(tmp_path / "in.h5", rows, 100)
