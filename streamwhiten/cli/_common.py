@@ -321,30 +321,32 @@ def grid_of(
     )
 
 
-def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]:
-    """How the choice was made and the cross-validated forecast of what it will score on unseen ``what``."""
-    if not selection:
+def selection_lines(record: dict | None, metric: str, what: str) -> list[str]:
+    """How the choice was made (``record``: a `Selection`'s JSON) and the forecast of its score on unseen ``what``."""
+    from ..evaluation.select import Selection
+
+    selection = Selection.from_json(record)
+    if selection is None:
         return []
     lines = []
-    tolerance = selection.get("tolerance") or 0.0  # absent from records saved before it was kept
-    level = f"{100 * selection.get('level', 0.95):g}%"  # records saved before it was kept chose at 95%
-    if selection["rule"] == "maxt":
+    tolerance, level = selection.tolerance, f"{100 * selection.level:g}%"
+    if selection.rule == "maxt":
         if not tolerance:
             verdict = (
                 "nothing beats the reference beyond noise: the reference is kept"
-                if selection["kept_reference"]
-                else f"chosen: the highest simultaneous {level} lower bound of the advantage, {selection['bound']:+.2f}"
+                if selection.kept_reference
+                else f"chosen: the highest simultaneous {level} lower bound of the advantage, {selection.bound:+.2f}"
             )
         else:
             verdict = (
                 f"nothing cheaper is surely within {tolerance:g} points of it: the reference is kept"
-                if selection["kept_reference"]
+                if selection.kept_reference
                 else f"chosen: the cheapest setting surely within {tolerance:g} points of it (simultaneous {level} "
-                f"lower bound of the advantage {selection['bound']:+.2f})"
+                f"lower bound of the advantage {selection.bound:+.2f})"
             )
         lines.append(
-            f"rule       max-t: {selection['n_beating']} of {selection['n_compared']} settings beat the reference "
-            f"beyond the noise of all {selection['n_compared']} compared; {verdict}"
+            f"rule       max-t: {selection.n_beating} of {selection.n_compared} settings beat the reference "
+            f"beyond the noise of all {selection.n_compared} compared; {verdict}"
         )
     elif tolerance:
         lines.append(
@@ -355,7 +357,7 @@ def selection_lines(selection: dict | None, metric: str, what: str) -> list[str]
         lines.append(
             "rule       argmax: the best score of all (optimistic: the best of many noisy scores); no forecast"
         )
-    predicted = selection.get("forecast")
+    predicted = selection.forecast
     if predicted:
         difference = predicted["difference"]
         change = fmt_interval(difference["score"], difference["low"], difference["high"])

@@ -162,8 +162,8 @@ def _pairs(
     summary = replace(result, model=model_path).to_json()
     described, raw, white = result.pairs, result.raw, result.whitened
     lines = [
-        f"pairs     {described['n_pairs']:,} pairs of {described['n_features']}-d vectors "
-        f"(A {described['a']}, B {described['b']}, scores {described['scores']})",
+        f"pairs     {described.n_pairs:,} pairs of {described.n_features}-d vectors "
+        f"(A {described.a}, B {described.b}, scores {described.scores})",
         f"raw       {fmt_scores(summary['raw'])}",
     ]
     if white is not None:

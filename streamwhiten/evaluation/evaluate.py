@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -89,6 +89,21 @@ def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 # ------------------------------------------------------------------------------------------ pair sets
 
 
+@dataclass(frozen=True)
+class PairsInfo:
+    """What a pair result records of the pairs scored: the labels of stores ``a`` and ``b`` and of the gold
+    ``scores``, ``n_pairs`` and ``n_features``."""
+
+    a: str
+    b: str
+    scores: str
+    n_pairs: int
+    n_features: int
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 @dataclass
 class PairSet:
     """Two aligned vector stores and their gold scores, opened and checked; close when done."""
@@ -106,14 +121,8 @@ class PairSet:
     def n_features(self) -> int:
         return self.a.n_features
 
-    def describe(self) -> dict:
-        return {
-            "a": self.a.label,
-            "b": self.b.label,
-            "scores": self.scores_label,
-            "n_pairs": self.n_pairs,
-            "n_features": self.n_features,
-        }
+    def describe(self) -> PairsInfo:
+        return PairsInfo(self.a.label, self.b.label, self.scores_label, self.n_pairs, self.n_features)
 
     def check_width(self, n_features: int, what: str = "the model") -> None:
         if self.n_features != n_features:
@@ -277,7 +286,7 @@ class PairsResult:
 
     Attributes
     ----------
-    pairs : mapping
+    pairs : PairsInfo
         What was scored: ``a``, ``b`` and ``scores`` (the stores' labels), ``n_pairs``, ``n_features``.
     raw : PairScores
         ``spearman`` and ``pearson`` (x100) of the raw cosines.
@@ -288,7 +297,7 @@ class PairsResult:
         The model file scored, where it was given as one.
     """
 
-    pairs: Mapping[str, Any]
+    pairs: PairsInfo
     raw: PairScores
     whitened: WhitenedPairScores | None
     model: str | None = None
@@ -296,7 +305,7 @@ class PairsResult:
     def to_json(self) -> dict[str, Any]:
         """The result as plain JSON values: ``{"pairs", "raw", "whitened", "model"}``."""
         return {
-            "pairs": dict(self.pairs),
+            "pairs": self.pairs.to_json(),
             "raw": asdict(self.raw),
             "whitened": None if self.whitened is None else self.whitened.to_json(),
             "model": self.model,
@@ -363,6 +372,7 @@ def evaluate(
 
 __all__ = [
     "PairSet",
+    "PairsInfo",
     "PairScores",
     "PairsResult",
     "WhitenedPairScores",

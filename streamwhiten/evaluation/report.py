@@ -24,6 +24,7 @@ from .._durable import check_replaceable, link_or_kind, write_file_atomic
 from ..core.model import WhiteningModel, components_for_variance
 from ..errors import BadInputError
 from .evaluate import PairSet
+from .select import Selection
 from .tune import DEFAULT_VARIANCES, PairGrid, PairRow, TuneResult, default_ks, grid_search
 
 #: Files written when the output is a directory.
@@ -395,9 +396,9 @@ def _mark_choice(ax: Any, chosen: tuple, label: str, highest: tuple | None, high
 def _budget_reference(record: dict, raw_bytes: int) -> tuple[int, float, str] | None:
     """``(bytes, score, name)`` of the reference a tuning under a budget was measured against where it is not raw
     float32 (drawn anyway); its score is the forecast's: for a setting fixed in advance, its mean over the queries."""
-    selection = record.get("selection") or {}
-    reference = selection.get("reference")
-    predicted = (selection.get("forecast") or {}).get("reference")
+    selection = Selection.from_json(record.get("selection"))
+    reference = None if selection is None else selection.reference
+    predicted = None if selection is None else (selection.forecast or {}).get("reference")
     if not reference or not predicted or reference["bytes_per_vector"] == raw_bytes:
         return None
     name = f"raw {reference['storage']} k={reference['k']}"
@@ -592,7 +593,7 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
     best = grid.best
     seeds = {(row.beta, row.gamma, row.k): row for row in grid.table}
     described = grid.pairs
-    pairs = f"{described['n_pairs']:,} (A {described['a']}, B {described['b']}, scores {described['scores']})"
+    pairs = f"{described.n_pairs:,} (A {described.a}, B {described.b}, scores {described.scores})"
     rows = [("pairs", pairs), (f"raw {name}", f"{grid.raw[metric]:.2f}")]
     highest = grid.highest
     roles = [("chosen by the rule", best)] + ([] if highest is best else [("highest on these pairs", highest)])
@@ -629,25 +630,27 @@ def _pairs_html(data: ReportData, image: Callable[[str, str], str]) -> list[str]
     return parts
 
 
-def _forecast_rows(selection: dict | None, metric: str) -> list[tuple[str, str]]:
-    """The rule a tuning chose by and its cross-validated forecast, as rows of the summary table."""
-    if not selection:
+def _forecast_rows(record: dict | None, metric: str) -> list[tuple[str, str]]:
+    """The rule a tuning chose by (``record``: its `Selection`'s JSON) and its cross-validated forecast, as rows
+    of the summary table."""
+    selection = Selection.from_json(record)
+    if selection is None:
         return []
     rows = []
-    reference = selection.get("reference")
+    reference = selection.reference
     if reference:
         rows.append(
             ("reference", f"raw vectors as {reference['storage']} at k={reference['k']}, "
              f"{reference['bytes_per_vector']:,} bytes per vector")
         )  # fmt: skip
-    if selection["rule"] == "maxt":
+    if selection.rule == "maxt":
         rows.append(
-            ("rule", f"max-t: {selection['n_beating']} of {selection['n_compared']} settings beat the reference "
-             "beyond the noise of all compared" + ("; the reference is kept" if selection["kept_reference"] else ""))
+            ("rule", f"max-t: {selection.n_beating} of {selection.n_compared} settings beat the reference "
+             "beyond the noise of all compared" + ("; the reference is kept" if selection.kept_reference else ""))
         )  # fmt: skip
     else:
         rows.append(("rule", "argmax: the best score of all (optimistic)"))
-    predicted = selection.get("forecast")
+    predicted = selection.forecast
     if predicted:
         text = lambda entry: _interval(entry["score"], entry["low"], entry["high"])  # noqa: E731
         rows.append(

@@ -625,7 +625,7 @@ def evaluate_retrieval(
         differences = paired_bootstrap(per_query["raw"], per_query["whitened"], bootstrap.samples, bootstrap.seed)
         difference = RetrievalDifference.of(differences)
     return RetrievalResult(
-        **task.describe(),
+        **vars(task.describe()),
         raw=scores[0],
         whitened=scores[1] if model is not None else None,
         difference=difference,
@@ -710,20 +710,33 @@ class RetrievalDifference(ByMetric[Difference]):
 
 
 @dataclass(frozen=True)
-class RetrievalResult:
+class TaskInfo:
+    """What was searched: the ``queries`` and ``corpus`` stores (`StoreInfo`), the judgements read (`QrelsInfo`),
+    the exclude file, its pairs and those used (None without one) and ``n_queries``, the queries evaluated (those
+    with a relevant document)."""
+
+    queries: StoreInfo
+    corpus: StoreInfo
+    qrels: QrelsInfo
+    exclude: ExcludeInfo | None
+    n_queries: int
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields as plain JSON values, in field order."""
+        return {item.name: plain(getattr(self, item.name)) for item in fields(self)}
+
+
+@dataclass(frozen=True)
+class RetrievalResult(TaskInfo):
     """The retrieval metrics of the raw vectors and a whitening on one task (what
-    [`evaluate_retrieval`][streamwhiten.evaluation.retrieval.evaluate_retrieval] returns, ``eval --json`` prints).
+    [`evaluate_retrieval`][streamwhiten.evaluation.retrieval.evaluate_retrieval] returns, ``eval --json`` prints:
+    `to_json`, the fields below in order).
 
     Attributes
     ----------
-    queries, corpus : StoreInfo
-        Each store's ``label``, ``n_rows``, ``n_features`` and ``id_column``.
-    qrels : QrelsInfo
-        The judgements read: the file, judged pairs and queries, relevant pairs.
-    exclude : ExcludeInfo or None
-        The exclude file, its pairs and the pairs used; None without one.
-    n_queries : int
-        The queries evaluated (those with a relevant document).
+    queries, corpus, qrels, exclude, n_queries
+        The task (`TaskInfo`): each store's ``label``, ``n_rows``, ``n_features`` and ``id_column``; the judgements
+        read; the exclude file (None without one); the queries evaluated (those with a relevant document).
     raw, whitened : RetrievalScores
         Each of `METRICS` (mean x100, ``ndcg@10`` as ``ndcg_10``) with the storage (``dtype``,
         ``bytes_per_vector``, a re-ranking, a code's fields) and, whitened, the setting (``beta``, ``gamma``,
@@ -741,22 +754,12 @@ class RetrievalResult:
         as floats (int8, bits, codes: not checked).
     """
 
-    queries: StoreInfo
-    corpus: StoreInfo
-    qrels: QrelsInfo
-    exclude: ExcludeInfo | None
-    n_queries: int
     raw: RetrievalScores
     whitened: RetrievalScores | None
     difference: RetrievalDifference | None
     bootstrap: BootstrapInfo
     model: str | None = None
     self_matches: SelfMatches | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        """The result as plain JSON values: ``{"queries", "corpus", "qrels", "exclude", "n_queries", "raw",
-        "whitened", "difference", "bootstrap", "model", "self_matches"}``."""
-        return {item.name: plain(getattr(self, item.name)) for item in fields(self)}
 
 
 def plain(value: Any) -> Any:
@@ -810,9 +813,8 @@ class RetrievalTask:
     def n_corpus(self) -> int:
         return self.stores[1].n_rows
 
-    def describe(self) -> dict:
-        info = dict(qrels=self.qrels.describe(), exclude=self.exclude_info, n_queries=int(self.query_rows.size))
-        return dict(queries=self.stores[0], corpus=self.stores[1], **info)
+    def describe(self) -> TaskInfo:
+        return TaskInfo(*self.stores, self.qrels.describe(), self.exclude_info, int(self.query_rows.size))
 
     def close(self) -> None:
         for store in self.opened:
@@ -899,6 +901,7 @@ __all__ = [
     "ExcludeInfo",
     "QrelsInfo",
     "StoreInfo",
+    "TaskInfo",
     "plain",
     "RetrievalDifference",
     "RetrievalResult",

@@ -27,7 +27,9 @@ CLS pairs in all 20 splits (``benchmarks/tune_generalization.py``).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -43,8 +45,8 @@ FORECAST_LEVEL = 0.95
 
 
 @dataclass(frozen=True)
-class Selection:
-    """What the rule chose: ``index`` (a row of the candidates, or None for the reference), each candidate's
+class Pick:
+    """What `select` chose: ``index`` (a row of the candidates, or None for the reference), each candidate's
     mean ``advantage`` over the reference and its simultaneous lower ``bound`` (x100; NaN under ``argmax``),
     and the critical value ``critical`` of the standardized maximum."""
 
@@ -150,29 +152,54 @@ class Rule:
             object.__setattr__(self, "cost", tuple(float(value) for value in self.cost))
 
 
+@dataclass(frozen=True)
+class Selection:
+    """The record of a tuning's choice (``selection`` of ``tune --json`` and ``info["tuned"]``): the ``rule``,
+    its ``tolerance``, the ``reference`` row (None under ``argmax``) and whether it was kept; under max-t also
+    the settings compared, those beating the reference, the ``critical`` value at the simultaneous ``level``,
+    the chosen row's lower ``bound`` (None: the reference kept) and the `forecast` (None: too few units)."""
+
+    rule: str
+    tolerance: float
+    reference: dict | None = None
+    kept_reference: bool | None = None
+    n_compared: int = 0
+    n_beating: int = 0
+    critical: float = math.nan
+    level: float = 0.95
+    bound: float | None = None
+    forecast: dict | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as plain JSON (``argmax``: only ``rule``, ``tolerance``, ``reference``, ``kept_reference``)."""
+        out = asdict(self)
+        return dict(list(out.items())[:4]) if self.rule == "argmax" else out
+
+    @classmethod
+    def from_json(cls, record: Mapping[str, Any] | None) -> Selection | None:
+        """A record read back (None: none); records saved before ``tolerance`` and ``level`` were kept chose
+        with no tolerance at 95%."""
+        if not record:
+            return None
+        known = {key: record[key] for key in (item.name for item in fields(cls)) if key in record}
+        return cls(**{**known, "tolerance": record.get("tolerance") or 0.0})
+
+
 def rule_choice(
     units: np.ndarray, reference: int, others: list[int], rule: Rule, folds: int, resamples: Resamples, described: dict
-) -> tuple[int, dict]:
+) -> tuple[int, Selection]:
     """The row of ``units`` the rule chooses among ``others`` against ``reference`` (the reference where none
-    beats it beyond the noise), and the record of the choice: the reference (``described``), how many beat
-    it, the bound, and the ``folds``-fold forecast (`forecast`) where there are enough units for it."""
+    beats it beyond the noise), and the `Selection` record of the choice (``described``: the reference), with
+    the ``folds``-fold forecast (`forecast`) where there are enough units for it."""
     picked = select(units[others], units[reference], rule, resamples=resamples)
     index = reference if picked.index is None else others[picked.index]
     predicted = None
     if units.shape[1] >= 2 * folds:
         predicted = forecast(units[others], units[reference], rule, folds=folds, resamples=resamples)
-    return index, {
-        "rule": rule.name,
-        "tolerance": float(rule.tolerance),
-        "reference": described,
-        "kept_reference": index == reference,
-        "n_compared": len(others),
-        "n_beating": picked.n_beating,
-        "critical": picked.critical,
-        "level": rule.level,
-        "bound": None if index == reference else float(picked.bound[others.index(index)]),
-        "forecast": predicted,
-    }
+    kept = index == reference
+    bound = None if kept else float(picked.bound[others.index(index)])
+    chose = (kept, len(others), picked.n_beating, picked.critical, rule.level, bound, predicted)
+    return index, Selection(rule.name, float(rule.tolerance), described, *chose)
 
 
 def check_tolerance(tolerance: object) -> float:
@@ -196,7 +223,7 @@ def _check(scores: npt.ArrayLike, reference: npt.ArrayLike) -> tuple[np.ndarray,
 
 def select(
     scores: npt.ArrayLike, reference: npt.ArrayLike, rule: Rule | None = None, *, resamples: Resamples | None = None
-) -> Selection:
+) -> Pick:
     """Choose a candidate row of ``scores`` or the ``reference`` (see the module docstring).
 
     Parameters
@@ -220,8 +247,8 @@ def select(
     if rule.name == "argmax":
         bound = np.full(n_candidates, math.nan)
         if n_candidates == 0 or not np.any(advantage > 0):
-            return Selection(None, advantage, bound, math.nan, rule.name)
-        return Selection(int(np.argmax(advantage)), advantage, bound, math.nan, rule.name)
+            return Pick(None, advantage, bound, math.nan, rule.name)
+        return Pick(int(np.argmax(advantage)), advantage, bound, math.nan, rule.name)
     if samples < 1:
         raise BadInputError("the max-t rule needs at least one bootstrap resample")
     finite = np.isfinite(advantage)
@@ -244,12 +271,12 @@ def select(
         within = np.flatnonzero(bound > -tolerance)
         best_cost = min([rule.reference_cost, *costs[within]])
         if best_cost >= rule.reference_cost:
-            return Selection(None, advantage, bound, critical, rule.name)
+            return Pick(None, advantage, bound, critical, rule.name)
         cheapest = within[costs[within] == best_cost]
-        return Selection(int(cheapest[np.argmax(bound[cheapest])]), advantage, bound, critical, rule.name)
+        return Pick(int(cheapest[np.argmax(bound[cheapest])]), advantage, bound, critical, rule.name)
     if n_candidates == 0 or not np.any(bound > 0):
-        return Selection(None, advantage, bound, critical, rule.name)
-    return Selection(int(np.argmax(bound)), advantage, bound, critical, rule.name)
+        return Pick(None, advantage, bound, critical, rule.name)
+    return Pick(int(np.argmax(bound)), advantage, bound, critical, rule.name)
 
 
 def intervals(
@@ -333,6 +360,7 @@ __all__ = [
     "FOLDS",
     "FORECAST_LEVEL",
     "RULES",
+    "Pick",
     "Resamples",
     "Selection",
     "forecast",

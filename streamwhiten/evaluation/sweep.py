@@ -64,6 +64,7 @@ from .retrieval import (
     BootstrapInfo,
     RetrievalTask,
     SearchSetting,
+    TaskInfo,
     mean_metrics,
     open_task,
     plain,
@@ -71,7 +72,7 @@ from .retrieval import (
     retrieval_options,
 )
 from .search import Reranking, SearchJob, SearchResult
-from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, rule_choice
+from .select import FOLDS, RULES, Resamples, Rule, Selection, check_tolerance, rule_choice
 from .self_matches import SelfMatches, find_self_matches
 from .sweep_passes import (
     IDENTITY,
@@ -576,7 +577,7 @@ def choose_generalising(
     grid: SweepGrid,
     *,
     resamples: Resamples | None = None,
-) -> tuple[int, dict]:
+) -> tuple[int, Selection]:
     """``(row, record)``: the row ``grid.select`` chooses within ``grid.max_bytes`` against the reference
     (`reference_index`) from the per-query scores of ``metric`` (a row of ``per_query`` per row of ``table``),
     and the record: the reference, how many beat it, the ``grid.folds``-fold forecast (see `select`).
@@ -587,7 +588,7 @@ def choose_generalising(
     if rule == "argmax":  # the old choice exactly (ties to fewer bytes, the tolerance from the best): no reference
         chosen = choose_within([table[i] for i in eligible], metric, None, tolerance)
         index = next(i for i in eligible if table[i] is chosen)
-        return index, {"rule": "argmax", "tolerance": tolerance, "reference": None, "kept_reference": None}
+        return index, Selection("argmax", tolerance)
     reference = reference_index(table, n_features, max_bytes)
     others = [i for i in eligible if i != reference]
     per_query = np.asarray(per_query, dtype=np.float64)
@@ -611,11 +612,11 @@ class RetrievalTuneResult:
     metric: str
     max_bytes: int | None
     tolerance: float
-    task: dict
+    task: TaskInfo
     bootstrap: BootstrapInfo
     bases: dict = field(repr=False)
     storages: dict = field(repr=False)
-    selection: dict | None = None
+    selection: Selection | None = None
     per_query: np.ndarray | None = field(default=None, repr=False)
     codecs: dict = field(default_factory=dict, repr=False)
     #: The queries whose nearest corpus row is the query itself, not judged relevant (`self_matches`).
@@ -665,11 +666,11 @@ class RetrievalTuneResult:
             "tolerance": self.tolerance,
             "setting": described,
             "validation": {
-                **plain({key: task[key] for key in ("queries", "corpus", "qrels", "n_queries")}),
+                **{key: plain(getattr(task, key)) for key in ("queries", "corpus", "qrels", "n_queries")},
                 "raw": {key: self.raw[key] for key in (*METRICS, "bytes_per_vector")},
                 "chosen": _pick(best, (*METRICS, *_VERSUS_RAW)),
             },
-            "selection": self.selection,
+            "selection": plain(self.selection),
             "frontier": [_pick(row.to_json(), keep) for row in self.frontier],
             "families": [
                 dict(_pick(row.to_json(), keep), family=family_of(row))
@@ -693,7 +694,7 @@ class RetrievalTuneResult:
             frontier=[as_json(row) for row in self.frontier],
             table=[as_json(row) for row in self.table],
             bootstrap=plain(self.bootstrap),
-            selection=self.selection,
+            selection=plain(self.selection),
             self_matches=None if self.self_matches is None else self.self_matches.to_json(),
         )
 

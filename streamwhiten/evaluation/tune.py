@@ -22,8 +22,8 @@ from ..errors import BadInputError
 from ..params import check
 from ..params import check_model as check_params
 from ..progress import phase
-from .evaluate import METRICS, PairSet, correlations, cosine_rows, describe_model, evaluate_pairs
-from .select import FOLDS, RULES, Resamples, Rule, check_tolerance, rule_choice, spearman_units
+from .evaluate import METRICS, PairSet, PairsInfo, correlations, cosine_rows, describe_model, evaluate_pairs
+from .select import FOLDS, RULES, Resamples, Rule, Selection, check_tolerance, rule_choice, spearman_units
 
 DEFAULT_BETAS = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_GAMMAS = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -137,10 +137,10 @@ class TuneResult:
     best: PairRow
     raw: dict
     metric: str
-    pairs: dict
+    pairs: PairsInfo
     bases: dict = field(repr=False)
     tolerance: float = 0.0
-    selection: dict | None = None
+    selection: Selection | None = None
     per_pair: np.ndarray | None = field(default=None, repr=False)
     cosines: np.ndarray | None = field(default=None, repr=False)
 
@@ -173,8 +173,8 @@ class TuneResult:
             "best": as_json(self.best),
             "highest": as_json(self.highest),
             "table": [as_json(row) for row in self.table],
-            "pairs": self.pairs,
-            "selection": self.selection,
+            "pairs": self.pairs.to_json(),
+            "selection": None if self.selection is None else self.selection.to_json(),
         }
 
 
@@ -303,7 +303,7 @@ def grid_search(
         units, _ = spearman_units(cosines, pairs.scores, ranks=metric == "spearman")
         if grid.select == "argmax":
             best = choose(table, metric, tolerance)
-            selection = {"rule": "argmax", "tolerance": tolerance, "reference": None, "kept_reference": None}
+            selection = Selection("argmax", tolerance)
         else:  # max-t against the raw row (the last); one set of resamples for the rule and the forecast
             costs = tuple(row.k for row in table[:-1])
             rule = Rule(cost=costs, reference_cost=d, tolerance=tolerance, samples=grid.samples, seed=grid.seed)
@@ -354,12 +354,12 @@ def tune(
         "tolerance": result.tolerance,
         "setting": describe_model(chosen),
         "validation": {
-            "pairs": result.pairs,
+            "pairs": result.pairs.to_json(),
             "raw": result.raw,
             "chosen": {"spearman": result.best.spearman, "pearson": result.best.pearson},
         },
         "test": summary["test"],
-        "selection": result.selection,
+        "selection": summary["selection"],
         "grid_size": len(result.table),
     }
     chosen = replace(chosen, info=dict(chosen.info, tuned=record))

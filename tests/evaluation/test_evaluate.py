@@ -112,7 +112,7 @@ def test_streamed_scores_match_direct_recomputation(tmp_path):
     assert result.raw.pearson == pytest.approx(100 * sps.pearsonr(raw_cos, scores).statistic, abs=1e-9)
     assert result.whitened.spearman == pytest.approx(100 * sps.spearmanr(white_cos, scores).statistic, abs=1e-6)
     assert result.whitened.pearson == pytest.approx(100 * sps.pearsonr(white_cos, scores).statistic, abs=1e-6)
-    assert result.whitened.k == 7 and result.pairs["n_pairs"] == a.shape[0]
+    assert result.whitened.k == 7 and result.pairs.n_pairs == a.shape[0]
     assert result.whitened.code is None and "code" not in result.whitened.to_json()  # no vector code recorded
 
 

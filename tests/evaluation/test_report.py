@@ -279,7 +279,7 @@ def test_the_report_names_the_rules_choice_and_the_highest_score_apart(tmp_path,
         data = collect(model, pairs, grid=PairGrid(**LABEL_GRID))
     grid = data.grid
     highest, best = grid.highest, grid.best
-    assert best.vectors == "raw" and grid.selection["kept_reference"]  # the rule keeps the raw vectors
+    assert best.vectors == "raw" and grid.selection.kept_reference  # the rule keeps the raw vectors
     assert highest.spearman == max(row.spearman for row in grid.table) > best.spearman + 0.5
     assert (highest.beta, highest.gamma, highest.k) == (0, 0.5, 8)
     drawn = figures(data)

@@ -4,12 +4,13 @@ the reference kept when every candidate is the reference plus noise, a real winn
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from streamwhiten.errors import BadInputError
-from streamwhiten.evaluation.select import Rule, forecast, intervals, select, spearman_units
+from streamwhiten.evaluation.select import Rule, Selection, forecast, intervals, select, spearman_units
 
 
 def numpy_maxt(scores, reference, samples, seed, level):
@@ -204,3 +205,19 @@ def test_the_rule_is_one_frozen_record_shared_by_select_and_forecast():
     assert select(scores, reference, Rule(samples=50)).index == 0
     assert forecast(scores, reference, Rule(samples=50), folds=4)["kept_reference"] == 0
     assert select(scores, reference, Rule("argmax")).rule == "argmax"
+
+
+def test_a_selection_record_keeps_its_json_and_reads_back_older_files_with_their_defaults():
+    maxt = Selection("maxt", 0.5, {"k": 4}, False, 9, 2, 2.7, 0.99, 1.25, {"folds": 5})
+    assert list(maxt.to_json()) == [
+        *("rule", "tolerance", "reference", "kept_reference", "n_compared", "n_beating"),
+        *("critical", "level", "bound", "forecast"),
+    ]
+    assert Selection.from_json(maxt.to_json()) == maxt
+    argmax = Selection("argmax", 1.0)
+    assert argmax.to_json() == {"rule": "argmax", "tolerance": 1.0, "reference": None, "kept_reference": None}
+    assert Selection.from_json(argmax.to_json()) == argmax
+    # a record saved before the tolerance and the level were kept: no tolerance, chosen at 95%
+    older = {key: value for key, value in maxt.to_json().items() if key not in ("tolerance", "level")}
+    assert Selection.from_json(older) == replace(maxt, tolerance=0.0, level=0.95)
+    assert Selection.from_json(None) is None and Selection.from_json({}) is None

@@ -362,10 +362,10 @@ def test_the_default_rule_keeps_raw_when_no_setting_beats_it_beyond_noise(tmp_pa
         old = grid_search(model, pairs, grid=PairGrid(betas=[0.25, 0.5, 1], variances=[], select="argmax"))
     assert (kept.best.beta, kept.best.gamma, kept.best.k) == (0.0, 0.0, 6)
     assert kept.best.spearman == pytest.approx(kept.raw["spearman"], abs=1e-9)
-    assert kept.chosen_model().beta == 0.0 and kept.selection["kept_reference"]
-    assert kept.selection["n_beating"] == 0 and kept.selection["n_compared"] == len(kept.table) - 1
+    assert kept.chosen_model().beta == 0.0 and kept.selection.kept_reference
+    assert kept.selection.n_beating == 0 and kept.selection.n_compared == len(kept.table) - 1
     assert old.best.spearman == max(row.spearman for row in old.table)  # the old rule: the best of the grid
-    predicted = kept.selection["forecast"]
+    predicted = kept.selection.forecast
     assert predicted["kept_reference"] == 5 and predicted["difference"]["score"] == 0
     # the per-pair terms average to each row's Spearman
     np.testing.assert_allclose(kept.per_pair.mean(axis=1) * 100, [row.spearman for row in kept.table], atol=1e-9)

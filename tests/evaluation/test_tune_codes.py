@@ -191,7 +191,7 @@ def test_the_chosen_code_is_recorded_in_the_result_the_model_and_the_json(tmp_pa
     options = RetrievalOptions(exclude=task["exclude"], bootstrap=200)
     result = sweep(model, task["spec_q"], task["spec_c"], task["qrels"], grid=grid, options=options)
     # 16 bytes of eigen code against 32 sign bits (the reference): the code wins beyond the noise
-    assert result.best.dtype == "eigen" and result.selection["kept_reference"] is False
+    assert result.best.dtype == "eigen" and result.selection.kept_reference is False
     codec = result.codec_for(result.best)
     digest = hashlib.sha256(codec.to_bytes()).hexdigest()
     chosen, summary = result.tuned()
