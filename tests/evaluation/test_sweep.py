@@ -546,7 +546,7 @@ def test_argmax_needs_no_reference_and_forecasts_nothing():
     args = (table, per_query, "ndcg@10", 8)
     index, record = sweep_module.choose_generalising(*args, SweepGrid(max_bytes=8, select="argmax", tolerance=0.2))
     assert table[index] is choose_within(table, "ndcg@10", 8, tolerance=0.2) and index == 0
-    assert record["reference"] is None and "forecast" not in record and record["tolerance"] == 0.2
+    assert record.reference is None and "forecast" not in record.to_json() and record.tolerance == 0.2
     index, _ = sweep_module.choose_generalising(*args, SweepGrid(max_bytes=8, select="argmax"))
     assert index == 1
     with pytest.raises(BadInputError, match="no raw setting"):
