@@ -366,7 +366,8 @@ def test_reading_a_parquet_objects_footer_or_column_closes_the_file_it_opened(s3
         found = parquet.foreign_output(url, read), parquet.foreign_output(f"{s3_bucket}/damaged.parquet", read)
         values, _ = parquet.read_vector(url, "score", read)
         mine = (f"{s3_bucket[5:]}/theirs.parquet", f"{s3_bucket[5:]}/damaged.parquet")  # not other tests' files
-        left = [f for f in gc.get_objects() if isinstance(f, s3fs.core.S3File) and f.path in mine and not f.closed]
+        # type(), not isinstance(): isinstance reads a dead weak proxy's __class__ and raises ReferenceError
+        left = [f for f in gc.get_objects() if type(f) is s3fs.core.S3File and f.path in mine and not f.closed]
     finally:
         gc.enable()
     assert found == ("a Parquet file streamwhiten did not write", "not a Parquet file")
