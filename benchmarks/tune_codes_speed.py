@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         rows.append(
             {
                 "sweep": name,
-                "queries": int(result.task["n_queries"]),
+                "queries": int(result.task.n_queries),
                 "rows": len(result.table),
                 "wall_s": round(wall, 1),
                 "cpu_s": round(cpu, 1),

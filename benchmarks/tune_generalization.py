@@ -161,7 +161,7 @@ def retrieval(args) -> tuple[list, dict]:
         info[pooling] = {
             "settings x storages": len(result.table),
             "sweep_seconds": seconds,
-            "selection": result.selection,
+            "selection": None if result.selection is None else result.selection.to_json(),
         }
     return out, info
 
